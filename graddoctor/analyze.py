@@ -1,0 +1,33 @@
+"""Rules over a trace: run each, turn a rule's own failure into an internal error."""
+
+from __future__ import annotations
+
+import traceback
+
+from .findings import Finding
+from .rules import ALL_RULES, Rule
+from .trace import Trace
+
+
+def selected_rules(select=(), ignore=()) -> list[type[Rule]]:
+    def matches(rule, patterns):
+        return any(p.lower() in (rule.slug,) or rule.code.lower().startswith(p.lower())
+                   for p in patterns)
+
+    rules = [r for r in ALL_RULES if not select or matches(r, select)]
+    return [r for r in rules if not matches(r, ignore)]
+
+
+def analyze(trace: Trace, rules=None) -> tuple[list[Finding], list[dict]]:
+    """Findings (sorted by severity, then place) and internal errors of the rules."""
+    findings: list[Finding] = []
+    errors: list[dict] = []
+    for rule in rules if rules is not None else ALL_RULES:
+        try:
+            findings.extend(rule().check(trace))
+        except Exception as exc:
+            errors.append({"where": f"rule {rule.slug}",
+                           "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()})
+    findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
+                                 f.location.line if f.location else 0, f.code))
+    return findings, errors

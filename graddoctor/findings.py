@@ -1,0 +1,61 @@
+"""Findings: what a rule reports. Plain data, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .trace import Location
+
+
+class Severity(str, Enum):
+    """A claim about certainty: error = the update is wrong; warning = very likely wrong;
+    info = worth knowing."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        return {"info": 1, "warning": 2, "error": 3}[self.value]
+
+
+@dataclass(frozen=True)
+class Related:
+    location: Location
+    note: str
+
+    def to_json(self) -> dict:
+        return {"path": self.location.path, "line": self.location.line, "note": self.note}
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str  # slug, e.g. "missing-zero-grad"
+    code: str  # e.g. "GD101"
+    severity: Severity
+    message: str
+    location: Location | None
+    fix: str = ""
+    related: tuple[Related, ...] = ()
+    step: int | None = None  # the optimizer step (1-based, in replay order) where it was seen
+    evidence: dict[str, Any] = field(default_factory=dict)
+    suppressed: bool = False
+
+    def to_json(self) -> dict:
+        return {
+            "rule": self.rule,
+            "code": self.code,
+            "severity": self.severity.value,
+            "message": self.message,
+            "location": (
+                {"path": self.location.path, "line": self.location.line} if self.location else None
+            ),
+            "related": [r.to_json() for r in self.related],
+            "step": self.step,
+            "evidence": self.evidence,
+            "fix": self.fix,
+            "suppressed": self.suppressed,
+        }

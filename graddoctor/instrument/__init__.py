@@ -1,0 +1,57 @@
+"""Install every hook and wrapper in one place; remove them all on exit.
+
+``Instrumentation`` is a context manager around the user's run. Each watcher owns one area
+(backward, optimizers, data loading, ...) and installs itself through a shared ``Patcher`` so
+that leaving the context restores torch exactly as it was, also after a crash.
+"""
+
+from __future__ import annotations
+
+from .backward import BackwardWatcher
+from .dataloader import DataLoaderWatcher
+from .names import emit_param_events, name_parameters
+from .optim import OptimizerWatcher
+from .patcher import Patcher
+from .recorder import Recorder, ReplayTimeout, StepLimitReached, StopReplay
+
+__all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
+
+
+class Instrumentation:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self.patcher = Patcher()
+        self.optimizers = OptimizerWatcher(rec)
+        self.backward = BackwardWatcher(rec, self.optimizers.owned)
+        self.dataloader = DataLoaderWatcher(rec)
+        self.watchers = [self.optimizers, self.backward, self.dataloader]
+        self._named_once = False
+        self.optimizers.step_listeners.append(self._name_after_first_step)
+
+    def _name_after_first_step(self, opt, optimizer) -> None:
+        # modules are alive now (they may be gone when a main() function has returned)
+        if not self._named_once:
+            self._named_once = True
+            name_parameters(self.rec)
+
+    def __enter__(self) -> "Instrumentation":
+        try:
+            for watcher in self.watchers:
+                watcher.install(self.patcher)
+        except BaseException:
+            self.patcher.undo()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        rec = self.rec
+        try:
+            name_parameters(rec)
+            emit_param_events(rec)
+        except Exception as error:
+            rec.internal_error("naming parameters", error)
+        for handle in rec.hook_handles:
+            self.patcher.handle(handle)
+        rec.hook_handles = []
+        for error in self.patcher.undo():
+            rec.internal_error("removing instrumentation", error)

@@ -1,0 +1,140 @@
+"""Optimizers: which parameters each owns, their steps, and every zero_grad.
+
+Steps use PyTorch's global step hooks (``Optimizer.step`` is re-wrapped per class, so patching
+it is fragile). ``zero_grad`` has no hook: the base ``Optimizer`` and ``Module`` methods are
+patched, with a re-entrancy guard so an override that calls ``super()`` is recorded once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from .recorder import Recorder
+
+
+def _has_closure(args, kwargs) -> bool:
+    # the step hooks get the step's own args, ``self`` first
+    return (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
+
+
+class OptimizerWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self.owned: set[int] = set()  # id() of every tensor an optimizer owns
+        self._clearing = False
+        self._step_depth = 0
+        self.step_listeners: list = []  # callables(opt_id, optimizer) after each real step
+        self._named_after_first_step = False
+
+    # -- construction --------------------------------------------------------------------
+    def _wrap_add_param_group(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def add_param_group(optimizer, param_group):
+            result = original(optimizer, param_group)
+            try:
+                group = optimizer.param_groups[-1]
+                pids = []
+                for p in group["params"]:
+                    watcher.owned.add(id(p))
+                    pids.append(rec.track(p))
+                opt = rec.optimizer_id(optimizer)
+                rec.opt_params.setdefault(opt, []).extend(pids)
+                rec.emit("optimizer_init", rec.here(2), opt=opt, cls=type(optimizer).__name__,
+                         params=pids)
+            except Exception as exc:
+                rec.internal_error("optimizer construction", exc)
+            return result
+
+        return add_param_group
+
+    # -- zero_grad -----------------------------------------------------------------------
+    def _wrap_zero_grad(self, original, via: str):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def zero_grad(obj, *args, **kwargs):
+            if watcher._clearing:
+                return original(obj, *args, **kwargs)
+            watcher._clearing = True
+            try:
+                result = original(obj, *args, **kwargs)
+            finally:
+                watcher._clearing = False
+            try:
+                watcher._record_clear(obj, via, args, kwargs)
+            except Exception as exc:
+                rec.internal_error(via, exc)
+            return result
+
+        return zero_grad
+
+    def _record_clear(self, obj, via: str, args, kwargs) -> None:
+        rec = self.rec
+        set_to_none = kwargs.get("set_to_none", args[0] if args else True)
+        if via == "optimizer.zero_grad":
+            params = [p for g in obj.param_groups for p in g["params"]]
+            opt = rec.optimizer_id(obj)
+        else:
+            params = list(obj.parameters())
+            opt = None
+        pids = []
+        for p in params:
+            pid = rec.pid(p)
+            if pid is None:
+                continue
+            pids.append(pid)
+            rec.known_grad.pop(pid, None)
+            if p.grad is not None:  # zero-filled in place: remember exactly what was left
+                rec.zeroed_grad[pid] = (id(p.grad), p.grad._version)
+        rec.emit("clear", rec.here(3), via=via, opt=opt, set_to_none=bool(set_to_none), params=pids)
+
+    # -- step ----------------------------------------------------------------------------
+    def _pre_step(self, optimizer, args, kwargs) -> None:
+        rec = self.rec
+        if self._step_depth == 0:
+            rec.maybe_stop()
+        self._step_depth += 1
+        if self._step_depth > 1:  # an optimizer that steps an inner optimizer
+            return
+        try:
+            closure = _has_closure(args, kwargs)
+            opt = rec.optimizer_id(optimizer)
+            rec.emit("step_begin", rec.here(3), opt=opt, closure=closure)
+            if closure:
+                rec.in_step = opt
+        except Exception as exc:
+            rec.internal_error("optimizer step (before)", exc)
+
+    def _post_step(self, optimizer, args, kwargs) -> None:
+        rec = self.rec
+        self._step_depth -= 1
+        if self._step_depth > 0:
+            return
+        try:
+            rec.in_step = None
+            opt = rec.optimizer_id(optimizer)
+            closure = _has_closure(args, kwargs)
+            without = rec.after_step(rec.opt_params.get(opt, ()))
+            rec.emit("step", rec.here(3), opt=opt, closure=closure, skipped=False,
+                     without_grad=without)
+            for listener in self.step_listeners:
+                listener(opt, optimizer)
+        except Exception as exc:
+            rec.internal_error("optimizer step (after)", exc)
+        rec.count_step()
+
+    def install(self, patcher) -> None:
+        Optimizer, Module = torch.optim.Optimizer, torch.nn.Module
+        patcher.patch(Optimizer, "add_param_group", self._wrap_add_param_group(Optimizer.add_param_group))
+        patcher.patch(Optimizer, "zero_grad", self._wrap_zero_grad(Optimizer.zero_grad, "optimizer.zero_grad"))
+        patcher.patch(Module, "zero_grad", self._wrap_zero_grad(Module.zero_grad, "module.zero_grad"))
+        patcher.handle(register_optimizer_step_pre_hook(self._pre_step))
+        patcher.handle(register_optimizer_step_post_hook(self._post_step))

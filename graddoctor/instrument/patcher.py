@@ -1,0 +1,39 @@
+"""Patch attributes and register hooks so that every one is undone on exit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_MISSING = object()
+
+
+class Patcher:
+    """Records every patched attribute and hook handle; ``undo()`` restores them all, newest
+    first, even when one restore fails."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[str, Any, Any, Any]] = []
+
+    def patch(self, owner: Any, name: str, new: Any) -> None:
+        old = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
+        self._undo.append(("attr", owner, name, old))
+        setattr(owner, name, new)
+
+    def handle(self, handle: Any) -> Any:
+        self._undo.append(("handle", handle, None, None))
+        return handle
+
+    def undo(self) -> list[BaseException]:
+        errors: list[BaseException] = []
+        while self._undo:
+            kind, owner, name, old = self._undo.pop()
+            try:
+                if kind == "handle":
+                    owner.remove()
+                elif old is _MISSING:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, old)
+            except BaseException as exc:  # keep restoring the rest
+                errors.append(exc)
+        return errors

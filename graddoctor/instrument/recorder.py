@@ -1,0 +1,153 @@
+"""The recorder: shared state of one instrumented run.
+
+Every hook and wrapper writes through it. It owns the trace, numbers tensors (pids),
+remembers what each parameter's ``.grad`` looked like when graddoctor last saw it, and
+turns its own failures into ``internal_error`` events instead of exceptions.
+"""
+
+from __future__ import annotations
+
+import traceback
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from ..location import LocationFinder
+from ..trace import Location, Trace
+
+
+class StopReplay(BaseException):
+    """Raised into the user's script to end the replay. A BaseException, so that a user's
+    ``except Exception:`` cannot swallow it."""
+
+
+class StepLimitReached(StopReplay):
+    pass
+
+
+class ReplayTimeout(StopReplay):
+    pass
+
+
+class Recorder:
+    def __init__(self, step_budget: int | None, finder: LocationFinder | None = None):
+        self.trace = Trace()
+        self.finder = finder or LocationFinder()
+        self.step_budget = step_budget
+        self.steps = 0  # optimizer steps seen (GradScaler-skipped ones included)
+        self.backward_calls = 0
+        self.stop_requested = False  # set once the budget is spent; raised at the next safe point
+        # tensors we track: id(tensor) -> pid, and pid -> weakref(tensor)
+        self._pid_of: dict[int, int] = {}
+        self._tensor: dict[int, weakref.ref] = {}
+        self.hook_handles: list[Any] = []
+        # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
+        self.known_grad: dict[int, tuple[int, int]] = {}
+        self.zeroed_grad: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
+        self.current_backward: Any = None  # BackwardContext while a backward runs
+        self.in_step: int | None = None  # optimizer id while optimizer.step(closure) runs
+        self._opt_ids: dict[int, int] = {}
+        self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns
+        self.param_names: dict[int, str] = {}
+        self.is_parameter: dict[int, bool] = {}
+        self.shapes: dict[int, list[int]] = {}
+        self.requires_grad: dict[int, bool] = {}
+        self.internal_errors = 0
+        self.on_param_tracked: list[Callable[[int, Any], None]] = []
+
+    # -- events ------------------------------------------------------------------------
+    def here(self, skip: int = 2) -> Location | None:
+        try:
+            return self.finder.here(skip)
+        except Exception:  # never let the location lookup break the user's run
+            return None
+
+    def emit(self, kind: str, loc: Location | None = None, **data: Any):
+        return self.trace.add(kind, loc, **data)
+
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        """graddoctor's own failure: recorded, never raised into the user's code."""
+        self.internal_errors += 1
+        if self.internal_errors <= 20:  # a hook failing on every call must not flood the trace
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            self.emit("internal_error", None, where=where, error=detail)
+
+    # -- tensors -------------------------------------------------------------------------
+    def pid(self, tensor) -> int | None:
+        pid = self._pid_of.get(id(tensor))
+        if pid is not None:
+            ref = self._tensor[pid]
+            if ref() is tensor:
+                return pid
+        return None
+
+    def track(self, tensor) -> int:
+        """Give a leaf tensor a pid and install its gradient hook (once)."""
+        pid = self.pid(tensor)
+        if pid is not None:
+            return pid
+        pid = len(self._tensor)
+        self._pid_of[id(tensor)] = pid
+        self._tensor[pid] = weakref.ref(tensor)
+        self.is_parameter[pid] = isinstance(tensor, torch.nn.Parameter)
+        self.shapes[pid] = list(tensor.shape)
+        self.requires_grad[pid] = tensor.requires_grad
+        for callback in self.on_param_tracked:
+            callback(pid, tensor)
+        return pid
+
+    def tensor(self, pid: int):
+        ref = self._tensor.get(pid)
+        return ref() if ref is not None else None
+
+    def tracked_pids(self) -> list[int]:
+        return list(self._tensor)
+
+    def optimizer_id(self, optimizer) -> int:
+        key = id(optimizer)
+        if key not in self._opt_ids:
+            self._opt_ids[key] = len(self._opt_ids)
+        return self._opt_ids[key]
+
+    def grad_state(self, pid: int) -> tuple[int, int] | None:
+        tensor = self.tensor(pid)
+        grad = tensor.grad if tensor is not None else None
+        return None if grad is None else (id(grad), grad._version)
+
+    def after_step(self, pids) -> list[int]:
+        """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
+        events need it after the script's tensors are gone), refresh what its grad looks like
+        after the step, and return the pids that had no gradient."""
+        without = []
+        for pid in pids:
+            tensor = self.tensor(pid)
+            if tensor is None:
+                continue
+            self.requires_grad[pid] = tensor.requires_grad
+            grad = tensor.grad
+            if grad is None:
+                without.append(pid)
+            else:
+                self.known_grad[pid] = (id(grad), grad._version)
+        return without
+
+    def refresh_known(self, pids) -> None:
+        """After an in-place change we made or watched (clip, unscale, step): the grad as it is
+        now is still the accumulated one, not a manual clear."""
+        for pid in pids:
+            state = self.grad_state(pid)
+            if state is not None:
+                self.known_grad[pid] = state
+
+    # -- budget --------------------------------------------------------------------------
+    def count_step(self) -> None:
+        self.steps += 1
+        if self.step_budget is not None and self.steps >= self.step_budget:
+            self.stop_requested = True
+
+    def maybe_stop(self) -> None:
+        """Called at safe points (start of a backward or a step): end the replay once the
+        budget is spent, so the tail of the last update (zero_grad, scheduler) is seen."""
+        if self.stop_requested:
+            raise StepLimitReached(f"stopped after {self.steps} optimizer steps")

@@ -1,0 +1,92 @@
+"""Find the user's line: the first stack frame that is not graddoctor, torch or the stdlib."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+
+from .trace import Location
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = {_PKG_DIR}
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path))
+            roots.add(path)
+    try:  # torch's own folder wherever it lives
+        import torch
+
+        roots.add(os.path.dirname(os.path.abspath(torch.__file__)))
+    except Exception:  # pragma: no cover - torch is a dependency
+        pass
+    for name in ("typer", "click", "rich"):
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            roots.add(os.path.dirname(os.path.abspath(mod.__file__)))
+    return tuple(sorted(roots))
+
+
+class LocationFinder:
+    """Caches, per code object filename, whether a frame belongs to the user."""
+
+    def __init__(self, relative_to: str | None = None):
+        self._roots = _library_roots()
+        self._is_user: dict[str, bool] = {}
+        self._rel = relative_to or os.getcwd()
+        self._display: dict[str, str] = {}
+
+    def is_user_file(self, filename: str) -> bool:
+        known = self._is_user.get(filename)
+        if known is None:
+            if filename.startswith("<"):  # <frozen ...>, <string>: generated code
+                known = False
+            else:
+                path = os.path.abspath(filename)
+                known = not any(path == r or path.startswith(r + os.sep) for r in self._roots)
+                if known and ("site-packages" in path or "dist-packages" in path):
+                    known = False  # third-party libraries: keep looking for the user's line
+            self._is_user[filename] = known
+        return known
+
+    def display_path(self, filename: str) -> str:
+        shown = self._display.get(filename)
+        if shown is None:
+            path = os.path.abspath(filename)
+            try:
+                rel = os.path.relpath(path, self._rel)
+                shown = path if rel.startswith("..") else rel
+            except ValueError:  # other drive on Windows
+                shown = path
+            self._display[filename] = shown
+        return shown
+
+    def here(self, skip: int = 1) -> Location | None:
+        """Location of the innermost user frame above the caller."""
+        frame = sys._getframe(skip)
+        fallback = None
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if self.is_user_file(filename):
+                return Location(self.display_path(filename), frame.f_lineno, frame.f_code.co_name)
+            if fallback is None and "site-packages" in filename and not filename.startswith(_PKG_DIR):
+                fallback = frame
+            frame = frame.f_back
+        if fallback is not None:
+            f = fallback
+            return Location(self.display_path(f.f_code.co_filename), f.f_lineno, f.f_code.co_name)
+        return None
+
+    def from_traceback(self, tb) -> Location | None:
+        """The deepest user frame of an exception's traceback (where the user's code failed)."""
+        found = None
+        while tb is not None:
+            filename = tb.tb_frame.f_code.co_filename
+            if self.is_user_file(filename):
+                found = Location(self.display_path(filename), tb.tb_lineno, tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+        return found

@@ -1,0 +1,23 @@
+"""Options of one check, frozen: the CLI builds them, the library reads them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_STEPS = 10
+DEFAULT_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    target: str
+    args: tuple[str, ...] = ()
+    module: bool = False  # target is a module name (python -m)
+    steps: int = DEFAULT_STEPS  # optimizer steps to replay; 0 = no limit
+    timeout: float | None = DEFAULT_TIMEOUT  # seconds; None or 0 = no limit
+    device: str = "auto"  # auto | cpu | cuda
+    fail_on: str = "warning"  # error | warning | info | never
+    select: tuple[str, ...] = ()  # rule slugs or code prefixes; empty = all
+    ignore: tuple[str, ...] = ()
+    trace_path: str | None = None
+    redirect_stdout: bool = False  # send the script's prints to stderr (machine output on stdout)

@@ -1,0 +1,1 @@
+"""Report formats: one module each, ``render(report, options) -> str``. They never decide."""

@@ -1,0 +1,71 @@
+"""The rule interface: one small class per rule, its docs in its docstring.
+
+The docstring has four sections — What it does / Why is this bad? / Example / Use instead —
+and feeds ``graddoctor explain``, the SARIF help text and the README alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import ClassVar, Iterable
+
+from ..findings import Finding, Related, Severity
+from ..trace import Location, Trace
+
+
+class Rule:
+    code: ClassVar[str]
+    slug: ClassVar[str]
+    severity: ClassVar[Severity]
+    summary: ClassVar[str]  # one line, for `graddoctor rules`
+    fix: ClassVar[str] = ""
+
+    def check(self, trace: Trace) -> Iterable[Finding]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def finding(self, message: str, location: Location | None, *, related=(), step=None,
+                evidence=None, severity: Severity | None = None, fix: str | None = None) -> Finding:
+        return Finding(
+            rule=self.slug, code=self.code, severity=severity or self.severity, message=message,
+            location=location, fix=self.fix if fix is None else fix,
+            related=_merge_related(related), step=step, evidence=evidence or {},
+        )
+
+    @classmethod
+    def docs(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+    @classmethod
+    def doc_section(cls, title: str) -> str:
+        """The text under ``## <title>`` in the docs ('' when absent)."""
+        match = re.search(rf"^## {re.escape(title)}\s*\n(.*?)(?=^## |\Z)", cls.docs(), re.S | re.M)
+        return match.group(1).strip() if match else ""
+
+
+def _merge_related(items) -> tuple[Related, ...]:
+    """Drop missing ones; join the notes of entries that point at the same line."""
+    merged: dict = {}
+    for r in items:
+        if r is None:
+            continue
+        key = (r.location.path, r.location.line)
+        merged[key] = Related(r.location, f"{merged[key].note}; {r.note}") if key in merged else r
+    return tuple(merged.values())
+
+
+def related(event, note: str) -> Related | None:
+    """A related location for an event, or None when the event has no location."""
+    if event is None or event.loc is None:
+        return None
+    return Related(event.loc, note)
+
+
+def names(trace: Trace, pids, limit: int = 4) -> str:
+    """'fc.weight, fc.bias and 3 more' for messages."""
+    pids = list(dict.fromkeys(pids))
+    shown = [trace.param_name(p) for p in pids[:limit]]
+    text = ", ".join(shown)
+    if len(pids) > limit:
+        text += f" and {len(pids) - limit} more"
+    return text

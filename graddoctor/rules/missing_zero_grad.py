@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..ledger import ledger_of
+from .base import Rule, names, related
+
+
+class MissingZeroGrad(Rule):
+    """
+    ## What it does
+    Finds optimizer steps that apply gradients left over from earlier updates because nothing
+    ever clears them: no `optimizer.zero_grad()` / `model.zero_grad()` touches those parameters
+    between one update and the next.
+
+    ## Why is this bad?
+    `backward()` *adds* into `.grad`. Without a clear, update N applies the sum of the gradients
+    of all N updates: the effective step size grows every iteration and the direction is
+    dominated by old batches. Nothing crashes and the loss may even fall for a while.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+    """
+
+    code = "GD101"
+    slug = "missing-zero-grad"
+    severity = Severity.ERROR
+    summary = "gradients from an earlier update reach optimizer.step(): nothing clears them"
+    fix = "call optimizer.zero_grad() once per update, before the forward pass (or right after step())"
+
+    def check(self, trace):
+        groups: dict = {}
+        for use in ledger_of(trace).old_uses:
+            if use.fresh and not use.clears_between:
+                groups.setdefault(use.fresh[0].backward.loc, []).append(use)
+        for loc, uses in groups.items():
+            first = uses[0]
+            old = first.old[-1]
+            pids = [u.pid for u in uses]
+            consumed = old.consumed_by[0] if old.consumed_by else None
+            yield self.finding(
+                f"this backward() adds onto gradients an earlier step already used: "
+                f"{names(trace, pids)} are never cleared, so every optimizer step applies the sum "
+                f"of all gradients so far (first seen at step {first.step_index})",
+                loc,
+                related=(
+                    related(consumed, "the step that already applied these gradients")
+                    if consumed else related(old.backward, "the backward that produced them"),
+                    related(first.step, "the step that applies them again"),
+                ),
+                step=first.step_index,
+                evidence={"params": [trace.param_name(p) for p in dict.fromkeys(pids)],
+                          "optimizer": first.opt, "old_backward_calls": len(first.old),
+                          "steps_affected": len({u.step.seq for u in uses})},
+            )

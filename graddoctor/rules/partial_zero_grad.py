@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..ledger import ledger_of
+from .base import Rule, names, related
+
+
+class PartialZeroGrad(Rule):
+    """
+    ## What it does
+    Finds a clear (`zero_grad`) that skips some of the parameters an optimizer steps: for
+    example `model_a.zero_grad()` while the optimizer owns the parameters of `model_a` and
+    `model_b`. The skipped parameters keep accumulating.
+
+    ## Why is this bad?
+    The cleared parameters train correctly, the skipped ones receive the sum of every gradient
+    since the start. The model partly trains, so the bug hides behind a plausible loss curve.
+
+    ## Example
+    ```python
+    optimizer = torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.1)
+    for x, y in loader:
+        encoder.zero_grad()
+        loss_fn(head(encoder(x)), y).backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad()  # clears every parameter the optimizer steps
+        loss_fn(head(encoder(x)), y).backward()
+        optimizer.step()
+    ```
+    """
+
+    code = "GD102"
+    slug = "partial-zero-grad"
+    severity = Severity.ERROR
+    summary = "zero_grad() clears only part of the parameters an optimizer steps"
+    fix = "clear through the optimizer (optimizer.zero_grad()) or through a module that holds every parameter it steps"
+
+    def check(self, trace):
+        groups: dict = {}
+        for use in ledger_of(trace).old_uses:
+            if use.fresh and use.clears_between:
+                groups.setdefault(use.clears_between[-1].loc, []).append(use)
+        for loc, uses in groups.items():
+            first = uses[0]
+            pids = [u.pid for u in uses]
+            yield self.finding(
+                f"this zero_grad() skips {names(trace, pids)}, which optimizer #{first.opt} steps: "
+                f"their gradients keep accumulating across updates (first seen at step {first.step_index})",
+                loc,
+                related=(related(first.step, "the step that applies the accumulated gradients"),
+                         related(first.fresh[0].backward, "the backward that adds onto them")),
+                step=first.step_index,
+                evidence={"skipped_params": [trace.param_name(p) for p in dict.fromkeys(pids)],
+                          "optimizer": first.opt,
+                          "clear": first.clears_between[-1].get("via")},
+            )
