@@ -69,9 +69,10 @@ def run_check(options: CheckOptions) -> Report:
     started = time.perf_counter()
     redirect = contextlib.redirect_stdout(sys.stderr) if options.redirect_stdout else contextlib.nullcontext()
     with _device_policy(options.device), redirect:
-        with Instrumentation(rec):
+        with Instrumentation(rec) as instrumentation:
             outcome = run_target(options.target, list(options.args), module=options.module,
                                  timeout=options.timeout or None, finder=finder)
+            instrumentation.script_globals = outcome.namespace
     duration = time.perf_counter() - started
     status = outcome.status
     if status == "completed" and rec.steps == 0 and rec.backward_calls == 0:

@@ -26,6 +26,7 @@ class Instrumentation:
         self.dataloader = DataLoaderWatcher(rec)
         self.watchers = [self.optimizers, self.backward, self.dataloader]
         self._named_once = False
+        self.script_globals: dict | None = None  # set by the caller once the script has run
         self.optimizers.step_listeners.append(self._name_after_first_step)
 
     def _name_after_first_step(self, opt, optimizer) -> None:
@@ -46,7 +47,7 @@ class Instrumentation:
     def __exit__(self, *exc) -> None:
         rec = self.rec
         try:
-            name_parameters(rec)
+            name_parameters(rec, self.script_globals or {})
             emit_param_events(rec)
         except Exception as error:
             rec.internal_error("naming parameters", error)

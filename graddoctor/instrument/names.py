@@ -3,29 +3,52 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 import torch
 
 from .recorder import Recorder
 
 
-def name_parameters(rec: Recorder) -> None:
-    """Name every tracked, still unnamed parameter after the largest live module holding it
-    (the root model, usually). One ``gc`` scan: call rarely (first step, end of run)."""
+def _user_variables(rec: Recorder) -> dict[str, object]:
+    """Variables of the user's frames on the current stack (locals first, then globals)."""
+    found: dict[str, object] = {}
+    frame = sys._getframe(1)
+    while frame is not None:
+        if rec.finder.is_user_file(frame.f_code.co_filename):
+            for scope in (frame.f_locals, frame.f_globals):
+                for key, value in list(scope.items()):
+                    found.setdefault(key, value)
+        frame = frame.f_back
+    return found
+
+
+def name_parameters(rec: Recorder, variables: dict[str, object] | None = None) -> None:
+    """Name every tracked, still unnamed parameter: ``model.fc1.weight`` after the user's own
+    variable when one holds its module, else after the largest live module holding it.
+    Scans the stack and ``gc``: call rarely (first step, end of run)."""
     unnamed = {id(t): pid for pid in rec.tracked_pids()
                if pid not in rec.param_names and (t := rec.tensor(pid)) is not None}
     if not unnamed:
         return
-    best: dict[int, tuple[int, str]] = {}  # pid -> (size of the module, name in it)
+    best: dict[int, tuple[int, str]] = {}  # pid -> (rank, name); the higher rank wins
+    for var, value in (variables if variables is not None else _user_variables(rec)).items():
+        if issubclass(type(value), torch.nn.Module) and not var.startswith("_"):
+            named = list(value.named_parameters())
+            for name, p in named:
+                pid = unnamed.get(id(p))
+                if pid is not None and len(named) + 10**9 > best.get(pid, (-1, ""))[0]:
+                    best[pid] = (len(named) + 10**9, f"{var}.{name}")
+        elif issubclass(type(value), torch.nn.Parameter) and id(value) in unnamed:
+            best.setdefault(unnamed[id(value)], (10**9, var))
     for obj in gc.get_objects():
         if not issubclass(type(obj), torch.nn.Module):  # type(): no __class__ tricks
             continue
         named = list(obj.named_parameters())
-        size = len(named)
         for name, p in named:
             pid = unnamed.get(id(p))
-            if pid is not None and size > best.get(pid, (-1, ""))[0]:
-                best[pid] = (size, name)
+            if pid is not None and len(named) > best.get(pid, (-1, ""))[0]:
+                best[pid] = (len(named), name)
     for pid, (_, name) in best.items():
         rec.param_names[pid] = name
 
