@@ -18,8 +18,11 @@ backward           bid, fresh [pid], accumulated [pid], cleared_outside [pid],
                    loss_scale_factor (float|None: how the loss was divided, when known)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
                    set_to_none, params [pid]
-step_begin         opt, closure (bool)
-step               opt, closure (bool), skipped (bool: GradScaler skipped the update)
+step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm of each grad about
+                   to be applied, parallel to norm_pids; empty for closure steps),
+                   nonfinite [pid] (grads with NaN/Inf)
+step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
+                   without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len
 internal_error     where, error
 run_end            status, steps

@@ -8,6 +8,7 @@ patched, with a re-entrancy guard so an override that calls ``super()`` is recor
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch.optim.optimizer import (
@@ -16,6 +17,28 @@ from torch.optim.optimizer import (
 )
 
 from .recorder import Recorder
+
+
+def grad_norms(rec: Recorder, pids) -> tuple[list[int], list[float]]:
+    """The per-update numeric summary: the L2 norm of every gradient about to be applied, in
+    one batched ``torch._foreach_norm`` per device and one host read per step (never a sync per
+    parameter)."""
+    by_device: dict = {}
+    for pid in pids:
+        tensor = rec.tensor(pid)
+        grad = tensor.grad if tensor is not None else None
+        if grad is not None and not grad.is_sparse:
+            pids_grads = by_device.setdefault(grad.device, ([], []))
+            pids_grads[0].append(pid)
+            pids_grads[1].append(grad)
+    out_pids: list[int] = []
+    out_norms: list[float] = []
+    with torch.no_grad():
+        for device_pids, grads in by_device.values():
+            norms = torch._foreach_norm(grads)
+            out_pids.extend(device_pids)
+            out_norms.extend(torch.stack([n.float() for n in norms]).tolist())
+    return out_pids, out_norms
 
 
 def _has_closure(args, kwargs) -> bool:
@@ -107,7 +130,10 @@ class OptimizerWatcher:
         try:
             closure = _has_closure(args, kwargs)
             opt = rec.optimizer_id(optimizer)
-            rec.emit("step_begin", rec.here(3), opt=opt, closure=closure)
+            norm_pids, norms = ([], []) if closure else grad_norms(rec, rec.opt_params.get(opt, ()))
+            nonfinite = [pid for pid, n in zip(norm_pids, norms) if not math.isfinite(n)]
+            rec.emit("step_begin", rec.here(3), opt=opt, closure=closure, norm_pids=norm_pids,
+                     norms=norms, nonfinite=nonfinite)
             if closure:
                 rec.in_step = opt
         except Exception as exc:
