@@ -69,3 +69,15 @@ def names(trace: Trace, pids, limit: int = 4) -> str:
     if len(pids) > limit:
         text += f" and {len(pids) - limit} more"
     return text
+
+
+def optimizer_name(trace: Trace, opt: int) -> str:
+    """'AdamW' (or 'optimizer #1' when two of one class exist)."""
+    inits = {}
+    for e in trace.events:
+        if e.kind == "optimizer_init":
+            inits.setdefault(e["opt"], e.get("cls", "optimizer"))
+    cls = inits.get(opt, "optimizer")
+    if list(inits.values()).count(cls) > 1:
+        return f"{cls} #{opt}"
+    return cls

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ..ledger import ledger_of
-from .base import Rule, names, related
+from .base import Rule, names, optimizer_name, related
 
 
 class PartialZeroGrad(Rule):
@@ -49,7 +49,7 @@ class PartialZeroGrad(Rule):
             first = uses[0]
             pids = [u.pid for u in uses]
             yield self.finding(
-                f"this zero_grad() skips {names(trace, pids)}, which optimizer #{first.opt} steps: "
+                f"this zero_grad() skips {names(trace, pids)}, which {optimizer_name(trace, first.opt)} steps: "
                 f"their gradients keep accumulating across updates (first seen at step {first.step_index})",
                 loc,
                 related=(related(first.step, "the step that applies the accumulated gradients"),
