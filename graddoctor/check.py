@@ -7,16 +7,43 @@ over this; tests call it in-process too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import os
 import sys
 import time
+from typing import Callable
 
 from .analyze import analyze, selected_rules
 from .options import CheckOptions
 from .report.model import Report, RunInfo
 from .runner import ScriptError, run_target
+from .trace import Trace
 
 __all__ = ["run_check", "ScriptError", "CheckOptions"]
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def validated(options: CheckOptions) -> CheckOptions:
+    """The options with ``timeout`` normalised (0 and infinity mean no limit); ScriptError
+    names the first bad value."""
+    steps = options.steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ScriptError(f"--steps must be a whole number >= 0 (0 = run to the end), not {steps!r}")
+    timeout = options.timeout
+    if timeout is not None:
+        try:
+            seconds = float(timeout)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if math.isnan(seconds) or seconds < 0:
+            raise ScriptError(f"--timeout must be a number of seconds >= 0 (0 = no limit), "
+                              f"not {timeout!r}")
+        timeout = None if seconds == 0 or math.isinf(seconds) else seconds
+    if options.device not in DEVICES:
+        raise ScriptError(f"--device must be one of {', '.join(DEVICES)}, not {options.device!r}")
+    return dataclasses.replace(options, timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -43,6 +70,35 @@ def _device_policy(device: str):
             os.environ["CUDA_VISIBLE_DEVICES"] = saved_env
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr(enabled: bool):
+    """While the script runs, everything it writes to stdout goes to stderr — at the file
+    descriptor too, so that C code, subprocesses and spawned workers cannot corrupt a machine
+    report on stdout."""
+    if not enabled:
+        yield
+        return
+    saved_fd = None
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved_fd = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError, AttributeError):  # no real file descriptors (embedded, tests)
+        if saved_fd is not None:
+            os.close(saved_fd)
+        saved_fd = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved_fd is not None:
+            with contextlib.suppress(Exception):
+                sys.__stdout__.flush()  # what the script wrote to sys.__stdout__ goes to stderr
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+
+
 def _device_of(rec) -> str:
     for pid in rec.tracked_pids():
         t = rec.tensor(pid)
@@ -51,12 +107,82 @@ def _device_of(rec) -> str:
     return "cpu"
 
 
-def run_check(options: CheckOptions) -> Report:
+def _compile_notes(trace: Trace) -> list[str]:
+    calls = trace.of_kind("compile")
+    if not calls:
+        return []
+    where = ", ".join(sorted({str(e.loc) for e in calls if e.loc})) or "a library"
+    note = (f"torch.compile was used ({where}): graddoctor sees zero_grad, backward and optimizer "
+            f"steps at the graph breaks torch makes there; calls traced into a compiled graph "
+            f"are not seen")
+    if any(e.get("fullgraph") for e in calls):
+        note += "; with fullgraph=True a graph that contains them cannot be checked"
+    return [note]
+
+
+def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dict | None,
+            notes: list[str], duration: float) -> Report:
+    import torch
+
+    if status == "completed" and rec.steps == 0 and rec.backward_calls == 0:
+        status = "no-training-loop"
+    trace.add("run_end", None, status=status, steps=rec.steps)
+    findings, rule_errors = analyze(trace, selected_rules(options.select, options.ignore))
+    internal = [{"where": e["where"], "error": e["error"]} for e in trace.of_kind("internal_error")]
+    internal += rule_errors
+    if options.trace_path:
+        try:
+            with open(options.trace_path, "w", encoding="utf-8") as f:
+                f.write(trace.dumps())
+        except OSError as exc:
+            internal.append({"where": "writing --trace", "error": f"{type(exc).__name__}: {exc}"})
+    try:
+        device = _device_of(rec)
+    except Exception:
+        device = "unknown"
+    run = RunInfo(
+        script=options.target, argv=list(options.args), status=status, steps=rec.steps,
+        backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
+        duration_s=round(duration, 3), error=error, notes=notes + _compile_notes(trace),
+    )
+    return Report(run=run, findings=findings, internal_errors=internal, trace=trace)
+
+
+CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most this often
+
+
+def _snapshot(rec, variables: dict | None = None) -> Trace:
+    """A copy of the trace so far, with the parameters' flags (and names: found from
+    ``variables`` when given), for a report written while the script still runs or never
+    returns."""
+    from .instrument.names import emit_param_events, name_parameters
+
+    trace = Trace(list(rec.trace.events))
+    try:
+        if variables is not None:
+            name_parameters(rec, variables)
+        emit_param_events(rec, into=trace)
+    except Exception as exc:
+        trace.add("internal_error", None, where="naming parameters", error=repr(exc))
+    return trace
+
+
+def run_check(options: CheckOptions, *, on_hang: Callable[[Report], None] | None = None,
+              checkpoint: Callable[[Report], None] | None = None) -> Report:
     """Replay the user's script under instrumentation and judge the trace.
 
     Raises ``ScriptError`` only when the target cannot be run at all; everything the script
     does (crash, exit, hang) ends up in the report's ``run.status``.
+
+    ``on_hang(report)`` is called from a watchdog thread when the script is stuck past the time
+    limit in a call that never returns to Python: the report holds what was seen so far. The
+    CLI writes it and ends the process; without ``on_hang`` such a run cannot be ended.
+    ``checkpoint(report)`` receives a provisional report (status ``crashed``: "graddoctor did
+    not finish") when the script starts and after every optimizer step (at most every
+    ``CHECKPOINT_EVERY_S`` without a step budget): what is left if the process is killed
+    before the final report.
     """
+    options = validated(options)
     import torch
 
     from .instrument import Instrumentation, Recorder
@@ -67,27 +193,47 @@ def run_check(options: CheckOptions) -> Report:
     rec.emit("run_start", None, script=options.target, argv=list(options.args),
              device=options.device, torch_version=torch.__version__)
     started = time.perf_counter()
-    redirect = contextlib.redirect_stdout(sys.stderr) if options.redirect_stdout else contextlib.nullcontext()
-    with _device_policy(options.device), redirect:
-        with Instrumentation(rec) as instrumentation:
-            outcome = run_target(options.target, list(options.args), module=options.module,
-                                 timeout=options.timeout or None, finder=finder)
-            instrumentation.script_globals = outcome.namespace
-    duration = time.perf_counter() - started
-    status = outcome.status
-    if status == "completed" and rec.steps == 0 and rec.backward_calls == 0:
-        status = "no-training-loop"
-    rec.emit("run_end", None, status=status, steps=rec.steps)
+    last_checkpoint = [-math.inf]
 
-    findings, rule_errors = analyze(rec.trace, selected_rules(options.select, options.ignore))
-    internal = [{"where": e["where"], "error": e["error"]} for e in rec.trace.of_kind("internal_error")]
-    internal += rule_errors
-    if options.trace_path:
-        with open(options.trace_path, "w", encoding="utf-8") as f:
-            f.write(rec.trace.dumps())
-    run = RunInfo(
-        script=options.target, argv=list(options.args), status=status, steps=rec.steps,
-        backward_calls=rec.backward_calls, device=_device_of(rec), torch_version=torch.__version__,
-        duration_s=round(duration, 3), error=outcome.error, notes=outcome.notes,
-    )
-    return Report(run=run, findings=findings, internal_errors=internal, trace=rec.trace)
+    def main_globals() -> dict:
+        main = sys.modules.get("__main__")
+        return dict(vars(main)) if main is not None else {}
+
+    def hang(where: dict | None) -> None:
+        """From the watchdog: the report of a run that cannot be stopped."""
+        if on_hang is None:
+            return
+        error = {"type": "Timeout", "location": where, "message": (
+            f"time limit of {options.timeout:g} s reached and the script did not stop: it is stuck "
+            f"in a call that never returns to Python (or swallows every exception); graddoctor "
+            f"ended the process")}
+        on_hang(_report(options, rec, _snapshot(rec, main_globals()), status="timeout",
+                        error=error, notes=[], duration=time.perf_counter() - started))
+
+    def provisional(*_args, force: bool = False) -> None:
+        now = time.perf_counter()
+        if checkpoint is None:
+            return
+        if not force and not rec.step_budget and now - last_checkpoint[0] < CHECKPOINT_EVERY_S:
+            return  # unlimited replay: throttled; with a step budget: after every step
+        last_checkpoint[0] = now
+        try:
+            error = {"type": "Unfinished", "location": None, "message": (
+                f"graddoctor did not finish: the process ended after {rec.steps} optimizer "
+                f"steps (killed, out of memory, or stuck past the time limit in code that holds "
+                f"Python's lock); this report holds what was seen until then")}
+            checkpoint(_report(options, rec, _snapshot(rec),
+                               status="crashed", error=error, notes=[], duration=now - started))
+        except Exception as exc:
+            rec.internal_error("provisional report", exc)
+
+    with _device_policy(options.device), _stdout_to_stderr(options.redirect_stdout):
+        with Instrumentation(rec) as instrumentation:
+            instrumentation.optimizers.step_listeners.append(provisional)
+            outcome = run_target(options.target, list(options.args), module=options.module,
+                                 timeout=options.timeout, finder=finder, on_hang=hang,
+                                 on_start=lambda: provisional(force=True),
+                                 last_resort=on_hang is not None)
+            instrumentation.script_globals = outcome.namespace
+    return _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
+                   notes=outcome.notes, duration=time.perf_counter() - started)

@@ -79,29 +79,60 @@ def check(
 
     from .check import ScriptError, run_check
 
+    def emit(report) -> None:
+        text = _render(report, fmt, to_terminal=output is None)
+        if output:
+            from .report.output import write_file
+
+            write_file(output, text)
+        else:
+            from .report.output import write_stdout
+
+            write_stdout(text)
+
+    def on_hang(report) -> None:  # from the watchdog: the script is stuck; report, then end
+        try:
+            emit(report)
+            code = report.exit_code(options.fail_on)
+        except BaseException:
+            code = 2
+        _hard_exit(code)
+
+    def checkpoint(report) -> None:  # provisional, replaced by the final report
+        if output:
+            emit(report)
+
     try:
-        report = run_check(options)
+        report = run_check(options, on_hang=on_hang, checkpoint=checkpoint if output else None)
     except ScriptError as exc:
         _usage_error(str(exc))
         return
-    text = _render(report, fmt, to_terminal=output is None)
-    if output:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    except Exception as exc:  # graddoctor's own failure: one line, the traceback on request
+        if os.environ.get("GRADDOCTOR_DEBUG"):
+            raise
+        _usage_error(f"internal error: {type(exc).__name__}: {exc} (set GRADDOCTOR_DEBUG=1 for "
+                     f"the traceback)")
+        return
+    emit(report)
     raise typer.Exit(report.exit_code(options.fail_on))
 
 
 def _check_writable(path: str, what: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        _usage_error(f"{what} {path} is a directory")
-    if not os.path.isdir(folder):
-        _usage_error(f"{what} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        _usage_error(f"{what} {path} is not writable")
+    from .report.output import unwritable_reason
+
+    reason = unwritable_reason(path)
+    if reason:
+        _usage_error(f"{what} {reason}")
+
+
+def _hard_exit(code: int) -> None:
+    """End the process now: the script left a thread or a call that would keep it alive."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
 
 
 def _render(report, fmt: Format, to_terminal: bool) -> str:
@@ -153,7 +184,31 @@ def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad
 
 
 def main() -> None:
-    app(prog_name="graddoctor")
+    import threading
+
+    try:
+        code = app(prog_name="graddoctor", standalone_mode=False)
+    except Exception as exc:  # click's own errors (typer may vendor click: match by class name)
+        kinds = {cls.__name__ for cls in type(exc).__mro__}
+        if "NoArgsIsHelpError" in kinds:  # typer has printed the help already
+            code = 2
+        elif "ClickException" in kinds:  # bad options: one line, like every other usage error
+            typer.echo(f"graddoctor: error: {exc.format_message()}", err=True)
+            ctx = getattr(exc, "ctx", None)
+            if ctx is not None:
+                typer.echo(f"(see `{ctx.command_path} --help`)", err=True)
+            code = exc.exit_code
+        elif "Abort" in kinds:
+            typer.echo("graddoctor: aborted", err=True)
+            code = 1
+        else:
+            raise
+    code = code if isinstance(code, int) else 0
+    # a thread the script started and never stopped would keep the process alive after the report
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):
+        _hard_exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

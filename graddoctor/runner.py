@@ -1,33 +1,43 @@
 """Run the user's script (or ``-m module``) the way ``python`` would, and say how it ended.
 
 Like ``coverage run``: ``sys.argv``, ``__main__``, ``sys.path[0]``, cwd unchanged. The replay is
-ended by ``StopReplay`` (a BaseException) from the instrumentation, or by a wall-clock alarm.
-Everything the runner changes in ``sys`` is put back afterwards.
+ended by ``StopReplay`` (a BaseException) from the instrumentation, or by the time limit
+(``Deadline``). Whatever the script changes in the process (``sys.argv``, ``sys.path``,
+``__main__``, cwd, streams, signal handlers, environment, torch's global modes) is put back
+afterwards (``ProcessState``), so that an in-process caller gets its interpreter back as it was.
 """
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import os
 import runpy
 import signal
 import sys
 import threading
+import traceback
 import types
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .instrument.recorder import ReplayTimeout, StepLimitReached
 from .location import LocationFinder
 from .trace import Location
 
+_RUNPY_FILE = os.path.abspath(runpy.__file__)
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+MAX_MESSAGE = 2000  # characters of the script's exception message kept in the report
+
 
 class ScriptError(Exception):
-    """The target cannot be run at all (missing file, not Python, syntax error)."""
+    """The target cannot be run at all (missing file, not Python, syntax error, bad option)."""
 
 
 @dataclass
 class RunOutcome:
     status: str = "completed"  # completed | step-limit | timeout | crashed | no-training-loop
-    error: dict | None = None  # {type, message, location{path,line}}
+    error: dict | None = None  # {type, message, location{path,line}, traceback}
     exit_code: int | None = None  # the script's own SystemExit code, if it raised one
     notes: list[str] = field(default_factory=list)
     namespace: dict | None = None  # the script's globals, kept alive until the check ends
@@ -70,92 +80,343 @@ def check_module(name: str) -> None:
         raise ScriptError(f"no module named {name!r}")
 
 
-class _Alarm:
-    """Raise ReplayTimeout in the main thread after ``seconds`` (SIGALRM where available)."""
+# -- the process state a script may change ------------------------------------------------
+_MISSING = object()
 
-    def __init__(self, seconds: float | None):
-        self.seconds = seconds
-        self._old = None
-        self._active = False
 
-    def __enter__(self):
-        usable = (self.seconds and self.seconds > 0 and hasattr(signal, "setitimer")
-                  and threading.current_thread() is threading.main_thread())
-        if usable:
-            def on_alarm(signum, frame):
-                raise ReplayTimeout(f"time limit of {self.seconds:g} s reached")
+def _signal_handlers() -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handlers = {}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        if handler is not None:  # None: installed outside Python, cannot be put back
+            handlers[sig] = handler
+    return handlers
 
-            self._old = signal.signal(signal.SIGALRM, on_alarm)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
-            self._active = True
+
+class ProcessState:
+    """A snapshot of what a script can change in this interpreter, and ``restore()``.
+
+    ``python train.py`` gets a fresh process; an in-process check must leave the caller's as it
+    was, also after a crash or a time limit.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self.argv = list(sys.argv)
+        self.argv_list = sys.argv
+        self.path = list(sys.path)
+        self.main = sys.modules.get("__main__", _MISSING)
+        self.cwd = os.getcwd()
+        self.streams = (sys.stdin, sys.stdout, sys.stderr)
+        self.tracer, self.profiler = sys.gettrace(), sys.getprofile()
+        self.excepthook = sys.excepthook
+        self.environ = dict(os.environ)
+        self.signals = _signal_handlers()
+        self.torch = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_anomaly_enabled(),
+                      torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_num_threads())
+
+    def restore(self) -> list[str]:
+        """Put everything back; returns notes for the report on what the script had changed."""
+        import torch
+
+        notes = []
+        self.argv_list[:] = self.argv
+        sys.argv = self.argv_list
+        sys.path[:] = self.path
+        if self.main is _MISSING:
+            sys.modules.pop("__main__", None)
+        else:
+            sys.modules["__main__"] = self.main
+        try:
+            cwd = os.getcwd()
+        except OSError:  # the script removed its working directory
+            cwd = None
+        if cwd != self.cwd:
+            notes.append(f"the script changed the working directory to {cwd}; graddoctor "
+                         f"changed it back")
+            os.chdir(self.cwd)
+        sys.stdin, sys.stdout, sys.stderr = self.streams
+        if sys.gettrace() is not self.tracer:
+            sys.settrace(self.tracer)
+        if sys.getprofile() is not self.profiler:
+            sys.setprofile(self.profiler)
+        sys.excepthook = self.excepthook
+        if dict(os.environ) != self.environ:
+            for key in set(os.environ) - set(self.environ):
+                del os.environ[key]
+            for key, value in self.environ.items():
+                if os.environ.get(key) != value:
+                    os.environ[key] = value
+        for sig, handler in self.signals.items():
+            try:
+                if signal.getsignal(sig) is not handler:
+                    signal.signal(sig, handler)
+            except (OSError, ValueError, TypeError):
+                pass
+        grad, dtype, anomaly, deterministic, warn_only, threads = self.torch
+        torch.set_grad_enabled(grad)
+        torch.set_default_dtype(dtype)
+        torch.set_anomaly_enabled(anomaly)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        return notes
+
+
+# -- the time limit ---------------------------------------------------------------------------
+def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> bool:
+    """Raise ``exc_type`` in another thread at its next Python instruction (CPython only);
+    ``None`` cancels one that was not delivered yet."""
+    try:
+        set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    except AttributeError:  # pragma: no cover - not CPython
+        return False
+    exc = None if exc_type is None else ctypes.py_object(exc_type)
+    return set_async_exc(ctypes.c_ulong(thread_id), exc) == 1
+
+
+class Deadline:
+    """The wall-clock limit of one run, in three tiers:
+
+    1. at ``seconds``: SIGALRM raises ``ReplayTimeout`` in the script (main thread), again every
+       second while the script swallows it with a bare ``except:``;
+    2. at ``seconds + grace``, from a watchdog thread: the same exception raised asynchronously
+       (covers a script that replaced our SIGALRM handler, or a run outside the main thread);
+    3. at ``seconds + 2 * grace``, still running: the script is stuck inside a call that never
+       returns to Python (a C loop, a dead lock). ``on_hang(location)`` is called from the
+       watchdog; the CLI writes the report from there and ends the process.
+    4. ``last_resort``: at ``seconds + 3 * grace`` even the watchdog could not run (a C call
+       that holds the interpreter lock): ``faulthandler`` prints every thread's stack to stderr
+       and ends the process with exit code 1. Only a CLI wants that.
+    """
+
+    def __init__(self, seconds: float | None, finder: LocationFinder,
+                 on_hang: Callable[[dict | None], None] | None = None, last_resort: bool = False):
+        self.last_resort = last_resort
+        self._faulthandler = False
+        self.seconds = seconds if seconds and seconds > 0 else None
+        self.grace = min(max(2.0, 0.1 * (self.seconds or 0)), 30.0)
+        self.finder = finder
+        self.on_hang = on_hang
+        self.expired = False  # the limit was reached (for the report)
+        self._armed = False
+        self._signal = False
+        self._old_handler = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()  # the watchdog raises only while the run is armed
+        self._raised_async = False
+        self._thread_id = threading.get_ident()
+        self._watchdog: threading.Thread | None = None
+
+    def message(self) -> str:
+        return f"time limit of {self.seconds:g} s reached"
+
+    def _on_alarm(self, signum, frame):
+        if self._armed:
+            self.expired = True
+            raise ReplayTimeout(self.message())
+
+    def __enter__(self) -> "Deadline":
+        if self.seconds is None:
+            return self
+        self._armed = True
+        if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+            try:
+                self._old_handler = signal.signal(signal.SIGALRM, self._on_alarm)
+                signal.setitimer(signal.ITIMER_REAL, self.seconds, 1.0)
+                self._signal = True
+            except (OverflowError, ValueError, OSError):  # an absurdly long limit: no alarm
+                if self._old_handler is not None:
+                    signal.signal(signal.SIGALRM, self._old_handler)
+                self._signal = False
+        if self.last_resort:
+            try:
+                faulthandler.dump_traceback_later(self.seconds + 3 * self.grace, exit=True)
+                self._faulthandler = True
+            except (ValueError, OverflowError, OSError, RuntimeError):  # no usable stderr
+                pass
+        self._watchdog = threading.Thread(target=self._watch, name="graddoctor-watchdog", daemon=True)
+        self._watchdog.start()
         return self
 
-    def __exit__(self, *exc):
-        if self._active:
+    def disarm(self) -> None:
+        """Stop every tier; safe to call more than once."""
+        with self._lock:
+            self._armed = False
+            self._done.set()
+            if self._raised_async:  # not delivered yet: cancel it
+                self._raised_async = False
+                _async_raise(self._thread_id, None)
+        if self._faulthandler:
+            self._faulthandler = False
+            faulthandler.cancel_dump_traceback_later()
+        if self._signal:
+            self._signal = False
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self._old)
+            signal.signal(signal.SIGALRM, self._old_handler)
+
+    def __exit__(self, *exc) -> None:
+        self.disarm()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=1.0)
+
+    def _watch(self) -> None:
+        try:
+            if self._done.wait(min(self.seconds + self.grace, threading.TIMEOUT_MAX)):
+                return
+            with self._lock:
+                if not self._armed:
+                    return
+                self.expired = True
+                self._raised_async = _async_raise(self._thread_id, ReplayTimeout)
+            if self._done.wait(self.grace):
+                return
+            if self.on_hang is not None:
+                self.on_hang(self.where())
+        except Exception:  # the watchdog must never take the process down by itself
+            pass
+
+    def where(self) -> dict | None:
+        """The user's line the running script is at now (from another thread)."""
+        frame = sys._current_frames().get(self._thread_id)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if self.finder.is_user_file(filename):
+                return {"path": self.finder.display_path(filename), "line": frame.f_lineno}
+            frame = frame.f_back
+        return None
 
 
+# -- os._exit ---------------------------------------------------------------------------------
+class ScriptExit(BaseException):
+    """``os._exit(code)`` called by the script: ends the run like ``sys.exit`` (no report
+    would be written if the process really ended). Forked children exit for real."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def _patched_os_exit(original, parent_pid: int):
+    def _exit(code):
+        if os.getpid() != parent_pid or threading.current_thread() is not threading.main_thread():
+            original(code)
+        raise ScriptExit(code)
+
+    return _exit
+
+
+# -- running ----------------------------------------------------------------------------------
 def run_target(target: str, args: list[str], *, module: bool, timeout: float | None,
-               finder: LocationFinder) -> RunOutcome:
-    """Run a script path or module name as ``__main__``; never raises for the script's errors."""
+               finder: LocationFinder,
+               on_hang: Callable[[dict | None], None] | None = None,
+               on_start: Callable[[], None] | None = None,
+               last_resort: bool = False) -> RunOutcome:
+    """Run a script path or module name as ``__main__``; never raises for the script's errors.
+
+    ``on_start`` runs once the target is known to be runnable; ``on_hang`` and ``last_resort``:
+    see ``Deadline``."""
     code = None if module else compile_script(target)
     if module:
         check_module(target)
+    if on_start is not None:
+        on_start()
     outcome = RunOutcome()
-    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
-    saved_main = sys.modules.get("__main__")
-    saved_cwd = os.getcwd()
+    state = ProcessState()
+    deadline = Deadline(timeout, finder, on_hang, last_resort=last_resort)
+    original_exit = os._exit
+    os._exit = _patched_os_exit(original_exit, os.getpid())
     try:
-        with _Alarm(timeout):
-            try:
-                if module:
-                    sys.argv = [target, *args]
-                    sys.path[0:1] = [os.getcwd()] if sys.path else [os.getcwd()]
-                    outcome.namespace = runpy.run_module(target, run_name="__main__", alter_sys=True)
-                else:
-                    path = os.path.abspath(code.co_filename)
-                    sys.argv = [target, *args]
-                    main = types.ModuleType("__main__")
-                    main.__file__ = path
-                    main.__builtins__ = __builtins__
-                    main.__spec__ = None
-                    main.__loader__ = None
-                    sys.modules["__main__"] = main
-                    outcome.namespace = main.__dict__
-                    if sys.path:
-                        sys.path[0] = os.path.dirname(path)
-                    else:
-                        sys.path.insert(0, os.path.dirname(path))
-                    exec(code, main.__dict__)
-            except StepLimitReached:
-                outcome.status = "step-limit"
-            except ReplayTimeout as exc:
-                outcome.status = "timeout"
-                outcome.error = {"type": "Timeout", "message": str(exc), "location": _loc(finder, exc)}
-            except SystemExit as exc:
-                outcome.exit_code = _exit_code(exc)
-                if outcome.exit_code not in (0, None):
-                    outcome.status = "crashed"
-                    outcome.error = {"type": "SystemExit", "message": f"exit code {exc.code}",
-                                     "location": _loc(finder, exc)}
-            except BaseException as exc:  # the user's own failure, KeyboardInterrupt included
-                outcome.status = "crashed"
-                outcome.error = {"type": type(exc).__name__, "message": str(exc),
-                                 "location": _loc(finder, exc)}
+        try:
+            with deadline:
+                try:
+                    _execute(target, args, code, module, outcome)
+                finally:
+                    deadline.disarm()
+        except BaseException as exc:  # the script's own failure, or our stop
+            _classify(exc, outcome, finder, deadline)
     finally:
-        sys.argv = saved_argv
-        if saved_path0 is not None and sys.path:
-            sys.path[0] = saved_path0
-        if saved_main is not None:
-            sys.modules["__main__"] = saved_main
-        if os.getcwd() != saved_cwd:
-            outcome.notes.append(f"the script changed the working directory to {os.getcwd()}")
-            os.chdir(saved_cwd)
+        os._exit = original_exit
+        try:
+            outcome.notes.extend(state.restore())
+        except Exception as exc:  # never lose the report over a restore
+            outcome.notes.append(f"graddoctor could not restore the interpreter state: {exc!r}")
     return outcome
 
 
-def _exit_code(exc: SystemExit):
+def _execute(target: str, args: list[str], code, module: bool, outcome: RunOutcome) -> None:
+    sys.argv = [target, *args]
+    if module:
+        sys.path[0:1] = [os.getcwd()]  # python -m: the working directory comes first
+        outcome.namespace = runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    path = os.path.abspath(code.co_filename)
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = __builtins__
+    main.__spec__ = None
+    main.__loader__ = None
+    sys.modules["__main__"] = main
+    outcome.namespace = main.__dict__
+    sys.path[0:1] = [os.path.dirname(path)]
+    exec(code, main.__dict__)
+
+
+def _classify(exc: BaseException, outcome: RunOutcome, finder: LocationFinder,
+              deadline: Deadline) -> None:
+    if isinstance(exc, StepLimitReached):
+        outcome.status = "step-limit"
+    elif isinstance(exc, ReplayTimeout):
+        outcome.status = "timeout"
+        outcome.error = {"type": "Timeout", "message": deadline.message() if deadline.seconds
+                         else _message(exc), "location": _loc(finder, exc)}
+    elif isinstance(exc, (SystemExit, ScriptExit)):
+        how = "os._exit" if isinstance(exc, ScriptExit) else "sys.exit"
+        outcome.exit_code = _exit_code(exc)
+        loc = _loc(finder, exc)
+        where = f" at {loc['path']}:{loc['line']}" if loc else ""
+        if outcome.exit_code in (0, None):
+            outcome.notes.append(f"the script called {how}({outcome.exit_code or 0}){where}")
+        else:
+            outcome.status = "crashed"
+            outcome.error = {"type": "SystemExit", "message": f"{how}({exc.code!r}): exit code "
+                             f"{outcome.exit_code}", "location": loc}
+    else:  # the user's own failure, KeyboardInterrupt included
+        outcome.status = "crashed"
+        outcome.error = {"type": type(exc).__name__, "message": _message(exc),
+                         "location": _loc(finder, exc), "traceback": _user_traceback(exc)}
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose __str__ fails
+        text = f"<{type(exc).__name__} whose message cannot be shown>"
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + " …"
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The script's traceback as python would print it, without graddoctor's and runpy's frames."""
+    try:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if not f.filename.startswith(_PKG_DIR + os.sep) and f.filename not in (_RUNPY_FILE, "<frozen runpy>")]
+        lines = traceback.format_list(frames[-20:])
+        lines += traceback.format_exception_only(type(exc), exc)
+        return "".join(lines)[-8000:]
+    except Exception:
+        return ""
+
+
+def _exit_code(exc: BaseException):
     code = exc.code
     if code is None or isinstance(code, int):
         return code

@@ -8,6 +8,7 @@ that leaving the context restores torch exactly as it was, also after a crash.
 from __future__ import annotations
 
 from .backward import BackwardWatcher
+from .compile import CompileWatcher
 from .dataloader import DataLoaderWatcher
 from .names import emit_param_events, name_parameters
 from .optim import OptimizerWatcher
@@ -24,7 +25,8 @@ class Instrumentation:
         self.optimizers = OptimizerWatcher(rec)
         self.backward = BackwardWatcher(rec, self.optimizers.owned)
         self.dataloader = DataLoaderWatcher(rec)
-        self.watchers = [self.optimizers, self.backward, self.dataloader]
+        self.compile = CompileWatcher(rec)
+        self.watchers = [self.optimizers, self.backward, self.dataloader, self.compile]
         self._named_once = False
         self.script_globals: dict | None = None  # set by the caller once the script has run
         self.optimizers.step_listeners.append(self._name_after_first_step)

@@ -53,13 +53,15 @@ def name_parameters(rec: Recorder, variables: dict[str, object] | None = None) -
         rec.param_names[pid] = name
 
 
-def emit_param_events(rec: Recorder) -> None:
-    """One ``param`` event per tracked tensor with its final flags (end of run)."""
+def emit_param_events(rec: Recorder, into=None) -> None:
+    """One ``param`` event per tracked tensor with its final flags (end of run), into the
+    recorder's trace or ``into`` (a snapshot of it)."""
+    emit = rec.emit if into is None else into.add
     for pid in rec.tracked_pids():
         t = rec.tensor(pid)
         if t is not None:
             rec.requires_grad[pid] = t.requires_grad
-        rec.emit(
+        emit(
             "param", None, pid=pid, name=rec.param_names.get(pid), shape=rec.shapes.get(pid),
             is_parameter=rec.is_parameter.get(pid, False),
             requires_grad=rec.requires_grad.get(pid),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import torch
 from torch.optim.optimizer import (
@@ -51,7 +52,7 @@ class OptimizerWatcher:
         self.rec = rec
         self.owned: set[int] = set()  # id() of every tensor an optimizer owns
         self._clearing = False
-        self._step_depth = 0
+        self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self.step_listeners: list = []  # callables(opt_id, optimizer) after each real step
         self._named_after_first_step = False
 
@@ -120,12 +121,28 @@ class OptimizerWatcher:
         rec.emit("clear", rec.here(3), via=via, opt=opt, set_to_none=bool(set_to_none), params=pids)
 
     # -- step ----------------------------------------------------------------------------
+    def _outer_steps_running(self) -> int:
+        """How many of the steps we saw begin are still running: their frames are on the stack.
+        A step that raised never reached its post hook; dropping it here keeps one exception
+        (the user's, or our own StopReplay in an L-BFGS closure) from hiding every later step."""
+        if self._step_frames:
+            on_stack = set()
+            frame = sys._getframe(2)
+            while frame is not None:
+                on_stack.add(id(frame))
+                frame = frame.f_back
+            self._step_frames = [f for f in self._step_frames if id(f) in on_stack]
+            if not self._step_frames:
+                self.rec.in_step = None
+        return len(self._step_frames)
+
     def _pre_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
-        if self._step_depth == 0:
+        depth = self._outer_steps_running()
+        if depth == 0:
             rec.maybe_stop()
-        self._step_depth += 1
-        if self._step_depth > 1:  # an optimizer that steps an inner optimizer
+        self._step_frames.append(sys._getframe(1))  # the frame of the optimizer's step wrapper
+        if depth > 0:  # an optimizer that steps an inner optimizer
             return
         try:
             closure = _has_closure(args, kwargs)
@@ -141,9 +158,11 @@ class OptimizerWatcher:
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
-        self._step_depth -= 1
-        if self._step_depth > 0:
+        if self._step_frames:
+            self._step_frames.pop()
+        if self._step_frames:
             return
+        rec.count_step()  # before the listeners: rec.steps includes this step
         try:
             rec.in_step = None
             opt = rec.optimizer_id(optimizer)
@@ -155,7 +174,6 @@ class OptimizerWatcher:
                 listener(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
-        rec.count_step()
 
     def install(self, patcher) -> None:
         Optimizer, Module = torch.optim.Optimizer, torch.nn.Module
