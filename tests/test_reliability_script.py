@@ -195,3 +195,16 @@ def test_paths_with_spaces_and_non_ascii(tmp_path, folder, name):
         assert "Traceback" not in text.stderr
         shown = relative if encoding == "utf-8" else relative.encode("ascii", "backslashreplace").decode()
         assert f"{shown}:{BUG[1]}" in text.stdout
+
+
+def test_a_step_that_raises_does_not_hide_later_steps():
+    """Its post hook never runs; the steps after it must still count as steps (not as steps
+    nested in one that never ended)."""
+    from graddoctor.check import run_check
+    from graddoctor.options import CheckOptions
+
+    script = os.path.join(SCRIPTS, "step_raises.py")
+    report = run_check(CheckOptions(target=script))
+    assert (report.run.status, report.run.steps) == ("completed", 5)
+    assert [(f.rule, f.location.line) for f in report.findings] \
+        == [("missing-zero-grad", marked_line(script))]
