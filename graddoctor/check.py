@@ -15,6 +15,7 @@ from .analyze import analyze, selected_rules
 from .options import CheckOptions
 from .report.model import Report, RunInfo
 from .runner import ScriptError, run_target
+from .suppress import apply_suppressions
 
 __all__ = ["run_check", "ScriptError", "CheckOptions"]
 
@@ -51,11 +52,12 @@ def _device_of(rec) -> str:
     return "cpu"
 
 
-def run_check(options: CheckOptions) -> Report:
+def run_check(options: CheckOptions, on_step=None) -> Report:
     """Replay the user's script under instrumentation and judge the trace.
 
     Raises ``ScriptError`` only when the target cannot be run at all; everything the script
-    does (crash, exit, hang) ends up in the report's ``run.status``.
+    does (crash, exit, hang) ends up in the report's ``run.status``. ``on_step(n)`` is called
+    after each optimizer step (a progress display).
     """
     import torch
 
@@ -64,6 +66,8 @@ def run_check(options: CheckOptions) -> Report:
 
     finder = LocationFinder()
     rec = Recorder(step_budget=options.steps or None, finder=finder)
+    if on_step is not None:
+        rec.on_step.append(on_step)
     rec.emit("run_start", None, script=options.target, argv=list(options.args),
              device=options.device, torch_version=torch.__version__)
     started = time.perf_counter()
@@ -80,6 +84,7 @@ def run_check(options: CheckOptions) -> Report:
     rec.emit("run_end", None, status=status, steps=rec.steps)
 
     findings, rule_errors = analyze(rec.trace, selected_rules(options.select, options.ignore))
+    findings = apply_suppressions(findings)  # `# graddoctor: ignore[...]` on the reported line
     internal = [{"where": e["where"], "error": e["error"]} for e in rec.trace.of_kind("internal_error")]
     internal += rule_errors
     if options.trace_path:
@@ -89,5 +94,6 @@ def run_check(options: CheckOptions) -> Report:
         script=options.target, argv=list(options.args), status=status, steps=rec.steps,
         backward_calls=rec.backward_calls, device=_device_of(rec), torch_version=torch.__version__,
         duration_s=round(duration, 3), error=outcome.error, notes=outcome.notes,
+        step_budget=options.steps or None, config=options.config_path,
     )
     return Report(run=run, findings=findings, internal_errors=internal, trace=rec.trace)

@@ -21,3 +21,4 @@ class CheckOptions:
     ignore: tuple[str, ...] = ()
     trace_path: str | None = None
     redirect_stdout: bool = False  # send the script's prints to stderr (machine output on stdout)
+    config_path: str | None = None  # the pyproject.toml whose [tool.graddoctor] was applied

@@ -55,6 +55,7 @@ class Recorder:
         self.requires_grad: dict[int, bool] = {}
         self.internal_errors = 0
         self.on_param_tracked: list[Callable[[int, Any], None]] = []
+        self.on_step: list[Callable[[int], None]] = []  # called with the step count (progress line)
 
     # -- events ------------------------------------------------------------------------
     def here(self, skip: int = 2) -> Location | None:
@@ -143,6 +144,11 @@ class Recorder:
     # -- budget --------------------------------------------------------------------------
     def count_step(self) -> None:
         self.steps += 1
+        for callback in self.on_step:
+            try:
+                callback(self.steps)
+            except Exception as exc:  # a display must never break the user's run
+                self.internal_error("step callback", exc)
         if self.step_budget is not None and self.steps >= self.step_budget:
             self.stop_requested = True
 
