@@ -69,7 +69,7 @@ def run_check(options: CheckOptions) -> Report:
     started = time.perf_counter()
     redirect = contextlib.redirect_stdout(sys.stderr) if options.redirect_stdout else contextlib.nullcontext()
     with _device_policy(options.device), redirect:
-        with Instrumentation(rec) as instrumentation:
+        with Instrumentation(rec, options.epoch_batches) as instrumentation:
             outcome = run_target(options.target, list(options.args), module=options.module,
                                  timeout=options.timeout or None, finder=finder)
             instrumentation.script_globals = outcome.namespace

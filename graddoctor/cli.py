@@ -48,7 +48,14 @@ def check(
     script_args: Optional[List[str]] = typer.Argument(
         None, help="Arguments for the script; put them after `--`.", show_default=False),
     module: bool = typer.Option(False, "-m", "--module", help="Run SCRIPT as a module, like `python -m`."),
-    steps: int = typer.Option(10, "--steps", help="Optimizer steps to replay (0 = run to the end).", min=0),
+    steps: int = typer.Option(
+        10, "--steps", min=0,
+        help="Optimizer steps to replay (0 = run to the end). A DataLoader-driven script goes on "
+        "until its third epoch has begun (two epoch boundaries), at most 2 x epoch-batches + 1 steps."),
+    epoch_batches: int = typer.Option(
+        17, "--epoch-batches", min=0,
+        help="Batches per DataLoader epoch in the replay (0 = the real length). The default, 17, is "
+        "larger than and not divisible by the common accumulation factors, so epoch-end bugs show."),
     timeout: float = typer.Option(600.0, "--timeout", help="Wall-clock limit in seconds (0 = none).", min=0),
     device: Device = typer.Option(Device.auto, "--device", help="auto: as the script decides; cpu: hide CUDA; cuda: require it."),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Report format."),
@@ -70,7 +77,7 @@ def check(
             _check_writable(path, what)
     options = CheckOptions(
         target=script, args=tuple(script_args or ()), module=module, steps=steps,
-        timeout=timeout or None, device=device.value, fail_on=fail_on.value,
+        timeout=timeout or None, epoch_batches=epoch_batches, device=device.value, fail_on=fail_on.value,
         select=tuple(select or ()), ignore=tuple(ignore or ()), trace_path=trace,
         redirect_stdout=(fmt is not Format.text and output is None),
     )

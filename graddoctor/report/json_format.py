@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from .. import __version__
+from ..jsonsafe import json_safe
 from .model import SCHEMA_VERSION, Report
 
 
@@ -32,4 +33,4 @@ def to_dict(report: Report) -> dict:
 
 
 def render(report: Report) -> str:
-    return json.dumps(to_dict(report), indent=2, default=str) + "\n"
+    return json.dumps(json_safe(to_dict(report)), indent=2, default=str, allow_nan=False) + "\n"
