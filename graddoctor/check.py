@@ -52,6 +52,22 @@ def _device_of(rec) -> str:
     return "cpu"
 
 
+def _epoch_notes(rec) -> list[str]:
+    """Say when DataLoader epochs were replayed shorter than they are (``--epoch-batches``)."""
+    short = [e for e in rec.trace.of_kind("epoch_start")
+             if e.get("real_len") is not None and e.get("replay_len") is not None
+             and e["replay_len"] < e["real_len"]]
+    if not short:
+        return []
+    first = short[0]
+    notes = [f"DataLoader epochs were replayed with {first['replay_len']} of their {first['real_len']} "
+             f"batches (--epoch-batches; 0 replays full epochs)"]
+    if rec.steps == 0 and rec.backward_calls:
+        notes.append("no optimizer step happened within those short epochs: if you accumulate over "
+                     f"more than {first['replay_len']} batches, raise --epoch-batches")
+    return notes
+
+
 def run_check(options: CheckOptions, on_step=None) -> Report:
     """Replay the user's script under instrumentation and judge the trace.
 
@@ -73,7 +89,7 @@ def run_check(options: CheckOptions, on_step=None) -> Report:
     started = time.perf_counter()
     redirect = contextlib.redirect_stdout(sys.stderr) if options.redirect_stdout else contextlib.nullcontext()
     with _device_policy(options.device), redirect:
-        with Instrumentation(rec) as instrumentation:
+        with Instrumentation(rec, options.epoch_batches) as instrumentation:
             outcome = run_target(options.target, list(options.args), module=options.module,
                                  timeout=options.timeout or None, finder=finder)
             instrumentation.script_globals = outcome.namespace
@@ -93,7 +109,8 @@ def run_check(options: CheckOptions, on_step=None) -> Report:
     run = RunInfo(
         script=options.target, argv=list(options.args), status=status, steps=rec.steps,
         backward_calls=rec.backward_calls, device=_device_of(rec), torch_version=torch.__version__,
-        duration_s=round(duration, 3), error=outcome.error, notes=outcome.notes,
+        duration_s=round(duration, 3), error=outcome.error,
+        notes=[*outcome.notes, *_epoch_notes(rec)],
         step_budget=options.steps or None, config=options.config_path,
     )
     return Report(run=run, findings=findings, internal_errors=internal, trace=rec.trace)

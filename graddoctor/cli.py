@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from .config import split_selectors
-from .options import DEFAULT_STEPS, DEFAULT_TIMEOUT, CheckOptions
+from .options import DEFAULT_EPOCH_BATCHES, DEFAULT_STEPS, DEFAULT_TIMEOUT, CheckOptions
 
 app = typer.Typer(
     add_completion=False,
@@ -57,7 +57,14 @@ def check(
     script_args: Optional[List[str]] = typer.Argument(
         None, help="Arguments for the script; put them after `--`.", show_default=False),
     module: bool = typer.Option(False, "-m", "--module", help="Run SCRIPT as a module, like `python -m`."),
-    steps: int = typer.Option(DEFAULT_STEPS, "--steps", help="Optimizer steps to replay (0 = run to the end).", min=0),
+    steps: int = typer.Option(
+        DEFAULT_STEPS, "--steps", min=0,
+        help="Optimizer steps to replay (0 = run to the end). A DataLoader-driven script goes on "
+        "until its third epoch has begun (two epoch boundaries), at most 2 x epoch-batches + 1 steps."),
+    epoch_batches: int = typer.Option(
+        DEFAULT_EPOCH_BATCHES, "--epoch-batches", min=0,
+        help="Batches per DataLoader epoch in the replay (0 = the real length). The default, 17, is "
+        "larger than and not divisible by the common accumulation factors, so epoch-end bugs show."),
     timeout: float = typer.Option(DEFAULT_TIMEOUT, "--timeout", help="Wall-clock limit in seconds (0 = none).", min=0),
     device: Device = typer.Option(Device.auto, "--device", help="auto: as the script decides; cpu: hide CUDA; cuda: require it."),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Report format: text (terminal), json, sarif (code scanning)."),
@@ -84,7 +91,8 @@ def check(
     settings, config_path = _settings(script, module, command_line, _given(ctx))
     options = CheckOptions(
         target=script, args=tuple(script_args or ()), module=module, steps=settings["steps"],
-        timeout=settings["timeout"] or None, device=settings["device"], fail_on=settings["fail_on"],
+        timeout=settings["timeout"] or None, epoch_batches=epoch_batches, device=settings["device"],
+        fail_on=settings["fail_on"],
         select=settings["select"], ignore=settings["ignore"], trace_path=trace,
         redirect_stdout=(fmt is not Format.text and output is None), config_path=config_path,
     )

@@ -7,6 +7,7 @@ import json
 import os
 
 from .. import __version__
+from ..jsonsafe import json_safe
 from .model import SCHEMA_VERSION, Report
 
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
@@ -43,4 +44,4 @@ def to_dict(report: Report) -> dict:
 
 
 def render(report: Report) -> str:
-    return json.dumps(to_dict(report), indent=2, default=str) + "\n"
+    return json.dumps(json_safe(to_dict(report)), indent=2, default=str, allow_nan=False) + "\n"

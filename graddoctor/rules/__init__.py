@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from .accumulation_leftover import AccumulationLeftover
 from .base import Rule
+from .clip_before_backward import ClipBeforeBackward
+from .clip_before_unscale import ClipBeforeUnscale
+from .clip_in_accumulation import ClipInAccumulation
 from .misplaced_zero_grad import MisplacedZeroGrad
 from .missing_zero_grad import MissingZeroGrad
+from .nonfinite_grad import NonfiniteGrad
 from .param_not_in_optimizer import ParamNotInOptimizer
 from .param_without_grad import ParamWithoutGrad
 from .partial_zero_grad import PartialZeroGrad
+from .scheduler_before_optimizer import SchedulerBeforeOptimizer
 from .stale_grad import StaleGrad
+from .unscaled_accumulation import UnscaledAccumulation
 
 ALL_RULES: tuple[type[Rule], ...] = (
     MissingZeroGrad,
@@ -17,6 +24,14 @@ ALL_RULES: tuple[type[Rule], ...] = (
     MisplacedZeroGrad,
     ParamNotInOptimizer,
     ParamWithoutGrad,
+    # AMP, clipping, accumulation, schedules (GD2xx)
+    ClipBeforeUnscale,
+    ClipInAccumulation,
+    ClipBeforeBackward,
+    UnscaledAccumulation,
+    AccumulationLeftover,
+    SchedulerBeforeOptimizer,
+    NonfiniteGrad,
 )
 
 
