@@ -1,12 +1,16 @@
-"""Microseconds per call of graddoctor's hot paths, on the overhead benchmark's workloads.
+"""Where graddoctor's per-step time goes, on the overhead benchmark's workloads.
 
-    python benchmarks/hot_paths.py [--steps 200]
+    python benchmarks/hot_paths.py [--steps 200] [--only mlp,cnn,transformer]
 
-For each workload: the instrumented step's total time attributed to graddoctor's own code
-(cProfile cumulative time of its wrappers and hooks, per step; cProfile inflates Python work
-about 2x, so read the numbers relatively), and a direct timing of the pieces that run once per
-backward or per step: the graph walk, the gradient pre-hooks, the end-of-backward bookkeeping,
-the step's grad-norm summary, the zero_grad record and the user-location lookup.
+For each workload, two views of the instrumented step:
+- cProfile over a few hundred steps, attributing to graddoctor its functions' own time plus
+  what they call outside graddoctor, except the originals its wrappers call (the user's own
+  backward, zero_grad...). cProfile inflates call-heavy Python roughly 2-5x: compare entries
+  with each other, not with the step time.
+- direct timings (min of repeats, no profiler) of the pieces that run once per backward or per
+  step: the graph walk, the end-of-backward bookkeeping, the grad-norm summary, the post-step
+  refresh, the user-location lookup, and one gradient pre-hook (runs once per parameter).
+Record these before and after a change to the instrumentation.
 """
 
 from __future__ import annotations
