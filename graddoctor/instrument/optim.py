@@ -24,11 +24,14 @@ def grad_norms(rec: Recorder, pids) -> tuple[list[int], list[float]]:
     one batched ``torch._foreach_norm`` per device and one host read per step (never a sync per
     parameter)."""
     by_device: dict = {}
+    tensor_of = rec.tensor
     for pid in pids:
-        tensor = rec.tensor(pid)
+        tensor = tensor_of(pid)
         grad = tensor.grad if tensor is not None else None
         if grad is not None and not grad.is_sparse:
-            pids_grads = by_device.setdefault(grad.device, ([], []))
+            pids_grads = by_device.get(grad.device)
+            if pids_grads is None:
+                pids_grads = by_device[grad.device] = ([], [])
             pids_grads[0].append(pid)
             pids_grads[1].append(grad)
     out_pids: list[int] = []
@@ -37,7 +40,8 @@ def grad_norms(rec: Recorder, pids) -> tuple[list[int], list[float]]:
         for device_pids, grads in by_device.values():
             norms = torch._foreach_norm(grads)
             out_pids.extend(device_pids)
-            out_norms.extend(torch.stack([n.float() for n in norms]).tolist())
+            # stack promotes mixed dtypes; one device-to-host read per device
+            out_norms.extend(torch.stack(norms).tolist())
     return out_pids, out_norms
 
 
