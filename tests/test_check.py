@@ -157,3 +157,19 @@ def test_parameters_bit_identical_with_and_without_graddoctor(tmp_path):
     b = torch.load(tmp_path / "checked.pt")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("factor, expected", [("1e20", []), ("float('nan')", ["nonfinite-grad"])])
+def test_huge_finite_gradients_are_not_called_nonfinite(tmp_path, factor, expected):
+    # the batched norm overflows to inf for elements above ~1.8e19; the gradient is still finite
+    write(tmp_path, "train.py", f"""
+        import torch
+        p = torch.nn.Parameter(torch.zeros(4))
+        opt = torch.optim.SGD([p], lr=0.0)
+        for i in range(3):
+            opt.zero_grad()
+            (p * {factor}).sum().backward()
+            opt.step()
+    """)
+    data = json.loads(run_cli("check", "train.py", "-f", "json", cwd=tmp_path).stdout)
+    assert [f["rule"] for f in data["findings"]] == expected

@@ -45,6 +45,18 @@ def grad_norms(rec: Recorder, pids) -> tuple[list[int], list[float]]:
     return out_pids, out_norms
 
 
+def _really_nonfinite(rec: Recorder, pid: int) -> bool:
+    """A norm overflows to inf for huge but finite grads (fp32 elements above ~1.8e19): confirm
+    on the gradient itself. Only runs for grads whose norm is not finite, so it costs nothing on
+    a healthy run."""
+    tensor = rec.tensor(pid)
+    grad = tensor.grad if tensor is not None else None
+    if grad is None:
+        return False
+    with torch.no_grad():
+        return not bool(torch.isfinite(grad).all())
+
+
 def _has_closure(args, kwargs) -> bool:
     # the step hooks get the step's own args, ``self`` first
     return (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
@@ -135,7 +147,8 @@ class OptimizerWatcher:
             closure = _has_closure(args, kwargs)
             opt = rec.optimizer_id(optimizer)
             norm_pids, norms = ([], []) if closure else grad_norms(rec, rec.opt_params.get(opt, ()))
-            nonfinite = [pid for pid, n in zip(norm_pids, norms) if not math.isfinite(n)]
+            nonfinite = [pid for pid, n in zip(norm_pids, norms)
+                         if not math.isfinite(n) and _really_nonfinite(rec, pid)]
             rec.emit("step_begin", rec.here(3), opt=opt, closure=closure, norm_pids=norm_pids,
                      norms=norms, nonfinite=nonfinite)
             if closure:
