@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .backward import BackwardWatcher
 from .dataloader import DataLoaderWatcher
+from .modes import ModeWatcher
 from .names import emit_param_events, name_parameters
 from .optim import OptimizerWatcher
 from .patcher import Patcher
@@ -24,7 +25,8 @@ class Instrumentation:
         self.optimizers = OptimizerWatcher(rec)
         self.backward = BackwardWatcher(rec, self.optimizers.owned)
         self.dataloader = DataLoaderWatcher(rec)
-        self.watchers = [self.optimizers, self.backward, self.dataloader]
+        self.modes = ModeWatcher(rec, self.optimizers.owned)
+        self.watchers = [self.optimizers, self.backward, self.dataloader, self.modes]
         self._named_once = False
         self.script_globals: dict | None = None  # set by the caller once the script has run
         self.optimizers.step_listeners.append(self._name_after_first_step)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from .base import Rule
+from .eval_in_train_mode import EvalInTrainMode
+from .frozen_bn_train_mode import FrozenBnTrainMode
 from .misplaced_zero_grad import MisplacedZeroGrad
 from .missing_zero_grad import MissingZeroGrad
 from .param_not_in_optimizer import ParamNotInOptimizer
 from .param_without_grad import ParamWithoutGrad
 from .partial_zero_grad import PartialZeroGrad
 from .stale_grad import StaleGrad
+from .train_in_eval_mode import TrainInEvalMode
 
 ALL_RULES: tuple[type[Rule], ...] = (
     MissingZeroGrad,
@@ -17,6 +20,9 @@ ALL_RULES: tuple[type[Rule], ...] = (
     MisplacedZeroGrad,
     ParamNotInOptimizer,
     ParamWithoutGrad,
+    FrozenBnTrainMode,
+    TrainInEvalMode,
+    EvalInTrainMode,
 )
 
 
