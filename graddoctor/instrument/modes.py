@@ -43,14 +43,16 @@ _RESET_CALLERS = frozenset({batchnorm._NormBase.reset_parameters.__code__, batch
 class _State:
     """What graddoctor knows about one BatchNorm/dropout module."""
 
-    __slots__ = ("ref", "mid", "flags", "version", "updated")
+    __slots__ = ("ref", "mid", "is_bn", "flags", "version", "updated", "trainable")
 
     def __init__(self, module, mid: int):
         self.ref = weakref.ref(module)
         self.mid = mid
+        self.is_bn = isinstance(module, BATCHNORM)
         self.flags: tuple | None = None
         self.version: int | None = None
         self.updated = False  # params not owned by an optimizer changed in place (EMA, momentum encoder)
+        self.trainable = False  # some parameter requires grad
 
 
 class ModeWatcher:
@@ -63,6 +65,7 @@ class ModeWatcher:
         self._freeze_of: dict[int, tuple[weakref.ref, int]] = {}  # id(param) -> freeze event seq
         self._window: dict[tuple, list] = {}  # open mode_forward aggregates
         self._window_len = -1  # len(trace) after our last aggregated emit
+        self._outer = self._outer_site = None  # the running outermost module call (see _call_site)
         self._last = None  # our last emitted event (to merge repeated per-layer calls)
         self._mode_depth = 0
         self._freezing = False
@@ -165,30 +168,44 @@ class ModeWatcher:
         return forward
 
     def _call_site(self):
-        """(outermost module call frame or None, the user's frame that made that call)."""
-        frame = sys._getframe(3)
+        """(outermost module call frame or None, the user's frame that made that call, its key).
+
+        The walk to the top of the stack is done once per outermost call: while that call runs
+        its frame stays on the stack, so a later layer's walk stops when it reaches it. The
+        cached frames are dropped when the aggregation window closes."""
+        start = f = sys._getframe(3)
+        cached = self._outer
+        if cached is not None:
+            while f is not None and f is not cached:
+                f = f.f_back
+            if f is not None:
+                return self._outer_site
+            f = start
         outer = None
-        f = frame
+        codes = _CALL_CODES
         while f is not None:
-            if f.f_code in _CALL_CODES:
+            if f.f_code in codes:
                 outer = f
             f = f.f_back
-        return outer, self._user_frame(outer.f_back if outer is not None else frame)
+        site = self._user_frame(outer.f_back if outer is not None else start)
+        key = (site.f_code, site.f_lineno) if site is not None else None
+        if outer is not None:
+            self._outer, self._outer_site = outer, (outer, site, key)
+        return outer, site, key
 
     def _record_forward(self, module, input) -> None:
         trace = self.rec.trace
         if len(trace) != self._window_len:  # another event since: a new aggregation window
             self._window.clear()
-        outer, site = self._call_site()
+            self._outer = self._outer_site = None
+        outer, site, site_key = self._call_site()
         state = self._state(module, outer, site)
         mid = state.mid
         grad = torch.is_grad_enabled()
         training = bool(module.training)
-        key = (training, grad, site.f_code if site is not None else None,
-               site.f_lineno if site is not None else 0)
+        key = (training, grad, site_key)
         # does the gradient flow through this module (is it part of what is being trained)?
-        flows = grad and ((isinstance(input, torch.Tensor) and input.requires_grad)
-                          or bool(state.flags and state.flags[3]))
+        flows = grad and ((isinstance(input, torch.Tensor) and input.requires_grad) or state.trainable)
         entry = self._window.get(key)
         if entry is None:
             event = self._emit(
@@ -211,36 +228,41 @@ class ModeWatcher:
         self._window_len = len(trace)
 
     def _state(self, module, outer, site) -> _State:
-        key = id(module)
-        state = self._states.get(key)
+        state = self._states.get(id(module))
         if state is None or state.ref() is not module:
             state = _State(module, self._mid(module))
-            self._states[key] = state
-        params = [p for p in module._parameters.values() if p is not None]
-        if params:
-            trainable = any(p.requires_grad for p in params)
-            owned = any(id(p) in self.owned for p in params)
-            if not owned:  # changed in place by someone else than an optimizer: EMA / momentum copy
-                version = params[0]._version
-                if state.version is not None and version != state.version:
-                    state.updated = True
-                state.version = version
+            self._states[id(module)] = state
+        if state.is_bn:
+            params = module._parameters
+            weight, bias = params.get("weight"), params.get("bias")
+            if weight is not None:
+                owned_ids = self.owned
+                state.trainable = weight.requires_grad or (bias is not None and bias.requires_grad)
+                owned = id(weight) in owned_ids or (bias is not None and id(bias) in owned_ids)
+                if not owned:  # changed in place by someone else than an optimizer: EMA / momentum copy
+                    version = weight._version
+                    if state.version is not None and version != state.version:
+                        state.updated = True
+                    state.version = version
+            else:
+                owned = None
+            flags = (weight is not None, state.trainable, owned, state.updated,
+                     module.track_running_stats, module.momentum)
         else:
-            trainable = owned = None
-        is_bn = isinstance(module, BATCHNORM)
-        flags = (
-            bool(params), None if not params else not trainable, owned, trainable, state.updated,
-            module.track_running_stats if is_bn else None,
-            module.momentum if is_bn else None,
-            getattr(module, "p", None) if not is_bn else None,
-        )
+            flags = (module.p,)
         if flags != state.flags:
             state.flags = flags
-            self._emit_module(module, state, is_bn, outer, site)
+            self._emit_module(module, state, outer, site)
         return state
 
-    def _emit_module(self, module, state: _State, is_bn: bool, outer, site) -> None:
-        has_params, frozen, owned, trainable, updated, track, momentum, p = state.flags
+    def _emit_module(self, module, state: _State, outer, site) -> None:
+        if state.is_bn:
+            has_params, trainable, owned, updated, track, momentum = state.flags
+            p = None
+        else:
+            (p,) = state.flags
+            has_params, trainable, owned, updated, track, momentum = False, False, None, False, None, None
+        frozen = (not trainable) if has_params else None
         freeze = None
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor):
@@ -249,8 +271,8 @@ class ModeWatcher:
                 freeze = entry[1]
         self._emit(
             "mode_module", None, mid=state.mid, name=self._name(module, outer, site),
-            cls=type(module).__name__, layer="batchnorm" if is_bn else "dropout",
-            has_params=has_params, frozen=frozen, owned=owned, trainable=trainable,
+            cls=type(module).__name__, layer="batchnorm" if state.is_bn else "dropout",
+            has_params=has_params, frozen=frozen, owned=owned, trainable=trainable if has_params else None,
             updated=updated, track_running_stats=track, momentum=momentum, p=p, freeze=freeze,
         )
         self._window_len = len(self.rec.trace)  # a module fact does not close the window
