@@ -24,6 +24,17 @@ step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm 
 step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len
+mode_set           mode (bool), leaf (the call named one BatchNorm/dropout layer), root (class),
+                   modules [mid] (BatchNorm/dropout layers it covers), calls (merged calls)
+mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, frozen, owned,
+                   trainable, updated (changed in place outside an optimizer: EMA),
+                   track_running_stats, momentum, p, freeze (seq of its freeze event | None)
+mode_forward       training, grad, inference, modules [mid], grad_modules [mid] (gradient flows
+                   through), calls, recalibrating — one per call line and mode while no other
+                   event happens (loc: the user's call of the outermost module)
+freeze             calls (parameters frozen from this line with requires_grad_(False))
+bn_reset           modules [mid], calls (reset_running_stats() by the user)
+recalibrate        phase ("begin" | "end"), via ("update_bn")
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
