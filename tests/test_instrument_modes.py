@@ -139,6 +139,24 @@ def test_ema_update_marks_the_layer_updated():
     assert [e["updated"] for e in states] == [False, True]
 
 
+def test_momentum_encoder_data_swap_marks_the_layer_updated():
+    query = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    key = copy.deepcopy(query)
+    for p in key.parameters():
+        p.requires_grad = False
+    x = torch.randn(4, 3)
+
+    def script():
+        with torch.no_grad():
+            key(x)
+            for pk, pq in zip(key.parameters(), query.parameters()):
+                pk.data = pk.data * 0.99 + pq.data * 0.01  # MoCo: no _version bump
+            key(x)
+
+    states = [e for e in of(record(script), "mode_module") if e["layer"] == "batchnorm"]
+    assert [e["updated"] for e in states] == [False, True]
+
+
 def test_recalibration_signals():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     loader = [torch.randn(4, 3) for _ in range(3)]

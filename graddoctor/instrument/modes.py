@@ -50,7 +50,7 @@ class _State:
         self.mid = mid
         self.is_bn = isinstance(module, BATCHNORM)
         self.flags: tuple | None = None
-        self.version: int | None = None
+        self.version: tuple | None = None
         self.updated = False  # params not owned by an optimizer changed in place (EMA, momentum encoder)
         self.trainable = False  # some parameter requires grad
 
@@ -239,8 +239,9 @@ class ModeWatcher:
                 owned_ids = self.owned
                 state.trainable = weight.requires_grad or (bias is not None and bias.requires_grad)
                 owned = id(weight) in owned_ids or (bias is not None and id(bias) in owned_ids)
-                if not owned:  # changed in place by someone else than an optimizer: EMA / momentum copy
-                    version = weight._version
+                if not owned:  # changed by someone else than an optimizer: EMA / momentum copy
+                    # (in place bumps _version; MoCo's `p.data = ...` swaps the storage instead)
+                    version = (weight._version, weight.data_ptr())
                     if state.version is not None and version != state.version:
                         state.updated = True
                     state.version = version
