@@ -25,7 +25,8 @@ step               opt, closure (bool), skipped (bool: GradScaler skipped the up
                    without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len
 mode_set           mode (bool), leaf (the call named one BatchNorm/dropout layer), root (class),
-                   modules [mid] (BatchNorm/dropout layers it covers), calls (merged calls)
+                   frozen (every parameter under it frozen), modules [mid] (BatchNorm/dropout
+                   layers it covers), calls (merged calls)
 mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, frozen, owned,
                    trainable, updated (changed in place outside an optimizer: EMA),
                    track_running_stats, momentum, p, freeze (seq of its freeze event | None)

@@ -229,3 +229,15 @@ def test_every_layer_kind_is_seen(cls):
 
     (forward,) = of(record(script), "mode_forward")
     assert forward["training"] is False
+
+
+def test_eval_on_a_frozen_part_is_marked_frozen():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.1), nn.Linear(3, 1))
+
+    def script():
+        model[:2].requires_grad_(False)
+        model[:2].eval()
+        model.eval()
+
+    sets = of(record(script), "mode_set")
+    assert [e["frozen"] for e in sets] == [True, False]

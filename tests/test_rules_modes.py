@@ -28,8 +28,9 @@ def dropout(t, mid, p=0.5):
                        updated=False, track_running_stats=None, momentum=None, p=p, freeze=None)
 
 
-def mode_set(t, mode, modules, line, leaf=False):
-    return t.event("mode_set", line, mode=mode, leaf=leaf, root="Sequential", modules=list(modules), calls=1)
+def mode_set(t, mode, modules, line, leaf=False, frozen=False):
+    return t.event("mode_set", line, mode=mode, leaf=leaf, root="Sequential", frozen=frozen,
+                   modules=list(modules), calls=1)
 
 
 def fwd(t, modules, line, training=True, grad=True, inference=False, grad_modules=None, calls=1,
@@ -158,12 +159,13 @@ def test_frozen_bn_silent_when_no_step_follows():
 
 
 # -- train-in-eval-mode -----------------------------------------------------------------
-def validation_then_training(t, leaf=False, retrain=False, grad_modules=None, layer="dropout", **state):
+def validation_then_training(t, leaf=False, frozen=False, retrain=False, grad_modules=None, layer="dropout",
+                             **state):
     mode_set(t, True, [0], line=2)
     (dropout(t, 0, **state) if layer == "dropout" else bn(t, 0, **state))
     fwd(t, [0], line=4)
     update(t, line=5)
-    mode_set(t, False, [0], line=7, leaf=leaf)
+    mode_set(t, False, [0], line=7, leaf=leaf, frozen=frozen)
     fwd(t, [0], line=9, training=False, grad=False, calls=2)
     if retrain:
         mode_set(t, True, [0], line=10)
@@ -185,6 +187,7 @@ def test_train_in_eval_points_at_eval_call():
 @pytest.mark.parametrize("kw", [
     dict(retrain=True),  # model.train() after validation
     dict(leaf=True),  # one layer set to eval on purpose
+    dict(frozen=True),  # eval() on a frozen part that gradients pass through (adapters, prompts)
     dict(grad_modules=[]),  # no gradient flows through it (frozen part)
     dict(p=0.0),  # dropout that drops nothing
     dict(layer="batchnorm", track_running_stats=False),  # eval == train for it

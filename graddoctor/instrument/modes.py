@@ -148,8 +148,10 @@ class ModeWatcher:
         leaf = isinstance(module, KINDS)  # the call named one BatchNorm/dropout layer itself
         if leaf and self._merge_into_last("mode_set", loc, "modules", mids, mode=bool(mode), leaf=True):
             return
+        # every parameter under the call frozen: a pretrained part kept in eval mode on purpose
+        flags = [p.requires_grad for p in module.parameters()]
         self._emit("mode_set", loc, mode=bool(mode), leaf=leaf, root=type(module).__name__,
-                   modules=mids, calls=1)
+                   frozen=bool(flags) and not any(flags), modules=mids, calls=1)
 
     # -- forwards of BatchNorm / dropout (hot path: once per such module per forward) ------
     def _wrap_forward(self, original):

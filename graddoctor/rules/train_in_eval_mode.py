@@ -11,8 +11,8 @@ class TrainInEvalMode(Rule):
     Finds optimizer steps whose training forward ran dropout or BatchNorm layers in eval mode
     while gradients flowed through them — typically validation called `model.eval()` and
     training never switched back. It points at that `eval()` call. Layers set to eval one by
-    one (the frozen-BatchNorm idiom) and models used under `no_grad` (a teacher) are not
-    reported.
+    one (the frozen-BatchNorm idiom), `eval()` on a part whose parameters are all frozen, and
+    models used under `no_grad` (a teacher) are not reported.
 
     ## Why is this bad?
     In eval mode dropout does nothing and BatchNorm normalises with its running statistics,
@@ -59,8 +59,8 @@ class TrainInEvalMode(Rule):
                 if mid not in flowing or mid in f.recalibrated or not _mode_matters(f.states.get(mid) or {}):
                     continue
                 cause = f.set_by.get(mid)
-                if cause is None or cause.get("mode") or cause.get("leaf"):
-                    continue  # set by hand, or one layer on purpose (frozen BatchNorm idiom)
+                if cause is None or cause.get("mode") or cause.get("leaf") or cause.get("frozen"):
+                    continue  # set by hand; one layer on purpose (frozen BatchNorm); a frozen part
                 group = groups.setdefault(cause.loc, {"cause": cause, "forward": f, "mids": []})
                 if mid not in group["mids"]:
                     group["mids"].append(mid)
