@@ -57,6 +57,7 @@ class ModeForward:
 class ModeTimeline:
     forwards: list[ModeForward] = field(default_factory=list)
     final_states: dict[int, dict] = field(default_factory=dict)  # mid -> last mode_module data
+    ever_trainable: set[int] = field(default_factory=set)  # mids with trainable params at some point
     events: list[Event] = field(default_factory=list)
 
     def event_at(self, seq: int | None) -> Event | None:
@@ -129,6 +130,8 @@ def build_timeline(trace: Trace) -> ModeTimeline:
         if kind == "mode_module":
             states[e["mid"]] = dict(e.data)
             tl.final_states[e["mid"]] = dict(e.data)
+            if e.get("trainable"):
+                tl.ever_trainable.add(e["mid"])
             continue
         if kind == "mode_forward":
             pending.append((i, e, prev_boundary))

@@ -149,6 +149,20 @@ def test_ema_flag_seen_later_still_silences_earlier_forwards():
     assert check(FrozenBnTrainMode, t) == []
 
 
+def test_layer_frozen_only_for_the_other_models_step_is_silent():
+    """pix2pix: set_requires_grad(netD, False) while G steps; D trains in between."""
+    t = new()
+    for _ in range(2):
+        bn(t, 0, frozen=False, trainable=True)
+        fwd(t, [0], line=4)
+        update(t, line=5)
+        bn(t, 0, frozen=True, trainable=False)
+        fwd(t, [0], line=8, grad_modules=[0])
+        update(t, line=9)
+    end(t)
+    assert check(FrozenBnTrainMode, t) == []
+
+
 def test_frozen_bn_silent_when_no_step_follows():
     t = new()
     bn(t, 0, frozen=True, owned=False, trainable=False)

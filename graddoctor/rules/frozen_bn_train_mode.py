@@ -18,7 +18,8 @@ class FrozenBnTrainMode(Rule):
     normalises with the batch's statistics and overwrites `running_mean` / `running_var` with
     them. The "frozen" backbone drifts towards the statistics of the small fine-tuning batches,
     and evaluation then runs with statistics the pretrained weights were never trained with.
-    Layers that an EMA or momentum copy updates by hand are not reported.
+    Layers that an EMA or momentum copy updates by hand, and layers frozen only for part of
+    the run (a GAN discriminator during the generator's step) are not reported.
 
     ## Example
     ```python
@@ -57,7 +58,8 @@ class FrozenBnTrainMode(Rule):
             if f.context != "training" or f.step is None or not f.training:
                 continue
             for mid in f.modules:
-                why = _frozen_why(f.states.get(mid) or {}, tl.final_states.get(mid) or {})
+                why = _frozen_why(f.states.get(mid) or {}, tl.final_states.get(mid) or {},
+                                  mid in tl.ever_trainable)
                 if why is None or mid in f.recalibrated:
                     continue
                 cause = f.set_by.get(mid)
@@ -104,7 +106,7 @@ class FrozenBnTrainMode(Rule):
             )
 
 
-def _frozen_why(state: dict, final: dict) -> str | None:
+def _frozen_why(state: dict, final: dict, ever_trainable: bool) -> str | None:
     """'frozen' / 'unowned' for a BatchNorm layer whose running statistics should not move."""
     if state.get("layer") != "batchnorm" or not state.get("has_params"):
         return None
@@ -112,7 +114,7 @@ def _frozen_why(state: dict, final: dict) -> str | None:
         return None  # nothing drifts / a cumulative average on purpose
     if final.get("updated") or state.get("updated"):
         return None  # an EMA / momentum encoder: updated by hand, train mode on purpose
-    if state.get("frozen"):
+    if state.get("frozen") and not ever_trainable:  # (a GAN's D frozen only for G's step trains)
         return "frozen"
     if state.get("owned") is False and final.get("owned") is False:
         return "unowned"
