@@ -61,10 +61,10 @@ class ModeTimeline:
     events: list[Event] = field(default_factory=list)
 
     def event_at(self, seq: int | None) -> Event | None:
-        if seq is None or not 0 <= seq < len(self.events):
+        """The event with that seq (a ``freeze`` a ``mode_module`` refers to)."""
+        if seq is None:
             return None
-        event = self.events[seq]
-        return event if event.seq == seq else next((e for e in self.events if e.seq == seq), None)
+        return next((e for e in self.events if e.seq == seq), None)
 
     def name(self, mid: int) -> str:
         return (self.final_states.get(mid) or {}).get("name") or f"layer#{mid}"
