@@ -2,7 +2,7 @@
 
 For every aggregated BatchNorm/dropout forward (``mode_forward``) it resolves what the rules need:
 the facts of each module at that time (``mode_module``), the ``train()``/``eval()`` call that last
-set each module's mode (``mode_set``), whether the forward was a deliberate recalibration
+set each module's mode (``train`` / ``eval`` events), whether the forward was a deliberate recalibration
 (inside ``update_bn``, or after ``reset_running_stats()`` with no optimizer step since), and its
 *context*:
 
@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 
 from .trace import Event, Trace
 
-BOUNDARIES = ("backward", "step", "epoch_start", "recalibrate", "run_end")
+BOUNDARIES = ("backward", "step", "epoch_start", "update_bn", "run_end")
+MODE_SETS = ("train", "eval")
 
 
 @dataclass(eq=False)
 class ModeForward:
     event: Event
     states: dict[int, dict]  # mid -> mode_module data at that time
-    set_by: dict[int, Event | None]  # mid -> the mode_set event that last covered it
+    set_by: dict[int, Event | None]  # mid -> the train/eval event that last covered it
     recalibrated: set[int]  # mids being recalibrated (update_bn, reset_running_stats since the last step)
     context: str  # training | outside | unknown
     step: Event | None = None  # the step that closes the update (context training)
@@ -104,7 +105,6 @@ def build_timeline(trace: Trace) -> ModeTimeline:
     states: dict[int, dict] = {}
     set_by: dict[int, Event] = {}
     reset_since_step: set[int] = set()
-    recalibrating = False
     steps_before = 0
     prev_boundary: Event | None = None
     pending: list[tuple[int, Event, Event | None]] = []  # forwards whose window is still open
@@ -113,7 +113,7 @@ def build_timeline(trace: Trace) -> ModeTimeline:
         for i, e, before in pending:
             mids = list(e.get("modules", ()))
             recal = set(reset_since_step) & set(mids)
-            if recalibrating or e.get("recalibrating"):
+            if e.get("recalibrating"):
                 recal = set(mids)
             recal |= {m for m in mids if (states.get(m) or {}).get("layer") == "batchnorm"
                       and states.get(m, {}).get("momentum") is None}
@@ -137,13 +137,11 @@ def build_timeline(trace: Trace) -> ModeTimeline:
             pending.append((i, e, prev_boundary))
             continue
         resolve()  # any other event closes the aggregation window
-        if kind == "mode_set":
+        if kind in MODE_SETS:
             for mid in e.get("modules", ()):
                 set_by[mid] = e
         elif kind == "bn_reset":
             reset_since_step.update(e.get("modules", ()))
-        elif kind == "recalibrate":
-            recalibrating = e.get("phase") == "begin"
         elif kind == "step":
             reset_since_step.clear()
             steps_before += 1

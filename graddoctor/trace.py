@@ -24,9 +24,9 @@ step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm 
 step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len
-mode_set           mode (bool), leaf (the call named one BatchNorm/dropout layer), root (class),
-                   frozen (every parameter under it frozen), modules [mid] (BatchNorm/dropout
-                   layers it covers), calls (merged calls)
+train / eval       the user's outermost Module.train()/eval() call: mode (bool), leaf (it named
+                   one BatchNorm/dropout layer), root (class), frozen (every parameter under it
+                   frozen), modules [mid] (BatchNorm/dropout layers it covers), calls (merged)
 mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, frozen, owned,
                    trainable, updated (changed in place outside an optimizer: EMA),
                    track_running_stats, momentum, p, freeze (seq of its freeze event | None)
@@ -35,7 +35,7 @@ mode_forward       training, grad, inference, modules [mid], grad_modules [mid] 
                    event happens (loc: the user's call of the outermost module)
 freeze             calls (parameters frozen from this line with requires_grad_(False))
 bn_reset           modules [mid], calls (reset_running_stats() by the user)
-recalibrate        phase ("begin" | "end"), via ("update_bn")
+update_bn          (torch.optim.swa_utils.update_bn called; its forwards are ``recalibrating``)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================

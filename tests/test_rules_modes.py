@@ -29,7 +29,7 @@ def dropout(t, mid, p=0.5):
 
 
 def mode_set(t, mode, modules, line, leaf=False, frozen=False):
-    return t.event("mode_set", line, mode=mode, leaf=leaf, root="Sequential", frozen=frozen,
+    return t.event("train" if mode else "eval", line, mode=mode, leaf=leaf, root="Sequential", frozen=frozen,
                    modules=list(modules), calls=1)
 
 
@@ -309,9 +309,8 @@ def no_grad_forward_then(t, tail):
     # the replay was cut before anything told what the forward was for
     lambda t: (fwd(t, [0], line=8, grad=False), end(t, "step-limit")),
     # swa_utils.update_bn
-    lambda t: (t.event("recalibrate", 8, phase="begin", via="update_bn"),
-               fwd(t, [0], line=8, grad=False, calls=4, recalibrating=True),
-               t.event("recalibrate", 8, phase="end", via="update_bn"), end(t)),
+    lambda t: (t.event("update_bn", 8), fwd(t, [0], line=8, grad=False, calls=4, recalibrating=True),
+               end(t)),
     # recalibration by hand after reset_running_stats()
     lambda t: (t.event("bn_reset", 8, modules=[0], calls=1), fwd(t, [0], line=10, grad=False, calls=4),
                end(t)),

@@ -3,7 +3,7 @@
 What is watched, and how cheaply:
 
 * ``Module.train`` (``eval()`` calls it): only the outermost call is recorded — ``train()``
-  recurses into every child — as one ``mode_set`` event listing the BatchNorm/dropout modules
+  recurses into every child — as one ``train`` / ``eval`` event listing the BatchNorm/dropout modules
   it covers. Per-layer calls from one line (``for m in model.modules(): m.eval()``) are merged.
 * BatchNorm (``_BatchNorm``, ``SyncBatchNorm``) and dropout forwards: their ``forward`` methods
   are patched on those classes. A global module forward pre-hook was measured first: it forces
@@ -17,8 +17,8 @@ What is watched, and how cheaply:
   calls): ``freeze`` events, so a finding can point at them. ``p.requires_grad = False`` is a
   C attribute and is not seen.
 * Recalibration signals: ``reset_running_stats()`` (``bn_reset``; not the call inside
-  ``reset_parameters``), ``torch.optim.swa_utils.update_bn`` (``recalibrate`` begin/end) and
-  ``momentum=None`` (in ``mode_module``).
+  ``reset_parameters``), ``torch.optim.swa_utils.update_bn`` (an ``update_bn`` event; the
+  forwards inside it are marked ``recalibrating``) and ``momentum=None`` (in ``mode_module``).
 """
 
 from __future__ import annotations
@@ -146,11 +146,12 @@ class ModeWatcher:
         loc = self._loc(self._user_frame(frame, skip_self=module))
         mids = [self._mid(m) for m in module.modules() if isinstance(m, KINDS)]
         leaf = isinstance(module, KINDS)  # the call named one BatchNorm/dropout layer itself
-        if leaf and self._merge_into_last("mode_set", loc, "modules", mids, mode=bool(mode), leaf=True):
+        kind = "train" if mode else "eval"
+        if leaf and self._merge_into_last(kind, loc, "modules", mids, leaf=True):
             return
         # every parameter under the call frozen: a pretrained part kept in eval mode on purpose
         flags = [p.requires_grad for p in module.parameters()]
-        self._emit("mode_set", loc, mode=bool(mode), leaf=leaf, root=type(module).__name__,
+        self._emit(kind, loc, mode=bool(mode), leaf=leaf, root=type(module).__name__,
                    frozen=bool(flags) and not any(flags), modules=mids, calls=1)
 
     # -- forwards of BatchNorm / dropout (hot path: once per such module per forward) ------
@@ -348,14 +349,13 @@ class ModeWatcher:
         def update_bn(*args, **kwargs):
             if watcher._recalibrating:
                 return original(*args, **kwargs)
-            loc = rec.here(2)
-            watcher._emit("recalibrate", loc, phase="begin", via="update_bn")
+            watcher._emit("update_bn", rec.here(2))
+            watcher._window_len = -1
             watcher._recalibrating = True
             try:
                 return original(*args, **kwargs)
             finally:
                 watcher._recalibrating = False
-                watcher._emit("recalibrate", loc, phase="end", via="update_bn")
                 watcher._window_len = -1
 
         return update_bn
