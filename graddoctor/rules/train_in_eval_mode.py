@@ -75,7 +75,8 @@ class TrainInEvalMode(Rule):
             ) if k in layers)
             yield self.finding(
                 f"this eval() is never undone: the training forward{at} runs {kinds} in eval mode "
-                f"({tl.names(mids)}) while gradients flow through them (optimizer step {f.step_index} "
+                f"({tl.names(mids)}) while gradients flow through {'them' if len(mids) > 1 else 'it'} "
+                f"(optimizer step {f.step_index} "
                 f"follows): training continues, but {effect}",
                 where,
                 related=(
