@@ -38,6 +38,18 @@ clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_nor
                    edited [pid] (grads changed in place by unwatched code before the clip)
 grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step)
 scheduler_step     sched, cls, opt (the optimizer it drives)
+train / eval       the user's outermost Module.train()/eval() call: mode (bool), leaf (it named
+                   one BatchNorm/dropout layer), root (class), frozen (every parameter under it
+                   frozen), modules [mid] (BatchNorm/dropout layers it covers), calls (merged)
+mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, frozen, owned,
+                   trainable, updated (changed in place outside an optimizer: EMA),
+                   track_running_stats, momentum, p, freeze (seq of its freeze event | None)
+mode_forward       training, grad, inference, modules [mid], grad_modules [mid] (gradient flows
+                   through), calls, recalibrating — one per call line and mode while no other
+                   event happens (loc: the user's call of the outermost module)
+freeze             calls (parameters frozen from this line with requires_grad_(False))
+bn_reset           modules [mid], calls (reset_running_stats() by the user)
+update_bn          (torch.optim.swa_utils.update_bn called; its forwards are ``recalibrating``)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================

@@ -12,6 +12,7 @@ from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
 from .gradedits import GradEditWatcher
+from .modes import ModeWatcher
 from .names import emit_param_events, name_parameters
 from .optim import OptimizerWatcher
 from .patcher import Patcher
@@ -33,6 +34,9 @@ class Instrumentation:
         self.backward.loss_describers.append(self.dataloader.describe_loss)
         self.watchers += [GradScalerWatcher(rec, self.backward), ClipWatcher(rec),
                           SchedulerWatcher(rec), GradEditWatcher(rec)]
+        # BatchNorm/dropout modes (issue 4)
+        self.modes = ModeWatcher(rec, self.optimizers.owned)
+        self.watchers.append(self.modes)
         self._named_once = False
         self.script_globals: dict | None = None  # set by the caller once the script has run
         self.optimizers.step_listeners.append(self._name_after_first_step)

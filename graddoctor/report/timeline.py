@@ -36,9 +36,14 @@ LABELS = {
     "train": "train()",
     "eval": "eval()",
     "epoch_start": "epoch",
+    "freeze": "requires_grad_(False)",
+    "bn_reset": "reset_running_stats()",
+    "update_bn": "update_bn()",
+    "grad_edit": "grad edit",
 }
 # Never items: set-up, bookkeeping, the numeric summary that accompanies a step.
-SKIP = {"run_start", "run_end", "param", "optimizer_init", "internal_error", "step_begin"}
+SKIP = {"run_start", "run_end", "param", "optimizer_init", "internal_error", "step_begin",
+        "mode_module"}
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs
 # unscale_ (when the user did not) and optimizer.step(); scaler.scale(loss).backward() is one call.
 ABSORBS = {"scaler.step": {"step", "unscale"}, "backward": {"scale"}}

@@ -7,6 +7,8 @@ from .base import Rule
 from .clip_before_backward import ClipBeforeBackward
 from .clip_before_unscale import ClipBeforeUnscale
 from .clip_in_accumulation import ClipInAccumulation
+from .eval_in_train_mode import EvalInTrainMode
+from .frozen_bn_train_mode import FrozenBnTrainMode
 from .misplaced_zero_grad import MisplacedZeroGrad
 from .missing_zero_grad import MissingZeroGrad
 from .nonfinite_grad import NonfiniteGrad
@@ -15,6 +17,7 @@ from .param_without_grad import ParamWithoutGrad
 from .partial_zero_grad import PartialZeroGrad
 from .scheduler_before_optimizer import SchedulerBeforeOptimizer
 from .stale_grad import StaleGrad
+from .train_in_eval_mode import TrainInEvalMode
 from .unscaled_accumulation import UnscaledAccumulation
 
 ALL_RULES: tuple[type[Rule], ...] = (
@@ -32,6 +35,10 @@ ALL_RULES: tuple[type[Rule], ...] = (
     AccumulationLeftover,
     SchedulerBeforeOptimizer,
     NonfiniteGrad,
+    # BatchNorm and train/eval modes (GD3xx)
+    FrozenBnTrainMode,
+    TrainInEvalMode,
+    EvalInTrainMode,
 )
 
 
