@@ -1,4 +1,4 @@
-"""A small, realistic training script with two silent gradient bugs.
+"""A small, realistic training script with a silent gradient bug.
 
 Run it under graddoctor:   graddoctor check examples/buggy_train.py
 """

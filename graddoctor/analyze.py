@@ -9,10 +9,20 @@ from .rules import ALL_RULES, Rule
 from .trace import Trace
 
 
+def rule_matches(rule: type[Rule], pattern: str) -> bool:
+    """A selector names a rule by slug (``stale-grad``) or by code prefix (``GD1``, ``GD103``)."""
+    key = pattern.strip().lower()
+    return bool(key) and (key == rule.slug or rule.code.lower().startswith(key))
+
+
+def unknown_selectors(patterns) -> list[str]:
+    """The selectors that name no rule at all (a typo the user wants to hear about)."""
+    return [p for p in patterns if not any(rule_matches(r, p) for r in ALL_RULES)]
+
+
 def selected_rules(select=(), ignore=()) -> list[type[Rule]]:
     def matches(rule, patterns):
-        return any(p.lower() in (rule.slug,) or rule.code.lower().startswith(p.lower())
-                   for p in patterns)
+        return any(rule_matches(rule, p) for p in patterns)
 
     rules = [r for r in ALL_RULES if not select or matches(r, select)]
     return [r for r in rules if not matches(r, ignore)]

@@ -18,6 +18,7 @@ from .analyze import analyze, selected_rules
 from .options import CheckOptions
 from .report.model import Report, RunInfo
 from .runner import ScriptError, run_target
+from .suppress import apply_suppressions
 from .trace import Trace
 
 __all__ = ["run_check", "ScriptError", "CheckOptions"]
@@ -31,6 +32,10 @@ def validated(options: CheckOptions) -> CheckOptions:
     steps = options.steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ScriptError(f"--steps must be a whole number >= 0 (0 = run to the end), not {steps!r}")
+    batches = options.epoch_batches
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+        raise ScriptError(f"--epoch-batches must be a whole number >= 0 (0 = the real length), "
+                          f"not {batches!r}")
     timeout = options.timeout
     if timeout is not None:
         try:
@@ -107,6 +112,22 @@ def _device_of(rec) -> str:
     return "cpu"
 
 
+def _epoch_notes(trace: Trace, rec) -> list[str]:
+    """Say when DataLoader epochs were replayed shorter than they are (``--epoch-batches``)."""
+    short = [e for e in trace.of_kind("epoch_start")
+             if e.get("real_len") is not None and e.get("replay_len") is not None
+             and e["replay_len"] < e["real_len"]]
+    if not short:
+        return []
+    first = short[0]
+    notes = [f"DataLoader epochs were replayed with {first['replay_len']} of their {first['real_len']} "
+             f"batches (--epoch-batches; 0 replays full epochs)"]
+    if rec.steps == 0 and rec.backward_calls:
+        notes.append("no optimizer step happened within those short epochs: if you accumulate over "
+                     f"more than {first['replay_len']} batches, raise --epoch-batches")
+    return notes
+
+
 def _compile_notes(trace: Trace) -> list[str]:
     calls = trace.of_kind("compile")
     if not calls:
@@ -128,6 +149,7 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
         status = "no-training-loop"
     trace.add("run_end", None, status=status, steps=rec.steps)
     findings, rule_errors = analyze(trace, selected_rules(options.select, options.ignore))
+    findings = apply_suppressions(findings)  # `# graddoctor: ignore[...]` on the reported line
     internal = [{"where": e["where"], "error": e["error"]} for e in trace.of_kind("internal_error")]
     internal += rule_errors
     if options.trace_path:
@@ -143,7 +165,9 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
     run = RunInfo(
         script=options.target, argv=list(options.args), status=status, steps=rec.steps,
         backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
-        duration_s=round(duration, 3), error=error, notes=notes + _compile_notes(trace),
+        duration_s=round(duration, 3), error=error,
+        notes=[*notes, *_epoch_notes(trace, rec), *_compile_notes(trace)],
+        step_budget=options.steps or None, config=options.config_path,
     )
     return Report(run=run, findings=findings, internal_errors=internal, trace=trace)
 
@@ -167,12 +191,14 @@ def _snapshot(rec, variables: dict | None = None) -> Trace:
     return trace
 
 
-def run_check(options: CheckOptions, *, on_hang: Callable[[Report], None] | None = None,
+def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = None, *,
+              on_hang: Callable[[Report], None] | None = None,
               checkpoint: Callable[[Report], None] | None = None) -> Report:
     """Replay the user's script under instrumentation and judge the trace.
 
     Raises ``ScriptError`` only when the target cannot be run at all; everything the script
-    does (crash, exit, hang) ends up in the report's ``run.status``.
+    does (crash, exit, hang) ends up in the report's ``run.status``. ``on_step(n)`` is called
+    after each optimizer step (a progress display).
 
     ``on_hang(report)`` is called from a watchdog thread when the script is stuck past the time
     limit in a call that never returns to Python: the report holds what was seen so far. The
@@ -190,6 +216,8 @@ def run_check(options: CheckOptions, *, on_hang: Callable[[Report], None] | None
 
     finder = LocationFinder()
     rec = Recorder(step_budget=options.steps or None, finder=finder)
+    if on_step is not None:
+        rec.on_step.append(on_step)
     rec.emit("run_start", None, script=options.target, argv=list(options.args),
              device=options.device, torch_version=torch.__version__)
     started = time.perf_counter()
@@ -228,7 +256,7 @@ def run_check(options: CheckOptions, *, on_hang: Callable[[Report], None] | None
             rec.internal_error("provisional report", exc)
 
     with _device_policy(options.device), _stdout_to_stderr(options.redirect_stdout):
-        with Instrumentation(rec) as instrumentation:
+        with Instrumentation(rec, options.epoch_batches) as instrumentation:
             instrumentation.optimizers.step_listeners.append(provisional)
             outcome = run_target(options.target, list(options.args), module=options.module,
                                  timeout=options.timeout, finder=finder, on_hang=hang,

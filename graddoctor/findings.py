@@ -37,6 +37,8 @@ class Finding:
     code: str  # e.g. "GD101"
     severity: Severity
     message: str
+    # the user's line; None only when the call it points at ran with no frame of the user's
+    # code on the stack (an event without a location). Rules never invent one.
     location: Location | None
     fix: str = ""
     related: tuple[Related, ...] = ()

@@ -55,6 +55,7 @@ class Discard:
     phase: int
     later_step: Event | None = None  # the step of the same phase that would have used them
     later_step_index: int | None = None
+    followed: bool = False  # a backward or step came after the clear
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Ledger:
     first_contribution: dict[int, Event] = field(default_factory=dict)  # pid -> first backward
     steps: list[Event] = field(default_factory=list)
     backward_count: int = 0
+    windows: dict[int, list[Event]] = field(default_factory=dict)  # step seq -> backwards it consumed
 
 
 def build_ledger(trace: Trace) -> Ledger:
@@ -77,9 +79,16 @@ def build_ledger(trace: Trace) -> Ledger:
     phase = 0
     stepped_in_phase = True  # so the first backward opens phase 1
     in_closure = False  # between step_begin(closure) and its step: L-BFGS re-evaluations
+    last_epoch_start = -1  # seq of the latest DataLoader epoch_start
 
     for e in trace:
         kind = e.kind
+        if kind == "epoch_start":
+            last_epoch_start = e.seq
+            # a partial window dropped by a clear right before a new epoch begins (zero_grad at
+            # the top of the epoch) is the end of an epoch, not a misplaced clear
+            pending = [d for d in pending if d.followed]
+            continue
         if kind == "optimizer_init":
             opt = e["opt"]
             led.optimizer_events.setdefault(opt, e)
@@ -92,6 +101,8 @@ def build_ledger(trace: Trace) -> Ledger:
                 phase += 1
                 stepped_in_phase = False
                 pending = []  # a clear after the last step of a phase is where clears belong
+            for d in pending:
+                d.followed = True
             for pid in e.get("cleared_outside", ()):
                 contribs[pid] = []
             for pid in e.get("fresh", ()):
@@ -104,7 +115,7 @@ def build_ledger(trace: Trace) -> Ledger:
             for pid in e["params"]:
                 dropped = contribs.get(pid) or []
                 unused = [c for c in dropped if not c.consumed_by and c.phase == phase
-                          and not c.purposeful]
+                          and not c.purposeful and c.backward.seq > last_epoch_start]
                 if unused and not in_closure:
                     pending.append(Discard(e, pid, unused, phase))
                 contribs[pid] = []
@@ -116,7 +127,9 @@ def build_ledger(trace: Trace) -> Ledger:
             led.steps.append(e)
             index = len(led.steps)
             opt = e["opt"]
+            consumed: dict[int, Event] = {}
             for d in pending:
+                d.followed = True
                 if d.later_step is None and opt in led.owners.get(d.pid, ()):
                     d.later_step, d.later_step_index = e, index
                     led.discards.append(d)
@@ -133,6 +146,8 @@ def build_ledger(trace: Trace) -> Ledger:
                                                [c for c in cs if c.phase == phase], between))
                 for c in cs:
                     c.consumed_by.append(e)
+                    consumed.setdefault(c.backward.seq, c.backward)
+            led.windows[e.seq] = [consumed[seq] for seq in sorted(consumed)]
     return led
 
 

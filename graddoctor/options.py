@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 DEFAULT_STEPS = 10
 DEFAULT_TIMEOUT = 600.0
+DEFAULT_EPOCH_BATCHES = 17  # see instrument/dataloader.py for why 17
 
 
 @dataclass(frozen=True)
@@ -20,4 +21,6 @@ class CheckOptions:
     select: tuple[str, ...] = ()  # rule slugs or code prefixes; empty = all
     ignore: tuple[str, ...] = ()
     trace_path: str | None = None
+    epoch_batches: int = DEFAULT_EPOCH_BATCHES  # batches per DataLoader epoch in the replay; 0 = real
     redirect_stdout: bool = False  # send the script's prints to stderr (machine output on stdout)
+    config_path: str | None = None  # the pyproject.toml whose [tool.graddoctor] was applied

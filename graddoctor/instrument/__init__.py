@@ -7,26 +7,40 @@ that leaving the context restores torch exactly as it was, also after a crash.
 
 from __future__ import annotations
 
+from .amp import GradScalerWatcher
 from .backward import BackwardWatcher
+from .clip import ClipWatcher
 from .compile import CompileWatcher
-from .dataloader import DataLoaderWatcher
+from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
+from .gradedits import GradEditWatcher
+from .modes import ModeWatcher
 from .names import emit_param_events, name_parameters
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .recorder import Recorder, ReplayTimeout, StepLimitReached, StopReplay
+from .schedulers import SchedulerWatcher
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
 
 
 class Instrumentation:
-    def __init__(self, rec: Recorder):
+    def __init__(self, rec: Recorder, epoch_batches: int = DEFAULT_EPOCH_BATCHES):
         self.rec = rec
         self.patcher = Patcher()
         self.optimizers = OptimizerWatcher(rec)
         self.backward = BackwardWatcher(rec, self.optimizers.owned)
-        self.dataloader = DataLoaderWatcher(rec)
+        self.dataloader = DataLoaderWatcher(rec, epoch_batches)
+        self.watchers = [self.optimizers, self.backward, self.dataloader]
+        # AMP, clipping, schedulers (issue 3); grad edits after the optimizer's own step hooks
+        self.backward.loss_describers.append(self.dataloader.describe_loss)
+        self.watchers += [GradScalerWatcher(rec, self.backward), ClipWatcher(rec),
+                          SchedulerWatcher(rec), GradEditWatcher(rec)]
+        # BatchNorm/dropout modes (issue 4)
+        self.modes = ModeWatcher(rec, self.optimizers.owned)
+        self.watchers.append(self.modes)
+        # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)
-        self.watchers = [self.optimizers, self.backward, self.dataloader, self.compile]
+        self.watchers.append(self.compile)
         self._named_once = False
         self.script_globals: dict | None = None  # set by the caller once the script has run
         self.optimizers.step_listeners.append(self._name_after_first_step)

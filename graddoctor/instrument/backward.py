@@ -27,8 +27,17 @@ class BackwardContext:
     extra_leaves: int = 0
 
 
+# AccumulateGrad nodes are where a backward writes into a leaf's .grad
+_ACCUMULATE_GRAD = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
+
+
 def _leaves(tensors, inputs) -> list:
-    """Leaf tensors the backward will accumulate into (graph walk over ``next_functions``)."""
+    """Leaf tensors the backward will accumulate into (graph walk over ``next_functions``).
+
+    Runs once per backward over every graph node, so it is kept lean: nodes go into ``seen``
+    themselves (identity hash, no ``id()`` calls) and AccumulateGrad is told by its type, not
+    by ``getattr(node, "variable", None)``, which raises and catches on every other node.
+    """
     if inputs is not None:
         items = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
         return [t for t in items if isinstance(t, torch.Tensor) and t.is_leaf]
@@ -44,17 +53,17 @@ def _leaves(tensors, inputs) -> list:
             stack.append(t.grad_fn)
         elif t.requires_grad:  # backward on a leaf itself
             leaves.append(t)
+    accumulate_grad = _ACCUMULATE_GRAD
     while stack:
         node = stack.pop()
-        if node is None or id(node) in seen:
+        if node in seen:
             continue
-        seen.add(id(node))
-        variable = getattr(node, "variable", None)
-        if variable is not None:  # AccumulateGrad
-            leaves.append(variable)
+        seen.add(node)
+        if type(node) is accumulate_grad or (accumulate_grad is None and hasattr(node, "variable")):
+            leaves.append(node.variable)
             continue
         for child, _ in node.next_functions:
-            if child is not None and id(child) not in seen:
+            if child is not None and child not in seen:
                 stack.append(child)
     return leaves
 

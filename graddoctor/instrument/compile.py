@@ -4,8 +4,8 @@ Left alone, Dynamo traces into our wrappers (zero_grad, the optimizer step hooks
 recording then either breaks the trace or runs once while tracing and never again. Putting
 graddoctor's folder on Dynamo's skip list makes every call into graddoctor a graph break that
 runs eagerly, every time — the same place where ``zero_grad``, ``backward`` and the optimizer's
-``step`` already break the graph. Dynamo is imported lazily (it costs ~1 s): the skip entry is
-added at the first ``torch.compile`` call, or at once when Dynamo is already loaded.
+``step`` already break the graph. The skip entry is added at the first ``torch.compile`` call,
+or at once when Dynamo is already loaded (graddoctor never imports it: ~1 s).
 """
 
 from __future__ import annotations
@@ -21,13 +21,6 @@ from .recorder import Recorder
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class _Undo:
-    """A patcher handle that runs a function on removal."""
-
-    def __init__(self, fn):
-        self.remove = fn
-
-
 class CompileWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -35,6 +28,8 @@ class CompileWatcher:
         self._skipping = False
 
     def keep_out_of_graphs(self) -> None:
+        """Add graddoctor's folder to Dynamo's skip list — as two module attributes patched
+        through the Patcher (the list and its regex), so that leaving restores both."""
         if self._skipping or self._patcher is None:
             return
         self._skipping = True
@@ -43,15 +38,11 @@ class CompileWatcher:
         folder = trace_rules._as_posix_path(_PKG_DIR + os.sep)
         if folder in trace_rules.SKIP_DIRS:
             return
-
-        def remove():
-            if folder in trace_rules.SKIP_DIRS:
-                trace_rules.SKIP_DIRS.remove(folder)
-                trace_rules._recompile_re()
-
-        trace_rules.SKIP_DIRS.append(folder)
-        trace_rules._recompile_re()
-        self._patcher.handle(_Undo(remove))
+        old_re = trace_rules.SKIP_DIRS_RE
+        self._patcher.patch(trace_rules, "SKIP_DIRS", [*trace_rules.SKIP_DIRS, folder])
+        trace_rules._recompile_re()  # builds the regex from the patched list
+        new_re, trace_rules.SKIP_DIRS_RE = trace_rules.SKIP_DIRS_RE, old_re
+        self._patcher.patch(trace_rules, "SKIP_DIRS_RE", new_re)
 
     def _wrap_compile(self, original):
         watcher, rec = self, self.rec

@@ -1,18 +1,66 @@
-"""DataLoader epochs: every ``iter(loader)`` starts an epoch."""
+"""DataLoader epochs: every ``iter(loader)`` starts an epoch, and a replay's epochs are short.
+
+Bugs live at epoch boundaries (an accumulation window that leaks into the next epoch,
+validation that leaves eval mode on), so the replay makes each epoch of a sized DataLoader at
+most ``epoch_batches`` batches long — in ``__iter__`` *and* ``__len__``, so that a script that
+sizes its schedule or flushes its accumulation tail with ``len(loader)`` stays consistent —
+and keeps the replay going past the step budget until a training loader has begun its third
+epoch (two boundaries crossed), bounded by ``2 * epoch_batches + 1`` steps.
+
+The default length, 17, is the smallest one that no common accumulation factor
+(2, 3, 4, 5, 6, 8, 10, 16) divides *and* that is larger than all of them: a per-epoch
+``(i + 1) % k == 0`` loop then leaves a partial window at every epoch end (so a leaking tail
+shows), and still steps at least once per epoch even with k = 16 (with 7, k = 8, 10, 16 would
+never step at all). A plain loop reaches its third epoch after 35 steps.
+
+Each backward is tagged with the batch it came from: ``batch = [loader, epoch, index]`` of the
+batch most recently served by any DataLoader.
+"""
 
 from __future__ import annotations
 
 import functools
 
 import torch.utils.data
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from ..options import DEFAULT_EPOCH_BATCHES
 from .recorder import Recorder
+
+_STATE = "_graddoctor_epoch"  # attribute on the iterator: (loader, epoch, limit | None)
 
 
 class DataLoaderWatcher:
-    def __init__(self, rec: Recorder):
+    def __init__(self, rec: Recorder, epoch_batches: int = DEFAULT_EPOCH_BATCHES):
         self.rec = rec
-        self._epochs: dict[int, int] = {}
+        self.epoch_batches = max(0, int(epoch_batches or 0))  # 0: real epochs
+        self._index: dict[int, int] = {}  # id(loader) -> loader number
+        self._epochs: dict[int, int] = {}  # loader number -> epochs started
+        self._training: set[int] = set()  # loaders whose batches reached a backward
+        self._shortened = False
+        self.current_batch: list | None = None
+        self._original_len = None  # DataLoader.__len__ before patching: the real length
+        rec.budget_holds.append(self._hold)
+
+    # -- lengths ---------------------------------------------------------------------------
+    def _replay_len(self, real_len):
+        if real_len is None or not self.epoch_batches:
+            return real_len
+        return min(real_len, self.epoch_batches)
+
+    def _wrap_len(self, original):
+        watcher = self
+
+        @functools.wraps(original)
+        def __len__(loader):
+            real_len = original(loader)
+            try:
+                return watcher._replay_len(real_len)
+            except Exception as exc:  # pragma: no cover - defensive
+                watcher.rec.internal_error("DataLoader.__len__", exc)
+                return real_len
+
+        return __len__
 
     def _wrap_iter(self, original):
         watcher, rec = self, self.rec
@@ -22,20 +70,72 @@ class DataLoaderWatcher:
             iterator = original(loader)
             try:
                 key = id(loader)
-                epoch = watcher._epochs.get(key, 0)
-                watcher._epochs[key] = epoch + 1
+                number = watcher._index.setdefault(key, len(watcher._index))
+                epoch = watcher._epochs.get(number, 0)
+                watcher._epochs[number] = epoch + 1
                 try:
-                    real_len = len(loader)
-                except TypeError:  # iterable-style dataset without __len__
+                    real_len = watcher._original_len(loader)
+                except TypeError:  # iterable-style dataset without __len__: a stream, no epochs
                     real_len = None
-                rec.emit("epoch_start", rec.here(2), loader=list(watcher._epochs).index(key),
-                         epoch=epoch, real_len=real_len, replay_len=real_len)
+                replay_len = watcher._replay_len(real_len)
+                if replay_len is not None and replay_len < real_len:
+                    watcher._shortened = True
+                if isinstance(iterator, _BaseDataLoaderIter):
+                    limit = replay_len if replay_len != real_len else None
+                    setattr(iterator, _STATE, (number, epoch, limit))
+                rec.emit("epoch_start", rec.here(2), loader=number, epoch=epoch,
+                         real_len=real_len, replay_len=replay_len)
             except Exception as exc:
                 rec.internal_error("DataLoader.__iter__", exc)
             return iterator
 
         return __iter__
 
+    def _wrap_next(self, original):
+        watcher = self
+
+        @functools.wraps(original)
+        def __next__(iterator):
+            state = iterator.__dict__.get(_STATE)
+            if state is not None and state[2] is not None and iterator._num_yielded >= state[2]:
+                raise StopIteration  # the replay's epoch is over
+            batch = original(iterator)
+            if state is not None:
+                watcher.current_batch = [state[0], state[1], iterator._num_yielded - 1]
+            return batch
+
+        return __next__
+
+    def _wrap_iter_len(self, original):
+        @functools.wraps(original)
+        def __len__(iterator):
+            real_len = original(iterator)
+            state = iterator.__dict__.get(_STATE)
+            return min(real_len, state[2]) if state is not None and state[2] is not None else real_len
+
+        return __len__
+
+    # -- which batch a backward used; how long the replay goes on ----------------------------
+    def describe_loss(self, tensors) -> dict:
+        batch = self.current_batch
+        if batch is not None:
+            self._training.add(batch[0])
+        return {"batch": batch}
+
+    def _hold(self) -> bool:
+        """Go on past the step budget until a training loader has begun its third epoch, for at
+        most ``2 * epoch_batches + 1`` steps (a plain loop's first step of epoch 3)."""
+        if not self.epoch_batches or not self._training:
+            return False
+        if any(self._epochs.get(n, 0) >= 3 for n in self._training):
+            return False
+        return self.rec.steps < 2 * self.epoch_batches + 1
+
     def install(self, patcher) -> None:
         DataLoader = torch.utils.data.DataLoader
+        self._original_len = DataLoader.__len__
         patcher.patch(DataLoader, "__iter__", self._wrap_iter(DataLoader.__iter__))
+        if self.epoch_batches:
+            patcher.patch(DataLoader, "__len__", self._wrap_len(DataLoader.__len__))
+            patcher.patch(_BaseDataLoaderIter, "__len__", self._wrap_iter_len(_BaseDataLoaderIter.__len__))
+        patcher.patch(_BaseDataLoaderIter, "__next__", self._wrap_next(_BaseDataLoaderIter.__next__))

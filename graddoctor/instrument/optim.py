@@ -25,11 +25,14 @@ def grad_norms(rec: Recorder, pids) -> tuple[list[int], list[float]]:
     one batched ``torch._foreach_norm`` per device and one host read per step (never a sync per
     parameter)."""
     by_device: dict = {}
+    tensor_of = rec.tensor
     for pid in pids:
-        tensor = rec.tensor(pid)
+        tensor = tensor_of(pid)
         grad = tensor.grad if tensor is not None else None
         if grad is not None and not grad.is_sparse:
-            pids_grads = by_device.setdefault(grad.device, ([], []))
+            pids_grads = by_device.get(grad.device)
+            if pids_grads is None:
+                pids_grads = by_device[grad.device] = ([], [])
             pids_grads[0].append(pid)
             pids_grads[1].append(grad)
     out_pids: list[int] = []
@@ -38,8 +41,21 @@ def grad_norms(rec: Recorder, pids) -> tuple[list[int], list[float]]:
         for device_pids, grads in by_device.values():
             norms = torch._foreach_norm(grads)
             out_pids.extend(device_pids)
-            out_norms.extend(torch.stack([n.float() for n in norms]).tolist())
+            # stack promotes mixed dtypes; one device-to-host read per device
+            out_norms.extend(torch.stack(norms).tolist())
     return out_pids, out_norms
+
+
+def _really_nonfinite(rec: Recorder, pid: int) -> bool:
+    """A norm overflows to inf for huge but finite grads (fp32 elements above ~1.8e19): confirm
+    on the gradient itself. Only runs for grads whose norm is not finite, so it costs nothing on
+    a healthy run."""
+    tensor = rec.tensor(pid)
+    grad = tensor.grad if tensor is not None else None
+    if grad is None:
+        return False
+    with torch.no_grad():
+        return not bool(torch.isfinite(grad).all())
 
 
 def _has_closure(args, kwargs) -> bool:
@@ -148,7 +164,8 @@ class OptimizerWatcher:
             closure = _has_closure(args, kwargs)
             opt = rec.optimizer_id(optimizer)
             norm_pids, norms = ([], []) if closure else grad_norms(rec, rec.opt_params.get(opt, ()))
-            nonfinite = [pid for pid, n in zip(norm_pids, norms) if not math.isfinite(n)]
+            nonfinite = [pid for pid, n in zip(norm_pids, norms)
+                         if not math.isfinite(n) and _really_nonfinite(rec, pid)]
             rec.emit("step_begin", rec.here(3), opt=opt, closure=closure, norm_pids=norm_pids,
                      norms=norms, nonfinite=nonfinite)
             if closure:

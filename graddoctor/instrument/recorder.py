@@ -55,6 +55,10 @@ class Recorder:
         self.requires_grad: dict[int, bool] = {}
         self.internal_errors = 0
         self.on_param_tracked: list[Callable[[int, Any], None]] = []
+        self.on_step: list[Callable[[int], None]] = []  # called with the step count (progress line)
+        # callables() -> True while the replay should go on past the step budget (e.g. until a
+        # DataLoader has crossed two epoch boundaries); each must bound itself
+        self.budget_holds: list[Callable[[], bool]] = []
 
     # -- events ------------------------------------------------------------------------
     def here(self, skip: int = 2) -> Location | None:
@@ -143,8 +147,21 @@ class Recorder:
     # -- budget --------------------------------------------------------------------------
     def count_step(self) -> None:
         self.steps += 1
+        for callback in self.on_step:
+            try:
+                callback(self.steps)
+            except Exception as exc:  # a display must never break the user's run
+                self.internal_error("step callback", exc)
         if self.step_budget is not None and self.steps >= self.step_budget:
-            self.stop_requested = True
+            self.stop_requested = not any(self._holds())
+
+    def _holds(self):
+        for hold in self.budget_holds:
+            try:
+                yield hold()
+            except Exception as exc:
+                self.internal_error("step budget", exc)
+                yield False
 
     def maybe_stop(self) -> None:
         """Called at safe points (start of a backward or a step): end the replay once the

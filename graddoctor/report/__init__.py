@@ -1,1 +1,2 @@
-"""Report formats: one module each, ``render(report, options) -> str``. They never decide."""
+"""Report formats, one module each: text (rich terminal view), json_format (with its JSON Schema,
+report.schema.json), sarif (SARIF 2.1.0). They render a Report; they never decide."""

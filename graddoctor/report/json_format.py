@@ -1,11 +1,21 @@
-"""JSON report (DESIGN §6), versioned by ``schema_version``."""
+"""JSON report (DESIGN §6), versioned by ``schema_version``; its JSON Schema is
+``report.schema.json`` next to this module (``SCHEMA_PATH``)."""
 
 from __future__ import annotations
 
 import json
+import os
 
 from .. import __version__
+from ..jsonsafe import json_safe
 from .model import SCHEMA_VERSION, Report
+
+SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
+
+
+def load_schema() -> dict:
+    with open(SCHEMA_PATH, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def to_dict(report: Report) -> dict:
@@ -18,18 +28,20 @@ def to_dict(report: Report) -> dict:
             "argv": run.argv,
             "status": run.status,
             "steps": run.steps,
+            "step_budget": run.step_budget,
             "backward_calls": run.backward_calls,
             "device": run.device,
             "torch_version": run.torch_version,
             "duration_s": run.duration_s,
             "error": run.error,
             "notes": run.notes,
+            "config": run.config,
         },
         "findings": [f.to_json() for f in report.findings],
-        "summary": {**report.summary(), "suppressed": sum(f.suppressed for f in report.findings)},
+        "summary": {**report.summary(), "suppressed": len(report.suppressed())},
         "internal_errors": report.internal_errors,
     }
 
 
 def render(report: Report) -> str:
-    return json.dumps(to_dict(report), indent=2, default=str) + "\n"
+    return json.dumps(json_safe(to_dict(report)), indent=2, default=str, allow_nan=False) + "\n"

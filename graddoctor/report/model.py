@@ -22,6 +22,8 @@ class RunInfo:
     duration_s: float = 0.0
     error: dict | None = None
     notes: list[str] = field(default_factory=list)
+    step_budget: int | None = None  # --steps (None: run to the end)
+    config: str | None = None  # the pyproject.toml whose [tool.graddoctor] applied
 
 
 @dataclass
@@ -39,6 +41,9 @@ class Report:
         for f in self.active():
             counts[f.severity.value] += 1
         return counts
+
+    def suppressed(self) -> list[Finding]:
+        return [f for f in self.findings if f.suppressed]
 
     def could_not_check(self) -> bool:
         """Nothing to judge: the script failed or had no loop before a single step."""

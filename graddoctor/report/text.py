@@ -1,19 +1,24 @@
-"""The terminal view (rich): header, findings with their source line, why and fix, verdict."""
+"""The terminal view (rich): header, findings by severity (source line, why, fix), suppressed
+ones, the observed update timeline, optionally the per-layer gradient flow, a one-line verdict.
+
+``render_to(console, report)`` draws on any Console (tests use ``Console(file=StringIO())``);
+``render(report, width, color)`` returns the text, plain unless ``color``.
+"""
 
 from __future__ import annotations
 
-import linecache
 import os
 
-from rich.console import Console, Group
-from rich.padding import Padding
-from rich.syntax import Syntax
+from rich.console import Console
+from rich.rule import Rule
 from rich.text import Text
 
-from ..findings import Finding
+from ..findings import Severity
 from .model import Report
+from .text_findings import STYLE, finding_block, severity_title, suppressed_line
+from .text_gradflow import grad_flow_view
+from .text_timeline import timeline_table
 
-STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 STATUS_TEXT = {
     "completed": "the script ran to its end",
     "step-limit": "stopped after the step budget",
@@ -23,77 +28,119 @@ STATUS_TEXT = {
 }
 
 
-def _excerpt(finding: Finding):
-    loc = finding.location
-    if loc is None:
-        return None
-    path = loc.path if os.path.isabs(loc.path) else os.path.abspath(loc.path)
-    lines = [linecache.getline(path, n) for n in range(max(1, loc.line - 2), loc.line + 2)]
-    if not any(lines):
-        return None
-    code = "".join(lines).rstrip("\n")
-    return Syntax(code, "python", line_numbers=True, start_line=max(1, loc.line - 2),
-                  highlight_lines={loc.line}, theme="ansi_dark", word_wrap=True)
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _finding(f: Finding) -> Group:
-    where = f"{f.location.path}:{f.location.line}" if f.location else "(unknown location)"
-    head = Text.assemble((f"{f.severity.value}", STYLE[f.severity.value]), " ",
-                         (f"{f.code} {f.rule}", "bold"), "  ", (where, "underline"))
-    if f.suppressed:
-        head.append("  (suppressed)", style="dim")
-    parts = [head, Padding(Text(f.message), (0, 0, 0, 2))]
-    excerpt = _excerpt(f)
-    if excerpt is not None:
-        parts.append(Padding(excerpt, (0, 0, 0, 2)))
-    for r in f.related:
-        parts.append(Padding(Text(f"↳ {r.location.path}:{r.location.line}  {r.note}", style="dim"), (0, 0, 0, 2)))
-    if f.fix:
-        parts.append(Padding(Text.assemble(("fix: ", "bold green"), f.fix), (0, 0, 0, 2)))
-    parts.append(Text(f"  see: graddoctor explain {f.rule}", style="dim"))
-    return Group(*parts)
-
-
-def render_to(console: Console, report: Report) -> None:
+def header(console: Console, report: Report) -> None:
     run = report.run
-    console.print(Text.assemble(("graddoctor", "bold"), f"  {run.script}"))
-    console.print(
-        f"device {run.device} · torch {run.torch_version} · {run.steps} optimizer steps · "
-        f"{run.backward_calls} backward calls · {run.duration_s:.1f} s · "
-        f"status {run.status} ({STATUS_TEXT.get(run.status, run.status)})",
-        style="dim", highlight=False,
-    )
+    console.print(Text.assemble(("graddoctor", "bold"), "  ", (run.script, "bold underline")))
+    steps = f"{run.steps}/{run.step_budget}" if run.step_budget else f"{run.steps}"
+    facts = [f"device {run.device}", f"torch {run.torch_version}",
+             f"{steps} optimizer steps replayed", _plural(run.backward_calls, "backward call")]
+    console.print(Text("  " + " · ".join(facts), style="dim"))
+    status = Text.assemble("  status ", (run.status, "bold"),
+                           f": {STATUS_TEXT.get(run.status, run.status)} · {run.duration_s:.1f} s")
+    if run.config:
+        status.append(f" · config {run.config}", style="dim")
+    console.print(status)
     if run.error:
         loc = run.error.get("location") or {}
-        where = f" at {loc.get('path')}:{loc.get('line')}" if loc else ""
-        console.print(Text(f"script error{where}: {run.error.get('type')}: {run.error.get('message')}",
+        at = f" at {loc.get('path')}:{loc.get('line')}" if loc else ""
+        console.print(Text(f"  script error{at}: {run.error.get('type')}: {run.error.get('message')}",
                            style="red"))
     for note in run.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(Text(f"  note: {note}", style="dim"))
+
+
+def findings_section(console: Console, report: Report) -> None:
+    active = report.active()
+    for severity in (Severity.ERROR, Severity.WARNING, Severity.INFO):
+        group = [f for f in active if f.severity is severity]
+        if not group:
+            continue
+        console.print()
+        console.print(Rule(severity_title(severity, len(group)), style=STYLE[severity.value]))
+        for n, f in enumerate(group):
+            if n:
+                console.print()
+            console.print(finding_block(f))
+    suppressed = report.suppressed()
+    if suppressed:
+        console.print()
+        console.print(Rule(Text(f"{len(suppressed)} suppressed", style="dim"), style="dim"))
+        for f in suppressed:
+            console.print(suppressed_line(f))
+
+
+def timeline_section(console: Console, report: Report) -> None:
+    table = timeline_table(report.trace, report.findings)
+    if table is None:
+        return
     console.print()
-    for f in report.findings:
-        console.print(_finding(f))
+    console.print(Rule(Text("update timeline: the order of calls in each update", style="bold"),
+                       style="dim"))
+    console.print(table)
+
+
+def grad_flow_section(console: Console, report: Report) -> None:
+    console.print()
+    console.print(Rule(Text("gradient flow, last update", style="bold"), style="dim"))
+    view = grad_flow_view(report.trace)
+    console.print(view if view is not None else
+                  Text("no optimizer step with gradients was seen", style="dim"))
+
+
+def verdict(report: Report) -> Text:
+    run = report.run
+    counts = report.summary()
+    suppressed = len(report.suppressed())
+    if report.could_not_check():
+        why = STATUS_TEXT["no-training-loop"] if run.status == "no-training-loop" else \
+            f"the script stopped ({run.status}) before its first backward or step"
+        return Text.assemble(("✗ could not check: ", "bold red"), why)
+    parts = [_plural(counts["error"], "error"), _plural(counts["warning"], "warning"),
+             f"{counts['info']} info"]
+    tail = f", {suppressed} suppressed" if suppressed else ""
+    if run.status in ("crashed", "timeout"):
+        tail += f" (the replay ended early: {run.status} after {_plural(run.steps, 'step')})"
+    if counts["error"] or counts["warning"]:
+        return Text.assemble(("✗ ", "bold red"), ", ".join(parts), (tail, "dim"))
+    found = f" ({', '.join(parts[2:])})" if counts["info"] else ""
+    return Text.assemble(("✓ ", "bold green"),
+                         f"no gradient bugs found in {_plural(run.steps, 'optimizer step')}{found}",
+                         (tail, "dim"))
+
+
+def render_to(console: Console, report: Report, grad_flow: bool = False) -> None:
+    header(console, report)
+    findings_section(console, report)
+    if report.internal_errors:
         console.print()
     for err in report.internal_errors:
-        console.print(Text(f"internal error in graddoctor ({err['where']}): {err['error']}", style="magenta"))
-    counts = report.summary()
-    if report.could_not_check():
-        verdict = Text("✗ could not check this script", style="bold red")
-    elif counts["error"] or counts["warning"]:
-        verdict = Text.assemble(("✗ ", "bold red"), f"{counts['error']} error(s), {counts['warning']} warning(s), "
-                                f"{counts['info']} info")
-    else:
-        verdict = Text.assemble(("✓ ", "bold green"), "no gradient bugs found"
-                                + (f" ({counts['info']} info)" if counts["info"] else ""))
-    suppressed = sum(f.suppressed for f in report.findings)
-    if suppressed:
-        verdict.append(f", {suppressed} suppressed", style="dim")
-    console.print(verdict)
+        console.print(Text(f"internal error in graddoctor ({err['where']}): {err['error']}",
+                           style="magenta"))
+    timeline_section(console, report)
+    if grad_flow:
+        grad_flow_section(console, report)
+    console.print()
+    console.print(verdict(report))
 
 
-def render(report: Report, width: int | None = None, color: bool | None = None) -> str:
-    console = Console(record=True, width=width or 100, force_terminal=bool(color),
-                      no_color=not color, file=open(os.devnull, "w", encoding="utf-8"))
-    render_to(console, report)
+def wants_color(stream) -> bool:
+    """Color only on a terminal, and never with NO_COLOR set (no-color.org) or TERM=dumb."""
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+    return tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def render(report: Report, width: int | None = None, color: bool | None = None,
+           grad_flow: bool = False) -> str:
+    with open(os.devnull, "w", encoding="utf-8") as sink:
+        console = Console(record=True, width=width or 100, force_terminal=bool(color),
+                          no_color=not color, file=sink, highlight=False)
+        render_to(console, report, grad_flow=grad_flow)
     text = console.export_text(styles=bool(color))
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

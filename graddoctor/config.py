@@ -1,0 +1,146 @@
+"""``[tool.graddoctor]`` in pyproject.toml: found from the script's folder upward, validated,
+then overridden by whatever the user typed on the command line. No torch here.
+
+    [tool.graddoctor]
+    steps = 20
+    device = "cpu"
+    fail-on = "error"
+    select = ["GD1"]
+    ignore = ["param-without-grad"]
+    timeout = 300
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SEVERITIES = ("error", "warning", "info", "never")
+DEVICES = ("auto", "cpu", "cuda")
+KNOWN_KEYS = ("steps", "device", "fail-on", "select", "ignore", "timeout")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str | None = None  # the pyproject.toml it came from; None = no configuration found
+    values: Mapping[str, Any] = field(default_factory=dict)  # python names: fail_on, not fail-on
+
+
+def _toml_reader():
+    """tomllib (3.11+), else tomli when installed, else None."""
+    try:
+        import tomllib
+
+        return tomllib
+    except ModuleNotFoundError:
+        try:
+            import tomli
+
+            return tomli
+        except ModuleNotFoundError:
+            return None
+
+
+def _table(path: str) -> dict | None:
+    """The ``[tool.graddoctor]`` table of one pyproject.toml, or None when it has none."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
+    if b"graddoctor" not in raw:  # cheap: most pyproject.toml files never mention us
+        return None
+    toml = _toml_reader()
+    if toml is None:
+        raise ConfigError(
+            f"{path} has a [tool.graddoctor] table, and reading it needs Python 3.11+ or the "
+            "'tomli' package: pip install tomli")
+    try:
+        data = toml.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, toml.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    table = data.get("tool", {}).get("graddoctor")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.graddoctor] must be a table")
+    return table
+
+
+def find_config(start_dir: str) -> str | None:
+    """The closest pyproject.toml with a ``[tool.graddoctor]`` table, from start_dir upward."""
+    folder = os.path.abspath(start_dir)
+    while True:
+        candidate = os.path.join(folder, "pyproject.toml")
+        if os.path.isfile(candidate) and _table(candidate) is not None:
+            return candidate
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+def _selectors(value: Any, key: str, path: str) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise ConfigError(f"{path}: [tool.graddoctor] {key} must be a string or a list of strings")
+    return split_selectors(items)
+
+
+def _number(value: Any, key: str, path: str, integer: bool):
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+        what = "a whole number" if integer else "a number"
+        raise ConfigError(f"{path}: [tool.graddoctor] {key} must be {what} >= 0, not {value!r}")
+    return value
+
+
+def _choice(value: Any, key: str, path: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{path}: [tool.graddoctor] {key} must be one of {', '.join(choices)}, "
+                          f"not {value!r}")
+    return value
+
+
+def validate(table: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Check every key and value; return them under the CLI's python names."""
+    values: dict[str, Any] = {}
+    for raw_key, value in table.items():
+        key = raw_key.replace("_", "-")
+        if key not in KNOWN_KEYS:
+            raise ConfigError(f"{path}: [tool.graddoctor] unknown option {raw_key!r} "
+                              f"(known: {', '.join(KNOWN_KEYS)})")
+        if key == "steps":
+            values["steps"] = _number(value, key, path, integer=True)
+        elif key == "timeout":
+            values["timeout"] = float(_number(value, key, path, integer=False))
+        elif key == "device":
+            values["device"] = _choice(value, key, path, DEVICES)
+        elif key == "fail-on":
+            values["fail_on"] = _choice(value, key, path, SEVERITIES)
+        else:
+            values[key] = _selectors(value, key, path)
+    return values
+
+
+def load_config(start_dir: str) -> Config:
+    path = find_config(start_dir)
+    if path is None:
+        return Config()
+    return Config(path=path, values=validate(_table(path) or {}, path))
+
+
+def merge(command_line: Mapping[str, Any], given: set[str], config: Config) -> dict[str, Any]:
+    """Command line wins where the user typed the option; else the config; else the default."""
+    return {key: value if key in given or key not in config.values else config.values[key]
+            for key, value in command_line.items()}
+
+
+def split_selectors(items) -> tuple[str, ...]:
+    """``["GD1,stale-grad", "GD2"]`` -> ``("GD1", "stale-grad", "GD2")``."""
+    return tuple(part.strip() for item in items or () for part in item.split(",") if part.strip())

@@ -1,0 +1,186 @@
+"""GradScaler (``torch.amp.GradScaler`` and the older ``torch.cuda.amp.GradScaler``).
+
+The class methods ``scale``, ``unscale_``, ``step`` and ``update`` are patched, so the calls are
+seen also when the scaler disabled itself (``torch.cuda.amp.GradScaler()`` without CUDA: then
+``scale`` returns the loss unchanged, but the call order still tells the bug).
+
+* ``scale(loss)`` marks the tensor it returns; the backward of a marked tensor carries
+  ``scaled=True``, the scale and the scaler (a loss describer of ``BackwardWatcher``).
+* ``unscale_(opt)`` -> ``unscale`` event; ``implicit=True`` when ``step`` called it itself.
+* ``step(opt)`` that did not run the optimizer (inf/NaN found) -> a ``step`` event with
+  ``skipped=True`` (the ledger treats it as consuming the gradients, like the user does with the
+  ``zero_grad`` that follows), then a ``scaler_step`` event.
+* ``update()`` -> ``scaler_update`` with the new scale.
+
+Host reads: the scale once per ``scale()`` and ``update()`` call; never per parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+
+from .lossfactor import loss_factor
+from .recorder import Recorder
+from .subclasses import Depth, patch_tree
+
+
+def _scale_value(scaler) -> float | None:
+    scale = getattr(scaler, "_scale", None)
+    if not scaler.is_enabled() or scale is None:
+        return None
+    return float(scale.item())
+
+
+class GradScalerWatcher:
+    def __init__(self, rec: Recorder, backward_watcher):
+        self.rec = rec
+        self._marked: dict[int, tuple[weakref.ref, dict]] = {}  # id(tensor) -> (ref, facts)
+        self._ids: dict[int, int] = {}
+        self._in_step = Depth()
+        self._in_unscale = Depth()
+        self._in_scale = Depth()
+        self._in_update = Depth()
+        backward_watcher.loss_describers.append(self.describe_loss)
+
+    def scaler_id(self, scaler) -> int:
+        return self._ids.setdefault(id(scaler), len(self._ids))
+
+    # -- marking scaled tensors --------------------------------------------------------------
+    def _mark(self, out, facts: dict) -> None:
+        if isinstance(out, torch.Tensor):
+            key = id(out)
+            marked = self._marked
+
+            def forget(ref, key=key):
+                entry = marked.get(key)
+                if entry is not None and entry[0] is ref:
+                    del marked[key]
+
+            marked[key] = (weakref.ref(out, forget), facts)
+        elif isinstance(out, (list, tuple)):
+            for item in out:
+                self._mark(item, facts)
+
+    def _facts(self, tensor) -> dict | None:
+        entry = self._marked.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            return entry[1]
+        return None
+
+    def describe_loss(self, tensors) -> dict:
+        items = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+        facts = next((f for t in items if (f := self._facts(t)) is not None), None)
+        factor = loss_factor(tensors, skip_top=bool(facts and facts["enabled"]))
+        if facts is None:
+            return {"loss_scale_factor": factor}
+        return {"scaled": True, "scale": facts["scale"], "scaler": facts["scaler"],
+                "scaler_enabled": facts["enabled"], "loss_scale_factor": factor}
+
+    # -- wrappers --------------------------------------------------------------------------
+    def _wrap_scale(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def scale(scaler, outputs):
+            if watcher._in_scale.active:
+                return original(scaler, outputs)
+            with watcher._in_scale:
+                result = original(scaler, outputs)
+            try:
+                watcher._mark(result, {"scaler": watcher.scaler_id(scaler), "enabled": scaler.is_enabled(),
+                                       "scale": _scale_value(scaler)})
+            except Exception as exc:
+                rec.internal_error("GradScaler.scale", exc)
+            return result
+
+        return scale
+
+    def _wrap_unscale(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def unscale_(scaler, optimizer):
+            if watcher._in_unscale.active:
+                return original(scaler, optimizer)
+            with watcher._in_unscale:
+                result = original(scaler, optimizer)
+            try:
+                opt = rec.optimizer_id(optimizer)
+                rec.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed the grads in place
+                rec.emit("unscale", rec.here(2), scaler=watcher.scaler_id(scaler), opt=opt,
+                         enabled=scaler.is_enabled(), implicit=watcher._in_step.active,
+                         scale=_scale_value(scaler))
+            except Exception as exc:
+                rec.internal_error("GradScaler.unscale_", exc)
+            return result
+
+        return unscale_
+
+    def _wrap_step(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def step(scaler, optimizer, *args, **kwargs):
+            if watcher._in_step.active:
+                return original(scaler, optimizer, *args, **kwargs)
+            rec.maybe_stop()
+            before = rec.steps
+            with watcher._in_step:
+                result = original(scaler, optimizer, *args, **kwargs)
+            try:
+                watcher._after_step(scaler, optimizer, before)
+            except Exception as exc:
+                rec.internal_error("GradScaler.step", exc)
+            return result
+
+        return step
+
+    def _after_step(self, scaler, optimizer, steps_before: int) -> None:
+        rec = self.rec
+        enabled = scaler.is_enabled()
+        opt = rec.optimizer_id(optimizer)
+        loc = rec.here(3)
+        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        found_inf = None
+        if enabled and fused:  # the optimizer skips inside its own kernel: ask the scaler
+            state = scaler._per_optimizer_states.get(id(optimizer), {})
+            found_inf = bool(sum(float(v.item()) for v in state.get("found_inf_per_device", {}).values()))
+        skipped = (enabled and not fused and rec.steps == steps_before
+                   and isinstance(optimizer, torch.optim.Optimizer))
+        if skipped:
+            found_inf = True
+            without = rec.after_step(rec.opt_params.get(opt, ()))
+            rec.emit("step", loc, opt=opt, closure=False, skipped=True, without_grad=without)
+            rec.count_step()
+        elif enabled and not fused:
+            found_inf = False
+        rec.emit("scaler_step", loc, scaler=self.scaler_id(scaler), opt=opt, enabled=enabled,
+                 fused=fused, skipped=bool(found_inf), found_inf=found_inf)
+
+    def _wrap_update(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def update(scaler, *args, **kwargs):
+            if watcher._in_update.active:
+                return original(scaler, *args, **kwargs)
+            with watcher._in_update:
+                result = original(scaler, *args, **kwargs)
+            try:
+                rec.emit("scaler_update", rec.here(2), scaler=watcher.scaler_id(scaler),
+                         enabled=scaler.is_enabled(), scale=_scale_value(scaler))
+            except Exception as exc:
+                rec.internal_error("GradScaler.update", exc)
+            return result
+
+        return update
+
+    def install(self, patcher) -> None:
+        base = torch.amp.GradScaler
+        patch_tree(patcher, base, "scale", self._wrap_scale)
+        patch_tree(patcher, base, "unscale_", self._wrap_unscale)
+        patch_tree(patcher, base, "step", self._wrap_step)
+        patch_tree(patcher, base, "update", self._wrap_update)

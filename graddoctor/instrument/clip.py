@@ -1,0 +1,114 @@
+"""Gradient clipping: ``clip_grad_norm_``, ``clip_grad_value_`` (and ``clip_grads_with_norm_``).
+
+The public names in ``torch.nn.utils`` and ``torch.nn.utils.clip_grad`` are patched before the
+user's script is imported, so ``from torch.nn.utils import clip_grad_norm_`` binds the wrapper.
+A name bound earlier (a library imported before graddoctor started) still reaches
+``clip_grad._clip_grads_with_norm_``, which ``clip_grad_norm_`` looks up at call time: that one is
+patched too and records the clip when no outer wrapper did.
+
+Each call emits one ``clip`` event with the tracked parameters it was given and then refreshes
+what graddoctor knows of their ``.grad`` (clipping changes it in place; the next backward must
+still see an accumulation, not a manual clear).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+
+import torch
+import torch.nn.utils
+import torch.nn.utils.clip_grad as clip_grad
+
+from .gradedits import edited_pids
+from .recorder import Recorder
+from .subclasses import Depth
+
+
+def _number(value):
+    """A float for the trace; non-finite values as strings so the JSON stays standard."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else str(value)
+
+
+class ClipWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._depth = Depth()
+
+    def _record(self, via: str, params: list, arguments: dict, result, edited: list[int]) -> None:
+        rec = self.rec
+        pids, with_grad, untracked = [], [], 0
+        for p in params:
+            if not isinstance(p, torch.Tensor):
+                continue
+            pid = rec.pid(p)
+            if pid is None:
+                if not (p.is_leaf and p.requires_grad):
+                    untracked += 1
+                    continue
+                pid = rec.track(p)
+            pids.append(pid)
+            if p.grad is not None:
+                with_grad.append(pid)
+        limit = _number(arguments.get("clip_value" if via == "clip_grad_value_" else "max_norm"))
+        total_norm = result if via == "clip_grad_norm_" else arguments.get("total_norm")
+        total = None
+        if isinstance(total_norm, torch.Tensor) and total_norm.device.type == "cpu":
+            total = _number(total_norm)  # only shown: never a device sync for it
+        rec.emit("clip", rec.here(2), via=via, params=pids, with_grad=with_grad, untracked=untracked,
+                 limit=limit, norm_type=_number(arguments.get("norm_type", 2.0)) if via != "clip_grad_value_" else None,
+                 norm_only=via != "clip_grad_value_" and limit == "inf", total_norm=total, edited=edited)
+        rec.refresh_known(pids)  # clipping changed the grads in place
+
+    def _wrap(self, original, via: str):
+        watcher, rec = self, self.rec
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def clip(*args, **kwargs):
+            if watcher._depth.active:
+                return original(*args, **kwargs)
+            call = params = None
+            try:
+                call = signature.bind(*args, **kwargs)
+                given = call.arguments["parameters"]
+                if isinstance(given, torch.Tensor):
+                    params = [given]
+                else:
+                    params = call.arguments["parameters"] = list(given)  # a generator is read once, here
+            except Exception:  # the user's own bad call: torch raises its error below
+                call = None
+            edited: list[int] = []
+            if call is not None:
+                try:
+                    edited = edited_pids(rec, [pid for pid in map(rec.pid, params) if pid is not None])
+                except Exception as exc:
+                    rec.internal_error(f"{via} (before)", exc)
+            with watcher._depth:
+                if call is None:
+                    return original(*args, **kwargs)
+                result = original(*call.args, **call.kwargs)
+            try:
+                watcher._record(via, params, call.arguments, result, edited)
+            except Exception as exc:
+                rec.internal_error(f"{via} (after)", exc)
+            return result
+
+        return clip
+
+    def install(self, patcher) -> None:
+        utils = torch.nn.utils
+        norm = self._wrap(clip_grad.clip_grad_norm_, "clip_grad_norm_")
+        value = self._wrap(clip_grad.clip_grad_value_, "clip_grad_value_")
+        with_norm = self._wrap(clip_grad._clip_grads_with_norm_, "clip_grads_with_norm_")
+        for owner in (utils, clip_grad):
+            patcher.patch(owner, "clip_grad_norm_", norm)
+            patcher.patch(owner, "clip_grad_value_", value)
+        patcher.patch(clip_grad, "_clip_grads_with_norm_", with_norm)
+        if hasattr(utils, "clip_grads_with_norm_"):
+            patcher.patch(utils, "clip_grads_with_norm_", with_norm)

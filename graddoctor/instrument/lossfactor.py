@@ -1,0 +1,86 @@
+"""How the backward'ed loss was scaled before backward: ``loss / k``, ``loss * (1 / k)``, ...
+
+Walks down from the loss's ``grad_fn`` through multiplications and divisions by a Python
+number (autograd saves those as 0-dim int64/float64 CPU tensors) and through sums of equally
+scaled terms (``l1 / k + l2 / k``); the product of those constants is the factor.
+
+* ``1.0`` — no such step: the loss went to backward as its reduction produced it;
+* a float — the constant the loss was multiplied by (0.25 for ``loss / 4``);
+* ``None`` — cannot tell: a division by a computed tensor (a token count, an accelerator's
+  normaliser held in a tensor), mixed factors, an unusual graph. Rules stay silent then.
+
+Reads only 0-dim CPU tensors, so it never synchronises with an accelerator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_PYTHON_NUMBER_DTYPES = (torch.int64, torch.float64)  # how autograd saves a wrapped Python number
+_MAX_NODES = 32
+
+
+def _constant(saved) -> float | None:
+    if not isinstance(saved, torch.Tensor) or saved.dim() != 0 or saved.device.type != "cpu":
+        return None
+    if saved.dtype not in _PYTHON_NUMBER_DTYPES:
+        return None  # a tensor the script computed (a count, a weight): not a constant
+    value = float(saved.item())
+    return value if value != 0.0 else None
+
+
+def _grad_children(node) -> list[tuple[int, object]]:
+    return [(i, child) for i, (child, _) in enumerate(node.next_functions) if child is not None]
+
+
+def _factor(node, budget: list[int]) -> float | None:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    name = type(node).__name__
+    if name in ("MulBackward0", "DivBackward0"):
+        children = _grad_children(node)
+        if len(children) != 1:
+            return 1.0  # a product of two computed tensors is part of the loss itself
+        index, child = children[0]
+        if name == "DivBackward0":
+            if index != 0:
+                return None  # constant / loss
+            value = _constant(getattr(node, "_saved_other", None))
+            value = None if value is None else 1.0 / value
+        else:
+            value = _constant(getattr(node, "_saved_other" if index == 0 else "_saved_self", None))
+        if value is None:
+            return None
+        below = _factor(child, budget)
+        return None if below is None else value * below
+    if name in ("AddBackward0", "SubBackward0"):
+        alpha = getattr(node, "_saved_alpha", 1)
+        if alpha not in (1, -1):
+            return None
+        factors = [_factor(child, budget) for _, child in _grad_children(node)]
+        if not factors or any(f is None for f in factors):
+            return None
+        first = factors[0]
+        if all(abs(f - first) <= 1e-6 * abs(first) for f in factors):
+            return first
+        return None
+    return 1.0
+
+
+def loss_factor(tensors, skip_top: bool = False) -> float | None:
+    """The constant factor of the loss (see module docs). ``skip_top``: the tensor is
+    ``scaler.scale(loss)``, whose top multiplication is the AMP scale, not the user's factor."""
+    if isinstance(tensors, (list, tuple)):
+        if len(tensors) != 1:
+            return None
+        tensors = tensors[0]
+    if not isinstance(tensors, torch.Tensor) or tensors.grad_fn is None:
+        return None
+    node = tensors.grad_fn
+    if skip_top:
+        children = _grad_children(node)
+        if type(node).__name__ != "MulBackward0" or len(children) != 1:
+            return None
+        node = children[0][1]
+    return _factor(node, [_MAX_NODES])

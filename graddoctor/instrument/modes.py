@@ -1,0 +1,397 @@
+"""Train/eval modes: ``Module.train()``/``eval()`` calls and the forwards of BatchNorm and dropout.
+
+What is watched, and how cheaply:
+
+* ``Module.train`` (``eval()`` calls it): only the outermost call is recorded — ``train()``
+  recurses into every child — as one ``train`` / ``eval`` event listing the BatchNorm/dropout modules
+  it covers. Per-layer calls from one line (``for m in model.modules(): m.eval()``) are merged.
+* BatchNorm (``_BatchNorm``, ``SyncBatchNorm``) and dropout forwards: their ``forward`` methods
+  are patched on those classes. A global module forward pre-hook was measured first: it forces
+  every module of every kind onto ``Module._call_impl``'s slow path (+26-31 % per forward on a
+  small CNN and an 80-module MLP), while the patch costs nothing to other modules.
+  Forwards are aggregated: one ``mode_forward`` event per user forward call line and
+  (mode, grad mode, inference mode) while no other event happens in between, its ``modules``
+  and ``calls`` updated in place; per-module facts (frozen, owned by an optimizer, updated by
+  hand, track_running_stats, momentum, p) are a ``mode_module`` event emitted when they change.
+* Freezes (``Tensor.requires_grad_(False)`` on a parameter, which ``Module.requires_grad_``
+  calls): ``freeze`` events, so a finding can point at them. ``p.requires_grad = False`` is a
+  C attribute and is not seen.
+* Recalibration signals: ``reset_running_stats()`` (``bn_reset``; not the call inside
+  ``reset_parameters``), ``torch.optim.swa_utils.update_bn`` (an ``update_bn`` event; the
+  forwards inside it are marked ``recalibrating``) and ``momentum=None`` (in ``mode_module``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+
+import torch
+from torch.nn.modules import batchnorm, dropout
+
+from ..trace import Location
+from .recorder import Recorder
+
+BATCHNORM = (batchnorm._BatchNorm,)  # SyncBatchNorm and the lazy ones derive from it
+DROPOUT = (dropout._DropoutNd,)
+KINDS = BATCHNORM + DROPOUT
+_CALL_CODES = frozenset({torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__})
+_RESET_CALLERS = frozenset({batchnorm._NormBase.reset_parameters.__code__, batchnorm._NormBase.__init__.__code__})
+
+
+class _State:
+    """What graddoctor knows about one BatchNorm/dropout module."""
+
+    __slots__ = ("ref", "mid", "is_bn", "flags", "version", "updated", "trainable")
+
+    def __init__(self, module, mid: int):
+        self.ref = weakref.ref(module)
+        self.mid = mid
+        self.is_bn = isinstance(module, BATCHNORM)
+        self.flags: tuple | None = None
+        self.version: tuple | None = None
+        self.updated = False  # params not owned by an optimizer changed in place (EMA, momentum encoder)
+        self.trainable = False  # some parameter requires grad
+
+
+class ModeWatcher:
+    def __init__(self, rec: Recorder, owned: set[int]):
+        self.rec = rec
+        self.owned = owned  # id() of tensors some optimizer owns (kept by OptimizerWatcher)
+        self._mids: dict[int, tuple[weakref.ref, int]] = {}
+        self._states: dict[int, _State] = {}
+        self._names: dict[int, tuple[weakref.ref, str]] = {}
+        self._freeze_of: dict[int, tuple[weakref.ref, int]] = {}  # id(param) -> freeze event seq
+        self._window: dict[tuple, list] = {}  # open mode_forward aggregates
+        self._window_len = -1  # len(trace) after our last aggregated emit
+        self._outer = self._outer_site = None  # the running outermost module call (see _call_site)
+        self._last = None  # our last emitted event (to merge repeated per-layer calls)
+        self._mode_depth = 0
+        self._freezing = False
+        self._recalibrating = False
+
+    # -- ids, places ---------------------------------------------------------------------
+    def _mid(self, module) -> int:
+        entry = self._mids.get(id(module))
+        if entry is not None and entry[0]() is module:
+            return entry[1]
+        mid = len(self._mids)
+        self._mids[id(module)] = (weakref.ref(module), mid)
+        return mid
+
+    def _user_frame(self, frame, skip_self=None):
+        """The innermost user frame at or above ``frame``; frames of a user's own ``train``/``eval``
+        override on ``skip_self`` are passed over, so the caller's ``model.train()`` is named."""
+        is_user = self.rec.finder.is_user_file
+        while frame is not None:
+            code = frame.f_code
+            if is_user(code.co_filename):
+                if not (skip_self is not None and code.co_name in ("train", "eval")
+                        and frame.f_locals.get("self") is skip_self):
+                    return frame
+            frame = frame.f_back
+        return None
+
+    def _loc(self, frame) -> Location | None:
+        if frame is None:
+            return None
+        finder = self.rec.finder
+        return Location(finder.display_path(frame.f_code.co_filename), frame.f_lineno, frame.f_code.co_name)
+
+    def _emit(self, kind: str, loc, **data):
+        event = self.rec.emit(kind, loc, **data)
+        self._last = event
+        return event
+
+    def _merge_into_last(self, kind: str, loc, field: str | None, items, **match) -> bool:
+        """Merge a repeated call from the same line into our previous event when nothing else
+        happened since (``for m in model.modules(): m.eval()`` -> one event)."""
+        events = self.rec.trace.events
+        last = self._last
+        if not events or events[-1] is not last or last.kind != kind or last.loc != loc:
+            return False
+        if any(last.data.get(k) != v for k, v in match.items()):
+            return False
+        if field is not None:
+            have = last.data[field]
+            for item in items:
+                if item not in have:
+                    have.append(item)
+        last.data["calls"] += 1
+        return True
+
+    # -- train() / eval() ------------------------------------------------------------------
+    def _wrap_train(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def train(module, mode=True, *args, **kwargs):
+            if watcher._mode_depth or watcher._recalibrating:  # children, or update_bn's own calls
+                return original(module, mode, *args, **kwargs)
+            watcher._mode_depth += 1
+            try:
+                result = original(module, mode, *args, **kwargs)
+            finally:
+                watcher._mode_depth -= 1
+            try:
+                watcher._record_mode_set(module, mode, sys._getframe(1))
+            except Exception as exc:
+                rec.internal_error("Module.train", exc)
+            return result
+
+        return train
+
+    def _record_mode_set(self, module, mode, frame) -> None:
+        loc = self._loc(self._user_frame(frame, skip_self=module))
+        mids = [self._mid(m) for m in module.modules() if isinstance(m, KINDS)]
+        leaf = isinstance(module, KINDS)  # the call named one BatchNorm/dropout layer itself
+        kind = "train" if mode else "eval"
+        if leaf and self._merge_into_last(kind, loc, "modules", mids, leaf=True):
+            return
+        # every parameter under the call frozen: a pretrained part kept in eval mode on purpose
+        flags = [p.requires_grad for p in module.parameters()]
+        self._emit(kind, loc, mode=bool(mode), leaf=leaf, root=type(module).__name__,
+                   frozen=bool(flags) and not any(flags), modules=mids, calls=1)
+
+    # -- forwards of BatchNorm / dropout (hot path: once per such module per forward) ------
+    def _wrap_forward(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def forward(module, *args, **kwargs):
+            if rec.current_backward is None and not torch.compiler.is_compiling():
+                # (a forward inside backward is activation-checkpoint recomputation)
+                try:
+                    watcher._record_forward(module, args[0] if args else kwargs.get("input"))
+                except Exception as exc:
+                    rec.internal_error("BatchNorm/dropout forward", exc)
+            return original(module, *args, **kwargs)
+
+        return forward
+
+    def _call_site(self):
+        """(outermost module call frame or None, the user's frame that made that call, its key).
+
+        The walk to the top of the stack is done once per outermost call: while that call runs
+        its frame stays on the stack, so a later layer's walk stops when it reaches it. The
+        cached frames are dropped when the aggregation window closes."""
+        start = f = sys._getframe(3)
+        cached = self._outer
+        if cached is not None:
+            while f is not None and f is not cached:
+                f = f.f_back
+            if f is not None:
+                return self._outer_site
+            f = start
+        outer = None
+        codes = _CALL_CODES
+        while f is not None:
+            if f.f_code in codes:
+                outer = f
+            f = f.f_back
+        site = self._user_frame(outer.f_back if outer is not None else start)
+        key = (site.f_code, site.f_lineno) if site is not None else None
+        if outer is not None:
+            self._outer, self._outer_site = outer, (outer, site, key)
+        return outer, site, key
+
+    def _record_forward(self, module, input) -> None:
+        trace = self.rec.trace
+        if len(trace) != self._window_len:  # another event since: a new aggregation window
+            self._window.clear()
+            self._outer = self._outer_site = None
+        outer, site, site_key = self._call_site()
+        state = self._state(module, outer, site)
+        mid = state.mid
+        grad = torch.is_grad_enabled()
+        training = bool(module.training)
+        key = (training, grad, site_key)
+        # does the gradient flow through this module (is it part of what is being trained)?
+        flows = grad and ((isinstance(input, torch.Tensor) and input.requires_grad) or state.trainable)
+        entry = self._window.get(key)
+        if entry is None:
+            event = self._emit(
+                "mode_forward", self._loc(site), training=training, grad=grad,
+                inference=torch.is_inference_mode_enabled(), modules=[mid],
+                grad_modules=[mid] if flows else [], calls=1, recalibrating=self._recalibrating,
+            )
+            self._window[key] = [event, {mid}, {mid} if flows else set()]
+        else:
+            event, seen, flowing = entry
+            data = event.data
+            if mid == data["modules"][0]:
+                data["calls"] += 1
+            elif mid not in seen:
+                seen.add(mid)
+                data["modules"].append(mid)
+            if flows and mid not in flowing:
+                flowing.add(mid)
+                data["grad_modules"].append(mid)
+        self._window_len = len(trace)
+
+    def _state(self, module, outer, site) -> _State:
+        state = self._states.get(id(module))
+        if state is None or state.ref() is not module:
+            state = _State(module, self._mid(module))
+            self._states[id(module)] = state
+        if state.is_bn:
+            params = module._parameters
+            weight, bias = params.get("weight"), params.get("bias")
+            if weight is not None:
+                owned_ids = self.owned
+                state.trainable = weight.requires_grad or (bias is not None and bias.requires_grad)
+                owned = id(weight) in owned_ids or (bias is not None and id(bias) in owned_ids)
+                if not owned:  # changed by someone else than an optimizer: EMA / momentum copy
+                    # (in place bumps _version; MoCo's `p.data = ...` swaps the storage instead)
+                    version = (weight._version, weight.data_ptr())
+                    if state.version is not None and version != state.version:
+                        state.updated = True
+                    state.version = version
+            else:
+                owned = None
+            flags = (weight is not None, state.trainable, owned, state.updated,
+                     module.track_running_stats, module.momentum)
+        else:
+            flags = (module.p,)
+        if flags != state.flags:
+            state.flags = flags
+            self._emit_module(module, state, outer, site)
+        return state
+
+    def _emit_module(self, module, state: _State, outer, site) -> None:
+        if state.is_bn:
+            has_params, trainable, owned, updated, track, momentum = state.flags
+            p = None
+        else:
+            (p,) = state.flags
+            has_params, trainable, owned, updated, track, momentum = False, False, None, False, None, None
+        frozen = (not trainable) if has_params else None
+        freeze = None
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            entry = self._freeze_of.get(id(weight))
+            if entry is not None and entry[0]() is weight:
+                freeze = entry[1]
+        self._emit(
+            "mode_module", None, mid=state.mid, name=self._name(module, outer, site),
+            cls=type(module).__name__, layer="batchnorm" if state.is_bn else "dropout",
+            has_params=has_params, frozen=frozen, owned=owned, trainable=trainable if has_params else None,
+            updated=updated, track_running_stats=track, momentum=momentum, p=p, freeze=freeze,
+        )
+        self._window_len = len(self.rec.trace)  # a module fact does not close the window
+
+    def _name(self, module, outer, site) -> str:
+        """``model.backbone.1``: the user's variable for the outermost module of the call, then
+        the path inside it. Once per module (names every BN/dropout of that model at once)."""
+        entry = self._names.get(id(module))
+        if entry is not None and entry[0]() is module:
+            return entry[1]
+        root = outer.f_locals.get("self") if outer is not None else None
+        if isinstance(root, torch.nn.Module):
+            prefix = _variable_name(root, site) or type(root).__name__
+            for path, m in root.named_modules():
+                if isinstance(m, KINDS) and id(m) not in self._names:
+                    self._names[id(m)] = (weakref.ref(m), f"{prefix}.{path}" if path else prefix)
+            entry = self._names.get(id(module))
+            if entry is not None and entry[0]() is module:
+                return entry[1]
+        return type(module).__name__
+
+    # -- freezes ----------------------------------------------------------------------------
+    def _wrap_requires_grad_(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def requires_grad_(tensor, *args, **kwargs):
+            result = original(tensor, *args, **kwargs)
+            if not tensor.requires_grad and isinstance(tensor, torch.nn.Parameter):
+                try:
+                    watcher._record_freeze(tensor, sys._getframe(1))
+                except Exception as exc:
+                    rec.internal_error("requires_grad_", exc)
+            return result
+
+        return requires_grad_
+
+    def _record_freeze(self, param, frame) -> None:
+        loc = self._loc(self._user_frame(frame))
+        if not self._merge_into_last("freeze", loc, None, ()):
+            self._emit("freeze", loc, calls=1)  # calls: parameters frozen from this line
+        self._freeze_of[id(param)] = (weakref.ref(param), self._last.seq)
+        self._window_len = -1
+
+    # -- recalibration signals -----------------------------------------------------------------
+    def _wrap_reset_running_stats(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def reset_running_stats(module, *args, **kwargs):
+            result = original(module, *args, **kwargs)
+            caller = sys._getframe(1).f_code
+            if not watcher._recalibrating and caller not in _RESET_CALLERS and isinstance(module, BATCHNORM):
+                try:
+                    loc = watcher._loc(watcher._user_frame(sys._getframe(1)))
+                    mids = [watcher._mid(module)]
+                    if not watcher._merge_into_last("bn_reset", loc, "modules", mids):
+                        watcher._emit("bn_reset", loc, modules=mids, calls=1)
+                    watcher._window_len = -1
+                except Exception as exc:
+                    rec.internal_error("reset_running_stats", exc)
+            return result
+
+        return reset_running_stats
+
+    def _wrap_update_bn(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def update_bn(*args, **kwargs):
+            if watcher._recalibrating:
+                return original(*args, **kwargs)
+            watcher._emit("update_bn", rec.here(2))
+            watcher._window_len = -1
+            watcher._recalibrating = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                watcher._recalibrating = False
+                watcher._window_len = -1
+
+        return update_bn
+
+    def install(self, patcher) -> None:
+        Module = torch.nn.Module
+        patcher.patch(Module, "train", self._wrap_train(Module.train))
+        patched = [batchnorm._BatchNorm, batchnorm.SyncBatchNorm]
+        patched += [cls for cls in vars(dropout).values()
+                    if isinstance(cls, type) and issubclass(cls, dropout._DropoutNd) and "forward" in vars(cls)]
+        for cls in patched:
+            patcher.patch(cls, "forward", self._wrap_forward(cls.forward))
+        patcher.patch(torch.Tensor, "requires_grad_", self._wrap_requires_grad_(torch.Tensor.requires_grad_))
+        NormBase = batchnorm._NormBase
+        patcher.patch(NormBase, "reset_running_stats", self._wrap_reset_running_stats(NormBase.reset_running_stats))
+        swa_utils = torch.optim.swa_utils
+        patcher.patch(swa_utils, "update_bn", self._wrap_update_bn(swa_utils.update_bn))
+
+
+def _variable_name(root, frame) -> str | None:
+    """The name under which the user's frame holds ``root``: ``model`` or ``self.model``."""
+    if frame is None:
+        return None
+    scopes = (frame.f_locals, frame.f_globals)
+    for scope in scopes:
+        for name, value in list(scope.items()):
+            if value is root and not name.startswith("_"):
+                return name
+    for name, value in list(frame.f_locals.items()):  # one attribute deep: self.model
+        attrs = getattr(value, "__dict__", None)
+        if isinstance(attrs, dict) and not isinstance(value, type):
+            for attr, inner in list(attrs.items()):
+                if inner is root:
+                    return f"{name}.{attr}"
+        if isinstance(value, torch.nn.Module):
+            for attr, inner in value._modules.items():
+                if inner is root:
+                    return f"{name}.{attr}"
+    return None

@@ -1,0 +1,173 @@
+"""The mode timeline: replays ``mode_*`` events of a trace for the train/eval-mode rules.
+
+For every aggregated BatchNorm/dropout forward (``mode_forward``) it resolves what the rules need:
+the facts of each module at that time (``mode_module``), the ``train()``/``eval()`` call that last
+set each module's mode (``train`` / ``eval`` events), whether the forward was a deliberate recalibration
+(inside ``update_bn``, or after ``reset_running_stats()`` with no optimizer step since), and its
+*context*:
+
+* ``training`` — part of an update: the next boundary (backward, step, epoch start, recalibration,
+  end of run) is a backward, or it ran between a backward and its step;
+* ``outside`` — no backward follows before the next step / epoch start / the end of a completed
+  run, or it is one of several no-grad calls in a row with no backward between them
+  (a validation loop);
+* ``unknown`` — the replay was cut (step budget, timeout) before anything told.
+
+Pure Python over ``Trace``; no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .trace import Event, Trace
+
+BOUNDARIES = ("backward", "step", "epoch_start", "update_bn", "run_end")
+MODE_SETS = ("train", "eval")
+
+
+@dataclass(eq=False)
+class ModeForward:
+    event: Event
+    states: dict[int, dict]  # mid -> mode_module data at that time
+    set_by: dict[int, Event | None]  # mid -> the train/eval event that last covered it
+    recalibrated: set[int]  # mids being recalibrated (update_bn, reset_running_stats since the last step)
+    context: str  # training | outside | unknown
+    step: Event | None = None  # the step that closes the update (context training)
+    step_index: int | None = None
+    steps_before: int = 0  # optimizer steps seen before this forward
+
+    @property
+    def training(self) -> bool:
+        return bool(self.event.get("training"))
+
+    @property
+    def grad(self) -> bool:
+        return bool(self.event.get("grad")) and not self.event.get("inference")
+
+    @property
+    def modules(self) -> list[int]:
+        return list(self.event.get("modules", ()))
+
+    @property
+    def grad_modules(self) -> set[int]:
+        return set(self.event.get("grad_modules", ()))
+
+
+@dataclass
+class ModeTimeline:
+    forwards: list[ModeForward] = field(default_factory=list)
+    final_states: dict[int, dict] = field(default_factory=dict)  # mid -> last mode_module data
+    ever_trainable: set[int] = field(default_factory=set)  # mids with trainable params at some point
+    events: list[Event] = field(default_factory=list)
+
+    def event_at(self, seq: int | None) -> Event | None:
+        """The event with that seq (a ``freeze`` a ``mode_module`` refers to)."""
+        if seq is None:
+            return None
+        return next((e for e in self.events if e.seq == seq), None)
+
+    def name(self, mid: int) -> str:
+        return (self.final_states.get(mid) or {}).get("name") or f"layer#{mid}"
+
+    def names(self, mids, limit: int = 3) -> str:
+        mids = list(dict.fromkeys(mids))
+        text = ", ".join(self.name(m) for m in mids[:limit])
+        return text + (f" and {len(mids) - limit} more" if len(mids) > limit else "")
+
+
+def _next_boundaries(events: list[Event]) -> tuple[list[Event | None], list[Event | None]]:
+    """For each index: the first boundary event after it, and the first step after it."""
+    n = len(events)
+    nxt: list[Event | None] = [None] * n
+    nxt_step: list[Event | None] = [None] * n
+    boundary = step = None
+    for i in range(n - 1, -1, -1):
+        nxt[i], nxt_step[i] = boundary, step
+        e = events[i]
+        if e.kind in BOUNDARIES:
+            boundary = e
+        if e.kind == "step":
+            step = e
+    return nxt, nxt_step
+
+
+def build_timeline(trace: Trace) -> ModeTimeline:
+    events = list(trace)
+    tl = ModeTimeline(events=events)
+    if not any(e.kind == "mode_forward" for e in events):
+        return tl
+    nxt, nxt_step = _next_boundaries(events)
+    step_index = {}
+    for e in events:
+        if e.kind == "step":
+            step_index[e.seq] = len(step_index) + 1
+    states: dict[int, dict] = {}
+    set_by: dict[int, Event] = {}
+    reset_since_step: set[int] = set()
+    steps_before = 0
+    prev_boundary: Event | None = None
+    pending: list[tuple[int, Event, Event | None]] = []  # forwards whose window is still open
+
+    def resolve() -> None:
+        for i, e, before in pending:
+            mids = list(e.get("modules", ()))
+            recal = set(reset_since_step) & set(mids)
+            if e.get("recalibrating"):
+                recal = set(mids)
+            recal |= {m for m in mids if (states.get(m) or {}).get("layer") == "batchnorm"
+                      and states.get(m, {}).get("momentum") is None}
+            context, step = _context(e, before, nxt[i], nxt_step[i])
+            tl.forwards.append(ModeForward(
+                e, {m: states.get(m, {}) for m in mids}, {m: set_by.get(m) for m in mids}, recal,
+                context, step, step_index.get(step.seq) if step is not None else None,
+                steps_before,
+            ))
+        pending.clear()
+
+    for i, e in enumerate(events):
+        kind = e.kind
+        if kind == "mode_module":
+            states[e["mid"]] = dict(e.data)
+            tl.final_states[e["mid"]] = dict(e.data)
+            if e.get("trainable"):
+                tl.ever_trainable.add(e["mid"])
+            continue
+        if kind == "mode_forward":
+            pending.append((i, e, prev_boundary))
+            continue
+        resolve()  # any other event closes the aggregation window
+        if kind in MODE_SETS:
+            for mid in e.get("modules", ()):
+                set_by[mid] = e
+        elif kind == "bn_reset":
+            reset_since_step.update(e.get("modules", ()))
+        elif kind == "step":
+            reset_since_step.clear()
+            steps_before += 1
+        if kind in BOUNDARIES:
+            prev_boundary = e
+    resolve()
+    return tl
+
+
+def _context(e: Event, before: Event | None, after: Event | None, step: Event | None):
+    grad = bool(e.get("grad")) and not e.get("inference")
+    if not grad and e.get("calls", 1) >= 2:
+        return "outside", None  # a loop of no-grad calls with no backward between them
+    if after is not None and after.kind == "backward":
+        return "training", step
+    if before is not None and before.kind == "backward" and after is not None and after.kind == "step":
+        return "training", after
+    if after is None or (after.kind == "run_end" and after.get("status") != "completed"):
+        return "unknown", None
+    return "outside", None
+
+
+def timeline_of(trace: Trace) -> ModeTimeline:
+    """The mode timeline of a trace, built once and shared by the rules."""
+    cached = getattr(trace, "_mode_timeline", None)
+    if cached is None or cached[0] != len(trace):
+        cached = (len(trace), build_timeline(trace))
+        trace._mode_timeline = cached  # type: ignore[attr-defined]
+    return cached[1]

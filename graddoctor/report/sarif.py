@@ -1,0 +1,138 @@
+"""SARIF 2.1.0 (``--format sarif``) for code scanning (GitHub annotates the reported lines).
+
+Every rule is described with its docs (``fullDescription``, ``help`` as text and Markdown);
+each finding is a result with its location, its related locations and, when a
+``# graddoctor: ignore`` covers it, an in-source suppression. Paths relative to the working
+directory are written relative to ``%SRCROOT%`` (the repository root in CI), others as file URIs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+from .. import __version__
+from ..findings import Finding, Severity
+from ..rules import ALL_RULES
+from .json_format import to_dict
+from .model import Report
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+SRCROOT = "%SRCROOT%"
+LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+PROBLEM_SEVERITY = {Severity.ERROR: "error", Severity.WARNING: "warning",
+                    Severity.INFO: "recommendation"}
+
+
+def artifact_location(path: str) -> dict:
+    if os.path.isabs(path):
+        return {"uri": Path(path).as_uri()}
+    return {"uri": quote(path.replace(os.sep, "/")), "uriBaseId": SRCROOT}
+
+
+def physical_location(path: str, line: int | None = None) -> dict:
+    out: dict = {"artifactLocation": artifact_location(path)}
+    if line is not None and line >= 1:
+        out["region"] = {"startLine": line}
+    return out
+
+
+def rule_descriptor(rule) -> dict:
+    docs = rule.docs()
+    what = rule.doc_section("What it does") or rule.summary
+    markdown = docs
+    if rule.fix:
+        markdown += f"\n\n**Fix:** {rule.fix}"
+    text = docs + (f"\n\nFix: {rule.fix}" if rule.fix else "")
+    return {
+        "id": rule.code,
+        "name": rule.slug,
+        "shortDescription": {"text": rule.summary},
+        "fullDescription": {"text": what},
+        "help": {"text": text, "markdown": markdown},
+        "defaultConfiguration": {"level": LEVEL[rule.severity]},
+        "properties": {
+            "tags": ["pytorch", "training", "gradients", "correctness"],
+            "precision": "high" if rule.severity is Severity.ERROR else "medium",
+            "problem.severity": PROBLEM_SEVERITY[rule.severity],
+        },
+    }
+
+
+def result(f: Finding, rule_index: dict[str, int], script: str | None) -> dict:
+    message = f.message.rstrip()
+    if f.fix:
+        message += ("" if message.endswith(".") else ".") + f" Fix: {f.fix}"
+    out: dict = {
+        "ruleId": f.code,
+        "level": LEVEL[f.severity],
+        "message": {"text": message},
+    }
+    if f.code in rule_index:
+        out["ruleIndex"] = rule_index[f.code]
+    if f.location is not None:
+        out["locations"] = [{"physicalLocation": physical_location(f.location.path, f.location.line)}]
+    elif script:  # no line in the code: annotate the script as a whole
+        out["locations"] = [{"physicalLocation": physical_location(script)}]
+    related = [{"id": n, "physicalLocation": physical_location(r.location.path, r.location.line),
+                "message": {"text": r.note}} for n, r in enumerate(f.related, start=1)]
+    if related:
+        out["relatedLocations"] = related
+    if f.suppressed:
+        out["suppressions"] = [{"kind": "inSource",
+                                "justification": "# graddoctor: ignore on the reported line"}]
+    out["properties"] = {"rule": f.rule, "step": f.step, "evidence": f.evidence, "fix": f.fix}
+    return out
+
+
+def notifications(report: Report) -> list[dict]:
+    out = []
+    run = report.run
+    if run.error:
+        note: dict = {"level": "error" if report.could_not_check() else "warning",
+                      "message": {"text": f"the script stopped ({run.status}): "
+                                          f"{run.error.get('type')}: {run.error.get('message')}"}}
+        loc = run.error.get("location")
+        if loc:
+            note["locations"] = [{"physicalLocation": physical_location(loc["path"], loc["line"])}]
+        out.append(note)
+    if run.status == "no-training-loop":
+        out.append({"level": "error", "message": {"text": "no backward() and no optimizer step were "
+                                                          "seen: nothing to check"}})
+    for err in report.internal_errors:
+        out.append({"level": "warning",
+                    "message": {"text": f"internal error in graddoctor ({err['where']}): {err['error']}"}})
+    for text in run.notes:
+        out.append({"level": "note", "message": {"text": text}})
+    return out
+
+
+def to_sarif(report: Report, base_dir: str | None = None) -> dict:
+    rules = list(ALL_RULES)
+    rule_index = {rule.code: n for n, rule in enumerate(rules)}
+    script = report.run.script if report.run.script.endswith((".py", ".pyw")) else None
+    base = base_dir or os.getcwd()
+    plain = to_dict(report)
+    run: dict = {
+        "tool": {"driver": {
+            "name": "graddoctor",
+            "version": __version__,
+            "semanticVersion": __version__,
+            "rules": [rule_descriptor(r) for r in rules],
+        }},
+        "invocations": [{
+            "executionSuccessful": not report.could_not_check(),
+            "toolExecutionNotifications": notifications(report),
+        }],
+        "originalUriBaseIds": {SRCROOT: {"uri": Path(base).as_uri().rstrip("/") + "/"}},
+        "results": [result(f, rule_index, script) for f in report.findings],
+        "columnKind": "unicodeCodePoints",
+        "properties": {"run": plain["run"], "summary": plain["summary"]},
+    }
+    return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
+
+
+def render(report: Report) -> str:
+    return json.dumps(to_sarif(report), indent=2, default=str) + "\n"

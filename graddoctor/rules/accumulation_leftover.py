@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+from ..accumulation import typical, windows_by_optimizer
+from ..findings import Severity
+from .base import Rule, optimizer_name, related
+
+
+class AccumulationLeftover(Rule):
+    """
+    ## What it does
+    Finds gradient accumulation whose last, partial window of an epoch is carried into the next
+    epoch: the epoch ends with micro-batches whose gradients no step has used yet, and the first
+    step of the next epoch applies them together with a full window of new ones. Typical cause:
+    stepping on `(i + 1) % k == 0` with a per-epoch index `i` when the epoch length is not a
+    multiple of k. graddoctor replays short epochs (see `--epoch-batches`) that k does not
+    divide, so the tail shows; when the real epoch length *is* a multiple of k the finding is
+    `info` (it only bites once the dataset size changes). Stepping on a global counter, flushing
+    the tail with `(i + 1) == len(loader)`, or clearing it at the epoch start are all fine.
+
+    ## Why is this bad?
+    One update per epoch sums more than k micro-batches (up to 2k - 1): a larger, unevenly
+    weighted step, and with a per-epoch `zero_grad` missing, gradients computed with last
+    epoch's weights and data order leak into this epoch. Nothing crashes; results shift with
+    the dataset size and batch size.
+
+    ## Example
+    ```python
+    for epoch in range(epochs):
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / k).backward()
+            if (i + 1) % k == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(epochs):
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / k).backward()
+            if (i + 1) % k == 0 or (i + 1) == len(loader):   # flush the tail
+                optimizer.step()
+                optimizer.zero_grad()
+    ```
+    """
+
+    code = "GD205"
+    slug = "accumulation-leftover"
+    severity = Severity.WARNING
+    summary = "a partial accumulation window at an epoch end leaks into the next epoch's first step"
+    fix = "step on the epoch's last batch too: `if (i + 1) % k == 0 or (i + 1) == len(loader):`"
+
+    def check(self, trace):
+        lengths = {(e["loader"], e["epoch"]): e for e in trace.of_kind("epoch_start")}
+        groups: dict = {}
+        for opt, windows in windows_by_optimizer(trace).items():
+            whole = [len(w.batches()) for w in windows if w.batches() and not w.straddles()]
+            k = typical(whole)
+            if k is None or k < 2:
+                continue
+            for w in windows:
+                batches = w.batches()
+                if not w.straddles() or len(batches) <= k:
+                    continue
+                loader, last_epoch = batches[-1][0], batches[-1][1]
+                leftover = [b for b in batches if b[0] == loader and b[1] < last_epoch]
+                if not leftover:  # the last batch came from another loader (zip of two loaders)
+                    continue
+                groups.setdefault(w.step.loc, []).append((w, k, loader, last_epoch, leftover))
+        for loc, items in groups.items():
+            w, k, loader, epoch, leftover = items[0]
+            start = lengths.get((loader, epoch))
+            real_len = start.get("real_len") if start else None
+            replay_len = start.get("replay_len") if start else None
+            tail_backward = next((b for b in reversed(w.backwards)
+                                  if b.get("batch") is not None and tuple(b["batch"]) == leftover[-1]), None)
+            severity = None
+            message = (f"the first {optimizer_name(trace, w.opt)} step of epoch {epoch} applies "
+                       f"{len(leftover)} leftover micro-batch(es) of the previous epoch together with "
+                       f"{len(w.batches()) - len(leftover)} new ones (k = {k}): the epoch's partial "
+                       f"window is never stepped on its own")
+            if real_len is not None and real_len % k == 0:
+                severity = Severity.INFO
+                message += (f"; the real epoch has {real_len} batches, a multiple of {k}, so this "
+                            f"only happens once the dataset or batch size changes")
+            elif replay_len is not None and real_len is not None and replay_len < real_len:
+                message += (f" (replayed with {replay_len}-batch epochs; the real ones have {real_len}, "
+                            f"which {k} does not divide either; if the loop flushes its tail with a "
+                            f"count other than len(loader), confirm with --epoch-batches 0)")
+            yield self.finding(
+                message, loc, severity=severity, step=w.index,
+                related=(related(tail_backward, "the leftover micro-batch of the previous epoch"),
+                         related(start, "the next epoch starts here")),
+                evidence={"k": k, "real_len": real_len, "replay_len": replay_len,
+                          "leftover_batches": len(leftover), "epoch": epoch,
+                          "occurrences": len(items)},
+            )
+

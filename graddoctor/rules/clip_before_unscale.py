@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..ledger import ledger_of
+from .base import Rule, names, related
+
+
+def _next(trace, after: int, kinds: tuple[str, ...], opts: set) -> object:
+    for e in trace.events[after + 1:]:
+        if e.kind in kinds and e.get("opt") in opts:
+            return e
+    return None
+
+
+class ClipBeforeUnscale(Rule):
+    """
+    ## What it does
+    Finds gradient clipping (`clip_grad_norm_`, `clip_grad_value_`) on gradients produced by
+    `scaler.scale(loss).backward()` before `scaler.unscale_(optimizer)` has divided the scale
+    out. It also fires when the `GradScaler` is disabled in this run (`torch.cuda.amp.GradScaler()`
+    on a machine without CUDA): the order is wrong, and the bug bites as soon as it is enabled.
+
+    ## Why is this bad?
+    The gradients are still multiplied by the loss scale (65536 at first, adapting later), so
+    `max_norm` is compared with a norm thousands of times too large: clipping rescales almost
+    every step to a tiny fraction of `max_norm`, which acts like an erratic, much smaller
+    learning rate. `clip_grad_value_` is off by the same factor. Nothing crashes.
+
+    ## Example
+    ```python
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    ```
+
+    ## Use instead
+    ```python
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)      # knows the grads are unscaled already
+    scaler.update()
+    ```
+    """
+
+    code = "GD201"
+    slug = "clip-before-unscale"
+    severity = Severity.ERROR
+    summary = "gradients are clipped while still multiplied by the GradScaler's scale"
+    fix = "call scaler.unscale_(optimizer) right before clipping"
+
+    def check(self, trace):
+        led = ledger_of(trace)
+        scaled: dict[int, object] = {}  # pid -> the scaled backward whose grads are not unscaled yet
+        groups: dict = {}
+        for e in trace:
+            kind = e.kind
+            if kind == "backward":
+                if e.get("scaled"):
+                    for pid in (*e.get("fresh", ()), *e.get("accumulated", ()), *e.get("cleared_outside", ())):
+                        scaled[pid] = e
+                else:
+                    for pid in (*e.get("fresh", ()), *e.get("cleared_outside", ())):
+                        scaled.pop(pid, None)
+            elif kind in ("unscale", "step"):
+                for pid in led.opt_params.get(e.get("opt"), ()):
+                    scaled.pop(pid, None)
+            elif kind == "clear":
+                for pid in e["params"]:
+                    scaled.pop(pid, None)
+            elif kind == "clip" and not e.get("norm_only"):
+                hits = [pid for pid in e["params"] if pid in scaled]
+                if hits:
+                    groups.setdefault(e.loc, []).append((e, hits, scaled[hits[0]]))
+        for loc, items in groups.items():
+            clip, hits, backward = items[0]
+            opts = set().union(*(led.owners.get(pid, set()) for pid in hits)) or {None}
+            later = _next(trace, clip.seq, ("unscale", "scaler_step", "step"), opts)
+            enabled = backward.get("scaler_enabled", True)
+            scale = backward.get("scale")
+            edited = set(clip.get("edited", ())) & set(hits)
+            limit = clip.get("limit")
+            if not enabled:
+                why = ("the GradScaler is disabled in this run (it turns itself off without CUDA), so "
+                       "these gradients happen not to be scaled here; once it is enabled, this clip sees "
+                       "gradients multiplied by the loss scale")
+            else:
+                why = (f"they are still multiplied by the loss scale ({scale:g})" if isinstance(scale, float)
+                       else "they are still multiplied by the loss scale")
+                why += (f", so max_norm={limit:g} is compared with a norm that many times too large"
+                        if isinstance(limit, float) and clip.get("via") != "clip_grad_value_" else "")
+            message = (f"this clip runs on the gradients of {names(trace, hits)} from scaler.scale(loss)"
+                       f".backward() before scaler.unscale_(optimizer): {why}")
+            severity = None
+            if edited:
+                severity = Severity.INFO
+                message += ("; the gradients were changed in place before the clip — if that was a "
+                            "hand-written unscale, ignore this")
+            yield self.finding(
+                message, loc, severity=severity,
+                related=(related(backward, "the scaled backward that produced these gradients"),
+                         related(later, "scaler.unscale_ comes only here" if later is not None
+                                 and later.kind == "unscale" else "scaler.step() unscales only here")),
+                step=next((i for i, s in enumerate(led.steps, 1) if s.seq > clip.seq), None),
+                evidence={"params": [trace.param_name(p) for p in dict.fromkeys(hits)],
+                          "scale": scale, "scaler_enabled": enabled, "clip": clip.get("via"),
+                          "limit": limit, "total_norm": clip.get("total_norm"),
+                          "occurrences": len(items)},
+            )

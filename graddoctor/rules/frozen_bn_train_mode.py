@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..modes import timeline_of
+from .base import Rule, related
+
+
+class FrozenBnTrainMode(Rule):
+    """
+    ## What it does
+    Finds BatchNorm layers whose parameters are frozen (`requires_grad=False`) or owned by no
+    optimizer, yet run in train mode during training updates. It points at the `model.train()`
+    call that put them in train mode (or at the forward call when nothing ever set their mode),
+    with the freeze as related when graddoctor saw it (`requires_grad_(False)`).
+
+    ## Why is this bad?
+    Freezing the parameters does not freeze a BatchNorm layer: in train mode every forward
+    normalises with the batch's statistics and overwrites `running_mean` / `running_var` with
+    them. The "frozen" backbone drifts towards the statistics of the small fine-tuning batches,
+    and evaluation then runs with statistics the pretrained weights were never trained with.
+    Layers that an EMA or momentum copy updates by hand, and layers frozen only for part of
+    the run (a GAN discriminator during the generator's step) are not reported.
+
+    ## Example
+    ```python
+    model.backbone.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.head.parameters(), lr=1e-3)
+    for epoch in range(epochs):
+        model.train()
+        for x, y in loader:
+            ...
+    ```
+
+    ## Use instead
+    ```python
+    model.backbone.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.head.parameters(), lr=1e-3)
+    for epoch in range(epochs):
+        model.train()
+        model.backbone.eval()  # after every model.train(): frozen BatchNorm keeps its statistics
+        for x, y in loader:
+            ...
+    ```
+    """
+
+    code = "GD301"
+    slug = "frozen-bn-train-mode"
+    severity = Severity.WARNING
+    summary = "frozen BatchNorm layers run in train mode and keep updating their running statistics"
+    fix = ("after every model.train(), put the frozen BatchNorm layers back in eval mode: "
+           "model.backbone.eval(), or for m in model.modules(): "
+           "if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.weight.requires_grad: m.eval()")
+
+    def check(self, trace):
+        tl = timeline_of(trace)
+        groups: dict = {}
+        for f in tl.forwards:
+            if f.context != "training" or f.step is None or not f.training:
+                continue
+            for mid in f.modules:
+                why = _frozen_why(f.states.get(mid) or {}, tl.final_states.get(mid) or {},
+                                  mid in tl.ever_trainable)
+                if why is None or mid in f.recalibrated:
+                    continue
+                cause = f.set_by.get(mid)
+                if cause is not None and not cause.get("mode"):
+                    cause = None  # set to train mode by hand (m.training = True): name the forward
+                where = cause.loc if cause is not None else f.event.loc
+                group = groups.setdefault(where, {"cause": cause, "forward": f, "mids": {}})
+                group["mids"].setdefault(mid, why)
+        for where, group in groups.items():
+            f, cause, mids = group["forward"], group["cause"], group["mids"]
+            frozen = [m for m, why in mids.items() if why == "frozen"]
+            unowned = [m for m, why in mids.items() if why != "frozen"]
+            what = " and ".join(part for part in (
+                f"frozen ({tl.names(frozen)})" if frozen else "",
+                f"trained by no optimizer ({tl.names(unowned)})" if unowned else "",
+            ) if part)
+            count = len(mids)
+            layers = (f"{count} BatchNorm layers" if count > 1 else "a BatchNorm layer") + \
+                f" whose parameters are {what}"
+            their, them = ("their", "they drift") if count > 1 else ("its", "it drifts")
+            if cause is not None:
+                message = (f"this train() call puts {layers} in train mode: every training forward "
+                           f"still updates {their} running statistics, so {them} to the statistics "
+                           f"of these batches")
+            else:
+                message = (f"this forward runs {layers} in train mode (nothing ever set "
+                           f"{'them' if count > 1 else 'it'} to eval): every training forward updates "
+                           f"{their} running statistics, so {them} to the statistics of these batches")
+            freeze = None
+            for mid in frozen:
+                freeze = tl.event_at((f.states.get(mid) or {}).get("freeze"))
+                if freeze is not None:
+                    break
+            yield self.finding(
+                message, where,
+                related=(
+                    related(freeze, "the parameters are frozen here"),
+                    related(f.event, "a training forward that updates their running statistics")
+                    if cause is not None else None,
+                ),
+                step=f.step_index,
+                evidence={"layers": [tl.name(m) for m in mids], "frozen": len(frozen),
+                          "without_optimizer": len(unowned)},
+            )
+
+
+def _frozen_why(state: dict, final: dict, ever_trainable: bool) -> str | None:
+    """'frozen' / 'unowned' for a BatchNorm layer whose running statistics should not move."""
+    if state.get("layer") != "batchnorm" or not state.get("has_params"):
+        return None
+    if not state.get("track_running_stats") or state.get("momentum") is None:
+        return None  # nothing drifts / a cumulative average on purpose
+    if final.get("updated") or state.get("updated"):
+        return None  # an EMA / momentum encoder: updated by hand, train mode on purpose
+    if state.get("frozen") and not ever_trainable:  # (a GAN's D frozen only for G's step trains)
+        return "frozen"
+    if state.get("owned") is False and final.get("owned") is False:
+        return "unowned"
+    return None

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from ..accumulation import written
+from ..findings import Severity
+from ..ledger import ledger_of
+from .base import Rule, names, optimizer_name, related
+
+
+class NonfiniteGrad(Rule):
+    """
+    ## What it does
+    Finds optimizer steps that apply NaN or infinite gradients: right before the step, the norm
+    of some parameter's gradient is not finite. Names the first such parameters and the backward
+    that produced them. Steps that `GradScaler` skipped because of those inf/NaN values are
+    fine: that is the scaler doing its job.
+
+    ## Why is this bad?
+    One NaN gradient turns the parameters into NaN (SGD) or poisons the optimizer's running
+    moments for good (Adam): the loss becomes NaN a step or two later and training never
+    recovers. Typical causes: `log(0)`, `sqrt` of 0 in a norm, division by a zero count, fp16
+    overflow without a `GradScaler`, a learning rate that blows up.
+
+    ## Example
+    ```python
+    loss = -(torch.log(probs) * targets).sum()     # probs can be exactly 0
+    loss.backward()
+    optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    loss = -(torch.log(probs.clamp_min(1e-12)) * targets).sum()   # or F.cross_entropy on logits
+    loss.backward()
+    optimizer.step()
+    ```
+    """
+
+    code = "GD207"
+    slug = "nonfinite-grad"
+    severity = Severity.ERROR
+    summary = "NaN/Inf gradients reach an optimizer step"
+    fix = "find the NaN/Inf source (log/sqrt/div of 0, overflow); with fp16 use a GradScaler"
+
+    def check(self, trace):
+        led = ledger_of(trace)
+        index = {s.seq: i for i, s in enumerate(led.steps, 1)}
+        begins: dict[int, object] = {}
+        hits = []  # (step_begin, step)
+        for e in trace:
+            if e.kind == "step_begin" and not e.get("closure"):
+                begins[e["opt"]] = e
+            elif e.kind == "step":
+                begin = begins.pop(e["opt"], None)
+                if begin is not None and begin.get("nonfinite") and not e.get("skipped"):
+                    hits.append((begin, e))
+            elif e.kind == "scaler_step" and e.get("found_inf") and hits:
+                # a fused optimizer was handed the inf check and skipped inside its own step
+                if hits[-1][1]["opt"] == e["opt"] and hits[-1][1].seq < e.seq:
+                    hits.pop()
+        groups: dict = {}
+        for begin, step in hits:
+            first = begin["nonfinite"][0]
+            source = next((b for b in reversed(trace.events[:begin.seq])
+                           if b.kind == "backward" and first in written(b)), None)
+            groups.setdefault(source.loc if source else step.loc, []).append((begin, step, source))
+        for loc, items in groups.items():
+            begin, step, source = items[0]
+            bad = begin["nonfinite"]
+            norms = dict(zip(begin.get("norm_pids", ()), begin.get("norms", ())))
+            where = "this backward produced" if source is not None else "this step applies"
+            yield self.finding(
+                f"{where} NaN/Inf gradients in {names(trace, bad)}, and "
+                f"{optimizer_name(trace, step['opt'])} applied them at step {index.get(step.seq)} "
+                f"({len(items)} step(s) affected)",
+                loc, step=index.get(step.seq),
+                related=(related(step, "the step that applies them"),) if source is not None else (),
+                evidence={"params": [trace.param_name(p) for p in bad[:8]], "count": len(bad),
+                          "norms": {trace.param_name(p): str(norms.get(p)) for p in bad[:8]},
+                          "steps_affected": len(items)},
+            )

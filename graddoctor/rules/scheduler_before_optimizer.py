@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule, optimizer_name, related
+
+# schedulers whose step() is not a position in a fixed schedule
+NOT_POSITIONAL = {"ReduceLROnPlateau"}
+
+
+class SchedulerBeforeOptimizer(Rule):
+    """
+    ## What it does
+    Finds a learning-rate scheduler whose `step()` runs before the optimizer it drives has made
+    its first step: `scheduler.step()` at the top of the epoch or of the iteration instead of
+    after `optimizer.step()`. A step that `GradScaler` skipped because of inf/NaN gradients
+    counts as the optimizer's step here (PyTorch's own warning is wrong in that case: it fires
+    for correct AMP loops whose first steps are skipped).
+
+    ## Why is this bad?
+    Since PyTorch 1.1 a scheduler's `step()` moves to the *next* learning rate. Called first, it
+    skips the first value of the schedule: warm-up starts one step late, `OneCycleLR` and cosine
+    schedules are shifted, and a per-iteration scheduler may raise at the very end because it
+    runs one step past `total_steps`.
+
+    ## Example
+    ```python
+    for epoch in range(epochs):
+        scheduler.step()
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        scheduler.step()
+    ```
+    """
+
+    code = "GD206"
+    slug = "scheduler-before-optimizer"
+    severity = Severity.WARNING
+    summary = "lr_scheduler.step() runs before the optimizer it drives has stepped"
+    fix = "call scheduler.step() after optimizer.step() (or scaler.step(optimizer))"
+
+    def check(self, trace):
+        stepped: dict[int, object] = {}  # opt -> its first step (GradScaler-skipped ones count)
+        seen: set[int] = set()
+        early = []
+        for e in trace:
+            if e.kind == "step":
+                stepped.setdefault(e["opt"], e)
+            elif e.kind == "scheduler_step" and e["sched"] not in seen:
+                seen.add(e["sched"])
+                opt = e.get("opt")
+                if opt is not None and opt not in stepped and e.get("cls") not in NOT_POSITIONAL:
+                    early.append(e)
+        for e in early:
+            first = stepped.get(e["opt"])
+            if first is None:
+                continue  # the optimizer never steps in the replay: nothing to compare with
+            yield self.finding(
+                f"{e.get('cls', 'the scheduler')}.step() runs before {optimizer_name(trace, e['opt'])} "
+                f"has made its first step: the schedule's first learning rate is skipped and every "
+                f"later one comes one step early",
+                e.loc,
+                related=(related(first, "the optimizer's first step comes only here"),),
+                evidence={"scheduler": e.get("cls"), "optimizer": e["opt"]},
+            )

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..modes import timeline_of
+from .base import Rule, related
+
+
+class TrainInEvalMode(Rule):
+    """
+    ## What it does
+    Finds optimizer steps whose training forward ran dropout or BatchNorm layers in eval mode
+    while gradients flowed through them — typically validation called `model.eval()` and
+    training never switched back. It points at that `eval()` call. Layers set to eval one by
+    one (the frozen-BatchNorm idiom), `eval()` on a part whose parameters are all frozen, and
+    models used under `no_grad` (a teacher) are not reported.
+
+    ## Why is this bad?
+    In eval mode dropout does nothing and BatchNorm normalises with its running statistics,
+    which then stop adapting. The model keeps training, but without the regularisation and
+    normalisation it was designed with; after the first validation every epoch silently trains
+    a different network than the first one did.
+
+    ## Example
+    ```python
+    for epoch in range(epochs):
+        for x, y in train_loader:
+            ...
+        model.eval()
+        with torch.no_grad():
+            val_loss = sum(loss_fn(model(x), y) for x, y in val_loader)
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            ...
+        model.eval()
+        with torch.no_grad():
+            val_loss = sum(loss_fn(model(x), y) for x, y in val_loader)
+    ```
+    """
+
+    code = "GD302"
+    slug = "train-in-eval-mode"
+    severity = Severity.WARNING
+    summary = "training continues with dropout/BatchNorm in eval mode: an eval() call is never undone"
+    fix = "call model.train() at the start of every training epoch (after each validation pass)"
+
+    def check(self, trace):
+        tl = timeline_of(trace)
+        groups: dict = {}
+        for f in tl.forwards:
+            if f.context != "training" or f.step is None or f.training or not f.grad:
+                continue
+            flowing = f.grad_modules
+            for mid in f.modules:
+                if mid not in flowing or mid in f.recalibrated or not _mode_matters(f.states.get(mid) or {}):
+                    continue
+                cause = f.set_by.get(mid)
+                if cause is None or cause.get("mode") or cause.get("leaf") or cause.get("frozen"):
+                    continue  # set by hand; one layer on purpose (frozen BatchNorm); a frozen part
+                group = groups.setdefault(cause.loc, {"cause": cause, "forward": f, "mids": []})
+                if mid not in group["mids"]:
+                    group["mids"].append(mid)
+        for where, group in groups.items():
+            f, cause, mids = group["forward"], group["cause"], group["mids"]
+            layers = sorted({(f.states.get(m) or {}).get("layer", "") for m in mids})
+            kinds = " and ".join({"dropout": "dropout", "batchnorm": "BatchNorm"}[k] for k in layers if k)
+            at = f" at {f.event.loc}" if f.event.loc is not None else ""
+            effect = " and ".join(part for k, part in (
+                ("dropout", "dropout is off"),
+                ("batchnorm", "BatchNorm normalises with running statistics that stop adapting"),
+            ) if k in layers)
+            yield self.finding(
+                f"this eval() is never undone: the training forward{at} runs {kinds} in eval mode "
+                f"({tl.names(mids)}) while gradients flow through {'them' if len(mids) > 1 else 'it'} "
+                f"(optimizer step {f.step_index} "
+                f"follows): training continues, but {effect}",
+                where,
+                related=(
+                    related(f.event, "a training forward that runs in eval mode"),
+                    related(f.step, "the optimizer step that follows"),
+                ),
+                step=f.step_index,
+                evidence={"layers": [tl.name(m) for m in mids], "kinds": layers},
+            )
+
+
+def _mode_matters(state: dict) -> bool:
+    """Does eval mode change what this layer computes?"""
+    if state.get("layer") == "dropout":
+        return bool(state.get("p"))
+    if state.get("layer") == "batchnorm":
+        return bool(state.get("track_running_stats"))
+    return False

@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+from ..accumulation import typical, windows_by_optimizer
+from ..findings import Severity
+from .base import Rule, optimizer_name, related
+
+# optimizers whose update divides by a running magnitude of the gradient: a constant factor on
+# the gradient (k, from not dividing the loss) mostly cancels out unless clipping is involved
+SCALE_INVARIANT = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop",
+                   "SparseAdam", "Adafactor"}
+
+
+def divides_by(factor: float, k: int) -> bool:
+    """``loss * factor`` is ``loss / (m * k)`` for a whole m >= 1 (``/ k``, ``/ (k * batch)``)."""
+    if factor <= 0:
+        return False
+    m = 1.0 / (factor * k)
+    return m >= 1 - 1e-6 and abs(m - round(m)) <= 1e-3 * m
+
+
+class UnscaledAccumulation(Rule):
+    """
+    ## What it does
+    Finds gradient accumulation — k > 1 `backward()` calls of the same loss line per optimizer
+    step — whose loss is not divided by k. graddoctor reads the division from the loss's autograd
+    graph: `loss / k`, `loss * (1 / k)`, and a framework dividing inside its `backward` helper
+    (accelerate, Lightning) are recognised; a division by a computed tensor (token counts) is
+    taken as deliberate and left alone.
+
+    ## Why is this bad?
+    The accumulated gradient is the *sum* over k micro-batches, k times the gradient of the
+    batch you meant: with SGD the effective learning rate is k times larger, and clipping
+    thresholds and weight decay no longer mean what they say. Adam-like optimizers mostly
+    cancel a constant factor, so there the finding is `info` unless gradients are also clipped.
+
+    ## Example
+    ```python
+    for i, (x, y) in enumerate(loader):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        if (i + 1) % k == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    for i, (x, y) in enumerate(loader):
+        loss = loss_fn(model(x), y) / k
+        loss.backward()
+        if (i + 1) % k == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+    """
+
+    code = "GD204"
+    slug = "unscaled-accumulation"
+    severity = Severity.WARNING
+    summary = "gradient accumulation over k micro-batches without dividing the loss by k"
+    fix = "divide the loss by the number of accumulation steps before backward(): (loss / k).backward()"
+
+    def check(self, trace):
+        classes = {e["opt"]: e.get("cls", "") for e in trace.of_kind("optimizer_init")}
+        edits = trace.of_kind("grad_edit")
+        clips = [e for e in trace.of_kind("clip") if not e.get("norm_only")]
+        for opt, windows in windows_by_optimizer(trace).items():
+            k = typical(w.k for w in windows)
+            if k is None or k < 2:
+                continue
+            judged = [w for w in windows if w.k == k]
+            verdicts: dict[str, list] = {"bad": [], "good": [], "odd": [], "unknown": []}
+            for w in judged:
+                last = w.group[-1]
+                if any(last.seq < g.seq < w.step.seq and g["opt"] == opt for g in edits):
+                    verdicts["unknown"].append(w)  # gradients rescaled by hand before the step
+                    continue
+                factors = [b.get("loss_scale_factor") for b in w.group]
+                if any(f is None for f in factors):
+                    verdicts["unknown"].append(w)
+                elif all(f == 1.0 for f in factors):
+                    verdicts["bad"].append(w)
+                elif all(divides_by(f, k) for f in factors):
+                    verdicts["good"].append(w)
+                else:
+                    verdicts["odd"].append(w)
+            if verdicts["good"]:
+                continue
+            if verdicts["bad"]:
+                yield self._not_divided(trace, opt, k, verdicts["bad"], classes.get(opt, ""), clips)
+            elif verdicts["odd"]:
+                w = verdicts["odd"][0]
+                factor = w.group[0].get("loss_scale_factor")
+                yield self.finding(
+                    f"{k} backward() calls per step of {optimizer_name(trace, opt)} and this loss is "
+                    f"multiplied by {factor:g}, not divided by {k}: check that the factor is meant",
+                    w.group[0].loc, severity=Severity.INFO, step=w.index,
+                    related=(related(w.step, "the step that applies the accumulated sum"),),
+                    evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
+                              "windows": len(verdicts["odd"])},
+                )
+
+    def _not_divided(self, trace, opt, k, bad, cls, clips):
+        w = bad[0]
+        owned = set()
+        for e in trace.of_kind("optimizer_init"):
+            if e["opt"] == opt:
+                owned.update(e["params"])
+        clipped = any(owned.intersection(c["params"]) for c in clips)
+        severity = None
+        notes = []
+        if cls in SCALE_INVARIANT and not clipped:
+            severity = Severity.INFO
+            notes.append(f"{cls} largely cancels a constant gradient factor, so the update changes "
+                         f"little; it still matters once you clip gradients or switch optimizer")
+        batches = {tuple(b["batch"]) for b in w.group if b.get("batch") is not None}
+        if len(batches) == 1 and len(w.group) > 1:
+            severity = Severity.INFO
+            notes.append("all of them used the same DataLoader batch: if these are separate losses "
+                         "rather than micro-batches, ignore this")
+        message = (f"{k} backward() calls of this loss add up in the gradients of every "
+                   f"{optimizer_name(trace, opt)} step, and the loss is not divided by {k}: the "
+                   f"update uses {k}x the gradient of one batch"
+                   + (" (with SGD-like optimizers a {k}x larger learning rate)".format(k=k)
+                      if cls not in SCALE_INVARIANT else ""))
+        if notes:
+            message += "; " + "; ".join(notes)
+        return self.finding(
+            message, w.group[0].loc, severity=severity, step=w.index,
+            related=(related(w.step, "the step that applies the accumulated sum"),),
+            evidence={"k": k, "loss_scale_factor": 1.0, "optimizer": opt, "optimizer_class": cls,
+                      "windows": len(bad), "clipped": clipped},
+        )

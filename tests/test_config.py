@@ -1,0 +1,142 @@
+"""[tool.graddoctor] in pyproject.toml, and the command line over it."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from graddoctor.cli import app
+from graddoctor.config import Config, ConfigError, find_config, load_config, merge, split_selectors, validate
+from report_samples import MISSING_ZERO_GRAD, UNUSED_LAYER, write
+
+runner = CliRunner()
+
+
+def pyproject(folder, body: str) -> str:
+    path = os.path.join(str(folder), "pyproject.toml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(textwrap.dedent(body))
+    return path
+
+
+def check(*args):
+    result = runner.invoke(app, ["check", *args])
+    report = None
+    if "--format" in args and result.stdout.strip().startswith("{"):
+        report = json.loads(result.stdout)
+    return result, report
+
+
+# -- unit ----------------------------------------------------------------------------------
+
+def test_found_from_the_script_folder_upward_skipping_unrelated_pyprojects(tmp_path):
+    root = pyproject(tmp_path, '[tool.graddoctor]\nsteps = 3\n')
+    sub = tmp_path / "pkg" / "train"
+    sub.mkdir(parents=True)
+    pyproject(tmp_path / "pkg", '[project]\nname = "pkg"\n')  # closer, but not ours
+    assert find_config(str(sub)) == root
+    assert load_config(str(sub)) == Config(root, {"steps": 3})
+
+
+def test_no_config_anywhere(tmp_path):
+    assert load_config(str(tmp_path)) == Config()
+
+
+def test_every_key_and_its_spellings():
+    values = validate({"steps": 4, "device": "cpu", "fail-on": "error", "select": "GD1,stale-grad",
+                       "ignore": ["GD106"], "timeout": 30}, "p")
+    assert values == {"steps": 4, "device": "cpu", "fail_on": "error", "select": ("GD1", "stale-grad"),
+                      "ignore": ("GD106",), "timeout": 30.0}
+    assert validate({"fail_on": "never"}, "p") == {"fail_on": "never"}
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"stpes": 3}, "unknown option 'stpes'"),
+    ({"steps": -1}, "steps must be a whole number >= 0"),
+    ({"steps": True}, "steps must be a whole number"),
+    ({"steps": 2.5}, "steps must be a whole number"),
+    ({"timeout": "60"}, "timeout must be a number"),
+    ({"device": "tpu"}, "device must be one of auto, cpu, cuda"),
+    ({"fail-on": "warn"}, "fail-on must be one of error, warning, info, never"),
+    ({"select": [1]}, "select must be a string or a list of strings"),
+])
+def test_bad_values_are_named(table, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(table, "pyproject.toml")
+
+
+def test_invalid_toml_is_reported(tmp_path):
+    pyproject(tmp_path, '[tool.graddoctor]\nsteps = \n')
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(str(tmp_path))
+
+
+def test_without_a_toml_reader_the_message_says_what_to_install(tmp_path, monkeypatch):
+    import graddoctor.config as config
+
+    pyproject(tmp_path, '[tool.graddoctor]\nsteps = 3\n')
+    monkeypatch.setattr(config, "_toml_reader", lambda: None)
+    with pytest.raises(ConfigError, match="Python 3.11\\+ or the 'tomli' package: pip install tomli"):
+        load_config(str(tmp_path))
+
+
+def test_merge_typed_options_win():
+    typed = {"steps": 10, "fail_on": "warning", "select": ()}
+    config = Config("p", {"steps": 3, "fail_on": "error", "select": ("GD1",)})
+    assert merge(typed, {"steps"}, config) == {"steps": 10, "fail_on": "error", "select": ("GD1",)}
+    assert merge(typed, set(), Config()) == typed
+
+
+def test_split_selectors():
+    assert split_selectors(["GD1, stale-grad", "", "GD2"]) == ("GD1", "stale-grad", "GD2")
+    assert split_selectors(None) == ()
+
+
+# -- through the CLI (real, tiny scripts) ---------------------------------------------------
+
+def test_config_fail_on_and_command_line_override(tmp_path):
+    script = write(tmp_path, "train.py", UNUSED_LAYER)  # one warning
+    pyproject(tmp_path, '[tool.graddoctor]\nfail-on = "error"\nsteps = 3\n')
+    result, report = check(script, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert report["run"]["steps"] == 3 and report["run"]["step_budget"] == 3
+    assert report["run"]["config"].endswith("pyproject.toml")
+    assert [f["rule"] for f in report["findings"]] == ["param-without-grad"]
+    result, report = check(script, "--format", "json", "--fail-on", "warning", "--steps", "2")
+    assert result.exit_code == 1
+    assert report["run"]["steps"] == 2
+
+
+def test_config_ignore_and_a_typed_ignore_replaces_it(tmp_path):
+    script = write(tmp_path, "train.py", UNUSED_LAYER)
+    pyproject(tmp_path, '[tool.graddoctor]\nignore = ["param-without-grad"]\nsteps = 3\n')
+    result, report = check(script, "--format", "json")
+    assert result.exit_code == 0 and report["findings"] == []
+    result, report = check(script, "--format", "json", "--ignore", "GD101")
+    assert result.exit_code == 1 and [f["code"] for f in report["findings"]] == ["GD106"]
+
+
+def test_select_by_code_prefix(tmp_path):
+    script = write(tmp_path, "train.py", UNUSED_LAYER)
+    result, report = check(script, "--format", "json", "--steps", "3", "--select", "GD101,GD102")
+    assert result.exit_code == 0 and report["findings"] == []
+    result, report = check(script, "--format", "json", "--steps", "3", "--select", "GD10")
+    assert result.exit_code == 1
+
+
+def test_bad_config_or_unknown_rule_exits_2_with_one_clear_line(tmp_path):
+    script = write(tmp_path, "train.py", MISSING_ZERO_GRAD)
+    pyproject(tmp_path, '[tool.graddoctor]\nstpes = 3\n')
+    result, _ = check(script)
+    assert result.exit_code == 2
+    assert "unknown option 'stpes'" in result.stderr and "Traceback" not in result.output
+    pyproject(tmp_path, '[tool.graddoctor]\nselect = ["GD9"]\n')
+    result, _ = check(script)
+    assert result.exit_code == 2 and "[tool.graddoctor] select: no rule is named 'GD9'" in result.stderr
+    os.remove(os.path.join(str(tmp_path), "pyproject.toml"))
+    result, _ = check(script, "--ignore", "zero-grad")
+    assert result.exit_code == 2 and "--ignore: no rule is named 'zero-grad'" in result.stderr

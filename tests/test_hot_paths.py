@@ -1,0 +1,88 @@
+"""The per-backward graph walk and the per-step grad-norm summary (kept lean for speed), and the
+overhead benchmark's suspend/resume of the instrumentation (its A/B toggle)."""
+
+import importlib.util
+import math
+import os
+
+import torch
+from torch import nn
+
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument.backward import _leaves
+from graddoctor.instrument.optim import grad_norms
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ids(tensors):
+    return [id(t) for t in tensors]
+
+
+def test_graph_walk_finds_each_leaf_once_params_and_inputs():
+    torch.manual_seed(0)
+    shared = nn.Linear(3, 3)
+    frozen = nn.Linear(3, 3).requires_grad_(False)
+    x = torch.randn(2, 3, requires_grad=True)  # an FGSM-style input leaf
+    loss = shared(shared(frozen(x))).sum() + (x * 2).sum()
+    leaves = _leaves(loss, None)
+    assert sorted(map(id, leaves)) == sorted(map(id, [shared.weight, shared.bias, x]))
+    assert len(_leaves([loss, loss * 2], None)) == 3  # several roots, shared graph
+    assert _ids(_leaves(shared.weight.sum(), [shared.bias])) == _ids([shared.bias])  # inputs= wins
+
+
+def test_graph_walk_on_a_leaf_itself():
+    p = nn.Parameter(torch.ones(2))
+    assert _ids(_leaves(p, None)) == _ids([p])
+    assert _leaves(torch.ones(2), None) == []  # nothing requires grad
+
+
+def test_grad_norms_mixed_dtypes_nonfinite_and_missing_grads():
+    rec = Recorder(step_budget=None)
+    a = nn.Parameter(torch.zeros(2))
+    b = nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
+    c = nn.Parameter(torch.zeros(2))
+    d = nn.Parameter(torch.zeros(1))
+    a.grad = torch.tensor([3.0, 4.0])
+    b.grad = torch.tensor([6.0, 8.0], dtype=torch.bfloat16)
+    d.grad = torch.tensor([float("nan")])
+    pids = [rec.track(t) for t in (a, b, c, d)]
+    got_pids, norms = grad_norms(rec, pids)
+    assert got_pids == [pids[0], pids[1], pids[3]]  # c has no grad
+    assert norms[:2] == [5.0, 10.0] and math.isnan(norms[2])
+    assert all(type(n) is float for n in norms)
+
+
+def _overhead_module():
+    spec = importlib.util.spec_from_file_location("gd_overhead", os.path.join(ROOT, "benchmarks", "overhead.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_suspend_takes_every_patch_out_and_back():
+    ob = _overhead_module()
+    original_backward = torch.Tensor.backward
+    rec = Recorder(step_budget=None)
+    instrumentation = Instrumentation(rec)
+    with instrumentation:
+        patched = {(id(owner), name): owner.__dict__[name]
+                   for kind, owner, name, _ in instrumentation.patcher._undo if kind == "attr"}
+        assert torch.Tensor.backward is not original_backward
+        with ob.suspended(instrumentation):
+            assert torch.Tensor.backward is original_backward
+            for kind, owner, name, old in instrumentation.patcher._undo:
+                if kind == "attr":
+                    assert owner.__dict__.get(name, None) is not patched[(id(owner), name)]
+            plain = ob.build_mlp()
+            plain.step()  # nothing of it may reach the recorder
+        assert len(rec.trace) == 0 and rec.tracked_pids() == []
+        for kind, owner, name, _ in instrumentation.patcher._undo:
+            if kind == "attr":
+                assert owner.__dict__[name] is patched[(id(owner), name)]
+        instr = ob.build_mlp()
+        instr.step()
+        kinds = {e.kind for e in rec.trace}
+        assert {"optimizer_init", "backward", "clear", "step_begin", "step"} <= kinds
+        assert len(rec.tracked_pids()) == 20  # the instrumented session's own parameters only
+    assert torch.Tensor.backward is original_backward

@@ -1,0 +1,242 @@
+"""The mode watcher in-process: what it records, that it aggregates, and that it changes nothing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from graddoctor.instrument import Instrumentation, Recorder
+
+
+def record(fn):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        fn()
+    return rec.trace
+
+
+def of(trace, *kinds):
+    return [e for e in trace if e.kind in kinds]
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that contains ``marker`` (keeps the tests independent of edits)."""
+    with open(__file__, encoding="utf-8") as f:
+        for number, text in enumerate(f, start=1):
+            if marker in text and "line_of(" not in text:
+                return number
+    raise AssertionError(marker)
+
+
+def cnn(blocks=5):
+    layers = [nn.Conv2d(3, 4, 3, padding=1)]
+    for _ in range(blocks):
+        layers += [nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1)]
+    return nn.Sequential(*layers, nn.Flatten(), nn.Dropout(0.1), nn.Linear(4 * 4 * 4, 2))
+
+
+def test_train_is_recorded_once_per_outermost_call():
+    model = cnn()
+
+    def script():
+        model.train()  # mark: train
+        model.eval()  # mark: eval
+
+    sets = of(record(script), "train", "eval")
+    assert [(e["mode"], e.loc.line) for e in sets] == [(True, line_of("mark: train")), (False, line_of("mark: eval"))]
+    assert len(sets[0]["modules"]) == 6  # 5 BatchNorm + 1 dropout, the other layers are not listed
+    assert sets[0]["leaf"] is False
+
+
+def test_per_layer_eval_calls_merge_into_one_event():
+    model = cnn()
+
+    def script():
+        model.train()
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eval()  # mark: per-layer
+
+    sets = of(record(script), "train", "eval")
+    assert len(sets) == 2
+    assert sets[1]["leaf"] is True and sets[1]["calls"] == 5 and len(sets[1]["modules"]) == 5
+    assert sets[1].loc.line == line_of("mark: per-layer")
+
+
+def test_a_train_override_names_the_callers_line():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(3)
+
+        def train(self, mode=True):
+            super().train(mode)
+            return self
+
+    net = Net()
+
+    def script():
+        net.train()  # mark: override
+
+    (event,) = of(record(script), "train", "eval")
+    assert event.loc.line == line_of("mark: override")
+
+
+def test_forwards_are_aggregated_per_call_site_and_mode():
+    model = cnn(blocks=5)
+    x = torch.randn(2, 3, 4, 4)
+
+    def script():
+        out = model(x)  # mark: train forward
+        out.sum().backward()
+        with torch.no_grad():
+            for _ in range(3):
+                model(x)  # mark: no-grad forward
+
+    trace = record(script)
+    forwards = of(trace, "mode_forward")
+    assert [(e.loc.line, e["grad"], e["calls"], len(e["modules"])) for e in forwards] == [
+        (line_of("mark: train forward"), True, 1, 6), (line_of("mark: no-grad forward"), False, 3, 6)]
+    assert set(forwards[0]["grad_modules"]) == set(forwards[0]["modules"])
+    assert forwards[1]["grad_modules"] == []
+    modules = of(trace, "mode_module")
+    assert len(modules) == 6  # once per layer: the facts did not change
+    assert modules[0]["name"] == "model.1" and modules[-1]["name"] == "model.17"
+
+
+def test_frozen_and_unowned_layers_and_the_freeze_line():
+    model = cnn(blocks=1)
+    x = torch.randn(2, 3, 4, 4)
+
+    def script():
+        model[:4].requires_grad_(False)  # mark: freeze
+        torch.optim.SGD(model[4:].parameters(), lr=0.1)
+        model(x)
+
+    trace = record(script)
+    (freeze,) = of(trace, "freeze")
+    assert freeze.loc.line == line_of("mark: freeze") and freeze["calls"] == 6  # conv, BatchNorm, conv: 2 each
+    bn = next(e for e in of(trace, "mode_module") if e["layer"] == "batchnorm")
+    assert bn["frozen"] is True and bn["owned"] is False and bn["freeze"] == freeze.seq
+
+
+def test_ema_update_marks_the_layer_updated():
+    student = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    teacher = copy.deepcopy(student).requires_grad_(False)
+    x = torch.randn(4, 3)
+
+    def script():
+        with torch.no_grad():
+            teacher(x)
+            for t, s in zip(teacher.parameters(), student.parameters()):
+                t.mul_(0.9).add_(s, alpha=0.1)
+            teacher(x)
+
+    states = [e for e in of(record(script), "mode_module") if e["layer"] == "batchnorm"]
+    assert [e["updated"] for e in states] == [False, True]
+
+
+def test_momentum_encoder_data_swap_marks_the_layer_updated():
+    query = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    key = copy.deepcopy(query)
+    for p in key.parameters():
+        p.requires_grad = False
+    x = torch.randn(4, 3)
+
+    def script():
+        with torch.no_grad():
+            key(x)
+            for pk, pq in zip(key.parameters(), query.parameters()):
+                pk.data = pk.data * 0.99 + pq.data * 0.01  # MoCo: no _version bump
+            key(x)
+
+    states = [e for e in of(record(script), "mode_module") if e["layer"] == "batchnorm"]
+    assert [e["updated"] for e in states] == [False, True]
+
+
+def test_recalibration_signals():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    loader = [torch.randn(4, 3) for _ in range(3)]
+
+    def script():
+        nn.BatchNorm1d(4)  # construction resets the statistics too: not a signal
+        model[1].reset_running_stats()  # mark: reset
+        torch.optim.swa_utils.update_bn(loader, model)  # mark: update_bn
+
+    trace = record(script)
+    (reset,) = of(trace, "bn_reset")
+    assert reset.loc.line == line_of("mark: reset")
+    (recal,) = of(trace, "update_bn")
+    assert recal.loc.line == line_of("mark: update_bn")
+    assert of(trace, "train", "eval") == []  # update_bn's own train() calls are not the user's
+    (forward,) = of(trace, "mode_forward")
+    assert forward["recalibrating"] is True and forward["calls"] == 3 and forward["grad"] is False
+
+
+def test_checkpoint_recomputation_is_not_a_forward():
+    from torch.utils.checkpoint import checkpoint
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    x = torch.randn(4, 3, requires_grad=True)
+
+    def script():
+        checkpoint(model, x, use_reentrant=False).sum().backward()
+
+    forwards = of(record(script), "mode_forward")
+    assert [e["calls"] for e in forwards] == [1]
+
+
+def test_instrumentation_is_removed_and_changes_nothing():
+    originals = (nn.Module.train, nn.modules.batchnorm._BatchNorm.forward, nn.Dropout.forward,
+                 nn.modules.batchnorm._NormBase.reset_running_stats, torch.optim.swa_utils.update_bn)
+
+    def run():
+        torch.manual_seed(0)
+        model = cnn(blocks=2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 3, 4, 4), torch.randint(0, 2, (8,))
+        model.train()
+        for _ in range(3):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            out = model(x)
+        return [t.clone() for t in model.state_dict().values()] + [out]
+
+    plain = run()
+    box = {}
+    record(lambda: box.setdefault("out", run()))
+    assert all(torch.equal(a, b) for a, b in zip(plain, box["out"]))
+    assert (nn.Module.train, nn.modules.batchnorm._BatchNorm.forward, nn.Dropout.forward,
+            nn.modules.batchnorm._NormBase.reset_running_stats, torch.optim.swa_utils.update_bn) == originals
+    assert "requires_grad_" not in torch.Tensor.__dict__
+
+
+@pytest.mark.parametrize("cls", [nn.Dropout, nn.Dropout2d, nn.AlphaDropout, nn.SyncBatchNorm, nn.BatchNorm3d])
+def test_every_layer_kind_is_seen(cls):
+    layer = cls(0.5) if "Dropout" in cls.__name__ else cls(2)
+    x = torch.randn(2, 2, 2, 2, 2) if cls is nn.BatchNorm3d else torch.randn(2, 2, 2, 2)
+
+    def script():
+        layer.eval()
+        layer(x)
+
+    (forward,) = of(record(script), "mode_forward")
+    assert forward["training"] is False
+
+
+def test_eval_on_a_frozen_part_is_marked_frozen():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.1), nn.Linear(3, 1))
+
+    def script():
+        model[:2].requires_grad_(False)
+        model[:2].eval()
+        model.eval()
+
+    sets = of(record(script), "train", "eval")
+    assert [e["frozen"] for e in sets] == [True, False]

@@ -1,0 +1,165 @@
+"""The gradient ledger and the zero_grad-family rules on hand-written traces (no torch)."""
+
+from __future__ import annotations
+
+from graddoctor.analyze import analyze
+from graddoctor.ledger import build_ledger
+from graddoctor.trace import Trace, TraceBuilder
+
+
+def slugs(trace) -> list[tuple[str, int]]:
+    findings, errors = analyze(trace)
+    assert not errors
+    return sorted((f.rule, f.location.line) for f in findings if f.severity.value != "info")
+
+
+def basic(t: TraceBuilder, with_clear: bool):
+    t.optimizer(0, [0, 1], line=3)
+    for i in range(3):
+        if with_clear:
+            t.clear([0, 1], line=5)
+        if i == 0 or with_clear:
+            t.backward(fresh=[0, 1], line=6)
+        else:
+            t.backward(accumulated=[0, 1], line=6)
+        t.step(0, line=7)
+    return t.trace
+
+
+def test_clean_loop_is_silent():
+    assert slugs(basic(TraceBuilder(), with_clear=True)) == []
+
+
+def test_missing_zero_grad_points_at_backward():
+    trace = basic(TraceBuilder(), with_clear=False)
+    assert slugs(trace) == [("missing-zero-grad", 6)]
+    led = build_ledger(trace)
+    assert {u.pid for u in led.old_uses} == {0, 1}
+    assert led.old_uses[0].step_index == 2
+
+
+def test_partial_zero_grad_points_at_the_clear():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=3)
+    t.backward(fresh=[0, 1], line=6)
+    t.step(0, line=7)
+    for _ in range(2):
+        t.clear([0], opt=None, line=5)  # model_a.zero_grad(): param 1 is skipped
+        t.backward(fresh=[0], accumulated=[1], line=6)
+        t.step(0, line=7)
+    assert slugs(t.trace) == [("partial-zero-grad", 5)]
+
+
+def test_stale_grad_points_at_the_step():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=3)
+    t.backward(fresh=[0, 1], line=6)
+    t.step(0, line=7)
+    t.clear([0], opt=None, line=5)
+    t.backward(fresh=[0], line=6)  # param 1 gets nothing new but keeps its old grad
+    t.step(0, line=7)
+    assert slugs(t.trace) == [("stale-grad", 7)]
+
+
+def test_set_to_none_conditional_branch_is_silent():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=3)
+    for i in range(4):
+        t.clear([0, 1], line=5)
+        t.backward(fresh=[0, 1] if i % 2 == 0 else [0], line=6)
+        t.step(0, line=7)
+    assert slugs(t.trace) == []
+
+
+def test_misplaced_zero_grad_between_backward_and_step():
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=3)
+    for _ in range(2):
+        t.backward(fresh=[0], line=6)
+        t.clear([0], line=7)
+        t.step(0, line=8)
+    assert slugs(t.trace) == [("misplaced-zero-grad", 7)]
+
+
+def test_accumulation_with_clear_at_boundary_is_silent():
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=3)
+    for i in range(8):
+        t.backward(fresh=[0] if i % 4 == 0 else [], accumulated=[] if i % 4 == 0 else [0], line=6)
+        if (i + 1) % 4 == 0:
+            t.step(0, line=8)
+            t.clear([0], line=9)
+    assert slugs(t.trace) == []
+
+
+def test_fgsm_input_gradient_backward_is_not_misplaced():
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=3)
+    for _ in range(2):
+        t.backward(fresh=[0], extra_leaves=1, line=6)  # loss.backward() for x.grad
+        t.clear([0], opt=None, line=7)  # model.zero_grad()
+        t.backward(fresh=[0], line=9)
+        t.step(0, line=10)
+    assert slugs(t.trace) == []
+
+
+def test_lbfgs_closure_is_silent():
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=3, cls="LBFGS")
+    for _ in range(3):
+        t.event("step_begin", line=9, opt=0, closure=True)
+        for _ in range(3):  # the closure is evaluated several times inside one step
+            t.clear([0], line=6)
+            t.backward(fresh=[0], in_step=0, line=7)
+        t.step(0, line=9, closure=True)
+    assert slugs(t.trace) == []
+
+
+def test_gan_generator_backward_into_discriminator_is_silent():
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=3)  # D
+    t.optimizer(1, [1], line=4)  # G
+    for _ in range(3):
+        t.clear([0], opt=0, line=6)
+        t.backward(fresh=[0, 1], line=7)  # D loss on non-detached fake: G gets grads too
+        t.step(0, line=8)
+        t.clear([1], opt=1, line=9)  # discards G's unused grads: a new phase starts after it
+        t.backward(fresh=[0, 1], line=10)  # G loss flows through D
+        t.step(1, line=11)
+    assert slugs(t.trace) == []
+
+
+def test_param_not_in_optimizer_and_without_grad():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 2], line=3)
+    for _ in range(3):
+        t.clear([0, 2], line=5)
+        t.backward(fresh=[0, 1], line=6)
+        t.event("step", line=7, opt=0, closure=False, skipped=False, without_grad=[2])
+    assert slugs(t.trace) == [("param-not-in-optimizer", 3), ("param-without-grad", 3)]
+
+
+def test_frozen_params_left_out_are_silent():
+    t = TraceBuilder()
+    t.param(2, requires_grad=False)
+    t.optimizer(0, [0], line=3)
+    for _ in range(3):
+        t.clear([0], line=5)
+        t.backward(fresh=[0], line=6)
+        t.step(0, line=7)
+    assert slugs(t.trace) == []
+
+
+def test_no_optimizer_gives_one_info():
+    t = TraceBuilder()
+    for _ in range(3):
+        t.backward(fresh=[0], line=6)
+    findings, _ = analyze(t.trace)
+    assert [(f.rule, f.severity.value) for f in findings] == [("param-not-in-optimizer", "info")]
+
+
+def test_trace_round_trips_through_json_lines():
+    trace = basic(TraceBuilder(), with_clear=False)
+    again = Trace.loads(trace.dumps())
+    assert [e.to_json() for e in again] == [e.to_json() for e in trace]
+    assert slugs(again) == slugs(trace)

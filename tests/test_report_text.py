@@ -1,0 +1,125 @@
+"""The terminal report, rendered into a StringIO console and read back."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from rich.console import Console
+
+from graddoctor.report.text import render, render_to, wants_color
+from report_samples import sample_report
+
+
+def draw(report, width=110, **kw) -> str:
+    buf = io.StringIO()
+    render_to(Console(file=buf, width=width), report, **kw)
+    return buf.getvalue()
+
+
+def test_header_names_script_device_torch_steps_and_status(tmp_path):
+    out = draw(sample_report(str(tmp_path)))
+    head = "\n".join(out.splitlines()[:4])
+    assert "train.py" in head
+    assert "device cpu" in head and "torch 2.13.0+cpu" in head
+    assert "4/10 optimizer steps replayed" in head
+    assert "status step-limit" in head and "stopped after the step budget" in head
+
+
+def test_findings_are_grouped_by_severity_with_suppressed_last(tmp_path):
+    out = draw(sample_report(str(tmp_path)))
+    titles = [out.index(t) for t in ("1 error", "1 warning", "1 info", "1 suppressed")]
+    assert titles == sorted(titles), out
+    assert out.index("GD101 missing-zero-grad") < titles[1] < out.index("GD106 param-without-grad")
+    assert "GD102 partial-zero-grad" in out[titles[3]:]
+    assert "suppressed by # graddoctor: ignore" in out
+
+
+def test_each_finding_shows_source_line_marked_related_and_fix(tmp_path):
+    out = draw(sample_report(str(tmp_path)))
+    block = out[out.index("GD101 missing-zero-grad"):out.index("1 warning")]
+    assert "train.py:4" in block
+    assert "gradients from step 1 are applied again" in block
+    marked = [line for line in block.splitlines() if "❱" in line]
+    assert len(marked) == 1 and "4" in marked[0] and "loss_fn(model(x), y).backward()" in marked[0]
+    assert "optimizer.zero_grad()" in block  # context line above
+    assert re.search(r"↳ .*train\.py:5\s+the step that applies them", block)
+    assert "fix: call optimizer.zero_grad() once per update" in block
+    assert "graddoctor explain missing-zero-grad" in block
+
+
+def test_finding_without_location_renders(tmp_path):
+    out = draw(sample_report(str(tmp_path)))
+    assert "(no location in the code)" in out
+
+
+def test_timeline_shows_each_update_shape_once_with_offender_highlighted(tmp_path):
+    out = draw(sample_report(str(tmp_path)))
+    section = out[out.index("update timeline"):]
+    lines = [line for line in section.splitlines() if "→" in line]
+    # the first update of each epoch starts at the epoch; the second ends with the scheduler
+    assert any(line.rstrip().endswith("1, 3   epoch L2 → zero_grad L3 → backward L4 (GD101) → step L5")
+               for line in lines), lines
+    assert any(line.rstrip().endswith("2, 4   zero_grad L3 → backward L4 (GD101) → step L5 → sched.step L6")
+               for line in lines), lines
+    assert all("bn_forward" not in line for line in lines)
+    assert "2×" in section  # two updates share each shape
+    # a suppressed finding does not flag its line
+    assert "(GD102)" not in section
+
+
+def test_verdict_is_the_last_line(tmp_path):
+    out = draw(sample_report(str(tmp_path)))
+    assert out.rstrip().splitlines()[-1] == "✗ 1 error, 1 warning, 1 info, 1 suppressed"
+
+
+def test_verdict_clean_and_could_not_check(tmp_path):
+    report = sample_report(str(tmp_path), suppressed=False)
+    report.findings = [f for f in report.findings if f.severity.value == "info"]
+    assert draw(report).rstrip().splitlines()[-1] == "✓ no gradient bugs found in 4 optimizer steps (1 info)"
+    report.run.status, report.run.steps, report.run.backward_calls = "no-training-loop", 0, 0
+    assert draw(report).rstrip().splitlines()[-1].startswith("✗ could not check: no backward()")
+
+
+def test_crashed_run_shows_the_script_error(tmp_path):
+    out = draw(sample_report(str(tmp_path), status="crashed"))
+    assert "script error at" in out and "RuntimeError: boom" in out
+    assert "the replay ended early: crashed after 4 steps" in out.splitlines()[-1]
+
+
+def test_grad_flow_bars_per_layer(tmp_path):
+    report = sample_report(str(tmp_path))
+    assert "gradient flow" not in draw(report)
+    out = draw(report, grad_flow=True)
+    section = out[out.index("gradient flow"):]
+    assert "AdamW, step 4" in section
+    fc1 = next(line for line in section.splitlines() if line.startswith("model.fc1"))
+    assert "█" in fc1 and "5.59e-01" in fc1  # sqrt(0.5² + 0.25²): weight and bias make one layer
+    head = next(line for line in section.splitlines() if line.startswith("model.head"))
+    assert "no .grad" in head and "█" not in head
+    assert "log scale" in section
+
+
+def test_plain_text_without_color_and_ansi_with_color(tmp_path):
+    report = sample_report(str(tmp_path))
+    plain = render(report, width=100, color=False)
+    assert "\x1b[" not in plain and "GD101" in plain
+    colored = render(report, width=100, color=True)
+    assert "\x1b[" in colored
+
+
+def test_wants_color_only_on_a_terminal_without_no_color(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("TERM", raising=False)
+    assert wants_color(Tty())
+    assert not wants_color(io.StringIO())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not wants_color(Tty())
+    monkeypatch.setenv("NO_COLOR", "")  # set but empty does not count (no-color.org)
+    assert wants_color(Tty())
+    monkeypatch.setenv("TERM", "dumb")
+    assert not wants_color(Tty())
