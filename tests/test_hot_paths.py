@@ -86,3 +86,16 @@ def test_benchmark_suspend_takes_every_patch_out_and_back():
         assert {"optimizer_init", "backward", "clear", "step_begin", "step"} <= kinds
         assert len(rec.tracked_pids()) == 20  # the instrumented session's own parameters only
     assert torch.Tensor.backward is original_backward
+
+
+def test_deferred_device_values_are_read_once_at_the_end():
+    import torch
+
+    from graddoctor.instrument import Instrumentation, Recorder
+    from graddoctor.instrument.recorder import Deferred
+
+    rec = Recorder(None)
+    with Instrumentation(rec):
+        event = rec.emit("scaler_update", None, scale=Deferred(torch.tensor(1024.0)))
+        assert isinstance(event["scale"], Deferred)  # nothing read while the script runs
+    assert event["scale"] == 1024.0

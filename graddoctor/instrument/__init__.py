@@ -63,6 +63,10 @@ class Instrumentation:
     def __exit__(self, *exc) -> None:
         rec = self.rec
         try:
+            rec.resolve_deferred()
+        except Exception as error:
+            rec.internal_error("reading deferred device values", error)
+        try:
             name_parameters(rec, self.script_globals or {})
             emit_param_events(rec)
         except Exception as error:

@@ -23,15 +23,19 @@ import weakref
 import torch
 
 from .lossfactor import loss_factor
-from .recorder import Recorder
+from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
 
 
-def _scale_value(scaler) -> float | None:
+def _scale_value(scaler):
+    """The current scale: a float on CPU; on an accelerator a ``Deferred`` copy read once when the
+    run ends, so that recording it never synchronises the host with the device."""
     scale = getattr(scaler, "_scale", None)
     if not scaler.is_enabled() or scale is None:
         return None
-    return float(scale.item())
+    if scale.device.type == "cpu":
+        return float(scale.item())
+    return Deferred(scale.detach().clone())
 
 
 class GradScalerWatcher:

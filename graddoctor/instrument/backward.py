@@ -129,12 +129,12 @@ class BackwardWatcher:
     def end(self, ctx: BackwardContext, loc, extra: dict) -> None:
         rec = self.rec
         fresh, accumulated, cleared = [], [], []
+        zeroed = rec.zeroed_grad
         for pid, state in ctx.state.items():
             (fresh if state == FRESH else accumulated if state == ACCUMULATED else cleared).append(pid)
-            now = rec.grad_state(pid)
-            if now is not None:
-                rec.known_grad[pid] = now
-            rec.zeroed_grad.pop(pid, None)
+            if zeroed:
+                zeroed.pop(pid, None)
+        rec.known_grad.update(rec.grad_states(ctx.state))
         rec.emit(
             "backward", loc, bid=ctx.bid, fresh=fresh, accumulated=accumulated,
             cleared_outside=cleared, extra_leaves=ctx.extra_leaves, in_step=rec.in_step, **extra,

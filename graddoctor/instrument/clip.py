@@ -40,13 +40,13 @@ class ClipWatcher:
         self.rec = rec
         self._depth = Depth()
 
-    def _record(self, via: str, params: list, arguments: dict, result, edited: list[int]) -> None:
+    def _record(self, via: str, params: list, known_pids: list, arguments: dict, result,
+                edited: list[int]) -> None:
         rec = self.rec
         pids, with_grad, untracked = [], [], 0
-        for p in params:
+        for p, pid in zip(params, known_pids):
             if not isinstance(p, torch.Tensor):
                 continue
-            pid = rec.pid(p)
             if pid is None:
                 if not (p.is_leaf and p.requires_grad):
                     untracked += 1
@@ -84,9 +84,11 @@ class ClipWatcher:
             except Exception:  # the user's own bad call: torch raises its error below
                 call = None
             edited: list[int] = []
+            known_pids: list = []
             if call is not None:
                 try:
-                    edited = edited_pids(rec, [pid for pid in map(rec.pid, params) if pid is not None])
+                    known_pids = [rec.pid(p) if isinstance(p, torch.Tensor) else None for p in params]
+                    edited = edited_pids(rec, [pid for pid in known_pids if pid is not None])
                 except Exception as exc:
                     rec.internal_error(f"{via} (before)", exc)
             with watcher._depth:
@@ -94,7 +96,8 @@ class ClipWatcher:
                     return original(*args, **kwargs)
                 result = original(*call.args, **call.kwargs)
             try:
-                watcher._record(via, params, call.arguments, result, edited)
+                watcher._record(via, params, known_pids or [None] * len(params), call.arguments,
+                                result, edited)
             except Exception as exc:
                 rec.internal_error(f"{via} (after)", exc)
             return result

@@ -15,12 +15,9 @@ from .recorder import Recorder
 
 def edited_pids(rec: Recorder, pids) -> list[int]:
     """Params whose ``.grad`` is no longer what graddoctor last saw, nor what zero_grad left."""
-    edited = []
-    for pid in pids:
-        state = rec.grad_state(pid)
-        if state is not None and state != rec.known_grad.get(pid) and state != rec.zeroed_grad.get(pid):
-            edited.append(pid)
-    return edited
+    known, zeroed = rec.known_grad, rec.zeroed_grad
+    return [pid for pid, state in rec.grad_states(pids)
+            if state != known.get(pid) and state != zeroed.get(pid)]
 
 
 class GradEditWatcher:

@@ -25,9 +25,9 @@ def grad_norms(rec: Recorder, pids) -> tuple[list[int], list[float]]:
     one batched ``torch._foreach_norm`` per device and one host read per step (never a sync per
     parameter)."""
     by_device: dict = {}
-    tensor_of = rec.tensor
+    refs = rec._tensor
     for pid in pids:
-        tensor = tensor_of(pid)
+        tensor = refs[pid]()
         grad = tensor.grad if tensor is not None else None
         if grad is not None and not grad.is_sparse:
             pids_grads = by_device.get(grad.device)
@@ -120,8 +120,14 @@ class OptimizerWatcher:
         rec = self.rec
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
         if via == "optimizer.zero_grad":
-            params = [p for g in obj.param_groups for p in g["params"]]
             opt = rec.optimizer_id(obj)
+            if set_to_none and opt in rec.opt_params:
+                # every grad is None now: the next backward sees fresh grads without our help,
+                # so the per-parameter bookkeeping below is not needed (hot path, every update)
+                rec.emit("clear", rec.here(3), via=via, opt=opt, set_to_none=True,
+                         params=list(rec.opt_params[opt]))
+                return
+            params = [p for g in obj.param_groups for p in g["params"]]
         else:
             params = list(obj.parameters())
             opt = None

@@ -17,6 +17,24 @@ from ..location import LocationFinder
 from ..trace import Location, Trace
 
 
+class Deferred:
+    """A device scalar recorded without a host sync; ``resolve_deferred`` reads it at the end."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __repr__(self) -> str:  # a provisional report written mid-run shows it unread
+        return "unread"
+
+    def value(self) -> float | None:
+        try:
+            return float(self.tensor.item())
+        except Exception:
+            return None
+
+
 class StopReplay(BaseException):
     """Raised into the user's script to end the replay. A BaseException, so that a user's
     ``except Exception:`` cannot swallow it."""
@@ -40,7 +58,7 @@ class Recorder:
         self.stop_requested = False  # set once the budget is spent; raised at the next safe point
         # tensors we track: id(tensor) -> pid, and pid -> weakref(tensor)
         self._pid_of: dict[int, int] = {}
-        self._tensor: dict[int, weakref.ref] = {}
+        self._tensor: list[weakref.ref] = []  # pid -> weakref (pids are 0, 1, 2, ...)
         self.hook_handles: list[Any] = []
         # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
         self.known_grad: dict[int, tuple[int, int]] = {}
@@ -77,6 +95,15 @@ class Recorder:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             self.emit("internal_error", None, where=where, error=detail)
 
+    def resolve_deferred(self) -> None:
+        """Replace every ``Deferred`` in event data by its value (one read per value, at the end
+        of the run, when host syncs no longer cost the user anything)."""
+        for event in self.trace.events:
+            data = event.data
+            for key, value in data.items():
+                if isinstance(value, Deferred):
+                    data[key] = value.value()
+
     # -- tensors -------------------------------------------------------------------------
     def pid(self, tensor) -> int | None:
         pid = self._pid_of.get(id(tensor))
@@ -93,7 +120,7 @@ class Recorder:
             return pid
         pid = len(self._tensor)
         self._pid_of[id(tensor)] = pid
-        self._tensor[pid] = weakref.ref(tensor)
+        self._tensor.append(weakref.ref(tensor))
         self.is_parameter[pid] = isinstance(tensor, torch.nn.Parameter)
         self.shapes[pid] = list(tensor.shape)
         self.requires_grad[pid] = tensor.requires_grad
@@ -102,11 +129,10 @@ class Recorder:
         return pid
 
     def tensor(self, pid: int):
-        ref = self._tensor.get(pid)
-        return ref() if ref is not None else None
+        return self._tensor[pid]() if 0 <= pid < len(self._tensor) else None
 
     def tracked_pids(self) -> list[int]:
-        return list(self._tensor)
+        return list(range(len(self._tensor)))
 
     def optimizer_id(self, optimizer) -> int:
         key = id(optimizer)
@@ -119,30 +145,42 @@ class Recorder:
         grad = tensor.grad if tensor is not None else None
         return None if grad is None else (id(grad), grad._version)
 
+    def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
+        """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
+        that run every step go through here: locals only, no method call per parameter."""
+        refs = self._tensor
+        out = []
+        append = out.append
+        for pid in pids:
+            tensor = refs[pid]()
+            if tensor is not None:
+                grad = tensor.grad
+                if grad is not None:
+                    append((pid, (id(grad), grad._version)))
+        return out
+
     def after_step(self, pids) -> list[int]:
         """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
         events need it after the script's tensors are gone), refresh what its grad looks like
         after the step, and return the pids that had no gradient."""
         without = []
+        refs, requires_grad, known = self._tensor, self.requires_grad, self.known_grad
         for pid in pids:
-            tensor = self.tensor(pid)
+            tensor = refs[pid]()
             if tensor is None:
                 continue
-            self.requires_grad[pid] = tensor.requires_grad
+            requires_grad[pid] = tensor.requires_grad
             grad = tensor.grad
             if grad is None:
                 without.append(pid)
             else:
-                self.known_grad[pid] = (id(grad), grad._version)
+                known[pid] = (id(grad), grad._version)
         return without
 
     def refresh_known(self, pids) -> None:
         """After an in-place change we made or watched (clip, unscale, step): the grad as it is
         now is still the accumulated one, not a manual clear."""
-        for pid in pids:
-            state = self.grad_state(pid)
-            if state is not None:
-                self.known_grad[pid] = state
+        self.known_grad.update(self.grad_states(pids))
 
     # -- budget --------------------------------------------------------------------------
     def count_step(self) -> None:
