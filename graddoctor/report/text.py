@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.rule import Rule
 from rich.text import Text
 
@@ -35,10 +36,14 @@ def _plural(n: int, word: str) -> str:
 def header(console: Console, report: Report) -> None:
     run = report.run
     console.print(Text.assemble(("graddoctor", "bold"), "  ", (run.script, "bold underline")))
-    steps = f"{run.steps}/{run.step_budget}" if run.step_budget else f"{run.steps}"
-    facts = [f"device {run.device}", f"torch {run.torch_version}",
-             f"{steps} optimizer steps replayed", _plural(run.backward_calls, "backward call")]
-    console.print(Text("  " + " · ".join(facts), style="dim"))
+    steps = f"{_plural(run.steps, 'optimizer step')} replayed"
+    if run.step_budget and run.steps > run.step_budget:  # DataLoader scripts cross two epoch ends
+        steps += f" (budget {run.step_budget}, run on past 2 epoch ends)"
+    elif run.step_budget:
+        steps = f"{run.steps}/{run.step_budget} optimizer steps replayed"
+    facts = [f"device {run.device}", f"torch {run.torch_version}", steps,
+             _plural(run.backward_calls, "backward call")]
+    console.print(Padding(Text(" · ".join(facts), style="dim"), (0, 0, 0, 2)))
     status = Text.assemble("  status ", (run.status, "bold"),
                            f": {STATUS_TEXT.get(run.status, run.status)} · {run.duration_s:.1f} s")
     if run.config:
