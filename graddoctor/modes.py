@@ -76,20 +76,24 @@ class ModeTimeline:
         return text + (f" and {len(mids) - limit} more" if len(mids) > limit else "")
 
 
-def _next_boundaries(events: list[Event]) -> tuple[list[Event | None], list[Event | None]]:
-    """For each index: the first boundary event after it, and the first step after it."""
+def _next_boundaries(events: list[Event]):
+    """For each index: the first boundary event after it, the first step after it, and the first
+    ``train()`` call after it."""
     n = len(events)
     nxt: list[Event | None] = [None] * n
     nxt_step: list[Event | None] = [None] * n
-    boundary = step = None
+    nxt_train: list[Event | None] = [None] * n
+    boundary = step = train = None
     for i in range(n - 1, -1, -1):
-        nxt[i], nxt_step[i] = boundary, step
+        nxt[i], nxt_step[i], nxt_train[i] = boundary, step, train
         e = events[i]
         if e.kind in BOUNDARIES:
             boundary = e
         if e.kind == "step":
             step = e
-    return nxt, nxt_step
+        if e.kind == "train" and e.get("mode", True):
+            train = e
+    return nxt, nxt_step, nxt_train
 
 
 def build_timeline(trace: Trace) -> ModeTimeline:
@@ -97,7 +101,7 @@ def build_timeline(trace: Trace) -> ModeTimeline:
     tl = ModeTimeline(events=events)
     if not any(e.kind == "mode_forward" for e in events):
         return tl
-    nxt, nxt_step = _next_boundaries(events)
+    nxt, nxt_step, nxt_train = _next_boundaries(events)
     step_index = {}
     for e in events:
         if e.kind == "step":
@@ -117,7 +121,7 @@ def build_timeline(trace: Trace) -> ModeTimeline:
                 recal = set(mids)
             recal |= {m for m in mids if (states.get(m) or {}).get("layer") == "batchnorm"
                       and states.get(m, {}).get("momentum") is None}
-            context, step = _context(e, before, nxt[i], nxt_step[i])
+            context, step = _context(e, before, nxt[i], nxt_step[i], nxt_train[i])
             tl.forwards.append(ModeForward(
                 e, {m: states.get(m, {}) for m in mids}, {m: set_by.get(m) for m in mids}, recal,
                 context, step, step_index.get(step.seq) if step is not None else None,
@@ -151,10 +155,13 @@ def build_timeline(trace: Trace) -> ModeTimeline:
     return tl
 
 
-def _context(e: Event, before: Event | None, after: Event | None, step: Event | None):
+def _context(e: Event, before: Event | None, after: Event | None, step: Event | None,
+             train: Event | None = None):
     grad = bool(e.get("grad")) and not e.get("inference")
     if not grad and e.get("calls", 1) >= 2:
         return "outside", None  # a loop of no-grad calls with no backward between them
+    if not grad and train is not None and (after is None or train.seq < after.seq):
+        return "outside", None  # model.train() comes next: that no-grad pass was not training
     if after is not None and after.kind == "backward":
         return "training", step
     if before is not None and before.kind == "backward" and after is not None and after.kind == "step":

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from .recorder import Recorder
 
@@ -73,12 +74,16 @@ class BackwardWatcher:
         self.rec = rec
         self.owned = owned  # id() of tensors some optimizer owns (kept by OptimizerWatcher)
         self.cpu_checks = True
+        self._lazy: list[int] = []  # pids of UninitializedParameters waiting for their hook
         self.loss_describers: list = []  # callables(tensors) -> dict, added by other watchers
         rec.on_param_tracked.append(self._install_hook)
 
     # -- per-parameter hook (hot path: once per parameter per backward) ---------------
     def _install_hook(self, pid: int, tensor) -> None:
         rec = self.rec
+        if is_lazy(tensor):  # a LazyModule's parameter takes hooks only once materialised
+            self._lazy.append(pid)
+            return
         ref = rec._tensor[pid]
         known, zeroed = rec.known_grad, rec.zeroed_grad
 
@@ -113,10 +118,19 @@ class BackwardWatcher:
         return CLEARED_OUTSIDE
 
     # -- wrappers ------------------------------------------------------------------------
+    def _install_materialised(self) -> None:
+        waiting, self._lazy = self._lazy, []
+        for pid in waiting:
+            tensor = self.rec.tensor(pid)
+            if tensor is not None:
+                self._install_hook(pid, tensor)  # still lazy: goes back on the list
+
     def begin(self, tensors, inputs) -> BackwardContext:
         rec = self.rec
         ctx = BackwardContext(bid=rec.backward_calls)
         rec.backward_calls += 1
+        if self._lazy:
+            self._install_materialised()
         for leaf in _leaves(tensors, inputs):
             if rec.pid(leaf) is not None:
                 continue

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from .recorder import Recorder
+from .recorder import Recorder, _shape
 
 
 def _user_variables(rec: Recorder) -> dict[str, object]:
@@ -61,6 +61,8 @@ def emit_param_events(rec: Recorder, into=None) -> None:
         t = rec.tensor(pid)
         if t is not None:
             rec.requires_grad[pid] = t.requires_grad
+            if rec.shapes.get(pid) is None:  # a lazy parameter materialised since it was tracked
+                rec.shapes[pid] = _shape(t)
         emit(
             "param", None, pid=pid, name=rec.param_names.get(pid), shape=rec.shapes.get(pid),
             is_parameter=rec.is_parameter.get(pid, False),

@@ -17,6 +17,15 @@ from ..location import LocationFinder
 from ..trace import Location, Trace
 
 
+def _shape(tensor) -> list[int] | None:
+    """The shape, or None for a lazy module's UninitializedParameter (no shape until its first
+    forward; the end-of-run ``param`` event reads it again)."""
+    try:
+        return list(tensor.shape)
+    except RuntimeError:
+        return None
+
+
 class Deferred:
     """A device scalar recorded without a host sync; ``resolve_deferred`` reads it at the end."""
 
@@ -122,7 +131,7 @@ class Recorder:
         self._pid_of[id(tensor)] = pid
         self._tensor.append(weakref.ref(tensor))
         self.is_parameter[pid] = isinstance(tensor, torch.nn.Parameter)
-        self.shapes[pid] = list(tensor.shape)
+        self.shapes[pid] = _shape(tensor)
         self.requires_grad[pid] = tensor.requires_grad
         for callback in self.on_param_tracked:
             callback(pid, tensor)
