@@ -52,10 +52,10 @@ def header(console: Console, report: Report) -> None:
     if run.error:
         loc = run.error.get("location") or {}
         at = f" at {loc.get('path')}:{loc.get('line')}" if loc else ""
-        console.print(Text(f"  script error{at}: {run.error.get('type')}: {run.error.get('message')}",
-                           style="red"))
+        console.print(Padding(Text(f"script error{at}: {run.error.get('type')}: "
+                                   f"{run.error.get('message')}", style="red"), (0, 0, 0, 2)))
     for note in run.notes:
-        console.print(Text(f"  note: {note}", style="dim"))
+        console.print(Padding(Text(f"note: {note}", style="dim"), (0, 0, 0, 2)))
 
 
 def findings_section(console: Console, report: Report) -> None:
