@@ -12,7 +12,6 @@ from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
-from .gradedits import GradEditWatcher
 from .modes import ModeWatcher
 from .names import emit_param_events, name_parameters
 from .optim import OptimizerWatcher
@@ -31,10 +30,10 @@ class Instrumentation:
         self.backward = BackwardWatcher(rec, self.optimizers.owned)
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
         self.watchers = [self.optimizers, self.backward, self.dataloader]
-        # AMP, clipping, schedulers (issue 3); grad edits after the optimizer's own step hooks
+        # AMP, clipping, schedulers (issue 3)
         self.backward.loss_describers.append(self.dataloader.describe_loss)
         self.watchers += [GradScalerWatcher(rec, self.backward), ClipWatcher(rec),
-                          SchedulerWatcher(rec), GradEditWatcher(rec)]
+                          SchedulerWatcher(rec)]  # grad edits: OptimizerWatcher's step pass
         # BatchNorm/dropout modes (issue 4)
         self.modes = ModeWatcher(rec, self.optimizers.owned)
         self.watchers.append(self.modes)

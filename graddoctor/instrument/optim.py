@@ -20,16 +20,25 @@ from torch.optim.optimizer import (
 from .recorder import Recorder
 
 
-def grad_norms(rec: Recorder, pids) -> tuple[list[int], list[float]]:
+def grad_norms(rec: Recorder, pids, edited: list | None = None) -> tuple[list[int], list[float]]:
     """The per-update numeric summary: the L2 norm of every gradient about to be applied, in
     one batched ``torch._foreach_norm`` per device and one host read per step (never a sync per
-    parameter)."""
+    parameter). With ``edited`` (a list), the same pass also collects the pids whose ``.grad`` was
+    changed in place by code graddoctor does not watch (``p.grad /= k``): the grad tensor's
+    ``(id, _version)`` is neither what graddoctor last saw nor what zero_grad left."""
     by_device: dict = {}
     refs = rec._tensor
+    known, zeroed = rec.known_grad, rec.zeroed_grad
     for pid in pids:
         tensor = refs[pid]()
         grad = tensor.grad if tensor is not None else None
-        if grad is not None and not grad.is_sparse:
+        if grad is None:
+            continue
+        if edited is not None:
+            state = (id(grad), grad._version)
+            if state != known.get(pid) and state != zeroed.get(pid):
+                edited.append(pid)
+        if not grad.is_sparse:
             pids_grads = by_device.get(grad.device)
             if pids_grads is None:
                 pids_grads = by_device[grad.device] = ([], [])
@@ -169,10 +178,15 @@ class OptimizerWatcher:
         try:
             closure = _has_closure(args, kwargs)
             opt = rec.optimizer_id(optimizer)
-            norm_pids, norms = ([], []) if closure else grad_norms(rec, rec.opt_params.get(opt, ()))
+            edited: list[int] = []
+            norm_pids, norms = ([], []) if closure else grad_norms(rec, rec.opt_params.get(opt, ()),
+                                                                   edited)
             nonfinite = [pid for pid, n in zip(norm_pids, norms)
                          if not math.isfinite(n) and _really_nonfinite(rec, pid)]
-            rec.emit("step_begin", rec.here(3), opt=opt, closure=closure, norm_pids=norm_pids,
+            loc = rec.here(3)
+            if edited and rec.in_step is None:  # L-BFGS-style closures recompute grads themselves
+                rec.emit("grad_edit", loc, opt=opt, params=edited)
+            rec.emit("step_begin", loc, opt=opt, closure=closure, norm_pids=norm_pids,
                      norms=norms, nonfinite=nonfinite)
             if closure:
                 rec.in_step = opt
