@@ -46,16 +46,11 @@ SCALAR_READS = ("aten::item", "aten::_local_scalar_dense")
 WARMUP, STEPS, ALLOWED_PER_UPDATE = 3, 5, 1.0
 
 
-class LM(nn.Module):
-    def __init__(self, vocab: int = 2048, d: int = 256, layers: int = 6):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d)
-        layer = nn.TransformerEncoderLayer(d, 4, 1024, dropout=0.1, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d, vocab)
+def LM() -> nn.Module:
+    """The overhead benchmark's transformer LM, smaller: a few seconds per step on a GPU."""
+    from overhead import TinyLM  # benchmarks/ is sys.path[0] when this script runs
 
-    def forward(self, tokens):
-        return self.head(self.encoder(self.embed(tokens)))
+    return TinyLM(vocab=2048, layers=6)
 
 
 def make_session(device: str):

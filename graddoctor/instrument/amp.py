@@ -28,13 +28,11 @@ from .subclasses import Depth, patch_tree
 
 
 def _scale_value(scaler):
-    """The current scale: a float on CPU; on an accelerator a ``Deferred`` copy read once when the
-    run ends, so that recording it never synchronises the host with the device."""
+    """The current scale as a ``Deferred`` copy, read once when the run ends: recording it never
+    synchronises the host with the device (the same path on CPU, so a CPU run shows it too)."""
     scale = getattr(scaler, "_scale", None)
     if not scaler.is_enabled() or scale is None:
         return None
-    if scale.device.type == "cpu":
-        return float(scale.item())
     return Deferred(scale.detach().clone())
 
 

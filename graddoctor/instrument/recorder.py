@@ -149,11 +149,6 @@ class Recorder:
             self._opt_ids[key] = len(self._opt_ids)
         return self._opt_ids[key]
 
-    def grad_state(self, pid: int) -> tuple[int, int] | None:
-        tensor = self.tensor(pid)
-        grad = tensor.grad if tensor is not None else None
-        return None if grad is None else (id(grad), grad._version)
-
     def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
         """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
         that run every step go through here: locals only, no method call per parameter."""
