@@ -21,7 +21,10 @@ backward           bid, fresh [pid], accumulated [pid], cleared_outside [pid],
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
                    set_to_none, params [pid]
 step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm of each grad about
-                   to be applied, parallel to norm_pids; empty for closure steps),
+                   to be applied, parallel to norm_pids; empty for closure steps; both None when
+                   not measured: every grad was already seen finite by a clip_grad_norm_ or
+                   GradScaler.unscale_ and is unchanged since; measured anyway on each optimizer's
+                   first update and from the step budget's last update on),
                    nonfinite [pid] (grads with NaN/Inf)
 step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)

@@ -82,7 +82,7 @@ FAULTS = [
      "backward (before)"),
     ("gradient pre-hook", lambda mp: mp.setattr(
         "graddoctor.instrument.backward.BackwardWatcher._judge_changed", _boom), "gradient hook"),
-    ("gradient norms", lambda mp: mp.setattr("graddoctor.instrument.optim.grad_norms", _boom),
+    ("gradient pass", lambda mp: mp.setattr("graddoctor.instrument.optim.step_grads", _boom),
      "optimizer step (before)"),
     ("after step", lambda mp: mp.setattr("graddoctor.instrument.recorder.Recorder.after_step", _boom),
      "optimizer step (after)"),
@@ -109,7 +109,7 @@ def test_a_hook_that_raises_is_recorded_and_the_run_goes_on(monkeypatch, scripts
 
 def test_a_failing_hook_is_recorded_a_bounded_number_of_times(monkeypatch, scripts_importable):
     monkeypatch.setattr("graddoctor.instrument.backward.BackwardWatcher._judge_changed", _boom)
-    monkeypatch.setattr("graddoctor.instrument.optim.grad_norms", _boom)
+    monkeypatch.setattr("graddoctor.instrument.optim.step_grads", _boom)
     report = run_check(CheckOptions(target=ALL_HOOKS, steps=0))
     assert report.run.status == "completed" and report.run.steps == 12
     assert 0 < len(report.internal_errors) <= 20

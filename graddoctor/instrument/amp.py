@@ -111,7 +111,9 @@ class GradScalerWatcher:
                 result = original(scaler, optimizer)
             try:
                 opt = rec.optimizer_id(optimizer)
-                rec.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed the grads in place
+                states = rec.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
+                if scaler.is_enabled():  # it checked every value: finite, if scaler.step steps
+                    rec.vouch_finite(states, conditional=True)
                 rec.emit("unscale", rec.here(2), scaler=watcher.scaler_id(scaler), opt=opt,
                          enabled=scaler.is_enabled(), implicit=watcher._in_step.active,
                          scale=_scale_value(scaler))
@@ -130,8 +132,15 @@ class GradScalerWatcher:
                 return original(scaler, optimizer, *args, **kwargs)
             rec.maybe_stop()
             before = rec.steps
-            with watcher._in_step:
-                result = original(scaler, optimizer, *args, **kwargs)
+            outer = rec.in_scaler_step
+            # unfused: torch runs optimizer.step only if unscale_ found no inf/NaN
+            rec.in_scaler_step = (scaler.is_enabled()
+                                  and not getattr(optimizer, "_step_supports_amp_scaling", False))
+            try:
+                with watcher._in_step:
+                    result = original(scaler, optimizer, *args, **kwargs)
+            finally:
+                rec.in_scaler_step = outer
             try:
                 watcher._after_step(scaler, optimizer, before)
             except Exception as exc:

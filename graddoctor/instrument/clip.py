@@ -21,7 +21,6 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad as clip_grad
 
-from .gradedits import edited_pids
 from .recorder import Recorder
 from .subclasses import Depth
 
@@ -41,7 +40,7 @@ class ClipWatcher:
         self._depth = Depth()
 
     def _record(self, via: str, params: list, known_pids: list, arguments: dict, result,
-                edited: list[int]) -> None:
+                before: dict) -> None:
         rec = self.rec
         pids, with_grad, untracked = [], [], 0
         for p, pid in zip(params, known_pids):
@@ -60,44 +59,67 @@ class ClipWatcher:
         total = None
         if isinstance(total_norm, torch.Tensor) and total_norm.device.type == "cpu":
             total = _number(total_norm)  # only shown: never a device sync for it
+        known, zeroed = rec.known_grad, rec.zeroed_grad
+        edited = [pid for pid, state in before.items()
+                  if state != known.get(pid) and state != zeroed.get(pid)]
         rec.emit("clip", rec.here(2), via=via, params=pids, with_grad=with_grad, untracked=untracked,
                  limit=limit, norm_type=_number(arguments.get("norm_type", 2.0)) if via != "clip_grad_value_" else None,
                  norm_only=via != "clip_grad_value_" and limit == "inf", total_norm=total, edited=edited)
-        rec.refresh_known(pids)  # clipping changed the grads in place
+        after = rec.refresh_known(pids)  # clipping changed the grads in place
+        self._note_finite(via, total, before, after)
+
+    def _note_finite(self, via: str, total, before: dict, after) -> None:
+        """Keep ``Recorder.finite`` true to the clipped grads (it spares the step a norm pass).
+
+        clip_grad_norm_ with a finite total saw every value finite. Otherwise clipping keeps
+        finite grads finite only when the factor is finite: always for the elementwise clamp of
+        clip_grad_value_; for clip_grad_norm_ only when every grad in the call was finite (one
+        NaN makes the shared factor NaN)."""
+        rec = self.rec
+        if via == "clip_grad_norm_":
+            if isinstance(total, float):
+                rec.vouch_finite(after)
+            elif all((v := rec.finite.get(pid)) is not None and v[0] == state
+                     for pid, state in before.items()):
+                rec.carry_finite(before, after)
+        elif via == "clip_grad_value_":
+            rec.carry_finite(before, after)
 
     def _wrap(self, original, via: str):
         watcher, rec = self, self.rec
-        signature = inspect.signature(original)
+        names = list(inspect.signature(original).parameters)  # positional order, for _record
 
         @functools.wraps(original)
         def clip(*args, **kwargs):
-            if watcher._depth.active:
-                return original(*args, **kwargs)
-            call = params = None
-            try:
-                call = signature.bind(*args, **kwargs)
-                given = call.arguments["parameters"]
-                if isinstance(given, torch.Tensor):
-                    params = [given]
-                else:
-                    params = call.arguments["parameters"] = list(given)  # a generator is read once, here
-            except Exception:  # the user's own bad call: torch raises its error below
-                call = None
-            edited: list[int] = []
-            known_pids: list = []
-            if call is not None:
+            if watcher._depth.active or not (args or "parameters" in kwargs):
+                return original(*args, **kwargs)  # nested, or a bad call torch reports itself
+            given = args[0] if args else kwargs["parameters"]
+            if isinstance(given, torch.Tensor):
+                params = [given]
+            else:
                 try:
-                    known_pids = [rec.pid(p) if isinstance(p, torch.Tensor) else None for p in params]
-                    edited = edited_pids(rec, [pid for pid in known_pids if pid is not None])
-                except Exception as exc:
-                    rec.internal_error(f"{via} (before)", exc)
-            with watcher._depth:
-                if call is None:
-                    return original(*args, **kwargs)
-                result = original(*call.args, **call.kwargs)
+                    iterator = iter(given)
+                except TypeError:
+                    return original(*args, **kwargs)  # not iterable: torch's own error
+                params = list(iterator)  # a generator is read once, here; the list goes to torch
+            if args:
+                args = (params, *args[1:])
+            else:
+                kwargs["parameters"] = params
+            known_pids: list = []
+            before: dict = {}
             try:
-                watcher._record(via, params, known_pids or [None] * len(params), call.arguments,
-                                result, edited)
+                known_pids = [rec.pid(p) if isinstance(p, torch.Tensor) else None for p in params]
+                before = dict(rec.grad_states([pid for pid in known_pids if pid is not None]))
+            except Exception as exc:
+                rec.internal_error(f"{via} (before)", exc)
+            with watcher._depth:
+                result = original(*args, **kwargs)
+            try:
+                arguments = dict(zip(names, args))
+                arguments.update(kwargs)
+                watcher._record(via, params, known_pids or [None] * len(params), arguments,
+                                result, before)
             except Exception as exc:
                 rec.internal_error(f"{via} (after)", exc)
             return result

@@ -20,30 +20,44 @@ from torch.optim.optimizer import (
 from .recorder import Recorder
 
 
-def grad_norms(rec: Recorder, pids, edited: list | None = None) -> tuple[list[int], list[float]]:
-    """The per-update numeric summary: the L2 norm of every gradient about to be applied, in
-    one batched ``torch._foreach_norm`` per device and one host read per step (never a sync per
-    parameter). With ``edited`` (a list), the same pass also collects the pids whose ``.grad`` was
-    changed in place by code graddoctor does not watch (``p.grad /= k``): the grad tensor's
-    ``(id, _version)`` is neither what graddoctor last saw nor what zero_grad left."""
+def step_grads(rec: Recorder, pids, edited: list | None = None,
+               trust_scaler: bool = False) -> tuple[dict, bool]:
+    """One pass over the gradients an optimizer is about to apply (hot path: every update).
+
+    Returns them grouped by device (``device -> ([pid], [grad])``, dense only) and whether every
+    one is vouched finite (``Recorder.finite``; ``trust_scaler``: this step runs inside
+    GradScaler.step, so unscale_'s vouchers hold). With ``edited`` (a list), the same pass also
+    collects the pids whose ``.grad`` was changed in place by code graddoctor does not watch
+    (``p.grad /= k``): the grad tensor's ``(id, _version)`` is neither what graddoctor last saw
+    nor what zero_grad left."""
     by_device: dict = {}
     refs = rec._tensor
-    known, zeroed = rec.known_grad, rec.zeroed_grad
+    known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
+    all_vouched = True
     for pid in pids:
         tensor = refs[pid]()
         grad = tensor.grad if tensor is not None else None
         if grad is None:
             continue
-        if edited is not None:
-            state = (id(grad), grad._version)
-            if state != known.get(pid) and state != zeroed.get(pid):
-                edited.append(pid)
+        state = (id(grad), grad._version)
+        if edited is not None and state != known.get(pid) and state != zeroed.get(pid):
+            edited.append(pid)
+        if all_vouched:
+            vouched = finite.get(pid)
+            all_vouched = (vouched is not None and vouched[0] == state
+                           and (trust_scaler or not vouched[1]))
         if not grad.is_sparse:
             pids_grads = by_device.get(grad.device)
             if pids_grads is None:
                 pids_grads = by_device[grad.device] = ([], [])
             pids_grads[0].append(pid)
             pids_grads[1].append(grad)
+    return by_device, all_vouched
+
+
+def norms_by_device(by_device: dict) -> tuple[list[int], list[float]]:
+    """The L2 norm of each gradient in one batched ``torch._foreach_norm`` per device and one
+    host read per device (never a sync per parameter)."""
     out_pids: list[int] = []
     out_norms: list[float] = []
     with torch.no_grad():
@@ -53,6 +67,11 @@ def grad_norms(rec: Recorder, pids, edited: list | None = None) -> tuple[list[in
             # stack promotes mixed dtypes; one device-to-host read per device
             out_norms.extend(torch.stack(norms).tolist())
     return out_pids, out_norms
+
+
+def grad_norms(rec: Recorder, pids, edited: list | None = None) -> tuple[list[int], list[float]]:
+    """The per-update numeric summary: ``(pids, norms)`` of every dense gradient in ``pids``."""
+    return norms_by_device(step_grads(rec, pids, edited)[0])
 
 
 def _really_nonfinite(rec: Recorder, pid: int) -> bool:
@@ -80,6 +99,7 @@ class OptimizerWatcher:
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self.step_listeners: list = []  # callables(opt_id, optimizer) after each real step
         self._named_after_first_step = False
+        self._normed: set[int] = set()  # optimizers whose first update carried norms
 
     # -- construction --------------------------------------------------------------------
     def _wrap_add_param_group(self, original):
@@ -179,10 +199,18 @@ class OptimizerWatcher:
             closure = _has_closure(args, kwargs)
             opt = rec.optimizer_id(optimizer)
             edited: list[int] = []
-            norm_pids, norms = ([], []) if closure else grad_norms(rec, rec.opt_params.get(opt, ()),
-                                                                   edited)
-            nonfinite = [pid for pid, n in zip(norm_pids, norms)
-                         if not math.isfinite(n) and _really_nonfinite(rec, pid)]
+            norm_pids: list[int] | None = []
+            norms: list[float] | None = []
+            nonfinite: list[int] = []
+            if not closure:
+                by_device, vouched = step_grads(rec, rec.opt_params.get(opt, ()), edited,
+                                                rec.in_scaler_step)
+                if vouched and not self._wants_norms(opt):
+                    norm_pids = norms = None  # finite, as a clip or unscale_ already saw
+                else:
+                    norm_pids, norms = norms_by_device(by_device)
+                    nonfinite = [pid for pid, n in zip(norm_pids, norms)
+                                 if not math.isfinite(n) and _really_nonfinite(rec, pid)]
             loc = rec.here(3)
             if edited and rec.in_step is None:  # L-BFGS-style closures recompute grads themselves
                 rec.emit("grad_edit", loc, opt=opt, params=edited)
@@ -192,6 +220,16 @@ class OptimizerWatcher:
                 rec.in_step = opt
         except Exception as exc:
             rec.internal_error("optimizer step (before)", exc)
+
+    def _wants_norms(self, opt: int) -> bool:
+        """Per-layer norms (the ``--grad-flow`` view) even when the grads are vouched finite:
+        on each optimizer's first update and on every update from the step budget's last one
+        on (the replay's final updates, the ones the view shows)."""
+        if opt not in self._normed:
+            self._normed.add(opt)
+            return True
+        budget = self.rec.step_budget
+        return budget is not None and self.rec.steps + 1 >= budget
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec

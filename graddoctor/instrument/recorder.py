@@ -72,6 +72,13 @@ class Recorder:
         # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
         self.known_grad: dict[int, tuple[int, int]] = {}
         self.zeroed_grad: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
+        # grads known to be finite: pid -> ((id(grad), grad._version), conditional). Vouched for
+        # by a watched op that already looked at every value (clip_grad_norm_ with a finite total,
+        # GradScaler.unscale_); valid while the grad is in exactly that state. ``conditional``:
+        # only if the optimizer step then runs inside GradScaler.step, which runs it only when
+        # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
+        self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
+        self.in_scaler_step = False  # an enabled, unfused GradScaler.step is running
         self.current_backward: Any = None  # BackwardContext while a backward runs
         self.in_step: int | None = None  # optimizer id while optimizer.step(closure) runs
         self._opt_ids: dict[int, int] = {}
@@ -181,10 +188,30 @@ class Recorder:
                 known[pid] = (id(grad), grad._version)
         return without
 
-    def refresh_known(self, pids) -> None:
+    def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
         """After an in-place change we made or watched (clip, unscale, step): the grad as it is
-        now is still the accumulated one, not a manual clear."""
-        self.known_grad.update(self.grad_states(pids))
+        now is still the accumulated one, not a manual clear. Returns the states it read."""
+        states = self.grad_states(pids)
+        self.known_grad.update(states)
+        return states
+
+    def vouch_finite(self, states, conditional: bool = False) -> None:
+        """A watched op has just seen every value of these grads finite (see ``finite``)."""
+        finite = self.finite
+        for pid, state in states:
+            finite[pid] = (state, conditional)
+
+    def carry_finite(self, before: dict, after) -> None:
+        """A watched op that keeps finite grads finite (clipping: a finite factor or a clamp)
+        went from ``before`` (pid -> state) to ``after``: grads vouched for before still are."""
+        finite = self.finite
+        for pid, state in after:
+            vouched = finite.get(pid)
+            if vouched is not None:
+                if vouched[0] == before.get(pid):
+                    finite[pid] = (state, vouched[1])
+                else:
+                    del finite[pid]
 
     # -- budget --------------------------------------------------------------------------
     def count_step(self) -> None:
