@@ -8,8 +8,8 @@ For each workload, two views of the instrumented step:
   backward, zero_grad...). cProfile inflates call-heavy Python roughly 2-5x: compare entries
   with each other, not with the step time.
 - direct timings (min of repeats, no profiler) of the pieces that run once per backward or per
-  step: the graph walk, the end-of-backward bookkeeping, the grad-norm summary, the post-step
-  refresh, the user-location lookup, and one gradient pre-hook (runs once per parameter).
+  step: the graph walk, the grad verdicts read before a backward, the end-of-backward
+  bookkeeping, the grad-norm summary, the post-step refresh and the user-location lookup.
 Record these before and after a change to the instrumentation.
 """
 
@@ -77,12 +77,14 @@ def _is_ours(path: str) -> bool:
 # graddoctor's wrappers around the user's own calls: what they call outside graddoctor is the
 # wrapped original (the user's backward, zero_grad, clip...), not overhead
 TOP = 8
-_WRAPPERS = {"backward", "zero_grad", "add_param_group", "__iter__", "wrapper", "wrapped"}
+_WRAPPERS = {"backward", "zero_grad", "add_param_group", "__iter__", "__next__", "__len__",
+             "_initial_step", "clip", "compile", "forward", "requires_grad_", "reset_running_stats",
+             "scale", "step", "train", "unscale_", "update", "update_bn", "wrapper", "wrapped"}
 
 
 def _graddoctor_time(stats) -> dict[str, float]:
     """Time spent in graddoctor's own code: its functions' own time plus everything they call,
-    except the wrapped originals (the user's backward and zero_grad), per graddoctor entry."""
+    except the wrapped originals (the user's backward, zero_grad, step...), per graddoctor entry."""
     own: dict[str, float] = {}
     for (path, line, func), (_cc, _nc, tt, _ct, callers) in stats.items():
         if _is_ours(path):
@@ -112,27 +114,10 @@ def direct_timings(rec, inst, session) -> None:
         ("after_step", lambda: rec.after_step(pids), 500),
         ("location lookup rec.here()", lambda: rec.here(1), 2000),
     ]
-    hook = _a_grad_pre_hook(rec)
-    if hook is not None:
-        ctx = bw.BackwardContext(0)
-        rec.current_backward = ctx
-
-        def one_hook():
-            ctx.state.clear()
-            hook(None)
-
-        rows.append(("one gradient pre-hook", one_hook, 5000))
+    rows.append((f"grad verdicts before a backward ({len(leaves)} leaves)",
+                 lambda: watcher.read_before(bw.BackwardContext(0), leaves), 500))
     for label, fn, number in rows:
         print(f"    {label:<34}{_us(fn, number):>9.2f} us")
-    rec.current_backward = None
-
-
-def _a_grad_pre_hook(rec):
-    tensor = rec.tensor(rec.tracked_pids()[0])
-    for hook in (getattr(tensor, "_backward_hooks", None) or {}).values():
-        if getattr(hook, "__name__", "") == "grad_pre_hook":
-            return hook
-    return None
 
 
 def main() -> None:

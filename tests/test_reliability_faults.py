@@ -80,8 +80,8 @@ FAULTS = [
                                           _raise_on("param")), "naming parameters"),
     ("graph walk", lambda mp: mp.setattr("graddoctor.instrument.backward.BackwardWatcher.begin", _boom),
      "backward (before)"),
-    ("gradient pre-hook", lambda mp: mp.setattr(
-        "graddoctor.instrument.backward.BackwardWatcher._judge_changed", _boom), "gradient hook"),
+    ("grad verdict before a backward", lambda mp: mp.setattr(
+        "graddoctor.instrument.backward.BackwardWatcher._judge_changed", _boom), "backward (before)"),
     ("gradient pass", lambda mp: mp.setattr("graddoctor.instrument.optim.step_grads", _boom),
      "optimizer step (before)"),
     ("after step", lambda mp: mp.setattr("graddoctor.instrument.recorder.Recorder.after_step", _boom),

@@ -70,8 +70,5 @@ class Instrumentation:
             emit_param_events(rec)
         except Exception as error:
             rec.internal_error("naming parameters", error)
-        for handle in rec.hook_handles:
-            self.patcher.handle(handle)
-        rec.hook_handles = []
         for error in self.patcher.undo():
             rec.internal_error("removing instrumentation", error)

@@ -1,31 +1,37 @@
 """Backward calls and which parameters each one writes.
 
-``Tensor.backward`` / ``torch.autograd.backward`` are wrapped: before the original runs we
-walk the graph once (which leaves will it write? any that are not parameters, like FGSM's
-input?) and give new leaves a gradient pre-hook; the hook tells, per parameter, whether the
-gradient arrives on a cleared ``.grad`` (fresh) or onto the one we last saw (accumulated).
-After the original returns we read each written ``.grad`` once and emit one ``backward`` event.
+``Tensor.backward`` / ``torch.autograd.backward`` are wrapped. Before the original runs we walk
+the graph once: its AccumulateGrad nodes are exactly the leaves this backward will write. New
+parameters among them are tracked; leaves that are not parameters (FGSM's input) are counted.
+For each parameter we then read its ``.grad`` once, which tells whether the gradient will
+arrive on a cleared ``.grad`` (fresh) or on the one we last saw (accumulated). After the
+original returns we read each written ``.grad`` once more and emit one ``backward`` event.
+
+No per-parameter hooks: on the tiny MLP of the overhead benchmark, 20 Python tensor hooks
+alone cost about 17 us per step, more than this whole pass. A backward started from inside
+another one (reentrant activation checkpointing recomputes a segment and backpropagates it
+with ``torch.autograd.backward``) is walked the same way, so the parameters of a checkpointed
+segment, which are not in the outer graph, are read before their gradients arrive.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch
-from torch.nn.parameter import is_lazy
 
 from .recorder import Recorder
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
 
 
-@dataclass
 class BackwardContext:
-    bid: int
-    state: dict = field(default_factory=dict)  # pid -> FRESH | ACCUMULATED | CLEARED_OUTSIDE
-    extra_leaves: int = 0
+    __slots__ = ("bid", "state", "extra_leaves", "root")
+
+    def __init__(self, bid: int, state: dict | None = None, root=None):
+        self.bid = bid
+        self.state: dict = {} if state is None else state  # pid -> FRESH | ACCUMULATED | CLEARED_OUTSIDE
+        self.extra_leaves = 0
+        self.root = root  # the tensors the outermost call was given (told apart from nested calls)
 
 
 # AccumulateGrad nodes are where a backward writes into a leaf's .grad
@@ -74,40 +80,38 @@ class BackwardWatcher:
         self.rec = rec
         self.owned = owned  # id() of tensors some optimizer owns (kept by OptimizerWatcher)
         self.cpu_checks = True
-        self._lazy: list[int] = []  # pids of UninitializedParameters waiting for their hook
         self.loss_describers: list = []  # callables(tensors) -> dict, added by other watchers
-        rec.on_param_tracked.append(self._install_hook)
 
-    # -- per-parameter hook (hot path: once per parameter per backward) ---------------
-    def _install_hook(self, pid: int, tensor) -> None:
+    # -- the leaves a backward is about to write (hot path: once per leaf per backward) --------
+    def read_before(self, ctx: BackwardContext, leaves) -> None:
+        """Track new parameters, count non-parameter leaves, and judge each parameter's
+        ``.grad`` as it is before the backward writes it: absent or left by zero_grad (fresh),
+        the one we last saw (accumulated), or changed behind our back."""
         rec = self.rec
-        if is_lazy(tensor):  # a LazyModule's parameter takes hooks only once materialised
-            self._lazy.append(pid)
-            return
-        ref = rec._tensor[pid]
+        state = ctx.state
+        pid_of, refs = rec._pid_of, rec._tensor
         known, zeroed = rec.known_grad, rec.zeroed_grad
-
-        def grad_pre_hook(_grad):
-            ctx = rec.current_backward
-            if ctx is None or pid in ctx.state:  # torch.autograd.grad, or a 2nd visit (checkpoint)
-                return None
-            try:
-                grad = ref().grad
-                if grad is None:
-                    ctx.state[pid] = FRESH
+        for leaf in leaves:
+            pid = pid_of.get(id(leaf))
+            if pid is None or refs[pid]() is not leaf:  # not tracked yet (rec.pid, inlined)
+                if isinstance(leaf, torch.nn.Parameter) or id(leaf) in self.owned:
+                    pid = rec.track(leaf)
                 else:
-                    key = (id(grad), grad._version)
-                    if key == known.get(pid):
-                        ctx.state[pid] = ACCUMULATED
-                    elif key == zeroed.get(pid):
-                        ctx.state[pid] = FRESH
-                    else:
-                        ctx.state[pid] = self._judge_changed(grad)
-            except Exception as exc:
-                rec.internal_error("gradient hook", exc)
-            return None
-
-        rec.hook_handles.append(tensor.register_hook(grad_pre_hook))
+                    ctx.extra_leaves += 1  # e.g. FGSM: the input's gradient is the point
+                    continue
+            if pid in state:  # a checkpointed segment's second pass over the same parameter
+                continue
+            grad = leaf.grad
+            if grad is None:
+                state[pid] = FRESH
+            else:
+                key = (id(grad), grad._version)
+                if key == known.get(pid):
+                    state[pid] = ACCUMULATED
+                elif key == zeroed.get(pid):
+                    state[pid] = FRESH
+                else:
+                    state[pid] = self._judge_changed(grad)
 
     def _judge_changed(self, grad) -> int:
         """The grad was changed behind our back (``p.grad.zero_()``, ``p.grad = zeros``,
@@ -117,31 +121,16 @@ class BackwardWatcher:
             return CLEARED_OUTSIDE if not bool(grad.any()) else ACCUMULATED
         return CLEARED_OUTSIDE
 
-    # -- wrappers ------------------------------------------------------------------------
-    def _install_materialised(self) -> None:
-        waiting, self._lazy = self._lazy, []
-        for pid in waiting:
-            tensor = self.rec.tensor(pid)
-            if tensor is not None:
-                self._install_hook(pid, tensor)  # still lazy: goes back on the list
-
     def begin(self, tensors, inputs) -> BackwardContext:
         rec = self.rec
-        ctx = BackwardContext(bid=rec.backward_calls)
+        ctx = BackwardContext(rec.backward_calls, root=tensors)
         rec.backward_calls += 1
-        if self._lazy:
-            self._install_materialised()
-        for leaf in _leaves(tensors, inputs):
-            if rec.pid(leaf) is not None:
-                continue
-            if isinstance(leaf, torch.nn.Parameter) or id(leaf) in self.owned:
-                rec.track(leaf)
-            else:
-                ctx.extra_leaves += 1  # e.g. FGSM: the input's gradient is the point
+        self.read_before(ctx, _leaves(tensors, inputs))
         return ctx
 
     def end(self, ctx: BackwardContext, loc, extra: dict) -> None:
         rec = self.rec
+        ctx.root = None
         fresh, accumulated, cleared = [], [], []
         zeroed = rec.zeroed_grad
         for pid, state in ctx.state.items():
@@ -154,22 +143,40 @@ class BackwardWatcher:
             cleared_outside=cleared, extra_leaves=ctx.extra_leaves, in_step=rec.in_step, **extra,
         )
 
+    @staticmethod
+    def _arguments(args, kwargs, takes_self: bool):
+        tensors = args[0] if args else kwargs.get("tensors", kwargs.get("self"))
+        inputs = kwargs.get("inputs")
+        inputs_at = 4 if takes_self else 5  # Tensor.backward / autograd.backward
+        if inputs is None and len(args) > inputs_at:
+            inputs = args[inputs_at]
+        return tensors, inputs
+
+    def _nested(self, ctx: BackwardContext, args, kwargs, takes_self: bool) -> None:
+        """A backward inside a running one. ``Tensor.backward`` handing its own tensor on to
+        ``torch.autograd.backward`` is the same call; anything else (reentrant checkpointing)
+        writes leaves of its own graph, read here before it runs."""
+        tensors, inputs = self._arguments(args, kwargs, takes_self)
+        if tensors is ctx.root:
+            return
+        self.read_before(ctx, _leaves(tensors, inputs))
+
     def wrap(self, original, takes_self: bool):
         watcher = self
         rec = self.rec
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
-            if rec.current_backward is not None:  # nested: reentrant checkpointing, Tensor->autograd
+            ctx = rec.current_backward
+            if ctx is not None:
+                try:
+                    watcher._nested(ctx, args, kwargs, takes_self)
+                except Exception as exc:
+                    rec.internal_error("backward (nested)", exc)
                 return original(*args, **kwargs)
             rec.maybe_stop()
-            ctx = None
             try:
-                tensors = args[0] if args else kwargs.get("tensors", kwargs.get("self"))
-                inputs = kwargs.get("inputs")
-                inputs_at = 4 if takes_self else 5  # Tensor.backward / autograd.backward
-                if inputs is None and len(args) > inputs_at:
-                    inputs = args[inputs_at]
+                tensors, inputs = watcher._arguments(args, kwargs, takes_self)
                 ctx = watcher.begin(tensors, inputs)
                 loc = rec.here(2)
                 extra = watcher.describe_loss(tensors)

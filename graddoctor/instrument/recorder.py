@@ -68,7 +68,6 @@ class Recorder:
         # tensors we track: id(tensor) -> pid, and pid -> weakref(tensor)
         self._pid_of: dict[int, int] = {}
         self._tensor: list[weakref.ref] = []  # pid -> weakref (pids are 0, 1, 2, ...)
-        self.hook_handles: list[Any] = []
         # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
         self.known_grad: dict[int, tuple[int, int]] = {}
         self.zeroed_grad: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
@@ -88,7 +87,6 @@ class Recorder:
         self.shapes: dict[int, list[int]] = {}
         self.requires_grad: dict[int, bool] = {}
         self.internal_errors = 0
-        self.on_param_tracked: list[Callable[[int, Any], None]] = []
         self.on_step: list[Callable[[int], None]] = []  # called with the step count (progress line)
         # callables() -> True while the replay should go on past the step budget (e.g. until a
         # DataLoader has crossed two epoch boundaries); each must bound itself
@@ -130,7 +128,7 @@ class Recorder:
         return None
 
     def track(self, tensor) -> int:
-        """Give a leaf tensor a pid and install its gradient hook (once)."""
+        """Give a leaf tensor a pid (once)."""
         pid = self.pid(tensor)
         if pid is not None:
             return pid
@@ -140,8 +138,6 @@ class Recorder:
         self.is_parameter[pid] = isinstance(tensor, torch.nn.Parameter)
         self.shapes[pid] = _shape(tensor)
         self.requires_grad[pid] = tensor.requires_grad
-        for callback in self.on_param_tracked:
-            callback(pid, tensor)
         return pid
 
     def tensor(self, pid: int):
