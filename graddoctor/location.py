@@ -39,6 +39,7 @@ class LocationFinder:
         self._is_user: dict[str, bool] = {}
         self._rel = relative_to or os.getcwd()
         self._display: dict[str, str] = {}
+        self._locations: dict[tuple, Location] = {}  # (code object, line) -> its Location
 
     def is_user_file(self, filename: str) -> bool:
         known = self._is_user.get(filename)
@@ -70,9 +71,16 @@ class LocationFinder:
         frame = sys._getframe(skip)
         fallback = None
         while frame is not None:
-            filename = frame.f_code.co_filename
+            code = frame.f_code
+            filename = code.co_filename
             if self.is_user_file(filename):
-                return Location(self.display_path(filename), frame.f_lineno, frame.f_code.co_name)
+                # hot path (several times per step): the same few call lines recur every step
+                key = (code, frame.f_lineno)
+                location = self._locations.get(key)
+                if location is None:
+                    location = self._locations[key] = Location(self.display_path(filename),
+                                                               key[1], code.co_name)
+                return location
             if fallback is None and "site-packages" in filename and not filename.startswith(_PKG_DIR):
                 fallback = frame
             frame = frame.f_back

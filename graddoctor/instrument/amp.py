@@ -27,13 +27,25 @@ from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
 
 
-def _scale_value(scaler):
-    """The current scale as a ``Deferred`` copy, read once when the run ends: recording it never
-    synchronises the host with the device (the same path on CPU, so a CPU run shows it too)."""
-    scale = getattr(scaler, "_scale", None)
-    if not scaler.is_enabled() or scale is None:
-        return None
-    return Deferred(scale.detach().clone())
+class ScaleCopies:
+    """The current scale of each scaler as a ``Deferred`` copy, read once when the run ends:
+    recording it never synchronises the host with the device (the same path on CPU, so a CPU
+    run shows it too). The scale changes only in ``update()`` (in place): while the tensor's
+    version is unchanged the previous copy is shared, one copy per update instead of three."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple] = {}  # id(scaler) -> (scale tensor, its _version, Deferred)
+
+    def __call__(self, scaler) -> Deferred | None:
+        scale = getattr(scaler, "_scale", None)
+        if not scaler.is_enabled() or scale is None:
+            return None
+        last = self._last.get(id(scaler))
+        if last is not None and last[0] is scale and last[1] == scale._version:
+            return last[2]
+        copy = Deferred(scale.detach().clone())
+        self._last[id(scaler)] = (scale, scale._version, copy)
+        return copy
 
 
 class GradScalerWatcher:
@@ -45,6 +57,7 @@ class GradScalerWatcher:
         self._in_unscale = Depth()
         self._in_scale = Depth()
         self._in_update = Depth()
+        self._scale_value = ScaleCopies()
         backward_watcher.loss_describers.append(self.describe_loss)
 
     def scaler_id(self, scaler) -> int:
@@ -93,7 +106,7 @@ class GradScalerWatcher:
                 result = original(scaler, outputs)
             try:
                 watcher._mark(result, {"scaler": watcher.scaler_id(scaler), "enabled": scaler.is_enabled(),
-                                       "scale": _scale_value(scaler)})
+                                       "scale": watcher._scale_value(scaler)})
             except Exception as exc:
                 rec.internal_error("GradScaler.scale", exc)
             return result
@@ -116,7 +129,7 @@ class GradScalerWatcher:
                     rec.vouch_finite(states, conditional=True)
                 rec.emit("unscale", rec.here(2), scaler=watcher.scaler_id(scaler), opt=opt,
                          enabled=scaler.is_enabled(), implicit=watcher._in_step.active,
-                         scale=_scale_value(scaler))
+                         scale=watcher._scale_value(scaler))
             except Exception as exc:
                 rec.internal_error("GradScaler.unscale_", exc)
             return result
@@ -182,7 +195,7 @@ class GradScalerWatcher:
                 result = original(scaler, *args, **kwargs)
             try:
                 rec.emit("scaler_update", rec.here(2), scaler=watcher.scaler_id(scaler),
-                         enabled=scaler.is_enabled(), scale=_scale_value(scaler))
+                         enabled=scaler.is_enabled(), scale=watcher._scale_value(scaler))
             except Exception as exc:
                 rec.internal_error("GradScaler.update", exc)
             return result

@@ -57,21 +57,22 @@ def _leaves(tensors, inputs) -> list:
         if not isinstance(t, torch.Tensor):
             continue
         if t.grad_fn is not None:
-            stack.append(t.grad_fn)
+            if t.grad_fn not in seen:
+                seen.add(t.grad_fn)
+                stack.append(t.grad_fn)
         elif t.requires_grad:  # backward on a leaf itself
             leaves.append(t)
     accumulate_grad = _ACCUMULATE_GRAD
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if type(node) is accumulate_grad or (accumulate_grad is None and hasattr(node, "variable")):
-            leaves.append(node.variable)
-            continue
-        for child, _ in node.next_functions:
-            if child is not None and child not in seen:
-                stack.append(child)
+    add, push, pop, found = seen.add, stack.append, stack.pop, leaves.append
+    while stack:  # each node is marked seen when first pushed, so it is expanded once
+        for child, _ in pop().next_functions:
+            if child is None or child in seen:
+                continue
+            add(child)
+            if type(child) is accumulate_grad or (accumulate_grad is None and hasattr(child, "variable")):
+                found(child.variable)
+            else:
+                push(child)
     return leaves
 
 
@@ -132,12 +133,15 @@ class BackwardWatcher:
         rec = self.rec
         ctx.root = None
         fresh, accumulated, cleared = [], [], []
-        zeroed = rec.zeroed_grad
-        for pid, state in ctx.state.items():
+        refs, known, zeroed = rec._tensor, rec.known_grad, rec.zeroed_grad
+        for pid, state in ctx.state.items():  # one pass: sort the verdicts, note each new grad
             (fresh if state == FRESH else accumulated if state == ACCUMULATED else cleared).append(pid)
             if zeroed:
                 zeroed.pop(pid, None)
-        rec.known_grad.update(rec.grad_states(ctx.state))
+            tensor = refs[pid]()
+            grad = tensor.grad if tensor is not None else None
+            if grad is not None:
+                known[pid] = (id(grad), grad._version)
         rec.emit(
             "backward", loc, bid=ctx.bid, fresh=fresh, accumulated=accumulated,
             cleared_outside=cleared, extra_leaves=ctx.extra_leaves, in_step=rec.in_step, **extra,

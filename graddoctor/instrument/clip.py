@@ -39,33 +39,51 @@ class ClipWatcher:
         self.rec = rec
         self._depth = Depth()
 
-    def _record(self, via: str, params: list, known_pids: list, arguments: dict, result,
-                before: dict) -> None:
+    def _before(self, params: list) -> tuple[list, dict, list]:
+        """One pass before the clip: each param's pid (None if untracked), the state of each
+        tracked grad, and which of those unwatched code changed since graddoctor last saw them."""
         rec = self.rec
-        pids, with_grad, untracked = [], [], 0
-        for p, pid in zip(params, known_pids):
-            if not isinstance(p, torch.Tensor):
+        pid_of, refs, known, zeroed = rec._pid_of, rec._tensor, rec.known_grad, rec.zeroed_grad
+        known_pids, before, edited = [], {}, []
+        for p in params:
+            pid = pid_of.get(id(p))
+            if pid is None or refs[pid]() is not p:  # untracked, or not a tensor (rec.pid, inlined)
+                known_pids.append(None)
                 continue
+            known_pids.append(pid)
+            grad = p.grad
+            if grad is not None:
+                state = before[pid] = (id(grad), grad._version)
+                if state != known.get(pid) and state != zeroed.get(pid):
+                    edited.append(pid)
+        return known_pids, before, edited
+
+    def _record(self, via: str, params: list, known_pids: list, arguments: dict, result,
+                before: dict, edited: list) -> None:
+        rec = self.rec
+        pids, with_grad, after, untracked = [], [], [], 0
+        for p, pid in zip(params, known_pids):
             if pid is None:
+                if not isinstance(p, torch.Tensor):
+                    continue
                 if not (p.is_leaf and p.requires_grad):
                     untracked += 1
                     continue
                 pid = rec.track(p)
             pids.append(pid)
-            if p.grad is not None:
+            grad = p.grad
+            if grad is not None:
                 with_grad.append(pid)
+                after.append((pid, (id(grad), grad._version)))
+        rec.known_grad.update(after)  # clipping changed the grads in place: still accumulated ones
         limit = _number(arguments.get("clip_value" if via == "clip_grad_value_" else "max_norm"))
         total_norm = result if via == "clip_grad_norm_" else arguments.get("total_norm")
         total = None
         if isinstance(total_norm, torch.Tensor) and total_norm.device.type == "cpu":
             total = _number(total_norm)  # only shown: never a device sync for it
-        known, zeroed = rec.known_grad, rec.zeroed_grad
-        edited = [pid for pid, state in before.items()
-                  if state != known.get(pid) and state != zeroed.get(pid)]
         rec.emit("clip", rec.here(2), via=via, params=pids, with_grad=with_grad, untracked=untracked,
                  limit=limit, norm_type=_number(arguments.get("norm_type", 2.0)) if via != "clip_grad_value_" else None,
                  norm_only=via != "clip_grad_value_" and limit == "inf", total_norm=total, edited=edited)
-        after = rec.refresh_known(pids)  # clipping changed the grads in place
         self._note_finite(via, total, before, after)
 
     def _note_finite(self, via: str, total, before: dict, after) -> None:
@@ -108,9 +126,9 @@ class ClipWatcher:
                 kwargs["parameters"] = params
             known_pids: list = []
             before: dict = {}
+            edited: list = []
             try:
-                known_pids = [rec.pid(p) if isinstance(p, torch.Tensor) else None for p in params]
-                before = dict(rec.grad_states([pid for pid in known_pids if pid is not None]))
+                known_pids, before, edited = watcher._before(params)
             except Exception as exc:
                 rec.internal_error(f"{via} (before)", exc)
             with watcher._depth:
@@ -119,7 +137,7 @@ class ClipWatcher:
                 arguments = dict(zip(names, args))
                 arguments.update(kwargs)
                 watcher._record(via, params, known_pids or [None] * len(params), arguments,
-                                result, before)
+                                result, before, edited)
             except Exception as exc:
                 rec.internal_error(f"{via} (after)", exc)
             return result

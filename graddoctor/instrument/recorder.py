@@ -193,9 +193,7 @@ class Recorder:
 
     def vouch_finite(self, states, conditional: bool = False) -> None:
         """A watched op has just seen every value of these grads finite (see ``finite``)."""
-        finite = self.finite
-        for pid, state in states:
-            finite[pid] = (state, conditional)
+        self.finite.update({pid: (state, conditional) for pid, state in states})
 
     def carry_finite(self, before: dict, after) -> None:
         """A watched op that keeps finite grads finite (clipping: a finite factor or a clamp)
