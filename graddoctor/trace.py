@@ -12,7 +12,8 @@ run_start          script, argv, device, torch_version
 param              pid, name, shape, is_parameter, requires_grad       (at first sight)
 optimizer_init     opt, cls, params [pid]
 backward           bid, fresh [pid], accumulated [pid], cleared_outside [pid],
-                   extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input),
+                   extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input; the
+                   count of its call line's latest graph walk, see instrument/backward.py),
                    in_step (opt id when run inside ``optimizer.step(closure)``, else None),
                    scaled (bool: backward of ``scaler.scale(loss)``), scale (float|None),
                    loss_scale_factor (float|None: how the loss was divided, when known),

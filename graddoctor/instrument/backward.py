@@ -1,17 +1,21 @@
 """Backward calls and which parameters each one writes.
 
-``Tensor.backward`` / ``torch.autograd.backward`` are wrapped. Before the original runs we walk
-the graph once: its AccumulateGrad nodes are exactly the leaves this backward will write. New
-parameters among them are tracked; leaves that are not parameters (FGSM's input) are counted.
-For each parameter we then read its ``.grad`` once, which tells whether the gradient will
-arrive on a cleared ``.grad`` (fresh) or on the one we last saw (accumulated). After the
-original returns we read each written ``.grad`` once more and emit one ``backward`` event.
+``Tensor.backward`` / ``torch.autograd.backward`` are wrapped. Before the original runs, every
+tracked parameter's ``.grad`` is read once (hot path): absent or left by zero_grad means the
+gradient will arrive fresh, the one graddoctor last saw means it accumulates. After the original
+returns, a parameter whose ``.grad`` is another tensor or has a new version was written by this
+backward, and its new grad is noted. That covers backwards nested in the running one (reentrant
+activation checkpointing backpropagates each segment on its own) and ``inputs=``.
 
-No per-parameter hooks: on the tiny MLP of the overhead benchmark, 20 Python tensor hooks
-alone cost about 17 us per step, more than this whole pass. A backward started from inside
-another one (reentrant activation checkpointing recomputes a segment and backpropagates it
-with ``torch.autograd.backward``) is walked the same way, so the parameters of a checkpointed
-segment, which are not in the outer graph, are read before their gradients arrive.
+The graph is walked (``_leaves``) only to find leaves graddoctor does not track yet: parameters
+no optimizer owns, and leaves that are not parameters at all (FGSM's input, whose gradient is
+the point of that backward). A walk costs more than the rest of a backward's bookkeeping on a
+small model, so it runs on each call line's first backwards, whenever parameters were
+registered on a module since, on every backward of a line that showed non-parameter leaves,
+and on every 16th call of a line otherwise; an unwalked backward repeats its line's last count.
+
+No per-parameter hooks: on the tiny MLP of the overhead benchmark, 20 Python tensor hooks alone
+cost about 17 us per step, more than these two passes.
 """
 
 from __future__ import annotations
@@ -25,13 +29,29 @@ FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
 
 
 class BackwardContext:
-    __slots__ = ("bid", "state", "extra_leaves", "root")
+    __slots__ = ("bid", "before", "extra_leaves")
 
-    def __init__(self, bid: int, state: dict | None = None, root=None):
+    def __init__(self, bid: int):
         self.bid = bid
-        self.state: dict = {} if state is None else state  # pid -> FRESH | ACCUMULATED | CLEARED_OUTSIDE
+        # per tracked tensor: (pid, tensor, grad before, its version, verdict); the grad is held
+        # only while the backward runs, so that a replacement cannot reuse its id
+        self.before: list = []
         self.extra_leaves = 0
-        self.root = root  # the tensors the outermost call was given (told apart from nested calls)
+
+
+WALK_FIRST = 3  # backwards of a call line that are always walked
+WALK_EVERY = 16  # after those, one in this many
+
+
+class _Line:
+    """What the graph walks of one backward call line found."""
+
+    __slots__ = ("calls", "extra_leaves", "registrations")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.extra_leaves = 0
+        self.registrations = -1  # parameter registrations counted at its last walk
 
 
 # AccumulateGrad nodes are where a backward writes into a leaf's .grad
@@ -82,37 +102,64 @@ class BackwardWatcher:
         self.owned = owned  # id() of tensors some optimizer owns (kept by OptimizerWatcher)
         self.cpu_checks = True
         self.loss_describers: list = []  # callables(tensors) -> dict, added by other watchers
+        self._lines: dict = {}  # (path, line) of a backward call -> _Line
+        self.registrations = 0  # parameters registered on any module (a global module hook)
+        self._always_walk = False  # torch without that hook: nothing tells when to walk again
 
-    # -- the leaves a backward is about to write (hot path: once per leaf per backward) --------
-    def read_before(self, ctx: BackwardContext, leaves) -> None:
-        """Track new parameters, count non-parameter leaves, and judge each parameter's
-        ``.grad`` as it is before the backward writes it: absent or left by zero_grad (fresh),
-        the one we last saw (accumulated), or changed behind our back."""
+    # -- graph walks ---------------------------------------------------------------------------
+    def _walk_due(self, loc) -> _Line | None:
+        """The line's record when this backward's graph should be walked, else None."""
+        key = (loc.path, loc.line) if loc is not None else None
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = _Line()
+        line.calls += 1
+        if (key is None or self._always_walk or line.calls <= WALK_FIRST or line.extra_leaves
+                or line.registrations != self.registrations or line.calls % WALK_EVERY == 0):
+            return line
+        return None
+
+    def _walk(self, ctx: BackwardContext, line: _Line | None, tensors, inputs) -> None:
+        """Track the new parameters among the leaves this backward writes; count the others."""
         rec = self.rec
-        state = ctx.state
         pid_of, refs = rec._pid_of, rec._tensor
-        known, zeroed = rec.known_grad, rec.zeroed_grad
-        for leaf in leaves:
+        if line is not None:
+            line.registrations = self.registrations
+        for leaf in _leaves(tensors, inputs):
             pid = pid_of.get(id(leaf))
-            if pid is None or refs[pid]() is not leaf:  # not tracked yet (rec.pid, inlined)
-                if isinstance(leaf, torch.nn.Parameter) or id(leaf) in self.owned:
-                    pid = rec.track(leaf)
-                else:
-                    ctx.extra_leaves += 1  # e.g. FGSM: the input's gradient is the point
-                    continue
-            if pid in state:  # a checkpointed segment's second pass over the same parameter
+            if pid is not None and refs[pid]() is leaf:  # tracked already (rec.pid, inlined)
                 continue
-            grad = leaf.grad
-            if grad is None:
-                state[pid] = FRESH
+            if isinstance(leaf, torch.nn.Parameter) or id(leaf) in self.owned:
+                rec.track(leaf)
             else:
-                key = (id(grad), grad._version)
-                if key == known.get(pid):
-                    state[pid] = ACCUMULATED
-                elif key == zeroed.get(pid):
-                    state[pid] = FRESH
-                else:
-                    state[pid] = self._judge_changed(grad)
+                ctx.extra_leaves += 1  # e.g. FGSM: the input's gradient is the point
+        if line is not None:
+            line.extra_leaves = ctx.extra_leaves
+
+    # -- grads before and after (hot path: twice per tracked tensor per backward) ---------------
+    def read_before(self, ctx: BackwardContext) -> None:
+        """Judge every tracked tensor's ``.grad`` as it is before the backward: absent or left
+        by zero_grad (fresh), the one we last saw (accumulated), or changed behind our back."""
+        known, zeroed = self.rec.known_grad, self.rec.zeroed_grad
+        before = ctx.before
+        append = before.append
+        for pid, ref in enumerate(self.rec._tensor):
+            tensor = ref()
+            if tensor is None:
+                continue
+            grad = tensor.grad
+            if grad is None:
+                append((pid, tensor, None, 0, FRESH))
+                continue
+            version = grad._version
+            key = (id(grad), version)
+            if key == known.get(pid):
+                verdict = ACCUMULATED
+            elif key == zeroed.get(pid):
+                verdict = FRESH
+            else:
+                verdict = self._judge_changed(grad)
+            append((pid, tensor, grad, version, verdict))
 
     def _judge_changed(self, grad) -> int:
         """The grad was changed behind our back (``p.grad.zero_()``, ``p.grad = zeros``,
@@ -122,26 +169,37 @@ class BackwardWatcher:
             return CLEARED_OUTSIDE if not bool(grad.any()) else ACCUMULATED
         return CLEARED_OUTSIDE
 
-    def begin(self, tensors, inputs) -> BackwardContext:
+    def begin(self, tensors, inputs, loc) -> BackwardContext:
         rec = self.rec
-        ctx = BackwardContext(rec.backward_calls, root=tensors)
+        ctx = BackwardContext(rec.backward_calls)
         rec.backward_calls += 1
-        self.read_before(ctx, _leaves(tensors, inputs))
+        if inputs is not None:  # the leaves are given: no walk needed
+            self._walk(ctx, None, tensors, inputs)
+        else:
+            line = self._walk_due(loc)
+            if line is not None:
+                self._walk(ctx, line, tensors, inputs)
+            else:
+                ctx.extra_leaves = self._lines[(loc.path, loc.line)].extra_leaves
+        self.read_before(ctx)
         return ctx
 
     def end(self, ctx: BackwardContext, loc, extra: dict) -> None:
+        """The tensors whose ``.grad`` this backward wrote (another tensor, or a new version),
+        sorted by their verdict; their new grads become the ones graddoctor has seen."""
         rec = self.rec
-        ctx.root = None
         fresh, accumulated, cleared = [], [], []
-        refs, known, zeroed = rec._tensor, rec.known_grad, rec.zeroed_grad
-        for pid, state in ctx.state.items():  # one pass: sort the verdicts, note each new grad
-            (fresh if state == FRESH else accumulated if state == ACCUMULATED else cleared).append(pid)
+        known, zeroed = rec.known_grad, rec.zeroed_grad
+        for pid, tensor, before, version, verdict in ctx.before:
+            grad = tensor.grad
+            if grad is before and (grad is None or grad._version == version):
+                continue  # not written
+            (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED else cleared).append(pid)
             if zeroed:
                 zeroed.pop(pid, None)
-            tensor = refs[pid]()
-            grad = tensor.grad if tensor is not None else None
             if grad is not None:
                 known[pid] = (id(grad), grad._version)
+        ctx.before = []  # let go of the grads held since the start
         rec.emit(
             "backward", loc, bid=ctx.bid, fresh=fresh, accumulated=accumulated,
             cleared_outside=cleared, extra_leaves=ctx.extra_leaves, in_step=rec.in_step, **extra,
@@ -156,33 +214,19 @@ class BackwardWatcher:
             inputs = args[inputs_at]
         return tensors, inputs
 
-    def _nested(self, ctx: BackwardContext, args, kwargs, takes_self: bool) -> None:
-        """A backward inside a running one. ``Tensor.backward`` handing its own tensor on to
-        ``torch.autograd.backward`` is the same call; anything else (reentrant checkpointing)
-        writes leaves of its own graph, read here before it runs."""
-        tensors, inputs = self._arguments(args, kwargs, takes_self)
-        if tensors is ctx.root:
-            return
-        self.read_before(ctx, _leaves(tensors, inputs))
-
     def wrap(self, original, takes_self: bool):
         watcher = self
         rec = self.rec
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
-            ctx = rec.current_backward
-            if ctx is not None:
-                try:
-                    watcher._nested(ctx, args, kwargs, takes_self)
-                except Exception as exc:
-                    rec.internal_error("backward (nested)", exc)
-                return original(*args, **kwargs)
+            if rec.current_backward is not None:  # nested (Tensor -> autograd, checkpointing):
+                return original(*args, **kwargs)  # its writes are seen by the outer one
             rec.maybe_stop()
             try:
                 tensors, inputs = watcher._arguments(args, kwargs, takes_self)
-                ctx = watcher.begin(tensors, inputs)
                 loc = rec.here(2)
+                ctx = watcher.begin(tensors, inputs, loc)
                 extra = watcher.describe_loss(tensors)
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
@@ -200,6 +244,9 @@ class BackwardWatcher:
 
         return backward
 
+    def _count_registration(self, module, name, param) -> None:
+        self.registrations += 1
+
     def describe_loss(self, tensors) -> dict:
         """Facts about the backward'ed loss that other watchers add (AMP scale, 1/k factor)."""
         extra: dict = {"scaled": False, "scale": None, "loss_scale_factor": None}
@@ -208,5 +255,10 @@ class BackwardWatcher:
         return extra
 
     def install(self, patcher) -> None:
+        register = getattr(torch.nn.modules.module, "register_module_parameter_registration_hook", None)
+        if register is not None:  # new parameters: walk the next graphs again
+            patcher.handle(register(self._count_registration))
+        else:
+            self._always_walk = True
         patcher.patch(torch.Tensor, "backward", self.wrap(torch.Tensor.backward, takes_self=True))
         patcher.patch(torch.autograd, "backward", self.wrap(torch.autograd.backward, takes_self=False))
