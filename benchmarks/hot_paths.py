@@ -8,8 +8,9 @@ For each workload, two views of the instrumented step:
   backward, zero_grad...). cProfile inflates call-heavy Python roughly 2-5x: compare entries
   with each other, not with the step time.
 - direct timings (min of repeats, no profiler) of the pieces that run once per backward or per
-  step: the graph walk, the grad verdicts read before a backward, the end-of-backward
-  bookkeeping, the grad-norm summary, the post-step refresh and the user-location lookup.
+  step: the graph walk (now run on a sample of backwards), the grads read before and after a
+  backward, the step's pass over its grads, the grad-norm summary (first and last updates, or
+  when nothing vouched for the grads), the post-step refresh and the user-location lookup.
 Record these before and after a change to the instrumentation.
 """
 
@@ -107,17 +108,22 @@ def direct_timings(rec, inst, session) -> None:
     leaves = bw._leaves(loss, None)
     pids = rec.opt_params.get(0, [])
     watcher = inst.backward
+
+    def before_and_after():
+        ctx = bw.BackwardContext(0)
+        watcher.read_before(ctx)
+        watcher.end(ctx, None, {})
+
     rows = [
         (f"graph walk ({len(leaves)} leaves)", lambda: bw._leaves(loss, None), 50),
+        (f"grads before + after a backward ({len(rec.tracked_pids())} tensors)", before_and_after, 200),
+        (f"step pass ({len(pids)} grads)", lambda: op.step_grads(rec, pids, []), 500),
         (f"grad_norms ({len(pids)} grads)", lambda: op.grad_norms(rec, pids), 200),
-        ("backward end bookkeeping", lambda: watcher.end(bw.BackwardContext(0, dict.fromkeys(pids, 0)), None, {}), 200),
         ("after_step", lambda: rec.after_step(pids), 500),
         ("location lookup rec.here()", lambda: rec.here(1), 2000),
     ]
-    rows.append((f"grad verdicts before a backward ({len(leaves)} leaves)",
-                 lambda: watcher.read_before(bw.BackwardContext(0), leaves), 500))
     for label, fn, number in rows:
-        print(f"    {label:<34}{_us(fn, number):>9.2f} us")
+        print(f"    {label:<46}{_us(fn, number):>9.2f} us")
 
 
 def main() -> None:
