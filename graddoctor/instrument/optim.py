@@ -198,7 +198,9 @@ class OptimizerWatcher:
         try:
             closure = _has_closure(args, kwargs)
             opt = rec.optimizer_id(optimizer)
-            edited: list[int] = []
+            # a step run from inside a backward (the optimizer fused into it by a post-accumulate
+            # hook) sees grads the running backward just wrote: not edits
+            edited: list[int] | None = [] if rec.current_backward is None else None
             norm_pids: list[int] | None = []
             norms: list[float] | None = []
             nonfinite: list[int] = []
