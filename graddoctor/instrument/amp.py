@@ -95,46 +95,45 @@ class GradScalerWatcher:
                 "scaler_enabled": facts["enabled"], "loss_scale_factor": factor}
 
     # -- wrappers --------------------------------------------------------------------------
-    def _wrap_scale(self, original):
-        watcher, rec = self, self.rec
+    def _guarded(self, original, depth: Depth, where: str, record):
+        """Wrap a GradScaler method: the original runs as it is, then ``record(scaler, result,
+        *args, **kwargs)`` once per outermost call (the scaler calls its own methods, and an
+        override calls ``super()``); a failure of ours becomes an internal error."""
+        rec = self.rec
 
         @functools.wraps(original)
-        def scale(scaler, outputs):
-            if watcher._in_scale.active:
-                return original(scaler, outputs)
-            with watcher._in_scale:
-                result = original(scaler, outputs)
+        def wrapper(scaler, *args, **kwargs):
+            if depth.active:
+                return original(scaler, *args, **kwargs)
+            with depth:
+                result = original(scaler, *args, **kwargs)
             try:
-                watcher._mark(result, {"scaler": watcher.scaler_id(scaler), "enabled": scaler.is_enabled(),
-                                       "scale": watcher._scale_value(scaler)})
+                record(scaler, result, *args, **kwargs)
             except Exception as exc:
-                rec.internal_error("GradScaler.scale", exc)
+                rec.internal_error(where, exc)
             return result
 
-        return scale
+        return wrapper
+
+    def _wrap_scale(self, original):
+        return self._guarded(original, self._in_scale, "GradScaler.scale", self._record_scale)
+
+    def _record_scale(self, scaler, result, *args, **kwargs) -> None:
+        self._mark(result, {"scaler": self.scaler_id(scaler), "enabled": scaler.is_enabled(),
+                            "scale": self._scale_value(scaler)})
 
     def _wrap_unscale(self, original):
-        watcher, rec = self, self.rec
+        return self._guarded(original, self._in_unscale, "GradScaler.unscale_", self._record_unscale)
 
-        @functools.wraps(original)
-        def unscale_(scaler, optimizer):
-            if watcher._in_unscale.active:
-                return original(scaler, optimizer)
-            with watcher._in_unscale:
-                result = original(scaler, optimizer)
-            try:
-                opt = rec.optimizer_id(optimizer)
-                states = rec.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
-                if scaler.is_enabled():  # it checked every value: finite, if scaler.step steps
-                    rec.vouch_finite(states, conditional=True)
-                rec.emit("unscale", rec.here(2), scaler=watcher.scaler_id(scaler), opt=opt,
-                         enabled=scaler.is_enabled(), implicit=watcher._in_step.active,
-                         scale=watcher._scale_value(scaler))
-            except Exception as exc:
-                rec.internal_error("GradScaler.unscale_", exc)
-            return result
-
-        return unscale_
+    def _record_unscale(self, scaler, result, optimizer) -> None:
+        rec = self.rec
+        opt = rec.optimizer_id(optimizer)
+        states = rec.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
+        if scaler.is_enabled():  # it checked every value: finite, if scaler.step steps
+            rec.vouch_finite(states, conditional=True)
+        rec.emit("unscale", rec.here(2), scaler=self.scaler_id(scaler), opt=opt,
+                 enabled=scaler.is_enabled(), implicit=self._in_step.active,
+                 scale=self._scale_value(scaler))
 
     def _wrap_step(self, original):
         watcher, rec = self, self.rec
@@ -146,28 +145,27 @@ class GradScalerWatcher:
             rec.maybe_stop()
             before = rec.steps
             outer = rec.in_scaler_step
+            fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
             # unfused: torch runs optimizer.step only if unscale_ found no inf/NaN
-            rec.in_scaler_step = (scaler.is_enabled()
-                                  and not getattr(optimizer, "_step_supports_amp_scaling", False))
+            rec.in_scaler_step = scaler.is_enabled() and not fused
             try:
                 with watcher._in_step:
                     result = original(scaler, optimizer, *args, **kwargs)
             finally:
                 rec.in_scaler_step = outer
             try:
-                watcher._after_step(scaler, optimizer, before)
+                watcher._after_step(scaler, optimizer, before, fused)
             except Exception as exc:
                 rec.internal_error("GradScaler.step", exc)
             return result
 
         return step
 
-    def _after_step(self, scaler, optimizer, steps_before: int) -> None:
+    def _after_step(self, scaler, optimizer, steps_before: int, fused: bool) -> None:
         rec = self.rec
         enabled = scaler.is_enabled()
         opt = rec.optimizer_id(optimizer)
         loc = rec.here(3)
-        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
         found_inf = None
         if enabled and fused:  # the optimizer skips inside its own kernel: ask the scaler
             state = scaler._per_optimizer_states.get(id(optimizer), {})
@@ -185,22 +183,11 @@ class GradScalerWatcher:
                  fused=fused, skipped=bool(found_inf), found_inf=found_inf)
 
     def _wrap_update(self, original):
-        watcher, rec = self, self.rec
+        return self._guarded(original, self._in_update, "GradScaler.update", self._record_update)
 
-        @functools.wraps(original)
-        def update(scaler, *args, **kwargs):
-            if watcher._in_update.active:
-                return original(scaler, *args, **kwargs)
-            with watcher._in_update:
-                result = original(scaler, *args, **kwargs)
-            try:
-                rec.emit("scaler_update", rec.here(2), scaler=watcher.scaler_id(scaler),
-                         enabled=scaler.is_enabled(), scale=watcher._scale_value(scaler))
-            except Exception as exc:
-                rec.internal_error("GradScaler.update", exc)
-            return result
-
-        return update
+    def _record_update(self, scaler, result, *args, **kwargs) -> None:
+        self.rec.emit("scaler_update", self.rec.here(2), scaler=self.scaler_id(scaler),
+                      enabled=scaler.is_enabled(), scale=self._scale_value(scaler))
 
     def install(self, patcher) -> None:
         base = torch.amp.GradScaler
