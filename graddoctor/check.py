@@ -14,9 +14,11 @@ import sys
 import time
 from typing import Callable
 
-from .analyze import analyze, selected_rules
+from .analysis import Analysis
+from .analysis.run_rules import analyze, selected_rules
 from .options import CheckOptions
 from .report.model import Report, RunInfo
+from .rules.notes import run_notes
 from .runner import ScriptError, run_target
 from .suppress import apply_suppressions
 from .trace import Trace
@@ -112,35 +114,6 @@ def _device_of(rec) -> str:
     return "cpu"
 
 
-def _epoch_notes(trace: Trace, rec) -> list[str]:
-    """Say when DataLoader epochs were replayed shorter than they are (``--epoch-batches``)."""
-    short = [e for e in trace.of_kind("epoch_start")
-             if e.get("real_len") is not None and e.get("replay_len") is not None
-             and e["replay_len"] < e["real_len"]]
-    if not short:
-        return []
-    first = short[0]
-    notes = [f"DataLoader epochs were replayed with {first['replay_len']} of their {first['real_len']} "
-             f"batches (--epoch-batches; 0 replays full epochs)"]
-    if rec.steps == 0 and rec.backward_calls:
-        notes.append("no optimizer step happened within those short epochs: if you accumulate over "
-                     f"more than {first['replay_len']} batches, raise --epoch-batches")
-    return notes
-
-
-def _compile_notes(trace: Trace) -> list[str]:
-    calls = trace.of_kind("compile")
-    if not calls:
-        return []
-    where = ", ".join(sorted({str(e.loc) for e in calls if e.loc})) or "a library"
-    note = (f"torch.compile was used ({where}): graddoctor sees zero_grad, backward and optimizer "
-            f"steps at the graph breaks torch makes there; calls traced into a compiled graph "
-            f"are not seen")
-    if any(e.get("fullgraph") for e in calls):
-        note += "; with fullgraph=True a graph that contains them cannot be checked"
-    return [note]
-
-
 def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dict | None,
             notes: list[str], duration: float) -> Report:
     import torch
@@ -148,10 +121,15 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
     if status == "completed" and rec.steps == 0 and rec.backward_calls == 0:
         status = "no-training-loop"
     trace.add("run_end", None, status=status, steps=rec.steps)
-    findings, rule_errors = analyze(trace, selected_rules(options.select, options.ignore))
+    analysis = Analysis(trace)  # built once: every rule, note and view reads it
+    findings, rule_errors = analyze(analysis, selected_rules(options.select, options.ignore))
     findings = apply_suppressions(findings)  # `# graddoctor: ignore[...]` on the reported line
-    internal = [{"where": e["where"], "error": e["error"]} for e in trace.of_kind("internal_error")]
+    internal = [{"where": e["where"], "error": e["error"]} for e in analysis.of_kind("internal_error")]
     internal += rule_errors
+    try:
+        notes = [*notes, *run_notes(analysis)]
+    except Exception as exc:
+        internal.append({"where": "run notes", "error": f"{type(exc).__name__}: {exc}"})
     if options.trace_path:
         try:
             with open(options.trace_path, "w", encoding="utf-8") as f:
@@ -165,11 +143,10 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
     run = RunInfo(
         script=options.target, argv=list(options.args), status=status, steps=rec.steps,
         backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
-        duration_s=round(duration, 3), error=error,
-        notes=[*notes, *_epoch_notes(trace, rec), *_compile_notes(trace)],
+        duration_s=round(duration, 3), error=error, notes=notes,
         step_budget=options.steps or None, config=options.config_path,
     )
-    return Report(run=run, findings=findings, internal_errors=internal, trace=trace)
+    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis)
 
 
 CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most this often

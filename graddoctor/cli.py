@@ -122,7 +122,7 @@ def _given(ctx: typer.Context) -> set[str]:
 
 def _settings(script: str, module: bool, command_line: dict, given: set[str]) -> tuple[dict, str | None]:
     """[tool.graddoctor] (searched from the script's folder upward) under the typed options."""
-    from .analyze import unknown_selectors
+    from .analysis.run_rules import unknown_selectors
     from .config import ConfigError, load_config, merge
 
     start = os.getcwd() if module else os.path.dirname(os.path.abspath(script))

@@ -21,7 +21,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .instrument.recorder import ReplayTimeout, StepLimitReached
+from .instrument.stop import ReplayTimeout, StopReplay
 from .location import LocationFinder
 from .trace import Location
 
@@ -36,7 +36,7 @@ class ScriptError(Exception):
 
 @dataclass
 class RunOutcome:
-    status: str = "completed"  # completed | step-limit | timeout | crashed | no-training-loop
+    status: str = "completed"  # completed | step-limit | backward-limit | timeout | crashed | no-training-loop
     error: dict | None = None  # {type, message, location{path,line}, traceback}
     exit_code: int | None = None  # the script's own SystemExit code, if it raised one
     notes: list[str] = field(default_factory=list)
@@ -373,8 +373,8 @@ def _execute(target: str, args: list[str], code, module: bool, outcome: RunOutco
 
 def _classify(exc: BaseException, outcome: RunOutcome, finder: LocationFinder,
               deadline: Deadline) -> None:
-    if isinstance(exc, StepLimitReached):
-        outcome.status = "step-limit"
+    if isinstance(exc, StopReplay) and not isinstance(exc, ReplayTimeout):
+        outcome.status = exc.status  # a stop condition ended the replay (instrument/stop.py)
     elif isinstance(exc, ReplayTimeout):
         outcome.status = "timeout"
         outcome.error = {"type": "Timeout", "message": deadline.message() if deadline.seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import textwrap
 
+from graddoctor.analysis import Analysis
 from graddoctor.findings import Finding, Related, Severity
 from graddoctor.report.model import Report, RunInfo
 from graddoctor.trace import Location, TraceBuilder
@@ -59,7 +60,7 @@ def sample_report(folder: str, *, suppressed: bool = True, status: str = "step-l
                          if status == "crashed" else None),
                   notes=["a note"])
     return Report(run=run, findings=findings, internal_errors=[{"where": "rule x", "error": "ValueError"}],
-                  trace=t.trace)
+                  analysis=Analysis(t.trace))
 
 
 # Real scripts, tiny and seeded (run in-process through the CLI).

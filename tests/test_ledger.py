@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from graddoctor.analyze import analyze
-from graddoctor.ledger import build_ledger
+from graddoctor.analysis.run_rules import analyze
+from graddoctor.analysis import Analysis
 from graddoctor.trace import Trace, TraceBuilder
 
 
@@ -33,7 +33,7 @@ def test_clean_loop_is_silent():
 def test_missing_zero_grad_points_at_backward():
     trace = basic(TraceBuilder(), with_clear=False)
     assert slugs(trace) == [("missing-zero-grad", 6)]
-    led = build_ledger(trace)
+    led = Analysis(trace).ledger
     assert {u.pid for u in led.old_uses} == {0, 1}
     assert led.old_uses[0].step_index == 2
 

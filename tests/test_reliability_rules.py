@@ -15,7 +15,8 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graddoctor.analyze import analyze
+from graddoctor.analysis import Analysis
+from graddoctor.analysis.run_rules import analyze
 from graddoctor.findings import Finding, Related, Severity
 from graddoctor.jsonsafe import json_safe
 from graddoctor.rules import ALL_RULES
@@ -280,7 +281,7 @@ def _valid_location(loc) -> bool:
 
 def _check_findings(trace: Trace, located: bool) -> None:
     for rule in ALL_RULES:
-        findings = list(rule().check(trace))  # must not raise
+        findings = list(rule().check(Analysis(trace)))  # must not raise
         for f in findings:
             assert isinstance(f, Finding)
             assert (f.rule, f.code) == (rule.slug, rule.code)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from graddoctor.analyze import analyze
+from graddoctor.analysis.run_rules import analyze
 from graddoctor.findings import Severity
-from graddoctor.ledger import build_ledger
+from graddoctor.analysis import Analysis
 from graddoctor.rules import find_rule
 from graddoctor.trace import Trace, TraceBuilder
 
@@ -42,7 +42,7 @@ def epoch(t, number, real_len=9, replay_len=9, loader=0, line=None):
 
 def findings(trace_or_builder, slug):
     trace = trace_or_builder.trace if isinstance(trace_or_builder, TraceBuilder) else trace_or_builder
-    return list(find_rule(slug)().check(trace))
+    return list(find_rule(slug)().check(Analysis(trace)))
 
 
 def only(trace, slug):
@@ -447,7 +447,7 @@ def test_scaler_skipped_step_consumes_like_a_step():
         t.clear(P, line=110)
         t.backward(fresh=P, scaled=True)
         t.step(skipped=skipped)
-    led = build_ledger(t.trace)
+    led = Analysis(t.trace).ledger
     assert led.discards == [] and led.old_uses == []
     found, errors = analyze(t.trace)
     assert not errors and [f for f in found if f.severity is not Severity.INFO] == []

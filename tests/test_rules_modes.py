@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from graddoctor.modes import build_timeline
+from graddoctor.analysis import Analysis
 from graddoctor.rules.eval_in_train_mode import EvalInTrainMode
 from graddoctor.rules.frozen_bn_train_mode import FrozenBnTrainMode
 from graddoctor.rules.train_in_eval_mode import TrainInEvalMode
@@ -52,7 +52,7 @@ def end(t, status="completed"):
 
 
 def check(rule, t):
-    return list(rule().check(t.trace))
+    return list(rule().check(Analysis(t.trace)))
 
 
 def lines(findings):
@@ -360,7 +360,7 @@ def test_module_facts_later_in_the_same_window_are_used():
     bn(t, 1, frozen=True, owned=False, trainable=False)
     update(t, line=5)
     end(t)
-    (forward,) = build_timeline(t.trace).forwards
+    (forward,) = Analysis(t.trace).modes.forwards
     assert forward.states[1]["frozen"] is True
     assert lines(check(FrozenBnTrainMode, t)) == [4]
 
@@ -369,7 +369,7 @@ def test_rules_work_on_a_trace_read_back_from_json():
     t = new()
     validation_then_training(t)
     trace = Trace.loads(t.trace.dumps())
-    assert [f.location.line for f in TrainInEvalMode().check(trace)] == [7]
+    assert [f.location.line for f in TrainInEvalMode().check(Analysis(trace))] == [7]
 
 
 @pytest.mark.parametrize("rule", RULES)

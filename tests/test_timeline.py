@@ -6,14 +6,15 @@ import math
 
 import pytest
 
-from graddoctor.report.gradflow import bar_fraction, last_update_norms, layer_of, log_span
+from graddoctor.analysis import Analysis
+from graddoctor.report.gradflow import bar_fraction, layer_of, log_span
 from graddoctor.report.timeline import label_of, shapes, step_ranges, updates
 from graddoctor.trace import Location, TraceBuilder
 
 
 def shape_strings(trace) -> list[tuple[int, str, str]]:
     out = []
-    for s in shapes(trace):
+    for s in shapes(Analysis(trace)):
         text = " → ".join(i.plain("train.py") for i in s.items)
         out.append((s.updates, step_ranges(s.steps), text))
     return out
@@ -91,7 +92,7 @@ def test_helper_in_another_file_splits_on_repeats():
         t.trace.add("backward", Location("lib.py", 5), bid=0,
                     fresh=[0], accumulated=[], cleared_outside=[], extra_leaves=0, in_step=None)
         step(t, 20)
-    assert len(updates(t.trace)) == 2
+    assert len(updates(Analysis(t.trace))) == 2
 
 
 def test_scaler_step_absorbs_the_optimizer_step_and_backward_absorbs_scale():
@@ -119,7 +120,7 @@ def test_a_skipped_scaler_step_still_ends_its_update():
     t.clear([0], line=10)
     t.backward(fresh=[0], line=12)
     t.event("scaler_step", line=15)
-    assert [u.steps for u in updates(t.trace)] == [[], []]
+    assert [u.steps for u in updates(Analysis(t.trace))] == [[], []]
 
 
 def test_kinds_unknown_today_get_their_own_name_and_forwards_are_skipped():
@@ -158,8 +159,8 @@ def test_a_tail_without_a_step_is_not_an_update():
     step(t, 13)
     t.clear([0], line=10)
     t.backward(fresh=[0], line=12)  # stopped by the step budget before its step
-    assert len(updates(t.trace)) == 1
-    assert shapes(TraceBuilder().trace) == []
+    assert len(updates(Analysis(t.trace))) == 1
+    assert shapes(Analysis(TraceBuilder().trace)) == []
 
 
 @pytest.mark.parametrize("steps, text", [([], ""), ([3], "3"), ([1, 2, 3, 5, 7, 8], "1–3, 5, 7–8"),
@@ -182,7 +183,7 @@ def norms_trace():
 
 
 def test_last_update_per_layer_norms():
-    (update,) = last_update_norms(norms_trace())
+    (update,) = Analysis(norms_trace()).last_update_norms
     assert update.step == 2
     layers = {layer.layer: layer for layer in update.layers}
     assert list(layers) == ["enc.0", "head", "scale"]
@@ -195,7 +196,7 @@ def test_closure_steps_and_no_steps_give_no_view():
     t = TraceBuilder()
     t.event("step_begin", line=5, opt=0, closure=True, norm_pids=[], norms=[], nonfinite=[])
     t.step(0, line=5, closure=True)
-    assert last_update_norms(t.trace) == []
+    assert Analysis(t.trace).last_update_norms == []
 
 
 def test_log_scale():

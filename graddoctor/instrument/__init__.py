@@ -16,7 +16,8 @@ from .modes import ModeWatcher
 from .names import emit_param_events, name_parameters
 from .optim import OptimizerWatcher
 from .patcher import Patcher
-from .recorder import Recorder, ReplayTimeout, StepLimitReached, StopReplay
+from .recorder import Recorder
+from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .schedulers import SchedulerWatcher
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]

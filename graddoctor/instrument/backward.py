@@ -172,7 +172,7 @@ class BackwardWatcher:
     def begin(self, tensors, inputs, loc) -> BackwardContext:
         rec = self.rec
         ctx = BackwardContext(rec.backward_calls)
-        rec.backward_calls += 1
+        rec.count_backward()
         if inputs is not None:  # the leaves are given: no walk needed
             self._walk(ctx, None, tensors, inputs)
         else:

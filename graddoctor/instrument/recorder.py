@@ -15,6 +15,8 @@ import torch
 
 from ..location import LocationFinder
 from ..trace import Location, Trace
+from .stop import (BackwardLimitReached, ReplayTimeout, StepLimitReached, StopCondition,  # noqa: F401
+                   StopReplay, conditions)
 
 
 def _shape(tensor) -> list[int] | None:
@@ -44,27 +46,18 @@ class Deferred:
             return None
 
 
-class StopReplay(BaseException):
-    """Raised into the user's script to end the replay. A BaseException, so that a user's
-    ``except Exception:`` cannot swallow it."""
-
-
-class StepLimitReached(StopReplay):
-    pass
-
-
-class ReplayTimeout(StopReplay):
-    pass
-
-
 class Recorder:
-    def __init__(self, step_budget: int | None, finder: LocationFinder | None = None):
+    def __init__(self, step_budget: int | None, finder: LocationFinder | None = None,
+                 stop_conditions: list[StopCondition] | None = None):
         self.trace = Trace()
         self.finder = finder or LocationFinder()
         self.step_budget = step_budget
         self.steps = 0  # optimizer steps seen (GradScaler-skipped ones included)
         self.backward_calls = 0
-        self.stop_requested = False  # set once the budget is spent; raised at the next safe point
+        # when to end the replay early (instrument/stop.py); the first one that answers wins and
+        # its exception is raised at the next safe point
+        self.stop_conditions = conditions(step_budget) if stop_conditions is None else stop_conditions
+        self._stop: tuple[type[StopReplay], str] | None = None
         # tensors we track: id(tensor) -> pid, and pid -> weakref(tensor)
         self._pid_of: dict[int, int] = {}
         self._tensor: list[weakref.ref] = []  # pid -> weakref (pids are 0, 1, 2, ...)
@@ -207,7 +200,7 @@ class Recorder:
                 else:
                     del finite[pid]
 
-    # -- budget --------------------------------------------------------------------------
+    # -- stopping ------------------------------------------------------------------------
     def count_step(self) -> None:
         self.steps += 1
         for callback in self.on_step:
@@ -215,10 +208,31 @@ class Recorder:
                 callback(self.steps)
             except Exception as exc:  # a display must never break the user's run
                 self.internal_error("step callback", exc)
-        if self.step_budget is not None and self.steps >= self.step_budget:
-            self.stop_requested = not any(self._holds())
+        self._ask("after_step")
 
-    def _holds(self):
+    def count_backward(self) -> None:
+        self.backward_calls += 1
+        self._ask("after_backward")
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop is not None
+
+    def _ask(self, moment: str) -> None:
+        if self._stop is not None:
+            return
+        for condition in self.stop_conditions:
+            try:
+                reason = getattr(condition, moment)(self)
+            except Exception as exc:
+                self.internal_error("stop condition", exc)
+                continue
+            if reason:
+                self._stop = (condition.exception, reason)
+                return
+
+    def holds(self):
+        """Whether each of ``budget_holds`` wants the replay to go on past the step budget."""
         for hold in self.budget_holds:
             try:
                 yield hold()
@@ -227,7 +241,8 @@ class Recorder:
                 yield False
 
     def maybe_stop(self) -> None:
-        """Called at safe points (start of a backward or a step): end the replay once the
-        budget is spent, so the tail of the last update (zero_grad, scheduler) is seen."""
-        if self.stop_requested:
-            raise StepLimitReached(f"stopped after {self.steps} optimizer steps")
+        """Called at safe points (start of a backward or a step): end the replay once a stop
+        condition answered, so the tail of the last update (zero_grad, scheduler) is seen."""
+        if self._stop is not None:
+            exception, reason = self._stop
+            raise exception(reason)

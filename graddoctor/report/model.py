@@ -31,7 +31,12 @@ class Report:
     run: RunInfo
     findings: list[Finding]
     internal_errors: list[dict] = field(default_factory=list)
-    trace: Any = None  # the Trace, for views that show the observed order of calls
+    analysis: Any = None  # the Analysis of the trace, for views (update timeline, grad flow)
+
+    @property
+    def trace(self):
+        """The recorded events (``--trace``), or None."""
+        return self.analysis.trace if self.analysis is not None else None
 
     def active(self) -> list[Finding]:
         return [f for f in self.findings if not f.suppressed]

@@ -23,6 +23,7 @@ from .text_timeline import timeline_table
 STATUS_TEXT = {
     "completed": "the script ran to its end",
     "step-limit": "stopped after the step budget",
+    "backward-limit": "stopped: many backward calls and no optimizer step",
     "timeout": "stopped by the time limit",
     "crashed": "the script raised an error",
     "no-training-loop": "no backward() and no optimizer step were seen",
@@ -79,7 +80,7 @@ def findings_section(console: Console, report: Report) -> None:
 
 
 def timeline_section(console: Console, report: Report) -> None:
-    table = timeline_table(report.trace, report.findings)
+    table = timeline_table(report.analysis, report.findings)
     if table is None:
         return
     console.print()
@@ -91,7 +92,7 @@ def timeline_section(console: Console, report: Report) -> None:
 def grad_flow_section(console: Console, report: Report) -> None:
     console.print()
     console.print(Rule(Text("gradient flow, last update", style="bold"), style="dim"))
-    view = grad_flow_view(report.trace)
+    view = grad_flow_view(report.analysis)
     console.print(view if view is not None else
                   Text("no optimizer step with gradients was seen", style="dim"))
 

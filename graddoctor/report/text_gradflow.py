@@ -9,8 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..rules.base import optimizer_name
-from .gradflow import LayerNorm, UpdateNorms, bar_fraction, last_update_norms, log_span
+from .gradflow import LayerNorm, UpdateNorms, bar_fraction, log_span
 
 BAR_WIDTH = 30
 MAX_LAYERS = 80
@@ -38,7 +37,7 @@ def _value(layer: LayerNorm) -> Text:
     return text
 
 
-def update_view(trace, update: UpdateNorms) -> Group:
+def update_view(analysis, update: UpdateNorms) -> Group:
     norms = [layer.norm for layer in update.layers]
     top, decades = log_span(norms)
     table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False)
@@ -47,7 +46,7 @@ def update_view(trace, update: UpdateNorms) -> Group:
     table.add_column("norm", no_wrap=True)
     for layer in update.layers[:MAX_LAYERS]:
         table.add_row(layer.layer, _bar(layer, top, decades), _value(layer))
-    parts = [Text(f"{optimizer_name(trace, update.opt)}, step {update.step}: L2 norm of each "
+    parts = [Text(f"{analysis.optimizer_name(update.opt)}, step {update.step}: L2 norm of each "
                   "layer's gradient", style="bold"), table]
     if len(update.layers) > MAX_LAYERS:
         parts.append(Text(f"… {len(update.layers) - MAX_LAYERS} more layers", style="dim"))
@@ -57,11 +56,11 @@ def update_view(trace, update: UpdateNorms) -> Group:
     return Group(*parts)
 
 
-def grad_flow_view(trace) -> Group | None:
+def grad_flow_view(analysis) -> Group | None:
     """None when no optimizer step carried gradient norms (closure-only or no steps)."""
-    if trace is None:
+    if analysis is None:
         return None
-    updates = last_update_norms(trace)
+    updates = analysis.last_update_norms
     if not updates:
         return None
-    return Group(*[update_view(trace, u) for u in updates])
+    return Group(*[update_view(analysis, u) for u in updates])

@@ -52,14 +52,14 @@ def shape_text(shape: Shape, home: str | None, flagged: dict) -> Text:
     return text
 
 
-def timeline_table(trace, findings: list[Finding]) -> Table | None:
+def timeline_table(analysis, findings: list[Finding]) -> Table | None:
     """None when the replay had no complete update."""
-    if trace is None:
+    if analysis is None:
         return None
-    found = shapes(trace)
+    found = shapes(analysis)
     if not found:
         return None
-    home = main_path(trace)
+    home = main_path(analysis)
     flagged = _flagged(findings)
     table = Table(box=None, show_header=True, header_style="dim", padding=(0, 1), pad_edge=False)
     table.add_column("seen", justify="right", no_wrap=True)

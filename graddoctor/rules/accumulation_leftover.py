@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from ..accumulation import typical, windows_by_optimizer
+from ..analysis.windows import typical
 from ..findings import Severity
-from .base import Rule, optimizer_name, related
+from .base import Rule, related
 
 
 class AccumulationLeftover(Rule):
@@ -50,10 +50,10 @@ class AccumulationLeftover(Rule):
     summary = "a partial accumulation window at an epoch end leaks into the next epoch's first step"
     fix = "step on the epoch's last batch too: `if (i + 1) % k == 0 or (i + 1) == len(loader):`"
 
-    def check(self, trace):
-        lengths = {(e["loader"], e["epoch"]): e for e in trace.of_kind("epoch_start")}
+    def check(self, a):
+        lengths = {(e["loader"], e["epoch"]): e for e in a.of_kind("epoch_start")}
         groups: dict = {}
-        for opt, windows in windows_by_optimizer(trace).items():
+        for opt, windows in a.windows.items():
             whole = [len(w.batches()) for w in windows if w.batches() and not w.straddles()]
             k = typical(whole)
             if k is None or k < 2:
@@ -75,7 +75,7 @@ class AccumulationLeftover(Rule):
             tail_backward = next((b for b in reversed(w.backwards)
                                   if b.get("batch") is not None and tuple(b["batch"]) == leftover[-1]), None)
             severity = None
-            message = (f"the first {optimizer_name(trace, w.opt)} step of epoch {epoch} applies "
+            message = (f"the first {a.optimizer_name(w.opt)} step of epoch {epoch} applies "
                        f"{len(leftover)} leftover micro-batch(es) of the previous epoch together with "
                        f"{len(w.batches()) - len(leftover)} new ones (k = {k}): the epoch's partial "
                        f"window is never stepped on its own")

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import ClassVar, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable
 
 from ..findings import Finding, Related, Severity
-from ..trace import Location, Trace
+from ..trace import Location
+
+if TYPE_CHECKING:
+    from ..analysis import Analysis
 
 
 class Rule:
@@ -21,7 +24,8 @@ class Rule:
     summary: ClassVar[str]  # one line, for `graddoctor rules`
     fix: ClassVar[str] = ""
 
-    def check(self, trace: Trace) -> Iterable[Finding]:  # pragma: no cover - interface
+    def check(self, a: "Analysis") -> Iterable[Finding]:  # pragma: no cover - interface
+        """The findings of this rule over one analysed trace (``graddoctor.analysis``)."""
         raise NotImplementedError
 
     def finding(self, message: str, location: Location | None, *, related=(), step=None,
@@ -59,25 +63,3 @@ def related(event, note: str) -> Related | None:
     if event is None or event.loc is None:
         return None
     return Related(event.loc, note)
-
-
-def names(trace: Trace, pids, limit: int = 4) -> str:
-    """'fc.weight, fc.bias and 3 more' for messages."""
-    pids = list(dict.fromkeys(pids))
-    shown = [trace.param_name(p) for p in pids[:limit]]
-    text = ", ".join(shown)
-    if len(pids) > limit:
-        text += f" and {len(pids) - limit} more"
-    return text
-
-
-def optimizer_name(trace: Trace, opt: int) -> str:
-    """'AdamW' (or 'optimizer #1' when two of one class exist)."""
-    inits = {}
-    for e in trace.events:
-        if e.kind == "optimizer_init":
-            inits.setdefault(e["opt"], e.get("cls", "optimizer"))
-    cls = inits.get(opt, "optimizer")
-    if list(inits.values()).count(cls) > 1:
-        return f"{cls} #{opt}"
-    return cls

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from ..accumulation import written
+from ..analysis import written
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, related
+from .base import Rule, related
 
 
 class ClipBeforeBackward(Rule):
@@ -43,39 +42,18 @@ class ClipBeforeBackward(Rule):
     summary = "gradients are clipped before backward() produced the ones the step applies"
     fix = "clip after the update's last backward() and before optimizer.step()"
 
-    def check(self, trace):
-        led = ledger_of(trace)
-        live: dict[int, int] = {}  # pid -> backward calls in its .grad not yet used by a step
-        used_by: dict[int, object] = {}  # pid -> the step that used its latest gradient
-        candidates = []  # (clip, owned pids, step that already used them or None)
-        for e in trace:
-            kind = e.kind
-            if kind == "backward":
-                for pid in written(e):
-                    fresh = pid not in e.get("accumulated", ())
-                    live[pid] = 1 if fresh else live.get(pid, 0) + 1
-                    used_by.pop(pid, None)
-            elif kind == "clear":
-                for pid in e["params"]:
-                    live[pid] = 0
-            elif kind == "step":
-                for pid in led.opt_params.get(e["opt"], ()):
-                    if live.get(pid):
-                        used_by[pid] = e
-                    live[pid] = 0
-            elif kind == "clip" and not e.get("norm_only"):
-                owned = [pid for pid in e["params"] if pid in led.owners]
-                if owned and not any(live.get(pid) for pid in owned):
-                    used = next((used_by[p] for p in owned if p in used_by), None)
-                    candidates.append((e, owned, used))
+    def check(self, a):
         groups: dict = {}
-        for clip, owned, used in candidates:
-            nxt = self._next_use(trace, led, clip, set(owned))
+        for state in a.ledger.clips:
+            clip, owned = state.clip, state.owned
+            if not owned or state.unused:
+                continue
+            used = next((state.used_by[p] for p in owned if p in state.used_by), None)
+            nxt = self._next_use(a, clip, set(owned))
             if nxt is not None and nxt.kind == "backward":
                 groups.setdefault(clip.loc, []).append((clip, owned, used, nxt))
         for loc, items in groups.items():
             clip, owned, used, backward = items[0]
-            step = next((s for s in led.steps if s.seq > backward.seq), None)
             if used is not None:
                 where = ("it runs after optimizer.step() on gradients that step already applied; "
                          "the next update's gradients are never clipped")
@@ -83,21 +61,21 @@ class ClipBeforeBackward(Rule):
                 where = ("it runs before backward() produced this update's gradients, so it clips "
                          "nothing the step applies")
             yield self.finding(
-                f"this clip of {names(trace, owned)} comes too early: {where}",
+                f"this clip of {a.names(owned)} comes too early: {where}",
                 loc,
                 related=(related(used, "the step that already applied the clipped gradients"),
                          related(backward, "the backward that produces the update's gradients afterwards"),
-                         related(step, "the step that applies them unclipped")),
-                step=next((i for i, s in enumerate(led.steps, 1) if s.seq > clip.seq), None),
-                evidence={"params": [trace.param_name(p) for p in owned[:8]], "clip": clip.get("via"),
+                         related(a.next_step(backward.seq), "the step that applies them unclipped")),
+                step=a.next_step_number(clip.seq),
+                evidence={"params": [a.param_name(p) for p in owned[:8]], "clip": clip.get("via"),
                           "after_step": used is not None, "occurrences": len(items)},
             )
 
     @staticmethod
-    def _next_use(trace, led, clip, owned: set):
+    def _next_use(a, clip, owned: set):
         """The first backward writing those params or step of an optimizer owning them."""
-        opts = set().union(*(led.owners.get(pid, set()) for pid in owned))
-        for e in trace.events[clip.seq + 1:]:
+        opts = set().union(*(a.owners.get(pid, set()) for pid in owned))
+        for e in a.after(clip.seq):
             if e.kind == "backward" and owned.intersection(written(e)):
                 return e
             if e.kind == "step" and e["opt"] in opts:

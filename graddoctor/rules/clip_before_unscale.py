@@ -1,12 +1,11 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, related
+from .base import Rule, related
 
 
-def _next(trace, after: int, kinds: tuple[str, ...], opts: set) -> object:
-    for e in trace.events[after + 1:]:
+def _next(a, after: int, kinds: tuple[str, ...], opts: set) -> object:
+    for e in a.after(after):
         if e.kind in kinds and e.get("opt") in opts:
             return e
     return None
@@ -50,33 +49,16 @@ class ClipBeforeUnscale(Rule):
     summary = "gradients are clipped while still multiplied by the GradScaler's scale"
     fix = "call scaler.unscale_(optimizer) right before clipping"
 
-    def check(self, trace):
-        led = ledger_of(trace)
-        scaled: dict[int, object] = {}  # pid -> the scaled backward whose grads are not unscaled yet
+    def check(self, a):
         groups: dict = {}
-        for e in trace:
-            kind = e.kind
-            if kind == "backward":
-                if e.get("scaled"):
-                    for pid in (*e.get("fresh", ()), *e.get("accumulated", ()), *e.get("cleared_outside", ())):
-                        scaled[pid] = e
-                else:
-                    for pid in (*e.get("fresh", ()), *e.get("cleared_outside", ())):
-                        scaled.pop(pid, None)
-            elif kind in ("unscale", "step"):
-                for pid in led.opt_params.get(e.get("opt"), ()):
-                    scaled.pop(pid, None)
-            elif kind == "clear":
-                for pid in e["params"]:
-                    scaled.pop(pid, None)
-            elif kind == "clip" and not e.get("norm_only"):
-                hits = [pid for pid in e["params"] if pid in scaled]
-                if hits:
-                    groups.setdefault(e.loc, []).append((e, hits, scaled[hits[0]]))
+        for state in a.ledger.clips:
+            if state.scaled:
+                hits = list(state.scaled)
+                groups.setdefault(state.clip.loc, []).append((state.clip, hits, state.scaled[hits[0]]))
         for loc, items in groups.items():
             clip, hits, backward = items[0]
-            opts = set().union(*(led.owners.get(pid, set()) for pid in hits)) or {None}
-            later = _next(trace, clip.seq, ("unscale", "scaler_step", "step"), opts)
+            opts = set().union(*(a.owners.get(pid, set()) for pid in hits)) or {None}
+            later = _next(a, clip.seq, ("unscale", "scaler_step", "step"), opts)
             enabled = backward.get("scaler_enabled", True)
             scale = backward.get("scale")
             edited = set(clip.get("edited", ())) & set(hits)
@@ -90,7 +72,7 @@ class ClipBeforeUnscale(Rule):
                        else "they are still multiplied by the loss scale")
                 why += (f", so max_norm={limit:g} is compared with a norm that many times too large"
                         if isinstance(limit, float) and clip.get("via") != "clip_grad_value_" else "")
-            message = (f"this clip runs on the gradients of {names(trace, hits)} from scaler.scale(loss)"
+            message = (f"this clip runs on the gradients of {a.names(hits)} from scaler.scale(loss)"
                        f".backward() before scaler.unscale_(optimizer): {why}")
             severity = None
             if edited:
@@ -102,8 +84,8 @@ class ClipBeforeUnscale(Rule):
                 related=(related(backward, "the scaled backward that produced these gradients"),
                          related(later, "scaler.unscale_ comes only here" if later is not None
                                  and later.kind == "unscale" else "scaler.step() unscales only here")),
-                step=next((i for i, s in enumerate(led.steps, 1) if s.seq > clip.seq), None),
-                evidence={"params": [trace.param_name(p) for p in dict.fromkeys(hits)],
+                step=a.next_step_number(clip.seq),
+                evidence={"params": [a.param_name(p) for p in dict.fromkeys(hits)],
                           "scale": scale, "scaler_enabled": enabled, "clip": clip.get("via"),
                           "limit": limit, "total_norm": clip.get("total_norm"),
                           "occurrences": len(items)},

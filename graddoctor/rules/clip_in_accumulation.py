@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, related
+from .base import Rule, related
 
 
 class ClipInAccumulation(Rule):
@@ -45,44 +44,22 @@ class ClipInAccumulation(Rule):
     summary = "gradients are clipped while a later backward still adds to the same update"
     fix = "clip once per update, right before optimizer.step() (after the last micro-batch's backward)"
 
-    def check(self, trace):
-        led = ledger_of(trace)
-        clipped: dict[int, object] = {}  # pid -> the clip whose result a later backward may add to
+    def check(self, a):
         groups: dict = {}
-        for e in trace:
-            kind = e.kind
-            if kind == "clip" and not e.get("norm_only"):
-                for pid in e["params"]:
-                    if pid in led.owners:
-                        clipped[pid] = e
-            elif kind == "backward":
-                hits: dict = {}
-                for pid in e.get("accumulated", ()):
-                    clip = clipped.pop(pid, None)
-                    if clip is not None:
-                        hits.setdefault(clip.seq, (clip, []))[1].append(pid)
-                for clip, pids in hits.values():
-                    groups.setdefault(clip.loc, []).append((clip, e, sorted(pids)))
-                for pid in (*e.get("fresh", ()), *e.get("cleared_outside", ())):
-                    clipped.pop(pid, None)
-            elif kind == "clear":
-                for pid in e["params"]:
-                    clipped.pop(pid, None)
-            elif kind == "step":
-                for pid in led.opt_params.get(e["opt"], ()):
-                    clipped.pop(pid, None)
+        for hit in a.ledger.clip_overwrites:
+            groups.setdefault(hit.clip.loc, []).append((hit.clip, hit.backward, hit.pids))
         for loc, items in groups.items():
             clip, backward, pids = items[0]
-            step = next((s for s in led.steps if s.seq > backward.seq), None)
+            step = a.next_step(backward.seq)
             yield self.finding(
                 f"this clip runs before the last micro-batch of the update: a later backward() adds "
-                f"more gradient to {names(trace, pids)} before the optimizer step, so the update is "
+                f"more gradient to {a.names(pids)} before the optimizer step, so the update is "
                 f"not the clipped one (seen {len(items)} time(s))",
                 loc,
                 related=(related(backward, "a later backward adds to the clipped gradients"),
                          related(step, "the step that applies the partly clipped sum")),
-                step=next((i for i, s in enumerate(led.steps, 1) if s.seq > backward.seq), None),
-                evidence={"params": [trace.param_name(p) for p in dict.fromkeys(pids)],
+                step=a.next_step_number(backward.seq),
+                evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "clip": clip.get("via"), "limit": clip.get("limit"),
                           "occurrences": len(items)},
             )

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..modes import timeline_of
 from .base import Rule, related
 
 
@@ -44,8 +43,8 @@ class EvalInTrainMode(Rule):
     summary = "BatchNorm in train mode runs under no_grad outside training: validation without eval()"
     fix = "call model.eval() before the no-grad pass, and model.train() again before training"
 
-    def check(self, trace):
-        tl = timeline_of(trace)
+    def check(self, a):
+        tl = a.modes
         groups: dict = {}
         for f in tl.forwards:
             if f.context != "outside" or not f.training or f.grad:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..modes import timeline_of
 from .base import Rule, related
 
 
@@ -51,8 +50,8 @@ class FrozenBnTrainMode(Rule):
            "model.backbone.eval(), or for m in model.modules(): "
            "if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.weight.requires_grad: m.eval()")
 
-    def check(self, trace):
-        tl = timeline_of(trace)
+    def check(self, a):
+        tl = a.modes
         groups: dict = {}
         for f in tl.forwards:
             if f.context != "training" or f.step is None or not f.training:
@@ -90,7 +89,7 @@ class FrozenBnTrainMode(Rule):
                            f"{their} running statistics, so {them} to the statistics of these batches")
             freeze = None
             for mid in frozen:
-                freeze = tl.event_at((f.states.get(mid) or {}).get("freeze"))
+                freeze = a.event((f.states.get(mid) or {}).get("freeze"))
                 if freeze is not None:
                     break
             yield self.finding(

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, related
+from .base import Rule, related
 
 
 class MisplacedZeroGrad(Rule):
@@ -43,22 +42,22 @@ class MisplacedZeroGrad(Rule):
     summary = "zero_grad() discards gradients before the step that should use them"
     fix = "move the clear after optimizer.step() (or before the first backward of the update)"
 
-    def check(self, trace):
+    def check(self, a):
         groups: dict = {}
-        for d in ledger_of(trace).discards:
+        for d in a.ledger.discards:
             groups.setdefault(d.clear.loc, []).append(d)
         for loc, discards in groups.items():
             first = discards[0]
             pids = [d.pid for d in discards]
             dropped = first.contributions[0].backward
             yield self.finding(
-                f"this clear discards the gradients of {names(trace, pids)} from a backward that no "
+                f"this clear discards the gradients of {a.names(pids)} from a backward that no "
                 f"step has used yet; the next optimizer step (step {first.later_step_index}) then "
                 f"misses them",
                 loc,
                 related=(related(dropped, "the backward whose gradients are discarded"),
                          related(first.later_step, "the step that should have used them")),
                 step=first.later_step_index,
-                evidence={"params": [trace.param_name(p) for p in dict.fromkeys(pids)],
+                evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "discarded_backward_calls": len(first.contributions)},
             )

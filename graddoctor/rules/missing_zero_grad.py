@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, related
+from .base import Rule, related
 
 
 class MissingZeroGrad(Rule):
@@ -41,9 +40,9 @@ class MissingZeroGrad(Rule):
     summary = "gradients from an earlier update reach optimizer.step(): nothing clears them"
     fix = "call optimizer.zero_grad() once per update, before the forward pass (or right after step())"
 
-    def check(self, trace):
+    def check(self, a):
         groups: dict = {}
-        for use in ledger_of(trace).old_uses:
+        for use in a.ledger.old_uses:
             if use.fresh and not use.clears_between:
                 groups.setdefault(use.fresh[0].backward.loc, []).append(use)
         for loc, uses in groups.items():
@@ -53,7 +52,7 @@ class MissingZeroGrad(Rule):
             consumed = old.consumed_by[0] if old.consumed_by else None
             yield self.finding(
                 f"this backward() adds onto gradients an earlier step already used: "
-                f"{names(trace, pids)} are never cleared, so every optimizer step applies the sum "
+                f"{a.names(pids)} are never cleared, so every optimizer step applies the sum "
                 f"of all gradients so far (first seen at step {first.step_index})",
                 loc,
                 related=(
@@ -62,7 +61,7 @@ class MissingZeroGrad(Rule):
                     related(first.step, "the step that applies them again"),
                 ),
                 step=first.step_index,
-                evidence={"params": [trace.param_name(p) for p in dict.fromkeys(pids)],
+                evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "optimizer": first.opt, "old_backward_calls": len(first.old),
                           "steps_affected": len({u.step.seq for u in uses})},
             )

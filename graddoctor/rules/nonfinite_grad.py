@@ -1,9 +1,7 @@
 from __future__ import annotations
 
-from ..accumulation import written
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, optimizer_name, related
+from .base import Rule, related
 
 
 class NonfiniteGrad(Rule):
@@ -41,12 +39,11 @@ class NonfiniteGrad(Rule):
     summary = "NaN/Inf gradients reach an optimizer step"
     fix = "find the NaN/Inf source (log/sqrt/div of 0, overflow); with fp16 use a GradScaler"
 
-    def check(self, trace):
-        led = ledger_of(trace)
-        index = {s.seq: i for i, s in enumerate(led.steps, 1)}
+    def check(self, a):
+        index = a.step_number
         begins: dict[int, object] = {}
         hits = []  # (step_begin, step)
-        for e in trace:
+        for e in a.events:
             if e.kind == "step_begin" and not e.get("closure"):
                 begins[e["opt"]] = e
             elif e.kind == "step":
@@ -60,8 +57,7 @@ class NonfiniteGrad(Rule):
         groups: dict = {}
         for begin, step in hits:
             first = begin["nonfinite"][0]
-            source = next((b for b in reversed(trace.events[:begin.seq])
-                           if b.kind == "backward" and first in written(b)), None)
+            source = a.last_writer(first, before=begin.seq)
             groups.setdefault(source.loc if source else step.loc, []).append((begin, step, source))
         for loc, items in groups.items():
             begin, step, source = items[0]
@@ -69,12 +65,12 @@ class NonfiniteGrad(Rule):
             norms = dict(zip(begin.get("norm_pids", ()), begin.get("norms", ())))
             where = "this backward produced" if source is not None else "this step applies"
             yield self.finding(
-                f"{where} NaN/Inf gradients in {names(trace, bad)}, and "
-                f"{optimizer_name(trace, step['opt'])} applied them at step {index.get(step.seq)} "
+                f"{where} NaN/Inf gradients in {a.names(bad)}, and "
+                f"{a.optimizer_name(step['opt'])} applied them at step {index.get(step.seq)} "
                 f"({len(items)} step(s) affected)",
                 loc, step=index.get(step.seq),
                 related=(related(step, "the step that applies them"),) if source is not None else (),
-                evidence={"params": [trace.param_name(p) for p in bad[:8]], "count": len(bad),
-                          "norms": {trace.param_name(p): str(norms.get(p)) for p in bad[:8]},
+                evidence={"params": [a.param_name(p) for p in bad[:8]], "count": len(bad),
+                          "norms": {a.param_name(p): str(norms.get(p)) for p in bad[:8]},
                           "steps_affected": len(items)},
             )

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, related
+from .base import Rule, related
 
 
 class ParamNotInOptimizer(Rule):
@@ -39,29 +38,29 @@ class ParamNotInOptimizer(Rule):
     fix = ("pass every trained parameter to the optimizer (model.parameters()), or freeze the "
            "others with requires_grad_(False)")
 
-    def check(self, trace):
-        led = ledger_of(trace)
-        params = trace.params()
-        if not led.optimizer_events:
-            if led.backward_count:
-                first = trace.of_kind("backward")[0]
+    def check(self, a):
+        led = a.ledger
+        params = a.params
+        if not a.optimizers:
+            if a.backward_calls:
+                first = a.of_kind("backward")[0]
                 yield self.finding(
                     "no torch.optim optimizer was seen: graddoctor cannot tell which gradients an "
                     "update uses, so the zero_grad checks are limited for this script",
                     first.loc, severity=Severity.INFO,
                     fix="nothing to fix if the update is written by hand on purpose",
-                    evidence={"backward_calls": led.backward_count},
+                    evidence={"backward_calls": a.backward_calls},
                 )
             return
         orphans = [pid for pid in led.first_contribution
-                   if pid not in led.owners and params.get(pid) is not None
+                   if pid not in a.owners and params.get(pid) is not None
                    and params[pid].get("is_parameter")]
         if not orphans:
             return
-        construction = next(iter(led.optimizer_events.values()))
+        construction = next(iter(a.optimizers.values()))
         yield self.finding(
-            f"{names(trace, orphans)} receive gradients but no optimizer owns them: they never train",
+            f"{a.names(orphans)} receive gradients but no optimizer owns them: they never train",
             construction.loc,
             related=(related(led.first_contribution[orphans[0]], "the backward that gives them gradients"),),
-            evidence={"params": [trace.param_name(p) for p in orphans], "count": len(orphans)},
+            evidence={"params": [a.param_name(p) for p in orphans], "count": len(orphans)},
         )

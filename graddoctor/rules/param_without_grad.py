@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, related
+from .base import Rule, related
 
 MIN_STEPS = 2  # fewer steps are not enough evidence that a parameter never gets a gradient
 
@@ -43,25 +42,25 @@ class ParamWithoutGrad(Rule):
     summary = "an optimizer owns parameters that never receive a gradient"
     fix = "use the layer in forward(), remove it, or freeze it with requires_grad_(False)"
 
-    def check(self, trace):
-        led = ledger_of(trace)
-        params = trace.params()
-        for opt, init in led.optimizer_events.items():
-            steps = [s for s in led.steps if s["opt"] == opt and not s.get("skipped")]
+    def check(self, a):
+        led = a.ledger
+        params = a.params
+        for opt, init in a.optimizers.items():
+            steps = [s for s in a.steps if s["opt"] == opt and not s.get("skipped")]
             if len(steps) < MIN_STEPS:
                 continue
             had_grad = set()
             for s in steps:
-                had_grad.update(set(led.opt_params[opt]) - set(s.get("without_grad", ())))
-            idle = [pid for pid in dict.fromkeys(led.opt_params[opt])
+                had_grad.update(set(a.opt_params[opt]) - set(s.get("without_grad", ())))
+            idle = [pid for pid in dict.fromkeys(a.opt_params[opt])
                     if pid not in led.first_contribution and pid not in had_grad
                     and (params.get(pid) is None or params[pid].get("requires_grad", True))]
             if idle:
                 yield self.finding(
-                    f"{names(trace, idle)} are owned by this {init.get('cls', 'optimizer')} but got no "
+                    f"{a.names(idle)} are owned by this {init.get('cls', 'optimizer')} but got no "
                     f"gradient in {len(steps)} steps: they never train",
                     init.loc,
                     related=(related(steps[0], "a step that finds them without gradient"),),
-                    evidence={"params": [trace.param_name(p) for p in idle], "steps": len(steps),
+                    evidence={"params": [a.param_name(p) for p in idle], "steps": len(steps),
                               "optimizer": opt},
                 )

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, optimizer_name, related
+from .base import Rule, related
 
 
 class PartialZeroGrad(Rule):
@@ -40,22 +39,22 @@ class PartialZeroGrad(Rule):
     summary = "zero_grad() clears only part of the parameters an optimizer steps"
     fix = "clear through the optimizer (optimizer.zero_grad()) or through a module that holds every parameter it steps"
 
-    def check(self, trace):
+    def check(self, a):
         groups: dict = {}
-        for use in ledger_of(trace).old_uses:
+        for use in a.ledger.old_uses:
             if use.fresh and use.clears_between:
                 groups.setdefault(use.clears_between[-1].loc, []).append(use)
         for loc, uses in groups.items():
             first = uses[0]
             pids = [u.pid for u in uses]
             yield self.finding(
-                f"this zero_grad() skips {names(trace, pids)}, which {optimizer_name(trace, first.opt)} steps: "
+                f"this zero_grad() skips {a.names(pids)}, which {a.optimizer_name(first.opt)} steps: "
                 f"their gradients keep accumulating across updates (first seen at step {first.step_index})",
                 loc,
                 related=(related(first.step, "the step that applies the accumulated gradients"),
                          related(first.fresh[0].backward, "the backward that adds onto them")),
                 step=first.step_index,
-                evidence={"skipped_params": [trace.param_name(p) for p in dict.fromkeys(pids)],
+                evidence={"skipped_params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "optimizer": first.opt,
                           "clear": first.clears_between[-1].get("via")},
             )

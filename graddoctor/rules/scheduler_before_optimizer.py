@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import Rule, optimizer_name, related
+from .base import Rule, related
 
 # schedulers whose step() is not a position in a fixed schedule
 NOT_POSITIONAL = {"ReduceLROnPlateau"}
@@ -49,11 +49,11 @@ class SchedulerBeforeOptimizer(Rule):
     summary = "lr_scheduler.step() runs before the optimizer it drives has stepped"
     fix = "call scheduler.step() after optimizer.step() (or scaler.step(optimizer))"
 
-    def check(self, trace):
+    def check(self, a):
         stepped: dict[int, object] = {}  # opt -> its first step (GradScaler-skipped ones count)
         seen: set[int] = set()
         early = []
-        for e in trace:
+        for e in a.events:
             if e.kind == "step":
                 stepped.setdefault(e["opt"], e)
             elif e.kind == "scheduler_step" and e["sched"] not in seen:
@@ -66,7 +66,7 @@ class SchedulerBeforeOptimizer(Rule):
             if first is None:
                 continue  # the optimizer never steps in the replay: nothing to compare with
             yield self.finding(
-                f"{e.get('cls', 'the scheduler')}.step() runs before {optimizer_name(trace, e['opt'])} "
+                f"{e.get('cls', 'the scheduler')}.step() runs before {a.optimizer_name(e['opt'])} "
                 f"has made its first step: the schedule's first learning rate is skipped and every "
                 f"later one comes one step early",
                 e.loc,

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..ledger import ledger_of
-from .base import Rule, names, related
+from .base import Rule, related
 
 
 class StaleGrad(Rule):
@@ -41,9 +40,9 @@ class StaleGrad(Rule):
     summary = "a parameter with no fresh gradient is stepped with an old one"
     fix = "clear all gradients the optimizer owns every update: optimizer.zero_grad() (set_to_none=True)"
 
-    def check(self, trace):
+    def check(self, a):
         groups: dict = {}
-        for use in ledger_of(trace).old_uses:
+        for use in a.ledger.old_uses:
             if not use.fresh:
                 groups.setdefault(use.step.loc, []).append(use)
         for loc, uses in groups.items():
@@ -51,11 +50,11 @@ class StaleGrad(Rule):
             pids = [u.pid for u in uses]
             old = first.old[-1]
             yield self.finding(
-                f"this step updates {names(trace, pids)} with a gradient from an earlier update "
+                f"this step updates {a.names(pids)} with a gradient from an earlier update "
                 f"(no new gradient reached them since; first seen at step {first.step_index})",
                 loc,
                 related=(related(old.backward, "the backward that produced the old gradient"),),
                 step=first.step_index,
-                evidence={"params": [trace.param_name(p) for p in dict.fromkeys(pids)],
+                evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "optimizer": first.opt, "already_applied": bool(old.consumed_by)},
             )

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from ..modes import timeline_of
 from .base import Rule, related
 
 
@@ -48,8 +47,8 @@ class TrainInEvalMode(Rule):
     summary = "training continues with dropout/BatchNorm in eval mode: an eval() call is never undone"
     fix = "call model.train() at the start of every training epoch (after each validation pass)"
 
-    def check(self, trace):
-        tl = timeline_of(trace)
+    def check(self, a):
+        tl = a.modes
         groups: dict = {}
         for f in tl.forwards:
             if f.context != "training" or f.step is None or f.training or not f.grad:

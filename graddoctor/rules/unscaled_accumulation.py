@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from ..accumulation import typical, windows_by_optimizer
+from ..analysis.windows import typical
 from ..findings import Severity
-from .base import Rule, optimizer_name, related
+from .base import Rule, related
 
 # optimizers whose update divides by a running magnitude of the gradient: a constant factor on
 # the gradient (k, from not dividing the loss) mostly cancels out unless clipping is involved
@@ -60,11 +60,10 @@ class UnscaledAccumulation(Rule):
     summary = "gradient accumulation over k micro-batches without dividing the loss by k"
     fix = "divide the loss by the number of accumulation steps before backward(): (loss / k).backward()"
 
-    def check(self, trace):
-        classes = {e["opt"]: e.get("cls", "") for e in trace.of_kind("optimizer_init")}
-        edits = trace.of_kind("grad_edit")
-        clips = [e for e in trace.of_kind("clip") if not e.get("norm_only")]
-        for opt, windows in windows_by_optimizer(trace).items():
+    def check(self, a):
+        edits = a.of_kind("grad_edit")
+        clips = [e for e in a.of_kind("clip") if not e.get("norm_only")]
+        for opt, windows in a.windows.items():
             k = typical(w.k for w in windows)
             if k is None or k < 2:
                 continue
@@ -87,12 +86,12 @@ class UnscaledAccumulation(Rule):
             if verdicts["good"]:
                 continue
             if verdicts["bad"]:
-                yield self._not_divided(trace, opt, k, verdicts["bad"], classes.get(opt, ""), clips)
+                yield self._not_divided(a, opt, k, verdicts["bad"], a.optimizer_class(opt), clips)
             elif verdicts["odd"]:
                 w = verdicts["odd"][0]
                 factor = w.group[0].get("loss_scale_factor")
                 yield self.finding(
-                    f"{k} backward() calls per step of {optimizer_name(trace, opt)} and this loss is "
+                    f"{k} backward() calls per step of {a.optimizer_name(opt)} and this loss is "
                     f"multiplied by {factor:g}, not divided by {k}: check that the factor is meant",
                     w.group[0].loc, severity=Severity.INFO, step=w.index,
                     related=(related(w.step, "the step that applies the accumulated sum"),),
@@ -100,12 +99,9 @@ class UnscaledAccumulation(Rule):
                               "windows": len(verdicts["odd"])},
                 )
 
-    def _not_divided(self, trace, opt, k, bad, cls, clips):
+    def _not_divided(self, a, opt, k, bad, cls, clips):
         w = bad[0]
-        owned = set()
-        for e in trace.of_kind("optimizer_init"):
-            if e["opt"] == opt:
-                owned.update(e["params"])
+        owned = set(a.opt_params.get(opt, ()))
         clipped = any(owned.intersection(c["params"]) for c in clips)
         severity = None
         notes = []
@@ -119,7 +115,7 @@ class UnscaledAccumulation(Rule):
             notes.append("all of them used the same DataLoader batch: if these are separate losses "
                          "rather than micro-batches, ignore this")
         message = (f"{k} backward() calls of this loss add up in the gradients of every "
-                   f"{optimizer_name(trace, opt)} step, and the loss is not divided by {k}: the "
+                   f"{a.optimizer_name(opt)} step, and the loss is not divided by {k}: the "
                    f"update uses {k}x the gradient of one batch"
                    + (" (with SGD-like optimizers a {k}x larger learning rate)".format(k=k)
                       if cls not in SCALE_INVARIANT else ""))

@@ -1,5 +1,5 @@
 """Accumulation windows: which backward calls (and which DataLoader batches) each optimizer
-step applied, read from the ledger. Pure Python over a ``Trace``; no torch.
+step applied, read from the ledger. Pure Python over the ``Analysis``; no torch.
 
 A step's *window* is every backward whose contribution it consumed. The *accumulating group* of a
 window is the largest set of its backwards that ran at the same line and wrote the same
@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .ledger import ledger_of
-from .trace import Event, Trace
+from ..trace import Event
+from . import written
 
-
-def written(backward: Event) -> tuple[int, ...]:
-    return (*backward.get("fresh", ()), *backward.get("accumulated", ()),
-            *backward.get("cleared_outside", ()))
+if TYPE_CHECKING:
+    from . import Analysis
 
 
 @dataclass
@@ -59,10 +58,11 @@ def _group(backwards: list[Event]) -> list[Event]:
     return max(groups.values(), key=len) if groups else []
 
 
-def windows_by_optimizer(trace: Trace) -> dict[int, list[Window]]:
-    led = ledger_of(trace)
+def windows_by_optimizer(a: "Analysis") -> dict[int, list[Window]]:
+    led = a.ledger
     out: dict[int, list[Window]] = {}
-    for index, step in enumerate(led.steps, start=1):
+    for step in a.steps:
+        index = a.step_number[step.seq]
         if step.get("closure"):
             continue  # L-BFGS: the closure's backwards are re-evaluations, not micro-batches
         backwards = led.windows.get(step.seq, [])

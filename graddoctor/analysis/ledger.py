@@ -10,14 +10,24 @@ the zero_grad rules turn into findings:
 * ``Discard``  — a clear dropped contributions no step had consumed, and a later step of the
   same phase would have used them (misplaced zero_grad).
 
-Pure Python over ``Trace``; no torch.
+It also keeps, in the same single pass, what the clip rules need to know about the gradients a
+clip touches (``ClipState``: unused contributions, the step that already applied them, scaled
+gradients not yet unscaled) and which clipped gradients a later backward added to
+(``ClipOverwrite``), so no rule replays backward/clear/step again.
+
+Pure Python over the ``Analysis``; no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .trace import Event, Trace
+from typing import TYPE_CHECKING
+
+from ..trace import Event
+
+if TYPE_CHECKING:
+    from . import Analysis
 
 
 @dataclass(eq=False)
@@ -58,21 +68,41 @@ class Discard:
     followed: bool = False  # a backward or step came after the clear
 
 
+@dataclass(eq=False)
+class ClipState:
+    """The gradients a clip (one that clips: not ``norm_only``) touched, as the ledger saw them."""
+
+    clip: Event
+    owned: list[int]  # its tracked params some optimizer owns
+    unused: set[int]  # owned params holding contributions no step has used yet
+    used_by: dict[int, Event]  # owned param -> the step that already applied its latest gradient
+    scaled: dict[int, Event]  # param -> the scaled backward whose gradient is not unscaled yet
+
+
+@dataclass(eq=False)
+class ClipOverwrite:
+    """A backward added to gradients that ``clip`` had clipped, before any step used them."""
+
+    clip: Event
+    backward: Event
+    pids: list[int]
+
+
 @dataclass
 class Ledger:
     old_uses: list[OldUse] = field(default_factory=list)
     discards: list[Discard] = field(default_factory=list)  # confirmed: later_step is set
-    owners: dict[int, set[int]] = field(default_factory=dict)  # pid -> optimizer ids
-    opt_params: dict[int, list[int]] = field(default_factory=dict)
-    optimizer_events: dict[int, Event] = field(default_factory=dict)  # opt -> first optimizer_init
     first_contribution: dict[int, Event] = field(default_factory=dict)  # pid -> first backward
-    steps: list[Event] = field(default_factory=list)
-    backward_count: int = 0
     windows: dict[int, list[Event]] = field(default_factory=dict)  # step seq -> backwards it consumed
+    clips: list[ClipState] = field(default_factory=list)
+    clip_overwrites: list[ClipOverwrite] = field(default_factory=list)
 
 
-def build_ledger(trace: Trace) -> Ledger:
+def build_ledger(a: "Analysis") -> Ledger:
     led = Ledger()
+    # who owns what *so far*: a param group added mid-run is not stepped before it is added
+    owners: dict[int, set[int]] = {}
+    opt_params: dict[int, list[int]] = {}
     contribs: dict[int, list[Contribution]] = {}
     clears: list[Event] = []
     pending: list[Discard] = []
@@ -80,36 +110,53 @@ def build_ledger(trace: Trace) -> Ledger:
     stepped_in_phase = True  # so the first backward opens phase 1
     in_closure = False  # between step_begin(closure) and its step: L-BFGS re-evaluations
     last_epoch_start = -1  # seq of the latest DataLoader epoch_start
+    # for the clip rules
+    used_by: dict[int, Event] = {}  # pid -> the step that used its latest gradient
+    scaled: dict[int, Event] = {}  # pid -> the scaled backward whose grads are not unscaled yet
+    clipped: dict[int, Event] = {}  # pid -> the clip whose result a later backward may add to
 
-    for e in trace:
+    for e in a.events:
         kind = e.kind
-        if kind == "epoch_start":
+        if kind == "optimizer_init":
+            opt_params.setdefault(e["opt"], []).extend(e["params"])
+            for pid in e["params"]:
+                owners.setdefault(pid, set()).add(e["opt"])
+        elif kind == "epoch_start":
             last_epoch_start = e.seq
             # a partial window dropped by a clear right before a new epoch begins (zero_grad at
             # the top of the epoch) is the end of an epoch, not a misplaced clear
             pending = [d for d in pending if d.followed]
-            continue
-        if kind == "optimizer_init":
-            opt = e["opt"]
-            led.optimizer_events.setdefault(opt, e)
-            led.opt_params.setdefault(opt, []).extend(e["params"])
-            for pid in e["params"]:
-                led.owners.setdefault(pid, set()).add(opt)
         elif kind == "backward":
-            led.backward_count += 1
             if stepped_in_phase:
                 phase += 1
                 stepped_in_phase = False
                 pending = []  # a clear after the last step of a phase is where clears belong
             for d in pending:
                 d.followed = True
-            for pid in e.get("cleared_outside", ()):
+            fresh, accumulated = e.get("fresh", ()), e.get("accumulated", ())
+            outside = e.get("cleared_outside", ())
+            for pid in outside:
                 contribs[pid] = []
-            for pid in e.get("fresh", ()):
+            for pid in fresh:
                 contribs[pid] = []  # a cleared .grad: whatever we had was dropped outside zero_grad
-            for pid in (*e.get("fresh", ()), *e.get("accumulated", ()), *e.get("cleared_outside", ())):
+            hits: dict[int, tuple[Event, list[int]]] = {}
+            for pid in accumulated:
+                clip = clipped.pop(pid, None)
+                if clip is not None:
+                    hits.setdefault(clip.seq, (clip, []))[1].append(pid)
+            led.clip_overwrites.extend(ClipOverwrite(clip, e, sorted(pids)) for clip, pids in hits.values())
+            for pid in (*fresh, *outside):
+                clipped.pop(pid, None)
+            is_scaled = bool(e.get("scaled"))
+            for pid in (*fresh, *accumulated, *outside):
                 contribs.setdefault(pid, []).append(Contribution(e, phase))
                 led.first_contribution.setdefault(pid, e)
+                used_by.pop(pid, None)
+                if is_scaled:
+                    scaled[pid] = e
+            if not is_scaled:  # an unscaled gradient added onto a scaled one is still scaled
+                for pid in (*fresh, *outside):
+                    scaled.pop(pid, None)
         elif kind == "clear":
             clears.append(e)
             for pid in e["params"]:
@@ -119,29 +166,48 @@ def build_ledger(trace: Trace) -> Ledger:
                 if unused and not in_closure:
                     pending.append(Discard(e, pid, unused, phase))
                 contribs[pid] = []
+                scaled.pop(pid, None)
+                clipped.pop(pid, None)
+        elif kind == "unscale":
+            for pid in a.opt_params.get(e.get("opt"), ()):
+                scaled.pop(pid, None)
+        elif kind == "clip" and not e.get("norm_only"):
+            owned = [pid for pid in e["params"] if pid in a.owners]
+            led.clips.append(ClipState(
+                e, owned,
+                unused={pid for pid in owned if any(not c.consumed_by for c in contribs.get(pid, ()))},
+                used_by={pid: used_by[pid] for pid in owned if pid in used_by},
+                scaled={pid: scaled[pid] for pid in e["params"] if pid in scaled},
+            ))
+            for pid in owned:
+                clipped[pid] = e
         elif kind == "step_begin":
             in_closure = bool(e.get("closure"))
         elif kind == "step":
             in_closure = False
             stepped_in_phase = True
-            led.steps.append(e)
-            index = len(led.steps)
+            index = a.step_number[e.seq]
             opt = e["opt"]
             consumed: dict[int, Event] = {}
             for d in pending:
                 d.followed = True
-                if d.later_step is None and opt in led.owners.get(d.pid, ()):
+                if d.later_step is None and opt in owners.get(d.pid, ()):
                     d.later_step, d.later_step_index = e, index
                     led.discards.append(d)
-            for pid in led.opt_params.get(opt, ()):
+            for pid in a.opt_params.get(opt, ()):
+                scaled.pop(pid, None)
+                clipped.pop(pid, None)
+                if any(not c.consumed_by for c in contribs.get(pid, ())):
+                    used_by[pid] = e
+            mine = opt_params.get(opt, ())
+            for pid in mine:
                 cs = contribs.get(pid)
                 if not cs:
                     continue
                 old = [c for c in cs if c.phase < phase]
                 if old:
                     since = old[0].backward.seq
-                    mine = set(led.opt_params.get(opt, ()))
-                    between = [c for c in clears if c.seq > since and mine.intersection(c["params"])]
+                    between = [c for c in clears if c.seq > since and set(mine).intersection(c["params"])]
                     led.old_uses.append(OldUse(e, index, opt, pid, phase, old,
                                                [c for c in cs if c.phase == phase], between))
                 for c in cs:
@@ -149,12 +215,3 @@ def build_ledger(trace: Trace) -> Ledger:
                     consumed.setdefault(c.backward.seq, c.backward)
             led.windows[e.seq] = [consumed[seq] for seq in sorted(consumed)]
     return led
-
-
-def ledger_of(trace: Trace) -> Ledger:
-    """The ledger of a trace, built once and shared by the rules."""
-    cached = getattr(trace, "_ledger", None)
-    if cached is None or cached[0] != len(trace):
-        cached = (len(trace), build_ledger(trace))
-        trace._ledger = cached  # type: ignore[attr-defined]
-    return cached[1]

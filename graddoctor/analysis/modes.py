@@ -13,14 +13,18 @@ set each module's mode (``train`` / ``eval`` events), whether the forward was a 
   (a validation loop);
 * ``unknown`` — the replay was cut (step budget, timeout) before anything told.
 
-Pure Python over ``Trace``; no torch.
+Pure Python over the ``Analysis``; no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .trace import Event, Trace
+from ..trace import Event
+
+if TYPE_CHECKING:
+    from . import Analysis
 
 BOUNDARIES = ("backward", "step", "epoch_start", "update_bn", "run_end")
 MODE_SETS = ("train", "eval")
@@ -59,13 +63,6 @@ class ModeTimeline:
     forwards: list[ModeForward] = field(default_factory=list)
     final_states: dict[int, dict] = field(default_factory=dict)  # mid -> last mode_module data
     ever_trainable: set[int] = field(default_factory=set)  # mids with trainable params at some point
-    events: list[Event] = field(default_factory=list)
-
-    def event_at(self, seq: int | None) -> Event | None:
-        """The event with that seq (a ``freeze`` a ``mode_module`` refers to)."""
-        if seq is None:
-            return None
-        return next((e for e in self.events if e.seq == seq), None)
 
     def name(self, mid: int) -> str:
         return (self.final_states.get(mid) or {}).get("name") or f"layer#{mid}"
@@ -96,20 +93,15 @@ def _next_boundaries(events: list[Event]):
     return nxt, nxt_step, nxt_train
 
 
-def build_timeline(trace: Trace) -> ModeTimeline:
-    events = list(trace)
-    tl = ModeTimeline(events=events)
-    if not any(e.kind == "mode_forward" for e in events):
+def build_timeline(a: "Analysis") -> ModeTimeline:
+    events = a.events
+    tl = ModeTimeline()
+    if not a.by_kind.get("mode_forward"):
         return tl
     nxt, nxt_step, nxt_train = _next_boundaries(events)
-    step_index = {}
-    for e in events:
-        if e.kind == "step":
-            step_index[e.seq] = len(step_index) + 1
     states: dict[int, dict] = {}
     set_by: dict[int, Event] = {}
     reset_since_step: set[int] = set()
-    steps_before = 0
     prev_boundary: Event | None = None
     pending: list[tuple[int, Event, Event | None]] = []  # forwards whose window is still open
 
@@ -124,8 +116,8 @@ def build_timeline(trace: Trace) -> ModeTimeline:
             context, step = _context(e, before, nxt[i], nxt_step[i], nxt_train[i])
             tl.forwards.append(ModeForward(
                 e, {m: states.get(m, {}) for m in mids}, {m: set_by.get(m) for m in mids}, recal,
-                context, step, step_index.get(step.seq) if step is not None else None,
-                steps_before,
+                context, step, a.step_number.get(step.seq) if step is not None else None,
+                a.steps_before(e.seq),
             ))
         pending.clear()
 
@@ -148,7 +140,6 @@ def build_timeline(trace: Trace) -> ModeTimeline:
             reset_since_step.update(e.get("modules", ()))
         elif kind == "step":
             reset_since_step.clear()
-            steps_before += 1
         if kind in BOUNDARIES:
             prev_boundary = e
     resolve()
@@ -169,12 +160,3 @@ def _context(e: Event, before: Event | None, after: Event | None, step: Event | 
     if after is None or (after.kind == "run_end" and after.get("status") != "completed"):
         return "unknown", None
     return "outside", None
-
-
-def timeline_of(trace: Trace) -> ModeTimeline:
-    """The mode timeline of a trace, built once and shared by the rules."""
-    cached = getattr(trace, "_mode_timeline", None)
-    if cached is None or cached[0] != len(trace):
-        cached = (len(trace), build_timeline(trace))
-        trace._mode_timeline = cached  # type: ignore[attr-defined]
-    return cached[1]

@@ -1,12 +1,14 @@
-"""Rules over a trace: run each, turn a rule's own failure into an internal error."""
+"""Rules over the analysis: select them, run each, turn a rule's own failure into an internal
+error (the other rules still run)."""
 
 from __future__ import annotations
 
 import traceback
 
-from .findings import Finding
-from .rules import ALL_RULES, Rule
-from .trace import Trace
+from ..findings import Finding
+from ..rules import ALL_RULES, Rule
+from ..trace import Trace
+from . import Analysis
 
 
 def rule_matches(rule: type[Rule], pattern: str) -> bool:
@@ -28,13 +30,14 @@ def selected_rules(select=(), ignore=()) -> list[type[Rule]]:
     return [r for r in rules if not matches(r, ignore)]
 
 
-def analyze(trace: Trace, rules=None) -> tuple[list[Finding], list[dict]]:
+def analyze(trace: Trace | Analysis, rules=None) -> tuple[list[Finding], list[dict]]:
     """Findings (sorted by severity, then place) and internal errors of the rules."""
+    analysis = trace if isinstance(trace, Analysis) else Analysis(trace)
     findings: list[Finding] = []
     errors: list[dict] = []
     for rule in rules if rules is not None else ALL_RULES:
         try:
-            findings.extend(rule().check(trace))
+            findings.extend(rule().check(analysis))
         except Exception as exc:
             errors.append({"where": f"rule {rule.slug}",
                            "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()})

@@ -1,0 +1,61 @@
+"""Run notes: remarks about the run itself, beside the findings (``run.notes`` in JSON, the
+report's header). Each producer reads the analysis, like a rule, and returns its lines.
+
+To add one: a function ``(analysis) -> list[str]`` and an entry in ``NOTE_PRODUCERS``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from ..analysis import Analysis
+
+
+def short_epochs(a: "Analysis") -> list[str]:
+    """Say when DataLoader epochs were replayed shorter than they are (``--epoch-batches``)."""
+    short = [e for e in a.of_kind("epoch_start")
+             if e.get("real_len") is not None and e.get("replay_len") is not None
+             and e["replay_len"] < e["real_len"]]
+    if not short:
+        return []
+    first = short[0]
+    notes = [f"DataLoader epochs were replayed with {first['replay_len']} of their {first['real_len']} "
+             f"batches (--epoch-batches; 0 replays full epochs)"]
+    if not a.steps and a.backward_calls:
+        notes.append("no optimizer step happened within those short epochs: if you accumulate over "
+                     f"more than {first['replay_len']} batches, raise --epoch-batches")
+    return notes
+
+
+def compiled(a: "Analysis") -> list[str]:
+    """torch.compile hides the calls traced into a compiled graph."""
+    calls = a.of_kind("compile")
+    if not calls:
+        return []
+    where = ", ".join(sorted({str(e.loc) for e in calls if e.loc})) or "a library"
+    note = (f"torch.compile was used ({where}): graddoctor sees zero_grad, backward and optimizer "
+            f"steps at the graph breaks torch makes there; calls traced into a compiled graph "
+            f"are not seen")
+    if any(e.get("fullgraph") for e in calls):
+        note += "; with fullgraph=True a graph that contains them cannot be checked"
+    return [note]
+
+
+def never_stepped(a: "Analysis") -> list[str]:
+    """The replay was ended because backward calls went on without any optimizer step."""
+    end = a.of_kind("run_end")
+    if not end or end[-1].get("status") != "backward-limit":
+        return []
+    return [f"the replay was stopped after {a.backward_calls} backward calls: an optimizer was "
+            f"created but never stepped"]
+
+
+NOTE_PRODUCERS: tuple[Callable[["Analysis"], list[str]], ...] = (short_epochs, compiled, never_stepped)
+
+
+def run_notes(a: "Analysis") -> list[str]:
+    notes: list[str] = []
+    for produce in NOTE_PRODUCERS:
+        notes.extend(produce(a))
+    return notes
