@@ -113,6 +113,12 @@ class Analysis:
         return self.events[index + 1:]
 
     @property
+    def status(self) -> str | None:
+        """The run's status (``run_end``), or None while it still runs (a provisional report)."""
+        ends = self.by_kind.get("run_end")
+        return ends[-1].get("status") if ends else None
+
+    @property
     def backward_calls(self) -> int:
         return len(self.by_kind.get("backward", ()))
 

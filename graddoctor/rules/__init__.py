@@ -1,45 +1,35 @@
-"""The rule registry. Importing it must not import torch (``graddoctor rules`` is instant)."""
+"""The rule registry: every rule module in this package, found by itself.
+
+A rule is one file here, named after its slug (``missing_zero_grad.py`` holds
+``missing-zero-grad``), with one ``Rule`` subclass in it; adding the file registers it (in code
+order). ``base``, ``docs`` and ``notes`` are the shared pieces, not rules.
+Importing this must not import torch (``graddoctor rules`` is instant).
+"""
 
 from __future__ import annotations
 
-from .accumulation_leftover import AccumulationLeftover
-from .base import Rule
-from .clip_before_backward import ClipBeforeBackward
-from .clip_before_unscale import ClipBeforeUnscale
-from .clip_in_accumulation import ClipInAccumulation
-from .eval_in_train_mode import EvalInTrainMode
-from .frozen_bn_train_mode import FrozenBnTrainMode
-from .misplaced_zero_grad import MisplacedZeroGrad
-from .missing_zero_grad import MissingZeroGrad
-from .nonfinite_grad import NonfiniteGrad
-from .param_not_in_optimizer import ParamNotInOptimizer
-from .param_without_grad import ParamWithoutGrad
-from .partial_zero_grad import PartialZeroGrad
-from .scheduler_before_optimizer import SchedulerBeforeOptimizer
-from .stale_grad import StaleGrad
-from .train_in_eval_mode import TrainInEvalMode
-from .unscaled_accumulation import UnscaledAccumulation
+import importlib
+import inspect
+import pkgutil
 
-ALL_RULES: tuple[type[Rule], ...] = (
-    MissingZeroGrad,
-    PartialZeroGrad,
-    StaleGrad,
-    MisplacedZeroGrad,
-    ParamNotInOptimizer,
-    ParamWithoutGrad,
-    # AMP, clipping, accumulation, schedules (GD2xx)
-    ClipBeforeUnscale,
-    ClipInAccumulation,
-    ClipBeforeBackward,
-    UnscaledAccumulation,
-    AccumulationLeftover,
-    SchedulerBeforeOptimizer,
-    NonfiniteGrad,
-    # BatchNorm and train/eval modes (GD3xx)
-    FrozenBnTrainMode,
-    TrainInEvalMode,
-    EvalInTrainMode,
-)
+from .base import Rule
+
+NOT_RULES = {"base", "docs", "notes"}
+
+
+def _discover() -> tuple[type[Rule], ...]:
+    found: list[type[Rule]] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name in NOT_RULES or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found.extend(obj for obj in vars(module).values()
+                     if inspect.isclass(obj) and issubclass(obj, Rule) and obj is not Rule
+                     and obj.__module__ == module.__name__ and not obj.__name__.startswith("_"))
+    return tuple(sorted(found, key=lambda rule: rule.code))
+
+
+ALL_RULES: tuple[type[Rule], ...] = _discover()
 
 
 def find_rule(name: str) -> type[Rule] | None:

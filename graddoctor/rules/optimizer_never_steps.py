@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule, related
+
+# A replay that ended this way saw the whole loop (or enough of it) to say "never".
+JUDGED = ("completed", "step-limit", "backward-limit")
+
+
+class OptimizerNeverSteps(Rule):
+    """
+    ## What it does
+    Finds an optimizer whose parameters receive gradients from `backward()` while the optimizer
+    itself is never stepped: `optimizer.step` written without parentheses, a `scaler.step(opt)`
+    deleted, a step left behind a condition that is never true.
+
+    ## Why is this bad?
+    Nothing updates the parameters: the loss is computed, gradients pile up in `.grad`, and the
+    model never changes. The script runs to its end without an error, and a loss that does not
+    move is easily blamed on the learning rate.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step          # a reference to the method, never called
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    ```
+    """
+
+    code = "GD107"
+    slug = "optimizer-never-steps"
+    severity = Severity.ERROR
+    summary = "backward() fills the gradients of an optimizer that is never stepped"
+    fix = "call optimizer.step() (or scaler.step(optimizer)) once per update, after the backward"
+
+    def check(self, a):
+        if a.status not in JUDGED:
+            return  # crashed or timed out: the script may not have reached its step yet
+        stepped = {s["opt"] for s in a.steps}
+        for opt, init in a.optimizers.items():
+            if opt in stepped:
+                continue
+            fed = [pid for pid in dict.fromkeys(a.opt_params.get(opt, ())) if pid in a.ledger.first_contribution]
+            if not fed:
+                continue  # its parameters got no gradient: nothing was meant to be applied
+            first = min((a.ledger.first_contribution[pid] for pid in fed), key=lambda e: e.seq)
+            backwards = a.backward_calls
+            if stepped:
+                others = ", ".join(sorted({a.optimizer_name(o) for o in stepped}))
+                message = (f"this {a.optimizer_name(opt)} is never stepped while {others} "
+                           f"{'is' if len(stepped) == 1 else 'are'} ({len(a.steps)} steps): "
+                           f"backward() fills the gradients of {a.names(fed)}, and nothing applies "
+                           f"them; if it is meant for a later stage of training, ignore this")
+                severity = Severity.WARNING
+            else:
+                message = (f"this {a.optimizer_name(opt)} is never stepped: {backwards} backward() "
+                           f"calls filled the gradients of {a.names(fed)}, and no optimizer step "
+                           f"ever applied them (is `optimizer.step` missing its parentheses?)")
+                severity = None
+            yield self.finding(
+                message, init.loc, severity=severity,
+                related=(related(first, "a backward that fills its parameters' gradients"),),
+                evidence={"optimizer": opt, "params": a.param_names(fed, limit=8),
+                          "backward_calls": backwards, "steps": len(a.steps)},
+            )
