@@ -66,21 +66,35 @@ class LocationFinder:
             self._display[filename] = shown
         return shown
 
-    def here(self, skip: int = 1) -> Location | None:
-        """Location of the innermost user frame above the caller."""
-        frame = sys._getframe(skip)
-        fallback = None
+    def user_frames(self, frame):
+        """The user's frames on a stack, innermost first, from ``frame`` outward: the one stack
+        walk every caller shares (locations, the mode watcher, the watchdog, parameter names)."""
+        is_user = self.is_user_file
         while frame is not None:
-            code = frame.f_code
-            filename = code.co_filename
-            if self.is_user_file(filename):
-                # hot path (several times per step): the same few call lines recur every step
-                key = (code, frame.f_lineno)
-                location = self._locations.get(key)
-                if location is None:
-                    location = self._locations[key] = Location(self.display_path(filename),
-                                                               key[1], code.co_name)
-                return location
+            if is_user(frame.f_code.co_filename):
+                yield frame
+            frame = frame.f_back
+
+    def location(self, frame) -> Location:
+        """A frame's location, cached per code line (the same few call lines recur every step)."""
+        code = frame.f_code
+        key = (code, frame.f_lineno)
+        location = self._locations.get(key)
+        if location is None:
+            location = self._locations[key] = Location(self.display_path(code.co_filename),
+                                                       key[1], code.co_name)
+        return location
+
+    def here(self, skip: int = 1) -> Location | None:
+        """Location of the innermost user frame above the caller; without one, the outermost
+        third-party library frame that called into torch (a framework's own loop)."""
+        start = sys._getframe(skip)
+        for frame in self.user_frames(start):  # hot path: several times per step
+            return self.location(frame)
+        fallback = None
+        frame = start
+        while frame is not None:
+            filename = frame.f_code.co_filename
             if fallback is None and "site-packages" in filename and not filename.startswith(_PKG_DIR):
                 fallback = frame
             frame = frame.f_back

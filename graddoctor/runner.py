@@ -287,12 +287,8 @@ class Deadline:
 
     def where(self) -> dict | None:
         """The user's line the running script is at now (from another thread)."""
-        frame = sys._current_frames().get(self._thread_id)
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            if self.finder.is_user_file(filename):
-                return {"path": self.finder.display_path(filename), "line": frame.f_lineno}
-            frame = frame.f_back
+        for frame in self.finder.user_frames(sys._current_frames().get(self._thread_id)):
+            return {"path": self.finder.display_path(frame.f_code.co_filename), "line": frame.f_lineno}
         return None
 
 
