@@ -16,7 +16,7 @@ from typing import Callable
 
 from .analysis import Analysis
 from .analysis.run_rules import analyze, selected_rules
-from .options import CheckOptions
+from .options import OPTIONS, CheckOptions
 from .report.model import Report, RunInfo
 from .rules.notes import run_notes
 from .runner import ScriptError, run_target
@@ -25,32 +25,22 @@ from .trace import Trace
 
 __all__ = ["run_check", "ScriptError", "CheckOptions"]
 
-DEVICES = ("auto", "cpu", "cuda")
-
 
 def validated(options: CheckOptions) -> CheckOptions:
-    """The options with ``timeout`` normalised (0 and infinity mean no limit); ScriptError
-    names the first bad value."""
-    steps = options.steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ScriptError(f"--steps must be a whole number >= 0 (0 = run to the end), not {steps!r}")
-    batches = options.epoch_batches
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-        raise ScriptError(f"--epoch-batches must be a whole number >= 0 (0 = the real length), "
-                          f"not {batches!r}")
-    timeout = options.timeout
-    if timeout is not None:
+    """The options checked by the option table (options.py) and normalised: selectors as a
+    flat tuple, ``timeout`` 0 or infinity as None (no limit). ScriptError names the first bad
+    value."""
+    changes = {}
+    for option in OPTIONS.values():
+        if option.field is None:  # the CLI's own (report format, output file)
+            continue
         try:
-            seconds = float(timeout)
-        except (TypeError, ValueError):
-            seconds = math.nan
-        if math.isnan(seconds) or seconds < 0:
-            raise ScriptError(f"--timeout must be a number of seconds >= 0 (0 = no limit), "
-                              f"not {timeout!r}")
-        timeout = None if seconds == 0 or math.isinf(seconds) else seconds
-    if options.device not in DEVICES:
-        raise ScriptError(f"--device must be one of {', '.join(DEVICES)}, not {options.device!r}")
-    return dataclasses.replace(options, timeout=timeout)
+            changes[option.field] = option.check(getattr(options, option.field), "library")
+        except ValueError as exc:
+            raise ScriptError(str(exc)) from None
+    if changes["timeout"] == 0 or math.isinf(changes["timeout"] or 0):
+        changes["timeout"] = None
+    return dataclasses.replace(options, **changes)
 
 
 @contextlib.contextmanager

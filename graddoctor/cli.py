@@ -1,17 +1,20 @@
 """Command line: parses, builds options, dispatches. No decisions here, no torch import at the
-top (``--help``, ``rules`` and ``explain`` stay instant)."""
+top (``--help``, ``rules`` and ``explain`` stay instant).
+
+The options of ``check`` are the rows of the option table (options.py); the report formats are
+the registry's (report/formats.py)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
-from enum import Enum
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
-from .config import split_selectors
-from .options import DEFAULT_EPOCH_BATCHES, DEFAULT_STEPS, DEFAULT_TIMEOUT, CheckOptions
+from .options import CONFIG_KEYS, OPTIONS, CheckOptions, Option
+from .report.formats import FORMATS, RenderOptions, ReportFormat
 
 app = typer.Typer(
     add_completion=False,
@@ -22,102 +25,81 @@ app = typer.Typer(
 )
 
 
-class Format(str, Enum):
-    text = "text"
-    json = "json"
-    sarif = "sarif"
-
-
-class FailOn(str, Enum):
-    error = "error"
-    warning = "warning"
-    info = "info"
-    never = "never"
-
-
-class Device(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-# Options that [tool.graddoctor] may set; the command line overrides them when typed.
-CONFIGURABLE = ("steps", "timeout", "device", "fail_on", "select", "ignore")
-
-
 def _usage_error(message: str) -> None:
     typer.echo(f"graddoctor: error: {message}", err=True)
     raise typer.Exit(2)
 
 
+def _typer_parameter(option: Option) -> inspect.Parameter:
+    """A command-line option made from its row in the option table (options.py)."""
+    kind = option.kind
+    info = typer.Option(*option.flags, help=option.help, **kind.cli())
+    return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,
+                             default=kind.cli_default(option.default),
+                             annotation=Annotated[kind.annotation, info])
+
+
+def _with_table_options(command):
+    """Give ``command`` (which takes them as ``**typed``) every option of the table, in its
+    order, as typer reads a signature."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    command.__signature__ = signature.replace(
+        parameters=[*own, *(_typer_parameter(o) for o in OPTIONS.values())])
+    return command
+
+
 @app.command()
+@_with_table_options
 def check(
     ctx: typer.Context,
     script: str = typer.Argument(..., help="The training script (or, with -m, a module name)."),
     script_args: Optional[List[str]] = typer.Argument(
         None, help="Arguments for the script; put them after `--`.", show_default=False),
-    module: bool = typer.Option(False, "-m", "--module", help="Run SCRIPT as a module, like `python -m`."),
-    steps: int = typer.Option(
-        DEFAULT_STEPS, "--steps", min=0,
-        help="Optimizer steps to replay (0 = run to the end). A DataLoader-driven script goes on "
-        "until its third epoch has begun (two epoch boundaries), at most 2 x epoch-batches + 1 steps."),
-    epoch_batches: int = typer.Option(
-        DEFAULT_EPOCH_BATCHES, "--epoch-batches", min=0,
-        help="Batches per DataLoader epoch in the replay (0 = the real length). The default, 17, is "
-        "larger than and not divisible by the common accumulation factors, so epoch-end bugs show."),
-    timeout: float = typer.Option(DEFAULT_TIMEOUT, "--timeout", help="Wall-clock limit in seconds (0 = none).", min=0),
-    device: Device = typer.Option(Device.auto, "--device", help="auto: as the script decides; cpu: hide CUDA; cuda: require it."),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Report format: text (terminal), json, sarif (code scanning)."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the report to this file instead of stdout."),
-    fail_on: FailOn = typer.Option(FailOn.warning, "--fail-on", help="Exit 1 when a finding is at least this severe."),
-    trace: Optional[str] = typer.Option(None, "--trace", help="Also write the recorded events as JSON lines (for bug reports)."),
-    select: Optional[List[str]] = typer.Option(None, "--select", help="Only these rules (slug or code prefix; repeatable or comma-separated)."),
-    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these rules (slug or code prefix; repeatable or comma-separated)."),
-    grad_flow: bool = typer.Option(False, "--grad-flow", help="Text report: add the per-layer gradient norms of the last update."),
+    **typed,
 ) -> None:
-    """Run SCRIPT under graddoctor and report its gradient bugs.
+    r"""Run SCRIPT under graddoctor and report its gradient bugs.
 
-    Settings come from [tool.graddoctor] in the closest pyproject.toml above the script, then
+    Settings come from \[tool.graddoctor] in the closest pyproject.toml above the script, then
     from the options typed here. Exit codes: 0 no finding at or above --fail-on, 1 findings,
     2 could not check. Example: graddoctor check train.py -- --epochs 1
     """
-    for path, what in ((output, "--output"), (trace, "--trace")):
-        if path:
-            _check_writable(path, what)
-    if not module and not script.endswith((".py", ".pyw")) and os.path.isfile(script):
+    fmt, output = FORMATS[typed["format"]], typed["output"]
+    for option in (OPTIONS["output"], OPTIONS["trace"]):
+        if typed[option.name]:
+            _check_writable(typed[option.name], option.flag)
+    if not typed["module"] and not script.endswith((".py", ".pyw")) and os.path.isfile(script):
         _usage_error(f"{script} is not a Python script (expected a .py file)")
-    command_line = dict(steps=steps, timeout=timeout, device=device.value, fail_on=fail_on.value,
-                        select=split_selectors(select), ignore=split_selectors(ignore))
-    settings, config_path = _settings(script, module, command_line, _given(ctx))
+    command_line = {o.name: o.check(typed[o.name], "library") for o in CONFIG_KEYS.values()}
+    settings, config_path = _settings(script, typed["module"], command_line, _given(ctx))
     options = CheckOptions(
-        target=script, args=tuple(script_args or ()), module=module, steps=settings["steps"],
-        timeout=settings["timeout"] or None, epoch_batches=epoch_batches, device=settings["device"],
-        fail_on=settings["fail_on"],
-        select=settings["select"], ignore=settings["ignore"], trace_path=trace,
-        redirect_stdout=(fmt is not Format.text and output is None), config_path=config_path,
+        target=script, args=tuple(script_args or ()),
+        **{o.field: settings.get(o.name, typed[o.name]) for o in OPTIONS.values() if o.field},
+        redirect_stdout=fmt.machine and output is None, config_path=config_path,
     )
+    render = RenderOptions(to_terminal=output is None, grad_flow=typed["grad_flow"])
 
     def on_hang(report) -> None:  # from the watchdog: the script is stuck; report, then end
         try:
-            _emit(report, fmt, output, grad_flow)
+            _emit(report, fmt, output, render)
             code = report.exit_code(options.fail_on)
         except BaseException:
             code = 2
         _hard_exit(code)
 
     def checkpoint(report) -> None:  # provisional, replaced by the final report
-        _write(report, fmt, output, grad_flow)
+        _write(report, fmt, output, render)
 
     report = _run(options, on_hang, checkpoint if output else None)
-    _emit(report, fmt, output, grad_flow)
+    _emit(report, fmt, output, render)
     raise typer.Exit(report.exit_code(options.fail_on))
 
 
 def _given(ctx: typer.Context) -> set[str]:
     """The options the user typed (a config value must not beat those, and only those)."""
     typed_sources = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may bundle its own click
-    return {name for name in CONFIGURABLE
-            if getattr(ctx.get_parameter_source(name), "name", None) in typed_sources}
+    return {o.name for o in CONFIG_KEYS.values()
+            if getattr(ctx.get_parameter_source(o.name), "name", None) in typed_sources}
 
 
 def _settings(script: str, module: bool, command_line: dict, given: set[str]) -> tuple[dict, str | None]:
@@ -135,7 +117,7 @@ def _settings(script: str, module: bool, command_line: dict, given: set[str]) ->
     for key in ("select", "ignore"):
         unknown = unknown_selectors(settings[key])
         if unknown:
-            where = f"--{key}" if key in given or key not in config.values else \
+            where = OPTIONS[key].flag if key in given or key not in config.values else \
                 f"{shown}: [tool.graddoctor] {key}"
             _usage_error(f"{where}: no rule is named {', '.join(map(repr, unknown))} "
                          "(use a slug or a code prefix; see `graddoctor rules`)")
@@ -169,19 +151,19 @@ def _run(options, on_hang=None, checkpoint=None):
                      f"the traceback)")
 
 
-def _write(report, fmt: Format, output: Optional[str], grad_flow: bool) -> None:
+def _write(report, fmt: ReportFormat, output: Optional[str], render: RenderOptions) -> None:
     """The report to --output (written whole, atomically) or stdout."""
     from .report.output import write_file, write_stdout
 
-    text = _render(report, fmt, to_terminal=output is None, grad_flow=grad_flow)
+    text = fmt.render(report, render)
     if output:
         write_file(output, text)
     else:
         write_stdout(text)
 
 
-def _emit(report, fmt: Format, output: Optional[str], grad_flow: bool) -> None:
-    _write(report, fmt, output, grad_flow)
+def _emit(report, fmt: ReportFormat, output: Optional[str], render: RenderOptions) -> None:
+    _write(report, fmt, output, render)
     if output:
         from .report.text import verdict
 
@@ -204,26 +186,6 @@ def _hard_exit(code: int) -> None:
         except Exception:
             pass
     os._exit(code)
-
-
-def _render(report, fmt: Format, to_terminal: bool, grad_flow: bool = False) -> str:
-    if fmt is Format.json:
-        from .report.json_format import render
-
-        return render(report)
-    if fmt is Format.sarif:
-        from .report.sarif import render
-
-        return render(report)
-    from .report.text import render, wants_color
-
-    color = to_terminal and wants_color(sys.stdout)
-    width = None
-    if to_terminal:
-        import shutil
-
-        width = shutil.get_terminal_size((100, 24)).columns
-    return render(report, width=width, color=color, grad_flow=grad_flow)
 
 
 @app.command("rules")

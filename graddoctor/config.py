@@ -1,5 +1,6 @@
 """``[tool.graddoctor]`` in pyproject.toml: found from the script's folder upward, validated,
-then overridden by whatever the user typed on the command line. No torch here.
+then overridden by whatever the user typed on the command line. The keys, their values and
+the messages for bad ones come from the option table (options.py). No torch here.
 
     [tool.graddoctor]
     steps = 20
@@ -16,9 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-SEVERITIES = ("error", "warning", "info", "never")
-DEVICES = ("auto", "cpu", "cuda")
-KNOWN_KEYS = ("steps", "device", "fail-on", "select", "ignore", "timeout")
+from .options import CONFIG_KEYS, split_selectors  # noqa: F401 (split_selectors: re-exported)
 
 
 class ConfigError(Exception):
@@ -85,46 +84,19 @@ def find_config(start_dir: str) -> str | None:
         folder = parent
 
 
-def _selectors(value: Any, key: str, path: str) -> tuple[str, ...]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
-        raise ConfigError(f"{path}: [tool.graddoctor] {key} must be a string or a list of strings")
-    return split_selectors(items)
-
-
-def _number(value: Any, key: str, path: str, integer: bool):
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
-        what = "a whole number" if integer else "a number"
-        raise ConfigError(f"{path}: [tool.graddoctor] {key} must be {what} >= 0, not {value!r}")
-    return value
-
-
-def _choice(value: Any, key: str, path: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{path}: [tool.graddoctor] {key} must be one of {', '.join(choices)}, "
-                          f"not {value!r}")
-    return value
-
-
 def validate(table: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """Check every key and value; return them under the CLI's python names."""
+    """Check every key and value (by the option table, options.py); return them under the
+    CLI's python names."""
     values: dict[str, Any] = {}
     for raw_key, value in table.items():
-        key = raw_key.replace("_", "-")
-        if key not in KNOWN_KEYS:
+        option = CONFIG_KEYS.get(raw_key.replace("_", "-"))
+        if option is None:
             raise ConfigError(f"{path}: [tool.graddoctor] unknown option {raw_key!r} "
-                              f"(known: {', '.join(KNOWN_KEYS)})")
-        if key == "steps":
-            values["steps"] = _number(value, key, path, integer=True)
-        elif key == "timeout":
-            values["timeout"] = float(_number(value, key, path, integer=False))
-        elif key == "device":
-            values["device"] = _choice(value, key, path, DEVICES)
-        elif key == "fail-on":
-            values["fail_on"] = _choice(value, key, path, SEVERITIES)
-        else:
-            values[key] = _selectors(value, key, path)
+                              f"(known: {', '.join(CONFIG_KEYS)})")
+        try:
+            values[option.name] = option.check(value, "config", where=path)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     return values
 
 
@@ -139,8 +111,3 @@ def merge(command_line: Mapping[str, Any], given: set[str], config: Config) -> d
     """Command line wins where the user typed the option; else the config; else the default."""
     return {key: value if key in given or key not in config.values else config.values[key]
             for key, value in command_line.items()}
-
-
-def split_selectors(items) -> tuple[str, ...]:
-    """``["GD1,stale-grad", "GD2"]`` -> ``("GD1", "stale-grad", "GD2")``."""
-    return tuple(part.strip() for item in items or () for part in item.split(",") if part.strip())

@@ -1,23 +1,238 @@
-"""Options of one check, frozen: the CLI builds them, the library reads them."""
+"""Every option of ``graddoctor check``, defined once (``OPTIONS``), and the frozen
+``CheckOptions`` the library gets.
+
+One row per option: its python name, command-line flags, ``[tool.graddoctor]`` key (None:
+command line only), kind (type, choices, validation), default and help. The CLI builds its
+options from the rows, config.py reads the pyproject keys and validates the values with them,
+and ``check.validated`` validates library callers' values with them. No torch, no typer here.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
+from typing import Any, List, Literal, Optional
 
-DEFAULT_STEPS = 10
-DEFAULT_TIMEOUT = 600.0
-DEFAULT_EPOCH_BATCHES = 17  # see instrument/dataloader.py for why 17
+from .report.formats import FORMATS
+
+Source = Literal["config", "library"]  # who gave the value (the command line is typer's)
+
+
+class Invalid(ValueError):
+    """A value the option cannot take (the caller words the message: ``Option.error``)."""
+
+
+# -- kinds: a type, what a valid value is, how to check one ---------------------------------
+
+class Kind:
+    annotation: Any = str  # the python type the command line parses into
+    requirement = "a string"  # "<name> must be <requirement>"
+    says_value = True  # messages end with ", not <value>"
+
+    def check(self, value: Any, source: Source) -> Any:
+        """The value, normalised; ``Invalid`` when the option cannot take it."""
+        return value
+
+    def cli(self) -> dict:
+        """Constraints typer enforces on the command line."""
+        return {}
+
+    def cli_default(self, default: Any) -> Any:
+        return default
+
+    def describe(self, source: Source) -> str:
+        return self.requirement
+
+
+@dataclass(frozen=True)
+class Count(Kind):
+    """A whole number >= 0 (booleans are not numbers here)."""
+
+    annotation = int
+    requirement = "a whole number >= 0"
+
+    def check(self, value, source):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise Invalid(value)
+        return value
+
+    def cli(self):
+        return {"min": 0}
+
+
+@dataclass(frozen=True)
+class Seconds(Kind):
+    """A number >= 0, not NaN. A pyproject value must be a TOML number; the library takes
+    whatever ``float()`` reads (as it always has) and None (no limit)."""
+
+    annotation = float
+    requirement = "a number >= 0"
+
+    def check(self, value, source):
+        if source == "library":
+            if value is None:
+                return None
+            try:
+                seconds = float(value)
+            except (TypeError, ValueError):
+                raise Invalid(value) from None
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise Invalid(value)
+        else:
+            seconds = float(value)
+        if math.isnan(seconds) or seconds < 0:
+            raise Invalid(value)
+        return seconds
+
+    def cli(self):
+        return {"min": 0}
+
+    def describe(self, source):
+        return "a number of seconds >= 0" if source == "library" else self.requirement
+
+
+@dataclass(frozen=True)
+class Choice(Kind):
+    choices: tuple[str, ...] = ()
+
+    @property
+    def annotation(self):
+        return Literal[self.choices]
+
+    @property
+    def requirement(self):
+        return f"one of {', '.join(self.choices)}"
+
+    def check(self, value, source):
+        if value not in self.choices:
+            raise Invalid(value)
+        return str(getattr(value, "value", value))  # a str Enum member: its value
+
+
+@dataclass(frozen=True)
+class Selectors(Kind):
+    """Rule selectors (slugs or code prefixes): a string or a list of strings, each of them
+    possibly comma-separated; normalised to a flat tuple."""
+
+    annotation = Optional[List[str]]
+    requirement = "a string or a list of strings"
+    says_value = False
+
+    def check(self, value, source):
+        items = [value] if isinstance(value, str) else value
+        if items is None:
+            return ()
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            raise Invalid(value)
+        return split_selectors(items)
+
+    def cli_default(self, default):
+        return None  # nothing typed (typer's list options start from None)
+
+
+@dataclass(frozen=True)
+class Flag(Kind):
+    annotation = bool
+
+
+@dataclass(frozen=True)
+class File(Kind):
+    annotation = Optional[str]
+
+
+def split_selectors(items) -> tuple[str, ...]:
+    """``["GD1,stale-grad", "GD2"]`` -> ``("GD1", "stale-grad", "GD2")``."""
+    return tuple(part.strip() for item in items or () for part in item.split(",") if part.strip())
+
+
+# -- the table -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the python name: the CLI's parameter, the config's value key
+    flags: tuple[str, ...]  # on the command line, the long one first
+    kind: Kind
+    default: Any
+    help: str
+    config_key: str | None = None  # in [tool.graddoctor]; None: command line only
+    field: str | None = None  # the CheckOptions field; None: the CLI's own (report rendering)
+    zero: str = ""  # what 0 means, for a count or a time
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+    def check(self, value: Any, source: Source, where: str = "") -> Any:
+        """The value, normalised; ``ValueError`` with the message for ``source`` (``where``:
+        the pyproject.toml, for a config value)."""
+        try:
+            return self.kind.check(value, source)
+        except Invalid:
+            raise ValueError(self.error(value, source, where)) from None
+
+    def error(self, value: Any, source: Source, where: str = "") -> str:
+        if source == "config":
+            subject, hint = f"{where}: [tool.graddoctor] {self.config_key}", ""
+        else:
+            subject, hint = self.flag, f" (0 = {self.zero})" if self.zero else ""
+        message = f"{subject} must be {self.kind.describe(source)}{hint}"
+        return f"{message}, not {value!r}" if self.kind.says_value else message
+
+
+def _format_help() -> str:
+    listed = ", ".join(f"{f.name} ({f.summary})" if f.summary else f.name for f in FORMATS.values())
+    return f"Report format: {listed}."
+
+
+_SELECTORS_HELP = "these rules (slug or code prefix; repeatable or comma-separated)."
+
+OPTIONS: dict[str, Option] = {o.name: o for o in (
+    Option("module", ("--module", "-m"), Flag(), False,
+           "Run SCRIPT as a module, like `python -m`.", field="module"),
+    Option("steps", ("--steps",), Count(), 10,
+           "Optimizer steps to replay (0 = run to the end). A DataLoader-driven script goes on "
+           "until its third epoch has begun (two epoch boundaries), at most 2 x epoch-batches + 1 "
+           "steps.", config_key="steps", field="steps", zero="run to the end"),
+    Option("epoch_batches", ("--epoch-batches",), Count(), 17,  # see instrument/dataloader.py
+           "Batches per DataLoader epoch in the replay (0 = the real length). The default, 17, is "
+           "larger than and not divisible by the common accumulation factors, so epoch-end bugs "
+           "show.", field="epoch_batches", zero="the real length"),
+    Option("timeout", ("--timeout",), Seconds(), 600.0,
+           "Wall-clock limit in seconds (0 = none).", config_key="timeout", field="timeout",
+           zero="no limit"),
+    Option("device", ("--device",), Choice(("auto", "cpu", "cuda")), "auto",
+           "auto: as the script decides; cpu: hide CUDA; cuda: require it.",
+           config_key="device", field="device"),
+    Option("format", ("--format", "-f"), Choice(tuple(FORMATS)), "text", _format_help()),
+    Option("output", ("--output", "-o"), File(), None,
+           "Write the report to this file instead of stdout."),
+    Option("fail_on", ("--fail-on",), Choice(("error", "warning", "info", "never")), "warning",
+           "Exit 1 when a finding is at least this severe.", config_key="fail-on", field="fail_on"),
+    Option("trace", ("--trace",), File(), None,
+           "Also write the recorded events as JSON lines (for bug reports).", field="trace_path"),
+    Option("select", ("--select",), Selectors(), (), f"Only {_SELECTORS_HELP}",
+           config_key="select", field="select"),
+    Option("ignore", ("--ignore",), Selectors(), (), f"Skip {_SELECTORS_HELP}",
+           config_key="ignore", field="ignore"),
+    Option("grad_flow", ("--grad-flow",), Flag(), False,
+           "Text report: add the per-layer gradient norms of the last update."),
+)}
+
+CONFIG_KEYS: dict[str, Option] = {o.config_key: o for o in OPTIONS.values() if o.config_key}
+DEFAULT_STEPS = OPTIONS["steps"].default
+DEFAULT_TIMEOUT = OPTIONS["timeout"].default
+DEFAULT_EPOCH_BATCHES = OPTIONS["epoch_batches"].default  # see instrument/dataloader.py for why 17
 
 
 @dataclass(frozen=True)
 class CheckOptions:
     target: str
     args: tuple[str, ...] = ()
-    module: bool = False  # target is a module name (python -m)
+    module: bool = OPTIONS["module"].default  # target is a module name (python -m)
     steps: int = DEFAULT_STEPS  # optimizer steps to replay; 0 = no limit
     timeout: float | None = DEFAULT_TIMEOUT  # seconds; None or 0 = no limit
-    device: str = "auto"  # auto | cpu | cuda
-    fail_on: str = "warning"  # error | warning | info | never
+    device: str = OPTIONS["device"].default  # one of its choices in OPTIONS
+    fail_on: str = OPTIONS["fail_on"].default  # one of its choices in OPTIONS
     select: tuple[str, ...] = ()  # rule slugs or code prefixes; empty = all
     ignore: tuple[str, ...] = ()
     trace_path: str | None = None

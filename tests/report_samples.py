@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import textwrap
 
@@ -61,6 +63,30 @@ def sample_report(folder: str, *, suppressed: bool = True, status: str = "step-l
                   notes=["a note"])
     return Report(run=run, findings=findings, internal_errors=[{"where": "rule x", "error": "ValueError"}],
                   analysis=Analysis(t.trace))
+
+
+NONFINITE_EVIDENCE = {
+    "scale": float("inf"),  # a GradScaler that overflowed to inf
+    "norms": [float("nan"), float("-inf"), 0.5],
+    "steps_by_scale": {float("inf"): 2, float("nan"): 1, 65536.0: 3},  # non-finite keys too
+}
+
+
+def nonfinite_report(folder: str) -> Report:
+    """``sample_report`` (crashed) with NaN and ±inf in a finding's evidence."""
+    report = sample_report(folder, status="crashed")
+    first = report.findings[0]
+    report.findings[0] = dataclasses.replace(first, evidence={**first.evidence, **NONFINITE_EVIDENCE})
+    return report
+
+
+def strict_json(text: str):
+    """``json.loads`` that refuses NaN / Infinity / -Infinity (as JavaScript, jq and code-scanning
+    uploads do)."""
+    def reject(constant):
+        raise ValueError(f"not standard JSON: {constant}")
+
+    return json.loads(text, parse_constant=reject)
 
 
 # Real scripts, tiny and seeded (run in-process through the CLI).

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from conftest import ROOT, cli_env
+from conftest import ROOT, cli_env, run_cli
 from graddoctor.cli import app
 from graddoctor.rules import ALL_RULES
 from report_samples import CLEAN, CRASH, MISSING_ZERO_GRAD, MISSING_ZERO_GRAD_LINE, UNUSED_LAYER, write
@@ -90,3 +90,37 @@ def test_json_report_keeps_stdout_pure_even_when_the_script_prints(tmp_path):
     assert result.exit_code == 0
     json.loads(result.stdout)
     assert "done" in result.stderr
+
+
+# -- the report formats: one interface, one registry ------------------------------------------
+
+def test_every_format_renders_through_the_registry(tmp_path):
+    from graddoctor.report.formats import FORMATS, RenderOptions, get_format
+    from graddoctor.report.json_format import render as render_json
+    from graddoctor.report.sarif import render as render_sarif
+    from graddoctor.report.text import render as render_text
+    from report_samples import nonfinite_report, strict_json
+
+    assert list(FORMATS) == ["text", "json", "sarif"]
+    report = nonfinite_report(str(tmp_path))
+    for name, fmt in FORMATS.items():
+        assert fmt.name == name and get_format(name) is fmt
+        text = fmt.render(report, RenderOptions())
+        if fmt.machine:  # documents for programs: strict JSON whatever the evidence holds
+            strict_json(text)
+    assert FORMATS["json"].render(report) == render_json(report)
+    assert FORMATS["sarif"].render(report) == render_sarif(report)
+    assert FORMATS["text"].render(report) == render_text(report, width=None, color=False)
+    with_flow = FORMATS["text"].render(report, RenderOptions(grad_flow=True))
+    assert "gradient flow" in with_flow and "gradient flow" not in FORMATS["text"].render(report)
+    with pytest.raises(ValueError, match="unknown report format 'xml'"):
+        get_format("xml")
+
+
+def test_the_command_line_offers_exactly_the_registered_formats():
+    from graddoctor.report.formats import FORMATS
+
+    result = run_cli("check", "x.py", "--format", "xml")
+    assert result.returncode == 2
+    assert "is not one of " + ", ".join(map(repr, FORMATS)) in result.stderr
+    assert FORMATS["json"].machine and FORMATS["sarif"].machine and not FORMATS["text"].machine

@@ -140,3 +140,81 @@ def test_bad_config_or_unknown_rule_exits_2_with_one_clear_line(tmp_path):
     os.remove(os.path.join(str(tmp_path), "pyproject.toml"))
     result, _ = check(script, "--ignore", "zero-grad")
     assert result.exit_code == 2 and "--ignore: no rule is named 'zero-grad'" in result.stderr
+
+
+# -- one table for every option (graddoctor/options.py) ---------------------------------------
+
+def test_exact_messages_for_bad_values():
+    """The wording users see for a bad [tool.graddoctor] value (pinned: the table words them)."""
+    cases = {
+        "steps": (-1, "p: [tool.graddoctor] steps must be a whole number >= 0, not -1"),
+        "timeout": ("60", "p: [tool.graddoctor] timeout must be a number >= 0, not '60'"),
+        "device": ("tpu", "p: [tool.graddoctor] device must be one of auto, cpu, cuda, not 'tpu'"),
+        "fail-on": ("warn", "p: [tool.graddoctor] fail-on must be one of error, warning, info, "
+                            "never, not 'warn'"),
+        "select": ([1], "p: [tool.graddoctor] select must be a string or a list of strings"),
+        "ignore": (3, "p: [tool.graddoctor] ignore must be a string or a list of strings"),
+    }
+    for key, (value, message) in cases.items():
+        with pytest.raises(ConfigError) as info:
+            validate({key: value}, "p")
+        assert str(info.value) == message
+    with pytest.raises(ConfigError) as info:
+        validate({"stpes": 3}, "p")
+    assert str(info.value) == ("p: [tool.graddoctor] unknown option 'stpes' "
+                               "(known: steps, timeout, device, fail-on, select, ignore)")
+
+
+@pytest.mark.parametrize("value", [float("nan"), -0.5, True])
+def test_a_configured_timeout_must_be_a_real_number(value):
+    """NaN is refused in pyproject.toml too, naming the file (it used to reach the library)."""
+    with pytest.raises(ConfigError, match="timeout must be a number >= 0"):
+        validate({"timeout": value}, "p")
+    assert validate({"timeout": float("inf")}, "p") == {"timeout": float("inf")}
+
+
+def test_config_keys_are_the_table_rows():
+    from graddoctor.options import CONFIG_KEYS, OPTIONS
+
+    assert list(CONFIG_KEYS) == ["steps", "timeout", "device", "fail-on", "select", "ignore"]
+    for key, option in CONFIG_KEYS.items():
+        assert OPTIONS[option.name] is option and option.field  # the library takes each of them
+
+
+def test_the_command_line_options_are_the_table_rows():
+    """Flags, help, defaults and choices of `check` come from the table, and nothing else."""
+    import typer
+
+    from graddoctor.options import OPTIONS
+
+    command = typer.main.get_command(app).commands["check"]
+    params = {p.name: p for p in command.params if p.name not in ("help", "script", "script_args")}
+    assert list(params) == list(OPTIONS)
+    for name, option in OPTIONS.items():
+        param = params[name]
+        assert set(param.opts) | set(param.secondary_opts) == set(option.flags), name
+        assert param.help == option.help
+        assert param.default == option.kind.cli_default(option.default), name
+    help_text = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "200"}).stdout
+    assert "<auto|cpu|cuda>" in help_text and "<error|warning|info|never>" in help_text
+    assert "<text|json|sarif>" in help_text
+    assert "Settings come from [tool.graddoctor] in the closest" in help_text
+
+
+def test_choices_and_keys_are_spelled_only_in_the_table():
+    """A drift guard: no other module spells a list of choices or keys again."""
+    import graddoctor
+    from graddoctor.options import CONFIG_KEYS, OPTIONS
+
+    spelled = [", ".join(f'"{c}"' for c in o.kind.choices) for o in OPTIONS.values()
+               if hasattr(o.kind, "choices")]
+    spelled.append(", ".join(f'"{k}"' for k in CONFIG_KEYS))
+    package = os.path.dirname(graddoctor.__file__)
+    for folder, _, files in os.walk(package):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not name.endswith(".py") or path == os.path.join(package, "options.py"):
+                continue
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+            assert not [s for s in spelled if s in source], path

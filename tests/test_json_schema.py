@@ -10,8 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from graddoctor.cli import app
+from graddoctor.report import json_format
 from graddoctor.report.json_format import SCHEMA_PATH, load_schema, to_dict
-from report_samples import CLEAN, CRASH, MISSING_ZERO_GRAD, UNUSED_LAYER, sample_report, write
+from report_samples import (CLEAN, CRASH, MISSING_ZERO_GRAD, UNUSED_LAYER, nonfinite_report, sample_report,
+                            strict_json, write)
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +67,13 @@ def test_the_schema_rejects_drift(tmp_path, validator):
         broken = copy.deepcopy(doc)
         mutate(broken)
         assert errors(validator, broken), mutate
+
+
+def test_nonfinite_evidence_is_strict_json_and_valid(tmp_path, validator):
+    """NaN and ±inf as values and as keys of a finding's evidence: the strings "nan", "inf",
+    "-inf", never a literal a strict parser rejects (and never a crash)."""
+    doc = strict_json(json_format.render(nonfinite_report(str(tmp_path))))
+    assert errors(validator, doc) == []
+    evidence = doc["findings"][0]["evidence"]
+    assert evidence["scale"] == "inf" and evidence["norms"] == ["nan", "-inf", 0.5]
+    assert evidence["steps_by_scale"] == {"inf": 2, "nan": 1, "65536.0": 3}

@@ -102,3 +102,29 @@ def test_library_rejects_bad_options(kwargs):
     with pytest.raises(ScriptError) as info:
         validated(CheckOptions(target="x.py", **kwargs))
     assert next(iter(kwargs)) in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"steps": -1}, "--steps must be a whole number >= 0 (0 = run to the end), not -1"),
+    ({"epoch_batches": 1.5}, "--epoch-batches must be a whole number >= 0 (0 = the real length), "
+                             "not 1.5"),
+    ({"timeout": "soon"}, "--timeout must be a number of seconds >= 0 (0 = no limit), not 'soon'"),
+    ({"timeout": None, "device": "tpu"}, "--device must be one of auto, cpu, cuda, not 'tpu'"),
+], ids=["steps", "epoch-batches", "timeout", "device"])
+def test_library_messages_are_unchanged(kwargs, message):
+    """The library's wording for a bad value (pinned: the option table words it now)."""
+    with pytest.raises(ScriptError) as info:
+        validated(CheckOptions(target="x.py", **kwargs))
+    assert str(info.value) == message
+
+
+def test_library_checks_every_option_of_the_table():
+    """fail_on and the selectors are checked by the same table as the command line and the
+    config (a bad fail_on used to fail only after the whole run, in Report.exit_code)."""
+    with pytest.raises(ScriptError, match="--fail-on must be one of error, warning, info, never, "
+                                          "not 'warn'"):
+        validated(CheckOptions(target="x.py", fail_on="warn"))
+    with pytest.raises(ScriptError, match="--select must be a string or a list of strings"):
+        validated(CheckOptions(target="x.py", select=[3]))
+    options = validated(CheckOptions(target="x.py", select=["GD1, stale-grad"], ignore="GD106"))
+    assert options.select == ("GD1", "stale-grad") and options.ignore == ("GD106",)

@@ -12,9 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from graddoctor.cli import app
+from graddoctor.report import sarif
 from graddoctor.report.sarif import to_sarif
 from graddoctor.rules import ALL_RULES
-from report_samples import MISSING_ZERO_GRAD, MISSING_ZERO_GRAD_LINE, sample_report, write
+from report_samples import (MISSING_ZERO_GRAD, MISSING_ZERO_GRAD_LINE, nonfinite_report, sample_report,
+                            strict_json, write)
 
 SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "data", "sarif-schema-2.1.0.json")
 # sha256 of the errata01 OS schema text as published by OASIS (oasis-tcs/sarif-spec,
@@ -115,3 +117,16 @@ def test_the_validator_catches_a_broken_log(tmp_path, validator):
     broken = copy.deepcopy(doc)
     del broken["version"]
     assert errors(validator, broken)
+
+
+def test_nonfinite_evidence_is_strict_json_and_valid_sarif(tmp_path, validator, monkeypatch):
+    """A GradScaler scale of inf (or a NaN norm) in a finding's evidence: no ``Infinity`` /
+    ``NaN`` literal, which strict parsers and code-scanning uploads reject."""
+    monkeypatch.chdir(tmp_path)
+    text = sarif.render(nonfinite_report(str(tmp_path)))
+    doc = strict_json(text)
+    assert errors(validator, doc) == []
+    run = doc["runs"][0]
+    evidence = run["results"][0]["properties"]["evidence"]
+    assert evidence["scale"] == "inf" and evidence["norms"] == ["nan", "-inf", 0.5]
+    assert evidence["steps_by_scale"] == {"inf": 2, "nan": 1, "65536.0": 3}

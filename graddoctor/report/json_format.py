@@ -7,7 +7,7 @@ import json
 import os
 
 from .. import __version__
-from ..jsonsafe import json_safe
+from ..jsonsafe import dumps
 from .model import SCHEMA_VERSION, Report
 
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
@@ -44,4 +44,5 @@ def to_dict(report: Report) -> dict:
 
 
 def render(report: Report) -> str:
-    return json.dumps(json_safe(to_dict(report)), indent=2, default=str, allow_nan=False) + "\n"
+    """The report as strict JSON (non-finite numbers as "nan", "inf", "-inf")."""
+    return dumps(to_dict(report), indent=2) + "\n"

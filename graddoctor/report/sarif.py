@@ -8,13 +8,13 @@ directory are written relative to ``%SRCROOT%`` (the repository root in CI), oth
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from urllib.parse import quote
 
 from .. import __version__
 from ..findings import Finding, Severity
+from ..jsonsafe import dumps
 from ..rules import ALL_RULES
 from .json_format import to_dict
 from .model import Report
@@ -135,4 +135,5 @@ def to_sarif(report: Report, base_dir: str | None = None) -> dict:
 
 
 def render(report: Report) -> str:
-    return json.dumps(to_sarif(report), indent=2, default=str) + "\n"
+    """The SARIF log as strict JSON (non-finite numbers as "nan", "inf", "-inf")."""
+    return dumps(to_sarif(report), indent=2) + "\n"

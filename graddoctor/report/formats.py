@@ -1,0 +1,84 @@
+"""The report formats behind one interface, and the registry the CLI dispatches through.
+
+A format has a ``name`` (``--format NAME``), a ``summary`` (for the option's help),
+``machine`` (a document for programs: while it goes to stdout, the script's own prints are
+sent to stderr) and ``render(report, options) -> str``. It sees only the ``Report``
+(report/model.py) and the ``RenderOptions``; it never decides anything.
+
+Kept light: a format imports its renderer when it renders (``--help`` stays instant and no
+format pulls in torch).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from .model import Report
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    to_terminal: bool = False  # the report goes to stdout (colour and width follow the terminal)
+    grad_flow: bool = False  # text: the per-layer gradient norms of the last update
+
+
+class ReportFormat:
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    machine: ClassVar[bool] = True
+
+    def render(self, report: "Report", options: RenderOptions = RenderOptions()) -> str:
+        raise NotImplementedError
+
+
+class TextFormat(ReportFormat):
+    """The terminal view (report/text.py): coloured and fitted to the terminal when it goes to
+    one, plain otherwise."""
+
+    name = "text"
+    summary = "terminal"
+    machine = False
+
+    def render(self, report, options=RenderOptions()):
+        from .text import render, wants_color
+
+        color = options.to_terminal and wants_color(sys.stdout)
+        width = shutil.get_terminal_size((100, 24)).columns if options.to_terminal else None
+        return render(report, width=width, color=color, grad_flow=options.grad_flow)
+
+
+class JsonFormat(ReportFormat):
+    """The JSON report (report/json_format.py, with its JSON Schema)."""
+
+    name = "json"
+
+    def render(self, report, options=RenderOptions()):
+        from .json_format import render
+
+        return render(report)
+
+
+class SarifFormat(ReportFormat):
+    """SARIF 2.1.0 for code scanning (report/sarif.py)."""
+
+    name = "sarif"
+    summary = "code scanning"
+
+    def render(self, report, options=RenderOptions()):
+        from .sarif import render
+
+        return render(report)
+
+
+FORMATS: dict[str, ReportFormat] = {f.name: f for f in (TextFormat(), JsonFormat(), SarifFormat())}
+
+
+def get_format(name: str) -> ReportFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown report format {name!r} (known: {', '.join(FORMATS)})") from None
