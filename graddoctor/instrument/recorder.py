@@ -15,8 +15,7 @@ import torch
 
 from ..location import LocationFinder
 from ..trace import Location, Trace
-from .stop import (BackwardLimitReached, ReplayTimeout, StepLimitReached, StopCondition,  # noqa: F401
-                   StopReplay, conditions)
+from .stop import StopCondition, StopReplay, conditions
 
 
 def _shape(tensor) -> list[int] | None:
