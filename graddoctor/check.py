@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Callable
 
+from . import events
 from .analyze import analyze, selected_rules
 from .options import CheckOptions
 from .report.model import Report, RunInfo
@@ -178,16 +179,18 @@ CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most t
 def _snapshot(rec, variables: dict | None = None) -> Trace:
     """A copy of the trace so far, with the parameters' flags (and names: found from
     ``variables`` when given), for a report written while the script still runs or never
-    returns."""
+    returns. It shares no mutable object with the live trace: the recorded events are final,
+    the aggregates still open are copied as they are now (``Recorder.snapshot``), and device
+    values not read yet show as ``unread``."""
     from .instrument.names import emit_param_events, name_parameters
 
-    trace = Trace(list(rec.trace.events))
+    trace = rec.snapshot()
     try:
         if variables is not None:
             name_parameters(rec, variables)
         emit_param_events(rec, into=trace)
     except Exception as exc:
-        trace.add("internal_error", None, where="naming parameters", error=repr(exc))
+        trace.put(events.internal_error(where="naming parameters", error=repr(exc)))
     return trace
 
 
@@ -218,8 +221,8 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     rec = Recorder(step_budget=options.steps or None, finder=finder)
     if on_step is not None:
         rec.on_step.append(on_step)
-    rec.emit("run_start", None, script=options.target, argv=list(options.args),
-             device=options.device, torch_version=torch.__version__)
+    rec.emit(events.run_start(script=options.target, argv=list(options.args),
+                              device=options.device, torch_version=torch.__version__))
     started = time.perf_counter()
     last_checkpoint = [-math.inf]
 
