@@ -176,9 +176,9 @@ def test_held_events_get_the_seqs_and_order_they_would_have_had():
         assert [e.seq for e in held] == list(range(emitted, emitted + 5))
         assert (held[1]["calls"], held[1]["modules"], held[3]["modules"]) == (2, [0, 1], [0, 1])
         rec.internal_error("test", RuntimeError("x"))  # any other event closes them first
+        error = (emitted + 5, "internal_error", {"where": "test", "error": "RuntimeError: x"})
         assert [(e.seq, e.kind, dict(e.data)) for e in rec.trace.events[emitted:]] \
-            == [(e.seq, e.kind, dict(e.data)) for e in held] + [(emitted + 5, "internal_error",
-                                                                  {"where": "test", "error": "RuntimeError: x"})]
+            == [(e.seq, e.kind, dict(e.data)) for e in held] + [error]
 
 
 # -- one constructor per kind: recorded and hand-written events agree -----------------------------
