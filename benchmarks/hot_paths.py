@@ -110,7 +110,7 @@ def direct_timings(rec, inst, session) -> None:
     watcher = inst.backward
 
     def before_and_after():
-        ctx = bw.BackwardContext(0)
+        ctx = bw.BackwardContext()
         watcher.read_before(ctx)
         watcher.end(ctx, None, {})
 

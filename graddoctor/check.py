@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Callable
 
+from . import events
 from .analysis import Analysis
 from .analysis.run_rules import analyze, selected_rules
 from .options import OPTIONS, CheckOptions
@@ -110,7 +111,8 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
 
     if status == "completed" and rec.steps == 0 and rec.backward_calls == 0:
         status = "no-training-loop"
-    trace.add("run_end", None, status=status, steps=rec.steps)
+    trace = Trace(trace.events)  # the run's trace is left as recorded; this one gets the end
+    trace.put(events.run_end(status=status, steps=rec.steps))
     analysis = Analysis(trace)  # built once: every rule, note and view reads it
     findings, rule_errors = analyze(analysis, selected_rules(options.select, options.ignore))
     findings = apply_suppressions(findings)  # `# graddoctor: ignore[...]` on the reported line
@@ -145,16 +147,18 @@ CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most t
 def _snapshot(rec, variables: dict | None = None) -> Trace:
     """A copy of the trace so far, with the parameters' flags (and names: found from
     ``variables`` when given), for a report written while the script still runs or never
-    returns."""
+    returns. It shares no mutable object with the live trace: the recorded events are final,
+    the aggregates still open are copied as they are now (``Recorder.snapshot``), and device
+    values not read yet show as ``unread``."""
     from .instrument.names import emit_param_events, name_parameters
 
-    trace = Trace(list(rec.trace.events))
+    trace = rec.snapshot()
     try:
         if variables is not None:
             name_parameters(rec, variables)
         emit_param_events(rec, into=trace)
     except Exception as exc:
-        trace.add("internal_error", None, where="naming parameters", error=repr(exc))
+        trace.put(events.internal_error(where="naming parameters", error=repr(exc)))
     return trace
 
 
@@ -185,8 +189,8 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     rec = Recorder(step_budget=options.steps or None, finder=finder)
     if on_step is not None:
         rec.on_step.append(on_step)
-    rec.emit("run_start", None, script=options.target, argv=list(options.args),
-             device=options.device, torch_version=torch.__version__)
+    rec.emit(events.run_start(script=options.target, argv=list(options.args),
+                              device=options.device, torch_version=torch.__version__))
     started = time.perf_counter()
     last_checkpoint = [-math.inf]
 

@@ -3,72 +3,20 @@
 No torch here: a trace can be written by hand (tests) or read back from the JSON
 lines that ``graddoctor check --trace FILE`` writes.
 
-Event kinds and their ``data`` (ids are small ints graddoctor assigns):
-
-=================  ==========================================================================
-kind               data
-=================  ==========================================================================
-run_start          script, argv, device, torch_version
-param              pid, name, shape, is_parameter, requires_grad       (at first sight)
-optimizer_init     opt, cls, params [pid]
-backward           bid, fresh [pid], accumulated [pid], cleared_outside [pid],
-                   extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input; the
-                   count of its call line's latest graph walk, see instrument/backward.py),
-                   in_step (opt id when run inside ``optimizer.step(closure)``, else None),
-                   scaled (bool: backward of ``scaler.scale(loss)``), scale (float|None),
-                   loss_scale_factor (float|None: how the loss was divided, when known),
-                   scaler, scaler_enabled (when scaled), batch ([loader, epoch, index] of the
-                   batch a DataLoader served last, or None)
-clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
-                   set_to_none, params [pid]
-step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm of each grad about
-                   to be applied, parallel to norm_pids; empty for closure steps; both None when
-                   not measured: every grad was already seen finite by a clip_grad_norm_ or
-                   GradScaler.unscale_ and is unchanged since; measured anyway on each optimizer's
-                   first update and from the step budget's last update on),
-                   nonfinite [pid] (grads with NaN/Inf)
-step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
-                   without_grad [pid] (owned params whose .grad was None)
-epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epoch, see
-                   ``--epoch-batches``; None for a stream without length)
-unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), scale
-scaler_step        scaler, opt, enabled, fused, skipped, found_inf (after ``scaler.step``; a
-                   skipped one is also recorded as a ``step`` with skipped=True)
-scaler_update      scaler, enabled, scale (the new scale)
-clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_norm_),
-                   params [pid] (tracked params passed), with_grad [pid], untracked, limit
-                   (max_norm or clip_value; "inf" as a string), norm_type, norm_only (max_norm
-                   is inf: computes the norm, clips nothing), total_norm (CPU only),
-                   edited [pid] (grads changed in place by unwatched code before the clip)
-grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step)
-scheduler_step     sched, cls, opt (the optimizer it drives)
-train / eval       the user's outermost Module.train()/eval() call: mode (bool), leaf (it named
-                   one BatchNorm/dropout layer), root (class), frozen (every parameter under it
-                   frozen), modules [mid] (BatchNorm/dropout layers it covers), calls (merged)
-mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, frozen, owned,
-                   trainable, updated (changed in place outside an optimizer: EMA),
-                   track_running_stats, momentum, p, freeze (seq of its freeze event | None)
-mode_forward       training, grad, inference, modules [mid], grad_modules [mid] (gradient flows
-                   through), calls, recalibrating — one per call line and mode while no other
-                   event happens (loc: the user's call of the outermost module)
-freeze             calls (parameters frozen from this line with requires_grad_(False))
-bn_reset           modules [mid], calls (reset_running_stats() by the user)
-update_bn          (torch.optim.swa_utils.update_bn called; its forwards are ``recalibrating``)
-compile            target, fullgraph, backend (a torch.compile call; graddoctor's hooks run at its
-                   graph breaks)
-internal_error     where, error
-run_end            status, steps
-=================  ==========================================================================
-
-Other modules (AMP, clipping, modes) add kinds of their own; rules ignore kinds they do not know.
+The event kinds, their data and their constructors are in ``graddoctor/events.py``. An event is
+final when it is made: ``Event.data`` is a read-only mapping (a ``types.MappingProxyType``), and
+the instrumentation hands over lists it never changes again. Whatever must grow (an aggregate)
+is kept by its watcher and emitted when finished.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping
 
+from . import events as ev
 from .jsonsafe import json_safe
 
 
@@ -91,12 +39,27 @@ class Location:
         return f"{self.path}:{self.line}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, slots=True)
 class Event:
+    """One recorded event; immutable, ``data`` included (a read-only mapping)."""
+
     seq: int
     kind: str
-    loc: Location | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
+    loc: Location | None
+    data: Mapping[str, Any]
+
+    def __init__(self, seq: int, kind: str, loc: Location | None = None,
+                 data: Mapping[str, Any] | None = None):
+        if type(data) is not MappingProxyType:  # Trace.put hands over its own proxy, uncopied
+            data = MappingProxyType(dict(data) if data else {})
+        setattr_ = object.__setattr__
+        setattr_(self, "seq", seq)
+        setattr_(self, "kind", kind)
+        setattr_(self, "loc", loc)
+        setattr_(self, "data", data)
+
+    def __reduce__(self):  # copy, deepcopy and pickle (a mappingproxy cannot be pickled)
+        return Event, (self.seq, self.kind, self.loc, dict(self.data))
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
@@ -127,10 +90,19 @@ class Trace:
     def __init__(self, events: Iterable[Event] = ()):
         self.events: list[Event] = list(events)
 
-    def add(self, kind: str, loc: Location | None = None, **data: Any) -> Event:
-        event = Event(len(self.events), kind, loc, data)
-        self.events.append(event)
+    def put(self, made: tuple[str, dict], loc: Location | None = None) -> Event:
+        """Append the event a constructor of ``graddoctor.events`` made: ``(kind, data)``. The
+        data dict becomes the event's, read-only; the caller keeps no reference to change it."""
+        kind, data = made
+        events = self.events
+        event = Event(len(events), kind, loc, MappingProxyType(data))
+        events.append(event)
         return event
+
+    def add(self, kind: str, loc: Location | None = None, **data: Any) -> Event:
+        """Append an event of any kind with exactly ``data`` (hand-written traces, unknown kinds);
+        the instrumentation uses ``put`` with the constructors of ``graddoctor.events``."""
+        return self.put((kind, data), loc)
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
@@ -164,13 +136,15 @@ class TraceBuilder:
     """Writes traces by hand in tests: ``t = TraceBuilder(); t.backward(fresh=[0]); t.step(0)``.
 
     Every event gets a location ``train.py:<n>`` unless ``line=`` is given, so rules can be
-    checked for pointing at the right call.
+    checked for pointing at the right call. The typed helpers make their events with the
+    constructors of ``graddoctor.events`` (the instrumentation's own, defaults included) and pass
+    their other keyword arguments on to them; ``event`` writes any kind with exactly the data
+    given, ``put`` any constructor's result.
     """
 
     def __init__(self, path: str = "train.py"):
         self.trace = Trace()
         self.path = path
-        self._bid = 0
 
     def _loc(self, line: int | None) -> Location:
         return Location(self.path, line if line is not None else len(self.trace) + 1)
@@ -178,34 +152,35 @@ class TraceBuilder:
     def event(self, kind: str, line: int | None = None, **data: Any) -> Event:
         return self.trace.add(kind, self._loc(line), **data)
 
-    def param(self, pid: int, name: str | None = None, **kw: Any) -> Event:
-        data = {"pid": pid, "name": name or f"p{pid}", "shape": [1], "is_parameter": True,
-                "requires_grad": True}
-        data.update(kw)
-        return self.trace.add("param", None, **data)
+    def put(self, made: tuple[str, dict], line: int | None = None) -> Event:
+        return self.trace.put(made, self._loc(line))
+
+    def param(self, pid: int, name: str | None = None, *, shape: list[int] | None = None,
+              is_parameter: bool = True, requires_grad: bool | None = True) -> Event:
+        return self.trace.put(ev.param(pid=pid, name=name or f"p{pid}",
+                                       shape=[1] if shape is None else shape,
+                                       is_parameter=is_parameter, requires_grad=requires_grad))
+
+    def _params(self, pids) -> None:
+        known = self.trace.params()
+        for pid in pids:
+            if pid not in known:
+                known[pid] = self.param(pid)
 
     def optimizer(self, opt: int, params: list[int], line: int | None = None, cls: str = "SGD") -> Event:
-        for pid in params:
-            if pid not in self.trace.params():
-                self.param(pid)
-        return self.event("optimizer_init", line, opt=opt, cls=cls, params=list(params))
+        self._params(params)
+        return self.put(ev.optimizer_init(opt=opt, cls=cls, params=list(params)), line)
 
     def backward(self, fresh=(), accumulated=(), cleared_outside=(), line: int | None = None,
                  **kw: Any) -> Event:
-        data = {"bid": self._bid, "fresh": list(fresh), "accumulated": list(accumulated),
-                "cleared_outside": list(cleared_outside), "extra_leaves": 0, "in_step": None,
-                "scaled": False, "scale": None, "loss_scale_factor": None}
-        data.update(kw)
-        self._bid += 1
-        for pid in [*fresh, *accumulated, *cleared_outside]:
-            if pid not in self.trace.params():
-                self.param(pid)
-        return self.event("backward", line, **data)
+        self._params([*fresh, *accumulated, *cleared_outside])
+        return self.put(ev.backward(fresh=list(fresh), accumulated=list(accumulated),
+                                    cleared_outside=list(cleared_outside), **kw), line)
 
-    def clear(self, params, opt: int | None = 0, line: int | None = None, set_to_none: bool = True,
-              via: str | None = None) -> Event:
+    def clear(self, params, opt: int | None = 0, line: int | None = None, via: str | None = None,
+              **kw: Any) -> Event:
         via = via or ("optimizer.zero_grad" if opt is not None else "module.zero_grad")
-        return self.event("clear", line, via=via, opt=opt, set_to_none=set_to_none, params=list(params))
+        return self.put(ev.clear(via=via, opt=opt, params=list(params), **kw), line)
 
-    def step(self, opt: int = 0, line: int | None = None, closure: bool = False, skipped: bool = False) -> Event:
-        return self.event("step", line, opt=opt, closure=closure, skipped=skipped)
+    def step(self, opt: int = 0, line: int | None = None, **kw: Any) -> Event:
+        return self.put(ev.step(opt=opt, **kw), line)

@@ -91,14 +91,16 @@ def test_benchmark_suspend_takes_every_patch_out_and_back():
 def test_deferred_device_values_are_read_once_at_the_end():
     import torch
 
+    from graddoctor import events as ev
     from graddoctor.instrument import Instrumentation, Recorder
     from graddoctor.instrument.recorder import Deferred
 
     rec = Recorder(None)
     with Instrumentation(rec):
-        event = rec.emit("scaler_update", None, scale=Deferred(torch.tensor(1024.0)))
+        event = rec.emit(ev.scaler_update(scaler=0, enabled=True, scale=Deferred(torch.tensor(1024.0))))
         assert isinstance(event["scale"], Deferred)  # nothing read while the script runs
-    assert event["scale"] == 1024.0
+    assert rec.trace.events[event.seq]["scale"] == 1024.0  # the final trace holds the value
+    assert isinstance(event["scale"], Deferred)  # in a new event: the recorded one is unchanged
 
 
 def test_the_hot_paths_script_runs_on_the_current_instrumentation():

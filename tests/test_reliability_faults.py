@@ -54,10 +54,10 @@ def _raise_on(kind):
 
     original = Recorder.emit
 
-    def emit(self, k, *args, **kwargs):
-        if k == kind:
-            raise RuntimeError(f"cannot record {k}")
-        return original(self, k, *args, **kwargs)
+    def emit(self, made, *args, **kwargs):
+        if made[0] == kind:  # made: (kind, data), from graddoctor.events
+            raise RuntimeError(f"cannot record {made[0]}")
+        return original(self, made, *args, **kwargs)
 
     return emit
 

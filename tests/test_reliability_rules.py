@@ -35,7 +35,6 @@ class World:
         self.live = [p for p in self.pids if p not in self.dead]  # the others get gradients
         self.n_opts = n_opts
         self.owned: dict[int, list[int]] = {}  # opt -> pids (after its optimizer_init)
-        self.backward_calls = 0
         self.n_modules = draw(st.integers(0, 3))  # BatchNorm/dropout layers (mode events)
         self.freeze_seqs: list[int] = []  # seqs of freeze events so far
 
@@ -61,10 +60,9 @@ def gen_optimizer_init(w: World):
 
 
 def backward_data(w: World, fresh, accumulated, cleared_outside=(), scaled=None) -> dict:
-    w.backward_calls += 1
     scaled = w.draw(st.booleans()) if scaled is None else scaled
     batch = w.draw(st.one_of(st.none(), st.tuples(*[st.integers(0, 3)] * 3).map(list)))
-    return {"bid": w.backward_calls - 1, "fresh": list(fresh), "accumulated": list(accumulated),
+    return {"fresh": list(fresh), "accumulated": list(accumulated),
             "cleared_outside": list(cleared_outside), "extra_leaves": w.draw(st.integers(0, 2)),
             "in_step": w.declared_opt() if w.draw(st.integers(0, 4)) == 0 else None,
             "scaled": scaled, "scale": w.draw(floats) if scaled else None,

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from graddoctor import events as ev
 from graddoctor.analysis import Analysis
 from graddoctor.report.gradflow import bar_fraction, layer_of, log_span
 from graddoctor.report.timeline import label_of, shapes, step_ranges, updates
@@ -89,8 +90,7 @@ def test_gan_two_steps_in_one_loop_body_are_one_update():
 def test_helper_in_another_file_splits_on_repeats():
     t = TraceBuilder("train.py")
     for _ in range(2):
-        t.trace.add("backward", Location("lib.py", 5), bid=0,
-                    fresh=[0], accumulated=[], cleared_outside=[], extra_leaves=0, in_step=None)
+        t.trace.put(ev.backward(fresh=[0], accumulated=[], cleared_outside=[]), Location("lib.py", 5))
         step(t, 20)
     assert len(updates(Analysis(t.trace))) == 2
 

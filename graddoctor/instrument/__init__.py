@@ -63,7 +63,7 @@ class Instrumentation:
     def __exit__(self, *exc) -> None:
         rec = self.rec
         try:
-            rec.resolve_deferred()
+            rec.finish()  # held events out, Deferred values read: rec.trace is the final trace
         except Exception as error:
             rec.internal_error("reading deferred device values", error)
         try:

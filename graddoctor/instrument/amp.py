@@ -22,6 +22,7 @@ import weakref
 
 import torch
 
+from .. import events as ev
 from .lossfactor import loss_factor
 from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
@@ -131,9 +132,9 @@ class GradScalerWatcher:
         states = rec.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
         if scaler.is_enabled():  # it checked every value: finite, if scaler.step steps
             rec.vouch_finite(states, conditional=True)
-        rec.emit("unscale", rec.here(2), scaler=self.scaler_id(scaler), opt=opt,
-                 enabled=scaler.is_enabled(), implicit=self._in_step.active,
-                 scale=self._scale_value(scaler))
+        rec.emit(ev.unscale(scaler=self.scaler_id(scaler), opt=opt, enabled=scaler.is_enabled(),
+                            implicit=self._in_step.active, scale=self._scale_value(scaler)),
+                 rec.here(2))
 
     def _wrap_step(self, original):
         watcher, rec = self, self.rec
@@ -175,19 +176,19 @@ class GradScalerWatcher:
         if skipped:
             found_inf = True
             without = rec.after_step(rec.opt_params.get(opt, ()))
-            rec.emit("step", loc, opt=opt, closure=False, skipped=True, without_grad=without)
+            rec.emit(ev.step(opt=opt, closure=False, skipped=True, without_grad=without), loc)
             rec.count_step()
         elif enabled and not fused:
             found_inf = False
-        rec.emit("scaler_step", loc, scaler=self.scaler_id(scaler), opt=opt, enabled=enabled,
-                 fused=fused, skipped=bool(found_inf), found_inf=found_inf)
+        rec.emit(ev.scaler_step(scaler=self.scaler_id(scaler), opt=opt, enabled=enabled,
+                                fused=fused, skipped=bool(found_inf), found_inf=found_inf), loc)
 
     def _wrap_update(self, original):
         return self._guarded(original, self._in_update, "GradScaler.update", self._record_update)
 
     def _record_update(self, scaler, result, *args, **kwargs) -> None:
-        self.rec.emit("scaler_update", self.rec.here(2), scaler=self.scaler_id(scaler),
-                      enabled=scaler.is_enabled(), scale=self._scale_value(scaler))
+        self.rec.emit(ev.scaler_update(scaler=self.scaler_id(scaler), enabled=scaler.is_enabled(),
+                                       scale=self._scale_value(scaler)), self.rec.here(2))
 
     def install(self, patcher) -> None:
         base = torch.amp.GradScaler

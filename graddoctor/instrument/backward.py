@@ -23,16 +23,16 @@ from __future__ import annotations
 import functools
 import torch
 
+from .. import events as ev
 from .recorder import Recorder
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
 
 
 class BackwardContext:
-    __slots__ = ("bid", "before", "extra_leaves")
+    __slots__ = ("before", "extra_leaves")
 
-    def __init__(self, bid: int):
-        self.bid = bid
+    def __init__(self):
         # per tracked tensor: (pid, tensor, grad before, its version, verdict); the grad is held
         # only while the backward runs, so that a replacement cannot reuse its id
         self.before: list = []
@@ -171,7 +171,7 @@ class BackwardWatcher:
 
     def begin(self, tensors, inputs, loc) -> BackwardContext:
         rec = self.rec
-        ctx = BackwardContext(rec.backward_calls)
+        ctx = BackwardContext()
         rec.count_backward()
         if inputs is not None:  # the leaves are given: no walk needed
             self._walk(ctx, None, tensors, inputs)
@@ -200,10 +200,8 @@ class BackwardWatcher:
             if grad is not None:
                 known[pid] = (id(grad), grad._version)
         ctx.before = []  # let go of the grads held since the start
-        rec.emit(
-            "backward", loc, bid=ctx.bid, fresh=fresh, accumulated=accumulated,
-            cleared_outside=cleared, extra_leaves=ctx.extra_leaves, in_step=rec.in_step, **extra,
-        )
+        rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
+                             extra_leaves=ctx.extra_leaves, in_step=rec.in_step, **extra), loc)
 
     @staticmethod
     def _arguments(args, kwargs, takes_self: bool):
@@ -248,8 +246,9 @@ class BackwardWatcher:
         self.registrations += 1
 
     def describe_loss(self, tensors) -> dict:
-        """Facts about the backward'ed loss that other watchers add (AMP scale, 1/k factor)."""
-        extra: dict = {"scaled": False, "scale": None, "loss_scale_factor": None}
+        """Facts about the backward'ed loss that other watchers add (AMP scale, 1/k factor,
+        batch): keyword arguments of ``events.backward``, whose defaults fill in the rest."""
+        extra: dict = {}
         for describe in self.loss_describers:
             extra.update(describe(tensors))
         return extra

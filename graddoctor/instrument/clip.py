@@ -21,6 +21,7 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad as clip_grad
 
+from .. import events as ev
 from .recorder import Recorder
 from .subclasses import Depth
 
@@ -81,9 +82,11 @@ class ClipWatcher:
         total = None
         if isinstance(total_norm, torch.Tensor) and total_norm.device.type == "cpu":
             total = _number(total_norm)  # only shown: never a device sync for it
-        rec.emit("clip", rec.here(2), via=via, params=pids, with_grad=with_grad, untracked=untracked,
-                 limit=limit, norm_type=_number(arguments.get("norm_type", 2.0)) if via != "clip_grad_value_" else None,
-                 norm_only=via != "clip_grad_value_" and limit == "inf", total_norm=total, edited=edited)
+        by_norm = via != "clip_grad_value_"
+        rec.emit(ev.clip(via=via, params=pids, with_grad=with_grad, untracked=untracked, limit=limit,
+                         norm_type=_number(arguments.get("norm_type", 2.0)) if by_norm else None,
+                         norm_only=by_norm and limit == "inf", total_norm=total, edited=edited),
+                 rec.here(2))
         self._note_finite(via, total, before, after)
 
     def _note_finite(self, via: str, total, before: dict, after) -> None:

@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from .. import events as ev
 from .recorder import Recorder
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,9 +54,10 @@ class CompileWatcher:
                 watcher.keep_out_of_graphs()
                 target = args[0] if args else kwargs.get("model")
                 if target is not None:  # @torch.compile(...) comes back here with the function
-                    rec.emit("compile", rec.here(2), target=getattr(target, "__qualname__", None)
-                             or type(target).__name__, fullgraph=bool(kwargs.get("fullgraph")),
-                             backend=str(kwargs.get("backend", "inductor")))
+                    rec.emit(ev.torch_compile(
+                        target=getattr(target, "__qualname__", None) or type(target).__name__,
+                        fullgraph=bool(kwargs.get("fullgraph")),
+                        backend=str(kwargs.get("backend", "inductor"))), rec.here(2))
             except Exception as exc:
                 rec.internal_error("torch.compile", exc)
             return original(*args, **kwargs)

@@ -25,6 +25,7 @@ import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ..options import DEFAULT_EPOCH_BATCHES
+from .. import events as ev
 from .recorder import Recorder
 
 _STATE = "_graddoctor_epoch"  # attribute on the iterator: (loader, epoch, limit | None)
@@ -83,8 +84,8 @@ class DataLoaderWatcher:
                 if isinstance(iterator, _BaseDataLoaderIter):
                     limit = replay_len if replay_len != real_len else None
                     setattr(iterator, _STATE, (number, epoch, limit))
-                rec.emit("epoch_start", rec.here(2), loader=number, epoch=epoch,
-                         real_len=real_len, replay_len=replay_len)
+                rec.emit(ev.epoch_start(loader=number, epoch=epoch, real_len=real_len,
+                                        replay_len=replay_len), rec.here(2))
             except Exception as exc:
                 rec.internal_error("DataLoader.__iter__", exc)
             return iterator

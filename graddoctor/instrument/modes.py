@@ -11,14 +11,19 @@ What is watched, and how cheaply:
   small CNN and an 80-module MLP), while the patch costs nothing to other modules.
   Forwards are aggregated: one ``mode_forward`` event per user forward call line and
   (mode, grad mode, inference mode) while no other event happens in between, its ``modules``
-  and ``calls`` updated in place; per-module facts (frozen, owned by an optimizer, updated by
-  hand, track_running_stats, momentum, p) are a ``mode_module`` event emitted when they change.
+  and ``calls`` growing until then; per-module facts (frozen, owned by an optimizer, updated by
+  hand, track_running_stats, momentum, p) are a ``mode_module`` event made when they change.
 * Freezes (``Tensor.requires_grad_(False)`` on a parameter, which ``Module.requires_grad_``
   calls): ``freeze`` events, so a finding can point at them. ``p.requires_grad = False`` is a
   C attribute and is not seen.
 * Recalibration signals: ``reset_running_stats()`` (``bn_reset``; not the call inside
   ``reset_parameters``), ``torch.optim.swa_utils.update_bn`` (an ``update_bn`` event; the
   forwards inside it are marked ``recalibrating``) and ``momentum=None`` (in ``mode_module``).
+
+Events are final when emitted, so this watcher holds its events back (``_held``, in order, each
+with the seq it will get) while any of them may still grow, as the recorder's ``holder``: the
+recorder has it emit them (``close``) before any other event and at the end of the run. Nothing
+else is emitted in between, so the seqs and the order are those of emitting each at once.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import weakref
 import torch
 from torch.nn.modules import batchnorm, dropout
 
+from .. import events as ev
 from ..trace import Location
 from .recorder import Recorder
 
@@ -63,10 +69,12 @@ class ModeWatcher:
         self._states: dict[int, _State] = {}
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._freeze_of: dict[int, tuple[weakref.ref, int]] = {}  # id(param) -> freeze event seq
-        self._window: dict[tuple, list] = {}  # open mode_forward aggregates
-        self._window_len = -1  # len(trace) after our last aggregated emit
+        # our events not emitted yet, in order: [seq, kind, loc, data] (see the module docs)
+        self._held: list[list] = []
+        # the open mode_forward aggregates: key -> [data (held), mids seen, mids gradient flows
+        # through]; closed by any other event, ours included (a mode_module event excepted)
+        self._window: dict[tuple, list] = {}
         self._outer = self._outer_site = None  # the running outermost module call (see _call_site)
-        self._last = None  # our last emitted event (to merge repeated per-layer calls)
         self._mode_depth = 0
         self._freezing = False
         self._recalibrating = False
@@ -99,27 +107,56 @@ class ModeWatcher:
         finder = self.rec.finder
         return Location(finder.display_path(frame.f_code.co_filename), frame.f_lineno, frame.f_code.co_name)
 
-    def _emit(self, kind: str, loc, **data):
-        event = self.rec.emit(kind, loc, **data)
-        self._last = event
-        return event
+    # -- held events ---------------------------------------------------------------------------
+    def _hold(self, made: ev.Made, loc) -> list:
+        """Keep one of our events back, after the others held; returns its entry."""
+        rec = self.rec
+        if rec.holder is not self:
+            if rec.holder is not None:
+                rec.release()
+            rec.holder = self
+        held = self._held
+        entry = [len(rec.trace.events) + len(held), made[0], loc, made[1]]
+        held.append(entry)
+        return entry
 
-    def _merge_into_last(self, kind: str, loc, field: str | None, items, **match) -> bool:
+    def close(self) -> None:
+        """Emit the held events as they are now, finished (the recorder calls this)."""
+        held, self._held = self._held, []
+        self._close_window()
+        put = self.rec.trace.put
+        wrong = [kind for seq, kind, loc, data in held if put((kind, data), loc).seq != seq]
+        if wrong:  # an event went into the trace past Recorder.emit: a freeze seq may be off
+            raise RuntimeError(f"held events emitted with other seqs than expected: {wrong}")
+
+    def held(self) -> list[tuple]:
+        """Copies of the held events as they are now (for a snapshot): (seq, kind, loc, data)."""
+        return [(seq, kind, loc, {k: list(v) if type(v) is list else v for k, v in data.items()})
+                for seq, kind, loc, data in list(self._held)]
+
+    def _close_window(self) -> None:
+        self._window.clear()
+        self._outer = self._outer_site = None
+
+    def _merge_into_last(self, kind: str, loc, field: str | None, items, **match) -> list | None:
         """Merge a repeated call from the same line into our previous event when nothing else
-        happened since (``for m in model.modules(): m.eval()`` -> one event)."""
-        events = self.rec.trace.events
-        last = self._last
-        if not events or events[-1] is not last or last.kind != kind or last.loc != loc:
-            return False
-        if any(last.data.get(k) != v for k, v in match.items()):
-            return False
+        happened since (``for m in model.modules(): m.eval()`` -> one event); returns its held
+        entry, or None."""
+        if not self._held:
+            return None  # emitted: something else happened since
+        last = self._held[-1]
+        if last[1] != kind or last[2] != loc:
+            return None
+        data = last[3]
+        if any(data.get(k) != v for k, v in match.items()):
+            return None
         if field is not None:
-            have = last.data[field]
+            have = data[field]
             for item in items:
                 if item not in have:
                     have.append(item)
-        last.data["calls"] += 1
-        return True
+        data["calls"] += 1
+        return last
 
     # -- train() / eval() ------------------------------------------------------------------
     def _wrap_train(self, original):
@@ -147,12 +184,13 @@ class ModeWatcher:
         mids = [self._mid(m) for m in module.modules() if isinstance(m, KINDS)]
         leaf = isinstance(module, KINDS)  # the call named one BatchNorm/dropout layer itself
         kind = "train" if mode else "eval"
+        self._close_window()
         if leaf and self._merge_into_last(kind, loc, "modules", mids, leaf=True):
             return
         # every parameter under the call frozen: a pretrained part kept in eval mode on purpose
         flags = [p.requires_grad for p in module.parameters()]
-        self._emit(kind, loc, mode=bool(mode), leaf=leaf, root=type(module).__name__,
-                   frozen=bool(flags) and not any(flags), modules=mids, calls=1)
+        self._hold(ev.mode_set(mode=bool(mode), leaf=leaf, root=type(module).__name__,
+                               frozen=bool(flags) and not any(flags), modules=mids, calls=1), loc)
 
     # -- forwards of BatchNorm / dropout (hot path: once per such module per forward) ------
     def _wrap_forward(self, original):
@@ -175,7 +213,7 @@ class ModeWatcher:
 
         The walk to the top of the stack is done once per outermost call: while that call runs
         its frame stays on the stack, so a later layer's walk stops when it reaches it. The
-        cached frames are dropped when the aggregation window closes."""
+        cached frames are dropped when the aggregation window closes (``_close_window``)."""
         start = f = sys._getframe(3)
         cached = self._outer
         if cached is not None:
@@ -197,10 +235,6 @@ class ModeWatcher:
         return outer, site, key
 
     def _record_forward(self, module, input) -> None:
-        trace = self.rec.trace
-        if len(trace) != self._window_len:  # another event since: a new aggregation window
-            self._window.clear()
-            self._outer = self._outer_site = None
         outer, site, site_key = self._call_site()
         state = self._state(module, outer, site)
         mid = state.mid
@@ -211,15 +245,14 @@ class ModeWatcher:
         flows = grad and ((isinstance(input, torch.Tensor) and input.requires_grad) or state.trainable)
         entry = self._window.get(key)
         if entry is None:
-            event = self._emit(
-                "mode_forward", self._loc(site), training=training, grad=grad,
-                inference=torch.is_inference_mode_enabled(), modules=[mid],
-                grad_modules=[mid] if flows else [], calls=1, recalibrating=self._recalibrating,
-            )
-            self._window[key] = [event, {mid}, {mid} if flows else set()]
+            made = ev.mode_forward(training=training, grad=grad,
+                                   inference=torch.is_inference_mode_enabled(), modules=[mid],
+                                   grad_modules=[mid] if flows else [], calls=1,
+                                   recalibrating=self._recalibrating)
+            self._hold(made, self._loc(site))
+            self._window[key] = [made[1], {mid}, {mid} if flows else set()]
         else:
-            event, seen, flowing = entry
-            data = event.data
+            data, seen, flowing = entry
             if mid == data["modules"][0]:
                 data["calls"] += 1
             elif mid not in seen:
@@ -228,7 +261,6 @@ class ModeWatcher:
             if flows and mid not in flowing:
                 flowing.add(mid)
                 data["grad_modules"].append(mid)
-        self._window_len = len(trace)
 
     def _state(self, module, outer, site) -> _State:
         state = self._states.get(id(module))
@@ -273,13 +305,12 @@ class ModeWatcher:
             entry = self._freeze_of.get(id(weight))
             if entry is not None and entry[0]() is weight:
                 freeze = entry[1]
-        self._emit(
-            "mode_module", None, mid=state.mid, name=self._name(module, outer, site),
-            cls=type(module).__name__, layer="batchnorm" if state.is_bn else "dropout",
-            has_params=has_params, frozen=frozen, owned=owned, trainable=trainable if has_params else None,
-            updated=updated, track_running_stats=track, momentum=momentum, p=p, freeze=freeze,
-        )
-        self._window_len = len(self.rec.trace)  # a module fact does not close the window
+        self._hold(ev.mode_module(
+            mid=state.mid, name=self._name(module, outer, site), cls=type(module).__name__,
+            layer="batchnorm" if state.is_bn else "dropout", has_params=has_params, frozen=frozen,
+            owned=owned, trainable=trainable if has_params else None, updated=updated,
+            track_running_stats=track, momentum=momentum, p=p, freeze=freeze,
+        ), None)  # a module fact does not close the window
 
     def _name(self, module, outer, site) -> str:
         """``model.backbone.1``: the user's variable for the outermost module of the call, then
@@ -316,10 +347,11 @@ class ModeWatcher:
 
     def _record_freeze(self, param, frame) -> None:
         loc = self._loc(self._user_frame(frame))
-        if not self._merge_into_last("freeze", loc, None, ()):
-            self._emit("freeze", loc, calls=1)  # calls: parameters frozen from this line
-        self._freeze_of[id(param)] = (weakref.ref(param), self._last.seq)
-        self._window_len = -1
+        self._close_window()
+        entry = self._merge_into_last("freeze", loc, None, ())
+        if entry is None:
+            entry = self._hold(ev.freeze(calls=1), loc)  # calls: parameters frozen from this line
+        self._freeze_of[id(param)] = (weakref.ref(param), entry[0])
 
     # -- recalibration signals -----------------------------------------------------------------
     def _wrap_reset_running_stats(self, original):
@@ -333,9 +365,9 @@ class ModeWatcher:
                 try:
                     loc = watcher._loc(watcher._user_frame(sys._getframe(1)))
                     mids = [watcher._mid(module)]
-                    if not watcher._merge_into_last("bn_reset", loc, "modules", mids):
-                        watcher._emit("bn_reset", loc, modules=mids, calls=1)
-                    watcher._window_len = -1
+                    watcher._close_window()
+                    if watcher._merge_into_last("bn_reset", loc, "modules", mids) is None:
+                        watcher._hold(ev.bn_reset(modules=mids, calls=1), loc)
                 except Exception as exc:
                     rec.internal_error("reset_running_stats", exc)
             return result
@@ -349,14 +381,14 @@ class ModeWatcher:
         def update_bn(*args, **kwargs):
             if watcher._recalibrating:
                 return original(*args, **kwargs)
-            watcher._emit("update_bn", rec.here(2))
-            watcher._window_len = -1
+            watcher._close_window()
+            watcher._hold(ev.update_bn(), rec.here(2))
             watcher._recalibrating = True
             try:
                 return original(*args, **kwargs)
             finally:
                 watcher._recalibrating = False
-                watcher._window_len = -1
+                watcher._close_window()
 
         return update_bn
 

@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from .. import events as ev
 from .recorder import Recorder, _shape
 
 
@@ -55,16 +56,16 @@ def name_parameters(rec: Recorder, variables: dict[str, object] | None = None) -
 
 def emit_param_events(rec: Recorder, into=None) -> None:
     """One ``param`` event per tracked tensor with its final flags (end of run), into the
-    recorder's trace or ``into`` (a snapshot of it)."""
-    emit = rec.emit if into is None else into.add
+    recorder's trace or ``into`` (a snapshot of it; its events get their own shape lists)."""
+    emit = rec.emit if into is None else into.put
     for pid in rec.tracked_pids():
         t = rec.tensor(pid)
         if t is not None:
             rec.requires_grad[pid] = t.requires_grad
             if rec.shapes.get(pid) is None:  # a lazy parameter materialised since it was tracked
                 rec.shapes[pid] = _shape(t)
-        emit(
-            "param", None, pid=pid, name=rec.param_names.get(pid), shape=rec.shapes.get(pid),
-            is_parameter=rec.is_parameter.get(pid, False),
-            requires_grad=rec.requires_grad.get(pid),
-        )
+        shape = rec.shapes.get(pid)
+        emit(ev.param(pid=pid, name=rec.param_names.get(pid),
+                      shape=list(shape) if shape is not None else None,
+                      is_parameter=rec.is_parameter.get(pid, False),
+                      requires_grad=rec.requires_grad.get(pid)))

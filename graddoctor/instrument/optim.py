@@ -17,6 +17,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from .. import events as ev
 from .recorder import Recorder
 
 
@@ -116,8 +117,8 @@ class OptimizerWatcher:
                     pids.append(rec.track(p))
                 opt = rec.optimizer_id(optimizer)
                 rec.opt_params.setdefault(opt, []).extend(pids)
-                rec.emit("optimizer_init", rec.here(2), opt=opt, cls=type(optimizer).__name__,
-                         params=pids)
+                rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids),
+                         rec.here(2))
             except Exception as exc:
                 rec.internal_error("optimizer construction", exc)
             return result
@@ -153,8 +154,8 @@ class OptimizerWatcher:
             if set_to_none and opt in rec.opt_params:
                 # every grad is None now: the next backward sees fresh grads without our help,
                 # so the per-parameter bookkeeping below is not needed (hot path, every update)
-                rec.emit("clear", rec.here(3), via=via, opt=opt, set_to_none=True,
-                         params=list(rec.opt_params[opt]))
+                rec.emit(ev.clear(via=via, opt=opt, set_to_none=True,
+                                  params=list(rec.opt_params[opt])), rec.here(3))
                 return
             params = [p for g in obj.param_groups for p in g["params"]]
         else:
@@ -169,7 +170,7 @@ class OptimizerWatcher:
             rec.known_grad.pop(pid, None)
             if p.grad is not None:  # zero-filled in place: remember exactly what was left
                 rec.zeroed_grad[pid] = (id(p.grad), p.grad._version)
-        rec.emit("clear", rec.here(3), via=via, opt=opt, set_to_none=bool(set_to_none), params=pids)
+        rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids), rec.here(3))
 
     # -- step ----------------------------------------------------------------------------
     def _outer_steps_running(self) -> int:
@@ -215,9 +216,9 @@ class OptimizerWatcher:
                                  if not math.isfinite(n) and _really_nonfinite(rec, pid)]
             loc = rec.here(3)
             if edited and rec.in_step is None:  # L-BFGS-style closures recompute grads themselves
-                rec.emit("grad_edit", loc, opt=opt, params=edited)
-            rec.emit("step_begin", loc, opt=opt, closure=closure, norm_pids=norm_pids,
-                     norms=norms, nonfinite=nonfinite)
+                rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
+            rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
+                                   nonfinite=nonfinite), loc)
             if closure:
                 rec.in_step = opt
         except Exception as exc:
@@ -245,8 +246,8 @@ class OptimizerWatcher:
             opt = rec.optimizer_id(optimizer)
             closure = _has_closure(args, kwargs)
             without = rec.after_step(rec.opt_params.get(opt, ()))
-            rec.emit("step", rec.here(3), opt=opt, closure=closure, skipped=False,
-                     without_grad=without)
+            rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
+                     rec.here(3))
             for listener in self.step_listeners:
                 listener(opt, optimizer)
         except Exception as exc:

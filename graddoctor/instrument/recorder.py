@@ -3,6 +3,15 @@
 Every hook and wrapper writes through it. It owns the trace, numbers tensors (pids),
 remembers what each parameter's ``.grad`` looked like when graddoctor last saw it, and
 turns its own failures into ``internal_error`` events instead of exceptions.
+
+Events are final when emitted (``Event.data`` is read-only):
+
+* A watcher whose events may still grow (the mode watcher's aggregates) holds them back as the
+  recorder's ``holder``: ``emit`` has it emit them, finished and in order, before any other
+  event, and ``finish`` at the end of the run. ``snapshot`` shows them as they are now.
+* Device values recorded without a host sync stay ``Deferred`` in the trace; ``finish`` swaps
+  the trace for its final form, a new ``Trace`` in which the events that held one are new
+  ``Event`` objects holding the value. A snapshot taken before shows them unread.
 """
 
 from __future__ import annotations
@@ -13,8 +22,9 @@ from typing import Any, Callable
 
 import torch
 
+from .. import events as ev
 from ..location import LocationFinder
-from ..trace import Location, Trace
+from ..trace import Event, Location, Trace
 from .stop import StopCondition, StopReplay, conditions
 
 
@@ -28,7 +38,7 @@ def _shape(tensor) -> list[int] | None:
 
 
 class Deferred:
-    """A device scalar recorded without a host sync; ``resolve_deferred`` reads it at the end."""
+    """A device scalar recorded without a host sync; ``Recorder.finish`` reads it at the end."""
 
     __slots__ = ("tensor",)
 
@@ -43,6 +53,28 @@ class Deferred:
             return float(self.tensor.item())
         except Exception:
             return None
+
+
+def resolved(trace: Trace) -> Trace:
+    """A new trace with the values of the ``Deferred`` device values in ``trace``: the events
+    that hold one are new ``Event`` objects (same seq, kind, loc), the others are shared. Each
+    ``Deferred`` is read once (a scale copy is shared by the events of one update)."""
+    values: dict[int, Any] = {}  # id(Deferred) -> value (``trace`` keeps every one alive)
+    out = []
+    for event in trace.events:
+        data = event.data
+        if not any(isinstance(value, Deferred) for value in data.values()):
+            out.append(event)
+            continue
+        new = {}
+        for key, value in data.items():
+            if isinstance(value, Deferred):
+                if id(value) not in values:
+                    values[id(value)] = value.value()
+                value = values[id(value)]
+            new[key] = value
+        out.append(Event(event.seq, event.kind, event.loc, new))
+    return Trace(out)
 
 
 class Recorder:
@@ -83,6 +115,10 @@ class Recorder:
         # callables() -> True while the replay should go on past the step budget (e.g. until a
         # DataLoader has crossed two epoch boundaries); each must bound itself
         self.budget_holds: list[Callable[[], bool]] = []
+        # a watcher holding back events that may still grow; it has ``close()`` (emit them now,
+        # in order, with ``trace.put``) and ``held()`` (copies for a snapshot: [(seq, kind, loc,
+        # data)]). ``emit`` closes it before any other event, so the seqs are known ahead.
+        self.holder: Any = None
 
     # -- events ------------------------------------------------------------------------
     def here(self, skip: int = 2) -> Location | None:
@@ -91,24 +127,47 @@ class Recorder:
         except Exception:  # never let the location lookup break the user's run
             return None
 
-    def emit(self, kind: str, loc: Location | None = None, **data: Any):
-        return self.trace.add(kind, loc, **data)
+    def emit(self, made: ev.Made, loc: Location | None = None) -> Event:
+        """Append an event made by a constructor of ``graddoctor.events``; its data dict (and
+        the lists in it) belongs to the event from now on."""
+        if self.holder is not None:
+            self.release()
+        return self.trace.put(made, loc)
+
+    def release(self) -> None:
+        """Have the holder emit its held events now."""
+        holder, self.holder = self.holder, None
+        if holder is not None:
+            holder.close()
+
+    def snapshot(self) -> Trace:
+        """The trace so far as a new ``Trace`` that later events do not change: the emitted
+        events (final, shared) and the held ones as they are now (new events with copies of
+        their lists). ``Deferred`` values stay unread."""
+        events = list(self.trace.events)
+        holder = self.holder
+        if holder is not None:
+            for seq, kind, loc, data in holder.held():
+                if seq == len(events):  # else closed while we looked (another thread): in already
+                    events.append(Event(seq, kind, loc, data))
+        return Trace(events)
+
+    def finish(self) -> None:
+        """The end of the run: the held events are emitted, then ``trace`` becomes the final
+        trace, where every ``Deferred`` value has been read (once per value, at the end of the
+        run, when host syncs no longer cost the user anything). The recorded events stay as
+        they were: those that held a value are replaced by new events in the new trace."""
+        try:
+            self.release()
+        finally:
+            self.trace = resolved(self.trace)
 
     def internal_error(self, where: str, exc: BaseException) -> None:
         """graddoctor's own failure: recorded, never raised into the user's code."""
         self.internal_errors += 1
         if self.internal_errors <= 20:  # a hook failing on every call must not flood the trace
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            self.emit("internal_error", None, where=where, error=detail)
-
-    def resolve_deferred(self) -> None:
-        """Replace every ``Deferred`` in event data by its value (one read per value, at the end
-        of the run, when host syncs no longer cost the user anything)."""
-        for event in self.trace.events:
-            data = event.data
-            for key, value in data.items():
-                if isinstance(value, Deferred):
-                    data[key] = value.value()
+            self.emit(ev.internal_error(where=where, error=detail))
 
     # -- tensors -------------------------------------------------------------------------
     def pid(self, tensor) -> int | None:

@@ -15,6 +15,7 @@ import functools
 
 from torch.optim.lr_scheduler import LRScheduler
 
+from .. import events as ev
 from .recorder import Recorder
 from .subclasses import Depth, patch_tree
 
@@ -38,9 +39,9 @@ class SchedulerWatcher:
                 return original(scheduler, *args, **kwargs)
             try:
                 optimizer = getattr(scheduler, "optimizer", None)
-                rec.emit("scheduler_step", rec.here(2), sched=watcher.scheduler_id(scheduler),
-                         cls=type(scheduler).__name__,
-                         opt=rec.optimizer_id(optimizer) if optimizer is not None else None)
+                rec.emit(ev.scheduler_step(
+                    sched=watcher.scheduler_id(scheduler), cls=type(scheduler).__name__,
+                    opt=rec.optimizer_id(optimizer) if optimizer is not None else None), rec.here(2))
             except Exception as exc:
                 rec.internal_error("lr_scheduler.step", exc)
             with watcher._in_step:

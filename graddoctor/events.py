@@ -1,0 +1,224 @@
+"""Every event kind, one typed constructor each: the only place their data keys and defaults live.
+
+A constructor returns ``(kind, data)``, a ``Made``; ``Recorder.emit(made, loc)`` (the
+instrumentation) and ``Trace.put(made, loc)`` / ``TraceBuilder`` (traces written by hand in
+tests) turn it into an ``Event``, whose ``data`` is read-only from then on. The parameter names
+are the data keys, so ``constructor(**event.data)`` rebuilds an event's data (the tests check
+that for real runs). Lists in ``data`` belong to the event once it is made: the caller hands
+over a list it will not change again. No torch here.
+
+Event kinds and their ``data`` (ids are small ints graddoctor assigns):
+
+=================  ==========================================================================
+kind               data
+=================  ==========================================================================
+run_start          script, argv, device, torch_version
+param              pid, name, shape, is_parameter, requires_grad       (at first sight)
+optimizer_init     opt, cls, params [pid]
+backward           fresh [pid], accumulated [pid], cleared_outside [pid],
+                   extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input; the
+                   count of its call line's latest graph walk, see instrument/backward.py),
+                   in_step (opt id when run inside ``optimizer.step(closure)``, else None),
+                   scaled (bool: backward of ``scaler.scale(loss)``), scale (float|None),
+                   loss_scale_factor (float|None: how the loss was divided, when known),
+                   batch ([loader, epoch, index] of the batch a DataLoader served last, or None),
+                   scaler, scaler_enabled (only present when given: a scaled backward)
+clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
+                   set_to_none, params [pid]
+step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm of each grad about
+                   to be applied, parallel to norm_pids; empty for closure steps; both None when
+                   not measured: every grad was already seen finite by a clip_grad_norm_ or
+                   GradScaler.unscale_ and is unchanged since; measured anyway on each optimizer's
+                   first update and from the step budget's last update on),
+                   nonfinite [pid] (grads with NaN/Inf)
+step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
+                   without_grad [pid] (owned params whose .grad was None)
+epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epoch, see
+                   ``--epoch-batches``; None for a stream without length)
+unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), scale
+scaler_step        scaler, opt, enabled, fused, skipped, found_inf (after ``scaler.step``; a
+                   skipped one is also recorded as a ``step`` with skipped=True)
+scaler_update      scaler, enabled, scale (the new scale)
+clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_norm_),
+                   params [pid] (tracked params passed), with_grad [pid], untracked, limit
+                   (max_norm or clip_value; "inf" as a string), norm_type, norm_only (max_norm
+                   is inf: computes the norm, clips nothing), total_norm (CPU only),
+                   edited [pid] (grads changed in place by unwatched code before the clip)
+grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step)
+scheduler_step     sched, cls, opt (the optimizer it drives)
+train / eval       the user's outermost Module.train()/eval() call: mode (bool), leaf (it named
+                   one BatchNorm/dropout layer), root (class), frozen (every parameter under it
+                   frozen), modules [mid] (BatchNorm/dropout layers it covers), calls (merged)
+mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, frozen, owned,
+                   trainable, updated (changed in place outside an optimizer: EMA),
+                   track_running_stats, momentum, p, freeze (seq of its freeze event | None)
+mode_forward       training, grad, inference, modules [mid], grad_modules [mid] (gradient flows
+                   through), calls, recalibrating — one per call line and mode while no other
+                   event happens (loc: the user's call of the outermost module)
+freeze             calls (parameters frozen from this line with requires_grad_(False))
+bn_reset           modules [mid], calls (reset_running_stats() by the user)
+update_bn          (torch.optim.swa_utils.update_bn called; its forwards are ``recalibrating``)
+compile            target, fullgraph, backend (a torch.compile call; graddoctor's hooks run at its
+                   graph breaks)
+internal_error     where, error
+run_end            status, steps
+=================  ==========================================================================
+
+``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
+keeps them open while no other event happens and emits them finished (instrument/modes.py).
+Scale values may be a ``Deferred`` device value while the run goes on; the final trace holds
+the number (instrument/recorder.py). Rules ignore kinds they do not know.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+Made = tuple[str, dict]  # (kind, data): what Recorder.emit and Trace.put take
+
+
+def run_start(*, script: str, argv: list[str], device: str, torch_version: str) -> Made:
+    return "run_start", {"script": script, "argv": argv, "device": device,
+                         "torch_version": torch_version}
+
+
+def param(*, pid: int, name: str | None, shape: list[int] | None, is_parameter: bool,
+          requires_grad: bool | None) -> Made:
+    return "param", {"pid": pid, "name": name, "shape": shape, "is_parameter": is_parameter,
+                     "requires_grad": requires_grad}
+
+
+def optimizer_init(*, opt: int, cls: str, params: list[int]) -> Made:
+    return "optimizer_init", {"opt": opt, "cls": cls, "params": params}
+
+
+def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[int],
+             extra_leaves: int = 0, in_step: int | None = None, scaled: bool = False,
+             scale: Any = None, loss_scale_factor: float | None = None,
+             batch: list[int] | None = None, scaler: int | None = None,
+             scaler_enabled: bool | None = None) -> Made:
+    """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
+    ``scaler_enabled`` are only written when given (rules tell a missing key from None)."""
+    data = {"fresh": fresh, "accumulated": accumulated, "cleared_outside": cleared_outside,
+            "extra_leaves": extra_leaves, "in_step": in_step, "scaled": scaled, "scale": scale,
+            "loss_scale_factor": loss_scale_factor, "batch": batch}
+    if scaler is not None:
+        data["scaler"] = scaler
+    if scaler_enabled is not None:
+        data["scaler_enabled"] = scaler_enabled
+    return "backward", data
+
+
+def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = True) -> Made:
+    return "clear", {"via": via, "opt": opt, "set_to_none": set_to_none, "params": params}
+
+
+def step_begin(*, opt: int, norm_pids: list[int] | None, norms: list[float] | None,
+               closure: bool = False, nonfinite: list[int] | None = None) -> Made:
+    return "step_begin", {"opt": opt, "closure": closure, "norm_pids": norm_pids, "norms": norms,
+                          "nonfinite": [] if nonfinite is None else nonfinite}
+
+
+def step(*, opt: int, closure: bool = False, skipped: bool = False,
+         without_grad: list[int] | None = None) -> Made:
+    return "step", {"opt": opt, "closure": closure, "skipped": skipped,
+                    "without_grad": [] if without_grad is None else without_grad}
+
+
+def epoch_start(*, loader: int, epoch: int, real_len: int | None, replay_len: int | None) -> Made:
+    return "epoch_start", {"loader": loader, "epoch": epoch, "real_len": real_len,
+                           "replay_len": replay_len}
+
+
+def unscale(*, scaler: int, opt: int, enabled: bool, implicit: bool, scale: Any) -> Made:
+    return "unscale", {"scaler": scaler, "opt": opt, "enabled": enabled, "implicit": implicit,
+                       "scale": scale}
+
+
+def scaler_step(*, scaler: int, opt: int, enabled: bool, fused: bool, skipped: bool,
+                found_inf: bool | None) -> Made:
+    return "scaler_step", {"scaler": scaler, "opt": opt, "enabled": enabled, "fused": fused,
+                           "skipped": skipped, "found_inf": found_inf}
+
+
+def scaler_update(*, scaler: int, enabled: bool, scale: Any) -> Made:
+    return "scaler_update", {"scaler": scaler, "enabled": enabled, "scale": scale}
+
+
+def clip(*, via: str, params: list[int], with_grad: list[int], untracked: int,
+         limit: float | str | None, norm_type: float | str | None, norm_only: bool,
+         total_norm: float | str | None, edited: list[int]) -> Made:
+    return "clip", {"via": via, "params": params, "with_grad": with_grad, "untracked": untracked,
+                    "limit": limit, "norm_type": norm_type, "norm_only": norm_only,
+                    "total_norm": total_norm, "edited": edited}
+
+
+def grad_edit(*, opt: int, params: list[int]) -> Made:
+    return "grad_edit", {"opt": opt, "params": params}
+
+
+def scheduler_step(*, sched: int, cls: str, opt: int | None) -> Made:
+    return "scheduler_step", {"sched": sched, "cls": cls, "opt": opt}
+
+
+def mode_set(*, mode: bool, leaf: bool, root: str, frozen: bool, modules: list[int],
+             calls: int = 1) -> Made:
+    """``train`` (mode True) or ``eval``."""
+    return "train" if mode else "eval", {"mode": mode, "leaf": leaf, "root": root,
+                                         "frozen": frozen, "modules": modules, "calls": calls}
+
+
+def mode_module(*, mid: int, name: str, cls: str, layer: str, has_params: bool,
+                frozen: bool | None, owned: bool | None, trainable: bool | None, updated: bool,
+                track_running_stats: bool | None, momentum: float | None, p: float | None,
+                freeze: int | None = None) -> Made:
+    return "mode_module", {"mid": mid, "name": name, "cls": cls, "layer": layer,
+                           "has_params": has_params, "frozen": frozen, "owned": owned,
+                           "trainable": trainable, "updated": updated,
+                           "track_running_stats": track_running_stats, "momentum": momentum,
+                           "p": p, "freeze": freeze}
+
+
+def mode_forward(*, training: bool, grad: bool, inference: bool, modules: list[int],
+                 grad_modules: list[int], calls: int = 1, recalibrating: bool = False) -> Made:
+    return "mode_forward", {"training": training, "grad": grad, "inference": inference,
+                            "modules": modules, "grad_modules": grad_modules, "calls": calls,
+                            "recalibrating": recalibrating}
+
+
+def freeze(*, calls: int = 1) -> Made:
+    return "freeze", {"calls": calls}
+
+
+def bn_reset(*, modules: list[int], calls: int = 1) -> Made:
+    return "bn_reset", {"modules": modules, "calls": calls}
+
+
+def update_bn() -> Made:
+    return "update_bn", {}
+
+
+def torch_compile(*, target: str, fullgraph: bool, backend: str) -> Made:
+    """A ``torch.compile`` call (kind ``compile``)."""
+    return "compile", {"target": target, "fullgraph": fullgraph, "backend": backend}
+
+
+def internal_error(*, where: str, error: str) -> Made:
+    return "internal_error", {"where": where, "error": error}
+
+
+def run_end(*, status: str, steps: int) -> Made:
+    return "run_end", {"status": status, "steps": steps}
+
+
+CONSTRUCTORS: dict[str, Callable[..., Made]] = {
+    "run_start": run_start, "param": param, "optimizer_init": optimizer_init,
+    "backward": backward, "clear": clear, "step_begin": step_begin, "step": step,
+    "epoch_start": epoch_start, "unscale": unscale, "scaler_step": scaler_step,
+    "scaler_update": scaler_update, "clip": clip, "grad_edit": grad_edit,
+    "scheduler_step": scheduler_step, "train": mode_set, "eval": mode_set,
+    "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
+    "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
+    "internal_error": internal_error, "run_end": run_end,
+}
+"""kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""

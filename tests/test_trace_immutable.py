@@ -1,0 +1,222 @@
+"""The trace is immutable: an event is final when emitted, a snapshot stays as it was taken, and
+hand-written traces (TraceBuilder) get the same keys as recorded ones (graddoctor/events.py)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from graddoctor import events as ev
+from graddoctor.check import _snapshot, run_check
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument.recorder import Deferred
+from graddoctor.options import CheckOptions
+from graddoctor.trace import Event, Location, Trace, TraceBuilder
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
+# between them every kind the fixtures record (AMP, clipping, schedulers, loaders, modes)
+COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_frozen_encoder_eval.py",
+            "modes/good_recalibrate_reset_running_stats.py", "modes/good_swa_update_bn.py"]
+
+GRAD_EDIT_SCRIPT = """
+import torch
+from torch import nn
+model = nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    optimizer.zero_grad()
+    model(torch.randn(4, 3)).sum().backward()
+    for p in model.parameters():
+        p.grad /= 2  # an edit graddoctor does not watch: a grad_edit event
+    optimizer.step()
+"""
+
+
+def dumped(event: Event) -> str:
+    return json.dumps(event.to_json(), default=repr, sort_keys=True)
+
+
+@pytest.fixture
+def emitted(monkeypatch):
+    """Every event put into any trace, with its JSON at that moment."""
+    log: list[tuple[Event, str]] = []
+    put = Trace.put
+
+    def recording_put(self, made, loc=None):
+        event = put(self, made, loc)
+        log.append((event, dumped(event)))
+        return event
+
+    monkeypatch.setattr(Trace, "put", recording_put)
+    return log
+
+
+def check(path: str):
+    return run_check(CheckOptions(target=path))
+
+
+# -- read-only events ------------------------------------------------------------------------
+def test_mutating_an_event_raises():
+    trace = Trace()
+    event = trace.put(ev.backward(fresh=[0], accumulated=[], cleared_outside=[]), Location("t.py", 3))
+    added = trace.add("custom", None, value=1)
+    for e in (event, added):
+        with pytest.raises(TypeError):
+            e.data["fresh"] = [1]
+        with pytest.raises(TypeError):
+            del e.data[next(iter(e.data))]
+        with pytest.raises(AttributeError):
+            e.data.update(x=1)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            e.data = {}  # type: ignore[misc]
+    made = Event(0, "custom", None, {"a": [1]})  # a plain dict given: copied, then read-only
+    with pytest.raises(TypeError):
+        made.data["a"] = 2
+
+
+def test_recorded_events_are_read_only_and_keep_their_json_form():
+    report = check(os.path.join(FIXTURES, COVERING[0]))
+    trace = report.trace
+    for event in trace:
+        with pytest.raises(TypeError):
+            event.data["seq"] = 0
+    again = Trace.loads(trace.dumps())
+    assert again.dumps() == trace.dumps()
+    assert [dict(e.data) for e in again][:5] == [json.loads(json.dumps(dict(e.data))) for e in trace][:5]
+    first = trace.events[1]
+    assert copy.deepcopy(first) == first and pickle.loads(pickle.dumps(first)) == first
+
+
+def test_no_event_changes_after_it_is_emitted(emitted, tmp_path):
+    """Aggregates grow inside their watcher and are emitted finished; device values are read
+    into new events of the final trace; the rules read the trace without changing it."""
+    script = tmp_path / "grad_edit.py"
+    script.write_text(GRAD_EDIT_SCRIPT)
+    reports = [check(os.path.join(FIXTURES, p)) for p in COVERING] + [check(str(script))]
+    assert not any(r.internal_errors for r in reports)
+    changed = [(e.seq, e.kind, then, dumped(e)) for e, then in emitted if dumped(e) != then]
+    assert not changed, changed[:3]
+    assert {e.kind for e, _ in emitted} >= {"mode_forward", "train", "eval", "freeze", "bn_reset",
+                                             "grad_edit", "scaler_update"}
+
+
+def test_deferred_values_are_read_into_new_events_of_the_final_trace(emitted):
+    report = check(os.path.join(FIXTURES, COVERING[0]))  # GradScaler: scales are device values
+    recorded = [e for e, _ in emitted if any(isinstance(v, Deferred) for v in e.data.values())]
+    assert {e.kind for e in recorded} >= {"backward", "unscale", "scaler_update"}
+    final = report.trace.events
+    for event in recorded:
+        now = final[event.seq]
+        assert now is not event and (now.seq, now.kind, now.loc) == (event.seq, event.kind, event.loc)
+        assert isinstance(now["scale"], float) and isinstance(event["scale"], Deferred)
+    assert not any(isinstance(v, Deferred) for e in final for v in e.data.values())
+
+
+# -- snapshots -----------------------------------------------------------------------------------
+def test_a_snapshot_taken_mid_run_is_not_changed_by_later_events():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.1), nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        x = torch.randn(8, 4)
+
+        def infer(times):
+            with torch.no_grad():
+                for _ in range(times):
+                    model(x)  # one call line: one mode_forward aggregate while nothing else happens
+
+        optimizer.zero_grad()
+        scaler.scale(model(x).sum()).backward()  # a backward holding a Deferred scale
+        model.eval()
+        infer(3)  # the aggregate is still open
+        snap = _snapshot(rec)
+        text = snap.dumps()
+        live = list(rec.trace.events)
+        infer(2)  # the same aggregate grows
+        model.train()
+        scaler.scale(model(x).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    assert snap.dumps() == text
+    assert snap.events is not rec.trace.events
+    final = rec.trace.events
+    [held] = [e for e in snap if e.kind == "mode_forward" and not e["training"]]
+    assert held.seq >= len(live)  # not emitted when the snapshot was taken: copied as it was
+    assert held["calls"] == 3 and final[held.seq] is not held
+    assert (final[held.seq].kind, final[held.seq]["calls"]) == ("mode_forward", 5)
+    assert final[held.seq]["modules"] == held["modules"]
+    [backward] = [e for e in snap if e.kind == "backward"]
+    assert isinstance(backward["scale"], Deferred) and '"scale": "unread"' in text
+    assert final[backward.seq]["scale"] == 65536.0
+    shapes = {e["pid"]: e["shape"] for e in snap if e.kind == "param"}
+    assert all(shapes[e["pid"]] is not e["shape"] for e in final if e.kind == "param")
+
+
+def test_held_events_get_the_seqs_and_order_they_would_have_had():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5), nn.Linear(2, 2), nn.Dropout(0.5))
+        model.eval()
+        for m in (model[1], model[3]):
+            m.eval()  # per-layer calls from one line: merged into one eval event
+        model(torch.randn(1, 2))
+        emitted = len(rec.trace)
+        held = rec.snapshot().events[emitted:]
+        # a module's facts come at its first forward: after the aggregate it joins
+        assert [e.kind for e in held] == ["eval", "eval", "mode_module", "mode_forward", "mode_module"]
+        assert [e.seq for e in held] == list(range(emitted, emitted + 5))
+        assert (held[1]["calls"], held[1]["modules"], held[3]["modules"]) == (2, [0, 1], [0, 1])
+        rec.internal_error("test", RuntimeError("x"))  # any other event closes them first
+        error = (emitted + 5, "internal_error", {"where": "test", "error": "RuntimeError: x"})
+        assert [(e.seq, e.kind, dict(e.data)) for e in rec.trace.events[emitted:]] \
+            == [(e.seq, e.kind, dict(e.data)) for e in held] + [error]
+
+
+# -- one constructor per kind: recorded and hand-written events agree -----------------------------
+def test_recorded_events_are_what_their_constructor_makes(emitted, tmp_path):
+    script = tmp_path / "grad_edit.py"
+    script.write_text(GRAD_EDIT_SCRIPT)
+    for path in [os.path.join(FIXTURES, p) for p in COVERING] + [str(script)]:
+        check(path)
+    kinds = set()
+    for event, _ in emitted:
+        kinds.add(event.kind)
+        kind, data = ev.CONSTRUCTORS[event.kind](**event.data)
+        assert kind == event.kind and list(data) == list(event.data), event
+    assert set(ev.CONSTRUCTORS) - kinds == {"compile", "internal_error"}  # every kind but these
+
+
+def test_trace_builder_makes_the_keys_the_instrumentation_makes(emitted):
+    check(os.path.join(FIXTURES, COVERING[0]))  # scaled backwards
+    check(os.path.join(FIXTURES, COVERING[1]))  # plain ones
+    recorded: dict[str, list[set]] = {}
+    for event, _ in emitted:
+        keys = set(event.data)
+        if keys not in recorded.setdefault(event.kind, []):
+            recorded[event.kind].append(keys)
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1])
+    built = [t.backward(fresh=[0]), t.backward(accumulated=[0], scaled=True, scale=2.0, scaler=0,
+                                               scaler_enabled=True),
+             t.clear([0, 1]), t.step(0), t.trace.params()[0], t.trace.of_kind("optimizer_init")[0]]
+    for event in built:
+        assert set(event.data) in recorded[event.kind], (event.kind, recorded[event.kind])
+    assert len(recorded["backward"]) == 2  # scaled ones add scaler and scaler_enabled
+
+
+def test_constructors_take_only_their_own_keys():
+    with pytest.raises(TypeError):
+        ev.backward(bid=0, fresh=[], accumulated=[], cleared_outside=[])  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        ev.step(0)  # type: ignore[misc]  (keyword-only)
+    assert ev.step(opt=0) == ("step", {"opt": 0, "closure": False, "skipped": False,
+                                       "without_grad": []})
