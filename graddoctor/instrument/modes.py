@@ -37,6 +37,7 @@ from torch.nn.modules import batchnorm, dropout
 
 from .. import events as ev
 from ..trace import Location
+from .names import variable_name
 from .recorder import Recorder
 
 BATCHNORM = (batchnorm._BatchNorm,)  # SyncBatchNorm and the lazy ones derive from it
@@ -91,21 +92,14 @@ class ModeWatcher:
     def _user_frame(self, frame, skip_self=None):
         """The innermost user frame at or above ``frame``; frames of a user's own ``train``/``eval``
         override on ``skip_self`` are passed over, so the caller's ``model.train()`` is named."""
-        is_user = self.rec.finder.is_user_file
-        while frame is not None:
-            code = frame.f_code
-            if is_user(code.co_filename):
-                if not (skip_self is not None and code.co_name in ("train", "eval")
-                        and frame.f_locals.get("self") is skip_self):
-                    return frame
-            frame = frame.f_back
+        for user in self.rec.finder.user_frames(frame):
+            if not (skip_self is not None and user.f_code.co_name in ("train", "eval")
+                    and user.f_locals.get("self") is skip_self):
+                return user
         return None
 
     def _loc(self, frame) -> Location | None:
-        if frame is None:
-            return None
-        finder = self.rec.finder
-        return Location(finder.display_path(frame.f_code.co_filename), frame.f_lineno, frame.f_code.co_name)
+        return self.rec.finder.location(frame) if frame is not None else None
 
     # -- held events ---------------------------------------------------------------------------
     def _hold(self, made: ev.Made, loc) -> list:
@@ -320,7 +314,7 @@ class ModeWatcher:
             return entry[1]
         root = outer.f_locals.get("self") if outer is not None else None
         if isinstance(root, torch.nn.Module):
-            prefix = _variable_name(root, site) or type(root).__name__
+            prefix = variable_name(root, site) or type(root).__name__
             for path, m in root.named_modules():
                 if isinstance(m, KINDS) and id(m) not in self._names:
                     self._names[id(m)] = (weakref.ref(m), f"{prefix}.{path}" if path else prefix)
@@ -405,25 +399,3 @@ class ModeWatcher:
         patcher.patch(NormBase, "reset_running_stats", self._wrap_reset_running_stats(NormBase.reset_running_stats))
         swa_utils = torch.optim.swa_utils
         patcher.patch(swa_utils, "update_bn", self._wrap_update_bn(swa_utils.update_bn))
-
-
-def _variable_name(root, frame) -> str | None:
-    """The name under which the user's frame holds ``root``: ``model`` or ``self.model``."""
-    if frame is None:
-        return None
-    scopes = (frame.f_locals, frame.f_globals)
-    for scope in scopes:
-        for name, value in list(scope.items()):
-            if value is root and not name.startswith("_"):
-                return name
-    for name, value in list(frame.f_locals.items()):  # one attribute deep: self.model
-        attrs = getattr(value, "__dict__", None)
-        if isinstance(attrs, dict) and not isinstance(value, type):
-            for attr, inner in list(attrs.items()):
-                if inner is root:
-                    return f"{name}.{attr}"
-        if isinstance(value, torch.nn.Module):
-            for attr, inner in value._modules.items():
-                if inner is root:
-                    return f"{name}.{attr}"
-    return None

@@ -1,4 +1,5 @@
-"""Human names for tracked parameters (``encoder.layers.0.linear1.weight``)."""
+"""Names after the user's own variables, in one place: tracked parameters (``encoder.layers.0.linear1.weight``,
+``name_parameters``) and the module a user's frame holds (``model``, ``self.backbone``, ``variable_name``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,10 @@ from .recorder import Recorder, _shape
 def _user_variables(rec: Recorder) -> dict[str, object]:
     """Variables of the user's frames on the current stack (locals first, then globals)."""
     found: dict[str, object] = {}
-    frame = sys._getframe(1)
-    while frame is not None:
-        if rec.finder.is_user_file(frame.f_code.co_filename):
-            for scope in (frame.f_locals, frame.f_globals):
-                for key, value in list(scope.items()):
-                    found.setdefault(key, value)
-        frame = frame.f_back
+    for frame in rec.finder.user_frames(sys._getframe(1)):
+        for scope in (frame.f_locals, frame.f_globals):
+            for key, value in list(scope.items()):
+                found.setdefault(key, value)
     return found
 
 
@@ -69,3 +67,25 @@ def emit_param_events(rec: Recorder, into=None) -> None:
                       shape=list(shape) if shape is not None else None,
                       is_parameter=rec.is_parameter.get(pid, False),
                       requires_grad=rec.requires_grad.get(pid)))
+
+
+def variable_name(root, frame) -> str | None:
+    """The name under which the user's frame holds ``root``: ``model`` or ``self.model``."""
+    if frame is None:
+        return None
+    scopes = (frame.f_locals, frame.f_globals)
+    for scope in scopes:
+        for name, value in list(scope.items()):
+            if value is root and not name.startswith("_"):
+                return name
+    for name, value in list(frame.f_locals.items()):  # one attribute deep: self.model
+        attrs = getattr(value, "__dict__", None)
+        if isinstance(attrs, dict) and not isinstance(value, type):
+            for attr, inner in list(attrs.items()):
+                if inner is root:
+                    return f"{name}.{attr}"
+        if isinstance(value, torch.nn.Module):
+            for attr, inner in value._modules.items():
+                if inner is root:
+                    return f"{name}.{attr}"
+    return None
