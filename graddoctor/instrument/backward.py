@@ -189,7 +189,7 @@ class BackwardWatcher:
         sorted by their verdict; their new grads become the ones graddoctor has seen."""
         rec = self.rec
         fresh, accumulated, cleared = [], [], []
-        known, zeroed = rec.known_grad, rec.zeroed_grad
+        known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
         for pid, tensor, before, version, verdict in ctx.before:
             grad = tensor.grad
             if grad is before and (grad is None or grad._version == version):
@@ -197,6 +197,8 @@ class BackwardWatcher:
             (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED else cleared).append(pid)
             if zeroed:
                 zeroed.pop(pid, None)
+            if finite:  # a new gradient: an old voucher could match it by a reused id (NaN missed)
+                finite.pop(pid, None)
             if grad is not None:
                 known[pid] = (id(grad), grad._version)
         ctx.before = []  # let go of the grads held since the start
