@@ -44,14 +44,11 @@ def written(backward: Event) -> tuple[int, ...]:
             *backward.get("cleared_outside", ()))
 
 
-def plural(count: int, word: str, many: str | None = None) -> str:
-    """'1 step', '3 steps' ('1 micro-batch', '2 micro-batches' with ``many``)."""
-    return f"{count} {word if count == 1 else (many or word + 's')}"
-
-
-def times(count: int) -> str:
-    """'once', 'twice', '3 times'."""
-    return {1: "once", 2: "twice"}.get(count, f"{count} times")
+def listing(names, limit: int) -> str:
+    """'fc.weight, fc.bias and 3 more': how messages list parameters and layers."""
+    names = list(dict.fromkeys(names))
+    text = ", ".join(names[:limit])
+    return text + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 class Analysis:
@@ -154,11 +151,7 @@ class Analysis:
 
     def names(self, pids, limit: int = 4) -> str:
         """'fc.weight, fc.bias and 3 more' for messages."""
-        pids = list(dict.fromkeys(pids))
-        text = ", ".join(self.param_name(p) for p in pids[:limit])
-        if len(pids) > limit:
-            text += f" and {len(pids) - limit} more"
-        return text
+        return listing((self.param_name(p) for p in dict.fromkeys(pids)), limit)
 
     def optimizer_name(self, opt: int) -> str:
         """'AdamW' (or 'AdamW #1' when two of one class exist)."""

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 from ..trace import Event
 
+from . import listing
+
 if TYPE_CHECKING:
     from . import Analysis
 
@@ -68,9 +70,7 @@ class ModeTimeline:
         return (self.final_states.get(mid) or {}).get("name") or f"layer#{mid}"
 
     def names(self, mids, limit: int = 3) -> str:
-        mids = list(dict.fromkeys(mids))
-        text = ", ".join(self.name(m) for m in mids[:limit])
-        return text + (f" and {len(mids) - limit} more" if len(mids) > limit else "")
+        return listing((self.name(m) for m in dict.fromkeys(mids)), limit)
 
 
 def _next_boundaries(events: list[Event]):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from ..analysis.windows import typical
 from ..findings import Severity
-from .base import Rule, related
+from .base import Rule, plural, related
 
 
 class AccumulationLeftover(Rule):
@@ -76,7 +76,7 @@ class AccumulationLeftover(Rule):
                                   if b.get("batch") is not None and tuple(b["batch"]) == leftover[-1]), None)
             severity = None
             message = (f"the first {a.optimizer_name(w.opt)} step of epoch {epoch} applies "
-                       f"{len(leftover)} leftover micro-batch(es) of the previous epoch together with "
+                       f"{plural(len(leftover), 'leftover micro-batch', 'leftover micro-batches')} of the previous epoch together with "
                        f"{len(w.batches()) - len(leftover)} new ones (k = {k}): the epoch's partial "
                        f"window is never stepped on its own")
             if real_len is not None and real_len % k == 0:

@@ -58,6 +58,21 @@ def _merge_related(items) -> tuple[Related, ...]:
     return tuple(merged.values())
 
 
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """'1 step', '3 steps'; '2 micro-batches' with ``many``."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
+
+
+def times(count: int) -> str:
+    """'once', 'twice', '3 times'."""
+    return {1: "once", 2: "twice"}.get(count, f"{count} times")
+
+
+def one_or_many(count: int, one: str, many: str) -> str:
+    """The word that agrees with ``count``: it/them, its/their, a layer/3 layers."""
+    return one if count == 1 else many
+
+
 def related(event, note: str) -> Related | None:
     """A related location for an event, or None when the event has no location."""
     if event is None or event.loc is None:

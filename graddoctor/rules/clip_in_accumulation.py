@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import Rule, related
+from .base import Rule, related, times
 
 
 class ClipInAccumulation(Rule):
@@ -54,7 +54,7 @@ class ClipInAccumulation(Rule):
             yield self.finding(
                 f"this clip runs before the last micro-batch of the update: a later backward() adds "
                 f"more gradient to {a.names(pids)} before the optimizer step, so the update is "
-                f"not the clipped one (seen {len(items)} time(s))",
+                f"not the clipped one (seen {times(len(items))})",
                 loc,
                 related=(related(backward, "a later backward adds to the clipped gradients"),
                          related(step, "the step that applies the partly clipped sum")),

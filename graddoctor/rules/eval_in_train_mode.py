@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import Rule, related
+from .base import Rule, one_or_many, related
 
 
 class EvalInTrainMode(Rule):
@@ -62,7 +62,8 @@ class EvalInTrainMode(Rule):
             cause = next((c for c in (f.set_by.get(m) for m in mids) if c is not None and c.get("mode")), None)
             under = "torch.inference_mode()" if f.event.get("inference") else "torch.no_grad()"
             count = len(mids)
-            layers, their = (f"{count} BatchNorm layers", "their") if count > 1 else ("a BatchNorm layer", "its")
+            layers = one_or_many(count, "a BatchNorm layer", f"{count} BatchNorm layers")
+            their = one_or_many(count, "its", "their")
             dropout = any((f.states.get(m) or {}).get("layer") == "dropout" for m in f.modules)
             yield self.finding(
                 f"this forward runs under {under} with {layers} in train mode ({tl.names(mids)}) "

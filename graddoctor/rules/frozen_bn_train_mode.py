@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import Rule, related
+from .base import Rule, one_or_many, related
 
 
 class FrozenBnTrainMode(Rule):
@@ -76,16 +76,16 @@ class FrozenBnTrainMode(Rule):
                 f"trained by no optimizer ({tl.names(unowned)})" if unowned else "",
             ) if part)
             count = len(mids)
-            layers = (f"{count} BatchNorm layers" if count > 1 else "a BatchNorm layer") + \
+            layers = one_or_many(count, "a BatchNorm layer", f"{count} BatchNorm layers") + \
                 f" whose parameters are {what}"
-            their, them = ("their", "they drift") if count > 1 else ("its", "it drifts")
+            their, them = one_or_many(count, "its", "their"), one_or_many(count, "it drifts", "they drift")
             if cause is not None:
                 message = (f"this train() call puts {layers} in train mode: every training forward "
                            f"still updates {their} running statistics, so {them} to the statistics "
                            f"of these batches")
             else:
                 message = (f"this forward runs {layers} in train mode (nothing ever set "
-                           f"{'them' if count > 1 else 'it'} to eval): every training forward updates "
+                           f"{one_or_many(count, 'it', 'them')} to eval): every training forward updates "
                            f"{their} running statistics, so {them} to the statistics of these batches")
             freeze = None
             for mid in frozen:

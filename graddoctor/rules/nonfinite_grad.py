@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import Rule, related
+from .base import Rule, plural, related
 
 
 class NonfiniteGrad(Rule):
@@ -67,7 +67,7 @@ class NonfiniteGrad(Rule):
             yield self.finding(
                 f"{where} NaN/Inf gradients in {a.names(bad)}, and "
                 f"{a.optimizer_name(step['opt'])} applied them at step {index.get(step.seq)} "
-                f"({len(items)} step(s) affected)",
+                f"({plural(len(items), 'step')} affected)",
                 loc, step=index.get(step.seq),
                 related=(related(step, "the step that applies them"),) if source is not None else (),
                 evidence={"params": [a.param_name(p) for p in bad[:8]], "count": len(bad),

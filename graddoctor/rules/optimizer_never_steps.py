@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import Rule, related
+from .base import Rule, one_or_many, related
 
 # A replay that ended this way saw the whole loop (or enough of it) to say "never".
 JUDGED = ("completed", "step-limit", "backward-limit")
@@ -57,7 +57,7 @@ class OptimizerNeverSteps(Rule):
             if stepped:
                 others = ", ".join(sorted({a.optimizer_name(o) for o in stepped}))
                 message = (f"this {a.optimizer_name(opt)} is never stepped while {others} "
-                           f"{'is' if len(stepped) == 1 else 'are'} ({len(a.steps)} steps): "
+                           f"{one_or_many(len(stepped), 'is', 'are')} ({len(a.steps)} steps): "
                            f"backward() fills the gradients of {a.names(fed)}, and nothing applies "
                            f"them; if it is meant for a later stage of training, ignore this")
                 severity = Severity.WARNING

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import Rule, related
+from .base import Rule, one_or_many, related
 
 
 class TrainInEvalMode(Rule):
@@ -74,7 +74,7 @@ class TrainInEvalMode(Rule):
             ) if k in layers)
             yield self.finding(
                 f"this eval() is never undone: the training forward{at} runs {kinds} in eval mode "
-                f"({tl.names(mids)}) while gradients flow through {'them' if len(mids) > 1 else 'it'} "
+                f"({tl.names(mids)}) while gradients flow through {one_or_many(len(mids), 'it', 'them')} "
                 f"(optimizer step {f.step_index} "
                 f"follows): training continues, but {effect}",
                 where,
