@@ -117,11 +117,6 @@ class Trace:
         """pid -> its latest ``param`` event (name, shape, flags)."""
         return {e["pid"]: e for e in self.events if e.kind == "param"}
 
-    def param_name(self, pid: int) -> str:
-        event = self.params().get(pid)
-        name = event.get("name") if event else None
-        return name or f"param#{pid}"
-
     # -- JSON lines -------------------------------------------------------------------
     def dumps(self) -> str:
         return "".join(json.dumps(json_safe(e.to_json()), default=str, allow_nan=False) + "\n"
