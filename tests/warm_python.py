@@ -57,7 +57,8 @@ class _Warm:
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self.log, env=self.env, cwd=HERE)
+            stdout=subprocess.PIPE, stderr=self.log, cwd=HERE,
+            env={k: v for k, v in self.env.items() if k != "PYTHONIOENCODING"})  # see _stdio
         self.buffer = b""
         ready = self._message(time.monotonic() + STARTUP_TIMEOUT)
         if ready != {"ready": True}:
@@ -196,27 +197,26 @@ def _serve() -> dict:
 
 
 def _stdio(env: dict) -> None:
-    """New sys.stdin/stdout/stderr on file descriptors 0/1/2, made as the interpreter makes
-    them at start (not a terminal: stdout block-buffered, stderr line-buffered)."""
+    """New sys.stdin/stdout/stderr on file descriptors 0/1/2, made as the interpreter made this
+    process's own at its start (started without PYTHONIOENCODING), but for the encoding and
+    error handler that ``env``'s PYTHONIOENCODING gives (stderr keeps backslashreplace)."""
     import io
 
-    encoding, errors = sys.stdout.encoding, sys.stdout.errors
-    if env.get("PYTHONIOENCODING"):
-        given, _, given_errors = env["PYTHONIOENCODING"].partition(":")
-        encoding, errors = given or encoding, given_errors or ("strict" if given else errors)
-
-    def stream(fd, mode, name, errors, line_buffering):
-        buffer = io.open(fd, mode + "b", closefd=False)
-        buffer.raw.name = name
-        text = io.TextIOWrapper(buffer, encoding=encoding, errors=errors, newline="\n",
-                                line_buffering=line_buffering,
-                                write_through=bool(env.get("PYTHONUNBUFFERED")))
+    def stream(fd, mode, like, name, encoding, errors):
+        unbuffered = isinstance(like.buffer, io.RawIOBase)  # PYTHONUNBUFFERED
+        buffer = io.open(fd, mode + "b", buffering=0 if unbuffered else -1, closefd=False)
+        (buffer if unbuffered else buffer.raw).name = name
+        text = io.TextIOWrapper(buffer, encoding=encoding or like.encoding,
+                                errors=errors or like.errors, newline="\n",
+                                line_buffering=like.line_buffering, write_through=like.write_through)
         text.mode = mode
         return text
 
-    sys.stdin = sys.__stdin__ = stream(0, "r", "<stdin>", errors, False)
-    sys.stdout = sys.__stdout__ = stream(1, "w", "<stdout>", errors, False)
-    sys.stderr = sys.__stderr__ = stream(2, "w", "<stderr>", "backslashreplace", True)
+    encoding, _, errors = env.get("PYTHONIOENCODING", "").partition(":")
+    errors = errors or ("strict" if encoding else "")
+    sys.stdin = sys.__stdin__ = stream(0, "r", sys.__stdin__, "<stdin>", encoding, errors)
+    sys.stdout = sys.__stdout__ = stream(1, "w", sys.__stdout__, "<stdout>", encoding, errors)
+    sys.stderr = sys.__stderr__ = stream(2, "w", sys.__stderr__, "<stderr>", encoding, "")
 
 
 def _become(request: dict) -> None:
@@ -243,9 +243,20 @@ def _become(request: dict) -> None:
         sys.path[0] = os.getcwd()
         runpy._run_module_as_main(args[1], alter_argv=True)
     else:  # python script.py: sys.path[0] is the script's folder
+        import builtins
+        import types
+        from importlib.machinery import SourceFileLoader
+
         sys.argv = list(args)
         sys.path[0] = os.path.dirname(os.path.realpath(args[0]))
-        runpy.run_path(args[0], run_name="__main__")
+        main = types.ModuleType("__main__")
+        path = os.path.abspath(args[0])
+        main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                             __loader__=SourceFileLoader("__main__", path))
+        sys.modules["__main__"] = main
+        with open(path, "rb") as f:
+            source = f.read()
+        exec(compile(source, path, "exec"), main.__dict__)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -286,6 +297,19 @@ def _finalize(code: int, interrupted: bool) -> None:
     os._exit(code)
 
 
+def _program_frames(tb, module: bool):
+    """The traceback as the interpreter shows it: without this file's frames, nor (for a
+    script; ``python -m`` shows them) runpy's."""
+    import runpy
+
+    skip = {_program_frames.__code__.co_filename}
+    if not module:
+        skip.add(runpy._run_code.__code__.co_filename)
+    while tb is not None and tb.tb_frame.f_code.co_filename in skip:
+        tb = tb.tb_next
+    return tb
+
+
 def _child(request: dict) -> None:
     code, interrupted = 0, False
     try:
@@ -294,6 +318,7 @@ def _child(request: dict) -> None:
         except SystemExit as exc:
             code = _exit_code(exc)
         except BaseException as exc:
+            exc.__traceback__ = _program_frames(exc.__traceback__, request["args"][0] == "-m")
             sys.excepthook(type(exc), exc, exc.__traceback__)
             code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
         _finalize(code, interrupted)
