@@ -9,6 +9,7 @@ import json
 import os
 import textwrap
 
+import warm_python
 from conftest import FIXTURES, run_cli, run_cli_fresh
 from fixture_marks import read_marks
 from reliability_helpers import validate
@@ -66,6 +67,7 @@ def test_json_on_stdout_stays_pure_and_a_warm_fork_reports_the_same(tmp_path):
                  "a child process writes to stdout"):
         assert fresh.stderr.count(what) == 4, fresh.stderr[-3000:]
     warm = run_cli("check", "train.py", "-f", "json", cwd=tmp_path)
+    assert warm_python.last_run == "warm"
     assert (warm.returncode, warm.stderr) == (fresh.returncode, fresh.stderr)
     warm_report = json.loads(warm.stdout)
     for data in (warm_report, report):

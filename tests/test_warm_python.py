@@ -59,7 +59,7 @@ def test_a_warm_child_runs_a_script_as_a_fresh_interpreter_does(tmp_path, name, 
                            input="typed", env=cli_env(PYTHONIOENCODING=encoding), timeout=120)
     warm = run_python(*args, cwd=tmp_path, input="typed", PYTHONIOENCODING=encoding)
     assert (warm.returncode, warm.stdout, warm.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
-    assert warm_python._warm is not None and warm_python._warm.alive()  # it was not run fresh
+    assert warm_python.last_run == "warm"
 
 
 @pytest.mark.parametrize("name", ["exit code and prints", "uncaught exception",
@@ -82,7 +82,7 @@ def test_a_timeout_kills_the_child_and_its_children(tmp_path):
         """))
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as info:
-        run_python("prog.py", cwd=tmp_path, timeout=10)
+        run_python("prog.py", cwd=tmp_path, timeout=5)
     assert time.monotonic() - started < 60
     assert info.value.output.strip().isdigit(), (info.value.output, info.value.stderr)
     grandchild = int(info.value.output)
@@ -102,6 +102,10 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_changed_start_up_environment_runs_fresh(tmp_path):
+@pytest.mark.parametrize("value", ["1", ""])
+def test_a_changed_start_up_environment_gets_its_own_warm_process(tmp_path, value):
     (tmp_path / "prog.py").write_text("import sys\nprint(sys.flags.dont_write_bytecode)\n")
-    assert run_python("prog.py", cwd=tmp_path, PYTHONDONTWRITEBYTECODE="1").stdout == "1\n"
+    result = run_python("prog.py", cwd=tmp_path, PYTHONDONTWRITEBYTECODE=value)
+    assert result.stdout == ("1\n" if value else "0\n")
+    assert warm_python.last_run == "warm"
+    assert len(warm_python._warm) <= warm_python.KEEP

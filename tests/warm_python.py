@@ -16,9 +16,10 @@ a ``subprocess.CompletedProcess`` (or ``subprocess.TimeoutExpired``), as from
 
 What a warm child cannot show: the cost and side effects of the first import of torch (so the
 tests that check what gets imported, and a few end-to-end tests, start real interpreters).
-Environment variables that only matter when an interpreter or torch starts (``PYTHON*`` but
-``PYTHONIOENCODING``, ``OMP_*``, ``MKL_*``, ...) cannot change in a fork: a call that changes
-them runs a fresh interpreter instead. ``GRADDOCTOR_TESTS_FRESH=1`` makes every call fresh.
+Environment variables that may only matter when an interpreter or torch starts (``PYTHON*``
+but ``PYTHONIOENCODING``, ``OMP_*``, ``MKL_*``, ``TORCH*``, ...) cannot change in a fork: a call
+with other values gets a warm process started with them. ``GRADDOCTOR_TESTS_FRESH=1`` makes
+every call start a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -112,30 +113,32 @@ class _Warm:
         self.log.close()
 
 
-_warm: _Warm | None = None
+_warm: dict[frozenset, _Warm] = {}  # by start-up environment, the most recently used last
+KEEP = 2  # warm processes at most (~0.5 GB each)
 
 
 def _warm_for(env: dict) -> _Warm | None:
-    """The warm process for this environment, started when first needed; None when only a
-    fresh interpreter can honour ``env``."""
-    global _warm
+    """A warm process started with ``env``'s start-up variables (started when first needed:
+    torch itself may set one, e.g. TORCHINDUCTOR_CACHE_DIR, after the first has started);
+    None when every call is to run fresh."""
     if os.environ.get("GRADDOCTOR_TESTS_FRESH"):
         return None
-    if _warm is not None and _warm.alive() and _startup_env(_warm.env) == _startup_env(env):
-        return _warm
-    if _warm is not None and _warm.alive():
-        return None  # another start-up environment: not worth a second warm process
-    if _warm is not None:
-        _warm.close()
-    _warm = _Warm(env)
-    return _warm
+    key = frozenset(_startup_env(env).items())
+    warm = _warm.pop(key, None)
+    if warm is not None and not warm.alive():
+        warm.close()
+        warm = None
+    if warm is None:
+        while len(_warm) >= KEEP:
+            _warm.pop(next(iter(_warm))).close()
+        warm = _Warm(env)
+    _warm[key] = warm
+    return warm
 
 
 def stop() -> None:
-    global _warm
-    if _warm is not None:
-        _warm.close()
-        _warm = None
+    while _warm:
+        _warm.popitem()[1].close()
 
 
 def _text(data: bytes) -> str:
@@ -144,12 +147,17 @@ def _text(data: bytes) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+last_run = ""  # "warm" or "fresh": how the last run_python ran
+
+
 def run_python(args: list[str], *, cwd: str, env: dict, timeout: float | None = None,
                input: str | None = None) -> subprocess.CompletedProcess:
     """``python ARGS`` (``-m module ...`` or ``script.py ...``) in ``cwd`` with ``env``: like
     ``subprocess.run([sys.executable, *args], capture_output=True, text=True, ...)``."""
+    global last_run
     cmd = [sys.executable, *args]
     warm = _warm_for(env)
+    last_run = "fresh" if warm is None else "warm"
     if warm is None:
         return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout, input=input if input is not None else "")
