@@ -102,9 +102,9 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("value", ["1", ""])
-def test_a_changed_start_up_environment_gets_its_own_warm_process(tmp_path, value):
+def test_a_changed_start_up_environment_gets_its_own_warm_process(tmp_path):
     (tmp_path / "prog.py").write_text("import sys\nprint(sys.flags.dont_write_bytecode)\n")
+    value = "" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "1"  # not as the first one
     result = run_python("prog.py", cwd=tmp_path, PYTHONDONTWRITEBYTECODE=value)
     assert result.stdout == ("1\n" if value else "0\n")
     assert warm_python.last_run == "warm"
