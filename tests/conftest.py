@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+import warm_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "fixtures")
 
@@ -17,8 +19,22 @@ def cli_env(**extra) -> dict:
     return env
 
 
+def run_python(*args, cwd=None, timeout=120, input=None, **env) -> subprocess.CompletedProcess:
+    """``python ARGS`` as its own process, forked from a warm interpreter that has torch and
+    graddoctor imported already (tests/warm_python.py): the process-level behaviour of a real
+    run (exit codes, file descriptors, os._exit, hangs, signals) without ~3 s of start-up."""
+    return warm_python.run_python(list(args), cwd=cwd or ROOT, env=cli_env(**env),
+                                  timeout=timeout, input=input)
+
+
 def run_cli(*args, cwd=None, timeout=120, input=None, **env) -> subprocess.CompletedProcess:
-    """Run the real CLI in a fresh interpreter: ``python -m graddoctor ...``."""
+    """The real CLI, ``python -m graddoctor ARGS``, as its own process (forked warm: see
+    run_python)."""
+    return run_python("-m", "graddoctor", *args, cwd=cwd, timeout=timeout, input=input, **env)
+
+
+def run_cli_fresh(*args, cwd=None, timeout=300, input=None, **env) -> subprocess.CompletedProcess:
+    """The real CLI in a fresh interpreter, start-up included: for the few end-to-end tests."""
     return subprocess.run(
         [sys.executable, "-m", "graddoctor", *args], cwd=cwd or ROOT, env=cli_env(**env),
         capture_output=True, text=True, timeout=timeout, input=input if input is not None else "",
@@ -28,3 +44,7 @@ def run_cli(*args, cwd=None, timeout=120, input=None, **env) -> subprocess.Compl
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def pytest_sessionfinish(session, exitstatus):
+    warm_python.stop()

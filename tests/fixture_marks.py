@@ -1,6 +1,9 @@
-"""Read the ``# expect: slug`` marks of a fixture script (DESIGN §7).
+"""Read the ``# expect: slug`` marks of a fixture script (DESIGN §7) and compare them with what
+a check found.
 
-``# expect: a, b`` — two findings on that line; ``# expect: a|b`` — either one.
+``# expect: slug`` — a finding of that rule at that line, at the rule's default severity
+(``graddoctor.rules.find_rule(slug).severity``); ``# expect: slug(info)`` — at another
+severity; ``# expect: a, b`` — two findings on that line; ``# expect: a|b(info)`` — either one.
 ``# graddoctor-args: --steps 4`` anywhere in the file — extra CLI options for that fixture.
 """
 
@@ -10,14 +13,56 @@ import re
 import shlex
 from dataclasses import dataclass
 
-MARK = re.compile(r"#\s*expect:\s*([\w\-|, ]+)")
+from graddoctor.rules import find_rule
+
+MARK = re.compile(r"#\s*expect:\s*([\w\-|, ()]+)")
 ARGS = re.compile(r"#\s*graddoctor-args:\s*(.+)$")
+ALTERNATIVE = re.compile(r"^([\w\-]+)\s*(?:\(\s*(info|warning|error)\s*\))?$")
+SEVERITIES = ("info", "warning", "error")
 
 
 @dataclass(frozen=True)
 class Expectation:
     line: int
-    alternatives: frozenset[str]  # any one of these slugs satisfies it
+    alternatives: frozenset[tuple[str, str]]  # (slug, severity); any one of these satisfies it
+
+    def __str__(self) -> str:
+        return "|".join(f"{slug}({severity})" for slug, severity in sorted(self.alternatives))
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A finding as the harness compares it: where (``path``/``line`` None when the finding
+    has no location), which rule, how severe."""
+    path: str | None
+    line: int | None
+    slug: str
+    severity: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.path is not None else "(no location)"
+        return f"{self.severity} {self.slug} at {where}"
+
+
+def parse_alternative(text: str) -> tuple[str, str]:
+    """``slug`` or ``slug(severity)`` -> (slug, severity); the rule must exist."""
+    match = ALTERNATIVE.match(text.strip())
+    if not match:
+        raise ValueError(f"bad expect mark {text!r}: write slug or slug(info|warning|error)")
+    slug, severity = match.groups()
+    rule = find_rule(slug)
+    if rule is None or rule.slug != slug:
+        raise ValueError(f"expect mark {text!r}: no rule has the slug {slug!r}")
+    return slug, severity or rule.severity.value
+
+
+def parse_mark(line: int, text: str) -> list[Expectation]:
+    expectations = []
+    for group in text.split(","):
+        alternatives = [a for a in group.split("|") if a.strip()]
+        if alternatives:
+            expectations.append(Expectation(line, frozenset(map(parse_alternative, alternatives))))
+    return expectations
 
 
 def read_marks(path: str) -> tuple[list[Expectation], list[str]]:
@@ -27,29 +72,34 @@ def read_marks(path: str) -> tuple[list[Expectation], list[str]]:
         for number, text in enumerate(f, start=1):
             mark = MARK.search(text)
             if mark:
-                for group in mark.group(1).split(","):
-                    slugs = frozenset(s.strip() for s in group.split("|") if s.strip())
-                    if slugs:
-                        expectations.append(Expectation(number, slugs))
+                expectations.extend(parse_mark(number, mark.group(1)))
             extra = ARGS.search(text)
             if extra:
                 args.extend(shlex.split(extra.group(1)))
     return expectations, args
 
 
-def compare(expectations: list[Expectation], findings: list[tuple[int, str, str]]) -> list[str]:
-    """Problems between marks and findings ``(line, slug, severity)``; [] when they agree.
+def _meets(seen: Seen, exp: Expectation, path: str) -> bool:
+    return seen.path == path and seen.line == exp.line and (seen.slug, seen.severity) in exp.alternatives
 
-    Every mark must be met by a finding at its line; every error or warning must be marked.
-    Unmarked ``info`` findings are allowed (clean fixtures expect no error/warning).
+
+def compare(expectations: list[Expectation], findings: list[Seen], path: str) -> list[str]:
+    """Problems between the marks of the fixture ``path`` and the findings of its check; []
+    when they agree.
+
+    Every mark must be met by a finding in ``path`` at its line, of one of its slugs at that
+    slug's severity. Every finding at warning or above — in any file, with or without a
+    location — must meet a mark. Unmarked ``info`` findings are allowed.
     """
     problems = []
     for exp in expectations:
-        if not any(line == exp.line and slug in exp.alternatives for line, slug, _ in findings):
-            problems.append(f"line {exp.line}: expected {'|'.join(sorted(exp.alternatives))}, not reported")
-    for line, slug, severity in findings:
-        if severity == "info":
-            continue
-        if not any(exp.line == line and slug in exp.alternatives for exp in expectations):
-            problems.append(f"line {line}: unexpected {severity} {slug}")
+        if not any(_meets(seen, exp, path) for seen in findings):
+            near = [str(s) for s in findings if s.path == path and s.line == exp.line]
+            problems.append(f"line {exp.line}: expected {exp}, not reported"
+                            + (f" (reported there: {', '.join(near)})" if near else ""))
+    for seen in findings:
+        if seen.severity not in SEVERITIES:
+            problems.append(f"unknown severity: {seen}")
+        elif seen.severity != "info" and not any(_meets(seen, exp, path) for exp in expectations):
+            problems.append(f"unexpected {seen}")
     return problems

@@ -1,4 +1,5 @@
-"""graddoctor check end to end: statuses, exit codes, usage errors, the user's numbers."""
+"""graddoctor check end to end: statuses, exit codes, usage errors, the user's numbers (each
+``python -m graddoctor`` its own process, forked warm: see conftest.run_cli)."""
 
 from __future__ import annotations
 
@@ -141,16 +142,13 @@ torch.save(model.state_dict(), sys.argv[1])
 
 
 def test_parameters_bit_identical_with_and_without_graddoctor(tmp_path):
-    import subprocess
-    import sys
-
     import torch
 
-    from conftest import cli_env
+    from conftest import run_python
 
     write(tmp_path, "train.py", SEEDED)
-    plain = subprocess.run([sys.executable, "train.py", "plain.pt"], cwd=tmp_path, env=cli_env())
-    assert plain.returncode == 0
+    plain = run_python("train.py", "plain.pt", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
     checked = run_cli("check", "train.py", "--steps", "0", "--", "checked.pt", cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     a = torch.load(tmp_path / "plain.pt")

@@ -1,4 +1,7 @@
-"""Every fixture script through the real CLI; findings must match its ``# expect:`` marks."""
+"""Every fixture script checked in-process through the library (``run_check``); its findings
+must match its ``# expect:`` marks (tests/fixture_marks.py): each mark met at its line by its
+slug at its severity, and no unmarked warning or error anywhere. The CLI's own path is covered
+by tests/test_end_to_end.py and the CLI tests."""
 
 from __future__ import annotations
 
@@ -7,32 +10,55 @@ import json
 import os
 
 import pytest
+import typer
 
-from conftest import FIXTURES, run_cli
-from fixture_marks import compare, read_marks
+from conftest import FIXTURES
+from fixture_marks import Seen, compare, read_marks
+from graddoctor.check import run_check
+from graddoctor.cli import app
+from graddoctor.options import CheckOptions
+from graddoctor.report.json_format import render
 
 FIXTURE_FILES = sorted(glob.glob(os.path.join(FIXTURES, "**", "*.py"), recursive=True))
+
+
+def options_for(name: str, cli_args: list[str]) -> CheckOptions:
+    """The CheckOptions that ``graddoctor check NAME CLI_ARGS`` would run with (parsed by the
+    CLI's own option parser; the fixture folders have no [tool.graddoctor] to merge)."""
+    command = typer.main.get_command(app).commands["check"]
+    with command.make_context("check", [name, *cli_args]) as ctx:
+        p = ctx.params
+    return CheckOptions(target=name, args=tuple(p["script_args"] or ()), module=p["module"],
+                        steps=p["steps"], timeout=p["timeout"] or None,
+                        epoch_batches=p["epoch_batches"], device=p["device"].value,
+                        select=tuple(p["select"] or ()), ignore=tuple(p["ignore"] or ()))
 
 
 def test_there_are_fixtures():
     assert len(FIXTURE_FILES) >= 20
 
 
+def test_options_for_reads_the_fixture_args():
+    options = options_for("x.py", ["--steps", "0", "--epoch-batches", "5"])
+    assert (options.target, options.steps, options.epoch_batches) == ("x.py", 0, 5)
+    assert options_for("x.py", []) == CheckOptions(target="x.py")
+
+
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: os.path.relpath(p, FIXTURES))
-def test_fixture(path):
+def test_fixture(path, monkeypatch):
     expectations, extra_args = read_marks(path)
     name = os.path.basename(path)
     if name.startswith("good_"):
         assert not expectations, "clean fixtures carry no expect marks"
     else:
+        assert name.startswith("bad_"), "fixtures are named good_*.py or bad_*.py"
         assert expectations, "buggy fixtures must mark the lines findings point at"
-    result = run_cli("check", name, "--format", "json", "--fail-on", "never", *extra_args,
-                     cwd=os.path.dirname(path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    assert report["run"]["status"] in ("completed", "step-limit"), report["run"]
-    assert not report["internal_errors"], report["internal_errors"]
-    found = [(f["location"]["line"], f["rule"], f["severity"]) for f in report["findings"]
-             if f["location"] and os.path.basename(f["location"]["path"]) == name]
-    problems = compare(expectations, found)
-    assert not problems, "\n".join(problems) + "\n" + json.dumps(report["findings"], indent=1)[:4000]
+    monkeypatch.chdir(os.path.dirname(path))  # as `cd fixtures/...; graddoctor check NAME`
+    report = run_check(options_for(name, extra_args))
+    assert report.run.status in ("completed", "step-limit"), report.run
+    assert not report.internal_errors, report.internal_errors
+    found = [Seen(f.location.path if f.location else None, f.location.line if f.location else None,
+                  f.rule, f.severity.value) for f in report.findings]
+    problems = compare(expectations, found, name)
+    assert not problems, "\n".join(problems) + "\n" + json.dumps(
+        json.loads(render(report))["findings"], indent=1)[:4000]

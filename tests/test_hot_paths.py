@@ -105,12 +105,10 @@ def test_deferred_device_values_are_read_once_at_the_end():
 
 def test_the_hot_paths_script_runs_on_the_current_instrumentation():
     """benchmarks/hot_paths.py calls watcher internals directly: keep it in step with them."""
-    import subprocess
-    import sys
+    from conftest import run_python
 
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "hot_paths.py"),
-                             "--only", "mlp", "--steps", "10"], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_python(os.path.join(ROOT, "benchmarks", "hot_paths.py"), "--only", "mlp",
+                        "--steps", "10", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     for piece in ("graph walk", "grads before + after a backward", "step pass", "grad_norms",
                   "total graddoctor"):

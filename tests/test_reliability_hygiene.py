@@ -18,7 +18,7 @@ import torch.nn.utils.clip_grad
 import torch.optim.lr_scheduler
 import torch.utils.data
 
-from conftest import cli_env, run_cli
+from conftest import cli_env, run_cli, run_cli_fresh
 from graddoctor.check import run_check
 from graddoctor.options import CheckOptions
 from reliability_helpers import MISBEHAVE, SCRIPTS
@@ -207,12 +207,13 @@ def test_two_runs_give_the_same_report_from_the_cli(tmp_path):
 
 
 def test_results_are_bit_identical_with_and_without_graddoctor(tmp_path):
+    """Two fresh interpreters, as the user runs them (start-up included, not forked warm)."""
     script = os.path.join(SCRIPTS, "seeded_train.py")
     plain = subprocess.run([sys.executable, script, str(tmp_path / "plain.pt")], env=cli_env(),
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=300)
     assert plain.returncode == 0, plain.stderr
-    checked = run_cli("check", "--steps", "0", "--fail-on", "never", script, "--",
-                      str(tmp_path / "checked.pt"))
+    checked = run_cli_fresh("check", "--steps", "0", "--fail-on", "never", script, "--",
+                            str(tmp_path / "checked.pt"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     a = torch.load(tmp_path / "plain.pt", weights_only=False)
     b = torch.load(tmp_path / "checked.pt", weights_only=False)

@@ -5,10 +5,19 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
 from rich.console import Console
 
 from graddoctor.report.text import render, render_to, wants_color
 from report_samples import sample_report
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    """The sample script is ``train.py`` in the working folder, as after `graddoctor check
+    train.py`: where the report wraps must not depend on how long pytest's temporary folder's
+    path is (longer under pytest-xdist workers, or for a long user name)."""
+    monkeypatch.chdir(tmp_path)
 
 
 def draw(report, width=110, **kw) -> str:
@@ -18,7 +27,7 @@ def draw(report, width=110, **kw) -> str:
 
 
 def test_header_names_script_device_torch_steps_and_status(tmp_path):
-    out = draw(sample_report(str(tmp_path)))
+    out = draw(sample_report(""))
     head = "\n".join(out.splitlines()[:4])
     assert "train.py" in head
     assert "device cpu" in head and "torch 2.13.0+cpu" in head
@@ -27,7 +36,7 @@ def test_header_names_script_device_torch_steps_and_status(tmp_path):
 
 
 def test_findings_are_grouped_by_severity_with_suppressed_last(tmp_path):
-    out = draw(sample_report(str(tmp_path)))
+    out = draw(sample_report(""))
     titles = [out.index(t) for t in ("1 error", "1 warning", "1 info", "1 suppressed")]
     assert titles == sorted(titles), out
     assert out.index("GD101 missing-zero-grad") < titles[1] < out.index("GD106 param-without-grad")
@@ -36,7 +45,7 @@ def test_findings_are_grouped_by_severity_with_suppressed_last(tmp_path):
 
 
 def test_each_finding_shows_source_line_marked_related_and_fix(tmp_path):
-    out = draw(sample_report(str(tmp_path)))
+    out = draw(sample_report(""))
     block = out[out.index("GD101 missing-zero-grad"):out.index("1 warning")]
     assert "train.py:4" in block
     assert "gradients from step 1 are applied again" in block
@@ -49,12 +58,12 @@ def test_each_finding_shows_source_line_marked_related_and_fix(tmp_path):
 
 
 def test_finding_without_location_renders(tmp_path):
-    out = draw(sample_report(str(tmp_path)))
+    out = draw(sample_report(""))
     assert "(no location in the code)" in out
 
 
 def test_timeline_shows_each_update_shape_once_with_offender_highlighted(tmp_path):
-    out = draw(sample_report(str(tmp_path)))
+    out = draw(sample_report(""))
     section = out[out.index("update timeline"):]
     lines = [line for line in section.splitlines() if "→" in line]
     # the first update of each epoch starts at the epoch; the second ends with the scheduler
@@ -69,12 +78,12 @@ def test_timeline_shows_each_update_shape_once_with_offender_highlighted(tmp_pat
 
 
 def test_verdict_is_the_last_line(tmp_path):
-    out = draw(sample_report(str(tmp_path)))
+    out = draw(sample_report(""))
     assert out.rstrip().splitlines()[-1] == "✗ 1 error, 1 warning, 1 info, 1 suppressed"
 
 
 def test_verdict_clean_and_could_not_check(tmp_path):
-    report = sample_report(str(tmp_path), suppressed=False)
+    report = sample_report("", suppressed=False)
     report.findings = [f for f in report.findings if f.severity.value == "info"]
     assert draw(report).rstrip().splitlines()[-1] == "✓ no gradient bugs found in 4 optimizer steps (1 info)"
     report.run.status, report.run.steps, report.run.backward_calls = "no-training-loop", 0, 0
@@ -82,13 +91,13 @@ def test_verdict_clean_and_could_not_check(tmp_path):
 
 
 def test_crashed_run_shows_the_script_error(tmp_path):
-    out = draw(sample_report(str(tmp_path), status="crashed"))
+    out = draw(sample_report("", status="crashed"))
     assert "script error at" in out and "RuntimeError: boom" in out
     assert "the replay ended early: crashed after 4 steps" in out.splitlines()[-1]
 
 
 def test_grad_flow_bars_per_layer(tmp_path):
-    report = sample_report(str(tmp_path))
+    report = sample_report("")
     assert "gradient flow" not in draw(report)
     out = draw(report, grad_flow=True)
     section = out[out.index("gradient flow"):]
@@ -101,7 +110,7 @@ def test_grad_flow_bars_per_layer(tmp_path):
 
 
 def test_plain_text_without_color_and_ansi_with_color(tmp_path):
-    report = sample_report(str(tmp_path))
+    report = sample_report("")
     plain = render(report, width=100, color=False)
     assert "\x1b[" not in plain and "GD101" in plain
     colored = render(report, width=100, color=True)
