@@ -16,7 +16,7 @@ from conftest import FIXTURES
 from fixture_marks import Seen, compare, read_marks
 from graddoctor.check import run_check
 from graddoctor.cli import app
-from graddoctor.options import CheckOptions
+from graddoctor.options import OPTIONS, CheckOptions
 from graddoctor.report.json_format import render
 
 FIXTURE_FILES = sorted(glob.glob(os.path.join(FIXTURES, "**", "*.py"), recursive=True))
@@ -28,10 +28,8 @@ def options_for(name: str, cli_args: list[str]) -> CheckOptions:
     command = typer.main.get_command(app).commands["check"]
     with command.make_context("check", [name, *cli_args]) as ctx:
         p = ctx.params
-    return CheckOptions(target=name, args=tuple(p["script_args"] or ()), module=p["module"],
-                        steps=p["steps"], timeout=p["timeout"] or None,
-                        epoch_batches=p["epoch_batches"], device=p["device"].value,
-                        select=tuple(p["select"] or ()), ignore=tuple(p["ignore"] or ()))
+    return CheckOptions(target=name, args=tuple(p["script_args"] or ()),
+                        **{o.field: p[o.name] for o in OPTIONS.values() if o.field})
 
 
 def test_there_are_fixtures():
