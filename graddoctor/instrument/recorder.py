@@ -89,6 +89,10 @@ class Recorder:
         # its exception is raised at the next safe point
         self.stop_conditions = conditions(step_budget) if stop_conditions is None else stop_conditions
         self._stop: tuple[type[StopReplay], str] | None = None
+        # per moment, only the conditions that answer it (count_backward runs every backward)
+        self._asked = {moment: [c for c in self.stop_conditions
+                                if getattr(type(c), moment) is not getattr(StopCondition, moment)]
+                       for moment in ("after_step", "after_backward")}
         # tensors we track: id(tensor) -> pid, and pid -> weakref(tensor)
         self._pid_of: dict[int, int] = {}
         self._tensor: list[weakref.ref] = []  # pid -> weakref (pids are 0, 1, 2, ...)
@@ -279,7 +283,7 @@ class Recorder:
     def _ask(self, moment: str) -> None:
         if self._stop is not None:
             return
-        for condition in self.stop_conditions:
+        for condition in self._asked[moment]:
             try:
                 reason = getattr(condition, moment)(self)
             except Exception as exc:
