@@ -163,3 +163,34 @@ def test_trace_round_trips_through_json_lines():
     again = Trace.loads(trace.dumps())
     assert [e.to_json() for e in again] == [e.to_json() for e in trace]
     assert slugs(again) == slugs(trace)
+
+
+def _lbfgs(t: TraceBuilder, clear_inside: bool, evaluations: int = 4):
+    """One ``step(closure)`` of an L-BFGS-like optimizer evaluating its closure several times."""
+    from graddoctor import events as ev
+
+    t.optimizer(0, [0, 1], line=3, cls="LBFGS")
+    t.clear([0, 1], line=20)
+    t.put(ev.step_begin(opt=0, norm_pids=[], norms=[], closure=True), line=21)
+    for i in range(evaluations):
+        if clear_inside:
+            t.clear([0, 1], line=14)
+        if clear_inside or i == 0:
+            t.backward(fresh=[0, 1], line=16, in_step=0)
+        else:
+            t.backward(accumulated=[0, 1], line=16, in_step=0)
+    t.step(0, line=21, closure=True)
+    return t.trace
+
+
+def test_a_closure_that_never_clears_is_caught_on_a_single_step():
+    trace = _lbfgs(TraceBuilder(), clear_inside=False)
+    assert slugs(trace) == [("missing-zero-grad", 16)]
+    (finding,) = [f for f in analyze(trace)[0] if f.rule == "missing-zero-grad"]
+    assert "closure" in finding.message and "closure" in finding.fix
+    assert [r.location.line for r in finding.related] == [21]  # not its own line again
+
+
+def test_a_closure_that_clears_is_silent_and_one_evaluation_is_not_a_phase_of_its_own():
+    assert slugs(_lbfgs(TraceBuilder(), clear_inside=True)) == []
+    assert slugs(_lbfgs(TraceBuilder(), clear_inside=False, evaluations=1)) == []

@@ -109,6 +109,7 @@ def build_ledger(a: "Analysis") -> Ledger:
     phase = 0
     stepped_in_phase = True  # so the first backward opens phase 1
     in_closure = False  # between step_begin(closure) and its step: L-BFGS re-evaluations
+    evaluations = 0  # closure evaluations (backwards) so far inside the running step(closure)
     last_epoch_start = -1  # seq of the latest DataLoader epoch_start
     # for the clip rules
     used_by: dict[int, Event] = {}  # pid -> the step that used its latest gradient
@@ -127,6 +128,12 @@ def build_ledger(a: "Analysis") -> Ledger:
             # the top of the epoch) is the end of an epoch, not a misplaced clear
             pending = [d for d in pending if d.followed]
         elif kind == "backward":
+            if in_closure and e.get("in_step") is not None:
+                # every closure evaluation is its own phase: L-BFGS needs the gradient at the
+                # point it evaluates, so one that adds onto the previous evaluation's is stale
+                if evaluations and not stepped_in_phase:
+                    phase += 1
+                evaluations += 1
             if stepped_in_phase:
                 phase += 1
                 stepped_in_phase = False
@@ -183,6 +190,7 @@ def build_ledger(a: "Analysis") -> Ledger:
                 clipped[pid] = e
         elif kind == "step_begin":
             in_closure = bool(e.get("closure"))
+            evaluations = 0
         elif kind == "step":
             in_closure = False
             stepped_in_phase = True

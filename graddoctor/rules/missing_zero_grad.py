@@ -50,14 +50,27 @@ class MissingZeroGrad(Rule):
             old = first.old[-1]
             pids = [u.pid for u in uses]
             consumed = old.consumed_by[0] if old.consumed_by else None
+            backward = first.fresh[0].backward
+            in_closure = backward.get("in_step") is not None and consumed in (None, first.step)
+            if in_closure:
+                consumed = None  # the earlier evaluation was not applied by a step of its own
+                message = (f"this backward() in the optimizer's closure adds onto the gradients of "
+                           f"its previous evaluation: {a.names(pids)} are never cleared inside the "
+                           f"closure, so {a.optimizer_name(first.opt)} sees the sum of the gradients "
+                           f"at every point it tried, not the gradient at the current one (first "
+                           f"seen at step {first.step_index})")
+                fix = "call optimizer.zero_grad() at the start of the closure, before the forward pass"
+            else:
+                message = (f"this backward() adds onto gradients an earlier step already used: "
+                           f"{a.names(pids)} are never cleared, so every optimizer step applies the "
+                           f"sum of all gradients so far (first seen at step {first.step_index})")
+                fix = None
             yield self.finding(
-                f"this backward() adds onto gradients an earlier step already used: "
-                f"{a.names(pids)} are never cleared, so every optimizer step applies the sum "
-                f"of all gradients so far (first seen at step {first.step_index})",
-                loc,
+                message, loc, fix=fix,
                 related=(
-                    related(consumed, "the step that already applied these gradients")
-                    if consumed else related(old.backward, "the backward that produced them"),
+                    related(consumed, "the step that already applied these gradients") if consumed
+                    else None if old.backward.loc == loc  # the same line: the closure's earlier call
+                    else related(old.backward, "the backward that produced them"),
                     related(first.step, "the step that applies them again"),
                 ),
                 step=first.step_index,
