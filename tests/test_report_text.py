@@ -132,3 +132,12 @@ def test_wants_color_only_on_a_terminal_without_no_color(monkeypatch):
     assert wants_color(Tty())
     monkeypatch.setenv("TERM", "dumb")
     assert not wants_color(Tty())
+
+
+def test_backward_calls_without_any_step_never_read_as_clean(tmp_path):
+    report = sample_report("", suppressed=False)
+    report.findings = [f for f in report.findings if f.severity.value == "info"]
+    report.run.steps, report.run.backward_calls = 0, 40
+    last = draw(report).rstrip().splitlines()[-1]
+    assert not last.startswith("✓") and "no gradient bugs found" not in last
+    assert last.startswith("! no optimizer step in 40 backward calls"), last

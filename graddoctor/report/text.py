@@ -113,6 +113,10 @@ def verdict(report: Report) -> Text:
     if counts["error"] or counts["warning"]:
         return Text.assemble(("✗ ", "bold red"), ", ".join(parts), (tail, "dim"))
     found = f" ({', '.join(parts[2:])})" if counts["info"] else ""
+    if run.steps == 0:  # backward calls and no optimizer step: the step checks had nothing to judge
+        return Text.assemble(("! ", "bold yellow"),
+                             f"no optimizer step in {_plural(run.backward_calls, 'backward call')}: "
+                             f"the checks of what a step applies could not run{found}", (tail, "dim"))
     return Text.assemble(("✓ ", "bold green"),
                          f"no gradient bugs found in {_plural(run.steps, 'optimizer step')}{found}",
                          (tail, "dim"))
