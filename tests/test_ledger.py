@@ -194,3 +194,21 @@ def test_a_closure_that_never_clears_is_caught_on_a_single_step():
 def test_a_closure_that_clears_is_silent_and_one_evaluation_is_not_a_phase_of_its_own():
     assert slugs(_lbfgs(TraceBuilder(), clear_inside=True)) == []
     assert slugs(_lbfgs(TraceBuilder(), clear_inside=False, evaluations=1)) == []
+
+
+def test_a_window_holds_only_gradients_applied_for_the_first_time():
+    """Missing zero_grad in an accumulation loop: each step re-applies every earlier gradient,
+    but its accumulation window is still the k backwards it applies for the first time (the
+    re-application is missing-zero-grad's finding, not a window of growing k)."""
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=3)
+    for i in range(12):
+        if i == 0:
+            t.backward(fresh=[0, 1], line=14)
+        else:
+            t.backward(accumulated=[0, 1], line=14)
+        if (i + 1) % 4 == 0:
+            t.step(0, line=16)
+    (windows,) = Analysis(t.trace).windows.values()
+    assert [w.k for w in windows] == [4, 4, 4]
+    assert slugs(t.trace) == [("missing-zero-grad", 14)]

@@ -93,7 +93,9 @@ class Ledger:
     old_uses: list[OldUse] = field(default_factory=list)
     discards: list[Discard] = field(default_factory=list)  # confirmed: later_step is set
     first_contribution: dict[int, Event] = field(default_factory=dict)  # pid -> first backward
-    windows: dict[int, list[Event]] = field(default_factory=dict)  # step seq -> backwards it consumed
+    # step seq -> the backwards whose gradients it applied for the first time (its accumulation
+    # window; gradients applied again are the missing zero_grad's, not a larger window)
+    windows: dict[int, list[Event]] = field(default_factory=dict)
     clips: list[ClipState] = field(default_factory=list)
     clip_overwrites: list[ClipOverwrite] = field(default_factory=list)
 
@@ -219,7 +221,8 @@ def build_ledger(a: "Analysis") -> Ledger:
                     led.old_uses.append(OldUse(e, index, opt, pid, phase, old,
                                                [c for c in cs if c.phase == phase], between))
                 for c in cs:
+                    if not c.consumed_by:  # a window holds what a step applies for the first time;
+                        consumed.setdefault(c.backward.seq, c.backward)  # re-applied: missing zero_grad
                     c.consumed_by.append(e)
-                    consumed.setdefault(c.backward.seq, c.backward)
             led.windows[e.seq] = [consumed[seq] for seq in sorted(consumed)]
     return led
