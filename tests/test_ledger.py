@@ -212,3 +212,23 @@ def test_a_window_holds_only_gradients_applied_for_the_first_time():
     (windows,) = Analysis(t.trace).windows.values()
     assert [w.k for w in windows] == [4, 4, 4]
     assert slugs(t.trace) == [("missing-zero-grad", 14)]
+
+
+def test_a_backward_that_leaks_into_cleared_grads_is_named_as_the_source():
+    """D is cleared every iteration, but the generator's backward (through an undetached D)
+    writes D's grads after that clear: the finding names that backward, not 'never cleared'."""
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=8)  # G
+    t.optimizer(1, [1], line=9)  # D
+    for i in range(3):
+        t.clear([1], opt=1, line=12)
+        t.clear([0], opt=0, line=13)
+        t.backward(fresh=[0, 1], line=15)  # generator loss through D
+        t.step(0, line=16)
+        t.backward(accumulated=[1], line=18)  # D's own loss
+        t.step(1, line=19)
+    (finding,) = [f for f in analyze(t.trace)[0] if f.rule == "missing-zero-grad"]
+    assert finding.location.line == 18
+    assert "are cleared (line 12)" in finding.message and "backward at line 15" in finding.message
+    assert [(r.location.line, r.note) for r in finding.related][0] == (
+        15, "the backward whose gradients leak into this step")

@@ -49,17 +49,30 @@ class MissingZeroGrad(Rule):
             first = uses[0]
             old = first.old[-1]
             pids = [u.pid for u in uses]
-            consumed = old.consumed_by[0] if old.consumed_by else None
+            # the step that applied the old gradient before this one (None: this step is the first)
+            consumed = next((s for s in old.consumed_by if s.seq < first.step.seq), None)
             backward = first.fresh[0].backward
-            in_closure = backward.get("in_step") is not None and consumed in (None, first.step)
+            in_closure = backward.get("in_step") is not None and consumed is None
+            mine = set(a.opt_params.get(first.opt, ()))
+            cleared = [c for c in a.of_kind("clear") if c.seq < old.backward.seq and mine & set(c["params"])]
+            leak = consumed is None and not in_closure and cleared and old.backward.loc != loc
             if in_closure:
-                consumed = None  # the earlier evaluation was not applied by a step of its own
                 message = (f"this backward() in the optimizer's closure adds onto the gradients of "
                            f"its previous evaluation: {a.names(pids)} are never cleared inside the "
                            f"closure, so {a.optimizer_name(first.opt)} sees the sum of the gradients "
                            f"at every point it tried, not the gradient at the current one (first "
                            f"seen at step {first.step_index})")
                 fix = "call optimizer.zero_grad() at the start of the closure, before the forward pass"
+            elif leak:  # cleared every update, but another backward writes in after the clear
+                message = (f"{a.names(pids)} are cleared (line {cleared[-1].loc.line if cleared[-1].loc else '?'}), "
+                           f"but the backward at line {old.backward.loc.line if old.backward.loc else '?'} "
+                           f"writes into their gradients after that clear and before "
+                           f"{a.optimizer_name(first.opt)} steps: this backward adds onto them, so the "
+                           f"step applies that other loss's gradient too (e.g. a generator loss through "
+                           f"an undetached discriminator; first seen at step {first.step_index})")
+                fix = ("clear right before this backward (after the other loss's step), or keep the "
+                       "other loss out of these parameters: detach, or requires_grad_(False) on them "
+                       "while it runs")
             else:
                 message = (f"this backward() adds onto gradients an earlier step already used: "
                            f"{a.names(pids)} are never cleared, so every optimizer step applies the "
@@ -70,8 +83,10 @@ class MissingZeroGrad(Rule):
                 related=(
                     related(consumed, "the step that already applied these gradients") if consumed
                     else None if old.backward.loc == loc  # the same line: the closure's earlier call
-                    else related(old.backward, "the backward that produced them"),
-                    related(first.step, "the step that applies them again"),
+                    else related(old.backward, "the backward whose gradients leak into this step"
+                                 if leak else "the backward that produced them"),
+                    related(first.step, "the step that applies them" if leak or in_closure
+                            else "the step that applies them again"),
                 ),
                 step=first.step_index,
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
