@@ -30,7 +30,14 @@ step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm 
                    not measured: every grad was already seen finite by a clip_grad_norm_ or
                    GradScaler.unscale_ and is unchanged since; measured anyway on each optimizer's
                    first update and from the step budget's last update on),
-                   nonfinite [pid] (grads with NaN/Inf)
+                   nonfinite [pid] (grads with NaN/Inf),
+                   frozen [[pid, moved_by, freeze]] (owned params with requires_grad False and a
+                   .grad that is not None: the step updates them, torch skips only a None grad;
+                   not checked for closure steps. moved_by: what moves such a param when its grad
+                   is zero — "weight_decay", "momentum" (SGD/RMSprop buffer), "moments" (Adam
+                   family), "unknown" (an optimizer class graddoctor does not know), or None
+                   (nothing: plain SGD, Adagrad, lr 0); freeze: seq of the param's latest freeze
+                   event, or None)
 step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epoch, see
@@ -55,7 +62,8 @@ mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, 
 mode_forward       training, grad, inference, modules [mid], grad_modules [mid] (gradient flows
                    through), calls, recalibrating — one per call line and mode while no other
                    event happens (loc: the user's call of the outermost module)
-freeze             calls (parameters frozen from this line with requires_grad_(False))
+freeze             calls (parameters frozen from this line with requires_grad_(False); a step's
+                   ``frozen`` entries name it)
 bn_reset           modules [mid], calls (reset_running_stats() by the user)
 update_bn          (torch.optim.swa_utils.update_bn called; its forwards are ``recalibrating``)
 compile            target, fullgraph, backend (a torch.compile call; graddoctor's hooks run at its
@@ -114,9 +122,12 @@ def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = T
 
 
 def step_begin(*, opt: int, norm_pids: list[int] | None, norms: list[float] | None,
-               closure: bool = False, nonfinite: list[int] | None = None) -> Made:
+               closure: bool = False, nonfinite: list[int] | None = None,
+               frozen: list[list] | None = None) -> Made:
+    """``frozen``: ``[pid, moved_by, freeze]`` entries (see the table above)."""
     return "step_begin", {"opt": opt, "closure": closure, "norm_pids": norm_pids, "norms": norms,
-                          "nonfinite": [] if nonfinite is None else nonfinite}
+                          "nonfinite": [] if nonfinite is None else nonfinite,
+                          "frozen": [] if frozen is None else frozen}
 
 
 def step(*, opt: int, closure: bool = False, skipped: bool = False,

@@ -38,6 +38,7 @@ class Instrumentation:
         # BatchNorm/dropout modes (issue 4)
         self.modes = ModeWatcher(rec, self.optimizers.owned)
         self.watchers.append(self.modes)
+        self.optimizers.freeze_seq = self.modes.freeze_seq  # a frozen param's step names its freeze
         # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)

@@ -330,9 +330,12 @@ class ModeWatcher:
         @functools.wraps(original)
         def requires_grad_(tensor, *args, **kwargs):
             result = original(tensor, *args, **kwargs)
-            if not tensor.requires_grad and isinstance(tensor, torch.nn.Parameter):
+            if isinstance(tensor, torch.nn.Parameter):
                 try:
-                    watcher._record_freeze(tensor, sys._getframe(1))
+                    if not tensor.requires_grad:
+                        watcher._record_freeze(tensor, sys._getframe(1))
+                    elif watcher._freeze_of:  # unfrozen: its freeze no longer explains anything
+                        watcher._freeze_of.pop(id(tensor), None)
                 except Exception as exc:
                     rec.internal_error("requires_grad_", exc)
             return result
@@ -346,6 +349,12 @@ class ModeWatcher:
         if entry is None:
             entry = self._hold(ev.freeze(calls=1), loc)  # calls: parameters frozen from this line
         self._freeze_of[id(param)] = (weakref.ref(param), entry[0])
+
+    def freeze_seq(self, param) -> int | None:
+        """The seq of the ``freeze`` event of the user's latest ``requires_grad_(False)`` on this
+        parameter (None: never seen, or unfrozen since with ``requires_grad_(True)``)."""
+        entry = self._freeze_of.get(id(param))
+        return entry[1] if entry is not None and entry[0]() is param else None
 
     # -- recalibration signals -----------------------------------------------------------------
     def _wrap_reset_running_stats(self, original):

@@ -22,7 +22,7 @@ from .recorder import Recorder
 
 
 def step_grads(rec: Recorder, pids, edited: list | None = None,
-               trust_scaler: bool = False) -> tuple[dict, bool]:
+               trust_scaler: bool = False, frozen: list | None = None) -> tuple[dict, bool]:
     """One pass over the gradients an optimizer is about to apply (hot path: every update).
 
     Returns them grouped by device (``device -> ([pid], [grad])``, dense only) and whether every
@@ -30,7 +30,9 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     GradScaler.step, so unscale_'s vouchers hold). With ``edited`` (a list), the same pass also
     collects the pids whose ``.grad`` was changed in place by code graddoctor does not watch
     (``p.grad /= k``): the grad tensor's ``(id, _version)`` is neither what graddoctor last saw
-    nor what zero_grad left."""
+    nor what zero_grad left. With ``frozen`` (a list), it also collects the pids that have a
+    ``.grad`` while ``requires_grad`` is False: frozen, yet the step updates them (torch's
+    optimizers skip a parameter only when its ``.grad`` is None)."""
     by_device: dict = {}
     refs = rec._tensor
     known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
@@ -40,6 +42,8 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
         grad = tensor.grad if tensor is not None else None
         if grad is None:
             continue
+        if frozen is not None and not tensor.requires_grad:
+            frozen.append(pid)
         state = (id(grad), grad._version)
         if edited is not None and state != known.get(pid) and state != zeroed.get(pid):
             edited.append(pid)
@@ -87,6 +91,51 @@ def _really_nonfinite(rec: Recorder, pid: int) -> bool:
         return not bool(torch.isfinite(grad).all())
 
 
+# What moves a parameter whose gradient is zero, per optimizer class (besides weight decay): a
+# momentum buffer (SGD, RMSprop with momentum), Adam's first moment; None: nothing (the update is
+# proportional to the gradient: Adagrad, Adadelta, Rprop). Subclasses count as their base.
+_ZERO_GRAD_MOVERS = [
+    ("SGD", "momentum_buffer", "momentum"), ("RMSprop", "momentum_buffer", "momentum"),
+    ("Adam", "exp_avg", "moments"), ("AdamW", "exp_avg", "moments"),
+    ("Adamax", "exp_avg", "moments"), ("NAdam", "exp_avg", "moments"),
+    ("RAdam", "exp_avg", "moments"), ("Adagrad", None, None), ("Adadelta", None, None),
+    ("Rprop", None, None), ("ASGD", None, None),
+]
+
+
+def _number(value) -> float | None:
+    """A hyper-parameter as a float; None when reading it would cost a host sync (a device
+    tensor) or it is not a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel() == 1:
+        return float(value)
+    return None
+
+
+def zero_grad_mover(optimizer, group: dict, state) -> str | None:
+    """What makes ``optimizer`` change a parameter of ``group`` (its state ``state``) whose
+    gradient is zero: "weight_decay", "momentum", "moments", "unknown" (a class graddoctor does
+    not know), or None (nothing: ``p -= lr * 0``). Reads the hyper-parameters as they are now,
+    before the step; a value on a device counts as non-zero (no host sync)."""
+    if _number(group.get("lr")) == 0:
+        return None
+    decays = [group.get("weight_decay", 0)]
+    if isinstance(optimizer, torch.optim.ASGD):
+        decays.append(group.get("lambd", 0))  # ASGD shrinks every parameter by (1 - lambd * eta)
+    if any(decay is not None and _number(decay) != 0 for decay in decays):
+        return "weight_decay"
+    for name, key, mover in _ZERO_GRAD_MOVERS:
+        cls = getattr(torch.optim, name, None)
+        if cls is not None and isinstance(optimizer, cls):
+            if key is None or not state or state.get(key) is None:
+                return None  # no buffer yet: it would start from this zero gradient
+            if mover == "momentum" and _number(group.get("momentum", 0)) == 0:
+                return None
+            return mover
+    return "unknown"
+
+
 def _has_closure(args, kwargs) -> bool:
     # the step hooks get the step's own args, ``self`` first
     return (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
@@ -101,6 +150,8 @@ class OptimizerWatcher:
         self.step_listeners: list = []  # callables(opt_id, optimizer) after each real step
         self._named_after_first_step = False
         self._normed: set[int] = set()  # optimizers whose first update carried norms
+        # param -> seq of its latest freeze event (the mode watcher's; set by Instrumentation)
+        self.freeze_seq = lambda param: None
 
     # -- construction --------------------------------------------------------------------
     def _wrap_add_param_group(self, original):
@@ -205,9 +256,10 @@ class OptimizerWatcher:
             norm_pids: list[int] | None = []
             norms: list[float] | None = []
             nonfinite: list[int] = []
+            frozen: list[int] = []
             if not closure:
                 by_device, vouched = step_grads(rec, rec.opt_params.get(opt, ()), edited,
-                                                rec.in_scaler_step)
+                                                rec.in_scaler_step, frozen)
                 if vouched and not self._wants_norms(opt):
                     norm_pids = norms = None  # finite, as a clip or unscale_ already saw
                 else:
@@ -218,11 +270,35 @@ class OptimizerWatcher:
             if edited and rec.in_step is None:  # L-BFGS-style closures recompute grads themselves
                 rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
-                                   nonfinite=nonfinite), loc)
+                                   nonfinite=nonfinite,
+                                   frozen=self._frozen_entries(optimizer, frozen) if frozen else None),
+                     loc)
             if closure:
                 rec.in_step = opt
         except Exception as exc:
             rec.internal_error("optimizer step (before)", exc)
+
+    def _frozen_entries(self, optimizer, pids: list[int]) -> list[list]:
+        """``[pid, moved_by, freeze]`` for the frozen parameters with a ``.grad`` that are still
+        in one of the optimizer's param groups (one removed from them is not updated). Only
+        runs when there are some (a frozen parameter keeps a grad only with
+        ``zero_grad(set_to_none=False)`` or a grad set by hand). Its own failure loses only
+        these entries, not the step's event."""
+        try:
+            group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+            state = optimizer.state
+            entries = []
+            for pid in pids:
+                param = self.rec.tensor(pid)
+                group = group_of.get(id(param)) if param is not None else None
+                if group is None:
+                    continue
+                entries.append([pid, zero_grad_mover(optimizer, group, state.get(param)),
+                                self.freeze_seq(param)])
+            return entries
+        except Exception as exc:
+            self.rec.internal_error("optimizer step (frozen parameters)", exc)
+            return []
 
     def _wants_norms(self, opt: int) -> bool:
         """Per-layer norms (the ``--grad-flow`` view) even when the grads are vouched finite:
