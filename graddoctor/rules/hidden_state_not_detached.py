@@ -49,7 +49,8 @@ class HiddenStateNotDetached(Rule):
     code = "GD110"
     slug = "hidden-state-not-detached"
     severity = Severity.WARNING
-    summary = "backward(retain_graph=True) walks again the graph of earlier updates (hidden state not detached)"
+    summary = ("a backward() with retain_graph=True goes back through the graph of an update already "
+               "applied (hidden state not detached)")
     fix = ("detach the state carried to the next chunk (h = h.detach(); for an LSTM both h and c) "
            "and drop retain_graph=True")
 
