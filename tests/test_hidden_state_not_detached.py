@@ -59,6 +59,21 @@ def test_history_applied_by_a_step_is_found_at_the_backward_line():
     assert "crashed" not in f.message
 
 
+def test_accumulated_chunks_are_found_from_the_first_update_boundary_on():
+    t = builder()  # two chunks per update, h never detached
+    seqs = []
+    for update in range(2):
+        t.clear(P, line=9)
+        for chunk in range(2):
+            b = t.backward(fresh=P, line=10, graph_nodes=10 * (len(seqs) + 1),
+                           history=[[s, P] for s in seqs])
+            seqs.append(b.seq)
+        t.step(0, line=11)
+    [f] = findings(t)
+    assert f.step == 2 and f.evidence["occurrences"] == 2  # the 2 backwards of update 2
+    assert "graph of update 1, whose gradients step 1 already applied" in f.message
+
+
 def test_the_first_backward_of_the_history_is_related_when_on_another_line():
     t = builder()
     t.clear(P, line=2)
