@@ -22,6 +22,12 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    scaled (bool: backward of ``scaler.scale(loss)``), scale (float|None),
                    loss_scale_factor (float|None: how the loss was divided, when known),
                    batch ([loader, epoch, index] of the batch a DataLoader served last, or None),
+                   graph_nodes (int|None: interior autograd nodes its graph walk reached; only
+                   for a backward with retain_graph/create_graph whose line was walked),
+                   history ([[seq, [pid]]]|None: per earlier backward whose graph this one
+                   reaches again, its event's seq and the tracked leaves fed through those
+                   nodes; [] when nothing is shared, None when not looked at; see
+                   instrument/backward.py),
                    scaler, scaler_enabled (only present when given: a scaled backward)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
                    set_to_none, params [pid]
@@ -103,13 +109,15 @@ def optimizer_init(*, opt: int, cls: str, params: list[int]) -> Made:
 def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[int],
              extra_leaves: int = 0, in_step: int | None = None, scaled: bool = False,
              scale: Any = None, loss_scale_factor: float | None = None,
-             batch: list[int] | None = None, scaler: int | None = None,
+             batch: list[int] | None = None, graph_nodes: int | None = None,
+             history: list[list] | None = None, scaler: int | None = None,
              scaler_enabled: bool | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None)."""
     data = {"fresh": fresh, "accumulated": accumulated, "cleared_outside": cleared_outside,
             "extra_leaves": extra_leaves, "in_step": in_step, "scaled": scaled, "scale": scale,
-            "loss_scale_factor": loss_scale_factor, "batch": batch}
+            "loss_scale_factor": loss_scale_factor, "batch": batch, "graph_nodes": graph_nodes,
+            "history": history}
     if scaler is not None:
         data["scaler"] = scaler
     if scaler_enabled is not None:

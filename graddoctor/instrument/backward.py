@@ -16,6 +16,18 @@ and on every 16th call of a line otherwise; an unwalked backward repeats its lin
 
 No per-parameter hooks: on the tiny MLP of the overhead benchmark, 20 Python tensor hooks alone
 cost about 17 us per step, more than these two passes.
+
+Carried history (hidden-state-not-detached). A backward called with ``retain_graph=True`` (or
+``create_graph=True``) keeps its graph, so a later backward can go through it again: an RNN's
+hidden state carried from chunk to chunk without ``detach()`` makes every backward re-walk all
+earlier chunks. On those backwards only, and only when its line is due for a walk anyway, the walk
+is ``_history_walk``: it also counts the graph's interior nodes and marks each node that feeds a
+leaf (a parameter) in the node's own ``metadata`` dict with this backward's cell (a one-item list
+that ``end`` fills with its event's seq). Meeting a node an earlier backward marked means this one
+reaches that backward's graph: the event lists, per such backward, the tracked leaves fed through
+it (``history``). The mark lives and dies with the autograd node (no id reuse, nothing held), and
+Python wrappers of nodes are not stable between walks, which is why it is not a set of ours.
+Backwards without retain_graph (normal loops) run exactly the walk described above.
 """
 
 from __future__ import annotations
@@ -30,13 +42,16 @@ FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
 
 
 class BackwardContext:
-    __slots__ = ("before", "extra_leaves")
+    __slots__ = ("before", "extra_leaves", "cell", "graph_nodes", "history")
 
     def __init__(self):
         # per tracked tensor: (pid, tensor, grad before, its version, verdict); the grad is held
         # only while the backward runs, so that a replacement cannot reuse its id
         self.before: list = []
         self.extra_leaves = 0
+        self.cell: list | None = None  # its nodes' mark: [seq of its event once emitted, session]
+        self.graph_nodes: int | None = None  # interior nodes, when walked with _history_walk
+        self.history: list | None = None  # [[seq of an earlier backward, [pid]]], see events.backward
 
 
 WALK_FIRST = 3  # backwards of a call line that are always walked
@@ -56,6 +71,10 @@ class _Line:
 
 # AccumulateGrad nodes are where a backward writes into a leaf's .grad
 _ACCUMULATE_GRAD = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
+
+HISTORY_KEY = "graddoctor.walked_by"  # the mark a history walk leaves in a node's metadata
+HISTORY_LIMIT = 100_000  # nodes a history walk marks; past them it only counts and finds leaves
+HISTORY_ENTRIES = 8  # earlier backwards listed per event: the 4 first and the 4 last
 
 
 def _leaves(tensors, inputs) -> list:
@@ -96,6 +115,73 @@ def _leaves(tensors, inputs) -> list:
     return leaves
 
 
+def _history_walk(tensors, cell: list, limit: int = HISTORY_LIMIT):
+    """``_leaves`` (without ``inputs``) that also counts the interior nodes and looks for the
+    graphs of earlier backwards: each node feeding a leaf gets ``cell`` ([seq, session]) as its
+    mark unless it has one of this session; a mark of another backward of this session means this
+    graph reaches that backward's nodes.
+
+    Returns (leaves, interior node count, shared, complete): ``shared`` maps id(earlier cell) to
+    (that cell, {id(leaf): leaf fed through its nodes}); ``complete`` is False when the marks were
+    not all looked at (more than ``limit`` nodes, or a node without ``metadata``). Iterative: a
+    chain of any depth is fine.
+    """
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    leaves: list = []
+    seen: set = set()
+    stack: list = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.grad_fn is not None:
+            if t.grad_fn not in seen:
+                seen.add(t.grad_fn)
+                stack.append(t.grad_fn)
+        elif t.requires_grad:
+            leaves.append(t)
+    accumulate_grad = _ACCUMULATE_GRAD
+    add, push, pop, found = seen.add, stack.append, stack.pop, leaves.append
+    shared: dict = {}
+    nodes = 0
+    checking, complete = True, True
+    while stack:
+        node = pop()
+        nodes += 1
+        if checking and nodes > limit:
+            checking = complete = False
+        looked = not checking  # its mark: read (and set) at its first leaf child
+        earlier = None
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            if type(child) is accumulate_grad or (accumulate_grad is None and hasattr(child, "variable")):
+                if not looked:
+                    looked = True
+                    try:
+                        marks = node.metadata
+                        mark = marks.get(HISTORY_KEY)
+                        if mark is None or mark[-1] is not cell[-1]:  # unmarked, or by another run
+                            marks[HISTORY_KEY] = cell
+                        elif mark is not cell:
+                            earlier = mark
+                    except Exception:  # no metadata on this node (or this torch): stop looking
+                        checking = complete = False
+                if earlier is not None:
+                    variable = child.variable
+                    entry = shared.get(id(earlier))
+                    if entry is None:
+                        entry = shared[id(earlier)] = (earlier, {})
+                    entry[1][id(variable)] = variable
+                if child not in seen:
+                    add(child)
+                    found(child.variable)
+            elif child not in seen:
+                add(child)
+                push(child)
+    return leaves, nodes, shared, complete
+
+
 class BackwardWatcher:
     def __init__(self, rec: Recorder, owned: set[int]):
         self.rec = rec
@@ -105,6 +191,7 @@ class BackwardWatcher:
         self._lines: dict = {}  # (path, line) of a backward call -> _Line
         self.registrations = 0  # parameters registered on any module (a global module hook)
         self._always_walk = False  # torch without that hook: nothing tells when to walk again
+        self._session = object()  # in the marks of this run's walks (a graph may outlive a run)
 
     # -- graph walks ---------------------------------------------------------------------------
     def _walk_due(self, loc) -> _Line | None:
@@ -119,13 +206,23 @@ class BackwardWatcher:
             return line
         return None
 
-    def _walk(self, ctx: BackwardContext, line: _Line | None, tensors, inputs) -> None:
-        """Track the new parameters among the leaves this backward writes; count the others."""
+    def _walk(self, ctx: BackwardContext, line: _Line | None, tensors, inputs,
+              history: bool = False) -> None:
+        """Track the new parameters among the leaves this backward writes; count the others.
+        ``history`` (a retained graph): walk with ``_history_walk`` and note what it found."""
         rec = self.rec
         pid_of, refs = rec._pid_of, rec._tensor
         if line is not None:
             line.registrations = self.registrations
-        for leaf in _leaves(tensors, inputs):
+        shared = None
+        if history and inputs is None:
+            ctx.cell = [None, self._session]
+            leaves, ctx.graph_nodes, shared, complete = _history_walk(tensors, ctx.cell)
+            if not complete and not shared:
+                shared = None  # not looked at everywhere: unknown, not "nothing shared"
+        else:
+            leaves = _leaves(tensors, inputs)
+        for leaf in leaves:
             pid = pid_of.get(id(leaf))
             if pid is not None and refs[pid]() is leaf:  # tracked already (rec.pid, inlined)
                 continue
@@ -135,6 +232,23 @@ class BackwardWatcher:
                 ctx.extra_leaves += 1  # e.g. FGSM: the input's gradient is the point
         if line is not None:
             line.extra_leaves = ctx.extra_leaves
+        if shared is not None:
+            ctx.history = self._history(shared)
+
+    def _history(self, shared: dict) -> list:
+        """[[seq of an earlier backward, [pid of the tracked leaves fed through its nodes]]], in
+        seq order; the first and last ``HISTORY_ENTRIES // 2`` of them. A mark of another run
+        (a graph that outlived it) or of a backward whose event failed is left out."""
+        pid = self.rec.pid
+        entries = []
+        for cell, leaves in shared.values():
+            if cell[0] is None or cell[1] is not self._session:  # never emitted; another run's
+                continue
+            pids = sorted({p for p in map(pid, leaves.values()) if p is not None})
+            entries.append([cell[0], pids])
+        entries.sort(key=lambda entry: entry[0])
+        half = HISTORY_ENTRIES // 2
+        return entries if len(entries) <= HISTORY_ENTRIES else entries[:half] + entries[-half:]
 
     # -- grads before and after (hot path: twice per tracked tensor per backward) ---------------
     def read_before(self, ctx: BackwardContext) -> None:
@@ -169,7 +283,8 @@ class BackwardWatcher:
             return CLEARED_OUTSIDE if not bool(grad.any()) else ACCUMULATED
         return CLEARED_OUTSIDE
 
-    def begin(self, tensors, inputs, loc) -> BackwardContext:
+    def begin(self, tensors, inputs, loc, retained: bool = False) -> BackwardContext:
+        """``retained``: called with retain_graph (or create_graph) true."""
         rec = self.rec
         ctx = BackwardContext()
         rec.count_backward()
@@ -178,7 +293,7 @@ class BackwardWatcher:
         else:
             line = self._walk_due(loc)
             if line is not None:
-                self._walk(ctx, line, tensors, inputs)
+                self._walk(ctx, line, tensors, inputs, history=retained)
             else:
                 ctx.extra_leaves = self._lines[(loc.path, loc.line)].extra_leaves
         self.read_before(ctx)
@@ -202,17 +317,26 @@ class BackwardWatcher:
             if grad is not None:
                 known[pid] = (id(grad), grad._version)
         ctx.before = []  # let go of the grads held since the start
-        rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
-                             extra_leaves=ctx.extra_leaves, in_step=rec.in_step, **extra), loc)
+        event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
+                                     extra_leaves=ctx.extra_leaves, in_step=rec.in_step,
+                                     graph_nodes=ctx.graph_nodes, history=ctx.history, **extra), loc)
+        if ctx.cell is not None:
+            ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
 
     @staticmethod
     def _arguments(args, kwargs, takes_self: bool):
+        """(tensors, inputs, retained): retained is whether the graph outlives the call
+        (retain_graph, which defaults to create_graph, as torch reads them)."""
         tensors = args[0] if args else kwargs.get("tensors", kwargs.get("self"))
         inputs = kwargs.get("inputs")
         inputs_at = 4 if takes_self else 5  # Tensor.backward / autograd.backward
         if inputs is None and len(args) > inputs_at:
             inputs = args[inputs_at]
-        return tensors, inputs
+        # retain_graph and create_graph are the 3rd and 4th arguments of both
+        retain = kwargs["retain_graph"] if "retain_graph" in kwargs else (args[2] if len(args) > 2 else None)
+        if retain is None:
+            retain = kwargs["create_graph"] if "create_graph" in kwargs else (args[3] if len(args) > 3 else False)
+        return tensors, inputs, bool(retain)
 
     def wrap(self, original, takes_self: bool):
         watcher = self
@@ -224,9 +348,9 @@ class BackwardWatcher:
                 return original(*args, **kwargs)  # its writes are seen by the outer one
             rec.maybe_stop()
             try:
-                tensors, inputs = watcher._arguments(args, kwargs, takes_self)
+                tensors, inputs, retained = watcher._arguments(args, kwargs, takes_self)
                 loc = rec.here(2)
-                ctx = watcher.begin(tensors, inputs, loc)
+                ctx = watcher.begin(tensors, inputs, loc, retained)
                 extra = watcher.describe_loss(tensors)
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)

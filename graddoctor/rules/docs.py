@@ -20,8 +20,8 @@ from . import ALL_RULES
 HEADER = "| code | slug | severity | finds |\n|---|---|---|---|"
 SECTION = "## Rules"
 
-# `already code` | a call: name() / a.b.name() | a snake_case name
-_CODE = re.compile(r"`[^`]*`|(?<![\w.`])(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*\(\)|(?<![\w.`])[A-Za-z]\w*_\w+")
+# `already code` | a call: name() / a.b.name() | a snake_case name (with its =value)
+_CODE = re.compile(r"`[^`]*`|(?<![\w.`])(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*\(\)|(?<![\w.`])[A-Za-z]\w*_\w+(?:=\w+)?")
 
 
 def markdown_summary(summary: str) -> str:
