@@ -21,6 +21,9 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    in_step (opt id when run inside ``optimizer.step(closure)``, else None),
                    scaled (bool: backward of ``scaler.scale(loss)``), scale (float|None),
                    loss_scale_factor (float|None: how the loss was divided, when known),
+                   loss_terms (list|None: the loss terms below that factor, each as how it was
+                   reduced: "mean" | "sum" | "none" | None when its node does not say; None
+                   when the factor is; a constant dividing a "sum" makes a mean),
                    batch ([loader, epoch, index] of the batch a DataLoader served last, or None),
                    graph_nodes (int|None: interior autograd nodes its graph walk reached; only
                    for a backward with retain_graph/create_graph whose line was walked),
@@ -56,7 +59,10 @@ clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_nor
                    params [pid] (tracked params passed), with_grad [pid], untracked, limit
                    (max_norm or clip_value; "inf" as a string), norm_type, norm_only (max_norm
                    is inf: computes the norm, clips nothing), total_norm (CPU only),
-                   edited [pid] (grads changed in place by unwatched code before the clip)
+                   edited [pid] (grads changed in place by unwatched code before the clip),
+                   spent (the iterable given was a generator, or a filter/map over one, that
+                   had already been iterated before this call: True; a collection, a tensor
+                   or a fresh generator: False; another one-shot iterator: None)
 grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step)
 scheduler_step     sched, cls, opt (the optimizer it drives)
 train / eval       the user's outermost Module.train()/eval() call: mode (bool), leaf (it named
@@ -109,6 +115,7 @@ def optimizer_init(*, opt: int, cls: str, params: list[int]) -> Made:
 def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[int],
              extra_leaves: int = 0, in_step: int | None = None, scaled: bool = False,
              scale: Any = None, loss_scale_factor: float | None = None,
+             loss_terms: list | None = None,
              batch: list[int] | None = None, graph_nodes: int | None = None,
              history: list[list] | None = None, scaler: int | None = None,
              scaler_enabled: bool | None = None) -> Made:
@@ -116,8 +123,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
     ``scaler_enabled`` are only written when given (rules tell a missing key from None)."""
     data = {"fresh": fresh, "accumulated": accumulated, "cleared_outside": cleared_outside,
             "extra_leaves": extra_leaves, "in_step": in_step, "scaled": scaled, "scale": scale,
-            "loss_scale_factor": loss_scale_factor, "batch": batch, "graph_nodes": graph_nodes,
-            "history": history}
+            "loss_scale_factor": loss_scale_factor, "loss_terms": loss_terms,
+            "batch": batch, "graph_nodes": graph_nodes, "history": history}
     if scaler is not None:
         data["scaler"] = scaler
     if scaler_enabled is not None:
@@ -166,10 +173,12 @@ def scaler_update(*, scaler: int, enabled: bool, scale: Any) -> Made:
 
 def clip(*, via: str, params: list[int], with_grad: list[int], untracked: int,
          limit: float | str | None, norm_type: float | str | None, norm_only: bool,
-         total_norm: float | str | None, edited: list[int]) -> Made:
+         total_norm: float | str | None, edited: list[int], spent: bool | None = None) -> Made:
+    """``spent`` None: not known (a trace written before it was recorded, or an iterator
+    graddoctor cannot look into)."""
     return "clip", {"via": via, "params": params, "with_grad": with_grad, "untracked": untracked,
                     "limit": limit, "norm_type": norm_type, "norm_only": norm_only,
-                    "total_norm": total_norm, "edited": edited}
+                    "total_norm": total_norm, "edited": edited, "spent": spent}
 
 
 def grad_edit(*, opt: int, params: list[int]) -> Made:

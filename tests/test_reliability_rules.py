@@ -67,6 +67,8 @@ def backward_data(w: World, fresh, accumulated, cleared_outside=(), scaled=None)
             "in_step": w.declared_opt() if w.draw(st.integers(0, 4)) == 0 else None,
             "scaled": scaled, "scale": w.draw(floats) if scaled else None,
             "loss_scale_factor": w.draw(st.sampled_from([None, 1.0, 0.5, 0.25, 0.125])),
+            "loss_terms": w.draw(st.one_of(st.none(), st.lists(
+                st.sampled_from(["mean", "sum", "none", None]), max_size=3))),
             "scaler": 0 if scaled else None, "scaler_enabled": w.draw(st.booleans()) if scaled else None,
             "batch": batch}
 
@@ -149,7 +151,8 @@ def gen_clip(w: World, pool=None):
         "via": w.draw(st.sampled_from(["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_"])),
         "params": params, "with_grad": w.subset(params), "untracked": w.draw(st.integers(0, 2)),
         "limit": w.draw(st.one_of(st.floats(0, 10), st.just("inf"))), "norm_type": 2.0,
-        "norm_only": w.draw(st.booleans()), "total_norm": w.draw(floats), "edited": w.subset(params)}
+        "norm_only": w.draw(st.booleans()), "total_norm": w.draw(floats), "edited": w.subset(params),
+        "spent": w.draw(st.sampled_from([True, False, None]))}
 
 
 def gen_grad_edit(w: World):
@@ -158,7 +161,8 @@ def gen_grad_edit(w: World):
 
 
 def gen_scheduler_step(w: World):
-    return "scheduler_step", {"sched": w.draw(st.integers(0, 1)), "cls": "StepLR",
+    return "scheduler_step", {"sched": w.draw(st.integers(0, 1)),
+                              "cls": w.draw(st.sampled_from(["StepLR", "ReduceLROnPlateau"])),
                               "opt": w.declared_opt()}
 
 

@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from .. import events as ev
-from .lossfactor import loss_factor
+from .lossfactor import loss_scaling
 from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
 
@@ -89,11 +89,12 @@ class GradScalerWatcher:
     def describe_loss(self, tensors) -> dict:
         items = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
         facts = next((f for t in items if (f := self._facts(t)) is not None), None)
-        factor = loss_factor(tensors, skip_top=bool(facts and facts["enabled"]))
+        factor, terms = loss_scaling(tensors, skip_top=bool(facts and facts["enabled"]))
         if facts is None:
-            return {"loss_scale_factor": factor}
+            return {"loss_scale_factor": factor, "loss_terms": terms}
         return {"scaled": True, "scale": facts["scale"], "scaler": facts["scaler"],
-                "scaler_enabled": facts["enabled"], "loss_scale_factor": factor}
+                "scaler_enabled": facts["enabled"], "loss_scale_factor": factor,
+                "loss_terms": terms}
 
     # -- wrappers --------------------------------------------------------------------------
     def _guarded(self, original, depth: Depth, where: str, record):

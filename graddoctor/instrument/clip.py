@@ -8,7 +8,9 @@ patched too and records the clip when no outer wrapper did.
 
 Each call emits one ``clip`` event with the tracked parameters it was given and then refreshes
 what graddoctor knows of their ``.grad`` (clipping changes it in place; the next backward must
-still see an accumulation, not a manual clear).
+still see an accumulation, not a manual clear). The event also says whether the iterable given
+was a generator that had already been iterated (``spent``): ``params = model.parameters()``
+handed to the optimizer and then to the clip reaches the clip used up, and it clips nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import types
 
 import torch
 import torch.nn.utils
@@ -33,6 +36,23 @@ def _number(value):
     except (TypeError, ValueError):
         return None
     return value if math.isfinite(value) else str(value)
+
+
+def _spent(iterator) -> bool | None:
+    """Whether a one-shot iterator had already been iterated before the clip got it: a generator
+    past its start (``model.parameters()`` an optimizer already read), or a ``filter`` / ``map``
+    over one. None for iterators graddoctor cannot look into (``itertools.chain``, custom ones).
+    A few attribute reads per clip call."""
+    for _ in range(4):
+        if isinstance(iterator, types.GeneratorType):
+            return inspect.getgeneratorstate(iterator) != inspect.GEN_CREATED
+        if type(iterator) not in (filter, map):
+            return None
+        args = iterator.__reduce__()[1]  # (function, iterable...) for both
+        if len(args) != 2:
+            return None
+        iterator = args[1]
+    return None
 
 
 class ClipWatcher:
@@ -60,7 +80,7 @@ class ClipWatcher:
         return known_pids, before, edited
 
     def _record(self, via: str, params: list, known_pids: list, arguments: dict, result,
-                before: dict, edited: list) -> None:
+                before: dict, edited: list, spent: bool | None) -> None:
         rec = self.rec
         pids, with_grad, after, untracked = [], [], [], 0
         for p, pid in zip(params, known_pids):
@@ -85,7 +105,8 @@ class ClipWatcher:
         by_norm = via != "clip_grad_value_"
         rec.emit(ev.clip(via=via, params=pids, with_grad=with_grad, untracked=untracked, limit=limit,
                          norm_type=_number(arguments.get("norm_type", 2.0)) if by_norm else None,
-                         norm_only=by_norm and limit == "inf", total_norm=total, edited=edited),
+                         norm_only=by_norm and limit == "inf", total_norm=total, edited=edited,
+                         spent=spent),
                  rec.here(2))
         self._note_finite(via, total, before, after)
 
@@ -115,6 +136,7 @@ class ClipWatcher:
             if watcher._depth.active or not (args or "parameters" in kwargs):
                 return original(*args, **kwargs)  # nested, or a bad call torch reports itself
             given = args[0] if args else kwargs["parameters"]
+            spent: bool | None = False
             if isinstance(given, torch.Tensor):
                 params = [given]
             else:
@@ -122,6 +144,12 @@ class ClipWatcher:
                     iterator = iter(given)
                 except TypeError:
                     return original(*args, **kwargs)  # not iterable: torch's own error
+                if iterator is given:  # one-shot: was it used up before?
+                    try:
+                        spent = _spent(given)
+                    except Exception as exc:
+                        spent = None
+                        rec.internal_error(f"{via} (iterable)", exc)
                 params = list(iterator)  # a generator is read once, here; the list goes to torch
             if args:
                 args = (params, *args[1:])
@@ -140,7 +168,7 @@ class ClipWatcher:
                 arguments = dict(zip(names, args))
                 arguments.update(kwargs)
                 watcher._record(via, params, known_pids or [None] * len(params), arguments,
-                                result, before, edited)
+                                result, before, edited, spent)
             except Exception as exc:
                 rec.internal_error(f"{via} (after)", exc)
             return result

@@ -9,6 +9,12 @@ scaled terms (``l1 / k + l2 / k``); the product of those constants is the factor
 * ``None`` — cannot tell: a division by a computed tensor (a token count, an accelerator's
   normaliser held in a tensor), mixed factors, an unusual graph. Rules stay silent then.
 
+Below the constants the walk reaches the loss terms: one for ``loss / k``, n for
+``(l1 + l2) / 2``. ``loss_scaling`` also returns how each term was reduced (``terms``, a list):
+``"sum"`` (``.sum()``, ``reduction="sum"``: a constant dividing it makes a mean, e.g.
+``kl_div(reduction="batchmean")`` or ``sum / batch_size``), ``"mean"``, ``"none"``, or ``None``
+when the node does not say (a composite or custom loss). One attribute read per term.
+
 Reads only 0-dim CPU tensors, so it never synchronises with an accelerator.
 """
 
@@ -33,7 +39,23 @@ def _grad_children(node) -> list[tuple[int, object]]:
     return [(i, child) for i, (child, _) in enumerate(node.next_functions) if child is not None]
 
 
-def _factor(node, budget: list[int]) -> float | None:
+# the ``reduction`` argument autograd saves on the loss functions' nodes (at::Reduction)
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _reduction(node) -> str | None:
+    """How the node the walk stopped at reduced the loss (one attribute read)."""
+    name = type(node).__name__
+    if name.startswith("SumBackward"):
+        return "sum"
+    if name.startswith("MeanBackward"):
+        return "mean"
+    return _REDUCTIONS.get(getattr(node, "_saved_reduction", None))
+
+
+def _factor(node, budget: list[int], terms: list) -> float | None:
+    """The constant factor below ``node``; the reduction of each loss term reached is appended
+    to ``terms``."""
     budget[0] -= 1
     if budget[0] < 0:
         return None
@@ -41,6 +63,7 @@ def _factor(node, budget: list[int]) -> float | None:
     if name in ("MulBackward0", "DivBackward0"):
         children = _grad_children(node)
         if len(children) != 1:
+            terms.append(None)
             return 1.0  # a product of two computed tensors is part of the loss itself
         index, child = children[0]
         if name == "DivBackward0":
@@ -52,35 +75,44 @@ def _factor(node, budget: list[int]) -> float | None:
             value = _constant(getattr(node, "_saved_other" if index == 0 else "_saved_self", None))
         if value is None:
             return None
-        below = _factor(child, budget)
+        below = _factor(child, budget, terms)
         return None if below is None else value * below
     if name in ("AddBackward0", "SubBackward0"):
         alpha = getattr(node, "_saved_alpha", 1)
         if alpha not in (1, -1):
             return None
-        factors = [_factor(child, budget) for _, child in _grad_children(node)]
+        factors = [_factor(child, budget, terms) for _, child in _grad_children(node)]
         if not factors or any(f is None for f in factors):
             return None
         first = factors[0]
         if all(abs(f - first) <= 1e-6 * abs(first) for f in factors):
             return first
         return None
+    terms.append(_reduction(node))
     return 1.0
 
 
-def loss_factor(tensors, skip_top: bool = False) -> float | None:
-    """The constant factor of the loss (see module docs). ``skip_top``: the tensor is
-    ``scaler.scale(loss)``, whose top multiplication is the AMP scale, not the user's factor."""
+def loss_scaling(tensors, skip_top: bool = False) -> tuple[float | None, list | None]:
+    """``(factor, terms)`` of the loss (see module docs); ``terms`` is None when the factor is.
+    ``skip_top``: the tensor is ``scaler.scale(loss)``, whose top multiplication is the AMP
+    scale, not the user's factor."""
     if isinstance(tensors, (list, tuple)):
         if len(tensors) != 1:
-            return None
+            return None, None
         tensors = tensors[0]
     if not isinstance(tensors, torch.Tensor) or tensors.grad_fn is None:
-        return None
+        return None, None
     node = tensors.grad_fn
     if skip_top:
         children = _grad_children(node)
         if type(node).__name__ != "MulBackward0" or len(children) != 1:
-            return None
+            return None, None
         node = children[0][1]
-    return _factor(node, [_MAX_NODES])
+    terms: list = []
+    factor = _factor(node, [_MAX_NODES], terms)
+    return factor, (terms if factor is not None else None)
+
+
+def loss_factor(tensors, skip_top: bool = False) -> float | None:
+    """The constant factor of the loss (see module docs)."""
+    return loss_scaling(tensors, skip_top)[0]

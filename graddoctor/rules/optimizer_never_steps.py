@@ -52,6 +52,8 @@ class OptimizerNeverSteps(Rule):
             fed = [pid for pid in dict.fromkeys(a.opt_params.get(opt, ())) if pid in a.ledger.first_contribution]
             if not fed:
                 continue  # its parameters got no gradient: nothing was meant to be applied
+            if all(stepped.intersection(a.owners.get(pid, ())) for pid in fed):
+                continue  # a stepped optimizer owns them all: a wrapper (Lookahead) steps this one
             first = min((a.ledger.first_contribution[pid] for pid in fed), key=lambda e: e.seq)
             backwards = a.backward_calls
             if stepped:

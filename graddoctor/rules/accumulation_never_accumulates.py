@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule, related
+from .unscaled_accumulation import SCALE_INVARIANT
+
+MIN_STEPS = 3  # windows seen before "every update" is claimed
+TOLERANCE = 1e-3  # how close 1 / factor must be to a whole number
+
+
+def divisor(factor) -> int | None:
+    """k when ``factor`` is 1/k for a whole k >= 2 (``loss / 4`` -> 4), else None."""
+    if not isinstance(factor, (int, float)) or not 0 < factor < 1:
+        return None
+    inverse = 1.0 / factor
+    k = round(inverse)
+    return k if k >= 2 and abs(inverse - k) <= TOLERANCE * k else None
+
+
+class AccumulationNeverAccumulates(Rule):
+    """
+    ## What it does
+    Finds a loss divided by a constant k (read from the autograd graph: `loss / k`,
+    `loss * (1 / k)`) while every optimizer step applies exactly one `backward()`: the
+    accumulation the division was written for never happens (a step counter that is never
+    incremented, `if step % k == 0` on a counter stuck at 0, an accumulation setting the loop
+    ignores).
+
+    The finding is `info`: a loss multiplied by a constant weight (`0.5 * mse`, `0.1 * loss`)
+    looks exactly the same in the trace. It is left out entirely when the division is a mean
+    (a `reduction="sum"` loss or `.sum()` divided by the batch size, `kl_div(...,
+    reduction="batchmean")`) or an average of k losses (`(loss_a + loss_b) / 2`).
+
+    ## Why is this bad?
+    Each micro-batch is stepped with 1/k of its gradient: with SGD the learning rate is k times
+    smaller than configured, and the effective batch is one micro-batch, not k. Adam-like
+    optimizers mostly cancel the constant, but the update is still k times noisier than the
+    accumulation was meant to make it.
+
+    ## Example
+    ```python
+    micro = 0
+    for x, y in loader:
+        loss = loss_fn(model(x), y) / accum_steps
+        loss.backward()
+        if micro % accum_steps == 0:      # `micro` is never incremented
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    micro = 0
+    for x, y in loader:
+        loss = loss_fn(model(x), y) / accum_steps
+        loss.backward()
+        micro += 1
+        if micro % accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+    """
+
+    code = "GD209"
+    slug = "accumulation-never-accumulates"
+    severity = Severity.INFO
+    summary = "the loss is divided by k for accumulation, but every step applies a single backward"
+    fix = ("advance the accumulation counter (`micro += 1`) so the step runs every k "
+           "micro-batches, or drop the division by k")
+
+    def check(self, a):
+        edits = a.of_kind("grad_edit")
+        for opt, windows in a.windows.items():
+            if len(windows) < MIN_STEPS:
+                continue
+            if any(w.k != 1 or len(w.backwards) != 1 for w in windows):
+                continue  # some step does accumulate (or sums two losses)
+            backwards = [w.backwards[0] for w in windows]
+            factors = {b.get("loss_scale_factor") for b in backwards}
+            if len(factors) != 1:
+                continue  # no factor, or one that changes: not a fixed accumulation constant
+            factor = next(iter(factors))
+            k = divisor(factor)
+            if k is None:
+                continue
+            terms = [b.get("loss_terms") for b in backwards]
+            if any(t and "sum" in t for t in terms):
+                continue  # a summed loss divided by a constant: a mean, not accumulation
+            if any(t and len(t) == k for t in terms):
+                continue  # (l1 + ... + lk) / k: the average of k losses
+            if any(e["opt"] == opt for e in edits):
+                continue  # gradients rescaled by hand before some step
+            yield self._finding(a, opt, windows, factor, k)
+
+    def _finding(self, a, opt, windows, factor, k):
+        w = windows[0]
+        backward = w.backwards[0]
+        name = a.optimizer_name(opt)
+        cls = a.optimizer_class(opt)
+        if cls in SCALE_INVARIANT:
+            effect = (f"{cls} largely cancels the 1/{k}, but each update sees one micro-batch, "
+                      f"not the {k} the division was written for")
+        else:
+            effect = (f"each micro-batch is stepped with 1/{k} of its gradient (with {cls or 'SGD'}"
+                      f" a {k}x smaller learning rate) and the batch is never enlarged")
+        message = (f"this loss is multiplied by {factor:g} (1/{k}), as for accumulating {k} "
+                   f"micro-batches, yet each of the {len(windows)} {name} steps applies a single "
+                   f"backward(): if {k} is your accumulation count, the step runs after every "
+                   f"micro-batch, not once per {k} (a counter that never advances, a step "
+                   f"outside its `if`): {effect}; if {factor:g} is a loss weight (0.5 * MSE), "
+                   f"ignore this")
+        return self.finding(
+            message, backward.loc, step=w.index,
+            related=(related(w.step, "the step that follows every single backward"),),
+            evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
+                      "optimizer_class": cls, "steps": len(windows)},
+        )

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule, plural, related
+
+MIN_CALLS = 3  # plateau steps within one epoch before "every batch" is claimed
+
+
+def is_plateau(cls: str | None) -> bool:
+    return "ReduceLROnPlateau" in (cls or "")
+
+
+class PlateauEveryBatch(Rule):
+    """
+    ## What it does
+    Finds `ReduceLROnPlateau.step(metric)` called after every training batch (at least once
+    per optimizer step, three or more times within one DataLoader epoch) instead of once per
+    epoch or per validation.
+
+    Without a DataLoader graddoctor cannot see epochs: a scheduler stepped once per optimizer
+    step is then reported as `info`, since full-batch training (one step per epoch) does exactly
+    that correctly. Stepping once per epoch, after each validation (even several times per
+    epoch), and schedulers meant to step per batch (`OneCycleLR`, a `LinearLR` warm-up) are
+    left alone.
+
+    ## Why is this bad?
+    `patience` and `cooldown` count calls. Stepped per batch, `patience=10` means ten *batches*
+    without improvement of a noisy per-batch loss, which happens all the time: the learning rate
+    is cut again and again early in the first epoch, far before the model has plateaued, and
+    training crawls on with a tiny learning rate. Nothing crashes.
+
+    ## Example
+    ```python
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=5)
+    for epoch in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            scheduler.step(loss.item())     # once per batch
+    ```
+
+    ## Use instead
+    ```python
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=5)
+    for epoch in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        scheduler.step(validate(model))     # once per epoch, on the validation metric
+    ```
+    """
+
+    code = "GD210"
+    slug = "plateau-every-batch"
+    severity = Severity.WARNING
+    summary = "ReduceLROnPlateau.step() is called every batch: patience counts batches, not epochs"
+    fix = "call scheduler.step(val_metric) once per epoch (after validation), outside the batch loop"
+
+    def check(self, a):
+        if not any(is_plateau(e.get("cls")) for e in a.of_kind("scheduler_step")):
+            return
+        # every plateau step and optimizer step, keyed by the DataLoader epoch of the batch the
+        # latest backward used ((loader, epoch), or None without a DataLoader)
+        calls: dict[tuple, list] = {}  # (sched, epoch key) -> its scheduler_step events
+        steps: dict[tuple, list] = {}  # (opt, epoch key) -> the optimizer's steps
+        epoch = None
+        for e in a.events:
+            if e.kind == "backward":
+                batch = e.get("batch")
+                epoch = (batch[0], batch[1]) if batch else None
+            elif e.kind == "step":
+                steps.setdefault((e["opt"], epoch), []).append(e)
+            elif e.kind == "scheduler_step" and is_plateau(e.get("cls")):
+                calls.setdefault((e["sched"], epoch), []).append(e)
+        found: dict = {}
+        for (sched, key), events in calls.items():
+            opt = events[0].get("opt")
+            mine = [s for (o, k), ss in steps.items() if k == key and (opt is None or o == opt)
+                    for s in ss]
+            if len(events) < MIN_CALLS or len(events) < len(mine) or len(mine) < 1:
+                continue
+            if key is None and len(mine) < MIN_CALLS:
+                continue
+            if sched not in found or (found[sched][1] is None and key is not None):
+                found[sched] = (events, key, mine)
+        for sched, (events, key, mine) in found.items():
+            yield self._finding(a, events, key, mine)
+
+    def _finding(self, a, events, key, mine):
+        first = events[0]
+        opt = first.get("opt")
+        name = a.optimizer_name(opt) if opt is not None else "the optimizer"
+        cls = first.get("cls") or "ReduceLROnPlateau"
+        if key is not None:
+            where = (f"after every batch ({plural(len(events), 'call')} in epoch {key[1]} of "
+                     f"the DataLoader, for {plural(len(mine), 'step')} of {name})")
+            severity = None
+            tail = ("its patience and cooldown count batches, not epochs, so a noisy per-batch "
+                    "metric cuts the learning rate long before training has plateaued")
+        else:
+            where = (f"after every optimizer step ({plural(len(events), 'call')} for "
+                     f"{plural(len(mine), 'step')} of {name})")
+            severity = Severity.INFO
+            tail = ("if each step is a whole epoch (full-batch training) this is right; if the "
+                    "loop runs over mini-batches, its patience counts batches, not epochs, and "
+                    "the learning rate is cut far too early")
+        message = f"{cls}.step() runs {where}: {tail}"
+        return self.finding(
+            message, first.loc, severity=severity, step=a.next_step_number(first.seq),
+            related=(related(mine[0], "the optimizer step it follows each time"),),
+            evidence={"scheduler": cls, "optimizer": opt, "calls": len(events),
+                      "steps": len(mine), "epoch": list(key) if key is not None else None},
+        )
