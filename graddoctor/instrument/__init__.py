@@ -12,6 +12,8 @@ from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
+from .dropout import FunctionalDropoutWatcher
+from .losses import LossShapeWatcher
 from .modes import ModeWatcher
 from .names import emit_param_events, name_parameters
 from .optim import OptimizerWatcher
@@ -38,6 +40,8 @@ class Instrumentation:
         # BatchNorm/dropout modes (issue 4)
         self.modes = ModeWatcher(rec, self.optimizers.owned)
         self.watchers.append(self.modes)
+        # functional dropout left on in eval mode; regression losses that broadcast (wave 2)
+        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec)]
         # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)
