@@ -37,7 +37,7 @@ _MAX_FRAMES = 64  # how far up from the call to look for the module
 class FunctionalDropoutWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._done: set[tuple] = set()  # (code, line) of call sites already recorded
+        self._done: set[tuple] = set()  # (code, line): call sites recorded, or not the user's
         self._method: dict = {}  # code object -> its first argument is ``self``
 
     def _wrap(self, original, fn: str):
@@ -55,6 +55,13 @@ class FunctionalDropoutWatcher:
         return dropout
 
     def _check(self, fn: str, args, kwargs, caller) -> None:
+        code = caller.f_code
+        site = (code, caller.f_lineno)
+        if site in self._done:
+            return  # recorded already, or a library's own call
+        if not self.rec.finder.is_user_file(code.co_filename):
+            self._done.add(site)  # torch's own calls pass the argument or p = 0 in eval mode
+            return
         p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
         if isinstance(p, torch.Tensor):
             return  # reading it could wait for the device
@@ -64,10 +71,6 @@ class FunctionalDropoutWatcher:
             return  # torch reports it
         if not p > 0:
             return  # p = 0 drops nothing
-        code = caller.f_code
-        site = (code, caller.f_lineno)
-        if site in self._done or not self.rec.finder.is_user_file(code.co_filename):
-            return  # recorded already, or a library's own call (torch passes the argument)
         frame, module = self._module_of(caller)
         if module is None or module.training:
             return

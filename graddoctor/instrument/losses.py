@@ -30,6 +30,7 @@ from .. import events as ev
 from .recorder import Recorder
 
 NAMES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+_MAX_FINE = 1024  # shape pairs remembered (variable lengths must not grow it without bound)
 
 
 def broadcast_shape(a, b) -> list[int] | None:
@@ -52,6 +53,7 @@ class LossShapeWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._done: set = set()  # locations already recorded
+        self._fine: set = set()  # (input shape, target shape) pairs that broadcast harmlessly
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
@@ -78,13 +80,18 @@ class LossShapeWatcher:
     def _check(self, fn: str, signature, input, target, args, kwargs) -> None:
         if not (isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor)):
             return  # a number, or a mistake torch reports itself
-        a, b = list(input.shape), list(target.shape)
+        pair = (input.shape, target.shape)
+        if pair in self._fine:
+            return  # the same harmless broadcast as before (every step of a loop)
+        a, b = list(pair[0]), list(pair[1])
         shape = broadcast_shape(a, b)
-        if shape is None:
-            return
         size_a, size_b = math.prod(a), math.prod(b)
-        if math.prod(shape) <= max(size_a, size_b):
-            return  # one side only expands (a scalar, a per-feature target): the usual intent
+        if shape is None or math.prod(shape) <= max(size_a, size_b):
+            # torch raises for the first; in the second one side only expands (a scalar, a
+            # per-feature target): the usual intent
+            if len(self._fine) < _MAX_FINE:
+                self._fine.add(pair)
+            return
         rec = self.rec
         loc = rec.here()
         if loc in self._done:
