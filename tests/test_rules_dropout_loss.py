@@ -129,3 +129,10 @@ def test_aside_events_are_not_calls_of_the_loop():
     labels = [item.label for turn in a.turns for item in turn.items]
     assert "loss_broadcast" not in labels and "dropout_default" not in labels
     assert labels.count("step") == 2
+
+
+def test_a_gradient_enabled_pass_in_eval_mode_says_so():
+    t = TraceBuilder()
+    dropout(t, 15, grad=True)
+    [f] = check(FunctionalDropoutInEval, t)
+    assert "gradient-enabled pass" in f.message and f.evidence["grad"] is True

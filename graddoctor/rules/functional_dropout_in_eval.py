@@ -49,10 +49,12 @@ class FunctionalDropoutInEval(Rule):
             fn, p, cls, name = e.get("fn", "dropout"), e.get("p"), e.get("cls", "Module"), e.get("name")
             module = f"{name} ({cls})" if name else cls
             rate = f"{p:.0%} of " if isinstance(p, (int, float)) else ""
+            effect = ("its outputs stay random in this gradient-enabled pass too (a part kept in eval "
+                      "mode while training still gets dropout)" if e.get("grad") else
+                      "validation and inference results are noisy and change from call to call")
             yield self.finding(
                 f"F.{fn} here leaves training at its default (True), so it keeps zeroing {rate}the "
-                f"activations although {module} is in eval mode: validation and inference results "
-                f"are noisy and change from call to call",
+                f"activations although {module} is in eval mode: {effect}",
                 e.loc,
                 step=a.steps_before(e.seq) or None,
                 evidence={"function": fn, "p": p, "module": name or cls, "class": cls,
