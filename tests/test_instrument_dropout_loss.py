@@ -204,3 +204,21 @@ def test_intended_broadcasts_are_not_recorded_and_pairwise_ones_are_marked():
     assert event.loc.line == line_of("mark: pairwise")
     assert (event["shape"], event["same_elements"], event["reduction"]) == ([5, 4, 3], False, "sum")
     assert of(trace, "internal_error") == []
+
+
+def test_torchscript_compiles_torchs_own_functions_not_the_wrappers():
+    class Scripted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            h = F.dropout2d(F.dropout(self.fc(x), 0.1, self.training), 0.0, self.training)
+            return h + F.mse_loss(h, x) + F.huber_loss(h, x) + F.smooth_l1_loss(h, x) + F.l1_loss(h, x)
+
+    def script():
+        scripted = torch.jit.script(Scripted().eval())
+        assert scripted(torch.randn(2, 3)).shape == (2, 3)
+
+    trace = record(script)
+    assert of(trace, "internal_error") == []

@@ -9,6 +9,7 @@ argument, so only a call that leaves it out can be this bug. (``alpha_dropout`` 
 The public names in ``torch.nn.functional`` are patched before the user's script is imported,
 so ``F.dropout`` looked up at call time and ``from torch.nn.functional import dropout`` both
 reach the wrapper; torch's own modules call ``F.dropout`` too (with the argument given).
+``torch.jit.script`` compiles torch's function, not the wrapper (``__prepare_scriptable__``).
 
 Cost per call: a call that gives ``training`` (``nn.Dropout``, every torch module) or p = 0 only
 pays the wrapper. A call that leaves it out, made from the user's own file, looks for the module
@@ -52,6 +53,7 @@ class FunctionalDropoutWatcher:
                     rec.internal_error(f"F.{fn}", exc)
             return original(*args, **kwargs)
 
+        dropout.__prepare_scriptable__ = lambda: original  # torch.jit.script compiles torch's own
         return dropout
 
     def _check(self, fn: str, args, kwargs, caller) -> None:

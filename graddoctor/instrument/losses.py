@@ -6,7 +6,8 @@ of the batch's targets. torch only prints a UserWarning (for any shape differenc
 ones included).
 
 ``mse_loss``, ``l1_loss``, ``smooth_l1_loss`` and ``huber_loss`` in ``torch.nn.functional`` are
-patched before the user's script is imported (their ``nn`` modules call them). Cost per call: one
+patched before the user's script is imported (their ``nn`` modules call them; ``torch.jit.script``
+compiles torch's own function, ``__prepare_scriptable__``). Cost per call: one
 shape comparison; only different shapes are looked at further (their broadcast, in Python). A
 call whose broadcast has more elements than input and target is recorded once per call line (a
 ``loss_broadcast`` aside event, see ``Recorder.emit_aside``).
@@ -75,6 +76,7 @@ class LossShapeWatcher:
                 rec.internal_error(f"F.{fn}", exc)
             return original(*args, **kwargs)
 
+        loss.__prepare_scriptable__ = lambda: original  # torch.jit.script compiles torch's own
         return loss
 
     def _check(self, fn: str, signature, input, target, args, kwargs) -> None:
