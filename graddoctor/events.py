@@ -67,9 +67,9 @@ dropout_default    fn (dropout | dropout1d | dropout2d | dropout3d), p, cls (cla
                    the first such call of each call line (loc: that call)
 loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_shape,
                    target_shape, shape (their broadcast), reduction, grad (a gradient flows into
-                   the input), same_elements (equal numel, equal shapes but for size-1 dims): a
-                   regression loss whose broadcast has more elements than input and target —
-                   the first such call of each call line (loc: the user's loss line)
+                   input or target): a regression loss whose broadcast has more elements than
+                   input and target — the first such call of each call line (loc: the user's
+                   loss line)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -221,10 +221,9 @@ def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, gra
 
 
 def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],
-                   reduction: str | None, grad: bool, same_elements: bool) -> Made:
+                   reduction: str | None, grad: bool) -> Made:
     return "loss_broadcast", {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
-                              "shape": shape, "reduction": reduction, "grad": grad,
-                              "same_elements": same_elements}
+                              "shape": shape, "reduction": reduction, "grad": grad}
 
 
 def internal_error(*, where: str, error: str) -> Made:

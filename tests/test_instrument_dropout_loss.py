@@ -181,7 +181,7 @@ def test_column_prediction_against_a_vector_target_is_recorded_at_the_users_line
                                                       (line_of("mark: module loss"), "mse_loss"),
                                                       (line_of("mark: metric"), "huber_loss")]
     assert dict(events[0].data) == {"fn": "l1_loss", "input_shape": [6, 1], "target_shape": [6], "shape": [6, 6],
-                                    "reduction": "mean", "grad": True, "same_elements": True}
+                                    "reduction": "mean", "grad": True}
     assert (events[1]["input_shape"], events[1]["target_shape"]) == ([6], [6, 1])
     assert (events[2]["grad"], events[2]["reduction"]) == (False, "none")
 
@@ -202,7 +202,7 @@ def test_intended_broadcasts_are_not_recorded_and_pairwise_ones_are_marked():
     trace = record(script)
     [event] = of(trace, "loss_broadcast")
     assert event.loc.line == line_of("mark: pairwise")
-    assert (event["shape"], event["same_elements"], event["reduction"]) == ([5, 4, 3], False, "sum")
+    assert (event["shape"], event["reduction"]) == ([5, 4, 3], "sum")
     assert of(trace, "internal_error") == []
 
 

@@ -24,9 +24,9 @@ def dropout(t, line, p=0.3, name="model", cls="MLP", fn="dropout", grad=False):
     return t.put(ev.dropout_default(fn=fn, p=p, cls=cls, name=name, grad=grad), line)
 
 
-def loss(t, line, a=(8, 1), b=(8,), shape=(8, 8), grad=True, same=True, fn="mse_loss", reduction="mean"):
+def loss(t, line, a=(8, 1), b=(8,), shape=(8, 8), grad=True, fn="mse_loss", reduction="mean"):
     return t.put(ev.loss_broadcast(fn=fn, input_shape=list(a), target_shape=list(b), shape=list(shape),
-                                   reduction=reduction, grad=grad, same_elements=same), line)
+                                   reduction=reduction, grad=grad), line)
 
 
 # -- functional-dropout-in-eval -------------------------------------------------------------
@@ -84,11 +84,25 @@ def test_l1_fits_the_median_and_a_metric_says_so():
     assert "reduction='none' returns that (8, 8) tensor" in found[1].message
 
 
-def test_a_pairwise_broadcast_of_different_data_is_only_info():
+def test_a_pairwise_broadcast_is_only_info():
     t = TraceBuilder()
-    loss(t, 7, a=(5, 1, 3), b=(4, 3), shape=(5, 4, 3), same=False, reduction="none")
-    [f] = check(LossShapeBroadcast, t)
-    assert f.severity is Severity.INFO and "pairwise" in f.message
+    loss(t, 7, a=(5, 1, 3), b=(4, 3), shape=(5, 4, 3), reduction="none")  # different data, kept
+    loss(t, 8, a=(6, 1, 3), b=(1, 6, 3), shape=(6, 6, 3))  # x[:, None] against x[None]: same rank
+    loss(t, 9, a=(6, 1), b=(1, 6), shape=(6, 6))
+    loss(t, 10, a=(6, 1), b=(1, 6), shape=(6, 6), reduction="none")  # keeps the pairwise tensor: meant
+    loss(t, 11, a=(6, 1), b=(6,), shape=(6, 6), reduction="none")  # misaligned all the same
+    found = check(LossShapeBroadcast, t)
+    assert [(f.location.line, f.severity) for f in found] == [(8, Severity.INFO), (9, Severity.INFO),
+                                                             (11, Severity.WARNING)]
+    assert "pairwise" in found[0].message and "(6, 1) with target (1, 6)" in found[1].message
+
+
+def test_misaligned_layouts():
+    from graddoctor.rules.loss_shape_broadcast import misaligned
+
+    assert misaligned([8, 1], [8]) and misaligned([8], [8, 1]) and misaligned([4, 1, 5, 5], [4, 5, 5])
+    assert misaligned([6, 1, 3], [6, 3])
+    assert not misaligned([6, 1], [1, 6]) and not misaligned([5, 1, 3], [4, 3]) and not misaligned([8, 2], [8])
 
 
 # -- aside events in the analysis -----------------------------------------------------------

@@ -109,12 +109,10 @@ class LossShapeWatcher:
 
             reduction = _reduction.legacy_get_string(bound.get("size_average"), bound.get("reduce"),
                                                      emit_warning=False)
-        squeezed = [d for d in a if d != 1] == [d for d in b if d != 1]
         rec.emit_aside(ev.loss_broadcast(
             fn=fn, input_shape=a, target_shape=b, shape=shape,
             reduction=reduction if isinstance(reduction, str) else None,
-            grad=torch.is_grad_enabled() and (input.requires_grad or target.requires_grad),
-            same_elements=size_a == size_b and squeezed), loc)
+            grad=torch.is_grad_enabled() and (input.requires_grad or target.requires_grad)), loc)
 
     def install(self, patcher) -> None:
         for name in NAMES:

@@ -7,6 +7,15 @@ from .base import Rule
 _FITS = {"mse_loss": "the mean of the batch's targets", "l1_loss": "the median of the batch's targets"}
 
 
+def misaligned(a, b) -> bool:
+    """The same data in two layouts that differ only by size-1 dimensions and their number:
+    (N, 1) against (N,), (B, 1, H, W) against (B, H, W). Broadcasting them pairs every element of
+    one with every element of the other, which nobody means. A broadcast both ways between
+    tensors of one rank, (N, 1) against (1, M), took an explicit unsqueeze on each side: a
+    pairwise comparison, perhaps deliberate."""
+    return len(a) != len(b) and [d for d in a if d != 1] == [d for d in b if d != 1]
+
+
 def _shape(shape) -> str:
     """(8, 1), (8,), ()"""
     dims = list(shape or ())
@@ -20,8 +29,9 @@ class LossShapeBroadcast(Rule):
     or as `nn.MSELoss`, ...) whose input and target have different shapes that broadcast to a
     larger one — typically a prediction of shape `(N, 1)` against a target of shape `(N,)`. It
     points at the loss call. Equal shapes, a scalar target and a target that only expands along
-    the input (`(N, D)` against `(D,)`) are not reported; shapes that hold different data and
-    broadcast both ways (a pairwise comparison, perhaps deliberate) are reported as info.
+    the input (`(N, D)` against `(D,)`) are not reported. Other broadcasts that grow both sides
+    (`(N, 1)` against `(1, M)`: a pairwise comparison, perhaps deliberate) are reported as info,
+    and not at all with `reduction='none'`, which keeps the pairwise tensor.
 
     ## Why is this bad?
     `(N, 1)` and `(N,)` broadcast to `(N, N)`: every prediction is compared with every target of
@@ -58,7 +68,9 @@ class LossShapeBroadcast(Rule):
                         "target_shape": list(e.get("target_shape") or ()), "shape": list(e.get("shape") or ()),
                         "grad": bool(e.get("grad"))}
             step = a.next_step_number(e.seq) if e.get("grad") else (a.steps_before(e.seq) or None)
-            if not e.get("same_elements"):
+            if not misaligned(evidence["input_shape"], evidence["target_shape"]):
+                if e.get("reduction") == "none":
+                    continue  # both sides grow and the whole pairwise tensor is kept: meant
                 yield self.finding(
                     f"{fn} compares input {given} with target {target} broadcast to {shape}, more "
                     f"elements than either: each input is compared with several targets{kept}. "
