@@ -222,3 +222,24 @@ def test_torchscript_compiles_torchs_own_functions_not_the_wrappers():
 
     trace = record(script)
     assert of(trace, "internal_error") == []
+
+
+def test_aside_events_are_held_in_order_with_their_seqs():
+    rec = Recorder(step_budget=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Instrumentation(rec):
+            model = Net("default").eval()
+            with torch.no_grad():
+                for _ in range(2):
+                    model(torch.randn(3, 4))  # mode_module x2, mode_forward, then the aside event
+                    F.mse_loss(torch.randn(3, 1), torch.randn(3))  # a second aside event, once
+            emitted = len(rec.trace)
+            held = rec.snapshot().events[emitted:]
+            assert [e.seq for e in held] == list(range(emitted, emitted + len(held)))
+            kinds = [e.kind for e in held]
+            assert kinds.index("mode_forward") < kinds.index("dropout_default") < kinds.index("loss_broadcast")
+            rec.internal_error("test", RuntimeError("x"))  # any other event closes them, as held
+            assert [(e.seq, e.kind) for e in rec.trace.events[emitted:-1]] == [(e.seq, e.kind) for e in held]
+            [forward] = [e for e in rec.trace.events[emitted:] if e.kind == "mode_forward"]
+            assert forward["calls"] == 2  # the aggregate grew past the aside events

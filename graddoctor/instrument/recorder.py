@@ -142,13 +142,13 @@ class Recorder:
     def emit_aside(self, made: ev.Made, loc: Location | None = None) -> None:
         """An observation made inside another watcher's open aggregate (a dropout call in a
         forward, a loss's shapes: ``events.ASIDE_KINDS``) that must not close it: the holder
-        keeps it after its held events and their aggregates stay open; without a holder it is
-        emitted at once."""
-        holder = self.holder
-        if holder is not None:
-            holder.hold_aside(made, loc)
+        keeps it after its held events and their aggregates stay open; otherwise it is emitted
+        as usual."""
+        hold_aside = getattr(self.holder, "hold_aside", None)
+        if hold_aside is not None:
+            hold_aside(made, loc)
         else:
-            self.trace.put(made, loc)
+            self.emit(made, loc)
 
     def release(self) -> None:
         """Have the holder emit its held events now."""
