@@ -80,12 +80,25 @@ bn_reset           modules [mid], calls (reset_running_stats() by the user)
 update_bn          (torch.optim.swa_utils.update_bn called; its forwards are ``recalibrating``)
 compile            target, fullgraph, backend (a torch.compile call; graddoctor's hooks run at its
                    graph breaks)
+dropout_default    fn (dropout | dropout1d | dropout2d | dropout3d), p, cls (class of the module
+                   whose method made the call), name (that module's path, e.g. ``model.blocks.0``,
+                   or None), grad (grad mode on): the user's functional dropout left at its
+                   default ``training=True``, with p > 0, while that module is in eval mode —
+                   the first such call of each call line (loc: that call)
+loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_shape,
+                   target_shape, shape (their broadcast), reduction, grad (a gradient flows into
+                   input or target): a regression loss whose broadcast has more elements than
+                   input and target — the first such call of each call line (loc: the user's
+                   loss line)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
+``dropout_default`` and ``loss_broadcast`` are *aside* kinds (``ASIDE_KINDS``): observations made
+in the middle of a forward, emitted with ``Recorder.emit_aside`` so that they close none of the
+mode watcher's open aggregates (the analysis' mode timeline passes over them too).
 Scale values may be a ``Deferred`` device value while the run goes on; the final trace holds
 the number (instrument/recorder.py). Rules ignore kinds they do not know.
 """
@@ -231,6 +244,16 @@ def torch_compile(*, target: str, fullgraph: bool, backend: str) -> Made:
     return "compile", {"target": target, "fullgraph": fullgraph, "backend": backend}
 
 
+def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, grad: bool) -> Made:
+    return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad}
+
+
+def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],
+                   reduction: str | None, grad: bool) -> Made:
+    return "loss_broadcast", {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
+                              "shape": shape, "reduction": reduction, "grad": grad}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -247,6 +270,11 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "scheduler_step": scheduler_step, "train": mode_set, "eval": mode_set,
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
+    "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
+
+ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast"})
+"""Observations made inside a forward (``Recorder.emit_aside``): they close no aggregate, and the
+analysis and the timeline treat them as details, not as calls of the loop."""

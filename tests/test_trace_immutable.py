@@ -23,7 +23,8 @@ from graddoctor.trace import Event, Location, Trace, TraceBuilder
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 # between them every kind the fixtures record (AMP, clipping, schedulers, loaders, modes)
 COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_frozen_encoder_eval.py",
-            "modes/good_recalibrate_reset_running_stats.py", "modes/good_swa_update_bn.py"]
+            "modes/good_recalibrate_reset_running_stats.py", "modes/good_swa_update_bn.py",
+            "modes/bad_functional_dropout_validation.py", "losses/bad_loss_broadcast_column_output.py"]
 
 GRAD_EDIT_SCRIPT = """
 import torch

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..events import ASIDE_KINDS
 from ..trace import Event
 
 from . import listing
@@ -131,6 +132,8 @@ def build_timeline(a: "Analysis") -> ModeTimeline:
             continue
         if kind == "mode_forward":
             pending.append((i, e, prev_boundary))
+            continue
+        if kind in ASIDE_KINDS:  # observed inside a forward: its window is still open
             continue
         resolve()  # any other event closes the aggregation window
         if kind in MODE_SETS:

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..events import ASIDE_KINDS
 from ..trace import Event, Location
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ LABELS = {
 }
 # Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
 SKIP = {"run_start", "run_end", "param", "optimizer_init", "internal_error", "step_begin",
-        "mode_module"}
+        "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs
 # unscale_ (when the user did not) and optimizer.step(); scaler.scale(loss).backward() is one call.
 ABSORBS = {"scaler.step": {"step", "unscale"}, "backward": {"scale"}}

@@ -12,6 +12,8 @@ from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
+from .dropout import FunctionalDropoutWatcher
+from .losses import LossShapeWatcher
 from .modes import ModeWatcher
 from .names import emit_param_events, name_parameters
 from .optim import OptimizerWatcher
@@ -39,6 +41,8 @@ class Instrumentation:
         self.modes = ModeWatcher(rec, self.optimizers.owned)
         self.watchers.append(self.modes)
         self.optimizers.freeze_seq = self.modes.freeze_seq  # a frozen param's step names its freeze
+        # functional dropout left on in eval mode; regression losses that broadcast (wave 2)
+        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec)]
         # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)

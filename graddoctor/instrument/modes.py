@@ -123,6 +123,10 @@ class ModeWatcher:
         if wrong:  # an event went into the trace past Recorder.emit: a freeze seq may be off
             raise RuntimeError(f"held events emitted with other seqs than expected: {wrong}")
 
+    def hold_aside(self, made: ev.Made, loc) -> None:
+        """Keep an aside event (``Recorder.emit_aside``) after ours; the aggregates stay open."""
+        self._hold(made, loc)
+
     def held(self) -> list[tuple]:
         """Copies of the held events as they are now (for a snapshot): (seq, kind, loc, data)."""
         return [(seq, kind, loc, {k: list(v) if type(v) is list else v for k, v in data.items()})

@@ -121,7 +121,8 @@ class Recorder:
         self.budget_holds: list[Callable[[], bool]] = []
         # a watcher holding back events that may still grow; it has ``close()`` (emit them now,
         # in order, with ``trace.put``) and ``held()`` (copies for a snapshot: [(seq, kind, loc,
-        # data)]). ``emit`` closes it before any other event, so the seqs are known ahead.
+        # data)]) and ``hold_aside(made, loc)`` (keep an aside event after them; ``emit_aside``).
+        # ``emit`` closes it before any other event, so the seqs are known ahead.
         self.holder: Any = None
 
     # -- events ------------------------------------------------------------------------
@@ -137,6 +138,17 @@ class Recorder:
         if self.holder is not None:
             self.release()
         return self.trace.put(made, loc)
+
+    def emit_aside(self, made: ev.Made, loc: Location | None = None) -> None:
+        """An observation made inside another watcher's open aggregate (a dropout call in a
+        forward, a loss's shapes: ``events.ASIDE_KINDS``) that must not close it: the holder
+        keeps it after its held events and their aggregates stay open; otherwise it is emitted
+        as usual."""
+        hold_aside = getattr(self.holder, "hold_aside", None)
+        if hold_aside is not None:
+            hold_aside(made, loc)
+        else:
+            self.emit(made, loc)
 
     def release(self) -> None:
         """Have the holder emit its held events now."""

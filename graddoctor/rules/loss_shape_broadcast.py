@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule
+
+# what minimising the loss over every (prediction, target) pair fits each prediction to
+_FITS = {"mse_loss": "the mean of the batch's targets", "l1_loss": "the median of the batch's targets"}
+
+
+def misaligned(a, b) -> bool:
+    """The same data in two layouts that differ only by size-1 dimensions and their number:
+    (N, 1) against (N,), (B, 1, H, W) against (B, H, W). Broadcasting them pairs every element of
+    one with every element of the other, which nobody means. A broadcast both ways between
+    tensors of one rank, (N, 1) against (1, M), took an explicit unsqueeze on each side: a
+    pairwise comparison, perhaps deliberate."""
+    return len(a) != len(b) and [d for d in a if d != 1] == [d for d in b if d != 1]
+
+
+def _shape(shape) -> str:
+    """(8, 1), (8,), ()"""
+    dims = list(shape or ())
+    return f"({dims[0]},)" if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
+
+
+class LossShapeBroadcast(Rule):
+    """
+    ## What it does
+    Finds regression losses (`mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`, functional
+    or as `nn.MSELoss`, ...) whose input and target have different shapes that broadcast to a
+    larger one — typically a prediction of shape `(N, 1)` against a target of shape `(N,)`. It
+    points at the loss call. Equal shapes, a scalar target and a target that only expands along
+    the input (`(N, D)` against `(D,)`) are not reported. Other broadcasts that grow both sides
+    (`(N, 1)` against `(1, M)`: a pairwise comparison, perhaps deliberate) are reported as info,
+    and not at all with `reduction='none'`, which keeps the pairwise tensor.
+
+    ## Why is this bad?
+    `(N, 1)` and `(N,)` broadcast to `(N, N)`: every prediction is compared with every target of
+    the batch. The loss still goes down, but the optimum predicts the same value for every
+    sample (the mean of the targets for MSE, their median for L1): the model learns nothing
+    about the inputs. torch only prints a UserWarning.
+
+    ## Example
+    ```python
+    pred = model(x)             # (N, 1)
+    loss = F.mse_loss(pred, y)  # y: (N,)
+    ```
+
+    ## Use instead
+    ```python
+    pred = model(x).squeeze(-1)  # (N,)
+    loss = F.mse_loss(pred, y)
+    ```
+    """
+
+    code = "GD211"
+    slug = "loss-shape-broadcast"
+    severity = Severity.WARNING
+    summary = "a regression loss broadcasts input (N, 1) against target (N,) to an N×N loss"
+    fix = "make the shapes equal: pred.squeeze(-1) for a (N,) target, or y.view_as(pred)"
+
+    def check(self, a):
+        for e in a.of_kind("loss_broadcast"):
+            fn = e.get("fn", "mse_loss")
+            given, target, shape = _shape(e.get("input_shape")), _shape(e.get("target_shape")), _shape(e.get("shape"))
+            kept = (f" (reduction='none' returns that {shape} tensor)"
+                    if e.get("reduction") == "none" else "")
+            evidence = {"function": fn, "input_shape": list(e.get("input_shape") or ()),
+                        "target_shape": list(e.get("target_shape") or ()), "shape": list(e.get("shape") or ()),
+                        "grad": bool(e.get("grad"))}
+            step = a.next_step_number(e.seq) if e.get("grad") else (a.steps_before(e.seq) or None)
+            if not misaligned(evidence["input_shape"], evidence["target_shape"]):
+                if e.get("reduction") == "none":
+                    continue  # both sides grow and the whole pairwise tensor is kept: meant
+                yield self.finding(
+                    f"{fn} compares input {given} with target {target} broadcast to {shape}, more "
+                    f"elements than either: each input is compared with several targets{kept}. "
+                    f"If this pairwise comparison is deliberate, nothing is wrong; otherwise make "
+                    f"the shapes equal",
+                    e.loc, severity=Severity.INFO, step=step,
+                    evidence=evidence)
+                continue
+            if e.get("grad"):
+                effect = (f"training fits every prediction to {_FITS.get(fn, 'one value for the whole batch')} "
+                          f"instead of its own target")
+            else:
+                effect = "the value computed here (a validation loss, a metric) is not the per-sample error"
+            yield self.finding(
+                f"{fn} compares input {given} with target {target}: they broadcast to {shape}, so every "
+                f"prediction is compared with every target of the batch{kept} — {effect}",
+                e.loc, step=step,
+                evidence=evidence)
