@@ -29,6 +29,7 @@ else is emitted in between, so the seqs and the order are those of emitting each
 from __future__ import annotations
 
 import functools
+import types
 import sys
 import weakref
 
@@ -204,7 +205,7 @@ class ModeWatcher:
                     rec.internal_error("BatchNorm/dropout forward", exc)
             return original(module, *args, **kwargs)
 
-        return forward
+        return scriptable_like(original, forward)
 
     def _call_site(self):
         """(outermost module call frame or None, the user's frame that made that call, its key).
@@ -412,3 +413,21 @@ class ModeWatcher:
         patcher.patch(NormBase, "reset_running_stats", self._wrap_reset_running_stats(NormBase.reset_running_stats))
         swa_utils = torch.optim.swa_utils
         patcher.patch(swa_utils, "update_bn", self._wrap_update_bn(swa_utils.update_bn))
+
+
+def scriptable_like(original, wrapper):
+    """``wrapper`` (made with functools.wraps) as a function that resolves global names in
+    ``original``'s module as well as its own. ``torch.jit.script`` compiles a module's
+    ``forward`` from the source of the function it wraps (``__wrapped__``) but resolves that
+    source's names (``F``, ``Tensor``) in the *wrapper's* globals: with graddoctor's own, scripting
+    any model with BatchNorm or dropout failed ("undefined value F"). The scripted module then
+    runs TorchScript code, which graddoctor does not see (as with compiled graphs)."""
+    code = wrapper.__code__
+    scope = dict(original.__globals__)
+    scope.update({name: wrapper.__globals__[name] for name in code.co_names
+                  if name in wrapper.__globals__})
+    made = types.FunctionType(code, scope, wrapper.__name__, wrapper.__defaults__,
+                              wrapper.__closure__)
+    made.__kwdefaults__ = wrapper.__kwdefaults__
+    functools.update_wrapper(made, original)
+    return made
