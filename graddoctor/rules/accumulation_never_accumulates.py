@@ -90,6 +90,8 @@ class AccumulationNeverAccumulates(Rule):
                 continue  # (l1 + ... + lk) / k: the average of k losses
             if any(e["opt"] == opt for e in edits):
                 continue  # gradients rescaled by hand before some step
+            if any(d.later_step is not None and d.later_step["opt"] == opt for d in a.ledger.discards):
+                continue  # the other micro-batches were discarded: misplaced-zero-grad's finding
             yield self._finding(a, opt, windows, factor, k)
 
     def _finding(self, a, opt, windows, factor, k):
