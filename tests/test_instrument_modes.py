@@ -242,6 +242,19 @@ def test_eval_on_a_frozen_part_is_marked_frozen():
     assert [e["frozen"] for e in sets] == [True, False]
 
 
+def test_torch_compile_fullgraph_of_batchnorm_and_dropout_models_works_under_instrumentation():
+    """Dynamo refused to inline the patched forwards (graddoctor's folder is on its skip list):
+    fullgraph=True then failed on any model with BatchNorm or dropout."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.BatchNorm1d(8), nn.Linear(8, 1)).eval()
+    x = torch.randn(16, 4)
+    expected = model(x)
+    with Instrumentation(Recorder(step_budget=None)):
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        assert torch.equal(compiled(x), expected)
+    torch._dynamo.reset()
+
+
 def test_torch_jit_script_of_batchnorm_and_dropout_models_works_under_instrumentation():
     """The patched forwards once made torch.jit.script fail ("undefined value F"): it compiles
     the wrapped forward's source against the wrapper's globals."""

@@ -20,13 +20,13 @@ whose method made it (usually the calling frame itself: ``self`` of a ``forward`
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import torch
 import torch.nn.functional as F
 
 from .. import events as ev
+from .inlinable import watched
 from .names import variable_name
 from .recorder import Recorder
 
@@ -44,15 +44,14 @@ class FunctionalDropoutWatcher:
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
 
-        @functools.wraps(original)
-        def dropout(*args, **kwargs):
+        def before(args, kwargs) -> None:
             if len(args) < 3 and "training" not in kwargs:  # training left at its default
                 try:
-                    watcher._check(fn, args, kwargs, sys._getframe(1))
+                    watcher._check(fn, args, kwargs, sys._getframe(2))  # the caller of F.dropout
                 except Exception as exc:
                     rec.internal_error(f"F.{fn}", exc)
-            return original(*args, **kwargs)
 
+        dropout = watched(original, before)  # torch.compile inlines it (inlinable.py)
         dropout.__prepare_scriptable__ = lambda: original  # torch.jit.script compiles torch's own
         return dropout
 

@@ -20,7 +20,6 @@ once-per-location registry: a harmless (N, D) / (D,) broadcast would then warn a
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import events as ev
+from .inlinable import watched
 from .recorder import Recorder
 
 NAMES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
@@ -60,22 +60,20 @@ class LossShapeWatcher:
         watcher, rec = self, self.rec
         signature = inspect.signature(original)
 
-        @functools.wraps(original)
-        def loss(*args, **kwargs):
+        def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
             try:
-                differ = input.shape != target.shape
+                if input.shape == target.shape:
+                    return
             except AttributeError:
-                differ = False  # not tensors: torch reports it
-            if not differ:
-                return original(*args, **kwargs)
+                return  # not tensors: torch reports it
             try:
                 watcher._check(fn, signature, input, target, args, kwargs)
             except Exception as exc:
                 rec.internal_error(f"F.{fn}", exc)
-            return original(*args, **kwargs)
 
+        loss = watched(original, before)  # torch.compile inlines it (inlinable.py)
         loss.__prepare_scriptable__ = lambda: original  # torch.jit.script compiles torch's own
         return loss
 

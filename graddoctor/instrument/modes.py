@@ -29,7 +29,6 @@ else is emitted in between, so the seqs and the order are those of emitting each
 from __future__ import annotations
 
 import functools
-import types
 import sys
 import weakref
 
@@ -38,6 +37,7 @@ from torch.nn.modules import batchnorm, dropout
 
 from .. import events as ev
 from ..trace import Location
+from .inlinable import watched
 from .names import variable_name
 from .recorder import Recorder
 
@@ -195,17 +195,14 @@ class ModeWatcher:
     def _wrap_forward(self, original):
         watcher, rec = self, self.rec
 
-        @functools.wraps(original)
-        def forward(module, *args, **kwargs):
-            if rec.current_backward is None and not torch.compiler.is_compiling():
-                # (a forward inside backward is activation-checkpoint recomputation)
+        def before(args, kwargs) -> None:
+            if rec.current_backward is None:  # inside backward: checkpoint recomputation
                 try:
-                    watcher._record_forward(module, args[0] if args else kwargs.get("input"))
+                    watcher._record_forward(args[0], args[1] if len(args) > 1 else kwargs.get("input"))
                 except Exception as exc:
                     rec.internal_error("BatchNorm/dropout forward", exc)
-            return original(module, *args, **kwargs)
 
-        return scriptable_like(original, forward)
+        return watched(original, before)
 
     def _call_site(self):
         """(outermost module call frame or None, the user's frame that made that call, its key).
@@ -213,7 +210,7 @@ class ModeWatcher:
         The walk to the top of the stack is done once per outermost call: while that call runs
         its frame stays on the stack, so a later layer's walk stops when it reaches it. The
         cached frames are dropped when the aggregation window closes (``_close_window``)."""
-        start = f = sys._getframe(3)
+        start = f = sys._getframe(4)  # _record_forward, before, the wrapper, then the module call
         cached = self._outer
         if cached is not None:
             while f is not None and f is not cached:
@@ -413,21 +410,3 @@ class ModeWatcher:
         patcher.patch(NormBase, "reset_running_stats", self._wrap_reset_running_stats(NormBase.reset_running_stats))
         swa_utils = torch.optim.swa_utils
         patcher.patch(swa_utils, "update_bn", self._wrap_update_bn(swa_utils.update_bn))
-
-
-def scriptable_like(original, wrapper):
-    """``wrapper`` (made with functools.wraps) as a function that resolves global names in
-    ``original``'s module as well as its own. ``torch.jit.script`` compiles a module's
-    ``forward`` from the source of the function it wraps (``__wrapped__``) but resolves that
-    source's names (``F``, ``Tensor``) in the *wrapper's* globals: with graddoctor's own, scripting
-    any model with BatchNorm or dropout failed ("undefined value F"). The scripted module then
-    runs TorchScript code, which graddoctor does not see (as with compiled graphs)."""
-    code = wrapper.__code__
-    scope = dict(original.__globals__)
-    scope.update({name: wrapper.__globals__[name] for name in code.co_names
-                  if name in wrapper.__globals__})
-    made = types.FunctionType(code, scope, wrapper.__name__, wrapper.__defaults__,
-                              wrapper.__closure__)
-    made.__kwdefaults__ = wrapper.__kwdefaults__
-    functools.update_wrapper(made, original)
-    return made

@@ -1,0 +1,39 @@
+"""Wrappers of functions that run inside compiled or scripted code (module forwards, F.dropout,
+the regression losses): made so that torch.compile and torch.jit.script see through them.
+
+* torch.compile (Dynamo) refuses to inline code from graddoctor's folder (it is on Dynamo's skip
+  list, see compile.py), so inside ``fullgraph=True`` a model whose forward reaches one of our
+  wrappers failed ("Attempted to inline function marked as skipped"). The wrapper's code is
+  therefore compiled from source under a file name of its own: Dynamo inlines it, sees
+  ``is_compiling()`` and traces only the original.
+* torch.jit.script compiles a wrapped function's source (``__wrapped__``) but resolves its names
+  (``F``, ``Tensor``) in the wrapper's globals: the wrapper gets a copy of the original's.
+
+Compiled or scripted code is not watched (the README says so for compiled graphs).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_SOURCE = """
+def make(before, original, is_compiling):
+    def wrapper(*args, **kwargs):
+        if not is_compiling():
+            before(args, kwargs)
+        return original(*args, **kwargs)
+    return wrapper
+"""
+_CODE = compile(_SOURCE, "<graddoctor: watched call>", "exec")
+
+
+def watched(original, before):
+    """``original`` with ``before(args, kwargs)`` called ahead of each eager call. ``before`` is
+    graddoctor's own code and must not raise; its caller's caller (``sys._getframe(2)``) is the
+    code that made the call."""
+    scope = dict(getattr(original, "__globals__", None) or vars(torch))  # a copy: torch's stays as it is
+    exec(_CODE, scope)
+    wrapper = scope.pop("make")(before, original, torch.compiler.is_compiling)
+    return functools.wraps(original)(wrapper)
