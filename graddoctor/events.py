@@ -90,13 +90,19 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_
                    input or target): a regression loss whose broadcast has more elements than
                    input and target — the first such call of each call line (loc: the user's
                    loss line)
+idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so
+                   far), grad (grad mode on), inference (inference mode on), training (the
+                   module's .training): a forward of a module that owns optimizer parameters
+                   without a gradient at every step so far (2 at least) — watched only from
+                   then on, the first call of each call line and mode (loc: the user's line
+                   that called it)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
-``dropout_default`` and ``loss_broadcast`` are *aside* kinds (``ASIDE_KINDS``): observations made
+``dropout_default``, ``loss_broadcast`` and ``idle_forward`` are *aside* kinds (``ASIDE_KINDS``): observations made
 in the middle of a forward, emitted with ``Recorder.emit_aside`` so that they close none of the
 mode watcher's open aggregates (the analysis' mode timeline passes over them too).
 Scale values may be a ``Deferred`` device value while the run goes on; the final trace holds
@@ -254,6 +260,12 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                               "shape": shape, "reduction": reduction, "grad": grad}
 
 
+def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,
+                 training: bool) -> Made:
+    return "idle_forward", {"mid": mid, "cls": cls, "params": params, "grad": grad,
+                            "inference": inference, "training": training}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -271,10 +283,11 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
+    "idle_forward": idle_forward,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast"})
+ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "idle_forward"})
 """Observations made inside a forward (``Recorder.emit_aside``): they close no aggregate, and the
 analysis and the timeline treat them as details, not as calls of the loop."""

@@ -24,7 +24,8 @@ FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # between them every kind the fixtures record (AMP, clipping, schedulers, loaders, modes)
 COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_frozen_encoder_eval.py",
             "modes/good_recalibrate_reset_running_stats.py", "modes/good_swa_update_bn.py",
-            "modes/bad_functional_dropout_validation.py", "losses/bad_loss_broadcast_column_output.py"]
+            "modes/bad_functional_dropout_validation.py", "losses/bad_loss_broadcast_column_output.py",
+            "zero_grad/bad_param_without_grad_head_under_no_grad.py"]
 
 GRAD_EDIT_SCRIPT = """
 import torch

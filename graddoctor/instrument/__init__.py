@@ -13,6 +13,7 @@ from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
 from .dropout import FunctionalDropoutWatcher
+from .idle import IdleParamWatcher
 from .losses import LossShapeWatcher
 from .modes import ModeWatcher
 from .names import emit_param_events, name_parameters
@@ -43,6 +44,10 @@ class Instrumentation:
         self.optimizers.freeze_seq = self.modes.freeze_seq  # a frozen param's step names its freeze
         # functional dropout left on in eval mode; regression losses that broadcast (wave 2)
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec)]
+        # where the parameters that never get a gradient are used (param-without-grad)
+        self.idle = IdleParamWatcher(rec)
+        self.optimizers.without_listener = self.idle.after_step
+        self.watchers.append(self.idle)
         # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)

@@ -148,6 +148,8 @@ class OptimizerWatcher:
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self.step_listeners: list = []  # callables(opt_id, optimizer) after each real step
+        # callable(opt_id, [pid without grad]) after each real step (instrument/idle.py), or None
+        self.without_listener = None
         self._named_after_first_step = False
         self._normed: set[int] = set()  # optimizers whose first update carried norms
         # param -> seq of its latest freeze event (the mode watcher's; set by Instrumentation)
@@ -324,6 +326,8 @@ class OptimizerWatcher:
             without = rec.after_step(rec.opt_params.get(opt, ()))
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                      rec.here(3))
+            if self.without_listener is not None:
+                self.without_listener(opt, without)
             for listener in self.step_listeners:
                 listener(opt, optimizer)
         except Exception as exc:

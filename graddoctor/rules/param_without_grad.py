@@ -14,8 +14,13 @@ class ParamWithoutGrad(Rule):
     every step.
 
     ## Why is this bad?
-    Usually a layer defined in `__init__` but not used in `forward`, or a loss that is detached
-    from part of the model. Those weights stay at their initial values. If the layer is only
+    Usually a layer defined in `__init__` but not used in `forward`, a module called under
+    `torch.no_grad()` in the training loop, or an output that is detached from the loss. Those
+    weights stay at their initial values. When the module that holds them ran during the replay,
+    the finding points at the line that called it: under `torch.no_grad()` /
+    `torch.inference_mode()` (remove it: the module is in the optimizer, meant to train), or
+    with gradients enabled but its output cut from the loss (`.detach()`, `.item()`, unused);
+    when it never ran, at the optimizer that owns it. If the layer is only
     used on some inputs (mixture-of-experts, rare branches), a short replay may miss it: then
     ignore this finding for that layer.
 
@@ -45,6 +50,7 @@ class ParamWithoutGrad(Rule):
     def check(self, a):
         led = a.ledger
         params = a.params
+        forwards = a.of_kind("idle_forward")
         for opt, init in a.optimizers.items():
             steps = [s for s in a.steps if s["opt"] == opt and not s.get("skipped")]
             if len(steps) < MIN_STEPS:
@@ -55,12 +61,64 @@ class ParamWithoutGrad(Rule):
             idle = [pid for pid in dict.fromkeys(a.opt_params[opt])
                     if pid not in led.first_contribution and pid not in had_grad
                     and (params.get(pid) is None or params[pid].get("requires_grad", True))]
-            if idle:
-                yield self.finding(
-                    f"{a.names(idle)} are owned by this {init.get('cls', 'optimizer')} but got no "
-                    f"gradient in {len(steps)} steps: they never train",
-                    init.loc,
-                    related=(related(steps[0], "a step that finds them without gradient"),),
-                    evidence={"params": [a.param_name(p) for p in idle], "steps": len(steps),
-                              "optimizer": opt},
-                )
+            if not idle:
+                continue
+            cls = init.get("cls", "optimizer")
+            # one finding per call line and cause (the layers of one Sequential share its line);
+            # the parameters whose module was never seen running keep the optimizer's line
+            by_cause: dict = {}  # (loc, cut) | None -> (the forward that explains them, [pid])
+            for pid in idle:
+                cause = _cause(pid, forwards)
+                key = None if cause is None else (cause.loc, _with_grad(cause))
+                by_cause.setdefault(key, (cause, []))[1].append(pid)
+            for cause, pids in by_cause.values():
+                yield self._finding(a, cls, init, steps, opt, pids, cause)
+
+    def _finding(self, a, cls, init, steps, opt, pids, cause):
+        evidence = {"params": [a.param_name(p) for p in pids], "steps": len(steps),
+                    "optimizer": opt}
+        step_note = related(steps[0], "a step that finds them without gradient")
+        head = (f"{a.names(pids)} are owned by this {cls} but got no gradient in "
+                f"{len(steps)} steps")
+        if cause is None:
+            return self.finding(f"{head}: they never train", init.loc, related=(step_note,),
+                                evidence=evidence)
+        module = cause["cls"]
+        head = (f"{a.names(pids)} (owned by the {cls} built at line {init.loc.line}) got no "
+                f"gradient in {len(steps)} steps" if init.loc is not None else head)
+        if not _with_grad(cause):
+            context = "torch.inference_mode()" if cause["inference"] else "torch.no_grad()"
+            evidence["cause"] = "no_grad"
+            return self.finding(
+                f"{head}: the {module} that holds them runs from this line under {context}, so no gradient can reach "
+                f"them although the optimizer is meant to train them",
+                cause.loc, related=(related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence,
+                fix=f"call the module outside {context} so that it trains")
+        evidence["cause"] = "cut"
+        return self.finding(
+            f"{head}: the {module} that holds them runs from this line with gradients enabled, but its output never "
+            f"reaches the loss (cut by .detach() or .item(), or not used)",
+            cause.loc, related=(related(init, "the optimizer that owns them"), step_note),
+            evidence=evidence,
+            fix="remove the .detach() (or .item()) between this call and the loss, or use its "
+                "output in the loss")
+
+
+def _cause(pid, forwards):
+    """The recorded forward of ``pid``'s module that best explains why it got no gradient: one
+    in training mode with gradients on (its output was cut from the loss), else one in training
+    mode under no_grad/inference_mode, else the same in eval mode; None when its module was
+    never seen running (unused, or the replay ended before it was watched)."""
+    best, rank = None, 0
+    for event in forwards:
+        if pid not in event["params"]:
+            continue
+        r = (2 if event["training"] else 0) + (2 if _with_grad(event) else 1)
+        if r > rank:
+            best, rank = event, r
+    return best
+
+
+def _with_grad(event) -> bool:
+    return bool(event["grad"]) and not event["inference"]

@@ -1,0 +1,105 @@
+"""Where the parameters that never get a gradient are used (for param-without-grad).
+
+No global module hook: the optimizer watcher's post-step pass already returns, every step, the
+owned parameters whose ``.grad`` is None. Once a parameter (that requires grad) has had none at
+every step of its optimizer so far, and at 2 steps at least, the modules that directly own such
+parameters are found (one ``gc`` pass, only in a run that has some) and get a forward pre-hook:
+a handful of modules, nothing for every other forward. The hook records the first forward of
+each call line and grad mode as an ``idle_forward`` aside event at the user's line that called
+the module: a forward under ``torch.no_grad()`` there is the cause; a forward with gradients on
+means its output was cut from the loss. Cost on a healthy run: one ``if`` per step.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import torch
+
+from .. import events as ev
+from .recorder import Recorder
+
+MIN_STEPS = 2  # as the rule's: steps without a gradient before the modules are watched
+_MAX_SEARCHES = 4  # gc passes per run, at most
+
+
+class IdleParamWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self.patcher = None
+        self._steps: dict[int, int] = {}  # opt -> steps seen
+        self._missing: dict[int, int] = {}  # pid -> steps without a gradient
+        self._looked: set[int] = set()  # pids whose module was searched for
+        self._hooked: dict[int, int] = {}  # id(module) -> mid
+        self._done: set[tuple] = set()  # (mid, code, line, grad, inference) recorded
+        self._searches = 0
+
+    def after_step(self, opt: int, without: list[int]) -> None:
+        """Called by the optimizer watcher after each real step with the pids that had no grad."""
+        steps = self._steps[opt] = self._steps.get(opt, 0) + 1
+        if not without:
+            return
+        missing, looked = self._missing, self._looked
+        ready = []
+        for pid in without:
+            n = missing[pid] = missing.get(pid, 0) + 1
+            if n >= MIN_STEPS and pid not in looked:
+                looked.add(pid)
+                if n == steps:  # never had a gradient so far
+                    ready.append(pid)
+        if ready:
+            self._watch(ready)
+
+    def _watch(self, pids: list[int]) -> None:
+        rec = self.rec
+        if self._searches >= _MAX_SEARCHES or self.patcher is None:
+            return
+        wanted = {}
+        for pid in pids:
+            tensor = rec.tensor(pid)
+            if tensor is not None and tensor.requires_grad:  # frozen ones are meant to be idle
+                wanted[id(tensor)] = pid
+        if not wanted:
+            return
+        self._searches += 1
+        Module = torch.nn.Module
+        for obj in gc.get_objects():
+            if not issubclass(type(obj), Module) or id(obj) in self._hooked:
+                continue
+            own = obj.__dict__.get("_parameters")
+            if not own:
+                continue
+            mine = [wanted[id(p)] for p in own.values() if p is not None and id(p) in wanted]
+            if mine:
+                self._hook(obj, mine)
+
+    def _hook(self, module, pids: list[int]) -> None:
+        watcher, rec = self, self.rec
+        mid = self._hooked[id(module)] = len(self._hooked)
+        cls = type(module).__name__
+        done = self._done
+        user_frames = rec.finder.user_frames
+
+        def pre_hook(mod, args):
+            try:
+                grad = torch.is_grad_enabled()
+                inference = torch.is_inference_mode_enabled()
+                frame = next(user_frames(sys._getframe(1)), None)
+                if frame is None:
+                    return None
+                key = (mid, frame.f_code, frame.f_lineno, grad, inference)
+                if key in done:
+                    return None
+                done.add(key)
+                rec.emit_aside(ev.idle_forward(mid=mid, cls=cls, params=list(pids), grad=grad,
+                                               inference=inference, training=bool(mod.training)),
+                               rec.finder.location(frame))
+            except Exception as exc:
+                rec.internal_error("idle module forward", exc)
+            return None
+
+        self.patcher.handle(module.register_forward_pre_hook(pre_hook))
+
+    def install(self, patcher) -> None:
+        self.patcher = patcher

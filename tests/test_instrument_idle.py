@@ -1,0 +1,59 @@
+"""The idle-parameter watcher in-process: it hooks only the modules that own parameters without
+a gradient (after 2 steps), records one ``idle_forward`` per call line and grad mode at the
+user's line, and leaves no hook behind."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graddoctor.instrument import Instrumentation, Recorder
+
+
+def line_of(marker: str) -> int:
+    with open(__file__, encoding="utf-8") as f:
+        for number, text in enumerate(f, start=1):
+            if marker in text and "line_of(" not in text:
+                return number
+    raise AssertionError(marker)
+
+
+def test_only_idle_modules_are_hooked_once_per_line_and_mode():
+    torch.manual_seed(0)
+    body, head, frozen = nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(4, 4)
+    frozen.requires_grad_(False)
+    x = torch.randn(8, 4)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        opt = torch.optim.SGD([*body.parameters(), *head.parameters(), *frozen.parameters()], lr=0.1)
+        for _ in range(6):
+            opt.zero_grad()
+            with torch.no_grad():
+                out = head(frozen(body(x)))  # idle head
+            loss = body(x).sum() + out.sum()
+            loss.backward()
+            opt.step()
+        with torch.enable_grad():
+            head(x).sum()  # head with grad
+        hooked = [m for m in (body, head, frozen) if m._forward_pre_hooks]
+    assert [e.data for e in rec.trace if e.kind == "internal_error"] == []
+    assert hooked == [head]
+    assert not head._forward_pre_hooks  # removed on exit
+    events = [e for e in rec.trace if e.kind == "idle_forward"]
+    assert [(e.loc.line, e["grad"]) for e in events] == [(line_of("# idle head"), False),
+                                                          (line_of("# head with grad"), True)]
+    head_pids = {rec.pid(p) for p in head.parameters()}
+    assert set(events[0]["params"]) == head_pids and events[0]["cls"] == "Linear"
+
+
+def test_a_healthy_run_hooks_nothing():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        assert not any(m._forward_pre_hooks for m in model.modules())
+    assert not any(e.kind == "idle_forward" for e in rec.trace)

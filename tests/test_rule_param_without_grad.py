@@ -1,0 +1,106 @@
+"""param-without-grad (GD106) on hand-written traces: the ``idle_forward`` events point the
+finding at the cause (a forward under no_grad, or one whose output was cut from the loss), and
+without them it stays at the optimizer. No torch."""
+
+from __future__ import annotations
+
+from graddoctor import events as ev
+from graddoctor.analysis import Analysis
+from graddoctor.findings import Severity
+from graddoctor.rules.param_without_grad import ParamWithoutGrad
+from graddoctor.trace import TraceBuilder
+
+
+def check(t):
+    return list(ParamWithoutGrad().check(Analysis(t.trace)))
+
+
+def run(t, steps=3, idle=(1, 2), forwards=()):
+    """An optimizer at line 5 owning 0, 1, 2; pid 0 trains; ``forwards``: (step index, line,
+    kwargs of idle_forward) recorded before that step's backward."""
+    t.optimizer(0, [0, 1, 2], line=5)
+    for i in range(steps):
+        for at, line, kw in forwards:
+            if at == i:
+                data = dict(mid=0, cls="Linear", params=list(idle), grad=True, inference=False,
+                            training=True)
+                data.update(kw)
+                t.put(ev.idle_forward(**data), line)
+        t.backward(fresh=[0], line=20)
+        t.step(0, line=21, without_grad=list(idle))
+
+
+def test_no_forward_seen_keeps_the_optimizer_line():
+    t = TraceBuilder()
+    run(t)
+    [f] = check(t)
+    assert f.location.line == 5 and "never train" in f.message
+    assert f.severity == Severity.WARNING and f.fix == ParamWithoutGrad.fix
+
+
+def test_forward_under_no_grad_points_at_the_call():
+    t = TraceBuilder()
+    run(t, forwards=[(2, 17, {"grad": False})])
+    [f] = check(t)
+    assert f.location.line == 17 and f.severity == Severity.WARNING
+    assert "under torch.no_grad()" in f.message and "built at line 5" in f.message
+    assert "no_grad" in f.fix and "requires_grad_" not in f.fix
+    assert f.evidence["cause"] == "no_grad"
+
+
+def test_inference_mode_is_named():
+    t = TraceBuilder()
+    run(t, forwards=[(2, 17, {"grad": False, "inference": True})])
+    [f] = check(t)
+    assert "torch.inference_mode()" in f.message and f.location.line == 17
+
+
+def test_forward_with_grad_says_the_output_was_cut():
+    t = TraceBuilder()
+    run(t, forwards=[(2, 16, {})])
+    [f] = check(t)
+    assert f.location.line == 16 and "gradients enabled" in f.message and ".detach()" in f.message
+    assert "requires_grad_" not in f.fix and f.evidence["cause"] == "cut"
+
+
+def test_training_forward_wins_over_a_validation_forward():
+    t = TraceBuilder()
+    # validation under no_grad in eval mode first, then the training forward with grad
+    run(t, forwards=[(2, 40, {"grad": False, "training": False}), (2, 16, {})])
+    [f] = check(t)
+    assert f.location.line == 16 and f.evidence["cause"] == "cut"
+    t = TraceBuilder()
+    # training under no_grad beats a grad-enabled forward in eval mode
+    run(t, forwards=[(2, 40, {"training": False}), (2, 17, {"grad": False})])
+    [f] = check(t)
+    assert f.location.line == 17 and f.evidence["cause"] == "no_grad"
+
+
+def test_modules_on_one_line_share_a_finding_and_unseen_ones_keep_theirs():
+    t = TraceBuilder()
+    run(t, forwards=[(2, 16, {"mid": 0, "params": [1]}), (2, 16, {"mid": 1, "params": [2]})])
+    [f] = check(t)
+    assert f.location.line == 16 and f.evidence["params"] == ["p1", "p2"]
+    t = TraceBuilder()
+    run(t, forwards=[(2, 16, {"mid": 0, "params": [1]})])
+    found = sorted(check(t), key=lambda f: f.location.line)
+    assert [f.location.line for f in found] == [5, 16]
+    assert found[0].evidence["params"] == ["p2"] and found[1].evidence["params"] == ["p1"]
+
+
+def test_a_param_that_got_a_gradient_once_is_silent_whatever_its_forwards():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=5)
+    t.put(ev.idle_forward(mid=0, cls="Linear", params=[1], grad=False, inference=False,
+                          training=True), 17)
+    for i in range(4):
+        t.backward(fresh=[0] if i % 2 else [0, 1], line=20)
+        t.step(0, line=21, without_grad=[1] if i % 2 else [])
+    assert check(t) == []
+
+
+def test_idle_forward_is_an_aside_kind():
+    assert "idle_forward" in ev.ASIDE_KINDS
+    kind, data = ev.idle_forward(mid=0, cls="Linear", params=[1], grad=True, inference=False,
+                                 training=True)
+    assert ev.CONSTRUCTORS[kind](**data) == (kind, data)
