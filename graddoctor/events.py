@@ -46,7 +46,11 @@ step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm 
                    is zero — "weight_decay", "momentum" (SGD/RMSprop buffer), "moments" (Adam
                    family), "unknown" (an optimizer class graddoctor does not know), or None
                    (nothing: plain SGD, Adagrad, lr 0); freeze: seq of the param's latest freeze
-                   event, or None)
+                   event, or None),
+                   edited_params [pid] (owned params with a .grad changed in place since the
+                   latest step that owns them, by code other than the optimizer — an EMA,
+                   ``copy_``, a clamp under no_grad; seen through ``tensor._version``, so edits
+                   through ``p.data`` are not seen; not checked for closure steps)
 step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epoch, see
@@ -157,11 +161,12 @@ def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = T
 
 def step_begin(*, opt: int, norm_pids: list[int] | None, norms: list[float] | None,
                closure: bool = False, nonfinite: list[int] | None = None,
-               frozen: list[list] | None = None) -> Made:
+               frozen: list[list] | None = None, edited_params: list[int] | None = None) -> Made:
     """``frozen``: ``[pid, moved_by, freeze]`` entries (see the table above)."""
     return "step_begin", {"opt": opt, "closure": closure, "norm_pids": norm_pids, "norms": norms,
                           "nonfinite": [] if nonfinite is None else nonfinite,
-                          "frozen": [] if frozen is None else frozen}
+                          "frozen": [] if frozen is None else frozen,
+                          "edited_params": [] if edited_params is None else edited_params}
 
 
 def step(*, opt: int, closure: bool = False, skipped: bool = False,

@@ -22,7 +22,8 @@ from .recorder import Recorder
 
 
 def step_grads(rec: Recorder, pids, edited: list | None = None,
-               trust_scaler: bool = False, frozen: list | None = None) -> tuple[dict, bool]:
+               trust_scaler: bool = False, frozen: list | None = None,
+               by_hand: list | None = None) -> tuple[dict, bool]:
     """One pass over the gradients an optimizer is about to apply (hot path: every update).
 
     Returns them grouped by device (``device -> ([pid], [grad])``, dense only) and whether every
@@ -32,10 +33,15 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     (``p.grad /= k``): the grad tensor's ``(id, _version)`` is neither what graddoctor last saw
     nor what zero_grad left. With ``frozen`` (a list), it also collects the pids that have a
     ``.grad`` while ``requires_grad`` is False: frozen, yet the step updates them (torch's
-    optimizers skip a parameter only when its ``.grad`` is None)."""
+    optimizers skip a parameter only when its ``.grad`` is None). With ``by_hand`` (a list), it
+    also collects the pids with a ``.grad`` whose tensor was changed in place since the latest
+    step that owns them (its ``_version`` differs from ``Recorder.param_version``): edited by
+    code other than the optimizer, e.g. an EMA update (``p.data`` edits do not count: they
+    bypass the version counter)."""
     by_device: dict = {}
     refs = rec._tensor
     known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
+    versions = rec.param_version if by_hand is not None else None
     all_vouched = True
     for pid in pids:
         tensor = refs[pid]()
@@ -44,6 +50,8 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
             continue
         if frozen is not None and not tensor.requires_grad:
             frozen.append(pid)
+        if versions is not None and versions.get(pid, tensor._version) != tensor._version:
+            by_hand.append(pid)
         state = (id(grad), grad._version)
         if edited is not None and state != known.get(pid) and state != zeroed.get(pid):
             edited.append(pid)
@@ -259,9 +267,10 @@ class OptimizerWatcher:
             norms: list[float] | None = []
             nonfinite: list[int] = []
             frozen: list[int] = []
+            by_hand: list[int] = []
             if not closure:
                 by_device, vouched = step_grads(rec, rec.opt_params.get(opt, ()), edited,
-                                                rec.in_scaler_step, frozen)
+                                                rec.in_scaler_step, frozen, by_hand)
                 if vouched and not self._wants_norms(opt):
                     norm_pids = norms = None  # finite, as a clip or unscale_ already saw
                 else:
@@ -273,7 +282,8 @@ class OptimizerWatcher:
                 rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
                                    nonfinite=nonfinite,
-                                   frozen=self._frozen_entries(optimizer, frozen) if frozen else None),
+                                   frozen=self._frozen_entries(optimizer, frozen) if frozen else None,
+                                   edited_params=by_hand),
                      loc)
             if closure:
                 rec.in_step = opt

@@ -99,6 +99,9 @@ class Recorder:
         # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
         self.known_grad: dict[int, tuple[int, int]] = {}
         self.zeroed_grad: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
+        # each owned parameter's ``_version`` right after the latest step that owns it: a
+        # different one at the next step means it was changed in place by hand in between (EMA)
+        self.param_version: dict[int, int] = {}
         # grads known to be finite: pid -> ((id(grad), grad._version), conditional). Vouched for
         # by a watched op that already looked at every value (clip_grad_norm_ with a finite total,
         # GradScaler.unscale_); valid while the grad is in exactly that state. ``conditional``:
@@ -236,14 +239,17 @@ class Recorder:
     def after_step(self, pids) -> list[int]:
         """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
         events need it after the script's tensors are gone), refresh what its grad looks like
-        after the step, and return the pids that had no gradient."""
+        after the step, note its ``_version`` (``param_version``), and return the pids that had
+        no gradient."""
         without = []
         refs, requires_grad, known = self._tensor, self.requires_grad, self.known_grad
+        versions = self.param_version
         for pid in pids:
             tensor = refs[pid]()
             if tensor is None:
                 continue
             requires_grad[pid] = tensor.requires_grad
+            versions[pid] = tensor._version
             grad = tensor.grad
             if grad is None:
                 without.append(pid)
