@@ -19,6 +19,9 @@ from .report.formats import FORMATS, RenderOptions, ReportFormat
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # help texts are plain text: no rich markup, so that `[tool.graddoctor]` and any other
+    # bracketed text in a help string is printed as written (tests/test_cli_help.py)
+    rich_markup_mode=None,
     help="A doctor for PyTorch training loops: replays your script for a few optimizer steps "
     "and reports the gradient bugs that never crash.",
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -58,9 +61,9 @@ def check(
         None, help="Arguments for the script; put them after `--`.", show_default=False),
     **typed,
 ) -> None:
-    r"""Run SCRIPT under graddoctor and report its gradient bugs.
+    """Run SCRIPT under graddoctor and report its gradient bugs.
 
-    Settings come from \[tool.graddoctor] in the closest pyproject.toml above the script, then
+    Settings come from [tool.graddoctor] in the closest pyproject.toml above the script, then
     from the options typed here. Exit codes: 0 no finding at or above --fail-on, 1 findings,
     2 could not check. Example: graddoctor check train.py -- --epochs 1
     """
