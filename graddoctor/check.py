@@ -114,7 +114,8 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
     trace = Trace(trace.events)  # the run's trace is left as recorded; this one gets the end
     trace.put(events.run_end(status=status, steps=rec.steps))
     analysis = Analysis(trace)  # built once: every rule, note and view reads it
-    findings, rule_errors = analyze(analysis, selected_rules(options.select, options.ignore))
+    rules = selected_rules(options.select, options.ignore)
+    findings, rule_errors = analyze(analysis, rules)
     findings = apply_suppressions(findings)  # `# graddoctor: ignore[...]` on the reported line
     internal = [{"where": e["where"], "error": e["error"]} for e in analysis.of_kind("internal_error")]
     internal += rule_errors
@@ -137,8 +138,10 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
         backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
         duration_s=round(duration, 3), error=error, notes=notes,
         step_budget=options.steps or None, config=options.config_path,
+        rules=[r.code for r in rules] if options.select or options.ignore else None,
     )
-    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis)
+    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis,
+                  fail_on=options.fail_on, allow_incomplete=options.allow_incomplete)
 
 
 CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most this often

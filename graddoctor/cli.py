@@ -36,7 +36,10 @@ def _usage_error(message: str) -> None:
 def _typer_parameter(option: Option) -> inspect.Parameter:
     """A command-line option made from its row in the option table (options.py)."""
     kind = option.kind
-    info = typer.Option(*option.flags, help=option.help, **kind.cli())
+    flags = option.flags
+    if option.negative_flags:  # "--grad-flow/--no-grad-flow": the config can switch it on
+        flags = (f"{flags[0]}/{option.negative_flags[0]}", *flags[1:])
+    info = typer.Option(*flags, help=option.help, **kind.cli())
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,
                              default=kind.cli_default(option.default),
                              annotation=Annotated[kind.annotation, info])
@@ -67,7 +70,8 @@ def check(
     from the options typed here. Exit codes: 0 no finding at or above --fail-on, 1 findings,
     2 could not check. Example: graddoctor check train.py -- --epochs 1
     """
-    fmt, output = FORMATS[typed["format"]], typed["output"]
+    output = typed["output"]
+    fmt = FORMATS[_format_name(ctx, typed["format"], output)]
     for option in (OPTIONS["output"], OPTIONS["trace"]):
         if typed[option.name]:
             _check_writable(typed[option.name], option.flag)
@@ -80,7 +84,7 @@ def check(
         **{o.field: settings.get(o.name, typed[o.name]) for o in OPTIONS.values() if o.field},
         redirect_stdout=fmt.machine and output is None, config_path=config_path,
     )
-    render = RenderOptions(to_terminal=output is None, grad_flow=typed["grad_flow"])
+    render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"])
 
     def on_hang(report) -> None:  # from the watchdog: the script is stuck; report, then end
         try:
@@ -98,11 +102,22 @@ def check(
     raise typer.Exit(report.exit_code(options.fail_on))
 
 
+_TYPED = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may bundle its own click
+
+
 def _given(ctx: typer.Context) -> set[str]:
     """The options the user typed (a config value must not beat those, and only those)."""
-    typed_sources = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may bundle its own click
     return {o.name for o in CONFIG_KEYS.values()
-            if getattr(ctx.get_parameter_source(o.name), "name", None) in typed_sources}
+            if getattr(ctx.get_parameter_source(o.name), "name", None) in _TYPED}
+
+
+def _format_name(ctx: typer.Context, typed: str, output: Optional[str]) -> str:
+    """--format when typed; else the one the --output name asks for (.json, .sarif); else text."""
+    from .report.formats import format_for_output
+
+    if output and getattr(ctx.get_parameter_source("format"), "name", None) not in _TYPED:
+        return format_for_output(output) or typed
+    return typed
 
 
 def _settings(script: str, module: bool, command_line: dict, given: set[str]) -> tuple[dict, str | None]:

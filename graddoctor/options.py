@@ -1,9 +1,9 @@
 """Every option of ``graddoctor check``, defined once (``OPTIONS``), and the frozen
 ``CheckOptions`` the library gets.
 
-One row per option: its python name, command-line flags, ``[tool.graddoctor]`` key (None:
-command line only), kind (type, choices, validation), default and help. The CLI builds its
-options from the rows, config.py reads the pyproject keys and validates the values with them,
+One row per option: its python name, command-line flags (the long one, without its dashes, is
+also its ``[tool.graddoctor]`` key, unless the row says why it is ``cli_only``), kind (type,
+choices, validation), default and help. The CLI builds its options from the rows, config.py reads the pyproject keys and validates the values with them,
 and ``check.validated`` validates library callers' values with them. No torch, no typer here.
 """
 
@@ -132,7 +132,18 @@ class Selectors(Kind):
 
 @dataclass(frozen=True)
 class Flag(Kind):
+    """On or off. A pyproject value must be a TOML boolean; the library takes any truth value."""
+
     annotation = bool
+    requirement = "true or false"
+
+    def cli(self):
+        return {"show_default": False}  # "[default: no-grad-flow]" says nothing
+
+    def check(self, value, source):
+        if source == "config" and not isinstance(value, bool):
+            raise Invalid(value)
+        return bool(value)
 
 
 @dataclass(frozen=True)
@@ -154,13 +165,24 @@ class Option:
     kind: Kind
     default: Any
     help: str
-    config_key: str | None = None  # in [tool.graddoctor]; None: command line only
     field: str | None = None  # the CheckOptions field; None: the CLI's own (report rendering)
     zero: str = ""  # what 0 means, for a count or a time
+    cli_only: str = ""  # why it cannot be set in [tool.graddoctor]; "": it can (the default)
 
     @property
     def flag(self) -> str:
         return self.flags[0]
+
+    @property
+    def config_key(self) -> str | None:
+        """Its key in [tool.graddoctor] (the long flag without dashes), None for CLI-only."""
+        return None if self.cli_only else self.flag[2:]
+
+    @property
+    def negative_flags(self) -> tuple[str, ...]:
+        """``--no-grad-flow``: a flag that can be switched on in the config can be switched off
+        on the command line."""
+        return (f"--no-{self.flag[2:]}",) if isinstance(self.kind, Flag) and self.config_key else ()
 
     def check(self, value: Any, source: Source, where: str = "") -> Any:
         """The value, normalised; ``ValueError`` with the message for ``source`` (``where``:
@@ -188,37 +210,45 @@ _SELECTORS_HELP = "these rules (slug or code prefix; repeatable or comma-separat
 
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("module", ("--module", "-m"), Flag(), False,
-           "Run SCRIPT as a module, like `python -m`.", field="module"),
+           "Run SCRIPT as a module, like `python -m`.", field="module",
+           cli_only="it says what SCRIPT is, which the command line gives"),
     Option("steps", ("--steps",), Count(), 10,
            "Optimizer steps to replay (0 = run to the end). A DataLoader-driven script goes on "
            "until its third epoch has begun (two epoch boundaries), at most 2 x epoch-batches + 1 "
-           "steps.", config_key="steps", field="steps", zero="run to the end"),
+           "steps.", field="steps", zero="run to the end"),
     Option("epoch_batches", ("--epoch-batches",), Count(), 17,  # see instrument/dataloader.py
            "Batches per DataLoader epoch in the replay (0 = the real length). The default, 17, is "
            "larger than and not divisible by the common accumulation factors, so epoch-end bugs "
            "show.", field="epoch_batches", zero="the real length"),
     Option("timeout", ("--timeout",), Seconds(), 600.0,
-           "Wall-clock limit in seconds (0 = none).", config_key="timeout", field="timeout",
+           "Wall-clock limit in seconds (0 = none).", field="timeout",
            zero="no limit"),
     Option("device", ("--device",), Choice(("auto", "cpu", "cuda")), "auto",
            "auto: as the script decides; cpu: hide CUDA; cuda: require it.",
-           config_key="device", field="device"),
-    Option("format", ("--format", "-f"), Choice(tuple(FORMATS)), "text", _format_help()),
+           field="device"),
+    Option("format", ("--format", "-f"), Choice(tuple(FORMATS)), "text", _format_help(),
+           cli_only="a report goes where one run sends it: see --output"),
     Option("output", ("--output", "-o"), File(), None,
-           "Write the report to this file instead of stdout."),
+           "Write the report to this file instead of stdout; without --format, a .json or "
+           ".sarif name sets the format.", cli_only="a file of one run"),
     Option("fail_on", ("--fail-on",), Choice(("error", "warning", "info", "never")), "warning",
-           "Exit 1 when a finding is at least this severe.", config_key="fail-on", field="fail_on"),
+           "Exit 1 when a finding is at least this severe.", field="fail_on"),
     Option("trace", ("--trace",), File(), None,
-           "Also write the recorded events as JSON lines (for bug reports).", field="trace_path"),
-    Option("select", ("--select",), Selectors(), (), f"Only {_SELECTORS_HELP}",
-           config_key="select", field="select"),
-    Option("ignore", ("--ignore",), Selectors(), (), f"Skip {_SELECTORS_HELP}",
-           config_key="ignore", field="ignore"),
+           "Also write the recorded events as JSON lines (for bug reports).", field="trace_path",
+           cli_only="a file of one run"),
+    Option("select", ("--select",), Selectors(), (), f"Only {_SELECTORS_HELP}", field="select"),
+    Option("ignore", ("--ignore",), Selectors(), (), f"Skip {_SELECTORS_HELP}", field="ignore"),
     Option("grad_flow", ("--grad-flow",), Flag(), False,
            "Text report: add the per-layer gradient norms of the last update."),
+    Option("allow_incomplete", ("--allow-incomplete",), Flag(), False,
+           "Judge a run that crashed or timed out after its first backward or step by its "
+           "findings alone (exit 0 or 1), as before; by default such an incomplete check "
+           "exits 2.", field="allow_incomplete"),
 )}
 
 CONFIG_KEYS: dict[str, Option] = {o.config_key: o for o in OPTIONS.values() if o.config_key}
+"""[tool.graddoctor] key -> its option: every option but the ``cli_only`` ones."""
+CLI_ONLY: dict[str, Option] = {o.name: o for o in OPTIONS.values() if o.cli_only}
 DEFAULT_STEPS = OPTIONS["steps"].default
 DEFAULT_TIMEOUT = OPTIONS["timeout"].default
 DEFAULT_EPOCH_BATCHES = OPTIONS["epoch_batches"].default  # see instrument/dataloader.py for why 17
@@ -236,6 +266,7 @@ class CheckOptions:
     select: tuple[str, ...] = ()  # rule slugs or code prefixes; empty = all
     ignore: tuple[str, ...] = ()
     trace_path: str | None = None
+    allow_incomplete: bool = OPTIONS["allow_incomplete"].default  # crashed/timeout after steps: exit by findings
     epoch_batches: int = DEFAULT_EPOCH_BATCHES  # batches per DataLoader epoch in the replay; 0 = real
     redirect_stdout: bool = False  # send the script's prints to stderr (machine output on stdout)
     config_path: str | None = None  # the pyproject.toml whose [tool.graddoctor] was applied

@@ -23,6 +23,7 @@ from typing import Callable
 
 from .instrument.stop import ReplayTimeout, StopReplay
 from .location import LocationFinder
+from .textsafe import strip_escapes
 from .trace import Location
 
 _RUNPY_FILE = os.path.abspath(runpy.__file__)
@@ -397,6 +398,7 @@ def _message(exc: BaseException) -> str:
         text = str(exc)
     except Exception:  # an exception whose __str__ fails
         text = f"<{type(exc).__name__} whose message cannot be shown>"
+    text = strip_escapes(text)  # ANSI bold in torch's UnpicklingError, colours, ...
     return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + " …"
 
 
@@ -407,7 +409,7 @@ def _user_traceback(exc: BaseException) -> str:
                   if not f.filename.startswith(_PKG_DIR + os.sep) and f.filename not in (_RUNPY_FILE, "<frozen runpy>")]
         lines = traceback.format_list(frames[-20:])
         lines += traceback.format_exception_only(type(exc), exc)
-        return "".join(lines)[-8000:]
+        return strip_escapes("".join(lines))[-8000:]
     except Exception:
         return ""
 

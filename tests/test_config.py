@@ -162,7 +162,8 @@ def test_exact_messages_for_bad_values():
     with pytest.raises(ConfigError) as info:
         validate({"stpes": 3}, "p")
     assert str(info.value) == ("p: [tool.graddoctor] unknown option 'stpes' "
-                               "(known: steps, timeout, device, fail-on, select, ignore)")
+                               "(known: steps, epoch-batches, timeout, device, fail-on, select, "
+                               "ignore, grad-flow, allow-incomplete)")
 
 
 @pytest.mark.parametrize("value", [float("nan"), -0.5, True])
@@ -176,9 +177,11 @@ def test_a_configured_timeout_must_be_a_real_number(value):
 def test_config_keys_are_the_table_rows():
     from graddoctor.options import CONFIG_KEYS, OPTIONS
 
-    assert list(CONFIG_KEYS) == ["steps", "timeout", "device", "fail-on", "select", "ignore"]
+    assert list(CONFIG_KEYS) == ["steps", "epoch-batches", "timeout", "device", "fail-on", "select",
+                                 "ignore", "grad-flow", "allow-incomplete"]
     for key, option in CONFIG_KEYS.items():
-        assert OPTIONS[option.name] is option and option.field  # the library takes each of them
+        assert OPTIONS[option.name] is option
+        assert option.field or option.name == "grad_flow"  # the library takes the others
 
 
 def test_the_command_line_options_are_the_table_rows():
@@ -192,7 +195,8 @@ def test_the_command_line_options_are_the_table_rows():
     assert list(params) == list(OPTIONS)
     for name, option in OPTIONS.items():
         param = params[name]
-        assert set(param.opts) | set(param.secondary_opts) == set(option.flags), name
+        assert set(param.opts) == set(option.flags), name
+        assert set(param.secondary_opts) == set(option.negative_flags), name
         assert param.help == option.help
         assert param.default == option.kind.cli_default(option.default), name
     help_text = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "200"}).stdout
@@ -218,3 +222,55 @@ def test_choices_and_keys_are_spelled_only_in_the_table():
             with open(path, encoding="utf-8") as f:
                 source = f.read()
             assert not [s for s in spelled if s in source], path
+
+
+def test_every_command_line_option_is_a_config_key_or_says_why_not():
+    """epoch-batches was an option and not a key: each option of `check` is accepted in
+    [tool.graddoctor] (its default validates there), or the table says why it is CLI-only."""
+    import typer
+
+    from graddoctor.options import CLI_ONLY, CONFIG_KEYS, OPTIONS
+
+    command = typer.main.get_command(app).commands["check"]
+    options = [p for p in command.params if p.param_type_name == "option" and p.name != "help"]
+    assert options
+    for param in options:
+        option = OPTIONS[param.name]
+        if param.name in CLI_ONLY:
+            assert option.config_key is None and option.cli_only, param.name
+            continue
+        key = param.opts[0][2:]
+        assert CONFIG_KEYS.get(key) is option, f"--{key} is not accepted in [tool.graddoctor]"
+        validate({key: option.default if option.default != () else []}, "p")
+    assert set(CLI_ONLY) == {"module", "format", "output", "trace"}
+
+
+def test_epoch_batches_grad_flow_and_allow_incomplete_in_the_config(tmp_path):
+    assert validate({"epoch-batches": 5, "grad-flow": True, "allow_incomplete": False}, "p") == \
+        {"epoch_batches": 5, "grad_flow": True, "allow_incomplete": False}
+    with pytest.raises(ConfigError) as info:
+        validate({"allow-incomplete": "yes"}, "p")
+    assert str(info.value) == "p: [tool.graddoctor] allow-incomplete must be true or false, not 'yes'"
+    with pytest.raises(ConfigError, match="epoch-batches must be a whole number >= 0"):
+        validate({"epoch-batches": -1}, "p")
+
+
+def test_configured_epoch_batches_reaches_the_replay_and_a_typed_one_wins(tmp_path):
+    script = write(tmp_path, "train.py", textwrap.dedent('''\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(64, 2), torch.randn(64, 1)), batch_size=2)
+        for epoch in range(3):
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+    '''))
+    pyproject(tmp_path, "[tool.graddoctor]\nepoch-batches = 3\nsteps = 0\n")
+    _, report = check(script, "--format", "json")
+    assert report["run"]["steps"] == 9, report["run"]  # 3 epochs of 3 batches
+    _, report = check(script, "--format", "json", "--epoch-batches", "4")
+    assert report["run"]["steps"] == 12

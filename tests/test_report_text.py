@@ -91,9 +91,61 @@ def test_verdict_clean_and_could_not_check(tmp_path):
 
 
 def test_crashed_run_shows_the_script_error(tmp_path):
-    out = draw(sample_report("", status="crashed"))
+    report = sample_report("", status="crashed")
+    out = draw(report)
     assert "script error at" in out and "RuntimeError: boom" in out
-    assert "the replay ended early: crashed after 4 steps" in out.splitlines()[-1]
+    assert out.splitlines()[-1] == "✗ incomplete (crashed after 4 optimizer steps): 1 error, 1 " \
+                                   "warning, 1 info so far, 1 suppressed"
+    assert report.exit_code() == 2
+    report.allow_incomplete = True  # the old verdict: by the findings
+    assert "the replay ended early: crashed after 4 steps" in draw(report).splitlines()[-1]
+    assert report.exit_code() == 1
+
+
+@pytest.mark.parametrize("status, allow, code, mark", [
+    ("crashed", False, 2, "✗ incomplete (crashed after 4 optimizer steps): 0 errors"),
+    ("timeout", False, 2, "✗ incomplete (timeout after 4 optimizer steps): 0 errors"),
+    ("crashed", True, 0, "✓ no gradient bugs found in 4 optimizer steps"),
+    ("step-limit", False, 0, "✓ no gradient bugs found in 4 optimizer steps"),
+    ("backward-limit", False, 0, "✓ no gradient bugs found"),
+    ("completed", False, 0, "✓ no gradient bugs found"),
+])
+def test_an_incomplete_check_fails_unless_allowed(status, allow, code, mark):
+    """A script that crashed after some steps with nothing found exited 0 (CI green on a
+    broken script): crashed and timeout are incomplete, exit 2, findings kept."""
+    report = sample_report("", suppressed=False, status=status)
+    report.findings = []
+    report.allow_incomplete = allow
+    assert report.exit_code() == code
+    assert draw(report).rstrip().splitlines()[-1].startswith(mark)
+
+
+@pytest.mark.parametrize("fail_on, code, last", [
+    ("warning", 1, "✗ 0 errors, 1 warning, 0 info"),
+    ("error", 0, "! 0 errors, 1 warning, 0 info (below --fail-on error)"),
+    ("never", 0, "! 0 errors, 1 warning, 0 info (--fail-on never)"),
+])
+def test_the_verdict_mark_agrees_with_the_exit_code(fail_on, code, last):
+    """--fail-on error with a warning printed "✗ 0 errors, 1 warning" and exited 0."""
+    report = sample_report("", suppressed=False)
+    report.findings = [f for f in report.findings if f.severity.value == "warning"]
+    report.fail_on = fail_on
+    assert report.exit_code() == code
+    assert draw(report).rstrip().splitlines()[-1] == last
+
+
+def test_a_clean_verdict_says_when_only_some_rules_ran():
+    from graddoctor.rules import ALL_RULES
+
+    report = sample_report("", suppressed=False)
+    report.findings = []
+    report.run.rules = [r.code for r in ALL_RULES if r.code.startswith("GD2")]
+    ran = len(report.run.rules)
+    assert draw(report).rstrip().splitlines()[-1] == (
+        f"✓ no gradient bugs found in 4 optimizer steps · only {ran} of {len(ALL_RULES)} rules ran "
+        "(--select/--ignore)")
+    report.run.rules = None
+    assert draw(report).rstrip().splitlines()[-1] == "✓ no gradient bugs found in 4 optimizer steps"
 
 
 def test_grad_flow_bars_per_layer(tmp_path):

@@ -77,6 +77,20 @@ class SarifFormat(ReportFormat):
 FORMATS: dict[str, ReportFormat] = {f.name: f for f in (TextFormat(), JsonFormat(), SarifFormat())}
 
 
+SUFFIXES = {".sarif": "sarif", ".sarif.json": "sarif", ".json": "json"}
+"""The format an ``--output`` file name asks for when ``--format`` is not given."""
+
+
+def format_for_output(path: str) -> str | None:
+    """``report.json`` -> "json", ``graddoctor.sarif`` (or ``.sarif.json``) -> "sarif", any other
+    name -> None (the default, text)."""
+    name = path.lower()
+    for suffix in sorted(SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return SUFFIXES[suffix]
+    return None
+
+
 def get_format(name: str) -> ReportFormat:
     try:
         return FORMATS[name]

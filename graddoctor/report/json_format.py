@@ -36,11 +36,19 @@ def to_dict(report: Report) -> dict:
             "error": run.error,
             "notes": run.notes,
             "config": run.config,
+            "rules": _rules(report),
         },
         "findings": [f.to_json() for f in report.findings],
         "summary": {**report.summary(), "suppressed": len(report.suppressed())},
         "internal_errors": report.internal_errors,
     }
+
+
+def _rules(report: Report) -> dict:
+    from ..rules import ALL_RULES
+
+    skipped = report.rules_skipped()
+    return {"ran": len(ALL_RULES) - len(skipped), "total": len(ALL_RULES), "skipped": skipped}
 
 
 def render(report: Report) -> str:

@@ -24,6 +24,12 @@ class RunInfo:
     notes: list[str] = field(default_factory=list)
     step_budget: int | None = None  # --steps (None: run to the end)
     config: str | None = None  # the pyproject.toml whose [tool.graddoctor] applied
+    rules: list[str] | None = None  # codes of the rules that ran (--select/--ignore); None: all
+
+
+INCOMPLETE_STATUSES = ("crashed", "timeout")
+"""The script stopped on its own (an exception, a non-zero exit, the time limit): whatever
+followed was not checked. ``step-limit`` and ``backward-limit`` are graddoctor's own stops."""
 
 
 @dataclass
@@ -32,6 +38,8 @@ class Report:
     findings: list[Finding]
     internal_errors: list[dict] = field(default_factory=list)
     analysis: Any = None  # the Analysis of the trace, for views (update timeline, grad flow)
+    fail_on: str = "warning"  # the exit code's threshold (--fail-on)
+    allow_incomplete: bool = False  # an incomplete check exits by its findings (--allow-incomplete)
 
     @property
     def trace(self):
@@ -57,8 +65,23 @@ class Report:
         return self.run.status in ("crashed", "timeout") and self.run.steps == 0 \
             and self.run.backward_calls == 0
 
-    def exit_code(self, fail_on: str) -> int:
-        if self.could_not_check():
+    def incomplete(self) -> bool:
+        """The script stopped on its own failure after its first backward or step: the
+        findings cover only the part that ran (``INCOMPLETE_STATUSES``)."""
+        return self.run.status in INCOMPLETE_STATUSES and not self.could_not_check()
+
+    def rules_skipped(self) -> list[str]:
+        """Codes of the rules that did not run (--select/--ignore)."""
+        from ..rules import ALL_RULES
+
+        ran = self.run.rules
+        return [] if ran is None else [r.code for r in ALL_RULES if r.code not in ran]
+
+    def exit_code(self, fail_on: str | None = None) -> int:
+        """2: could not check, or (unless ``allow_incomplete``) incomplete; 1: a finding at or
+        above ``fail_on`` (the report's own threshold when not given); else 0."""
+        fail_on = fail_on or self.fail_on
+        if self.could_not_check() or (self.incomplete() and not self.allow_incomplete):
             return 2
         if fail_on == "never":
             return 0

@@ -91,7 +91,7 @@ def notifications(report: Report) -> list[dict]:
     out = []
     run = report.run
     if run.error:
-        note: dict = {"level": "error" if report.could_not_check() else "warning",
+        note: dict = {"level": "error" if report.exit_code() == 2 else "warning",
                       "message": {"text": f"the script stopped ({run.status}): "
                                           f"{run.error.get('type')}: {run.error.get('message')}"}}
         loc = run.error.get("location")
@@ -123,7 +123,7 @@ def to_sarif(report: Report, base_dir: str | None = None) -> dict:
             "rules": [rule_descriptor(r) for r in rules],
         }},
         "invocations": [{
-            "executionSuccessful": not report.could_not_check(),
+            "executionSuccessful": report.exit_code() != 2,  # could not check, or incomplete
             "toolExecutionNotifications": notifications(report),
         }],
         "originalUriBaseIds": {SRCROOT: {"uri": Path(base).as_uri().rstrip("/") + "/"}},

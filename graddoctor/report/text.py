@@ -97,10 +97,22 @@ def grad_flow_section(console: Console, report: Report) -> None:
                   Text("no optimizer step with gradients was seen", style="dim"))
 
 
+def _rules_tail(report: Report) -> str:
+    """" · 7 of 16 rules ran (--select/--ignore)" when some rules were left out, else ""."""
+    from ..rules import ALL_RULES
+
+    skipped = report.rules_skipped()
+    if not skipped:
+        return ""
+    return f" · only {len(ALL_RULES) - len(skipped)} of {len(ALL_RULES)} rules ran (--select/--ignore)"
+
+
 def verdict(report: Report) -> Text:
+    """The last line. Its mark agrees with the exit code: ✗ for 1 and 2, ✓ or ! for 0."""
     run = report.run
     counts = report.summary()
     suppressed = len(report.suppressed())
+    rules = _rules_tail(report)
     if report.could_not_check():
         why = STATUS_TEXT["no-training-loop"] if run.status == "no-training-loop" else \
             f"the script stopped ({run.status}) before its first backward or step"
@@ -108,10 +120,20 @@ def verdict(report: Report) -> Text:
     parts = [_plural(counts["error"], "error"), _plural(counts["warning"], "warning"),
              f"{counts['info']} info"]
     tail = f", {suppressed} suppressed" if suppressed else ""
-    if run.status in ("crashed", "timeout"):
+    code = report.exit_code()
+    if report.incomplete():
+        if code == 2:  # the findings so far, but the check fails: the rest was never run
+            return Text.assemble(("✗ incomplete ", "bold red"),
+                                 f"({run.status} after {_plural(run.steps, 'optimizer step')}): "
+                                 f"{', '.join(parts)} so far", (tail + rules, "dim"))
         tail += f" (the replay ended early: {run.status} after {_plural(run.steps, 'step')})"
-    if counts["error"] or counts["warning"]:
+    tail += rules
+    if code:
         return Text.assemble(("✗ ", "bold red"), ", ".join(parts), (tail, "dim"))
+    if counts["error"] or counts["warning"]:  # below the threshold: exit 0
+        why = " (--fail-on never)" if report.fail_on == "never" else \
+            f" (below --fail-on {report.fail_on})"
+        return Text.assemble(("! ", "bold yellow"), ", ".join(parts), (why + tail, "dim"))
     found = f" ({', '.join(parts[2:])})" if counts["info"] else ""
     if run.steps == 0:  # backward calls and no optimizer step: the step checks had nothing to judge
         return Text.assemble(("! ", "bold yellow"),
