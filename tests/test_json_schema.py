@@ -63,6 +63,8 @@ def test_the_schema_rejects_drift(tmp_path, validator):
         lambda d: d["findings"][0].pop("fix"),
         lambda d: d["summary"].pop("suppressed"),
         lambda d: d.__setitem__("schema_version", 2),
+        lambda d: d["run"].pop("rules"),
+        lambda d: d["run"]["rules"].__setitem__("skipped", ["stale-grad"]),
     ):
         broken = copy.deepcopy(doc)
         mutate(broken)
@@ -77,3 +79,17 @@ def test_nonfinite_evidence_is_strict_json_and_valid(tmp_path, validator):
     evidence = doc["findings"][0]["evidence"]
     assert evidence["scale"] == "inf" and evidence["norms"] == ["nan", "-inf", 0.5]
     assert evidence["steps_by_scale"] == {"inf": 2, "nan": 1, "65536.0": 3}
+
+
+def test_a_report_of_some_rules_says_which_did_not_run(tmp_path, validator):
+    """--select GD2 gave a clean report that did not say that most rules never ran."""
+    from graddoctor.rules import ALL_RULES
+
+    script = write(tmp_path, "train.py", CLEAN)
+    result = CliRunner().invoke(app, ["check", script, "-f", "json", "--steps", "2",
+                                      "--select", "GD2", "--ignore", "GD201"])
+    report = json.loads(result.stdout)
+    assert errors(validator, report) == []
+    ran = [r.code for r in ALL_RULES if r.code.startswith("GD2") and r.code != "GD201"]
+    assert report["run"]["rules"] == {"ran": len(ran), "total": len(ALL_RULES),
+                                      "skipped": [r.code for r in ALL_RULES if r.code not in ran]}

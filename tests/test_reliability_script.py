@@ -22,17 +22,18 @@ def _line_of(text: str) -> int:
     return marked_line(MISBEHAVE, text)
 
 
-# mode -> (status, error type, steps, exit code, error line marker or None)
+# mode -> (status, error type, steps, exit code, error line marker or None); a crash after
+# some steps is an incomplete check: exit 2 with its findings (--allow-incomplete: by them)
 CASES = {
     "ok": ("completed", None, 6, 1, None),
     "raise-before": ("crashed", "RuntimeError", 0, 2, 'raise RuntimeError("failed before any step")'),
-    "raise-after": ("crashed", "ValueError", 3, 1, 'raise ValueError("failed after 3 steps")'),
-    "unprintable": ("crashed", "Unprintable", 3, 1, "raise Unprintable()"),
+    "raise-after": ("crashed", "ValueError", 3, 2, 'raise ValueError("failed after 3 steps")'),
+    "unprintable": ("crashed", "Unprintable", 3, 2, "raise Unprintable()"),
     "exit0": ("completed", None, 3, 1, None),
-    "exit3": ("crashed", "SystemExit", 3, 1, "sys.exit(3)"),
-    "exit-message": ("crashed", "SystemExit", 3, 1, 'sys.exit("bad configuration")'),
+    "exit3": ("crashed", "SystemExit", 3, 2, "sys.exit(3)"),
+    "exit-message": ("crashed", "SystemExit", 3, 2, 'sys.exit("bad configuration")'),
     "os-exit": ("completed", None, 3, 1, None),
-    "keyboard": ("crashed", "KeyboardInterrupt", 3, 1, "raise KeyboardInterrupt"),
+    "keyboard": ("crashed", "KeyboardInterrupt", 3, 2, "raise KeyboardInterrupt"),
     "catch-all": ("step-limit", None, 10, 1, None),
     "thread": ("completed", None, 6, 1, None),
 }
@@ -85,7 +86,15 @@ def test_time_limit_in_a_python_loop(tmp_path):
     assert run["error"]["type"] == "Timeout" and "4 s" in run["error"]["message"]
     assert run["error"]["location"]["line"] in (_line_of("while True:"), _line_of("while True:") + 1)
     assert BUG in findings_at(report)
-    assert result.returncode == 1
+    assert result.returncode == 2  # incomplete
+    result, _ = check_to_file(tmp_path, MISBEHAVE, "--timeout", "4", "--allow-incomplete", "--", "hang")
+    assert result.returncode == 1  # by the findings
+
+
+def test_allow_incomplete_exits_by_the_findings(tmp_path):
+    result, report = check_to_file(tmp_path, MISBEHAVE, "--allow-incomplete", "--", "raise-after")
+    assert report["run"]["status"] == "crashed" and BUG in findings_at(report)
+    assert result.returncode == 1, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("mode, marker", [
@@ -104,7 +113,7 @@ def test_time_limit_when_the_script_cannot_be_stopped(tmp_path, mode, marker):
     expected = source[:source.index(marker)].count("\n") + 1 + marker.count("\n")
     assert expected <= run["error"]["location"]["line"] <= expected + 2
     assert BUG in findings_at(report)
-    assert result.returncode == 1
+    assert result.returncode == 2  # incomplete
     assert time.monotonic() - started < 60
 
 
@@ -173,7 +182,7 @@ def test_module_mode_crash_with_relative_import(tmp_path):
     line = marked_line(os.path.join(SCRIPTS, "gdpkg", "train.py"))
     assert [(f["rule"], f["location"]["path"], f["location"]["line"]) for f in report["findings"]] \
         == [("missing-zero-grad", os.path.join("gdpkg", "train.py"), line)]
-    assert result.returncode == 1
+    assert result.returncode == 2  # crashed after steps: incomplete
 
 
 @pytest.mark.parametrize("folder, name", [("with spaces", "my train.py"),
