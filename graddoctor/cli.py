@@ -238,11 +238,30 @@ def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad
     Console().print(Markdown(f"# {found.code} {found.slug} ({found.severity.value})\n\n{found.docs()}"))
 
 
+def _script_arguments_hint(args: list[str], option: str) -> str | None:
+    """``graddoctor check train.py --lr 0.5``: options after the script are graddoctor's, so
+    --lr is unknown; show the command with the script's arguments after ``--``."""
+    import shlex
+
+    from .options import split_script_arguments
+
+    if not args or args[0] != "check":
+        return None
+    split = split_script_arguments(args[1:])
+    if split is None or not split[1]:
+        return None
+    ours, script = split
+    return (f"if {option or 'it'} is for the script: the script's arguments go after `--` "
+            f"(options before it are graddoctor's):\n  graddoctor check "
+            f"{shlex.join([*ours, '--', *script])}")
+
+
 def main() -> None:
     import threading
 
+    args = sys.argv[1:]
     try:
-        code = app(prog_name="graddoctor", standalone_mode=False)
+        code = app(args=args, prog_name="graddoctor", standalone_mode=False)
     except Exception as exc:  # click's own errors (typer may vendor click: match by class name)
         kinds = {cls.__name__ for cls in type(exc).__mro__}
         if "NoArgsIsHelpError" in kinds:  # typer has printed the help already
@@ -250,7 +269,11 @@ def main() -> None:
         elif "ClickException" in kinds:  # bad options: one line, like every other usage error
             typer.echo(f"graddoctor: error: {exc.format_message()}", err=True)
             ctx = getattr(exc, "ctx", None)
-            if ctx is not None:
+            hint = _script_arguments_hint(args, getattr(exc, "option_name", "")) \
+                if "NoSuchOption" in kinds else None
+            if hint:
+                typer.echo(hint, err=True)
+            elif ctx is not None:
                 typer.echo(f"(see `{ctx.command_path} --help`)", err=True)
             code = exc.exit_code
         elif "Abort" in kinds:

@@ -250,6 +250,46 @@ CONFIG_KEYS: dict[str, Option] = {o.config_key: o for o in OPTIONS.values() if o
 """[tool.graddoctor] key -> its option: every option but the ``cli_only`` ones."""
 CLI_ONLY: dict[str, Option] = {o.name: o for o in OPTIONS.values() if o.cli_only}
 DEFAULT_STEPS = OPTIONS["steps"].default
+
+
+def split_script_arguments(tokens: list[str]) -> tuple[list[str], list[str]] | None:
+    """The arguments of ``graddoctor check`` (after ``check``) split into graddoctor's own and
+    those meant for the script, which belong after ``--``: ``train.py --lr 0.5 --steps 3`` ->
+    (``train.py --steps 3``, ``--lr 0.5``). An unknown option, the values after it and any
+    argument after the script are the script's. None when an unknown option comes before the
+    script (then it is no script argument: a typo)."""
+    takes_value = {flag: not isinstance(o.kind, Flag) for o in OPTIONS.values()
+                   for flag in (*o.flags, *o.negative_flags)}
+    takes_value.update({"-h": False, "--help": False})
+    ours: list[str] = []
+    script: list[str] = []
+    seen_script = False
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if token == "--":
+            script += tokens[i:]
+            break
+        name = token.split("=", 1)[0]
+        if name in takes_value:
+            ours.append(token)
+            if takes_value[name] and "=" not in token and i < len(tokens):
+                ours.append(tokens[i])
+                i += 1
+        elif token.startswith("-") and token != "-":
+            if not seen_script:
+                return None
+            script.append(token)
+            while i < len(tokens) and not tokens[i].startswith("-"):  # its values
+                script.append(tokens[i])
+                i += 1
+        elif not seen_script:
+            ours.append(token)
+            seen_script = True
+        else:
+            script.append(token)
+    return ours, script
 DEFAULT_TIMEOUT = OPTIONS["timeout"].default
 DEFAULT_EPOCH_BATCHES = OPTIONS["epoch_batches"].default  # see instrument/dataloader.py for why 17
 

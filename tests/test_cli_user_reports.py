@@ -130,3 +130,33 @@ def test_select_says_how_many_rules_ran_in_the_verdict_and_in_json(tmp_path):
         "skipped": [r.code for r in ALL_RULES if r.code not in ran]}
     report = json.loads(check(script, "--steps", "2", "-f", "json").stdout)
     assert report["run"]["rules"] == {"ran": len(ALL_RULES), "total": len(ALL_RULES), "skipped": []}
+
+
+# -- a script's option typed before `--` --------------------------------------------------------
+
+@pytest.mark.parametrize("tokens, split", [
+    (["train.py", "--lr", "0.5"], (["train.py"], ["--lr", "0.5"])),
+    (["train.py", "--lr", "0.5", "--steps", "3", "--fast"], (["train.py", "--steps", "3"], ["--lr", "0.5", "--fast"])),
+    (["--steps=3", "-f", "json", "train.py", "--lr=0.5", "x", "--", "--more"],
+     (["--steps=3", "-f", "json", "train.py"], ["--lr=0.5", "x", "--more"])),
+    (["-m", "pkg.train", "--grad-flow", "--epochs", "1"], (["-m", "pkg.train", "--grad-flow"], ["--epochs", "1"])),
+    (["--lr", "0.5", "train.py"], None),  # before the script: a typo, not the script's
+])
+def test_split_script_arguments(tokens, split):
+    from graddoctor.options import split_script_arguments
+
+    assert split_script_arguments(tokens) == split
+
+
+def test_an_unknown_option_after_the_script_shows_the_command_with_dashes(tmp_path, monkeypatch, capsys):
+    from graddoctor import cli
+
+    script = write(tmp_path, "train.py", CLEAN)
+    monkeypatch.setattr("sys.argv", ["graddoctor", "check", script, "--lr", "0.5", "--steps", "2"])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "No such option: --lr" in err
+    assert f"graddoctor check {script} --steps 2 -- --lr 0.5" in err
+    assert "Traceback" not in err
