@@ -19,7 +19,7 @@ from .analysis import Analysis
 from .analysis.run_rules import analyze, selected_rules
 from .options import OPTIONS, CheckOptions
 from .report.model import Report, RunInfo
-from .rules.notes import run_notes
+from .rules.notes import gradient_apis, run_notes
 from .runner import ScriptError, run_target
 from .suppress import apply_suppressions
 from .trace import Trace
@@ -109,7 +109,8 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
             notes: list[str], duration: float) -> Report:
     import torch
 
-    if status == "completed" and rec.steps == 0 and rec.backward_calls == 0:
+    if status == "completed" and rec.steps == 0 and rec.backward_calls == 0 \
+            and not gradient_apis(trace):  # torch.func / autograd.grad: a note says so
         status = "no-training-loop"
     trace = Trace(trace.events)  # the run's trace is left as recorded; this one gets the end
     trace.put(events.run_end(status=status, steps=rec.steps))

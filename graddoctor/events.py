@@ -100,13 +100,17 @@ idle_forward       mid, cls, params [pid] (the module's own parameters that got 
                    without a gradient at every step so far (2 at least) — watched only from
                    then on, the first call of each call line and mode (loc: the user's line
                    that called it)
+functional_grad    api (``torch.autograd.grad``, ``torch.autograd.functional.*`` or ``torch.func.*``
+                   as the user called it): a gradient graddoctor does not follow (it is
+                   returned, not accumulated in ``.grad``) — the first call of each call line
+                   (loc: that call)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
-``dropout_default``, ``loss_broadcast`` and ``idle_forward`` are *aside* kinds (``ASIDE_KINDS``): observations made
+``dropout_default``, ``loss_broadcast``, ``idle_forward`` and ``functional_grad`` are *aside* kinds (``ASIDE_KINDS``): observations made
 in the middle of a forward, emitted with ``Recorder.emit_aside`` so that they close none of the
 mode watcher's open aggregates (the analysis' mode timeline passes over them too).
 Scale values may be a ``Deferred`` device value while the run goes on; the final trace holds
@@ -271,6 +275,10 @@ def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference
                             "inference": inference, "training": training}
 
 
+def functional_grad(*, api: str) -> Made:
+    return "functional_grad", {"api": api}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -288,11 +296,11 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
-    "idle_forward": idle_forward,
+    "idle_forward": idle_forward, "functional_grad": functional_grad,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "idle_forward"})
+ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "idle_forward", "functional_grad"})
 """Observations made inside a forward (``Recorder.emit_aside``): they close no aggregate, and the
 analysis and the timeline treat them as details, not as calls of the loop."""

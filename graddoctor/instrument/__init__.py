@@ -13,6 +13,7 @@ from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
 from .dropout import FunctionalDropoutWatcher
+from .functional import FunctionalGradWatcher
 from .idle import IdleParamWatcher
 from .losses import LossShapeWatcher
 from .modes import ModeWatcher
@@ -44,6 +45,8 @@ class Instrumentation:
         self.optimizers.freeze_seq = self.modes.freeze_seq  # a frozen param's step names its freeze
         # functional dropout left on in eval mode; regression losses that broadcast (wave 2)
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec)]
+        # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
+        self.watchers.append(FunctionalGradWatcher(rec))
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
         self.optimizers.without_listener = self.idle.after_step

@@ -135,6 +135,9 @@ def verdict(report: Report) -> Text:
             f" (below --fail-on {report.fail_on})"
         return Text.assemble(("! ", "bold yellow"), ", ".join(parts), (why + tail, "dim"))
     found = f" ({', '.join(parts[2:])})" if counts["info"] else ""
+    if run.steps == 0 and run.backward_calls == 0:  # gradients by torch.func: see the note
+        return Text.assemble(("! ", "bold yellow"), f"nothing was checked: no backward() and no "
+                             f"optimizer step (see the note){found}", (tail, "dim"))
     if run.steps == 0:  # backward calls and no optimizer step: the step checks had nothing to judge
         return Text.assemble(("! ", "bold yellow"),
                              f"no optimizer step in {_plural(run.backward_calls, 'backward call')}: "

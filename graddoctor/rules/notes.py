@@ -51,7 +51,41 @@ def never_stepped(a: "Analysis") -> list[str]:
             f"created but never stepped"]
 
 
-NOTE_PRODUCERS: tuple[Callable[["Analysis"], list[str]], ...] = (short_epochs, compiled, never_stepped)
+NOT_A_GRADIENT = frozenset({"torch.func.functional_call"})  # runs a module with other tensors
+
+
+def gradient_apis(events) -> list:
+    """The ``functional_grad`` events of calls that compute gradients (torch.autograd.grad,
+    torch.func.grad, ...; not functional_call)."""
+    return [e for e in events if e.kind == "functional_grad" and e["api"] not in NOT_A_GRADIENT]
+
+
+def _calls(events) -> str:
+    sites: dict[str, list[str]] = {}
+    for e in events:
+        sites.setdefault(e["api"], []).append(str(e.loc) if e.loc else "a library")
+    return ", ".join(f"{api} ({', '.join(where[:3])}{', ...' if len(where) > 3 else ''})"
+                     for api, where in sites.items())
+
+
+def functional_gradients(a: "Analysis") -> list[str]:
+    """Gradients taken with torch.autograd.grad / torch.func: returned, not accumulated in
+    .grad, so graddoctor does not follow them. Said loudly when they are all the script does."""
+    taken = gradient_apis(a.of_kind("functional_grad"))
+    if not taken:
+        return []
+    if not a.steps and not a.backward_calls:
+        return [f"nothing was checked: the script takes its gradients with "
+                f"{_calls(a.of_kind('functional_grad'))} and calls no backward() and no "
+                f"optimizer step. graddoctor checks the gradients backward() accumulates in .grad "
+                f"and the optimizer steps that apply them; the gradients these functions return, "
+                f"and the updates made from them, are not followed"]
+    return [f"gradients taken with {_calls(taken)} are not followed (graddoctor checks those "
+            f"backward() accumulates in .grad and the optimizer steps that apply them)"]
+
+
+NOTE_PRODUCERS: tuple[Callable[["Analysis"], list[str]], ...] = (
+    short_epochs, compiled, never_stepped, functional_gradients)
 
 
 def run_notes(a: "Analysis") -> list[str]:
