@@ -1,14 +1,18 @@
 """``[tool.graddoctor]`` in pyproject.toml: found from the script's folder upward, validated,
 then overridden by whatever the user typed on the command line. The keys, their values and
-the messages for bad ones come from the option table (options.py). No torch here.
+the messages for bad ones come from the option table (options.py): every option of ``check``
+is a key (its long flag without the dashes) but the rows marked ``cli_only``. No torch here.
 
     [tool.graddoctor]
     steps = 20
+    epoch-batches = 17
     device = "cpu"
     fail-on = "error"
     select = ["GD1"]
     ignore = ["param-without-grad"]
     timeout = 300
+    grad-flow = true
+    allow-incomplete = false
 """
 
 from __future__ import annotations
