@@ -35,7 +35,7 @@ CRASH_AFTER_STEPS = textwrap.dedent('''\
 
 
 def check(*args):
-    return runner.invoke(app, ["check", *args])
+    return runner.invoke(app, ["check", *args], env={"COLUMNS": "200"})  # verdicts on one line
 
 
 # -- -o report.json writes JSON ---------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_a_script_training_with_functional_gradients_is_noted_not_failed(tmp_pat
     assert f"{api} ({script}:{line})" in note
     assert "calls no backward() and no optimizer step" in note
     assert report["findings"] == [] and report["internal_errors"] == []
-    text = CliRunner().invoke(app, ["check", script]).stdout
+    text = CliRunner().invoke(app, ["check", script], env={"COLUMNS": "200"}).stdout
     assert text.rstrip().splitlines()[-1] == \
         "! nothing was checked: no backward() and no optimizer step (see the note)"
 
