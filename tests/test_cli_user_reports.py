@@ -160,3 +160,10 @@ def test_an_unknown_option_after_the_script_shows_the_command_with_dashes(tmp_pa
     assert "No such option: --lr" in err
     assert f"graddoctor check {script} --steps 2 -- --lr 0.5" in err
     assert "Traceback" not in err
+
+
+def test_grad_flow_from_the_config_and_off_on_the_command_line(tmp_path):
+    script = write(tmp_path, "train.py", CLEAN)
+    (tmp_path / "pyproject.toml").write_text("[tool.graddoctor]\ngrad-flow = true\nsteps = 2\n")
+    assert "gradient flow, last update" in check(script).stdout
+    assert "gradient flow" not in check(script, "--no-grad-flow").stdout
