@@ -100,6 +100,11 @@ idle_forward       mid, cls, params [pid] (the module's own parameters that got 
                    without a gradient at every step so far (2 at least) — watched only from
                    then on, the first call of each call line and mode (loc: the user's line
                    that called it)
+folded             turns, steps, backwards, events, epochs (how many of each the recorder folded
+                   out here; epochs: ``epoch_start`` events), copies [[first, last, count]]: each folded turn repeated exactly (but
+                   for the values listed in instrument/fold.py) the kept turn whose events have
+                   seqs first..last, count times. Only in long runs (see ``FOLD_AFTER``); the
+                   analysis counts the folded steps, backwards and copies (``Analysis.weight``)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -271,6 +276,12 @@ def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference
                             "inference": inference, "training": training}
 
 
+def folded(*, turns: int, steps: int, backwards: int, events: int, epochs: int,
+           copies: list[list[int]]) -> Made:
+    return "folded", {"turns": turns, "steps": steps, "backwards": backwards, "events": events,
+                      "epochs": epochs, "copies": copies}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -288,7 +299,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
-    "idle_forward": idle_forward,
+    "idle_forward": idle_forward, "folded": folded,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""

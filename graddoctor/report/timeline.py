@@ -25,7 +25,7 @@ class Update:
 class Shape:
     items: list[Item]
     updates: int = 0
-    steps: list[int] = field(default_factory=list)
+    steps: list = field(default_factory=list)  # step numbers, and ranges of folded ones
 
     @property
     def key(self) -> tuple:
@@ -76,25 +76,52 @@ def _fold_blocks(items: list[Item]) -> list[Item]:
 
 
 def shapes(a: Analysis) -> list[Shape]:
-    """Distinct update shapes, in order of first appearance, with how often each was seen."""
+    """Distinct update shapes, in order of first appearance, with how often each was seen
+    (the turns a long run folded out count for the shape of the turn they repeated)."""
     by_key: dict[tuple, Shape] = {}
+    first_step: dict[int, Shape] = {}  # number of a turn's first step -> its shape
+    of_step: dict[int, Shape] = {}  # step number -> the shape of its turn
     for update in updates(a):
         shape = Shape(update.items)
         shape = by_key.setdefault(shape.key, shape)
         shape.updates += 1
         shape.steps.extend(update.steps)
+        if update.steps:
+            first_step[update.steps[0]] = shape
+        of_step.update((n, shape) for n in update.steps)
+    if a.folded_steps:
+        _add_folded(a, first_step, of_step)
     return list(by_key.values())
 
 
-def step_ranges(steps: list[int]) -> str:
-    """[1, 2, 3, 5] -> '1–3, 5'."""
-    parts: list[str] = []
-    numbers = sorted(set(steps))
-    i = 0
-    while i < len(numbers):
-        j = i
-        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
-            j += 1
-        parts.append(str(numbers[i]) if i == j else f"{numbers[i]}–{numbers[j]}")
-        i = j + 1
-    return ", ".join(parts)
+def _add_folded(a: Analysis, first_step: dict, of_step: dict) -> None:
+    """Each folded turn repeated a kept one: its shape gets the copies, and the steps the fold
+    covered (a range; when copies of two shapes alternate in one fold, each shows the range)."""
+    for fold in a.of_kind("folded"):
+        before = a.steps_before(fold.seq)
+        covered = range(before + 1, before + 1 + fold.get("steps", 0))
+        touched: list[Shape] = []
+        for first, last, n in fold.get("copies", ()):
+            numbers = [a.step_number[s.seq] for s in a.steps if first <= s.seq <= last]
+            for number in numbers:
+                shape = of_step.get(number)
+                if shape is not None and all(shape is not t for t in touched):
+                    touched.append(shape)
+                if number in first_step:
+                    first_step[number].updates += n
+        for shape in touched:
+            if len(covered):
+                shape.steps.append(covered)
+
+
+def step_ranges(steps: list) -> str:
+    """[1, 2, 3, 5] -> '1–3, 5' (a ``range`` stands for all its numbers)."""
+    spans = sorted((s.start, s.stop - 1) if isinstance(s, range) else (s, s)
+                   for s in steps if not isinstance(s, range) or len(s))
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return ", ".join(str(s) if s == e else f"{s}–{e}" for s, e in merged)
