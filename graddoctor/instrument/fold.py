@@ -46,6 +46,8 @@ def _frozen(value):
         return tuple(_frozen(v) for v in value)
     if type(value) is dict:
         return tuple((k, _frozen(v)) for k, v in value.items())
+    if type(value) is float and value != value:
+        return "nan"  # NaN equals no NaN: a turn holding one would never repeat
     return value
 
 
