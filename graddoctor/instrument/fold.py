@@ -51,65 +51,53 @@ def _frozen(value):
     return value
 
 
-def _scale(value):
-    """A loss scale: read without a host sync it is a ``Deferred``; only whether there is one."""
-    return None if value is None else "scale"
+_SPECIAL = frozenset({"norms", "total_norm", "epoch", "scale", "batch"})
 
 
-def signature(events: list[Event]) -> tuple:
+def signature(events: list[Event], deep: bool = False) -> tuple:
     """What makes two turns the same for the rules: every event's kind, location and data,
     except numbers that change from step to step while the loop does the same thing:
 
-    * ``step_begin.norms`` (the gradient norms; ``nonfinite`` is kept; the last turns of a run,
-      read by ``--grad-flow``, are always kept),
-    * ``clip.total_norm`` (only whether it is finite and above the limit is kept),
+    * ``step_begin.norms`` and ``clip.total_norm`` (gradient norms; ``nonfinite`` is kept, and
+      the last turns of a run, read by ``--grad-flow``, are always kept),
     * the loss scale of ``backward``, ``unscale`` and ``scaler_update`` (only whether there is
       one: the value may not have been read from the device yet),
     * ``epoch_start.epoch``, and the ``batch`` of each backward relative to the turn's first one
       (same batch, next batch, across an epoch boundary are kept; not which epoch or index).
+
+    Lists become tuples (``deep``: nested ones too; the fast path leaves them, and a shape that
+    holds one is then unhashable: ``Folder`` asks again with ``deep``).
     """
     out = []
     base = None  # the turn's first batch: [loader, epoch, index]
     for e in events:
-        kind, data = e.kind, e.data
+        kind = e.kind
         items = []
-        for key, value in data.items():
-            if kind == "step_begin" and key == "norms":
-                continue
-            if key == "scale":
-                value = _scale(value)
-            elif key == "total_norm" and kind == "clip":
-                value = _clip_class(value, data.get("limit"))
-            elif key == "epoch" and kind == "epoch_start":
-                continue
-            elif key == "batch" and value is not None:
-                if base is None:
-                    base = value
-                try:
-                    value = (value[0] == base[0], value[0], value[1] - base[1], value[2] - base[2])
-                except (TypeError, IndexError):
+        for key, value in e.data.items():
+            if key in _SPECIAL:
+                if key == "scale":
+                    value = None if value is None else "scale"
+                elif key == "batch":
+                    if value is not None:
+                        if base is None:
+                            base = value
+                        try:
+                            value = (value[0] == base[0], value[0], value[1] - base[1],
+                                     value[2] - base[2])
+                        except (TypeError, IndexError):
+                            value = _frozen(value)
+                elif (key == "norms" and kind == "step_begin") or (key == "total_norm" and kind == "clip") \
+                        or (key == "epoch" and kind == "epoch_start"):
+                    continue
+                else:
                     value = _frozen(value)
-            else:
-                value = _frozen(value)
+            elif type(value) is list:
+                value = _frozen(value) if deep else tuple(value)
+            elif type(value) is float and value != value:
+                value = "nan"  # NaN equals no NaN: a turn holding one would never repeat
             items.append((key, value))
         out.append((kind, e.loc, tuple(items)))
     return tuple(out)
-
-
-def _same_call(a: str, b: str) -> bool:
-    from ..analysis.turns import ABSORBS
-
-    return b in ABSORBS.get(a, ()) or a in ABSORBS.get(b, ())
-
-
-def _clip_class(total, limit):
-    try:
-        total, limit = float(total), float(limit)
-    except (TypeError, ValueError):
-        return None if total is None else "unknown"
-    if total != total or total in (float("inf"), float("-inf")):
-        return "nonfinite"
-    return "above" if total > limit else "within"
 
 
 # the turns of the loop as analysis/turns.py cuts them, decided while recording
@@ -126,6 +114,11 @@ def _label(kind: str, loc) -> str | None:
     if loc is None or kind in t.SKIP or t.is_per_forward(kind):
         return None
     return t.LABELS.get(kind, kind)
+
+
+def _same_call(a: str, b: str) -> bool:
+    absorbs = _LABELS.ABSORBS
+    return b in absorbs.get(a, ()) or a in absorbs.get(b, ())
 
 
 class Folder:
@@ -164,6 +157,7 @@ class Folder:
         self.recent: deque = deque(maxlen=(self.keep + 1) * self.max_period + self.context)
         self.last_kept: dict[int, tuple[int, int]] = {}  # id -> (first, last seq) of its latest kept turn
         self.run: dict | None = None  # the fold in progress: where, and what went
+        self._failed = 0  # periods 1.._failed do not repeat at the current front
         self.folded_turns = 0  # in all (tests and benchmarks)
 
     # -- recording ---------------------------------------------------------------------------
@@ -199,9 +193,14 @@ class Folder:
         self.start, self.applied, self.prev, self.seen = end, False, None, set()
         if end <= start:
             return
-        shape = signature(events[start:end])
+        turn = events[start:end]
+        shape = signature(turn)
         ids = self.ids
-        turn_id = ids.get(shape)
+        try:
+            turn_id = ids.get(shape)
+        except TypeError:  # a nested list (frozen params, a graph's history): frozen deeply
+            shape = signature(turn, deep=True)
+            turn_id = ids.get(shape)
         if turn_id is None:
             if len(ids) < MAX_SHAPES:
                 turn_id = ids[shape] = len(ids)
@@ -218,6 +217,7 @@ class Folder:
                 self._fold(period)
             elif len(pending) > 2 * self.max_period + self.context:
                 start, end, turn_id = pending.pop(0)
+                self._failed = 0  # a new front
                 self._kept(turn_id, start, end)
             else:
                 return
@@ -225,17 +225,19 @@ class Folder:
     def _period(self) -> int:
         """The smallest period p such that the ``KEEP`` blocks of p decided turns before the
         front of the undecided ones, a block of p at that front and the ``CONTEXT`` turns after
-        it all repeat with period p (0: none)."""
-        recent, pending, keep = self.recent, self.pending, self.keep
-        history = None
-        for p in range(1, self.max_period + 1):
-            if len(pending) < p + self.context or len(recent) < keep * p:
-                return 0
-            if history is None:
-                history = list(recent)
-            seq = history[-keep * p:] + [t[2] for t in pending[:p + self.context]]
-            if all(seq[j] == seq[j - p] for j in range(p, len(seq))):
+        it all repeat with period p (0: none yet). The periods already found not to repeat for
+        this front are not tried again (``_failed``)."""
+        recent, pending, keep, context = self.recent, self.pending, self.keep, self.context
+        ids = None
+        front = len(recent)
+        for p in range(self._failed + 1, self.max_period + 1):
+            if len(pending) < p + context or front < keep * p:
+                return 0  # not enough turns to tell yet
+            if ids is None:
+                ids = [*recent, *(t[2] for t in pending)]
+            if all(ids[j] == ids[j - p] for j in range(front - (keep - 1) * p, front + p + context)):
                 return p
+            self._failed = p
         return 0
 
     def _kept(self, turn_id: int, start: int, end: int) -> None:
@@ -249,6 +251,7 @@ class Folder:
         events = self.trace.events
         block = self.pending[:period]
         del self.pending[:period]
+        self._failed = 0  # a new front
         start, end = block[0][0], block[-1][1]
         turns = events[start:end]
         del events[start:end]

@@ -178,7 +178,10 @@ class Recorder:
         events = list(trace.events)
         expected = trace.next_seq
         folder = self.folder
-        marker = folder.marker() if folder is not None else None
+        try:
+            marker = folder.marker() if folder is not None else None
+        except Exception:  # changed under us (a watchdog's snapshot): its steps go uncounted
+            marker = None
         if marker is not None and marker[0] <= len(events):  # the fold in progress, as it is now
             events.insert(*marker)
         holder = self.holder
