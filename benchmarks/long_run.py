@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+_root = ROOT  # the graddoctor checkout measured (--root)
 
 SCRIPT = """\
 import sys, torch
@@ -51,9 +52,12 @@ for i in range(n):
 CHILD = """\
 import resource, sys
 sys.path.insert(0, {root!r})
-from graddoctor.instrument import fold
 if {no_fold}:
-    fold.FOLD_AFTER = 10 ** 12
+    try:
+        from graddoctor.instrument import fold
+        fold.FOLD_AFTER = 10 ** 12
+    except ImportError:  # a graddoctor from before folding (--root)
+        pass
 from graddoctor.cli import main
 sys.argv = ["graddoctor", *{argv!r}]
 try:
@@ -73,8 +77,8 @@ def run_check(script: str, steps: int, *, output: str | None = None, no_fold: bo
     if output:
         argv += ["-f", "json", "-o", output]
     argv += ["--", str(steps)]
-    code = CHILD.format(root=str(ROOT), no_fold=no_fold, argv=argv)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    code = CHILD.format(root=str(_root), no_fold=no_fold, argv=argv)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(_root))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -121,7 +125,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=0, help="alternating rounds of the -o benchmark")
     p.add_argument("--only", default="output,budget,memory",
                    help="comma-separated: output (--steps 0), budget (--steps N), memory")
+    p.add_argument("--root", default=str(ROOT),
+                   help="the graddoctor checkout to measure (default: this one), for before/after")
     args = p.parse_args()
+    global _root
+    _root = Path(args.root).resolve()
+    print(f"graddoctor from {_root}")
     steps = args.steps or (5000 if args.quick else 20000)
     rounds = args.rounds or (1 if args.quick else 2)
     with tempfile.TemporaryDirectory() as folder:
