@@ -139,6 +139,13 @@ def test_folder_folds_whole_periods_only():
     assert a.of_kind("folded") and a.step_count == 60
     clears = [e.loc.line for e in a.events if e.kind == "clear"]
     assert all(x != y for x, y in zip(clears, clears[1:]))
+    # the timeline: 30 turns of each shape; the folded ones among the steps the fold covered
+    found = shapes(a)
+    assert [s.updates for s in found] == [30, 30]
+    [fold_event] = a.of_kind("folded")
+    first = a.steps_before(fold_event.seq) + 1
+    last = first + fold_event["steps"] - 1
+    assert f"{fold_event['steps'] // 2} of {first}–{last}" in step_ranges(found[0].steps)
 
 
 def test_folding_fails_safe(monkeypatch):

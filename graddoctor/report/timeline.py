@@ -94,28 +94,39 @@ def shapes(a: Analysis) -> list[Shape]:
     return list(by_key.values())
 
 
+@dataclass(frozen=True)
+class Among:
+    """``count`` of the steps in ``steps`` (a fold that held turns of several shapes)."""
+
+    count: int
+    steps: range
+
+
 def _add_folded(a: Analysis, first_step: dict, of_step: dict) -> None:
     """Each folded turn repeated a kept one: its shape gets the copies, and the steps the fold
-    covered (a range; when copies of two shapes alternate in one fold, each shows the range)."""
+    covered (all of them, or ``Among`` them when the fold held turns of other shapes too)."""
     for fold in a.of_kind("folded"):
         before = a.steps_before(fold.seq)
         covered = range(before + 1, before + 1 + fold.get("steps", 0))
-        touched: list[Shape] = []
+        added: dict[int, list] = {}  # id(shape) -> [shape, its steps in this fold]
         for first, last, n in fold.get("copies", ()):
             numbers = [a.step_number[s.seq] for s in a.steps if first <= s.seq <= last]
             for number in numbers:
                 shape = of_step.get(number)
-                if shape is not None and all(shape is not t for t in touched):
-                    touched.append(shape)
+                if shape is not None:
+                    added.setdefault(id(shape), [shape, 0])[1] += n
                 if number in first_step:
                     first_step[number].updates += n
-        for shape in touched:
+        for shape, steps in added.values():
             if len(covered):
-                shape.steps.append(covered)
+                shape.steps.append(covered if steps >= len(covered) else Among(steps, covered))
 
 
 def step_ranges(steps: list) -> str:
-    """[1, 2, 3, 5] -> '1–3, 5' (a ``range`` stands for all its numbers)."""
+    """[1, 2, 3, 5] -> '1–3, 5' (a ``range`` stands for all its numbers, an ``Among`` for some
+    of them: '40 of 548–5998')."""
+    among = [s for s in steps if isinstance(s, Among)]
+    steps = [s for s in steps if not isinstance(s, Among)]
     spans = sorted((s.start, s.stop - 1) if isinstance(s, range) else (s, s)
                    for s in steps if not isinstance(s, range) or len(s))
     merged: list[list[int]] = []
@@ -124,4 +135,6 @@ def step_ranges(steps: list) -> str:
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
-    return ", ".join(str(s) if s == e else f"{s}–{e}" for s, e in merged)
+    parts = [(s, str(s) if s == e else f"{s}–{e}") for s, e in merged]
+    parts += [(m.steps.start, f"{m.count} of {m.steps.start}–{m.steps.stop - 1}") for m in among]
+    return ", ".join(text for _, text in sorted(parts, key=lambda p: p[0]))
