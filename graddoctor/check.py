@@ -146,6 +146,12 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
 
 
 CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most this often
+# Writing a provisional report analyses the trace so far: its cost grows with the run (less so
+# once the recorder folds repeated turns, instrument/fold.py). So the writes may take at most
+# this share of the wall time since the start, beyond a first allowance that lets short runs
+# write after every step; a write skipped by it is made at a later step.
+CHECKPOINT_SHARE = 0.1
+CHECKPOINT_ALLOWANCE_S = 2.0
 
 
 def _snapshot(rec, variables: dict | None = None) -> Trace:
@@ -180,8 +186,9 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     CLI writes it and ends the process; without ``on_hang`` such a run cannot be ended.
     ``checkpoint(report)`` receives a provisional report (status ``crashed``: "graddoctor did
     not finish") when the script starts and after every optimizer step (at most every
-    ``CHECKPOINT_EVERY_S`` without a step budget): what is left if the process is killed
-    before the final report.
+    ``CHECKPOINT_EVERY_S`` without a step budget, and while the writes have taken less than
+    ``CHECKPOINT_SHARE`` of the time since the start plus ``CHECKPOINT_ALLOWANCE_S``): what is
+    left if the process is killed before the final report.
     """
     options = validated(options)
     import torch
@@ -197,6 +204,7 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
                               device=options.device, torch_version=torch.__version__))
     started = time.perf_counter()
     last_checkpoint = [-math.inf]
+    spent_writing = [0.0]  # seconds spent on provisional reports so far
 
     def main_globals() -> dict:
         main = sys.modules.get("__main__")
@@ -217,8 +225,11 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
         now = time.perf_counter()
         if checkpoint is None:
             return
-        if not force and not rec.step_budget and now - last_checkpoint[0] < CHECKPOINT_EVERY_S:
-            return  # unlimited replay: throttled; with a step budget: after every step
+        if not force:
+            if not rec.step_budget and now - last_checkpoint[0] < CHECKPOINT_EVERY_S:
+                return  # unlimited replay: throttled; with a step budget: after every step
+            if spent_writing[0] > CHECKPOINT_ALLOWANCE_S + CHECKPOINT_SHARE * (now - started):
+                return  # and never more than a bounded share of the run's time
         last_checkpoint[0] = now
         try:
             error = {"type": "Unfinished", "location": None, "message": (
@@ -229,6 +240,8 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
                                status="crashed", error=error, notes=[], duration=now - started))
         except Exception as exc:
             rec.internal_error("provisional report", exc)
+        finally:
+            spent_writing[0] += time.perf_counter() - now
 
     with _device_policy(options.device), _stdout_to_stderr(options.redirect_stdout):
         with Instrumentation(rec, options.epoch_batches) as instrumentation:

@@ -104,6 +104,11 @@ functional_grad    api (``torch.autograd.grad``, ``torch.autograd.functional.*``
                    as the user called it): a gradient graddoctor does not follow (it is
                    returned, not accumulated in ``.grad``) — the first call of each call line
                    (loc: that call)
+folded             turns, steps, backwards, events, epochs (how many of each the recorder folded
+                   out here; epochs: ``epoch_start`` events), copies [[first, last, count]]: each folded turn repeated exactly (but
+                   for the values listed in instrument/fold.py) the kept turn whose events have
+                   seqs first..last, count times. Only in long runs (see ``FOLD_AFTER``); the
+                   analysis counts the folded steps, backwards and copies (``Analysis.weight``)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -279,6 +284,12 @@ def functional_grad(*, api: str) -> Made:
     return "functional_grad", {"api": api}
 
 
+def folded(*, turns: int, steps: int, backwards: int, events: int, epochs: int,
+           copies: list[list[int]]) -> Made:
+    return "folded", {"turns": turns, "steps": steps, "backwards": backwards, "events": events,
+                      "epochs": epochs, "copies": copies}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -296,7 +307,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
-    "idle_forward": idle_forward, "functional_grad": functional_grad,
+    "idle_forward": idle_forward, "functional_grad": functional_grad, "folded": folded,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""

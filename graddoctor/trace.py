@@ -89,14 +89,17 @@ class Trace:
 
     def __init__(self, events: Iterable[Event] = ()):
         self.events: list[Event] = list(events)
+        # the seq the next event gets: one past the last one's. Seqs are the events' indices
+        # unless the recorder folded repeated turns out of the list (instrument/fold.py)
+        self.next_seq = self.events[-1].seq + 1 if self.events else 0
 
     def put(self, made: tuple[str, dict], loc: Location | None = None) -> Event:
         """Append the event a constructor of ``graddoctor.events`` made: ``(kind, data)``. The
         data dict becomes the event's, read-only; the caller keeps no reference to change it."""
         kind, data = made
-        events = self.events
-        event = Event(len(events), kind, loc, MappingProxyType(data))
-        events.append(event)
+        event = Event(self.next_seq, kind, loc, MappingProxyType(data))
+        self.next_seq += 1
+        self.events.append(event)
         return event
 
     def add(self, kind: str, loc: Location | None = None, **data: Any) -> Event:

@@ -195,7 +195,8 @@ def test_recorded_events_are_what_their_constructor_makes(emitted, tmp_path):
         kinds.add(event.kind)
         kind, data = ev.CONSTRUCTORS[event.kind](**event.data)
         assert kind == event.kind and list(data) == list(event.data), event
-    assert set(ev.CONSTRUCTORS) - kinds == {"compile", "internal_error"}  # every kind but these
+    # every kind but these (``folded`` only comes in long runs: tests/test_fold.py)
+    assert set(ev.CONSTRUCTORS) - kinds == {"compile", "internal_error", "folded"}
 
 
 def test_trace_builder_makes_the_keys_the_instrumentation_makes(emitted):

@@ -8,7 +8,10 @@ once, in one place. Pure Python over ``Trace``; no torch.
 concept              where
 ===================  ====================================================================
 step numbers         ``Analysis.step_number`` (1-based, replay order, GradScaler-skipped
-                     steps included); ``next_step`` / ``next_step_number`` / ``steps_before``
+                     steps included); ``next_step`` / ``next_step_number`` / ``steps_before``;
+                     ``step_count``
+folded turns         a long run's repeated turns folded by the recorder (instrument/fold.py):
+                     ``weight(event)`` / ``count(events)`` count their copies
 parameters written   ``written(backward)`` (fresh + accumulated + cleared outside zero_grad)
   by a backward
 user-facing names    ``param_name`` / ``names`` / ``optimizer_name`` (module names: ``modes``)
@@ -68,6 +71,14 @@ class Analysis:
         self.steps: list[Event] = []
         self.step_number: dict[int, int] = {}  # seq of a ``step`` -> its 1-based number
         self._writers: dict[int, list[int]] = {}  # pid -> seqs of the backwards writing it
+        # turns the recorder folded out of a long run (instrument/fold.py): their steps count in
+        # the step numbers, their backwards in ``backward_calls``, and each folded turn adds one
+        # to the ``weight`` of the events of the kept turn it repeated
+        self.folded_steps = 0
+        self._folded_backwards = 0
+        self._fold_seqs: list[int] = []  # seqs of the ``folded`` events
+        self._fold_steps: list[int] = []  # folded steps up to and including each of them
+        copies: list[tuple[int, int, int]] = []
         for e in self.events:
             self.by_kind.setdefault(e.kind, []).append(e)
             kind = e.kind
@@ -83,11 +94,33 @@ class Analysis:
                     self.owners.setdefault(pid, set()).add(opt)
             elif kind == "step":
                 self.steps.append(e)
-                self.step_number[e.seq] = len(self.steps)
+                self.step_number[e.seq] = len(self.steps) + self.folded_steps
             elif kind == "backward":
                 for pid in written(e):
                     self._writers.setdefault(pid, []).append(e.seq)
+            elif kind == "folded":
+                self.folded_steps += e.get("steps", 0)
+                self._folded_backwards += e.get("backwards", 0)
+                self._fold_seqs.append(e.seq)
+                self._fold_steps.append(self.folded_steps)
+                copies.extend((first, last, n) for first, last, n in e.get("copies", ()))
         self._step_seqs = [s.seq for s in self.steps]
+        self._copies: dict[int, int] = {}  # seq -> folded copies of it
+        self._seqs: list[int] | None = None
+        for first, last, n in copies:
+            for e in self.span(first, last):
+                self._copies[e.seq] = self._copies.get(e.seq, 0) + n
+
+    def span(self, first: int, last: int) -> list[Event]:
+        """The events with seqs from ``first`` to ``last`` (a kept turn a ``folded`` event names)."""
+        if self._seqs is None:
+            self._seqs = [e.seq for e in self.events]
+        seqs = self._seqs
+        return self.events[bisect.bisect_left(seqs, first):bisect.bisect_right(seqs, last)]
+
+    def copies_in(self, fold: Event) -> list[tuple[list[Event], int]]:
+        """What a ``folded`` event stands for: (the events of a kept turn, how many copies)."""
+        return [(self.span(first, last), n) for first, last, n in fold.get("copies", ())]
 
     # -- events ----------------------------------------------------------------------
     def of_kind(self, *kinds: str) -> list[Event]:
@@ -117,7 +150,24 @@ class Analysis:
 
     @property
     def backward_calls(self) -> int:
-        return len(self.by_kind.get("backward", ()))
+        return len(self.by_kind.get("backward", ())) + self._folded_backwards
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps in the run (``len(steps)`` plus those folded out of a long run)."""
+        return len(self.steps) + self.folded_steps
+
+    def weight(self, event: Event) -> int:
+        """How many times this event happened: 1, plus the folded copies of its turn."""
+        return 1 + self._copies.get(event.seq, 0)
+
+    def count(self, events: Iterable[Event]) -> int:
+        """How many times these events happened (folded copies included): what a message
+        that counts occurrences says."""
+        copies = self._copies
+        if not copies:
+            return sum(1 for _ in events)
+        return sum(1 + copies.get(e.seq, 0) for e in events)
 
     # -- steps -----------------------------------------------------------------------
     def next_step(self, seq: int) -> Event | None:
@@ -127,11 +177,19 @@ class Analysis:
 
     def next_step_number(self, seq: int) -> int | None:
         i = bisect.bisect_right(self._step_seqs, seq)
-        return i + 1 if i < len(self.steps) else None
+        return self.step_number[self.steps[i].seq] if i < len(self.steps) else None
 
     def steps_before(self, seq: int) -> int:
-        """How many optimizer steps ran before the event with that seq."""
+        """How many optimizer steps ran before the event with that seq (folded ones included)."""
+        return self.step_index(seq) + self._folded_before(seq)
+
+    def step_index(self, seq: int) -> int:
+        """How many of ``steps`` (the recorded ones) come before the event with that seq."""
         return bisect.bisect_left(self._step_seqs, seq)
+
+    def _folded_before(self, seq: int) -> int:
+        i = bisect.bisect_left(self._fold_seqs, seq)
+        return self._fold_steps[i - 1] if i else 0
 
     def last_writer(self, pid: int, before: int) -> Event | None:
         """The last backward before seq ``before`` that wrote ``pid``'s gradient."""

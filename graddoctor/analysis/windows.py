@@ -73,9 +73,12 @@ def windows_by_optimizer(a: "Analysis") -> dict[int, list[Window]]:
     return out
 
 
-def typical(values) -> int | None:
-    """The most common value (ties: the smaller); None when there is none."""
-    counts = Counter(values)
+def typical(values, weights=None) -> int | None:
+    """The most common value (ties: the smaller); None when there is none. ``weights``: how
+    many times each value counts (``Analysis.weight`` of its window's step in a folded run)."""
+    counts: Counter = Counter()
+    for value, weight in zip(values, weights) if weights is not None else ((v, 1) for v in values):
+        counts[value] += weight
     if not counts:
         return None
     best = max(counts.values())

@@ -111,7 +111,7 @@ class ModeWatcher:
                 rec.release()
             rec.holder = self
         held = self._held
-        entry = [len(rec.trace.events) + len(held), made[0], loc, made[1]]
+        entry = [rec.trace.next_seq + len(held), made[0], loc, made[1]]
         held.append(entry)
         return entry
 

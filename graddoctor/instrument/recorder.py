@@ -25,6 +25,7 @@ import torch
 from .. import events as ev
 from ..location import LocationFinder
 from ..trace import Event, Location, Trace
+from .fold import Folder
 from .stop import StopCondition, StopReplay, conditions
 
 
@@ -127,6 +128,9 @@ class Recorder:
         # data)]) and ``hold_aside(made, loc)`` (keep an aside event after them; ``emit_aside``).
         # ``emit`` closes it before any other event, so the seqs are known ahead.
         self.holder: Any = None
+        # folds repeated turns out of the trace in long runs (instrument/fold.py); None once
+        # the run has ended (or if it failed)
+        self.folder: Folder | None = Folder(self.trace)
 
     # -- events ------------------------------------------------------------------------
     def here(self, skip: int = 2) -> Location | None:
@@ -138,6 +142,13 @@ class Recorder:
     def emit(self, made: ev.Made, loc: Location | None = None) -> Event:
         """Append an event made by a constructor of ``graddoctor.events``; its data dict (and
         the lists in it) belongs to the event from now on."""
+        folder = self.folder
+        if folder is not None:
+            try:
+                folder.observe(made[0], loc)  # before the held events: they come after it
+            except Exception as exc:  # keep every event from now on
+                self.folder = None
+                self.internal_error("folding repeated turns", exc)
         if self.holder is not None:
             self.release()
         return self.trace.put(made, loc)
@@ -163,12 +174,22 @@ class Recorder:
         """The trace so far as a new ``Trace`` that later events do not change: the emitted
         events (final, shared) and the held ones as they are now (new events with copies of
         their lists). ``Deferred`` values stay unread."""
-        events = list(self.trace.events)
+        trace = self.trace
+        events = list(trace.events)
+        expected = trace.next_seq
+        folder = self.folder
+        try:
+            marker = folder.marker() if folder is not None else None
+        except Exception:  # changed under us (a watchdog's snapshot): its steps go uncounted
+            marker = None
+        if marker is not None and marker[0] <= len(events):  # the fold in progress, as it is now
+            events.insert(*marker)
         holder = self.holder
         if holder is not None:
             for seq, kind, loc, data in holder.held():
-                if seq == len(events):  # else closed while we looked (another thread): in already
+                if seq == expected:  # else closed while we looked (another thread): in already
                     events.append(Event(seq, kind, loc, data))
+                    expected += 1
         return Trace(events)
 
     def finish(self) -> None:
@@ -179,7 +200,12 @@ class Recorder:
         try:
             self.release()
         finally:
-            self.trace = resolved(self.trace)
+            folder, self.folder = self.folder, None
+            try:
+                if folder is not None:
+                    folder.finish()  # the fold in progress ends with a ``folded`` event
+            finally:
+                self.trace = resolved(self.trace)
 
     def internal_error(self, where: str, exc: BaseException) -> None:
         """graddoctor's own failure: recorded, never raised into the user's code."""

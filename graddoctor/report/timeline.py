@@ -25,7 +25,7 @@ class Update:
 class Shape:
     items: list[Item]
     updates: int = 0
-    steps: list[int] = field(default_factory=list)
+    steps: list = field(default_factory=list)  # step numbers, and ranges of folded ones
 
     @property
     def key(self) -> tuple:
@@ -76,25 +76,65 @@ def _fold_blocks(items: list[Item]) -> list[Item]:
 
 
 def shapes(a: Analysis) -> list[Shape]:
-    """Distinct update shapes, in order of first appearance, with how often each was seen."""
+    """Distinct update shapes, in order of first appearance, with how often each was seen
+    (the turns a long run folded out count for the shape of the turn they repeated)."""
     by_key: dict[tuple, Shape] = {}
+    first_step: dict[int, Shape] = {}  # number of a turn's first step -> its shape
+    of_step: dict[int, Shape] = {}  # step number -> the shape of its turn
     for update in updates(a):
         shape = Shape(update.items)
         shape = by_key.setdefault(shape.key, shape)
         shape.updates += 1
         shape.steps.extend(update.steps)
+        if update.steps:
+            first_step[update.steps[0]] = shape
+        of_step.update((n, shape) for n in update.steps)
+    if a.folded_steps:
+        _add_folded(a, first_step, of_step)
     return list(by_key.values())
 
 
-def step_ranges(steps: list[int]) -> str:
-    """[1, 2, 3, 5] -> '1–3, 5'."""
-    parts: list[str] = []
-    numbers = sorted(set(steps))
-    i = 0
-    while i < len(numbers):
-        j = i
-        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
-            j += 1
-        parts.append(str(numbers[i]) if i == j else f"{numbers[i]}–{numbers[j]}")
-        i = j + 1
-    return ", ".join(parts)
+@dataclass(frozen=True)
+class Among:
+    """``count`` of the steps in ``steps`` (a fold that held turns of several shapes)."""
+
+    count: int
+    steps: range
+
+
+def _add_folded(a: Analysis, first_step: dict, of_step: dict) -> None:
+    """Each folded turn repeated a kept one: its shape gets the copies, and the steps the fold
+    covered (all of them, or ``Among`` them when the fold held turns of other shapes too)."""
+    for fold in a.of_kind("folded"):
+        before = a.steps_before(fold.seq)
+        covered = range(before + 1, before + 1 + fold.get("steps", 0))
+        added: dict[int, list] = {}  # id(shape) -> [shape, its steps in this fold]
+        for first, last, n in fold.get("copies", ()):
+            numbers = [a.step_number[s.seq] for s in a.steps if first <= s.seq <= last]
+            for number in numbers:
+                shape = of_step.get(number)
+                if shape is not None:
+                    added.setdefault(id(shape), [shape, 0])[1] += n
+                if number in first_step:
+                    first_step[number].updates += n
+        for shape, steps in added.values():
+            if len(covered):
+                shape.steps.append(covered if steps >= len(covered) else Among(steps, covered))
+
+
+def step_ranges(steps: list) -> str:
+    """[1, 2, 3, 5] -> '1–3, 5' (a ``range`` stands for all its numbers, an ``Among`` for some
+    of them: '40 of 548–5998')."""
+    among = [s for s in steps if isinstance(s, Among)]
+    steps = [s for s in steps if not isinstance(s, Among)]
+    spans = sorted((s.start, s.stop - 1) if isinstance(s, range) else (s, s)
+                   for s in steps if not isinstance(s, range) or len(s))
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    parts = [(s, str(s) if s == e else f"{s}–{e}") for s, e in merged]
+    parts += [(m.steps.start, f"{m.count} of {m.steps.start}–{m.steps.stop - 1}") for m in among]
+    return ", ".join(text for _, text in sorted(parts, key=lambda p: p[0]))

@@ -54,8 +54,8 @@ class AccumulationLeftover(Rule):
         lengths = {(e["loader"], e["epoch"]): e for e in a.of_kind("epoch_start")}
         groups: dict = {}
         for opt, windows in a.windows.items():
-            whole = [len(w.batches()) for w in windows if w.batches() and not w.straddles()]
-            k = typical(whole)
+            whole = [w for w in windows if w.batches() and not w.straddles()]
+            k = typical([len(w.batches()) for w in whole], [a.weight(w.step) for w in whole])
             if k is None or k < 2:
                 continue
             for w in windows:
@@ -93,6 +93,6 @@ class AccumulationLeftover(Rule):
                          related(start, "the next epoch starts here")),
                 evidence={"k": k, "real_len": real_len, "replay_len": replay_len,
                           "leftover_batches": len(leftover), "epoch": epoch,
-                          "occurrences": len(items)},
+                          "occurrences": a.count(i[0].step for i in items)},
             )
 

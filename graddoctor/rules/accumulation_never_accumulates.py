@@ -71,7 +71,7 @@ class AccumulationNeverAccumulates(Rule):
     def check(self, a):
         edits = a.of_kind("grad_edit")
         for opt, windows in a.windows.items():
-            if len(windows) < MIN_STEPS:
+            if a.count(w.step for w in windows) < MIN_STEPS:
                 continue
             if any(w.k != 1 or len(w.backwards) != 1 for w in windows):
                 continue  # some step does accumulate (or sums two losses)
@@ -106,7 +106,7 @@ class AccumulationNeverAccumulates(Rule):
             effect = (f"each micro-batch is stepped with 1/{k} of its gradient (with {cls or 'SGD'}"
                       f" a {k}x smaller learning rate) and the batch is never enlarged")
         message = (f"this loss is multiplied by {factor:g} (1/{k}), as for accumulating {k} "
-                   f"micro-batches, yet each of the {len(windows)} {name} steps applies a single "
+                   f"micro-batches, yet each of the {a.count(w.step for w in windows)} {name} steps applies a single "
                    f"backward(): if {k} is your accumulation count, the step runs after every "
                    f"micro-batch, not once per {k} (a counter that never advances, a step "
                    f"outside its `if`): {effect}; if {factor:g} is a loss weight (0.5 * MSE), "
@@ -115,5 +115,5 @@ class AccumulationNeverAccumulates(Rule):
             message, backward.loc, step=w.index,
             related=(related(w.step, "the step that follows every single backward"),),
             evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
-                      "optimizer_class": cls, "steps": len(windows)},
+                      "optimizer_class": cls, "steps": a.count(w.step for w in windows)},
         )

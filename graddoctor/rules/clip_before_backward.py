@@ -68,7 +68,7 @@ class ClipBeforeBackward(Rule):
                          related(a.next_step(backward.seq), "the step that applies them unclipped")),
                 step=a.next_step_number(clip.seq),
                 evidence={"params": [a.param_name(p) for p in owned[:8]], "clip": clip.get("via"),
-                          "after_step": used is not None, "occurrences": len(items)},
+                          "after_step": used is not None, "occurrences": a.count(i[0] for i in items)},
             )
 
     @staticmethod

@@ -88,5 +88,5 @@ class ClipBeforeUnscale(Rule):
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(hits)],
                           "scale": scale, "scaler_enabled": enabled, "clip": clip.get("via"),
                           "limit": limit, "total_norm": clip.get("total_norm"),
-                          "occurrences": len(items)},
+                          "occurrences": a.count(i[0] for i in items)},
             )

@@ -73,7 +73,7 @@ class ClipClipsNothing(Rule):
             groups.setdefault(key, []).append((clip, step, applied, spent))
         for items in groups.values():
             clip, step, applied, spent = items[0]
-            yield self._finding(a, clip, step, applied, spent, len(items))
+            yield self._finding(a, clip, step, applied, spent, a.count(i[0] for i in items))
 
     @staticmethod
     def _clipped_later(a, clip, step) -> bool:

@@ -54,12 +54,12 @@ class ClipInAccumulation(Rule):
             yield self.finding(
                 f"this clip runs before the last micro-batch of the update: a later backward() adds "
                 f"more gradient to {a.names(pids)} before the optimizer step, so the update is "
-                f"not the clipped one (seen {times(len(items))})",
+                f"not the clipped one (seen {times(a.count(i[0] for i in items))})",
                 loc,
                 related=(related(backward, "a later backward adds to the clipped gradients"),
                          related(step, "the step that applies the partly clipped sum")),
                 step=a.next_step_number(backward.seq),
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "clip": clip.get("via"), "limit": clip.get("limit"),
-                          "occurrences": len(items)},
+                          "occurrences": a.count(i[0] for i in items)},
             )

@@ -82,7 +82,7 @@ class DoubleStep(Rule):
                 last[opt] = e
         for items in groups.values():
             prev, step, applied = items[0]
-            yield self._finding(a, prev, step, applied, len(items))
+            yield self._finding(a, prev, step, applied, a.count(i[1] for i in items))
 
     @staticmethod
     def _with_grad(a, opt: int, step) -> list[int]:

@@ -82,7 +82,7 @@ class HiddenStateNotDetached(Rule):
             if earlier is None or earlier.kind != "backward" or earlier.seq >= b.seq or not pids:
                 continue  # no tracked parameter behind the shared nodes: no update to speak of
             opts = set().union(*(a.owners.get(pid, set()) for pid in pids))
-            for i in range(a.steps_before(earlier.seq), a.steps_before(b.seq)):
+            for i in range(a.step_index(earlier.seq), a.step_index(b.seq)):
                 step = a.steps[i]
                 if step.get("opt") in opts and not step.get("skipped"):
                     owned = [pid for pid in pids if step["opt"] in a.owners.get(pid, ())]

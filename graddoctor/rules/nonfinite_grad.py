@@ -61,16 +61,17 @@ class NonfiniteGrad(Rule):
             groups.setdefault(source.loc if source else step.loc, []).append((begin, step, source))
         for loc, items in groups.items():
             begin, step, source = items[0]
+            affected = a.count(s for _, s, _ in items)  # folded copies included
             bad = begin["nonfinite"]
             norms = dict(zip(begin.get("norm_pids", ()), begin.get("norms", ())))
             where = "this backward produced" if source is not None else "this step applies"
             yield self.finding(
                 f"{where} NaN/Inf gradients in {a.names(bad)}, and "
                 f"{a.optimizer_name(step['opt'])} applied them at step {index.get(step.seq)} "
-                f"({plural(len(items), 'step')} affected)",
+                f"({plural(affected, 'step')} affected)",
                 loc, step=index.get(step.seq),
                 related=(related(step, "the step that applies them"),) if source is not None else (),
                 evidence={"params": [a.param_name(p) for p in bad[:8]], "count": len(bad),
                           "norms": {a.param_name(p): str(norms.get(p)) for p in bad[:8]},
-                          "steps_affected": len(items)},
+                          "steps_affected": affected},
             )

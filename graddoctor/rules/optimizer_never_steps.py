@@ -59,7 +59,7 @@ class OptimizerNeverSteps(Rule):
             if stepped:
                 others = ", ".join(sorted({a.optimizer_name(o) for o in stepped}))
                 message = (f"this {a.optimizer_name(opt)} is never stepped while {others} "
-                           f"{one_or_many(len(stepped), 'is', 'are')} ({len(a.steps)} steps): "
+                           f"{one_or_many(len(stepped), 'is', 'are')} ({a.step_count} steps): "
                            f"backward() fills the gradients of {a.names(fed)}, and nothing applies "
                            f"them; if it is meant for a later stage of training, ignore this")
                 severity = Severity.WARNING
@@ -72,5 +72,5 @@ class OptimizerNeverSteps(Rule):
                 message, init.loc, severity=severity,
                 related=(related(first, "a backward that fills its parameters' gradients"),),
                 evidence={"optimizer": opt, "params": a.param_names(fed, limit=8),
-                          "backward_calls": backwards, "steps": len(a.steps)},
+                          "backward_calls": backwards, "steps": a.step_count},
             )

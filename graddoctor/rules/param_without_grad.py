@@ -53,7 +53,7 @@ class ParamWithoutGrad(Rule):
         forwards = a.of_kind("idle_forward")
         for opt, init in a.optimizers.items():
             steps = [s for s in a.steps if s["opt"] == opt and not s.get("skipped")]
-            if len(steps) < MIN_STEPS:
+            if a.count(steps) < MIN_STEPS:
                 continue
             had_grad = set()
             for s in steps:
@@ -75,17 +75,18 @@ class ParamWithoutGrad(Rule):
                 yield self._finding(a, cls, init, steps, opt, pids, cause)
 
     def _finding(self, a, cls, init, steps, opt, pids, cause):
-        evidence = {"params": [a.param_name(p) for p in pids], "steps": len(steps),
+        n = a.count(steps)  # folded copies included
+        evidence = {"params": [a.param_name(p) for p in pids], "steps": n,
                     "optimizer": opt}
         step_note = related(steps[0], "a step that finds them without gradient")
         head = (f"{a.names(pids)} are owned by this {cls} but got no gradient in "
-                f"{len(steps)} steps")
+                f"{n} steps")
         if cause is None:
             return self.finding(f"{head}: they never train", init.loc, related=(step_note,),
                                 evidence=evidence)
         module = cause["cls"]
         head = (f"{a.names(pids)} (owned by the {cls} built at line {init.loc.line}) got no "
-                f"gradient in {len(steps)} steps" if init.loc is not None else head)
+                f"gradient in {n} steps" if init.loc is not None else head)
         if not _with_grad(cause):
             context = "torch.inference_mode()" if cause["inference"] else "torch.no_grad()"
             evidence["cause"] = "no_grad"

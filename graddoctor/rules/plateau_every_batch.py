@@ -66,8 +66,21 @@ class PlateauEveryBatch(Rule):
         # latest backward used ((loader, epoch), or None without a DataLoader)
         calls: dict[tuple, list] = {}  # (sched, epoch key) -> its scheduler_step events
         steps: dict[tuple, list] = {}  # (opt, epoch key) -> the optimizer's steps
+        # copies of them in turns a long run folded out (instrument/fold.py), counted in the
+        # epoch where the fold is when it lies within one epoch (else in none: a lower bound)
+        extra: dict[tuple, int] = {}
         epoch = None
         for e in a.events:
+            if e.kind == "folded" and e.get("epochs") and epoch is not None:
+                continue
+            if e.kind == "folded":
+                for turn, n in a.copies_in(e):
+                    for c in turn:
+                        if c.kind == "step":
+                            extra[("step", c["opt"], epoch)] = extra.get(("step", c["opt"], epoch), 0) + n
+                        elif c.kind == "scheduler_step" and is_plateau(c.get("cls")):
+                            extra[("sched", c["sched"], epoch)] = extra.get(("sched", c["sched"], epoch), 0) + n
+                continue
             if e.kind == "backward":
                 batch = e.get("batch")
                 epoch = (batch[0], batch[1]) if batch else None
@@ -80,29 +93,32 @@ class PlateauEveryBatch(Rule):
             opt = events[0].get("opt")
             mine = [s for (o, k), ss in steps.items() if k == key and (opt is None or o == opt)
                     for s in ss]
-            if len(events) < MIN_CALLS or len(events) < len(mine) or len(mine) < 1:
+            n_calls = len(events) + extra.get(("sched", sched, key), 0)
+            n_steps = len(mine) + sum(n for (what, o, k), n in extra.items()
+                                      if what == "step" and k == key and (opt is None or o == opt))
+            if n_calls < MIN_CALLS or n_calls < n_steps or n_steps < 1:
                 continue
-            if key is None and len(mine) < MIN_CALLS:
+            if key is None and n_steps < MIN_CALLS:
                 continue
             if sched not in found or (found[sched][1] is None and key is not None):
-                found[sched] = (events, key, mine)
-        for sched, (events, key, mine) in found.items():
-            yield self._finding(a, events, key, mine)
+                found[sched] = (events, key, mine, n_calls, n_steps)
+        for sched, (events, key, mine, n_calls, n_steps) in found.items():
+            yield self._finding(a, events, key, mine, n_calls, n_steps)
 
-    def _finding(self, a, events, key, mine):
+    def _finding(self, a, events, key, mine, calls, steps):
         first = events[0]
         opt = first.get("opt")
         name = a.optimizer_name(opt) if opt is not None else "the optimizer"
         cls = first.get("cls") or "ReduceLROnPlateau"
         if key is not None:
-            where = (f"after every batch ({plural(len(events), 'call')} in epoch {key[1]} of "
-                     f"the DataLoader, for {plural(len(mine), 'step')} of {name})")
+            where = (f"after every batch ({plural(calls, 'call')} in epoch {key[1]} of "
+                     f"the DataLoader, for {plural(steps, 'step')} of {name})")
             severity = None
             tail = ("its patience and cooldown count batches, not epochs, so a noisy per-batch "
                     "metric cuts the learning rate long before training has plateaued")
         else:
-            where = (f"after every optimizer step ({plural(len(events), 'call')} for "
-                     f"{plural(len(mine), 'step')} of {name})")
+            where = (f"after every optimizer step ({plural(calls, 'call')} for "
+                     f"{plural(steps, 'step')} of {name})")
             severity = Severity.INFO
             tail = ("if each step is a whole epoch (full-batch training) this is right; if the "
                     "loop runs over mini-batches, its patience counts batches, not epochs, and "
@@ -111,6 +127,6 @@ class PlateauEveryBatch(Rule):
         return self.finding(
             message, first.loc, severity=severity, step=a.next_step_number(first.seq),
             related=(related(mine[0], "the optimizer step it follows each time"),),
-            evidence={"scheduler": cls, "optimizer": opt, "calls": len(events),
-                      "steps": len(mine), "epoch": list(key) if key is not None else None},
+            evidence={"scheduler": cls, "optimizer": opt, "calls": calls,
+                      "steps": steps, "epoch": list(key) if key is not None else None},
         )

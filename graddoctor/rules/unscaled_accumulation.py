@@ -64,7 +64,7 @@ class UnscaledAccumulation(Rule):
         edits = a.of_kind("grad_edit")
         clips = [e for e in a.of_kind("clip") if not e.get("norm_only")]
         for opt, windows in a.windows.items():
-            k = typical(w.k for w in windows)
+            k = typical([w.k for w in windows], [a.weight(w.step) for w in windows])
             if k is None or k < 2:
                 continue
             judged = [w for w in windows if w.k == k]
