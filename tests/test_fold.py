@@ -215,7 +215,9 @@ def test_provisional_reports_take_a_bounded_share_of_the_time(tmp_path, monkeypa
     report = _run(tmp_path, monkeypatch, 300, -1, -1, steps=300, checkpoint=slow_checkpoint)
     took = time.perf_counter() - started
     assert report.run.steps == 300
-    assert 2 <= len(calls) < 60  # after every step: 301
+    # after every step would be 301; how many fit in the share depends on the machine's load
+    # (the first one, at the start, is always written)
+    assert 1 <= len(calls) < 60
     assert len(calls) * 0.02 <= 0.1 * took + 0.1
 
 
