@@ -41,6 +41,8 @@ def validated(options: CheckOptions) -> CheckOptions:
             raise ScriptError(str(exc)) from None
     if changes["timeout"] == 0 or math.isinf(changes["timeout"] or 0):
         changes["timeout"] = None
+    if changes.get("trace_path"):  # where the check starts, whatever directory the script goes to
+        changes["trace_path"] = os.path.abspath(changes["trace_path"])
     return dataclasses.replace(options, **changes)
 
 
@@ -115,7 +117,8 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
     trace.put(events.run_end(status=status, steps=rec.steps))
     analysis = Analysis(trace)  # built once: every rule, note and view reads it
     findings, rule_errors = analyze(analysis, selected_rules(options.select, options.ignore))
-    findings = apply_suppressions(findings)  # `# graddoctor: ignore[...]` on the reported line
+    base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
+    findings = apply_suppressions(findings, base_dir)  # `# graddoctor: ignore[...]` on the line
     internal = [{"where": e["where"], "error": e["error"]} for e in analysis.of_kind("internal_error")]
     internal += rule_errors
     try:
@@ -138,7 +141,8 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
         duration_s=round(duration, 3), error=error, notes=notes,
         step_budget=options.steps or None, config=options.config_path,
     )
-    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis)
+    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis,
+                  base_dir=base_dir)
 
 
 CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most this often
@@ -183,6 +187,7 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     import torch
 
     from .instrument import Instrumentation, Recorder
+    from .instrument.graphkeep import release_after_check
     from .location import LocationFinder
 
     finder = LocationFinder()
@@ -234,5 +239,9 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
                                  on_start=lambda: provisional(force=True),
                                  last_resort=on_hang is not None)
             instrumentation.script_globals = outcome.namespace
-    return _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
-                   notes=outcome.notes, duration=time.perf_counter() - started)
+    report = _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
+                     notes=outcome.notes, duration=time.perf_counter() - started)
+    # the script's globals are let go of here, so that deep graphs it left are freed safely
+    outcome.namespace = instrumentation.script_globals = None
+    release_after_check()
+    return report

@@ -59,8 +59,8 @@ def compile_script(path: str):
         raise ScriptError(f"cannot read {path}: {exc.strerror}") from None
     if b"\0" in source:
         raise ScriptError(f"{path} is not a Python script (binary file)")
-    try:
-        return compile(source, path, "exec", dont_inherit=True)
+    try:  # an absolute file name, as python gives it: a script that changes directory keeps it
+        return compile(source, os.path.abspath(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
         raise ScriptError(
             f"{path}:{exc.lineno}: syntax error: {exc.msg} — is this a Python script?"

@@ -36,6 +36,7 @@ import functools
 import torch
 
 from .. import events as ev
+from .graphkeep import HELD, KEEP_EVERY, hold, sweep
 from .recorder import Recorder
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
@@ -103,6 +104,7 @@ def _leaves(tensors, inputs) -> list:
             leaves.append(t)
     accumulate_grad = _ACCUMULATE_GRAD
     add, push, pop, found = seen.add, stack.append, stack.pop, leaves.append
+    countdown = KEEP_EVERY  # every KEEP_EVERY-th node is held (graphkeep: deep graphs)
     while stack:  # each node is marked seen when first pushed, so it is expanded once
         for child, _ in pop().next_functions:
             if child is None or child in seen:
@@ -112,6 +114,10 @@ def _leaves(tensors, inputs) -> list:
                 found(child.variable)
             else:
                 push(child)
+                countdown -= 1
+                if not countdown:
+                    countdown = KEEP_EVERY
+                    hold(child)
     return leaves
 
 
@@ -144,6 +150,7 @@ def _history_walk(tensors, cell: list, limit: int = HISTORY_LIMIT):
     add, push, pop, found = seen.add, stack.append, stack.pop, leaves.append
     shared: dict = {}
     nodes = 0
+    countdown = KEEP_EVERY
     checking, complete = True, True
     while stack:
         node = pop()
@@ -179,6 +186,10 @@ def _history_walk(tensors, cell: list, limit: int = HISTORY_LIMIT):
             elif child not in seen:
                 add(child)
                 push(child)
+                countdown -= 1
+                if not countdown:  # graphkeep: every KEEP_EVERY-th node is held (deep graphs)
+                    countdown = KEEP_EVERY
+                    hold(child)
     return leaves, nodes, shared, complete
 
 
@@ -288,6 +299,8 @@ class BackwardWatcher:
         rec = self.rec
         ctx = BackwardContext()
         rec.count_backward()
+        if HELD:  # nodes of deep graphs held by earlier walks: free those the script dropped
+            sweep()
         if inputs is not None:  # the leaves are given: no walk needed
             self._walk(ctx, None, tensors, inputs)
         else:

@@ -32,6 +32,9 @@ class Report:
     findings: list[Finding]
     internal_errors: list[dict] = field(default_factory=list)
     analysis: Any = None  # the Analysis of the trace, for views (update timeline, grad flow)
+    # the folder relative paths are relative to: where the check started (None: the working
+    # directory), also for a report written while the script is in another directory
+    base_dir: str | None = None
 
     @property
     def trace(self):

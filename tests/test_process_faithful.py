@@ -1,0 +1,141 @@
+"""Whatever the script does to its process, graddoctor is never the reason it fails or leaves
+something behind (issue 13): deep autograd graphs, ``os.fork``, ``os.chdir``, training in
+threads, the installed ``graddoctor`` command with ``-m``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+
+import torch
+
+from conftest import ROOT, run_cli, run_python
+from graddoctor.check import CheckOptions, run_check
+from graddoctor.instrument import graphkeep
+from graddoctor.instrument.backward import _history_walk, _leaves
+from graddoctor.report.formats import FORMATS, RenderOptions
+
+
+def write(path, text: str):
+    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+    return path
+
+
+# -- deep autograd graphs ---------------------------------------------------------------------
+DEEP = """
+import torch
+w = torch.nn.Parameter(torch.ones(2))
+opt = torch.optim.SGD([w], lr=0.0)
+for it in range(2):
+    x = w * 1.0
+    for _ in range(60_000):
+        x = x * 1.0
+    loss = x.sum()  # drops the previous iteration's 60,000-node graph
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("survived")
+"""
+
+
+def test_deep_graph_is_released_without_a_crash(tmp_path):
+    """A walked node has a Python object that lives as long as it, and such nodes are freed by
+    recursion: without graddoctor's held nodes, dropping a 60,000-deep walked graph overflowed
+    the C stack (signal 11) on the line that drops it."""
+    write(tmp_path / "deep.py", DEEP)
+    result = run_cli("check", "deep.py", "-f", "json", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert "survived" in result.stderr  # the script's prints go to stderr with -f json
+    assert json.loads(result.stdout)["run"]["status"] == "completed"
+
+
+def _chain(depth: int):
+    w = torch.nn.Parameter(torch.ones(2))
+    x = w * 1.0
+    for _ in range(depth):
+        x = x * 1.0
+    return w, x.sum()
+
+
+def test_walks_hold_one_node_in_every_keep_every_and_let_go_once_dropped():
+    graphkeep.sweep()
+    before = graphkeep.held()
+    w, loss = _chain(3 * graphkeep.KEEP_EVERY + 10)
+    assert _leaves(loss, None) == [w]
+    assert graphkeep.held() - before == 3
+    graphkeep.sweep()  # the graph is still the script's: nothing let go of
+    assert graphkeep.held() - before == 3
+    del loss
+    assert graphkeep.sweep() == 3 and graphkeep.held() == before
+    small_w, small = _chain(graphkeep.KEEP_EVERY - 2)  # a normal graph holds nothing
+    assert _leaves(small, None) == [small_w] and graphkeep.held() == before
+    w, loss = _chain(2 * graphkeep.KEEP_EVERY + 1)  # the history walk holds them the same way
+    cell = [None, object()]
+    leaves, nodes, _, _ = _history_walk(loss, cell)
+    assert leaves == [w] and graphkeep.held() - before == 2
+    del loss
+    graphkeep.sweep()
+    assert graphkeep.held() == before
+
+
+# -- os.chdir ---------------------------------------------------------------------------------
+CHDIR = """
+import os
+import torch
+os.chdir("elsewhere")
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(4):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()  # BUG: never cleared
+    opt.step()
+"""
+
+
+def test_chdir_keeps_locations_excerpts_and_uris_where_the_script_was_found(tmp_path, monkeypatch):
+    write(tmp_path / "train.py", CHDIR)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    provisional = []
+
+    def checkpoint(report):  # written while the script is in elsewhere/
+        assert os.getcwd() == str(tmp_path / "elsewhere") or report.run.steps == 0
+        provisional.append((report, {name: fmt.render(report, RenderOptions(to_terminal=False))
+                                     for name, fmt in FORMATS.items()}))
+
+    final = run_check(CheckOptions(target="train.py", trace_path="trace.jsonl"),
+                      checkpoint=checkpoint)
+    assert os.getcwd() == str(tmp_path)
+    last, rendered = provisional[-1]
+    assert last.run.steps == 4
+    for report, text, sarif in ((final, None, None), (last, rendered["text"], rendered["sarif"])):
+        assert [(f.rule, f.location.path, f.location.line) for f in report.findings] \
+            == [("missing-zero-grad", "train.py", 9)]
+    final_text = FORMATS["text"].render(final, RenderOptions(to_terminal=False))
+    for text in (rendered["text"], final_text):
+        assert "❱  9     loss.backward()" in text, text
+        assert "elsewhere" not in text.split("note:")[0], text
+    for sarif in (rendered["sarif"], FORMATS["sarif"].render(final, RenderOptions())):
+        run = json.loads(sarif)["runs"][0]
+        assert run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == (tmp_path.as_uri() + "/")
+        assert run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] \
+            == "train.py"
+    assert (tmp_path / "trace.jsonl").exists() and not (tmp_path / "elsewhere" / "trace.jsonl").exists()
+
+
+def test_chdir_output_files_land_where_the_user_started(tmp_path):
+    write(tmp_path / "train.py", CHDIR)
+    (tmp_path / "elsewhere").mkdir()
+    result = run_cli("check", "train.py", "-f", "sarif", "-o", "out.sarif", "--trace", "t.jsonl",
+                     cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "wrote out.sarif" in result.stderr
+    assert sorted(os.listdir(tmp_path / "elsewhere")) == []  # no provisional report, no trace
+    run = json.loads((tmp_path / "out.sarif").read_text(encoding="utf-8"))["runs"][0]
+    assert run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] \
+        == "train.py"
+    assert (tmp_path / "t.jsonl").stat().st_size > 0
