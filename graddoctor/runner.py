@@ -70,12 +70,19 @@ def compile_script(path: str):
 
 
 def check_module(name: str) -> None:
+    """Whether ``python -m name`` would find the module: looked up with the working directory
+    first on ``sys.path``, as ``python -m`` puts it (the installed ``graddoctor`` command starts
+    with its own bin folder there instead)."""
     import importlib.util
 
+    saved = list(sys.path)
+    sys.path[0:1] = [os.getcwd()]
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as exc:
         raise ScriptError(f"cannot find module {name!r}: {exc}") from None
+    finally:
+        sys.path[:] = saved
     if spec is None:
         raise ScriptError(f"no module named {name!r}")
 

@@ -139,3 +139,32 @@ def test_chdir_output_files_land_where_the_user_started(tmp_path):
     assert run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] \
         == "train.py"
     assert (tmp_path / "t.jsonl").stat().st_size > 0
+
+
+# -- the installed `graddoctor` command -------------------------------------------------------
+def _console_script(folder) -> str:
+    """The launcher pip writes for pyproject's ``[project.scripts] graddoctor``: run as a script
+    from a bin folder, so ``sys.path[0]`` is that folder, not the working directory."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        module, func = tomllib.load(f)["project"]["scripts"]["graddoctor"].split(":")
+    launcher = folder / "graddoctor"
+    launcher.write_text(f"import sys\nfrom {module} import {func}\nsys.exit({func}())\n")
+    return str(launcher)
+
+
+def test_console_script_finds_a_module_in_the_working_directory(tmp_path):
+    (tmp_path / "bin").mkdir()
+    launcher = _console_script(tmp_path / "bin")
+    scripts = os.path.join(ROOT, "tests", "scripts")
+    result = run_python(launcher, "check", "-m", "gdpkg.train", "-f", "json", cwd=scripts)
+    assert result.returncode == 1, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["run"]["status"] == "completed"
+    assert [(f["rule"], f["location"]["path"]) for f in report["findings"]] \
+        == [("missing-zero-grad", os.path.join("gdpkg", "train.py"))]
+    missing = run_python(launcher, "check", "-m", "gdpkg.nothing", cwd=scripts)
+    assert missing.returncode == 2 and "no module named 'gdpkg.nothing'" in missing.stderr
