@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -145,6 +146,18 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
                   base_dir=base_dir)
 
 
+def _stopped_elsewhere(rec, outcome) -> None:
+    """The stop was raised in threads of the script and its main thread then ended normally
+    (it joined them, or swallowed the stop): the replay was still cut, not completed."""
+    others = len(rec.stopped_threads - {threading.main_thread().ident})
+    if rec.stop_raised and outcome.status == "completed":
+        outcome.status = rec.stop_raised
+    if others:
+        outcome.notes.append(f"the script trained in threads: graddoctor ended the replay in "
+                             f"{others} thread{'s' if others != 1 else ''} other than the main "
+                             f"one at their next backward or step")
+
+
 CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most this often
 
 
@@ -237,8 +250,10 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
             outcome = run_target(options.target, list(options.args), module=options.module,
                                  timeout=options.timeout, finder=finder, on_hang=hang,
                                  on_start=lambda: provisional(force=True),
-                                 last_resort=on_hang is not None)
+                                 last_resort=on_hang is not None,
+                                 on_fork_child=instrumentation.detach_in_child)
             instrumentation.script_globals = outcome.namespace
+    _stopped_elsewhere(rec, outcome)
     report = _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
                      notes=outcome.notes, duration=time.perf_counter() - started)
     # the script's globals are let go of here, so that deep graphs it left are freed safely

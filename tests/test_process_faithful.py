@@ -168,3 +168,97 @@ def test_console_script_finds_a_module_in_the_working_directory(tmp_path):
         == [("missing-zero-grad", os.path.join("gdpkg", "train.py"))]
     missing = run_python(launcher, "check", "-m", "gdpkg.nothing", cwd=scripts)
     assert missing.returncode == 2 and "no module named 'gdpkg.nothing'" in missing.stderr
+
+
+# -- os.fork ----------------------------------------------------------------------------------
+FORK = """
+import os, sys, time
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+pid = os.fork()
+if pid == 0:
+    print("child pid", os.getpid(), flush=True)
+    if sys.argv[1] == "raise":
+        raise ValueError("the child failed")
+    for i in range(10**6):  # the child trains on, without graddoctor
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(0.01)
+time.sleep(0.3)
+for i in range(20):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("parent done", flush=True)
+"""
+
+
+def test_fork_child_runs_uninstrumented_and_never_outlives_the_check(tmp_path):
+    """The child used to block for ever on faulthandler's lock once its script ended (the parent
+    then waited until --timeout) and outlived graddoctor."""
+    write(tmp_path / "fork.py", FORK)
+    for mode, ended in (("train", "it was still running when the check ended, so graddoctor stopped it"),
+                        ("raise", "it ended with exit code 1")):
+        started = time.monotonic()
+        result = run_cli("check", "fork.py", "--steps", "3", "--timeout", "60", "-f", "json",
+                         "--", mode, cwd=tmp_path, timeout=120)
+        assert time.monotonic() - started < 40, result.stderr[-2000:]
+        report = json.loads(result.stdout)  # one report: the child never writes one
+        run = report["run"]
+        assert run["status"] == "step-limit" and run["steps"] == 3, run
+        child = int(result.stderr.split("child pid ")[1].split()[0])
+        assert [n for n in run["notes"] if "forked" in n] == [
+            f"the script forked a child process at fork.py:6 (pid {child}); it ran without "
+            f"graddoctor, so its training is not checked; {ended}"
+            + (" (signal SIGTERM)" if mode == "train" else "")]
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            pass
+        else:
+            raise AssertionError(f"the forked child {child} outlived the check")
+        if mode == "raise":
+            assert 'raise ValueError("the child failed")' in result.stderr
+            assert "graddoctor" not in result.stderr.split("Traceback")[1].split("ValueError: the")[0]
+
+
+# -- threads ----------------------------------------------------------------------------------
+THREADS = """
+import threading
+import torch
+
+
+def train(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(30):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+
+
+threads = [threading.Thread(target=train, args=(seed,)) for seed in (1, 2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("joined")
+"""
+
+
+def test_training_in_threads_stops_cleanly_with_a_true_status_and_distinct_names(tmp_path, capfd):
+    write(tmp_path / "threads.py", THREADS)
+    report = run_check(CheckOptions(target=str(tmp_path / "threads.py"), steps=4))
+    err = capfd.readouterr().err
+    assert "StepLimitReached" not in err and "Traceback" not in err, err
+    assert report.run.status == "step-limit"  # the main thread ended normally; the replay was cut
+    assert any("ended the replay in 2 threads" in n for n in report.run.notes), report.run.notes
+    a = report.analysis
+    assert sorted(a.param_name(pid) for pid in a.params) == sorted(
+        f"model.{p} (SGD #{opt})" for p in ("weight", "bias") for opt in (0, 1))

@@ -16,6 +16,7 @@ Events are final when emitted (``Event.data`` is read-only):
 
 from __future__ import annotations
 
+import threading
 import traceback
 import weakref
 from typing import Any, Callable
@@ -89,6 +90,10 @@ class Recorder:
         # its exception is raised at the next safe point
         self.stop_conditions = conditions(step_budget) if stop_conditions is None else stop_conditions
         self._stop: tuple[type[StopReplay], str] | None = None
+        # the status of the stop once raised into the script, and the threads it was raised in
+        # (the main thread may end normally after workers were stopped: the replay was still cut)
+        self.stop_raised: str | None = None
+        self.stopped_threads: set[int] = set()
         # per moment, only the conditions that answer it (count_backward runs every backward)
         self._asked = {moment: [c for c in self.stop_conditions
                                 if getattr(type(c), moment) is not getattr(StopCondition, moment)]
@@ -325,4 +330,6 @@ class Recorder:
         condition answered, so the tail of the last update (zero_grad, scheduler) is seen."""
         if self._stop is not None:
             exception, reason = self._stop
+            self.stop_raised = exception.status
+            self.stopped_threads.add(threading.get_ident())
             raise exception(reason)
