@@ -254,6 +254,11 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
                                  on_fork_child=instrumentation.detach_in_child)
             instrumentation.script_globals = outcome.namespace
     _stopped_elsewhere(rec, outcome)
+    if len(instrumentation.step_threads) > 1:
+        outcome.notes.append(
+            f"optimizers stepped in {len(instrumentation.step_threads)} threads: each thread's "
+            f"backward, zero_grad and step calls are followed as its own loop (the update "
+            f"timeline shows them interleaved, in the order they ran)")
     report = _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
                      notes=outcome.notes, duration=time.perf_counter() - started)
     # the script's globals are let go of here, so that deep graphs it left are freed safely

@@ -177,9 +177,11 @@ import torch
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+started, ready = os.pipe()
 pid = os.fork()
 if pid == 0:
     print("child pid", os.getpid(), flush=True)
+    os.write(ready, b"x")
     if sys.argv[1] == "raise":
         raise ValueError("the child failed")
     for i in range(10**6):  # the child trains on, without graddoctor
@@ -188,7 +190,11 @@ if pid == 0:
         loss.backward()
         opt.step()
         time.sleep(0.01)
-time.sleep(0.3)
+os.close(ready)
+os.read(started, 1)  # the child has started
+if sys.argv[1] == "raise":
+    os.read(started, 1)  # and ended (its end of the pipe closed)
+time.sleep(0.2)
 for i in range(20):
     loss = model(torch.randn(8, 4)).pow(2).mean()
     opt.zero_grad()
@@ -213,7 +219,7 @@ def test_fork_child_runs_uninstrumented_and_never_outlives_the_check(tmp_path):
         assert run["status"] == "step-limit" and run["steps"] == 3, run
         child = int(result.stderr.split("child pid ")[1].split()[0])
         assert [n for n in run["notes"] if "forked" in n] == [
-            f"the script forked a child process at fork.py:6 (pid {child}); it ran without "
+            f"the script forked a child process at fork.py:7 (pid {child}); it ran without "
             f"graddoctor, so its training is not checked; {ended}"
             + (" (signal SIGTERM)" if mode == "train" else "")]
         try:
@@ -230,6 +236,7 @@ def test_fork_child_runs_uninstrumented_and_never_outlives_the_check(tmp_path):
 # -- threads ----------------------------------------------------------------------------------
 THREADS = """
 import threading
+import time
 import torch
 
 
@@ -240,6 +247,7 @@ def train(seed):
     for _ in range(30):
         opt.zero_grad()
         model(torch.randn(8, 4)).pow(2).mean().backward()
+        time.sleep(0.002)  # the other thread's zero_grad, backward and step run in between
         opt.step()
 
 
@@ -254,11 +262,57 @@ print("joined")
 
 def test_training_in_threads_stops_cleanly_with_a_true_status_and_distinct_names(tmp_path, capfd):
     write(tmp_path / "threads.py", THREADS)
-    report = run_check(CheckOptions(target=str(tmp_path / "threads.py"), steps=4))
+    report = run_check(CheckOptions(target=str(tmp_path / "threads.py"), steps=12))
     err = capfd.readouterr().err
     assert "StepLimitReached" not in err and "Traceback" not in err, err
     assert report.run.status == "step-limit"  # the main thread ended normally; the replay was cut
     assert any("ended the replay in 2 threads" in n for n in report.run.notes), report.run.notes
+    assert any("stepped in 2 threads" in n for n in report.run.notes), report.run.notes
+    # a backward running in one thread no longer hides the other thread's, and the ledger follows
+    # each thread's own loop: the interleaving is no stale gradient
+    assert report.run.backward_calls >= report.run.steps
+    assert [(f.rule, f.severity.value) for f in report.findings] == []
     a = report.analysis
     assert sorted(a.param_name(pid) for pid in a.params) == sorted(
         f"model.{p} (SGD #{opt})" for p in ("weight", "bias") for opt in (0, 1))
+
+
+def _two_threads(t, clear_a: bool, threads=(1, 2)):
+    """Thread 1 trains opt 0 (pids 0, 1), thread 2 opt 1 (pids 2, 3); two whole updates of
+    thread 2 run between thread 1's backward and its step. ``threads=(None, None)``: the same
+    calls without thread keys."""
+    a, b = ({"thread": n} if n is not None else {} for n in threads)
+    t.optimizer(0, [0, 1], line=3)
+    t.optimizer(1, [2, 3], line=3)
+    for i in range(3):
+        if clear_a:
+            t.clear([0, 1], opt=0, line=5, **a)
+        if clear_a or i == 0:
+            t.backward(fresh=[0, 1], line=6, **a)
+        else:
+            t.backward(accumulated=[0, 1], line=6, **a)
+        for _ in range(2):
+            t.clear([2, 3], opt=1, line=5, **b)
+            t.backward(fresh=[2, 3], line=6, **b)
+            t.step(1, line=7, **b)
+        t.step(0, line=7, **a)
+    return t.trace
+
+
+def _ledger_findings(trace):
+    from graddoctor.analysis.run_rules import analyze
+
+    findings, errors = analyze(trace)
+    assert not errors
+    return sorted((f.rule, f.location.line) for f in findings if f.severity.value != "info")
+
+
+def test_ledger_follows_each_threads_loop():
+    from graddoctor.trace import TraceBuilder
+
+    assert _ledger_findings(_two_threads(TraceBuilder(), clear_a=True)) == []
+    assert _ledger_findings(_two_threads(TraceBuilder(), clear_a=False)) == [("missing-zero-grad", 6)]
+    # the same calls without thread keys read as one loop: thread 1's step applies a gradient of
+    # a phase before thread 2's steps (what threads used to get)
+    assert _ledger_findings(_two_threads(TraceBuilder(), clear_a=True, threads=(None, None))) \
+        == [("stale-grad", 7)]

@@ -7,6 +7,8 @@ that leaving the context restores torch exactly as it was, also after a crash.
 
 from __future__ import annotations
 
+import threading
+
 from .amp import GradScalerWatcher
 from .backward import BackwardWatcher
 from .clip import ClipWatcher
@@ -52,6 +54,7 @@ class Instrumentation:
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)
         self._named: set[int] = set()  # optimizers whose parameters were named at their first step
+        self.step_threads: set[int] = set()  # the threads the optimizers' first steps ran in
         self.script_globals: dict | None = None  # set by the caller once the script has run
         self.optimizers.step_listeners.append(self._name_after_first_step)
         self.optimizers.init_listeners.append(self._name_at_construction)
@@ -70,6 +73,7 @@ class Instrumentation:
         if opt not in self._named:
             first = not self._named
             self._named.add(opt)
+            self.step_threads.add(threading.get_ident())
             rec = self.rec
             if first or any(p not in rec.param_names for p in rec.opt_params.get(opt, ())):
                 name_parameters(rec)

@@ -33,6 +33,8 @@ Backwards without retain_graph (normal loops) run exactly the walk described abo
 from __future__ import annotations
 
 import functools
+import threading
+
 import torch
 
 from .. import events as ev
@@ -40,6 +42,7 @@ from .graphkeep import HELD, KEEP_EVERY, hold, sweep
 from .recorder import Recorder
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
+_DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 
 
 class BackwardContext:
@@ -355,10 +358,16 @@ class BackwardWatcher:
         watcher = self
         rec = self.rec
 
+        running = rec.running_backwards
+        get_ident, current_thread = threading.get_ident, threading.current_thread
+
         @functools.wraps(original)
         def backward(*args, **kwargs):
-            if rec.current_backward is not None:  # nested (Tensor -> autograd, checkpointing):
-                return original(*args, **kwargs)  # its writes are seen by the outer one
+            # nested in a running backward (Tensor -> autograd, checkpointing; on an accelerator
+            # autograd's own threads, which Python sees as dummy threads, run the inner one): its
+            # writes are seen by the outer one. A backward of another thread of the script is not.
+            if running and (get_ident() in running or isinstance(current_thread(), _DUMMY_THREAD)):
+                return original(*args, **kwargs)
             rec.maybe_stop()
             try:
                 tensors, inputs, retained = watcher._arguments(args, kwargs, takes_self)
@@ -368,11 +377,13 @@ class BackwardWatcher:
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
                 ctx, loc, extra = None, None, {}
-            rec.current_backward = ctx
+            me = get_ident()
+            running[me] = rec.current_backward = ctx
             try:
                 return original(*args, **kwargs)
             finally:
-                rec.current_backward = None
+                running.pop(me, None)
+                rec.current_backward = next(iter(running.values()), None) if running else None
                 if ctx is not None:
                     try:
                         watcher.end(ctx, loc, extra)

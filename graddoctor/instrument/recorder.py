@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import threading
 import traceback
+from threading import get_ident
 import weakref
 from typing import Any, Callable
 
 import torch
 
 from .. import events as ev
+from ..events import THREADED_KINDS
 from ..location import LocationFinder
 from ..trace import Event, Location, Trace
 from .stop import StopCondition, StopReplay, conditions
@@ -93,6 +95,8 @@ class Recorder:
         # the status of the stop once raised into the script, and the threads it was raised in
         # (the main thread may end normally after workers were stopped: the replay was still cut)
         self.stop_raised: str | None = None
+        self._thread = get_ident()  # the thread that runs the script (events: ``thread``)
+        self._threads: dict[int, int] = {}
         self.stopped_threads: set[int] = set()
         # per moment, only the conditions that answer it (count_backward runs every backward)
         self._asked = {moment: [c for c in self.stop_conditions
@@ -115,6 +119,7 @@ class Recorder:
         self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
         self.in_scaler_step = False  # an enabled, unfused GradScaler.step is running
         self.current_backward: Any = None  # BackwardContext while a backward runs
+        self.running_backwards: dict[int, Any] = {}  # thread ident -> its running backward's context
         self.in_step: int | None = None  # optimizer id while optimizer.step(closure) runs
         self._opt_ids: dict[int, int] = {}
         self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns
@@ -145,7 +150,17 @@ class Recorder:
         the lists in it) belongs to the event from now on."""
         if self.holder is not None:
             self.release()
+        if made[0] in THREADED_KINDS and get_ident() != self._thread:
+            made = (made[0], {**made[1], "thread": self._thread_number()})
         return self.trace.put(made, loc)
+
+    def _thread_number(self) -> int:
+        """1, 2, ...: the script's threads other than the one running it, in order of first use."""
+        ident = get_ident()
+        number = self._threads.get(ident)
+        if number is None:
+            number = self._threads[ident] = len(self._threads) + 1
+        return number
 
     def emit_aside(self, made: ev.Made, loc: Location | None = None) -> None:
         """An observation made inside another watcher's open aggregate (a dropout call in a
