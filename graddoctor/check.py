@@ -11,7 +11,6 @@ import dataclasses
 import math
 import os
 import sys
-import threading
 import time
 from typing import Callable
 
@@ -149,7 +148,7 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
 def _stopped_elsewhere(rec, outcome) -> None:
     """The stop was raised in threads of the script and its main thread then ended normally
     (it joined them, or swallowed the stop): the replay was still cut, not completed."""
-    others = len(rec.stopped_threads - {threading.main_thread().ident})
+    others = len(rec.stopped_threads - {rec.script_thread})
     if rec.stop_raised and outcome.status == "completed":
         outcome.status = rec.stop_raised
     if others:

@@ -272,6 +272,7 @@ def test_training_in_threads_stops_cleanly_with_a_true_status_and_distinct_names
     # each thread's own loop: the interleaving is no stale gradient
     assert report.run.backward_calls >= report.run.steps
     assert [(f.rule, f.severity.value) for f in report.findings] == []
+    assert report.internal_errors == []
     a = report.analysis
     assert sorted(a.param_name(pid) for pid in a.params) == sorted(
         f"model.{p} (SGD #{opt})" for p in ("weight", "bias") for opt in (0, 1))

@@ -42,7 +42,6 @@ from .graphkeep import HELD, KEEP_EVERY, hold, sweep
 from .recorder import Recorder
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
-_DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 
 
 class BackwardContext:
@@ -359,14 +358,14 @@ class BackwardWatcher:
         rec = self.rec
 
         running = rec.running_backwards
-        get_ident, current_thread = threading.get_ident, threading.current_thread
+        get_ident, in_backward = threading.get_ident, rec.in_backward
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
             # nested in a running backward (Tensor -> autograd, checkpointing; on an accelerator
             # autograd's own threads, which Python sees as dummy threads, run the inner one): its
             # writes are seen by the outer one. A backward of another thread of the script is not.
-            if running and (get_ident() in running or isinstance(current_thread(), _DUMMY_THREAD)):
+            if running and in_backward():
                 return original(*args, **kwargs)
             rec.maybe_stop()
             try:

@@ -265,7 +265,7 @@ class OptimizerWatcher:
             opt = rec.optimizer_id(optimizer)
             # a step run from inside a backward (the optimizer fused into it by a post-accumulate
             # hook) sees grads the running backward just wrote: not edits
-            edited: list[int] | None = [] if rec.current_backward is None else None
+            edited: list[int] | None = None if rec.running_backwards and rec.in_backward() else []
             norm_pids: list[int] | None = []
             norms: list[float] | None = []
             nonfinite: list[int] = []

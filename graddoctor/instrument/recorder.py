@@ -31,6 +31,9 @@ from ..trace import Event, Location, Trace
 from .stop import StopCondition, StopReplay, conditions
 
 
+_DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
+
+
 def _shape(tensor) -> list[int] | None:
     """The shape, or None for a lazy module's UninitializedParameter (no shape until its first
     forward; the end-of-run ``param`` event reads it again)."""
@@ -95,8 +98,8 @@ class Recorder:
         # the status of the stop once raised into the script, and the threads it was raised in
         # (the main thread may end normally after workers were stopped: the replay was still cut)
         self.stop_raised: str | None = None
-        self._thread = get_ident()  # the thread that runs the script (events: ``thread``)
-        self._threads: dict[int, int] = {}
+        self.script_thread = get_ident()  # the thread that runs the script (events: ``thread``)
+        self._thread_numbers: dict[int, int] = {}
         self.stopped_threads: set[int] = set()
         # per moment, only the conditions that answer it (count_backward runs every backward)
         self._asked = {moment: [c for c in self.stop_conditions
@@ -150,16 +153,16 @@ class Recorder:
         the lists in it) belongs to the event from now on."""
         if self.holder is not None:
             self.release()
-        if made[0] in THREADED_KINDS and get_ident() != self._thread:
+        if made[0] in THREADED_KINDS and get_ident() != self.script_thread:
             made = (made[0], {**made[1], "thread": self._thread_number()})
         return self.trace.put(made, loc)
 
     def _thread_number(self) -> int:
         """1, 2, ...: the script's threads other than the one running it, in order of first use."""
         ident = get_ident()
-        number = self._threads.get(ident)
+        number = self._thread_numbers.get(ident)
         if number is None:
-            number = self._threads[ident] = len(self._threads) + 1
+            number = self._thread_numbers[ident] = len(self._thread_numbers) + 1
         return number
 
     def emit_aside(self, made: ev.Made, loc: Location | None = None) -> None:
@@ -299,6 +302,13 @@ class Recorder:
                     finite[pid] = (state, vouched[1])
                 else:
                     del finite[pid]
+
+    def in_backward(self) -> bool:
+        """Whether the calling code runs inside a backward: one this thread started, or any, from
+        a thread Python did not start (autograd's device threads run reentrant checkpoints)."""
+        running = self.running_backwards
+        return bool(running) and (get_ident() in running
+                                  or isinstance(threading.current_thread(), _DUMMY_THREAD))
 
     # -- stopping ------------------------------------------------------------------------
     def count_step(self) -> None:
