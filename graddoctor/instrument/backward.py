@@ -28,6 +28,15 @@ reaches that backward's graph: the event lists, per such backward, the tracked l
 it (``history``). The mark lives and dies with the autograd node (no id reuse, nothing held), and
 Python wrappers of nodes are not stable between walks, which is why it is not a set of ours.
 Backwards without retain_graph (normal loops) run exactly the walk described above.
+
+Deep graphs: a walked node keeps a Python object as long as it lives, and such nodes are freed by
+recursion; the walks hold one node in every ``graphkeep.KEEP_EVERY`` (see instrument/graphkeep.py)
+and each backward first lets go of the held nodes the script has dropped since.
+
+Threads: a backward is nested (its writes are the outer one's) when its thread already runs one,
+or when it comes from a thread Python did not start (autograd's device threads run reentrant
+checkpoints) while any runs (``Recorder.in_backward``). A backward another thread of the script
+calls meanwhile is its own, and recorded.
 """
 
 from __future__ import annotations
