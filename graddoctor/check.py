@@ -41,6 +41,8 @@ def validated(options: CheckOptions) -> CheckOptions:
             raise ScriptError(str(exc)) from None
     if changes["timeout"] == 0 or math.isinf(changes["timeout"] or 0):
         changes["timeout"] = None
+    if changes.get("trace_path"):  # where the check starts, whatever directory the script goes to
+        changes["trace_path"] = os.path.abspath(changes["trace_path"])
     return dataclasses.replace(options, **changes)
 
 
@@ -117,7 +119,8 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
     analysis = Analysis(trace)  # built once: every rule, note and view reads it
     rules = selected_rules(options.select, options.ignore)
     findings, rule_errors = analyze(analysis, rules)
-    findings = apply_suppressions(findings)  # `# graddoctor: ignore[...]` on the reported line
+    base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
+    findings = apply_suppressions(findings, base_dir)  # `# graddoctor: ignore[...]` on the line
     internal = [{"where": e["where"], "error": e["error"]} for e in analysis.of_kind("internal_error")]
     internal += rule_errors
     try:
@@ -142,7 +145,20 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
         rules=[r.code for r in rules] if options.select or options.ignore else None,
     )
     return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis,
-                  fail_on=options.fail_on, allow_incomplete=options.allow_incomplete)
+                  fail_on=options.fail_on, allow_incomplete=options.allow_incomplete,
+                  base_dir=base_dir)
+
+
+def _stopped_elsewhere(rec, outcome) -> None:
+    """The stop was raised in threads of the script and its main thread then ended normally
+    (it joined them, or swallowed the stop): the replay was still cut, not completed."""
+    others = len(rec.stopped_threads - {rec.script_thread})
+    if rec.stop_raised and outcome.status == "completed":
+        outcome.status = rec.stop_raised
+    if others:
+        outcome.notes.append(f"the script trained in threads: graddoctor ended the replay in "
+                             f"{others} thread{'s' if others != 1 else ''} other than the main "
+                             f"one at their next backward or step")
 
 
 CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most this often
@@ -194,6 +210,7 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     import torch
 
     from .instrument import Instrumentation, Recorder
+    from .instrument.graphkeep import release_after_check
     from .location import LocationFinder
 
     finder = LocationFinder()
@@ -249,7 +266,18 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
             outcome = run_target(options.target, list(options.args), module=options.module,
                                  timeout=options.timeout, finder=finder, on_hang=hang,
                                  on_start=lambda: provisional(force=True),
-                                 last_resort=on_hang is not None)
+                                 last_resort=on_hang is not None,
+                                 on_fork_child=instrumentation.detach_in_child)
             instrumentation.script_globals = outcome.namespace
-    return _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
-                   notes=outcome.notes, duration=time.perf_counter() - started)
+    _stopped_elsewhere(rec, outcome)
+    if len(instrumentation.step_threads) > 1:
+        outcome.notes.append(
+            f"optimizers stepped in {len(instrumentation.step_threads)} threads: each thread's "
+            f"backward, zero_grad and step calls are followed as its own loop (the update "
+            f"timeline shows them interleaved, in the order they ran)")
+    report = _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
+                     notes=outcome.notes, duration=time.perf_counter() - started)
+    # the script's globals are let go of here, so that deep graphs it left are freed safely
+    outcome.namespace = instrumentation.script_globals = None
+    release_after_check()
+    return report

@@ -70,11 +70,14 @@ def check(
     from the options typed here. Exit codes: 0 no finding at or above --fail-on, 1 findings,
     2 could not check. Example: graddoctor check train.py -- --epochs 1
     """
-    output = typed["output"]
-    fmt = FORMATS[_format_name(ctx, typed["format"], output)]
+    shown_output = typed["output"]
+    fmt = FORMATS[_format_name(ctx, typed["format"], shown_output)]
     for option in (OPTIONS["output"], OPTIONS["trace"]):
         if typed[option.name]:
             _check_writable(typed[option.name], option.flag)
+            # where the user started: a script that changes directory does not move the files
+            typed[option.name] = os.path.abspath(typed[option.name])
+    output = typed["output"]
     if not typed["module"] and not script.endswith((".py", ".pyw")) and os.path.isfile(script):
         _usage_error(f"{script} is not a Python script (expected a .py file)")
     command_line = {o.name: o.check(typed[o.name], "library") for o in CONFIG_KEYS.values()}
@@ -88,7 +91,7 @@ def check(
 
     def on_hang(report) -> None:  # from the watchdog: the script is stuck; report, then end
         try:
-            _emit(report, fmt, output, render)
+            _emit(report, fmt, output, render, shown_output)
             code = report.exit_code(options.fail_on)
         except BaseException:
             code = 2
@@ -98,7 +101,7 @@ def check(
         _write(report, fmt, output, render)
 
     report = _run(options, on_hang, checkpoint if output else None)
-    _emit(report, fmt, output, render)
+    _emit(report, fmt, output, render, shown_output)
     raise typer.Exit(report.exit_code(options.fail_on))
 
 
@@ -180,12 +183,14 @@ def _write(report, fmt: ReportFormat, output: Optional[str], render: RenderOptio
         write_stdout(text)
 
 
-def _emit(report, fmt: ReportFormat, output: Optional[str], render: RenderOptions) -> None:
+def _emit(report, fmt: ReportFormat, output: Optional[str], render: RenderOptions,
+          shown: Optional[str] = None) -> None:
+    """The report, then (with --output) a one-line verdict naming the file as it was typed."""
     _write(report, fmt, output, render)
     if output:
         from .report.text import verdict
 
-        typer.echo(f"graddoctor: wrote {output}: {verdict(report).plain}", err=True)
+        typer.echo(f"graddoctor: wrote {shown or output}: {verdict(report).plain}", err=True)
 
 
 def _check_writable(path: str, what: str) -> None:

@@ -32,6 +32,8 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    nodes; [] when nothing is shared, None when not looked at; see
                    instrument/backward.py),
                    scaler, scaler_enabled (only present when given: a scaled backward)
+(threads)          backward, clear, step_begin and step made in a thread other than the one that
+                   runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
                    set_to_none, params [pid]
 step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm of each grad about
@@ -150,9 +152,10 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              loss_terms: list | None = None,
              batch: list[int] | None = None, graph_nodes: int | None = None,
              history: list[list] | None = None, scaler: int | None = None,
-             scaler_enabled: bool | None = None) -> Made:
+             scaler_enabled: bool | None = None, thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
-    ``scaler_enabled`` are only written when given (rules tell a missing key from None)."""
+    ``scaler_enabled`` are only written when given (rules tell a missing key from None);
+    ``thread`` too (see ``THREADED_KINDS``)."""
     data = {"fresh": fresh, "accumulated": accumulated, "cleared_outside": cleared_outside,
             "extra_leaves": extra_leaves, "in_step": in_step, "scaled": scaled, "scale": scale,
             "loss_scale_factor": loss_scale_factor, "loss_terms": loss_terms,
@@ -161,27 +164,43 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["scaler"] = scaler
     if scaler_enabled is not None:
         data["scaler_enabled"] = scaler_enabled
-    return "backward", data
+    return "backward", _threaded(data, thread)
 
 
-def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = True) -> Made:
-    return "clear", {"via": via, "opt": opt, "set_to_none": set_to_none, "params": params}
+# the kinds whose order makes the gradient ledger's phases: an event of one of them made in a
+# thread other than the one running the script carries ``thread`` (1, 2, ... in order of first
+# appearance; added by ``Recorder.emit``), so that the ledger follows each thread's own loop
+THREADED_KINDS = frozenset({"backward", "clear", "step_begin", "step"})
+
+
+def _threaded(data: dict, thread: int | None) -> dict:
+    if thread is not None:
+        data["thread"] = thread
+    return data
+
+
+def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = True,
+          thread: int | None = None) -> Made:
+    return "clear", _threaded({"via": via, "opt": opt, "set_to_none": set_to_none,
+                               "params": params}, thread)
 
 
 def step_begin(*, opt: int, norm_pids: list[int] | None, norms: list[float] | None,
                closure: bool = False, nonfinite: list[int] | None = None,
-               frozen: list[list] | None = None, edited_params: list[int] | None = None) -> Made:
+               frozen: list[list] | None = None, edited_params: list[int] | None = None,
+               thread: int | None = None) -> Made:
     """``frozen``: ``[pid, moved_by, freeze]`` entries (see the table above)."""
-    return "step_begin", {"opt": opt, "closure": closure, "norm_pids": norm_pids, "norms": norms,
-                          "nonfinite": [] if nonfinite is None else nonfinite,
-                          "frozen": [] if frozen is None else frozen,
-                          "edited_params": [] if edited_params is None else edited_params}
+    return "step_begin", _threaded({"opt": opt, "closure": closure, "norm_pids": norm_pids,
+                                    "norms": norms, "nonfinite": [] if nonfinite is None else nonfinite,
+                                    "frozen": [] if frozen is None else frozen,
+                                    "edited_params": [] if edited_params is None else edited_params},
+                                   thread)
 
 
 def step(*, opt: int, closure: bool = False, skipped: bool = False,
-         without_grad: list[int] | None = None) -> Made:
-    return "step", {"opt": opt, "closure": closure, "skipped": skipped,
-                    "without_grad": [] if without_grad is None else without_grad}
+         without_grad: list[int] | None = None, thread: int | None = None) -> Made:
+    return "step", _threaded({"opt": opt, "closure": closure, "skipped": skipped,
+                              "without_grad": [] if without_grad is None else without_grad}, thread)
 
 
 def epoch_start(*, loader: int, epoch: int, real_len: int | None, replay_len: int | None) -> Made:

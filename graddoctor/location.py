@@ -37,7 +37,9 @@ class LocationFinder:
     def __init__(self, relative_to: str | None = None):
         self._roots = _library_roots()
         self._is_user: dict[str, bool] = {}
-        self._rel = relative_to or os.getcwd()
+        # the working directory the check started in: relative file names are resolved against
+        # it and shown relative to it, also after the script changed directory
+        self._rel = os.path.abspath(relative_to or os.getcwd())
         self._display: dict[str, str] = {}
         self._locations: dict[tuple, Location] = {}  # (code object, line) -> its Location
 
@@ -47,17 +49,27 @@ class LocationFinder:
             if filename.startswith("<"):  # <frozen ...>, <string>: generated code
                 known = False
             else:
-                path = os.path.abspath(filename)
+                path = self.absolute(filename)
                 known = not any(path == r or path.startswith(r + os.sep) for r in self._roots)
                 if known and ("site-packages" in path or "dist-packages" in path):
                     known = False  # third-party libraries: keep looking for the user's line
             self._is_user[filename] = known
         return known
 
+    @property
+    def base_dir(self) -> str:
+        """The folder shown paths are relative to (the working directory at the start)."""
+        return self._rel
+
+    def absolute(self, filename: str) -> str:
+        """A code object's file name as an absolute path: a relative one is relative to where
+        the check started (the script may have changed directory since)."""
+        return os.path.normpath(os.path.join(self._rel, filename))
+
     def display_path(self, filename: str) -> str:
         shown = self._display.get(filename)
         if shown is None:
-            path = os.path.abspath(filename)
+            path = self.absolute(filename)
             try:
                 rel = os.path.relpath(path, self._rel)
                 shown = path if rel.startswith("..") else rel

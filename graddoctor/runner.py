@@ -60,8 +60,8 @@ def compile_script(path: str):
         raise ScriptError(f"cannot read {path}: {exc.strerror}") from None
     if b"\0" in source:
         raise ScriptError(f"{path} is not a Python script (binary file)")
-    try:
-        return compile(source, path, "exec", dont_inherit=True)
+    try:  # an absolute file name, as python gives it: a script that changes directory keeps it
+        return compile(source, os.path.abspath(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
         raise ScriptError(
             f"{path}:{exc.lineno}: syntax error: {exc.msg} — is this a Python script?"
@@ -71,12 +71,19 @@ def compile_script(path: str):
 
 
 def check_module(name: str) -> None:
+    """Whether ``python -m name`` would find the module: looked up with the working directory
+    first on ``sys.path``, as ``python -m`` puts it (the installed ``graddoctor`` command starts
+    with its own bin folder there instead)."""
     import importlib.util
 
+    saved = list(sys.path)
+    sys.path[0:1] = [os.getcwd()]
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as exc:
         raise ScriptError(f"cannot find module {name!r}: {exc}") from None
+    finally:
+        sys.path[:] = saved
     if spec is None:
         raise ScriptError(f"no module named {name!r}")
 
@@ -217,6 +224,7 @@ class Deadline:
         self._raised_async = False
         self._thread_id = threading.get_ident()
         self._watchdog: threading.Thread | None = None
+        self._pid = os.getpid()
 
     def message(self) -> str:
         return f"time limit of {self.seconds:g} s reached"
@@ -249,8 +257,24 @@ class Deadline:
         self._watchdog.start()
         return self
 
+    def forked(self) -> None:
+        """In a forked child: the watchdog and faulthandler's timer thread do not exist there
+        (cancelling that timer would wait for it forever) and interval timers are not inherited;
+        the child gets the SIGALRM handler it had before."""
+        self._armed = False
+        self._faulthandler = False
+        if self._signal:
+            self._signal = False
+            try:
+                signal.signal(signal.SIGALRM, self._old_handler)
+            except (OSError, ValueError, TypeError):
+                pass
+
     def disarm(self) -> None:
         """Stop every tier; safe to call more than once."""
+        if os.getpid() != self._pid:  # a forked child: see forked()
+            self.forked()
+            return
         with self._lock:
             self._armed = False
             self._done.set()
@@ -267,6 +291,8 @@ class Deadline:
 
     def __exit__(self, *exc) -> None:
         self.disarm()
+        if os.getpid() != self._pid:
+            return
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join(timeout=1.0)
 
@@ -303,6 +329,18 @@ class ScriptExit(BaseException):
         self.code = code
 
 
+def _quiet_stop_in_threads(original):
+    """``threading.excepthook`` while the script runs: a thread that graddoctor's stop ended
+    (``StopReplay``, raised at its next backward or step) ends quietly; every other exception
+    is the script's and printed as usual."""
+    def excepthook(args):
+        if isinstance(args.exc_value, StopReplay):
+            return
+        original(args)
+
+    return excepthook
+
+
 def _patched_os_exit(original, parent_pid: int):
     def _exit(code):
         if os.getpid() != parent_pid or threading.current_thread() is not threading.main_thread():
@@ -312,16 +350,149 @@ def _patched_os_exit(original, parent_pid: int):
     return _exit
 
 
+# -- os.fork ----------------------------------------------------------------------------------
+class _Forks:
+    """The forks of the running check. A forked child runs the rest of the script without
+    graddoctor (``on_child``: the instrumentation and the run's own patches are removed in the
+    child, by ``os.register_at_fork``), then exits as python would (``_end_forked_child``),
+    never through graddoctor's report. The parent notes each child its script forked and, once
+    the script is over, how the child ended; one still running is stopped (``settle_forks``)."""
+
+    def __init__(self, finder: LocationFinder, on_child: list[Callable[[], None]]):
+        self.finder = finder
+        self.parent_pid = os.getpid()
+        self.on_child = on_child
+        self.children: list[tuple[int, str]] = []  # (pid, "train.py:5") forked by the script's code
+        self.in_child = False
+
+
+_ACTIVE_FORKS: _Forks | None = None
+STOP_CHILD_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this long
+
+
+def _after_fork_in_child() -> None:
+    forks = _ACTIVE_FORKS
+    if forks is None or os.getpid() == forks.parent_pid:
+        return
+    forks.in_child = True
+    for callback in forks.on_child:
+        try:
+            callback()
+        except Exception:  # the child goes on uninstrumented as far as it could be undone
+            pass
+
+
+if hasattr(os, "register_at_fork"):  # cannot be unregistered: does nothing outside a check
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _patched_fork(original, forks: _Forks):
+    def fork():
+        pid = original()
+        if pid > 0:
+            try:
+                caller = sys._getframe(1)
+                filename = caller.f_code.co_filename
+                if forks.finder.is_user_file(filename):  # not multiprocessing's or a DataLoader's
+                    forks.children.append((pid, f"{forks.finder.display_path(filename)}:{caller.f_lineno}"))
+            except Exception:
+                pass
+        return pid
+
+    return fork
+
+
+def _end_forked_child(exc: BaseException | None, exit_now: Callable[[int], None]) -> None:
+    """The script ended in a forked child: exit the way python would (the exit code of
+    ``sys.exit``, the traceback and 1 for an exception, atexit handlers, flushed streams)."""
+    code = 0
+    try:
+        if isinstance(exc, SystemExit):
+            if isinstance(exc.code, int) or exc.code is None:
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        elif isinstance(exc, ScriptExit):
+            code = exc.code
+        elif exc is not None and not isinstance(exc, StopReplay):
+            sys.stderr.write("Traceback (most recent call last):\n" + _user_traceback(exc))
+            code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    exit_now(code)
+
+
+def _exit_text(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def settle_forks(forks: _Forks, notes: list[str]) -> None:
+    """Once the script is over (in the parent): how each child it forked ended; a child still
+    running is stopped (SIGTERM, then SIGKILL), so that no process outlives the check."""
+    for pid, where in forks.children:
+        what = (f"the script forked a child process at {where} (pid {pid}); it ran without "
+                f"graddoctor, so its training is not checked")
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # the script waited for it itself
+            notes.append(f"{what}; the script waited for it")
+            continue
+        except OSError:
+            continue
+        if done == 0:
+            status = _stop_child(pid)
+            notes.append(f"{what}; it was still running when the check ended, so graddoctor "
+                         f"stopped it ({_exit_text(status) if status is not None else 'SIGKILL'})")
+        else:
+            notes.append(f"{what}; it ended with {_exit_text(status)}")
+    forks.children.clear()
+
+
+def _stop_child(pid: int) -> int | None:
+    import time
+
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_CHILD_GRACE_S
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+        return os.waitpid(pid, 0)[1]
+    except OSError:
+        return None
+
+
 # -- running ----------------------------------------------------------------------------------
 def run_target(target: str, args: list[str], *, module: bool, timeout: float | None,
                finder: LocationFinder,
                on_hang: Callable[[dict | None], None] | None = None,
                on_start: Callable[[], None] | None = None,
-               last_resort: bool = False) -> RunOutcome:
+               last_resort: bool = False,
+               on_fork_child: Callable[[], None] | None = None) -> RunOutcome:
     """Run a script path or module name as ``__main__``; never raises for the script's errors.
 
     ``on_start`` runs once the target is known to be runnable; ``on_hang`` and ``last_resort``:
-    see ``Deadline``."""
+    see ``Deadline``; ``on_fork_child`` runs in a child the script forks (remove the
+    instrumentation there: see ``_Forks``)."""
+    global _ACTIVE_FORKS
     code = None if module else compile_script(target)
     if module:
         check_module(target)
@@ -329,9 +500,29 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
         on_start()
     outcome = RunOutcome()
     state = ProcessState()
-    deadline = Deadline(timeout, finder, on_hang, last_resort=last_resort)
-    original_exit = os._exit
+    forks = _Forks(finder, [])
+
+    def hang(where) -> None:  # the process is about to end: its children with it
+        settle_forks(forks, [])
+        if on_hang is not None:
+            on_hang(where)
+
+    deadline = Deadline(timeout, finder, hang, last_resort=last_resort)
+    original_exit, original_fork = os._exit, getattr(os, "fork", None)
+    original_thread_hook = threading.excepthook
+
+    def unpatch() -> None:
+        os._exit = original_exit
+        threading.excepthook = original_thread_hook
+        if original_fork is not None:
+            os.fork = original_fork
+
+    forks.on_child += [deadline.forked, unpatch] + ([on_fork_child] if on_fork_child else [])
     os._exit = _patched_os_exit(original_exit, os.getpid())
+    threading.excepthook = _quiet_stop_in_threads(original_thread_hook)
+    if original_fork is not None:
+        os.fork = _patched_fork(original_fork, forks)
+    previous_forks, _ACTIVE_FORKS = _ACTIVE_FORKS, forks
     try:
         try:
             with deadline:
@@ -340,13 +531,23 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
                 finally:
                     deadline.disarm()
         except BaseException as exc:  # the script's own failure, or our stop
+            if forks.in_child:
+                _end_forked_child(exc, original_exit)
             _classify(exc, outcome, finder, deadline)
+        else:
+            if forks.in_child:
+                _end_forked_child(None, original_exit)
     finally:
-        os._exit = original_exit
+        unpatch()
+        _ACTIVE_FORKS = previous_forks
         try:
             outcome.notes.extend(state.restore())
         except Exception as exc:  # never lose the report over a restore
             outcome.notes.append(f"graddoctor could not restore the interpreter state: {exc!r}")
+        try:
+            settle_forks(forks, outcome.notes)
+        except Exception as exc:
+            outcome.notes.append(f"graddoctor could not check the forked processes: {exc!r}")
     return outcome
 
 

@@ -199,9 +199,37 @@ class Analysis:
 
     # -- names -----------------------------------------------------------------------
     def param_name(self, pid: int) -> str:
+        """The parameter's name; one that several parameters share (two models trained in two
+        threads, each held by a local ``model``) gets its optimizer: ``model.weight (SGD #1)``."""
+        shown = self._shown_names.get(pid)
+        if shown is not None:
+            return shown
         event = self.params.get(pid)
         name = event.get("name") if event else None
         return name or f"param#{pid}"
+
+    @cached_property
+    def _shown_names(self) -> dict[int, str]:
+        """pid -> its name told apart from the other parameters of that name, by the optimizer
+        that owns it when that alone tells them apart, else by its number (``param#3``)."""
+        by_name: dict[str, list[int]] = {}
+        for pid, event in self.params.items():
+            name = event.get("name")
+            if name:
+                by_name.setdefault(name, []).append(pid)
+        shown: dict[int, str] = {}
+        for name, pids in by_name.items():
+            if len(pids) < 2:
+                continue
+            owner = {pid: min(self.owners[pid]) if self.owners.get(pid) else None for pid in pids}
+            mates = [owner[pid] for pid in pids]
+            for pid in pids:
+                opt = owner[pid]
+                if opt is not None and mates.count(opt) == 1:
+                    shown[pid] = f"{name} ({self.optimizer_name(opt)})"
+                else:
+                    shown[pid] = f"{name} (param#{pid})"
+        return shown
 
     def param_names(self, pids, limit: int | None = None) -> list[str]:
         pids = list(dict.fromkeys(pids))

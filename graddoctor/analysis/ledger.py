@@ -100,6 +100,20 @@ class Ledger:
     clip_overwrites: list[ClipOverwrite] = field(default_factory=list)
 
 
+class _Loop:
+    """Where one thread's training loop is (a script that trains in threads runs one per
+    thread; their calls interleave in the trace, their phases do not mix)."""
+
+    __slots__ = ("phase", "stepped_in_phase", "pending", "in_closure", "evaluations")
+
+    def __init__(self) -> None:
+        self.phase = 0
+        self.stepped_in_phase = True  # so the first backward opens a phase
+        self.pending: list[Discard] = []
+        self.in_closure = False  # between step_begin(closure) and its step: L-BFGS re-evaluations
+        self.evaluations = 0  # closure evaluations (backwards) so far inside the running step(closure)
+
+
 def build_ledger(a: "Analysis") -> Ledger:
     led = Ledger()
     # who owns what *so far*: a param group added mid-run is not stepped before it is added
@@ -107,11 +121,8 @@ def build_ledger(a: "Analysis") -> Ledger:
     opt_params: dict[int, list[int]] = {}
     contribs: dict[int, list[Contribution]] = {}
     clears: list[Event] = []
-    pending: list[Discard] = []
-    phase = 0
-    stepped_in_phase = True  # so the first backward opens phase 1
-    in_closure = False  # between step_begin(closure) and its step: L-BFGS re-evaluations
-    evaluations = 0  # closure evaluations (backwards) so far inside the running step(closure)
+    loops: dict = {}  # the event's ``thread`` (None: the script's own thread) -> its _Loop
+    phases = 0  # phases opened so far, in every thread: each phase gets its own number
     last_epoch_start = -1  # seq of the latest DataLoader epoch_start
     # for the clip rules
     used_by: dict[int, Event] = {}  # pid -> the step that used its latest gradient
@@ -120,6 +131,12 @@ def build_ledger(a: "Analysis") -> Ledger:
 
     for e in a.events:
         kind = e.kind
+        loop = None
+        if kind in ("backward", "clear", "step_begin", "step"):
+            thread = e.get("thread")
+            loop = loops.get(thread)
+            if loop is None:
+                loop = loops[thread] = _Loop()
         if kind == "optimizer_init":
             opt_params.setdefault(e["opt"], []).extend(e["params"])
             for pid in e["params"]:
@@ -128,19 +145,23 @@ def build_ledger(a: "Analysis") -> Ledger:
             last_epoch_start = e.seq
             # a partial window dropped by a clear right before a new epoch begins (zero_grad at
             # the top of the epoch) is the end of an epoch, not a misplaced clear
-            pending = [d for d in pending if d.followed]
+            for each in loops.values():
+                each.pending = [d for d in each.pending if d.followed]
         elif kind == "backward":
-            if in_closure and e.get("in_step") is not None:
+            if loop.in_closure and e.get("in_step") is not None:
                 # every closure evaluation is its own phase: L-BFGS needs the gradient at the
                 # point it evaluates, so one that adds onto the previous evaluation's is stale
-                if evaluations and not stepped_in_phase:
-                    phase += 1
-                evaluations += 1
-            if stepped_in_phase:
-                phase += 1
-                stepped_in_phase = False
-                pending = []  # a clear after the last step of a phase is where clears belong
-            for d in pending:
+                if loop.evaluations and not loop.stepped_in_phase:
+                    phases += 1
+                    loop.phase = phases
+                loop.evaluations += 1
+            if loop.stepped_in_phase:
+                phases += 1
+                loop.phase = phases
+                loop.stepped_in_phase = False
+                loop.pending = []  # a clear after the last step of a phase is where clears belong
+            phase = loop.phase
+            for d in loop.pending:
                 d.followed = True
             fresh, accumulated = e.get("fresh", ()), e.get("accumulated", ())
             outside = e.get("cleared_outside", ())
@@ -170,10 +191,10 @@ def build_ledger(a: "Analysis") -> Ledger:
             clears.append(e)
             for pid in e["params"]:
                 dropped = contribs.get(pid) or []
-                unused = [c for c in dropped if not c.consumed_by and c.phase == phase
+                unused = [c for c in dropped if not c.consumed_by and c.phase == loop.phase
                           and not c.purposeful and c.backward.seq > last_epoch_start]
-                if unused and not in_closure:
-                    pending.append(Discard(e, pid, unused, phase))
+                if unused and not loop.in_closure:
+                    loop.pending.append(Discard(e, pid, unused, loop.phase))
                 contribs[pid] = []
                 scaled.pop(pid, None)
                 clipped.pop(pid, None)
@@ -191,15 +212,16 @@ def build_ledger(a: "Analysis") -> Ledger:
             for pid in owned:
                 clipped[pid] = e
         elif kind == "step_begin":
-            in_closure = bool(e.get("closure"))
-            evaluations = 0
+            loop.in_closure = bool(e.get("closure"))
+            loop.evaluations = 0
         elif kind == "step":
-            in_closure = False
-            stepped_in_phase = True
+            loop.in_closure = False
+            loop.stepped_in_phase = True
+            phase = loop.phase
             index = a.step_number[e.seq]
             opt = e["opt"]
             consumed: dict[int, Event] = {}
-            for d in pending:
+            for d in loop.pending:
                 d.followed = True
                 if d.later_step is None and opt in owners.get(d.pid, ()):
                     d.later_step, d.later_step_index = e, index

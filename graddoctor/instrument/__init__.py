@@ -7,6 +7,8 @@ that leaving the context restores torch exactly as it was, also after a crash.
 
 from __future__ import annotations
 
+import threading
+
 from .amp import GradScalerWatcher
 from .backward import BackwardWatcher
 from .clip import ClipWatcher
@@ -54,15 +56,30 @@ class Instrumentation:
         # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)
-        self._named_once = False
+        self._named: set[int] = set()  # optimizers whose parameters were named at their first step
+        self.step_threads: set[int] = set()  # the threads the optimizers' first steps ran in
         self.script_globals: dict | None = None  # set by the caller once the script has run
         self.optimizers.step_listeners.append(self._name_after_first_step)
+        self.optimizers.init_listeners.append(self._name_at_construction)
+
+    def _name_at_construction(self, opt, pids) -> None:
+        # from the variables of the constructing frames only (no gc scan): a model that lives in
+        # a thread's or a function's locals may never step where another thread can see it
+        rec = self.rec
+        if any(p not in rec.param_names for p in pids):
+            name_parameters(rec, use_gc=False)
 
     def _name_after_first_step(self, opt, optimizer) -> None:
-        # modules are alive now (they may be gone when a main() function has returned)
-        if not self._named_once:
-            self._named_once = True
-            name_parameters(self.rec)
+        # modules are alive now (they may be gone when a main() function has returned), and held
+        # by the stepping frame's variables: each optimizer's first step, as models trained in
+        # threads are each seen only from their own thread's stack
+        if opt not in self._named:
+            first = not self._named
+            self._named.add(opt)
+            self.step_threads.add(threading.get_ident())
+            rec = self.rec
+            if first or any(p not in rec.param_names for p in rec.opt_params.get(opt, ())):
+                name_parameters(rec)
 
     def __enter__(self) -> "Instrumentation":
         try:
@@ -72,6 +89,11 @@ class Instrumentation:
             self.patcher.undo()
             raise
         return self
+
+    def detach_in_child(self) -> None:
+        """In a child the script forked: every patch and hook removed, so that the child runs
+        the rest of the script as plain python (its copy of the trace is never reported)."""
+        self.patcher.undo()
 
     def __exit__(self, *exc) -> None:
         rec = self.rec

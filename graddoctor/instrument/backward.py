@@ -28,14 +28,26 @@ reaches that backward's graph: the event lists, per such backward, the tracked l
 it (``history``). The mark lives and dies with the autograd node (no id reuse, nothing held), and
 Python wrappers of nodes are not stable between walks, which is why it is not a set of ours.
 Backwards without retain_graph (normal loops) run exactly the walk described above.
+
+Deep graphs: a walked node keeps a Python object as long as it lives, and such nodes are freed by
+recursion; the walks hold one node in every ``graphkeep.KEEP_EVERY`` (see instrument/graphkeep.py)
+and each backward first lets go of the held nodes the script has dropped since.
+
+Threads: a backward is nested (its writes are the outer one's) when its thread already runs one,
+or when it comes from a thread Python did not start (autograd's device threads run reentrant
+checkpoints) while any runs (``Recorder.in_backward``). A backward another thread of the script
+calls meanwhile is its own, and recorded.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
+
 import torch
 
 from .. import events as ev
+from .graphkeep import HELD, KEEP_EVERY, hold, sweep
 from .recorder import Recorder
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
@@ -103,6 +115,7 @@ def _leaves(tensors, inputs) -> list:
             leaves.append(t)
     accumulate_grad = _ACCUMULATE_GRAD
     add, push, pop, found = seen.add, stack.append, stack.pop, leaves.append
+    countdown = KEEP_EVERY  # every KEEP_EVERY-th node is held (graphkeep: deep graphs)
     while stack:  # each node is marked seen when first pushed, so it is expanded once
         for child, _ in pop().next_functions:
             if child is None or child in seen:
@@ -112,6 +125,10 @@ def _leaves(tensors, inputs) -> list:
                 found(child.variable)
             else:
                 push(child)
+                countdown -= 1
+                if not countdown:
+                    countdown = KEEP_EVERY
+                    hold(child)
     return leaves
 
 
@@ -144,6 +161,7 @@ def _history_walk(tensors, cell: list, limit: int = HISTORY_LIMIT):
     add, push, pop, found = seen.add, stack.append, stack.pop, leaves.append
     shared: dict = {}
     nodes = 0
+    countdown = KEEP_EVERY
     checking, complete = True, True
     while stack:
         node = pop()
@@ -179,6 +197,10 @@ def _history_walk(tensors, cell: list, limit: int = HISTORY_LIMIT):
             elif child not in seen:
                 add(child)
                 push(child)
+                countdown -= 1
+                if not countdown:  # graphkeep: every KEEP_EVERY-th node is held (deep graphs)
+                    countdown = KEEP_EVERY
+                    hold(child)
     return leaves, nodes, shared, complete
 
 
@@ -288,6 +310,8 @@ class BackwardWatcher:
         rec = self.rec
         ctx = BackwardContext()
         rec.count_backward()
+        if HELD:  # nodes of deep graphs held by earlier walks: free those the script dropped
+            sweep()
         if inputs is not None:  # the leaves are given: no walk needed
             self._walk(ctx, None, tensors, inputs)
         else:
@@ -342,10 +366,16 @@ class BackwardWatcher:
         watcher = self
         rec = self.rec
 
+        running = rec.running_backwards
+        get_ident, in_backward = threading.get_ident, rec.in_backward
+
         @functools.wraps(original)
         def backward(*args, **kwargs):
-            if rec.current_backward is not None:  # nested (Tensor -> autograd, checkpointing):
-                return original(*args, **kwargs)  # its writes are seen by the outer one
+            # nested in a running backward (Tensor -> autograd, checkpointing; on an accelerator
+            # autograd's own threads, which Python sees as dummy threads, run the inner one): its
+            # writes are seen by the outer one. A backward of another thread of the script is not.
+            if running and in_backward():
+                return original(*args, **kwargs)
             rec.maybe_stop()
             try:
                 tensors, inputs, retained = watcher._arguments(args, kwargs, takes_self)
@@ -355,11 +385,13 @@ class BackwardWatcher:
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
                 ctx, loc, extra = None, None, {}
-            rec.current_backward = ctx
+            me = get_ident()
+            running[me] = rec.current_backward = ctx
             try:
                 return original(*args, **kwargs)
             finally:
-                rec.current_backward = None
+                running.pop(me, None)
+                rec.current_backward = next(iter(running.values()), None) if running else None
                 if ctx is not None:
                     try:
                         watcher.end(ctx, loc, extra)

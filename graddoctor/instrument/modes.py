@@ -196,7 +196,9 @@ class ModeWatcher:
         watcher, rec = self, self.rec
 
         def before(args, kwargs) -> None:
-            if rec.current_backward is None:  # inside backward: checkpoint recomputation
+            # inside this thread's backward: checkpoint recomputation (another thread's backward
+            # does not make this forward one)
+            if not rec.running_backwards or not rec.in_backward():
                 try:
                     watcher._record_forward(args[0], args[1] if len(args) > 1 else kwargs.get("input"))
                 except Exception as exc:

@@ -22,16 +22,21 @@ def _user_variables(rec: Recorder) -> dict[str, object]:
     return found
 
 
-def name_parameters(rec: Recorder, variables: dict[str, object] | None = None) -> None:
+def name_parameters(rec: Recorder, variables: dict[str, object] | None = None,
+                    use_gc: bool = True) -> None:
     """Name every tracked, still unnamed parameter: ``model.fc1.weight`` after the user's own
-    variable when one holds its module, else after the largest live module holding it.
-    Scans the stack and ``gc``: call rarely (first step, end of run)."""
+    variable when one holds its module, else (``use_gc``) after the largest live module holding
+    it. Scans the stack and ``gc``: call rarely (an optimizer's first step, the end of the run);
+    without ``use_gc`` only the stack (an optimizer's construction), and not after ``self``: a
+    method that builds the optimizer is named better from the loop that steps it."""
     unnamed = {id(t): pid for pid in rec.tracked_pids()
                if pid not in rec.param_names and (t := rec.tensor(pid)) is not None}
     if not unnamed:
         return
     best: dict[int, tuple[int, str]] = {}  # pid -> (rank, name); the higher rank wins
     for var, value in (variables if variables is not None else _user_variables(rec)).items():
+        if not use_gc and var == "self":
+            continue
         if issubclass(type(value), torch.nn.Module) and not var.startswith("_"):
             named = list(value.named_parameters())
             for name, p in named:
@@ -40,7 +45,7 @@ def name_parameters(rec: Recorder, variables: dict[str, object] | None = None) -
                     best[pid] = (len(named) + 10**9, f"{var}.{name}")
         elif issubclass(type(value), torch.nn.Parameter) and id(value) in unnamed:
             best.setdefault(unnamed[id(value)], (10**9, var))
-    for obj in gc.get_objects():
+    for obj in gc.get_objects() if use_gc else ():
         if not issubclass(type(obj), torch.nn.Module):  # type(): no __class__ tricks
             continue
         named = list(obj.named_parameters())

@@ -158,6 +158,7 @@ class OptimizerWatcher:
         self.step_listeners: list = []  # callables(opt_id, optimizer) after each real step
         # callable(opt_id, [pid without grad]) after each real step (instrument/idle.py), or None
         self.without_listener = None
+        self.init_listeners: list = []  # callables(opt_id, pids) after each param group is added
         self._named_after_first_step = False
         self._normed: set[int] = set()  # optimizers whose first update carried norms
         # param -> seq of its latest freeze event (the mode watcher's; set by Instrumentation)
@@ -180,6 +181,8 @@ class OptimizerWatcher:
                 rec.opt_params.setdefault(opt, []).extend(pids)
                 rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids),
                          rec.here(2))
+                for listener in watcher.init_listeners:
+                    listener(opt, pids)
             except Exception as exc:
                 rec.internal_error("optimizer construction", exc)
             return result
@@ -262,7 +265,7 @@ class OptimizerWatcher:
             opt = rec.optimizer_id(optimizer)
             # a step run from inside a backward (the optimizer fused into it by a post-accumulate
             # hook) sees grads the running backward just wrote: not edits
-            edited: list[int] | None = [] if rec.current_backward is None else None
+            edited: list[int] | None = None if rec.running_backwards and rec.in_backward() else []
             norm_pids: list[int] | None = []
             norms: list[float] | None = []
             nonfinite: list[int] = []

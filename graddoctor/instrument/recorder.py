@@ -16,17 +16,23 @@ Events are final when emitted (``Event.data`` is read-only):
 
 from __future__ import annotations
 
+import threading
 import traceback
+from threading import get_ident
 import weakref
 from typing import Any, Callable
 
 import torch
 
 from .. import events as ev
+from ..events import THREADED_KINDS
 from ..location import LocationFinder
 from ..trace import Event, Location, Trace
 from .fold import Folder
 from .stop import StopCondition, StopReplay, conditions
+
+
+_DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 
 
 def _shape(tensor) -> list[int] | None:
@@ -90,6 +96,12 @@ class Recorder:
         # its exception is raised at the next safe point
         self.stop_conditions = conditions(step_budget) if stop_conditions is None else stop_conditions
         self._stop: tuple[type[StopReplay], str] | None = None
+        # the status of the stop once raised into the script, and the threads it was raised in
+        # (the main thread may end normally after workers were stopped: the replay was still cut)
+        self.stop_raised: str | None = None
+        self.script_thread = get_ident()  # the thread that runs the script (events: ``thread``)
+        self._thread_numbers: dict[int, int] = {}
+        self.stopped_threads: set[int] = set()
         # per moment, only the conditions that answer it (count_backward runs every backward)
         self._asked = {moment: [c for c in self.stop_conditions
                                 if getattr(type(c), moment) is not getattr(StopCondition, moment)]
@@ -111,6 +123,7 @@ class Recorder:
         self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
         self.in_scaler_step = False  # an enabled, unfused GradScaler.step is running
         self.current_backward: Any = None  # BackwardContext while a backward runs
+        self.running_backwards: dict[int, Any] = {}  # thread ident -> its running backward's context
         self.in_step: int | None = None  # optimizer id while optimizer.step(closure) runs
         self._opt_ids: dict[int, int] = {}
         self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns
@@ -151,7 +164,17 @@ class Recorder:
                 self.internal_error("folding repeated turns", exc)
         if self.holder is not None:
             self.release()
+        if made[0] in THREADED_KINDS and get_ident() != self.script_thread:
+            made = (made[0], {**made[1], "thread": self._thread_number()})
         return self.trace.put(made, loc)
+
+    def _thread_number(self) -> int:
+        """1, 2, ...: the script's threads other than the one running it, in order of first use."""
+        ident = get_ident()
+        number = self._thread_numbers.get(ident)
+        if number is None:
+            number = self._thread_numbers[ident] = len(self._thread_numbers) + 1
+        return number
 
     def emit_aside(self, made: ev.Made, loc: Location | None = None) -> None:
         """An observation made inside another watcher's open aggregate (a dropout call in a
@@ -306,6 +329,13 @@ class Recorder:
                 else:
                     del finite[pid]
 
+    def in_backward(self) -> bool:
+        """Whether the calling code runs inside a backward: one this thread started, or any, from
+        a thread Python did not start (autograd's device threads run reentrant checkpoints)."""
+        running = self.running_backwards
+        return bool(running) and (get_ident() in running
+                                  or isinstance(threading.current_thread(), _DUMMY_THREAD))
+
     # -- stopping ------------------------------------------------------------------------
     def count_step(self) -> None:
         self.steps += 1
@@ -351,4 +381,6 @@ class Recorder:
         condition answered, so the tail of the last update (zero_grad, scheduler) is seen."""
         if self._stop is not None:
             exception, reason = self._stop
+            self.stop_raised = exception.status
+            self.stopped_threads.add(threading.get_ident())
             raise exception(reason)

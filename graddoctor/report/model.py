@@ -40,6 +40,9 @@ class Report:
     analysis: Any = None  # the Analysis of the trace, for views (update timeline, grad flow)
     fail_on: str = "warning"  # the exit code's threshold (--fail-on)
     allow_incomplete: bool = False  # an incomplete check exits by its findings (--allow-incomplete)
+    # the folder relative paths are relative to: where the check started (None: the working
+    # directory), also for a report written while the script is in another directory
+    base_dir: str | None = None
 
     @property
     def trace(self):

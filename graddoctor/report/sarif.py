@@ -113,7 +113,7 @@ def to_sarif(report: Report, base_dir: str | None = None) -> dict:
     rules = list(ALL_RULES)
     rule_index = {rule.code: n for n, rule in enumerate(rules)}
     script = report.run.script if report.run.script.endswith((".py", ".pyw")) else None
-    base = base_dir or os.getcwd()
+    base = base_dir or report.base_dir or os.getcwd()
     plain = to_dict(report)
     run: dict = {
         "tool": {"driver": {

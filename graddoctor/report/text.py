@@ -70,7 +70,7 @@ def findings_section(console: Console, report: Report) -> None:
         for n, f in enumerate(group):
             if n:
                 console.print()
-            console.print(finding_block(f))
+            console.print(finding_block(f, report.base_dir))
     suppressed = report.suppressed()
     if suppressed:
         console.print()

@@ -21,9 +21,10 @@ def _indent(renderable: RenderableType, by: int = 2) -> Padding:
     return Padding(renderable, (0, 0, 0, by))
 
 
-def excerpt(path: str, line: int) -> Syntax | None:
-    """The reported line with a little context, highlighted and marked (❱)."""
-    full = path if os.path.isabs(path) else os.path.abspath(path)
+def excerpt(path: str, line: int, base_dir: str | None = None) -> Syntax | None:
+    """The reported line with a little context, highlighted and marked (❱); a relative path is
+    relative to ``base_dir`` (default: the working directory)."""
+    full = path if os.path.isabs(path) else os.path.join(base_dir or os.getcwd(), path)
     first = max(1, line - CONTEXT_BEFORE)
     lines = [linecache.getline(full, n) for n in range(first, line + CONTEXT_AFTER + 1)]
     while lines and not lines[-1]:
@@ -40,12 +41,12 @@ def where(finding: Finding) -> str:
     return f"{loc.path}:{loc.line}" if loc else "(no location in the code)"
 
 
-def finding_block(f: Finding) -> Group:
+def finding_block(f: Finding, base_dir: str | None = None) -> Group:
     head = Text.assemble((f.severity.value, STYLE[f.severity.value]), " ",
                          (f"{f.code} {f.rule}", "bold"), "  ", (where(f), "underline"))
     parts: list[RenderableType] = [head, _indent(Text(f.message))]
     if f.location is not None:
-        code = excerpt(f.location.path, f.location.line)
+        code = excerpt(f.location.path, f.location.line, base_dir)
         if code is not None:
             parts.append(_indent(code))
     for r in f.related:
