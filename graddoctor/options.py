@@ -216,6 +216,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            config_key="ignore", field="ignore"),
     Option("grad_flow", ("--grad-flow",), Flag(), False,
            "Text report: add the per-layer gradient norms of the last update."),
+    Option("nproc_per_node", ("--nproc-per-node",), Count(), 0,
+           "Check a distributed script: start this many ranks through torch.distributed.run (as "
+           "torchrun does, on this machine) and merge their reports into one.",
+           zero="a single process"),
 )}
 
 CONFIG_KEYS: dict[str, Option] = {o.config_key: o for o in OPTIONS.values() if o.config_key}

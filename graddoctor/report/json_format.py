@@ -36,6 +36,8 @@ def to_dict(report: Report) -> dict:
             "error": run.error,
             "notes": run.notes,
             "config": run.config,
+            "world_size": run.world_size,
+            **({"ranks": run.ranks} if run.ranks is not None else {}),
         },
         "findings": [f.to_json() for f in report.findings],
         "summary": {**report.summary(), "suppressed": len(report.suppressed())},

@@ -24,6 +24,10 @@ class RunInfo:
     notes: list[str] = field(default_factory=list)
     step_budget: int | None = None  # --steps (None: run to the end)
     config: str | None = None  # the pyproject.toml whose [tool.graddoctor] applied
+    world_size: int = 1  # processes of a distributed run (torchrun's WORLD_SIZE)
+    # one entry per process whose report is merged in (ranks, spawned workers), else None:
+    # {rank (int or None), process (a label), pid, status, steps, backward_calls, error}
+    ranks: list[dict] | None = None
 
 
 @dataclass
