@@ -36,7 +36,8 @@ import functools
 import torch
 
 from .. import events as ev
-from .recorder import Recorder
+from .recorder import Recorder, Tensor, local
+from .recorder import version as grad_version
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
 
@@ -265,7 +266,7 @@ class BackwardWatcher:
             if grad is None:
                 append((pid, tensor, None, 0, FRESH))
                 continue
-            version = grad._version
+            version = grad._version if type(grad) is Tensor else grad_version(grad)
             key = (id(grad), version)
             if key == known.get(pid):
                 verdict = ACCUMULATED
@@ -280,7 +281,7 @@ class BackwardWatcher:
         ``p.grad /= k``). On CPU look whether it is all zeros; on an accelerator we do not
         synchronise and assume a manual clear (the cautious verdict: no false alarm)."""
         if grad.device.type == "cpu" and self.cpu_checks:
-            return CLEARED_OUTSIDE if not bool(grad.any()) else ACCUMULATED
+            return CLEARED_OUTSIDE if not bool(local(grad).any()) else ACCUMULATED
         return CLEARED_OUTSIDE
 
     def begin(self, tensors, inputs, loc, retained: bool = False) -> BackwardContext:
@@ -307,7 +308,8 @@ class BackwardWatcher:
         known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
         for pid, tensor, before, version, verdict in ctx.before:
             grad = tensor.grad
-            if grad is before and (grad is None or grad._version == version):
+            if grad is before and (grad is None or (grad._version if type(grad) is Tensor
+                                                    else grad_version(grad)) == version):
                 continue  # not written
             (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED else cleared).append(pid)
             if zeroed:
@@ -315,7 +317,8 @@ class BackwardWatcher:
             if finite:  # a new gradient: an old voucher could match it by a reused id (NaN missed)
                 finite.pop(pid, None)
             if grad is not None:
-                known[pid] = (id(grad), grad._version)
+                known[pid] = (id(grad), grad._version if type(grad) is Tensor
+                              else grad_version(grad))
         ctx.before = []  # let go of the grads held since the start
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
                                      extra_leaves=ctx.extra_leaves, in_step=rec.in_step,
