@@ -31,7 +31,10 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    reaches again, its event's seq and the tracked leaves fed through those
                    nodes; [] when nothing is shared, None when not looked at; see
                    instrument/backward.py),
-                   scaler, scaler_enabled (only present when given: a scaled backward)
+                   scaler, scaler_enabled (only present when given: a scaled backward),
+                   allreduce (only present when a DistributedDataParallel forward ran since the
+                   previous backward: True when this backward all-reduces the gradients, False
+                   when every such forward ran under ``no_sync()``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
                    set_to_none, params [pid]
 step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm of each grad about
@@ -100,6 +103,10 @@ idle_forward       mid, cls, params [pid] (the module's own parameters that got 
                    without a gradient at every step so far (2 at least) — watched only from
                    then on, the first call of each call line and mode (loc: the user's line
                    that called it)
+ddp_no_sync        ddp (a DistributedDataParallel model's id): ``with model.no_sync():`` entered
+                   (loc: that line)
+sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last set), shuffle — a
+                   DistributedSampler starting an epoch (loc: the user's loop over its DataLoader)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -141,7 +148,7 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              loss_terms: list | None = None,
              batch: list[int] | None = None, graph_nodes: int | None = None,
              history: list[list] | None = None, scaler: int | None = None,
-             scaler_enabled: bool | None = None) -> Made:
+             scaler_enabled: bool | None = None, allreduce: bool | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None)."""
     data = {"fresh": fresh, "accumulated": accumulated, "cleared_outside": cleared_outside,
@@ -152,6 +159,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["scaler"] = scaler
     if scaler_enabled is not None:
         data["scaler_enabled"] = scaler_enabled
+    if allreduce is not None:
+        data["allreduce"] = allreduce
     return "backward", data
 
 
@@ -271,6 +280,14 @@ def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference
                             "inference": inference, "training": training}
 
 
+def ddp_no_sync(*, ddp: int) -> Made:
+    return "ddp_no_sync", {"ddp": ddp}
+
+
+def sampler_iter(*, sampler: int, epoch: int | None, shuffle: bool) -> Made:
+    return "sampler_iter", {"sampler": sampler, "epoch": epoch, "shuffle": shuffle}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -288,7 +305,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
-    "idle_forward": idle_forward,
+    "idle_forward": idle_forward, "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""

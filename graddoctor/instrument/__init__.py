@@ -12,6 +12,7 @@ from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
+from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
 from .idle import IdleParamWatcher
 from .losses import LossShapeWatcher
@@ -48,6 +49,10 @@ class Instrumentation:
         self.idle = IdleParamWatcher(rec)
         self.optimizers.without_listener = self.idle.after_step
         self.watchers.append(self.idle)
+        # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs (issue 16)
+        self.ddp = DDPWatcher(rec)
+        self.backward.loss_describers.append(self.ddp.describe_loss)
+        self.watchers.append(self.ddp)
         # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)
