@@ -226,7 +226,11 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
         except Exception as exc:
             rec.internal_error("provisional report", exc)
 
-    with _device_policy(options.device), _stdout_to_stderr(options.redirect_stdout):
+    from .children import Children, merge_children
+
+    children = Children(options)  # multiprocessing workers: instrumented by a start-up hook
+    with _device_policy(options.device), _stdout_to_stderr(options.redirect_stdout), \
+            children.watching(rec):
         with Instrumentation(rec, options.epoch_batches) as instrumentation:
             instrumentation.optimizers.step_listeners.append(provisional)
             outcome = run_target(options.target, list(options.args), module=options.module,
@@ -234,5 +238,6 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
                                  on_start=lambda: provisional(force=True),
                                  last_resort=on_hang is not None)
             instrumentation.script_globals = outcome.namespace
-    return _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
-                   notes=outcome.notes, duration=time.perf_counter() - started)
+    report = _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
+                     notes=outcome.notes, duration=time.perf_counter() - started)
+    return merge_children(report, children)
