@@ -132,7 +132,11 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
         device = _device_of(rec)
     except Exception:
         device = "unknown"
+    checksums = [{"opt": e["opt"], "step": e["step"], "value": e["value"],
+                  "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None}
+                 for e in analysis.of_kind("replica_checksum")]
     run = RunInfo(
+        checksums=checksums or None,
         script=options.target, argv=list(options.args), status=status, steps=rec.steps,
         backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
         duration_s=round(duration, 3), error=error, notes=notes,

@@ -107,6 +107,9 @@ ddp_no_sync        ddp (a DistributedDataParallel model's id): ``with model.no_s
                    (loc: that line)
 sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last set), shuffle — a
                    DistributedSampler starting an epoch (loc: the user's loop over its DataLoader)
+replica_checksum   opt, step (the run's step count after this step), value (float: a checksum of
+                   the parameters it owns, a ``Deferred`` while the run goes on), params (how
+                   many) — after an optimizer's first steps in a multi-rank process group
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -288,6 +291,10 @@ def sampler_iter(*, sampler: int, epoch: int | None, shuffle: bool) -> Made:
     return "sampler_iter", {"sampler": sampler, "epoch": epoch, "shuffle": shuffle}
 
 
+def replica_checksum(*, opt: int, step: int, value: Any, params: int) -> Made:
+    return "replica_checksum", {"opt": opt, "step": step, "value": value, "params": params}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -306,6 +313,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
     "idle_forward": idle_forward, "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
+    "replica_checksum": replica_checksum,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""

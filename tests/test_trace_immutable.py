@@ -196,7 +196,8 @@ def test_recorded_events_are_what_their_constructor_makes(emitted, tmp_path):
         kind, data = ev.CONSTRUCTORS[event.kind](**event.data)
         assert kind == event.kind and list(data) == list(event.data), event
     # every kind but these (ddp_no_sync needs two ranks: the DDP fixtures of test_distributed.py)
-    assert set(ev.CONSTRUCTORS) - kinds == {"compile", "internal_error", "ddp_no_sync"}
+    assert set(ev.CONSTRUCTORS) - kinds == {"compile", "internal_error", "ddp_no_sync",
+                                            "replica_checksum"}
 
 
 def test_trace_builder_makes_the_keys_the_instrumentation_makes(emitted):

@@ -49,6 +49,7 @@ LABELS = {
 # Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
 SKIP = {"run_start", "run_end", "param", "optimizer_init", "internal_error", "step_begin",
         "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
+        "replica_checksum",  # bookkeeping after a step
         "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs
 # unscale_ (when the user did not) and optimizer.step(); scaler.scale(loss).backward() is one call.

@@ -52,6 +52,7 @@ class Instrumentation:
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs (issue 16)
         self.ddp = DDPWatcher(rec)
         self.backward.loss_describers.append(self.ddp.describe_loss)
+        self.optimizers.step_listeners.append(self.ddp.after_step)
         self.watchers.append(self.ddp)
         # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)

@@ -9,6 +9,12 @@
 * ``DistributedSampler.__iter__``: the epoch and shuffle flag each time it starts an epoch
   (``sampler_iter``), to see ``set_epoch`` never called.
 
+* after each of an optimizer's first ``CHECKSUM_STEPS`` steps, in a process group of more
+  than one rank: a checksum of the parameters it owns (``replica_checksum``), one batched
+  ``torch._foreach_norm`` and a ``Deferred`` read at the end of the run (no host sync while it
+  runs); rank 0 compares the ranks' checksums when it merges their reports (replicas-diverge).
+  Sharded (DTensor) parameters differ across ranks by design and are left out.
+
 Per forward this costs one attribute read; nothing per parameter.
 """
 
@@ -19,7 +25,9 @@ import functools
 import torch
 
 from .. import events as ev
-from .recorder import Recorder
+from .recorder import Deferred, Recorder, Tensor
+
+CHECKSUM_STEPS = 3
 
 
 class DDPWatcher:
@@ -28,9 +36,36 @@ class DDPWatcher:
         self._ids: dict[int, int] = {}
         self._samplers: dict[int, int] = {}
         self._pending: bool | None = None  # the DDP forwards since the last backward: any synced?
+        self._checksums: dict[int, int] = {}  # optimizer -> checksums taken
 
     def _id(self, obj, table: dict) -> int:
         return table.setdefault(id(obj), len(table))
+
+    def after_step(self, opt: int, optimizer) -> None:
+        """The checksum of the parameters an optimizer just stepped (first steps only)."""
+        rec = self.rec
+        done = self._checksums.get(opt, 0)
+        if done >= CHECKSUM_STEPS:
+            return
+        self._checksums[opt] = done + 1
+        try:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+                return
+            params = [p.detach() for group in optimizer.param_groups for p in group["params"]
+                      if type(p) is Tensor or type(p) is torch.nn.Parameter]
+            if not params:
+                return
+            with torch.no_grad():
+                norms = torch.stack(torch._foreach_norm(params)).double()
+                weights = torch.arange(1, len(params) + 1, dtype=torch.float64,
+                                       device=norms.device)
+                checksum = (norms * weights).sum()
+            rec.emit(ev.replica_checksum(opt=opt, step=rec.steps, value=Deferred(checksum),
+                                         params=len(params)), rec.here(2))
+        except Exception as exc:
+            rec.internal_error("replica checksum", exc)
 
     def describe_loss(self, tensors) -> dict:
         """For the backward event: ``allreduce`` when a DDP forward ran since the last backward."""

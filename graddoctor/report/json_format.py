@@ -38,6 +38,7 @@ def to_dict(report: Report) -> dict:
             "config": run.config,
             "world_size": run.world_size,
             **({"ranks": run.ranks} if run.ranks is not None else {}),
+            **({"checksums": run.checksums} if run.checksums else {}),
         },
         "findings": [f.to_json() for f in report.findings],
         "summary": {**report.summary(), "suppressed": len(report.suppressed())},

@@ -88,6 +88,7 @@ def from_json(obj: dict) -> Report:
         duration_s=run.get("duration_s", 0.0), error=run.get("error"),
         notes=list(run.get("notes", ())), step_budget=run.get("step_budget"),
         config=run.get("config"), world_size=run.get("world_size", 1), ranks=run.get("ranks"),
+        checksums=run.get("checksums"),
     )
     return Report(run=info, findings=[finding_from_json(f) for f in obj.get("findings", ())],
                   internal_errors=list(obj.get("internal_errors", ())))
@@ -143,6 +144,7 @@ def merge(parts: list[Part], *, world_size: int | None = None,
             group[2] += [p for p in processes if p not in group[2]]
     findings = [replace(f, ranks=tuple(sorted(ranks)), processes=tuple(processes))
                 for f, ranks, processes in groups.values()]
+    findings += diverging(parts)
     findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
                                  f.location.line if f.location else 0, f.code))
     trained = [e for e in rank_entries if e["status"] != "no-training-loop"]
@@ -180,9 +182,52 @@ def merge(parts: list[Part], *, world_size: int | None = None,
         step_budget=lead.run.step_budget, config=lead.run.config,
         world_size=world_size or max([p.report.run.world_size for p in parts] + [len(rank_entries)]),
         ranks=rank_entries,
+        # one rank's own report keeps its checksums for the merge that compares them
+        checksums=lead.run.checksums if len(parts) == 1 and not missing else None,
     )
     analysis = next((p.report.analysis for p in parts if p.report.analysis is not None), None)
     return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis)
+
+
+CHECKSUM_RTOL = 1e-5  # all-reduce results may differ in the last bits between ranks
+
+
+def diverging(parts: list[Part]) -> list[Finding]:
+    """replicas-diverge: the first step after which an optimizer's parameters differ across
+    ranks (the ranks' checksums, taken after each optimizer's first steps)."""
+    sums: dict[tuple[int, int], dict[int, dict]] = {}
+    for part in parts:
+        if part.rank is None:
+            continue
+        for c in part.report.run.checksums or ():
+            if isinstance(c.get("value"), (int, float)):
+                sums.setdefault((c["opt"], c["step"]), {})[part.rank] = c
+    out, flagged = [], set()
+    for (opt, step), by_rank in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if opt in flagged or len(by_rank) < 2:
+            continue
+        lead = min(by_rank)
+        ref = by_rank[lead]["value"]
+        odd = sorted(r for r, c in by_rank.items()
+                     if abs(c["value"] - ref) > CHECKSUM_RTOL * max(abs(ref), abs(c["value"]), 1e-30))
+        if not odd:
+            continue
+        flagged.add(opt)
+        from ..rules.replicas_diverge import ReplicasDiverge
+
+        c = by_rank[lead]
+        loc = Location(c["path"], int(c["line"])) if c.get("path") and c.get("line") else None
+        others = "rank " + spans(odd)
+        out.append(ReplicasDiverge().finding(
+            f"after optimizer step {step} the parameters differ across ranks: {others} "
+            f"{'holds' if len(odd) == 1 else 'hold'} other values than rank {lead} (parameter "
+            f"checksums {ref:.6g} vs {by_rank[odd[0]]['value']:.6g}), so from here on every "
+            f"replica trains a different model",
+            loc, step=step,
+            evidence={"optimizer": opt, "step": step, "differing_ranks": odd,
+                      "checksums": {str(r): by_rank[r]["value"] for r in sorted(by_rank)}}))
+        out[-1] = replace(out[-1], ranks=tuple(sorted(by_rank)))
+    return out
 
 
 def single(report: Report, rank: int | None, process: str, pid: int | None,

@@ -28,6 +28,9 @@ class RunInfo:
     # one entry per process whose report is merged in (ranks, spawned workers), else None:
     # {rank (int or None), process (a label), pid, status, steps, backward_calls, error}
     ranks: list[dict] | None = None
+    # replica checksums of a rank's first steps (instrument/ddp.py), for the merge to compare:
+    # [{opt, step, value, path, line}]; only in a rank's own report
+    checksums: list[dict] | None = None
 
 
 @dataclass
