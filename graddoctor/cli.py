@@ -283,8 +283,8 @@ def merge_reports(
                                         "report: text, json or sarif.")] = "text",
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write the merged "
                                                   "report to this file.")] = None,
-    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at least "
-                                         "this severe: error, warning, info, never.")] = "warning",
+    fail_on: Annotated[str, typer.Option("--fail-on", help=OPTIONS["fail_on"].help)] = \
+        OPTIONS["fail_on"].default,
 ) -> None:
     """Join the per-rank JSON reports of a distributed run into one report (each finding says
     on which ranks it was seen). Exit codes as for check; a rank without a report makes the
@@ -295,8 +295,8 @@ def merge_reports(
 
     if format not in FORMATS:
         _usage_error(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
-    if fail_on not in ("error", "warning", "info", "never"):
-        _usage_error(f"--fail-on must be one of error, warning, info, never, not {fail_on!r}")
+    if fail_on not in OPTIONS["fail_on"].kind.choices:
+        _usage_error(OPTIONS["fail_on"].error(fail_on, "library"))
     if output:
         _check_writable(output, "--output")
     parts = []
