@@ -82,6 +82,13 @@ def check(
     for option, value in ((OPTIONS["output"], output), (OPTIONS["trace"], typed["trace"])):
         if value:
             _check_writable(value, option.flag)
+    launcher = script in ("torch.distributed.run", "torch.distributed.launch") if typed["module"] \
+        else os.path.basename(script) == "torchrun"
+    if launcher:  # graddoctor goes under the launcher, or launches through it itself
+        _usage_error(f"{script} is PyTorch's launcher: graddoctor runs inside each rank. Use "
+                     f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
+                     f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see the README's "
+                     f"Distributed training)")
     if not typed["module"] and not script.endswith((".py", ".pyw")) and os.path.isfile(script):
         _usage_error(f"{script} is not a Python script (expected a .py file)")
     command_line = {o.name: o.check(typed[o.name], "library") for o in CONFIG_KEYS.values()}

@@ -193,3 +193,11 @@ def test_replicas_diverge_compares_the_ranks_checksums():
     validate(data)
     assert data["run"]["checksums"][0]["value"] == 1.0
     assert from_json(data).run.checksums == data["run"]["checksums"]
+
+
+def test_the_launcher_as_the_target_is_a_usage_error_that_names_the_right_command():
+    for args in (["-m", "torch.distributed.run", "--", "--nproc_per_node", "2", "train.py"],
+                 [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--", "train.py"]):
+        done = run_cli("check", *args)
+        assert done.returncode == 2, done.stderr
+        assert "--nproc-per-node N train.py" in done.stderr and "Traceback" not in done.stderr
