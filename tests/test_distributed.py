@@ -201,3 +201,13 @@ def test_the_launcher_as_the_target_is_a_usage_error_that_names_the_right_comman
         done = run_cli("check", *args)
         assert done.returncode == 2, done.stderr
         assert "--nproc-per-node N train.py" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_root_cause_leads_when_a_peer_saw_the_crash_through_a_collective():
+    echo = {"type": "RuntimeError", "location": None,
+            "message": "[gloo/transport/tcp/pair.cc:553] Connection closed by peer"}
+    cause = {"type": "RuntimeError", "message": "bad batch on rank 1", "location": None}
+    merged = merge([Part(_report("crashed", 3, error=echo), 0, "rank 0"),
+                    Part(_report("crashed", 3, error=cause), 1, "rank 1")], world_size=2)
+    assert merged.run.error["message"] == "rank 1: bad batch on rank 1"
+    assert any(n.startswith("rank 0 failed too: RuntimeError:") for n in merged.run.notes)

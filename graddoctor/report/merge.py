@@ -108,6 +108,16 @@ def missing_entry(rank: int | None, process: str, why: str) -> dict:
             "backward_calls": 0, "error": {"type": "Missing", "message": why, "location": None}}
 
 
+_COMMUNICATION = ("connection closed by peer", "remote worker", "gloo", "nccl", "timed out",
+                  "distbackenderror", "connection reset", "broken pipe")
+
+
+def _echo(error: dict) -> bool:
+    """An error that is probably another rank's failure seen through a collective."""
+    text = f"{error.get('type', '')} {error.get('message', '')}".lower()
+    return any(word in text for word in _COMMUNICATION)
+
+
 def _owners(part: Part, finding: Finding) -> tuple[set[int], list[str]]:
     if finding.ranks is not None or finding.processes:  # already merged once
         return set(finding.ranks or ()), list(finding.processes)
@@ -150,13 +160,19 @@ def merge(parts: list[Part], *, world_size: int | None = None,
     trained = [e for e in rank_entries if e["status"] != "no-training-loop"]
     judged = trained or rank_entries
     status = min((e["status"] for e in judged), key=STATUS_ORDER.index)
-    error = None
-    for e in judged:
-        if e["status"] == status and e.get("error"):
+    error, echoes = None, []
+    # the root cause first: a rank whose peer failed reports a communication error
+    failed = sorted((e for e in judged if e["status"] == status and e.get("error")),
+                    key=lambda e: _echo(e["error"]))
+    for e in failed:
+        if error is None:
             error = dict(e["error"])
             if len(rank_entries) > 1:
                 error["message"] = f"{e['process']}: {error['message']}"
-            break
+        elif e["status"] != "missing":
+            message = str(e["error"].get("message", ""))
+            echoes.append(f"{e['process']} failed too: {e['error'].get('type')}: "
+                          f"{message[:200]}{' …' if len(message) > 200 else ''}")
     if status == "missing":  # for the run fields: the run was cut short (a process is lost)
         status = "crashed"
     first = next((e for e in rank_entries if e["status"] not in ("missing", "no-training-loop")),
@@ -170,6 +186,7 @@ def merge(parts: list[Part], *, world_size: int | None = None,
                 notes.append(note if shared else f"{label}{note}")
         internal += [{"where": f"{label}{e['where']}", "error": e["error"]}
                      for e in part.report.internal_errors]
+    notes += echoes
     for m in missing:
         note = f"{m['process']}: {m['error']['message']}"
         if error is None or error["message"] != note:
