@@ -211,3 +211,18 @@ def test_the_root_cause_leads_when_a_peer_saw_the_crash_through_a_collective():
                     Part(_report("crashed", 3, error=cause), 1, "rank 1")], world_size=2)
     assert merged.run.error["message"] == "rank 1: bad batch on rank 1"
     assert any(n.startswith("rank 0 failed too: RuntimeError:") for n in merged.run.notes)
+
+
+def test_sarif_of_a_merged_report_says_where_each_finding_was_seen(tmp_path):
+    import jsonschema
+
+    from graddoctor.report.sarif import to_sarif
+
+    merged = merge([Part(_report(findings=[_finding()]), 0, "rank 0"),
+                    Part(_report(), 1, "rank 1")], world_size=2)
+    sarif = to_sarif(merged)
+    schema = json.loads(open(os.path.join(ROOT, "tests", "data", "sarif-schema-2.1.0.json")).read())
+    jsonschema.validate(sarif, schema)
+    result = sarif["runs"][0]["results"][0]
+    assert result["message"]["text"].startswith("[seen on rank 0 only] ")
+    assert result["properties"]["ranks"] == [0]
