@@ -53,6 +53,7 @@ class Instrumentation:
         self.ddp = DDPWatcher(rec)
         self.backward.loss_describers.append(self.ddp.describe_loss)
         self.optimizers.step_listeners.append(self.ddp.after_step)
+        self.backward.aside = self.ddp  # FSDP2's accumulation without gradient sync
         self.watchers.append(self.ddp)
         # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)

@@ -189,6 +189,11 @@ class BackwardWatcher:
         self.owned = owned  # id() of tensors some optimizer owns (kept by OptimizerWatcher)
         self.cpu_checks = True
         self.loss_describers: list = []  # callables(tensors) -> dict, added by other watchers
+        # writes outside .grad (FSDP2 without gradient sync): an object with ``unsynced`` (true
+        # while some are possible) and ``written_aside()`` (pids), and the pids set aside since
+        # their .grad was last written
+        self.aside = None
+        self.aside_pending: set[int] = set()
         self._lines: dict = {}  # (path, line) of a backward call -> _Line
         self.registrations = 0  # parameters registered on any module (a global module hook)
         self._always_walk = False  # torch without that hook: nothing tells when to walk again
@@ -223,9 +228,12 @@ class BackwardWatcher:
                 shared = None  # not looked at everywhere: unknown, not "nothing shared"
         else:
             leaves = _leaves(tensors, inputs)
+        aside = self.aside if self.aside is not None and self.aside.fsdp_seen else None
         for leaf in leaves:
             pid = pid_of.get(id(leaf))
             if pid is not None and refs[pid]() is leaf:  # tracked already (rec.pid, inlined)
+                continue
+            if aside is not None and aside.is_shadow(leaf):  # FSDP's unsharded copy of a param
                 continue
             if isinstance(leaf, torch.nn.Parameter) or id(leaf) in self.owned:
                 rec.track(leaf)
@@ -319,12 +327,38 @@ class BackwardWatcher:
             if grad is not None:
                 known[pid] = (id(grad), grad._version if type(grad) is Tensor
                               else grad_version(grad))
+        if self.aside_pending or (self.aside is not None and self.aside.unsynced):
+            self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
         ctx.before = []  # let go of the grads held since the start
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
                                      extra_leaves=ctx.extra_leaves, in_step=rec.in_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history, **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
+
+    def _aside(self, ctx: BackwardContext, fresh: list, accumulated: list) -> None:
+        """Parameters written outside their ``.grad`` (FSDP2's unsharded accumulation while
+        gradient sync is off): fresh when their ``.grad`` was empty and nothing was set aside
+        since, else accumulated; the backward that finally writes their ``.grad`` (the reduce)
+        adds onto what was set aside."""
+        pending = self.aside_pending
+        written = set(fresh) | set(accumulated)
+        for pid in [p for p in fresh if p in pending]:  # the reduce of the set-aside sum
+            fresh.remove(pid)
+            accumulated.append(pid)
+        pending.difference_update(written)
+        aside = self.aside.written_aside() if self.aside is not None else []
+        if not aside:
+            return
+        verdicts = {pid: verdict for pid, _t, _g, _v, verdict in ctx.before}
+        for pid in aside:
+            if pid in written:
+                continue
+            if pid in pending or verdicts.get(pid) == ACCUMULATED:
+                accumulated.append(pid)
+            else:
+                fresh.append(pid)
+            pending.add(pid)
 
     @staticmethod
     def _arguments(args, kwargs, takes_self: bool):
