@@ -230,8 +230,15 @@ def _run(options, on_hang=None, checkpoint=None):
     from .check import ScriptError, run_check
     from .report.progress import Progress
 
+    from .distributed import rank_env
+
     label = options.target if options.module else os.path.basename(options.target)
-    progress = Progress(label, options.steps or None)
+    ranks = rank_env()
+    if ranks is not None:
+        label = f"{label} · rank {ranks.rank}"
+    # ranks share one terminal: only rank 0 draws the status line
+    progress = Progress(label, options.steps or None,
+                        enabled=False if ranks is not None and ranks.rank != 0 else None)
     try:
         with progress:
             return run_check(options, on_step=progress.update, on_hang=on_hang,
