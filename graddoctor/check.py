@@ -137,7 +137,11 @@ def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dic
         device = _device_of(rec)
     except Exception:
         device = "unknown"
+    checksums = [{"opt": e["opt"], "step": e["step"], "value": e["value"],
+                  "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None}
+                 for e in analysis.of_kind("replica_checksum")]
     run = RunInfo(
+        checksums=checksums or None,
         script=options.target, argv=list(options.args), status=status, steps=rec.steps,
         backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
         duration_s=round(duration, 3), error=error, notes=notes,
@@ -260,7 +264,11 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
         finally:
             spent_writing[0] += time.perf_counter() - now
 
-    with _device_policy(options.device), _stdout_to_stderr(options.redirect_stdout):
+    from .children import Children, merge_children
+
+    children = Children(options)  # multiprocessing workers: instrumented by a start-up hook
+    with _device_policy(options.device), _stdout_to_stderr(options.redirect_stdout), \
+            children.watching(rec):
         with Instrumentation(rec, options.epoch_batches) as instrumentation:
             instrumentation.optimizers.step_listeners.append(provisional)
             outcome = run_target(options.target, list(options.args), module=options.module,
@@ -280,4 +288,4 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     # the script's globals are let go of here, so that deep graphs it left are freed safely
     outcome.namespace = instrumentation.script_globals = None
     release_after_check()
-    return report
+    return merge_children(report, children)

@@ -13,7 +13,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from .options import CONFIG_KEYS, OPTIONS, CheckOptions, Option
+from .options import CONFIG_KEYS, OPTIONS, CheckOptions, Flag, Option
 from .report.formats import FORMATS, RenderOptions, ReportFormat
 
 app = typer.Typer(
@@ -70,14 +70,36 @@ def check(
     from the options typed here. Exit codes: 0 no finding at or above --fail-on, 1 findings,
     2 could not check. Example: graddoctor check train.py -- --epochs 1
     """
-    shown_output = typed["output"]
+    shown_output = typed["output"]  # as typed, for messages
     fmt = FORMATS[_format_name(ctx, typed["format"], shown_output)]
-    for option in (OPTIONS["output"], OPTIONS["trace"]):
-        if typed[option.name]:
-            _check_writable(typed[option.name], option.flag)
-            # where the user started: a script that changes directory does not move the files
-            typed[option.name] = os.path.abspath(typed[option.name])
+    from .distributed import rank_env, rank_path
+
+    ranks = rank_env()
+    if typed["nproc_per_node"] > 1 and ranks is None:
+        from .distributed import launch
+
+        raise typer.Exit(launch(typed["nproc_per_node"], _child_args(ctx, script, script_args)))
+    for name in ("output", "trace"):
+        if typed[name]:  # where the user started: a script that changes directory moves no file
+            typed[name] = os.path.abspath(typed[name])
     output = typed["output"]
+    if ranks is not None:  # one rank of a distributed run: own files per rank
+        if typed["trace"]:
+            typed["trace"] = rank_path(typed["trace"], ranks.rank)
+        if output and "{rank}" in output:
+            output = rank_path(output, ranks.rank)
+        elif ranks.rank != 0:
+            output = None  # rank 0 writes the merged report
+    for option, value in ((OPTIONS["output"], output), (OPTIONS["trace"], typed["trace"])):
+        if value:
+            _check_writable(value, option.flag)
+    launcher = script in ("torch.distributed.run", "torch.distributed.launch") if typed["module"] \
+        else os.path.basename(script) == "torchrun"
+    if launcher:  # graddoctor goes under the launcher, or launches through it itself
+        _usage_error(f"{script} is PyTorch's launcher: graddoctor runs inside each rank. Use "
+                     f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
+                     f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see the README's "
+                     f"Distributed training)")
     if not typed["module"] and not script.endswith((".py", ".pyw")) and os.path.isfile(script):
         _usage_error(f"{script} is not a Python script (expected a .py file)")
     command_line = {o.name: o.check(typed[o.name], "library") for o in CONFIG_KEYS.values()}
@@ -89,10 +111,15 @@ def check(
     )
     render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"])
 
+    def finish(report, wait_s: float | None = None) -> int:
+        if ranks is not None:
+            return _finish_rank(ranks, report, fmt, typed["output"], output, render, options, wait_s)
+        _emit(report, fmt, output, render, shown_output)
+        return report.exit_code(options.fail_on)
+
     def on_hang(report) -> None:  # from the watchdog: the script is stuck; report, then end
         try:
-            _emit(report, fmt, output, render, shown_output)
-            code = report.exit_code(options.fail_on)
+            code = finish(report, wait_s=30.0)
         except BaseException:
             code = 2
         _hard_exit(code)
@@ -101,8 +128,76 @@ def check(
         _write(report, fmt, output, render)
 
     report = _run(options, on_hang, checkpoint if output else None)
-    _emit(report, fmt, output, render, shown_output)
-    raise typer.Exit(report.exit_code(options.fail_on))
+    raise typer.Exit(finish(report))
+
+
+def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:
+    """The command line of ``check`` as typed, for each rank, without --nproc-per-node."""
+    out = []
+    for option in OPTIONS.values():
+        if option.name == "nproc_per_node":
+            continue
+        source = getattr(ctx.get_parameter_source(option.name), "name", None)
+        value = ctx.params.get(option.name)
+        if source not in ("COMMANDLINE", "ENVIRONMENT", "PROMPT") or value is None:
+            continue
+        if isinstance(option.kind, Flag):
+            out += [option.flag] if value else []
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                out += [option.flag, str(item)]
+        else:
+            out += [option.flag, str(getattr(value, "value", value))]
+    return [*out, script, "--", *(script_args or ())]
+
+
+def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
+                 wait_s: float | None = None) -> int:
+    """One rank's end (distributed.py): ranks other than 0 hand their report to rank 0 and exit
+    0; rank 0 merges every rank's report, writes it, and exits by the merged verdict."""
+    import json
+
+    from .distributed import Exchange, rank_path
+    from .report.json_format import render as render_json
+    from .report.merge import Part, from_json, merge, missing_entry, single
+    from .report.text import verdict
+
+    per_rank = bool(typed_output) and "{rank}" in typed_output
+    mine = single(report, ranks.rank, ranks.label, os.getpid(), ranks.world_size)
+    if per_rank:
+        _write(mine, fmt, output, render)
+    exchange = Exchange(ranks)
+    if ranks.rank != 0:
+        if not exchange.send(render_json(mine)) and not per_rank:
+            fallback = rank_path(typed_output, ranks.rank) if typed_output else None
+            if fallback:
+                _write(mine, fmt, fallback, render)
+            typer.echo(f"graddoctor: {ranks.label}: could not hand the report to rank 0 "
+                       f"({exchange.error}); " + (f"wrote {fallback}" if fallback else
+                                                 "its report follows on stderr"), err=True)
+            if not fallback:
+                typer.echo(FORMATS["text"].render(mine, RenderOptions()), err=True)
+        return 0  # never a failure code: the launcher would kill the ranks still reporting
+    files = None
+    if ranks.store is None and typed_output and fmt.name == "json":
+        files = {r: rank_path(typed_output, r) for r in range(ranks.world_size)}
+    if wait_s is None:
+        wait_s = (options.timeout or 3600.0) + 60.0
+    got, why = exchange.collect(wait_s, files)
+    parts = [Part(mine, ranks.rank, ranks.label, os.getpid())]
+    for r, text in sorted(got.items()):
+        try:
+            parts.append(Part(from_json(json.loads(text)), r, f"rank {r}"))
+        except Exception as exc:
+            why[r] = f"unreadable report: {type(exc).__name__}: {exc}"
+    missing = [missing_entry(r, f"rank {r}", message) for r, message in sorted(why.items())]
+    merged = merge(parts, world_size=ranks.world_size, missing=missing)
+    if per_rank:
+        typer.echo(f"graddoctor: wrote {output} (and one per rank): {verdict(merged).plain}",
+                   err=True)
+    else:
+        _emit(merged, fmt, output, render)
+    return merged.exit_code(options.fail_on)
 
 
 _TYPED = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may bundle its own click
@@ -157,8 +252,15 @@ def _run(options, on_hang=None, checkpoint=None):
     from .check import ScriptError, run_check
     from .report.progress import Progress
 
+    from .distributed import rank_env
+
     label = options.target if options.module else os.path.basename(options.target)
-    progress = Progress(label, options.steps or None)
+    ranks = rank_env()
+    if ranks is not None:
+        label = f"{label} · rank {ranks.rank}"
+    # ranks share one terminal: only rank 0 draws the status line
+    progress = Progress(label, options.steps or None,
+                        enabled=False if ranks is not None and ranks.rank != 0 else None)
     try:
         with progress:
             return run_check(options, on_step=progress.update, on_hang=on_hang,
@@ -209,6 +311,58 @@ def _hard_exit(code: int) -> None:
         except Exception:
             pass
     os._exit(code)
+
+
+@app.command("merge")
+def merge_reports(
+    reports: List[str] = typer.Argument(..., help="JSON reports of the ranks (graddoctor check "
+                                        "--format json -o 'report.{rank}.json')."),
+    format: Annotated[str, typer.Option("--format", "-f", help="Report format of the merged "
+                                        "report: text, json or sarif.")] = "text",
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write the merged "
+                                                  "report to this file.")] = None,
+    fail_on: Annotated[str, typer.Option("--fail-on", help=OPTIONS["fail_on"].help)] = \
+        OPTIONS["fail_on"].default,
+) -> None:
+    """Join the per-rank JSON reports of a distributed run into one report (each finding says
+    on which ranks it was seen). Exit codes as for check; a rank without a report makes the
+    run incomplete."""
+    import json
+
+    from .report.merge import Part, from_json, merge, missing_entry
+
+    if format not in FORMATS:
+        _usage_error(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
+    if fail_on not in OPTIONS["fail_on"].kind.choices:
+        _usage_error(OPTIONS["fail_on"].error(fail_on, "library"))
+    if output:
+        _check_writable(output, "--output")
+    parts = []
+    for path in reports:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            report = from_json(data)
+        except OSError as exc:
+            _usage_error(f"cannot read {path}: {exc.strerror or exc}")
+        except (ValueError, KeyError, TypeError) as exc:
+            _usage_error(f"{path} is not a graddoctor JSON report ({type(exc).__name__}: {exc})")
+        entries = report.run.ranks or []
+        rank = entries[0]["rank"] if len(entries) == 1 else None
+        parts.append(Part(report, rank, entries[0]["process"] if len(entries) == 1 else path))
+    seen = {e["rank"] for p in parts for e in (p.report.run.ranks or [])}
+    if not all(p.report.run.ranks for p in parts):
+        plain = [p for p in parts if not p.report.run.ranks]
+        _usage_error(f"{plain[0].process} is the report of a single process, not of a rank "
+                     "(write the ranks' reports under torchrun with -o 'report.{rank}.json')")
+    world = max(p.report.run.world_size for p in parts)
+    missing = [missing_entry(r, f"rank {r}", "no report file was given for this rank")
+               for r in range(world) if r not in seen]
+    parts.sort(key=lambda p: (p.rank is None, p.rank or 0))
+    merged = merge(parts, world_size=world, missing=missing)
+    fmt = FORMATS[format]
+    _emit(merged, fmt, output, RenderOptions(to_terminal=output is None))
+    raise typer.Exit(merged.exit_code(fail_on))
 
 
 @app.command("rules")

@@ -31,7 +31,10 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    reaches again, its event's seq and the tracked leaves fed through those
                    nodes; [] when nothing is shared, None when not looked at; see
                    instrument/backward.py),
-                   scaler, scaler_enabled (only present when given: a scaled backward)
+                   scaler, scaler_enabled (only present when given: a scaled backward),
+                   allreduce (only present when a DistributedDataParallel forward ran since the
+                   previous backward: True when this backward all-reduces the gradients, False
+                   when every such forward ran under ``no_sync()``)
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
@@ -111,6 +114,13 @@ folded             turns, steps, backwards, events, epochs (how many of each the
                    for the values listed in instrument/fold.py) the kept turn whose events have
                    seqs first..last, count times. Only in long runs (see ``FOLD_AFTER``); the
                    analysis counts the folded steps, backwards and copies (``Analysis.weight``)
+ddp_no_sync        ddp (a DistributedDataParallel model's id): ``with model.no_sync():`` entered
+                   (loc: that line)
+sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last set), shuffle — a
+                   DistributedSampler starting an epoch (loc: the user's loop over its DataLoader)
+replica_checksum   opt, step (the run's step count after this step), value (float: a checksum of
+                   the parameters it owns, a ``Deferred`` while the run goes on), params (how
+                   many) — after an optimizer's first steps in a multi-rank process group
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -152,7 +162,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              loss_terms: list | None = None,
              batch: list[int] | None = None, graph_nodes: int | None = None,
              history: list[list] | None = None, scaler: int | None = None,
-             scaler_enabled: bool | None = None, thread: int | None = None) -> Made:
+             scaler_enabled: bool | None = None, allreduce: bool | None = None,
+             thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
     ``thread`` too (see ``THREADED_KINDS``)."""
@@ -164,6 +175,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["scaler"] = scaler
     if scaler_enabled is not None:
         data["scaler_enabled"] = scaler_enabled
+    if allreduce is not None:
+        data["allreduce"] = allreduce
     return "backward", _threaded(data, thread)
 
 
@@ -309,6 +322,18 @@ def folded(*, turns: int, steps: int, backwards: int, events: int, epochs: int,
                       "epochs": epochs, "copies": copies}
 
 
+def ddp_no_sync(*, ddp: int) -> Made:
+    return "ddp_no_sync", {"ddp": ddp}
+
+
+def sampler_iter(*, sampler: int, epoch: int | None, shuffle: bool) -> Made:
+    return "sampler_iter", {"sampler": sampler, "epoch": epoch, "shuffle": shuffle}
+
+
+def replica_checksum(*, opt: int, step: int, value: Any, params: int) -> Made:
+    return "replica_checksum", {"opt": opt, "step": step, "value": value, "params": params}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -327,6 +352,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
     "idle_forward": idle_forward, "functional_grad": functional_grad, "folded": folded,
+    "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
+    "replica_checksum": replica_checksum,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""

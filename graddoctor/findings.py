@@ -45,9 +45,13 @@ class Finding:
     step: int | None = None  # the optimizer step (1-based, in replay order) where it was seen
     evidence: dict[str, Any] = field(default_factory=dict)
     suppressed: bool = False
+    # a report merged from several processes (ranks of a distributed run, spawned workers):
+    # the ranks that saw it, and the processes without a rank (e.g. "main process") that did
+    ranks: tuple[int, ...] | None = None
+    processes: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "rule": self.rule,
             "code": self.code,
             "severity": self.severity.value,
@@ -61,3 +65,7 @@ class Finding:
             "fix": self.fix,
             "suppressed": self.suppressed,
         }
+        if self.ranks is not None or self.processes:
+            out["ranks"] = list(self.ranks or ())
+            out["processes"] = list(self.processes)
+        return out

@@ -244,6 +244,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Judge a run that crashed or timed out after its first backward or step by its "
            "findings alone (exit 0 or 1), as before; by default such an incomplete check "
            "exits 2.", field="allow_incomplete"),
+    Option("nproc_per_node", ("--nproc-per-node",), Count(), 0,
+           "Check a distributed script: start this many ranks through torch.distributed.run (as "
+           "torchrun does, on this machine) and merge their reports into one.",
+           zero="a single process", cli_only="a way to launch one run, not a setting of the script"),
 )}
 
 CONFIG_KEYS: dict[str, Option] = {o.config_key: o for o in OPTIONS.values() if o.config_key}

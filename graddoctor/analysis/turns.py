@@ -44,9 +44,12 @@ LABELS = {
     "bn_reset": "reset_running_stats()",
     "update_bn": "update_bn()",
     "grad_edit": "grad edit",
+    "ddp_no_sync": "no_sync",
 }
 # Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
 SKIP = {"run_start", "run_end", "param", "optimizer_init", "internal_error", "step_begin",
+        "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
+        "replica_checksum",  # bookkeeping after a step
         "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs
 # unscale_ (when the user did not) and optimizer.step(); scaler.scale(loss).backward() is one call.
@@ -63,6 +66,8 @@ def is_per_forward(kind: str) -> bool:
 def label_of(event: Event) -> str | None:
     if event.loc is None or event.kind in SKIP or is_per_forward(event.kind):
         return None
+    if event.kind == "backward" and "allreduce" in event.data:  # DDP: synced or not
+        return "backward + all-reduce" if event.data["allreduce"] else "backward (no_sync)"
     return LABELS.get(event.kind, event.kind)
 
 

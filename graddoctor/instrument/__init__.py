@@ -14,6 +14,7 @@ from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
+from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
 from .idle import IdleParamWatcher
@@ -53,6 +54,12 @@ class Instrumentation:
         self.idle = IdleParamWatcher(rec)
         self.optimizers.without_listener = self.idle.after_step
         self.watchers.append(self.idle)
+        # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs (issue 16)
+        self.ddp = DDPWatcher(rec)
+        self.backward.loss_describers.append(self.ddp.describe_loss)
+        self.optimizers.step_listeners.append(self.ddp.after_step)
+        self.backward.aside = self.ddp  # FSDP2's accumulation without gradient sync
+        self.watchers.append(self.ddp)
         # torch.compile: keep all of the above out of compiled graphs (issue 6)
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)

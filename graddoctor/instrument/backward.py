@@ -48,7 +48,8 @@ import torch
 
 from .. import events as ev
 from .graphkeep import HELD, KEEP_EVERY, hold, sweep
-from .recorder import Recorder
+from .recorder import Recorder, Tensor, local
+from .recorder import version as grad_version
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
 
@@ -210,6 +211,11 @@ class BackwardWatcher:
         self.owned = owned  # id() of tensors some optimizer owns (kept by OptimizerWatcher)
         self.cpu_checks = True
         self.loss_describers: list = []  # callables(tensors) -> dict, added by other watchers
+        # writes outside .grad (FSDP2 without gradient sync): an object with ``unsynced`` (true
+        # while some are possible) and ``written_aside()`` (pids), and the pids set aside since
+        # their .grad was last written
+        self.aside = None
+        self.aside_pending: set[int] = set()
         self._lines: dict = {}  # (path, line) of a backward call -> _Line
         self.registrations = 0  # parameters registered on any module (a global module hook)
         self._always_walk = False  # torch without that hook: nothing tells when to walk again
@@ -244,9 +250,12 @@ class BackwardWatcher:
                 shared = None  # not looked at everywhere: unknown, not "nothing shared"
         else:
             leaves = _leaves(tensors, inputs)
+        aside = self.aside if self.aside is not None and self.aside.fsdp_seen else None
         for leaf in leaves:
             pid = pid_of.get(id(leaf))
             if pid is not None and refs[pid]() is leaf:  # tracked already (rec.pid, inlined)
+                continue
+            if aside is not None and aside.is_shadow(leaf):  # FSDP's unsharded copy of a param
                 continue
             if isinstance(leaf, torch.nn.Parameter) or id(leaf) in self.owned:
                 rec.track(leaf)
@@ -287,7 +296,7 @@ class BackwardWatcher:
             if grad is None:
                 append((pid, tensor, None, 0, FRESH))
                 continue
-            version = grad._version
+            version = grad._version if type(grad) is Tensor else grad_version(grad)
             key = (id(grad), version)
             if key == known.get(pid):
                 verdict = ACCUMULATED
@@ -302,7 +311,7 @@ class BackwardWatcher:
         ``p.grad /= k``). On CPU look whether it is all zeros; on an accelerator we do not
         synchronise and assume a manual clear (the cautious verdict: no false alarm)."""
         if grad.device.type == "cpu" and self.cpu_checks:
-            return CLEARED_OUTSIDE if not bool(grad.any()) else ACCUMULATED
+            return CLEARED_OUTSIDE if not bool(local(grad).any()) else ACCUMULATED
         return CLEARED_OUTSIDE
 
     def begin(self, tensors, inputs, loc, retained: bool = False) -> BackwardContext:
@@ -331,7 +340,8 @@ class BackwardWatcher:
         known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
         for pid, tensor, before, version, verdict in ctx.before:
             grad = tensor.grad
-            if grad is before and (grad is None or grad._version == version):
+            if grad is before and (grad is None or (grad._version if type(grad) is Tensor
+                                                    else grad_version(grad)) == version):
                 continue  # not written
             (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED else cleared).append(pid)
             if zeroed:
@@ -339,13 +349,40 @@ class BackwardWatcher:
             if finite:  # a new gradient: an old voucher could match it by a reused id (NaN missed)
                 finite.pop(pid, None)
             if grad is not None:
-                known[pid] = (id(grad), grad._version)
+                known[pid] = (id(grad), grad._version if type(grad) is Tensor
+                              else grad_version(grad))
+        if self.aside_pending or (self.aside is not None and self.aside.unsynced):
+            self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
         ctx.before = []  # let go of the grads held since the start
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
                                      extra_leaves=ctx.extra_leaves, in_step=rec.in_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history, **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
+
+    def _aside(self, ctx: BackwardContext, fresh: list, accumulated: list) -> None:
+        """Parameters written outside their ``.grad`` (FSDP2's unsharded accumulation while
+        gradient sync is off): fresh when their ``.grad`` was empty and nothing was set aside
+        since, else accumulated; the backward that finally writes their ``.grad`` (the reduce)
+        adds onto what was set aside."""
+        pending = self.aside_pending
+        written = set(fresh) | set(accumulated)
+        for pid in [p for p in fresh if p in pending]:  # the reduce of the set-aside sum
+            fresh.remove(pid)
+            accumulated.append(pid)
+        pending.difference_update(written)
+        aside = self.aside.written_aside() if self.aside is not None else []
+        if not aside:
+            return
+        verdicts = {pid: verdict for pid, _t, _g, _v, verdict in ctx.before}
+        for pid in aside:
+            if pid in written:
+                continue
+            if pid in pending or verdicts.get(pid) == ACCUMULATED:
+                accumulated.append(pid)
+            else:
+                fresh.append(pid)
+            pending.add(pid)
 
     @staticmethod
     def _arguments(args, kwargs, takes_self: bool):

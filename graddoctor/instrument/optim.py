@@ -18,7 +18,7 @@ from torch.optim.optimizer import (
 )
 
 from .. import events as ev
-from .recorder import Recorder
+from .recorder import Recorder, Tensor, local, version
 
 
 def step_grads(rec: Recorder, pids, edited: list | None = None,
@@ -52,7 +52,11 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
             frozen.append(pid)
         if versions is not None and versions.get(pid, tensor._version) != tensor._version:
             by_hand.append(pid)
-        state = (id(grad), grad._version)
+        if type(grad) is not Tensor:  # a DTensor (FSDP2): its local shard, no communication
+            state = (id(grad), version(grad))
+            grad = local(grad)
+        else:
+            state = (id(grad), grad._version)
         if edited is not None and state != known.get(pid) and state != zeroed.get(pid):
             edited.append(pid)
         if all_vouched:
@@ -96,7 +100,7 @@ def _really_nonfinite(rec: Recorder, pid: int) -> bool:
     if grad is None:
         return False
     with torch.no_grad():
-        return not bool(torch.isfinite(grad).all())
+        return not bool(torch.isfinite(local(grad)).all())
 
 
 # What moves a parameter whose gradient is zero, per optimizer class (besides weight decay): a
@@ -233,7 +237,7 @@ class OptimizerWatcher:
             pids.append(pid)
             rec.known_grad.pop(pid, None)
             if p.grad is not None:  # zero-filled in place: remember exactly what was left
-                rec.zeroed_grad[pid] = (id(p.grad), p.grad._version)
+                rec.zeroed_grad[pid] = (id(p.grad), version(p.grad))
         rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids), rec.here(3))
 
     # -- step ----------------------------------------------------------------------------

@@ -44,6 +44,22 @@ def _shape(tensor) -> list[int] | None:
         return None
 
 
+Tensor = torch.Tensor
+
+
+def local(grad):
+    """A ``DTensor``'s local shard (FSDP2, tensor parallelism: the reduce-scatter writes a
+    sharded gradient in place into it, and reading it needs no communication); any other
+    tensor itself. Hot loops test ``type(grad) is Tensor`` first and call this only otherwise."""
+    return getattr(grad, "_local_tensor", grad)
+
+
+def version(grad) -> int:
+    """A gradient's data version: a DTensor's wrapper keeps its version when FSDP adds into its
+    local shard, so the shard's is read."""
+    return grad._version if type(grad) is Tensor else local(grad)._version
+
+
 class Deferred:
     """A device scalar recorded without a host sync; ``Recorder.finish`` reads it at the end."""
 
@@ -282,7 +298,8 @@ class Recorder:
             if tensor is not None:
                 grad = tensor.grad
                 if grad is not None:
-                    append((pid, (id(grad), grad._version)))
+                    append((pid, (id(grad), grad._version if type(grad) is Tensor
+                                              else version(grad))))
         return out
 
     def after_step(self, pids) -> list[int]:
@@ -303,7 +320,7 @@ class Recorder:
             if grad is None:
                 without.append(pid)
             else:
-                known[pid] = (id(grad), grad._version)
+                known[pid] = (id(grad), grad._version if type(grad) is Tensor else version(grad))
         return without
 
     def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:

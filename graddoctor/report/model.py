@@ -25,6 +25,13 @@ class RunInfo:
     step_budget: int | None = None  # --steps (None: run to the end)
     config: str | None = None  # the pyproject.toml whose [tool.graddoctor] applied
     rules: list[str] | None = None  # codes of the rules that ran (--select/--ignore); None: all
+    world_size: int = 1  # processes of a distributed run (torchrun's WORLD_SIZE)
+    # one entry per process whose report is merged in (ranks, spawned workers), else None:
+    # {rank (int or None), process (a label), pid, status, steps, backward_calls, error}
+    ranks: list[dict] | None = None
+    # replica checksums of a rank's first steps (instrument/ddp.py), for the merge to compare:
+    # [{opt, step, value, path, line}]; only in a rank's own report
+    checksums: list[dict] | None = None
 
 
 INCOMPLETE_STATUSES = ("crashed", "timeout")

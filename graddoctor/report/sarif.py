@@ -63,6 +63,11 @@ def rule_descriptor(rule) -> dict:
 
 def result(f: Finding, rule_index: dict[str, int], script: str | None) -> dict:
     message = f.message.rstrip()
+    from .merge import seen_on
+
+    on = seen_on(f)
+    if on:  # a report merged from several ranks or workers
+        message = f"[seen on {on}] {message}"
     if f.fix:
         message += ("" if message.endswith(".") else ".") + f" Fix: {f.fix}"
     out: dict = {
@@ -84,6 +89,8 @@ def result(f: Finding, rule_index: dict[str, int], script: str | None) -> dict:
         out["suppressions"] = [{"kind": "inSource",
                                 "justification": "# graddoctor: ignore on the reported line"}]
     out["properties"] = {"rule": f.rule, "step": f.step, "evidence": f.evidence, "fix": f.fix}
+    if f.ranks is not None or f.processes:
+        out["properties"].update(ranks=list(f.ranks or ()), processes=list(f.processes))
     return out
 
 

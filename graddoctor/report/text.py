@@ -50,6 +50,8 @@ def header(console: Console, report: Report) -> None:
     if run.config:
         status.append(f" · config {run.config}", style="dim")
     console.print(status)
+    if run.ranks:
+        console.print(Padding(Text(ranks_line(run), style="dim"), (0, 0, 0, 2)))
     if run.error:
         loc = run.error.get("location") or {}
         at = f" at {loc.get('path')}:{loc.get('line')}" if loc else ""
@@ -57,6 +59,26 @@ def header(console: Console, report: Report) -> None:
                                    f"{run.error.get('message')}", style="red"), (0, 0, 0, 2)))
     for note in run.notes:
         console.print(Padding(Text(f"note: {note}", style="dim"), (0, 0, 0, 2)))
+
+
+def ranks_line(run) -> str:
+    """``world size 2 · ranks 0–1: step-limit, 10 steps``: each process's status, grouped."""
+    from .merge import spans
+
+    groups: dict[tuple, list] = {}
+    for e in run.ranks:
+        key = (e["status"], e["steps"])
+        groups.setdefault(key, []).append(e)
+    parts = []
+    for (status, steps), group in groups.items():
+        ranks = [e["rank"] for e in group if e["rank"] is not None]
+        names = (["rank " + spans(ranks)] if ranks else []) + \
+            [e["process"] for e in group if e["rank"] is None]
+        what = status if status == "missing" else f"{status}, {_plural(steps, 'step')}"
+        parts.append(f"{', '.join(names)}: {what}")
+    head = f"world size {run.world_size}" if run.world_size > 1 else \
+        f"{len(run.ranks)} processes merged"
+    return " · ".join([head, *parts])
 
 
 def findings_section(console: Console, report: Report) -> None:

@@ -45,6 +45,11 @@ def finding_block(f: Finding, base_dir: str | None = None) -> Group:
     head = Text.assemble((f.severity.value, STYLE[f.severity.value]), " ",
                          (f"{f.code} {f.rule}", "bold"), "  ", (where(f), "underline"))
     parts: list[RenderableType] = [head, _indent(Text(f.message))]
+    from .merge import seen_on
+
+    on = seen_on(f)
+    if on:  # a report merged from several processes
+        parts.insert(1, _indent(Text(f"seen on {on}", style="bold")))
     if f.location is not None:
         code = excerpt(f.location.path, f.location.line, base_dir)
         if code is not None:

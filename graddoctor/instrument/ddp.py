@@ -1,0 +1,228 @@
+"""DistributedDataParallel and DistributedSampler: what a single-process trace cannot show.
+
+* ``DistributedDataParallel.forward``: whether the backward of this forward will all-reduce
+  the gradients. DDP decides it at forward time (``require_backward_grad_sync``, which
+  ``no_sync()`` turns off, and grad mode on); the next backward event carries the decision as
+  ``allreduce`` (through the backward watcher's loss describers). No comm hook is registered:
+  a Python hook would replace DDP's built-in all-reduce (and a model takes only one hook).
+* ``DistributedDataParallel.no_sync``: the user's ``with model.no_sync():`` line (``ddp_no_sync``).
+* ``DistributedSampler.__iter__``: the epoch and shuffle flag each time it starts an epoch
+  (``sampler_iter``), to see ``set_epoch`` never called.
+
+* after each of an optimizer's first ``CHECKSUM_STEPS`` steps, in a process group of more
+  than one rank: a checksum of the parameters it owns (``replica_checksum``), one batched
+  ``torch._foreach_norm`` and a ``Deferred`` read at the end of the run (no host sync while it
+  runs); rank 0 compares the ranks' checksums when it merges their reports (replicas-diverge).
+  Sharded (DTensor) parameters differ across ranks by design and are left out.
+
+* ``FSDPModule.set_requires_gradient_sync`` (FSDP2's ``no_sync``): while a parameter group
+  does not reduce, a backward accumulates into FSDP's unsharded gradient, not into the sharded
+  ``.grad`` the optimizer steps; ``written_aside`` tells the backward watcher which parameters
+  such a backward wrote (their unsharded gradient changed), so that accumulation windows read
+  as they do without FSDP.
+
+Per forward this costs one attribute read; nothing per parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import events as ev
+from .recorder import Deferred, Recorder, Tensor
+
+CHECKSUM_STEPS = 3
+
+
+class DDPWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._ids: dict[int, int] = {}
+        self._samplers: dict[int, int] = {}
+        self._pending: bool | None = None  # the DDP forwards since the last backward: any synced?
+        self._checksums: dict[int, int] = {}  # optimizer -> checksums taken
+        self._fsdp_modules: list = []  # FSDP2 modules whose gradient sync was turned off or on
+        # (sharded parameter, FSDPParam) of the groups that do not reduce now, and the state
+        # of each one's unsharded gradient when last seen: id(FSDPParam) -> (id, _version)
+        self.unsynced: list = []
+        self._aside_seen: dict[int, tuple[int, int]] = {}
+        # ids of FSDP's unsharded parameters: the graph's leaves while the sharded ones are
+        # gathered, never stepped themselves (the backward watcher does not track them)
+        self.shadows: set[int] = set()
+
+    def _id(self, obj, table: dict) -> int:
+        return table.setdefault(id(obj), len(table))
+
+    def after_step(self, opt: int, optimizer) -> None:
+        """The checksum of the parameters an optimizer just stepped (first steps only)."""
+        rec = self.rec
+        done = self._checksums.get(opt, 0)
+        if done >= CHECKSUM_STEPS:
+            return
+        self._checksums[opt] = done + 1
+        try:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+                return
+            params = [p.detach() for group in optimizer.param_groups for p in group["params"]
+                      if type(p) is Tensor or type(p) is torch.nn.Parameter]
+            if not params:
+                return
+            with torch.no_grad():
+                norms = torch.stack(torch._foreach_norm(params)).double()
+                weights = torch.arange(1, len(params) + 1, dtype=torch.float64,
+                                       device=norms.device)
+                checksum = (norms * weights).sum()
+            rec.emit(ev.replica_checksum(opt=opt, step=rec.steps, value=Deferred(checksum),
+                                         params=len(params)), rec.here(2))
+        except Exception as exc:
+            rec.internal_error("replica checksum", exc)
+
+    # -- FSDP2: accumulation without gradient sync ------------------------------------------
+    def _wrap_set_sync(self, original):
+        watcher = self
+
+        @functools.wraps(original)
+        def set_requires_gradient_sync(module, *args, **kwargs):
+            result = original(module, *args, **kwargs)
+            try:
+                if not any(m is module for m in watcher._fsdp_modules):
+                    watcher._fsdp_modules.append(module)
+                watcher._refresh_unsynced()
+            except Exception as exc:
+                watcher.rec.internal_error("set_requires_gradient_sync", exc)
+            return result
+
+        return set_requires_gradient_sync
+
+    def _refresh_unsynced(self) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        out, seen = [], set()
+        for root in self._fsdp_modules:
+            for module in root.modules():
+                if not isinstance(module, FSDPModule):
+                    continue
+                for group in module._get_fsdp_state()._fsdp_param_groups:
+                    if id(group) in seen:
+                        continue
+                    seen.add(id(group))
+                    for fp in group.fsdp_params:
+                        shadow = getattr(fp, "_unsharded_param", None)
+                        if shadow is not None:
+                            self.shadows.add(id(shadow))
+                    if not getattr(group, "reduce_grads", True):
+                        out += [(fp.sharded_param, fp) for fp in group.fsdp_params]
+        self.unsynced = out
+
+    @property
+    def fsdp_seen(self) -> bool:
+        return bool(self._fsdp_modules)
+
+    def is_shadow(self, leaf) -> bool:
+        """Whether a graph leaf is FSDP's unsharded copy of a parameter (created lazily at the
+        first forward: looked up again when an unknown leaf shows up; walks are rare)."""
+        if id(leaf) not in self.shadows:
+            self._refresh_unsynced()
+        return id(leaf) in self.shadows
+
+    @staticmethod
+    def _unsharded_grad(fp):
+        grad = getattr(fp, "unsharded_accumulated_grad", None)
+        if grad is None:
+            param = getattr(fp, "_unsharded_param", None)
+            grad = getattr(param, "grad", None) if param is not None else None
+        return grad
+
+    def written_aside(self) -> list:
+        """The tracked parameters whose unsharded FSDP gradient the backward that just ran wrote
+        (groups without gradient sync only; empty and free otherwise)."""
+        if not self.unsynced:
+            return []
+        rec, seen, out = self.rec, self._aside_seen, []
+        for param, fp in self.unsynced:
+            grad = self._unsharded_grad(fp)
+            if grad is None:
+                continue
+            state = (id(grad), grad._version)
+            if seen.get(id(fp)) != state:
+                seen[id(fp)] = state
+                pid = rec.pid(param)
+                if pid is not None:
+                    out.append(pid)
+        return out
+
+    def describe_loss(self, tensors) -> dict:
+        """For the backward event: ``allreduce`` when a DDP forward ran since the last backward."""
+        pending, self._pending = self._pending, None
+        return {} if pending is None else {"allreduce": pending}
+
+    def _wrap_forward(self, original):
+        watcher = self
+
+        @functools.wraps(original)
+        def forward(module, *args, **kwargs):
+            try:
+                if torch.is_grad_enabled():
+                    sync = bool(getattr(module, "require_backward_grad_sync", True))
+                    watcher._pending = sync or bool(watcher._pending)
+            except Exception as exc:
+                watcher.rec.internal_error("DistributedDataParallel.forward", exc)
+            return original(module, *args, **kwargs)
+
+        return forward
+
+    def _wrap_no_sync(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def no_sync(module, *args, **kwargs):
+            try:
+                rec.emit(ev.ddp_no_sync(ddp=watcher._id(module, watcher._ids)), rec.here(2))
+            except Exception as exc:
+                rec.internal_error("DistributedDataParallel.no_sync", exc)
+            return original(module, *args, **kwargs)
+
+        return no_sync
+
+    def _wrap_sampler_iter(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def __iter__(sampler, *args, **kwargs):
+            try:
+                epoch = getattr(sampler, "epoch", None)
+                rec.emit(ev.sampler_iter(sampler=watcher._id(sampler, watcher._samplers),
+                                         epoch=epoch if isinstance(epoch, int) else None,
+                                         shuffle=bool(getattr(sampler, "shuffle", False))),
+                         rec.here(2))
+            except Exception as exc:
+                rec.internal_error("DistributedSampler.__iter__", exc)
+            return original(sampler, *args, **kwargs)
+
+        return __iter__
+
+    def install(self, patcher) -> None:
+        try:
+            from torch.nn.parallel import DistributedDataParallel
+        except Exception:  # a build without distributed support
+            DistributedDataParallel = None
+        if DistributedDataParallel is not None:
+            patcher.patch(DistributedDataParallel, "forward",
+                          self._wrap_forward(DistributedDataParallel.forward))
+            patcher.patch(DistributedDataParallel, "no_sync",
+                          self._wrap_no_sync(DistributedDataParallel.no_sync))
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except Exception:  # no FSDP2 in this build
+            FSDPModule = None
+        if FSDPModule is not None and hasattr(FSDPModule, "set_requires_gradient_sync"):
+            patcher.patch(FSDPModule, "set_requires_gradient_sync",
+                          self._wrap_set_sync(FSDPModule.set_requires_gradient_sync))
+        from torch.utils.data.distributed import DistributedSampler
+
+        patcher.patch(DistributedSampler, "__iter__",
+                      self._wrap_sampler_iter(DistributedSampler.__iter__))

@@ -1,0 +1,254 @@
+"""One report from several processes: the ranks of a distributed run, the workers a script
+spawned. Pure data (no torch): ``merge(parts)`` joins the findings of every part, each saying
+which ranks (or processes) saw it, and keeps one status line per process in ``run.ranks``.
+
+The parts come as ``Report`` objects (the process that merges has its own) or as the JSON of
+the other processes' reports (``from_json``): what crosses a process or machine boundary is
+the JSON report, so ``graddoctor merge`` can join files written on different nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..findings import Finding, Related, Severity
+from ..trace import Location
+from .model import Report, RunInfo
+
+# the merged status is the first of these any process had (a crash anywhere is the run's)
+STATUS_ORDER = ("crashed", "missing", "timeout", "backward-limit", "step-limit", "completed",
+                "no-training-loop")
+
+
+@dataclass
+class Part:
+    """One process's report and who it was."""
+
+    report: Report
+    rank: int | None
+    process: str  # "rank 1", "main process", "spawned pid 4242"
+    pid: int | None = None
+
+
+def rank_label(rank: int | None, pid: int | None = None) -> str:
+    return f"rank {rank}" if rank is not None else f"pid {pid}"
+
+
+def spans(ranks) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0–2, 5"``."""
+    ranks = sorted(set(ranks))
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(r) if start == r else f"{start}–{r}")
+            start = None
+    return ", ".join(out)
+
+
+def seen_on(finding: Finding) -> str | None:
+    """``rank 0–1``, ``rank 1 only``, ``main process only``: where a merged finding was seen."""
+    if finding.ranks is None and not finding.processes:
+        return None
+    parts = []
+    ranks = list(finding.ranks or ())
+    if ranks:
+        parts.append("rank " + spans(ranks))
+    parts.extend(finding.processes)
+    text = ", ".join(parts)
+    alone = len(ranks) + len(finding.processes) == 1
+    return f"{text} only" if alone else text
+
+
+# -- JSON -> Report ---------------------------------------------------------------------------
+
+def finding_from_json(obj: dict) -> Finding:
+    loc = obj.get("location")
+    return Finding(
+        rule=obj["rule"], code=obj["code"], severity=Severity(obj["severity"]),
+        message=obj["message"], location=Location(loc["path"], int(loc["line"])) if loc else None,
+        fix=obj.get("fix", ""),
+        related=tuple(Related(Location(r["path"], int(r["line"])), r.get("note", ""))
+                      for r in obj.get("related", ())),
+        step=obj.get("step"), evidence=dict(obj.get("evidence") or {}),
+        suppressed=bool(obj.get("suppressed")),
+        ranks=tuple(obj["ranks"]) if "ranks" in obj else None,
+        processes=tuple(obj.get("processes", ())),
+    )
+
+
+def from_json(obj: dict) -> Report:
+    """A report read back from its JSON (``graddoctor check --format json``)."""
+    run = obj["run"]
+    info = RunInfo(
+        script=run["script"], argv=list(run.get("argv", ())), status=run["status"],
+        steps=run.get("steps", 0), backward_calls=run.get("backward_calls", 0),
+        device=run.get("device", "cpu"), torch_version=run.get("torch_version", ""),
+        duration_s=run.get("duration_s", 0.0), error=run.get("error"),
+        notes=list(run.get("notes", ())), step_budget=run.get("step_budget"),
+        config=run.get("config"), world_size=run.get("world_size", 1), ranks=run.get("ranks"),
+        checksums=run.get("checksums"),
+    )
+    return Report(run=info, findings=[finding_from_json(f) for f in obj.get("findings", ())],
+                  internal_errors=list(obj.get("internal_errors", ())))
+
+
+def entries(part: Part) -> list[dict]:
+    """The ``run.ranks`` entries a part brings: its own, or those of a report merged before."""
+    run = part.report.run
+    if run.ranks:
+        return [dict(e) for e in run.ranks]
+    return [{"rank": part.rank, "process": part.process, "pid": part.pid, "status": run.status,
+             "steps": run.steps, "backward_calls": run.backward_calls, "error": run.error}]
+
+
+def missing_entry(rank: int | None, process: str, why: str) -> dict:
+    return {"rank": rank, "process": process, "pid": None, "status": "missing", "steps": 0,
+            "backward_calls": 0, "error": {"type": "Missing", "message": why, "location": None}}
+
+
+_COMMUNICATION = ("connection closed by peer", "remote worker", "gloo", "nccl", "timed out",
+                  "distbackenderror", "connection reset", "broken pipe")
+
+
+def _echo(error: dict) -> bool:
+    """An error that is probably another rank's failure seen through a collective."""
+    text = f"{error.get('type', '')} {error.get('message', '')}".lower()
+    return any(word in text for word in _COMMUNICATION)
+
+
+def _owners(part: Part, finding: Finding) -> tuple[set[int], list[str]]:
+    if finding.ranks is not None or finding.processes:  # already merged once
+        return set(finding.ranks or ()), list(finding.processes)
+    return ({part.rank}, []) if part.rank is not None else (set(), [part.process])
+
+
+def merge(parts: list[Part], *, world_size: int | None = None,
+          missing: list[dict] = ()) -> Report:
+    """One report from the parts (the first one leads: its script, steps and update timeline).
+
+    Findings are the same when they have the same rule, severity... and place: (code, location,
+    suppressed); the first part's message is kept and the ranks of all are listed. A process
+    that trained nothing (``no-training-loop``: an mp.spawn parent) does not decide the status
+    while another one trained."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    lead = parts[0].report
+    rank_entries = [e for part in parts for e in entries(part)] + [dict(m) for m in missing]
+    rank_entries.sort(key=lambda e: (e["rank"] is None, e["rank"] if e["rank"] is not None else 0,
+                                     e["process"]))
+    groups: dict[tuple, list] = {}
+    for part in parts:
+        for f in part.report.findings:
+            loc = (f.location.path, f.location.line) if f.location else None
+            key = (f.code, loc, f.suppressed)
+            ranks, processes = _owners(part, f)
+            if key not in groups:
+                groups[key] = [f, set(ranks), list(processes)]
+                continue
+            group = groups[key]
+            if f.severity.rank > group[0].severity.rank:
+                group[0] = f
+            group[1] |= ranks
+            group[2] += [p for p in processes if p not in group[2]]
+    findings = [replace(f, ranks=tuple(sorted(ranks)), processes=tuple(processes))
+                for f, ranks, processes in groups.values()]
+    findings += diverging(parts)
+    findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
+                                 f.location.line if f.location else 0, f.code))
+    trained = [e for e in rank_entries if e["status"] != "no-training-loop"]
+    judged = trained or rank_entries
+    status = min((e["status"] for e in judged), key=STATUS_ORDER.index)
+    error, echoes = None, []
+    # the root cause first: a rank whose peer failed reports a communication error
+    failed = sorted((e for e in judged if e["status"] == status and e.get("error")),
+                    key=lambda e: _echo(e["error"]))
+    for e in failed:
+        if error is None:
+            error = dict(e["error"])
+            if len(rank_entries) > 1:
+                error["message"] = f"{e['process']}: {error['message']}"
+        elif e["status"] != "missing":
+            message = str(e["error"].get("message", ""))
+            echoes.append(f"{e['process']} failed too: {e['error'].get('type')}: "
+                          f"{message[:200]}{' …' if len(message) > 200 else ''}")
+    if status == "missing":  # for the run fields: the run was cut short (a process is lost)
+        status = "crashed"
+    first = next((e for e in rank_entries if e["status"] not in ("missing", "no-training-loop")),
+                 rank_entries[0])
+    notes, internal = [], []
+    for part in parts:
+        label = "" if len(parts) == 1 else f"{part.process}: "
+        for note in part.report.run.notes:
+            if note not in notes and f"{label}{note}" not in notes:
+                shared = all(note in p.report.run.notes for p in parts)
+                notes.append(note if shared else f"{label}{note}")
+        internal += [{"where": f"{label}{e['where']}", "error": e["error"]}
+                     for e in part.report.internal_errors]
+    notes += echoes
+    for m in missing:
+        note = f"{m['process']}: {m['error']['message']}"
+        if error is None or error["message"] != note:
+            notes.append(note)
+    run = RunInfo(
+        script=lead.run.script, argv=list(lead.run.argv), status=status,
+        steps=first["steps"], backward_calls=first["backward_calls"], device=lead.run.device,
+        torch_version=lead.run.torch_version,
+        duration_s=max(p.report.run.duration_s for p in parts), error=error, notes=notes,
+        step_budget=lead.run.step_budget, config=lead.run.config,
+        world_size=world_size or max([p.report.run.world_size for p in parts] + [len(rank_entries)]),
+        ranks=rank_entries,
+        # one rank's own report keeps its checksums for the merge that compares them
+        checksums=lead.run.checksums if len(parts) == 1 and not missing else None,
+    )
+    analysis = next((p.report.analysis for p in parts if p.report.analysis is not None), None)
+    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis)
+
+
+CHECKSUM_RTOL = 1e-5  # all-reduce results may differ in the last bits between ranks
+
+
+def diverging(parts: list[Part]) -> list[Finding]:
+    """replicas-diverge: the first step after which an optimizer's parameters differ across
+    ranks (the ranks' checksums, taken after each optimizer's first steps)."""
+    sums: dict[tuple[int, int], dict[int, dict]] = {}
+    for part in parts:
+        if part.rank is None:
+            continue
+        for c in part.report.run.checksums or ():
+            if isinstance(c.get("value"), (int, float)):
+                sums.setdefault((c["opt"], c["step"]), {})[part.rank] = c
+    out, flagged = [], set()
+    for (opt, step), by_rank in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if opt in flagged or len(by_rank) < 2:
+            continue
+        lead = min(by_rank)
+        ref = by_rank[lead]["value"]
+        odd = sorted(r for r, c in by_rank.items()
+                     if abs(c["value"] - ref) > CHECKSUM_RTOL * max(abs(ref), abs(c["value"]), 1e-30))
+        if not odd:
+            continue
+        flagged.add(opt)
+        from ..rules.replicas_diverge import ReplicasDiverge
+
+        c = by_rank[lead]
+        loc = Location(c["path"], int(c["line"])) if c.get("path") and c.get("line") else None
+        others = "rank " + spans(odd)
+        out.append(ReplicasDiverge().finding(
+            f"after optimizer step {step} the parameters differ across ranks: {others} "
+            f"{'holds' if len(odd) == 1 else 'hold'} other values than rank {lead} (parameter "
+            f"checksums {ref:.6g} vs {by_rank[odd[0]]['value']:.6g}), so from here on every "
+            f"replica trains a different model",
+            loc, step=step,
+            evidence={"optimizer": opt, "step": step, "differing_ranks": odd,
+                      "checksums": {str(r): by_rank[r]["value"] for r in sorted(by_rank)}}))
+        out[-1] = replace(out[-1], ranks=tuple(sorted(by_rank)))
+    return out
+
+
+def single(report: Report, rank: int | None, process: str, pid: int | None,
+           world_size: int) -> Report:
+    """A process's own report marked as one part of a larger run (a per-rank file): its
+    ``run.ranks`` entry and its findings' ranks, so that ``graddoctor merge`` can join it."""
+    return merge([Part(report, rank, process, pid)], world_size=world_size)

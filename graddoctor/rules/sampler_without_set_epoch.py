@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule, related
+
+
+class SamplerWithoutSetEpoch(Rule):
+    """
+    ## What it does
+    Finds a shuffling `DistributedSampler` that starts several epochs with the same epoch
+    number: `sampler.set_epoch(epoch)` is never called (or always with the same value).
+
+    ## Why is this bad?
+    `DistributedSampler` seeds its shuffle with `seed + epoch`. Without `set_epoch`, every epoch
+    replays exactly the same order on every rank, and each rank sees the same shard of the data
+    in the same order every time: the data is not reshuffled, which hurts generalisation, and
+    nothing warns about it.
+
+    ## Example
+    ```python
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    for epoch in range(epochs):
+        for x, y in loader:
+            train_step(x, y)
+    ```
+
+    ## Use instead
+    ```python
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            train_step(x, y)
+    ```
+    """
+
+    code = "GD402"
+    slug = "sampler-without-set-epoch"
+    severity = Severity.WARNING
+    summary = "a shuffling `DistributedSampler` without `set_epoch()`: every epoch replays the same order"
+    fix = "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader"
+
+    def check(self, a):
+        by_sampler: dict[int, list] = {}
+        for e in a.of_kind("sampler_iter"):
+            if e.get("shuffle"):
+                by_sampler.setdefault(e.get("sampler"), []).append(e)
+        for starts in by_sampler.values():
+            epochs = {e.get("epoch") for e in starts}
+            if len(starts) < 2 or len(epochs) != 1:
+                continue
+            epoch = starts[0].get("epoch")
+            yield self.finding(
+                f"this DistributedSampler started {len(starts)} epochs, each with epoch {epoch}: "
+                f"set_epoch() is never called with a new value, so every epoch shuffles with "
+                f"the same seed and replays the same order on every rank",
+                starts[1].loc,
+                related=(related(starts[0], "the first epoch, in the same order"),),
+                step=a.next_step_number(starts[1].seq),
+                evidence={"epochs_started": len(starts), "epoch": epoch},
+            )

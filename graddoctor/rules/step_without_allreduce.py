@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from ..analysis import written
+from ..findings import Severity
+from .base import Rule, plural, related
+
+
+class StepWithoutAllreduce(Rule):
+    """
+    ## What it does
+    Finds optimizer steps of a `DistributedDataParallel` model that apply gradients no DDP
+    all-reduce produced: every backward of the update ran on a forward inside
+    `model.no_sync()`, including the last micro-batch before `optimizer.step()`.
+
+    ## Why is this bad?
+    Under `no_sync()` each rank keeps its own local gradients. When the step comes without one
+    synchronised backward, every rank applies a different update: the replicas silently drift
+    apart, and the model saved by rank 0 was trained on rank 0's data alone. Nothing fails.
+
+    ## Example
+    ```python
+    for i, (x, y) in enumerate(loader):
+        with model.no_sync():
+            loss_fn(model(x), y).backward()
+        if (i + 1) % k == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    for i, (x, y) in enumerate(loader):
+        last = (i + 1) % k == 0
+        with contextlib.nullcontext() if last else model.no_sync():
+            loss_fn(model(x), y).backward()
+        if last:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+    """
+
+    code = "GD401"
+    slug = "step-without-allreduce"
+    severity = Severity.ERROR
+    summary = "a DDP optimizer step applies gradients no all-reduce produced (every micro-batch under `no_sync()`)"
+    fix = ("run the last micro-batch before optimizer.step() outside model.no_sync(), so its "
+           "backward all-reduces the accumulated gradients")
+
+    def check(self, a):
+        since: dict[int, list] = {}  # optimizer -> DDP backwards writing its params since its step
+        last_no_sync = None
+        groups: dict = {}
+        for e in a.events:
+            if e.kind == "ddp_no_sync":
+                last_no_sync = e
+            elif e.kind == "backward" and "allreduce" in e.data:
+                for opt in {o for pid in written(e) for o in a.owners.get(pid, ())}:
+                    since.setdefault(opt, []).append(e)
+            elif e.kind == "step" and not e.get("skipped"):
+                backwards = since.pop(e.get("opt"), [])
+                if backwards and not any(b.get("allreduce") for b in backwards):
+                    groups.setdefault(e.loc, []).append((e, backwards, last_no_sync))
+        for loc, items in groups.items():
+            step, backwards, no_sync = items[0]
+            yield self.finding(
+                f"this step applies gradients that were never all-reduced: all "
+                f"{plural(len(backwards), 'backward')} of the update ran under model.no_sync(), "
+                f"so every rank steps with its own local gradients and the replicas drift apart "
+                f"({plural(len(items), 'update')} like this, first at step "
+                f"{a.step_number.get(step.seq)})",
+                loc,
+                related=(related(no_sync, "the no_sync() that covers the last micro-batch too"),
+                         related(backwards[-1], "the update's last backward, not synchronised")),
+                step=a.step_number.get(step.seq),
+                evidence={"backwards": len(backwards), "updates": len(items)},
+            )
