@@ -192,6 +192,7 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
             why[r] = f"unreadable report: {type(exc).__name__}: {exc}"
     missing = [missing_entry(r, f"rank {r}", message) for r, message in sorted(why.items())]
     merged = merge(parts, world_size=ranks.world_size, missing=missing)
+    merged.fail_on, merged.allow_incomplete = options.fail_on, options.allow_incomplete
     if per_rank:
         typer.echo(f"graddoctor: wrote {output} (and one per rank): {verdict(merged).plain}",
                    err=True)
@@ -323,6 +324,8 @@ def merge_reports(
                                                   "report to this file.")] = None,
     fail_on: Annotated[str, typer.Option("--fail-on", help=OPTIONS["fail_on"].help)] = \
         OPTIONS["fail_on"].default,
+    allow_incomplete: Annotated[bool, typer.Option(
+        "--allow-incomplete", help=OPTIONS["allow_incomplete"].help)] = False,
 ) -> None:
     """Join the per-rank JSON reports of a distributed run into one report (each finding says
     on which ranks it was seen). Exit codes as for check; a rank without a report makes the
@@ -360,6 +363,7 @@ def merge_reports(
                for r in range(world) if r not in seen]
     parts.sort(key=lambda p: (p.rank is None, p.rank or 0))
     merged = merge(parts, world_size=world, missing=missing)
+    merged.fail_on, merged.allow_incomplete = fail_on, allow_incomplete
     fmt = FORMATS[format]
     _emit(merged, fmt, output, RenderOptions(to_terminal=output is None))
     raise typer.Exit(merged.exit_code(fail_on))

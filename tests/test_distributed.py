@@ -113,7 +113,10 @@ def test_merge_command_joins_per_rank_files(tmp_path):
     validate(data)
     assert data["findings"][0]["ranks"] == [1] and data["run"]["world_size"] == 2
     half = run_cli("merge", paths[1], "--fail-on", "never")
-    assert half.returncode == 0 and "rank 0: missing" in half.stdout, half.stdout
+    # a rank whose report is missing makes the merged check incomplete: exit 2 whatever --fail-on
+    assert half.returncode == 2 and "rank 0: missing" in half.stdout, half.stdout
+    allowed = run_cli("merge", paths[1], "--fail-on", "never", "--allow-incomplete")
+    assert allowed.returncode == 0, allowed.stdout
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps(to_dict(_report())))
     assert run_cli("merge", str(plain)).returncode == 2
