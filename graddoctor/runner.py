@@ -21,6 +21,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .errors import ScriptError  # noqa: F401 (re-exported)
 from .instrument.stop import ReplayTimeout, StopReplay
 from .location import LocationFinder
 from .trace import Location
@@ -28,10 +29,6 @@ from .trace import Location
 _RUNPY_FILE = os.path.abspath(runpy.__file__)
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 MAX_MESSAGE = 2000  # characters of the script's exception message kept in the report
-
-
-class ScriptError(Exception):
-    """The target cannot be run at all (missing file, not Python, syntax error, bad option)."""
 
 
 @dataclass

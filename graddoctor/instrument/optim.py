@@ -171,20 +171,39 @@ class OptimizerWatcher:
         def add_param_group(optimizer, param_group):
             result = original(optimizer, param_group)
             try:
-                group = optimizer.param_groups[-1]
-                pids = []
-                for p in group["params"]:
-                    watcher.owned.add(id(p))
-                    pids.append(rec.track(p))
-                opt = rec.optimizer_id(optimizer)
-                rec.opt_params.setdefault(opt, []).extend(pids)
-                rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids),
-                         rec.here(2))
+                watcher._register(optimizer, optimizer.param_groups[-1:], rec.here(2))
             except Exception as exc:
                 rec.internal_error("optimizer construction", exc)
             return result
 
         return add_param_group
+
+    def _register(self, optimizer, groups, loc) -> None:
+        rec = self.rec
+        pids = []
+        for group in groups:
+            for p in group["params"]:
+                self.owned.add(id(p))
+                pids.append(rec.track(p))
+        opt = rec.optimizer_id(optimizer)
+        rec.opt_params.setdefault(opt, []).extend(pids)
+        rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
+
+    def adopt_existing(self, loc) -> int:
+        """Register the optimizers that exist already (made before a ``watch()`` block began),
+        as if made at ``loc`` (where the block begins). One ``gc`` scan; returns how many."""
+        import gc
+
+        from torch.optim import Optimizer
+
+        found = [obj for obj in gc.get_objects() if issubclass(type(obj), Optimizer)]  # type(): no __class__ tricks
+        for optimizer in found:
+            try:
+                if getattr(optimizer, "param_groups", None):
+                    self._register(optimizer, optimizer.param_groups, loc)
+            except Exception as exc:
+                self.rec.internal_error("optimizer made before the watch", exc)
+        return len(found)
 
     # -- zero_grad -----------------------------------------------------------------------
     def _wrap_zero_grad(self, original, via: str):
