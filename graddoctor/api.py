@@ -175,6 +175,7 @@ class Watch(contextlib.ContextDecorator):
             target="watch()", **{WATCH_OPTIONS[n].field: v for n, v in checked.items()},
             timeout=None)
         self.report: Report | None = None
+        self.label: str | None = None  # the report's title; default: "watch() at <file:line>"
         self._run: tuple | None = None
 
     # -- results ----------------------------------------------------------------------------
@@ -201,7 +202,7 @@ class Watch(contextlib.ContextDecorator):
 
         from .check import exclusive, start_recorder
 
-        label = f"watch() at {_caller()}"
+        label = self.label or f"watch() at {_caller()}"
         claim = exclusive(label)
         claim.__enter__()
         try:

@@ -13,8 +13,10 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from .options import CONFIG_KEYS, OPTIONS, CheckOptions, Option
+from .options import CONFIG_KEYS, OPTIONS, SCRIPT_OPTIONS, Option
 from .report.formats import FORMATS, RenderOptions, ReportFormat
+
+SCRIPT_SUFFIXES = (".py", ".pyw", ".ipynb")
 
 app = typer.Typer(
     add_completion=False,
@@ -68,15 +70,10 @@ def check(
     for option in (OPTIONS["output"], OPTIONS["trace"]):
         if typed[option.name]:
             _check_writable(typed[option.name], option.flag)
-    if not typed["module"] and not script.endswith((".py", ".pyw")) and os.path.isfile(script):
-        _usage_error(f"{script} is not a Python script (expected a .py file)")
-    command_line = {o.name: o.check(typed[o.name], "library") for o in CONFIG_KEYS.values()}
-    settings, config_path = _settings(script, typed["module"], command_line, _given(ctx))
-    options = CheckOptions(
-        target=script, args=tuple(script_args or ()),
-        **{o.field: settings.get(o.name, typed[o.name]) for o in OPTIONS.values() if o.field},
-        redirect_stdout=fmt.machine and output is None, config_path=config_path,
-    )
+    if not typed["module"] and not script.endswith(SCRIPT_SUFFIXES) and os.path.isfile(script):
+        _usage_error(f"{script} is not a Python script (expected a .py file or a .ipynb notebook)")
+    options = _options(script, script_args, typed, _given(ctx),
+                       redirect_stdout=fmt.machine and output is None)
     render = RenderOptions(to_terminal=output is None, grad_flow=typed["grad_flow"])
 
     def on_hang(report) -> None:  # from the watchdog: the script is stuck; report, then end
@@ -102,34 +99,20 @@ def _given(ctx: typer.Context) -> set[str]:
             if getattr(ctx.get_parameter_source(o.name), "name", None) in typed_sources}
 
 
-def _settings(script: str, module: bool, command_line: dict, given: set[str]) -> tuple[dict, str | None]:
-    """[tool.graddoctor] (searched from the script's folder upward) under the typed options."""
-    from .analysis.run_rules import unknown_selectors
-    from .config import ConfigError, load_config, merge
+def _options(script: str, script_args, typed: dict, given: set[str], redirect_stdout: bool):
+    """The check's options: the library's own resolution (api.resolve_options: the option
+    table's validation, [tool.graddoctor] under what the user typed); its errors are usage
+    errors."""
+    from .api import resolve_options
+    from .errors import ScriptError
 
-    start = os.getcwd() if module else os.path.dirname(os.path.abspath(script))
+    values = {name: typed[name] for name in SCRIPT_OPTIONS}
+    explicit = given | {name for name, o in SCRIPT_OPTIONS.items() if o.config_key is None}
     try:
-        config = load_config(start)
-    except ConfigError as exc:
+        return resolve_options(script, tuple(script_args or ()), values, explicit,
+                               source="library", redirect_stdout=redirect_stdout)
+    except ScriptError as exc:
         _usage_error(str(exc))
-    settings = merge(command_line, given, config)
-    shown = _display(config.path) if config.path else None
-    for key in ("select", "ignore"):
-        unknown = unknown_selectors(settings[key])
-        if unknown:
-            where = OPTIONS[key].flag if key in given or key not in config.values else \
-                f"{shown}: [tool.graddoctor] {key}"
-            _usage_error(f"{where}: no rule is named {', '.join(map(repr, unknown))} "
-                         "(use a slug or a code prefix; see `graddoctor rules`)")
-    return settings, shown
-
-
-def _display(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
-        return path
-    return path if rel.startswith("..") else rel
 
 
 def _run(options, on_hang=None, checkpoint=None):
