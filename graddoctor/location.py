@@ -45,7 +45,7 @@ class LocationFinder:
         known = self._is_user.get(filename)
         if known is None:
             if filename.startswith("<"):  # <frozen ...>, <string>: generated code
-                known = False
+                known = filename.startswith("<ipython-input-")  # a cell of terminal IPython
             else:
                 path = os.path.abspath(filename)
                 known = not any(path == r or path.startswith(r + os.sep) for r in self._roots)
@@ -56,6 +56,8 @@ class LocationFinder:
 
     def display_path(self, filename: str) -> str:
         shown = self._display.get(filename)
+        if shown is None and filename.startswith("<"):
+            shown = self._display[filename] = filename
         if shown is None:
             path = os.path.abspath(filename)
             try:

@@ -24,6 +24,7 @@ from typing import Callable
 from .errors import ScriptError  # noqa: F401 (re-exported)
 from .instrument.stop import ReplayTimeout, StopReplay
 from .location import LocationFinder
+from .notebook import compile_notebook, is_notebook, location_json
 from .trace import Location
 
 _RUNPY_FILE = os.path.abspath(runpy.__file__)
@@ -318,12 +319,17 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
 
     ``on_start`` runs once the target is known to be runnable; ``on_hang`` and ``last_resort``:
     see ``Deadline``."""
-    code = None if module else compile_script(target)
+    notes: list[str] = []
     if module:
+        code = None
         check_module(target)
+    elif is_notebook(target) and os.path.isfile(target):  # its code cells, as one script
+        code, notes = compile_notebook(target)
+    else:
+        code = compile_script(target)
     if on_start is not None:
         on_start()
-    outcome = RunOutcome()
+    outcome = RunOutcome(notes=list(notes))
     state = ProcessState()
     deadline = Deadline(timeout, finder, on_hang, last_resort=last_resort)
     original_exit = os._exit
@@ -418,4 +424,4 @@ def _exit_code(exc: BaseException):
 
 def _loc(finder: LocationFinder, exc: BaseException) -> dict | None:
     loc: Location | None = finder.from_traceback(exc.__traceback__)
-    return {"path": loc.path, "line": loc.line} if loc else None
+    return location_json(loc.path, loc.line) if loc else None
