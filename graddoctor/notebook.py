@@ -234,8 +234,15 @@ def cell_of(path: str, line: int) -> tuple[int, int] | None:
     return found.where(line) if found is not None else None
 
 
+# IPython cells run under %%graddoctor: their file name -> "In [5]" (IPython's own numbering)
+CELL_NAMES: dict[str, str] = {}
+
+
 def describe(path: str, line: int | None) -> str:
-    """``nb.ipynb, cell 4, line 3`` for a notebook location, else ``path:line``."""
+    """``nb.ipynb, cell 4, line 3`` for a notebook location, ``In [5], line 3`` for a cell run
+    under ``%%graddoctor``, else ``path:line``."""
+    if path in CELL_NAMES:
+        return f"{CELL_NAMES[path]}, line {line}"
     where = cell_of(path, line) if line is not None else None
     if where is None:
         return f"{path}:{line}" if line is not None else path
@@ -341,6 +348,13 @@ def graddoctor_cell_magic(line: str, cell: str, shell=None):
         report.run.error = {"type": type(error).__name__, "message": str(error)[:2000],
                             "location": None}
     shell.user_ns["_graddoctor"] = w
+    try:  # IPython numbers its cells' files: show "In [5], line 2" for them
+        for filename, number in dict(getattr(shell.compile, "_filename_map", {})).items():
+            CELL_NAMES[filename] = f"In [{number}]"
+            CELL_NAMES[os.path.relpath(filename) if not filename.startswith("<") else filename] = \
+                f"In [{number}]"
+    except Exception:
+        pass
     _show(report)
     return None
 
