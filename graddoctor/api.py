@@ -213,7 +213,8 @@ class Watch(contextlib.ContextDecorator):
             instrumentation = Instrumentation(rec, options.epoch_batches)
             instrumentation.__enter__()
             try:  # the caller's optimizers were made before the block: registered here
-                instrumentation.optimizers.adopt_existing(rec.here(1))
+                instrumentation.optimizers.adopt_existing(
+                    rec.here(1), _user_variables(rec.finder, sys._getframe(1)).values())
             except Exception as error:
                 rec.internal_error("optimizers made before the watch", error)
         except BaseException:

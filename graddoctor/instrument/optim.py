@@ -162,6 +162,7 @@ class OptimizerWatcher:
         self._normed: set[int] = set()  # optimizers whose first update carried norms
         # param -> seq of its latest freeze event (the mode watcher's; set by Instrumentation)
         self.freeze_seq = lambda param: None
+        self._pending = ()  # optimizers made before a watch() block, not used yet (a WeakSet)
 
     # -- construction --------------------------------------------------------------------
     def _wrap_add_param_group(self, original):
@@ -189,21 +190,59 @@ class OptimizerWatcher:
         rec.opt_params.setdefault(opt, []).extend(pids)
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
 
-    def adopt_existing(self, loc) -> int:
-        """Register the optimizers that exist already (made before a ``watch()`` block began),
-        as if made at ``loc`` (where the block begins). One ``gc`` scan; returns how many."""
+    def adopt_existing(self, loc, variables) -> None:
+        """The optimizers that exist already (made before a ``watch()`` block began): those the
+        caller's variables hold (directly, or one attribute or item deep: ``self.optimizer``,
+        ``trainer.optimizers[0]``) are registered now, as if made at ``loc`` (where the block
+        begins); any other is registered when the block first steps or zero_grads it (one
+        left alive by earlier code is never mentioned). One ``gc`` scan."""
         import gc
+        import weakref
 
         from torch.optim import Optimizer
 
-        found = [obj for obj in gc.get_objects() if issubclass(type(obj), Optimizer)]  # type(): no __class__ tricks
-        for optimizer in found:
-            try:
-                if getattr(optimizer, "param_groups", None):
-                    self._register(optimizer, optimizer.param_groups, loc)
-            except Exception as exc:
-                self.rec.internal_error("optimizer made before the watch", exc)
-        return len(found)
+        def is_optimizer(obj) -> bool:
+            return issubclass(type(obj), Optimizer)  # type(): no __class__ tricks
+
+        existing = [obj for obj in gc.get_objects() if is_optimizer(obj)]
+        if not existing:
+            return
+        held: dict[int, object] = {}
+        for value in variables:
+            inner = []
+            if isinstance(value, (list, tuple, set, frozenset)):
+                inner = list(value)
+            elif isinstance(value, dict):
+                inner = list(value.values())
+            elif not isinstance(value, type):
+                attrs = getattr(value, "__dict__", None)
+                if isinstance(attrs, dict):
+                    inner = list(attrs.values())
+                    for item in list(inner):
+                        if isinstance(item, (list, tuple)):
+                            inner.extend(item)
+            for obj in (value, *inner):
+                if is_optimizer(obj):
+                    held.setdefault(id(obj), obj)
+        for optimizer in held.values():
+            self._adopt(optimizer, loc)
+        self._pending = weakref.WeakSet(o for o in existing if id(o) not in held)
+
+    def _adopt(self, optimizer, loc) -> None:
+        try:
+            if getattr(optimizer, "param_groups", None):
+                self._register(optimizer, optimizer.param_groups, loc)
+        except Exception as exc:
+            self.rec.internal_error("optimizer made before the watch", exc)
+
+    def _adopt_pending(self, optimizer, loc) -> None:
+        """An optimizer made before the watch, first used now: registered here."""
+        try:
+            if optimizer in self._pending:
+                self._pending.discard(optimizer)
+                self._adopt(optimizer, loc)
+        except TypeError:  # not hashable / not weakly referenceable
+            pass
 
     # -- zero_grad -----------------------------------------------------------------------
     def _wrap_zero_grad(self, original, via: str):
@@ -228,6 +267,8 @@ class OptimizerWatcher:
 
     def _record_clear(self, obj, via: str, args, kwargs) -> None:
         rec = self.rec
+        if self._pending and via == "optimizer.zero_grad":
+            self._adopt_pending(obj, rec.here(3))
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
         if via == "optimizer.zero_grad":
             opt = rec.optimizer_id(obj)
@@ -270,6 +311,8 @@ class OptimizerWatcher:
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
+        if self._pending:
+            self._adopt_pending(optimizer, rec.here(2))
         depth = self._outer_steps_running()
         if depth == 0:
             rec.maybe_stop()
