@@ -15,6 +15,7 @@ from graddoctor import check_script
 from graddoctor.errors import ScriptError
 from graddoctor.notebook import _python_line, layout
 from graddoctor.report.json_format import load_schema
+from readme_examples import readme_blocks
 
 nbformat = pytest.importorskip("nbformat")
 v4 = nbformat.v4
@@ -129,7 +130,8 @@ def test_the_cli_takes_a_notebook(tmp_path, cli):
 
 
 def test_cell_magic_in_a_real_kernel(tmp_path, monkeypatch):
-    """%load_ext graddoctor + %%graddoctor, executed by a real Jupyter kernel (nbclient)."""
+    """%load_ext graddoctor + %%graddoctor, executed by a real Jupyter kernel (nbclient): the
+    README's "Use it in a notebook" cells as written, then a few more."""
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -137,11 +139,10 @@ def test_cell_magic_in_a_real_kernel(tmp_path, monkeypatch):
     nb = v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
+    setup, magic = readme_blocks("Use it in a notebook")
+    assert magic.startswith("%%graddoctor")
     nb.cells = [
-        v4.new_code_cell("%load_ext graddoctor\nimport torch\ntorch.manual_seed(0)\n" + MODEL),
-        v4.new_code_cell("%%graddoctor --fail-on error\nfor _ in range(3):\n"
-                         "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
-                         "    optimizer.step()"),
+        v4.new_code_cell(setup), v4.new_code_cell(magic),
         v4.new_code_cell("print(_graddoctor.failed, [f.rule for f in _graddoctor.findings])"),
         v4.new_code_cell("%%graddoctor --select nope\npass"),
     ]
@@ -155,7 +156,7 @@ def test_cell_magic_in_a_real_kernel(tmp_path, monkeypatch):
         return re.sub(r"\x1b\[[0-9;]*m", "", "".join(out))  # rich colours it in a notebook
 
     shown = text(nb.cells[1])
-    assert re.search(r"error GD101 missing-zero-grad  In \[\d+\], line 2\n", shown), shown
+    assert re.search(r"error GD101 missing-zero-grad  In \[\d+\], line 3\n", shown), shown
     assert "✗ 1 error" in shown
     assert text(nb.cells[2]).strip() == "True ['missing-zero-grad']"
     assert "graddoctor: error: select: no rule is named 'nope'" in text(nb.cells[3])
