@@ -1,7 +1,9 @@
-"""The library entry point: ``run_check(options) -> Report``.
+"""The one instrumented path: ``run_check(options) -> Report`` for a script, and the pieces
+``graddoctor.watch()`` (api.py) shares with it (``exclusive``, ``start_recorder``,
+``build_report``).
 
-runner -> instrument -> trace -> rules -> report, in one direction. The CLI is a thin layer
-over this; tests call it in-process too.
+runner -> instrument -> trace -> rules -> report, in one direction. The CLI and
+``graddoctor.check_script`` are thin layers over this; tests call it in-process too.
 """
 
 from __future__ import annotations

@@ -55,7 +55,9 @@ def _with_table_options(command):
 @_with_table_options
 def check(
     ctx: typer.Context,
-    script: str = typer.Argument(..., help="The training script (or, with -m, a module name)."),
+    script: str = typer.Argument(
+        ..., help="The training script, a .ipynb notebook (its code cells in order), or with -m "
+        "a module name."),
     script_args: Optional[List[str]] = typer.Argument(
         None, help="Arguments for the script; put them after `--`.", show_default=False),
     **typed,

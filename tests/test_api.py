@@ -302,3 +302,21 @@ def test_readme_use_it_in_your_tests(pytester):
     result = pytester.runpytest(*PLUGIN)
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*error GD101 missing-zero-grad  test_training.py:16*"])
+
+
+def test_graddoctors_own_failure_at_the_end_does_not_replace_the_users_exception(monkeypatch):
+    import graddoctor.check
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("analysis broke")
+
+    monkeypatch.setattr(graddoctor.check, "build_report", broken)
+    model, optimizer = make()
+    w = watch()
+    with pytest.raises(ValueError, match="the user's"):
+        with w:
+            train(model, optimizer)
+            raise ValueError("the user's")
+    assert w.report.run.status == "crashed"
+    assert w.report.internal_errors == [{"where": "building the report",
+                                         "error": "RuntimeError: analysis broke"}]
