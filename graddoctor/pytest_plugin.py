@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-FAIL_ON = ("error", "warning", "info", "never")
+from .options import OPTIONS
+
+FAIL_ON = OPTIONS["fail_on"].kind.choices
 SECTION = "graddoctor"
 
 
