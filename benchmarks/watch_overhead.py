@@ -125,7 +125,7 @@ def main() -> None:
         with open(script, "w", encoding="utf-8") as f:
             f.write(SCRIPT)
         rows = [measure(w, script) for w in workloads]
-    print(f"\nper-step time, median (ms; cpu = this thread's CPU time, 1 torch thread)")
+    print("\nper-step time, median (ms; cpu = this thread's CPU time, 1 torch thread)")
     print(f"{'workload':<12} {'clock':<5} {'plain':>9} {'cli':>9} {'watch':>9} "
           f"{'cli/plain':>10} {'watch/plain':>12} {'watch/cli':>10}")
     for row in rows:

@@ -18,12 +18,10 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import ScriptError, WatchError
-from .options import CONFIG_KEYS, OPTIONS, SCRIPT_OPTIONS, WATCH_OPTIONS, CheckOptions, Source
+from .options import OPTIONS, SCRIPT_OPTIONS, WATCH_OPTIONS, CheckOptions, Source
 from .report.model import Report
 
 __all__ = ["check_script", "watch", "Watch", "Report", "ScriptError", "WatchError"]
-
-Selectors = "str | Sequence[str]"
 
 
 # -- options --------------------------------------------------------------------------------

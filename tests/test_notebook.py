@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 from graddoctor import check_script
 from graddoctor.errors import ScriptError
-from graddoctor.notebook import _python_line, layout
+from graddoctor.notebook import _python_line
 from graddoctor.report.json_format import load_schema
 from readme_examples import readme_blocks
 
