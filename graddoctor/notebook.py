@@ -278,6 +278,17 @@ def compile_notebook(path: str):
     return code, found.notes
 
 
+def notebook_display(*objects, **kwargs) -> None:
+    """``display()`` for a notebook run as a script: IPython's when installed, else print."""
+    try:
+        from IPython.display import display
+    except ModuleNotFoundError:
+        for obj in objects:
+            print(repr(obj))
+        return
+    display(*objects, **kwargs)
+
+
 def python_lines(path: str) -> list[str] | None:
     """The Python text of a notebook, line by line as it ran (for excerpts and suppressions)."""
     found = cached_layout(path)

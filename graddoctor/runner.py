@@ -24,7 +24,7 @@ from typing import Callable
 from .errors import ScriptError  # noqa: F401 (re-exported)
 from .instrument.stop import ReplayTimeout, StopReplay
 from .location import LocationFinder
-from .notebook import compile_notebook, is_notebook, location_json
+from .notebook import compile_notebook, is_notebook, location_json, notebook_display
 from .trace import Location
 
 _RUNPY_FILE = os.path.abspath(runpy.__file__)
@@ -364,6 +364,8 @@ def _execute(target: str, args: list[str], code, module: bool, outcome: RunOutco
     main.__builtins__ = __builtins__
     main.__spec__ = None
     main.__loader__ = None
+    if is_notebook(path):  # what a Jupyter kernel gives every notebook
+        main.display = notebook_display
     sys.modules["__main__"] = main
     outcome.namespace = main.__dict__
     sys.path[0:1] = [os.path.dirname(path)]

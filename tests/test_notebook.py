@@ -94,6 +94,13 @@ def test_suppression_comment_in_a_cell(tmp_path, monkeypatch):
     assert report.exit_code("warning") == 0
 
 
+def test_display_is_there_as_in_a_kernel(tmp_path, capsys):
+    path = write(tmp_path / "nb.ipynb", [v4.new_code_cell("display('shown')")])
+    report = check_script(path)
+    assert report.run.status == "no-training-loop" and report.run.error is None
+    assert "shown" in capsys.readouterr().out
+
+
 def test_a_syntax_error_names_the_cell(tmp_path):
     path = write(tmp_path / "nb.ipynb", [v4.new_code_cell("x = 1"), v4.new_code_cell("y = = 2")])
     with pytest.raises(ScriptError, match=r"nb.ipynb, cell 2, line 1: syntax error"):
