@@ -57,6 +57,7 @@ def test_a_notebook_runs_as_one_script_and_findings_name_cell_and_line(tmp_path,
     text = report.render("text")
     assert "error GD101 missing-zero-grad  train.ipynb, cell 5, line 4" in text
     assert "❱ 4     loss.backward()" in text  # the cell's code, numbered in the cell
+    assert "backward c5:L4 (GD101) → step c5:L5" in text  # the update timeline
     notes = "\n".join(report.run.notes)
     for skipped in ("cell 2, line 1: shell escape `!pip install torch` skipped",
                     "cell 2, line 2: IPython magic `%matplotlib inline` skipped",
