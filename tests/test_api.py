@@ -247,6 +247,19 @@ def test_optimizers_made_before_the_block():
     [finding] = w.report.active()
     assert finding.rule == "missing-zero-grad"
     assert "#" not in finding.message  # one optimizer in the report: no "SGD #2"
+    assert finding.location.line == inspect.getsourcelines(train)[1] + 4
+
+    class Deep:  # two attributes deep: registered when the block first steps or zero_grads it
+        def __init__(self):
+            self.inner = Trainer()
+
+    deep = Deep()
+    with watch() as w:
+        train(deep.inner.model, deep.inner.optimizer, steps=4)
+    assert w.report.active() == [] and w.report.run.steps == 4
+    lazily = [e for e in w.report.trace.events if e.kind == "optimizer_init"
+              and e.loc.line == inspect.getsourcelines(train)[1] + 3]  # at its first zero_grad
+    assert len(lazily) == 1
 
 
 def test_report_renders_like_the_cli():

@@ -162,7 +162,9 @@ class OptimizerWatcher:
         self._normed: set[int] = set()  # optimizers whose first update carried norms
         # param -> seq of its latest freeze event (the mode watcher's; set by Instrumentation)
         self.freeze_seq = lambda param: None
-        self._pending = ()  # optimizers made before a watch() block, not used yet (a WeakSet)
+        # watch(): an optimizer never registered (made before the block) is registered when
+        # first stepped or zero_grad'ed (a script's optimizers are all made under graddoctor)
+        self.adopt_unknown = False
 
     # -- construction --------------------------------------------------------------------
     def _wrap_add_param_group(self, original):
@@ -191,22 +193,17 @@ class OptimizerWatcher:
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
 
     def adopt_existing(self, loc, variables) -> None:
-        """The optimizers that exist already (made before a ``watch()`` block began): those the
-        caller's variables hold (directly, or one attribute or item deep: ``self.optimizer``,
-        ``trainer.optimizers[0]``) are registered now, as if made at ``loc`` (where the block
-        begins); any other is registered when the block first steps or zero_grads it (one
-        left alive by earlier code is never mentioned). One ``gc`` scan."""
-        import gc
-        import weakref
-
+        """Optimizers made before a ``watch()`` block began: those the caller's variables hold
+        (directly, or one attribute or item deep: ``self.optimizer``, ``trainer.optimizers[0]``)
+        are registered now, as if made at ``loc`` (where the block begins); any other the
+        first time the block steps or zero_grads it (one left alive by earlier code is never
+        mentioned). No ``gc`` scan: entering a block stays cheap."""
         from torch.optim import Optimizer
 
         def is_optimizer(obj) -> bool:
             return issubclass(type(obj), Optimizer)  # type(): no __class__ tricks
 
-        existing = [obj for obj in gc.get_objects() if is_optimizer(obj)]
-        if not existing:
-            return
+        self.adopt_unknown = True
         held: dict[int, object] = {}
         for value in variables:
             inner = []
@@ -226,7 +223,6 @@ class OptimizerWatcher:
                     held.setdefault(id(obj), obj)
         for optimizer in held.values():
             self._adopt(optimizer, loc)
-        self._pending = weakref.WeakSet(o for o in existing if id(o) not in held)
 
     def _adopt(self, optimizer, loc) -> None:
         try:
@@ -235,14 +231,10 @@ class OptimizerWatcher:
         except Exception as exc:
             self.rec.internal_error("optimizer made before the watch", exc)
 
-    def _adopt_pending(self, optimizer, loc) -> None:
+    def _adopt_unknown(self, optimizer, loc) -> None:
         """An optimizer made before the watch, first used now: registered here."""
-        try:
-            if optimizer in self._pending:
-                self._pending.discard(optimizer)
-                self._adopt(optimizer, loc)
-        except TypeError:  # not hashable / not weakly referenceable
-            pass
+        if self.rec.optimizer_id(optimizer) not in self.rec.opt_params:
+            self._adopt(optimizer, loc)
 
     # -- zero_grad -----------------------------------------------------------------------
     def _wrap_zero_grad(self, original, via: str):
@@ -267,8 +259,8 @@ class OptimizerWatcher:
 
     def _record_clear(self, obj, via: str, args, kwargs) -> None:
         rec = self.rec
-        if self._pending and via == "optimizer.zero_grad":
-            self._adopt_pending(obj, rec.here(3))
+        if self.adopt_unknown and via == "optimizer.zero_grad":
+            self._adopt_unknown(obj, rec.here(3))
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
         if via == "optimizer.zero_grad":
             opt = rec.optimizer_id(obj)
@@ -311,8 +303,8 @@ class OptimizerWatcher:
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
-        if self._pending:
-            self._adopt_pending(optimizer, rec.here(2))
+        if self.adopt_unknown:
+            self._adopt_unknown(optimizer, rec.here(2))
         depth = self._outer_steps_running()
         if depth == 0:
             rec.maybe_stop()
