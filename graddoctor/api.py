@@ -174,6 +174,9 @@ class Watch(contextlib.ContextDecorator):
             timeout=None)
         self.report: Report | None = None
         self.label: str | None = None  # the report's title; default: "watch() at <file:line>"
+        # variables of the watched code besides the caller's frames' (a notebook's namespace):
+        # they hold optimizers made before the block and name the parameters
+        self.namespace: dict | None = None
         self._run: tuple | None = None
 
     # -- results ----------------------------------------------------------------------------
@@ -211,8 +214,9 @@ class Watch(contextlib.ContextDecorator):
             instrumentation = Instrumentation(rec, options.epoch_batches)
             instrumentation.__enter__()
             try:  # the caller's optimizers were made before the block: registered here
-                instrumentation.optimizers.adopt_existing(
-                    rec.here(1), _user_variables(rec.finder, sys._getframe(1)).values())
+                variables = {**(self.namespace or {}),
+                             **_user_variables(rec.finder, sys._getframe(1))}
+                instrumentation.optimizers.adopt_existing(rec.here(1), variables.values())
             except Exception as error:
                 rec.internal_error("optimizers made before the watch", error)
         except BaseException:
@@ -236,7 +240,8 @@ class Watch(contextlib.ContextDecorator):
             if exc is not None:
                 _classify(exc, outcome, rec.finder, Deadline(None, rec.finder))
             try:
-                instrumentation.script_globals = _user_variables(rec.finder, sys._getframe(1))
+                instrumentation.script_globals = {
+                    **(self.namespace or {}), **_user_variables(rec.finder, sys._getframe(1))}
             except Exception as error:
                 rec.internal_error("naming parameters", error)
             instrumentation.__exit__(exc_type, exc, tb)  # never raises: errors are recorded

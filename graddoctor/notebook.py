@@ -350,6 +350,7 @@ def graddoctor_cell_magic(line: str, cell: str, shell=None):
         print(f"graddoctor: error: {exc}")
         return None
     w.label = f"cell [{getattr(shell, 'execution_count', '?')}]"
+    w.namespace = getattr(shell, "user_ns", None)
     with w:
         result = shell.run_cell(cell)
         error = getattr(result, "error_in_exec", None)
