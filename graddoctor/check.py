@@ -1,7 +1,9 @@
-"""The library entry point: ``run_check(options) -> Report``.
+"""The one instrumented path: ``run_check(options) -> Report`` for a script, and the pieces
+``graddoctor.watch()`` (api.py) shares with it (``exclusive``, ``start_recorder``,
+``build_report``).
 
-runner -> instrument -> trace -> rules -> report, in one direction. The CLI is a thin layer
-over this; tests call it in-process too.
+runner -> instrument -> trace -> rules -> report, in one direction. The CLI and
+``graddoctor.check_script`` are thin layers over this; tests call it in-process too.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 import time
 from typing import Callable
 
 from . import events
 from .analysis import Analysis
 from .analysis.run_rules import analyze, selected_rules
+from .errors import WatchError
 from .options import OPTIONS, CheckOptions
 from .report.model import Report, RunInfo
 from .rules.notes import gradient_apis, run_notes
@@ -25,6 +29,40 @@ from .suppress import apply_suppressions
 from .trace import Trace
 
 __all__ = ["run_check", "ScriptError", "CheckOptions"]
+
+_ACTIVE = threading.Lock()  # one instrumented run per process: it patches torch process-wide
+_active_what: list[str] = []
+
+
+@contextlib.contextmanager
+def exclusive(what: str):
+    """Hold the process's one instrumented run (a check or a ``watch()`` block) while the
+    body runs; ``WatchError`` when another is active (nested, or from another thread)."""
+    if not _ACTIVE.acquire(blocking=False):
+        other = _active_what[0] if _active_what else "another check"
+        raise WatchError(
+            f"{what}: {other} is already active in this process. graddoctor instruments torch "
+            f"process-wide, so checks cannot be nested or run at the same time from several "
+            f"threads; end the first one (or run the second in another process)")
+    _active_what[:] = [what]
+    try:
+        yield
+    finally:
+        _active_what.clear()
+        _ACTIVE.release()
+
+
+def start_recorder(options: CheckOptions):
+    """The recorder of one run (script or watched block), its ``run_start`` emitted."""
+    import torch
+
+    from .instrument import Recorder
+    from .location import LocationFinder
+
+    rec = Recorder(step_budget=options.steps or None, finder=LocationFinder())
+    rec.emit(events.run_start(script=options.target, argv=list(options.args),
+                              device=options.device, torch_version=torch.__version__))
+    return rec
 
 
 def validated(options: CheckOptions) -> CheckOptions:
@@ -107,8 +145,8 @@ def _device_of(rec) -> str:
     return "cpu"
 
 
-def _report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dict | None,
-            notes: list[str], duration: float) -> Report:
+def build_report(options: CheckOptions, rec, trace: Trace, *, status: str, error: dict | None,
+                 notes: list[str], duration: float) -> Report:
     import torch
 
     if status == "completed" and rec.steps == 0 and rec.backward_calls == 0 \
@@ -211,18 +249,18 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     left if the process is killed before the final report.
     """
     options = validated(options)
-    import torch
+    with exclusive(f"graddoctor check {options.target}"):
+        return _run_check(options, on_step, on_hang, checkpoint)
 
-    from .instrument import Instrumentation, Recorder
+
+def _run_check(options, on_step, on_hang, checkpoint) -> Report:
+    from .instrument import Instrumentation
     from .instrument.graphkeep import release_after_check
-    from .location import LocationFinder
 
-    finder = LocationFinder()
-    rec = Recorder(step_budget=options.steps or None, finder=finder)
+    rec = start_recorder(options)
+    finder = rec.finder
     if on_step is not None:
         rec.on_step.append(on_step)
-    rec.emit(events.run_start(script=options.target, argv=list(options.args),
-                              device=options.device, torch_version=torch.__version__))
     started = time.perf_counter()
     last_checkpoint = [-math.inf]
     spent_writing = [0.0]  # seconds spent on provisional reports so far
@@ -239,7 +277,7 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
             f"time limit of {options.timeout:g} s reached and the script did not stop: it is stuck "
             f"in a call that never returns to Python (or swallows every exception); graddoctor "
             f"ended the process")}
-        on_hang(_report(options, rec, _snapshot(rec, main_globals()), status="timeout",
+        on_hang(build_report(options, rec, _snapshot(rec, main_globals()), status="timeout",
                         error=error, notes=[], duration=time.perf_counter() - started))
 
     def provisional(*_args, force: bool = False) -> None:
@@ -257,7 +295,7 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
                 f"graddoctor did not finish: the process ended after {rec.steps} optimizer "
                 f"steps (killed, out of memory, or stuck past the time limit in code that holds "
                 f"Python's lock); this report holds what was seen until then")}
-            checkpoint(_report(options, rec, _snapshot(rec),
+            checkpoint(build_report(options, rec, _snapshot(rec),
                                status="crashed", error=error, notes=[], duration=now - started))
         except Exception as exc:
             rec.internal_error("provisional report", exc)
@@ -283,8 +321,8 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
             f"optimizers stepped in {len(instrumentation.step_threads)} threads: each thread's "
             f"backward, zero_grad and step calls are followed as its own loop (the update "
             f"timeline shows them interleaved, in the order they ran)")
-    report = _report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
-                     notes=outcome.notes, duration=time.perf_counter() - started)
+    report = build_report(options, rec, rec.trace, status=outcome.status,
+                          error=outcome.error, notes=outcome.notes, duration=time.perf_counter() - started)
     # the script's globals are let go of here, so that deep graphs it left are freed safely
     outcome.namespace = instrumentation.script_globals = None
     release_after_check()

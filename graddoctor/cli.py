@@ -13,8 +13,10 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from .options import CONFIG_KEYS, OPTIONS, CheckOptions, Flag, Option
+from .options import CONFIG_KEYS, OPTIONS, SCRIPT_OPTIONS, Flag, Option
 from .report.formats import FORMATS, RenderOptions, ReportFormat
+
+SCRIPT_SUFFIXES = (".py", ".pyw", ".ipynb")
 
 app = typer.Typer(
     add_completion=False,
@@ -59,7 +61,9 @@ def _with_table_options(command):
 @_with_table_options
 def check(
     ctx: typer.Context,
-    script: str = typer.Argument(..., help="The training script (or, with -m, a module name)."),
+    script: str = typer.Argument(
+        ..., help="The training script, a .ipynb notebook (its code cells in order), or with -m "
+        "a module name."),
     script_args: Optional[List[str]] = typer.Argument(
         None, help="Arguments for the script; put them after `--`.", show_default=False),
     **typed,
@@ -100,15 +104,10 @@ def check(
                      f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
                      f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see the README's "
                      f"Distributed training)")
-    if not typed["module"] and not script.endswith((".py", ".pyw")) and os.path.isfile(script):
-        _usage_error(f"{script} is not a Python script (expected a .py file)")
-    command_line = {o.name: o.check(typed[o.name], "library") for o in CONFIG_KEYS.values()}
-    settings, config_path = _settings(script, typed["module"], command_line, _given(ctx))
-    options = CheckOptions(
-        target=script, args=tuple(script_args or ()),
-        **{o.field: settings.get(o.name, typed[o.name]) for o in OPTIONS.values() if o.field},
-        redirect_stdout=fmt.machine and output is None, config_path=config_path,
-    )
+    if not typed["module"] and not script.endswith(SCRIPT_SUFFIXES) and os.path.isfile(script):
+        _usage_error(f"{script} is not a Python script (expected a .py file or a .ipynb notebook)")
+    options, settings = _options(script, script_args, typed, _given(ctx),
+                                 redirect_stdout=fmt.machine and output is None)
     render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"])
 
     def finish(report, wait_s: float | None = None) -> int:
@@ -219,34 +218,21 @@ def _format_name(ctx: typer.Context, typed: str, output: Optional[str]) -> str:
     return typed
 
 
-def _settings(script: str, module: bool, command_line: dict, given: set[str]) -> tuple[dict, str | None]:
-    """[tool.graddoctor] (searched from the script's folder upward) under the typed options."""
-    from .analysis.run_rules import unknown_selectors
-    from .config import ConfigError, load_config, merge
+def _options(script: str, script_args, typed: dict, given: set[str], redirect_stdout: bool):
+    """The check's options and the settings they came from: the library's own resolution
+    (api.resolve_settings: the option table's validation, [tool.graddoctor] under what the user
+    typed), with --grad-flow, which only the text report reads; its errors are usage errors."""
+    from .api import check_options, resolve_settings
+    from .errors import ScriptError
 
-    start = os.getcwd() if module else os.path.dirname(os.path.abspath(script))
+    values = {name: typed[name] for name in (*SCRIPT_OPTIONS, "grad_flow")}
+    explicit = given | {name for name, o in OPTIONS.items() if o.config_key is None}
     try:
-        config = load_config(start)
-    except ConfigError as exc:
+        settings, shown = resolve_settings(script, values, explicit, source="library")
+    except ScriptError as exc:
         _usage_error(str(exc))
-    settings = merge(command_line, given, config)
-    shown = _display(config.path) if config.path else None
-    for key in ("select", "ignore"):
-        unknown = unknown_selectors(settings[key])
-        if unknown:
-            where = OPTIONS[key].flag if key in given or key not in config.values else \
-                f"{shown}: [tool.graddoctor] {key}"
-            _usage_error(f"{where}: no rule is named {', '.join(map(repr, unknown))} "
-                         "(use a slug or a code prefix; see `graddoctor rules`)")
-    return settings, shown
-
-
-def _display(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
-        return path
-    return path if rel.startswith("..") else rel
+    return check_options(script, tuple(script_args or ()), settings, shown,
+                         redirect_stdout=redirect_stdout), settings
 
 
 def _run(options, on_hang=None, checkpoint=None):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .notebook import location_json
 from .trace import Location
 
 
@@ -28,7 +29,7 @@ class Related:
     note: str
 
     def to_json(self) -> dict:
-        return {"path": self.location.path, "line": self.location.line, "note": self.note}
+        return {**location_json(self.location.path, self.location.line), "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Finding:
             "severity": self.severity.value,
             "message": self.message,
             "location": (
-                {"path": self.location.path, "line": self.location.line} if self.location else None
+                location_json(self.location.path, self.location.line) if self.location else None
             ),
             "related": [r.to_json() for r in self.related],
             "step": self.step,

@@ -47,7 +47,7 @@ class LocationFinder:
         known = self._is_user.get(filename)
         if known is None:
             if filename.startswith("<"):  # <frozen ...>, <string>: generated code
-                known = False
+                known = filename.startswith("<ipython-input-")  # a cell of terminal IPython
             else:
                 path = self.absolute(filename)
                 known = not any(path == r or path.startswith(r + os.sep) for r in self._roots)
@@ -68,6 +68,8 @@ class LocationFinder:
 
     def display_path(self, filename: str) -> str:
         shown = self._display.get(filename)
+        if shown is None and filename.startswith("<"):
+            shown = self._display[filename] = filename
         if shown is None:
             path = self.absolute(filename)
             try:

@@ -15,7 +15,9 @@ from typing import Any, List, Literal, Optional
 
 from .report.formats import FORMATS
 
-Source = Literal["config", "library"]  # who gave the value (the command line is typer's)
+# who gave the value (the command line is typer's): "library" speaks of --flags (the CLI's own
+# checks, CheckOptions), "python" of keyword arguments (graddoctor.check_script / watch)
+Source = Literal["config", "library", "python"]
 
 
 class Invalid(ValueError):
@@ -69,7 +71,7 @@ class Seconds(Kind):
     requirement = "a number >= 0"
 
     def check(self, value, source):
-        if source == "library":
+        if source in ("library", "python"):
             if value is None:
                 return None
             try:
@@ -88,7 +90,7 @@ class Seconds(Kind):
         return {"min": 0}
 
     def describe(self, source):
-        return "a number of seconds >= 0" if source == "library" else self.requirement
+        return "a number of seconds >= 0" if source != "config" else self.requirement
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ def split_selectors(items) -> tuple[str, ...]:
 
 # -- the table -------------------------------------------------------------------------------
 
+NOT_IN_WATCH = type("NotInWatch", (), {"__repr__": lambda self: "NOT_IN_WATCH"})()
+
 @dataclass(frozen=True)
 class Option:
     name: str  # the python name: the CLI's parameter, the config's value key
@@ -168,6 +172,9 @@ class Option:
     field: str | None = None  # the CheckOptions field; None: the CLI's own (report rendering)
     zero: str = ""  # what 0 means, for a count or a time
     cli_only: str = ""  # why it cannot be set in [tool.graddoctor]; "": it can (the default)
+    # graddoctor.watch(): its default there (a block of the caller's own code is watched whole:
+    # no step budget, real DataLoader epochs); NOT_IN_WATCH: an option of scripts only
+    watch: Any = None
 
     @property
     def flag(self) -> str:
@@ -195,6 +202,8 @@ class Option:
     def error(self, value: Any, source: Source, where: str = "") -> str:
         if source == "config":
             subject, hint = f"{where}: [tool.graddoctor] {self.config_key}", ""
+        elif source == "python":
+            subject, hint = self.name, f" (0 = {self.zero})" if self.zero else ""
         else:
             subject, hint = self.flag, f" (0 = {self.zero})" if self.zero else ""
         message = f"{subject} must be {self.kind.describe(source)}{hint}"
@@ -210,49 +219,58 @@ _SELECTORS_HELP = "these rules (slug or code prefix; repeatable or comma-separat
 
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("module", ("--module", "-m"), Flag(), False,
-           "Run SCRIPT as a module, like `python -m`.", field="module",
+           "Run SCRIPT as a module, like `python -m`.", field="module", watch=NOT_IN_WATCH,
            cli_only="it says what SCRIPT is, which the command line gives"),
     Option("steps", ("--steps",), Count(), 10,
            "Optimizer steps to replay (0 = run to the end). A DataLoader-driven script goes on "
            "until its third epoch has begun (two epoch boundaries), at most 2 x epoch-batches + 1 "
-           "steps.", field="steps", zero="run to the end"),
+           "steps.", field="steps", zero="run to the end", watch=0),
     Option("epoch_batches", ("--epoch-batches",), Count(), 17,  # see instrument/dataloader.py
            "Batches per DataLoader epoch in the replay (0 = the real length). The default, 17, is "
            "larger than and not divisible by the common accumulation factors, so epoch-end bugs "
-           "show.", field="epoch_batches", zero="the real length"),
+           "show.", field="epoch_batches", zero="the real length", watch=0),
     Option("timeout", ("--timeout",), Seconds(), 600.0,
            "Wall-clock limit in seconds (0 = none).", field="timeout",
-           zero="no limit"),
+           zero="no limit", watch=NOT_IN_WATCH),
     Option("device", ("--device",), Choice(("auto", "cpu", "cuda")), "auto",
            "auto: as the script decides; cpu: hide CUDA; cuda: require it.",
-           field="device"),
+           field="device", watch=NOT_IN_WATCH),
     Option("format", ("--format", "-f"), Choice(tuple(FORMATS)), "text", _format_help(),
-           cli_only="a report goes where one run sends it: see --output"),
+           cli_only="a report goes where one run sends it: see --output", watch=NOT_IN_WATCH),
     Option("output", ("--output", "-o"), File(), None,
            "Write the report to this file instead of stdout; without --format, a .json or "
-           ".sarif name sets the format.", cli_only="a file of one run"),
+           ".sarif name sets the format.", cli_only="a file of one run",
+           watch=NOT_IN_WATCH),
     Option("fail_on", ("--fail-on",), Choice(("error", "warning", "info", "never")), "warning",
-           "Exit 1 when a finding is at least this severe.", field="fail_on"),
+           "Exit 1 when a finding is at least this severe.", field="fail_on", watch="warning"),
     Option("trace", ("--trace",), File(), None,
            "Also write the recorded events as JSON lines (for bug reports).", field="trace_path",
-           cli_only="a file of one run"),
-    Option("select", ("--select",), Selectors(), (), f"Only {_SELECTORS_HELP}", field="select"),
-    Option("ignore", ("--ignore",), Selectors(), (), f"Skip {_SELECTORS_HELP}", field="ignore"),
+           cli_only="a file of one run", watch=None),
+    Option("select", ("--select",), Selectors(), (), f"Only {_SELECTORS_HELP}", field="select",
+           watch=()),
+    Option("ignore", ("--ignore",), Selectors(), (), f"Skip {_SELECTORS_HELP}", field="ignore",
+           watch=()),
     Option("grad_flow", ("--grad-flow",), Flag(), False,
-           "Text report: add the per-layer gradient norms of the last update."),
+           "Text report: add the per-layer gradient norms of the last update.", watch=NOT_IN_WATCH),
     Option("allow_incomplete", ("--allow-incomplete",), Flag(), False,
            "Judge a run that crashed or timed out after its first backward or step by its "
            "findings alone (exit 0 or 1), as before; by default such an incomplete check "
-           "exits 2.", field="allow_incomplete"),
+           "exits 2.", field="allow_incomplete", watch=NOT_IN_WATCH),
     Option("nproc_per_node", ("--nproc-per-node",), Count(), 0,
            "Check a distributed script: start this many ranks through torch.distributed.run (as "
            "torchrun does, on this machine) and merge their reports into one.",
-           zero="a single process", cli_only="a way to launch one run, not a setting of the script"),
+           zero="a single process", cli_only="a way to launch one run, not a setting of the script",
+           watch=NOT_IN_WATCH),
 )}
 
 CONFIG_KEYS: dict[str, Option] = {o.config_key: o for o in OPTIONS.values() if o.config_key}
 """[tool.graddoctor] key -> its option: every option but the ``cli_only`` ones."""
 CLI_ONLY: dict[str, Option] = {o.name: o for o in OPTIONS.values() if o.cli_only}
+# the keyword arguments of graddoctor.check_script (the options of a check, by python name) and
+# of graddoctor.watch() (those that mean something for a block of the caller's own code)
+SCRIPT_OPTIONS: dict[str, Option] = {o.name: o for o in OPTIONS.values() if o.field}
+WATCH_OPTIONS: dict[str, Option] = {o.name: o for o in OPTIONS.values() if o.field
+                                    and o.watch is not NOT_IN_WATCH}
 DEFAULT_STEPS = OPTIONS["steps"].default
 
 

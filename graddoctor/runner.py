@@ -21,18 +21,16 @@ import types
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .errors import ScriptError  # noqa: F401 (re-exported)
 from .instrument.stop import ReplayTimeout, StopReplay
 from .location import LocationFinder
 from .textsafe import strip_escapes
+from .notebook import compile_notebook, is_notebook, location_json, notebook_display
 from .trace import Location
 
 _RUNPY_FILE = os.path.abspath(runpy.__file__)
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 MAX_MESSAGE = 2000  # characters of the script's exception message kept in the report
-
-
-class ScriptError(Exception):
-    """The target cannot be run at all (missing file, not Python, syntax error, bad option)."""
 
 
 @dataclass
@@ -493,12 +491,17 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
     see ``Deadline``; ``on_fork_child`` runs in a child the script forks (remove the
     instrumentation there: see ``_Forks``)."""
     global _ACTIVE_FORKS
-    code = None if module else compile_script(target)
+    notes: list[str] = []
     if module:
+        code = None
         check_module(target)
+    elif is_notebook(target) and os.path.isfile(target):  # its code cells, as one script
+        code, notes = compile_notebook(target)
+    else:
+        code = compile_script(target)
     if on_start is not None:
         on_start()
-    outcome = RunOutcome()
+    outcome = RunOutcome(notes=list(notes))
     state = ProcessState()
     forks = _Forks(finder, [])
 
@@ -563,6 +566,8 @@ def _execute(target: str, args: list[str], code, module: bool, outcome: RunOutco
     main.__builtins__ = __builtins__
     main.__spec__ = None
     main.__loader__ = None
+    if is_notebook(path):  # what a Jupyter kernel gives every notebook
+        main.display = notebook_display
     sys.modules["__main__"] = main
     outcome.namespace = main.__dict__
     sys.path[0:1] = [os.path.dirname(path)]
@@ -624,4 +629,4 @@ def _exit_code(exc: BaseException):
 
 def _loc(finder: LocationFinder, exc: BaseException) -> dict | None:
     loc: Location | None = finder.from_traceback(exc.__traceback__)
-    return {"path": loc.path, "line": loc.line} if loc else None
+    return location_json(loc.path, loc.line) if loc else None

@@ -18,6 +18,7 @@ import tokenize
 from typing import Iterable
 
 from .findings import Finding
+from .notebook import is_notebook, python_lines
 
 DIRECTIVE = re.compile(r"#\s*graddoctor\s*:\s*ignore\b(?:\[([^\]]*)\])?", re.IGNORECASE)
 
@@ -73,8 +74,11 @@ class Suppressions:
         known = self._files.get(full)
         if known is None:
             try:
-                with tokenize.open(full) as f:  # honours the file's encoding cookie
-                    known = read_directives(f.read())
+                if is_notebook(full):  # the code cells as they ran (line numbers: the file's)
+                    known = read_directives("".join(python_lines(full) or []))
+                else:
+                    with tokenize.open(full) as f:  # honours the file's encoding cookie
+                        known = read_directives(f.read())
             except (OSError, SyntaxError, UnicodeDecodeError):
                 known = {}
             self._files[full] = known

@@ -6,6 +6,8 @@ import pytest
 
 import warm_python
 
+pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py runs pytest inside pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "fixtures")
 

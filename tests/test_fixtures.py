@@ -8,6 +8,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import builtins
+import sys
+import types
 
 import pytest
 import typer
@@ -16,7 +19,9 @@ from conftest import FIXTURES
 from fixture_marks import Seen, compare, read_marks
 from graddoctor.check import run_check
 from graddoctor.cli import app
-from graddoctor.options import OPTIONS, CheckOptions
+from graddoctor import watch
+from graddoctor.options import OPTIONS, WATCH_OPTIONS, CheckOptions
+from graddoctor.runner import ProcessState
 from graddoctor.report.json_format import render
 
 # fixtures/ddp/ need two ranks: tests/test_distributed.py runs them in one 2-rank launch
@@ -63,3 +68,39 @@ def test_fixture(path, monkeypatch):
     problems = compare(expectations, found, name)
     assert not problems, "\n".join(problems) + "\n" + json.dumps(
         json.loads(render(report))["findings"], indent=1)[:4000]
+    # the in-process API, graddoctor.watch() around the same script, finds exactly the same
+    watched = watch_script(name, report_options(options_for(name, extra_args)), monkeypatch)
+    assert watched.run.status == report.run.status, watched.run
+    assert not watched.internal_errors, watched.internal_errors
+    assert [f.to_json() for f in watched.findings] == [f.to_json() for f in report.findings]
+
+
+def report_options(options: CheckOptions) -> dict:
+    """The watch() options of a check's options (every option of watch is one of check's)."""
+    return {name: getattr(options, o.field) for name, o in WATCH_OPTIONS.items()}
+
+
+# the ``with`` statement runs in the script's own namespace, as in a script whose module-level
+# code is ``with graddoctor.watch(): <the script's code>`` (its variables name the parameters)
+DRIVER = "def _graddoctor_driver(w, code):\n    with w:\n        exec(code, globals())\n"
+
+
+def watch_script(name: str, options: dict, monkeypatch):
+    """The script's code run under ``with graddoctor.watch(**options):`` as ``__main__`` (like
+    ``python NAME``); the interpreter state it changes is put back as the CLI's runner does."""
+    path = os.path.abspath(name)
+    with open(path, encoding="utf-8") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    state = ProcessState()
+    monkeypatch.setattr(sys, "argv", [name])
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    w = watch(**options)
+    try:
+        exec(compile(DRIVER, path, "exec"), main.__dict__)
+        main.__dict__.pop("_graddoctor_driver")(w, code)
+    finally:
+        state.restore()
+    return w.report

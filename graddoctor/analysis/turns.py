@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..events import ASIDE_KINDS
+from ..notebook import cell_of
 from ..trace import Event, Location
 
 if TYPE_CHECKING:
@@ -96,7 +97,9 @@ class Item:
 
 
 def place(loc: Location, home: str | None) -> str:
-    return f"L{loc.line}" if loc.path == home else f"{os.path.basename(loc.path)}:{loc.line}"
+    where = cell_of(loc.path, loc.line)  # a notebook: cell 5, line 4 -> c5:L4
+    line = f"c{where[0]}:L{where[1]}" if where else f"L{loc.line}"
+    return line if loc.path == home else f"{os.path.basename(loc.path)}:{line.lstrip('L')}"
 
 
 @dataclass

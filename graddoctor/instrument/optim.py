@@ -167,6 +167,9 @@ class OptimizerWatcher:
         self._normed: set[int] = set()  # optimizers whose first update carried norms
         # param -> seq of its latest freeze event (the mode watcher's; set by Instrumentation)
         self.freeze_seq = lambda param: None
+        # watch(): an optimizer never registered (made before the block) is registered when
+        # first stepped or zero_grad'ed (a script's optimizers are all made under graddoctor)
+        self.adopt_unknown = False
 
     # -- construction --------------------------------------------------------------------
     def _wrap_add_param_group(self, original):
@@ -176,22 +179,69 @@ class OptimizerWatcher:
         def add_param_group(optimizer, param_group):
             result = original(optimizer, param_group)
             try:
-                group = optimizer.param_groups[-1]
-                pids = []
-                for p in group["params"]:
-                    watcher.owned.add(id(p))
-                    pids.append(rec.track(p))
-                opt = rec.optimizer_id(optimizer)
-                rec.opt_params.setdefault(opt, []).extend(pids)
-                rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids),
-                         rec.here(2))
-                for listener in watcher.init_listeners:
-                    listener(opt, pids)
+                watcher._register(optimizer, optimizer.param_groups[-1:], rec.here(2))
             except Exception as exc:
                 rec.internal_error("optimizer construction", exc)
             return result
 
         return add_param_group
+
+    def _register(self, optimizer, groups, loc) -> None:
+        rec = self.rec
+        pids = []
+        for group in groups:
+            for p in group["params"]:
+                self.owned.add(id(p))
+                pids.append(rec.track(p))
+        opt = rec.optimizer_id(optimizer)
+        rec.opt_params.setdefault(opt, []).extend(pids)
+        rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
+        for listener in self.init_listeners:
+            listener(opt, pids)
+
+    def adopt_existing(self, loc, variables) -> None:
+        """Optimizers made before a ``watch()`` block began: those the caller's variables hold
+        (directly, or one attribute or item deep: ``self.optimizer``, ``trainer.optimizers[0]``)
+        are registered now, as if made at ``loc`` (where the block begins); any other the
+        first time the block steps or zero_grads it (one left alive by earlier code is never
+        mentioned). No ``gc`` scan: entering a block stays cheap."""
+        from torch.optim import Optimizer
+
+        def is_optimizer(obj) -> bool:
+            return issubclass(type(obj), Optimizer)  # type(): no __class__ tricks
+
+        self.adopt_unknown = True
+        held: dict[int, object] = {}
+        for value in variables:
+            inner = []
+            if isinstance(value, (list, tuple, set, frozenset)):
+                inner = list(value)
+            elif isinstance(value, dict):
+                inner = list(value.values())
+            elif not isinstance(value, type):
+                attrs = getattr(value, "__dict__", None)
+                if isinstance(attrs, dict):
+                    inner = list(attrs.values())
+                    for item in list(inner):
+                        if isinstance(item, (list, tuple)):
+                            inner.extend(item)
+            for obj in (value, *inner):
+                if is_optimizer(obj):
+                    held.setdefault(id(obj), obj)
+        for optimizer in held.values():
+            self._adopt(optimizer, loc)
+
+    def _adopt(self, optimizer, loc) -> None:
+        try:
+            if getattr(optimizer, "param_groups", None):
+                self._register(optimizer, optimizer.param_groups, loc)
+        except Exception as exc:
+            self.rec.internal_error("optimizer made before the watch", exc)
+
+    def _adopt_unknown(self, optimizer, loc) -> None:
+        """An optimizer made before the watch, first used now: registered here."""
+        if self.rec.optimizer_id(optimizer) not in self.rec.opt_params:
+            self._adopt(optimizer, loc)
 
     # -- zero_grad -----------------------------------------------------------------------
     def _wrap_zero_grad(self, original, via: str):
@@ -216,6 +266,8 @@ class OptimizerWatcher:
 
     def _record_clear(self, obj, via: str, args, kwargs) -> None:
         rec = self.rec
+        if self.adopt_unknown and via == "optimizer.zero_grad":
+            self._adopt_unknown(obj, rec.here(3))
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
         if via == "optimizer.zero_grad":
             opt = rec.optimizer_id(obj)
@@ -258,6 +310,8 @@ class OptimizerWatcher:
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
+        if self.adopt_unknown:
+            self._adopt_unknown(optimizer, rec.here(2))
         depth = self._outer_steps_running()
         if depth == 0:
             rec.maybe_stop()

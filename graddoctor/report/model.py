@@ -75,6 +75,14 @@ class Report:
         return self.run.status in ("crashed", "timeout") and self.run.steps == 0 \
             and self.run.backward_calls == 0
 
+    def at_or_above(self, fail_on: str) -> list[Finding]:
+        """The active findings at least as severe as ``fail_on`` (error, warning, info; never:
+        none): those that fail a check."""
+        if fail_on == "never":
+            return []
+        threshold = Severity(fail_on).rank
+        return [f for f in self.active() if f.severity.rank >= threshold]
+
     def incomplete(self) -> bool:
         """The script stopped on its own failure after its first backward or step: the
         findings cover only the part that ran (``INCOMPLETE_STATUSES``)."""
@@ -93,7 +101,39 @@ class Report:
         fail_on = fail_on or self.fail_on
         if self.could_not_check() or (self.incomplete() and not self.allow_incomplete):
             return 2
-        if fail_on == "never":
-            return 0
-        threshold = Severity(fail_on).rank
-        return 1 if any(f.severity.rank >= threshold for f in self.active()) else 0
+        return 1 if self.at_or_above(fail_on) else 0
+
+    # -- rendering: the same formats as the CLI ------------------------------------------
+    def render(self, format: str = "text", *, grad_flow: bool = False) -> str:
+        """The report as the CLI writes it to a file: ``text`` (plain, no colours), ``json``
+        or ``sarif``."""
+        from .formats import RenderOptions, get_format
+
+        return get_format(format).render(self, RenderOptions(grad_flow=grad_flow))
+
+    def to_json(self) -> dict:
+        """The JSON report (``--format json``) as a dict."""
+        from .json_format import to_dict
+
+        return to_dict(self)
+
+    def __str__(self) -> str:
+        return self.render("text")
+
+    def __rich__(self):
+        """Rich renders it (``rich.print(report)``, a notebook's output): the terminal view."""
+        from rich.console import Group
+        from rich.text import Text
+
+        from .text import render_to
+
+        class _Collect:  # render_to prints; keep what it prints, in order
+            def __init__(self):
+                self.parts = []
+
+            def print(self, *objects, **_):
+                self.parts.extend(objects or (Text(""),))
+
+        collect = _Collect()
+        render_to(collect, self)
+        return Group(*collect.parts)

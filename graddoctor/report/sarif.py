@@ -15,6 +15,7 @@ from urllib.parse import quote
 from .. import __version__
 from ..findings import Finding, Severity
 from ..jsonsafe import dumps
+from ..notebook import cell_of
 from ..rules import ALL_RULES
 from .json_format import to_dict
 from .model import Report
@@ -91,6 +92,11 @@ def result(f: Finding, rule_index: dict[str, int], script: str | None) -> dict:
     out["properties"] = {"rule": f.rule, "step": f.step, "evidence": f.evidence, "fix": f.fix}
     if f.ranks is not None or f.processes:
         out["properties"].update(ranks=list(f.ranks or ()), processes=list(f.processes))
+    if f.location is not None:
+        where = cell_of(f.location.path, f.location.line)
+        if where is not None:  # the region is the line in the .ipynb file; this, the cell's
+            out["properties"]["notebook"] = {"cell": where[0], "line": where[1]}
+            out["message"]["text"] += f" (cell {where[0]}, line {where[1]})"
     return out
 
 
@@ -119,7 +125,7 @@ def notifications(report: Report) -> list[dict]:
 def to_sarif(report: Report, base_dir: str | None = None) -> dict:
     rules = list(ALL_RULES)
     rule_index = {rule.code: n for n, rule in enumerate(rules)}
-    script = report.run.script if report.run.script.endswith((".py", ".pyw")) else None
+    script = report.run.script if report.run.script.endswith((".py", ".pyw", ".ipynb")) else None
     base = base_dir or report.base_dir or os.getcwd()
     plain = to_dict(report)
     run: dict = {

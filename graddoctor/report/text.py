@@ -15,6 +15,7 @@ from rich.rule import Rule
 from rich.text import Text
 
 from ..findings import Severity
+from ..notebook import describe
 from .model import Report
 from .text_findings import STYLE, finding_block, severity_title, suppressed_line
 from .text_gradflow import grad_flow_view
@@ -54,7 +55,7 @@ def header(console: Console, report: Report) -> None:
         console.print(Padding(Text(ranks_line(run), style="dim"), (0, 0, 0, 2)))
     if run.error:
         loc = run.error.get("location") or {}
-        at = f" at {loc.get('path')}:{loc.get('line')}" if loc else ""
+        at = f" at {describe(loc.get('path'), loc.get('line'))}" if loc else ""
         console.print(Padding(Text(f"script error{at}: {run.error.get('type')}: "
                                    f"{run.error.get('message')}", style="red"), (0, 0, 0, 2)))
     for note in run.notes:

@@ -12,6 +12,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from ..findings import Finding, Severity
+from ..notebook import cell_of, describe, is_notebook, python_lines
 
 STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 CONTEXT_BEFORE, CONTEXT_AFTER = 2, 1
@@ -26,19 +27,31 @@ def excerpt(path: str, line: int, base_dir: str | None = None) -> Syntax | None:
     relative to ``base_dir`` (default: the working directory)."""
     full = path if os.path.isabs(path) else os.path.join(base_dir or os.getcwd(), path)
     first = max(1, line - CONTEXT_BEFORE)
-    lines = [linecache.getline(full, n) for n in range(first, line + CONTEXT_AFTER + 1)]
+    number_from = first
+    if is_notebook(full):  # the cell's code as it ran, numbered in the cell, not the JSON
+        source = python_lines(full) or []
+        here = cell_of(full, line)
+        if here is None:
+            return None
+        span = [n for n in range(first, line + CONTEXT_AFTER + 1)
+                if (cell_of(full, n) or (0,))[0] == here[0]]
+        first, number_from = span[0], here[1] - (line - span[0])
+        lines = [source[n - 1] if n <= len(source) else "" for n in span]
+    else:
+        lines = [linecache.getline(full, n) for n in range(first, line + CONTEXT_AFTER + 1)]
     while lines and not lines[-1]:
         lines.pop()  # past the end of the file
     if not lines or not lines[line - first:]:
         return None
     code = "".join(lines).rstrip("\n")
-    return Syntax(code, "python", line_numbers=True, start_line=first, highlight_lines={line},
+    return Syntax(code, "python", line_numbers=True, start_line=number_from,
+                  highlight_lines={line - first + number_from},
                   theme="ansi_dark", word_wrap=True)
 
 
 def where(finding: Finding) -> str:
     loc = finding.location
-    return f"{loc.path}:{loc.line}" if loc else "(no location in the code)"
+    return describe(loc.path, loc.line) if loc else "(no location in the code)"
 
 
 def finding_block(f: Finding, base_dir: str | None = None) -> Group:
@@ -55,7 +68,8 @@ def finding_block(f: Finding, base_dir: str | None = None) -> Group:
         if code is not None:
             parts.append(_indent(code))
     for r in f.related:
-        parts.append(_indent(Text(f"↳ {r.location.path}:{r.location.line}  {r.note}", style="dim")))
+        parts.append(_indent(Text(f"↳ {describe(r.location.path, r.location.line)}  {r.note}",
+                                  style="dim")))
     if f.fix:
         parts.append(_indent(Text.assemble(("fix: ", "bold green"), f.fix)))
     parts.append(_indent(Text(f"see: graddoctor explain {f.rule}", style="dim")))

@@ -1,0 +1,343 @@
+"""The public Python API: ``check_script`` (what ``graddoctor check`` does, returning the
+``Report``) and ``watch()`` (the same instrumentation around a block of the caller's own code).
+
+Both take the options of the option table (options.py) as keyword arguments, by their python
+names, validated there: one definition for the CLI, ``[tool.graddoctor]`` and Python. Both run
+the one instrumented path of check.py (``start_recorder`` -> ``Instrumentation`` ->
+``build_report``) under the process's one-check lock (``check.exclusive``).
+
+Nothing here imports torch until a check starts (``import graddoctor`` stays light).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+from .errors import ScriptError, WatchError
+from .options import OPTIONS, SCRIPT_OPTIONS, WATCH_OPTIONS, CheckOptions, Source
+from .report.model import Report
+
+__all__ = ["check_script", "watch", "Watch", "Report", "ScriptError", "WatchError"]
+
+
+# -- options --------------------------------------------------------------------------------
+
+def _subject(name: str, source: Source) -> str:
+    return OPTIONS[name].flag if source == "library" else name
+
+
+def resolve_options(target: str, args: Sequence[str], values: Mapping[str, Any],
+                    explicit: Iterable[str], *, source: Source, use_config: bool = True,
+                    redirect_stdout: bool = False) -> CheckOptions:
+    """The ``CheckOptions`` of a script check: ``values`` (python names of SCRIPT_OPTIONS)
+    validated by the option table, under them ``[tool.graddoctor]`` of the closest
+    pyproject.toml above the script (a value in ``explicit`` beats the config, the others do
+    not), under that the table's defaults. ``ScriptError`` names the first bad value (as a
+    ``--flag`` for ``source="library"``, the CLI; by keyword for ``source="python"``)."""
+    settings, shown = resolve_settings(target, values, explicit, source=source,
+                                       use_config=use_config)
+    return check_options(target, args, settings, shown, redirect_stdout=redirect_stdout)
+
+
+def check_options(target: str, args: Sequence[str], settings: Mapping[str, Any],
+                  shown: str | None, *, redirect_stdout: bool = False) -> CheckOptions:
+    """``CheckOptions`` from resolved settings (``resolve_settings``)."""
+    return CheckOptions(target=target, args=tuple(args),
+                        **{o.field: settings[o.name] for o in SCRIPT_OPTIONS.values()},
+                        redirect_stdout=redirect_stdout, config_path=shown)
+
+
+def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[str], *,
+                     source: Source, use_config: bool = True) -> tuple[dict[str, Any], str | None]:
+    """Every script option's value (and those of the other options in ``values``, such as the
+    CLI's --grad-flow), resolved as ``resolve_options`` says, and the pyproject.toml shown."""
+    from .analysis.run_rules import unknown_selectors
+    from .config import Config, ConfigError, load_config
+
+    wanted = {**SCRIPT_OPTIONS, **{name: OPTIONS[name] for name in values if name in OPTIONS}}
+    checked: dict[str, Any] = {}
+    for name, value in values.items():
+        option = wanted.get(name)
+        if option is None:
+            raise TypeError(f"unknown option {name!r} (known: {', '.join(SCRIPT_OPTIONS)})")
+        try:
+            checked[name] = option.check(value, source)
+        except ValueError as exc:
+            raise ScriptError(str(exc)) from None
+    explicit = set(explicit)
+    module = bool(checked.get("module", OPTIONS["module"].default))
+    config = Config()
+    if use_config:
+        start = os.getcwd() if module else os.path.dirname(os.path.abspath(target))
+        try:
+            config = load_config(start)
+        except ConfigError as exc:
+            raise ScriptError(str(exc)) from None
+    shown = _display(config.path) if config.path else None
+    settings: dict[str, Any] = {}
+    for name, option in wanted.items():
+        if name in checked and (name in explicit or name not in config.values):
+            settings[name] = checked[name]
+        elif name in config.values:
+            settings[name] = config.values[name]
+        else:
+            settings[name] = option.check(option.default, source)
+    for key in ("select", "ignore"):
+        unknown = unknown_selectors(settings[key])
+        if unknown:
+            where = _subject(key, source) if key in explicit or key not in config.values else \
+                f"{shown}: [tool.graddoctor] {key}"
+            raise ScriptError(f"{where}: no rule is named {', '.join(map(repr, unknown))} "
+                              "(use a slug or a code prefix; see `graddoctor rules`)")
+    return settings, shown
+
+
+def _display(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """The keyword arguments the caller gave (None: not given)."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+# -- check_script ---------------------------------------------------------------------------
+
+def check_script(
+    path: "str | os.PathLike[str]",
+    argv: Sequence[str] = (),
+    *,
+    module: bool | None = None,
+    steps: int | None = None,
+    epoch_batches: int | None = None,
+    timeout: float | None = None,
+    device: str | None = None,
+    fail_on: str | None = None,
+    trace: "str | os.PathLike[str] | None" = None,
+    select: "str | Sequence[str] | None" = None,
+    ignore: "str | Sequence[str] | None" = None,
+    allow_incomplete: bool | None = None,
+    config: bool = True,
+) -> Report:
+    """Run a training script (or, with ``module=True``, a module, like ``python -m``) under
+    graddoctor, as ``graddoctor check PATH -- ARGV`` does, and return the ``Report``.
+
+    The keyword options are the CLI's (``graddoctor check --help``), by python name; None
+    means "not given": the value of ``[tool.graddoctor]`` in the closest pyproject.toml above
+    the script (unless ``config=False``), else the CLI's default. ``timeout=0``: no limit.
+
+    The script runs in this process, as ``python`` would run it; the interpreter state it
+    changes (``sys.argv``, ``sys.path``, cwd, ...) and torch are put back afterwards.
+    Whatever the script does (crash, ``sys.exit``, time limit) ends up in ``report.run``.
+    Raises ``ScriptError`` when the target cannot be run at all or an option is bad, and
+    ``WatchError`` inside another check or ``watch()`` block.
+    """
+    from .check import run_check
+
+    values = _given(module=module, steps=steps, epoch_batches=epoch_batches, timeout=timeout,
+                    device=device, fail_on=fail_on, select=select, ignore=ignore,
+                    allow_incomplete=allow_incomplete,
+                    # where the caller is: a script that changes directory moves no file
+                    trace=os.path.abspath(os.fspath(trace)) if trace is not None else None)
+    target = path if (module and isinstance(path, str)) else os.fspath(path)
+    options = resolve_options(target, [str(a) for a in argv], values, values, source="python",
+                              use_config=config)
+    return run_check(options)
+
+
+# -- watch ----------------------------------------------------------------------------------
+
+class Watch(contextlib.ContextDecorator):
+    """Instruments what runs inside it (``with``, or as a decorator) in this process; when the
+    block ends, ``report`` holds the ``Report`` (findings, update timeline, summary) — the one
+    ``graddoctor check`` renders.
+
+    An exception raised in the block is recorded (``report.run.status == "crashed"``) and goes
+    on to the caller; a step budget (``steps=N``) ends the block quietly after N optimizer
+    steps (status ``step-limit``). Every patch is removed on exit, also after an exception.
+    One watch (or check) at a time per process: entering a second raises ``WatchError``.
+    A ``Watch`` may be entered again once it has ended (a decorated function, called twice):
+    ``report`` is then the latest block's.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        checked = {}
+        for name, option in WATCH_OPTIONS.items():
+            value = options.pop(name, option.watch)
+            try:
+                checked[name] = option.check(value, "python")
+            except ValueError as exc:
+                raise ScriptError(str(exc)) from None
+        if options:
+            known = ", ".join(WATCH_OPTIONS)
+            raise TypeError(f"watch() got unknown option(s) {', '.join(map(repr, options))} "
+                            f"(known: {known})")
+        from .analysis.run_rules import unknown_selectors
+
+        for key in ("select", "ignore"):
+            unknown = unknown_selectors(checked[key])
+            if unknown:
+                raise ScriptError(f"{key}: no rule is named {', '.join(map(repr, unknown))} "
+                                  "(use a slug or a code prefix; see `graddoctor rules`)")
+        self.fail_on: str = checked["fail_on"]
+        self._options = CheckOptions(
+            target="watch()", **{WATCH_OPTIONS[n].field: v for n, v in checked.items()},
+            timeout=None)
+        self.report: Report | None = None
+        self.label: str | None = None  # the report's title; default: "watch() at <file:line>"
+        # variables of the watched code besides the caller's frames' (a notebook's namespace):
+        # they hold optimizers made before the block and name the parameters
+        self.namespace: dict | None = None
+        self._run: tuple | None = None
+
+    # -- results ----------------------------------------------------------------------------
+    @property
+    def findings(self):
+        """The findings of the latest block (all of them, suppressed ones included)."""
+        return self.report.findings if self.report is not None else []
+
+    @property
+    def failed(self) -> bool:
+        """Whether the latest block had a finding at or above ``fail_on``."""
+        return bool(self.report is not None and self.report.at_or_above(self.fail_on))
+
+    def __repr__(self) -> str:
+        if self.report is None:
+            state = "running" if self._run is not None else "not run"
+        else:
+            state = f"{len(self.report.active())} findings, status {self.report.run.status}"
+        return f"<graddoctor.Watch {state}>"
+
+    # -- the block --------------------------------------------------------------------------
+    def __enter__(self) -> "Watch":
+        import dataclasses
+
+        from .check import exclusive, start_recorder
+
+        label = self.label or f"watch() at {_caller()}"
+        claim = exclusive(label)
+        claim.__enter__()
+        try:
+            from .instrument import Instrumentation
+
+            options = dataclasses.replace(self._options, target=label)
+            rec = start_recorder(options)
+            instrumentation = Instrumentation(rec, options.epoch_batches)
+            instrumentation.__enter__()
+            try:  # the caller's optimizers were made before the block: registered here
+                variables = {**(self.namespace or {}),
+                             **_user_variables(rec.finder, sys._getframe(1))}
+                instrumentation.optimizers.adopt_existing(rec.here(1), variables.values())
+            except Exception as error:
+                rec.internal_error("optimizers made before the watch", error)
+        except BaseException:
+            claim.__exit__(None, None, None)
+            raise
+        self.report = None
+        self._run = (claim, options, rec, instrumentation, time.perf_counter())
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._run is None:  # not entered (or entered and failed)
+            return False
+        claim, options, rec, instrumentation, started = self._run
+        self._run = None
+        from .instrument.stop import ReplayTimeout, StopReplay
+        from .runner import Deadline, RunOutcome, _classify
+
+        outcome = RunOutcome()
+        quiet = isinstance(exc, StopReplay) and not isinstance(exc, ReplayTimeout)
+        try:
+            if exc is not None:
+                _classify(exc, outcome, rec.finder, Deadline(None, rec.finder))
+            try:
+                instrumentation.script_globals = {
+                    **(self.namespace or {}), **_user_variables(rec.finder, sys._getframe(1))}
+            except Exception as error:
+                rec.internal_error("naming parameters", error)
+            instrumentation.__exit__(exc_type, exc, tb)  # never raises: errors are recorded
+        finally:
+            claim.__exit__(None, None, None)
+        try:
+            self.report = _build(options, rec, outcome, time.perf_counter() - started)
+        except Exception as error:  # graddoctor's own failure must not replace the user's
+            self.report = _failed_report(options, rec, outcome, error)
+        return quiet
+
+
+def _build(options, rec, outcome, duration: float) -> Report:
+    from .check import build_report
+
+    return build_report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
+                        notes=outcome.notes, duration=duration)
+
+
+def _failed_report(options, rec, outcome, error: Exception) -> Report:
+    from .report.model import RunInfo
+
+    run = RunInfo(script=options.target, argv=[], status=outcome.status, steps=rec.steps,
+                  backward_calls=rec.backward_calls, error=outcome.error, notes=outcome.notes)
+    return Report(run=run, findings=[], internal_errors=[
+        {"where": "building the report", "error": f"{type(error).__name__}: {error}"}])
+
+
+def _caller() -> str:
+    """``path:line`` of the user's code that entered the watch (for the report's header)."""
+    from .location import LocationFinder
+
+    for frame in LocationFinder().user_frames(sys._getframe(2)):
+        path = os.path.abspath(frame.f_code.co_filename)
+        try:
+            rel = os.path.relpath(path)
+            path = path if rel.startswith("..") else rel
+        except ValueError:
+            pass
+        return f"{path}:{frame.f_lineno}"
+    return "<unknown>"
+
+
+def _user_variables(finder, frame) -> dict[str, object]:
+    """The variables of the user's frames around the block (locals first): the names the
+    report gives parameters (``model.fc1.weight``)."""
+    found: dict[str, object] = {}
+    for user_frame in finder.user_frames(frame):
+        for scope in (user_frame.f_locals, user_frame.f_globals):
+            for key, value in list(scope.items()):
+                found.setdefault(key, value)
+    return found
+
+
+def watch(
+    *,
+    steps: int = 0,
+    epoch_batches: int = 0,
+    fail_on: str = "warning",
+    trace: "str | os.PathLike[str] | None" = None,
+    select: "str | Sequence[str]" = (),
+    ignore: "str | Sequence[str]" = (),
+) -> Watch:
+    """Watch the code that runs inside a ``with`` block (or a decorated function) in this
+    process, with the rules of ``graddoctor check``::
+
+        with graddoctor.watch() as w:
+            train_one_epoch(model, loader, optimizer)
+        print(w.report)                  # the text report; w.report.findings, .to_json()
+        assert not w.failed              # no finding at or above fail_on
+
+    Options (the CLI's, validated by the same table): ``steps`` — end the block quietly after
+    this many optimizer steps (0: watch it whole); ``epoch_batches`` — cut DataLoader epochs
+    to this many batches (0: their real length); ``select`` / ``ignore`` — rules by slug or
+    code prefix; ``fail_on`` — the severity ``failed`` (and the pytest plugin) treats as a
+    failure; ``trace`` — also write the recorded events to this file (JSON lines).
+    """
+    return Watch(steps=steps, epoch_batches=epoch_batches, fail_on=fail_on,
+                 trace=os.fspath(trace) if trace is not None else None,
+                 select=select, ignore=ignore)
