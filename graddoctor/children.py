@@ -230,7 +230,7 @@ def _finish(status: str) -> None:
         return
     _state["done"] = True
     try:
-        from .check import _report
+        from .check import build_report
         from .report.json_format import render
         from .report.merge import single
 
@@ -238,8 +238,8 @@ def _finish(status: str) -> None:
         instrumentation.__exit__(None, None, None)
         if rec.steps == 0 and rec.backward_calls == 0:
             return  # trained nothing: no report
-        report = _report(_state["options"], rec, rec.trace, status=status, error=None, notes=[],
-                         duration=time.perf_counter() - _state["started"])
+        report = build_report(_state["options"], rec, rec.trace, status=status, error=None, notes=[],
+                              duration=time.perf_counter() - _state["started"])
         rank, pid = _state["rank"], os.getpid()
         label = f"rank {rank}" if rank is not None else f"worker pid {pid}"
         part = single(report, rank, label, pid, (rank or 0) + 1)
