@@ -22,6 +22,17 @@ class Severity(str, Enum):
         return {"info": 1, "warning": 2, "error": 3}[self.value]
 
 
+def _location_json(loc: Location | None) -> dict | None:
+    if loc is None:
+        return None
+    out: dict = {"path": loc.path, "line": loc.line}
+    if loc.via:  # called through a training framework; in that user hook of theirs
+        out["via"] = loc.via
+    if loc.hook:
+        out["hook"] = loc.hook
+    return out
+
+
 @dataclass(frozen=True)
 class Related:
     location: Location
@@ -52,9 +63,7 @@ class Finding:
             "code": self.code,
             "severity": self.severity.value,
             "message": self.message,
-            "location": (
-                {"path": self.location.path, "line": self.location.line} if self.location else None
-            ),
+            "location": _location_json(self.location),
             "related": [r.to_json() for r in self.related],
             "step": self.step,
             "evidence": self.evidence,

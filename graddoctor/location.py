@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dis
 import os
 import sys
 import sysconfig
 
+from . import frameworks
 from .trace import Location
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -40,6 +42,9 @@ class LocationFinder:
         self._rel = relative_to or os.getcwd()
         self._display: dict[str, str] = {}
         self._locations: dict[tuple, Location] = {}  # (code object, line) -> its Location
+        self._framework: dict[str, str] = {}  # library filename -> its framework ('' for none)
+        # (user code, line, framework codes crossed) -> the framework-aware Location
+        self._via: dict[tuple, Location] = {}
 
     def is_user_file(self, filename: str) -> bool:
         known = self._is_user.get(filename)
@@ -85,12 +90,34 @@ class LocationFinder:
                                                        key[1], code.co_name)
         return location
 
+    def framework_of(self, filename: str) -> str:
+        known = self._framework.get(filename)
+        if known is None:
+            known = self._framework[filename] = frameworks.framework_of_path(os.path.abspath(filename))
+        return known
+
     def here(self, skip: int = 1) -> Location | None:
         """Location of the innermost user frame above the caller; without one, the outermost
-        third-party library frame that called into torch (a framework's own loop)."""
+        third-party library frame that called into torch (a framework's own loop).
+
+        When frames of a training framework lie between the call and that user frame, the
+        location says so (``via``); when the framework made the call on its own behalf
+        (Lightning's automatic optimization), it is the user's hook that caused it
+        (``hook``: the loss ``training_step`` returned, the optimizer ``configure_optimizers``
+        made) rather than the ``trainer.fit(...)`` line. See graddoctor/frameworks.py."""
         start = sys._getframe(skip)
-        for frame in self.user_frames(start):  # hot path: several times per step
-            return self.location(frame)
+        is_user = self.is_user_file
+        frame = start
+        crossed = None
+        while frame is not None:  # hot path: several times per step
+            filename = frame.f_code.co_filename
+            if is_user(filename):
+                if crossed is None:
+                    return self.location(frame)
+                return self._through_framework(start, frame)
+            if crossed is None and self.framework_of(filename):
+                crossed = True
+            frame = frame.f_back
         fallback = None
         frame = start
         while frame is not None:
@@ -103,6 +130,68 @@ class LocationFinder:
             return Location(self.display_path(f.f_code.co_filename), f.f_lineno, f.f_code.co_name)
         return None
 
+    def _through_framework(self, start, user) -> Location:
+        """The location of a call that reached the user's frame ``user`` through a framework's
+        frames (between ``start`` and ``user``), cached per path through the framework."""
+        crossed = []
+        frame = start
+        while frame is not user:
+            if self.framework_of(frame.f_code.co_filename):
+                crossed.append(frame)
+            frame = frame.f_back
+        key = (user.f_code, user.f_lineno, tuple(f.f_code for f in crossed))
+        found = self._via.get(key)
+        if found is None:
+            via = self.framework_of(crossed[-1].f_code.co_filename)  # the one the user called
+            found = self._hook_location(crossed, via)
+            if found is None:
+                base = self.location(user)
+                found = Location(base.path, base.line, base.function, via)
+            self._via[key] = found
+        return found
+
+    def _hook_location(self, crossed, via: str) -> Location | None:
+        """The user's hook behind a framework's own call, from its table: the innermost framework
+        function listed there names the hooks; the first one the user wrote (its code lies in a
+        user file), on the object found through the framework frames' ``self``, wins."""
+        for frame in crossed:  # innermost first
+            table = frameworks.HOOKS.get(self.framework_of(frame.f_code.co_filename), {})
+            hooks = table.get(frame.f_code.co_name)
+            if not hooks:
+                continue
+            for owner in self._owners(crossed):
+                for hook in hooks:
+                    code = getattr(getattr(type(owner), hook, None), "__code__", None)
+                    if code is not None and self.is_user_file(code.co_filename):
+                        return Location(self.display_path(code.co_filename), _hook_line(code, hook),
+                                        hook, via, hook)
+            return None
+        return None
+
+    @staticmethod
+    def _owners(crossed):
+        """The objects whose hooks may have caused the call: each framework frame's ``self`` and
+        what it trains (``.lightning_module``, ``.model``, ``.trainer.lightning_module``)."""
+        seen = set()
+        for frame in crossed:
+            try:
+                obj = frame.f_locals.get("self")
+            except Exception:
+                continue
+            if obj is None:
+                continue
+            candidates = [obj]
+            for holder in (obj, getattr(obj, "trainer", None)):
+                for attr in frameworks.OWNER_ATTRS:
+                    try:
+                        candidates.append(getattr(holder, attr, None))
+                    except Exception:  # a property that cannot answer yet
+                        pass
+            for cand in candidates:
+                if cand is not None and id(type(cand)) not in seen:
+                    seen.add(id(type(cand)))
+                    yield cand
+
     def from_traceback(self, tb) -> Location | None:
         """The deepest user frame of an exception's traceback (where the user's code failed)."""
         found = None
@@ -112,3 +201,20 @@ class LocationFinder:
                 found = Location(self.display_path(filename), tb.tb_lineno, tb.tb_frame.f_code.co_name)
             tb = tb.tb_next
         return found
+
+
+def _hook_line(code, hook: str) -> int:
+    """The line of a hook to point at: the last ``return <value>`` of one whose result the
+    framework uses (the loss of ``training_step``), else its ``def`` line."""
+    if hook in frameworks.RETURNING:
+        lines = []
+        last = code.co_firstlineno
+        for ins in dis.get_instructions(code):
+            if ins.positions is not None and ins.positions.lineno:
+                last = ins.positions.lineno
+            if ins.opname == "RETURN_VALUE" or ins.opname == "RETURN_CONST":
+                lines.append(last)
+        explicit = [n for n in lines if n != code.co_firstlineno]
+        if explicit:
+            return max(explicit)
+    return code.co_firstlineno

@@ -91,7 +91,10 @@ class Item:
 
 
 def place(loc: Location, home: str | None) -> str:
-    return f"L{loc.line}" if loc.path == home else f"{os.path.basename(loc.path)}:{loc.line}"
+    """``L22``, ``model.py:22``; a call a framework made for the user's hook names the hook:
+    ``L17 (training_step)``."""
+    where = f"L{loc.line}" if loc.path == home else f"{os.path.basename(loc.path)}:{loc.line}"
+    return f"{where} ({loc.hook})" if loc.hook else where
 
 
 @dataclass

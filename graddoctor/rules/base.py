@@ -23,6 +23,11 @@ class Rule:
     severity: ClassVar[Severity]
     summary: ClassVar[str]  # one line, for `graddoctor rules`
     fix: ClassVar[str] = ""
+    # the fix in a training framework's own terms, keyed by framework ("lightning",
+    # "accelerate", "transformers"; graddoctor/frameworks.py): a finding whose location came
+    # through that framework, or made in a run driven by it, gets that variant
+    # (analysis/run_rules.py); `explain` and the SARIF help list them under "Fix in a framework"
+    fixes: ClassVar[dict[str, str]] = {}
 
     def check(self, a: "Analysis") -> Iterable[Finding]:  # pragma: no cover - interface
         """The findings of this rule over one analysed trace (``graddoctor.analysis``)."""
@@ -38,7 +43,18 @@ class Rule:
 
     @classmethod
     def docs(cls) -> str:
-        return inspect.cleandoc(cls.__doc__ or "")
+        docs = inspect.cleandoc(cls.__doc__ or "")
+        if cls.fixes:
+            from ..frameworks import TITLES
+
+            docs += "\n\n## Fix in a framework\n" + "\n".join(
+                f"- **{TITLES.get(name, name)}**: {text}" for name, text in cls.fixes.items())
+        return docs
+
+    @classmethod
+    def fix_for(cls, framework: str) -> str:
+        """The fix in that framework's terms when the rule has one, else the plain fix."""
+        return cls.fixes.get(framework, cls.fix) if framework else cls.fix
 
     @classmethod
     def doc_section(cls, title: str) -> str:
