@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Mapping
 
 from .trace import Location
 
@@ -56,6 +56,9 @@ class Finding:
     step: int | None = None  # the optimizer step (1-based, in replay order) where it was seen
     evidence: dict[str, Any] = field(default_factory=dict)
     suppressed: bool = False
+    # the fix in a training framework's terms, keyed by framework; the analysis swaps one in for
+    # ``fix`` when the finding came through that framework (analysis/run_rules.py)
+    fixes: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {

@@ -27,28 +27,35 @@ PACKAGES = {
 # framework -> the name its fix variants and the report use
 TITLES = {"lightning": "PyTorch Lightning", "accelerate": "accelerate", "transformers": "transformers Trainer"}
 
-# framework -> {framework function on the stack: user hooks it stands for, tried in order}.
-# The innermost listed function on the stack wins.
+# framework -> {"<folder>/<file>.py:<function>" on the stack: the user hooks it stands for, tried
+# in order}. Keyed by the file's last two path parts and the function (the same names recur
+# elsewhere in the framework: a manual opt.step() passes through the strategy's optimizer_step
+# too, and is the user's own call). The innermost listed frame on the stack wins.
 HOOKS: dict[str, dict[str, tuple[str, ...]]] = {
     "lightning": {
         # automatic optimization: the closure runs training_step, then backward of its loss
-        "backward_fn": ("training_step",),
-        "closure": ("training_step",),
-        # the default optimizer_zero_grad / optimizer_step / lr scheduling hooks
-        "optimizer_zero_grad": ("configure_optimizers",),
-        "zero_grad_fn": ("configure_optimizers",),
-        "optimizer_step": ("configure_optimizers",),
-        "_update_learning_rates": ("configure_optimizers",),
-        "_update_lr_schedulers": ("configure_optimizers",),
-        # Trainer(gradient_clip_val=...) clips unless the user overrode the hook
-        "clip_gradients": ("configure_gradient_clipping",),
+        "optimization/automatic.py:backward_fn": ("training_step",),
+        "optimization/automatic.py:zero_grad_fn": ("configure_optimizers",),
+        # the LightningModule's default hooks (a user's override is their own frame)
+        "core/module.py:optimizer_zero_grad": ("configure_optimizers",),
+        "core/module.py:optimizer_step": ("configure_optimizers",),
+        "loops/training_epoch_loop.py:_update_learning_rates": ("configure_optimizers",),
+        # Trainer(gradient_clip_val=...) clips: the Trainer's line, unless the user overrode it
+        "core/module.py:clip_gradients": ("configure_gradient_clipping",),
     },
     "transformers": {
         # Trainer.training_step: compute_loss (if the user overrode it), then backward
-        "training_step": ("compute_loss",),
+        "transformers/trainer.py:training_step": ("compute_loss",),
     },
     "accelerate": {},
 }
+
+
+def hook_key(path: str, function: str) -> str:
+    """The HOOKS key of a frame: its file's last two path parts and its function."""
+    parts = path.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:]) + ":" + function
+
 
 # hooks whose returned value is what the framework acts on: point at their return line
 RETURNING = frozenset({"training_step", "configure_optimizers", "compute_loss"})

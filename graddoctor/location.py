@@ -155,8 +155,9 @@ class LocationFinder:
         function listed there names the hooks; the first one the user wrote (its code lies in a
         user file), on the object found through the framework frames' ``self``, wins."""
         for frame in crossed:  # innermost first
-            table = frameworks.HOOKS.get(self.framework_of(frame.f_code.co_filename), {})
-            hooks = table.get(frame.f_code.co_name)
+            code = frame.f_code
+            table = frameworks.HOOKS.get(self.framework_of(code.co_filename))
+            hooks = table and table.get(frameworks.hook_key(code.co_filename, code.co_name))
             if not hooks:
                 continue
             for owner in self._owners(crossed):

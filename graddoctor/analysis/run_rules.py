@@ -38,7 +38,7 @@ def analyze(trace: Trace | Analysis, rules=None) -> tuple[list[Finding], list[di
     errors: list[dict] = []
     for rule in rules if rules is not None else ALL_RULES:
         try:
-            findings.extend(_in_framework_terms(rule, f, analysis.framework)
+            findings.extend(_in_framework_terms(f, analysis.framework)
                             for f in rule().check(analysis))
         except Exception as exc:
             errors.append({"where": f"rule {rule.slug}",
@@ -48,11 +48,12 @@ def analyze(trace: Trace | Analysis, rules=None) -> tuple[list[Finding], list[di
     return findings, errors
 
 
-def _in_framework_terms(rule: type[Rule], finding: Finding, run_framework: str) -> Finding:
-    """A finding keeps the rule's plain fix unless the rule has a variant for the framework its
-    location came through (``Location.via``) or, failing that, the one that drove the run."""
-    if not rule.fixes or finding.fix != rule.fix:
+def _in_framework_terms(finding: Finding, run_framework: str) -> Finding:
+    """A finding's fix in the terms of the framework its location came through
+    (``Location.via``) or, failing that, of the one that drove the run, when the rule wrote a
+    variant for it (``Rule.fixes`` / ``finding(fixes=...)``)."""
+    if not finding.fixes:
         return finding
     via = (finding.location.via if finding.location is not None else "") or run_framework
-    fix = rule.fix_for(via)
-    return finding if fix == finding.fix else dataclasses.replace(finding, fix=fix)
+    fix = finding.fixes.get(via) if via else None
+    return finding if not fix or fix == finding.fix else dataclasses.replace(finding, fix=fix)

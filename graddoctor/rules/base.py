@@ -34,11 +34,16 @@ class Rule:
         raise NotImplementedError
 
     def finding(self, message: str, location: Location | None, *, related=(), step=None,
-                evidence=None, severity: Severity | None = None, fix: str | None = None) -> Finding:
+                evidence=None, severity: Severity | None = None, fix: str | None = None,
+                fixes: dict[str, str] | None = None) -> Finding:
+        """``fix``: this finding's own fix (default: the rule's); ``fixes``: its variants by
+        framework (default: the rule's ``fixes`` with the rule's fix, none with a fix of its own)."""
+        if fixes is None:
+            fixes = self.fixes if fix is None else {}
         return Finding(
             rule=self.slug, code=self.code, severity=severity or self.severity, message=message,
             location=location, fix=self.fix if fix is None else fix,
-            related=_merge_related(related), step=step, evidence=evidence or {},
+            related=_merge_related(related), step=step, evidence=evidence or {}, fixes=fixes,
         )
 
     @classmethod
