@@ -56,11 +56,23 @@ def frameworks_needed(path: str) -> list[str]:
             if re.search(rf"^\s*(import|from) {name}\b", text, re.M)]
 
 
+def reset_accelerate_state():
+    """accelerate keeps one process-wide state (the Trainer makes an Accelerator too): a fixture
+    run in-process after another must start from a fresh one, as `graddoctor check` does."""
+    if importlib.util.find_spec("accelerate") is None:
+        return
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: os.path.relpath(p, FIXTURES))
 def test_fixture(path, monkeypatch):
     for name in frameworks_needed(path):
         if importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed (pip install graddoctor[frameworks])")
+    if frameworks_needed(path):
+        reset_accelerate_state()
     expectations, extra_args = read_marks(path)
     name = os.path.basename(path)
     if name.startswith("good_"):
