@@ -133,6 +133,7 @@ class UnscaledAccumulation(Rule):
                    f"update uses {k}x the gradient of one batch"
                    + (" (with SGD-like optimizers a {k}x larger learning rate)".format(k=k)
                       if cls not in SCALE_INVARIANT else ""))
+        fix = None
         if trainer:
             # the Trainer divides by gradient_accumulation_steps unless the model accepts loss
             # kwargs (its forward takes **kwargs): then it passes num_items_in_batch and leaves
@@ -145,10 +146,18 @@ class UnscaledAccumulation(Rule):
                        f"uses {k}x the gradient of the same samples in one batch"
                        + (" (with SGD-like optimizers a {k}x larger learning rate)".format(k=k)
                           if cls not in SCALE_INVARIANT else ""))
+            if w.group[0].loc.hook == "compute_loss":  # the user's own compute_loss override
+                message = message.replace(
+                    "this model's loss does not use num_items_in_batch",
+                    "this compute_loss receives num_items_in_batch and does not divide by it")
+                fix = ("in compute_loss, sum the per-sample losses and divide by "
+                       "num_items_in_batch (e.g. cross_entropy(..., reduction='sum') / "
+                       "num_items_in_batch) when it is given")
         if notes:
             message += "; " + "; ".join(notes)
         return self.finding(
-            message, w.group[0].loc, severity=severity, step=w.index,
+            message, w.group[0].loc, severity=severity, step=w.index, fix=fix,
+            fixes=None if fix is None else {},
             related=(related(w.step, "the step that applies the accumulated sum"),),
             evidence={"k": k, "loss_scale_factor": 1.0, "optimizer": opt, "optimizer_class": cls,
                       "windows": len(bad), "clipped": clipped},
