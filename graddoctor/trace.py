@@ -152,9 +152,13 @@ class TraceBuilder:
     def __init__(self, path: str = "train.py"):
         self.trace = Trace()
         self.path = path
+        # set to write the events of a framework-driven loop: Location.via / Location.hook
+        self.via = ""
+        self.hook = ""
 
     def _loc(self, line: int | None) -> Location:
-        return Location(self.path, line if line is not None else len(self.trace) + 1)
+        return Location(self.path, line if line is not None else len(self.trace) + 1,
+                        via=self.via, hook=self.hook)
 
     def event(self, kind: str, line: int | None = None, **data: Any) -> Event:
         return self.trace.add(kind, self._loc(line), **data)
