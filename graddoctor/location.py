@@ -108,15 +108,17 @@ class LocationFinder:
         start = sys._getframe(skip)
         is_user = self.is_user_file
         frame = start
-        crossed = None
+        inner = outer = None  # the innermost and outermost framework frames crossed
         while frame is not None:  # hot path: several times per step
             filename = frame.f_code.co_filename
             if is_user(filename):
-                if crossed is None:
+                if inner is None:
                     return self.location(frame)
-                return self._through_framework(start, frame)
-            if crossed is None and self.framework_of(filename):
-                crossed = True
+                return self._through_framework(start, frame, inner, outer)
+            if self.framework_of(filename):
+                outer = frame
+                if inner is None:
+                    inner = frame
             frame = frame.f_back
         fallback = None
         frame = start
@@ -130,18 +132,20 @@ class LocationFinder:
             return Location(self.display_path(f.f_code.co_filename), f.f_lineno, f.f_code.co_name)
         return None
 
-    def _through_framework(self, start, user) -> Location:
+    def _through_framework(self, start, user, inner, outer) -> Location:
         """The location of a call that reached the user's frame ``user`` through a framework's
-        frames (between ``start`` and ``user``), cached per path through the framework."""
-        crossed = []
-        frame = start
-        while frame is not user:
-            if self.framework_of(frame.f_code.co_filename):
-                crossed.append(frame)
-            frame = frame.f_back
-        key = (user.f_code, user.f_lineno, tuple(f.f_code for f in crossed))
+        frames (between ``start`` and ``user``), cached per user line and the framework's first
+        and last frame on the way (their code and line: the same call path through the
+        framework; the frames in between are walked again only on a miss)."""
+        key = (user.f_code, user.f_lineno, inner.f_code, inner.f_lineno, outer.f_code, outer.f_lineno)
         found = self._via.get(key)
         if found is None:
+            crossed = []
+            frame = start
+            while frame is not user:
+                if self.framework_of(frame.f_code.co_filename):
+                    crossed.append(frame)
+                frame = frame.f_back
             via = self.framework_of(crossed[-1].f_code.co_filename)  # the one the user called
             found = self._hook_location(crossed, via)
             if found is None:
