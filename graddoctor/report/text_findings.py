@@ -49,11 +49,13 @@ def finding_block(f: Finding) -> Group:
         if code is not None:
             parts.append(_indent(code))
         if f.location.hook:  # a call the framework made for one of the user's hooks
-            from ..frameworks import TITLES
+            from ..frameworks import RETURNING, TITLES
 
+            hook = f.location.hook
+            what = f"what your {hook} returned" if hook in RETURNING else f"your {hook}"
             parts.append(_indent(Text(
-                f"(the call is {TITLES.get(f.location.via, f.location.via)}'s own, made for what "
-                f"your {f.location.hook} returned)", style="dim")))
+                f"(the call is {TITLES.get(f.location.via, f.location.via)}'s own, made for {what})",
+                style="dim")))
     for r in f.related:
         parts.append(_indent(Text(f"↳ {r.location.path}:{r.location.line}  {r.note}", style="dim")))
     if f.fix:
