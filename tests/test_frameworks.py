@@ -241,3 +241,30 @@ def test_closure_step_without_backward_is_a_plain_step():
         opt.step(closure)
     steps = [e["closure"] for e in rec.trace if e.kind == "step"]
     assert steps == [False, False, True]
+
+
+def test_hook_locations_in_json_schema_and_text():
+    import jsonschema
+    from rich.console import Console
+
+    from graddoctor.findings import Finding
+    from graddoctor.report.text_findings import finding_block
+
+    loc = Location("train.py", 20, "training_step", "lightning", "training_step")
+    f = Finding(rule="missing-zero-grad", code="GD101", severity=Severity.ERROR, message="m",
+                location=loc, fix="x")
+    import io
+    import os
+
+    import graddoctor.report
+
+    path = os.path.join(os.path.dirname(graddoctor.report.__file__), "report.schema.json")
+    with open(path, encoding="utf-8") as fh:
+        schema = json.load(fh)
+    location_schema = {**schema["$defs"]["location"], "$defs": schema["$defs"]}
+    jsonschema.validate(f.to_json()["location"], location_schema)
+    assert f.to_json()["location"] == {"path": "train.py", "line": 20, "via": "lightning",
+                                       "hook": "training_step"}
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(finding_block(f))
+    assert "PyTorch Lightning's own, made for what your training_step returned" in console.export_text()
