@@ -45,7 +45,7 @@ HOOKS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "transformers": {
         # Trainer.training_step: compute_loss (if the user overrode it), then backward
-        "transformers/trainer.py:training_step": ("compute_loss",),
+        "transformers/trainer.py:training_step": ("compute_loss", "compute_loss_func"),
     },
     "accelerate": {},
 }
@@ -58,7 +58,7 @@ def hook_key(path: str, function: str) -> str:
 
 
 # hooks whose returned value is what the framework acts on: point at their return line
-RETURNING = frozenset({"training_step", "configure_optimizers", "compute_loss"})
+RETURNING = frozenset({"training_step", "configure_optimizers", "compute_loss", "compute_loss_func"})
 
 # where to look for the user's object from a framework frame's ``self``
 OWNER_ATTRS = ("lightning_module", "model")

@@ -166,7 +166,7 @@ class LocationFinder:
                 continue
             for owner in self._owners(crossed):
                 for hook in hooks:
-                    code = getattr(getattr(type(owner), hook, None), "__code__", None)
+                    code = _hook_code(owner, hook)
                     if code is not None and self.is_user_file(code.co_filename):
                         return Location(self.display_path(code.co_filename), _hook_line(code, hook),
                                         hook, via, hook)
@@ -223,3 +223,16 @@ def _hook_line(code, hook: str) -> int:
         if explicit:
             return max(explicit)
     return code.co_firstlineno
+
+
+def _hook_code(owner, hook: str):
+    """The code of a hook: a method of the owner's class (an override), or a plain function the
+    owner holds (the Trainer's ``compute_loss_func``)."""
+    code = getattr(getattr(type(owner), hook, None), "__code__", None)
+    if code is None:
+        try:
+            held = vars(owner).get(hook)
+        except TypeError:  # no __dict__
+            return None
+        code = getattr(held, "__code__", None)
+    return code

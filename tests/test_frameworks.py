@@ -268,3 +268,25 @@ def test_hook_locations_in_json_schema_and_text():
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(finding_block(f))
     assert "PyTorch Lightning's own, made for what your training_step returned" in console.export_text()
+
+
+def test_hook_code_reads_overrides_and_held_functions():
+    from graddoctor.location import _hook_code
+
+    def my_loss(outputs, labels, num_items_in_batch=None):
+        return outputs
+
+    class Base:
+        def compute_loss(self):
+            return 0
+
+    class Mine(Base):
+        def compute_loss(self):
+            return 1
+
+    owner = Mine()
+    owner.compute_loss_func = my_loss
+    assert _hook_code(owner, "compute_loss") is Mine.compute_loss.__code__
+    assert _hook_code(owner, "compute_loss_func") is my_loss.__code__
+    assert _hook_code(owner, "training_step") is None
+    assert _hook_code(3, "compute_loss_func") is None  # no __dict__

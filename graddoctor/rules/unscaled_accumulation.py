@@ -146,6 +146,17 @@ class UnscaledAccumulation(Rule):
                        f"uses {k}x the gradient of the same samples in one batch"
                        + (" (with SGD-like optimizers a {k}x larger learning rate)".format(k=k)
                           if cls not in SCALE_INVARIANT else ""))
+            if w.group[0].loc.hook == "compute_loss_func":  # the Trainer's compute_loss_func
+                message = message.replace(
+                    "the model's forward accepts **kwargs (model_accepts_loss_kwargs), so the "
+                    "Trainer passes num_items_in_batch and leaves the division to the model's "
+                    "loss, but this model's loss does not use num_items_in_batch",
+                    "with a compute_loss_func the Trainer passes num_items_in_batch and leaves the "
+                    "division to it, but this compute_loss_func does not divide by "
+                    "num_items_in_batch")
+                fix = ("in compute_loss_func, sum the per-sample losses and divide by "
+                       "num_items_in_batch (e.g. cross_entropy(..., reduction='sum') / "
+                       "num_items_in_batch)")
             if w.group[0].loc.hook == "compute_loss":  # the user's own compute_loss override
                 message = message.replace(
                     "this model's loss does not use num_items_in_batch",
