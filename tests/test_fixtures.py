@@ -52,8 +52,10 @@ def frameworks_needed(path: str) -> list[str]:
     installed; CI installs them, graddoctor[frameworks])."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    return [name for name in FRAMEWORKS
-            if re.search(rf"^\s*(import|from) {name}\b", text, re.M)]
+    needed = [name for name in FRAMEWORKS if re.search(rf"^\s*(import|from) {name}\b", text, re.M)]
+    if "transformers" in needed and "accelerate" not in needed:
+        needed.append("accelerate")  # the Trainer runs on accelerate
+    return needed
 
 
 def reset_accelerate_state():
