@@ -186,7 +186,11 @@ class LocationFinder:
             if obj is None:
                 continue
             candidates = [obj]
-            for holder in (obj, getattr(obj, "trainer", None)):
+            try:
+                trainer = getattr(obj, "trainer", None)
+            except Exception:  # a LightningModule not attached to a Trainer raises
+                trainer = None
+            for holder in (obj, trainer):
                 for attr in frameworks.OWNER_ATTRS:
                     try:
                         candidates.append(getattr(holder, attr, None))

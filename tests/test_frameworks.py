@@ -290,3 +290,19 @@ def test_hook_code_reads_overrides_and_held_functions():
     assert _hook_code(owner, "compute_loss_func") is my_loss.__code__
     assert _hook_code(owner, "training_step") is None
     assert _hook_code(3, "compute_loss_func") is None  # no __dict__
+
+
+def test_owner_properties_that_raise_are_passed_over(fake):
+    torchish, automatic, _, _, user, root = fake
+
+    class Loop(automatic.AutomaticOptimization):  # like a LightningModule outside a Trainer
+        def __init__(self, backward):
+            self.backward = backward
+
+        @property
+        def trainer(self):
+            raise RuntimeError("not attached to a Trainer")
+
+    loop = Loop(torchish.backward)
+    loc = user.fit(loop, LocationFinder(relative_to=str(root)))
+    assert (loc.line, loc.via, loc.hook) == (10, "lightning", "")
