@@ -9,8 +9,10 @@ transformers Trainer. One table each, read by the location finder (graddoctor/lo
   framework uses, e.g. the loss of ``training_step``, else its ``def``).
 
 Rules never test for a framework themselves: a finding's fix is picked from the rule's
-``fixes`` variants by the framework of its location (graddoctor/analysis/run_rules.py).
-No torch here, and no framework import.
+``fixes`` variants by the framework of its location, else the one that drove the run's optimizer
+steps (``Analysis.framework``; graddoctor/analysis/run_rules.py). A framework is recognised by
+its installed location (site-packages / dist-packages): one installed from a source checkout
+elsewhere counts as the user's code. No torch here, and no framework import.
 """
 
 from __future__ import annotations

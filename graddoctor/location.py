@@ -43,7 +43,8 @@ class LocationFinder:
         self._display: dict[str, str] = {}
         self._locations: dict[tuple, Location] = {}  # (code object, line) -> its Location
         self._framework: dict[str, str] = {}  # library filename -> its framework ('' for none)
-        # (user code, line, framework codes crossed) -> the framework-aware Location
+        # (user code and line, the first and last framework frame's code and line) -> the
+        # framework-aware Location of that call path
         self._via: dict[tuple, Location] = {}
 
     def is_user_file(self, filename: str) -> bool:
