@@ -56,7 +56,8 @@ step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm 
                    latest step that owns them, by code other than the optimizer — an EMA,
                    ``copy_``, a clamp under no_grad; seen through ``tensor._version``, so edits
                    through ``p.data`` are not seen; not checked for closure steps)
-step               opt, closure (bool), skipped (bool: GradScaler skipped the update),
+step               opt, closure (bool: a closure was given and ran a backward; Lightning passes
+                   one to every step), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epoch, see
                    ``--epoch-batches``; None for a stream without length)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Mapping
 
 from .notebook import location_json
 from .trace import Location
@@ -21,6 +21,17 @@ class Severity(str, Enum):
     @property
     def rank(self) -> int:
         return {"info": 1, "warning": 2, "error": 3}[self.value]
+
+
+def _location_json(loc: Location | None) -> dict | None:
+    if loc is None:
+        return None
+    out: dict = location_json(loc.path, loc.line)  # a notebook's: with cell, cell_line
+    if loc.via:  # called through a training framework; in that user hook of theirs
+        out["via"] = loc.via
+    if loc.hook:
+        out["hook"] = loc.hook
+    return out
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,9 @@ class Finding:
     # the ranks that saw it, and the processes without a rank (e.g. "main process") that did
     ranks: tuple[int, ...] | None = None
     processes: tuple[str, ...] = ()
+    # the fix in a training framework's terms, keyed by framework; the analysis swaps one in for
+    # ``fix`` when the finding came through that framework (analysis/run_rules.py)
+    fixes: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict:
         out = {
@@ -57,9 +71,7 @@ class Finding:
             "code": self.code,
             "severity": self.severity.value,
             "message": self.message,
-            "location": (
-                location_json(self.location.path, self.location.line) if self.location else None
-            ),
+            "location": _location_json(self.location),
             "related": [r.to_json() for r in self.related],
             "step": self.step,
             "evidence": self.evidence,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dis
 import os
 import sys
 import sysconfig
 
+from . import frameworks
 from .trace import Location
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -42,6 +44,10 @@ class LocationFinder:
         self._rel = os.path.abspath(relative_to or os.getcwd())
         self._display: dict[str, str] = {}
         self._locations: dict[tuple, Location] = {}  # (code object, line) -> its Location
+        self._framework: dict[str, str] = {}  # library filename -> its framework ('' for none)
+        # (user code and line, the first and last framework frame's code and line) -> the
+        # framework-aware Location of that call path
+        self._via: dict[tuple, Location] = {}
 
     def is_user_file(self, filename: str) -> bool:
         known = self._is_user.get(filename)
@@ -99,12 +105,36 @@ class LocationFinder:
                                                        key[1], code.co_name)
         return location
 
+    def framework_of(self, filename: str) -> str:
+        known = self._framework.get(filename)
+        if known is None:
+            known = self._framework[filename] = frameworks.framework_of_path(os.path.abspath(filename))
+        return known
+
     def here(self, skip: int = 1) -> Location | None:
         """Location of the innermost user frame above the caller; without one, the outermost
-        third-party library frame that called into torch (a framework's own loop)."""
+        third-party library frame that called into torch (a framework's own loop).
+
+        When frames of a training framework lie between the call and that user frame, the
+        location says so (``via``); when the framework made the call on its own behalf
+        (Lightning's automatic optimization), it is the user's hook that caused it
+        (``hook``: the loss ``training_step`` returned, the optimizer ``configure_optimizers``
+        made) rather than the ``trainer.fit(...)`` line. See graddoctor/frameworks.py."""
         start = sys._getframe(skip)
-        for frame in self.user_frames(start):  # hot path: several times per step
-            return self.location(frame)
+        is_user = self.is_user_file
+        frame = start
+        inner = outer = None  # the innermost and outermost framework frames crossed
+        while frame is not None:  # hot path: several times per step
+            filename = frame.f_code.co_filename
+            if is_user(filename):
+                if inner is None:
+                    return self.location(frame)
+                return self._through_framework(start, frame, inner, outer)
+            if self.framework_of(filename):
+                outer = frame
+                if inner is None:
+                    inner = frame
+            frame = frame.f_back
         fallback = None
         frame = start
         while frame is not None:
@@ -117,6 +147,75 @@ class LocationFinder:
             return Location(self.display_path(f.f_code.co_filename), f.f_lineno, f.f_code.co_name)
         return None
 
+    def _through_framework(self, start, user, inner, outer) -> Location:
+        """The location of a call that reached the user's frame ``user`` through a framework's
+        frames (between ``start`` and ``user``), cached per user line and the framework's first
+        and last frame on the way (their code and line: the same call path through the
+        framework; the frames in between are walked again only on a miss)."""
+        key = (user.f_code, user.f_lineno, inner.f_code, inner.f_lineno, outer.f_code, outer.f_lineno)
+        found = self._via.get(key)
+        if found is None:
+            crossed = []
+            frame = start
+            while frame is not user:
+                if self.framework_of(frame.f_code.co_filename):
+                    crossed.append(frame)
+                frame = frame.f_back
+            via = self.framework_of(crossed[-1].f_code.co_filename)  # the one the user called
+            found = self._hook_location(crossed, via)
+            if found is None:
+                base = self.location(user)
+                found = Location(base.path, base.line, base.function, via)
+            self._via[key] = found
+        return found
+
+    def _hook_location(self, crossed, via: str) -> Location | None:
+        """The user's hook behind a framework's own call, from its table: the innermost framework
+        function listed there names the hooks; the first one the user wrote (its code lies in a
+        user file), on the object found through the framework frames' ``self``, wins."""
+        for frame in crossed:  # innermost first
+            code = frame.f_code
+            table = frameworks.HOOKS.get(self.framework_of(code.co_filename))
+            hooks = table and table.get(frameworks.hook_key(code.co_filename, code.co_name))
+            if not hooks:
+                continue
+            for owner in self._owners(crossed):
+                for hook in hooks:
+                    code = _hook_code(owner, hook)
+                    if code is not None and self.is_user_file(code.co_filename):
+                        return Location(self.display_path(code.co_filename), _hook_line(code, hook),
+                                        hook, via, hook)
+            return None
+        return None
+
+    @staticmethod
+    def _owners(crossed):
+        """The objects whose hooks may have caused the call: each framework frame's ``self`` and
+        what it trains (``.lightning_module``, ``.model``, ``.trainer.lightning_module``)."""
+        seen = set()
+        for frame in crossed:
+            try:
+                obj = frame.f_locals.get("self")
+            except Exception:
+                continue
+            if obj is None:
+                continue
+            candidates = [obj]
+            try:
+                trainer = getattr(obj, "trainer", None)
+            except Exception:  # a LightningModule not attached to a Trainer raises
+                trainer = None
+            for holder in (obj, trainer):
+                for attr in frameworks.OWNER_ATTRS:
+                    try:
+                        candidates.append(getattr(holder, attr, None))
+                    except Exception:  # a property that cannot answer yet
+                        pass
+            for cand in candidates:
+                if cand is not None and id(type(cand)) not in seen:
+                    seen.add(id(type(cand)))
+                    yield cand
+
     def from_traceback(self, tb) -> Location | None:
         """The deepest user frame of an exception's traceback (where the user's code failed)."""
         found = None
@@ -126,3 +225,33 @@ class LocationFinder:
                 found = Location(self.display_path(filename), tb.tb_lineno, tb.tb_frame.f_code.co_name)
             tb = tb.tb_next
         return found
+
+
+def _hook_line(code, hook: str) -> int:
+    """The line of a hook to point at: the last ``return <value>`` of one whose result the
+    framework uses (the loss of ``training_step``), else its ``def`` line."""
+    if hook in frameworks.RETURNING:
+        lines = []
+        last = code.co_firstlineno
+        for ins in dis.get_instructions(code):
+            if ins.positions is not None and ins.positions.lineno:
+                last = ins.positions.lineno
+            if ins.opname == "RETURN_VALUE" or ins.opname == "RETURN_CONST":
+                lines.append(last)
+        explicit = [n for n in lines if n != code.co_firstlineno]
+        if explicit:
+            return max(explicit)
+    return code.co_firstlineno
+
+
+def _hook_code(owner, hook: str):
+    """The code of a hook: a method of the owner's class (an override), or a plain function the
+    owner holds (the Trainer's ``compute_loss_func``)."""
+    code = getattr(getattr(type(owner), hook, None), "__code__", None)
+    if code is None:
+        try:
+            held = vars(owner).get(hook)
+        except TypeError:  # no __dict__
+            return None
+        code = getattr(held, "__code__", None)
+    return code

@@ -25,15 +25,27 @@ class Location:
     path: str
     line: int
     function: str = ""
+    # the training framework whose frames lay between the user's line and the call
+    # ("lightning" | "accelerate" | "transformers"; "" for a call the user's code made itself)
+    via: str = ""
+    # the user's hook the framework's call is attributed to ("training_step",
+    # "configure_optimizers", ...): the line is in that hook, not where the framework was called
+    hook: str = ""
 
     def to_json(self) -> dict:
-        return {"path": self.path, "line": self.line, "function": self.function}
+        out = {"path": self.path, "line": self.line, "function": self.function}
+        if self.via:
+            out["via"] = self.via
+        if self.hook:
+            out["hook"] = self.hook
+        return out
 
     @staticmethod
     def from_json(obj: Mapping | None) -> "Location | None":
         if not obj:
             return None
-        return Location(str(obj["path"]), int(obj["line"]), str(obj.get("function", "")))
+        return Location(str(obj["path"]), int(obj["line"]), str(obj.get("function", "")),
+                        str(obj.get("via", "")), str(obj.get("hook", "")))
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}"
@@ -143,9 +155,13 @@ class TraceBuilder:
     def __init__(self, path: str = "train.py"):
         self.trace = Trace()
         self.path = path
+        # set to write the events of a framework-driven loop: Location.via / Location.hook
+        self.via = ""
+        self.hook = ""
 
     def _loc(self, line: int | None) -> Location:
-        return Location(self.path, line if line is not None else len(self.trace) + 1)
+        return Location(self.path, line if line is not None else len(self.trace) + 1,
+                        via=self.via, hook=self.hook)
 
     def event(self, kind: str, line: int | None = None, **data: Any) -> Event:
         return self.trace.add(kind, self._loc(line), **data)

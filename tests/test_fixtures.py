@@ -6,11 +6,13 @@ by tests/test_end_to_end.py and the CLI tests."""
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import builtins
 import sys
 import types
+import re
 
 import pytest
 import typer
@@ -50,8 +52,37 @@ def test_options_for_reads_the_fixture_args():
     assert options_for("x.py", []) == CheckOptions(target="x.py")
 
 
+FRAMEWORKS = ("lightning", "accelerate", "transformers")
+
+
+def frameworks_needed(path: str) -> list[str]:
+    """The training frameworks a fixture imports (fixtures/frameworks/: skipped where one is not
+    installed; CI installs them, graddoctor[frameworks])."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    needed = [name for name in FRAMEWORKS if re.search(rf"^\s*(import|from) {name}\b", text, re.M)]
+    if "transformers" in needed and "accelerate" not in needed:
+        needed.append("accelerate")  # the Trainer runs on accelerate
+    return needed
+
+
+def reset_accelerate_state():
+    """accelerate keeps one process-wide state (the Trainer makes an Accelerator too): a fixture
+    run in-process after another must start from a fresh one, as `graddoctor check` does."""
+    if importlib.util.find_spec("accelerate") is None:
+        return
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: os.path.relpath(p, FIXTURES))
 def test_fixture(path, monkeypatch):
+    for name in frameworks_needed(path):
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} is not installed (pip install graddoctor[frameworks])")
+    if frameworks_needed(path):
+        reset_accelerate_state()
     expectations, extra_args = read_marks(path)
     name = os.path.basename(path)
     if name.startswith("good_"):
@@ -66,6 +97,11 @@ def test_fixture(path, monkeypatch):
     found = [Seen(f.location.path if f.location else None, f.location.line if f.location else None,
                   f.rule, f.severity.value) for f in report.findings]
     problems = compare(expectations, found, name)
+    if frameworks_needed(path):  # every finding and related line is one the user wrote
+        for f in report.findings:
+            for loc in [f.location, *(r.location for r in f.related)]:
+                if loc is not None and ("site-packages" in loc.path or "dist-packages" in loc.path):
+                    problems.append(f"{f.rule} points inside a library: {loc}")
     assert not problems, "\n".join(problems) + "\n" + json.dumps(
         json.loads(render(report))["findings"], indent=1)[:4000]
     # the in-process API, graddoctor.watch() around the same script, finds exactly the same

@@ -24,6 +24,8 @@ mode timeline        ``modes`` (analysis/modes.py): BatchNorm/dropout forwards i
 loop turns           ``turns`` (analysis/turns.py): the calls of each turn of the training
                      loop, for the report's update timeline
 gradient norms       ``last_update_norms`` (analysis/gradflow.py), for ``--grad-flow``
+framework            ``framework``: the training framework that drove the optimizer steps
+                     (``Location.via`` of the events; graddoctor/frameworks.py)
 ===================  ====================================================================
 
 Two notions of "update" exist on purpose and are defined once each: the ledger's *phase* (a
@@ -252,6 +254,17 @@ class Analysis:
         return init.get("cls", "") if init is not None else ""
 
     # -- the larger analyses, each built once on first use ---------------------------
+    @cached_property
+    def framework(self) -> str:
+        """The training framework that drove the run ("lightning", "accelerate",
+        "transformers"; "" for a hand-written loop): the one whose frames the optimizer steps came
+        through, else the first one any call came through."""
+        for kinds in (("step", "step_begin"), None):
+            for e in self.events:
+                if e.loc is not None and e.loc.via and (kinds is None or e.kind in kinds):
+                    return e.loc.via
+        return ""
+
     @cached_property
     def ledger(self):
         from .ledger import build_ledger

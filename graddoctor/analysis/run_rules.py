@@ -3,6 +3,7 @@ error (the other rules still run)."""
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 
 from ..findings import Finding
@@ -37,10 +38,22 @@ def analyze(trace: Trace | Analysis, rules=None) -> tuple[list[Finding], list[di
     errors: list[dict] = []
     for rule in rules if rules is not None else ALL_RULES:
         try:
-            findings.extend(rule().check(analysis))
+            findings.extend(_in_framework_terms(f, analysis.framework)
+                            for f in rule().check(analysis))
         except Exception as exc:
             errors.append({"where": f"rule {rule.slug}",
                            "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()})
     findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
                                  f.location.line if f.location else 0, f.code))
     return findings, errors
+
+
+def _in_framework_terms(finding: Finding, run_framework: str) -> Finding:
+    """A finding's fix in the terms of the framework its location came through
+    (``Location.via``) or, failing that, of the one that drove the run, when the rule wrote a
+    variant for it (``Rule.fixes`` / ``finding(fixes=...)``)."""
+    if not finding.fixes:
+        return finding
+    via = (finding.location.via if finding.location is not None else "") or run_framework
+    fix = finding.fixes.get(via) if via else None
+    return finding if not fix or fix == finding.fix else dataclasses.replace(finding, fix=fix)

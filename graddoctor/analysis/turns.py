@@ -97,9 +97,12 @@ class Item:
 
 
 def place(loc: Location, home: str | None) -> str:
-    where = cell_of(loc.path, loc.line)  # a notebook: cell 5, line 4 -> c5:L4
+    """``L22``, ``model.py:22``, ``c5:L4`` (a notebook's cell 5, line 4); a call a framework
+    made for the user's hook names the hook: ``L17 (training_step)``."""
+    where = cell_of(loc.path, loc.line)
     line = f"c{where[0]}:L{where[1]}" if where else f"L{loc.line}"
-    return line if loc.path == home else f"{os.path.basename(loc.path)}:{line.lstrip('L')}"
+    place = line if loc.path == home else f"{os.path.basename(loc.path)}:{line.lstrip('L')}"
+    return f"{place} ({loc.hook})" if loc.hook else place
 
 
 @dataclass

@@ -159,6 +159,7 @@ class OptimizerWatcher:
         self.owned: set[int] = set()  # id() of every tensor an optimizer owns
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
+        self._backwards_before = 0  # rec.backward_calls when the outermost step began
         self.step_listeners: list = []  # callables(opt_id, optimizer) after each real step
         # callable(opt_id, [pid without grad]) after each real step (instrument/idle.py), or None
         self.without_listener = None
@@ -318,6 +319,7 @@ class OptimizerWatcher:
         self._step_frames.append(sys._getframe(1))  # the frame of the optimizer's step wrapper
         if depth > 0:  # an optimizer that steps an inner optimizer
             return
+        self._backwards_before = rec.backward_calls
         try:
             closure = _has_closure(args, kwargs)
             opt = rec.optimizer_id(optimizer)
@@ -393,7 +395,9 @@ class OptimizerWatcher:
         try:
             rec.in_step = None
             opt = rec.optimizer_id(optimizer)
-            closure = _has_closure(args, kwargs)
+            # a closure that ran no backward (Lightning passes one to every step, manual
+            # optimization's does nothing) leaves the gradients to the loop: a plain step
+            closure = _has_closure(args, kwargs) and rec.backward_calls > self._backwards_before
             without = rec.after_step(rec.opt_params.get(opt, ()))
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                      rec.here(3))

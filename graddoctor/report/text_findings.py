@@ -67,6 +67,14 @@ def finding_block(f: Finding, base_dir: str | None = None) -> Group:
         code = excerpt(f.location.path, f.location.line, base_dir)
         if code is not None:
             parts.append(_indent(code))
+        if f.location.hook:  # a call the framework made for one of the user's hooks
+            from ..frameworks import RETURNING, TITLES
+
+            hook = f.location.hook
+            what = f"what your {hook} returned" if hook in RETURNING else f"your {hook}"
+            parts.append(_indent(Text(
+                f"(the call is {TITLES.get(f.location.via, f.location.via)}'s own, made for {what})",
+                style="dim")))
     for r in f.related:
         parts.append(_indent(Text(f"↳ {describe(r.location.path, r.location.line)}  {r.note}",
                                   style="dim")))

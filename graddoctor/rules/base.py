@@ -23,22 +23,43 @@ class Rule:
     severity: ClassVar[Severity]
     summary: ClassVar[str]  # one line, for `graddoctor rules`
     fix: ClassVar[str] = ""
+    # the fix in a training framework's own terms, keyed by framework ("lightning",
+    # "accelerate", "transformers"; graddoctor/frameworks.py): a finding whose location came
+    # through that framework, or made in a run driven by it, gets that variant
+    # (analysis/run_rules.py); `explain` and the SARIF help list them under "Fix in a framework"
+    fixes: ClassVar[dict[str, str]] = {}
 
     def check(self, a: "Analysis") -> Iterable[Finding]:  # pragma: no cover - interface
         """The findings of this rule over one analysed trace (``graddoctor.analysis``)."""
         raise NotImplementedError
 
     def finding(self, message: str, location: Location | None, *, related=(), step=None,
-                evidence=None, severity: Severity | None = None, fix: str | None = None) -> Finding:
+                evidence=None, severity: Severity | None = None, fix: str | None = None,
+                fixes: dict[str, str] | None = None) -> Finding:
+        """``fix``: this finding's own fix (default: the rule's); ``fixes``: its variants by
+        framework (default: the rule's ``fixes`` with the rule's fix, none with a fix of its own)."""
+        if fixes is None:
+            fixes = self.fixes if fix is None else {}
         return Finding(
             rule=self.slug, code=self.code, severity=severity or self.severity, message=message,
             location=location, fix=self.fix if fix is None else fix,
-            related=_merge_related(related), step=step, evidence=evidence or {},
+            related=_merge_related(related), step=step, evidence=evidence or {}, fixes=fixes,
         )
 
     @classmethod
     def docs(cls) -> str:
-        return inspect.cleandoc(cls.__doc__ or "")
+        docs = inspect.cleandoc(cls.__doc__ or "")
+        if cls.fixes:
+            from ..frameworks import TITLES
+
+            docs += "\n\n## Fix in a framework\n" + "\n".join(
+                f"- **{TITLES.get(name, name)}**: {text}" for name, text in cls.fixes.items())
+        return docs
+
+    @classmethod
+    def fix_for(cls, framework: str) -> str:
+        """The fix in that framework's terms when the rule has one, else the plain fix."""
+        return cls.fixes.get(framework, cls.fix) if framework else cls.fix
 
     @classmethod
     def doc_section(cls, title: str) -> str:

@@ -48,6 +48,13 @@ class ClipBeforeUnscale(Rule):
     severity = Severity.ERROR
     summary = "gradients are clipped while still multiplied by the GradScaler's scale"
     fix = "call scaler.unscale_(optimizer) right before clipping"
+    fixes = {
+        "accelerate": ("clip with accelerator.clip_grad_norm_(...) (or clip_grad_value_): it "
+                       "unscales the gradients first"),
+        "lightning": ("let Lightning clip: Trainer(gradient_clip_val=...), or "
+                      "self.clip_gradients(opt, gradient_clip_val=...) in manual optimization; "
+                      "both unscale first"),
+    }
 
     def check(self, a):
         groups: dict = {}

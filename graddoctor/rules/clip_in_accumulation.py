@@ -43,6 +43,13 @@ class ClipInAccumulation(Rule):
     severity = Severity.WARNING
     summary = "gradients are clipped while a later backward still adds to the same update"
     fix = "clip once per update, right before optimizer.step() (after the last micro-batch's backward)"
+    fixes = {
+        "accelerate": ("clip only at the end of the window: if accelerator.sync_gradients: "
+                       "accelerator.clip_grad_norm_(model.parameters(), max_norm)"),
+        "lightning": ("let Lightning clip (Trainer(gradient_clip_val=...) clips once per update); "
+                      "with manual optimization call self.clip_gradients(opt, ...) only on the "
+                      "batch that steps"),
+    }
 
     def check(self, a):
         groups: dict = {}

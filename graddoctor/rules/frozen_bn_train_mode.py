@@ -49,6 +49,18 @@ class FrozenBnTrainMode(Rule):
     fix = ("after every model.train(), put the frozen BatchNorm layers back in eval mode: "
            "model.backbone.eval(), or for m in model.modules(): "
            "if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.weight.requires_grad: m.eval()")
+    fixes = {
+        "lightning": ("Lightning puts the whole LightningModule in train mode when fitting starts "
+                      "and after every validation: put the frozen BatchNorm layers back in eval "
+                      "mode in a hook, def on_train_epoch_start(self): self.backbone.eval() (or "
+                      "on_train_batch_start when validation runs within an epoch)"),
+        "accelerate": ("after every model.train(), put the frozen BatchNorm layers back in eval "
+                       "mode: accelerator.unwrap_model(model).backbone.eval()"),
+        "transformers": ("the Trainer calls model.train() at every training step: keep the frozen "
+                         "BatchNorm layers in eval mode by overriding train() in the model "
+                         "(def train(self, mode=True): super().train(mode); "
+                         "self.backbone.eval(); return self)"),
+    }
 
     def check(self, a):
         tl = a.modes

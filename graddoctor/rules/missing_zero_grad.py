@@ -39,6 +39,22 @@ class MissingZeroGrad(Rule):
     severity = Severity.ERROR
     summary = "gradients from an earlier update reach optimizer.step(): nothing clears them"
     fix = "call optimizer.zero_grad() once per update, before the forward pass (or right after step())"
+    fixes = {
+        "lightning": ("with manual optimization, call opt.zero_grad() in training_step before each "
+                      "self.manual_backward(loss) (automatic optimization clears them for you; "
+                      "an optimizer_zero_grad override that does nothing keeps them; for a GAN, wrap each "
+                      "optimizer's part in self.toggle_optimizer(opt) ... self.untoggle_optimizer(opt))"),
+        "accelerate": ("call optimizer.zero_grad() once per update, after optimizer.step() "
+                       "(inside accelerator.accumulate the wrapped optimizer steps and clears only "
+                       "at the end of the window)"),
+    }
+    # a GAN's generator loss leaking into the discriminator's step, in Lightning's terms
+    leak_fixes = {
+        "lightning": ("in training_step, wrap each optimizer's part in self.toggle_optimizer(opt) "
+                      "... self.untoggle_optimizer(opt) (the other model's parameters stop "
+                      "requiring grad meanwhile), and call opt.zero_grad() right before its "
+                      "self.manual_backward"),
+    }
 
     def check(self, a):
         groups: dict = {}
@@ -63,6 +79,7 @@ class MissingZeroGrad(Rule):
                            f"at every point it tried, not the gradient at the current one (first "
                            f"seen at step {first.step_index})")
                 fix = "call optimizer.zero_grad() at the start of the closure, before the forward pass"
+                fixes = {}
             elif leak:  # cleared every update, but another backward writes in after the clear
                 message = (f"{a.names(pids)} are cleared (line {cleared[-1].loc.line if cleared[-1].loc else '?'}), "
                            f"but the backward at line {old.backward.loc.line if old.backward.loc else '?'} "
@@ -73,13 +90,14 @@ class MissingZeroGrad(Rule):
                 fix = ("clear right before this backward (after the other loss's step), or keep the "
                        "other loss out of these parameters: detach, or requires_grad_(False) on them "
                        "while it runs")
+                fixes = self.leak_fixes
             else:
                 message = (f"this backward() adds onto gradients an earlier step already used: "
                            f"{a.names(pids)} are never cleared, so every optimizer step applies the "
                            f"sum of all gradients so far (first seen at step {first.step_index})")
-                fix = None
+                fix = fixes = None
             yield self.finding(
-                message, loc, fix=fix,
+                message, loc, fix=fix, fixes=fixes,
                 related=(
                     related(consumed, "the step that already applied these gradients") if consumed
                     else None if old.backward.loc == loc  # the same line: the closure's earlier call

@@ -37,6 +37,13 @@ class ParamNotInOptimizer(Rule):
     summary = "parameters receive gradients but no optimizer updates them"
     fix = ("pass every trained parameter to the optimizer (model.parameters()), or freeze the "
            "others with requires_grad_(False)")
+    fixes = {
+        "lightning": ("in configure_optimizers, build the optimizer over self.parameters() (or "
+                      "give each part its param group), or freeze the others in __init__ with "
+                      "requires_grad_(False)"),
+        "accelerate": ("create the optimizer over every trained parameter (model.parameters()) "
+                       "before accelerator.prepare, or freeze the others with requires_grad_(False)"),
+    }
 
     def check(self, a):
         led = a.ledger

@@ -59,6 +59,17 @@ class UnscaledAccumulation(Rule):
     severity = Severity.WARNING
     summary = "gradient accumulation over k micro-batches without dividing the loss by k"
     fix = "divide the loss by the number of accumulation steps before backward(): (loss / k).backward()"
+    fixes = {
+        "accelerate": ("inside `with accelerator.accumulate(model):` call accelerator.backward(loss), "
+                       "not loss.backward(): it divides the loss by gradient_accumulation_steps"),
+        "lightning": ("with manual optimization, divide the loss yourself: "
+                      "self.manual_backward(loss / k); or let automatic optimization accumulate "
+                      "(Trainer(accumulate_grad_batches=k) divides for you)"),
+        "transformers": ("make the loss use num_items_in_batch: pass Trainer(compute_loss_func=...) "
+                         "that sums the per-sample losses and divides by num_items_in_batch, or set "
+                         "trainer.model_accepts_loss_kwargs = False so that the Trainer divides the "
+                         "loss by gradient_accumulation_steps"),
+    }
 
     def check(self, a):
         edits = a.of_kind("grad_edit")
@@ -110,6 +121,9 @@ class UnscaledAccumulation(Rule):
             notes.append(f"{cls} largely cancels a constant gradient factor, so the update changes "
                          f"little; it still matters once you clip gradients or switch optimizer")
         batches = {tuple(b["batch"]) for b in w.group if b.get("batch") is not None}
+        trainer = all(b.loc is not None and b.loc.via == "transformers" for b in w.group)
+        if trainer:  # the Trainer fetches the window's batches ahead: one "last batch" for all
+            batches = set()
         if len(batches) == 1 and len(w.group) > 1:
             severity = Severity.INFO
             notes.append("all of them used the same DataLoader batch: if these are separate losses "
@@ -119,10 +133,42 @@ class UnscaledAccumulation(Rule):
                    f"update uses {k}x the gradient of one batch"
                    + (" (with SGD-like optimizers a {k}x larger learning rate)".format(k=k)
                       if cls not in SCALE_INVARIANT else ""))
+        fix = None
+        if trainer:
+            # the Trainer divides by gradient_accumulation_steps unless the model accepts loss
+            # kwargs (its forward takes **kwargs): then it passes num_items_in_batch and leaves
+            # the division to the model's loss, and this loss did not divide
+            message = (f"the Trainer accumulates {k} micro-batches per {a.optimizer_name(opt)} "
+                       f"step (gradient_accumulation_steps={k}) without dividing the loss by {k}: "
+                       f"the model's forward accepts **kwargs (model_accepts_loss_kwargs), so the "
+                       f"Trainer passes num_items_in_batch and leaves the division to the model's "
+                       f"loss, but this model's loss does not use num_items_in_batch: the update "
+                       f"uses {k}x the gradient of the same samples in one batch"
+                       + (" (with SGD-like optimizers a {k}x larger learning rate)".format(k=k)
+                          if cls not in SCALE_INVARIANT else ""))
+            if w.group[0].loc.hook == "compute_loss_func":  # the Trainer's compute_loss_func
+                message = message.replace(
+                    "the model's forward accepts **kwargs (model_accepts_loss_kwargs), so the "
+                    "Trainer passes num_items_in_batch and leaves the division to the model's "
+                    "loss, but this model's loss does not use num_items_in_batch",
+                    "with a compute_loss_func the Trainer passes num_items_in_batch and leaves the "
+                    "division to it, but this compute_loss_func does not divide by "
+                    "num_items_in_batch")
+                fix = ("in compute_loss_func, sum the per-sample losses and divide by "
+                       "num_items_in_batch (e.g. cross_entropy(..., reduction='sum') / "
+                       "num_items_in_batch)")
+            if w.group[0].loc.hook == "compute_loss":  # the user's own compute_loss override
+                message = message.replace(
+                    "this model's loss does not use num_items_in_batch",
+                    "this compute_loss receives num_items_in_batch and does not divide by it")
+                fix = ("in compute_loss, sum the per-sample losses and divide by "
+                       "num_items_in_batch (e.g. cross_entropy(..., reduction='sum') / "
+                       "num_items_in_batch) when it is given")
         if notes:
             message += "; " + "; ".join(notes)
         return self.finding(
-            message, w.group[0].loc, severity=severity, step=w.index,
+            message, w.group[0].loc, severity=severity, step=w.index, fix=fix,
+            fixes=None if fix is None else {},
             related=(related(w.step, "the step that applies the accumulated sum"),),
             evidence={"k": k, "loss_scale_factor": 1.0, "optimizer": opt, "optimizer_class": cls,
                       "windows": len(bad), "clipped": clipped},
