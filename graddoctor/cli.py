@@ -112,7 +112,8 @@ def check(
 
     def finish(report, wait_s: float | None = None) -> int:
         if ranks is not None:
-            return _finish_rank(ranks, report, fmt, typed["output"], output, render, options, wait_s)
+            return _finish_rank(ranks, report, fmt, typed["output"], output, render, options, wait_s,
+                                shown_output)
         _emit(report, fmt, output, render, shown_output)
         return report.exit_code(options.fail_on)
 
@@ -151,7 +152,7 @@ def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:
 
 
 def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
-                 wait_s: float | None = None) -> int:
+                 wait_s: float | None = None, shown: str | None = None) -> int:
     """One rank's end (distributed.py): ranks other than 0 hand their report to rank 0 and exit
     0; rank 0 merges every rank's report, writes it, and exits by the merged verdict."""
     import json
@@ -196,7 +197,7 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
         typer.echo(f"graddoctor: wrote {output} (and one per rank): {verdict(merged).plain}",
                    err=True)
     else:
-        _emit(merged, fmt, output, render)
+        _emit(merged, fmt, output, render, shown)
     return merged.exit_code(options.fail_on)
 
 
