@@ -122,6 +122,7 @@ class LocationFinder:
         made) rather than the ``trainer.fit(...)`` line. See graddoctor/frameworks.py."""
         start = sys._getframe(skip)
         is_user = self.is_user_file
+        known = self._framework  # filename -> framework ('' for none), filled by framework_of
         frame = start
         inner = outer = None  # the innermost and outermost framework frames crossed
         while frame is not None:  # hot path: several times per step
@@ -130,7 +131,10 @@ class LocationFinder:
                 if inner is None:
                     return self.location(frame)
                 return self._through_framework(start, frame, inner, outer)
-            if self.framework_of(filename):
+            framework = known.get(filename)
+            if framework is None:
+                framework = self.framework_of(filename)
+            if framework:
                 outer = frame
                 if inner is None:
                     inner = frame

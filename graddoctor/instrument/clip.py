@@ -25,7 +25,7 @@ import torch.nn.utils
 import torch.nn.utils.clip_grad as clip_grad
 
 from .. import events as ev
-from .recorder import Recorder
+from .recorder import Recorder, Tensor
 from .recorder import version as grad_version
 from .subclasses import Depth
 
@@ -75,7 +75,8 @@ class ClipWatcher:
             known_pids.append(pid)
             grad = p.grad
             if grad is not None:
-                state = before[pid] = (id(grad), grad_version(grad))
+                state = before[pid] = (id(grad), grad._version if type(grad) is Tensor
+                                              else grad_version(grad))
                 if state != known.get(pid) and state != zeroed.get(pid):
                     edited.append(pid)
         return known_pids, before, edited
@@ -96,7 +97,8 @@ class ClipWatcher:
             grad = p.grad
             if grad is not None:
                 with_grad.append(pid)
-                after.append((pid, (id(grad), grad_version(grad))))
+                after.append((pid, (id(grad), grad._version if type(grad) is Tensor
+                                           else grad_version(grad))))
         rec.known_grad.update(after)  # clipping changed the grads in place: still accumulated ones
         limit = _number(arguments.get("clip_value" if via == "clip_grad_value_" else "max_norm"))
         total_norm = result if via == "clip_grad_norm_" else arguments.get("total_norm")

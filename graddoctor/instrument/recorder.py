@@ -172,7 +172,8 @@ class Recorder:
         """Append an event made by a constructor of ``graddoctor.events``; its data dict (and
         the lists in it) belongs to the event from now on."""
         folder = self.folder
-        if folder is not None:
+        # hot path: before it is active the folder only counts steps
+        if folder is not None and (folder.active or made[0] == "step"):
             try:
                 folder.observe(made[0], loc)  # before the held events: they come after it
             except Exception as exc:  # keep every event from now on
