@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 from ..findings import Severity
 from .base import Rule, related
 
@@ -11,7 +13,11 @@ class MisplacedZeroGrad(Rule):
     gradients of the current update before the optimizer step that should use them: zero_grad
     between backward and step, between two losses, or before every micro-batch of an
     accumulation loop. Silent when the dropped backward had another purpose: an input gradient
-    (FGSM adversarial examples) or the closure of `optimizer.step(closure)` (L-BFGS).
+    (FGSM adversarial examples) or the closure of `optimizer.step(closure)` (L-BFGS); and when
+    the script skipped that update on purpose: a `clip_grad_norm_` saw the dropped gradients
+    non-finite (`if not torch.isfinite(norm): continue`), or the clear usually runs after a step
+    and drops a backward only in a minority of the updates (a conditional skip, not a clear in
+    the wrong place).
 
     ## Why is this bad?
     The step then applies zero or only the last micro-batch's gradient: training silently does
@@ -45,8 +51,11 @@ class MisplacedZeroGrad(Rule):
     def check(self, a):
         groups: dict = {}
         for d in a.ledger.discards:
-            groups.setdefault(d.clear.loc, []).append(d)
+            if not _seen_nonfinite(a, d):
+                groups.setdefault(d.clear.loc, []).append(d)
         for loc, discards in groups.items():
+            if _skipped_update(a, loc, discards):
+                continue
             first = discards[0]
             pids = [d.pid for d in discards]
             dropped = first.contributions[0].backward
@@ -61,3 +70,31 @@ class MisplacedZeroGrad(Rule):
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "discarded_backward_calls": len(first.contributions)},
             )
+
+
+def _nonfinite(value) -> bool:
+    if isinstance(value, str):
+        return value.lower() in ("inf", "-inf", "nan")
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _seen_nonfinite(a, d) -> bool:
+    """A clip_grad_norm_ between the dropped backward and the clear returned a non-finite total
+    norm for this parameter's gradient: the script skipped a step on NaN/Inf gradients (``if not
+    torch.isfinite(norm): continue``) and the clear drops them on purpose."""
+    since, until = d.contributions[-1].backward.seq, d.clear.seq
+    for e in a.span(since, until):
+        if e.kind == "clip" and d.pid in e["params"] and _nonfinite(e.get("total_norm")):
+            return True
+    return False
+
+
+def _skipped_update(a, loc, discards) -> bool:
+    """The clear at ``loc`` runs after a step in most updates and drops a backward only in a
+    minority of them: the script skipped those updates on a condition of its own (a loss spike,
+    a non-finite check on CUDA where graddoctor does not read the norm), which is not a clear in
+    the wrong place. A misplaced clear drops gradients every update or every micro-batch."""
+    clears = [e for e in a.of_kind("clear") if e.loc == loc]
+    dropping = {d.clear.seq for d in discards}
+    dropped = a.count(e for e in clears if e.seq in dropping)
+    return dropped * 2 < a.count(clears) - dropped
