@@ -1,0 +1,71 @@
+"""misplaced-zero-grad and updates the script skips on purpose, on hand-written traces."""
+
+from __future__ import annotations
+
+from graddoctor import events as ev
+from graddoctor.analysis.run_rules import analyze
+from graddoctor.trace import TraceBuilder
+
+
+def slugs(trace) -> list[tuple[str, int]]:
+    findings, errors = analyze(trace)
+    assert not errors
+    return sorted((f.rule, f.location.line) for f in findings if f.severity.value != "info")
+
+
+def clip(t: TraceBuilder, pids, total, line=9):
+    t.put(ev.clip(via="clip_grad_norm_", params=list(pids), with_grad=list(pids), untracked=0,
+                  limit=1.0, norm_type=2.0, norm_only=False, total_norm=total, edited=[]), line)
+
+
+def skip_loop(t: TraceBuilder, skipped, total_of, clip_pids=(0, 1), n=8):
+    """zero_grad L5 → backward L6 → clip L9 → (step L10 unless skipped)."""
+    t.optimizer(0, [0, 1], line=3)
+    for i in range(n):
+        t.clear([0, 1], line=5)
+        t.backward(fresh=[0, 1], line=6)
+        clip(t, clip_pids, total_of(i))
+        if i not in skipped:
+            t.step(0, line=10)
+    return t.trace
+
+
+def test_step_skipped_on_nonfinite_clip_norm_is_silent():
+    trace = skip_loop(TraceBuilder(), {2, 4, 5, 6}, lambda i: "inf" if i in {2, 4, 5, 6} else 0.5)
+    assert slugs(trace) == []
+
+
+def test_nonfinite_norm_of_other_params_does_not_excuse_the_drop():
+    trace = skip_loop(TraceBuilder(), {2, 4, 5, 6}, lambda i: "nan" if i in {2, 4, 5, 6} else 0.5,
+                      clip_pids=(1,))
+    assert slugs(trace) == [("misplaced-zero-grad", 5)]
+
+
+def test_rare_skip_with_finite_gradients_is_silent():
+    # a loss-spike skip: one update in eight, the clear otherwise runs after a step
+    trace = skip_loop(TraceBuilder(), {3}, lambda i: 0.5)
+    assert slugs(trace) == []
+
+
+def test_clear_at_top_of_two_step_accumulation_is_still_misplaced():
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=3)
+    for i in range(8):
+        t.clear([0], line=5)
+        t.backward(fresh=[0], line=6)
+        if i % 2 == 1:
+            t.step(0, line=8)
+    assert slugs(t.trace) == [("misplaced-zero-grad", 5)]
+
+
+def test_rare_clear_between_backward_and_step_is_still_misplaced():
+    # the clear at L7 only runs on some updates, but every time it runs it drops the backward
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=3)
+    for i in range(8):
+        t.clear([0], line=5)
+        t.backward(fresh=[0], line=6)
+        if i == 3:
+            t.clear([0], line=7)
+        t.step(0, line=8)
+    assert slugs(t.trace) == [("misplaced-zero-grad", 7)]
