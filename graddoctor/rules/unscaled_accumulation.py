@@ -18,6 +18,13 @@ def divides_by(factor: float, k: int) -> bool:
     return m >= 1 - 1e-6 and abs(m - round(m)) <= 1e-3 * m
 
 
+def weighted_mean(factors: list[float]) -> bool:
+    """Micro-batches weighted by their share of the window (``loss * (bs / window_total)``): the
+    factors differ but add up to ``1 / m`` for a whole m >= 1, so the accumulated gradient is a
+    weighted mean over the window, not a sum."""
+    return len(set(factors)) > 1 and all(f > 0 for f in factors) and divides_by(sum(factors), 1)
+
+
 class UnscaledAccumulation(Rule):
     """
     ## What it does
@@ -25,7 +32,8 @@ class UnscaledAccumulation(Rule):
     step — whose loss is not divided by k. graddoctor reads the division from the loss's autograd
     graph: `loss / k`, `loss * (1 / k)`, and a framework dividing inside its `backward` helper
     (accelerate, Lightning) are recognised; a division by a computed tensor (token counts) is
-    taken as deliberate and left alone.
+    taken as deliberate and left alone, and so are micro-batches weighted by their share of the
+    window (`loss * (batch_size / window_samples)`: factors that add up to 1).
 
     ## Why is this bad?
     The accumulated gradient is the *sum* over k micro-batches, k times the gradient of the
@@ -93,7 +101,7 @@ class UnscaledAccumulation(Rule):
                 elif all(divides_by(f, k) for f in factors):
                     verdicts["good"].append(w)
                 else:
-                    verdicts["odd"].append(w)
+                    verdicts["good" if weighted_mean(factors) else "odd"].append(w)
             if verdicts["good"]:
                 continue
             if verdicts["bad"]:
