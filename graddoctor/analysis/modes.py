@@ -156,6 +156,12 @@ def _context(e: Event, before: Event | None, after: Event | None, step: Event | 
         return "outside", None  # a loop of no-grad calls with no backward between them
     if not grad and train is not None and (after is None or train.seq < after.seq):
         return "outside", None  # model.train() comes next: that no-grad pass was not training
+    if grad and train is not None and after is not None and after.kind == "backward" \
+            and train.seq < after.seq and set(e.get("modules", ())) <= set(train.get("modules", ())):
+        # model.train() switches these layers back before the next backward: a grad-enabled pass
+        # in eval mode that feeds an input gradient (a PGD attack under model.eval(), through
+        # torch.autograd.grad), not the update's training forward
+        return "outside", None
     if after is not None and after.kind == "backward":
         return "training", step
     if before is not None and before.kind == "backward" and after is not None and after.kind == "step":
