@@ -349,3 +349,11 @@ def test_a_users_own_clip_gradients_call_keeps_its_line(tmp_path):
     default.clip = torchish.clip_grad_norm_
     loc = user.fit(default, finder)
     assert (loc.line, loc.hook) == (15, "")
+
+
+def test_train_in_eval_mode_fix_in_lightning_terms():
+    """Lightning calls model.train() itself: the plain fix ("call model.train() at the start of
+    every epoch") is no help against an eval() of the user's in a hook or training_step."""
+    rule = find_rule("train-in-eval-mode")
+    assert "self.train()" in rule.fix_for("lightning") and "model.train()" in rule.fix_for("transformers")
+    assert rule.fix_for("") == rule.fix
