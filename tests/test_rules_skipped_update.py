@@ -69,3 +69,26 @@ def test_rare_clear_between_backward_and_step_is_still_misplaced():
             t.clear([0], line=7)
         t.step(0, line=8)
     assert slugs(t.trace) == [("misplaced-zero-grad", 7)]
+
+
+def sam_loop(edited: bool):
+    """SAM: backward L11 → (weights perturbed by hand) → clear L19 → backward L20 → step L24 → clear L25."""
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=3)
+    for i in range(4):
+        t.backward(fresh=[0, 1], line=11)
+        t.clear([0, 1], line=19)
+        t.backward(fresh=[0, 1], line=20)
+        t.put(ev.step_begin(opt=0, norm_pids=None, norms=None,
+                            edited_params=[0, 1] if edited and i > 0 else []), 24)
+        t.step(0, line=24)
+        t.clear([0, 1], line=25)
+    return t.trace
+
+
+def test_sam_ascent_backward_dropped_after_perturbing_the_weights_is_silent():
+    assert slugs(sam_loop(edited=True)) == []
+
+
+def test_clear_between_two_losses_without_weight_edits_is_still_misplaced():
+    assert slugs(sam_loop(edited=False)) == [("misplaced-zero-grad", 19)]

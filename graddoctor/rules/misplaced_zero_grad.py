@@ -15,7 +15,8 @@ class MisplacedZeroGrad(Rule):
     accumulation loop. Silent when the dropped backward had another purpose: an input gradient
     (FGSM adversarial examples) or the closure of `optimizer.step(closure)` (L-BFGS); and when
     the script skipped that update on purpose: a `clip_grad_norm_` saw the dropped gradients
-    non-finite (`if not torch.isfinite(norm): continue`), or the clear usually runs after a step
+    non-finite (`if not torch.isfinite(norm): continue`), the dropped gradient moved the weights
+    by hand before a second backward (SAM's ascent step), or the clear usually runs after a step
     and drops a backward only in a minority of the updates (a conditional skip, not a clear in
     the wrong place).
 
@@ -51,7 +52,7 @@ class MisplacedZeroGrad(Rule):
     def check(self, a):
         groups: dict = {}
         for d in a.ledger.discards:
-            if not _seen_nonfinite(a, d):
+            if not _seen_nonfinite(a, d) and not _weights_perturbed(a, d):
                 groups.setdefault(d.clear.loc, []).append(d)
         for loc, discards in groups.items():
             if _skipped_update(a, loc, discards):
@@ -98,3 +99,19 @@ def _skipped_update(a, loc, discards) -> bool:
     dropping = {d.clear.seq for d in discards}
     dropped = a.count(e for e in clears if e.seq in dropping)
     return dropped * 2 < a.count(clears) - dropped
+
+
+def _weights_perturbed(a, d) -> bool:
+    """Sharpness-aware minimization: the dropped backward's gradient perturbed the weights in
+    place (``p.add_(e)`` under no_grad), the clear makes room for the backward at the perturbed
+    point, and the step applies that one. Seen as: a backward between the clear and the step,
+    and the step found this parameter changed in place by hand since its previous step."""
+    step = d.later_step
+    backward = begin = None
+    for e in a.span(d.clear.seq, step.seq):
+        if e.kind == "backward" and d.pid in (*e.get("fresh", ()), *e.get("accumulated", ())):
+            backward = e
+        elif e.kind == "step_begin" and e.get("opt") == step.get("opt"):
+            begin = e
+    return (backward is not None and begin is not None
+            and d.pid in (begin.get("edited_params") or ()))
