@@ -107,6 +107,14 @@ class MissingZeroGrad(Rule):
                        "here instead")
                 fixes = {}
                 loc = astray.loc
+            elif bare := self._bare_zero_grad(backward):
+                message = (f"`{bare[1]}` names the method without calling it: the statement does "
+                           f"nothing, so {a.names(pids)} are never cleared and every optimizer step "
+                           f"applies the sum of all gradients so far (first seen at step "
+                           f"{first.step_index})")
+                fix = f"call it: {bare[1]}()"
+                fixes = {}
+                loc = bare[0]
             else:
                 message = (f"this backward() adds onto gradients an earlier step already used: "
                            f"{a.names(pids)} are never cleared, so every optimizer step applies the "
@@ -142,3 +150,19 @@ class MissingZeroGrad(Rule):
                   if consumed.seq < c.seq < backward.seq and c.loc is not None
                   and not (mine | owned) & set(c["params"] or ())]
         return astray[-1] if astray else None
+
+    @staticmethod
+    def _bare_zero_grad(backward):
+        """``(location, text)`` of a ``something.zero_grad`` statement without parentheses in the
+        loop around this backward (a no-op the trace cannot show), or None."""
+        loc = backward.loc
+        if loc is None or loc.via:
+            return None
+        from dataclasses import replace
+
+        from ..analysis.source import bare_method_lines
+
+        lines = bare_method_lines(loc.path, loc.line, "zero_grad")
+        if not lines:
+            return None
+        return replace(loc, line=lines[0][0]), lines[0][1]
