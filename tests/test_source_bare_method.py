@@ -27,3 +27,11 @@ def test_unreadable_or_invalid_source_finds_nothing(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("for x in (:\n    opt.zero_grad\n")
     assert bare_method_lines(str(bad), 2, "zero_grad") == []
+
+
+def test_outer_searches_the_outermost_loop_around_the_line(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("for epoch in range(2):\n    model.train\n    for i in range(3):\n"
+                    "        loss.backward()\n")
+    assert bare_method_lines(str(path), 4, "train") == []
+    assert bare_method_lines(str(path), 4, "train", outer=True) == [(2, "model.train")]

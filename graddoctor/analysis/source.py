@@ -23,11 +23,13 @@ def _parse(path: str) -> ast.AST | None:
     return _tree(path, len(lines)) if lines else None
 
 
-def bare_method_lines(path: str, line: int, method: str) -> list[tuple[int, str]]:
+def bare_method_lines(path: str, line: int, method: str, outer: bool = False) -> list[tuple[int, str]]:
     """The lines, inside the innermost loop that holds ``line``, of expression statements that
     name ``<something>.<method>`` without calling it (``optimizer.zero_grad``): they do nothing.
     Each as ``(line, its source text)``.
-    Empty when the source cannot be read or ``line`` is in no loop."""
+    ``outer``: search the outermost loop that holds ``line`` instead (a per-epoch call such as
+    ``model.train()`` sits in the epoch loop, around the batch loop). Empty when the source
+    cannot be read or ``line`` is in no loop."""
     tree = _parse(path)
     if tree is None:
         return []
@@ -35,7 +37,7 @@ def bare_method_lines(path: str, line: int, method: str) -> list[tuple[int, str]
     for node in ast.walk(tree):
         if (isinstance(node, (ast.For, ast.While, ast.AsyncFor))
                 and node.lineno <= line <= (node.end_lineno or node.lineno)
-                and (loop is None or node.lineno >= loop.lineno)):
+                and (loop is None or (node.lineno < loop.lineno if outer else node.lineno >= loop.lineno))):
             loop = node
     if loop is None:
         return []
