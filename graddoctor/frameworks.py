@@ -52,6 +52,15 @@ HOOKS: dict[str, dict[str, tuple[str, ...]]] = {
     "accelerate": {},
 }
 
+# listed functions a user may also call straight from their own code (``self.clip_gradients(...)``
+# in a configure_gradient_clipping override or a manual training_step, ``super().optimizer_step``):
+# called from a user frame, the call is the user's own and keeps the user's line
+USER_CALLABLE = frozenset({
+    "core/module.py:clip_gradients",
+    "core/module.py:optimizer_zero_grad",
+    "core/module.py:optimizer_step",
+})
+
 
 def hook_key(path: str, function: str) -> str:
     """The HOOKS key of a frame: its file's last two path parts and its function."""

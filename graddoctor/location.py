@@ -166,23 +166,28 @@ class LocationFinder:
                     crossed.append(frame)
                 frame = frame.f_back
             via = self.framework_of(crossed[-1].f_code.co_filename)  # the one the user called
-            found = self._hook_location(crossed, via)
+            found = self._hook_location(crossed, via, user)
             if found is None:
                 base = self.location(user)
                 found = Location(base.path, base.line, base.function, via)
             self._via[key] = found
         return found
 
-    def _hook_location(self, crossed, via: str) -> Location | None:
+    def _hook_location(self, crossed, via: str, user=None) -> Location | None:
         """The user's hook behind a framework's own call, from its table: the innermost framework
         function listed there names the hooks; the first one the user wrote (its code lies in a
-        user file), on the object found through the framework frames' ``self``, wins."""
+        user file), on the object found through the framework frames' ``self``, wins. None (the
+        user's own line) when the user called that function themselves
+        (``frameworks.USER_CALLABLE``)."""
         for frame in crossed:  # innermost first
             code = frame.f_code
             table = frameworks.HOOKS.get(self.framework_of(code.co_filename))
-            hooks = table and table.get(frameworks.hook_key(code.co_filename, code.co_name))
+            key = frameworks.hook_key(code.co_filename, code.co_name)
+            hooks = table and table.get(key)
             if not hooks:
                 continue
+            if user is not None and frame.f_back is user and key in frameworks.USER_CALLABLE:
+                return None
             for owner in self._owners(crossed):
                 for hook in hooks:
                     code = _hook_code(owner, hook)

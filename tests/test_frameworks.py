@@ -306,3 +306,54 @@ def test_owner_properties_that_raise_are_passed_over(fake):
     loop = Loop(torchish.backward)
     loc = user.fit(loop, LocationFinder(relative_to=str(root)))
     assert (loc.line, loc.via, loc.hook) == (10, "lightning", "")
+
+
+def test_a_users_own_clip_gradients_call_keeps_its_line(tmp_path):
+    """self.clip_gradients(...) written in the user's configure_gradient_clipping override (or in a
+    manual training_step) is the user's call: its line, not the override's def line."""
+    site = tmp_path / "lib" / "site-packages"
+    torchish = load(site / "faketorch" / "clip.py", """
+        def clip_grad_norm_(finder):
+            return finder.here(1)
+    """)
+    module = load(site / "lightning" / "pytorch" / "core" / "module.py", """
+        class LightningModule:
+            def clip_gradients(self, finder):
+                return self.clip(finder)
+
+            def configure_gradient_clipping(self, finder):
+                return self.clip_gradients(finder)
+    """)
+    user = load(tmp_path / "train.py", """
+        def make(base, clip):
+            class Mine(base):
+                def configure_gradient_clipping(self, finder):
+                    if finder is not None:
+                        return self.clip_gradients(finder)  # line 6
+
+                def training_step(self, finder):
+                    return self.clip_gradients(finder)  # line 9
+            m = Mine()
+            m.clip = clip
+            return m
+
+        def fit(module, finder):
+            return module.configure_gradient_clipping(finder)  # line 15
+    """)
+    finder = LocationFinder(relative_to=str(tmp_path))
+    mine = user.make(module.LightningModule, torchish.clip_grad_norm_)
+    assert (mine.configure_gradient_clipping(finder).line, mine.training_step(finder).line) == (6, 9)
+    assert mine.training_step(finder).via == "lightning"
+    # the default configure_gradient_clipping (Lightning's own call) still names the user's hook
+    default = module.LightningModule()
+    default.clip = torchish.clip_grad_norm_
+    loc = user.fit(default, finder)
+    assert (loc.line, loc.hook) == (15, "")
+
+
+def test_train_in_eval_mode_fix_in_lightning_terms():
+    """Lightning calls model.train() itself: the plain fix ("call model.train() at the start of
+    every epoch") is no help against an eval() of the user's in a hook or training_step."""
+    rule = find_rule("train-in-eval-mode")
+    assert "self.train()" in rule.fix_for("lightning") and "model.train()" in rule.fix_for("transformers")
+    assert rule.fix_for("") == rule.fix

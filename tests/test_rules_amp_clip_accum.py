@@ -462,3 +462,28 @@ def test_trace_with_nan_round_trips_as_standard_json():
     for line in text.splitlines():
         json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     assert Trace.loads(text).events[-2]["norms"][0] == "nan"
+
+
+def epochs_with_leftover_windows(t, factor, sizes=(3, 2), epochs=3):
+    """Each epoch: a full window of sizes[0] micro-batches, then the epoch's shorter leftover."""
+    for e in range(epochs):
+        for size in sizes:
+            for i in range(size):
+                t.backward(fresh=P if i == 0 else (), accumulated=P if i else (), line=40,
+                           loss_scale_factor=factor, batch=[e, 0, i])
+            t.step(line=42)
+            t.clear(P, line=43)
+
+
+def test_leftover_windows_divided_by_the_full_window_are_silent():
+    """accelerate (gradient_accumulation_steps=3, 5 batches an epoch) divides the epoch's last
+    window of 2 by 3 as well: as many short windows as full ones must not make 1/3 'odd'."""
+    t = builder("AdamW")
+    epochs_with_leftover_windows(t, 1 / 3)
+    assert findings(t, "unscaled-accumulation") == []
+    t = builder("AdamW")
+    epochs_with_leftover_windows(t, 1 / 5)  # divides by neither window: still asked about
+    assert only(t, "unscaled-accumulation").severity is Severity.INFO
+    t = builder("SGD")
+    epochs_with_leftover_windows(t, 1.0)  # not divided at all: still the bug
+    assert only(t, "unscaled-accumulation").severity is Severity.WARNING

@@ -46,6 +46,16 @@ class TrainInEvalMode(Rule):
     severity = Severity.WARNING
     summary = "training continues with dropout/BatchNorm in eval mode: an eval() call is never undone"
     fix = "call model.train() at the start of every training epoch (after each validation pass)"
+    fixes = {
+        "lightning": ("Lightning puts the LightningModule in train mode when fitting starts and "
+                      "after each validation, not after an eval() of yours in a hook or in "
+                      "training_step: drop that eval() (torch.no_grad() alone is enough for a "
+                      "monitoring forward) or call self.train() right after it; to keep a part "
+                      "fixed, freeze it too (requires_grad_(False))"),
+        "transformers": ("the Trainer calls model.train() at every training step, but an eval() "
+                         "of yours in compute_loss or a callback holds until then: drop it, or "
+                         "call model.train() right after the forward that needed it"),
+    }
 
     def check(self, a):
         tl = a.modes

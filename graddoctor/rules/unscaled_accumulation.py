@@ -25,7 +25,9 @@ class UnscaledAccumulation(Rule):
     step — whose loss is not divided by k. graddoctor reads the division from the loss's autograd
     graph: `loss / k`, `loss * (1 / k)`, and a framework dividing inside its `backward` helper
     (accelerate, Lightning) are recognised; a division by a computed tensor (token counts) is
-    taken as deliberate and left alone.
+    taken as deliberate and left alone. An epoch's shorter last window divided by the full
+    window's k (accelerate does that when the batches do not split into whole windows) counts as
+    divided, however many such windows there are.
 
     ## Why is this bad?
     The accumulated gradient is the *sum* over k micro-batches, k times the gradient of the
@@ -79,6 +81,10 @@ class UnscaledAccumulation(Rule):
             if k is None or k < 2:
                 continue
             judged = [w for w in windows if w.k == k]
+            # larger windows seen: with a dataset that does not split into whole windows, every
+            # epoch ends on a shorter one that the loop (accelerate, Lightning, a hand-written
+            # `(loss / k)`) still divides by the full window's k; ties make that the typical one
+            longer = sorted({w.k for w in windows if w.k > k})
             verdicts: dict[str, list] = {"bad": [], "good": [], "odd": [], "unknown": []}
             for w in judged:
                 last = w.group[-1]
@@ -90,7 +96,8 @@ class UnscaledAccumulation(Rule):
                     verdicts["unknown"].append(w)
                 elif all(f == 1.0 for f in factors):
                     verdicts["bad"].append(w)
-                elif all(divides_by(f, k) for f in factors):
+                elif all(divides_by(f, k) for f in factors) or any(
+                        all(divides_by(f, n) for f in factors) for n in longer):
                     verdicts["good"].append(w)
                 else:
                     verdicts["odd"].append(w)
