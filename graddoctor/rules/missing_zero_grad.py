@@ -91,6 +91,30 @@ class MissingZeroGrad(Rule):
                        "other loss out of these parameters: detach, or requires_grad_(False) on them "
                        "while it runs")
                 fixes = self.leak_fixes
+            elif astray := self._clear_astray(a, first, consumed, backward, mine):
+                # a zero_grad() runs every update, but on parameters no optimizer steps (another
+                # model's, a leftover optimizer's): that call is the line to change
+                where = f"line {backward.loc.line}" if backward.loc else "the backward"
+                what = (f"only {a.names(astray['params'])}, which no optimizer steps"
+                        if astray["params"] else "no parameter that an optimizer steps")
+                message = (f"this zero_grad() clears {what} (another model, or an optimizer "
+                           f"that never steps), not the parameters {a.optimizer_name(first.opt)} "
+                           f"steps: {a.names(pids)} are never "
+                           f"cleared, so the backward at {where} adds onto gradients an earlier step "
+                           f"already used and every step applies the sum of all gradients so far "
+                           f"(first seen at step {first.step_index})")
+                fix = ("call zero_grad() on the optimizer that steps (or on the model it trains) "
+                       "here instead")
+                fixes = {}
+                loc = astray.loc
+            elif bare := self._bare_zero_grad(backward):
+                message = (f"`{bare[1]}` names the method without calling it: the statement does "
+                           f"nothing, so {a.names(pids)} are never cleared and every optimizer step "
+                           f"applies the sum of all gradients so far (first seen at step "
+                           f"{first.step_index})")
+                fix = f"call it: {bare[1]}()"
+                fixes = {}
+                loc = bare[0]
             else:
                 message = (f"this backward() adds onto gradients an earlier step already used: "
                            f"{a.names(pids)} are never cleared, so every optimizer step applies the "
@@ -99,6 +123,8 @@ class MissingZeroGrad(Rule):
             yield self.finding(
                 message, loc, fix=fix, fixes=fixes,
                 related=(
+                    related(backward, "the backward that adds onto the uncleared gradients")
+                    if loc is not backward.loc else None,
                     related(consumed, "the step that already applied these gradients") if consumed
                     else None if old.backward.loc == loc  # the same line: the closure's earlier call
                     else related(old.backward, "the backward whose gradients leak into this step"
@@ -111,3 +137,32 @@ class MissingZeroGrad(Rule):
                           "optimizer": first.opt, "old_backward_calls": len(first.old),
                           "steps_affected": len({u.step.seq for u in uses})},
             )
+
+    @staticmethod
+    def _clear_astray(a, first, consumed, backward, mine):
+        """The last zero_grad() between the step that already used the gradients and this
+        backward that clears nothing any stepped optimizer owns (None: no such clear)."""
+        if consumed is None:
+            return None
+        stepped = {e["opt"] for e in a.of_kind("step")}
+        owned = {p for opt in stepped for p in a.opt_params.get(opt, ())}
+        astray = [c for c in a.of_kind("clear")
+                  if consumed.seq < c.seq < backward.seq and c.loc is not None
+                  and not (mine | owned) & set(c["params"] or ())]
+        return astray[-1] if astray else None
+
+    @staticmethod
+    def _bare_zero_grad(backward):
+        """``(location, text)`` of a ``something.zero_grad`` statement without parentheses in the
+        loop around this backward (a no-op the trace cannot show), or None."""
+        loc = backward.loc
+        if loc is None or loc.via:
+            return None
+        from dataclasses import replace
+
+        from ..analysis.source import bare_method_lines
+
+        lines = bare_method_lines(loc.path, loc.line, "zero_grad")
+        if not lines:
+            return None
+        return replace(loc, line=lines[0][0]), lines[0][1]

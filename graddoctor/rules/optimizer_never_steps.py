@@ -68,9 +68,33 @@ class OptimizerNeverSteps(Rule):
                            f"calls filled the gradients of {a.names(fed)}, and no optimizer step "
                            f"ever applied them (is `optimizer.step` missing its parentheses?)")
                 severity = None
+            loc, fix, rel = init.loc, None, ()
+            bare = _bare_step(first)
+            if bare is not None:  # `optimizer.step` named, not called: that statement is the bug
+                loc, text = bare
+                message = (f"`{text}` names the method without calling it: the statement does "
+                           f"nothing, so {a.optimizer_name(opt)} never steps: {backwards} backward() "
+                           f"calls filled the gradients of {a.names(fed)}, and nothing applied them")
+                fix, severity = f"call it: {text}()", None
+                rel = (related(init, "the optimizer that never steps"),)
             yield self.finding(
-                message, init.loc, severity=severity,
-                related=(related(first, "a backward that fills its parameters' gradients"),),
+                message, loc, severity=severity, fix=fix,
+                related=rel + (related(first, "a backward that fills its parameters' gradients"),),
                 evidence={"optimizer": opt, "params": a.param_names(fed, limit=8),
                           "backward_calls": backwards, "steps": a.step_count},
             )
+
+
+def _bare_step(backward):
+    """``(location, text)`` of a ``something.step`` statement without parentheses in the loop
+    around this backward (a no-op the trace cannot show), or None. A scheduler's is not ours."""
+    loc = backward.loc
+    if loc is None or loc.via:
+        return None
+    from dataclasses import replace
+
+    from ..analysis.source import bare_method_lines
+
+    lines = [(line, text) for line, text in bare_method_lines(loc.path, loc.line, "step")
+             if "sched" not in text.lower()]
+    return (replace(loc, line=lines[0][0]), lines[0][1]) if lines else None

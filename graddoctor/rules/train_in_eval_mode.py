@@ -82,13 +82,23 @@ class TrainInEvalMode(Rule):
                 ("dropout", "dropout is off"),
                 ("batchnorm", "BatchNorm normalises with running statistics that stop adapting"),
             ) if k in layers)
+            message = (f"this eval() is never undone: the training forward{at} runs {kinds} in "
+                       f"eval mode ({tl.names(mids)}) while gradients flow through "
+                       f"{one_or_many(len(mids), 'it', 'them')} (optimizer step {f.step_index} "
+                       f"follows): training continues, but {effect}")
+            fix = None
+            bare = _bare_train(f.event)
+            if bare is not None:  # `model.train` named, not called: that statement is the bug
+                message = (f"`{bare[1]}` names the method without calling it, so the eval() at "
+                           f"line {where.line if where else '?'} is never undone: the training "
+                           f"forward{at} runs {kinds} in eval mode ({tl.names(mids)}) while "
+                           f"gradients flow through {one_or_many(len(mids), 'it', 'them')}: "
+                           f"training continues, but {effect}")
+                fix = f"call it: {bare[1]}()"
             yield self.finding(
-                f"this eval() is never undone: the training forward{at} runs {kinds} in eval mode "
-                f"({tl.names(mids)}) while gradients flow through {one_or_many(len(mids), 'it', 'them')} "
-                f"(optimizer step {f.step_index} "
-                f"follows): training continues, but {effect}",
-                where,
+                message, bare[0] if bare is not None else where, fix=fix,
                 related=(
+                    related(cause, "the eval() it leaves in place") if bare is not None else None,
                     related(f.event, "a training forward that runs in eval mode"),
                     related(f.step, "the optimizer step that follows"),
                 ),
@@ -104,3 +114,17 @@ def _mode_matters(state: dict) -> bool:
     if state.get("layer") == "batchnorm":
         return bool(state.get("track_running_stats"))
     return False
+
+
+def _bare_train(forward):
+    """``(location, text)`` of a ``something.train`` statement without parentheses in a loop
+    around this training forward (a no-op the trace cannot show), or None."""
+    loc = forward.loc if forward is not None else None
+    if loc is None or loc.via:
+        return None
+    from dataclasses import replace
+
+    from ..analysis.source import bare_method_lines
+
+    lines = bare_method_lines(loc.path, loc.line, "train", outer=True)
+    return (replace(loc, line=lines[0][0]), lines[0][1]) if lines else None

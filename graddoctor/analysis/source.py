@@ -1,0 +1,46 @@
+"""What the user's source says around an event's line, for the few bugs no runtime event can
+show: a method named without its call (``optimizer.zero_grad`` with no parentheses) runs nothing,
+so the trace holds no trace of it. Read-only, cached, and silent on any failure (a file that is
+gone, not Python, or a location that is not a file): the rules then fall back to the trace."""
+
+from __future__ import annotations
+
+import ast
+import linecache
+from functools import lru_cache
+
+
+@lru_cache(maxsize=64)
+def _tree(path: str, size: int) -> ast.AST | None:
+    try:
+        return ast.parse("".join(linecache.getlines(path)), filename=path)
+    except Exception:
+        return None
+
+
+def _parse(path: str) -> ast.AST | None:
+    lines = linecache.getlines(path)
+    return _tree(path, len(lines)) if lines else None
+
+
+def bare_method_lines(path: str, line: int, method: str, outer: bool = False) -> list[tuple[int, str]]:
+    """The lines, inside the innermost loop that holds ``line``, of expression statements that
+    name ``<something>.<method>`` without calling it (``optimizer.zero_grad``): they do nothing.
+    Each as ``(line, its source text)``.
+    ``outer``: search the outermost loop that holds ``line`` instead (a per-epoch call such as
+    ``model.train()`` sits in the epoch loop, around the batch loop). Empty when the source
+    cannot be read or ``line`` is in no loop."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    loop = None
+    for node in ast.walk(tree):
+        if (isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (loop is None or (node.lineno < loop.lineno if outer else node.lineno >= loop.lineno))):
+            loop = node
+    if loop is None:
+        return []
+    return sorted((node.lineno, ast.unparse(node.value)) for node in ast.walk(loop)
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Attribute)
+                  and node.value.attr == method)
