@@ -56,7 +56,7 @@ def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[
     """Every script option's value (and those of the other options in ``values``, such as the
     CLI's --grad-flow), resolved as ``resolve_options`` says, and the pyproject.toml shown."""
     from .analysis.run_rules import unknown_selectors
-    from .config import Config, ConfigError, load_config
+    from .config import Config, ConfigError, load_config, merge
 
     wanted = {**SCRIPT_OPTIONS, **{name: OPTIONS[name] for name in values if name in OPTIONS}}
     checked: dict[str, Any] = {}
@@ -78,14 +78,10 @@ def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[
         except ConfigError as exc:
             raise ScriptError(str(exc)) from None
     shown = _display(config.path) if config.path else None
-    settings: dict[str, Any] = {}
-    for name, option in wanted.items():
-        if name in checked and (name in explicit or name not in config.values):
-            settings[name] = checked[name]
-        elif name in config.values:
-            settings[name] = config.values[name]
-        else:
-            settings[name] = option.check(option.default, source)
+    # what was given beats the config where it was given explicitly; the defaults never do
+    defaults = {name: option.check(option.default, source)
+                for name, option in wanted.items() if name not in checked}
+    settings = merge({**defaults, **checked}, explicit & checked.keys(), config)
     for key in ("select", "ignore"):
         unknown = unknown_selectors(settings[key])
         if unknown:

@@ -423,12 +423,11 @@ class BackwardWatcher:
                 rec.internal_error("backward (before)", exc)
                 ctx, loc, extra = None, None, {}
             me = get_ident()
-            running[me] = rec.current_backward = ctx
+            running[me] = ctx
             try:
                 return original(*args, **kwargs)
             finally:
                 running.pop(me, None)
-                rec.current_backward = next(iter(running.values()), None) if running else None
                 if ctx is not None:
                     try:
                         watcher.end(ctx, loc, extra)

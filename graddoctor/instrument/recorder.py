@@ -138,7 +138,6 @@ class Recorder:
         # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
         self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
         self.in_scaler_step = False  # an enabled, unfused GradScaler.step is running
-        self.current_backward: Any = None  # BackwardContext while a backward runs
         self.running_backwards: dict[int, Any] = {}  # thread ident -> its running backward's context
         self.in_step: int | None = None  # optimizer id while optimizer.step(closure) runs
         self._opt_ids: dict[int, int] = {}
