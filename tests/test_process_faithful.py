@@ -301,7 +301,7 @@ def _two_threads(t, clear_a: bool, threads=(1, 2)):
 
 
 def _ledger_findings(trace):
-    from graddoctor.analysis.run_rules import analyze
+    from graddoctor.rules.engine import analyze
 
     findings, errors = analyze(trace)
     assert not errors

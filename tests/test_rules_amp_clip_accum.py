@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from graddoctor.analysis.run_rules import analyze
+from graddoctor.rules.engine import analyze
 from graddoctor.findings import Severity
 from graddoctor.analysis import Analysis
 from graddoctor.rules import find_rule
