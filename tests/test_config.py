@@ -169,7 +169,7 @@ def test_exact_messages_for_bad_values():
 
 @pytest.mark.parametrize("value", [float("nan"), -0.5, True])
 def test_a_configured_timeout_must_be_a_real_number(value):
-    """NaN is refused in pyproject.toml too, naming the file (it used to reach the library)."""
+    """NaN is refused in pyproject.toml too, naming the file, before it can reach the library."""
     with pytest.raises(ConfigError, match="timeout must be a number >= 0"):
         validate({"timeout": value}, "p")
     assert validate({"timeout": float("inf")}, "p") == {"timeout": float("inf")}

@@ -1,5 +1,6 @@
 """GD2xx rules on hand-written traces (no torch): each bug is found at the right line, and the
-correct patterns of DESIGN §4 stay silent."""
+correct patterns (docs/architecture.md, "Correct patterns the rules must not flag") stay
+silent."""
 
 from __future__ import annotations
 

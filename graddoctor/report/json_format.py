@@ -1,5 +1,5 @@
-"""JSON report (DESIGN §6), versioned by ``schema_version``; its JSON Schema is
-``report.schema.json`` next to this module (``SCHEMA_PATH``)."""
+"""JSON report (docs/architecture.md, "Output contract"), versioned by ``schema_version``; its
+JSON Schema is ``report.schema.json`` next to this module (``SCHEMA_PATH``)."""
 
 from __future__ import annotations
 
