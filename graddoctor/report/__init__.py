@@ -3,4 +3,4 @@ report.schema.json), sarif (SARIF 2.1.0). They render a Report; they never decid
 puts them behind one interface (``name``, ``render(report, options)``) and one registry,
 ``FORMATS``, which the CLI dispatches through."""
 
-from . import formats  # noqa: E402,F401  (attaches the formats to Report: render(), to_json(), ...)
+from . import formats  # noqa: F401  (attaches the formats to Report: render(), to_json(), ...)
