@@ -1,4 +1,4 @@
-"""Cost of watching functional dropout and regression losses (wave 2), min of many short repeats.
+"""Cost of watching functional dropout and regression losses, min of many short repeats.
 
 Each case runs under ``Instrumentation`` with and without the two watchers
 (``FunctionalDropoutWatcher``, ``LossShapeWatcher``); the difference is what they add per call.

@@ -5,17 +5,17 @@
 
 Plain Python, no pytest; the repository root is put on sys.path of every child.
 
-``-o`` (issue 13, item 2)
+``-o``
     ``graddoctor check --steps 0 train.py`` and the same with ``-o report.json`` (then again
     with ``--steps N``, where a provisional report is due after every step), on a tiny MLP
     (three tensors, SGD) for N steps, run alternately (plain, -o, plain, -o ...), each in a
     fresh process. Prints both times (wall, and CPU time of the child: user + sys, the figure
     to trust on a shared machine) and their ratio. Target: -o within 1.5x.
 
-Trace memory (issue 13, item 3)
+Trace memory
     The peak RSS of ``graddoctor check --steps 0`` on the same script for a short and a long
     run, with folding on (as shipped) and off (``fold.FOLD_AFTER`` set past the run: every
-    event kept, as before), and the growth per step between the two. Target: bounded (a few
+    event kept), and the growth per step between the two. Target: bounded (a few
     bytes per step, noise), against ~2 KB per step without folding.
 """
 

@@ -1,4 +1,4 @@
-"""Cost of watching BatchNorm/dropout forwards (issue 4), min of many short repeats.
+"""Cost of watching BatchNorm/dropout forwards, min of many short repeats.
 
 1. Mechanism: a global module forward pre-hook that only type-checks versus patching the
    ``forward`` of the BatchNorm/dropout classes with a wrapper that does nothing.

@@ -36,7 +36,7 @@ Per-step overhead
 
 Threads: ``--threads 1`` by default (OMP_NUM_THREADS and torch.set_num_threads). On a shared
 2-core machine a multi-threaded pool fighting other processes makes step times erratic
-(DESIGN §8); one thread is also the harder case for the ratio, since graddoctor's Python work
+(docs/architecture.md, "Overhead targets"); one thread is also the harder case for the ratio, since graddoctor's Python work
 is single-threaded and does not shrink when torch's kernels get more threads.
 
 Also measured: Python memory the trace and recorder keep per step (tracemalloc; shown to grow

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["check_script", "watch", "Watch", "Report", "Finding", "Severity", "ScriptError",
            "WatchError", "__version__"]
@@ -55,7 +55,7 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext graddoctor``: registers the ``%%graddoctor`` cell magic (notebook.py)."""
-    from .notebook import load_ipython_extension as load
+    """``%load_ext graddoctor``: registers the ``%%graddoctor`` cell magic (magic.py)."""
+    from .magic import load_ipython_extension as load
 
     load(ipython)

@@ -55,7 +55,7 @@ def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[
                      source: Source, use_config: bool = True) -> tuple[dict[str, Any], str | None]:
     """Every script option's value (and those of the other options in ``values``, such as the
     CLI's --grad-flow), resolved as ``resolve_options`` says, and the pyproject.toml shown."""
-    from .analysis.run_rules import unknown_selectors
+    from .rules.engine import unknown_selectors
     from .config import Config, ConfigError, load_config, merge
 
     wanted = {**SCRIPT_OPTIONS, **{name: OPTIONS[name] for name in values if name in OPTIONS}}
@@ -176,7 +176,7 @@ class Watch(contextlib.ContextDecorator):
             known = ", ".join(WATCH_OPTIONS)
             raise TypeError(f"watch() got unknown option(s) {', '.join(map(repr, options))} "
                             f"(known: {known})")
-        from .analysis.run_rules import unknown_selectors
+        from .rules.engine import unknown_selectors
 
         for key in ("select", "ignore"):
             unknown = unknown_selectors(checked[key])

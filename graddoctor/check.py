@@ -19,7 +19,8 @@ from typing import Callable
 
 from . import events
 from .analysis import Analysis
-from .analysis.run_rules import analyze, selected_rules
+from .rules import ALL_RULES
+from .rules.engine import analyze, selected_rules
 from .errors import WatchError
 from .options import OPTIONS, CheckOptions
 from .report.model import Report, RunInfo
@@ -184,7 +185,7 @@ def build_report(options: CheckOptions, rec, trace: Trace, *, status: str, error
         backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
         duration_s=round(duration, 3), error=error, notes=notes,
         step_budget=options.steps or None, config=options.config_path,
-        rules=[r.code for r in rules] if options.select or options.ignore else None,
+        rules_skipped=[r.code for r in ALL_RULES if r not in rules],
     )
     return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis,
                   fail_on=options.fail_on, allow_incomplete=options.allow_incomplete,

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .options import CONFIG_KEYS, split_selectors  # noqa: F401 (split_selectors: re-exported)
+from .options import CONFIG_KEYS
 
 
 class ConfigError(Exception):

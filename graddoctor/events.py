@@ -362,3 +362,44 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "idle_forward", "functional_grad"})
 """Observations made inside a forward (``Recorder.emit_aside``): they close no aggregate, and the
 analysis and the timeline treat them as details, not as calls of the loop."""
+
+
+# -- how the loop's turns name events --------------------------------------------------------
+# The report's update timeline (analysis/turns.py) and the recorder's folding
+# (instrument/fold.py) cut the trace into the same turns of the training loop, so they share
+# this vocabulary; it lives here, below both.
+
+# Short label per event kind; extend it when you add a kind worth naming differently.
+CALL_LABELS = {
+    "backward": "backward",
+    "clear": "zero_grad",
+    "step": "step",
+    "clip": "clip",
+    "unscale": "unscale",
+    "scale": "scale",
+    "scaler_scale": "scale",
+    "scaler_step": "scaler.step",
+    "scaler_update": "scaler.update",
+    "scheduler_step": "sched.step",
+    "train": "train()",
+    "eval": "eval()",
+    "epoch_start": "epoch",
+    "freeze": "requires_grad_(False)",
+    "bn_reset": "reset_running_stats()",
+    "update_bn": "update_bn()",
+    "grad_edit": "grad edit",
+    "ddp_no_sync": "no_sync",
+}
+# Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
+NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "internal_error", "step_begin",
+             "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
+             "replica_checksum",  # bookkeeping after a step
+             "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
+# A call that makes another one internally at the same line shows once: scaler.step(opt) runs
+# unscale_ (when the user did not) and optimizer.step(); scaler.scale(loss).backward() is one call.
+ABSORBS = {"scaler.step": {"step", "unscale"}, "backward": {"scale"}}
+
+
+def is_per_forward(kind: str) -> bool:
+    """Forward passes of modules (BatchNorm, dropout, ...) happen many times per update."""
+    return "forward" in kind

@@ -62,7 +62,7 @@ class Finding:
     ranks: tuple[int, ...] | None = None
     processes: tuple[str, ...] = ()
     # the fix in a training framework's terms, keyed by framework; the analysis swaps one in for
-    # ``fix`` when the finding came through that framework (analysis/run_rules.py)
+    # ``fix`` when the finding came through that framework (rules/engine.py)
     fixes: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict:

@@ -10,7 +10,7 @@ transformers Trainer. One table each, read by the location finder (graddoctor/lo
 
 Rules never test for a framework themselves: a finding's fix is picked from the rule's
 ``fixes`` variants by the framework of its location, else the one that drove the run's optimizer
-steps (``Analysis.framework``; graddoctor/analysis/run_rules.py). A framework is recognised by
+steps (``Analysis.framework``; graddoctor/rules/engine.py). A framework is recognised by
 its installed location (site-packages / dist-packages): one installed from a source checkout
 elsewhere counts as the user's code. No torch here, and no framework import.
 """

@@ -254,7 +254,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Text report: add the per-layer gradient norms of the last update.", watch=NOT_IN_WATCH),
     Option("allow_incomplete", ("--allow-incomplete",), Flag(), False,
            "Judge a run that crashed or timed out after its first backward or step by its "
-           "findings alone (exit 0 or 1), as before; by default such an incomplete check "
+           "findings alone (exit 0 or 1), like a complete check; by default such an incomplete check "
            "exits 2.", field="allow_incomplete", watch=NOT_IN_WATCH),
     Option("nproc_per_node", ("--nproc-per-node",), Count(), 0,
            "Check a distributed script: start this many ranks through torch.distributed.run (as "

@@ -1,5 +1,5 @@
-"""Read the ``# expect: slug`` marks of a fixture script (DESIGN §7) and compare them with what
-a check found.
+"""Read the ``# expect: slug`` marks of a fixture script (docs/architecture.md, "Fixture
+marks") and compare them with what a check found.
 
 ``# expect: slug`` — a finding of that rule at that line, at the rule's default severity
 (``graddoctor.rules.find_rule(slug).severity``); ``# expect: slug(info)`` — at another

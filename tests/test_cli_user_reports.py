@@ -1,4 +1,4 @@
-"""What users hit on the command line (issue 13, "smaller ones"): the report format from the -o
+"""What users hit on the command line: the report format from the -o
 name, the verdict's mark and the exit code, incomplete checks, only some rules, a script option
 typed before `--`, escape codes in a script's message."""
 

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from graddoctor.cli import app
-from graddoctor.config import Config, ConfigError, find_config, load_config, merge, split_selectors, validate
+from graddoctor.config import Config, ConfigError, find_config, load_config, merge, validate
+from graddoctor.options import split_selectors
 from report_samples import MISSING_ZERO_GRAD, UNUSED_LAYER, write
 
 runner = CliRunner()
@@ -168,7 +169,7 @@ def test_exact_messages_for_bad_values():
 
 @pytest.mark.parametrize("value", [float("nan"), -0.5, True])
 def test_a_configured_timeout_must_be_a_real_number(value):
-    """NaN is refused in pyproject.toml too, naming the file (it used to reach the library)."""
+    """NaN is refused in pyproject.toml too, naming the file, before it can reach the library."""
     with pytest.raises(ConfigError, match="timeout must be a number >= 0"):
         validate({"timeout": value}, "p")
     assert validate({"timeout": float("inf")}, "p") == {"timeout": float("inf")}
@@ -274,3 +275,11 @@ def test_configured_epoch_batches_reaches_the_replay_and_a_typed_one_wins(tmp_pa
     assert report["run"]["steps"] == 9, report["run"]  # 3 epochs of 3 batches
     _, report = check(script, "--format", "json", "--epoch-batches", "4")
     assert report["run"]["steps"] == 12
+
+
+def test_the_replay_and_the_option_table_agree_on_the_default_epoch_length():
+    """The instrumentation cannot read the option table (it sits below it), so each names 17."""
+    from graddoctor.instrument.dataloader import DEFAULT_EPOCH_BATCHES
+    from graddoctor.options import OPTIONS
+
+    assert OPTIONS["epoch_batches"].default == DEFAULT_EPOCH_BATCHES

@@ -1,4 +1,4 @@
-"""Long runs (issue 13, items 2 and 3): the recorder folds repeated turns out of the trace
+"""Long runs: the recorder folds repeated turns out of the trace
 (instrument/fold.py) so memory stays bounded, findings and their counts stay what they were, and
 provisional ``-o`` reports take a bounded share of the run's time (check.py)."""
 

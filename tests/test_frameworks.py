@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from graddoctor.analysis import Analysis
-from graddoctor.analysis.run_rules import analyze
+from graddoctor.rules.engine import analyze
 from graddoctor.findings import Severity
 from graddoctor.frameworks import framework_of_path, hook_key
 from graddoctor.location import LocationFinder, _hook_line

@@ -1,6 +1,6 @@
-"""Scripts that train with torch.autograd.grad or torch.func (issue 13, item 8): they ended
-"no-training-loop", exit 2. Now the report says what was not checked and why (a run note), and
-the exit code follows the findings."""
+"""Scripts that train with torch.autograd.grad or torch.func: graddoctor does not follow those
+gradients, so without a word such a script would read as "no-training-loop" (exit 2). The report
+says what was not checked and why (a run note), and the exit code follows the findings."""
 
 from __future__ import annotations
 

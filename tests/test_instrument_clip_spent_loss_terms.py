@@ -1,6 +1,6 @@
-"""The two facts wave-2 rules added to existing events, on real torch calls: whether a clip got
-an already-iterated generator (``clip.spent``), and the loss terms below a constant factor
-(``backward.loss_terms``)."""
+"""Two facts that clip-clips-nothing and accumulation-never-accumulates read from existing
+events, on real torch calls: whether a clip got an already-iterated generator (``clip.spent``),
+and the loss terms below a constant factor (``backward.loss_terms``)."""
 
 from __future__ import annotations
 

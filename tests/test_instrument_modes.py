@@ -243,8 +243,8 @@ def test_eval_on_a_frozen_part_is_marked_frozen():
 
 
 def test_torch_compile_fullgraph_of_batchnorm_and_dropout_models_works_under_instrumentation():
-    """Dynamo refused to inline the patched forwards (graddoctor's folder is on its skip list):
-    fullgraph=True then failed on any model with BatchNorm or dropout."""
+    """Dynamo must inline the patched forwards although graddoctor's folder is on its skip list:
+    otherwise fullgraph=True fails on any model with BatchNorm or dropout."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.BatchNorm1d(8), nn.Linear(8, 1)).eval()
     x = torch.randn(16, 4)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graddoctor.analysis.run_rules import analyze
+from graddoctor.rules.engine import analyze
 from graddoctor.analysis import Analysis
 from graddoctor.trace import Trace, TraceBuilder
 

@@ -1,6 +1,7 @@
 """Notebooks (graddoctor/notebook.py): ``graddoctor check nb.ipynb`` runs the code cells in
 order as one script, IPython syntax skipped with a note, locations read ``cell N, line M`` in
-text and point into the .ipynb file in JSON/SARIF; ``%%graddoctor`` in a real Jupyter kernel."""
+text and point into the .ipynb file in JSON/SARIF; ``%%graddoctor`` (graddoctor/magic.py) in a
+real Jupyter kernel."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Whatever the script does to its process, graddoctor is never the reason it fails or leaves
-something behind (issue 13): deep autograd graphs, ``os.fork``, ``os.chdir``, training in
+something behind: deep autograd graphs, ``os.fork``, ``os.chdir``, training in
 threads, the installed ``graddoctor`` command with ``-m``."""
 
 from __future__ import annotations
@@ -205,8 +205,8 @@ print("parent done", flush=True)
 
 
 def test_fork_child_runs_uninstrumented_and_never_outlives_the_check(tmp_path):
-    """The child used to block for ever on faulthandler's lock once its script ended (the parent
-    then waited until --timeout) and outlived graddoctor."""
+    """A forked child must not block on faulthandler's lock once its script ends (the parent would
+    wait until --timeout) nor outlive graddoctor."""
     write(tmp_path / "fork.py", FORK)
     for mode, ended in (("train", "it was still running when the check ended, so graddoctor stopped it"),
                         ("raise", "it ended with exit code 1")):
@@ -301,7 +301,7 @@ def _two_threads(t, clear_a: bool, threads=(1, 2)):
 
 
 def _ledger_findings(trace):
-    from graddoctor.analysis.run_rules import analyze
+    from graddoctor.rules.engine import analyze
 
     findings, errors = analyze(trace)
     assert not errors
@@ -314,6 +314,6 @@ def test_ledger_follows_each_threads_loop():
     assert _ledger_findings(_two_threads(TraceBuilder(), clear_a=True)) == []
     assert _ledger_findings(_two_threads(TraceBuilder(), clear_a=False)) == [("missing-zero-grad", 6)]
     # the same calls without thread keys read as one loop: thread 1's step applies a gradient of
-    # a phase before thread 2's steps (what threads used to get)
+    # a phase before thread 2's steps (why events of other threads carry their thread)
     assert _ledger_findings(_two_threads(TraceBuilder(), clear_a=True, threads=(None, None))) \
         == [("stale-grad", 7)]

@@ -120,7 +120,7 @@ def test_library_messages_are_unchanged(kwargs, message):
 
 def test_library_checks_every_option_of_the_table():
     """fail_on and the selectors are checked by the same table as the command line and the
-    config (a bad fail_on used to fail only after the whole run, in Report.exit_code)."""
+    config, before the run (not after the whole run, in Report.exit_code)."""
     with pytest.raises(ScriptError, match="--fail-on must be one of error, warning, info, never, "
                                           "not 'warn'"):
         validated(CheckOptions(target="x.py", fail_on="warn"))

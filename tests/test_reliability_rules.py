@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graddoctor.analysis import Analysis
-from graddoctor.analysis.run_rules import analyze
+from graddoctor.rules.engine import analyze
 from graddoctor.findings import Finding, Related, Severity
 from graddoctor.jsonsafe import json_safe
 from graddoctor.rules import ALL_RULES

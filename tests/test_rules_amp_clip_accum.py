@@ -1,11 +1,12 @@
 """GD2xx rules on hand-written traces (no torch): each bug is found at the right line, and the
-correct patterns of DESIGN §4 stay silent."""
+correct patterns (docs/architecture.md, "Correct patterns the rules must not flag") stay
+silent."""
 
 from __future__ import annotations
 
 import json
 
-from graddoctor.analysis.run_rules import analyze
+from graddoctor.rules.engine import analyze
 from graddoctor.findings import Severity
 from graddoctor.analysis import Analysis
 from graddoctor.rules import find_rule

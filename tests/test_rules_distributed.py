@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from graddoctor import events as ev
 from graddoctor.analysis import Analysis
-from graddoctor.analysis.run_rules import analyze
+from graddoctor.rules.engine import analyze
 from graddoctor.report.timeline import shapes
 from graddoctor.rules import find_rule
 from graddoctor.trace import TraceBuilder

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graddoctor import events as ev
-from graddoctor.analysis.run_rules import analyze
+from graddoctor.rules.engine import analyze
 from graddoctor.trace import TraceBuilder
 
 

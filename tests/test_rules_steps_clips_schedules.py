@@ -1,4 +1,4 @@
-"""Wave-2 rules on hand-written traces (no torch): double-step (GD108), clip-clips-nothing
+"""Rules over steps, clips and schedules on hand-written traces (no torch): double-step (GD108), clip-clips-nothing
 (GD208), accumulation-never-accumulates (GD209), plateau-every-batch (GD210). Each is found at
 the right line with the right severity, and their correct look-alikes stay silent."""
 

@@ -1,7 +1,7 @@
 """The analysis of a finished trace: every concept the rules and the report views share, computed
 once, in one place. Pure Python over ``Trace``; no torch.
 
-``Analysis(trace)`` is built once per check (``analysis.run_rules.analyze``); each rule's
+``Analysis(trace)`` is built once per check (``rules.engine.analyze``); each rule's
 ``check(analysis)`` and each report view reads it. What lives where:
 
 ===================  ====================================================================
@@ -41,19 +41,7 @@ from functools import cached_property
 from typing import Iterable
 
 from ..trace import Event, Trace
-
-
-def written(backward: Event) -> tuple[int, ...]:
-    """The parameters a backward wrote: fresh, accumulated onto, or cleared outside zero_grad."""
-    return (*backward.get("fresh", ()), *backward.get("accumulated", ()),
-            *backward.get("cleared_outside", ()))
-
-
-def listing(names, limit: int) -> str:
-    """'fc.weight, fc.bias and 3 more': how messages list parameters and layers."""
-    names = list(dict.fromkeys(names))
-    text = ", ".join(names[:limit])
-    return text + (f" and {len(names) - limit} more" if len(names) > limit else "")
+from .basics import listing, written
 
 
 class Analysis:

@@ -1,5 +1,5 @@
-"""The gradient ledger (DESIGN §3): replays a trace and keeps, for every parameter, the
-contributions in its ``.grad`` since it was last cleared.
+"""The gradient ledger (docs/architecture.md, "The gradient ledger"): replays a trace and
+keeps, for every parameter, the contributions in its ``.grad`` since it was last cleared.
 
 A *phase* is a maximal run of backward calls followed by the optimizer steps after them; the
 next backward opens a new phase. From that the ledger derives two kinds of observations that

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ..events import ASIDE_KINDS
 from ..trace import Event
 
-from . import listing
+from .basics import listing
 
 if TYPE_CHECKING:
     from . import Analysis

@@ -2,7 +2,7 @@
 the loop body at a time (the report's update timeline shows them). No torch.
 
 Generic over event kinds: any event with a location that is not set-up or a per-forward detail
-becomes a call, labelled from ``LABELS`` (unknown kinds show their own name), so new watchers
+becomes a call, labelled from ``events.CALL_LABELS`` (unknown kinds show their own name), so new watchers
 appear in the timeline without a change.
 
 A turn ends after its optimizer step(s), at the first later call that starts the loop's next
@@ -19,57 +19,23 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..events import ASIDE_KINDS
+from ..events import ABSORBS, CALL_LABELS, NOT_CALLS, is_per_forward
 from ..notebook import cell_of
 from ..trace import Event, Location
 
 if TYPE_CHECKING:
     from . import Analysis
 
-# Short label per event kind; extend it when you add a kind worth naming differently.
-LABELS = {
-    "backward": "backward",
-    "clear": "zero_grad",
-    "step": "step",
-    "clip": "clip",
-    "unscale": "unscale",
-    "scale": "scale",
-    "scaler_scale": "scale",
-    "scaler_step": "scaler.step",
-    "scaler_update": "scaler.update",
-    "scheduler_step": "sched.step",
-    "train": "train()",
-    "eval": "eval()",
-    "epoch_start": "epoch",
-    "freeze": "requires_grad_(False)",
-    "bn_reset": "reset_running_stats()",
-    "update_bn": "update_bn()",
-    "grad_edit": "grad edit",
-    "ddp_no_sync": "no_sync",
-}
-# Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
-SKIP = {"run_start", "run_end", "param", "optimizer_init", "internal_error", "step_begin",
-        "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
-        "replica_checksum",  # bookkeeping after a step
-        "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
-# A call that makes another one internally at the same line shows once: scaler.step(opt) runs
-# unscale_ (when the user did not) and optimizer.step(); scaler.scale(loss).backward() is one call.
-ABSORBS = {"scaler.step": {"step", "unscale"}, "backward": {"scale"}}
 # Kinds that apply an update (a GradScaler step that skipped the optimizer still ends one).
 UPDATE_KINDS = {"step", "scaler_step"}
 
 
-def is_per_forward(kind: str) -> bool:
-    """Forward passes of modules (BatchNorm, dropout, ...) happen many times per update."""
-    return "forward" in kind
-
-
 def label_of(event: Event) -> str | None:
-    if event.loc is None or event.kind in SKIP or is_per_forward(event.kind):
+    if event.loc is None or event.kind in NOT_CALLS or is_per_forward(event.kind):
         return None
     if event.kind == "backward" and "allreduce" in event.data:  # DDP: synced or not
         return "backward + all-reduce" if event.data["allreduce"] else "backward (no_sync)"
-    return LABELS.get(event.kind, event.kind)
+    return CALL_LABELS.get(event.kind, event.kind)
 
 
 @dataclass

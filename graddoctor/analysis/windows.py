@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..trace import Event
-from . import written
+from .basics import written
 
 if TYPE_CHECKING:
     from . import Analysis

@@ -38,15 +38,15 @@ class Instrumentation:
         self.backward = BackwardWatcher(rec, self.optimizers.owned)
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
         self.watchers = [self.optimizers, self.backward, self.dataloader]
-        # AMP, clipping, schedulers (issue 3)
+        # AMP, clipping, schedulers
         self.backward.loss_describers.append(self.dataloader.describe_loss)
         self.watchers += [GradScalerWatcher(rec, self.backward), ClipWatcher(rec),
                           SchedulerWatcher(rec)]  # grad edits: OptimizerWatcher's step pass
-        # BatchNorm/dropout modes (issue 4)
+        # BatchNorm/dropout modes
         self.modes = ModeWatcher(rec, self.optimizers.owned)
         self.watchers.append(self.modes)
         self.optimizers.freeze_seq = self.modes.freeze_seq  # a frozen param's step names its freeze
-        # functional dropout left on in eval mode; regression losses that broadcast (wave 2)
+        # functional dropout left on in eval mode; regression losses that broadcast
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec)]
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
         self.watchers.append(FunctionalGradWatcher(rec))
@@ -54,13 +54,13 @@ class Instrumentation:
         self.idle = IdleParamWatcher(rec)
         self.optimizers.without_listener = self.idle.after_step
         self.watchers.append(self.idle)
-        # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs (issue 16)
+        # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
         self.ddp = DDPWatcher(rec)
         self.backward.loss_describers.append(self.ddp.describe_loss)
         self.optimizers.step_listeners.append(self.ddp.after_step)
         self.backward.aside = self.ddp  # FSDP2's accumulation without gradient sync
         self.watchers.append(self.ddp)
-        # torch.compile: keep all of the above out of compiled graphs (issue 6)
+        # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)
         self._named: set[int] = set()  # optimizers whose parameters were named at their first step

@@ -24,9 +24,12 @@ import functools
 import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from ..options import DEFAULT_EPOCH_BATCHES
 from .. import events as ev
 from .recorder import Recorder
+
+# the default length (see above); --epoch-batches' default in the option table (options.py) is
+# the same number, checked by tests/test_config.py
+DEFAULT_EPOCH_BATCHES = 17
 
 _STATE = "_graddoctor_epoch"  # attribute on the iterator: (loader, epoch, limit | None)
 

@@ -18,7 +18,7 @@ KB per step. The folder keeps:
 
 A turn here is the events from just after one ``step`` event to the next ``step`` event
 included. Memory is then bounded by the number of distinct shapes (a run whose every turn is new,
-such as an autograd graph that grows each step, keeps every turn, as before).
+such as an autograd graph that grows each step, keeps every turn: nothing to fold).
 
 The analysis reads the ``folded`` events: step numbers count the folded steps, and
 ``Analysis.weight(event)`` is 1 + the number of folded copies of that event, for rules that
@@ -31,6 +31,7 @@ from collections import deque
 from types import MappingProxyType
 
 from .. import events as ev
+from ..events import ABSORBS, CALL_LABELS, NOT_CALLS, is_per_forward
 from ..trace import Event, Trace
 
 FOLD_AFTER = 512  # optimizer steps recorded whole before any folding (the default replay: far fewer)
@@ -100,25 +101,16 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
     return tuple(out)
 
 
-# the turns of the loop as analysis/turns.py cuts them, decided while recording
-_LABELS = None
-
-
+# the turns of the loop as analysis/turns.py cuts them, decided while recording (the same
+# vocabulary: events.CALL_LABELS, NOT_CALLS, ABSORBS)
 def _label(kind: str, loc) -> str | None:
-    global _LABELS
-    if _LABELS is None:
-        from ..analysis import turns
-
-        _LABELS = turns
-    t = _LABELS
-    if loc is None or kind in t.SKIP or t.is_per_forward(kind):
+    if loc is None or kind in NOT_CALLS or is_per_forward(kind):
         return None
-    return t.LABELS.get(kind, kind)
+    return CALL_LABELS.get(kind, kind)
 
 
 def _same_call(a: str, b: str) -> bool:
-    absorbs = _LABELS.ABSORBS
-    return b in absorbs.get(a, ()) or a in absorbs.get(b, ())
+    return b in ABSORBS.get(a, ()) or a in ABSORBS.get(b, ())
 
 
 class Folder:

@@ -3,8 +3,8 @@ and the ``torch.func`` transforms.
 
 graddoctor judges the gradients that ``backward()`` accumulates in ``.grad`` and the optimizer
 steps that apply them. A gradient returned by one of these functions goes wherever the script
-puts it, unseen. A script that trains only this way used to end "no-training-loop" (exit 2);
-now each entry point is wrapped (``inlinable.watched``: compiled code calls the original) and the
+puts it, unseen. Unwatched, a script that trains only this way would end "no-training-loop"
+(exit 2), as if it had no loop; so each entry point is wrapped (``inlinable.watched``: compiled code calls the original) and the
 first call from each line of the user's code is recorded as a ``functional_grad`` aside event,
 so the report can say what was not checked and why (rules/notes.py).
 

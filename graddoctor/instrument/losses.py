@@ -82,7 +82,7 @@ class LossShapeWatcher:
             return  # a number, or a mistake torch reports itself
         pair = (input.shape, target.shape)
         if pair in self._fine:
-            return  # the same harmless broadcast as before (every step of a loop)
+            return  # a harmless broadcast already seen here (every step of a loop repeats it)
         a, b = list(pair[0]), list(pair[1])
         shape = broadcast_shape(a, b)
         size_a, size_b = math.prod(a), math.prod(b)

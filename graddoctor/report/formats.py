@@ -14,10 +14,9 @@ from __future__ import annotations
 import shutil
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-if TYPE_CHECKING:
-    from .model import Report
+from .model import Report
 
 
 @dataclass(frozen=True)
@@ -96,3 +95,36 @@ def get_format(name: str) -> ReportFormat:
         return FORMATS[name]
     except KeyError:
         raise ValueError(f"unknown report format {name!r} (known: {', '.join(FORMATS)})") from None
+
+
+class ReportViews:
+    """What ``Report.render()``, ``to_json()``, ``str()`` and ``__rich__`` do: the formats, behind
+    the public methods of the model (which only data lives in)."""
+
+    def render(self, report: Report, format: str, *, grad_flow: bool = False) -> str:
+        return get_format(format).render(report, RenderOptions(grad_flow=grad_flow))
+
+    def to_json(self, report: Report) -> dict:
+        from .json_format import to_dict
+
+        return to_dict(report)
+
+    def rich(self, report: Report):
+        from rich.console import Group
+        from rich.text import Text
+
+        from .text import render_to
+
+        class _Collect:  # render_to prints; keep what it prints, in order
+            def __init__(self):
+                self.parts = []
+
+            def print(self, *objects, **_):
+                self.parts.extend(objects or (Text(""),))
+
+        collect = _Collect()
+        render_to(collect, report)
+        return Group(*collect.parts)
+
+
+Report.views = ReportViews()

@@ -1,13 +1,14 @@
-"""JSON report (DESIGN §6), versioned by ``schema_version``; its JSON Schema is
-``report.schema.json`` next to this module (``SCHEMA_PATH``)."""
+"""JSON report (docs/architecture.md, "Output contract"), versioned by ``schema_version``; its
+JSON Schema is ``report.schema.json`` next to this module (``SCHEMA_PATH``)."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from .. import __version__
+from ..version import __version__
 from ..jsonsafe import dumps
+from ..rules import ALL_RULES
 from .model import SCHEMA_VERSION, Report
 
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
@@ -48,10 +49,8 @@ def to_dict(report: Report) -> dict:
 
 
 def _rules(report: Report) -> dict:
-    from ..rules import ALL_RULES
-
-    skipped = report.rules_skipped()
-    return {"ran": len(ALL_RULES) - len(skipped), "total": len(ALL_RULES), "skipped": skipped}
+    skipped = report.run.rules_skipped
+    return {"ran": len(ALL_RULES) - len(skipped), "total": len(ALL_RULES), "skipped": list(skipped)}
 
 
 def render(report: Report) -> str:

@@ -1,9 +1,14 @@
-"""The result of a check: run facts + findings. Pure data; the formats render it."""
+"""The result of a check: run facts + findings. Pure data; the formats render it.
+
+``Report.render()``, ``to_json()``, ``str(report)`` and rich's ``print(report)`` are the public
+way to show a report, so they stay on it, but the model does not know how: the formats attach
+that (``Report.views``, set by report/formats.py, which the report package imports). What a
+view needs from the run is recorded here when the report is built, never looked up later."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..findings import Finding, Severity
 
@@ -24,7 +29,8 @@ class RunInfo:
     notes: list[str] = field(default_factory=list)
     step_budget: int | None = None  # --steps (None: run to the end)
     config: str | None = None  # the pyproject.toml whose [tool.graddoctor] applied
-    rules: list[str] | None = None  # codes of the rules that ran (--select/--ignore); None: all
+    # codes of the rules --select/--ignore left out, recorded by whoever built the report
+    rules_skipped: list[str] = field(default_factory=list)
     world_size: int = 1  # processes of a distributed run (torchrun's WORLD_SIZE)
     # one entry per process whose report is merged in (ranks, spawned workers), else None:
     # {rank (int or None), process (a label), pid, status, steps, backward_calls, error}
@@ -88,13 +94,6 @@ class Report:
         findings cover only the part that ran (``INCOMPLETE_STATUSES``)."""
         return self.run.status in INCOMPLETE_STATUSES and not self.could_not_check()
 
-    def rules_skipped(self) -> list[str]:
-        """Codes of the rules that did not run (--select/--ignore)."""
-        from ..rules import ALL_RULES
-
-        ran = self.run.rules
-        return [] if ran is None else [r.code for r in ALL_RULES if r.code not in ran]
-
     def exit_code(self, fail_on: str | None = None) -> int:
         """2: could not check, or (unless ``allow_incomplete``) incomplete; 1: a finding at or
         above ``fail_on`` (the report's own threshold when not given); else 0."""
@@ -103,37 +102,21 @@ class Report:
             return 2
         return 1 if self.at_or_above(fail_on) else 0
 
-    # -- rendering: the same formats as the CLI ------------------------------------------
+    # -- showing it: the formats do it (report/formats.py attaches them as ``views``) ----------
+    views: ClassVar[Any] = None
+
     def render(self, format: str = "text", *, grad_flow: bool = False) -> str:
         """The report as the CLI writes it to a file: ``text`` (plain, no colours), ``json``
         or ``sarif``."""
-        from .formats import RenderOptions, get_format
-
-        return get_format(format).render(self, RenderOptions(grad_flow=grad_flow))
+        return self.views.render(self, format, grad_flow=grad_flow)
 
     def to_json(self) -> dict:
         """The JSON report (``--format json``) as a dict."""
-        from .json_format import to_dict
-
-        return to_dict(self)
+        return self.views.to_json(self)
 
     def __str__(self) -> str:
         return self.render("text")
 
     def __rich__(self):
         """Rich renders it (``rich.print(report)``, a notebook's output): the terminal view."""
-        from rich.console import Group
-        from rich.text import Text
-
-        from .text import render_to
-
-        class _Collect:  # render_to prints; keep what it prints, in order
-            def __init__(self):
-                self.parts = []
-
-            def print(self, *objects, **_):
-                self.parts.extend(objects or (Text(""),))
-
-        collect = _Collect()
-        render_to(collect, self)
-        return Group(*collect.parts)
+        return self.views.rich(self)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from .. import __version__
+from ..version import __version__
 from ..findings import Finding, Severity
 from ..jsonsafe import dumps
 from ..notebook import cell_of

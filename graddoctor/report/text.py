@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ..findings import Severity
 from ..notebook import describe
+from ..rules import ALL_RULES
 from .model import Report
 from .text_findings import STYLE, finding_block, severity_title, suppressed_line
 from .text_gradflow import grad_flow_view
@@ -122,9 +123,7 @@ def grad_flow_section(console: Console, report: Report) -> None:
 
 def _rules_tail(report: Report) -> str:
     """" · 7 of 16 rules ran (--select/--ignore)" when some rules were left out, else ""."""
-    from ..rules import ALL_RULES
-
-    skipped = report.rules_skipped()
+    skipped = report.run.rules_skipped
     if not skipped:
         return ""
     return f" · only {len(ALL_RULES) - len(skipped)} of {len(ALL_RULES)} rules ran (--select/--ignore)"

@@ -2,7 +2,8 @@
 
 A rule is one file here, named after its slug (``missing_zero_grad.py`` holds
 ``missing-zero-grad``), with one ``Rule`` subclass in it; adding the file registers it (in code
-order). ``base``, ``docs`` and ``notes`` are the shared pieces, not rules.
+order). ``base``, ``docs`` and ``notes`` are the shared pieces and ``engine`` selects and runs
+the rules: not rules.
 Importing this must not import torch (``graddoctor rules`` is instant).
 """
 
@@ -14,7 +15,7 @@ import pkgutil
 
 from .base import Rule
 
-NOT_RULES = {"base", "docs", "notes"}
+NOT_RULES = {"base", "docs", "engine", "notes"}
 
 
 def _discover() -> tuple[type[Rule], ...]:

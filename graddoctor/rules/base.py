@@ -26,7 +26,7 @@ class Rule:
     # the fix in a training framework's own terms, keyed by framework ("lightning",
     # "accelerate", "transformers"; graddoctor/frameworks.py): a finding whose location came
     # through that framework, or made in a run driven by it, gets that variant
-    # (analysis/run_rules.py); `explain` and the SARIF help list them under "Fix in a framework"
+    # (rules/engine.py); `explain` and the SARIF help list them under "Fix in a framework"
     fixes: ClassVar[dict[str, str]] = {}
 
     def check(self, a: "Analysis") -> Iterable[Finding]:  # pragma: no cover - interface

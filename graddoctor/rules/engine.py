@@ -7,9 +7,9 @@ import dataclasses
 import traceback
 
 from ..findings import Finding
-from ..rules import ALL_RULES, Rule
+from ..analysis import Analysis
 from ..trace import Trace
-from . import Analysis
+from . import ALL_RULES, Rule
 
 
 def rule_matches(rule: type[Rule], pattern: str) -> bool:

@@ -1,0 +1,107 @@
+"""IPython: ``%load_ext graddoctor`` registers the ``%%graddoctor`` cell magic, which runs a cell
+under ``graddoctor.watch()`` and shows the report below it. A front door like the CLI; the
+notebook cell mapping it shares with ``graddoctor check nb.ipynb`` is notebook.py."""
+
+from __future__ import annotations
+
+import os
+
+from .api import watch
+from .errors import ScriptError
+from .notebook import CELL_NAMES
+from .options import WATCH_OPTIONS
+
+
+def _parse_magic_line(line: str) -> dict:
+    """``%%graddoctor --select GD1 --fail-on error --steps 5`` -> watch() keyword options."""
+    import shlex
+
+    flags = {flag: option for option in WATCH_OPTIONS.values() for flag in option.flags}
+    options: dict = {}
+    words = shlex.split(line)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        flag, _, value = word.partition("=")
+        option = flags.get(flag)
+        if option is None:
+            raise ValueError(f"%%graddoctor: unknown option {word!r} "
+                             f"(known: {', '.join(sorted(flags))})")
+        if not _:
+            i += 1
+            if i >= len(words):
+                raise ValueError(f"%%graddoctor: {flag} needs a value")
+            value = words[i]
+        if option.name in ("select", "ignore"):
+            options.setdefault(option.name, []).append(value)
+        elif option.name in ("steps", "epoch_batches"):
+            try:
+                options[option.name] = int(value)
+            except ValueError:
+                raise ValueError(f"%%graddoctor: {flag} must be a whole number, not {value!r}") \
+                    from None
+        else:
+            options[option.name] = value
+        i += 1
+    return options
+
+
+def graddoctor_cell_magic(line: str, cell: str, shell=None):
+    """Run the cell under ``graddoctor.watch()`` and show the report below it. Options as on
+    the command line: ``%%graddoctor --select GD1 --fail-on error``. Returns nothing; the
+    ``Watch`` is kept in the user's namespace as ``_graddoctor`` (``_graddoctor.report``)."""
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    try:
+        options = _parse_magic_line(line)
+        w = watch(**options)
+    except (ValueError, ScriptError) as exc:
+        print(f"graddoctor: error: {exc}")
+        return None
+    w.label = f"cell [{getattr(shell, 'execution_count', '?')}]"
+    w.namespace = getattr(shell, "user_ns", None)
+    with w:
+        result = shell.run_cell(cell)
+        error = getattr(result, "error_in_exec", None)
+    report = w.report
+    if error is not None and report is not None and report.run.status == "completed":
+        report.run.status = "crashed"
+        report.run.error = {"type": type(error).__name__, "message": str(error)[:2000],
+                            "location": None}
+    shell.user_ns["_graddoctor"] = w
+    try:  # IPython numbers its cells' files: show "In [5], line 2" for them
+        for filename, number in dict(getattr(shell.compile, "_filename_map", {})).items():
+            CELL_NAMES[filename] = f"In [{number}]"
+            CELL_NAMES[os.path.relpath(filename) if not filename.startswith("<") else filename] = \
+                f"In [{number}]"
+    except Exception:
+        pass
+    _show(report)
+    return None
+
+
+def _show(report) -> None:
+    try:
+        from IPython.display import display
+
+        from rich.console import Console
+
+        console = Console(force_jupyter=None)
+        if getattr(console, "is_jupyter", False):
+            console.print(report)
+            return
+        display(report.render("text"))
+    except Exception:
+        print(report.render("text"))
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext graddoctor``: registers ``%%graddoctor``."""
+
+    def magic(line: str, cell: str):
+        return graddoctor_cell_magic(line, cell, ipython)
+
+    magic.__doc__ = graddoctor_cell_magic.__doc__
+    ipython.register_magic_function(magic, magic_kind="cell", magic_name="graddoctor")
