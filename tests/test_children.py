@@ -9,8 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-from graddoctor.check import run_check
-from graddoctor.children import ENV, HOOK_DIR
+from graddoctor.run.session import run_check
+from graddoctor.run.workers import ENV, HOOK_DIR
 from graddoctor.options import CheckOptions
 
 WORKERS = textwrap.dedent('''\
