@@ -6,8 +6,10 @@ reads, as one part of the run (report/merge.py).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
 
 from ..options import CheckOptions
 from ..report.json_format import render
@@ -18,8 +20,6 @@ from .workers import ENV
 
 def start_child() -> None:
     """In a multiprocessing worker, from the start-up hook: instrument it until it ends."""
-    import atexit
-
     config = json.loads(os.environ[ENV])
     options = CheckOptions(target=config.get("script") or "?", steps=config.get("steps", 10),
                            epoch_batches=config.get("epoch_batches", 17),
@@ -55,8 +55,6 @@ class _Worker:
     def stopped(self, exception) -> None:
         """The step budget: report and end the worker cleanly (a stop raised into the user's
         function would be reported by ``mp.spawn`` as the worker's crash)."""
-        import sys
-
         self.finish(exception())
         sys.stdout.flush()
         sys.stderr.flush()
@@ -80,7 +78,5 @@ class _Worker:
                 f.write(render(part))
             os.replace(path + ".tmp", path)
         except Exception as exc:
-            import sys
-
             sys.stderr.write(f"graddoctor: worker pid {os.getpid()} could not write its report: "
                              f"{type(exc).__name__}: {exc}\n")

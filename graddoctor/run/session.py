@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable
 
-from .. import events
+from ..events import internal_error, run_end, run_start
 from ..analysis import Analysis
 from ..analysis.run_rules import analyze, selected_rules
 from ..errors import ScriptError, WatchError
@@ -66,7 +66,7 @@ def start_recorder(options: CheckOptions):
     from ..location import LocationFinder
 
     rec = Recorder(step_budget=options.steps or None, finder=LocationFinder())
-    rec.emit(events.run_start(script=options.target, argv=list(options.args),
+    rec.emit(run_start(script=options.target, argv=list(options.args),
                               device=options.device, torch_version=torch.__version__))
     return rec
 
@@ -161,7 +161,7 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     trained = bool(rec.steps or rec.backward_calls or gradient_apis(trace))
     status = decide_status(outcome.ended_by, stop_raised=rec.stop_raised, trained=trained)
     trace = Trace(trace.events)  # the run's trace is left as recorded; this one gets the end
-    trace.put(events.run_end(status=status.value, steps=rec.steps))
+    trace.put(run_end(status=status.value, steps=rec.steps))
     analysis = Analysis(trace)  # built once: every rule, note and view reads it
     rules = selected_rules(options.select, options.ignore)
     findings, rule_errors = analyze(analysis, rules)
@@ -231,7 +231,7 @@ def _snapshot(rec, variables: dict | None = None) -> Trace:
             name_parameters(rec, variables)
         emit_param_events(rec, into=trace)
     except Exception as exc:
-        trace.put(events.internal_error(where="naming parameters", error=repr(exc)))
+        trace.put(internal_error(where="naming parameters", error=repr(exc)))
     return trace
 
 
