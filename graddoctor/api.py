@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import ScriptError, WatchError
@@ -222,7 +221,7 @@ class Watch(contextlib.ContextDecorator):
 
         label = self.label or f"watch() at {_caller()}"
         frame = sys._getframe(1)
-        session = Session(dataclasses.replace(self._options, target=label)).begin(
+        session = Session(dataclasses.replace(self._options, target=label), claim=label).begin(
             lambda finder: {**(self.namespace or {}), **_user_variables(finder, frame)})
         self.report = None
         self._run = session

@@ -25,7 +25,7 @@ def start_child() -> None:
                            epoch_batches=config.get("epoch_batches", 17),
                            select=tuple(config.get("select", ())),
                            ignore=tuple(config.get("ignore", ())))
-    worker = _Worker(Session(options, announce=False, exclusive_run=False).begin(), config["dir"])
+    worker = _Worker(Session(options, announce=False).begin(), config["dir"])
     with open(os.path.join(config["dir"], f"{os.getpid()}.started"), "w"):
         pass
     worker.session.instrumentation.optimizers.step_listeners.append(worker.note_rank)

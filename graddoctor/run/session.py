@@ -19,16 +19,16 @@ import threading
 import time
 from typing import Callable
 
-from ..events import internal_error, run_end, run_start
 from ..analysis import Analysis
 from ..analysis.run_rules import analyze, selected_rules
 from ..errors import ScriptError, WatchError
+from ..events import internal_error, run_end, run_start
 from ..instrument.patcher import Patcher
 from ..options import OPTIONS, CheckOptions
 from ..report.merge import Part, merge
 from ..report.model import Report, RunInfo
 from ..rules.notes import gradient_apis, run_notes
-from ..status import ReplayTimeout, RunStatus, StopReplay, Unfinished, decide_status
+from ..status import ReplayTimeout, RunStatus, Unfinished, decide_status
 from ..suppress import apply_suppressions
 from ..trace import Trace
 from .target import RunOutcome, describe_ending, run_target
@@ -240,29 +240,41 @@ class Session:
 
     ``check()`` runs a script through its whole life (``run_check``). ``begin()`` and
     ``end(exc)`` wrap a block of the caller's own code instead (``watch()``, a spawned
-    worker's life): ``end`` gets the exception that ended the block, or None.
+    worker's life): ``end`` gets the exception that ended the block, or None. Both end the
+    same way (``_close``): the instrumentation removed, the status decided, the report built.
+
+    ``claim``: what holds the process's one-check lock for the whole session (None: no lock,
+    a spawned worker's interpreter is its own); ``announce``: a ``run_start`` event (a
+    worker's trace has none).
     """
 
-    def __init__(self, options: CheckOptions, *, announce: bool = True, exclusive_run: bool = True):
+    def __init__(self, options: CheckOptions, *, claim: str | None = None,
+                 announce: bool = True):
         self.options = options
-        self.announce = announce  # a run_start event (a worker's trace has none)
-        self.exclusive_run = exclusive_run  # hold the process's one-check lock
+        self.claim = claim
+        self.announce = announce
         self.rec = None
         self.instrumentation = None
-        self._stack: contextlib.ExitStack | None = None
+        self._stack: contextlib.ExitStack | None = None  # what begin() entered
+        self._lock: contextlib.ExitStack | None = None  # the one-check lock, if claimed
         self._started = 0.0
 
-    # -- a block of the caller's code ----------------------------------------------------------
-    def begin(self, variables: Callable[[object], dict] | None = None) -> "Session":
+    def begin(self, variables: Callable[[object], dict] | None = None, *,
+              around: tuple[Callable[[object], contextlib.AbstractContextManager], ...] = ()
+              ) -> "Session":
         """Start recording. ``variables(finder)``: the caller's variables, which hold the
-        optimizers made before the block (registered here)."""
+        optimizers made before the block (registered here); ``around``: context managers
+        (made from the recorder) the instrumentation runs inside of."""
         from ..instrument import Instrumentation
 
-        stack = contextlib.ExitStack()
+        lock, stack = contextlib.ExitStack(), contextlib.ExitStack()
+        if self.claim is not None:
+            lock.enter_context(exclusive(self.claim))
         try:
-            if self.exclusive_run:
-                stack.enter_context(exclusive(self.options.target))
+            self._started = time.perf_counter()
             self.rec = start_recorder(self.options) if self.announce else _recorder(self.options)
+            for context in around:
+                stack.enter_context(context(self.rec))
             self.instrumentation = stack.enter_context(
                 Instrumentation(self.rec, self.options.epoch_batches))
             if variables is not None:
@@ -273,9 +285,9 @@ class Session:
                     self.rec.internal_error("optimizers made before the watch", error)
         except BaseException:
             stack.close()
+            lock.close()
             raise
-        self._stack = stack
-        self._started = time.perf_counter()
+        self._stack, self._lock = stack, lock
         return self
 
     def end(self, exc: BaseException | None = None,
@@ -283,20 +295,16 @@ class Session:
         """End the block (``exc``: the exception that ended it; ``variables(finder)``: the
         caller's variables, which name the parameters) and build its report; graddoctor's own
         failure here never raises: the report says so."""
-        rec, stack = self.rec, self._stack
-        self._stack = None
-        outcome = describe_ending(exc, rec.finder) if exc is not None else RunOutcome()
+        outcome = describe_ending(exc, self.rec.finder) if exc is not None else RunOutcome()
         try:
             if variables is not None:
-                self.instrumentation.script_globals = variables(rec.finder)
+                outcome.namespace = variables(self.rec.finder)
         except Exception as error:
-            rec.internal_error("naming parameters", error)
-        finally:
-            stack.close()  # the instrumentation records its own errors
-        duration = time.perf_counter() - self._started
+            self.rec.internal_error("naming parameters", error)
         try:
-            return build_report(self.options, rec, rec.trace, outcome, duration=duration)
+            return self._close(outcome)
         except Exception as error:  # graddoctor's own failure must not replace the user's
+            rec = self.rec
             run = RunInfo(script=self.options.target, argv=[], status=decide_status(exc),
                           steps=rec.steps, backward_calls=rec.backward_calls,
                           error=outcome.error, notes=outcome.notes)
@@ -305,52 +313,65 @@ class Session:
                 fail_on=self.options.fail_on, allow_incomplete=self.options.allow_incomplete)
 
     def discard(self) -> None:
-        """End the block without a report (a worker that trained nothing)."""
-        stack, self._stack = self._stack, None
-        if stack is not None:
+        """End the session without a report (a worker that trained nothing, a script that
+        cannot run)."""
+        stack, lock = self._stack, self._lock
+        self._stack = self._lock = None
+        try:
             stack.close()
+        finally:
+            lock.close()
 
-    # -- a script ------------------------------------------------------------------------------
     def check(self, on_step: Callable[[int], None] | None = None, *,
               on_hang: Callable[[Report], None] | None = None,
               checkpoint: Callable[[Report], None] | None = None) -> Report:
         """Run the script (``run_check`` says what the callbacks get)."""
-        from ..instrument import Instrumentation
-        from ..instrument.graphkeep import release_after_check
-
         options = self.options
-        with exclusive(f"graddoctor check {options.target}"):
-            rec = self.rec = start_recorder(options)
-            if on_step is not None:
-                rec.on_step.append(on_step)
-            started = time.perf_counter()
-            provisional = _Checkpoints(self, checkpoint, started)
+        workers = Workers(options)  # multiprocessing workers: instrumented by a start-up hook
+        self.begin(around=(lambda rec: _device_policy(options.device),
+                           lambda rec: _stdout_to_stderr(options.redirect_stdout),
+                           workers.watching))
+        rec, instrumentation = self.rec, self.instrumentation
+        if on_step is not None:
+            rec.on_step.append(on_step)
+        provisional = _Checkpoints(self, checkpoint, self._started)
+        instrumentation.optimizers.step_listeners.append(provisional)
 
-            def hang(where: dict | None) -> None:
-                """From the watchdog: the report of a run that cannot be stopped."""
-                if on_hang is None:
-                    return
-                main = sys.modules.get("__main__")
-                variables = dict(vars(main)) if main is not None else {}
-                ending = RunOutcome(ended_by=ReplayTimeout(), error={
-                    "type": "Timeout", "location": where, "message": (
-                        f"time limit of {options.timeout:g} s reached and the script did not "
-                        f"stop: it is stuck in a call that never returns to Python (or swallows "
-                        f"every exception); graddoctor ended the process")})
-                on_hang(build_report(options, rec, _snapshot(rec, variables), ending,
-                                     duration=time.perf_counter() - started))
+        def hang(where: dict | None) -> None:
+            """From the watchdog: the report of a run that cannot be stopped."""
+            if on_hang is None:
+                return
+            main = sys.modules.get("__main__")
+            variables = dict(vars(main)) if main is not None else {}
+            ending = RunOutcome(ended_by=ReplayTimeout(), error={
+                "type": "Timeout", "location": where, "message": (
+                    f"time limit of {options.timeout:g} s reached and the script did not "
+                    f"stop: it is stuck in a call that never returns to Python (or swallows "
+                    f"every exception); graddoctor ended the process")})
+            on_hang(build_report(options, rec, _snapshot(rec, variables), ending,
+                                 duration=time.perf_counter() - self._started))
 
-            workers = Workers(options)  # multiprocessing workers: instrumented by a start-up hook
-            with _device_policy(options.device), _stdout_to_stderr(options.redirect_stdout), \
-                    workers.watching(rec):
-                with Instrumentation(rec, options.epoch_batches) as instrumentation:
-                    instrumentation.optimizers.step_listeners.append(provisional)
-                    outcome = run_target(options.target, list(options.args), module=options.module,
-                                         timeout=options.timeout, finder=rec.finder, on_hang=hang,
-                                         on_start=lambda: provisional(force=True),
-                                         last_resort=on_hang is not None,
-                                         on_fork_child=instrumentation.detach_in_child)
-                    instrumentation.script_globals = outcome.namespace
+        try:
+            outcome = run_target(options.target, list(options.args), module=options.module,
+                                 timeout=options.timeout, finder=rec.finder, on_hang=hang,
+                                 on_start=lambda: provisional(force=True),
+                                 last_resort=on_hang is not None,
+                                 on_fork_child=instrumentation.detach_in_child)
+        except BaseException:  # the target cannot run (ScriptError)
+            self.discard()
+            raise
+        return self._close(outcome, workers)
+
+    def _close(self, outcome: RunOutcome, workers: Workers | None = None) -> Report:
+        """The end every session shares: the instrumentation removed (naming the parameters
+        from ``outcome.namespace``), the status decided and the report built once, with the
+        parts of the workers a script spawned; the process's lock is held until then."""
+        rec, instrumentation = self.rec, self.instrumentation
+        stack, lock = self._stack, self._lock
+        self._stack = self._lock = None
+        try:
+            instrumentation.script_globals = outcome.namespace
+            stack.close()  # never raises: the instrumentation records its own errors
             others = len(rec.stopped_threads - {rec.script_thread})
             if others:
                 outcome.notes.append(
@@ -362,17 +383,22 @@ class Session:
                     f"optimizers stepped in {len(instrumentation.step_threads)} threads: each "
                     f"thread's backward, zero_grad and step calls are followed as its own loop "
                     f"(the update timeline shows them interleaved, in the order they ran)")
-            parts, worker_notes = workers.reports()
+            parts, worker_notes = workers.reports() if workers is not None else ([], [])
             ranks = {p.rank for p in parts if p.rank is not None}
-            report = build_report(options, rec, rec.trace, outcome,
-                                  duration=time.perf_counter() - started, parts=parts,
+            report = build_report(self.options, rec, rec.trace, outcome,
+                                  duration=time.perf_counter() - self._started, parts=parts,
                                   world_size=max(ranks) + 1 if ranks else 1,
                                   end_notes=worker_notes)
-            # the script's globals (and the exception's frames) are let go of here, so that deep
-            # graphs it left are freed safely
-            outcome.namespace = outcome.ended_by = instrumentation.script_globals = None
-            release_after_check()
+            if workers is not None:
+                from ..instrument.graphkeep import release_after_check
+
+                # the script's globals (and the exception's frames) are let go of here, so that
+                # deep graphs it left are freed safely
+                outcome.namespace = outcome.ended_by = instrumentation.script_globals = None
+                release_after_check()
             return report
+        finally:
+            lock.close()
 
 
 def _recorder(options: CheckOptions):
@@ -436,4 +462,6 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     ``CHECKPOINT_SHARE`` of the time since the start plus ``CHECKPOINT_ALLOWANCE_S``): what is
     left if the process is killed before the final report.
     """
-    return Session(validated(options)).check(on_step, on_hang=on_hang, checkpoint=checkpoint)
+    options = validated(options)
+    return Session(options, claim=f"graddoctor check {options.target}").check(
+        on_step, on_hang=on_hang, checkpoint=checkpoint)
