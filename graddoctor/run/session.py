@@ -58,16 +58,18 @@ def exclusive(what: str):
         _ACTIVE.release()
 
 
-def start_recorder(options: CheckOptions):
-    """The recorder of one run (script or watched block), its ``run_start`` emitted."""
+def start_recorder(options: CheckOptions, announce: bool = True):
+    """The recorder of one run (script or watched block), its ``run_start`` emitted when
+    ``announce`` (a spawned worker's trace has none)."""
     import torch
 
     from ..instrument import Recorder
     from ..location import LocationFinder
 
     rec = Recorder(step_budget=options.steps or None, finder=LocationFinder())
-    rec.emit(run_start(script=options.target, argv=list(options.args),
-                              device=options.device, torch_version=torch.__version__))
+    if announce:
+        rec.emit(run_start(script=options.target, argv=list(options.args),
+                           device=options.device, torch_version=torch.__version__))
     return rec
 
 
@@ -272,7 +274,7 @@ class Session:
             lock.enter_context(exclusive(self.claim))
         try:
             self._started = time.perf_counter()
-            self.rec = start_recorder(self.options) if self.announce else _recorder(self.options)
+            self.rec = start_recorder(self.options, self.announce)
             for context in around:
                 stack.enter_context(context(self.rec))
             self.instrumentation = stack.enter_context(
@@ -399,14 +401,6 @@ class Session:
             return report
         finally:
             lock.close()
-
-
-def _recorder(options: CheckOptions):
-    """A recorder without a ``run_start`` event (a worker's)."""
-    from ..instrument import Recorder
-    from ..location import LocationFinder
-
-    return Recorder(step_budget=options.steps or None, finder=LocationFinder())
 
 
 class _Checkpoints:
