@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 import graddoctor  # noqa: E402
 from graddoctor.api import resolve_options  # noqa: E402
-from graddoctor.check import run_check  # noqa: E402
+from graddoctor.run.session import run_check  # noqa: E402
 
 torch.set_num_threads(1)
 sys.modules["graddoctor_watch_bench"] = sys.modules[__name__]  # the CLI arm's script imports us

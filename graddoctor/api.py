@@ -2,9 +2,9 @@
 ``Report``) and ``watch()`` (the same instrumentation around a block of the caller's own code).
 
 Both take the options of the option table (options.py) as keyword arguments, by their python
-names, validated there: one definition for the CLI, ``[tool.graddoctor]`` and Python. Both run
-the one instrumented path of check.py (``start_recorder`` -> ``Instrumentation`` ->
-``build_report``) under the process's one-check lock (``check.exclusive``).
+names, validated there: one definition for the CLI, ``[tool.graddoctor]`` and Python. Both
+enter a run's ``Session`` (run/session.py), which records, ends the run, decides its status
+and builds the report, under the process's one-check lock.
 
 Nothing here imports torch until a check starts (``import graddoctor`` stays light).
 """
@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import ScriptError, WatchError
 from .options import OPTIONS, SCRIPT_OPTIONS, WATCH_OPTIONS, CheckOptions, Source
 from .report.model import Report
+from .status import ReplayTimeout, StopReplay
 
 __all__ = ["check_script", "watch", "Watch", "Report", "ScriptError", "WatchError"]
 
@@ -136,7 +136,7 @@ def check_script(
     Raises ``ScriptError`` when the target cannot be run at all or an option is bad, and
     ``WatchError`` inside another check or ``watch()`` block.
     """
-    from .check import run_check
+    from .run.session import run_check
 
     values = _given(module=module, steps=steps, epoch_batches=epoch_batches, timeout=timeout,
                     device=device, fail_on=fail_on, select=select, ignore=ignore,
@@ -192,7 +192,8 @@ class Watch(contextlib.ContextDecorator):
         # variables of the watched code besides the caller's frames' (a notebook's namespace):
         # they hold optimizers made before the block and name the parameters
         self.namespace: dict | None = None
-        self._run: tuple | None = None
+        self._run = None  # the Session of the block that runs
+        self._failed: BaseException | None = None  # see failed_with
 
     # -- results ----------------------------------------------------------------------------
     @property
@@ -216,73 +217,32 @@ class Watch(contextlib.ContextDecorator):
     def __enter__(self) -> "Watch":
         import dataclasses
 
-        from .check import exclusive, start_recorder
+        from .run.session import Session
 
         label = self.label or f"watch() at {_caller()}"
-        claim = exclusive(label)
-        claim.__enter__()
-        try:
-            from .instrument import Instrumentation
-
-            options = dataclasses.replace(self._options, target=label)
-            rec = start_recorder(options)
-            instrumentation = Instrumentation(rec, options.epoch_batches)
-            instrumentation.__enter__()
-            try:  # the caller's optimizers were made before the block: registered here
-                variables = {**(self.namespace or {}),
-                             **_user_variables(rec.finder, sys._getframe(1))}
-                instrumentation.optimizers.adopt_existing(rec.here(1), variables.values())
-            except Exception as error:
-                rec.internal_error("optimizers made before the watch", error)
-        except BaseException:
-            claim.__exit__(None, None, None)
-            raise
+        frame = sys._getframe(1)
+        session = Session(dataclasses.replace(self._options, target=label), claim=label).begin(
+            lambda finder: {**(self.namespace or {}), **_user_variables(finder, frame)})
         self.report = None
-        self._run = (claim, options, rec, instrumentation, time.perf_counter())
+        self._run = session
+        self._failed = None
         return self
+
+    def failed_with(self, error: BaseException) -> None:
+        """The block's code raised ``error`` and something else handled it (IPython shows a
+        cell's error and goes on): the block ends as if it had raised it."""
+        self._failed = error
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._run is None:  # not entered (or entered and failed)
             return False
-        claim, options, rec, instrumentation, started = self._run
-        self._run = None
-        from .instrument.stop import ReplayTimeout, StopReplay
-        from .runner import Deadline, RunOutcome, _classify
-
-        outcome = RunOutcome()
-        quiet = isinstance(exc, StopReplay) and not isinstance(exc, ReplayTimeout)
-        try:
-            if exc is not None:
-                _classify(exc, outcome, rec.finder, Deadline(None, rec.finder))
-            try:
-                instrumentation.script_globals = {
-                    **(self.namespace or {}), **_user_variables(rec.finder, sys._getframe(1))}
-            except Exception as error:
-                rec.internal_error("naming parameters", error)
-            instrumentation.__exit__(exc_type, exc, tb)  # never raises: errors are recorded
-        finally:
-            claim.__exit__(None, None, None)
-        try:
-            self.report = _build(options, rec, outcome, time.perf_counter() - started)
-        except Exception as error:  # graddoctor's own failure must not replace the user's
-            self.report = _failed_report(options, rec, outcome, error)
-        return quiet
-
-
-def _build(options, rec, outcome, duration: float) -> Report:
-    from .check import build_report
-
-    return build_report(options, rec, rec.trace, status=outcome.status, error=outcome.error,
-                        notes=outcome.notes, duration=duration)
-
-
-def _failed_report(options, rec, outcome, error: Exception) -> Report:
-    from .report.model import RunInfo
-
-    run = RunInfo(script=options.target, argv=[], status=outcome.status, steps=rec.steps,
-                  backward_calls=rec.backward_calls, error=outcome.error, notes=outcome.notes)
-    return Report(run=run, findings=[], internal_errors=[
-        {"where": "building the report", "error": f"{type(error).__name__}: {error}"}])
+        session, self._run = self._run, None
+        frame = sys._getframe(1)
+        self.report = session.end(exc if exc is not None else self._failed,
+                                  lambda finder: {**(self.namespace or {}),
+                                                  **_user_variables(finder, frame)})
+        self._failed = None
+        return isinstance(exc, StopReplay) and not isinstance(exc, ReplayTimeout)
 
 
 def _caller() -> str:

@@ -76,11 +76,11 @@ def check(
     """
     shown_output = typed["output"]  # as typed, for messages
     fmt = FORMATS[_format_name(ctx, typed["format"], shown_output)]
-    from .distributed import rank_env, rank_path
+    from .run.ranks import rank_env, rank_path
 
     ranks = rank_env()
     if typed["nproc_per_node"] > 1 and ranks is None:
-        from .distributed import launch
+        from .run.ranks import launch
 
         raise typer.Exit(launch(typed["nproc_per_node"], _child_args(ctx, script, script_args)))
     for name in ("output", "trace"):
@@ -115,7 +115,7 @@ def check(
             return _finish_rank(ranks, report, fmt, typed["output"], output, render, options, wait_s,
                                 shown_output)
         _emit(report, fmt, output, render, shown_output)
-        return report.exit_code(options.fail_on)
+        return report.exit_code()
 
     def on_hang(report) -> None:  # from the watchdog: the script is stuck; report, then end
         try:
@@ -153,17 +153,14 @@ def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:
 
 def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
                  wait_s: float | None = None, shown: str | None = None) -> int:
-    """One rank's end (distributed.py): ranks other than 0 hand their report to rank 0 and exit
-    0; rank 0 merges every rank's report, writes it, and exits by the merged verdict."""
-    import json
-
-    from .distributed import Exchange, rank_path
+    """One rank's end (run/ranks.py): ranks other than 0 hand their report to rank 0 and exit
+    0; rank 0 gets the run's report, merged from every rank's, writes it, and exits by it."""
     from .report.json_format import render as render_json
-    from .report.merge import Part, from_json, merge, missing_entry, single
     from .report.text import verdict
+    from .run.ranks import Exchange, gather, rank_path, rank_report
 
     per_rank = bool(typed_output) and "{rank}" in typed_output
-    mine = single(report, ranks.rank, ranks.label, os.getpid(), ranks.world_size)
+    mine = rank_report(report, ranks)
     if per_rank:
         _write(mine, fmt, output, render)
     exchange = Exchange(ranks)
@@ -181,24 +178,13 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
     files = None
     if ranks.store is None and typed_output and fmt.name == "json":
         files = {r: rank_path(typed_output, r) for r in range(ranks.world_size)}
-    if wait_s is None:
-        wait_s = (options.timeout or 3600.0) + 60.0
-    got, why = exchange.collect(wait_s, files)
-    parts = [Part(mine, ranks.rank, ranks.label, os.getpid())]
-    for r, text in sorted(got.items()):
-        try:
-            parts.append(Part(from_json(json.loads(text)), r, f"rank {r}"))
-        except Exception as exc:
-            why[r] = f"unreadable report: {type(exc).__name__}: {exc}"
-    missing = [missing_entry(r, f"rank {r}", message) for r, message in sorted(why.items())]
-    merged = merge(parts, world_size=ranks.world_size, missing=missing)
-    merged.fail_on, merged.allow_incomplete = options.fail_on, options.allow_incomplete
+    merged = gather(exchange, report, options, wait_s, files)
     if per_rank:
         typer.echo(f"graddoctor: wrote {output} (and one per rank): {verdict(merged).plain}",
                    err=True)
     else:
         _emit(merged, fmt, output, render, shown)
-    return merged.exit_code(options.fail_on)
+    return merged.exit_code()
 
 
 _TYPED = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may bundle its own click
@@ -237,10 +223,10 @@ def _options(script: str, script_args, typed: dict, given: set[str], redirect_st
 
 
 def _run(options, on_hang=None, checkpoint=None):
-    from .check import ScriptError, run_check
+    from .errors import ScriptError
     from .report.progress import Progress
-
-    from .distributed import rank_env
+    from .run.ranks import rank_env
+    from .run.session import run_check
 
     label = options.target if options.module else os.path.basename(options.target)
     ranks = rank_env()
@@ -349,11 +335,11 @@ def merge_reports(
     missing = [missing_entry(r, f"rank {r}", "no report file was given for this rank")
                for r in range(world) if r not in seen]
     parts.sort(key=lambda p: (p.rank is None, p.rank or 0))
-    merged = merge(parts, world_size=world, missing=missing)
-    merged.fail_on, merged.allow_incomplete = fail_on, allow_incomplete
+    merged = merge(parts, world_size=world, missing=missing, fail_on=fail_on,
+                   allow_incomplete=allow_incomplete)
     fmt = FORMATS[format]
     _emit(merged, fmt, output, RenderOptions(to_terminal=output is None))
-    raise typer.Exit(merged.exit_code(fail_on))
+    raise typer.Exit(merged.exit_code())
 
 
 @app.command("rules")

@@ -65,11 +65,9 @@ def graddoctor_cell_magic(line: str, cell: str, shell=None):
     with w:
         result = shell.run_cell(cell)
         error = getattr(result, "error_in_exec", None)
+        if error is not None:  # IPython showed it: the cell crashed all the same
+            w.failed_with(error)
     report = w.report
-    if error is not None and report is not None and report.run.status == "completed":
-        report.run.status = "crashed"
-        report.run.error = {"type": type(error).__name__, "message": str(error)[:2000],
-                            "location": None}
     shell.user_ns["_graddoctor"] = w
     try:  # IPython numbers its cells' files: show "In [5], line 2" for them
         for filename, number in dict(getattr(shell.compile, "_filename_map", {})).items():

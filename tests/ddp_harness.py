@@ -12,8 +12,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fixture_marks import read_marks  # noqa: E402
-from graddoctor.check import run_check  # noqa: E402
-from graddoctor.distributed import rank_env  # noqa: E402
+from graddoctor.run.session import run_check  # noqa: E402
+from graddoctor.run.ranks import rank_env  # noqa: E402
 from graddoctor.options import CheckOptions  # noqa: E402
 from graddoctor.report.json_format import render  # noqa: E402
 from graddoctor.report.merge import single  # noqa: E402

@@ -318,12 +318,12 @@ def test_readme_use_it_in_your_tests(pytester):
 
 
 def test_graddoctors_own_failure_at_the_end_does_not_replace_the_users_exception(monkeypatch):
-    import graddoctor.check
+    import graddoctor.run.session
 
     def broken(*args, **kwargs):
         raise RuntimeError("analysis broke")
 
-    monkeypatch.setattr(graddoctor.check, "build_report", broken)
+    monkeypatch.setattr(graddoctor.run.session, "build_report", broken)
     model, optimizer = make()
     w = watch()
     with pytest.raises(ValueError, match="the user's"):

@@ -1,6 +1,6 @@
 """Workers started with multiprocessing: instrumented through the start-up hook
-(graddoctor/_hook/sitecustomize.py, graddoctor/children.py) and merged into the one report;
-workers started with fork are named as unchecked."""
+(graddoctor/_hook/sitecustomize.py, graddoctor/run/workers.py, graddoctor/run/in_worker.py)
+and merged into the one report; workers started with fork are named as unchecked."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-from graddoctor.check import run_check
-from graddoctor.children import ENV, HOOK_DIR
+from graddoctor.run.session import run_check
+from graddoctor.run.workers import ENV, HOOK_DIR
 from graddoctor.options import CheckOptions
 
 WORKERS = textwrap.dedent('''\

@@ -9,12 +9,13 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from conftest import FIXTURES, ROOT, cli_env, run_cli
 from fixture_marks import Seen, compare, read_marks
-from graddoctor.distributed import rank_env, rank_path
+from graddoctor.run.ranks import rank_env, rank_path
 from graddoctor.findings import Finding, Severity
 from graddoctor.report.json_format import load_schema, to_dict
 from graddoctor.report.merge import Part, from_json, merge, missing_entry, seen_on, single, spans
@@ -181,8 +182,9 @@ def test_nproc_per_node_gives_one_report_with_the_ranks_of_each_finding(tmp_path
 def test_replicas_diverge_compares_the_ranks_checksums():
     def part(rank, values, path="train.py"):
         report = _report()
-        report.run.checksums = [{"opt": 0, "step": s + 1, "value": v, "path": path, "line": 16}
-                                for s, v in enumerate(values)]
+        report = replace(report, run=replace(report.run, checksums=[
+            {"opt": 0, "step": s + 1, "value": v, "path": path, "line": 16}
+            for s, v in enumerate(values)]))
         return Part(report, rank, f"rank {rank}")
 
     same = merge([part(0, [1.0, 2.0, 3.0]), part(1, [1.0, 2.0 * (1 + 1e-7), 3.0])], world_size=2)

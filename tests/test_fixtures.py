@@ -19,11 +19,11 @@ import typer
 
 from conftest import FIXTURES
 from fixture_marks import Seen, compare, read_marks
-from graddoctor.check import run_check
+from graddoctor.run.session import run_check
 from graddoctor.cli import app
 from graddoctor import watch
 from graddoctor.options import OPTIONS, WATCH_OPTIONS, CheckOptions
-from graddoctor.runner import ProcessState
+from graddoctor.run.target import ProcessState
 from graddoctor.report.json_format import render
 
 # fixtures/ddp/ need two ranks: tests/test_distributed.py runs them in one 2-rank launch

@@ -12,10 +12,10 @@ import pytest
 
 from conftest import FIXTURES
 from fixture_marks import read_marks
-from graddoctor import check as check_module
+from graddoctor.run import session as check_module
 from graddoctor import events as ev
 from graddoctor.analysis import Analysis
-from graddoctor.check import run_check
+from graddoctor.run.session import run_check
 from graddoctor.instrument import Recorder, fold
 from graddoctor.instrument.fold import Folder
 from graddoctor.options import CheckOptions

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from graddoctor import events as ev
-from graddoctor.check import CheckOptions, run_check
+from graddoctor.run.session import CheckOptions, run_check
 from graddoctor.cli import app
 from graddoctor.instrument import Instrumentation, Recorder
 from graddoctor.instrument.functional import entry_points

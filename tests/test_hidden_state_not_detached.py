@@ -11,7 +11,7 @@ from torch import nn
 
 from conftest import FIXTURES
 from graddoctor.analysis import Analysis
-from graddoctor.check import run_check
+from graddoctor.run.session import run_check
 from graddoctor.findings import Severity
 from graddoctor.instrument import Instrumentation, Recorder
 from graddoctor.instrument import backward as bw

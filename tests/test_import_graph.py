@@ -16,13 +16,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "graddoctor"
 DOC = ROOT / "docs" / "architecture.md"
 
-# Imports that the run side's restructuring (runner/check/children/api/cli into graddoctor/run/)
-# removes; delete each one when it is gone (the test says so) and the whole set when empty.
-PENDING_RUN_SIDE_EDGES = {
-    ("graddoctor.children", "graddoctor.check"),  # children <-> check: one of the two must go
-}
-
-
 @dataclass(frozen=True)
 class Import:
     source: str  # the importing module
@@ -176,8 +169,7 @@ def test_no_import_goes_up_the_layers():
     names = [name for name, _ in _layers()]
     upward = [f"{i}: {names[floor[i.source]]} imports {names[floor[i.target]]}"
               for i in IMPORTS if i.source in floor and i.target in floor
-              and floor[i.target] > floor[i.source]
-              and (i.source, i.target) not in PENDING_RUN_SIDE_EDGES]
+              and floor[i.target] > floor[i.source]]
     assert not upward, ("a module may import only its own floor or those below "
                         "(docs/architecture.md, Layers):\n" + "\n".join(upward))
 
@@ -185,20 +177,12 @@ def test_no_import_goes_up_the_layers():
 def test_the_import_graph_has_no_cycle():
     graph: dict[str, set[str]] = {}
     for i in IMPORTS:
-        if (i.source, i.target) not in PENDING_RUN_SIDE_EDGES:
-            graph.setdefault(i.source, set()).add(i.target)
+        graph.setdefault(i.source, set()).add(i.target)
     cycle = _a_cycle(graph)
     if cycle is not None:
         lines = {(i.source, i.target): i for i in reversed(IMPORTS)}  # the first line of each
         raise AssertionError("import cycle:\n" + "\n".join(
             str(lines[a, b]) for a, b in zip(cycle, cycle[1:])))
-
-
-def test_the_pending_run_side_edges_still_exist():
-    """Once the run side no longer makes one of these imports, its exemption must go too."""
-    present = {(i.source, i.target) for i in IMPORTS}
-    gone = PENDING_RUN_SIDE_EDGES - present
-    assert not gone, f"delete from PENDING_RUN_SIDE_EDGES (no longer imported): {sorted(gone)}"
 
 
 def test_the_graph_sees_lazy_relative_and_type_checking_imports(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import time
 import torch
 
 from conftest import ROOT, run_cli, run_python
-from graddoctor.check import CheckOptions, run_check
+from graddoctor.run.session import CheckOptions, run_check
 from graddoctor.instrument import graphkeep
 from graddoctor.instrument.backward import _history_walk, _leaves
 from graddoctor.report.formats import FORMATS, RenderOptions

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from graddoctor.check import run_check
+from graddoctor.run.session import run_check
 from graddoctor.options import CheckOptions
 from reliability_helpers import SCRIPTS, marked_line
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import run_cli
-from graddoctor.check import run_check
+from graddoctor.run.session import run_check
 from graddoctor.options import CheckOptions
 from graddoctor.report.json_format import render as render_json
 from graddoctor.report.text import render as render_text
@@ -118,7 +118,7 @@ def test_a_failing_hook_is_recorded_a_bounded_number_of_times(monkeypatch, scrip
 def test_an_internal_failure_of_the_whole_check_is_one_line(monkeypatch):
     from graddoctor.cli import app
 
-    monkeypatch.setattr("graddoctor.check.run_check", _boom)
+    monkeypatch.setattr("graddoctor.run.session.run_check", _boom)
     result = CliRunner().invoke(app, ["check", MISBEHAVE])
     assert result.exit_code == 2
     assert "graddoctor: error: internal error: RuntimeError: graddoctor bug for the test" in result.output

@@ -19,7 +19,7 @@ import torch.optim.lr_scheduler
 import torch.utils.data
 
 from conftest import cli_env, run_cli, run_cli_fresh
-from graddoctor.check import run_check
+from graddoctor.run.session import run_check
 from graddoctor.options import CheckOptions
 from reliability_helpers import MISBEHAVE, SCRIPTS
 

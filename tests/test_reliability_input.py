@@ -8,7 +8,7 @@ import math
 import pytest
 
 from conftest import run_cli
-from graddoctor.check import ScriptError, validated
+from graddoctor.run.session import ScriptError, validated
 from graddoctor.options import CheckOptions
 from reliability_helpers import check_to_file
 

@@ -209,7 +209,7 @@ def test_paths_with_spaces_and_non_ascii(tmp_path, folder, name):
 def test_a_step_that_raises_does_not_hide_later_steps():
     """Its post hook never runs; the steps after it must still count as steps (not as steps
     nested in one that never ended)."""
-    from graddoctor.check import run_check
+    from graddoctor.run.session import run_check
     from graddoctor.options import CheckOptions
 
     script = os.path.join(SCRIPTS, "step_raises.py")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -84,9 +85,10 @@ def test_verdict_is_the_last_line(tmp_path):
 
 def test_verdict_clean_and_could_not_check(tmp_path):
     report = sample_report("", suppressed=False)
-    report.findings = [f for f in report.findings if f.severity.value == "info"]
+    report = replace(report, findings=[f for f in report.findings if f.severity.value == "info"])
     assert draw(report).rstrip().splitlines()[-1] == "✓ no gradient bugs found in 4 optimizer steps (1 info)"
-    report.run.status, report.run.steps, report.run.backward_calls = "no-training-loop", 0, 0
+    report = replace(report, run=replace(report.run, status="no-training-loop", steps=0,
+                                         backward_calls=0))
     assert draw(report).rstrip().splitlines()[-1].startswith("✗ could not check: no backward()")
 
 
@@ -97,7 +99,7 @@ def test_crashed_run_shows_the_script_error(tmp_path):
     assert out.splitlines()[-1] == "✗ incomplete (crashed after 4 optimizer steps): 1 error, 1 " \
                                    "warning, 1 info so far, 1 suppressed"
     assert report.exit_code() == 2
-    report.allow_incomplete = True  # the old verdict: by the findings
+    report = replace(report, allow_incomplete=True)  # the old verdict: by the findings
     assert "the replay ended early: crashed after 4 steps" in draw(report).splitlines()[-1]
     assert report.exit_code() == 1
 
@@ -114,8 +116,7 @@ def test_an_incomplete_check_fails_unless_allowed(status, allow, code, mark):
     """A script that crashed after some steps with nothing found exited 0 (CI green on a
     broken script): crashed and timeout are incomplete, exit 2, findings kept."""
     report = sample_report("", suppressed=False, status=status)
-    report.findings = []
-    report.allow_incomplete = allow
+    report = replace(report, findings=[], allow_incomplete=allow)
     assert report.exit_code() == code
     assert draw(report).rstrip().splitlines()[-1].startswith(mark)
 
@@ -128,8 +129,8 @@ def test_an_incomplete_check_fails_unless_allowed(status, allow, code, mark):
 def test_the_verdict_mark_agrees_with_the_exit_code(fail_on, code, last):
     """--fail-on error with a warning printed "✗ 0 errors, 1 warning" and exited 0."""
     report = sample_report("", suppressed=False)
-    report.findings = [f for f in report.findings if f.severity.value == "warning"]
-    report.fail_on = fail_on
+    report = replace(report, findings=[f for f in report.findings if f.severity.value == "warning"],
+                     fail_on=fail_on)
     assert report.exit_code() == code
     assert draw(report).rstrip().splitlines()[-1] == last
 
@@ -138,13 +139,13 @@ def test_a_clean_verdict_says_when_only_some_rules_ran():
     from graddoctor.rules import ALL_RULES
 
     report = sample_report("", suppressed=False)
-    report.findings = []
-    report.run.rules_skipped = [r.code for r in ALL_RULES if not r.code.startswith("GD2")]
-    ran = len(ALL_RULES) - len(report.run.rules_skipped)
+    skipped = [r.code for r in ALL_RULES if not r.code.startswith("GD2")]
+    report = replace(report, findings=[], run=replace(report.run, rules_skipped=skipped))
+    ran = len(ALL_RULES) - len(skipped)
     assert draw(report).rstrip().splitlines()[-1] == (
         f"✓ no gradient bugs found in 4 optimizer steps · only {ran} of {len(ALL_RULES)} rules ran "
         "(--select/--ignore)")
-    report.run.rules_skipped = []
+    report = replace(report, run=replace(report.run, rules_skipped=[]))
     assert draw(report).rstrip().splitlines()[-1] == "✓ no gradient bugs found in 4 optimizer steps"
 
 
@@ -188,8 +189,8 @@ def test_wants_color_only_on_a_terminal_without_no_color(monkeypatch):
 
 def test_backward_calls_without_any_step_never_read_as_clean(tmp_path):
     report = sample_report("", suppressed=False)
-    report.findings = [f for f in report.findings if f.severity.value == "info"]
-    report.run.steps, report.run.backward_calls = 0, 40
+    report = replace(report, findings=[f for f in report.findings if f.severity.value == "info"],
+                     run=replace(report.run, steps=0, backward_calls=40))
     last = draw(report).rstrip().splitlines()[-1]
     assert not last.startswith("✓") and "no gradient bugs found" not in last
     assert last.startswith("! no optimizer step in 40 backward calls"), last

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import hashlib
 import json
 import os
@@ -102,7 +103,8 @@ def test_paths_with_spaces_are_uri_encoded(tmp_path, validator, monkeypatch):
     from graddoctor.findings import Finding, Severity
     from graddoctor.trace import Location
 
-    report.findings = [Finding("stale-grad", "GD103", Severity.WARNING, "m", Location("my dir/t ü.py", 3))]
+    report = replace(report, findings=[
+        Finding("stale-grad", "GD103", Severity.WARNING, "m", Location("my dir/t ü.py", 3))])
     doc = to_sarif(report)
     uri = doc["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
     assert uri == "my%20dir/t%20%C3%BC.py"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-from graddoctor.check import run_check
+from graddoctor.run.session import run_check
 from graddoctor.instrument.stop import NO_STEP_BACKWARDS
 from graddoctor.options import CheckOptions
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from graddoctor import events as ev
-from graddoctor.check import _snapshot, run_check
+from graddoctor.run.session import _snapshot, run_check
 from graddoctor.instrument import Instrumentation, Recorder
 from graddoctor.instrument.recorder import Deferred
 from graddoctor.options import CheckOptions

@@ -40,7 +40,7 @@ STARTUP_TIMEOUT = 600  # a busy machine can take minutes to import torch
 # graddoctor; a report format's modules are imported by their own import statements all the same)
 PRELOAD = ("torch", "torch._dynamo", "torch.utils.data", "torch.nn.utils.clip_grad",
            "torch.optim.lr_scheduler", "typer", "rich.console",
-           "graddoctor.cli", "graddoctor.check", "graddoctor.instrument", "graddoctor.rules",
+           "graddoctor.cli", "graddoctor.run.session", "graddoctor.instrument", "graddoctor.rules",
            "graddoctor.rules.engine", "graddoctor.report.text", "graddoctor.report.json_format",
            "graddoctor.report.sarif", "graddoctor.report.progress")
 STARTUP_ONLY = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "CUDA", "LD_", "MALLOC")

@@ -1,5 +1,5 @@
 """graddoctor's start-up hook for the worker processes a checked script starts with
-``multiprocessing`` (``mp.spawn``, spawn / forkserver contexts): graddoctor/children.py puts this
+``multiprocessing`` (``mp.spawn``, spawn / forkserver contexts): graddoctor/run/workers.py puts this
 folder first on the children's PYTHONPATH, the way ``coverage`` measures subprocesses.
 
 Inert unless ``GRADDOCTOR_CHILD`` is set *and* this interpreter is a multiprocessing child
@@ -37,7 +37,7 @@ if os.environ.get("GRADDOCTOR_CHILD") and "--multiprocessing-fork" in sys.argv:
         _root = json.loads(os.environ["GRADDOCTOR_CHILD"]).get("root")
         if _root and _root not in sys.path:
             sys.path.append(_root)
-        from graddoctor.children import start_child
+        from graddoctor.run.in_worker import start_child
 
         start_child()
     except Exception as exc:  # never break the user's worker

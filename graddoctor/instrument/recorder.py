@@ -393,6 +393,21 @@ class Recorder:
                 self.internal_error("step budget", exc)
                 yield False
 
+    def divert_stop(self, handler: Callable[[type[StopReplay]], None] | None) -> None:
+        """End the replay through ``handler(exception)`` at the safe point instead of raising
+        the stop into the script (a spawned worker writes its report and exits there); with
+        None, never end it (a forked copy of the process: nobody reads its trace)."""
+        if handler is None:
+            self._asked = {moment: [] for moment in self._asked}
+            self._stop = None
+            return
+
+        def maybe_stop() -> None:
+            if self._stop is not None:
+                handler(self._stop[0])
+
+        self.maybe_stop = maybe_stop
+
     def maybe_stop(self) -> None:
         """Called at safe points (start of a backward or a step): end the replay once a stop
         condition answered, so the tail of the last update (zero_grad, scheduler) is seen."""

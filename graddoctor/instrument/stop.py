@@ -6,12 +6,15 @@ the tail of the last update — zero_grad, a scheduler step — is still seen), 
 ``StopReplay`` into the script. The exception carries the run status the report shows.
 
 To add one: a class with ``after_step`` / ``after_backward`` returning a reason or None, an
-exception class with its ``status``, and an entry in ``conditions()``.
+exception class with its ``status`` (graddoctor/status.py, beside the others: a new status is
+a new ``RunStatus``), and an entry in ``conditions()``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from ..status import BackwardLimitReached, ReplayTimeout, StepLimitReached, StopReplay  # noqa: F401
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -20,25 +23,6 @@ if TYPE_CHECKING:
 # optimizer exists, will not step: an accumulation window of 64 or 256 micro-batches still
 # reaches its first step well before it.
 NO_STEP_BACKWARDS = 512
-
-
-class StopReplay(BaseException):
-    """Raised into the user's script to end the replay. A BaseException, so that a user's
-    ``except Exception:`` cannot swallow it."""
-
-    status = "step-limit"
-
-
-class StepLimitReached(StopReplay):
-    status = "step-limit"
-
-
-class BackwardLimitReached(StopReplay):
-    status = "backward-limit"
-
-
-class ReplayTimeout(StopReplay):
-    status = "timeout"
 
 
 class StopCondition:

@@ -12,12 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..findings import Finding, Related, Severity
+from ..status import RunStatus, decide_status, worst
 from ..trace import Location
 from .model import Report, RunInfo
-
-# the merged status is the first of these any process had (a crash anywhere is the run's)
-STATUS_ORDER = ("crashed", "missing", "timeout", "backward-limit", "step-limit", "completed",
-                "no-training-loop")
 
 
 @dataclass
@@ -104,7 +101,7 @@ def entries(part: Part) -> list[dict]:
 
 
 def missing_entry(rank: int | None, process: str, why: str) -> dict:
-    return {"rank": rank, "process": process, "pid": None, "status": "missing", "steps": 0,
+    return {"rank": rank, "process": process, "pid": None, "status": RunStatus.MISSING, "steps": 0,
             "backward_calls": 0, "error": {"type": "Missing", "message": why, "location": None}}
 
 
@@ -124,9 +121,12 @@ def _owners(part: Part, finding: Finding) -> tuple[set[int], list[str]]:
     return ({part.rank}, []) if part.rank is not None else (set(), [part.process])
 
 
-def merge(parts: list[Part], *, world_size: int | None = None,
-          missing: list[dict] = ()) -> Report:
-    """One report from the parts (the first one leads: its script, steps and update timeline).
+def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dict] = (),
+          notes: list[str] = (), fail_on: str = "warning", allow_incomplete: bool = False,
+          views: bool = True) -> Report:
+    """One report from the parts (the first one leads: its script, steps and, with ``views``,
+    update timeline). ``notes``: on the run as a whole, after the parts'; ``fail_on`` and
+    ``allow_incomplete``: the merged report's verdict.
 
     Findings are the same when they have the same rule, severity... and place: (code, location,
     suppressed); the first part's message is kept and the ranks of all are listed. A process
@@ -157,27 +157,26 @@ def merge(parts: list[Part], *, world_size: int | None = None,
     findings += diverging(parts)
     findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
                                  f.location.line if f.location else 0, f.code))
-    trained = [e for e in rank_entries if e["status"] != "no-training-loop"]
-    judged = trained or rank_entries
-    status = min((e["status"] for e in judged), key=STATUS_ORDER.index)
+    status = decide_status(parts=[e["status"] for e in rank_entries])
+    judged = [e for e in rank_entries if e["status"] != RunStatus.NO_TRAINING_LOOP] or rank_entries
+    failing = worst(e["status"] for e in judged)  # missing, where the status says crashed
     error, echoes = None, []
     # the root cause first: a rank whose peer failed reports a communication error
-    failed = sorted((e for e in judged if e["status"] == status and e.get("error")),
+    failed = sorted((e for e in judged if e["status"] == failing and e.get("error")),
                     key=lambda e: _echo(e["error"]))
     for e in failed:
         if error is None:
             error = dict(e["error"])
             if len(rank_entries) > 1:
                 error["message"] = f"{e['process']}: {error['message']}"
-        elif e["status"] != "missing":
+        elif e["status"] != RunStatus.MISSING:
             message = str(e["error"].get("message", ""))
             echoes.append(f"{e['process']} failed too: {e['error'].get('type')}: "
                           f"{message[:200]}{' …' if len(message) > 200 else ''}")
-    if status == "missing":  # for the run fields: the run was cut short (a process is lost)
-        status = "crashed"
-    first = next((e for e in rank_entries if e["status"] not in ("missing", "no-training-loop")),
+    first = next((e for e in rank_entries
+                  if e["status"] not in (RunStatus.MISSING, RunStatus.NO_TRAINING_LOOP)),
                  rank_entries[0])
-    notes, internal = [], []
+    about_run, notes, internal = notes, [], []
     for part in parts:
         label = "" if len(parts) == 1 else f"{part.process}: "
         for note in part.report.run.notes:
@@ -191,6 +190,7 @@ def merge(parts: list[Part], *, world_size: int | None = None,
         note = f"{m['process']}: {m['error']['message']}"
         if error is None or error["message"] != note:
             notes.append(note)
+    notes += about_run
     run = RunInfo(
         script=lead.run.script, argv=list(lead.run.argv), status=status,
         steps=first["steps"], backward_calls=first["backward_calls"], device=lead.run.device,
@@ -202,8 +202,10 @@ def merge(parts: list[Part], *, world_size: int | None = None,
         # one rank's own report keeps its checksums for the merge that compares them
         checksums=lead.run.checksums if len(parts) == 1 and not missing else None,
     )
-    analysis = next((p.report.analysis for p in parts if p.report.analysis is not None), None)
-    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis)
+    analysis = next((p.report.analysis for p in parts if p.report.analysis is not None), None) \
+        if views else None
+    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis,
+                  fail_on=fail_on, allow_incomplete=allow_incomplete)
 
 
 CHECKSUM_RTOL = 1e-5  # all-reduce results may differ in the last bits between ranks
@@ -251,4 +253,5 @@ def single(report: Report, rank: int | None, process: str, pid: int | None,
            world_size: int) -> Report:
     """A process's own report marked as one part of a larger run (a per-rank file): its
     ``run.ranks`` entry and its findings' ranks, so that ``graddoctor merge`` can join it."""
-    return merge([Part(report, rank, process, pid)], world_size=world_size)
+    return merge([Part(report, rank, process, pid)], world_size=world_size,
+                 fail_on=report.fail_on, allow_incomplete=report.allow_incomplete)

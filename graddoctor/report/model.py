@@ -1,4 +1,5 @@
-"""The result of a check: run facts + findings. Pure data; the formats render it.
+"""The result of a check: run facts + findings. Pure data, frozen once built (the run's session
+builds it once, run/session.py); the formats render it.
 
 ``Report.render()``, ``to_json()``, ``str(report)`` and rich's ``print(report)`` are the public
 way to show a report, so they stay on it, but the model does not know how: the formats attach
@@ -11,15 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..findings import Finding, Severity
+from ..status import INCOMPLETE_STATUSES, RunStatus
 
 SCHEMA_VERSION = 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunInfo:
     script: str
     argv: list[str]
-    status: str
+    status: RunStatus  # a plain string (a report read back from JSON) is made one
     steps: int = 0
     backward_calls: int = 0
     device: str = "cpu"
@@ -39,13 +41,11 @@ class RunInfo:
     # [{opt, step, value, path, line}]; only in a rank's own report
     checksums: list[dict] | None = None
 
-
-INCOMPLETE_STATUSES = ("crashed", "timeout")
-"""The script stopped on its own (an exception, a non-zero exit, the time limit): whatever
-followed was not checked. ``step-limit`` and ``backward-limit`` are graddoctor's own stops."""
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", RunStatus(self.status))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
     run: RunInfo
     findings: list[Finding]
@@ -76,9 +76,9 @@ class Report:
 
     def could_not_check(self) -> bool:
         """Nothing to judge: the script failed or had no loop before a single step."""
-        if self.run.status == "no-training-loop":
+        if self.run.status is RunStatus.NO_TRAINING_LOOP:
             return True
-        return self.run.status in ("crashed", "timeout") and self.run.steps == 0 \
+        return self.run.status in INCOMPLETE_STATUSES and self.run.steps == 0 \
             and self.run.backward_calls == 0
 
     def at_or_above(self, fail_on: str) -> list[Finding]:

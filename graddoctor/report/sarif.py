@@ -17,6 +17,7 @@ from ..findings import Finding, Severity
 from ..jsonsafe import dumps
 from ..notebook import cell_of
 from ..rules import ALL_RULES
+from ..status import RunStatus
 from .json_format import to_dict
 from .model import Report
 
@@ -111,7 +112,7 @@ def notifications(report: Report) -> list[dict]:
         if loc:
             note["locations"] = [{"physicalLocation": physical_location(loc["path"], loc["line"])}]
         out.append(note)
-    if run.status == "no-training-loop":
+    if run.status is RunStatus.NO_TRAINING_LOOP:
         out.append({"level": "error", "message": {"text": "no backward() and no optimizer step were "
                                                           "seen: nothing to check"}})
     for err in report.internal_errors:

@@ -17,18 +17,19 @@ from rich.text import Text
 from ..findings import Severity
 from ..notebook import describe
 from ..rules import ALL_RULES
+from ..status import RunStatus
 from .model import Report
 from .text_findings import STYLE, finding_block, severity_title, suppressed_line
 from .text_gradflow import grad_flow_view
 from .text_timeline import timeline_table
 
 STATUS_TEXT = {
-    "completed": "the script ran to its end",
-    "step-limit": "stopped after the step budget",
-    "backward-limit": "stopped: many backward calls and no optimizer step",
-    "timeout": "stopped by the time limit",
-    "crashed": "the script raised an error",
-    "no-training-loop": "no backward() and no optimizer step were seen",
+    RunStatus.COMPLETED: "the script ran to its end",
+    RunStatus.STEP_LIMIT: "stopped after the step budget",
+    RunStatus.BACKWARD_LIMIT: "stopped: many backward calls and no optimizer step",
+    RunStatus.TIMEOUT: "stopped by the time limit",
+    RunStatus.CRASHED: "the script raised an error",
+    RunStatus.NO_TRAINING_LOOP: "no backward() and no optimizer step were seen",
 }
 
 
@@ -76,7 +77,7 @@ def ranks_line(run) -> str:
         ranks = [e["rank"] for e in group if e["rank"] is not None]
         names = (["rank " + spans(ranks)] if ranks else []) + \
             [e["process"] for e in group if e["rank"] is None]
-        what = status if status == "missing" else f"{status}, {_plural(steps, 'step')}"
+        what = status if status == RunStatus.MISSING else f"{status}, {_plural(steps, 'step')}"
         parts.append(f"{', '.join(names)}: {what}")
     head = f"world size {run.world_size}" if run.world_size > 1 else \
         f"{len(run.ranks)} processes merged"
@@ -136,7 +137,7 @@ def verdict(report: Report) -> Text:
     suppressed = len(report.suppressed())
     rules = _rules_tail(report)
     if report.could_not_check():
-        why = STATUS_TEXT["no-training-loop"] if run.status == "no-training-loop" else \
+        why = STATUS_TEXT[run.status] if run.status is RunStatus.NO_TRAINING_LOOP else \
             f"the script stopped ({run.status}) before its first backward or step"
         return Text.assemble(("✗ could not check: ", "bold red"), why)
     parts = [_plural(counts["error"], "error"), _plural(counts["warning"], "warning"),

@@ -18,10 +18,13 @@ rank writes its own report file and ``graddoctor merge`` joins them.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from dataclasses import dataclass
+
+from ..report.merge import Part, from_json, merge, missing_entry, single, spans
 
 STORE_TIMEOUT_S = 30.0  # connecting to the launcher's store
 POLL_S = 0.1
@@ -73,6 +76,12 @@ def rank_path(path: str | None, rank: int) -> str | None:
         return path.replace("{rank}", str(rank))
     root, ext = os.path.splitext(path)
     return f"{root}.rank{rank}{ext}"
+
+
+def rank_report(report, env: RankEnv):
+    """This rank's own report as one part of the run: what it hands to rank 0, or writes as
+    its own file (``-o 'report.{rank}.json'``)."""
+    return single(report, env.rank, env.label, os.getpid(), env.world_size)
 
 
 class Interrupted(Exception):
@@ -174,6 +183,25 @@ class Exchange:
         return got, why
 
 
+def gather(exchange: "Exchange", report, options, wait_s: float | None = None,
+           files: dict[int, str] | None = None):
+    """Rank 0: the run's one report, its own and every other rank's merged once (a rank whose
+    report did not arrive is ``missing``), with the verdict's options in it."""
+    env = exchange.env
+    if wait_s is None:
+        wait_s = (options.timeout or 3600.0) + 60.0
+    got, why = exchange.collect(wait_s, files)
+    parts = [Part(report, env.rank, env.label, os.getpid())]
+    for r, text in sorted(got.items()):
+        try:
+            parts.append(Part(from_json(json.loads(text)), r, f"rank {r}"))
+        except Exception as exc:
+            why[r] = f"unreadable report: {type(exc).__name__}: {exc}"
+    missing = [missing_entry(r, f"rank {r}", message) for r, message in sorted(why.items())]
+    return merge(parts, world_size=env.world_size, missing=missing, fail_on=options.fail_on,
+                 allow_incomplete=options.allow_incomplete)
+
+
 def launch(nproc: int, child_args: list[str]) -> int:
     """``graddoctor check --nproc-per-node N ...``: start N ranks of ``python -m graddoctor
     check ...`` through ``torch.distributed.run`` (the library behind torchrun; a single node,
@@ -201,8 +229,6 @@ def launch(nproc: int, child_args: list[str]) -> int:
         codes = {rank: f.exitcode for rank, f in failures.items()}
         if set(codes) == {0} and codes[0] in (1, 2):
             return codes[0]  # the merged verdict (1: findings, 2: could not check)
-        from .report.merge import spans
-
         died = ", ".join(f"rank {r} exit code {c}" for r, c in sorted(codes.items()))
         import sys
 

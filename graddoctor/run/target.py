@@ -1,4 +1,5 @@
-"""Run the user's script (or ``-m module``) the way ``python`` would, and say how it ended.
+"""Run the user's script (or ``-m module``) the way ``python`` would, and say how it ended
+(``RunOutcome``: what ended it, the error; the session decides the status from it).
 
 Like ``coverage run``: ``sys.argv``, ``__main__``, ``sys.path[0]``, cwd unchanged. The replay is
 ended by ``StopReplay`` (a BaseException) from the instrumentation, or by the time limit
@@ -21,21 +22,23 @@ import types
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import ScriptError  # noqa: F401 (re-exported)
-from .instrument.stop import ReplayTimeout, StopReplay
-from .location import LocationFinder
-from .textsafe import strip_escapes
-from .notebook import compile_notebook, is_notebook, location_json, notebook_display
-from .trace import Location
+from ..errors import ScriptError
+from ..instrument.patcher import Patcher
+from ..location import LocationFinder
+from ..notebook import compile_notebook, is_notebook, location_json, notebook_display
+from ..status import ReplayTimeout, ScriptExit, StopReplay, exit_code
+from ..textsafe import strip_escapes
+from ..trace import Location
+from .atfork import undone_in_forked_child
 
 _RUNPY_FILE = os.path.abspath(runpy.__file__)
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_MESSAGE = 2000  # characters of the script's exception message kept in the report
 
 
 @dataclass
 class RunOutcome:
-    status: str = "completed"  # completed | step-limit | backward-limit | timeout | crashed | no-training-loop
+    ended_by: BaseException | None = None  # what ended the target early (None: it returned)
     error: dict | None = None  # {type, message, location{path,line}, traceback}
     exit_code: int | None = None  # the script's own SystemExit code, if it raised one
     notes: list[str] = field(default_factory=list)
@@ -318,15 +321,6 @@ class Deadline:
 
 
 # -- os._exit ---------------------------------------------------------------------------------
-class ScriptExit(BaseException):
-    """``os._exit(code)`` called by the script: ends the run like ``sys.exit`` (no report
-    would be written if the process really ended). Forked children exit for real."""
-
-    def __init__(self, code: int):
-        super().__init__(code)
-        self.code = code
-
-
 def _quiet_stop_in_threads(original):
     """``threading.excepthook`` while the script runs: a thread that graddoctor's stop ended
     (``StopReplay``, raised at its next backward or step) ends quietly; every other exception
@@ -352,36 +346,20 @@ def _patched_os_exit(original, parent_pid: int):
 class _Forks:
     """The forks of the running check. A forked child runs the rest of the script without
     graddoctor (``on_child``: the instrumentation and the run's own patches are removed in the
-    child, by ``os.register_at_fork``), then exits as python would (``_end_forked_child``),
-    never through graddoctor's report. The parent notes each child its script forked and, once
-    the script is over, how the child ended; one still running is stopped (``settle_forks``)."""
+    child, run/atfork.py), then exits as python would (``_end_forked_child``), never through
+    graddoctor's report. The parent notes each child its script forked and, once the script is
+    over, how the child ended; one still running is stopped (``settle_forks``)."""
 
-    def __init__(self, finder: LocationFinder, on_child: list[Callable[[], None]]):
+    def __init__(self, finder: LocationFinder):
         self.finder = finder
-        self.parent_pid = os.getpid()
-        self.on_child = on_child
         self.children: list[tuple[int, str]] = []  # (pid, "train.py:5") forked by the script's code
         self.in_child = False
 
+    def mark_child(self) -> None:
+        self.in_child = True
 
-_ACTIVE_FORKS: _Forks | None = None
+
 STOP_CHILD_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this long
-
-
-def _after_fork_in_child() -> None:
-    forks = _ACTIVE_FORKS
-    if forks is None or os.getpid() == forks.parent_pid:
-        return
-    forks.in_child = True
-    for callback in forks.on_child:
-        try:
-            callback()
-        except Exception:  # the child goes on uninstrumented as far as it could be undone
-            pass
-
-
-if hasattr(os, "register_at_fork"):  # cannot be unregistered: does nothing outside a check
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _patched_fork(original, forks: _Forks):
@@ -490,7 +468,6 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
     ``on_start`` runs once the target is known to be runnable; ``on_hang`` and ``last_resort``:
     see ``Deadline``; ``on_fork_child`` runs in a child the script forks (remove the
     instrumentation there: see ``_Forks``)."""
-    global _ACTIVE_FORKS
     notes: list[str] = []
     if module:
         code = None
@@ -503,7 +480,7 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
         on_start()
     outcome = RunOutcome(notes=list(notes))
     state = ProcessState()
-    forks = _Forks(finder, [])
+    forks = _Forks(finder)
 
     def hang(where) -> None:  # the process is about to end: its children with it
         settle_forks(forks, [])
@@ -511,38 +488,31 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
             on_hang(where)
 
     deadline = Deadline(timeout, finder, hang, last_resort=last_resort)
-    original_exit, original_fork = os._exit, getattr(os, "fork", None)
-    original_thread_hook = threading.excepthook
-
-    def unpatch() -> None:
-        os._exit = original_exit
-        threading.excepthook = original_thread_hook
-        if original_fork is not None:
-            os.fork = original_fork
-
-    forks.on_child += [deadline.forked, unpatch] + ([on_fork_child] if on_fork_child else [])
-    os._exit = _patched_os_exit(original_exit, os.getpid())
-    threading.excepthook = _quiet_stop_in_threads(original_thread_hook)
-    if original_fork is not None:
-        os.fork = _patched_fork(original_fork, forks)
-    previous_forks, _ACTIVE_FORKS = _ACTIVE_FORKS, forks
+    original_exit = os._exit
+    patches = Patcher()
+    patches.patch(os, "_exit", _patched_os_exit(original_exit, os.getpid()))
+    patches.patch(threading, "excepthook", _quiet_stop_in_threads(threading.excepthook))
+    if hasattr(os, "fork"):
+        patches.patch(os, "fork", _patched_fork(os.fork, forks))
+    in_child = [forks.mark_child, deadline.forked, patches.undo] + \
+        ([on_fork_child] if on_fork_child else [])
     try:
-        try:
-            with deadline:
-                try:
-                    _execute(target, args, code, module, outcome)
-                finally:
-                    deadline.disarm()
-        except BaseException as exc:  # the script's own failure, or our stop
-            if forks.in_child:
-                _end_forked_child(exc, original_exit)
-            _classify(exc, outcome, finder, deadline)
-        else:
-            if forks.in_child:
-                _end_forked_child(None, original_exit)
+        with undone_in_forked_child(*in_child):
+            try:
+                with deadline:
+                    try:
+                        _execute(target, args, code, module, outcome)
+                    finally:
+                        deadline.disarm()
+            except BaseException as exc:  # the script's own failure, or our stop
+                if forks.in_child:
+                    _end_forked_child(exc, original_exit)
+                _describe_ending(exc, outcome, finder, deadline)
+            else:
+                if forks.in_child:
+                    _end_forked_child(None, original_exit)
     finally:
-        unpatch()
-        _ACTIVE_FORKS = previous_forks
+        patches.undo()
         try:
             outcome.notes.extend(state.restore())
         except Exception as exc:  # never lose the report over a restore
@@ -574,27 +544,33 @@ def _execute(target: str, args: list[str], code, module: bool, outcome: RunOutco
     exec(code, main.__dict__)
 
 
-def _classify(exc: BaseException, outcome: RunOutcome, finder: LocationFinder,
-              deadline: Deadline) -> None:
+def describe_ending(exc: BaseException, finder: LocationFinder,
+                    deadline: Deadline | None = None) -> RunOutcome:
+    """What the report says about the exception that ended a run (a script, a watched block)."""
+    outcome = RunOutcome()
+    _describe_ending(exc, outcome, finder, deadline)
+    return outcome
+
+
+def _describe_ending(exc: BaseException, outcome: RunOutcome, finder: LocationFinder,
+                     deadline: Deadline | None) -> None:
+    outcome.ended_by = exc
     if isinstance(exc, StopReplay) and not isinstance(exc, ReplayTimeout):
-        outcome.status = exc.status  # a stop condition ended the replay (instrument/stop.py)
-    elif isinstance(exc, ReplayTimeout):
-        outcome.status = "timeout"
-        outcome.error = {"type": "Timeout", "message": deadline.message() if deadline.seconds
-                         else _message(exc), "location": _loc(finder, exc)}
+        return  # a stop condition ended the replay (instrument/stop.py)
+    if isinstance(exc, ReplayTimeout):
+        outcome.error = {"type": "Timeout", "message": deadline.message() if deadline and
+                         deadline.seconds else _message(exc), "location": _loc(finder, exc)}
     elif isinstance(exc, (SystemExit, ScriptExit)):
         how = "os._exit" if isinstance(exc, ScriptExit) else "sys.exit"
-        outcome.exit_code = _exit_code(exc)
+        outcome.exit_code = exit_code(exc)
         loc = _loc(finder, exc)
         where = f" at {loc['path']}:{loc['line']}" if loc else ""
         if outcome.exit_code in (0, None):
             outcome.notes.append(f"the script called {how}({outcome.exit_code or 0}){where}")
         else:
-            outcome.status = "crashed"
             outcome.error = {"type": "SystemExit", "message": f"{how}({exc.code!r}): exit code "
                              f"{outcome.exit_code}", "location": loc}
     else:  # the user's own failure, KeyboardInterrupt included
-        outcome.status = "crashed"
         outcome.error = {"type": type(exc).__name__, "message": _message(exc),
                          "location": _loc(finder, exc), "traceback": _user_traceback(exc)}
 
@@ -618,13 +594,6 @@ def _user_traceback(exc: BaseException) -> str:
         return strip_escapes("".join(lines))[-8000:]
     except Exception:
         return ""
-
-
-def _exit_code(exc: BaseException):
-    code = exc.code
-    if code is None or isinstance(code, int):
-        return code
-    return 1  # sys.exit("message") exits with 1, like python does
 
 
 def _loc(finder: LocationFinder, exc: BaseException) -> dict | None:
