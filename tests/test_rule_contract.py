@@ -1,5 +1,6 @@
 """What adding a rule takes, enforced: one file in graddoctor/rules/, registered in ALL_RULES,
-a bad and a good fixture, its docs in four sections, and the README's table regenerated.
+its unit tests in tests/test_rule_<slug>.py, a bad and a good fixture, its docs in four sections,
+and the README's table regenerated.
 
 Pure Python (no subprocess, no torch): the fixtures are read, not run (tests/test_fixtures.py
 runs them). Every check is parametrised per rule, so a failure names it.
@@ -180,6 +181,18 @@ def test_every_rule_class_is_registered(module, cls):
     assert cls in ALL_RULES, f"{module}.{cls.__name__} is not in graddoctor.rules.ALL_RULES"
 
 
+def unit_test_problems(rule, tests_dir: str = os.path.join(ROOT, "tests")) -> list[str]:
+    """A rule's unit tests sit in one file named after it, where a reader looks for them."""
+    name = f"test_rule_{rule.slug.replace('-', '_')}.py"
+    return [] if os.path.isfile(os.path.join(tests_dir, name)) else [f"no tests/{name}"]
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, **RULE_IDS)
+def test_rule_has_its_test_file(rule):
+    problems = unit_test_problems(rule)
+    assert not problems, f"{rule.slug}: " + "; ".join(problems)
+
+
 @pytest.mark.parametrize("rule", ALL_RULES, **RULE_IDS)
 def test_rule_has_bad_and_good_fixtures(rule):
     problems = coverage_problems(rule, BAD, GOOD)
@@ -262,6 +275,7 @@ def test_checkers_report_violations():
     assert module_problems(ALL_RULES[0], crowded) == [f"{ALL_RULES[0].__module__} also defines Twin: one rule per file"]
 
     no_fixtures = type("Lonely", (Rule,), {"slug": "lonely-rule"})
+    assert unit_test_problems(no_fixtures) == ["no tests/test_rule_lonely_rule.py"]
     assert len(coverage_problems(no_fixtures, BAD, GOOD)) == 2
     assert coverage_problems(no_fixtures, {"bad_x.py": {"lonely-rule"}}, {"good_x.py": {"lonely-rule"}}) == []
 
