@@ -1,17 +1,14 @@
-"""Long runs (issue 13, items 2 and 3): the recorder folds repeated turns out of the trace
-(instrument/fold.py) so memory stays bounded, findings and their counts stay what they were, and
-provisional ``-o`` reports take a bounded share of the run's time (check.py)."""
+"""Long runs: the recorder folds repeated turns out of the trace (instrument/fold.py) so memory
+stays bounded, findings and their counts stay what they were, and provisional ``-o`` reports take
+a bounded share of the run's time (check.py). ``fold_hard`` folds a recorded trace as hard as
+the folder can; tests/test_fixtures.py checks every fixture's findings through it."""
 
 from __future__ import annotations
 
-import glob
-import os
 import time
 
 import pytest
 
-from conftest import FIXTURES
-from fixture_marks import read_marks
 from graddoctor import check as check_module
 from graddoctor import events as ev
 from graddoctor.analysis import Analysis
@@ -20,7 +17,7 @@ from graddoctor.instrument import Recorder, fold
 from graddoctor.instrument.fold import Folder
 from graddoctor.options import CheckOptions
 from graddoctor.report.timeline import shapes, step_ranges
-from graddoctor.trace import Location
+from graddoctor.trace import Location, Trace
 
 LOOP = """\
 import sys, torch
@@ -168,35 +165,33 @@ def test_the_folded_event_is_what_its_constructor_makes():
     assert ev.CONSTRUCTORS["folded"](**folded.data) == ("folded", dict(folded.data))
 
 
-# -- fixtures: the same findings when their runs are folded hard --------------------------------
-# the fixtures whose messages count occurrences or steps, or whose rules look across turns
-COUNTING = ["nonfinite", "plateau", "double_step", "two_optimizers", "clip", "never_accumulates",
-            "unscaled", "leftover", "never_steps", "without_grad", "optimizer_in_backward",
-            "hidden", "ema"]
-FIXTURE_FILES = [p for p in sorted(glob.glob(os.path.join(FIXTURES, "**", "*.py"), recursive=True))
-                 if any(word in os.path.basename(p) for word in COUNTING)]
+# -- folding a recorded trace as hard as the folder can -----------------------------------------
+HARD = {"fold_after": 0, "keep": 1, "context": 1, "max_period": 2}
 
 
-@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: os.path.relpath(p, FIXTURES))
-def test_fixture_findings_survive_folding(path, monkeypatch):
-    """Folding from the first turn on, one copy kept, one turn of context: what every rule
-    says (messages, steps, related notes) is what it says on the whole trace."""
-    from test_fixtures import options_for
-
-    _, extra_args = read_marks(path)
-    monkeypatch.chdir(os.path.dirname(path))
-    options = options_for(os.path.basename(path), extra_args)
-    whole = run_check(options)
-    for name, value in (("FOLD_AFTER", 0), ("KEEP", 1), ("CONTEXT", 1), ("MAX_PERIOD", 2)):
-        monkeypatch.setattr(fold, name, value)
-    folded = run_check(options)
-    assert not folded.internal_errors
-    assert folded.run.steps == whole.run.steps
-    assert _findings(folded) == _findings(whole)
+def fold_hard(trace: Trace) -> Trace:
+    """The trace as the recorder would keep it folding from the first turn on, with one copy of
+    a repeated block of up to two turns kept and one turn of context: what a long run's trace
+    looks like to the rules, made from a short one."""
+    folded = Trace()
+    folder = Folder(folded, **HARD)
+    for event in trace.events:
+        folder.observe(event.kind, event.loc)
+        folded.events.append(event)
+    folder.finish()
+    return folded
 
 
-def test_some_fixtures_do_fold():
-    assert len(FIXTURE_FILES) >= 15
+def test_fold_hard_folds_a_repeated_turn_and_keeps_its_counts():
+    rec = Recorder(step_budget=None)
+    rec.folder = None
+    _loop(rec, 12, nan_at={6})
+    whole = Analysis(rec.trace)
+    folded = Analysis(fold_hard(rec.trace))
+    assert len(folded.events) < len(whole.events) and folded.of_kind("folded")
+    assert (folded.step_count, folded.backward_calls) == (whole.step_count, whole.backward_calls) == (12, 12)
+    assert folded.count(folded.of_kind("clear")) == 12
+    assert [folded.step_number[s.seq] for s in folded.steps if folded.event(s.seq - 1)["nonfinite"]] == [7]
 
 
 # -- provisional reports: a bounded share of the time -----------------------------------------

@@ -15,7 +15,8 @@ Fixture marks:
       # silent: slug-a, slug-b
 
   (slugs only; several ``# silent:`` lines add up). It goes at the end of the file so that no
-  line of the fixture moves. Every good fixture declares at least one rule.
+  line of the fixture moves. Every good fixture declares at least one rule; tests/test_fixtures.py
+  runs it and fails on any finding of those rules, ``info`` included.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import pytest
 
 import graddoctor.rules as rules_pkg
 from conftest import FIXTURES, ROOT
-from fixture_marks import read_marks
+from fixture_marks import read_marks, read_silent
 from graddoctor.findings import Severity
 from graddoctor.rules import ALL_RULES
 from graddoctor.rules.base import Rule
@@ -42,7 +43,6 @@ CODE_SECTIONS = ("Example", "Use instead")
 CODE_RE = re.compile(r"GD\d{3}")
 SLUG_RE = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)+")
 PYTHON_BLOCK = re.compile(r"^```python[ \t]*\n.*?\S.*?^```[ \t]*$", re.S | re.M)
-SILENT = re.compile(r"^#\s*silent:\s*(.*?)\s*$")
 
 RULE_IDS = {"ids": lambda r: r.slug}
 
@@ -110,17 +110,6 @@ def module_problems(rule, modules: dict[str, list[type]]) -> list[str]:
                 f"(graddoctor/rules/{rule.slug.replace('-', '_')}.py)"]
     others = [c.__name__ for c in modules.get(expected, []) if c is not rule]
     return [f"{expected} also defines {', '.join(others)}: one rule per file"] if others else []
-
-
-def read_silent(path: str) -> set[str]:
-    """The slugs a good fixture's ``# silent:`` lines declare."""
-    slugs: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            mark = SILENT.match(line.strip())
-            if mark:
-                slugs.update(s.strip() for s in mark.group(1).split(",") if s.strip())
-    return slugs
 
 
 def fixture_index(root: str = FIXTURES) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -278,12 +267,6 @@ def test_checkers_report_violations():
     assert unit_test_problems(no_fixtures) == ["no tests/test_rule_lonely_rule.py"]
     assert len(coverage_problems(no_fixtures, BAD, GOOD)) == 2
     assert coverage_problems(no_fixtures, {"bad_x.py": {"lonely-rule"}}, {"good_x.py": {"lonely-rule"}}) == []
-
-
-def test_read_silent(tmp_path):
-    script = tmp_path / "good_x.py"
-    script.write_text("x = 1  # silent: not-a-declaration\n# silent: a-b, c-d\n#silent:e-f\n")
-    assert read_silent(str(script)) == {"a-b", "c-d", "e-f"}
 
 
 def test_stale_readme_table_is_detected():
