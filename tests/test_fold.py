@@ -240,3 +240,33 @@ def test_a_killed_run_leaves_its_latest_provisional_report(tmp_path):
     run = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))["run"]
     assert run["status"] == "crashed" and run["error"]["type"] == "Unfinished"
     assert run["steps"] == 42
+
+
+# -- rules count through the analysis ------------------------------------------------------------
+def test_by_epoch_counts_folded_copies_in_their_epoch():
+    rec = Recorder(step_budget=None)
+    rec.folder = None
+    for epoch in range(2):
+        rec.emit(ev.epoch_start(loader=0, epoch=epoch, real_len=8, replay_len=8), Location("train.py", 5))
+        for i in range(8):
+            rec.emit(ev.backward(fresh=[0], accumulated=[], cleared_outside=[], batch=[0, epoch, i]),
+                     Location("train.py", 10))
+            rec.emit(ev.step(opt=0), Location("train.py", 11))
+    steps = lambda e: "step" if e.kind == "step" else None  # noqa: E731
+    whole = {k: n for k, (_, n) in Analysis(rec.trace).by_epoch(steps).items()}
+    folded = Analysis(fold_hard(rec.trace))
+    assert folded.of_kind("folded") and whole == {("step", (0, 0)): 8, ("step", (0, 1)): 8}
+    assert {k: n for k, (_, n) in folded.by_epoch(steps).items()} == whole
+
+
+def test_rules_see_folding_only_through_the_analysis():
+    """A rule that read the ``folded`` events would count on its own, and could count wrong:
+    rules count with Analysis.count / weight / by_epoch and step numbers instead."""
+    import pathlib
+
+    import graddoctor.rules as rules
+
+    fold_words = ('"folded"', "'folded'", "copies_in(", "._copies", "folded_steps", "._folded")
+    readers = sorted(f"{path.name} ({word})" for path in pathlib.Path(rules.__file__).parent.glob("*.py")
+                     for word in fold_words if word in path.read_text(encoding="utf-8"))
+    assert not readers, f"rules reading the recorder's folds: {', '.join(readers)}"
