@@ -1,13 +1,15 @@
 """Hand-written traces shared by the rules' unit tests (tests/test_rule_*.py): a model of two
-parameters, an optimizer over them, and the events of clips, epochs and updates. No torch."""
+parameters, an optimizer over them, and the events of clips, epochs and updates; and
+``fold_hard``, a recorded trace folded as a long run's would be. No torch."""
 
 from __future__ import annotations
 
 from graddoctor import events as ev
 from graddoctor.analysis import Analysis
 from graddoctor.analysis.run_rules import analyze
+from graddoctor.instrument.fold import Folder
 from graddoctor.rules import find_rule
-from graddoctor.trace import TraceBuilder
+from graddoctor.trace import Trace, TraceBuilder
 
 
 P = [0, 1]  # the model's parameters
@@ -98,3 +100,19 @@ def lbfgs_loop(t: TraceBuilder, clear_inside: bool, evaluations: int = 4):
             t.backward(accumulated=[0, 1], line=16, in_step=0)
     t.step(0, line=21, closure=True)
     return t.trace
+
+
+HARD = {"fold_after": 0, "keep": 1, "context": 1, "max_period": 2}
+
+
+def fold_hard(trace: Trace) -> Trace:
+    """The trace as the recorder would keep it folding from the first turn on, with one copy of
+    a repeated block of up to two turns kept and one turn of context: what a long run's trace
+    looks like to the rules, made from a short one."""
+    folded = Trace()
+    folder = Folder(folded, **HARD)
+    for event in trace.events:
+        folder.observe(event.kind, event.loc)
+        folded.events.append(event)
+    folder.finish()
+    return folded

@@ -21,7 +21,6 @@ import typer
 
 from conftest import FIXTURES
 from fixture_marks import Seen, compare, read_marks, read_silent
-from test_fold import fold_hard
 from graddoctor.analysis import Analysis
 from graddoctor.analysis.run_rules import analyze, selected_rules
 from graddoctor.check import run_check
@@ -32,6 +31,7 @@ from graddoctor.runner import ProcessState
 from graddoctor.report.json_format import render
 from graddoctor.rules.notes import run_notes
 from graddoctor.suppress import apply_suppressions
+from rule_traces import fold_hard
 
 # fixtures/ddp/ need two ranks: tests/test_distributed.py runs them in one 2-rank launch
 DDP_FIXTURES = os.path.join(FIXTURES, "ddp")
@@ -127,7 +127,7 @@ def test_fixture(path, monkeypatch):
 
 def assert_folding_changes_nothing(report, options: CheckOptions) -> None:
     """The run's trace folded as hard as the recorder can fold it (from the first turn on, see
-    tests/test_fold.py) gives the same findings, to the last field, and the same notes: rules
+    tests/rule_traces.py) gives the same findings, to the last field, and the same notes: rules
     count what happened, not what the trace kept."""
     folded = Analysis(fold_hard(report.analysis.trace))
     findings, errors = analyze(folded, selected_rules(options.select, options.ignore))

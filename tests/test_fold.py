@@ -1,7 +1,7 @@
 """Long runs: the recorder folds repeated turns out of the trace (instrument/fold.py) so memory
 stays bounded, findings and their counts stay what they were, and provisional ``-o`` reports take
-a bounded share of the run's time (check.py). ``fold_hard`` folds a recorded trace as hard as
-the folder can; tests/test_fixtures.py checks every fixture's findings through it."""
+a bounded share of the run's time (check.py). tests/test_fixtures.py checks every fixture's
+findings on its trace folded as hard as the folder can (``rule_traces.fold_hard``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from graddoctor.instrument import Recorder, fold
 from graddoctor.instrument.fold import Folder
 from graddoctor.options import CheckOptions
 from graddoctor.report.timeline import shapes, step_ranges
-from graddoctor.trace import Location, Trace
+from graddoctor.trace import Location
+from rule_traces import fold_hard
 
 LOOP = """\
 import sys, torch
@@ -165,23 +166,7 @@ def test_the_folded_event_is_what_its_constructor_makes():
     assert ev.CONSTRUCTORS["folded"](**folded.data) == ("folded", dict(folded.data))
 
 
-# -- folding a recorded trace as hard as the folder can -----------------------------------------
-HARD = {"fold_after": 0, "keep": 1, "context": 1, "max_period": 2}
-
-
-def fold_hard(trace: Trace) -> Trace:
-    """The trace as the recorder would keep it folding from the first turn on, with one copy of
-    a repeated block of up to two turns kept and one turn of context: what a long run's trace
-    looks like to the rules, made from a short one."""
-    folded = Trace()
-    folder = Folder(folded, **HARD)
-    for event in trace.events:
-        folder.observe(event.kind, event.loc)
-        folded.events.append(event)
-    folder.finish()
-    return folded
-
-
+# -- folding a recorded trace as hard as the folder can (rule_traces.fold_hard) ----------------
 def test_fold_hard_folds_a_repeated_turn_and_keeps_its_counts():
     rec = Recorder(step_budget=None)
     rec.folder = None

@@ -4,7 +4,9 @@ the look-alikes it stays silent on."""
 from __future__ import annotations
 
 from graddoctor.trace import TraceBuilder
-from rule_traces import ddp_window, findings
+from graddoctor.analysis import Analysis
+from graddoctor.rules import find_rule
+from rule_traces import ddp_window, findings, fold_hard
 
 
 def test_every_micro_batch_under_no_sync_is_flagged_at_the_step():
@@ -44,3 +46,14 @@ def test_another_optimizers_parameters_do_not_count():
     t.step(1, line=21)
     found = findings(t, "step-without-allreduce")
     assert [f.location.line for f in found] == [21]
+
+
+def test_updates_folded_out_of_a_long_run_are_counted():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1])
+    for _ in range(8):
+        ddp_window(t, [False, False])
+    folded = Analysis(fold_hard(t.trace))
+    assert folded.of_kind("folded")
+    [finding] = find_rule("step-without-allreduce")().check(folded)
+    assert finding.evidence["updates"] == 8 and "(8 updates like this" in finding.message
