@@ -389,11 +389,13 @@ CALL_LABELS = {
     "update_bn": "update_bn()",
     "grad_edit": "grad edit",
     "ddp_no_sync": "no_sync",
+    "compile": "compile",
 }
 # Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
 NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "internal_error", "step_begin",
              "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
              "replica_checksum",  # bookkeeping after a step
+             "folded",  # stands for turns the recorder folded out; the timeline counts them apart
              "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs
 # unscale_ (when the user did not) and optimizer.step(); scaler.scale(loss).backward() is one call.

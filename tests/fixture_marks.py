@@ -1,10 +1,18 @@
-"""Read the ``# expect: slug`` marks of a fixture script (docs/architecture.md, "Fixture
-marks") and compare them with what a check found.
+"""Read the marks of a fixture script (docs/architecture.md, "Fixture marks") and compare them
+with what a check found.
 
 ``# expect: slug`` — a finding of that rule at that line, at the rule's default severity
 (``graddoctor.rules.find_rule(slug).severity``); ``# expect: slug(info)`` — at another
 severity; ``# expect: a, b`` — two findings on that line; ``# expect: a|b(info)`` — either one.
 ``# graddoctor-args: --steps 4`` anywhere in the file — extra CLI options for that fixture.
+``# silent: slug-a, slug-b`` on a line of its own (a good fixture's last lines) — the rules this
+good fixture is the clean look-alike for: none of them may report anything on it.
+
+Bad fixtures (``bad_*.py``) must get every mark met and no unmarked warning or error; an
+unmarked ``info`` is tolerated there (a buggy loop may well earn a side remark). Good fixtures
+(``good_*.py``) are strict, as pylint's functional tests are: every finding, ``info`` included,
+must meet a mark, and their declared rules report nothing at all. An ``info`` a good fixture is
+meant to get is marked like any other, with a comment saying why.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from graddoctor.rules import find_rule
 
 MARK = re.compile(r"#\s*expect:\s*([\w\-|, ()]+)")
 ARGS = re.compile(r"#\s*graddoctor-args:\s*(.+)$")
+SILENT = re.compile(r"^#\s*silent:\s*(.*?)\s*$")
 ALTERNATIVE = re.compile(r"^([\w\-]+)\s*(?:\(\s*(info|warning|error)\s*\))?$")
 SEVERITIES = ("info", "warning", "error")
 
@@ -79,19 +88,40 @@ def read_marks(path: str) -> tuple[list[Expectation], list[str]]:
     return expectations, args
 
 
+def read_silent(path: str) -> set[str]:
+    """The slugs a good fixture's ``# silent:`` lines declare (several lines add up)."""
+    slugs: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            mark = SILENT.match(line.strip())
+            if mark:
+                slugs.update(s.strip() for s in mark.group(1).split(",") if s.strip())
+    return slugs
+
+
 def _meets(seen: Seen, exp: Expectation, path: str) -> bool:
     return seen.path == path and seen.line == exp.line and (seen.slug, seen.severity) in exp.alternatives
 
 
-def compare(expectations: list[Expectation], findings: list[Seen], path: str) -> list[str]:
+def compare(expectations: list[Expectation], findings: list[Seen], path: str,
+            silent: set[str] | None = None) -> list[str]:
     """Problems between the marks of the fixture ``path`` and the findings of its check; []
     when they agree.
 
     Every mark must be met by a finding in ``path`` at its line, of one of its slugs at that
     slug's severity. Every finding at warning or above — in any file, with or without a
-    location — must meet a mark. Unmarked ``info`` findings are allowed.
+    location — must meet a mark. ``silent`` (a good fixture's declared rules; None for a bad
+    fixture) makes it strict: ``info`` findings must meet a mark too, and a finding of a
+    declared rule is a problem even where a mark names it.
     """
+    strict = silent is not None
     problems = []
+    if strict:
+        for exp in expectations:
+            both = sorted(silent & {slug for slug, _ in exp.alternatives})
+            if both:
+                problems.append(f"line {exp.line}: expects {', '.join(both)}, "
+                                f"which the fixture declares silent")
     for exp in expectations:
         if not any(_meets(seen, exp, path) for seen in findings):
             near = [str(s) for s in findings if s.path == path and s.line == exp.line]
@@ -100,6 +130,9 @@ def compare(expectations: list[Expectation], findings: list[Seen], path: str) ->
     for seen in findings:
         if seen.severity not in SEVERITIES:
             problems.append(f"unknown severity: {seen}")
-        elif seen.severity != "info" and not any(_meets(seen, exp, path) for exp in expectations):
+        elif strict and seen.slug in silent:
+            problems.append(f"declared silent, yet reported: {seen}")
+        elif (strict or seen.severity != "info") \
+                and not any(_meets(seen, exp, path) for exp in expectations):
             problems.append(f"unexpected {seen}")
     return problems

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixture_marks import Expectation, Seen, compare, parse_mark, read_marks
+from fixture_marks import Expectation, Seen, compare, parse_mark, read_marks, read_silent
 from graddoctor.rules import ALL_RULES, find_rule
 
 NAME = "bad_x.py"
@@ -74,9 +74,23 @@ def test_agreeing_findings_pass():
     assert compare(marks, found, NAME) == []
 
 
-def test_a_clean_fixture_with_only_info_passes():
-    assert compare([], [seen(4, "accumulation-leftover", "info"),
-                        Seen(None, None, "stale-grad", "info")], "good_x.py") == []
+def test_a_bad_fixture_tolerates_unmarked_info():
+    assert compare(mark(3, "missing-zero-grad"),
+                   [seen(3, "missing-zero-grad"), seen(4, "accumulation-leftover", "info"),
+                    Seen(None, None, "stale-grad", "info")], NAME) == []
+
+
+def test_a_good_fixture_passes_with_no_finding_or_only_its_marked_info():
+    good = "good_x.py"
+    assert compare([], [], good, silent={"stale-grad"}) == []
+    info = seen(4, "accumulation-leftover", "info", path=good)
+    assert compare(mark(4, "accumulation-leftover(info)"), [info], good, silent={"stale-grad"}) == []
+
+
+def test_read_silent(tmp_path):
+    script = tmp_path / "good_x.py"
+    script.write_text("x = 1  # silent: not-a-declaration\n# silent: a-b, c-d\n#silent:e-f\n")
+    assert read_silent(str(script)) == {"a-b", "c-d", "e-f"}
 
 
 # -- compare: every strictness case fails ----------------------------------------------------
@@ -136,8 +150,26 @@ def test_a_good_fixture_fails_on_any_warning_or_error(severity):
     for stray in (seen(5, "stale-grad", severity, path="good_x.py"),
                   seen(5, "stale-grad", severity, path="lib.py"),
                   Seen(None, None, "stale-grad", severity)):
-        assert compare([], [stray], "good_x.py") == [f"unexpected {stray}"]
+        assert compare([], [stray], "good_x.py", silent={"missing-zero-grad"}) == [f"unexpected {stray}"]
     assert "(no location)" in str(Seen(None, None, "stale-grad", severity))
+
+
+@pytest.mark.parametrize("where", [("good_x.py", 5), ("lib.py", 5), (None, None)])
+def test_a_good_fixture_fails_on_an_unmarked_info_anywhere(where):
+    stray = Seen(*where, "accumulation-leftover", "info")
+    assert compare([], [stray], "good_x.py", silent={"stale-grad"}) == [f"unexpected {stray}"]
+
+
+@pytest.mark.parametrize("severity", ["info", "warning", "error"])
+def test_a_good_fixture_fails_on_any_finding_of_a_rule_it_declares_silent(severity):
+    good = "good_x.py"
+    fired = seen(5, "stale-grad", severity, path=good)
+    assert compare([], [fired], good, silent={"stale-grad"}) == [f"declared silent, yet reported: {fired}"]
+    # a mark cannot excuse it: declaring a rule silent and expecting it contradict each other
+    problems = compare(mark(5, "stale-grad(info)"), [seen(5, "stale-grad", "info", path=good)],
+                       good, silent={"stale-grad"})
+    assert problems == ["line 5: expects stale-grad, which the fixture declares silent",
+                        f"declared silent, yet reported: {seen(5, 'stale-grad', 'info', path=good)}"]
 
 
 def test_an_unknown_severity_fails():

@@ -1,7 +1,9 @@
 """Every fixture script checked in-process through the library (``run_check``); its findings
-must match its ``# expect:`` marks (tests/fixture_marks.py): each mark met at its line by its
-slug at its severity, and no unmarked warning or error anywhere. The CLI's own path is covered
-by tests/test_end_to_end.py and the CLI tests."""
+must match its marks (tests/fixture_marks.py): each ``# expect:`` mark met at its line by its
+slug at its severity, no unmarked warning or error anywhere, and on a good fixture no unmarked
+finding at all and nothing from the rules it declares ``# silent:``. Its trace is then folded
+from the first turn on and analysed again: the same findings and notes, whatever a long run
+folds. The CLI's own path is covered by tests/test_end_to_end.py and the CLI tests."""
 
 from __future__ import annotations
 
@@ -18,13 +20,18 @@ import pytest
 import typer
 
 from conftest import FIXTURES
-from fixture_marks import Seen, compare, read_marks
+from fixture_marks import Seen, compare, read_marks, read_silent
+from graddoctor.analysis import Analysis
+from graddoctor.rules.engine import analyze, selected_rules
 from graddoctor.run.session import run_check
 from graddoctor.cli import app
 from graddoctor import watch
 from graddoctor.options import OPTIONS, WATCH_OPTIONS, CheckOptions
 from graddoctor.run.target import ProcessState
 from graddoctor.report.json_format import render
+from graddoctor.rules.notes import run_notes
+from graddoctor.suppress import apply_suppressions
+from rule_traces import fold_hard
 
 # fixtures/ddp/ need two ranks: tests/test_distributed.py runs them in one 2-rank launch
 DDP_FIXTURES = os.path.join(FIXTURES, "ddp")
@@ -85,18 +92,24 @@ def test_fixture(path, monkeypatch):
         reset_accelerate_state()
     expectations, extra_args = read_marks(path)
     name = os.path.basename(path)
+    options = options_for(name, extra_args)
+    silent = None
     if name.startswith("good_"):
-        assert not expectations, "clean fixtures carry no expect marks"
+        silent = read_silent(path)
+        unselected = silent - {r.slug for r in selected_rules(options.select, options.ignore)}
+        assert not unselected, f"declared silent, yet not selected by its options: {unselected}"
+        assert all(sev == "info" for e in expectations for _, sev in e.alternatives), \
+            "a good fixture marks only the info findings it is meant to get"
     else:
         assert name.startswith("bad_"), "fixtures are named good_*.py or bad_*.py"
         assert expectations, "buggy fixtures must mark the lines findings point at"
     monkeypatch.chdir(os.path.dirname(path))  # as `cd fixtures/...; graddoctor check NAME`
-    report = run_check(options_for(name, extra_args))
+    report = run_check(options)
     assert report.run.status in ("completed", "step-limit"), report.run
     assert not report.internal_errors, report.internal_errors
     found = [Seen(f.location.path if f.location else None, f.location.line if f.location else None,
                   f.rule, f.severity.value) for f in report.findings]
-    problems = compare(expectations, found, name)
+    problems = compare(expectations, found, name, silent)
     if frameworks_needed(path):  # every finding and related line is one the user wrote
         for f in report.findings:
             for loc in [f.location, *(r.location for r in f.related)]:
@@ -104,11 +117,26 @@ def test_fixture(path, monkeypatch):
                     problems.append(f"{f.rule} points inside a library: {loc}")
     assert not problems, "\n".join(problems) + "\n" + json.dumps(
         json.loads(render(report))["findings"], indent=1)[:4000]
+    assert_folding_changes_nothing(report, options)
     # the in-process API, graddoctor.watch() around the same script, finds exactly the same
-    watched = watch_script(name, report_options(options_for(name, extra_args)), monkeypatch)
+    watched = watch_script(name, report_options(options), monkeypatch)
     assert watched.run.status == report.run.status, watched.run
     assert not watched.internal_errors, watched.internal_errors
     assert [f.to_json() for f in watched.findings] == [f.to_json() for f in report.findings]
+
+
+def assert_folding_changes_nothing(report, options: CheckOptions) -> None:
+    """The run's trace folded as hard as the recorder can fold it (from the first turn on, see
+    tests/rule_traces.py) gives the same findings, to the last field, and the same notes: rules
+    count what happened, not what the trace kept."""
+    folded = Analysis(fold_hard(report.analysis.trace))
+    findings, errors = analyze(folded, selected_rules(options.select, options.ignore))
+    assert not errors, errors
+    findings = apply_suppressions(findings, report.base_dir)
+    assert [f.to_json() for f in findings] == [f.to_json() for f in report.findings]
+    assert run_notes(folded) == run_notes(report.analysis)
+    assert folded.step_count == report.analysis.step_count
+    assert folded.backward_calls == report.analysis.backward_calls
 
 
 def report_options(options: CheckOptions) -> dict:

@@ -1,17 +1,14 @@
-"""Long runs: the recorder folds repeated turns out of the trace
-(instrument/fold.py) so memory stays bounded, findings and their counts stay what they were, and
-provisional ``-o`` reports take a bounded share of the run's time (check.py)."""
+"""Long runs: the recorder folds repeated turns out of the trace (instrument/fold.py) so memory
+stays bounded, findings and their counts stay what they were, and provisional ``-o`` reports take
+a bounded share of the run's time (run/session.py). tests/test_fixtures.py checks every fixture's
+findings on its trace folded as hard as the folder can (``rule_traces.fold_hard``)."""
 
 from __future__ import annotations
 
-import glob
-import os
 import time
 
 import pytest
 
-from conftest import FIXTURES
-from fixture_marks import read_marks
 from graddoctor.run import session as check_module
 from graddoctor import events as ev
 from graddoctor.analysis import Analysis
@@ -21,6 +18,7 @@ from graddoctor.instrument.fold import Folder
 from graddoctor.options import CheckOptions
 from graddoctor.report.timeline import shapes, step_ranges
 from graddoctor.trace import Location
+from rule_traces import fold_hard
 
 LOOP = """\
 import sys, torch
@@ -168,35 +166,17 @@ def test_the_folded_event_is_what_its_constructor_makes():
     assert ev.CONSTRUCTORS["folded"](**folded.data) == ("folded", dict(folded.data))
 
 
-# -- fixtures: the same findings when their runs are folded hard --------------------------------
-# the fixtures whose messages count occurrences or steps, or whose rules look across turns
-COUNTING = ["nonfinite", "plateau", "double_step", "two_optimizers", "clip", "never_accumulates",
-            "unscaled", "leftover", "never_steps", "without_grad", "optimizer_in_backward",
-            "hidden", "ema"]
-FIXTURE_FILES = [p for p in sorted(glob.glob(os.path.join(FIXTURES, "**", "*.py"), recursive=True))
-                 if any(word in os.path.basename(p) for word in COUNTING)]
-
-
-@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: os.path.relpath(p, FIXTURES))
-def test_fixture_findings_survive_folding(path, monkeypatch):
-    """Folding from the first turn on, one copy kept, one turn of context: what every rule
-    says (messages, steps, related notes) is what it says on the whole trace."""
-    from test_fixtures import options_for
-
-    _, extra_args = read_marks(path)
-    monkeypatch.chdir(os.path.dirname(path))
-    options = options_for(os.path.basename(path), extra_args)
-    whole = run_check(options)
-    for name, value in (("FOLD_AFTER", 0), ("KEEP", 1), ("CONTEXT", 1), ("MAX_PERIOD", 2)):
-        monkeypatch.setattr(fold, name, value)
-    folded = run_check(options)
-    assert not folded.internal_errors
-    assert folded.run.steps == whole.run.steps
-    assert _findings(folded) == _findings(whole)
-
-
-def test_some_fixtures_do_fold():
-    assert len(FIXTURE_FILES) >= 15
+# -- folding a recorded trace as hard as the folder can (rule_traces.fold_hard) ----------------
+def test_fold_hard_folds_a_repeated_turn_and_keeps_its_counts():
+    rec = Recorder(step_budget=None)
+    rec.folder = None
+    _loop(rec, 12, nan_at={6})
+    whole = Analysis(rec.trace)
+    folded = Analysis(fold_hard(rec.trace))
+    assert len(folded.events) < len(whole.events) and folded.of_kind("folded")
+    assert (folded.step_count, folded.backward_calls) == (whole.step_count, whole.backward_calls) == (12, 12)
+    assert folded.count(folded.of_kind("clear")) == 12
+    assert [folded.step_number[s.seq] for s in folded.steps if folded.event(s.seq - 1)["nonfinite"]] == [7]
 
 
 # -- provisional reports: a bounded share of the time -----------------------------------------
@@ -245,3 +225,33 @@ def test_a_killed_run_leaves_its_latest_provisional_report(tmp_path):
     run = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))["run"]
     assert run["status"] == "crashed" and run["error"]["type"] == "Unfinished"
     assert run["steps"] == 42
+
+
+# -- rules count through the analysis ------------------------------------------------------------
+def test_by_epoch_counts_folded_copies_in_their_epoch():
+    rec = Recorder(step_budget=None)
+    rec.folder = None
+    for epoch in range(2):
+        rec.emit(ev.epoch_start(loader=0, epoch=epoch, real_len=8, replay_len=8), Location("train.py", 5))
+        for i in range(8):
+            rec.emit(ev.backward(fresh=[0], accumulated=[], cleared_outside=[], batch=[0, epoch, i]),
+                     Location("train.py", 10))
+            rec.emit(ev.step(opt=0), Location("train.py", 11))
+    steps = lambda e: "step" if e.kind == "step" else None  # noqa: E731
+    whole = {k: n for k, (_, n) in Analysis(rec.trace).by_epoch(steps).items()}
+    folded = Analysis(fold_hard(rec.trace))
+    assert folded.of_kind("folded") and whole == {("step", (0, 0)): 8, ("step", (0, 1)): 8}
+    assert {k: n for k, (_, n) in folded.by_epoch(steps).items()} == whole
+
+
+def test_rules_see_folding_only_through_the_analysis():
+    """A rule that read the ``folded`` events would count on its own, and could count wrong:
+    rules count with Analysis.count / weight / by_epoch and step numbers instead."""
+    import pathlib
+
+    import graddoctor.rules as rules
+
+    fold_words = ('"folded"', "'folded'", "copies_in(", "._copies", "folded_steps", "._folded")
+    readers = sorted(f"{path.name} ({word})" for path in pathlib.Path(rules.__file__).parent.glob("*.py")
+                     for word in fold_words if word in path.read_text(encoding="utf-8"))
+    assert not readers, f"rules reading the recorder's folds: {', '.join(readers)}"

@@ -1,5 +1,6 @@
 """What adding a rule takes, enforced: one file in graddoctor/rules/, registered in ALL_RULES,
-a bad and a good fixture, its docs in four sections, and the README's table regenerated.
+its unit tests in tests/test_rule_<slug>.py, a bad and a good fixture, its docs in four sections,
+and the README's table regenerated.
 
 Pure Python (no subprocess, no torch): the fixtures are read, not run (tests/test_fixtures.py
 runs them). Every check is parametrised per rule, so a failure names it.
@@ -14,7 +15,8 @@ Fixture marks:
       # silent: slug-a, slug-b
 
   (slugs only; several ``# silent:`` lines add up). It goes at the end of the file so that no
-  line of the fixture moves. Every good fixture declares at least one rule.
+  line of the fixture moves. Every good fixture declares at least one rule; tests/test_fixtures.py
+  runs it and fails on any finding of those rules, ``info`` included.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pytest
 
 import graddoctor.rules as rules_pkg
 from conftest import FIXTURES, ROOT
-from fixture_marks import read_marks
+from fixture_marks import read_marks, read_silent
 from graddoctor.findings import Severity
 from graddoctor.rules import ALL_RULES
 from graddoctor.rules.base import Rule
@@ -41,7 +43,6 @@ CODE_SECTIONS = ("Example", "Use instead")
 CODE_RE = re.compile(r"GD\d{3}")
 SLUG_RE = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)+")
 PYTHON_BLOCK = re.compile(r"^```python[ \t]*\n.*?\S.*?^```[ \t]*$", re.S | re.M)
-SILENT = re.compile(r"^#\s*silent:\s*(.*?)\s*$")
 
 RULE_IDS = {"ids": lambda r: r.slug}
 
@@ -111,17 +112,6 @@ def module_problems(rule, modules: dict[str, list[type]]) -> list[str]:
     return [f"{expected} also defines {', '.join(others)}: one rule per file"] if others else []
 
 
-def read_silent(path: str) -> set[str]:
-    """The slugs a good fixture's ``# silent:`` lines declare."""
-    slugs: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            mark = SILENT.match(line.strip())
-            if mark:
-                slugs.update(s.strip() for s in mark.group(1).split(",") if s.strip())
-    return slugs
-
-
 def fixture_index(root: str = FIXTURES) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """``(bad, good)``: fixture path (relative to root) -> the slugs it marks / declares silent."""
     bad, good = {}, {}
@@ -178,6 +168,18 @@ def test_rule_has_its_own_file(rule):
 @pytest.mark.parametrize("module,cls", DEFINED, ids=[f"{m.rsplit('.', 1)[-1]}.{c.__name__}" for m, c in DEFINED])
 def test_every_rule_class_is_registered(module, cls):
     assert cls in ALL_RULES, f"{module}.{cls.__name__} is not in graddoctor.rules.ALL_RULES"
+
+
+def unit_test_problems(rule, tests_dir: str = os.path.join(ROOT, "tests")) -> list[str]:
+    """A rule's unit tests sit in one file named after it, where a reader looks for them."""
+    name = f"test_rule_{rule.slug.replace('-', '_')}.py"
+    return [] if os.path.isfile(os.path.join(tests_dir, name)) else [f"no tests/{name}"]
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, **RULE_IDS)
+def test_rule_has_its_test_file(rule):
+    problems = unit_test_problems(rule)
+    assert not problems, f"{rule.slug}: " + "; ".join(problems)
 
 
 @pytest.mark.parametrize("rule", ALL_RULES, **RULE_IDS)
@@ -262,14 +264,9 @@ def test_checkers_report_violations():
     assert module_problems(ALL_RULES[0], crowded) == [f"{ALL_RULES[0].__module__} also defines Twin: one rule per file"]
 
     no_fixtures = type("Lonely", (Rule,), {"slug": "lonely-rule"})
+    assert unit_test_problems(no_fixtures) == ["no tests/test_rule_lonely_rule.py"]
     assert len(coverage_problems(no_fixtures, BAD, GOOD)) == 2
     assert coverage_problems(no_fixtures, {"bad_x.py": {"lonely-rule"}}, {"good_x.py": {"lonely-rule"}}) == []
-
-
-def test_read_silent(tmp_path):
-    script = tmp_path / "good_x.py"
-    script.write_text("x = 1  # silent: not-a-declaration\n# silent: a-b, c-d\n#silent:e-f\n")
-    assert read_silent(str(script)) == {"a-b", "c-d", "e-f"}
 
 
 def test_stale_readme_table_is_detected():

@@ -11,7 +11,8 @@ step numbers         ``Analysis.step_number`` (1-based, replay order, GradScaler
                      steps included); ``next_step`` / ``next_step_number`` / ``steps_before``;
                      ``step_count``
 folded turns         a long run's repeated turns folded by the recorder (instrument/fold.py):
-                     ``weight(event)`` / ``count(events)`` count their copies
+                     ``weight(event)`` / ``count(events)`` count their copies, ``by_epoch``
+                     counts per DataLoader epoch; rules count through these, never ``len()``
 parameters written   ``written(backward)`` (fresh + accumulated + cleared outside zero_grad)
   by a backward
 user-facing names    ``param_name`` / ``names`` / ``optimizer_name`` (module names: ``modes``)
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import bisect
 from functools import cached_property
-from typing import Iterable
+from typing import Callable, Hashable, Iterable
 
 from ..trace import Event, Trace
 from .basics import listing, written
@@ -158,6 +159,35 @@ class Analysis:
         if not copies:
             return sum(1 for _ in events)
         return sum(1 + copies.get(e.seq, 0) for e in events)
+
+    def by_epoch(self, key: Callable[[Event], Hashable | None]) -> dict[tuple, tuple[list[Event], int]]:
+        """Events grouped by ``key(event)`` (events it maps to None are left out) and by the
+        DataLoader epoch they happened in, that of the batch the latest backward used
+        (``(loader, epoch)``; None without a DataLoader): ``(key, epoch)`` -> (its recorded
+        events, how many times they happened). The count includes folded copies, in the epoch
+        their fold lies in; a fold that crossed an epoch boundary counts in none (a lower bound).
+        A group may hold copies only: its list is then empty."""
+        found: dict[tuple, list] = {}
+        epoch = None
+        for e in self.events:
+            if e.kind == "folded":
+                if e.get("epochs") and epoch is not None:
+                    continue
+                for turn, n in self.copies_in(e):
+                    for copy in turn:
+                        k = key(copy)
+                        if k is not None:
+                            found.setdefault((k, epoch), [[], 0])[1] += n
+                continue
+            if e.kind == "backward":
+                batch = e.get("batch")
+                epoch = (batch[0], batch[1]) if batch else None
+            k = key(e)
+            if k is not None:
+                group = found.setdefault((k, epoch), [[], 0])
+                group[0].append(e)
+                group[1] += 1
+        return {g: (events, n) for g, (events, n) in found.items()}
 
     # -- steps -----------------------------------------------------------------------
     def next_step(self, seq: int) -> Event | None:

@@ -135,7 +135,7 @@ class MissingZeroGrad(Rule):
                 step=first.step_index,
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "optimizer": first.opt, "old_backward_calls": len(first.old),
-                          "steps_affected": len({u.step.seq for u in uses})},
+                          "steps_affected": a.count({u.step.seq: u.step for u in uses}.values())},
             )
 
     @staticmethod

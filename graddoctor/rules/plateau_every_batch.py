@@ -10,6 +10,14 @@ def is_plateau(cls: str | None) -> bool:
     return "ReduceLROnPlateau" in (cls or "")
 
 
+def _plateau_or_step(e) -> tuple | None:
+    if e.kind == "step":
+        return "step", e["opt"]
+    if e.kind == "scheduler_step" and is_plateau(e.get("cls")):
+        return "sched", e["sched"]
+    return None
+
+
 class PlateauEveryBatch(Rule):
     """
     ## What it does
@@ -62,46 +70,24 @@ class PlateauEveryBatch(Rule):
     def check(self, a):
         if not any(is_plateau(e.get("cls")) for e in a.of_kind("scheduler_step")):
             return
-        # every plateau step and optimizer step, keyed by the DataLoader epoch of the batch the
-        # latest backward used ((loader, epoch), or None without a DataLoader)
-        calls: dict[tuple, list] = {}  # (sched, epoch key) -> its scheduler_step events
-        steps: dict[tuple, list] = {}  # (opt, epoch key) -> the optimizer's steps
-        # copies of them in turns a long run folded out (instrument/fold.py), counted in the
-        # epoch where the fold is when it lies within one epoch (else in none: a lower bound)
-        extra: dict[tuple, int] = {}
-        epoch = None
-        for e in a.events:
-            if e.kind == "folded" and e.get("epochs") and epoch is not None:
-                continue
-            if e.kind == "folded":
-                for turn, n in a.copies_in(e):
-                    for c in turn:
-                        if c.kind == "step":
-                            extra[("step", c["opt"], epoch)] = extra.get(("step", c["opt"], epoch), 0) + n
-                        elif c.kind == "scheduler_step" and is_plateau(c.get("cls")):
-                            extra[("sched", c["sched"], epoch)] = extra.get(("sched", c["sched"], epoch), 0) + n
-                continue
-            if e.kind == "backward":
-                batch = e.get("batch")
-                epoch = (batch[0], batch[1]) if batch else None
-            elif e.kind == "step":
-                steps.setdefault((e["opt"], epoch), []).append(e)
-            elif e.kind == "scheduler_step" and is_plateau(e.get("cls")):
-                calls.setdefault((e["sched"], epoch), []).append(e)
+        # every plateau step and optimizer step, with how many times it happened in each
+        # DataLoader epoch (folded copies included)
+        groups = sorted(a.by_epoch(_plateau_or_step).items(),
+                        key=lambda item: item[1][0][0].seq if item[1][0] else -1)
         found: dict = {}
-        for (sched, key), events in calls.items():
+        for ((what, sched), key), (events, n_calls) in groups:
+            if what != "sched" or not events:
+                continue
             opt = events[0].get("opt")
-            mine = [s for (o, k), ss in steps.items() if k == key and (opt is None or o == opt)
-                    for s in ss]
-            n_calls = len(events) + extra.get(("sched", sched, key), 0)
-            n_steps = len(mine) + sum(n for (what, o, k), n in extra.items()
-                                      if what == "step" and k == key and (opt is None or o == opt))
+            mine = [(steps, n) for ((kind, o), k), (steps, n) in groups
+                    if kind == "step" and k == key and (opt is None or o == opt)]
+            n_steps = sum(n for _, n in mine)
             if n_calls < MIN_CALLS or n_calls < n_steps or n_steps < 1:
                 continue
             if key is None and n_steps < MIN_CALLS:
                 continue
             if sched not in found or (found[sched][1] is None and key is not None):
-                found[sched] = (events, key, mine, n_calls, n_steps)
+                found[sched] = (events, key, [s for steps, _ in mine for s in steps], n_calls, n_steps)
         for sched, (events, key, mine, n_calls, n_steps) in found.items():
             yield self._finding(a, events, key, mine, n_calls, n_steps)
 

@@ -49,15 +49,16 @@ class SamplerWithoutSetEpoch(Rule):
                 by_sampler.setdefault(e.get("sampler"), []).append(e)
         for starts in by_sampler.values():
             epochs = {e.get("epoch") for e in starts}
+            started = a.count(starts)  # folded copies included
             if len(starts) < 2 or len(epochs) != 1:
                 continue
             epoch = starts[0].get("epoch")
             yield self.finding(
-                f"this DistributedSampler started {len(starts)} epochs, each with epoch {epoch}: "
+                f"this DistributedSampler started {started} epochs, each with epoch {epoch}: "
                 f"set_epoch() is never called with a new value, so every epoch shuffles with "
                 f"the same seed and replays the same order on every rank",
                 starts[1].loc,
                 related=(related(starts[0], "the first epoch, in the same order"),),
                 step=a.next_step_number(starts[1].seq),
-                evidence={"epochs_started": len(starts), "epoch": epoch},
+                evidence={"epochs_started": started, "epoch": epoch},
             )

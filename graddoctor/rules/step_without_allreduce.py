@@ -62,15 +62,16 @@ class StepWithoutAllreduce(Rule):
                     groups.setdefault(e.loc, []).append((e, backwards, last_no_sync))
         for loc, items in groups.items():
             step, backwards, no_sync = items[0]
+            updates = a.count(s for s, _, _ in items)  # folded copies included
             yield self.finding(
                 f"this step applies gradients that were never all-reduced: all "
                 f"{plural(len(backwards), 'backward')} of the update ran under model.no_sync(), "
                 f"so every rank steps with its own local gradients and the replicas drift apart "
-                f"({plural(len(items), 'update')} like this, first at step "
+                f"({plural(updates, 'update')} like this, first at step "
                 f"{a.step_number.get(step.seq)})",
                 loc,
                 related=(related(no_sync, "the no_sync() that covers the last micro-batch too"),
                          related(backwards[-1], "the update's last backward, not synchronised")),
                 step=a.step_number.get(step.seq),
-                evidence={"backwards": len(backwards), "updates": len(items)},
+                evidence={"backwards": len(backwards), "updates": updates},
             )

@@ -122,7 +122,7 @@ class UnscaledAccumulation(Rule):
                     w.group[0].loc, severity=Severity.INFO, step=w.index,
                     related=(related(w.step, "the step that applies the accumulated sum"),),
                     evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
-                              "windows": len(verdicts["odd"])},
+                              "windows": a.count(w.step for w in verdicts["odd"])},
                 )
 
     def _not_divided(self, a, opt, k, bad, cls, clips):
@@ -186,5 +186,5 @@ class UnscaledAccumulation(Rule):
             fixes=None if fix is None else {},
             related=(related(w.step, "the step that applies the accumulated sum"),),
             evidence={"k": k, "loss_scale_factor": 1.0, "optimizer": opt, "optimizer_class": cls,
-                      "windows": len(bad), "clipped": clipped},
+                      "windows": a.count(w.step for w in bad), "clipped": clipped},
         )

@@ -1,16 +1,37 @@
-"""misplaced-zero-grad and updates the script skips on purpose, on hand-written traces."""
+"""misplaced-zero-grad (GD104) on hand-written traces: where it reports, at which severity, and
+the look-alikes it stays silent on."""
 
 from __future__ import annotations
 
 from graddoctor import events as ev
-from graddoctor.rules.engine import analyze
 from graddoctor.trace import TraceBuilder
+from rule_traces import P, builder, epoch, findings, slugs
 
 
-def slugs(trace) -> list[tuple[str, int]]:
-    findings, errors = analyze(trace)
-    assert not errors
-    return sorted((f.rule, f.location.line) for f in findings if f.severity.value != "info")
+def test_clear_inside_new_epoch_dropping_the_tail_is_not_misplaced():
+    t = builder()
+    for e in range(3):
+        epoch(t, e)
+        for i in range(9):
+            if i % 4 == 0:
+                t.clear(P, line=70)  # window start: drops last epoch's partial window at i == 0
+            t.backward(fresh=P if i % 4 == 0 else (), accumulated=P if i % 4 else (), line=71,
+                       loss_scale_factor=0.25, batch=[0, e, i])
+            if (i + 1) % 4 == 0:
+                t.step(line=72)
+    assert findings(t, "misplaced-zero-grad") == []
+    assert findings(t, "accumulation-leftover") == []
+
+
+def test_misplaced_zero_grad_still_found_inside_an_epoch():
+    t = builder()
+    epoch(t, 0)
+    for i in range(8):
+        t.clear(P, line=80)  # before every micro-batch: the real bug
+        t.backward(fresh=P, line=81, batch=[0, 0, i])
+        if (i + 1) % 4 == 0:
+            t.step(line=82)
+    assert [f.location.line for f in findings(t, "misplaced-zero-grad")] == [80]
 
 
 def clip(t: TraceBuilder, pids, total, line=9):
@@ -92,3 +113,13 @@ def test_sam_ascent_backward_dropped_after_perturbing_the_weights_is_silent():
 
 def test_clear_between_two_losses_without_weight_edits_is_still_misplaced():
     assert slugs(sam_loop(edited=False)) == [("misplaced-zero-grad", 19)]
+
+
+def test_misplaced_zero_grad_between_backward_and_step():
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=3)
+    for _ in range(2):
+        t.backward(fresh=[0], line=6)
+        t.clear([0], line=7)
+        t.step(0, line=8)
+    assert slugs(t.trace) == [("misplaced-zero-grad", 7)]

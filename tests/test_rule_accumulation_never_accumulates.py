@@ -1,0 +1,72 @@
+"""accumulation-never-accumulates (GD209) on hand-written traces: where it reports, at which severity, and
+the look-alikes it stays silent on."""
+
+from __future__ import annotations
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from rule_traces import P, builder, findings, only, plain_update
+
+
+def test_loss_divided_by_k_with_one_backward_per_step_is_info_at_the_backward():
+    t = builder()
+    for _ in range(4):
+        plain_update(t, factor=0.25)
+    f = only(t, "accumulation-never-accumulates")
+    assert (f.location.line, f.severity) == (11, Severity.INFO)
+    assert f.evidence["k"] == 4 and f.evidence["steps"] == 4
+    assert "4x smaller learning rate" in f.message and "loss weight" in f.message
+
+
+def test_adam_like_optimizers_get_the_effective_batch_message():
+    t = builder(cls="AdamW")
+    for _ in range(3):
+        plain_update(t, factor=0.125)
+    assert "AdamW largely cancels" in only(t, "accumulation-never-accumulates").message
+
+
+def test_half_mse_cannot_be_told_apart_and_stays_info():
+    # 0.5 * F.mse_loss(...) reads exactly like loss / 2 with a stuck counter: info, never more
+    t = builder()
+    for _ in range(3):
+        plain_update(t, factor=0.5)
+    assert only(t, "accumulation-never-accumulates").severity is Severity.INFO
+
+
+def test_accumulation_never_accumulates_silent_cases():
+    def run(factors, terms=("mean",), steps=None, extra=None):
+        t = builder()
+        for i, factor in enumerate(factors):
+            plain_update(t, factor=factor, terms=terms)
+            if extra:
+                extra(t, i)
+        return findings(t, "accumulation-never-accumulates")
+
+    assert run([1.0] * 4) == []                      # no factor at all
+    assert run([0.25] * 2) == []                     # too few steps to say "every"
+    assert run([0.3] * 4) == []                      # 1 / 0.3 is not a whole number
+    assert run([2.0] * 4) == []                      # a multiplication, not a division
+    assert run([0.25, 0.25, 0.5]) == []              # the factor changes
+    assert run([None] * 4) == []                     # unknown factor (a computed divisor)
+    assert run([0.25] * 4, terms=("sum",)) == []     # sum / batch_size, kl_div batchmean: a mean
+    assert run([0.5] * 4, terms=("mean", "mean")) == []  # (loss_a + loss_b) / 2: an average
+    edit = (lambda t, i: t.put(ev.grad_edit(opt=0, params=P), 12) if i == 1 else None)
+    assert run([0.25] * 4, extra=edit) == []         # grads rescaled by hand somewhere
+
+
+def test_a_window_that_accumulates_silences_it():
+    t = builder()
+    for _ in range(3):
+        plain_update(t, factor=0.25)
+    t.clear(P, line=10)
+    t.backward(fresh=P, line=11, loss_scale_factor=0.25)
+    t.backward(accumulated=P, line=11, loss_scale_factor=0.25)
+    t.step(0, line=12)
+    assert findings(t, "accumulation-never-accumulates") == []
+    t = builder()  # two losses backward'ed at two lines per step: not one backward per step
+    for _ in range(3):
+        t.clear(P, line=10)
+        t.backward(fresh=P, line=11, loss_scale_factor=0.5)
+        t.backward(accumulated=P, line=13, loss_scale_factor=0.5)
+        t.step(0, line=12)
+    assert findings(t, "accumulation-never-accumulates") == []

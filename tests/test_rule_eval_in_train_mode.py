@@ -1,0 +1,108 @@
+"""eval-in-train-mode (GD303) on hand-written traces: where it reports, at which severity, and
+the look-alikes it stays silent on."""
+
+from __future__ import annotations
+
+import pytest
+
+from graddoctor.rules.eval_in_train_mode import EvalInTrainMode
+from mode_traces import bn, check, end, fwd, lines, mode_set, new, update
+
+
+def test_validation_loop_without_eval_is_reported():
+    t = new()
+    mode_set(t, True, [0], line=2)
+    bn(t, 0)
+    fwd(t, [0], line=4)
+    update(t, line=5)
+    t.event("epoch_start", 6, loader=1, epoch=0, real_len=3, replay_len=3)
+    fwd(t, [0], line=8, grad=False, calls=3)
+    t.event("epoch_start", 3, loader=0, epoch=1, real_len=4, replay_len=4)
+    fwd(t, [0], line=4)
+    end(t, "step-limit")
+    (finding,) = check(EvalInTrainMode, t)
+    assert finding.location.line == 8
+    assert [r.location.line for r in finding.related] == [2]
+    assert "torch.no_grad()" in finding.message and finding.step == 1
+
+
+def test_single_inference_mode_forward_before_next_epoch_is_reported():
+    t = new()
+    bn(t, 0)
+    fwd(t, [0], line=4)
+    update(t, line=5)
+    fwd(t, [0], line=8, grad=False, inference=True)
+    t.event("epoch_start", 3, loader=0, epoch=1, real_len=4, replay_len=4)
+    end(t)
+    (finding,) = check(EvalInTrainMode, t)
+    assert finding.location.line == 8 and "inference_mode" in finding.message
+
+
+def test_validation_loop_inside_batch_loop_is_reported_even_with_backward_after():
+    t = new()
+    bn(t, 0)
+    fwd(t, [0], line=4)
+    update(t, line=5)
+    fwd(t, [0], line=9, grad=False, calls=2)
+    t.clear([0], line=3)
+    fwd(t, [0], line=4)
+    update(t, line=5)
+    end(t)
+    assert lines(check(EvalInTrainMode, t)) == [9]
+
+
+def test_forward_at_the_end_of_a_completed_run_is_reported():
+    t = new()
+    bn(t, 0)
+    fwd(t, [0], line=4)
+    update(t, line=5)
+    fwd(t, [0], line=20, grad=False)
+    end(t, "completed")
+    assert lines(check(EvalInTrainMode, t)) == [20]
+
+
+def no_grad_forward_then(t, tail):
+    bn(t, 0)
+    fwd(t, [0], line=4)
+    update(t, line=5)
+    tail(t)
+
+
+@pytest.mark.parametrize("tail", [
+    # GAN discriminator step: fakes drawn under no_grad, then D's forward, backward, step
+    lambda t: (fwd(t, [0], line=8, grad=False), fwd(t, [1], line=9), update(t, line=10), end(t)),
+    # no-grad forward between backward and step (metrics on the batch)
+    lambda t: (t.backward(fresh=[0], line=7), fwd(t, [0], line=8, grad=False), t.step(0, line=9), end(t)),
+    # the replay was cut before anything told what the forward was for
+    lambda t: (fwd(t, [0], line=8, grad=False), end(t, "step-limit")),
+    # swa_utils.update_bn
+    lambda t: (t.event("update_bn", 8), fwd(t, [0], line=8, grad=False, calls=4, recalibrating=True),
+               end(t)),
+    # recalibration by hand after reset_running_stats()
+    lambda t: (t.event("bn_reset", 8, modules=[0], calls=1), fwd(t, [0], line=10, grad=False, calls=4),
+               end(t)),
+    # momentum=None: a cumulative average on purpose
+    lambda t: (bn(t, 0, momentum=None), fwd(t, [0], line=10, grad=False, calls=4), end(t)),
+    # track_running_stats=False
+    lambda t: (bn(t, 0, track_running_stats=False), fwd(t, [0], line=10, grad=False, calls=4), end(t)),
+    # validation in eval mode
+    lambda t: (mode_set(t, False, [0], line=7), fwd(t, [0], line=8, training=False, grad=False, calls=3),
+               end(t)),
+    # a grad-enabled forward outside the update is not a no-grad pass
+    lambda t: (fwd(t, [0], line=8, calls=3), end(t)),
+])
+def test_eval_in_train_silent_on(tail):
+    t = new()
+    no_grad_forward_then(t, tail)
+    assert check(EvalInTrainMode, t) == []
+
+
+def test_reset_before_an_earlier_step_does_not_silence_later_validation():
+    t = new()
+    bn(t, 0)
+    t.event("bn_reset", 2, modules=[0], calls=1)
+    fwd(t, [0], line=4)
+    update(t, line=5)
+    fwd(t, [0], line=8, grad=False, calls=2)
+    end(t)
+    assert lines(check(EvalInTrainMode, t)) == [8]

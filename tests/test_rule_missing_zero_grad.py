@@ -1,0 +1,63 @@
+"""missing-zero-grad (GD101) on hand-written traces: where it reports, at which severity, and
+the look-alikes it stays silent on."""
+
+from __future__ import annotations
+
+from graddoctor.analysis import Analysis
+from graddoctor.rules.engine import analyze
+from graddoctor.trace import TraceBuilder
+from rule_traces import basic, lbfgs_loop, slugs
+
+
+def test_missing_zero_grad_points_at_backward():
+    trace = basic(TraceBuilder(), with_clear=False)
+    assert slugs(trace) == [("missing-zero-grad", 6)]
+    led = Analysis(trace).ledger
+    assert {u.pid for u in led.old_uses} == {0, 1}
+    assert led.old_uses[0].step_index == 2
+
+
+def test_a_closure_that_never_clears_is_caught_on_a_single_step():
+    trace = lbfgs_loop(TraceBuilder(), clear_inside=False)
+    assert slugs(trace) == [("missing-zero-grad", 16)]
+    (finding,) = [f for f in analyze(trace)[0] if f.rule == "missing-zero-grad"]
+    assert "closure" in finding.message and "closure" in finding.fix
+    assert [r.location.line for r in finding.related] == [21]  # not its own line again
+
+
+def test_a_window_holds_only_gradients_applied_for_the_first_time():
+    """Missing zero_grad in an accumulation loop: each step re-applies every earlier gradient,
+    but its accumulation window is still the k backwards it applies for the first time (the
+    re-application is missing-zero-grad's finding, not a window of growing k)."""
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=3)
+    for i in range(12):
+        if i == 0:
+            t.backward(fresh=[0, 1], line=14)
+        else:
+            t.backward(accumulated=[0, 1], line=14)
+        if (i + 1) % 4 == 0:
+            t.step(0, line=16)
+    (windows,) = Analysis(t.trace).windows.values()
+    assert [w.k for w in windows] == [4, 4, 4]
+    assert slugs(t.trace) == [("missing-zero-grad", 14)]
+
+
+def test_a_backward_that_leaks_into_cleared_grads_is_named_as_the_source():
+    """D is cleared every iteration, but the generator's backward (through an undetached D)
+    writes D's grads after that clear: the finding names that backward, not 'never cleared'."""
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=8)  # G
+    t.optimizer(1, [1], line=9)  # D
+    for i in range(3):
+        t.clear([1], opt=1, line=12)
+        t.clear([0], opt=0, line=13)
+        t.backward(fresh=[0, 1], line=15)  # generator loss through D
+        t.step(0, line=16)
+        t.backward(accumulated=[1], line=18)  # D's own loss
+        t.step(1, line=19)
+    (finding,) = [f for f in analyze(t.trace)[0] if f.rule == "missing-zero-grad"]
+    assert finding.location.line == 18
+    assert "are cleared (line 12)" in finding.message and "backward at line 15" in finding.message
+    assert [(r.location.line, r.note) for r in finding.related][0] == (
+        15, "the backward whose gradients leak into this step")

@@ -1,0 +1,41 @@
+"""nonfinite-grad (GD207) on hand-written traces: where it reports, at which severity, and
+the look-alikes it stays silent on."""
+
+from __future__ import annotations
+
+import json
+
+from graddoctor.findings import Severity
+from rule_traces import P, builder, findings, nan_step, only
+
+
+def test_nonfinite_grad_found_at_backward():
+    t = builder()
+    for _ in range(2):
+        t.clear(P)
+        t.backward(fresh=P, line=101)
+        nan_step(t)
+    f = only(t, "nonfinite-grad")
+    assert f.location.line == 101 and f.severity is Severity.ERROR
+    assert f.evidence["norms"] == {"p0": "nan"} and f.evidence["steps_affected"] == 2
+    json.dumps(f.to_json(), allow_nan=False)
+
+
+def test_steps_gradscaler_skipped_are_silent():
+    t = builder()
+    t.backward(fresh=P, scaled=True)
+    t.step(skipped=True)  # the non-fused path: the optimizer never ran, no step_begin
+    t.clear(P)
+    t.backward(fresh=P, scaled=True)
+    nan_step(t)  # a fused optimizer: it got the inf check and skipped inside
+    t.event("scaler_step", 103, scaler=0, opt=0, enabled=True, fused=True, skipped=True,
+            found_inf=True)
+    assert findings(t, "nonfinite-grad") == []
+
+
+def test_finite_steps_are_silent():
+    t = builder()
+    t.backward(fresh=P)
+    t.event("step_begin", 5, opt=0, closure=False, norm_pids=P, norms=[1.0, 2.0], nonfinite=[])
+    t.step()
+    assert findings(t, "nonfinite-grad") == []

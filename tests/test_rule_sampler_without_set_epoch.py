@@ -1,0 +1,46 @@
+"""sampler-without-set-epoch (GD402) on hand-written traces: where it reports, at which severity, and
+the look-alikes it stays silent on."""
+
+from __future__ import annotations
+
+from graddoctor import events as ev
+from graddoctor.analysis import Analysis
+from graddoctor.rules import find_rule
+from graddoctor.trace import TraceBuilder
+from rule_traces import findings, fold_hard
+
+
+def test_a_sampler_restarted_with_the_same_epoch_is_flagged_at_its_second_epoch():
+    t = TraceBuilder()
+    t.optimizer(0, [0])
+    for _ in range(3):
+        t.put(ev.sampler_iter(sampler=0, epoch=0, shuffle=True), 5)
+        t.backward(fresh=[0], line=6)
+        t.step(0, line=7)
+    found = findings(t, "sampler-without-set-epoch")
+    assert [(f.location.line, f.evidence["epochs_started"]) for f in found] == [(5, 3)]
+
+
+def test_set_epoch_shuffle_false_or_one_epoch_are_silent():
+    for events in ([(0, 0, True), (0, 1, True)], [(0, 0, False), (0, 0, False)],
+                   [(0, 0, True)], [(0, 0, True), (1, 0, True)]):
+        t = TraceBuilder()
+        t.optimizer(0, [0])
+        for sampler, epoch, shuffle in events:
+            t.put(ev.sampler_iter(sampler=sampler, epoch=epoch, shuffle=shuffle), 5)
+            t.backward(fresh=[0], line=6)
+            t.step(0, line=7)
+        assert findings(t, "sampler-without-set-epoch") == [], events
+
+
+def test_epochs_folded_out_of_a_long_run_are_counted():
+    t = TraceBuilder()
+    t.optimizer(0, [0])
+    for _ in range(8):
+        t.put(ev.sampler_iter(sampler=0, epoch=0, shuffle=True), 5)
+        t.backward(fresh=[0], line=6)
+        t.step(0, line=7)
+    folded = Analysis(fold_hard(t.trace))
+    assert folded.of_kind("folded")
+    [finding] = find_rule("sampler-without-set-epoch")().check(folded)
+    assert finding.evidence["epochs_started"] == 8 and "started 8 epochs" in finding.message

@@ -1,0 +1,77 @@
+"""train-in-eval-mode (GD302) on hand-written traces: where it reports, at which severity, and
+the look-alikes it stays silent on."""
+
+from __future__ import annotations
+
+import pytest
+
+from graddoctor.analysis import Analysis
+from graddoctor.rules.train_in_eval_mode import TrainInEvalMode
+from graddoctor.trace import Trace
+from mode_traces import bn, check, end, fwd, mode_set, new, update
+
+
+def dropout(t, mid, p=0.5):
+    return t.trace.add("mode_module", None, mid=mid, name=f"model.drop{mid}", cls="Dropout",
+                       layer="dropout", has_params=False, frozen=None, owned=None, trainable=None,
+                       updated=False, track_running_stats=None, momentum=None, p=p, freeze=None)
+
+
+def validation_then_training(t, leaf=False, frozen=False, retrain=False, grad_modules=None, layer="dropout",
+                             **state):
+    mode_set(t, True, [0], line=2)
+    (dropout(t, 0, **state) if layer == "dropout" else bn(t, 0, **state))
+    fwd(t, [0], line=4)
+    update(t, line=5)
+    mode_set(t, False, [0], line=7, leaf=leaf, frozen=frozen)
+    fwd(t, [0], line=9, training=False, grad=False, calls=2)
+    if retrain:
+        mode_set(t, True, [0], line=10)
+    fwd(t, [0], line=4, training=retrain, grad_modules=grad_modules)
+    update(t, line=5)
+    end(t, "step-limit")
+
+
+def test_train_in_eval_points_at_eval_call():
+    t = new()
+    validation_then_training(t)
+    (finding,) = check(TrainInEvalMode, t)
+    assert finding.location.line == 7
+    assert finding.step == 2
+    assert [r.location.line for r in finding.related] == [4, 6]
+    assert "dropout is off" in finding.message
+
+
+@pytest.mark.parametrize("kw", [
+    dict(retrain=True),  # model.train() after validation
+    dict(leaf=True),  # one layer set to eval on purpose
+    dict(frozen=True),  # eval() on a frozen part that gradients pass through (adapters, prompts)
+    dict(grad_modules=[]),  # no gradient flows through it (frozen part)
+    dict(p=0.0),  # dropout that drops nothing
+    dict(layer="batchnorm", track_running_stats=False),  # eval == train for it
+])
+def test_train_in_eval_silent_on(kw):
+    t = new()
+    validation_then_training(t, **kw)
+    assert check(TrainInEvalMode, t) == []
+
+
+def test_train_in_eval_one_finding_per_eval_call():
+    t = new()
+    mode_set(t, False, [0, 1], line=3)
+    bn(t, 0)
+    dropout(t, 1)
+    for _ in range(3):
+        fwd(t, [0, 1], line=6, training=False)
+        update(t, line=7)
+    end(t)
+    (finding,) = check(TrainInEvalMode, t)
+    assert finding.evidence["kinds"] == ["batchnorm", "dropout"]
+    assert finding.step == 1
+
+
+def test_rules_work_on_a_trace_read_back_from_json():
+    t = new()
+    validation_then_training(t)
+    trace = Trace.loads(t.trace.dumps())
+    assert [f.location.line for f in TrainInEvalMode().check(Analysis(trace))] == [7]

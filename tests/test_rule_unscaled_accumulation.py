@@ -1,0 +1,142 @@
+"""unscaled-accumulation (GD204) on hand-written traces: where it reports, at which severity, and
+the look-alikes it stays silent on."""
+
+from __future__ import annotations
+
+from graddoctor.rules.engine import analyze
+from graddoctor.findings import Severity
+from graddoctor.trace import TraceBuilder
+from rule_traces import P, builder, clip, findings, only
+
+
+def accumulation(t, k=4, windows=3, factor=1.0, line=40, step_line=42, edit=False, tail=0):
+    for w in range(windows):
+        for i in range(k):
+            t.backward(fresh=P if i == 0 else (), accumulated=P if i else (), line=line,
+                       loss_scale_factor=factor, batch=[0, 0, w * k + i])
+        if edit:
+            t.event("grad_edit", 41, opt=0, params=P)
+        t.step(line=step_line)
+        t.clear(P, line=43)
+    for i in range(tail):  # a flushed tail: a shorter window
+        t.backward(fresh=P if i == 0 else (), accumulated=P if i else (), line=line,
+                   loss_scale_factor=factor)
+    if tail:
+        t.step(line=step_line)
+
+
+def test_unscaled_accumulation_found_with_sgd():
+    t = builder("SGD")
+    accumulation(t, tail=1)
+    f = only(t, "unscaled-accumulation")
+    assert f.location.line == 40 and f.severity is Severity.WARNING
+    assert f.evidence["k"] == 4 and f.evidence["windows"] == 3
+
+
+def test_divided_loss_is_silent():
+    for factor in (0.25, 1 / 8, 1 / (4 * 32)):  # / k, / 2k, / (k * batch)
+        t = builder("SGD")
+        accumulation(t, factor=factor, tail=1)
+        assert findings(t, "unscaled-accumulation") == [], factor
+
+
+def test_unknown_factor_is_silent():
+    t = builder("SGD")
+    accumulation(t, factor=None)
+    assert findings(t, "unscaled-accumulation") == []
+
+
+def test_hand_rescaled_gradients_are_silent():
+    t = builder("SGD")
+    accumulation(t, edit=True)
+    assert findings(t, "unscaled-accumulation") == []
+
+
+def test_other_factor_is_info():
+    t = builder("SGD")
+    accumulation(t, factor=0.5)
+    f = only(t, "unscaled-accumulation")
+    assert f.severity is Severity.INFO and f.evidence["loss_scale_factor"] == 0.5
+
+
+def test_adam_without_clipping_is_info_with_clipping_warning():
+    t = builder("AdamW")
+    accumulation(t)
+    assert only(t, "unscaled-accumulation").severity is Severity.INFO
+    t = builder("AdamW")
+    accumulation(t)
+    clip(t)
+    assert only(t, "unscaled-accumulation").severity is Severity.WARNING
+
+
+def test_several_losses_at_different_lines_are_not_accumulation():
+    t = builder("SGD")
+    for _ in range(3):
+        t.clear(P)
+        t.backward(fresh=P, line=50, loss_scale_factor=1.0)
+        t.backward(accumulated=P, line=51, loss_scale_factor=1.0)
+        t.step()
+    assert findings(t, "unscaled-accumulation") == []
+
+
+def epochs_with_leftover_windows(t, factor, sizes=(3, 2), epochs=3):
+    """Each epoch: a full window of sizes[0] micro-batches, then the epoch's shorter leftover."""
+    for e in range(epochs):
+        for size in sizes:
+            for i in range(size):
+                t.backward(fresh=P if i == 0 else (), accumulated=P if i else (), line=40,
+                           loss_scale_factor=factor, batch=[e, 0, i])
+            t.step(line=42)
+            t.clear(P, line=43)
+
+
+def test_leftover_windows_divided_by_the_full_window_are_silent():
+    """accelerate (gradient_accumulation_steps=3, 5 batches an epoch) divides the epoch's last
+    window of 2 by 3 as well: as many short windows as full ones must not make 1/3 'odd'."""
+    t = builder("AdamW")
+    epochs_with_leftover_windows(t, 1 / 3)
+    assert findings(t, "unscaled-accumulation") == []
+    t = builder("AdamW")
+    epochs_with_leftover_windows(t, 1 / 5)  # divides by neither window: still asked about
+    assert only(t, "unscaled-accumulation").severity is Severity.INFO
+    t = builder("SGD")
+    epochs_with_leftover_windows(t, 1.0)  # not divided at all: still the bug
+    assert only(t, "unscaled-accumulation").severity is Severity.WARNING
+
+
+def reported(trace) -> list[tuple[str, str, int]]:
+    found, errors = analyze(trace)
+    assert not errors
+    return sorted((f.rule, f.severity.value, f.location.line) for f in found)
+
+
+def windows(factor_rows) -> TraceBuilder:
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=3)
+    for row in factor_rows:
+        for j, f in enumerate(row):
+            t.backward(fresh=[0] if j == 0 else [], accumulated=[] if j == 0 else [0],
+                       loss_scale_factor=f, line=15)
+        t.step(0, line=16)
+        t.clear([0], line=17)
+    return t.trace
+
+
+def test_factors_adding_up_to_one_are_a_weighted_mean():
+    rows = [(8 / 20, 5 / 20, 7 / 20), (4 / 18, 8 / 18, 6 / 18), (3 / 19, 8 / 19, 8 / 19)]
+    assert reported(windows(rows)) == []
+
+
+def test_factors_adding_up_to_a_half_are_a_weighted_mean_per_sample():
+    rows = [(0.2, 0.1, 0.2), (0.25, 0.125, 0.125)]
+    assert reported(windows(rows)) == []
+
+
+def test_factors_adding_up_to_more_than_one_stay_odd():
+    rows = [(0.4, 0.5, 0.3), (0.6, 0.3, 0.3)]
+    assert reported(windows(rows)) == [("unscaled-accumulation", "info", 15)]
+
+
+def test_undivided_window_still_warns():
+    rows = [(1.0, 1.0, 1.0), (1.0, 1.0, 1.0)]
+    assert [f[0] for f in reported(windows(rows))] == ["unscaled-accumulation"]
