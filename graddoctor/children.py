@@ -104,7 +104,8 @@ class Children:
 
     def reports(self) -> tuple[list, list[str]]:
         """(parts of the children that trained, notes on the processes that ran unchecked)."""
-        from .report.merge import Part, from_json
+        from .report.json_format import from_dict
+        from .report.merge import Part
 
         parts, notes = [], []
         if self.dir is None:
@@ -114,7 +115,7 @@ class Children:
             for name in sorted(names):
                 if name.endswith(".json"):
                     with open(os.path.join(self.dir, name), encoding="utf-8") as f:
-                        report = from_json(json.load(f))
+                        report = from_dict(json.load(f))
                     entry = report.run.ranks[0]
                     parts.append(Part(report, entry["rank"], entry["process"], entry["pid"]))
             hooked = {int(n.split(".")[0]) for n in names if n.endswith(".started")}

@@ -158,8 +158,8 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
     import json
 
     from .distributed import Exchange, rank_path
-    from .report.json_format import render as render_json
-    from .report.merge import Part, from_json, merge, missing_entry, single
+    from .report.json_format import from_dict, render as render_json
+    from .report.merge import Part, merge, missing_entry, single
     from .report.text import verdict
 
     per_rank = bool(typed_output) and "{rank}" in typed_output
@@ -187,7 +187,7 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
     parts = [Part(mine, ranks.rank, ranks.label, os.getpid())]
     for r, text in sorted(got.items()):
         try:
-            parts.append(Part(from_json(json.loads(text)), r, f"rank {r}"))
+            parts.append(Part(from_dict(json.loads(text)), r, f"rank {r}"))
         except Exception as exc:
             why[r] = f"unreadable report: {type(exc).__name__}: {exc}"
     missing = [missing_entry(r, f"rank {r}", message) for r, message in sorted(why.items())]
@@ -319,7 +319,8 @@ def merge_reports(
     run incomplete."""
     import json
 
-    from .report.merge import Part, from_json, merge, missing_entry
+    from .report.json_format import from_dict
+    from .report.merge import Part, merge, missing_entry
 
     if format not in FORMATS:
         _usage_error(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
@@ -332,7 +333,7 @@ def merge_reports(
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
-            report = from_json(data)
+            report = from_dict(data)
         except OSError as exc:
             _usage_error(f"cannot read {path}: {exc.strerror or exc}")
         except (ValueError, KeyError, TypeError) as exc:

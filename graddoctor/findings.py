@@ -1,4 +1,5 @@
-"""Findings: what a rule reports. Plain data, no torch."""
+"""Findings: what a rule reports. Plain data, no torch; the JSON report writes and reads them
+(report/json_format.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping
 
-from .notebook import location_json
 from .trace import Location
 
 
@@ -23,24 +23,10 @@ class Severity(str, Enum):
         return {"info": 1, "warning": 2, "error": 3}[self.value]
 
 
-def _location_json(loc: Location | None) -> dict | None:
-    if loc is None:
-        return None
-    out: dict = location_json(loc.path, loc.line)  # a notebook's: with cell, cell_line
-    if loc.via:  # called through a training framework; in that user hook of theirs
-        out["via"] = loc.via
-    if loc.hook:
-        out["hook"] = loc.hook
-    return out
-
-
 @dataclass(frozen=True)
 class Related:
     location: Location
     note: str
-
-    def to_json(self) -> dict:
-        return {**location_json(self.location.path, self.location.line), "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -65,20 +51,3 @@ class Finding:
     # ``fix`` when the finding came through that framework (analysis/run_rules.py)
     fixes: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
-    def to_json(self) -> dict:
-        out = {
-            "rule": self.rule,
-            "code": self.code,
-            "severity": self.severity.value,
-            "message": self.message,
-            "location": _location_json(self.location),
-            "related": [r.to_json() for r in self.related],
-            "step": self.step,
-            "evidence": self.evidence,
-            "fix": self.fix,
-            "suppressed": self.suppressed,
-        }
-        if self.ranks is not None or self.processes:
-            out["ranks"] = list(self.ranks or ())
-            out["processes"] = list(self.processes)
-        return out

@@ -16,12 +16,13 @@ from conftest import FIXTURES, ROOT, cli_env, run_cli
 from fixture_marks import Seen, compare, read_marks
 from graddoctor.distributed import rank_env, rank_path
 from graddoctor.findings import Finding, Severity
-from graddoctor.report.json_format import load_schema, to_dict
-from graddoctor.report.merge import Part, from_json, merge, missing_entry, seen_on, single, spans
+from graddoctor.report.json_format import from_dict, load_schema, to_dict
+from graddoctor.report.merge import Part, merge, missing_entry, seen_on, single, spans
 from graddoctor.report.model import Report, RunInfo
 from graddoctor.report.text import render
 from graddoctor.trace import Location
 from reliability_helpers import validate
+from wire_round_trip import assert_round_trip
 
 DDP_FIXTURES = sorted(glob.glob(os.path.join(FIXTURES, "ddp", "*.py")))
 
@@ -63,7 +64,7 @@ def test_merge_joins_findings_and_keeps_each_rank_status():
     assert "world size 2 · rank 0–1: step-limit, 10 steps" in text
     assert "seen on rank 0–1" in text and "seen on rank 0 only" in text
     # a merged report read back and merged again (graddoctor merge of merges) is the same
-    again = merge([Part(from_json(json.loads(json.dumps(data))), None, "merged")], world_size=2)
+    again = merge([Part(from_dict(json.loads(json.dumps(data))), None, "merged")], world_size=2)
     assert to_dict(again)["findings"] == data["findings"]
 
 
@@ -135,11 +136,12 @@ def test_ddp_fixtures_in_one_two_rank_launch(tmp_path):
     problems = []
     for path in DDP_FIXTURES:
         name = os.path.basename(path)
-        parts = [Part(from_json(json.loads((tmp_path / f"{name}.rank{r}.json").read_text())),
+        parts = [Part(from_dict(json.loads((tmp_path / f"{name}.rank{r}.json").read_text())),
                       r, f"rank {r}") for r in (0, 1)]
         report = merge(parts, world_size=2)
         assert report.run.status in ("completed", "step-limit"), (name, report.run)
         assert not report.internal_errors, (name, report.internal_errors)
+        assert_round_trip(report)
         expectations, _ = read_marks(path)
         found = [Seen(f.location.path if f.location else None,
                       f.location.line if f.location else None, f.rule, f.severity.value)
@@ -195,7 +197,7 @@ def test_replicas_diverge_compares_the_ranks_checksums():
     data = to_dict(single(part(1, [1.0]).report, 1, "rank 1", None, 2))
     validate(data)
     assert data["run"]["checksums"][0]["value"] == 1.0
-    assert from_json(data).run.checksums == data["run"]["checksums"]
+    assert from_dict(data).run.checksums == data["run"]["checksums"]
 
 
 def test_the_launcher_as_the_target_is_a_usage_error_that_names_the_right_command():

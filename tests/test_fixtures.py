@@ -24,7 +24,8 @@ from graddoctor.cli import app
 from graddoctor import watch
 from graddoctor.options import OPTIONS, WATCH_OPTIONS, CheckOptions
 from graddoctor.runner import ProcessState
-from graddoctor.report.json_format import render
+from graddoctor.report.json_format import finding_to_dict, render
+from wire_round_trip import assert_round_trip
 
 # fixtures/ddp/ need two ranks: tests/test_distributed.py runs them in one 2-rank launch
 DDP_FIXTURES = os.path.join(FIXTURES, "ddp")
@@ -94,6 +95,7 @@ def test_fixture(path, monkeypatch):
     report = run_check(options_for(name, extra_args))
     assert report.run.status in ("completed", "step-limit"), report.run
     assert not report.internal_errors, report.internal_errors
+    assert_round_trip(report)  # what a rank or worker would hand over, read back whole
     found = [Seen(f.location.path if f.location else None, f.location.line if f.location else None,
                   f.rule, f.severity.value) for f in report.findings]
     problems = compare(expectations, found, name)
@@ -108,7 +110,8 @@ def test_fixture(path, monkeypatch):
     watched = watch_script(name, report_options(options_for(name, extra_args)), monkeypatch)
     assert watched.run.status == report.run.status, watched.run
     assert not watched.internal_errors, watched.internal_errors
-    assert [f.to_json() for f in watched.findings] == [f.to_json() for f in report.findings]
+    assert [finding_to_dict(f) for f in watched.findings] == \
+        [finding_to_dict(f) for f in report.findings]
 
 
 def report_options(options: CheckOptions) -> dict:

@@ -3,15 +3,16 @@ spawned. Pure data (no torch): ``merge(parts)`` joins the findings of every part
 which ranks (or processes) saw it, and keeps one status line per process in ``run.ranks``.
 
 The parts come as ``Report`` objects (the process that merges has its own) or as the JSON of
-the other processes' reports (``from_json``): what crosses a process or machine boundary is
-the JSON report, so ``graddoctor merge`` can join files written on different nodes.
+the other processes' reports (read back by report/json_format.py, the wire format): what
+crosses a process or machine boundary is the JSON report, so ``graddoctor merge`` can join
+files written on different nodes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..findings import Finding, Related, Severity
+from ..findings import Finding
 from ..trace import Location
 from .model import Report, RunInfo
 
@@ -59,39 +60,6 @@ def seen_on(finding: Finding) -> str | None:
     text = ", ".join(parts)
     alone = len(ranks) + len(finding.processes) == 1
     return f"{text} only" if alone else text
-
-
-# -- JSON -> Report ---------------------------------------------------------------------------
-
-def finding_from_json(obj: dict) -> Finding:
-    loc = obj.get("location")
-    return Finding(
-        rule=obj["rule"], code=obj["code"], severity=Severity(obj["severity"]),
-        message=obj["message"], location=Location(loc["path"], int(loc["line"])) if loc else None,
-        fix=obj.get("fix", ""),
-        related=tuple(Related(Location(r["path"], int(r["line"])), r.get("note", ""))
-                      for r in obj.get("related", ())),
-        step=obj.get("step"), evidence=dict(obj.get("evidence") or {}),
-        suppressed=bool(obj.get("suppressed")),
-        ranks=tuple(obj["ranks"]) if "ranks" in obj else None,
-        processes=tuple(obj.get("processes", ())),
-    )
-
-
-def from_json(obj: dict) -> Report:
-    """A report read back from its JSON (``graddoctor check --format json``)."""
-    run = obj["run"]
-    info = RunInfo(
-        script=run["script"], argv=list(run.get("argv", ())), status=run["status"],
-        steps=run.get("steps", 0), backward_calls=run.get("backward_calls", 0),
-        device=run.get("device", "cpu"), torch_version=run.get("torch_version", ""),
-        duration_s=run.get("duration_s", 0.0), error=run.get("error"),
-        notes=list(run.get("notes", ())), step_budget=run.get("step_budget"),
-        config=run.get("config"), world_size=run.get("world_size", 1), ranks=run.get("ranks"),
-        checksums=run.get("checksums"),
-    )
-    return Report(run=info, findings=[finding_from_json(f) for f in obj.get("findings", ())],
-                  internal_errors=list(obj.get("internal_errors", ())))
 
 
 def entries(part: Part) -> list[dict]:
