@@ -163,6 +163,7 @@ def _register_at_fork() -> None:
 
 def merge_children(report, children: Children):
     """The main process's report with the workers' reports merged in (or as it was)."""
+    from .analysis.run_rules import selected_rules
     from .report.merge import Part, merge
 
     parts, notes = children.reports()
@@ -172,7 +173,8 @@ def merge_children(report, children: Children):
     ranks = {p.rank for p in parts if p.rank is not None}
     world = max(ranks) + 1 if ranks else 1
     main = Part(report, None, "main process", os.getpid())
-    merged = merge([main, *parts], world_size=world)
+    merged = merge([main, *parts], world_size=world,
+                   rules=selected_rules(children.options.select, children.options.ignore))
     if report.run.status == "no-training-loop":  # the timeline of a worker that trained
         merged.analysis = None
     merged.run.notes.extend(notes)

@@ -157,6 +157,7 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
     0; rank 0 merges every rank's report, writes it, and exits by the merged verdict."""
     import json
 
+    from .analysis.run_rules import selected_rules
     from .distributed import Exchange, rank_path
     from .report.json_format import from_dict, render as render_json
     from .report.merge import Part, merge, missing_entry, single
@@ -191,7 +192,8 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
         except Exception as exc:
             why[r] = f"unreadable report: {type(exc).__name__}: {exc}"
     missing = [missing_entry(r, f"rank {r}", message) for r, message in sorted(why.items())]
-    merged = merge(parts, world_size=ranks.world_size, missing=missing)
+    merged = merge(parts, world_size=ranks.world_size, missing=missing,
+                   rules=selected_rules(options.select, options.ignore))
     merged.fail_on, merged.allow_incomplete = options.fail_on, options.allow_incomplete
     if per_rank:
         typer.echo(f"graddoctor: wrote {output} (and one per rank): {verdict(merged).plain}",
@@ -319,6 +321,7 @@ def merge_reports(
     run incomplete."""
     import json
 
+    from .analysis.run_rules import selected_rules
     from .report.json_format import from_dict
     from .report.merge import Part, merge, missing_entry
 
@@ -328,12 +331,13 @@ def merge_reports(
         _usage_error(OPTIONS["fail_on"].error(fail_on, "library"))
     if output:
         _check_writable(output, "--output")
-    parts = []
+    parts, skipped = [], set()  # skipped: the rules the ranks' checks left out
     for path in reports:
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
             report = from_dict(data)
+            skipped.update(data["run"]["rules"]["skipped"])
         except OSError as exc:
             _usage_error(f"cannot read {path}: {exc.strerror or exc}")
         except (ValueError, KeyError, TypeError) as exc:
@@ -350,7 +354,8 @@ def merge_reports(
     missing = [missing_entry(r, f"rank {r}", "no report file was given for this rank")
                for r in range(world) if r not in seen]
     parts.sort(key=lambda p: (p.rank is None, p.rank or 0))
-    merged = merge(parts, world_size=world, missing=missing)
+    merged = merge(parts, world_size=world, missing=missing,
+                   rules=selected_rules(ignore=sorted(skipped)))
     merged.fail_on, merged.allow_incomplete = fail_on, allow_incomplete
     fmt = FORMATS[format]
     _emit(merged, fmt, output, RenderOptions(to_terminal=output is None))

@@ -51,3 +51,27 @@ class Finding:
     # ``fix`` when the finding came through that framework (analysis/run_rules.py)
     fixes: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    """What the merge of a run's processes (the ranks of a distributed run, spawned workers)
+    knows of one of them, for the rules that compare processes (``Rule.check_processes``)."""
+
+    rank: int | None  # None: a process without a rank ("main process", a worker)
+    process: str  # "rank 1", "main process", "spawned pid 4242"
+    # parameter checksums after each optimizer's first steps (instrument/ddp.py):
+    # {opt, step, value, path, line}
+    checksums: tuple[Mapping[str, Any], ...] = ()
+
+
+def spans(ranks) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0–2, 5"``: ranks as the report writes them."""
+    ranks = sorted(set(ranks))
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(r) if start == r else f"{start}–{r}")
+            start = None
+    return ", ".join(out)

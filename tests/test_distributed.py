@@ -20,6 +20,7 @@ from graddoctor.report.json_format import from_dict, load_schema, to_dict
 from graddoctor.report.merge import Part, merge, missing_entry, seen_on, single, spans
 from graddoctor.report.model import Report, RunInfo
 from graddoctor.report.text import render
+from graddoctor.rules import ALL_RULES
 from graddoctor.trace import Location
 from reliability_helpers import validate
 from wire_round_trip import assert_round_trip
@@ -138,7 +139,7 @@ def test_ddp_fixtures_in_one_two_rank_launch(tmp_path):
         name = os.path.basename(path)
         parts = [Part(from_dict(json.loads((tmp_path / f"{name}.rank{r}.json").read_text())),
                       r, f"rank {r}") for r in (0, 1)]
-        report = merge(parts, world_size=2)
+        report = merge(parts, world_size=2, rules=ALL_RULES)
         assert report.run.status in ("completed", "step-limit"), (name, report.run)
         assert not report.internal_errors, (name, report.internal_errors)
         assert_round_trip(report)
@@ -187,10 +188,11 @@ def test_replicas_diverge_compares_the_ranks_checksums():
                                 for s, v in enumerate(values)]
         return Part(report, rank, f"rank {rank}")
 
-    same = merge([part(0, [1.0, 2.0, 3.0]), part(1, [1.0, 2.0 * (1 + 1e-7), 3.0])], world_size=2)
+    same = merge([part(0, [1.0, 2.0, 3.0]), part(1, [1.0, 2.0 * (1 + 1e-7), 3.0])], world_size=2,
+                 rules=ALL_RULES)
     assert same.findings == []  # last-bit differences of an all-reduce are not a divergence
     split = merge([part(0, [1.0, 2.0, 3.0]), part(1, [1.0, 2.5, 3.5]), part(2, [1.0, 2.0, 3.0])],
-                  world_size=3)
+                  world_size=3, rules=ALL_RULES)
     assert [(f.rule, f.step, f.location.line, f.evidence["differing_ranks"]) for f in split.findings] \
         == [("replicas-diverge", 2, 16, [1])]
     # a rank's own report keeps its checksums in JSON, so that graddoctor merge can compare them

@@ -5,15 +5,17 @@ which ranks (or processes) saw it, and keeps one status line per process in ``ru
 The parts come as ``Report`` objects (the process that merges has its own) or as the JSON of
 the other processes' reports (read back by report/json_format.py, the wire format): what
 crosses a process or machine boundary is the JSON report, so ``graddoctor merge`` can join
-files written on different nodes.
+files written on different nodes. The rules that compare processes (``Rule.check_processes``:
+replicas-diverge) run here, over the rules the caller selected.
 """
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, replace
 
-from ..findings import Finding
-from ..trace import Location
+from ..findings import Finding, ProcessFacts, spans
+from ..suppress import apply_suppressions
 from .model import Report, RunInfo
 
 # the merged status is the first of these any process had (a crash anywhere is the run's)
@@ -33,19 +35,6 @@ class Part:
 
 def rank_label(rank: int | None, pid: int | None = None) -> str:
     return f"rank {rank}" if rank is not None else f"pid {pid}"
-
-
-def spans(ranks) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0–2, 5"``."""
-    ranks = sorted(set(ranks))
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(r) if start == r else f"{start}–{r}")
-            start = None
-    return ", ".join(out)
 
 
 def seen_on(finding: Finding) -> str | None:
@@ -93,13 +82,14 @@ def _owners(part: Part, finding: Finding) -> tuple[set[int], list[str]]:
 
 
 def merge(parts: list[Part], *, world_size: int | None = None,
-          missing: list[dict] = ()) -> Report:
+          missing: list[dict] = (), rules=()) -> Report:
     """One report from the parts (the first one leads: its script, steps and update timeline).
 
     Findings are the same when they have the same rule, severity... and place: (code, location,
     suppressed); the first part's message is kept and the ranks of all are listed. A process
     that trained nothing (``no-training-loop``: an mp.spawn parent) does not decide the status
-    while another one trained."""
+    while another one trained. ``rules``: those selected for the check, for the ones that
+    compare processes (``across_processes``)."""
     if not parts:
         raise ValueError("nothing to merge")
     lead = parts[0].report
@@ -122,7 +112,8 @@ def merge(parts: list[Part], *, world_size: int | None = None,
             group[2] += [p for p in processes if p not in group[2]]
     findings = [replace(f, ranks=tuple(sorted(ranks)), processes=tuple(processes))
                 for f, ranks, processes in groups.values()]
-    findings += diverging(parts)
+    compared, rule_errors = across_processes(parts, rules)
+    findings += compared
     findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
                                  f.location.line if f.location else 0, f.code))
     trained = [e for e in rank_entries if e["status"] != "no-training-loop"]
@@ -164,55 +155,32 @@ def merge(parts: list[Part], *, world_size: int | None = None,
         steps=first["steps"], backward_calls=first["backward_calls"], device=lead.run.device,
         torch_version=lead.run.torch_version,
         duration_s=max(p.report.run.duration_s for p in parts), error=error, notes=notes,
-        step_budget=lead.run.step_budget, config=lead.run.config,
+        step_budget=lead.run.step_budget, config=lead.run.config, rules=lead.run.rules,
         world_size=world_size or max([p.report.run.world_size for p in parts] + [len(rank_entries)]),
         ranks=rank_entries,
         # one rank's own report keeps its checksums for the merge that compares them
         checksums=lead.run.checksums if len(parts) == 1 and not missing else None,
     )
     analysis = next((p.report.analysis for p in parts if p.report.analysis is not None), None)
-    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis)
+    return Report(run=run, findings=findings, internal_errors=internal + rule_errors,
+                  analysis=analysis)
 
 
-CHECKSUM_RTOL = 1e-5  # all-reduce results may differ in the last bits between ranks
-
-
-def diverging(parts: list[Part]) -> list[Finding]:
-    """replicas-diverge: the first step after which an optimizer's parameters differ across
-    ranks (the ranks' checksums, taken after each optimizer's first steps)."""
-    sums: dict[tuple[int, int], dict[int, dict]] = {}
-    for part in parts:
-        if part.rank is None:
-            continue
-        for c in part.report.run.checksums or ():
-            if isinstance(c.get("value"), (int, float)):
-                sums.setdefault((c["opt"], c["step"]), {})[part.rank] = c
-    out, flagged = [], set()
-    for (opt, step), by_rank in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        if opt in flagged or len(by_rank) < 2:
-            continue
-        lead = min(by_rank)
-        ref = by_rank[lead]["value"]
-        odd = sorted(r for r, c in by_rank.items()
-                     if abs(c["value"] - ref) > CHECKSUM_RTOL * max(abs(ref), abs(c["value"]), 1e-30))
-        if not odd:
-            continue
-        flagged.add(opt)
-        from ..rules.replicas_diverge import ReplicasDiverge
-
-        c = by_rank[lead]
-        loc = Location(c["path"], int(c["line"])) if c.get("path") and c.get("line") else None
-        others = "rank " + spans(odd)
-        out.append(ReplicasDiverge().finding(
-            f"after optimizer step {step} the parameters differ across ranks: {others} "
-            f"{'holds' if len(odd) == 1 else 'hold'} other values than rank {lead} (parameter "
-            f"checksums {ref:.6g} vs {by_rank[odd[0]]['value']:.6g}), so from here on every "
-            f"replica trains a different model",
-            loc, step=step,
-            evidence={"optimizer": opt, "step": step, "differing_ranks": odd,
-                      "checksums": {str(r): by_rank[r]["value"] for r in sorted(by_rank)}}))
-        out[-1] = replace(out[-1], ranks=tuple(sorted(by_rank)))
-    return out
+def across_processes(parts: list[Part], rules) -> tuple[list[Finding], list[dict]]:
+    """The findings (and internal errors) of the rules that compare the processes of a run
+    (``Rule.check_processes``). ``rules``: the rule classes the check selected, passed in (the
+    report layer knows no rule registry). Inline suppressions apply to these findings as to a
+    process's own."""
+    processes = [ProcessFacts(p.rank, p.process, tuple(p.report.run.checksums or ()))
+                 for p in parts]
+    found, errors = [], []
+    for rule in rules:
+        try:
+            found.extend(rule().check_processes(processes))
+        except Exception as exc:
+            errors.append({"where": f"rule {rule.slug}",
+                           "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()})
+    return apply_suppressions(found, parts[0].report.base_dir), errors
 
 
 def single(report: Report, rank: int | None, process: str, pid: int | None,
