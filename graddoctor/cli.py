@@ -305,7 +305,9 @@ def merge_reports(
     run incomplete."""
     import json
 
-    from .report.merge import Part, from_json, merge, missing_entry
+    from .rules.engine import selected_rules
+    from .report.json_format import from_dict
+    from .report.merge import Part, merge, missing_entry
 
     if format not in FORMATS:
         _usage_error(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
@@ -313,12 +315,13 @@ def merge_reports(
         _usage_error(OPTIONS["fail_on"].error(fail_on, "library"))
     if output:
         _check_writable(output, "--output")
-    parts = []
+    parts, skipped = [], set()  # skipped: the rules the ranks' checks left out
     for path in reports:
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
-            report = from_json(data)
+            report = from_dict(data)
+            skipped.update(report.run.rules_skipped)
         except OSError as exc:
             _usage_error(f"cannot read {path}: {exc.strerror or exc}")
         except (ValueError, KeyError, TypeError) as exc:
@@ -336,7 +339,7 @@ def merge_reports(
                for r in range(world) if r not in seen]
     parts.sort(key=lambda p: (p.rank is None, p.rank or 0))
     merged = merge(parts, world_size=world, missing=missing, fail_on=fail_on,
-                   allow_incomplete=allow_incomplete)
+                   allow_incomplete=allow_incomplete, rules=selected_rules(ignore=sorted(skipped)))
     fmt = FORMATS[format]
     _emit(merged, fmt, output, RenderOptions(to_terminal=output is None))
     raise typer.Exit(merged.exit_code())

@@ -1,4 +1,5 @@
-"""Findings: what a rule reports. Plain data, no torch."""
+"""Findings: what a rule reports. Plain data, no torch; the JSON report writes and reads them
+(report/json_format.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping
 
-from .notebook import location_json
 from .trace import Location
 
 
@@ -23,24 +23,10 @@ class Severity(str, Enum):
         return {"info": 1, "warning": 2, "error": 3}[self.value]
 
 
-def _location_json(loc: Location | None) -> dict | None:
-    if loc is None:
-        return None
-    out: dict = location_json(loc.path, loc.line)  # a notebook's: with cell, cell_line
-    if loc.via:  # called through a training framework; in that user hook of theirs
-        out["via"] = loc.via
-    if loc.hook:
-        out["hook"] = loc.hook
-    return out
-
-
 @dataclass(frozen=True)
 class Related:
     location: Location
     note: str
-
-    def to_json(self) -> dict:
-        return {**location_json(self.location.path, self.location.line), "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -65,20 +51,27 @@ class Finding:
     # ``fix`` when the finding came through that framework (rules/engine.py)
     fixes: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
-    def to_json(self) -> dict:
-        out = {
-            "rule": self.rule,
-            "code": self.code,
-            "severity": self.severity.value,
-            "message": self.message,
-            "location": _location_json(self.location),
-            "related": [r.to_json() for r in self.related],
-            "step": self.step,
-            "evidence": self.evidence,
-            "fix": self.fix,
-            "suppressed": self.suppressed,
-        }
-        if self.ranks is not None or self.processes:
-            out["ranks"] = list(self.ranks or ())
-            out["processes"] = list(self.processes)
-        return out
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    """What the merge of a run's processes (the ranks of a distributed run, spawned workers)
+    knows of one of them, for the rules that compare processes (``Rule.check_processes``)."""
+
+    rank: int | None  # None: a process without a rank ("main process", a worker)
+    process: str  # "rank 1", "main process", "spawned pid 4242"
+    # parameter checksums after each optimizer's first steps (instrument/ddp.py):
+    # {opt, step, value, path, line}
+    checksums: tuple[Mapping[str, Any], ...] = ()
+
+
+def spans(ranks) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0–2, 5"``: ranks as the report writes them."""
+    ranks = sorted(set(ranks))
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(r) if start == r else f"{start}–{r}")
+            start = None
+    return ", ".join(out)

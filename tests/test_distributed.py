@@ -17,12 +17,14 @@ from conftest import FIXTURES, ROOT, cli_env, run_cli
 from fixture_marks import Seen, compare, read_marks, read_silent
 from graddoctor.run.ranks import rank_env, rank_path
 from graddoctor.findings import Finding, Severity
-from graddoctor.report.json_format import load_schema, to_dict
-from graddoctor.report.merge import Part, from_json, merge, missing_entry, seen_on, single, spans
+from graddoctor.report.json_format import from_dict, load_schema, to_dict
+from graddoctor.report.merge import Part, merge, missing_entry, seen_on, single, spans
 from graddoctor.report.model import Report, RunInfo
 from graddoctor.report.text import render
+from graddoctor.rules import ALL_RULES
 from graddoctor.trace import Location
 from reliability_helpers import validate
+from wire_round_trip import assert_round_trip
 
 DDP_FIXTURES = sorted(glob.glob(os.path.join(FIXTURES, "ddp", "*.py")))
 
@@ -64,7 +66,7 @@ def test_merge_joins_findings_and_keeps_each_rank_status():
     assert "world size 2 · rank 0–1: step-limit, 10 steps" in text
     assert "seen on rank 0–1" in text and "seen on rank 0 only" in text
     # a merged report read back and merged again (graddoctor merge of merges) is the same
-    again = merge([Part(from_json(json.loads(json.dumps(data))), None, "merged")], world_size=2)
+    again = merge([Part(from_dict(json.loads(json.dumps(data))), None, "merged")], world_size=2)
     assert to_dict(again)["findings"] == data["findings"]
 
 
@@ -136,11 +138,12 @@ def test_ddp_fixtures_in_one_two_rank_launch(tmp_path):
     problems = []
     for path in DDP_FIXTURES:
         name = os.path.basename(path)
-        parts = [Part(from_json(json.loads((tmp_path / f"{name}.rank{r}.json").read_text())),
+        parts = [Part(from_dict(json.loads((tmp_path / f"{name}.rank{r}.json").read_text())),
                       r, f"rank {r}") for r in (0, 1)]
-        report = merge(parts, world_size=2)
+        report = merge(parts, world_size=2, rules=ALL_RULES)
         assert report.run.status in ("completed", "step-limit"), (name, report.run)
         assert not report.internal_errors, (name, report.internal_errors)
+        assert_round_trip(report)
         expectations, _ = read_marks(path)
         found = [Seen(f.location.path if f.location else None,
                       f.location.line if f.location else None, f.rule, f.severity.value)

@@ -28,10 +28,11 @@ from graddoctor.cli import app
 from graddoctor import watch
 from graddoctor.options import OPTIONS, WATCH_OPTIONS, CheckOptions
 from graddoctor.run.target import ProcessState
-from graddoctor.report.json_format import render
+from graddoctor.report.json_format import finding_to_dict, render
 from graddoctor.rules.notes import run_notes
 from graddoctor.suppress import apply_suppressions
 from rule_traces import fold_hard
+from wire_round_trip import assert_round_trip
 
 # fixtures/ddp/ need two ranks: tests/test_distributed.py runs them in one 2-rank launch
 DDP_FIXTURES = os.path.join(FIXTURES, "ddp")
@@ -107,6 +108,7 @@ def test_fixture(path, monkeypatch):
     report = run_check(options)
     assert report.run.status in ("completed", "step-limit"), report.run
     assert not report.internal_errors, report.internal_errors
+    assert_round_trip(report)  # what a rank or worker would hand over, read back whole
     found = [Seen(f.location.path if f.location else None, f.location.line if f.location else None,
                   f.rule, f.severity.value) for f in report.findings]
     problems = compare(expectations, found, name, silent)
@@ -122,7 +124,8 @@ def test_fixture(path, monkeypatch):
     watched = watch_script(name, report_options(options), monkeypatch)
     assert watched.run.status == report.run.status, watched.run
     assert not watched.internal_errors, watched.internal_errors
-    assert [f.to_json() for f in watched.findings] == [f.to_json() for f in report.findings]
+    assert [finding_to_dict(f) for f in watched.findings] == \
+        [finding_to_dict(f) for f in report.findings]
 
 
 def assert_folding_changes_nothing(report, options: CheckOptions) -> None:
@@ -133,7 +136,7 @@ def assert_folding_changes_nothing(report, options: CheckOptions) -> None:
     findings, errors = analyze(folded, selected_rules(options.select, options.ignore))
     assert not errors, errors
     findings = apply_suppressions(findings, report.base_dir)
-    assert [f.to_json() for f in findings] == [f.to_json() for f in report.findings]
+    assert [finding_to_dict(f) for f in findings] == [finding_to_dict(f) for f in report.findings]
     assert run_notes(folded) == run_notes(report.analysis)
     assert folded.step_count == report.analysis.step_count
     assert folded.backward_calls == report.analysis.backward_calls

@@ -16,6 +16,7 @@ from graddoctor.rules.engine import analyze
 from graddoctor.findings import Severity
 from graddoctor.frameworks import framework_of_path, hook_key
 from graddoctor.location import LocationFinder, _hook_line
+from graddoctor.report.json_format import finding_to_dict
 from graddoctor.rules import find_rule
 from graddoctor.trace import Location, Trace, TraceBuilder
 
@@ -262,9 +263,9 @@ def test_hook_locations_in_json_schema_and_text():
     with open(path, encoding="utf-8") as fh:
         schema = json.load(fh)
     location_schema = {**schema["$defs"]["location"], "$defs": schema["$defs"]}
-    jsonschema.validate(f.to_json()["location"], location_schema)
-    assert f.to_json()["location"] == {"path": "train.py", "line": 20, "via": "lightning",
-                                       "hook": "training_step"}
+    jsonschema.validate(finding_to_dict(f)["location"], location_schema)
+    assert finding_to_dict(f)["location"] == {"path": "train.py", "line": 20, "via": "lightning",
+                                              "hook": "training_step"}
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(finding_block(f))
     assert "PyTorch Lightning's own, made for what your training_step returned" in console.export_text()

@@ -15,8 +15,9 @@ from conftest import ROOT
 from graddoctor import check_script
 from graddoctor.errors import ScriptError
 from graddoctor.notebook import _python_line
-from graddoctor.report.json_format import load_schema
+from graddoctor.report.json_format import finding_to_dict, load_schema
 from readme_examples import readme_blocks
+from wire_round_trip import assert_round_trip
 
 nbformat = pytest.importorskip("nbformat")
 v4 = nbformat.v4
@@ -53,8 +54,10 @@ def test_a_notebook_runs_as_one_script_and_findings_name_cell_and_line(tmp_path,
     assert finding.location.path == "train.ipynb"
     file_line = (tmp_path / "train.ipynb").read_text().splitlines()[finding.location.line - 1]
     assert json.loads(file_line.strip().rstrip(",")) == "    loss.backward()\n"
-    assert finding.to_json()["location"] == {"path": "train.ipynb", "line": finding.location.line,
-                                             "cell": 5, "cell_line": 4}
+    assert finding_to_dict(finding)["location"] == {"path": "train.ipynb",
+                                                    "line": finding.location.line,
+                                                    "cell": 5, "cell_line": 4}
+    assert_round_trip(report)  # cell and cell_line too
     text = report.render("text")
     assert "error GD101 missing-zero-grad  train.ipynb, cell 5, line 4" in text
     assert "❱ 4     loss.backward()" in text  # the cell's code, numbered in the cell
@@ -79,8 +82,8 @@ def test_a_notebook_in_one_line_of_json_still_names_cell_and_line(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     report = check_script(buggy(tmp_path, indent=False))
     [finding] = [f for f in report.active() if f.rule == "missing-zero-grad"]
-    assert finding.to_json()["location"]["cell"] == 5
-    assert finding.to_json()["location"]["cell_line"] == 4
+    assert finding_to_dict(finding)["location"]["cell"] == 5
+    assert finding_to_dict(finding)["location"]["cell_line"] == 4
     assert any("does not hold one source line per line" in n for n in report.run.notes)
 
 

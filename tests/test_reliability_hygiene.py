@@ -21,6 +21,7 @@ import torch.utils.data
 from conftest import cli_env, run_cli, run_cli_fresh
 from graddoctor.run.session import run_check
 from graddoctor.options import CheckOptions
+from graddoctor.report.json_format import finding_to_dict
 from reliability_helpers import MISBEHAVE, SCRIPTS
 
 ALL_HOOKS = os.path.join(SCRIPTS, "all_hooks.py")
@@ -182,7 +183,7 @@ def test_redirected_stdout_is_restored(capfd):
 
 
 def _findings(report):
-    return [f.to_json() for f in report.findings]
+    return [finding_to_dict(f) for f in report.findings]
 
 
 def test_two_runs_give_the_same_findings_in_process(monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from graddoctor.findings import Severity
+from graddoctor.report.json_format import finding_to_dict
 from rule_traces import P, builder, findings, nan_step, only
 
 
@@ -18,7 +19,7 @@ def test_nonfinite_grad_found_at_backward():
     f = only(t, "nonfinite-grad")
     assert f.location.line == 101 and f.severity is Severity.ERROR
     assert f.evidence["norms"] == {"p0": "nan"} and f.evidence["steps_affected"] == 2
-    json.dumps(f.to_json(), allow_nan=False)
+    json.dumps(finding_to_dict(f), allow_nan=False)
 
 
 def test_steps_gradscaler_skipped_are_silent():

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from graddoctor.report.json_format import to_dict
-from graddoctor.report.merge import Part, from_json, merge, single
+from graddoctor.report.json_format import from_dict
+from graddoctor.report.merge import Part, merge, single
+from graddoctor.rules import ALL_RULES
 from graddoctor.report.model import Report, RunInfo
 from reliability_helpers import validate
 
@@ -21,14 +23,15 @@ def test_replicas_diverge_compares_the_ranks_checksums():
             for s, v in enumerate(values)]))
         return Part(report, rank, f"rank {rank}")
 
-    same = merge([part(0, [1.0, 2.0, 3.0]), part(1, [1.0, 2.0 * (1 + 1e-7), 3.0])], world_size=2)
+    same = merge([part(0, [1.0, 2.0, 3.0]), part(1, [1.0, 2.0 * (1 + 1e-7), 3.0])], world_size=2,
+                 rules=ALL_RULES)
     assert same.findings == []  # last-bit differences of an all-reduce are not a divergence
     split = merge([part(0, [1.0, 2.0, 3.0]), part(1, [1.0, 2.5, 3.5]), part(2, [1.0, 2.0, 3.0])],
-                  world_size=3)
+                  world_size=3, rules=ALL_RULES)
     assert [(f.rule, f.step, f.location.line, f.evidence["differing_ranks"]) for f in split.findings] \
         == [("replicas-diverge", 2, 16, [1])]
     # a rank's own report keeps its checksums in JSON, so that graddoctor merge can compare them
     data = to_dict(single(part(1, [1.0]).report, 1, "rank 1", None, 2))
     validate(data)
     assert data["run"]["checksums"][0]["value"] == 1.0
-    assert from_json(data).run.checksums == data["run"]["checksums"]
+    assert from_dict(data).run.checksums == data["run"]["checksums"]

@@ -148,10 +148,10 @@ def test_every_front_door_enters_a_session_and_gets_the_same_report(tmp_path, mo
                                       "--fail-on", "error", "--format", "json", "-o", "r.json"])
     assert result.exit_code == checked.exit_code() == 1, result.output
     assert sessions == [SCRIPT, SCRIPT]
-    from graddoctor.report.merge import from_json
+    from graddoctor.report.json_format import from_dict
 
     with open("r.json", encoding="utf-8") as f:
-        from_cli = dataclasses.replace(from_json(json.load(f)), fail_on="error")
+        from_cli = dataclasses.replace(from_dict(json.load(f)), fail_on="error")
 
     with graddoctor.watch(steps=4, fail_on="error") as w:
         runpy.run_path(SCRIPT, run_name="__main__")

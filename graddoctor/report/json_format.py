@@ -1,15 +1,26 @@
-"""JSON report (docs/architecture.md, "Output contract"), versioned by ``schema_version``; its
-JSON Schema is ``report.schema.json`` next to this module (``SCHEMA_PATH``)."""
+"""The JSON report (docs/architecture.md, "Output contract"), versioned by ``schema_version``;
+its JSON Schema is ``report.schema.json`` next to this module (``SCHEMA_PATH``).
+
+This module is the report's one wire format: what crosses a process or machine boundary (a
+rank's report to rank 0, a spawned worker's to its parent, the files ``graddoctor merge``
+joins) is this JSON, so every record is written and read back here, its reader beside its
+writer. Not on the wire (the schema has no field for them and no view shows them): a
+location's ``function``, a related line's ``via``/``hook``, and ``Finding.fixes`` (the analysis
+has already put the fitting one in ``fix``).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 
-from ..version import __version__
+from ..findings import Finding, Related, Severity
 from ..jsonsafe import dumps
+from ..notebook import location_json
 from ..rules import ALL_RULES
-from .model import SCHEMA_VERSION, Report
+from ..trace import Location
+from ..version import __version__
+from .model import SCHEMA_VERSION, Report, RunInfo
 
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
 
@@ -19,33 +30,66 @@ def load_schema() -> dict:
         return json.load(f)
 
 
+def render(report: Report) -> str:
+    """The report as strict JSON (non-finite numbers as "nan", "inf", "-inf")."""
+    return dumps(to_dict(report), indent=2) + "\n"
+
+
+# -- Report ------------------------------------------------------------------------------------
+
 def to_dict(report: Report) -> dict:
-    run = report.run
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "graddoctor", "version": __version__},
-        "run": {
-            "script": run.script,
-            "argv": run.argv,
-            "status": run.status,
-            "steps": run.steps,
-            "step_budget": run.step_budget,
-            "backward_calls": run.backward_calls,
-            "device": run.device,
-            "torch_version": run.torch_version,
-            "duration_s": run.duration_s,
-            "error": run.error,
-            "notes": run.notes,
-            "config": run.config,
-            "rules": _rules(report),
-            "world_size": run.world_size,
-            **({"ranks": run.ranks} if run.ranks is not None else {}),
-            **({"checksums": run.checksums} if run.checksums else {}),
-        },
-        "findings": [f.to_json() for f in report.findings],
+        "run": run_to_dict(report),
+        "findings": [finding_to_dict(f) for f in report.findings],
         "summary": {**report.summary(), "suppressed": len(report.suppressed())},
         "internal_errors": report.internal_errors,
     }
+
+
+def from_dict(obj: dict) -> Report:
+    """A report read back from its JSON (``graddoctor check --format json``)."""
+    return Report(run=run_from_dict(obj["run"]),
+                  findings=[finding_from_dict(f) for f in obj.get("findings", ())],
+                  internal_errors=list(obj.get("internal_errors", ())))
+
+
+# -- RunInfo -----------------------------------------------------------------------------------
+
+def run_to_dict(report: Report) -> dict:
+    run = report.run
+    return {
+        "script": run.script,
+        "argv": run.argv,
+        "status": run.status,
+        "steps": run.steps,
+        "step_budget": run.step_budget,
+        "backward_calls": run.backward_calls,
+        "device": run.device,
+        "torch_version": run.torch_version,
+        "duration_s": run.duration_s,
+        "error": run.error,
+        "notes": run.notes,
+        "config": run.config,
+        "rules": _rules(report),
+        "world_size": run.world_size,
+        **({"ranks": run.ranks} if run.ranks is not None else {}),
+        **({"checksums": run.checksums} if run.checksums else {}),
+    }
+
+
+def run_from_dict(run: dict) -> RunInfo:
+    return RunInfo(
+        script=run["script"], argv=list(run.get("argv", ())), status=run["status"],
+        steps=run.get("steps", 0), backward_calls=run.get("backward_calls", 0),
+        device=run.get("device", "cpu"), torch_version=run.get("torch_version", ""),
+        duration_s=run.get("duration_s", 0.0), error=run.get("error"),
+        notes=list(run.get("notes", ())), step_budget=run.get("step_budget"),
+        config=run.get("config"), rules_skipped=list((run.get("rules") or {}).get("skipped", ())),
+        world_size=run.get("world_size", 1), ranks=run.get("ranks"),
+        checksums=run.get("checksums"),
+    )
 
 
 def _rules(report: Report) -> dict:
@@ -53,6 +97,67 @@ def _rules(report: Report) -> dict:
     return {"ran": len(ALL_RULES) - len(skipped), "total": len(ALL_RULES), "skipped": list(skipped)}
 
 
-def render(report: Report) -> str:
-    """The report as strict JSON (non-finite numbers as "nan", "inf", "-inf")."""
-    return dumps(to_dict(report), indent=2) + "\n"
+# -- Finding -----------------------------------------------------------------------------------
+
+def finding_to_dict(finding: Finding) -> dict:
+    out = {
+        "rule": finding.rule,
+        "code": finding.code,
+        "severity": finding.severity.value,
+        "message": finding.message,
+        "location": location_to_dict(finding.location),
+        "related": [related_to_dict(r) for r in finding.related],
+        "step": finding.step,
+        "evidence": finding.evidence,
+        "fix": finding.fix,
+        "suppressed": finding.suppressed,
+    }
+    if finding.ranks is not None or finding.processes:  # a report merged from several processes
+        out["ranks"] = list(finding.ranks or ())
+        out["processes"] = list(finding.processes)
+    return out
+
+
+def finding_from_dict(obj: dict) -> Finding:
+    return Finding(
+        rule=obj["rule"], code=obj["code"], severity=Severity(obj["severity"]),
+        message=obj["message"], location=location_from_dict(obj.get("location")),
+        fix=obj.get("fix", ""), related=tuple(related_from_dict(r) for r in obj.get("related", ())),
+        step=obj.get("step"), evidence=dict(obj.get("evidence") or {}),
+        suppressed=bool(obj.get("suppressed")),
+        ranks=tuple(obj["ranks"]) if "ranks" in obj else None,
+        processes=tuple(obj.get("processes", ())),
+    )
+
+
+def related_to_dict(related: Related) -> dict:
+    """A related line: its place and note (no ``via``/``hook``: only the finding's own line is
+    shown as a framework's call)."""
+    loc = related.location
+    return {**location_json(loc.path, loc.line), "note": related.note}
+
+
+def related_from_dict(obj: dict) -> Related:
+    return Related(Location(obj["path"], int(obj["line"])), obj.get("note", ""))
+
+
+# -- Location ----------------------------------------------------------------------------------
+
+def location_to_dict(loc: Location | None) -> dict | None:
+    """``{path, line}``; in a notebook also ``cell``/``cell_line`` (derived from the line: the
+    reader needs only the line); ``via``/``hook`` when the call came through a training
+    framework."""
+    if loc is None:
+        return None
+    out = location_json(loc.path, loc.line)
+    if loc.via:
+        out["via"] = loc.via
+    if loc.hook:
+        out["hook"] = loc.hook
+    return out
+
+
+def location_from_dict(obj: dict | None) -> Location | None:
+    if not obj:
+        return None
+    return Location(obj["path"], int(obj["line"]), via=obj.get("via", ""), hook=obj.get("hook", ""))

@@ -3,17 +3,20 @@ spawned. Pure data (no torch): ``merge(parts)`` joins the findings of every part
 which ranks (or processes) saw it, and keeps one status line per process in ``run.ranks``.
 
 The parts come as ``Report`` objects (the process that merges has its own) or as the JSON of
-the other processes' reports (``from_json``): what crosses a process or machine boundary is
-the JSON report, so ``graddoctor merge`` can join files written on different nodes.
+the other processes' reports (read back by report/json_format.py, the wire format): what
+crosses a process or machine boundary is the JSON report, so ``graddoctor merge`` can join
+files written on different nodes. The rules that compare processes (``Rule.check_processes``:
+replicas-diverge) run here, over the rules the caller selected.
 """
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, replace
 
-from ..findings import Finding, Related, Severity
+from ..findings import Finding, ProcessFacts, spans
 from ..status import RunStatus, decide_status, worst
-from ..trace import Location
+from ..suppress import apply_suppressions
 from .model import Report, RunInfo
 
 
@@ -31,19 +34,6 @@ def rank_label(rank: int | None, pid: int | None = None) -> str:
     return f"rank {rank}" if rank is not None else f"pid {pid}"
 
 
-def spans(ranks) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0–2, 5"``."""
-    ranks = sorted(set(ranks))
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(r) if start == r else f"{start}–{r}")
-            start = None
-    return ", ".join(out)
-
-
 def seen_on(finding: Finding) -> str | None:
     """``rank 0–1``, ``rank 1 only``, ``main process only``: where a merged finding was seen."""
     if finding.ranks is None and not finding.processes:
@@ -56,39 +46,6 @@ def seen_on(finding: Finding) -> str | None:
     text = ", ".join(parts)
     alone = len(ranks) + len(finding.processes) == 1
     return f"{text} only" if alone else text
-
-
-# -- JSON -> Report ---------------------------------------------------------------------------
-
-def finding_from_json(obj: dict) -> Finding:
-    loc = obj.get("location")
-    return Finding(
-        rule=obj["rule"], code=obj["code"], severity=Severity(obj["severity"]),
-        message=obj["message"], location=Location(loc["path"], int(loc["line"])) if loc else None,
-        fix=obj.get("fix", ""),
-        related=tuple(Related(Location(r["path"], int(r["line"])), r.get("note", ""))
-                      for r in obj.get("related", ())),
-        step=obj.get("step"), evidence=dict(obj.get("evidence") or {}),
-        suppressed=bool(obj.get("suppressed")),
-        ranks=tuple(obj["ranks"]) if "ranks" in obj else None,
-        processes=tuple(obj.get("processes", ())),
-    )
-
-
-def from_json(obj: dict) -> Report:
-    """A report read back from its JSON (``graddoctor check --format json``)."""
-    run = obj["run"]
-    info = RunInfo(
-        script=run["script"], argv=list(run.get("argv", ())), status=run["status"],
-        steps=run.get("steps", 0), backward_calls=run.get("backward_calls", 0),
-        device=run.get("device", "cpu"), torch_version=run.get("torch_version", ""),
-        duration_s=run.get("duration_s", 0.0), error=run.get("error"),
-        notes=list(run.get("notes", ())), step_budget=run.get("step_budget"),
-        config=run.get("config"), world_size=run.get("world_size", 1), ranks=run.get("ranks"),
-        checksums=run.get("checksums"),
-    )
-    return Report(run=info, findings=[finding_from_json(f) for f in obj.get("findings", ())],
-                  internal_errors=list(obj.get("internal_errors", ())))
 
 
 def entries(part: Part) -> list[dict]:
@@ -123,15 +80,17 @@ def _owners(part: Part, finding: Finding) -> tuple[set[int], list[str]]:
 
 def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dict] = (),
           notes: list[str] = (), fail_on: str = "warning", allow_incomplete: bool = False,
-          views: bool = True) -> Report:
+          views: bool = True, rules=()) -> Report:
     """One report from the parts (the first one leads: its script, steps and, with ``views``,
     update timeline). ``notes``: on the run as a whole, after the parts'; ``fail_on`` and
-    ``allow_incomplete``: the merged report's verdict.
+    ``allow_incomplete``: the merged report's verdict; ``rules``: the rule classes the check
+    selected, whose cross-process stage runs here.
 
     Findings are the same when they have the same rule, severity... and place: (code, location,
     suppressed); the first part's message is kept and the ranks of all are listed. A process
     that trained nothing (``no-training-loop``: an mp.spawn parent) does not decide the status
-    while another one trained."""
+    while another one trained. ``rules``: those selected for the check, for the ones that
+    compare processes (``across_processes``)."""
     if not parts:
         raise ValueError("nothing to merge")
     lead = parts[0].report
@@ -154,7 +113,8 @@ def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dic
             group[2] += [p for p in processes if p not in group[2]]
     findings = [replace(f, ranks=tuple(sorted(ranks)), processes=tuple(processes))
                 for f, ranks, processes in groups.values()]
-    findings += diverging(parts)
+    compared, rule_errors = across_processes(parts, rules)
+    findings += compared
     findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
                                  f.location.line if f.location else 0, f.code))
     status = decide_status(parts=[e["status"] for e in rank_entries])
@@ -196,7 +156,7 @@ def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dic
         steps=first["steps"], backward_calls=first["backward_calls"], device=lead.run.device,
         torch_version=lead.run.torch_version,
         duration_s=max(p.report.run.duration_s for p in parts), error=error, notes=notes,
-        step_budget=lead.run.step_budget, config=lead.run.config,
+        step_budget=lead.run.step_budget, config=lead.run.config, rules_skipped=lead.run.rules_skipped,
         world_size=world_size or max([p.report.run.world_size for p in parts] + [len(rank_entries)]),
         ranks=rank_entries,
         # one rank's own report keeps its checksums for the merge that compares them
@@ -204,49 +164,25 @@ def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dic
     )
     analysis = next((p.report.analysis for p in parts if p.report.analysis is not None), None) \
         if views else None
-    return Report(run=run, findings=findings, internal_errors=internal, analysis=analysis,
-                  fail_on=fail_on, allow_incomplete=allow_incomplete)
+    return Report(run=run, findings=findings, internal_errors=internal + rule_errors,
+                  analysis=analysis, fail_on=fail_on, allow_incomplete=allow_incomplete)
 
 
-CHECKSUM_RTOL = 1e-5  # all-reduce results may differ in the last bits between ranks
-
-
-def diverging(parts: list[Part]) -> list[Finding]:
-    """replicas-diverge: the first step after which an optimizer's parameters differ across
-    ranks (the ranks' checksums, taken after each optimizer's first steps)."""
-    sums: dict[tuple[int, int], dict[int, dict]] = {}
-    for part in parts:
-        if part.rank is None:
-            continue
-        for c in part.report.run.checksums or ():
-            if isinstance(c.get("value"), (int, float)):
-                sums.setdefault((c["opt"], c["step"]), {})[part.rank] = c
-    out, flagged = [], set()
-    for (opt, step), by_rank in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        if opt in flagged or len(by_rank) < 2:
-            continue
-        lead = min(by_rank)
-        ref = by_rank[lead]["value"]
-        odd = sorted(r for r, c in by_rank.items()
-                     if abs(c["value"] - ref) > CHECKSUM_RTOL * max(abs(ref), abs(c["value"]), 1e-30))
-        if not odd:
-            continue
-        flagged.add(opt)
-        from ..rules.replicas_diverge import ReplicasDiverge
-
-        c = by_rank[lead]
-        loc = Location(c["path"], int(c["line"])) if c.get("path") and c.get("line") else None
-        others = "rank " + spans(odd)
-        out.append(ReplicasDiverge().finding(
-            f"after optimizer step {step} the parameters differ across ranks: {others} "
-            f"{'holds' if len(odd) == 1 else 'hold'} other values than rank {lead} (parameter "
-            f"checksums {ref:.6g} vs {by_rank[odd[0]]['value']:.6g}), so from here on every "
-            f"replica trains a different model",
-            loc, step=step,
-            evidence={"optimizer": opt, "step": step, "differing_ranks": odd,
-                      "checksums": {str(r): by_rank[r]["value"] for r in sorted(by_rank)}}))
-        out[-1] = replace(out[-1], ranks=tuple(sorted(by_rank)))
-    return out
+def across_processes(parts: list[Part], rules) -> tuple[list[Finding], list[dict]]:
+    """The findings (and internal errors) of the rules that compare the processes of a run
+    (``Rule.check_processes``). ``rules``: the rule classes the check selected, passed in (the
+    report layer knows no rule registry). Inline suppressions apply to these findings as to a
+    process's own."""
+    processes = [ProcessFacts(p.rank, p.process, tuple(p.report.run.checksums or ()))
+                 for p in parts]
+    found, errors = [], []
+    for rule in rules:
+        try:
+            found.extend(rule().check_processes(processes))
+        except Exception as exc:
+            errors.append({"where": f"rule {rule.slug}",
+                           "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()})
+    return apply_suppressions(found, parts[0].report.base_dir), errors
 
 
 def single(report: Report, rank: int | None, process: str, pid: int | None,

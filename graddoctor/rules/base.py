@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import TYPE_CHECKING, ClassVar, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable, Sequence
 
-from ..findings import Finding, Related, Severity
+from ..findings import Finding, ProcessFacts, Related, Severity
 from ..trace import Location
 
 if TYPE_CHECKING:
@@ -32,6 +32,12 @@ class Rule:
     def check(self, a: "Analysis") -> Iterable[Finding]:  # pragma: no cover - interface
         """The findings of this rule over one analysed trace (``graddoctor.analysis``)."""
         raise NotImplementedError
+
+    def check_processes(self, processes: Sequence[ProcessFacts]) -> Iterable[Finding]:
+        """The findings of this rule across the processes of one run (the ranks of a
+        distributed run, spawned workers), when their reports are merged (report/merge.py).
+        Most rules judge one trace and find nothing here."""
+        return ()
 
     def finding(self, message: str, location: Location | None, *, related=(), step=None,
                 evidence=None, severity: Severity | None = None, fix: str | None = None,

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from dataclasses import replace
+
+from ..findings import Severity, spans
+from ..trace import Location
 from .base import Rule
+
+CHECKSUM_RTOL = 1e-5  # all-reduce results may differ in the last bits between ranks
 
 
 class ReplicasDiverge(Rule):
@@ -9,9 +14,8 @@ class ReplicasDiverge(Rule):
     ## What it does
     Compares the parameters of each optimizer across the ranks of a distributed run after its
     first optimizer steps (a checksum per rank: one batched norm pass, read at the end of the
-    run) and points at the first step after which they differ. It is decided when the ranks'
-    reports are merged (report/merge.py), so this rule's own `check` of one trace finds
-    nothing.
+    run) and points at the first step after which they differ. It compares processes, so it
+    runs when the ranks' reports are merged (`check_processes`); one trace alone shows nothing.
 
     ## Why is this bad?
     Data-parallel training relies on every replica applying the same update to the same
@@ -45,4 +49,37 @@ class ReplicasDiverge(Rule):
            "the learning rate may run under a rank test")
 
     def check(self, a):
-        return iter(())  # decided across ranks, when their reports are merged
+        return iter(())  # one trace cannot diverge from itself: see check_processes
+
+    def check_processes(self, processes):
+        """The first step after which an optimizer's parameters differ across ranks (the ranks'
+        checksums, taken after each optimizer's first steps)."""
+        sums: dict[tuple[int, int], dict[int, dict]] = {}
+        for process in processes:
+            if process.rank is None:
+                continue
+            for c in process.checksums:
+                if isinstance(c.get("value"), (int, float)):
+                    sums.setdefault((c["opt"], c["step"]), {})[process.rank] = c
+        flagged = set()
+        for (opt, step), by_rank in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            if opt in flagged or len(by_rank) < 2:
+                continue
+            lead = min(by_rank)
+            ref = by_rank[lead]["value"]
+            odd = sorted(r for r, c in by_rank.items() if abs(c["value"] - ref)
+                         > CHECKSUM_RTOL * max(abs(ref), abs(c["value"]), 1e-30))
+            if not odd:
+                continue
+            flagged.add(opt)
+            c = by_rank[lead]
+            loc = Location(c["path"], int(c["line"])) if c.get("path") and c.get("line") else None
+            found = self.finding(
+                f"after optimizer step {step} the parameters differ across ranks: rank "
+                f"{spans(odd)} {'holds' if len(odd) == 1 else 'hold'} other values than rank "
+                f"{lead} (parameter checksums {ref:.6g} vs {by_rank[odd[0]]['value']:.6g}), so "
+                f"from here on every replica trains a different model",
+                loc, step=step,
+                evidence={"optimizer": opt, "step": step, "differing_ranks": odd,
+                          "checksums": {str(r): by_rank[r]["value"] for r in sorted(by_rank)}})
+            yield replace(found, ranks=tuple(sorted(by_rank)))  # the ranks compared

@@ -24,7 +24,10 @@ import signal
 import time
 from dataclasses import dataclass
 
-from ..report.merge import Part, from_json, merge, missing_entry, single, spans
+from ..report.json_format import from_dict
+from ..findings import spans
+from ..report.merge import Part, merge, missing_entry, single
+from ..rules.engine import selected_rules
 
 STORE_TIMEOUT_S = 30.0  # connecting to the launcher's store
 POLL_S = 0.1
@@ -194,12 +197,13 @@ def gather(exchange: "Exchange", report, options, wait_s: float | None = None,
     parts = [Part(report, env.rank, env.label, os.getpid())]
     for r, text in sorted(got.items()):
         try:
-            parts.append(Part(from_json(json.loads(text)), r, f"rank {r}"))
+            parts.append(Part(from_dict(json.loads(text)), r, f"rank {r}"))
         except Exception as exc:
             why[r] = f"unreadable report: {type(exc).__name__}: {exc}"
     missing = [missing_entry(r, f"rank {r}", message) for r, message in sorted(why.items())]
     return merge(parts, world_size=env.world_size, missing=missing, fail_on=options.fail_on,
-                 allow_incomplete=options.allow_incomplete)
+                 allow_incomplete=options.allow_incomplete,
+                 rules=selected_rules(options.select, options.ignore))
 
 
 def launch(nproc: int, child_args: list[str]) -> int:

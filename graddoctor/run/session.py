@@ -23,7 +23,7 @@ from ..analysis import Analysis
 from ..rules import ALL_RULES
 from ..rules.engine import analyze, selected_rules
 from ..errors import ScriptError, WatchError
-from ..events import internal_error, run_end, run_start
+from .. import events as ev
 from ..instrument.patcher import Patcher
 from ..options import OPTIONS, CheckOptions
 from ..report.merge import Part, merge
@@ -69,7 +69,7 @@ def start_recorder(options: CheckOptions, announce: bool = True):
 
     rec = Recorder(step_budget=options.steps or None, finder=LocationFinder())
     if announce:
-        rec.emit(run_start(script=options.target, argv=list(options.args),
+        rec.emit(ev.run_start(script=options.target, argv=list(options.args),
                            device=options.device, torch_version=torch.__version__))
     return rec
 
@@ -164,7 +164,7 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     trained = bool(rec.steps or rec.backward_calls or gradient_apis(trace))
     status = decide_status(outcome.ended_by, stop_raised=rec.stop_raised, trained=trained)
     trace = Trace(trace.events)  # the run's trace is left as recorded; this one gets the end
-    trace.put(run_end(status=status.value, steps=rec.steps))
+    trace.put(ev.run_end(status=status.value, steps=rec.steps))
     analysis = Analysis(trace)  # built once: every rule, note and view reads it
     rules = selected_rules(options.select, options.ignore)
     findings, rule_errors = analyze(analysis, rules)
@@ -208,7 +208,7 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     main = Part(own, None, "main process", os.getpid())
     return merge([main, *parts], world_size=world_size, notes=end_notes, fail_on=options.fail_on,
                  allow_incomplete=options.allow_incomplete,
-                 views=status is not RunStatus.NO_TRAINING_LOOP)
+                 views=status is not RunStatus.NO_TRAINING_LOOP, rules=rules)
 
 
 CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most this often
@@ -234,7 +234,7 @@ def _snapshot(rec, variables: dict | None = None) -> Trace:
             name_parameters(rec, variables)
         emit_param_events(rec, into=trace)
     except Exception as exc:
-        trace.put(internal_error(where="naming parameters", error=repr(exc)))
+        trace.put(ev.internal_error(where="naming parameters", error=repr(exc)))
     return trace
 
 

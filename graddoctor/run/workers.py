@@ -28,7 +28,8 @@ import shutil
 import tempfile
 
 from ..instrument.patcher import Patcher
-from ..report.merge import Part, from_json
+from ..report.json_format import from_dict
+from ..report.merge import Part
 from .atfork import undone_in_forked_child
 
 ENV = "GRADDOCTOR_CHILD"
@@ -112,7 +113,7 @@ class Workers:
             for name in sorted(names):
                 if name.endswith(".json"):
                     with open(os.path.join(self.dir, name), encoding="utf-8") as f:
-                        report = from_json(json.load(f))
+                        report = from_dict(json.load(f))
                     entry = report.run.ranks[0]
                     parts.append(Part(report, entry["rank"], entry["process"], entry["pid"]))
             hooked = {int(n.split(".")[0]) for n in names if n.endswith(".started")}
