@@ -35,7 +35,7 @@ class Instrumentation:
         self.rec = rec
         self.patcher = Patcher()
         self.optimizers = OptimizerWatcher(rec)
-        self.backward = BackwardWatcher(rec, self.optimizers.owned)
+        self.backward = BackwardWatcher(rec)
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
         self.watchers = [self.optimizers, self.backward, self.dataloader]
         # AMP, clipping, schedulers (issue 3)

@@ -23,6 +23,7 @@ import weakref
 import torch
 
 from .. import events as ev
+from .identities import Identities
 from .lossfactor import loss_scaling
 from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
@@ -53,16 +54,13 @@ class GradScalerWatcher:
     def __init__(self, rec: Recorder, backward_watcher):
         self.rec = rec
         self._marked: dict[int, tuple[weakref.ref, dict]] = {}  # id(tensor) -> (ref, facts)
-        self._ids: dict[int, int] = {}
+        self.scaler_id = Identities()  # scaler -> its number
         self._in_step = Depth()
         self._in_unscale = Depth()
         self._in_scale = Depth()
         self._in_update = Depth()
         self._scale_value = ScaleCopies()
         backward_watcher.loss_describers.append(self.describe_loss)
-
-    def scaler_id(self, scaler) -> int:
-        return self._ids.setdefault(id(scaler), len(self._ids))
 
     # -- marking scaled tensors --------------------------------------------------------------
     def _mark(self, out, facts: dict) -> None:

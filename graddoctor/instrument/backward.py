@@ -206,9 +206,8 @@ def _history_walk(tensors, cell: list, limit: int = HISTORY_LIMIT):
 
 
 class BackwardWatcher:
-    def __init__(self, rec: Recorder, owned: set[int]):
+    def __init__(self, rec: Recorder):
         self.rec = rec
-        self.owned = owned  # id() of tensors some optimizer owns (kept by OptimizerWatcher)
         self.cpu_checks = True
         self.loss_describers: list = []  # callables(tensors) -> dict, added by other watchers
         # writes outside .grad (FSDP2 without gradient sync): an object with ``unsynced`` (true
@@ -239,7 +238,7 @@ class BackwardWatcher:
         """Track the new parameters among the leaves this backward writes; count the others.
         ``history`` (a retained graph): walk with ``_history_walk`` and note what it found."""
         rec = self.rec
-        pid_of, refs = rec._pid_of, rec._tensor
+        pid_of, refs = rec.tensors.number, rec.tensors.refs
         if line is not None:
             line.registrations = self.registrations
         shared = None
@@ -257,7 +256,7 @@ class BackwardWatcher:
                 continue
             if aside is not None and aside.is_shadow(leaf):  # FSDP's unsharded copy of a param
                 continue
-            if isinstance(leaf, torch.nn.Parameter) or id(leaf) in self.owned:
+            if isinstance(leaf, torch.nn.Parameter):  # an optimizer's tensors are tracked already
                 rec.track(leaf)
             else:
                 ctx.extra_leaves += 1  # e.g. FGSM: the input's gradient is the point
@@ -288,7 +287,7 @@ class BackwardWatcher:
         known, zeroed = self.rec.known_grad, self.rec.zeroed_grad
         before = ctx.before
         append = before.append
-        for pid, ref in enumerate(self.rec._tensor):
+        for pid, ref in enumerate(self.rec.tensors.refs):
             tensor = ref()
             if tensor is None:
                 continue

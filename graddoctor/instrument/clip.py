@@ -65,7 +65,7 @@ class ClipWatcher:
         """One pass before the clip: each param's pid (None if untracked), the state of each
         tracked grad, and which of those unwatched code changed since graddoctor last saw them."""
         rec = self.rec
-        pid_of, refs, known, zeroed = rec._pid_of, rec._tensor, rec.known_grad, rec.zeroed_grad
+        pid_of, refs, known, zeroed = rec.tensors.number, rec.tensors.refs, rec.known_grad, rec.zeroed_grad
         known_pids, before, edited = [], {}, []
         for p in params:
             pid = pid_of.get(id(p))

@@ -39,7 +39,7 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     code other than the optimizer, e.g. an EMA update (``p.data`` edits do not count: they
     bypass the version counter)."""
     by_device: dict = {}
-    refs = rec._tensor
+    refs = rec.tensors.refs
     known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
     versions = rec.param_version if by_hand is not None else None
     all_vouched = True
@@ -156,7 +156,7 @@ def _has_closure(args, kwargs) -> bool:
 class OptimizerWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self.owned: set[int] = set()  # id() of every tensor an optimizer owns
+        self.owned: set[int] = set()  # pids of every tensor an optimizer owns
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self._backwards_before = 0  # rec.backward_calls when the outermost step began
@@ -192,8 +192,8 @@ class OptimizerWatcher:
         pids = []
         for group in groups:
             for p in group["params"]:
-                self.owned.add(id(p))
                 pids.append(rec.track(p))
+        self.owned.update(pids)
         opt = rec.optimizer_id(optimizer)
         rec.opt_params.setdefault(opt, []).extend(pids)
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)

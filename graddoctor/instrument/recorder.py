@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 import traceback
 from threading import get_ident
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -29,6 +28,7 @@ from ..events import THREADED_KINDS
 from ..location import LocationFinder
 from ..trace import Event, Location, Trace
 from .fold import Folder
+from .identities import Identities
 from .stop import StopCondition, StopReplay, conditions
 
 
@@ -122,9 +122,9 @@ class Recorder:
         self._asked = {moment: [c for c in self.stop_conditions
                                 if getattr(type(c), moment) is not getattr(StopCondition, moment)]
                        for moment in ("after_step", "after_backward")}
-        # tensors we track: id(tensor) -> pid, and pid -> weakref(tensor)
-        self._pid_of: dict[int, int] = {}
-        self._tensor: list[weakref.ref] = []  # pid -> weakref (pids are 0, 1, 2, ...)
+        # the tracked tensors: their numbers are the pids (hot loops inline ``tensors.get``)
+        self.tensors = Identities()
+        self.pid = self.tensors.get  # the tensor's pid, None if untracked (an attribute: hot path)
         # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
         self.known_grad: dict[int, tuple[int, int]] = {}
         self.zeroed_grad: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
@@ -140,7 +140,7 @@ class Recorder:
         self.in_scaler_step = False  # an enabled, unfused GradScaler.step is running
         self.running_backwards: dict[int, Any] = {}  # thread ident -> its running backward's context
         self.in_step: int | None = None  # optimizer id while optimizer.step(closure) runs
-        self._opt_ids: dict[int, int] = {}
+        self.optimizer_id = Identities()  # optimizer -> its number, given at first sight
         self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns
         self.param_names: dict[int, str] = {}
         self.is_parameter: dict[int, bool] = {}
@@ -254,43 +254,28 @@ class Recorder:
             self.emit(ev.internal_error(where=where, error=detail))
 
     # -- tensors -------------------------------------------------------------------------
-    def pid(self, tensor) -> int | None:
-        pid = self._pid_of.get(id(tensor))
-        if pid is not None:
-            ref = self._tensor[pid]
-            if ref() is tensor:
-                return pid
-        return None
-
     def track(self, tensor) -> int:
         """Give a leaf tensor a pid (once)."""
-        pid = self.pid(tensor)
+        tensors = self.tensors
+        pid = tensors.get(tensor)
         if pid is not None:
             return pid
-        pid = len(self._tensor)
-        self._pid_of[id(tensor)] = pid
-        self._tensor.append(weakref.ref(tensor))
+        pid = tensors(tensor)
         self.is_parameter[pid] = isinstance(tensor, torch.nn.Parameter)
         self.shapes[pid] = _shape(tensor)
         self.requires_grad[pid] = tensor.requires_grad
         return pid
 
     def tensor(self, pid: int):
-        return self._tensor[pid]() if 0 <= pid < len(self._tensor) else None
+        return self.tensors.object(pid)
 
     def tracked_pids(self) -> list[int]:
-        return list(range(len(self._tensor)))
-
-    def optimizer_id(self, optimizer) -> int:
-        key = id(optimizer)
-        if key not in self._opt_ids:
-            self._opt_ids[key] = len(self._opt_ids)
-        return self._opt_ids[key]
+        return list(range(len(self.tensors)))
 
     def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
         """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
         that run every step go through here: locals only, no method call per parameter."""
-        refs = self._tensor
+        refs = self.tensors.refs
         out = []
         append = out.append
         for pid in pids:
@@ -308,7 +293,7 @@ class Recorder:
         after the step, note its ``_version`` (``param_version``), and return the pids that had
         no gradient."""
         without = []
-        refs, requires_grad, known = self._tensor, self.requires_grad, self.known_grad
+        refs, requires_grad, known = self.tensors.refs, self.requires_grad, self.known_grad
         versions = self.param_version
         for pid in pids:
             tensor = refs[pid]()
