@@ -308,7 +308,7 @@ def _run_check(options, on_step, on_hang, checkpoint) -> Report:
     with _device_policy(options.device), _stdout_to_stderr(options.redirect_stdout), \
             children.watching(rec):
         with Instrumentation(rec, options.epoch_batches) as instrumentation:
-            instrumentation.optimizers.step_listeners.append(provisional)
+            rec.subscribe("stepped", provisional)
             outcome = run_target(options.target, list(options.args), module=options.module,
                                  timeout=options.timeout, finder=finder, on_hang=hang,
                                  on_start=lambda: provisional(force=True),

@@ -211,7 +211,7 @@ def start_child() -> None:
             except Exception:
                 pass
 
-    instrumentation.optimizers.step_listeners.append(note_rank)
+    rec.subscribe("stepped", note_rank)
 
     def maybe_stop() -> None:  # the step budget: report and end the worker cleanly
         if rec.stop_requested:

@@ -51,7 +51,7 @@ class ScaleCopies:
 
 
 class GradScalerWatcher:
-    def __init__(self, rec: Recorder, backward_watcher):
+    def __init__(self, rec: Recorder):
         self.rec = rec
         self._marked: dict[int, tuple[weakref.ref, dict]] = {}  # id(tensor) -> (ref, facts)
         self.scaler_id = Identities()  # scaler -> its number
@@ -60,7 +60,7 @@ class GradScalerWatcher:
         self._in_scale = Depth()
         self._in_update = Depth()
         self._scale_value = ScaleCopies()
-        backward_watcher.loss_describers.append(self.describe_loss)
+        rec.subscribe("describe_loss", self.describe_loss)
 
     # -- marking scaled tensors --------------------------------------------------------------
     def _mark(self, out, facts: dict) -> None:

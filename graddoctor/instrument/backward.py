@@ -206,14 +206,14 @@ def _history_walk(tensors, cell: list, limit: int = HISTORY_LIMIT):
 
 
 class BackwardWatcher:
-    def __init__(self, rec: Recorder):
+    def __init__(self, rec: Recorder, aside=None):
         self.rec = rec
         self.cpu_checks = True
-        self.loss_describers: list = []  # callables(tensors) -> dict, added by other watchers
-        # writes outside .grad (FSDP2 without gradient sync): an object with ``unsynced`` (true
-        # while some are possible) and ``written_aside()`` (pids), and the pids set aside since
-        # their .grad was last written
-        self.aside = None
+        self._describe_loss = rec.subscribers("describe_loss")
+        # writes outside .grad (FSDP2 without gradient sync; the DDP watcher): an object with
+        # ``fsdp_seen``, ``is_shadow(leaf)``, ``unsynced`` (true while some are possible) and
+        # ``written_aside()`` (pids); and the pids set aside since their .grad was last written
+        self.aside = aside
         self.aside_pending: set[int] = set()
         self._lines: dict = {}  # (path, line) of a backward call -> _Line
         self.registrations = 0  # parameters registered on any module (a global module hook)
@@ -442,7 +442,7 @@ class BackwardWatcher:
         """Facts about the backward'ed loss that other watchers add (AMP scale, 1/k factor,
         batch): keyword arguments of ``events.backward``, whose defaults fill in the rest."""
         extra: dict = {}
-        for describe in self.loss_describers:
+        for describe in self._describe_loss:
             extra.update(describe(tensors))
         return extra
 

@@ -160,14 +160,12 @@ class OptimizerWatcher:
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self._backwards_before = 0  # rec.backward_calls when the outermost step began
-        self.step_listeners: list = []  # callables(opt_id, optimizer) after each real step
-        # callable(opt_id, [pid without grad]) after each real step (instrument/idle.py), or None
-        self.without_listener = None
-        self.init_listeners: list = []  # callables(opt_id, pids) after each param group is added
+        self._stepped = rec.subscribers("stepped")
+        self._stepped_without_grad = rec.subscribers("stepped_without_grad")
+        self._params_added = rec.subscribers("params_added")
+        self._freeze_of = rec.subscribers("freeze_of")
         self._named_after_first_step = False
         self._normed: set[int] = set()  # optimizers whose first update carried norms
-        # param -> seq of its latest freeze event (the mode watcher's; set by Instrumentation)
-        self.freeze_seq = lambda param: None
         # watch(): an optimizer never registered (made before the block) is registered when
         # first stepped or zero_grad'ed (a script's optimizers are all made under graddoctor)
         self.adopt_unknown = False
@@ -197,8 +195,8 @@ class OptimizerWatcher:
         opt = rec.optimizer_id(optimizer)
         rec.opt_params.setdefault(opt, []).extend(pids)
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
-        for listener in self.init_listeners:
-            listener(opt, pids)
+        for subscriber in self._params_added:
+            subscriber(opt, pids)
 
     def adopt_existing(self, loc, variables) -> None:
         """Optimizers made before a ``watch()`` block began: those the caller's variables hold
@@ -369,11 +367,16 @@ class OptimizerWatcher:
                 if group is None:
                     continue
                 entries.append([pid, zero_grad_mover(optimizer, group, state.get(param)),
-                                self.freeze_seq(param)])
+                                self._freeze_seq(param)])
             return entries
         except Exception as exc:
             self.rec.internal_error("optimizer step (frozen parameters)", exc)
             return []
+
+    def _freeze_seq(self, param) -> int | None:
+        """The seq of the event that froze ``param`` (the mode watcher's), if one did."""
+        return next((seq for answer in self._freeze_of if (seq := answer(param)) is not None),
+                    None)
 
     def _wants_norms(self, opt: int) -> bool:
         """Per-layer norms (the ``--grad-flow`` view) even when the grads are vouched finite:
@@ -401,10 +404,10 @@ class OptimizerWatcher:
             without = rec.after_step(rec.opt_params.get(opt, ()))
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                      rec.here(3))
-            if self.without_listener is not None:
-                self.without_listener(opt, without)
-            for listener in self.step_listeners:
-                listener(opt, optimizer)
+            for subscriber in self._stepped_without_grad:
+                subscriber(opt, without)
+            for subscriber in self._stepped:
+                subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
 

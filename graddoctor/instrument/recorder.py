@@ -32,6 +32,19 @@ from .identities import Identities
 from .stop import StopCondition, StopReplay, conditions
 
 
+# What watchers tell each other, in one place: topic -> who publishes it and what its
+# subscribers are called with (``Recorder.subscribe``). The publisher loops over the list
+# ``Recorder.subscribers`` gave it at construction: no extra call per event.
+TOPICS = {
+    "params_added": "OptimizerWatcher: (opt, pids) after an optimizer was given a param group",
+    "stepped": "OptimizerWatcher: (opt, optimizer) after each real optimizer step",
+    "stepped_without_grad": "OptimizerWatcher: (opt, pids) after each real optimizer step, "
+                            "its parameters that had no gradient",
+    "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "
+                     "events.backward for the backward about to run from them",
+    "freeze_of": "OptimizerWatcher: (param) -> seq of the event that froze it, or None",
+}
+
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 
 
@@ -159,6 +172,16 @@ class Recorder:
         # folds repeated turns out of the trace in long runs (instrument/fold.py); None once
         # the run has ended (or if it failed)
         self.folder: Folder | None = Folder(self.trace)
+        self._subscribers: dict[str, list[Callable]] = {topic: [] for topic in TOPICS}
+
+    # -- watchers' topics ----------------------------------------------------------------
+    def subscribe(self, topic: str, subscriber: Callable) -> None:
+        """Have ``subscriber`` called on each ``topic`` (see ``TOPICS``), after the earlier ones."""
+        self._subscribers[topic].append(subscriber)
+
+    def subscribers(self, topic: str) -> list[Callable]:
+        """The live list of a topic's subscribers, for its publisher to call."""
+        return self._subscribers[topic]
 
     # -- events ------------------------------------------------------------------------
     def here(self, skip: int = 2) -> Location | None:
