@@ -34,14 +34,17 @@ class Instrumentation:
     def __init__(self, rec: Recorder, epoch_batches: int = DEFAULT_EPOCH_BATCHES):
         self.rec = rec
         self.patcher = Patcher()
-        self.optimizers = OptimizerWatcher(rec)
-        self.ddp = DDPWatcher(rec)  # installed after the others (below)
-        self.backward = BackwardWatcher(rec, aside=self.ddp)  # FSDP2: accumulation without sync
+        # made before the watchers that read their state; installed in the order of ``watchers``
+        self.scalers = GradScalerWatcher(rec)
+        self.ddp = DDPWatcher(rec)
+        self.optimizers = OptimizerWatcher(rec, self.scalers)
+        self.backward = BackwardWatcher(rec, self.optimizers, aside=self.ddp)  # FSDP2's aside
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
         self.watchers = [self.optimizers, self.backward, self.dataloader]
         # AMP, clipping, schedulers
         rec.subscribe("describe_loss", self.dataloader.describe_loss)
-        self.watchers += [GradScalerWatcher(rec), ClipWatcher(rec),
+        rec.subscribe("describe_loss", self.scalers.describe_loss)
+        self.watchers += [self.scalers, ClipWatcher(rec),
                           SchedulerWatcher(rec)]  # grad edits: OptimizerWatcher's step pass
         # BatchNorm/dropout modes
         self.modes = ModeWatcher(rec, self.optimizers.owned)

@@ -55,12 +55,14 @@ class GradScalerWatcher:
         self.rec = rec
         self._marked: dict[int, tuple[weakref.ref, dict]] = {}  # id(tensor) -> (ref, facts)
         self.scaler_id = Identities()  # scaler -> its number
+        # an enabled, unfused GradScaler.step is running (read by the optimizer watcher: the
+        # step runs only if unscale_ found every value finite)
+        self.in_scaler_step = False
         self._in_step = Depth()
         self._in_unscale = Depth()
         self._in_scale = Depth()
         self._in_update = Depth()
         self._scale_value = ScaleCopies()
-        rec.subscribe("describe_loss", self.describe_loss)
 
     # -- marking scaled tensors --------------------------------------------------------------
     def _mark(self, out, facts: dict) -> None:
@@ -144,15 +146,15 @@ class GradScalerWatcher:
                 return original(scaler, optimizer, *args, **kwargs)
             rec.maybe_stop()
             before = rec.steps
-            outer = rec.in_scaler_step
+            outer = watcher.in_scaler_step
             fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
             # unfused: torch runs optimizer.step only if unscale_ found no inf/NaN
-            rec.in_scaler_step = scaler.is_enabled() and not fused
+            watcher.in_scaler_step = scaler.is_enabled() and not fused
             try:
                 with watcher._in_step:
                     result = original(scaler, optimizer, *args, **kwargs)
             finally:
-                rec.in_scaler_step = outer
+                watcher.in_scaler_step = outer
             try:
                 watcher._after_step(scaler, optimizer, before, fused)
             except Exception as exc:

@@ -206,8 +206,9 @@ def _history_walk(tensors, cell: list, limit: int = HISTORY_LIMIT):
 
 
 class BackwardWatcher:
-    def __init__(self, rec: Recorder, aside=None):
+    def __init__(self, rec: Recorder, optimizers, aside=None):
         self.rec = rec
+        self.optimizers = optimizers  # the optimizer watcher: ``closure_step``
         self.cpu_checks = True
         self._describe_loss = rec.subscribers("describe_loss")
         # writes outside .grad (FSDP2 without gradient sync; the DDP watcher): an object with
@@ -354,7 +355,7 @@ class BackwardWatcher:
             self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
         ctx.before = []  # let go of the grads held since the start
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
-                                     extra_leaves=ctx.extra_leaves, in_step=rec.in_step,
+                                     extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history, **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event

@@ -99,7 +99,7 @@ class ClipWatcher:
                 with_grad.append(pid)
                 after.append((pid, (id(grad), grad._version if type(grad) is Tensor
                                            else grad_version(grad))))
-        rec.known_grad.update(after)  # clipping changed the grads in place: still accumulated ones
+        rec.note_known(after)  # clipping changed the grads in place: still accumulated ones
         limit = _number(arguments.get("clip_value" if via == "clip_grad_value_" else "max_norm"))
         total_norm = result if via == "clip_grad_norm_" else arguments.get("total_norm")
         total = None

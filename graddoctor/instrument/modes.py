@@ -99,10 +99,7 @@ class ModeWatcher:
     def _hold(self, made: ev.Made, loc) -> list:
         """Keep one of our events back, after the others held; returns its entry."""
         rec = self.rec
-        if rec.holder is not self:
-            if rec.holder is not None:
-                rec.release()
-            rec.holder = self
+        rec.hold(self)
         held = self._held
         entry = [rec.trace.next_seq + len(held), made[0], loc, made[1]]
         held.append(entry)

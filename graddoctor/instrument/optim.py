@@ -154,8 +154,10 @@ def _has_closure(args, kwargs) -> bool:
 
 
 class OptimizerWatcher:
-    def __init__(self, rec: Recorder):
+    def __init__(self, rec: Recorder, scalers):
         self.rec = rec
+        self.scalers = scalers  # the GradScaler watcher: ``in_scaler_step``
+        self.closure_step: int | None = None  # optimizer id while optimizer.step(closure) runs
         self.owned: set[int] = set()  # pids of every tensor an optimizer owns
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
@@ -193,7 +195,7 @@ class OptimizerWatcher:
                 pids.append(rec.track(p))
         self.owned.update(pids)
         opt = rec.optimizer_id(optimizer)
-        rec.opt_params.setdefault(opt, []).extend(pids)
+        rec.add_params(opt, pids)
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
         for subscriber in self._params_added:
             subscriber(opt, pids)
@@ -280,15 +282,7 @@ class OptimizerWatcher:
         else:
             params = list(obj.parameters())
             opt = None
-        pids = []
-        for p in params:
-            pid = rec.pid(p)
-            if pid is None:
-                continue
-            pids.append(pid)
-            rec.known_grad.pop(pid, None)
-            if p.grad is not None:  # zero-filled in place: remember exactly what was left
-                rec.zeroed_grad[pid] = (id(p.grad), version(p.grad))
+        pids = rec.cleared(params)
         rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids), rec.here(3))
 
     # -- step ----------------------------------------------------------------------------
@@ -304,7 +298,7 @@ class OptimizerWatcher:
                 frame = frame.f_back
             self._step_frames = [f for f in self._step_frames if id(f) in on_stack]
             if not self._step_frames:
-                self.rec.in_step = None
+                self.closure_step = None
         return len(self._step_frames)
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
@@ -331,7 +325,7 @@ class OptimizerWatcher:
             by_hand: list[int] = []
             if not closure:
                 by_device, vouched = step_grads(rec, rec.opt_params.get(opt, ()), edited,
-                                                rec.in_scaler_step, frozen, by_hand)
+                                                self.scalers.in_scaler_step, frozen, by_hand)
                 if vouched and not self._wants_norms(opt):
                     norm_pids = norms = None  # finite, as a clip or unscale_ already saw
                 else:
@@ -339,7 +333,7 @@ class OptimizerWatcher:
                     nonfinite = [pid for pid, n in zip(norm_pids, norms)
                                  if not math.isfinite(n) and _really_nonfinite(rec, pid)]
             loc = rec.here(3)
-            if edited and rec.in_step is None:  # L-BFGS-style closures recompute grads themselves
+            if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves
                 rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
                                    nonfinite=nonfinite,
@@ -347,7 +341,7 @@ class OptimizerWatcher:
                                    edited_params=by_hand),
                      loc)
             if closure:
-                rec.in_step = opt
+                self.closure_step = opt
         except Exception as exc:
             rec.internal_error("optimizer step (before)", exc)
 
@@ -396,7 +390,7 @@ class OptimizerWatcher:
             return
         rec.count_step()  # before the listeners: rec.steps includes this step
         try:
-            rec.in_step = None
+            self.closure_step = None
             opt = rec.optimizer_id(optimizer)
             # a closure that ran no backward (Lightning passes one to every step, manual
             # optimization's does nothing) leaves the gradients to the loop: a plain step

@@ -150,9 +150,7 @@ class Recorder:
         # only if the optimizer step then runs inside GradScaler.step, which runs it only when
         # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
         self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
-        self.in_scaler_step = False  # an enabled, unfused GradScaler.step is running
         self.running_backwards: dict[int, Any] = {}  # thread ident -> its running backward's context
-        self.in_step: int | None = None  # optimizer id while optimizer.step(closure) runs
         self.optimizer_id = Identities()  # optimizer -> its number, given at first sight
         self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns
         self.param_names: dict[int, str] = {}
@@ -226,6 +224,12 @@ class Recorder:
         else:
             self.emit(made, loc)
 
+    def hold(self, holder) -> None:
+        """Make ``holder`` the watcher holding events back; the previous one emits its now."""
+        if self.holder is not holder:
+            self.release()
+            self.holder = holder
+
     def release(self) -> None:
         """Have the holder emit its held events now."""
         holder, self.holder = self.holder, None
@@ -289,6 +293,10 @@ class Recorder:
         self.requires_grad[pid] = tensor.requires_grad
         return pid
 
+    def add_params(self, opt: int, pids: list[int]) -> None:
+        """Optimizer ``opt`` was given the tensors ``pids`` (``opt_params``)."""
+        self.opt_params.setdefault(opt, []).extend(pids)
+
     def tensor(self, pid: int):
         return self.tensors.object(pid)
 
@@ -330,6 +338,28 @@ class Recorder:
             else:
                 known[pid] = (id(grad), grad._version if type(grad) is Tensor else version(grad))
         return without
+
+    def note_known(self, states) -> None:
+        """``(pid, state)`` pairs read after an in-place change graddoctor watched: the grads as
+        they are now are still the accumulated ones, not a manual clear."""
+        self.known_grad.update(states)
+
+    def cleared(self, params) -> list[int]:
+        """A ``zero_grad`` has just cleared ``params``: their grads are fresh from now on, and
+        one zero-filled in place (``set_to_none=False``) is remembered exactly as it was left.
+        Returns the pids of the tracked ones."""
+        pids = []
+        pid_of, known, zeroed = self.pid, self.known_grad, self.zeroed_grad
+        for p in params:
+            pid = pid_of(p)
+            if pid is None:
+                continue
+            pids.append(pid)
+            known.pop(pid, None)
+            grad = p.grad
+            if grad is not None:
+                zeroed[pid] = (id(grad), version(grad))
+        return pids
 
     def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
         """After an in-place change we made or watched (clip, unscale, step): the grad as it is
