@@ -259,9 +259,12 @@ class ModeWatcher:
             params = module._parameters
             weight, bias = params.get("weight"), params.get("bias")
             if weight is not None:
-                owned_pids, pid = self.owned, self.rec.pid
+                owned_pids, tensors = self.owned, self.rec.tensors  # rec.pid, inlined: every forward
+                pid_of, refs = tensors.number, tensors.refs
                 state.trainable = weight.requires_grad or (bias is not None and bias.requires_grad)
-                owned = pid(weight) in owned_pids or (bias is not None and pid(bias) in owned_pids)
+                owned = ((pid := pid_of.get(id(weight))) in owned_pids and refs[pid]() is weight) or (
+                    bias is not None and (pid := pid_of.get(id(bias))) in owned_pids
+                    and refs[pid]() is bias)
                 if not owned:  # changed by someone else than an optimizer: EMA / momentum copy
                     # (in place bumps _version; MoCo's `p.data = ...` swaps the storage instead)
                     version = (weight._version, weight.data_ptr())
