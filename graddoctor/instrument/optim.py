@@ -166,7 +166,6 @@ class OptimizerWatcher:
         self._stepped_without_grad = rec.subscribers("stepped_without_grad")
         self._params_added = rec.subscribers("params_added")
         self._freeze_of = rec.subscribers("freeze_of")
-        self._named_after_first_step = False
         self._normed: set[int] = set()  # optimizers whose first update carried norms
         # watch(): an optimizer never registered (made before the block) is registered when
         # first stepped or zero_grad'ed (a script's optimizers are all made under graddoctor)
