@@ -34,31 +34,33 @@ class Instrumentation:
     def __init__(self, rec: Recorder, epoch_batches: int = DEFAULT_EPOCH_BATCHES):
         self.rec = rec
         self.patcher = Patcher()
-        self.optimizers = OptimizerWatcher(rec)
-        self.backward = BackwardWatcher(rec, self.optimizers.owned)
+        # made before the watchers that read their state; installed in the order of ``watchers``
+        self.scalers = GradScalerWatcher(rec)
+        self.ddp = DDPWatcher(rec)
+        self.optimizers = OptimizerWatcher(rec, self.scalers)
+        self.backward = BackwardWatcher(rec, self.optimizers, aside=self.ddp)  # FSDP2's aside
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
         self.watchers = [self.optimizers, self.backward, self.dataloader]
         # AMP, clipping, schedulers
-        self.backward.loss_describers.append(self.dataloader.describe_loss)
-        self.watchers += [GradScalerWatcher(rec, self.backward), ClipWatcher(rec),
+        rec.subscribe("describe_loss", self.dataloader.describe_loss)
+        rec.subscribe("describe_loss", self.scalers.describe_loss)
+        self.watchers += [self.scalers, ClipWatcher(rec),
                           SchedulerWatcher(rec)]  # grad edits: OptimizerWatcher's step pass
         # BatchNorm/dropout modes
         self.modes = ModeWatcher(rec, self.optimizers.owned)
         self.watchers.append(self.modes)
-        self.optimizers.freeze_seq = self.modes.freeze_seq  # a frozen param's step names its freeze
+        rec.subscribe("freeze_of", self.modes.freeze_seq)  # a frozen param's step names its freeze
         # functional dropout left on in eval mode; regression losses that broadcast
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec)]
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
         self.watchers.append(FunctionalGradWatcher(rec))
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
-        self.optimizers.without_listener = self.idle.after_step
+        rec.subscribe("stepped_without_grad", self.idle.after_step)
         self.watchers.append(self.idle)
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
-        self.ddp = DDPWatcher(rec)
-        self.backward.loss_describers.append(self.ddp.describe_loss)
-        self.optimizers.step_listeners.append(self.ddp.after_step)
-        self.backward.aside = self.ddp  # FSDP2's accumulation without gradient sync
+        rec.subscribe("describe_loss", self.ddp.describe_loss)
+        rec.subscribe("stepped", self.ddp.after_step)
         self.watchers.append(self.ddp)
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
@@ -66,8 +68,8 @@ class Instrumentation:
         self._named: set[int] = set()  # optimizers whose parameters were named at their first step
         self.step_threads: set[int] = set()  # the threads the optimizers' first steps ran in
         self.script_globals: dict | None = None  # set by the caller once the script has run
-        self.optimizers.step_listeners.append(self._name_after_first_step)
-        self.optimizers.init_listeners.append(self._name_at_construction)
+        rec.subscribe("stepped", self._name_after_first_step)
+        rec.subscribe("params_added", self._name_at_construction)
 
     def _name_at_construction(self, opt, pids) -> None:
         # from the variables of the constructing frames only (no gc scan): a model that lives in

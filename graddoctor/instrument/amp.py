@@ -23,6 +23,7 @@ import weakref
 import torch
 
 from .. import events as ev
+from .identities import Identities
 from .lossfactor import loss_scaling
 from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
@@ -50,19 +51,18 @@ class ScaleCopies:
 
 
 class GradScalerWatcher:
-    def __init__(self, rec: Recorder, backward_watcher):
+    def __init__(self, rec: Recorder):
         self.rec = rec
         self._marked: dict[int, tuple[weakref.ref, dict]] = {}  # id(tensor) -> (ref, facts)
-        self._ids: dict[int, int] = {}
+        self.scaler_id = Identities()  # scaler -> its number
+        # an enabled, unfused GradScaler.step is running (read by the optimizer watcher: the
+        # step runs only if unscale_ found every value finite)
+        self.in_scaler_step = False
         self._in_step = Depth()
         self._in_unscale = Depth()
         self._in_scale = Depth()
         self._in_update = Depth()
         self._scale_value = ScaleCopies()
-        backward_watcher.loss_describers.append(self.describe_loss)
-
-    def scaler_id(self, scaler) -> int:
-        return self._ids.setdefault(id(scaler), len(self._ids))
 
     # -- marking scaled tensors --------------------------------------------------------------
     def _mark(self, out, facts: dict) -> None:
@@ -146,15 +146,15 @@ class GradScalerWatcher:
                 return original(scaler, optimizer, *args, **kwargs)
             rec.maybe_stop()
             before = rec.steps
-            outer = rec.in_scaler_step
+            outer = watcher.in_scaler_step
             fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
             # unfused: torch runs optimizer.step only if unscale_ found no inf/NaN
-            rec.in_scaler_step = scaler.is_enabled() and not fused
+            watcher.in_scaler_step = scaler.is_enabled() and not fused
             try:
                 with watcher._in_step:
                     result = original(scaler, optimizer, *args, **kwargs)
             finally:
-                rec.in_scaler_step = outer
+                watcher.in_scaler_step = outer
             try:
                 watcher._after_step(scaler, optimizer, before, fused)
             except Exception as exc:

@@ -206,15 +206,15 @@ def _history_walk(tensors, cell: list, limit: int = HISTORY_LIMIT):
 
 
 class BackwardWatcher:
-    def __init__(self, rec: Recorder, owned: set[int]):
+    def __init__(self, rec: Recorder, optimizers, aside=None):
         self.rec = rec
-        self.owned = owned  # id() of tensors some optimizer owns (kept by OptimizerWatcher)
+        self.optimizers = optimizers  # the optimizer watcher: ``closure_step``
         self.cpu_checks = True
-        self.loss_describers: list = []  # callables(tensors) -> dict, added by other watchers
-        # writes outside .grad (FSDP2 without gradient sync): an object with ``unsynced`` (true
-        # while some are possible) and ``written_aside()`` (pids), and the pids set aside since
-        # their .grad was last written
-        self.aside = None
+        self._describe_loss = rec.subscribers("describe_loss")
+        # writes outside .grad (FSDP2 without gradient sync; the DDP watcher): an object with
+        # ``fsdp_seen``, ``is_shadow(leaf)``, ``unsynced`` (true while some are possible) and
+        # ``written_aside()`` (pids); and the pids set aside since their .grad was last written
+        self.aside = aside
         self.aside_pending: set[int] = set()
         self._lines: dict = {}  # (path, line) of a backward call -> _Line
         self.registrations = 0  # parameters registered on any module (a global module hook)
@@ -239,7 +239,7 @@ class BackwardWatcher:
         """Track the new parameters among the leaves this backward writes; count the others.
         ``history`` (a retained graph): walk with ``_history_walk`` and note what it found."""
         rec = self.rec
-        pid_of, refs = rec._pid_of, rec._tensor
+        pid_of, refs = rec.tensors.number, rec.tensors.refs
         if line is not None:
             line.registrations = self.registrations
         shared = None
@@ -257,7 +257,7 @@ class BackwardWatcher:
                 continue
             if aside is not None and aside.is_shadow(leaf):  # FSDP's unsharded copy of a param
                 continue
-            if isinstance(leaf, torch.nn.Parameter) or id(leaf) in self.owned:
+            if isinstance(leaf, torch.nn.Parameter):  # an optimizer's tensors are tracked already
                 rec.track(leaf)
             else:
                 ctx.extra_leaves += 1  # e.g. FGSM: the input's gradient is the point
@@ -288,7 +288,7 @@ class BackwardWatcher:
         known, zeroed = self.rec.known_grad, self.rec.zeroed_grad
         before = ctx.before
         append = before.append
-        for pid, ref in enumerate(self.rec._tensor):
+        for pid, ref in enumerate(self.rec.tensors.refs):
             tensor = ref()
             if tensor is None:
                 continue
@@ -355,7 +355,7 @@ class BackwardWatcher:
             self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
         ctx.before = []  # let go of the grads held since the start
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
-                                     extra_leaves=ctx.extra_leaves, in_step=rec.in_step,
+                                     extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history, **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
@@ -443,7 +443,7 @@ class BackwardWatcher:
         """Facts about the backward'ed loss that other watchers add (AMP scale, 1/k factor,
         batch): keyword arguments of ``events.backward``, whose defaults fill in the rest."""
         extra: dict = {}
-        for describe in self.loss_describers:
+        for describe in self._describe_loss:
             extra.update(describe(tensors))
         return extra
 

@@ -65,7 +65,7 @@ class ClipWatcher:
         """One pass before the clip: each param's pid (None if untracked), the state of each
         tracked grad, and which of those unwatched code changed since graddoctor last saw them."""
         rec = self.rec
-        pid_of, refs, known, zeroed = rec._pid_of, rec._tensor, rec.known_grad, rec.zeroed_grad
+        pid_of, refs, known, zeroed = rec.tensors.number, rec.tensors.refs, rec.known_grad, rec.zeroed_grad
         known_pids, before, edited = [], {}, []
         for p in params:
             pid = pid_of.get(id(p))
@@ -99,7 +99,7 @@ class ClipWatcher:
                 with_grad.append(pid)
                 after.append((pid, (id(grad), grad._version if type(grad) is Tensor
                                            else grad_version(grad))))
-        rec.known_grad.update(after)  # clipping changed the grads in place: still accumulated ones
+        rec.note_known(after)  # clipping changed the grads in place: still accumulated ones
         limit = _number(arguments.get("clip_value" if via == "clip_grad_value_" else "max_norm"))
         total_norm = result if via == "clip_grad_norm_" else arguments.get("total_norm")
         total = None

@@ -25,6 +25,7 @@ import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .. import events as ev
+from .identities import Identities
 from .recorder import Recorder
 
 # the default length (see above); --epoch-batches' default in the option table (options.py) is
@@ -38,7 +39,7 @@ class DataLoaderWatcher:
     def __init__(self, rec: Recorder, epoch_batches: int = DEFAULT_EPOCH_BATCHES):
         self.rec = rec
         self.epoch_batches = max(0, int(epoch_batches or 0))  # 0: real epochs
-        self._index: dict[int, int] = {}  # id(loader) -> loader number
+        self._loader_id = Identities()  # loader -> its number
         self._epochs: dict[int, int] = {}  # loader number -> epochs started
         self._training: set[int] = set()  # loaders whose batches reached a backward
         self._shortened = False
@@ -73,8 +74,7 @@ class DataLoaderWatcher:
         def __iter__(loader):
             iterator = original(loader)
             try:
-                key = id(loader)
-                number = watcher._index.setdefault(key, len(watcher._index))
+                number = watcher._loader_id(loader)
                 epoch = watcher._epochs.get(number, 0)
                 watcher._epochs[number] = epoch + 1
                 try:

@@ -31,6 +31,7 @@ import functools
 import torch
 
 from .. import events as ev
+from .identities import Identities
 from .recorder import Deferred, Recorder, Tensor
 
 CHECKSUM_STEPS = 3
@@ -39,8 +40,8 @@ CHECKSUM_STEPS = 3
 class DDPWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._ids: dict[int, int] = {}
-        self._samplers: dict[int, int] = {}
+        self._ddp_id = Identities()  # DistributedDataParallel module -> its number
+        self._sampler_id = Identities()  # DistributedSampler -> its number
         self._pending: bool | None = None  # the DDP forwards since the last backward: any synced?
         self._checksums: dict[int, int] = {}  # optimizer -> checksums taken
         self._fsdp_modules: list = []  # FSDP2 modules whose gradient sync was turned off or on
@@ -51,9 +52,6 @@ class DDPWatcher:
         # ids of FSDP's unsharded parameters: the graph's leaves while the sharded ones are
         # gathered, never stepped themselves (the backward watcher does not track them)
         self.shadows: set[int] = set()
-
-    def _id(self, obj, table: dict) -> int:
-        return table.setdefault(id(obj), len(table))
 
     def after_step(self, opt: int, optimizer) -> None:
         """The checksum of the parameters an optimizer just stepped (first steps only)."""
@@ -181,7 +179,7 @@ class DDPWatcher:
         @functools.wraps(original)
         def no_sync(module, *args, **kwargs):
             try:
-                rec.emit(ev.ddp_no_sync(ddp=watcher._id(module, watcher._ids)), rec.here(2))
+                rec.emit(ev.ddp_no_sync(ddp=watcher._ddp_id(module)), rec.here(2))
             except Exception as exc:
                 rec.internal_error("DistributedDataParallel.no_sync", exc)
             return original(module, *args, **kwargs)
@@ -195,7 +193,7 @@ class DDPWatcher:
         def __iter__(sampler, *args, **kwargs):
             try:
                 epoch = getattr(sampler, "epoch", None)
-                rec.emit(ev.sampler_iter(sampler=watcher._id(sampler, watcher._samplers),
+                rec.emit(ev.sampler_iter(sampler=watcher._sampler_id(sampler),
                                          epoch=epoch if isinstance(epoch, int) else None,
                                          shuffle=bool(getattr(sampler, "shuffle", False))),
                          rec.here(2))

@@ -18,6 +18,7 @@ import sys
 import torch
 
 from .. import events as ev
+from .identities import Identities
 from .recorder import Recorder
 
 MIN_STEPS = 2  # as the rule's: steps without a gradient before the modules are watched
@@ -31,7 +32,7 @@ class IdleParamWatcher:
         self._steps: dict[int, int] = {}  # opt -> steps seen
         self._missing: dict[int, int] = {}  # pid -> steps without a gradient
         self._looked: set[int] = set()  # pids whose module was searched for
-        self._hooked: dict[int, int] = {}  # id(module) -> mid
+        self._hooked = Identities()  # module -> mid, for the modules hooked
         self._done: set[tuple] = set()  # (mid, code, line, grad, inference) recorded
         self._searches = 0
 
@@ -65,7 +66,7 @@ class IdleParamWatcher:
         self._searches += 1
         Module = torch.nn.Module
         for obj in gc.get_objects():
-            if not issubclass(type(obj), Module) or id(obj) in self._hooked:
+            if not issubclass(type(obj), Module) or self._hooked.get(obj) is not None:
                 continue
             own = obj.__dict__.get("_parameters")
             if not own:
@@ -76,7 +77,7 @@ class IdleParamWatcher:
 
     def _hook(self, module, pids: list[int]) -> None:
         watcher, rec = self, self.rec
-        mid = self._hooked[id(module)] = len(self._hooked)
+        mid = self._hooked(module)
         cls = type(module).__name__
         done = self._done
         user_frames = rec.finder.user_frames

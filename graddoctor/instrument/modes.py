@@ -37,6 +37,7 @@ from torch.nn.modules import batchnorm, dropout
 
 from .. import events as ev
 from ..trace import Location
+from .identities import Identities
 from .inlinable import watched
 from .names import variable_name
 from .recorder import Recorder
@@ -66,8 +67,8 @@ class _State:
 class ModeWatcher:
     def __init__(self, rec: Recorder, owned: set[int]):
         self.rec = rec
-        self.owned = owned  # id() of tensors some optimizer owns (kept by OptimizerWatcher)
-        self._mids: dict[int, tuple[weakref.ref, int]] = {}
+        self.owned = owned  # pids of the tensors some optimizer owns (kept by OptimizerWatcher)
+        self._mid = Identities()  # module -> mid
         self._states: dict[int, _State] = {}
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._freeze_of: dict[int, tuple[weakref.ref, int]] = {}  # id(param) -> freeze event seq
@@ -82,14 +83,6 @@ class ModeWatcher:
         self._recalibrating = False
 
     # -- ids, places ---------------------------------------------------------------------
-    def _mid(self, module) -> int:
-        entry = self._mids.get(id(module))
-        if entry is not None and entry[0]() is module:
-            return entry[1]
-        mid = len(self._mids)
-        self._mids[id(module)] = (weakref.ref(module), mid)
-        return mid
-
     def _user_frame(self, frame, skip_self=None):
         """The innermost user frame at or above ``frame``; frames of a user's own ``train``/``eval``
         override on ``skip_self`` are passed over, so the caller's ``model.train()`` is named."""
@@ -106,10 +99,7 @@ class ModeWatcher:
     def _hold(self, made: ev.Made, loc) -> list:
         """Keep one of our events back, after the others held; returns its entry."""
         rec = self.rec
-        if rec.holder is not self:
-            if rec.holder is not None:
-                rec.release()
-            rec.holder = self
+        rec.hold(self)
         held = self._held
         entry = [rec.trace.next_seq + len(held), made[0], loc, made[1]]
         held.append(entry)
@@ -269,9 +259,12 @@ class ModeWatcher:
             params = module._parameters
             weight, bias = params.get("weight"), params.get("bias")
             if weight is not None:
-                owned_ids = self.owned
+                owned_pids, tensors = self.owned, self.rec.tensors  # rec.pid, inlined: every forward
+                pid_of, refs = tensors.number, tensors.refs
                 state.trainable = weight.requires_grad or (bias is not None and bias.requires_grad)
-                owned = id(weight) in owned_ids or (bias is not None and id(bias) in owned_ids)
+                owned = ((pid := pid_of.get(id(weight))) in owned_pids and refs[pid]() is weight) or (
+                    bias is not None and (pid := pid_of.get(id(bias))) in owned_pids
+                    and refs[pid]() is bias)
                 if not owned:  # changed by someone else than an optimizer: EMA / momentum copy
                     # (in place bumps _version; MoCo's `p.data = ...` swaps the storage instead)
                     version = (weight._version, weight.data_ptr())

@@ -39,7 +39,7 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     code other than the optimizer, e.g. an EMA update (``p.data`` edits do not count: they
     bypass the version counter)."""
     by_device: dict = {}
-    refs = rec._tensor
+    refs = rec.tensors.refs
     known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
     versions = rec.param_version if by_hand is not None else None
     all_vouched = True
@@ -154,20 +154,19 @@ def _has_closure(args, kwargs) -> bool:
 
 
 class OptimizerWatcher:
-    def __init__(self, rec: Recorder):
+    def __init__(self, rec: Recorder, scalers):
         self.rec = rec
-        self.owned: set[int] = set()  # id() of every tensor an optimizer owns
+        self.scalers = scalers  # the GradScaler watcher: ``in_scaler_step``
+        self.closure_step: int | None = None  # optimizer id while optimizer.step(closure) runs
+        self.owned: set[int] = set()  # pids of every tensor an optimizer owns
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self._backwards_before = 0  # rec.backward_calls when the outermost step began
-        self.step_listeners: list = []  # callables(opt_id, optimizer) after each real step
-        # callable(opt_id, [pid without grad]) after each real step (instrument/idle.py), or None
-        self.without_listener = None
-        self.init_listeners: list = []  # callables(opt_id, pids) after each param group is added
-        self._named_after_first_step = False
+        self._stepped = rec.subscribers("stepped")
+        self._stepped_without_grad = rec.subscribers("stepped_without_grad")
+        self._params_added = rec.subscribers("params_added")
+        self._freeze_of = rec.subscribers("freeze_of")
         self._normed: set[int] = set()  # optimizers whose first update carried norms
-        # param -> seq of its latest freeze event (the mode watcher's; set by Instrumentation)
-        self.freeze_seq = lambda param: None
         # watch(): an optimizer never registered (made before the block) is registered when
         # first stepped or zero_grad'ed (a script's optimizers are all made under graddoctor)
         self.adopt_unknown = False
@@ -192,13 +191,13 @@ class OptimizerWatcher:
         pids = []
         for group in groups:
             for p in group["params"]:
-                self.owned.add(id(p))
                 pids.append(rec.track(p))
+        self.owned.update(pids)
         opt = rec.optimizer_id(optimizer)
-        rec.opt_params.setdefault(opt, []).extend(pids)
+        rec.add_params(opt, pids)
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
-        for listener in self.init_listeners:
-            listener(opt, pids)
+        for subscriber in self._params_added:
+            subscriber(opt, pids)
 
     def adopt_existing(self, loc, variables) -> None:
         """Optimizers made before a ``watch()`` block began: those the caller's variables hold
@@ -282,15 +281,7 @@ class OptimizerWatcher:
         else:
             params = list(obj.parameters())
             opt = None
-        pids = []
-        for p in params:
-            pid = rec.pid(p)
-            if pid is None:
-                continue
-            pids.append(pid)
-            rec.known_grad.pop(pid, None)
-            if p.grad is not None:  # zero-filled in place: remember exactly what was left
-                rec.zeroed_grad[pid] = (id(p.grad), version(p.grad))
+        pids = rec.cleared(params)
         rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids), rec.here(3))
 
     # -- step ----------------------------------------------------------------------------
@@ -306,7 +297,7 @@ class OptimizerWatcher:
                 frame = frame.f_back
             self._step_frames = [f for f in self._step_frames if id(f) in on_stack]
             if not self._step_frames:
-                self.rec.in_step = None
+                self.closure_step = None
         return len(self._step_frames)
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
@@ -333,7 +324,7 @@ class OptimizerWatcher:
             by_hand: list[int] = []
             if not closure:
                 by_device, vouched = step_grads(rec, rec.opt_params.get(opt, ()), edited,
-                                                rec.in_scaler_step, frozen, by_hand)
+                                                self.scalers.in_scaler_step, frozen, by_hand)
                 if vouched and not self._wants_norms(opt):
                     norm_pids = norms = None  # finite, as a clip or unscale_ already saw
                 else:
@@ -341,7 +332,7 @@ class OptimizerWatcher:
                     nonfinite = [pid for pid, n in zip(norm_pids, norms)
                                  if not math.isfinite(n) and _really_nonfinite(rec, pid)]
             loc = rec.here(3)
-            if edited and rec.in_step is None:  # L-BFGS-style closures recompute grads themselves
+            if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves
                 rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
                                    nonfinite=nonfinite,
@@ -349,7 +340,7 @@ class OptimizerWatcher:
                                    edited_params=by_hand),
                      loc)
             if closure:
-                rec.in_step = opt
+                self.closure_step = opt
         except Exception as exc:
             rec.internal_error("optimizer step (before)", exc)
 
@@ -369,11 +360,16 @@ class OptimizerWatcher:
                 if group is None:
                     continue
                 entries.append([pid, zero_grad_mover(optimizer, group, state.get(param)),
-                                self.freeze_seq(param)])
+                                self._freeze_seq(param)])
             return entries
         except Exception as exc:
             self.rec.internal_error("optimizer step (frozen parameters)", exc)
             return []
+
+    def _freeze_seq(self, param) -> int | None:
+        """The seq of the event that froze ``param`` (the mode watcher's), if one did."""
+        return next((seq for answer in self._freeze_of if (seq := answer(param)) is not None),
+                    None)
 
     def _wants_norms(self, opt: int) -> bool:
         """Per-layer norms (the ``--grad-flow`` view) even when the grads are vouched finite:
@@ -393,7 +389,7 @@ class OptimizerWatcher:
             return
         rec.count_step()  # before the listeners: rec.steps includes this step
         try:
-            rec.in_step = None
+            self.closure_step = None
             opt = rec.optimizer_id(optimizer)
             # a closure that ran no backward (Lightning passes one to every step, manual
             # optimization's does nothing) leaves the gradients to the loop: a plain step
@@ -401,10 +397,10 @@ class OptimizerWatcher:
             without = rec.after_step(rec.opt_params.get(opt, ()))
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                      rec.here(3))
-            if self.without_listener is not None:
-                self.without_listener(opt, without)
-            for listener in self.step_listeners:
-                listener(opt, optimizer)
+            for subscriber in self._stepped_without_grad:
+                subscriber(opt, without)
+            for subscriber in self._stepped:
+                subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
 

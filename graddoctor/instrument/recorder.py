@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 import traceback
 from threading import get_ident
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -29,8 +28,22 @@ from ..events import THREADED_KINDS
 from ..location import LocationFinder
 from ..trace import Event, Location, Trace
 from .fold import Folder
+from .identities import Identities
 from .stop import StopCondition, StopReplay, conditions
 
+
+# What watchers tell each other, in one place: topic -> who publishes it and what its
+# subscribers are called with (``Recorder.subscribe``). The publisher loops over the list
+# ``Recorder.subscribers`` gave it at construction: no extra call per event.
+TOPICS = {
+    "params_added": "OptimizerWatcher: (opt, pids) after an optimizer was given a param group",
+    "stepped": "OptimizerWatcher: (opt, optimizer) after each real optimizer step",
+    "stepped_without_grad": "OptimizerWatcher: (opt, pids) after each real optimizer step, "
+                            "its parameters that had no gradient",
+    "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "
+                     "events.backward for the backward about to run from them",
+    "freeze_of": "OptimizerWatcher: (param) -> seq of the event that froze it, or None",
+}
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 
@@ -122,9 +135,9 @@ class Recorder:
         self._asked = {moment: [c for c in self.stop_conditions
                                 if getattr(type(c), moment) is not getattr(StopCondition, moment)]
                        for moment in ("after_step", "after_backward")}
-        # tensors we track: id(tensor) -> pid, and pid -> weakref(tensor)
-        self._pid_of: dict[int, int] = {}
-        self._tensor: list[weakref.ref] = []  # pid -> weakref (pids are 0, 1, 2, ...)
+        # the tracked tensors: their numbers are the pids (hot loops inline ``tensors.get``)
+        self.tensors = Identities()
+        self.pid = self.tensors.get  # the tensor's pid, None if untracked (an attribute: hot path)
         # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
         self.known_grad: dict[int, tuple[int, int]] = {}
         self.zeroed_grad: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
@@ -137,10 +150,8 @@ class Recorder:
         # only if the optimizer step then runs inside GradScaler.step, which runs it only when
         # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
         self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
-        self.in_scaler_step = False  # an enabled, unfused GradScaler.step is running
         self.running_backwards: dict[int, Any] = {}  # thread ident -> its running backward's context
-        self.in_step: int | None = None  # optimizer id while optimizer.step(closure) runs
-        self._opt_ids: dict[int, int] = {}
+        self.optimizer_id = Identities()  # optimizer -> its number, given at first sight
         self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns
         self.param_names: dict[int, str] = {}
         self.is_parameter: dict[int, bool] = {}
@@ -159,6 +170,16 @@ class Recorder:
         # folds repeated turns out of the trace in long runs (instrument/fold.py); None once
         # the run has ended (or if it failed)
         self.folder: Folder | None = Folder(self.trace)
+        self._subscribers: dict[str, list[Callable]] = {topic: [] for topic in TOPICS}
+
+    # -- watchers' topics ----------------------------------------------------------------
+    def subscribe(self, topic: str, subscriber: Callable) -> None:
+        """Have ``subscriber`` called on each ``topic`` (see ``TOPICS``), after the earlier ones."""
+        self._subscribers[topic].append(subscriber)
+
+    def subscribers(self, topic: str) -> list[Callable]:
+        """The live list of a topic's subscribers, for its publisher to call."""
+        return self._subscribers[topic]
 
     # -- events ------------------------------------------------------------------------
     def here(self, skip: int = 2) -> Location | None:
@@ -202,6 +223,12 @@ class Recorder:
             hold_aside(made, loc)
         else:
             self.emit(made, loc)
+
+    def hold(self, holder) -> None:
+        """Make ``holder`` the watcher holding events back; the previous one emits its now."""
+        if self.holder is not holder:
+            self.release()
+            self.holder = holder
 
     def release(self) -> None:
         """Have the holder emit its held events now."""
@@ -254,43 +281,32 @@ class Recorder:
             self.emit(ev.internal_error(where=where, error=detail))
 
     # -- tensors -------------------------------------------------------------------------
-    def pid(self, tensor) -> int | None:
-        pid = self._pid_of.get(id(tensor))
-        if pid is not None:
-            ref = self._tensor[pid]
-            if ref() is tensor:
-                return pid
-        return None
-
     def track(self, tensor) -> int:
         """Give a leaf tensor a pid (once)."""
-        pid = self.pid(tensor)
+        tensors = self.tensors
+        pid = tensors.get(tensor)
         if pid is not None:
             return pid
-        pid = len(self._tensor)
-        self._pid_of[id(tensor)] = pid
-        self._tensor.append(weakref.ref(tensor))
+        pid = tensors(tensor)
         self.is_parameter[pid] = isinstance(tensor, torch.nn.Parameter)
         self.shapes[pid] = _shape(tensor)
         self.requires_grad[pid] = tensor.requires_grad
         return pid
 
+    def add_params(self, opt: int, pids: list[int]) -> None:
+        """Optimizer ``opt`` was given the tensors ``pids`` (``opt_params``)."""
+        self.opt_params.setdefault(opt, []).extend(pids)
+
     def tensor(self, pid: int):
-        return self._tensor[pid]() if 0 <= pid < len(self._tensor) else None
+        return self.tensors.object(pid)
 
     def tracked_pids(self) -> list[int]:
-        return list(range(len(self._tensor)))
-
-    def optimizer_id(self, optimizer) -> int:
-        key = id(optimizer)
-        if key not in self._opt_ids:
-            self._opt_ids[key] = len(self._opt_ids)
-        return self._opt_ids[key]
+        return list(range(len(self.tensors)))
 
     def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
         """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
         that run every step go through here: locals only, no method call per parameter."""
-        refs = self._tensor
+        refs = self.tensors.refs
         out = []
         append = out.append
         for pid in pids:
@@ -308,7 +324,7 @@ class Recorder:
         after the step, note its ``_version`` (``param_version``), and return the pids that had
         no gradient."""
         without = []
-        refs, requires_grad, known = self._tensor, self.requires_grad, self.known_grad
+        refs, requires_grad, known = self.tensors.refs, self.requires_grad, self.known_grad
         versions = self.param_version
         for pid in pids:
             tensor = refs[pid]()
@@ -322,6 +338,28 @@ class Recorder:
             else:
                 known[pid] = (id(grad), grad._version if type(grad) is Tensor else version(grad))
         return without
+
+    def note_known(self, states) -> None:
+        """``(pid, state)`` pairs read after an in-place change graddoctor watched: the grads as
+        they are now are still the accumulated ones, not a manual clear."""
+        self.known_grad.update(states)
+
+    def cleared(self, params) -> list[int]:
+        """A ``zero_grad`` has just cleared ``params``: their grads are fresh from now on, and
+        one zero-filled in place (``set_to_none=False``) is remembered exactly as it was left.
+        Returns the pids of the tracked ones."""
+        pids = []
+        pid_of, known, zeroed = self.pid, self.known_grad, self.zeroed_grad
+        for p in params:
+            pid = pid_of(p)
+            if pid is None:
+                continue
+            pids.append(pid)
+            known.pop(pid, None)
+            grad = p.grad
+            if grad is not None:
+                zeroed[pid] = (id(grad), version(grad))
+        return pids
 
     def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
         """After an in-place change we made or watched (clip, unscale, step): the grad as it is

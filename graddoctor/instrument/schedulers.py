@@ -16,6 +16,7 @@ import functools
 from torch.optim.lr_scheduler import LRScheduler
 
 from .. import events as ev
+from .identities import Identities
 from .recorder import Recorder
 from .subclasses import Depth, patch_tree
 
@@ -23,12 +24,9 @@ from .subclasses import Depth, patch_tree
 class SchedulerWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._ids: dict[int, int] = {}
+        self.scheduler_id = Identities()  # scheduler -> its number
         self._in_step = Depth()
         self._in_init = Depth()
-
-    def scheduler_id(self, scheduler) -> int:
-        return self._ids.setdefault(id(scheduler), len(self._ids))
 
     def _wrap_step(self, original):
         watcher, rec = self, self.rec

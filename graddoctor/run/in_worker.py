@@ -28,7 +28,7 @@ def start_child() -> None:
     worker = _Worker(Session(options, announce=False).begin(), config["dir"])
     with open(os.path.join(config["dir"], f"{os.getpid()}.started"), "w"):
         pass
-    worker.session.instrumentation.optimizers.step_listeners.append(worker.note_rank)
+    worker.session.rec.subscribe("stepped", worker.note_rank)
     worker.session.rec.divert_stop(worker.stopped)
     atexit.register(worker.finish)
 

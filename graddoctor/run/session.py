@@ -338,7 +338,7 @@ class Session:
         if on_step is not None:
             rec.on_step.append(on_step)
         provisional = _Checkpoints(self, checkpoint, self._started)
-        instrumentation.optimizers.step_listeners.append(provisional)
+        rec.subscribe("stepped", provisional)
 
         def hang(where: dict | None) -> None:
             """From the watchdog: the report of a run that cannot be stopped."""
