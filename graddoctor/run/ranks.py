@@ -231,8 +231,11 @@ def launch(nproc: int, child_args: list[str]) -> int:
         failures = exc.failures
         lead = failures.get(0) or failures.get(min(failures))
         codes = {rank: f.exitcode for rank, f in failures.items()}
-        if set(codes) == {0} and codes[0] in (1, 2):
-            return codes[0]  # the merged verdict (1: findings, 2: could not check)
+        if codes.get(0) in (1, 2):
+            # the merged verdict (1: findings, 2: could not check). Rank 0 exits only after it
+            # has every rank's report or has marked the rank missing in the merge, so a rank
+            # the launcher stopped after that (still tearing down) changes nothing
+            return codes[0]
         died = ", ".join(f"rank {r} exit code {c}" for r, c in sorted(codes.items()))
         import sys
 
