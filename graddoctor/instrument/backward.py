@@ -337,20 +337,17 @@ class BackwardWatcher:
         sorted by their verdict; their new grads become the ones graddoctor has seen."""
         rec = self.rec
         fresh, accumulated, cleared = [], [], []
-        known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
+        states = {}  # pid -> (id(grad), grad._version) of the grads it wrote
         for pid, tensor, before, version, verdict in ctx.before:
             grad = tensor.grad
             if grad is before and (grad is None or (grad._version if type(grad) is Tensor
                                                     else grad_version(grad)) == version):
                 continue  # not written
             (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED else cleared).append(pid)
-            if zeroed:
-                zeroed.pop(pid, None)
-            if finite:  # a new gradient: an old voucher could match it by a reused id (NaN missed)
-                finite.pop(pid, None)
             if grad is not None:
-                known[pid] = (id(grad), grad._version if type(grad) is Tensor
-                              else grad_version(grad))
+                states[pid] = (id(grad), grad._version if type(grad) is Tensor
+                               else grad_version(grad))
+        rec.backward_wrote((fresh, accumulated, cleared), states)
         if self.aside_pending or (self.aside is not None and self.aside.unsynced):
             self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
         ctx.before = []  # let go of the grads held since the start

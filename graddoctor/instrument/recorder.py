@@ -361,6 +361,18 @@ class Recorder:
                 zeroed[pid] = (id(grad), version(grad))
         return pids
 
+    def backward_wrote(self, written, states: dict) -> None:
+        """A backward has just written the grads of the pids in the lists ``written``;
+        ``states`` (pid -> state) are those it left a grad in. Once per backward: the loops
+        run here, over what the backward watcher's own pass collected."""
+        zeroed, finite = self.zeroed_grad, self.finite
+        if zeroed or finite:  # a new gradient: an old voucher could match it by a reused id
+            for pids in written:
+                for pid in pids:
+                    zeroed.pop(pid, None)
+                    finite.pop(pid, None)
+        self.known_grad.update(states)
+
     def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
         """After an in-place change we made or watched (clip, unscale, step): the grad as it is
         now is still the accumulated one, not a manual clear. Returns the states it read."""
