@@ -293,6 +293,21 @@ class Recorder:
         self.requires_grad[pid] = tensor.requires_grad
         return pid
 
+    def name_params(self, names: dict[int, str]) -> None:
+        """Name tracked tensors (pid -> ``model.fc1.weight``; ``instrument/names.py``)."""
+        self.param_names.update(names)
+
+    def refresh_params(self) -> None:
+        """Read again what a parameter's ``param`` event reports and may have changed since it
+        was tracked: ``requires_grad``, and the shape of a lazy parameter materialised since."""
+        shapes, requires_grad = self.shapes, self.requires_grad
+        for pid, ref in enumerate(self.tensors.refs):
+            tensor = ref()
+            if tensor is not None:
+                requires_grad[pid] = tensor.requires_grad
+                if shapes.get(pid) is None:
+                    shapes[pid] = _shape(tensor)
+
     def add_params(self, opt: int, pids: list[int]) -> None:
         """Optimizer ``opt`` was given the tensors ``pids`` (``opt_params``)."""
         self.opt_params.setdefault(opt, []).extend(pids)
