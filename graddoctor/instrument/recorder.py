@@ -43,6 +43,11 @@ TOPICS = {
     "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "
                      "events.backward for the backward about to run from them",
     "freeze_of": "OptimizerWatcher: (param) -> seq of the event that froze it, or None",
+    "counted_step": "Recorder.count_step: (steps) after each optimizer step is counted, before "
+                    "its listeners (the progress line)",
+    "budget_hold": "Recorder.holds: () -> True while the replay should go on past the step "
+                   "budget (e.g. until a DataLoader has crossed two epoch boundaries); each "
+                   "must bound itself",
 }
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
@@ -158,10 +163,6 @@ class Recorder:
         self.shapes: dict[int, list[int]] = {}
         self.requires_grad: dict[int, bool] = {}
         self.internal_errors = 0
-        self.on_step: list[Callable[[int], None]] = []  # called with the step count (progress line)
-        # callables() -> True while the replay should go on past the step budget (e.g. until a
-        # DataLoader has crossed two epoch boundaries); each must bound itself
-        self.budget_holds: list[Callable[[], bool]] = []
         # a watcher holding back events that may still grow; it has ``close()`` (emit them now,
         # in order, with ``trace.put``) and ``held()`` (copies for a snapshot: [(seq, kind, loc,
         # data)]) and ``hold_aside(made, loc)`` (keep an aside event after them; ``emit_aside``).
@@ -171,6 +172,8 @@ class Recorder:
         # the run has ended (or if it failed)
         self.folder: Folder | None = Folder(self.trace)
         self._subscribers: dict[str, list[Callable]] = {topic: [] for topic in TOPICS}
+        self._counted_step = self.subscribers("counted_step")
+        self._budget_hold = self.subscribers("budget_hold")
 
     # -- watchers' topics ----------------------------------------------------------------
     def subscribe(self, topic: str, subscriber: Callable) -> None:
@@ -421,7 +424,7 @@ class Recorder:
     # -- stopping ------------------------------------------------------------------------
     def count_step(self) -> None:
         self.steps += 1
-        for callback in self.on_step:
+        for callback in self._counted_step:
             try:
                 callback(self.steps)
             except Exception as exc:  # a display must never break the user's run
@@ -450,8 +453,8 @@ class Recorder:
                 return
 
     def holds(self):
-        """Whether each of ``budget_holds`` wants the replay to go on past the step budget."""
-        for hold in self.budget_holds:
+        """Whether each ``budget_hold`` subscriber wants the replay to go on past the step budget."""
+        for hold in self._budget_hold:
             try:
                 yield hold()
             except Exception as exc:

@@ -336,7 +336,7 @@ class Session:
                            workers.watching))
         rec, instrumentation = self.rec, self.instrumentation
         if on_step is not None:
-            rec.on_step.append(on_step)
+            rec.subscribe("counted_step", on_step)
         provisional = _Checkpoints(self, checkpoint, self._started)
         rec.subscribe("stepped", provisional)
 
