@@ -47,7 +47,7 @@ class Instrumentation:
         self.watchers += [self.scalers, ClipWatcher(rec),
                           SchedulerWatcher(rec)]  # grad edits: OptimizerWatcher's step pass
         # BatchNorm/dropout modes
-        self.modes = ModeWatcher(rec, self.optimizers.owned)
+        self.modes = ModeWatcher(rec, self.optimizers.owned_pids())
         self.watchers.append(self.modes)
         rec.subscribe("freeze_of", self.modes.freeze_seq)  # a frozen param's step names its freeze
         # functional dropout left on in eval mode; regression losses that broadcast
