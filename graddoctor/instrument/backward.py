@@ -42,7 +42,6 @@ calls meanwhile is its own, and recorded.
 from __future__ import annotations
 
 import functools
-import threading
 
 import torch
 
@@ -400,8 +399,8 @@ class BackwardWatcher:
         watcher = self
         rec = self.rec
 
-        running = rec.running_backwards
-        get_ident, in_backward = threading.get_ident, rec.in_backward
+        running = rec.running_backwards  # read only: the recorder marks the running ones
+        in_backward, began, ended = rec.in_backward, rec.backward_began, rec.backward_ended
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
@@ -419,12 +418,11 @@ class BackwardWatcher:
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
                 ctx, loc, extra = None, None, {}
-            me = get_ident()
-            running[me] = ctx
+            began(ctx)
             try:
                 return original(*args, **kwargs)
             finally:
-                running.pop(me, None)
+                ended()
                 if ctx is not None:
                     try:
                         watcher.end(ctx, loc, extra)

@@ -414,6 +414,14 @@ class Recorder:
                 else:
                     del finite[pid]
 
+    def backward_began(self, ctx) -> None:
+        """The calling thread runs a backward (``ctx``: its context, None when graddoctor
+        could not read it) until ``backward_ended``: backwards it calls meanwhile are nested."""
+        self.running_backwards[get_ident()] = ctx
+
+    def backward_ended(self) -> None:
+        self.running_backwards.pop(get_ident(), None)
+
     def in_backward(self) -> bool:
         """Whether the calling code runs inside a backward: one this thread started, or any, from
         a thread Python did not start (autograd's device threads run reentrant checkpoints)."""
