@@ -384,7 +384,8 @@ class Recorder:
         ``states`` (pid -> state) are those it left a grad in. Once per backward: the loops
         run here, over what the backward watcher's own pass collected."""
         zeroed, finite = self.zeroed_grad, self.finite
-        if zeroed or finite:  # a new gradient: an old voucher could match it by a reused id
+        # a new gradient: an old state could match it by a reused id (a voucher: a NaN missed)
+        if zeroed or finite:
             for pids in written:
                 for pid in pids:
                     zeroed.pop(pid, None)
@@ -461,7 +462,7 @@ class Recorder:
                 return
 
     def holds(self):
-        """Whether each ``budget_hold`` subscriber wants the replay to go on past the step budget."""
+        """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
         for hold in self._budget_hold:
             try:
                 yield hold()
