@@ -116,7 +116,7 @@ def test_a_nan_under_gradscaler_with_a_direct_step_is_caught():
 
 def test_norms_come_back_for_the_last_updates_of_the_budget():
     rec = Recorder(step_budget=4)
-    rec.budget_holds.append(lambda: rec.steps < 6)  # like a DataLoader extending the replay
+    rec.subscribe("budget_hold", lambda: rec.steps < 6)  # like a DataLoader extending the replay
     with Instrumentation(rec):
         model, opt, x = _setup()
         for _ in range(6):

@@ -79,8 +79,8 @@ def test_recorder_calls_step_callbacks_and_survives_their_failure():
 
     rec = Recorder(step_budget=None)
     seen = []
-    rec.on_step.append(seen.append)
-    rec.on_step.append(lambda n: 1 / 0)
+    rec.subscribe("counted_step", seen.append)
+    rec.subscribe("counted_step", lambda n: 1 / 0)
     rec.count_step()
     rec.count_step()
     assert seen == [1, 2]

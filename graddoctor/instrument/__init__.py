@@ -47,7 +47,7 @@ class Instrumentation:
         self.watchers += [self.scalers, ClipWatcher(rec),
                           SchedulerWatcher(rec)]  # grad edits: OptimizerWatcher's step pass
         # BatchNorm/dropout modes
-        self.modes = ModeWatcher(rec, self.optimizers.owned)
+        self.modes = ModeWatcher(rec, self.optimizers.owned_pids())
         self.watchers.append(self.modes)
         rec.subscribe("freeze_of", self.modes.freeze_seq)  # a frozen param's step names its freeze
         # functional dropout left on in eval mode; regression losses that broadcast
@@ -67,7 +67,7 @@ class Instrumentation:
         self.watchers.append(self.compile)
         self._named: set[int] = set()  # optimizers whose parameters were named at their first step
         self.step_threads: set[int] = set()  # the threads the optimizers' first steps ran in
-        self.script_globals: dict | None = None  # set by the caller once the script has run
+        self._script_globals: dict | None = None  # the script's variables (``name_from``)
         rec.subscribe("stepped", self._name_after_first_step)
         rec.subscribe("params_added", self._name_at_construction)
 
@@ -90,6 +90,11 @@ class Instrumentation:
             if first or any(p not in rec.param_names for p in rec.opt_params.get(opt, ())):
                 name_parameters(rec)
 
+    def name_from(self, variables: dict | None) -> None:
+        """The script's variables once it has run: parameters still unnamed on exit are named
+        after them first (held until then only)."""
+        self._script_globals = variables
+
     def __enter__(self) -> "Instrumentation":
         try:
             for watcher in self.watchers:
@@ -111,7 +116,8 @@ class Instrumentation:
         except Exception as error:
             rec.internal_error("reading deferred device values", error)
         try:
-            name_parameters(rec, self.script_globals or {})
+            variables, self._script_globals = self._script_globals, None
+            name_parameters(rec, variables or {})
             emit_param_events(rec)
         except Exception as error:
             rec.internal_error("naming parameters", error)

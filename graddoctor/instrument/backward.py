@@ -42,7 +42,6 @@ calls meanwhile is its own, and recorded.
 from __future__ import annotations
 
 import functools
-import threading
 
 import torch
 
@@ -337,20 +336,17 @@ class BackwardWatcher:
         sorted by their verdict; their new grads become the ones graddoctor has seen."""
         rec = self.rec
         fresh, accumulated, cleared = [], [], []
-        known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
+        states = {}  # pid -> (id(grad), grad._version) of the grads it wrote
         for pid, tensor, before, version, verdict in ctx.before:
             grad = tensor.grad
             if grad is before and (grad is None or (grad._version if type(grad) is Tensor
                                                     else grad_version(grad)) == version):
                 continue  # not written
             (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED else cleared).append(pid)
-            if zeroed:
-                zeroed.pop(pid, None)
-            if finite:  # a new gradient: an old voucher could match it by a reused id (NaN missed)
-                finite.pop(pid, None)
             if grad is not None:
-                known[pid] = (id(grad), grad._version if type(grad) is Tensor
-                              else grad_version(grad))
+                states[pid] = (id(grad), grad._version if type(grad) is Tensor
+                               else grad_version(grad))
+        rec.backward_wrote((fresh, accumulated, cleared), states)
         if self.aside_pending or (self.aside is not None and self.aside.unsynced):
             self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
         ctx.before = []  # let go of the grads held since the start
@@ -403,8 +399,8 @@ class BackwardWatcher:
         watcher = self
         rec = self.rec
 
-        running = rec.running_backwards
-        get_ident, in_backward = threading.get_ident, rec.in_backward
+        running = rec.running_backwards  # read only: the recorder marks the running ones
+        in_backward, began, ended = rec.in_backward, rec.backward_began, rec.backward_ended
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
@@ -422,12 +418,11 @@ class BackwardWatcher:
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
                 ctx, loc, extra = None, None, {}
-            me = get_ident()
-            running[me] = ctx
+            began(ctx)
             try:
                 return original(*args, **kwargs)
             finally:
-                running.pop(me, None)
+                ended()
                 if ctx is not None:
                     try:
                         watcher.end(ctx, loc, extra)

@@ -45,7 +45,7 @@ class DataLoaderWatcher:
         self._shortened = False
         self.current_batch: list | None = None
         self._original_len = None  # DataLoader.__len__ before patching: the real length
-        rec.budget_holds.append(self._hold)
+        rec.subscribe("budget_hold", self._hold)
 
     # -- lengths ---------------------------------------------------------------------------
     def _replay_len(self, real_len):

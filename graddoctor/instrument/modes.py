@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
+from collections.abc import Mapping
 
 import torch
 from torch.nn.modules import batchnorm, dropout
@@ -65,9 +66,9 @@ class _State:
 
 
 class ModeWatcher:
-    def __init__(self, rec: Recorder, owned: set[int]):
+    def __init__(self, rec: Recorder, owned: Mapping[int, None]):
         self.rec = rec
-        self.owned = owned  # pids of the tensors some optimizer owns (kept by OptimizerWatcher)
+        self.owned = owned  # pids of the tensors some optimizer owns: OptimizerWatcher.owned_pids
         self._mid = Identities()  # module -> mid
         self._states: dict[int, _State] = {}
         self._names: dict[int, tuple[weakref.ref, str]] = {}

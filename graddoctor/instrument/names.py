@@ -9,7 +9,7 @@ import sys
 import torch
 
 from .. import events as ev
-from .recorder import Recorder, _shape
+from .recorder import Recorder
 
 
 def _user_variables(rec: Recorder) -> dict[str, object]:
@@ -53,20 +53,15 @@ def name_parameters(rec: Recorder, variables: dict[str, object] | None = None,
             pid = unnamed.get(id(p))
             if pid is not None and len(named) > best.get(pid, (-1, ""))[0]:
                 best[pid] = (len(named), name)
-    for pid, (_, name) in best.items():
-        rec.param_names[pid] = name
+    rec.name_params({pid: name for pid, (_, name) in best.items()})
 
 
 def emit_param_events(rec: Recorder, into=None) -> None:
     """One ``param`` event per tracked tensor with its final flags (end of run), into the
     recorder's trace or ``into`` (a snapshot of it; its events get their own shape lists)."""
     emit = rec.emit if into is None else into.put
+    rec.refresh_params()
     for pid in rec.tracked_pids():
-        t = rec.tensor(pid)
-        if t is not None:
-            rec.requires_grad[pid] = t.requires_grad
-            if rec.shapes.get(pid) is None:  # a lazy parameter materialised since it was tracked
-                rec.shapes[pid] = _shape(t)
         shape = rec.shapes.get(pid)
         emit(ev.param(pid=pid, name=rec.param_names.get(pid),
                       shape=list(shape) if shape is not None else None,

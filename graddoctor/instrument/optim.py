@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 from torch.optim.optimizer import (
@@ -158,7 +160,7 @@ class OptimizerWatcher:
         self.rec = rec
         self.scalers = scalers  # the GradScaler watcher: ``in_scaler_step``
         self.closure_step: int | None = None  # optimizer id while optimizer.step(closure) runs
-        self.owned: set[int] = set()  # pids of every tensor an optimizer owns
+        self._owned: dict[int, None] = {}  # pids of every tensor an optimizer owns (a set)
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self._backwards_before = 0  # rec.backward_calls when the outermost step began
@@ -192,12 +194,17 @@ class OptimizerWatcher:
         for group in groups:
             for p in group["params"]:
                 pids.append(rec.track(p))
-        self.owned.update(pids)
+        self._owned.update(dict.fromkeys(pids))
         opt = rec.optimizer_id(optimizer)
         rec.add_params(opt, pids)
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
         for subscriber in self._params_added:
             subscriber(opt, pids)
+
+    def owned_pids(self) -> Mapping[int, None]:
+        """The pids of every tensor an optimizer owns, as a live read-only view (``pid in``):
+        kept current by this watcher, read by others in their hot loops."""
+        return MappingProxyType(self._owned)
 
     def adopt_existing(self, loc, variables) -> None:
         """Optimizers made before a ``watch()`` block began: those the caller's variables hold

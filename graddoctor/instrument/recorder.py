@@ -43,6 +43,11 @@ TOPICS = {
     "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "
                      "events.backward for the backward about to run from them",
     "freeze_of": "OptimizerWatcher: (param) -> seq of the event that froze it, or None",
+    "counted_step": "Recorder.count_step: (steps) after each optimizer step is counted, before "
+                    "its listeners (the progress line)",
+    "budget_hold": "Recorder.holds: () -> True while the replay should go on past the step "
+                   "budget (e.g. until a DataLoader has crossed two epoch boundaries); each "
+                   "must bound itself",
 }
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
@@ -158,10 +163,6 @@ class Recorder:
         self.shapes: dict[int, list[int]] = {}
         self.requires_grad: dict[int, bool] = {}
         self.internal_errors = 0
-        self.on_step: list[Callable[[int], None]] = []  # called with the step count (progress line)
-        # callables() -> True while the replay should go on past the step budget (e.g. until a
-        # DataLoader has crossed two epoch boundaries); each must bound itself
-        self.budget_holds: list[Callable[[], bool]] = []
         # a watcher holding back events that may still grow; it has ``close()`` (emit them now,
         # in order, with ``trace.put``) and ``held()`` (copies for a snapshot: [(seq, kind, loc,
         # data)]) and ``hold_aside(made, loc)`` (keep an aside event after them; ``emit_aside``).
@@ -171,6 +172,8 @@ class Recorder:
         # the run has ended (or if it failed)
         self.folder: Folder | None = Folder(self.trace)
         self._subscribers: dict[str, list[Callable]] = {topic: [] for topic in TOPICS}
+        self._counted_step = self.subscribers("counted_step")
+        self._budget_hold = self.subscribers("budget_hold")
 
     # -- watchers' topics ----------------------------------------------------------------
     def subscribe(self, topic: str, subscriber: Callable) -> None:
@@ -293,6 +296,21 @@ class Recorder:
         self.requires_grad[pid] = tensor.requires_grad
         return pid
 
+    def name_params(self, names: dict[int, str]) -> None:
+        """Name tracked tensors (pid -> ``model.fc1.weight``; ``instrument/names.py``)."""
+        self.param_names.update(names)
+
+    def refresh_params(self) -> None:
+        """Read again what a parameter's ``param`` event reports and may have changed since it
+        was tracked: ``requires_grad``, and the shape of a lazy parameter materialised since."""
+        shapes, requires_grad = self.shapes, self.requires_grad
+        for pid, ref in enumerate(self.tensors.refs):
+            tensor = ref()
+            if tensor is not None:
+                requires_grad[pid] = tensor.requires_grad
+                if shapes.get(pid) is None:
+                    shapes[pid] = _shape(tensor)
+
     def add_params(self, opt: int, pids: list[int]) -> None:
         """Optimizer ``opt`` was given the tensors ``pids`` (``opt_params``)."""
         self.opt_params.setdefault(opt, []).extend(pids)
@@ -361,6 +379,19 @@ class Recorder:
                 zeroed[pid] = (id(grad), version(grad))
         return pids
 
+    def backward_wrote(self, written, states: dict) -> None:
+        """A backward has just written the grads of the pids in the lists ``written``;
+        ``states`` (pid -> state) are those it left a grad in. Once per backward: the loops
+        run here, over what the backward watcher's own pass collected."""
+        zeroed, finite = self.zeroed_grad, self.finite
+        # a new gradient: an old state could match it by a reused id (a voucher: a NaN missed)
+        if zeroed or finite:
+            for pids in written:
+                for pid in pids:
+                    zeroed.pop(pid, None)
+                    finite.pop(pid, None)
+        self.known_grad.update(states)
+
     def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
         """After an in-place change we made or watched (clip, unscale, step): the grad as it is
         now is still the accumulated one, not a manual clear. Returns the states it read."""
@@ -384,6 +415,14 @@ class Recorder:
                 else:
                     del finite[pid]
 
+    def backward_began(self, ctx) -> None:
+        """The calling thread runs a backward (``ctx``: its context, None when graddoctor
+        could not read it) until ``backward_ended``: backwards it calls meanwhile are nested."""
+        self.running_backwards[get_ident()] = ctx
+
+    def backward_ended(self) -> None:
+        self.running_backwards.pop(get_ident(), None)
+
     def in_backward(self) -> bool:
         """Whether the calling code runs inside a backward: one this thread started, or any, from
         a thread Python did not start (autograd's device threads run reentrant checkpoints)."""
@@ -394,7 +433,7 @@ class Recorder:
     # -- stopping ------------------------------------------------------------------------
     def count_step(self) -> None:
         self.steps += 1
-        for callback in self.on_step:
+        for callback in self._counted_step:
             try:
                 callback(self.steps)
             except Exception as exc:  # a display must never break the user's run
@@ -423,8 +462,8 @@ class Recorder:
                 return
 
     def holds(self):
-        """Whether each of ``budget_holds`` wants the replay to go on past the step budget."""
-        for hold in self.budget_holds:
+        """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
+        for hold in self._budget_hold:
             try:
                 yield hold()
             except Exception as exc:

@@ -37,7 +37,7 @@ class StopCondition:
 
 class StepBudget(StopCondition):
     """``--steps N``: stop after N optimizer steps, unless a watcher holds the replay open
-    (``rec.budget_holds``: e.g. until a DataLoader has crossed two epoch ends)."""
+    (the recorder's ``budget_hold`` topic: e.g. until a DataLoader has crossed two epoch ends)."""
 
     exception = StepLimitReached
 

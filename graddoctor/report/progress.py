@@ -29,15 +29,15 @@ class _ErasingStream:
 
     def __init__(self, stream, progress: "Progress"):
         self._stream = stream
-        self._progress = progress
+        self.progress = progress  # the progress line that put this proxy in place
 
     def write(self, text):
-        self._progress.before_output(text)
+        self.progress.before_output(text)
         return self._stream.write(text)
 
     def writelines(self, lines):
         lines = list(lines)
-        self._progress.before_output("".join(lines))
+        self.progress.before_output("".join(lines))
         return self._stream.writelines(lines)
 
     def __getattr__(self, name):  # buffer, fileno, isatty, encoding, flush, ...
@@ -72,9 +72,9 @@ class Progress:
             return
         self.clear()
         out, err = self._saved
-        if isinstance(sys.stdout, _ErasingStream) and sys.stdout._progress is self:
+        if isinstance(sys.stdout, _ErasingStream) and sys.stdout.progress is self:
             sys.stdout = out
-        if isinstance(sys.stderr, _ErasingStream) and sys.stderr._progress is self:
+        if isinstance(sys.stderr, _ErasingStream) and sys.stderr.progress is self:
             sys.stderr = err
 
     def text(self, steps: int) -> str:

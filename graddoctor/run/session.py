@@ -336,7 +336,7 @@ class Session:
                            workers.watching))
         rec, instrumentation = self.rec, self.instrumentation
         if on_step is not None:
-            rec.on_step.append(on_step)
+            rec.subscribe("counted_step", on_step)
         provisional = _Checkpoints(self, checkpoint, self._started)
         rec.subscribe("stepped", provisional)
 
@@ -373,7 +373,7 @@ class Session:
         stack, lock = self._stack, self._lock
         self._stack = self._lock = None
         try:
-            instrumentation.script_globals = outcome.namespace
+            instrumentation.name_from(outcome.namespace)
             stack.close()  # never raises: the instrumentation records its own errors
             others = len(rec.stopped_threads - {rec.script_thread})
             if others:
@@ -397,7 +397,7 @@ class Session:
 
                 # the script's globals (and the exception's frames) are let go of here, so that
                 # deep graphs it left are freed safely
-                outcome.namespace = outcome.ended_by = instrumentation.script_globals = None
+                outcome.namespace = outcome.ended_by = None
                 release_after_check()
             return report
         finally:
