@@ -355,7 +355,8 @@ def list_rules() -> None:
 
     table = Table(box=None, header_style="bold")
     for col in ("code", "slug", "severity", "finds"):
-        table.add_column(col)
+        # a slug is typed into --select/--ignore: the summary wraps, the slug is never cut
+        table.add_column(col, no_wrap=col != "finds")
     for rule in ALL_RULES:
         table.add_row(rule.code, rule.slug, rule.severity.value, rule.summary)
     Console().print(table)

@@ -106,6 +106,13 @@ idle_forward       mid, cls, params [pid] (the module's own parameters that got 
                    without a gradient at every step so far (2 at least) — watched only from
                    then on, the first call of each call line and mode (loc: the user's line
                    that called it)
+optimizer_attr     opt, cls (the optimizer's class), name (the attribute the user's code set:
+                   ``optimizer.lr = ...``), key (the ``param_groups`` key it stands for: "lr"
+                   for ``learning_rate``), value (float|None: the value set, None when not a
+                   plain number), kept [float|None] (each param group's value of that key at
+                   that moment, what the optimizer steps with): a torch.optim optimizer's
+                   hyper-parameter set as an attribute, which torch's step never reads — the
+                   first of each call line, optimizer and name (loc: the assignment)
 functional_grad    api (``torch.autograd.grad``, ``torch.autograd.functional.*`` or ``torch.func.*``
                    as the user called it): a gradient graddoctor does not follow (it is
                    returned, not accumulated in ``.grad``) — the first call of each call line
@@ -128,9 +135,11 @@ run_end            status, steps
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
-``dropout_default``, ``loss_broadcast``, ``idle_forward`` and ``functional_grad`` are *aside* kinds (``ASIDE_KINDS``): observations made
-in the middle of a forward, emitted with ``Recorder.emit_aside`` so that they close none of the
-mode watcher's open aggregates (the analysis' mode timeline passes over them too).
+``dropout_default``, ``loss_broadcast``, ``idle_forward``, ``functional_grad`` and
+``optimizer_attr`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+forward (or, for an attribute set on an optimizer, between any two calls), emitted with
+``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
+analysis' mode timeline passes over them too).
 Scale values may be a ``Deferred`` device value while the run goes on; the final trace holds
 the number (instrument/recorder.py). Rules ignore kinds they do not know.
 """
@@ -317,6 +326,12 @@ def functional_grad(*, api: str) -> Made:
     return "functional_grad", {"api": api}
 
 
+def optimizer_attr(*, opt: int, cls: str, name: str, key: str, value: float | None,
+                   kept: list) -> Made:
+    return "optimizer_attr", {"opt": opt, "cls": cls, "name": name, "key": key, "value": value,
+                              "kept": kept}
+
+
 def folded(*, turns: int, steps: int, backwards: int, events: int, epochs: int,
            copies: list[list[int]]) -> Made:
     return "folded", {"turns": turns, "steps": steps, "backwards": backwards, "events": events,
@@ -352,16 +367,20 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
-    "idle_forward": idle_forward, "functional_grad": functional_grad, "folded": folded,
+    "idle_forward": idle_forward, "functional_grad": functional_grad,
+    "optimizer_attr": optimizer_attr, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "idle_forward", "functional_grad"})
-"""Observations made inside a forward (``Recorder.emit_aside``): they close no aggregate, and the
-analysis and the timeline treat them as details, not as calls of the loop."""
+ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "idle_forward", "functional_grad",
+                         "optimizer_attr"})
+"""Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
+no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
+(an attribute assignment is no call, and only its line's first one is recorded: as a call it
+would set the first turn apart from the identical later ones)."""
 
 
 # -- how the loop's turns name events --------------------------------------------------------

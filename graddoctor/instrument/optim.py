@@ -3,6 +3,8 @@
 Steps use PyTorch's global step hooks (``Optimizer.step`` is re-wrapped per class, so patching
 it is fragile). ``zero_grad`` has no hook: the base ``Optimizer`` and ``Module`` methods are
 patched, with a re-entrancy guard so an override that calls ``super()`` is recorded once.
+A hyper-parameter set as an attribute (``optimizer.lr = 1e-4``, which torch's step never reads)
+is seen through a class-level ``__setattr__`` on ``Optimizer`` that sets the attribute first.
 """
 
 from __future__ import annotations
@@ -150,6 +152,19 @@ def zero_grad_mover(optimizer, group: dict, state) -> str | None:
     return "unknown"
 
 
+# attribute names that stand for a param_groups key of another name
+_KEY_ALIASES = {"learning_rate": "lr"}
+
+
+def _steps_with_param_groups(optimizer, name: str) -> bool:
+    """Whether ``optimizer``'s step is torch's own (so it reads ``param_groups``, never an
+    attribute) and its class gives ``name`` no meaning of its own (a property that writes the
+    groups). A class from the user or another library may read ``self.lr``: not judged."""
+    cls = type(optimizer)
+    step_module = getattr(getattr(cls, "step", None), "__module__", None) or ""
+    return step_module.startswith("torch.") and not hasattr(cls, name)
+
+
 def _has_closure(args, kwargs) -> bool:
     # the step hooks get the step's own args, ``self`` first
     return (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
@@ -169,6 +184,7 @@ class OptimizerWatcher:
         self._params_added = rec.subscribers("params_added")
         self._freeze_of = rec.subscribers("freeze_of")
         self._normed: set[int] = set()  # optimizers whose first update carried norms
+        self._attrs_seen: set[tuple] = set()  # (path, line, opt, name) of attributes recorded
         # watch(): an optimizer never registered (made before the block) is registered when
         # first stepped or zero_grad'ed (a script's optimizers are all made under graddoctor)
         self.adopt_unknown = False
@@ -411,8 +427,52 @@ class OptimizerWatcher:
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
 
+    # -- hyper-parameters set as attributes ------------------------------------------------
+    def _wrap_setattr(self, original):
+        watcher = self
+
+        def __setattr__(optimizer, name, value):
+            original(optimizer, name, value)  # first, exactly as without graddoctor
+            try:
+                attrs = optimizer.__dict__
+                key = _KEY_ALIASES.get(name, name)
+                defaults = attrs.get("defaults")
+                # constructed (torch's own __init__ sets its attributes before param_groups)
+                # and a hyper-parameter: anything else costs these lookups only
+                if "param_groups" in attrs and type(defaults) is dict and key in defaults:
+                    watcher._attribute_set(optimizer, name, key, value)
+            except Exception as exc:
+                watcher.rec.internal_error("optimizer attribute", exc)
+
+        return __setattr__
+
+    def _attribute_set(self, optimizer, name: str, key: str, value) -> None:
+        """``optimizer.<name> = value`` by the user's code: recorded once per line, optimizer
+        and name, unless the step reads the attribute or the groups already hold the value."""
+        rec = self.rec
+        caller = sys._getframe(2)  # the frame that assigned (below: __setattr__, this method)
+        if not rec.finder.is_user_file(caller.f_code.co_filename):
+            return  # torch or a library setting its own attribute
+        if not _steps_with_param_groups(optimizer, name):
+            return
+        loc = rec.here(3)
+        if loc is None:
+            return
+        opt = rec.optimizer_id(optimizer)
+        seen = (loc.path, loc.line, opt, name)
+        if seen in self._attrs_seen:
+            return
+        number = _number(value)
+        kept = [_number(group.get(key)) for group in optimizer.param_groups]
+        if number is not None and kept and all(k == number for k in kept):
+            return  # the groups step with that value anyway
+        self._attrs_seen.add(seen)
+        rec.emit_aside(ev.optimizer_attr(opt=opt, cls=type(optimizer).__name__, name=name,
+                                         key=key, value=number, kept=kept), loc)
+
     def install(self, patcher) -> None:
         Optimizer, Module = torch.optim.Optimizer, torch.nn.Module
+        patcher.patch(Optimizer, "__setattr__", self._wrap_setattr(Optimizer.__setattr__))
         patcher.patch(Optimizer, "add_param_group", self._wrap_add_param_group(Optimizer.add_param_group))
         patcher.patch(Optimizer, "zero_grad", self._wrap_zero_grad(Optimizer.zero_grad, "optimizer.zero_grad"))
         patcher.patch(Module, "zero_grad", self._wrap_zero_grad(Module.zero_grad, "module.zero_grad"))

@@ -1,0 +1,163 @@
+"""optimizer-attribute-hyperparameter (GD113): on hand-written traces (no torch), and the
+optimizer watcher's ``__setattr__`` in-process: what it records, what it leaves alone, that the
+attribute is set exactly as without graddoctor, and that the patch goes on exit."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.trace import TraceBuilder
+from rule_traces import builder, findings, fold_hard, only
+
+SLUG = "optimizer-attribute-hyperparameter"
+
+
+def attr(t, line=5, name="lr", key="lr", value=1e-3, kept=(0.1,), opt=0):
+    return t.put(ev.optimizer_attr(opt=opt, cls="AdamW", name=name, key=key, value=value,
+                                   kept=list(kept)), line)
+
+
+def updates(t, n, opt=0):
+    for _ in range(n):
+        t.clear([0, 1], opt=opt, line=8)
+        t.backward(fresh=[0, 1], line=9)
+        t.step(opt, line=10)
+
+
+def test_an_attribute_set_before_steps_is_a_warning_naming_the_value_kept():
+    t = builder("AdamW")
+    updates(t, 2)
+    attr(t)
+    updates(t, 3)
+    f = only(t, SLUG)
+    assert f.severity == Severity.WARNING and f.location.line == 5
+    assert "AdamW keeps stepping with param_groups lr 0.1" in f.message
+    assert "3 updates after it" in f.message
+    assert 'group["lr"] = 0.001' in f.fix
+    assert f.evidence["steps_after"] == 3 and f.related[0].location.line == 10
+
+
+def test_the_alias_names_the_attribute_used_and_the_key_it_stands_for():
+    t = builder("AdamW")
+    attr(t, name="learning_rate", key="lr", value=None, kept=(0.1, 0.01))
+    updates(t, 1)
+    f = only(t, SLUG)
+    assert "`.learning_rate`" in f.message and "lr 0.1 / 0.01" in f.message
+    assert 'group["lr"] = ...' in f.fix and "1 update after it" in f.message
+
+
+def test_a_group_value_on_a_device_is_not_read():
+    t = builder("AdamW")
+    attr(t, kept=(None,))
+    updates(t, 1)
+    assert "the lr in its param_groups" in only(t, SLUG).message
+
+
+def test_silent_without_a_later_step_of_that_optimizer():
+    t = builder("AdamW")
+    updates(t, 2)
+    attr(t)  # after the last step
+    t.optimizer(1, [2], line=2, cls="SGD")
+    updates(t, 2, opt=1)  # another optimizer steps
+    assert findings(t, SLUG) == []
+
+
+def test_skipped_steps_do_not_count():
+    t = builder("AdamW")
+    attr(t)
+    t.backward(fresh=[0, 1], line=9)
+    t.step(0, line=10, skipped=True)
+    assert findings(t, SLUG) == []
+
+
+def test_folded_updates_count_their_copies():
+    t = builder("AdamW")
+    attr(t)
+    updates(t, 12)
+    assert only(fold_hard(t.trace), SLUG).evidence["steps_after"] == 12
+
+
+# -- the watcher, in-process -----------------------------------------------------------------
+
+def record(fn):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        fn()
+    return [e for e in rec.trace if e.kind == "optimizer_attr"]
+
+
+def line_of(marker: str) -> int:
+    with open(__file__, encoding="utf-8") as f:
+        for number, text in enumerate(f, start=1):
+            if marker in text and "line_of(" not in text:
+                return number
+    raise AssertionError(marker)
+
+
+def test_the_watcher_records_the_users_assignment_once_per_line_and_sets_it():
+    model = nn.Linear(3, 1)
+    seen = {}
+
+    def script():
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for i in range(3):
+            opt.lr = 0.01 * (i + 1)  # mark: lr
+        opt.learning_rate = 0.5  # mark: alias
+        opt.momentum = 0.9  # what the groups hold already
+        opt.name, opt.my_counter = "main", 1
+        seen.update(lr=opt.lr, alias=opt.learning_rate, name=opt.name)
+
+    made = record(script)
+    assert seen == {"lr": 0.03, "alias": 0.5, "name": "main"}
+    assert [(e["name"], e["key"], e["value"], e["kept"], e.loc.line) for e in made] == [
+        ("lr", "lr", 0.01, [0.1], line_of("# mark: lr")),
+        ("learning_rate", "lr", 0.5, [0.1], line_of("# mark: alias"))]
+    assert made[0]["cls"] == "SGD"
+
+
+class ReadsItsAttribute(torch.optim.Optimizer):
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+        self.lr = lr
+
+    def step(self, closure=None):
+        return None
+
+
+class LrProperty(torch.optim.SGD):
+    @property
+    def lr(self):
+        return self.param_groups[0]["lr"]
+
+    @lr.setter
+    def lr(self, value):
+        for group in self.param_groups:
+            group["lr"] = value
+
+
+def test_the_watcher_leaves_classes_that_give_the_attribute_a_meaning_alone():
+    model = nn.Linear(3, 1)
+    made = record(lambda: (setattr(ReadsItsAttribute(model.parameters(), 0.1), "lr", 0.5),
+                           setattr(LrProperty(model.parameters(), lr=0.1), "lr", 0.5)))
+    assert made == []
+
+
+def test_the_watcher_leaves_an_assignment_made_by_library_code_alone():
+    model = nn.Linear(3, 1)
+    library_code = compile("opt.lr = 0.5", torch.__file__, "exec")  # a frame inside torch
+
+    def script():
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        exec(library_code, {"opt": opt})
+        assert opt.lr == 0.5
+
+    assert record(script) == []
+
+
+def test_the_patch_is_gone_after_the_run():
+    record(lambda: None)
+    assert "__setattr__" not in torch.optim.Optimizer.__dict__
