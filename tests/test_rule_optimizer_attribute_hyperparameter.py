@@ -161,3 +161,13 @@ def test_the_watcher_leaves_an_assignment_made_by_library_code_alone():
 def test_the_patch_is_gone_after_the_run():
     record(lambda: None)
     assert "__setattr__" not in torch.optim.Optimizer.__dict__
+
+
+def test_the_fix_names_the_scripts_own_optimizer_variable(tmp_path):
+    from graddoctor.analysis.source import assigned_object
+
+    script = tmp_path / "train.py"
+    script.write_text("opt = make()\nfor i in range(3):\n    opt.lr = 1e-3\n    state.opt.momentum = 0\n")
+    assert assigned_object(str(script), 3, "lr") == "opt"
+    assert assigned_object(str(script), 4, "momentum") == "state.opt"
+    assert assigned_object(str(script), 1, "lr") is None  # no such assignment on that line

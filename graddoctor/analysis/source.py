@@ -44,3 +44,19 @@ def bare_method_lines(path: str, line: int, method: str, outer: bool = False) ->
     return sorted((node.lineno, ast.unparse(node.value)) for node in ast.walk(loop)
                   if isinstance(node, ast.Expr) and isinstance(node.value, ast.Attribute)
                   and node.value.attr == method)
+
+
+def assigned_object(path: str, line: int, attribute: str) -> str | None:
+    """The source text of the object whose ``attribute`` the statement at ``line`` assigns
+    (``opt`` in ``opt.lr = 1e-3``), so that a fix can name the script's own variable; None when
+    the source cannot be read or holds no such assignment there."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno == line:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr == attribute:
+                    return ast.unparse(target.value)
+    return None

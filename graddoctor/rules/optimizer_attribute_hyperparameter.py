@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from ..analysis.source import assigned_object
 from ..findings import Severity
 from .base import Rule, related
 
@@ -64,6 +65,9 @@ class OptimizerAttributeHyperparameter(Rule):
                 stepping = f"param_groups {key} {' / '.join(_number(k) for k in kept)}"
             value = "" if event["value"] is None else f" = {_number(event['value'])}"
             steps = a.count(later)
+            # the script's own name for the optimizer, as the assignment wrote it
+            owner = (assigned_object(event.loc.path, event.loc.line, name)
+                     if event.loc is not None else None) or "optimizer"
             yield self.finding(
                 f"`.{name}{value}` sets an attribute on the {cls} optimizer that its step never "
                 f"reads: torch's {cls} reads `param_groups[i][\"{key}\"]`, so {cls} keeps "
@@ -74,6 +78,6 @@ class OptimizerAttributeHyperparameter(Rule):
                 evidence={"optimizer": cls, "attribute": name, "key": key,
                           "value": event["value"], "param_groups": event["kept"],
                           "steps_after": steps},
-                fix=(f'set it in every param group instead: `for group in optimizer.param_groups: '
+                fix=(f'set it in every param group instead: `for group in {owner}.param_groups: '
                      f'group["{key}"] = {_number(event["value"]) if event["value"] is not None else "..."}`'),
             )
