@@ -328,8 +328,8 @@ class OptimizerWatcher:
         if self.adopt_unknown:
             self._adopt_unknown(optimizer, rec.here(2))
         depth = self._outer_steps_running()
-        if depth == 0:
-            rec.maybe_stop()
+        if depth == 0 and rec.stop_requested:
+            rec.maybe_stop(rec.optimizer_id(optimizer))
         self._step_frames.append(sys._getframe(1))  # the frame of the optimizer's step wrapper
         if depth > 0:  # an optimizer that steps an inner optimizer
             return
@@ -402,7 +402,7 @@ class OptimizerWatcher:
             self._normed.add(opt)
             return True
         budget = self.rec.step_budget
-        return budget is not None and self.rec.steps + 1 >= budget
+        return budget is not None and self.rec.updates + 1 >= budget
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
@@ -410,10 +410,10 @@ class OptimizerWatcher:
             self._step_frames.pop()
         if self._step_frames:
             return
-        rec.count_step()  # before the listeners: rec.steps includes this step
+        opt = rec.optimizer_id(optimizer)
+        rec.count_step(opt)  # before the listeners: rec.steps includes this step
         try:
             self.closure_step = None
-            opt = rec.optimizer_id(optimizer)
             # a closure that ran no backward (Lightning passes one to every step, manual
             # optimization's does nothing) leaves the gradients to the loop: a plain step
             closure = _has_closure(args, kwargs) and rec.backward_calls > self._backwards_before

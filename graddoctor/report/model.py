@@ -40,6 +40,9 @@ class RunInfo:
     # replica checksums of a rank's first steps (instrument/ddp.py), for the merge to compare:
     # [{opt, step, value, path, line}]; only in a rank's own report
     checksums: list[dict] | None = None
+    # updates replayed (what --steps counts: the steps after one backward count once); None
+    # when not recorded (an older report, a merged one)
+    updates: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", RunStatus(self.status))

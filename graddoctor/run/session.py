@@ -67,7 +67,9 @@ def start_recorder(options: CheckOptions, announce: bool = True):
     from ..instrument import Recorder
     from ..location import LocationFinder
 
-    rec = Recorder(step_budget=options.steps or None, finder=LocationFinder())
+    # the step budget may wait for a rarely stepped optimizer for half the time limit
+    hold_s = options.timeout / 2 if options.timeout else None
+    rec = Recorder(step_budget=options.steps or None, finder=LocationFinder(), hold_s=hold_s)
     if announce:
         rec.emit(ev.run_start(script=options.target, argv=list(options.args),
                            device=options.device, torch_version=torch.__version__))
@@ -193,6 +195,7 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     run = RunInfo(
         checksums=checksums or None,
         script=options.target, argv=list(options.args), status=status, steps=rec.steps,
+        updates=rec.updates,
         backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
         duration_s=round(duration, 3), error=outcome.error,
         notes=notes if parts else [*notes, *end_notes],
