@@ -16,8 +16,6 @@ import typer
 from .options import CONFIG_KEYS, OPTIONS, SCRIPT_OPTIONS, Flag, Option
 from .report.formats import FORMATS, RenderOptions, ReportFormat
 
-SCRIPT_SUFFIXES = (".py", ".pyw", ".ipynb")
-
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -104,10 +102,12 @@ def check(
                      f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
                      f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see the README's "
                      f"Distributed training)")
-    if not typed["module"] and not script.endswith(SCRIPT_SUFFIXES) and os.path.isfile(script):
-        _usage_error(f"{script} is not a Python script (expected a .py file or a .ipynb notebook)")
     options, settings = _options(script, script_args, typed, _given(ctx),
                                  redirect_stdout=fmt.machine and output is None)
+    if output is None:
+        from .report.output import ReportStdout
+
+        ReportStdout.keep()
     render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"])
 
     def finish(report, wait_s: float | None = None) -> int:
@@ -257,6 +257,10 @@ def _write(report, fmt: ReportFormat, output: Optional[str], render: RenderOptio
         write_file(output, text)
     else:
         write_stdout(text)
+        if fmt.machine:
+            from .report.output import ReportStdout
+
+            ReportStdout.end_machine_output()
 
 
 def _emit(report, fmt: ReportFormat, output: Optional[str], render: RenderOptions,

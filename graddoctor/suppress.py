@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import linecache
 import os
 import re
 import tokenize
@@ -76,6 +77,8 @@ class Suppressions:
             try:
                 if is_notebook(full):  # the code cells as they ran (line numbers: the file's)
                     known = read_directives("".join(python_lines(full) or []))
+                elif (ran := linecache.cache.get(full)) is not None and ran[1] is None:
+                    known = read_directives("".join(ran[2]))  # the text that ran (target.py)
                 else:
                     with tokenize.open(full) as f:  # honours the file's encoding cookie
                         known = read_directives(f.read())

@@ -26,6 +26,7 @@ from .patcher import Patcher
 from .recorder import Recorder
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .schedulers import SchedulerWatcher
+from .warnsource import WarningSource
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
 
@@ -40,7 +41,7 @@ class Instrumentation:
         self.optimizers = OptimizerWatcher(rec, self.scalers)
         self.backward = BackwardWatcher(rec, self.optimizers, aside=self.ddp)  # FSDP2's aside
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
-        self.watchers = [self.optimizers, self.backward, self.dataloader]
+        self.watchers = [WarningSource(), self.optimizers, self.backward, self.dataloader]
         # AMP, clipping, schedulers
         rec.subscribe("describe_loss", self.dataloader.describe_loss)
         rec.subscribe("describe_loss", self.scalers.describe_loss)

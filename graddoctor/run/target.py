@@ -61,14 +61,34 @@ def compile_script(path: str):
         raise ScriptError(f"cannot read {path}: {exc.strerror}") from None
     if b"\0" in source:
         raise ScriptError(f"{path} is not a Python script (binary file)")
+    full = os.path.abspath(path)
     try:  # an absolute file name, as python gives it: a script that changes directory keeps it
-        return compile(source, os.path.abspath(path), "exec", dont_inherit=True)
+        code = compile(source, full, "exec", dont_inherit=True)
     except SyntaxError as exc:
+        if not path.endswith((".py", ".pyw")):  # python runs any file name; this is not Python
+            raise ScriptError(f"{path} is not a Python script (line {exc.lineno}: "
+                              f"{exc.msg})") from None
         raise ScriptError(
             f"{path}:{exc.lineno}: syntax error: {exc.msg} — is this a Python script?"
         ) from None
     except ValueError as exc:
         raise ScriptError(f"{path} is not a Python script: {exc}") from None
+    _remember_source(full, source)
+    return code
+
+
+def _remember_source(path: str, source: bytes) -> None:
+    """The text the script ran, for the report's excerpts and suppression comments (read
+    through ``linecache``): a script that rewrites its own file is shown as it ran. No mtime:
+    ``linecache.checkcache`` keeps such an entry."""
+    import importlib.util
+    import linecache
+
+    try:
+        lines = importlib.util.decode_source(source).splitlines(keepends=True)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return
+    linecache.cache[path] = (len(source), None, lines, path)
 
 
 def check_module(name: str) -> None:
@@ -78,7 +98,8 @@ def check_module(name: str) -> None:
     import importlib.util
 
     saved = list(sys.path)
-    sys.path[0:1] = [os.getcwd()]
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0:1] = [os.getcwd()]
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as exc:
@@ -526,22 +547,39 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
 
 def _execute(target: str, args: list[str], code, module: bool, outcome: RunOutcome) -> None:
     sys.argv = [target, *args]
+    # python -P / PYTHONSAFEPATH=1 (3.11+): nothing is put in front of sys.path
+    safe_path = getattr(sys.flags, "safe_path", False)
     if module:
-        sys.path[0:1] = [os.getcwd()]  # python -m: the working directory comes first
+        if not safe_path:
+            sys.path[0:1] = [os.getcwd()]  # python -m: the working directory comes first
         outcome.namespace = runpy.run_module(target, run_name="__main__", alter_sys=True)
         return
     path = os.path.abspath(code.co_filename)
+    outcome.namespace = _main_module(path).__dict__
+    if not safe_path:
+        sys.path[0:1] = [os.path.dirname(path)]
+    exec(code, outcome.namespace)
+
+
+def _main_module(path: str) -> types.ModuleType:
+    """``__main__`` with the globals ``python script.py`` gives it (coverage.py's runner is
+    the model): ``__builtins__`` the module, a source loader, ``__cached__`` None."""
+    import builtins
+    from importlib.machinery import SourceFileLoader
+
     main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__builtins__ = __builtins__
+    notebook = is_notebook(path)
+    main.__loader__ = None if notebook else SourceFileLoader("__main__", path)
     main.__spec__ = None
-    main.__loader__ = None
-    if is_notebook(path):  # what a Jupyter kernel gives every notebook
+    if sys.version_info < (3, 14):  # python sets an empty one before running the file
+        main.__annotations__ = {}
+    main.__builtins__ = builtins
+    main.__file__ = path
+    main.__cached__ = None
+    if notebook:  # what a Jupyter kernel gives every notebook
         main.display = notebook_display
     sys.modules["__main__"] = main
-    outcome.namespace = main.__dict__
-    sys.path[0:1] = [os.path.dirname(path)]
-    exec(code, main.__dict__)
+    return main
 
 
 def describe_ending(exc: BaseException, finder: LocationFinder,
