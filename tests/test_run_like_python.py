@@ -136,3 +136,67 @@ def test_a_script_that_closes_stdout_still_gets_its_report(tmp_path):
     result = run_cli("check", "train.py", cwd=tmp_path)
     assert "missing-zero-grad" in result.stdout + result.stderr
     assert "Traceback" not in result.stderr and result.returncode == 1, result.stderr
+
+
+# -- check_script() leaves the caller's process as it was ---------------------------------------
+LEAKS = """
+import builtins, sys, warnings, torch
+warnings.simplefilter("ignore")
+sys.setrecursionlimit(123456)
+builtins.print = lambda *a, **k: None
+builtins.graddoctor_leak = 1
+torch.nn.Module.graddoctor_leak = 1
+""" + LOOP
+
+
+def test_check_script_restores_warnings_recursion_limit_and_builtins(tmp_path):
+    import builtins
+    import sys
+    import warnings
+
+    import torch
+
+    from graddoctor import check_script
+
+    (tmp_path / "train.py").write_text(LEAKS)
+    filters, limit, printer = list(warnings.filters), sys.getrecursionlimit(), builtins.print
+    try:
+        report = check_script(tmp_path / "train.py", config=False)
+        assert report.run.status == "completed"
+        # (a module torch imports lazily may add its own filter, as under python)
+        assert ("ignore", None, Warning, None, 0) not in warnings.filters
+        assert all(f in warnings.filters for f in filters)
+        assert sys.getrecursionlimit() == limit
+        assert builtins.print is printer and not hasattr(builtins, "graddoctor_leak")
+    finally:
+        vars(torch.nn.Module).get("graddoctor_leak") and delattr(torch.nn.Module, "graddoctor_leak")
+
+
+def test_check_script_isolated_leaves_even_class_patches_out(tmp_path):
+    import torch
+
+    from graddoctor import check_script
+
+    (tmp_path / "train.py").write_text(LEAKS.replace("    o.zero_grad()\n", ""))
+    report = check_script(tmp_path / "train.py", config=False, isolate=True, fail_on="error")
+    assert not hasattr(torch.nn.Module, "graddoctor_leak")
+    assert report.run.status == "completed" and report.fail_on == "error"
+    assert [f.rule for f in report.findings] == ["missing-zero-grad"]
+    assert report.exit_code() == 1
+
+
+def test_no_workers_folder_is_left_after_an_input_error(tmp_path, monkeypatch):
+    import tempfile
+
+    import pytest
+
+    from graddoctor.errors import ScriptError
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    for target in (tmp_path / "bad.py", tmp_path / "tmp"):
+        with pytest.raises(ScriptError):
+            run_check(CheckOptions(target=str(target)))
+    assert list(scratch.iterdir()) == []

@@ -347,6 +347,7 @@ class Session:
             """From the watchdog: the report of a run that cannot be stopped."""
             if on_hang is None:
                 return
+            workers.discard()  # the process ends from here: no folder left behind
             main = sys.modules.get("__main__")
             variables = dict(vars(main)) if main is not None else {}
             ending = RunOutcome(ended_by=ReplayTimeout(), error={

@@ -10,6 +10,7 @@ afterwards (``ProcessState``), so that an in-process caller gets its interpreter
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import faulthandler
 import os
@@ -19,6 +20,7 @@ import sys
 import threading
 import traceback
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -150,6 +152,9 @@ class ProcessState:
         self.excepthook = sys.excepthook
         self.environ = dict(os.environ)
         self.signals = _signal_handlers()
+        self.warnings = (list(warnings.filters), warnings.showwarning, warnings.formatwarning)
+        self.recursion_limit = sys.getrecursionlimit()
+        self.builtins = dict(vars(builtins))  # builtins.print = ... and the like
         self.torch = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_anomaly_enabled(),
                       torch.are_deterministic_algorithms_enabled(),
                       torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_num_threads())
@@ -192,6 +197,19 @@ class ProcessState:
                     signal.signal(sig, handler)
             except (OSError, ValueError, TypeError):
                 pass
+        filters, showwarning, formatwarning = self.warnings
+        if warnings.filters != filters:
+            warnings.filters[:] = filters
+            warnings._filters_mutated()  # the C module's cache of the filters
+        warnings.showwarning, warnings.formatwarning = showwarning, formatwarning
+        if sys.getrecursionlimit() != self.recursion_limit:
+            sys.setrecursionlimit(self.recursion_limit)
+        now = vars(builtins)
+        for name in [n for n in now if n not in self.builtins]:
+            del now[name]
+        for name, value in self.builtins.items():
+            if now.get(name, _MISSING) is not value:
+                now[name] = value
         grad, dtype, anomaly, deterministic, warn_only, threads = self.torch
         torch.set_grad_enabled(grad)
         torch.set_default_dtype(dtype)
@@ -564,7 +582,6 @@ def _execute(target: str, args: list[str], code, module: bool, outcome: RunOutco
 def _main_module(path: str) -> types.ModuleType:
     """``__main__`` with the globals ``python script.py`` gives it (coverage.py's runner is
     the model): ``__builtins__`` the module, a source loader, ``__cached__`` None."""
-    import builtins
     from importlib.machinery import SourceFileLoader
 
     main = types.ModuleType("__main__")
