@@ -89,6 +89,12 @@ def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[
                 f"{shown}: [tool.graddoctor] {key}"
             raise ScriptError(f"{where}: no rule is named {', '.join(map(repr, unknown))} "
                               "(use a slug or a code prefix; see `graddoctor rules`)")
+    from .rules.engine import selected_rules
+
+    if (settings["select"] or settings["ignore"]) and \
+            not selected_rules(settings["select"], settings["ignore"]):
+        raise ScriptError(f"select {', '.join(settings['select']) or '(all)'} and ignore "
+                          f"{', '.join(settings['ignore'])} leave no rule to run")
     return settings, shown
 
 

@@ -404,6 +404,11 @@ def main() -> None:
     import threading
 
     args = sys.argv[1:]
+    if args in (["--version"], ["-V"]):
+        from .version import __version__
+
+        print(f"graddoctor {__version__}")
+        sys.exit(0)
     try:
         code = app(args=args, prog_name="graddoctor", standalone_mode=False)
     except Exception as exc:  # click's own errors (typer may vendor click: match by class name)
@@ -411,7 +416,12 @@ def main() -> None:
         if "NoArgsIsHelpError" in kinds:  # typer has printed the help already
             code = 2
         elif "ClickException" in kinds:  # bad options: one line, like every other usage error
-            typer.echo(f"graddoctor: error: {exc.format_message()}", err=True)
+            message = exc.format_message()
+            if "NoSuchOption" in kinds:  # click offers "--help" as a possible option: no help
+                close = [p for p in getattr(exc, "possibilities", None) or () if p != "--help"]
+                message = f"No such option: {exc.option_name}" + (
+                    f" (did you mean {', '.join(close)}?)" if close else "")
+            typer.echo(f"graddoctor: error: {message}", err=True)
             ctx = getattr(exc, "ctx", None)
             hint = _script_arguments_hint(args, getattr(exc, "option_name", "")) \
                 if "NoSuchOption" in kinds else None

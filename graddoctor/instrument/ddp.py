@@ -27,6 +27,7 @@ Per forward this costs one attribute read; nothing per parameter.
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -196,7 +197,7 @@ class DDPWatcher:
                 rec.emit(ev.sampler_iter(sampler=watcher._sampler_id(sampler),
                                          epoch=epoch if isinstance(epoch, int) else None,
                                          shuffle=bool(getattr(sampler, "shuffle", False))),
-                         rec.here(2))
+                         _epoch_loop(rec, sampler))
             except Exception as exc:
                 rec.internal_error("DistributedSampler.__iter__", exc)
             return original(sampler, *args, **kwargs)
@@ -224,3 +225,47 @@ class DDPWatcher:
 
         patcher.patch(DistributedSampler, "__iter__",
                       self._wrap_sampler_iter(DistributedSampler.__iter__))
+
+
+def _holds(value, sampler) -> bool:
+    """``value`` is the sampler, or a DataLoader (or batch sampler) drawing from it."""
+    if value is sampler:
+        return True
+    inner = getattr(value, "batch_sampler", None) if hasattr(value, "sampler") else None
+    return (getattr(value, "sampler", None) is sampler
+            or getattr(inner, "sampler", None) is sampler)
+
+
+def _epoch_loop(rec, sampler):
+    """Where an epoch of ``sampler`` starts, as the user would fix it: the innermost user frame
+    that does not merely receive the loader as an argument. A helper that iterates what it is
+    handed (MAE's ``MetricLogger.log_every``: ``for obj in iterable``, a ``train_one_epoch(model,
+    loader)``) is not where ``set_epoch`` goes; the frame that owns the loader is (its epoch
+    loop's call). Once per epoch: the argument lookups cost nothing per step."""
+    try:
+        chosen = None
+        for frame in rec.finder.user_frames(sys._getframe(2)):
+            chosen = frame
+            code = frame.f_code
+            names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount
+                                     + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)]
+            values = frame.f_locals
+            passed = False
+            for name in names:
+                value = values.get(name)
+                if isinstance(value, (tuple, list)):
+                    passed = any(_holds(v, sampler) for v in value)
+                elif isinstance(value, dict):
+                    passed = any(_holds(v, sampler) for v in value.values())
+                else:
+                    passed = _holds(value, sampler)
+                if passed:
+                    break
+            if not passed:
+                break
+        if chosen is not None:
+            return rec.finder.location(chosen)
+    except Exception as exc:
+        rec.internal_error("DistributedSampler.__iter__ (location)", exc)
+    return rec.here(3)
+

@@ -1,0 +1,34 @@
+"""Small CLI behaviours: --version, unknown options, --select/--ignore leaving no rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cli
+from graddoctor.errors import ScriptError
+from graddoctor.options import CheckOptions
+from graddoctor.run.session import run_check
+from graddoctor.version import __version__
+
+
+def test_version():
+    result = run_cli("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"graddoctor {__version__}")
+
+
+def test_an_unknown_option_offers_close_options_not_help(tmp_path):
+    result = run_cli("check", "x.py", "--stepz", "3", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "did you mean --steps?" in result.stderr
+    assert "Possible options" not in result.stderr
+    top = run_cli("--frob", cwd=tmp_path)
+    assert "--help)" not in top.stderr.splitlines()[0], top.stderr
+
+
+def test_select_and_ignore_that_leave_no_rule_are_an_error(tmp_path):
+    from graddoctor import check_script
+
+    (tmp_path / "train.py").write_text("import torch\n")
+    with pytest.raises(ScriptError, match="leave no rule"):
+        check_script(tmp_path / "train.py", select=["GD101"], ignore=["missing-zero-grad"],
+                     config=False)
