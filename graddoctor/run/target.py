@@ -27,7 +27,8 @@ from typing import Callable
 from ..errors import ScriptError
 from ..instrument.patcher import Patcher
 from ..location import LocationFinder
-from ..notebook import compile_notebook, is_notebook, location_json, notebook_display
+from ..notebook import (ShellStandIn, compile_notebook, is_notebook, location_json,
+                        notebook_display)
 from ..status import ReplayTimeout, ScriptExit, StopReplay, exit_code
 from ..textsafe import strip_escapes
 from ..trace import Location
@@ -595,6 +596,8 @@ def _main_module(path: str) -> types.ModuleType:
     main.__cached__ = None
     if notebook:  # what a Jupyter kernel gives every notebook
         main.display = notebook_display
+        shell = ShellStandIn(main.__dict__)
+        main.get_ipython = lambda: shell
     sys.modules["__main__"] = main
     return main
 
