@@ -352,7 +352,6 @@ def merge_reports(
 @app.command("rules")
 def list_rules() -> None:
     """List every rule: code, slug, severity and what it finds."""
-    from rich.console import Console
     from rich.table import Table
 
     from .rules import ALL_RULES
@@ -363,13 +362,24 @@ def list_rules() -> None:
         table.add_column(col, no_wrap=col != "finds")
     for rule in ALL_RULES:
         table.add_row(rule.code, rule.slug, rule.severity.value, rule.summary)
-    Console().print(table)
+    _console().print(table)
+
+
+def _console():
+    """The console of the light commands: the terminal's width, else (a pipe, a file) the
+    text report's 100 columns."""
+    from rich.console import Console
+
+    try:
+        terminal = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    return Console() if terminal else Console(width=100)
 
 
 @app.command()
 def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad) or code (GD101).")) -> None:
     """Explain a rule: what it finds, why it is bad, an example and the fix."""
-    from rich.console import Console
     from rich.markdown import Markdown
 
     from .rules import ALL_RULES, find_rule
@@ -379,7 +389,7 @@ def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad
         known = ", ".join(r.slug for r in ALL_RULES)
         _usage_error(f"unknown rule {rule!r}; known rules: {known}")
         return
-    Console().print(Markdown(f"# {found.code} {found.slug} ({found.severity.value})\n\n{found.docs()}"))
+    _console().print(Markdown(f"# {found.code} {found.slug} ({found.severity.value})\n\n{found.docs()}"))
 
 
 def _script_arguments_hint(args: list[str], option: str) -> str | None:

@@ -32,3 +32,17 @@ def test_select_and_ignore_that_leave_no_rule_are_an_error(tmp_path):
     with pytest.raises(ScriptError, match="leave no rule"):
         check_script(tmp_path / "train.py", select=["GD101"], ignore=["missing-zero-grad"],
                      config=False)
+
+
+def test_rule_summaries_are_plain_text():
+    # `graddoctor rules`, SARIF's shortDescription and the JSON show them as they are; the
+    # README's table adds the Markdown (rules/docs.py markdown_summary)
+    from graddoctor.rules import ALL_RULES
+
+    assert [r.code for r in ALL_RULES if "`" in r.summary] == []
+
+
+def test_rules_in_a_pipe_use_the_reports_width():
+    result = run_cli("rules")
+    assert max(len(line) for line in result.stdout.splitlines()) > 80
+    assert max(len(line) for line in result.stdout.splitlines()) <= 100
