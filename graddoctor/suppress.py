@@ -70,6 +70,10 @@ class Suppressions:
         self.base_dir = base_dir or os.getcwd()
         self._files: dict[str, dict[int, list]] = {}
 
+    def directives(self, path: str) -> dict[int, list]:
+        """line -> the suppressions on that line of ``path`` (read once)."""
+        return self._directives(path)
+
     def _directives(self, path: str) -> dict[int, list]:
         full = path if os.path.isabs(path) else os.path.join(self.base_dir, path)
         known = self._files.get(full)

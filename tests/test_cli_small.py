@@ -46,3 +46,15 @@ def test_rules_in_a_pipe_use_the_reports_width():
     result = run_cli("rules")
     assert max(len(line) for line in result.stdout.splitlines()) > 80
     assert max(len(line) for line in result.stdout.splitlines()) <= 100
+
+
+def test_an_ignore_comment_naming_no_rule_gets_a_note(tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import torch\nm = torch.nn.Linear(2, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    m(torch.randn(4, 2)).sum().backward()  # graddoctor: ignore[missing-zero-gard]\n"
+        "    o.step()  # graddoctor: ignore[GD1, double-step]\n")
+    report = run_check(CheckOptions(target=str(tmp_path / "train.py")))
+    notes = [n for n in report.run.notes if "names no rule" in n]
+    assert len(notes) == 1 and "train.py:5" in notes[0] and "missing-zero-gard" in notes[0], notes
+    assert [f.suppressed for f in report.findings] == [False]

@@ -156,6 +156,32 @@ def _device_of(rec) -> str:
     return "cpu"
 
 
+def _unknown_ignores(options: CheckOptions, findings, base_dir: str | None) -> list[str]:
+    """A note per ``# graddoctor: ignore[name]`` whose name is no rule (a typo would silently
+    suppress nothing), in the script and the files findings point at."""
+    from ..notebook import describe
+    from ..rules.engine import unknown_selectors
+    from ..suppress import Suppressions
+
+    paths = [f.location.path for f in findings if f.location is not None]
+    if not options.module and os.path.isfile(options.target):
+        paths.insert(0, options.target)
+    table, notes, seen = Suppressions(base_dir), [], set()
+    for path in paths:
+        full = os.path.realpath(path if os.path.isabs(path) else
+                                os.path.join(base_dir or os.getcwd(), path))
+        if full in seen:
+            continue
+        seen.add(full)
+        for line, directives in sorted(table.directives(path).items()):
+            unknown = unknown_selectors([n for d in directives if d is not None for n in d])
+            if unknown:
+                notes.append(f"{describe(path, line)}: `# graddoctor: ignore[...]` names no rule: "
+                             f"{', '.join(unknown)} (it suppresses nothing; see `graddoctor "
+                             f"rules`)")
+    return notes
+
+
 def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, *,
                  duration: float, parts: list[Part] = (), world_size: int | None = None,
                  end_notes: list[str] = ()) -> Report:
@@ -172,6 +198,10 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     findings, rule_errors = analyze(analysis, rules)
     base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
     findings = apply_suppressions(findings, base_dir)  # `# graddoctor: ignore[...]` on the line
+    try:
+        end_notes = [*end_notes, *_unknown_ignores(options, findings, base_dir)]
+    except Exception as exc:
+        rec.internal_error("reading suppression comments", exc)
     internal = [{"where": e["where"], "error": e["error"]} for e in analysis.of_kind("internal_error")]
     internal += rule_errors
     notes = list(outcome.notes)
