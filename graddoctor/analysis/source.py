@@ -60,3 +60,18 @@ def assigned_object(path: str, line: int, attribute: str) -> str | None:
                 if isinstance(target, ast.Attribute) and target.attr == attribute:
                     return ast.unparse(target.value)
     return None
+
+
+def innermost_loop(path: str, line: int) -> tuple[int, int] | None:
+    """``(first, last)`` line of the innermost ``for``/``while`` loop of ``path`` that holds
+    ``line``, or None (no loop, or the file cannot be read)."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno):
+            if best is None or node.lineno >= best[0]:
+                best = (node.lineno, node.end_lineno or node.lineno)
+    return best
