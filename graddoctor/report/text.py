@@ -54,8 +54,10 @@ def header(console: Console, report: Report) -> None:
     facts = [f"device {run.device}", f"torch {run.torch_version}", steps,
              _plural(run.backward_calls, "backward call")]
     console.print(Padding(Text(" · ".join(facts), style="dim"), (0, 0, 0, 2)))
-    status = Text.assemble("  status ", (run.status, "bold"),
-                           f": {STATUS_TEXT.get(run.status, run.status)} · {run.duration_s:.1f} s")
+    said = STATUS_TEXT.get(run.status, run.status)
+    if run.status == RunStatus.CRASHED and (run.error or {}).get("type") == "Missing":
+        said = "a process's report never arrived (it ended before graddoctor could write it)"
+    status = Text.assemble("  status ", (run.status, "bold"), f": {said} · {run.duration_s:.1f} s")
     if run.config:
         status.append(f" · config {run.config}", style="dim")
     console.print(status)
