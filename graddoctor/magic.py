@@ -79,15 +79,23 @@ def graddoctor_cell_magic(line: str, cell: str, shell=None):
     finally:
         if quiet:
             shell.custom_exceptions, shell.CustomTB = saved
-    report = w.report
     shell.user_ns["_graddoctor"] = w
     try:  # IPython numbers its cells' files: show "In [5], line 2" for them
-        for filename, number in dict(getattr(shell.compile, "_filename_map", {})).items():
+        numbers = dict(getattr(shell.compile, "_filename_map", {}))
+        for filename, number in numbers.items():
             CELL_NAMES[filename] = f"In [{number}]"
             CELL_NAMES[os.path.relpath(filename) if not filename.startswith("<") else filename] = \
                 f"In [{number}]"
+        if numbers:  # the title names the cell by the number its locations show ("In [3]")
+            import dataclasses
+
+            title = f"cell [{list(numbers.values())[-1]}]"
+            if w.report is not None and w.report.run.script != title:
+                w.report = dataclasses.replace(
+                    w.report, run=dataclasses.replace(w.report.run, script=title))
     except Exception:
         pass
+    report = w.report
     _show(report)
     return None
 

@@ -32,6 +32,10 @@ def test_a_step_budget_ends_the_cell_quietly_and_the_report_is_text(shell, capsy
     assert report.run.status == "step-limit" and report.run.steps == 2
     assert "\nerror GD101 missing-zero-grad  In [" in out  # printed text, not a string's repr
     assert "\\n" not in out
+    import re
+
+    [title] = re.findall(r"graddoctor  cell \[(\d+)\]", out)
+    assert f"missing-zero-grad  In [{title}], line 3" in out  # the title names the same cell
 
 
 def test_an_exception_before_training_is_a_crash(shell, capsys):
