@@ -43,8 +43,8 @@ TOPICS = {
     "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "
                      "events.backward for the backward about to run from them",
     "freeze_of": "OptimizerWatcher: (param) -> seq of the event that froze it, or None",
-    "counted_step": "Recorder.count_step: (steps) after each optimizer step is counted, before "
-                    "its listeners (the progress line)",
+    "counted_step": "Recorder.count_step: (updates) after each optimizer step is counted, "
+                    "before its listeners (the progress line: updates, what the budget counts)",
     "budget_hold": "Recorder.holds: () -> True while the replay should go on past the step "
                    "budget (e.g. until a DataLoader has crossed two epoch boundaries); each "
                    "must bound itself",
@@ -456,7 +456,7 @@ class Recorder:
             self.opt_steps[opt] = self.opt_steps.get(opt, 0) + 1
         for callback in self._counted_step:
             try:
-                callback(self.steps)
+                callback(self.updates)
             except Exception as exc:  # a display must never break the user's run
                 self.internal_error("step callback", exc)
         self._ask("after_step")

@@ -480,7 +480,8 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
 
     Raises ``ScriptError`` only when the target cannot be run at all; everything the script
     does (crash, exit, hang) ends up in the report's ``run.status``. ``on_step(n)`` is called
-    after each optimizer step (a progress display).
+    after each optimizer step with the updates so far, what the step budget counts (a progress
+    display).
 
     ``on_hang(report)`` is called from a watchdog thread when the script is stuck past the time
     limit in a call that never returns to Python: the report holds what was seen so far. The
