@@ -447,13 +447,15 @@ class Recorder:
 
     def count_step(self, opt: int | None = None) -> None:
         self.steps += 1
-        if self.begins_update(opt):
+        opts = self._update_opts
+        if self.backward_calls != self._update_mark or opt is None or opt in opts:  # begins_update
             self.updates += 1
             self._update_mark = self.backward_calls
-            self._update_opts = set()
+            opts.clear()
         if opt is not None:
-            self._update_opts.add(opt)
-            self.opt_steps[opt] = self.opt_steps.get(opt, 0) + 1
+            opts.add(opt)
+            steps = self.opt_steps
+            steps[opt] = steps.get(opt, 0) + 1
         for callback in self._counted_step:
             try:
                 callback(self.updates)
