@@ -73,7 +73,9 @@ def graddoctor_cell_magic(line: str, cell: str, shell=None):
     try:
         with w:
             result = shell.run_cell(cell)
-            error = getattr(result, "error_in_exec", None)
+            # a syntax error never runs the cell (error_before_exec): a crash all the same
+            error = getattr(result, "error_in_exec", None) or \
+                getattr(result, "error_before_exec", None)
             if error is not None:  # IPython showed it (or, for our stop, kept quiet)
                 w.failed_with(error)
     finally:

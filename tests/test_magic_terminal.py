@@ -61,3 +61,8 @@ def test_a_notebook_that_calls_get_ipython_runs_as_a_script(tmp_path):
     assert report.run.status == "completed", report.run.error
     assert report.run.steps == 5
     assert "missing-zero-grad" in [f.rule for f in report.findings]
+
+
+def test_a_cell_that_cannot_compile_is_a_crash_not_no_training_loop(shell):
+    shell.run_cell("%%graddoctor\nfor x in :\n    pass")
+    assert shell.user_ns["_graddoctor"].report.run.status == "crashed"
