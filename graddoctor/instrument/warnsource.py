@@ -44,8 +44,32 @@ def _skipping_our_frames(original):
     return warn
 
 
+class _ScriptBuiltin:
+    """TorchScript compiles ``warnings.warn`` in torch's functions as its builtin ``aten::warn``,
+    found by the function's id: the replacement is registered as the same builtin while it is
+    installed (else ``torch.jit.script`` tries to compile it)."""
+
+    def __init__(self, fn) -> None:
+        self.key = None
+        try:
+            from torch.jit import _builtins
+
+            table = _builtins._get_builtin_table()
+            self.table, self.key = table, id(fn)
+            table[self.key] = "aten::warn"
+        except Exception:  # another torch: scripted code then sees the replacement
+            pass
+
+    def remove(self) -> None:
+        if self.key is not None:
+            self.table.pop(self.key, None)
+            self.key = None
+
+
 class WarningSource:
     """Installs the ``warnings.warn`` that skips graddoctor's frames."""
 
     def install(self, patcher) -> None:
-        patcher.patch(warnings, "warn", _skipping_our_frames(warnings.warn))
+        warn = _skipping_our_frames(warnings.warn)
+        patcher.patch(warnings, "warn", warn)
+        patcher.handle(_ScriptBuiltin(warn))
