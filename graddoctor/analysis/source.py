@@ -60,3 +60,29 @@ def assigned_object(path: str, line: int, attribute: str) -> str | None:
                 if isinstance(target, ast.Attribute) and target.attr == attribute:
                     return ast.unparse(target.value)
     return None
+
+
+@lru_cache(maxsize=64)
+def _lr_lines(path: str, size: int) -> tuple[int, ...]:
+    tree = _parse(path)
+    if tree is None:
+        return ()
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign) else []
+        for target in targets:
+            if (isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant)
+                    and target.slice.value == "lr"):
+                found.append(node.lineno)
+    return tuple(sorted(set(found)))
+
+
+def lr_assignment_lines(path: str) -> list[int]:
+    """The lines of ``<something>["lr"] = ...`` (or ``*=``, ...) in the file: where a script
+    writes a param group's learning rate itself. Empty when the source cannot be read."""
+    try:
+        lines = linecache.getlines(path)
+        return list(_lr_lines(path, len(lines))) if lines else []
+    except Exception:
+        return []
