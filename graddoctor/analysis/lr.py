@@ -115,6 +115,14 @@ def stepped(all_schedules: dict[int, Schedule], s: Schedule) -> bool:
     return False
 
 
+def epoch_began_after(a: "Analysis", seq: int) -> bool:
+    """A DataLoader epoch began after the event with that seq (one folded out counts)."""
+    for e in a.after(seq):
+        if e.kind == "epoch_start" or (e.kind == "folded" and e.get("epochs")):
+            return True
+    return False
+
+
 def manual_lines(a: "Analysis", loc: Location | None) -> list[int]:
     if loc is None or not loc.path:
         return []

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..analysis.lr import stepped
+from ..analysis.lr import epoch_began_after, stepped
 from ..findings import Severity
 from .base import Rule, plural, related
 
@@ -59,7 +59,7 @@ class SchedulerNeverStepped(Rule):
                 continue  # its container is the one to report
             after = [st for st in a.steps if st["opt"] == s.opt and st.seq > s.init.seq]
             n = a.count(after)
-            if n < 2 or not self._had_its_chance(a, after[0].seq):
+            if n < 2 or not (a.status == "completed" or epoch_began_after(a, after[0].seq)):
                 continue
             factor = s.first_factor
             lrs = s.init.get("lrs") or []
@@ -80,13 +80,3 @@ class SchedulerNeverStepped(Rule):
                 related=(related(after[0], f"{name} steps here without the scheduler"),),
                 evidence={"scheduler": s.cls, "optimizer": s.opt, "factor": factor, "steps": n},
             )
-
-    @staticmethod
-    def _had_its_chance(a, first_step_seq: int) -> bool:
-        if a.status == "completed":
-            return True
-        for e in a.events:
-            if e.seq > first_step_seq and (e.kind == "epoch_start" or
-                                           (e.kind == "folded" and e.get("epochs"))):
-                return True
-        return False
