@@ -38,3 +38,16 @@ def test_silent_with_a_scheduler_for_the_new_one_two_live_optimizers_or_another_
     assert findings(_run(new_sched=True), SLUG) == []
     assert findings(_run(old_keeps_stepping=True), SLUG) == []
     assert findings(_run(other_params=True), SLUG) == []
+
+
+def test_silent_when_the_script_points_the_scheduler_at_the_new_optimizer():
+    from graddoctor import events as ev
+
+    t = builder()
+    sched_init(t, cls="StepLR", lrs=(0.1,))
+    update(t)
+    t.optimizer(1, [0, 1], line=40)
+    for _ in range(3):
+        update(t, opt=1)
+        t.put(ev.scheduler_step(sched=0, cls="StepLR", opt=1, lrs=[0.05]), 30)
+    assert findings(t, SLUG) == []

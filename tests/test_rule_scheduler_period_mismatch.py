@@ -56,3 +56,11 @@ def test_silent_look_alikes():
         update(t)
         sched_step(t, cls="CosineAnnealingLR")
     assert findings(t, SLUG) == []
+
+
+def test_a_cosine_sized_with_the_replayed_len_loader_and_passed_in_the_replay_is_silent():
+    # T_max = epochs * len(loader) = 2 * 17 in the replay, whose 35 steps pass it: by design
+    t = builder()
+    sched_init(t, cls="CosineAnnealingLR", args={"T_max": 34}, lrs=(0.1,))
+    loader_run(t, epochs=3, per_batch=(0, "CosineAnnealingLR"))
+    assert findings(t, SLUG) == []

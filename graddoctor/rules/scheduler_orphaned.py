@@ -67,7 +67,9 @@ class SchedulerOrphaned(Rule):
                 if any(st["opt"] == old and st.seq > init.seq for st in a.steps):
                     continue  # the old one still trains: two optimizers, not a replacement
                 new_steps = [st for st in a.steps if st["opt"] == new and st.seq > init.seq]
-                later = [e for e in s.steps if e.seq > init.seq]
+                # still writing the old optimizer (a script may point scheduler.optimizer at
+                # the new one, which the step event then names)
+                later = [e for e in s.steps if e.seq > init.seq and e.get("opt") == old]
                 if a.count(new_steps) < 2 or not later:
                     continue
                 lr = self._lr(a, new)

@@ -87,6 +87,8 @@ class SchedulerPeriodMismatch(Rule):
         epoch_words = f"one epoch of {per_epoch} batches" if per_epoch else "the replay"
         if s.cls == "CosineAnnealingLR" and isinstance(args.get("T_max"), int) and args["T_max"] > 0:
             t = args["T_max"]
+            if any(t % m == 0 for m in c.lengths()):
+                return None  # sized with len(loader): epochs * len(loader) batches
             if seen > t:
                 return (f"CosineAnnealingLR(T_max={t}) is stepped after every batch: the lr reached "
                         f"eta_min after {t} batches and climbed back within the replay's {seen} "
