@@ -40,7 +40,7 @@ def test_decays_meant_per_epoch_are_info():
 def test_length_in_batches_stepped_per_epoch():
     f = only(_per_epoch("CosineAnnealingLR", {"T_max": 17}), SLUG)  # len(loader) in the replay
     assert "once per epoch" in f.message and f.severity is Severity.WARNING
-    assert only(_per_epoch("OneCycleLR", {"total_steps": 40 * 100}), SLUG)
+    assert only(_per_epoch("OneCycleLR", {"total_steps": 17 * 100}), SLUG)  # epochs * len(loader)
 
 
 def test_silent_look_alikes():
@@ -64,3 +64,9 @@ def test_a_cosine_sized_with_the_replayed_len_loader_and_passed_in_the_replay_is
     sched_init(t, cls="CosineAnnealingLR", args={"T_max": 34}, lrs=(0.1,))
     loader_run(t, epochs=3, per_batch=(0, "CosineAnnealingLR"))
     assert findings(t, SLUG) == []
+
+
+def test_per_epoch_length_equal_to_the_real_epoch_only_is_chance_not_len_loader():
+    # the replay shortened epochs to 17 batches; T_max=40 equals the real length 40: a count of
+    # epochs that happens to match (len(loader) would have returned 17 in the replay)
+    assert findings(_per_epoch("CosineAnnealingLR", {"T_max": 40}), SLUG) == []

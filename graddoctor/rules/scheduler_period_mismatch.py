@@ -7,6 +7,7 @@ from ..findings import Severity
 from .base import Rule, related
 
 MIN_REAL_LEN = 8  # batches per epoch below which an equality with a length may be chance
+MIN_UNSHORTENED = 20  # the same when nothing says the length came from len(loader)
 LONG = 1000  # a length this long, a multiple of the epoch's batches, counts batches
 
 
@@ -126,18 +127,32 @@ class SchedulerPeriodMismatch(Rule):
                         Severity.INFO, None)
         return None
 
+    @staticmethod
+    def _epoch_lengths(c) -> list[int]:
+        """The epoch lengths that a length equal to (or a long multiple of) shows was computed
+        from len(loader). In a shortened replay len(loader) returned the replay's length, so
+        only that one tells: the real length equal to a length may be a count of epochs by
+        chance (100 epochs of 100 batches). Unshortened (``--epoch-batches 0``, or a loader
+        shorter than the replay's epochs), the real length, when it is long enough."""
+        if c.replay_len and c.real_len and c.replay_len < c.real_len:
+            return [c.replay_len] if c.replay_len >= MIN_REAL_LEN else []
+        real = c.real_len or c.replay_len
+        return [real] if real and real >= MIN_UNSHORTENED else []
+
     def _per_epoch(self, a, s, c):
         n = length(s)
         if n is None:
             return None
         k = max(1, int(round(c.per_update / c.per_backward))) if c.per_backward else 1
-        unit = None
-        for real in c.lengths():
-            if real < MIN_REAL_LEN:
-                continue
+        unit, span = None, n
+        for real in self._epoch_lengths(c):
             updates = max(1, real // k)
             if n == real or (n >= LONG and n % real == 0):
-                unit = f"the DataLoader's {real} batches per epoch"
+                unit = f"len(loader): {real} batches per epoch" + (
+                    f" in the replay's shortened epochs ({c.real_len} in a real one)"
+                    if c.real_len and c.real_len != real else "")
+                if c.real_len and n % real == 0:
+                    span = n // real * c.real_len
             elif n == updates or (n >= LONG and n % updates == 0):
                 unit = f"the {updates} optimizer updates of an epoch"
             if unit:
@@ -147,9 +162,9 @@ class SchedulerPeriodMismatch(Rule):
         name = next((k for k in ("total_steps", "T_max", "total_iters", "num_training_steps")
                      if s.args.get(k) == n), "length")
         progress = ""
-        if s.cls == "CosineAnnealingLR":
-            after = 0.5 * (1 + math.cos(math.pi * min(100, n) / n))
-            progress = f" (after 100 epochs the lr is still {after:.0%} of its start)" if n > 100 else ""
+        if s.cls == "CosineAnnealingLR" and span > 100:
+            after = 0.5 * (1 + math.cos(math.pi * 100 / span))
+            progress = f" (after 100 epochs the lr is still {after:.0%} of its start)"
         return (f"{s.cls}({name}={n}) counts batches ({unit}), but its step() runs once per "
-                f"epoch: the schedule spans {n} epochs{progress}",
+                f"epoch: in a real run the schedule spans {span} epochs{progress}",
                 None, "step it after every optimizer.step(), or count its length in epochs")
