@@ -134,9 +134,12 @@ def manual_lines(a: "Analysis", loc: Location | None) -> list[int]:
 def timeline(a: "Analysis") -> dict[int, dict[int, list[LrPoint]]]:
     out: dict[int, dict[int, list[LrPoint]]] = {}
     known: dict[int, list[tuple[float | None, LrWriter]]] = {}  # opt -> per group: value, writer
+    folded: set[int] = set()  # optimizers whose writes a fold may hide since their last step
     for e in a.events:
         kind = e.kind
-        if kind == "optimizer_init":
+        if kind == "folded":
+            folded.update(known)
+        elif kind == "optimizer_init":
             lrs = e.get("lrs")
             if lrs is None:
                 continue
@@ -162,8 +165,8 @@ def timeline(a: "Analysis") -> dict[int, dict[int, list[LrPoint]]]:
             now = []
             for g, lr in enumerate(lrs):
                 old = before[g] if g < len(before) else None
-                if old is not None and (old[0] == lr or lr is None):
-                    writer = old[1]
+                if old is not None and (old[0] == lr or lr is None or opt in folded):
+                    writer = old[1]  # after a fold: the writer of the folded turns, as kept
                 elif old is None and not before:
                     writer = LrWriter("optimizer", a.optimizers[opt].loc if opt in a.optimizers else None)
                 else:
@@ -171,6 +174,7 @@ def timeline(a: "Analysis") -> dict[int, dict[int, list[LrPoint]]]:
                 now.append((lr, writer))
                 groups.setdefault(g, []).append(LrPoint(number, lr, writer))
             known[opt] = now
+            folded.discard(opt)
     return out
 
 
