@@ -123,18 +123,21 @@ def epoch_began_after(a: "Analysis", seq: int) -> bool:
     return False
 
 
-def manual_lines(a: "Analysis", loc: Location | None) -> list[int]:
+def manual_lines(cache: dict, loc: Location | None) -> list[int]:
     if loc is None or not loc.path:
         return []
-    from .source import lr_assignment_lines
+    if loc.path not in cache:
+        from .source import lr_assignment_lines
 
-    return lr_assignment_lines(loc.path)
+        cache[loc.path] = lr_assignment_lines(loc.path)
+    return cache[loc.path]
 
 
 def timeline(a: "Analysis") -> dict[int, dict[int, list[LrPoint]]]:
     out: dict[int, dict[int, list[LrPoint]]] = {}
     known: dict[int, list[tuple[float | None, LrWriter]]] = {}  # opt -> per group: value, writer
     folded: set[int] = set()  # optimizers whose writes a fold may hide since their last step
+    sources: dict[str, list[int]] = {}  # path -> its lr assignment lines
     for e in a.events:
         kind = e.kind
         if kind == "folded":
@@ -170,7 +173,7 @@ def timeline(a: "Analysis") -> dict[int, dict[int, list[LrPoint]]]:
                 elif old is None and not before:
                     writer = LrWriter("optimizer", a.optimizers[opt].loc if opt in a.optimizers else None)
                 else:
-                    writer = LrWriter("manual", _manual_loc(a, e.loc))
+                    writer = LrWriter("manual", _manual_loc(sources, e.loc))
                 now.append((lr, writer))
                 groups.setdefault(g, []).append(LrPoint(number, lr, writer))
             known[opt] = now
@@ -183,10 +186,10 @@ def _args_of(a: "Analysis", sched) -> dict:
     return dict(s.args) if s is not None else {}
 
 
-def _manual_loc(a: "Analysis", step_loc: Location | None) -> Location | None:
+def _manual_loc(sources: dict, step_loc: Location | None) -> Location | None:
     """The script's ``...["lr"] = ...`` line closest above the step (the write happened between
     two steps; the source says where), else None."""
-    lines = manual_lines(a, step_loc)
+    lines = manual_lines(sources, step_loc)
     if not lines or step_loc is None:
         return None
     above = [n for n in lines if n < step_loc.line]

@@ -62,10 +62,11 @@ def assigned_object(path: str, line: int, attribute: str) -> str | None:
     return None
 
 
-@lru_cache(maxsize=64)
-def _lr_lines(path: str, size: int) -> tuple[int, ...]:
-    tree = _parse(path)
-    if tree is None:
+@lru_cache(maxsize=16)
+def _lr_lines(text: str) -> tuple[int, ...]:
+    try:
+        tree = ast.parse(text)
+    except Exception:
         return ()
     found = []
     for node in ast.walk(tree):
@@ -80,9 +81,11 @@ def _lr_lines(path: str, size: int) -> tuple[int, ...]:
 
 def lr_assignment_lines(path: str) -> list[int]:
     """The lines of ``<something>["lr"] = ...`` (or ``*=``, ...) in the file: where a script
-    writes a param group's learning rate itself. Empty when the source cannot be read."""
+    writes a param group's learning rate itself. Empty when the source cannot be read.
+    Keyed by the text (not the name: a relative name may stand for another file by now)."""
     try:
+        linecache.checkcache(path)
         lines = linecache.getlines(path)
-        return list(_lr_lines(path, len(lines))) if lines else []
+        return list(_lr_lines("".join(lines))) if lines else []
     except Exception:
         return []
