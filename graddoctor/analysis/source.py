@@ -75,3 +75,32 @@ def innermost_loop(path: str, line: int) -> tuple[int, int] | None:
             if best is None or node.lineno >= best[0]:
                 best = (node.lineno, node.end_lineno or node.lineno)
     return best
+
+
+@lru_cache(maxsize=16)
+def _lr_lines(text: str) -> tuple[int, ...]:
+    try:
+        tree = ast.parse(text)
+    except Exception:
+        return ()
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign) else []
+        for target in targets:
+            if (isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant)
+                    and target.slice.value == "lr"):
+                found.append(node.lineno)
+    return tuple(sorted(set(found)))
+
+
+def lr_assignment_lines(path: str) -> list[int]:
+    """The lines of ``<something>["lr"] = ...`` (or ``*=``, ...) in the file: where a script
+    writes a param group's learning rate itself. Empty when the source cannot be read.
+    Keyed by the text (not the name: a relative name may stand for another file by now)."""
+    try:
+        linecache.checkcache(path)
+        lines = linecache.getlines(path)
+        return list(_lr_lines("".join(lines))) if lines else []
+    except Exception:
+        return []

@@ -165,6 +165,21 @@ def _steps_with_param_groups(optimizer, name: str) -> bool:
     return step_module.startswith("torch.") and not hasattr(cls, name)
 
 
+def plain_number(value):
+    """A float or int (not a bool, not a tensor: reading a device tensor would synchronise)."""
+    if type(value) is float or type(value) is int:
+        return value
+    return None
+
+
+def group_lrs(optimizer) -> list | None:
+    """Each param group's lr as a plain number (None for a tensor lr), or None."""
+    groups = getattr(optimizer, "param_groups", None)
+    if type(groups) is not list:
+        return None
+    return [plain_number(g.get("lr")) if type(g) is dict else None for g in groups]
+
+
 def _has_closure(args, kwargs) -> bool:
     # the step hooks get the step's own args, ``self`` first
     return (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
@@ -213,7 +228,8 @@ class OptimizerWatcher:
         self._owned.update(dict.fromkeys(pids))
         opt = rec.optimizer_id(optimizer)
         rec.add_params(opt, pids)
-        rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
+        rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids,
+                                   lrs=[plain_number(g.get("lr")) for g in groups]), loc)
         for subscriber in self._params_added:
             subscriber(opt, pids)
 
@@ -360,7 +376,7 @@ class OptimizerWatcher:
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
                                    nonfinite=nonfinite,
                                    frozen=self._frozen_entries(optimizer, frozen) if frozen else None,
-                                   edited_params=by_hand),
+                                   edited_params=by_hand, lrs=group_lrs(optimizer)),
                      loc)
             if closure:
                 self.closure_step = opt
