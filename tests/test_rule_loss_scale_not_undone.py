@@ -38,7 +38,7 @@ def test_divided_clipped_or_unscaled_grads_are_silent():
 
 def test_weights_and_normalising_optimizers_are_silent():
     t = builder()
-    for factor in (1.0, 128.0, 1000.0, 0.5, None):
+    for factor in (1.0, 256.0, 512.0, 1000.0, 0.5, None):
         update(t, factor)
     assert findings(t, "loss-scale-not-undone") == []
     t = builder(cls="Adam")

@@ -5,7 +5,7 @@ import math
 from ..findings import Severity
 from .base import Rule, related, times
 
-MIN_SCALE = 2.0 ** 8  # loss scales are powers of two from 2**8 on; smaller factors read as loss weights
+MIN_SCALE = 2.0 ** 10  # loss scales are powers of two; smaller ones may be a batch size (a summed loss)
 # optimizers whose update is proportional to the gradient: a constant factor on the loss
 # multiplies the update (Adam, RMSprop, Adagrad... divide it out, but for epsilon)
 PROPORTIONAL = frozenset({"SGD", "ASGD"})
@@ -20,12 +20,13 @@ class LossScaleNotUndone(Rule):
     """
     ## What it does
     Finds hand-written loss scaling that is never undone: every backward of an update ran on
-    the loss multiplied by a large power of two (`(loss * 2**k).backward()`, 256 or more),
+    the loss multiplied by a large power of two (`(loss * 2**k).backward()`, 1024 or more),
     and nothing changed the gradients between those backwards and the step (no
     `p.grad.div_(2**k)`, no clip, no `GradScaler`), with SGD, whose update is proportional to
     the gradient. Optimizers that normalise the gradient (Adam, RMSprop, Adagrad) are left
     alone: for them a constant factor changes only the role of epsilon. A smaller factor, or
-    one that is not a power of two, reads as a loss weight and is left alone too.
+    one that is not a power of two, reads as a loss weight or a batch size (a summed loss) and
+    is left alone too.
 
     ## Why is this bad?
     Static loss scaling keeps small fp16 gradients from underflowing; the gradients must be
