@@ -21,7 +21,9 @@ def bypassing_steps(a) -> list:
     """The ledger's steps that applied gradients of an enabled GradScaler's scaled backward that
     nothing unscaled, outside ``scaler.step``: the update is multiplied by the loss scale."""
     return [s for s in a.ledger.scaled_steps
-            if any(b.get("scaler_enabled", True) for b in s.scaled.values())
+            # a scaled backward names its scaler and whether it is enabled; one that does not
+            # (a trace written without them) is not judged
+            if any(b.get("scaler_enabled") is True for b in s.scaled.values())
             and not in_scaler_step(a, s.step)]
 
 
