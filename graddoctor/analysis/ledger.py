@@ -100,6 +100,17 @@ class ScaledStep:
     edited: set[int]
 
 
+@dataclass(eq=False)
+class MixedUnscale:
+    """An ``unscale`` (explicit, or inside ``scaler.step``) divided gradients that hold both an
+    enabled scaler's scaled contribution and ``plain`` ones of backwards without
+    ``scaler.scale``: ``pid`` -> the first such plain backward."""
+
+    unscale: Event
+    plain: dict[int, Event]
+    scaled: Event  # a scaled backward in the same gradients
+
+
 @dataclass
 class Ledger:
     old_uses: list[OldUse] = field(default_factory=list)
@@ -111,6 +122,7 @@ class Ledger:
     clips: list[ClipState] = field(default_factory=list)
     clip_overwrites: list[ClipOverwrite] = field(default_factory=list)
     scaled_steps: list[ScaledStep] = field(default_factory=list)
+    mixed_unscales: list[MixedUnscale] = field(default_factory=list)
 
 
 class _Loop:
@@ -216,8 +228,20 @@ def build_ledger(a: "Analysis") -> Ledger:
                 scaled.pop(pid, None)
                 clipped.pop(pid, None)
         elif kind == "unscale":
+            plain: dict[int, Event] = {}
+            scaled_one = None
             for pid in a.opt_params.get(e.get("opt"), ()):
                 scaled.pop(pid, None)
+                if e.get("enabled"):
+                    pending = [c.backward for c in contribs.get(pid, ())
+                               if not c.consumed_by and not c.purposeful]
+                    on = next((b for b in pending if b.get("scaled") and b.get("scaler_enabled") is True), None)
+                    off = next((b for b in pending if not b.get("scaled")), None)
+                    if on is not None and off is not None:
+                        plain[pid] = off
+                        scaled_one = scaled_one or on
+            if plain:
+                led.mixed_unscales.append(MixedUnscale(e, plain, scaled_one))
         elif kind == "clip" and not e.get("norm_only"):
             scaled_edited.update(pid for pid in e.get("edited", ()) if pid in scaled)
             owned = [pid for pid in e["params"] if pid in a.owners]
