@@ -9,11 +9,14 @@ def in_scaler_step(a, step) -> bool:
     """The step ran inside ``scaler.step(optimizer)``: a ``scaler_step`` of the same optimizer
     follows it before any other step or backward (a fused optimizer is handed the scale and
     unscales inside its own step, with no ``unscale`` event)."""
-    for e in a.after(step.seq):
-        if e.kind == "scaler_step":
-            return e.get("opt") == step["opt"]
+    for ahead in range(1, 9):  # GradScaler.step records its event right after the step's own
+        e = a.event(step.seq + ahead)
+        if e is None:
+            continue  # not in this (folded) trace
         if e.kind in ("step", "step_begin", "backward"):
             return False
+        if e.kind == "scaler_step":
+            return e.get("opt") == step["opt"]
     return False
 
 
