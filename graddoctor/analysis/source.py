@@ -104,3 +104,17 @@ def lr_assignment_lines(path: str) -> list[int]:
         return list(_lr_lines("".join(lines))) if lines else []
     except Exception:
         return []
+
+
+def called_object(path: str, line: int, method: str) -> str | None:
+    """The source text of the object whose ``method`` a call on ``line`` calls (``opt`` in
+    ``opt.step()``, ``scaler`` in ``scaler.scale(loss).backward()``), so that a fix can name the
+    script's own variables; None when the source cannot be read or holds no such call there."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == method and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            return ast.unparse(node.func.value)
+    return None
