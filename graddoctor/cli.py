@@ -79,7 +79,9 @@ def check(
     from .run.ranks import rank_env, rank_path
 
     ranks = rank_env()
-    if typed["nproc_per_node"] > 1 and ranks is None:
+    # 1 too: a torchrun-style script reads RANK, WORLD_SIZE and MASTER_ADDR from the launcher
+    # (not again inside a launched rank: a world of one is not a "rank", rank_env says None)
+    if typed["nproc_per_node"] >= 1 and ranks is None and "LOCAL_RANK" not in os.environ:
         from .run.ranks import launch
 
         raise typer.Exit(launch(typed["nproc_per_node"], _child_args(ctx, script, script_args)))
@@ -109,11 +111,17 @@ def check(
     options, settings = _options(script, script_args, typed, _given(ctx),
                                  redirect_stdout=fmt.machine and output is None)
     render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"])
+    exchange = None
+    if ranks is not None:  # where this rank runs, for rank 0 to see it gone (run/ranks.py)
+        from .run.ranks import Exchange
+
+        exchange = Exchange(ranks)
+        exchange.register()
 
     def finish(report, wait_s: float | None = None) -> int:
         if ranks is not None:
             return _finish_rank(ranks, report, fmt, typed["output"], output, render, options, wait_s,
-                                shown_output)
+                                shown_output, exchange)
         _emit(report, fmt, output, render, shown_output)
         return report.exit_code()
 
@@ -152,7 +160,7 @@ def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:
 
 
 def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
-                 wait_s: float | None = None, shown: str | None = None) -> int:
+                 wait_s: float | None = None, shown: str | None = None, exchange=None) -> int:
     """One rank's end (run/ranks.py): ranks other than 0 hand their report to rank 0 and exit
     0; rank 0 gets the run's report, merged from every rank's, writes it, and exits by it."""
     from .report.json_format import render as render_json
@@ -163,7 +171,7 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
     mine = rank_report(report, ranks)
     if per_rank:
         _write(mine, fmt, output, render)
-    exchange = Exchange(ranks)
+    exchange = exchange or Exchange(ranks)
     if ranks.rank != 0:
         if not exchange.send(render_json(mine)) and not per_rank:
             fallback = rank_path(typed_output, ranks.rank) if typed_output else None
@@ -235,8 +243,13 @@ def _run(options, on_hang=None, checkpoint=None):
     # ranks share one terminal: only rank 0 draws the status line
     progress = Progress(label, options.steps or None,
                         enabled=False if ranks is not None and ranks.rank != 0 else None)
+    import contextlib
+
+    from .run.ranks import reporting_on_sigterm
+
     try:
-        with progress:
+        # a rank stopped by its launcher (SIGTERM) reports what it had, as rank 0 merges it
+        with progress, reporting_on_sigterm() if ranks is not None else contextlib.nullcontext():
             return run_check(options, on_step=progress.update, on_hang=on_hang,
                              checkpoint=checkpoint)
     except ScriptError as exc:
@@ -307,6 +320,7 @@ def merge_reports(
 
     from .rules.engine import selected_rules
     from .report.json_format import from_dict
+    from .findings import spans
     from .report.merge import Part, merge, missing_entry
 
     if format not in FORMATS:
@@ -315,30 +329,76 @@ def merge_reports(
         _usage_error(OPTIONS["fail_on"].error(fail_on, "library"))
     if output:
         _check_writable(output, "--output")
-    parts, skipped = [], set()  # skipped: the rules the ranks' checks left out
+    import re
+
+    parts, skipped, notes, unreadable = [], set(), [], {}  # skipped: rules the checks left out
+    paths: dict[int, str] = {}  # id(part) -> its file
     for path in reports:
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
             report = from_dict(data)
-            skipped.update(report.run.rules_skipped)
         except OSError as exc:
             _usage_error(f"cannot read {path}: {exc.strerror or exc}")
-        except (ValueError, KeyError, TypeError) as exc:
-            _usage_error(f"{path} is not a graddoctor JSON report ({type(exc).__name__}: {exc})")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # one corrupt file (a rank killed while writing it) must not hide the others
+            found = re.search(r"(\d+)\D*$", os.path.basename(path))
+            why = f"unreadable report file {path} ({type(exc).__name__}: {exc})"
+            if found:
+                unreadable[int(found.group(1))] = why
+            else:
+                notes.append(why)
+            continue
+        skipped.update(report.run.rules_skipped)
         entries = report.run.ranks or []
         rank = entries[0]["rank"] if len(entries) == 1 else None
         parts.append(Part(report, rank, entries[0]["process"] if len(entries) == 1 else path))
-    seen = {e["rank"] for p in parts for e in (p.report.run.ranks or [])}
+        paths[id(parts[-1])] = path
+    if not parts:
+        _usage_error("none of the reports could be read: " + "; ".join(
+            [*unreadable.values(), *notes]))
     if not all(p.report.run.ranks for p in parts):
         plain = [p for p in parts if not p.report.run.ranks]
         _usage_error(f"{plain[0].process} is the report of a single process, not of a rank "
                      "(write the ranks' reports under torchrun with -o 'report.{rank}.json')")
+    runs: dict[tuple, list[str]] = {}  # one run only: the same command and run id
+    for p in parts:
+        run = p.report.run
+        runs.setdefault((run.script, tuple(run.argv), run.run_id, run.world_size), []).append(
+            paths[id(p)])
+    if len({key[:2] for key in runs}) > 1 or len({key[2] for key in runs} - {None}) > 1 \
+            or len({key[3] for key in runs}) > 1:
+        groups = "; ".join(f"{', '.join(who)}: {' '.join([script, *argv])}"
+                           f"{f' (run {run_id})' if run_id else ''}, world size {world}"
+                           for (script, argv, run_id, world), who in runs.items())
+        _usage_error(f"these reports are of different runs, which merge cannot join: {groups}")
+    own = {p.rank for p in parts if p.rank is not None}
+    kept = []
+    for p in parts:  # a merged report (merge's own output in the glob) beside its ranks' files
+        ranks_in = {e["rank"] for e in p.report.run.ranks}
+        if p.rank is None and ranks_in & own:
+            notes.append(f"{p.process} is a report merged before (rank {spans(sorted(ranks_in))}"
+                         f"): left out, the ranks' own reports are given")
+            continue
+        kept.append(p)
+    parts = kept
+    by_rank: dict[int, Part] = {}
+    for p in parts:
+        for e in p.report.run.ranks:
+            if e["rank"] is None:
+                continue
+            other = by_rank.get(e["rank"])
+            if other is not None and other is not p:
+                _usage_error(f"rank {e['rank']} is given twice ({paths[id(other)]} and "
+                             f"{paths[id(p)]}): give each rank's report once")
+            by_rank[e["rank"]] = p
+    seen = set(by_rank)
     world = max(p.report.run.world_size for p in parts)
-    missing = [missing_entry(r, f"rank {r}", "no report file was given for this rank")
-               for r in range(world) if r not in seen]
+    missing = [missing_entry(r, f"rank {r}", unreadable.get(
+        r, "no report file was given for this rank")) for r in range(world) if r not in seen]
+    notes += [why for r, why in unreadable.items() if r in seen or r >= world]
     parts.sort(key=lambda p: (p.rank is None, p.rank or 0))
-    merged = merge(parts, world_size=world, missing=missing, fail_on=fail_on,
+    merged = merge(parts, world_size=world, missing=missing, notes=notes, fail_on=fail_on,
                    allow_incomplete=allow_incomplete, rules=selected_rules(ignore=sorted(skipped)))
     fmt = FORMATS[format]
     _emit(merged, fmt, output, RenderOptions(to_terminal=output is None))
