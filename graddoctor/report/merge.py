@@ -64,7 +64,9 @@ def missing_entry(rank: int | None, process: str, why: str) -> dict:
 
 _COMMUNICATION = ("connection closed by peer", "remote worker", "gloo", "nccl", "timed out",
                   "distbackenderror", "connection reset", "broken pipe",
-                  "sigterm")  # a rank the launcher stopped because another one failed
+                  # a rank the launcher stopped, or ended without its report, because another
+                  # one failed
+                  "sigterm", "the launcher ended the run")
 
 
 def communication_error(error: dict | None) -> bool:

@@ -465,19 +465,18 @@ def gather(exchange: "Exchange", report, options, wait_s: float | None = None,
                  rules=selected_rules(options.select, options.ignore))
 
 
-def _posting_exits(agent_cls):
-    """A patch of torchrun's agent: when it sees ranks end, it posts their exit codes to the
-    ``exit`` log of the run's store (before it stops the other ranks), so that rank 0 knows a
-    dead rank and how it died in a second, on any node this launcher runs."""
-    original = agent_cls._monitor_workers
+def _posting_exits(context_cls):
+    """A patch of torchrun's process context: before it stops the ranks still running (one
+    rank failed, or the launcher got a signal) it posts the exit codes of the ranks that ended
+    with a failure to the ``exit`` log of the run's store, so that rank 0 knows a dead rank and
+    how it died within a second."""
+    original = context_cls.close
     posted: set[tuple] = set()
 
-    def _monitor_workers(agent, worker_group):
-        result = original(agent, worker_group)
+    def close(context, *args, **kwargs):
         try:
-            context = agent._pcontext
             for local_rank, handler in getattr(context, "subprocess_handlers", {}).items():
-                code = handler.proc.returncode
+                code = handler.proc.poll()
                 if code is None or code == 0:  # running, or ended after its report
                     continue
                 env = rank_env(context.envs[local_rank])
@@ -487,9 +486,9 @@ def _posting_exits(agent_cls):
                 Exchange(env).post_exit(env.rank, code)
         except Exception:
             pass  # graddoctor's own failure: rank 0 falls back on /proc and its wait
-        return result
+        return original(context, *args, **kwargs)
 
-    return original, _monitor_workers
+    return original, close
 
 
 def launch(nproc: int, child_args: list[str]) -> int:
@@ -499,7 +498,7 @@ def launch(nproc: int, child_args: list[str]) -> int:
     import logging
     import sys
 
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -513,16 +512,18 @@ def launch(nproc: int, child_args: list[str]) -> int:
             quiet.append((logger, logger.level))
             logger.setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
-    original, monitor = _posting_exits(LocalElasticAgent)
-    LocalElasticAgent._monitor_workers = monitor
+    original, close = _posting_exits(SubprocessContext)
+    SubprocessContext.close = close
     try:
         run(args)
         return 0
     except SignalException as exc:
         # a CI job cancelled: the agent has passed the signal to the ranks and waited for them;
         # rank 0 wrote the merged report of what every rank had. Incomplete, not "findings"
-        print(f"graddoctor: error: the run was stopped ({getattr(exc, 'sigval', 'a signal')!s}"
-              f" to the launcher): the report holds what each rank had seen", file=sys.stderr)
+        sig = getattr(exc, "sigval", None)
+        name = getattr(sig, "name", None) or "a signal"
+        print(f"graddoctor: error: the run was stopped ({name} to the launcher): the report "
+              f"holds what each rank had seen", file=sys.stderr)
         return 2
     except ChildFailedError as exc:
         failures = exc.failures
@@ -538,6 +539,6 @@ def launch(nproc: int, child_args: list[str]) -> int:
               file=sys.stderr)
         return 2
     finally:
-        LocalElasticAgent._monitor_workers = original
+        SubprocessContext.close = original
         for logger, level in quiet:
             logger.setLevel(level)
