@@ -118,10 +118,29 @@ def settled_at_budget(report):
                                        notes=[*run.notes, note]))
 
 
+LIST_LIMIT = 16  # items of a list in a finding's evidence a rank hands on
+
+
+def bounded(report):
+    """A rank's report of a size that does not grow with the model: the lists in its findings'
+    evidence (parameter names) cut to ``LIST_LIMIT`` items and a count of the rest, so that
+    1,000 ranks of a model with thousands of tensors pass a few MB, not GB, to rank 0."""
+    def cut(value):
+        if isinstance(value, list) and len(value) > LIST_LIMIT:
+            return [*value[:LIST_LIMIT], f"… and {len(value) - LIST_LIMIT} more"]
+        if isinstance(value, dict):
+            return {k: cut(v) for k, v in value.items()}
+        return value
+
+    findings = [replace(f, evidence=cut(f.evidence)) if f.evidence else f
+                for f in report.findings]
+    return replace(report, findings=findings)
+
+
 def rank_report(report, env: RankEnv):
     """This rank's own report as one part of the run: what it hands to rank 0, or writes as
     its own file (``-o 'report.{rank}.json'``)."""
-    report = settled_at_budget(report)
+    report = bounded(settled_at_budget(report))
     report = replace(report, run=replace(report.run, run_id=env.run_id))
     return single(report, env.rank, env.label, os.getpid(), env.world_size)
 
