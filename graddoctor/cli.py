@@ -182,6 +182,7 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
                                                  "its report follows on stderr"), err=True)
             if not fallback:
                 typer.echo(FORMATS["text"].render(mine, RenderOptions()), err=True)
+        _end_unwaited()
         return 0  # never a failure code: the launcher would kill the ranks still reporting
     files = None
     if ranks.store is None and typed_output and fmt.name == "json":
@@ -193,6 +194,23 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
     else:
         _emit(merged, fmt, output, render, shown)
     return merged.exit_code()
+
+
+TEARDOWN_GRACE_S = 20.0
+
+
+def _end_unwaited() -> None:
+    """A rank other than 0 has handed over its report: if its interpreter's teardown then
+    hangs (a process group's destructor joining a gloo thread that waits for the GIL the
+    main thread holds), a timer in C, which needs no GIL, ends the process, so the launcher
+    does not wait for it. Its exit code is read by nobody: rank 0 exits by the merge."""
+    import faulthandler
+
+    try:
+        sink = open(os.devnull, "w")
+        faulthandler.dump_traceback_later(TEARDOWN_GRACE_S, exit=True, file=sink)
+    except Exception:
+        pass
 
 
 _TYPED = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may bundle its own click
