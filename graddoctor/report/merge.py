@@ -126,6 +126,14 @@ def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dic
             group[2] += [p for p in processes if p not in group[2]]
     findings = [replace(f, ranks=tuple(sorted(ranks)), processes=tuple(processes))
                 for f, ranks, processes in groups.values()]
+    world = world_size or max(p.report.run.world_size for p in parts)
+    by_code = {rule.code: rule for rule in rules}
+    for i, f in enumerate(findings):  # what a bug on some ranks does to every rank's update
+        if f.code in by_code and f.ranks:
+            try:
+                findings[i] = by_code[f.code]().across_ranks(f, world)
+            except Exception:
+                pass  # the finding as the rank said it
     compared, rule_errors = across_processes(parts, rules)
     findings += compared
     findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
