@@ -297,3 +297,25 @@ def test_sigterm_to_the_launcher_leaves_every_ranks_report_and_the_incomplete_co
     assert [(e["rank"], e["status"], e["steps"]) for e in data["run"]["ranks"]] == \
         [(0, "crashed", 2), (1, "crashed", 2)]
     assert data["run"]["error"]["type"] == "Terminated"
+
+
+def test_a_rank_stuck_after_its_report_is_not_waited_for(tmp_path):
+    """Rank 1's interpreter teardown never ends (as in a process group's destructor waiting
+    for the GIL): rank 0 has its report, the run ends by the merge, exit 0."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import atexit, time, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 1:\n    atexit.register(time.sleep, 3600)\n"
+        "w = torch.nn.Parameter(torch.ones(2))\nopt = torch.optim.SGD([w], lr=0.1)\n"
+        "for _ in range(2):\n    opt.zero_grad()\n    w.sum().backward()\n    opt.step()\n"
+        "dist.destroy_process_group()\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "graddoctor", "check", "--nproc-per-node", "2", "--format",
+         "json", str(script)], cwd=ROOT, env=cli_env(GRADDOCTOR_TEARDOWN_GRACE_S="2"),
+        capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    assert [(e["rank"], e["status"]) for e in data["run"]["ranks"]] == [(0, "completed"),
+                                                                         (1, "completed")]
+    assert "rank 0 ended before" not in done.stderr

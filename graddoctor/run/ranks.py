@@ -484,13 +484,30 @@ def gather(exchange: "Exchange", report, options, wait_s: float | None = None,
                  rules=selected_rules(options.select, options.ignore))
 
 
-def _posting_exits(context_cls):
-    """A patch of torchrun's process context: before it stops the ranks still running (one
-    rank failed, or the launcher got a signal) it posts the exit codes of the ranks that ended
-    with a failure to the ``exit`` log of the run's store, so that rank 0 knows a dead rank and
-    how it died within a second."""
-    original = context_cls.close
+def _launcher_patches(context_cls):
+    """Patches of torchrun's process context, for ``--nproc-per-node``:
+
+    * before it stops the ranks still running (one rank failed, or the launcher got a signal)
+      it posts the exit codes of the ranks that ended with a failure to the ``exit`` log of
+      the run's store, so that rank 0 knows a dead rank and how it died within a second;
+    * a rank other than 0 that ends with a failure after it handed over its report (ended
+      by graddoctor's teardown timer, stuck in a destructor) is not a failure of the run: its
+      report counts, and the other ranks are not stopped for it.
+
+    Returns [(name, original, patched)]."""
     posted: set[tuple] = set()
+    reported: dict[str, set[int]] = {}  # prefix -> ranks in its done log
+    readers: dict[str, "Exchange"] = {}
+
+    def has_reported(env) -> bool:
+        if env.rank not in reported.setdefault(env.prefix, set()):
+            reader = readers.setdefault(env.prefix, Exchange(env))
+            store = reader._connect()
+            reported[env.prefix].update(int(r) for r in reader._read_log(store, "done"))
+        return env.rank in reported[env.prefix]
+
+    original_close = context_cls.close
+    original_capture = context_cls._capture_process_failures
 
     def close(context, *args, **kwargs):
         try:
@@ -505,9 +522,21 @@ def _posting_exits(context_cls):
                 Exchange(env).post_exit(env.rank, code)
         except Exception:
             pass  # graddoctor's own failure: rank 0 falls back on /proc and its wait
-        return original(context, *args, **kwargs)
+        return original_close(context, *args, **kwargs)
 
-    return original, close
+    def capture(context, done_local_ranks):
+        original_capture(context, done_local_ranks)
+        try:
+            for local_rank in list(context._failures):
+                env = rank_env(context.envs[local_rank])
+                if env is not None and env.rank != 0 and env.store is not None \
+                        and has_reported(env):
+                    del context._failures[local_rank]
+        except Exception:
+            pass
+
+    return [("close", original_close, close),
+            ("_capture_process_failures", original_capture, capture)]
 
 
 def launch(nproc: int, child_args: list[str]) -> int:
@@ -531,8 +560,9 @@ def launch(nproc: int, child_args: list[str]) -> int:
             quiet.append((logger, logger.level))
             logger.setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
-    original, close = _posting_exits(SubprocessContext)
-    SubprocessContext.close = close
+    patches = _launcher_patches(SubprocessContext)
+    for name, _, patched in patches:
+        setattr(SubprocessContext, name, patched)
     try:
         run(args)
         return 0
@@ -558,6 +588,7 @@ def launch(nproc: int, child_args: list[str]) -> int:
               file=sys.stderr)
         return 2
     finally:
-        SubprocessContext.close = original
+        for name, original, _ in patches:
+            setattr(SubprocessContext, name, original)
         for logger, level in quiet:
             logger.setLevel(level)
