@@ -114,9 +114,11 @@ def check(
     exchange = None
     if ranks is not None:  # where this rank runs, for rank 0 to see it gone (run/ranks.py)
         from .run.ranks import Exchange
+        from .run.session import defer_teardown
 
         exchange = Exchange(ranks)
         exchange.register()
+        defer_teardown()  # the script's objects outlive the rank's report (_end_unwaited)
 
     def finish(report, wait_s: float | None = None) -> int:
         if ranks is not None:
@@ -193,26 +195,35 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
                    err=True)
     else:
         _emit(merged, fmt, output, render, shown)
-    return merged.exit_code()
-
-
-TEARDOWN_GRACE_S = 30.0  # GRADDOCTOR_TEARDOWN_GRACE_S overrides it
+    code = merged.exit_code()
+    exchange.post_verdict(code)
+    _end_unwaited()
+    return code
 
 
 def _end_unwaited() -> None:
-    """A rank other than 0 has handed over its report: if its interpreter's teardown then
-    hangs (a process group's destructor joining a gloo thread that waits for the GIL the
-    main thread holds), a timer in C, which needs no GIL, ends the process, so the launcher
-    does not wait for it. Its exit code (1) is not a failure of the run: rank 0 exits by the
-    merge, and ``--nproc-per-node``'s launcher ignores a failure of a rank that reported."""
+    """A rank has handed over its report (rank 0: written the run's): the script's objects
+    are let go of now (run/session.py held them), and if that teardown or the interpreter's
+    hangs (a process group's destructor joining a gloo thread that waits for the GIL the main
+    thread holds), a timer in C, which needs no GIL, ends the process: nobody waits for it.
+    Its exit code (1) is not the run's: rank 0 posted the verdict, which
+    ``--nproc-per-node``'s launcher returns."""
     import faulthandler
 
+    from .run.ranks import teardown_grace
+    from .run.session import release_deferred
+
+    for stream in (sys.stdout, sys.stderr):  # the timer's exit flushes nothing
+        try:
+            stream.flush()
+        except Exception:
+            pass
     try:
         sink = open(os.devnull, "w")
-        grace = float(os.environ.get("GRADDOCTOR_TEARDOWN_GRACE_S") or TEARDOWN_GRACE_S)
-        faulthandler.dump_traceback_later(grace, exit=True, file=sink)
+        faulthandler.dump_traceback_later(teardown_grace(), exit=True, file=sink)
     except Exception:
         pass
+    release_deferred()
 
 
 _TYPED = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may bundle its own click

@@ -300,13 +300,13 @@ def test_sigterm_to_the_launcher_leaves_every_ranks_report_and_the_incomplete_co
 
 
 def test_a_rank_stuck_after_its_report_is_not_waited_for(tmp_path):
-    """Rank 1's interpreter teardown never ends (as in a process group's destructor waiting
-    for the GIL): rank 0 has its report, the run ends by the merge, exit 0."""
+    """Both ranks' interpreter teardown never ends (as in a process group's destructor waiting
+    for the GIL): rank 0 has rank 1's report, writes the run's, and the run ends by it."""
     script = tmp_path / "train.py"
     script.write_text(
         "import atexit, time, torch, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
-        "if dist.get_rank() == 1:\n    atexit.register(time.sleep, 3600)\n"
+        "atexit.register(time.sleep, 3600)\n"
         "w = torch.nn.Parameter(torch.ones(2))\nopt = torch.optim.SGD([w], lr=0.1)\n"
         "for _ in range(2):\n    opt.zero_grad()\n    w.sum().backward()\n    opt.step()\n"
         "dist.destroy_process_group()\n")

@@ -228,6 +228,18 @@ def _own_start_time() -> str | None:
         return None
 
 
+TEARDOWN_GRACE_S = 30.0  # a rank's teardown after its report is handed over
+
+
+def teardown_grace() -> float:
+    """How long a rank's teardown may take once its report is handed over
+    (``GRADDOCTOR_TEARDOWN_GRACE_S``)."""
+    try:
+        return float(os.environ.get("GRADDOCTOR_TEARDOWN_GRACE_S") or TEARDOWN_GRACE_S)
+    except ValueError:
+        return TEARDOWN_GRACE_S
+
+
 LIVENESS_S = 1.0  # how often rank 0 looks for ranks that are gone while it waits
 TERM_WAIT_S = 10.0  # after SIGTERM (torchrun gives its ranks 30 s before SIGKILL)
 BATCH = 256  # reports read per store request
@@ -302,6 +314,19 @@ class Exchange:
     def post_exit(self, rank: int, code: int) -> None:
         """From the launcher: a rank ended with ``code``."""
         self._append("exit", f"{rank} {code}")
+
+    def post_verdict(self, code: int) -> None:
+        """Rank 0, once the run's report is written: its exit code, for the launcher."""
+        if self.env.store is not None:
+            try:
+                self._connect().set(f"{self.env.prefix}/verdict", str(code))
+            except Exception:
+                pass
+
+    def read_verdict(self) -> int | None:
+        store = self._connect()
+        key = f"{self.env.prefix}/verdict"
+        return int(store.get(key)) if store.check([key]) else None
 
     def send(self, text: str) -> bool:
         if self.env.store is None:
@@ -494,8 +519,13 @@ def _launcher_patches(context_cls):
       by graddoctor's teardown timer, stuck in a destructor) is not a failure of the run: its
       report counts, and the other ranks are not stopped for it.
 
-    Returns [(name, original, patched)]."""
+    * rank 0's exit code is the merged verdict it posted (``verdict``), also when its own
+      teardown then hung and graddoctor's timer ended it; once rank 0 has ended, the ranks
+      still running are ended after ``teardown_grace()``.
+
+    Returns ([(name, original, patched)], state)."""
     posted: set[tuple] = set()
+    state: dict = {}  # "verdict": rank 0's exit code as it posted it
     reported: dict[str, set[int]] = {}  # prefix -> ranks in its done log
     readers: dict[str, "Exchange"] = {}
 
@@ -527,16 +557,34 @@ def _launcher_patches(context_cls):
     def capture(context, done_local_ranks):
         original_capture(context, done_local_ranks)
         try:
+            envs = {lr: rank_env(context.envs[lr]) for lr in context.subprocess_handlers}
+            zero = next((lr for lr, e in envs.items() if e is not None and e.rank == 0), None)
+            zero_done = zero is not None and \
+                context.subprocess_handlers[zero].proc.returncode is not None
             for local_rank in list(context._failures):
-                env = rank_env(context.envs[local_rank])
-                if env is not None and env.rank != 0 and env.store is not None \
-                        and has_reported(env):
+                env = envs.get(local_rank)
+                if env is None or env.store is None:
+                    continue
+                if env.rank == 0:
+                    reader = readers.setdefault(env.prefix, Exchange(env))
+                    verdict = reader.read_verdict()
+                    if verdict is not None:  # rank 0 wrote the report: its code is the verdict
+                        state["verdict"] = verdict
+                        del context._failures[local_rank]
+                elif zero_done or has_reported(env):
                     del context._failures[local_rank]
+            if zero_done and "verdict" in state:
+                # the report is written: a rank still running is stuck in its teardown, or
+                # is missing from the report already; it is not waited for
+                ended = state.setdefault("zero_ended", time.monotonic())
+                if time.monotonic() - ended > teardown_grace():
+                    for lr in list(getattr(context, "_running_local_ranks", ())):
+                        context.subprocess_handlers[lr].proc.kill()
         except Exception:
             pass
 
     return [("close", original_close, close),
-            ("_capture_process_failures", original_capture, capture)]
+            ("_capture_process_failures", original_capture, capture)], state
 
 
 def launch(nproc: int, child_args: list[str]) -> int:
@@ -560,12 +608,12 @@ def launch(nproc: int, child_args: list[str]) -> int:
             quiet.append((logger, logger.level))
             logger.setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
-    patches = _launcher_patches(SubprocessContext)
+    patches, state = _launcher_patches(SubprocessContext)
     for name, _, patched in patches:
         setattr(SubprocessContext, name, patched)
     try:
         run(args)
-        return 0
+        return state.get("verdict", 0)
     except SignalException as exc:
         # a CI job cancelled: the agent has passed the signal to the ranks and waited for them;
         # rank 0 wrote the merged report of what every rank had. Incomplete, not "findings"
@@ -577,6 +625,8 @@ def launch(nproc: int, child_args: list[str]) -> int:
     except ChildFailedError as exc:
         failures = exc.failures
         codes = {rank: f.exitcode for rank, f in failures.items()}
+        if "verdict" in state:
+            return state["verdict"]
         if 0 not in codes or codes[0] in (1, 2):
             # rank 0 exits only after it has every rank's report or has marked the rank
             # missing in the merge: its code is the merged verdict (0 when rank 0 is not among

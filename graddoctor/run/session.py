@@ -393,15 +393,44 @@ class Session:
                                   world_size=max(ranks) + 1 if ranks else 1,
                                   end_notes=worker_notes)
             if workers is not None:
-                from ..instrument.graphkeep import release_after_check
-
                 # the script's globals (and the exception's frames) are let go of here, so that
-                # deep graphs it left are freed safely
+                # deep graphs it left are freed safely; a rank's, once its report is handed
+                # over (their destructors can hang: a process group's)
+                held = (outcome.namespace, outcome.ended_by)
                 outcome.namespace = outcome.ended_by = None
-                release_after_check()
+                if _deferred is not None:
+                    _deferred.append(held)
+                else:
+                    del held
+                    release_deferred(True)
             return report
         finally:
             lock.close()
+
+
+_deferred: list | None = None  # a rank's script objects, held until its report is handed over
+
+
+def defer_teardown() -> None:
+    """From a rank's front door: what the script left (its globals, the exception whose
+    frames hold its locals: a DDP model, a process group) is let go of only at
+    ``release_deferred()``, once the rank's report is handed over, so that their destructors
+    (which can deadlock: a gloo thread waiting for the GIL) cannot hold the report back."""
+    global _deferred
+    _deferred = []
+
+
+def release_deferred(now: bool = False) -> None:
+    """Let go of what ``defer_teardown`` held, and free what graddoctor kept of the graphs."""
+    global _deferred
+    held, _deferred = _deferred, None
+    if held is None and not now:
+        return
+    if held:
+        held.clear()
+    from ..instrument.graphkeep import release_after_check
+
+    release_after_check()
 
 
 class _Checkpoints:
