@@ -137,7 +137,24 @@ def check(
     def checkpoint(report) -> None:  # provisional, replaced by the final report
         _write(report, fmt, output, render)
 
-    report = _run(options, on_hang, checkpoint if output else None)
+    early: dict[str, int] = {}
+
+    def on_destroy(report, destroy) -> None:
+        """A rank's report at the script's destroy_process_group(), before its teardown
+        (run/session.py ``_EarlyReport``): final, whatever that teardown does."""
+        from .run.session import real_stdout
+
+        if ranks.rank == 0:
+            destroy()  # the group goes first: another rank's destroy may wait for rank 0's
+        with real_stdout():  # the script's stdout goes to stderr while it runs
+            early["code"] = _finish_rank(ranks, report, fmt, typed["output"], output, render,
+                                         options, None, shown_output, exchange, early=True)
+
+    report = _run(options, on_hang, checkpoint if output else None,
+                  on_destroy if ranks is not None else None)
+    if "code" in early:  # reported at destroy_process_group(): that report is final
+        _end_unwaited()
+        raise typer.Exit(early["code"])
     raise typer.Exit(finish(report))
 
 
@@ -162,7 +179,8 @@ def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:
 
 
 def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
-                 wait_s: float | None = None, shown: str | None = None, exchange=None) -> int:
+                 wait_s: float | None = None, shown: str | None = None, exchange=None,
+                 early: bool = False) -> int:
     """One rank's end (run/ranks.py): ranks other than 0 hand their report to rank 0 and exit
     0; rank 0 gets the run's report, merged from every rank's, writes it, and exits by it."""
     from .report.json_format import render as render_json
@@ -184,7 +202,8 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
                                                  "its report follows on stderr"), err=True)
             if not fallback:
                 typer.echo(FORMATS["text"].render(mine, RenderOptions()), err=True)
-        _end_unwaited()
+        if not early:  # (at destroy_process_group the script goes on: its end is not near)
+            _end_unwaited()
         return 0  # never a failure code: the launcher would kill the ranks still reporting
     files = None
     if ranks.store is None and typed_output and fmt.name == "json":
@@ -197,7 +216,8 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
         _emit(merged, fmt, output, render, shown)
     code = merged.exit_code()
     exchange.post_verdict(code)
-    _end_unwaited()
+    if not early:
+        _end_unwaited()
     return code
 
 
@@ -261,7 +281,7 @@ def _options(script: str, script_args, typed: dict, given: set[str], redirect_st
                          redirect_stdout=redirect_stdout), settings
 
 
-def _run(options, on_hang=None, checkpoint=None):
+def _run(options, on_hang=None, checkpoint=None, on_destroy=None):
     from .errors import ScriptError
     from .report.progress import Progress
     from .run.ranks import rank_env
@@ -282,7 +302,7 @@ def _run(options, on_hang=None, checkpoint=None):
         # a rank stopped by its launcher (SIGTERM) reports what it had, as rank 0 merges it
         with progress, reporting_on_sigterm() if ranks is not None else contextlib.nullcontext():
             return run_check(options, on_step=progress.update, on_hang=on_hang,
-                             checkpoint=checkpoint)
+                             checkpoint=checkpoint, on_destroy=on_destroy)
     except ScriptError as exc:
         _usage_error(str(exc))
     except Exception as exc:  # graddoctor's own failure: one line, the traceback on request
