@@ -319,3 +319,37 @@ def test_a_rank_stuck_after_its_report_is_not_waited_for(tmp_path):
     assert [(e["rank"], e["status"]) for e in data["run"]["ranks"]] == [(0, "completed"),
                                                                          (1, "completed")]
     assert "rank 0 ended before" not in done.stderr
+
+
+def test_a_rank_reports_at_destroy_process_group_before_its_teardown(tmp_path):
+    """The report handed over at ``destroy_process_group()`` holds the whole training, names
+    included, whatever the teardown after it does (here: a crash)."""
+    from graddoctor.run.session import run_check
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/pg', rank=0, world_size=1)\n"
+        "def main():\n"
+        "    model = torch.nn.Linear(2, 1)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for _ in range(3):\n"
+        "        model(torch.ones(1, 2)).sum().backward()\n"
+        "        opt.step()\n"
+        "    dist.destroy_process_group()\n"
+        "    raise RuntimeError('teardown went wrong')\n"
+        "main()\n")
+    seen = []
+
+    def on_destroy(report, destroy):
+        seen.append(report)
+        destroy()
+        destroy()  # once only
+
+    final = run_check(CheckOptions(target=str(script), steps=0), on_destroy=on_destroy)
+    [early] = seen
+    assert early.run.status == "completed" and early.run.steps == 3
+    assert [f.rule for f in early.findings] == ["missing-zero-grad"]
+    assert "model.weight" in early.findings[0].message  # main()'s locals name the parameters
+    assert final.run.status == "crashed"  # the teardown's own end: not in the early report
+    assert not dist.is_initialized()
