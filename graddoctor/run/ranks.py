@@ -14,6 +14,13 @@ at ``MASTER_ADDR:MASTER_PORT``, alive until every rank has ended, on every node)
 through the script's process group, which may be destroyed, broken or never created. Where
 there is no such store (SLURM's ``srun``, mpirun), or with ``-o`` holding ``{rank}``, each
 rank writes its own report file and ``graddoctor merge`` joins them.
+
+A rank's report is final before its script's teardown: at ``destroy_process_group()``
+(run/session.py ``_EarlyReport``), else when the script ends, with the script's objects held
+until the report is handed over; a rank stuck after that is not waited for. Rank 0 tells a
+dead rank from a slow one within a second (``Exchange``) and takes only its own run's
+reports (``run_id``, script, argv, world size). SIGTERM makes every rank report what it had
+(``reporting_on_sigterm``).
 """
 
 from __future__ import annotations
@@ -499,8 +506,8 @@ def gather(exchange: "Exchange", report, options, wait_s: float | None = None,
         wait_s = min(wait_s, TERM_WAIT_S)
     exchange.script = (report.run.script, list(report.run.argv))
     got, why = exchange.collect(wait_s, files)
-    own = replace(settled_at_budget(report), run=replace(settled_at_budget(report).run,
-                                                         run_id=env.run_id))
+    own = settled_at_budget(report)
+    own = replace(own, run=replace(own.run, run_id=env.run_id))
     parts = [Part(own, env.rank, env.label, os.getpid())]
     parts += [Part(r, rank, f"rank {rank}") for rank, r in sorted(got.items())]
     missing = [missing_entry(r, f"rank {r}", message) for r, message in sorted(why.items())]
