@@ -87,6 +87,7 @@ def test_under_ddp_a_clear_on_some_ranks_only_says_what_every_rank_applies():
     [f] = merged.findings
     assert f.ranks == (1, 2) and "only rank 0 clears" in f.message
     assert "fresh averaged gradient plus 2/3 of the previous update's gradient" in f.message
+    assert f.fix.startswith("clear the gradients on every rank, not under a rank test")
     again = merge([Part(merged, None, "merged")], world_size=3, rules=ALL_RULES)
     assert again.findings[0].message == f.message  # said once, not rewritten again
     plain = merge([part(0, []), part(1, [gd101(False)])], world_size=2, rules=ALL_RULES)

@@ -160,7 +160,9 @@ class MissingZeroGrad(Rule):
                    f"{k}/{n} of the previous update's gradient (a decaying sum of old gradients, "
                    f"like an unintended momentum of {k / n:.2g}); the replicas stay equal, the "
                    f"update is wrong on all of them")
-        return replace(finding, message=message, evidence={**ev, "ranks_not_clearing": k})
+        return replace(finding, message=message, evidence={**ev, "ranks_not_clearing": k},
+                       fix="clear the gradients on every rank, not under a rank test: call "
+                           "optimizer.zero_grad() once per update on all ranks")
 
     @staticmethod
     def _clear_astray(a, first, consumed, backward, mine):
