@@ -243,7 +243,10 @@ def _end_unwaited() -> None:
         faulthandler.dump_traceback_later(teardown_grace(), exit=True, file=sink)
     except Exception:
         pass
-    release_deferred()
+    import threading
+
+    if threading.current_thread() is threading.main_thread():  # not from the watchdog
+        release_deferred()
 
 
 _TYPED = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may bundle its own click
