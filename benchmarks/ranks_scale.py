@@ -109,7 +109,7 @@ def main() -> None:
     poster = Exchange(env(0, "b"))
     poster._store = client
     for r in gone:
-        poster._append("alive", f"{r} {os.uname().nodename} {dead.pid} -")
+        poster.append_log("alive", f"{r} {os.uname().nodename} {dead.pid} -")
     for r in killed:
         poster.post_exit(r, -9)
     thread = threading.Thread(target=ranks, args=("b", killed | gone))

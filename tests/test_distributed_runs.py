@@ -184,7 +184,7 @@ def test_a_rank_gone_without_a_report_is_missing_within_seconds_with_its_exit():
             # was SIGKILLed (its launcher posted the exit code), rank 4 sent its report
             for rank, pid in ((1, alive.pid), (2, gone.pid)):
                 Exchange(store.env(rank, 5)).register()
-                Exchange(store.env(rank, 5))._append("alive", f"{rank} {os.uname().nodename} {pid} -")
+                Exchange(store.env(rank, 5)).append_log("alive", f"{rank} {os.uname().nodename} {pid} -")
             gone.wait()
             Exchange(store.env(3, 5)).post_exit(3, -signal.SIGKILL)
             Exchange(store.env(4, 5)).send(render(rank_report(_report(), store.env(4, 5))))

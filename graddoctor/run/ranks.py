@@ -274,7 +274,7 @@ class Exchange:
         self.requests = 0  # store requests made by collect (the benchmark reads it)
         self.script: tuple[str, list[str]] | None = None  # (script, argv) of this run
 
-    def _connect(self):
+    def connect(self):
         if self._store is None:
             from datetime import timedelta
 
@@ -288,12 +288,12 @@ class Exchange:
     def _key(self, rank: int) -> str:
         return f"{self.env.prefix}/report/{rank}"
 
-    def _append(self, log: str, value: str) -> None:
-        store = self._connect()
+    def append_log(self, log: str, value: str) -> None:
+        store = self.connect()
         n = store.add(f"{self.env.prefix}/{log}/n", 1)
         store.set(f"{self.env.prefix}/{log}/{n}", value)
 
-    def _read_log(self, store, log: str) -> list[str]:
+    def read_log(self, store, log: str) -> list[str]:
         """The entries appended to ``log`` since the last read (one request when none)."""
         n = store.add(f"{self.env.prefix}/{log}/n", 0)
         self.requests += 1
@@ -313,25 +313,25 @@ class Exchange:
         if self.env.store is None:
             return
         try:
-            self._append("alive", f"{self.env.rank} {socket.gethostname()} {os.getpid()} "
+            self.append_log("alive", f"{self.env.rank} {socket.gethostname()} {os.getpid()} "
                                   f"{_own_start_time() or '-'}")
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def post_exit(self, rank: int, code: int) -> None:
         """From the launcher: a rank ended with ``code``."""
-        self._append("exit", f"{rank} {code}")
+        self.append_log("exit", f"{rank} {code}")
 
     def post_verdict(self, code: int) -> None:
         """Rank 0, once the run's report is written: its exit code, for the launcher."""
         if self.env.store is not None:
             try:
-                self._connect().set(f"{self.env.prefix}/verdict", str(code))
+                self.connect().set(f"{self.env.prefix}/verdict", str(code))
             except Exception:
                 pass
 
     def read_verdict(self) -> int | None:
-        store = self._connect()
+        store = self.connect()
         key = f"{self.env.prefix}/verdict"
         return int(store.get(key)) if store.check([key]) else None
 
@@ -340,8 +340,8 @@ class Exchange:
             self.error = "no launcher store (not started by torchrun)"
             return False
         try:
-            self._connect().set(self._key(self.env.rank), text)
-            self._append("done", str(self.env.rank))
+            self.connect().set(self._key(self.env.rank), text)
+            self.append_log("done", str(self.env.rank))
             return True
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
@@ -365,10 +365,10 @@ class Exchange:
 
     def _liveness(self, store, pending: list[int]) -> dict[int, str]:
         """The pending ranks known to be gone, and how they ended."""
-        for entry in self._read_log(store, "alive"):
+        for entry in self.read_log(store, "alive"):
             rank, host, pid, start = entry.split()
             self.where[int(rank)] = (host, int(pid), None if start == "-" else start)
-        for entry in self._read_log(store, "exit"):
+        for entry in self.read_log(store, "exit"):
             rank, code = entry.split()
             self.exits[int(rank)] = int(code)
         here = socket.gethostname()
@@ -395,7 +395,7 @@ class Exchange:
         store = None
         if self.env.store is not None:
             try:
-                store = self._connect()
+                store = self.connect()
             except Exception as exc:
                 self.error = f"{type(exc).__name__}: {exc}"
         if store is None and not files:
@@ -418,7 +418,7 @@ class Exchange:
 
         def arrived() -> None:
             if store is not None:
-                ranks = [int(r) for r in self._read_log(store, "done")]
+                ranks = [int(r) for r in self.read_log(store, "done")]
                 ranks = [r for r in ranks if r in others and r not in got]
                 for i in range(0, len(ranks), BATCH):
                     batch = ranks[i:i + BATCH]
@@ -539,8 +539,8 @@ def _launcher_patches(context_cls):
     def has_reported(env) -> bool:
         if env.rank not in reported.setdefault(env.prefix, set()):
             reader = readers.setdefault(env.prefix, Exchange(env))
-            store = reader._connect()
-            reported[env.prefix].update(int(r) for r in reader._read_log(store, "done"))
+            store = reader.connect()
+            reported[env.prefix].update(int(r) for r in reader.read_log(store, "done"))
         return env.rank in reported[env.prefix]
 
     original_close = context_cls.close

@@ -295,6 +295,11 @@ class Session:
         self._lock: contextlib.ExitStack | None = None  # the one-check lock, if claimed
         self._started = 0.0
 
+    @property
+    def started(self) -> float:
+        """When the session began (``time.perf_counter()``)."""
+        return self._started
+
     def begin(self, variables: Callable[[object], dict] | None = None, *,
               around: tuple[Callable[[object], contextlib.AbstractContextManager], ...] = ()
               ) -> "Session":
@@ -526,7 +531,7 @@ class _EarlyReport:
         finally:
             del frame
         return build_report(session.options, rec, resolved(_snapshot(rec, variables)),
-                            RunOutcome(), duration=time.perf_counter() - session._started)
+                            RunOutcome(), duration=time.perf_counter() - session.started)
 
 
 class _Checkpoints:
