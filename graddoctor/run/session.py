@@ -137,15 +137,48 @@ def _stdout_to_stderr(enabled: bool):
         if saved_fd is not None:
             os.close(saved_fd)
         saved_fd = None
+    _redirected.append(saved_fd)
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
+        _redirected.pop()
         if saved_fd is not None:
             with contextlib.suppress(Exception):
                 sys.__stdout__.flush()  # what the script wrote to sys.__stdout__ goes to stderr
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
+
+
+_redirected: list[int | None] = []  # while the script's stdout goes to stderr: the real one's fd
+
+
+@contextlib.contextmanager
+def real_stdout():
+    """The real stdout for the block, while the script's goes to stderr: for a report written
+    while the script still runs (a rank's, at ``destroy_process_group()``)."""
+    if not _redirected:
+        yield
+        return
+    saved_fd = _redirected[-1]
+    script_fd = None
+    try:
+        sys.stdout.flush()
+        sys.__stdout__.flush()
+        if saved_fd is not None:
+            script_fd = os.dup(1)
+            os.dup2(saved_fd, 1)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        with contextlib.redirect_stdout(sys.__stdout__):
+            yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.__stdout__.flush()
+        if script_fd is not None:
+            os.dup2(script_fd, 1)
+            os.close(script_fd)
 
 
 def _device_of(rec) -> str:
@@ -295,6 +328,11 @@ class Session:
         self._lock: contextlib.ExitStack | None = None  # the one-check lock, if claimed
         self._started = 0.0
 
+    @property
+    def started(self) -> float:
+        """When the session began (``time.perf_counter()``)."""
+        return self._started
+
     def begin(self, variables: Callable[[object], dict] | None = None, *,
               around: tuple[Callable[[object], contextlib.AbstractContextManager], ...] = ()
               ) -> "Session":
@@ -360,7 +398,8 @@ class Session:
 
     def check(self, on_step: Callable[[int], None] | None = None, *,
               on_hang: Callable[[Report], None] | None = None,
-              checkpoint: Callable[[Report], None] | None = None) -> Report:
+              checkpoint: Callable[[Report], None] | None = None,
+              on_destroy: Callable[[Report, Callable[[], None]], None] | None = None) -> Report:
         """Run the script (``run_check`` says what the callbacks get)."""
         options = self.options
         workers = Workers(options)  # multiprocessing workers: instrumented by a start-up hook
@@ -388,12 +427,14 @@ class Session:
             on_hang(build_report(options, rec, _snapshot(rec, variables), ending,
                                  duration=time.perf_counter() - self._started))
 
+        destroy = _EarlyReport(self, on_destroy) if on_destroy is not None else None
         try:
-            outcome = run_target(options.target, list(options.args), module=options.module,
-                                 timeout=options.timeout, finder=rec.finder, on_hang=hang,
-                                 on_start=lambda: provisional(force=True),
-                                 last_resort=on_hang is not None,
-                                 on_fork_child=instrumentation.detach_in_child)
+            with destroy.watching() if destroy is not None else contextlib.nullcontext():
+                outcome = run_target(options.target, list(options.args), module=options.module,
+                                     timeout=options.timeout, finder=rec.finder, on_hang=hang,
+                                     on_start=lambda: provisional(force=True),
+                                     last_resort=on_hang is not None,
+                                     on_fork_child=instrumentation.detach_in_child)
         except BaseException:  # the target cannot run (ScriptError)
             self.discard()
             raise
@@ -427,15 +468,104 @@ class Session:
                                   world_size=max(ranks) + 1 if ranks else 1,
                                   end_notes=worker_notes)
             if workers is not None:
-                from ..instrument.graphkeep import release_after_check
-
                 # the script's globals (and the exception's frames) are let go of here, so that
-                # deep graphs it left are freed safely
+                # deep graphs it left are freed safely; a rank's, once its report is handed
+                # over (their destructors can hang: a process group's)
+                held = (outcome.namespace, outcome.ended_by)
                 outcome.namespace = outcome.ended_by = None
-                release_after_check()
+                if _deferred is not None:
+                    _deferred.append(held)
+                else:
+                    del held
+                    release_deferred(True)
             return report
         finally:
             lock.close()
+
+
+_deferred: list | None = None  # a rank's script objects, held until its report is handed over
+
+
+def defer_teardown() -> None:
+    """From a rank's front door: what the script left (its globals, the exception whose
+    frames hold its locals: a DDP model, a process group) is let go of only at
+    ``release_deferred()``, once the rank's report is handed over, so that their destructors
+    (which can deadlock: a gloo thread waiting for the GIL) cannot hold the report back."""
+    global _deferred
+    _deferred = []
+
+
+def release_deferred(now: bool = False) -> None:
+    """Let go of what ``defer_teardown`` held, and free what graddoctor kept of the graphs."""
+    global _deferred
+    held, _deferred = _deferred, None
+    if held is None and not now:
+        return
+    if held:
+        held.clear()
+    from ..instrument.graphkeep import release_after_check
+
+    release_after_check()
+
+
+class _EarlyReport:
+    """A rank's report at the script's ``destroy_process_group()``: training is over there,
+    and what follows (``main()`` returning frees the DDP model and the process group, whose
+    destructors can deadlock on the GIL) must not hold the report back.
+    ``on_destroy(report, destroy)`` gets the report as of that call, with its deferred values
+    read, and the original ``destroy`` to call (once) when it wants the group gone."""
+
+    def __init__(self, session: Session, on_destroy):
+        self.session = session
+        self.on_destroy = on_destroy
+        self.done = False
+
+    @contextlib.contextmanager
+    def watching(self):
+        import torch.distributed as dist
+
+        patches = Patcher()
+        early = self
+        original = dist.destroy_process_group
+
+        def destroy_process_group(group=None, *args, **kwargs):
+            if group is not None or early.done or not early.session.rec.steps:
+                return original(group, *args, **kwargs)
+            early.done = True
+            called = []
+
+            def destroy():
+                if not called:
+                    called.append(original(group, *args, **kwargs))
+
+            try:
+                early.on_destroy(early.report(sys._getframe(1)), destroy)
+            except Exception as exc:  # graddoctor's own failure: the report at the end
+                early.session.rec.internal_error("report at destroy_process_group", exc)
+            destroy()
+            return called[0] if called else None
+
+        patches.patch(dist, "destroy_process_group", destroy_process_group)
+        try:
+            yield
+        finally:
+            patches.undo()
+
+    def report(self, frame) -> Report:
+        from ..instrument.recorder import resolved
+
+        session = self.session
+        rec = session.rec
+        variables = {}
+        main = sys.modules.get("__main__")
+        if main is not None:
+            variables.update(vars(main))
+        try:
+            variables.update(frame.f_locals)  # main()'s model and optimizer, by their names
+        finally:
+            del frame
+        return build_report(session.options, rec, resolved(_snapshot(rec, variables)),
+                            RunOutcome(), duration=time.perf_counter() - session.started)
 
 
 class _Checkpoints:
@@ -475,7 +605,8 @@ class _Checkpoints:
 
 def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = None, *,
               on_hang: Callable[[Report], None] | None = None,
-              checkpoint: Callable[[Report], None] | None = None) -> Report:
+              checkpoint: Callable[[Report], None] | None = None,
+              on_destroy: Callable[[Report, Callable[[], None]], None] | None = None) -> Report:
     """Replay the user's script under instrumentation and judge the trace.
 
     Raises ``ScriptError`` only when the target cannot be run at all; everything the script
@@ -491,7 +622,9 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     ``CHECKPOINT_EVERY_S`` without a step budget, and while the writes have taken less than
     ``CHECKPOINT_SHARE`` of the time since the start plus ``CHECKPOINT_ALLOWANCE_S``): what is
     left if the process is killed before the final report.
+    ``on_destroy(report, destroy)``: a rank's report when the script calls
+    ``destroy_process_group()`` (``_EarlyReport``), before its teardown.
     """
     options = validated(options)
     return Session(options, claim=f"graddoctor check {options.target}").check(
-        on_step, on_hang=on_hang, checkpoint=checkpoint)
+        on_step, on_hang=on_hang, checkpoint=checkpoint, on_destroy=on_destroy)
