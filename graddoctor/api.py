@@ -44,11 +44,13 @@ def resolve_options(target: str, args: Sequence[str], values: Mapping[str, Any],
 
 
 def check_options(target: str, args: Sequence[str], settings: Mapping[str, Any],
-                  shown: str | None, *, redirect_stdout: bool = False) -> CheckOptions:
-    """``CheckOptions`` from resolved settings (``resolve_settings``)."""
+                  shown: str | None, *, redirect_stdout: bool = False,
+                  grad_flow: bool = False) -> CheckOptions:
+    """``CheckOptions`` from resolved settings (``resolve_settings``); ``grad_flow``: record every
+    update's gradient norms (a picture was asked for)."""
     return CheckOptions(target=target, args=tuple(args),
                         **{o.field: settings[o.name] for o in SCRIPT_OPTIONS.values()},
-                        redirect_stdout=redirect_stdout, config_path=shown)
+                        redirect_stdout=redirect_stdout, config_path=shown, grad_flow=grad_flow)
 
 
 def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[str], *,

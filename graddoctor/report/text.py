@@ -37,9 +37,9 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def header(console: Console, report: Report) -> None:
+def header_facts(report: Report) -> str:
+    """``device cpu · torch 2.13.0 · 10/10 optimizer steps replayed · 10 backward calls``."""
     run = report.run
-    console.print(Text.assemble(("graddoctor", "bold"), "  ", (run.script, "bold underline")))
     steps = f"{_plural(run.steps, 'optimizer step')} replayed"
     if run.step_budget and run.steps > run.step_budget:  # DataLoader scripts cross two epoch ends
         steps += f" (budget {run.step_budget}, run on past 2 epoch ends)"
@@ -47,7 +47,13 @@ def header(console: Console, report: Report) -> None:
         steps = f"{run.steps}/{run.step_budget} optimizer steps replayed"
     facts = [f"device {run.device}", f"torch {run.torch_version}", steps,
              _plural(run.backward_calls, "backward call")]
-    console.print(Padding(Text(" · ".join(facts), style="dim"), (0, 0, 0, 2)))
+    return " · ".join(facts)
+
+
+def header(console: Console, report: Report) -> None:
+    run = report.run
+    console.print(Text.assemble(("graddoctor", "bold"), "  ", (run.script, "bold underline")))
+    console.print(Padding(Text(header_facts(report), style="dim"), (0, 0, 0, 2)))
     status = Text.assemble("  status ", (run.status, "bold"),
                            f": {STATUS_TEXT.get(run.status, run.status)} · {run.duration_s:.1f} s")
     if run.config:
