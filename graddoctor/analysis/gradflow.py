@@ -80,7 +80,7 @@ class HeatColumn:
     updates folded by the recorder into min/median/max (``band``), or updates with no norms to
     show (``gap``: folded out of the trace, skipped by a GradScaler, closure steps, not measured)."""
 
-    kind: str  # "step" | "band" | "gap"
+    form: str  # "step" | "band" | "gap"
     first: int  # step numbers (1-based), inclusive
     last: int
     count: int  # updates it stands for
@@ -149,7 +149,7 @@ def heatmaps(a: "Analysis") -> list[Heatmap]:
     """One heatmap per optimizer that stepped with gradients: from its ``grad_flow`` event
     when a picture was asked for while recording, else from the norms the trace's steps kept."""
     recorded = {e["opt"]: e for e in a.by_kind.get("grad_flow", ())}
-    by_opt: dict[int, list] = {}  # opt -> [(first, last, count, kind, pids, values, low, high, lrs, why)]
+    by_opt: dict[int, list] = {}  # opt -> [(first, last, count, form, pids, values, low, high, lrs, why)]
     if recorded:
         for opt, e in recorded.items():
             items = by_opt.setdefault(opt, [])
@@ -191,12 +191,12 @@ def heatmaps(a: "Analysis") -> list[Heatmap]:
                 groups.append((module, i, 1))
         columns: list[HeatColumn] = []
         expected = 1
-        for first, last, count, kind, pids, values, low, high, lrs, why in items:
+        for first, last, count, form, pids, values, low, high, lrs, why in items:
             if first > expected:
                 columns.append(_gap(a, expected, first - 1))
             layer_values = _layer_values(pids, values, row_of, len(rows), a.param_name)
-            column = HeatColumn(kind, first, last, count, layer_values, lrs=list(lrs or ()))
-            if kind == "band":
+            column = HeatColumn(form, first, last, count, layer_values, lrs=list(lrs or ()))
+            if form == "band":
                 column.low = _layer_values(pids, low, row_of, len(rows), a.param_name)
                 column.high = _layer_values(pids, high, row_of, len(rows), a.param_name)
             else:

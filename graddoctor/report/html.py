@@ -155,7 +155,7 @@ def context(report: Report) -> dict:
     column_of = {}
     for h in heats:
         for c in h.columns:
-            if c.kind != "gap":
+            if c.form != "gap":
                 for s in (c.first,):
                     column_of.setdefault(s, f"gd-step-{h.opt}-{c.first}")
 

@@ -44,7 +44,7 @@ def plot(report, path: str) -> None:
                                                        * len(heats) + 1.5 * len(heats)),
                              squeeze=False, gridspec_kw={"width_ratios": [1, 2.4]})
     for (bars, heat_ax), h in zip(axes, heats):
-        steps = [c for c in h.columns if c.kind != "gap"]
+        steps = [c for c in h.columns if c.form != "gap"]
         rows = len(h.rows)
         means, maxes, none = [], [], []
         for i in range(rows):
@@ -70,18 +70,18 @@ def plot(report, path: str) -> None:
 
         grid = np.full((rows, len(h.columns)), np.nan)
         for j, c in enumerate(h.columns):
-            if c.kind == "gap":
+            if c.form == "gap":
                 continue
             for i, v in enumerate(c.values):
                 if v is not None and math.isfinite(v) and v > 0:
                     grid[i, j] = v
         finite = grid[np.isfinite(grid)]
         cmap = matplotlib.colormaps["viridis"].copy()
-        cmap.set_bad("#d9d9d9")
+        cmap = cmap.with_extremes(bad="#d9d9d9")
         norm = LogNorm(vmin=finite.min(), vmax=finite.max()) if finite.size and finite.min() < finite.max() else None
         image = heat_ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
         for j, c in enumerate(h.columns):
-            for i, v in enumerate(c.values if c.kind != "gap" else ()):
+            for i, v in enumerate(c.values if c.form != "gap" else ()):
                 if v is not None and not math.isfinite(v):
                     heat_ax.plot(j, i, "x", color="#d62728", markersize=5)
         labels = [str(c.first) for c in h.columns]

@@ -28,6 +28,8 @@ GROUP_GAP = 6  # pixels between two modules' rows
 STRIP_H = 14
 SPARK_W = 110
 HEAT_W = 940  # pixels the columns share at most
+MIN_DECADES = 1.5  # the colour scale spans at least this many decades
+MIN_W = 420  # ... and at least, up to 48 pixels a column
 
 
 def _hex(c: str) -> tuple[int, int, int]:
@@ -59,9 +61,9 @@ def log_range(heat: Heatmap) -> tuple[float, float]:
     if not logs:
         return -1.0, 0.0
     lo, hi = min(logs), max(logs)
-    if hi - lo < 1e-9:
-        lo, hi = lo - 0.5, hi + 0.5
-    return lo, hi
+    # at least MIN_DECADES under the top: norms that wobble by a few percent stay one colour
+    # (a steady run looks steady), while a gradient that climbs 5x still crosses half the scale
+    return min(lo, hi - MIN_DECADES), hi
 
 
 def _fill(v: float | None, lo: float, hi: float) -> tuple[str, str]:
@@ -92,7 +94,8 @@ class _Layout:
     def __init__(self, heat: Heatmap):
         self.heat = heat
         n = len(heat.columns)
-        self.cw = max(3.0, min(22.0, HEAT_W / max(n, 1)))
+        # a short run gets wide cells (at least MIN_W in all), a long one narrow ones
+        self.cw = min(48.0, max(3.0, min(24.0, HEAT_W / max(n, 1)), MIN_W / max(n, 1)))
         longest = max((len(r) for r in heat.rows), default=4)
         self.label_w = max(110, min(300, 16 + 7 * longest))
         # the strips above the cells: findings always, the others where they have something
@@ -134,9 +137,9 @@ class _Layout:
 
 
 def _column_title(c: HeatColumn) -> str:
-    if c.kind == "band":
+    if c.form == "band":
         return f"steps {c.first}–{c.last} ({c.count} updates folded into a band)"
-    if c.kind == "gap":
+    if c.form == "gap":
         return f"steps {c.first}–{c.last}" if c.last > c.first else f"step {c.first}"
     return f"step {c.first}"
 
@@ -148,7 +151,7 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
     lo, hi = log_range(heat)
     width = L.right + 16 + SPARK_W + 70
     height = L.bottom + 54
-    cells = sum(1 for c in heat.columns if c.kind != "gap") * len(heat.rows)
+    cells = sum(1 for c in heat.columns if c.form != "gap") * len(heat.rows)
     out = [f'<svg class="gd-heatmap" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
            f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
            f'data-rows="{len(heat.rows)}" data-columns="{len(heat.columns)}" data-cells="{cells}" '
@@ -162,7 +165,7 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
                    f"{name}</text>")
     for x, c in zip(L.col_x, heat.columns):
         micro = max((heat.micro.get(s, 0) for s in range(c.first, min(c.last, c.first + 50) + 1)),
-                    default=0) if c.kind != "gap" else 0
+                    default=0) if c.form != "gap" else 0
         if micro > 1:
             shade = min(0.85, 0.25 + 0.08 * micro)
             out.append(f'<rect class="gd-micro" x="{x:.1f}" y="{STRIP_H + 1}" width="{L.cw:.1f}" height="{STRIP_H - 2}" '
@@ -204,7 +207,7 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
     # the cells
     for x, c in zip(L.col_x, heat.columns):
         title = _column_title(c)
-        if c.kind == "gap":
+        if c.form == "gap":
             out.append(f'<rect class="gd-gap" x="{x:.1f}" y="{L.top}" width="{L.cw:.1f}" '
                        f'height="{L.bottom - L.top}" fill="url(#gd-gap)" stroke="#999" '
                        f'stroke-width="0.5"><title>{title}: {escape(c.why)}</title></rect>')
@@ -214,13 +217,13 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
             fill, mark = _fill(v, lo, hi)
             y = L.row_y[i]
             tip = f"{escape(heat.rows[i])} · {title}: "
-            if c.kind == "band":
+            if c.form == "band":
                 tip += (f"median {fmt(v)}, min {fmt(c.low[i] if c.low else None)}, "
                         f"max {fmt(c.high[i] if c.high else None)}")
             else:
                 tip += f"gradient norm {fmt(v)}"
             paint = "url(#gd-hatch)" if mark == "nograd" else fill
-            out.append(f'<rect class="cell{" band" if c.kind == "band" else ""}{" " + mark if mark else ""}" '
+            out.append(f'<rect class="cell{" band" if c.form == "band" else ""}{" " + mark if mark else ""}" '
                        f'data-step="{c.first}" data-row="{i}" x="{x:.1f}" y="{y}" '
                        f'width="{L.cw:.2f}" height="{ROW_H - 1}" fill="{paint}"'
                        f'{ZERO_STROKE if mark == "zero" else ""}>'
@@ -232,7 +235,7 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
                 out.append(f'<path d="M{x + 1:.1f} {y + 1} L{x + L.cw - 1:.1f} {y + ROW_H - 2} '
                            f'M{x + L.cw - 1:.1f} {y + 1} L{x + 1:.1f} {y + ROW_H - 2}" stroke="#fff" '
                            f'stroke-width="1.2"/>')
-            if c.kind == "band":
+            if c.form == "band":
                 out.append(f'<rect x="{x:.1f}" y="{y}" width="{L.cw:.2f}" height="{ROW_H - 1}" '
                            f'fill="url(#gd-band)" pointer-events="none"/>')
         out.append("</g>")
@@ -256,7 +259,7 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
                        f'fill="#444">{c.first}</text>')
     runs: list[list[int]] = []  # consecutive band (or gap) columns
     for j, c in enumerate(heat.columns):
-        if c.kind != "step":
+        if c.form != "step":
             if runs and runs[-1][1] == j - 1:
                 runs[-1][1] = j
             else:
@@ -265,7 +268,7 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
         cols = heat.columns[j0:j1 + 1]
         x0, x1 = L.col_x[j0], L.col_x[j1] + L.cw
         updates = sum(c.count for c in cols)
-        bands = sum(1 for c in cols if c.kind == "band")
+        bands = sum(1 for c in cols if c.form == "band")
         what = (f"{updates} updates folded into {bands} bands (min/median/max kept)" if bands
                 else f"{updates} updates: nothing to show")
         out.append(f'<path class="gd-bracket" d="M{x0:.1f} {L.bottom + 18} v4 H{x1:.1f} v-4" '
@@ -279,7 +282,7 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
     for i in range(len(heat.rows)):
         points = []
         for x, c in zip(L.col_x, heat.columns):
-            v = c.values[i] if c.kind != "gap" else None
+            v = c.values[i] if c.form != "gap" else None
             if v is not None and math.isfinite(v) and v > 0:
                 t = (math.log10(v) - lo) / (hi - lo)
                 px = sx + (x - L.label_w + L.cw / 2) / max(L.right - L.label_w, 1) * SPARK_W
@@ -327,7 +330,7 @@ def lines_svg(heat: Heatmap) -> str | None:
     applied, clipped, lrs, scales = [], [], {}, []
     for x, c in zip(L.col_x, heat.columns):
         mid = x + L.cw / 2
-        if c.kind == "step":
+        if c.form == "step":
             applied.append((mid, c.total))
             clipped.append((mid, heat.clip_total.get(c.first)))
         else:  # a band or a gap: the norm lines break there (a band keeps no totals)
@@ -335,7 +338,7 @@ def lines_svg(heat: Heatmap) -> str | None:
             clipped.append((mid, None))
         for g, lr in enumerate(c.lrs):
             lrs.setdefault(g, []).append((mid, lr))
-        if c.first in heat.scale and c.kind != "gap":
+        if c.first in heat.scale and c.form != "gap":
             scales.append((mid, heat.scale[c.first]))
     if not any(v is not None for _, v in clipped):
         clipped = []
@@ -355,7 +358,7 @@ def lines_svg(heat: Heatmap) -> str | None:
         return None
     h, gap = 70, 34
     height = len(series) * (h + gap) + 10
-    width = L.right + 220
+    width = L.right + 300
     out = [f'<svg class="gd-lines" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
            f'height="{height}" font-family="system-ui, sans-serif" font-size="11">']
     for k, (title, lines, log) in enumerate(series):
