@@ -12,6 +12,7 @@ Nothing here imports torch until a check starts (``import graddoctor`` stays lig
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from typing import Any, Iterable, Mapping, Sequence
@@ -124,6 +125,7 @@ def check_script(
     ignore: "str | Sequence[str] | None" = None,
     allow_incomplete: bool | None = None,
     config: bool = True,
+    grad_flow: bool = False,
 ) -> Report:
     """Run a training script (or, with ``module=True``, a module, like ``python -m``) under
     graddoctor, as ``graddoctor check PATH -- ARGV`` does, and return the ``Report``.
@@ -136,7 +138,8 @@ def check_script(
     changes (``sys.argv``, ``sys.path``, cwd, ...) and torch are put back afterwards.
     Whatever the script does (crash, ``sys.exit``, time limit) ends up in ``report.run``.
     Raises ``ScriptError`` when the target cannot be run at all or an option is bad, and
-    ``WatchError`` inside another check or ``watch()`` block.
+    ``WatchError`` inside another check or ``watch()`` block. ``grad_flow=True`` records every
+    update's gradient norms for the pictures (``report.render("html")``, a notebook's view).
     """
     from .run.session import run_check
 
@@ -148,6 +151,8 @@ def check_script(
     target = path if (module and isinstance(path, str)) else os.fspath(path)
     options = resolve_options(target, [str(a) for a in argv], values, values, source="python",
                               use_config=config)
+    if grad_flow:
+        options = dataclasses.replace(options, grad_flow=True)
     return run_check(options)
 
 

@@ -39,6 +39,8 @@ def _merged_two_ranks():
 
 # name -> (how to get the report, window height, a line the page must show)
 PAGES = {
+    "buggy_train": (lambda: _check("examples/buggy_train.py"), 1300,
+                    "backbone.zero_grad()  # bug: the head's gradients are never cleared"),
     "missing_zero_grad": (lambda: _check("fixtures/zero_grad/bad_missing_zero_grad_basic.py"),
                           1250, "loss.backward()  # expect: missing-zero-grad"),
     "clean_run": (lambda: _check("fixtures/amp_clip_accum/good_plain_clip.py"), 1000,
