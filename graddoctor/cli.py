@@ -83,6 +83,8 @@ def check(
         from .run.ranks import launch
 
         raise typer.Exit(launch(typed["nproc_per_node"], _child_args(ctx, script, script_args)))
+    if typed["plot"]:
+        _check_plot(typed["plot"])  # named as typed
     for name in ("output", "trace", "plot"):
         if typed[name]:  # where the user started: a script that changes directory moves no file
             typed[name] = os.path.abspath(typed[name])
@@ -106,10 +108,8 @@ def check(
                      f"Distributed training)")
     if not typed["module"] and not script.endswith(SCRIPT_SUFFIXES) and os.path.isfile(script):
         _usage_error(f"{script} is not a Python script (expected a .py file or a .ipynb notebook)")
-    if typed["plot"]:
-        _check_plot(typed["plot"])
     options, settings = _options(script, script_args, typed, _given(ctx),
-                                 redirect_stdout=fmt.machine and output is None,
+                                 redirect_stdout=fmt.document and output is None,
                                  pictures=fmt.pictures or bool(typed["plot"]))
     render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"])
 

@@ -168,3 +168,35 @@ def test_plot_draws_a_png(buggy, tmp_path):
     path = tmp_path / "flow.png"
     plot(buggy, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_the_command_line_writes_the_page_and_the_plot(tmp_path):
+    from conftest import run_cli
+
+    pytest.importorskip("matplotlib", reason="--plot needs the graddoctor[plots] extra")
+    page, picture = tmp_path / "report.html", tmp_path / "flow.svg"
+    result = run_cli("check", BUGGY, "--steps", "3", "--epoch-batches", "3", "-o", str(page),
+                     "--plot", str(picture), cwd=ROOT)
+    assert result.returncode == 1, result.stderr
+    assert "<" not in result.stdout  # the page went to its file
+    text = page.read_text(encoding="utf-8")
+    assert 'class="gd-heatmap"' in text and "partial-zero-grad" in text
+    assert picture.read_text(encoding="utf-8").lstrip().startswith("<?xml")
+    assert f"drew {picture}" in result.stderr
+
+
+def test_the_page_on_stdout_keeps_the_script_prints_out(tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("check", BUGGY, "--steps", "2", "--epoch-batches", "2", "--format", "html",
+                     cwd=ROOT)
+    assert result.stdout.startswith("<!DOCTYPE html>") and "epoch 0: loss" not in result.stdout
+    assert "epoch 0: loss" in result.stderr
+
+
+def test_plot_wants_a_picture_file():
+    from conftest import run_cli
+
+    result = run_cli("check", BUGGY, "--plot", "flow.txt", cwd=ROOT)
+    assert result.returncode == 2
+    assert "--plot flow.txt: the file must end in .png, .svg, .pdf" in result.stderr

@@ -1,8 +1,9 @@
 """The report formats behind one interface, and the registry the CLI dispatches through.
 
 A format has a ``name`` (``--format NAME``), a ``summary`` (for the option's help),
-``machine`` (a document for programs: while it goes to stdout, the script's own prints are
-sent to stderr) and ``render(report, options) -> str``. It sees only the ``Report``
+``machine`` (a document for programs: strict JSON), ``document`` (while it goes to stdout, the
+script's own prints are sent to stderr), ``pictures`` (it needs every update's gradient norms
+recorded) and ``render(report, options) -> str``. It sees only the ``Report``
 (report/model.py) and the ``RenderOptions``; it never decides anything.
 
 Kept light: a format imports its renderer when it renders (``--help`` stays instant and no
@@ -29,6 +30,9 @@ class ReportFormat:
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     machine: ClassVar[bool] = True
+    # one document on stdout (JSON, SARIF, a page, a summary): the script's own prints go to
+    # stderr while it does, so they cannot break it
+    document: ClassVar[bool] = True
     pictures: ClassVar[bool] = False  # needs every update's gradient norms recorded
 
     def render(self, report: "Report", options: RenderOptions = RenderOptions()) -> str:
@@ -42,6 +46,7 @@ class TextFormat(ReportFormat):
     name = "text"
     summary = "terminal"
     machine = False
+    document = False
 
     def render(self, report, options=RenderOptions()):
         from .text import render, wants_color
