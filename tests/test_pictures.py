@@ -200,3 +200,16 @@ def test_plot_wants_a_picture_file():
     result = run_cli("check", BUGGY, "--plot", "flow.txt", cwd=ROOT)
     assert result.returncode == 2
     assert "--plot flow.txt: the file must end in .png, .svg, .pdf" in result.stderr
+
+
+def test_the_modes_of_the_layers_show_where_a_mode_rule_found_something():
+    """An eval() never undone: the dropout layer's strip turns from train to eval at the epoch
+    end where the validation pass left it."""
+    report = run_check(CheckOptions(
+        target=os.path.join(ROOT, "fixtures", "modes", "bad_train_in_eval_validation_loader.py"),
+        grad_flow=True))
+    (heat,) = report.analysis.heatmaps
+    modes = heat.modes["model.2"]
+    assert modes[1] == "train" and modes[report.run.steps] == "eval"
+    page = report.render("html")
+    assert ">mode model.2</text>" in page and "its forwards ran in eval mode" in page

@@ -105,7 +105,9 @@ class Heatmap:
     clip_total: dict[int, float] = field(default_factory=dict)  # step -> norm before clipping
     scale: dict[int, float] = field(default_factory=dict)  # step -> GradScaler scale it used
     skipped: list[int] = field(default_factory=list)  # steps a GradScaler skipped
-    modes: dict[int, str] = field(default_factory=dict)  # step -> "train" | "eval" | "mixed"
+    # BatchNorm/dropout layer -> step -> the mode its forwards ran in during that update
+    # ("train" | "eval" | "mixed"); gradient-carrying forwards only (not a no_grad validation)
+    modes: dict[str, dict[int, str]] = field(default_factory=dict)
 
     def cells(self) -> int:
         """Cells drawn: one per (row, column)."""
@@ -220,9 +222,9 @@ def _gap(a: "Analysis", first: int, last: int) -> HeatColumn:
     if skipped == count:
         why = "skipped by the GradScaler (inf/NaN gradients)"
     elif a.folded_steps:
-        why = "folded out of the trace while recording (ask for a picture while checking: -o report.html)"
+        why = "folded out of the trace (no picture was asked for while recording)"
     else:
-        why = "no gradient norms recorded for these updates (closure steps, or measured only at the ends)"
+        why = "no gradient norms recorded (closure steps, or not measured)"
     return HeatColumn("gap", first, last, count, why=why)
 
 
@@ -248,12 +250,13 @@ def _axis_marks(a: "Analysis", heat: Heatmap, owned: set[int]) -> None:
         if isinstance(scale, (int, float)):
             heat.scale[a.steps_before(e.seq)] = float(scale)
     heat.skipped = [a.step_number[s.seq] for s in a.steps if s.get("skipped")]
+    names = a.modes.name if a.by_kind.get("mode_module") else (lambda mid: f"layer#{mid}")
     for e in a.by_kind.get("mode_forward", ()):
         if not e.get("grad") or e.get("inference"):
             continue  # an evaluation pass under no_grad is not part of an update
         step = a.steps_before(e.seq) + 1
         mode = "train" if e.get("training") else "eval"
-        old = heat.modes.get(step)
-        heat.modes[step] = mode if old in (None, mode) else "mixed"
-    if all(mode == "train" for mode in heat.modes.values()):
-        heat.modes = {}  # nothing to see: every update trained in train mode
+        for mid in e.get("modules", ()):
+            per_step = heat.modes.setdefault(names(mid), {})
+            old = per_step.get(step)
+            per_step[step] = mode if old in (None, mode) else "mixed"

@@ -172,11 +172,15 @@ def context(report: Report) -> dict:
     for i, f in enumerate(active):
         if f.step:
             finding_steps.setdefault(f.step, []).append((f.code, _anchor(i)))
+    from ..rules import ALL_RULES
+
+    mode_rules = {r.slug for r in ALL_RULES if r.code.startswith("GD3")}  # the train/eval rules
+    show_modes = any(f.rule in mode_rules for f in active)
     for h in heats:
         title = h.optimizer
         if run.ranks:
             title += " · rank 0" if any(e.get("rank") == 0 for e in run.ranks) else ""
-        heatmaps.append({"title": title, "svg": Markup(heatmap_svg(h, finding_steps)),
+        heatmaps.append({"title": title, "svg": Markup(heatmap_svg(h, finding_steps, show_modes)),
                          "legend": Markup(legend_svg(h)),
                          "lines": Markup(lines_svg(h) or "")})
     timeline, home = _timeline(report, anchors)

@@ -28,6 +28,7 @@ GROUP_GAP = 6  # pixels between two modules' rows
 STRIP_H = 14
 SPARK_W = 110
 HEAT_W = 940  # pixels the columns share at most
+MAX_MODE_ROWS = 6
 MIN_DECADES = 1.5  # the colour scale spans at least this many decades
 MIN_W = 420  # ... and at least, up to 48 pixels a column
 
@@ -91,19 +92,23 @@ def _defs() -> str:
 
 
 class _Layout:
-    def __init__(self, heat: Heatmap):
+    def __init__(self, heat: Heatmap, show_modes: bool = False):
         self.heat = heat
         n = len(heat.columns)
         # a short run gets wide cells (at least MIN_W in all), a long one narrow ones
         self.cw = min(48.0, max(3.0, min(24.0, HEAT_W / max(n, 1)), MIN_W / max(n, 1)))
         longest = max((len(r) for r in heat.rows), default=4)
+        longest = max([longest] + [5 + len(name) for name in heat.modes])
         self.label_w = max(110, min(300, 16 + 7 * longest))
         # the strips above the cells: findings always, the others where they have something
         self.strips = ["findings"]
         if any(k > 1 for k in heat.micro.values()) or heat.skipped:
-            self.strips.append("micro-batches")
-        if heat.modes:
-            self.strips.append("mode")
+            self.strips.append("micro-batches" if not heat.skipped else "batches / skipped")
+        # the train/eval mode of each BatchNorm/dropout layer, where it tells something: a layer
+        # not always in train mode, or a run the mode rules found something in
+        self.mode_rows = [name for name, steps in heat.modes.items()
+                          if show_modes or any(m != "train" for m in steps.values())][:MAX_MODE_ROWS]
+        self.strips += [f"mode {name}" for name in self.mode_rows]
         self.top = len(self.strips) * STRIP_H + 8
         self.row_y: list[float] = []
         y = self.top
@@ -144,10 +149,12 @@ def _column_title(c: HeatColumn) -> str:
     return f"step {c.first}"
 
 
-def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] | None = None) -> str:
+def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] | None = None,
+                show_modes: bool = False) -> str:
     """The heatmap as one ``<svg>``. ``finding_steps``: step -> [(code, anchor)] of the findings
-    first seen there (a marker above the column links to the finding)."""
-    L = _Layout(heat)
+    first seen there (a marker above the column links to the finding); ``show_modes``: draw the
+    train/eval mode of every BatchNorm/dropout layer (a mode rule found something)."""
+    L = _Layout(heat, show_modes)
     lo, hi = log_range(heat)
     width = L.right + 16 + SPARK_W + 70
     height = L.bottom + 54
@@ -162,7 +169,7 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
     for k, name in enumerate(L.strips):
         y = k * STRIP_H
         out.append(f'<text x="{L.label_w - 6}" y="{y + 11}" text-anchor="end" fill="#666">'
-                   f"{name}</text>")
+                   f"{escape(name)}</text>")
     for x, c in zip(L.col_x, heat.columns):
         micro = max((heat.micro.get(s, 0) for s in range(c.first, min(c.last, c.first + 50) + 1)),
                     default=0) if c.form != "gap" else 0
@@ -179,14 +186,17 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
             out.append(f'<rect x="{x:.1f}" y="{STRIP_H + 1}" width="{L.cw:.1f}" height="{STRIP_H - 2}" '
                        f'fill="#d62728"><title>{_column_title(c)}: {len(skipped)} update(s) skipped '
                        f"by the GradScaler</title></rect>")
-        modes = {heat.modes[s] for s in range(c.first, c.last + 1) if s in heat.modes} \
-            if c.last - c.first < 5000 else set()
-        if modes:
+        for name in L.mode_rows:
+            steps = heat.modes[name]
+            modes = {steps[s] for s in range(c.first, c.last + 1) if s in steps} \
+                if c.last - c.first < 5000 else set()
+            if not modes:
+                continue
             mode = modes.pop() if len(modes) == 1 else "mixed"
             fill = {"train": "#2ca02c", "eval": "#ff7f0e", "mixed": "#9467bd"}[mode]
-            out.append(f'<rect class="gd-mode" x="{x:.1f}" y="{L.strips.index("mode") * STRIP_H + 1}" width="{L.cw:.1f}" '
-                       f'height="{STRIP_H - 2}" fill="{fill}" fill-opacity="0.7"><title>'
-                       f"{_column_title(c)}: the forwards of this update ran in {mode} mode"
+            out.append(f'<rect class="gd-mode" x="{x:.1f}" y="{L.strips.index("mode " + name) * STRIP_H + 1}" '
+                       f'width="{L.cw:.1f}" height="{STRIP_H - 2}" fill="{fill}" fill-opacity="0.7">'
+                       f"<title>{escape(name)} · {_column_title(c)}: its forwards ran in {mode} mode"
                        f"</title></rect>")
     for step, marks in sorted((finding_steps or {}).items()):
         x = L.x_of_step(step)
@@ -269,8 +279,13 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
         x0, x1 = L.col_x[j0], L.col_x[j1] + L.cw
         updates = sum(c.count for c in cols)
         bands = sum(1 for c in cols if c.form == "band")
-        what = (f"{updates} updates folded into {bands} bands (min/median/max kept)" if bands
-                else f"{updates} updates: nothing to show")
+        plural = "s" if updates != 1 else ""
+        if bands:
+            what = f"{updates} updates folded into {bands} bands (min/median/max kept)"
+        elif all(c.why.startswith("skipped") for c in cols):
+            what = f"{updates} update{plural} skipped by the GradScaler"
+        else:
+            what = f"{updates} update{plural} not recorded"
         out.append(f'<path class="gd-bracket" d="M{x0:.1f} {L.bottom + 18} v4 H{x1:.1f} v-4" '
                    f'fill="none" stroke="#777"/><text x="{(x0 + x1) / 2:.1f}" y="{L.bottom + 32}" '
                    f'text-anchor="middle" fill="#555" font-size="10">{what}</text>')
@@ -346,14 +361,19 @@ def lines_svg(heat: Heatmap) -> str | None:
         applied = []
     if applied or clipped:
         series.append(("global gradient norm", [
-            ("applied (after clipping)" if clipped else "applied by the step", "#1f77b4", applied),
-            ("before clipping (clip_grad_norm_)", "#ff7f0e", clipped)], True))
+            ("before clipping (clip_grad_norm_)", "#ff7f0e", clipped),
+            ("applied (after clipping)" if clipped else "applied by the step", "#1f77b4", applied)],
+            True))
     if lrs:
         palette = ["#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
         series.append(("learning rate", [(f"group {g}", palette[g % len(palette)], pts)
                                          for g, pts in sorted(lrs.items())], None))
     if scales:
         series.append(("GradScaler scale", [("scale", "#d62728", scales)], True))
+    def drawable(lines) -> bool:
+        return any(v is not None and math.isfinite(v) for _, _, pts in lines for _, v in pts)
+
+    series = [(title, lines, log) for title, lines, log in series if drawable(lines)]
     if not series:
         return None
     h, gap = 70, 34
@@ -402,8 +422,9 @@ def lines_svg(heat: Heatmap) -> str | None:
                 coords = " ".join(f"{x:.1f},{y0 + h - 3 - (f(v) - lo) / (hi - lo) * (h - 6):.1f}"
                                   for x, v in seg)
                 if len(seg) > 1:
+                    dash = ' stroke-dasharray="5 3"' if name.startswith("before") else ""
                     out.append(f'<polyline points="{coords}" fill="none" stroke="{stroke}" '
-                               f'stroke-width="1.5"><title>{escape(name)}</title></polyline>')
+                               f'stroke-width="1.5"{dash}><title>{escape(name)}</title></polyline>')
                 else:
                     x, y = coords.split(",")
                     out.append(f'<circle cx="{x}" cy="{y}" r="2" fill="{stroke}"/>')
