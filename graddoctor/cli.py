@@ -322,7 +322,8 @@ def merge_reports(
     reports: List[str] = typer.Argument(..., help="JSON reports of the ranks (graddoctor check "
                                         "--format json -o 'report.{rank}.json')."),
     format: Annotated[str, typer.Option("--format", "-f", help="Report format of the merged "
-                                        "report: text, json or sarif.")] = "text",
+                                        "report: text, json, sarif, html or markdown (a page without the "
+                                        "pictures: the ranks' JSON carries no per-step norms).")] = "text",
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write the merged "
                                                   "report to this file.")] = None,
     fail_on: Annotated[str, typer.Option("--fail-on", help=OPTIONS["fail_on"].help)] = \

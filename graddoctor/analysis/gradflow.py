@@ -1,10 +1,10 @@
-"""Per-layer gradient norms: each optimizer's last update (``--grad-flow``), and every update
-(``heatmaps``, the pictures: report/html.py, report/plot.py). The last update's come from the ``step_begin`` events'
-summary (``--grad-flow`` draws them: report/gradflow.py).
+"""Per-layer gradient norms: each optimizer's last update (``--grad-flow``'s bars, from the
+``step_begin`` events' summary: report/gradflow.py) and every update (``heatmaps``: the pictures
+of report/svg.py, report/html.py and report/plot.py, from the ``grad_flow`` events recorded when
+a picture is asked for, else from the norms the trace's steps kept).
 
-Each optimizer's latest step that carried norms (closure steps carry none). A layer is a
-parameter name without its last part (``model.fc1.weight`` -> ``model.fc1``); its norm is the
-L2 norm over its parameters (sqrt of the sum of squares). No torch, no rich.
+A layer is a parameter name without its last part (``model.fc1.weight`` -> ``model.fc1``); its
+norm is the L2 norm over its parameters (sqrt of the sum of squares). No torch, no rich.
 """
 
 from __future__ import annotations
@@ -179,10 +179,8 @@ def heatmaps(a: "Analysis") -> list[Heatmap]:
         for pid in [p for item in items for p in item[4]] + list(a.opt_params.get(opt, ())):
             layer = layer_of(a.param_name(pid))
             first_pid[layer] = min(pid, first_pid.get(layer, pid))
-        owned = set(a.opt_params.get(opt, ()))
         rows = sorted(first_pid, key=lambda layer: first_pid[layer])
-        # a layer none of whose parameters ever had a gradient and the optimizer does not own
-        # does not belong here; keep the owned ones (they show as "no .grad")
+        # the optimizer's own layers are rows even when they never got a gradient ("no .grad")
         row_of = {layer: i for i, layer in enumerate(rows)}
         groups: list[tuple[str, int, int]] = []
         for i, layer in enumerate(rows):
@@ -211,7 +209,7 @@ def heatmaps(a: "Analysis") -> list[Heatmap]:
             continue
         heat = Heatmap(opt, a.optimizer_name(opt), rows, groups, columns,
                        "recorded" if recorded else "trace")
-        _axis_marks(a, heat, owned)
+        _axis_marks(a, heat)
         out.append(heat)
     return out
 
@@ -228,7 +226,7 @@ def _gap(a: "Analysis", first: int, last: int) -> HeatColumn:
     return HeatColumn("gap", first, last, count, why=why)
 
 
-def _axis_marks(a: "Analysis", heat: Heatmap, owned: set[int]) -> None:
+def _axis_marks(a: "Analysis", heat: Heatmap) -> None:
     """What the step axis shows: epoch ends, micro-batches per update, clipping, the loss
     scale, skipped steps, the modes of the forwards."""
     seen_loaders: set = set()

@@ -141,7 +141,6 @@ def context(report: Report) -> dict:
     """Everything the page shows, as plain values (tests read it too)."""
     from markupsafe import Markup
 
-    from ..status import RunStatus
     from .svg import heatmap_svg, legend_svg, lines_svg
     from .text import STATUS_TEXT, header_facts, ranks_line, verdict
 
@@ -200,7 +199,7 @@ def context(report: Report) -> dict:
                        for f in report.suppressed()],
         "internal_errors": report.internal_errors, "heatmaps": heatmaps,
         "heat_source": heats[0].source if heats else "", "timeline": timeline, "home": home,
-        "version": __version__, "missing": RunStatus.MISSING,
+        "version": __version__
     }
 
 
