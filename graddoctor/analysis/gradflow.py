@@ -135,7 +135,8 @@ def _total(norms) -> float | None:
 
 def step_lrs(a: "Analysis") -> dict[tuple[int, int], list[float | None]]:
     """(opt, step) -> the lr of each param group at that update, as the trace has it (the
-    ``grad_flow`` events' columns). The one place the pictures read the lr from."""
+    ``grad_flow`` events' columns; a band keeps its last update's). The one place the pictures
+    read an update's lr from: an lr timeline of the analysis, when there is one, goes here."""
     out = {}
     for e in a.by_kind.get("grad_flow", ()):
         for step, _pids, _norms, lrs in e.get("columns", ()):
@@ -171,6 +172,7 @@ def heatmaps(a: "Analysis") -> list[Heatmap]:
                 step = a.step_number[event.seq]
                 by_opt.setdefault(event["opt"], []).append(
                     (step, step, 1, "step", begin["norm_pids"], begin["norms"], None, None, [], ""))
+    lr_of = step_lrs(a)
     out = []
     for opt, items in sorted(by_opt.items()):
         items.sort(key=lambda item: item[0])
@@ -195,6 +197,8 @@ def heatmaps(a: "Analysis") -> list[Heatmap]:
             if first > expected:
                 columns.append(_gap(a, expected, first - 1))
             layer_values = _layer_values(pids, values, row_of, len(rows), a.param_name)
+            if form == "step":  # the lr of an update comes from one place (step_lrs)
+                lrs = lr_of.get((opt, first), ())
             column = HeatColumn(form, first, last, count, layer_values, lrs=list(lrs or ()))
             if form == "band":
                 column.low = _layer_values(pids, low, row_of, len(rows), a.param_name)
