@@ -136,7 +136,8 @@ def _total(norms) -> float | None:
 def step_lrs(a: "Analysis") -> dict[tuple[int, int], list[float | None]]:
     """(opt, step) -> the lr of each param group at that update, as the trace has it (the
     ``grad_flow`` events' columns; a band keeps its last update's). The one place the pictures
-    read an update's lr from: an lr timeline of the analysis, when there is one, goes here."""
+    read an update's lr from. Not ``Analysis.lr_timeline``: that one holds only the steps a
+    folded run kept whole, while the recording keeps an lr for every column and band."""
     out = {}
     for e in a.by_kind.get("grad_flow", ()):
         for step, _pids, _norms, lrs in e.get("columns", ()):
