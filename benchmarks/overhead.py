@@ -211,6 +211,8 @@ def suspended(instrumentation: Instrumentation):
                     delattr(owner, name)
                 else:
                     setattr(owner, name, old)
+            elif kind == "handle" and getattr(owner, "follows_a_patch", False):
+                continue
             elif kind == "handle":
                 dicts = [owner.hooks_dict_ref(), *(ref() for ref in owner.extra_dict_ref)]
                 saved.append(("handle", [(d, owner.id, d.pop(owner.id)) for d in dicts

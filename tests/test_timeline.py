@@ -237,3 +237,26 @@ def test_two_training_loops_in_a_row_are_not_one_turn(tmp_path, monkeypatch):
     report = run_check(CheckOptions(target="train.py"))
     rows = [(s.updates, step_ranges(s.steps)) for s in shapes(report.analysis)]
     assert rows == [(3, "1–3"), (3, "4–6")]
+
+
+def test_the_source_read_is_the_checked_scripts_not_a_same_named_file_seen_before(tmp_path, monkeypatch):
+    # the trace's paths are relative to where the check started, and linecache may hold another
+    # file under the same relative name ("train.py", read from an earlier directory): the
+    # analysis must read the checked file, not that entry
+    import linecache
+
+    from graddoctor.options import CheckOptions
+    from graddoctor.run.session import run_check
+
+    monkeypatch.chdir(tmp_path)
+    loop = ("for _ in range(3):\n    opt{n}.zero_grad()\n"
+            "    m{n}(torch.randn(8, 4)).pow(2).mean().backward()\n    opt{n}.step()\n")
+    text = "import torch\n" + "".join(
+        f"m{n} = torch.nn.Linear(4, 1)\nopt{n} = torch.optim.SGD(m{n}.parameters(), lr=0.1)\n"
+        + loop.format(n=n) for n in (1, 2))
+    (tmp_path / "train.py").write_text(text)
+    stale = ["# another train.py\n"] * text.count("\n")  # same length, no loops
+    monkeypatch.setitem(linecache.cache, "train.py", (len(text), None, stale, "train.py"))
+    report = run_check(CheckOptions(target="train.py"))
+    rows = [(s.updates, step_ranges(s.steps)) for s in shapes(report.analysis)]
+    assert rows == [(3, "1–3"), (3, "4–6")]

@@ -28,6 +28,8 @@ learning rates       ``lr_timeline`` (analysis/lr.py): per optimizer and param g
                      each step and what wrote it; ``schedulers``: each scheduler, its
                      construction, its steps
 gradient norms       ``last_update_norms`` (analysis/gradflow.py), for ``--grad-flow``
+the script's source  ``source`` (analysis/source.py): loops and call text around an event's
+                     line, its paths read relative to ``base_dir`` (where the check started)
 framework            ``framework``: the training framework that drove the optimizer steps
                      (``Location.via`` of the events; graddoctor/frameworks.py)
 ===================  ====================================================================
@@ -52,8 +54,11 @@ class Analysis:
     """Everything rules and views read about one trace. Cheap facts are computed on
     construction (one pass); the larger analyses on first use, then kept."""
 
-    def __init__(self, trace: Trace | Iterable[Event]):
+    def __init__(self, trace: Trace | Iterable[Event], base_dir: str | None = None):
+        from .source import ScriptSource
+
         self.trace = trace if isinstance(trace, Trace) else Trace(trace)
+        self.source = ScriptSource(base_dir)  # the trace's paths are relative to base_dir
         self.events: list[Event] = self.trace.events
         self._by_seq = {e.seq: i for i, e in enumerate(self.events)} \
             if any(e.seq != i for i, e in enumerate(self.events)) else None

@@ -123,13 +123,11 @@ def epoch_began_after(a: "Analysis", seq: int) -> bool:
     return False
 
 
-def manual_lines(cache: dict, loc: Location | None) -> list[int]:
+def manual_lines(a: "Analysis", cache: dict, loc: Location | None) -> list[int]:
     if loc is None or not loc.path:
         return []
     if loc.path not in cache:
-        from .source import lr_assignment_lines
-
-        cache[loc.path] = lr_assignment_lines(loc.path)
+        cache[loc.path] = a.source.lr_assignment_lines(loc.path)
     return cache[loc.path]
 
 
@@ -173,7 +171,7 @@ def timeline(a: "Analysis") -> dict[int, dict[int, list[LrPoint]]]:
                 elif old is None and not before:
                     writer = LrWriter("optimizer", a.optimizers[opt].loc if opt in a.optimizers else None)
                 else:
-                    writer = LrWriter("manual", _manual_loc(sources, e.loc))
+                    writer = LrWriter("manual", _manual_loc(a, sources, e.loc))
                 now.append((lr, writer))
                 groups.setdefault(g, []).append(LrPoint(number, lr, writer))
             known[opt] = now
@@ -186,10 +184,10 @@ def _args_of(a: "Analysis", sched) -> dict:
     return dict(s.args) if s is not None else {}
 
 
-def _manual_loc(sources: dict, step_loc: Location | None) -> Location | None:
+def _manual_loc(a: "Analysis", sources: dict, step_loc: Location | None) -> Location | None:
     """The script's ``...["lr"] = ...`` line closest above the step (the write happened between
     two steps; the source says where), else None."""
-    lines = manual_lines(sources, step_loc)
+    lines = manual_lines(a, sources, step_loc)
     if not lines or step_loc is None:
         return None
     above = [n for n in lines if n < step_loc.line]

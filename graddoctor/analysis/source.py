@@ -7,20 +7,57 @@ from __future__ import annotations
 
 import ast
 import linecache
+import os
 from functools import lru_cache
 
 
+class ScriptSource:
+    """The user's files as the rules read them. A trace's paths are shown paths, relative to
+    where the check started (``base_dir``), not to the working directory of the moment (a
+    script may change it, and an in-process check of ``train.py`` from another folder used to
+    read the file of the last one); each method takes such a path and reads the absolute one."""
+
+    def __init__(self, base_dir: str | None = None):
+        self.base_dir = base_dir
+
+    def full(self, path: str) -> str:
+        if os.path.isabs(path) or path.startswith("<"):
+            return path
+        return os.path.normpath(os.path.join(self.base_dir or os.getcwd(), path))
+
+    def bare_method_lines(self, path: str, line: int, method: str, outer: bool = False):
+        return bare_method_lines(self.full(path), line, method, outer)
+
+    def assigned_object(self, path: str, line: int, attribute: str) -> str | None:
+        return assigned_object(self.full(path), line, attribute)
+
+    def innermost_loop(self, path: str, line: int) -> tuple[int, int] | None:
+        return innermost_loop(self.full(path), line)
+
+    def lr_assignment_lines(self, path: str) -> list[int]:
+        return lr_assignment_lines(self.full(path))
+
+    def called_object(self, path: str, line: int, method: str) -> str | None:
+        return called_object(self.full(path), line, method)
+
+
 @lru_cache(maxsize=64)
-def _tree(path: str, size: int) -> ast.AST | None:
+def _tree(text: str) -> ast.AST | None:
     try:
-        return ast.parse("".join(linecache.getlines(path)), filename=path)
+        return ast.parse(text)
     except Exception:
         return None
 
 
 def _parse(path: str) -> ast.AST | None:
-    lines = linecache.getlines(path)
-    return _tree(path, len(lines)) if lines else None
+    # keyed by the text, not the name: a relative name (or a name of the same length) may stand
+    # for another file by now, as in two checks of ``train.py`` from two directories
+    try:
+        linecache.checkcache(path)  # keeps the text that ran (run/target.py), drops edited files
+        lines = linecache.getlines(path)
+    except Exception:
+        return None
+    return _tree("".join(lines)) if lines else None
 
 
 def bare_method_lines(path: str, line: int, method: str, outer: bool = False) -> list[tuple[int, str]]:

@@ -150,7 +150,7 @@ def turns(a: "Analysis") -> list[Turn]:
         if applied and not within and _starts_next(items[-1], item, seen):
             result.append(Turn(items, steps))
             items, steps, seen, applied = [], [], set(), False
-        elif applied and step_numbers and _another_loop(items, item):
+        elif applied and step_numbers and _another_loop(a, items, item):
             # the script's next loop (fine-tuning after pre-training): its calls so far open
             # the next turn, not the tail of this loop's last one
             cut = _tail_start(items)
@@ -175,16 +175,14 @@ def _last_step(items: list[Item]) -> Item | None:
     return next((i for i in reversed(items) if "step" in i.kinds), None)
 
 
-def _another_loop(items: list[Item], item: Item) -> bool:
+def _another_loop(a: "Analysis", items: list[Item], item: Item) -> bool:
     """Whether the optimizer step ``item`` lies in another loop of the same file than this
     turn's step: a GAN's two steps share a loop body, two training loops in a row do not."""
-    from .source import innermost_loop
-
     last = _last_step(items)
     if last is None or last.loc.path != item.loc.path:
         return False
-    here, there = innermost_loop(last.loc.path, last.loc.line), \
-        innermost_loop(item.loc.path, item.loc.line)
+    here, there = a.source.innermost_loop(last.loc.path, last.loc.line), \
+        a.source.innermost_loop(item.loc.path, item.loc.line)
     return here is not None and there is not None and here != there \
         and not (there[0] <= here[0] and here[1] <= there[1])  # not an outer loop of it
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from ..analysis.source import called_object
 from ..findings import Severity
 from .base import Rule, related, times
 
@@ -101,7 +100,7 @@ class ClipMissesUpdate(Rule):
                        f"parameters no optimizer steps")
             names = sorted({a.optimizer_name(s["opt"]) for s in steps})
             occurrences = a.count(i[1][0] for i in items)
-            opt_var = (called_object(step.loc.path, step.loc.line, "step") if step.loc else None)
+            opt_var = (a.source.called_object(step.loc.path, step.loc.line, "step") if step.loc else None)
             fix = self.fix
             if opt_var and opt_var.isidentifier():
                 fix = (f"clip the parameters {opt_var} steps (the trained model's parameters(), "

@@ -109,7 +109,7 @@ class MissingZeroGrad(Rule):
                        "here instead")
                 fixes = {}
                 loc = astray.loc
-            elif bare := self._bare_zero_grad(backward):
+            elif bare := self._bare_zero_grad(a, backward):
                 message = (f"`{bare[1]}` names the method without calling it: the statement does "
                            f"nothing, so {a.names(pids)} are never cleared and every optimizer step "
                            f"applies the sum of all gradients so far (first seen at step "
@@ -178,7 +178,7 @@ class MissingZeroGrad(Rule):
         return astray[-1] if astray else None
 
     @staticmethod
-    def _bare_zero_grad(backward):
+    def _bare_zero_grad(a, backward):
         """``(location, text)`` of a ``something.zero_grad`` statement without parentheses in the
         loop around this backward (a no-op the trace cannot show), or None."""
         loc = backward.loc
@@ -186,9 +186,8 @@ class MissingZeroGrad(Rule):
             return None
         from dataclasses import replace
 
-        from ..analysis.source import bare_method_lines
 
-        lines = bare_method_lines(loc.path, loc.line, "zero_grad")
+        lines = a.source.bare_method_lines(loc.path, loc.line, "zero_grad")
         if not lines:
             return None
         return replace(loc, line=lines[0][0]), lines[0][1]

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from ..analysis.source import assigned_object
 from ..findings import Severity
 from .base import Rule, related
 
@@ -66,7 +65,7 @@ class OptimizerAttributeHyperparameter(Rule):
             value = "" if event["value"] is None else f" = {_number(event['value'])}"
             steps = a.count(later)
             # the script's own name for the optimizer, as the assignment wrote it
-            owner = (assigned_object(event.loc.path, event.loc.line, name)
+            owner = (a.source.assigned_object(event.loc.path, event.loc.line, name)
                      if event.loc is not None else None) or "optimizer"
             yield self.finding(
                 f"`.{name}{value}` sets an attribute on the {cls} optimizer that its step never "

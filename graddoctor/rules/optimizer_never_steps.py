@@ -69,7 +69,7 @@ class OptimizerNeverSteps(Rule):
                            f"ever applied them (is `optimizer.step` missing its parentheses?)")
                 severity = None
             loc, fix, rel = init.loc, None, ()
-            bare = _bare_step(first)
+            bare = _bare_step(a, first)
             if bare is not None:  # `optimizer.step` named, not called: that statement is the bug
                 loc, text = bare
                 message = (f"`{text}` names the method without calling it: the statement does "
@@ -85,7 +85,7 @@ class OptimizerNeverSteps(Rule):
             )
 
 
-def _bare_step(backward):
+def _bare_step(a, backward):
     """``(location, text)`` of a ``something.step`` statement without parentheses in the loop
     around this backward (a no-op the trace cannot show), or None. A scheduler's is not ours."""
     loc = backward.loc
@@ -93,8 +93,7 @@ def _bare_step(backward):
         return None
     from dataclasses import replace
 
-    from ..analysis.source import bare_method_lines
 
-    lines = [(line, text) for line, text in bare_method_lines(loc.path, loc.line, "step")
+    lines = [(line, text) for line, text in a.source.bare_method_lines(loc.path, loc.line, "step")
              if "sched" not in text.lower()]
     return (replace(loc, line=lines[0][0]), lines[0][1]) if lines else None

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from ..analysis.source import called_object
 from ..findings import Severity
 from .base import Rule, plural, related
 
@@ -73,8 +72,8 @@ class StepBypassesScaler(Rule):
     code = "GD214"
     slug = "step-bypasses-scaler"
     severity = Severity.ERROR
-    summary = ("`optimizer.step()` applies gradients still multiplied by the GradScaler's scale "
-               "(`scaler.step(optimizer)` bypassed)")
+    summary = ("optimizer.step() applies gradients still multiplied by the GradScaler's scale "
+               "(scaler.step(optimizer) bypassed)")
     fix = "replace optimizer.step() with scaler.step(optimizer) followed by scaler.update()"
 
     def check(self, a):
@@ -104,8 +103,8 @@ class StepBypassesScaler(Rule):
                 severity = Severity.INFO
                 message += ("; they were changed in place before the step — if that was a "
                             "hand-written unscale, only the skipping of inf/NaN steps is missing")
-            opt_var = (called_object(loc.path, loc.line, "step") if loc else None) or "optimizer"
-            scaler_var = ((called_object(backward.loc.path, backward.loc.line, "scale")
+            opt_var = (a.source.called_object(loc.path, loc.line, "step") if loc else None) or "optimizer"
+            scaler_var = ((a.source.called_object(backward.loc.path, backward.loc.line, "scale")
                            if backward.loc else None) or "scaler")
             yield self.finding(
                 message, loc, severity=severity, step=a.step_number.get(step.seq),

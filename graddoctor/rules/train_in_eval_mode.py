@@ -87,7 +87,7 @@ class TrainInEvalMode(Rule):
                        f"{one_or_many(len(mids), 'it', 'them')} (optimizer step {f.step_index} "
                        f"follows): training continues, but {effect}")
             fix = None
-            bare = _bare_train(f.event)
+            bare = _bare_train(a, f.event)
             if bare is not None:  # `model.train` named, not called: that statement is the bug
                 message = (f"`{bare[1]}` names the method without calling it, so the eval() at "
                            f"line {where.line if where else '?'} is never undone: the training "
@@ -116,7 +116,7 @@ def _mode_matters(state: dict) -> bool:
     return False
 
 
-def _bare_train(forward):
+def _bare_train(a, forward):
     """``(location, text)`` of a ``something.train`` statement without parentheses in a loop
     around this training forward (a no-op the trace cannot show), or None."""
     loc = forward.loc if forward is not None else None
@@ -124,7 +124,6 @@ def _bare_train(forward):
         return None
     from dataclasses import replace
 
-    from ..analysis.source import bare_method_lines
 
-    lines = bare_method_lines(loc.path, loc.line, "train", outer=True)
+    lines = a.source.bare_method_lines(loc.path, loc.line, "train", outer=True)
     return (replace(loc, line=lines[0][0]), lines[0][1]) if lines else None

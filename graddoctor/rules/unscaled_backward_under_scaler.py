@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from ..analysis.source import called_object
 from ..findings import Severity
 from .base import Rule, related, times
 
@@ -40,7 +39,7 @@ class UnscaledBackwardUnderScaler(Rule):
     code = "GD217"
     slug = "unscaled-backward-under-scaler"
     severity = Severity.ERROR
-    summary = ("a loss backpropagated without `scaler.scale` adds to scaled gradients: the unscale "
+    summary = ("a loss backpropagated without scaler.scale adds to scaled gradients: the unscale "
                "divides its part by the scale")
     fix = "scale this loss too (scaler.scale(loss).backward()), or add it to the scaled loss"
 
@@ -58,9 +57,9 @@ class UnscaledBackwardUnderScaler(Rule):
             unscale = mixed.unscale
             where = ("scaler.step()" if unscale.get("implicit") else "scaler.unscale_()")
             occurrences = a.count(m.unscale for m in items)
-            scaler_var = ((called_object(mixed.scaled.loc.path, mixed.scaled.loc.line, "scale")
+            scaler_var = ((a.source.called_object(mixed.scaled.loc.path, mixed.scaled.loc.line, "scale")
                            if mixed.scaled.loc else None) or "scaler")
-            loss_var = (called_object(loc.path, loc.line, "backward") if loc else None) or "loss"
+            loss_var = (a.source.called_object(loc.path, loc.line, "backward") if loc else None) or "loss"
             if not loss_var.isidentifier():
                 loss_var = "loss"
             yield self.finding(

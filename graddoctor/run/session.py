@@ -226,10 +226,10 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     status = decide_status(outcome.ended_by, stop_raised=rec.stop_raised, trained=trained)
     trace = Trace(trace.events)  # the run's trace is left as recorded; this one gets the end
     trace.put(ev.run_end(status=status.value, steps=rec.steps))
-    analysis = Analysis(trace)  # built once: every rule, note and view reads it
+    base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
+    analysis = Analysis(trace, base_dir)  # built once: every rule, note and view reads it
     rules = selected_rules(options.select, options.ignore)
     findings, rule_errors = analyze(analysis, rules)
-    base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
     findings = apply_suppressions(findings, base_dir)  # `# graddoctor: ignore[...]` on the line
     try:
         end_notes = [*end_notes, *_unknown_ignores(options, findings, base_dir)]
