@@ -24,6 +24,7 @@ from .names import emit_param_events, name_parameters
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .recorder import Recorder
+from .registration import ModuleAttrWatcher, find_unregistered
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .schedulers import SchedulerWatcher
 
@@ -58,6 +59,8 @@ class Instrumentation:
         self.idle = IdleParamWatcher(rec)
         rec.subscribe("stepped_without_grad", self.idle.after_step)
         self.watchers.append(self.idle)
+        # `module.requires_grad = False` (an attribute that freezes nothing)
+        self.watchers.append(ModuleAttrWatcher(rec))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
         rec.subscribe("describe_loss", self.ddp.describe_loss)
         rec.subscribe("stepped", self.ddp.after_step)
@@ -118,6 +121,7 @@ class Instrumentation:
         try:
             variables, self._script_globals = self._script_globals, None
             name_parameters(rec, variables or {})
+            find_unregistered(rec, variables, self.optimizers.owned_pids())
             emit_param_events(rec)
         except Exception as error:
             rec.internal_error("naming parameters", error)

@@ -42,6 +42,7 @@ calls meanwhile is its own, and recorded.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -83,6 +84,8 @@ class _Line:
 
 # AccumulateGrad nodes are where a backward writes into a leaf's .grad
 _ACCUMULATE_GRAD = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
+
+LEAVES_REMEMBERED = 256  # non-parameter leaves remembered from one walk to the next
 
 HISTORY_KEY = "graddoctor.walked_by"  # the mark a history walk leaves in a node's metadata
 HISTORY_LIMIT = 100_000  # nodes a history walk marks; past them it only counts and finds leaves
@@ -219,6 +222,8 @@ class BackwardWatcher:
         self.registrations = 0  # parameters registered on any module (a global module hook)
         self._always_walk = False  # torch without that hook: nothing tells when to walk again
         self._session = object()  # in the marks of this run's walks (a graph may outlive a run)
+        self._leaf_once: dict[int, weakref.ref] = {}  # non-parameter leaves walked once
+        self._persistent: set[int] = set()  # pids of non-parameter leaves walked again later
 
     # -- graph walks ---------------------------------------------------------------------------
     def _walk_due(self, loc) -> _Line | None:
@@ -250,9 +255,12 @@ class BackwardWatcher:
         else:
             leaves = _leaves(tensors, inputs)
         aside = self.aside if self.aside is not None and self.aside.fsdp_seen else None
+        persistent = self._persistent
         for leaf in leaves:
             pid = pid_of.get(id(leaf))
             if pid is not None and refs[pid]() is leaf:  # tracked already (rec.pid, inlined)
+                if pid in persistent:
+                    ctx.extra_leaves += 1
                 continue
             if aside is not None and aside.is_shadow(leaf):  # FSDP's unsharded copy of a param
                 continue
@@ -260,10 +268,32 @@ class BackwardWatcher:
                 rec.track(leaf)
             else:
                 ctx.extra_leaves += 1  # e.g. FGSM: the input's gradient is the point
+                self._seen_leaf(leaf)
         if line is not None:
             line.extra_leaves = ctx.extra_leaves
         if shared is not None:
             ctx.history = self._history(shared)
+
+    def _seen_leaf(self, leaf) -> None:
+        """A leaf that is no parameter: tracked once a second walk meets the same tensor (one
+        that lives across backwards, a learnable tensor made with requires_grad=True), never on
+        its first sight (a fresh input each step, FGSM's, a gradient penalty's, is never
+        tracked). It still counts among the walk's extra leaves."""
+        once = self._leaf_once
+        ref = once.get(id(leaf))
+        if ref is not None and ref() is leaf:
+            del once[id(leaf)]
+            self._persistent.add(self.rec.track(leaf))
+            return
+        if len(once) >= LEAVES_REMEMBERED:  # fresh inputs each step: forget the dead ones
+            for key in [k for k, r in once.items() if r() is None]:
+                del once[key]
+            if len(once) >= LEAVES_REMEMBERED:
+                once.clear()
+        try:
+            once[id(leaf)] = weakref.ref(leaf)
+        except TypeError:  # a tensor type without weak references: not followed
+            pass
 
     def _history(self, shared: dict) -> list:
         """[[seq of an earlier backward, [pid of the tracked leaves fed through its nodes]]], in

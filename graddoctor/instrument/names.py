@@ -43,7 +43,7 @@ def name_parameters(rec: Recorder, variables: dict[str, object] | None = None,
                 pid = unnamed.get(id(p))
                 if pid is not None and len(named) + 10**9 > best.get(pid, (-1, ""))[0]:
                     best[pid] = (len(named) + 10**9, f"{var}.{name}")
-        elif issubclass(type(value), torch.nn.Parameter) and id(value) in unnamed:
+        elif isinstance(value, torch.Tensor) and id(value) in unnamed:  # also a plain leaf tensor
             best.setdefault(unnamed[id(value)], (10**9, var))
     for obj in gc.get_objects() if use_gc else ():
         if not issubclass(type(obj), torch.nn.Module):  # type(): no __class__ tricks
