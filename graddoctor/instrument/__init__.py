@@ -20,7 +20,7 @@ from .functional import FunctionalGradWatcher
 from .idle import IdleParamWatcher
 from .losses import LossShapeWatcher
 from .modes import ModeWatcher
-from .names import emit_param_events, name_parameters
+from .names import emit_param_events, name_parameters, user_variables
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .recorder import Recorder
@@ -71,8 +71,10 @@ class Instrumentation:
         self._named: set[int] = set()  # optimizers whose parameters were named at their first step
         self.step_threads: set[int] = set()  # the threads the optimizers' first steps ran in
         self._script_globals: dict | None = None  # the script's variables (``name_from``)
+        self._unregistered: set[int] = set()  # pids an ``unregistered`` event has named
         rec.subscribe("stepped", self._name_after_first_step)
         rec.subscribe("params_added", self._name_at_construction)
+        rec.subscribe("leaf_tracked", self._name_new_leaf)
 
     def _name_at_construction(self, opt, pids) -> None:
         # from the variables of the constructing frames only (no gc scan): a model that lives in
@@ -92,6 +94,20 @@ class Instrumentation:
             rec = self.rec
             if first or any(p not in rec.param_names for p in rec.opt_params.get(opt, ())):
                 name_parameters(rec)
+            # plain lists of modules: while the model is alive (main() may return before the end)
+            find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
+                              self._unregistered)
+
+    def _name_new_leaf(self) -> None:
+        # a learnable tensor left out of the optimizer, tracked at its second backward: named,
+        # and found in its module, while the model is surely alive (rare: once per such tensor)
+        rec = self.rec
+        try:
+            name_parameters(rec)
+            find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
+                              self._unregistered)
+        except Exception as exc:
+            rec.internal_error("naming a tensor", exc)
 
     def name_from(self, variables: dict | None) -> None:
         """The script's variables once it has run: parameters still unnamed on exit are named
@@ -121,7 +137,7 @@ class Instrumentation:
         try:
             variables, self._script_globals = self._script_globals, None
             name_parameters(rec, variables or {})
-            find_unregistered(rec, variables, self.optimizers.owned_pids())
+            find_unregistered(rec, variables, self.optimizers.owned_pids(), self._unregistered)
             emit_param_events(rec)
         except Exception as error:
             rec.internal_error("naming parameters", error)

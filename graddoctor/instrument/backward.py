@@ -14,6 +14,11 @@ small model, so it runs on each call line's first backwards, whenever parameters
 registered on a module since, on every backward of a line that showed non-parameter leaves,
 and on every 16th call of a line otherwise; an unwalked backward repeats its line's last count.
 
+A non-parameter leaf is only counted, unless a later walk meets the very same tensor again: one
+that lives across backwards (a learnable temperature made with ``requires_grad=True`` and left
+out of the optimizer) is then tracked like a parameter (``_seen_leaf``); a fresh input each step
+(FGSM, a gradient penalty's interpolate) never is.
+
 No per-parameter hooks: on the tiny MLP of the overhead benchmark, 20 Python tensor hooks alone
 cost about 17 us per step, more than these two passes.
 
@@ -213,6 +218,7 @@ class BackwardWatcher:
         self.optimizers = optimizers  # the optimizer watcher: ``closure_step``
         self.cpu_checks = True
         self._describe_loss = rec.subscribers("describe_loss")
+        self._leaf_tracked = rec.subscribers("leaf_tracked")
         # writes outside .grad (FSDP2 without gradient sync; the DDP watcher): an object with
         # ``fsdp_seen``, ``is_shadow(leaf)``, ``unsynced`` (true while some are possible) and
         # ``written_aside()`` (pids); and the pids set aside since their .grad was last written
@@ -284,6 +290,8 @@ class BackwardWatcher:
         if ref is not None and ref() is leaf:
             del once[id(leaf)]
             self._persistent.add(self.rec.track(leaf))
+            for subscriber in self._leaf_tracked:
+                subscriber()
             return
         if len(once) >= LEAVES_REMEMBERED:  # fresh inputs each step: forget the dead ones
             for key in [k for k, r in once.items() if r() is None]:

@@ -12,7 +12,7 @@ from .. import events as ev
 from .recorder import Recorder
 
 
-def _user_variables(rec: Recorder) -> dict[str, object]:
+def user_variables(rec: Recorder) -> dict[str, object]:
     """Variables of the user's frames on the current stack (locals first, then globals)."""
     found: dict[str, object] = {}
     for frame in rec.finder.user_frames(sys._getframe(1)):
@@ -34,7 +34,7 @@ def name_parameters(rec: Recorder, variables: dict[str, object] | None = None,
     if not unnamed:
         return
     best: dict[int, tuple[int, str]] = {}  # pid -> (rank, name); the higher rank wins
-    for var, value in (variables if variables is not None else _user_variables(rec)).items():
+    for var, value in (variables if variables is not None else user_variables(rec)).items():
         if not use_gc and var == "self":
             continue
         if issubclass(type(value), torch.nn.Module) and not var.startswith("_"):

@@ -99,14 +99,16 @@ def _tensors_in(item):
     return []
 
 
-def find_unregistered(rec: Recorder, variables: dict[str, object] | None, owned) -> None:
+def find_unregistered(rec: Recorder, variables: dict[str, object] | None, owned,
+                      reported: set[int]) -> None:
     """Emit an ``unregistered`` event per module attribute that holds, in a plain container or
     as a plain tensor, tracked tensors that no optimizer owns and no module registers, and name
-    those tensors by that path. Runs at the end of the run; returns at once when every tracked
-    tensor is owned."""
+    those tensors by that path. Runs at each optimizer's first step (the model may be local to
+    a function that has returned by the end) and at the end of the run; returns at once when
+    every tracked tensor is owned or already in ``reported`` (which it extends)."""
     alive = {}
     for pid in rec.tracked_pids():
-        if pid in owned:
+        if pid in owned or pid in reported:
             continue
         tensor = rec.tensor(pid)
         if tensor is not None:
@@ -147,6 +149,7 @@ def find_unregistered(rec: Recorder, variables: dict[str, object] | None, owned)
     names = {}
     for path, sub, attr, holder, hits in found.values():
         names.update((pid, name) for name, pid in hits)
+        reported.update(pid for _name, pid in hits)
         rec.emit(ev.unregistered(owner=type(sub).__name__, attr=attr, holder=holder, name=path,
                                  pids=[pid for _name, pid in hits]),
                  assignment(rec, type(sub), attr))
