@@ -8,20 +8,34 @@ from .base import Rule, related
 class ParamNotInOptimizer(Rule):
     """
     ## What it does
-    Finds parameters (`nn.Parameter`) that receive gradients but that no optimizer owns. When
+    Finds trainable tensors that receive gradients but that no optimizer that still steps owns,
+    and says why: a module that keeps submodules in a plain `list`/`dict` (nn.Module registers
+    none of them, so `model.parameters()` leaves them out; pointed at the assignment), a
+    learnable tensor made with `requires_grad=True` instead of `nn.Parameter`, an optimizer
+    rebuilt mid-run over fewer parameters than the one it replaced (awd-lstm's switch to ASGD
+    over `model.parameters()` only), or parameters simply left out of the optimizer. Tensors
+    whose values still change between steps (fp16 master weights: the model's gradients are
+    copied into an fp32 master the optimizer steps, and the values copied back; a hand-written
+    update) train, and are left alone, as are inputs whose gradient is the point (FGSM). When
     the script has no `torch.optim` optimizer at all (hand-written SGD), it says once, as
     `info`, that the zero_grad checks cannot judge the loop.
 
     ## Why is this bad?
     Those layers never train although backward spends time on them: usually a module added
     after the optimizer was built, or an optimizer built from `model.backbone.parameters()`
-    while the loss also flows through `model.head`.
+    while the loss also flows through `model.head`. Modules in a plain list are also skipped by
+    `model.to()`, `state_dict()` and `zero_grad()`.
 
     ## Example
     ```python
     optimizer = torch.optim.AdamW(model.backbone.parameters(), lr=1e-3)
     loss_fn(model.head(model.backbone(x)), y).backward()
     optimizer.step()
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = [nn.Linear(16, 16) for _ in range(4)]  # not registered
     ```
 
     ## Use instead
@@ -29,6 +43,11 @@ class ParamNotInOptimizer(Rule):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     # or, when the head is meant to stay fixed:
     model.head.requires_grad_(False)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
     ```
     """
 
@@ -94,17 +113,21 @@ class ParamNotInOptimizer(Rule):
             yield self._unregistered(a, event, pids, construction)
         tensors = [pid for pid in left if not a.params[pid].get("is_parameter")]
         if tensors:
+            one = len(tensors) == 1
+            it, its, they = ("it", "it", "it") if one else ("them", "them", "they")
+            cls = a.optimizer_class(construction["opt"]) or "Adam"
             yield self.finding(
-                f"{a.names(tensors)} {'is a tensor' if len(tensors) == 1 else 'are tensors'} "
-                "with requires_grad=True, not nn.Parameter: backward gives "
-                f"{'it a gradient' if len(tensors) == 1 else 'them gradients'} every update, but "
-                "no optimizer owns them (module.parameters() leaves plain tensors out), so they "
-                "never train",
+                f"{a.names(tensors)} {'is a tensor' if one else 'are tensors'} with "
+                f"requires_grad=True, not nn.Parameter: backward gives {it} a gradient every "
+                f"update (accumulating, never cleared), but no optimizer owns {its} "
+                f"(model.parameters() leaves plain tensors out), so {they} never "
+                f"{'trains' if one else 'train'}",
                 construction.loc,
                 related=(related(led.first_contribution[tensors[0]], "the backward that gives them gradients"),),
-                fix=("pass them to the optimizer (torch.optim.Adam([*model.parameters(), "
-                     f"{a.param_name(tensors[0])}])), or make them nn.Parameter attributes of "
-                     "the module so that model.parameters() includes them"),
+                fix=(f"pass {it} to the optimizer (torch.optim.{cls}([*model.parameters(), "
+                     f"{a.param_name(tensors[0])}])), or make {it} an nn.Parameter attribute of "
+                     "the module so that model.parameters() includes it"),
+                fixes={},
                 evidence={"params": [a.param_name(p) for p in tensors], "count": len(tensors),
                           "cause": "plain-tensor"},
             )
@@ -186,7 +209,12 @@ def _never_cleared_across_steps(a) -> set[int]:
     an optimizer step and that nothing cleared in between: a learnable tensor left out of the
     optimizer (its gradient only accumulates). An input whose gradient the script reads and
     clears (saliency on a fixed batch) is not one."""
-    candidates = {pid for pid, e in a.params.items() if not e.get("is_parameter")}
+    held = {pid for e in a.of_kind("unregistered") for pid in e.get("pids") or ()}
+    # a scalar or vector (a temperature, a scale, a bias), or one a module holds; a larger one
+    # outside any module is as likely a fixed batch made with requires_grad=True (old
+    # Variable-style code): its gradient is wasted work, not an update lost
+    candidates = {pid for pid, e in a.params.items() if not e.get("is_parameter")
+                  and (pid in held or (e.get("shape") is not None and len(e.get("shape")) <= 1))}
     if not candidates:
         return set()
     first_step: dict[int, int] = {}
