@@ -154,3 +154,14 @@ def test_the_patch_is_removed_on_exit():
     module = nn.Linear(2, 2)
     module.requires_grad = False
     assert module.weight.requires_grad and module.__dict__["requires_grad"] is False
+
+
+def test_a_loop_over_children_is_one_finding_at_its_line():
+    t = TraceBuilder()
+    for mid, params in enumerate(([0, 1], [2, 3])):
+        t.put(ev.module_attr(mid=mid, cls="Linear", name="requires_grad", value=False,
+                             params=params), 4)
+    t.optimizer(0, [0, 1, 2, 3], line=5)
+    updates(t, 2, params=(0, 1, 2, 3))
+    f = only(t, SLUG)
+    assert "Linear objects (2 modules)" in f.message and f.evidence["params"] == ["p0", "p1", "p2", "p3"]

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..analysis import written
+from ..analysis import listing, written
 from ..analysis.source import assigned_object
 from ..findings import Severity
 from .base import Rule, related
@@ -48,8 +48,15 @@ class ModuleRequiresGradAttribute(Rule):
         events = [e for e in a.of_kind("module_attr") if e.get("name") == "requires_grad"]
         if not events:
             return
+        # one finding per line and value: a loop over model.children() sets it on each module
+        groups: dict = {}
         for e in events:
-            pids = [pid for pid in e.get("params") or () if pid in a.params]
+            key = (e.loc, e.get("value") is True or e.get("value") == 1)
+            groups.setdefault(key, []).append(e)
+        for items in groups.values():
+            e = items[0]
+            pids = list(dict.fromkeys(pid for item in items for pid in item.get("params") or ()
+                                      if pid in a.params))
             if not pids:
                 continue
             value = e.get("value")
@@ -61,8 +68,8 @@ class ModuleRequiresGradAttribute(Rule):
                 opts = sorted({opt for pid in trained for opt in a.owners.get(pid, ())})
                 stepped_by = " and ".join(a.optimizer_name(o) for o in opts)
                 yield self.finding(
-                    f"{variable}.requires_grad = False sets an attribute on the {e.get('cls')} "
-                    f"object and freezes none of its parameters: {a.names(trained)} still "
+                    f"{variable}.requires_grad = False sets an attribute on the {_classes(items)} "
+                    f"and freezes none of its parameters: {a.names(trained)} still "
                     f"get gradients and {stepped_by} keeps updating them",
                     e.loc,
                     related=(related(a.last_writer(trained[0], a.events[-1].seq + 1),
@@ -76,14 +83,22 @@ class ModuleRequiresGradAttribute(Rule):
                 if len(frozen) != len(pids):
                     continue  # some of them train: the attribute may be the module's own option
                 yield self.finding(
-                    f"{variable}.requires_grad = True sets an attribute on the {e.get('cls')} "
-                    f"object and unfreezes none of its parameters: {a.names(frozen)} stay "
+                    f"{variable}.requires_grad = True sets an attribute on the {_classes(items)} "
+                    f"and unfreezes none of its parameters: {a.names(frozen)} stay "
                     "frozen and never train",
                     e.loc,
                     fix=f"{variable}.requires_grad_(True) (and give the parameters to the "
                         "optimizer if it was built without them)",
                     evidence={"params": [a.param_name(p) for p in frozen], "value": True},
                 )
+
+
+def _classes(items) -> str:
+    """'Sequential object', or 'Linear and ReLU objects' for a loop over several modules."""
+    names = list(dict.fromkeys(item.get("cls") or "Module" for item in items))
+    if len(items) == 1:
+        return f"{names[0]} object"
+    return f"{listing(names, 3)} objects ({len(items)} modules)"
 
 
 def _target(event) -> str:
