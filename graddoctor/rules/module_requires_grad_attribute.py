@@ -69,7 +69,8 @@ class ModuleRequiresGradAttribute(Rule):
                 stepped_by = " and ".join(a.optimizer_name(o) for o in opts)
                 yield self.finding(
                     f"{variable}.requires_grad = False sets an attribute on the {_classes(items)} "
-                    f"and freezes none of its parameters: {a.names(trained)} still "
+                    f"and freezes none of {'its' if len(items) == 1 else 'their'} parameters: "
+                    f"{a.names(trained)} still "
                     f"get gradients and {stepped_by} keeps updating them",
                     e.loc,
                     related=(related(a.last_writer(trained[0], a.events[-1].seq + 1),
@@ -84,7 +85,8 @@ class ModuleRequiresGradAttribute(Rule):
                     continue  # some of them train: the attribute may be the module's own option
                 yield self.finding(
                     f"{variable}.requires_grad = True sets an attribute on the {_classes(items)} "
-                    f"and unfreezes none of its parameters: {a.names(frozen)} stay "
+                    f"and unfreezes none of {'its' if len(items) == 1 else 'their'} parameters: "
+                    f"{a.names(frozen)} stay "
                     "frozen and never train",
                     e.loc,
                     fix=f"{variable}.requires_grad_(True) (and give the parameters to the "
