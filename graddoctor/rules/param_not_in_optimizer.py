@@ -157,7 +157,7 @@ class ParamNotInOptimizer(Rule):
                 ("nn.ParameterDict" if holder == "dict" else "nn.ParameterList")
             message = (f"{shown} receive gradients but no optimizer owns them: {owner} keeps the "
                        f"{kind} in a plain {holder} (self.{attr}), which nn.Module does not "
-                       "register, so model.parameters() leaves their parameters out (and "
+                       "register, so its parameters() leaves them out (and "
                        "model.to(), state_dict() and zero_grad() skip them too); they never train")
             fix = f"hold them in {wrapper}: self.{attr} = {wrapper}(...)"
         return self.finding(
