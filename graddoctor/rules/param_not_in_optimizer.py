@@ -162,7 +162,7 @@ class ParamNotInOptimizer(Rule):
             fix = f"hold them in {wrapper}: self.{attr} = {wrapper}(...)"
         return self.finding(
             message, event.loc or construction.loc,
-            related=(related(construction, "the optimizer built from model.parameters()"),
+            related=(related(construction, "the optimizer, which does not own them"),
                      related(a.ledger.first_contribution[pids[0]], "the backward that gives them gradients")),
             fix=fix, fixes={},
             evidence={"params": [a.param_name(p) for p in pids], "count": len(pids),
