@@ -222,9 +222,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Run SCRIPT as a module, like `python -m`.", field="module", watch=NOT_IN_WATCH,
            cli_only="it says what SCRIPT is, which the command line gives"),
     Option("steps", ("--steps",), Count(), 10,
-           "Optimizer steps to replay (0 = run to the end). A DataLoader-driven script goes on "
-           "until its third epoch has begun (two epoch boundaries), at most 2 x epoch-batches + 1 "
-           "steps.", field="steps", zero="run to the end", watch=0),
+           "Updates to replay (0 = run to the end); the optimizer steps after one backward count "
+           "once. A DataLoader-driven script goes on until its third epoch has begun (two epoch "
+           "boundaries), at most 2 x epoch-batches + 1 steps, and every optimizer steps twice "
+           "(at most 8 x the budget).", field="steps", zero="run to the end", watch=0),
     Option("epoch_batches", ("--epoch-batches",), Count(), 17,  # see instrument/dataloader.py
            "Batches per DataLoader epoch in the replay (0 = the real length). The default, 17, is "
            "larger than and not divisible by the common accumulation factors, so epoch-end bugs "

@@ -27,6 +27,7 @@ from .recorder import Recorder
 from .registration import ModuleAttrWatcher, find_unregistered
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .schedulers import SchedulerWatcher
+from .warnsource import WarningSource
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
 
@@ -41,7 +42,7 @@ class Instrumentation:
         self.optimizers = OptimizerWatcher(rec, self.scalers)
         self.backward = BackwardWatcher(rec, self.optimizers, aside=self.ddp)  # FSDP2's aside
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
-        self.watchers = [self.optimizers, self.backward, self.dataloader]
+        self.watchers = [WarningSource(), self.optimizers, self.backward, self.dataloader]
         # AMP, clipping, schedulers
         rec.subscribe("describe_loss", self.dataloader.describe_loss)
         rec.subscribe("describe_loss", self.scalers.describe_loss)

@@ -248,6 +248,19 @@ class MoveWatch:
             self.watched.pop(pid, None)
             self.done.add(pid)
         return moved
+def plain_number(value):
+    """A float or int (not a bool, not a tensor: reading a device tensor would synchronise)."""
+    if type(value) is float or type(value) is int:
+        return value
+    return None
+
+
+def group_lrs(optimizer) -> list | None:
+    """Each param group's lr as a plain number (None for a tensor lr), or None."""
+    groups = getattr(optimizer, "param_groups", None)
+    if type(groups) is not list:
+        return None
+    return [plain_number(g.get("lr")) if type(g) is dict else None for g in groups]
 
 
 def _has_closure(args, kwargs) -> bool:
@@ -299,7 +312,8 @@ class OptimizerWatcher:
         self._owned.update(dict.fromkeys(pids))
         opt = rec.optimizer_id(optimizer)
         rec.add_params(opt, pids)
-        rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
+        rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids,
+                                   lrs=[plain_number(g.get("lr")) for g in groups]), loc)
         for subscriber in self._params_added:
             subscriber(opt, pids)
 
@@ -414,8 +428,8 @@ class OptimizerWatcher:
         if self.adopt_unknown:
             self._adopt_unknown(optimizer, rec.here(2))
         depth = self._outer_steps_running()
-        if depth == 0:
-            rec.maybe_stop()
+        if depth == 0 and rec.stop_requested:
+            rec.maybe_stop(rec.optimizer_id(optimizer))
         self._step_frames.append(sys._getframe(1))  # the frame of the optimizer's step wrapper
         if depth > 0:  # an optimizer that steps an inner optimizer
             return
@@ -447,7 +461,8 @@ class OptimizerWatcher:
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
                                    nonfinite=nonfinite,
                                    frozen=self._frozen_entries(optimizer, frozen) if frozen else None,
-                                   edited_params=by_hand, moved=moved),
+                                   edited_params=by_hand, moved=moved,
+                                   lrs=group_lrs(optimizer)),
                      loc)
             if closure:
                 self.closure_step = opt
@@ -489,7 +504,7 @@ class OptimizerWatcher:
             self._normed.add(opt)
             return True
         budget = self.rec.step_budget
-        return budget is not None and self.rec.steps + 1 >= budget
+        return budget is not None and self.rec.updates + 1 >= budget
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
@@ -497,10 +512,10 @@ class OptimizerWatcher:
             self._step_frames.pop()
         if self._step_frames:
             return
-        rec.count_step()  # before the listeners: rec.steps includes this step
+        opt = rec.optimizer_id(optimizer)
+        rec.count_step(opt)  # before the listeners: rec.steps includes this step
         try:
             self.closure_step = None
-            opt = rec.optimizer_id(optimizer)
             # a closure that ran no backward (Lightning passes one to every step, manual
             # optimization's does nothing) leaves the gradients to the loop: a plain step
             closure = _has_closure(args, kwargs) and rec.backward_calls > self._backwards_before

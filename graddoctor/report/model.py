@@ -40,6 +40,12 @@ class RunInfo:
     # replica checksums of a rank's first steps (instrument/ddp.py), for the merge to compare:
     # [{opt, step, value, path, line}]; only in a rank's own report
     checksums: list[dict] | None = None
+    # updates replayed (what --steps counts: the steps after one backward count once); None
+    # when not recorded (an older report, a merged one)
+    updates: int | None = None
+    # a rank's run as its launcher names it (torchrun's run id, SLURM's job.step), the same on
+    # every rank: a merge takes only the reports of one run (run/ranks.py); None elsewhere
+    run_id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", RunStatus(self.status))
