@@ -12,6 +12,7 @@ Nothing here imports torch until a check starts (``import graddoctor`` stays lig
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from typing import Any, Iterable, Mapping, Sequence
@@ -44,11 +45,13 @@ def resolve_options(target: str, args: Sequence[str], values: Mapping[str, Any],
 
 
 def check_options(target: str, args: Sequence[str], settings: Mapping[str, Any],
-                  shown: str | None, *, redirect_stdout: bool = False) -> CheckOptions:
-    """``CheckOptions`` from resolved settings (``resolve_settings``)."""
+                  shown: str | None, *, redirect_stdout: bool = False,
+                  grad_flow: bool = False) -> CheckOptions:
+    """``CheckOptions`` from resolved settings (``resolve_settings``); ``grad_flow``: record every
+    update's gradient norms (a picture was asked for)."""
     return CheckOptions(target=target, args=tuple(args),
                         **{o.field: settings[o.name] for o in SCRIPT_OPTIONS.values()},
-                        redirect_stdout=redirect_stdout, config_path=shown)
+                        redirect_stdout=redirect_stdout, config_path=shown, grad_flow=grad_flow)
 
 
 def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[str], *,
@@ -129,6 +132,7 @@ def check_script(
     allow_incomplete: bool | None = None,
     config: bool = True,
     isolate: bool = False,
+    grad_flow: bool = False,
 ) -> Report:
     """Run a training script (or, with ``module=True``, a module, like ``python -m``) under
     graddoctor, as ``graddoctor check PATH -- ARGV`` does, and return the ``Report``.
@@ -148,7 +152,8 @@ def check_script(
     the script does reaches this process, and the report has no ``analysis`` (no update
     timeline in its text view).
     Raises ``ScriptError`` when the target cannot be run at all or an option is bad, and
-    ``WatchError`` inside another check or ``watch()`` block.
+    ``WatchError`` inside another check or ``watch()`` block. ``grad_flow=True`` records every
+    update's gradient norms for the pictures (``report.render("html")``, a notebook's view).
     """
     from .run.session import run_check
 
@@ -160,6 +165,8 @@ def check_script(
     target = path if (module and isinstance(path, str)) else os.fspath(path)
     options = resolve_options(target, [str(a) for a in argv], values, values, source="python",
                               use_config=config)
+    if grad_flow:
+        options = dataclasses.replace(options, grad_flow=True)
     if isolate:
         return _check_in_child(options)
     return run_check(options)

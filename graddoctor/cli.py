@@ -83,7 +83,9 @@ def check(
         from .run.ranks import launch
 
         raise typer.Exit(launch(typed["nproc_per_node"], _child_args(ctx, script, script_args)))
-    for name in ("output", "trace"):
+    if typed["plot"]:
+        _check_plot(typed["plot"])  # named as typed
+    for name in ("output", "trace", "plot"):
         if typed[name]:  # where the user started: a script that changes directory moves no file
             typed[name] = os.path.abspath(typed[name])
     output = typed["output"]
@@ -105,7 +107,8 @@ def check(
                      f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see the README's "
                      f"Distributed training)")
     options, settings = _options(script, script_args, typed, _given(ctx),
-                                 redirect_stdout=fmt.machine and output is None)
+                                 redirect_stdout=fmt.document and output is None,
+                                 pictures=fmt.pictures or bool(typed["plot"]))
     if output is None:
         from .report.output import ReportStdout
 
@@ -125,6 +128,8 @@ def check(
             return _finish_rank(ranks, report, fmt, typed["output"], output, render, options, wait_s,
                                 shown_output, exchange)
         _emit(report, fmt, output, render, shown_output)
+        if typed["plot"]:
+            _plot(report, typed["plot"])
         return report.exit_code()
 
     def on_hang(report) -> None:  # from the watchdog: the script is stuck; report, then end
@@ -267,7 +272,8 @@ def _format_name(ctx: typer.Context, typed: str, output: Optional[str]) -> str:
     return typed
 
 
-def _options(script: str, script_args, typed: dict, given: set[str], redirect_stdout: bool):
+def _options(script: str, script_args, typed: dict, given: set[str], redirect_stdout: bool,
+             pictures: bool = False):
     """The check's options and the settings they came from: the library's own resolution
     (api.resolve_settings: the option table's validation, [tool.graddoctor] under what the user
     typed), with --grad-flow, which only the text report reads; its errors are usage errors."""
@@ -281,7 +287,8 @@ def _options(script: str, script_args, typed: dict, given: set[str], redirect_st
     except ScriptError as exc:
         _usage_error(str(exc))
     return check_options(script, tuple(script_args or ()), settings, shown,
-                         redirect_stdout=redirect_stdout), settings
+                         redirect_stdout=redirect_stdout,
+                         grad_flow=pictures or settings["grad_flow"]), settings
 
 
 def _run(options, on_hang=None, checkpoint=None, on_destroy=None):
@@ -324,7 +331,7 @@ def _write(report, fmt: ReportFormat, output: Optional[str], render: RenderOptio
         write_file(output, text)
     else:
         write_stdout(text)
-        if fmt.machine:
+        if fmt.document:  # what the script prints at exit (atexit) goes after it, to stderr
             from .report.output import ReportStdout
 
             ReportStdout.end_machine_output()
@@ -338,6 +345,29 @@ def _emit(report, fmt: ReportFormat, output: Optional[str], render: RenderOption
         from .report.text import verdict
 
         typer.echo(f"graddoctor: wrote {shown or output}: {verdict(report).plain}", err=True)
+
+
+def _check_plot(path: str) -> None:
+    """--plot: a picture format matplotlib writes, and matplotlib itself (an optional extra)."""
+    from .report.plot import PLOT_SUFFIXES, missing_matplotlib
+
+    if not path.lower().endswith(PLOT_SUFFIXES):
+        _usage_error(f"--plot {path}: the file must end in {', '.join(PLOT_SUFFIXES)}")
+    reason = missing_matplotlib()
+    if reason:
+        _usage_error(f"--plot: {reason}")
+    _check_writable(path, "--plot")
+
+
+def _plot(report, path: str) -> None:
+    """The gradient-flow picture; its failure is a line on stderr, never the check's."""
+    from .report.plot import plot
+
+    try:
+        plot(report, path)
+        typer.echo(f"graddoctor: drew {path}", err=True)
+    except Exception as exc:
+        typer.echo(f"graddoctor: could not draw {path}: {type(exc).__name__}: {exc}", err=True)
 
 
 def _check_writable(path: str, what: str) -> None:
@@ -363,7 +393,8 @@ def merge_reports(
     reports: List[str] = typer.Argument(..., help="JSON reports of the ranks (graddoctor check "
                                         "--format json -o 'report.{rank}.json')."),
     format: Annotated[str, typer.Option("--format", "-f", help="Report format of the merged "
-                                        "report: text, json or sarif.")] = "text",
+                                        "report: text, json, sarif, html or markdown (a page without the "
+                                        "pictures: the ranks' JSON carries no per-step norms).")] = "text",
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write the merged "
                                                   "report to this file.")] = None,
     fail_on: Annotated[str, typer.Option("--fail-on", help=OPTIONS["fail_on"].help)] = \

@@ -150,6 +150,15 @@ sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last 
 replica_checksum   opt, step (the run's step count after this step), value (float: a checksum of
                    the parameters it owns, a ``Deferred`` while the run goes on), params (how
                    many) — after an optimizer's first steps in a multi-rank process group
+grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer update kept whole:
+                   the step number, the L2 norm of each gradient it applied, nan when not finite,
+                   the lr of each param group, None when not a plain number), bands [[first,
+                   last, count, [pid], [min], [median], [max], [lr]]] (the updates of a long run's
+                   middle, folded into bands of steps: per gradient the min, median and max of its
+                   norm, the lrs of its last update; a merged band's median is the mean of its
+                   parts' medians) — only when a
+                   picture is asked for (instrument/gradflow.py), once per optimizer at the end
+                   of the run
 module_attr        mid, cls, name ("requires_grad"), value, params [pid] (its parameters when
                    set): an attribute of that name set on an ``nn.Module`` object by the user's
                    code (loc: the assignment; once per line and module) — it freezes nothing
@@ -401,6 +410,10 @@ def replica_checksum(*, opt: int, step: int, value: Any, params: int) -> Made:
     return "replica_checksum", {"opt": opt, "step": step, "value": value, "params": params}
 
 
+def grad_flow(*, opt: int, columns: list[list], bands: list[list]) -> Made:
+    return "grad_flow", {"opt": opt, "columns": columns, "bands": bands}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -410,7 +423,7 @@ def run_end(*, status: str, steps: int) -> Made:
 
 
 CONSTRUCTORS: dict[str, Callable[..., Made]] = {
-    "run_start": run_start, "param": param, "optimizer_init": optimizer_init,
+    "run_start": run_start, "param": param, "grad_flow": grad_flow, "optimizer_init": optimizer_init,
     "backward": backward, "clear": clear, "step_begin": step_begin, "step": step,
     "epoch_start": epoch_start, "unscale": unscale, "scaler_step": scaler_step,
     "scaler_update": scaler_update, "clip": clip, "grad_edit": grad_edit,
@@ -468,6 +481,7 @@ NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init"
              "unregistered",  # end-of-run facts about the modules, like ``param``
              "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
              "replica_checksum",  # bookkeeping after a step
+             "grad_flow",  # the per-update gradient norms for the pictures, written at the end
              "folded",  # stands for turns the recorder folded out; the timeline counts them apart
              "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs

@@ -366,3 +366,10 @@ class Analysis:
         from .gradflow import last_update_norms
 
         return last_update_norms(self)
+
+    @cached_property
+    def heatmaps(self):
+        """Every update's per-layer gradient norms, one heatmap per optimizer (the pictures)."""
+        from .gradflow import heatmaps
+
+        return heatmaps(self)

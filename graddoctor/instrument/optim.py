@@ -280,6 +280,7 @@ class OptimizerWatcher:
         self._backwards_before = 0  # rec.backward_calls when the outermost step began
         self._stepped = rec.subscribers("stepped")
         self._stepped_without_grad = rec.subscribers("stepped_without_grad")
+        self._step_grads = rec.subscribers("step_grads")  # only when a picture is asked for
         self._params_added = rec.subscribers("params_added")
         self._freeze_of = rec.subscribers("freeze_of")
         self._normed: set[int] = set()  # optimizers whose first update carried norms
@@ -454,6 +455,8 @@ class OptimizerWatcher:
                     norm_pids, norms = norms_by_device(by_device)
                     nonfinite = [pid for pid, n in zip(norm_pids, norms)
                                  if not math.isfinite(n) and _really_nonfinite(rec, pid)]
+                for subscriber in self._step_grads:
+                    subscriber(opt, optimizer, by_device, norm_pids, norms)
             moved = self._moves.moved()
             loc = rec.here(3)
             if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves

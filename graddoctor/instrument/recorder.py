@@ -38,6 +38,9 @@ from .stop import StopCondition, StopReplay, conditions
 TOPICS = {
     "params_added": "OptimizerWatcher: (opt, pids) after an optimizer was given a param group",
     "stepped": "OptimizerWatcher: (opt, optimizer) after each real optimizer step",
+    "step_grads": "OptimizerWatcher: (opt, optimizer, by_device, norm_pids, norms) before each "
+                  "optimizer step that is not a closure step: its dense gradients by device "
+                  "{device: ([pid], [grad])} and their norms when it measured them (else None)",
     "stepped_without_grad": "OptimizerWatcher: (opt, pids) after each real optimizer step, "
                             "its parameters that had no gradient",
     "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "

@@ -112,8 +112,8 @@ class Report:
     views: ClassVar[Any] = None
 
     def render(self, format: str = "text", *, grad_flow: bool = False) -> str:
-        """The report as the CLI writes it to a file: ``text`` (plain, no colours), ``json``
-        or ``sarif``."""
+        """The report as the CLI writes it to a file: ``text`` (plain, no colours), ``json``,
+        ``sarif``, ``html`` or ``markdown``."""
         return self.views.render(self, format, grad_flow=grad_flow)
 
     def to_json(self) -> dict:
@@ -122,6 +122,10 @@ class Report:
 
     def __str__(self) -> str:
         return self.render("text")
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the HTML report: findings, the gradient-flow heatmap, the timeline."""
+        return self.views.html(self)
 
     def __rich__(self):
         """Rich renders it (``rich.print(report)``, a notebook's output): the terminal view."""

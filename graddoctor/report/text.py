@@ -37,9 +37,9 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def header(console: Console, report: Report) -> None:
+def header_facts(report: Report) -> str:
+    """``device cpu · torch 2.13.0 · 10/10 optimizer steps replayed · 10 backward calls``."""
     run = report.run
-    console.print(Text.assemble(("graddoctor", "bold"), "  ", (run.script, "bold underline")))
     updates = run.steps if run.updates is None else run.updates
     steps = _plural(run.steps, "optimizer step")
     if updates != run.steps:  # several optimizers per backward, or one per parameter
@@ -53,7 +53,13 @@ def header(console: Console, report: Report) -> None:
                  else steps.replace(" replayed", f" replayed (budget {run.step_budget})"))
     facts = [f"device {run.device}", f"torch {run.torch_version}", steps,
              _plural(run.backward_calls, "backward call")]
-    console.print(Padding(Text(" · ".join(facts), style="dim"), (0, 0, 0, 2)))
+    return " · ".join(facts)
+
+
+def header(console: Console, report: Report) -> None:
+    run = report.run
+    console.print(Text.assemble(("graddoctor", "bold"), "  ", (run.script, "bold underline")))
+    console.print(Padding(Text(header_facts(report), style="dim"), (0, 0, 0, 2)))
     said = STATUS_TEXT.get(run.status, run.status)
     if run.status == RunStatus.CRASHED and (run.error or {}).get("type") == "Missing":
         said = "a process's report never arrived (it ended before graddoctor could write it)"

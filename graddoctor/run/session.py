@@ -350,7 +350,8 @@ class Session:
             for context in around:
                 stack.enter_context(context(self.rec))
             self.instrumentation = stack.enter_context(
-                Instrumentation(self.rec, self.options.epoch_batches))
+                Instrumentation(self.rec, self.options.epoch_batches,
+                                grad_flow=self.options.grad_flow))
             if variables is not None:
                 try:
                     self.instrumentation.optimizers.adopt_existing(
