@@ -58,6 +58,10 @@ step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm 
                    latest step that owns them, by code other than the optimizer — an EMA,
                    ``copy_``, a clamp under no_grad; seen through ``tensor._version``, so edits
                    through ``p.data`` are not seen; not checked for closure steps),
+                   moved [pid] (tracked tensors that no optimizer owns and that got a gradient,
+                   whose values changed since the previous optimizer step: copied back from an
+                   fp32 master copy, updated by hand; each listed once, at most the first
+                   ``optim.MOVE_CHECKS`` steps after their first gradient are looked at),
                    lrs [float|None] (each param group's ``lr`` as the step reads it, in group
                    order; None for a group whose lr is not a plain number, e.g. a tensor; the
                    list is None when not read: a trace written before it was recorded)
@@ -155,6 +159,14 @@ grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer
                    parts' medians) — only when a
                    picture is asked for (instrument/gradflow.py), once per optimizer at the end
                    of the run
+module_attr        mid, cls, name ("requires_grad"), value, params [pid] (its parameters when
+                   set): an attribute of that name set on an ``nn.Module`` object by the user's
+                   code (loc: the assignment; once per line and module) — it freezes nothing
+unregistered       owner (class of the module holding it), attr, holder ("list" | "tuple" |
+                   "dict" | "tensor"), name (the path shown: ``model.blocks``), pids [pid] —
+                   tracked tensors no module registers, found at the end of the run in a plain
+                   container (or as a plain tensor) attribute of a module (loc: the attribute's
+                   assignment in the class, when found)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -162,7 +174,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``idle_forward``, ``functional_grad`` and
-``optimizer_attr`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``optimizer_attr``, ``module_attr`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -237,12 +249,14 @@ def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = T
 def step_begin(*, opt: int, norm_pids: list[int] | None, norms: list[float] | None,
                closure: bool = False, nonfinite: list[int] | None = None,
                frozen: list[list] | None = None, edited_params: list[int] | None = None,
-               lrs: list | None = None, thread: int | None = None) -> Made:
+               moved: list[int] | None = None, lrs: list | None = None,
+               thread: int | None = None) -> Made:
     """``frozen``: ``[pid, moved_by, freeze]`` entries (see the table above)."""
     return "step_begin", _threaded({"opt": opt, "closure": closure, "norm_pids": norm_pids,
                                     "norms": norms, "nonfinite": [] if nonfinite is None else nonfinite,
                                     "frozen": [] if frozen is None else frozen,
                                     "edited_params": [] if edited_params is None else edited_params,
+                                    "moved": [] if moved is None else moved,
                                     "lrs": lrs},
                                    thread)
 
@@ -369,6 +383,15 @@ def optimizer_attr(*, opt: int, cls: str, name: str, key: str, value: float | No
                               "kept": kept}
 
 
+def module_attr(*, mid: int, cls: str, name: str, value: Any, params: list[int]) -> Made:
+    return "module_attr", {"mid": mid, "cls": cls, "name": name, "value": value, "params": params}
+
+
+def unregistered(*, owner: str, attr: str, holder: str, name: str, pids: list[int]) -> Made:
+    return "unregistered", {"owner": owner, "attr": attr, "holder": holder, "name": name,
+                            "pids": pids}
+
+
 def folded(*, turns: int, steps: int, backwards: int, events: int, epochs: int,
            copies: list[list[int]]) -> Made:
     return "folded", {"turns": turns, "steps": steps, "backwards": backwards, "events": events,
@@ -409,7 +432,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
     "idle_forward": idle_forward, "functional_grad": functional_grad,
-    "optimizer_attr": optimizer_attr, "folded": folded,
+    "optimizer_attr": optimizer_attr, "module_attr": module_attr,
+    "unregistered": unregistered, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum,
     "internal_error": internal_error, "run_end": run_end,
@@ -417,7 +441,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
 ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "idle_forward", "functional_grad",
-                         "optimizer_attr"})
+                         "optimizer_attr", "module_attr"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it
@@ -454,6 +478,7 @@ CALL_LABELS = {
 # Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
 NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init", "internal_error",
              "step_begin",
+             "unregistered",  # end-of-run facts about the modules, like ``param``
              "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
              "replica_checksum",  # bookkeeping after a step
              "grad_flow",  # the per-update gradient norms for the pictures, written at the end

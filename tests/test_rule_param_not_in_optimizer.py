@@ -13,3 +13,146 @@ def test_no_optimizer_gives_one_info():
         t.backward(fresh=[0], line=6)
     findings, _ = analyze(t.trace)
     assert [(f.rule, f.severity.value) for f in findings] == [("param-not-in-optimizer", "info")]
+
+
+from graddoctor import events as ev  # noqa: E402
+from rule_traces import findings  # noqa: E402
+
+SLUG = "param-not-in-optimizer"
+
+
+def _loop(t, n=3, extra=(), moved_at=None, opt_line=2):
+    """An optimizer over params 0 and 1; backward also writes ``extra``, which nothing owns."""
+    t.optimizer(0, [0, 1], line=opt_line)
+    for i in range(n):
+        t.clear([0, 1], line=5)
+        t.backward(fresh=[0, 1, *extra], line=6)
+        t.put(ev.step_begin(opt=0, norm_pids=None, norms=None,
+                            moved=list(extra) if i == moved_at else None), 7)
+        t.step(0, line=7)
+
+
+def test_unowned_parameters_are_a_warning_at_the_optimizer():
+    t = TraceBuilder()
+    _loop(t, extra=[2])
+    f, = findings(t, SLUG)
+    assert f.severity.value == "warning" and f.location.line == 2
+    assert "they never train" in f.message
+
+
+def test_parameters_whose_values_move_between_steps_train_by_a_copy():
+    # fp16 master weights: the model's parameters get gradients no optimizer owns, and their
+    # values change every update (copied back from the fp32 master the optimizer steps)
+    t = TraceBuilder()
+    _loop(t, extra=[2, 3], moved_at=1)
+    assert findings(t, SLUG) == []
+
+
+def test_a_plain_list_is_named_and_located_at_its_assignment_with_the_module_list_fix():
+    t = TraceBuilder()
+    t.param(2, "model.blocks[0].weight")
+    t.param(3, "model.blocks[0].bias")
+    _loop(t, extra=[2, 3])
+    t.put(ev.unregistered(owner="Net", attr="blocks", holder="list", name="model.blocks",
+                          pids=[2, 3]), 40)
+    f, = findings(t, SLUG)
+    assert f.location.line == 40
+    assert "model.blocks[0].weight" in f.message and "plain list (self.blocks)" in f.message
+    assert "nn.ModuleList" in f.fix and "model.parameters()" not in f.fix
+    assert f.evidence["cause"] == "plain-list"
+
+
+def test_a_plain_dict_gets_module_dict_and_a_plain_tensor_gets_parameter():
+    t = TraceBuilder()
+    t.param(2, "model.heads['a'].weight")
+    t.param(3, "model.temperature", is_parameter=False)
+    t.optimizer(0, [0, 1], line=2)
+    for i in range(3):  # the tensor's gradient only accumulates: nothing clears it
+        t.clear([0, 1], line=5)
+        t.backward(fresh=[0, 1, 2] if i else [0, 1, 2, 3], accumulated=[3] if i else [], line=6)
+        t.step(0, line=7)
+    t.put(ev.unregistered(owner="Net", attr="heads", holder="dict", name="model.heads",
+                          pids=[2]), 40)
+    t.put(ev.unregistered(owner="Net", attr="temperature", holder="tensor",
+                          name="model.temperature", pids=[3]), 41)
+    by_line = {f.location.line: f for f in findings(t, SLUG)}
+    assert "nn.ModuleDict" in by_line[40].fix
+    assert "nn.Parameter" in by_line[41].fix and "not an nn.Parameter" in by_line[41].message
+
+
+def test_a_persistent_tensor_never_cleared_is_reported_but_inputs_are_not():
+    t = TraceBuilder()
+    t.param(2, "temperature", is_parameter=False)
+    t.param(3, "x", is_parameter=False)
+    t.optimizer(0, [0, 1], line=2)
+    for i in range(3):
+        t.clear([0, 1], line=5)
+        # the temperature's gradient accumulates; the input's is fresh each time (set to None)
+        t.backward(fresh=[0, 1, 3] if i else [0, 1, 2, 3], accumulated=[2] if i else [],
+                   line=6, extra_leaves=2)
+        t.step(0, line=7)
+    f, = findings(t, SLUG)
+    assert f.evidence["params"] == ["temperature"] and "not nn.Parameter" in f.message
+
+
+def test_an_input_gradient_within_one_update_is_not_a_learnable_tensor():
+    t = TraceBuilder()
+    t.param(2, "x", is_parameter=False)
+    t.optimizer(0, [0, 1], line=2)
+    t.clear([0, 1], line=5)
+    t.backward(fresh=[2], line=6, extra_leaves=1)  # FGSM on a fixed batch, once
+    t.backward(fresh=[0, 1], line=8, extra_leaves=1)
+    t.step(0, line=9)
+    assert findings(t, SLUG) == []
+
+
+def _switch(t, dropped_grads_after=True, same=False):
+    t.optimizer(0, [0, 1, 2], line=3, cls="SGD")
+    for _ in range(3):
+        t.clear([0, 1, 2], opt=0, line=5)
+        t.backward(fresh=[0, 1, 2], line=6)
+        t.step(0, line=7)
+    t.optimizer(1, [0, 1, 2] if same else [0, 1], line=10, cls="ASGD")
+    for _ in range(3):
+        t.clear([0, 1], opt=1, line=5)
+        t.backward(fresh=[0, 1], accumulated=[2] if dropped_grads_after else [], line=6)
+        t.step(1, line=7)
+
+
+def test_an_optimizer_rebuilt_over_fewer_parameters_is_reported_at_the_new_one():
+    t = TraceBuilder()
+    _switch(t)
+    f, = findings(t, SLUG)
+    assert f.location.line == 10 and f.evidence["cause"] == "optimizer-replaced"
+    assert "SGD updated them until ASGD replaced it" in f.message
+    assert "nor are their gradients cleared" in f.message
+
+
+def test_an_optimizer_rebuilt_over_the_same_parameters_is_silent():
+    t = TraceBuilder()
+    _switch(t, same=True)
+    assert findings(t, SLUG) == []
+
+
+def test_a_parameter_the_new_optimizer_leaves_without_gradients_is_silent():
+    # the dropped part is also no longer used by the loss: nothing is lost
+    t = TraceBuilder()
+    _switch(t, dropped_grads_after=False)
+    assert findings(t, SLUG) == []
+
+
+def test_a_gan_whose_generator_steps_less_often_is_not_a_replacement():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=3)  # G
+    t.optimizer(1, [2, 3], line=4)  # D, built after G but before any step
+    for _ in range(2):
+        for _ in range(3):
+            t.clear([2, 3], opt=1, line=6)
+            t.backward(fresh=[0, 1, 2, 3], line=7)
+            t.step(1, line=8)
+        t.clear([0, 1], opt=0, line=9)
+        t.backward(fresh=[0, 1], line=10)
+        t.step(0, line=11)
+    t.backward(fresh=[0, 1, 2, 3], line=7)
+    t.step(1, line=8)
+    assert findings(t, SLUG) == []

@@ -28,7 +28,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "zero_grad/bad_param_without_grad_head_under_no_grad.py",
             "tbptt/good_retain_graph_growing_sequences.py",  # torch.autograd.grad: functional_grad
             "distributed/bad_sampler_without_set_epoch.py",
-            "zero_grad/bad_optimizer_lr_attribute.py"]  # optimizer_attr
+            "zero_grad/bad_optimizer_lr_attribute.py",  # optimizer_attr
+            "registration/bad_module_requires_grad_attribute.py",  # module_attr
+            "registration/bad_submodules_in_plain_list.py"]  # unregistered
 
 GRAD_EDIT_SCRIPT = """
 import torch

@@ -16,7 +16,9 @@ folded turns         a long run's repeated turns folded by the recorder (instrum
 parameters written   ``written(backward)`` (fresh + accumulated + cleared outside zero_grad)
   by a backward
 user-facing names    ``param_name`` / ``names`` / ``optimizer_name`` (module names: ``modes``)
-optimizers           ``optimizers`` (first construction), ``opt_params``, ``owners``
+optimizers           ``optimizers`` (first construction), ``opt_params``, ``owners``,
+                     ``replaced`` (an optimizer rebuilt over other parameters), ``moved``
+                     (unowned tensors whose values change between steps)
 the ledger           ``ledger`` (analysis/ledger.py): phases, contributions, old uses,
                      discards, accumulation windows' backwards, the gradients' state at
                      every clip
@@ -278,6 +280,40 @@ class Analysis:
     def optimizer_class(self, opt: int) -> str:
         init = self.optimizers.get(opt)
         return init.get("cls", "") if init is not None else ""
+
+    # -- who owns what ---------------------------------------------------------------
+    @cached_property
+    def replaced(self) -> dict[int, Event]:
+        """opt -> the ``optimizer_init`` of the optimizer that replaced it: built after its
+        last step (or after it, if it never stepped) over some of the same parameters, and
+        stepped since, while the replaced one never stepped again (an optimizer rebuilt at a
+        stage switch; awd-lstm's SGD -> ASGD). The replaced optimizer's parameters that the new
+        one does not own are then owned by no optimizer that still steps."""
+        last_step: dict[int, int] = {}
+        stepped_after: dict[int, int] = {}  # opt -> seq of its last step
+        for e in self.steps:
+            last_step[e.get("opt")] = e.seq
+            stepped_after[e.get("opt")] = e.seq
+        out: dict[int, Event] = {}
+        inits = sorted(self.optimizers.values(), key=lambda e: e.seq)
+        for old in inits:
+            opt = old["opt"]
+            since = max(old.seq, last_step.get(opt, -1))
+            mine = set(self.opt_params.get(opt, ()))
+            for new in inits:
+                other = new["opt"]
+                if (other != opt and new.seq > since and stepped_after.get(other, -1) > new.seq
+                        and mine & set(self.opt_params.get(other, ()))):
+                    out[opt] = new
+                    break
+        return out
+
+    @cached_property
+    def moved(self) -> set[int]:
+        """Tracked tensors no optimizer owns whose values changed between optimizer steps
+        (``step_begin``'s ``moved``): trained by a copy from what an optimizer stepped (fp16
+        master weights) or by hand."""
+        return {pid for e in self.by_kind.get("step_begin", ()) for pid in e.get("moved") or ()}
 
     # -- the larger analyses, each built once on first use ---------------------------
     @cached_property

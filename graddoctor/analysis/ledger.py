@@ -139,6 +139,11 @@ class _Loop:
         self.evaluations = 0  # closure evaluations (backwards) so far inside the running step(closure)
 
 
+def _replaced_before(a: "Analysis", opt: int, seq: int) -> bool:
+    new = a.replaced.get(opt)
+    return new is not None and new.seq < seq
+
+
 def build_ledger(a: "Analysis") -> Ledger:
     led = Ledger()
     # who owns what *so far*: a param group added mid-run is not stepped before it is added
@@ -244,7 +249,10 @@ def build_ledger(a: "Analysis") -> Ledger:
                 led.mixed_unscales.append(MixedUnscale(e, plain, scaled_one))
         elif kind == "clip" and not e.get("norm_only"):
             scaled_edited.update(pid for pid in e.get("edited", ()) if pid in scaled)
-            owned = [pid for pid in e["params"] if pid in a.owners]
+            # owned by an optimizer that still steps: one replaced since (rebuilt over other
+            # parameters) no longer applies these gradients (param-not-in-optimizer says so)
+            owned = [pid for pid in e["params"] if pid in a.owners
+                     and not all(_replaced_before(a, opt, e.seq) for opt in a.owners[pid])]
             led.clips.append(ClipState(
                 e, owned,
                 unused={pid for pid in owned if any(not c.consumed_by for c in contribs.get(pid, ()))},

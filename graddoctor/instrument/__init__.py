@@ -21,10 +21,11 @@ from .gradflow import GradFlowWatcher
 from .idle import IdleParamWatcher
 from .losses import LossShapeWatcher
 from .modes import ModeWatcher
-from .names import emit_param_events, name_parameters
+from .names import emit_param_events, name_parameters, user_variables
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .recorder import Recorder
+from .registration import ModuleAttrWatcher, find_unregistered
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .schedulers import SchedulerWatcher
 from .warnsource import WarningSource
@@ -61,6 +62,8 @@ class Instrumentation:
         self.idle = IdleParamWatcher(rec)
         rec.subscribe("stepped_without_grad", self.idle.after_step)
         self.watchers.append(self.idle)
+        # `module.requires_grad = False` (an attribute that freezes nothing)
+        self.watchers.append(ModuleAttrWatcher(rec))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
         rec.subscribe("describe_loss", self.ddp.describe_loss)
         rec.subscribe("stepped", self.ddp.after_step)
@@ -73,8 +76,10 @@ class Instrumentation:
         self._named: set[int] = set()  # optimizers whose parameters were named at their first step
         self.step_threads: set[int] = set()  # the threads the optimizers' first steps ran in
         self._script_globals: dict | None = None  # the script's variables (``name_from``)
+        self._unregistered: set[int] = set()  # pids an ``unregistered`` event has named
         rec.subscribe("stepped", self._name_after_first_step)
         rec.subscribe("params_added", self._name_at_construction)
+        rec.subscribe("leaf_tracked", self._name_new_leaf)
 
     def _name_at_construction(self, opt, pids) -> None:
         # from the variables of the constructing frames only (no gc scan): a model that lives in
@@ -94,6 +99,20 @@ class Instrumentation:
             rec = self.rec
             if first or any(p not in rec.param_names for p in rec.opt_params.get(opt, ())):
                 name_parameters(rec)
+            # plain lists of modules: while the model is alive (main() may return before the end)
+            find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
+                              self._unregistered)
+
+    def _name_new_leaf(self) -> None:
+        # a learnable tensor left out of the optimizer, tracked at its second backward: named,
+        # and found in its module, while the model is surely alive (rare: once per such tensor)
+        rec = self.rec
+        try:
+            name_parameters(rec)
+            find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
+                              self._unregistered)
+        except Exception as exc:
+            rec.internal_error("naming a tensor", exc)
 
     def name_from(self, variables: dict | None) -> None:
         """The script's variables once it has run: parameters still unnamed on exit are named
@@ -125,6 +144,7 @@ class Instrumentation:
         try:
             variables, self._script_globals = self._script_globals, None
             name_parameters(rec, variables or {})
+            find_unregistered(rec, variables, self.optimizers.owned_pids(), self._unregistered)
             emit_param_events(rec)
         except Exception as error:
             rec.internal_error("naming parameters", error)

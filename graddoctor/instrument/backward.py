@@ -14,6 +14,11 @@ small model, so it runs on each call line's first backwards, whenever parameters
 registered on a module since, on every backward of a line that showed non-parameter leaves,
 and on every 16th call of a line otherwise; an unwalked backward repeats its line's last count.
 
+A non-parameter leaf is only counted, unless a later walk meets the very same tensor again: one
+that lives across backwards (a learnable temperature made with ``requires_grad=True`` and left
+out of the optimizer) is then tracked like a parameter (``_seen_leaf``); a fresh input each step
+(FGSM, a gradient penalty's interpolate) never is.
+
 No per-parameter hooks: on the tiny MLP of the overhead benchmark, 20 Python tensor hooks alone
 cost about 17 us per step, more than these two passes.
 
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 
 import torch
 
@@ -84,6 +90,8 @@ class _Line:
 
 # AccumulateGrad nodes are where a backward writes into a leaf's .grad
 _ACCUMULATE_GRAD = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
+
+LEAVES_REMEMBERED = 256  # non-parameter leaves remembered from one walk to the next
 
 HISTORY_KEY = "graddoctor.walked_by"  # the mark a history walk leaves in a node's metadata
 HISTORY_LIMIT = 100_000  # nodes a history walk marks; past them it only counts and finds leaves
@@ -211,6 +219,7 @@ class BackwardWatcher:
         self.optimizers = optimizers  # the optimizer watcher: ``closure_step``
         self.cpu_checks = True
         self._describe_loss = rec.subscribers("describe_loss")
+        self._leaf_tracked = rec.subscribers("leaf_tracked")
         # writes outside .grad (FSDP2 without gradient sync; the DDP watcher): an object with
         # ``fsdp_seen``, ``is_shadow(leaf)``, ``unsynced`` (true while some are possible) and
         # ``written_aside()`` (pids); and the pids set aside since their .grad was last written
@@ -220,6 +229,8 @@ class BackwardWatcher:
         self.registrations = 0  # parameters registered on any module (a global module hook)
         self._always_walk = False  # torch without that hook: nothing tells when to walk again
         self._session = object()  # in the marks of this run's walks (a graph may outlive a run)
+        self._leaf_once: dict[int, weakref.ref] = {}  # non-parameter leaves walked once
+        self._persistent: set[int] = set()  # pids of non-parameter leaves walked again later
 
     # -- graph walks ---------------------------------------------------------------------------
     def _walk_due(self, loc) -> _Line | None:
@@ -251,9 +262,12 @@ class BackwardWatcher:
         else:
             leaves = _leaves(tensors, inputs)
         aside = self.aside if self.aside is not None and self.aside.fsdp_seen else None
+        persistent = self._persistent
         for leaf in leaves:
             pid = pid_of.get(id(leaf))
             if pid is not None and refs[pid]() is leaf:  # tracked already (rec.pid, inlined)
+                if pid in persistent:
+                    ctx.extra_leaves += 1
                 continue
             if aside is not None and aside.is_shadow(leaf):  # FSDP's unsharded copy of a param
                 continue
@@ -261,10 +275,34 @@ class BackwardWatcher:
                 rec.track(leaf)
             else:
                 ctx.extra_leaves += 1  # e.g. FGSM: the input's gradient is the point
+                self._seen_leaf(leaf)
         if line is not None:
             line.extra_leaves = ctx.extra_leaves
         if shared is not None:
             ctx.history = self._history(shared)
+
+    def _seen_leaf(self, leaf) -> None:
+        """A leaf that is no parameter: tracked once a second walk meets the same tensor (one
+        that lives across backwards, a learnable tensor made with requires_grad=True), never on
+        its first sight (a fresh input each step, FGSM's, a gradient penalty's, is never
+        tracked). It still counts among the walk's extra leaves."""
+        once = self._leaf_once
+        ref = once.get(id(leaf))
+        if ref is not None and ref() is leaf:
+            del once[id(leaf)]
+            self._persistent.add(self.rec.track(leaf))
+            for subscriber in self._leaf_tracked:
+                subscriber()
+            return
+        if len(once) >= LEAVES_REMEMBERED:  # fresh inputs each step: forget the dead ones
+            for key in [k for k, r in once.items() if r() is None]:
+                del once[key]
+            if len(once) >= LEAVES_REMEMBERED:
+                once.clear()
+        try:
+            once[id(leaf)] = weakref.ref(leaf)
+        except TypeError:  # a tensor type without weak references: not followed
+            pass
 
     def _history(self, shared: dict) -> list:
         """[[seq of an earlier backward, [pid of the tracked leaves fed through its nodes]]], in

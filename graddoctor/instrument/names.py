@@ -12,7 +12,7 @@ from .. import events as ev
 from .recorder import Recorder
 
 
-def _user_variables(rec: Recorder) -> dict[str, object]:
+def user_variables(rec: Recorder) -> dict[str, object]:
     """Variables of the user's frames on the current stack (locals first, then globals)."""
     found: dict[str, object] = {}
     for frame in rec.finder.user_frames(sys._getframe(1)):
@@ -34,7 +34,7 @@ def name_parameters(rec: Recorder, variables: dict[str, object] | None = None,
     if not unnamed:
         return
     best: dict[int, tuple[int, str]] = {}  # pid -> (rank, name); the higher rank wins
-    for var, value in (variables if variables is not None else _user_variables(rec)).items():
+    for var, value in (variables if variables is not None else user_variables(rec)).items():
         if not use_gc and var == "self":
             continue
         if issubclass(type(value), torch.nn.Module) and not var.startswith("_"):
@@ -43,7 +43,7 @@ def name_parameters(rec: Recorder, variables: dict[str, object] | None = None,
                 pid = unnamed.get(id(p))
                 if pid is not None and len(named) + 10**9 > best.get(pid, (-1, ""))[0]:
                     best[pid] = (len(named) + 10**9, f"{var}.{name}")
-        elif issubclass(type(value), torch.nn.Parameter) and id(value) in unnamed:
+        elif isinstance(value, torch.Tensor) and id(value) in unnamed:  # also a plain leaf tensor
             best.setdefault(unnamed[id(value)], (10**9, var))
     for obj in gc.get_objects() if use_gc else ():
         if not issubclass(type(obj), torch.nn.Module):  # type(): no __class__ tricks

@@ -165,6 +165,89 @@ def _steps_with_param_groups(optimizer, name: str) -> bool:
     return step_module.startswith("torch.") and not hasattr(cls, name)
 
 
+MOVE_CHECKS = 8  # optimizer steps an unowned tensor with a gradient is watched for moving
+MOVE_SAMPLE = 1024  # elements of it compared (strided over the whole tensor)
+
+
+def _sample(tensor):
+    """A strided copy of at most ``MOVE_SAMPLE`` of the tensor's values: a copy-back of stepped
+    values (an fp32 master's) changes nearly every element, so a sample tells it cheaply."""
+    with torch.no_grad():
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // MOVE_SAMPLE)
+        return flat[::stride][:MOVE_SAMPLE].clone()
+
+
+class MoveWatch:
+    """Tracked tensors that get a gradient but that no optimizer owns: do their values change
+    between optimizer steps (mixed precision by hand copies the stepped fp32 master values back
+    into the model; a tensor updated by hand under no_grad)? Such tensors train although no
+    optimizer owns them. Checked at each optimizer step, from the first step after a tensor's
+    first gradient, for at most ``MOVE_CHECKS`` steps or until it moves: its ``_version`` first,
+    then a strided sample of its values (``p.data.copy_`` bypasses the version), compared in
+    one batched op and one host read per device. A run whose optimizers own every tensor that
+    gets a gradient pays one length comparison per step."""
+
+    def __init__(self, rec: Recorder, owned: dict):
+        self.rec = rec
+        self.owned = owned
+        self.watched: dict[int, object] = {}  # pid -> None (no grad yet) | (version, sample, left)
+        self.done: set[int] = set()  # moved, or watched long enough
+        self.known = 0  # tracked tensors looked at so far
+
+    def moved(self) -> list[int]:
+        rec = self.rec
+        refs = rec.tensors.refs
+        if len(refs) != self.known:
+            owned, done, watched = self.owned, self.done, self.watched
+            for pid in range(self.known, len(refs)):
+                if pid not in owned and pid not in done:
+                    watched.setdefault(pid, None)
+            self.known = len(refs)
+        if not self.watched:
+            return []
+        moved: list[int] = []
+        compare: dict = {}  # device -> ([pid], [before], [now])
+        for pid, state in list(self.watched.items()):
+            tensor = refs[pid]()
+            if tensor is None or pid in self.owned:
+                del self.watched[pid]
+                continue
+            try:
+                if state is None:
+                    if tensor.grad is not None:
+                        self.watched[pid] = (tensor._version, _sample(tensor), MOVE_CHECKS)
+                    continue
+                version_before, before, left = state
+                if tensor._version != version_before:
+                    moved.append(pid)
+                    continue
+                now = _sample(tensor)
+            except Exception:  # a tensor we cannot sample (sparse, a subclass): not judged
+                del self.watched[pid]
+                self.done.add(pid)
+                continue
+            entry = compare.setdefault(now.device, ([], [], []))
+            entry[0].append(pid)
+            entry[1].append(before)
+            entry[2].append(now)
+        with torch.no_grad():
+            for pids, befores, nows in compare.values():
+                changed = torch.stack([torch.ne(b, n).any() for b, n in zip(befores, nows)]).tolist()
+                for pid, change, now in zip(pids, changed, nows):
+                    if change:
+                        moved.append(pid)
+                        continue
+                    version_before, _before, left = self.watched[pid]
+                    if left <= 1:
+                        del self.watched[pid]
+                        self.done.add(pid)
+                    else:
+                        self.watched[pid] = (version_before, now, left - 1)
+        for pid in moved:
+            self.watched.pop(pid, None)
+            self.done.add(pid)
+        return moved
 def plain_number(value):
     """A float or int (not a bool, not a tensor: reading a device tensor would synchronise)."""
     if type(value) is float or type(value) is int:
@@ -191,6 +274,7 @@ class OptimizerWatcher:
         self.scalers = scalers  # the GradScaler watcher: ``in_scaler_step``
         self.closure_step: int | None = None  # optimizer id while optimizer.step(closure) runs
         self._owned: dict[int, None] = {}  # pids of every tensor an optimizer owns (a set)
+        self._moves = MoveWatch(rec, self._owned)
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self._backwards_before = 0  # rec.backward_calls when the outermost step began
@@ -373,13 +457,15 @@ class OptimizerWatcher:
                                  if not math.isfinite(n) and _really_nonfinite(rec, pid)]
                 for subscriber in self._step_grads:
                     subscriber(opt, optimizer, by_device, norm_pids, norms)
+            moved = self._moves.moved()
             loc = rec.here(3)
             if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves
                 rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
                                    nonfinite=nonfinite,
                                    frozen=self._frozen_entries(optimizer, frozen) if frozen else None,
-                                   edited_params=by_hand, lrs=group_lrs(optimizer)),
+                                   edited_params=by_hand, moved=moved,
+                                   lrs=group_lrs(optimizer)),
                      loc)
             if closure:
                 self.closure_step = opt

@@ -45,6 +45,8 @@ TOPICS = {
                             "its parameters that had no gradient",
     "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "
                      "events.backward for the backward about to run from them",
+    "leaf_tracked": "BackwardWatcher: () after a leaf that is no parameter was first tracked (one "
+                    "that lives across backwards: a learnable tensor made with requires_grad=True)",
     "freeze_of": "OptimizerWatcher: (param) -> seq of the event that froze it, or None",
     "counted_step": "Recorder.count_step: (updates) after each optimizer step is counted, "
                     "before its listeners (the progress line: updates, what the budget counts)",

@@ -1,26 +1,41 @@
 from __future__ import annotations
 
 from ..findings import Severity
+from ..analysis import written
 from .base import Rule, related
 
 
 class ParamNotInOptimizer(Rule):
     """
     ## What it does
-    Finds parameters (`nn.Parameter`) that receive gradients but that no optimizer owns. When
+    Finds trainable tensors that receive gradients but that no optimizer that still steps owns,
+    and says why: a module that keeps submodules in a plain `list`/`dict` (nn.Module registers
+    none of them, so `model.parameters()` leaves them out; pointed at the assignment), a
+    learnable tensor made with `requires_grad=True` instead of `nn.Parameter`, an optimizer
+    rebuilt mid-run over fewer parameters than the one it replaced (awd-lstm's switch to ASGD
+    over `model.parameters()` only), or parameters simply left out of the optimizer. Tensors
+    whose values still change between steps (fp16 master weights: the model's gradients are
+    copied into an fp32 master the optimizer steps, and the values copied back; a hand-written
+    update) train, and are left alone, as are inputs whose gradient is the point (FGSM). When
     the script has no `torch.optim` optimizer at all (hand-written SGD), it says once, as
     `info`, that the zero_grad checks cannot judge the loop.
 
     ## Why is this bad?
     Those layers never train although backward spends time on them: usually a module added
     after the optimizer was built, or an optimizer built from `model.backbone.parameters()`
-    while the loss also flows through `model.head`.
+    while the loss also flows through `model.head`. Modules in a plain list are also skipped by
+    `model.to()`, `state_dict()` and `zero_grad()`.
 
     ## Example
     ```python
     optimizer = torch.optim.AdamW(model.backbone.parameters(), lr=1e-3)
     loss_fn(model.head(model.backbone(x)), y).backward()
     optimizer.step()
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = [nn.Linear(16, 16) for _ in range(4)]  # not registered
     ```
 
     ## Use instead
@@ -28,6 +43,11 @@ class ParamNotInOptimizer(Rule):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     # or, when the head is meant to stay fixed:
     model.head.requires_grad_(False)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
     ```
     """
 
@@ -59,15 +79,160 @@ class ParamNotInOptimizer(Rule):
                     evidence={"backward_calls": a.backward_calls},
                 )
             return
-        orphans = [pid for pid in led.first_contribution
-                   if pid not in a.owners and params.get(pid) is not None
-                   and params[pid].get("is_parameter")]
-        if not orphans:
-            return
+        moved = a.moved
+        untouched = _never_cleared_across_steps(a)
+        orphans, dropped = [], {}
+        for pid in led.first_contribution:
+            event = params.get(pid)
+            if event is None or pid in moved:
+                continue  # unknown, or trained by a copy (fp16 master weights) or by hand
+            if not event.get("is_parameter") and pid not in untouched:
+                continue  # an input's gradient (FGSM, saliency): the point of that backward
+            owners = a.owners.get(pid)
+            if not owners:
+                orphans.append(pid)
+            elif all(opt in a.replaced for opt in owners):
+                new = max((a.replaced[opt] for opt in owners), key=lambda e: e.seq)
+                if _trained_after(a, pid, new.seq):
+                    dropped.setdefault(new.seq, (new, []))[1].append(pid)
         construction = next(iter(a.optimizers.values()))
-        yield self.finding(
-            f"{a.names(orphans)} receive gradients but no optimizer owns them: they never train",
-            construction.loc,
-            related=(related(led.first_contribution[orphans[0]], "the backward that gives them gradients"),),
-            evidence={"params": [a.param_name(p) for p in orphans], "count": len(orphans)},
+        if orphans:
+            yield from self._unowned(a, orphans, construction)
+        for new, pids in dropped.values():
+            yield self._dropped(a, new, pids)
+
+    def _unowned(self, a, orphans, construction):
+        led = a.ledger
+        left = dict.fromkeys(orphans)
+        for event in a.of_kind("unregistered"):
+            pids = [pid for pid in event.get("pids") or () if pid in left]
+            if not pids:
+                continue
+            for pid in pids:
+                left.pop(pid, None)
+            yield self._unregistered(a, event, pids, construction)
+        tensors = [pid for pid in left if not a.params[pid].get("is_parameter")]
+        if tensors:
+            one = len(tensors) == 1
+            it, its, they = ("it", "it", "it") if one else ("them", "them", "they")
+            cls = a.optimizer_class(construction["opt"]) or "Adam"
+            yield self.finding(
+                f"{a.names(tensors)} {'is a tensor' if one else 'are tensors'} with "
+                f"requires_grad=True, not nn.Parameter: backward gives {it} a gradient every "
+                f"update (accumulating, never cleared), but no optimizer owns {its} "
+                f"(model.parameters() leaves plain tensors out), so {they} never "
+                f"{'trains' if one else 'train'}",
+                construction.loc,
+                related=(related(led.first_contribution[tensors[0]], "the backward that gives them gradients"),),
+                fix=(f"pass {it} to the optimizer (torch.optim.{cls}([*model.parameters(), "
+                     f"{a.param_name(tensors[0])}])), or make {it} an nn.Parameter attribute of "
+                     "the module so that model.parameters() includes it"),
+                fixes={},
+                evidence={"params": [a.param_name(p) for p in tensors], "count": len(tensors),
+                          "cause": "plain-tensor"},
+            )
+        plain = [pid for pid in left if a.params[pid].get("is_parameter")]
+        if plain:
+            yield self.finding(
+                f"{a.names(plain)} receive gradients but no optimizer owns them: they never train",
+                construction.loc,
+                related=(related(led.first_contribution[plain[0]], "the backward that gives them gradients"),),
+                evidence={"params": [a.param_name(p) for p in plain], "count": len(plain)},
+            )
+
+    def _unregistered(self, a, event, pids, construction):
+        owner, attr, holder = event.get("owner"), event.get("attr"), event.get("holder")
+        shown = a.names(pids)
+        if holder == "tensor":
+            message = (f"{shown} is a plain tensor with requires_grad=True that {owner} keeps as "
+                       f"self.{attr}, not an nn.Parameter: the module does not register it, so "
+                       "model.parameters() leaves it out and no optimizer owns it; backward gives "
+                       "it a gradient every update, yet it never trains")
+            fix = (f"make it a parameter: self.{attr} = nn.Parameter(...) (the same initial value, "
+                   "without requires_grad=True)")
+        else:
+            modules = any(a.param_name(pid).rsplit("]", 1)[-1] for pid in pids)
+            kind = "modules" if modules else "tensors"
+            wrapper = ("nn.ModuleDict" if holder == "dict" else "nn.ModuleList") if modules else \
+                ("nn.ParameterDict" if holder == "dict" else "nn.ParameterList")
+            message = (f"{shown} receive gradients but no optimizer owns them: {owner} keeps the "
+                       f"{kind} in a plain {holder} (self.{attr}), which nn.Module does not "
+                       "register, so its parameters() leaves them out (and "
+                       "model.to(), state_dict() and zero_grad() skip them too); they never train")
+            fix = f"hold them in {wrapper}: self.{attr} = {wrapper}(...)"
+        return self.finding(
+            message, event.loc or construction.loc,
+            related=(related(construction, "the optimizer, which does not own them"),
+                     related(a.ledger.first_contribution[pids[0]], "the backward that gives them gradients")),
+            fix=fix, fixes={},
+            evidence={"params": [a.param_name(p) for p in pids], "count": len(pids),
+                      "cause": f"plain-{holder}", "attribute": attr, "owner": owner},
         )
+
+    def _dropped(self, a, new, pids):
+        opt = new["opt"]
+        olds = sorted({o for pid in pids for o in a.owners.get(pid, ()) if a.replaced.get(o) is new},
+                      key=a.optimizer_name)
+        old_names = " and ".join(a.optimizer_name(o) for o in olds) or "the earlier optimizer"
+        name = a.optimizer_name(opt)
+        return self.finding(
+            f"{a.names(pids)} receive gradients but no optimizer that still steps owns them: "
+            f"{old_names} updated them until {name} replaced it, built here over fewer "
+            f"parameters; since then they never train"
+            + (" (nor are their gradients cleared)" if not _cleared_after(a, pids, new.seq) else ""),
+            new.loc,
+            related=tuple(related(a.optimizers.get(o), f"{a.optimizer_name(o)}, which owned them")
+                          for o in olds),
+            fix=(f"build {name} over the same parameters as {old_names} (the list you gave it, "
+                 "e.g. model and loss-module parameters), or freeze the ones meant to stay with "
+                 "requires_grad_(False)"),
+            fixes={},
+            evidence={"params": [a.param_name(p) for p in pids], "count": len(pids),
+                      "cause": "optimizer-replaced", "replaced": [a.optimizer_name(o) for o in olds],
+                      "by": name},
+        )
+
+
+def _trained_after(a, pid: int, seq: int) -> bool:
+    """A backward after ``seq`` wrote ``pid`` and an optimizer step followed it."""
+    last = a.last_writer(pid, a.events[-1].seq + 1) if a.events else None
+    return last is not None and last.seq > seq and a.next_step(last.seq) is not None
+
+
+def _cleared_after(a, pids, seq: int) -> bool:
+    wanted = set(pids)
+    return any(e.seq > seq and wanted & set(e.get("params") or ()) for e in a.of_kind("clear"))
+
+
+def _never_cleared_across_steps(a) -> set[int]:
+    """Tracked tensors that are not parameters, whose gradients backwards wrote before and after
+    an optimizer step and that nothing cleared in between: a learnable tensor left out of the
+    optimizer (its gradient only accumulates). An input whose gradient the script reads and
+    clears (saliency on a fixed batch) is not one."""
+    held = {pid for e in a.of_kind("unregistered") for pid in e.get("pids") or ()}
+    # a scalar or vector (a temperature, a scale, a bias), or one a module holds; a larger one
+    # outside any module is as likely a fixed batch made with requires_grad=True (old
+    # Variable-style code): its gradient is wasted work, not an update lost
+    candidates = {pid for pid, e in a.params.items() if not e.get("is_parameter")
+                  and (pid in held or (e.get("shape") is not None and len(e.get("shape")) <= 1))}
+    if not candidates:
+        return set()
+    first_step: dict[int, int] = {}
+    last_step: dict[int, int] = {}
+    fresh_count: dict[int, int] = {}
+    touched: set[int] = set()
+    for e in a.of_kind("backward"):
+        before = a.steps_before(e.seq)
+        for pid in written(e):
+            if pid in candidates:
+                first_step.setdefault(pid, before)
+                last_step[pid] = before
+        for pid in e.get("fresh") or ():
+            if pid in candidates:
+                fresh_count[pid] = fresh_count.get(pid, 0) + 1
+        touched.update(pid for pid in e.get("cleared_outside") or () if pid in candidates)
+    for e in a.of_kind("clear"):
+        touched.update(pid for pid in e.get("params") or () if pid in candidates)
+    return {pid for pid in first_step
+            if last_step[pid] > first_step[pid] and pid not in touched
+            and fresh_count.get(pid, 0) <= 1}

@@ -1,0 +1,201 @@
+"""What the model really registers: attributes that look like registration but are not.
+
+* ``module.requires_grad = False`` sets a plain attribute on the Module object: it freezes
+  nothing (``requires_grad_(False)`` was meant). Seen through a class-level ``__setattr__`` on
+  ``nn.Module`` that sets the attribute first and then compares the name (one string compare
+  per module attribute set; the rest runs only for ``requires_grad``): a ``module_attr`` event at
+  the assignment, once per line and module.
+* Submodules, parameters or trainable tensors held in a plain ``list``/``tuple``/``dict``
+  attribute (or a plain tensor attribute) of a module: ``nn.Module`` registers none of them, so
+  ``model.parameters()`` leaves them out. Found at the end of the run, only when some tracked
+  tensor that got a gradient is owned by no optimizer (``find_unregistered``): an
+  ``unregistered`` event per attribute, at its assignment in the class when found, and the
+  tensors are named by that path (``model.blocks[0].weight``).
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import linecache
+import sys
+
+import torch
+
+from .. import events as ev
+from ..trace import Location
+from .identities import Identities
+from .recorder import Recorder
+
+
+class ModuleAttrWatcher:
+    """``requires_grad`` set as an attribute on an ``nn.Module`` (see the module docstring)."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._mid = Identities()
+        self._seen: set[tuple] = set()  # (path, line, mid) recorded
+
+    def _wrap_setattr(self, original):
+        watcher = self
+
+        def __setattr__(module, name, value):
+            original(module, name, value)  # first, exactly as without graddoctor
+            if name == "requires_grad":
+                try:
+                    watcher._flag_set(module, name, value)
+                except Exception as exc:
+                    watcher.rec.internal_error("module attribute", exc)
+
+        return __setattr__
+
+    def _flag_set(self, module, name: str, value) -> None:
+        rec = self.rec
+        if name not in module.__dict__:  # a property or a descriptor of its class took it
+            return
+        caller = sys._getframe(2)  # the frame that assigned (below: __setattr__, this method)
+        if not rec.finder.is_user_file(caller.f_code.co_filename):
+            return
+        loc = rec.here(3)
+        if loc is None:
+            return
+        mid = self._mid(module)
+        key = (loc.path, loc.line, mid)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        params = [rec.track(p) for p in module.parameters()]
+        shown = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+        rec.emit_aside(ev.module_attr(mid=mid, cls=type(module).__name__, name=name, value=shown,
+                                      params=params), loc)
+
+    def install(self, patcher) -> None:
+        Module = torch.nn.Module
+        patcher.patch(Module, "__setattr__", self._wrap_setattr(Module.__setattr__))
+
+
+# -- plain containers --------------------------------------------------------------------------
+
+_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _modules, hooks...
+
+
+def _items(value):
+    """(holder, [(key, item)]) of an attribute that may hold unregistered tensors, else None."""
+    if isinstance(value, (list, tuple)):
+        return ("list" if isinstance(value, list) else "tuple"), list(enumerate(value))
+    if isinstance(value, dict):
+        return "dict", list(value.items())
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        return "tensor", [(None, value)]
+    return None
+
+
+def _tensors_in(item):
+    """(suffix, tensor) pairs of one item of a container: a module's parameters, or a tensor."""
+    if isinstance(item, torch.nn.Module):
+        return [(f".{name}", p) for name, p in item.named_parameters()]
+    if isinstance(item, torch.Tensor):
+        return [("", item)]
+    return []
+
+
+def find_unregistered(rec: Recorder, variables: dict[str, object] | None, owned,
+                      reported: set[int]) -> None:
+    """Emit an ``unregistered`` event per module attribute that holds, in a plain container or
+    as a plain tensor, tracked tensors that no optimizer owns and no module registers, and name
+    those tensors by that path. Runs at each optimizer's first step (the model may be local to
+    a function that has returned by the end) and at the end of the run; returns at once when
+    every tracked tensor is owned or already in ``reported`` (which it extends)."""
+    alive = {}
+    for pid in rec.tracked_pids():
+        if pid in owned or pid in reported:
+            continue
+        tensor = rec.tensor(pid)
+        if tensor is not None:
+            alive[id(tensor)] = pid
+    if not alive:
+        return
+    roots: list[tuple[str, torch.nn.Module]] = []
+    for var, value in (variables or {}).items():
+        if issubclass(type(value), torch.nn.Module) and not var.startswith("_"):
+            roots.append((var, value))
+    # then the live modules (a model local to a function that has returned), named by class
+    roots += [(type(obj).__name__, obj) for obj in gc.get_objects()
+              if issubclass(type(obj), torch.nn.Module)]
+    found: dict[tuple, tuple] = {}  # (id(module), attr) -> (path, module, attr, holder, hits)
+    for prefix, root in roots:
+        registered = None  # the root's own parameters: a plain list of references to modules
+        for sub_name, sub in root.named_modules():  # registered in the same model is harmless
+            for attr, value in list(vars(sub).items()):
+                if attr in _INTERNALS or (id(sub), attr) in found:
+                    continue
+                items = _items(value)
+                if items is None:
+                    continue
+                holder, pairs = items
+                path = f"{prefix}.{sub_name}.{attr}" if sub_name else f"{prefix}.{attr}"
+                hits = []
+                for key, item in pairs:
+                    where = path if key is None else f"{path}[{key!r}]"
+                    for suffix, tensor in _tensors_in(item):
+                        pid = alive.get(id(tensor))
+                        if pid is not None:
+                            if registered is None:
+                                registered = {id(p) for p in root.parameters()}
+                            if id(tensor) not in registered:
+                                hits.append((where + suffix, pid))
+                if hits:
+                    found[(id(sub), attr)] = (path, sub, attr, holder, hits)
+    names = {}
+    for path, sub, attr, holder, hits in found.values():
+        names.update((pid, name) for name, pid in hits)
+        reported.update(pid for _name, pid in hits)
+        rec.emit(ev.unregistered(owner=type(sub).__name__, attr=attr, holder=holder, name=path,
+                                 pids=[pid for _name, pid in hits]),
+                 assignment(rec, type(sub), attr))
+    rec.name_params(names)
+
+
+def assignment(rec: Recorder, cls, attr: str) -> Location | None:
+    """Where a method of ``cls`` (or of a base class in the user's code) assigns ``self.<attr>``:
+    ``__init__`` first. None when not found."""
+    for klass in cls.__mro__:
+        methods = [f for f in vars(klass).values() if hasattr(f, "__code__")]
+        methods.sort(key=lambda f: f.__name__ != "__init__")
+        for function in methods:
+            code = function.__code__
+            if not rec.finder.is_user_file(code.co_filename):
+                continue
+            line = _assigned_at(code, attr)
+            if line is not None:
+                return Location(rec.finder.display_path(code.co_filename), line, code.co_name)
+    return None
+
+
+def _assigned_at(code, attr: str) -> int | None:
+    """The first line in the function of ``code`` that assigns ``self.<attr>`` (its first
+    argument's attribute), read from its source with ``ast``."""
+    source = "".join(linecache.getlines(code.co_filename))
+    if not source:
+        return None
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name != code.co_name:
+            continue
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        if first != code.co_firstlineno and node.lineno != code.co_firstlineno:
+            continue
+        args = node.args.posonlyargs + node.args.args
+        if not args:
+            return None
+        this = args[0].arg
+        for inner in ast.walk(node):
+            targets = (inner.targets if isinstance(inner, ast.Assign)
+                       else [inner.target] if isinstance(inner, ast.AnnAssign) else [])
+            for target in targets:
+                for t in ast.walk(target):
+                    if (isinstance(t, ast.Attribute) and t.attr == attr
+                            and isinstance(t.value, ast.Name) and t.value.id == this):
+                        return t.lineno
+        return None
+    return None
