@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from ..analysis import listing, written
-from ..analysis.source import assigned_object
 from ..findings import Severity
 from .base import Rule, related
 
@@ -60,7 +59,7 @@ class ModuleRequiresGradAttribute(Rule):
             if not pids:
                 continue
             value = e.get("value")
-            variable = _target(e)
+            variable = _target(a, e)
             if value is False or value == 0:
                 trained = _stepped_after(a, pids, e.seq)
                 if not trained:
@@ -103,10 +102,10 @@ def _classes(items) -> str:
     return f"{listing(names, 3)} objects ({len(items)} modules)"
 
 
-def _target(event) -> str:
+def _target(a, event) -> str:
     """The assigned object as the user wrote it (``model.backbone``), else ``module``."""
     loc = event.loc
-    found = assigned_object(loc.path, loc.line, "requires_grad") if loc is not None else None
+    found = a.source.assigned_object(loc.path, loc.line, "requires_grad") if loc is not None else None
     return found or "module"
 
 
