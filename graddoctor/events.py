@@ -82,7 +82,9 @@ mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, 
                    trainable, updated (changed in place outside an optimizer: EMA),
                    track_running_stats, momentum, p, freeze (seq of its freeze event | None)
 mode_forward       training, grad, inference, modules [mid], grad_modules [mid] (gradient flows
-                   through), calls, recalibrating — one per call line and mode while no other
+                   through), calls, recalibrating, nested (a no-grad forward made inside an
+                   outermost module call that also ran grad-enabled ones: targets computed in
+                   the training forward) — one per call line and mode while no other
                    event happens (loc: the user's call of the outermost module)
 freeze             calls (parameters frozen from this line with requires_grad_(False); a step's
                    ``frozen`` entries name it)
@@ -283,10 +285,11 @@ def mode_module(*, mid: int, name: str, cls: str, layer: str, has_params: bool,
 
 
 def mode_forward(*, training: bool, grad: bool, inference: bool, modules: list[int],
-                 grad_modules: list[int], calls: int = 1, recalibrating: bool = False) -> Made:
+                 grad_modules: list[int], calls: int = 1, recalibrating: bool = False,
+                 nested: bool = False) -> Made:
     return "mode_forward", {"training": training, "grad": grad, "inference": inference,
                             "modules": modules, "grad_modules": grad_modules, "calls": calls,
-                            "recalibrating": recalibrating}
+                            "recalibrating": recalibrating, "nested": nested}
 
 
 def freeze(*, calls: int = 1) -> Made:

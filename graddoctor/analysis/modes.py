@@ -10,7 +10,8 @@ set each module's mode (``train`` / ``eval`` events), whether the forward was a 
   end of run) is a backward, or it ran between a backward and its step;
 * ``outside`` — no backward follows before the next step / epoch start / the end of a completed
   run, or it is one of several no-grad calls in a row with no backward between them
-  (a validation loop);
+  (a validation loop) — unless it ran inside a grad-enabled outermost call (``nested``: targets
+  made within the training forward, MoCo's key encoder), which takes that call's context;
 * ``unknown`` — the replay was cut (step budget, timeout) before anything told.
 
 Pure Python over the ``Analysis``; no torch.
@@ -152,6 +153,10 @@ def build_timeline(a: "Analysis") -> ModeTimeline:
 def _context(e: Event, before: Event | None, after: Event | None, step: Event | None,
              train: Event | None = None):
     grad = bool(e.get("grad")) and not e.get("inference")
+    if e.get("nested"):
+        # no-grad forwards inside a grad-enabled outermost call (MoCo's key encoder making the
+        # targets in the training forward): part of that forward, whatever follows them
+        grad = True
     if not grad and e.get("calls", 1) >= 2:
         return "outside", None  # a loop of no-grad calls with no backward between them
     if not grad and train is not None and (after is None or train.seq < after.seq):

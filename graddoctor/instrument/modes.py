@@ -79,6 +79,9 @@ class ModeWatcher:
         # through]; closed by any other event, ours included (a mode_module event excepted)
         self._window: dict[tuple, list] = {}
         self._outer = self._outer_site = None  # the running outermost module call (see _call_site)
+        # within that outermost call: [its frame, a grad-enabled forward ran in it, the data of
+        # the no-grad forwards made in it] (``nested``: MoCo's key encoder inside the forward)
+        self._mix: list = [None, False, []]
         self._mode_depth = 0
         self._freezing = False
         self._recalibrating = False
@@ -127,6 +130,7 @@ class ModeWatcher:
     def _close_window(self) -> None:
         self._window.clear()
         self._outer = self._outer_site = None
+        self._mix = [None, False, []]
 
     def _merge_into_last(self, kind: str, loc, field: str | None, items, **match) -> list | None:
         """Merge a repeated call from the same line into our previous event when nothing else
@@ -239,7 +243,8 @@ class ModeWatcher:
                                    grad_modules=[mid] if flows else [], calls=1,
                                    recalibrating=self._recalibrating)
             self._hold(made, self._loc(site))
-            self._window[key] = [made[1], {mid}, {mid} if flows else set()]
+            self._window[key] = entry = [made[1], {mid}, {mid} if flows else set()]
+            data = entry[0]
         else:
             data, seen, flowing = entry
             if mid == data["modules"][0]:
@@ -250,6 +255,22 @@ class ModeWatcher:
             if flows and mid not in flowing:
                 flowing.add(mid)
                 data["grad_modules"].append(mid)
+        # a no-grad forward inside an outermost call that also ran grad-enabled ones: targets
+        # made within the training forward (MoCo's key encoder), not a separate pass
+        mix = self._mix
+        if mix[0] is not outer:
+            self._mix = mix = [outer, False, []]
+        if outer is None:
+            return
+        if grad:
+            if not mix[1]:
+                mix[1] = True
+                for other in mix[2]:
+                    other["nested"] = True
+        elif mix[1]:
+            data["nested"] = True
+        elif not any(d is data for d in mix[2]):
+            mix[2].append(data)
 
     def _state(self, module, outer, site) -> _State:
         state = self._states.get(id(module))
@@ -266,8 +287,11 @@ class ModeWatcher:
                 owned = ((pid := pid_of.get(id(weight))) in owned_pids and refs[pid]() is weight) or (
                     bias is not None and (pid := pid_of.get(id(bias))) in owned_pids
                     and refs[pid]() is bias)
-                if not owned:  # changed by someone else than an optimizer: EMA / momentum copy
-                    # (in place bumps _version; MoCo's `p.data = ...` swaps the storage instead)
+                if not owned or not state.trainable:
+                    # changed by someone else than an optimizer (which skips a frozen parameter,
+                    # it gets no gradient; MoCo hands its optimizer model.parameters() with the
+                    # key encoder's in it): an EMA / momentum copy. In place bumps _version;
+                    # MoCo's `p.data = ...` swaps the storage instead
                     version = (weight._version, weight.data_ptr())
                     if state.version is not None and version != state.version:
                         state.updated = True
