@@ -92,10 +92,15 @@ bn_reset           modules [mid], calls (reset_running_stats() by the user)
 update_bn          (torch.optim.swa_utils.update_bn called; its forwards are ``recalibrating``)
 compile            target, fullgraph, backend (a torch.compile call; graddoctor's hooks run at its
                    graph breaks)
-dropout_default    fn (dropout | dropout1d | dropout2d | dropout3d), p, cls (class of the module
-                   whose method made the call), name (that module's path, e.g. ``model.blocks.0``,
-                   or None), grad (grad mode on): the user's functional dropout left at its
-                   default ``training=True``, with p > 0, while that module is in eval mode —
+dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout | ... |
+                   scaled_dot_product_attention | nn.Dropout), p, cls (class of the module whose
+                   method made the call), name (that module's path, e.g. ``model.blocks.0``, or
+                   None), grad (grad mode on), how: a dropout that runs in training mode, with
+                   p > 0, while that module is in eval mode — "default" (F.dropout's
+                   ``training`` left at True), "explicit" (a training flag given and true, no
+                   sign of Monte Carlo dropout), "sdpa" (SDPA's ``dropout_p`` > 0),
+                   "unregistered" (an nn.Dropout in train mode that is no submodule of the
+                   eval-mode module calling it: built in forward, or held in a plain list) —
                    the first such call of each call line (loc: that call)
 loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_shape,
                    target_shape, shape (their broadcast), reduction, grad (a gradient flows into
@@ -309,8 +314,9 @@ def torch_compile(*, target: str, fullgraph: bool, backend: str) -> Made:
     return "compile", {"target": target, "fullgraph": fullgraph, "backend": backend}
 
 
-def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, grad: bool) -> Made:
-    return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad}
+def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, grad: bool,
+                    how: str = "default") -> Made:
+    return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how}
 
 
 def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],

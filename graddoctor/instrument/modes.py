@@ -82,6 +82,11 @@ class ModeWatcher:
         # within that outermost call: [its frame, a grad-enabled forward ran in it, the data of
         # the no-grad forwards made in it] (``nested``: MoCo's key encoder inside the forward)
         self._mix: list = [None, False, []]
+        # dropout layers in train mode called inside an eval-mode outermost module: id -> (weak
+        # ref, registered in it); call lines already reported (see _unregistered)
+        self._member: dict[int, tuple] = {}
+        self._unregistered_done: set[tuple] = set()
+        self._root: tuple | None = None  # (outermost call frame, its module), see _record_forward
         self._mode_depth = 0
         self._freezing = False
         self._recalibrating = False
@@ -131,6 +136,7 @@ class ModeWatcher:
         self._window.clear()
         self._outer = self._outer_site = None
         self._mix = [None, False, []]
+        self._root = None
 
     def _merge_into_last(self, kind: str, loc, field: str | None, items, **match) -> list | None:
         """Merge a repeated call from the same line into our previous event when nothing else
@@ -236,6 +242,13 @@ class ModeWatcher:
         key = (training, grad, site_key)
         # does the gradient flow through this module (is it part of what is being trained)?
         flows = grad and ((isinstance(input, torch.Tensor) and input.requires_grad) or state.trainable)
+        if training and not state.is_bn and outer is not None:
+            root = self._root
+            if root is None or root[0] is not outer:  # once per outermost call
+                root = self._root = (outer, outer.f_locals.get("self"))
+            root = root[1]
+            if root is not module and isinstance(root, torch.nn.Module) and not root.training:
+                self._unregistered(module, root, site)
         entry = self._window.get(key)
         if entry is None:
             made = ev.mode_forward(training=training, grad=grad,
@@ -271,6 +284,27 @@ class ModeWatcher:
             data["nested"] = True
         elif not any(d is data for d in mix[2]):
             mix[2].append(data)
+
+    def _unregistered(self, dropout, root, site) -> None:
+        """A dropout layer in train mode inside a call of ``root``, which is in eval mode: when
+        the layer is no submodule of ``root`` (``nn.Dropout(p)(x)`` built in ``forward``, a
+        layer held in a plain list), ``root.eval()`` never reached it and it keeps dropping.
+        A registered layer set back to train mode by hand is Monte Carlo dropout: silent."""
+        known = self._member.get(id(dropout))
+        if known is None or known[0]() is not dropout or known[1] != id(root):
+            known = (weakref.ref(dropout), id(root), any(m is dropout for m in root.modules()))
+            self._member[id(dropout)] = known
+        if known[2] or not dropout.p > 0:
+            return
+        call = self._user_frame(sys._getframe(1))  # the line that called the dropout layer
+        key = (call.f_code, call.f_lineno) if call is not None else None
+        if key in self._unregistered_done:
+            return
+        self._unregistered_done.add(key)
+        self.rec.emit_aside(ev.dropout_default(
+            fn=f"nn.{type(dropout).__name__}", p=float(dropout.p), cls=type(root).__name__,
+            name=variable_name(root, site) if site is not None else None,
+            grad=torch.is_grad_enabled(), how="unregistered"), self._loc(call))
 
     def _state(self, module, outer, site) -> _State:
         state = self._states.get(id(module))
