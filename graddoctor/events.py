@@ -110,9 +110,11 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_
 idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so
                    far), grad (grad mode on), inference (inference mode on), training (the
                    module's .training): a forward of a module that owns optimizer parameters
-                   without a gradient at every step so far (2 at least) — watched only from
-                   then on, the first call of each call line and mode (loc: the user's line
-                   that called it)
+                   without a gradient at every step so far (2 at least), checkpoint (None, or
+                   who called the reentrant torch.utils.checkpoint it ran in under no_grad:
+                   "user" | "transformers" | "library") — watched only from then on, the first
+                   call of each call line and mode (loc: the user's line that called it, or
+                   that called the checkpoint)
 optimizer_attr     opt, cls (the optimizer's class), name (the attribute the user's code set:
                    ``optimizer.lr = ...``), key (the ``param_groups`` key it stands for: "lr"
                    for ``learning_rate``), value (float|None: the value set, None when not a
@@ -326,9 +328,9 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,
-                 training: bool) -> Made:
+                 training: bool, checkpoint: str | None = None) -> Made:
     return "idle_forward", {"mid": mid, "cls": cls, "params": params, "grad": grad,
-                            "inference": inference, "training": training}
+                            "inference": inference, "training": training, "checkpoint": checkpoint}
 
 
 def functional_grad(*, api: str) -> Made:
