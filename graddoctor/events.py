@@ -38,7 +38,9 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
-                   set_to_none, params [pid]
+                   set_to_none, params [pid], caller ([path, line, function] of the line that
+                   called the user's helper holding the zero_grad() call, ``reset(opt)`` in the loop; None
+                   at module level)
 step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm of each grad about
                    to be applied, parallel to norm_pids; empty for closure steps; both None when
                    not measured: every grad was already seen finite by a clip_grad_norm_ or
@@ -212,9 +214,9 @@ def _threaded(data: dict, thread: int | None) -> dict:
 
 
 def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = True,
-          thread: int | None = None) -> Made:
+          thread: int | None = None, caller: list | None = None) -> Made:
     return "clear", _threaded({"via": via, "opt": opt, "set_to_none": set_to_none,
-                               "params": params}, thread)
+                               "params": params, "caller": caller}, thread)
 
 
 def step_begin(*, opt: int, norm_pids: list[int] | None, norms: list[float] | None,

@@ -60,3 +60,28 @@ def assigned_object(path: str, line: int, attribute: str) -> str | None:
                 if isinstance(target, ast.Attribute) and target.attr == attribute:
                     return ast.unparse(target.value)
     return None
+
+
+def inside_loop(path: str, line: int) -> bool | None:
+    """Does a ``for``/``while`` loop of the function (or module) whose body holds ``line`` hold
+    it too? Loops of an enclosing function around a nested one do not count. None when the
+    source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope: ast.AST = tree
+    for node in ast.walk(tree):  # the innermost function holding the line
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (scope is tree or node.lineno >= scope.lineno)):
+            scope = node
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue  # another scope
+        if (isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            return True
+        todo.extend(ast.iter_child_nodes(node))
+    return False
