@@ -131,3 +131,18 @@ def test_no_grad_calls_inside_the_training_forward_are_not_a_validation_loop():
         update(t, line=5)
     end(t)
     assert lines(check(EvalInTrainMode, t)) == [4]
+
+
+def test_an_ema_teacher_called_per_view_before_the_backward_is_not_a_validation_loop():
+    def run(updated):
+        t = new()
+        bn(t, 0)
+        bn(t, 1, frozen=True, owned=False, updated=updated)
+        for _ in range(2):
+            fwd(t, [1], line=3, grad=False, calls=2)  # [teacher(v) for v in views]
+            fwd(t, [0], line=4)
+            update(t, line=5)
+        end(t)
+        return check(EvalInTrainMode, t)
+    assert run(updated=True) == []
+    assert lines(run(updated=False)) == [3]  # a frozen model nothing updates: still a loop

@@ -87,7 +87,7 @@ class FunctionalDropoutWatcher:
             if sdpa:
                 p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
                 how = "sdpa"
-                if not p:
+                if p is None or (type(p) in (float, int) and not p):
                     return  # eval-safe code passes 0.0 (nanoGPT, transformers, torch's own)
             else:
                 if len(args) > 2:
