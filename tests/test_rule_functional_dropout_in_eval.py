@@ -62,3 +62,14 @@ def test_each_way_of_dropping_names_its_cause_and_its_own_fix():
     assert alpha.message.startswith("F.alpha_dropout here") and "mc_dropout" in alpha.fix
     assert {f.evidence["how"] for f in (sdpa, module, torch_fn, alpha)} == {"sdpa", "unregistered", "explicit"}
     assert all(f.severity == Severity.WARNING for f in (sdpa, module, torch_fn, alpha))
+
+
+def test_the_words_that_say_monte_carlo_dropout_is_meant():
+    from graddoctor.instrument.dropout import MC_WORDS, words
+
+    assert words("MCDropoutNet") == {"mc", "dropout", "net"}
+    assert words("def predict_with_uncertainty(model, x):") >= {"predict", "uncertainty"}
+    for meant in ("mc_predict", "BayesianMLP", "num_samples", "training=self.training or self.mc"):
+        assert not words(meant).isdisjoint(MC_WORDS), meant
+    for plain in ("Upsample", "sample = next(loader)", "TransformerBlock", "self.use_dropout"):
+        assert words(plain).isdisjoint(MC_WORDS), plain

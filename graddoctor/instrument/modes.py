@@ -13,6 +13,12 @@ What is watched, and how cheaply:
   (mode, grad mode, inference mode) while no other event happens in between, its ``modules``
   and ``calls`` growing until then; per-module facts (frozen, owned by an optimizer, updated by
   hand, track_running_stats, momentum, p) are a ``mode_module`` event made when they change.
+  A no-grad forward made inside an outermost call that also ran grad-enabled ones is marked
+  ``nested`` (MoCo's key encoder making the targets in the training forward). A dropout layer
+  in train mode inside an eval-mode outermost module that does not register it (built in
+  ``forward``, kept in a plain list) is a ``dropout_default`` aside event ("unregistered"):
+  one attribute read per dropout forward in train mode, a walk of the model once per layer
+  only when the model is in eval mode.
 * Freezes (``Tensor.requires_grad_(False)`` on a parameter, which ``Module.requires_grad_``
   calls): ``freeze`` events, so a finding can point at them. ``p.requires_grad = False`` is a
   C attribute and is not seen.
