@@ -40,7 +40,9 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
-                   set_to_none, params [pid]
+                   set_to_none, params [pid], caller ([path, line, function] of the line that
+                   called the user's helper holding the zero_grad() call, ``reset(opt)`` in the loop; None
+                   at module level)
 step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm of each grad about
                    to be applied, parallel to norm_pids; empty for closure steps; both None when
                    not measured: every grad was already seen finite by a clip_grad_norm_ or
@@ -103,7 +105,9 @@ mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, 
                    trainable, updated (changed in place outside an optimizer: EMA),
                    track_running_stats, momentum, p, freeze (seq of its freeze event | None)
 mode_forward       training, grad, inference, modules [mid], grad_modules [mid] (gradient flows
-                   through), calls, recalibrating — one per call line and mode while no other
+                   through), calls, recalibrating, nested (a no-grad forward made inside an
+                   outermost module call that also ran grad-enabled ones: targets computed in
+                   the training forward) — one per call line and mode while no other
                    event happens (loc: the user's call of the outermost module)
 freeze             calls (parameters frozen from this line with requires_grad_(False); a step's
                    ``frozen`` entries name it)
@@ -111,10 +115,15 @@ bn_reset           modules [mid], calls (reset_running_stats() by the user)
 update_bn          (torch.optim.swa_utils.update_bn called; its forwards are ``recalibrating``)
 compile            target, fullgraph, backend (a torch.compile call; graddoctor's hooks run at its
                    graph breaks)
-dropout_default    fn (dropout | dropout1d | dropout2d | dropout3d), p, cls (class of the module
-                   whose method made the call), name (that module's path, e.g. ``model.blocks.0``,
-                   or None), grad (grad mode on): the user's functional dropout left at its
-                   default ``training=True``, with p > 0, while that module is in eval mode —
+dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout | ... |
+                   scaled_dot_product_attention | nn.Dropout), p, cls (class of the module whose
+                   method made the call), name (that module's path, e.g. ``model.blocks.0``, or
+                   None), grad (grad mode on), how: a dropout that runs in training mode, with
+                   p > 0, while that module is in eval mode — "default" (F.dropout's
+                   ``training`` left at True), "explicit" (a training flag given and true, no
+                   sign of Monte Carlo dropout), "sdpa" (SDPA's ``dropout_p`` > 0),
+                   "unregistered" (an nn.Dropout in train mode that is no submodule of the
+                   eval-mode module calling it: built in forward, or held in a plain list) —
                    the first such call of each call line (loc: that call)
 loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_shape,
                    target_shape, shape (their broadcast), reduction, grad (a gradient flows into
@@ -124,9 +133,11 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_
 idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so
                    far), grad (grad mode on), inference (inference mode on), training (the
                    module's .training): a forward of a module that owns optimizer parameters
-                   without a gradient at every step so far (2 at least) — watched only from
-                   then on, the first call of each call line and mode (loc: the user's line
-                   that called it)
+                   without a gradient at every step so far (2 at least), checkpoint (None, or
+                   who called the reentrant torch.utils.checkpoint it ran in under no_grad:
+                   "user" | "transformers" | "library") — watched only from then on, the first
+                   call of each call line and mode (loc: the user's line that called it, or
+                   that called the checkpoint)
 optimizer_attr     opt, cls (the optimizer's class), name (the attribute the user's code set:
                    ``optimizer.lr = ...``), key (the ``param_groups`` key it stands for: "lr"
                    for ``learning_rate``), value (float|None: the value set, None when not a
@@ -241,9 +252,9 @@ def _threaded(data: dict, thread: int | None) -> dict:
 
 
 def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = True,
-          thread: int | None = None) -> Made:
+          thread: int | None = None, caller: list | None = None) -> Made:
     return "clear", _threaded({"via": via, "opt": opt, "set_to_none": set_to_none,
-                               "params": params}, thread)
+                               "params": params, "caller": caller}, thread)
 
 
 def step_begin(*, opt: int, norm_pids: list[int] | None, norms: list[float] | None,
@@ -334,10 +345,11 @@ def mode_module(*, mid: int, name: str, cls: str, layer: str, has_params: bool,
 
 
 def mode_forward(*, training: bool, grad: bool, inference: bool, modules: list[int],
-                 grad_modules: list[int], calls: int = 1, recalibrating: bool = False) -> Made:
+                 grad_modules: list[int], calls: int = 1, recalibrating: bool = False,
+                 nested: bool = False) -> Made:
     return "mode_forward", {"training": training, "grad": grad, "inference": inference,
                             "modules": modules, "grad_modules": grad_modules, "calls": calls,
-                            "recalibrating": recalibrating}
+                            "recalibrating": recalibrating, "nested": nested}
 
 
 def freeze(*, calls: int = 1) -> Made:
@@ -357,8 +369,9 @@ def torch_compile(*, target: str, fullgraph: bool, backend: str) -> Made:
     return "compile", {"target": target, "fullgraph": fullgraph, "backend": backend}
 
 
-def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, grad: bool) -> Made:
-    return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad}
+def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, grad: bool,
+                    how: str = "default") -> Made:
+    return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how}
 
 
 def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],
@@ -368,9 +381,9 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,
-                 training: bool) -> Made:
+                 training: bool, checkpoint: str | None = None) -> Made:
     return "idle_forward", {"mid": mid, "cls": cls, "params": params, "grad": grad,
-                            "inference": inference, "training": training}
+                            "inference": inference, "training": training, "checkpoint": checkpoint}
 
 
 def functional_grad(*, api: str) -> Made:

@@ -111,6 +111,22 @@ class LocationFinder:
             known = self._framework[filename] = frameworks.framework_of_path(os.path.abspath(filename))
         return known
 
+    def caller_of(self, skip: int = 1) -> Location | None:
+        """The line that called the user's function holding the innermost user frame above the
+        caller (``reset(optimizer)`` in the loop, for a ``zero_grad()`` inside ``def reset``):
+        None at module level, or when library frames (a framework calling the user's hook) lie
+        between that function and the next user frame."""
+        is_user = self.is_user_file
+        frame = sys._getframe(skip)
+        while frame is not None and not is_user(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is None or frame.f_code.co_name == "<module>":
+            return None
+        outer = frame.f_back
+        if outer is None or not is_user(outer.f_code.co_filename):
+            return None
+        return self.location(outer)
+
     def here(self, skip: int = 1) -> Location | None:
         """Location of the innermost user frame above the caller; without one, the outermost
         third-party library frame that called into torch (a framework's own loop).

@@ -16,8 +16,8 @@ def update(t, line=None):
     t.step(0, line=None if line is None else line + 1)
 
 
-def dropout(t, line, p=0.3, name="model", cls="MLP", fn="dropout", grad=False):
-    return t.put(ev.dropout_default(fn=fn, p=p, cls=cls, name=name, grad=grad), line)
+def dropout(t, line, p=0.3, name="model", cls="MLP", fn="dropout", grad=False, how="default"):
+    return t.put(ev.dropout_default(fn=fn, p=p, cls=cls, name=name, grad=grad, how=how), line)
 
 
 def loss(t, line, a=(8, 1), b=(8,), shape=(8, 8), grad=True, fn="mse_loss", reduction="mean"):

@@ -21,12 +21,12 @@ def mode_set(t, mode, modules, line, leaf=False, frozen=False):
 
 
 def fwd(t, modules, line, training=True, grad=True, inference=False, grad_modules=None, calls=1,
-        recalibrating=False):
+        recalibrating=False, nested=False):
     if grad_modules is None:
         grad_modules = modules if grad and not inference else []
     return t.event("mode_forward", line, training=training, grad=grad, inference=inference,
                    modules=list(modules), grad_modules=list(grad_modules), calls=calls,
-                   recalibrating=recalibrating)
+                   recalibrating=recalibrating, nested=nested)
 
 
 def update(t, pids=(0,), line=None):

@@ -87,7 +87,8 @@ def test_default_training_in_eval_is_recorded_once_at_the_call(how, p, fn):
     trace = record(script)
     [event] = of(trace, "dropout_default")
     assert event.loc.line == line_of(f"mark: {how}")
-    assert dict(event.data) == {"fn": fn, "p": p, "cls": "Net", "name": "model", "grad": False}
+    assert dict(event.data) == {"fn": fn, "p": p, "cls": "Net", "name": "model", "grad": False,
+                                "how": "default"}
     # the mode watcher's aggregate of the eval forwards stays one event (an aside event)
     [eval_forward] = [e for e in of(trace, "mode_forward") if not e["training"]]
     assert eval_forward["calls"] == 5 and eval_forward.loc.line == line_of("mark: eval forward")

@@ -106,3 +106,43 @@ def test_reset_before_an_earlier_step_does_not_silence_later_validation():
     fwd(t, [0], line=8, grad=False, calls=2)
     end(t)
     assert lines(check(EvalInTrainMode, t)) == [8]
+
+
+def test_no_grad_calls_inside_the_training_forward_are_not_a_validation_loop():
+    # MoCo v3: the momentum encoder runs twice under no_grad inside the module's training
+    # forward (nested in a grad-enabled outermost call) to make the targets
+    t = new()
+    mode_set(t, True, [0, 1], line=2)
+    bn(t, 0)
+    bn(t, 1, frozen=True)
+    for _ in range(2):
+        fwd(t, [0], line=4)
+        fwd(t, [1], line=4, grad=False, calls=2, nested=True)
+        update(t, line=5)
+    end(t)
+    assert check(EvalInTrainMode, t) == []
+    t = new()
+    mode_set(t, True, [0, 1], line=2)
+    bn(t, 0)
+    bn(t, 1, frozen=True)
+    for _ in range(2):
+        fwd(t, [0], line=4)
+        fwd(t, [1], line=4, grad=False, calls=2)  # the same calls, not nested: a loop
+        update(t, line=5)
+    end(t)
+    assert lines(check(EvalInTrainMode, t)) == [4]
+
+
+def test_an_ema_teacher_called_per_view_before_the_backward_is_not_a_validation_loop():
+    def run(updated):
+        t = new()
+        bn(t, 0)
+        bn(t, 1, frozen=True, owned=False, updated=updated)
+        for _ in range(2):
+            fwd(t, [1], line=3, grad=False, calls=2)  # [teacher(v) for v in views]
+            fwd(t, [0], line=4)
+            update(t, line=5)
+        end(t)
+        return check(EvalInTrainMode, t)
+    assert run(updated=True) == []
+    assert lines(run(updated=False)) == [3]  # a frozen model nothing updates: still a loop

@@ -18,7 +18,8 @@ def test_dropout_default_in_eval_is_reported_at_the_call():
     [f] = check(FunctionalDropoutInEval, t)
     assert (f.location.line, f.severity, f.step) == (15, Severity.WARNING, 1)
     assert "F.dropout" in f.message and "30%" in f.message and "model (MLP) is in eval mode" in f.message
-    assert f.evidence == {"function": "dropout", "p": 0.3, "module": "model", "class": "MLP", "grad": False}
+    assert f.evidence == {"function": "dropout", "p": 0.3, "module": "model", "class": "MLP", "grad": False,
+                          "how": "default"}
 
 
 def test_dropout_without_a_name_names_the_class_and_each_line_once():
@@ -43,3 +44,32 @@ def test_a_gradient_enabled_pass_in_eval_mode_says_so():
     dropout(t, 15, grad=True)
     [f] = check(FunctionalDropoutInEval, t)
     assert "gradient-enabled pass" in f.message and f.evidence["grad"] is True
+
+
+def test_each_way_of_dropping_names_its_cause_and_its_own_fix():
+    t = TraceBuilder()
+    dropout(t, 10, fn="scaled_dot_product_attention", how="sdpa", p=0.1, name="model.attn",
+            cls="SelfAttention")
+    dropout(t, 20, fn="nn.Dropout", how="unregistered", p=0.5, cls="Classifier")
+    dropout(t, 30, fn="torch.dropout", how="explicit", p=0.1)
+    dropout(t, 40, fn="alpha_dropout", how="explicit", p=0.1)
+    sdpa, module, torch_fn, alpha = check(FunctionalDropoutInEval, t)
+    assert "dropout_p=0.1" in sdpa.message and "SDPA has no training argument" in sdpa.message
+    assert "if self.training else 0.0" in sdpa.fix
+    assert "no submodule of model" in module.message and "model.eval() never reaches it" in module.message
+    assert "__init__" in module.fix and "nn.ModuleList" in module.fix
+    assert torch_fn.message.startswith("torch.dropout here is called with training true")
+    assert alpha.message.startswith("F.alpha_dropout here") and "mc_dropout" in alpha.fix
+    assert {f.evidence["how"] for f in (sdpa, module, torch_fn, alpha)} == {"sdpa", "unregistered", "explicit"}
+    assert all(f.severity == Severity.WARNING for f in (sdpa, module, torch_fn, alpha))
+
+
+def test_the_words_that_say_monte_carlo_dropout_is_meant():
+    from graddoctor.instrument.dropout import MC_WORDS, words
+
+    assert words("MCDropoutNet") == {"mc", "dropout", "net"}
+    assert words("def predict_with_uncertainty(model, x):") >= {"predict", "uncertainty"}
+    for meant in ("mc_predict", "BayesianMLP", "num_samples", "training=self.training or self.mc"):
+        assert not words(meant).isdisjoint(MC_WORDS), meant
+    for plain in ("Upsample", "sample = next(loader)", "TransformerBlock", "self.use_dropout"):
+        assert words(plain).isdisjoint(MC_WORDS), plain

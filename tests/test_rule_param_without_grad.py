@@ -104,3 +104,19 @@ def test_idle_forward_is_an_aside_kind():
     kind, data = ev.idle_forward(mid=0, cls="Linear", params=[1], grad=True, inference=False,
                                  training=True)
     assert ev.CONSTRUCTORS[kind](**data) == (kind, data)
+
+
+def test_a_reentrant_checkpoint_is_named_with_its_fixes_for_who_called_it():
+    for by, needle in (("user", "use_reentrant=False to checkpoint(...)"),
+                       ("transformers", "model.enable_input_require_grads()"),
+                       ("library", "use_reentrant=False")):
+        t = TraceBuilder()
+        run(t, forwards=[(0, 12, {"grad": False, "checkpoint": by})])
+        [f] = check(t)
+        assert f.location.line == 12 and f.evidence["cause"] == "reentrant_checkpoint"
+        assert "reentrant" in f.message and "torch.no_grad()" in f.message
+        assert needle in f.fix and "outside torch.no_grad()" not in f.fix
+    t = TraceBuilder()  # a plain no_grad forward keeps its own message
+    run(t, forwards=[(0, 12, {"grad": False})])
+    [f] = check(t)
+    assert f.evidence["cause"] == "no_grad" and "checkpoint" not in f.message

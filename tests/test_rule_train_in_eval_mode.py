@@ -75,3 +75,24 @@ def test_rules_work_on_a_trace_read_back_from_json():
     validation_then_training(t)
     trace = Trace.loads(t.trace.dumps())
     assert [f.location.line for f in TrainInEvalMode().check(Analysis(trace))] == [7]
+
+
+def test_eval_on_a_trained_part_gives_both_readings():
+    t = new()
+    mode_set(t, True, [0, 1], line=2)
+    bn(t, 0)  # the backbone's layer: owned by the optimizer, trainable
+    bn(t, 1, name="model.head.bn")
+    mode_set(t, False, [0], line=3)  # model.backbone.eval(), no freeze
+    for _ in range(2):
+        fwd(t, [0], line=4, training=False)
+        fwd(t, [1], line=4)
+        update(t, line=5)
+    end(t)
+    (finding,) = check(TrainInEvalMode, t)
+    assert finding.location.line == 3 and finding.evidence["reading"] == "freeze-or-train"
+    assert "Two readings" in finding.message and "optimizer still steps" in finding.message
+    assert "requires_grad_(False)" in finding.fix and "model.train()" in finding.fix
+    t = new()  # the whole model left in eval: the plain message and fix
+    validation_then_training(t)
+    (finding,) = check(TrainInEvalMode, t)
+    assert "reading" not in finding.evidence and finding.fix == TrainInEvalMode.fix

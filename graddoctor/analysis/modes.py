@@ -10,7 +10,8 @@ set each module's mode (``train`` / ``eval`` events), whether the forward was a 
   end of run) is a backward, or it ran between a backward and its step;
 * ``outside`` — no backward follows before the next step / epoch start / the end of a completed
   run, or it is one of several no-grad calls in a row with no backward between them
-  (a validation loop);
+  (a validation loop) — unless it ran inside a grad-enabled outermost call (``nested``: targets
+  made within the training forward, MoCo's key encoder), which takes that call's context;
 * ``unknown`` — the replay was cut (step budget, timeout) before anything told.
 
 Pure Python over the ``Analysis``; no torch.
@@ -100,6 +101,8 @@ def build_timeline(a: "Analysis") -> ModeTimeline:
     if not a.by_kind.get("mode_forward"):
         return tl
     nxt, nxt_step, nxt_train = _next_boundaries(events)
+    # layers whose values some code other than an optimizer changed (an EMA / momentum teacher)
+    by_hand = {e["mid"] for e in a.by_kind.get("mode_module", ()) if e.get("updated")}
     states: dict[int, dict] = {}
     set_by: dict[int, Event] = {}
     reset_since_step: set[int] = set()
@@ -114,7 +117,8 @@ def build_timeline(a: "Analysis") -> ModeTimeline:
                 recal = set(mids)
             recal |= {m for m in mids if (states.get(m) or {}).get("layer") == "batchnorm"
                       and states.get(m, {}).get("momentum") is None}
-            context, step = _context(e, before, nxt[i], nxt_step[i], nxt_train[i])
+            context, step = _context(e, before, nxt[i], nxt_step[i], nxt_train[i],
+                                     teacher=bool(mids) and all(m in by_hand for m in mids))
             tl.forwards.append(ModeForward(
                 e, {m: states.get(m, {}) for m in mids}, {m: set_by.get(m) for m in mids}, recal,
                 context, step, a.step_number.get(step.seq) if step is not None else None,
@@ -150,9 +154,17 @@ def build_timeline(a: "Analysis") -> ModeTimeline:
 
 
 def _context(e: Event, before: Event | None, after: Event | None, step: Event | None,
-             train: Event | None = None):
+             train: Event | None = None, teacher: bool = False):
     grad = bool(e.get("grad")) and not e.get("inference")
-    if not grad and e.get("calls", 1) >= 2:
+    if e.get("nested"):
+        # no-grad forwards inside a grad-enabled outermost call (MoCo's key encoder making the
+        # targets in the training forward): part of that forward, whatever follows them
+        grad = True
+    if not grad and teacher and after is not None and after.kind == "backward":
+        # an EMA teacher's layers run once per view (`[teacher(v) for v in views]`) and a
+        # backward follows: the loss's targets, not a validation loop
+        pass
+    elif not grad and e.get("calls", 1) >= 2:
         return "outside", None  # a loop of no-grad calls with no backward between them
     if not grad and train is not None and (after is None or train.seq < after.seq):
         return "outside", None  # model.train() comes next: that no-grad pass was not training

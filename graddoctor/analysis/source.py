@@ -31,6 +31,9 @@ class ScriptSource:
     def assigned_object(self, path: str, line: int, attribute: str) -> str | None:
         return assigned_object(self.full(path), line, attribute)
 
+    def inside_loop(self, path: str, line: int) -> bool | None:
+        return inside_loop(self.full(path), line)
+
     def innermost_loop(self, path: str, line: int) -> tuple[int, int] | None:
         return innermost_loop(self.full(path), line)
 
@@ -97,6 +100,31 @@ def assigned_object(path: str, line: int, attribute: str) -> str | None:
                 if isinstance(target, ast.Attribute) and target.attr == attribute:
                     return ast.unparse(target.value)
     return None
+
+
+def inside_loop(path: str, line: int) -> bool | None:
+    """Does a ``for``/``while`` loop of the function (or module) whose body holds ``line`` hold
+    it too? Loops of an enclosing function around a nested one do not count. None when the
+    source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope: ast.AST = tree
+    for node in ast.walk(tree):  # the innermost function holding the line
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (scope is tree or node.lineno >= scope.lineno)):
+            scope = node
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue  # another scope
+        if (isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            return True
+        todo.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def innermost_loop(path: str, line: int) -> tuple[int, int] | None:

@@ -15,7 +15,10 @@ from __future__ import annotations
 import gc
 import sys
 
+import os
+
 import torch
+import torch.utils.checkpoint
 
 from .. import events as ev
 from .identities import Identities
@@ -23,6 +26,12 @@ from .recorder import Recorder
 
 MIN_STEPS = 2  # as the rule's: steps without a gradient before the modules are watched
 _MAX_SEARCHES = 4  # gc passes per run, at most
+_MAX_FRAMES = 64
+# a reentrant torch.utils.checkpoint runs its function under no_grad in this frame; when none of
+# its inputs requires grad its output has no graph and nothing inside ever gets a gradient
+_REENTRANT = getattr(getattr(torch.utils.checkpoint, "CheckpointFunction", None), "forward", None)
+_REENTRANT = getattr(_REENTRANT, "__code__", None)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 class IdleParamWatcher:
@@ -86,7 +95,11 @@ class IdleParamWatcher:
             try:
                 grad = torch.is_grad_enabled()
                 inference = torch.is_inference_mode_enabled()
-                frame = next(user_frames(sys._getframe(1)), None)
+                start = sys._getframe(1)
+                checkpoint = None
+                if not grad and _REENTRANT is not None:
+                    start, checkpoint = watcher._checkpoint_caller(start)
+                frame = next(user_frames(start), None)
                 if frame is None:
                     return None
                 key = (mid, frame.f_code, frame.f_lineno, grad, inference)
@@ -94,13 +107,36 @@ class IdleParamWatcher:
                     return None
                 done.add(key)
                 rec.emit_aside(ev.idle_forward(mid=mid, cls=cls, params=list(pids), grad=grad,
-                                               inference=inference, training=bool(mod.training)),
+                                               inference=inference, training=bool(mod.training),
+                                               checkpoint=checkpoint),
                                rec.finder.location(frame))
             except Exception as exc:
                 rec.internal_error("idle module forward", exc)
             return None
 
         self.patcher.handle(module.register_forward_pre_hook(pre_hook))
+
+    def _checkpoint_caller(self, frame):
+        """Inside a reentrant checkpoint's no-grad forward: (the frame that called
+        ``checkpoint()``, who did: 'user', 'transformers' or 'library'); else (frame, None).
+        Once per call line of an idle module, not per forward."""
+        f = frame
+        for _ in range(_MAX_FRAMES):
+            if f is None:
+                return frame, None
+            if f.f_code is _REENTRANT:
+                break
+            f = f.f_back
+        else:
+            return frame, None
+        while f is not None and f.f_code.co_filename.startswith(_TORCH_DIR):
+            f = f.f_back  # Function.apply, checkpoint(), torch's dynamo-disable wrapper
+        if f is None:
+            return frame, "library"
+        filename = f.f_code.co_filename
+        if self.rec.finder.is_user_file(filename):
+            return f, "user"
+        return f, "transformers" if f"{os.sep}transformers{os.sep}" in filename else "library"
 
     def install(self, patcher) -> None:
         self.patcher = patcher

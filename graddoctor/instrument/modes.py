@@ -13,6 +13,12 @@ What is watched, and how cheaply:
   (mode, grad mode, inference mode) while no other event happens in between, its ``modules``
   and ``calls`` growing until then; per-module facts (frozen, owned by an optimizer, updated by
   hand, track_running_stats, momentum, p) are a ``mode_module`` event made when they change.
+  A no-grad forward made inside an outermost call that also ran grad-enabled ones is marked
+  ``nested`` (MoCo's key encoder making the targets in the training forward). A dropout layer
+  in train mode inside an eval-mode outermost module that does not register it (built in
+  ``forward``, kept in a plain list) is a ``dropout_default`` aside event ("unregistered"):
+  one attribute read per dropout forward in train mode, a walk of the model once per layer
+  only when the model is in eval mode.
 * Freezes (``Tensor.requires_grad_(False)`` on a parameter, which ``Module.requires_grad_``
   calls): ``freeze`` events, so a finding can point at them. ``p.requires_grad = False`` is a
   C attribute and is not seen.
@@ -79,6 +85,14 @@ class ModeWatcher:
         # through]; closed by any other event, ours included (a mode_module event excepted)
         self._window: dict[tuple, list] = {}
         self._outer = self._outer_site = None  # the running outermost module call (see _call_site)
+        # within that outermost call: [its frame, a grad-enabled forward ran in it, the data of
+        # the no-grad forwards made in it] (``nested``: MoCo's key encoder inside the forward)
+        self._mix: list = [None, False, []]
+        # dropout layers in train mode called inside an eval-mode outermost module: id -> (weak
+        # ref, registered in it); call lines already reported (see _unregistered)
+        self._member: dict[int, tuple] = {}
+        self._unregistered_done: set[tuple] = set()
+        self._root: tuple | None = None  # (outermost call frame, its module), see _record_forward
         self._mode_depth = 0
         self._freezing = False
         self._recalibrating = False
@@ -127,6 +141,8 @@ class ModeWatcher:
     def _close_window(self) -> None:
         self._window.clear()
         self._outer = self._outer_site = None
+        self._mix = [None, False, []]
+        self._root = None
 
     def _merge_into_last(self, kind: str, loc, field: str | None, items, **match) -> list | None:
         """Merge a repeated call from the same line into our previous event when nothing else
@@ -232,6 +248,13 @@ class ModeWatcher:
         key = (training, grad, site_key)
         # does the gradient flow through this module (is it part of what is being trained)?
         flows = grad and ((isinstance(input, torch.Tensor) and input.requires_grad) or state.trainable)
+        if training and not state.is_bn and outer is not None:
+            root = self._root
+            if root is None or root[0] is not outer:  # once per outermost call
+                root = self._root = (outer, outer.f_locals.get("self"))
+            root = root[1]
+            if root is not module and isinstance(root, torch.nn.Module) and not root.training:
+                self._unregistered(module, root, site)
         entry = self._window.get(key)
         if entry is None:
             made = ev.mode_forward(training=training, grad=grad,
@@ -239,7 +262,8 @@ class ModeWatcher:
                                    grad_modules=[mid] if flows else [], calls=1,
                                    recalibrating=self._recalibrating)
             self._hold(made, self._loc(site))
-            self._window[key] = [made[1], {mid}, {mid} if flows else set()]
+            self._window[key] = entry = [made[1], {mid}, {mid} if flows else set()]
+            data = entry[0]
         else:
             data, seen, flowing = entry
             if mid == data["modules"][0]:
@@ -250,6 +274,43 @@ class ModeWatcher:
             if flows and mid not in flowing:
                 flowing.add(mid)
                 data["grad_modules"].append(mid)
+        # a no-grad forward inside an outermost call that also ran grad-enabled ones: targets
+        # made within the training forward (MoCo's key encoder), not a separate pass
+        mix = self._mix
+        if mix[0] is not outer:
+            self._mix = mix = [outer, False, []]
+        if outer is None:
+            return
+        if grad:
+            if not mix[1]:
+                mix[1] = True
+                for other in mix[2]:
+                    other["nested"] = True
+        elif mix[1]:
+            data["nested"] = True
+        elif not any(d is data for d in mix[2]):
+            mix[2].append(data)
+
+    def _unregistered(self, dropout, root, site) -> None:
+        """A dropout layer in train mode inside a call of ``root``, which is in eval mode: when
+        the layer is no submodule of ``root`` (``nn.Dropout(p)(x)`` built in ``forward``, a
+        layer held in a plain list), ``root.eval()`` never reached it and it keeps dropping.
+        A registered layer set back to train mode by hand is Monte Carlo dropout: silent."""
+        known = self._member.get(id(dropout))
+        if known is None or known[0]() is not dropout or known[1] != id(root):
+            known = (weakref.ref(dropout), id(root), any(m is dropout for m in root.modules()))
+            self._member[id(dropout)] = known
+        if known[2] or not dropout.p > 0:
+            return
+        call = self._user_frame(sys._getframe(1))  # the line that called the dropout layer
+        key = (call.f_code, call.f_lineno) if call is not None else None
+        if key in self._unregistered_done:
+            return
+        self._unregistered_done.add(key)
+        self.rec.emit_aside(ev.dropout_default(
+            fn=f"nn.{type(dropout).__name__}", p=float(dropout.p), cls=type(root).__name__,
+            name=variable_name(root, site) if site is not None else None,
+            grad=torch.is_grad_enabled(), how="unregistered"), self._loc(call))
 
     def _state(self, module, outer, site) -> _State:
         state = self._states.get(id(module))
@@ -266,8 +327,11 @@ class ModeWatcher:
                 owned = ((pid := pid_of.get(id(weight))) in owned_pids and refs[pid]() is weight) or (
                     bias is not None and (pid := pid_of.get(id(bias))) in owned_pids
                     and refs[pid]() is bias)
-                if not owned:  # changed by someone else than an optimizer: EMA / momentum copy
-                    # (in place bumps _version; MoCo's `p.data = ...` swaps the storage instead)
+                if not owned or not state.trainable:
+                    # changed by someone else than an optimizer (which skips a frozen parameter,
+                    # it gets no gradient; MoCo hands its optimizer model.parameters() with the
+                    # key encoder's in it): an EMA / momentum copy. In place bumps _version;
+                    # MoCo's `p.data = ...` swaps the storage instead
                     version = (weight._version, weight.data_ptr())
                     if state.version is not None and version != state.version:
                         state.updated = True

@@ -399,14 +399,16 @@ class OptimizerWatcher:
                 # every grad is None now: the next backward sees fresh grads without our help,
                 # so the per-parameter bookkeeping below is not needed (hot path, every update)
                 rec.emit(ev.clear(via=via, opt=opt, set_to_none=True,
-                                  params=list(rec.opt_params[opt])), rec.here(3))
+                                  params=list(rec.opt_params[opt]), caller=_json(rec.caller_of(3))),
+                         rec.here(3))
                 return
             params = [p for g in obj.param_groups for p in g["params"]]
         else:
             params = list(obj.parameters())
             opt = None
         pids = rec.cleared(params)
-        rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids), rec.here(3))
+        rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids,
+                          caller=_json(rec.caller_of(3))), rec.here(3))
 
     # -- step ----------------------------------------------------------------------------
     def _outer_steps_running(self) -> int:
@@ -583,3 +585,8 @@ class OptimizerWatcher:
         patcher.patch(Module, "zero_grad", self._wrap_zero_grad(Module.zero_grad, "module.zero_grad"))
         patcher.handle(register_optimizer_step_pre_hook(self._pre_step))
         patcher.handle(register_optimizer_step_post_hook(self._post_step))
+
+
+def _json(location) -> list | None:
+    """A location as event data: [path, line, function] (a list: folding hashes event data)."""
+    return [location.path, location.line, location.function] if location is not None else None

@@ -205,6 +205,13 @@ class Recorder:
         except Exception:  # never let the location lookup break the user's run
             return None
 
+    def caller_of(self, skip: int = 2) -> Location | None:
+        """``LocationFinder.caller_of``: the call site of the user's helper making this call."""
+        try:
+            return self.finder.caller_of(skip)
+        except Exception:  # never let the location lookup break the user's run
+            return None
+
     def emit(self, made: ev.Made, loc: Location | None = None) -> Event:
         """Append an event made by a constructor of ``graddoctor.events``; its data dict (and
         the lists in it) belongs to the event from now on."""

@@ -106,6 +106,22 @@ def one_or_many(count: int, one: str, many: str) -> str:
     return one if count == 1 else many
 
 
+def helper_call(a, event) -> Related | None:
+    """For a call inside the user's helper (a ``zero_grad()`` in ``def reset``) that is in no
+    loop of its own: the helper's call site, when a loop holds it (the line to move)."""
+    data = event.get("caller") if event is not None else None
+    loc = event.loc if event is not None else None
+    if not data or loc is None or loc.via:
+        return None
+    caller = Location(str(data[0]), int(data[1]), str(data[2]))
+    source = a.source
+    if source.inside_loop(loc.path, loc.line) is not False \
+            or not source.inside_loop(caller.path, caller.line):
+        return None  # the loop is in the same function (a main()), or the call is in no loop
+    name = loc.function or "the helper"
+    return Related(caller, f"the call of {name}() in the loop that runs this clear")
+
+
 def related(event, note: str) -> Related | None:
     """A related location for an event, or None when the event has no location."""
     if event is None or event.loc is None:

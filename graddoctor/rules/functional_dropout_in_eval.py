@@ -7,16 +7,24 @@ from .base import Rule
 class FunctionalDropoutInEval(Rule):
     """
     ## What it does
-    Finds `F.dropout(x, p)` (and `dropout1d/2d/3d`) calls that leave `training` at its
-    default, `True`, inside a module that is in eval mode. It points at that call. Calls that
-    pass `training=` (`training=self.training`, or `training=True` for deliberate Monte Carlo
-    dropout), `nn.Dropout` layers, modules in train mode and `p=0` are not reported.
+    Finds dropout that runs in training mode inside a module that is in eval mode, whichever
+    way it is called: `F.dropout(x, p)` (and `dropout1d/2d/3d`) leaving `training` at its
+    default, `True`; a training flag given and true (`F.dropout(x, p, True)`,
+    `F.alpha_dropout(x, p, training=True)`, `torch.dropout(x, p, True)`);
+    `F.scaled_dot_product_attention(..., dropout_p=p)` with no `if self.training`; and an
+    `nn.Dropout` in train mode that is no submodule of the module calling it
+    (`nn.Dropout(p)(x)` built inside `forward`, layers in a plain list). It points at that call.
+    `training=self.training`, registered `nn.Dropout` layers, modules in train mode, `p=0` and
+    Monte Carlo dropout are not reported: `training=True` written out, a flag or rate whose
+    call, module class or surrounding functions say so (`mc`, `bayes`, `uncertainty`,
+    `samples`, ...), and a registered dropout layer set back to train mode by hand are taken as
+    Monte Carlo dropout.
 
     ## Why is this bad?
-    Unlike `nn.Dropout`, the functional form does not know about `model.eval()`: it keeps
-    zeroing activations at evaluation and inference time. Validation metrics and predictions
-    become noisy and change from one call to the next, checkpoints are picked on noise, and
-    nothing warns about it.
+    Unlike a registered `nn.Dropout`, these calls do not follow `model.eval()`: they keep
+    zeroing activations (or attention weights) at evaluation and inference time. Validation
+    metrics and predictions become noisy and change from one call to the next, checkpoints are
+    picked on noise, and nothing warns about it.
 
     ## Example
     ```python
@@ -24,7 +32,8 @@ class FunctionalDropoutInEval(Rule):
         def forward(self, x):
             x = F.relu(self.fc1(x))
             x = F.dropout(x, 0.5)
-            return self.fc2(x)
+            q, k, v = self.qkv(x).chunk(3, -1)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
     ```
 
     ## Use instead
@@ -33,30 +42,58 @@ class FunctionalDropoutInEval(Rule):
         def forward(self, x):
             x = F.relu(self.fc1(x))
             x = F.dropout(x, 0.5, training=self.training)
-            return self.fc2(x)
+            q, k, v = self.qkv(x).chunk(3, -1)
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=0.1 if self.training else 0.0)
     ```
     """
 
     code = "GD304"
     slug = "functional-dropout-in-eval"
     severity = Severity.WARNING
-    summary = "F.dropout() without a training argument keeps dropping after model.eval()"
+    summary = "dropout that does not follow model.eval() (F.dropout default, SDPA dropout_p, unregistered nn.Dropout)"
     fix = ("pass training=self.training (F.dropout(x, p, training=self.training)) or use an "
            "nn.Dropout layer; write training=True only if dropout at eval time is intended")
 
     def check(self, a):
         for e in a.of_kind("dropout_default"):
             fn, p, cls, name = e.get("fn", "dropout"), e.get("p"), e.get("cls", "Module"), e.get("name")
+            how = e.get("how", "default")
             module = f"{name} ({cls})" if name else cls
             rate = f"{p:.0%} of " if isinstance(p, (int, float)) else ""
             effect = ("its outputs stay random in this gradient-enabled pass too (a part kept in eval "
                       "mode while training still gets dropout)" if e.get("grad") else
                       "validation and inference results are noisy and change from call to call")
+            call = fn if fn.startswith(("torch.", "nn.")) else f"F.{fn}"
+            fix = None
+            if how == "sdpa":
+                message = (f"F.scaled_dot_product_attention here gets dropout_p={p:g} although "
+                           f"{module} is in eval mode (SDPA has no training argument), so it keeps "
+                           f"dropping {rate}the attention weights: {effect}")
+                fix = ("pass the rate only in training: dropout_p=self.dropout if self.training else "
+                       "0.0; write a rate at evaluation time only if dropout is meant there (Monte "
+                       "Carlo dropout)")
+            elif how == "unregistered":
+                holder = name or cls
+                message = (f"this {call.removeprefix('nn.')} is in train mode although {module} is in "
+                           f"eval mode: it is no submodule of {holder} (built inside forward, or held "
+                           f"in a plain list or dict), so {holder}.eval() never reaches it and it "
+                           f"keeps zeroing {rate}the activations: {effect}")
+                fix = ("create the layer once in __init__ as an attribute (self.drop = nn.Dropout(p); "
+                       "nn.ModuleList for several) so that eval() reaches it, or call "
+                       "F.dropout(x, p, training=self.training)")
+            elif how == "explicit":
+                message = (f"{call} here is called with training true although {module} is in eval "
+                           f"mode, so it keeps zeroing {rate}the activations: {effect}")
+                fix = ("pass training=self.training; if dropout at evaluation time is meant (Monte "
+                       "Carlo dropout), say so with a flag of its own (training=self.training or "
+                       "self.mc_dropout)")
+            else:
+                message = (f"{call} here leaves training at its default (True), so it keeps zeroing "
+                           f"{rate}the activations although {module} is in eval mode: {effect}")
             yield self.finding(
-                f"F.{fn} here leaves training at its default (True), so it keeps zeroing {rate}the "
-                f"activations although {module} is in eval mode: {effect}",
-                e.loc,
+                message, e.loc, fix=fix,
                 step=a.steps_before(e.seq) or None,
                 evidence={"function": fn, "p": p, "module": name or cls, "class": cls,
-                          "grad": bool(e.get("grad"))},
+                          "grad": bool(e.get("grad")), "how": how},
             )

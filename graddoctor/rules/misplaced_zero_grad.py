@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 
 from ..findings import Severity
-from .base import Rule, related
+from .base import Rule, helper_call, related
 
 
 class MisplacedZeroGrad(Rule):
@@ -60,12 +60,19 @@ class MisplacedZeroGrad(Rule):
             first = discards[0]
             pids = [d.pid for d in discards]
             dropped = first.contributions[0].backward
+            helper = helper_call(a, first.clear)
+            fix = None
+            if helper is not None:  # the line to move is the helper's call in the loop
+                fix = (f"move the call of {loc.function}() at line {helper.location.line} after "
+                       f"optimizer.step() (or before the first backward of the update)")
             yield self.finding(
                 f"this clear discards the gradients of {a.names(pids)} from a backward that no "
                 f"step has used yet; the next optimizer step (step {first.later_step_index}) then "
                 f"misses them",
                 loc,
-                related=(related(dropped, "the backward whose gradients are discarded"),
+                fix=fix,
+                related=(helper,
+                         related(dropped, "the backward whose gradients are discarded"),
                          related(first.later_step, "the step that should have used them")),
                 step=first.later_step_index,
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],

@@ -18,7 +18,10 @@ class ParamWithoutGrad(Rule):
     `torch.no_grad()` in the training loop, or an output that is detached from the loss. Those
     weights stay at their initial values. When the module that holds them ran during the replay,
     the finding points at the line that called it: under `torch.no_grad()` /
-    `torch.inference_mode()` (remove it: the module is in the optimizer, meant to train), or
+    `torch.inference_mode()` (remove it: the module is in the optimizer, meant to train),
+    inside a reentrant `torch.utils.checkpoint` whose inputs do not require grad (a frozen
+    embedding under LoRA with gradient checkpointing: the checkpoint call, with
+    `use_reentrant=False` or an input that requires grad as the fix), or
     with gradients enabled but its output cut from the loss (`.detach()`, `.item()`, unused);
     when it never ran, at the optimizer that owns it. If the layer is only
     used on some inputs (mixture-of-experts, rare branches), a short replay may miss it: then
@@ -87,6 +90,29 @@ class ParamWithoutGrad(Rule):
         module = cause["cls"]
         head = (f"{a.names(pids)} (owned by the {cls} built at line {init.loc.line}) got no "
                 f"gradient in {n} steps" if init.loc is not None else head)
+        if not _with_grad(cause) and cause.get("checkpoint"):
+            evidence["cause"] = "reentrant_checkpoint"
+            by = cause.get("checkpoint")
+            where = ("this torch.utils.checkpoint call" if by == "user" else
+                     "the gradient checkpointing reached from this line")
+            if by == "transformers":
+                fix = ("make the checkpointed blocks' input require grad: call "
+                       "model.enable_input_require_grads() before training (what PEFT does for "
+                       "LoRA), or use the non-reentrant checkpoint: model.gradient_checkpointing_enable("
+                       "gradient_checkpointing_kwargs={'use_reentrant': False})")
+            elif by == "user":
+                fix = ("pass use_reentrant=False to checkpoint(...), or make its input require grad "
+                       "(x.requires_grad_(True) on the tensor handed to the checkpoint)")
+            else:
+                fix = ("use the non-reentrant checkpoint (use_reentrant=False), or make the "
+                       "checkpointed block's input require grad")
+            return self.finding(
+                f"{head}: the {module} that holds them runs inside {where} in its reentrant form "
+                f"(use_reentrant=True), whose inputs do not require grad (a frozen embedding or "
+                f"frozen lower layers feed it): the reentrant checkpoint runs its block under "
+                f"torch.no_grad() and returns an output with no graph, so no gradient reaches them",
+                cause.loc, related=(related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence, fix=fix)
         if not _with_grad(cause):
             context = "torch.inference_mode()" if cause["inference"] else "torch.no_grad()"
             evidence["cause"] = "no_grad"

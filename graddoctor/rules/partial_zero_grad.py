@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import Rule, related
+from .base import Rule, helper_call, related
 
 
 class PartialZeroGrad(Rule):
@@ -51,7 +51,8 @@ class PartialZeroGrad(Rule):
                 f"this zero_grad() skips {a.names(pids)}, which {a.optimizer_name(first.opt)} steps: "
                 f"their gradients keep accumulating across updates (first seen at step {first.step_index})",
                 loc,
-                related=(related(first.step, "the step that applies the accumulated gradients"),
+                related=(helper_call(a, first.clears_between[-1]),
+                         related(first.step, "the step that applies the accumulated gradients"),
                          related(first.fresh[0].backward, "the backward that adds onto them")),
                 step=first.step_index,
                 evidence={"skipped_params": [a.param_name(p) for p in dict.fromkeys(pids)],

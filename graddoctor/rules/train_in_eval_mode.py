@@ -11,7 +11,9 @@ class TrainInEvalMode(Rule):
     while gradients flowed through them — typically validation called `model.eval()` and
     training never switched back. It points at that `eval()` call. Layers set to eval one by
     one (the frozen-BatchNorm idiom), `eval()` on a part whose parameters are all frozen, and
-    models used under `no_grad` (a teacher) are not reported.
+    models used under `no_grad` (a teacher) are not reported. When the `eval()` covered only a
+    part of the model (`model.backbone.eval()`) whose parameters still train, the finding gives
+    both readings: a freeze that misses `requires_grad_(False)`, or a part meant to train.
 
     ## Why is this bad?
     In eval mode dropout does nothing and BatchNorm normalises with its running statistics,
@@ -73,6 +75,11 @@ class TrainInEvalMode(Rule):
                 group = groups.setdefault(cause.loc, {"cause": cause, "forward": f, "mids": []})
                 if mid not in group["mids"]:
                     group["mids"].append(mid)
+        # the layers each training forward runs, in either mode (one mode_forward per mode)
+        ran: dict = {}
+        for g in tl.forwards:
+            if g.context == "training" and g.step is not None:
+                ran.setdefault((g.event.loc, g.step.seq), set()).update(g.modules)
         for where, group in groups.items():
             f, cause, mids = group["forward"], group["cause"], group["mids"]
             layers = sorted({(f.states.get(m) or {}).get("layer", "") for m in mids})
@@ -87,6 +94,29 @@ class TrainInEvalMode(Rule):
                        f"{one_or_many(len(mids), 'it', 'them')} (optimizer step {f.step_index} "
                        f"follows): training continues, but {effect}")
             fix = None
+            covered = set(cause.get("modules", ()))
+            if covered and covered < ran.get((f.event.loc, f.step.seq), set()):
+                # eval() on a part of the model the training forward runs, whose parameters still
+                # train: a freeze that only half happened, or a part meant to train. Say both.
+                stepped = any((f.states.get(m) or {}).get("owned") and (f.states.get(m) or {}).get("trainable")
+                              for m in mids)
+                still = ("the optimizer still steps its parameters" if stepped else
+                         "its parameters still require grad")
+                off = " and ".join(part for k, part in (
+                    ("dropout", "dropout off"), ("batchnorm", "BatchNorm's running statistics fixed"),
+                ) if k in layers)
+                message = (f"this eval() puts a part of the model (its layers {tl.names(mids)}) in eval "
+                           f"mode for good while {still} and gradients flow through it in the "
+                           f"training forward{at} (optimizer step {f.step_index} follows). Two "
+                           f"readings: if that part is meant to be frozen, eval() does not freeze it "
+                           f"and its weights keep changing; if it is meant to train, it trains with "
+                           f"{off}")
+                fix = ("to freeze it, also call requires_grad_(False) on it (and leave its parameters "
+                       "out of the optimizer), keeping this eval() after every model.train(); to "
+                       "train it, remove this eval() or call model.train() after it")
+                evidence_reading = "freeze-or-train"
+            else:
+                evidence_reading = None
             bare = _bare_train(a, f.event)
             if bare is not None:  # `model.train` named, not called: that statement is the bug
                 message = (f"`{bare[1]}` names the method without calling it, so the eval() at "
@@ -103,7 +133,8 @@ class TrainInEvalMode(Rule):
                     related(f.step, "the optimizer step that follows"),
                 ),
                 step=f.step_index,
-                evidence={"layers": [tl.name(m) for m in mids], "kinds": layers},
+                evidence={"layers": [tl.name(m) for m in mids], "kinds": layers,
+                          **({"reading": evidence_reading} if evidence_reading else {})},
             )
 
 
