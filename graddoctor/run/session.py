@@ -167,8 +167,8 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     trace.put(ev.run_end(status=status.value, steps=rec.steps))
     analysis = Analysis(trace)  # built once: every rule, note and view reads it
     rules = selected_rules(options.select, options.ignore)
-    findings, rule_errors = analyze(analysis, rules)
     base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
+    findings, rule_errors = analyze(analysis, rules, base_dir)
     findings = apply_suppressions(findings, base_dir)  # `# graddoctor: ignore[...]` on the line
     internal = [{"where": e["where"], "error": e["error"]} for e in analysis.of_kind("internal_error")]
     internal += rule_errors
