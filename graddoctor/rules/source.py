@@ -80,12 +80,11 @@ class Source:
                 self._index(block, s)
 
     def _header_line(self, node) -> int:
-        """A compound statement's first line (after its decorators and leading comments)."""
+        """A compound statement's first line (its first decorator's, if any)."""
         for attr in ("decorators",):
             if getattr(node, attr, None):
                 return self.positions[node.decorators[0]].start.line
-        return self.positions[node].start.line + sum(
-            1 for ln in getattr(node, "leading_lines", ()) if ln is not None)
+        return self.positions[node].start.line  # libcst's positions leave leading lines out
 
     def _blocks(self, node):
         cst = self.cst

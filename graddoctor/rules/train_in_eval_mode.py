@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, one_or_many, related
+from .source import call_bare_method
 
 
 class TrainInEvalMode(Rule):
@@ -56,6 +57,13 @@ class TrainInEvalMode(Rule):
                          "of yours in compute_loss or a callback holds until then: drop it, or "
                          "call model.train() right after the forward that needed it"),
     }
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Call a bare ``model.train`` (the statement only names the method)."""
+        bare = call_bare_method(src, finding.location.line, ("train",))
+        return self.edit("call the train the statement only names", bare) if bare else None
 
     def check(self, a):
         tl = a.modes
