@@ -76,6 +76,11 @@ class Rule:
 
             docs += "\n\n## Fix in a framework\n" + "\n".join(
                 f"- **{TITLES.get(name, name)}**: {text}" for name, text in cls.fixes.items())
+        if cls.fix_safety is not None:
+            how = inspect.cleandoc(cls.autofix.__doc__ or "").replace("\n", " ")
+            docs += (f"\n\n## Automatic fix\n**{cls.fix_safety.value}** (`graddoctor check --diff` "
+                     f"shows it, `--fix` applies it{'' if cls.fix_safety is Safety.SAFE else ' with --unsafe-fixes'}"
+                     f", once verified by running the fixed script): {how}")
         return docs
 
     @classmethod

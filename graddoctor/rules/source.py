@@ -49,8 +49,13 @@ class Source:
     so that nothing is written into a file changed since."""
 
     def __init__(self, path: str, full_path: str, text: str):
+        import warnings
+
         import libcst as cst
-        from libcst.metadata import MetadataWrapper, PositionProvider
+
+        with warnings.catch_warnings():  # libcst 1.0's metadata package warns about mypy_extensions
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from libcst.metadata import MetadataWrapper, PositionProvider
 
         self.path, self.full_path, self.text = path, full_path, text
         self.lines = text.splitlines(keepends=True)
@@ -282,6 +287,20 @@ def method_calls(src: Source, method: str, line: int | None = None, within: Stmt
     cst = src.cst
     return [c for c in src.nodes(cst.Call, line=line, within=within)
             if isinstance(c.func, cst.Attribute) and c.func.attr.value == method]
+
+
+def calls_in(src: Source, node, method: str):
+    """``X.method(...)`` calls inside any libcst node (a ``with`` item, an expression)."""
+    cst = src.cst
+    found = []
+
+    class Visit(cst.CSTVisitor):
+        def visit_Call(self, c):
+            if isinstance(c.func, cst.Attribute) and c.func.attr.value == method:
+                found.append(c)
+
+    node.visit(Visit())
+    return found
 
 
 def receiver(src: Source, call) -> str:

@@ -3,7 +3,8 @@ from __future__ import annotations
 from ..analysis.windows import typical
 from ..findings import Safety, Severity
 from .base import Rule, related
-from .source import method_calls, related_line
+from .source import calls_in, method_calls, related_line
+
 
 # optimizers whose update divides by a running magnitude of the gradient: a constant factor on
 # the gradient (k, from not dividing the loss) mostly cancels out unless clipping is involved
@@ -106,6 +107,14 @@ class UnscaledAccumulation(Rule):
         if len(backward) != 1:
             return None
         call = backward[0]
+        here = src.statement_at(line)
+        for owner in here.ancestors() if here is not None and not call.args else ():
+            accumulate = [c for item in getattr(owner.node, "items", ())
+                          for c in calls_in(src, item, "accumulate")]
+            if owner.kind == "With" and accumulate:  # accelerate's idiom divides for us
+                acc = src.code(accumulate[0].func.value)
+                return self.edit(f"let accelerate divide the loss: {acc}.backward(loss)",
+                                 src.replace(call, f"{acc}.backward({src.code(call.func.value)})"))
         target = None
         if not call.args:  # loss.backward() / scaler.scale(loss).backward()
             value = call.func.value
