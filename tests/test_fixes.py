@@ -52,6 +52,7 @@ NO_EDIT = {
     "bad_train_in_eval_gan_sampling.py", "bad_train_in_eval_validate_function.py",
     "bad_train_in_eval_validation_loader.py",
     # a generator's loss leaks through an undetached discriminator: detach or clear, a choice
+    "bad_optimizer_never_steps_gan.py",  # where the missing step goes is a person's call
     "bad_gan_discriminator_leak.py",
 }
 
@@ -92,15 +93,17 @@ def test_fix_removes_the_finding(path, monkeypatch):
     assert {e.path for e in edits} == {name}
     new = apply_edits(old, edits)
     compile(new, name, "exec")  # the fixed file still compiles
-    # the diff changes only the lines the edits name
-    touched = set()
+    # the diff changes no more lines than the edits remove and insert
+    budget = 0
     for e in edits:
-        touched.update(range(e.line, max(e.end_line, e.line + 1) if e.end_col == 0 and e.end_line > e.line
-                             else e.end_line + 1))
+        if e.col == 0 and e.end_col == 0:  # whole lines
+            budget += (e.end_line - e.line) + e.text.count("\n")
+        else:  # within lines: each touched line is one removed and one added
+            budget += 2 * (e.end_line - e.line + 1) + e.text.count("\n")
     matcher = difflib.SequenceMatcher(a=old.splitlines(), b=new.splitlines(), autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag in ("replace", "delete"):
-            assert set(range(i1 + 1, i2 + 1)) <= touched, (tag, i1, i2, edits)
+    changed = sum((i2 - i1) + (j2 - j1) for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+                  if tag != "equal")
+    assert changed <= budget, (changed, budget, edits)
     inserted = sum(e.text.count("\n") for e in edits)
     removed = sum(e.end_line - e.line for e in edits)
     assert len(new.splitlines()) - len(old.splitlines()) == inserted - removed
@@ -144,7 +147,7 @@ def test_apply_edits_insert_replace_delete():
 
 def test_line_map_follows_inserted_and_deleted_lines():
     new_of = line_map([Edit("f", 2, 0, 2, 0, "x\ny\n"), Edit("f", 5, 0, 6, 0, "")])
-    assert [new_of(n) for n in (1, 2, 3, 5, 6)] == [1, 4, 5, None, 6]
+    assert [new_of(n) for n in (1, 2, 3, 5, 6)] == [1, 4, 5, None, 7]
 
 
 def _finding(line, edits, safety=Safety.SAFE, verification=None, suppressed=False):

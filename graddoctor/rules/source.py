@@ -230,16 +230,15 @@ class Source:
         ind = self.indent(s) if indent is None else indent
         at = s.end_line + 1
         text = _indented(lines, ind)
-        if at > len(self.lines):  # the file's last line may lack its newline
-            last = self.line_text(s.end_line)
-            prefix = "" if last.endswith("\n") else "\n"
-            return Edit(self.path, s.end_line, len(last), s.end_line, len(last), prefix + text)
+        last = self.line_text(s.end_line)
+        if at > len(self.lines) and not last.endswith("\n"):  # a last line without its newline
+            return Edit(self.path, s.end_line, len(last), s.end_line, len(last), "\n" + text)
         return Edit(self.path, at, 0, at, 0, text)
 
     def delete(self, s: Stmt) -> Edit:
         end = s.end_line + 1
-        if end > len(self.lines):
-            last = self.line_text(s.end_line)
+        last = self.line_text(s.end_line)
+        if end > len(self.lines) and not last.endswith("\n"):  # a last line without its newline
             return Edit(self.path, s.line, 0, s.end_line, len(last), "")
         return Edit(self.path, s.line, 0, end, 0, "")
 
