@@ -48,9 +48,6 @@ NO_EDIT = {
     "bad_transformers_compute_loss_override.py", "bad_transformers_frozen_bn.py",
     # the layers are trained by no optimizer: adding them to it may be the fix, not eval()
     "bad_frozen_bn_head_only_optimizer.py",
-    # which model to leave in train mode after validation/sampling needs a person
-    "bad_train_in_eval_gan_sampling.py", "bad_train_in_eval_validate_function.py",
-    "bad_train_in_eval_validation_loader.py",
     # a generator's loss leaks through an undetached discriminator: detach or clear, a choice
     "bad_optimizer_never_steps_gan.py",  # where the missing step goes is a person's call
     "bad_gan_discriminator_leak.py",
