@@ -69,11 +69,13 @@ def edits_by_path(findings: Iterable[Finding]) -> dict[str, list[Edit]]:
     return out
 
 
-def line_map(edits: Iterable[Edit]):
-    """old line -> its line in the edited text (None when the edits removed or rewrote it)."""
+def line_map(edits: Iterable[Edit], old_text: str | None = None):
+    """old line -> its line in the edited text (None when the edits removed or rewrote it).
+    With ``old_text``, a statement the edits move (its lines deleted and inserted elsewhere,
+    re-indented) maps to where it landed."""
     edits = list(edits)
 
-    def new_line(old: int) -> int | None:
+    def shifted(old: int) -> int | None:
         shift = 0
         for e in edits:
             added = e.text.count("\n") - (e.end_line - e.line)
@@ -84,6 +86,30 @@ def line_map(edits: Iterable[Edit]):
             elif e.line < old or (e.line == old and e.end_line > old and e.col == 0):
                 return None  # inside a replaced range, or deleted
         return old + shift
+
+    moved: dict[int, int] = {}
+    if old_text is not None:
+        lines = old_text.splitlines()
+        for d in edits:
+            if d.text or d.col or d.end_col or d.end_line <= d.line:
+                continue  # not a deletion of whole lines
+            gone = [ln.strip() for ln in lines[d.line - 1:d.end_line - 1]]
+            for i in edits:
+                if i.line == i.end_line and i.col == i.end_col == 0 and \
+                        [t.strip() for t in i.text.splitlines()][-len(gone):] == gone:
+                    at = shifted(i.line) if i.line <= len(lines) else None
+                    if at is None:  # inserted at the very end
+                        at = len(lines) + sum(e.text.count("\n") - (e.end_line - e.line) for e in edits) \
+                            - i.text.count("\n") + 1
+                    else:
+                        at -= i.text.count("\n")
+                    first = at + i.text.count("\n") - len(gone)
+                    for k in range(len(gone)):
+                        moved[d.line + k] = first + k
+                    break
+
+    def new_line(old: int) -> int | None:
+        return moved[old] if old in moved else shifted(old)
 
     return new_line
 

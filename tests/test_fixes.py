@@ -113,7 +113,7 @@ def test_fix_removes_the_finding(path, monkeypatch):
     finally:
         os.remove(copy)
     assert after.run.status in ("completed", "step-limit"), after.run
-    new_of = line_map(edits)
+    new_of = line_map(edits, old)
     before = {_key(f, new_of) for f in report.findings}
     now = {_key(f) for f in after.findings}
     for f in chosen:
@@ -145,6 +145,14 @@ def test_apply_edits_insert_replace_delete():
 def test_line_map_follows_inserted_and_deleted_lines():
     new_of = line_map([Edit("f", 2, 0, 2, 0, "x\ny\n"), Edit("f", 5, 0, 6, 0, "")])
     assert [new_of(n) for n in (1, 2, 3, 5, 6)] == [1, 4, 5, None, 7]
+
+
+def test_line_map_follows_a_moved_statement():
+    old = "a\nz\nb\nc\n"
+    edits = [Edit("f", 2, 0, 3, 0, ""), Edit("f", 4, 0, 4, 0, "  z\n")]
+    assert apply_edits(old, edits) == "a\nb\n  z\nc\n"
+    new_of = line_map(edits, old)
+    assert [new_of(n) for n in (1, 2, 3, 4)] == [1, 3, 2, 4]
 
 
 def _finding(line, edits, safety=Safety.SAFE, verification=None, suppressed=False):

@@ -122,7 +122,7 @@ def _try(report: Report, options: CheckOptions, fixes: list[Finding], script: st
     if fixed.run.status not in GOOD_STATUSES:
         why = (fixed.run.error or {}).get("message") or fixed.run.status
         return {id(f): (NOT_FIXED, f"the fixed script ended {fixed.run.status}: {why}") for f in fixes}
-    new_of = line_map(edits)
+    new_of = line_map(edits, text)
 
     def path_of(p):
         full = _full(p, fixed.base_dir)
