@@ -239,3 +239,25 @@ def test_cli_diff_and_fix(tmp_path):
     again = run_cli("check", "train.py", cwd=str(tmp_path))
     assert again.returncode == 0, again.stdout
     assert not [p for p in os.listdir(tmp_path) if "graddoctor" in p]  # no copy left behind
+
+
+def test_a_notebook_finding_says_why_it_gets_no_edit():
+    from graddoctor.rules.engine import _with_autofix
+    from graddoctor.rules.missing_zero_grad import MissingZeroGrad
+    from graddoctor.trace import Location
+
+    f = Finding("missing-zero-grad", "GD101", Severity.ERROR, "m", Location("train.ipynb", 12))
+    fixed = _with_autofix(MissingZeroGrad(), f, "", None)
+    assert not fixed.autofix.edits and "notebook" in fixed.autofix.refused
+
+
+def test_explain_says_whether_a_rule_has_an_automatic_fix():
+    from typer.testing import CliRunner
+    from graddoctor.cli import app
+
+    safe = CliRunner().invoke(app, ["explain", "misplaced-zero-grad"], env={"COLUMNS": "200"})
+    assert "Automatic fix" in safe.output and "safe (" in safe.output
+    unsafe = CliRunner().invoke(app, ["explain", "plateau-every-batch"], env={"COLUMNS": "200"})
+    assert "unsafe (" in unsafe.output and "--unsafe-fixes" in unsafe.output
+    none = CliRunner().invoke(app, ["explain", "partial-zero-grad"], env={"COLUMNS": "200"})
+    assert "Automatic fix" in none.output and "None" in none.output
