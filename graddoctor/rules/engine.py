@@ -47,10 +47,12 @@ def analyze(trace: Trace | Analysis, rules=None, base_dir: str | None = None
             errors.append({"where": f"rule {rule.slug}", "error": _error(exc)})
             continue
         if rule.fix_safety is not None:
-            try:
-                found = [_with_autofix(rule(), f, analysis.framework, base_dir) for f in found]
-            except Exception as exc:
-                errors.append({"where": f"fix of rule {rule.slug}", "error": _error(exc)})
+            fixer = rule()
+            for i, f in enumerate(found):
+                try:
+                    found[i] = _with_autofix(fixer, f, analysis.framework, base_dir)
+                except Exception as exc:  # the finding stands, without its edit
+                    errors.append({"where": f"fix of rule {rule.slug}", "error": _error(exc)})
         findings.extend(found)
     findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
                                  f.location.line if f.location else 0, f.code))

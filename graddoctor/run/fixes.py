@@ -103,7 +103,7 @@ def _try(report: Report, options: CheckOptions, fixes: list[Finding], script: st
     edits = [e for f in fixes for e in f.autofix.edits]
     new_text = apply_edits(text, edits)
     folder, name = os.path.split(script)
-    copy = os.path.join(folder, f".{os.path.splitext(name)[0]}.graddoctor-fix.py")
+    copy = os.path.join(folder, f".{os.path.splitext(name)[0]}.graddoctor-fix-{os.getpid()}.py")
     try:
         with open(copy, "w", encoding="utf-8", newline="") as f:
             f.write(new_text)
