@@ -180,7 +180,8 @@ def diff(report: Report, findings: Iterable[Finding]) -> str:
         old = _read(full)
         if old is None:
             continue
-        marks = [(range(e.line, max(e.end_line, e.line) + 1), mark(f))
+        # an insertion belongs to the hunk of the line above it too (at the end of a file, only that)
+        marks = [(range(max(1, e.line - (e.line == e.end_line)), max(e.end_line, e.line) + 1), mark(f))
                  for f in findings for e in f.autofix.edits if e.path == path]
         out.append(unified_diff(path, old, apply_edits(old, edits), marks))
     return "".join(out)
