@@ -29,6 +29,7 @@ class Stmt:
     parent: "Stmt | None"
     kind: str  # the libcst class name: SimpleStatementLine, For, While, If, FunctionDef...
     children: list["Stmt"] = field(default_factory=list)  # the statements of its body (and else)
+    block: int = 0  # which block of its parent it sits in (0: the body, then else, handlers...)
 
     def ancestors(self) -> Iterator["Stmt"]:
         s = self.parent
@@ -65,15 +66,15 @@ class Source:
         self.module = wrapper.module
         self.positions = wrapper.resolve(PositionProvider)
         self.statements: list[Stmt] = []
-        self._index(self.module.body, None)
+        self._index(self.module.body, None, 0)
 
     # -- the statement tree ----------------------------------------------------------------
 
-    def _index(self, body, parent: Stmt | None) -> None:
+    def _index(self, body, parent: Stmt | None, block: int) -> None:
         cst = self.cst
         for node in body:
             pos = self.positions[node]
-            s = Stmt(node, pos.start.line, pos.end.line, parent, type(node).__name__)
+            s = Stmt(node, pos.start.line, pos.end.line, parent, type(node).__name__, block=block)
             if isinstance(node, cst.SimpleStatementLine):
                 s.line = self.positions[node.body[0]].start.line  # past leading comment lines
             else:
@@ -81,8 +82,8 @@ class Source:
             self.statements.append(s)
             if parent is not None:
                 parent.children.append(s)
-            for block in self._blocks(node):
-                self._index(block, s)
+            for number, inner in enumerate(self._blocks(node)):
+                self._index(inner, s, number)
 
     def _header_line(self, node) -> int:
         """A compound statement's first line (its first decorator's, if any)."""
@@ -122,28 +123,15 @@ class Source:
                     best = s
         return best
 
-    def compound_at(self, line: int) -> Stmt | None:
-        """The innermost statement (simple or compound) whose first line is ``line``."""
-        found = [s for s in self.statements if s.line == line]
-        return found[-1] if found else None
-
     def siblings(self, s: Stmt) -> list[Stmt]:
         """The statements of the block ``s`` sits in (the module's top level for None)."""
         if s.parent is None:
             return [t for t in self.statements if t.parent is None]
         return [t for t in s.parent.children if self._same_block(t, s)]
 
-    def _same_block(self, a: Stmt, b: Stmt) -> bool:
-        return self.indent(a) == self.indent(b)
-
-    def top_in(self, block_owner: Stmt | None, line: int) -> Stmt | None:
-        """The statement of ``block_owner``'s body (the module for None) that holds ``line``."""
-        pool = block_owner.children if block_owner is not None else \
-            [t for t in self.statements if t.parent is None]
-        for t in pool:
-            if t.contains(line):
-                return t
-        return None
+    @staticmethod
+    def _same_block(a: Stmt, b: Stmt) -> bool:
+        return a.parent is b.parent and a.block == b.block
 
     def enclosing_loop(self, s: Stmt) -> Stmt | None:
         for a in s.ancestors():
@@ -167,10 +155,6 @@ class Source:
     def indent(self, s: Stmt) -> str:
         text = self.line_text(s.line)
         return text[:len(text) - len(text.lstrip())]
-
-    def body_indent(self, s: Stmt) -> str:
-        """The indentation of the statements inside compound ``s``."""
-        return self.indent(s.children[0]) if s.children else self.indent(s) + "    "
 
     def code(self, node) -> str:
         return self.module.code_for_node(node)
