@@ -42,7 +42,7 @@ BAD = sorted(p for p in glob.glob(os.path.join(FIXTURES, "**", "bad_*.py"), recu
 NO_EDIT = {
     # Lightning / the Trainer drive the calls: the finding says why it offers no edit
     "bad_lightning_eval_in_epoch_hook.py", "bad_lightning_frozen_bn.py",
-    "bad_lightning_manual_accumulation.py", "bad_lightning_manual_gan_leak.py",
+"bad_lightning_manual_gan_leak.py",
     "bad_lightning_zero_grad_override.py", "bad_transformers_accumulation_classifier.py",
     "bad_transformers_accumulation_no_clip.py", "bad_transformers_compute_loss_func.py",
     "bad_transformers_compute_loss_override.py", "bad_transformers_frozen_bn.py",

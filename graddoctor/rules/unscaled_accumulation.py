@@ -103,7 +103,8 @@ class UnscaledAccumulation(Rule):
                     if isinstance(op.operator, cst.Modulo) and isinstance(op.right, (cst.Name, cst.Attribute)):
                         window = src.code(op.right)
                 break
-        backward = method_calls(src, "backward", line=line)
+        backward = method_calls(src, "backward", line=line) or \
+            method_calls(src, "manual_backward", line=line)  # Lightning's manual optimization
         if len(backward) != 1:
             return None
         call = backward[0]
