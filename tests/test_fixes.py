@@ -259,5 +259,5 @@ def test_explain_says_whether_a_rule_has_an_automatic_fix():
     assert "Automatic fix" in safe.output and "safe (" in safe.output
     unsafe = CliRunner().invoke(app, ["explain", "plateau-every-batch"], env={"COLUMNS": "200"})
     assert "unsafe (" in unsafe.output and "--unsafe-fixes" in unsafe.output
-    none = CliRunner().invoke(app, ["explain", "partial-zero-grad"], env={"COLUMNS": "200"})
+    none = CliRunner().invoke(app, ["explain", "stale-grad"], env={"COLUMNS": "200"})
     assert "Automatic fix" in none.output and "None" in none.output

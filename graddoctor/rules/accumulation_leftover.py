@@ -61,9 +61,9 @@ class AccumulationLeftover(Rule):
         step = src.statement_at(finding.location.line)
         if step is None or not method_calls(src, "step", within=step):
             return None
-        branch = step.parent if step.parent is not None and step.parent.kind == "If" else None
+        branch = step.parent if step.parent is not None and step.parent.syntax == "If" else None
         loop = src.enclosing_loop(step)
-        if branch is None or loop is None or loop.kind != "For":
+        if branch is None or loop is None or loop.syntax != "For":
             return None
         it = loop.node.iter
         if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Name)

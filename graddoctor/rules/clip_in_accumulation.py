@@ -60,7 +60,7 @@ class ClipInAccumulation(Rule):
         clip = src.statement_at(finding.location.line)
         for owner in clip.ancestors() if clip is not None else ():
             acc = [c for item in getattr(owner.node, "items", ()) for c in calls_in(src, item, "accumulate")]
-            if owner.kind == "With" and acc and len(clip.node.body) == 1:
+            if owner.syntax == "With" and acc and len(clip.node.body) == 1:
                 name = src.code(acc[0].func.value)
                 indent = src.indent(clip)
                 return self.edit(f"clip only when {name} syncs the gradients (the window's last micro-batch)",

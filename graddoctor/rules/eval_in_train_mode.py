@@ -53,7 +53,7 @@ class EvalInTrainMode(Rule):
         hands to an optimizer."""
         cst = src.cst
         here = src.statement_at(finding.location.line)
-        block = next((a for a in here.ancestors() if a.kind == "With" and any(
+        block = next((a for a in here.ancestors() if a.syntax == "With" and any(
             src.code(item.item).split("(")[0].split(".")[-1] in ("no_grad", "inference_mode")
             for item in a.node.items)), None) if here is not None else None
         if block is None or src.enclosing_function(block) is not src.enclosing_function(here):

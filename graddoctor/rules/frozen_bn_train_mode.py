@@ -80,7 +80,7 @@ class FrozenBnTrainMode(Rule):
             else:  # for p in part.parameters(): p.requires_grad = False
                 s = src.statement_at(freeze_line)
                 loop = src.enclosing_loop(s) if s is not None else None
-                if loop is not None and loop.kind == "For":
+                if loop is not None and loop.syntax == "For":
                     it = loop.node.iter
                     if isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute) \
                             and it.func.attr.value == "parameters":

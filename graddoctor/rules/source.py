@@ -27,7 +27,7 @@ class Stmt:
     line: int
     end_line: int
     parent: "Stmt | None"
-    kind: str  # the libcst class name: SimpleStatementLine, For, While, If, FunctionDef...
+    syntax: str  # the libcst class name: SimpleStatementLine, For, While, If, FunctionDef...
     children: list["Stmt"] = field(default_factory=list)  # the statements of its body (and else)
     block: int = 0  # which block of its parent it sits in (0: the body, then else, handlers...)
 
@@ -42,7 +42,7 @@ class Stmt:
 
     @property
     def is_loop(self) -> bool:
-        return self.kind in ("For", "While")
+        return self.syntax in ("For", "While")
 
 
 class Source:
@@ -118,7 +118,7 @@ class Source:
         """The innermost simple statement whose lines hold ``line``."""
         best = None
         for s in self.statements:
-            if s.kind == "SimpleStatementLine" and s.contains(line):
+            if s.syntax == "SimpleStatementLine" and s.contains(line):
                 if best is None or s.line >= best.line:
                     best = s
         return best
@@ -135,7 +135,7 @@ class Source:
 
     def enclosing_loop(self, s: Stmt) -> Stmt | None:
         for a in s.ancestors():
-            if a.kind == "FunctionDef":
+            if a.syntax == "FunctionDef":
                 return None
             if a.is_loop:
                 return a
@@ -143,7 +143,7 @@ class Source:
 
     def enclosing_function(self, s: Stmt) -> Stmt | None:
         for a in s.ancestors():
-            if a.kind == "FunctionDef":
+            if a.syntax == "FunctionDef":
                 return a
         return None
 

@@ -98,7 +98,7 @@ class UnscaledAccumulation(Rule):
         step_line = related_line(finding, "the step that applies")
         step = src.statement_at(step_line) if step_line else None
         for owner in step.ancestors() if step is not None else ():
-            if owner.kind == "If":
+            if owner.syntax == "If":
                 for op in src.nodes(cst.BinaryOperation, within=None, line=src.span(owner.node.test)[0]):
                     if isinstance(op.operator, cst.Modulo) and isinstance(op.right, (cst.Name, cst.Attribute)):
                         window = src.code(op.right)
@@ -112,7 +112,7 @@ class UnscaledAccumulation(Rule):
         for owner in here.ancestors() if here is not None and not call.args else ():
             accumulate = [c for item in getattr(owner.node, "items", ())
                           for c in calls_in(src, item, "accumulate")]
-            if owner.kind == "With" and accumulate:  # accelerate's idiom divides for us
+            if owner.syntax == "With" and accumulate:  # accelerate's idiom divides for us
                 acc = src.code(accumulate[0].func.value)
                 return self.edit(f"let accelerate divide the loss: {acc}.backward(loss)",
                                  src.replace(call, f"{acc}.backward({src.code(call.func.value)})"))
