@@ -2,6 +2,7 @@
 
     python benchmarks/cuda_sync_check.py            # on a CUDA machine; < 2 minutes
     python benchmarks/cuda_sync_check.py --cpu      # dry run of the script's logic on CPU
+    python benchmarks/cuda_sync_check.py --grad-flow  # with every update recorded for the pictures
 
 A small transformer LM with fp16 autocast, ``torch.amp.GradScaler("cuda")``, ``unscale_``,
 ``clip_grad_norm_`` and AdamW runs a few steps plain and a few steps under exactly what
@@ -77,12 +78,12 @@ def make_session(device: str):
     return step, sum(1 for _ in model.parameters())
 
 
-def count_syncs(device: str, instrument: bool) -> tuple[Counter, int, int]:
+def count_syncs(device: str, instrument: bool, grad_flow: bool = False) -> tuple[Counter, int, int]:
     """Per-arm totals over STEPS steps: profiler event counts and sync-debug warnings."""
     from torch.profiler import ProfilerActivity, profile
 
     rec = Recorder(step_budget=None, finder=LocationFinder())
-    with Instrumentation(rec) if instrument else contextlib.nullcontext():
+    with Instrumentation(rec, grad_flow=grad_flow) if instrument else contextlib.nullcontext():
         step, n_tensors = make_session(device)
         for _ in range(WARMUP):
             step()
@@ -114,6 +115,9 @@ def count_syncs(device: str, instrument: bool) -> tuple[Counter, int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu", action="store_true", help="dry run on CPU (checks the script, not CUDA)")
+    parser.add_argument("--grad-flow", action="store_true",
+                        help="also record every update's gradient norms, as a picture (-o "
+                             "report.html) asks: they stay on the device until the run ends")
     args = parser.parse_args()
     if not args.cpu and not torch.cuda.is_available():
         print("cuda_sync_check: no CUDA device here; nothing checked (use --cpu for a dry run)")
@@ -123,9 +127,9 @@ def main() -> int:
         signal.alarm(110)  # the check must end within 2 minutes, passing or failing
     started = time.perf_counter()
     plain, plain_flagged, n_tensors = count_syncs(device, instrument=False)
-    instr, instr_flagged, _ = count_syncs(device, instrument=True)
+    instr, instr_flagged, _ = count_syncs(device, instrument=True, grad_flow=args.grad_flow)
     print(f"device {device} · torch {torch.__version__} · {n_tensors} parameter tensors · "
-          f"{STEPS} profiled steps per arm")
+          f"{STEPS} profiled steps per arm{' · --grad-flow' if args.grad_flow else ''}")
     print(f"{'event':<28}{'plain/step':>12}{'graddoctor/step':>17}{'extra/step':>12}")
     extra_sync = extra_scalar = 0.0
     for key in SYNC_CALLS + SCALAR_READS:

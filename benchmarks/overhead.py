@@ -34,6 +34,9 @@ Per-step overhead
     On a shared machine it is the trustworthy figure; targets are judged on it (on wall time
     when --threads > 1).
 
+``--grad-flow``: the instrumented arm also records every update's per-parameter gradient norms
+(instrument/gradflow.py), what ``-o report.html``, ``--plot`` and ``--grad-flow`` turn on.
+
 Threads: ``--threads 1`` by default (OMP_NUM_THREADS and torch.set_num_threads). On a shared
 2-core machine a multi-threaded pool fighting other processes makes step times erratic
 (docs/architecture.md, "Overhead targets"); one thread is also the harder case for the ratio, since graddoctor's Python work
@@ -70,6 +73,9 @@ def _parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads (default 1)")
     p.add_argument("--only", default="", help="comma-separated sections: mlp,cnn,transformer,memory,e2e,cli")
     p.add_argument("--rounds", type=int, default=0, help="override the number of rounds per model")
+    p.add_argument("--grad-flow", action="store_true",
+                   help="the instrumented arm also records every update's gradient norms, as a "
+                        "picture (-o report.html, --plot, --grad-flow) asks")
     p.add_argument("--json", dest="json_path", help="also write the results as JSON to this file")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     p.add_argument("--rss-child", choices=["plain", "instrumented"], help=argparse.SUPPRESS)
@@ -261,7 +267,7 @@ def per_step(name: str) -> dict:
     orders = list(itertools.permutations(("I", "P", "P2")))
     samples: dict[str, list[tuple[float, float]]] = {"I": [], "P": [], "P2": []}
     rec = Recorder(step_budget=None, finder=LocationFinder())
-    instrumentation = Instrumentation(rec)
+    instrumentation = Instrumentation(rec, grad_flow=ARGS.grad_flow)
     with instrumentation:
         instr = builder()
         for _ in range(warmup):
@@ -557,8 +563,10 @@ def main() -> int:
         return 0
     sections = [s for s in ARGS.only.split(",") if s] or ["mlp", "cnn", "transformer", "memory", "e2e", "cli"]
     print(f"graddoctor overhead benchmark · torch {torch.__version__} · {os.cpu_count()} CPUs · "
-          f"threads {ARGS.threads}{' · quick' if ARGS.quick else ''}")
-    results: dict = {"threads": ARGS.threads, "quick": ARGS.quick, "torch": torch.__version__}
+          f"threads {ARGS.threads}{' · quick' if ARGS.quick else ''}"
+          f"{' · recording every update for the pictures (--grad-flow)' if ARGS.grad_flow else ''}")
+    results: dict = {"threads": ARGS.threads, "quick": ARGS.quick, "torch": torch.__version__,
+                     "grad_flow": ARGS.grad_flow}
     ok = True
     rows = [per_step(name) for name in WORKLOADS if name in sections]
     if rows:

@@ -12,6 +12,7 @@ Nothing here imports torch until a check starts (``import graddoctor`` stays lig
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from typing import Any, Iterable, Mapping, Sequence
@@ -44,11 +45,13 @@ def resolve_options(target: str, args: Sequence[str], values: Mapping[str, Any],
 
 
 def check_options(target: str, args: Sequence[str], settings: Mapping[str, Any],
-                  shown: str | None, *, redirect_stdout: bool = False) -> CheckOptions:
-    """``CheckOptions`` from resolved settings (``resolve_settings``)."""
+                  shown: str | None, *, redirect_stdout: bool = False,
+                  grad_flow: bool = False) -> CheckOptions:
+    """``CheckOptions`` from resolved settings (``resolve_settings``); ``grad_flow``: record every
+    update's gradient norms (a picture was asked for)."""
     return CheckOptions(target=target, args=tuple(args),
                         **{o.field: settings[o.name] for o in SCRIPT_OPTIONS.values()},
-                        redirect_stdout=redirect_stdout, config_path=shown)
+                        redirect_stdout=redirect_stdout, config_path=shown, grad_flow=grad_flow)
 
 
 def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[str], *,
@@ -89,6 +92,12 @@ def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[
                 f"{shown}: [tool.graddoctor] {key}"
             raise ScriptError(f"{where}: no rule is named {', '.join(map(repr, unknown))} "
                               "(use a slug or a code prefix; see `graddoctor rules`)")
+    from .rules.engine import selected_rules
+
+    if (settings["select"] or settings["ignore"]) and \
+            not selected_rules(settings["select"], settings["ignore"]):
+        raise ScriptError(f"select {', '.join(settings['select']) or '(all)'} and ignore "
+                          f"{', '.join(settings['ignore'])} leave no rule to run")
     return settings, shown
 
 
@@ -122,6 +131,8 @@ def check_script(
     ignore: "str | Sequence[str] | None" = None,
     allow_incomplete: bool | None = None,
     config: bool = True,
+    isolate: bool = False,
+    grad_flow: bool = False,
 ) -> Report:
     """Run a training script (or, with ``module=True``, a module, like ``python -m``) under
     graddoctor, as ``graddoctor check PATH -- ARGV`` does, and return the ``Report``.
@@ -133,8 +144,16 @@ def check_script(
     The script runs in this process, as ``python`` would run it; the interpreter state it
     changes (``sys.argv``, ``sys.path``, cwd, ...) and torch are put back afterwards.
     Whatever the script does (crash, ``sys.exit``, time limit) ends up in ``report.run``.
+    Put back too: warnings filters, the recursion limit, names set or replaced in
+    ``builtins`` (``builtins.print = ...``). Not put back: attributes the script sets on
+    classes or modules (``torch.Tensor.foo = ...``, a monkeypatched library function), modules
+    it imported, threads it left running. ``isolate=True`` runs the check in a child process
+    (``python -m graddoctor check``) and returns the report read back from its JSON: nothing
+    the script does reaches this process, and the report has no ``analysis`` (no update
+    timeline in its text view).
     Raises ``ScriptError`` when the target cannot be run at all or an option is bad, and
-    ``WatchError`` inside another check or ``watch()`` block.
+    ``WatchError`` inside another check or ``watch()`` block. ``grad_flow=True`` records every
+    update's gradient norms for the pictures (``report.render("html")``, a notebook's view).
     """
     from .run.session import run_check
 
@@ -146,7 +165,64 @@ def check_script(
     target = path if (module and isinstance(path, str)) else os.fspath(path)
     options = resolve_options(target, [str(a) for a in argv], values, values, source="python",
                               use_config=config)
+    if grad_flow:
+        options = dataclasses.replace(options, grad_flow=True)
+    if isolate:
+        return _check_in_child(options)
     return run_check(options)
+
+
+def _check_in_child(options) -> Report:
+    """``check_script(isolate=True)``: the resolved options as the CLI's flags, the report read
+    back from the JSON file the child writes."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from .errors import ScriptError
+    from .report.json_format import from_dict
+
+    args = [sys.executable, "-m", "graddoctor", "check", options.target,
+            "--steps", str(options.steps), "--epoch-batches", str(options.epoch_batches),
+            "--timeout", f"{options.timeout or 0:g}", "--device", options.device,
+            "--fail-on", options.fail_on,
+            "--allow-incomplete" if options.allow_incomplete else "--no-allow-incomplete"]
+    if options.module:
+        args.insert(4, "-m")
+    if options.select:
+        args += ["--select", ",".join(options.select)]
+    if options.ignore:
+        args += ["--ignore", ",".join(options.ignore)]
+    if options.trace_path:
+        args += ["--trace", options.trace_path]
+    with tempfile.TemporaryDirectory(prefix="graddoctor-isolate-") as folder:
+        out = os.path.join(folder, "report.json")
+        done = subprocess.run([*args, "--format", "json", "-o", out, "--", *options.args],
+                              stdin=subprocess.DEVNULL, stdout=sys.stdout.fileno()
+                              if _has_fileno(sys.stdout) else None, stderr=subprocess.PIPE,
+                              text=True)
+        if not os.path.exists(out):
+            lines = [ln for ln in done.stderr.splitlines() if ln.startswith("graddoctor: error:")]
+            raise ScriptError(lines[-1].split("error: ", 1)[1] if lines else
+                              f"the isolated check ended with exit code {done.returncode} "
+                              f"and no report: {done.stderr[-2000:]}")
+        sys.stderr.write("".join(ln for ln in done.stderr.splitlines(keepends=True)
+                                 if not ln.startswith("graddoctor: wrote ")))
+        with open(out, encoding="utf-8") as f:
+            report = from_dict(json.load(f))
+    import dataclasses
+
+    return dataclasses.replace(report, fail_on=options.fail_on,
+                               allow_incomplete=options.allow_incomplete)
+
+
+def _has_fileno(stream) -> bool:
+    try:
+        stream.fileno()
+        return True
+    except Exception:
+        return False
 
 
 # -- watch ----------------------------------------------------------------------------------

@@ -16,8 +16,6 @@ import typer
 from .options import CONFIG_KEYS, OPTIONS, SCRIPT_OPTIONS, Flag, Option
 from .report.formats import FORMATS, RenderOptions, ReportFormat
 
-SCRIPT_SUFFIXES = (".py", ".pyw", ".ipynb")
-
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -79,11 +77,15 @@ def check(
     from .run.ranks import rank_env, rank_path
 
     ranks = rank_env()
-    if typed["nproc_per_node"] > 1 and ranks is None:
+    # 1 too: a torchrun-style script reads RANK, WORLD_SIZE and MASTER_ADDR from the launcher
+    # (not again inside a launched rank: a world of one is not a "rank", rank_env says None)
+    if typed["nproc_per_node"] >= 1 and ranks is None and "LOCAL_RANK" not in os.environ:
         from .run.ranks import launch
 
         raise typer.Exit(launch(typed["nproc_per_node"], _child_args(ctx, script, script_args)))
-    for name in ("output", "trace"):
+    if typed["plot"]:
+        _check_plot(typed["plot"])  # named as typed
+    for name in ("output", "trace", "plot"):
         if typed[name]:  # where the user started: a script that changes directory moves no file
             typed[name] = os.path.abspath(typed[name])
     output = typed["output"]
@@ -104,17 +106,30 @@ def check(
                      f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
                      f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see the README's "
                      f"Distributed training)")
-    if not typed["module"] and not script.endswith(SCRIPT_SUFFIXES) and os.path.isfile(script):
-        _usage_error(f"{script} is not a Python script (expected a .py file or a .ipynb notebook)")
     options, settings = _options(script, script_args, typed, _given(ctx),
-                                 redirect_stdout=fmt.machine and output is None)
+                                 redirect_stdout=fmt.document and output is None,
+                                 pictures=fmt.pictures or bool(typed["plot"]))
+    if output is None:
+        from .report.output import ReportStdout
+
+        ReportStdout.keep()
     render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"])
+    exchange = None
+    if ranks is not None:  # where this rank runs, for rank 0 to see it gone (run/ranks.py)
+        from .run.ranks import Exchange
+        from .run.session import defer_teardown
+
+        exchange = Exchange(ranks)
+        exchange.register()
+        defer_teardown()  # the script's objects outlive the rank's report (_end_unwaited)
 
     def finish(report, wait_s: float | None = None) -> int:
         if ranks is not None:
             return _finish_rank(ranks, report, fmt, typed["output"], output, render, options, wait_s,
-                                shown_output)
+                                shown_output, exchange)
         _emit(report, fmt, output, render, shown_output)
+        if typed["plot"]:
+            _plot(report, typed["plot"])
         return report.exit_code()
 
     def on_hang(report) -> None:  # from the watchdog: the script is stuck; report, then end
@@ -127,7 +142,24 @@ def check(
     def checkpoint(report) -> None:  # provisional, replaced by the final report
         _write(report, fmt, output, render)
 
-    report = _run(options, on_hang, checkpoint if output else None)
+    early: dict[str, int] = {}
+
+    def on_destroy(report, destroy) -> None:
+        """A rank's report at the script's destroy_process_group(), before its teardown
+        (run/session.py ``_EarlyReport``): final, whatever that teardown does."""
+        from .run.session import real_stdout
+
+        if ranks.rank == 0:
+            destroy()  # the group goes first: another rank's destroy may wait for rank 0's
+        with real_stdout():  # the script's stdout goes to stderr while it runs
+            early["code"] = _finish_rank(ranks, report, fmt, typed["output"], output, render,
+                                         options, None, shown_output, exchange, early=True)
+
+    report = _run(options, on_hang, checkpoint if output else None,
+                  on_destroy if ranks is not None else None)
+    if "code" in early:  # reported at destroy_process_group(): that report is final
+        _end_unwaited()
+        raise typer.Exit(early["code"])
     if typed["diff"] or typed["fix"]:
         if ranks is not None:
             _usage_error("--diff/--fix check one process: run them without a distributed launch")
@@ -194,7 +226,8 @@ def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:
 
 
 def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
-                 wait_s: float | None = None, shown: str | None = None) -> int:
+                 wait_s: float | None = None, shown: str | None = None, exchange=None,
+                 early: bool = False) -> int:
     """One rank's end (run/ranks.py): ranks other than 0 hand their report to rank 0 and exit
     0; rank 0 gets the run's report, merged from every rank's, writes it, and exits by it."""
     from .report.json_format import render as render_json
@@ -205,7 +238,7 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
     mine = rank_report(report, ranks)
     if per_rank:
         _write(mine, fmt, output, render)
-    exchange = Exchange(ranks)
+    exchange = exchange or Exchange(ranks)
     if ranks.rank != 0:
         if not exchange.send(render_json(mine)) and not per_rank:
             fallback = rank_path(typed_output, ranks.rank) if typed_output else None
@@ -216,6 +249,8 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
                                                  "its report follows on stderr"), err=True)
             if not fallback:
                 typer.echo(FORMATS["text"].render(mine, RenderOptions()), err=True)
+        if not early:  # (at destroy_process_group the script goes on: its end is not near)
+            _end_unwaited()
         return 0  # never a failure code: the launcher would kill the ranks still reporting
     files = None
     if ranks.store is None and typed_output and fmt.name == "json":
@@ -226,7 +261,39 @@ def _finish_rank(ranks, report, fmt, typed_output, output, render, options,
                    err=True)
     else:
         _emit(merged, fmt, output, render, shown)
-    return merged.exit_code()
+    code = merged.exit_code()
+    exchange.post_verdict(code)
+    if not early:
+        _end_unwaited()
+    return code
+
+
+def _end_unwaited() -> None:
+    """A rank has handed over its report (rank 0: written the run's): the script's objects
+    are let go of now (run/session.py held them), and if that teardown or the interpreter's
+    hangs (a process group's destructor joining a gloo thread that waits for the GIL the main
+    thread holds), a timer in C, which needs no GIL, ends the process: nobody waits for it.
+    Its exit code (1) is not the run's: rank 0 posted the verdict, which
+    ``--nproc-per-node``'s launcher returns."""
+    import faulthandler
+
+    from .run.ranks import teardown_grace
+    from .run.session import release_deferred
+
+    for stream in (sys.stdout, sys.stderr):  # the timer's exit flushes nothing
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        sink = open(os.devnull, "w")
+        faulthandler.dump_traceback_later(teardown_grace(), exit=True, file=sink)
+    except Exception:
+        pass
+    import threading
+
+    if threading.current_thread() is threading.main_thread():  # not from the watchdog
+        release_deferred()
 
 
 _TYPED = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may bundle its own click
@@ -247,7 +314,8 @@ def _format_name(ctx: typer.Context, typed: str, output: Optional[str]) -> str:
     return typed
 
 
-def _options(script: str, script_args, typed: dict, given: set[str], redirect_stdout: bool):
+def _options(script: str, script_args, typed: dict, given: set[str], redirect_stdout: bool,
+             pictures: bool = False):
     """The check's options and the settings they came from: the library's own resolution
     (api.resolve_settings: the option table's validation, [tool.graddoctor] under what the user
     typed), with --grad-flow, which only the text report reads; its errors are usage errors."""
@@ -261,10 +329,11 @@ def _options(script: str, script_args, typed: dict, given: set[str], redirect_st
     except ScriptError as exc:
         _usage_error(str(exc))
     return check_options(script, tuple(script_args or ()), settings, shown,
-                         redirect_stdout=redirect_stdout), settings
+                         redirect_stdout=redirect_stdout,
+                         grad_flow=pictures or settings["grad_flow"]), settings
 
 
-def _run(options, on_hang=None, checkpoint=None):
+def _run(options, on_hang=None, checkpoint=None, on_destroy=None):
     from .errors import ScriptError
     from .report.progress import Progress
     from .run.ranks import rank_env
@@ -277,10 +346,15 @@ def _run(options, on_hang=None, checkpoint=None):
     # ranks share one terminal: only rank 0 draws the status line
     progress = Progress(label, options.steps or None,
                         enabled=False if ranks is not None and ranks.rank != 0 else None)
+    import contextlib
+
+    from .run.ranks import reporting_on_sigterm
+
     try:
-        with progress:
+        # a rank stopped by its launcher (SIGTERM) reports what it had, as rank 0 merges it
+        with progress, reporting_on_sigterm() if ranks is not None else contextlib.nullcontext():
             return run_check(options, on_step=progress.update, on_hang=on_hang,
-                             checkpoint=checkpoint)
+                             checkpoint=checkpoint, on_destroy=on_destroy)
     except ScriptError as exc:
         _usage_error(str(exc))
     except Exception as exc:  # graddoctor's own failure: one line, the traceback on request
@@ -299,6 +373,10 @@ def _write(report, fmt: ReportFormat, output: Optional[str], render: RenderOptio
         write_file(output, text)
     else:
         write_stdout(text)
+        if fmt.document:  # what the script prints at exit (atexit) goes after it, to stderr
+            from .report.output import ReportStdout
+
+            ReportStdout.end_machine_output()
 
 
 def _emit(report, fmt: ReportFormat, output: Optional[str], render: RenderOptions,
@@ -309,6 +387,29 @@ def _emit(report, fmt: ReportFormat, output: Optional[str], render: RenderOption
         from .report.text import verdict
 
         typer.echo(f"graddoctor: wrote {shown or output}: {verdict(report).plain}", err=True)
+
+
+def _check_plot(path: str) -> None:
+    """--plot: a picture format matplotlib writes, and matplotlib itself (an optional extra)."""
+    from .report.plot import PLOT_SUFFIXES, missing_matplotlib
+
+    if not path.lower().endswith(PLOT_SUFFIXES):
+        _usage_error(f"--plot {path}: the file must end in {', '.join(PLOT_SUFFIXES)}")
+    reason = missing_matplotlib()
+    if reason:
+        _usage_error(f"--plot: {reason}")
+    _check_writable(path, "--plot")
+
+
+def _plot(report, path: str) -> None:
+    """The gradient-flow picture; its failure is a line on stderr, never the check's."""
+    from .report.plot import plot
+
+    try:
+        plot(report, path)
+        typer.echo(f"graddoctor: drew {path}", err=True)
+    except Exception as exc:
+        typer.echo(f"graddoctor: could not draw {path}: {type(exc).__name__}: {exc}", err=True)
 
 
 def _check_writable(path: str, what: str) -> None:
@@ -334,7 +435,8 @@ def merge_reports(
     reports: List[str] = typer.Argument(..., help="JSON reports of the ranks (graddoctor check "
                                         "--format json -o 'report.{rank}.json')."),
     format: Annotated[str, typer.Option("--format", "-f", help="Report format of the merged "
-                                        "report: text, json or sarif.")] = "text",
+                                        "report: text, json, sarif, html or markdown (a page without the "
+                                        "pictures: the ranks' JSON carries no per-step norms).")] = "text",
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write the merged "
                                                   "report to this file.")] = None,
     fail_on: Annotated[str, typer.Option("--fail-on", help=OPTIONS["fail_on"].help)] = \
@@ -349,6 +451,7 @@ def merge_reports(
 
     from .rules.engine import selected_rules
     from .report.json_format import from_dict
+    from .findings import spans
     from .report.merge import Part, merge, missing_entry
 
     if format not in FORMATS:
@@ -357,30 +460,76 @@ def merge_reports(
         _usage_error(OPTIONS["fail_on"].error(fail_on, "library"))
     if output:
         _check_writable(output, "--output")
-    parts, skipped = [], set()  # skipped: the rules the ranks' checks left out
+    import re
+
+    parts, skipped, notes, unreadable = [], set(), [], {}  # skipped: rules the checks left out
+    paths: dict[int, str] = {}  # id(part) -> its file
     for path in reports:
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
             report = from_dict(data)
-            skipped.update(report.run.rules_skipped)
         except OSError as exc:
             _usage_error(f"cannot read {path}: {exc.strerror or exc}")
-        except (ValueError, KeyError, TypeError) as exc:
-            _usage_error(f"{path} is not a graddoctor JSON report ({type(exc).__name__}: {exc})")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # one corrupt file (a rank killed while writing it) must not hide the others
+            found = re.search(r"(\d+)\D*$", os.path.basename(path))
+            why = f"unreadable report file {path} ({type(exc).__name__}: {exc})"
+            if found:
+                unreadable[int(found.group(1))] = why
+            else:
+                notes.append(why)
+            continue
+        skipped.update(report.run.rules_skipped)
         entries = report.run.ranks or []
         rank = entries[0]["rank"] if len(entries) == 1 else None
         parts.append(Part(report, rank, entries[0]["process"] if len(entries) == 1 else path))
-    seen = {e["rank"] for p in parts for e in (p.report.run.ranks or [])}
+        paths[id(parts[-1])] = path
+    if not parts:
+        _usage_error("none of the reports could be read: " + "; ".join(
+            [*unreadable.values(), *notes]))
     if not all(p.report.run.ranks for p in parts):
         plain = [p for p in parts if not p.report.run.ranks]
         _usage_error(f"{plain[0].process} is the report of a single process, not of a rank "
                      "(write the ranks' reports under torchrun with -o 'report.{rank}.json')")
+    runs: dict[tuple, list[str]] = {}  # one run only: the same command and run id
+    for p in parts:
+        run = p.report.run
+        runs.setdefault((run.script, tuple(run.argv), run.run_id, run.world_size), []).append(
+            paths[id(p)])
+    if len({key[:2] for key in runs}) > 1 or len({key[2] for key in runs} - {None}) > 1 \
+            or len({key[3] for key in runs}) > 1:
+        groups = "; ".join(f"{', '.join(who)}: {' '.join([script, *argv])}"
+                           f"{f' (run {run_id})' if run_id else ''}, world size {world}"
+                           for (script, argv, run_id, world), who in runs.items())
+        _usage_error(f"these reports are of different runs, which merge cannot join: {groups}")
+    own = {p.rank for p in parts if p.rank is not None}
+    kept = []
+    for p in parts:  # a merged report (merge's own output in the glob) beside its ranks' files
+        ranks_in = {e["rank"] for e in p.report.run.ranks}
+        if p.rank is None and ranks_in & own:
+            notes.append(f"{p.process} is a report merged before (rank {spans(sorted(ranks_in))}"
+                         f"): left out, the ranks' own reports are given")
+            continue
+        kept.append(p)
+    parts = kept
+    by_rank: dict[int, Part] = {}
+    for p in parts:
+        for e in p.report.run.ranks:
+            if e["rank"] is None:
+                continue
+            other = by_rank.get(e["rank"])
+            if other is not None and other is not p:
+                _usage_error(f"rank {e['rank']} is given twice ({paths[id(other)]} and "
+                             f"{paths[id(p)]}): give each rank's report once")
+            by_rank[e["rank"]] = p
+    seen = set(by_rank)
     world = max(p.report.run.world_size for p in parts)
-    missing = [missing_entry(r, f"rank {r}", "no report file was given for this rank")
-               for r in range(world) if r not in seen]
+    missing = [missing_entry(r, f"rank {r}", unreadable.get(
+        r, "no report file was given for this rank")) for r in range(world) if r not in seen]
+    notes += [why for r, why in unreadable.items() if r in seen or r >= world]
     parts.sort(key=lambda p: (p.rank is None, p.rank or 0))
-    merged = merge(parts, world_size=world, missing=missing, fail_on=fail_on,
+    merged = merge(parts, world_size=world, missing=missing, notes=notes, fail_on=fail_on,
                    allow_incomplete=allow_incomplete, rules=selected_rules(ignore=sorted(skipped)))
     fmt = FORMATS[format]
     _emit(merged, fmt, output, RenderOptions(to_terminal=output is None))
@@ -390,7 +539,6 @@ def merge_reports(
 @app.command("rules")
 def list_rules() -> None:
     """List every rule: code, slug, severity and what it finds."""
-    from rich.console import Console
     from rich.table import Table
 
     from .rules import ALL_RULES
@@ -401,13 +549,24 @@ def list_rules() -> None:
         table.add_column(col, no_wrap=col != "finds")
     for rule in ALL_RULES:
         table.add_row(rule.code, rule.slug, rule.severity.value, rule.summary)
-    Console().print(table)
+    _console().print(table)
+
+
+def _console():
+    """The console of the light commands: the terminal's width, else (a pipe, a file) the
+    text report's 100 columns."""
+    from rich.console import Console
+
+    try:
+        terminal = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    return Console() if terminal else Console(width=100)
 
 
 @app.command()
 def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad) or code (GD101).")) -> None:
     """Explain a rule: what it finds, why it is bad, an example and the fix."""
-    from rich.console import Console
     from rich.markdown import Markdown
 
     from .rules import ALL_RULES, find_rule
@@ -420,7 +579,7 @@ def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad
     docs = found.docs()
     if found.fix_safety is None:
         docs += "\n\n## Automatic fix\nNone: the fix needs a person (`graddoctor check --diff` has nothing for it)."
-    Console().print(Markdown(f"# {found.code} {found.slug} ({found.severity.value})\n\n{docs}"))
+    _console().print(Markdown(f"# {found.code} {found.slug} ({found.severity.value})\n\n{docs}"))
 
 
 def _script_arguments_hint(args: list[str], option: str) -> str | None:
@@ -445,6 +604,11 @@ def main() -> None:
     import threading
 
     args = sys.argv[1:]
+    if args in (["--version"], ["-V"]):
+        from .version import __version__
+
+        print(f"graddoctor {__version__}")
+        sys.exit(0)
     try:
         code = app(args=args, prog_name="graddoctor", standalone_mode=False)
     except Exception as exc:  # click's own errors (typer may vendor click: match by class name)
@@ -452,7 +616,12 @@ def main() -> None:
         if "NoArgsIsHelpError" in kinds:  # typer has printed the help already
             code = 2
         elif "ClickException" in kinds:  # bad options: one line, like every other usage error
-            typer.echo(f"graddoctor: error: {exc.format_message()}", err=True)
+            message = exc.format_message()
+            if "NoSuchOption" in kinds:  # click offers "--help" as a possible option: no help
+                close = [p for p in getattr(exc, "possibilities", None) or () if p != "--help"]
+                message = f"No such option: {exc.option_name}" + (
+                    f" (did you mean {', '.join(close)}?)" if close else "")
+            typer.echo(f"graddoctor: error: {message}", err=True)
             ctx = getattr(exc, "ctx", None)
             hint = _script_arguments_hint(args, getattr(exc, "option_name", "")) \
                 if "NoSuchOption" in kinds else None

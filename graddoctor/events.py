@@ -14,7 +14,9 @@ kind               data
 =================  ==========================================================================
 run_start          script, argv, device, torch_version
 param              pid, name, shape, is_parameter, requires_grad       (at first sight)
-optimizer_init     opt, cls, params [pid]
+optimizer_init     opt, cls, params [pid], lrs [float|None] (the lr of each param group it adds,
+                   in order: one event per ``add_param_group``, which the constructor calls per
+                   group; None in a trace written before it was recorded)
 backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input; the
                    count of its call line's latest graph walk, see instrument/backward.py),
@@ -55,7 +57,10 @@ step_begin         opt, closure (bool), norm_pids [pid], norms [float] (L2 norm 
                    edited_params [pid] (owned params with a .grad changed in place since the
                    latest step that owns them, by code other than the optimizer — an EMA,
                    ``copy_``, a clamp under no_grad; seen through ``tensor._version``, so edits
-                   through ``p.data`` are not seen; not checked for closure steps)
+                   through ``p.data`` are not seen; not checked for closure steps),
+                   lrs [float|None] (each param group's ``lr`` as the step reads it, in group
+                   order; None for a group whose lr is not a plain number, e.g. a tensor; the
+                   list is None when not read: a trace written before it was recorded)
 step               opt, closure (bool: a closure was given and ran a backward; Lightning passes
                    one to every step), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)
@@ -74,7 +79,19 @@ clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_nor
                    had already been iterated before this call: True; a collection, a tensor
                    or a fresh generator: False; another one-shot iterator: None)
 grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step)
-scheduler_step     sched, cls, opt (the optimizer it drives)
+scheduler_step     sched, cls, opt (the optimizer it drives), lrs [float|None] (each param group's
+                   lr right after the step: what it wrote; None when the step raised),
+                   metric ("none": no argument | "number" | "tensor" | "grad_tensor": a tensor
+                   that requires grad, a training loss | "other"; what ReduceLROnPlateau got),
+                   grad (grad mode on at the call)
+scheduler_init     sched, cls, opt, args {name: number|list} (the schedule's length and shape as
+                   the constructor set them: T_max, total_iters, step_size, milestones,
+                   start_factor, total_steps, T_0, ...; for a ``LambdaLR`` over a
+                   ``functools.partial`` its numeric keywords, such as transformers'
+                   num_warmup_steps / num_training_steps), children [sched] (the schedulers a
+                   SequentialLR / ChainedScheduler steps itself), base_lrs [float|None],
+                   lrs [float|None] (each group's lr once constructed: a warm-up's first
+                   factor already applied) — the user's constructor call (loc: that line)
 train / eval       the user's outermost Module.train()/eval() call: mode (bool), leaf (it named
                    one BatchNorm/dropout layer), root (class), frozen (every parameter under it
                    frozen), modules [mid] (BatchNorm/dropout layers it covers), calls (merged)
@@ -129,6 +146,15 @@ sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last 
 replica_checksum   opt, step (the run's step count after this step), value (float: a checksum of
                    the parameters it owns, a ``Deferred`` while the run goes on), params (how
                    many) — after an optimizer's first steps in a multi-rank process group
+grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer update kept whole:
+                   the step number, the L2 norm of each gradient it applied, nan when not finite,
+                   the lr of each param group, None when not a plain number), bands [[first,
+                   last, count, [pid], [min], [median], [max], [lr]]] (the updates of a long run's
+                   middle, folded into bands of steps: per gradient the min, median and max of its
+                   norm, the lrs of its last update; a merged band's median is the mean of its
+                   parts' medians) — only when a
+                   picture is asked for (instrument/gradflow.py), once per optimizer at the end
+                   of the run
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -162,8 +188,8 @@ def param(*, pid: int, name: str | None, shape: list[int] | None, is_parameter: 
                      "requires_grad": requires_grad}
 
 
-def optimizer_init(*, opt: int, cls: str, params: list[int]) -> Made:
-    return "optimizer_init", {"opt": opt, "cls": cls, "params": params}
+def optimizer_init(*, opt: int, cls: str, params: list[int], lrs: list | None = None) -> Made:
+    return "optimizer_init", {"opt": opt, "cls": cls, "params": params, "lrs": lrs}
 
 
 def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[int],
@@ -211,12 +237,13 @@ def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = T
 def step_begin(*, opt: int, norm_pids: list[int] | None, norms: list[float] | None,
                closure: bool = False, nonfinite: list[int] | None = None,
                frozen: list[list] | None = None, edited_params: list[int] | None = None,
-               thread: int | None = None) -> Made:
+               lrs: list | None = None, thread: int | None = None) -> Made:
     """``frozen``: ``[pid, moved_by, freeze]`` entries (see the table above)."""
     return "step_begin", _threaded({"opt": opt, "closure": closure, "norm_pids": norm_pids,
                                     "norms": norms, "nonfinite": [] if nonfinite is None else nonfinite,
                                     "frozen": [] if frozen is None else frozen,
-                                    "edited_params": [] if edited_params is None else edited_params},
+                                    "edited_params": [] if edited_params is None else edited_params,
+                                    "lrs": lrs},
                                    thread)
 
 
@@ -260,8 +287,18 @@ def grad_edit(*, opt: int, params: list[int]) -> Made:
     return "grad_edit", {"opt": opt, "params": params}
 
 
-def scheduler_step(*, sched: int, cls: str, opt: int | None) -> Made:
-    return "scheduler_step", {"sched": sched, "cls": cls, "opt": opt}
+def scheduler_step(*, sched: int, cls: str, opt: int | None, lrs: list | None = None,
+                   metric: str = "none", grad: bool = True) -> Made:
+    return "scheduler_step", {"sched": sched, "cls": cls, "opt": opt, "lrs": lrs,
+                              "metric": metric, "grad": grad}
+
+
+def scheduler_init(*, sched: int, cls: str, opt: int | None, args: dict,
+                   children: list[int] | None = None, base_lrs: list | None = None,
+                   lrs: list | None = None) -> Made:
+    return "scheduler_init", {"sched": sched, "cls": cls, "opt": opt, "args": args,
+                              "children": [] if children is None else children,
+                              "base_lrs": base_lrs, "lrs": lrs}
 
 
 def mode_set(*, mode: bool, leaf: bool, root: str, frozen: bool, modules: list[int],
@@ -350,6 +387,10 @@ def replica_checksum(*, opt: int, step: int, value: Any, params: int) -> Made:
     return "replica_checksum", {"opt": opt, "step": step, "value": value, "params": params}
 
 
+def grad_flow(*, opt: int, columns: list[list], bands: list[list]) -> Made:
+    return "grad_flow", {"opt": opt, "columns": columns, "bands": bands}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -359,11 +400,11 @@ def run_end(*, status: str, steps: int) -> Made:
 
 
 CONSTRUCTORS: dict[str, Callable[..., Made]] = {
-    "run_start": run_start, "param": param, "optimizer_init": optimizer_init,
+    "run_start": run_start, "param": param, "grad_flow": grad_flow, "optimizer_init": optimizer_init,
     "backward": backward, "clear": clear, "step_begin": step_begin, "step": step,
     "epoch_start": epoch_start, "unscale": unscale, "scaler_step": scaler_step,
     "scaler_update": scaler_update, "clip": clip, "grad_edit": grad_edit,
-    "scheduler_step": scheduler_step, "train": mode_set, "eval": mode_set,
+    "scheduler_step": scheduler_step, "scheduler_init": scheduler_init, "train": mode_set, "eval": mode_set,
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
@@ -411,9 +452,11 @@ CALL_LABELS = {
     "compile": "compile",
 }
 # Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
-NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "internal_error", "step_begin",
+NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init", "internal_error",
+             "step_begin",
              "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
              "replica_checksum",  # bookkeeping after a step
+             "grad_flow",  # the per-update gradient norms for the pictures, written at the end
              "folded",  # stands for turns the recorder folded out; the timeline counts them apart
              "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs

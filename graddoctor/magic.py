@@ -62,37 +62,57 @@ def graddoctor_cell_magic(line: str, cell: str, shell=None):
         return None
     w.label = f"cell [{getattr(shell, 'execution_count', '?')}]"
     w.namespace = getattr(shell, "user_ns", None)
-    with w:
-        result = shell.run_cell(cell)
-        error = getattr(result, "error_in_exec", None)
-        if error is not None:  # IPython showed it: the cell crashed all the same
-            w.failed_with(error)
-    report = w.report
+    from .status import StopReplay
+
+    # the step budget (--steps N) ends the cell quietly, as it ends a watch() block: IPython
+    # must not show graddoctor's stop as the cell's traceback
+    saved = (getattr(shell, "custom_exceptions", ()), getattr(shell, "CustomTB", None))
+    quiet = hasattr(shell, "set_custom_exc")
+    if quiet:
+        shell.set_custom_exc((StopReplay,), lambda self, etype, value, tb, tb_offset=None: None)
+    try:
+        with w:
+            result = shell.run_cell(cell)
+            # a syntax error never runs the cell (error_before_exec): a crash all the same
+            error = getattr(result, "error_in_exec", None) or \
+                getattr(result, "error_before_exec", None)
+            if error is not None:  # IPython showed it (or, for our stop, kept quiet)
+                w.failed_with(error)
+    finally:
+        if quiet:
+            shell.custom_exceptions, shell.CustomTB = saved
     shell.user_ns["_graddoctor"] = w
     try:  # IPython numbers its cells' files: show "In [5], line 2" for them
-        for filename, number in dict(getattr(shell.compile, "_filename_map", {})).items():
+        numbers = dict(getattr(shell.compile, "_filename_map", {}))
+        for filename, number in numbers.items():
             CELL_NAMES[filename] = f"In [{number}]"
             CELL_NAMES[os.path.relpath(filename) if not filename.startswith("<") else filename] = \
                 f"In [{number}]"
+        if numbers:  # the title names the cell by the number its locations show ("In [3]")
+            import dataclasses
+
+            title = f"cell [{list(numbers.values())[-1]}]"
+            if w.report is not None and w.report.run.script != title:
+                w.report = dataclasses.replace(
+                    w.report, run=dataclasses.replace(w.report.run, script=title))
     except Exception:
         pass
+    report = w.report
     _show(report)
     return None
 
 
 def _show(report) -> None:
     try:
-        from IPython.display import display
-
         from rich.console import Console
 
         console = Console(force_jupyter=None)
         if getattr(console, "is_jupyter", False):
             console.print(report)
             return
-        display(report.render("text"))
     except Exception:
-        print(report.render("text"))
+        pass
+    print(report.render("text"))  # terminal IPython: the text, not the repr of a string
 
 
 def load_ipython_extension(ipython) -> None:

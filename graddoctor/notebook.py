@@ -279,6 +279,41 @@ def compile_notebook(path: str):
     return code, found.notes
 
 
+class ShellStandIn:
+    """What ``get_ipython()`` returns in a notebook run as a script (a kernel gives every
+    notebook that name): magics called through it run as the cells' own magic lines do —
+    ``%time stmt`` / ``%timeit stmt`` run ``stmt`` once, the body of ``%%time``, ``%%capture``,
+    ``%%timeit``... runs once as Python — and the rest (``%matplotlib``, shell commands) does
+    nothing. ``user_ns`` is the notebook's namespace."""
+
+    def __init__(self, namespace: dict):
+        self.user_ns = namespace
+
+    def run_line_magic(self, magic_name: str, line: str, _stack_depth: int = 1):
+        stmt = (line or "").strip()
+        if magic_name in RUN_ONCE_LINE_MAGICS and stmt and not stmt.startswith("-"):
+            exec(compile(stmt, f"<%{magic_name}>", "exec"), self.user_ns)
+        return None
+
+    def run_cell_magic(self, magic_name: str, line: str, cell: str):
+        if magic_name in PYTHON_CELL_MAGICS:
+            exec(compile(cell, f"<%%{magic_name}>", "exec"), self.user_ns)
+        return None
+
+    def magic(self, line: str):
+        name, _, rest = (line or "").lstrip("%").partition(" ")
+        return self.run_line_magic(name, rest)
+
+    def system(self, cmd: str) -> None:
+        return None
+
+    def getoutput(self, cmd: str, split: bool = True) -> list:
+        return []
+
+    def __repr__(self) -> str:
+        return "<graddoctor's stand-in for get_ipython(): a notebook run as a script>"
+
+
 def notebook_display(*objects, **kwargs) -> None:
     """``display()`` for a notebook run as a script: IPython's when installed, else print."""
     try:

@@ -222,9 +222,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Run SCRIPT as a module, like `python -m`.", field="module", watch=NOT_IN_WATCH,
            cli_only="it says what SCRIPT is, which the command line gives"),
     Option("steps", ("--steps",), Count(), 10,
-           "Optimizer steps to replay (0 = run to the end). A DataLoader-driven script goes on "
-           "until its third epoch has begun (two epoch boundaries), at most 2 x epoch-batches + 1 "
-           "steps.", field="steps", zero="run to the end", watch=0),
+           "Updates to replay (0 = run to the end); the optimizer steps after one backward count "
+           "once. A DataLoader-driven script goes on until its third epoch has begun (two epoch "
+           "boundaries), at most 2 x epoch-batches + 1 steps, and every optimizer steps twice "
+           "(at most 8 x the budget).", field="steps", zero="run to the end", watch=0),
     Option("epoch_batches", ("--epoch-batches",), Count(), 17,  # see instrument/dataloader.py
            "Batches per DataLoader epoch in the replay (0 = the real length). The default, 17, is "
            "larger than and not divisible by the common accumulation factors, so epoch-end bugs "
@@ -252,6 +253,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            watch=()),
     Option("grad_flow", ("--grad-flow",), Flag(), False,
            "Text report: add the per-layer gradient norms of the last update.", watch=NOT_IN_WATCH),
+    Option("plot", ("--plot",), File(), None,
+           "Also draw the gradient flow to this .png, .svg or .pdf file (matplotlib: pip install "
+           "'graddoctor[plots]'): mean and max gradient per layer, and the heatmap of every update.",
+           cli_only="a file of one run", watch=NOT_IN_WATCH),
     Option("allow_incomplete", ("--allow-incomplete",), Flag(), False,
            "Judge a run that crashed or timed out after its first backward or step by its "
            "findings alone (exit 0 or 1), like a complete check; by default such an incomplete check "
@@ -347,3 +352,5 @@ class CheckOptions:
     epoch_batches: int = DEFAULT_EPOCH_BATCHES  # batches per DataLoader epoch in the replay; 0 = real
     redirect_stdout: bool = False  # send the script's prints to stderr (machine output on stdout)
     config_path: str | None = None  # the pyproject.toml whose [tool.graddoctor] was applied
+    # record every update's gradient norms for a picture (HTML report, --plot, --grad-flow)
+    grad_flow: bool = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import linecache
 import os
 import re
 import tokenize
@@ -69,6 +70,10 @@ class Suppressions:
         self.base_dir = base_dir or os.getcwd()
         self._files: dict[str, dict[int, list]] = {}
 
+    def directives(self, path: str) -> dict[int, list]:
+        """line -> the suppressions on that line of ``path`` (read once)."""
+        return self._directives(path)
+
     def _directives(self, path: str) -> dict[int, list]:
         full = path if os.path.isabs(path) else os.path.join(self.base_dir, path)
         known = self._files.get(full)
@@ -76,6 +81,8 @@ class Suppressions:
             try:
                 if is_notebook(full):  # the code cells as they ran (line numbers: the file's)
                     known = read_directives("".join(python_lines(full) or []))
+                elif (ran := linecache.cache.get(full)) is not None and ran[1] is None:
+                    known = read_directives("".join(ran[2]))  # the text that ran (target.py)
                 else:
                     with tokenize.open(full) as f:  # honours the file's encoding cookie
                         known = read_directives(f.read())

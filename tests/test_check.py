@@ -111,7 +111,7 @@ def test_module_mode(tmp_path):
     (["check", "train.py", "--frobnicate"], "frobnicate"),
 ])
 def test_usage_errors_exit_2_without_traceback(tmp_path, args, needle):
-    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "notes.txt").write_text("hello world")
     (tmp_path / "bad.py").write_text("def f(:\n")
     write(tmp_path, "train.py", BUGGY.format(crash_at=-1))
     result = run_cli(*args, cwd=tmp_path)

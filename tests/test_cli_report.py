@@ -101,7 +101,7 @@ def test_every_format_renders_through_the_registry(tmp_path):
     from graddoctor.report.text import render as render_text
     from report_samples import nonfinite_report, strict_json
 
-    assert list(FORMATS) == ["text", "json", "sarif"]
+    assert list(FORMATS) == ["text", "json", "sarif", "html", "markdown"]
     report = nonfinite_report(str(tmp_path))
     for name, fmt in FORMATS.items():
         assert fmt.name == name and get_format(name) is fmt
@@ -111,6 +111,8 @@ def test_every_format_renders_through_the_registry(tmp_path):
     assert FORMATS["json"].render(report) == render_json(report)
     assert FORMATS["sarif"].render(report) == render_sarif(report)
     assert FORMATS["text"].render(report) == render_text(report, width=None, color=False)
+    assert FORMATS["html"].render(report).startswith("<!DOCTYPE html>")
+    assert FORMATS["markdown"].render(report).startswith("### graddoctor")
     with_flow = FORMATS["text"].render(report, RenderOptions(grad_flow=True))
     assert "gradient flow" in with_flow and "gradient flow" not in FORMATS["text"].render(report)
     with pytest.raises(ValueError, match="unknown report format 'xml'"):

@@ -202,7 +202,7 @@ def test_the_command_line_options_are_the_table_rows():
         assert param.default == option.kind.cli_default(option.default), name
     help_text = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "200"}).stdout
     assert "<auto|cpu|cuda>" in help_text and "<error|warning|info|never>" in help_text
-    assert "<text|json|sarif>" in help_text
+    assert "<text|json|sarif|html|markdown>" in help_text
     assert "Settings come from [tool.graddoctor] in the closest" in help_text
 
 
@@ -243,7 +243,7 @@ def test_every_command_line_option_is_a_config_key_or_says_why_not():
         key = param.opts[0][2:]
         assert CONFIG_KEYS.get(key) is option, f"--{key} is not accepted in [tool.graddoctor]"
         validate({key: option.default if option.default != () else []}, "p")
-    assert set(CLI_ONLY) == {"module", "format", "output", "trace", "nproc_per_node",
+    assert set(CLI_ONLY) == {"module", "format", "output", "trace", "plot", "nproc_per_node",
                              "diff", "fix", "unsafe_fixes", "no_verify"}
 
 

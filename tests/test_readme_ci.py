@@ -84,6 +84,14 @@ def test_every_graddoctor_command_of_the_recipe_parses():
     assert ctx.params["output"] == sarif and ctx.params["format"] == "sarif"
 
 
+def test_the_job_summary_is_the_markdown_report():
+    checks = [c for c in _all_commands() if c[0] == "graddoctor"]
+    summary = [_parse(c[1:]) for c in checks if "$GITHUB_STEP_SUMMARY" in c]
+    assert len(summary) == 1
+    ctx = summary[0]
+    assert ctx.params["format"] == "markdown" and ctx.params["fail_on"] == "never"
+
+
 def test_a_bad_option_would_be_caught():
     for args in (["check", "train.py", "--device", "tpu"], ["check", "train.py", "--no-such"]):
         with pytest.raises(Exception) as info:  # typer may bundle its own click: by class name

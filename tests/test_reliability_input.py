@@ -16,7 +16,7 @@ from reliability_helpers import check_to_file
 TRAIN = "open('ran.txt', 'w').write('ran')\nimport torch\n"
 FILES = {
     "train.py": TRAIN,
-    "notes.txt": "hello",
+    "notes.txt": "hello world",
     "binary.py": "\0\1\2",
     "bad.py": "def f(:\n    pass\n",
 }

@@ -194,3 +194,16 @@ def test_backward_calls_without_any_step_never_read_as_clean(tmp_path):
     last = draw(report).rstrip().splitlines()[-1]
     assert not last.startswith("✓") and "no gradient bugs found" not in last
     assert last.startswith("! no optimizer step in 40 backward calls"), last
+
+
+def test_a_missing_rank_is_not_called_a_script_error():
+    from graddoctor.report.merge import Part, merge, missing_entry
+    from graddoctor.report.model import Report, RunInfo
+
+    rank0 = Report(run=RunInfo(script="train.py", argv=[], status="step-limit", steps=10,
+                               backward_calls=10, world_size=2), findings=[])
+    merged = merge([Part(rank0, 0, "rank 0", 1)],
+                   missing=[missing_entry(1, "rank 1", "no report from rank 1")], world_size=2)
+    text = merged.render("text")
+    assert "the script raised an error" not in text
+    assert "report never arrived" in text

@@ -61,3 +61,34 @@ def test_a_backward_that_leaks_into_cleared_grads_is_named_as_the_source():
     assert "are cleared (line 12)" in finding.message and "backward at line 15" in finding.message
     assert [(r.location.line, r.note) for r in finding.related][0] == (
         15, "the backward whose gradients leak into this step")
+
+
+def test_under_ddp_a_clear_on_some_ranks_only_says_what_every_rank_applies():
+    """DDP averages the ranks' gradients: where rank 0 alone clears, every rank applies the
+    fresh average plus (N-1)/N of the previous gradient, not "the sum of all gradients"."""
+    from graddoctor.findings import Finding, Severity
+    from graddoctor.report.merge import Part, merge
+    from graddoctor.report.model import Report, RunInfo
+    from graddoctor.rules import ALL_RULES
+    from graddoctor.trace import Location
+
+    def part(rank, findings):
+        run = RunInfo(script="train.py", argv=[], status="step-limit", steps=4)
+        return Part(Report(run=run, findings=findings), rank, f"rank {rank}")
+
+    def gd101(allreduce):
+        return Finding("missing-zero-grad", "GD101", Severity.ERROR,
+                       "every optimizer step applies the sum of all gradients so far",
+                       Location("train.py", 10), evidence={"params": ["w"], **(
+                           {"allreduce": True} if allreduce else {})})
+
+    merged = merge([part(0, []), part(1, [gd101(True)]), part(2, [gd101(True)])], world_size=3,
+                   rules=ALL_RULES)
+    [f] = merged.findings
+    assert f.ranks == (1, 2) and "only rank 0 clears" in f.message
+    assert "fresh averaged gradient plus 2/3 of the previous update's gradient" in f.message
+    assert f.fix.startswith("clear the gradients on every rank, not under a rank test")
+    again = merge([Part(merged, None, "merged")], world_size=3, rules=ALL_RULES)
+    assert again.findings[0].message == f.message  # said once, not rewritten again
+    plain = merge([part(0, []), part(1, [gd101(False)])], world_size=2, rules=ALL_RULES)
+    assert "sum of all gradients" in plain.findings[0].message  # no all-reduce: as it was

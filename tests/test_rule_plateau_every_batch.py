@@ -97,3 +97,40 @@ def test_plateau_of_another_optimizer_counts_its_own_steps():
             sched(t, opt=1)  # drives optimizer 1, which steps once per epoch
     f = only(t, "plateau-every-batch")
     assert f.evidence["steps"] == 1 and f.evidence["optimizer"] == 1
+
+
+def _validated_every_batch(evidence, metric="number"):
+    t = builder()
+    for e in range(2):
+        epoch(t, e)
+        for i in range(17):
+            t.backward(fresh=P, line=11, batch=[0, e, i])
+            t.step(0, line=12)
+            t.clear(P, line=13)
+            evidence(t, e, i)
+            t.put(ev.scheduler_step(sched=0, cls="ReduceLROnPlateau", opt=0, metric=metric), 30)
+    return t
+
+
+def test_plateau_after_a_validation_pass_every_batch_is_silent():
+    # Pytorch-UNet: the validation interval, computed from the dataset size, is every batch
+    def val_loader(t, e, i):
+        t.put(ev.mode_set(mode=False, leaf=False, root="UNet", frozen=False, modules=[]), 20)
+        t.put(ev.epoch_start(loader=1, epoch=e * 17 + i, real_len=2, replay_len=2), 21)
+        t.put(ev.mode_set(mode=True, leaf=False, root="UNet", frozen=False, modules=[]), 22)
+
+    def no_grad_forward(t, e, i):
+        t.put(ev.mode_forward(training=False, grad=False, inference=True, modules=[0],
+                              grad_modules=[]), 21)
+
+    assert findings(_validated_every_batch(val_loader), "plateau-every-batch") == []
+    assert findings(_validated_every_batch(no_grad_forward), "plateau-every-batch") == []
+
+
+def test_plateau_on_a_training_loss_tensor_counts_whatever_came_before():
+    def no_grad_forward(t, e, i):
+        t.put(ev.mode_forward(training=True, grad=False, inference=False, modules=[0],
+                              grad_modules=[]), 21)
+
+    f = only(_validated_every_batch(no_grad_forward, metric="grad_tensor"), "plateau-every-batch")
+    assert f.severity is Severity.WARNING

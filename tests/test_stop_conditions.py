@@ -71,3 +71,63 @@ def test_hand_written_sgd_without_an_optimizer_is_not_stopped(tmp_path):
     report = check(tmp_path, MANUAL_SGD.format(n=NO_STEP_BACKWARDS + 20), steps=0)
     assert report.run.status == "completed"
     assert report.run.backward_calls == NO_STEP_BACKWARDS + 20
+
+
+IN_BACKWARD = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(12)])
+optimizers = {p: torch.optim.SGD([p], lr=0.01) for p in model.parameters()}
+def hook(p):
+    optimizers[p].step()
+    optimizers[p].zero_grad()
+for p in model.parameters():
+    p.register_post_accumulate_grad_hook(hook)
+for i in range(1000):
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+"""
+
+
+def test_the_budget_counts_updates_not_optimizer_calls(tmp_path):
+    # 24 optimizers stepped inside each backward: one update per backward
+    report = check(tmp_path, IN_BACKWARD, steps=3)
+    assert report.run.status == "step-limit"
+    assert (report.run.updates, report.run.backward_calls, report.run.steps) == (3, 3, 72)
+    assert not report.active()
+
+
+REBUILT = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+for i in range(1000):
+    opt = torch.optim.Adam(model.parameters())
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+"""
+
+LATER_STAGE = """
+import torch
+torch.manual_seed(0)
+model, head = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+later = torch.optim.SGD(head.parameters(), lr=0.1)  # a later stage, never reached
+for i in range(10**6):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+"""
+
+
+def test_an_optimizer_rebuilt_every_update_is_not_waited_for(tmp_path):
+    report = check(tmp_path, REBUILT, steps=3)
+    assert report.run.status == "step-limit"
+    assert report.run.updates <= 4
+
+
+def test_an_optimizer_that_never_steps_is_waited_for_a_bounded_time(tmp_path):
+    from graddoctor.instrument.stop import HOLD_FACTOR, HOLD_MIN_UPDATES
+    report = check(tmp_path, LATER_STAGE, steps=3)
+    assert report.run.status == "step-limit"
+    assert report.run.updates == max(3 * HOLD_FACTOR, HOLD_MIN_UPDATES)

@@ -208,3 +208,32 @@ def test_log_scale():
     top, decades = log_span([1.0, 1e-8])  # vanishing layers widen the scale so they stay visible
     assert decades == 9.0 and bar_fraction(1e-8, top, decades) > 0
     assert layer_of("model.fc1.weight") == "model.fc1" and layer_of("w") == "w"
+
+
+def test_one_optimizer_per_parameter_stepped_inside_the_backward_is_one_update():
+    # the steps run from post-accumulate-grad hooks; the backward's event comes at its end
+    t = TraceBuilder()
+    for _ in range(3):
+        for opt in range(4):
+            step(t, 12, opt=opt)
+            t.clear([opt], line=13)
+        t.backward(fresh=[0, 1, 2, 3], line=22)
+    rows = shape_strings(t.trace)
+    assert sum(n for n, _, _ in rows) == 3, rows  # three updates, not twelve
+    assert rows[0][:2] == (1, "1–4")
+
+
+def test_two_training_loops_in_a_row_are_not_one_turn(tmp_path, monkeypatch):
+    from graddoctor.options import CheckOptions
+    from graddoctor.run.session import run_check
+
+    monkeypatch.chdir(tmp_path)
+    loop = ("for _ in range(3):\n    opt{n}.zero_grad()\n"
+            "    m{n}(torch.randn(8, 4)).pow(2).mean().backward()\n    opt{n}.step()\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\n" + "".join(
+            f"m{n} = torch.nn.Linear(4, 1)\nopt{n} = torch.optim.SGD(m{n}.parameters(), lr=0.1)\n"
+            + loop.format(n=n) for n in (1, 2)))
+    report = run_check(CheckOptions(target="train.py"))
+    rows = [(s.updates, step_ranges(s.steps)) for s in shapes(report.analysis)]
+    assert rows == [(3, "1–3"), (3, "4–6")]

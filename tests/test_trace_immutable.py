@@ -63,8 +63,8 @@ def emitted(monkeypatch):
     return log
 
 
-def check(path: str):
-    return run_check(CheckOptions(target=path))
+def check(path: str, **options):
+    return run_check(CheckOptions(target=path, **options))
 
 
 # -- read-only events ------------------------------------------------------------------------
@@ -190,8 +190,9 @@ def test_held_events_get_the_seqs_and_order_they_would_have_had():
 def test_recorded_events_are_what_their_constructor_makes(emitted, tmp_path):
     script = tmp_path / "grad_edit.py"
     script.write_text(GRAD_EDIT_SCRIPT)
-    for path in [os.path.join(FIXTURES, p) for p in COVERING] + [str(script)]:
+    for path in [os.path.join(FIXTURES, p) for p in COVERING]:
         check(path)
+    check(str(script), grad_flow=True)  # a picture asked for: the grad_flow events too
     kinds = set()
     for event, _ in emitted:
         kinds.add(event.kind)

@@ -24,6 +24,9 @@ accumulation         ``windows`` (analysis/windows.py): per optimizer, its steps
 mode timeline        ``modes`` (analysis/modes.py): BatchNorm/dropout forwards in context
 loop turns           ``turns`` (analysis/turns.py): the calls of each turn of the training
                      loop, for the report's update timeline
+learning rates       ``lr_timeline`` (analysis/lr.py): per optimizer and param group, the lr at
+                     each step and what wrote it; ``schedulers``: each scheduler, its
+                     construction, its steps
 gradient norms       ``last_update_norms`` (analysis/gradflow.py), for ``--grad-flow``
 framework            ``framework``: the training framework that drove the optimizer steps
                      (``Location.via`` of the events; graddoctor/frameworks.py)
@@ -309,7 +312,28 @@ class Analysis:
         return turns(self)
 
     @cached_property
+    def schedulers(self):
+        """sched -> its ``Schedule`` (analysis/lr.py)."""
+        from .lr import schedules
+
+        return schedules(self)
+
+    @cached_property
+    def lr_timeline(self):
+        """opt -> group index -> [``LrPoint(step, lr, writer)``] (analysis/lr.py)."""
+        from .lr import timeline
+
+        return timeline(self)
+
+    @cached_property
     def last_update_norms(self):
         from .gradflow import last_update_norms
 
         return last_update_norms(self)
+
+    @cached_property
+    def heatmaps(self):
+        """Every update's per-layer gradient norms, one heatmap per optimizer (the pictures)."""
+        from .gradflow import heatmaps
+
+        return heatmaps(self)

@@ -10,7 +10,8 @@ the zero_grad rules turn into findings:
 * ``Discard``  — a clear dropped contributions no step had consumed, and a later step of the
   same phase would have used them (misplaced zero_grad).
 
-It also keeps, in the same single pass, what the clip rules need to know about the gradients a
+It also keeps, in the same single pass, the steps that applied scaled gradients nothing
+unscaled (``ScaledStep``), what the clip rules need to know about the gradients a
 clip touches (``ClipState``: unused contributions, the step that already applied them, scaled
 gradients not yet unscaled) and which clipped gradients a later backward added to
 (``ClipOverwrite``), so no rule replays backward/clear/step again.
@@ -88,6 +89,28 @@ class ClipOverwrite:
     pids: list[int]
 
 
+@dataclass(eq=False)
+class ScaledStep:
+    """A step that applied gradients of a scaled backward that nothing unscaled: ``pids`` ->
+    that backward; ``edited``: those of them changed in place by unwatched code since (a
+    hand-written unscale, or a hand-written clip)."""
+
+    step: Event
+    scaled: dict[int, Event]
+    edited: set[int]
+
+
+@dataclass(eq=False)
+class MixedUnscale:
+    """An ``unscale`` (explicit, or inside ``scaler.step``) divided gradients that hold both an
+    enabled scaler's scaled contribution and ``plain`` ones of backwards without
+    ``scaler.scale``: ``pid`` -> the first such plain backward."""
+
+    unscale: Event
+    plain: dict[int, Event]
+    scaled: Event  # a scaled backward in the same gradients
+
+
 @dataclass
 class Ledger:
     old_uses: list[OldUse] = field(default_factory=list)
@@ -98,6 +121,8 @@ class Ledger:
     windows: dict[int, list[Event]] = field(default_factory=dict)
     clips: list[ClipState] = field(default_factory=list)
     clip_overwrites: list[ClipOverwrite] = field(default_factory=list)
+    scaled_steps: list[ScaledStep] = field(default_factory=list)
+    mixed_unscales: list[MixedUnscale] = field(default_factory=list)
 
 
 class _Loop:
@@ -128,6 +153,7 @@ def build_ledger(a: "Analysis") -> Ledger:
     used_by: dict[int, Event] = {}  # pid -> the step that used its latest gradient
     scaled: dict[int, Event] = {}  # pid -> the scaled backward whose grads are not unscaled yet
     clipped: dict[int, Event] = {}  # pid -> the clip whose result a later backward may add to
+    scaled_edited: set[int] = set()  # scaled pids whose grads unwatched code changed in place since
 
     for e in a.events:
         kind = e.kind
@@ -184,9 +210,12 @@ def build_ledger(a: "Analysis") -> Ledger:
                 used_by.pop(pid, None)
                 if is_scaled:
                     scaled[pid] = e
+                    scaled_edited.discard(pid)
             if not is_scaled:  # an unscaled gradient added onto a scaled one is still scaled
                 for pid in (*fresh, *outside):
                     scaled.pop(pid, None)
+        elif kind == "grad_edit":
+            scaled_edited.update(pid for pid in e["params"] if pid in scaled)
         elif kind == "clear":
             clears.append(e)
             for pid in e["params"]:
@@ -199,9 +228,22 @@ def build_ledger(a: "Analysis") -> Ledger:
                 scaled.pop(pid, None)
                 clipped.pop(pid, None)
         elif kind == "unscale":
+            plain: dict[int, Event] = {}
+            scaled_one = None
             for pid in a.opt_params.get(e.get("opt"), ()):
                 scaled.pop(pid, None)
+                if e.get("enabled"):
+                    pending = [c.backward for c in contribs.get(pid, ())
+                               if not c.consumed_by and not c.purposeful]
+                    on = next((b for b in pending if b.get("scaled") and b.get("scaler_enabled") is True), None)
+                    off = next((b for b in pending if not b.get("scaled")), None)
+                    if on is not None and off is not None:
+                        plain[pid] = off
+                        scaled_one = scaled_one or on
+            if plain:
+                led.mixed_unscales.append(MixedUnscale(e, plain, scaled_one))
         elif kind == "clip" and not e.get("norm_only"):
+            scaled_edited.update(pid for pid in e.get("edited", ()) if pid in scaled)
             owned = [pid for pid in e["params"] if pid in a.owners]
             led.clips.append(ClipState(
                 e, owned,
@@ -226,6 +268,11 @@ def build_ledger(a: "Analysis") -> Ledger:
                 if d.later_step is None and opt in owners.get(d.pid, ()):
                     d.later_step, d.later_step_index = e, index
                     led.discards.append(d)
+            without = e.get("without_grad") or ()
+            still = {pid: scaled[pid] for pid in a.opt_params.get(opt, ())
+                     if pid in scaled and pid not in without}
+            if still and not e.get("skipped") and not e.get("closure"):
+                led.scaled_steps.append(ScaledStep(e, still, scaled_edited & still.keys()))
             for pid in a.opt_params.get(opt, ()):
                 scaled.pop(pid, None)
                 clipped.pop(pid, None)

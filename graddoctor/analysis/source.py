@@ -60,3 +60,61 @@ def assigned_object(path: str, line: int, attribute: str) -> str | None:
                 if isinstance(target, ast.Attribute) and target.attr == attribute:
                     return ast.unparse(target.value)
     return None
+
+
+def innermost_loop(path: str, line: int) -> tuple[int, int] | None:
+    """``(first, last)`` line of the innermost ``for``/``while`` loop of ``path`` that holds
+    ``line``, or None (no loop, or the file cannot be read)."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno):
+            if best is None or node.lineno >= best[0]:
+                best = (node.lineno, node.end_lineno or node.lineno)
+    return best
+
+
+@lru_cache(maxsize=16)
+def _lr_lines(text: str) -> tuple[int, ...]:
+    try:
+        tree = ast.parse(text)
+    except Exception:
+        return ()
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign) else []
+        for target in targets:
+            if (isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant)
+                    and target.slice.value == "lr"):
+                found.append(node.lineno)
+    return tuple(sorted(set(found)))
+
+
+def lr_assignment_lines(path: str) -> list[int]:
+    """The lines of ``<something>["lr"] = ...`` (or ``*=``, ...) in the file: where a script
+    writes a param group's learning rate itself. Empty when the source cannot be read.
+    Keyed by the text (not the name: a relative name may stand for another file by now)."""
+    try:
+        linecache.checkcache(path)
+        lines = linecache.getlines(path)
+        return list(_lr_lines("".join(lines))) if lines else []
+    except Exception:
+        return []
+
+
+def called_object(path: str, line: int, method: str) -> str | None:
+    """The source text of the object whose ``method`` a call on ``line`` calls (``opt`` in
+    ``opt.step()``, ``scaler`` in ``scaler.scale(loss).backward()``), so that a fix can name the
+    script's own variables; None when the source cannot be read or holds no such call there."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == method and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            return ast.unparse(node.func.value)
+    return None

@@ -79,7 +79,12 @@ class Turn:
 
 def calls(a: "Analysis") -> list[tuple[Item, list[int]]]:
     """One item per labelled event (same-line neighbours merged), with the step numbers it holds."""
-    out: list[tuple[Item, list[int]]] = []
+    return [(item, steps) for item, steps, _ in _calls(a)]
+
+
+def _calls(a: "Analysis") -> list[tuple[Item, list[int], int]]:
+    """``calls`` with the seq of each item's first event."""
+    out: list[tuple[Item, list[int], int]] = []
     for event in a.events:
         label = label_of(event)
         if label is None:
@@ -87,12 +92,37 @@ def calls(a: "Analysis") -> list[tuple[Item, list[int]]]:
         step_numbers = [a.step_number[event.seq]] if event.kind == "step" else []
         if out and (out[-1][0].loc.path, out[-1][0].loc.line) == (event.loc.path, event.loc.line) \
                 and _same_call(out[-1][0].label, label):
-            prev, prev_steps = out[-1]
+            prev, prev_steps, seq = out[-1]
             keep = prev.label if label in ABSORBS.get(prev.label, ()) else label
-            out[-1] = (Item(keep, prev.loc, prev.kinds + (event.kind,)), prev_steps + step_numbers)
+            out[-1] = (Item(keep, prev.loc, prev.kinds + (event.kind,)), prev_steps + step_numbers,
+                       seq)
             continue
-        out.append((Item(label, event.loc, (event.kind,)), step_numbers))
+        out.append((Item(label, event.loc, (event.kind,)), step_numbers, event.seq))
     return out
+
+
+def _inside_updates(a: "Analysis") -> list[tuple[int, int]]:
+    """The (first, last) step seqs of each update that took several optimizer steps: a step
+    begins a new update after a backward or when its optimizer already stepped in the running
+    one (as the step budget counts, instrument/recorder.py). One optimizer per parameter stepped
+    inside the backward is one update, not 24 turns."""
+    spans: list[tuple[int, int]] = []
+    first = last = None
+    backward_since, opts = True, set()
+    for event in a.events:
+        if event.kind == "backward":
+            backward_since = True
+        elif event.kind == "step":
+            opt = event.get("opt")
+            if backward_since or opt in opts:
+                if first is not None and last != first:
+                    spans.append((first, last))
+                first, opts, backward_since = event.seq, set(), False
+            opts.add(opt)
+            last = event.seq
+    if first is not None and last != first:
+        spans.append((first, last))
+    return spans
 
 
 def _same_call(a: str, b: str) -> bool:
@@ -111,10 +141,23 @@ def turns(a: "Analysis") -> list[Turn]:
     steps: list[int] = []
     seen: set = set()
     applied = False  # this turn has reached its optimizer step
-    for item, step_numbers in calls(a):
-        if applied and _starts_next(items[-1], item, seen):
+    spans = _inside_updates(a)
+    span = 0
+    for item, step_numbers, seq in _calls(a):
+        while span < len(spans) and spans[span][1] < seq:
+            span += 1
+        within = span < len(spans) and spans[span][0] < seq <= spans[span][1]
+        if applied and not within and _starts_next(items[-1], item, seen):
             result.append(Turn(items, steps))
             items, steps, seen, applied = [], [], set(), False
+        elif applied and step_numbers and _another_loop(items, item):
+            # the script's next loop (fine-tuning after pre-training): its calls so far open
+            # the next turn, not the tail of this loop's last one
+            cut = _tail_start(items)
+            result.append(Turn(items[:cut], steps))
+            items = items[cut:]
+            steps, applied = [], False
+            seen = {(i.label, i.loc.path, i.loc.line) for i in items}
         items.append(item)
         seen.add((item.label, item.loc.path, item.loc.line))
         steps.extend(step_numbers)
@@ -122,6 +165,38 @@ def turns(a: "Analysis") -> list[Turn]:
     if applied:
         result.append(Turn(items, steps))
     return result
+
+
+# calls that close an update rather than open the next one (scheduler.step() after the step)
+CLOSING_KINDS = {"scheduler_step", "scaler_update"}
+
+
+def _last_step(items: list[Item]) -> Item | None:
+    return next((i for i in reversed(items) if "step" in i.kinds), None)
+
+
+def _another_loop(items: list[Item], item: Item) -> bool:
+    """Whether the optimizer step ``item`` lies in another loop of the same file than this
+    turn's step: a GAN's two steps share a loop body, two training loops in a row do not."""
+    from .source import innermost_loop
+
+    last = _last_step(items)
+    if last is None or last.loc.path != item.loc.path:
+        return False
+    here, there = innermost_loop(last.loc.path, last.loc.line), \
+        innermost_loop(item.loc.path, item.loc.line)
+    return here is not None and there is not None and here != there \
+        and not (there[0] <= here[0] and here[1] <= there[1])  # not an outer loop of it
+
+
+def _tail_start(items: list[Item]) -> int:
+    """Where the calls after this turn's last update begin (closing calls such as a scheduler's
+    step stay with it)."""
+    last = max(n for n, i in enumerate(items) if UPDATE_KINDS.intersection(i.kinds))
+    cut = last + 1
+    while cut < len(items) and set(items[cut].kinds) <= CLOSING_KINDS:
+        cut += 1
+    return cut
 
 
 def main_path(a: "Analysis") -> str | None:

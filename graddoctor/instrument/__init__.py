@@ -17,6 +17,7 @@ from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
 from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
+from .gradflow import GradFlowWatcher
 from .idle import IdleParamWatcher
 from .losses import LossShapeWatcher
 from .modes import ModeWatcher
@@ -26,12 +27,14 @@ from .patcher import Patcher
 from .recorder import Recorder
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .schedulers import SchedulerWatcher
+from .warnsource import WarningSource
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
 
 
 class Instrumentation:
-    def __init__(self, rec: Recorder, epoch_batches: int = DEFAULT_EPOCH_BATCHES):
+    def __init__(self, rec: Recorder, epoch_batches: int = DEFAULT_EPOCH_BATCHES,
+                 grad_flow: bool = False):
         self.rec = rec
         self.patcher = Patcher()
         # made before the watchers that read their state; installed in the order of ``watchers``
@@ -40,7 +43,7 @@ class Instrumentation:
         self.optimizers = OptimizerWatcher(rec, self.scalers)
         self.backward = BackwardWatcher(rec, self.optimizers, aside=self.ddp)  # FSDP2's aside
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
-        self.watchers = [self.optimizers, self.backward, self.dataloader]
+        self.watchers = [WarningSource(), self.optimizers, self.backward, self.dataloader]
         # AMP, clipping, schedulers
         rec.subscribe("describe_loss", self.dataloader.describe_loss)
         rec.subscribe("describe_loss", self.scalers.describe_loss)
@@ -65,6 +68,8 @@ class Instrumentation:
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)
+        # every update's gradient norms, only when a picture is asked for (the HTML report...)
+        self.grad_flow = GradFlowWatcher(rec) if grad_flow else None
         self._named: set[int] = set()  # optimizers whose parameters were named at their first step
         self.step_threads: set[int] = set()  # the threads the optimizers' first steps ran in
         self._script_globals: dict | None = None  # the script's variables (``name_from``)
@@ -111,6 +116,8 @@ class Instrumentation:
 
     def __exit__(self, *exc) -> None:
         rec = self.rec
+        if self.grad_flow is not None:
+            self.grad_flow.close()  # its events before the trace is final
         try:
             rec.finish()  # held events out, Deferred values read: rec.trace is the final trace
         except Exception as error:

@@ -144,7 +144,8 @@ class GradScalerWatcher:
         def step(scaler, optimizer, *args, **kwargs):
             if watcher._in_step.active:
                 return original(scaler, optimizer, *args, **kwargs)
-            rec.maybe_stop()
+            if rec.stop_requested:
+                rec.maybe_stop(rec.optimizer_id(optimizer))
             before = rec.steps
             outer = watcher.in_scaler_step
             fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
@@ -178,7 +179,7 @@ class GradScalerWatcher:
             found_inf = True
             without = rec.after_step(rec.opt_params.get(opt, ()))
             rec.emit(ev.step(opt=opt, closure=False, skipped=True, without_grad=without), loc)
-            rec.count_step()
+            rec.count_step(opt)
         elif enabled and not fused:
             found_inf = False
         rec.emit(ev.scaler_step(scaler=self.scaler_id(scaler), opt=opt, enabled=enabled,

@@ -42,6 +42,7 @@ calls meanwhile is its own, and recorded.
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -412,7 +413,9 @@ class BackwardWatcher:
             rec.maybe_stop()
             try:
                 tensors, inputs, retained = watcher._arguments(args, kwargs, takes_self)
-                loc = rec.here(2)
+                wrappers = _script_wrappers(sys._getframe(1))
+                # here(2) starts the search at this frame; past the script's wrappers: their caller
+                loc = rec.here(3 + wrappers if wrappers else 2)
                 ctx = watcher.begin(tensors, inputs, loc, retained)
                 extra = watcher.describe_loss(tensors)
             except Exception as exc:
@@ -450,3 +453,19 @@ class BackwardWatcher:
             self._always_walk = True
         patcher.patch(torch.Tensor, "backward", self.wrap(torch.Tensor.backward, takes_self=True))
         patcher.patch(torch.autograd, "backward", self.wrap(torch.autograd.backward, takes_self=False))
+
+
+def _script_wrappers(frame) -> int:
+    """How many frames, from ``frame`` (our wrapper's caller) outward, are the script's own
+    replacement of ``Tensor.backward`` / ``torch.autograd.backward`` (``torch.Tensor.backward =
+    logged_backward``, which calls the one it replaced): a finding belongs at the loop's
+    ``loss.backward()``, the line the user changes, not inside the wrapper. Two attribute
+    reads per backward."""
+    codes = (getattr(torch.Tensor.backward, "__code__", None),
+             getattr(torch.autograd.backward, "__code__", None))
+    skipped = 0
+    while frame is not None and frame.f_code in codes:
+        skipped += 1
+        frame = frame.f_back
+    return skipped
+

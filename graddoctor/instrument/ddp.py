@@ -9,11 +9,15 @@
 * ``DistributedSampler.__iter__``: the epoch and shuffle flag each time it starts an epoch
   (``sampler_iter``), to see ``set_epoch`` never called.
 
-* after each of an optimizer's first ``CHECKSUM_STEPS`` steps, in a process group of more
-  than one rank: a checksum of the parameters it owns (``replica_checksum``), one batched
-  ``torch._foreach_norm`` and a ``Deferred`` read at the end of the run (no host sync while it
-  runs); rank 0 compares the ranks' checksums when it merges their reports (replicas-diverge).
-  Sharded (DTensor) parameters differ across ranks by design and are left out.
+* after an optimizer's first ``CHECKSUM_STEPS`` steps, then at steps 4, 8, 16, ... (a
+  divergence that starts later is still seen, at a cost that grows with the log of the run)
+  and at the step budget, in a process group of more than one rank: a checksum of those of its
+  parameters that are meant to be replicated (``replica_checksum``): the parameters of
+  ``DistributedDataParallel``-wrapped modules, the only ones every rank holds by contract. A
+  pipeline stage's own layers differ across ranks by design, as do sharded (DTensor)
+  parameters: both are left out. One batched ``torch._foreach_norm`` and a ``Deferred`` read at
+  the end of the run (no host sync while it runs); rank 0 compares the ranks' checksums when it
+  merges their reports (replicas-diverge).
 
 * ``FSDPModule.set_requires_gradient_sync`` (FSDP2's ``no_sync``): while a parameter group
   does not reduce, a backward accumulates into FSDP's unsharded gradient, not into the sharded
@@ -27,6 +31,7 @@ Per forward this costs one attribute read; nothing per parameter.
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -37,13 +42,23 @@ from .recorder import Deferred, Recorder, Tensor
 CHECKSUM_STEPS = 3
 
 
+def checksum_due(n: int, budget: int | None) -> bool:
+    """Whether an optimizer's ``n``-th step gets a replica checksum: the first
+    ``CHECKSUM_STEPS``, every power of two, and the last one of the step budget."""
+    return n <= CHECKSUM_STEPS or n & (n - 1) == 0 or (budget is not None and n == budget)
+
+
 class DDPWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._ddp_id = Identities()  # DistributedDataParallel module -> its number
         self._sampler_id = Identities()  # DistributedSampler -> its number
         self._pending: bool | None = None  # the DDP forwards since the last backward: any synced?
-        self._checksums: dict[int, int] = {}  # optimizer -> checksums taken
+        self._checksums: dict[int, int] = {}  # optimizer -> steps seen
+        # ids of the parameters of the DistributedDataParallel modules seen (what DDP keeps
+        # replicated); ids only: nothing of the user's model is kept alive by graddoctor
+        self._replicated: set[int] = set()
+        self._ddp_seen: set[int] = set()
         self._fsdp_modules: list = []  # FSDP2 modules whose gradient sync was turned off or on
         # (sharded parameter, FSDPParam) of the groups that do not reduce now, and the state
         # of each one's unsharded gradient when last seen: id(FSDPParam) -> (id, _version)
@@ -54,19 +69,22 @@ class DDPWatcher:
         self.shadows: set[int] = set()
 
     def after_step(self, opt: int, optimizer) -> None:
-        """The checksum of the parameters an optimizer just stepped (first steps only)."""
+        """The checksum of the replicated parameters an optimizer just stepped (at the steps
+        ``checksum_due`` names)."""
         rec = self.rec
-        done = self._checksums.get(opt, 0)
-        if done >= CHECKSUM_STEPS:
+        done = self._checksums.get(opt, 0) + 1
+        self._checksums[opt] = done
+        if not self._replicated or not checksum_due(done, rec.step_budget):
             return
-        self._checksums[opt] = done + 1
         try:
             import torch.distributed as dist
 
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
                 return
+            replicated = self._replicated
             params = [p.detach() for group in optimizer.param_groups for p in group["params"]
-                      if type(p) is Tensor or type(p) is torch.nn.Parameter]
+                      if (type(p) is Tensor or type(p) is torch.nn.Parameter)
+                      and id(p) in replicated]
             if not params:
                 return
             with torch.no_grad():
@@ -164,6 +182,9 @@ class DDPWatcher:
         @functools.wraps(original)
         def forward(module, *args, **kwargs):
             try:
+                if id(module) not in watcher._ddp_seen:
+                    watcher._ddp_seen.add(id(module))
+                    watcher._replicated.update(id(p) for p in module.parameters())
                 if torch.is_grad_enabled():
                     sync = bool(getattr(module, "require_backward_grad_sync", True))
                     watcher._pending = sync or bool(watcher._pending)
@@ -196,7 +217,7 @@ class DDPWatcher:
                 rec.emit(ev.sampler_iter(sampler=watcher._sampler_id(sampler),
                                          epoch=epoch if isinstance(epoch, int) else None,
                                          shuffle=bool(getattr(sampler, "shuffle", False))),
-                         rec.here(2))
+                         _epoch_loop(rec, sampler))
             except Exception as exc:
                 rec.internal_error("DistributedSampler.__iter__", exc)
             return original(sampler, *args, **kwargs)
@@ -224,3 +245,47 @@ class DDPWatcher:
 
         patcher.patch(DistributedSampler, "__iter__",
                       self._wrap_sampler_iter(DistributedSampler.__iter__))
+
+
+def _holds(value, sampler) -> bool:
+    """``value`` is the sampler, or a DataLoader (or batch sampler) drawing from it."""
+    if value is sampler:
+        return True
+    inner = getattr(value, "batch_sampler", None) if hasattr(value, "sampler") else None
+    return (getattr(value, "sampler", None) is sampler
+            or getattr(inner, "sampler", None) is sampler)
+
+
+def _epoch_loop(rec, sampler):
+    """Where an epoch of ``sampler`` starts, as the user would fix it: the innermost user frame
+    that does not merely receive the loader as an argument. A helper that iterates what it is
+    handed (MAE's ``MetricLogger.log_every``: ``for obj in iterable``, a ``train_one_epoch(model,
+    loader)``) is not where ``set_epoch`` goes; the frame that owns the loader is (its epoch
+    loop's call). Once per epoch: the argument lookups cost nothing per step."""
+    try:
+        chosen = None
+        for frame in rec.finder.user_frames(sys._getframe(2)):
+            chosen = frame
+            code = frame.f_code
+            names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount
+                                     + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)]
+            values = frame.f_locals
+            passed = False
+            for name in names:
+                value = values.get(name)
+                if isinstance(value, (tuple, list)):
+                    passed = any(_holds(v, sampler) for v in value)
+                elif isinstance(value, dict):
+                    passed = any(_holds(v, sampler) for v in value.values())
+                else:
+                    passed = _holds(value, sampler)
+                if passed:
+                    break
+            if not passed:
+                break
+        if chosen is not None:
+            return rec.finder.location(chosen)
+    except Exception as exc:
+        rec.internal_error("DistributedSampler.__iter__ (location)", exc)
+    return rec.here(3)
+

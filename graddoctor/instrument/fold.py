@@ -52,7 +52,7 @@ def _frozen(value):
     return value
 
 
-_SPECIAL = frozenset({"norms", "total_norm", "epoch", "scale", "batch"})
+_SPECIAL = frozenset({"norms", "total_norm", "epoch", "scale", "batch", "lrs"})
 
 
 def signature(events: list[Event], deep: bool = False) -> tuple:
@@ -63,6 +63,9 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
       the last turns of a run, read by ``--grad-flow``, are always kept),
     * the loss scale of ``backward``, ``unscale`` and ``scaler_update`` (only whether there is
       one: the value may not have been read from the device yet),
+    * the learning rates (``lrs``) a step reads and a scheduler step writes: a per-batch
+      schedule changes them every turn (the rules judge schedules by counts and the
+      schedulers' own arguments, which folding keeps; the lr timeline holds the kept steps),
     * ``epoch_start.epoch``, and the ``batch`` of each backward relative to the turn's first one
       (same batch, next batch, across an epoch boundary are kept; not which epoch or index).
 
@@ -88,12 +91,14 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
                         except (TypeError, IndexError):
                             value = _frozen(value)
                 elif (key == "norms" and kind == "step_begin") or (key == "total_norm" and kind == "clip") \
-                        or (key == "epoch" and kind == "epoch_start"):
+                        or (key == "epoch" and kind == "epoch_start") or key == "lrs":
                     continue
                 else:
                     value = _frozen(value)
             elif type(value) is list:
                 value = _frozen(value) if deep else tuple(value)
+            elif type(value) is dict:
+                value = _frozen(value)
             elif type(value) is float and value != value:
                 value = "nan"  # NaN equals no NaN: a turn holding one would never repeat
             items.append((key, value))

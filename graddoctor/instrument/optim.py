@@ -165,6 +165,21 @@ def _steps_with_param_groups(optimizer, name: str) -> bool:
     return step_module.startswith("torch.") and not hasattr(cls, name)
 
 
+def plain_number(value):
+    """A float or int (not a bool, not a tensor: reading a device tensor would synchronise)."""
+    if type(value) is float or type(value) is int:
+        return value
+    return None
+
+
+def group_lrs(optimizer) -> list | None:
+    """Each param group's lr as a plain number (None for a tensor lr), or None."""
+    groups = getattr(optimizer, "param_groups", None)
+    if type(groups) is not list:
+        return None
+    return [plain_number(g.get("lr")) if type(g) is dict else None for g in groups]
+
+
 def _has_closure(args, kwargs) -> bool:
     # the step hooks get the step's own args, ``self`` first
     return (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
@@ -181,6 +196,7 @@ class OptimizerWatcher:
         self._backwards_before = 0  # rec.backward_calls when the outermost step began
         self._stepped = rec.subscribers("stepped")
         self._stepped_without_grad = rec.subscribers("stepped_without_grad")
+        self._step_grads = rec.subscribers("step_grads")  # only when a picture is asked for
         self._params_added = rec.subscribers("params_added")
         self._freeze_of = rec.subscribers("freeze_of")
         self._normed: set[int] = set()  # optimizers whose first update carried norms
@@ -213,7 +229,8 @@ class OptimizerWatcher:
         self._owned.update(dict.fromkeys(pids))
         opt = rec.optimizer_id(optimizer)
         rec.add_params(opt, pids)
-        rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids), loc)
+        rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids,
+                                   lrs=[plain_number(g.get("lr")) for g in groups]), loc)
         for subscriber in self._params_added:
             subscriber(opt, pids)
 
@@ -328,8 +345,8 @@ class OptimizerWatcher:
         if self.adopt_unknown:
             self._adopt_unknown(optimizer, rec.here(2))
         depth = self._outer_steps_running()
-        if depth == 0:
-            rec.maybe_stop()
+        if depth == 0 and rec.stop_requested:
+            rec.maybe_stop(rec.optimizer_id(optimizer))
         self._step_frames.append(sys._getframe(1))  # the frame of the optimizer's step wrapper
         if depth > 0:  # an optimizer that steps an inner optimizer
             return
@@ -354,13 +371,15 @@ class OptimizerWatcher:
                     norm_pids, norms = norms_by_device(by_device)
                     nonfinite = [pid for pid, n in zip(norm_pids, norms)
                                  if not math.isfinite(n) and _really_nonfinite(rec, pid)]
+                for subscriber in self._step_grads:
+                    subscriber(opt, optimizer, by_device, norm_pids, norms)
             loc = rec.here(3)
             if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves
                 rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
                                    nonfinite=nonfinite,
                                    frozen=self._frozen_entries(optimizer, frozen) if frozen else None,
-                                   edited_params=by_hand),
+                                   edited_params=by_hand, lrs=group_lrs(optimizer)),
                      loc)
             if closure:
                 self.closure_step = opt
@@ -402,7 +421,7 @@ class OptimizerWatcher:
             self._normed.add(opt)
             return True
         budget = self.rec.step_budget
-        return budget is not None and self.rec.steps + 1 >= budget
+        return budget is not None and self.rec.updates + 1 >= budget
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
@@ -410,10 +429,10 @@ class OptimizerWatcher:
             self._step_frames.pop()
         if self._step_frames:
             return
-        rec.count_step()  # before the listeners: rec.steps includes this step
+        opt = rec.optimizer_id(optimizer)
+        rec.count_step(opt)  # before the listeners: rec.steps includes this step
         try:
             self.closure_step = None
-            opt = rec.optimizer_id(optimizer)
             # a closure that ran no backward (Lightning passes one to every step, manual
             # optimization's does nothing) leaves the gradients to the loop: a plain step
             closure = _has_closure(args, kwargs) and rec.backward_calls > self._backwards_before

@@ -38,13 +38,16 @@ from .stop import StopCondition, StopReplay, conditions
 TOPICS = {
     "params_added": "OptimizerWatcher: (opt, pids) after an optimizer was given a param group",
     "stepped": "OptimizerWatcher: (opt, optimizer) after each real optimizer step",
+    "step_grads": "OptimizerWatcher: (opt, optimizer, by_device, norm_pids, norms) before each "
+                  "optimizer step that is not a closure step: its dense gradients by device "
+                  "{device: ([pid], [grad])} and their norms when it measured them (else None)",
     "stepped_without_grad": "OptimizerWatcher: (opt, pids) after each real optimizer step, "
                             "its parameters that had no gradient",
     "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "
                      "events.backward for the backward about to run from them",
     "freeze_of": "OptimizerWatcher: (param) -> seq of the event that froze it, or None",
-    "counted_step": "Recorder.count_step: (steps) after each optimizer step is counted, before "
-                    "its listeners (the progress line)",
+    "counted_step": "Recorder.count_step: (updates) after each optimizer step is counted, "
+                    "before its listeners (the progress line: updates, what the budget counts)",
     "budget_hold": "Recorder.holds: () -> True while the replay should go on past the step "
                    "budget (e.g. until a DataLoader has crossed two epoch boundaries); each "
                    "must bound itself",
@@ -120,15 +123,24 @@ def resolved(trace: Trace) -> Trace:
 
 class Recorder:
     def __init__(self, step_budget: int | None, finder: LocationFinder | None = None,
-                 stop_conditions: list[StopCondition] | None = None):
+                 stop_conditions: list[StopCondition] | None = None,
+                 hold_s: float | None = None):
         self.trace = Trace()
         self.finder = finder or LocationFinder()
-        self.step_budget = step_budget
+        self.step_budget = step_budget  # in updates (see ``count_step``)
         self.steps = 0  # optimizer steps seen (GradScaler-skipped ones included)
         self.backward_calls = 0
+        # updates: the optimizer steps taken together after one backward count once (a GAN's
+        # D then G are two; one optimizer per parameter stepped inside the backward is one); a
+        # second step of an optimizer already stepped in this update begins the next one
+        self.updates = 0
+        self._update_mark = -1  # backward_calls when the current update began
+        self._update_opts: set = set()  # the optimizers stepped in the current update
+        self.opt_steps: dict[int, int] = {}  # opt id -> its steps
         # when to end the replay early (instrument/stop.py); the first one that answers wins and
         # its exception is raised at the next safe point
-        self.stop_conditions = conditions(step_budget) if stop_conditions is None else stop_conditions
+        self.stop_conditions = (conditions(step_budget, hold_s) if stop_conditions is None
+                                else stop_conditions)
         self._stop: tuple[type[StopReplay], str] | None = None
         # the status of the stop once raised into the script, and the threads it was raised in
         # (the main thread may end normally after workers were stopped: the replay was still cut)
@@ -431,11 +443,25 @@ class Recorder:
                                   or isinstance(threading.current_thread(), _DUMMY_THREAD))
 
     # -- stopping ------------------------------------------------------------------------
-    def count_step(self) -> None:
+    def begins_update(self, opt: int | None) -> bool:
+        """Whether a step of optimizer ``opt`` now would begin a new update."""
+        return (self.backward_calls != self._update_mark or opt is None
+                or opt in self._update_opts)
+
+    def count_step(self, opt: int | None = None) -> None:
         self.steps += 1
+        opts = self._update_opts
+        if self.backward_calls != self._update_mark or opt is None or opt in opts:  # begins_update
+            self.updates += 1
+            self._update_mark = self.backward_calls
+            opts.clear()
+        if opt is not None:
+            opts.add(opt)
+            steps = self.opt_steps
+            steps[opt] = steps.get(opt, 0) + 1
         for callback in self._counted_step:
             try:
-                callback(self.steps)
+                callback(self.updates)
             except Exception as exc:  # a display must never break the user's run
                 self.internal_error("step callback", exc)
         self._ask("after_step")
@@ -479,16 +505,18 @@ class Recorder:
             self._stop = None
             return
 
-        def maybe_stop() -> None:
-            if self._stop is not None:
+        def maybe_stop(step_of: int | None = None) -> None:
+            if self._stop is not None and (step_of is None or self.begins_update(step_of)):
                 handler(self._stop[0])
 
         self.maybe_stop = maybe_stop
 
-    def maybe_stop(self) -> None:
+    def maybe_stop(self, step_of: int | None = None) -> None:
         """Called at safe points (start of a backward or a step): end the replay once a stop
-        condition answered, so the tail of the last update (zero_grad, scheduler) is seen."""
-        if self._stop is not None:
+        condition answered, so the tail of the last update (zero_grad, scheduler) is seen.
+        ``step_of``: the optimizer about to step; a step that belongs to the running update
+        (the next optimizer stepped inside the same backward) is not a safe point."""
+        if self._stop is not None and (step_of is None or self.begins_update(step_of)):
             exception, reason = self._stop
             self.stop_raised = exception.status
             self.stopped_threads.add(threading.get_ident())

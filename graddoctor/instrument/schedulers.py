@@ -1,4 +1,4 @@
-"""Learning-rate schedulers: every user call of ``scheduler.step()``.
+"""Learning-rate schedulers: their construction and every user call of ``scheduler.step()``.
 
 ``LRScheduler.step`` is patched on the base class and on each loaded subclass that overrides it
 (``ReduceLROnPlateau``, ``SequentialLR``, ``ChainedScheduler``, ``CosineAnnealingWarmRestarts``,
@@ -7,18 +7,72 @@
 schedulers it holds. PyTorch also wraps ``optimizer.step`` on the instance for its own "scheduler
 before optimizer" warning; that wrapper still runs the class's step, so the global optimizer
 step hooks keep firing.
+
+``__init__`` is patched the same way (outermost call only: a subclass's ``__init__`` calls
+``super().__init__``), so that the lr timeline (analysis/lr.py) knows each scheduler's optimizer,
+its schedule's arguments and the lr it set at construction (a warm-up's first factor), and a
+scheduler that is built but never stepped can be told. Each step records the lrs it wrote, read
+after the step: a few dict reads per call.
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
 
+import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from .. import events as ev
 from .identities import Identities
+from .optim import group_lrs, plain_number
 from .recorder import Recorder
 from .subclasses import Depth, patch_tree
+
+# the attributes that say a schedule's length and shape, as torch's schedulers name them
+ARGS = ("T_max", "eta_min", "total_iters", "start_factor", "end_factor", "factor", "step_size",
+        "gamma", "milestones", "T_0", "T_mult", "total_steps", "power", "patience", "cooldown",
+        "total_size", "last_epoch")
+
+
+def schedule_args(scheduler) -> dict:
+    attrs = getattr(scheduler, "__dict__", {})
+    args: dict = {}
+    for name in ARGS:
+        value = attrs.get(name)
+        if name == "milestones" and value is not None:
+            try:
+                value = sorted(int(m) for m in value)
+            except Exception:
+                value = None
+            if value is not None:
+                args[name] = value
+            continue
+        number = plain_number(value)
+        if number is not None:
+            args[name] = number
+    lambdas = attrs.get("lr_lambdas")
+    if isinstance(lambdas, list):
+        for fn in lambdas[:1]:  # transformers' schedules: functools.partial with their lengths
+            if isinstance(fn, functools.partial):
+                for key, value in fn.keywords.items():
+                    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                        args[key] = float(value) if isinstance(value, float) else int(value)
+                name = getattr(fn.func, "__name__", None)
+                if isinstance(name, str):
+                    args["lr_lambda"] = name
+    return args
+
+
+def metric_kind(args, kwargs) -> str:
+    value = args[0] if args else kwargs.get("metrics", kwargs.get("metric"))
+    if value is None:
+        return "none"
+    if isinstance(value, torch.Tensor):
+        return "grad_tensor" if value.requires_grad else "tensor"
+    if isinstance(value, numbers.Real):
+        return "number"
+    return "other"
 
 
 class SchedulerWatcher:
@@ -27,23 +81,36 @@ class SchedulerWatcher:
         self.scheduler_id = Identities()  # scheduler -> its number
         self._in_step = Depth()
         self._in_init = Depth()
+        self._constructing = Depth()
 
     def _wrap_step(self, original):
         watcher, rec = self, self.rec
 
         @functools.wraps(original)
         def step(scheduler, *args, **kwargs):
-            if watcher._in_step.active or watcher._in_init.active:
+            if watcher._in_step.active or watcher._in_init.active or watcher._constructing.active:
                 return original(scheduler, *args, **kwargs)
+            made = loc = None
             try:
                 optimizer = getattr(scheduler, "optimizer", None)
-                rec.emit(ev.scheduler_step(
-                    sched=watcher.scheduler_id(scheduler), cls=type(scheduler).__name__,
-                    opt=rec.optimizer_id(optimizer) if optimizer is not None else None), rec.here(2))
+                made = dict(sched=watcher.scheduler_id(scheduler), cls=type(scheduler).__name__,
+                            opt=rec.optimizer_id(optimizer) if optimizer is not None else None,
+                            metric=metric_kind(args, kwargs), grad=torch.is_grad_enabled())
+                loc = rec.here(2)
             except Exception as exc:
                 rec.internal_error("lr_scheduler.step", exc)
-            with watcher._in_step:
-                return original(scheduler, *args, **kwargs)
+            lrs = None
+            try:
+                with watcher._in_step:
+                    result = original(scheduler, *args, **kwargs)
+                lrs = group_lrs(getattr(scheduler, "optimizer", None))
+                return result
+            finally:
+                if made is not None:
+                    try:
+                        rec.emit(ev.scheduler_step(lrs=lrs, **made), loc)
+                    except Exception as exc:
+                        rec.internal_error("lr_scheduler.step", exc)
 
         return step
 
@@ -57,6 +124,36 @@ class SchedulerWatcher:
 
         return _initial_step
 
+    def _wrap_init(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def __init__(scheduler, *args, **kwargs):
+            if watcher._constructing.active:
+                return original(scheduler, *args, **kwargs)
+            with watcher._constructing:
+                original(scheduler, *args, **kwargs)
+            try:
+                watcher._constructed(scheduler)
+            except Exception as exc:
+                rec.internal_error("lr_scheduler construction", exc)
+
+        return __init__
+
+    def _constructed(self, scheduler) -> None:
+        rec = self.rec
+        optimizer = getattr(scheduler, "optimizer", None)
+        children = getattr(scheduler, "_schedulers", None)
+        base = getattr(scheduler, "base_lrs", None)
+        rec.emit(ev.scheduler_init(
+            sched=self.scheduler_id(scheduler), cls=type(scheduler).__name__,
+            opt=rec.optimizer_id(optimizer) if optimizer is not None else None,
+            args=schedule_args(scheduler),
+            children=[self.scheduler_id(c) for c in children] if isinstance(children, (list, tuple)) else [],
+            base_lrs=[plain_number(b) for b in base] if isinstance(base, list) else None,
+            lrs=group_lrs(optimizer)), rec.here(3))
+
     def install(self, patcher) -> None:
         patch_tree(patcher, LRScheduler, "step", self._wrap_step)
         patch_tree(patcher, LRScheduler, "_initial_step", self._wrap_initial_step)
+        patch_tree(patcher, LRScheduler, "__init__", self._wrap_init)

@@ -12,6 +12,7 @@ a new ``RunStatus``), and an entry in ``conditions()``.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from ..status import BackwardLimitReached, ReplayTimeout, StepLimitReached, StopReplay  # noqa: F401
@@ -23,6 +24,13 @@ if TYPE_CHECKING:
 # optimizer exists, will not step: an accumulation window of 64 or 256 micro-batches still
 # reaches its first step well before it.
 NO_STEP_BACKWARDS = 512
+
+# Past the budget, the replay waits for each optimizer that has not stepped twice yet (a GAN's
+# generator stepped once per 20 discriminator steps: a missing G.zero_grad() shows at its second
+# step) for at most this many times the budget in updates (and at least HOLD_MIN_UPDATES), and
+# within the time the time limit leaves (``hold_s``).
+HOLD_FACTOR = 8
+HOLD_MIN_UPDATES = 100
 
 
 class StopCondition:
@@ -36,18 +44,40 @@ class StopCondition:
 
 
 class StepBudget(StopCondition):
-    """``--steps N``: stop after N optimizer steps, unless a watcher holds the replay open
-    (the recorder's ``budget_hold`` topic: e.g. until a DataLoader has crossed two epoch ends)."""
+    """``--steps N``: stop after N updates (the recorder's ``updates``: the steps taken together
+    after one backward count once, so one optimizer per parameter stepped inside the backward
+    is one update, not 24), unless a watcher holds the replay open (the recorder's
+    ``budget_hold`` topic: e.g. until a DataLoader has crossed two epoch ends) or an optimizer
+    alive when the budget ran out has not stepped twice yet (for at most ``HOLD_FACTOR`` times
+    the budget and ``hold_s`` seconds from the start)."""
 
     exception = StepLimitReached
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, hold_s: float | None = None):
         self.budget = budget
+        self.deadline = None if hold_s is None else time.monotonic() + hold_s
+        self.waiting: list[int] | None = None  # optimizers waited for, fixed at the budget
 
     def after_step(self, rec: "Recorder") -> str | None:
-        if rec.steps >= self.budget and not any(rec.holds()):
-            return f"stopped after {rec.steps} optimizer steps"
-        return None
+        if rec.updates < self.budget or any(rec.holds()):
+            return None
+        if self._wait_for_optimizers(rec):
+            return None
+        return f"stopped after {rec.updates} updates ({rec.steps} optimizer steps)"
+
+    def _wait_for_optimizers(self, rec: "Recorder") -> bool:
+        """Whether an optimizer that lived when the budget ran out is still alive with fewer
+        than two steps, within the limits. One rebuilt every update dies at the next one."""
+        if rec.updates >= max(self.budget * HOLD_FACTOR, HOLD_MIN_UPDATES):
+            return False
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return False
+        if self.waiting is None:
+            self.waiting = [opt for opt in rec.opt_params if rec.opt_steps.get(opt, 0) < 2]
+        ids = rec.optimizer_id
+        self.waiting = [opt for opt in self.waiting
+                        if rec.opt_steps.get(opt, 0) < 2 and ids.object(opt) is not None]
+        return bool(self.waiting)
 
 
 class NoStepLimit(StopCondition):
@@ -67,9 +97,10 @@ class NoStepLimit(StopCondition):
         return None
 
 
-def conditions(step_budget: int | None) -> list[StopCondition]:
-    """The stop conditions of a check."""
+def conditions(step_budget: int | None, hold_s: float | None = None) -> list[StopCondition]:
+    """The stop conditions of a check (``hold_s``: how long from now the step budget may wait
+    for optimizers that have not stepped twice)."""
     out: list[StopCondition] = [NoStepLimit()]
     if step_budget:
-        out.insert(0, StepBudget(step_budget))
+        out.insert(0, StepBudget(step_budget, hold_s))
     return out

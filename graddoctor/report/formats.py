@@ -1,8 +1,9 @@
 """The report formats behind one interface, and the registry the CLI dispatches through.
 
 A format has a ``name`` (``--format NAME``), a ``summary`` (for the option's help),
-``machine`` (a document for programs: while it goes to stdout, the script's own prints are
-sent to stderr) and ``render(report, options) -> str``. It sees only the ``Report``
+``machine`` (a document for programs: strict JSON), ``document`` (while it goes to stdout, the
+script's own prints are sent to stderr), ``pictures`` (it needs every update's gradient norms
+recorded) and ``render(report, options) -> str``. It sees only the ``Report``
 (report/model.py) and the ``RenderOptions``; it never decides anything.
 
 Kept light: a format imports its renderer when it renders (``--help`` stays instant and no
@@ -29,6 +30,10 @@ class ReportFormat:
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     machine: ClassVar[bool] = True
+    # one document on stdout (JSON, SARIF, a page, a summary): the script's own prints go to
+    # stderr while it does, so they cannot break it
+    document: ClassVar[bool] = True
+    pictures: ClassVar[bool] = False  # needs every update's gradient norms recorded
 
     def render(self, report: "Report", options: RenderOptions = RenderOptions()) -> str:
         raise NotImplementedError
@@ -41,6 +46,7 @@ class TextFormat(ReportFormat):
     name = "text"
     summary = "terminal"
     machine = False
+    document = False
 
     def render(self, report, options=RenderOptions()):
         from .text import render, wants_color
@@ -73,16 +79,48 @@ class SarifFormat(ReportFormat):
         return render(report)
 
 
-FORMATS: dict[str, ReportFormat] = {f.name: f for f in (TextFormat(), JsonFormat(), SarifFormat())}
+class HtmlFormat(ReportFormat):
+    """One self-contained page with the pictures (report/html.py): the gradient-flow heatmap,
+    per-step lines, findings with their source, the update timeline. Asking for it records
+    every update's gradient norms (``pictures``)."""
+
+    name = "html"
+    summary = "a page with the gradient-flow heatmap"
+    machine = False
+    pictures = True
+
+    def render(self, report, options=RenderOptions()):
+        from .html import render
+
+        return render(report)
 
 
-SUFFIXES = {".sarif": "sarif", ".sarif.json": "sarif", ".json": "json"}
+class MarkdownFormat(ReportFormat):
+    """A compact findings table with file:line links and the verdict (report/markdown.py): for
+    a CI job summary ($GITHUB_STEP_SUMMARY) or a review comment."""
+
+    name = "markdown"
+    summary = "CI job summaries"
+    machine = False
+
+    def render(self, report, options=RenderOptions()):
+        from .markdown import render
+
+        return render(report)
+
+
+FORMATS: dict[str, ReportFormat] = {f.name: f for f in (
+    TextFormat(), JsonFormat(), SarifFormat(), HtmlFormat(), MarkdownFormat())}
+
+
+SUFFIXES = {".sarif": "sarif", ".sarif.json": "sarif", ".json": "json", ".html": "html",
+            ".htm": "html", ".md": "markdown"}
 """The format an ``--output`` file name asks for when ``--format`` is not given."""
 
 
 def format_for_output(path: str) -> str | None:
-    """``report.json`` -> "json", ``graddoctor.sarif`` (or ``.sarif.json``) -> "sarif", any other
-    name -> None (the default, text)."""
+    """``report.json`` -> "json", ``graddoctor.sarif`` (or ``.sarif.json``) -> "sarif",
+    ``report.html`` -> "html", ``summary.md`` -> "markdown", any other name -> None (text)."""
     name = path.lower()
     for suffix in sorted(SUFFIXES, key=len, reverse=True):
         if name.endswith(suffix):
@@ -103,6 +141,12 @@ class ReportViews:
 
     def render(self, report: Report, format: str, *, grad_flow: bool = False) -> str:
         return get_format(format).render(report, RenderOptions(grad_flow=grad_flow))
+
+    def html(self, report: Report) -> str:
+        """A notebook's view: the HTML report as a fragment (styles scoped to it)."""
+        from .html import fragment
+
+        return fragment(report)
 
     def to_json(self, report: Report) -> dict:
         from .json_format import to_dict

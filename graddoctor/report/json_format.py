@@ -66,6 +66,7 @@ def run_to_dict(report: Report) -> dict:
         "status": run.status,
         "steps": run.steps,
         "step_budget": run.step_budget,
+        **({"updates": run.updates} if run.updates is not None else {}),
         "backward_calls": run.backward_calls,
         "device": run.device,
         "torch_version": run.torch_version,
@@ -77,6 +78,7 @@ def run_to_dict(report: Report) -> dict:
         "world_size": run.world_size,
         **({"ranks": run.ranks} if run.ranks is not None else {}),
         **({"checksums": run.checksums} if run.checksums else {}),
+        **({"run_id": run.run_id} if run.run_id else {}),
     }
 
 
@@ -89,7 +91,7 @@ def run_from_dict(run: dict) -> RunInfo:
         notes=list(run.get("notes", ())), step_budget=run.get("step_budget"),
         config=run.get("config"), rules_skipped=list((run.get("rules") or {}).get("skipped", ())),
         world_size=run.get("world_size", 1), ranks=run.get("ranks"),
-        checksums=run.get("checksums"),
+        checksums=run.get("checksums"), updates=run.get("updates"), run_id=run.get("run_id"),
     )
 
 

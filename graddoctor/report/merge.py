@@ -63,13 +63,26 @@ def missing_entry(rank: int | None, process: str, why: str) -> dict:
 
 
 _COMMUNICATION = ("connection closed by peer", "remote worker", "gloo", "nccl", "timed out",
-                  "distbackenderror", "connection reset", "broken pipe")
+                  "distbackenderror", "connection reset", "broken pipe",
+                  # a rank the launcher stopped, or ended without its report, because another
+                  # one failed
+                  "sigterm", "the launcher ended the run")
 
 
-def _echo(error: dict) -> bool:
-    """An error that is probably another rank's failure seen through a collective."""
+def communication_error(error: dict | None) -> bool:
+    """An error that is probably another rank's failure (or its end) seen through a collective
+    or a send/recv."""
+    if not error:
+        return False
     text = f"{error.get('type', '')} {error.get('message', '')}".lower()
     return any(word in text for word in _COMMUNICATION)
+
+
+def _who(entries: list[dict]) -> str:
+    """``rank 3``, ``rank 1–4, 9``: the processes of a group of rank entries."""
+    ranks = sorted(e["rank"] for e in entries if e["rank"] is not None)
+    others = [e["process"] for e in entries if e["rank"] is None]
+    return ", ".join(([f"rank {spans(ranks)}"] if ranks else []) + others)
 
 
 def _owners(part: Part, finding: Finding) -> tuple[set[int], list[str]]:
@@ -113,6 +126,14 @@ def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dic
             group[2] += [p for p in processes if p not in group[2]]
     findings = [replace(f, ranks=tuple(sorted(ranks)), processes=tuple(processes))
                 for f, ranks, processes in groups.values()]
+    world = world_size or max(p.report.run.world_size for p in parts)
+    by_code = {rule.code: rule for rule in rules}
+    for i, f in enumerate(findings):  # what a bug on some ranks does to every rank's update
+        if f.code in by_code and f.ranks:
+            try:
+                findings[i] = by_code[f.code]().across_ranks(f, world)
+            except Exception:
+                pass  # the finding as the rank said it
     compared, rule_errors = across_processes(parts, rules)
     findings += compared
     findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
@@ -122,8 +143,11 @@ def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dic
     failing = worst(e["status"] for e in judged)  # missing, where the status says crashed
     error, echoes = None, []
     # the root cause first: a rank whose peer failed reports a communication error
-    failed = sorted((e for e in judged if e["status"] == failing and e.get("error")),
-                    key=lambda e: _echo(e["error"]))
+    # (a rank gone without a report comes before the ranks that only saw it go)
+    failed = sorted((e for e in judged if e["status"] in (failing, RunStatus.MISSING)
+                     and e.get("error")),
+                    key=lambda e: (communication_error(e["error"]), e["status"] != failing))
+    echoed: dict[str, list] = {}  # one note per distinct error, with the ranks that saw it
     for e in failed:
         if error is None:
             error = dict(e["error"])
@@ -131,25 +155,38 @@ def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dic
                 error["message"] = f"{e['process']}: {error['message']}"
         elif e["status"] != RunStatus.MISSING:
             message = str(e["error"].get("message", ""))
-            echoes.append(f"{e['process']} failed too: {e['error'].get('type')}: "
-                          f"{message[:200]}{' …' if len(message) > 200 else ''}")
+            text = f"{e['error'].get('type')}: {message[:200]}{' …' if len(message) > 200 else ''}"
+            echoed.setdefault(text, []).append(e)
+    echoes = [f"{_who(group)} failed too: {text}" for text, group in echoed.items()]
     first = next((e for e in rank_entries
                   if e["status"] not in (RunStatus.MISSING, RunStatus.NO_TRAINING_LOOP)),
                  rank_entries[0])
     about_run, notes, internal = notes, [], []
+    # each note once: in every part's report (said once), or in some (said with the process);
+    # counted in one pass, so thousands of ranks with notes of their own merge in linear time
+    holders: dict[str, int] = {}
+    for part in parts:
+        for note in dict.fromkeys(part.report.run.notes):
+            holders[note] = holders.get(note, 0) + 1
+    written: set[str] = set()
     for part in parts:
         label = "" if len(parts) == 1 else f"{part.process}: "
         for note in part.report.run.notes:
-            if note not in notes and f"{label}{note}" not in notes:
-                shared = all(note in p.report.run.notes for p in parts)
-                notes.append(note if shared else f"{label}{note}")
+            text = note if holders[note] == len(parts) else f"{label}{note}"
+            if note in written or text in written:
+                continue
+            written.add(text)
+            notes.append(text)
         internal += [{"where": f"{label}{e['where']}", "error": e["error"]}
                      for e in part.report.internal_errors]
     notes += echoes
+    lead_message = error["message"] if error is not None else None
+    grouped: dict[str, list] = {}  # the ranks missing for one reason: one note
     for m in missing:
-        note = f"{m['process']}: {m['error']['message']}"
-        if error is None or error["message"] != note:
-            notes.append(note)
+        if lead_message == f"{m['process']}: {m['error']['message']}":
+            continue
+        grouped.setdefault(m["error"]["message"], []).append(m)
+    notes += [f"{_who(group)}: {message}" for message, group in grouped.items()]
     notes += about_run
     run = RunInfo(
         script=lead.run.script, argv=list(lead.run.argv), status=status,
@@ -161,6 +198,8 @@ def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dic
         ranks=rank_entries,
         # one rank's own report keeps its checksums for the merge that compares them
         checksums=lead.run.checksums if len(parts) == 1 and not missing else None,
+        run_id=lead.run.run_id if all(p.report.run.run_id == lead.run.run_id for p in parts)
+        else None,
     )
     analysis = next((p.report.analysis for p in parts if p.report.analysis is not None), None) \
         if views else None

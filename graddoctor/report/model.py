@@ -40,6 +40,12 @@ class RunInfo:
     # replica checksums of a rank's first steps (instrument/ddp.py), for the merge to compare:
     # [{opt, step, value, path, line}]; only in a rank's own report
     checksums: list[dict] | None = None
+    # updates replayed (what --steps counts: the steps after one backward count once); None
+    # when not recorded (an older report, a merged one)
+    updates: int | None = None
+    # a rank's run as its launcher names it (torchrun's run id, SLURM's job.step), the same on
+    # every rank: a merge takes only the reports of one run (run/ranks.py); None elsewhere
+    run_id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", RunStatus(self.status))
@@ -106,8 +112,8 @@ class Report:
     views: ClassVar[Any] = None
 
     def render(self, format: str = "text", *, grad_flow: bool = False) -> str:
-        """The report as the CLI writes it to a file: ``text`` (plain, no colours), ``json``
-        or ``sarif``."""
+        """The report as the CLI writes it to a file: ``text`` (plain, no colours), ``json``,
+        ``sarif``, ``html`` or ``markdown``."""
         return self.views.render(self, format, grad_flow=grad_flow)
 
     def to_json(self) -> dict:
@@ -116,6 +122,10 @@ class Report:
 
     def __str__(self) -> str:
         return self.render("text")
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the HTML report: findings, the gradient-flow heatmap, the timeline."""
+        return self.views.html(self)
 
     def __rich__(self):
         """Rich renders it (``rich.print(report)``, a notebook's output): the terminal view."""

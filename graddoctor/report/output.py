@@ -3,6 +3,7 @@ written so that an odd terminal encoding cannot lose it."""
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import sys
@@ -78,12 +79,74 @@ def write_file(path: str, text: str) -> None:
         raise
 
 
+class ReportStdout:
+    """Where a report for stdout goes: a private copy of file descriptor 1 taken before the
+    script runs, so that a script that closes fd 1 or points it elsewhere, and the watchdog's
+    report written while fd 1 still goes to stderr (--format json), reach the real stdout.
+    Only when ``sys.stdout`` is the process's fd 1 (not a test runner's capture); else None
+    and the report is printed through ``sys.stdout``."""
+
+    fd: int | None = None
+    encoding: str = "utf-8"
+
+    @classmethod
+    def keep(cls) -> None:
+        if cls.fd is not None:
+            return
+        try:
+            if sys.stdout is None or sys.stdout.fileno() != 1:
+                return
+            cls.encoding = sys.stdout.encoding or "utf-8"
+            cls.fd = os.dup(1)
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            cls.fd = None
+
+    @classmethod
+    def write(cls, text: str) -> bool:
+        """Write ``text`` there; False when there is no such copy (or it failed)."""
+        fd = cls.fd
+        if fd is None:
+            return False
+        data = text.encode(cls.encoding, "backslashreplace")
+        try:
+            try:
+                sys.stdout.flush()  # what graddoctor printed before goes first
+            except Exception:
+                pass
+            while data:
+                data = data[os.write(fd, data):]
+            return True
+        except OSError:
+            return False
+
+    @classmethod
+    def end_machine_output(cls) -> None:
+        """After a JSON or SARIF report on stdout: whatever the process prints from now on (the
+        script's atexit handlers) goes to stderr, as the script's own prints did, so stdout holds
+        one document."""
+        try:
+            sys.stdout.flush()
+        except Exception:
+            pass
+        try:
+            os.dup2(2, 1)
+        except OSError:
+            pass
+
+
 def write_stdout(text: str) -> None:
-    """Print the report; characters the terminal's encoding lacks become escapes, not a crash."""
+    """Print the report; characters the terminal's encoding lacks become escapes, not a crash.
+    A script that closed stdout gets its report on stderr."""
+    if ReportStdout.write(text):
+        return
     stream = sys.stdout
     try:
-        stream.write(text)
-    except UnicodeEncodeError:
-        encoding = getattr(stream, "encoding", None) or "ascii"
-        stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
-    stream.flush()
+        try:
+            stream.write(text)
+        except UnicodeEncodeError:
+            encoding = getattr(stream, "encoding", None) or "ascii"
+            stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+        stream.flush()
+    except (OSError, ValueError):  # fd 1 closed: what is left
+        sys.stderr.write(text)
+        sys.stderr.flush()

@@ -37,19 +37,33 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def header_facts(report: Report) -> str:
+    """``device cpu · torch 2.13.0 · 10/10 optimizer steps replayed · 10 backward calls``."""
+    run = report.run
+    updates = run.steps if run.updates is None else run.updates
+    steps = _plural(run.steps, "optimizer step")
+    if updates != run.steps:  # several optimizers per backward, or one per parameter
+        steps += f" in {_plural(updates, 'update')}"
+    steps += " replayed"
+    if run.step_budget and updates > run.step_budget:
+        # a DataLoader's two epoch ends, or an optimizer that had not stepped twice
+        steps += f" (budget {run.step_budget}, run on to 2 epoch ends and 2 steps of each optimizer)"
+    elif run.step_budget:
+        steps = (f"{run.steps}/{run.step_budget} optimizer steps replayed" if updates == run.steps
+                 else steps.replace(" replayed", f" replayed (budget {run.step_budget})"))
+    facts = [f"device {run.device}", f"torch {run.torch_version}", steps,
+             _plural(run.backward_calls, "backward call")]
+    return " · ".join(facts)
+
+
 def header(console: Console, report: Report) -> None:
     run = report.run
     console.print(Text.assemble(("graddoctor", "bold"), "  ", (run.script, "bold underline")))
-    steps = f"{_plural(run.steps, 'optimizer step')} replayed"
-    if run.step_budget and run.steps > run.step_budget:  # DataLoader scripts cross two epoch ends
-        steps += f" (budget {run.step_budget}, run on past 2 epoch ends)"
-    elif run.step_budget:
-        steps = f"{run.steps}/{run.step_budget} optimizer steps replayed"
-    facts = [f"device {run.device}", f"torch {run.torch_version}", steps,
-             _plural(run.backward_calls, "backward call")]
-    console.print(Padding(Text(" · ".join(facts), style="dim"), (0, 0, 0, 2)))
-    status = Text.assemble("  status ", (run.status, "bold"),
-                           f": {STATUS_TEXT.get(run.status, run.status)} · {run.duration_s:.1f} s")
+    console.print(Padding(Text(header_facts(report), style="dim"), (0, 0, 0, 2)))
+    said = STATUS_TEXT.get(run.status, run.status)
+    if run.status == RunStatus.CRASHED and (run.error or {}).get("type") == "Missing":
+        said = "a process's report never arrived (it ended before graddoctor could write it)"
+    status = Text.assemble("  status ", (run.status, "bold"), f": {said} · {run.duration_s:.1f} s")
     if run.config:
         status.append(f" · config {run.config}", style="dim")
     console.print(status)

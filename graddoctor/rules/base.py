@@ -42,6 +42,12 @@ class Rule:
         Most rules judge one trace and find nothing here."""
         return ()
 
+    def across_ranks(self, finding: Finding, world_size: int) -> Finding:
+        """This rule's finding as the merged report of ``world_size`` ranks says it, once it
+        is known which ranks saw it (``finding.ranks``): what a bug on some ranks does to the
+        update every rank applies. Most findings read the same: returned as they are."""
+        return finding
+
     def finding(self, message: str, location: Location | None, *, related=(), step=None,
                 evidence=None, severity: Severity | None = None, fix: str | None = None,
                 fixes: dict[str, str] | None = None) -> Finding:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Safety, Severity
+from dataclasses import replace
+
+from ..findings import Safety, Severity, spans
 from .base import Rule, related
 from .source import call_bare_method, method_calls, related_line, stepped_optimizer
 
@@ -136,7 +138,9 @@ class MissingZeroGrad(Rule):
                 step=first.step_index,
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "optimizer": first.opt, "old_backward_calls": len(first.old),
-                          "steps_affected": a.count({u.step.seq: u.step for u in uses}.values())},
+                          "steps_affected": a.count({u.step.seq: u.step for u in uses}.values()),
+                          # DDP all-reduces this backward: what the other ranks do matters
+                          **({"allreduce": True} if backward.get("allreduce") else {})},
             )
 
     fix_safety = Safety.SAFE
@@ -170,6 +174,28 @@ class MissingZeroGrad(Rule):
             return self.edit(f"clear {opt}'s gradients at the top of the loop",
                              src.insert_before(loop.children[0], clear))
         return self.edit(f"clear {opt}'s gradients after its step", src.insert_after(step, clear))
+
+    def across_ranks(self, finding, world_size):
+        """Under DDP, when only some ranks clear: the all-reduce averages the ranks' gradients,
+        so every rank applies the fresh average plus k/N of the previous update's gradient
+        (k: the ranks that do not clear), not the sum of all gradients."""
+        ev = finding.evidence
+        ranks = finding.ranks or ()
+        if not ev.get("allreduce") or "ranks_not_clearing" in ev or world_size < 2 \
+                or not 0 < len(ranks) < world_size:
+            return finding
+        k, n = len(ranks), world_size
+        clearing = [r for r in range(n) if r not in ranks]
+        message = (f"only rank {spans(clearing)} {'clears' if len(clearing) == 1 else 'clear'} "
+                   f"these gradients; on rank {spans(ranks)} this backward() adds onto the "
+                   f"gradient an earlier step already used. DDP's all-reduce averages what the "
+                   f"ranks hold, so every rank's step applies the fresh averaged gradient plus "
+                   f"{k}/{n} of the previous update's gradient (a decaying sum of old gradients, "
+                   f"like an unintended momentum of {k / n:.2g}); the replicas stay equal, the "
+                   f"update is wrong on all of them")
+        return replace(finding, message=message, evidence={**ev, "ranks_not_clearing": k},
+                       fix="clear the gradients on every rank, not under a rank test: call "
+                           "optimizer.zero_grad() once per update on all ranks")
 
     @staticmethod
     def _clear_astray(a, first, consumed, backward, mine):

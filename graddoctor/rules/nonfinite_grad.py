@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from .base import Rule, plural, related
+from .step_bypasses_scaler import bypassing_steps
 
 
 class NonfiniteGrad(Rule):
@@ -38,9 +39,13 @@ class NonfiniteGrad(Rule):
     severity = Severity.ERROR
     summary = "NaN/Inf gradients reach an optimizer step"
     fix = "find the NaN/Inf source (log/sqrt/div of 0, overflow); with fp16 use a GradScaler"
+    # a script that already scales its loss with a GradScaler is not told to use one
+    fix_with_scaler = "find the NaN/Inf source (log/sqrt/div of 0, overflow, a learning rate too large)"
 
     def check(self, a):
         index = a.step_number
+        # steps that applied still-scaled gradients: step-bypasses-scaler names that cause
+        explained = {s.step.seq for s in bypassing_steps(a) if len(s.edited) < len(s.scaled)}
         begins: dict[int, object] = {}
         hits = []  # (step_begin, step)
         for e in a.events:
@@ -48,12 +53,15 @@ class NonfiniteGrad(Rule):
                 begins[e["opt"]] = e
             elif e.kind == "step":
                 begin = begins.pop(e["opt"], None)
-                if begin is not None and begin.get("nonfinite") and not e.get("skipped"):
+                if (begin is not None and begin.get("nonfinite") and not e.get("skipped")
+                        and e.seq not in explained):
                     hits.append((begin, e))
             elif e.kind == "scaler_step" and e.get("found_inf") and hits:
                 # a fused optimizer was handed the inf check and skipped inside its own step
                 if hits[-1][1]["opt"] == e["opt"] and hits[-1][1].seq < e.seq:
                     hits.pop()
+        fix = (self.fix_with_scaler if any(b.get("scaled") for b in a.of_kind("backward"))
+               else None)
         groups: dict = {}
         for begin, step in hits:
             first = begin["nonfinite"][0]
@@ -69,7 +77,7 @@ class NonfiniteGrad(Rule):
                 f"{where} NaN/Inf gradients in {a.names(bad)}, and "
                 f"{a.optimizer_name(step['opt'])} applied them at step {index.get(step.seq)} "
                 f"({plural(affected, 'step')} affected)",
-                loc, step=index.get(step.seq),
+                loc, step=index.get(step.seq), fix=fix,
                 related=(related(step, "the step that applies them"),) if source is not None else (),
                 evidence={"params": [a.param_name(p) for p in bad[:8]], "count": len(bad),
                           "norms": {a.param_name(p): str(norms.get(p)) for p in bad[:8]},

@@ -46,7 +46,7 @@ class OptimizerAttributeHyperparameter(Rule):
     code = "GD113"
     slug = "optimizer-attribute-hyperparameter"
     severity = Severity.WARNING
-    summary = ("a hyper-parameter is set as an optimizer attribute (`optimizer.lr = ...`), "
+    summary = ("a hyper-parameter is set as an optimizer attribute (optimizer.lr = ...), "
                "which torch's step never reads")
     fix = ('set it in every param group: `for group in optimizer.param_groups: '
            'group["lr"] = 1e-4`')

@@ -11,12 +11,41 @@ def is_plateau(cls: str | None) -> bool:
     return "ReduceLROnPlateau" in (cls or "")
 
 
-def _plateau_or_step(e) -> tuple | None:
-    if e.kind == "step":
-        return "step", e["opt"]
-    if e.kind == "scheduler_step" and is_plateau(e.get("cls")):
-        return "sched", e["sched"]
-    return None
+def after_validation(a) -> set[int]:
+    """Seqs of the plateau steps that follow a validation pass: since the previous optimizer
+    step (or backward) the script switched a model to eval mode, iterated another DataLoader
+    than the one it trains on, ran a forward without gradients or in eval mode, or stepped the
+    scheduler under ``no_grad``. Their metric is per validation, however often that comes
+    (a validation interval computed from the dataset size may be every batch). A metric that
+    is a tensor requiring grad is a training loss whatever came before."""
+    from ..analysis.lr import training_loader
+
+    train_loader = training_loader(a)[0]
+    found: set[int] = set()
+    evidence = False
+    for e in a.events:
+        kind = e.kind
+        if kind in ("step", "backward"):
+            evidence = False
+        elif kind == "eval" or (kind == "epoch_start" and e.get("loader") != train_loader) or (
+                kind == "mode_forward" and not e.get("recalibrating")
+                and (not e.get("grad") or e.get("inference") or not e.get("training"))):
+            evidence = True
+        elif kind == "scheduler_step" and is_plateau(e.get("cls")):
+            if e.get("metric") != "grad_tensor" and (evidence or e.get("grad") is False):
+                found.add(e.seq)
+    return found
+
+
+def _plateau_or_step(validated: set[int]):
+    def key(e) -> tuple | None:
+        if e.kind == "step":
+            return "step", e["opt"]
+        if e.kind == "scheduler_step" and is_plateau(e.get("cls")) and e.seq not in validated:
+            return "sched", e["sched"]
+        return None
+
+    return key
 
 
 class PlateauEveryBatch(Rule):
@@ -25,6 +54,11 @@ class PlateauEveryBatch(Rule):
     Finds `ReduceLROnPlateau.step(metric)` called after every training batch (at least once
     per optimizer step, three or more times within one DataLoader epoch) instead of once per
     epoch or per validation.
+
+    A step that follows a validation pass (since the last optimizer step: a model put in eval
+    mode, another DataLoader iterated, a forward without gradients) is per validation, however
+    often the script validates: a validation interval computed from the dataset's size comes out
+    as every batch on a small dataset (Pytorch-UNet), and that is correct.
 
     Without a DataLoader graddoctor cannot see epochs: a scheduler stepped once per optimizer
     step is then reported as `info`, since full-batch training (one step per epoch) does exactly
@@ -86,7 +120,7 @@ class PlateauEveryBatch(Rule):
             return
         # every plateau step and optimizer step, with how many times it happened in each
         # DataLoader epoch (folded copies included)
-        groups = sorted(a.by_epoch(_plateau_or_step).items(),
+        groups = sorted(a.by_epoch(_plateau_or_step(after_validation(a))).items(),
                         key=lambda item: item[1][0][0].seq if item[1][0] else -1)
         found: dict = {}
         for ((what, sched), key), (events, n_calls) in groups:

@@ -39,7 +39,7 @@ class SamplerWithoutSetEpoch(Rule):
     code = "GD402"
     slug = "sampler-without-set-epoch"
     severity = Severity.WARNING
-    summary = "a shuffling `DistributedSampler` without `set_epoch()`: every epoch replays the same order"
+    summary = "a shuffling DistributedSampler without set_epoch(): every epoch replays the same order"
     fix = "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader"
 
     def check(self, a):

@@ -1,11 +1,9 @@
 from __future__ import annotations
 
+from ..analysis.lr import NOT_POSITIONAL, per_micro_batch
 from ..findings import Safety, Severity
 from .base import Rule, related
 from .source import move_after, related_line
-
-# schedulers whose step() is not a position in a fixed schedule
-NOT_POSITIONAL = {"ReduceLROnPlateau"}
 
 
 class SchedulerBeforeOptimizer(Rule):
@@ -82,6 +80,9 @@ class SchedulerBeforeOptimizer(Rule):
             first = stepped.get(e["opt"])
             if first is None:
                 continue  # the optimizer never steps in the replay: nothing to compare with
+            schedule = a.schedulers.get(e["sched"])
+            if schedule is not None and per_micro_batch(a, schedule) is not None:
+                continue  # stepped every micro-batch: scheduler-per-micro-batch names the cause
             yield self.finding(
                 f"{e.get('cls', 'the scheduler')}.step() runs before {a.optimizer_name(e['opt'])} "
                 f"has made its first step: the schedule's first learning rate is skipped and every "

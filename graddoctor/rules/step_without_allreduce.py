@@ -42,7 +42,7 @@ class StepWithoutAllreduce(Rule):
     code = "GD401"
     slug = "step-without-allreduce"
     severity = Severity.ERROR
-    summary = "a DDP optimizer step applies gradients no all-reduce produced (every micro-batch under `no_sync()`)"
+    summary = "a DDP optimizer step applies gradients no all-reduce produced (every micro-batch under no_sync())"
     fix = ("run the last micro-batch before optimizer.step() outside model.no_sync(), so its "
            "backward all-reduces the accumulated gradients")
 

@@ -67,7 +67,9 @@ def start_recorder(options: CheckOptions, announce: bool = True):
     from ..instrument import Recorder
     from ..location import LocationFinder
 
-    rec = Recorder(step_budget=options.steps or None, finder=LocationFinder())
+    # the step budget may wait for a rarely stepped optimizer for half the time limit
+    hold_s = options.timeout / 2 if options.timeout else None
+    rec = Recorder(step_budget=options.steps or None, finder=LocationFinder(), hold_s=hold_s)
     if announce:
         rec.emit(ev.run_start(script=options.target, argv=list(options.args),
                            device=options.device, torch_version=torch.__version__))
@@ -135,15 +137,48 @@ def _stdout_to_stderr(enabled: bool):
         if saved_fd is not None:
             os.close(saved_fd)
         saved_fd = None
+    _redirected.append(saved_fd)
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
+        _redirected.pop()
         if saved_fd is not None:
             with contextlib.suppress(Exception):
                 sys.__stdout__.flush()  # what the script wrote to sys.__stdout__ goes to stderr
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
+
+
+_redirected: list[int | None] = []  # while the script's stdout goes to stderr: the real one's fd
+
+
+@contextlib.contextmanager
+def real_stdout():
+    """The real stdout for the block, while the script's goes to stderr: for a report written
+    while the script still runs (a rank's, at ``destroy_process_group()``)."""
+    if not _redirected:
+        yield
+        return
+    saved_fd = _redirected[-1]
+    script_fd = None
+    try:
+        sys.stdout.flush()
+        sys.__stdout__.flush()
+        if saved_fd is not None:
+            script_fd = os.dup(1)
+            os.dup2(saved_fd, 1)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        with contextlib.redirect_stdout(sys.__stdout__):
+            yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.__stdout__.flush()
+        if script_fd is not None:
+            os.dup2(script_fd, 1)
+            os.close(script_fd)
 
 
 def _device_of(rec) -> str:
@@ -152,6 +187,32 @@ def _device_of(rec) -> str:
         if t is not None:
             return t.device.type
     return "cpu"
+
+
+def _unknown_ignores(options: CheckOptions, findings, base_dir: str | None) -> list[str]:
+    """A note per ``# graddoctor: ignore[name]`` whose name is no rule (a typo would silently
+    suppress nothing), in the script and the files findings point at."""
+    from ..notebook import describe
+    from ..rules.engine import unknown_selectors
+    from ..suppress import Suppressions
+
+    paths = [f.location.path for f in findings if f.location is not None]
+    if not options.module and os.path.isfile(options.target):
+        paths.insert(0, options.target)
+    table, notes, seen = Suppressions(base_dir), [], set()
+    for path in paths:
+        full = os.path.realpath(path if os.path.isabs(path) else
+                                os.path.join(base_dir or os.getcwd(), path))
+        if full in seen:
+            continue
+        seen.add(full)
+        for line, directives in sorted(table.directives(path).items()):
+            unknown = unknown_selectors([n for d in directives if d is not None for n in d])
+            if unknown:
+                notes.append(f"{describe(path, line)}: `# graddoctor: ignore[...]` names no rule: "
+                             f"{', '.join(unknown)} (it suppresses nothing; see `graddoctor "
+                             f"rules`)")
+    return notes
 
 
 def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, *,
@@ -170,6 +231,10 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
     findings, rule_errors = analyze(analysis, rules, base_dir)
     findings = apply_suppressions(findings, base_dir)  # `# graddoctor: ignore[...]` on the line
+    try:
+        end_notes = [*end_notes, *_unknown_ignores(options, findings, base_dir)]
+    except Exception as exc:
+        rec.internal_error("reading suppression comments", exc)
     internal = [{"where": e["where"], "error": e["error"]} for e in analysis.of_kind("internal_error")]
     internal += rule_errors
     notes = list(outcome.notes)
@@ -193,6 +258,7 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     run = RunInfo(
         checksums=checksums or None,
         script=options.target, argv=list(options.args), status=status, steps=rec.steps,
+        updates=rec.updates,
         backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
         duration_s=round(duration, 3), error=outcome.error,
         notes=notes if parts else [*notes, *end_notes],
@@ -262,6 +328,11 @@ class Session:
         self._lock: contextlib.ExitStack | None = None  # the one-check lock, if claimed
         self._started = 0.0
 
+    @property
+    def started(self) -> float:
+        """When the session began (``time.perf_counter()``)."""
+        return self._started
+
     def begin(self, variables: Callable[[object], dict] | None = None, *,
               around: tuple[Callable[[object], contextlib.AbstractContextManager], ...] = ()
               ) -> "Session":
@@ -279,7 +350,8 @@ class Session:
             for context in around:
                 stack.enter_context(context(self.rec))
             self.instrumentation = stack.enter_context(
-                Instrumentation(self.rec, self.options.epoch_batches))
+                Instrumentation(self.rec, self.options.epoch_batches,
+                                grad_flow=self.options.grad_flow))
             if variables is not None:
                 try:
                     self.instrumentation.optimizers.adopt_existing(
@@ -327,7 +399,8 @@ class Session:
 
     def check(self, on_step: Callable[[int], None] | None = None, *,
               on_hang: Callable[[Report], None] | None = None,
-              checkpoint: Callable[[Report], None] | None = None) -> Report:
+              checkpoint: Callable[[Report], None] | None = None,
+              on_destroy: Callable[[Report, Callable[[], None]], None] | None = None) -> Report:
         """Run the script (``run_check`` says what the callbacks get)."""
         options = self.options
         workers = Workers(options)  # multiprocessing workers: instrumented by a start-up hook
@@ -344,6 +417,7 @@ class Session:
             """From the watchdog: the report of a run that cannot be stopped."""
             if on_hang is None:
                 return
+            workers.discard()  # the process ends from here: no folder left behind
             main = sys.modules.get("__main__")
             variables = dict(vars(main)) if main is not None else {}
             ending = RunOutcome(ended_by=ReplayTimeout(), error={
@@ -354,12 +428,14 @@ class Session:
             on_hang(build_report(options, rec, _snapshot(rec, variables), ending,
                                  duration=time.perf_counter() - self._started))
 
+        destroy = _EarlyReport(self, on_destroy) if on_destroy is not None else None
         try:
-            outcome = run_target(options.target, list(options.args), module=options.module,
-                                 timeout=options.timeout, finder=rec.finder, on_hang=hang,
-                                 on_start=lambda: provisional(force=True),
-                                 last_resort=on_hang is not None,
-                                 on_fork_child=instrumentation.detach_in_child)
+            with destroy.watching() if destroy is not None else contextlib.nullcontext():
+                outcome = run_target(options.target, list(options.args), module=options.module,
+                                     timeout=options.timeout, finder=rec.finder, on_hang=hang,
+                                     on_start=lambda: provisional(force=True),
+                                     last_resort=on_hang is not None,
+                                     on_fork_child=instrumentation.detach_in_child)
         except BaseException:  # the target cannot run (ScriptError)
             self.discard()
             raise
@@ -393,15 +469,104 @@ class Session:
                                   world_size=max(ranks) + 1 if ranks else 1,
                                   end_notes=worker_notes)
             if workers is not None:
-                from ..instrument.graphkeep import release_after_check
-
                 # the script's globals (and the exception's frames) are let go of here, so that
-                # deep graphs it left are freed safely
+                # deep graphs it left are freed safely; a rank's, once its report is handed
+                # over (their destructors can hang: a process group's)
+                held = (outcome.namespace, outcome.ended_by)
                 outcome.namespace = outcome.ended_by = None
-                release_after_check()
+                if _deferred is not None:
+                    _deferred.append(held)
+                else:
+                    del held
+                    release_deferred(True)
             return report
         finally:
             lock.close()
+
+
+_deferred: list | None = None  # a rank's script objects, held until its report is handed over
+
+
+def defer_teardown() -> None:
+    """From a rank's front door: what the script left (its globals, the exception whose
+    frames hold its locals: a DDP model, a process group) is let go of only at
+    ``release_deferred()``, once the rank's report is handed over, so that their destructors
+    (which can deadlock: a gloo thread waiting for the GIL) cannot hold the report back."""
+    global _deferred
+    _deferred = []
+
+
+def release_deferred(now: bool = False) -> None:
+    """Let go of what ``defer_teardown`` held, and free what graddoctor kept of the graphs."""
+    global _deferred
+    held, _deferred = _deferred, None
+    if held is None and not now:
+        return
+    if held:
+        held.clear()
+    from ..instrument.graphkeep import release_after_check
+
+    release_after_check()
+
+
+class _EarlyReport:
+    """A rank's report at the script's ``destroy_process_group()``: training is over there,
+    and what follows (``main()`` returning frees the DDP model and the process group, whose
+    destructors can deadlock on the GIL) must not hold the report back.
+    ``on_destroy(report, destroy)`` gets the report as of that call, with its deferred values
+    read, and the original ``destroy`` to call (once) when it wants the group gone."""
+
+    def __init__(self, session: Session, on_destroy):
+        self.session = session
+        self.on_destroy = on_destroy
+        self.done = False
+
+    @contextlib.contextmanager
+    def watching(self):
+        import torch.distributed as dist
+
+        patches = Patcher()
+        early = self
+        original = dist.destroy_process_group
+
+        def destroy_process_group(group=None, *args, **kwargs):
+            if group is not None or early.done or not early.session.rec.steps:
+                return original(group, *args, **kwargs)
+            early.done = True
+            called = []
+
+            def destroy():
+                if not called:
+                    called.append(original(group, *args, **kwargs))
+
+            try:
+                early.on_destroy(early.report(sys._getframe(1)), destroy)
+            except Exception as exc:  # graddoctor's own failure: the report at the end
+                early.session.rec.internal_error("report at destroy_process_group", exc)
+            destroy()
+            return called[0] if called else None
+
+        patches.patch(dist, "destroy_process_group", destroy_process_group)
+        try:
+            yield
+        finally:
+            patches.undo()
+
+    def report(self, frame) -> Report:
+        from ..instrument.recorder import resolved
+
+        session = self.session
+        rec = session.rec
+        variables = {}
+        main = sys.modules.get("__main__")
+        if main is not None:
+            variables.update(vars(main))
+        try:
+            variables.update(frame.f_locals)  # main()'s model and optimizer, by their names
+        finally:
+            del frame
+        return build_report(session.options, rec, resolved(_snapshot(rec, variables)),
+                            RunOutcome(), duration=time.perf_counter() - session.started)
 
 
 class _Checkpoints:
@@ -441,12 +606,14 @@ class _Checkpoints:
 
 def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = None, *,
               on_hang: Callable[[Report], None] | None = None,
-              checkpoint: Callable[[Report], None] | None = None) -> Report:
+              checkpoint: Callable[[Report], None] | None = None,
+              on_destroy: Callable[[Report, Callable[[], None]], None] | None = None) -> Report:
     """Replay the user's script under instrumentation and judge the trace.
 
     Raises ``ScriptError`` only when the target cannot be run at all; everything the script
     does (crash, exit, hang) ends up in the report's ``run.status``. ``on_step(n)`` is called
-    after each optimizer step (a progress display).
+    after each optimizer step with the updates so far, what the step budget counts (a progress
+    display).
 
     ``on_hang(report)`` is called from a watchdog thread when the script is stuck past the time
     limit in a call that never returns to Python: the report holds what was seen so far. The
@@ -456,7 +623,9 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     ``CHECKPOINT_EVERY_S`` without a step budget, and while the writes have taken less than
     ``CHECKPOINT_SHARE`` of the time since the start plus ``CHECKPOINT_ALLOWANCE_S``): what is
     left if the process is killed before the final report.
+    ``on_destroy(report, destroy)``: a rank's report when the script calls
+    ``destroy_process_group()`` (``_EarlyReport``), before its teardown.
     """
     options = validated(options)
     return Session(options, claim=f"graddoctor check {options.target}").check(
-        on_step, on_hang=on_hang, checkpoint=checkpoint)
+        on_step, on_hang=on_hang, checkpoint=checkpoint, on_destroy=on_destroy)

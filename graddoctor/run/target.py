@@ -10,6 +10,7 @@ afterwards (``ProcessState``), so that an in-process caller gets its interpreter
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import faulthandler
 import os
@@ -19,13 +20,15 @@ import sys
 import threading
 import traceback
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import ScriptError
 from ..instrument.patcher import Patcher
 from ..location import LocationFinder
-from ..notebook import compile_notebook, is_notebook, location_json, notebook_display
+from ..notebook import (ShellStandIn, compile_notebook, is_notebook, location_json,
+                        notebook_display)
 from ..status import ReplayTimeout, ScriptExit, StopReplay, exit_code
 from ..textsafe import strip_escapes
 from ..trace import Location
@@ -61,14 +64,34 @@ def compile_script(path: str):
         raise ScriptError(f"cannot read {path}: {exc.strerror}") from None
     if b"\0" in source:
         raise ScriptError(f"{path} is not a Python script (binary file)")
+    full = os.path.abspath(path)
     try:  # an absolute file name, as python gives it: a script that changes directory keeps it
-        return compile(source, os.path.abspath(path), "exec", dont_inherit=True)
+        code = compile(source, full, "exec", dont_inherit=True)
     except SyntaxError as exc:
+        if not path.endswith((".py", ".pyw")):  # python runs any file name; this is not Python
+            raise ScriptError(f"{path} is not a Python script (line {exc.lineno}: "
+                              f"{exc.msg})") from None
         raise ScriptError(
             f"{path}:{exc.lineno}: syntax error: {exc.msg} — is this a Python script?"
         ) from None
     except ValueError as exc:
         raise ScriptError(f"{path} is not a Python script: {exc}") from None
+    _remember_source(full, source)
+    return code
+
+
+def _remember_source(path: str, source: bytes) -> None:
+    """The text the script ran, for the report's excerpts and suppression comments (read
+    through ``linecache``): a script that rewrites its own file is shown as it ran. No mtime:
+    ``linecache.checkcache`` keeps such an entry."""
+    import importlib.util
+    import linecache
+
+    try:
+        lines = importlib.util.decode_source(source).splitlines(keepends=True)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return
+    linecache.cache[path] = (len(source), None, lines, path)
 
 
 def check_module(name: str) -> None:
@@ -78,7 +101,8 @@ def check_module(name: str) -> None:
     import importlib.util
 
     saved = list(sys.path)
-    sys.path[0:1] = [os.getcwd()]
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0:1] = [os.getcwd()]
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as exc:
@@ -129,6 +153,9 @@ class ProcessState:
         self.excepthook = sys.excepthook
         self.environ = dict(os.environ)
         self.signals = _signal_handlers()
+        self.warnings = (list(warnings.filters), warnings.showwarning, warnings.formatwarning)
+        self.recursion_limit = sys.getrecursionlimit()
+        self.builtins = dict(vars(builtins))  # builtins.print = ... and the like
         self.torch = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_anomaly_enabled(),
                       torch.are_deterministic_algorithms_enabled(),
                       torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_num_threads())
@@ -171,6 +198,19 @@ class ProcessState:
                     signal.signal(sig, handler)
             except (OSError, ValueError, TypeError):
                 pass
+        filters, showwarning, formatwarning = self.warnings
+        if warnings.filters != filters:
+            warnings.filters[:] = filters
+            warnings._filters_mutated()  # the C module's cache of the filters
+        warnings.showwarning, warnings.formatwarning = showwarning, formatwarning
+        if sys.getrecursionlimit() != self.recursion_limit:
+            sys.setrecursionlimit(self.recursion_limit)
+        now = vars(builtins)
+        for name in [n for n in now if n not in self.builtins]:
+            del now[name]
+        for name, value in self.builtins.items():
+            if now.get(name, _MISSING) is not value:
+                now[name] = value
         grad, dtype, anomaly, deterministic, warn_only, threads = self.torch
         torch.set_grad_enabled(grad)
         torch.set_default_dtype(dtype)
@@ -526,22 +566,40 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
 
 def _execute(target: str, args: list[str], code, module: bool, outcome: RunOutcome) -> None:
     sys.argv = [target, *args]
+    # python -P / PYTHONSAFEPATH=1 (3.11+): nothing is put in front of sys.path
+    safe_path = getattr(sys.flags, "safe_path", False)
     if module:
-        sys.path[0:1] = [os.getcwd()]  # python -m: the working directory comes first
+        if not safe_path:
+            sys.path[0:1] = [os.getcwd()]  # python -m: the working directory comes first
         outcome.namespace = runpy.run_module(target, run_name="__main__", alter_sys=True)
         return
     path = os.path.abspath(code.co_filename)
+    outcome.namespace = _main_module(path).__dict__
+    if not safe_path:
+        sys.path[0:1] = [os.path.dirname(path)]
+    exec(code, outcome.namespace)
+
+
+def _main_module(path: str) -> types.ModuleType:
+    """``__main__`` with the globals ``python script.py`` gives it (coverage.py's runner is
+    the model): ``__builtins__`` the module, a source loader, ``__cached__`` None."""
+    from importlib.machinery import SourceFileLoader
+
     main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__builtins__ = __builtins__
+    notebook = is_notebook(path)
+    main.__loader__ = None if notebook else SourceFileLoader("__main__", path)
     main.__spec__ = None
-    main.__loader__ = None
-    if is_notebook(path):  # what a Jupyter kernel gives every notebook
+    if sys.version_info < (3, 14):  # python sets an empty one before running the file
+        main.__annotations__ = {}
+    main.__builtins__ = builtins
+    main.__file__ = path
+    main.__cached__ = None
+    if notebook:  # what a Jupyter kernel gives every notebook
         main.display = notebook_display
+        shell = ShellStandIn(main.__dict__)
+        main.get_ipython = lambda: shell
     sys.modules["__main__"] = main
-    outcome.namespace = main.__dict__
-    sys.path[0:1] = [os.path.dirname(path)]
-    exec(code, main.__dict__)
+    return main
 
 
 def describe_ending(exc: BaseException, finder: LocationFinder,

@@ -71,6 +71,10 @@ class Workers:
         try:
             yield
         finally:
+            # nothing started (an input error, a script without workers): no folder left behind;
+            # one the workers wrote into is read and removed by ``reports``
+            with contextlib.suppress(OSError):
+                os.rmdir(self.dir)
             self._patches.undo()
             for key, value in self._saved.items():
                 if value is None:
@@ -103,13 +107,21 @@ class Workers:
 
         self._patches.patch(mpp.BaseProcess, "start", start)
 
+    def discard(self) -> None:
+        """The process ends without reading the workers' reports (the watchdog's hard exit)."""
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
     def reports(self) -> tuple[list, list[str]]:
         """(parts of the children that trained, notes on the processes that ran unchecked)."""
         parts, notes = [], []
         if self.dir is None:
             return parts, notes
         try:
-            names = os.listdir(self.dir)
+            try:
+                names = os.listdir(self.dir)
+            except FileNotFoundError:  # empty, removed when the script ended
+                names = []
             for name in sorted(names):
                 if name.endswith(".json"):
                     with open(os.path.join(self.dir, name), encoding="utf-8") as f:

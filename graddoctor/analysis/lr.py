@@ -1,0 +1,306 @@
+"""The learning rate each optimizer really applies: its schedulers and the lr timeline.
+
+Built from the trace (no torch): ``optimizer_init.lrs`` (each group's lr as constructed),
+``scheduler_init`` (a scheduler's optimizer, its schedule's arguments, the lr it set at
+construction), ``scheduler_step.lrs`` (what each user call of ``scheduler.step()`` wrote) and
+``step_begin.lrs`` (what each optimizer step read). A value a step reads that no recorded write
+explains was written by the script itself (``group["lr"] = ...`` between two steps; graddoctor
+compares values instead of watching the groups' dicts, which keeps the step's cost at a few
+dict reads).
+
+Public API (also for the report's pictures):
+
+* ``Analysis.lr_timeline`` -> ``{opt: {group index: [LrPoint(step, lr, writer), ...]}}``: per
+  optimizer and param group, the lr at each of its recorded optimizer steps (``step``: the
+  1-based step number of ``Analysis.step_number``; ``lr``: None when not a plain number), and
+  the ``LrWriter`` of that value: ``kind`` "optimizer" (as constructed), "scheduler" (a
+  scheduler's construction or ``step()``: ``cls``, ``sched``, ``args``) or "manual" (the
+  script's own assignment; ``loc`` the assignment line when the source shows one, else None),
+  with ``loc`` the line that wrote it. In a folded long run (instrument/fold.py) the timeline
+  holds the kept steps only.
+* ``Analysis.schedulers`` -> ``{sched: Schedule}``: every scheduler, its construction, its user
+  steps and the counts rules judge with (folded copies included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from ..trace import Event, Location
+
+if TYPE_CHECKING:
+    from . import Analysis
+
+# schedulers whose step() is not a position in a fixed schedule
+NOT_POSITIONAL = frozenset({"ReduceLROnPlateau"})
+# schedulers that step others they hold (``children``)
+CONTAINERS = frozenset({"SequentialLR", "ChainedScheduler"})
+
+
+@dataclass(frozen=True)
+class LrWriter:
+    kind: str  # "optimizer" | "scheduler" | "manual"
+    loc: Location | None = None
+    cls: str | None = None  # the scheduler's class
+    sched: int | None = None
+    args: dict = field(default_factory=dict)  # the scheduler's schedule arguments
+    call: str | None = None  # "init" | "step" for a scheduler
+
+
+class LrPoint(NamedTuple):
+    step: int | None  # the optimizer step's number (Analysis.step_number)
+    lr: float | None
+    writer: LrWriter
+
+
+@dataclass
+class Schedule:
+    """One scheduler as the rules see it."""
+
+    sched: int
+    cls: str
+    opt: int | None
+    init: Event | None = None
+    args: dict = field(default_factory=dict)
+    parent: int | None = None  # the SequentialLR / ChainedScheduler that steps it
+    steps: list[Event] = field(default_factory=list)  # the user's step() calls (recorded)
+    count: int = 0  # how many times the user stepped it (folded copies included)
+
+    @property
+    def positional(self) -> bool:
+        return self.cls not in NOT_POSITIONAL
+
+    @property
+    def first_factor(self) -> float | None:
+        """The lr it set at construction over the lr it started from (a warm-up's start
+        factor: LinearLR(start_factor=0.01) gives 0.01), for the first group; None unknown."""
+        init = self.init
+        if init is None:
+            return None
+        lrs, base = init.get("lrs"), init.get("base_lrs")
+        if not lrs or not base or lrs[0] is None or not base[0]:
+            return None
+        return lrs[0] / base[0]
+
+
+def schedules(a: "Analysis") -> dict[int, Schedule]:
+    found: dict[int, Schedule] = {}
+    for e in a.events:
+        if e.kind == "scheduler_init":
+            s = found.get(e["sched"])
+            if s is None:
+                s = found[e["sched"]] = Schedule(e["sched"], e.get("cls") or "", e.get("opt"))
+            s.init, s.args, s.cls, s.opt = e, dict(e.get("args") or {}), e.get("cls") or s.cls, e.get("opt")
+            for child in e.get("children") or ():
+                found.setdefault(child, Schedule(child, "", e.get("opt"))).parent = e["sched"]
+        elif e.kind == "scheduler_step":
+            s = found.get(e["sched"])
+            if s is None:
+                s = found[e["sched"]] = Schedule(e["sched"], e.get("cls") or "", e.get("opt"))
+            s.steps.append(e)
+    for s in found.values():
+        s.count = a.count(s.steps)
+    return found
+
+
+def stepped(all_schedules: dict[int, Schedule], s: Schedule) -> bool:
+    """Stepped by the user, directly or through the container that holds it."""
+    seen = set()
+    while s is not None and s.sched not in seen:
+        if s.count:
+            return True
+        seen.add(s.sched)
+        s = all_schedules.get(s.parent) if s.parent is not None else None
+    return False
+
+
+def epoch_began_after(a: "Analysis", seq: int) -> bool:
+    """A DataLoader epoch began after the event with that seq (one folded out counts)."""
+    for e in a.after(seq):
+        if e.kind == "epoch_start" or (e.kind == "folded" and e.get("epochs")):
+            return True
+    return False
+
+
+def manual_lines(cache: dict, loc: Location | None) -> list[int]:
+    if loc is None or not loc.path:
+        return []
+    if loc.path not in cache:
+        from .source import lr_assignment_lines
+
+        cache[loc.path] = lr_assignment_lines(loc.path)
+    return cache[loc.path]
+
+
+def timeline(a: "Analysis") -> dict[int, dict[int, list[LrPoint]]]:
+    out: dict[int, dict[int, list[LrPoint]]] = {}
+    known: dict[int, list[tuple[float | None, LrWriter]]] = {}  # opt -> per group: value, writer
+    folded: set[int] = set()  # optimizers whose writes a fold may hide since their last step
+    sources: dict[str, list[int]] = {}  # path -> its lr assignment lines
+    for e in a.events:
+        kind = e.kind
+        if kind == "folded":
+            folded.update(known)
+        elif kind == "optimizer_init":
+            lrs = e.get("lrs")
+            if lrs is None:
+                continue
+            writer = LrWriter("optimizer", e.loc)
+            known.setdefault(e["opt"], []).extend((lr, writer) for lr in lrs)
+        elif kind in ("scheduler_init", "scheduler_step"):
+            opt, lrs = e.get("opt"), e.get("lrs")
+            if opt is None or lrs is None:
+                continue
+            writer = LrWriter("scheduler", e.loc, e.get("cls"), e.get("sched"),
+                              dict(e.get("args") or {}) if kind == "scheduler_init"
+                              else _args_of(a, e.get("sched")),
+                              "init" if kind == "scheduler_init" else "step")
+            known[opt] = [(lr, writer) for lr in lrs]
+        elif kind == "step_begin":
+            lrs = e.get("lrs")
+            if lrs is None:
+                continue
+            opt = e["opt"]
+            before = known.get(opt, [])
+            groups = out.setdefault(opt, {})
+            number = a.next_step_number(e.seq)
+            now = []
+            for g, lr in enumerate(lrs):
+                old = before[g] if g < len(before) else None
+                if old is not None and (old[0] == lr or lr is None or opt in folded):
+                    writer = old[1]  # after a fold: the writer of the folded turns, as kept
+                elif old is None and not before:
+                    writer = LrWriter("optimizer", a.optimizers[opt].loc if opt in a.optimizers else None)
+                else:
+                    writer = LrWriter("manual", _manual_loc(sources, e.loc))
+                now.append((lr, writer))
+                groups.setdefault(g, []).append(LrPoint(number, lr, writer))
+            known[opt] = now
+            folded.discard(opt)
+    return out
+
+
+def _args_of(a: "Analysis", sched) -> dict:
+    s = a.schedulers.get(sched)
+    return dict(s.args) if s is not None else {}
+
+
+def _manual_loc(sources: dict, step_loc: Location | None) -> Location | None:
+    """The script's ``...["lr"] = ...`` line closest above the step (the write happened between
+    two steps; the source says where), else None."""
+    lines = manual_lines(sources, step_loc)
+    if not lines or step_loc is None:
+        return None
+    above = [n for n in lines if n < step_loc.line]
+    line = max(above) if above else lines[0]
+    return Location(step_loc.path, line, step_loc.function)
+
+
+# -- what the rules judge schedules with: counts (folded copies included) ---------------------
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often a scheduler is stepped, against its optimizer's steps and the DataLoader."""
+
+    per_update: float  # user steps of the scheduler per step of its optimizer (from its first on)
+    most_between: int  # most recorded scheduler steps between two steps of its optimizer
+    updates: int  # optimizer steps from the scheduler's first step on
+    per_backward: float  # scheduler steps per backward call, same span
+    epoch_most: int  # most scheduler steps within one DataLoader epoch (0 without a loader)
+    epoch_updates: int  # most optimizer steps within one DataLoader epoch
+    epochs_seen: int  # DataLoader epochs in which the scheduler or its optimizer stepped
+    real_len: int | None  # the training DataLoader's real length (batches per epoch)
+    replay_len: int | None  # its length in the replay (``--epoch-batches``: what len(loader)
+    # returned to the script while graddoctor ran it)
+
+    def lengths(self) -> tuple[int, ...]:
+        """The epoch lengths a schedule sized with len(loader) may have been given."""
+        return tuple(n for n in {self.real_len, self.replay_len} if n)
+
+
+def training_loader(a: "Analysis") -> tuple[int | None, int | None, int | None]:
+    """(the DataLoader most backwards drew their batch from, its real length, its length in
+    the replay)."""
+    uses: dict[int, int] = {}
+    for e in a.by_kind.get("backward", ()):
+        batch = e.get("batch")
+        if batch:
+            uses[batch[0]] = uses.get(batch[0], 0) + 1
+    if not uses:
+        return None, None, None
+    loader = max(uses, key=uses.get)
+    start = next((e for e in a.by_kind.get("epoch_start", ()) if e.get("loader") == loader), None)
+    if start is None:
+        return loader, None, None
+    return loader, start.get("real_len") or None, start.get("replay_len") or None
+
+
+def cadence(a: "Analysis", s: Schedule) -> Cadence | None:
+    if not s.steps or s.opt is None:
+        return None
+    first = s.steps[0].seq
+    mine = [st for st in a.steps if st["opt"] == s.opt and st.seq > first]
+    updates = a.count(mine)
+    backwards = a.count(b for b in a.by_kind.get("backward", ()) if b.seq > first)
+    most, since = 0, 0
+    for e in a.events:
+        if e.seq < first:
+            continue
+        if e.kind == "scheduler_step" and e.get("sched") == s.sched:
+            since += 1
+        elif e.kind == "step" and e.get("opt") == s.opt:
+            most, since = max(most, since), 0
+    loader, real, replay = training_loader(a)
+
+    def key(e):
+        if e.kind == "scheduler_step" and e.get("sched") == s.sched:
+            return "sched"
+        if e.kind == "step" and e.get("opt") == s.opt:
+            return "step"
+        return None
+
+    groups = a.by_epoch(key) if loader is not None else {}
+    sched_in = {ep: n for (k, ep), (_, n) in groups.items() if k == "sched" and ep is not None}
+    steps_in = {ep: n for (k, ep), (_, n) in groups.items() if k == "step" and ep is not None}
+    return Cadence(
+        per_update=s.count / updates if updates else float("inf"),
+        most_between=most, updates=updates,
+        per_backward=s.count / backwards if backwards else 0.0,
+        epoch_most=max(sched_in.values(), default=0),
+        epoch_updates=max(steps_in.values(), default=0),
+        epochs_seen=len(set(sched_in) | set(steps_in)), real_len=real, replay_len=replay)
+
+
+def length(s: Schedule) -> int | None:
+    """The schedule's length in its own steps, where its arguments say it."""
+    args = s.args
+    for name in ("total_steps", "T_max", "total_iters", "num_training_steps"):
+        value = args.get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class MicroBatchStepping:
+    k: float  # scheduler steps per optimizer step
+    length: int | None  # the schedule's length, when its arguments say it
+    sized_in_updates: bool  # that length is a whole number of the epoch's optimizer steps
+
+
+def per_micro_batch(a: "Analysis", s: Schedule) -> MicroBatchStepping | None:
+    """A positional scheduler stepped after every micro-batch of an accumulation window (k
+    steps per optimizer step), unless its length counts micro-batches (a whole number of the
+    DataLoader's batches: it then ends with training, whatever k)."""
+    if not s.positional:
+        return None
+    c = cadence(a, s)
+    if c is None or c.updates < 2 or c.per_update < 1.5 or c.most_between < 2 or c.per_backward < 0.75:
+        return None
+    n = length(s)
+    if n is not None and any(n % m == 0 for m in c.lengths()):
+        return None  # sized in batches: per-batch stepping is its design
+    k = c.per_update
+    per_epoch = [int(round(m / k)) for m in c.lengths()]
+    return MicroBatchStepping(k, n, bool(n and any(p and n % p == 0 for p in per_epoch)))

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from ..analysis.lr import epoch_began_after, stepped
+from ..findings import Severity
+from .base import Rule, plural, related
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.3g} %"
+
+
+class SchedulerNeverStepped(Rule):
+    """
+    ## What it does
+    Finds a learning-rate scheduler that is built but whose `step()` is never called (neither
+    directly nor through a `SequentialLR`/`ChainedScheduler` holding it) while its optimizer
+    trains past an epoch end. Judged only when the replay passed an epoch boundary or ran to its
+    end, so a scheduler stepped once per epoch has had its chance.
+
+    ## Why is this bad?
+    Building a scheduler already applies its first value: `LinearLR(start_factor=0.01)`,
+    a `LambdaLR` warm-up or transformers' `get_linear_schedule_with_warmup` set the lr to its
+    first, tiny factor at construction. Never stepped, the warm-up never ends: the whole run
+    trains at 1 % (or 0 %) of the learning rate you chose. A scheduler that does not change the
+    lr at construction (cosine, step decay) is simply never applied (reported as `info`).
+
+    ## Example
+    ```python
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.01, total_iters=100)
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()          # lr stays 1e-5
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        warmup.step()
+    ```
+    """
+
+    code = "GD220"
+    slug = "scheduler-never-stepped"
+    severity = Severity.WARNING
+    summary = "a learning-rate scheduler is built but never stepped: its first factor stays forever"
+    fix = "call scheduler.step() after each optimizer.step() (or once per epoch, as the schedule counts)"
+
+    def check(self, a):
+        all_s = a.schedulers
+        for s in all_s.values():
+            if s.init is None or not s.positional or s.opt is None or stepped(all_s, s):
+                continue
+            if s.parent is not None:
+                continue  # its container is the one to report
+            after = [st for st in a.steps if st["opt"] == s.opt and st.seq > s.init.seq]
+            n = a.count(after)
+            if n < 2 or not (a.status == "completed" or epoch_began_after(a, after[0].seq)):
+                continue
+            factor = s.first_factor
+            lrs = s.init.get("lrs") or []
+            lr = lrs[0] if lrs else None
+            name = a.optimizer_name(s.opt)
+            if factor is not None and factor < 0.999:
+                shown = f"lr {lr:.3g}, " if lr is not None else ""
+                message = (f"{s.cls} is built here but its step() is never called: {name} takes "
+                           f"all {plural(n, 'step')} at the schedule's first value ({shown}"
+                           f"{_pct(factor)} of the lr it was given), and the warm-up never ends")
+                severity = None
+            else:
+                message = (f"{s.cls} is built here but its step() is never called: {name} takes "
+                           f"all {plural(n, 'step')} at a constant lr, the schedule is never applied")
+                severity = Severity.INFO
+            yield self.finding(
+                message, s.init.loc, severity=severity,
+                related=(related(after[0], f"{name} steps here without the scheduler"),),
+                evidence={"scheduler": s.cls, "optimizer": s.opt, "factor": factor, "steps": n},
+            )

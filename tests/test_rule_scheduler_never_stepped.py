@@ -1,0 +1,50 @@
+"""scheduler-never-stepped (GD220) on hand-written traces."""
+
+from __future__ import annotations
+
+from graddoctor.findings import Severity
+from lr_traces import builder, epoch, loader_run, sched_init, sched_step, update
+from rule_traces import findings, only
+
+SLUG = "scheduler-never-stepped"
+
+
+def test_a_warm_up_never_stepped_past_an_epoch_end_is_a_warning_at_its_construction():
+    t = builder()
+    sched_init(t, args={"start_factor": 0.01, "total_iters": 100}, line=5)
+    loader_run(t, lr=0.001)
+    f = only(t, SLUG)
+    assert (f.location.line, f.severity) == (5, Severity.WARNING)
+    assert "1 %" in f.message and "34 steps" in f.message
+
+
+def test_a_scheduler_that_sets_no_factor_is_info():
+    t = builder()
+    sched_init(t, cls="CosineAnnealingLR", args={"T_max": 10}, lrs=(0.1,))
+    loader_run(t)
+    assert only(t, SLUG).severity is Severity.INFO
+
+
+def test_silent_when_stepped_directly_or_through_its_container():
+    t = builder()
+    sched_init(t, args={"start_factor": 0.01})
+    loader_run(t, per_batch=(0, "LinearLR"))
+    assert findings(t, SLUG) == []
+    t = builder()
+    sched_init(t, sched=0, args={"start_factor": 0.01})
+    sched_init(t, sched=1, cls="CosineAnnealingLR", lrs=(0.001,))
+    sched_init(t, sched=2, cls="SequentialLR", children=(0, 1), lrs=(0.001,), base=())
+    loader_run(t, per_epoch=(2, "SequentialLR"))
+    assert findings(t, SLUG) == []
+
+
+def test_silent_before_any_epoch_end_and_for_plateau():
+    t = builder()
+    sched_init(t, args={"start_factor": 0.01})
+    for _ in range(10):
+        update(t, lr=0.001)  # no DataLoader, stopped by the step budget: maybe a per-epoch step
+    assert findings(t, SLUG) == []
+    t = builder()
+    sched_init(t, cls="ReduceLROnPlateau", lrs=(0.1,))
+    loader_run(t)
+    assert findings(t, SLUG) == []
