@@ -160,7 +160,49 @@ def check(
     if "code" in early:  # reported at destroy_process_group(): that report is final
         _end_unwaited()
         raise typer.Exit(early["code"])
+    if typed["diff"] or typed["fix"]:
+        if ranks is not None:
+            _usage_error("--diff/--fix check one process: run them without a distributed launch")
+        raise typer.Exit(_fixes(report, options, typed, fmt, output, render, shown_output))
     raise typer.Exit(finish(report))
+
+
+def _fixes(report, options, typed, fmt, output, render, shown) -> int:
+    """--diff / --fix: verify the fixes (run/fixes.py), then print the diff or write them."""
+    from .run import fixes
+
+    unsafe = typed["unsafe_fixes"]
+    if not typed["no_verify"]:
+        report = fixes.verify(report, options, unsafe=unsafe)
+    candidates = fixes.candidates(report, unsafe)
+    for f in fixes.refused(report):
+        where = f"{f.location.path}:{f.location.line}" if f.location else ""
+        typer.echo(f"graddoctor: {f.code} {f.rule} {where}: no fix: {f.autofix.refused}", err=True)
+    verified = sum(1 for f in candidates if f.autofix.verified)
+    if typed["diff"]:
+        from .report.output import write_stdout
+
+        if output:
+            _write(report, fmt, output, render)
+        write_stdout(fixes.diff(report, candidates))
+        typer.echo(f"graddoctor: {len(candidates)} fix{'es' if len(candidates) != 1 else ''} in "
+                   f"the diff, {verified} verified by running the fixed script", err=True)
+        return report.exit_code()
+    import dataclasses
+
+    chosen = fixes.to_apply(report, unsafe=unsafe, unverified=typed["no_verify"])
+    # the report shows what is left, read against the file as it is before the edits
+    left_report = dataclasses.replace(report, findings=[f for f in report.findings if f not in chosen])
+    _emit(left_report, fmt, output, render, shown)
+    done, skipped = fixes.write(report, chosen)
+    for line in skipped:
+        typer.echo(f"graddoctor: {line}", err=True)
+    left = [f for f in candidates if f not in done]
+    typer.echo(f"graddoctor: fixed {len(done)} finding{'s' if len(done) != 1 else ''}"
+               + (f" ({sum(1 for f in done if f.autofix.verified)} verified)" if done else "")
+               + (f"; {len(left)} fix{'es' if len(left) != 1 else ''} not applied (not verified, "
+                  f"unsafe or overlapping: see --diff)" if left else ""), err=True)
+    return dataclasses.replace(report, findings=[f for f in report.findings if f not in done]).exit_code()
 
 
 def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:
@@ -534,7 +576,10 @@ def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad
         known = ", ".join(r.slug for r in ALL_RULES)
         _usage_error(f"unknown rule {rule!r}; known rules: {known}")
         return
-    _console().print(Markdown(f"# {found.code} {found.slug} ({found.severity.value})\n\n{found.docs()}"))
+    docs = found.docs()
+    if found.fix_safety is None:
+        docs += "\n\n## Automatic fix\nNone: the fix needs a person (`graddoctor check --diff` has nothing for it)."
+    _console().print(Markdown(f"# {found.code} {found.slug} ({found.severity.value})\n\n{docs}"))
 
 
 def _script_arguments_hint(args: list[str], option: str) -> str | None:

@@ -29,6 +29,55 @@ class Related:
     note: str
 
 
+class Safety(str, Enum):
+    """How far an automatic edit can be trusted (as ruff says it): ``safe`` cannot change what
+    correct code does; ``unsafe`` changes behaviour in a way a person should judge."""
+
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the text from (line, col) to (end_line, end_col) of ``path`` with ``text``.
+    Lines from 1, columns from 0 in characters, the end exclusive: an insertion has
+    start == end; a whole line is (n, 0) to (n + 1, 0)."""
+
+    path: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    text: str
+
+
+# a fix's verification (graddoctor check --diff/--fix re-runs the fixed script): the finding is
+# gone and nothing new appeared / it is still there / the fixed script got a new finding
+VERIFIED = "fixed"
+NOT_FIXED = "not fixed"
+INTRODUCED = "fix introduced a finding"
+
+
+@dataclass(frozen=True)
+class Autofix:
+    """A finding's mechanical fix: the edits (built from the source with libcst, formatting
+    and comments kept), their safety, and — after ``--diff``/``--fix`` — its verification.
+    ``refused`` (no edits): why graddoctor offers no edit for this finding (a notebook, code a
+    training framework drives)."""
+
+    title: str
+    safety: Safety
+    edits: tuple[Edit, ...] = ()
+    refused: str = ""
+    verification: str | None = None  # None: not verified; else VERIFIED, NOT_FIXED, INTRODUCED
+    verification_note: str = ""  # e.g. the finding the fix introduced, or why it was not run
+    digest: str = ""  # sha256 of the file's text the edits were computed on
+
+    @property
+    def verified(self) -> bool:
+        return self.verification == VERIFIED
+
+
 @dataclass(frozen=True)
 class Finding:
     rule: str  # slug, e.g. "missing-zero-grad"
@@ -50,6 +99,8 @@ class Finding:
     # the fix in a training framework's terms, keyed by framework; the analysis swaps one in for
     # ``fix`` when the finding came through that framework (rules/engine.py)
     fixes: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # the edit that fixes it, for the rules whose fix is mechanical (Rule.autofix)
+    autofix: Autofix | None = None
 
 
 @dataclass(frozen=True)

@@ -261,6 +261,21 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Judge a run that crashed or timed out after its first backward or step by its "
            "findings alone (exit 0 or 1), like a complete check; by default such an incomplete check "
            "exits 2.", field="allow_incomplete", watch=NOT_IN_WATCH),
+    Option("diff", ("--diff",), Flag(), False,
+           "Print the fixes of the findings that have one as a unified diff (each verified by "
+           "running the fixed script; each hunk says its fix's safety and verification) instead "
+           "of the report; writes nothing.", cli_only="an action of one run, not a setting",
+           watch=NOT_IN_WATCH),
+    Option("fix", ("--fix",), Flag(), False,
+           "Apply the safe fixes in place, those verified by running the fixed script (a temporary "
+           "copy, same options and arguments); never into a file changed since the check.",
+           cli_only="it changes files: typed each time", watch=NOT_IN_WATCH),
+    Option("unsafe_fixes", ("--unsafe-fixes",), Flag(), False,
+           "With --diff/--fix: also the unsafe fixes (they change behaviour a person should judge).",
+           cli_only="it changes files: typed each time", watch=NOT_IN_WATCH),
+    Option("no_verify", ("--no-verify",), Flag(), False,
+           "With --diff/--fix: do not run the fixed script; --fix then writes unverified fixes.",
+           cli_only="it changes files: typed each time", watch=NOT_IN_WATCH),
     Option("nproc_per_node", ("--nproc-per-node",), Count(), 0,
            "Check a distributed script: start this many ranks through torch.distributed.run (as "
            "torchrun does, on this machine) and merge their reports into one.",

@@ -8,7 +8,7 @@ import os
 import textwrap
 
 from graddoctor.analysis import Analysis
-from graddoctor.findings import Finding, Related, Severity
+from graddoctor.findings import Autofix, Edit, Finding, Related, Safety, Severity
 from graddoctor.report.model import Report, RunInfo
 from graddoctor.trace import Location, TraceBuilder
 
@@ -48,7 +48,10 @@ def sample_report(folder: str, *, suppressed: bool = True, status: str = "step-l
         Finding("missing-zero-grad", "GD101", Severity.ERROR, "gradients from step 1 are applied again",
                 loc(4), fix="call optimizer.zero_grad() once per update",
                 related=(Related(loc(5), "the step that applies them"),), step=2,
-                evidence={"params": ["model.fc1.weight"]}),
+                evidence={"params": ["model.fc1.weight"]},
+                autofix=Autofix("clear optimizer's gradients at the top of the loop", Safety.SAFE,
+                                (Edit(path, 3, 0, 3, 0, "    optimizer.zero_grad()\n"),),
+                                verification="fixed", digest="0" * 64)),
         Finding("param-without-grad", "GD106", Severity.WARNING, "model.head.weight never gets a gradient",
                 loc(1), fix="remove it from the optimizer", step=1),
         Finding("stale-grad", "GD103", Severity.INFO, "worth knowing", None),

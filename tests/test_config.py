@@ -243,7 +243,8 @@ def test_every_command_line_option_is_a_config_key_or_says_why_not():
         key = param.opts[0][2:]
         assert CONFIG_KEYS.get(key) is option, f"--{key} is not accepted in [tool.graddoctor]"
         validate({key: option.default if option.default != () else []}, "p")
-    assert set(CLI_ONLY) == {"module", "format", "output", "trace", "plot", "nproc_per_node"}
+    assert set(CLI_ONLY) == {"module", "format", "output", "trace", "plot", "nproc_per_node",
+                             "diff", "fix", "unsafe_fixes", "no_verify"}
 
 
 def test_epoch_batches_grad_flow_and_allow_incomplete_in_the_config(tmp_path):

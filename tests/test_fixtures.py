@@ -119,6 +119,9 @@ def test_fixture(path, monkeypatch):
                     problems.append(f"{f.rule} points inside a library: {loc}")
     assert not problems, "\n".join(problems) + "\n" + json.dumps(
         json.loads(render(report))["findings"], indent=1)[:4000]
+    if silent is not None:  # a clean loop gets no edit, whatever it is told (info included)
+        assert not [f for f in report.findings if f.autofix and f.autofix.edits], \
+            [(f.rule, f.autofix) for f in report.findings if f.autofix]
     assert_folding_changes_nothing(report, options)
     # the in-process API, graddoctor.watch() around the same script, finds exactly the same
     watched = watch_script(name, report_options(options), monkeypatch)

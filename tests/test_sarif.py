@@ -58,6 +58,10 @@ def test_real_run_is_valid_sarif_pointing_at_the_bug(tmp_path, validator, monkey
     loc = res["locations"][0]["physicalLocation"]
     assert loc["artifactLocation"] == {"uri": "train.py", "uriBaseId": "%SRCROOT%"}
     assert loc["region"]["startLine"] == MISSING_ZERO_GRAD_LINE
+    # the edit, as code scanning shows a suggested change
+    (change,) = res["fixes"][0]["artifactChanges"]
+    assert change["artifactLocation"] == {"uri": "train.py", "uriBaseId": "%SRCROOT%"}
+    assert "zero_grad()" in change["replacements"][0]["insertedContent"]["text"]
     assert res["relatedLocations"] and all(r["message"]["text"] for r in res["relatedLocations"])
     assert "Fix: " in res["message"]["text"]
     assert run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == tmp_path.as_uri() + "/"

@@ -6,7 +6,8 @@ rank's report to rank 0, a spawned worker's to its parent, the files ``graddocto
 joins) is this JSON, so every record is written and read back here, its reader beside its
 writer. Not on the wire (the schema has no field for them and no view shows them): a
 location's ``function``, a related line's ``via``/``hook``, and ``Finding.fixes`` (the analysis
-has already put the fitting one in ``fix``).
+has already put the fitting one in ``fix``). ``Finding.autofix`` (the edit) is ``autofix``:
+``fix`` keeps its meaning, the text a person reads, as the output contract requires.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..findings import Finding, Related, Severity
+from ..findings import Autofix, Edit, Finding, Related, Safety, Severity
 from ..jsonsafe import dumps
 from ..notebook import location_json
 from ..rules import ALL_RULES
@@ -112,6 +113,7 @@ def finding_to_dict(finding: Finding) -> dict:
         "step": finding.step,
         "evidence": finding.evidence,
         "fix": finding.fix,
+        "autofix": autofix_to_dict(finding.autofix),
         "suppressed": finding.suppressed,
     }
     if finding.ranks is not None or finding.processes:  # a report merged from several processes
@@ -129,6 +131,35 @@ def finding_from_dict(obj: dict) -> Finding:
         suppressed=bool(obj.get("suppressed")),
         ranks=tuple(obj["ranks"]) if "ranks" in obj else None,
         processes=tuple(obj.get("processes", ())),
+        autofix=autofix_from_dict(obj.get("autofix")),
+    )
+
+
+def autofix_to_dict(fix: Autofix | None) -> dict | None:
+    """The finding's edit (``fix`` stays the text a person reads): its title, safety, the
+    edits (lines from 1, columns from 0, the end exclusive), why there is none (``refused``)
+    and its verification (``null``: not run; ``fixed``, ``not fixed``, ``fix introduced a
+    finding``)."""
+    if fix is None:
+        return None
+    return {
+        "title": fix.title, "safety": fix.safety.value,
+        "edits": [{"path": e.path, "line": e.line, "col": e.col, "end_line": e.end_line,
+                   "end_col": e.end_col, "text": e.text} for e in fix.edits],
+        "refused": fix.refused, "verification": fix.verification,
+        "verification_note": fix.verification_note, "sha256": fix.digest,
+    }
+
+
+def autofix_from_dict(obj: dict | None) -> Autofix | None:
+    if not obj:
+        return None
+    return Autofix(
+        title=obj.get("title", ""), safety=Safety(obj.get("safety", "unsafe")),
+        edits=tuple(Edit(e["path"], int(e["line"]), int(e["col"]), int(e["end_line"]),
+                         int(e["end_col"]), e["text"]) for e in obj.get("edits", ())),
+        refused=obj.get("refused", ""), verification=obj.get("verification"),
+        verification_note=obj.get("verification_note", ""), digest=obj.get("sha256", ""),
     )
 
 

@@ -90,6 +90,8 @@ def result(f: Finding, rule_index: dict[str, int], script: str | None) -> dict:
     if f.suppressed:
         out["suppressions"] = [{"kind": "inSource",
                                 "justification": "# graddoctor: ignore on the reported line"}]
+    if f.autofix is not None and f.autofix.edits:
+        out["fixes"] = [sarif_fix(f)]
     out["properties"] = {"rule": f.rule, "step": f.step, "evidence": f.evidence, "fix": f.fix}
     if f.ranks is not None or f.processes:
         out["properties"].update(ranks=list(f.ranks or ()), processes=list(f.processes))
@@ -99,6 +101,22 @@ def result(f: Finding, rule_index: dict[str, int], script: str | None) -> dict:
             out["properties"]["notebook"] = {"cell": where[0], "line": where[1]}
             out["message"]["text"] += f" (cell {where[0]}, line {where[1]})"
     return out
+
+
+def sarif_fix(f: Finding) -> dict:
+    """The finding's edit as a SARIF ``fix``: one ``artifactChange`` per file, each edit a
+    ``replacement`` (SARIF columns count from 1; an insertion deletes an empty region)."""
+    auto = f.autofix
+    changes: dict[str, list] = {}
+    for e in auto.edits:
+        changes.setdefault(e.path, []).append({
+            "deletedRegion": {"startLine": e.line, "startColumn": e.col + 1,
+                              "endLine": e.end_line, "endColumn": e.end_col + 1},
+            "insertedContent": {"text": e.text}})
+    state = "not verified" if auto.verification is None else auto.verification
+    return {"description": {"text": f"{auto.title} ({auto.safety.value}, {state})"},
+            "artifactChanges": [{"artifactLocation": artifact_location(path), "replacements": reps}
+                                for path, reps in changes.items()]}
 
 
 def notifications(report: Report) -> list[dict]:

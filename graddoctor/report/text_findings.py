@@ -80,6 +80,15 @@ def finding_block(f: Finding, base_dir: str | None = None) -> Group:
                                   style="dim")))
     if f.fix:
         parts.append(_indent(Text.assemble(("fix: ", "bold green"), f.fix)))
+    auto = f.autofix
+    if auto is not None and auto.edits:
+        state = "" if auto.verification is None else \
+            ", verified" if auto.verified else f", {auto.verification}"
+        parts.append(_indent(Text.assemble((f"autofix ({auto.safety.value}{state}): ", "green"),
+                                           auto.title, (f" ({auto.verification_note})" if
+                                                        auto.verification_note else "", "dim"))))
+    elif auto is not None and auto.refused:
+        parts.append(_indent(Text(f"autofix: none — {auto.refused}", style="dim")))
     parts.append(_indent(Text(f"see: graddoctor explain {f.rule}", style="dim")))
     return Group(*parts)
 

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from ..analysis.windows import typical
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, plural, related
+from .source import method_calls
 
 
 class AccumulationLeftover(Rule):
@@ -49,6 +50,40 @@ class AccumulationLeftover(Rule):
     severity = Severity.WARNING
     summary = "a partial accumulation window at an epoch end leaks into the next epoch's first step"
     fix = "step on the epoch's last batch too: `if (i + 1) % k == 0 or (i + 1) == len(loader):`"
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Flush the window at the epoch's end: ``if (i + 1) % k == 0`` ->
+        ``if (i + 1) % k == 0 or (i + 1) == len(loader)``, when the batch loop is
+        ``for i, ... in enumerate(loader)``."""
+        cst = src.cst
+        step = src.statement_at(finding.location.line)
+        if step is None or not method_calls(src, "step", within=step):
+            return None
+        branch = step.parent if step.parent is not None and step.parent.syntax == "If" else None
+        loop = src.enclosing_loop(step)
+        if branch is None or loop is None or loop.syntax != "For":
+            return None
+        it = loop.node.iter
+        if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Name)
+                and it.func.value == "enumerate" and it.args):
+            return None
+        loader = src.code(it.args[0].value)
+        test = branch.node.test
+        mods = [op for op in src.nodes(cst.BinaryOperation, within=branch)
+                if isinstance(op.operator, cst.Modulo) and src.span(op)[0] == src.span(test)[0]]
+        if len(mods) != 1 or f"len({loader})" in src.code(test):
+            return None
+        index = src.code(mods[0].left)
+        if not isinstance(mods[0].left, (cst.Name, cst.Attribute)) and not index.startswith("("):
+            index = f"({index})"
+        code = src.code(test)
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+            code = f"({code})"
+        line, col, end_line, end_col = src.span(test)
+        return self.edit(f"also step at the end of each pass over {loader}",
+                         src.replace(test, f"{code} or {index} == len({loader})"))
 
     def check(self, a):
         lengths = {(e["loader"], e["epoch"]): e for e in a.of_kind("epoch_start")}

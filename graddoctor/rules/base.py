@@ -10,11 +10,12 @@ import inspect
 import re
 from typing import TYPE_CHECKING, ClassVar, Iterable, Sequence
 
-from ..findings import Finding, ProcessFacts, Related, Severity
+from ..findings import Autofix, Edit, Finding, ProcessFacts, Related, Safety, Severity
 from ..trace import Location
 
 if TYPE_CHECKING:
     from ..analysis import Analysis
+    from .source import Source
 
 
 class Rule:
@@ -28,6 +29,8 @@ class Rule:
     # through that framework, or made in a run driven by it, gets that variant
     # (rules/engine.py); `explain` and the SARIF help list them under "Fix in a framework"
     fixes: ClassVar[dict[str, str]] = {}
+    # the safety of the rule's mechanical fix (``autofix``); None: the rule offers no edit
+    fix_safety: ClassVar[Safety | None] = None
 
     def check(self, a: "Analysis") -> Iterable[Finding]:  # pragma: no cover - interface
         """The findings of this rule over one analysed trace (``graddoctor.analysis``)."""
@@ -58,6 +61,19 @@ class Rule:
             related=_merge_related(related), step=step, evidence=evidence or {}, fixes=fixes,
         )
 
+    def autofix(self, finding: Finding, src: "Source") -> Autofix | None:
+        """The edit that fixes ``finding`` in ``src`` (the file its location points at, parsed
+        with libcst: rules/source.py), or None when this occurrence cannot be fixed
+        mechanically. Only rules with a ``fix_safety`` are asked."""
+        return None
+
+    def edit(self, title: str, *edits: Edit, safety: Safety | None = None) -> Autofix | None:
+        """An ``Autofix`` of this rule's safety (None when no edit was made)."""
+        edits = tuple(e for e in edits if e is not None)
+        if not edits:
+            return None
+        return Autofix(title=title, safety=safety or self.fix_safety or Safety.UNSAFE, edits=edits)
+
     @classmethod
     def docs(cls) -> str:
         docs = inspect.cleandoc(cls.__doc__ or "")
@@ -66,6 +82,11 @@ class Rule:
 
             docs += "\n\n## Fix in a framework\n" + "\n".join(
                 f"- **{TITLES.get(name, name)}**: {text}" for name, text in cls.fixes.items())
+        if cls.fix_safety is not None:
+            how = inspect.cleandoc(cls.autofix.__doc__ or "").replace("\n", " ")
+            docs += (f"\n\n## Automatic fix\n**{cls.fix_safety.value}** (`graddoctor check --diff` "
+                     f"shows it, `--fix` applies it{'' if cls.fix_safety is Safety.SAFE else ' with --unsafe-fixes'}"
+                     f", once verified by running the fixed script): {how}")
         return docs
 
     @classmethod

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, related
+from .source import method_calls, receiver, related_line
 
 
 def _next(a, after: int, kinds: tuple[str, ...], opts: set) -> object:
@@ -55,6 +56,33 @@ class ClipBeforeUnscale(Rule):
                       "self.clip_gradients(opt, gradient_clip_val=...) in manual optimization; "
                       "both unscale first"),
     }
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """``scaler.unscale_(optimizer)`` right before the clip (a later ``unscale_`` of the
+        same update moves there: a second one in one update raises)."""
+        clip = src.statement_at(finding.location.line)
+        backward_line = related_line(finding, "the scaled backward")
+        if clip is None or backward_line is None:
+            return None
+        scales = method_calls(src, "scale", line=backward_line)
+        if not scales:
+            return None
+        scaler = receiver(src, scales[0])
+        steps = [c for c in method_calls(src, "step") if receiver(src, c) == scaler and c.args
+                 and src.span(c)[0] > clip.line]
+        if not steps:
+            return None
+        opt = src.code(steps[0].args[0].value)
+        later = related_line(finding, "scaler.unscale_ comes only here")
+        edits = [src.insert_before(clip, f"{scaler}.unscale_({opt})")]
+        if later is not None and method_calls(src, "unscale_", line=later):
+            old = src.statement_at(later)
+            if old is None or src.only_statement(old):
+                return None
+            edits.append(src.delete(old))
+        return self.edit(f"unscale the gradients before clipping: {scaler}.unscale_({opt})", *edits)
 
     def check(self, a):
         groups: dict = {}

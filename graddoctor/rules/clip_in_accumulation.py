@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, related, times
+from .source import calls_in, related_line
 
 
 class ClipInAccumulation(Rule):
@@ -50,6 +51,31 @@ class ClipInAccumulation(Rule):
                       "with manual optimization call self.clip_gradients(opt, ...) only on the "
                       "batch that steps"),
     }
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Move the clip to right before the step, into the accumulation window's ``if``; in
+        ``accelerator.accumulate``, guard it with ``if accelerator.sync_gradients:``."""
+        clip = src.statement_at(finding.location.line)
+        for owner in clip.ancestors() if clip is not None else ():
+            acc = [c for item in getattr(owner.node, "items", ()) for c in calls_in(src, item, "accumulate")]
+            if owner.syntax == "With" and acc and len(clip.node.body) == 1:
+                name = src.code(acc[0].func.value)
+                indent = src.indent(clip)
+                return self.edit(f"clip only when {name} syncs the gradients (the window's last micro-batch)",
+                                 src.delete(clip), src.insert_before(
+                                     clip, [f"if {name}.sync_gradients:\n",
+                                            "    " + src.stmt_lines(clip)[0], *src.stmt_lines(clip)[1:]],
+                                     indent=indent))
+        step_line = related_line(finding, "the step that applies")
+        step = src.statement_at(step_line) if step_line else None
+        if clip is None or step is None or step.parent is clip.parent or step.line <= clip.line:
+            return None
+        if src.only_statement(clip) or len(clip.node.body) != 1:
+            return None
+        return self.edit("clip once per update, right before the step",
+                         src.delete(clip), src.insert_before(step, src.stmt_lines(clip)))
 
     def check(self, a):
         groups: dict = {}

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from ..analysis import written
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, related
+from .source import method_calls
 
 
 class DoubleStep(Rule):
@@ -50,6 +51,17 @@ class DoubleStep(Rule):
     summary = "the same optimizer is stepped twice on the same gradients"
     fix = ("step each optimizer once per update: remove the extra optimizer.step() "
            "(scaler.step(optimizer) already calls it)")
+
+    fix_safety = Safety.UNSAFE  # which of the two steps to keep is the author's call
+
+    def autofix(self, finding, src):
+        """Delete the second step of the same gradients (unsafe: check that the other one is
+        the step you meant to keep)."""
+        s = src.statement_at(finding.location.line)
+        if s is None or len(s.node.body) != 1 or src.only_statement(s) or \
+                len(method_calls(src, "step", within=s)) != 1:
+            return None
+        return self.edit("remove the second step of the same gradients", src.delete(s))
 
     def check(self, a):
         # opt -> its latest plain step, while nothing has touched its gradients since

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import traceback
 
-from ..findings import Finding
+from ..findings import Autofix, Finding
+from ..frameworks import TITLES
 from ..analysis import Analysis
 from ..trace import Trace
 from . import ALL_RULES, Rule
@@ -31,21 +32,63 @@ def selected_rules(select=(), ignore=()) -> list[type[Rule]]:
     return [r for r in rules if not matches(r, ignore)]
 
 
-def analyze(trace: Trace | Analysis, rules=None) -> tuple[list[Finding], list[dict]]:
-    """Findings (sorted by severity, then place) and internal errors of the rules."""
-    analysis = trace if isinstance(trace, Analysis) else Analysis(trace)
+def analyze(trace: Trace | Analysis, rules=None, base_dir: str | None = None
+            ) -> tuple[list[Finding], list[dict]]:
+    """Findings (sorted by severity, then place) and internal errors of the rules. A finding of
+    a rule with a mechanical fix carries its edit (``Finding.autofix``), built from the file
+    its location names (relative to ``base_dir``, default the analysis's, else the working
+    directory)."""
+    analysis = trace if isinstance(trace, Analysis) else Analysis(trace, base_dir)
+    base_dir = base_dir or analysis.source.base_dir
     findings: list[Finding] = []
     errors: list[dict] = []
     for rule in rules if rules is not None else ALL_RULES:
         try:
-            findings.extend(_in_framework_terms(f, analysis.framework)
-                            for f in rule().check(analysis))
+            found = [_in_framework_terms(f, analysis.framework) for f in rule().check(analysis)]
         except Exception as exc:
-            errors.append({"where": f"rule {rule.slug}",
-                           "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()})
+            errors.append({"where": f"rule {rule.slug}", "error": _error(exc)})
+            continue
+        if rule.fix_safety is not None:
+            fixer = rule()
+            for i, f in enumerate(found):
+                try:
+                    found[i] = _with_autofix(fixer, f, analysis.framework, base_dir)
+                except Exception as exc:  # the finding stands, without its edit
+                    errors.append({"where": f"fix of rule {rule.slug}", "error": _error(exc)})
+        findings.extend(found)
     findings.sort(key=lambda f: (-f.severity.rank, f.location.path if f.location else "",
                                  f.location.line if f.location else 0, f.code))
     return findings, errors
+
+
+def _error(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _with_autofix(rule: Rule, finding: Finding, run_framework: str,
+                  base_dir: str | None) -> Finding:
+    """The finding with the rule's edit, or with the reason it has none where the user would
+    expect one (a notebook; code a training framework drives)."""
+    from ..notebook import is_notebook
+    from .source import load
+
+    loc = finding.location
+    if loc is None:
+        return finding
+    if is_notebook(loc.path):
+        return dataclasses.replace(finding, autofix=Autofix(
+            title="", safety=rule.fix_safety, refused="graddoctor does not edit notebooks: "
+            "make the change in the cell the finding names"))
+    src = load(loc.path, base_dir)
+    fix = rule.autofix(finding, src) if src is not None else None
+    if fix is not None:
+        fix = dataclasses.replace(fix, digest=src.digest)
+    framework = loc.via or run_framework
+    if fix is None and framework:
+        fix = Autofix(title="", safety=rule.fix_safety, refused=(
+            f"no automatic edit: the calls sit in code that {TITLES.get(framework, framework)} "
+            f"drives, where the change belongs in the framework's own terms (see the fix)"))
+    return finding if fix is None else dataclasses.replace(finding, autofix=fix)
 
 
 def _in_framework_terms(finding: Finding, run_framework: str) -> Finding:

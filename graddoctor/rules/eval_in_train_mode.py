@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, one_or_many, related
+from .source import method_calls, receiver, related_line
 
 
 class EvalInTrainMode(Rule):
@@ -42,6 +43,36 @@ class EvalInTrainMode(Rule):
     severity = Severity.WARNING
     summary = "BatchNorm in train mode runs under no_grad outside training: validation without eval()"
     fix = "call model.eval() before the no-grad pass, and model.train() again before training"
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """``model.eval()`` before the ``with torch.no_grad()`` (or ``inference_mode()``) block
+        the forward runs in, ``model.train()`` after it; the model is the one ``train()`` was
+        called on, else the one called on the forward's line whose parameters the script
+        hands to an optimizer."""
+        cst = src.cst
+        here = src.statement_at(finding.location.line)
+        block = next((a for a in here.ancestors() if a.syntax == "With" and any(
+            src.code(item.item).split("(")[0].split(".")[-1] in ("no_grad", "inference_mode")
+            for item in a.node.items)), None) if here is not None else None
+        if block is None or src.enclosing_function(block) is not src.enclosing_function(here):
+            return None
+        module = None
+        train_line = related_line(finding, "train() here")
+        if train_line is not None:
+            calls = method_calls(src, "train", line=train_line)
+            module = receiver(src, calls[0]) if len(calls) == 1 else None
+        if module is None:
+            owned = {receiver(src, c) for c in method_calls(src, "parameters")}
+            called = [src.code(c.func) for c in src.nodes(cst.Call, within=here)
+                      if isinstance(c.func, (cst.Name, cst.Attribute)) and src.code(c.func) in owned]
+            module = called[0] if len(set(called)) == 1 else None
+        if module is None:
+            return None
+        return self.edit(f"evaluate {module} in eval mode, then back to train mode",
+                         src.insert_before(block, f"{module}.eval()"),
+                         src.insert_after(block, f"{module}.train()"))
 
     def check(self, a):
         tl = a.modes

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, one_or_many, related
+from .source import method_calls, receiver, related_line
 
 
 class FrozenBnTrainMode(Rule):
@@ -62,6 +63,52 @@ class FrozenBnTrainMode(Rule):
                          "self.backbone.eval(); return self)"),
     }
 
+    fix_safety = Safety.UNSAFE  # eval() also switches the frozen part's dropout off
+
+    def autofix(self, finding, src):
+        """``.eval()`` on the frozen part after every ``train()`` of the model it sits in (or,
+        with no train() call, after the freeze)."""
+        cst = src.cst
+        if finding.evidence.get("without_optimizer"):
+            return None  # layers no optimizer trains: adding them to it may be the fix instead
+        part = None
+        freeze_line = related_line(finding, "the parameters are frozen here")
+        if freeze_line is not None:
+            calls = method_calls(src, "requires_grad_", line=freeze_line)
+            if calls:
+                part = receiver(src, calls[0])
+            else:  # for p in part.parameters(): p.requires_grad = False
+                s = src.statement_at(freeze_line)
+                loop = src.enclosing_loop(s) if s is not None else None
+                if loop is not None and loop.syntax == "For":
+                    it = loop.node.iter
+                    if isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute) \
+                            and it.func.attr.value == "parameters":
+                        part = src.code(it.func.value)
+        trains = method_calls(src, "train", line=finding.location.line)
+        if part is None and trains:
+            part = receiver(src, trains[0])
+        if part is None:
+            part = _common_part(finding.evidence.get("layers") or (), src)
+        if part is None:
+            return None
+        root = part.split(".")[0].split("[")[0]
+        sites = [c for c in method_calls(src, "train") if receiver(src, c) in (root, part)]
+        edits = []
+        for c in sites:
+            s = src.statement_at(src.span(c)[0])
+            if s is not None and all(e.line != s.end_line + 1 for e in edits):
+                edits.append(src.insert_after(s, f"{part}.eval()  # frozen: keep its BatchNorm statistics"))
+        if not edits:  # nothing ever calls train(): once, before the training loop
+            s = src.statement_at(finding.location.line)
+            loop = src.enclosing_loop(s) if s is not None else None
+            while loop is not None and src.enclosing_loop(loop) is not None:
+                loop = src.enclosing_loop(loop)
+            if loop is not None:
+                edits.append(src.insert_before(loop, f"{part}.eval()  # frozen: keep its BatchNorm statistics"))
+        where = "after train()" if sites else "before the training loop"
+        return self.edit(f"put the frozen {part} in eval mode {where}", *edits)
+
     def check(self, a):
         tl = a.modes
         groups: dict = {}
@@ -115,6 +162,23 @@ class FrozenBnTrainMode(Rule):
                 evidence={"layers": [tl.name(m) for m in mids], "frozen": len(frozen),
                           "without_optimizer": len(unowned)},
             )
+
+
+def _common_part(layers, src) -> str | None:
+    """``features`` for layers ``features.1``, ``features.4``: the module that holds them all,
+    when the script names it (a variable of the file)."""
+    parts = [str(name).split(".")[:-1] for name in layers]
+    if not parts or not parts[0]:
+        return None
+    common = []
+    for pieces in zip(*parts):
+        if len(set(pieces)) != 1:
+            break
+        common.append(pieces[0])
+    if not common or not all(p.isidentifier() for p in common):
+        return None
+    names = {n.value for n in src.nodes(src.cst.Name)}
+    return ".".join(common) if common[0] in names else None
 
 
 def _frozen_why(state: dict, final: dict, ever_trainable: bool) -> str | None:

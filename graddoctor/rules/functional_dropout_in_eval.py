@@ -1,7 +1,9 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule
+from ..findings import Edit
+from .source import Stmt
 
 
 class FunctionalDropoutInEval(Rule):
@@ -54,6 +56,39 @@ class FunctionalDropoutInEval(Rule):
     summary = "dropout that does not follow model.eval() (F.dropout default, SDPA dropout_p, unregistered nn.Dropout)"
     fix = ("pass training=self.training (F.dropout(x, p, training=self.training)) or use an "
            "nn.Dropout layer; write training=True only if dropout at eval time is intended")
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """``training=self.training`` on the functional dropout call of a module's method."""
+        cst = src.cst
+        s = src.statement_at(finding.location.line)
+        fn = src.enclosing_function(s) if s is not None else None
+        if fn is None:
+            return None
+        params = fn.node.params.params
+        if not params or params[0].name.value != "self":
+            return None
+        fn_name = str(finding.evidence.get("function") or "dropout").split(".")[-1]
+        calls = [c for c in src.nodes(cst.Call, within=s)
+                 if src.code(c.func).split(".")[-1] == fn_name]
+        if len(calls) != 1:
+            return None
+        call = calls[0]
+        kw = [a for a in call.args if a.keyword is not None and a.keyword.value == "training"]
+        if kw:
+            return self.edit("follow the module's mode: training=self.training",
+                             src.replace(kw[0].value, "self.training"))
+        last = call.args[-1] if call.args else None
+        if last is None:
+            return None
+        _, _, line, col = src.span(last.value)
+        end = last.comma if isinstance(last.comma, cst.Comma) else None
+        text = " training=self.training" if end is not None else ", training=self.training"
+        if end is not None:
+            _, _, line, col = src.span(end)
+        return self.edit("follow the module's mode: training=self.training",
+                         Edit(src.path, line, col, line, col, text))
 
     def check(self, a):
         for e in a.of_kind("dropout_default"):

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import math
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, helper_call, related
+from .source import move_after, related_line
 
 
 class MisplacedZeroGrad(Rule):
@@ -48,6 +49,19 @@ class MisplacedZeroGrad(Rule):
     severity = Severity.ERROR
     summary = "zero_grad() discards gradients before the step that should use them"
     fix = "move the clear after optimizer.step() (or before the first backward of the update)"
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Move the clear to right after the step that should have used the gradients (in an
+        accumulation window: into the step's ``if``)."""
+        clear = src.statement_at(finding.location.line)
+        step_line = related_line(finding, "the step that should have used them")
+        step = src.statement_at(step_line) if step_line else None
+        if clear is None or step is None or step is clear:
+            return None
+        moved = move_after(src, clear, step)
+        return self.edit("move the clear after the step", *moved) if moved else None
 
     def check(self, a):
         groups: dict = {}

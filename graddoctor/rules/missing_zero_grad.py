@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..findings import Severity, spans
+from ..findings import Safety, Severity, spans
 from .base import Rule, related
+from .source import call_bare_method, method_calls, related_line, stepped_optimizer
 
 
 class MissingZeroGrad(Rule):
@@ -141,6 +142,38 @@ class MissingZeroGrad(Rule):
                           # DDP all-reduces this backward: what the other ranks do matters
                           **({"allreduce": True} if backward.get("allreduce") else {})},
             )
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Call a bare ``optimizer.zero_grad``; else clear through the optimizer that steps: at
+        the start of the closure, at the top of the loop that holds the backward and the step,
+        or right after a step that sits deeper (an accumulation window's ``if``)."""
+        line = finding.location.line
+        if related_line(finding, "the backward whose gradients leak"):
+            return None  # another loss's backward: detach it or clear later, a person's call
+        bare = call_bare_method(src, line, ("zero_grad",))
+        if bare is not None:
+            return self.edit("call the zero_grad the statement only names", bare)
+        step_line = related_line(finding, "the step that applies")
+        opt = stepped_optimizer(src, step_line) if step_line else None
+        here = src.statement_at(line)
+        if opt is None or here is None:
+            return None
+        clear = f"{opt}.zero_grad()"
+        if method_calls(src, "zero_grad", line=line):  # another model's clear: add the right one
+            return self.edit(f"clear {opt}'s gradients", src.insert_after(here, clear))
+        function = src.enclosing_function(here)
+        if function is not None and not function.contains(step_line) and function.children:
+            # a closure the step calls: clear at its start
+            return self.edit(f"clear at the start of {function.node.name.value}()",
+                             src.insert_before(function.children[0], clear))
+        step = src.statement_at(step_line)
+        loop = src.enclosing_loop(here)
+        if loop is not None and loop.contains(step_line) and step.parent is here.parent:
+            return self.edit(f"clear {opt}'s gradients at the top of the loop",
+                             src.insert_before(loop.children[0], clear))
+        return self.edit(f"clear {opt}'s gradients after its step", src.insert_after(step, clear))
 
     def across_ranks(self, finding, world_size):
         """Under DDP, when only some ranks clear: the all-reduce averages the ranks' gradients,

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Edit, Safety, Severity
 from .base import Rule, related
 
 
@@ -49,6 +49,30 @@ class OptimizerAttributeHyperparameter(Rule):
                "which torch's step never reads")
     fix = ('set it in every param group: `for group in optimizer.param_groups: '
            'group["lr"] = 1e-4`')
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """``opt.lr = v`` -> ``for group in opt.param_groups: group["lr"] = v``, on two lines,
+        the line's comment kept."""
+        cst = src.cst
+        attr, key = finding.evidence.get("attribute"), finding.evidence.get("key")
+        s = src.statement_at(finding.location.line)
+        if s is None or len(s.node.body) != 1 or not isinstance(s.node.body[0], cst.Assign):
+            return None
+        assign = s.node.body[0]
+        if len(assign.targets) != 1:
+            return None
+        target = assign.targets[0].target
+        if not isinstance(target, cst.Attribute) or target.attr.value != attr:
+            return None
+        owner = src.code(target.value)
+        indent = src.indent(s)
+        line, col, end_line, end_col = src.span(assign)
+        text = (f"for group in {owner}.param_groups:\n{indent}    group[\"{key}\"] = "
+                f"{src.code(assign.value)}")
+        return self.edit(f'set "{key}" in every param group of {owner}',
+                         Edit(src.path, line, col, end_line, end_col, text))
 
     def check(self, a):
         for event in a.of_kind("optimizer_attr"):

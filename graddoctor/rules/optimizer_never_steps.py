@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, one_or_many, related
+from .source import call_bare_method
 
 # A replay that ended this way saw the whole loop (or enough of it) to say "never".
 JUDGED = ("completed", "step-limit", "backward-limit")
@@ -41,6 +42,13 @@ class OptimizerNeverSteps(Rule):
     severity = Severity.ERROR
     summary = "backward() fills the gradients of an optimizer that is never stepped"
     fix = "call optimizer.step() (or scaler.step(optimizer)) once per update, after the backward"
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Call a bare ``optimizer.step`` (the statement only names the method)."""
+        bare = call_bare_method(src, finding.location.line, ("step",))
+        return self.edit("call the step the statement only names", bare) if bare else None
 
     def check(self, a):
         if a.status not in JUDGED:

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, helper_call, related
+from .source import method_calls, receiver, related_line, stepped_optimizer
 
 
 class PartialZeroGrad(Rule):
@@ -38,6 +39,19 @@ class PartialZeroGrad(Rule):
     severity = Severity.ERROR
     summary = "zero_grad() clears only part of the parameters an optimizer steps"
     fix = "clear through the optimizer (optimizer.zero_grad()) or through a module that holds every parameter it steps"
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Clear through the optimizer that steps: ``head.zero_grad()`` ->
+        ``optimizer.zero_grad()`` (its arguments kept)."""
+        step_line = related_line(finding, "the step that applies")
+        opt = stepped_optimizer(src, step_line) if step_line else None
+        calls = method_calls(src, "zero_grad", line=finding.location.line)
+        if opt is None or len(calls) != 1 or receiver(src, calls[0]) == opt:
+            return None
+        return self.edit(f"clear through {opt}, which steps every parameter",
+                         src.replace(calls[0].func.value, opt))
 
     def check(self, a):
         groups: dict = {}

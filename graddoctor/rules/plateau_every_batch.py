@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, plural, related
+from .source import move_after
 
 MIN_CALLS = 3  # plateau steps within one epoch before "every batch" is claimed
 
@@ -100,6 +101,19 @@ class PlateauEveryBatch(Rule):
     severity = Severity.WARNING
     summary = "ReduceLROnPlateau.step() is called every batch: patience counts batches, not epochs"
     fix = "call scheduler.step(val_metric) once per epoch (after validation), outside the batch loop"
+
+    fix_safety = Safety.UNSAFE  # the metric it is given after the loop is the last batch's
+
+    def autofix(self, finding, src):
+        """Move ``scheduler.step(metric)`` out of the batch loop, once per epoch (unsafe: the
+        metric is the last batch's value; a validation metric is better)."""
+        sched = src.statement_at(finding.location.line)
+        loop = src.enclosing_loop(sched) if sched is not None else None
+        if loop is None or src.enclosing_loop(loop) is None:
+            return None  # no epoch loop around the batch loop: nowhere once per epoch
+        moved = move_after(src, sched, loop)
+        return self.edit("step the plateau scheduler once per epoch, after the batch loop",
+                         *moved) if moved else None
 
     def check(self, a):
         if not any(is_plateau(e.get("cls")) for e in a.of_kind("scheduler_step")):

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from ..analysis.lr import NOT_POSITIONAL, per_micro_batch
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, related
+from .source import move_after, related_line
 
 
 class SchedulerBeforeOptimizer(Rule):
@@ -46,6 +47,22 @@ class SchedulerBeforeOptimizer(Rule):
     severity = Severity.WARNING
     summary = "lr_scheduler.step() runs before the optimizer it drives has stepped"
     fix = "call scheduler.step() after optimizer.step() (or scaler.step(optimizer))"
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Move the scheduler's step after the statement of its block that holds the optimizer's
+        first step (the step itself, or the batch loop that steps)."""
+        sched = src.statement_at(finding.location.line)
+        step_line = related_line(finding, "the optimizer's first step")
+        if sched is None or step_line is None or step_line <= sched.end_line:
+            return None
+        after = next((t for t in src.siblings(sched) if t.line > sched.end_line
+                      and t.contains(step_line)), None)
+        if after is None:
+            return None
+        moved = move_after(src, sched, after, indent=src.indent(sched))
+        return self.edit("step the scheduler after the optimizer", *moved) if moved else None
 
     def check(self, a):
         stepped: dict[int, object] = {}  # opt -> its first step (GradScaler-skipped ones count)

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, one_or_many, related
+from .source import call_bare_method, method_calls, receiver, related_line
 
 
 class TrainInEvalMode(Rule):
@@ -58,6 +59,49 @@ class TrainInEvalMode(Rule):
                          "of yours in compute_loss or a callback holds until then: drop it, or "
                          "call model.train() right after the forward that needed it"),
     }
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Call a bare ``model.train`` (the statement only names the method); else put the
+        module back in train mode at the top of the loop that runs both the ``eval()`` (or the
+        call of the function that makes it) and the training forward."""
+        cst = src.cst
+        bare = call_bare_method(src, finding.location.line, ("train",))
+        if bare is not None:
+            return self.edit("call the train the statement only names", bare)
+        evals = method_calls(src, "eval", line=finding.location.line)
+        forward_line = related_line(finding, "a training forward")
+        here = src.statement_at(finding.location.line)
+        if len(evals) != 1 or forward_line is None or here is None:
+            return None
+        module = receiver(src, evals[0])
+        site = here
+        function = src.enclosing_function(here)
+        if function is not None:  # eval() inside a helper: where the loop calls it
+            name = function.node.name.value
+            calls = [c for c in src.nodes(cst.Call) if isinstance(c.func, cst.Name)
+                     and c.func.value == name]
+            params = [p.name.value for p in function.node.params.params]
+            root = module.split(".")[0]
+            if len(calls) != 1:
+                return None
+            if root in params:
+                index = params.index(root)
+                args = calls[0].args
+                if index >= len(args) or args[index].keyword is not None:
+                    return None
+                module = src.code(args[index].value) + module[len(root):]
+            site = src.statement_at(src.span(calls[0])[0])
+            if site is None:
+                return None
+        loop = src.enclosing_loop(site)
+        while loop is not None and not loop.contains(forward_line):
+            loop = src.enclosing_loop(loop)
+        if loop is None or not loop.children:
+            return None
+        return self.edit(f"put {module} back in train mode at the top of the training loop",
+                         src.insert_before(loop.children[0], f"{module}.train()"))
 
     def check(self, a):
         tl = a.modes

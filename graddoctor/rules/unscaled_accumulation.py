@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 from ..analysis.windows import typical
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, related
+from .source import calls_in, method_calls, related_line
+
 
 # optimizers whose update divides by a running magnitude of the gradient: a constant factor on
 # the gradient (k, from not dividing the loss) mostly cancels out unless clipping is involved
@@ -80,6 +82,60 @@ class UnscaledAccumulation(Rule):
                          "trainer.model_accepts_loss_kwargs = False so that the Trainer divides the "
                          "loss by gradient_accumulation_steps"),
     }
+
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """Divide the loss the backward starts from by the window: ``(loss / k).backward()``,
+        ``scaler.scale(loss / k)``, ``accelerator.backward(loss / k)``; ``k`` is the name the
+        step's ``if`` tests with ``%`` when it has one, else the window's length."""
+        cst = src.cst
+        line = finding.location.line
+        k = finding.evidence.get("k")
+        if not isinstance(k, int) or k < 2:
+            return None
+        window = str(k)
+        step_line = related_line(finding, "the step that applies")
+        step = src.statement_at(step_line) if step_line else None
+        for owner in step.ancestors() if step is not None else ():
+            if owner.syntax == "If":
+                for op in src.nodes(cst.BinaryOperation, within=None, line=src.span(owner.node.test)[0]):
+                    if isinstance(op.operator, cst.Modulo) and isinstance(op.right, (cst.Name, cst.Attribute)):
+                        window = src.code(op.right)
+                break
+        backward = method_calls(src, "backward", line=line) or \
+            method_calls(src, "manual_backward", line=line)  # Lightning's manual optimization
+        if len(backward) != 1:
+            return None
+        call = backward[0]
+        here = src.statement_at(line)
+        for owner in here.ancestors() if here is not None and not call.args else ():
+            accumulate = [c for item in getattr(owner.node, "items", ())
+                          for c in calls_in(src, item, "accumulate")]
+            if owner.syntax == "With" and accumulate:  # accelerate's idiom divides for us
+                acc = src.code(accumulate[0].func.value)
+                return self.edit(f"let accelerate divide the loss: {acc}.backward(loss)",
+                                 src.replace(call, f"{acc}.backward({src.code(call.func.value)})"))
+        target = None
+        if not call.args:  # loss.backward() / scaler.scale(loss).backward()
+            value = call.func.value
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+                    and value.func.attr.value == "scale" and value.args:
+                target = value.args[0].value
+            else:
+                target = value
+        elif isinstance(call.func.value, cst.Name):  # accelerator.backward(loss), manual_backward
+            target = call.args[0].value
+        if target is None:
+            return None
+        code = src.code(target)
+        simple = isinstance(target, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
+        inner = code if simple else f"({code})"
+        divided = f"{inner} / {window}"
+        if target is call.func.value:
+            divided = f"({divided})"
+        return self.edit(f"divide the loss by the accumulation window ({window})",
+                         src.replace(target, divided))
 
     def check(self, a):
         edits = a.of_kind("grad_edit")

@@ -229,7 +229,7 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
     analysis = Analysis(trace, base_dir)  # built once: every rule, note and view reads it
     rules = selected_rules(options.select, options.ignore)
-    findings, rule_errors = analyze(analysis, rules)
+    findings, rule_errors = analyze(analysis, rules, base_dir)
     findings = apply_suppressions(findings, base_dir)  # `# graddoctor: ignore[...]` on the line
     try:
         end_notes = [*end_notes, *_unknown_ignores(options, findings, base_dir)]
