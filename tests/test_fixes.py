@@ -51,6 +51,10 @@ NO_EDIT = {
     # a generator's loss leaks through an undetached discriminator: detach or clear, a choice
     "bad_optimizer_never_steps_gan.py",  # where the missing step goes is a person's call
     "bad_gan_discriminator_leak.py",
+    # parameters left out of the optimizer: which optimizer owns them, at which lr, is a choice
+    "bad_lightning_param_not_in_optimizer.py", "bad_learnable_scalar_left_out.py",
+    "bad_optimizer_switch_drops_criterion_params.py", "bad_param_not_in_optimizer_head.py",
+    "bad_param_not_in_optimizer_loss_param.py",
 }
 
 

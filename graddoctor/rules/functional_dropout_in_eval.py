@@ -1,9 +1,35 @@
 from __future__ import annotations
 
-from ..findings import Safety, Severity
+from ..findings import Edit, Safety, Severity
 from .base import Rule
-from ..findings import Edit
-from .source import Stmt
+from .source import torch_nn
+
+# the dropout modules and the functions that do their work
+_FUNCTIONAL = {"Dropout": "dropout", "Dropout1d": "dropout1d", "Dropout2d": "dropout2d",
+               "Dropout3d": "dropout3d", "AlphaDropout": "alpha_dropout",
+               "FeatureAlphaDropout": "feature_alpha_dropout"}
+
+
+def _calls(cst, node) -> list:
+    found = []
+
+    class Visit(cst.CSTVisitor):
+        def visit_Call(self, c):
+            found.append(c)
+
+    node.visit(Visit())
+    return found
+
+
+def _append_argument(src, last, text: str) -> Edit:
+    """An argument added after the call's last one (after its trailing comma if it has one)."""
+    cst = src.cst
+    _, _, line, col = src.span(last.value)
+    end = last.comma if isinstance(last.comma, cst.Comma) else None
+    if end is not None:
+        _, _, line, col = src.span(end)
+        return Edit(src.path, line, col, line, col, f" {text}")
+    return Edit(src.path, line, col, line, col, f", {text}")
 
 
 class FunctionalDropoutInEval(Rule):
@@ -60,8 +86,12 @@ class FunctionalDropoutInEval(Rule):
     fix_safety = Safety.SAFE
 
     def autofix(self, finding, src):
-        """``training=self.training`` on the functional dropout call of a module's method."""
-        cst = src.cst
+        """Each way the dropout was written gets the module's mode: ``training=self.training``
+        on a functional call (keyword or positional), ``dropout_p=(p if self.training else
+        0.0)`` for SDPA, ``nn.functional.dropout(x, p, training=self.training)`` for an
+        ``nn.Dropout(p)(x)`` built in forward, ``nn.ModuleList``/``nn.ModuleDict`` around the
+        plain list or dict that holds the layers. Unsafe where the script passed its own flag
+        (``training=self.use_dropout``): that flag may be meant."""
         s = src.statement_at(finding.location.line)
         fn = src.enclosing_function(s) if s is not None else None
         if fn is None:
@@ -69,26 +99,94 @@ class FunctionalDropoutInEval(Rule):
         params = fn.node.params.params
         if not params or params[0].name.value != "self":
             return None
+        how = finding.evidence.get("how", "default")
+        if how == "sdpa":
+            return self._sdpa(src, s)
+        if how == "unregistered":
+            return self._built_in_forward(src, s) or self._plain_holder(src, s)
         fn_name = str(finding.evidence.get("function") or "dropout").split(".")[-1]
-        calls = [c for c in src.nodes(cst.Call, within=s)
+        calls = [c for c in src.nodes(src.cst.Call, within=s)
                  if src.code(c.func).split(".")[-1] == fn_name]
         if len(calls) != 1:
             return None
         call = calls[0]
-        kw = [a for a in call.args if a.keyword is not None and a.keyword.value == "training"]
+        title = "follow the module's mode: training=self.training"
+        safety = Safety.UNSAFE if how == "explicit" else None
+        kw = [a for a in call.args if a.keyword is not None and a.keyword.value in ("training", "train")]
+        positional = [a for a in call.args if a.keyword is None and not a.star]
         if kw:
-            return self.edit("follow the module's mode: training=self.training",
-                             src.replace(kw[0].value, "self.training"))
+            return self.edit(title, src.replace(kw[0].value, "self.training"), safety=safety)
+        if len(positional) >= 3:  # dropout(input, p, training[, inplace])
+            return self.edit(title, src.replace(positional[2].value, "self.training"),
+                             safety=safety)
         last = call.args[-1] if call.args else None
-        if last is None:
+        if last is None or last.star:
             return None
-        _, _, line, col = src.span(last.value)
-        end = last.comma if isinstance(last.comma, cst.Comma) else None
-        text = " training=self.training" if end is not None else ", training=self.training"
-        if end is not None:
-            _, _, line, col = src.span(end)
-        return self.edit("follow the module's mode: training=self.training",
-                         Edit(src.path, line, col, line, col, text))
+        return self.edit(title, _append_argument(src, last, "training=self.training"),
+                         safety=safety)
+
+    def _sdpa(self, src, s):
+        calls = [c for c in src.nodes(src.cst.Call, within=s)
+                 if src.code(c.func).split(".")[-1] == "scaled_dot_product_attention"]
+        if len(calls) != 1:
+            return None
+        args = calls[0].args
+        kw = [a for a in args if a.keyword is not None and a.keyword.value == "dropout_p"]
+        positional = [a for a in args if a.keyword is None and not a.star]
+        arg = kw[0] if kw else positional[4] if len(positional) > 4 else None
+        if arg is None:
+            return None
+        return self.edit("pass the dropout rate only in training",
+                         src.replace(arg.value, f"({src.code(arg.value)} if self.training else 0.0)"))
+
+    def _built_in_forward(self, src, s):
+        """``nn.Dropout(p)(x)`` -> ``nn.functional.dropout(x, p, training=self.training)``."""
+        cst = src.cst
+        nn = torch_nn(src)
+        for call in src.nodes(cst.Call, within=s):
+            inner = call.func
+            if not isinstance(inner, cst.Call):
+                continue
+            function = _FUNCTIONAL.get(src.code(inner.func).split(".")[-1])
+            if function is None or len(call.args) != 1 or call.args[0].keyword is not None:
+                continue
+            rate = [a for a in inner.args if a.keyword is None or a.keyword.value == "p"]
+            if len(rate) > 1 or any(a.keyword is not None and a.keyword.value not in ("p", "inplace")
+                                    for a in inner.args) or nn is None:
+                return None
+            arguments = [src.code(call.args[0].value)]
+            if rate:
+                arguments.append(src.code(rate[0].value))
+            arguments.append("training=self.training")
+            return self.edit("a functional dropout that follows the module's mode",
+                             src.replace(call, f"{nn}.functional.{function}({', '.join(arguments)})"))
+        return None
+
+    def _plain_holder(self, src, s):
+        """The class's ``self.x = [nn.Dropout(...) ...]`` becomes an ``nn.ModuleList`` (a dict,
+        an ``nn.ModuleDict``), so that eval() reaches the layers."""
+        cst = src.cst
+        owner = next((a for a in s.ancestors() if a.syntax == "ClassDef"), None)
+        nn = torch_nn(src)
+        if owner is None or nn is None:
+            return None
+        holders = (cst.List, cst.ListComp, cst.Tuple, cst.Dict, cst.DictComp)
+        for assign in src.nodes(cst.Assign, within=owner):
+            value = assign.value
+            if not (len(assign.targets) == 1 and isinstance(value, holders)
+                    and isinstance(assign.targets[0].target, cst.Attribute)
+                    and src.code(assign.targets[0].target.value) == "self"):
+                continue
+            layers = [c for c in _calls(cst, value) if src.code(c.func).split(".")[-1] in _FUNCTIONAL]
+            if not layers:
+                continue
+            wrapper = "ModuleDict" if isinstance(value, (cst.Dict, cst.DictComp)) else "ModuleList"
+            body = src.code(value)
+            if isinstance(value, cst.Tuple) and not body.startswith("("):
+                body = f"({body})"
+            return self.edit(f"register the layers: {wrapper}",
+                             src.replace(value, f"{nn}.{wrapper}({body})"))
+        return None
 
     def check(self, a):
         for e in a.of_kind("dropout_default"):

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from ..analysis import listing, written
-from ..findings import Severity
+from ..findings import Safety, Severity
 from .base import Rule, related
+from .source import attribute_assignment
 
 
 class ModuleRequiresGradAttribute(Rule):
@@ -42,6 +43,21 @@ class ModuleRequiresGradAttribute(Rule):
     severity = Severity.WARNING
     summary = "module.requires_grad = ... sets an attribute on the module: no parameter is (un)frozen"
     fix = "call module.requires_grad_(False), which sets requires_grad on each of its parameters"
+    fix_safety = Safety.SAFE
+
+    def autofix(self, finding, src):
+        """``X.requires_grad = v`` -> ``X.requires_grad_(v)``, the line's comment kept. Safe
+        for a freeze (the parameters stop training, as the line meant); unsafe for an unfreeze:
+        an optimizer built without the frozen parameters still leaves them out."""
+        found = attribute_assignment(src, finding.location.line, "requires_grad")
+        if found is None:
+            return None
+        statement, target, value = found
+        text = f"{src.code(target.value)}.requires_grad_({src.code(value)})"
+        unfreeze = finding.evidence.get("value") is True
+        return self.edit(f"call requires_grad_() on {src.code(target.value)}",
+                         src.replace(statement, text),
+                         safety=Safety.UNSAFE if unfreeze else None)
 
     def check(self, a):
         events = [e for e in a.of_kind("module_attr") if e.get("name") == "requires_grad"]

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Autofix, Safety, Severity
 from ..analysis import written
 from .base import Rule, related
+from .source import attribute_assignment, torch_nn
 
 
 class ParamNotInOptimizer(Rule):
@@ -57,6 +58,28 @@ class ParamNotInOptimizer(Rule):
     summary = "parameters receive gradients but no optimizer updates them"
     fix = ("pass every trained parameter to the optimizer (model.parameters()), or freeze the "
            "others with requires_grad_(False)")
+    fix_safety = Safety.UNSAFE
+
+    def autofix(self, finding, src):
+        """A module's plain list or dict of submodules (or of tensors) becomes
+        ``nn.ModuleList``/``nn.ModuleDict`` (``nn.ParameterList``/``nn.ParameterDict``), a
+        plain tensor attribute ``nn.Parameter``: ``self.blocks = nn.ModuleList([...])``.
+        Unsafe: the model's ``state_dict`` gains the keys, so older checkpoints no longer load
+        strictly. A parameter left out of the optimizer gets no edit: which optimizer should
+        own it, at which learning rate, is a person's call."""
+        wrapper, attr = finding.evidence.get("wrapper"), finding.evidence.get("attribute")
+        if not wrapper or not attr:
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: which optimizer should own these parameters, and at which "
+                "learning rate, is a person's call"))
+        found = attribute_assignment(src, finding.location.line, attr)
+        nn = torch_nn(src)
+        if found is None or nn is None:
+            return None
+        _, _, value = found
+        return self.edit(f"register self.{attr} as {wrapper}",
+                         src.replace(value, f"{nn}.{wrapper}({src.code(value)})"))
+
     fixes = {
         "lightning": ("in configure_optimizers, build the optimizer over self.parameters() (or "
                       "give each part its param group), or freeze the others in __init__ with "
@@ -150,23 +173,25 @@ class ParamNotInOptimizer(Rule):
                        "it a gradient every update, yet it never trains")
             fix = (f"make it a parameter: self.{attr} = nn.Parameter(...) (the same initial value, "
                    "without requires_grad=True)")
+            wrapper = "Parameter"
         else:
             modules = any(a.param_name(pid).rsplit("]", 1)[-1] for pid in pids)
             kind = "modules" if modules else "tensors"
-            wrapper = ("nn.ModuleDict" if holder == "dict" else "nn.ModuleList") if modules else \
-                ("nn.ParameterDict" if holder == "dict" else "nn.ParameterList")
+            wrapper = ("ModuleDict" if holder == "dict" else "ModuleList") if modules else \
+                ("ParameterDict" if holder == "dict" else "ParameterList")
             message = (f"{shown} receive gradients but no optimizer owns them: {owner} keeps the "
                        f"{kind} in a plain {holder} (self.{attr}), which nn.Module does not "
                        "register, so its parameters() leaves them out (and "
                        "model.to(), state_dict() and zero_grad() skip them too); they never train")
-            fix = f"hold them in {wrapper}: self.{attr} = {wrapper}(...)"
+            fix = f"hold them in nn.{wrapper}: self.{attr} = nn.{wrapper}(...)"
         return self.finding(
             message, event.loc or construction.loc,
             related=(related(construction, "the optimizer, which does not own them"),
                      related(a.ledger.first_contribution[pids[0]], "the backward that gives them gradients")),
             fix=fix, fixes={},
             evidence={"params": [a.param_name(p) for p in pids], "count": len(pids),
-                      "cause": f"plain-{holder}", "attribute": attr, "owner": owner},
+                      "cause": f"plain-{holder}", "attribute": attr, "owner": owner,
+                      "wrapper": wrapper},
         )
 
     def _dropped(self, a, new, pids):

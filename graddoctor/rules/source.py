@@ -334,3 +334,41 @@ def move_after(src: Source, s: Stmt, target: Stmt, indent: str | None = None) ->
         return None
     return [src.delete(s), src.insert_after(target, src.stmt_lines(s),
                                             indent=src.indent(target) if indent is None else indent)]
+
+
+def attribute_assignment(src: Source, line: int, attribute: str):
+    """The ``X.attribute = value`` (or annotated) assignment starting on ``line``, as libcst
+    nodes ``(statement, target, value)``; None when the line holds no such single-target one."""
+    cst = src.cst
+    for node in src.nodes((cst.Assign, cst.AnnAssign), line=line):
+        if isinstance(node, cst.Assign):
+            if len(node.targets) != 1:
+                continue
+            target = node.targets[0].target
+        else:
+            target = node.target
+        if (isinstance(target, cst.Attribute) and target.attr.value == attribute
+                and node.value is not None):
+            return node, target, node.value
+    return None
+
+
+def torch_nn(src: Source) -> str | None:
+    """How the file names ``torch.nn`` at module level (``nn`` after ``from torch import nn``,
+    ``torch.nn`` after ``import torch``), or None when it imports neither."""
+    cst = src.cst
+    plain_torch = False
+    for node in src.nodes((cst.Import, cst.ImportFrom)):
+        if isinstance(node, cst.ImportFrom) and src.code(node.module or cst.Name("")) == "torch" \
+                and not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                if src.code(alias.name) == "nn":
+                    return src.code(alias.asname.name) if alias.asname else "nn"
+        elif isinstance(node, cst.Import):
+            for alias in node.names:
+                name = src.code(alias.name)
+                if name == "torch.nn" and alias.asname:
+                    return src.code(alias.asname.name)
+                if name in ("torch", "torch.nn") and not alias.asname:
+                    plain_torch = True
+    return "torch.nn" if plain_torch else None
