@@ -55,6 +55,8 @@ NO_EDIT = {
     "bad_lightning_param_not_in_optimizer.py", "bad_learnable_scalar_left_out.py",
     "bad_optimizer_switch_drops_criterion_params.py", "bad_param_not_in_optimizer_head.py",
     "bad_param_not_in_optimizer_loss_param.py",
+    # eval() on a part that still trains: freeze it or let it train, the finding gives both
+    "bad_train_in_eval_submodule_half_frozen.py",
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 
 from graddoctor import events as ev
+from graddoctor.analysis import Analysis
 from graddoctor.analysis.source import inside_loop
 from graddoctor.rules.base import helper_call
 from graddoctor.trace import Location, TraceBuilder
@@ -41,15 +42,15 @@ def clear_at(path, line, function, caller):
     t = TraceBuilder()
     t.trace.put(ev.clear(via="optimizer.zero_grad", opt=0, params=[0], caller=[caller.path, caller.line, caller.function]),
                 Location(path, line, function))
-    return t.trace.events[-1]
+    return Analysis(t.trace), t.trace.events[-1]
 
 
 def test_helper_call_names_the_call_in_the_loop_only(tmp_path):
     path = str(tmp_path / "script.py")
     (tmp_path / "script.py").write_text(SOURCE)
-    related = helper_call(clear_at(path, 2, "reset", Location(path, 7, "main")))
+    related = helper_call(*clear_at(path, 2, "reset", Location(path, 7, "main")))
     assert related is not None and related.location.line == 7 and "reset()" in related.note
     # the zero_grad in main's own loop: main's call at module level is no place to look
-    assert helper_call(clear_at(path, 6, "main", Location(path, 12, "<module>"))) is None
+    assert helper_call(*clear_at(path, 6, "main", Location(path, 12, "<module>"))) is None
     # a helper called outside any loop
-    assert helper_call(clear_at(path, 2, "reset", Location(path, 12, "<module>"))) is None
+    assert helper_call(*clear_at(path, 2, "reset", Location(path, 12, "<module>"))) is None

@@ -86,6 +86,12 @@ class FrozenBnTrainMode(Rule):
                             and it.func.attr.value == "parameters":
                         part = src.code(it.func.value)
         trains = method_calls(src, "train", line=finding.location.line)
+        if part is not None and part.split(".")[0] == "self":
+            # frozen inside the model's own class (self.teacher): outside it, the part is an
+            # attribute of the model the script calls train() on
+            part = receiver(src, trains[0]) + part[len("self"):] if trains else None
+            if part is None:
+                return None
         if part is None and trains:
             part = receiver(src, trains[0])
         if part is None:

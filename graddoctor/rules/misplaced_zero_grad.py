@@ -54,8 +54,10 @@ class MisplacedZeroGrad(Rule):
 
     def autofix(self, finding, src):
         """Move the clear to right after the step that should have used the gradients (in an
-        accumulation window: into the step's ``if``)."""
-        clear = src.statement_at(finding.location.line)
+        accumulation window: into the step's ``if``); a clear inside the script's helper moves
+        with the helper's call in the loop."""
+        helper_line = related_line(finding, "the call of ")
+        clear = src.statement_at(helper_line or finding.location.line)
         step_line = related_line(finding, "the step that should have used them")
         step = src.statement_at(step_line) if step_line else None
         if clear is None or step is None or step is clear:

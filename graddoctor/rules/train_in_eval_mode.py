@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Safety, Severity
+from ..findings import Autofix, Safety, Severity
 from .base import Rule, one_or_many, related
 from .source import call_bare_method, method_calls, receiver, related_line
 
@@ -70,6 +70,10 @@ class TrainInEvalMode(Rule):
         bare = call_bare_method(src, finding.location.line, ("train",))
         if bare is not None:
             return self.edit("call the train the statement only names", bare)
+        if finding.evidence.get("reading") == "freeze-or-train":
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: whether this part is meant to be frozen (requires_grad_(False)) "
+                "or to train (no eval()) is a person's call"))
         evals = method_calls(src, "eval", line=finding.location.line)
         forward_line = related_line(finding, "a training forward")
         here = src.statement_at(finding.location.line)
