@@ -21,7 +21,7 @@ from .gradflow import GradFlowWatcher
 from .idle import IdleParamWatcher
 from .losses import LossShapeWatcher
 from .modes import ModeWatcher
-from .names import emit_param_events, name_parameters, user_variables
+from .names import LiveModules, emit_param_events, name_parameters, user_variables
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .recorder import Recorder
@@ -97,20 +97,22 @@ class Instrumentation:
             self._named.add(opt)
             self.step_threads.add(threading.get_ident())
             rec = self.rec
+            live = LiveModules()  # one heap scan at most for both
             if first or any(p not in rec.param_names for p in rec.opt_params.get(opt, ())):
-                name_parameters(rec)
+                name_parameters(rec, live=live)
             # plain lists of modules: while the model is alive (main() may return before the end)
             find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
-                              self._unregistered)
+                              self._unregistered, live)
 
     def _name_new_leaf(self) -> None:
         # a learnable tensor left out of the optimizer, tracked at its second backward: named,
         # and found in its module, while the model is surely alive (rare: once per such tensor)
         rec = self.rec
         try:
-            name_parameters(rec)
+            live = LiveModules()
+            name_parameters(rec, live=live)
             find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
-                              self._unregistered)
+                              self._unregistered, live)
         except Exception as exc:
             rec.internal_error("naming a tensor", exc)
 
@@ -143,8 +145,9 @@ class Instrumentation:
             rec.internal_error("reading deferred device values", error)
         try:
             variables, self._script_globals = self._script_globals, None
-            name_parameters(rec, variables or {})
-            find_unregistered(rec, variables, self.optimizers.owned_pids(), self._unregistered)
+            live = LiveModules()
+            name_parameters(rec, variables or {}, live=live)
+            find_unregistered(rec, variables, self.optimizers.owned_pids(), self._unregistered, live)
             emit_param_events(rec)
         except Exception as error:
             rec.internal_error("naming parameters", error)

@@ -22,8 +22,24 @@ def user_variables(rec: Recorder) -> dict[str, object]:
     return found
 
 
+class LiveModules:
+    """Every live ``nn.Module``, found by one scan of ``gc`` on first use and kept for one
+    naming round: a scan walks the whole heap (slow in a large process), so the namers share
+    it and skip it when the user's variables already answered."""
+
+    def __init__(self) -> None:
+        self._modules: list | None = None
+
+    def get(self) -> list:
+        if self._modules is None:
+            module = torch.nn.Module
+            self._modules = [obj for obj in gc.get_objects()
+                             if issubclass(type(obj), module)]  # type(): no __class__ tricks
+        return self._modules
+
+
 def name_parameters(rec: Recorder, variables: dict[str, object] | None = None,
-                    use_gc: bool = True) -> None:
+                    use_gc: bool = True, live: LiveModules | None = None) -> None:
     """Name every tracked, still unnamed parameter: ``model.fc1.weight`` after the user's own
     variable when one holds its module, else (``use_gc``) after the largest live module holding
     it. Scans the stack and ``gc``: call rarely (an optimizer's first step, the end of the run);
@@ -45,9 +61,9 @@ def name_parameters(rec: Recorder, variables: dict[str, object] | None = None,
                     best[pid] = (len(named) + 10**9, f"{var}.{name}")
         elif isinstance(value, torch.Tensor) and id(value) in unnamed:  # also a plain leaf tensor
             best.setdefault(unnamed[id(value)], (10**9, var))
-    for obj in gc.get_objects() if use_gc else ():
-        if not issubclass(type(obj), torch.nn.Module):  # type(): no __class__ tricks
-            continue
+    if len(best) == len(unnamed) and all(rank >= 10**9 for rank, _ in best.values()):
+        use_gc = False  # every one named after a variable: no live module names it better
+    for obj in (live or LiveModules()).get() if use_gc else ():
         named = list(obj.named_parameters())
         for name, p in named:
             pid = unnamed.get(id(p))

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import ast
-import gc
 import linecache
 import sys
 
@@ -25,6 +24,7 @@ import torch
 from .. import events as ev
 from ..trace import Location
 from .identities import Identities
+from .names import LiveModules
 from .recorder import Recorder
 
 
@@ -100,7 +100,7 @@ def _tensors_in(item):
 
 
 def find_unregistered(rec: Recorder, variables: dict[str, object] | None, owned,
-                      reported: set[int]) -> None:
+                      reported: set[int], live: LiveModules | None = None) -> None:
     """Emit an ``unregistered`` event per module attribute that holds, in a plain container or
     as a plain tensor, tracked tensors that no optimizer owns and no module registers, and name
     those tensors by that path. Runs at each optimizer's first step (the model may be local to
@@ -115,15 +115,19 @@ def find_unregistered(rec: Recorder, variables: dict[str, object] | None, owned,
             alive[id(tensor)] = pid
     if not alive:
         return
-    roots: list[tuple[str, torch.nn.Module]] = []
-    for var, value in (variables or {}).items():
-        if issubclass(type(value), torch.nn.Module) and not var.startswith("_"):
-            roots.append((var, value))
-    # then the live modules (a model local to a function that has returned), named by class
-    roots += [(type(obj).__name__, obj) for obj in gc.get_objects()
-              if issubclass(type(obj), torch.nn.Module)]
     found: dict[tuple, tuple] = {}  # (id(module), attr) -> (path, module, attr, holder, hits)
-    for prefix, root in roots:
+
+    def roots():
+        for var, value in (variables or {}).items():
+            if issubclass(type(value), torch.nn.Module) and not var.startswith("_"):
+                yield var, value
+        if len({pid for *_, hits in found.values() for _, pid in hits}) == len(alive):
+            return  # every one found from the user's variables: no heap scan
+        # then the live modules (a model local to a function that has returned), by class
+        for obj in (live or LiveModules()).get():
+            yield type(obj).__name__, obj
+
+    for prefix, root in roots():
         registered = None  # the root's own parameters: a plain list of references to modules
         for sub_name, sub in root.named_modules():  # registered in the same model is harmless
             for attr, value in list(vars(sub).items()):
