@@ -28,14 +28,14 @@ class LiveModules:
     it and skip it when the user's variables already answered."""
 
     def __init__(self) -> None:
-        self._modules: list | None = None
+        self._found: list | None = None
 
     def get(self) -> list:
-        if self._modules is None:
+        if self._found is None:
             module = torch.nn.Module
-            self._modules = [obj for obj in gc.get_objects()
+            self._found = [obj for obj in gc.get_objects()
                              if issubclass(type(obj), module)]  # type(): no __class__ tricks
-        return self._modules
+        return self._found
 
 
 def name_parameters(rec: Recorder, variables: dict[str, object] | None = None,
