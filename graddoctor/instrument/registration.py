@@ -118,11 +118,15 @@ def find_unregistered(rec: Recorder, variables: dict[str, object] | None, owned,
     found: dict[tuple, tuple] = {}  # (id(module), attr) -> (path, module, attr, holder, hits)
 
     def roots():
+        accounted: set[int] = set()  # pids the user's models register
         for var, value in (variables or {}).items():
             if issubclass(type(value), torch.nn.Module) and not var.startswith("_"):
                 yield var, value
-        if len({pid for *_, hits in found.values() for _, pid in hits}) == len(alive):
-            return  # every one found from the user's variables: no heap scan
+                accounted.update(pid for p in value.parameters()
+                                 if (pid := alive.get(id(p))) is not None)
+        accounted.update(pid for *_, hits in found.values() for _, pid in hits)
+        if len(accounted) == len(alive):
+            return  # every one registered or found from the user's variables: no heap scan
         # then the live modules (a model local to a function that has returned), by class
         for obj in (live or LiveModules()).get():
             yield type(obj).__name__, obj
