@@ -29,6 +29,22 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def restore_non_finite(value: Any) -> Any:
+    """The inverse of ``json_safe`` for numbers: "inf", "-inf" and "nan" become floats again,
+    so a document read back (a trace written with --trace) means what it meant when written.
+    A string that is exactly one of those three words is taken for the number it stands for."""
+    if isinstance(value, str):
+        return _NON_FINITE.get(value, value)
+    if isinstance(value, dict):
+        return {key: restore_non_finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [restore_non_finite(item) for item in value]
+    return value
+
+
 def dumps(value: Any, **kwargs: Any) -> str:
     """``json.dumps`` of ``json_safe(value)``: strict JSON (``allow_nan=False``); what json
     cannot write (a tensor, a path) is written as its ``str``."""

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping
 
 from . import events as ev
-from .jsonsafe import json_safe
+from .jsonsafe import json_safe, restore_non_finite
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Event:
             seq=int(obj["seq"]),
             kind=str(obj["kind"]),
             loc=Location.from_json(obj.get("loc")),
-            data=dict(obj.get("data") or {}),
+            data=restore_non_finite(dict(obj.get("data") or {})),
         )
 
 

@@ -4,6 +4,7 @@ step, and a NaN gradient norm survives the trace's JSON as standard JSON."""
 from __future__ import annotations
 
 import json
+import math
 
 from graddoctor.analysis import Analysis
 from graddoctor.rules.engine import analyze
@@ -32,4 +33,16 @@ def test_trace_with_nan_round_trips_as_standard_json():
     assert "NaN" not in text
     for line in text.splitlines():
         json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
-    assert Trace.loads(text).events[-2]["norms"][0] == "nan"
+    norm = Trace.loads(text).events[-2]["norms"][0]
+    assert isinstance(norm, float) and math.isnan(norm)  # read back as the number it was
+
+
+def test_read_back_trace_gives_the_same_messages_with_an_infinite_scale():
+    t = builder()
+    t.event("scaler_init", scale=65536.0, enabled=True)
+    t.backward(fresh=P, scaled=True, scale=float("inf"))
+    t.event("clip", params=P, via="clip_grad_norm_", limit=0.0, total_norm=0.0)
+    t.step()
+    before, _ = analyze(t.trace)
+    after, _ = analyze(Trace.loads(t.trace.dumps()))
+    assert [f.message for f in before] == [f.message for f in after]
