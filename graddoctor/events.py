@@ -130,6 +130,13 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_
                    input or target): a regression loss whose broadcast has more elements than
                    input and target — the first such call of each call line (loc: the user's
                    loss line)
+loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits | kl_div),
+                   problem ("softmax" | "sigmoid": its input came out of that op;
+                   "probabilities": cross_entropy's rows lie in [0, 1] and sum to 1; "logits":
+                   nll_loss's rows are not log-normalised and no log op precedes them), classes
+                   (size of the class dimension): a classification loss a gradient flows through
+                   given the wrong kind of score — the first such call of each call line (loc:
+                   the user's loss line)
 idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so
                    far), grad (grad mode on), inference (inference mode on), training (the
                    module's .training): a forward of a module that owns optimizer parameters
@@ -184,7 +191,7 @@ run_end            status, steps
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
-``dropout_default``, ``loss_broadcast``, ``idle_forward``, ``functional_grad`` and
+``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad`` and
 ``optimizer_attr``, ``module_attr`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
@@ -380,6 +387,10 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                               "shape": shape, "reduction": reduction, "grad": grad}
 
 
+def loss_input(*, fn: str, problem: str, classes: int) -> Made:
+    return "loss_input", {"fn": fn, "problem": problem, "classes": classes}
+
+
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,
                  training: bool, checkpoint: str | None = None) -> Made:
     return "idle_forward", {"mid": mid, "cls": cls, "params": params, "grad": grad,
@@ -443,7 +454,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "scheduler_step": scheduler_step, "scheduler_init": scheduler_init, "train": mode_set, "eval": mode_set,
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
-    "dropout_default": dropout_default, "loss_broadcast": loss_broadcast,
+    "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
     "idle_forward": idle_forward, "functional_grad": functional_grad,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "folded": folded,
@@ -453,7 +464,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "idle_forward", "functional_grad",
+ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "functional_grad",
                          "optimizer_attr", "module_attr"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

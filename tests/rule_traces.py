@@ -17,7 +17,7 @@ P = [0, 1]  # the model's parameters
 
 def clip(t, params=P, line=None, norm_only=False, via="clip_grad_norm_", edited=()):
     return t.event("clip", line, via=via, params=list(params), with_grad=list(params), untracked=0,
-                   limit="inf" if norm_only else 1.0, norm_type=2.0, norm_only=norm_only,
+                   limit=float("inf") if norm_only else 1.0, norm_type=2.0, norm_only=norm_only,
                    total_norm=None, edited=list(edited))
 
 

@@ -151,7 +151,7 @@ def gen_clip(w: World, pool=None):
     return "clip", {
         "via": w.draw(st.sampled_from(["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_"])),
         "params": params, "with_grad": w.subset(params), "untracked": w.draw(st.integers(0, 2)),
-        "limit": w.draw(st.one_of(st.floats(0, 10), st.just("inf"))), "norm_type": 2.0,
+        "limit": w.draw(st.one_of(st.floats(0, 10), st.just(math.inf))), "norm_type": 2.0,
         "norm_only": w.draw(st.booleans()), "total_norm": w.draw(floats), "edited": w.subset(params),
         "spent": w.draw(st.sampled_from([True, False, None]))}
 

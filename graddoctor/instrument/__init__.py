@@ -19,6 +19,7 @@ from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
 from .gradflow import GradFlowWatcher
 from .idle import IdleParamWatcher
+from .loss_inputs import LossInputWatcher
 from .losses import LossShapeWatcher
 from .modes import ModeWatcher
 from .names import LiveModules, emit_param_events, name_parameters, user_variables
@@ -54,8 +55,9 @@ class Instrumentation:
         self.modes = ModeWatcher(rec, self.optimizers.owned_pids())
         self.watchers.append(self.modes)
         rec.subscribe("freeze_of", self.modes.freeze_seq)  # a frozen param's step names its freeze
-        # functional dropout left on in eval mode; regression losses that broadcast
-        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec)]
+        # functional dropout left on in eval mode; regression losses that broadcast;
+        # classification losses given probabilities where logits or log-probabilities belong
+        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec), LossInputWatcher(rec)]
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
         self.watchers.append(FunctionalGradWatcher(rec))
         # where the parameters that never get a gradient are used (param-without-grad)

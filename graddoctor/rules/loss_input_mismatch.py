@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import math
+
+from ..findings import Severity
+from .base import Rule
+
+_EXPECTS = {
+    "cross_entropy": "logits (it applies log_softmax itself)",
+    "binary_cross_entropy_with_logits": "logits (it applies sigmoid itself)",
+    "nll_loss": "log-probabilities (log_softmax of the logits)",
+    "kl_div": "log-probabilities as its input (log_softmax of the student's logits)",
+}
+_GIVEN = {
+    "softmax": "the output of softmax (probabilities)",
+    "sigmoid": "the output of sigmoid (values squashed into (0, 1))",
+    "probabilities": "probabilities (every row lies in [0, 1] and sums to 1)",
+    "logits": "raw scores (the rows are not log-normalised and no log op precedes them)",
+}
+
+
+def _ceiling(classes: int) -> str:
+    """The best probability softmax can give one class when every score lies in [0, 1]."""
+    best = math.e / (math.e + max(classes, 2) - 1)
+    return f"{best:.0%}"
+
+
+def _effect(fn: str, problem: str, classes: int) -> str:
+    if fn == "cross_entropy":
+        return (f"the scores it turns into probabilities all lie in [0, 1], so with {classes} "
+                f"classes the right class can never get more than {_ceiling(classes)} "
+                f"(e/(e+{max(classes, 2) - 1})): the loss cannot fall below "
+                f"{-math.log(math.e / (math.e + max(classes, 2) - 1)):.2f} and its gradients "
+                f"shrink as the {'softmax' if problem != 'sigmoid' else 'sigmoid'} saturates")
+    if fn == "binary_cross_entropy_with_logits":
+        return ("sigmoid runs twice: sigmoid of a value in (0, 1) lies in (0.5, 0.73), so the "
+                "predicted probability never drops below 0.5 — negatives are never learned and "
+                "the loss never approaches zero")
+    if fn == "nll_loss" and problem == "logits":
+        return ("it minimises -score[target] with nothing to bound it: the target's score is "
+                "pushed up without limit instead of its probability towards 1")
+    if fn == "nll_loss":
+        return ("it minimises -p[target] instead of -log p[target]: a bounded loss whose "
+                "gradient does not grow for badly wrong predictions, so training stalls")
+    return ("the divergence is computed as target·(log target − input): with probabilities as "
+            "input its gradient is −target whatever the student predicts, so the student is not "
+            "pulled towards the target distribution")
+
+
+def _fix(fn: str, problem: str) -> str:
+    if fn == "cross_entropy" and problem == "probabilities":
+        return ("pass the logits to cross_entropy, or use F.nll_loss(torch.log(probs)) where only "
+                "probabilities exist")
+    if fn == "cross_entropy":
+        return (f"pass the logits: drop the {problem} before the loss (apply it only to read "
+                f"predictions)")
+    if fn == "binary_cross_entropy_with_logits":
+        return ("drop the sigmoid before binary_cross_entropy_with_logits (BCEWithLogitsLoss), "
+                "or keep it and use binary_cross_entropy (BCELoss)")
+    if fn == "nll_loss" and problem == "logits":
+        return "apply F.log_softmax(scores, dim=1) before nll_loss, or use F.cross_entropy on the scores"
+    if fn == "nll_loss":
+        return ("use F.log_softmax instead of softmax before nll_loss (or cross_entropy on the "
+                "logits)")
+    return ("give kl_div log-probabilities: F.kl_div(F.log_softmax(student_logits, dim=-1), "
+            "target_probs, reduction='batchmean')")
+
+
+class LossInputMismatch(Rule):
+    """
+    ## What it does
+    Finds classification losses that a gradient flows through and that are given the wrong
+    kind of score: `cross_entropy` (`nn.CrossEntropyLoss`) or
+    `binary_cross_entropy_with_logits` (`nn.BCEWithLogitsLoss`) given the output of a softmax
+    or sigmoid, `nll_loss` (`nn.NLLLoss`) given probabilities or raw scores, `kl_div`
+    (`nn.KLDivLoss`) given probabilities as its input. It points at the loss call. The
+    operation behind the input is read from the autograd graph (past reshapes, slices, casts
+    and clamps); where the graph does not tell, `cross_entropy` is reported when every row lies
+    in [0, 1] and sums to 1, and `nll_loss` when its rows are not log-normalised and no log op
+    comes before them. Losses computed without a gradient (validation metrics) are not judged,
+    and `log_softmax` before `cross_entropy` is not reported: log_softmax of log-probabilities
+    changes nothing.
+
+    ## Why is this bad?
+    `cross_entropy` applies log_softmax itself. Given probabilities, every score lies in
+    [0, 1]: with C classes the right class can never get more than e/(e+C−1) (23% for 10
+    classes), the loss has a floor far above zero, and gradients shrink as the softmax
+    saturates. A sigmoid before `binary_cross_entropy_with_logits` runs sigmoid twice: the
+    prediction never drops below 0.5. `nll_loss` on probabilities minimises −p instead of
+    −log p; on raw scores it minimises −score[target], which has no lower bound. `kl_div` with
+    probabilities as input gives a gradient that ignores the student's own prediction. The
+    script runs, the loss goes down a little, the model trains badly.
+
+    ## Example
+    ```python
+    model = nn.Sequential(nn.Linear(784, 10), nn.Softmax(dim=1))
+    loss = nn.CrossEntropyLoss()(model(x), y)
+    ```
+
+    ## Use instead
+    ```python
+    model = nn.Sequential(nn.Linear(784, 10))           # logits
+    loss = nn.CrossEntropyLoss()(model(x), y)
+    probs = model(x).softmax(dim=1)                     # only to read predictions
+    ```
+    """
+
+    code = "GD212"
+    slug = "loss-input-mismatch"
+    severity = Severity.WARNING
+    summary = ("a classification loss is given probabilities where it expects logits (softmax "
+               "or sigmoid applied twice) or log-probabilities")
+    fix = "pass the loss the kind of score it expects: logits to cross_entropy, log-probabilities to nll_loss and kl_div"
+
+    def check(self, a):
+        for e in a.of_kind("loss_input"):
+            fn, problem = e.get("fn", "cross_entropy"), e.get("problem", "softmax")
+            classes = int(e.get("classes") or 2)
+            yield self.finding(
+                f"{fn} expects {_EXPECTS.get(fn, 'logits')} but is given {_GIVEN.get(problem, problem)}: "
+                f"{_effect(fn, problem, classes)}",
+                e.loc, step=a.next_step_number(e.seq), fix=_fix(fn, problem),
+                evidence={"function": fn, "given": problem, "classes": classes})

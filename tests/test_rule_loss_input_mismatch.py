@@ -1,0 +1,48 @@
+"""loss-input-mismatch: what made a loss's input is read from the autograd graph through the
+operations that keep values, and the messages state the bound the wrong input imposes."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from graddoctor.instrument.loss_inputs import has_log_nearby, producer
+from graddoctor.rules.engine import analyze
+from rule_traces import builder
+
+
+def test_producer_sees_through_value_keeping_operations():
+    x = torch.randn(4, 3, 5, requires_grad=True)
+    probs = x.softmax(-1)
+    assert producer(probs.reshape(-1, 5)[:6].float().clamp(1e-6, 1)) == "softmax"
+    assert producer(torch.sigmoid(x).squeeze(0).permute(1, 0, 2)) == "sigmoid"
+    assert producer(torch.cat([probs, probs.detach().requires_grad_().softmax(-1)])) == "softmax"
+    assert producer(torch.cat([probs, x])) is None  # parts disagree
+    assert producer(x.log_softmax(-1).view(-1, 5)) == "log"
+    assert producer(probs * 2) is None  # scaled: no longer probabilities
+    assert producer(x) is None
+
+
+def test_a_log_op_a_few_levels_up_marks_log_probabilities():
+    x = torch.randn(4, 5, requires_grad=True)
+    assert has_log_nearby(F.log_softmax(x, 1) * torch.rand(4, 5))
+    assert not has_log_nearby(x * 3 + 1)
+
+
+def _messages(**data):
+    t = builder()
+    t.event("loss_input", **data)
+    found, errors = analyze(t.trace)
+    assert not errors
+    return [(f.rule, f.message, f.fix) for f in found if f.rule == "loss-input-mismatch"]
+
+
+def test_messages_state_the_bound_and_fit_the_input():
+    [(_, message, fix)] = _messages(fn="cross_entropy", problem="softmax", classes=10)
+    assert "23%" in message and "1.46" in message and "drop the softmax" in fix
+    [(_, message, fix)] = _messages(fn="binary_cross_entropy_with_logits", problem="sigmoid", classes=1)
+    assert "0.5" in message and "drop the sigmoid" in fix
+    [(_, message, fix)] = _messages(fn="nll_loss", problem="logits", classes=5)
+    assert "without limit" in message and "log_softmax" in fix
+    [(_, message, fix)] = _messages(fn="cross_entropy", problem="probabilities", classes=12)
+    assert "sums to 1" in message and "softmax" not in fix.split(",")[0]
