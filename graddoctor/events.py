@@ -78,7 +78,7 @@ scaler_step        scaler, opt, enabled, fused, skipped, found_inf (after ``scal
 scaler_update      scaler, enabled, scale (the new scale)
 clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_norm_),
                    params [pid] (tracked params passed), with_grad [pid], untracked, limit
-                   (max_norm or clip_value; "inf" as a string), norm_type, norm_only (max_norm
+                   (max_norm or clip_value: a float, inf included), norm_type, norm_only (max_norm
                    is inf: computes the norm, clips nothing), total_norm (CPU only),
                    edited [pid] (grads changed in place by unwatched code before the clip),
                    spent (the iterable given was a generator, or a filter/map over one, that

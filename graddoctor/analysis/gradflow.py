@@ -246,7 +246,7 @@ def _axis_marks(a: "Analysis", heat: Heatmap) -> None:
         heat.micro[w.index] = len(w.backwards)
     for e in a.by_kind.get("clip", ()):
         total = e.get("total_norm")
-        if isinstance(total, (int, float)):
+        if isinstance(total, (int, float)) and math.isfinite(total):
             heat.clip_total[a.steps_before(e.seq) + 1] = float(total)
     for e in a.by_kind.get("scaler_update", ()):
         scale = e.get("scale")

@@ -31,12 +31,12 @@ from .subclasses import Depth
 
 
 def _number(value):
-    """A float for the trace; non-finite values as strings so the JSON stays standard."""
+    """A float for the trace (non-finite ones too: the trace's JSON lines write them as the
+    strings "inf"/"nan" and read them back as floats)."""
     try:
-        value = float(value)
+        return float(value)
     except (TypeError, ValueError):
         return None
-    return value if math.isfinite(value) else str(value)
 
 
 def _spent(iterator) -> bool | None:
@@ -108,7 +108,7 @@ class ClipWatcher:
         by_norm = via != "clip_grad_value_"
         rec.emit(ev.clip(via=via, params=pids, with_grad=with_grad, untracked=untracked, limit=limit,
                          norm_type=_number(arguments.get("norm_type", 2.0)) if by_norm else None,
-                         norm_only=by_norm and limit == "inf", total_norm=total, edited=edited,
+                         norm_only=by_norm and limit == math.inf, total_norm=total, edited=edited,
                          spent=spent),
                  rec.here(2))
         self._note_finite(via, total, before, after)
