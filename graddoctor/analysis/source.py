@@ -43,6 +43,9 @@ class ScriptSource:
     def called_object(self, path: str, line: int, method: str) -> str | None:
         return called_object(self.full(path), line, method)
 
+    def call_argument(self, path: str, line: int, function: str, position: int, keyword: str) -> str | None:
+        return call_argument(self.full(path), line, function, position, keyword)
+
 
 @lru_cache(maxsize=64)
 def _tree(text: str) -> ast.AST | None:
@@ -182,4 +185,26 @@ def called_object(path: str, line: int, method: str) -> str | None:
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == method and node.lineno <= line <= (node.end_lineno or node.lineno)):
             return ast.unparse(node.func.value)
+    return None
+
+
+def call_argument(path: str, line: int, function: str, position: int, keyword: str) -> str | None:
+    """The source text of an argument of a call of ``function`` (a plain or dotted name ending
+    so: ``clip_grad_norm_`` matches ``torch.nn.utils.clip_grad_norm_``) on ``line``, given at
+    ``position`` or as ``keyword=``: ``args.clip`` in ``clip_grad_norm_(params, args.clip)``.
+    None when the source cannot be read or shows no such call and argument there."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name != function:
+            continue
+        for kw in node.keywords:
+            if kw.arg == keyword:
+                return ast.unparse(kw.value)
+        if len(node.args) > position and not any(isinstance(a, ast.Starred) for a in node.args[:position + 1]):
+            return ast.unparse(node.args[position])
     return None
