@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..analysis.lr import LrWriter
+from .base import Rule
+
+# optimizers whose update is a multiple of the lr (torch.optim's own; Rprop's step sizes start
+# at lr and only ever scale by etaminus/etaplus): lr 0 moves nothing
+_LR_SCALED = frozenset({"SGD", "Adam", "AdamW", "Adamax", "RMSprop", "Adagrad", "Adadelta", "NAdam",
+                        "RAdam", "ASGD", "Rprop", "SparseAdam", "LBFGS", "Adafactor"})
+# schedulers that compute the lr from their own arguments (max_lr, base_lr), not from the
+# optimizer's lr: a 0 there is not carried forward
+_OWN_LR = frozenset({"OneCycleLR", "CyclicLR"})
+
+
+class ZeroLearningRate(Rule):
+    """
+    ## What it does
+    Finds an optimizer that steps with a learning rate of exactly 0 in every param group at
+    every update seen, where nothing can raise it later: the lr is the one it was constructed
+    with, or a scheduler multiplies a base lr of 0. It points at the optimizer's construction.
+    A param group with lr 0 next to groups that train (a way to freeze a backbone), an lr the
+    script writes itself (a hand-written warm-up may start at 0), and schedulers that set the lr
+    from their own arguments (`OneCycleLR`, `CyclicLR`) are not reported.
+
+    ## Why is this bad?
+    Every torch optimizer scales its update by the lr: with lr 0 no parameter ever changes,
+    while the loop runs, the loss is computed and the gradients look healthy. The usual cause is
+    an integer division in a scaling rule (`base_lr * (batch_size // 256)` is 0 below 256) or a
+    configuration value that never arrived.
+
+    ## Example
+    ```python
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * (batch_size // 256))
+    ```
+
+    ## Use instead
+    ```python
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * batch_size / 256)
+    ```
+    """
+
+    code = "GD116"
+    slug = "zero-learning-rate"
+    severity = Severity.WARNING
+    summary = "an optimizer steps with lr=0 in every param group: no parameter ever changes"
+    fix = "give the optimizer a positive lr"
+
+    def check(self, a):
+        for opt, groups in a.lr_timeline.items():
+            init = a.optimizers.get(opt)
+            if init is None or init.get("cls") not in _LR_SCALED or not groups:
+                continue
+            points = [p for g in groups.values() for p in g]
+            if not points or any(p.lr != 0 for p in points):
+                continue  # None (not a plain number) counts as unknown: not reported
+            by_scheduler = []
+            as_built = LrWriter("optimizer", init.loc)
+            for p in points:
+                w = p.writer
+                if w == as_built:
+                    continue
+                if w.sched is not None and w.cls not in _OWN_LR and self._base_lrs_zero(a, w.sched):
+                    by_scheduler.append(w)  # a scheduler's factor times a base lr of 0
+                    continue
+                break  # written by the script, or by a schedule that may still raise it
+            else:
+                if self._script_writes_lr(a, opt, init):
+                    continue  # a 0 written back by the script's own schedule looks unchanged
+                steps = a.count(e for e in a.by_kind.get("step", ())
+                                if e.get("opt") == opt and not e.get("skipped"))
+                yield self._finding(a, opt, init, steps, by_scheduler)
+
+    @staticmethod
+    def _script_writes_lr(a, opt, init) -> bool:
+        paths = {e.loc.path for e in a.by_kind.get("step", ()) if e.get("opt") == opt and e.loc}
+        if init.loc is not None:
+            paths.add(init.loc.path)
+        return any(a.source.lr_assignment_lines(path) for path in paths)
+
+    @staticmethod
+    def _base_lrs_zero(a, sched) -> bool:
+        s = a.schedulers.get(sched)
+        base = (s.init.get("base_lrs") if s is not None and s.init is not None else None) or []
+        return bool(base) and all(b == 0 for b in base)
+
+    def _finding(self, a, opt, init, steps: int, by_scheduler):
+        cls = init.get("cls")
+        loc = init.loc
+        given = a.source.call_argument(loc.path, loc.line, cls, 1, "lr") if loc is not None else None
+        try:
+            literal = float(given) if given else None
+        except ValueError:
+            literal = None  # an expression: shown as the source of the 0
+        shown = given if given and literal is None else None
+        cause = (f"lr=0 (from {shown})" if shown else "lr=0" if literal in (0, None)
+                 else "lr=0 in each param group")
+        if by_scheduler:
+            cause += f", which its {by_scheduler[0].cls} only multiplies"
+        fix = self.fix
+        if shown and "//" in shown:
+            fix = f"`//` rounds down to 0 in `{shown}`: use `/` (true division) for the lr"
+        elif shown:
+            fix = f"give the optimizer a positive lr: `{shown}` is 0 in this run"
+        return self.finding(
+            f"{cls} is built with {cause} and steps with lr 0 in every param group at all "
+            f"{steps} updates seen: no parameter it owns ever changes, although the loss and "
+            f"its gradients are computed every step",
+            loc, fix=fix, step=1,
+            evidence={"optimizer": cls, "argument": given, "updates": steps,
+                      "groups": len(a.lr_timeline.get(opt, {})),
+                      "scheduler": by_scheduler[0].cls if by_scheduler else None})
