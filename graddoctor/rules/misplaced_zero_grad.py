@@ -5,6 +5,7 @@ import math
 from ..findings import Safety, Severity
 from .base import Rule, helper_call, related
 from .source import move_after, related_line
+from .step_before_backward import step_before_backward
 
 
 class MisplacedZeroGrad(Rule):
@@ -19,7 +20,9 @@ class MisplacedZeroGrad(Rule):
     non-finite (`if not torch.isfinite(norm): continue`), the dropped gradient moved the weights
     by hand before a second backward (SAM's ascent step), or the clear usually runs after a step
     and drops a backward only in a minority of the updates (a conditional skip, not a clear in
-    the wrong place).
+    the wrong place). A clear that drops the backward of a loop whose `optimizer.step()` runs
+    before `backward()` is left to step-before-backward: there the step must move, not the
+    clear.
 
     ## Why is this bad?
     The step then applies zero or only the last micro-batch's gradient: training silently does
@@ -70,8 +73,10 @@ class MisplacedZeroGrad(Rule):
         for d in a.ledger.discards:
             if not _seen_nonfinite(a, d) and not _weights_perturbed(a, d):
                 groups.setdefault(d.clear.loc, []).append(d)
+        # clear → step → backward: the step, not the clear, is misplaced (step-before-backward)
+        claimed = step_before_backward(a) if groups else {}
         for loc, discards in groups.items():
-            if _skipped_update(a, loc, discards):
+            if _skipped_update(a, loc, discards) or (loc.path, loc.line) in claimed:
                 continue
             first = discards[0]
             pids = [d.pid for d in discards]
