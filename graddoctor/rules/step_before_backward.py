@@ -81,10 +81,10 @@ class StepBeforeBackward(Rule):
             back_line = backward.loc.line if backward.loc else "?"
             yield self.finding(
                 f"this optimizer.step() of {a.optimizer_name(opt)} runs before the backward() at "
-                f"line {back_line} in every update: the gradients of {a.names(pids)} were just "
-                f"cleared (line {clear_line}), so each step applies {applies} and the model does "
-                f"not train; the gradients the backward computes afterwards are then thrown away "
-                f"by the clear at line {clear_line} without any step using them",
+                f"line {back_line} in every update, after the clear at line {clear_line} has emptied "
+                f"the gradients of {a.names(pids)}: each step applies {applies} and the model does "
+                f"not train, while the gradients the backward computes are cleared before any "
+                f"step uses them",
                 step.loc,
                 related=(related(backward, "the backward whose gradients no step uses"),
                          related(clear, "the clear that discards them before the next step")),
