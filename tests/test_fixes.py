@@ -267,3 +267,31 @@ def test_explain_says_whether_a_rule_has_an_automatic_fix():
     assert "unsafe (" in unsafe.output and "--unsafe-fixes" in unsafe.output
     none = CliRunner().invoke(app, ["explain", "stale-grad"], env={"COLUMNS": "200"})
     assert "Automatic fix" in none.output and "None" in none.output
+
+
+def _block_text(autofix) -> str:
+    from rich.console import Console
+
+    from graddoctor.report.text_findings import finding_block
+
+    f = Finding(rule="misplaced-zero-grad", code="GD104", severity=Severity.ERROR, message="m",
+                location=None, autofix=autofix)
+    console = Console(width=200, color_system=None, record=True)
+    console.print(finding_block(f))
+    return console.export_text()
+
+
+def test_text_report_never_offers_an_edit_its_verification_refuted():
+    edit = (Edit("t.py", 1, 0, 1, 0, "x\n"),)
+    base = Autofix("move the clear after the step", Safety.SAFE, edits=edit)
+    failed = _block_text(dataclasses.replace(base, verification=NOT_FIXED,
+                                             verification_note="the fixed script ended crashed: boom"))
+    assert "autofix (safe" not in failed
+    assert "autofix: none — the edit (move the clear after the step) failed its check" in failed
+    assert "crashed: boom" in failed
+    introduced = _block_text(dataclasses.replace(base, verification=INTRODUCED,
+                                                 verification_note="GD101 missing-zero-grad"))
+    assert "autofix (safe" not in introduced and "GD101" in introduced
+    assert "autofix (safe, verified): move the clear" in _block_text(
+        dataclasses.replace(base, verification=VERIFIED))
+    assert "autofix (safe): move the clear" in _block_text(base)  # not verified (no --diff)

@@ -81,9 +81,13 @@ def finding_block(f: Finding, base_dir: str | None = None) -> Group:
     if f.fix:
         parts.append(_indent(Text.assemble(("fix: ", "bold green"), f.fix)))
     auto = f.autofix
-    if auto is not None and auto.edits:
-        state = "" if auto.verification is None else \
-            ", verified" if auto.verified else f", {auto.verification}"
+    if auto is not None and auto.edits and auto.verification is not None and not auto.verified:
+        # re-running the fixed script refuted the edit: it is not on offer, whatever its safety
+        why = auto.verification + (f": {auto.verification_note}" if auto.verification_note else "")
+        parts.append(_indent(Text(f"autofix: none — the edit ({auto.title}) failed its check "
+                                  f"({why})", style="dim")))
+    elif auto is not None and auto.edits:
+        state = "" if auto.verification is None else ", verified"
         parts.append(_indent(Text.assemble((f"autofix ({auto.safety.value}{state}): ", "green"),
                                            auto.title, (f" ({auto.verification_note})" if
                                                         auto.verification_note else "", "dim"))))
