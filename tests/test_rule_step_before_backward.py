@@ -139,3 +139,48 @@ def test_the_edit_moves_the_step_after_the_backward(tmp_path):
 def test_no_edit_when_step_and_backward_are_in_different_blocks(tmp_path):
     assert _fix(tmp_path, "    opt.zero_grad()\n    if ok:\n        opt.step()\n"
                           "    loss.backward()\n") is None
+
+
+def _helper_loop(order):
+    """Like ``loop``, with the backward at L6 inside the script's helper ``backprop``: the turns
+    cut at its earlier line, so the loop's first pass decides."""
+    t = TraceBuilder()
+    t.optimizer(0, P, line=3)
+    at = {"c": 12, "s": 14}
+    for _ in range(6):
+        for k in order:
+            if k == "b":
+                t.trace.put(ev.backward(fresh=list(P), accumulated=[], cleared_outside=[]),
+                            Location(t.path, 6, "backprop"))
+            elif k == "c":
+                t.clear(P, line=at["c"])
+            else:
+                t.step(0, line=at["s"])
+    return t.trace
+
+
+def test_backward_in_a_helper_called_after_the_step_is_reported():
+    trace = _helper_loop("csb")
+    assert slugs(trace) == [(SLUG, 14)]
+    assert only(trace, SLUG).evidence["backward_function"] == "backprop"
+
+
+def test_backward_in_a_helper_then_clear_then_step_stays_misplaced_zero_grad():
+    assert slugs(_helper_loop("bcs")) == [("misplaced-zero-grad", 12)]
+
+
+def test_the_edit_moves_the_step_after_the_helper_call(tmp_path):
+    from graddoctor.edits import apply_edits
+    from graddoctor.findings import Related
+    from graddoctor.rules.source import Source
+    from graddoctor.rules.step_before_backward import StepBeforeBackward
+
+    text = ("def backprop(loss):\n    loss.backward()\n\n\nfor x in data:\n    opt.zero_grad()\n"
+            "    loss = f(x)\n    opt.step()\n    log(loss)\n    backprop(loss)\n")
+    src = Source("train.py", str(tmp_path / "train.py"), text)
+    finding = Finding(rule=SLUG, code="GD117", severity=Severity.ERROR, message="",
+                      location=Location("train.py", 8), evidence={"backward_function": "backprop"},
+                      related=(Related(Location("train.py", 2), "the backward whose gradients no step uses"),))
+    fix = StepBeforeBackward().autofix(finding, src)
+    assert apply_edits(text, list(fix.edits)).endswith(
+        "    loss = f(x)\n    log(loss)\n    backprop(loss)\n    opt.step()\n")

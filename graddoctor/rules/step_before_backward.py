@@ -57,12 +57,17 @@ class StepBeforeBackward(Rule):
     fix_safety = Safety.SAFE
 
     def autofix(self, finding, src):
-        """Move the step statement to right after the backward statement, when both sit in
-        the same block (a step inside an ``if`` or in another function is left to a person)."""
+        """Move the step statement to right after the backward statement, or after the call of
+        the script's helper that runs it, when both sit in the same block after the step (a
+        step inside an ``if`` of its own is left to a person)."""
         step = src.statement_at(finding.location.line)
+        if step is None:
+            return None
         back_line = related_line(finding, "the backward whose gradients")
         backward = src.statement_at(back_line) if back_line else None
-        if step is None or backward is None or step is backward or backward.line <= step.end_line \
+        if backward is not None and (backward.parent is not step.parent or backward.block != step.block):
+            backward = _helper_call_after(src, step, finding.evidence.get("backward_function"))
+        if backward is None or backward is step or backward.line <= step.end_line \
                 or step.parent is not backward.parent or step.block != backward.block:
             return None
         moved = move_after(src, step, backward)
@@ -91,7 +96,9 @@ class StepBeforeBackward(Rule):
                 fix=_fix_text(a, step, backward),
                 step=claim.step_index,
                 evidence={"params": [a.param_name(p) for p in pids[:8]],
-                          "updates": claim.updates, "grads_none": none},
+                          "updates": claim.updates, "grads_none": none,
+                          "backward_function": None if _same_body(step.loc, backward.loc)
+                          or backward.loc is None else backward.loc.function},
             )
 
 
@@ -104,7 +111,12 @@ def _fix_text(a, step: Event, backward: Event) -> str | None:
     if not opt:
         return None
     after = f"{loss}.backward()" if loss else "the backward()"
-    return f"move {opt}.step() after {after} (line {backward.loc.line}), so that it applies the gradients of this update"
+    if not _same_body(step.loc, backward.loc) and backward.loc.function \
+            and backward.loc.function != "<module>":
+        after = f"the call of {backward.loc.function}() that runs {after} (line {backward.loc.line})"
+    else:
+        after += f" (line {backward.loc.line})"
+    return f"move {opt}.step() after {after}, so that it applies the gradients of this update"
 
 
 @dataclass
@@ -142,6 +154,7 @@ def step_before_backward(a) -> dict:
         steps_of.setdefault(s.get("opt"), []).append(s)
     turn_of = {n: t for t in a.turns for n in t.steps}
     judged: dict = {}
+    first_steps: dict = {}
 
     def fits(d) -> Event | None:
         """The step before the dropped backward, when ``d`` has the layout."""
@@ -160,8 +173,13 @@ def step_before_backward(a) -> dict:
         before = mine[i]
         if _key(before.loc) != _key(step.loc):
             return None
-        turn = turn_of.get(a.step_number.get(before.seq))
-        if turn is None or not _step_then_backward(turn.items, step.loc, backward.loc):
+        if _same_body(step.loc, backward.loc):
+            turn = turn_of.get(a.step_number.get(before.seq))
+            if turn is None or not _step_then_backward(turn.items, step.loc, backward.loc):
+                return None
+        elif not _first_step_empty(a, step, d.pid, first_steps):
+            # a backward in the script's helper: the turns cut at its earlier line, so read the
+            # loop's first pass instead, which ran its step before any backward
             return None
         judged[key] = before
         return before
@@ -176,6 +194,46 @@ def step_before_backward(a) -> dict:
         claims[loc] = Claim(first.clear, first.later_step, first.contributions[-1].backward,
                             first.later_step_index, pids, updates)
     return claims
+
+
+def _helper_call_after(src, step, function: str | None):
+    """The statement after ``step`` in its block that calls ``function`` (the script's helper
+    that runs the backward), when exactly one does."""
+    if not function or function.startswith("<"):
+        return None
+    cst = src.cst
+    siblings = [s for s in src.statements if s.parent is step.parent and s.block == step.block
+                and s.line > step.end_line]
+    found = []
+    for s in siblings:
+        for call in src.nodes(cst.Call, within=s):
+            func = call.func
+            name = func.attr.value if isinstance(func, cst.Attribute) else \
+                func.value if isinstance(func, cst.Name) else None
+            if name == function:
+                found.append(s)
+                break
+    return found[0] if len(found) == 1 else None
+
+
+def _same_body(step_loc: Location | None, backward_loc: Location | None) -> bool:
+    return (step_loc is not None and backward_loc is not None and step_loc.path == backward_loc.path
+            and step_loc.function == backward_loc.function)
+
+
+def _first_step_empty(a, step: Event, pid: int, cache: dict) -> bool:
+    """The first step at ``step``'s line (of its optimizer) ran before any backward wrote
+    ``pid``: the loop's first pass stepped before it backpropagated."""
+    key = (step.get("opt"), _key(step.loc))
+    if key not in cache:
+        first = next((s for s in a.steps if (s.get("opt"), _key(s.loc)) == key), None)
+        written_before: set = set()
+        if first is not None:
+            for e in a.span(-1, first.seq):
+                if e.kind == "backward":
+                    written_before.update(written(e))
+        cache[key] = written_before
+    return pid not in cache[key]
 
 
 def _step_then_backward(items, step_loc, backward_loc) -> bool:
