@@ -2,9 +2,14 @@ import os
 import subprocess
 import sys
 
-import pytest
+# One intra-op thread in the test processes themselves, as in the processes they start
+# (cli_env): set before anything imports torch. Two xdist workers on two cores, each with a
+# thread pool of two, spin against each other; the in-process fixture runs were ~10x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import warm_python
+import pytest  # noqa: E402
+
+import warm_python  # noqa: E402
 
 pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py runs pytest inside pytest
 
