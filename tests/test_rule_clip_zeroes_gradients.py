@@ -38,3 +38,25 @@ def test_silent_for_positive_or_infinite_limits_and_for_gradients_already_applie
     assert findings(_run(1.0), SLUG) == []
     assert findings(_run(float("inf")), SLUG) == []
     assert findings(_run(0.0, after_step=True), SLUG) == []
+
+
+def _edit(tmp_path, line_text, argument):
+    from graddoctor.findings import Finding
+    from graddoctor.rules.clip_zeroes_gradients import ClipZeroesGradients
+    from graddoctor.rules.source import Source
+    from graddoctor.trace import Location
+
+    text = f"for step in range(3):\n    loss.backward()\n    {line_text}\n    optimizer.step()\n"
+    src = Source("train.py", str(tmp_path / "train.py"), text)
+    finding = Finding(rule=SLUG, code="GD218", severity=Severity.ERROR, message="",
+                      location=Location("train.py", 3), evidence={"argument": argument})
+    fix = ClipZeroesGradients().autofix(finding, src)
+    return None if fix is None else fix.edits[0].text
+
+
+def test_the_fix_guards_the_clip_with_the_scripts_own_limit(tmp_path):
+    assert _edit(tmp_path, "clip_grad_norm_(model.parameters(), args.clip)", "args.clip") == (
+        "    if args.clip > 0:\n        clip_grad_norm_(model.parameters(), args.clip)\n")
+    # a kept norm would be undefined when the guard skips the call; a literal is the user's call
+    assert _edit(tmp_path, "norm = clip_grad_norm_(model.parameters(), args.clip)", "args.clip") is None
+    assert _edit(tmp_path, "clip_grad_norm_(model.parameters(), 0.0)", "0.0") is None

@@ -11,10 +11,11 @@ The four functions in ``torch.nn.functional`` are patched (their ``nn`` modules 
 judgement reads the autograd graph, which costs no device work: the input's ``grad_fn``, past
 operations that only move or select values (views, transposes, slices, dtype copies, clamps),
 names the operation that made the scores. Only where the graph does not tell (a hand-written
-normalisation, a score made by a layer) are values looked at: once per call line, one small
-reduction and one device-to-host read, for the first calls of each loss. Only losses a gradient flows through
-are judged (a validation loss computed on probabilities is a metric's business). Each call line
-is recorded at most once (a ``loss_input`` aside event).
+normalisation, a score made by a layer) are values looked at: one small reduction and one
+device-to-host read per call, for the first calls of each loss (on a GPU only those before the
+first optimizer step: no host sync in the updates after it). Only losses a gradient flows
+through are judged (a validation loss computed on probabilities is a metric's business). Each
+call line is recorded at most once (a ``loss_input`` aside event).
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ class LossInputWatcher:
         (cross_entropy given rows in [0, 1] that sum to 1), "logits" (nll_loss given rows that
         are not log-normalised, with no log op behind them), else None."""
         done = self._value_checks.get(fn, 0)
-        if done >= _VALUE_CHECKS:
-            return None
+        if done >= _VALUE_CHECKS or (self.rec.steps and input.device.type != "cpu"):
+            return None  # on a device, reads only in the first update: no sync per step later
         self._value_checks[fn] = done + 1
         if input.dim() == 0 or input.numel() == 0 or input.shape[_class_dim(input)] < 2:
             return None

@@ -1,7 +1,15 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Edit, Safety, Severity
 from .base import Rule, related
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _limit_text(limit: float) -> str:
@@ -48,6 +56,31 @@ class ClipZeroesGradients(Rule):
     summary = ("a gradient clip with a limit of 0 (or below) zeroes (or reverses) every gradient "
                "the optimizer step then applies")
     fix = "clip only with a positive limit: guard the call with `if max_norm > 0:`, or pass a positive max_norm"
+    # unsafe: a limit of 0 may also have been a typo for a real limit, which the guard skips
+    fix_safety = Safety.UNSAFE
+
+    def autofix(self, finding, src):
+        """Guard the clip with the script's own limit: ``if args.clip > 0:`` around a clip
+        statement whose result is not kept (a kept norm would be undefined when skipped). A
+        literal limit gets no edit: the right value is the user's to choose."""
+        given = finding.evidence.get("argument")
+        if not given or _is_number(given) or finding.location is None:
+            return None
+        s = src.statement_at(finding.location.line)
+        body = getattr(s.node, "body", None) if s is not None else None
+        if not body or len(body) != 1 or type(body[0]).__name__ != "Expr" \
+                or type(body[0].value).__name__ != "Call":
+            return None
+        indent = src.indent(s)
+        text = f"{indent}if {given} > 0:\n" + "".join(
+            f"{indent}    {line}" if line.strip() else line for line in src.stmt_lines(s))
+        end = s.end_line + 1
+        last = src.line_text(s.end_line)
+        if end > len(src.lines) and not last.endswith("\n"):
+            edit = Edit(src.path, s.line, 0, s.end_line, len(last), text.rstrip("\n"))
+        else:
+            edit = Edit(src.path, s.line, 0, end, 0, text)
+        return self.edit(f"clip only when {given} > 0", edit)
 
     def check(self, a):
         groups: dict = {}
