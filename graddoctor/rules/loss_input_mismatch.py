@@ -83,13 +83,18 @@ class LossInputMismatch(Rule):
     kind of score: `cross_entropy` (`nn.CrossEntropyLoss`) or
     `binary_cross_entropy_with_logits` (`nn.BCEWithLogitsLoss`) given the output of a softmax
     or sigmoid, `nll_loss` (`nn.NLLLoss`) given probabilities or raw scores, `kl_div`
-    (`nn.KLDivLoss`) given probabilities as its input. It points at the loss call. The
+    (`nn.KLDivLoss`) given probabilities as its input; also scores out of a ReLU given to
+    `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax` over another
+    dimension than the classes (`dim=0`: the batch) given to `cross_entropy` or `nll_loss`, and
+    float 0/1 targets with several 1s per row (a multi-label task) given to `cross_entropy`.
+    It points at the loss call. The
     operation behind the input is read from the autograd graph (past reshapes, slices, casts
     and clamps); where the graph does not tell, `cross_entropy` is reported when every row lies
     in [0, 1] and sums to 1, and `nll_loss` when its rows are not log-normalised and no log op
     comes before them. Losses computed without a gradient (validation metrics) are not judged,
     and `log_softmax` before `cross_entropy` is not reported: log_softmax of log-probabilities
-    changes nothing.
+    changes nothing. Soft targets that sum to 1 (label smoothing, mixup) are what
+    `cross_entropy` takes.
 
     ## Why is this bad?
     `cross_entropy` applies log_softmax itself. Given probabilities, every score lies in
