@@ -145,7 +145,8 @@ idle_forward       mid, cls, params [pid] (the module's own parameters that got 
                    module's .training): a forward of a module that owns optimizer parameters
                    without a gradient at every step so far (2 at least), checkpoint (None, or
                    who called the reentrant torch.utils.checkpoint it ran in under no_grad:
-                   "user" | "transformers" | "library") — watched only from then on, the first
+                   "user" | "transformers" | "library"), library (the code that called the
+                   module is a library's, not the user's: a BertModel's pooler) — watched only from then on, the first
                    call of each call line and mode (loc: the user's line that called it, or
                    that called the checkpoint)
 optimizer_attr     opt, cls (the optimizer's class), name (the attribute the user's code set:
@@ -395,9 +396,10 @@ def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = 
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,
-                 training: bool, checkpoint: str | None = None) -> Made:
+                 training: bool, checkpoint: str | None = None, library: bool = False) -> Made:
     return "idle_forward", {"mid": mid, "cls": cls, "params": params, "grad": grad,
-                            "inference": inference, "training": training, "checkpoint": checkpoint}
+                            "inference": inference, "training": training, "checkpoint": checkpoint,
+                            "library": library}
 
 
 def functional_grad(*, api: str) -> Made:

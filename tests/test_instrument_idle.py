@@ -44,6 +44,7 @@ def test_only_idle_modules_are_hooked_once_per_line_and_mode():
                                                           (line_of("# head with grad"), True)]
     head_pids = {rec.pid(p) for p in head.parameters()}
     assert set(events[0]["params"]) == head_pids and events[0]["cls"] == "Linear"
+    assert [e["library"] for e in events] == [False, False]  # the user's code called it
 
 
 def test_a_healthy_run_hooks_nothing():

@@ -146,3 +146,56 @@ def test_an_ema_teacher_called_per_view_before_the_backward_is_not_a_validation_
         return check(EvalInTrainMode, t)
     assert run(updated=True) == []
     assert lines(run(updated=False)) == [3]  # a frozen model nothing updates: still a loop
+
+
+def gan_run(t, preview, turns=2):
+    """A GAN: D (opt 0, BatchNorm 0) and G (opt 1, BatchNorm 1) updated in turn, each after its
+    own backward; ``preview(t)`` runs after the turns."""
+    t.optimizer(1, [1])
+    bn(t, 0, name="netD.1")
+    bn(t, 1, name="netG.1")
+    for _ in range(turns):
+        fwd(t, [0], line=4)
+        fwd(t, [1], line=5)
+        t.backward(fresh=[0], line=6)
+        t.step(0, line=7)
+        fwd(t, [0], line=8)
+        t.backward(fresh=[1], accumulated=[0], line=9)
+        t.step(1, line=10)
+    preview(t)
+    end(t)
+
+
+def test_gan_preview_of_a_generator_never_in_eval_mode_is_silent():
+    # the DCGAN tutorial: `with torch.no_grad(): fake = netG(fixed_noise)`, G never eval()'d
+    t = new()
+    gan_run(t, lambda t: fwd(t, [1], line=12, grad=False))
+    assert t and check(EvalInTrainMode, t) == []
+
+
+@pytest.mark.parametrize("preview", [
+    # a loop of no-grad calls: a validation loader, not a preview
+    lambda t: fwd(t, [1], line=12, grad=False, calls=3),
+    # the generator is put in eval mode elsewhere in the run: its running statistics are read
+    lambda t: (mode_set(t, False, [1], line=11), mode_set(t, True, [1], line=12),
+               fwd(t, [1], line=14, grad=False)),
+])
+def test_gan_validation_loop_or_evaluated_generator_is_still_reported(preview):
+    t = new()
+    gan_run(t, preview)
+    assert len(check(EvalInTrainMode, t)) == 1
+
+
+def test_two_optimizers_stepped_after_one_loss_are_not_a_gan():
+    # backbone and head optimizers step after the same backward: one update, not two in turn
+    t = new()
+    t.optimizer(1, [1])
+    bn(t, 0)
+    for _ in range(2):
+        fwd(t, [0], line=4)
+        t.backward(fresh=[0, 1], line=5)
+        t.step(0, line=6)
+        t.step(1, line=7)
+    fwd(t, [0], line=9, grad=False)
+    end(t)
+    assert lines(check(EvalInTrainMode, t)) == [9]

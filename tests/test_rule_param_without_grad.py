@@ -4,6 +4,8 @@ without them it stays at the optimizer. No torch."""
 
 from __future__ import annotations
 
+import pytest
+
 from graddoctor import events as ev
 from graddoctor.analysis import Analysis
 from graddoctor.findings import Severity
@@ -120,3 +122,56 @@ def test_a_reentrant_checkpoint_is_named_with_its_fixes_for_who_called_it():
     run(t, forwards=[(0, 12, {"grad": False})])
     [f] = check(t)
     assert f.evidence["cause"] == "no_grad" and "checkpoint" not in f.message
+
+
+POOLER_SOURCE = """\
+class Encoder(nn.Module):
+    def forward(self, ids):
+        h = self.layer(self.emb(ids))
+        return h, self.pooler(h[:, 0])
+"""
+
+
+def pooler_run(tmp_path, source=POOLER_SOURCE, names=("model.encoder.layer.weight",
+               "model.encoder.pooler.weight", "model.encoder.pooler.bias"), **idle):
+    """pid 0 (the encoder's layer) trains; 1, 2 (its pooler) run at line 4 of ``source`` with
+    gradients on and get none."""
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    t = TraceBuilder(path=str(path))
+    for pid, name in enumerate(names):
+        t.put(ev.param(pid=pid, name=name, shape=[2], is_parameter=True, requires_grad=True))
+    run(t, forwards=[(1, 4, idle)])
+    return check(t)
+
+
+def test_a_users_module_whose_output_is_unused_while_its_model_trains_is_info(tmp_path):
+    [f] = pooler_run(tmp_path)
+    assert f.severity == Severity.INFO and f.location.line == 4
+    assert f.evidence["cause"] == "discarded" and "discarded" in f.message
+
+
+def test_a_librarys_own_call_of_an_unused_head_is_silent(tmp_path):
+    assert pooler_run(tmp_path, library=True) == []
+
+
+@pytest.mark.parametrize("source, names, library", [
+    # a .detach() in the function that calls the module: a cut, not an unused output
+    (POOLER_SOURCE.replace("h[:, 0])", "h[:, 0]).detach()"), None, False),
+    (POOLER_SOURCE.replace("h = self.layer", "h = h.data + self.layer"), None, True),
+    # nothing else of that model trains (a detached encoder beside a trained head)
+    (POOLER_SOURCE, ("head.weight", "encoder.pooler.weight", "encoder.pooler.bias"), True),
+])
+def test_cuts_and_untrained_models_stay_warnings(tmp_path, source, names, library):
+    kw = {"names": names} if names else {}
+    [f] = pooler_run(tmp_path, source, library=library, **kw)
+    assert f.severity == Severity.WARNING and f.evidence["cause"] == "cut"
+
+
+def test_unreadable_source_keeps_the_warning():
+    t = TraceBuilder()
+    for pid, name in enumerate(("m.a.weight", "m.b.weight", "m.b.bias")):
+        t.put(ev.param(pid=pid, name=name, shape=[2], is_parameter=True, requires_grad=True))
+    run(t, forwards=[(1, 4, {"library": True})])
+    [f] = check(t)
+    assert f.severity == Severity.WARNING

@@ -67,6 +67,9 @@ class ModeTimeline:
     forwards: list[ModeForward] = field(default_factory=list)
     final_states: dict[int, dict] = field(default_factory=dict)  # mid -> last mode_module data
     ever_trainable: set[int] = field(default_factory=set)  # mids with trainable params at some point
+    evaluated: set[int] = field(default_factory=set)  # mids some eval() call covered during the run
+    # two optimizers take turns, each stepped after its own backward (a GAN's D and G updates)
+    adversarial: bool = False
 
     def name(self, mid: int) -> str:
         return (self.final_states.get(mid) or {}).get("name") or f"layer#{mid}"
@@ -143,6 +146,8 @@ def build_timeline(a: "Analysis") -> ModeTimeline:
         if kind in MODE_SETS:
             for mid in e.get("modules", ()):
                 set_by[mid] = e
+            if kind == "eval":
+                tl.evaluated.update(e.get("modules", ()))
         elif kind == "bn_reset":
             reset_since_step.update(e.get("modules", ()))
         elif kind == "step":
@@ -150,7 +155,29 @@ def build_timeline(a: "Analysis") -> ModeTimeline:
         if kind in BOUNDARIES:
             prev_boundary = e
     resolve()
+    tl.adversarial = _alternating_optimizers(events)
     return tl
+
+
+def _alternating_optimizers(events: list[Event]) -> bool:
+    """Two updates in turn with disjoint optimizers, each opened by its own backward, and the
+    first one again after them (A, B, A): a GAN's discriminator and generator updates (any
+    number of D updates per G update). One loss stepped by two optimizers is one phase, not
+    this."""
+    phases: list[frozenset] = []
+    opts: set = set()
+    stepped = False
+    for e in events:
+        if e.kind == "backward":
+            if stepped:
+                phases.append(frozenset(opts))
+                opts, stepped = set(), False
+        elif e.kind == "step":
+            opts.add(e.get("opt"))
+            stepped = True
+    if stepped:
+        phases.append(frozenset(opts))
+    return any(a and b and not (a & b) and c == a for a, b, c in zip(phases, phases[1:], phases[2:]))
 
 
 def _context(e: Event, before: Event | None, after: Event | None, step: Event | None,

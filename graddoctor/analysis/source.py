@@ -46,6 +46,9 @@ class ScriptSource:
     def call_argument(self, path: str, line: int, function: str, position: int, keyword: str) -> str | None:
         return call_argument(self.full(path), line, function, position, keyword)
 
+    def cuts_gradient_near(self, path: str, line: int) -> bool | None:
+        return cuts_gradient_near(self.full(path), line)
+
 
 @lru_cache(maxsize=64)
 def _tree(text: str) -> ast.AST | None:
@@ -208,3 +211,33 @@ def call_argument(path: str, line: int, function: str, position: int, keyword: s
         if len(node.args) > position and not any(isinstance(a, ast.Starred) for a in node.args[:position + 1]):
             return ast.unparse(node.args[position])
     return None
+
+
+_CUTS = ("detach", "detach_", "data")
+
+
+def cuts_gradient_near(path: str, line: int) -> bool | None:
+    """Does the code around ``line`` cut a tensor from its graph (``.detach()``, ``.detach_()``,
+    ``.data``)? Around: the innermost function holding it, else (module level) the innermost loop,
+    else its statement. None when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope: ast.AST | None = None
+    for node in ast.walk(tree):
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (scope is None or node.lineno >= scope.lineno)):
+            scope = node
+    if scope is None:
+        holding = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)
+                   and node.lineno <= line <= (node.end_lineno or node.lineno)]
+        loops = [node for node in holding if isinstance(node, (ast.For, ast.While, ast.AsyncFor))]
+        inner = loops or holding
+        scope = max(inner, key=lambda node: node.lineno) if inner else None
+    if scope is None:
+        return None
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Attribute) and node.attr in _CUTS:
+            return True
+    return False

@@ -108,13 +108,24 @@ class IdleParamWatcher:
                 done.add(key)
                 rec.emit_aside(ev.idle_forward(mid=mid, cls=cls, params=list(pids), grad=grad,
                                                inference=inference, training=bool(mod.training),
-                                               checkpoint=checkpoint),
+                                               checkpoint=checkpoint,
+                                               library=watcher._library_caller(start)),
                                rec.finder.location(frame))
             except Exception as exc:
                 rec.internal_error("idle module forward", exc)
             return None
 
         self.patcher.handle(module.register_forward_pre_hook(pre_hook))
+
+    def _library_caller(self, frame) -> bool:
+        """Is the code that called the module (the first frame outside torch) a library's, not
+        the user's: ``BertModel.forward`` calling its pooler? Once per call line and mode."""
+        f = frame
+        for _ in range(_MAX_FRAMES):
+            if f is None or not f.f_code.co_filename.startswith(_TORCH_DIR):
+                break
+            f = f.f_back
+        return f is not None and not self.rec.finder.is_user_file(f.f_code.co_filename)
 
     def _checkpoint_caller(self, frame):
         """Inside a reentrant checkpoint's no-grad forward: (the frame that called

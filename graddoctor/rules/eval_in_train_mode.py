@@ -13,13 +13,20 @@ class EvalInTrainMode(Rule):
     without `model.eval()`. It points at that forward call. Deliberate recalibration
     (`torch.optim.swa_utils.update_bn`, a pass after `reset_running_stats()`, `momentum=None`)
     and no-grad forwards inside an update (a GAN's fake batch, a teacher's targets) are not
-    reported.
+    reported. Nor is a GAN's preview: one no-grad call (no loop over batches) of a network
+    whose layers no `eval()` call covers anywhere in the run, in a run where two optimizers
+    take turns, each after its own backward (the DCGAN tutorial's
+    `with torch.no_grad(): fake = netG(fixed_noise)`).
 
     ## Why is this bad?
     In train mode BatchNorm normalises with the statistics of the validation batch and writes
     them into `running_mean` / `running_var`: the validation data leaks into the model, the
     metrics are computed with batch statistics (and with dropout on), and the next evaluation
     uses statistics that no longer match the trained weights.
+    A GAN that never switches its networks to eval mode never reads those running statistics,
+    and its preview samples noise from the distribution it trains on: nothing leaks and the
+    preview shows what training sees. A loop of no-grad calls (a validation loader) in that
+    run, or a network that is evaluated in eval mode elsewhere, is still reported.
 
     ## Example
     ```python
@@ -80,6 +87,8 @@ class EvalInTrainMode(Rule):
         for f in tl.forwards:
             if f.context != "outside" or not f.training or f.grad:
                 continue
+            if tl.adversarial and f.event.get("calls", 1) == 1 and not tl.evaluated & set(f.modules):
+                continue  # a GAN's preview: its running statistics are never read (see the docs)
             for mid in f.modules:
                 state = f.states.get(mid) or {}
                 if (state.get("layer") != "batchnorm" or not state.get("track_running_stats")

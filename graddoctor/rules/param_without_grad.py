@@ -12,6 +12,10 @@ class ParamWithoutGrad(Rule):
     Finds parameters an optimizer owns (and that still require grad) that never receive a
     gradient over the whole replay: no backward reaches them and their `.grad` stays `None` at
     every step.
+    A module that runs with gradients on while its output is simply not used — nothing around
+    the call detaches it, and other parameters of the same model train — is reported as info
+    when the user's code calls it (an encoder's pooler next to CLS-token pooling), and not at
+    all when a library's code does (transformers' `BertModel` always runs its pooler).
 
     ## Why is this bad?
     Usually a layer defined in `__init__` but not used in `forward`, a module called under
@@ -26,6 +30,11 @@ class ParamWithoutGrad(Rule):
     when it never ran, at the optimizer that owns it. If the layer is only
     used on some inputs (mixture-of-experts, rare branches), a short replay may miss it: then
     ignore this finding for that layer.
+    An unused head is harmless: the rest of the model trains, and those weights only cost
+    memory and optimizer state. It is a bug only if that output was meant to enter the loss,
+    which the script alone cannot tell, hence info; a library model's head the script never
+    asked for is not the script's to fix, hence nothing. A `.detach()` / `.data` near the call,
+    or a model none of whose other parameters train (a detached encoder), stays a warning.
 
     ## Example
     ```python
@@ -74,10 +83,15 @@ class ParamWithoutGrad(Rule):
                 cause = _cause(pid, forwards)
                 key = None if cause is None else (cause.loc, _with_grad(cause))
                 by_cause.setdefault(key, (cause, []))[1].append(pid)
+            trained = [pid for pid in a.opt_params[opt]
+                       if pid in led.first_contribution or pid in had_grad]
             for cause, pids in by_cause.values():
-                yield self._finding(a, cls, init, steps, opt, pids, cause)
+                discarded = _discarded(a, cause, pids, trained)
+                if discarded == "library":
+                    continue  # see the docs: a library's own call of a head the user does not use
+                yield self._finding(a, cls, init, steps, opt, pids, cause, discarded=bool(discarded))
 
-    def _finding(self, a, cls, init, steps, opt, pids, cause):
+    def _finding(self, a, cls, init, steps, opt, pids, cause, discarded=False):
         n = a.count(steps)  # folded copies included
         evidence = {"params": [a.param_name(p) for p in pids], "steps": n,
                     "optimizer": opt}
@@ -123,6 +137,17 @@ class ParamWithoutGrad(Rule):
                 evidence=evidence,
                 fix=f"call the module outside {context} so that it trains")
         evidence["cause"] = "cut"
+        if discarded:
+            evidence["cause"] = "discarded"
+            return self.finding(
+                f"{head}: the {module} that holds them runs from this line, but its output is "
+                f"discarded (never used by the loss, and nothing around the call detaches it) "
+                f"while the rest of the model trains — harmless if that head is not meant to be "
+                f"used (a pooler next to CLS-token pooling), a wiring bug if it is",
+                cause.loc, related=(related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence, severity=Severity.INFO,
+                fix="use its output in the loss if it should train; otherwise nothing to do (or "
+                    "freeze it with requires_grad_(False), or leave it out of the optimizer)")
         return self.finding(
             f"{head}: the {module} that holds them runs from this line with gradients enabled, but its output never "
             f"reaches the loss (cut by .detach() or .item(), or not used)",
@@ -130,6 +155,34 @@ class ParamWithoutGrad(Rule):
             evidence=evidence,
             fix="remove the .detach() (or .item()) between this call and the loss, or use its "
                 "output in the loss")
+
+
+def _discarded(a, cause, pids, trained) -> str | None:
+    """Is ``cause`` (the forward of the idle parameters' module) a module that runs with
+    gradients on while its output is simply not used, and the rest of the same model trains?
+    "library" when a library's code made the call (BertModel running its pooler), "user" when
+    the user's did; None when a cut is likely (a ``.detach()``/``.data`` around the call line, the
+    source unreadable) or the model around it does not train either (a detached encoder)."""
+    if cause is None or not _with_grad(cause) or cause.get("checkpoint") or cause.loc is None:
+        return None
+    if not _trains_beside(a, pids, trained):
+        return None
+    if a.source.cuts_gradient_near(cause.loc.path, cause.loc.line) is not False:
+        return None
+    return "library" if cause.get("library") else "user"
+
+
+def _trains_beside(a, pids, trained) -> bool:
+    """Does a trained parameter belong to the same top-level object as the idle ones (its name
+    starts the same: ``model.encoder.layer.0...`` beside ``model.encoder.pooler...``) without
+    being inside their own module?"""
+    owners = {a.param_name(p).rsplit(".", 1)[0] for p in pids}
+    roots = {o.split(".", 1)[0] for o in owners}
+    for pid in trained:
+        name = a.param_name(pid)
+        if name.split(".", 1)[0] in roots and not any(name.startswith(o + ".") for o in owners):
+            return True
+    return False
 
 
 def _cause(pid, forwards):
