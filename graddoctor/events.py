@@ -36,7 +36,9 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    scaler, scaler_enabled (only present when given: a scaled backward),
                    allreduce (only present when a DistributedDataParallel forward ran since the
                    previous backward: True when this backward all-reduces the gradients, False
-                   when every such forward ran under ``no_sync()``)
+                   when every such forward ran under ``no_sync()``),
+                   repeats (only present when this backward starts from the very loss tensor an
+                   earlier backward with retain_graph ran: that backward's seq)
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
@@ -233,7 +235,7 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              batch: list[int] | None = None, graph_nodes: int | None = None,
              history: list[list] | None = None, scaler: int | None = None,
              scaler_enabled: bool | None = None, allreduce: bool | None = None,
-             thread: int | None = None) -> Made:
+             repeats: int | None = None, thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
     ``thread`` too (see ``THREADED_KINDS``)."""
@@ -247,6 +249,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["scaler_enabled"] = scaler_enabled
     if allreduce is not None:
         data["allreduce"] = allreduce
+    if repeats is not None:
+        data["repeats"] = repeats
     return "backward", _threaded(data, thread)
 
 

@@ -58,10 +58,11 @@ from .recorder import Recorder, Tensor, local
 from .recorder import version as grad_version
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
+_ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves on its loss node
 
 
 class BackwardContext:
-    __slots__ = ("before", "extra_leaves", "cell", "graph_nodes", "history")
+    __slots__ = ("before", "extra_leaves", "cell", "graph_nodes", "history", "repeats", "root_cell")
 
     def __init__(self):
         # per tracked tensor: (pid, tensor, grad before, its version, verdict); the grad is held
@@ -71,6 +72,8 @@ class BackwardContext:
         self.cell: list | None = None  # its nodes' mark: [seq of its event once emitted, session]
         self.graph_nodes: int | None = None  # interior nodes, when walked with _history_walk
         self.history: list | None = None  # [[seq of an earlier backward, [pid]]], see events.backward
+        self.repeats: int | None = None  # seq of a retained backward of the same loss tensor
+        self.root_cell: list | None = None  # the mark left on its loss's node: [its event's seq]
 
 
 WALK_FIRST = 3  # backwards of a call line that are always walked
@@ -228,6 +231,7 @@ class BackwardWatcher:
         self._lines: dict = {}  # (path, line) of a backward call -> _Line
         self.registrations = 0  # parameters registered on any module (a global module hook)
         self._always_walk = False  # torch without that hook: nothing tells when to walk again
+        self._roots_marked = False  # a retained backward has marked its loss node
         self._session = object()  # in the marks of this run's walks (a graph may outlive a run)
         self._leaf_once: dict[int, weakref.ref] = {}  # non-parameter leaves walked once
         self._persistent: set[int] = set()  # pids of non-parameter leaves walked again later
@@ -368,7 +372,25 @@ class BackwardWatcher:
             else:
                 ctx.extra_leaves = self._lines[(loc.path, loc.line)].extra_leaves
         self.read_before(ctx)
+        self._mark_root(ctx, tensors, retained)
         return ctx
+
+    def _mark_root(self, ctx: BackwardContext, tensors, retained: bool) -> None:
+        """The same loss backpropagated twice (``loss.backward(retain_graph=True)`` and again
+        before any step) adds its gradients twice. A retained backward leaves a mark in its loss
+        node's ``metadata`` (a dict that lives with the node); a later backward from that node
+        finds it. Nothing is read until a retained backward has run."""
+        if not (retained or self._roots_marked) or not isinstance(tensors, torch.Tensor):
+            return
+        node = tensors.grad_fn
+        if node is None:
+            return
+        mark = node.metadata.get(_ROOT_MARK)
+        if mark is not None:
+            ctx.repeats = mark[0]
+        if retained:
+            ctx.root_cell = node.metadata[_ROOT_MARK] = [None]
+            self._roots_marked = True
 
     def end(self, ctx: BackwardContext, loc, extra: dict) -> None:
         """The tensors whose ``.grad`` this backward wrote (another tensor, or a new version),
@@ -391,9 +413,12 @@ class BackwardWatcher:
         ctx.before = []  # let go of the grads held since the start
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
                                      extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
-                                     graph_nodes=ctx.graph_nodes, history=ctx.history, **extra), loc)
+                                     graph_nodes=ctx.graph_nodes, history=ctx.history,
+                                     repeats=ctx.repeats, **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
+        if ctx.root_cell is not None:
+            ctx.root_cell[0] = event.seq
 
     def _aside(self, ctx: BackwardContext, fresh: list, accumulated: list) -> None:
         """Parameters written outside their ``.grad`` (FSDP2's unsharded accumulation while
