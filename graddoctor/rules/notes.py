@@ -51,6 +51,15 @@ def never_stepped(a: "Analysis") -> list[str]:
             f"created but never stepped"]
 
 
+def no_optimizer(a: "Analysis") -> list[str]:
+    """Backward calls but no torch.optim optimizer (a hand-written update): a limit of the
+    check, not a bug of the script."""
+    if a.optimizers or not a.backward_calls:
+        return []
+    return ["no torch.optim optimizer was seen: graddoctor cannot tell which gradients a "
+            "hand-written update uses, so the zero_grad checks are limited for this script"]
+
+
 NOT_A_GRADIENT = frozenset({"torch.func.functional_call"})  # runs a module with other tensors
 
 
@@ -85,7 +94,7 @@ def functional_gradients(a: "Analysis") -> list[str]:
 
 
 NOTE_PRODUCERS: tuple[Callable[["Analysis"], list[str]], ...] = (
-    short_epochs, compiled, never_stepped, functional_gradients)
+    short_epochs, compiled, never_stepped, no_optimizer, functional_gradients)
 
 
 def run_notes(a: "Analysis") -> list[str]:
