@@ -133,12 +133,15 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_
                    input and target — the first such call of each call line (loc: the user's
                    loss line)
 loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits | kl_div),
-                   problem ("softmax" | "sigmoid": its input came out of that op;
+                   problem ("softmax" | "sigmoid" | "relu": its input came out of that op;
                    "probabilities": cross_entropy's rows lie in [0, 1] and sum to 1; "logits":
-                   nll_loss's rows are not log-normalised and no log op precedes them), classes
-                   (size of the class dimension): a classification loss a gradient flows through
-                   given the wrong kind of score — the first such call of each call line (loc:
-                   the user's loss line)
+                   nll_loss's rows are not log-normalised and no log op precedes them; "dim":
+                   a log_softmax normalised a dimension of another size than the classes;
+                   "multi-hot": cross_entropy's float targets are 0/1 rows with several 1s),
+                   classes (size of the class dimension), normalised (the size of the dimension
+                   the log_softmax normalised, for "dim"; else None): a classification loss a
+                   gradient flows through given the wrong kind of score or target — the first
+                   such call of each call line (loc: the user's loss line)
 idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so
                    far), grad (grad mode on), inference (inference mode on), training (the
                    module's .training): a forward of a module that owns optimizer parameters
@@ -393,8 +396,8 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                               "shape": shape, "reduction": reduction, "grad": grad}
 
 
-def loss_input(*, fn: str, problem: str, classes: int) -> Made:
-    return "loss_input", {"fn": fn, "problem": problem, "classes": classes}
+def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None) -> Made:
+    return "loss_input", {"fn": fn, "problem": problem, "classes": classes, "normalised": normalised}
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,

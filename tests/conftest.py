@@ -2,9 +2,14 @@ import os
 import subprocess
 import sys
 
-import pytest
+# One intra-op thread in the test processes themselves, as in the processes they start
+# (cli_env): set before anything imports torch. Two xdist workers on two cores, each with a
+# thread pool of two, spin against each other; the in-process fixture runs were ~10x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import warm_python
+import pytest  # noqa: E402
+
+import warm_python  # noqa: E402
 
 pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py runs pytest inside pytest
 
@@ -50,3 +55,16 @@ def cli():
 
 def pytest_sessionfinish(session, exitstatus):
     warm_python.stop()
+
+
+# The modules whose tests start interpreters, launches or kernels (seconds each, many waiting on
+# a child) run first: scheduled last, one of them keeps a worker busy while the other sits idle.
+FIRST = ("test_distributed.py", "test_distributed_runs.py", "test_pytest_plugin.py",
+         "test_reliability_script.py", "test_end_to_end.py", "test_reliability_hygiene.py",
+         "test_wire_format.py", "test_children.py", "test_notebook.py", "test_run_like_python.py",
+         "test_warm_python.py", "test_reliability_compile.py", "test_browser.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    first = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(FIRST)))  # stable: else as collected

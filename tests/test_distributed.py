@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import FIXTURES, ROOT, cli_env, run_cli
+from conftest import FIXTURES, ROOT, run_cli, run_python
 from fixture_marks import Seen, compare, read_marks, read_silent
 from graddoctor.run.ranks import rank_env, rank_path
 from graddoctor.findings import Finding, Severity
@@ -126,8 +126,9 @@ def test_merge_command_joins_per_rank_files(tmp_path):
 
 
 def _launch(*args, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=cli_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    """The launcher forked warm (conftest.run_python); the ranks it starts are fresh
+    interpreters, as torchrun starts them."""
+    return run_python(*args, timeout=timeout)
 
 
 def test_ddp_fixtures_in_one_two_rank_launch(tmp_path):

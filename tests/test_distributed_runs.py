@@ -261,9 +261,8 @@ def test_nproc_per_node_1_launches_through_torchrun(tmp_path):
                       "import torch\nw = torch.nn.Parameter(torch.ones(2))\n"
                       "opt = torch.optim.SGD([w], lr=0.1)\nfor _ in range(3):\n"
                       "    opt.zero_grad()\n    w.sum().backward()\n    opt.step()\n")
-    done = subprocess.run([sys.executable, "-m", "graddoctor", "check", "--nproc-per-node", "1",
-                           "--format", "json", str(script)], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=240)
+    # the launcher forked warm (conftest.run_cli); torchrun starts the rank fresh
+    done = run_cli("check", "--nproc-per-node", "1", "--format", "json", str(script), timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["run"]["status"] == "completed"
 
@@ -310,10 +309,8 @@ def test_a_rank_stuck_after_its_report_is_not_waited_for(tmp_path):
         "w = torch.nn.Parameter(torch.ones(2))\nopt = torch.optim.SGD([w], lr=0.1)\n"
         "for _ in range(2):\n    opt.zero_grad()\n    w.sum().backward()\n    opt.step()\n"
         "dist.destroy_process_group()\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "graddoctor", "check", "--nproc-per-node", "2", "--format",
-         "json", str(script)], cwd=ROOT, env=cli_env(GRADDOCTOR_TEARDOWN_GRACE_S="2"),
-        capture_output=True, text=True, timeout=400)
+    done = run_cli("check", "--nproc-per-node", "2", "--format", "json", str(script),
+                   timeout=400, GRADDOCTOR_TEARDOWN_GRACE_S="2")
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(done.stdout)
     assert [(e["rank"], e["status"]) for e in data["run"]["ranks"]] == [(0, "completed"),

@@ -28,7 +28,7 @@ def write(path, text: str):
 DEEP = """
 import torch
 w = torch.nn.Parameter(torch.ones(2))
-opt = torch.optim.SGD([w], lr=0.0)
+opt = torch.optim.SGD([w], lr=0.1)
 for it in range(2):
     x = w * 1.0
     for _ in range(60_000):

@@ -216,7 +216,7 @@ def test_under_xdist(training, monkeypatch):
             model, optimizer = make()
             train(model, optimizer, zero_grad=False)
     ''')
-    result = training.runpytest_subprocess(*PLUGIN, "-n", "2", "-p", "no:cacheprovider",
+    result = training.runpytest_subprocess(*PLUGIN, "-n", "1", "-p", "no:cacheprovider",
                                            timeout=240)
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(["*error GD101 missing-zero-grad  training_lib.py:15*"])

@@ -300,7 +300,7 @@ def _check_findings(trace: Trace, located: bool) -> None:
             json.dumps(finding_to_dict(f))  # serialisable for the JSON report
 
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

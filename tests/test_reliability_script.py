@@ -160,8 +160,8 @@ def test_a_lot_of_output_keeps_json_stdout_clean(tmp_path):
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_and_multiprocessing(tmp_path, context):
-    """num_workers=2 (forked or spawned: spawned workers re-import the script as __mp_main__
-    and are not instrumented), and a spawn Pool whose children print to stdout."""
+    """DataLoader workers (two forked, or one spawned: a spawned worker re-imports the script as
+    __mp_main__ and is not instrumented), and a spawn Pool whose child prints to stdout."""
     result = run_cli("check", os.path.join(SCRIPTS, "workers.py"), "-f", "json", "--", context,
                      timeout=180)
     report = json.loads(result.stdout)

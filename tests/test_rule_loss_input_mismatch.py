@@ -46,3 +46,22 @@ def test_messages_state_the_bound_and_fit_the_input():
     assert "without limit" in message and "log_softmax" in fix
     [(_, message, fix)] = _messages(fn="cross_entropy", problem="probabilities", classes=12)
     assert "sums to 1" in message and "softmax" not in fix.split(",")[0]
+
+
+def test_the_normalised_dimension_is_read_from_the_log_softmax_node():
+    from graddoctor.instrument.loss_inputs import normalised_size, producer_node
+
+    x = torch.randn(4, 7, 5, requires_grad=True)
+    assert normalised_size(producer_node(x.log_softmax(-1).reshape(-1, 5))[1]) == 5
+    assert normalised_size(producer_node(x.log_softmax(0))[1]) == 4
+    assert normalised_size(producer_node(x.softmax(-1))[1]) is None
+    assert producer(torch.relu(x)) == "relu"
+
+
+def test_messages_for_a_wrong_dimension_a_relu_and_multi_hot_targets():
+    [(_, message, fix)] = _messages(fn="nll_loss", problem="dim", classes=6, normalised=32)
+    assert "size 32" in message and "6 classes" in message and "dim=-1" in fix
+    [(_, message, fix)] = _messages(fn="cross_entropy", problem="relu", classes=4)
+    assert "ReLU" in message and "no gradient" in message and "drop the ReLU" in fix
+    [(_, message, fix)] = _messages(fn="cross_entropy", problem="multi-hot", classes=8)
+    assert "multi-label" in message and "BCEWithLogitsLoss" in fix

@@ -25,6 +25,7 @@ FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_frozen_encoder_eval.py",
             "modes/good_recalibrate_reset_running_stats.py", "modes/good_swa_update_bn.py",
             "modes/bad_functional_dropout_validation.py", "losses/bad_loss_broadcast_column_output.py",
+            "losses/bad_loss_input_softmax_module.py",  # loss_input
             "zero_grad/bad_param_without_grad_head_under_no_grad.py",
             "tbptt/good_retain_graph_growing_sequences.py",  # torch.autograd.grad: functional_grad
             "distributed/bad_sampler_without_set_epoch.py",

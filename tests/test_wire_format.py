@@ -9,10 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
-from conftest import cli_env, run_cli
+from conftest import run_cli
 from graddoctor.rules.engine import selected_rules
 from graddoctor.findings import Finding, ProcessFacts, Related, Severity
 from graddoctor.report.json_format import from_dict, to_dict
@@ -156,10 +154,8 @@ def test_a_two_rank_check_honours_ignore_and_inline_suppression(tmp_path):
     a comment on its line suppresses it."""
     script = tmp_path / "train.py"
     script.write_text(DIVERGING)
-    done = subprocess.run(
-        [sys.executable, "-m", "graddoctor", "check", "--nproc-per-node", "2", "--steps", "4",
-         "--ignore", "replicas-diverge", "-o", "report.{rank}.json", "train.py"],
-        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240)
+    done = run_cli("check", "--nproc-per-node", "2", "--steps", "4", "--ignore", "replicas-diverge",
+                   "-o", "report.{rank}.json", "train.py", cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     files = [str(tmp_path / f"report.{r}.json") for r in (0, 1)]
     parts = []

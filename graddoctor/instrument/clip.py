@@ -122,7 +122,7 @@ class ClipWatcher:
         NaN makes the shared factor NaN)."""
         rec = self.rec
         if via == "clip_grad_norm_":
-            if isinstance(total, float):
+            if isinstance(total, float) and math.isfinite(total):
                 rec.vouch_finite(after)
             elif all((v := rec.finite.get(pid)) is not None and v[0] == state
                      for pid, state in before.items()):

@@ -49,6 +49,8 @@ def _kind(node) -> str:
         return "sigmoid"
     if name.startswith(("LogSoftmaxBackward", "LogBackward", "LogSigmoidBackward")):
         return "log"
+    if name.startswith("ReluBackward"):  # nothing below 0
+        return "relu"
     if name.startswith(_PASS_THROUGH):
         return "pass"
     return "other"
@@ -56,21 +58,39 @@ def _kind(node) -> str:
 
 def producer(tensor) -> str | None:
     """What made ``tensor``'s values, seen through value-keeping operations: "softmax",
-    "sigmoid", "log" (log_softmax, log, logsigmoid), or None (anything else, or no graph)."""
+    "sigmoid", "log" (log_softmax, log, logsigmoid), "relu", or None (anything else, or no
+    graph)."""
+    return producer_node(tensor)[0]
+
+
+def producer_node(tensor) -> tuple[str | None, object]:
+    """``producer`` and the autograd node it names (None with it)."""
     return _made_by(tensor.grad_fn, _DEPTH)
 
 
-def _made_by(node, depth: int) -> str | None:
+def _made_by(node, depth: int) -> tuple[str | None, object]:
     while node is not None and depth > 0:
         kind = _kind(node)
         if kind != "pass":
-            return None if kind == "other" else kind
+            return (None, None) if kind == "other" else (kind, node)
         parents = [n for n, _ in node.next_functions if n is not None]
         if len(parents) != 1:  # a cat or stack: one answer only when all its parts agree
-            kinds = {_made_by(n, depth - 1) for n in parents}
-            return kinds.pop() if len(kinds) == 1 else None
+            made = [_made_by(n, depth - 1) for n in parents]
+            kinds = {kind for kind, _ in made}
+            return made[0] if len(kinds) == 1 else (None, None)
         node, depth = parents[0], depth - 1
-    return None
+    return None, None
+
+
+def normalised_size(node) -> int | None:
+    """The size of the dimension a log_softmax normalised (read from its autograd node: no
+    device work), or None for another node."""
+    if not type(node).__name__.startswith("LogSoftmaxBackward"):
+        return None
+    dim = int(node._saved_dim)
+    if dim >= 2 ** 63:  # saved as an unsigned 64-bit number: -1 reads as 2**64 - 1
+        dim -= 2 ** 64
+    return int(node._saved_result.shape[dim])
 
 
 def has_log_nearby(tensor) -> bool:
@@ -110,8 +130,9 @@ class LossInputWatcher:
             input = args[0] if args else kwargs.get("input")
             if not (isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled()):
                 return  # no gradient flows: a metric, or a mistake torch reports itself
+            target = args[1] if len(args) > 1 else kwargs.get("target")
             try:
-                watcher._check(fn, input)
+                watcher._check(fn, input, target)
             except Exception as exc:
                 rec.internal_error(f"F.{fn}", exc)
 
@@ -119,31 +140,61 @@ class LossInputWatcher:
         loss.__prepare_scriptable__ = lambda: original  # torch.jit.script compiles torch's own
         return loss
 
-    def _check(self, fn: str, input) -> None:
-        made = producer(input)
+    def _check(self, fn: str, input, target) -> None:
+        made, node = producer_node(input)
+        classes = int(input.shape[_class_dim(input)]) if input.dim() else 1
+        problem, normalised = None, None
         if made in ("softmax", "sigmoid"):
             problem = made  # probabilities: never what these four losses take
-        elif made is None and fn in ("cross_entropy", "nll_loss"):
+        elif made == "relu" and fn in ("cross_entropy", "binary_cross_entropy_with_logits"):
+            problem = made  # logits that cannot go below 0
+        elif made == "log" and fn in ("cross_entropy", "nll_loss") and input.dim() >= 2:
+            normalised = normalised_size(node)
+            if normalised is not None and normalised != classes:
+                problem = "dim"  # log_softmax over another dimension than the classes
+        elif made in (None, "relu") and fn in ("cross_entropy", "nll_loss"):
             problem = self._by_values(fn, input)
-        else:
-            return
+        if problem is None and fn == "cross_entropy":
+            problem = self._multi_hot(input, target)
         if problem is None:
             return
         loc = self.rec.here()
         if loc in self._done:
             return
         self._done.add(loc)
-        classes = input.shape[_class_dim(input)] if input.dim() else 1
-        self.rec.emit_aside(ev.loss_input(fn=fn, problem=problem, classes=int(classes)), loc)
+        self.rec.emit_aside(ev.loss_input(fn=fn, problem=problem, classes=classes,
+                                          normalised=normalised), loc)
+
+    def _reads_left(self, key: str, tensor) -> bool:
+        """Whether one more value read is allowed for ``key``: the first calls only, and on a
+        device only before the first optimizer step (no host sync in the updates after it)."""
+        done = self._value_checks.get(key, 0)
+        if done >= _VALUE_CHECKS or (self.rec.steps and tensor.device.type != "cpu"):
+            return False
+        self._value_checks[key] = done + 1
+        return True
+
+    def _multi_hot(self, input, target) -> str | None:
+        """"multi-hot": cross_entropy given class-probability targets whose rows are 0/1 labels
+        with more than one 1 (a multi-label task, which wants binary_cross_entropy_with_logits).
+        Soft targets that sum to 1 (label smoothing, mixup) are what cross_entropy takes."""
+        if not (isinstance(target, torch.Tensor) and target.is_floating_point()
+                and target.shape == input.shape and input.dim() >= 2 and target.numel()):
+            return None
+        if not self._reads_left("cross_entropy:target", target):
+            return None
+        with torch.no_grad():
+            t = target.detach()
+            binary, most = torch.stack([((t == 0) | (t == 1)).all().float(),
+                                        t.float().sum(1).max()]).tolist()
+        return "multi-hot" if binary == 1 and most > 1 else None
 
     def _by_values(self, fn: str, input) -> str | None:
         """For scores whose graph does not tell, the first calls only: "probabilities"
         (cross_entropy given rows in [0, 1] that sum to 1), "logits" (nll_loss given rows that
         are not log-normalised, with no log op behind them), else None."""
-        done = self._value_checks.get(fn, 0)
-        if done >= _VALUE_CHECKS or (self.rec.steps and input.device.type != "cpu"):
-            return None  # on a device, reads only in the first update: no sync per step later
-        self._value_checks[fn] = done + 1
+        if not self._reads_left(fn, input):
+            return None
         if input.dim() == 0 or input.numel() == 0 or input.shape[_class_dim(input)] < 2:
             return None
         if fn == "nll_loss" and has_log_nearby(input):

@@ -16,6 +16,7 @@ _GIVEN = {
     "sigmoid": "the output of sigmoid (values squashed into (0, 1))",
     "probabilities": "probabilities (every row lies in [0, 1] and sums to 1)",
     "logits": "raw scores (the rows are not log-normalised and no log op precedes them)",
+    "relu": "the output of a ReLU (scores that cannot go below 0)",
 }
 
 
@@ -26,6 +27,13 @@ def _ceiling(classes: int) -> str:
 
 
 def _effect(fn: str, problem: str, classes: int) -> str:
+    if problem == "relu" and fn == "cross_entropy":
+        return ("a class can only be preferred by raising its score, never by lowering the others, "
+                "and a score whose ReLU input turns negative gets no gradient at all: a sample "
+                "whose right class falls there can never be learned")
+    if problem == "relu":
+        return ("sigmoid of a score ≥ 0 is ≥ 0.5: the predicted probability never drops below "
+                "0.5, so negatives are never learned")
     if fn == "cross_entropy":
         return (f"the scores it turns into probabilities all lie in [0, 1], so with {classes} "
                 f"classes the right class can never get more than {_ceiling(classes)} "
@@ -48,6 +56,8 @@ def _effect(fn: str, problem: str, classes: int) -> str:
 
 
 def _fix(fn: str, problem: str) -> str:
+    if problem == "relu":
+        return "drop the ReLU after the last layer: the loss takes raw scores (logits), negative ones included"
     if fn == "cross_entropy" and problem == "probabilities":
         return ("pass the logits to cross_entropy, or use F.nll_loss(torch.log(probs)) where only "
                 "probabilities exist")
@@ -73,13 +83,18 @@ class LossInputMismatch(Rule):
     kind of score: `cross_entropy` (`nn.CrossEntropyLoss`) or
     `binary_cross_entropy_with_logits` (`nn.BCEWithLogitsLoss`) given the output of a softmax
     or sigmoid, `nll_loss` (`nn.NLLLoss`) given probabilities or raw scores, `kl_div`
-    (`nn.KLDivLoss`) given probabilities as its input. It points at the loss call. The
+    (`nn.KLDivLoss`) given probabilities as its input; also scores out of a ReLU given to
+    `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax` over another
+    dimension than the classes (`dim=0`: the batch) given to `cross_entropy` or `nll_loss`, and
+    float 0/1 targets with several 1s per row (a multi-label task) given to `cross_entropy`.
+    It points at the loss call. The
     operation behind the input is read from the autograd graph (past reshapes, slices, casts
     and clamps); where the graph does not tell, `cross_entropy` is reported when every row lies
     in [0, 1] and sums to 1, and `nll_loss` when its rows are not log-normalised and no log op
     comes before them. Losses computed without a gradient (validation metrics) are not judged,
     and `log_softmax` before `cross_entropy` is not reported: log_softmax of log-probabilities
-    changes nothing.
+    changes nothing. Soft targets that sum to 1 (label smoothing, mixup) are what
+    `cross_entropy` takes.
 
     ## Why is this bad?
     `cross_entropy` applies log_softmax itself. Given probabilities, every score lies in
@@ -116,6 +131,30 @@ class LossInputMismatch(Rule):
         for e in a.of_kind("loss_input"):
             fn, problem = e.get("fn", "cross_entropy"), e.get("problem", "softmax")
             classes = int(e.get("classes") or 2)
+            if problem == "dim":
+                size = e.get("normalised")
+                yield self.finding(
+                    f"{fn} is given a log_softmax taken over a dimension of size {size}, not over "
+                    f"the {classes} classes (dimension 1 of its input): each class's scores are "
+                    f"normalised across that other dimension (the batch, for dim=0), so the "
+                    f"probabilities of one sample's classes do not sum to 1 and the loss trains "
+                    f"samples against each other",
+                    e.loc, step=a.next_step_number(e.seq),
+                    fix="take log_softmax over the class dimension: F.log_softmax(scores, dim=-1) "
+                        "for (N, C) scores, dim=1 for (N, C, ...)",
+                    evidence={"function": fn, "given": problem, "classes": classes, "normalised": size})
+                continue
+            if problem == "multi-hot":
+                yield self.finding(
+                    f"{fn} is given float targets whose rows are 0/1 labels with several 1s (a "
+                    f"multi-label task): it treats each row as one probability distribution over the "
+                    f"{classes} classes, so the classes of a sample compete through the softmax and "
+                    f"each present label is pushed towards 1/k, never towards 1",
+                    e.loc, step=a.next_step_number(e.seq),
+                    fix="for multi-label targets use binary_cross_entropy_with_logits "
+                        "(nn.BCEWithLogitsLoss) on the same logits",
+                    evidence={"function": fn, "given": problem, "classes": classes})
+                continue
             yield self.finding(
                 f"{fn} expects {_EXPECTS.get(fn, 'logits')} but is given {_GIVEN.get(problem, problem)}: "
                 f"{_effect(fn, problem, classes)}",

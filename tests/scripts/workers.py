@@ -1,6 +1,6 @@
-"""DataLoader worker processes, forked (default) or spawned: a spawned worker re-imports this
-file as ``__mp_main__`` to unpickle the dataset class, so ``__main__.__file__`` must be right
-and the top level must be guarded."""
+"""DataLoader worker processes, two forked (default) or one spawned: a spawned worker
+re-imports this file as ``__mp_main__`` to unpickle the dataset class, so
+``__main__.__file__`` must be right and the top level must be guarded."""
 import sys
 
 import torch
@@ -27,9 +27,11 @@ def main():
     if context == "spawn":
         import multiprocessing
 
-        with multiprocessing.get_context("spawn").Pool(2) as pool:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
             print("pool results", pool.map(square, [1, 2, 3]), file=sys.stderr)
-    loader = DataLoader(Squares(), batch_size=8, num_workers=2, multiprocessing_context=context)
+    # spawned: one worker (each is a fresh interpreter that imports torch, once per epoch)
+    workers = 1 if context == "spawn" else 2
+    loader = DataLoader(Squares(), batch_size=8, num_workers=workers, multiprocessing_context=context)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for epoch in range(3):
