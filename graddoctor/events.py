@@ -74,6 +74,8 @@ step               opt, closure (bool: a closure was given and ran a backward; L
                    without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epoch, see
                    ``--epoch-batches``; None for a stream without length)
+short_len          loader, real_len, replay_len (the first ``len()`` of a DataLoader that
+                   returned the replay's shorter epoch length, per loader; an aside)
 unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), scale
 scaler_step        scaler, opt, enabled, fused, skipped, found_inf (after ``scaler.step``; a
                    skipped one is also recorded as a ``step`` with skipped=True)
@@ -298,6 +300,10 @@ def epoch_start(*, loader: int, epoch: int, real_len: int | None, replay_len: in
                            "replay_len": replay_len}
 
 
+def short_len(*, loader: int, real_len: int, replay_len: int) -> Made:
+    return "short_len", {"loader": loader, "real_len": real_len, "replay_len": replay_len}
+
+
 def unscale(*, scaler: int, opt: int, enabled: bool, implicit: bool, scale: Any) -> Made:
     return "unscale", {"scaler": scaler, "opt": opt, "enabled": enabled, "implicit": implicit,
                        "scale": scale}
@@ -458,7 +464,7 @@ def run_end(*, status: str, steps: int) -> Made:
 CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "run_start": run_start, "param": param, "grad_flow": grad_flow, "optimizer_init": optimizer_init,
     "backward": backward, "clear": clear, "step_begin": step_begin, "step": step,
-    "epoch_start": epoch_start, "unscale": unscale, "scaler_step": scaler_step,
+    "epoch_start": epoch_start, "short_len": short_len, "unscale": unscale, "scaler_step": scaler_step,
     "scaler_update": scaler_update, "clip": clip, "grad_edit": grad_edit,
     "scheduler_step": scheduler_step, "scheduler_init": scheduler_init, "train": mode_set, "eval": mode_set,
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
@@ -474,7 +480,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
 ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "functional_grad",
-                         "optimizer_attr", "module_attr"})
+                         "optimizer_attr", "module_attr", "short_len"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

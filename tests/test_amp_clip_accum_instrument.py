@@ -266,3 +266,34 @@ def test_instrumentation_does_not_change_what_the_script_computes():
     with Instrumentation(recorder(), epoch_batches=0):
         watched = run_amp_clip_accum()
     assert all(torch.equal(a, b) for a, b in zip(plain, watched))
+
+
+def test_a_shortened_len_read_is_recorded_once_per_loader():
+    loader, small = loader_of(100), loader_of(5)
+    rec = recorder()
+    with Instrumentation(rec, epoch_batches=17):
+        for _ in range(3):
+            assert len(loader) == 17
+        assert len(small) == 5  # not shortened: nothing to say
+    reads = events(rec, "short_len")
+    assert [(e["real_len"], e["replay_len"]) for e in reads] == [(100, 17)]
+    rec = recorder()
+    with Instrumentation(rec, epoch_batches=0):
+        assert len(loader) == 100
+    assert events(rec, "short_len") == []
+
+
+def test_a_crash_after_a_shortened_len_says_how_to_run_whole_epochs(tmp_path):
+    # the script asserts len(loader) % accum == 0: true for its 32 batches, not for the replay's 17
+    from graddoctor.api import check_script
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "loader = DataLoader(TensorDataset(torch.randn(256, 2)), batch_size=8)\n"
+        "assert len(loader) % 4 == 0\n")
+    report = check_script(str(script), fail_on="never")
+    assert report.run.status == "crashed"
+    [note] = [n for n in report.run.notes if "len() of a DataLoader" in n]
+    assert "train.py:4" in note and "17 of its 32" in note and "--epoch-batches 0" in note
+    assert not [n for n in check_script(str(script), epoch_batches=0, fail_on="never").run.notes
+                if "len() of a DataLoader" in n]

@@ -48,3 +48,43 @@ def test_silent_before_any_epoch_end_and_for_plateau():
     sched_init(t, cls="ReduceLROnPlateau", lrs=(0.1,))
     loader_run(t)
     assert findings(t, SLUG) == []
+
+
+def _swa_script(tmp_path, steps_swa: bool):
+    """Line 5 builds ``swa_scheduler``; the file calls ``swa_scheduler.step()`` (from an epoch on)
+    or not at all."""
+    from graddoctor.trace import TraceBuilder
+    from rule_traces import P
+    path = tmp_path / "train.py"
+    later = "    if epoch >= swa_start:\n        swa_scheduler.step()\n" if steps_swa else "    pass\n"
+    path.write_text("\n" * 4 + "swa_scheduler = SWALR(optimizer, swa_lr=0.05)\n"
+                    "for epoch in range(4):\n" + later)
+    t = TraceBuilder(str(path))
+    t.optimizer(0, P, line=1, cls="SGD")
+    return t
+
+
+def test_silent_when_the_script_steps_it_later_than_a_cut_short_replay_went(tmp_path):
+    # the SWA recipe: SWALR stepped from swa_start on; the replay stopped at its step budget first
+    t = _swa_script(tmp_path, steps_swa=True)
+    sched_init(t, cls="SWALR", args={"swa_lr": 0.05}, lrs=(0.1,))
+    loader_run(t)
+    t.event("run_end", None, status="step-limit", steps=34)
+    assert findings(t, SLUG) == []
+    # the source never calls its step(): reported, cut short or not
+    t = _swa_script(tmp_path, steps_swa=False)
+    sched_init(t, cls="SWALR", args={"swa_lr": 0.05}, lrs=(0.1,))
+    loader_run(t)
+    t.event("run_end", None, status="step-limit", steps=34)
+    assert only(t, SLUG).severity is Severity.INFO
+
+
+def test_another_stepped_scheduler_of_the_optimizer_is_named_not_a_constant_lr():
+    t = builder()
+    sched_init(t, sched=0, cls="CosineAnnealingLR", args={"T_max": 4}, lrs=(0.1,))
+    sched_init(t, sched=1, cls="SWALR", args={"swa_lr": 0.05}, lrs=(0.1,))
+    loader_run(t, per_epoch=(0, "CosineAnnealingLR"))
+    f = only(t, SLUG)
+    assert f.severity is Severity.INFO and "constant" not in f.message
+    assert "follows CosineAnnealingLR alone" in f.message
+    assert f.evidence["stepped_with"] == ["CosineAnnealingLR"]

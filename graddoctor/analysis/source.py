@@ -49,6 +49,12 @@ class ScriptSource:
     def cuts_gradient_near(self, path: str, line: int) -> bool | None:
         return cuts_gradient_near(self.full(path), line)
 
+    def tail_flush(self, path: str, line: int) -> str | None:
+        return tail_flush(self.full(path), line)
+
+    def method_called_on_assigned(self, path: str, line: int, method: str) -> bool | None:
+        return method_called_on_assigned(self.full(path), line, method)
+
 
 @lru_cache(maxsize=64)
 def _tree(text: str) -> ast.AST | None:
@@ -241,3 +247,54 @@ def cuts_gradient_near(path: str, line: int) -> bool | None:
         if isinstance(node, ast.Attribute) and node.attr in _CUTS:
             return True
     return False
+
+def _has_modulo(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(node))
+
+
+def _disjuncts(test: ast.AST) -> list[ast.AST]:
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return [d for value in test.values for d in _disjuncts(value)]
+    return [test]
+
+
+def tail_flush(path: str, line: int) -> str | None:
+    """The source text of a second way into an accumulation step: in the test of an ``if``
+    whose body holds ``line``, an ``or`` that joins a window test with a ``%`` (``(i + 1) % k
+    == 0``) to one without (``i + 1 == num_batches``, ``i == len(loader) - 1``, ``is_last``),
+    which flushes the epoch's tail at a count of the script's own. None when the source cannot
+    be read or shows no such test."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and node.body
+                and node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno)):
+            continue
+        parts = _disjuncts(node.test)
+        if len(parts) > 1 and any(_has_modulo(d) for d in parts):
+            plain = [d for d in parts if not _has_modulo(d)]
+            if plain:
+                return ast.unparse(plain[0])
+    return None
+
+
+def method_called_on_assigned(path: str, line: int, method: str) -> bool | None:
+    """Does the file call ``<target>.<method>(...)`` anywhere, for the name or attribute the
+    statement at ``line`` assigns (``swa_scheduler`` in ``swa_scheduler = SWALR(...)``)? None
+    when the source cannot be read or the statement assigns no plain target."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    target = None
+    for node in ast.walk(tree):
+        if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if len(targets) == 1 and isinstance(targets[0], (ast.Name, ast.Attribute)):
+                target = ast.unparse(targets[0])
+                break
+    if target is None:
+        return None
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr == method and ast.unparse(node.func.value) == target
+               for node in ast.walk(tree))

@@ -3,7 +3,9 @@
 Bugs live at epoch boundaries (an accumulation window that leaks into the next epoch,
 validation that leaves eval mode on), so the replay makes each epoch of a sized DataLoader at
 most ``epoch_batches`` batches long — in ``__iter__`` *and* ``__len__``, so that a script that
-sizes its schedule or flushes its accumulation tail with ``len(loader)`` stays consistent —
+sizes its schedule or flushes its accumulation tail with ``len(loader)`` stays consistent (the
+first such shortened ``len()`` of each loader is recorded, ``short_len``, so that a script that
+fails on it, ``assert len(loader) % k == 0``, is told why) —
 and keeps the replay going past the step budget until a training loader has begun its third
 epoch (two boundaries crossed), bounded by ``2 * epoch_batches + 1`` steps.
 
@@ -43,6 +45,7 @@ class DataLoaderWatcher:
         self._epochs: dict[int, int] = {}  # loader number -> epochs started
         self._training: set[int] = set()  # loaders whose batches reached a backward
         self._shortened = False
+        self._short_len_read: set[int] = set()  # loaders whose shortened len() the script read
         self.current_batch: list | None = None
         self._original_len = None  # DataLoader.__len__ before patching: the real length
         rec.subscribe("budget_hold", self._hold)
@@ -60,7 +63,14 @@ class DataLoaderWatcher:
         def __len__(loader):
             real_len = original(loader)
             try:
-                return watcher._replay_len(real_len)
+                replay_len = watcher._replay_len(real_len)
+                if replay_len < real_len:
+                    number = watcher._loader_id(loader)
+                    if number not in watcher._short_len_read:  # once per loader: len() may run per batch
+                        watcher._short_len_read.add(number)
+                        watcher.rec.emit_aside(ev.short_len(loader=number, real_len=real_len,
+                                                            replay_len=replay_len), watcher.rec.here(2))
+                return replay_len
             except Exception as exc:  # pragma: no cover - defensive
                 watcher.rec.internal_error("DataLoader.__len__", exc)
                 return real_len

@@ -14,9 +14,11 @@ class AccumulationLeftover(Rule):
     step of the next epoch applies them together with a full window of new ones. Typical cause:
     stepping on `(i + 1) % k == 0` with a per-epoch index `i` when the epoch length is not a
     multiple of k. graddoctor replays short epochs (see `--epoch-batches`) that k does not
-    divide, so the tail shows; when the real epoch length *is* a multiple of k the finding is
-    `info` (it only bites once the dataset size changes). Stepping on a global counter, flushing
-    the tail with `(i + 1) == len(loader)`, or clearing it at the epoch start are all fine.
+    divide, so the tail shows; a tail that exists only because of that cut is not reported:
+    when the real epoch length is a multiple of k, or when the step's `if` also steps on a
+    count of the script's own (`(i + 1) % k == 0 or i + 1 == num_batches`, `or is_last`) that
+    the replay's shorter epochs never reach. Stepping on a global counter, flushing the tail
+    with `(i + 1) == len(loader)`, or clearing it at the epoch start are all fine.
 
     ## Why is this bad?
     One update per epoch sums more than k micro-batches (up to 2k - 1): a larger, unevenly
@@ -109,21 +111,20 @@ class AccumulationLeftover(Rule):
             replay_len = start.get("replay_len") if start else None
             tail_backward = next((b for b in reversed(w.backwards)
                                   if b.get("batch") is not None and tuple(b["batch"]) == leftover[-1]), None)
-            severity = None
+            shortened = replay_len is not None and real_len is not None and replay_len < real_len
+            if shortened and real_len % k == 0:
+                continue  # the replay's cut made this tail; the real epochs hold whole windows
+            if shortened and loc is not None and a.source.tail_flush(loc.path, loc.line):
+                continue  # the script flushes its tail at a count of its own, past the replay's cut
             message = (f"the first {a.optimizer_name(w.opt)} step of epoch {epoch} applies "
                        f"{plural(len(leftover), 'leftover micro-batch', 'leftover micro-batches')} of the previous epoch together with "
                        f"{len(w.batches()) - len(leftover)} new ones (k = {k}): the epoch's partial "
                        f"window is never stepped on its own")
-            if real_len is not None and real_len % k == 0:
-                severity = Severity.INFO
-                message += (f"; the real epoch has {real_len} batches, a multiple of {k}, so this "
-                            f"only happens once the dataset or batch size changes")
-            elif replay_len is not None and real_len is not None and replay_len < real_len:
+            if shortened:
                 message += (f" (replayed with {replay_len}-batch epochs; the real ones have {real_len}, "
-                            f"which {k} does not divide either; if the loop flushes its tail with a "
-                            f"count other than len(loader), confirm with --epoch-batches 0)")
+                            f"which {k} does not divide either)")
             yield self.finding(
-                message, loc, severity=severity, step=w.index,
+                message, loc, step=w.index,
                 related=(related(tail_backward, "the leftover micro-batch of the previous epoch"),
                          related(start, "the next epoch starts here")),
                 evidence={"k": k, "real_len": real_len, "replay_len": replay_len,

@@ -28,6 +28,19 @@ def short_epochs(a: "Analysis") -> list[str]:
     return notes
 
 
+def short_len_crash(a: "Analysis") -> list[str]:
+    """The script read the replay's shortened ``len(loader)`` and then crashed: the length may
+    be why (``assert len(loader) % k == 0``), which the crash's own message cannot say."""
+    reads = a.of_kind("short_len")
+    if not reads or a.status != "crashed":
+        return []
+    first = reads[0]
+    where = f" at {first.loc}" if first.loc else ""
+    return [f"the script read len() of a DataLoader{where}, which the replay shortened to "
+            f"{first['replay_len']} of its {first['real_len']} batches (--epoch-batches); if the "
+            f"error comes from that length, --epoch-batches 0 replays whole epochs"]
+
+
 def compiled(a: "Analysis") -> list[str]:
     """torch.compile hides the calls traced into a compiled graph."""
     calls = a.of_kind("compile")
@@ -49,6 +62,15 @@ def never_stepped(a: "Analysis") -> list[str]:
         return []
     return [f"the replay was stopped after {a.backward_calls} backward calls: an optimizer was "
             f"created but never stepped"]
+
+
+def no_optimizer(a: "Analysis") -> list[str]:
+    """Backward calls but no torch.optim optimizer (a hand-written update): a limit of the
+    check, not a bug of the script."""
+    if a.optimizers or not a.backward_calls:
+        return []
+    return ["no torch.optim optimizer was seen: graddoctor cannot tell which gradients a "
+            "hand-written update uses, so the zero_grad checks are limited for this script"]
 
 
 NOT_A_GRADIENT = frozenset({"torch.func.functional_call"})  # runs a module with other tensors
@@ -85,7 +107,7 @@ def functional_gradients(a: "Analysis") -> list[str]:
 
 
 NOTE_PRODUCERS: tuple[Callable[["Analysis"], list[str]], ...] = (
-    short_epochs, compiled, never_stepped, functional_gradients)
+    short_epochs, short_len_crash, compiled, never_stepped, no_optimizer, functional_gradients)
 
 
 def run_notes(a: "Analysis") -> list[str]:

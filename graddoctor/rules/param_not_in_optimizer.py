@@ -92,16 +92,7 @@ class ParamNotInOptimizer(Rule):
         led = a.ledger
         params = a.params
         if not a.optimizers:
-            if a.backward_calls:
-                first = a.of_kind("backward")[0]
-                yield self.finding(
-                    "no torch.optim optimizer was seen: graddoctor cannot tell which gradients an "
-                    "update uses, so the zero_grad checks are limited for this script",
-                    first.loc, severity=Severity.INFO,
-                    fix="nothing to fix if the update is written by hand on purpose",
-                    evidence={"backward_calls": a.backward_calls},
-                )
-            return
+            return  # a hand-written update: nothing to own; the run's notes say so (rules/notes.py)
         moved = a.moved
         untouched = _never_cleared_across_steps(a)
         orphans, dropped = [], {}

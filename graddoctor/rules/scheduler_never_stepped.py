@@ -15,7 +15,10 @@ class SchedulerNeverStepped(Rule):
     Finds a learning-rate scheduler that is built but whose `step()` is never called (neither
     directly nor through a `SequentialLR`/`ChainedScheduler` holding it) while its optimizer
     trains past an epoch end. Judged only when the replay passed an epoch boundary or ran to its
-    end, so a scheduler stepped once per epoch has had its chance.
+    end, so a scheduler stepped once per epoch has had its chance; and not when the source
+    calls its `step()` somewhere while graddoctor's replay cut the run short (the step budget,
+    shortened epochs): the SWA recipe steps `SWALR` only from `swa_start` on. When another
+    scheduler of the same optimizer is stepped, the message says that one moves the lr.
 
     ## Why is this bad?
     Building a scheduler already applies its first value: `LinearLR(start_factor=0.01)`,
@@ -52,6 +55,7 @@ class SchedulerNeverStepped(Rule):
 
     def check(self, a):
         all_s = a.schedulers
+        cut = _cut_short(a)
         for s in all_s.values():
             if s.init is None or not s.positional or s.opt is None or stepped(all_s, s):
                 continue
@@ -61,22 +65,47 @@ class SchedulerNeverStepped(Rule):
             n = a.count(after)
             if n < 2 or not (a.status == "completed" or epoch_began_after(a, after[0].seq)):
                 continue
+            loc = s.init.loc
+            if cut and loc is not None and a.source.method_called_on_assigned(loc.path, loc.line, "step"):
+                continue  # the script does step it, later than the replay went (SWALR from swa_start)
+            others = sorted({o.cls for o in all_s.values()
+                             if o is not s and o.opt == s.opt and o.positional and stepped(all_s, o)})
             factor = s.first_factor
             lrs = s.init.get("lrs") or []
             lr = lrs[0] if lrs else None
             name = a.optimizer_name(s.opt)
             if factor is not None and factor < 0.999:
                 shown = f"lr {lr:.3g}, " if lr is not None else ""
-                message = (f"{s.cls} is built here but its step() is never called: {name} takes "
-                           f"all {plural(n, 'step')} at the schedule's first value ({shown}"
-                           f"{_pct(factor)} of the lr it was given), and the warm-up never ends")
+                if others:
+                    message = (f"{s.cls} is built here but its step() is never called: it set "
+                               f"{name}'s lr to its first value ({shown}{_pct(factor)} of the lr it "
+                               f"was given) and the warm-up never ends; only {' and '.join(others)} "
+                               f"moves the lr from there")
+                else:
+                    message = (f"{s.cls} is built here but its step() is never called: {name} takes "
+                               f"all {plural(n, 'step')} at the schedule's first value ({shown}"
+                               f"{_pct(factor)} of the lr it was given), and the warm-up never ends")
                 severity = None
             else:
-                message = (f"{s.cls} is built here but its step() is never called: {name} takes "
-                           f"all {plural(n, 'step')} at a constant lr, the schedule is never applied")
+                if others:
+                    message = (f"{s.cls} is built here but its step() is never called: {name}'s "
+                               f"lr follows {' and '.join(others)} alone, this schedule is never applied")
+                else:
+                    message = (f"{s.cls} is built here but its step() is never called: {name} takes "
+                               f"all {plural(n, 'step')} at a constant lr, the schedule is never applied")
                 severity = Severity.INFO
             yield self.finding(
-                message, s.init.loc, severity=severity,
+                message, loc, severity=severity,
                 related=(related(after[0], f"{name} steps here without the scheduler"),),
-                evidence={"scheduler": s.cls, "optimizer": s.opt, "factor": factor, "steps": n},
+                evidence={"scheduler": s.cls, "optimizer": s.opt, "factor": factor, "steps": n,
+                          "stepped_with": others},
             )
+
+
+def _cut_short(a) -> bool:
+    """graddoctor's replay, not the script, ended the run or shortened its epochs: a step()
+    the script makes later (from a given epoch or step on) had no chance to run."""
+    if a.status != "completed":
+        return True
+    return any(e.get("real_len") is not None and e.get("replay_len") is not None
+               and e["replay_len"] < e["real_len"] for e in a.of_kind("epoch_start"))
