@@ -248,6 +248,7 @@ def cuts_gradient_near(path: str, line: int) -> bool | None:
             return True
     return False
 
+
 def _has_modulo(node: ast.AST) -> bool:
     return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(node))
 
