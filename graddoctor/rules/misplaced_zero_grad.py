@@ -76,7 +76,7 @@ class MisplacedZeroGrad(Rule):
         # clear → step → backward: the step, not the clear, is misplaced (step-before-backward)
         claimed = step_before_backward(a) if groups else {}
         for loc, discards in groups.items():
-            if _skipped_update(a, loc, discards) or (loc.path, loc.line) in claimed:
+            if _skipped_update(a, loc, discards) or (loc is not None and (loc.path, loc.line) in claimed):
                 continue
             first = discards[0]
             pids = [d.pid for d in discards]
