@@ -122,7 +122,7 @@ class ClipZeroesGradients(Rule):
                        + f" and {effect}; {outcome} — clipping has no 'off' value")
             if shown:
                 fix = (f"clip only when the limit is positive: `if {shown} > 0:` around the "
-                       f"{via}() call ({name}=0 does not turn clipping off)")
+                       f"{via}() call ({name}={_limit_text(limit)} does not turn clipping off)")
             else:
                 fix = f"pass a positive {name} (1.0 is common), or remove the clip"
             yield self.finding(

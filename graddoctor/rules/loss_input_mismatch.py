@@ -70,8 +70,8 @@ def _fix(fn: str, problem: str) -> str:
     if fn == "nll_loss" and problem == "logits":
         return "apply F.log_softmax(scores, dim=1) before nll_loss, or use F.cross_entropy on the scores"
     if fn == "nll_loss":
-        return ("use F.log_softmax instead of softmax before nll_loss (or cross_entropy on the "
-                "logits)")
+        return (f"use F.log_softmax instead of {problem} before nll_loss (or cross_entropy on the "
+                f"logits)")
     return ("give kl_div log-probabilities: F.kl_div(F.log_softmax(student_logits, dim=-1), "
             "target_probs, reduction='batchmean')")
 
@@ -129,34 +129,29 @@ class LossInputMismatch(Rule):
 
     def check(self, a):
         for e in a.of_kind("loss_input"):
-            fn, problem = e.get("fn", "cross_entropy"), e.get("problem", "softmax")
-            classes = int(e.get("classes") or 2)
-            if problem == "dim":
-                size = e.get("normalised")
-                yield self.finding(
-                    f"{fn} is given a log_softmax taken over a dimension of size {size}, not over "
-                    f"the {classes} classes (dimension 1 of its input): each class's scores are "
-                    f"normalised across that other dimension (the batch, for dim=0), so the "
-                    f"probabilities of one sample's classes do not sum to 1 and the loss trains "
-                    f"samples against each other",
-                    e.loc, step=a.next_step_number(e.seq),
-                    fix="take log_softmax over the class dimension: F.log_softmax(scores, dim=-1) "
-                        "for (N, C) scores, dim=1 for (N, C, ...)",
-                    evidence={"function": fn, "given": problem, "classes": classes, "normalised": size})
-                continue
-            if problem == "multi-hot":
-                yield self.finding(
-                    f"{fn} is given float targets whose rows are 0/1 labels with several 1s (a "
-                    f"multi-label task): it treats each row as one probability distribution over the "
-                    f"{classes} classes, so the classes of a sample compete through the softmax and "
-                    f"each present label is pushed towards 1/k, never towards 1",
-                    e.loc, step=a.next_step_number(e.seq),
-                    fix="for multi-label targets use binary_cross_entropy_with_logits "
-                        "(nn.BCEWithLogitsLoss) on the same logits",
-                    evidence={"function": fn, "given": problem, "classes": classes})
-                continue
-            yield self.finding(
-                f"{fn} expects {_EXPECTS.get(fn, 'logits')} but is given {_GIVEN.get(problem, problem)}: "
-                f"{_effect(fn, problem, classes)}",
-                e.loc, step=a.next_step_number(e.seq), fix=_fix(fn, problem),
-                evidence={"function": fn, "given": problem, "classes": classes})
+            message, fix, evidence = _describe(e.get("fn", "cross_entropy"), e.get("problem", "softmax"),
+                                               int(e.get("classes") or 2), e.get("normalised"))
+            yield self.finding(message, e.loc, step=a.next_step_number(e.seq), fix=fix, evidence=evidence)
+
+
+def _describe(fn: str, problem: str, classes: int, normalised) -> tuple[str, str, dict]:
+    """(message, fix, evidence) of one wrong loss input."""
+    evidence = {"function": fn, "given": problem, "classes": classes}
+    if problem == "dim":
+        evidence["normalised"] = normalised
+        return (f"{fn} is given a log_softmax taken over a dimension of size {normalised}, not over "
+                f"the {classes} classes (dimension 1 of its input): each class's scores are "
+                f"normalised across that other dimension (the batch, for dim=0), so the "
+                f"probabilities of one sample's classes do not sum to 1 and the loss trains "
+                f"samples against each other",
+                "take log_softmax over the class dimension: F.log_softmax(scores, dim=-1) "
+                "for (N, C) scores, dim=1 for (N, C, ...)", evidence)
+    if problem == "multi-hot":
+        return (f"{fn} is given float targets whose rows are 0/1 labels with several 1s (a "
+                f"multi-label task): it treats each row as one probability distribution over the "
+                f"{classes} classes, so the classes of a sample compete through the softmax and "
+                f"each present label is pushed towards 1/k, never towards 1",
+                "for multi-label targets use binary_cross_entropy_with_logits "
+                "(nn.BCEWithLogitsLoss) on the same logits", evidence)
+    return (f"{fn} expects {_EXPECTS.get(fn, 'logits')} but is given {_GIVEN.get(problem, problem)}: "
+            f"{_effect(fn, problem, classes)}", _fix(fn, problem), evidence)
