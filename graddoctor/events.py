@@ -161,7 +161,8 @@ optimizer_attr     opt, cls (the optimizer's class), name (the attribute the use
                    hyper-parameter set as an attribute, which torch's step never reads — the
                    first of each call line, optimizer and name (loc: the assignment)
 functional_grad    api (``torch.autograd.grad``, ``torch.autograd.functional.*`` or ``torch.func.*``
-                   as the user called it): a gradient graddoctor does not follow (it is
+                   as the user called it), create_graph (bool for ``torch.autograd.grad``, else
+                   None): a gradient graddoctor does not follow (it is
                    returned, not accumulated in ``.grad``) — the first call of each call line
                    (loc: that call)
 folded             turns, steps, backwards, events, epochs (how many of each the recorder folded
@@ -193,6 +194,39 @@ unregistered       owner (class of the module holding it), attr, holder ("list" 
                    tracked tensors no module registers, found at the end of the run in a plain
                    container (or as a plain tensor) attribute of a module (loc: the attribute's
                    assignment in the class, when found)
+reseed             fn (torch.manual_seed | torch.random.manual_seed | torch.cuda.manual_seed[_all] |
+                   random.seed | numpy.random.seed), seed (int|None: the value given, None when not
+                   a plain int), caller ([path, line, function] of the line that called the user's
+                   helper holding the call, as for ``clear``; None at module level): the global
+                   RNG set to a seed (loc: the call; an aside)
+loader_sampler     loader, sampler (its class), shuffle (bool|None: draws in a random order),
+                   dataset_len (int|None), reach (int|None: how many distinct dataset indices the
+                   sampler can ever draw, None when not knowable), weights (int|None: the length
+                   of a WeightedRandomSampler's weights) — once per DataLoader, at its first
+                   ``iter()`` (loc: the sampler's construction when graddoctor saw it, else that
+                   ``iter()``; an aside)
+custom_backward    cls (a torch.autograd.Function subclass defined in the user's code), input
+                   (index of the forward argument whose gradient disagrees), ratio (float|None:
+                   the backward's gradient over the numerical one along random directions, when
+                   they are proportional), forward ([path, line] of the apply call checked): its
+                   backward checked once against finite differences of its forward in float64
+                   and found wrong (loc: the backward's ``def``; an aside)
+loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fraction (of the
+                   target positions equal to it), ignore_index, reduction, source ("padding_idx":
+                   an nn.Embedding's): a classification loss whose integer targets are mostly the
+                   padding index of an embedding the script uses, which the loss does not ignore
+                   — the first such call of each call line (loc: the loss line; an aside)
+low_precision      opt, cls, dtype (the parameters' dtype), what ("eps": the optimizer's eps
+                   rounds to 0 in that dtype | "frozen": its first updates changed almost no
+                   element whose gradient was non-zero), eps (float|None), lr (float|None),
+                   unchanged (float|None: the fraction of such elements that kept their value),
+                   params (int: how many tensors of that dtype) — once per optimizer and what
+                   (loc: the optimizer's construction; an aside)
+graph_kept         name (the variable that keeps them, as found in the script's frame: ``total``,
+                   ``history``, ``tracker.sums``), holder ("tensor" | "list" | "dict" |
+                   "attribute"), steps (how many earlier backwards' graphs it holds), line (the
+                   backward's line) — autograd graphs of earlier backwards still alive several
+                   backwards later (loc: the backward that found them; an aside)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -412,8 +446,40 @@ def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference
                             "library": library}
 
 
-def functional_grad(*, api: str) -> Made:
-    return "functional_grad", {"api": api}
+def functional_grad(*, api: str, create_graph: bool | None = None) -> Made:
+    """``create_graph``: for ``torch.autograd.grad``, whether it was asked for (None: another
+    entry point)."""
+    return "functional_grad", {"api": api, "create_graph": create_graph}
+
+
+def reseed(*, fn: str, seed: int | None, caller: list | None = None) -> Made:
+    return "reseed", {"fn": fn, "seed": seed, "caller": caller}
+
+
+def loader_sampler(*, loader: int, sampler: str, shuffle: bool | None, dataset_len: int | None,
+                   reach: int | None, weights: int | None = None) -> Made:
+    return "loader_sampler", {"loader": loader, "sampler": sampler, "shuffle": shuffle,
+                              "dataset_len": dataset_len, "reach": reach, "weights": weights}
+
+
+def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None) -> Made:
+    return "custom_backward", {"cls": cls, "input": input, "ratio": ratio, "forward": forward}
+
+
+def loss_padding(*, fn: str, pad: int, fraction: float, ignore_index: int | None,
+                 reduction: str | None, source: str = "padding_idx") -> Made:
+    return "loss_padding", {"fn": fn, "pad": pad, "fraction": fraction,
+                            "ignore_index": ignore_index, "reduction": reduction, "source": source}
+
+
+def low_precision(*, opt: int, cls: str, dtype: str, what: str, eps: float | None,
+                  lr: float | None, unchanged: float | None, params: int) -> Made:
+    return "low_precision", {"opt": opt, "cls": cls, "dtype": dtype, "what": what, "eps": eps,
+                             "lr": lr, "unchanged": unchanged, "params": params}
+
+
+def graph_kept(*, name: str, holder: str, steps: int, line: int | None = None) -> Made:
+    return "graph_kept", {"name": name, "holder": holder, "steps": steps, "line": line}
 
 
 def optimizer_attr(*, opt: int, cls: str, name: str, key: str, value: float | None,
@@ -471,6 +537,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
     "idle_forward": idle_forward, "functional_grad": functional_grad,
+    "reseed": reseed, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
+    "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
@@ -480,7 +548,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
 ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "functional_grad",
-                         "optimizer_attr", "module_attr", "short_len"})
+                         "optimizer_attr", "module_attr", "short_len", "reseed", "loader_sampler",
+                         "custom_backward", "loss_padding", "low_precision", "graph_kept"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

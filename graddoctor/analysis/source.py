@@ -55,6 +55,13 @@ class ScriptSource:
     def method_called_on_assigned(self, path: str, line: int, method: str) -> bool | None:
         return method_called_on_assigned(self.full(path), line, method)
 
+    def batch_use(self, path: str, fetch_line: int, loop_line: int) -> dict | None:
+        return batch_use(self.full(path), fetch_line, loop_line)
+
+    def tree(self, path: str) -> ast.AST | None:
+        """The parsed file (shared, cached: not to be changed), or None."""
+        return _parse(self.full(path))
+
 
 @lru_cache(maxsize=64)
 def _tree(text: str) -> ast.AST | None:
@@ -299,3 +306,43 @@ def method_called_on_assigned(path: str, line: int, method: str) -> bool | None:
     return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                and node.func.attr == method and ast.unparse(node.func.value) == target
                for node in ast.walk(tree))
+
+
+def batch_use(path: str, fetch_line: int, loop_line: int) -> dict | None:
+    """How a batch fetched once (``x, y = next(iter(loader))`` at ``fetch_line``) is used by the
+    loop around ``loop_line`` (the backward): ``{"names": [...] assigned at fetch_line,
+    "used": whether the innermost loop holding loop_line reads one of them, "loader": the
+    name inside ``iter(...)`` or None, "counts_loader": whether a loop around loop_line
+    iterates ``range(len(<loader>))`` or over ``<loader>``}``; None when unreadable."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    names: list[str] = []
+    loader = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and node.lineno <= fetch_line <= (node.end_lineno or node.lineno):
+            for target in node.targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        names.append(leaf.id)
+            for call in ast.walk(node.value):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) \
+                        and call.func.id == "iter" and call.args:
+                    loader = ast.unparse(call.args[0])
+    loops = [node for node in ast.walk(tree)
+             if isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+             and node.lineno <= loop_line <= (node.end_lineno or node.lineno)]
+    if not loops:
+        return {"names": names, "used": False, "loader": loader, "counts_loader": False}
+    inner = max(loops, key=lambda n: n.lineno)
+    inside = fetch_line >= inner.lineno and fetch_line <= (inner.end_lineno or inner.lineno)
+    used = any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
+               for n in ast.walk(inner))
+    counts = False
+    if loader is not None:
+        for loop in loops:
+            if isinstance(loop, (ast.For, ast.AsyncFor)):
+                text = ast.unparse(loop.iter)
+                if f"len({loader})" in text or text == loader:
+                    counts = True
+    return {"names": names, "used": used and not inside, "loader": loader, "counts_loader": counts}

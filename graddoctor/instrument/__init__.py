@@ -26,6 +26,7 @@ from .names import LiveModules, emit_param_events, name_parameters, user_variabl
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .recorder import Recorder
+from .rng import RngSeedWatcher
 from .registration import ModuleAttrWatcher, find_unregistered
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .schedulers import SchedulerWatcher
@@ -60,6 +61,8 @@ class Instrumentation:
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec), LossInputWatcher(rec)]
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
         self.watchers.append(FunctionalGradWatcher(rec))
+        # the global RNG seeded (reseed-in-loop)
+        self.watchers.append(RngSeedWatcher(rec))
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
         rec.subscribe("stepped_without_grad", self.idle.after_step)

@@ -22,6 +22,7 @@ batch most recently served by any DataLoader.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter
@@ -48,6 +49,8 @@ class DataLoaderWatcher:
         self._short_len_read: set[int] = set()  # loaders whose shortened len() the script read
         self.current_batch: list | None = None
         self._original_len = None  # DataLoader.__len__ before patching: the real length
+        self._described: set[int] = set()  # loaders whose sampler a loader_sampler event told
+        self._sampler_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sampler -> loc
         rec.subscribe("budget_hold", self._hold)
 
     # -- lengths ---------------------------------------------------------------------------
@@ -97,8 +100,12 @@ class DataLoaderWatcher:
                 if isinstance(iterator, _BaseDataLoaderIter):
                     limit = replay_len if replay_len != real_len else None
                     setattr(iterator, _STATE, (number, epoch, limit))
+                here = rec.here(2)
+                if number not in watcher._described:
+                    watcher._described.add(number)
+                    watcher._describe(loader, number, here)
                 rec.emit(ev.epoch_start(loader=number, epoch=epoch, real_len=real_len,
-                                        replay_len=replay_len), rec.here(2))
+                                        replay_len=replay_len), here)
             except Exception as exc:
                 rec.internal_error("DataLoader.__iter__", exc)
             return iterator
@@ -129,6 +136,56 @@ class DataLoaderWatcher:
 
         return __len__
 
+    # -- what a loader's sampler can draw --------------------------------------------------
+    def _describe(self, loader, number: int, here) -> None:
+        """One ``loader_sampler`` event per loader, at its first ``iter()``."""
+        sampler = getattr(loader, "sampler", None)
+        if sampler is None:
+            return
+        data = torch.utils.data
+        shuffle = None
+        if isinstance(sampler, data.SequentialSampler):
+            shuffle = False
+        elif isinstance(sampler, (data.RandomSampler, data.WeightedRandomSampler, data.SubsetRandomSampler)):
+            shuffle = True
+        elif hasattr(sampler, "shuffle") and isinstance(sampler.shuffle, bool):
+            shuffle = sampler.shuffle  # DistributedSampler
+        try:
+            dataset_len = len(loader.dataset)
+        except Exception:
+            dataset_len = None
+        reach = weights = None
+        if isinstance(sampler, data.WeightedRandomSampler):
+            w = sampler.weights
+            weights = int(w.numel())
+            reach = int((w > 0).sum()) if w.device.type == "cpu" else weights
+            if not sampler.replacement:
+                reach = min(reach, int(sampler.num_samples))
+        elif isinstance(sampler, (data.RandomSampler, data.SequentialSampler)):
+            try:
+                reach = len(sampler.data_source)
+            except Exception:
+                reach = None
+        loc = self._sampler_locs.get(sampler) or here
+        self.rec.emit_aside(ev.loader_sampler(loader=number, sampler=type(sampler).__name__,
+                                              shuffle=shuffle, dataset_len=dataset_len,
+                                              reach=reach, weights=weights), loc)
+
+    def _wrap_sampler_init(self, original):
+        watcher = self
+
+        @functools.wraps(original)
+        def __init__(sampler, *args, **kwargs):
+            original(sampler, *args, **kwargs)
+            try:
+                loc = watcher.rec.here(2)
+                if loc is not None:
+                    watcher._sampler_locs[sampler] = loc
+            except Exception as exc:  # pragma: no cover - defensive
+                watcher.rec.internal_error("WeightedRandomSampler.__init__", exc)
+
+        return __init__
+
     # -- which batch a backward used; how long the replay goes on ----------------------------
     def describe_loss(self, tensors) -> dict:
         batch = self.current_batch
@@ -153,3 +210,5 @@ class DataLoaderWatcher:
             patcher.patch(DataLoader, "__len__", self._wrap_len(DataLoader.__len__))
             patcher.patch(_BaseDataLoaderIter, "__len__", self._wrap_iter_len(_BaseDataLoaderIter.__len__))
         patcher.patch(_BaseDataLoaderIter, "__next__", self._wrap_next(_BaseDataLoaderIter.__next__))
+        Weighted = torch.utils.data.WeightedRandomSampler
+        patcher.patch(Weighted, "__init__", self._wrap_sampler_init(Weighted.__init__))

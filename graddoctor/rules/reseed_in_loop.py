@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import bisect
+
+from ..findings import Severity
+from ..location import Location
+from .base import Related, Rule, plural
+
+
+class ReseedInLoop(Rule):
+    """
+    ## What it does
+    Finds a global random generator set to the same seed again and again during training:
+    `torch.manual_seed(0)` (or `random.seed`, `numpy.random.seed`, a helper that calls them)
+    run with the same value between optimizer updates, in the loop or at every epoch. A seed
+    set once before the loop, or set each time to a value that changes (`seed + epoch`), is
+    fine.
+
+    ## Why is this bad?
+    Setting the seed rewinds the generator: every turn after it draws the very same random
+    numbers. Dropout drops the same units at every update (a fixed sub-network trains instead
+    of an ensemble), a `randperm`/`randint` batch is the same batch every time, a shuffled
+    DataLoader serves its samples in the same order every epoch, data augmentation repeats
+    itself. Nothing fails; the model just sees far less randomness than the script claims.
+
+    ## Example
+    ```python
+    for step in range(steps):
+        torch.manual_seed(1234)          # every update draws the same numbers
+        idx = torch.randperm(len(X))[:64]
+        loss = criterion(model(X[idx]), Y[idx])
+        ...
+    ```
+
+    ## Use instead
+    ```python
+    torch.manual_seed(1234)              # once, before the loop
+    for step in range(steps):
+        idx = torch.randperm(len(X))[:64]
+        loss = criterion(model(X[idx]), Y[idx])
+        ...
+    ```
+
+    ## Stays silent on
+    One seed before the loop; a seed that changes every time (`torch.manual_seed(seed + epoch)`);
+    a seed whose value graddoctor cannot read; seeding a `torch.Generator` object of its own.
+    """
+
+    code = "GD231"
+    slug = "reseed-in-loop"
+    severity = Severity.WARNING
+    summary = "the global RNG is set to the same seed between updates: every turn draws the same random numbers"
+    fix = "seed once before the training loop (or with a value that changes, e.g. seed + epoch)"
+
+    def check(self, a):
+        steps = [e.seq for e in a.of_kind("step") if not e.get("skipped")]
+        if not steps:
+            return
+        by_line: dict = {}
+        for e in a.of_kind("reseed"):
+            if e.loc is None or e.get("seed") is None:
+                continue
+            by_line.setdefault((e.loc.path, e.loc.line), []).append(e)
+        for events in by_line.values():
+            repeats, previous = [], None
+            for e in events:
+                if previous is not None and previous.get("seed") == e.get("seed"):
+                    # an update between the two seedings
+                    i = bisect.bisect_right(steps, previous.seq)
+                    if i < len(steps) and steps[i] < e.seq:
+                        repeats.append(e)
+                previous = e
+            if not repeats:
+                continue
+            first = repeats[0]
+            count = a.count(repeats) + 1
+            fn, seed = first.get("fn"), first.get("seed")
+            loc, rel = first.loc, ()
+            caller = first.get("caller")
+            if caller and first.loc.function and first.loc.function != "<module>":
+                at = Location(str(caller[0]), int(caller[1]), str(caller[2]))
+                if a.source.inside_loop(at.path, at.line):
+                    loc, rel = at, (Related(first.loc, f"the {fn}({seed}) call"),)
+            between = _between(a, steps, events)
+            yield self.finding(
+                f"{fn}({seed}) sets the global generator to the same seed again during training "
+                f"({plural(count, 'time')}, {between}): every turn after it draws the same random "
+                "numbers, so dropout masks, random batches, shuffles and augmentations repeat",
+                loc, related=rel, step=a.next_step_number(first.seq),
+                evidence={"fn": fn, "seed": seed, "times": count},
+            )
+
+
+def _between(a, steps, events) -> str:
+    """'before every update' or 'every 17 updates'."""
+    gaps = set()
+    for x, y in zip(events, events[1:]):
+        gaps.add(bisect.bisect_right(steps, y.seq) - bisect.bisect_right(steps, x.seq))
+    gaps.discard(0)
+    if gaps == {1}:
+        return "before every update"
+    if len(gaps) == 1:
+        return f"every {gaps.pop()} updates"
+    return "between updates"
