@@ -13,6 +13,7 @@ from .amp import GradScalerWatcher
 from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
+from .customfn import CustomFunctionWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
 from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
@@ -63,6 +64,8 @@ class Instrumentation:
         self.watchers.append(FunctionalGradWatcher(rec))
         # the global RNG seeded (reseed-in-loop)
         self.watchers.append(RngSeedWatcher(rec))
+        # custom autograd.Functions: each class's backward checked once against its forward
+        self.watchers.append(CustomFunctionWatcher(rec))
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
         rec.subscribe("stepped_without_grad", self.idle.after_step)

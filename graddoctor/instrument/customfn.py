@@ -1,0 +1,208 @@
+"""Custom ``torch.autograd.Function`` classes of the user's code: is their backward the
+gradient of their forward?
+
+A hand-written backward that returns the gradient with the wrong sign, a missing factor or
+the wrong transpose trains without any error: autograd believes it. So the first time each such
+class is applied with a gradient flowing (``Function.apply`` is wrapped), its backward is
+compared with finite differences of its forward, once, on float64 copies of the inputs it
+really got: for every input that needs a gradient, the backward's directional derivative
+``<backward(v), u>`` against ``<(f(x + h u) - f(x - h u)) / 2h, v>`` along random directions
+``u``, ``v`` (as ``torch.autograd.gradcheck``'s fast mode does: two forward calls per input,
+whatever its size). A mismatch is recorded as a ``custom_backward`` aside event, with the ratio
+of the two when they are proportional (-1: the sign; 0.5: a factor).
+
+Without changing the run: the copies are detached, the forward runs on them with every random
+generator it may draw from set to the state it had at the call and restored after (the script's
+stream is untouched, and a dropout inside the forward draws the same mask at each evaluation),
+the random directions come from a generator of graddoctor's own, autocast is off, what the
+forward prints or warns is swallowed, and a failure of the check only skips it. Left alone: a
+forward that is the identity (a gradient-reversal or gradient-scaling layer: a backward that is
+not the forward's derivative is its purpose), a piecewise-constant forward (a straight-through
+estimator, a surrogate gradient: the numerical derivative is zero or jumps), classes defined
+outside the user's files (torch's checkpointing, libraries).
+
+Cost: a set lookup per ``apply`` call; the check runs once per class, off the per-step path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import linecache
+import warnings
+
+import torch
+
+from .. import events as ev
+from ..location import Location
+from .inlinable import watched
+from .recorder import Recorder
+
+_MAX_ELEMENTS = 4_000_000  # inputs larger than this (all together) are not checked
+_TOLERANCE = 1e-3  # relative disagreement between the two directional derivatives
+
+
+class CustomFunctionWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._done: set = set()  # classes checked (or skipped)
+        self._busy = False
+        self._original = None
+
+    def _before(self, args, kwargs) -> None:
+        if self._busy or not args:
+            return
+        cls = args[0]
+        if cls in self._done or not torch.is_grad_enabled():
+            return
+        try:
+            forward = getattr(cls, "forward", None)
+            code = getattr(forward, "__code__", None)
+            if code is None or not self.rec.finder.is_user_file(code.co_filename):
+                self._done.add(cls)
+                return
+            inputs = args[1:]
+            if not any(isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point()
+                       for x in inputs):
+                return  # wait for a call a gradient flows through
+            self._done.add(cls)
+            self._busy = True
+            try:
+                found = self._check(cls, inputs, kwargs)
+            finally:
+                self._busy = False
+            if found is not None:
+                index, ratio = found
+                loc = self.rec.here(3)
+                self.rec.emit_aside(
+                    ev.custom_backward(cls=cls.__qualname__, input=index, ratio=ratio,
+                                       forward=[loc.path, loc.line] if loc is not None else None),
+                    self._backward_location(cls) or loc)
+        except Exception as exc:
+            self.rec.internal_error("checking a custom autograd.Function", exc)
+
+    def _backward_location(self, cls) -> Location | None:
+        backward = getattr(cls, "backward", None)
+        code = getattr(backward, "__code__", None)
+        if code is None:
+            return None
+        line = code.co_firstlineno
+        for offset in range(12):  # past the decorators, to the def
+            text = linecache.getline(code.co_filename, line + offset).strip()
+            if text.startswith(("def ", "async def ")):
+                line += offset
+                break
+        return Location(self.rec.finder.display_path(code.co_filename), line, code.co_name)
+
+    def _check(self, cls, inputs, kwargs) -> tuple[int, float | None] | None:
+        """(index of the first input whose gradient disagrees, the ratio backward/numerical or
+        None), or None: agrees, or not checkable."""
+        tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+        if sum(x.numel() for x in tensors) > _MAX_ELEMENTS:
+            return None
+        wanted = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
+                  and x.is_floating_point() and x.requires_grad]
+        devices = sorted({x.device.index or 0 for x in tensors if x.device.type == "cuda"})
+        device = tensors[0].device
+        apply = self._original
+
+        def copy(x, grad):
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                return x.detach().to(torch.float64).clone().requires_grad_(grad)
+            return x
+
+        cpu_state = torch.get_rng_state()
+        cuda_states = [torch.cuda.get_rng_state(d) for d in devices]
+        generator = torch.Generator(device=device)
+        generator.manual_seed(20260)
+
+        def run(xs, grad: bool):
+            torch.set_rng_state(cpu_state)
+            for d, state in zip(devices, cuda_states):
+                torch.cuda.set_rng_state(state, d)
+            with torch.set_grad_enabled(grad):
+                out = apply(cls, *xs, **kwargs)
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            return [o for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()]
+
+        sink = io.StringIO()
+        with torch.random.fork_rng(devices=devices), contextlib.redirect_stdout(sink), \
+                contextlib.redirect_stderr(sink), warnings.catch_warnings(), _no_autocast(device):
+            warnings.simplefilter("ignore")
+            xs = [copy(x, i in wanted) for i, x in enumerate(inputs)]
+            outs = run(xs, True)
+            if not outs:
+                return None
+            for o in outs:
+                for i in wanted:
+                    if o.shape == xs[i].shape and torch.equal(o.detach(), xs[i].detach()):
+                        return None  # the identity: a gradient-reversal or -scaling layer
+            vs = [torch.randn(o.shape, generator=generator, dtype=torch.float64, device=o.device)
+                  for o in outs]
+            differentiable = [(o, v) for o, v in zip(outs, vs) if o.requires_grad]
+            if not differentiable:
+                return None
+            grads = torch.autograd.grad([o for o, _ in differentiable], [xs[i] for i in wanted],
+                                        [v for _, v in differentiable], allow_unused=True)
+            base = [x.detach() if isinstance(x, torch.Tensor) else x for x in xs]
+            for i, grad in zip(wanted, grads):
+                ratios = []
+                for _ in range(2):
+                    u = torch.randn(base[i].shape, generator=generator, dtype=torch.float64,
+                                    device=base[i].device)
+                    analytic = float((grad * u).sum()) if grad is not None else 0.0
+                    fine = _numerical(run, base, i, u, vs, 1e-6)
+                    coarse = _numerical(run, base, i, u, vs, 1e-4)
+                    if fine is None or coarse is None:
+                        return None
+                    scale = max(abs(fine), abs(coarse), 1e-12)
+                    if abs(fine - coarse) > 1e-2 * scale:
+                        ratios = None  # not smooth here (a step, a kink): no verdict
+                        break
+                    size = max(abs(analytic), abs(fine))
+                    if abs(fine) < 1e-9 * max(abs(analytic), 1.0):
+                        ratios = None  # a flat forward: a straight-through or surrogate gradient
+                        break
+                    if abs(analytic - fine) <= _TOLERANCE * size + 1e-10:
+                        ratios = None  # agrees
+                        break
+                    ratios.append(analytic / fine)
+                if ratios:
+                    ratio = ratios[0] if len(ratios) == 2 and \
+                        abs(ratios[0] - ratios[1]) <= 1e-3 * max(abs(ratios[0]), 1e-12) else None
+                    return i, ratio
+        return None
+
+    def install(self, patcher) -> None:
+        Function = torch.autograd.Function
+        method = Function.__dict__.get("apply")
+        if not isinstance(method, classmethod):
+            return
+        self._original = method.__func__
+        watcher = self
+
+        def before(args, kwargs) -> None:
+            watcher._before(args, kwargs)
+
+        patcher.patch(Function, "apply", classmethod(watched(method.__func__, before)))
+
+
+def _numerical(run, base, i, u, vs, h) -> float | None:
+    plus = list(base)
+    minus = list(base)
+    plus[i] = base[i] + h * u
+    minus[i] = base[i] - h * u
+    high, low = run(plus, False), run(minus, False)
+    if len(high) != len(vs) or len(low) != len(vs):
+        return None
+    total = 0.0
+    for a, b, v in zip(high, low, vs):
+        total += float(((a - b) / (2 * h) * v).sum())
+    return total
+
+
+def _no_autocast(device):
+    try:
+        return torch.autocast(device.type, enabled=False)
+    except Exception:
+        return contextlib.nullcontext()
