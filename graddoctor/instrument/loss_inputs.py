@@ -114,6 +114,7 @@ def _class_dim(tensor) -> int:
     return 1 if tensor.dim() >= 2 else 0
 
 
+_PADDING_SHARE = 0.25  # targets equal to the padding index: at least this share is reported
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
 
 
@@ -122,6 +123,8 @@ class LossInputWatcher:
         self.rec = rec
         self._done: set = set()  # call lines recorded
         self._value_checks: dict[str, int] = {}  # fn -> calls judged by their values so far
+        self._pads: set[int] = set()  # padding_idx of the embeddings the script ran
+        self._padded: set = set()  # call lines recorded as padded
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
@@ -133,6 +136,8 @@ class LossInputWatcher:
             target = args[1] if len(args) > 1 else kwargs.get("target")
             try:
                 watcher._check(fn, input, target)
+                if watcher._pads and fn in ("cross_entropy", "nll_loss"):
+                    watcher._padding(fn, target, args, kwargs)
             except Exception as exc:
                 rec.internal_error(f"F.{fn}", exc)
 
@@ -209,7 +214,56 @@ class LossInputWatcher:
             off = torch.logsumexp(values, dim).abs().max().item()
             return "logits" if math.isfinite(off) and off > 0.05 else None
 
+    # -- padded token batches --------------------------------------------------------------
+    def _padding(self, fn: str, target, args, kwargs) -> None:
+        """A ``loss_padding`` aside when most integer targets are the padding index of an
+        embedding the script ran and the loss does not ignore it (first calls only, one small
+        reduction and read each)."""
+        if not (isinstance(target, torch.Tensor) and not target.is_floating_point()
+                and target.numel() > 1 and target.dtype != torch.bool):
+            return
+        ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
+        reduction = args[6] if len(args) > 6 else kwargs.get("reduction", "mean")
+        pads = [p for p in sorted(self._pads) if p != ignore][:4]
+        if not pads or reduction == "none":  # "none": the script may mask the positions itself
+            return
+        if not self._reads_left(f"padding:{fn}", target):
+            return
+        with torch.no_grad():
+            t = target.detach().reshape(-1)
+            fractions = torch.stack([(t == p).float().mean() for p in pads]).tolist()
+        fraction, pad = max(zip(fractions, pads))
+        if fraction < _PADDING_SHARE:
+            return
+        loc = self.rec.here()
+        if loc in self._padded:
+            return
+        self._padded.add(loc)
+        self.rec.emit_aside(ev.loss_padding(fn=fn, pad=int(pad), fraction=round(float(fraction), 4),
+                                            ignore_index=int(ignore) if isinstance(ignore, int) else None,
+                                            reduction=str(reduction)), loc)
+
+    def _wrap_embedding(self, original):
+        watcher = self
+
+        def before(args, kwargs) -> None:
+            pad = args[2] if len(args) > 2 else kwargs.get("padding_idx")
+            if pad is not None and pad not in watcher._pads:
+                try:
+                    if isinstance(pad, int):
+                        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+                        if pad < 0 and weight is not None:
+                            pad += int(weight.shape[0])
+                        watcher._pads.add(pad)
+                except Exception as exc:
+                    watcher.rec.internal_error("F.embedding", exc)
+
+        embedding = watched(original, before)
+        embedding.__prepare_scriptable__ = lambda: original
+        return embedding
+
     def install(self, patcher) -> None:
+        patcher.patch(F, "embedding", self._wrap_embedding(F.embedding))
         for name in NAMES:
             original = getattr(F, name, None)
             if original is not None:

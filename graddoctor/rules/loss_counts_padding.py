@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule
+
+
+class LossCountsPadding(Rule):
+    """
+    ## What it does
+    Finds a `cross_entropy` / `nll_loss` (or `nn.CrossEntropyLoss`) whose integer targets are
+    mostly the padding index of an `nn.Embedding` the script uses (its `padding_idx`), while
+    the loss does not ignore that index: no `ignore_index`, or an `ignore_index` set to a value
+    that never occurs (`-1` while the padding is `0`).
+
+    ## Why is this bad?
+    Every padded position becomes a training example "predict the pad token". When padding is a
+    large part of the batch, the model spends most of its gradient learning to emit padding,
+    the mean loss is divided by all positions (real tokens weigh less the more a batch is
+    padded), and the reported loss and perplexity look far better than the model is.
+
+    ## Example
+    ```python
+    emb = nn.Embedding(vocab, dim, padding_idx=PAD)
+    loss = F.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+    ```
+
+    ## Use instead
+    ```python
+    emb = nn.Embedding(vocab, dim, padding_idx=PAD)
+    loss = F.cross_entropy(logits.view(-1, vocab), targets.view(-1), ignore_index=PAD)
+    ```
+
+    ## Stays silent on
+    `ignore_index` equal to the padding index; targets where the padding index is rare (a
+    dense batch where token 0 is a word like any other); `reduction="none"` (the script may mask
+    the positions itself); losses no gradient flows through.
+    """
+
+    code = "GD235"
+    slug = "loss-counts-padding"
+    severity = Severity.WARNING
+    summary = "a classification loss trains on padding positions: the padding index is not ignored"
+    fix = "pass ignore_index=<padding index> to the loss (or set the padded targets to -100)"
+
+    def check(self, a):
+        for e in a.of_kind("loss_padding"):
+            pad, fraction, ignore = e.get("pad"), e.get("fraction"), e.get("ignore_index")
+            name = "cross_entropy" if e.get("fn") == "cross_entropy" else "nll_loss"
+            ignoring = ("it ignores nothing (ignore_index left at -100)" if ignore in (None, -100)
+                        else f"its ignore_index={ignore} never matches the padding")
+            yield self.finding(
+                f"{fraction:.0%} of the targets {name} gets here are the padding index {pad} (an "
+                f"nn.Embedding's padding_idx), and {ignoring}: every padded position is trained "
+                "as 'predict padding' and counts in the mean",
+                e.loc, fix=f"pass ignore_index={pad} to the loss (or set the padded targets to -100)",
+                evidence={"pad": pad, "fraction": fraction, "ignore_index": ignore,
+                          "reduction": e.get("reduction")},
+            )
