@@ -26,6 +26,7 @@ from .modes import ModeWatcher
 from .names import LiveModules, emit_param_events, name_parameters, user_variables
 from .optim import OptimizerWatcher
 from .patcher import Patcher
+from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .rng import RngSeedWatcher
 from .registration import ModuleAttrWatcher, find_unregistered
@@ -66,6 +67,8 @@ class Instrumentation:
         self.watchers.append(RngSeedWatcher(rec))
         # custom autograd.Functions: each class's backward checked once against its forward
         self.watchers.append(CustomFunctionWatcher(rec))
+        # half-precision parameters: an eps that rounds to 0, updates below the dtype's resolution
+        self.watchers.append(PrecisionWatcher(rec))
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
         rec.subscribe("stepped_without_grad", self.idle.after_step)

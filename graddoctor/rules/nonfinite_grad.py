@@ -73,11 +73,19 @@ class NonfiniteGrad(Rule):
             bad = begin["nonfinite"]
             norms = dict(zip(begin.get("norm_pids", ()), begin.get("norms", ())))
             where = "this backward produced" if source is not None else "this step applies"
+            cause, cause_fix = "", fix
+            low = next((eps_zero[s["opt"]] for _, s, _ in items if s["opt"] in eps_zero), None)
+            if low is not None and low.seq < step.seq:
+                cause = (f"; the likely cause: {a.optimizer_name(low['opt'])}'s eps={low['eps']:g} "
+                         f"rounds to 0 in {low['dtype']}, so an earlier update divided by zero "
+                         "where the second moment underflowed (see low-precision-update)")
+                cause_fix = (f"keep float32 parameters (torch.autocast for the compute), or an eps "
+                             f"{low['dtype']} can hold (eps=1e-4)")
             yield self.finding(
                 f"{where} NaN/Inf gradients in {a.names(bad)}, and "
                 f"{a.optimizer_name(step['opt'])} applied them at step {index.get(step.seq)} "
-                f"({plural(affected, 'step')} affected)",
-                loc, step=index.get(step.seq), fix=fix,
+                f"({plural(affected, 'step')} affected){cause}",
+                loc, step=index.get(step.seq), fix=cause_fix,
                 related=(related(step, "the step that applies them"),) if source is not None else (),
                 evidence={"params": [a.param_name(p) for p in bad[:8]], "count": len(bad),
                           "norms": {a.param_name(p): str(norms.get(p)) for p in bad[:8]},

@@ -1,0 +1,129 @@
+"""Optimizers over half-precision parameters (``model.half()``, ``.to(torch.bfloat16)``): does
+the update survive the parameters' dtype?
+
+Two causes are knowable without waiting for a NaN:
+
+* **eps** — an optimizer constant that rounds to 0 in the parameters' dtype: Adam's
+  ``eps=1e-8`` is below float16's smallest number (6e-8), so where ``exp_avg_sq`` underflows
+  the update divides by zero. Checked at each optimizer's first step with such parameters
+  (the dtype comes from the parameters, not from a guess).
+* **frozen** — an update below the dtype's resolution: bfloat16 keeps 8 bits of mantissa, so a
+  weight of 1.0 only moves by steps of 0.0039; with a small learning rate almost every weight
+  keeps its exact value and training does nothing. For updates 2 to 4 of each such optimizer
+  (the first is left out: a warm-up may start at 0), a sample of each half-precision
+  parameter (at most ``_SAMPLE`` elements, at most ``_PARAMS`` parameters) is copied before
+  the step and compared after it, where its gradient is non-zero. The counts stay on the
+  device (``Deferred``: no host sync on a GPU); one ``low_precision`` event per optimizer
+  carries the share that did not move, read at the end of the run.
+
+Installed through torch's global optimizer step hooks. Cost: for optimizers without
+half-precision parameters, a dict lookup per step after the first; the copies are made for
+three steps only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from .. import events as ev
+from .recorder import Deferred, Recorder
+
+_HALF = (torch.float16, torch.bfloat16)
+_SAMPLE = 65536  # elements of each parameter compared
+_PARAMS = 16  # parameters compared per optimizer
+_FIRST, _LAST = 2, 4  # the updates compared (1-based, per optimizer)
+
+
+class PrecisionWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._state: dict[int, list] = {}  # opt -> [steps seen, done, counts, copies]
+
+    def _half_params(self, optimizer):
+        found = []
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if isinstance(p, torch.Tensor) and p.dtype in _HALF:
+                    found.append((group, p))
+        return found
+
+    def _pre(self, optimizer, args, kwargs) -> None:
+        try:
+            opt = self.rec.optimizer_id(optimizer)
+            state = self._state.get(opt)
+            if state is None:
+                half = self._half_params(optimizer)
+                state = self._state[opt] = [0, not half, None, None]
+                if half:
+                    self._check_eps(opt, optimizer, half)
+            if state[1]:
+                return
+            state[0] += 1
+            if state[0] < _FIRST:
+                return
+            copies = []
+            for group, p in self._half_params(optimizer):
+                lr = group.get("lr")
+                if p.grad is None or not isinstance(lr, (int, float)) or not lr > 0:
+                    continue
+                flat = p.detach().reshape(-1)[:_SAMPLE]
+                copies.append((p, flat.clone(), p.grad.detach().reshape(-1)[:_SAMPLE] != 0))
+                if len(copies) >= _PARAMS:
+                    break
+            state[3] = copies
+        except Exception as exc:
+            self.rec.internal_error("half-precision update check", exc)
+
+    def _post(self, optimizer, args, kwargs) -> None:
+        try:
+            opt = self.rec.optimizer_id(optimizer)
+            state = self._state.get(opt)
+            if state is None or state[1] or not state[3]:
+                return
+            with torch.no_grad():
+                for p, before, moving in state[3]:
+                    after = p.detach().reshape(-1)[:before.numel()]
+                    same = ((after == before) & moving).sum()
+                    total = moving.sum()
+                    counts = torch.stack([same, total]).to(torch.float64)
+                    state[2] = counts if state[2] is None else state[2] + counts.to(state[2].device)
+            state[3] = None
+            if state[0] >= _LAST:
+                state[1] = True
+                self._emit_frozen(opt, optimizer, state[2])
+        except Exception as exc:
+            self.rec.internal_error("half-precision update check", exc)
+
+    def _check_eps(self, opt, optimizer, half) -> None:
+        dtypes = {p.dtype for _, p in half}
+        for group in optimizer.param_groups:
+            eps = group.get("eps")
+            if not isinstance(eps, float) or eps <= 0:
+                continue
+            for dtype in sorted(dtypes, key=str):
+                if torch.tensor(eps, dtype=dtype).item() == 0.0:
+                    lr = group.get("lr")
+                    self.rec.emit_aside(ev.low_precision(
+                        opt=opt, cls=type(optimizer).__name__, dtype=str(dtype).replace("torch.", ""),
+                        what="eps", eps=eps, lr=float(lr) if isinstance(lr, (int, float)) else None,
+                        unchanged=None, params=sum(1 for _, p in half if p.dtype == dtype)),
+                        self.rec.here(3))
+                    return
+
+    def _emit_frozen(self, opt, optimizer, counts) -> None:
+        if counts is None:
+            return
+        half = self._half_params(optimizer)
+        dtype = str(half[0][1].dtype).replace("torch.", "") if half else "float16"
+        share = counts[0] / counts[1].clamp_min(1)
+        value = float(share) if share.device.type == "cpu" else Deferred(share)
+        lr = optimizer.param_groups[0].get("lr")
+        self.rec.emit_aside(ev.low_precision(
+            opt=opt, cls=type(optimizer).__name__, dtype=dtype, what="frozen",
+            eps=None, lr=float(lr) if isinstance(lr, (int, float)) else None,
+            unchanged=value, params=len(half)), self.rec.here(3))
+
+    def install(self, patcher) -> None:
+        patcher.handle(register_optimizer_step_pre_hook(self._pre))
+        patcher.handle(register_optimizer_step_post_hook(self._post))
