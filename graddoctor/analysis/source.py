@@ -58,6 +58,9 @@ class ScriptSource:
     def batch_use(self, path: str, fetch_line: int, loop_line: int) -> dict | None:
         return batch_use(self.full(path), fetch_line, loop_line)
 
+    def result_reaches_backward(self, path: str, line: int) -> int | None:
+        return result_reaches_backward(self.full(path), line)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -346,3 +349,88 @@ def batch_use(path: str, fetch_line: int, loop_line: int) -> dict | None:
                 if f"len({loader})" in text or text == loader:
                     counts = True
     return {"names": names, "used": used and not inside, "loader": loader, "counts_loader": counts}
+
+
+_TORCH_ROOTS = ("torch", "F", "nn", "functional")
+_BUILTINS = ("sum", "abs", "max", "min")
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _tainted(expr: ast.AST, names: set) -> bool:
+    """Does ``expr``'s value come from one of ``names`` by arithmetic or tensor methods (not
+    through a call of the user's own functions or modules, which start another computation)?"""
+    if isinstance(expr, ast.Name):
+        return expr.id in names
+    if isinstance(expr, ast.BinOp):
+        return _tainted(expr.left, names) or _tainted(expr.right, names)
+    if isinstance(expr, ast.UnaryOp):
+        return _tainted(expr.operand, names)
+    if isinstance(expr, (ast.Subscript, ast.Starred)):
+        return _tainted(expr.value, names)
+    if isinstance(expr, (ast.Tuple, ast.List)):
+        return any(_tainted(e, names) for e in expr.elts)
+    if isinstance(expr, ast.Call):
+        func = expr.func
+        args = list(expr.args) + [k.value for k in expr.keywords]
+        if isinstance(func, ast.Attribute):
+            if func.attr in ("detach", "item", "tolist", "numpy", "cpu") and _tainted(func.value, names):
+                return func.attr in ("detach", "cpu")
+            if _tainted(func.value, names):
+                return True  # grad.pow(2).sum()
+            if _root(func) in _TORCH_ROOTS:
+                return any(_tainted(a, names) for a in args)
+            return False
+        if isinstance(func, ast.Name) and func.id in _BUILTINS:
+            return any(_tainted(a, names) for a in args)
+    return False
+
+
+def result_reaches_backward(path: str, line: int) -> int | None:
+    """The line of a ``.backward()`` whose loss is computed, by arithmetic and tensor methods,
+    from what the statement at ``line`` assigns (a ``torch.autograd.grad`` result), in the same
+    function; None when there is none or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (scope is tree or node.lineno >= scope.lineno)):
+            scope = node
+    statements = sorted((n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign,
+                                                                      ast.AnnAssign, ast.Expr))),
+                        key=lambda n: (n.lineno, n.col_offset))
+    names: set = set()
+    for node in statements:
+        if isinstance(node, ast.Assign) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            for target in node.targets:
+                names.update(leaf.id for leaf in ast.walk(target) if isinstance(leaf, ast.Name))
+    if not names:
+        return None
+    for node in statements:
+        if node.lineno <= line:
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            hit = _tainted(node.value, names)
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        (names.add if hit else names.discard)(leaf.id)
+        elif isinstance(node, ast.AugAssign):
+            if isinstance(node.target, ast.Name) and _tainted(node.value, names):
+                names.add(node.target.id)
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                    and call.func.attr == "backward":
+                loss = call.func.value
+                if _tainted(loss, names) or (isinstance(loss, ast.Call) and
+                                             any(_tainted(a, names) for a in loss.args)):
+                    return call.lineno
+    return None

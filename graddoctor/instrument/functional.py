@@ -58,7 +58,11 @@ class FunctionalGradWatcher:
                     return
                 watcher._done.add(site)
                 if rec.finder.is_user_file(caller.f_code.co_filename):
-                    rec.emit_aside(ev.functional_grad(api=api), rec.finder.location(caller))
+                    create_graph = None
+                    if api == "torch.autograd.grad":
+                        create_graph = bool(kwargs.get("create_graph", args[4] if len(args) > 4 else False))
+                    rec.emit_aside(ev.functional_grad(api=api, create_graph=create_graph),
+                                   rec.finder.location(caller))
             except Exception as exc:
                 rec.internal_error(api, exc)
 
