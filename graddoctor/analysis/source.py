@@ -61,6 +61,9 @@ class ScriptSource:
     def result_reaches_backward(self, path: str, line: int) -> int | None:
         return result_reaches_backward(self.full(path), line)
 
+    def keeping_line(self, path: str, line: int, name: str) -> int | None:
+        return keeping_line(self.full(path), line, name)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -434,3 +437,31 @@ def result_reaches_backward(path: str, line: int) -> int | None:
                                              any(_tainted(a, names) for a in loss.args)):
                     return call.lineno
     return None
+
+
+def keeping_line(path: str, line: int, name: str) -> int | None:
+    """The line, in a loop holding ``line`` (or else anywhere in the file), that adds a value to
+    the variable ``name``: ``name += x``, ``name = name + x``, ``name.append(x)``,
+    ``name[k] = ...``, ``name.update(...)`` / any method call on it in a statement of its own.
+    None when there is none or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign) and _root(node.target) == name:
+            hits.append(node.lineno)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if _root(target) == name and (
+                        not isinstance(target, ast.Name)
+                        or any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node.value))):
+                    hits.append(node.lineno)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Attribute) and _root(node.value.func) == name:
+            hits.append(node.lineno)
+    if not hits:
+        return None
+    loop = innermost_loop(path, line)
+    inside = [h for h in hits if loop is not None and loop[0] <= h <= loop[1]]
+    return min(inside or hits)

@@ -20,6 +20,7 @@ from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
 from .gradflow import GradFlowWatcher
 from .idle import IdleParamWatcher
+from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
 from .losses import LossShapeWatcher
 from .modes import ModeWatcher
@@ -69,6 +70,8 @@ class Instrumentation:
         self.watchers.append(CustomFunctionWatcher(rec))
         # half-precision parameters: an eps that rounds to 0, updates below the dtype's resolution
         self.watchers.append(PrecisionWatcher(rec))
+        # graphs of earlier backwards the script keeps referenced (a running total of losses)
+        rec.subscribe("describe_loss", GraphLivenessWatcher(rec).describe_loss)
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
         rec.subscribe("stepped_without_grad", self.idle.after_step)

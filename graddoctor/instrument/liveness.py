@@ -1,0 +1,162 @@
+"""Autograd graphs of earlier backwards that the script keeps alive.
+
+A backward frees the buffers its graph saved, but the graph's nodes live as long as a tensor
+refers to them: ``total += loss`` (instead of ``loss.item()``), ``history.append(loss)``, a list
+of model outputs kept for a metric. Each such reference keeps one more graph per step — the
+nodes, and whatever the forward saved when the backward did not run over that part — so the
+memory grows step after step until the run dies of it.
+
+The roots of the first ``_MARKED`` backwards' graphs (the loss node and a few nodes below it)
+get a small marker object in their ``metadata``, held here by a weak reference only: the
+marker lives exactly as long as the node. At backward ``_CHECK_AT``, a marker still alive
+means an earlier graph is still referenced; the script's variables (the frames of the user's
+code on the stack and their globals, one level into lists, dicts and plain objects) are then
+searched for the tensor whose graph reaches a marked node, and a ``graph_kept`` aside event
+names that variable. A backward that reaches an earlier graph on purpose (a hidden state
+carried across steps) is left to ``hidden-state-not-detached``.
+
+Cost: a counter per backward; a few nodes touched at the first backwards; one search, once.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections import deque
+
+import torch
+
+from .. import events as ev
+from .recorder import Recorder
+
+_MARKED = 2  # backwards whose graphs are marked
+_CHECK_AT = 6  # the backward before which the markers are looked at
+_NODES = 8  # nodes marked per graph
+_KEY = "graddoctor_alive"
+_SEARCH_NODES = 4000  # nodes walked per candidate variable
+
+
+class _Marker:
+    __slots__ = ("__weakref__", "backward")
+
+    def __init__(self, backward: int):
+        self.backward = backward
+
+
+class GraphLivenessWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._backwards = 0
+        self._markers: list = []  # weak references to the markers
+
+    def describe_loss(self, tensors) -> dict:
+        self._backwards += 1
+        n = self._backwards
+        if n > _CHECK_AT:
+            return {}
+        try:
+            if n <= _MARKED:
+                self._mark(tensors, n)
+            elif n == _CHECK_AT:
+                self._look()
+        except Exception as exc:
+            self.rec.internal_error("graphs kept alive", exc)
+        return {}
+
+    def _mark(self, tensors, n: int) -> None:
+        items = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+        todo = deque(t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None)
+        seen, count = set(), 0
+        while todo and count < _NODES:
+            node = todo.popleft()
+            if node is None or id(node) in seen or type(node).__name__ == "AccumulateGrad":
+                continue
+            seen.add(id(node))
+            marker = _Marker(n)
+            try:
+                node.metadata[_KEY] = marker
+            except Exception:
+                continue
+            self._markers.append(weakref.ref(marker))
+            count += 1
+            todo.extend(child for child, _ in node.next_functions)
+
+    def _look(self) -> None:
+        alive = [m() for m in self._markers]
+        alive = [m for m in alive if m is not None]
+        self._markers = []
+        if not alive:
+            return
+        rec = self.rec
+        frames = list(rec.finder.user_frames(sys._getframe(1)))
+        if not frames:
+            return
+        found = None
+        for frame in frames:
+            found = _holder(frame.f_locals) or _holder(frame.f_globals)
+            if found is not None:
+                break
+        if found is None:
+            return
+        name, holder, steps = found
+        rec.emit_aside(ev.graph_kept(name=name, holder=holder, steps=steps),
+                       rec.finder.location(frames[0]))
+
+
+def _reaches_marker(tensor) -> set:
+    """The backwards whose marked nodes ``tensor``'s graph reaches."""
+    node = getattr(tensor, "grad_fn", None)
+    if node is None:
+        return set()
+    found, todo, seen = set(), [node], set()
+    while todo and len(seen) < _SEARCH_NODES:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        try:
+            marker = node.metadata.get(_KEY)
+        except Exception:
+            marker = None
+        if marker is not None:
+            found.add(marker.backward)
+        todo.extend(child for child, _ in node.next_functions)
+    return found
+
+
+def _tensors_in(value, depth: int = 0):
+    """(how it holds them, tensors with a graph) in a variable: itself, a list/tuple/deque/dict's
+    items, a plain object's attributes (one level, then their containers)."""
+    if isinstance(value, torch.Tensor):
+        if value.grad_fn is not None:
+            yield "tensor", value
+        return
+    if depth > 1:
+        return
+    if isinstance(value, (list, tuple, deque)):
+        items = list(value)
+        for item in items[:4] + items[-4:]:
+            if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+                yield "list", item
+        return
+    if isinstance(value, dict):
+        for item in list(value.values())[:16]:
+            for how, t in _tensors_in(item, depth + 1):
+                yield ("dict" if how == "tensor" else how), t
+        return
+    if depth == 0 and type(value).__module__ not in ("builtins",) and hasattr(value, "__dict__") \
+            and not isinstance(value, (torch.nn.Module, type)) and not callable(value):
+        for item in list(vars(value).values())[:16]:
+            for how, t in _tensors_in(item, depth + 1):
+                yield "attribute", t
+
+
+def _holder(variables: dict):
+    for name, value in list(variables.items())[:400]:
+        if name.startswith("__"):
+            continue
+        for how, tensor in _tensors_in(value):
+            kept = _reaches_marker(tensor)
+            if kept:
+                return name, how, len(kept)
+    return None
