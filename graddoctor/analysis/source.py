@@ -393,12 +393,13 @@ def _tainted(expr: ast.AST, names: set) -> bool:
     return False
 
 
-def result_reaches_backward(path: str, line: int) -> int | None:
+def result_reaches_backward(path: str, line: int, depth: int = 0) -> int | None:
     """The line of a ``.backward()`` whose loss is computed, by arithmetic and tensor methods,
     from what the statement at ``line`` assigns (a ``torch.autograd.grad`` result), in the same
-    function; None when there is none or the source cannot be read."""
+    function, or in a caller of it when the function returns such a value (a
+    ``gradient_penalty()`` helper); None when there is none or the source cannot be read."""
     tree = _parse(path)
-    if tree is None:
+    if tree is None or depth > 2:
         return None
     scope: ast.AST = tree
     for node in ast.walk(tree):
@@ -436,6 +437,17 @@ def result_reaches_backward(path: str, line: int) -> int | None:
                 if _tainted(loss, names) or (isinstance(loss, ast.Call) and
                                              any(_tainted(a, names) for a in loss.args)):
                     return call.lineno
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+            isinstance(n, ast.Return) and n.value is not None and _tainted(n.value, names)
+            for n in ast.walk(scope)):
+        for node in ast.walk(tree):  # the helper returns it: follow each call's result
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(c, ast.Call) and (getattr(c.func, "id", None) == scope.name
+                                                 or getattr(c.func, "attr", None) == scope.name)
+                    for c in ast.walk(node.value)):
+                found = result_reaches_backward(path, node.lineno, depth + 1)
+                if found is not None:
+                    return found
     return None
 
 
