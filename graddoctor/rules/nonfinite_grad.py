@@ -62,6 +62,8 @@ class NonfiniteGrad(Rule):
                     hits.pop()
         fix = (self.fix_with_scaler if any(b.get("scaled") for b in a.of_kind("backward"))
                else None)
+        # a cause that is knowable: an optimizer whose eps rounds to 0 in its parameters' dtype
+        eps_zero = {e.get("opt"): e for e in a.of_kind("low_precision") if e.get("what") == "eps"}
         groups: dict = {}
         for begin, step in hits:
             first = begin["nonfinite"][0]
