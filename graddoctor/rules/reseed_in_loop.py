@@ -61,6 +61,7 @@ class ReseedInLoop(Rule):
             if e.loc is None or e.get("seed") is None:
                 continue
             by_line.setdefault((e.loc.path, e.loc.line), []).append(e)
+        found: dict = {}  # finding location -> (first repeat, count, fns, related)
         for events in by_line.values():
             repeats, previous = [], None
             for e in events:
@@ -73,21 +74,32 @@ class ReseedInLoop(Rule):
             if not repeats:
                 continue
             first = repeats[0]
-            count = a.count(repeats) + 1
-            fn, seed = first.get("fn"), first.get("seed")
             loc, rel = first.loc, ()
             caller = first.get("caller")
             if caller and first.loc.function and first.loc.function != "<module>":
                 at = Location(str(caller[0]), int(caller[1]), str(caller[2]))
                 if a.source.inside_loop(at.path, at.line):
-                    loc, rel = at, (Related(first.loc, f"the {fn}({seed}) call"),)
-            between = _between(a, steps, events)
+                    loc = at
+                    rel = (Related(first.loc, f"the {first.get('fn')}({first.get('seed')}) call"),)
+            key = (loc.path, loc.line)
+            if key in found:  # one helper seeding torch and random: one finding at its call
+                found[key]["fns"].append(first.get("fn"))
+                found[key]["related"] += rel
+                continue
+            found[key] = {"first": first, "count": a.count(repeats) + 1, "fns": [first.get("fn")],
+                          "related": rel, "loc": loc, "between": _between(a, steps, events)}
+        for item in found.values():
+            first, count, fns = item["first"], item["count"], item["fns"]
+            rel, loc, between = item["related"], item["loc"], item["between"]
+            seed = first.get("seed")
+            shown = " and ".join(f"{fn}({seed})" for fn in dict.fromkeys(fns))
             yield self.finding(
-                f"{fn}({seed}) sets the global generator to the same seed again during training "
-                f"({plural(count, 'time')}, {between}): every turn after it draws the same random "
-                "numbers, so dropout masks, random batches, shuffles and augmentations repeat",
+                f"{shown} {'sets' if len(fns) == 1 else 'set'} the global generator to the same "
+                f"seed again during training ({plural(count, 'time')}, {between}): every turn "
+                "after it draws the same random numbers, so dropout masks, random batches, "
+                "shuffles and augmentations repeat",
                 loc, related=rel, step=a.next_step_number(first.seq),
-                evidence={"fn": fn, "seed": seed, "times": count},
+                evidence={"fn": fns[0], "seed": seed, "times": count},
             )
 
 
