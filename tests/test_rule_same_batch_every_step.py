@@ -93,3 +93,15 @@ def test_a_loop_over_the_loader_is_silent():
         t.backward(fresh=[0], line=7, batch=[0, 0, i])
         t.step(0, line=8)
     assert findings(t, SLUG) == []
+
+
+def test_a_loader_of_one_batch_is_full_batch_training_and_silent():
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=1)
+    t.put(ev.loader_sampler(loader=0, sampler="SequentialSampler", shuffle=False, dataset_len=64,
+                            reach=64), 5)
+    for epoch in range(4):
+        t.put(ev.epoch_start(loader=0, epoch=epoch, real_len=1, replay_len=1), 5)
+        t.backward(fresh=[0], line=7, batch=[0, epoch, 0])
+        t.step(0, line=8)
+    assert findings(t, SLUG) == []

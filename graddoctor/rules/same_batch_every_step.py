@@ -74,8 +74,8 @@ class SameBatchEveryStep(Rule):
         if all(b[2] == 0 for b in batches) and len({b[1] for b in batches}) == len(batches) \
                 and sampler is not None and sampler.get("shuffle") is False:
             start = starts.get((loader, batches[-1][1]))
-            if start is None or start.loc is None:
-                return
+            if start is None or start.loc is None or not _several_batches(start):
+                return  # a loader of one batch: full-batch training, one epoch per update
             yield self.finding(
                 f"a new iterator over this DataLoader is made before every update and only its "
                 f"first batch is drawn; the loader does not shuffle, so all {a.count(steps)} updates "
@@ -86,7 +86,7 @@ class SameBatchEveryStep(Rule):
 
     def _fetched_once(self, a, batch, starts, backwards):
         start = starts.get((batch[0], batch[1]))
-        if start is None or start.loc is None or batch[2] != 0:
+        if start is None or start.loc is None or batch[2] != 0 or not _several_batches(start):
             return
         last = backwards[-1]
         if last.loc is None or last.loc.path != start.loc.path:
@@ -110,3 +110,9 @@ class SameBatchEveryStep(Rule):
                 "otherwise the rest of the data is never seen)",
                 start.loc, severity=Severity.INFO,
                 evidence={"updates": steps, "names": use["names"]})
+
+
+def _several_batches(start) -> bool:
+    """The loader serves more than one batch per epoch (None: a stream, assumed so)."""
+    length = start.get("real_len")
+    return length is None or length > 1
