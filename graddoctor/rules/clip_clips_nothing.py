@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, related
 
 
@@ -102,7 +102,7 @@ class ClipClipsNothing(Rule):
         init = a.optimizers.get(opt)
         return self.finding(
             message, clip.loc, severity=severity, step=a.step_number.get(step.seq),
-            related=(related(step, "the step that applies the unclipped gradients"),
+            related=(related(step, "the step that applies the unclipped gradients", Role.STEP),
                      related(init, "the optimizer's construction, which reads a generator given "
                                    "to it to the end") if spent else None),
             evidence={"clip": via, "spent": spent, "optimizer": opt,

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, related, times
 
 
@@ -111,7 +111,7 @@ class ClipMissesUpdate(Rule):
                 f"{' and '.join(names)} steps the unclipped gradients of {a.names(applied)} "
                 f"(seen {times(occurrences)})",
                 loc, step=a.step_number.get(step.seq), fix=fix,
-                related=(related(step, "the step that applies the unclipped gradients"),),
+                related=(related(step, "the step that applies the unclipped gradients", Role.STEP),),
                 evidence={"clip": clip.get("via"), "given": given,
                           "clipped": a.param_names(sorted(clipped), limit=8),
                           "applied": a.param_names(applied, limit=8),

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, one_or_many, related
 from .source import method_calls, receiver, related_line
 
@@ -72,7 +72,7 @@ class FrozenBnTrainMode(Rule):
         if finding.evidence.get("without_optimizer"):
             return None  # layers no optimizer trains: adding them to it may be the fix instead
         part = None
-        freeze_line = related_line(finding, "the parameters are frozen here")
+        freeze_line = related_line(finding, Role.FREEZE)
         if freeze_line is not None:
             calls = method_calls(src, "requires_grad_", line=freeze_line)
             if calls:
@@ -160,8 +160,9 @@ class FrozenBnTrainMode(Rule):
             yield self.finding(
                 message, where,
                 related=(
-                    related(freeze, "the parameters are frozen here"),
-                    related(f.event, "a training forward that updates their running statistics")
+                    related(freeze, "the parameters are frozen here", Role.FREEZE),
+                    related(f.event, "a training forward that updates their running statistics",
+                            Role.TRAINING_FORWARD)
                     if cause is not None else None,
                 ),
                 step=f.step_index,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import math
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, related, times
 
 MIN_SCALE = 2.0 ** 10  # loss scales are powers of two; smaller ones may be a batch size (a summed loss)
@@ -86,7 +86,7 @@ class LossScaleNotUndone(Rule):
                 f"gradients back before {a.optimizer_name(w.step['opt'])} steps: the update is "
                 f"{factor:g} times too large (seen {times(occurrences)})",
                 loc, step=a.step_number.get(w.step.seq),
-                related=(related(w.step, "the step that applies the scaled gradients"),),
+                related=(related(w.step, "the step that applies the scaled gradients", Role.STEP),),
                 evidence={"factor": factor, "optimizer": w.step["opt"],
                           "occurrences": occurrences},
             )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, plural, related
 
 
@@ -108,7 +108,7 @@ class StepBypassesScaler(Rule):
                            if backward.loc else None) or "scaler")
             yield self.finding(
                 message, loc, severity=severity, step=a.step_number.get(step.seq),
-                related=(related(backward, "the scaled backward that produced these gradients"),),
+                related=(related(backward, "the scaled backward that produced these gradients", Role.SCALED_BACKWARD),),
                 fix=(f"replace `{opt_var}.step()` with `{scaler_var}.step({opt_var})` followed by "
                      f"`{scaler_var}.update()`: it unscales the gradients first and skips a step "
                      f"whose gradients overflowed"),

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..analysis.windows import typical
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, related
 from .source import calls_in, method_calls, related_line
 
@@ -95,7 +95,7 @@ class UnscaledAccumulation(Rule):
         if not isinstance(k, int) or k < 2:
             return None
         window = str(k)
-        step_line = related_line(finding, "the step that applies")
+        step_line = related_line(finding, Role.STEP)
         step = src.statement_at(step_line) if step_line else None
         for owner in step.ancestors() if step is not None else ():
             if owner.syntax == "If":
@@ -176,7 +176,7 @@ class UnscaledAccumulation(Rule):
                     f"{k} backward() calls per step of {a.optimizer_name(opt)} and this loss is "
                     f"multiplied by {factor:g}, not divided by {k}: check that the factor is meant",
                     w.group[0].loc, severity=Severity.INFO, step=w.index,
-                    related=(related(w.step, "the step that applies the accumulated sum"),),
+                    related=(related(w.step, "the step that applies the accumulated sum", Role.STEP),),
                     evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
                               "windows": a.count(w.step for w in verdicts["odd"])},
                 )
@@ -240,7 +240,7 @@ class UnscaledAccumulation(Rule):
         return self.finding(
             message, w.group[0].loc, severity=severity, step=w.index, fix=fix,
             fixes=None if fix is None else {},
-            related=(related(w.step, "the step that applies the accumulated sum"),),
+            related=(related(w.step, "the step that applies the accumulated sum", Role.STEP),),
             evidence={"k": k, "loss_scale_factor": 1.0, "optimizer": opt, "optimizer_class": cls,
                       "windows": a.count(w.step for w in bad), "clipped": clipped},
         )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, related, times
 
 
@@ -67,7 +67,7 @@ class UnscaledBackwardUnderScaler(Rule):
                 f"in {a.names(pids)} are added to the scaled ones and {where} divides them all by "
                 f"{by}: this loss's part of the update shrinks {by} times (seen {times(occurrences)})",
                 loc, step=a.next_step_number(unscale.seq),
-                related=(related(mixed.scaled, "the scaled backward it is added to"),
+                related=(related(mixed.scaled, "the scaled backward it is added to", Role.SCALED_BACKWARD),
                          related(unscale, f"{where} divides both by the scale")),
                 fix=(f"scale this loss too (`{scaler_var}.scale({loss_var}).backward()`), or add it "
                      f"to the loss that is scaled"),
