@@ -34,6 +34,11 @@ class ClipBeforeBackward(Rule):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
     ```
+
+    ## Stays silent on
+    A clip between backward and step; `clip_grad_norm_(..., inf)` after the step, which only
+    measures the norm for logging; a clip hook overridden in Lightning to clip only after
+    warm-up.
     """
 
     code = "GD203"

@@ -42,6 +42,13 @@ class ClipBeforeUnscale(Rule):
     scaler.step(optimizer)      # knows the grads are unscaled already
     scaler.update()
     ```
+
+    ## Stays silent on
+    `unscale_` → clip → step → update (with the old `torch.cuda.amp.GradScaler` too); a
+    disabled scaler; unscale and clip once at the accumulation boundary; hand-written
+    clipping after `unscale_`; hand-written static loss scaling undone before the step;
+    steps the GradScaler skips; the frameworks' clipping (Lightning, accelerate, the
+    transformers Trainer).
     """
 
     code = "GD201"

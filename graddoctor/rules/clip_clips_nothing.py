@@ -45,6 +45,11 @@ class ClipClipsNothing(Rule):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
     ```
+
+    ## Stays silent on
+    A clip over a list of parameters that can be iterated again; a fresh generator per clip;
+    clipping only a part of the model, or a sub-module whose parameters are frozen for a
+    while; `clip_grad_norm_(..., inf)` that only measures the norm; Lightning's clip hooks.
     """
 
     code = "GD208"

@@ -37,6 +37,11 @@ class ClipInAccumulation(Rule):
             optimizer.step()
             optimizer.zero_grad()
     ```
+
+    ## Stays silent on
+    One clip at the accumulation boundary (with AMP, hand-written, token-normalised
+    accumulation); the frameworks' clipping under accumulation (Lightning, accelerate, the
+    transformers Trainer).
     """
 
     code = "GD202"

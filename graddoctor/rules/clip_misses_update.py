@@ -64,6 +64,11 @@ class ClipMissesUpdate(Rule):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the model the optimizer steps
         optimizer.step()
     ```
+
+    ## Stays silent on
+    Clipping only a part of the model on purpose; per-group clips; clipped gradients copied
+    into fp32 master weights; hand-written clipping (`p.grad.mul_`, seen as in-place edits);
+    a clip over `model.parameters()` while the backbone is frozen.
     """
 
     code = "GD215"

@@ -48,6 +48,10 @@ class ClipZeroesGradients(Rule):
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
     optimizer.step()
     ```
+
+    ## Stays silent on
+    A clip option whose 0 means off guarding the call; a clip with an infinite `max_norm`
+    that only measures the norm; a positive clip value.
     """
 
     code = "GD218"

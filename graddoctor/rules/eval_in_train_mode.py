@@ -43,6 +43,13 @@ class EvalInTrainMode(Rule):
             val_loss += loss_fn(model(x), y).item()
     model.train()
     ```
+
+    ## Stays silent on
+    `swa_utils.update_bn` and statistics re-estimated after `reset_running_stats()`; a
+    teacher in eval mode under `no_grad`; a momentum encoder (MoCo, BYOL) run under
+    `no_grad` inside the training forward, in train mode, EMA-updated; a GAN whose models
+    stay in train mode; BatchNorm without running statistics; a model with no BatchNorm or
+    dropout.
     """
 
     code = "GD303"

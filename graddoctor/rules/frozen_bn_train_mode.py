@@ -41,6 +41,13 @@ class FrozenBnTrainMode(Rule):
         for x, y in loader:
             ...
     ```
+
+    ## Stays silent on
+    `eval()` on a frozen BatchNorm after every `model.train()` (by hand, in an overridden
+    `train()`, in a Lightning hook); BatchNorm without running statistics; a frozen encoder
+    kept in eval mode; a teacher, BYOL target or MoCo momentum encoder in train mode under
+    `no_grad`, EMA-updated; a GAN's discriminator frozen only while the generator steps; PGD
+    attacks under `eval()`.
     """
 
     code = "GD301"

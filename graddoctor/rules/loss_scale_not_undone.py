@@ -47,6 +47,10 @@ class LossScaleNotUndone(Rule):
             p.grad.div_(1024)
     optimizer.step()                  # or let torch.amp.GradScaler do both halves
     ```
+
+    ## Stays silent on
+    Adam over a loss times a constant (Adam divides a constant factor out of its update);
+    weighted loss terms; hand-written unscaling (`p.grad.div_`, seen as in-place edits).
     """
 
     code = "GD216"

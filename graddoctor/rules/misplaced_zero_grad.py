@@ -45,6 +45,14 @@ class MisplacedZeroGrad(Rule):
             optimizer.step()
             optimizer.zero_grad()   # clear after the step, at the window's end
     ```
+
+    ## Stays silent on
+    A backward whose gradients serve another purpose: FGSM's input gradient, SAM's first
+    pass at the perturbed point, a WGAN-GP penalty through `autograd.grad`, MAML's
+    functional inner steps; L-BFGS's `step(closure)`; an update skipped on purpose (a loss
+    spike, a non-finite norm) and dropped by the next clear; the step first in the loop body
+    (step → zero_grad → forward → backward); the optimizer stepped inside the backward; a
+    GAN's discriminator part of the generator's backward.
     """
 
     code = "GD104"

@@ -32,6 +32,11 @@ class NonfiniteGrad(Rule):
     loss.backward()
     optimizer.step()
     ```
+
+    ## Stays silent on
+    Inf steps that GradScaler skips (and steps step-bypasses-scaler already names); a fused
+    optimizer unscaling inside its step; a step skipped by the script when the clip returns
+    a non-finite norm; hand-written loss scaling checked for overflow.
     """
 
     code = "GD207"

@@ -32,6 +32,12 @@ class PartialZeroGrad(Rule):
         loss_fn(head(encoder(x)), y).backward()
         optimizer.step()
     ```
+
+    ## Stays silent on
+    `model.zero_grad()` over every parameter the one optimizer owns; two optimizers over
+    disjoint parameters, each cleared; a GAN whose discriminator trains on `fake.detach()`;
+    a frozen teacher cleared next to the student; reentrant activation checkpointing; TBPTT
+    that clears through the modules.
     """
 
     code = "GD102"

@@ -40,6 +40,12 @@ class SchedulerBeforeOptimizer(Rule):
             optimizer.step()
         scheduler.step()
     ```
+
+    ## Stays silent on
+    Steps a GradScaler skipped (PyTorch's own warning is wrong there); schedulers stepped
+    after every optimizer step, at the accumulation boundary, per micro-batch when sized so,
+    or per epoch; a hand-written warm-up; the frameworks' schedulers (Lightning,
+    accelerate).
     """
 
     code = "GD206"

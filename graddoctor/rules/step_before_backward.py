@@ -46,6 +46,13 @@ class StepBeforeBackward(Rule):
         loss.backward()
         optimizer.step()
     ```
+
+    ## Stays silent on
+    A step first in the loop body with the clear right after it (step → zero_grad → forward
+    → backward: applied one pass later, also with an inner accumulation loop); the ordinary
+    order with the step written after a logging line; `zero_grad` at the end of the
+    iteration; L-BFGS's `step(closure)`; a GAN's two updates; a WGAN-GP penalty; AMP with
+    accumulation.
     """
 
     code = "GD117"

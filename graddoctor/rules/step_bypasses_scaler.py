@@ -67,6 +67,11 @@ class StepBypassesScaler(Rule):
     scaler.step(optimizer)        # unscales, skips the step if it finds inf/NaN
     scaler.update()               # adapts the scale
     ```
+
+    ## Stays silent on
+    `scaler.step(opt)`; a fused optimizer unscaling inside its step; a disabled scaler with
+    a plain step on that path; hand-written static loss scaling undone before the step; a
+    second model trained without AMP with its own plain backward and optimizer.
     """
 
     code = "GD214"

@@ -42,6 +42,12 @@ class TrainInEvalMode(Rule):
         with torch.no_grad():
             val_loss = sum(loss_fn(model(x), y) for x, y in val_loader)
     ```
+
+    ## Stays silent on
+    `model.train()` before the training forward and `eval()` + `no_grad` for validation; a
+    frozen backbone or encoder kept in eval mode on purpose; BatchNorm statistics frozen on
+    purpose; a teacher in eval mode under `no_grad`; samples drawn under `no_grad`; a model
+    with no BatchNorm or dropout; `model.training` read as an attribute.
     """
 
     code = "GD302"

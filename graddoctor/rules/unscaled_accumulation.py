@@ -64,6 +64,13 @@ class UnscaledAccumulation(Rule):
             optimizer.step()
             optimizer.zero_grad()
     ```
+
+    ## Stays silent on
+    `(loss / k).backward()`, `loss * (1 / k)` and the frameworks' own division (accelerate,
+    Lightning, the transformers Trainer and `num_items_in_batch`); losses normalised by the
+    window's token count or weighted by each micro-batch's share of the window; several
+    losses of one forward before one step; DDP's `no_sync()` and FSDP's accumulation;
+    hand-written static loss scaling.
     """
 
     code = "GD204"

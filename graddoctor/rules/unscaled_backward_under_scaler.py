@@ -34,6 +34,10 @@ class UnscaledBackwardUnderScaler(Rule):
     scaler.step(optimizer)
     scaler.update()
     ```
+
+    ## Stays silent on
+    A term added to the scaled loss; a second model's plain backward and optimizer; the AMP
+    gradient-penalty recipe.
     """
 
     code = "GD217"
