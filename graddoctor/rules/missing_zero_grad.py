@@ -45,7 +45,8 @@ class MissingZeroGrad(Rule):
     the backward (one per parameter, from a post-accumulate-grad hook); the step first in
     the loop (step → zero_grad → forward → backward); a GAN whose every optimizer is cleared
     before its backward; DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
-    loops (Lightning, accelerate).
+    loops (Lightning, accelerate); loops in threads (each thread with its own model and
+    optimizer, or actor threads feeding one learner).
     """
 
     code = "GD101"
