@@ -516,8 +516,9 @@ def gather(exchange: "Exchange", report, options, wait_s: float | None = None,
                  rules=selected_rules(options.select, options.ignore))
 
 
-def _launcher_patches(context_cls):
-    """Patches of torchrun's process context, for ``--nproc-per-node``:
+def _launcher_patches(context_cls, patches) -> dict:
+    """Patches of torchrun's process context, for ``--nproc-per-node``, made through
+    ``patches`` (instrument/patcher.py ``Patcher``, undone by the caller):
 
     * before it stops the ranks still running (one rank failed, or the launcher got a signal)
       it posts the exit codes of the ranks that ended with a failure to the ``exit`` log of
@@ -530,7 +531,7 @@ def _launcher_patches(context_cls):
       teardown then hung and graddoctor's timer ended it; once rank 0 has ended, the ranks
       still running are ended after ``teardown_grace()``.
 
-    Returns ([(name, original, patched)], state)."""
+    Returns the state they share (``verdict``: rank 0's exit code as it posted it)."""
     posted: set[tuple] = set()
     state: dict = {}  # "verdict": rank 0's exit code as it posted it
     reported: dict[str, set[int]] = {}  # prefix -> ranks in its done log
@@ -590,8 +591,9 @@ def _launcher_patches(context_cls):
         except Exception:
             pass
 
-    return [("close", original_close, close),
-            ("_capture_process_failures", original_capture, capture)], state
+    patches.patch(context_cls, "close", close)
+    patches.patch(context_cls, "_capture_process_failures", capture)
+    return state
 
 
 def launch(nproc: int, child_args: list[str]) -> int:
@@ -615,9 +617,10 @@ def launch(nproc: int, child_args: list[str]) -> int:
             quiet.append((logger, logger.level))
             logger.setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
-    patches, state = _launcher_patches(SubprocessContext)
-    for name, _, patched in patches:
-        setattr(SubprocessContext, name, patched)
+    from ..instrument.patcher import Patcher  # (torch: imported above already)
+
+    patches = Patcher()
+    state = _launcher_patches(SubprocessContext, patches)
     try:
         run(args)
         return state.get("verdict", 0)
@@ -645,7 +648,6 @@ def launch(nproc: int, child_args: list[str]) -> int:
               file=sys.stderr)
         return 2
     finally:
-        for name, original, _ in patches:
-            setattr(SubprocessContext, name, original)
+        patches.undo()
         for logger, level in quiet:
             logger.setLevel(level)

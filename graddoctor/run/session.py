@@ -11,7 +11,6 @@ resolve options, enter a session and render what it returns.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import sys
@@ -25,7 +24,7 @@ from ..rules.engine import analyze, selected_rules
 from ..errors import ScriptError, WatchError
 from .. import events as ev
 from ..instrument.patcher import Patcher
-from ..options import OPTIONS, CheckOptions
+from ..options import CheckOptions
 from ..report.merge import Part, merge
 from ..report.model import Report, RunInfo
 from ..rules.notes import gradient_apis, run_notes
@@ -74,25 +73,6 @@ def start_recorder(options: CheckOptions, announce: bool = True):
         rec.emit(ev.run_start(script=options.target, argv=list(options.args),
                            device=options.device, torch_version=torch.__version__))
     return rec
-
-
-def validated(options: CheckOptions) -> CheckOptions:
-    """The options checked by the option table (options.py) and normalised: selectors as a
-    flat tuple, ``timeout`` 0 or infinity as None (no limit). ScriptError names the first bad
-    value."""
-    changes = {}
-    for option in OPTIONS.values():
-        if option.field is None:  # the CLI's own (report format, output file)
-            continue
-        try:
-            changes[option.field] = option.check(getattr(options, option.field), "library")
-        except ValueError as exc:
-            raise ScriptError(str(exc)) from None
-    if changes["timeout"] == 0 or math.isinf(changes["timeout"] or 0):
-        changes["timeout"] = None
-    if changes.get("trace_path"):  # where the check starts, whatever directory the script goes to
-        changes["trace_path"] = os.path.abspath(changes["trace_path"])
-    return dataclasses.replace(options, **changes)
 
 
 @contextlib.contextmanager
@@ -625,7 +605,9 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     left if the process is killed before the final report.
     ``on_destroy(report, destroy)``: a rank's report when the script calls
     ``destroy_process_group()`` (``_EarlyReport``), before its teardown.
+
+    ``options`` are taken as they are: a front door resolved and validated them once
+    (options.py ``resolve``).
     """
-    options = validated(options)
     return Session(options, claim=f"graddoctor check {options.target}").check(
         on_step, on_hang=on_hang, checkpoint=checkpoint, on_destroy=on_destroy)
