@@ -76,12 +76,12 @@ class Ending:
         """``run_check`` with this ending's callbacks, under the progress line."""
         from .session import run_check
 
-        progress = self._progress(options)
+        progress = self.progress_line(options)
         with progress, self._stopped_from_outside():
             return run_check(options, on_step=progress.update, on_hang=self.on_hang,
                              checkpoint=self.checkpoint, on_destroy=self.on_destroy)
 
-    def _progress(self, options, suffix: str = "", enabled: bool | None = None):
+    def progress_line(self, options, suffix: str = "", enabled: bool | None = None):
         from ..report.progress import Progress
 
         label = options.target if options.module else os.path.basename(options.target)
@@ -147,9 +147,9 @@ class RankEnding(Ending):
         self.exchange.register()  # where this rank runs, for rank 0 to see it gone
         defer_teardown()  # the script's objects outlive the rank's report (end_unwaited)
 
-    def _progress(self, options, suffix: str = "", enabled: bool | None = None):
+    def progress_line(self, options, suffix: str = "", enabled: bool | None = None):
         # ranks share one terminal: only rank 0 draws the status line
-        return super()._progress(options, f" · rank {self.ranks.rank}",
+        return super().progress_line(options, f" · rank {self.ranks.rank}",
                                  False if self.ranks.rank != 0 else None)
 
     def _stopped_from_outside(self):
