@@ -65,3 +65,22 @@ def test_the_markers_find_a_running_total_of_tensors():
 def test_item_and_detach_keep_nothing():
     assert train(lambda loss: loss.item())[0] == []
     assert train(lambda loss: loss.detach())[0] == []
+
+
+def test_losses_kept_until_the_accumulation_step_are_not_reported():
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 3)
+    with Instrumentation(rec):
+        for _ in range(4):
+            window = []
+            for _ in range(8):
+                loss = model(x).pow(2).mean()
+                (loss / 8).backward()
+                window.append(loss)
+            opt.step()
+            opt.zero_grad()
+            logged = torch.stack(window).mean().item()
+    assert [e for e in rec.trace if e.kind == "graph_kept"] == []

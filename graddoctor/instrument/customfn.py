@@ -69,6 +69,8 @@ class CustomFunctionWatcher:
             self._busy = True
             try:
                 found = self._check(cls, inputs, kwargs)
+            except Exception:
+                found = None  # a forward that cannot run on float64 copies: not checked
             finally:
                 self._busy = False
             if found is not None:

@@ -8,8 +8,9 @@ memory grows step after step until the run dies of it.
 
 The roots of the first ``_MARKED`` backwards' graphs (the loss node and a few nodes below it)
 get a small marker object in their ``metadata``, held here by a weak reference only: the
-marker lives exactly as long as the node. At backward ``_CHECK_AT``, a marker still alive
-means an earlier graph is still referenced; the script's variables (the frames of the user's
+marker lives exactly as long as the node. From backward ``_CHECK_AT`` on, once two optimizer
+steps have gone by since the marked backwards (gradient accumulation may keep a window's losses
+until its step), a marker still alive means an earlier graph is still referenced; the script's variables (the frames of the user's
 code on the stack and their globals, one level into lists, dicts and plain objects) are then
 searched for the tensor whose graph reaches a marked node, and a ``graph_kept`` aside event
 names that variable. A backward that reaches an earlier graph on purpose (a hidden state
@@ -30,7 +31,10 @@ from .. import events as ev
 from .recorder import Recorder
 
 _MARKED = 2  # backwards whose graphs are marked
-_CHECK_AT = 6  # the backward before which the markers are looked at
+_CHECK_AT = 6  # the first backward before which the markers are looked at
+_STEPS_BETWEEN = 2  # optimizer steps after the marked backwards before looking (accumulation
+# keeps a window's losses until its step: those are let go of then)
+_GIVE_UP = 200  # backwards after which no look is taken any more
 _NODES = 8  # nodes marked per graph
 _KEY = "graddoctor_alive"
 _SEARCH_NODES = 4000  # nodes walked per candidate variable
@@ -48,18 +52,25 @@ class GraphLivenessWatcher:
         self.rec = rec
         self._backwards = 0
         self._markers: list = []  # weak references to the markers
+        self._steps_at_mark = 0  # optimizer steps counted when the last graph was marked
+        self._done = False
 
     def describe_loss(self, tensors) -> dict:
+        if self._done:
+            return {}
         self._backwards += 1
         n = self._backwards
-        if n > _CHECK_AT:
-            return {}
         try:
             if n <= _MARKED:
                 self._mark(tensors, n)
-            elif n == _CHECK_AT:
+                self._steps_at_mark = self.rec.steps
+            elif n >= _CHECK_AT and self.rec.steps - self._steps_at_mark >= _STEPS_BETWEEN:
+                self._done = True  # updates went by since: what is still alive is kept for good
                 self._look()
+            elif n > _GIVE_UP:
+                self._done = True
         except Exception as exc:
+            self._done = True
             self.rec.internal_error("graphs kept alive", exc)
         return {}
 
