@@ -154,5 +154,7 @@ def test_each_call_line_is_recorded_once_and_torch_own_calls_not_at_all():
         torch.autograd.functional.vjp(lambda v: v * 2, w.detach(), torch.ones(3))
     found = [(e["api"], e.loc.line) for e in rec.trace if e.kind == "functional_grad"]
     assert [api for api, _ in found] == ["torch.autograd.grad", "torch.autograd.functional.vjp"]
-    assert ev.functional_grad(api="torch.func.grad") == ("functional_grad", {"api": "torch.func.grad"})
+    assert ev.functional_grad(api="torch.func.grad") == ("functional_grad", {"api": "torch.func.grad",
+                                                                             "create_graph": None})
+    assert [e["create_graph"] for e in rec.trace if e.kind == "functional_grad"] == [False, None]
     assert "functional_grad" in ev.ASIDE_KINDS

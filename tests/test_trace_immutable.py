@@ -32,7 +32,13 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "distributed/bad_sampler_without_set_epoch.py",
             "zero_grad/bad_optimizer_lr_attribute.py",  # optimizer_attr
             "registration/bad_module_requires_grad_attribute.py",  # module_attr
-            "registration/bad_submodules_in_plain_list.py"]  # unregistered
+            "registration/bad_submodules_in_plain_list.py",  # unregistered
+            "data/bad_reseed_helper_every_batch.py",  # reseed
+            "data/bad_sampler_reach_label_weights.py",  # loader_sampler
+            "autograd/bad_custom_backward_swapped_grads.py",  # custom_backward
+            "losses/bad_loss_counts_padding_nll.py",  # loss_padding
+            "numerics/bad_low_precision_bf16_frozen.py",  # low_precision
+            "autograd/bad_graph_kept_smoothed_loss.py"]  # graph_kept
 
 GRAD_EDIT_SCRIPT = """
 import torch
