@@ -104,8 +104,7 @@ def check(
     if launcher:  # graddoctor goes under the launcher, or launches through it itself
         _usage_error(f"{script} is PyTorch's launcher: graddoctor runs inside each rank. Use "
                      f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
-                     f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see the README's "
-                     f"Distributed training)")
+                     f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see docs/distributed.md)")
     options, settings = _options(script, script_args, typed, _given(ctx),
                                  redirect_stdout=fmt.document and output is None,
                                  pictures=fmt.pictures or bool(typed["plot"]))

@@ -1,8 +1,8 @@
-"""The README's rules table, generated from the rules themselves (nobody edits it by hand).
+"""The rules table of docs/rules.md, generated from the rules themselves (nobody edits it by hand).
 
     python -m graddoctor.rules.docs            # print the table
-    python -m graddoctor.rules.docs --write    # replace the table under `## Rules` in README.md
-    python -m graddoctor.rules.docs --check    # exit 1 when README.md's table is out of date
+    python -m graddoctor.rules.docs --write    # replace the table under `# Rules` in docs/rules.md
+    python -m graddoctor.rules.docs --check    # exit 1 when docs/rules.md's table is out of date
 
 Summaries stay plain text (``graddoctor rules``, SARIF); in the table, code in them is put in
 backticks: a call such as ``optimizer.step()`` / ``zero_grad()``, and snake_case names such as
@@ -18,7 +18,7 @@ from pathlib import Path
 from . import ALL_RULES
 
 HEADER = "| code | slug | severity | finds |\n|---|---|---|---|"
-SECTION = "## Rules"
+SECTION = "# Rules"
 
 # `already code` | a call: name() / a.b.name() | a snake_case name (with its =value)
 _CODE = re.compile(r"`[^`]*`|(?<![\w.`])(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*\(\)|(?<![\w.`])[A-Za-z]\w*_\w+(?:=\w+)?")
@@ -37,8 +37,8 @@ def rules_table(rules=ALL_RULES) -> str:
 
 
 def table_span(text: str) -> tuple[int, int]:
-    """Character span of the first table after the ``## Rules`` heading of a README's text."""
-    heading = re.search(rf"^{re.escape(SECTION)}[ \t]*$", text, re.M)
+    """Character span of the first table after the ``# Rules`` (or ``## Rules``) heading of a page's text."""
+    heading = re.search(rf"^#?{re.escape(SECTION)}[ \t]*$", text, re.M)
     if heading is None:
         raise ValueError(f"no '{SECTION}' heading")
     table = re.compile(r"(?:^\|.*(?:\n|\Z))+", re.M).search(text, heading.end())
@@ -53,19 +53,19 @@ def readme_table(text: str) -> str:
 
 
 def with_table(text: str, rules=ALL_RULES) -> str:
-    """The README's text with its rules table regenerated."""
+    """The page's text with its rules table regenerated."""
     start, end = table_span(text)
     return text[:start] + rules_table(rules) + text[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    readme = Path(__file__).resolve().parents[2] / "README.md"
+    readme = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
     if not args:
         print(rules_table())
         return 0
     if args[0] not in ("--write", "--check") or len(args) > 2:
-        print("usage: python -m graddoctor.rules.docs [--write | --check] [README.md]", file=sys.stderr)
+        print("usage: python -m graddoctor.rules.docs [--write | --check] [docs/rules.md]", file=sys.stderr)
         return 2
     path = Path(args[1]) if len(args) == 2 else readme
     text = path.read_text(encoding="utf-8")
