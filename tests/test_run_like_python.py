@@ -99,6 +99,23 @@ def test_a_warning_raised_inside_backward_names_the_scripts_backward_line(tmp_pa
     assert_ran_clean(report)
 
 
+def test_graddoctors_watchdog_is_invisible_to_the_scripts_threading(tmp_path):
+    # a clean-shutdown idiom joins every thread but the main one: it must not wait on graddoctor
+    # (the watchdog of the time limit was one of them, and the join waited until the limit)
+    import json
+    import threading
+
+    before = sorted(t.name for t in threading.enumerate())  # (pytest's own, under xdist)
+    report = check(tmp_path, textwrap.dedent("""
+        import json, os, threading, torch
+        with open(os.path.join(os.path.dirname(__file__), "threads.json"), "w") as f:
+            json.dump([sorted(t.name for t in threading.enumerate()), threading.active_count()], f)
+    """) + LOOP)
+    assert_ran_clean(report)
+    names, count = json.loads((tmp_path / "threads.json").read_text())
+    assert names == before and count == len(before)
+
+
 def test_a_script_without_a_py_suffix_runs(tmp_path):
     report = check(tmp_path, "import torch\n" + LOOP, name="train")
     assert_ran_clean(report)
