@@ -74,6 +74,8 @@ def check(
     """
     shown_output = typed["output"]  # as typed, for messages
     fmt = FORMATS[_format_name(ctx, typed["format"], shown_output)]
+    if not typed["module"]:
+        _refuse_unrunnable(script)
     from .run.ranks import rank_env, rank_path
 
     ranks = rank_env()
@@ -105,10 +107,12 @@ def check(
         _usage_error(f"{script} is PyTorch's launcher: graddoctor runs inside each rank. Use "
                      f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
                      f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see docs/distributed.md)")
+    # a document on stdout (JSON, a page, --diff's patch): the script's own prints go to stderr
+    to_stdout = (fmt.document and output is None) or typed["diff"]
     options, settings = _options(script, script_args, typed, _given(ctx),
-                                 redirect_stdout=fmt.document and output is None,
+                                 redirect_stdout=to_stdout,
                                  pictures=fmt.pictures or bool(typed["plot"]))
-    if output is None:
+    if output is None or typed["diff"]:
         from .report.output import ReportStdout
 
         ReportStdout.keep()
@@ -123,6 +127,7 @@ def check(
         defer_teardown()  # the script's objects outlive the rank's report (_end_unwaited)
 
     def finish(report, wait_s: float | None = None) -> int:
+        _script_traceback(report)
         if ranks is not None:
             return _finish_rank(ranks, report, fmt, typed["output"], output, render, options, wait_s,
                                 shown_output, exchange)
@@ -170,6 +175,7 @@ def _fixes(report, options, typed, fmt, output, render, shown) -> int:
     """--diff / --fix: verify the fixes (run/fixes.py), then print the diff or write them."""
     from .run import fixes
 
+    _script_traceback(report)
     unsafe = typed["unsafe_fixes"]
     if not typed["no_verify"]:
         report = fixes.verify(report, options, unsafe=unsafe)
@@ -202,6 +208,29 @@ def _fixes(report, options, typed, fmt, output, render, shown) -> int:
                + (f"; {len(left)} fix{'es' if len(left) != 1 else ''} not applied (not verified, "
                   f"unsafe or overlapping: see --diff)" if left else ""), err=True)
     return dataclasses.replace(report, findings=[f for f in report.findings if f not in done]).exit_code()
+
+
+def _refuse_unrunnable(script: str) -> None:
+    """A file that is no Python script (notes.txt, a checkpoint) or does not compile is refused
+    now, before torch is imported (scriptfile.py); a notebook is read where it runs."""
+    from .errors import ScriptError
+    from .notebook import is_notebook
+    from .scriptfile import compile_script
+
+    if is_notebook(script) or os.path.basename(script) == "torchrun":  # (the launcher: below)
+        return
+    try:
+        compile_script(script)
+    except ScriptError as exc:
+        _usage_error(str(exc))
+
+
+def _script_traceback(report) -> None:
+    """A script that raised: its traceback on stderr before the report, as python prints it
+    (the script's own frames), so that a crash under graddoctor is as debuggable as without."""
+    error = report.run.error or {}
+    if report.run.status == "crashed" and error.get("traceback"):
+        typer.echo("Traceback (most recent call last):\n" + error["traceback"].rstrip("\n"), err=True)
 
 
 def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:

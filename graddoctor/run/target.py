@@ -24,6 +24,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .. import scriptfile
 from ..errors import ScriptError
 from ..instrument.patcher import Patcher
 from ..location import LocationFinder
@@ -49,33 +50,9 @@ class RunOutcome:
 
 
 def compile_script(path: str):
-    """Read and compile a script, turning every reason it cannot run into ScriptError."""
-    if not os.path.exists(path):
-        raise ScriptError(f"no such file: {path}")
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, "__main__.py")):
-            path = os.path.join(path, "__main__.py")
-        else:
-            raise ScriptError(f"{path} is a directory, not a Python script")
-    try:
-        with open(path, "rb") as f:
-            source = f.read()
-    except OSError as exc:
-        raise ScriptError(f"cannot read {path}: {exc.strerror}") from None
-    if b"\0" in source:
-        raise ScriptError(f"{path} is not a Python script (binary file)")
-    full = os.path.abspath(path)
-    try:  # an absolute file name, as python gives it: a script that changes directory keeps it
-        code = compile(source, full, "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        if not path.endswith((".py", ".pyw")):  # python runs any file name; this is not Python
-            raise ScriptError(f"{path} is not a Python script (line {exc.lineno}: "
-                              f"{exc.msg})") from None
-        raise ScriptError(
-            f"{path}:{exc.lineno}: syntax error: {exc.msg} — is this a Python script?"
-        ) from None
-    except ValueError as exc:
-        raise ScriptError(f"{path} is not a Python script: {exc}") from None
+    """Read and compile a script, turning every reason it cannot run into ScriptError
+    (scriptfile.py); its text is kept as it ran."""
+    full, source, code = scriptfile.compile_script(path)
     _remember_source(full, source)
     return code
 
