@@ -71,3 +71,27 @@ def test_the_refusal_comes_before_torch_is_imported(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(),
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["2", "False"], out.stderr
+
+
+def test_a_script_that_needs_arguments_gets_the_command_line_with_them_after_dashes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "train.py", textwrap.dedent("""\
+        import argparse, torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--data", required=True)
+        parser.add_argument("--lr", type=float, default=0.1)
+        parser.add_argument("epochs", type=int)
+        args = parser.parse_args()
+    """))
+    result = runner.invoke(app, ["check", "train.py", "--steps", "2"])
+    assert result.exit_code == 2
+    assert "the following arguments are required: --data, epochs" in result.stderr  # argparse's own
+    out = " ".join(result.stdout.split())
+    assert "its arguments go after `--`, e.g. graddoctor check train.py -- --data DATA epochs" in out, out
+
+
+def test_an_exit_code_2_of_the_scripts_own_gets_no_arguments_note(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "train.py", "import sys, torch\nsys.exit(2)\n")
+    result = runner.invoke(app, ["check", "train.py", "--steps", "2"])
+    assert result.exit_code == 2 and "argparse" not in result.stdout

@@ -541,6 +541,9 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
                 if forks.in_child:
                     _end_forked_child(exc, original_exit)
                 _describe_ending(exc, outcome, finder, deadline)
+                hint = _arguments_hint(exc, target, args, module)
+                if hint:
+                    outcome.notes.append(hint)
             else:
                 if forks.in_child:
                     _end_forked_child(None, original_exit)
@@ -624,6 +627,38 @@ def _describe_ending(exc: BaseException, outcome: RunOutcome, finder: LocationFi
     else:  # the user's own failure, KeyboardInterrupt included
         outcome.error = {"type": type(exc).__name__, "message": _message(exc),
                          "location": _loc(finder, exc), "traceback": _user_traceback(exc)}
+
+
+def _arguments_hint(exc: BaseException, target: str, args: list[str], module: bool) -> str | None:
+    """A script that exited through argparse's usage error (a required argument missing, an
+    unknown one): the note that its arguments go after ``--``, with the command line to type
+    (the arguments it was given, then those its usage marks required)."""
+    if not isinstance(exc, SystemExit) or exit_code(exc) != 2:
+        return None
+    try:
+        import argparse
+        import re
+        import shlex
+
+        parser = None
+        tb = exc.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_name == "error" and isinstance(frame.f_locals.get("self"), argparse.ArgumentParser):
+                parser = frame.f_locals["self"]
+            tb = tb.tb_next
+        if parser is None:
+            return None
+        usage = " ".join(parser.format_usage().split())
+        usage = usage.split(" ", 2)[2] if usage.count(" ") >= 2 else ""  # past "usage: prog"
+        while re.search(r"\[[^\[\]]*\]", usage):  # the optional parts, nested ones included
+            usage = re.sub(r"\s*\[[^\[\]]*\]", "", usage)
+        required = [word for word in usage.split() if word not in args]
+        command = ["graddoctor", "check", *(["-m"] if module else []), target, "--", *args, *required]
+        return (f"the script stopped at argparse's usage error (exit code 2): its arguments go after "
+                f"`--`, e.g. {shlex.join(command)}")
+    except Exception:
+        return None
 
 
 def _message(exc: BaseException) -> str:
