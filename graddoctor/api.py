@@ -58,7 +58,7 @@ def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[
                      source: Source, use_config: bool = True) -> tuple[dict[str, Any], str | None]:
     """Every script option's value (and those of the other options in ``values``, such as the
     CLI's --grad-flow), resolved as ``resolve_options`` says, and the pyproject.toml shown."""
-    from .rules.engine import unknown_selectors
+    from .rules.engine import selector_suggestions, unknown_selectors
     from .config import Config, ConfigError, load_config, merge
 
     wanted = {**SCRIPT_OPTIONS, **{name: OPTIONS[name] for name in values if name in OPTIONS}}
@@ -90,7 +90,8 @@ def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[
         if unknown:
             where = _subject(key, source) if key in explicit or key not in config.values else \
                 f"{shown}: [tool.graddoctor] {key}"
-            raise ScriptError(f"{where}: no rule is named {', '.join(map(repr, unknown))} "
+            raise ScriptError(f"{where}: no rule is named {', '.join(map(repr, unknown))}"
+                              f"{selector_suggestions(unknown)} "
                               "(use a slug or a code prefix; see `graddoctor rules`)")
     from .rules.engine import selected_rules
 
@@ -252,12 +253,13 @@ class Watch(contextlib.ContextDecorator):
             known = ", ".join(WATCH_OPTIONS)
             raise TypeError(f"watch() got unknown option(s) {', '.join(map(repr, options))} "
                             f"(known: {known})")
-        from .rules.engine import unknown_selectors
+        from .rules.engine import selector_suggestions, unknown_selectors
 
         for key in ("select", "ignore"):
             unknown = unknown_selectors(checked[key])
             if unknown:
-                raise ScriptError(f"{key}: no rule is named {', '.join(map(repr, unknown))} "
+                raise ScriptError(f"{key}: no rule is named {', '.join(map(repr, unknown))}"
+                                  f"{selector_suggestions(unknown)} "
                                   "(use a slug or a code prefix; see `graddoctor rules`)")
         self.fail_on: str = checked["fail_on"]
         self._options = CheckOptions(

@@ -28,6 +28,28 @@ app = typer.Typer(
 )
 
 
+def _unknown(what: str, value: str, known) -> str:
+    """"unknown rule 'missing-zero-grd' (did you mean 'missing-zero-grad'?)"."""
+    from .errors import did_you_mean
+
+    return f"unknown {what} {value!r}{did_you_mean(value, known)}"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from .version import __version__
+
+        typer.echo(f"graddoctor {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _graddoctor(version: Annotated[bool, typer.Option(
+        "--version", "-V", help="Print graddoctor's version and exit.", is_eager=True,
+        callback=_show_version)] = False) -> None:
+    pass
+
+
 def _usage_error(message: str) -> None:
     typer.echo(f"graddoctor: error: {message}", err=True)
     raise typer.Exit(2)
@@ -116,7 +138,8 @@ def check(
         from .report.output import ReportStdout
 
         ReportStdout.keep()
-    render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"])
+    render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"],
+                           quiet=typed["quiet"])
     exchange = None
     if ranks is not None:  # where this rank runs, for rank 0 to see it gone (run/ranks.py)
         from .run.ranks import Exchange
@@ -160,7 +183,7 @@ def check(
                                          options, None, shown_output, exchange, early=True)
 
     report = _run(options, on_hang, checkpoint if output else None,
-                  on_destroy if ranks is not None else None)
+                  on_destroy if ranks is not None else None, quiet=typed["quiet"])
     if "code" in early:  # reported at destroy_process_group(): that report is final
         _end_unwaited()
         raise typer.Exit(early["code"])
@@ -361,7 +384,7 @@ def _options(script: str, script_args, typed: dict, given: set[str], redirect_st
                          grad_flow=pictures or settings["grad_flow"]), settings
 
 
-def _run(options, on_hang=None, checkpoint=None, on_destroy=None):
+def _run(options, on_hang=None, checkpoint=None, on_destroy=None, quiet: bool = False):
     from .errors import ScriptError
     from .report.progress import Progress
     from .run.ranks import rank_env
@@ -373,7 +396,7 @@ def _run(options, on_hang=None, checkpoint=None, on_destroy=None):
         label = f"{label} · rank {ranks.rank}"
     # ranks share one terminal: only rank 0 draws the status line
     progress = Progress(label, options.steps or None,
-                        enabled=False if ranks is not None and ranks.rank != 0 else None)
+                        enabled=False if quiet or (ranks is not None and ranks.rank != 0) else None)
     import contextlib
 
     from .run.ranks import reporting_on_sigterm
@@ -463,7 +486,7 @@ def merge_reports(
     reports: List[str] = typer.Argument(..., help="JSON reports of the ranks (graddoctor check "
                                         "--format json -o 'report.{rank}.json')."),
     format: Annotated[str, typer.Option("--format", "-f", help="Report format of the merged "
-                                        "report: text, json, sarif, html or markdown (a page without the "
+                                        "report: text, json, sarif, github, html or markdown (a page without the "
                                         "pictures: the ranks' JSON carries no per-step norms).")] = "text",
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write the merged "
                                                   "report to this file.")] = None,
@@ -565,11 +588,24 @@ def merge_reports(
 
 
 @app.command("rules")
-def list_rules() -> None:
+def list_rules(format: Annotated[str, typer.Option(
+        "--format", "-f", help="text (a table) or json (a list of {code, slug, severity, summary, "
+        "fix, autofix}: autofix is the safety of its automatic fix, or null), for tools.")] = "text") -> None:
     """List every rule: code, slug, severity and what it finds."""
     from rich.table import Table
 
     from .rules import ALL_RULES
+
+    if format not in ("text", "json"):
+        _usage_error(_unknown("--format", format, ("text", "json")) + "; use text or json")
+    if format == "json":
+        import json
+
+        typer.echo(json.dumps([{"code": r.code, "slug": r.slug, "severity": r.severity.value,
+                                "summary": r.summary, "fix": r.fix,
+                                "autofix": r.fix_safety.value if r.fix_safety else None}
+                               for r in ALL_RULES], indent=2, ensure_ascii=False))
+        return
 
     table = Table(box=None, header_style="bold")
     for col in ("code", "slug", "severity", "finds"):
@@ -601,8 +637,8 @@ def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad
 
     found = find_rule(rule)
     if found is None:
-        known = ", ".join(r.slug for r in ALL_RULES)
-        _usage_error(f"unknown rule {rule!r}; known rules: {known}")
+        _usage_error(_unknown("rule", rule, [n for r in ALL_RULES for n in (r.slug, r.code)])
+                     + "; `graddoctor rules` lists every rule")
         return
     docs = found.docs()
     if found.fix_safety is None:

@@ -95,8 +95,10 @@ def validate(table: Mapping[str, Any], path: str) -> dict[str, Any]:
     for raw_key, value in table.items():
         option = CONFIG_KEYS.get(raw_key.replace("_", "-"))
         if option is None:
-            raise ConfigError(f"{path}: [tool.graddoctor] unknown option {raw_key!r} "
-                              f"(known: {', '.join(CONFIG_KEYS)})")
+            from .errors import did_you_mean
+
+            raise ConfigError(f"{path}: [tool.graddoctor] unknown option {raw_key!r}"
+                              f"{did_you_mean(raw_key, CONFIG_KEYS)} (known: {', '.join(CONFIG_KEYS)})")
         try:
             values[option.name] = option.check(value, "config", where=path)
         except ValueError as exc:

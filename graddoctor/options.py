@@ -210,6 +210,17 @@ class Option:
         return f"{message}, not {value!r}" if self.kind.says_value else message
 
 
+def _output_help() -> str:
+    from .report.formats import SUFFIXES
+
+    by_format: dict[str, list[str]] = {}
+    for suffix, name in SUFFIXES.items():
+        by_format.setdefault(name, []).append(suffix)
+    named = "; ".join(f"{' or '.join(s)}: {name}" for name, s in by_format.items())
+    return (f"Write the report to this file instead of stdout. Without --format the file's name "
+            f"sets the format ({named}; any other name: text).")
+
+
 def _format_help() -> str:
     listed = ", ".join(f"{f.name} ({f.summary})" if f.summary else f.name for f in FORMATS.values())
     return f"Report format: {listed}."
@@ -239,8 +250,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("format", ("--format", "-f"), Choice(tuple(FORMATS)), "text", _format_help(),
            cli_only="a report goes where one run sends it: see --output", watch=NOT_IN_WATCH),
     Option("output", ("--output", "-o"), File(), None,
-           "Write the report to this file instead of stdout; without --format, a .json or "
-           ".sarif name sets the format.", cli_only="a file of one run",
+           _output_help(), cli_only="a file of one run",
            watch=NOT_IN_WATCH),
     Option("fail_on", ("--fail-on",), Choice(("error", "warning", "info", "never")), "warning",
            "Exit 1 when a finding is at least this severe.", field="fail_on", watch="warning"),
@@ -257,6 +267,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Also draw the gradient flow to this .png, .svg or .pdf file (matplotlib: pip install "
            "'graddoctor[plots]'): mean and max gradient per layer, and the heatmap of every update.",
            cli_only="a file of one run", watch=NOT_IN_WATCH),
+    Option("quiet", ("--quiet", "-q"), Flag(), False,
+           "Text report: only the findings and the verdict (no header, no update timeline, no "
+           "progress line).", cli_only="how one run's report is printed", watch=NOT_IN_WATCH),
     Option("allow_incomplete", ("--allow-incomplete",), Flag(), False,
            "Judge a run that crashed or timed out after its first backward or step by its "
            "findings alone (exit 0 or 1), like a complete check; by default such an incomplete check "
