@@ -252,7 +252,10 @@ def _script_traceback(report) -> None:
     """A script that raised: its traceback on stderr before the report, as python prints it
     (the script's own frames), so that a crash under graddoctor is as debuggable as without."""
     error = report.run.error or {}
-    if report.run.status == "crashed" and error.get("traceback"):
+    text = error.get("traceback") or ""
+    # graddoctor's own stop (a rank's SIGTERM) is no exception of the script's: python prints none
+    ours = any(line.startswith("graddoctor.") for line in text.splitlines())
+    if report.run.status == "crashed" and text and not ours:
         typer.echo("Traceback (most recent call last):\n" + error["traceback"].rstrip("\n"), err=True)
 
 
