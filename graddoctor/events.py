@@ -193,6 +193,14 @@ unregistered       owner (class of the module holding it), attr, holder ("list" 
                    tracked tensors no module registers, found at the end of the run in a plain
                    container (or as a plain tensor) attribute of a module (loc: the attribute's
                    assignment in the class, when found)
+param_replaced     owner (class of the module), attr (the name it was registered under), via
+                   ("parameter": a tensor assigned over a parameter; "module": a submodule
+                   assigned over one whose parameters an optimizer owns), old [pid] (the
+                   replaced tensors, each owned by an optimizer at that moment), new [pid] (what
+                   took their place: the new parameters, tracked from here) — a registration
+                   that drops optimizer-owned parameters from the model (loc: the user's line
+                   that made it: the assignment, ``model.apply(...)``'s function,
+                   ``load_state_dict(assign=True)``)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -200,7 +208,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad`` and
-``optimizer_attr``, ``module_attr`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``optimizer_attr``, ``module_attr``, ``param_replaced`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -431,6 +439,10 @@ def unregistered(*, owner: str, attr: str, holder: str, name: str, pids: list[in
                             "pids": pids}
 
 
+def param_replaced(*, owner: str, attr: str, via: str, old: list[int], new: list[int]) -> Made:
+    return "param_replaced", {"owner": owner, "attr": attr, "via": via, "old": old, "new": new}
+
+
 def folded(*, turns: int, steps: int, backwards: int, events: int, epochs: int,
            copies: list[list[int]]) -> Made:
     return "folded", {"turns": turns, "steps": steps, "backwards": backwards, "events": events,
@@ -472,7 +484,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
     "idle_forward": idle_forward, "functional_grad": functional_grad,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
-    "unregistered": unregistered, "folded": folded,
+    "unregistered": unregistered, "param_replaced": param_replaced, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum,
     "internal_error": internal_error, "run_end": run_end,
@@ -480,7 +492,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
 ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "functional_grad",
-                         "optimizer_attr", "module_attr", "short_len"})
+                         "optimizer_attr", "module_attr", "short_len", "param_replaced"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -55,6 +55,13 @@ class ScriptSource:
     def method_called_on_assigned(self, path: str, line: int, method: str) -> bool | None:
         return method_called_on_assigned(self.full(path), line, method)
 
+    def line_text(self, path: str, line: int) -> str:
+        """The text of that line ("" when it cannot be read)."""
+        try:
+            return linecache.getline(self.full(path), line)
+        except Exception:
+            return ""
+
 
 @lru_cache(maxsize=64)
 def _tree(text: str) -> ast.AST | None:
