@@ -93,7 +93,9 @@ scheduler_step     sched, cls, opt (the optimizer it drives), lrs [float|None] (
                    lr right after the step: what it wrote; None when the step raised),
                    metric ("none": no argument | "number" | "tensor" | "grad_tensor": a tensor
                    that requires grad, a training loss | "other"; what ReduceLROnPlateau got),
-                   grad (grad mode on at the call)
+                   grad (grad mode on at the call); for a ``ReduceLROnPlateau`` only: value
+                   (float|None: the metric it was fed, one element read like torch reads it)
+                   and mode ("min" | "max": which way it counts an improvement)
 scheduler_init     sched, cls, opt, args {name: number|list} (the schedule's length and shape as
                    the constructor set them: T_max, total_iters, step_size, milestones,
                    start_factor, total_steps, T_0, ...; for a ``LambdaLR`` over a
@@ -342,9 +344,13 @@ def grad_edit(*, opt: int, params: list[int]) -> Made:
 
 
 def scheduler_step(*, sched: int, cls: str, opt: int | None, lrs: list | None = None,
-                   metric: str = "none", grad: bool = True) -> Made:
-    return "scheduler_step", {"sched": sched, "cls": cls, "opt": opt, "lrs": lrs,
-                              "metric": metric, "grad": grad}
+                   metric: str = "none", grad: bool = True, value: float | None = None,
+                   mode: str | None = None) -> Made:
+    data = {"sched": sched, "cls": cls, "opt": opt, "lrs": lrs, "metric": metric, "grad": grad}
+    if mode is not None:  # a ReduceLROnPlateau's step: what it was fed and how it reads it
+        data["value"] = value
+        data["mode"] = mode
+    return "scheduler_step", data
 
 
 def scheduler_init(*, sched: int, cls: str, opt: int | None, args: dict,
