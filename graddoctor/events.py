@@ -177,7 +177,10 @@ sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last 
                    DistributedSampler starting an epoch (loc: the user's loop over its DataLoader)
 replica_checksum   opt, step (the run's step count after this step), value (float: a checksum of
                    the parameters it owns, a ``Deferred`` while the run goes on), params (how
-                   many) — after an optimizer's first steps in a multi-rank process group
+                   many) — after an optimizer's first steps in a multi-rank process group;
+                   without DistributedDataParallel also layout (int: a hash of the shapes of
+                   the parameters it was built over) and initial (float: their checksum as
+                   built, ``Deferred`` while the run goes on)
 grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer update kept whole:
                    the step number, the L2 norm of each gradient it applied, nan when not finite,
                    the lr of each param group, None when not a plain number), bands [[first,
@@ -463,8 +466,13 @@ def sampler_iter(*, sampler: int, epoch: int | None, shuffle: bool) -> Made:
     return "sampler_iter", {"sampler": sampler, "epoch": epoch, "shuffle": shuffle}
 
 
-def replica_checksum(*, opt: int, step: int, value: Any, params: int) -> Made:
-    return "replica_checksum", {"opt": opt, "step": step, "value": value, "params": params}
+def replica_checksum(*, opt: int, step: int, value: Any, params: int, layout: int | None = None,
+                     initial: Any = None) -> Made:
+    data = {"opt": opt, "step": step, "value": value, "params": params}
+    if layout is not None:  # no DDP: the optimizer's parameters' shapes and values as built
+        data["layout"] = layout
+        data["initial"] = initial
+    return "replica_checksum", data
 
 
 def grad_flow(*, opt: int, columns: list[list], bands: list[list]) -> Made:

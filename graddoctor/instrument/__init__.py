@@ -71,6 +71,7 @@ class Instrumentation:
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
         rec.subscribe("describe_loss", self.ddp.describe_loss)
         rec.subscribe("stepped", self.ddp.after_step)
+        rec.subscribe("params_added", self.ddp.params_added)
         self.watchers.append(self.ddp)
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
