@@ -27,7 +27,7 @@ from graddoctor.run.session import run_check
 from graddoctor.cli import app
 from graddoctor import watch
 from graddoctor.options import OPTIONS, WATCH_OPTIONS, CheckOptions
-from graddoctor.run.target import ProcessState
+from graddoctor.run.process_state import ProcessState
 from graddoctor.report.json_format import finding_to_dict, render
 from graddoctor.rules.notes import run_notes
 from graddoctor.suppress import apply_suppressions

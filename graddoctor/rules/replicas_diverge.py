@@ -47,13 +47,12 @@ class ReplicasDiverge(Rule):
     ```
 
     ## Stays silent on
-    Ranks that apply the same update (DDP; gradients all-reduced by hand); without
-    `DistributedDataParallel`, ranks whose parameters differ in shapes or start from different
-    values (a pipeline's stages, each rank owning other layers; models seeded per rank): only
-    ranks that train parameters of the same shapes from the same initial values are replicas.
-    Without DDP, ranks that train the same model but never average their gradients drift
-    apart, and that is reported (a process group and an `all_gather` in the loss make no
-    data-parallel training).
+    Every rank clipping and stepping alike while only rank 0 logs and evaluates under
+    `no_grad`; gradients all-reduced by hand; without `DistributedDataParallel`, ranks whose
+    parameters differ in shapes or start from different values (a pipeline's stages, each
+    rank owning other layers; models seeded per rank): only ranks that train parameters of the
+    same shapes from the same initial values are replicas. Without DDP, ranks that train the
+    same model but never average their gradients drift apart, and that is reported.
     """
 
     code = "GD403"

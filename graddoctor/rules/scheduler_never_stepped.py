@@ -48,6 +48,14 @@ class SchedulerNeverStepped(Rule):
         optimizer.step()
         warmup.step()
     ```
+
+    ## Stays silent on
+    Schedulers stepped per batch or per epoch as sized (`OneCycleLR` / cosine sized in
+    batches per batch, `T_max=epochs` per epoch); `SequentialLR`/`ChainedScheduler`
+    children; transformers' schedules per update under accumulation; SWA's recipe; an
+    optimizer rebuilt with its scheduler; a hand-written warm-up; a scheduler handed to a
+    trainer under another name and stepped from a later epoch than the replay reached
+    (SimCLR's `self.scheduler.step()` from epoch 10).
     """
 
     code = "GD220"

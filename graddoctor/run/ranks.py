@@ -16,7 +16,7 @@ there is no such store (SLURM's ``srun``, mpirun), or with ``-o`` holding ``{ran
 rank writes its own report file and ``graddoctor merge`` joins them.
 
 A rank's report is final before its script's teardown: at ``destroy_process_group()``
-(run/session.py ``_EarlyReport``), else when the script ends, with the script's objects held
+(run/interim.py ``EarlyReport``), else when the script ends, with the script's objects held
 until the report is handed over; a rank stuck after that is not waited for. Rank 0 tells a
 dead rank from a slow one within a second (``Exchange``) and takes only its own run's
 reports (``run_id``, script, argv, world size). SIGTERM makes every rank report what it had
