@@ -11,9 +11,6 @@ resolve options, enter a session and render what it returns.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
-import os
 import sys
 import threading
 import time
@@ -21,22 +18,19 @@ from typing import Callable
 
 from ..errors import ScriptError, WatchError
 from .. import events as ev
-from ..options import OPTIONS, CheckOptions
+from ..options import CheckOptions
 from ..report.model import Report, RunInfo
 from ..status import ReplayTimeout, decide_status
 from .build import build_report
 from .device import device_policy
 from .ending import RunOutcome, describe_ending
 from .interim import Checkpoints, EarlyReport, snapshot
-from .stdio import real_stdout, stdout_to_stderr
+from .stdio import stdout_to_stderr
 from .target import run_target
-from .teardown import defer_teardown, let_go, release_deferred
+from .teardown import let_go
 from .workers import Workers
 
 __all__ = ["run_check", "ScriptError", "CheckOptions"]
-# also importable from here, where the CLI's rank lifecycle finds them: real_stdout,
-# defer_teardown, release_deferred (run/stdio.py, run/teardown.py)
-_FOR_THE_CLI = (real_stdout, defer_teardown, release_deferred)
 
 _ACTIVE = threading.Lock()  # one instrumented run per process: it patches torch process-wide
 _active_what: list[str] = []
@@ -75,25 +69,6 @@ def start_recorder(options: CheckOptions, announce: bool = True):
         rec.emit(ev.run_start(script=options.target, argv=list(options.args),
                            device=options.device, torch_version=torch.__version__))
     return rec
-
-
-def validated(options: CheckOptions) -> CheckOptions:
-    """The options checked by the option table (options.py) and normalised: selectors as a
-    flat tuple, ``timeout`` 0 or infinity as None (no limit). ScriptError names the first bad
-    value."""
-    changes = {}
-    for option in OPTIONS.values():
-        if option.field is None:  # the CLI's own (report format, output file)
-            continue
-        try:
-            changes[option.field] = option.check(getattr(options, option.field), "library")
-        except ValueError as exc:
-            raise ScriptError(str(exc)) from None
-    if changes["timeout"] == 0 or math.isinf(changes["timeout"] or 0):
-        changes["timeout"] = None
-    if changes.get("trace_path"):  # where the check starts, whatever directory the script goes to
-        changes["trace_path"] = os.path.abspath(changes["trace_path"])
-    return dataclasses.replace(options, **changes)
 
 
 
@@ -296,7 +271,6 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     ``on_destroy(report, destroy)``: a rank's report when the script calls
     ``destroy_process_group()`` (``EarlyReport``, run/interim.py), before its teardown.
     """
-    options = validated(options)
     return Session(options, claim=f"graddoctor check {options.target}").check(
         on_step, on_hang=on_hang, checkpoint=checkpoint, on_destroy=on_destroy)
 
