@@ -88,6 +88,9 @@ def validated(options: CheckOptions) -> CheckOptions:
             changes[option.field] = option.check(getattr(options, option.field), "library")
         except ValueError as exc:
             raise ScriptError(str(exc)) from None
+    if changes["emulate_cuda"] and changes["device"] != "auto":
+        raise ScriptError(f"--emulate-cuda runs the script's GPU path on the CPU: it cannot be "
+                          f"combined with --device {changes['device']}")
     if changes["timeout"] == 0 or math.isinf(changes["timeout"] or 0):
         changes["timeout"] = None
     if changes.get("trace_path"):  # where the check starts, whatever directory the script goes to
@@ -252,6 +255,8 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
         device = _device_of(rec)
     except Exception:
         device = "unknown"
+    if options.emulate_cuda:
+        device = f"cuda (emulated on {device})"
     checksums = [{"opt": e["opt"], "step": e["step"], "value": e["value"],
                   "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None}
                  for e in analysis.of_kind("replica_checksum")]
@@ -327,6 +332,7 @@ class Session:
         self._stack: contextlib.ExitStack | None = None  # what begin() entered
         self._lock: contextlib.ExitStack | None = None  # the one-check lock, if claimed
         self._started = 0.0
+        self.emulation = None  # the CudaEmulation of an --emulate-cuda run
 
     @property
     def started(self) -> float:
@@ -347,6 +353,10 @@ class Session:
         try:
             self._started = time.perf_counter()
             self.rec = start_recorder(self.options, self.announce)
+            if self.options.emulate_cuda:  # under everything else: the script's GPU path
+                from .emulate_cuda import CudaEmulation
+
+                self.emulation = stack.enter_context(CudaEmulation())
             for context in around:
                 stack.enter_context(context(self.rec))
             self.instrumentation = stack.enter_context(
@@ -451,6 +461,7 @@ class Session:
         try:
             instrumentation.name_from(outcome.namespace)
             stack.close()  # never raises: the instrumentation records its own errors
+            _emulation_notes(self.emulation, outcome, rec.finder)
             others = len(rec.stopped_threads - {rec.script_thread})
             if others:
                 outcome.notes.append(
@@ -482,6 +493,27 @@ class Session:
             return report
         finally:
             lock.close()
+
+
+def _emulation_notes(emulation, outcome: RunOutcome, finder) -> None:
+    """``--emulate-cuda``: what the fake GPU answered, and a failure the CPU cannot emulate
+    named as such; without it, a script that failed for want of a GPU gets a hint."""
+    from .emulate_cuda import needs_cuda_hint
+
+    try:
+        if emulation is None:
+            hint = needs_cuda_hint(outcome.error)
+            if hint:
+                outcome.notes.append(hint)
+            return
+        outcome.notes[:0] = emulation.notes()
+        exc = outcome.ended_by
+        if outcome.error and isinstance(exc, BaseException):
+            why = emulation.explain_failure(exc, finder)
+            if why:
+                outcome.error = {**outcome.error, "message": f"{why} ({outcome.error['message']})"}
+    except Exception as error:  # graddoctor's own failure: a note, never the run's
+        outcome.notes.append(f"graddoctor could not describe the CUDA emulation: {error!r}")
 
 
 _deferred: list | None = None  # a rank's script objects, held until its report is handed over
