@@ -143,6 +143,9 @@ class FakeStream:
     def query(self) -> bool:
         return True
 
+    def is_capturing(self) -> bool:
+        return False
+
     def __enter__(self):
         return self
 
@@ -330,6 +333,7 @@ class CudaEmulation:
             "get_device_name": get_device_name, "get_device_capability": get_device_capability,
             "get_device_properties": get_device_properties, "is_bf16_supported": is_bf16_supported,
             "is_tf32_supported": lambda: True, "is_initialized": lambda: True,
+            "is_current_stream_capturing": lambda: False,
             "init": quiet("init"), "get_arch_list": lambda: ["sm_80"],
             "memory_stats": memory_stats, "mem_get_info": mem_get_info,
             "synchronize": quiet("synchronize"), "empty_cache": quiet("empty_cache"),
