@@ -55,6 +55,7 @@ _GPU_ONLY_MESSAGES = (
     "Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "no CUDA GPUs",
     "0 active drivers", "CUDA driver", "without ATen_cuda library", "NCCL", "nccl",
     "not supported by gloo", "does not support", "CUDA error", "cudaGetDevice",
+    "dummy base class", "CUDA", "cuda",
 )
 
 
@@ -776,8 +777,8 @@ def _gpu_only_import(exc: BaseException) -> str | None:
 
 
 def _failing_call(exc: BaseException, finder):
-    """The call the script made that failed (``torch.cuda.get_rng_state``) and the script's
-    line: the frame after the last user frame of the traceback."""
+    """The script's call that failed, as its line reads (with the library function it failed
+    in, when it failed in Python), and the script's location."""
     frames = list(traceback.walk_tb(exc.__traceback__))
     last_user = None
     for i, (frame, _line) in enumerate(frames):
@@ -786,14 +787,13 @@ def _failing_call(exc: BaseException, finder):
     loc = finder.from_traceback(exc.__traceback__)
     if last_user is None:
         return None, loc
-    if last_user + 1 < len(frames):
-        frame = frames[last_user + 1][0]
-        module = frame.f_globals.get("__name__", "?")
-        return f"{module}.{frame.f_code.co_name}", loc
-    # failed in C, called from the user's line: the line's own text names it
     frame, line = frames[last_user]
     text = linecache.getline(frame.f_code.co_filename, line).strip()
-    return (f"`{text}`" if text else None), loc
+    call = f"`{text}`" if text else "a call"
+    if last_user + 1 < len(frames):
+        inner = frames[last_user + 1][0]
+        call += f" (in {inner.f_globals.get('__name__', '?')}.{inner.f_code.co_name})"
+    return call, loc
 
 
 def needs_cuda_hint(error: dict | None, notes_text: str = "") -> str | None:
