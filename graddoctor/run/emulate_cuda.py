@@ -203,7 +203,8 @@ class CudaEmulation:
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _said(self, question: str, answer: Any) -> Any:
-        if question not in self.answers:
+        """Keep what the script was answered (torch's own questions are not the script's)."""
+        if question not in self.answers and not _caller_module().startswith(("torch.", "torch")):
             with self._lock:
                 self.answers.setdefault(question, repr(answer) if not isinstance(answer, str)
                                         else answer)
@@ -229,7 +230,11 @@ class CudaEmulation:
     def _cuda_functions(self) -> dict[str, Any]:
         emu = self
 
+        real_available = torch_cuda_is_available()
+
         def is_available() -> bool:
+            if _asked_by_compiler():
+                return real_available  # torch.compile builds for the devices the tensors are on
             return emu._said("is_available()", True)
 
         def device_count() -> int:
@@ -299,6 +304,10 @@ class CudaEmulation:
             emu._said("streams", "stand-ins (work is done when queued)")
             return _DEFAULT_STREAM
 
+        def default_stream(device=None):
+            emu._said("streams", "stand-ins (work is done when queued)")
+            return _DEFAULT_STREAM
+
         def stream(s=None):
             emu._said("streams", "stand-ins (work is done when queued)")
             return contextlib.nullcontext(s)
@@ -354,7 +363,7 @@ class CudaEmulation:
                                        "accepted (the CPU generator is left alone)"),
             "get_rng_state": get_rng_state, "get_rng_state_all": get_rng_state_all,
             "initial_seed": initial_seed,
-            "current_stream": current_stream, "default_stream": current_stream,
+            "current_stream": current_stream, "default_stream": default_stream,
             "set_stream": quiet("set_stream"), "stream": stream, "Stream": Stream,
             "Event": Event, "device": device, "device_of": device_of,
             "utilization": lambda device=None: 0,
@@ -376,19 +385,35 @@ class CudaEmulation:
         def set_device_index(device) -> None:
             cuda["set_device"](device)
 
-        return {"is_available": cuda["is_available"], "device_count": cuda["device_count"],
+        real_available = accelerator_is_available()
+
+        def is_available() -> bool:
+            if _asked_by_compiler():
+                return real_available
+            return emu._said("is_available()", True)
+
+        def fresh(name):  # a function of its own (torch.compile keys its handlers by function)
+            fake = cuda[name]
+
+            def call(*args, **kwargs):
+                return fake(*args, **kwargs)
+
+            call.__name__ = name
+            return call
+
+        functions = {name: fresh(of) for name, of in (
+            ("device_count", "device_count"), ("current_device_index", "current_device"),
+            ("current_device_idx", "current_device"), ("synchronize", "synchronize"),
+            ("empty_cache", "empty_cache"), ("set_stream", "set_stream"),
+            ("current_stream", "current_stream"),
+            ("memory_allocated", "memory_allocated"),
+            ("max_memory_allocated", "max_memory_allocated"),
+            ("memory_reserved", "memory_reserved"), ("max_memory_reserved", "max_memory_reserved"),
+            ("memory_stats", "memory_stats"), ("reset_peak_memory_stats", "reset_peak_memory_stats"))}
+        set_device_idx = fresh("set_device")
+        return {**functions, "is_available": is_available,
                 "current_accelerator": current_accelerator,
-                "current_device_index": cuda["current_device"],
-                "current_device_idx": cuda["current_device"],
-                "set_device_index": set_device_index, "set_device_idx": set_device_index,
-                "synchronize": cuda["synchronize"], "empty_cache": cuda["empty_cache"],
-                "current_stream": cuda["current_stream"], "set_stream": cuda["set_stream"],
-                "memory_allocated": cuda["memory_allocated"],
-                "max_memory_allocated": cuda["max_memory_allocated"],
-                "memory_reserved": cuda["memory_reserved"],
-                "max_memory_reserved": cuda["max_memory_reserved"],
-                "memory_stats": cuda["memory_stats"],
-                "reset_peak_memory_stats": cuda["reset_peak_memory_stats"]}
+                "set_device_index": set_device_index, "set_device_idx": set_device_idx}
 
     # -- autocast, distribution, loading -----------------------------------------------------
     def _autocast_init(self, original):
@@ -487,6 +512,20 @@ class CudaEmulation:
         load.__wrapped__ = original
         return load
 
+    def _device_context(self, original):
+        """``torch.set_default_device("cuda")`` and ``with torch.device("cuda"):``: their mode
+        sits under every other one, so it is given the CPU from the start."""
+        emu = self
+
+        def __init__(self, device, *args, **kwargs):
+            if _is_cuda(device):
+                emu._changed("default device cuda", "the CPU")
+                device = "cpu"
+            return original(self, device, *args, **kwargs)
+
+        __init__.__wrapped__ = original
+        return __init__
+
     def _generator(self):
         import torch
 
@@ -537,17 +576,21 @@ class CudaEmulation:
             patch(autocast, "__init__", self._autocast_init(autocast.__init__))
             patch(torch, "load", self._load(torch.load))
             patch(torch, "Generator", self._generator())
+            from torch.utils._device import DeviceContext
+
+            patch(DeviceContext, "__init__", self._device_context(DeviceContext.__init__))
             try:
                 from torch.utils.data._utils import pin_memory as pin_module
 
                 patch(pin_module, "pin_memory", lambda data, device=None: data)
             except ImportError:
                 pass
-            try:
-                from torch.nn.parallel import data_parallel
+            try:  # DataParallel: the module as one device runs it (the name is shadowed by a function)
+                import importlib
 
+                data_parallel = importlib.import_module("torch.nn.parallel.data_parallel")
                 patch(data_parallel, "_get_available_device_type", lambda: None)
-            except ImportError:
+            except (ImportError, AttributeError):
                 pass
             if dist.is_available():
                 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -703,6 +746,43 @@ def _mode_class():
 
     _MODE_CLASS = DeviceMode
     return DeviceMode
+
+
+def _caller_module() -> str:
+    """The module of the first caller outside this one."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return (frame.f_globals.get("__name__") or "") if frame is not None else ""
+
+
+_COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch.utils._triton", "torch._functorch")
+
+
+def _asked_by_compiler() -> bool:
+    """Whether torch.compile's own code asks (it must compile for the CPU the tensors are on)."""
+    import sys
+
+    try:
+        caller = sys._getframe(2).f_globals.get("__name__", "") or ""
+    except ValueError:
+        return False
+    return caller.startswith(_COMPILER_MODULES)
+
+
+def torch_cuda_is_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def accelerator_is_available() -> bool:
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    return bool(accelerator is not None and accelerator.is_available())
 
 
 def _copying(rest: list, kwargs: dict) -> dict:
