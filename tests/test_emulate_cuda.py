@@ -110,6 +110,32 @@ def test_moves_copy_like_a_gpu_and_every_device_spelling_lands_on_the_cpu():
         assert model.weight is weight and weight.is_leaf  # moved in place, as Module.cuda does
         assert weight.cuda() is weight  # a parameter on the emulated GPU stays itself
         assert torch.cuda.device_count() == 2
+        torch.set_default_device("cuda")
+        try:
+            assert torch.zeros(1).device.type == "cpu"
+        finally:
+            torch.set_default_device(None)
+        with torch.device("cuda", 1):
+            assert torch.ones(1).device.type == "cpu"
+        parallel = torch.nn.DataParallel(torch.nn.Linear(2, 1).cuda(), device_ids=[0, 1])
+        assert parallel(torch.randn(3, 2).cuda()).shape == (3, 1)
+
+
+def test_torch_compile_is_told_the_truth_the_script_is_not():
+    """torch.compile builds for the devices the tensors are on: its own questions about CUDA
+    get the real answers (a CUDA build would compile Triton kernels for CPU tensors)."""
+    asked_by = {}
+    for module in ("torch._dynamo.variables.streams", "torch._inductor.utils", "__main__"):
+        scope = {"__name__": module, "torch": torch}
+        exec("def ask():\n    return torch.cuda.is_available(), torch.accelerator.is_available()",
+             scope)
+        asked_by[module] = scope["ask"]
+    with emulate_cuda.CudaEmulation() as emulation:
+        answers = {module: ask() for module, ask in asked_by.items()}
+    truth = (torch.cuda.is_available(), torch.accelerator.is_available())
+    assert answers["__main__"] == (True, True)
+    assert answers["torch._dynamo.variables.streams"] == answers["torch._inductor.utils"] == truth
+    assert emulation.answers == {"is_available()": "True"}  # the script's question only
 
 
 def test_autocast_cuda_runs_as_cpu_autocast_in_the_dtype_asked():
@@ -149,6 +175,16 @@ def test_nccl_becomes_gloo_and_ddp_takes_device_ids(tmp_path):
         report.run.notes[0]
 
 
+def test_a_bug_only_the_gpu_path_has_is_missed_on_the_cpu_path_and_found_emulated(monkeypatch):
+    monkeypatch.chdir(os.path.join(ROOT, "fixtures", "cuda"))
+    found = {}
+    for emulate in (False, True):
+        report = run_check(CheckOptions(target="bad_cuda_gpu_path_differs.py",
+                                        emulate_cuda=emulate))
+        found[emulate] = [(f.rule, f.location.line) for f in report.findings]
+    assert found == {False: [], True: [("step-bypasses-scaler", 24)]}
+
+
 def test_what_cannot_be_emulated_names_the_call_and_the_line(tmp_path):
     report = _check(tmp_path, """
         import torch
@@ -168,6 +204,8 @@ def test_what_cannot_be_emulated_names_the_call_and_the_line(tmp_path):
 def test_the_scripts_own_error_is_left_as_it_is(tmp_path):
     report = _check(tmp_path, "import torch\nraise ValueError('bad config')\n")
     assert report.run.error["message"] == "bad config"
+    report = _check(tmp_path, "import torch\nraise RuntimeError('no CUDA in this config')\n")
+    assert report.run.error["message"] == "no CUDA in this config"
 
 
 @pytest.mark.parametrize("code", [

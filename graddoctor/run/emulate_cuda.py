@@ -640,7 +640,7 @@ class CudaEmulation:
             return (f"--emulate-cuda cannot emulate {GPU_ONLY_LIBRARIES[library]}: the script "
                     f"imports or calls {library}{where}, which needs a real GPU")
         text = _text(exc)
-        if not any(m in text for m in _GPU_ONLY_MESSAGES):
+        if not any(m in text for m in _GPU_ONLY_MESSAGES) or _raised_by_script(exc, finder):
             return None
         if "gloo" in text.lower() or "nccl" in text.lower():
             why = "an NCCL-only collective (gloo, which stands in for nccl, does not have it)"
@@ -854,6 +854,17 @@ def _gpu_only_import(exc: BaseException) -> str | None:
         if top in GPU_ONLY_LIBRARIES and top != "nvidia":
             return top
     return None
+
+
+def _raised_by_script(exc: BaseException, finder) -> bool:
+    """The script's own ``raise`` (its message is its own, whatever it says about CUDA)."""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if not frames:
+        return False
+    frame, line = frames[-1]
+    if not finder.is_user_file(frame.f_code.co_filename):
+        return False
+    return linecache.getline(frame.f_code.co_filename, line).lstrip().startswith("raise")
 
 
 def _failing_call(exc: BaseException, finder):
