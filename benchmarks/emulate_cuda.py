@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 def _parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short smoke run")
-    p.add_argument("--rounds", type=int, default=0, help="rounds per workload (default 300, quick 40)")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="rounds per workload (default 300, quick 40)")
     p.add_argument("--only", default="", help="comma-separated workloads: mlp,cnn,transformer")
     return p.parse_args(argv)
 

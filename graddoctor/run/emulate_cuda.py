@@ -7,8 +7,9 @@ Three parts, all installed through one ``Patcher`` and removed on exit (docs/emu
   without a launcher), ``set_device``/``current_device`` keep an index, the memory statistics
   are 0, ``synchronize``/``empty_cache`` do nothing, streams and events are stand-ins whose
   ``elapsed_time`` measures the host's clock. What each query answered is kept for the report.
-* A ``TorchFunctionMode`` (``_DeviceMode``) turns a CUDA device given to a torch function (a
-  factory's ``device=``, ``Tensor.to``, ``Tensor.cuda``, ``pin_memory``) into the CPU. A move
+* A ``TorchFunctionMode`` (``DeviceMode``, built by ``_mode_class``) turns a CUDA device
+  given to a torch function (a factory's ``device=``, ``Tensor.to``, ``Tensor.cuda``,
+  ``pin_memory``) into the CPU. A move
   "to the GPU" of a tensor that is not on the emulated GPU yet makes a copy, as on a real GPU
   (a leaf moved with ``.cuda()`` is no leaf any more); a tensor whose storage was made for the
   emulated GPU is moved to it as itself. The storages are known by a weak set.
@@ -409,7 +410,8 @@ class CudaEmulation:
             ("memory_allocated", "memory_allocated"),
             ("max_memory_allocated", "max_memory_allocated"),
             ("memory_reserved", "memory_reserved"), ("max_memory_reserved", "max_memory_reserved"),
-            ("memory_stats", "memory_stats"), ("reset_peak_memory_stats", "reset_peak_memory_stats"))}
+            ("memory_stats", "memory_stats"),
+            ("reset_peak_memory_stats", "reset_peak_memory_stats"))}
         set_device_idx = fresh("set_device")
         return {**functions, "is_available": is_available,
                 "current_accelerator": current_accelerator,
@@ -486,7 +488,8 @@ class CudaEmulation:
             cuda = any(_is_cuda(d) for v in given.values()
                        for d in (v if isinstance(v, (list, tuple)) else [v]))
             if given and cuda and _module_on_cpu(module):
-                emu._changed(f"DistributedDataParallel({', '.join(f'{k}={v!r}' for k, v in given.items())})",
+                asked = ", ".join(f"{k}={v!r}" for k, v in given.items())
+                emu._changed(f"DistributedDataParallel({asked})",
                              "dropped: the module is on the CPU")
             elif given:  # not ours to change: as asked
                 for position, name in ((0, "device_ids"), (1, "output_device")):
@@ -576,6 +579,8 @@ class CudaEmulation:
             patch(autocast, "__init__", self._autocast_init(autocast.__init__))
             patch(torch, "load", self._load(torch.load))
             patch(torch, "Generator", self._generator())
+            for storage in (torch.UntypedStorage, torch.TypedStorage):  # map_location callables
+                patch(storage, "cuda", _storage_cuda)
             from torch.utils._device import DeviceContext
 
             patch(DeviceContext, "__init__", self._device_context(DeviceContext.__init__))
@@ -585,7 +590,7 @@ class CudaEmulation:
                 patch(pin_module, "pin_memory", lambda data, device=None: data)
             except ImportError:
                 pass
-            try:  # DataParallel: the module as one device runs it (the name is shadowed by a function)
+            try:  # DataParallel runs the module as one device (a function shadows its module)
                 import importlib
 
                 data_parallel = importlib.import_module("torch.nn.parallel.data_parallel")
@@ -599,7 +604,7 @@ class CudaEmulation:
                 patch(dist, "new_group", self._new_group(dist.new_group))
                 patch(dist, "is_nccl_available", lambda: True)
                 patch(DDP, "__init__", self._ddp_init(DDP.__init__))
-            self.mode = _DeviceMode(self)
+            self.mode = _mode_class()(self)
             self.mode.__enter__()
         except BaseException:
             self.patcher.undo()
@@ -647,13 +652,6 @@ class CudaEmulation:
         else:
             why = "it needs a real GPU (a CUDA kernel or a part of torch.cuda not emulated)"
         return f"--emulate-cuda cannot emulate {call or 'a call'}{where}: {why}"
-
-
-class _DeviceMode:
-    """The device rewrite, as a ``TorchFunctionMode`` (built lazily: no torch at import)."""
-
-    def __new__(cls, emulation: CudaEmulation):
-        return _mode_class()(emulation)
 
 
 _MODE_CLASS = None
@@ -790,6 +788,11 @@ def _copying(rest: list, kwargs: dict) -> dict:
     if len(rest) >= 4 or "copy" in kwargs:
         return kwargs
     return {**kwargs, "copy": True}
+
+
+def _storage_cuda(self, device=None, non_blocking=False, **_kwargs):
+    """``storage.cuda()`` (a ``torch.load`` map_location callable): the storage, on the CPU."""
+    return self
 
 
 def _module_on_cpu(module) -> bool:
