@@ -542,6 +542,9 @@ class CudaEmulation:
             def __subclasscheck__(cls, sub):
                 return issubclass(sub, real)
 
+            def __getattr__(cls, name):  # Generator.manual_seed, ...: the real class's
+                return getattr(real, name)
+
         class Generator(metaclass=_Meta):
             """``torch.Generator(device="cuda")``: a CPU generator."""
 
