@@ -356,11 +356,11 @@ def watch(
     *,
     steps: int = 0,
     epoch_batches: int = 0,
+    emulate_cuda: bool = False,
     fail_on: str = "warning",
     trace: "str | os.PathLike[str] | None" = None,
     select: "str | Sequence[str]" = (),
     ignore: "str | Sequence[str]" = (),
-    emulate_cuda: bool = False,
 ) -> Watch:
     """Watch the code that runs inside a ``with`` block (or a decorated function) in this
     process, with the rules of ``graddoctor check``::
