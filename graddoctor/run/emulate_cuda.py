@@ -164,10 +164,10 @@ class FakeEvent:
     def __init__(self, enable_timing: bool = False, blocking: bool = False,
                  interprocess: bool = False, **_kwargs) -> None:
         self.enable_timing = enable_timing
-        self._at: float | None = None
+        self.at: float | None = None
 
     def record(self, stream=None) -> None:
-        self._at = time.perf_counter()
+        self.at = time.perf_counter()
 
     def wait(self, stream=None) -> None:
         pass
@@ -179,9 +179,9 @@ class FakeEvent:
         pass
 
     def elapsed_time(self, end: "FakeEvent") -> float:
-        if self._at is None or getattr(end, "_at", None) is None:
+        if self.at is None or getattr(end, "at", None) is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end._at - self._at) * 1000.0
+        return (end.at - self.at) * 1000.0
 
 
 _DEFAULT_STREAM = FakeStream()
@@ -203,7 +203,7 @@ class CudaEmulation:
         self.autocast_fallback: str | None = None
 
     # -- bookkeeping ------------------------------------------------------------------------
-    def _said(self, question: str, answer: Any) -> Any:
+    def answer(self, question: str, answer: Any) -> Any:
         """Keep what the script was answered (torch's own questions are not the script's)."""
         if question not in self.answers and not _caller_module().startswith(("torch.", "torch")):
             with self._lock:
@@ -211,12 +211,12 @@ class CudaEmulation:
                                         else answer)
         return answer
 
-    def _changed(self, what: str, how: str) -> None:
+    def note_change(self, what: str, how: str) -> None:
         if what not in self.changes:
             with self._lock:
                 self.changes.setdefault(what, how)
 
-    def _index(self, device=None) -> int:
+    def index_of(self, device=None) -> int:
         if device is None:
             return self.current
         if isinstance(device, int) and not isinstance(device, bool):
@@ -236,28 +236,28 @@ class CudaEmulation:
         def is_available() -> bool:
             if _asked_by_compiler():
                 return real_available  # torch.compile builds for the devices the tensors are on
-            return emu._said("is_available()", True)
+            return emu.answer("is_available()", True)
 
         def device_count() -> int:
-            return emu._said("device_count()", emu.gpus)
+            return emu.answer("device_count()", emu.gpus)
 
         def current_device() -> int:
-            return emu._said("current_device()", emu.current)
+            return emu.answer("current_device()", emu.current)
 
         def set_device(device) -> None:
-            index = emu._index(device)
+            index = emu.index_of(device)
             if index >= 0:
                 emu.current = index
-            emu._said(f"set_device({index})", "kept (tensors stay on the CPU)")
+            emu.answer(f"set_device({index})", "kept (tensors stay on the CPU)")
 
         def get_device_name(device=None) -> str:
-            return emu._said("get_device_name()", DEVICE_NAME)
+            return emu.answer("get_device_name()", DEVICE_NAME)
 
         def get_device_capability(device=None) -> tuple[int, int]:
-            return emu._said("get_device_capability()", CAPABILITY)
+            return emu.answer("get_device_capability()", CAPABILITY)
 
         def get_device_properties(device=None):
-            emu._said("get_device_properties()", f"{DEVICE_NAME}, capability "
+            emu.answer("get_device_properties()", f"{DEVICE_NAME}, capability "
                       f"{CAPABILITY[0]}.{CAPABILITY[1]}, {TOTAL_MEMORY >> 30} GiB")
             return types.SimpleNamespace(
                 name=DEVICE_NAME, major=CAPABILITY[0], minor=CAPABILITY[1],
@@ -266,23 +266,23 @@ class CudaEmulation:
                 warp_size=32, gcnArchName="")
 
         def is_bf16_supported(including_emulation: bool = True) -> bool:
-            return emu._said("is_bf16_supported()", True)
+            return emu.answer("is_bf16_supported()", True)
 
         def zero_bytes(name):
             def stat(device=None) -> int:
-                return emu._said(f"{name}()", 0)
+                return emu.answer(f"{name}()", 0)
             stat.__name__ = name
             return stat
 
         def memory_stats(device=None) -> dict:
-            return emu._said("memory_stats()", {})
+            return emu.answer("memory_stats()", {})
 
         def mem_get_info(device=None) -> tuple[int, int]:
-            return emu._said("mem_get_info()", (TOTAL_MEMORY, TOTAL_MEMORY))
+            return emu.answer("mem_get_info()", (TOTAL_MEMORY, TOTAL_MEMORY))
 
         def quiet(name, answer=None):
             def call(*args, **kwargs):
-                emu._said(f"{name}()", "nothing to do" if answer is None else answer)
+                emu.answer(f"{name}()", "nothing to do" if answer is None else answer)
                 return None
             call.__name__ = name
             return call
@@ -290,7 +290,7 @@ class CudaEmulation:
         def get_rng_state(device="cuda"):
             import torch
 
-            emu._said("get_rng_state()", "the CPU generator's state")
+            emu.answer("get_rng_state()", "the CPU generator's state")
             return torch.get_rng_state()
 
         def get_rng_state_all():
@@ -302,32 +302,32 @@ class CudaEmulation:
             return torch.initial_seed()
 
         def current_stream(device=None):
-            emu._said("streams", "stand-ins (work is done when queued)")
+            emu.answer("streams", "stand-ins (work is done when queued)")
             return _DEFAULT_STREAM
 
         def default_stream(device=None):
-            emu._said("streams", "stand-ins (work is done when queued)")
+            emu.answer("streams", "stand-ins (work is done when queued)")
             return _DEFAULT_STREAM
 
         def stream(s=None):
-            emu._said("streams", "stand-ins (work is done when queued)")
+            emu.answer("streams", "stand-ins (work is done when queued)")
             return contextlib.nullcontext(s)
 
         class Stream(FakeStream):
             def __new__(cls, *args, **kwargs):
-                emu._said("streams", "stand-ins (work is done when queued)")
+                emu.answer("streams", "stand-ins (work is done when queued)")
                 return super().__new__(cls)
 
         class Event(FakeEvent):
             def __new__(cls, *args, **kwargs):
-                emu._said("events", "record the host's clock; elapsed_time in ms between records")
+                emu.answer("events", "record the host's clock; elapsed_time in ms between records")
                 return super().__new__(cls)
 
         @contextlib.contextmanager
         def device(index):
             saved = emu.current
             if index is not None:
-                i = emu._index(index)
+                i = emu.index_of(index)
                 if i >= 0:
                     emu.current = i
             try:
@@ -381,7 +381,7 @@ class CudaEmulation:
         cuda = self._cuda_fakes
 
         def current_accelerator(check_available: bool = False):
-            return emu._said("torch.accelerator.current_accelerator()", torch.device("cuda"))
+            return emu.answer("torch.accelerator.current_accelerator()", torch.device("cuda"))
 
         def set_device_index(device) -> None:
             cuda["set_device"](device)
@@ -391,7 +391,7 @@ class CudaEmulation:
         def is_available() -> bool:
             if _asked_by_compiler():
                 return real_available
-            return emu._said("is_available()", True)
+            return emu.answer("is_available()", True)
 
         def fresh(name):  # a function of its own (torch.compile keys its handlers by function)
             fake = cuda[name]
@@ -435,7 +435,7 @@ class CudaEmulation:
                     emu.autocast_fallback = (
                         f"autocast('cuda', {_dtype_name(asked)}) ran as CPU autocast in bfloat16:"
                         f" CPU autocast in this torch does not support {_dtype_name(asked)}")
-                emu._changed(f"autocast('cuda', {_dtype_name(asked)})",
+                emu.note_change(f"autocast('cuda', {_dtype_name(asked)})",
                              f"CPU autocast in {_dtype_name(dtype)}")
                 device_type = "cpu"
             with warnings.catch_warnings():
@@ -448,10 +448,10 @@ class CudaEmulation:
         emu = self
 
         def init_process_group(backend=None, *args, **kwargs):
-            backend = emu._backend(backend, "init_process_group")
+            backend = emu.backend_for(backend, "init_process_group")
             if _is_cuda(kwargs.get("device_id")):
                 kwargs["device_id"] = None
-                emu._changed("init_process_group(device_id=cuda)", "no device bound")
+                emu.note_change("init_process_group(device_id=cuda)", "no device bound")
             return original(backend, *args, **kwargs)
 
         init_process_group.__wrapped__ = original
@@ -461,15 +461,15 @@ class CudaEmulation:
         emu = self
 
         def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
-            return original(ranks, timeout, emu._backend(backend, "new_group"), *args, **kwargs)
+            return original(ranks, timeout, emu.backend_for(backend, "new_group"), *args, **kwargs)
 
         new_group.__wrapped__ = original
         return new_group
 
-    def _backend(self, backend, call: str):
+    def backend_for(self, backend, call: str):
         asked = getattr(backend, "value", backend)
         if backend is None or (isinstance(asked, str) and "nccl" in asked.lower()):
-            self._changed(f"{call}({asked!r})" if backend is not None else f"{call}()",
+            self.note_change(f"{call}({asked!r})" if backend is not None else f"{call}()",
                           "gloo")
             return "gloo"
         return backend
@@ -489,7 +489,7 @@ class CudaEmulation:
                        for d in (v if isinstance(v, (list, tuple)) else [v]))
             if given and cuda and _module_on_cpu(module):
                 asked = ", ".join(f"{k}={v!r}" for k, v in given.items())
-                emu._changed(f"DistributedDataParallel({asked})",
+                emu.note_change(f"DistributedDataParallel({asked})",
                              "dropped: the module is on the CPU")
             elif given:  # not ours to change: as asked
                 for position, name in ((0, "device_ids"), (1, "output_device")):
@@ -509,7 +509,7 @@ class CudaEmulation:
         def load(f, map_location=None, *args, **kwargs):
             mapped = _map_location(map_location)
             if mapped is not map_location and map_location is not None:
-                emu._changed(f"torch.load(map_location={map_location!r})", "the CPU")
+                emu.note_change(f"torch.load(map_location={map_location!r})", "the CPU")
             return original(f, mapped, *args, **kwargs)
 
         load.__wrapped__ = original
@@ -522,7 +522,7 @@ class CudaEmulation:
 
         def __init__(self, device, *args, **kwargs):
             if _is_cuda(device):
-                emu._changed("default device cuda", "the CPU")
+                emu.note_change("default device cuda", "the CPU")
                 device = "cpu"
             return original(self, device, *args, **kwargs)
 
@@ -550,7 +550,7 @@ class CudaEmulation:
 
             def __new__(cls, device="cpu"):
                 if _is_cuda(device):
-                    emu._changed("torch.Generator(device='cuda')", "a CPU generator")
+                    emu.note_change("torch.Generator(device='cuda')", "a CPU generator")
                     device = "cpu"
                 return real(device)
 
