@@ -62,7 +62,7 @@ def pytest_sessionfinish(session, exitstatus):
 FIRST = ("test_distributed.py", "test_distributed_runs.py", "test_pytest_plugin.py",
          "test_reliability_script.py", "test_end_to_end.py", "test_reliability_hygiene.py",
          "test_wire_format.py", "test_children.py", "test_notebook.py", "test_run_like_python.py",
-         "test_warm_python.py", "test_reliability_compile.py", "test_browser.py")
+         "test_warm_python.py", "test_threads_race.py", "test_reliability_compile.py", "test_browser.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

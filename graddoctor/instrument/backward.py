@@ -41,13 +41,19 @@ and each backward first lets go of the held nodes the script has dropped since.
 Threads: a backward is nested (its writes are the outer one's) when its thread already runs one,
 or when it comes from a thread Python did not start (autograd's device threads run reentrant
 checkpoints) while any runs (``Recorder.in_backward``). A backward another thread of the script
-calls meanwhile is its own, and recorded.
+calls meanwhile is its own, and recorded. A backward reads and judges only the tensors its
+thread owns (``Recorder.owner``: the thread that tracked a tensor, or whose walk last reached it;
+each thread walks its own first backwards of a line): autograd writes a leaf's ``.grad`` without
+the GIL, so reading a tensor another thread's running backward writes would race with that write
+and crash. A tensor that several threads have owned (one model trained from several threads) is
+not read while another thread's backward runs.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import threading
 import weakref
 
 import torch
@@ -239,7 +245,7 @@ class BackwardWatcher:
     # -- graph walks ---------------------------------------------------------------------------
     def _walk_due(self, loc) -> _Line | None:
         """The line's record when this backward's graph should be walked, else None."""
-        key = (loc.path, loc.line) if loc is not None else None
+        key = (loc.path, loc.line, threading.get_ident()) if loc is not None else None
         line = self._lines.get(key)
         if line is None:
             line = self._lines[key] = _Line()
@@ -267,9 +273,12 @@ class BackwardWatcher:
             leaves = _leaves(tensors, inputs)
         aside = self.aside if self.aside is not None and self.aside.fsdp_seen else None
         persistent = self._persistent
+        owner, me = rec.owner, threading.get_ident()
         for leaf in leaves:
             pid = pid_of.get(id(leaf))
             if pid is not None and refs[pid]() is leaf:  # tracked already (rec.pid, inlined)
+                if owner.get(pid) != me:  # another thread's until now (rec.claim, inlined test)
+                    rec.claim(pid)
                 if pid in persistent:
                     ctx.extra_leaves += 1
                 continue
@@ -325,12 +334,13 @@ class BackwardWatcher:
 
     # -- grads before and after (hot path: twice per tracked tensor per backward) ---------------
     def read_before(self, ctx: BackwardContext) -> None:
-        """Judge every tracked tensor's ``.grad`` as it is before the backward: absent or left
-        by zero_grad (fresh), the one we last saw (accumulated), or changed behind our back."""
+        """Judge the ``.grad`` of every tracked tensor this thread owns (``Recorder.readable``) as
+        it is before the backward: absent or left by zero_grad (fresh), the one we last saw
+        (accumulated), or changed behind our back."""
         known, zeroed = self.rec.known_grad, self.rec.zeroed_grad
         before = ctx.before
         append = before.append
-        for pid, ref in enumerate(self.rec.tensors.refs):
+        for pid, ref in self.rec.readable(self.rec.others_in_backward()):
             tensor = ref()
             if tensor is None:
                 continue
@@ -370,7 +380,7 @@ class BackwardWatcher:
             if line is not None:
                 self._walk(ctx, line, tensors, inputs, history=retained)
             else:
-                ctx.extra_leaves = self._lines[(loc.path, loc.line)].extra_leaves
+                ctx.extra_leaves = self._lines[(loc.path, loc.line, threading.get_ident())].extra_leaves
         self.read_before(ctx)
         self._mark_root(ctx, tensors, retained)
         return ctx
@@ -398,7 +408,10 @@ class BackwardWatcher:
         rec = self.rec
         fresh, accumulated, cleared = [], [], []
         states = {}  # pid -> (id(grad), grad._version) of the grads it wrote
+        skip = rec.shared if rec.shared and rec.others_in_backward() else ()  # see rec.readable
         for pid, tensor, before, version, verdict in ctx.before:
+            if pid in skip:
+                continue
             grad = tensor.grad
             if grad is before and (grad is None or (grad._version if type(grad) is Tensor
                                                     else grad_version(grad)) == version):

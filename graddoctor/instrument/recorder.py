@@ -170,6 +170,15 @@ class Recorder:
         # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
         self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
         self.running_backwards: dict[int, Any] = {}  # thread ident -> its running backward's context
+        # Which thread's backwards may read each tracked tensor's .grad: autograd writes a
+        # leaf's .grad without the GIL, so reading another thread's tensor while its backward
+        # runs races with that write (a crash, not a wrong number). pid -> thread ident of the
+        # thread that tracked it or whose backward last reached it (``claim``).
+        self.owner: dict[int, int] = {}
+        self.owned_by: dict[int, int] = {}  # thread ident -> how many tensors it owns
+        self.shared: set[int] = set()  # pids that more than one thread has owned
+        # events and pids are numbered in order: threads of the script emit and track too
+        self.lock = threading.RLock()
         self.optimizer_id = Identities()  # optimizer -> its number, given at first sight
         self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns
         self.param_names: dict[int, str] = {}
@@ -215,6 +224,10 @@ class Recorder:
     def emit(self, made: ev.Made, loc: Location | None = None) -> Event:
         """Append an event made by a constructor of ``graddoctor.events``; its data dict (and
         the lists in it) belongs to the event from now on."""
+        with self.lock:
+            return self._emit(made, loc)
+
+    def _emit(self, made: ev.Made, loc: Location | None) -> Event:
         folder = self.folder
         # hot path: before it is active the folder only counts steps
         if folder is not None and (folder.active or made[0] == "step"):
@@ -306,16 +319,60 @@ class Recorder:
 
     # -- tensors -------------------------------------------------------------------------
     def track(self, tensor) -> int:
-        """Give a leaf tensor a pid (once)."""
+        """Give a leaf tensor a pid (once), owned by the calling thread."""
         tensors = self.tensors
         pid = tensors.get(tensor)
         if pid is not None:
             return pid
-        pid = tensors(tensor)
+        with self.lock:
+            pid = tensors(tensor)
+            if pid not in self.owner:
+                self._own(pid, get_ident())
         self.is_parameter[pid] = isinstance(tensor, torch.nn.Parameter)
         self.shapes[pid] = _shape(tensor)
         self.requires_grad[pid] = tensor.requires_grad
         return pid
+
+    def claim(self, pid: int) -> None:
+        """The calling thread's backward reaches this tracked tensor: its backwards read the
+        tensor's .grad from now on, other threads' no longer."""
+        me = get_ident()
+        if self.owner.get(pid) != me:
+            with self.lock:
+                self.shared.add(pid)
+                self._own(pid, me)
+
+    def _own(self, pid: int, thread: int) -> None:
+        owned_by = self.owned_by
+        old = self.owner.get(pid)
+        if old is not None:
+            left = owned_by[old] - 1
+            if left:
+                owned_by[old] = left
+            else:
+                del owned_by[old]
+        self.owner[pid] = thread
+        owned_by[thread] = owned_by.get(thread, 0) + 1
+
+    def readable(self, others_running: bool):
+        """``(pid, ref)`` of the tracked tensors whose .grad the calling thread may read now:
+        those it owns, less those another thread has owned while another thread's backward
+        runs (a shared model trained from several threads). The whole list when the calling
+        thread owns every tracked tensor (a script with one training thread)."""
+        me = get_ident()
+        refs = self.tensors.refs
+        owned_by = self.owned_by
+        if len(owned_by) == 1 and me in owned_by:
+            if not (others_running and self.shared):
+                return enumerate(refs)
+        owner, shared = self.owner, self.shared
+        return [(pid, ref) for pid, ref in enumerate(refs)
+                if owner.get(pid) == me and not (others_running and pid in shared)]
+
+    def others_in_backward(self) -> bool:
+        """Whether a thread other than the calling one runs a backward now."""
+        running = self.running_backwards
+        return bool(running) and (len(running) > 1 or get_ident() not in running)
 
     def name_params(self, names: dict[int, str]) -> None:
         """Name tracked tensors (pid -> ``model.fc1.weight``; ``instrument/names.py``)."""
