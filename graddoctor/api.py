@@ -79,8 +79,8 @@ def check_script(
     from .run.session import run_check
 
     values = _given(module=module, steps=steps, epoch_batches=epoch_batches, timeout=timeout,
-                    device=device, emulate_cuda=emulate_cuda, fail_on=fail_on, select=select, ignore=ignore,
-                    allow_incomplete=allow_incomplete,
+                    device=device, emulate_cuda=emulate_cuda, fail_on=fail_on, select=select,
+                    ignore=ignore, allow_incomplete=allow_incomplete,
                     # where the caller is: a script that changes directory moves no file
                     trace=os.path.abspath(os.fspath(trace)) if trace is not None else None)
     from .options import resolve
