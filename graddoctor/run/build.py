@@ -91,6 +91,8 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
         device = _device_of(rec)
     except Exception:
         device = "unknown"
+    if options.emulate_cuda:
+        device = f"cuda (emulated on {device})"
     checksums = [{"opt": e["opt"], "step": e["step"], "value": e["value"],
                   "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None,
                   **({"layout": e["layout"], "initial": e.get("initial")} if "layout" in e.data else {})}
