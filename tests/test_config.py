@@ -163,9 +163,9 @@ def test_exact_messages_for_bad_values():
         assert str(info.value) == message
     with pytest.raises(ConfigError) as info:
         validate({"stpes": 3}, "p")
-    assert str(info.value) == ("p: [tool.graddoctor] unknown option 'stpes' "
-                               "(known: steps, epoch-batches, timeout, device, fail-on, select, "
-                               "ignore, grad-flow, allow-incomplete)")
+    assert str(info.value) == ("p: [tool.graddoctor] unknown option 'stpes' (did you mean 'steps'?) "
+                               "(known: steps, epoch-batches, timeout, device, emulate-cuda, "
+                               "fail-on, select, ignore, grad-flow, allow-incomplete)")
 
 
 @pytest.mark.parametrize("value", [float("nan"), -0.5, True])
@@ -179,8 +179,8 @@ def test_a_configured_timeout_must_be_a_real_number(value):
 def test_config_keys_are_the_table_rows():
     from graddoctor.options import CONFIG_KEYS, OPTIONS
 
-    assert list(CONFIG_KEYS) == ["steps", "epoch-batches", "timeout", "device", "fail-on", "select",
-                                 "ignore", "grad-flow", "allow-incomplete"]
+    assert list(CONFIG_KEYS) == ["steps", "epoch-batches", "timeout", "device", "emulate-cuda",
+                                 "fail-on", "select", "ignore", "grad-flow", "allow-incomplete"]
     for key, option in CONFIG_KEYS.items():
         assert OPTIONS[option.name] is option
         assert option.field or option.name == "grad_flow"  # the library takes the others
@@ -203,7 +203,7 @@ def test_the_command_line_options_are_the_table_rows():
         assert param.default == option.kind.cli_default(option.default), name
     help_text = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "200"}).stdout
     assert "<auto|cpu|cuda>" in help_text and "<error|warning|info|never>" in help_text
-    assert "<text|json|sarif|html|markdown>" in help_text
+    assert "<text|json|sarif|github|html|markdown>" in help_text
     assert "Settings come from [tool.graddoctor] in the closest" in help_text
 
 
@@ -245,7 +245,7 @@ def test_every_command_line_option_is_a_config_key_or_says_why_not():
         assert CONFIG_KEYS.get(key) is option, f"--{key} is not accepted in [tool.graddoctor]"
         validate({key: option.default if option.default != () else []}, "p")
     assert set(CLI_ONLY) == {"module", "format", "output", "trace", "plot", "nproc_per_node",
-                             "diff", "fix", "unsafe_fixes", "no_verify"}
+                             "diff", "fix", "unsafe_fixes", "no_verify", "quiet"}
 
 
 def test_epoch_batches_grad_flow_and_allow_incomplete_in_the_config(tmp_path):

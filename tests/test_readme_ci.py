@@ -1,4 +1,4 @@
-"""The README's CI recipe stays valid: it installs graddoctor from where it is (not from the
+"""The CI recipe (docs/ci.md) stays valid: it installs graddoctor from where it is (not from the
 package index, where it is not published), and every `graddoctor` command in it parses with
 the real CLI; the SARIF it uploads is the file the check writes. And the set-up installs numpy
 (without it torch warns "Failed to initialize NumPy" at every run)."""
@@ -24,12 +24,12 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 def _readme() -> str:
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "ci.md"), encoding="utf-8") as f:
         return f.read()
 
 
 def _recipe() -> dict:
-    section = _readme().split("## CI: GitHub Actions", 1)[1]
+    section = _readme().split("# CI: GitHub Actions", 1)[1]
     block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     return yaml.safe_load(block)
 
@@ -82,6 +82,15 @@ def test_every_graddoctor_command_of_the_recipe_parses():
     sarif = upload["with"]["sarif_file"]
     ctx = _parse(checks[0][1:])
     assert ctx.params["output"] == sarif and ctx.params["format"] == "sarif"
+
+
+def test_the_recipe_checks_the_gpu_path_and_says_what_cannot_be_emulated():
+    checks = [_parse(c[1:]) for c in _all_commands() if c[0] == "graddoctor"]
+    assert checks and all(ctx.params["emulate_cuda"] for ctx in checks)
+    assert all(ctx.params["device"] == "auto" for ctx in checks)  # --device cpu would contradict it
+    intro = _readme().split("# CI: GitHub Actions", 1)[1].split("```yaml", 1)[0]
+    assert "--emulate-cuda" in intro and "cannot be emulated" in intro
+    assert "emulate-cuda.md" in intro
 
 
 def test_the_job_summary_is_the_markdown_report():

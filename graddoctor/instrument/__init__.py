@@ -30,7 +30,7 @@ from .patcher import Patcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .rng import RngSeedWatcher
-from .registration import ModuleAttrWatcher, find_unregistered
+from .registration import ModuleAttrWatcher, ParamLifeWatcher, find_unregistered
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .schedulers import SchedulerWatcher
 from .warnsource import WarningSource
@@ -78,9 +78,12 @@ class Instrumentation:
         self.watchers.append(self.idle)
         # `module.requires_grad = False` (an attribute that freezes nothing)
         self.watchers.append(ModuleAttrWatcher(rec))
+        # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
+        self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
         rec.subscribe("describe_loss", self.ddp.describe_loss)
         rec.subscribe("stepped", self.ddp.after_step)
+        rec.subscribe("params_added", self.ddp.params_added)
         self.watchers.append(self.ddp)
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
