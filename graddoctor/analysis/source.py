@@ -337,8 +337,28 @@ def method_called_on_assigned(path: str, line: int, method: str) -> bool | None:
                     names.add(name)
                     grew = True
     return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-               and node.func.attr == method and ast.unparse(node.func.value) == target
-               for node in ast.walk(tree))
+               and node.func.attr == method and _last_name(node.func.value) in names
+               for node in nodes)
+
+
+def _last_name(node: ast.AST) -> str | None:
+    """``scheduler`` for ``scheduler``, ``self.scheduler`` and ``trainer.cfg.scheduler``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _mentions(value: ast.AST, names: set) -> bool:
+    """Does the expression use one of ``names``: as a name, an attribute, or a string key
+    (``kwargs["scheduler"]``)?"""
+    for node in ast.walk(value):
+        if (isinstance(node, ast.Name) and node.id in names
+                or isinstance(node, ast.Attribute) and node.attr in names
+                or isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names):
+            return True
+    return False
 
 
 def batch_use(path: str, fetch_line: int, loop_line: int) -> dict | None:
@@ -504,25 +524,3 @@ def keeping_line(path: str, line: int, name: str) -> int | None:
     loop = innermost_loop(path, line)
     inside = [h for h in hits if loop is not None and loop[0] <= h <= loop[1]]
     return min(inside or hits)
-               and node.func.attr == method and _last_name(node.func.value) in names
-               for node in nodes)
-
-
-def _last_name(node: ast.AST) -> str | None:
-    """``scheduler`` for ``scheduler``, ``self.scheduler`` and ``trainer.cfg.scheduler``."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return None
-
-
-def _mentions(value: ast.AST, names: set) -> bool:
-    """Does the expression use one of ``names``: as a name, an attribute, or a string key
-    (``kwargs["scheduler"]``)?"""
-    for node in ast.walk(value):
-        if (isinstance(node, ast.Name) and node.id in names
-                or isinstance(node, ast.Attribute) and node.attr in names
-                or isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names):
-            return True
-    return False
