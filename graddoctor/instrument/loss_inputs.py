@@ -123,7 +123,12 @@ class LossInputWatcher:
         self.rec = rec
         self._done: set = set()  # call lines recorded
         self._value_checks: dict[str, int] = {}  # fn -> calls judged by their values so far
-        self._pads: set[int] = set()  # padding_idx of the embeddings the script ran
+        # (padding_idx, vocabulary size) of the embeddings the script ran: a loss over that
+        # vocabulary (as many classes as the embedding has rows) predicts its tokens
+        self._pads: set[tuple[int, int]] = set()
+        # padding_idx -> sizes of the token batches embedded with it (a few): a target of one
+        # label per embedded token (a tagger's) is token-level whatever its classes
+        self._token_counts: dict[int, set[int]] = {}
         self._padded: set = set()  # call lines recorded as padded
 
     def _wrap(self, original, fn: str):
@@ -137,7 +142,7 @@ class LossInputWatcher:
             try:
                 watcher._check(fn, input, target)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):
-                    watcher._padding(fn, target, args, kwargs)
+                    watcher._padding(fn, input, target, args, kwargs)
             except Exception as exc:
                 rec.internal_error(f"F.{fn}", exc)
 
@@ -215,16 +220,20 @@ class LossInputWatcher:
             return "logits" if math.isfinite(off) and off > 0.05 else None
 
     # -- padded token batches --------------------------------------------------------------
-    def _padding(self, fn: str, target, args, kwargs) -> None:
+    def _padding(self, fn: str, input, target, args, kwargs) -> None:
         """A ``loss_padding`` aside when most integer targets are the padding index of an
-        embedding the script ran and the loss does not ignore it (first calls only, one small
-        reduction and read each)."""
+        embedding the script ran, the loss predicts that embedding's tokens (as many classes as
+        it has rows: a sequence classifier's labels 0/1 are no tokens, whatever its embedding
+        pads with) and does not ignore the index (first calls only, one small reduction and
+        read each)."""
         if not (isinstance(target, torch.Tensor) and not target.is_floating_point()
-                and target.numel() > 1 and target.dtype != torch.bool):
+                and target.numel() > 1 and target.dtype != torch.bool and input.dim() >= 1):
             return
         ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
         reduction = args[6] if len(args) > 6 else kwargs.get("reduction", "mean")
-        pads = [p for p in sorted(self._pads) if p != ignore][:4]
+        classes, count = input.shape[_class_dim(input)], target.numel()
+        pads = sorted({p for p, vocab in self._pads if p != ignore and (
+            vocab == classes or count in self._token_counts.get(p, ()))})[:4]
         if not pads or reduction == "none":  # "none": the script may mask the positions itself
             return
         if not self._reads_left(f"padding:{fn}", target):
@@ -248,13 +257,17 @@ class LossInputWatcher:
 
         def before(args, kwargs) -> None:
             pad = args[2] if len(args) > 2 else kwargs.get("padding_idx")
-            if pad is not None and pad not in watcher._pads:
+            if pad is not None:
                 try:
-                    if isinstance(pad, int):
-                        weight = args[1] if len(args) > 1 else kwargs.get("weight")
-                        if pad < 0 and weight is not None:
-                            pad += int(weight.shape[0])
-                        watcher._pads.add(pad)
+                    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+                    if isinstance(pad, int) and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+                        vocab = int(weight.shape[0])
+                        pad = pad + vocab if pad < 0 else pad
+                        watcher._pads.add((pad, vocab))
+                        tokens = args[0] if args else kwargs.get("input")
+                        counts = watcher._token_counts.setdefault(pad, set())
+                        if isinstance(tokens, torch.Tensor) and len(counts) < 8:
+                            counts.add(tokens.numel())
                 except Exception as exc:
                     watcher.rec.internal_error("F.embedding", exc)
 
