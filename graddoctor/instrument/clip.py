@@ -19,13 +19,15 @@ import functools
 import inspect
 import math
 import types
+from itertools import compress, repeat
+from operator import and_, is_not, ne
 
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad as clip_grad
 
 from .. import events as ev
-from .recorder import Recorder, Tensor
+from .recorder import Recorder, Tensor, grads_of, states_of
 from .recorder import version as grad_version
 from .subclasses import Depth
 
@@ -65,7 +67,18 @@ class ClipWatcher:
         """One pass before the clip: each param's pid (None if untracked), the state of each
         tracked grad, and which of those unwatched code changed since graddoctor last saw them."""
         rec = self.rec
-        pid_of, refs, known, zeroed = rec.tensors.number, rec.tensors.refs, rec.known_grad, rec.zeroed_grad
+        known, zeroed = rec.known_grad, rec.zeroed_grad
+        if all(map(isinstance, params, repeat(torch.Tensor))):  # ``map``s in C: no Python per parameter
+            known_pids = rec.pids_of(params)
+            if None not in known_pids:
+                grads = grads_of(params)
+                has = list(map(is_not, grads, repeat(None)))
+                pids = list(compress(known_pids, has))
+                states = list(states_of(list(compress(grads, has))))
+                edited = list(compress(pids, map(and_, map(ne, states, map(known.get, pids)),
+                                                 map(ne, states, map(zeroed.get, pids)))))
+                return known_pids, dict(zip(pids, states)), edited
+        pid_of, refs = rec.tensors.number, rec.tensors.refs
         known_pids, before, edited = [], {}, []
         for p in params:
             pid = pid_of.get(id(p))
@@ -85,7 +98,13 @@ class ClipWatcher:
                 before: dict, edited: list, spent: bool | None) -> None:
         rec = self.rec
         pids, with_grad, after, untracked = [], [], [], 0
-        for p, pid in zip(params, known_pids):
+        if None not in known_pids:  # every one tracked: ``map``s in C
+            pids = known_pids
+            grads = grads_of(params)
+            has = list(map(is_not, grads, repeat(None)))
+            with_grad = list(compress(pids, has))
+            after = list(zip(with_grad, states_of(list(compress(grads, has)))))
+        for p, pid in zip(params, known_pids) if not pids else ():
             if pid is None:
                 if not isinstance(p, torch.Tensor):
                     continue

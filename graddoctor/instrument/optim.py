@@ -13,6 +13,8 @@ import functools
 import math
 import sys
 from collections.abc import Mapping
+from itertools import compress, repeat
+from operator import and_, attrgetter, eq, is_, is_not, itemgetter, ne, not_
 from types import MappingProxyType
 
 import torch
@@ -22,7 +24,12 @@ from torch.optim.optimizer import (
 )
 
 from .. import events as ev
-from .recorder import Recorder, Tensor, local, version
+from .recorder import Recorder, Tensor, grads_of, local, tensors_of, version
+
+_requires_grad = attrgetter("requires_grad")
+_version = attrgetter("_version")
+_is_sparse = attrgetter("is_sparse")
+_device = attrgetter("device")
 
 
 def step_grads(rec: Recorder, pids, edited: list | None = None,
@@ -41,7 +48,47 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     also collects the pids with a ``.grad`` whose tensor was changed in place since the latest
     step that owns them (its ``_version`` differs from ``Recorder.param_version``): edited by
     code other than the optimizer, e.g. an EMA update (``p.data`` edits do not count: they
-    bypass the version counter)."""
+    bypass the version counter).
+
+    Written as ``map``s that run in C (no Python per gradient); the general path
+    (``_step_grads_each``) takes DTensors, sparse grads and grads on several devices."""
+    pids = pids if type(pids) is list else list(pids)
+    tensors = tensors_of(rec.tensors.refs, pids)
+    grads = grads_of(tensors)
+    has = list(map(is_not, grads, repeat(None)))
+    if not all(has):
+        pids, tensors, grads = (list(compress(pids, has)), list(compress(tensors, has)),
+                                list(compress(grads, has)))
+    if not grads:
+        return {}, True
+    if (not all(map(is_, map(type, grads), repeat(Tensor))) or any(map(_is_sparse, grads))
+            or len(set(map(_device, grads))) != 1):
+        return _step_grads_each(rec, pids, edited, trust_scaler, frozen, by_hand)
+    if frozen is not None:
+        frozen.extend(compress(pids, map(not_, map(_requires_grad, tensors))))
+    if by_hand is not None:
+        now = list(map(_version, tensors))
+        by_hand.extend(compress(pids, map(ne, map(rec.param_version.get, pids, now), now)))
+    states = list(zip(map(id, grads), map(_version, grads)))
+    if edited is not None:
+        known, zeroed = rec.known_grad, rec.zeroed_grad
+        edited.extend(compress(pids, map(and_, map(ne, states, map(known.get, pids)),
+                                         map(ne, states, map(zeroed.get, pids)))))
+    finite = rec.finite
+    vouched = False
+    if finite:
+        entries = list(map(finite.get, pids))
+        vouched = (all(map(is_not, entries, repeat(None)))
+                   and all(map(eq, map(itemgetter(0), entries), states))
+                   and (trust_scaler or not any(map(itemgetter(1), entries))))
+    return {grads[0].device: (pids, grads)}, vouched
+
+
+def _step_grads_each(rec: Recorder, pids, edited: list | None = None,
+                     trust_scaler: bool = False, frozen: list | None = None,
+                     by_hand: list | None = None) -> tuple[dict, bool]:
+    """``step_grads`` one tensor at a time: grads that are not plain tensors (a DTensor),
+    sparse ones, or grads on several devices."""
     by_device: dict = {}
     refs = rec.tensors.refs
     known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite

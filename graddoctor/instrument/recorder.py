@@ -16,8 +16,11 @@ Events are final when emitted (``Event.data`` is read-only):
 
 from __future__ import annotations
 
+import operator
 import threading
 import traceback
+from itertools import compress, repeat
+from operator import is_, is_not
 from threading import get_ident
 from typing import Any, Callable
 
@@ -68,6 +71,32 @@ def _shape(tensor) -> list[int] | None:
 
 
 Tensor = torch.Tensor
+
+# Passes over every tracked tensor run each step: they are written as ``map``s over C
+# functions (attribute getters, identity tests, ``itertools.compress``), so that their cost per
+# tensor is a few C calls, not Python bytecode, and they allocate no container per tensor.
+call = getattr(operator, "call", None) or operator.methodcaller("__call__")  # a weak ref's object
+_version = operator.attrgetter("_version")
+_requires_grad = operator.attrgetter("requires_grad")
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def tensors_of(refs: list, pids: list) -> list:
+    """The tracked tensors ``pids`` (None for one that died), from ``Identities.refs``."""
+    return list(map(call, map(refs.__getitem__, pids)))
+
+
+def grads_of(tensors: list) -> list:
+    """Each tensor's ``.grad`` (None for a tensor that is None)."""
+    return list(map(getattr, tensors, repeat("grad"), repeat(None)))
+
+
+def states_of(grads: list):
+    """``(id(grad), version)`` of each grad (none None), lazily (``version``: a DTensor's local
+    shard's)."""
+    if all(map(is_, map(type, grads), repeat(Tensor))):
+        return zip(map(id, grads), map(_version, grads))
+    return zip(map(id, grads), map(version, grads))
 
 
 def local(grad):
@@ -354,20 +383,22 @@ class Recorder:
         self.owner[pid] = thread
         owned_by[thread] = owned_by.get(thread, 0) + 1
 
-    def readable(self, others_running: bool):
-        """``(pid, ref)`` of the tracked tensors whose .grad the calling thread may read now:
-        those it owns, less those another thread has owned while another thread's backward
-        runs (a shared model trained from several threads). The whole list when the calling
-        thread owns every tracked tensor (a script with one training thread)."""
+    def readable(self, others_running: bool) -> tuple:
+        """``(pids, refs)``, two parallel sequences: the tracked tensors whose .grad the calling
+        thread may read now and their weak references. Those it owns, less those another thread
+        has owned while another thread's backward runs (a shared model trained from several
+        threads). Every tracked tensor (``range``, the recorder's own list of references: read
+        it, never change it) when the calling thread owns them all (one training thread)."""
         me = get_ident()
         refs = self.tensors.refs
         owned_by = self.owned_by
         if len(owned_by) == 1 and me in owned_by:
             if not (others_running and self.shared):
-                return enumerate(refs)
+                return range(len(refs)), refs
         owner, shared = self.owner, self.shared
-        return [(pid, ref) for pid, ref in enumerate(refs)
+        pids = [pid for pid in range(len(refs))
                 if owner.get(pid) == me and not (others_running and pid in shared)]
+        return pids, [refs[pid] for pid in pids]
 
     def others_in_backward(self) -> bool:
         """Whether a thread other than the calling one runs a backward now."""
@@ -401,38 +432,34 @@ class Recorder:
 
     def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
         """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
-        that run every step go through here: locals only, no method call per parameter."""
-        refs = self.tensors.refs
-        out = []
-        append = out.append
-        for pid in pids:
-            tensor = refs[pid]()
-            if tensor is not None:
-                grad = tensor.grad
-                if grad is not None:
-                    append((pid, (id(grad), grad._version if type(grad) is Tensor
-                                              else version(grad))))
-        return out
+        that run every step go through here: ``map``s that run in C, no Python per tensor."""
+        pids = pids if type(pids) is list else list(pids)
+        grads = grads_of(tensors_of(self.tensors.refs, pids))
+        with_grad = list(map(is_not, grads, repeat(None)))
+        if not all(with_grad):
+            pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
+        return list(zip(pids, states_of(grads)))
 
     def after_step(self, pids) -> list[int]:
         """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
         events need it after the script's tensors are gone), refresh what its grad looks like
         after the step, note its ``_version`` (``param_version``), and return the pids that had
-        no gradient."""
-        without = []
-        refs, requires_grad, known = self.tensors.refs, self.requires_grad, self.known_grad
-        versions = self.param_version
-        for pid in pids:
-            tensor = refs[pid]()
-            if tensor is None:
-                continue
-            requires_grad[pid] = tensor.requires_grad
-            versions[pid] = tensor._version
-            grad = tensor.grad
-            if grad is None:
-                without.append(pid)
-            else:
-                known[pid] = (id(grad), grad._version if type(grad) is Tensor else version(grad))
+        no gradient. ``map``s that run in C, no Python per parameter."""
+        pids = pids if type(pids) is list else list(pids)
+        tensors = tensors_of(self.tensors.refs, pids)
+        if not all(map(is_not, tensors, repeat(None))):  # some died: left as they were
+            alive = list(map(is_not, tensors, repeat(None)))
+            pids, tensors = list(compress(pids, alive)), list(compress(tensors, alive))
+        self.requires_grad.update(zip(pids, map(_requires_grad, tensors)))
+        self.param_version.update(zip(pids, map(_version, tensors)))
+        grads = grads_of(tensors)
+        with_grad = list(map(is_not, grads, repeat(None)))
+        if all(with_grad):
+            without = []
+        else:
+            without = list(compress(pids, map(is_, grads, repeat(None))))
+            pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
+        self.known_grad.update(zip(pids, states_of(grads)))
         return without
 
     def note_known(self, states) -> None:
@@ -440,21 +467,30 @@ class Recorder:
         they are now are still the accumulated ones, not a manual clear."""
         self.known_grad.update(states)
 
+    def pids_of(self, tensors: list) -> list:
+        """Each object's pid, None for an untracked one (``map``s in C when all are tracked)."""
+        numbers = list(map(self.tensors.number.get, map(id, tensors)))
+        if None not in numbers and all(map(is_, tensors_of(self.tensors.refs, numbers), tensors)):
+            return numbers
+        return list(map(self.pid, tensors))
+
     def cleared(self, params) -> list[int]:
         """A ``zero_grad`` has just cleared ``params``: their grads are fresh from now on, and
         one zero-filled in place (``set_to_none=False``) is remembered exactly as it was left.
         Returns the pids of the tracked ones."""
-        pids = []
-        pid_of, known, zeroed = self.pid, self.known_grad, self.zeroed_grad
-        for p in params:
-            pid = pid_of(p)
-            if pid is None:
-                continue
-            pids.append(pid)
-            known.pop(pid, None)
-            grad = p.grad
-            if grad is not None:
-                zeroed[pid] = (id(grad), version(grad))
+        params = params if type(params) is list else list(params)
+        pids = self.pids_of(params)
+        if None in pids:
+            tracked = list(map(is_not, pids, repeat(None)))
+            pids, params = list(compress(pids, tracked)), list(compress(params, tracked))
+        known = self.known_grad
+        if known:
+            list(map(known.pop, pids, repeat(None)))
+        grads = grads_of(params)
+        with_grad = list(map(is_not, grads, repeat(None)))
+        if any(with_grad):
+            self.zeroed_grad.update(zip(compress(pids, with_grad),
+                                        states_of(list(compress(grads, with_grad)))))
         return pids
 
     def backward_wrote(self, written, states: dict) -> None:
@@ -479,12 +515,14 @@ class Recorder:
 
     def vouch_finite(self, states, conditional: bool = False) -> None:
         """A watched op has just seen every value of these grads finite (see ``finite``)."""
-        self.finite.update({pid: (state, conditional) for pid, state in states})
+        self.finite.update(zip(map(_first, states), zip(map(_second, states), repeat(conditional))))
 
     def carry_finite(self, before: dict, after) -> None:
         """A watched op that keeps finite grads finite (clipping: a finite factor or a clamp)
         went from ``before`` (pid -> state) to ``after``: grads vouched for before still are."""
         finite = self.finite
+        if not finite:
+            return
         for pid, state in after:
             vouched = finite.get(pid)
             if vouched is not None:
