@@ -63,8 +63,11 @@ import torch
 
 from .. import events as ev
 from .graphkeep import HELD, KEEP_EVERY, hold, sweep
-from .recorder import Recorder, Tensor, call, grads_of, local, states_of
-from .recorder import version as grad_version
+from .gradstate import Tensor, grads_of, local, states_of
+from .identities import call
+from .recorder import Recorder
+from .topics import DESCRIBE_LOSS, LEAF_TRACKED
+from .gradstate import version as grad_version
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
 _ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves on its loss node
@@ -240,8 +243,8 @@ class BackwardWatcher:
         self.rec = rec
         self.optimizers = optimizers  # the optimizer watcher: ``closure_step``
         self.cpu_checks = True
-        self._describe_loss = rec.subscribers("describe_loss")
-        self._leaf_tracked = rec.subscribers("leaf_tracked")
+        self._describe_loss = rec.subscribers(DESCRIBE_LOSS)
+        self._leaf_tracked = rec.subscribers(LEAF_TRACKED)
         # writes outside .grad (FSDP2 without gradient sync; the DDP watcher): an object with
         # ``fsdp_seen``, ``is_shadow(leaf)``, ``unsynced`` (true while some are possible) and
         # ``written_aside()`` (pids); and the pids set aside since their .grad was last written
@@ -362,7 +365,7 @@ class BackwardWatcher:
         ctx.before = grads = grads_of(tensors)
         if all(map(is_, grads, repeat(None))):  # every grad cleared to None (or no tensor)
             return
-        known, zeroed = rec.known_grad, rec.zeroed_grad
+        known, zeroed = rec.grads.known, rec.grads.zeroed
         held = ctx.held
         for i in compress(range(len(grads)), map(is_not, grads, repeat(None))):
             grad = grads[i]
@@ -389,7 +392,7 @@ class BackwardWatcher:
         """``retained``: called with retain_graph (or create_graph) true."""
         rec = self.rec
         ctx = BackwardContext()
-        rec.count_backward()
+        rec.progress.count_backward()
         if HELD:  # nodes of deep graphs held by earlier walks: free those the script dropped
             sweep()
         if inputs is not None:  # the leaves are given: no walk needed
@@ -472,7 +475,7 @@ class BackwardWatcher:
             kept = list(map(is_not, grads, repeat(None)))
             grads, written_pids = list(compress(grads, kept)), list(compress(written_pids, kept))
         states = dict(zip(written_pids, states_of(grads)))
-        rec.backward_wrote((fresh, accumulated, cleared), states)
+        rec.grads.backward_wrote((fresh, accumulated, cleared), states)
         return fresh, accumulated, cleared
 
     def _aside(self, ctx: BackwardContext, fresh: list, accumulated: list) -> None:
@@ -528,7 +531,7 @@ class BackwardWatcher:
             # writes are seen by the outer one. A backward of another thread of the script is not.
             if running and in_backward():
                 return original(*args, **kwargs)
-            rec.maybe_stop()
+            rec.progress.maybe_stop()
             try:
                 tensors, inputs, retained = watcher._arguments(args, kwargs, takes_self)
                 wrappers = _script_wrappers(sys._getframe(1))

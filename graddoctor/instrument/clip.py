@@ -27,8 +27,9 @@ import torch.nn.utils
 import torch.nn.utils.clip_grad as clip_grad
 
 from .. import events as ev
-from .recorder import Recorder, Tensor, grads_of, states_of
-from .recorder import version as grad_version
+from .gradstate import Tensor, grads_of, states_of
+from .recorder import Recorder
+from .gradstate import version as grad_version
 from .subclasses import Depth
 
 
@@ -67,9 +68,9 @@ class ClipWatcher:
         """One pass before the clip: each param's pid (None if untracked), the state of each
         tracked grad, and which of those unwatched code changed since graddoctor last saw them."""
         rec = self.rec
-        known, zeroed = rec.known_grad, rec.zeroed_grad
+        known, zeroed = rec.grads.known, rec.grads.zeroed
         if all(map(isinstance, params, repeat(torch.Tensor))):  # ``map``s in C: no Python per parameter
-            known_pids = rec.pids_of(params)
+            known_pids = rec.tensors.numbers(params)
             if None not in known_pids:
                 grads = grads_of(params)
                 has = list(map(is_not, grads, repeat(None)))
@@ -118,7 +119,7 @@ class ClipWatcher:
                 with_grad.append(pid)
                 after.append((pid, (id(grad), grad._version if type(grad) is Tensor
                                            else grad_version(grad))))
-        rec.note_known(after)  # clipping changed the grads in place: still accumulated ones
+        rec.grads.note_known(after)  # clipping changed the grads in place: still accumulated ones
         limit = _number(arguments.get("clip_value" if via == "clip_grad_value_" else "max_norm"))
         total_norm = result if via == "clip_grad_norm_" else arguments.get("total_norm")
         total = None
@@ -142,12 +143,12 @@ class ClipWatcher:
         rec = self.rec
         if via == "clip_grad_norm_":
             if isinstance(total, float) and math.isfinite(total):
-                rec.vouch_finite(after)
-            elif all((v := rec.finite.get(pid)) is not None and v[0] == state
+                rec.grads.vouch_finite(after)
+            elif all((v := rec.grads.finite.get(pid)) is not None and v[0] == state
                      for pid, state in before.items()):
-                rec.carry_finite(before, after)
+                rec.grads.carry_finite(before, after)
         elif via == "clip_grad_value_":
-            rec.carry_finite(before, after)
+            rec.grads.carry_finite(before, after)
 
     def _wrap(self, original, via: str):
         watcher, rec = self, self.rec

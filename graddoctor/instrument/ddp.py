@@ -37,7 +37,8 @@ import torch
 
 from .. import events as ev
 from .identities import Identities
-from .recorder import Deferred, Recorder, Tensor
+from .gradstate import Tensor
+from .recorder import Deferred, Recorder
 
 CHECKSUM_STEPS = 3
 
@@ -74,7 +75,7 @@ class DDPWatcher:
         rec = self.rec
         done = self._checksums.get(opt, 0) + 1
         self._checksums[opt] = done
-        if not self._replicated or not checksum_due(done, rec.step_budget):
+        if not self._replicated or not checksum_due(done, rec.progress.step_budget):
             return
         try:
             import torch.distributed as dist
@@ -92,7 +93,7 @@ class DDPWatcher:
                 weights = torch.arange(1, len(params) + 1, dtype=torch.float64,
                                        device=norms.device)
                 checksum = (norms * weights).sum()
-            rec.emit(ev.replica_checksum(opt=opt, step=rec.steps, value=Deferred(checksum),
+            rec.emit(ev.replica_checksum(opt=opt, step=rec.progress.steps, value=Deferred(checksum),
                                          params=len(params)), rec.here(2))
         except Exception as exc:
             rec.internal_error("replica checksum", exc)

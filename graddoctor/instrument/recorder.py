@@ -1,8 +1,11 @@
 """The recorder: shared state of one instrumented run.
 
-Every hook and wrapper writes through it. It owns the trace, numbers tensors (pids),
-remembers what each parameter's ``.grad`` looked like when graddoctor last saw it, and
-turns its own failures into ``internal_error`` events instead of exceptions.
+Every hook and wrapper writes through it. It owns the trace, numbers tensors (pids) and
+knows which thread owns each, holds the watchers' topics (``instrument/topics.py``), and turns
+its own failures into ``internal_error`` events instead of exceptions. Two jobs live in parts
+of their own: what each tracked tensor's ``.grad`` was when graddoctor last saw it
+(``grads``, ``instrument/gradstate.py``), and the counts of steps, backwards and updates with
+the stop conditions asked after each (``progress``, ``instrument/progress.py``).
 
 Events are final when emitted (``Event.data`` is read-only):
 
@@ -16,11 +19,8 @@ Events are final when emitted (``Event.data`` is read-only):
 
 from __future__ import annotations
 
-import operator
 import threading
 import traceback
-from itertools import compress, repeat
-from operator import is_, is_not
 from threading import get_ident
 from typing import Any, Callable
 
@@ -31,32 +31,12 @@ from ..events import THREADED_KINDS
 from ..location import LocationFinder
 from ..trace import Event, Location, Trace
 from .fold import Folder
+from .gradstate import GradState
 from .identities import Identities
-from .stop import StopCondition, StopReplay, conditions
+from .progress import Progress
+from .stop import StopCondition
+from .topics import TOPICS, F, Topic
 
-
-# What watchers tell each other, in one place: topic -> who publishes it and what its
-# subscribers are called with (``Recorder.subscribe``). The publisher loops over the list
-# ``Recorder.subscribers`` gave it at construction: no extra call per event.
-TOPICS = {
-    "params_added": "OptimizerWatcher: (opt, pids) after an optimizer was given a param group",
-    "stepped": "OptimizerWatcher: (opt, optimizer) after each real optimizer step",
-    "step_grads": "OptimizerWatcher: (opt, optimizer, by_device, norm_pids, norms) before each "
-                  "optimizer step that is not a closure step: its dense gradients by device "
-                  "{device: ([pid], [grad])} and their norms when it measured them (else None)",
-    "stepped_without_grad": "OptimizerWatcher: (opt, pids) after each real optimizer step, "
-                            "its parameters that had no gradient",
-    "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "
-                     "events.backward for the backward about to run from them",
-    "leaf_tracked": "BackwardWatcher: () after a leaf that is no parameter was first tracked (one "
-                    "that lives across backwards: a learnable tensor made with requires_grad=True)",
-    "freeze_of": "OptimizerWatcher: (param) -> seq of the event that froze it, or None",
-    "counted_step": "Recorder.count_step: (updates) after each optimizer step is counted, "
-                    "before its listeners (the progress line: updates, what the budget counts)",
-    "budget_hold": "Recorder.holds: () -> True while the replay should go on past the step "
-                   "budget (e.g. until a DataLoader has crossed two epoch boundaries); each "
-                   "must bound itself",
-}
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 
@@ -68,48 +48,6 @@ def _shape(tensor) -> list[int] | None:
         return list(tensor.shape)
     except RuntimeError:
         return None
-
-
-Tensor = torch.Tensor
-
-# Passes over every tracked tensor run each step: they are written as ``map``s over C
-# functions (attribute getters, identity tests, ``itertools.compress``), so that their cost per
-# tensor is a few C calls, not Python bytecode, and they allocate no container per tensor.
-call = getattr(operator, "call", None) or operator.methodcaller("__call__")  # a weak ref's object
-_version = operator.attrgetter("_version")
-_requires_grad = operator.attrgetter("requires_grad")
-_first, _second = operator.itemgetter(0), operator.itemgetter(1)
-
-
-def tensors_of(refs: list, pids: list) -> list:
-    """The tracked tensors ``pids`` (None for one that died), from ``Identities.refs``."""
-    return list(map(call, map(refs.__getitem__, pids)))
-
-
-def grads_of(tensors: list) -> list:
-    """Each tensor's ``.grad`` (None for a tensor that is None)."""
-    return list(map(getattr, tensors, repeat("grad"), repeat(None)))
-
-
-def states_of(grads: list):
-    """``(id(grad), version)`` of each grad (none None), lazily (``version``: a DTensor's local
-    shard's)."""
-    if all(map(is_, map(type, grads), repeat(Tensor))):
-        return zip(map(id, grads), map(_version, grads))
-    return zip(map(id, grads), map(version, grads))
-
-
-def local(grad):
-    """A ``DTensor``'s local shard (FSDP2, tensor parallelism: the reduce-scatter writes a
-    sharded gradient in place into it, and reading it needs no communication); any other
-    tensor itself. Hot loops test ``type(grad) is Tensor`` first and call this only otherwise."""
-    return getattr(grad, "_local_tensor", grad)
-
-
-def version(grad) -> int:
-    """A gradient's data version: a DTensor's wrapper keeps its version when FSDP adds into its
-    local shard, so the shard's is read."""
-    return grad._version if type(grad) is Tensor else local(grad)._version
 
 
 class Deferred:
@@ -158,46 +96,11 @@ class Recorder:
                  hold_s: float | None = None):
         self.trace = Trace()
         self.finder = finder or LocationFinder()
-        self.step_budget = step_budget  # in updates (see ``count_step``)
-        self.steps = 0  # optimizer steps seen (GradScaler-skipped ones included)
-        self.backward_calls = 0
-        # updates: the optimizer steps taken together after one backward count once (a GAN's
-        # D then G are two; one optimizer per parameter stepped inside the backward is one); a
-        # second step of an optimizer already stepped in this update begins the next one
-        self.updates = 0
-        self._update_mark = -1  # backward_calls when the current update began
-        self._update_opts: set = set()  # the optimizers stepped in the current update
-        self.opt_steps: dict[int, int] = {}  # opt id -> its steps
-        # when to end the replay early (instrument/stop.py); the first one that answers wins and
-        # its exception is raised at the next safe point
-        self.stop_conditions = (conditions(step_budget, hold_s) if stop_conditions is None
-                                else stop_conditions)
-        self._stop: tuple[type[StopReplay], str] | None = None
-        # the status of the stop once raised into the script, and the threads it was raised in
-        # (the main thread may end normally after workers were stopped: the replay was still cut)
-        self.stop_raised: str | None = None
         self.script_thread = get_ident()  # the thread that runs the script (events: ``thread``)
         self._thread_numbers: dict[int, int] = {}
-        self.stopped_threads: set[int] = set()
-        # per moment, only the conditions that answer it (count_backward runs every backward)
-        self._asked = {moment: [c for c in self.stop_conditions
-                                if getattr(type(c), moment) is not getattr(StopCondition, moment)]
-                       for moment in ("after_step", "after_backward")}
         # the tracked tensors: their numbers are the pids (hot loops inline ``tensors.get``)
         self.tensors = Identities()
         self.pid = self.tensors.get  # the tensor's pid, None if untracked (an attribute: hot path)
-        # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
-        self.known_grad: dict[int, tuple[int, int]] = {}
-        self.zeroed_grad: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
-        # each owned parameter's ``_version`` right after the latest step that owns it: a
-        # different one at the next step means it was changed in place by hand in between (EMA)
-        self.param_version: dict[int, int] = {}
-        # grads known to be finite: pid -> ((id(grad), grad._version), conditional). Vouched for
-        # by a watched op that already looked at every value (clip_grad_norm_ with a finite total,
-        # GradScaler.unscale_); valid while the grad is in exactly that state. ``conditional``:
-        # only if the optimizer step then runs inside GradScaler.step, which runs it only when
-        # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
-        self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
         self.running_backwards: dict[int, Any] = {}  # thread ident -> its running backward's context
         # Which thread's backwards may read each tracked tensor's .grad: autograd writes a
         # leaf's .grad without the GIL, so reading another thread's tensor while its backward
@@ -223,16 +126,19 @@ class Recorder:
         # folds repeated turns out of the trace in long runs (instrument/fold.py); None once
         # the run has ended (or if it failed)
         self.folder: Folder | None = Folder(self.trace)
-        self._subscribers: dict[str, list[Callable]] = {topic: [] for topic in TOPICS}
-        self._counted_step = self.subscribers("counted_step")
-        self._budget_hold = self.subscribers("budget_hold")
+        self._subscribers: dict[Topic, list[Callable]] = {topic: [] for topic in TOPICS}
+        # what each tracked tensor's .grad was when last seen (instrument/gradstate.py)
+        self.grads = GradState(self.tensors, self.requires_grad)
+        # steps, backwards and updates counted; when to end the replay (instrument/progress.py)
+        self.progress = Progress(self, step_budget, stop_conditions, hold_s)
 
-    # -- watchers' topics ----------------------------------------------------------------
-    def subscribe(self, topic: str, subscriber: Callable) -> None:
-        """Have ``subscriber`` called on each ``topic`` (see ``TOPICS``), after the earlier ones."""
+    # -- watchers' topics (instrument/topics.py) -----------------------------------------
+    def subscribe(self, topic: Topic[F], subscriber: F) -> None:
+        """Have ``subscriber`` called on each ``topic``, after the earlier ones (a topic not in
+        ``TOPICS``, a string included, is a KeyError)."""
         self._subscribers[topic].append(subscriber)
 
-    def subscribers(self, topic: str) -> list[Callable]:
+    def subscribers(self, topic: Topic[F]) -> list[F]:
         """The live list of a topic's subscribers, for its publisher to call."""
         return self._subscribers[topic]
 
@@ -430,107 +336,6 @@ class Recorder:
     def tracked_pids(self) -> list[int]:
         return list(range(len(self.tensors)))
 
-    def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
-        """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
-        that run every step go through here: ``map``s that run in C, no Python per tensor."""
-        pids = pids if type(pids) is list else list(pids)
-        grads = grads_of(tensors_of(self.tensors.refs, pids))
-        with_grad = list(map(is_not, grads, repeat(None)))
-        if not all(with_grad):
-            pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
-        return list(zip(pids, states_of(grads)))
-
-    def after_step(self, pids) -> list[int]:
-        """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
-        events need it after the script's tensors are gone), refresh what its grad looks like
-        after the step, note its ``_version`` (``param_version``), and return the pids that had
-        no gradient. ``map``s that run in C, no Python per parameter."""
-        pids = pids if type(pids) is list else list(pids)
-        tensors = tensors_of(self.tensors.refs, pids)
-        if not all(map(is_not, tensors, repeat(None))):  # some died: left as they were
-            alive = list(map(is_not, tensors, repeat(None)))
-            pids, tensors = list(compress(pids, alive)), list(compress(tensors, alive))
-        self.requires_grad.update(zip(pids, map(_requires_grad, tensors)))
-        self.param_version.update(zip(pids, map(_version, tensors)))
-        grads = grads_of(tensors)
-        with_grad = list(map(is_not, grads, repeat(None)))
-        if all(with_grad):
-            without = []
-        else:
-            without = list(compress(pids, map(is_, grads, repeat(None))))
-            pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
-        self.known_grad.update(zip(pids, states_of(grads)))
-        return without
-
-    def note_known(self, states) -> None:
-        """``(pid, state)`` pairs read after an in-place change graddoctor watched: the grads as
-        they are now are still the accumulated ones, not a manual clear."""
-        self.known_grad.update(states)
-
-    def pids_of(self, tensors: list) -> list:
-        """Each object's pid, None for an untracked one (``map``s in C when all are tracked)."""
-        numbers = list(map(self.tensors.number.get, map(id, tensors)))
-        if None not in numbers and all(map(is_, tensors_of(self.tensors.refs, numbers), tensors)):
-            return numbers
-        return list(map(self.pid, tensors))
-
-    def cleared(self, params) -> list[int]:
-        """A ``zero_grad`` has just cleared ``params``: their grads are fresh from now on, and
-        one zero-filled in place (``set_to_none=False``) is remembered exactly as it was left.
-        Returns the pids of the tracked ones."""
-        params = params if type(params) is list else list(params)
-        pids = self.pids_of(params)
-        if None in pids:
-            tracked = list(map(is_not, pids, repeat(None)))
-            pids, params = list(compress(pids, tracked)), list(compress(params, tracked))
-        known = self.known_grad
-        if known:
-            list(map(known.pop, pids, repeat(None)))
-        grads = grads_of(params)
-        with_grad = list(map(is_not, grads, repeat(None)))
-        if any(with_grad):
-            self.zeroed_grad.update(zip(compress(pids, with_grad),
-                                        states_of(list(compress(grads, with_grad)))))
-        return pids
-
-    def backward_wrote(self, written, states: dict) -> None:
-        """A backward has just written the grads of the pids in the lists ``written``;
-        ``states`` (pid -> state) are those it left a grad in. Once per backward: the loops
-        run here, over what the backward watcher's own pass collected."""
-        zeroed, finite = self.zeroed_grad, self.finite
-        # a new gradient: an old state could match it by a reused id (a voucher: a NaN missed)
-        if zeroed or finite:
-            for pids in written:
-                for pid in pids:
-                    zeroed.pop(pid, None)
-                    finite.pop(pid, None)
-        self.known_grad.update(states)
-
-    def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
-        """After an in-place change we made or watched (clip, unscale, step): the grad as it is
-        now is still the accumulated one, not a manual clear. Returns the states it read."""
-        states = self.grad_states(pids)
-        self.known_grad.update(states)
-        return states
-
-    def vouch_finite(self, states, conditional: bool = False) -> None:
-        """A watched op has just seen every value of these grads finite (see ``finite``)."""
-        self.finite.update(zip(map(_first, states), zip(map(_second, states), repeat(conditional))))
-
-    def carry_finite(self, before: dict, after) -> None:
-        """A watched op that keeps finite grads finite (clipping: a finite factor or a clamp)
-        went from ``before`` (pid -> state) to ``after``: grads vouched for before still are."""
-        finite = self.finite
-        if not finite:
-            return
-        for pid, state in after:
-            vouched = finite.get(pid)
-            if vouched is not None:
-                if vouched[0] == before.get(pid):
-                    finite[pid] = (state, vouched[1])
-                else:
-                    del finite[pid]
-
     def backward_began(self, ctx) -> None:
         """The calling thread runs a backward (``ctx``: its context, None when graddoctor
         could not read it) until ``backward_ended``: backwards it calls meanwhile are nested."""
@@ -545,83 +350,3 @@ class Recorder:
         running = self.running_backwards
         return bool(running) and (get_ident() in running
                                   or isinstance(threading.current_thread(), _DUMMY_THREAD))
-
-    # -- stopping ------------------------------------------------------------------------
-    def begins_update(self, opt: int | None) -> bool:
-        """Whether a step of optimizer ``opt`` now would begin a new update."""
-        return (self.backward_calls != self._update_mark or opt is None
-                or opt in self._update_opts)
-
-    def count_step(self, opt: int | None = None) -> None:
-        self.steps += 1
-        opts = self._update_opts
-        if self.backward_calls != self._update_mark or opt is None or opt in opts:  # begins_update
-            self.updates += 1
-            self._update_mark = self.backward_calls
-            opts.clear()
-        if opt is not None:
-            opts.add(opt)
-            steps = self.opt_steps
-            steps[opt] = steps.get(opt, 0) + 1
-        for callback in self._counted_step:
-            try:
-                callback(self.updates)
-            except Exception as exc:  # a display must never break the user's run
-                self.internal_error("step callback", exc)
-        self._ask("after_step")
-
-    def count_backward(self) -> None:
-        self.backward_calls += 1
-        self._ask("after_backward")
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop is not None
-
-    def _ask(self, moment: str) -> None:
-        if self._stop is not None:
-            return
-        for condition in self._asked[moment]:
-            try:
-                reason = getattr(condition, moment)(self)
-            except Exception as exc:
-                self.internal_error("stop condition", exc)
-                continue
-            if reason:
-                self._stop = (condition.exception, reason)
-                return
-
-    def holds(self):
-        """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
-        for hold in self._budget_hold:
-            try:
-                yield hold()
-            except Exception as exc:
-                self.internal_error("step budget", exc)
-                yield False
-
-    def divert_stop(self, handler: Callable[[type[StopReplay]], None] | None) -> None:
-        """End the replay through ``handler(exception)`` at the safe point instead of raising
-        the stop into the script (a spawned worker writes its report and exits there); with
-        None, never end it (a forked copy of the process: nobody reads its trace)."""
-        if handler is None:
-            self._asked = {moment: [] for moment in self._asked}
-            self._stop = None
-            return
-
-        def maybe_stop(step_of: int | None = None) -> None:
-            if self._stop is not None and (step_of is None or self.begins_update(step_of)):
-                handler(self._stop[0])
-
-        self.maybe_stop = maybe_stop
-
-    def maybe_stop(self, step_of: int | None = None) -> None:
-        """Called at safe points (start of a backward or a step): end the replay once a stop
-        condition answered, so the tail of the last update (zero_grad, scheduler) is seen.
-        ``step_of``: the optimizer about to step; a step that belongs to the running update
-        (the next optimizer stepped inside the same backward) is not a safe point."""
-        if self._stop is not None and (step_of is None or self.begins_update(step_of)):
-            exception, reason = self._stop
-            self.stop_raised = exception.status
-            self.stopped_threads.add(threading.get_ident())
-            raise exception(reason)

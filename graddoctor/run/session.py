@@ -25,6 +25,7 @@ from ..rules.engine import analyze, selected_rules
 from ..errors import ScriptError, WatchError
 from .. import events as ev
 from ..instrument.patcher import Patcher
+from ..instrument.topics import COUNTED_STEP, STEPPED
 from ..options import OPTIONS, CheckOptions
 from ..report.merge import Part, merge
 from ..report.model import Report, RunInfo
@@ -222,10 +223,10 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     trace, then, when other processes (``parts``) trained, their reports merged in."""
     import torch
 
-    trained = bool(rec.steps or rec.backward_calls or gradient_apis(trace))
-    status = decide_status(outcome.ended_by, stop_raised=rec.stop_raised, trained=trained)
+    trained = bool(rec.progress.steps or rec.progress.backward_calls or gradient_apis(trace))
+    status = decide_status(outcome.ended_by, stop_raised=rec.progress.stop_raised, trained=trained)
     trace = Trace(trace.events)  # the run's trace is left as recorded; this one gets the end
-    trace.put(ev.run_end(status=status.value, steps=rec.steps))
+    trace.put(ev.run_end(status=status.value, steps=rec.progress.steps))
     base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
     analysis = Analysis(trace, base_dir)  # built once: every rule, note and view reads it
     rules = selected_rules(options.select, options.ignore)
@@ -257,9 +258,9 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
                  for e in analysis.of_kind("replica_checksum")]
     run = RunInfo(
         checksums=checksums or None,
-        script=options.target, argv=list(options.args), status=status, steps=rec.steps,
-        updates=rec.updates,
-        backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
+        script=options.target, argv=list(options.args), status=status, steps=rec.progress.steps,
+        updates=rec.progress.updates,
+        backward_calls=rec.progress.backward_calls, device=device, torch_version=torch.__version__,
         duration_s=round(duration, 3), error=outcome.error,
         notes=notes if parts else [*notes, *end_notes],
         step_budget=options.steps or None, config=options.config_path,
@@ -381,7 +382,7 @@ class Session:
         except Exception as error:  # graddoctor's own failure must not replace the user's
             rec = self.rec
             run = RunInfo(script=self.options.target, argv=[], status=decide_status(exc),
-                          steps=rec.steps, backward_calls=rec.backward_calls,
+                          steps=rec.progress.steps, backward_calls=rec.progress.backward_calls,
                           error=outcome.error, notes=outcome.notes)
             return Report(run=run, findings=[], internal_errors=[
                 {"where": "building the report", "error": f"{type(error).__name__}: {error}"}],
@@ -409,9 +410,9 @@ class Session:
                            workers.watching))
         rec, instrumentation = self.rec, self.instrumentation
         if on_step is not None:
-            rec.subscribe("counted_step", on_step)
+            rec.subscribe(COUNTED_STEP, on_step)
         provisional = _Checkpoints(self, checkpoint, self._started)
-        rec.subscribe("stepped", provisional)
+        rec.subscribe(STEPPED, provisional)
 
         def hang(where: dict | None) -> None:
             """From the watchdog: the report of a run that cannot be stopped."""
@@ -449,17 +450,17 @@ class Session:
         stack, lock = self._stack, self._lock
         self._stack = self._lock = None
         try:
-            instrumentation.name_from(outcome.namespace)
+            instrumentation.namer.name_from(outcome.namespace)
             stack.close()  # never raises: the instrumentation records its own errors
-            others = len(rec.stopped_threads - {rec.script_thread})
+            others = len(rec.progress.stopped_threads - {rec.script_thread})
             if others:
                 outcome.notes.append(
                     f"the script trained in threads: graddoctor ended the replay in {others} "
                     f"thread{'s' if others != 1 else ''} other than the main one at their next "
                     f"backward or step")
-            if len(instrumentation.step_threads) > 1:
+            if len(instrumentation.namer.step_threads) > 1:
                 outcome.notes.append(
-                    f"optimizers stepped in {len(instrumentation.step_threads)} threads: each "
+                    f"optimizers stepped in {len(instrumentation.namer.step_threads)} threads: each "
                     f"thread's backward, zero_grad and step calls are followed as its own loop "
                     f"(the update timeline shows them interleaved, in the order they ran)")
             parts, worker_notes = workers.reports() if workers is not None else ([], [])
@@ -530,7 +531,7 @@ class _EarlyReport:
         original = dist.destroy_process_group
 
         def destroy_process_group(group=None, *args, **kwargs):
-            if group is not None or early.done or not early.session.rec.steps:
+            if group is not None or early.done or not early.session.rec.progress.steps:
                 return original(group, *args, **kwargs)
             early.done = True
             called = []
@@ -585,7 +586,7 @@ class _Checkpoints:
             return
         rec = self.session.rec
         if not force:
-            if not rec.step_budget and now - self.last < CHECKPOINT_EVERY_S:
+            if not rec.progress.step_budget and now - self.last < CHECKPOINT_EVERY_S:
                 return  # unlimited replay: throttled; with a step budget: after every step
             if self.spent_writing > CHECKPOINT_ALLOWANCE_S + CHECKPOINT_SHARE * (now - self.started):
                 return  # and never more than a bounded share of the run's time
@@ -593,7 +594,7 @@ class _Checkpoints:
         try:
             ending = RunOutcome(ended_by=Unfinished(), error={
                 "type": "Unfinished", "location": None, "message": (
-                    f"graddoctor did not finish: the process ended after {rec.steps} optimizer "
+                    f"graddoctor did not finish: the process ended after {rec.progress.steps} optimizer "
                     f"steps (killed, out of memory, or stuck past the time limit in code that "
                     f"holds Python's lock); this report holds what was seen until then")})
             self.checkpoint(build_report(self.session.options, rec, _snapshot(rec), ending,
