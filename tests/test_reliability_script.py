@@ -125,7 +125,10 @@ def test_time_limit_in_c_code_that_holds_the_interpreter_lock(tmp_path):
     assert "Timeout" in result.stderr and "misbehave.py" in result.stderr
     run = report["run"]
     assert run["status"] == "crashed" and run["error"]["type"] == "Unfinished"
-    assert run["steps"] == 3 and BUG in findings_at(report)
+    # the report after step 3 is the last one written, unless a loaded machine made the earlier
+    # writes slow enough that the bounded share of time for them skipped it (session.py,
+    # CHECKPOINT_SHARE): then the one after step 2, which already holds the bug
+    assert run["steps"] in (2, 3) and BUG in findings_at(report)
 
 
 def test_changed_working_directory(tmp_path):
