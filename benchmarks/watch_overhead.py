@@ -8,7 +8,7 @@ process, interleaved round by round in an order that rotates through all six per
 
 * plain   — no graddoctor;
 * cli     — the steps are the body of a script run by ``graddoctor check`` in-process
-            (``api.resolve_options`` + ``check.run_check``, what the CLI runs: the runner, the
+            (``options.resolve`` + ``session.run_check``, what the CLI runs: the runner, the
             time limit, ``--steps 0`` so that the budget does not end it);
 * watch   — the same steps inside ``with graddoctor.watch():``.
 
@@ -40,7 +40,7 @@ import overhead  # noqa: E402  (the workloads; imported with its defaults)
 import torch  # noqa: E402
 
 import graddoctor  # noqa: E402
-from graddoctor.api import resolve_options  # noqa: E402
+from graddoctor.options import resolve  # noqa: E402
 from graddoctor.run.session import run_check  # noqa: E402
 
 torch.set_num_threads(1)
@@ -80,8 +80,8 @@ def arm_watch(workload: str, out: list) -> None:
 
 def arm_cli(workload: str, out: list, script: str) -> None:
     CURRENT.update(workload=workload, out=out)
-    options = resolve_options(script, (), {"steps": 0}, {"steps"}, source="library",
-                              use_config=False)
+    options = resolve(script, (), {"steps": 0}, {"steps"}, source="library",
+                      use_config=False).options
     report = run_check(options)
     assert report.run.status == "completed", report.run
     assert not report.internal_errors, report.internal_errors

@@ -2,7 +2,8 @@
 ``Report``) and ``watch()`` (the same instrumentation around a block of the caller's own code).
 
 Both take the options of the option table (options.py) as keyword arguments, by their python
-names, validated there: one definition for the CLI, ``[tool.graddoctor]`` and Python. Both
+names, resolved and validated there (``options.resolve``, ``options.resolve_watch``): one
+definition for the CLI, ``[tool.graddoctor]`` and Python. Both
 enter a run's ``Session`` (run/session.py), which records, ends the run, decides its status
 and builds the report, under the process's one-check lock.
 
@@ -12,102 +13,19 @@ Nothing here imports torch until a check starts (``import graddoctor`` stays lig
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Sequence
 
 from .errors import ScriptError, WatchError
-from .options import OPTIONS, SCRIPT_OPTIONS, WATCH_OPTIONS, CheckOptions, Source
 from .report.model import Report
 from .status import ReplayTimeout, StopReplay
 
-__all__ = ["check_script", "watch", "Watch", "Report", "ScriptError", "WatchError"]
+__all__ = ["check_script", "watch", "Watch", "merge_reports", "Report", "ScriptError",
+           "WatchError"]
 
 
 # -- options --------------------------------------------------------------------------------
-
-def _subject(name: str, source: Source) -> str:
-    return OPTIONS[name].flag if source == "library" else name
-
-
-def resolve_options(target: str, args: Sequence[str], values: Mapping[str, Any],
-                    explicit: Iterable[str], *, source: Source, use_config: bool = True,
-                    redirect_stdout: bool = False) -> CheckOptions:
-    """The ``CheckOptions`` of a script check: ``values`` (python names of SCRIPT_OPTIONS)
-    validated by the option table, under them ``[tool.graddoctor]`` of the closest
-    pyproject.toml above the script (a value in ``explicit`` beats the config, the others do
-    not), under that the table's defaults. ``ScriptError`` names the first bad value (as a
-    ``--flag`` for ``source="library"``, the CLI; by keyword for ``source="python"``)."""
-    settings, shown = resolve_settings(target, values, explicit, source=source,
-                                       use_config=use_config)
-    return check_options(target, args, settings, shown, redirect_stdout=redirect_stdout)
-
-
-def check_options(target: str, args: Sequence[str], settings: Mapping[str, Any],
-                  shown: str | None, *, redirect_stdout: bool = False,
-                  grad_flow: bool = False) -> CheckOptions:
-    """``CheckOptions`` from resolved settings (``resolve_settings``); ``grad_flow``: record every
-    update's gradient norms (a picture was asked for)."""
-    return CheckOptions(target=target, args=tuple(args),
-                        **{o.field: settings[o.name] for o in SCRIPT_OPTIONS.values()},
-                        redirect_stdout=redirect_stdout, config_path=shown, grad_flow=grad_flow)
-
-
-def resolve_settings(target: str, values: Mapping[str, Any], explicit: Iterable[str], *,
-                     source: Source, use_config: bool = True) -> tuple[dict[str, Any], str | None]:
-    """Every script option's value (and those of the other options in ``values``, such as the
-    CLI's --grad-flow), resolved as ``resolve_options`` says, and the pyproject.toml shown."""
-    from .rules.engine import unknown_selectors
-    from .config import Config, ConfigError, load_config, merge
-
-    wanted = {**SCRIPT_OPTIONS, **{name: OPTIONS[name] for name in values if name in OPTIONS}}
-    checked: dict[str, Any] = {}
-    for name, value in values.items():
-        option = wanted.get(name)
-        if option is None:
-            raise TypeError(f"unknown option {name!r} (known: {', '.join(SCRIPT_OPTIONS)})")
-        try:
-            checked[name] = option.check(value, source)
-        except ValueError as exc:
-            raise ScriptError(str(exc)) from None
-    explicit = set(explicit)
-    module = bool(checked.get("module", OPTIONS["module"].default))
-    config = Config()
-    if use_config:
-        start = os.getcwd() if module else os.path.dirname(os.path.abspath(target))
-        try:
-            config = load_config(start)
-        except ConfigError as exc:
-            raise ScriptError(str(exc)) from None
-    shown = _display(config.path) if config.path else None
-    # what was given beats the config where it was given explicitly; the defaults never do
-    defaults = {name: option.check(option.default, source)
-                for name, option in wanted.items() if name not in checked}
-    settings = merge({**defaults, **checked}, explicit & checked.keys(), config)
-    for key in ("select", "ignore"):
-        unknown = unknown_selectors(settings[key])
-        if unknown:
-            where = _subject(key, source) if key in explicit or key not in config.values else \
-                f"{shown}: [tool.graddoctor] {key}"
-            raise ScriptError(f"{where}: no rule is named {', '.join(map(repr, unknown))} "
-                              "(use a slug or a code prefix; see `graddoctor rules`)")
-    from .rules.engine import selected_rules
-
-    if (settings["select"] or settings["ignore"]) and \
-            not selected_rules(settings["select"], settings["ignore"]):
-        raise ScriptError(f"select {', '.join(settings['select']) or '(all)'} and ignore "
-                          f"{', '.join(settings['ignore'])} leave no rule to run")
-    return settings, shown
-
-
-def _display(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
-        return path
-    return path if rel.startswith("..") else rel
-
 
 def _given(**values: Any) -> dict[str, Any]:
     """The keyword arguments the caller gave (None: not given)."""
@@ -162,11 +80,11 @@ def check_script(
                     allow_incomplete=allow_incomplete,
                     # where the caller is: a script that changes directory moves no file
                     trace=os.path.abspath(os.fspath(trace)) if trace is not None else None)
+    from .options import resolve
+
     target = path if (module and isinstance(path, str)) else os.fspath(path)
-    options = resolve_options(target, [str(a) for a in argv], values, values, source="python",
-                              use_config=config)
-    if grad_flow:
-        options = dataclasses.replace(options, grad_flow=True)
+    options = resolve(target, [str(a) for a in argv], values, values, source="python",
+                      use_config=config, pictures=grad_flow).options
     if isolate:
         return _check_in_child(options)
     return run_check(options)
@@ -225,6 +143,24 @@ def _has_fileno(stream) -> bool:
         return False
 
 
+# -- merge_reports ---------------------------------------------------------------------------
+
+def merge_reports(paths: "Sequence[str | os.PathLike[str]]", *, fail_on: str = "warning",
+                  allow_incomplete: bool = False) -> Report:
+    """Join the per-rank JSON reports of a distributed run (``graddoctor check --format json
+    -o 'report.{rank}.json'`` under torchrun) into one ``Report``, as ``graddoctor merge``
+    does: each finding says on which ranks it was seen, a rank without a report makes the run
+    incomplete. Raises ``ScriptError`` for a bad option or files that cannot be joined."""
+    from .options import check_values  # the one resolver (options.py), looked up per call
+    from .report.merge import MergeError, merge_files
+
+    checked = check_values({"fail_on": fail_on, "allow_incomplete": allow_incomplete}, "python")
+    try:
+        return merge_files([os.fspath(p) for p in paths], **checked)
+    except MergeError as exc:
+        raise ScriptError(str(exc)) from None
+
+
 # -- watch ----------------------------------------------------------------------------------
 
 class Watch(contextlib.ContextDecorator):
@@ -241,28 +177,10 @@ class Watch(contextlib.ContextDecorator):
     """
 
     def __init__(self, **options: Any) -> None:
-        checked = {}
-        for name, option in WATCH_OPTIONS.items():
-            value = options.pop(name, option.watch)
-            try:
-                checked[name] = option.check(value, "python")
-            except ValueError as exc:
-                raise ScriptError(str(exc)) from None
-        if options:
-            known = ", ".join(WATCH_OPTIONS)
-            raise TypeError(f"watch() got unknown option(s) {', '.join(map(repr, options))} "
-                            f"(known: {known})")
-        from .rules.engine import unknown_selectors
+        from .options import resolve_watch  # the one resolver (options.py), looked up per call
 
-        for key in ("select", "ignore"):
-            unknown = unknown_selectors(checked[key])
-            if unknown:
-                raise ScriptError(f"{key}: no rule is named {', '.join(map(repr, unknown))} "
-                                  "(use a slug or a code prefix; see `graddoctor rules`)")
-        self.fail_on: str = checked["fail_on"]
-        self._options = CheckOptions(
-            target="watch()", **{WATCH_OPTIONS[n].field: v for n, v in checked.items()},
-            timeout=None)
+        self._options = resolve_watch(options)
+        self.fail_on: str = self._options.fail_on
         self.report: Report | None = None
         self.label: str | None = None  # the report's title; default: "watch() at <file:line>"
         # variables of the watched code besides the caller's frames' (a notebook's namespace):

@@ -1,6 +1,6 @@
-"""``[tool.graddoctor]`` in pyproject.toml: found from the script's folder upward, validated,
-then overridden by whatever the user typed on the command line. The keys, their values and
-the messages for bad ones come from the option table (options.py): every option of ``check``
+"""``[tool.graddoctor]`` in pyproject.toml: found from the script's folder upward and read.
+Its keys and values are validated by the option table, and overridden by whatever the user
+typed, in the one resolver (options.py ``load_config``, ``resolve``): every option of ``check``
 is a key (its long flag without the dashes) but the rows marked ``cli_only``. No torch here.
 
     [tool.graddoctor]
@@ -20,8 +20,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
-
-from .options import CONFIG_KEYS
 
 
 class ConfigError(Exception):
@@ -49,7 +47,7 @@ def _toml_reader():
             return None
 
 
-def _table(path: str) -> dict | None:
+def read_table(path: str) -> dict | None:
     """The ``[tool.graddoctor]`` table of one pyproject.toml, or None when it has none."""
     try:
         with open(path, "rb") as f:
@@ -80,38 +78,9 @@ def find_config(start_dir: str) -> str | None:
     folder = os.path.abspath(start_dir)
     while True:
         candidate = os.path.join(folder, "pyproject.toml")
-        if os.path.isfile(candidate) and _table(candidate) is not None:
+        if os.path.isfile(candidate) and read_table(candidate) is not None:
             return candidate
         parent = os.path.dirname(folder)
         if parent == folder:
             return None
         folder = parent
-
-
-def validate(table: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """Check every key and value (by the option table, options.py); return them under the
-    CLI's python names."""
-    values: dict[str, Any] = {}
-    for raw_key, value in table.items():
-        option = CONFIG_KEYS.get(raw_key.replace("_", "-"))
-        if option is None:
-            raise ConfigError(f"{path}: [tool.graddoctor] unknown option {raw_key!r} "
-                              f"(known: {', '.join(CONFIG_KEYS)})")
-        try:
-            values[option.name] = option.check(value, "config", where=path)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    return values
-
-
-def load_config(start_dir: str) -> Config:
-    path = find_config(start_dir)
-    if path is None:
-        return Config()
-    return Config(path=path, values=validate(_table(path) or {}, path))
-
-
-def merge(command_line: Mapping[str, Any], given: set[str], config: Config) -> dict[str, Any]:
-    """Command line wins where the user typed the option; else the config; else the default."""
-    return {key: value if key in given or key not in config.values else config.values[key]
-            for key, value in command_line.items()}

@@ -23,10 +23,32 @@ class Severity(str, Enum):
         return {"info": 1, "warning": 2, "error": 3}[self.value]
 
 
+class Role(str, Enum):
+    """What a related location is to its finding, for code that acts on it (a rule's autofix
+    finds the line to move or to insert before by its role, never by the wording of its note).
+    Written in the JSON report as ``roles``."""
+
+    BACKWARD = "backward"  # the backward whose gradients the finding is about
+    LEAKING_BACKWARD = "leaking-backward"  # another loss's backward leaking into this step
+    SCALED_BACKWARD = "scaled-backward"  # the backward of a GradScaler-scaled loss
+    STEP = "step"  # the optimizer step that applies (or should have applied) the gradients
+    FIRST_STEP = "first-step"  # an optimizer's first step
+    UNSCALE = "unscale"  # scaler.unscale_
+    CLIP = "clip"  # a gradient clip
+    HELPER_CALL = "helper-call"  # the call, in the loop, of the user's helper that holds the line
+    TRAIN_CALL = "train-call"  # model.train() that left a module in train mode
+    TRAINING_FORWARD = "training-forward"  # a forward that trains (its mode is the finding)
+    FREEZE = "freeze"  # where parameters were frozen
+
+
 @dataclass(frozen=True)
 class Related:
+    """A line that explains a finding: ``note`` for the reader, ``roles`` for code (an
+    entry that joins two notes on one line has both roles)."""
+
     location: Location
     note: str
+    roles: tuple[Role, ...] = ()
 
 
 class Safety(str, Enum):

@@ -1,17 +1,28 @@
-"""Every option of ``graddoctor check``, defined once (``OPTIONS``), and the frozen
-``CheckOptions`` the library gets.
+"""Every option of ``graddoctor check``, defined once (``OPTIONS``), the frozen
+``CheckOptions`` the library gets, and the one resolver every front door goes through.
 
 One row per option: its python name, command-line flags (the long one, without its dashes, is
 also its ``[tool.graddoctor]`` key, unless the row says why it is ``cli_only``), kind (type,
-choices, validation), default and help. The CLI builds its options from the rows, config.py reads the pyproject keys and validates the values with them,
-and ``check.validated`` validates library callers' values with them. No torch, no typer here.
+choices, validation), default and help. The CLI builds its options from the rows; config.py
+finds and reads ``[tool.graddoctor]``, whose keys and values are validated here.
+
+Resolution happens once per door, here: ``resolve()`` for a script check (the CLI's
+``check``, ``check_script()``; the pyproject.toml under what was given), ``resolve_watch()``
+for a block of the caller's own code (``watch()``, and the notebook magic and the pytest
+plugin, which are built on it), ``check_values()`` for the few options of ``graddoctor
+merge``. The run side takes the ``CheckOptions`` it is handed as they are. No torch, no typer
+here.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, List, Literal, Optional
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, List, Literal, Mapping, Optional, Sequence
+
+from .config import Config, ConfigError, find_config, read_table
+from .errors import ScriptError
 
 from .report.formats import FORMATS
 
@@ -332,6 +343,43 @@ def split_script_arguments(tokens: list[str]) -> tuple[list[str], list[str]] | N
         else:
             script.append(token)
     return ours, script
+
+
+def script_arguments_hint(args: list[str], option: str) -> str | None:
+    """``graddoctor check train.py --lr 0.5``: options after the script are graddoctor's, so
+    --lr is unknown; the command with the script's arguments after ``--`` (``args``: the
+    command line after ``graddoctor``)."""
+    import shlex
+
+    if not args or args[0] != "check":
+        return None
+    split = split_script_arguments(args[1:])
+    if split is None or not split[1]:
+        return None
+    ours, script = split
+    return (f"if {option or 'it'} is for the script: the script's arguments go after `--` "
+            f"(options before it are graddoctor's):\n  graddoctor check "
+            f"{shlex.join([*ours, '--', *script])}")
+
+
+def as_flags(values: Mapping[str, Any]) -> list[str]:
+    """Values by python name as the command line that gives them (``{"steps": 3, "module":
+    True}`` -> ``--steps 3 --module``); a value of None, or a flag off, is left out."""
+    out: list[str] = []
+    for name, value in values.items():
+        option = OPTIONS[name]
+        if value is None:
+            continue
+        if isinstance(option.kind, Flag):
+            out += [option.flag] if value else []
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                out += [option.flag, str(item)]
+        else:
+            out += [option.flag, str(getattr(value, "value", value))]
+    return out
+
+
 DEFAULT_TIMEOUT = OPTIONS["timeout"].default
 DEFAULT_EPOCH_BATCHES = OPTIONS["epoch_batches"].default  # see instrument/dataloader.py for why 17
 
@@ -354,3 +402,150 @@ class CheckOptions:
     config_path: str | None = None  # the pyproject.toml whose [tool.graddoctor] was applied
     # record every update's gradient norms for a picture (HTML report, --plot, --grad-flow)
     grad_flow: bool = False
+
+
+# -- [tool.graddoctor] -----------------------------------------------------------------------
+
+def validate_config(table: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Check every key and value of a ``[tool.graddoctor]`` table by the option table; return
+    them under the CLI's python names. ``ConfigError`` names the file and the key."""
+    values: dict[str, Any] = {}
+    for raw_key, value in table.items():
+        option = CONFIG_KEYS.get(raw_key.replace("_", "-"))
+        if option is None:
+            raise ConfigError(f"{path}: [tool.graddoctor] unknown option {raw_key!r} "
+                              f"(known: {', '.join(CONFIG_KEYS)})")
+        try:
+            values[option.name] = option.check(value, "config", where=path)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return values
+
+
+def load_config(start_dir: str) -> Config:
+    """The closest ``[tool.graddoctor]`` from ``start_dir`` upward, validated."""
+    path = find_config(start_dir)
+    if path is None:
+        return Config()
+    return Config(path=path, values=validate_config(read_table(path) or {}, path))
+
+
+def merge_config(command_line: Mapping[str, Any], given: set[str], config: Config) -> dict[str, Any]:
+    """Command line wins where the user typed the option; else the config; else the default."""
+    return {key: value if key in given or key not in config.values else config.values[key]
+            for key, value in command_line.items()}
+
+
+# -- resolution: once per door -----------------------------------------------------------------
+
+def check_values(values: Mapping[str, Any], source: Source,
+                 wanted: Mapping[str, Option] | None = None,
+                 known: Iterable[str] | None = None) -> dict[str, Any]:
+    """Each value checked and normalised by its row (``wanted``: the rows it may name, default
+    every option). ``TypeError`` for an unknown name (``known``: the names its message lists),
+    ``ScriptError`` naming the first bad value (as a ``--flag`` for ``source="library"``, by
+    keyword for ``"python"``)."""
+    wanted = OPTIONS if wanted is None else wanted
+    checked: dict[str, Any] = {}
+    for name, value in values.items():
+        option = wanted.get(name)
+        if option is None:
+            raise TypeError(f"unknown option {name!r} (known: {', '.join(known or wanted)})")
+        try:
+            checked[name] = option.check(value, source)
+        except ValueError as exc:
+            raise ScriptError(str(exc)) from None
+    return checked
+
+
+def _check_selectors(settings: Mapping[str, Any], where, leave_one: bool = True) -> None:
+    """``select``/``ignore`` name rules that exist (and, with ``leave_one``, leave at least one
+    to run); ``where(key)`` says who gave the key."""
+    from .rules.engine import selected_rules, unknown_selectors
+
+    for key in ("select", "ignore"):
+        unknown = unknown_selectors(settings[key])
+        if unknown:
+            raise ScriptError(f"{where(key)}: no rule is named {', '.join(map(repr, unknown))} "
+                              "(use a slug or a code prefix; see `graddoctor rules`)")
+    if leave_one and (settings["select"] or settings["ignore"]) and \
+            not selected_rules(settings["select"], settings["ignore"]):
+        raise ScriptError(f"select {', '.join(settings['select']) or '(all)'} and ignore "
+                          f"{', '.join(settings['ignore'])} leave no rule to run")
+
+
+def _display(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path
+    return path if rel.startswith("..") else rel
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A script check's options, and every setting they came from by python name (with the
+    other options given, such as the CLI's --grad-flow, which the config can switch on)."""
+
+    options: CheckOptions
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+def resolve(target: str, args: Sequence[str] = (), values: Mapping[str, Any] | None = None,
+            explicit: Iterable[str] = (), *, source: Source, use_config: bool = True,
+            redirect_stdout: bool = False, pictures: bool = False) -> Resolved:
+    """The options of a script check: ``values`` (python names) validated by the option table,
+    under them ``[tool.graddoctor]`` of the closest pyproject.toml above the script (a value in
+    ``explicit`` beats the config, the others do not), under that the table's defaults.
+    ``ScriptError`` names the first bad value (as a ``--flag`` for ``source="library"``, the
+    CLI; by keyword for ``source="python"``). ``pictures``: record every update's gradient
+    norms (a picture was asked for; --grad-flow, typed or configured, asks too). A time limit
+    of 0 or infinity is None: no limit; the trace file is named from the folder the check
+    starts in."""
+    values = dict(values or {})
+    wanted = {**SCRIPT_OPTIONS, **{name: OPTIONS[name] for name in values if name in OPTIONS}}
+    checked = check_values(values, source, wanted, known=SCRIPT_OPTIONS)
+    explicit = set(explicit)
+    config = Config()
+    if use_config:
+        module = bool(checked.get("module", OPTIONS["module"].default))
+        start = os.getcwd() if module else os.path.dirname(os.path.abspath(target))
+        try:
+            config = load_config(start)
+        except ConfigError as exc:
+            raise ScriptError(str(exc)) from None
+    shown = _display(config.path) if config.path else None
+    # what was given beats the config where it was given explicitly; the defaults never do
+    defaults = {name: option.check(option.default, source)
+                for name, option in wanted.items() if name not in checked}
+    settings = merge_config({**defaults, **checked}, explicit & checked.keys(), config)
+
+    def where(key: str) -> str:
+        if key in explicit or key not in config.values:
+            return OPTIONS[key].flag if source == "library" else key
+        return f"{shown}: [tool.graddoctor] {key}"
+
+    _check_selectors(settings, where)
+    fields = {o.field: settings[o.name] for o in SCRIPT_OPTIONS.values()}
+    if fields["timeout"] == 0 or math.isinf(fields["timeout"] or 0):
+        fields["timeout"] = None
+    if fields["trace_path"]:  # where the check starts, whatever directory the script goes to
+        fields["trace_path"] = os.path.abspath(fields["trace_path"])
+    options = CheckOptions(target=target, args=tuple(args), **fields,
+                           redirect_stdout=redirect_stdout, config_path=shown,
+                           grad_flow=pictures or bool(settings.get("grad_flow")))
+    return Resolved(options, settings)
+
+
+def resolve_watch(values: Mapping[str, Any], *, target: str = "watch()") -> CheckOptions:
+    """The options of a block of the caller's own code (``watch()``): the watch options given
+    (by keyword), the others at their watch defaults; no config, no time limit."""
+    values = dict(values)
+    checked = check_values({name: values.pop(name, option.watch)
+                            for name, option in WATCH_OPTIONS.items()}, "python", WATCH_OPTIONS)
+    if values:
+        raise TypeError(f"watch() got unknown option(s) {', '.join(map(repr, values))} "
+                        f"(known: {', '.join(WATCH_OPTIONS)})")
+    _check_selectors(checked, lambda key: key, leave_one=False)
+    return CheckOptions(target=target, **{WATCH_OPTIONS[n].field: v for n, v in checked.items()},
+                        timeout=None)

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from graddoctor.cli import app
-from graddoctor.config import Config, ConfigError, find_config, load_config, merge, validate
+from graddoctor.config import Config, ConfigError, find_config
+from graddoctor.options import load_config, merge_config as merge, validate_config as validate
 from graddoctor.options import split_selectors
 from report_samples import MISSING_ZERO_GRAD, UNUSED_LAYER, write
 

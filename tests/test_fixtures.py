@@ -26,8 +26,8 @@ from graddoctor.rules.engine import analyze, selected_rules
 from graddoctor.run.session import run_check
 from graddoctor.cli import app
 from graddoctor import watch
-from graddoctor.options import OPTIONS, WATCH_OPTIONS, CheckOptions
-from graddoctor.run.target import ProcessState
+from graddoctor.options import SCRIPT_OPTIONS, WATCH_OPTIONS, CheckOptions, resolve
+from graddoctor.run.process_state import ProcessState
 from graddoctor.report.json_format import finding_to_dict, render
 from graddoctor.rules.notes import run_notes
 from graddoctor.suppress import apply_suppressions
@@ -46,8 +46,9 @@ def options_for(name: str, cli_args: list[str]) -> CheckOptions:
     command = typer.main.get_command(app).commands["check"]
     with command.make_context("check", [name, *cli_args]) as ctx:
         p = ctx.params
-    return CheckOptions(target=name, args=tuple(p["script_args"] or ()),
-                        **{o.field: p[o.name] for o in OPTIONS.values() if o.field})
+    values = {name: p[name] for name in SCRIPT_OPTIONS}
+    return resolve(name, p["script_args"] or (), values, values, source="library",
+                   use_config=False).options
 
 
 def test_there_are_fixtures():

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from graddoctor.run import session as check_module
+from graddoctor.run import interim as check_module
 from graddoctor import events as ev
 from graddoctor.analysis import Analysis
 from graddoctor.run.session import run_check

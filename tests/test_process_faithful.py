@@ -14,6 +14,7 @@ import torch
 
 from conftest import ROOT, run_cli, run_python
 from graddoctor.run.session import CheckOptions, run_check
+from graddoctor.options import resolve
 from graddoctor.instrument import graphkeep
 from graddoctor.instrument.backward import _history_walk, _leaves
 from graddoctor.report.formats import FORMATS, RenderOptions
@@ -107,8 +108,10 @@ def test_chdir_keeps_locations_excerpts_and_uris_where_the_script_was_found(tmp_
         provisional.append((report, {name: fmt.render(report, RenderOptions(to_terminal=False))
                                      for name, fmt in FORMATS.items()}))
 
-    final = run_check(CheckOptions(target="train.py", trace_path="trace.jsonl"),
-                      checkpoint=checkpoint)
+    # the --trace of `graddoctor check train.py --trace trace.jsonl`, resolved where it starts
+    options = resolve("train.py", values={"trace": "trace.jsonl"}, source="library",
+                      use_config=False).options
+    final = run_check(options, checkpoint=checkpoint)
     assert os.getcwd() == str(tmp_path)
     last, rendered = provisional[-1]
     assert last.run.steps == 4

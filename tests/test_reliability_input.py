@@ -8,8 +8,8 @@ import math
 import pytest
 
 from conftest import run_cli
-from graddoctor.run.session import ScriptError, validated
-from graddoctor.options import CheckOptions
+from graddoctor.run.session import ScriptError
+from graddoctor.options import resolve
 from reliability_helpers import check_to_file
 
 # every case gets a folder with these files; the script leaves ran.txt behind if it ever runs
@@ -86,11 +86,17 @@ def test_json_to_stdout_stays_json_for_a_failing_script(tmp_path):
     assert result.returncode == 2
 
 
+def validated(**values):
+    """The options of a library check of x.py with these values, through the one resolver."""
+    return resolve("x.py", values=values, explicit=values, source="library",
+                   use_config=False).options
+
+
 @pytest.mark.parametrize("steps, timeout, expect_timeout", [
     (0, None, None), (3, 0, None), (3, 0.0, None), (3, math.inf, None), (3, 2.5, 2.5), (3, "7", 7.0),
 ])
 def test_library_options_normalised(steps, timeout, expect_timeout):
-    options = validated(CheckOptions(target="x.py", steps=steps, timeout=timeout))
+    options = validated(steps=steps, timeout=timeout)
     assert options.timeout == expect_timeout and options.steps == steps
 
 
@@ -100,7 +106,7 @@ def test_library_options_normalised(steps, timeout, expect_timeout):
 ])
 def test_library_rejects_bad_options(kwargs):
     with pytest.raises(ScriptError) as info:
-        validated(CheckOptions(target="x.py", **kwargs))
+        validated(**kwargs)
     assert next(iter(kwargs)) in str(info.value)
 
 
@@ -114,7 +120,7 @@ def test_library_rejects_bad_options(kwargs):
 def test_library_messages_are_unchanged(kwargs, message):
     """The library's wording for a bad value (pinned: the option table words it now)."""
     with pytest.raises(ScriptError) as info:
-        validated(CheckOptions(target="x.py", **kwargs))
+        validated(**kwargs)
     assert str(info.value) == message
 
 
@@ -123,8 +129,8 @@ def test_library_checks_every_option_of_the_table():
     config, before the run (not after the whole run, in Report.exit_code)."""
     with pytest.raises(ScriptError, match="--fail-on must be one of error, warning, info, never, "
                                           "not 'warn'"):
-        validated(CheckOptions(target="x.py", fail_on="warn"))
+        validated(fail_on="warn")
     with pytest.raises(ScriptError, match="--select must be a string or a list of strings"):
-        validated(CheckOptions(target="x.py", select=[3]))
-    options = validated(CheckOptions(target="x.py", select=["GD1, stale-grad"], ignore="GD106"))
+        validated(select=[3])
+    options = validated(select=["GD1, stale-grad"], ignore="GD106")
     assert options.select == ("GD1", "stale-grad") and options.ignore == ("GD106",)

@@ -36,7 +36,8 @@ from fixture_marks import read_marks, read_silent
 from graddoctor.findings import Severity
 from graddoctor.rules import ALL_RULES
 from graddoctor.rules.base import Rule
-from graddoctor.rules.docs import readme_table, rules_table, table_span, with_table
+from graddoctor.rules.docs import (architecture_table, readme_table, rules_table, silent_table,
+                                   table_span, with_silent_table, with_table)
 
 SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead")
 CODE_SECTIONS = ("Example", "Use instead")
@@ -143,6 +144,11 @@ SLUGS = {r.slug for r in ALL_RULES}
 
 def read_readme() -> str:
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def read_architecture() -> str:
+    with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
         return f.read()
 
 
@@ -278,3 +284,27 @@ def test_stale_readme_table_is_detected():
     assert with_table(stale) == with_table(readme)  # the generator repairs it
     start, end = table_span(readme)
     assert readme[start:end].startswith("| code | slug |") and readme[end:end + 1] == "\n"
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, **RULE_IDS)
+def test_rule_says_what_it_stays_silent_on(rule):
+    text = rule.doc_section("Stays silent on")
+    assert len(text.split()) >= 5, f"{rule.slug}: its docstring has no '## Stays silent on' section"
+    assert "```" not in text, f"{rule.slug}: 'Stays silent on' is prose (it becomes a table cell)"
+
+
+def test_architecture_silent_table_is_generated():
+    expected, actual = silent_table(), architecture_table(read_architecture())
+    assert actual == expected, (
+        "docs/architecture.md's table of correct look-alikes differs from the rules' 'Stays silent "
+        "on' sections; run: python -m graddoctor.rules.docs --write")
+
+
+def test_stale_architecture_table_is_detected_and_repaired():
+    text = read_architecture()
+    first = ALL_RULES[0]
+    row = f"| `{first.slug}` | "
+    assert row in text
+    stale = text.replace(row, row + "something it no longer says; ", 1)
+    assert architecture_table(stale) != silent_table()
+    assert with_silent_table(stale) == with_silent_table(text) == text

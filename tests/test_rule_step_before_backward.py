@@ -110,7 +110,7 @@ def test_accumulation_is_silent():
 def _fix(tmp_path, body):
     from graddoctor.rules.source import Source
     from graddoctor.rules.step_before_backward import StepBeforeBackward
-    from graddoctor.findings import Related
+    from graddoctor.findings import Related, Role
 
     text = "for x in data:\n" + body
     src = Source("train.py", str(tmp_path / "train.py"), text)
@@ -120,7 +120,8 @@ def _fix(tmp_path, body):
     finding = Finding(rule=SLUG, code="GD117", severity=Severity.ERROR, message="",
                       location=Location("train.py", step),
                       related=(Related(Location("train.py", back),
-                                       "the backward whose gradients no step uses"),))
+                                       "the backward whose gradients no step uses",
+                                       (Role.BACKWARD,)),))
     fix = StepBeforeBackward().autofix(finding, src)
     if fix is None:
         return None
@@ -171,7 +172,7 @@ def test_backward_in_a_helper_then_clear_then_step_stays_misplaced_zero_grad():
 
 def test_the_edit_moves_the_step_after_the_helper_call(tmp_path):
     from graddoctor.edits import apply_edits
-    from graddoctor.findings import Related
+    from graddoctor.findings import Related, Role
     from graddoctor.rules.source import Source
     from graddoctor.rules.step_before_backward import StepBeforeBackward
 
@@ -180,7 +181,8 @@ def test_the_edit_moves_the_step_after_the_helper_call(tmp_path):
     src = Source("train.py", str(tmp_path / "train.py"), text)
     finding = Finding(rule=SLUG, code="GD117", severity=Severity.ERROR, message="",
                       location=Location("train.py", 8), evidence={"backward_function": "backprop"},
-                      related=(Related(Location("train.py", 2), "the backward whose gradients no step uses"),))
+                      related=(Related(Location("train.py", 2), "the backward whose gradients no step uses",
+                                       (Role.BACKWARD,)),))
     fix = StepBeforeBackward().autofix(finding, src)
     assert apply_edits(text, list(fix.edits)).endswith(
         "    loss = f(x)\n    log(loss)\n    backprop(loss)\n    opt.step()\n")

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from graddoctor import events as ev
-from graddoctor.run.session import _snapshot, run_check
+from graddoctor.run.interim import snapshot as _snapshot
+from graddoctor.run.session import run_check
 from graddoctor.instrument import Instrumentation, Recorder
 from graddoctor.instrument.recorder import Deferred
 from graddoctor.options import CheckOptions

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..findings import Autofix, Edit, Finding, Related, Safety, Severity
+from ..findings import Autofix, Edit, Finding, Related, Role, Safety, Severity
 from ..jsonsafe import dumps
 from ..notebook import location_json
 from ..rules import ALL_RULES
@@ -164,14 +164,21 @@ def autofix_from_dict(obj: dict | None) -> Autofix | None:
 
 
 def related_to_dict(related: Related) -> dict:
-    """A related line: its place and note (no ``via``/``hook``: only the finding's own line is
-    shown as a framework's call)."""
+    """A related line: its place, note and ``roles`` (what it is to the finding, as
+    ``findings.Role`` values; absent when it has none). No ``via``/``hook``: only the finding's
+    own line is shown as a framework's call."""
     loc = related.location
-    return {**location_json(loc.path, loc.line), "note": related.note}
+    out = {**location_json(loc.path, loc.line), "note": related.note}
+    if related.roles:
+        out["roles"] = [role.value for role in related.roles]
+    return out
 
 
 def related_from_dict(obj: dict) -> Related:
-    return Related(Location(obj["path"], int(obj["line"])), obj.get("note", ""))
+    """A related line read back; a role this version does not know is left out."""
+    known = {role.value: role for role in Role}
+    roles = tuple(known[r] for r in obj.get("roles", ()) if r in known)
+    return Related(Location(obj["path"], int(obj["line"])), obj.get("note", ""), roles)
 
 
 # -- Location ----------------------------------------------------------------------------------

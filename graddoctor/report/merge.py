@@ -230,3 +230,129 @@ def single(report: Report, rank: int | None, process: str, pid: int | None,
     ``run.ranks`` entry and its findings' ranks, so that ``graddoctor merge`` can join it."""
     return merge([Part(report, rank, process, pid)], world_size=world_size,
                  fail_on=report.fail_on, allow_incomplete=report.allow_incomplete)
+
+
+# -- the per-rank report files of one run (`graddoctor merge`, api.merge_reports) -------------
+
+class MergeError(ValueError):
+    """The report files cannot be merged (none readable, a plain process's, another run's, a
+    rank twice); the message says which and why."""
+
+
+@dataclass
+class _Files:
+    """The files read so far: the parts, the file of each, and what could not be read."""
+
+    parts: list[Part]
+    paths: dict[int, str]  # id(part) -> its file
+    skipped: set[str]  # rules the checks left out
+    notes: list[str]
+    unreadable: dict[int, str]  # rank (from the file name) -> why
+
+
+def merge_files(paths: list[str], *, fail_on: str = "warning",
+                allow_incomplete: bool = False) -> Report:
+    """One report from the JSON reports of the ranks of one distributed run (``graddoctor
+    merge``): each finding says on which ranks it was seen; a rank without a readable report
+    is missing (the run is incomplete). ``fail_on`` and ``allow_incomplete`` (validated by the
+    caller, options.py) make the verdict. ``MergeError`` when the files cannot be joined."""
+    from ..rules.engine import selected_rules
+
+    files = _read_files(paths)
+    _one_run(files)
+    parts = _without_merged_before(files)
+    seen = _by_rank(parts, files.paths)
+    world = max(p.report.run.world_size for p in parts)
+    missing = [missing_entry(r, f"rank {r}", files.unreadable.get(
+        r, "no report file was given for this rank")) for r in range(world) if r not in seen]
+    notes = files.notes + [why for r, why in files.unreadable.items() if r in seen or r >= world]
+    parts.sort(key=lambda p: (p.rank is None, p.rank or 0))
+    return merge(parts, world_size=world, missing=missing, notes=notes, fail_on=fail_on,
+                 allow_incomplete=allow_incomplete,
+                 rules=selected_rules(ignore=sorted(files.skipped)))
+
+
+def _read_files(paths: list[str]) -> _Files:
+    """Every readable report file as a part; one corrupt file (a rank killed while writing it)
+    must not hide the others: it is noted, under its rank when its name ends in one."""
+    import json
+    import os
+    import re
+
+    from .json_format import from_dict
+
+    files = _Files([], {}, set(), [], {})
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            report = from_dict(data)
+        except OSError as exc:
+            raise MergeError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            found = re.search(r"(\d+)\D*$", os.path.basename(path))
+            why = f"unreadable report file {path} ({type(exc).__name__}: {exc})"
+            if found:
+                files.unreadable[int(found.group(1))] = why
+            else:
+                files.notes.append(why)
+            continue
+        files.skipped.update(report.run.rules_skipped)
+        entries = report.run.ranks or []
+        rank = entries[0]["rank"] if len(entries) == 1 else None
+        files.parts.append(Part(report, rank, entries[0]["process"] if len(entries) == 1 else path))
+        files.paths[id(files.parts[-1])] = path
+    if not files.parts:
+        raise MergeError("none of the reports could be read: " + "; ".join(
+            [*files.unreadable.values(), *files.notes]))
+    return files
+
+
+def _one_run(files: _Files) -> None:
+    """Ranks' reports (not a single process's) of one run: the same command and run id."""
+    plain = [p for p in files.parts if not p.report.run.ranks]
+    if plain:
+        raise MergeError(f"{plain[0].process} is the report of a single process, not of a rank "
+                         "(write the ranks' reports under torchrun with -o 'report.{rank}.json')")
+    runs: dict[tuple, list[str]] = {}
+    for p in files.parts:
+        run = p.report.run
+        runs.setdefault((run.script, tuple(run.argv), run.run_id, run.world_size), []).append(
+            files.paths[id(p)])
+    if len({key[:2] for key in runs}) > 1 or len({key[2] for key in runs} - {None}) > 1 \
+            or len({key[3] for key in runs}) > 1:
+        groups = "; ".join(f"{', '.join(who)}: {' '.join([script, *argv])}"
+                           f"{f' (run {run_id})' if run_id else ''}, world size {world}"
+                           for (script, argv, run_id, world), who in runs.items())
+        raise MergeError(f"these reports are of different runs, which merge cannot join: {groups}")
+
+
+def _without_merged_before(files: _Files) -> list[Part]:
+    """The parts but a report merged before (merge's own output in the glob) beside its ranks'
+    own files, which is noted instead."""
+    own = {p.rank for p in files.parts if p.rank is not None}
+    kept = []
+    for p in files.parts:
+        ranks_in = {e["rank"] for e in p.report.run.ranks}
+        if p.rank is None and ranks_in & own:
+            files.notes.append(f"{p.process} is a report merged before (rank "
+                               f"{spans(sorted(ranks_in))}): left out, the ranks' own reports "
+                               f"are given")
+            continue
+        kept.append(p)
+    return kept
+
+
+def _by_rank(parts: list[Part], paths: dict[int, str]) -> set[int]:
+    """The ranks the parts cover; each rank's report given once."""
+    by_rank: dict[int, Part] = {}
+    for p in parts:
+        for e in p.report.run.ranks:
+            if e["rank"] is None:
+                continue
+            other = by_rank.get(e["rank"])
+            if other is not None and other is not p:
+                raise MergeError(f"rank {e['rank']} is given twice ({paths[id(other)]} and "
+                                 f"{paths[id(p)]}): give each rank's report once")
+            by_rank[e["rank"]] = p
+    return set(by_rank)

@@ -150,3 +150,33 @@ def write_stdout(text: str) -> None:
     except (OSError, ValueError):  # fd 1 closed: what is left
         sys.stderr.write(text)
         sys.stderr.flush()
+
+
+def say(line: str) -> None:
+    """One line of graddoctor's own on stderr (what it wrote, where a report went instead)."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    stream.write(f"{line}\n")
+    stream.flush()
+
+
+def write_report(report, fmt, output: str | None, render) -> None:
+    """The report in format ``fmt`` to ``output`` (written whole, atomically) or stdout."""
+    text = fmt.render(report, render)
+    if output:
+        write_file(output, text)
+    else:
+        write_stdout(text)
+        if fmt.document:  # what the script prints at exit (atexit) goes after it, to stderr
+            ReportStdout.end_machine_output()
+
+
+def emit_report(report, fmt, output: str | None, render, shown: str | None = None) -> None:
+    """The report, then (with ``output``) a one-line verdict naming the file as it was typed
+    (``shown``)."""
+    write_report(report, fmt, output, render)
+    if output:
+        from .text import verdict
+
+        say(f"graddoctor: wrote {shown or output}: {verdict(report).plain}")

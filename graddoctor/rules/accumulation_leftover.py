@@ -45,6 +45,12 @@ class AccumulationLeftover(Rule):
                 optimizer.step()
                 optimizer.zero_grad()
     ```
+
+    ## Stays silent on
+    A tail flushed with `len(loader)` or with the script's own batch count; a real epoch
+    length divisible by k (at most `info`); windows on a global counter that straddle
+    epochs; a partial tail dropped by a clear at the epoch start; accelerate's own last
+    window.
     """
 
     code = "GD205"

@@ -59,6 +59,11 @@ class AccumulationNeverAccumulates(Rule):
             optimizer.step()
             optimizer.zero_grad()
     ```
+
+    ## Stays silent on
+    Accumulation windows on a counter or with the tail flushed; `loss * (1 / k)`; an average
+    of two losses (`(loss_i + loss_t) / 2`); constants that normalise rather than accumulate
+    (a summed loss divided by the batch size); FSDP's accumulation.
     """
 
     code = "GD209"

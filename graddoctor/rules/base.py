@@ -10,7 +10,7 @@ import inspect
 import re
 from typing import TYPE_CHECKING, ClassVar, Iterable, Sequence
 
-from ..findings import Autofix, Edit, Finding, ProcessFacts, Related, Safety, Severity
+from ..findings import Autofix, Edit, Finding, ProcessFacts, Related, Role, Safety, Severity
 from ..trace import Location
 
 if TYPE_CHECKING:
@@ -108,7 +108,8 @@ def _merge_related(items) -> tuple[Related, ...]:
         if r is None:
             continue
         key = (r.location.path, r.location.line)
-        merged[key] = Related(r.location, f"{merged[key].note}; {r.note}") if key in merged else r
+        merged[key] = Related(r.location, f"{merged[key].note}; {r.note}",
+                              merged[key].roles + r.roles) if key in merged else r
     return tuple(merged.values())
 
 
@@ -140,11 +141,13 @@ def helper_call(a, event) -> Related | None:
             or not source.inside_loop(caller.path, caller.line):
         return None  # the loop is in the same function (a main()), or the call is in no loop
     name = loc.function or "the helper"
-    return Related(caller, f"the call of {name}() in the loop that runs this clear")
+    return Related(caller, f"the call of {name}() in the loop that runs this clear",
+                   (Role.HELPER_CALL,))
 
 
-def related(event, note: str) -> Related | None:
-    """A related location for an event, or None when the event has no location."""
+def related(event, note: str, role: Role | None = None) -> Related | None:
+    """A related location for an event (``role``: what it is to the finding, for code that
+    acts on it), or None when the event has no location."""
     if event is None or event.loc is None:
         return None
-    return Related(event.loc, note)
+    return Related(event.loc, note, (role,) if role is not None else ())

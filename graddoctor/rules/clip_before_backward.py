@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..analysis import written
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, related
 
 
@@ -34,6 +34,11 @@ class ClipBeforeBackward(Rule):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
     ```
+
+    ## Stays silent on
+    A clip between backward and step; `clip_grad_norm_(..., inf)` after the step, which only
+    measures the norm for logging; a clip hook overridden in Lightning to clip only after
+    warm-up.
     """
 
     code = "GD203"
@@ -65,7 +70,7 @@ class ClipBeforeBackward(Rule):
                 loc,
                 related=(related(used, "the step that already applied the clipped gradients"),
                          related(backward, "the backward that produces the update's gradients afterwards"),
-                         related(a.next_step(backward.seq), "the step that applies them unclipped")),
+                         related(a.next_step(backward.seq), "the step that applies them unclipped", Role.STEP)),
                 step=a.next_step_number(clip.seq),
                 evidence={"params": [a.param_name(p) for p in owned[:8]], "clip": clip.get("via"),
                           "after_step": used is not None, "occurrences": a.count(i[0] for i in items)},

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, related
 from .source import method_calls, receiver, related_line
 
@@ -42,6 +42,13 @@ class ClipBeforeUnscale(Rule):
     scaler.step(optimizer)      # knows the grads are unscaled already
     scaler.update()
     ```
+
+    ## Stays silent on
+    `unscale_` → clip → step → update (with the old `torch.cuda.amp.GradScaler` too); a
+    disabled scaler; unscale and clip once at the accumulation boundary; hand-written
+    clipping after `unscale_`; hand-written static loss scaling undone before the step;
+    steps the GradScaler skips; the frameworks' clipping (Lightning, accelerate, the
+    transformers Trainer).
     """
 
     code = "GD201"
@@ -63,7 +70,7 @@ class ClipBeforeUnscale(Rule):
         """``scaler.unscale_(optimizer)`` right before the clip (a later ``unscale_`` of the
         same update moves there: a second one in one update raises)."""
         clip = src.statement_at(finding.location.line)
-        backward_line = related_line(finding, "the scaled backward")
+        backward_line = related_line(finding, Role.SCALED_BACKWARD)
         if clip is None or backward_line is None:
             return None
         scales = method_calls(src, "scale", line=backward_line)
@@ -75,7 +82,7 @@ class ClipBeforeUnscale(Rule):
         if not steps:
             return None
         opt = src.code(steps[0].args[0].value)
-        later = related_line(finding, "scaler.unscale_ comes only here")
+        later = related_line(finding, Role.UNSCALE)
         edits = [src.insert_before(clip, f"{scaler}.unscale_({opt})")]
         if later is not None and method_calls(src, "unscale_", line=later):
             old = src.statement_at(later)
@@ -116,9 +123,12 @@ class ClipBeforeUnscale(Rule):
                             "hand-written unscale, ignore this")
             yield self.finding(
                 message, loc, severity=severity,
-                related=(related(backward, "the scaled backward that produced these gradients"),
+                related=(related(backward, "the scaled backward that produced these gradients",
+                                 Role.SCALED_BACKWARD),
                          related(later, "scaler.unscale_ comes only here" if later is not None
-                                 and later.kind == "unscale" else "scaler.step() unscales only here")),
+                                 and later.kind == "unscale" else "scaler.step() unscales only here",
+                                 Role.UNSCALE if later is not None and later.kind == "unscale"
+                                 else Role.STEP)),
                 step=a.next_step_number(clip.seq),
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(hits)],
                           "scale": scale, "scaler_enabled": enabled, "clip": clip.get("via"),

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, related
 
 
@@ -45,6 +45,11 @@ class ClipClipsNothing(Rule):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
     ```
+
+    ## Stays silent on
+    A clip over a list of parameters that can be iterated again; a fresh generator per clip;
+    clipping only a part of the model, or a sub-module whose parameters are frozen for a
+    while; `clip_grad_norm_(..., inf)` that only measures the norm; Lightning's clip hooks.
     """
 
     code = "GD208"
@@ -102,7 +107,7 @@ class ClipClipsNothing(Rule):
         init = a.optimizers.get(opt)
         return self.finding(
             message, clip.loc, severity=severity, step=a.step_number.get(step.seq),
-            related=(related(step, "the step that applies the unclipped gradients"),
+            related=(related(step, "the step that applies the unclipped gradients", Role.STEP),
                      related(init, "the optimizer's construction, which reads a generator given "
                                    "to it to the end") if spent else None),
             evidence={"clip": via, "spent": spent, "optimizer": opt,

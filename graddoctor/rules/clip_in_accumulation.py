@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, related, times
 from .source import calls_in, related_line
 
@@ -37,6 +37,11 @@ class ClipInAccumulation(Rule):
             optimizer.step()
             optimizer.zero_grad()
     ```
+
+    ## Stays silent on
+    One clip at the accumulation boundary (with AMP, hand-written, token-normalised
+    accumulation); the frameworks' clipping under accumulation (Lightning, accelerate, the
+    transformers Trainer).
     """
 
     code = "GD202"
@@ -68,7 +73,7 @@ class ClipInAccumulation(Rule):
                                      clip, [f"if {name}.sync_gradients:\n",
                                             "    " + src.stmt_lines(clip)[0], *src.stmt_lines(clip)[1:]],
                                      indent=indent))
-        step_line = related_line(finding, "the step that applies")
+        step_line = related_line(finding, Role.STEP)
         step = src.statement_at(step_line) if step_line else None
         if clip is None or step is None or step.parent is clip.parent or step.line <= clip.line:
             return None
@@ -90,7 +95,7 @@ class ClipInAccumulation(Rule):
                 f"not the clipped one (seen {times(a.count(i[0] for i in items))})",
                 loc,
                 related=(related(backward, "a later backward adds to the clipped gradients"),
-                         related(step, "the step that applies the partly clipped sum")),
+                         related(step, "the step that applies the partly clipped sum", Role.STEP)),
                 step=a.next_step_number(backward.seq),
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "clip": clip.get("via"), "limit": clip.get("limit"),

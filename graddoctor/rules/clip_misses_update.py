@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, related, times
 
 
@@ -64,6 +64,11 @@ class ClipMissesUpdate(Rule):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the model the optimizer steps
         optimizer.step()
     ```
+
+    ## Stays silent on
+    Clipping only a part of the model on purpose; per-group clips; clipped gradients copied
+    into fp32 master weights; hand-written clipping (`p.grad.mul_`, seen as in-place edits);
+    a clip over `model.parameters()` while the backbone is frozen.
     """
 
     code = "GD215"
@@ -111,7 +116,7 @@ class ClipMissesUpdate(Rule):
                 f"{' and '.join(names)} steps the unclipped gradients of {a.names(applied)} "
                 f"(seen {times(occurrences)})",
                 loc, step=a.step_number.get(step.seq), fix=fix,
-                related=(related(step, "the step that applies the unclipped gradients"),),
+                related=(related(step, "the step that applies the unclipped gradients", Role.STEP),),
                 evidence={"clip": clip.get("via"), "given": given,
                           "clipped": a.param_names(sorted(clipped), limit=8),
                           "applied": a.param_names(applied, limit=8),

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Edit, Safety, Severity
+from ..findings import Edit, Role, Safety, Severity
 from .base import Rule, related
 
 
@@ -48,6 +48,10 @@ class ClipZeroesGradients(Rule):
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
     optimizer.step()
     ```
+
+    ## Stays silent on
+    A clip option whose 0 means off guarding the call; a clip with an infinite `max_norm`
+    that only measures the norm; a positive clip value.
     """
 
     code = "GD218"
@@ -127,7 +131,7 @@ class ClipZeroesGradients(Rule):
                 fix = f"pass a positive {name} (1.0 is common), or remove the clip"
             yield self.finding(
                 message, loc, fix=fix,
-                related=(related(step, "the step that applies the clipped gradients"),),
+                related=(related(step, "the step that applies the clipped gradients", Role.STEP),),
                 step=a.next_step_number(clip.seq),
                 evidence={"clip": via, "limit": limit, "argument": given,
                           "params": [a.param_name(p) for p in dict.fromkeys(applied)],

@@ -43,6 +43,13 @@ class DoubleStep(Rule):
         scaler.step(optimizer)  # steps the optimizer itself (unless it found inf/NaN)
         scaler.update()
     ```
+
+    ## Stays silent on
+    L-BFGS's `step(closure)`; a Lookahead wrapper and its inner optimizer; two optimizers
+    (or one GradScaler over two) each stepped once per update; gradients assigned by hand
+    before each step (evolution strategies); SAM's two backward passes and one step; SWA's
+    `update_parameters` and `SWALR` after the step; optimizers stepped inside the backward;
+    accelerate's and FSDP's own steps.
     """
 
     code = "GD108"

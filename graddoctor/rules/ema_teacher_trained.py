@@ -49,6 +49,12 @@ class EmaTeacherTrained(Rule):
             for t, s in zip(teacher.parameters(), student.parameters()):
                 t.mul_(0.99).add_(s, alpha=0.01)
     ```
+
+    ## Stays silent on
+    An EMA teacher, BYOL target or MoCo momentum encoder owned by no optimizer, or frozen,
+    run under `no_grad` and updated in place after the step; a teacher under `no_grad` that
+    is not in the optimizer; SWA's averaged model; a Lookahead wrapper's slow weights; WGAN
+    weight clipping (a projection after the step, not an EMA).
     """
 
     code = "GD111"

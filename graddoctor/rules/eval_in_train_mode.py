@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, one_or_many, related
 from .source import method_calls, receiver, related_line
 
@@ -43,6 +43,13 @@ class EvalInTrainMode(Rule):
             val_loss += loss_fn(model(x), y).item()
     model.train()
     ```
+
+    ## Stays silent on
+    `swa_utils.update_bn` and statistics re-estimated after `reset_running_stats()`; a
+    teacher in eval mode under `no_grad`; a momentum encoder (MoCo, BYOL) run under
+    `no_grad` inside the training forward, in train mode, EMA-updated; a GAN whose models
+    stay in train mode; BatchNorm without running statistics; a model with no BatchNorm or
+    dropout.
     """
 
     code = "GD303"
@@ -66,7 +73,7 @@ class EvalInTrainMode(Rule):
         if block is None or src.enclosing_function(block) is not src.enclosing_function(here):
             return None
         module = None
-        train_line = related_line(finding, "train() here")
+        train_line = related_line(finding, Role.TRAIN_CALL)
         if train_line is not None:
             calls = method_calls(src, "train", line=train_line)
             module = receiver(src, calls[0]) if len(calls) == 1 else None
@@ -111,7 +118,7 @@ class EvalInTrainMode(Rule):
                 f"and normalises with batch statistics{' (and dropout stays on)' if dropout else ''} — "
                 f"a validation pass without model.eval()",
                 where,
-                related=(related(cause, "train() here left the model in train mode"),),
+                related=(related(cause, "train() here left the model in train mode", Role.TRAIN_CALL),),
                 step=f.steps_before or None,
                 evidence={"layers": [tl.name(m) for m in mids], "calls": f.event.get("calls", 1),
                           "inference_mode": bool(f.event.get("inference"))},

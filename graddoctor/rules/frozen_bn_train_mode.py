@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, one_or_many, related
 from .source import method_calls, receiver, related_line
 
@@ -41,6 +41,13 @@ class FrozenBnTrainMode(Rule):
         for x, y in loader:
             ...
     ```
+
+    ## Stays silent on
+    `eval()` on a frozen BatchNorm after every `model.train()` (by hand, in an overridden
+    `train()`, in a Lightning hook); BatchNorm without running statistics; a frozen encoder
+    kept in eval mode; a teacher, BYOL target or MoCo momentum encoder in train mode under
+    `no_grad`, EMA-updated; a GAN's discriminator frozen only while the generator steps; PGD
+    attacks under `eval()`.
     """
 
     code = "GD301"
@@ -72,7 +79,7 @@ class FrozenBnTrainMode(Rule):
         if finding.evidence.get("without_optimizer"):
             return None  # layers no optimizer trains: adding them to it may be the fix instead
         part = None
-        freeze_line = related_line(finding, "the parameters are frozen here")
+        freeze_line = related_line(finding, Role.FREEZE)
         if freeze_line is not None:
             calls = method_calls(src, "requires_grad_", line=freeze_line)
             if calls:
@@ -160,8 +167,9 @@ class FrozenBnTrainMode(Rule):
             yield self.finding(
                 message, where,
                 related=(
-                    related(freeze, "the parameters are frozen here"),
-                    related(f.event, "a training forward that updates their running statistics")
+                    related(freeze, "the parameters are frozen here", Role.FREEZE),
+                    related(f.event, "a training forward that updates their running statistics",
+                            Role.TRAINING_FORWARD)
                     if cause is not None else None,
                 ),
                 step=f.step_index,

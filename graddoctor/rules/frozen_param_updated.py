@@ -57,6 +57,13 @@ class FrozenParamUpdated(Rule):
             loss_fn(model(x), y).backward()
             optimizer.step()
     ```
+
+    ## Stays silent on
+    Parameters frozen before any gradient; a frozen layer whose `.grad` is set to None (by
+    hand, or by `zero_grad()` with set_to_none) so the optimizer skips it; plain SGD without
+    momentum or weight decay over zero-filled gradients; a param group removed from the
+    optimizer at the freeze; a GAN's discriminator frozen only for the generator's step;
+    gradual unfreezing; Lightning's `freeze()` and `toggle_optimizer`.
     """
 
     code = "GD109"

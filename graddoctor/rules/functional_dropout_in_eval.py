@@ -74,6 +74,12 @@ class FunctionalDropoutInEval(Rule):
             return F.scaled_dot_product_attention(
                 q, k, v, dropout_p=0.1 if self.training else 0.0)
     ```
+
+    ## Stays silent on
+    `training=self.training`; `dropout_p=p if self.training else 0.0`; torch's and
+    transformers' attention; Monte Carlo dropout (`training=True` written out, a flag named
+    for sampling, registered dropout layers set back to train by hand); `F.dropout` used
+    only in train mode.
     """
 
     code = "GD304"

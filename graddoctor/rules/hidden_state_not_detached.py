@@ -44,6 +44,12 @@ class HiddenStateNotDetached(Rule):
         loss_fn(head(h), y).backward()
         optimizer.step()
     ```
+
+    ## Stays silent on
+    TBPTT that detaches the state at each chunk boundary (a recursive `repackage_hidden`
+    included), even with `retain_graph=True` left over; one step per sequence with a fresh
+    state for the next; a graph rebuilt each step from a fresh state; two task losses or a
+    GAN's two backwards sharing one retained graph on purpose.
     """
 
     code = "GD110"

@@ -35,6 +35,10 @@ class LossBackwardTwice(Rule):
     grad_norm = total_norm(model)
     optimizer.step()
     ```
+
+    ## Stays silent on
+    A retained graph used by two different losses (a shared trunk and an auxiliary head);
+    the same loss backpropagated twice into disjoint `inputs=`.
     """
 
     code = "GD118"

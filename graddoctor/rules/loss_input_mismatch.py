@@ -118,6 +118,12 @@ class LossInputMismatch(Rule):
     loss = nn.CrossEntropyLoss()(model(x), y)
     probs = model(x).softmax(dim=1)                     # only to read predictions
     ```
+
+    ## Stays silent on
+    Logits to `cross_entropy` and `BCEWithLogitsLoss`, `log_softmax` to `nll_loss` and
+    `kl_div`, a sigmoid before `binary_cross_entropy`; REINFORCE's log-probabilities, a log
+    of softmax probabilities with an epsilon, Gumbel-softmax; sequence scores flattened or
+    with `log_softmax` over the class dimension.
     """
 
     code = "GD212"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import math
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, related, times
 
 MIN_SCALE = 2.0 ** 10  # loss scales are powers of two; smaller ones may be a batch size (a summed loss)
@@ -47,6 +47,10 @@ class LossScaleNotUndone(Rule):
             p.grad.div_(1024)
     optimizer.step()                  # or let torch.amp.GradScaler do both halves
     ```
+
+    ## Stays silent on
+    Adam over a loss times a constant (Adam divides a constant factor out of its update);
+    weighted loss terms; hand-written unscaling (`p.grad.div_`, seen as in-place edits).
     """
 
     code = "GD216"
@@ -86,7 +90,7 @@ class LossScaleNotUndone(Rule):
                 f"gradients back before {a.optimizer_name(w.step['opt'])} steps: the update is "
                 f"{factor:g} times too large (seen {times(occurrences)})",
                 loc, step=a.step_number.get(w.step.seq),
-                related=(related(w.step, "the step that applies the scaled gradients"),),
+                related=(related(w.step, "the step that applies the scaled gradients", Role.STEP),),
                 evidence={"factor": factor, "optimizer": w.step["opt"],
                           "occurrences": occurrences},
             )

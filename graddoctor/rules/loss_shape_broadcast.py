@@ -50,6 +50,11 @@ class LossShapeBroadcast(Rule):
     pred = model(x).squeeze(-1)  # (N,)
     loss = F.mse_loss(pred, y)
     ```
+
+    ## Stays silent on
+    Matching shapes and the broadcasts that are meant: a 0-d target, a per-feature target
+    (D,) or a (1, D) row against (N, D), `reduction='none'` terms, pairwise terms with both
+    sides unsqueezed on purpose.
     """
 
     code = "GD211"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import math
 
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, helper_call, related
 from .source import move_after, related_line
 from .step_before_backward import step_before_backward
@@ -45,6 +45,14 @@ class MisplacedZeroGrad(Rule):
             optimizer.step()
             optimizer.zero_grad()   # clear after the step, at the window's end
     ```
+
+    ## Stays silent on
+    A backward whose gradients serve another purpose: FGSM's input gradient, SAM's first
+    pass at the perturbed point, a WGAN-GP penalty through `autograd.grad`, MAML's
+    functional inner steps; L-BFGS's `step(closure)`; an update skipped on purpose (a loss
+    spike, a non-finite norm) and dropped by the next clear; the step first in the loop body
+    (step → zero_grad → forward → backward); the optimizer stepped inside the backward; a
+    GAN's discriminator part of the generator's backward.
     """
 
     code = "GD104"
@@ -59,9 +67,9 @@ class MisplacedZeroGrad(Rule):
         """Move the clear to right after the step that should have used the gradients (in an
         accumulation window: into the step's ``if``); a clear inside the script's helper moves
         with the helper's call in the loop."""
-        helper_line = related_line(finding, "the call of ")
+        helper_line = related_line(finding, Role.HELPER_CALL)
         clear = src.statement_at(helper_line or finding.location.line)
-        step_line = related_line(finding, "the step that should have used them")
+        step_line = related_line(finding, Role.STEP)
         step = src.statement_at(step_line) if step_line else None
         if clear is None or step is None or step is clear:
             return None
@@ -93,8 +101,8 @@ class MisplacedZeroGrad(Rule):
                 loc,
                 fix=fix,
                 related=(helper,
-                         related(dropped, "the backward whose gradients are discarded"),
-                         related(first.later_step, "the step that should have used them")),
+                         related(dropped, "the backward whose gradients are discarded", Role.BACKWARD),
+                         related(first.later_step, "the step that should have used them", Role.STEP)),
                 step=first.later_step_index,
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
                           "discarded_backward_calls": len(first.contributions)},

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..findings import Safety, Severity, spans
+from ..findings import Role, Safety, Severity, spans
 from .base import Rule, related
 from .source import call_bare_method, method_calls, related_line, stepped_optimizer
 
@@ -35,6 +35,18 @@ class MissingZeroGrad(Rule):
         loss.backward()
         optimizer.step()
     ```
+
+    ## Stays silent on
+    L-BFGS's `step(closure)` whose closure clears; accumulation windows on a per-epoch index
+    or a global counter; several losses backpropagated between one clear and one step; one
+    backward feeding two optimizers that are both cleared; gradients cleared by hand
+    (`p.grad = None`, a hand-written SGD that zeroes each `.grad`); `zero_grad` at the end
+    of the iteration, taken as a bound method, or in a helper; the optimizer stepped inside
+    the backward (one per parameter, from a post-accumulate-grad hook); the step first in
+    the loop (step → zero_grad → forward → backward); a GAN whose every optimizer is cleared
+    before its backward; DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
+    loops (Lightning, accelerate); loops in threads (each thread with its own model and
+    optimizer, or actor threads feeding one learner).
     """
 
     code = "GD101"
@@ -131,9 +143,10 @@ class MissingZeroGrad(Rule):
                     related(consumed, "the step that already applied these gradients") if consumed
                     else None if old.backward.loc == loc  # the same line: the closure's earlier call
                     else related(old.backward, "the backward whose gradients leak into this step"
-                                 if leak else "the backward that produced them"),
+                                 if leak else "the backward that produced them",
+                                 Role.LEAKING_BACKWARD if leak else Role.BACKWARD),
                     related(first.step, "the step that applies them" if leak or in_closure
-                            else "the step that applies them again"),
+                            else "the step that applies them again", Role.STEP),
                 ),
                 step=first.step_index,
                 evidence={"params": [a.param_name(p) for p in dict.fromkeys(pids)],
@@ -150,12 +163,12 @@ class MissingZeroGrad(Rule):
         the start of the closure, at the top of the loop that holds the backward and the step,
         or right after a step that sits deeper (an accumulation window's ``if``)."""
         line = finding.location.line
-        if related_line(finding, "the backward whose gradients leak"):
+        if related_line(finding, Role.LEAKING_BACKWARD):
             return None  # another loss's backward: detach it or clear later, a person's call
         bare = call_bare_method(src, line, ("zero_grad",))
         if bare is not None:
             return self.edit("call the zero_grad the statement only names", bare)
-        step_line = related_line(finding, "the step that applies")
+        step_line = related_line(finding, Role.STEP)
         opt = stepped_optimizer(src, step_line) if step_line else None
         here = src.statement_at(line)
         if opt is None or here is None:

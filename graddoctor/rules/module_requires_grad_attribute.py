@@ -36,6 +36,11 @@ class ModuleRequiresGradAttribute(Rule):
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ```
+
+    ## Stays silent on
+    `requires_grad_(False)` and `p.requires_grad = False` on the parameters; a module's own
+    `requires_grad` option that it reads (its parameters get no gradient, or train as
+    meant).
     """
 
     code = "GD114"

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, plural, related
 from .step_bypasses_scaler import bypassing_steps
 
@@ -32,6 +32,11 @@ class NonfiniteGrad(Rule):
     loss.backward()
     optimizer.step()
     ```
+
+    ## Stays silent on
+    Inf steps that GradScaler skips (and steps step-bypasses-scaler already names); a fused
+    optimizer unscaling inside its step; a step skipped by the script when the clip returns
+    a non-finite norm; hand-written loss scaling checked for overflow.
     """
 
     code = "GD207"
@@ -78,7 +83,7 @@ class NonfiniteGrad(Rule):
                 f"{a.optimizer_name(step['opt'])} applied them at step {index.get(step.seq)} "
                 f"({plural(affected, 'step')} affected)",
                 loc, step=index.get(step.seq), fix=fix,
-                related=(related(step, "the step that applies them"),) if source is not None else (),
+                related=(related(step, "the step that applies them", Role.STEP),) if source is not None else (),
                 evidence={"params": [a.param_name(p) for p in bad[:8]], "count": len(bad),
                           "norms": {a.param_name(p): str(norms.get(p)) for p in bad[:8]},
                           "steps_affected": affected},

@@ -40,6 +40,11 @@ class OptimizerAttributeHyperparameter(Rule):
                 group["lr"] = 1e-3
         train_one_epoch(model, optimizer)
     ```
+
+    ## Stays silent on
+    The learning rate changed through every param group; bookkeeping attributes that are no
+    hyper-parameter; an optimizer class of the script's own whose `step` reads the
+    attribute.
     """
 
     code = "GD113"

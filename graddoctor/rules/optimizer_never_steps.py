@@ -35,6 +35,12 @@ class OptimizerNeverSteps(Rule):
         loss_fn(model(x), y).backward()
         optimizer.step()
     ```
+
+    ## Stays silent on
+    An optimizer stepped rarely (a GAN's generator once per 20 critic steps); the step taken
+    as a bound method or from a helper; a Lookahead wrapper stepping its inner optimizer;
+    optimizers stepped inside the backward; a script with no torch optimizer; a Lightning
+    `training_step` that skips batches.
     """
 
     code = "GD107"

@@ -41,6 +41,10 @@ class OptimizerRecreated(Rule):
         loss_fn(model(x), y).backward()
         optimizer.step()
     ```
+
+    ## Stays silent on
+    A fresh optimizer per training stage, each stepped many times; a new model and optimizer
+    per trial of a search; an optimizer rebuilt at an unfreeze with a new scheduler for it.
     """
 
     code = "GD112"

@@ -34,6 +34,12 @@ class ParamInTwoOptimizers(Rule):
     optimizer = torch.optim.SGD([{"params": rest},
                                  {"params": head, "lr": 0.1}], lr=0.01)
     ```
+
+    ## Stays silent on
+    Lookahead/SWA wrappers stepping one inner optimizer; two optimizers over separate
+    parameters (a GAN, one backward feeding both); fp32 master copies owned by the
+    optimizer; an optimizer rebuilt (the old one no longer steps); one optimizer per
+    parameter stepped inside the backward; weight tying (one parameter, two uses).
     """
 
     code = "GD115"

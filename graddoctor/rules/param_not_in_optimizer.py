@@ -50,6 +50,15 @@ class ParamNotInOptimizer(Rule):
             super().__init__()
             self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
     ```
+
+    ## Stays silent on
+    A loop with no torch optimizer (one `info`: the checks are limited); frozen parameters
+    left out of the optimizer; fp16 master weights (the model's parameters get gradients no
+    optimizer owns, but their values are copied back from the fp32 master every update); a
+    tensor updated by hand; input gradients (FGSM, a gradient penalty: a fresh leaf each
+    step); fixed data made with `requires_grad=True`; an EMA teacher or momentum encoder
+    (BYOL, MoCo) owned by no optimizer; an optimizer rebuilt over the same parameters;
+    parametrized weights (`weight_norm`, `spectral_norm`, pruning).
     """
 
     code = "GD105"

@@ -51,6 +51,14 @@ class ParamWithoutGrad(Rule):
         def forward(self, x):
             return self.extra(torch.relu(self.body(x)))
     ```
+
+    ## Stays silent on
+    Frozen parameters (`requires_grad_(False)`, frozen before any gradient, a fixed table
+    inside AdamW); a backbone run under `no_grad`; a layer or head used only on some
+    iterations; activation checkpointing, reentrant (with its inputs made to require grad)
+    or not; `backward(inputs=...)` over the head; CLS-token pooling whose pooler no loss
+    uses; a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
+    tying; lazy layers; parametrized weights; sparse embeddings under SparseAdam.
     """
 
     code = "GD106"

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, helper_call, related
 from .source import method_calls, receiver, related_line, stepped_optimizer
 
@@ -32,6 +32,12 @@ class PartialZeroGrad(Rule):
         loss_fn(head(encoder(x)), y).backward()
         optimizer.step()
     ```
+
+    ## Stays silent on
+    `model.zero_grad()` over every parameter the one optimizer owns; two optimizers over
+    disjoint parameters, each cleared; a GAN whose discriminator trains on `fake.detach()`;
+    a frozen teacher cleared next to the student; reentrant activation checkpointing; TBPTT
+    that clears through the modules.
     """
 
     code = "GD102"
@@ -45,7 +51,7 @@ class PartialZeroGrad(Rule):
     def autofix(self, finding, src):
         """Clear through the optimizer that steps: ``head.zero_grad()`` ->
         ``optimizer.zero_grad()`` (its arguments kept)."""
-        step_line = related_line(finding, "the step that applies")
+        step_line = related_line(finding, Role.STEP)
         opt = stepped_optimizer(src, step_line) if step_line else None
         calls = method_calls(src, "zero_grad", line=finding.location.line)
         if opt is None or len(calls) != 1 or receiver(src, calls[0]) == opt:
@@ -66,7 +72,7 @@ class PartialZeroGrad(Rule):
                 f"their gradients keep accumulating across updates (first seen at step {first.step_index})",
                 loc,
                 related=(helper_call(a, first.clears_between[-1]),
-                         related(first.step, "the step that applies the accumulated gradients"),
+                         related(first.step, "the step that applies the accumulated gradients", Role.STEP),
                          related(first.fresh[0].backward, "the backward that adds onto them")),
                 step=first.step_index,
                 evidence={"skipped_params": [a.param_name(p) for p in dict.fromkeys(pids)],

@@ -94,6 +94,11 @@ class PlateauEveryBatch(Rule):
             optimizer.step()
         scheduler.step(validate(model))     # once per epoch, on the validation metric
     ```
+
+    ## Stays silent on
+    `ReduceLROnPlateau` stepped once per epoch, after each validation (even several per
+    epoch, or every batch when the validation interval comes out so), with full-batch
+    training, or next to a per-batch warm-up; per-batch schedules such as `OneCycleLR`.
     """
 
     code = "GD210"

@@ -39,6 +39,10 @@ class ReplicasDiverge(Rule):
     if dist.get_rank() == 0:
         log(loss.item())  # only what has no effect on the update goes under a rank test
     ```
+
+    ## Stays silent on
+    Every rank clipping and stepping alike while only rank 0 logs and evaluates under
+    `no_grad`.
     """
 
     code = "GD403"

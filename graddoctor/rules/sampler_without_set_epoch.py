@@ -34,6 +34,10 @@ class SamplerWithoutSetEpoch(Rule):
         for x, y in loader:
             train_step(x, y)
     ```
+
+    ## Stays silent on
+    `DistributedSampler.set_epoch()` every epoch; an evaluation sampler with
+    `shuffle=False`.
     """
 
     code = "GD402"

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..analysis.lr import NOT_POSITIONAL, per_micro_batch
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, related
 from .source import move_after, related_line
 
@@ -40,6 +40,12 @@ class SchedulerBeforeOptimizer(Rule):
             optimizer.step()
         scheduler.step()
     ```
+
+    ## Stays silent on
+    Steps a GradScaler skipped (PyTorch's own warning is wrong there); schedulers stepped
+    after every optimizer step, at the accumulation boundary, per micro-batch when sized so,
+    or per epoch; a hand-written warm-up; the frameworks' schedulers (Lightning,
+    accelerate).
     """
 
     code = "GD206"
@@ -54,7 +60,7 @@ class SchedulerBeforeOptimizer(Rule):
         """Move the scheduler's step after the statement of its block that holds the optimizer's
         first step (the step itself, or the batch loop that steps)."""
         sched = src.statement_at(finding.location.line)
-        step_line = related_line(finding, "the optimizer's first step")
+        step_line = related_line(finding, Role.FIRST_STEP)
         if sched is None or step_line is None or step_line <= sched.end_line:
             return None
         after = next((t for t in src.siblings(sched) if t.line > sched.end_line
@@ -88,6 +94,6 @@ class SchedulerBeforeOptimizer(Rule):
                 f"has made its first step: the schedule's first learning rate is skipped and every "
                 f"later one comes one step early",
                 e.loc,
-                related=(related(first, "the optimizer's first step comes only here"),),
+                related=(related(first, "the optimizer's first step comes only here", Role.FIRST_STEP),),
                 evidence={"scheduler": e.get("cls"), "optimizer": e["opt"]},
             )

@@ -45,6 +45,12 @@ class SchedulerNeverStepped(Rule):
         optimizer.step()
         warmup.step()
     ```
+
+    ## Stays silent on
+    Schedulers stepped per batch or per epoch as sized (`OneCycleLR` / cosine sized in
+    batches per batch, `T_max=epochs` per epoch); `SequentialLR`/`ChainedScheduler`
+    children; transformers' schedules per update under accumulation; SWA's recipe; an
+    optimizer rebuilt with its scheduler; a hand-written warm-up.
     """
 
     code = "GD220"

@@ -38,6 +38,10 @@ class SchedulerOrphaned(Rule):
                 optimizer, T_max=epochs - epoch)
     ```
     (or keep one optimizer and add the unfrozen parameters with `optimizer.add_param_group`).
+
+    ## Stays silent on
+    A scheduler built for the rebuilt optimizer, the old one dropped with the old optimizer;
+    chained schedulers; schedulers of a second optimizer; a hand-written warm-up.
     """
 
     code = "GD221"

@@ -47,6 +47,11 @@ class SchedulerOverridden(Rule):
         scheduler.step()
     ```
     (or drop the scheduler and write the whole schedule by hand).
+
+    ## Stays silent on
+    A hand-written warm-up that overrides the scheduler for the first iterations only; the
+    scheduler's value scaled by the script after the scheduler steps; a hand-written
+    schedule with no torch scheduler on that optimizer.
     """
 
     code = "GD224"

@@ -37,6 +37,11 @@ class SchedulerPerMicroBatch(Rule):
             optimizer.zero_grad()
             scheduler.step()         # once per update
     ```
+
+    ## Stays silent on
+    Schedulers stepped once per update at the accumulation boundary; `OneCycleLR` sized in
+    micro-batches and stepped after each; transformers' schedules per update under
+    accumulation; per-epoch and chained schedules.
     """
 
     code = "GD222"

@@ -50,6 +50,12 @@ class SchedulerPeriodMismatch(Rule):
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
         optimizer, T_max=num_epochs * len(loader))   # or step it once per epoch
     ```
+
+    ## Stays silent on
+    `OneCycleLR` / cosine sized in batches and stepped per batch; `T_max=epochs` per epoch;
+    `SequentialLR`/`ChainedScheduler` children; schedules sized in updates (or in
+    micro-batches and stepped so) under accumulation; an optimizer rebuilt with its
+    scheduler.
     """
 
     code = "GD223"

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..findings import Edit
+from ..findings import Edit, Role
 from ..notebook import is_notebook
 
 
@@ -291,12 +291,13 @@ def receiver(src: Source, call) -> str:
     return src.code(call.func.value)
 
 
-def related_line(finding, *starts: str) -> int | None:
-    """The line of the finding's first related location whose note starts with one of
-    ``starts``."""
+def related_line(finding, *roles: Role) -> int | None:
+    """The line of the finding's first related location, in the finding's file, that has one
+    of ``roles`` (never found by the wording of a note: rewording one must not move an edit)."""
+    if not all(isinstance(role, Role) for role in roles):
+        raise TypeError(f"related_line takes roles (findings.Role), not {roles!r}")
     for r in finding.related:
-        if r.location.path == finding.location.path and any(
-                part.startswith(starts) for part in r.note.split("; ")):
+        if r.location.path == finding.location.path and any(role in r.roles for role in roles):
             return r.location.line
     return None
 

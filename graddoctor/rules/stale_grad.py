@@ -32,6 +32,13 @@ class StaleGrad(Rule):
         loss_fn(model(x, branch=i % 2), y).backward()
         optimizer.step()
     ```
+
+    ## Stays silent on
+    A head used only on some iterations, with `zero_grad()` (set_to_none) every iteration; a
+    backbone frozen mid-training whose `.grad` the next `zero_grad()` sets to None; GANs
+    with two optimizers (the generator's stray gradients cleared by its own `zero_grad()`);
+    a gradient dropped on purpose for the first iterations (DINO's last layer); DDP and FSDP
+    with `set_to_none`.
     """
 
     code = "GD103"

@@ -4,7 +4,7 @@ import bisect
 from dataclasses import dataclass
 
 from ..analysis import written
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from ..trace import Event, Location
 from .base import Rule, related
 from .source import move_after, related_line
@@ -46,6 +46,13 @@ class StepBeforeBackward(Rule):
         loss.backward()
         optimizer.step()
     ```
+
+    ## Stays silent on
+    A step first in the loop body with the clear right after it (step → zero_grad → forward
+    → backward: applied one pass later, also with an inner accumulation loop); the ordinary
+    order with the step written after a logging line; `zero_grad` at the end of the
+    iteration; L-BFGS's `step(closure)`; a GAN's two updates; a WGAN-GP penalty; AMP with
+    accumulation.
     """
 
     code = "GD117"
@@ -63,7 +70,7 @@ class StepBeforeBackward(Rule):
         step = src.statement_at(finding.location.line)
         if step is None:
             return None
-        back_line = related_line(finding, "the backward whose gradients")
+        back_line = related_line(finding, Role.BACKWARD)
         backward = src.statement_at(back_line) if back_line else None
         if backward is not None and (backward.parent is not step.parent or backward.block != step.block):
             backward = _helper_call_after(src, step, finding.evidence.get("backward_function"))
@@ -91,7 +98,7 @@ class StepBeforeBackward(Rule):
                 f"not train, while the gradients the backward computes are cleared before any "
                 f"step uses them",
                 step.loc,
-                related=(related(backward, "the backward whose gradients no step uses"),
+                related=(related(backward, "the backward whose gradients no step uses", Role.BACKWARD),
                          related(clear, "the clear that discards them before the next step")),
                 fix=_fix_text(a, step, backward),
                 step=claim.step_index,

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, plural, related
 
 
@@ -67,6 +67,11 @@ class StepBypassesScaler(Rule):
     scaler.step(optimizer)        # unscales, skips the step if it finds inf/NaN
     scaler.update()               # adapts the scale
     ```
+
+    ## Stays silent on
+    `scaler.step(opt)`; a fused optimizer unscaling inside its step; a disabled scaler with
+    a plain step on that path; hand-written static loss scaling undone before the step; a
+    second model trained without AMP with its own plain backward and optimizer.
     """
 
     code = "GD214"
@@ -108,7 +113,7 @@ class StepBypassesScaler(Rule):
                            if backward.loc else None) or "scaler")
             yield self.finding(
                 message, loc, severity=severity, step=a.step_number.get(step.seq),
-                related=(related(backward, "the scaled backward that produced these gradients"),),
+                related=(related(backward, "the scaled backward that produced these gradients", Role.SCALED_BACKWARD),),
                 fix=(f"replace `{opt_var}.step()` with `{scaler_var}.step({opt_var})` followed by "
                      f"`{scaler_var}.update()`: it unscales the gradients first and skips a step "
                      f"whose gradients overflowed"),

@@ -37,6 +37,9 @@ class StepWithoutAllreduce(Rule):
             optimizer.step()
             optimizer.zero_grad()
     ```
+
+    ## Stays silent on
+    DDP's `no_sync()` on all but the last micro-batch of each window.
     """
 
     code = "GD401"

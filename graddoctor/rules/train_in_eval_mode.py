@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Autofix, Safety, Severity
+from ..findings import Autofix, Role, Safety, Severity
 from .base import Rule, one_or_many, related
 from .source import call_bare_method, method_calls, receiver, related_line
 
@@ -42,6 +42,12 @@ class TrainInEvalMode(Rule):
         with torch.no_grad():
             val_loss = sum(loss_fn(model(x), y) for x, y in val_loader)
     ```
+
+    ## Stays silent on
+    `model.train()` before the training forward and `eval()` + `no_grad` for validation; a
+    frozen backbone or encoder kept in eval mode on purpose; BatchNorm statistics frozen on
+    purpose; a teacher in eval mode under `no_grad`; samples drawn under `no_grad`; a model
+    with no BatchNorm or dropout; `model.training` read as an attribute.
     """
 
     code = "GD302"
@@ -75,7 +81,7 @@ class TrainInEvalMode(Rule):
                 "no automatic edit: whether this part is meant to be frozen (requires_grad_(False)) "
                 "or to train (no eval()) is a person's call"))
         evals = method_calls(src, "eval", line=finding.location.line)
-        forward_line = related_line(finding, "a training forward")
+        forward_line = related_line(finding, Role.TRAINING_FORWARD)
         here = src.statement_at(finding.location.line)
         if len(evals) != 1 or forward_line is None or here is None:
             return None
@@ -177,7 +183,7 @@ class TrainInEvalMode(Rule):
                 message, bare[0] if bare is not None else where, fix=fix,
                 related=(
                     related(cause, "the eval() it leaves in place") if bare is not None else None,
-                    related(f.event, "a training forward that runs in eval mode"),
+                    related(f.event, "a training forward that runs in eval mode", Role.TRAINING_FORWARD),
                     related(f.step, "the optimizer step that follows"),
                 ),
                 step=f.step_index,

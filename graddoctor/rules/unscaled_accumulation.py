@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..analysis.windows import typical
-from ..findings import Safety, Severity
+from ..findings import Role, Safety, Severity
 from .base import Rule, related
 from .source import calls_in, method_calls, related_line
 
@@ -64,6 +64,13 @@ class UnscaledAccumulation(Rule):
             optimizer.step()
             optimizer.zero_grad()
     ```
+
+    ## Stays silent on
+    `(loss / k).backward()`, `loss * (1 / k)` and the frameworks' own division (accelerate,
+    Lightning, the transformers Trainer and `num_items_in_batch`); losses normalised by the
+    window's token count or weighted by each micro-batch's share of the window; several
+    losses of one forward before one step; DDP's `no_sync()` and FSDP's accumulation;
+    hand-written static loss scaling.
     """
 
     code = "GD204"
@@ -95,7 +102,7 @@ class UnscaledAccumulation(Rule):
         if not isinstance(k, int) or k < 2:
             return None
         window = str(k)
-        step_line = related_line(finding, "the step that applies")
+        step_line = related_line(finding, Role.STEP)
         step = src.statement_at(step_line) if step_line else None
         for owner in step.ancestors() if step is not None else ():
             if owner.syntax == "If":
@@ -176,7 +183,7 @@ class UnscaledAccumulation(Rule):
                     f"{k} backward() calls per step of {a.optimizer_name(opt)} and this loss is "
                     f"multiplied by {factor:g}, not divided by {k}: check that the factor is meant",
                     w.group[0].loc, severity=Severity.INFO, step=w.index,
-                    related=(related(w.step, "the step that applies the accumulated sum"),),
+                    related=(related(w.step, "the step that applies the accumulated sum", Role.STEP),),
                     evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
                               "windows": a.count(w.step for w in verdicts["odd"])},
                 )
@@ -240,7 +247,7 @@ class UnscaledAccumulation(Rule):
         return self.finding(
             message, w.group[0].loc, severity=severity, step=w.index, fix=fix,
             fixes=None if fix is None else {},
-            related=(related(w.step, "the step that applies the accumulated sum"),),
+            related=(related(w.step, "the step that applies the accumulated sum", Role.STEP),),
             evidence={"k": k, "loss_scale_factor": 1.0, "optimizer": opt, "optimizer_class": cls,
                       "windows": a.count(w.step for w in bad), "clipped": clipped},
         )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Role, Severity
 from .base import Rule, related, times
 
 
@@ -34,6 +34,10 @@ class UnscaledBackwardUnderScaler(Rule):
     scaler.step(optimizer)
     scaler.update()
     ```
+
+    ## Stays silent on
+    A term added to the scaled loss; a second model's plain backward and optimizer; the AMP
+    gradient-penalty recipe.
     """
 
     code = "GD217"
@@ -67,7 +71,7 @@ class UnscaledBackwardUnderScaler(Rule):
                 f"in {a.names(pids)} are added to the scaled ones and {where} divides them all by "
                 f"{by}: this loss's part of the update shrinks {by} times (seen {times(occurrences)})",
                 loc, step=a.next_step_number(unscale.seq),
-                related=(related(mixed.scaled, "the scaled backward it is added to"),
+                related=(related(mixed.scaled, "the scaled backward it is added to", Role.SCALED_BACKWARD),
                          related(unscale, f"{where} divides both by the scale")),
                 fix=(f"scale this loss too (`{scaler_var}.scale({loss_var}).backward()`), or add it "
                      f"to the loss that is scaled"),

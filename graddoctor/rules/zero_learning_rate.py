@@ -38,6 +38,10 @@ class ZeroLearningRate(Rule):
     ```python
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * batch_size / 256)
     ```
+
+    ## Stays silent on
+    A backbone frozen by a param group with lr 0 next to a head that trains; a warm-up whose
+    factor is 0 for a while; a hand-written warm-up that starts at lr 0.
     """
 
     code = "GD116"

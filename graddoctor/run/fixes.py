@@ -214,3 +214,39 @@ def refused(report: Report) -> list[Finding]:
 
 
 __all__ = ["verify", "diff", "write", "to_apply", "candidates", "refused", "Autofix"]
+
+
+def act(report: Report, options: CheckOptions, ending, *, as_diff: bool,
+        verified_only: bool = True, unsafe: bool = False) -> int:
+    """``--diff`` / ``--fix`` after a check: the fixes verified by running the fixed script
+    (``verified_only``; off: --no-verify), then the diff printed (``as_diff``) or the fixes
+    written, the report written where ``ending`` (run/finish.py) says; the exit code."""
+    from ..report.output import emit_report, say, write_report, write_stdout
+
+    if verified_only:
+        report = verify(report, options, unsafe=unsafe)
+    chosen_fixes = candidates(report, unsafe)
+    for f in refused(report):
+        where = f"{f.location.path}:{f.location.line}" if f.location else ""
+        say(f"graddoctor: {f.code} {f.rule} {where}: no fix: {f.autofix.refused}")
+    verified = sum(1 for f in chosen_fixes if f.autofix.verified)
+    if as_diff:
+        if ending.output:
+            write_report(report, ending.fmt, ending.output, ending.render)
+        write_stdout(diff(report, chosen_fixes))
+        say(f"graddoctor: {len(chosen_fixes)} fix{'es' if len(chosen_fixes) != 1 else ''} in "
+            f"the diff, {verified} verified by running the fixed script")
+        return report.exit_code()
+    chosen = to_apply(report, unsafe=unsafe, unverified=not verified_only)
+    # the report shows what is left, read against the file as it is before the edits
+    left_report = dataclasses.replace(report, findings=[f for f in report.findings if f not in chosen])
+    emit_report(left_report, ending.fmt, ending.output, ending.render, ending.shown)
+    done, skipped = write(report, chosen)
+    for line in skipped:
+        say(f"graddoctor: {line}")
+    left = [f for f in chosen_fixes if f not in done]
+    say(f"graddoctor: fixed {len(done)} finding{'s' if len(done) != 1 else ''}"
+        + (f" ({sum(1 for f in done if f.autofix.verified)} verified)" if done else "")
+        + (f"; {len(left)} fix{'es' if len(left) != 1 else ''} not applied (not verified, "
+           f"unsafe or overlapping: see --diff)" if left else ""))
+    return dataclasses.replace(report, findings=[f for f in report.findings if f not in done]).exit_code()

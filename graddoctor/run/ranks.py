@@ -16,7 +16,7 @@ there is no such store (SLURM's ``srun``, mpirun), or with ``-o`` holding ``{ran
 rank writes its own report file and ``graddoctor merge`` joins them.
 
 A rank's report is final before its script's teardown: at ``destroy_process_group()``
-(run/session.py ``_EarlyReport``), else when the script ends, with the script's objects held
+(run/interim.py ``EarlyReport``), else when the script ends, with the script's objects held
 until the report is handed over; a rank stuck after that is not waited for. Rank 0 tells a
 dead rank from a slow one within a second (``Exchange``) and takes only its own run's
 reports (``run_id``, script, argv, world size). SIGTERM makes every rank report what it had
@@ -285,7 +285,7 @@ class Exchange:
                                         timeout=timedelta(seconds=STORE_TIMEOUT_S))
         return self._store
 
-    def _key(self, rank: int) -> str:
+    def report_key(self, rank: int) -> str:
         return f"{self.env.prefix}/report/{rank}"
 
     def append_log(self, log: str, value: str) -> None:
@@ -340,7 +340,7 @@ class Exchange:
             self.error = "no launcher store (not started by torchrun)"
             return False
         try:
-            self.connect().set(self._key(self.env.rank), text)
+            self.connect().set(self.report_key(self.env.rank), text)
             self.append_log("done", str(self.env.rank))
             return True
         except Exception as exc:
@@ -389,9 +389,6 @@ class Exchange:
         ending the run). ``files``: per-rank report files to read when there is no store (a
         shared file system). Returns (reports, why each missing one is missing)."""
         others = [r for r in range(self.env.world_size) if r != self.env.rank]
-        got: dict[int, object] = {}
-        why: dict[int, str] = {}
-        stale: dict[int, str] = {}  # a report found for a rank, but another run's
         store = None
         if self.env.store is not None:
             try:
@@ -399,46 +396,28 @@ class Exchange:
             except Exception as exc:
                 self.error = f"{type(exc).__name__}: {exc}"
         if store is None and not files:
-            return got, {r: f"no report: {self.error or 'no launcher store'}; write per-rank "
-                            f"reports with -o 'report.{{rank}}.json' and join them with "
-                            f"`graddoctor merge`" for r in others}
-
-        def take(r: int, text: str, mtime: float | None = None) -> None:
-            try:
-                report = from_dict(json.loads(text))
-            except Exception as exc:
-                why[r] = f"unreadable report: {type(exc).__name__}: {exc}"
-                return
-            reason = self.foreign(r, report, mtime)
-            if reason is None:
-                got[r] = report
-                stale.pop(r, None)
-            else:
-                stale[r] = reason
-
-        def arrived() -> None:
-            if store is not None:
-                ranks = [int(r) for r in self.read_log(store, "done")]
-                ranks = [r for r in ranks if r in others and r not in got]
-                for i in range(0, len(ranks), BATCH):
-                    batch = ranks[i:i + BATCH]
-                    texts = store.multi_get([self._key(r) for r in batch])
-                    self.requests += 1
-                    for r, text in zip(batch, texts):
-                        take(r, text.decode("utf-8"))
-                return
+            return {}, {r: f"no report: {self.error or 'no launcher store'}; write per-rank "
+                           f"reports with -o 'report.{{rank}}.json' and join them with "
+                           f"`graddoctor merge`" for r in others}
+        inbox = _Inbox(self, others, store, files)
+        dead, terminated = self._wait(inbox, wait_s)
+        got, why = inbox.got, inbox.why
+        if terminated:
+            failed = sorted(r for r in dead if r in why)
+            cause = f" after rank {spans(failed)} {dead[failed[0]]}" if failed else ""
             for r in others:
-                if r in got or r in why:
-                    continue
-                try:
-                    mtime = os.stat(files[r]).st_mtime
-                    with open(files[r], encoding="utf-8") as f:
-                        take(r, f.read(), mtime)
-                except FileNotFoundError:
-                    pass
-                except (OSError, UnicodeDecodeError):
-                    pass  # being written: read again
+                if r not in got and r not in why:
+                    why[r] = f"no report: the launcher ended the run{cause} before this rank reported"
+        for r in others:
+            if r not in got and r not in why:
+                why[r] = (f"no report of this run ({inbox.stale[r]})" if r in inbox.stale else
+                          f"no report within {wait_s:.0f} s: the rank is still running (stuck) "
+                          f"or ended without the launcher or this host seeing it")
+        return got, why
 
+    def _wait(self, inbox: "_Inbox", wait_s: float) -> tuple[dict[int, str], bool]:
+        """Read what arrives until every other rank is in or accounted for, or the deadline;
+        returns (the ranks seen gone and how, whether SIGTERM came)."""
         deadline = time.monotonic() + wait_s
         terminated = []
 
@@ -456,16 +435,17 @@ class Exchange:
             pass
         next_look = time.monotonic() + LIVENESS_S
         dead: dict[int, str] = {}
+        got, why = inbox.got, inbox.why
         try:
             while True:
-                arrived()
-                pending = [r for r in others if r not in got and r not in why]
+                inbox.arrived()
+                pending = [r for r in inbox.others if r not in got and r not in why]
                 if not pending or time.monotonic() > deadline:
                     break
-                if store is not None and time.monotonic() >= next_look:
-                    dead.update(self._liveness(store, pending))
+                if inbox.store is not None and time.monotonic() >= next_look:
+                    dead.update(self._liveness(inbox.store, pending))
                     if dead:
-                        arrived()  # a report sent just before the process ended
+                        inbox.arrived()  # a report sent just before the process ended
                         for r, how in dead.items():
                             if r not in got and r not in why:
                                 why[r] = f"no report: the rank {how} before it reported"
@@ -473,7 +453,7 @@ class Exchange:
                     continue
                 time.sleep(POLL_S)
         except Exception as exc:
-            why.update({r: f"no report: {type(exc).__name__}: {exc}" for r in others
+            why.update({r: f"no report: {type(exc).__name__}: {exc}" for r in inbox.others
                         if r not in got and r not in why})
         finally:
             if old is not None:
@@ -481,18 +461,59 @@ class Exchange:
                     signal.signal(signal.SIGTERM, old)
                 except (ValueError, OSError):
                     pass
-        if terminated:
-            failed = sorted(r for r in dead if r in why)
-            cause = f" after rank {spans(failed)} {dead[failed[0]]}" if failed else ""
-            for r in others:
-                if r not in got and r not in why:
-                    why[r] = f"no report: the launcher ended the run{cause} before this rank reported"
-        for r in others:
-            if r not in got and r not in why:
-                why[r] = (f"no report of this run ({stale[r]})" if r in stale else
-                          f"no report within {wait_s:.0f} s: the rank is still running (stuck) "
-                          f"or ended without the launcher or this host seeing it")
-        return got, why
+        return dead, bool(terminated)
+
+
+class _Inbox:
+    """What rank 0 has received while it collects: the reports of this run (``got``), why a
+    rank has none (``why``), reports found that are another run's (``stale``)."""
+
+    def __init__(self, exchange: Exchange, others: list[int], store, files):
+        self.exchange = exchange
+        self.others = others
+        self.store = store
+        self.files = files
+        self.got: dict[int, object] = {}
+        self.why: dict[int, str] = {}
+        self.stale: dict[int, str] = {}
+
+    def take(self, r: int, text: str, mtime: float | None = None) -> None:
+        try:
+            report = from_dict(json.loads(text))
+        except Exception as exc:
+            self.why[r] = f"unreadable report: {type(exc).__name__}: {exc}"
+            return
+        reason = self.exchange.foreign(r, report, mtime)
+        if reason is None:
+            self.got[r] = report
+            self.stale.pop(r, None)
+        else:
+            self.stale[r] = reason
+
+    def arrived(self) -> None:
+        """Read the reports that came in since the last look."""
+        exchange, store = self.exchange, self.store
+        if store is not None:
+            ranks = [int(r) for r in exchange.read_log(store, "done")]
+            ranks = [r for r in ranks if r in self.others and r not in self.got]
+            for i in range(0, len(ranks), BATCH):
+                batch = ranks[i:i + BATCH]
+                texts = store.multi_get([exchange.report_key(r) for r in batch])
+                exchange.requests += 1
+                for r, text in zip(batch, texts):
+                    self.take(r, text.decode("utf-8"))
+            return
+        for r in self.others:
+            if r in self.got or r in self.why:
+                continue
+            try:
+                mtime = os.stat(self.files[r]).st_mtime
+                with open(self.files[r], encoding="utf-8") as f:
+                    self.take(r, f.read(), mtime)
+            except FileNotFoundError:
+                pass
+            except (OSError, UnicodeDecodeError):
+                pass  # being written: read again
 
 
 def gather(exchange: "Exchange", report, options, wait_s: float | None = None,
@@ -516,8 +537,9 @@ def gather(exchange: "Exchange", report, options, wait_s: float | None = None,
                  rules=selected_rules(options.select, options.ignore))
 
 
-def _launcher_patches(context_cls):
-    """Patches of torchrun's process context, for ``--nproc-per-node``:
+def _launcher_patches(context_cls, patches) -> dict:
+    """Patches of torchrun's process context, for ``--nproc-per-node``, made through
+    ``patches`` (instrument/patcher.py ``Patcher``, undone by the caller):
 
     * before it stops the ranks still running (one rank failed, or the launcher got a signal)
       it posts the exit codes of the ranks that ended with a failure to the ``exit`` log of
@@ -530,7 +552,7 @@ def _launcher_patches(context_cls):
       teardown then hung and graddoctor's timer ended it; once rank 0 has ended, the ranks
       still running are ended after ``teardown_grace()``.
 
-    Returns ([(name, original, patched)], state)."""
+    Returns the state they share (``verdict``: rank 0's exit code as it posted it)."""
     posted: set[tuple] = set()
     state: dict = {}  # "verdict": rank 0's exit code as it posted it
     reported: dict[str, set[int]] = {}  # prefix -> ranks in its done log
@@ -590,8 +612,9 @@ def _launcher_patches(context_cls):
         except Exception:
             pass
 
-    return [("close", original_close, close),
-            ("_capture_process_failures", original_capture, capture)], state
+    patches.patch(context_cls, "close", close)
+    patches.patch(context_cls, "_capture_process_failures", capture)
+    return state
 
 
 def launch(nproc: int, child_args: list[str]) -> int:
@@ -615,9 +638,10 @@ def launch(nproc: int, child_args: list[str]) -> int:
             quiet.append((logger, logger.level))
             logger.setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
-    patches, state = _launcher_patches(SubprocessContext)
-    for name, _, patched in patches:
-        setattr(SubprocessContext, name, patched)
+    from ..instrument.patcher import Patcher  # (torch: imported above already)
+
+    patches = Patcher()
+    state = _launcher_patches(SubprocessContext, patches)
     try:
         run(args)
         return state.get("verdict", 0)
@@ -645,7 +669,6 @@ def launch(nproc: int, child_args: list[str]) -> int:
               file=sys.stderr)
         return 2
     finally:
-        for name, original, _ in patches:
-            setattr(SubprocessContext, name, original)
+        patches.undo()
         for logger, level in quiet:
             logger.setLevel(level)
