@@ -138,7 +138,7 @@ class RankEnding(Ending):
     def __init__(self, fmt: ReportFormat, render: RenderOptions, output: str | None, *,
                  ranks, options, typed: str | None = None, shown: str | None = None):
         from .ranks import Exchange
-        from .session import defer_teardown
+        from .teardown import defer_teardown
 
         super().__init__(fmt, render, output, typed=typed, shown=shown)
         self.ranks = ranks
@@ -209,8 +209,8 @@ class RankEnding(Ending):
 
     def on_destroy(self, report, destroy) -> None:
         """A rank's report at the script's destroy_process_group(), before its teardown
-        (run/session.py ``_EarlyReport``): final, whatever that teardown does."""
-        from .session import real_stdout
+        (run/interim.py ``EarlyReport``): final, whatever that teardown does."""
+        from .stdio import real_stdout
 
         if self.ranks.rank == 0:
             destroy()  # the group goes first: another rank's destroy may wait for rank 0's
@@ -228,7 +228,7 @@ def end_unwaited() -> None:
     import faulthandler
 
     from .ranks import teardown_grace
-    from .session import release_deferred
+    from .teardown import release_deferred
 
     for stream in (sys.stdout, sys.stderr):  # the timer's exit flushes nothing
         try:

@@ -25,15 +25,12 @@ from .build import build_report
 from .device import device_policy
 from .ending import RunOutcome, describe_ending
 from .interim import Checkpoints, EarlyReport, snapshot
-from .stdio import real_stdout, stdout_to_stderr
+from .stdio import stdout_to_stderr
 from .target import run_target
-from .teardown import defer_teardown, let_go, release_deferred
+from .teardown import let_go
 from .workers import Workers
 
 __all__ = ["run_check", "ScriptError", "CheckOptions"]
-# also importable from here, where the CLI's rank lifecycle finds them: real_stdout,
-# defer_teardown, release_deferred (run/stdio.py, run/teardown.py)
-_FOR_THE_CLI = (real_stdout, defer_teardown, release_deferred)
 
 _ACTIVE = threading.Lock()  # one instrumented run per process: it patches torch process-wide
 _active_what: list[str] = []
