@@ -30,6 +30,28 @@ app = typer.Typer(
 )
 
 
+def _unknown(what: str, value: str, known) -> str:
+    """"unknown rule 'missing-zero-grd' (did you mean 'missing-zero-grad'?)"."""
+    from .errors import did_you_mean
+
+    return f"unknown {what} {value!r}{did_you_mean(value, known)}"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from .version import __version__
+
+        typer.echo(f"graddoctor {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _graddoctor(version: Annotated[bool, typer.Option(
+        "--version", "-V", help="Print graddoctor's version and exit.", is_eager=True,
+        callback=_show_version)] = False) -> None:
+    pass
+
+
 def _usage_error(message: str) -> None:
     typer.echo(f"graddoctor: error: {message}", err=True)
     raise typer.Exit(2)
@@ -76,6 +98,8 @@ def check(
     """
     shown_output = typed["output"]  # as typed, for messages
     fmt = FORMATS[_format_name(ctx, typed["format"], shown_output)]
+    if not typed["module"]:
+        _refuse_unrunnable(script)
     from .run.finish import ending_for, rank_files
     from .run.ranks import rank_env
 
@@ -98,17 +122,21 @@ def check(
         if value:
             _check_writable(value, option.flag)
     _refuse_launcher(script, typed["module"])
+    # a document on stdout (JSON, a page, --diff's patch): the script's own prints go to stderr
+    to_stdout = (fmt.document and output is None) or typed["diff"]
     options, settings = _options(script, script_args, typed, _given(ctx),
-                                 redirect_stdout=fmt.document and output is None,
+                                 redirect_stdout=to_stdout,
                                  pictures=fmt.pictures or bool(typed["plot"]))
-    if output is None:
+    if output is None or typed["diff"]:
         from .report.output import ReportStdout
 
         ReportStdout.keep()
-    render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"])
+    render = RenderOptions(to_terminal=output is None, grad_flow=settings["grad_flow"],
+                           quiet=typed["quiet"])
     ending = ending_for(fmt, render, output, ranks=ranks, options=options, typed=typed["output"],
                         shown=shown_output, plot=typed["plot"])
     report = _run(ending, options)
+    _script_traceback(report)
     if ending.early_code is not None:  # reported at destroy_process_group(): that report is final
         raise typer.Exit(ending.end_early())
     if typed["diff"] or typed["fix"]:
@@ -127,8 +155,33 @@ def _refuse_launcher(script: str, module: bool) -> None:
     if launcher:  # graddoctor goes under the launcher, or launches through it itself
         _usage_error(f"{script} is PyTorch's launcher: graddoctor runs inside each rank. Use "
                      f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
-                     f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see the README's "
-                     f"Distributed training)")
+                     f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see docs/distributed.md)")
+
+
+def _refuse_unrunnable(script: str) -> None:
+    """A file that is no Python script (notes.txt, a checkpoint) or does not compile is refused
+    now, before torch is imported (scriptfile.py); a notebook is read where it runs."""
+    from .errors import ScriptError
+    from .notebook import is_notebook
+    from .scriptfile import compile_script
+
+    if is_notebook(script) or os.path.basename(script) == "torchrun":  # (the launcher: below)
+        return
+    try:
+        compile_script(script)
+    except ScriptError as exc:
+        _usage_error(str(exc))
+
+
+def _script_traceback(report) -> None:
+    """A script that raised: its traceback on stderr before the report, as python prints it
+    (the script's own frames), so that a crash under graddoctor is as debuggable as without."""
+    error = report.run.error or {}
+    text = error.get("traceback") or ""
+    # graddoctor's own stop (a rank's SIGTERM) is no exception of the script's: python prints none
+    ours = any(line.startswith("graddoctor.") for line in text.splitlines())
+    if report.run.status == "crashed" and text and not ours:
+        typer.echo("Traceback (most recent call last):\n" + error["traceback"].rstrip("\n"), err=True)
 
 
 def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:
@@ -217,7 +270,7 @@ def merge_reports(
     reports: List[str] = typer.Argument(..., help="JSON reports of the ranks (graddoctor check "
                                         "--format json -o 'report.{rank}.json')."),
     format: Annotated[str, typer.Option("--format", "-f", help="Report format of the merged "
-                                        "report: text, json, sarif, html or markdown (a page without the "
+                                        "report: text, json, sarif, github, html or markdown (a page without the "
                                         "pictures: the ranks' JSON carries no per-step norms).")] = "text",
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write the merged "
                                                   "report to this file.")] = None,
@@ -251,11 +304,24 @@ def merge_reports(
 
 
 @app.command("rules")
-def list_rules() -> None:
+def list_rules(format: Annotated[str, typer.Option(
+        "--format", "-f", help="text (a table) or json (a list of {code, slug, severity, summary, "
+        "fix, autofix}: autofix is the safety of its automatic fix, or null), for tools.")] = "text") -> None:
     """List every rule: code, slug, severity and what it finds."""
     from rich.table import Table
 
     from .rules import ALL_RULES
+
+    if format not in ("text", "json"):
+        _usage_error(_unknown("--format", format, ("text", "json")) + "; use text or json")
+    if format == "json":
+        import json
+
+        typer.echo(json.dumps([{"code": r.code, "slug": r.slug, "severity": r.severity.value,
+                                "summary": r.summary, "fix": r.fix,
+                                "autofix": r.fix_safety.value if r.fix_safety else None}
+                               for r in ALL_RULES], indent=2, ensure_ascii=False))
+        return
 
     table = Table(box=None, header_style="bold")
     for col in ("code", "slug", "severity", "finds"):
@@ -287,8 +353,8 @@ def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad
 
     found = find_rule(rule)
     if found is None:
-        known = ", ".join(r.slug for r in ALL_RULES)
-        _usage_error(f"unknown rule {rule!r}; known rules: {known}")
+        _usage_error(_unknown("rule", rule, [n for r in ALL_RULES for n in (r.slug, r.code)])
+                     + "; `graddoctor rules` lists every rule")
         return
     docs = found.docs()
     if found.fix_safety is None:

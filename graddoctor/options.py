@@ -221,6 +221,17 @@ class Option:
         return f"{message}, not {value!r}" if self.kind.says_value else message
 
 
+def _output_help() -> str:
+    from .report.formats import SUFFIXES
+
+    by_format: dict[str, list[str]] = {}
+    for suffix, name in SUFFIXES.items():
+        by_format.setdefault(name, []).append(suffix)
+    named = "; ".join(f"{' or '.join(s)}: {name}" for name, s in by_format.items())
+    return (f"Write the report to this file instead of stdout. Without --format the file's name "
+            f"sets the format ({named}; any other name: text).")
+
+
 def _format_help() -> str:
     listed = ", ".join(f"{f.name} ({f.summary})" if f.summary else f.name for f in FORMATS.values())
     return f"Report format: {listed}."
@@ -250,8 +261,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("format", ("--format", "-f"), Choice(tuple(FORMATS)), "text", _format_help(),
            cli_only="a report goes where one run sends it: see --output", watch=NOT_IN_WATCH),
     Option("output", ("--output", "-o"), File(), None,
-           "Write the report to this file instead of stdout; without --format, a .json or "
-           ".sarif name sets the format.", cli_only="a file of one run",
+           _output_help(), cli_only="a file of one run",
            watch=NOT_IN_WATCH),
     Option("fail_on", ("--fail-on",), Choice(("error", "warning", "info", "never")), "warning",
            "Exit 1 when a finding is at least this severe.", field="fail_on", watch="warning"),
@@ -268,6 +278,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Also draw the gradient flow to this .png, .svg or .pdf file (matplotlib: pip install "
            "'graddoctor[plots]'): mean and max gradient per layer, and the heatmap of every update.",
            cli_only="a file of one run", watch=NOT_IN_WATCH),
+    Option("quiet", ("--quiet", "-q"), Flag(), False,
+           "Text report: only the findings and the verdict (no header, no update timeline, no "
+           "progress line).", cli_only="how one run's report is printed", watch=NOT_IN_WATCH),
     Option("allow_incomplete", ("--allow-incomplete",), Flag(), False,
            "Judge a run that crashed or timed out after its first backward or step by its "
            "findings alone (exit 0 or 1), like a complete check; by default such an incomplete check "
@@ -413,8 +426,10 @@ def validate_config(table: Mapping[str, Any], path: str) -> dict[str, Any]:
     for raw_key, value in table.items():
         option = CONFIG_KEYS.get(raw_key.replace("_", "-"))
         if option is None:
-            raise ConfigError(f"{path}: [tool.graddoctor] unknown option {raw_key!r} "
-                              f"(known: {', '.join(CONFIG_KEYS)})")
+            from .errors import did_you_mean
+
+            raise ConfigError(f"{path}: [tool.graddoctor] unknown option {raw_key!r}"
+                              f"{did_you_mean(raw_key, CONFIG_KEYS)} (known: {', '.join(CONFIG_KEYS)})")
         try:
             values[option.name] = option.check(value, "config", where=path)
         except ValueError as exc:
@@ -461,12 +476,13 @@ def check_values(values: Mapping[str, Any], source: Source,
 def _check_selectors(settings: Mapping[str, Any], where, leave_one: bool = True) -> None:
     """``select``/``ignore`` name rules that exist (and, with ``leave_one``, leave at least one
     to run); ``where(key)`` says who gave the key."""
-    from .rules.engine import selected_rules, unknown_selectors
+    from .rules.engine import selected_rules, selector_suggestions, unknown_selectors
 
     for key in ("select", "ignore"):
         unknown = unknown_selectors(settings[key])
         if unknown:
-            raise ScriptError(f"{where(key)}: no rule is named {', '.join(map(repr, unknown))} "
+            raise ScriptError(f"{where(key)}: no rule is named {', '.join(map(repr, unknown))}"
+                              f"{selector_suggestions(unknown)} "
                               "(use a slug or a code prefix; see `graddoctor rules`)")
     if leave_one and (settings["select"] or settings["ignore"]) and \
             not selected_rules(settings["select"], settings["ignore"]):

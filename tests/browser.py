@@ -25,8 +25,12 @@ window.addEventListener('load', () => {
     declared: +svg.dataset.cells, rows: +svg.dataset.rows, columns: +svg.dataset.columns,
     gaps: svg.querySelectorAll('rect.gd-gap').length,
     width: svg.getBoundingClientRect().width, height: svg.getBoundingClientRect().height}));
+  const svgs = [...document.querySelectorAll('svg')].map(svg => ({
+    cls: svg.getAttribute('class'), right: svg.getBoundingClientRect().right}));
   console.log('GDCHECK ' + JSON.stringify({maps, text: document.body.innerText,
-    height: document.documentElement.scrollHeight}));
+    height: document.documentElement.scrollHeight, svgs,
+    scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth,
+    ticks: [...document.querySelectorAll('.gd-tick-label')].map(e => e.textContent)}));
 });
 </script>"""
 

@@ -1,6 +1,6 @@
 """The public Python API (graddoctor/api.py): ``graddoctor.watch()`` and
 ``graddoctor.check_script()`` — options from the one table, the same findings as the CLI, one
-check at a time, torch restored, the user's code and exceptions left alone; and the README's
+check at a time, torch restored, the user's code and exceptions left alone; and the docs'
 "Use it from Python" / "Use it in your tests" examples, run as written."""
 
 from __future__ import annotations
@@ -295,10 +295,10 @@ def test_import_graddoctor_stays_light():
     assert done.returncode == 0, done.stderr
 
 
-# -- the README's examples, as written ----------------------------------------------------------
+# -- the examples of docs/api.md, as written ----------------------------------------------------------
 
 def test_readme_use_it_from_python(tmp_path, monkeypatch, capsys):
-    [block] = readme_blocks("Use it from Python")
+    [block] = readme_blocks("Use it from Python", page="docs/api.md")
     example = tmp_path / "example.py"
     example.write_text(block)
     monkeypatch.chdir(ROOT)  # the example checks examples/buggy_train.py
@@ -311,7 +311,7 @@ def test_readme_use_it_from_python(tmp_path, monkeypatch, capsys):
 def test_readme_use_it_in_your_tests(pytester):
     from test_pytest_plugin import PLUGIN
 
-    [block] = readme_blocks("Use it in your tests")
+    [block] = readme_blocks("Use it in your tests", page="docs/api.md")
     pytester.makepyfile(test_training=block)
     pytester.runpytest(*PLUGIN).assert_outcomes(passed=2)
     pytester.makepyfile(test_training=block.replace("optimizer.zero_grad()\n", "pass\n"))

@@ -89,3 +89,26 @@ def test_the_page_in_a_browser(name, tmp_path, monkeypatch):
     if keep:
         os.makedirs(keep, exist_ok=True)
         shutil.copy(png, os.path.join(keep, f"{name}.png"))
+
+
+@pytest.mark.parametrize("name", ["buggy_train", "folded_2000_steps"])
+def test_the_page_fits_800_pixels(name, tmp_path, monkeypatch):
+    """At 800 px the whole heatmap (its last updates, where an accumulating bug is brightest),
+    the trend column and the per-step lines' axis are on screen: nothing scrolls sideways."""
+    make, height, _ = PAGES[name]
+    monkeypatch.chdir(ROOT)
+    report = make()
+    html = tmp_path / f"{name}.html"
+    html.write_text(report.render("html"), encoding="utf-8")
+    png = tmp_path / f"{name}_800.png"
+    probe, console = load(CHROMIUM, str(html), str(png), str(tmp_path / "profile"), width=800,
+                          height=height)
+    assert not console and probe is not None, console
+    assert probe["scrollWidth"] <= probe["innerWidth"], (probe["scrollWidth"], probe["innerWidth"])
+    for svg in probe["svgs"]:
+        assert svg["right"] <= probe["innerWidth"], svg
+    assert len(probe["ticks"]) >= 3, probe["ticks"]  # the colour scale is labelled, not just its ends
+    if name == "buggy_train":  # the autofix, as a diff with its safety and verification
+        text = probe["text"]
+        assert "autofix" in text and "safe" in text and "not verified yet" in text
+        assert "-        backbone.zero_grad()" in text and "+        optimizer.zero_grad()" in text

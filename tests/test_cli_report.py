@@ -101,7 +101,7 @@ def test_every_format_renders_through_the_registry(tmp_path):
     from graddoctor.report.text import render as render_text
     from report_samples import nonfinite_report, strict_json
 
-    assert list(FORMATS) == ["text", "json", "sarif", "html", "markdown"]
+    assert list(FORMATS) == ["text", "json", "sarif", "github", "html", "markdown"]
     report = nonfinite_report(str(tmp_path))
     for name, fmt in FORMATS.items():
         assert fmt.name == name and get_format(name) is fmt

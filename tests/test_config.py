@@ -163,7 +163,7 @@ def test_exact_messages_for_bad_values():
         assert str(info.value) == message
     with pytest.raises(ConfigError) as info:
         validate({"stpes": 3}, "p")
-    assert str(info.value) == ("p: [tool.graddoctor] unknown option 'stpes' "
+    assert str(info.value) == ("p: [tool.graddoctor] unknown option 'stpes' (did you mean 'steps'?) "
                                "(known: steps, epoch-batches, timeout, device, fail-on, select, "
                                "ignore, grad-flow, allow-incomplete)")
 
@@ -203,7 +203,7 @@ def test_the_command_line_options_are_the_table_rows():
         assert param.default == option.kind.cli_default(option.default), name
     help_text = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "200"}).stdout
     assert "<auto|cpu|cuda>" in help_text and "<error|warning|info|never>" in help_text
-    assert "<text|json|sarif|html|markdown>" in help_text
+    assert "<text|json|sarif|github|html|markdown>" in help_text
     assert "Settings come from [tool.graddoctor] in the closest" in help_text
 
 
@@ -245,7 +245,7 @@ def test_every_command_line_option_is_a_config_key_or_says_why_not():
         assert CONFIG_KEYS.get(key) is option, f"--{key} is not accepted in [tool.graddoctor]"
         validate({key: option.default if option.default != () else []}, "p")
     assert set(CLI_ONLY) == {"module", "format", "output", "trace", "plot", "nproc_per_node",
-                             "diff", "fix", "unsafe_fixes", "no_verify"}
+                             "diff", "fix", "unsafe_fixes", "no_verify", "quiet"}
 
 
 def test_epoch_batches_grad_flow_and_allow_incomplete_in_the_config(tmp_path):

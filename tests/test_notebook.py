@@ -143,7 +143,7 @@ def test_the_cli_takes_a_notebook(tmp_path, cli):
 
 def test_cell_magic_in_a_real_kernel(tmp_path, monkeypatch):
     """%load_ext graddoctor + %%graddoctor, executed by a real Jupyter kernel (nbclient): the
-    README's "Use it in a notebook" cells as written, then a few more."""
+    docs/api.md's "Use it in a notebook" cells as written, then a few more."""
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -151,7 +151,7 @@ def test_cell_magic_in_a_real_kernel(tmp_path, monkeypatch):
     nb = v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
-    setup, magic = readme_blocks("Use it in a notebook")
+    setup, magic = readme_blocks("Use it in a notebook", page="docs/api.md")
     assert magic.startswith("%%graddoctor")
     nb.cells = [
         v4.new_code_cell(setup), v4.new_code_cell(magic),

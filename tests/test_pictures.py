@@ -213,3 +213,48 @@ def test_the_modes_of_the_layers_show_where_a_mode_rule_found_something():
     assert modes[1] == "train" and modes[report.run.steps] == "eval"
     page = report.render("html")
     assert ">mode model.2</text>" in page and "its forwards ran in eval mode" in page
+
+
+def _drawn_figure(report, tmp_path, monkeypatch):
+    """The figure --plot saves (caught at its savefig), drawn, with its renderer."""
+    pytest.importorskip("matplotlib", reason="--plot needs the graddoctor[plots] extra")
+    import matplotlib.figure
+
+    from graddoctor.report.plot import plot
+
+    caught = []
+    original = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        caught.append(fig)
+        return original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    plot(report, str(tmp_path / "flow.png"))
+    (fig,) = caught
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # (plot closed the figure)
+    canvas.draw()
+    return fig, canvas.get_renderer()
+
+
+def _overlaps(a, b, pad: float = 1.0) -> bool:
+    return a.x0 < b.x1 - pad and b.x0 < a.x1 - pad and a.y0 < b.y1 - pad and b.y0 < a.y1 - pad
+
+
+def test_plot_has_no_overlapping_ticks_a_legend_off_the_bars_and_a_title(buggy, tmp_path, monkeypatch):
+    fig, renderer = _drawn_figure(buggy, tmp_path, monkeypatch)
+    for ax in fig.axes:
+        for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+            boxes = [t.get_window_extent(renderer) for t in labels if t.get_visible() and t.get_text()]
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1:]:
+                    assert not _overlaps(a, b), f"tick labels overlap on {ax.get_title()!r}"
+        legend = ax.get_legend()
+        if legend is not None:
+            box = legend.get_window_extent(renderer)
+            for bar in ax.patches:
+                assert not _overlaps(box, bar.get_window_extent(renderer)), "the legend covers a bar"
+    title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+    assert "examples/buggy_train.py" in title and "GD102 partial-zero-grad" in title, title

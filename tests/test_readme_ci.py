@@ -1,4 +1,4 @@
-"""The README's CI recipe stays valid: it installs graddoctor from where it is (not from the
+"""The CI recipe (docs/ci.md) stays valid: it installs graddoctor from where it is (not from the
 package index, where it is not published), and every `graddoctor` command in it parses with
 the real CLI; the SARIF it uploads is the file the check writes. And the set-up installs numpy
 (without it torch warns "Failed to initialize NumPy" at every run)."""
@@ -24,12 +24,12 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 def _readme() -> str:
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "ci.md"), encoding="utf-8") as f:
         return f.read()
 
 
 def _recipe() -> dict:
-    section = _readme().split("## CI: GitHub Actions", 1)[1]
+    section = _readme().split("# CI: GitHub Actions", 1)[1]
     block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     return yaml.safe_load(block)
 

@@ -1,6 +1,6 @@
 """What adding a rule takes, enforced: one file in graddoctor/rules/, registered in ALL_RULES,
 its unit tests in tests/test_rule_<slug>.py, a bad and a good fixture, its docs in four sections,
-and the README's table regenerated.
+and the rules table of docs/rules.md regenerated.
 
 Pure Python (no subprocess, no torch): the fixtures are read, not run (tests/test_fixtures.py
 runs them). Every check is parametrised per rule, so a failure names it.
@@ -143,7 +143,7 @@ SLUGS = {r.slug for r in ALL_RULES}
 
 
 def read_readme() -> str:
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "rules.md"), encoding="utf-8") as f:
         return f.read()
 
 
@@ -211,8 +211,8 @@ def test_bad_fixture_marks_known_rules(fixture):
 def test_readme_rules_table_is_generated():
     expected, actual = rules_table(), readme_table(read_readme())
     assert actual == expected, (
-        "README.md's rules table differs from the rules; run: python -m graddoctor.rules.docs --write\n"
-        + "\n".join(f"README: {a}\nrules:  {e}" for a, e in zip(actual.splitlines(), expected.splitlines())
+        "docs/rules.md's rules table differs from the rules; run: python -m graddoctor.rules.docs --write\n"
+        + "\n".join(f"docs:  {a}\nrules: {e}" for a, e in zip(actual.splitlines(), expected.splitlines())
                     if a != e))
 
 
@@ -220,7 +220,7 @@ def test_readme_rules_table_is_generated():
 def test_readme_table_row(rule):
     rows = [line for line in readme_table(read_readme()).splitlines() if line.startswith(f"| {rule.code} |")]
     assert rows == [line for line in rules_table().splitlines() if line.startswith(f"| {rule.code} |")], \
-        f"{rule.slug}: README.md's row is missing or stale; run: python -m graddoctor.rules.docs --write"
+        f"{rule.slug}: docs/rules.md's row is missing or stale; run: python -m graddoctor.rules.docs --write"
 
 
 # --- the checkers can fail ---------------------------------------------------------------

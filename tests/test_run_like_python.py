@@ -79,6 +79,43 @@ def test_a_warnings_filter_on_main_matches_torch_warnings(tmp_path):
     assert report.run.error["location"]["line"] == 4
 
 
+def test_a_warning_raised_inside_backward_names_the_scripts_backward_line(tmp_path):
+    # torch's full backward hook warns from inside the autograd engine with stacklevel=5, which
+    # python resolves to the script's `loss.backward()`; graddoctor's wrapper around
+    # torch.autograd.backward sits between torch's frames and must not shift it into torch
+    report = check(tmp_path, """
+        import warnings, torch
+        m = torch.nn.Linear(2, 1)
+        m.register_full_backward_hook(lambda mod, gi, go: None)
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            m(torch.randn(3, 2)).sum().backward()  # line 7
+        o.step()
+        hook = [w for w in caught if "Full backward hook" in str(w.message)]
+        assert [(w.filename, w.lineno) for w in hook] == [(__file__, 7)], \
+            [(w.filename, w.lineno) for w in hook]
+    """)
+    assert_ran_clean(report)
+
+
+def test_graddoctors_watchdog_is_invisible_to_the_scripts_threading(tmp_path):
+    # a clean-shutdown idiom joins every thread but the main one: it must not wait on graddoctor
+    # (the watchdog of the time limit was one of them, and the join waited until the limit)
+    import json
+    import threading
+
+    before = sorted(t.name for t in threading.enumerate())  # (pytest's own, under xdist)
+    report = check(tmp_path, textwrap.dedent("""
+        import json, os, threading, torch
+        with open(os.path.join(os.path.dirname(__file__), "threads.json"), "w") as f:
+            json.dump([sorted(t.name for t in threading.enumerate()), threading.active_count()], f)
+    """) + LOOP)
+    assert_ran_clean(report)
+    names, count = json.loads((tmp_path / "threads.json").read_text())
+    assert names == before and count == len(before)
+
+
 def test_a_script_without_a_py_suffix_runs(tmp_path):
     report = check(tmp_path, "import torch\n" + LOOP, name="train")
     assert_ran_clean(report)

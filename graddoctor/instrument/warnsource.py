@@ -26,11 +26,17 @@ def _skipping_our_frames(original):
         try:
             if type(stacklevel) is int and stacklevel >= 1 and not kwargs:
                 frame = sys._getframe(1)  # stacklevel 1: the code that called warn()
+                extra = 0
+                # our frames anywhere on the way up are not counted (a wrapper around
+                # torch.autograd.backward sits between torch's frames: a hook's warning with
+                # stacklevel=5 names the script's backward line), nor is the frame it lands on
                 for _ in range(stacklevel - 1):
                     if frame is None:
                         break
                     frame = frame.f_back
-                extra = 0
+                    while frame is not None and _ours(frame.f_code.co_filename):
+                        frame = frame.f_back
+                        extra += 1
                 while frame is not None and _ours(frame.f_code.co_filename):
                     frame = frame.f_back
                     extra += 1

@@ -1,6 +1,6 @@
 """The report formats behind one interface, and the registry the CLI dispatches through.
 
-A format has a ``name`` (``--format NAME``), a ``summary`` (for the option's help),
+A format (text, json, sarif, github, html, markdown) has a ``name`` (``--format NAME``), a ``summary`` (for the option's help),
 ``machine`` (a document for programs: strict JSON), ``document`` (while it goes to stdout, the
 script's own prints are sent to stderr), ``pictures`` (it needs every update's gradient norms
 recorded) and ``render(report, options) -> str``. It sees only the ``Report``
@@ -24,6 +24,7 @@ from .model import Report
 class RenderOptions:
     to_terminal: bool = False  # the report goes to stdout (colour and width follow the terminal)
     grad_flow: bool = False  # text: the per-layer gradient norms of the last update
+    quiet: bool = False  # text: only the findings and the verdict
 
 
 class ReportFormat:
@@ -53,7 +54,8 @@ class TextFormat(ReportFormat):
 
         color = options.to_terminal and wants_color(sys.stdout)
         width = shutil.get_terminal_size((100, 24)).columns if options.to_terminal else None
-        return render(report, width=width, color=color, grad_flow=options.grad_flow)
+        return render(report, width=width, color=color, grad_flow=options.grad_flow,
+                      quiet=options.quiet)
 
 
 class JsonFormat(ReportFormat):
@@ -75,6 +77,20 @@ class SarifFormat(ReportFormat):
 
     def render(self, report, options=RenderOptions()):
         from .sarif import render
+
+        return render(report)
+
+
+class GithubFormat(ReportFormat):
+    """GitHub Actions workflow commands (report/github.py): an annotation on each finding's
+    line of the pull request, with no code-scanning permission needed."""
+
+    name = "github"
+    summary = "GitHub Actions annotations"
+    machine = False
+
+    def render(self, report, options=RenderOptions()):
+        from .github import render
 
         return render(report)
 
@@ -110,7 +126,7 @@ class MarkdownFormat(ReportFormat):
 
 
 FORMATS: dict[str, ReportFormat] = {f.name: f for f in (
-    TextFormat(), JsonFormat(), SarifFormat(), HtmlFormat(), MarkdownFormat())}
+    TextFormat(), JsonFormat(), SarifFormat(), GithubFormat(), HtmlFormat(), MarkdownFormat())}
 
 
 SUFFIXES = {".sarif": "sarif", ".sarif.json": "sarif", ".json": "json", ".html": "html",

@@ -94,10 +94,52 @@ def _finding(f: Finding, i: int, report: Report, step_link) -> dict:
     variants = [(f"in {TITLES.get(name, name)}", text) for name, text in (f.fixes or {}).items()
                 if text and text != f.fix]
     return {"anchor": _anchor(i), "severity": f.severity.value, "code": f.code, "rule": f.rule,
+            "autofix": _autofix(f, report.base_dir),
             "where": describe(loc.path, loc.line) if loc else "(no location in the code)",
             "seen_on": seen_on(f), "message": f.message, "source": src, "related": related,
             "fix": f.fix, "variants": variants, "step": f.step,
             "step_link": step_link(f.step) if f.step else None}
+
+
+def _autofix(f: Finding, base_dir: str | None) -> dict | None:
+    """The finding's automatic fix as the text report offers it: its safety, its verification
+    and, where it has edits, the change as a diff of the file (lines with a css class)."""
+    auto = f.autofix
+    if auto is None or not (auto.edits or auto.refused):
+        return None
+    if not auto.edits:
+        return {"state": "none", "safety": "", "verification": "", "title": auto.refused,
+                "note": "", "diff": []}
+    if auto.verification is not None and not auto.verified:  # the re-run refuted it
+        why = auto.verification + (f": {auto.verification_note}" if auto.verification_note else "")
+        return {"state": "refuted", "safety": auto.safety.value, "verification": why,
+                "title": f"the edit ({auto.title}) failed its check; not offered", "note": "",
+                "diff": []}
+    verification = "verified by running the fixed script" if auto.verified else \
+        "not verified yet (graddoctor check --diff runs the fixed script)"
+    return {"state": "offered", "safety": auto.safety.value, "verification": verification,
+            "title": auto.title, "note": auto.verification_note, "diff": _diff_lines(auto, base_dir)}
+
+
+def _diff_lines(auto, base_dir: str | None) -> list[tuple[str, str]]:
+    from ..edits import apply_edits, unified_diff
+
+    out = []
+    try:
+        for path in dict.fromkeys(e.path for e in auto.edits):
+            full = path if os.path.isabs(path) else os.path.join(base_dir or os.getcwd(), path)
+            if is_notebook(full):
+                continue
+            with open(full, encoding="utf-8") as fh:
+                old = fh.read()
+            new = apply_edits(old, [e for e in auto.edits if e.path == path])
+            for line in unified_diff(path, old, new).splitlines():
+                cls = "hunk" if line.startswith("@@") else "file" if line.startswith(("---", "+++")) \
+                    else "add" if line.startswith("+") else "del" if line.startswith("-") else ""
+                out.append((cls, line))
+    except (OSError, UnicodeDecodeError, ValueError, IndexError):
+        return []
+    return out
 
 
 def _timeline(report: Report, anchors: dict) -> tuple[list[dict], str | None]:

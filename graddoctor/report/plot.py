@@ -60,11 +60,14 @@ def plot(report, path: str) -> None:
                 bars.text(0.02, i, "no gradient", transform=bars.get_yaxis_transform(),
                           va="center", color="#b00")
         bars.set_xscale("log")
+        _log_ticks(bars.xaxis, [v for v in means + maxes if math.isfinite(v) and v > 0])
         bars.set_yticks(y, h.rows, fontsize=8)
         bars.invert_yaxis()
         bars.set_xlabel("gradient L2 norm per update (log)")
         bars.set_title(f"{h.optimizer}: gradient flow", fontsize=10)
-        bars.legend(fontsize=8, loc="lower right")
+        # below the axes, never over a bar
+        bars.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 1.2 / (rows + 4)),
+                    ncol=2, frameon=False)
         # the heatmap: a column per shown column (bands: their median), NaN for no .grad
         import numpy as np
 
@@ -85,7 +88,11 @@ def plot(report, path: str) -> None:
                 if v is not None and not math.isfinite(v):
                     heat_ax.plot(j, i, "x", color="#d62728", markersize=5)
         labels = [str(c.first) for c in h.columns]
-        every = max(1, len(labels) // 12)
+        # as many labels as fit the panel's width at their own length (a folded run's step
+        # numbers grow to 4-5 digits): never overlapping
+        width_in = fig.get_figwidth() * 2.4 / 3.4 * 0.85
+        room = max(2, int(width_in * 72 / (6.5 * max(len(s) for s in labels) + 12)))
+        every = max(1, math.ceil(len(labels) / room))
         heat_ax.set_xticks(range(0, len(labels), every), labels[::every], fontsize=8)
         heat_ax.set_yticks(y, h.rows, fontsize=8)
         for step in h.epoch_ends:
@@ -94,7 +101,41 @@ def plot(report, path: str) -> None:
                 heat_ax.axvline(j + 0.5, color="black", linestyle="--", linewidth=1)
         heat_ax.set_xlabel("optimizer step (grey: no .grad or not recorded; bands: median)")
         heat_ax.set_title("every update: gradient L2 norm per layer", fontsize=10)
-        fig.colorbar(image, ax=heat_ax, fraction=0.03, pad=0.01)
+        bar = fig.colorbar(image, ax=heat_ax, fraction=0.03, pad=0.01)
+        if norm is not None:
+            _log_ticks(bar.ax.yaxis, [float(finite.min()), float(finite.max())])
+            bar.ax.yaxis.set_tick_params(labelsize=8)
+    fig.suptitle(title(report), fontsize=11, x=0.01, ha="left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def title(report) -> str:
+    """The picture's title: the script and what was found there."""
+    from ..notebook import describe
+
+    active = report.active()
+    if not active:
+        found = "no gradient bugs found"
+    else:
+        f = active[0]
+        where = f" at {describe(f.location.path, f.location.line)}" if f.location else ""
+        found = f"{f.severity.value} {f.code} {f.rule}{where}" + (
+            f" (+{len(active) - 1} more)" if len(active) > 1 else "")
+    return f"graddoctor · {report.run.script}: {found}"
+
+
+def _log_ticks(axis, values) -> None:
+    """A log axis labelled at its decades, or at 1-2-5 steps when it spans less than one,
+    plainly written; minor ticks unlabelled (matplotlib labels them on a short range, where
+    their labels overlap)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    if not values:
+        return
+    span = math.log10(max(values)) - math.log10(min(values))
+    subs = (1.0,) if span >= 2 else (1.0, 2.0, 5.0)
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=6))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2g}"))
+    axis.set_minor_formatter(NullFormatter())

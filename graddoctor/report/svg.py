@@ -309,30 +309,54 @@ def heatmap_svg(heat: Heatmap, finding_steps: dict[int, list[tuple[str, str]]] |
     return "".join(out)
 
 
+def legend_ticks(lo: float, hi: float, width: float, min_gap: float = 44) -> list[tuple[float, str]]:
+    """[(x, label)] along a colour bar of ``width`` pixels over log10 values lo..hi: every decade
+    inside the range (thinned so that labels keep ``min_gap`` apart), else evenly spaced values;
+    always both ends."""
+    span = max(hi - lo, 1e-12)
+    ticks = [(0, lo), (0, hi)]  # (priority, log10 value): the ends, the decades, then 2x and 5x
+    for d in range(math.floor(lo), math.ceil(hi) + 1):
+        for priority, m in ((1, 1), (2, 5), (3, 2)):
+            v = d + math.log10(m)
+            if lo < v < hi:
+                ticks.append((priority, v))
+    placed: list[tuple[float, str]] = []
+    for _, v in sorted(ticks):
+        label = f"{10 ** v:.2g}"
+        x = (v - lo) / span * width
+        if all(abs(x - px) >= min_gap for px, _ in placed):
+            placed.append((x, label))
+    return sorted(placed)
+
+
 def legend_svg(heat: Heatmap) -> str:
+    """The colour scale with labelled ticks (every decade), then the marks' meanings."""
     lo, hi = log_range(heat)
-    w = 300
-    out = ['<svg class="gd-legend" xmlns="http://www.w3.org/2000/svg" width="720" height="34" '
-           'font-family="system-ui, sans-serif" font-size="11">', _defs()]
+    w, x0 = 300, 4
+    out = ['<svg class="gd-legend" xmlns="http://www.w3.org/2000/svg" width="720" height="48" '
+           'viewBox="0 0 720 48" font-family="system-ui, sans-serif" font-size="11">', _defs(),
+           f'<text x="{x0}" y="10" fill="#444">colour: L2 norm of the layer\'s gradient an update '
+           f'applied (log scale)</text>']
     for k in range(44):
-        out.append(f'<rect x="{k * w / 44:.1f}" y="2" width="{w / 44 + 0.6:.1f}" height="12" '
+        out.append(f'<rect x="{x0 + k * w / 44:.1f}" y="15" width="{w / 44 + 0.6:.1f}" height="12" '
                    f'fill="{colour(k / 43)}"/>')
-    out.append(f'<text x="0" y="28">{10 ** lo:.1e}</text>'
-               f'<text x="{w}" y="28" text-anchor="end">{10 ** hi:.1e}</text>'
-               f'<text x="{w / 2}" y="28" text-anchor="middle">gradient L2 norm (log)</text>')
-    x = w + 20
+    for x, label in legend_ticks(lo, hi, w):
+        anchor = "start" if x < 1 else "end" if x > w - 1 else "middle"
+        out.append(f'<line class="gd-tick" x1="{x0 + x:.1f}" y1="27" x2="{x0 + x:.1f}" y2="31" stroke="#444"/>'
+                   f'<text class="gd-tick-label" x="{x0 + x:.1f}" y="43" text-anchor="{anchor}">{label}</text>')
+    x = x0 + w + 24
     for fill, label, extra in (("url(#gd-hatch)", "no .grad", ""), (ZERO, "zero", "dot"),
                                (NONFINITE, "NaN/Inf", "cross")):
-        out.append(f'<rect x="{x}" y="2" width="14" height="12" fill="{fill}" stroke="#999" '
+        out.append(f'<rect x="{x}" y="15" width="14" height="12" fill="{fill}" stroke="#999" '
                    f'stroke-width="0.5"/>')
         if extra == "dot":
-            out.append(f'<circle cx="{x + 7}" cy="8" r="1.6" fill="#333"/>')
+            out.append(f'<circle cx="{x + 7}" cy="21" r="1.6" fill="#333"/>')
         elif extra == "cross":
-            out.append(f'<path d="M{x + 2} 4L{x + 12} 12M{x + 12} 4L{x + 2} 12" stroke="#fff"/>')
-        out.append(f'<text x="{x + 18}" y="12">{label}</text>')
+            out.append(f'<path d="M{x + 2} 17L{x + 12} 25M{x + 12} 17L{x + 2} 25" stroke="#fff"/>')
+        out.append(f'<text x="{x + 18}" y="25">{label}</text>')
         x += 30 + 7 * len(label)
-    out.append(f'<line x1="{x}" y1="1" x2="{x}" y2="15" stroke="#222" stroke-width="1.5" '
-               f'stroke-dasharray="3 2"/><text x="{x + 5}" y="12">epoch end</text></svg>')
+    out.append(f'<line x1="{x}" y1="14" x2="{x}" y2="28" stroke="#222" stroke-width="1.5" '
+               f'stroke-dasharray="3 2"/><text x="{x + 5}" y="25">epoch end</text></svg>')
     return "".join(out)
 
 
@@ -378,9 +402,10 @@ def lines_svg(heat: Heatmap) -> str | None:
         return None
     h, gap = 70, 34
     height = len(series) * (h + gap) + 10
-    width = L.right + 300
+    width = L.right + 230
     out = [f'<svg class="gd-lines" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
-           f'height="{height}" font-family="system-ui, sans-serif" font-size="11">']
+           f'height="{height}" viewBox="0 0 {width:.0f} {height}" '
+           f'font-family="system-ui, sans-serif" font-size="11">']
     for k, (title, lines, log) in enumerate(series):
         y0 = k * (h + gap) + 20
         values = [v for _, _, pts in lines for _, v in pts if v is not None and math.isfinite(v)]

@@ -184,15 +184,18 @@ def verdict(report: Report) -> Text:
                          (tail, "dim"))
 
 
-def render_to(console: Console, report: Report, grad_flow: bool = False) -> None:
-    header(console, report)
+def render_to(console: Console, report: Report, grad_flow: bool = False, quiet: bool = False) -> None:
+    """The report; ``quiet``: only the findings and the verdict."""
+    if not quiet:
+        header(console, report)
     findings_section(console, report)
     if report.internal_errors:
         console.print()
     for err in report.internal_errors:
         console.print(Text(f"internal error in graddoctor ({err['where']}): {err['error']}",
                            style="magenta"))
-    timeline_section(console, report)
+    if not quiet:
+        timeline_section(console, report)
     if grad_flow:
         grad_flow_section(console, report)
     console.print()
@@ -209,10 +212,10 @@ def wants_color(stream) -> bool:
 
 
 def render(report: Report, width: int | None = None, color: bool | None = None,
-           grad_flow: bool = False) -> str:
+           grad_flow: bool = False, quiet: bool = False) -> str:
     with open(os.devnull, "w", encoding="utf-8") as sink:
         console = Console(record=True, width=width or 100, force_terminal=bool(color),
                           no_color=not color, file=sink, highlight=False)
-        render_to(console, report, grad_flow=grad_flow)
+        render_to(console, report, grad_flow=grad_flow, quiet=quiet)
     text = console.export_text(styles=bool(color))
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

@@ -1,8 +1,8 @@
 """The rules tables, generated from the rules themselves (nobody edits them by hand): the
-README's table of rules (code, slug, severity, summary) and docs/architecture.md's table of
+docs/rules.md's table of rules (code, slug, severity, summary) and docs/architecture.md's table of
 the correct patterns each rule stays silent on (its docstring's ``## Stays silent on``).
 
-    python -m graddoctor.rules.docs            # print the README's table
+    python -m graddoctor.rules.docs            # print docs/rules.md's table
     python -m graddoctor.rules.docs --write    # regenerate both tables in place
     python -m graddoctor.rules.docs --check    # exit 1 when either table is out of date
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from . import ALL_RULES
 
 HEADER = "| code | slug | severity | finds |\n|---|---|---|---|"
-SECTION = "## Rules"
+SECTION = "# Rules"
 SILENT_HEADER = "| rule | stays silent on (correct look-alikes) |\n|---|---|"
 SILENT_SECTION = "## Correct patterns the rules must not flag"
 
@@ -50,8 +50,8 @@ def silent_table(rules=ALL_RULES) -> str:
 
 
 def table_span(text: str, section: str = SECTION) -> tuple[int, int]:
-    """Character span of the first table after the ``section`` heading (the README's
-    ``## Rules`` by default) of a Markdown text."""
+    """Character span of the first table after the ``section`` heading (docs/rules.md's
+    ``# Rules`` by default) of a Markdown text."""
     heading = re.search(rf"^{re.escape(section)}[ \t]*$", text, re.M)
     if heading is None:
         raise ValueError(f"no '{section}' heading")
@@ -67,7 +67,7 @@ def readme_table(text: str) -> str:
 
 
 def with_table(text: str, rules=ALL_RULES) -> str:
-    """The README's text with its rules table regenerated."""
+    """The page's text with its rules table regenerated."""
     start, end = table_span(text)
     return text[:start] + rules_table(rules) + text[end:]
 
@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         print(rules_table())
         return 0
     if args[0] not in ("--write", "--check") or len(args) > 2:
-        print("usage: python -m graddoctor.rules.docs [--write | --check] [README.md]", file=sys.stderr)
+        print("usage: python -m graddoctor.rules.docs [--write | --check] [docs/rules.md]", file=sys.stderr)
         return 2
-    targets = [(Path(args[1]) if len(args) == 2 else root / "README.md", with_table)]
+    targets = [(Path(args[1]) if len(args) == 2 else root / "docs" / "rules.md", with_table)]
     if len(args) == 1:
         targets.append((root / "docs" / "architecture.md", with_silent_table))
     status = 0

@@ -24,6 +24,14 @@ def unknown_selectors(patterns) -> list[str]:
     return [p for p in patterns if not any(rule_matches(r, p) for r in ALL_RULES)]
 
 
+def selector_suggestions(unknown) -> str:
+    """" (did you mean 'missing-zero-grad'?)" for each unknown selector close to a rule's slug or code."""
+    from ..errors import did_you_mean
+
+    names = [n for r in ALL_RULES for n in (r.slug, r.code)]
+    return "".join(did_you_mean(p, names) for p in unknown)
+
+
 def selected_rules(select=(), ignore=()) -> list[type[Rule]]:
     def matches(rule, patterns):
         return any(rule_matches(rule, p) for p in patterns)

@@ -25,6 +25,20 @@ def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> bool:
     return set_async_exc(ctypes.c_ulong(thread_id), exc) == 1
 
 
+def _start_hidden_thread(target: Callable[[], None]) -> int | None:
+    """Start ``target`` in a thread the script cannot see: a bare ``_thread`` thread is not in
+    threading's registry, so ``threading.enumerate()`` and ``active_count()`` are what python
+    gives (a script that joins every thread but the main one does not wait on graddoctor's),
+    and the interpreter does not wait for it at exit (as for a daemon). Its code never asks
+    ``threading.current_thread()`` while the script runs (that would register it)."""
+    import _thread
+
+    try:
+        return _thread.start_new_thread(target, ())
+    except RuntimeError:  # no thread can be started (a resource limit): the alarm still works
+        return None
+
+
 class Deadline:
     """The wall-clock limit of one run, in three tiers:
 
@@ -56,7 +70,8 @@ class Deadline:
         self._lock = threading.Lock()  # the watchdog raises only while the run is armed
         self._raised_async = False
         self._thread_id = threading.get_ident()
-        self._watchdog: threading.Thread | None = None
+        self._watchdog: int | None = None  # the watchdog's thread id
+        self._watch_ended = threading.Event()
         self._pid = os.getpid()
 
     def message(self) -> str:
@@ -86,8 +101,7 @@ class Deadline:
                 self._faulthandler = True
             except (ValueError, OverflowError, OSError, RuntimeError):  # no usable stderr
                 pass
-        self._watchdog = threading.Thread(target=self._watch, name="graddoctor-watchdog", daemon=True)
-        self._watchdog.start()
+        self._watchdog = _start_hidden_thread(self._watch)
         return self
 
     def forked(self) -> None:
@@ -126,8 +140,8 @@ class Deadline:
         self.disarm()
         if os.getpid() != self._pid:
             return
-        if self._watchdog is not None and self._watchdog is not threading.current_thread():
-            self._watchdog.join(timeout=1.0)
+        if self._watchdog is not None and self._watchdog != threading.get_ident():
+            self._watch_ended.wait(timeout=1.0)
 
     def _watch(self) -> None:
         try:
@@ -144,6 +158,8 @@ class Deadline:
                 self.on_hang(self.where())
         except Exception:  # the watchdog must never take the process down by itself
             pass
+        finally:
+            self._watch_ended.set()
 
     def where(self) -> dict | None:
         """The user's line the running script is at now (from another thread)."""

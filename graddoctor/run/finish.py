@@ -85,6 +85,8 @@ class Ending:
         from ..report.progress import Progress
 
         label = options.target if options.module else os.path.basename(options.target)
+        if self.render.quiet:  # --quiet: no progress line either
+            enabled = False
         return Progress(f"{label}{suffix}", options.steps or None, enabled=enabled)
 
     def _stopped_from_outside(self):

@@ -18,11 +18,12 @@ import threading
 import types
 from typing import Callable
 
+from .. import scriptfile
 from ..errors import ScriptError
 from ..instrument.patcher import Patcher
 from ..location import LocationFinder
 from ..notebook import ShellStandIn, compile_notebook, is_notebook, notebook_display
-from ..status import ScriptExit, StopReplay
+from ..status import ScriptExit, StopReplay, exit_code
 from .atfork import undone_in_forked_child
 from .deadline import Deadline
 from .ending import RunOutcome, describe_into
@@ -30,33 +31,9 @@ from .forks import Forks, end_forked_child, patched_fork, settle_forks
 from .process_state import ProcessState
 
 def compile_script(path: str):
-    """Read and compile a script, turning every reason it cannot run into ScriptError."""
-    if not os.path.exists(path):
-        raise ScriptError(f"no such file: {path}")
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, "__main__.py")):
-            path = os.path.join(path, "__main__.py")
-        else:
-            raise ScriptError(f"{path} is a directory, not a Python script")
-    try:
-        with open(path, "rb") as f:
-            source = f.read()
-    except OSError as exc:
-        raise ScriptError(f"cannot read {path}: {exc.strerror}") from None
-    if b"\0" in source:
-        raise ScriptError(f"{path} is not a Python script (binary file)")
-    full = os.path.abspath(path)
-    try:  # an absolute file name, as python gives it: a script that changes directory keeps it
-        code = compile(source, full, "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        if not path.endswith((".py", ".pyw")):  # python runs any file name; this is not Python
-            raise ScriptError(f"{path} is not a Python script (line {exc.lineno}: "
-                              f"{exc.msg})") from None
-        raise ScriptError(
-            f"{path}:{exc.lineno}: syntax error: {exc.msg} — is this a Python script?"
-        ) from None
-    except ValueError as exc:
-        raise ScriptError(f"{path} is not a Python script: {exc}") from None
+    """Read and compile a script, turning every reason it cannot run into ScriptError
+    (scriptfile.py); its text is kept as it ran."""
+    full, source, code = scriptfile.compile_script(path)
     _remember_source(full, source)
     return code
 
@@ -170,6 +147,9 @@ def run_target(target: str, args: list[str], *, module: bool, timeout: float | N
                 if forks.in_child:
                     end_forked_child(exc, original_exit)
                 describe_into(exc, outcome, finder, deadline)
+                hint = _arguments_hint(exc, target, args, module)
+                if hint:
+                    outcome.notes.append(hint)
             else:
                 if forks.in_child:
                     end_forked_child(None, original_exit)
@@ -223,3 +203,34 @@ def _main_module(path: str) -> types.ModuleType:
     sys.modules["__main__"] = main
     return main
 
+
+def _arguments_hint(exc: BaseException, target: str, args: list[str], module: bool) -> str | None:
+    """A script that exited through argparse's usage error (a required argument missing, an
+    unknown one): the note that its arguments go after ``--``, with the command line to type
+    (the arguments it was given, then those its usage marks required)."""
+    if not isinstance(exc, SystemExit) or exit_code(exc) != 2:
+        return None
+    try:
+        import argparse
+        import re
+        import shlex
+
+        parser = None
+        tb = exc.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_name == "error" and isinstance(frame.f_locals.get("self"), argparse.ArgumentParser):
+                parser = frame.f_locals["self"]
+            tb = tb.tb_next
+        if parser is None:
+            return None
+        usage = " ".join(parser.format_usage().split())
+        usage = usage.split(" ", 2)[2] if usage.count(" ") >= 2 else ""  # past "usage: prog"
+        while re.search(r"\[[^\[\]]*\]", usage):  # the optional parts, nested ones included
+            usage = re.sub(r"\s*\[[^\[\]]*\]", "", usage)
+        required = [word for word in usage.split() if word not in args]
+        command = ["graddoctor", "check", *(["-m"] if module else []), target, "--", *args, *required]
+        return (f"the script stopped at argparse's usage error (exit code 2): its arguments go after "
+                f"`--`, e.g. {shlex.join(command)}")
+    except Exception:
+        return None
