@@ -43,6 +43,7 @@ def check_script(
     epoch_batches: int | None = None,
     timeout: float | None = None,
     device: str | None = None,
+    emulate_cuda: bool | None = None,
     fail_on: str | None = None,
     trace: "str | os.PathLike[str] | None" = None,
     select: "str | Sequence[str] | None" = None,
@@ -72,12 +73,14 @@ def check_script(
     Raises ``ScriptError`` when the target cannot be run at all or an option is bad, and
     ``WatchError`` inside another check or ``watch()`` block. ``grad_flow=True`` records every
     update's gradient norms for the pictures (``report.render("html")``, a notebook's view).
+    ``emulate_cuda=True`` runs the script's GPU path with every tensor on the CPU
+    (docs/emulate-cuda.md).
     """
     from .run.session import run_check
 
     values = _given(module=module, steps=steps, epoch_batches=epoch_batches, timeout=timeout,
-                    device=device, fail_on=fail_on, select=select, ignore=ignore,
-                    allow_incomplete=allow_incomplete,
+                    device=device, emulate_cuda=emulate_cuda, fail_on=fail_on, select=select,
+                    ignore=ignore, allow_incomplete=allow_incomplete,
                     # where the caller is: a script that changes directory moves no file
                     trace=os.path.abspath(os.fspath(trace)) if trace is not None else None)
     from .options import resolve
@@ -108,6 +111,8 @@ def _check_in_child(options) -> Report:
             "--allow-incomplete" if options.allow_incomplete else "--no-allow-incomplete"]
     if options.module:
         args.insert(4, "-m")
+    if options.emulate_cuda:
+        args.append("--emulate-cuda")
     if options.select:
         args += ["--select", ",".join(options.select)]
     if options.ignore:
@@ -269,6 +274,7 @@ def watch(
     *,
     steps: int = 0,
     epoch_batches: int = 0,
+    emulate_cuda: bool = False,
     fail_on: str = "warning",
     trace: "str | os.PathLike[str] | None" = None,
     select: "str | Sequence[str]" = (),
@@ -286,8 +292,10 @@ def watch(
     this many optimizer steps (0: watch it whole); ``epoch_batches`` — cut DataLoader epochs
     to this many batches (0: their real length); ``select`` / ``ignore`` — rules by slug or
     code prefix; ``fail_on`` — the severity ``failed`` (and the pytest plugin) treats as a
-    failure; ``trace`` — also write the recorded events to this file (JSON lines).
+    failure; ``trace`` — also write the recorded events to this file (JSON lines);
+    ``emulate_cuda`` — CUDA answers as present and every tensor stays on the CPU
+    (docs/emulate-cuda.md).
     """
     return Watch(steps=steps, epoch_batches=epoch_batches, fail_on=fail_on,
                  trace=os.fspath(trace) if trace is not None else None,
-                 select=select, ignore=ignore)
+                 select=select, ignore=ignore, emulate_cuda=emulate_cuda)

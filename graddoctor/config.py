@@ -6,7 +6,7 @@ is a key (its long flag without the dashes) but the rows marked ``cli_only``. No
     [tool.graddoctor]
     steps = 20
     epoch-batches = 17
-    device = "cpu"
+    device = "cpu"              # or: emulate-cuda = true (a GPU script's GPU path, on the CPU)
     fail-on = "error"
     select = ["GD1"]
     ignore = ["param-without-grad"]

@@ -93,7 +93,9 @@ scheduler_step     sched, cls, opt (the optimizer it drives), lrs [float|None] (
                    lr right after the step: what it wrote; None when the step raised),
                    metric ("none": no argument | "number" | "tensor" | "grad_tensor": a tensor
                    that requires grad, a training loss | "other"; what ReduceLROnPlateau got),
-                   grad (grad mode on at the call)
+                   grad (grad mode on at the call); for a ``ReduceLROnPlateau`` only: value
+                   (float|None: the metric it was fed, one element read like torch reads it)
+                   and mode ("min" | "max": which way it counts an improvement)
 scheduler_init     sched, cls, opt, args {name: number|list} (the schedule's length and shape as
                    the constructor set them: T_max, total_iters, step_size, milestones,
                    start_factor, total_steps, T_0, ...; for a ``LambdaLR`` over a
@@ -175,7 +177,10 @@ sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last 
                    DistributedSampler starting an epoch (loc: the user's loop over its DataLoader)
 replica_checksum   opt, step (the run's step count after this step), value (float: a checksum of
                    the parameters it owns, a ``Deferred`` while the run goes on), params (how
-                   many) — after an optimizer's first steps in a multi-rank process group
+                   many) — after an optimizer's first steps in a multi-rank process group;
+                   without DistributedDataParallel also layout (int: a hash of the shapes of
+                   the parameters it was built over) and initial (float: their checksum as
+                   built, ``Deferred`` while the run goes on)
 grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer update kept whole:
                    the step number, the L2 norm of each gradient it applied, nan when not finite,
                    the lr of each param group, None when not a plain number), bands [[first,
@@ -193,6 +198,14 @@ unregistered       owner (class of the module holding it), attr, holder ("list" 
                    tracked tensors no module registers, found at the end of the run in a plain
                    container (or as a plain tensor) attribute of a module (loc: the attribute's
                    assignment in the class, when found)
+param_replaced     owner (class of the module), attr (the name it was registered under), via
+                   ("parameter": a tensor assigned over a parameter; "module": a submodule
+                   assigned over one whose parameters an optimizer owns), old [pid] (the
+                   replaced tensors, each owned by an optimizer at that moment), new [pid] (what
+                   took their place: the new parameters, tracked from here) — a registration
+                   that drops optimizer-owned parameters from the model (loc: the user's line
+                   that made it: the assignment, ``model.apply(...)``'s function,
+                   ``load_state_dict(assign=True)``)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -200,7 +213,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad`` and
-``optimizer_attr``, ``module_attr`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``optimizer_attr``, ``module_attr``, ``param_replaced`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -334,9 +347,13 @@ def grad_edit(*, opt: int, params: list[int]) -> Made:
 
 
 def scheduler_step(*, sched: int, cls: str, opt: int | None, lrs: list | None = None,
-                   metric: str = "none", grad: bool = True) -> Made:
-    return "scheduler_step", {"sched": sched, "cls": cls, "opt": opt, "lrs": lrs,
-                              "metric": metric, "grad": grad}
+                   metric: str = "none", grad: bool = True, value: float | None = None,
+                   mode: str | None = None) -> Made:
+    data = {"sched": sched, "cls": cls, "opt": opt, "lrs": lrs, "metric": metric, "grad": grad}
+    if mode is not None:  # a ReduceLROnPlateau's step: what it was fed and how it reads it
+        data["value"] = value
+        data["mode"] = mode
+    return "scheduler_step", data
 
 
 def scheduler_init(*, sched: int, cls: str, opt: int | None, args: dict,
@@ -431,6 +448,10 @@ def unregistered(*, owner: str, attr: str, holder: str, name: str, pids: list[in
                             "pids": pids}
 
 
+def param_replaced(*, owner: str, attr: str, via: str, old: list[int], new: list[int]) -> Made:
+    return "param_replaced", {"owner": owner, "attr": attr, "via": via, "old": old, "new": new}
+
+
 def folded(*, turns: int, steps: int, backwards: int, events: int, epochs: int,
            copies: list[list[int]]) -> Made:
     return "folded", {"turns": turns, "steps": steps, "backwards": backwards, "events": events,
@@ -445,8 +466,13 @@ def sampler_iter(*, sampler: int, epoch: int | None, shuffle: bool) -> Made:
     return "sampler_iter", {"sampler": sampler, "epoch": epoch, "shuffle": shuffle}
 
 
-def replica_checksum(*, opt: int, step: int, value: Any, params: int) -> Made:
-    return "replica_checksum", {"opt": opt, "step": step, "value": value, "params": params}
+def replica_checksum(*, opt: int, step: int, value: Any, params: int, layout: int | None = None,
+                     initial: Any = None) -> Made:
+    data = {"opt": opt, "step": step, "value": value, "params": params}
+    if layout is not None:  # no DDP: the optimizer's parameters' shapes and values as built
+        data["layout"] = layout
+        data["initial"] = initial
+    return "replica_checksum", data
 
 
 def grad_flow(*, opt: int, columns: list[list], bands: list[list]) -> Made:
@@ -472,7 +498,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
     "idle_forward": idle_forward, "functional_grad": functional_grad,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
-    "unregistered": unregistered, "folded": folded,
+    "unregistered": unregistered, "param_replaced": param_replaced, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum,
     "internal_error": internal_error, "run_end": run_end,
@@ -480,7 +506,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
 ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "functional_grad",
-                         "optimizer_attr", "module_attr", "short_len"})
+                         "optimizer_attr", "module_attr", "short_len", "param_replaced"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

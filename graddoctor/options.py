@@ -258,6 +258,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("device", ("--device",), Choice(("auto", "cpu", "cuda")), "auto",
            "auto: as the script decides; cpu: hide CUDA; cuda: require it.",
            field="device", watch=NOT_IN_WATCH),
+    Option("emulate_cuda", ("--emulate-cuda",), Flag(), False,
+           "Run the script's GPU path on this CPU: torch.cuda answers as one GPU per local rank, "
+           "tensors put on 'cuda' live on the CPU, autocast('cuda') runs as CPU autocast, a "
+           "GradScaler is enabled, nccl becomes gloo (docs/emulate-cuda.md).",
+           field="emulate_cuda", watch=False),
     Option("format", ("--format", "-f"), Choice(tuple(FORMATS)), "text", _format_help(),
            cli_only="a report goes where one run sends it: see --output", watch=NOT_IN_WATCH),
     Option("output", ("--output", "-o"), File(), None,
@@ -405,6 +410,7 @@ class CheckOptions:
     steps: int = DEFAULT_STEPS  # optimizer steps to replay; 0 = no limit
     timeout: float | None = DEFAULT_TIMEOUT  # seconds; None or 0 = no limit
     device: str = OPTIONS["device"].default  # one of its choices in OPTIONS
+    emulate_cuda: bool = OPTIONS["emulate_cuda"].default  # GPU path, tensors on the CPU
     fail_on: str = OPTIONS["fail_on"].default  # one of its choices in OPTIONS
     select: tuple[str, ...] = ()  # rule slugs or code prefixes; empty = all
     ignore: tuple[str, ...] = ()

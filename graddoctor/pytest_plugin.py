@@ -31,12 +31,15 @@ def pytest_addoption(parser) -> None:
                          "a finding at or above --graddoctor-fail-on")
     group.addoption("--graddoctor-fail-on", default=None, choices=FAIL_ON,
                     help="lowest severity that fails a checked test (default: warning)")
+    group.addoption("--graddoctor-emulate-cuda", action="store_true", default=False,
+                    help="checked tests take their GPU path with every tensor on the CPU "
+                         "(graddoctor check --emulate-cuda)")
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers", "graddoctor(**options): check the whole test with graddoctor.watch(**options) "
-        "(steps, epoch_batches, select, ignore, fail_on, trace); a finding at or above fail_on "
+        "(steps, epoch_batches, select, ignore, fail_on, trace, emulate_cuda); a finding at or above fail_on "
         "fails the test")
 
 
@@ -46,6 +49,8 @@ def _defaults(node) -> dict[str, Any]:
     fail_on = node.config.getoption("--graddoctor-fail-on", None)
     if fail_on:
         options["fail_on"] = fail_on
+    if node.config.getoption("--graddoctor-emulate-cuda", False):
+        options["emulate_cuda"] = True
     marker = node.get_closest_marker("graddoctor")
     if marker is not None:
         if marker.args:

@@ -41,7 +41,8 @@ def main(out_dir: str, paths: list[str]) -> None:
         name = os.path.basename(path)
         os.chdir(os.path.dirname(path))
         try:
-            report = run_check(CheckOptions(target=name, steps=steps))
+            report = run_check(CheckOptions(target=name, steps=steps,
+                                            emulate_cuda="--emulate-cuda" in extra))
         finally:
             os.chdir(start)
             if dist.is_initialized():  # the replay stopped the script before its own teardown

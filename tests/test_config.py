@@ -164,8 +164,8 @@ def test_exact_messages_for_bad_values():
     with pytest.raises(ConfigError) as info:
         validate({"stpes": 3}, "p")
     assert str(info.value) == ("p: [tool.graddoctor] unknown option 'stpes' (did you mean 'steps'?) "
-                               "(known: steps, epoch-batches, timeout, device, fail-on, select, "
-                               "ignore, grad-flow, allow-incomplete)")
+                               "(known: steps, epoch-batches, timeout, device, emulate-cuda, "
+                               "fail-on, select, ignore, grad-flow, allow-incomplete)")
 
 
 @pytest.mark.parametrize("value", [float("nan"), -0.5, True])
@@ -179,8 +179,8 @@ def test_a_configured_timeout_must_be_a_real_number(value):
 def test_config_keys_are_the_table_rows():
     from graddoctor.options import CONFIG_KEYS, OPTIONS
 
-    assert list(CONFIG_KEYS) == ["steps", "epoch-batches", "timeout", "device", "fail-on", "select",
-                                 "ignore", "grad-flow", "allow-incomplete"]
+    assert list(CONFIG_KEYS) == ["steps", "epoch-batches", "timeout", "device", "emulate-cuda",
+                                 "fail-on", "select", "ignore", "grad-flow", "allow-incomplete"]
     for key, option in CONFIG_KEYS.items():
         assert OPTIONS[option.name] is option
         assert option.field or option.name == "grad_flow"  # the library takes the others

@@ -125,9 +125,10 @@ def test_merge_command_joins_per_rank_files(tmp_path):
     assert run_cli("merge", str(plain)).returncode == 2
 
 
-def _launch(*args, timeout=240) -> subprocess.CompletedProcess:
+def _launch(*args, timeout=900) -> subprocess.CompletedProcess:
     """The launcher forked warm (conftest.run_python); the ranks it starts are fresh
-    interpreters, as torchrun starts them."""
+    interpreters, as torchrun starts them. The limit only catches a hang: every DDP fixture in
+    one launch takes ~2 min on an idle 2-core machine and over 4 on a loaded one."""
     return run_python(*args, timeout=timeout)
 
 

@@ -84,6 +84,15 @@ def test_every_graddoctor_command_of_the_recipe_parses():
     assert ctx.params["output"] == sarif and ctx.params["format"] == "sarif"
 
 
+def test_the_recipe_checks_the_gpu_path_and_says_what_cannot_be_emulated():
+    checks = [_parse(c[1:]) for c in _all_commands() if c[0] == "graddoctor"]
+    assert checks and all(ctx.params["emulate_cuda"] for ctx in checks)
+    assert all(ctx.params["device"] == "auto" for ctx in checks)  # --device cpu would contradict it
+    intro = _readme().split("# CI: GitHub Actions", 1)[1].split("```yaml", 1)[0]
+    assert "--emulate-cuda" in intro and "cannot be emulated" in intro
+    assert "emulate-cuda.md" in intro
+
+
 def test_the_job_summary_is_the_markdown_report():
     checks = [c for c in _all_commands() if c[0] == "graddoctor"]
     summary = [_parse(c[1:]) for c in checks if "$GITHUB_STEP_SUMMARY" in c]

@@ -44,3 +44,24 @@ def test_epochs_folded_out_of_a_long_run_are_counted():
     assert folded.of_kind("folded")
     [finding] = find_rule("sampler-without-set-epoch")().check(folded)
     assert finding.evidence["epochs_started"] == 8 and "started 8 epochs" in finding.message
+
+
+def test_a_one_batch_peek_before_set_epoch_is_not_an_epoch():
+    # the DDP tutorial: next(iter(loader)) prints the batch size, then set_epoch, then training;
+    # a replay that ends inside the first epoch saw the sampler start twice with epoch 0
+    t = TraceBuilder()
+    t.optimizer(0, [0])
+    t.put(ev.sampler_iter(sampler=0, epoch=0, shuffle=True), 4)  # the peek: no step follows
+    t.put(ev.sampler_iter(sampler=0, epoch=0, shuffle=True), 6)
+    for _ in range(3):
+        t.backward(fresh=[0], line=7)
+        t.step(0, line=8)
+    assert findings(t, "sampler-without-set-epoch") == []
+    # peeks do not hide the bug either: two trained epochs with epoch 0 are still one
+    for _ in range(2):
+        t.put(ev.sampler_iter(sampler=0, epoch=0, shuffle=True), 4)
+        t.put(ev.sampler_iter(sampler=0, epoch=0, shuffle=True), 6)
+        t.backward(fresh=[0], line=7)
+        t.step(0, line=8)
+    [found] = findings(t, "sampler-without-set-epoch")
+    assert found.location.line == 6 and found.evidence["epochs_started"] == 3

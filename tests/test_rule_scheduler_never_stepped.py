@@ -88,3 +88,47 @@ def test_another_stepped_scheduler_of_the_optimizer_is_named_not_a_constant_lr()
     assert f.severity is Severity.INFO and "constant" not in f.message
     assert "follows CosineAnnealingLR alone" in f.message
     assert f.evidence["stepped_with"] == ["CosineAnnealingLR"]
+
+
+def _script(tmp_path, body: str):
+    from graddoctor.trace import TraceBuilder
+    from rule_traces import P
+    path = tmp_path / "train.py"
+    path.write_text("\n" * 4 + body)
+    t = TraceBuilder(str(path))
+    t.optimizer(0, P, line=1, cls="SGD")
+    return t
+
+
+def test_a_replay_cut_before_any_epoch_end_is_judged_by_the_source(tmp_path):
+    # no DataLoader: the step budget ends the replay; the source never calls warmup.step()
+    t = _script(tmp_path, "warmup = LinearLR(optimizer, start_factor=0.01)\nfor i in range(99):\n    pass\n")
+    sched_init(t, args={"start_factor": 0.01}, line=5)
+    for _ in range(10):
+        update(t, lr=0.001)
+    t.event("run_end", None, status="step-limit", steps=10)
+    f = only(t, SLUG)
+    assert (f.location.line, f.severity) == (5, Severity.WARNING)
+
+
+def test_the_object_is_followed_to_the_name_that_steps_it(tmp_path):
+    # SimCLR: built as ``scheduler``, handed to a trainer as a keyword, stepped as
+    # self.lr_schedule.step() from epoch 10 on; the replay ends before
+    body = ("scheduler = CosineAnnealingLR(optimizer, T_max=10)\n"
+            "class Trainer:\n"
+            "    def __init__(self, **kw):\n"
+            "        self.lr_schedule = kw['sched']\n"
+            "    def fit(self):\n"
+            "        self.lr_schedule.step()\n"
+            "Trainer(sched=scheduler).fit()\n")
+    t = _script(tmp_path, body)
+    sched_init(t, cls="CosineAnnealingLR", args={"T_max": 10}, lrs=(0.1,), line=5)
+    loader_run(t)
+    t.event("run_end", None, status="step-limit", steps=34)
+    assert findings(t, SLUG) == []
+    # the same trainer stepping another object: the cosine schedule is never stepped
+    t = _script(tmp_path, body.replace("Trainer(sched=scheduler)", "Trainer(sched=other)"))
+    sched_init(t, cls="CosineAnnealingLR", args={"T_max": 10}, lrs=(0.1,), line=5)
+    loader_run(t)
+    t.event("run_end", None, status="step-limit", steps=34)
+    assert only(t, SLUG).severity is Severity.INFO

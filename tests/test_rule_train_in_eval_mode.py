@@ -90,9 +90,32 @@ def test_eval_on_a_trained_part_gives_both_readings():
     end(t)
     (finding,) = check(TrainInEvalMode, t)
     assert finding.location.line == 3 and finding.evidence["reading"] == "freeze-or-train"
-    assert "Two readings" in finding.message and "optimizer still steps" in finding.message
-    assert "requires_grad_(False)" in finding.fix and "model.train()" in finding.fix
+    assert "does not freeze" in finding.message and "optimizer still steps" in finding.message
+    assert "requires_grad_(False)" in finding.fix and "remove this eval()" in finding.fix
     t = new()  # the whole model left in eval: the plain message and fix
     validation_then_training(t)
     (finding,) = check(TrainInEvalMode, t)
     assert "reading" not in finding.evidence and finding.fix == TrainInEvalMode.fix
+
+
+def test_eval_on_a_named_part_says_it_freezes_nothing_even_when_the_rest_has_no_batchnorm(tmp_path):
+    # model.backbone.eval() to freeze the backbone; the head has no BatchNorm or dropout, so the
+    # layers the forward runs are all under the eval(): the receiver's name says it is a part
+    from graddoctor.trace import TraceBuilder
+    path = tmp_path / "train.py"
+    path.write_text("model.train()\nmodel.backbone.eval()\n")
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0])
+    mode_set(t, True, [0], line=1)
+    bn(t, 0)
+    mode_set(t, False, [0], line=2)
+    for _ in range(2):
+        fwd(t, [0], line=4, training=False)
+        update(t, line=5)
+    end(t)
+    (finding,) = check(TrainInEvalMode, t)
+    assert finding.location.line == 2 and "does not freeze model.backbone" in finding.message
+    assert finding.fix.startswith("to freeze it: model.backbone.requires_grad_(False)")
+    path.write_text("model.train()\nmodel.eval()\n")  # the whole model: the plain message
+    (finding,) = check(TrainInEvalMode, t)
+    assert "reading" not in finding.evidence

@@ -32,7 +32,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "distributed/bad_sampler_without_set_epoch.py",
             "zero_grad/bad_optimizer_lr_attribute.py",  # optimizer_attr
             "registration/bad_module_requires_grad_attribute.py",  # module_attr
-            "registration/bad_submodules_in_plain_list.py"]  # unregistered
+            "registration/bad_submodules_in_plain_list.py",  # unregistered
+            "registration/bad_param_replaced_submodule_after_optimizer.py"]  # param_replaced
 
 GRAD_EDIT_SCRIPT = """
 import torch

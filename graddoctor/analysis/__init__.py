@@ -18,7 +18,9 @@ parameters written   ``written(backward)`` (fresh + accumulated + cleared outsid
 user-facing names    ``param_name`` / ``names`` / ``optimizer_name`` (module names: ``modes``)
 optimizers           ``optimizers`` (first construction), ``opt_params``, ``owners``,
                      ``replaced`` (an optimizer rebuilt over other parameters), ``moved``
-                     (unowned tensors whose values change between steps)
+                     (unowned tensors whose values change between steps),
+                     ``replacements`` / ``replaced_pids`` (owned parameters replaced in their
+                     module while their optimizer still steps)
 the ledger           ``ledger`` (analysis/ledger.py): phases, contributions, old uses,
                      discards, accumulation windows' backwards, the gradients' state at
                      every clip
@@ -307,6 +309,30 @@ class Analysis:
                     out[opt] = new
                     break
         return out
+
+    @cached_property
+    def replacements(self) -> list[Event]:
+        """The ``param_replaced`` events that broke the parameters' life: an optimizer owned
+        the replaced tensors and stepped again afterwards (it steps tensors the model no
+        longer uses). Rules that see the symptoms (new tensors no optimizer owns, owned ones
+        that get no gradient) leave those tensors to param-replaced."""
+        out = []
+        last: dict[int, int] = {}
+        for e in self.steps:
+            last[e.get("opt")] = e.seq
+        successors: set[int] = set()  # new tensors of a kept replacement (replaced again later)
+        for e in self.by_kind.get("param_replaced", ()):
+            old = e.get("old") or ()
+            if any(pid in successors for pid in old) or any(
+                    last.get(opt, -1) > e.seq for pid in old for opt in self.owners.get(pid, ())):
+                out.append(e)
+                successors.update(e.get("new") or ())
+        return out
+
+    @cached_property
+    def replaced_pids(self) -> set[int]:
+        """Old and new tensors of ``replacements``."""
+        return {pid for e in self.replacements for key in ("old", "new") for pid in e.get(key) or ()}
 
     @cached_property
     def moved(self) -> set[int]:

@@ -55,6 +55,13 @@ class ScriptSource:
     def method_called_on_assigned(self, path: str, line: int, method: str) -> bool | None:
         return method_called_on_assigned(self.full(path), line, method)
 
+    def line_text(self, path: str, line: int) -> str:
+        """The text of that line ("" when it cannot be read)."""
+        try:
+            return linecache.getline(self.full(path), line)
+        except Exception:
+            return ""
+
 
 @lru_cache(maxsize=64)
 def _tree(text: str) -> ast.AST | None:
@@ -281,9 +288,12 @@ def tail_flush(path: str, line: int) -> str | None:
 
 
 def method_called_on_assigned(path: str, line: int, method: str) -> bool | None:
-    """Does the file call ``<target>.<method>(...)`` anywhere, for the name or attribute the
-    statement at ``line`` assigns (``swa_scheduler`` in ``swa_scheduler = SWALR(...)``)? None
-    when the source cannot be read or the statement assigns no plain target."""
+    """Does the file call ``<target>.<method>(...)`` anywhere, for the object the statement at
+    ``line`` assigns (``swa_scheduler`` in ``swa_scheduler = SWALR(...)``), under that name or
+    another one it is handed on as? The object is followed through the file by name: an
+    assignment whose value mentions it (``self.scheduler = kwargs["scheduler"]``), a keyword
+    argument it is passed as (``SimCLR(scheduler=scheduler)``). None when the source cannot be
+    read or the statement assigns no plain target."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -292,10 +302,47 @@ def method_called_on_assigned(path: str, line: int, method: str) -> bool | None:
         if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.lineno <= line <= (node.end_lineno or node.lineno)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if len(targets) == 1 and isinstance(targets[0], (ast.Name, ast.Attribute)):
-                target = ast.unparse(targets[0])
+                target = targets[0]
                 break
     if target is None:
         return None
+    names = {_last_name(target)}
+    nodes = list(ast.walk(tree))
+    grew = True
+    while grew:  # the names the object is handed on as, until no new one appears
+        grew = False
+        for node in nodes:
+            found: list[str] = []
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None \
+                    and _mentions(node.value, names):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found = [n for t in targets if (n := _last_name(t)) is not None]
+            elif isinstance(node, ast.Call):
+                found = [k.arg for k in node.keywords if k.arg and _mentions(k.value, names)]
+            for name in found:
+                if name not in names:
+                    names.add(name)
+                    grew = True
     return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-               and node.func.attr == method and ast.unparse(node.func.value) == target
-               for node in ast.walk(tree))
+               and node.func.attr == method and _last_name(node.func.value) in names
+               for node in nodes)
+
+
+def _last_name(node: ast.AST) -> str | None:
+    """``scheduler`` for ``scheduler``, ``self.scheduler`` and ``trainer.cfg.scheduler``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _mentions(value: ast.AST, names: set) -> bool:
+    """Does the expression use one of ``names``: as a name, an attribute, or a string key
+    (``kwargs["scheduler"]``)?"""
+    for node in ast.walk(value):
+        if (isinstance(node, ast.Name) and node.id in names
+                or isinstance(node, ast.Attribute) and node.attr in names
+                or isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names):
+            return True
+    return False

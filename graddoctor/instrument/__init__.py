@@ -24,9 +24,9 @@ from .naming import ParamNamer
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .recorder import Recorder
-from .registration import ModuleAttrWatcher
+from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
-from .topics import DESCRIBE_LOSS, FREEZE_OF, STEPPED, STEPPED_WITHOUT_GRAD
+from .topics import DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STEPPED, STEPPED_WITHOUT_GRAD
 from .schedulers import SchedulerWatcher
 from .warnsource import WarningSource
 
@@ -65,9 +65,12 @@ class Instrumentation:
         self.watchers.append(self.idle)
         # `module.requires_grad = False` (an attribute that freezes nothing)
         self.watchers.append(ModuleAttrWatcher(rec))
+        # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
+        self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
         rec.subscribe(DESCRIBE_LOSS, self.ddp.describe_loss)
         rec.subscribe(STEPPED, self.ddp.after_step)
+        rec.subscribe(PARAMS_ADDED, self.ddp.params_added)
         self.watchers.append(self.ddp)
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)

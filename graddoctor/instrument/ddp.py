@@ -18,6 +18,12 @@
   parameters: both are left out. One batched ``torch._foreach_norm`` and a ``Deferred`` read at
   the end of the run (no host sync while it runs); rank 0 compares the ranks' checksums when it
   merges their reports (replicas-diverge).
+  Without any DistributedDataParallel module (ranks that train one model by hand: the process
+  group up, an ``all_gather`` in the loss, no wrapper), the ranks may still be replicas: every
+  parameter an optimizer steps is checksummed, with the layout of those parameters (their
+  shapes) and their checksum when the optimizer was built (``params_added``, while the process
+  group is up), so that the merge compares only ranks that train parameters of the same shapes
+  from the same initial values; a pipeline's ranks, each owning other layers, never are.
 
 * ``FSDPModule.set_requires_gradient_sync`` (FSDP2's ``no_sync``): while a parameter group
   does not reduce, a backward accumulates into FSDP's unsharded gradient, not into the sharded
@@ -49,6 +55,14 @@ def checksum_due(n: int, budget: int | None) -> bool:
     return n <= CHECKSUM_STEPS or n & (n - 1) == 0 or (budget is not None and n == budget)
 
 
+def _checksum(params):
+    """A weighted sum of the tensors' norms (one batched ``_foreach_norm``), as a device tensor."""
+    with torch.no_grad():
+        norms = torch.stack(torch._foreach_norm(params)).double()
+        weights = torch.arange(1, len(params) + 1, dtype=torch.float64, device=norms.device)
+        return (norms * weights).sum()
+
+
 class DDPWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -59,6 +73,9 @@ class DDPWatcher:
         # ids of the parameters of the DistributedDataParallel modules seen (what DDP keeps
         # replicated); ids only: nothing of the user's model is kept alive by graddoctor
         self._replicated: set[int] = set()
+        # optimizer -> (layout, initial checksum) of its parameters when built, in a process
+        # group of several ranks (the ranks that may be replicas without DDP)
+        self._initial: dict[int, tuple[int, object]] = {}
         self._ddp_seen: set[int] = set()
         self._fsdp_modules: list = []  # FSDP2 modules whose gradient sync was turned off or on
         # (sharded parameter, FSDPParam) of the groups that do not reduce now, and the state
@@ -75,7 +92,8 @@ class DDPWatcher:
         rec = self.rec
         done = self._checksums.get(opt, 0) + 1
         self._checksums[opt] = done
-        if not self._replicated or not checksum_due(done, rec.progress.step_budget):
+        unwrapped = not self._replicated and not self.fsdp_seen and opt in self._initial
+        if not (self._replicated or unwrapped) or not checksum_due(done, rec.progress.step_budget):
             return
         try:
             import torch.distributed as dist
@@ -85,18 +103,39 @@ class DDPWatcher:
             replicated = self._replicated
             params = [p.detach() for group in optimizer.param_groups for p in group["params"]
                       if (type(p) is Tensor or type(p) is torch.nn.Parameter)
-                      and id(p) in replicated]
+                      and (unwrapped or id(p) in replicated)]
             if not params:
                 return
-            with torch.no_grad():
-                norms = torch.stack(torch._foreach_norm(params)).double()
-                weights = torch.arange(1, len(params) + 1, dtype=torch.float64,
-                                       device=norms.device)
-                checksum = (norms * weights).sum()
+            checksum = _checksum(params)
+            extra = {}
+            if unwrapped:
+                layout, initial = self._initial[opt]
+                extra = {"layout": layout, "initial": Deferred(initial)}
             rec.emit(ev.replica_checksum(opt=opt, step=rec.progress.steps, value=Deferred(checksum),
-                                         params=len(params)), rec.here(2))
+                                         params=len(params), **extra), rec.here(2))
         except Exception as exc:
             rec.internal_error("replica checksum", exc)
+
+    def params_added(self, opt: int, pids) -> None:
+        """An optimizer was given parameters: in a process group of several ranks, their layout
+        and checksum as built (what tells replicas trained without DDP)."""
+        try:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+                return
+            tensors = [self.rec.tensor(pid) for pid in pids]
+            params = [t.detach() for t in tensors
+                      if t is not None and (type(t) is Tensor or type(t) is torch.nn.Parameter)]
+            if not params:
+                return
+            layout, initial = self._initial.get(opt, (0, None))
+            shapes = tuple(tuple(p.shape) for p in params)
+            checksum = _checksum(params)  # a later param group's weighs in after the earlier ones'
+            self._initial[opt] = (hash((layout, shapes)) & 0xFFFFFFFF,
+                                  checksum if initial is None else initial * 3 + checksum)
+        except Exception as exc:
+            self.rec.internal_error("replica checksum", exc)
 
     # -- FSDP2: accumulation without gradient sync ------------------------------------------
     def _wrap_set_sync(self, original):

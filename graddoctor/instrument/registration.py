@@ -11,6 +11,13 @@
   tensor that got a gradient is owned by no optimizer (``find_unregistered``): an
   ``unregistered`` event per attribute, at its assignment in the class when found, and the
   tensors are named by that path (``model.blocks[0].weight``).
+* A parameter an optimizer owns, replaced in its module after the optimizer was built (a new
+  ``nn.Parameter`` assigned over it, ``model.apply(init)`` that assigns new ones,
+  ``load_state_dict(assign=True)``, a submodule assigned over the one holding it): the optimizer
+  keeps stepping the old tensor, which the model no longer uses. Seen through torch's global
+  parameter and module registration hooks, which run before the new one is stored: a
+  ``param_replaced`` event at the user's line, only when a replaced tensor is owned by an
+  optimizer (or replaced such a one before: a reset that runs every epoch) (registrations cost a dict lookup; none happen per step).
 """
 
 from __future__ import annotations
@@ -72,6 +79,57 @@ class ModuleAttrWatcher:
     def install(self, patcher) -> None:
         Module = torch.nn.Module
         patcher.patch(Module, "__setattr__", self._wrap_setattr(Module.__setattr__))
+
+
+class ParamLifeWatcher:
+    """Optimizer-owned parameters replaced in their module (see the module docstring)."""
+
+    def __init__(self, rec: Recorder, owned):
+        self.rec = rec
+        self.owned = owned  # OptimizerWatcher.owned_pids(): a read-only live view
+        self._successors: set[int] = set()  # pids that replaced owned ones (replaced again: reported)
+
+    def _parameter(self, module, name, param):
+        try:
+            old = module._parameters.get(name) if name in module._parameters else None
+            if old is not None and old is not param:
+                self._replaced(module, name, "parameter", [old],
+                               [param] if isinstance(param, torch.Tensor) else [])
+        except Exception as exc:
+            self.rec.internal_error("parameter registration", exc)
+
+    def _module(self, module, name, submodule):
+        try:
+            old = module._modules.get(name) if name in module._modules else None
+            if old is not None and old is not submodule:
+                new = list(submodule.parameters()) if isinstance(submodule, torch.nn.Module) else []
+                self._replaced(module, name, "module", list(old.parameters()), new)
+        except Exception as exc:
+            self.rec.internal_error("module registration", exc)
+
+    def _replaced(self, module, name, via, old, new) -> None:
+        if not self.owned:
+            return  # no optimizer yet: a replacement before it is built is how models are made
+        rec = self.rec
+        number = rec.tensors.get
+        kept = {id(t) for t in new}
+        owned, successors = self.owned, self._successors
+        pids = [pid for t in old if id(t) not in kept
+                and (pid := number(t)) is not None and (pid in owned or pid in successors)]
+        if not pids:
+            return
+        new_pids = [rec.track(t) for t in new]
+        successors.update(new_pids)
+        rec.emit_aside(ev.param_replaced(owner=type(module).__name__, attr=name, via=via,
+                                         old=pids, new=new_pids), rec.here(2))
+
+    def install(self, patcher) -> None:
+        modules = torch.nn.modules.module
+        for register, hook in (("register_module_parameter_registration_hook", self._parameter),
+                               ("register_module_module_registration_hook", self._module)):
+            function = getattr(modules, register, None)
+            if function is not None:
+                patcher.handle(function(hook))
 
 
 # -- plain containers --------------------------------------------------------------------------

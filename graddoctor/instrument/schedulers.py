@@ -21,7 +21,7 @@ import functools
 import numbers
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from .. import events as ev
 from .identities import Identities
@@ -64,6 +64,23 @@ def schedule_args(scheduler) -> dict:
     return args
 
 
+def metric_value(args, kwargs) -> float | None:
+    """The metric a ``ReduceLROnPlateau`` was fed, as a float (it reads it with ``float()``
+    itself: a one-element tensor costs no sync it does not make already); None otherwise."""
+    value = args[0] if args else kwargs.get("metrics", kwargs.get("metric"))
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            return None
+        value = value.detach()
+    elif not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except Exception:
+        return None
+    return number if number == number else None
+
+
 def metric_kind(args, kwargs) -> str:
     value = args[0] if args else kwargs.get("metrics", kwargs.get("metric"))
     if value is None:
@@ -96,6 +113,9 @@ class SchedulerWatcher:
                 made = dict(sched=watcher.scheduler_id(scheduler), cls=type(scheduler).__name__,
                             opt=rec.optimizer_id(optimizer) if optimizer is not None else None,
                             metric=metric_kind(args, kwargs), grad=torch.is_grad_enabled())
+                mode = getattr(scheduler, "mode", None) if isinstance(scheduler, ReduceLROnPlateau) else None
+                if mode in ("min", "max"):
+                    made.update(mode=mode, value=metric_value(args, kwargs))
                 loc = rec.here(2)
             except Exception as exc:
                 rec.internal_error("lr_scheduler.step", exc)

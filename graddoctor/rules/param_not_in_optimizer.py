@@ -102,7 +102,7 @@ class ParamNotInOptimizer(Rule):
         params = a.params
         if not a.optimizers:
             return  # a hand-written update: nothing to own; the run's notes say so (rules/notes.py)
-        moved = a.moved
+        moved = a.moved | a.replaced_pids  # replaced ones: param-replaced names the cause
         untouched = _never_cleared_across_steps(a)
         orphans, dropped = [], {}
         for pid in led.first_contribution:

@@ -80,6 +80,7 @@ class ParamWithoutGrad(Rule):
                 had_grad.update(set(a.opt_params[opt]) - set(s.get("without_grad", ())))
             idle = [pid for pid in dict.fromkeys(a.opt_params[opt])
                     if pid not in led.first_contribution and pid not in had_grad
+                    and pid not in a.replaced_pids  # param-replaced names the cause
                     and (params.get(pid) is None or params[pid].get("requires_grad", True))]
             if not idle:
                 continue

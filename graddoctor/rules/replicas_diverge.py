@@ -9,6 +9,12 @@ from .base import Rule
 CHECKSUM_RTOL = 1e-5  # all-reduce results may differ in the last bits between ranks
 
 
+def _close(a, b) -> bool:
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return False
+    return abs(a - b) <= CHECKSUM_RTOL * max(abs(a), abs(b), 1e-30)
+
+
 class ReplicasDiverge(Rule):
     """
     ## What it does
@@ -42,7 +48,11 @@ class ReplicasDiverge(Rule):
 
     ## Stays silent on
     Every rank clipping and stepping alike while only rank 0 logs and evaluates under
-    `no_grad`.
+    `no_grad`; gradients all-reduced by hand; without `DistributedDataParallel`, ranks whose
+    parameters differ in shapes or start from different values (a pipeline's stages, each
+    rank owning other layers; models seeded per rank): only ranks that train parameters of the
+    same shapes from the same initial values are replicas. Without DDP, ranks that train the
+    same model but never average their gradients drift apart, and that is reported.
     """
 
     code = "GD403"
@@ -70,6 +80,13 @@ class ReplicasDiverge(Rule):
             if opt in flagged or len(by_rank) < 2:
                 continue
             lead = min(by_rank)
+            unwrapped = "layout" in by_rank[lead]
+            if unwrapped:  # no DDP: only ranks with the same parameter shapes and start values
+                first = by_rank[lead]
+                by_rank = {r: c for r, c in by_rank.items()
+                           if c.get("layout") == first["layout"] and _close(c.get("initial"), first.get("initial"))}
+                if len(by_rank) < 2:
+                    continue
             ref = by_rank[lead]["value"]
             odd = sorted(r for r, c in by_rank.items() if abs(c["value"] - ref)
                          > CHECKSUM_RTOL * max(abs(ref), abs(c["value"]), 1e-30))
@@ -82,8 +99,17 @@ class ReplicasDiverge(Rule):
                 f"after optimizer step {step} the parameters differ across ranks: rank "
                 f"{spans(odd)} {'holds' if len(odd) == 1 else 'hold'} other values than rank "
                 f"{lead} (parameter checksums {ref:.6g} vs {by_rank[odd[0]]['value']:.6g}), so "
-                f"from here on every replica trains a different model",
+                f"from here on every replica trains a different model"
+                + (": they started from the same values with parameters of the same shapes, but "
+                   "no DistributedDataParallel wraps the model, so each rank applies its own "
+                   "gradient (a process group and collectives in the loss do not average "
+                   "gradients)" if unwrapped else ""),
                 loc, step=step,
                 evidence={"optimizer": opt, "step": step, "differing_ranks": odd,
                           "checksums": {str(r): by_rank[r]["value"] for r in sorted(by_rank)}})
+            if unwrapped:
+                found = replace(found, fix=("wrap the model in DistributedDataParallel (or "
+                                            "all-reduce and average the gradients before "
+                                            "optimizer.step()) so that every rank applies the same "
+                                            "update"), fixes={})
             yield replace(found, ranks=tuple(sorted(by_rank)))  # the ranks compared

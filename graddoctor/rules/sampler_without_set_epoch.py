@@ -36,8 +36,9 @@ class SamplerWithoutSetEpoch(Rule):
     ```
 
     ## Stays silent on
-    `DistributedSampler.set_epoch()` every epoch; an evaluation sampler with
-    `shuffle=False`.
+    `set_epoch(epoch)` every epoch; an evaluation sampler with `shuffle=False`; a one-batch
+    peek (`next(iter(loader))` to print the batch size) before `set_epoch`: an iteration that
+    no optimizer step follows before the sampler starts again is not an epoch.
     """
 
     code = "GD402"
@@ -52,6 +53,12 @@ class SamplerWithoutSetEpoch(Rule):
             if e.get("shuffle"):
                 by_sampler.setdefault(e.get("sampler"), []).append(e)
         for starts in by_sampler.values():
+            # an epoch is an iteration that trains: one followed by an optimizer step before the
+            # sampler starts again. A peek (next(iter(loader)) to print the batch size, as the
+            # DDP tutorial does before set_epoch) starts no epoch.
+            starts = [e for e, after in zip(starts, [*starts[1:], None])
+                      if (step := a.next_step(e.seq)) is not None
+                      and (after is None or step.seq < after.seq)]
             epochs = {e.get("epoch") for e in starts}
             started = a.count(starts)  # folded copies included
             if len(starts) < 2 or len(epochs) != 1:

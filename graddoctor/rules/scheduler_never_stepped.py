@@ -14,10 +14,13 @@ class SchedulerNeverStepped(Rule):
     ## What it does
     Finds a learning-rate scheduler that is built but whose `step()` is never called (neither
     directly nor through a `SequentialLR`/`ChainedScheduler` holding it) while its optimizer
-    trains past an epoch end. Judged only when the replay passed an epoch boundary or ran to its
-    end, so a scheduler stepped once per epoch has had its chance; and not when the source
-    calls its `step()` somewhere while graddoctor's replay cut the run short (the step budget,
-    shortened epochs): the SWA recipe steps `SWALR` only from `swa_start` on. When another
+    trains. Judged when the replay passed an epoch boundary or ran to its end, so a scheduler
+    stepped once per epoch has had its chance, and at the end of a replay cut short (the step
+    budget, a loop without a DataLoader) when the source never calls its `step()`; not when
+    the source calls its `step()` somewhere, under any name the object is handed on as
+    (`self.scheduler.step()` in a trainer given `scheduler=scheduler`), while graddoctor's
+    replay cut the run short: the SWA recipe steps `SWALR` only from `swa_start` on, SimCLR
+    its cosine schedule only from epoch 10 on. When another
     scheduler of the same optimizer is stepped, the message says that one moves the lr.
 
     ## Why is this bad?
@@ -50,7 +53,9 @@ class SchedulerNeverStepped(Rule):
     Schedulers stepped per batch or per epoch as sized (`OneCycleLR` / cosine sized in
     batches per batch, `T_max=epochs` per epoch); `SequentialLR`/`ChainedScheduler`
     children; transformers' schedules per update under accumulation; SWA's recipe; an
-    optimizer rebuilt with its scheduler; a hand-written warm-up.
+    optimizer rebuilt with its scheduler; a hand-written warm-up; a scheduler handed to a
+    trainer under another name and stepped from a later epoch than the replay reached
+    (SimCLR's `self.scheduler.step()` from epoch 10).
     """
 
     code = "GD220"
@@ -69,11 +74,15 @@ class SchedulerNeverStepped(Rule):
                 continue  # its container is the one to report
             after = [st for st in a.steps if st["opt"] == s.opt and st.seq > s.init.seq]
             n = a.count(after)
-            if n < 2 or not (a.status == "completed" or epoch_began_after(a, after[0].seq)):
+            if n < 2:
                 continue
             loc = s.init.loc
-            if cut and loc is not None and a.source.method_called_on_assigned(loc.path, loc.line, "step"):
+            called = (a.source.method_called_on_assigned(loc.path, loc.line, "step")
+                      if cut and loc is not None else None)
+            if called:
                 continue  # the script does step it, later than the replay went (SWALR from swa_start)
+            if not (a.status == "completed" or epoch_began_after(a, after[0].seq) or called is False):
+                continue  # cut before any epoch end, and the source cannot say: not judged
             others = sorted({o.cls for o in all_s.values()
                              if o is not s and o.opt == s.opt and o.positional and stepped(all_s, o)})
             factor = s.first_factor

@@ -149,25 +149,27 @@ class TrainInEvalMode(Rule):
                        f"follows): training continues, but {effect}")
             fix = None
             covered = set(cause.get("modules", ()))
-            if covered and covered < ran.get((f.event.loc, f.step.seq), set()):
+            part = _part_receiver(a, cause)
+            if (covered and covered < ran.get((f.event.loc, f.step.seq), set())) or part:
                 # eval() on a part of the model the training forward runs, whose parameters still
-                # train: a freeze that only half happened, or a part meant to train. Say both.
+                # train: a freeze that only half happened, or a part meant to train. eval()
+                # freezes nothing: say that first.
                 stepped = any((f.states.get(m) or {}).get("owned") and (f.states.get(m) or {}).get("trainable")
                               for m in mids)
                 still = ("the optimizer still steps its parameters" if stepped else
                          "its parameters still require grad")
-                off = " and ".join(part for k, part in (
+                off = " and ".join(part_ for k, part_ in (
                     ("dropout", "dropout off"), ("batchnorm", "BatchNorm's running statistics fixed"),
                 ) if k in layers)
-                message = (f"this eval() puts a part of the model (its layers {tl.names(mids)}) in eval "
-                           f"mode for good while {still} and gradients flow through it in the "
-                           f"training forward{at} (optimizer step {f.step_index} follows). Two "
-                           f"readings: if that part is meant to be frozen, eval() does not freeze it "
-                           f"and its weights keep changing; if it is meant to train, it trains with "
-                           f"{off}")
-                fix = ("to freeze it, also call requires_grad_(False) on it (and leave its parameters "
-                       "out of the optimizer), keeping this eval() after every model.train(); to "
-                       "train it, remove this eval() or call model.train() after it")
+                shown = part or "that part"
+                message = (f"this eval() does not freeze {shown}: eval() only switches its "
+                           f"{kinds} layers ({tl.names(mids)}) to inference behaviour, while "
+                           f"{still} and gradients flow through it in the training forward{at} "
+                           f"(optimizer step {f.step_index} follows), so its weights keep "
+                           f"changing. If it is meant to train instead, it trains with {off}")
+                fix = (f"to freeze it: {shown}.requires_grad_(False) (and leave its parameters out "
+                       f"of the optimizer), keeping this eval() after every model.train(); to "
+                       f"train it, remove this eval()")
                 evidence_reading = "freeze-or-train"
             else:
                 evidence_reading = None
@@ -190,6 +192,22 @@ class TrainInEvalMode(Rule):
                 evidence={"layers": [tl.name(m) for m in mids], "kinds": layers,
                           **({"reading": evidence_reading} if evidence_reading else {})},
             )
+
+
+def _part_receiver(a, cause) -> str | None:
+    """The source text of the module an ``eval()`` was called on when it names a part of a
+    model (``model.backbone``, ``self.encoder``): an attribute of another object that is not
+    itself the whole model (``self.model``, ``trainer.module``). None otherwise."""
+    loc = cause.loc
+    if loc is None or loc.via:
+        return None
+    text = a.source.called_object(loc.path, loc.line, "eval")
+    if not text or "." not in text or "(" in text:
+        return None
+    last = text.rsplit(".", 1)[1].lower()
+    if last in ("model", "module", "net", "network", "ema", "teacher", "student"):
+        return None
+    return text
 
 
 def _mode_matters(state: dict) -> bool:

@@ -91,8 +91,11 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
         device = _device_of(rec)
     except Exception:
         device = "unknown"
+    if options.emulate_cuda:
+        device = f"cuda (emulated on {device})"
     checksums = [{"opt": e["opt"], "step": e["step"], "value": e["value"],
-                  "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None}
+                  "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None,
+                  **({"layout": e["layout"], "initial": e.get("initial")} if "layout" in e.data else {})}
                  for e in analysis.of_kind("replica_checksum")]
     run = RunInfo(
         checksums=checksums or None,

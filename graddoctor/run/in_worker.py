@@ -25,7 +25,8 @@ def start_child() -> None:
     options = CheckOptions(target=config.get("script") or "?", steps=config.get("steps", 10),
                            epoch_batches=config.get("epoch_batches", 17),
                            select=tuple(config.get("select", ())),
-                           ignore=tuple(config.get("ignore", ())))
+                           ignore=tuple(config.get("ignore", ())),
+                           emulate_cuda=bool(config.get("emulate_cuda")))
     worker = _Worker(Session(options, announce=False).begin(), config["dir"])
     with open(os.path.join(config["dir"], f"{os.getpid()}.started"), "w"):
         pass

@@ -95,6 +95,7 @@ class Session:
         self._stack: contextlib.ExitStack | None = None  # what begin() entered
         self._lock: contextlib.ExitStack | None = None  # the one-check lock, if claimed
         self._started = 0.0
+        self.emulation = None  # the CudaEmulation of an --emulate-cuda run
 
     @property
     def started(self) -> float:
@@ -115,6 +116,14 @@ class Session:
         try:
             self._started = time.perf_counter()
             self.rec = start_recorder(self.options, self.announce)
+            if self.options.emulate_cuda:  # under everything else: the script's GPU path
+                from .emulate_cuda import CudaEmulation
+
+                if self.options.device != "auto":
+                    raise ScriptError(f"--emulate-cuda runs the script's GPU path on the CPU: it "
+                                      f"cannot be combined with --device {self.options.device}")
+
+                self.emulation = stack.enter_context(CudaEmulation())
             for context in around:
                 stack.enter_context(context(self.rec))
             self.instrumentation = stack.enter_context(
@@ -221,6 +230,7 @@ class Session:
         try:
             instrumentation.namer.name_from(outcome.namespace)
             stack.close()  # never raises: the instrumentation records its own errors
+            _emulation_notes(self.emulation, outcome, rec.finder)
             others = len(rec.progress.stopped_threads - {rec.script_thread})
             if others:
                 outcome.notes.append(
@@ -249,6 +259,26 @@ class Session:
         finally:
             lock.close()
 
+
+def _emulation_notes(emulation, outcome: RunOutcome, finder) -> None:
+    """``--emulate-cuda``: what the fake GPU answered, and a failure the CPU cannot emulate
+    named as such; without it, a script that failed for want of a GPU gets a hint."""
+    from .emulate_cuda import needs_cuda_hint
+
+    try:
+        if emulation is None:
+            hint = needs_cuda_hint(outcome.error)
+            if hint:
+                outcome.notes.append(hint)
+            return
+        outcome.notes[:0] = emulation.notes()
+        exc = outcome.ended_by
+        if outcome.error and isinstance(exc, BaseException):
+            why = emulation.explain_failure(exc, finder)
+            if why:
+                outcome.error = {**outcome.error, "message": f"{why} ({outcome.error['message']})"}
+    except Exception as error:  # graddoctor's own failure: a note, never the run's
+        outcome.notes.append(f"graddoctor could not describe the CUDA emulation: {error!r}")
 
 
 def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = None, *,

@@ -61,7 +61,8 @@ class Workers:
         self.dir = tempfile.mkdtemp(prefix="graddoctor-workers-")
         config = {"dir": self.dir, "root": _ROOT, "script": self.options.target,
                   "steps": self.options.steps, "epoch_batches": self.options.epoch_batches,
-                  "select": list(self.options.select), "ignore": list(self.options.ignore)}
+                  "select": list(self.options.select), "ignore": list(self.options.ignore),
+                  "emulate_cuda": self.options.emulate_cuda}
         for key, value in ((ENV, json.dumps(config)),
                            ("PYTHONPATH", os.pathsep.join(
                                [HOOK_DIR, *filter(None, [os.environ.get("PYTHONPATH")])]))):

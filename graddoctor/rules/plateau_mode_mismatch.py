@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import re
+
+from ..findings import Severity
+from .base import Rule, related
+from .plateau_every_batch import is_plateau
+
+# identifier words of a metric where higher is better, and where lower is better
+HIGHER = frozenset({"acc", "accuracy", "score", "auc", "auroc", "f1", "r2", "map", "iou", "miou",
+                    "dice", "bleu", "rouge", "precision", "recall", "psnr", "ssim", "reward",
+                    "correct", "top1", "top5", "neg", "negative"})
+LOWER = frozenset({"loss", "error", "err", "mse", "mae", "rmse", "ppl", "perplexity", "nll",
+                   "wer", "cer", "distance", "dist"})
+
+
+def metric_direction(text: str | None) -> str | None:
+    """"max" when the metric's source text names something higher-is-better (``val_acc``,
+    ``-loss``), "min" when lower-is-better (``val_loss``), None when it says neither."""
+    if not text:
+        return None
+    negated = text.lstrip().startswith("-")
+    words = set(re.split(r"[^a-z0-9]+", re.sub(r"([a-z])([A-Z])", r"\1_\2", text).lower()))
+    higher = bool(words & HIGHER) or any(w.startswith("acc") for w in words)
+    lower = bool(words & LOWER)
+    if higher == lower:
+        return None
+    direction = "max" if higher else "min"
+    if negated:
+        direction = "min" if direction == "max" else "max"
+    return direction
+
+
+class PlateauModeMismatch(Rule):
+    """
+    ## What it does
+    Finds a `ReduceLROnPlateau` whose `mode` disagrees with the metric it is fed: an accuracy,
+    a score or a negated loss (higher is better) in `mode="min"` (the default), or a loss in
+    `mode="max"`. Judged from what the metric did and when the learning rate fell: a cut while
+    the metric kept improving in the direction its name says is a warning; the name alone,
+    before the replay saw a cut, is `info`.
+
+    ## Why is this bad?
+    The scheduler counts every improvement as a step without progress: with accuracy in
+    `mode="min"` the lr is cut each time accuracy rises, patience after patience, so the better
+    training goes the faster the lr decays to `min_lr`, and training stalls.
+
+    ## Example
+    ```python
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=2)
+    ...
+    scheduler.step(val_accuracy)
+    ```
+
+    ## Use instead
+    ```python
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", patience=2)
+    ...
+    scheduler.step(val_accuracy)
+    ```
+
+    ## Stays silent on
+    `mode="max"` fed accuracy, `mode="min"` fed a loss (also one that rises while the model
+    overfits: its name says lower is better), and a metric whose name says neither.
+    """
+
+    code = "GD225"
+    slug = "plateau-mode-mismatch"
+    severity = Severity.WARNING
+    summary = ("ReduceLROnPlateau's mode disagrees with its metric: the lr falls while the "
+               "metric improves")
+    fix = "set mode to the metric's direction: mode=\"max\" for an accuracy or score, \"min\" for a loss"
+
+    def check(self, a):
+        by_sched: dict[int, list] = {}
+        for e in a.of_kind("scheduler_step"):
+            if is_plateau(e.get("cls")) and e.get("mode") in ("min", "max"):
+                by_sched.setdefault(e.get("sched"), []).append(e)
+        for sched, steps in by_sched.items():
+            s = a.schedulers.get(sched)
+            mode = steps[0]["mode"]
+            first = steps[0]
+            text = (a.source.call_argument(first.loc.path, first.loc.line, "step", 0, "metrics")
+                    if first.loc is not None else None)
+            direction = metric_direction(text)
+            if direction is None or direction == mode:
+                continue
+            cut = _cut_while_improving(s, steps, direction)
+            values = [e.get("value") for e in steps if e.get("value") is not None]
+            shown = text or "the metric"
+            better = "rises" if direction == "max" else "falls"
+            init = s.init if s is not None else None
+            where = init if init is not None and init.loc is not None else first
+            if cut is not None:
+                before, at, old_lr, new_lr = cut
+                message = (f"this ReduceLROnPlateau runs in mode=\"{mode}\" but is fed {shown}, "
+                           f"which improves as it {better}: after {shown} went from {before:.4g} "
+                           f"to {at:.4g} it cut the lr from {old_lr:.3g} to {new_lr:.3g}; every "
+                           f"further improvement counts as no progress and cuts it again")
+                severity = None
+            else:
+                message = (f"this ReduceLROnPlateau runs in mode=\"{mode}\" but is fed {shown}, "
+                           f"whose name says it improves as it {better}: it will count each "
+                           f"improvement as no progress and cut the lr while training goes well "
+                           f"(the replay saw {len(values)} value{'s' if len(values) != 1 else ''} "
+                           f"and no cut yet)")
+                severity = Severity.INFO
+            yield self.finding(
+                message, where.loc, severity=severity,
+                related=(related(first, f"the step fed {shown}"),),
+                fix=f"ReduceLROnPlateau(..., mode=\"{direction}\")",
+                evidence={"mode": mode, "metric": shown, "direction": direction,
+                          "values": values[:8], "cut": cut is not None})
+
+
+def _cut_while_improving(s, steps, direction):
+    """(the previous best, the value fed, lr before, lr after) of the first step that cut the
+    lr just as the metric reached a new best in ``direction``; None when none did."""
+    lr = None
+    if s is not None and s.init is not None:
+        lrs = s.init.get("lrs") or []
+        lr = lrs[0] if lrs else None
+    best = None
+    for e in steps:
+        value, lrs = e.get("value"), e.get("lrs") or []
+        new_lr = lrs[0] if lrs else None
+        if value is not None and best is not None and lr is not None and new_lr is not None:
+            improved = value > best if direction == "max" else value < best
+            if improved and new_lr < lr * (1 - 1e-9):
+                return best, value, lr, new_lr
+        if value is not None:
+            best = value if best is None else (max(best, value) if direction == "max" else min(best, value))
+        if new_lr is not None:
+            lr = new_lr
+    return None

@@ -1,0 +1,58 @@
+"""plateau-mode-mismatch (GD225) on hand-written traces: a ReduceLROnPlateau whose mode disagrees
+with the metric it is fed, judged by the metric's trajectory and the lr cuts, and its look-alikes."""
+
+from __future__ import annotations
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.rules.plateau_mode_mismatch import metric_direction
+from graddoctor.trace import TraceBuilder
+from lr_traces import sched_init, update
+from rule_traces import P, findings, only
+
+SLUG = "plateau-mode-mismatch"
+
+
+def run(tmp_path, argument: str, mode: str, values, lrs):
+    path = tmp_path / "train.py"
+    path.write_text("\n" * 4 + "plateau = ReduceLROnPlateau(optimizer)\n"
+                    + "\n" * 14 + f"plateau.step({argument})\n")
+    t = TraceBuilder(str(path))
+    t.optimizer(0, P, line=1)
+    sched_init(t, cls="ReduceLROnPlateau", lrs=(0.1,), line=5)
+    for value, lr in zip(values, lrs):
+        for _ in range(3):
+            update(t, lr=lr)
+        t.put(ev.scheduler_step(sched=0, cls="ReduceLROnPlateau", opt=0, lrs=[lr], metric="number",
+                                value=value, mode=mode), 20)
+    return t
+
+
+def test_accuracy_in_min_mode_cut_while_rising_is_a_warning_at_the_construction(tmp_path):
+    t = run(tmp_path, "val_acc", "min", [0.5, 0.6, 0.7], [0.1, 0.05, 0.025])
+    f = only(t, SLUG)
+    assert (f.location.line, f.severity) == (5, Severity.WARNING)
+    assert "0.5 to 0.6" in f.message and 'mode="max"' in f.fix
+
+
+def test_the_name_alone_is_info(tmp_path):
+    t = run(tmp_path, "score", "min", [0.5], [0.1])
+    assert only(t, SLUG).severity is Severity.INFO
+
+
+def test_a_loss_in_max_mode_cut_while_falling_is_a_warning(tmp_path):
+    t = run(tmp_path, "val_loss", "max", [1.0, 0.8], [0.1, 0.05])
+    assert only(t, SLUG).severity is Severity.WARNING
+
+
+def test_agreeing_modes_and_unnamed_metrics_are_silent(tmp_path):
+    assert findings(run(tmp_path, "val_acc", "max", [0.5, 0.6], [0.1, 0.1]), SLUG) == []
+    # an overfitting loss rises and is cut in mode="min": correct
+    assert findings(run(tmp_path, "val_loss", "min", [1.0, 1.2, 1.4], [0.1, 0.05, 0.025]), SLUG) == []
+    assert findings(run(tmp_path, "m", "min", [0.5, 0.6, 0.7], [0.1, 0.05, 0.025]), SLUG) == []
+
+
+def test_metric_direction_reads_the_names():
+    assert metric_direction("val_acc") == "max" and metric_direction("valAccuracy") == "max"
+    assert metric_direction("-val_loss") == "max" and metric_direction("neg_val") == "max"
+    assert metric_direction("metrics['loss']") == "min" and metric_direction("x") is None
