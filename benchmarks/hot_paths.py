@@ -119,7 +119,7 @@ def direct_timings(rec, inst, session) -> None:
         (f"grads before + after a backward ({len(rec.tracked_pids())} tensors)", before_and_after, 200),
         (f"step pass ({len(pids)} grads)", lambda: op.step_grads(rec, pids, []), 500),
         (f"grad_norms ({len(pids)} grads)", lambda: op.grad_norms(rec, pids), 200),
-        ("after_step", lambda: rec.after_step(pids), 500),
+        ("after_step", lambda: rec.grads.after_step(pids), 500),
         ("location lookup rec.here()", lambda: rec.here(1), 2000),
     ]
     for label, fn, number in rows:

@@ -98,12 +98,12 @@ def test_budget_goes_on_until_the_third_epoch_has_begun():
     rec = recorder(budget=10)
     with Instrumentation(rec, epoch_batches=17), pytest.raises(StepLimitReached):
         train(loader_of(100), epochs=5)
-    assert rec.steps == 35  # 17 + 17 + the first step of epoch 3
+    assert rec.progress.steps == 35  # 17 + 17 + the first step of epoch 3
     assert len(events(rec, "epoch_start")) == 3
     rec = recorder(budget=10)
     with Instrumentation(rec, epoch_batches=0), pytest.raises(StepLimitReached):
         train(loader_of(100), epochs=5)
-    assert rec.steps == 10
+    assert rec.progress.steps == 10
 
 
 def test_backward_carries_its_batch():
@@ -221,7 +221,7 @@ def test_skipped_steps_are_recorded_and_counted():
     rec = recorder()
     amp_steps(rec, torch.amp.GradScaler("cpu", init_scale=2.0 ** 24), 8, dtype=torch.float16)
     skipped = [e["skipped"] for e in events(rec, "step")]
-    assert len(skipped) == 8 == rec.steps
+    assert len(skipped) == 8 == rec.progress.steps
     assert skipped[0] and not skipped[-1]
     assert [e["skipped"] for e in events(rec, "scaler_step")] == skipped
     assert len(events(rec, "step_begin")) == skipped.count(False)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument.topics import BUDGET_HOLD
 
 
 def _events(rec, kind):
@@ -116,7 +117,7 @@ def test_a_nan_under_gradscaler_with_a_direct_step_is_caught():
 
 def test_norms_come_back_for_the_last_updates_of_the_budget():
     rec = Recorder(step_budget=4)
-    rec.subscribe("budget_hold", lambda: rec.steps < 6)  # like a DataLoader extending the replay
+    rec.subscribe(BUDGET_HOLD, lambda: rec.progress.steps < 6)  # like a DataLoader extending the replay
     with Instrumentation(rec):
         model, opt, x = _setup()
         for _ in range(6):
@@ -139,7 +140,7 @@ def test_a_backward_drops_the_vouchers_of_the_grads_it_writes():
             opt.zero_grad()
             model(x).pow(2).sum().backward()
             pids = {rec.pid(p) for p in model.parameters()}
-            stale.append(sorted(pids & set(rec.finite)))
+            stale.append(sorted(pids & set(rec.grads.finite)))
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
     assert stale == [[], [], []]

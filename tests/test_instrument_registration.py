@@ -18,7 +18,7 @@ def run(fn, variables=None):
     inst = Instrumentation(rec)
     with inst:
         result = fn()
-        inst.name_from(variables if variables is not None else {})
+        inst.namer.name_from(variables if variables is not None else {})
     return rec, result
 
 

@@ -1,5 +1,5 @@
-"""Watchers talk through the recorder's topics: each one named in ``TOPICS``, published by one
-watcher, subscribed to through ``Recorder.subscribe``."""
+"""Watchers talk through typed topics (``instrument/topics.py``): each one listed in
+``TOPICS``, published by one watcher, subscribed to through ``Recorder.subscribe``."""
 
 from __future__ import annotations
 
@@ -10,33 +10,41 @@ import re
 import pytest
 import torch
 
-from graddoctor.instrument import Instrumentation
-from graddoctor.instrument.recorder import TOPICS, Recorder
+from graddoctor.instrument import Instrumentation, topics
+from graddoctor.instrument.recorder import Recorder
+from graddoctor.instrument.topics import (PARAMS_ADDED, STEPPED, STEPPED_WITHOUT_GRAD, TOPICS,
+                                          Topic)
 
 INSTRUMENT = pathlib.Path(__file__).resolve().parent.parent / "graddoctor" / "instrument"
 
 
-def test_every_topic_has_one_publisher_and_every_published_topic_is_named():
+def test_every_topic_has_one_publisher_and_every_published_topic_is_listed():
     published: dict[str, list[str]] = {}
     for path in INSTRUMENT.glob("*.py"):
-        for topic in re.findall(r"\.subscribers\(\"(\w+)\"\)", path.read_text()):
+        for topic in re.findall(r"\.subscribers\((\w+)\)", path.read_text()):
             published.setdefault(topic, []).append(path.name)
-    assert set(published) == set(TOPICS)
+    defined = {name: value for name, value in vars(topics).items() if isinstance(value, Topic)}
+    assert set(published) == set(defined)
     assert all(len(files) == 1 for files in published.values()), published
+    assert set(map(id, defined.values())) == set(map(id, TOPICS)) and len(TOPICS) == len(defined)
+    assert all(topic.name == name.lower() for name, topic in defined.items())
 
 
-def test_an_unknown_topic_is_refused():
+def test_a_string_or_an_unlisted_topic_is_refused():
+    rec = Recorder(step_budget=None)
     with pytest.raises(KeyError):
-        Recorder(step_budget=None).subscribe("steped", print)
+        rec.subscribe("stepped", print)
+    with pytest.raises(KeyError):
+        rec.subscribe(Topic("stepped", "nobody", "a look-alike"), print)
 
 
 def test_subscribers_hear_the_optimizers_topics_in_order():
     rec = Recorder(step_budget=None)
     heard = []
     with Instrumentation(rec):
-        rec.subscribe("params_added", lambda opt, pids: heard.append(("added", opt, pids)))
-        rec.subscribe("stepped_without_grad", lambda opt, pids: heard.append(("without", opt, pids)))
-        rec.subscribe("stepped", lambda opt, optimizer: heard.append(("stepped", opt, type(optimizer))))
+        rec.subscribe(PARAMS_ADDED, lambda opt, pids: heard.append(("added", opt, pids)))
+        rec.subscribe(STEPPED_WITHOUT_GRAD, lambda opt, pids: heard.append(("without", opt, pids)))
+        rec.subscribe(STEPPED, lambda opt, optimizer: heard.append(("stepped", opt, type(optimizer))))
         used, idle = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
         optimizer = torch.optim.SGD([used, idle], lr=0.1)
         used.sum().backward()
@@ -58,21 +66,29 @@ def _is_recorder(node) -> bool:
         isinstance(node, ast.Attribute) and node.attr == "rec")
 
 
+# the recorder's parts, each in its own module: their state is the recorder's too
+PARTS = {"grads": "instrument/gradstate.py", "progress": "instrument/progress.py"}
+
+
 def _recorder_attribute(node) -> str | None:
-    """``x`` for ``rec.x`` / ``self.rec.x``, else None."""
+    """``x`` for ``rec.x`` / ``self.rec.x``, ``grads.x`` for ``rec.grads.x`` (a part of the
+    recorder), else None."""
     if isinstance(node, ast.Attribute) and _is_recorder(node.value):
         return node.attr
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+            and node.value.attr in PARTS and _is_recorder(node.value.value)):
+        return f"{node.value.attr}.{node.attr}"
     return None
 
 
 def recorder_writes(root: pathlib.Path) -> list[str]:
-    """``path:line: what`` for each place outside ``instrument/recorder.py`` that assigns to a
+    """``path:line: what`` for each place outside the recorder's modules that assigns to a
     recorder attribute, or into it, or calls a mutating method on it, directly or through a
     local name bound to it (``known = rec.known_grad; known[pid] = ...``)."""
     found = []
     for path in sorted(root.rglob("*.py")):
         relative = path.relative_to(root).as_posix()
-        if relative == "instrument/recorder.py":
+        if relative == "instrument/recorder.py" or relative in PARTS.values():
             continue
         tree = ast.parse(path.read_text(), str(path))
         for function in [tree, *(n for n in ast.walk(tree)
@@ -134,8 +150,15 @@ def test_the_recorder_write_scan_sees_each_way_of_writing(tmp_path):
         "    known[pid] = (1, 0)\n"
         "    zeroed.pop(pid, None)\n"
         "    rec.note_known([])\n"  # a method: fine
-        "    rec.trace.put(None)\n")  # the trace's own method: fine
+        "    rec.trace.put(None)\n"  # the trace's own method: fine
+        "    rec.grads.known[pid] = (1, 0)\n"
+        "    self.rec.progress.steps += 1\n"
+        "    finite = rec.grads.finite\n"
+        "    finite.clear()\n"
+        "    rec.grads.cleared([])\n")  # a part's method: fine
     assert recorder_writes(tmp_path) == [
+        "watcher.py:12: writes rec.grads.known", "watcher.py:13: writes rec.progress.steps",
+        "watcher.py:15: rec.grads.finite.clear()",
         "watcher.py:2: writes rec.holder", "watcher.py:3: writes rec.param_names",
         "watcher.py:4: writes rec.finite", "watcher.py:5: writes rec.steps",
         "watcher.py:6: rec.on_step.append()", "watcher.py:8: writes rec.known_grad",

@@ -76,13 +76,14 @@ def test_dumb_terminal_gets_no_status_line(monkeypatch):
 
 def test_recorder_calls_step_callbacks_and_survives_their_failure():
     from graddoctor.instrument.recorder import Recorder
+    from graddoctor.instrument.topics import COUNTED_STEP
 
     rec = Recorder(step_budget=None)
     seen = []
-    rec.subscribe("counted_step", seen.append)
-    rec.subscribe("counted_step", lambda n: 1 / 0)
-    rec.count_step()
-    rec.count_step()
+    rec.subscribe(COUNTED_STEP, seen.append)
+    rec.subscribe(COUNTED_STEP, lambda n: 1 / 0)
+    rec.progress.count_step()
+    rec.progress.count_step()
     assert seen == [1, 2]
     errors = rec.trace.of_kind("internal_error")
     assert errors and errors[0]["where"] == "step callback"

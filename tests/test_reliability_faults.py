@@ -84,9 +84,9 @@ FAULTS = [
         "graddoctor.instrument.backward.BackwardWatcher._judge_changed", _boom), "backward (before)"),
     ("gradient pass", lambda mp: mp.setattr("graddoctor.instrument.optim.step_grads", _boom),
      "optimizer step (before)"),
-    ("after step", lambda mp: mp.setattr("graddoctor.instrument.recorder.Recorder.after_step", _boom),
+    ("after step", lambda mp: mp.setattr("graddoctor.instrument.gradstate.GradState.after_step", _boom),
      "optimizer step (after)"),
-    ("parameter names", lambda mp: mp.setattr("graddoctor.instrument.name_parameters", _boom),
+    ("parameter names", lambda mp: mp.setattr("graddoctor.instrument.naming.name_parameters", _boom),
      "naming parameters"),
 ]
 

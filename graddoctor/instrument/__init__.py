@@ -7,8 +7,6 @@ that leaving the context restores torch exactly as it was, also after a crash.
 
 from __future__ import annotations
 
-import threading
-
 from .amp import GradScalerWatcher
 from .backward import BackwardWatcher
 from .clip import ClipWatcher
@@ -24,14 +22,15 @@ from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
 from .losses import LossShapeWatcher
 from .modes import ModeWatcher
-from .names import LiveModules, emit_param_events, name_parameters, user_variables
+from .naming import ParamNamer
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .rng import RngSeedWatcher
-from .registration import ModuleAttrWatcher, ParamLifeWatcher, find_unregistered
+from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
+from .topics import DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STEPPED, STEPPED_WITHOUT_GRAD
 from .schedulers import SchedulerWatcher
 from .warnsource import WarningSource
 
@@ -51,14 +50,14 @@ class Instrumentation:
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
         self.watchers = [WarningSource(), self.optimizers, self.backward, self.dataloader]
         # AMP, clipping, schedulers
-        rec.subscribe("describe_loss", self.dataloader.describe_loss)
-        rec.subscribe("describe_loss", self.scalers.describe_loss)
+        rec.subscribe(DESCRIBE_LOSS, self.dataloader.describe_loss)
+        rec.subscribe(DESCRIBE_LOSS, self.scalers.describe_loss)
         self.watchers += [self.scalers, ClipWatcher(rec),
                           SchedulerWatcher(rec)]  # grad edits: OptimizerWatcher's step pass
         # BatchNorm/dropout modes
         self.modes = ModeWatcher(rec, self.optimizers.owned_pids())
         self.watchers.append(self.modes)
-        rec.subscribe("freeze_of", self.modes.freeze_seq)  # a frozen param's step names its freeze
+        rec.subscribe(FREEZE_OF, self.modes.freeze_seq)  # a frozen param's step names its freeze
         # functional dropout left on in eval mode; regression losses that broadcast;
         # classification losses given probabilities where logits or log-probabilities belong
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec), LossInputWatcher(rec)]
@@ -71,72 +70,27 @@ class Instrumentation:
         # half-precision parameters: an eps that rounds to 0, updates below the dtype's resolution
         self.watchers.append(PrecisionWatcher(rec))
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
-        rec.subscribe("describe_loss", GraphLivenessWatcher(rec).describe_loss)
+        rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
-        rec.subscribe("stepped_without_grad", self.idle.after_step)
+        rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
         self.watchers.append(self.idle)
         # `module.requires_grad = False` (an attribute that freezes nothing)
         self.watchers.append(ModuleAttrWatcher(rec))
         # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
-        rec.subscribe("describe_loss", self.ddp.describe_loss)
-        rec.subscribe("stepped", self.ddp.after_step)
-        rec.subscribe("params_added", self.ddp.params_added)
+        rec.subscribe(DESCRIBE_LOSS, self.ddp.describe_loss)
+        rec.subscribe(STEPPED, self.ddp.after_step)
+        rec.subscribe(PARAMS_ADDED, self.ddp.params_added)
         self.watchers.append(self.ddp)
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)
         # every update's gradient norms, only when a picture is asked for (the HTML report...)
         self.grad_flow = GradFlowWatcher(rec) if grad_flow else None
-        self._named: set[int] = set()  # optimizers whose parameters were named at their first step
-        self.step_threads: set[int] = set()  # the threads the optimizers' first steps ran in
-        self._script_globals: dict | None = None  # the script's variables (``name_from``)
-        self._unregistered: set[int] = set()  # pids an ``unregistered`` event has named
-        rec.subscribe("stepped", self._name_after_first_step)
-        rec.subscribe("params_added", self._name_at_construction)
-        rec.subscribe("leaf_tracked", self._name_new_leaf)
-
-    def _name_at_construction(self, opt, pids) -> None:
-        # from the variables of the constructing frames only (no gc scan): a model that lives in
-        # a thread's or a function's locals may never step where another thread can see it
-        rec = self.rec
-        if any(p not in rec.param_names for p in pids):
-            name_parameters(rec, use_gc=False)
-
-    def _name_after_first_step(self, opt, optimizer) -> None:
-        # modules are alive now (they may be gone when a main() function has returned), and held
-        # by the stepping frame's variables: each optimizer's first step, as models trained in
-        # threads are each seen only from their own thread's stack
-        if opt not in self._named:
-            first = not self._named
-            self._named.add(opt)
-            self.step_threads.add(threading.get_ident())
-            rec = self.rec
-            live = LiveModules()  # one heap scan at most for both
-            if first or any(p not in rec.param_names for p in rec.opt_params.get(opt, ())):
-                name_parameters(rec, live=live)
-            # plain lists of modules: while the model is alive (main() may return before the end)
-            find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
-                              self._unregistered, live)
-
-    def _name_new_leaf(self) -> None:
-        # a learnable tensor left out of the optimizer, tracked at its second backward: named,
-        # and found in its module, while the model is surely alive (rare: once per such tensor)
-        rec = self.rec
-        try:
-            live = LiveModules()
-            name_parameters(rec, live=live)
-            find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
-                              self._unregistered, live)
-        except Exception as exc:
-            rec.internal_error("naming a tensor", exc)
-
-    def name_from(self, variables: dict | None) -> None:
-        """The script's variables once it has run: parameters still unnamed on exit are named
-        after them first (held until then only)."""
-        self._script_globals = variables
+        # parameter names after the user's variables, at the moments the models are alive
+        self.namer = ParamNamer(rec, self.optimizers)
 
     def __enter__(self) -> "Instrumentation":
         try:
@@ -160,13 +114,6 @@ class Instrumentation:
             rec.finish()  # held events out, Deferred values read: rec.trace is the final trace
         except Exception as error:
             rec.internal_error("reading deferred device values", error)
-        try:
-            variables, self._script_globals = self._script_globals, None
-            live = LiveModules()
-            name_parameters(rec, variables or {}, live=live)
-            find_unregistered(rec, variables, self.optimizers.owned_pids(), self._unregistered, live)
-            emit_param_events(rec)
-        except Exception as error:
-            rec.internal_error("naming parameters", error)
+        self.namer.close()
         for error in self.patcher.undo():
             rec.internal_error("removing instrumentation", error)

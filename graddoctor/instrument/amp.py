@@ -130,9 +130,9 @@ class GradScalerWatcher:
     def _record_unscale(self, scaler, result, optimizer) -> None:
         rec = self.rec
         opt = rec.optimizer_id(optimizer)
-        states = rec.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
+        states = rec.grads.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
         if scaler.is_enabled():  # it checked every value: finite, if scaler.step steps
-            rec.vouch_finite(states, conditional=True)
+            rec.grads.vouch_finite(states, conditional=True)
         rec.emit(ev.unscale(scaler=self.scaler_id(scaler), opt=opt, enabled=scaler.is_enabled(),
                             implicit=self._in_step.active, scale=self._scale_value(scaler)),
                  rec.here(2))
@@ -144,9 +144,9 @@ class GradScalerWatcher:
         def step(scaler, optimizer, *args, **kwargs):
             if watcher._in_step.active:
                 return original(scaler, optimizer, *args, **kwargs)
-            if rec.stop_requested:
-                rec.maybe_stop(rec.optimizer_id(optimizer))
-            before = rec.steps
+            if rec.progress.stop_requested:
+                rec.progress.maybe_stop(rec.optimizer_id(optimizer))
+            before = rec.progress.steps
             outer = watcher.in_scaler_step
             fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
             # unfused: torch runs optimizer.step only if unscale_ found no inf/NaN
@@ -173,13 +173,13 @@ class GradScalerWatcher:
         if enabled and fused:  # the optimizer skips inside its own kernel: ask the scaler
             state = scaler._per_optimizer_states.get(id(optimizer), {})
             found_inf = bool(sum(float(v.item()) for v in state.get("found_inf_per_device", {}).values()))
-        skipped = (enabled and not fused and rec.steps == steps_before
+        skipped = (enabled and not fused and rec.progress.steps == steps_before
                    and isinstance(optimizer, torch.optim.Optimizer))
         if skipped:
             found_inf = True
-            without = rec.after_step(rec.opt_params.get(opt, ()))
+            without = rec.grads.after_step(rec.opt_params.get(opt, ()))
             rec.emit(ev.step(opt=opt, closure=False, skipped=True, without_grad=without), loc)
-            rec.count_step(opt)
+            rec.progress.count_step(opt)
         elif enabled and not fused:
             found_inf = False
         rec.emit(ev.scaler_step(scaler=self.scaler_id(scaler), opt=opt, enabled=enabled,

@@ -55,31 +55,47 @@ import functools
 import sys
 import threading
 import weakref
+from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import is_, is_not
 
 import torch
 
 from .. import events as ev
 from .graphkeep import HELD, KEEP_EVERY, hold, sweep
-from .recorder import Recorder, Tensor, local
-from .recorder import version as grad_version
+from .gradstate import Tensor, grads_of, local, states_of
+from .identities import call
+from .recorder import Recorder
+from .topics import DESCRIBE_LOSS, LEAF_TRACKED
+from .gradstate import version as grad_version
 
 FRESH, ACCUMULATED, CLEARED_OUTSIDE = 0, 1, 2
 _ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves on its loss node
 
 
 class BackwardContext:
-    __slots__ = ("before", "extra_leaves", "cell", "graph_nodes", "history", "repeats", "root_cell")
+    __slots__ = ("pids", "tensors", "before", "held", "extra_leaves", "cell", "graph_nodes",
+                 "history", "repeats", "root_cell")
 
     def __init__(self):
-        # per tracked tensor: (pid, tensor, grad before, its version, verdict); the grad is held
-        # only while the backward runs, so that a replacement cannot reuse its id
+        # the tracked tensors this backward judges, as parallel lists (``read_before``): their
+        # pids, the tensors (None: died), their grads before it (None: none). The grads are
+        # held only while the backward runs, so that a replacement cannot reuse their id.
+        self.pids: Sequence[int] = ()
+        self.tensors: list = []
         self.before: list = []
+        self.held: dict[int, tuple[int, int]] = {}  # index of a grad before -> (version, verdict)
         self.extra_leaves = 0
         self.cell: list | None = None  # its nodes' mark: [seq of its event once emitted, session]
         self.graph_nodes: int | None = None  # interior nodes, when walked with _history_walk
         self.history: list | None = None  # [[seq of an earlier backward, [pid]]], see events.backward
         self.repeats: int | None = None  # seq of a retained backward of the same loss tensor
         self.root_cell: list | None = None  # the mark left on its loss's node: [its event's seq]
+
+    def verdicts(self) -> dict[int, int]:
+        """pid -> verdict of each tensor that had a grad before the backward."""
+        pids = self.pids
+        return {pids[i]: verdict for i, (_version, verdict) in self.held.items()}
 
 
 WALK_FIRST = 3  # backwards of a call line that are always walked
@@ -227,8 +243,8 @@ class BackwardWatcher:
         self.rec = rec
         self.optimizers = optimizers  # the optimizer watcher: ``closure_step``
         self.cpu_checks = True
-        self._describe_loss = rec.subscribers("describe_loss")
-        self._leaf_tracked = rec.subscribers("leaf_tracked")
+        self._describe_loss = rec.subscribers(DESCRIBE_LOSS)
+        self._leaf_tracked = rec.subscribers(LEAF_TRACKED)
         # writes outside .grad (FSDP2 without gradient sync; the DDP watcher): an object with
         # ``fsdp_seen``, ``is_shadow(leaf)``, ``unsynced`` (true while some are possible) and
         # ``written_aside()`` (pids); and the pids set aside since their .grad was last written
@@ -333,21 +349,27 @@ class BackwardWatcher:
         return entries if len(entries) <= HISTORY_ENTRIES else entries[:half] + entries[-half:]
 
     # -- grads before and after (hot path: twice per tracked tensor per backward) ---------------
+    # Each pass over the tensors is a few ``map``s that run in C (reading ``.grad`` of every
+    # tensor, comparing the grads before with those after); Python code runs per tensor only for
+    # the tensors that had a grad before (an accumulation) and, at the end, for the written
+    # tensors of such a backward. A loop whose clear sets the grads to None pays no Python work
+    # per tensor at all.
     def read_before(self, ctx: BackwardContext) -> None:
         """Judge the ``.grad`` of every tracked tensor this thread owns (``Recorder.readable``) as
         it is before the backward: absent or left by zero_grad (fresh), the one we last saw
         (accumulated), or changed behind our back."""
-        known, zeroed = self.rec.known_grad, self.rec.zeroed_grad
-        before = ctx.before
-        append = before.append
-        for pid, ref in self.rec.readable(self.rec.others_in_backward()):
-            tensor = ref()
-            if tensor is None:
-                continue
-            grad = tensor.grad
-            if grad is None:
-                append((pid, tensor, None, 0, FRESH))
-                continue
+        rec = self.rec
+        pids, refs = rec.readable(rec.others_in_backward())
+        ctx.pids = pids
+        ctx.tensors = tensors = list(map(call, refs))
+        ctx.before = grads = grads_of(tensors)
+        if all(map(is_, grads, repeat(None))):  # every grad cleared to None (or no tensor)
+            return
+        known, zeroed = rec.grads.known, rec.grads.zeroed
+        held = ctx.held
+        for i in compress(range(len(grads)), map(is_not, grads, repeat(None))):
+            grad = grads[i]
+            pid = pids[i]
             version = grad._version if type(grad) is Tensor else grad_version(grad)
             key = (id(grad), version)
             if key == known.get(pid):
@@ -356,7 +378,7 @@ class BackwardWatcher:
                 verdict = FRESH
             else:
                 verdict = self._judge_changed(grad)
-            append((pid, tensor, grad, version, verdict))
+            held[i] = (version, verdict)
 
     def _judge_changed(self, grad) -> int:
         """The grad was changed behind our back (``p.grad.zero_()``, ``p.grad = zeros``,
@@ -370,7 +392,7 @@ class BackwardWatcher:
         """``retained``: called with retain_graph (or create_graph) true."""
         rec = self.rec
         ctx = BackwardContext()
-        rec.count_backward()
+        rec.progress.count_backward()
         if HELD:  # nodes of deep graphs held by earlier walks: free those the script dropped
             sweep()
         if inputs is not None:  # the leaves are given: no walk needed
@@ -406,24 +428,11 @@ class BackwardWatcher:
         """The tensors whose ``.grad`` this backward wrote (another tensor, or a new version),
         sorted by their verdict; their new grads become the ones graddoctor has seen."""
         rec = self.rec
-        fresh, accumulated, cleared = [], [], []
-        states = {}  # pid -> (id(grad), grad._version) of the grads it wrote
-        skip = rec.shared if rec.shared and rec.others_in_backward() else ()  # see rec.readable
-        for pid, tensor, before, version, verdict in ctx.before:
-            if pid in skip:
-                continue
-            grad = tensor.grad
-            if grad is before and (grad is None or (grad._version if type(grad) is Tensor
-                                                    else grad_version(grad)) == version):
-                continue  # not written
-            (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED else cleared).append(pid)
-            if grad is not None:
-                states[pid] = (id(grad), grad._version if type(grad) is Tensor
-                               else grad_version(grad))
-        rec.backward_wrote((fresh, accumulated, cleared), states)
+        fresh, accumulated, cleared = self._written(ctx)
         if self.aside_pending or (self.aside is not None and self.aside.unsynced):
             self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
-        ctx.before = []  # let go of the grads held since the start
+        ctx.before = ctx.tensors = []  # let go of the grads held since the start
+        ctx.held = {}
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
                                      extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history,
@@ -432,6 +441,42 @@ class BackwardWatcher:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
         if ctx.root_cell is not None:
             ctx.root_cell[0] = event.seq
+
+    def _written(self, ctx: BackwardContext) -> tuple[list, list, list]:
+        """(fresh, accumulated, cleared): the pids whose grad the backward wrote, in pid order,
+        by their verdict before it; hands their new grads' states to the recorder."""
+        rec = self.rec
+        pids, before, held, tensors = ctx.pids, ctx.before, ctx.held, ctx.tensors
+        if rec.shared and rec.others_in_backward():  # see rec.readable: not read now
+            skip = rec.shared
+            tensors = [None if pid in skip else tensor for pid, tensor in zip(pids, tensors)]
+            before = [None if pid in skip else grad for pid, grad in zip(pids, before)]
+            held = {i: state for i, state in held.items() if pids[i] not in skip}
+        after = grads_of(tensors)
+        written = list(map(is_not, after, before))  # another grad tensor (or a new one)
+        for i, (version, _verdict) in held.items():  # the same tensor, added to in place
+            if not written[i]:
+                grad = after[i]
+                written[i] = grad is not None and (grad._version if type(grad) is Tensor
+                                                   else grad_version(grad)) != version
+        fresh: list = []
+        accumulated: list = []
+        cleared: list = []
+        if not held:  # every grad was None before: whatever was written is fresh
+            fresh = list(compress(pids, written))
+        else:
+            for i in compress(range(len(written)), written):
+                verdict = held[i][1] if i in held else FRESH
+                (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED
+                 else cleared).append(pids[i])
+        grads = list(compress(after, written))
+        written_pids = list(compress(pids, written))
+        if not all(map(is_not, grads, repeat(None))):  # set to None during the backward
+            kept = list(map(is_not, grads, repeat(None)))
+            grads, written_pids = list(compress(grads, kept)), list(compress(written_pids, kept))
+        states = dict(zip(written_pids, states_of(grads)))
+        rec.grads.backward_wrote((fresh, accumulated, cleared), states)
+        return fresh, accumulated, cleared
 
     def _aside(self, ctx: BackwardContext, fresh: list, accumulated: list) -> None:
         """Parameters written outside their ``.grad`` (FSDP2's unsharded accumulation while
@@ -447,7 +492,7 @@ class BackwardWatcher:
         aside = self.aside.written_aside() if self.aside is not None else []
         if not aside:
             return
-        verdicts = {pid: verdict for pid, _t, _g, _v, verdict in ctx.before}
+        verdicts = ctx.verdicts()
         for pid in aside:
             if pid in written:
                 continue
@@ -486,7 +531,7 @@ class BackwardWatcher:
             # writes are seen by the outer one. A backward of another thread of the script is not.
             if running and in_backward():
                 return original(*args, **kwargs)
-            rec.maybe_stop()
+            rec.progress.maybe_stop()
             try:
                 tensors, inputs, retained = watcher._arguments(args, kwargs, takes_self)
                 wrappers = _script_wrappers(sys._getframe(1))

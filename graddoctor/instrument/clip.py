@@ -19,14 +19,17 @@ import functools
 import inspect
 import math
 import types
+from itertools import compress, repeat
+from operator import and_, is_not, ne
 
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad as clip_grad
 
 from .. import events as ev
-from .recorder import Recorder, Tensor
-from .recorder import version as grad_version
+from .gradstate import Tensor, grads_of, states_of
+from .recorder import Recorder
+from .gradstate import version as grad_version
 from .subclasses import Depth
 
 
@@ -65,7 +68,18 @@ class ClipWatcher:
         """One pass before the clip: each param's pid (None if untracked), the state of each
         tracked grad, and which of those unwatched code changed since graddoctor last saw them."""
         rec = self.rec
-        pid_of, refs, known, zeroed = rec.tensors.number, rec.tensors.refs, rec.known_grad, rec.zeroed_grad
+        known, zeroed = rec.grads.known, rec.grads.zeroed
+        if all(map(isinstance, params, repeat(torch.Tensor))):  # ``map``s in C: no Python per parameter
+            known_pids = rec.tensors.numbers(params)
+            if None not in known_pids:
+                grads = grads_of(params)
+                has = list(map(is_not, grads, repeat(None)))
+                pids = list(compress(known_pids, has))
+                states = list(states_of(list(compress(grads, has))))
+                edited = list(compress(pids, map(and_, map(ne, states, map(known.get, pids)),
+                                                 map(ne, states, map(zeroed.get, pids)))))
+                return known_pids, dict(zip(pids, states)), edited
+        pid_of, refs = rec.tensors.number, rec.tensors.refs
         known_pids, before, edited = [], {}, []
         for p in params:
             pid = pid_of.get(id(p))
@@ -85,7 +99,13 @@ class ClipWatcher:
                 before: dict, edited: list, spent: bool | None) -> None:
         rec = self.rec
         pids, with_grad, after, untracked = [], [], [], 0
-        for p, pid in zip(params, known_pids):
+        if None not in known_pids:  # every one tracked: ``map``s in C
+            pids = known_pids
+            grads = grads_of(params)
+            has = list(map(is_not, grads, repeat(None)))
+            with_grad = list(compress(pids, has))
+            after = list(zip(with_grad, states_of(list(compress(grads, has)))))
+        for p, pid in zip(params, known_pids) if not pids else ():
             if pid is None:
                 if not isinstance(p, torch.Tensor):
                     continue
@@ -99,7 +119,7 @@ class ClipWatcher:
                 with_grad.append(pid)
                 after.append((pid, (id(grad), grad._version if type(grad) is Tensor
                                            else grad_version(grad))))
-        rec.note_known(after)  # clipping changed the grads in place: still accumulated ones
+        rec.grads.note_known(after)  # clipping changed the grads in place: still accumulated ones
         limit = _number(arguments.get("clip_value" if via == "clip_grad_value_" else "max_norm"))
         total_norm = result if via == "clip_grad_norm_" else arguments.get("total_norm")
         total = None
@@ -123,12 +143,12 @@ class ClipWatcher:
         rec = self.rec
         if via == "clip_grad_norm_":
             if isinstance(total, float) and math.isfinite(total):
-                rec.vouch_finite(after)
-            elif all((v := rec.finite.get(pid)) is not None and v[0] == state
+                rec.grads.vouch_finite(after)
+            elif all((v := rec.grads.finite.get(pid)) is not None and v[0] == state
                      for pid, state in before.items()):
-                rec.carry_finite(before, after)
+                rec.grads.carry_finite(before, after)
         elif via == "clip_grad_value_":
-            rec.carry_finite(before, after)
+            rec.grads.carry_finite(before, after)
 
     def _wrap(self, original, via: str):
         watcher, rec = self, self.rec

@@ -30,6 +30,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from .. import events as ev
 from .identities import Identities
 from .recorder import Recorder
+from .topics import BUDGET_HOLD
 
 # the default length (see above); --epoch-batches' default in the option table (options.py) is
 # the same number, checked by tests/test_config.py
@@ -51,7 +52,7 @@ class DataLoaderWatcher:
         self._original_len = None  # DataLoader.__len__ before patching: the real length
         self._described: set[int] = set()  # loaders whose sampler a loader_sampler event told
         self._sampler_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sampler -> loc
-        rec.subscribe("budget_hold", self._hold)
+        rec.subscribe(BUDGET_HOLD, self._hold)
 
     # -- lengths ---------------------------------------------------------------------------
     def _replay_len(self, real_len):
@@ -200,7 +201,7 @@ class DataLoaderWatcher:
             return False
         if any(self._epochs.get(n, 0) >= 3 for n in self._training):
             return False
-        return self.rec.steps < 2 * self.epoch_batches + 1
+        return self.rec.progress.steps < 2 * self.epoch_batches + 1
 
     def install(self, patcher) -> None:
         DataLoader = torch.utils.data.DataLoader

@@ -43,7 +43,8 @@ import torch
 
 from .. import events as ev
 from .identities import Identities
-from .recorder import Deferred, Recorder, Tensor
+from .gradstate import Tensor
+from .recorder import Deferred, Recorder
 
 CHECKSUM_STEPS = 3
 
@@ -92,7 +93,7 @@ class DDPWatcher:
         done = self._checksums.get(opt, 0) + 1
         self._checksums[opt] = done
         unwrapped = not self._replicated and not self.fsdp_seen and opt in self._initial
-        if not (self._replicated or unwrapped) or not checksum_due(done, rec.step_budget):
+        if not (self._replicated or unwrapped) or not checksum_due(done, rec.progress.step_budget):
             return
         try:
             import torch.distributed as dist
@@ -110,7 +111,7 @@ class DDPWatcher:
             if unwrapped:
                 layout, initial = self._initial[opt]
                 extra = {"layout": layout, "initial": Deferred(initial)}
-            rec.emit(ev.replica_checksum(opt=opt, step=rec.steps, value=Deferred(checksum),
+            rec.emit(ev.replica_checksum(opt=opt, step=rec.progress.steps, value=Deferred(checksum),
                                          params=len(params), **extra), rec.here(2))
         except Exception as exc:
             rec.internal_error("replica checksum", exc)

@@ -22,6 +22,7 @@ import torch
 
 from .. import events as ev
 from .recorder import Recorder
+from .topics import STEP_GRADS, STEPPED
 
 HEAD = 200  # updates kept whole from the start (a default replay: every one)
 TAIL = 40  # the latest updates kept whole
@@ -133,8 +134,8 @@ class GradFlowWatcher:
         self.rec = rec
         self.series: dict[int, _Series] = {}
         self._pending: dict[int, tuple] = {}  # opt -> (pids, norms, lrs) of the step running
-        rec.subscribe("step_grads", self.before_step)
-        rec.subscribe("stepped", self.after_step)
+        rec.subscribe(STEP_GRADS, self.before_step)
+        rec.subscribe(STEPPED, self.after_step)
 
     def install(self, patcher) -> None:
         pass
@@ -167,7 +168,7 @@ class GradFlowWatcher:
             last = series.tail[-1] if series.tail else (series.head[-1] if series.head else None)
             if last is not None and last.pids == pids:
                 pids = last.pids  # one tuple shared by the updates of one set of gradients
-            series.add(_Column(self.rec.steps, pids, norms, lrs))
+            series.add(_Column(self.rec.progress.steps, pids, norms, lrs))
         except Exception as exc:
             self.rec.internal_error("gradient norms for the pictures", exc)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import gc
 import sys
+from itertools import compress, repeat
+from operator import add, ge, itemgetter
 
 import os
 
@@ -51,10 +53,15 @@ class IdleParamWatcher:
         if not without:
             return
         missing, looked = self._missing, self._looked
+        # ``map``s in C: a mixture of experts leaves most parameters without a grad each step
+        counts = list(map(add, map(missing.get, without, repeat(0)), repeat(1)))
+        missing.update(zip(without, counts))
+        due = list(compress(zip(without, counts), map(ge, counts, repeat(MIN_STEPS))))
+        if not due or looked.issuperset(map(itemgetter(0), due)):
+            return
         ready = []
-        for pid in without:
-            n = missing[pid] = missing.get(pid, 0) + 1
-            if n >= MIN_STEPS and pid not in looked:
+        for pid, n in due:
+            if pid not in looked:
                 looked.add(pid)
                 if n == steps:  # never had a gradient so far
                     ready.append(pid)

@@ -63,8 +63,8 @@ class GraphLivenessWatcher:
         try:
             if n <= _MARKED:
                 self._mark(tensors, n)
-                self._steps_at_mark = self.rec.steps
-            elif n >= _CHECK_AT and self.rec.steps - self._steps_at_mark >= _STEPS_BETWEEN:
+                self._steps_at_mark = self.rec.progress.steps
+            elif n >= _CHECK_AT and self.rec.progress.steps - self._steps_at_mark >= _STEPS_BETWEEN:
                 self._done = True  # updates went by since: what is still alive is kept for good
                 self._look()
             elif n > _GIVE_UP:

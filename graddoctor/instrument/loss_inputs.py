@@ -179,7 +179,7 @@ class LossInputWatcher:
         """Whether one more value read is allowed for ``key``: the first calls only, and on a
         device only before the first optimizer step (no host sync in the updates after it)."""
         done = self._value_checks.get(key, 0)
-        if done >= _VALUE_CHECKS or (self.rec.steps and tensor.device.type != "cpu"):
+        if done >= _VALUE_CHECKS or (self.rec.progress.steps and tensor.device.type != "cpu"):
             return False
         self._value_checks[key] = done + 1
         return True

@@ -13,6 +13,8 @@ import functools
 import math
 import sys
 from collections.abc import Mapping
+from itertools import compress, repeat
+from operator import and_, attrgetter, eq, is_, is_not, itemgetter, ne, not_
 from types import MappingProxyType
 
 import torch
@@ -22,7 +24,14 @@ from torch.optim.optimizer import (
 )
 
 from .. import events as ev
-from .recorder import Recorder, Tensor, local, version
+from .gradstate import Tensor, grads_of, local, tensors_of, version
+from .recorder import Recorder
+from .topics import FREEZE_OF, PARAMS_ADDED, STEP_GRADS, STEPPED, STEPPED_WITHOUT_GRAD
+
+_requires_grad = attrgetter("requires_grad")
+_version = attrgetter("_version")
+_is_sparse = attrgetter("is_sparse")
+_device = attrgetter("device")
 
 
 def step_grads(rec: Recorder, pids, edited: list | None = None,
@@ -41,11 +50,51 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     also collects the pids with a ``.grad`` whose tensor was changed in place since the latest
     step that owns them (its ``_version`` differs from ``Recorder.param_version``): edited by
     code other than the optimizer, e.g. an EMA update (``p.data`` edits do not count: they
-    bypass the version counter)."""
+    bypass the version counter).
+
+    Written as ``map``s that run in C (no Python per gradient); the general path
+    (``_step_grads_each``) takes DTensors, sparse grads and grads on several devices."""
+    pids = pids if type(pids) is list else list(pids)
+    tensors = tensors_of(rec.tensors.refs, pids)
+    grads = grads_of(tensors)
+    has = list(map(is_not, grads, repeat(None)))
+    if not all(has):
+        pids, tensors, grads = (list(compress(pids, has)), list(compress(tensors, has)),
+                                list(compress(grads, has)))
+    if not grads:
+        return {}, True
+    if (not all(map(is_, map(type, grads), repeat(Tensor))) or any(map(_is_sparse, grads))
+            or len(set(map(_device, grads))) != 1):
+        return _step_grads_each(rec, pids, edited, trust_scaler, frozen, by_hand)
+    if frozen is not None:
+        frozen.extend(compress(pids, map(not_, map(_requires_grad, tensors))))
+    if by_hand is not None:
+        now = list(map(_version, tensors))
+        by_hand.extend(compress(pids, map(ne, map(rec.grads.param_version.get, pids, now), now)))
+    states = list(zip(map(id, grads), map(_version, grads)))
+    if edited is not None:
+        known, zeroed = rec.grads.known, rec.grads.zeroed
+        edited.extend(compress(pids, map(and_, map(ne, states, map(known.get, pids)),
+                                         map(ne, states, map(zeroed.get, pids)))))
+    finite = rec.grads.finite
+    vouched = False
+    if finite:
+        entries = list(map(finite.get, pids))
+        vouched = (all(map(is_not, entries, repeat(None)))
+                   and all(map(eq, map(itemgetter(0), entries), states))
+                   and (trust_scaler or not any(map(itemgetter(1), entries))))
+    return {grads[0].device: (pids, grads)}, vouched
+
+
+def _step_grads_each(rec: Recorder, pids, edited: list | None = None,
+                     trust_scaler: bool = False, frozen: list | None = None,
+                     by_hand: list | None = None) -> tuple[dict, bool]:
+    """``step_grads`` one tensor at a time: grads that are not plain tensors (a DTensor),
+    sparse ones, or grads on several devices."""
     by_device: dict = {}
     refs = rec.tensors.refs
-    known, zeroed, finite = rec.known_grad, rec.zeroed_grad, rec.finite
-    versions = rec.param_version if by_hand is not None else None
+    known, zeroed, finite = rec.grads.known, rec.grads.zeroed, rec.grads.finite
+    versions = rec.grads.param_version if by_hand is not None else None
     all_vouched = True
     for pid in pids:
         tensor = refs[pid]()
@@ -277,12 +326,12 @@ class OptimizerWatcher:
         self._moves = MoveWatch(rec, self._owned)
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
-        self._backwards_before = 0  # rec.backward_calls when the outermost step began
-        self._stepped = rec.subscribers("stepped")
-        self._stepped_without_grad = rec.subscribers("stepped_without_grad")
-        self._step_grads = rec.subscribers("step_grads")  # only when a picture is asked for
-        self._params_added = rec.subscribers("params_added")
-        self._freeze_of = rec.subscribers("freeze_of")
+        self._backwards_before = 0  # rec.progress.backward_calls when the outermost step began
+        self._stepped = rec.subscribers(STEPPED)
+        self._stepped_without_grad = rec.subscribers(STEPPED_WITHOUT_GRAD)
+        self._step_grads = rec.subscribers(STEP_GRADS)  # only when a picture is asked for
+        self._params_added = rec.subscribers(PARAMS_ADDED)
+        self._freeze_of = rec.subscribers(FREEZE_OF)
         self._normed: set[int] = set()  # optimizers whose first update carried norms
         self._attrs_seen: set[tuple] = set()  # (path, line, opt, name) of attributes recorded
         # watch(): an optimizer never registered (made before the block) is registered when
@@ -406,7 +455,7 @@ class OptimizerWatcher:
         else:
             params = list(obj.parameters())
             opt = None
-        pids = rec.cleared(params)
+        pids = rec.grads.cleared(params)
         rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids,
                           caller=_json(rec.caller_of(3))), rec.here(3))
 
@@ -431,12 +480,12 @@ class OptimizerWatcher:
         if self.adopt_unknown:
             self._adopt_unknown(optimizer, rec.here(2))
         depth = self._outer_steps_running()
-        if depth == 0 and rec.stop_requested:
-            rec.maybe_stop(rec.optimizer_id(optimizer))
+        if depth == 0 and rec.progress.stop_requested:
+            rec.progress.maybe_stop(rec.optimizer_id(optimizer))
         self._step_frames.append(sys._getframe(1))  # the frame of the optimizer's step wrapper
         if depth > 0:  # an optimizer that steps an inner optimizer
             return
-        self._backwards_before = rec.backward_calls
+        self._backwards_before = rec.progress.backward_calls
         try:
             closure = _has_closure(args, kwargs)
             opt = rec.optimizer_id(optimizer)
@@ -508,8 +557,8 @@ class OptimizerWatcher:
         if opt not in self._normed:
             self._normed.add(opt)
             return True
-        budget = self.rec.step_budget
-        return budget is not None and self.rec.updates + 1 >= budget
+        budget = self.rec.progress.step_budget
+        return budget is not None and self.rec.progress.updates + 1 >= budget
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
@@ -518,13 +567,13 @@ class OptimizerWatcher:
         if self._step_frames:
             return
         opt = rec.optimizer_id(optimizer)
-        rec.count_step(opt)  # before the listeners: rec.steps includes this step
+        rec.progress.count_step(opt)  # before the listeners: rec.progress.steps includes this step
         try:
             self.closure_step = None
             # a closure that ran no backward (Lightning passes one to every step, manual
             # optimization's does nothing) leaves the gradients to the loop: a plain step
-            closure = _has_closure(args, kwargs) and rec.backward_calls > self._backwards_before
-            without = rec.after_step(rec.opt_params.get(opt, ()))
+            closure = _has_closure(args, kwargs) and rec.progress.backward_calls > self._backwards_before
+            without = rec.grads.after_step(rec.opt_params.get(opt, ()))
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                      rec.here(3))
             for subscriber in self._stepped_without_grad:

@@ -1,8 +1,11 @@
 """The recorder: shared state of one instrumented run.
 
-Every hook and wrapper writes through it. It owns the trace, numbers tensors (pids),
-remembers what each parameter's ``.grad`` looked like when graddoctor last saw it, and
-turns its own failures into ``internal_error`` events instead of exceptions.
+Every hook and wrapper writes through it. It owns the trace, numbers tensors (pids) and
+knows which thread owns each, holds the watchers' topics (``instrument/topics.py``), and turns
+its own failures into ``internal_error`` events instead of exceptions. Two jobs live in parts
+of their own: what each tracked tensor's ``.grad`` was when graddoctor last saw it
+(``grads``, ``instrument/gradstate.py``), and the counts of steps, backwards and updates with
+the stop conditions asked after each (``progress``, ``instrument/progress.py``).
 
 Events are final when emitted (``Event.data`` is read-only):
 
@@ -28,32 +31,12 @@ from ..events import THREADED_KINDS
 from ..location import LocationFinder
 from ..trace import Event, Location, Trace
 from .fold import Folder
+from .gradstate import GradState
 from .identities import Identities
-from .stop import StopCondition, StopReplay, conditions
+from .progress import Progress
+from .stop import StopCondition
+from .topics import TOPICS, F, Topic
 
-
-# What watchers tell each other, in one place: topic -> who publishes it and what its
-# subscribers are called with (``Recorder.subscribe``). The publisher loops over the list
-# ``Recorder.subscribers`` gave it at construction: no extra call per event.
-TOPICS = {
-    "params_added": "OptimizerWatcher: (opt, pids) after an optimizer was given a param group",
-    "stepped": "OptimizerWatcher: (opt, optimizer) after each real optimizer step",
-    "step_grads": "OptimizerWatcher: (opt, optimizer, by_device, norm_pids, norms) before each "
-                  "optimizer step that is not a closure step: its dense gradients by device "
-                  "{device: ([pid], [grad])} and their norms when it measured them (else None)",
-    "stepped_without_grad": "OptimizerWatcher: (opt, pids) after each real optimizer step, "
-                            "its parameters that had no gradient",
-    "describe_loss": "BackwardWatcher: (tensors) -> dict of keyword arguments of "
-                     "events.backward for the backward about to run from them",
-    "leaf_tracked": "BackwardWatcher: () after a leaf that is no parameter was first tracked (one "
-                    "that lives across backwards: a learnable tensor made with requires_grad=True)",
-    "freeze_of": "OptimizerWatcher: (param) -> seq of the event that froze it, or None",
-    "counted_step": "Recorder.count_step: (updates) after each optimizer step is counted, "
-                    "before its listeners (the progress line: updates, what the budget counts)",
-    "budget_hold": "Recorder.holds: () -> True while the replay should go on past the step "
-                   "budget (e.g. until a DataLoader has crossed two epoch boundaries); each "
-                   "must bound itself",
-}
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 
@@ -65,22 +48,6 @@ def _shape(tensor) -> list[int] | None:
         return list(tensor.shape)
     except RuntimeError:
         return None
-
-
-Tensor = torch.Tensor
-
-
-def local(grad):
-    """A ``DTensor``'s local shard (FSDP2, tensor parallelism: the reduce-scatter writes a
-    sharded gradient in place into it, and reading it needs no communication); any other
-    tensor itself. Hot loops test ``type(grad) is Tensor`` first and call this only otherwise."""
-    return getattr(grad, "_local_tensor", grad)
-
-
-def version(grad) -> int:
-    """A gradient's data version: a DTensor's wrapper keeps its version when FSDP adds into its
-    local shard, so the shard's is read."""
-    return grad._version if type(grad) is Tensor else local(grad)._version
 
 
 class Deferred:
@@ -129,46 +96,11 @@ class Recorder:
                  hold_s: float | None = None):
         self.trace = Trace()
         self.finder = finder or LocationFinder()
-        self.step_budget = step_budget  # in updates (see ``count_step``)
-        self.steps = 0  # optimizer steps seen (GradScaler-skipped ones included)
-        self.backward_calls = 0
-        # updates: the optimizer steps taken together after one backward count once (a GAN's
-        # D then G are two; one optimizer per parameter stepped inside the backward is one); a
-        # second step of an optimizer already stepped in this update begins the next one
-        self.updates = 0
-        self._update_mark = -1  # backward_calls when the current update began
-        self._update_opts: set = set()  # the optimizers stepped in the current update
-        self.opt_steps: dict[int, int] = {}  # opt id -> its steps
-        # when to end the replay early (instrument/stop.py); the first one that answers wins and
-        # its exception is raised at the next safe point
-        self.stop_conditions = (conditions(step_budget, hold_s) if stop_conditions is None
-                                else stop_conditions)
-        self._stop: tuple[type[StopReplay], str] | None = None
-        # the status of the stop once raised into the script, and the threads it was raised in
-        # (the main thread may end normally after workers were stopped: the replay was still cut)
-        self.stop_raised: str | None = None
         self.script_thread = get_ident()  # the thread that runs the script (events: ``thread``)
         self._thread_numbers: dict[int, int] = {}
-        self.stopped_threads: set[int] = set()
-        # per moment, only the conditions that answer it (count_backward runs every backward)
-        self._asked = {moment: [c for c in self.stop_conditions
-                                if getattr(type(c), moment) is not getattr(StopCondition, moment)]
-                       for moment in ("after_step", "after_backward")}
         # the tracked tensors: their numbers are the pids (hot loops inline ``tensors.get``)
         self.tensors = Identities()
         self.pid = self.tensors.get  # the tensor's pid, None if untracked (an attribute: hot path)
-        # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
-        self.known_grad: dict[int, tuple[int, int]] = {}
-        self.zeroed_grad: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
-        # each owned parameter's ``_version`` right after the latest step that owns it: a
-        # different one at the next step means it was changed in place by hand in between (EMA)
-        self.param_version: dict[int, int] = {}
-        # grads known to be finite: pid -> ((id(grad), grad._version), conditional). Vouched for
-        # by a watched op that already looked at every value (clip_grad_norm_ with a finite total,
-        # GradScaler.unscale_); valid while the grad is in exactly that state. ``conditional``:
-        # only if the optimizer step then runs inside GradScaler.step, which runs it only when
-        # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
-        self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
         self.running_backwards: dict[int, Any] = {}  # thread ident -> its running backward's context
         # Which thread's backwards may read each tracked tensor's .grad: autograd writes a
         # leaf's .grad without the GIL, so reading another thread's tensor while its backward
@@ -194,16 +126,19 @@ class Recorder:
         # folds repeated turns out of the trace in long runs (instrument/fold.py); None once
         # the run has ended (or if it failed)
         self.folder: Folder | None = Folder(self.trace)
-        self._subscribers: dict[str, list[Callable]] = {topic: [] for topic in TOPICS}
-        self._counted_step = self.subscribers("counted_step")
-        self._budget_hold = self.subscribers("budget_hold")
+        self._subscribers: dict[Topic, list[Callable]] = {topic: [] for topic in TOPICS}
+        # what each tracked tensor's .grad was when last seen (instrument/gradstate.py)
+        self.grads = GradState(self.tensors, self.requires_grad)
+        # steps, backwards and updates counted; when to end the replay (instrument/progress.py)
+        self.progress = Progress(self, step_budget, stop_conditions, hold_s)
 
-    # -- watchers' topics ----------------------------------------------------------------
-    def subscribe(self, topic: str, subscriber: Callable) -> None:
-        """Have ``subscriber`` called on each ``topic`` (see ``TOPICS``), after the earlier ones."""
+    # -- watchers' topics (instrument/topics.py) -----------------------------------------
+    def subscribe(self, topic: Topic[F], subscriber: F) -> None:
+        """Have ``subscriber`` called on each ``topic``, after the earlier ones (a topic not in
+        ``TOPICS``, a string included, is a KeyError)."""
         self._subscribers[topic].append(subscriber)
 
-    def subscribers(self, topic: str) -> list[Callable]:
+    def subscribers(self, topic: Topic[F]) -> list[F]:
         """The live list of a topic's subscribers, for its publisher to call."""
         return self._subscribers[topic]
 
@@ -354,20 +289,22 @@ class Recorder:
         self.owner[pid] = thread
         owned_by[thread] = owned_by.get(thread, 0) + 1
 
-    def readable(self, others_running: bool):
-        """``(pid, ref)`` of the tracked tensors whose .grad the calling thread may read now:
-        those it owns, less those another thread has owned while another thread's backward
-        runs (a shared model trained from several threads). The whole list when the calling
-        thread owns every tracked tensor (a script with one training thread)."""
+    def readable(self, others_running: bool) -> tuple:
+        """``(pids, refs)``, two parallel sequences: the tracked tensors whose .grad the calling
+        thread may read now and their weak references. Those it owns, less those another thread
+        has owned while another thread's backward runs (a shared model trained from several
+        threads). Every tracked tensor (``range``, the recorder's own list of references: read
+        it, never change it) when the calling thread owns them all (one training thread)."""
         me = get_ident()
         refs = self.tensors.refs
         owned_by = self.owned_by
         if len(owned_by) == 1 and me in owned_by:
             if not (others_running and self.shared):
-                return enumerate(refs)
+                return range(len(refs)), refs
         owner, shared = self.owner, self.shared
-        return [(pid, ref) for pid, ref in enumerate(refs)
+        pids = [pid for pid in range(len(refs))
                 if owner.get(pid) == me and not (others_running and pid in shared)]
+        return pids, [refs[pid] for pid in pids]
 
     def others_in_backward(self) -> bool:
         """Whether a thread other than the calling one runs a backward now."""
@@ -399,100 +336,6 @@ class Recorder:
     def tracked_pids(self) -> list[int]:
         return list(range(len(self.tensors)))
 
-    def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
-        """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
-        that run every step go through here: locals only, no method call per parameter."""
-        refs = self.tensors.refs
-        out = []
-        append = out.append
-        for pid in pids:
-            tensor = refs[pid]()
-            if tensor is not None:
-                grad = tensor.grad
-                if grad is not None:
-                    append((pid, (id(grad), grad._version if type(grad) is Tensor
-                                              else version(grad))))
-        return out
-
-    def after_step(self, pids) -> list[int]:
-        """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
-        events need it after the script's tensors are gone), refresh what its grad looks like
-        after the step, note its ``_version`` (``param_version``), and return the pids that had
-        no gradient."""
-        without = []
-        refs, requires_grad, known = self.tensors.refs, self.requires_grad, self.known_grad
-        versions = self.param_version
-        for pid in pids:
-            tensor = refs[pid]()
-            if tensor is None:
-                continue
-            requires_grad[pid] = tensor.requires_grad
-            versions[pid] = tensor._version
-            grad = tensor.grad
-            if grad is None:
-                without.append(pid)
-            else:
-                known[pid] = (id(grad), grad._version if type(grad) is Tensor else version(grad))
-        return without
-
-    def note_known(self, states) -> None:
-        """``(pid, state)`` pairs read after an in-place change graddoctor watched: the grads as
-        they are now are still the accumulated ones, not a manual clear."""
-        self.known_grad.update(states)
-
-    def cleared(self, params) -> list[int]:
-        """A ``zero_grad`` has just cleared ``params``: their grads are fresh from now on, and
-        one zero-filled in place (``set_to_none=False``) is remembered exactly as it was left.
-        Returns the pids of the tracked ones."""
-        pids = []
-        pid_of, known, zeroed = self.pid, self.known_grad, self.zeroed_grad
-        for p in params:
-            pid = pid_of(p)
-            if pid is None:
-                continue
-            pids.append(pid)
-            known.pop(pid, None)
-            grad = p.grad
-            if grad is not None:
-                zeroed[pid] = (id(grad), version(grad))
-        return pids
-
-    def backward_wrote(self, written, states: dict) -> None:
-        """A backward has just written the grads of the pids in the lists ``written``;
-        ``states`` (pid -> state) are those it left a grad in. Once per backward: the loops
-        run here, over what the backward watcher's own pass collected."""
-        zeroed, finite = self.zeroed_grad, self.finite
-        # a new gradient: an old state could match it by a reused id (a voucher: a NaN missed)
-        if zeroed or finite:
-            for pids in written:
-                for pid in pids:
-                    zeroed.pop(pid, None)
-                    finite.pop(pid, None)
-        self.known_grad.update(states)
-
-    def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
-        """After an in-place change we made or watched (clip, unscale, step): the grad as it is
-        now is still the accumulated one, not a manual clear. Returns the states it read."""
-        states = self.grad_states(pids)
-        self.known_grad.update(states)
-        return states
-
-    def vouch_finite(self, states, conditional: bool = False) -> None:
-        """A watched op has just seen every value of these grads finite (see ``finite``)."""
-        self.finite.update({pid: (state, conditional) for pid, state in states})
-
-    def carry_finite(self, before: dict, after) -> None:
-        """A watched op that keeps finite grads finite (clipping: a finite factor or a clamp)
-        went from ``before`` (pid -> state) to ``after``: grads vouched for before still are."""
-        finite = self.finite
-        for pid, state in after:
-            vouched = finite.get(pid)
-            if vouched is not None:
-                if vouched[0] == before.get(pid):
-                    finite[pid] = (state, vouched[1])
-                else:
-                    del finite[pid]
-
     def backward_began(self, ctx) -> None:
         """The calling thread runs a backward (``ctx``: its context, None when graddoctor
         could not read it) until ``backward_ended``: backwards it calls meanwhile are nested."""
@@ -507,83 +350,3 @@ class Recorder:
         running = self.running_backwards
         return bool(running) and (get_ident() in running
                                   or isinstance(threading.current_thread(), _DUMMY_THREAD))
-
-    # -- stopping ------------------------------------------------------------------------
-    def begins_update(self, opt: int | None) -> bool:
-        """Whether a step of optimizer ``opt`` now would begin a new update."""
-        return (self.backward_calls != self._update_mark or opt is None
-                or opt in self._update_opts)
-
-    def count_step(self, opt: int | None = None) -> None:
-        self.steps += 1
-        opts = self._update_opts
-        if self.backward_calls != self._update_mark or opt is None or opt in opts:  # begins_update
-            self.updates += 1
-            self._update_mark = self.backward_calls
-            opts.clear()
-        if opt is not None:
-            opts.add(opt)
-            steps = self.opt_steps
-            steps[opt] = steps.get(opt, 0) + 1
-        for callback in self._counted_step:
-            try:
-                callback(self.updates)
-            except Exception as exc:  # a display must never break the user's run
-                self.internal_error("step callback", exc)
-        self._ask("after_step")
-
-    def count_backward(self) -> None:
-        self.backward_calls += 1
-        self._ask("after_backward")
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop is not None
-
-    def _ask(self, moment: str) -> None:
-        if self._stop is not None:
-            return
-        for condition in self._asked[moment]:
-            try:
-                reason = getattr(condition, moment)(self)
-            except Exception as exc:
-                self.internal_error("stop condition", exc)
-                continue
-            if reason:
-                self._stop = (condition.exception, reason)
-                return
-
-    def holds(self):
-        """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
-        for hold in self._budget_hold:
-            try:
-                yield hold()
-            except Exception as exc:
-                self.internal_error("step budget", exc)
-                yield False
-
-    def divert_stop(self, handler: Callable[[type[StopReplay]], None] | None) -> None:
-        """End the replay through ``handler(exception)`` at the safe point instead of raising
-        the stop into the script (a spawned worker writes its report and exits there); with
-        None, never end it (a forked copy of the process: nobody reads its trace)."""
-        if handler is None:
-            self._asked = {moment: [] for moment in self._asked}
-            self._stop = None
-            return
-
-        def maybe_stop(step_of: int | None = None) -> None:
-            if self._stop is not None and (step_of is None or self.begins_update(step_of)):
-                handler(self._stop[0])
-
-        self.maybe_stop = maybe_stop
-
-    def maybe_stop(self, step_of: int | None = None) -> None:
-        """Called at safe points (start of a backward or a step): end the replay once a stop
-        condition answered, so the tail of the last update (zero_grad, scheduler) is seen.
-        ``step_of``: the optimizer about to step; a step that belongs to the running update
-        (the next optimizer stepped inside the same backward) is not a safe point."""
-        if self._stop is not None and (step_of is None or self.begins_update(step_of)):
-            exception, reason = self._stop
-            self.stop_raised = exception.status
-            self.stopped_threads.add(threading.get_ident())
-            raise exception(reason)

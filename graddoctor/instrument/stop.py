@@ -59,24 +59,24 @@ class StepBudget(StopCondition):
         self.waiting: list[int] | None = None  # optimizers waited for, fixed at the budget
 
     def after_step(self, rec: "Recorder") -> str | None:
-        if rec.updates < self.budget or any(rec.holds()):
+        if rec.progress.updates < self.budget or any(rec.progress.holds()):
             return None
         if self._wait_for_optimizers(rec):
             return None
-        return f"stopped after {rec.updates} updates ({rec.steps} optimizer steps)"
+        return f"stopped after {rec.progress.updates} updates ({rec.progress.steps} optimizer steps)"
 
     def _wait_for_optimizers(self, rec: "Recorder") -> bool:
         """Whether an optimizer that lived when the budget ran out is still alive with fewer
         than two steps, within the limits. One rebuilt every update dies at the next one."""
-        if rec.updates >= max(self.budget * HOLD_FACTOR, HOLD_MIN_UPDATES):
+        if rec.progress.updates >= max(self.budget * HOLD_FACTOR, HOLD_MIN_UPDATES):
             return False
         if self.deadline is not None and time.monotonic() > self.deadline:
             return False
         if self.waiting is None:
-            self.waiting = [opt for opt in rec.opt_params if rec.opt_steps.get(opt, 0) < 2]
+            self.waiting = [opt for opt in rec.opt_params if rec.progress.opt_steps.get(opt, 0) < 2]
         ids = rec.optimizer_id
         self.waiting = [opt for opt in self.waiting
-                        if rec.opt_steps.get(opt, 0) < 2 and ids.object(opt) is not None]
+                        if rec.progress.opt_steps.get(opt, 0) < 2 and ids.object(opt) is not None]
         return bool(self.waiting)
 
 
@@ -91,8 +91,8 @@ class NoStepLimit(StopCondition):
         self.backwards = backwards
 
     def after_backward(self, rec: "Recorder") -> str | None:
-        if rec.steps == 0 and rec.backward_calls >= self.backwards and rec.opt_params:
-            return (f"stopped after {rec.backward_calls} backward calls without any optimizer step "
+        if rec.progress.steps == 0 and rec.progress.backward_calls >= self.backwards and rec.opt_params:
+            return (f"stopped after {rec.progress.backward_calls} backward calls without any optimizer step "
                     f"(an optimizer was created but never stepped)")
         return None
 

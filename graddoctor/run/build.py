@@ -61,10 +61,10 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     trace, then, when other processes (``parts``) trained, their reports merged in."""
     import torch
 
-    trained = bool(rec.steps or rec.backward_calls or gradient_apis(trace))
-    status = decide_status(outcome.ended_by, stop_raised=rec.stop_raised, trained=trained)
+    trained = bool(rec.progress.steps or rec.progress.backward_calls or gradient_apis(trace))
+    status = decide_status(outcome.ended_by, stop_raised=rec.progress.stop_raised, trained=trained)
     trace = Trace(trace.events)  # the run's trace is left as recorded; this one gets the end
-    trace.put(ev.run_end(status=status.value, steps=rec.steps))
+    trace.put(ev.run_end(status=status.value, steps=rec.progress.steps))
     base_dir = rec.finder.base_dir  # where the check started: relative paths are relative to it
     analysis = Analysis(trace, base_dir)  # built once: every rule, note and view reads it
     rules = selected_rules(options.select, options.ignore)
@@ -99,9 +99,9 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
                  for e in analysis.of_kind("replica_checksum")]
     run = RunInfo(
         checksums=checksums or None,
-        script=options.target, argv=list(options.args), status=status, steps=rec.steps,
-        updates=rec.updates,
-        backward_calls=rec.backward_calls, device=device, torch_version=torch.__version__,
+        script=options.target, argv=list(options.args), status=status, steps=rec.progress.steps,
+        updates=rec.progress.updates,
+        backward_calls=rec.progress.backward_calls, device=device, torch_version=torch.__version__,
         duration_s=round(duration, 3), error=outcome.error,
         notes=notes if parts else [*notes, *end_notes],
         step_budget=options.steps or None, config=options.config_path,

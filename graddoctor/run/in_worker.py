@@ -14,6 +14,7 @@ import sys
 from ..options import CheckOptions
 from ..report.json_format import render
 from ..report.merge import single
+from ..instrument.topics import STEPPED
 from .session import Session
 from .workers import ENV
 
@@ -29,8 +30,8 @@ def start_child() -> None:
     worker = _Worker(Session(options, announce=False).begin(), config["dir"])
     with open(os.path.join(config["dir"], f"{os.getpid()}.started"), "w"):
         pass
-    worker.session.rec.subscribe("stepped", worker.note_rank)
-    worker.session.rec.divert_stop(worker.stopped)
+    worker.session.rec.subscribe(STEPPED, worker.note_rank)
+    worker.session.rec.progress.divert_stop(worker.stopped)
     atexit.register(worker.finish)
 
 
@@ -67,7 +68,7 @@ class _Worker:
         self.done = True
         try:
             rec = self.session.rec
-            if rec.steps == 0 and rec.backward_calls == 0:
+            if rec.progress.steps == 0 and rec.progress.backward_calls == 0:
                 self.session.discard()
                 return  # trained nothing: no report
             report = self.session.end(ended_by)

@@ -66,7 +66,7 @@ class EarlyReport:
         original = dist.destroy_process_group
 
         def destroy_process_group(group=None, *args, **kwargs):
-            if group is not None or early.done or not early.session.rec.steps:
+            if group is not None or early.done or not early.session.rec.progress.steps:
                 return original(group, *args, **kwargs)
             early.done = True
             called = []
@@ -121,7 +121,7 @@ class Checkpoints:
             return
         rec = self.session.rec
         if not force:
-            if not rec.step_budget and now - self.last < CHECKPOINT_EVERY_S:
+            if not rec.progress.step_budget and now - self.last < CHECKPOINT_EVERY_S:
                 return  # unlimited replay: throttled; with a step budget: after every step
             if self.spent_writing > CHECKPOINT_ALLOWANCE_S + CHECKPOINT_SHARE * (now - self.started):
                 return  # and never more than a bounded share of the run's time
@@ -129,7 +129,7 @@ class Checkpoints:
         try:
             ending = RunOutcome(ended_by=Unfinished(), error={
                 "type": "Unfinished", "location": None, "message": (
-                    f"graddoctor did not finish: the process ended after {rec.steps} optimizer "
+                    f"graddoctor did not finish: the process ended after {rec.progress.steps} optimizer "
                     f"steps (killed, out of memory, or stuck past the time limit in code that "
                     f"holds Python's lock); this report holds what was seen until then")})
             self.checkpoint(build_report(self.session.options, rec, snapshot(rec), ending,

@@ -158,7 +158,7 @@ class Session:
         except Exception as error:  # graddoctor's own failure must not replace the user's
             rec = self.rec
             run = RunInfo(script=self.options.target, argv=[], status=decide_status(exc),
-                          steps=rec.steps, backward_calls=rec.backward_calls,
+                          steps=rec.progress.steps, backward_calls=rec.progress.backward_calls,
                           error=outcome.error, notes=outcome.notes)
             return Report(run=run, findings=[], internal_errors=[
                 {"where": "building the report", "error": f"{type(error).__name__}: {error}"}],
@@ -184,11 +184,13 @@ class Session:
         self.begin(around=(lambda rec: device_policy(options.device),
                            lambda rec: stdout_to_stderr(options.redirect_stdout),
                            workers.watching))
+        from ..instrument.topics import COUNTED_STEP, STEPPED
+
         rec, instrumentation = self.rec, self.instrumentation
         if on_step is not None:
-            rec.subscribe("counted_step", on_step)
+            rec.subscribe(COUNTED_STEP, on_step)
         provisional = Checkpoints(self, checkpoint, self._started)
-        rec.subscribe("stepped", provisional)
+        rec.subscribe(STEPPED, provisional)
 
         def hang(where: dict | None) -> None:
             """From the watchdog: the report of a run that cannot be stopped."""
@@ -226,18 +228,18 @@ class Session:
         stack, lock = self._stack, self._lock
         self._stack = self._lock = None
         try:
-            instrumentation.name_from(outcome.namespace)
+            instrumentation.namer.name_from(outcome.namespace)
             stack.close()  # never raises: the instrumentation records its own errors
             _emulation_notes(self.emulation, outcome, rec.finder)
-            others = len(rec.stopped_threads - {rec.script_thread})
+            others = len(rec.progress.stopped_threads - {rec.script_thread})
             if others:
                 outcome.notes.append(
                     f"the script trained in threads: graddoctor ended the replay in {others} "
                     f"thread{'s' if others != 1 else ''} other than the main one at their next "
                     f"backward or step")
-            if len(instrumentation.step_threads) > 1:
+            if len(instrumentation.namer.step_threads) > 1:
                 outcome.notes.append(
-                    f"optimizers stepped in {len(instrumentation.step_threads)} threads: each "
+                    f"optimizers stepped in {len(instrumentation.namer.step_threads)} threads: each "
                     f"thread's backward, zero_grad and step calls are followed as its own loop "
                     f"(the update timeline shows them interleaved, in the order they ran)")
             parts, worker_notes = workers.reports() if workers is not None else ([], [])

@@ -53,7 +53,7 @@ class Workers:
     def watching(self, rec):
         """``rec``: the main process's recorder; in a child forked from it, it never stops the
         child (a stop raised there would end the worker with graddoctor's traceback)."""
-        with undone_in_forked_child(lambda: rec.divert_stop(None)), self._environment():
+        with undone_in_forked_child(lambda: rec.progress.divert_stop(None)), self._environment():
             yield self
 
     @contextlib.contextmanager

@@ -1,0 +1,174 @@
+"""The gradient state: what each tracked tensor's ``.grad`` was when graddoctor last saw it.
+
+The backward, optimizer, clip and GradScaler watchers tell it what they saw and did
+(``backward_wrote``, ``cleared``, ``after_step``, ``note_known``, ``vouch_finite``, ...), each
+call with the lists its own pass built, so the per-tensor loops stay inside one call; and they
+read it to judge a ``.grad`` (accumulated, fresh, changed behind graddoctor's back, vouched
+finite). It is the recorder's (``Recorder.grads``); only its own methods write it.
+
+A state is ``(id(grad), grad._version)``: the same tensor object unchanged since. The passes
+over every tracked tensor run each step, so they are written as ``map``s over C functions
+(attribute getters, identity tests, ``itertools.compress``): their cost per tensor is a few C
+calls, not Python bytecode, and they allocate no container per tensor.
+"""
+
+from __future__ import annotations
+
+import operator
+from itertools import compress, repeat
+from operator import is_, is_not
+
+import torch
+
+from .identities import Identities, call
+
+Tensor = torch.Tensor
+
+_version = operator.attrgetter("_version")
+_requires_grad = operator.attrgetter("requires_grad")
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def tensors_of(refs: list, pids: list) -> list:
+    """The tracked tensors ``pids`` (None for one that died), from ``Identities.refs``."""
+    return list(map(call, map(refs.__getitem__, pids)))
+
+
+def grads_of(tensors: list) -> list:
+    """Each tensor's ``.grad`` (None for a tensor that is None)."""
+    return list(map(getattr, tensors, repeat("grad"), repeat(None)))
+
+
+def states_of(grads: list):
+    """``(id(grad), version)`` of each grad (none None), lazily (``version``: a DTensor's local
+    shard's)."""
+    if all(map(is_, map(type, grads), repeat(Tensor))):
+        return zip(map(id, grads), map(_version, grads))
+    return zip(map(id, grads), map(version, grads))
+
+
+def local(grad):
+    """A ``DTensor``'s local shard (FSDP2, tensor parallelism: the reduce-scatter writes a
+    sharded gradient in place into it, and reading it needs no communication); any other
+    tensor itself. Hot loops test ``type(grad) is Tensor`` first and call this only otherwise."""
+    return getattr(grad, "_local_tensor", grad)
+
+
+def version(grad) -> int:
+    """A gradient's data version: a DTensor's wrapper keeps its version when FSDP adds into its
+    local shard, so the shard's is read."""
+    return grad._version if type(grad) is Tensor else local(grad)._version
+
+
+class GradState:
+    """The gradient state of every tracked tensor, by pid (see the module's docstring)."""
+
+    def __init__(self, tensors: Identities, requires_grad: dict[int, bool]):
+        self.tensors = tensors  # the recorder's tracked tensors: pid -> tensor
+        self.requires_grad = requires_grad  # the recorder's, noted again at each step
+        # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
+        self.known: dict[int, tuple[int, int]] = {}
+        self.zeroed: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
+        # each owned parameter's ``_version`` right after the latest step that owns it: a
+        # different one at the next step means it was changed in place by hand in between (EMA)
+        self.param_version: dict[int, int] = {}
+        # grads known to be finite: pid -> ((id(grad), grad._version), conditional). Vouched for
+        # by a watched op that already looked at every value (clip_grad_norm_ with a finite total,
+        # GradScaler.unscale_); valid while the grad is in exactly that state. ``conditional``:
+        # only if the optimizer step then runs inside GradScaler.step, which runs it only when
+        # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
+        self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
+
+    def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
+        """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
+        that run every step go through here: ``map``s that run in C, no Python per tensor."""
+        pids = pids if type(pids) is list else list(pids)
+        grads = grads_of(tensors_of(self.tensors.refs, pids))
+        with_grad = list(map(is_not, grads, repeat(None)))
+        if not all(with_grad):
+            pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
+        return list(zip(pids, states_of(grads)))
+
+    def after_step(self, pids) -> list[int]:
+        """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
+        events need it after the script's tensors are gone), refresh what its grad looks like
+        after the step, note its ``_version`` (``param_version``), and return the pids that had
+        no gradient. ``map``s that run in C, no Python per parameter."""
+        pids = pids if type(pids) is list else list(pids)
+        tensors = tensors_of(self.tensors.refs, pids)
+        if not all(map(is_not, tensors, repeat(None))):  # some died: left as they were
+            alive = list(map(is_not, tensors, repeat(None)))
+            pids, tensors = list(compress(pids, alive)), list(compress(tensors, alive))
+        self.requires_grad.update(zip(pids, map(_requires_grad, tensors)))
+        self.param_version.update(zip(pids, map(_version, tensors)))
+        grads = grads_of(tensors)
+        with_grad = list(map(is_not, grads, repeat(None)))
+        if all(with_grad):
+            without = []
+        else:
+            without = list(compress(pids, map(is_, grads, repeat(None))))
+            pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
+        self.known.update(zip(pids, states_of(grads)))
+        return without
+
+    def note_known(self, states) -> None:
+        """``(pid, state)`` pairs read after an in-place change graddoctor watched: the grads as
+        they are now are still the accumulated ones, not a manual clear."""
+        self.known.update(states)
+
+    def cleared(self, params) -> list[int]:
+        """A ``zero_grad`` has just cleared ``params``: their grads are fresh from now on, and
+        one zero-filled in place (``set_to_none=False``) is remembered exactly as it was left.
+        Returns the pids of the tracked ones."""
+        params = params if type(params) is list else list(params)
+        pids = self.tensors.numbers(params)
+        if None in pids:
+            tracked = list(map(is_not, pids, repeat(None)))
+            pids, params = list(compress(pids, tracked)), list(compress(params, tracked))
+        known = self.known
+        if known:
+            list(map(known.pop, pids, repeat(None)))
+        grads = grads_of(params)
+        with_grad = list(map(is_not, grads, repeat(None)))
+        if any(with_grad):
+            self.zeroed.update(zip(compress(pids, with_grad),
+                                   states_of(list(compress(grads, with_grad)))))
+        return pids
+
+    def backward_wrote(self, written, states: dict) -> None:
+        """A backward has just written the grads of the pids in the lists ``written``;
+        ``states`` (pid -> state) are those it left a grad in. Once per backward: the loops
+        run here, over what the backward watcher's own pass collected."""
+        zeroed, finite = self.zeroed, self.finite
+        # a new gradient: an old state could match it by a reused id (a voucher: a NaN missed)
+        if zeroed or finite:
+            for pids in written:
+                for pid in pids:
+                    zeroed.pop(pid, None)
+                    finite.pop(pid, None)
+        self.known.update(states)
+
+    def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
+        """After an in-place change we made or watched (clip, unscale, step): the grad as it is
+        now is still the accumulated one, not a manual clear. Returns the states it read."""
+        states = self.grad_states(pids)
+        self.known.update(states)
+        return states
+
+    def vouch_finite(self, states, conditional: bool = False) -> None:
+        """A watched op has just seen every value of these grads finite (see ``finite``)."""
+        self.finite.update(zip(map(_first, states), zip(map(_second, states), repeat(conditional))))
+
+    def carry_finite(self, before: dict, after) -> None:
+        """A watched op that keeps finite grads finite (clipping: a finite factor or a clamp)
+        went from ``before`` (pid -> state) to ``after``: grads vouched for before still are."""
+        finite = self.finite
+        if not finite:
+            return
+        for pid, state in after:
+            vouched = finite.get(pid)
+            if vouched is not None:
+                if vouched[0] == before.get(pid):
+                    finite[pid] = (state, vouched[1])
+                else:
+                    del finite[pid]

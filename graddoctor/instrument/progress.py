@@ -1,0 +1,128 @@
+"""How far the run has got, and when to end it: optimizer steps, backward calls and updates
+counted, and the stop conditions (``instrument/stop.py``) asked after each.
+
+It is the recorder's (``Recorder.progress``); the optimizer, GradScaler and backward watchers
+count through it (``count_step``, ``count_backward``) and end the replay at their safe points
+(``maybe_stop``); the run side reads the counts and how the replay ended (``stop_raised``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Callable
+
+from .stop import StopCondition, StopReplay, conditions
+from .topics import BUDGET_HOLD, COUNTED_STEP
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+
+class Progress:
+    def __init__(self, rec: "Recorder", step_budget: int | None,
+                 stop_conditions: list[StopCondition] | None = None, hold_s: float | None = None):
+        self._rec = rec  # its errors go in the trace; the stop conditions read the run through it
+        self.step_budget = step_budget  # in updates (see ``count_step``)
+        self.steps = 0  # optimizer steps seen (GradScaler-skipped ones included)
+        self.backward_calls = 0
+        # updates: the optimizer steps taken together after one backward count once (a GAN's
+        # D then G are two; one optimizer per parameter stepped inside the backward is one); a
+        # second step of an optimizer already stepped in this update begins the next one
+        self.updates = 0
+        self._update_mark = -1  # backward_calls when the current update began
+        self._update_opts: set = set()  # the optimizers stepped in the current update
+        self.opt_steps: dict[int, int] = {}  # opt id -> its steps
+        # when to end the replay early (instrument/stop.py); the first one that answers wins and
+        # its exception is raised at the next safe point
+        self.stop_conditions = (conditions(step_budget, hold_s) if stop_conditions is None
+                                else stop_conditions)
+        self._stop: tuple[type[StopReplay], str] | None = None
+        # the status of the stop once raised into the script, and the threads it was raised in
+        # (the main thread may end normally after workers were stopped: the replay was still cut)
+        self.stop_raised: str | None = None
+        self.stopped_threads: set[int] = set()
+        # per moment, only the conditions that answer it (count_backward runs every backward)
+        self._asked = {moment: [c for c in self.stop_conditions
+                                if getattr(type(c), moment) is not getattr(StopCondition, moment)]
+                       for moment in ("after_step", "after_backward")}
+        self._counted_step: list[Callable] = rec.subscribers(COUNTED_STEP)
+        self._budget_hold: list[Callable] = rec.subscribers(BUDGET_HOLD)
+
+    def begins_update(self, opt: int | None) -> bool:
+        """Whether a step of optimizer ``opt`` now would begin a new update."""
+        return (self.backward_calls != self._update_mark or opt is None
+                or opt in self._update_opts)
+
+    def count_step(self, opt: int | None = None) -> None:
+        self.steps += 1
+        opts = self._update_opts
+        if self.backward_calls != self._update_mark or opt is None or opt in opts:  # begins_update
+            self.updates += 1
+            self._update_mark = self.backward_calls
+            opts.clear()
+        if opt is not None:
+            opts.add(opt)
+            steps = self.opt_steps
+            steps[opt] = steps.get(opt, 0) + 1
+        for callback in self._counted_step:
+            try:
+                callback(self.updates)
+            except Exception as exc:  # a display must never break the user's run
+                self._rec.internal_error("step callback", exc)
+        self._ask("after_step")
+
+    def count_backward(self) -> None:
+        self.backward_calls += 1
+        self._ask("after_backward")
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop is not None
+
+    def _ask(self, moment: str) -> None:
+        if self._stop is not None:
+            return
+        for condition in self._asked[moment]:
+            try:
+                reason = getattr(condition, moment)(self._rec)
+            except Exception as exc:
+                self._rec.internal_error("stop condition", exc)
+                continue
+            if reason:
+                self._stop = (condition.exception, reason)
+                return
+
+    def holds(self):
+        """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
+        for hold in self._budget_hold:
+            try:
+                yield hold()
+            except Exception as exc:
+                self._rec.internal_error("step budget", exc)
+                yield False
+
+    def divert_stop(self, handler: Callable[[type[StopReplay]], None] | None) -> None:
+        """End the replay through ``handler(exception)`` at the safe point instead of raising
+        the stop into the script (a spawned worker writes its report and exits there); with
+        None, never end it (a forked copy of the process: nobody reads its trace)."""
+        if handler is None:
+            self._asked = {moment: [] for moment in self._asked}
+            self._stop = None
+            return
+
+        def maybe_stop(step_of: int | None = None) -> None:
+            if self._stop is not None and (step_of is None or self.begins_update(step_of)):
+                handler(self._stop[0])
+
+        self.maybe_stop = maybe_stop
+
+    def maybe_stop(self, step_of: int | None = None) -> None:
+        """Called at safe points (start of a backward or a step): end the replay once a stop
+        condition answered, so the tail of the last update (zero_grad, scheduler) is seen.
+        ``step_of``: the optimizer about to step; a step that belongs to the running update
+        (the next optimizer stepped inside the same backward) is not a safe point."""
+        if self._stop is not None and (step_of is None or self.begins_update(step_of)):
+            exception, reason = self._stop
+            self.stop_raised = exception.status
+            self.stopped_threads.add(threading.get_ident())
+            raise exception(reason)

@@ -1,0 +1,62 @@
+"""What watchers tell each other, in one place: one typed ``Topic`` per message.
+
+A topic has one publisher and any number of subscribers (``Recorder.subscribe``); its type
+parameter is the subscribers' signature, so a type checker holds both sides to it. The
+publisher loops over the list ``Recorder.subscribers`` gave it at construction: no lookup per
+event. ``TOPICS`` lists them all; the recorder refuses any other (``tests/test_instrument_topics.py``
+holds that each has exactly one publisher).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Generic, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Topic(Generic[F]):
+    """A message between watchers: ``name``, who publishes it and what its subscribers (of
+    type ``F``) are called with. Compared by identity: a string is never a topic."""
+
+    __slots__ = ("name", "publisher", "carries")
+
+    def __init__(self, name: str, publisher: str, carries: str) -> None:
+        self.name, self.publisher, self.carries = name, publisher, carries
+
+    def __repr__(self) -> str:
+        return f"<topic {self.name}>"
+
+
+PARAMS_ADDED: Topic[Callable[[int, list[int]], None]] = Topic(
+    "params_added", "OptimizerWatcher", "(opt, pids) after an optimizer was given a param group")
+STEPPED: Topic[Callable[[int, Any], None]] = Topic(
+    "stepped", "OptimizerWatcher", "(opt, optimizer) after each real optimizer step")
+STEP_GRADS: Topic[Callable[[int, Any, dict, "list[int] | None", "list[float] | None"], None]] = Topic(
+    "step_grads", "OptimizerWatcher",
+    "(opt, optimizer, by_device, norm_pids, norms) before each optimizer step that is not a "
+    "closure step: its dense gradients by device {device: ([pid], [grad])} and their norms "
+    "when it measured them (else None)")
+STEPPED_WITHOUT_GRAD: Topic[Callable[[int, list[int]], None]] = Topic(
+    "stepped_without_grad", "OptimizerWatcher",
+    "(opt, pids) after each real optimizer step, its parameters that had no gradient")
+DESCRIBE_LOSS: Topic[Callable[[Any], dict]] = Topic(
+    "describe_loss", "BackwardWatcher",
+    "(tensors) -> dict of keyword arguments of events.backward for the backward about to run "
+    "from them")
+LEAF_TRACKED: Topic[Callable[[], None]] = Topic(
+    "leaf_tracked", "BackwardWatcher",
+    "() after a leaf that is no parameter was first tracked (one that lives across backwards: "
+    "a learnable tensor made with requires_grad=True)")
+FREEZE_OF: Topic[Callable[[Any], "int | None"]] = Topic(
+    "freeze_of", "OptimizerWatcher", "(param) -> seq of the event that froze it, or None")
+COUNTED_STEP: Topic[Callable[[int], None]] = Topic(
+    "counted_step", "Progress.count_step",
+    "(updates) after each optimizer step is counted, before its listeners (the progress line: "
+    "updates, what the budget counts)")
+BUDGET_HOLD: Topic[Callable[[], bool]] = Topic(
+    "budget_hold", "Progress.holds",
+    "() -> True while the replay should go on past the step budget (e.g. until a DataLoader "
+    "has crossed two epoch boundaries); each must bound itself")
+
+TOPICS: tuple[Topic, ...] = (PARAMS_ADDED, STEPPED, STEP_GRADS, STEPPED_WITHOUT_GRAD,
+                             DESCRIBE_LOSS, LEAF_TRACKED, FREEZE_OF, COUNTED_STEP, BUDGET_HOLD)
