@@ -56,7 +56,7 @@ NO_EDIT = {
     "bad_optimizer_switch_drops_criterion_params.py", "bad_param_not_in_optimizer_head.py",
     "bad_param_not_in_optimizer_loss_param.py",
     # eval() on a part that still trains: freeze it or let it train, the finding gives both
-    "bad_train_in_eval_submodule_half_frozen.py",
+    "bad_train_in_eval_submodule_half_frozen.py", "bad_eval_used_to_freeze_encoder.py",
 }
 
 
