@@ -98,8 +98,7 @@ def check(
     """
     shown_output = typed["output"]  # as typed, for messages
     fmt = FORMATS[_format_name(ctx, typed["format"], shown_output)]
-    if not typed["module"]:
-        _refuse_unrunnable(script)
+    _refuse(script, typed["module"])
     from .run.finish import ending_for, rank_files
     from .run.ranks import rank_env
 
@@ -111,7 +110,11 @@ def check(
 
         raise typer.Exit(launch(typed["nproc_per_node"], _child_args(ctx, script, script_args)))
     if typed["plot"]:
-        _check_plot(typed["plot"])  # named as typed
+        from .options import plot_problem
+
+        problem = plot_problem(typed["plot"])  # named as typed
+        if problem:
+            _usage_error(problem)
     for name in ("output", "trace", "plot"):
         if typed[name]:  # where the user started: a script that changes directory moves no file
             typed[name] = os.path.abspath(typed[name])
@@ -121,7 +124,6 @@ def check(
     for option, value in ((OPTIONS["output"], output), (OPTIONS["trace"], typed["trace"])):
         if value:
             _check_writable(value, option.flag)
-    _refuse_launcher(script, typed["module"])
     # a document on stdout (JSON, a page, --diff's patch): the script's own prints go to stderr
     to_stdout = (fmt.document and output is None) or typed["diff"]
     options, settings = _options(script, script_args, typed, _given(ctx),
@@ -136,7 +138,11 @@ def check(
     ending = ending_for(fmt, render, output, ranks=ranks, options=options, typed=typed["output"],
                         shown=shown_output, plot=typed["plot"])
     report = _run(ending, options)
-    _script_traceback(report)
+    from .report.output import script_traceback
+
+    traceback = script_traceback(report)
+    if traceback:
+        typer.echo(traceback, err=True)
     if ending.early_code is not None:  # reported at destroy_process_group(): that report is final
         raise typer.Exit(ending.end_early())
     if typed["diff"] or typed["fix"]:
@@ -149,39 +155,13 @@ def check(
     raise typer.Exit(ending.finish(report))
 
 
-def _refuse_launcher(script: str, module: bool) -> None:
-    launcher = script in ("torch.distributed.run", "torch.distributed.launch") if module \
-        else os.path.basename(script) == "torchrun"
-    if launcher:  # graddoctor goes under the launcher, or launches through it itself
-        _usage_error(f"{script} is PyTorch's launcher: graddoctor runs inside each rank. Use "
-                     f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
-                     f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see docs/distributed.md)")
+def _refuse(script: str, module: bool) -> None:
+    """A target refused at once, before torch is imported (scriptfile.py)."""
+    from .scriptfile import refusal
 
-
-def _refuse_unrunnable(script: str) -> None:
-    """A file that is no Python script (notes.txt, a checkpoint) or does not compile is refused
-    now, before torch is imported (scriptfile.py); a notebook is read where it runs."""
-    from .errors import ScriptError
-    from .notebook import is_notebook
-    from .scriptfile import compile_script
-
-    if is_notebook(script) or os.path.basename(script) == "torchrun":  # (the launcher: below)
-        return
-    try:
-        compile_script(script)
-    except ScriptError as exc:
-        _usage_error(str(exc))
-
-
-def _script_traceback(report) -> None:
-    """A script that raised: its traceback on stderr before the report, as python prints it
-    (the script's own frames), so that a crash under graddoctor is as debuggable as without."""
-    error = report.run.error or {}
-    text = error.get("traceback") or ""
-    # graddoctor's own stop (a rank's SIGTERM) is no exception of the script's: python prints none
-    ours = any(line.startswith("graddoctor.") for line in text.splitlines())
-    if report.run.status == "crashed" and text and not ours:
-        typer.echo("Traceback (most recent call last):\n" + error["traceback"].rstrip("\n"), err=True)
+    reason = refusal(script, module)
+    if reason:
+        _usage_error(reason)
 
 
 def _child_args(ctx: typer.Context, script: str, script_args) -> list[str]:
@@ -245,18 +225,6 @@ def _run(ending, options):
                      f"the traceback)")
 
 
-def _check_plot(path: str) -> None:
-    """--plot: a picture format matplotlib writes, and matplotlib itself (an optional extra)."""
-    from .report.plot import PLOT_SUFFIXES, missing_matplotlib
-
-    if not path.lower().endswith(PLOT_SUFFIXES):
-        _usage_error(f"--plot {path}: the file must end in {', '.join(PLOT_SUFFIXES)}")
-    reason = missing_matplotlib()
-    if reason:
-        _usage_error(f"--plot: {reason}")
-    _check_writable(path, "--plot")
-
-
 def _check_writable(path: str, what: str) -> None:
     from .report.output import unwritable_reason
 
@@ -308,28 +276,14 @@ def list_rules(format: Annotated[str, typer.Option(
         "--format", "-f", help="text (a table) or json (a list of {code, slug, severity, summary, "
         "fix, autofix}: autofix is the safety of its automatic fix, or null), for tools.")] = "text") -> None:
     """List every rule: code, slug, severity and what it finds."""
-    from rich.table import Table
-
-    from .rules import ALL_RULES
+    from .report.catalog import rules_json, rules_table
 
     if format not in ("text", "json"):
         _usage_error(_unknown("--format", format, ("text", "json")) + "; use text or json")
     if format == "json":
-        import json
-
-        typer.echo(json.dumps([{"code": r.code, "slug": r.slug, "severity": r.severity.value,
-                                "summary": r.summary, "fix": r.fix,
-                                "autofix": r.fix_safety.value if r.fix_safety else None}
-                               for r in ALL_RULES], indent=2, ensure_ascii=False))
-        return
-
-    table = Table(box=None, header_style="bold")
-    for col in ("code", "slug", "severity", "finds"):
-        # a slug is typed into --select/--ignore: the summary wraps, the slug is never cut
-        table.add_column(col, no_wrap=col != "finds")
-    for rule in ALL_RULES:
-        table.add_row(rule.code, rule.slug, rule.severity.value, rule.summary)
-    _console().print(table)
+        typer.echo(rules_json())
+    else:
+        _console().print(rules_table())
 
 
 def _console():
@@ -349,6 +303,7 @@ def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad
     """Explain a rule: what it finds, why it is bad, an example and the fix."""
     from rich.markdown import Markdown
 
+    from .report.catalog import rule_markdown
     from .rules import ALL_RULES, find_rule
 
     found = find_rule(rule)
@@ -356,10 +311,7 @@ def explain(rule: str = typer.Argument(..., help="A rule slug (missing-zero-grad
         _usage_error(_unknown("rule", rule, [n for r in ALL_RULES for n in (r.slug, r.code)])
                      + "; `graddoctor rules` lists every rule")
         return
-    docs = found.docs()
-    if found.fix_safety is None:
-        docs += "\n\n## Automatic fix\nNone: the fix needs a person (`graddoctor check --diff` has nothing for it)."
-    _console().print(Markdown(f"# {found.code} {found.slug} ({found.severity.value})\n\n{docs}"))
+    _console().print(Markdown(rule_markdown(found)))
 
 
 def main() -> None:

@@ -571,3 +571,18 @@ def resolve_watch(values: Mapping[str, Any], *, target: str = "watch()") -> Chec
     _check_selectors(checked, lambda key: key, leave_one=False)
     return CheckOptions(target=target, **{WATCH_OPTIONS[n].field: v for n, v in checked.items()},
                         timeout=None)
+
+
+def plot_problem(path: str) -> str | None:
+    """--plot's value: a picture format matplotlib writes, matplotlib itself (an optional
+    extra) and a file that can be written; None when all is well."""
+    from .report.output import unwritable_reason
+    from .report.plot import PLOT_SUFFIXES, missing_matplotlib
+
+    if not path.lower().endswith(PLOT_SUFFIXES):
+        return f"--plot {path}: the file must end in {', '.join(PLOT_SUFFIXES)}"
+    reason = missing_matplotlib()
+    if reason:
+        return f"--plot: {reason}"
+    reason = unwritable_reason(path)
+    return f"--plot {reason}" if reason else None

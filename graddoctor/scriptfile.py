@@ -53,3 +53,24 @@ def compile_script(path: str):
     except ValueError as exc:
         raise ScriptError(f"{path} is not a Python script: {exc}") from None
     return full, source, code
+
+
+def refusal(script: str, module: bool) -> str | None:
+    """Why ``graddoctor check`` refuses this target at once, or None: PyTorch's launcher
+    (graddoctor runs inside each rank, or launches through it itself), or a file that is no
+    Python script (notes.txt, a checkpoint) or does not compile. A notebook is read, and a
+    module found, where it runs."""
+    from .notebook import is_notebook
+
+    if (script in ("torch.distributed.run", "torch.distributed.launch") if module
+            else os.path.basename(script) == "torchrun"):
+        return (f"{script} is PyTorch's launcher: graddoctor runs inside each rank. Use "
+                f"`graddoctor check --nproc-per-node N train.py -- ARGS` or `torchrun "
+                f"--nproc-per-node N -m graddoctor check train.py -- ARGS` (see docs/distributed.md)")
+    if module or is_notebook(script):
+        return None
+    try:
+        compile_script(script)
+    except ScriptError as exc:
+        return str(exc)
+    return None

@@ -180,3 +180,16 @@ def emit_report(report, fmt, output: str | None, render, shown: str | None = Non
         from .text import verdict
 
         say(f"graddoctor: wrote {shown or output}: {verdict(report).plain}")
+
+
+def script_traceback(report) -> str | None:
+    """A script that raised: its traceback as python prints it (the script's own frames), for
+    stderr before the report, so that a crash under graddoctor is as debuggable as without.
+    None for any other end, and for graddoctor's own stop (a rank's SIGTERM: no exception of
+    the script's, python prints none)."""
+    error = report.run.error or {}
+    text = error.get("traceback") or ""
+    ours = any(line.startswith("graddoctor.") for line in text.splitlines())
+    if report.run.status == "crashed" and text and not ours:
+        return "Traceback (most recent call last):\n" + text.rstrip("\n")
+    return None

@@ -229,6 +229,11 @@ class CudaEmulation:
 
     # -- torch.cuda -------------------------------------------------------------------------
     def _cuda_functions(self) -> dict[str, Any]:
+        """What each patched ``torch.cuda`` name answers: devices, memory, RNG, streams."""
+        return {**self._device_functions(), **self._memory_functions(),
+                **self._rng_and_stream_functions()}
+
+    def _device_functions(self) -> dict[str, Any]:
         emu = self
 
         real_available = torch_cuda_is_available()
@@ -268,6 +273,47 @@ class CudaEmulation:
         def is_bf16_supported(including_emulation: bool = True) -> bool:
             return emu.answer("is_bf16_supported()", True)
 
+        @contextlib.contextmanager
+        def device(index):
+            saved = emu.current
+            if index is not None:
+                i = emu.index_of(index)
+                if i >= 0:
+                    emu.current = i
+            try:
+                yield
+            finally:
+                emu.current = saved
+
+        def device_of(obj):
+            return contextlib.nullcontext()
+
+        return {
+            "is_available": is_available, "device_count": device_count,
+            "current_device": current_device, "set_device": set_device,
+            "get_device_name": get_device_name, "get_device_capability": get_device_capability,
+            "get_device_properties": get_device_properties, "is_bf16_supported": is_bf16_supported,
+            "is_tf32_supported": lambda: True, "is_initialized": lambda: True,
+            "is_current_stream_capturing": lambda: False,
+            "init": self._quiet("init"), "get_arch_list": lambda: ["sm_80"],
+            "device": device, "device_of": device_of,
+            "utilization": lambda device=None: 0,
+        }
+
+    def _quiet(self, name, answer=None):
+        """A torch.cuda call that has nothing to do on the CPU; its answer noted once."""
+        emu = self
+
+        def call(*args, **kwargs):
+            emu.answer(f"{name}()", "nothing to do" if answer is None else answer)
+            return None
+        call.__name__ = name
+        return call
+
+    def _memory_functions(self) -> dict[str, Any]:
+        emu = self
+        quiet = self._quiet
+
         def zero_bytes(name):
             def stat(device=None) -> int:
                 return emu.answer(f"{name}()", 0)
@@ -280,12 +326,24 @@ class CudaEmulation:
         def mem_get_info(device=None) -> tuple[int, int]:
             return emu.answer("mem_get_info()", (TOTAL_MEMORY, TOTAL_MEMORY))
 
-        def quiet(name, answer=None):
-            def call(*args, **kwargs):
-                emu.answer(f"{name}()", "nothing to do" if answer is None else answer)
-                return None
-            call.__name__ = name
-            return call
+        functions = {
+            "memory_stats": memory_stats, "mem_get_info": mem_get_info,
+            "synchronize": quiet("synchronize"), "empty_cache": quiet("empty_cache"),
+            "ipc_collect": quiet("ipc_collect"),
+            "reset_peak_memory_stats": quiet("reset_peak_memory_stats"),
+            "reset_max_memory_allocated": quiet("reset_max_memory_allocated"),
+            "reset_max_memory_cached": quiet("reset_max_memory_cached"),
+            "reset_accumulated_memory_stats": quiet("reset_accumulated_memory_stats"),
+            "set_per_process_memory_fraction": quiet("set_per_process_memory_fraction"),
+        }
+        for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
+                     "max_memory_reserved", "memory_cached", "max_memory_cached"):
+            functions[name] = zero_bytes(name)
+        return functions
+
+    def _rng_and_stream_functions(self) -> dict[str, Any]:
+        emu = self
+        quiet = self._quiet
 
         def get_rng_state(device="cuda"):
             import torch
@@ -323,37 +381,7 @@ class CudaEmulation:
                 emu.answer("events", "record the host's clock; elapsed_time in ms between records")
                 return super().__new__(cls)
 
-        @contextlib.contextmanager
-        def device(index):
-            saved = emu.current
-            if index is not None:
-                i = emu.index_of(index)
-                if i >= 0:
-                    emu.current = i
-            try:
-                yield
-            finally:
-                emu.current = saved
-
-        def device_of(obj):
-            return contextlib.nullcontext()
-
-        functions = {
-            "is_available": is_available, "device_count": device_count,
-            "current_device": current_device, "set_device": set_device,
-            "get_device_name": get_device_name, "get_device_capability": get_device_capability,
-            "get_device_properties": get_device_properties, "is_bf16_supported": is_bf16_supported,
-            "is_tf32_supported": lambda: True, "is_initialized": lambda: True,
-            "is_current_stream_capturing": lambda: False,
-            "init": quiet("init"), "get_arch_list": lambda: ["sm_80"],
-            "memory_stats": memory_stats, "mem_get_info": mem_get_info,
-            "synchronize": quiet("synchronize"), "empty_cache": quiet("empty_cache"),
-            "ipc_collect": quiet("ipc_collect"),
-            "reset_peak_memory_stats": quiet("reset_peak_memory_stats"),
-            "reset_max_memory_allocated": quiet("reset_max_memory_allocated"),
-            "reset_max_memory_cached": quiet("reset_max_memory_cached"),
-            "reset_accumulated_memory_stats": quiet("reset_accumulated_memory_stats"),
-            "set_per_process_memory_fraction": quiet("set_per_process_memory_fraction"),
+        return {
             "manual_seed": quiet("manual_seed", "accepted (the CPU generator is left alone)"),
             "manual_seed_all": quiet("manual_seed_all",
                                      "accepted (the CPU generator is left alone)"),
@@ -366,13 +394,8 @@ class CudaEmulation:
             "initial_seed": initial_seed,
             "current_stream": current_stream, "default_stream": default_stream,
             "set_stream": quiet("set_stream"), "stream": stream, "Stream": Stream,
-            "Event": Event, "device": device, "device_of": device_of,
-            "utilization": lambda device=None: 0,
+            "Event": Event,
         }
-        for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
-                     "max_memory_reserved", "memory_cached", "max_memory_cached"):
-            functions[name] = zero_bytes(name)
-        return functions
 
     def _accelerator_functions(self) -> dict[str, Any]:
         import torch
