@@ -48,6 +48,11 @@ class LocationFinder:
         # (user code and line, the first and last framework frame's code and line) -> the
         # framework-aware Location of that call path
         self._via: dict[tuple, Location] = {}
+        # the hot path's caches (``here``): filename -> True (the user's), a framework's name,
+        # or False (any other library); (code object, f_lasti) -> its Location (f_lasti names
+        # one instruction, so one line: no line-table scan per event)
+        self._kinds: dict[str, bool | str] = {}
+        self._at: dict[tuple, Location] = {}
 
     def is_user_file(self, filename: str) -> bool:
         known = self._is_user.get(filename)
@@ -111,21 +116,35 @@ class LocationFinder:
             known = self._framework[filename] = frameworks.framework_of_path(os.path.abspath(filename))
         return known
 
+    def _kind(self, filename: str) -> bool | str:
+        """True for a user file, else its framework's name, or False (``here``'s cache)."""
+        kind = self._kinds[filename] = True if self.is_user_file(filename) else (
+            self.framework_of(filename) or False)
+        return kind
+
     def caller_of(self, skip: int = 1) -> Location | None:
         """The line that called the user's function holding the innermost user frame above the
         caller (``reset(optimizer)`` in the loop, for a ``zero_grad()`` inside ``def reset``):
         None at module level, or when library frames (a framework calling the user's hook) lie
         between that function and the next user frame."""
-        is_user = self.is_user_file
+        kinds = self._kinds
         frame = sys._getframe(skip)
-        while frame is not None and not is_user(frame.f_code.co_filename):
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            kind = kinds.get(filename)
+            if kind is True or (kind is None and self._kind(filename) is True):
+                break
             frame = frame.f_back
         if frame is None or frame.f_code.co_name == "<module>":
             return None
         outer = frame.f_back
-        if outer is None or not is_user(outer.f_code.co_filename):
+        if outer is None or not self.is_user_file(outer.f_code.co_filename):
             return None
-        return self.location(outer)
+        key = (outer.f_code, outer.f_lasti)
+        location = self._at.get(key)
+        if location is None:
+            location = self._at[key] = self.location(outer)
+        return location
 
     def here(self, skip: int = 1) -> Location | None:
         """Location of the innermost user frame above the caller; without one, the outermost
@@ -137,20 +156,23 @@ class LocationFinder:
         (``hook``: the loss ``training_step`` returned, the optimizer ``configure_optimizers``
         made) rather than the ``trainer.fit(...)`` line. See graddoctor/frameworks.py."""
         start = sys._getframe(skip)
-        is_user = self.is_user_file
-        known = self._framework  # filename -> framework ('' for none), filled by framework_of
+        kinds, at = self._kinds, self._at
         frame = start
         inner = outer = None  # the innermost and outermost framework frames crossed
         while frame is not None:  # hot path: several times per step
-            filename = frame.f_code.co_filename
-            if is_user(filename):
+            code = frame.f_code
+            kind = kinds.get(code.co_filename)
+            if kind is None:
+                kind = self._kind(code.co_filename)
+            if kind is True:
                 if inner is None:
-                    return self.location(frame)
+                    key = (code, frame.f_lasti)
+                    location = at.get(key)
+                    if location is None:
+                        location = at[key] = self.location(frame)
+                    return location
                 return self._through_framework(start, frame, inner, outer)
-            framework = known.get(filename)
-            if framework is None:
-                framework = self.framework_of(filename)
-            if framework:
+            if kind:
                 outer = frame
                 if inner is None:
                     inner = frame

@@ -109,9 +109,16 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
 # the turns of the loop as analysis/turns.py cuts them, decided while recording (the same
 # vocabulary: events.CALL_LABELS, NOT_CALLS, ABSORBS)
 def _label(kind: str, loc) -> str | None:
-    if loc is None or kind in NOT_CALLS or is_per_forward(kind):
+    if loc is None:
         return None
-    return CALL_LABELS.get(kind, kind)
+    label = _LABELS.get(kind, _UNSEEN)
+    if label is _UNSEEN:
+        label = _LABELS[kind] = None if kind in NOT_CALLS or is_per_forward(kind) else CALL_LABELS.get(kind, kind)
+    return label
+
+
+_UNSEEN = object()
+_LABELS: dict[str, str | None] = {}  # kind -> its label (None: not a call), filled as seen
 
 
 def _same_call(a: str, b: str) -> bool:
@@ -225,14 +232,15 @@ class Folder:
         it all repeat with period p (0: none yet). The periods already found not to repeat for
         this front are not tried again (``_failed``)."""
         recent, pending, keep, context = self.recent, self.pending, self.keep, self.context
-        ids = None
         front = len(recent)
         for p in range(self._failed + 1, self.max_period + 1):
             if len(pending) < p + context or front < keep * p:
                 return 0  # not enough turns to tell yet
-            if ids is None:
-                ids = [*recent, *(t[2] for t in pending)]
-            if all(ids[j] == ids[j - p] for j in range(front - (keep - 1) * p, front + p + context)):
+            # the ids from the first decided turn compared (front - keep * p) to the last turn
+            # of the context after the block: each equals the one p turns before it
+            ids = [recent[j] for j in range(front - keep * p, front)]
+            ids.extend([t[2] for t in pending[:p + context]])
+            if ids[p:] == ids[:-p]:
                 return p
             self._failed = p
         return 0

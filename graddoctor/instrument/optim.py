@@ -32,6 +32,8 @@ _requires_grad = attrgetter("requires_grad")
 _version = attrgetter("_version")
 _is_sparse = attrgetter("is_sparse")
 _device = attrgetter("device")
+_item = torch.Tensor.item
+_grad_enabled = torch.is_grad_enabled
 
 
 def step_grads(rec: Recorder, pids, edited: list | None = None,
@@ -128,6 +130,12 @@ def _step_grads_each(rec: Recorder, pids, edited: list | None = None,
 def norms_by_device(by_device: dict) -> tuple[list[int], list[float]]:
     """The L2 norm of each gradient in one batched ``torch._foreach_norm`` per device and one
     host read per device (never a sync per parameter)."""
+    if len(by_device) == 1:  # hot path: every update of a loop that neither clips nor unscales
+        (device, (device_pids, grads)), = by_device.items()
+        if device.type == "cpu" and not (_grad_enabled() and any(map(_requires_grad, grads))):
+            # on the CPU each norm is read as it is (no device to wait for): the same floats as
+            # stack + tolist, without their two calls; no graph to keep out of without no_grad
+            return list(device_pids), list(map(_item, torch._foreach_norm(grads)))
     out_pids: list[int] = []
     out_norms: list[float] = []
     with torch.no_grad():
