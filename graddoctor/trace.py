@@ -96,6 +96,12 @@ class Event:
         )
 
 
+# the slots of an Event, set directly by Trace.put (the frozen dataclass's __init__ does the same)
+_new = object.__new__
+_set_seq, _set_kind, _set_loc, _set_data = (Event.__dict__[name].__set__
+                                            for name in ("seq", "kind", "loc", "data"))
+
+
 class Trace:
     """An ordered list of events plus convenient look-ups. Append-only while recording."""
 
@@ -109,7 +115,12 @@ class Trace:
         """Append the event a constructor of ``graddoctor.events`` made: ``(kind, data)``. The
         data dict becomes the event's, read-only; the caller keeps no reference to change it."""
         kind, data = made
-        event = Event(self.next_seq, kind, loc, MappingProxyType(data))
+        # Event(seq, kind, loc, proxy) without its __init__ (hot path: every event of a run)
+        event = _new(Event)
+        _set_seq(event, self.next_seq)
+        _set_kind(event, kind)
+        _set_loc(event, loc)
+        _set_data(event, MappingProxyType(data))
         self.next_seq += 1
         self.events.append(event)
         return event

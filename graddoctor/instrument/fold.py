@@ -77,6 +77,7 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
     for e in events:
         kind = e.kind
         items = []
+        append = items.append
         for key, value in e.data.items():
             if key in _SPECIAL:
                 if key == "scale":
@@ -95,13 +96,15 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
                     continue
                 else:
                     value = _frozen(value)
-            elif type(value) is list:
-                value = _frozen(value) if deep else tuple(value)
-            elif type(value) is dict:
-                value = _frozen(value)
-            elif type(value) is float and value != value:
-                value = "nan"  # NaN equals no NaN: a turn holding one would never repeat
-            items.append((key, value))
+            else:
+                t = type(value)
+                if t is list:
+                    value = _frozen(value) if deep else tuple(value)
+                elif t is dict:
+                    value = _frozen(value)
+                elif t is float and value != value:
+                    value = "nan"  # NaN equals no NaN: a turn holding one would never repeat
+            append((key, value))
         out.append((kind, e.loc, tuple(items)))
     return tuple(out)
 
@@ -175,12 +178,16 @@ class Folder:
                     self.active = True
                     self.start = len(self.trace.events)
             return
-        label = _label(kind, loc)
+        if loc is None:
+            return
+        label = _LABELS.get(kind, _UNSEEN)  # _label, inlined: every event of a folding run
+        if label is _UNSEEN:
+            label = _label(kind, loc)
         if label is None:
             return
         key = (label, loc.path, loc.line)
         prev = self.prev
-        if prev is not None and prev[1:] == key[1:] and _same_call(prev[0], label):
+        if prev is not None and prev[1] == key[1] and prev[2] == key[2] and _same_call(prev[0], label):
             self.applied = self.applied or kind in ("step", "scaler_step")
             return  # one call (scaler.step runs unscale_ and step at its line)
         if self.applied and prev is not None and (

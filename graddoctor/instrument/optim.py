@@ -512,8 +512,9 @@ class OptimizerWatcher:
                     norm_pids = norms = None  # finite, as a clip or unscale_ already saw
                 else:
                     norm_pids, norms = norms_by_device(by_device)
-                    nonfinite = [pid for pid, n in zip(norm_pids, norms)
-                                 if not math.isfinite(n) and _really_nonfinite(rec, pid)]
+                    if not all(map(math.isfinite, norms)):
+                        nonfinite = [pid for pid, n in zip(norm_pids, norms)
+                                     if not math.isfinite(n) and _really_nonfinite(rec, pid)]
                 for subscriber in self._step_grads:
                     subscriber(opt, optimizer, by_device, norm_pids, norms)
             moved = self._moves.moved()
