@@ -86,8 +86,11 @@ class _Series:
             return
         with torch.no_grad():
             device = next((c.norms.device for c in pending if isinstance(c.norms, torch.Tensor)),
-                          torch.device("cpu"))
-            stacked = torch.stack([_as_tensor(c.norms).to(device) for c in pending])
+                          None)
+            if device is None:  # host lists (the step measured them): one tensor from them all
+                stacked = torch.tensor([c.norms for c in pending], dtype=torch.float32)
+            else:
+                stacked = torch.stack([_as_tensor(c.norms).to(device) for c in pending])
             # NaN/Inf must show in a band: max keeps them (nan propagates through max)
             band = _Band(pending[0].step, pending[-1].step, len(pending), pending[0].pids,
                          stacked.min(0).values, stacked.median(0).values, stacked.max(0).values,
