@@ -255,3 +255,30 @@ def test_rules_see_folding_only_through_the_analysis():
     readers = sorted(f"{path.name} ({word})" for path in pathlib.Path(rules.__file__).parent.glob("*.py")
                      for word in fold_words if word in path.read_text(encoding="utf-8"))
     assert not readers, f"rules reading the recorder's folds: {', '.join(readers)}"
+
+
+def test_the_period_test_compares_what_the_whole_sequence_would():
+    """``Folder._period`` looks only at the turns a period needs; on random id sequences it
+    answers what the comparison over every decided and undecided turn answered."""
+    import random
+    from collections import deque
+
+    def reference(recent, pending, keep, context, max_period):
+        ids = [*recent, *(t[2] for t in pending)]
+        front = len(recent)
+        for p in range(1, max_period + 1):
+            if len(pending) < p + context or front < keep * p:
+                return 0
+            if all(ids[j] == ids[j - p] for j in range(front - (keep - 1) * p, front + p + context)):
+                return p
+        return 0
+
+    rng = random.Random(0)
+    folder = Folder(Recorder(step_budget=None).trace, keep=2, context=2, max_period=5)
+    for _ in range(3000):
+        alphabet = rng.randint(1, 3)
+        folder.recent = deque((rng.randrange(alphabet) for _ in range(rng.randint(0, 14))),
+                              maxlen=folder.recent.maxlen)
+        folder.pending = [[0, 0, rng.randrange(alphabet)] for _ in range(rng.randint(0, 9))]
+        folder._failed = 0
+        assert folder._period() == reference(folder.recent, folder.pending, 2, 2, 5)

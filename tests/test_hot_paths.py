@@ -113,3 +113,67 @@ def test_the_hot_paths_script_runs_on_the_current_instrumentation():
     for piece in ("graph walk", "grads before + after a backward", "step pass", "grad_norms",
                   "total graddoctor"):
         assert piece in result.stdout
+
+
+def test_grad_norms_of_grads_with_a_graph_build_no_graph_and_stay_floats():
+    """``backward(create_graph=True)`` leaves grads that require grad: the norms are read under
+    no_grad (no graph hangs off them) and are the values the batched path gives."""
+    rec = Recorder(step_budget=None)
+    w = nn.Parameter(torch.tensor([1.0, 2.0]))
+    (w ** 3).sum().backward(create_graph=True)
+    assert w.grad.requires_grad
+    pid = rec.track(w)
+    _, norms = grad_norms(rec, [pid])
+    assert norms == [torch.stack(torch._foreach_norm([w.grad.detach()])).tolist()[0]]
+    assert type(norms[0]) is float
+
+
+def test_grad_norms_on_the_cpu_equal_the_batched_read():
+    torch.manual_seed(0)
+    rec = Recorder(step_budget=None)
+    params = [nn.Parameter(torch.zeros(n, dtype=dtype)) for n, dtype in
+              ((7, torch.float32), (3, torch.float64), (5, torch.bfloat16), (4, torch.float16))]
+    for p in params:
+        p.grad = torch.randn(p.shape).to(p.dtype)
+    pids = [rec.track(p) for p in params]
+    _, norms = grad_norms(rec, pids)
+    assert norms == torch.stack(torch._foreach_norm([p.grad for p in params])).tolist()
+
+
+def test_a_location_is_cached_per_instruction_not_per_function():
+    """Two calls on different lines of one function, and one line reached again, each get
+    their own line (the cache is keyed by the code object and the instruction)."""
+    from graddoctor.location import LocationFinder
+
+    finder = LocationFinder()
+
+    def where():
+        return finder.here(2)
+
+    def two_calls():
+        first = where()
+        second = where()
+        return first, second
+
+    seen = [two_calls() for _ in range(3)]
+    first, second = seen[0]
+    assert second.line == first.line + 1
+    assert all(pair == seen[0] for pair in seen)
+    assert finder.here(1).line != first.line
+
+
+def test_an_event_put_in_the_trace_is_the_event_its_constructor_makes():
+    from graddoctor import events as ev
+    from graddoctor.trace import Event, Location, Trace
+
+    trace = Trace()
+    loc = Location("train.py", 3, "main")
+    put = trace.put(ev.step(opt=0, without_grad=[1]), loc)
+    assert put == Event(0, "step", loc, ev.step(opt=0, without_grad=[1])[1])
+    assert type(put.data).__name__ == "mappingproxy" and trace.next_seq == 1
+    try:
+        put.seq = 5
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("an event must stay frozen")
