@@ -3,10 +3,11 @@
     python benchmarks/run_length.py              # 1,000, 10,000, 100,000 steps
     python benchmarks/run_length.py --quick      # 1,000 and 10,000 steps, one round
     python benchmarks/run_length.py --steps 20000 --rounds 3
+    python benchmarks/run_length.py --steps 20000 --rounds 3 --against /tmp/old-checkout
 
 Plain Python, no pytest; the repository root is put on each child's sys.path.
 
-The script is a tiny MLP (three tensors, SGD; ``benchmarks/long_run.py``'s) run for N steps,
+The script is a tiny MLP (four tensors, SGD; ``benchmarks/long_run.py``'s) run for N steps,
 each in a fresh process, three ways side by side in each round (their order rotating between
 rounds): ``python train.py`` (plain), ``graddoctor check --steps 0 train.py`` (the whole run
 replayed under graddoctor), and the same with ``-o report.html`` (every update's gradient
@@ -16,6 +17,11 @@ the most. Shown: the CPU time of each child (user + sys, the figure to trust on 
 machine; start-up and the report included), the ratios to plain (median of the rounds), and
 the peak RSS of each arm: folding keeps the trace bounded, so the peak must stay flat from
 10,000 to 100,000 steps.
+
+``--against DIR`` adds the two check arms once more with the graddoctor of another checkout (its
+root, e.g. ``git worktree add /tmp/old main``), in the same rounds and rotation: on a shared
+machine, whose load moves every ratio by several percent from one run to the next, a before/after
+comparison is only fair side by side.
 """
 
 from __future__ import annotations
@@ -55,11 +61,12 @@ finally:
 """
 
 
-def child(argv: list[str]) -> tuple[float, int]:
-    """(CPU seconds, peak RSS KB) of one fresh process running ``argv``."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+def child(argv: list[str], root: Path = ROOT) -> tuple[float, int]:
+    """(CPU seconds, peak RSS KB) of one fresh process running ``argv`` with the graddoctor
+    of checkout ``root``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), argv=argv)],
+    done = subprocess.run([sys.executable, "-c", CHILD.format(root=str(root), argv=argv)],
                           capture_output=True, text=True, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     rss = [int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("MAXRSS_KB")]
@@ -68,23 +75,34 @@ def child(argv: list[str]) -> tuple[float, int]:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), rss[0]
 
 
-def measure(script: str, steps: int, rounds: int, folder: str) -> dict:
+CHECKS = ("check", "check -o html")
+
+
+def measure(script: str, steps: int, rounds: int, folder: str, against: Path | None = None) -> dict:
     arms = {
         "plain": ["plain", script, str(steps)],
         "check": ["check", script, "--steps", "0", "--timeout", "0", "--", str(steps)],
         "check -o html": ["check", script, "--steps", "0", "--timeout", "0",
                           "-o", os.path.join(folder, "report.html"), "--", str(steps)],
     }
-    orders = list(itertools.permutations(arms))
+    roots = dict.fromkeys(arms, ROOT)
+    if against is not None:  # the same check arms with the other checkout's graddoctor
+        for arm in CHECKS:
+            arms[f"{arm} (against)"] = [*arms[arm]]
+            roots[f"{arm} (against)"] = against
+    names = list(arms)
+    # all orders for the three arms; with --against, every rotation of the five
+    orders = (list(itertools.permutations(names)) if against is None
+              else [names[r:] + names[:r] for r in range(len(names))])
     runs: dict[str, list[tuple[float, int]]] = {arm: [] for arm in arms}
     for r in range(rounds):
         for arm in orders[r % len(orders)]:
-            runs[arm].append(child(arms[arm]))
+            runs[arm].append(child(arms[arm], roots[arm]))
     out = {}
     for arm, samples in runs.items():
         out[arm] = {"cpu_s": statistics.median(s[0] for s in samples),
                     "rss_mb": max(s[1] for s in samples) / 1024}
-    for arm in ("check", "check -o html"):
+    for arm in names[1:]:
         out[arm]["ratio"] = statistics.median(
             s[0] / p[0] for s, p in zip(runs[arm], runs["plain"]))
     return out
@@ -95,6 +113,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="1,000 and 10,000 steps, one round")
     p.add_argument("--steps", default="", help="comma-separated run lengths")
     p.add_argument("--rounds", type=int, default=0, help="rounds per length (default 3; 1 at 100k)")
+    p.add_argument("--against", type=Path, default=None, metavar="DIR",
+                   help="also run the check arms with the graddoctor of this checkout (A/B)")
     args = p.parse_args()
     lengths = ([int(s) for s in args.steps.split(",")] if args.steps
                else [1000, 10000] if args.quick else [1000, 10000, 100000])
@@ -106,10 +126,14 @@ def main() -> None:
             f.write(SCRIPT)
         for steps in lengths:
             rounds = args.rounds or (1 if args.quick or steps >= 100000 else 3)
-            row = measure(script, steps, rounds, folder)
-            rss = " / ".join(f"{row[arm]['rss_mb']:.0f}" for arm in row)
+            row = measure(script, steps, rounds, folder, args.against)
+            rss = " / ".join(f"{row[arm]['rss_mb']:.0f}" for arm in ("plain", *CHECKS))
             print(f"{steps:>7} {row['plain']['cpu_s']:>11.1f} {row['check']['ratio']:>7.2f}"
                   f" {row['check -o html']['ratio']:>14.2f} {rss:>28}", flush=True)
+            if args.against is not None:
+                rss = " / ".join(f"{row[f'{arm} (against)']['rss_mb']:.0f}" for arm in CHECKS)
+                print(f"{'against':>7} {'':>11} {row['check (against)']['ratio']:>7.2f}"
+                      f" {row['check -o html (against)']['ratio']:>14.2f} {rss:>28}", flush=True)
 
 
 if __name__ == "__main__":
