@@ -470,12 +470,12 @@ class BackwardWatcher:
                 (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED
                  else cleared).append(pids[i])
         grads = list(compress(after, written))
-        written_pids = list(compress(pids, written))
-        if not all(map(is_not, grads, repeat(None))):  # set to None during the backward
+        written_pids = fresh if not held else list(compress(pids, written))
+        if held and not all(map(is_not, grads, repeat(None))):  # set to None during the backward
             kept = list(map(is_not, grads, repeat(None)))
             grads, written_pids = list(compress(grads, kept)), list(compress(written_pids, kept))
-        states = dict(zip(written_pids, states_of(grads)))
-        rec.grads.backward_wrote((fresh, accumulated, cleared), states)
+        rec.grads.backward_wrote(written_pids if not held else [*fresh, *accumulated, *cleared],
+                                 written_pids, list(states_of(grads)))
         return fresh, accumulated, cleared
 
     def _aside(self, ctx: BackwardContext, fresh: list, accumulated: list) -> None:

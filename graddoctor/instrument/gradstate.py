@@ -26,7 +26,6 @@ Tensor = torch.Tensor
 
 _version = operator.attrgetter("_version")
 _requires_grad = operator.attrgetter("requires_grad")
-_first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def tensors_of(refs: list, pids: list) -> list:
@@ -79,15 +78,16 @@ class GradState:
         # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
         self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
 
-    def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
-        """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
-        that run every step go through here: ``map``s that run in C, no Python per tensor."""
+    def grad_states(self, pids) -> tuple[list, list]:
+        """``(pids, states)``, two parallel lists: each pid whose tensor has a grad and that
+        grad's ``(id(grad), grad._version)``. The loops that run every step go through here:
+        ``map``s that run in C, no Python per tensor."""
         pids = pids if type(pids) is list else list(pids)
         grads = grads_of(tensors_of(self.tensors.refs, pids))
         with_grad = list(map(is_not, grads, repeat(None)))
         if not all(with_grad):
             pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
-        return list(zip(pids, states_of(grads)))
+        return pids, list(states_of(grads))
 
     def after_step(self, pids, read=None) -> list[int]:
         """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
@@ -124,10 +124,14 @@ class GradState:
         self.known.update(zip(pids, states_of(grads)))
         return without
 
-    def note_known(self, states) -> None:
-        """``(pid, state)`` pairs read after an in-place change graddoctor watched: the grads as
-        they are now are still the accumulated ones, not a manual clear."""
-        self.known.update(states)
+    def note_requires_grad(self, pids: list, requires: list) -> None:
+        """Each parameter's ``requires_grad`` (parallel lists), read before a step."""
+        self.requires_grad.update(zip(pids, requires))
+
+    def note_known(self, pids: list, states: list) -> None:
+        """States (parallel to ``pids``) read after an in-place change graddoctor watched: the
+        grads as they are now are still the accumulated ones, not a manual clear."""
+        self.known.update(zip(pids, states))
 
     def cleared(self, params) -> list[int]:
         """A ``zero_grad`` has just cleared ``params``: their grads are fresh from now on, and
@@ -148,37 +152,38 @@ class GradState:
                                    states_of(list(compress(grads, with_grad)))))
         return pids
 
-    def backward_wrote(self, written, states: dict) -> None:
-        """A backward has just written the grads of the pids in the lists ``written``;
-        ``states`` (pid -> state) are those it left a grad in. Once per backward: the loops
-        run here, over what the backward watcher's own pass collected."""
+    def backward_wrote(self, written: list, pids: list, states: list) -> None:
+        """A backward has just written the grads of the pids in ``written``; ``states``
+        (parallel to ``pids``) are those it left a grad in. Once per backward: the passes run
+        here, over what the backward watcher's own pass collected."""
         zeroed, finite = self.zeroed, self.finite
         # a new gradient: an old state could match it by a reused id (a voucher: a NaN missed)
-        if zeroed or finite:
-            for pids in written:
-                for pid in pids:
-                    zeroed.pop(pid, None)
-                    finite.pop(pid, None)
-        self.known.update(states)
+        if zeroed:
+            list(map(zeroed.pop, written, repeat(None)))
+        if finite:
+            list(map(finite.pop, written, repeat(None)))
+        self.known.update(zip(pids, states))
 
-    def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
+    def refresh_known(self, pids) -> tuple[list, list]:
         """After an in-place change we made or watched (clip, unscale, step): the grad as it is
-        now is still the accumulated one, not a manual clear. Returns the states it read."""
-        states = self.grad_states(pids)
-        self.known.update(states)
-        return states
+        now is still the accumulated one, not a manual clear. Returns what it read
+        (``grad_states``)."""
+        pids, states = self.grad_states(pids)
+        self.known.update(zip(pids, states))
+        return pids, states
 
-    def vouch_finite(self, states, conditional: bool = False) -> None:
+    def vouch_finite(self, pids: list, states: list, conditional: bool = False) -> None:
         """A watched op has just seen every value of these grads finite (see ``finite``)."""
-        self.finite.update(zip(map(_first, states), zip(map(_second, states), repeat(conditional))))
+        self.finite.update(zip(pids, zip(states, repeat(conditional))))
 
-    def carry_finite(self, before: dict, after) -> None:
+    def carry_finite(self, before: dict, pids: list, states: list) -> None:
         """A watched op that keeps finite grads finite (clipping: a finite factor or a clamp)
-        went from ``before`` (pid -> state) to ``after``: grads vouched for before still are."""
+        went from ``before`` (pid -> state) to ``states`` (parallel to ``pids``): grads vouched
+        for before still are."""
         finite = self.finite
         if not finite:
             return
-        for pid, state in after:
+        for pid, state in zip(pids, states):
             vouched = finite.get(pid)
             if vouched is not None:
                 if vouched[0] == before.get(pid):

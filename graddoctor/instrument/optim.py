@@ -110,7 +110,7 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
         alive = list(map(is_not, tensors, repeat(None)))
         pids, tensors = list(compress(pids, alive)), list(compress(tensors, alive))
     requires = list(map(_requires_grad, tensors))
-    rec.grads.requires_grad.update(zip(pids, requires))
+    rec.grads.note_requires_grad(pids, requires)
     grads = grads_of(tensors)
     owned = None if died else (pids, tensors, grads)
     has = list(map(is_not, grads, repeat(None)))
