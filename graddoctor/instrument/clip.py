@@ -20,7 +20,7 @@ import inspect
 import math
 import types
 from itertools import compress, repeat
-from operator import and_, is_not, ne
+from operator import and_, attrgetter, is_, is_not, ne
 
 import torch
 import torch.nn.utils
@@ -28,9 +28,11 @@ import torch.nn.utils.clip_grad as clip_grad
 
 from .. import events as ev
 from .gradstate import Tensor, grads_of, states_of
-from .recorder import Recorder
 from .gradstate import version as grad_version
+from .recorder import Recorder
 from .subclasses import Depth
+
+_version = attrgetter("_version")
 
 
 def _number(value):
@@ -61,12 +63,16 @@ def _spent(iterator) -> bool | None:
 
 class Before:
     """The tracked grads a clip was given as they were before it: ``pids`` and their
-    ``states`` (parallel lists); ``by_pid`` as a dict, built only when asked."""
+    ``states`` (parallel lists); ``by_pid`` as a dict, built only when asked. On the fast path
+    also the grad tensors themselves (held for the clip's call only), their ids, and whether
+    all are plain tensors (not DTensors)."""
 
-    __slots__ = ("pids", "states")
+    __slots__ = ("pids", "states", "grads", "ids", "plain")
 
-    def __init__(self, pids: list, states: list):
+    def __init__(self, pids: list, states: list, grads: list | None = None,
+                 ids: list | None = None, plain: bool = True):
         self.pids, self.states = pids, states
+        self.grads, self.ids, self.plain = grads, ids, plain
 
     def by_pid(self) -> dict:
         return dict(zip(self.pids, self.states))
@@ -90,11 +96,13 @@ class ClipWatcher:
                 pids = known_pids
             else:
                 pids, grads = list(compress(known_pids, has)), list(compress(grads, has))
-            states = list(states_of(grads))
+            plain = all(map(is_, map(type, grads), repeat(Tensor)))
+            ids = list(map(id, grads))
+            states = list(zip(ids, map(_version if plain else grad_version, grads)))
             seen = list(map(known.get, pids))
             edited = [] if seen == states else list(compress(
                 pids, map(and_, map(ne, states, seen), map(ne, states, map(zeroed.get, pids)))))
-            return known_pids, Before(pids, states), edited
+            return known_pids, Before(pids, states, grads, ids, plain), edited
         pid_of, refs = rec.tensors.number, rec.tensors.refs
         known_pids, pids, states, edited = [], [], [], []
         for p in params:
@@ -116,7 +124,13 @@ class ClipWatcher:
                 before: "Before", edited: list, spent: bool | None) -> None:
         rec = self.rec
         pids, with_grad, after, untracked = [], [], [], 0
-        if None not in known_pids:  # every one tracked: ``map``s in C
+        if None not in known_pids and before.grads is not None:
+            # torch's clips change the grads in place, never set a ``.grad``: the same tensors
+            # as before, at their new versions
+            pids, with_grad = known_pids, list(before.pids)
+            after = list(zip(before.ids, map(_version if before.plain else grad_version,
+                                             before.grads)))
+        elif None not in known_pids:  # every one tracked: ``map``s in C
             pids = known_pids
             grads = grads_of(params)
             has = list(map(is_not, grads, repeat(None)))

@@ -374,6 +374,19 @@ def group_lrs(optimizer) -> list | None:
     return [plain_number(g.get("lr")) if type(g) is dict else None for g in groups]
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_step_class(cls) -> bool:
+    return (getattr(getattr(cls, "step", None), "__module__", None) or "").startswith("torch.optim.")
+
+
+def _torch_step(optimizer) -> bool:
+    """Whether ``optimizer.step`` is one of torch's own (they never set a ``.grad``); an
+    LR scheduler's wrapper around it (set on the instance) keeps the wrapped one's module."""
+    own = vars(optimizer).get("step")
+    return _torch_step_class(type(optimizer)) and (
+        own is None or (getattr(own, "__module__", None) or "").startswith("torch.optim."))
+
+
 def _has_closure(args, kwargs) -> bool:
     # the step hooks get the step's own args, ``self`` first
     return (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
@@ -642,7 +655,8 @@ class OptimizerWatcher:
             if read is not None and (read[0] != opt or closure):
                 read = None
             without = rec.grads.after_step(rec.opt_params.get(opt, ()),
-                                           read[1] if read is not None else None)
+                                           read[1] if read is not None else None,
+                                           keeps_grads=_torch_step(optimizer))
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                      rec.here(3))
             for subscriber in self._stepped_without_grad:
