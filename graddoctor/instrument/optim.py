@@ -14,7 +14,7 @@ import math
 import sys
 from collections.abc import Mapping
 from itertools import compress, repeat
-from operator import and_, attrgetter, eq, is_, is_not, itemgetter, ne, not_
+from operator import and_, attrgetter, is_, is_not, itemgetter, ne, not_
 from types import MappingProxyType
 
 import torch
