@@ -106,7 +106,8 @@ class GradState:
             if ((keeps_grads or all(map(is_, grads_of(tensors), before)))
                     and list(map(_version, read.grads)) == read.versions):
                 self.param_version.update(zip(pids, map(_version, tensors)))
-                self.known.update(zip(read.pids, read.states))
+                if not read.known:
+                    self.known.update(zip(read.pids, read.states))
                 return read.without
         tensors = tensors_of(self.tensors.refs, pids)
         if not all(map(is_not, tensors, repeat(None))):  # some died: left as they were

@@ -44,7 +44,7 @@ class StepGrads:
     left the grads as they were, instead of reading them again)."""
 
     __slots__ = ("pids", "grads", "states", "versions", "without", "vouched", "owned",
-                 "_by_device")
+                 "known", "_by_device")
 
     def __init__(self, pids, grads, states, without, vouched, by_device=None, versions=None,
                  owned=None):
@@ -55,6 +55,7 @@ class StepGrads:
         # (pids, tensors, their grads) of every owned parameter, None in the grads for those
         # without one: what the post hook compares with (None when some had died)
         self.owned = owned
+        self.known = False  # the states are what graddoctor knew already (nothing to note)
 
     def by_device(self) -> dict:
         """``device -> ([pid], [grad])``, dense grads only; checked for sparse grads and
@@ -133,9 +134,11 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
             by_hand.extend(compress(pids, map(ne, last, now)))
     versions = list(map(_version, grads))
     states = list(zip(map(id, grads), versions))
+    known_already = False
     if edited is not None:
         known = list(map(rec.grads.known.get, pids))
-        if known != states:
+        known_already = known == states
+        if not known_already:
             zeroed = rec.grads.zeroed
             edited.extend(compress(pids, map(and_, map(ne, states, known),
                                              map(ne, states, map(zeroed.get, pids)))))
@@ -145,7 +148,9 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
         entries = list(map(finite.get, pids))
         vouched = (None not in entries and list(map(itemgetter(0), entries)) == states
                    and (trust_scaler or not any(map(itemgetter(1), entries))))
-    return StepGrads(pids, grads, states, without, vouched, versions=versions, owned=owned)
+    read = StepGrads(pids, grads, states, without, vouched, versions=versions, owned=owned)
+    read.known = known_already
+    return read
 
 
 def _step_grads_each(rec: Recorder, pids, edited: list | None = None,
