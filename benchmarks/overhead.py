@@ -252,24 +252,21 @@ def median_ci95(values: list[float]) -> tuple[float, float]:
     return xs[lo], xs[hi]
 
 
-def per_step(name: str) -> dict:
-    """Interleave single steps of three sessions: instrumented (I), plain (P), plain (P2).
+def interleaved(builder, rounds: int, warmup: int, grad_flow: bool = False) -> tuple[dict, "Session"]:
+    """Interleave single steps of three sessions: instrumented (I), plain (P), plain (P2);
+    ``({"I"|"P"|"P2": [(wall s, cpu s), ...]}, the instrumented session)``, one sample per
+    round each.
 
     The plain sessions are built before graddoctor is installed; the instrumented one is built
     under it, like a script under ``graddoctor check`` (its optimizer and scaler registered).
     Plain steps run with the instrumentation suspended (patches and global hooks out). Each
     round times one step of each, in an order that cycles through all six permutations.
     """
-    label, builder, target, full, quick = WORKLOADS[name]
-    rounds, warmup = quick if ARGS.quick else full
-    rounds = ARGS.rounds or rounds
     plain_a, plain_b = builder(), builder()
-    n_tensors = sum(1 for _ in plain_a.model.parameters())
-    n_params = sum(p.numel() for p in plain_a.model.parameters())
     orders = list(itertools.permutations(("I", "P", "P2")))
     samples: dict[str, list[tuple[float, float]]] = {"I": [], "P": [], "P2": []}
     rec = Recorder(step_budget=None, finder=LocationFinder())
-    instrumentation = Instrumentation(rec, grad_flow=ARGS.grad_flow)
+    instrumentation = Instrumentation(rec, grad_flow=grad_flow)
     with instrumentation:
         instr = builder()
         for _ in range(warmup):
@@ -286,6 +283,17 @@ def per_step(name: str) -> dict:
                 else:
                     with suspended(instrumentation):
                         samples[arm].append(_timed(plain_a.step if arm == "P" else plain_b.step))
+    return samples, instr
+
+
+def per_step(name: str) -> dict:
+    """One workload's row: ``interleaved`` steps, their I/P and A/A ratios per clock."""
+    label, builder, target, full, quick = WORKLOADS[name]
+    rounds, warmup = quick if ARGS.quick else full
+    rounds = ARGS.rounds or rounds
+    samples, session = interleaved(builder, rounds, warmup, ARGS.grad_flow)
+    n_tensors = sum(1 for _ in session.model.parameters())
+    n_params = sum(p.numel() for p in session.model.parameters())
     row = {"workload": name, "label": label, "tensors": n_tensors, "params": n_params,
            "rounds": rounds, "target": target}
     for clock, k in (("wall", 0), ("cpu", 1)):

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
-import itertools
 import os
 import pstats
 import statistics
@@ -45,7 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-import overhead  # noqa: E402  (its helpers: suspended, _timed, quartiles, median_ci95)
+import overhead  # noqa: E402  (its interleaved steps and median_ci95)
 from graddoctor.instrument import Instrumentation, Recorder  # noqa: E402
 from graddoctor.location import LocationFinder  # noqa: E402
 
@@ -122,31 +120,10 @@ SHAPES = {"moe": build_moe, "lora": build_lora}
 
 
 def per_step(shape: str, tensors: int, rounds: int, warmup: int) -> dict:
-    builder = SHAPES[shape]
-    plain_a, plain_b = builder(tensors), builder(tensors)
-    orders = list(itertools.permutations(("I", "P", "P2")))
-    samples: dict[str, list[tuple[float, float]]] = {"I": [], "P": [], "P2": []}
-    instrumentation = Instrumentation(Recorder(step_budget=None, finder=LocationFinder()))
-    with instrumentation:
-        instr = builder(tensors)
-        for _ in range(warmup):
-            instr.step()
-        with overhead.suspended(instrumentation):
-            for _ in range(warmup):
-                plain_a.step()
-                plain_b.step()
-        gc.collect()
-        for r in range(rounds):
-            for arm in orders[r % len(orders)]:
-                if arm == "I":
-                    samples[arm].append(overhead._timed(instr.step))
-                else:
-                    with overhead.suspended(instrumentation):
-                        samples[arm].append(overhead._timed(plain_a.step if arm == "P"
-                                                            else plain_b.step))
+    samples, session = overhead.interleaved(lambda: SHAPES[shape](tensors), rounds, warmup)
     ratios = [i[1] / p[1] for i, p in zip(samples["I"], samples["P"])]
     aa = [b[1] / p[1] for b, p in zip(samples["P2"], samples["P"])]
-    return {"shape": shape, "tensors": len(instr.params), "rounds": rounds,
+    return {"shape": shape, "tensors": len(session.params), "rounds": rounds,
             "plain_ms": 1e3 * statistics.median(p[1] for p in samples["P"]),
             "ratio": statistics.median(ratios), "ci95": overhead.median_ci95(ratios),
             "aa": statistics.median(aa)}

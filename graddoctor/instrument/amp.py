@@ -130,9 +130,9 @@ class GradScalerWatcher:
     def _record_unscale(self, scaler, result, optimizer) -> None:
         rec = self.rec
         opt = rec.optimizer_id(optimizer)
-        states = rec.grads.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
+        pids, states = rec.grads.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
         if scaler.is_enabled():  # it checked every value: finite, if scaler.step steps
-            rec.grads.vouch_finite(states, conditional=True)
+            rec.grads.vouch_finite(pids, states, conditional=True)
         rec.emit(ev.unscale(scaler=self.scaler_id(scaler), opt=opt, enabled=scaler.is_enabled(),
                             implicit=self._in_step.active, scale=self._scale_value(scaler)),
                  rec.here(2))

@@ -12,7 +12,9 @@ no optimizer owns, and leaves that are not parameters at all (FGSM's input, whos
 the point of that backward). A walk costs more than the rest of a backward's bookkeeping on a
 small model, so it runs on each call line's first backwards, whenever parameters were
 registered on a module since, on every backward of a line that showed non-parameter leaves,
-and on every 16th call of a line otherwise; an unwalked backward repeats its line's last count.
+and otherwise on a line's 16th call, then at gaps that double up to every 256th (a walk visits
+every graph node: a long run's walks cost a bounded share); an unwalked backward repeats its
+line's last count.
 
 A non-parameter leaf is only counted, unless a later walk meets the very same tensor again: one
 that lives across backwards (a learnable temperature made with ``requires_grad=True`` and left
@@ -99,18 +101,31 @@ class BackwardContext:
 
 
 WALK_FIRST = 3  # backwards of a call line that are always walked
-WALK_EVERY = 16  # after those, one in this many
+# after those, the WALK_EVERY-th, then at gaps that double up to WALK_MOST: a walk costs one
+# visit per graph node, so a long run's walks cost a bounded share of its steps, while a leaf
+# that is new late in a run (not a registered parameter: those trigger a walk) is still found
+WALK_EVERY = 16
+WALK_MOST = 256
 
 
 class _Line:
     """What the graph walks of one backward call line found."""
 
-    __slots__ = ("calls", "extra_leaves", "registrations")
+    __slots__ = ("calls", "extra_leaves", "registrations", "next_walk", "gap")
 
     def __init__(self) -> None:
         self.calls = 0
         self.extra_leaves = 0
         self.registrations = -1  # parameter registrations counted at its last walk
+        self.next_walk = WALK_EVERY  # the call count of the next periodic walk
+        self.gap = WALK_EVERY
+
+    def periodic_walk_due(self) -> bool:
+        if self.calls < self.next_walk:
+            return False
+        self.gap = min(self.gap * 2, WALK_MOST)
+        self.next_walk = self.calls + self.gap
+        return True
 
 
 # AccumulateGrad nodes are where a backward writes into a leaf's .grad
@@ -267,7 +282,7 @@ class BackwardWatcher:
             line = self._lines[key] = _Line()
         line.calls += 1
         if (key is None or self._always_walk or line.calls <= WALK_FIRST or line.extra_leaves
-                or line.registrations != self.registrations or line.calls % WALK_EVERY == 0):
+                or line.registrations != self.registrations or line.periodic_walk_due()):
             return line
         return None
 
@@ -470,12 +485,12 @@ class BackwardWatcher:
                 (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED
                  else cleared).append(pids[i])
         grads = list(compress(after, written))
-        written_pids = list(compress(pids, written))
-        if not all(map(is_not, grads, repeat(None))):  # set to None during the backward
+        written_pids = fresh if not held else list(compress(pids, written))
+        if held and not all(map(is_not, grads, repeat(None))):  # set to None during the backward
             kept = list(map(is_not, grads, repeat(None)))
             grads, written_pids = list(compress(grads, kept)), list(compress(written_pids, kept))
-        states = dict(zip(written_pids, states_of(grads)))
-        rec.grads.backward_wrote((fresh, accumulated, cleared), states)
+        rec.grads.backward_wrote(written_pids if not held else [*fresh, *accumulated, *cleared],
+                                 written_pids, list(states_of(grads)))
         return fresh, accumulated, cleared
 
     def _aside(self, ctx: BackwardContext, fresh: list, accumulated: list) -> None:

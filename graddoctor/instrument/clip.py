@@ -20,7 +20,7 @@ import inspect
 import math
 import types
 from itertools import compress, repeat
-from operator import and_, is_not, ne
+from operator import and_, attrgetter, is_, is_not, ne
 
 import torch
 import torch.nn.utils
@@ -28,9 +28,11 @@ import torch.nn.utils.clip_grad as clip_grad
 
 from .. import events as ev
 from .gradstate import Tensor, grads_of, states_of
-from .recorder import Recorder
 from .gradstate import version as grad_version
+from .recorder import Recorder
 from .subclasses import Depth
+
+_version = attrgetter("_version")
 
 
 def _number(value):
@@ -59,28 +61,50 @@ def _spent(iterator) -> bool | None:
     return None
 
 
+class Before:
+    """The tracked grads a clip was given as they were before it: ``pids`` and their
+    ``states`` (parallel lists); ``by_pid`` as a dict, built only when asked. On the fast path
+    also the grad tensors themselves (held for the clip's call only), their ids, and whether
+    all are plain tensors (not DTensors)."""
+
+    __slots__ = ("pids", "states", "grads", "ids", "plain")
+
+    def __init__(self, pids: list, states: list, grads: list | None = None,
+                 ids: list | None = None, plain: bool = True):
+        self.pids, self.states = pids, states
+        self.grads, self.ids, self.plain = grads, ids, plain
+
+    def by_pid(self) -> dict:
+        return dict(zip(self.pids, self.states))
+
+
 class ClipWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._depth = Depth()
 
-    def _before(self, params: list) -> tuple[list, dict, list]:
+    def _before(self, params: list) -> tuple[list, "Before", list]:
         """One pass before the clip: each param's pid (None if untracked), the state of each
         tracked grad, and which of those unwatched code changed since graddoctor last saw them."""
         rec = self.rec
         known, zeroed = rec.grads.known, rec.grads.zeroed
-        if all(map(isinstance, params, repeat(torch.Tensor))):  # ``map``s in C: no Python per parameter
-            known_pids = rec.tensors.numbers(params)
-            if None not in known_pids:
-                grads = grads_of(params)
-                has = list(map(is_not, grads, repeat(None)))
-                pids = list(compress(known_pids, has))
-                states = list(states_of(list(compress(grads, has))))
-                edited = list(compress(pids, map(and_, map(ne, states, map(known.get, pids)),
-                                                 map(ne, states, map(zeroed.get, pids)))))
-                return known_pids, dict(zip(pids, states)), edited
+        known_pids = rec.tensors.numbers(params)  # ``map``s in C: no Python per parameter
+        if None not in known_pids:  # every one a tracked tensor
+            grads = grads_of(params)
+            has = list(map(is_not, grads, repeat(None)))
+            if all(has):
+                pids = known_pids
+            else:
+                pids, grads = list(compress(known_pids, has)), list(compress(grads, has))
+            plain = all(map(is_, map(type, grads), repeat(Tensor)))
+            ids = list(map(id, grads))
+            states = list(zip(ids, map(_version if plain else grad_version, grads)))
+            seen = list(map(known.get, pids))
+            edited = [] if seen == states else list(compress(
+                pids, map(and_, map(ne, states, seen), map(ne, states, map(zeroed.get, pids)))))
+            return known_pids, Before(pids, states, grads, ids, plain), edited
         pid_of, refs = rec.tensors.number, rec.tensors.refs
-        known_pids, before, edited = [], {}, []
+        known_pids, pids, states, edited = [], [], [], []
         for p in params:
             pid = pid_of.get(id(p))
             if pid is None or refs[pid]() is not p:  # untracked, or not a tensor (rec.pid, inlined)
@@ -89,22 +113,32 @@ class ClipWatcher:
             known_pids.append(pid)
             grad = p.grad
             if grad is not None:
-                state = before[pid] = (id(grad), grad._version if type(grad) is Tensor
-                                              else grad_version(grad))
+                state = (id(grad), grad._version if type(grad) is Tensor else grad_version(grad))
+                pids.append(pid)
+                states.append(state)
                 if state != known.get(pid) and state != zeroed.get(pid):
                     edited.append(pid)
-        return known_pids, before, edited
+        return known_pids, Before(pids, states), edited
 
     def _record(self, via: str, params: list, known_pids: list, arguments: dict, result,
-                before: dict, edited: list, spent: bool | None) -> None:
+                before: "Before", edited: list, spent: bool | None) -> None:
         rec = self.rec
         pids, with_grad, after, untracked = [], [], [], 0
-        if None not in known_pids:  # every one tracked: ``map``s in C
+        if None not in known_pids and before.grads is not None:
+            # torch's clips change the grads in place, never set a ``.grad``: the same tensors
+            # as before, at their new versions
+            pids, with_grad = known_pids, list(before.pids)
+            after = list(zip(before.ids, map(_version if before.plain else grad_version,
+                                             before.grads)))
+        elif None not in known_pids:  # every one tracked: ``map``s in C
             pids = known_pids
             grads = grads_of(params)
             has = list(map(is_not, grads, repeat(None)))
-            with_grad = list(compress(pids, has))
-            after = list(zip(with_grad, states_of(list(compress(grads, has)))))
+            if all(has):
+                with_grad = list(pids)
+            else:
+                with_grad, grads = list(compress(pids, has)), list(compress(grads, has))
+            after = list(states_of(grads))
         for p, pid in zip(params, known_pids) if not pids else ():
             if pid is None:
                 if not isinstance(p, torch.Tensor):
@@ -117,9 +151,9 @@ class ClipWatcher:
             grad = p.grad
             if grad is not None:
                 with_grad.append(pid)
-                after.append((pid, (id(grad), grad._version if type(grad) is Tensor
-                                           else grad_version(grad))))
-        rec.grads.note_known(after)  # clipping changed the grads in place: still accumulated ones
+                after.append((id(grad), grad._version if type(grad) is Tensor
+                              else grad_version(grad)))
+        rec.grads.note_known(with_grad, after)  # clipping changed the grads in place: still accumulated ones
         limit = _number(arguments.get("clip_value" if via == "clip_grad_value_" else "max_norm"))
         total_norm = result if via == "clip_grad_norm_" else arguments.get("total_norm")
         total = None
@@ -131,9 +165,9 @@ class ClipWatcher:
                          norm_only=by_norm and limit == math.inf, total_norm=total, edited=edited,
                          spent=spent),
                  rec.here(2))
-        self._note_finite(via, total, before, after)
+        self._note_finite(via, total, before, with_grad, after)
 
-    def _note_finite(self, via: str, total, before: dict, after) -> None:
+    def _note_finite(self, via: str, total, before: "Before", pids: list, after: list) -> None:
         """Keep ``Recorder.finite`` true to the clipped grads (it spares the step a norm pass).
 
         clip_grad_norm_ with a finite total saw every value finite. Otherwise clipping keeps
@@ -143,12 +177,12 @@ class ClipWatcher:
         rec = self.rec
         if via == "clip_grad_norm_":
             if isinstance(total, float) and math.isfinite(total):
-                rec.grads.vouch_finite(after)
+                rec.grads.vouch_finite(pids, after)
             elif all((v := rec.grads.finite.get(pid)) is not None and v[0] == state
-                     for pid, state in before.items()):
-                rec.grads.carry_finite(before, after)
+                     for pid, state in zip(before.pids, before.states)):
+                rec.grads.carry_finite(before.by_pid(), pids, after)
         elif via == "clip_grad_value_":
-            rec.grads.carry_finite(before, after)
+            rec.grads.carry_finite(before.by_pid(), pids, after)
 
     def _wrap(self, original, via: str):
         watcher, rec = self, self.rec
@@ -179,7 +213,7 @@ class ClipWatcher:
             else:
                 kwargs["parameters"] = params
             known_pids: list = []
-            before: dict = {}
+            before = Before([], [])
             edited: list = []
             try:
                 known_pids, before, edited = watcher._before(params)

@@ -26,7 +26,6 @@ Tensor = torch.Tensor
 
 _version = operator.attrgetter("_version")
 _requires_grad = operator.attrgetter("requires_grad")
-_first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def tensors_of(refs: list, pids: list) -> list:
@@ -79,22 +78,37 @@ class GradState:
         # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
         self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
 
-    def grad_states(self, pids) -> list[tuple[int, tuple[int, int]]]:
-        """``(pid, (id(grad), grad._version))`` for each pid whose tensor has a grad. The loops
-        that run every step go through here: ``map``s that run in C, no Python per tensor."""
+    def grad_states(self, pids) -> tuple[list, list]:
+        """``(pids, states)``, two parallel lists: each pid whose tensor has a grad and that
+        grad's ``(id(grad), grad._version)``. The loops that run every step go through here:
+        ``map``s that run in C, no Python per tensor."""
         pids = pids if type(pids) is list else list(pids)
         grads = grads_of(tensors_of(self.tensors.refs, pids))
         with_grad = list(map(is_not, grads, repeat(None)))
         if not all(with_grad):
             pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
-        return list(zip(pids, states_of(grads)))
+        return pids, list(states_of(grads))
 
-    def after_step(self, pids) -> list[int]:
+    def after_step(self, pids, read=None, keeps_grads: bool = False) -> list[int]:
         """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
         events need it after the script's tensors are gone), refresh what its grad looks like
         after the step, note its ``_version`` (``param_version``), and return the pids that had
-        no gradient. ``map``s that run in C, no Python per parameter."""
+        no gradient. ``map``s that run in C, no Python per parameter.
+
+        ``read``: what the step's pre hook read (``optim.StepGrads``). When the step left every
+        ``.grad`` as it got it (the same tensors, at the same versions), its states and
+        requires_grad stand: only the parameters' versions are read. ``keeps_grads``: the step
+        is one of torch's optimizers', which never set a ``.grad`` (only a version is compared)."""
         pids = pids if type(pids) is list else list(pids)
+        owned = read.owned if read is not None and read.states is not None else None
+        if owned is not None and owned[0] is pids and len(owned[1]) == len(pids):
+            _pids, tensors, before = owned
+            if ((keeps_grads or all(map(is_, grads_of(tensors), before)))
+                    and list(map(_version, read.grads)) == read.versions):
+                self.param_version.update(zip(pids, map(_version, tensors)))
+                if not read.known:
+                    self.known.update(zip(read.pids, read.states))
+                return read.without
         tensors = tensors_of(self.tensors.refs, pids)
         if not all(map(is_not, tensors, repeat(None))):  # some died: left as they were
             alive = list(map(is_not, tensors, repeat(None)))
@@ -111,10 +125,14 @@ class GradState:
         self.known.update(zip(pids, states_of(grads)))
         return without
 
-    def note_known(self, states) -> None:
-        """``(pid, state)`` pairs read after an in-place change graddoctor watched: the grads as
-        they are now are still the accumulated ones, not a manual clear."""
-        self.known.update(states)
+    def note_requires_grad(self, pids: list, requires: list) -> None:
+        """Each parameter's ``requires_grad`` (parallel lists), read before a step."""
+        self.requires_grad.update(zip(pids, requires))
+
+    def note_known(self, pids: list, states: list) -> None:
+        """States (parallel to ``pids``) read after an in-place change graddoctor watched: the
+        grads as they are now are still the accumulated ones, not a manual clear."""
+        self.known.update(zip(pids, states))
 
     def cleared(self, params) -> list[int]:
         """A ``zero_grad`` has just cleared ``params``: their grads are fresh from now on, and
@@ -135,37 +153,38 @@ class GradState:
                                    states_of(list(compress(grads, with_grad)))))
         return pids
 
-    def backward_wrote(self, written, states: dict) -> None:
-        """A backward has just written the grads of the pids in the lists ``written``;
-        ``states`` (pid -> state) are those it left a grad in. Once per backward: the loops
-        run here, over what the backward watcher's own pass collected."""
+    def backward_wrote(self, written: list, pids: list, states: list) -> None:
+        """A backward has just written the grads of the pids in ``written``; ``states``
+        (parallel to ``pids``) are those it left a grad in. Once per backward: the passes run
+        here, over what the backward watcher's own pass collected."""
         zeroed, finite = self.zeroed, self.finite
         # a new gradient: an old state could match it by a reused id (a voucher: a NaN missed)
-        if zeroed or finite:
-            for pids in written:
-                for pid in pids:
-                    zeroed.pop(pid, None)
-                    finite.pop(pid, None)
-        self.known.update(states)
+        if zeroed:
+            list(map(zeroed.pop, written, repeat(None)))
+        if finite:
+            list(map(finite.pop, written, repeat(None)))
+        self.known.update(zip(pids, states))
 
-    def refresh_known(self, pids) -> list[tuple[int, tuple[int, int]]]:
+    def refresh_known(self, pids) -> tuple[list, list]:
         """After an in-place change we made or watched (clip, unscale, step): the grad as it is
-        now is still the accumulated one, not a manual clear. Returns the states it read."""
-        states = self.grad_states(pids)
-        self.known.update(states)
-        return states
+        now is still the accumulated one, not a manual clear. Returns what it read
+        (``grad_states``)."""
+        pids, states = self.grad_states(pids)
+        self.known.update(zip(pids, states))
+        return pids, states
 
-    def vouch_finite(self, states, conditional: bool = False) -> None:
+    def vouch_finite(self, pids: list, states: list, conditional: bool = False) -> None:
         """A watched op has just seen every value of these grads finite (see ``finite``)."""
-        self.finite.update(zip(map(_first, states), zip(map(_second, states), repeat(conditional))))
+        self.finite.update(zip(pids, zip(states, repeat(conditional))))
 
-    def carry_finite(self, before: dict, after) -> None:
+    def carry_finite(self, before: dict, pids: list, states: list) -> None:
         """A watched op that keeps finite grads finite (clipping: a finite factor or a clamp)
-        went from ``before`` (pid -> state) to ``after``: grads vouched for before still are."""
+        went from ``before`` (pid -> state) to ``states`` (parallel to ``pids``): grads vouched
+        for before still are."""
         finite = self.finite
         if not finite:
             return
-        for pid, state in after:
+        for pid, state in zip(pids, states):
             vouched = finite.get(pid)
             if vouched is not None:
                 if vouched[0] == before.get(pid):

@@ -53,6 +53,8 @@ class IdleParamWatcher:
         if not without:
             return
         missing, looked = self._missing, self._looked
+        if looked.issuperset(without):  # each searched for already: their counts are done with
+            return
         # ``map``s in C: a mixture of experts leaves most parameters without a grad each step
         counts = list(map(add, map(missing.get, without, repeat(0)), repeat(1)))
         missing.update(zip(without, counts))

@@ -14,7 +14,7 @@ import math
 import sys
 from collections.abc import Mapping
 from itertools import compress, repeat
-from operator import and_, attrgetter, eq, is_, is_not, itemgetter, ne, not_
+from operator import and_, attrgetter, is_, is_not, itemgetter, ne, not_
 from types import MappingProxyType
 
 import torch
@@ -36,56 +36,123 @@ _item = torch.Tensor.item
 _grad_enabled = torch.is_grad_enabled
 
 
+class StepGrads:
+    """What ``step_grads`` read of the gradients an optimizer is about to apply.
+
+    ``pids``/``grads``: those with a ``.grad`` (the dense, plain-tensor fast path: one device
+    group, built lazily by ``by_device``), ``states`` their ``(id, version)``, ``without`` the
+    owned pids with none; ``vouched``: every one is vouched finite. Held from the step's pre
+    hook to its post hook only (``GradState.after_step`` takes the states from it when the step
+    left the grads as they were, instead of reading them again)."""
+
+    __slots__ = ("pids", "grads", "states", "versions", "without", "vouched", "owned",
+                 "known", "_by_device")
+
+    def __init__(self, pids, grads, states, without, vouched, by_device=None, versions=None,
+                 owned=None):
+        self.pids, self.grads, self.states, self.without = pids, grads, states, without
+        self.vouched = vouched
+        self._by_device = by_device
+        self.versions = versions  # each grad's ``_version`` (the second item of its state)
+        # (pids, tensors, their grads) of every owned parameter, None in the grads for those
+        # without one: what the post hook compares with (None when some had died)
+        self.owned = owned
+        self.known = False  # the states are what graddoctor knew already (nothing to note)
+
+    def by_device(self) -> dict:
+        """``device -> ([pid], [grad])``, dense grads only; checked for sparse grads and
+        several devices only here, when a norm pass or a picture needs the groups."""
+        if self._by_device is None:
+            grads = self.grads
+            if not grads:
+                self._by_device = {}
+            elif any(map(_is_sparse, grads)) or len(set(map(_device, grads))) != 1:
+                self._by_device = _group(self.pids, grads)
+            else:
+                self._by_device = {grads[0].device: (self.pids, grads)}
+        return self._by_device
+
+
+def _group(pids, grads) -> dict:
+    by_device: dict = {}
+    for pid, grad in zip(pids, grads):
+        if not grad.is_sparse:
+            pids_grads = by_device.get(grad.device)
+            if pids_grads is None:
+                pids_grads = by_device[grad.device] = ([], [])
+            pids_grads[0].append(pid)
+            pids_grads[1].append(grad)
+    return by_device
+
+
 def step_grads(rec: Recorder, pids, edited: list | None = None,
                trust_scaler: bool = False, frozen: list | None = None,
-               by_hand: list | None = None) -> tuple[dict, bool]:
+               by_hand: list | None = None) -> StepGrads:
     """One pass over the gradients an optimizer is about to apply (hot path: every update).
 
-    Returns them grouped by device (``device -> ([pid], [grad])``, dense only) and whether every
-    one is vouched finite (``Recorder.finite``; ``trust_scaler``: this step runs inside
-    GradScaler.step, so unscale_'s vouchers hold). With ``edited`` (a list), the same pass also
-    collects the pids whose ``.grad`` was changed in place by code graddoctor does not watch
-    (``p.grad /= k``): the grad tensor's ``(id, _version)`` is neither what graddoctor last saw
-    nor what zero_grad left. With ``frozen`` (a list), it also collects the pids that have a
-    ``.grad`` while ``requires_grad`` is False: frozen, yet the step updates them (torch's
-    optimizers skip a parameter only when its ``.grad`` is None). With ``by_hand`` (a list), it
-    also collects the pids with a ``.grad`` whose tensor was changed in place since the latest
-    step that owns them (its ``_version`` differs from ``Recorder.param_version``): edited by
-    code other than the optimizer, e.g. an EMA update (``p.data`` edits do not count: they
-    bypass the version counter).
+    Returns them (``StepGrads``: grouped by device on demand) and whether every one is vouched
+    finite (``Recorder.finite``; ``trust_scaler``: this step runs inside GradScaler.step, so
+    unscale_'s vouchers hold). With ``edited`` (a list), the same pass also collects the pids
+    whose ``.grad`` was changed in place by code graddoctor does not watch (``p.grad /= k``):
+    the grad tensor's ``(id, _version)`` is neither what graddoctor last saw nor what zero_grad
+    left. With ``frozen`` (a list), it also collects the pids that have a ``.grad`` while
+    ``requires_grad`` is False: frozen, yet the step updates them (torch's optimizers skip a
+    parameter only when its ``.grad`` is None). With ``by_hand`` (a list), it also collects the
+    pids with a ``.grad`` whose tensor was changed in place since the latest step that owns
+    them (its ``_version`` differs from ``Recorder.param_version``): edited by code other than
+    the optimizer, e.g. an EMA update (``p.data`` edits do not count: they bypass the version
+    counter). It notes every owned parameter's ``requires_grad`` (``GradState.requires_grad``).
 
-    Written as ``map``s that run in C (no Python per gradient); the general path
-    (``_step_grads_each``) takes DTensors, sparse grads and grads on several devices."""
+    Written as ``map``s that run in C (no Python per gradient), each check a comparison of
+    whole lists first (the common case: nothing to collect); the general path
+    (``_step_grads_each``) takes DTensors."""
     pids = pids if type(pids) is list else list(pids)
     tensors = tensors_of(rec.tensors.refs, pids)
+    died = not all(map(is_not, tensors, repeat(None)))
+    if died:  # the rest as they are
+        alive = list(map(is_not, tensors, repeat(None)))
+        pids, tensors = list(compress(pids, alive)), list(compress(tensors, alive))
+    requires = list(map(_requires_grad, tensors))
+    rec.grads.note_requires_grad(pids, requires)
     grads = grads_of(tensors)
+    owned = None if died else (pids, tensors, grads)
     has = list(map(is_not, grads, repeat(None)))
+    without: list = []
     if not all(has):
-        pids, tensors, grads = (list(compress(pids, has)), list(compress(tensors, has)),
-                                list(compress(grads, has)))
+        without = list(compress(pids, map(not_, has)))
+        pids, tensors, grads, requires = (list(compress(pids, has)), list(compress(tensors, has)),
+                                          list(compress(grads, has)), list(compress(requires, has)))
     if not grads:
-        return {}, True
-    if (not all(map(is_, map(type, grads), repeat(Tensor))) or any(map(_is_sparse, grads))
-            or len(set(map(_device, grads))) != 1):
-        return _step_grads_each(rec, pids, edited, trust_scaler, frozen, by_hand)
-    if frozen is not None:
-        frozen.extend(compress(pids, map(not_, map(_requires_grad, tensors))))
+        return StepGrads([], [], [], without, True, {}, versions=[], owned=owned)
+    if not all(map(is_, map(type, grads), repeat(Tensor))):
+        by_device, vouched = _step_grads_each(rec, pids, edited, trust_scaler, frozen, by_hand)
+        return StepGrads(pids, grads, None, without, vouched, by_device)
+    if frozen is not None and not all(requires):
+        frozen.extend(compress(pids, map(not_, requires)))
     if by_hand is not None:
         now = list(map(_version, tensors))
-        by_hand.extend(compress(pids, map(ne, map(rec.grads.param_version.get, pids, now), now)))
-    states = list(zip(map(id, grads), map(_version, grads)))
+        last = list(map(rec.grads.param_version.get, pids, now))
+        if now != last:
+            by_hand.extend(compress(pids, map(ne, last, now)))
+    versions = list(map(_version, grads))
+    states = list(zip(map(id, grads), versions))
+    known_already = False
     if edited is not None:
-        known, zeroed = rec.grads.known, rec.grads.zeroed
-        edited.extend(compress(pids, map(and_, map(ne, states, map(known.get, pids)),
-                                         map(ne, states, map(zeroed.get, pids)))))
+        known = list(map(rec.grads.known.get, pids))
+        known_already = known == states
+        if not known_already:
+            zeroed = rec.grads.zeroed
+            edited.extend(compress(pids, map(and_, map(ne, states, known),
+                                             map(ne, states, map(zeroed.get, pids)))))
     finite = rec.grads.finite
     vouched = False
     if finite:
         entries = list(map(finite.get, pids))
-        vouched = (all(map(is_not, entries, repeat(None)))
-                   and all(map(eq, map(itemgetter(0), entries), states))
+        vouched = (None not in entries and list(map(itemgetter(0), entries)) == states
                    and (trust_scaler or not any(map(itemgetter(1), entries))))
-    return {grads[0].device: (pids, grads)}, vouched
+    read = StepGrads(pids, grads, states, without, vouched, versions=versions, owned=owned)
+    read.known = known_already
+    return read
 
 
 def _step_grads_each(rec: Recorder, pids, edited: list | None = None,
@@ -149,7 +216,7 @@ def norms_by_device(by_device: dict) -> tuple[list[int], list[float]]:
 
 def grad_norms(rec: Recorder, pids, edited: list | None = None) -> tuple[list[int], list[float]]:
     """The per-update numeric summary: ``(pids, norms)`` of every dense gradient in ``pids``."""
-    return norms_by_device(step_grads(rec, pids, edited)[0])
+    return norms_by_device(step_grads(rec, pids, edited).by_device())
 
 
 def _really_nonfinite(rec: Recorder, pid: int) -> bool:
@@ -320,6 +387,19 @@ def group_lrs(optimizer) -> list | None:
     return [plain_number(g.get("lr")) if type(g) is dict else None for g in groups]
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_step_class(cls) -> bool:
+    return (getattr(getattr(cls, "step", None), "__module__", None) or "").startswith("torch.optim.")
+
+
+def _torch_step(optimizer) -> bool:
+    """Whether ``optimizer.step`` is one of torch's own (they never set a ``.grad``); an
+    LR scheduler's wrapper around it (set on the instance) keeps the wrapped one's module."""
+    own = vars(optimizer).get("step")
+    return _torch_step_class(type(optimizer)) and (
+        own is None or (getattr(own, "__module__", None) or "").startswith("torch.optim."))
+
+
 def _has_closure(args, kwargs) -> bool:
     # the step hooks get the step's own args, ``self`` first
     return (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
@@ -334,6 +414,7 @@ class OptimizerWatcher:
         self._moves = MoveWatch(rec, self._owned)
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
+        self._read: tuple | None = None  # (opt, StepGrads) of the outermost step running
         self._backwards_before = 0  # rec.progress.backward_calls when the outermost step began
         self._stepped = rec.subscribers(STEPPED)
         self._stepped_without_grad = rec.subscribers(STEPPED_WITHOUT_GRAD)
@@ -505,18 +586,20 @@ class OptimizerWatcher:
             nonfinite: list[int] = []
             frozen: list[int] = []
             by_hand: list[int] = []
+            self._read = None
             if not closure:
-                by_device, vouched = step_grads(rec, rec.opt_params.get(opt, ()), edited,
-                                                self.scalers.in_scaler_step, frozen, by_hand)
-                if vouched and not self._wants_norms(opt):
+                read = step_grads(rec, rec.opt_params.get(opt, ()), edited,
+                                  self.scalers.in_scaler_step, frozen, by_hand)
+                self._read = (opt, read)  # for the post hook: the grads as the step got them
+                if read.vouched and not self._wants_norms(opt):
                     norm_pids = norms = None  # finite, as a clip or unscale_ already saw
                 else:
-                    norm_pids, norms = norms_by_device(by_device)
+                    norm_pids, norms = norms_by_device(read.by_device())
                     if not all(map(math.isfinite, norms)):
                         nonfinite = [pid for pid, n in zip(norm_pids, norms)
                                      if not math.isfinite(n) and _really_nonfinite(rec, pid)]
                 for subscriber in self._step_grads:
-                    subscriber(opt, optimizer, by_device, norm_pids, norms)
+                    subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
             moved = self._moves.moved()
             loc = rec.here(3)
             if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves
@@ -582,7 +665,12 @@ class OptimizerWatcher:
             # a closure that ran no backward (Lightning passes one to every step, manual
             # optimization's does nothing) leaves the gradients to the loop: a plain step
             closure = _has_closure(args, kwargs) and rec.progress.backward_calls > self._backwards_before
-            without = rec.grads.after_step(rec.opt_params.get(opt, ()))
+            read, self._read = self._read, None
+            if read is not None and (read[0] != opt or closure):
+                read = None
+            without = rec.grads.after_step(rec.opt_params.get(opt, ()),
+                                           read[1] if read is not None else None,
+                                           keeps_grads=_torch_step(optimizer))
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                      rec.here(3))
             for subscriber in self._stepped_without_grad:

@@ -1,0 +1,136 @@
+"""A step's and a clip's gradients are read once, and what graddoctor knows stays true.
+
+The optimizer's post hook takes the grads' states from what its pre hook read when the step
+left every ``.grad`` as it got it; a clip's after-state is the grad tensors it read before, at
+their new versions. Whatever the step or the clip did, graddoctor's record of each ``.grad``
+(``GradState.known``: the grad tensor's id and version) must then be the grad as it is, and the
+parameters without a gradient must be those that have none after the step: an optimizer that
+edits a grad in place or drops it falls back to reading the grads again.
+"""
+
+import torch
+from torch import nn
+
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument import gradstate
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def _state(param):
+    grad = param.grad
+    return None if grad is None else (id(grad), grad._version)
+
+
+def _known(rec, model):
+    """(what graddoctor knows, what is) of each parameter's grad."""
+    pairs = []
+    for p in model.parameters():
+        pid = rec.pid(p)
+        pairs.append((rec.grads.known.get(pid) if p.grad is not None else None, _state(p)))
+    return [k for k, _ in pairs], [s for _, s in pairs]
+
+
+class HalvesGrads(torch.optim.SGD):
+    """A user's optimizer whose step edits every grad in place (a version the pre hook did
+    not see)."""
+
+    def step(self, closure=None):
+        result = super().step(closure)
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(0.5)
+        return result
+
+
+class DropsGrads(torch.optim.SGD):
+    """A user's optimizer that frees the grads as it steps (``p.grad = None``)."""
+
+    def step(self, closure=None):
+        result = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        return result
+
+
+def _run(make_optimizer, clip: bool = False, steps: int = 3):
+    rec = Recorder(step_budget=None)
+    seen = []
+    with Instrumentation(rec):
+        model = _model()
+        opt = make_optimizer(model.parameters())
+        x = torch.randn(5, 3)
+        for _ in range(steps):
+            model(x).pow(2).sum().backward()  # no zero_grad: grads accumulate
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+                seen.append(("clip",) + tuple(_known(rec, model)))
+            opt.step()
+            seen.append(("step",) + tuple(_known(rec, model)))
+    return rec, model, seen
+
+
+def _after_step_modes(monkeypatch):
+    """Records, per call of ``GradState.after_step``, whether it took its read-once path."""
+    modes = []
+    original = gradstate.GradState.after_step
+
+    def spy(self, pids, read=None, keeps_grads=False):
+        modes.append(read is not None and read.states is not None)
+        return original(self, pids, read, keeps_grads)
+
+    monkeypatch.setattr(gradstate.GradState, "after_step", spy)
+    return modes
+
+
+def test_torch_optimizer_steps_take_the_pre_hooks_read(monkeypatch):
+    modes = _after_step_modes(monkeypatch)
+    rec, model, seen = _run(lambda params: torch.optim.AdamW(params, lr=1e-3), clip=True)
+    assert modes == [True, True, True]
+    for _, known, actual in seen:
+        assert known == actual and None not in actual
+
+
+def test_an_optimizer_that_edits_grads_in_place_is_read_again():
+    rec, model, seen = _run(lambda params: HalvesGrads(params, lr=0.1))
+    for _, known, actual in seen:
+        assert known == actual  # the halved grads' new versions, not the ones before the step
+    # the next backward adds onto the grads graddoctor saw last: an accumulation, every time
+    backwards = [e for e in rec.trace.events if e.kind == "backward"]
+    assert [len(e["accumulated"]) for e in backwards] == [0, 4, 4]
+
+
+def test_an_optimizer_that_drops_grads_leaves_them_without_one():
+    rec, model, seen = _run(lambda params: DropsGrads(params, lr=0.1))
+    steps = [e for e in rec.trace.events if e.kind == "step"]
+    pids = [rec.pid(p) for p in model.parameters()]
+    assert [sorted(e["without_grad"]) for e in steps] == [sorted(pids)] * 3
+    backwards = [e for e in rec.trace.events if e.kind == "backward"]
+    assert [len(e["fresh"]) for e in backwards] == [4, 4, 4]
+
+
+def test_a_clip_records_the_grads_it_changed_and_an_edit_before_it():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(5, 3)
+        for i in range(3):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            if i == 1:
+                model[0].bias.grad.div_(4)  # by hand, before the clip: an edit the clip reports
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+            known, actual = _known(rec, model)
+            assert known == actual
+            opt.step()
+    clips = [e for e in rec.trace.events if e.kind == "clip"]
+    assert [e["edited"] for e in clips] == [[], [rec.pid(model[0].bias)], []]
+    # the edit was reported at the clip, not again at the step
+    assert not [e for e in rec.trace.events if e.kind == "grad_edit"]
