@@ -134,3 +134,28 @@ def test_a_clip_records_the_grads_it_changed_and_an_edit_before_it():
     assert [e["edited"] for e in clips] == [[], [rec.pid(model[0].bias)], []]
     # the edit was reported at the clip, not again at the step
     assert not [e for e in rec.trace.events if e.kind == "grad_edit"]
+
+
+class FailsToStep(torch.optim.SGD):
+    """A step that raises after torch's pre hooks ran (an out-of-memory error, say)."""
+
+    def step(self, closure=None):
+        raise RuntimeError("out of memory")
+
+
+def test_a_step_that_raised_holds_no_gradient_past_the_next_zero_grad():
+    import gc
+    import weakref
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = _model()
+        opt = FailsToStep(model.parameters(), lr=0.1)
+        model(torch.randn(5, 3)).pow(2).sum().backward()
+        grads = [weakref.ref(p.grad) for p in model.parameters()]
+        try:
+            opt.step()  # the recovery loop of a script: catch, clear, go on with less
+        except RuntimeError:
+            opt.zero_grad(set_to_none=True)
+        gc.collect()
+        assert [g() for g in grads] == [None] * len(grads)

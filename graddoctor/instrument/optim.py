@@ -513,6 +513,7 @@ class OptimizerWatcher:
         def zero_grad(obj, *args, **kwargs):
             if watcher._clearing:
                 return original(obj, *args, **kwargs)
+            watcher._read = None  # a step that raised left its grads held there: let them go
             watcher._clearing = True
             try:
                 result = original(obj, *args, **kwargs)
