@@ -60,28 +60,27 @@ def test_a_peek_whose_names_the_loop_does_not_use_is_silent(tmp_path):
     assert findings(t, SLUG) == []
 
 
-def test_a_new_iterator_each_update_over_an_unshuffled_loader_is_a_warning():
+def new_iterator_each_update(sampler: str, shuffle: bool, batches: int) -> TraceBuilder:
+    """``next(iter(loader))`` before each update: every update begins an epoch of the loader."""
     t = TraceBuilder()
     t.optimizer(0, [0], line=1)
-    t.put(ev.loader_sampler(loader=0, sampler="SequentialSampler", shuffle=False, dataset_len=64,
+    t.put(ev.loader_sampler(loader=0, sampler=sampler, shuffle=shuffle, dataset_len=64,
                             reach=64), 5)
     for epoch in range(4):
-        t.put(ev.epoch_start(loader=0, epoch=epoch, real_len=4, replay_len=4), 5)
+        t.put(ev.epoch_start(loader=0, epoch=epoch, real_len=batches, replay_len=batches), 5)
         t.backward(fresh=[0], line=7, batch=[0, epoch, 0])
         t.step(0, line=8)
+    return t
+
+
+def test_a_new_iterator_each_update_over_an_unshuffled_loader_is_a_warning():
+    t = new_iterator_each_update("SequentialSampler", shuffle=False, batches=4)
     f = only(t, SLUG)
     assert f.location.line == 5 and "batch 0" in f.message
 
 
 def test_a_new_iterator_each_update_over_a_shuffled_loader_is_silent():
-    t = TraceBuilder()
-    t.optimizer(0, [0], line=1)
-    t.put(ev.loader_sampler(loader=0, sampler="RandomSampler", shuffle=True, dataset_len=64,
-                            reach=64), 5)
-    for epoch in range(4):
-        t.put(ev.epoch_start(loader=0, epoch=epoch, real_len=4, replay_len=4), 5)
-        t.backward(fresh=[0], line=7, batch=[0, epoch, 0])
-        t.step(0, line=8)
+    t = new_iterator_each_update("RandomSampler", shuffle=True, batches=4)
     assert findings(t, SLUG) == []
 
 
@@ -96,12 +95,5 @@ def test_a_loop_over_the_loader_is_silent():
 
 
 def test_a_loader_of_one_batch_is_full_batch_training_and_silent():
-    t = TraceBuilder()
-    t.optimizer(0, [0], line=1)
-    t.put(ev.loader_sampler(loader=0, sampler="SequentialSampler", shuffle=False, dataset_len=64,
-                            reach=64), 5)
-    for epoch in range(4):
-        t.put(ev.epoch_start(loader=0, epoch=epoch, real_len=1, replay_len=1), 5)
-        t.backward(fresh=[0], line=7, batch=[0, epoch, 0])
-        t.step(0, line=8)
+    t = new_iterator_each_update("SequentialSampler", shuffle=False, batches=1)
     assert findings(t, SLUG) == []

@@ -49,7 +49,7 @@ class StepGrads:
                  "known", "_by_device")
 
     def __init__(self, pids, grads, states, without, vouched, by_device=None, versions=None,
-                 owned=None):
+                 owned=None, known: bool = False):
         self.pids, self.grads, self.states, self.without = pids, grads, states, without
         self.vouched = vouched
         self._by_device = by_device
@@ -57,7 +57,7 @@ class StepGrads:
         # (pids, tensors, their grads) of every owned parameter, None in the grads for those
         # without one: what the post hook compares with (None when some had died)
         self.owned = owned
-        self.known = False  # the states are what graddoctor knew already (nothing to note)
+        self.known = known  # the states are what graddoctor knew already (nothing to note)
 
     def by_device(self) -> dict:
         """``device -> ([pid], [grad])``, dense grads only; checked for sparse grads and
@@ -74,6 +74,7 @@ class StepGrads:
 
 
 def _group(pids, grads) -> dict:
+    """``device -> ([pid], [grad])`` of the dense grads among ``grads`` (parallel to ``pids``)."""
     by_device: dict = {}
     for pid, grad in zip(pids, grads):
         if not grad.is_sparse:
@@ -150,17 +151,17 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
         entries = list(map(finite.get, pids))
         vouched = (None not in entries and list(map(itemgetter(0), entries)) == states
                    and (trust_scaler or not any(map(itemgetter(1), entries))))
-    read = StepGrads(pids, grads, states, without, vouched, versions=versions, owned=owned)
-    read.known = known_already
-    return read
+    return StepGrads(pids, grads, states, without, vouched, versions=versions, owned=owned,
+                     known=known_already)
 
 
 def _step_grads_each(rec: Recorder, pids, edited: list | None = None,
                      trust_scaler: bool = False, frozen: list | None = None,
                      by_hand: list | None = None) -> tuple[dict, bool]:
-    """``step_grads`` one tensor at a time: grads that are not plain tensors (a DTensor),
-    sparse ones, or grads on several devices."""
-    by_device: dict = {}
+    """``step_grads`` one tensor at a time, for grads that are not plain tensors (a DTensor:
+    its state is the wrapper's, its norm its local shard's)."""
+    seen_pids: list = []
+    seen_grads: list = []
     refs = rec.tensors.refs
     known, zeroed, finite = rec.grads.known, rec.grads.zeroed, rec.grads.finite
     versions = rec.grads.param_version if by_hand is not None else None
@@ -185,13 +186,9 @@ def _step_grads_each(rec: Recorder, pids, edited: list | None = None,
             vouched = finite.get(pid)
             all_vouched = (vouched is not None and vouched[0] == state
                            and (trust_scaler or not vouched[1]))
-        if not grad.is_sparse:
-            pids_grads = by_device.get(grad.device)
-            if pids_grads is None:
-                pids_grads = by_device[grad.device] = ([], [])
-            pids_grads[0].append(pid)
-            pids_grads[1].append(grad)
-    return by_device, all_vouched
+        seen_pids.append(pid)
+        seen_grads.append(grad)
+    return _group(seen_pids, seen_grads), all_vouched
 
 
 def norms_by_device(by_device: dict) -> tuple[list[int], list[float]]:
