@@ -39,6 +39,9 @@ def _grad_children(node) -> list[tuple[int, object]]:
     return [(i, child) for i, (child, _) in enumerate(node.next_functions) if child is not None]
 
 
+# the nodes ``_factor`` walks through; at any other node it stops (a loss term)
+_SCALING = frozenset({"MulBackward0", "DivBackward0", "AddBackward0", "SubBackward0"})
+
 # the ``reduction`` argument autograd saves on the loss functions' nodes (at::Reduction)
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
@@ -100,14 +103,18 @@ def loss_scaling(tensors, skip_top: bool = False) -> tuple[float | None, list | 
         if len(tensors) != 1:
             return None, None
         tensors = tensors[0]
-    if not isinstance(tensors, torch.Tensor) or tensors.grad_fn is None:
+    if not isinstance(tensors, torch.Tensor):
         return None, None
     node = tensors.grad_fn
+    if node is None:
+        return None, None
     if skip_top:
         children = _grad_children(node)
         if type(node).__name__ != "MulBackward0" or len(children) != 1:
             return None, None
         node = children[0][1]
+    elif type(node).__name__ not in _SCALING:  # the loss as its reduction made it (most loops)
+        return 1.0, [_reduction(node)]
     terms: list = []
     factor = _factor(node, [_MAX_NODES], terms)
     return factor, (terms if factor is not None else None)
