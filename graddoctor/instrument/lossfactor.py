@@ -46,14 +46,33 @@ _SCALING = frozenset({"MulBackward0", "DivBackward0", "AddBackward0", "SubBackwa
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
+# node type -> (its name, whether it is one of _SCALING, the reduction its name tells ("sum",
+# "mean") or None, whether its nodes can have a ``_saved_reduction``): a type's name is a new
+# string on each read, so it is read once per type, not on every backward
+_TYPES: dict[type, tuple[str, bool, str | None, bool]] = {}
+_TYPES_KEPT = 1024  # custom Functions made on the fly each make a type: start over past this
+
+
+def _type_facts(node_type: type) -> tuple[str, bool, str | None, bool]:
+    facts = _TYPES.get(node_type)
+    if facts is None:
+        name = node_type.__name__
+        by_name = ("sum" if name.startswith("SumBackward") else
+                   "mean" if name.startswith("MeanBackward") else None)
+        # a getset of the node class, or an instance attribute (a node with a __dict__)
+        reads = hasattr(node_type, "_saved_reduction") or node_type.__dictoffset__ != 0
+        if len(_TYPES) >= _TYPES_KEPT:
+            _TYPES.clear()
+        facts = _TYPES[node_type] = (name, name in _SCALING, by_name, reads)
+    return facts
+
+
 def _reduction(node) -> str | None:
     """How the node the walk stopped at reduced the loss (one attribute read)."""
-    name = type(node).__name__
-    if name.startswith("SumBackward"):
-        return "sum"
-    if name.startswith("MeanBackward"):
-        return "mean"
-    return _REDUCTIONS.get(getattr(node, "_saved_reduction", None))
+    _name, _scales, by_name, reads = _type_facts(type(node))
+    if by_name is not None:
+        return by_name
+    return _REDUCTIONS.get(getattr(node, "_saved_reduction", None)) if reads else None
 
 
 def _factor(node, budget: list[int], terms: list) -> float | None:
@@ -62,7 +81,7 @@ def _factor(node, budget: list[int], terms: list) -> float | None:
     budget[0] -= 1
     if budget[0] < 0:
         return None
-    name = type(node).__name__
+    name = (_TYPES.get(type(node)) or _type_facts(type(node)))[0]
     if name in ("MulBackward0", "DivBackward0"):
         children = _grad_children(node)
         if len(children) != 1:
@@ -113,8 +132,11 @@ def loss_scaling(tensors, skip_top: bool = False) -> tuple[float | None, list | 
         if type(node).__name__ != "MulBackward0" or len(children) != 1:
             return None, None
         node = children[0][1]
-    elif type(node).__name__ not in _SCALING:  # the loss as its reduction made it (most loops)
-        return 1.0, [_reduction(node)]
+    else:
+        _name, scales, by_name, reads = _TYPES.get(type(node)) or _type_facts(type(node))
+        if not scales:  # the loss as its reduction made it (most loops): ``_reduction``, inline
+            return 1.0, [by_name if by_name is not None else
+                         _REDUCTIONS.get(getattr(node, "_saved_reduction", None)) if reads else None]
     terms: list = []
     factor = _factor(node, [_MAX_NODES], terms)
     return factor, (terms if factor is not None else None)
