@@ -146,6 +146,39 @@ class LocationFinder:
             location = self._at[key] = self.location(outer)
         return location
 
+    def here_and_caller(self, skip: int = 1) -> tuple[Location | None, Location | None]:
+        """``(here(skip), caller_of(skip))``, in one walk up the stack when no framework frame
+        lies below the innermost user frame (a plain loop's ``zero_grad()``, every update);
+        otherwise the two as they are."""
+        kinds, at = self._kinds, self._at
+        frame = sys._getframe(skip)
+        while frame is not None:
+            code = frame.f_code
+            kind = kinds.get(code.co_filename)
+            if kind is None:
+                kind = self._kind(code.co_filename)
+            if kind is True:
+                break
+            if kind:  # a framework's frame: ``here`` tells how the call went through it
+                return self.here(skip + 1), self.caller_of(skip + 1)
+            frame = frame.f_back
+        else:  # no user frame: ``here`` falls back to a library frame, ``caller_of`` has none
+            return self.here(skip + 1), None
+        key = (code, frame.f_lasti)
+        location = at.get(key)
+        if location is None:
+            location = at[key] = self.location(frame)
+        if code.co_name == "<module>":
+            return location, None
+        outer = frame.f_back  # as caller_of
+        if outer is None or not self.is_user_file(outer.f_code.co_filename):
+            return location, None
+        key = (outer.f_code, outer.f_lasti)
+        caller = at.get(key)
+        if caller is None:
+            caller = at[key] = self.location(outer)
+        return location, caller
+
     def here(self, skip: int = 1) -> Location | None:
         """Location of the innermost user frame above the caller; without one, the outermost
         third-party library frame that called into torch (a framework's own loop).
