@@ -79,6 +79,11 @@ _ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves
 class BackwardContext:
     __slots__ = ("pids", "tensors", "before", "held", "extra_leaves", "cell", "graph_nodes",
                  "history", "repeats", "root_cell")
+    cell: list | None  # its nodes' mark: [seq of its event once emitted, session]
+    graph_nodes: int | None  # interior nodes, when walked with _history_walk
+    history: list | None  # [[seq of an earlier backward, [pid]]], see events.backward
+    repeats: int | None  # seq of a retained backward of the same loss tensor
+    root_cell: list | None  # the mark left on its loss's node: [its event's seq]
 
     def __init__(self):
         # the tracked tensors this backward judges, as parallel lists (``read_before``): their
@@ -89,11 +94,7 @@ class BackwardContext:
         self.before: list = []
         self.held: dict[int, tuple[int, int]] = {}  # index of a grad before -> (version, verdict)
         self.extra_leaves = 0
-        self.cell: list | None = None  # its nodes' mark: [seq of its event once emitted, session]
-        self.graph_nodes: int | None = None  # interior nodes, when walked with _history_walk
-        self.history: list | None = None  # [[seq of an earlier backward, [pid]]], see events.backward
-        self.repeats: int | None = None  # seq of a retained backward of the same loss tensor
-        self.root_cell: list | None = None  # the mark left on its loss's node: [its event's seq]
+        self.cell = self.graph_nodes = self.history = self.repeats = self.root_cell = None
 
     def verdicts(self) -> dict[int, int]:
         """pid -> verdict of each tensor that had a grad before the backward."""
@@ -281,10 +282,10 @@ class BackwardWatcher:
         line = self._lines.get(key)
         if line is None:
             line = self._lines[key] = _Line()
-        line.calls += 1
-        return line, (key is None or self._always_walk or line.calls <= WALK_FIRST
+        calls = line.calls = line.calls + 1
+        return line, (key is None or self._always_walk or calls <= WALK_FIRST
                       or line.extra_leaves or line.registrations != self.registrations
-                      or line.periodic_walk_due())
+                      or (calls >= line.next_walk and line.periodic_walk_due()))
 
     def _walk(self, ctx: BackwardContext, line: _Line | None, tensors, inputs,
               history: bool = False) -> None:
@@ -540,6 +541,7 @@ class BackwardWatcher:
         running = rec.running_backwards  # read only: the recorder marks the running ones
         in_backward, began, ended = rec.in_backward, rec.backward_began, rec.backward_ended
         finder = rec.finder
+        describers = self._describe_loss  # the live list of the topic's subscribers
         Tensor_, autograd = torch.Tensor, torch.autograd
 
         @functools.wraps(original)
@@ -566,7 +568,12 @@ class BackwardWatcher:
                 except Exception:  # as Recorder.here: the location lookup never breaks the run
                     loc = None
                 ctx = watcher.begin(tensors, inputs, loc, retained)
-                extra = watcher.describe_loss(tensors)
+                # facts about the backward'ed loss that other watchers add (AMP scale, 1/k
+                # factor, batch): keyword arguments of ``events.backward``, whose defaults fill
+                # in the rest
+                extra = {}
+                for describe in describers:
+                    extra.update(describe(tensors))
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
                 ctx, loc, extra = None, None, {}
@@ -585,14 +592,6 @@ class BackwardWatcher:
 
     def _count_registration(self, module, name, param) -> None:
         self.registrations += 1
-
-    def describe_loss(self, tensors) -> dict:
-        """Facts about the backward'ed loss that other watchers add (AMP scale, 1/k factor,
-        batch): keyword arguments of ``events.backward``, whose defaults fill in the rest."""
-        extra: dict = {}
-        for describe in self._describe_loss:
-            extra.update(describe(tensors))
-        return extra
 
     def install(self, patcher) -> None:
         register = getattr(torch.nn.modules.module, "register_module_parameter_registration_hook", None)
