@@ -87,3 +87,20 @@ def test_a_call_from_this_file_and_no_user_frame(stack):
     finally:
         del finder._kinds[__file__]
     assert one_walk == two_walks and one_walk[1] is None
+
+
+def test_the_same_code_in_two_files_keeps_each_files_path(stack, tmp_path):
+    """Two code objects of the same text compare equal (and hash alike) whatever their file:
+    the location caches tell them apart by identity."""
+    library, _, _, finder = stack
+    text = """
+        def reset(finder):
+            return zero_grad(finder)
+    """
+    first = load(tmp_path / "a" / "train.py", text, zero_grad=library.zero_grad)
+    second = load(tmp_path / "b" / "train.py", text, zero_grad=library.zero_grad)
+    assert first.reset.__code__ == second.reset.__code__
+    for module, folder in ((first, "a"), (second, "b"), (first, "a")):
+        (loc, _), (plain_loc, _) = module.reset(finder)
+        assert loc.path == plain_loc.path == f"{folder}/train.py"
+        assert loc.line == 3
