@@ -572,7 +572,8 @@ class OptimizerWatcher:
         depth = self._outer_steps_running()
         if depth == 0 and rec.progress.stop_requested:
             rec.progress.maybe_stop(rec.optimizer_id(optimizer))
-        self._step_frames.append(sys._getframe(1))  # the frame of the optimizer's step wrapper
+        wrapper_frame = sys._getframe(1)  # the frame of the optimizer's step wrapper
+        self._step_frames.append(wrapper_frame)
         if depth > 0:  # an optimizer that steps an inner optimizer
             return
         self._backwards_before = rec.progress.backward_calls
@@ -603,7 +604,7 @@ class OptimizerWatcher:
                     subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
             moved = self._moves.moved()
             loc = rec.here(3)
-            self._began = (self._step_frames[-1], optimizer, opt, loc)
+            self._began = (wrapper_frame, optimizer, opt, loc)
             if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves
                 rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
