@@ -424,7 +424,9 @@ class Folder:
         self.shift = shift + removed  # every turn after the block moved back by removed
         self.start -= removed
         self._failed = 0  # a new front
-        self.hint = self.streak = period  # its whole test repeated with this period
+        self.hint = period
+        # the turns its test saw repeat with this period: the decided ones, the context after it
+        self.streak = period if len(pending) == self.context else 0
         self.folded_turns += period
 
     # -- the folded event --------------------------------------------------------------------
