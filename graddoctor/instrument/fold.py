@@ -337,10 +337,15 @@ class Folder:
                     self.plans[turn_id] = _plan(turn)  # the turn the key was made from
                 else:
                     turn_id, self.unique = self.unique, self.unique - 1
-        if turn_id != expected:
-            self.streak = 0
         shift = self.shift
         pending.append([start + shift, end + shift, turn_id])
+        if turn_id != expected:
+            self.streak = 0
+        elif self.streak and len(pending) >= self.streak + self.context \
+                and len(self.recent) >= self.keep * self.streak:
+            self._fold(self.streak)  # what _decide would do (see _period)
+            if self.streak:
+                return  # only the context is undecided: nothing else to decide yet
         self._decide()
 
     def _decide(self) -> None:
@@ -396,29 +401,19 @@ class Folder:
         shift = self.shift
         start, end = pending[0][0] - shift, pending[period - 1][1] - shift
         run = self.run
-        if run is None:
-            run = self.run = {"index": start, "seq": events[start].seq, "turns": 0, "steps": 0,
-                              "backwards": 0, "events": 0, "epochs": 0, "copies": {}}
+        if run is None:  # what the folded turns were copies of, counted per shape id
+            run = self.run = {"index": start, "seq": events[start].seq, "turns": 0, "events": 0,
+                              "ids": {}}
         removed = end - start
         run["turns"] += period
         run["events"] += removed
-        copies, last_kept, counts, recent = run["copies"], self.last_kept, self.counts, self.recent
-        steps = backwards = epochs = 0
+        tally, counts, recent = run["ids"], self.counts, self.recent
         for first, last, turn_id in pending[:period]:
-            rep = last_kept[turn_id]
-            copies[rep] = copies.get(rep, 0) + 1
+            tally[turn_id] = tally.get(turn_id, 0) + 1
             recent.append(turn_id)
-            counted = counts.get(turn_id)
-            if counted is None:  # the same for every turn of the shape: its events' kinds
+            if turn_id not in counts:  # the same for every turn of the shape: its events' kinds
                 kinds = [e.kind for e in events[first - shift:last - shift]]
-                counted = counts[turn_id] = (kinds.count("step"), kinds.count("backward"),
-                                             kinds.count("epoch_start"))
-            steps += counted[0]
-            backwards += counted[1]
-            epochs += counted[2]
-        run["steps"] += steps
-        run["backwards"] += backwards
-        run["epochs"] += epochs
+                counts[turn_id] = (kinds.count("step"), kinds.count("backward"), kinds.count("epoch_start"))
         del pending[:period]
         del events[start:end]
         self.shift = shift + removed  # every turn after the block moved back by removed
@@ -435,9 +430,14 @@ class Folder:
         run = self.run
         if run is None:
             return None
-        kind, data = ev.folded(turns=run["turns"], steps=run["steps"], backwards=run["backwards"],
-                               events=run["events"], epochs=run["epochs"],
-                               copies=[[first, last, n] for (first, last), n in run["copies"].items()])
+        tally, counts, last_kept = run["ids"], self.counts, self.last_kept
+        # a turn's kept copy is the same for the whole fold: a kept turn ends the fold first
+        kind, data = ev.folded(turns=run["turns"],
+                               steps=sum(counts[i][0] * n for i, n in tally.items()),
+                               backwards=sum(counts[i][1] * n for i, n in tally.items()),
+                               events=run["events"],
+                               epochs=sum(counts[i][2] * n for i, n in tally.items()),
+                               copies=[[*last_kept[i], n] for i, n in tally.items()])
         return run["index"], Event(run["seq"], kind, None, MappingProxyType(data))
 
     def close(self) -> bool:
