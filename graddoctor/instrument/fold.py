@@ -117,7 +117,7 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
 # True only when ``signature`` of the new turn would equal that key, so the shape id is the
 # same. A turn whose values are not all plain (None, bool, int, str, a number that is not NaN,
 # a flat list of those, a dict) gets no plan: its turns always take ``signature``.
-_SKIP, _SCALE, _BATCH, _FROZEN = range(4)
+_SCALE, _BATCH, _FROZEN = range(3)
 _PLAIN = frozenset({type(None), bool, int, str, float})
 
 
@@ -240,6 +240,12 @@ class Folder:
     sequence with whole periods taken out, so every turn the rules see next to another one was
     next to it in the run. The undecided turns (at most ``2 * MAX_PERIOD + CONTEXT``) stay in
     the trace; the oldest is kept when no block can fold.
+
+    In the steady state of a long run a turn costs a few list comparisons: it is compared
+    with the turn one period back (``_repeats``; its ``signature`` only when that fails), and
+    while the turns keep repeating with the latest fold's period the next block folds without
+    the period test (``streak``). The undecided turns' indices are kept ahead by ``shift``, so a
+    fold moves none of them, and a fold counts its turns per shape id.
     """
 
     def __init__(self, trace: Trace, fold_after: int | None = None, keep: int | None = None,
