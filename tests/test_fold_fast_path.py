@@ -109,11 +109,27 @@ def test_batches_are_compared_relative_to_the_turns_first():
     assert not _repeats(two(trace, 5, 4), plan)
 
 
+def test_nested_lists_are_compared_as_the_deep_signature_has_them():
+    """A frozen parameter's ``[pid, moved_by, freeze]``: the signature is made deep, and the
+    turn still repeats the one before it (a NaN deep inside is no repeat; a tuple for a list
+    is none either, though its signature is the same: the slow path decides that one)."""
+    trace = Trace()
+    plan = _plan(_turn(trace, begin={"frozen": [[2, 0.0, True]]}))
+    assert plan is not None
+    assert _repeats(_turn(trace, 1, begin={"frozen": [[2, 0.0, True]]}), plan)
+    for other in ([[2, 0.5, True]], [[2, 0.0, True], [3, 0.0, True]], [[2, NAN, True]], [2, 0.0, True]):
+        turn = _turn(trace, 1, begin={"frozen": other})
+        assert not _repeats(turn, plan) and not _same_shape(turn, trace.events[:4])
+    turn = _turn(trace, 1, begin={"frozen": [(2, 0.0, True)]})
+    assert not _repeats(turn, plan) and _same_shape(turn, trace.events[:4])
+
+
 def test_a_turn_whose_values_are_not_plain_gets_no_fast_path():
     trace = Trace()
-    assert _plan(_turn(trace, backward={"history": [[1, 2]]})) is None  # nested: signature deep
+    assert _plan(_turn(trace, backward={"history": [{"op": "mul"}]})) is None  # a dict in a list
     assert _plan(_turn(trace, clear={"params": (0, 1)})) is None
     assert _plan(_turn(trace, begin={"nonfinite": [NAN]})) is None
+    assert _plan(_turn(trace, begin={"frozen": [[2, NAN, True]]})) is None
 
 
 # -- the folder with and without its fast paths -------------------------------------------------
@@ -136,6 +152,9 @@ VARIANTS = [
     dict(clear={"caller": {"path": "a.py", "line": 3}}),
     dict(clear={"caller": {"line": 3, "path": "a.py"}}),
     dict(backward={"history": [[1, 2]]}),
+    dict(begin={"frozen": [[1, 0.0, True]]}),
+    dict(begin={"frozen": [(1, 0.0, True)]}),
+    dict(backward={"history": [{"op": "mul"}]}),
     dict(backward={"loss_scale_factor": NAN}),
     dict(step={"skipped": True}),
 ]

@@ -115,18 +115,21 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
 # expected to repeat, event by event, without building its signature. ``_plan`` prepares the
 # comparison once per shape (from the turn its ``ids`` key was made from); ``_repeats`` answers
 # True only when ``signature`` of the new turn would equal that key, so the shape id is the
-# same. A turn whose values are not all plain (None, bool, int, str, a number that is not NaN,
-# a flat list of those, a dict) gets no plan: its turns always take ``signature``.
+# same. A turn with a value that is neither plain (``_plain``) nor a dict, a NaN or one that
+# ``signature`` changes gets no plan: its turns always take ``signature``.
 _SCALE, _BATCH, _FROZEN = range(3)
 _PLAIN = frozenset({type(None), bool, int, str, float})
 
 
 def _plain(value) -> bool:
+    """None, bool, int, str, a float but NaN, or a list of those or of such lists: compared
+    with ``==`` it equals only what ``signature`` makes equal to it (a NaN equals a NaN there,
+    a dict's keys are in order, a tuple equals a list), deep or not."""
     t = type(value)
     if t is float:
         return value == value
     if t is list:
-        return all(type(v) in _PLAIN and v == v for v in value)
+        return all(map(_plain, value))
     return t in _PLAIN
 
 
@@ -170,7 +173,7 @@ def _plan(events: list[Event]) -> tuple | None:
             elif type(value) is dict or type(value) is float:  # a dict, a NaN: as signature has them
                 special.append((i, key, _FROZEN, _frozen(value)))
             else:
-                return None  # a tuple, a nested list, any other object: signature decides
+                return None  # a tuple, a dict in a list, any other object: signature decides
         getters.append(itemgetter(*plain) if plain else len)
     datas = [e.data for e in events]
     return ([(e.kind, e.loc) for e in events], [tuple(d) for d in datas], getters,
