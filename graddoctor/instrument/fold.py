@@ -180,6 +180,7 @@ def _plan(events: list[Event]) -> tuple | None:
             list(map(call, getters, datas)), tuple(special))
 
 
+_third = itemgetter(2)  # a pending turn's id
 _head = attrgetter("kind", "loc")
 _data = attrgetter("data")
 
@@ -390,7 +391,7 @@ class Folder:
                 return 0  # not enough turns to tell yet
             # the ids from the last turn of the context after the block back to the first
             # decided turn compared (front - keep * p): each equals the one p turns before it
-            ids = [t[2] for t in pending[p + context - 1::-1]]
+            ids = list(map(_third, pending[p + context - 1::-1]))
             ids.extend(islice(reversed(recent), keep * p))
             if ids[p:] == ids[:-p]:
                 return p
