@@ -419,11 +419,11 @@ class Folder:
         run["events"] += removed
         tally, counts, recent = run["ids"], self.counts, self.recent
         for first, last, turn_id in pending[:period]:
-            tally[turn_id] = tally.get(turn_id, 0) + 1
-            recent.append(turn_id)
             if turn_id not in counts:  # the same for every turn of the shape: its events' kinds
                 kinds = [e.kind for e in events[first - shift:last - shift]]
                 counts[turn_id] = (kinds.count("step"), kinds.count("backward"), kinds.count("epoch_start"))
+            tally[turn_id] = tally.get(turn_id, 0) + 1  # after its counts: marker() reads both
+            recent.append(turn_id)
         del pending[:period]
         del events[start:end]
         self.shift = shift + removed  # every turn after the block moved back by removed
