@@ -27,14 +27,18 @@ count occurrences. ``--trace`` writes the final trace, folded events included.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from itertools import islice
-from operator import attrgetter, call, itemgetter
+from operator import attrgetter, itemgetter
 from types import MappingProxyType
 
 from .. import events as ev
 from ..events import ABSORBS, CALL_LABELS, NOT_CALLS, is_per_forward
 from ..trace import Event, Trace
+
+# ``operator.call`` is new in Python 3.11
+call = getattr(operator, "call", None) or (lambda function, argument: function(argument))
 
 FOLD_AFTER = 512  # optimizer steps recorded whole before any folding (the default replay: far fewer)
 KEEP = 2  # copies of a repeated block of turns kept whole before later copies fold
