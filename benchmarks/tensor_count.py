@@ -21,7 +21,9 @@ is ``benchmarks/overhead.py``'s: the instrumentation installed once (what ``grad
 installs, ``Instrumentation(Recorder(None))``) and toggled out for the plain arms, rounds that
 time one step of each arm (instrumented I, plain P, plain P2) in all six orders, CPU time of
 this thread (one torch thread); the table shows the median I/P ratio of the rounds with a 95%
-confidence interval, and the A/A ratio P2/P, the noise floor.
+confidence interval, and the A/A ratio P2/P, the noise floor. The heap as it is after the
+warm-up is frozen (``gc.freeze``): a full collection over three big models otherwise lands on
+one arm's step at random (``--no-freeze`` to see it).
 """
 
 from __future__ import annotations
@@ -119,8 +121,9 @@ def build_lora(tensors: int) -> Session:
 SHAPES = {"moe": build_moe, "lora": build_lora}
 
 
-def per_step(shape: str, tensors: int, rounds: int, warmup: int) -> dict:
-    samples, session = overhead.interleaved(lambda: SHAPES[shape](tensors), rounds, warmup)
+def per_step(shape: str, tensors: int, rounds: int, warmup: int, freeze_heap: bool = True) -> dict:
+    samples, session = overhead.interleaved(lambda: SHAPES[shape](tensors), rounds, warmup,
+                                            freeze_heap=freeze_heap)
     ratios = [i[1] / p[1] for i, p in zip(samples["I"], samples["P"])]
     aa = [b[1] / p[1] for b, p in zip(samples["P2"], samples["P"])]
     return {"shape": shape, "tensors": len(session.params), "rounds": rounds,
@@ -150,6 +153,9 @@ def main(argv=None) -> None:
     p.add_argument("--shapes", default="moe,lora")
     p.add_argument("--rounds", type=int, default=0)
     p.add_argument("--profile", help="shape:count, e.g. moe:10000: cProfile instrumented steps")
+    p.add_argument("--no-freeze", action="store_true",
+                   help="leave the warmed-up heap to the collector's full collections (see "
+                        "overhead.interleaved): noisier at 10,000 tensors and more")
     args = p.parse_args(argv)
     if args.profile:
         shape, count = args.profile.split(":")
@@ -165,7 +171,7 @@ def main(argv=None) -> None:
             rounds = args.rounds or (12 if count >= 10000 else 30 if count >= 1000 else 120)
             if args.quick:
                 rounds = max(6, rounds // 2)
-            row = per_step(shape, count, rounds, warmup=3)
+            row = per_step(shape, count, rounds, warmup=3, freeze_heap=not args.no_freeze)
             lo, hi = row["ci95"]
             print(f"{row['shape']:6} {row['tensors']:>8} {row['rounds']:>6} "
                   f"{row['plain_ms']:>9.2f} {row['ratio']:>8.3f} {f'[{lo:.3f}, {hi:.3f}]':>15} "

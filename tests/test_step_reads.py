@@ -159,3 +159,37 @@ def test_a_step_that_raised_holds_no_gradient_past_the_next_zero_grad():
             opt.zero_grad(set_to_none=True)
         gc.collect()
         assert [g() for g in grads] == [None] * len(grads)
+
+
+def _step_in_helper(opt):
+    opt.step()  # the step's line: both of its events are located here
+
+
+def test_a_step_event_is_located_where_its_step_begin_is():
+    """The post hook takes the location its pre hook found for the same step wrapper frame:
+    each ``step`` event sits at its ``step_begin``'s line, whether the step is called in the
+    loop, in a helper, through a scheduler's wrapper, or after a step that raised (its pre hook
+    ran, its post hook never did)."""
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        failing = FailsToStep(model.parameters(), lr=0.1)
+        x = torch.randn(5, 3)
+        model(x).pow(2).sum().backward()
+        opt.step()
+        model(x).pow(2).sum().backward()
+        _step_in_helper(opt)
+        try:
+            failing.step()
+        except RuntimeError:
+            pass
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1)  # wraps opt.step
+        model(x).pow(2).sum().backward()
+        opt.step()
+        scheduler.step()
+    events = [e for e in rec.trace.events if e.kind in ("step_begin", "step") and e["opt"] == 0]
+    assert [e.kind for e in events] == ["step_begin", "step"] * 3
+    lines = [e.loc.line for e in events]
+    assert lines[0::2] == lines[1::2]  # each step where its begin is
+    assert len(set(lines[0::2])) == 3  # three different call lines

@@ -27,12 +27,18 @@ count occurrences. ``--trace`` writes the final trace, folded events included.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
+from itertools import islice
+from operator import attrgetter, itemgetter
 from types import MappingProxyType
 
 from .. import events as ev
 from ..events import ABSORBS, CALL_LABELS, NOT_CALLS, is_per_forward
 from ..trace import Event, Trace
+
+# ``operator.call`` is new in Python 3.11
+call = getattr(operator, "call", None) or (lambda function, argument: function(argument))
 
 FOLD_AFTER = 512  # optimizer steps recorded whole before any folding (the default replay: far fewer)
 KEEP = 2  # copies of a repeated block of turns kept whole before later copies fold
@@ -109,6 +115,107 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
     return tuple(out)
 
 
+# The fast path of ``Folder``: a new turn compared with the turn whose shape is the one it is
+# expected to repeat, event by event, without building its signature. ``_plan`` prepares the
+# comparison once per shape (from the turn its ``ids`` key was made from); ``_repeats`` answers
+# True only when ``signature`` of the new turn would equal that key, so the shape id is the
+# same. A turn with a value that is neither plain (``_plain``) nor a dict, a NaN or one that
+# ``signature`` changes gets no plan: its turns always take ``signature``.
+_SCALE, _BATCH, _FROZEN = range(3)
+_PLAIN = frozenset({type(None), bool, int, str, float})
+
+
+def _plain(value) -> bool:
+    """None, bool, int, str, a float but NaN, or a list of those or of such lists: compared
+    with ``==`` it equals only what ``signature`` makes equal to it (a NaN equals a NaN there,
+    a dict's keys are in order, a tuple equals a list), deep or not."""
+    t = type(value)
+    if t is float:
+        return value == value
+    if t is list:
+        return all(map(_plain, value))
+    return t in _PLAIN
+
+
+def _batch(value, base):
+    """``signature``'s value for a ``batch`` (``base``: the turn's first one)."""
+    try:
+        return (value[0] == base[0], value[0], value[1] - base[1], value[2] - base[2])
+    except (TypeError, IndexError):
+        return _frozen(value)
+
+
+def _plan(events: list[Event]) -> tuple | None:
+    """What ``_repeats`` compares a turn with: its events' kinds and locations, their data's
+    keys in order, a getter per event of the values compared as they are (``len`` when there
+    are none) and those values, and the other values as ``signature`` makes them: (the event's
+    index, the key, how, the value). None: this turn's shape gets no fast path."""
+    getters, special = [], []
+    base = None
+    for i, e in enumerate(events):
+        kind, data = e.kind, e.data
+        plain = []
+        for key, value in data.items():
+            if key in _SPECIAL:
+                if key == "scale":
+                    special.append((i, key, _SCALE, None if value is None else "scale"))
+                elif key == "batch":
+                    if value is not None:
+                        if base is None:
+                            base = value
+                        value = _batch(value, base)
+                        if type(value) is not tuple or not all(_plain(v) for v in value):
+                            return None
+                    special.append((i, key, _BATCH, value))
+                elif (key == "norms" and kind == "step_begin") or (key == "total_norm" and kind == "clip") \
+                        or (key == "epoch" and kind == "epoch_start") or key == "lrs":
+                    continue  # left out (the keys, in order, are compared)
+                else:
+                    special.append((i, key, _FROZEN, _frozen(value)))
+            elif _plain(value):
+                plain.append(key)
+            elif type(value) is dict or type(value) is float:  # a dict, a NaN: as signature has them
+                special.append((i, key, _FROZEN, _frozen(value)))
+            else:
+                return None  # a tuple, a dict in a list, any other object: signature decides
+        getters.append(itemgetter(*plain) if plain else len)
+    datas = [e.data for e in events]
+    return ([(e.kind, e.loc) for e in events], [tuple(d) for d in datas], getters,
+            list(map(call, getters, datas)), tuple(special))
+
+
+_third = itemgetter(2)  # a pending turn's id
+_head = attrgetter("kind", "loc")
+_data = attrgetter("data")
+
+
+def _repeats(events: list[Event], plan: tuple) -> bool:
+    """Whether ``signature(events)`` equals the signature of the turn ``plan`` was made from.
+    Stricter where that is cheap: the data's keys must be the same, in the same order. Most of
+    it compares lists that C functions made (the fast path of every turn of a long run)."""
+    heads, keys, getters, values, special = plan
+    if list(map(_head, events)) != heads:  # their number, kinds and locations
+        return False
+    datas = list(map(_data, events))
+    if list(map(tuple, datas)) != keys or values != list(map(call, getters, datas)):
+        return False
+    base = None  # the new turn's first batch
+    for i, key, how, expected in special:
+        value = datas[i][key]
+        if how == _SCALE:
+            value = None if value is None else "scale"
+        elif how == _BATCH:
+            if value is not None:
+                if base is None:
+                    base = value
+                value = _batch(value, base)
+        else:
+            value = _frozen(value)
+        if not (expected == value):
+            return False
+    return True
+
+
 # the turns of the loop as analysis/turns.py cuts them, decided while recording (the same
 # vocabulary: events.CALL_LABELS, NOT_CALLS, ABSORBS)
 def _label(kind: str, loc) -> str | None:
@@ -141,6 +248,12 @@ class Folder:
     sequence with whole periods taken out, so every turn the rules see next to another one was
     next to it in the run. The undecided turns (at most ``2 * MAX_PERIOD + CONTEXT``) stay in
     the trace; the oldest is kept when no block can fold.
+
+    In the steady state of a long run a turn costs a few list comparisons: it is compared
+    with the turn one period back (``_repeats``; its ``signature`` only when that fails), and
+    while the turns keep repeating with the latest fold's period the next block folds without
+    the period test (``streak``). The undecided turns' indices are kept ahead by ``shift``, so a
+    fold moves none of them, and a fold counts its turns per shape id.
     """
 
     def __init__(self, trace: Trace, fold_after: int | None = None, keep: int | None = None,
@@ -160,7 +273,14 @@ class Folder:
         # closed turns
         self.ids: dict[tuple, int] = {}  # shape -> id
         self.unique = -1  # ids of shapes not remembered (never equal to another)
-        self.pending: list[list] = []  # undecided: [start, end, id]
+        self.pending: list[list] = []  # undecided: [start, end, id], start and end + shift
+        self.shift = 0  # what the pending turns' starts and ends are ahead of their index now
+        self.plans: dict[int, tuple | None] = {}  # id -> the fast comparison with its shape
+        self.counts: dict[int, tuple[int, int, int]] = {}  # id -> its steps, backwards, epochs
+        self.hint = 1  # the period of the latest fold: a turn repeats the one that far back
+        # p > 0: the latest fold's period, while the decided turns of its test and every turn
+        # closed since repeat with period p (see _period)
+        self.streak = 0
         self.recent: deque = deque(maxlen=(self.keep + 1) * self.max_period + self.context)
         self.last_kept: dict[int, tuple[int, int]] = {}  # id -> (first, last seq) of its latest kept turn
         self.run: dict | None = None  # the fold in progress: where, and what went
@@ -205,19 +325,41 @@ class Folder:
         if end <= start:
             return
         turn = events[start:end]
-        shape = signature(turn)
-        ids = self.ids
-        try:
-            turn_id = ids.get(shape)
-        except TypeError:  # a nested list (frozen params, a graph's history): frozen deeply
-            shape = signature(turn, deep=True)
-            turn_id = ids.get(shape)
-        if turn_id is None:
-            if len(ids) < MAX_SHAPES:
-                turn_id = ids[shape] = len(ids)
-            else:
-                turn_id, self.unique = self.unique, self.unique - 1
-        self.pending.append([start, end, turn_id])
+        pending = self.pending
+        # the fast path: the turn a period back (the latest fold's), compared event by event
+        back = self.hint
+        if back <= len(pending):
+            expected = pending[-back][2]
+        elif back - len(pending) <= len(self.recent):
+            expected = self.recent[len(pending) - back]
+        else:
+            expected = None
+        plan = self.plans.get(expected)
+        if plan is not None and _repeats(turn, plan):
+            turn_id = expected
+        else:
+            shape = signature(turn)
+            ids = self.ids
+            try:
+                turn_id = ids.get(shape)
+            except TypeError:  # a nested list (frozen params, a graph's history): frozen deeply
+                shape = signature(turn, deep=True)
+                turn_id = ids.get(shape)
+            if turn_id is None:
+                if len(ids) < MAX_SHAPES:
+                    turn_id = ids[shape] = len(ids)
+                    self.plans[turn_id] = _plan(turn)  # the turn the key was made from
+                else:
+                    turn_id, self.unique = self.unique, self.unique - 1
+        shift = self.shift
+        pending.append([start + shift, end + shift, turn_id])
+        if turn_id != expected:
+            self.streak = 0
+        elif self.streak and len(pending) >= self.streak + self.context \
+                and len(self.recent) >= self.keep * self.streak:
+            self._fold(self.streak)  # what _decide would do (see _period)
+            if self.streak:
+                return  # only the context is undecided: nothing else to decide yet
         self._decide()
 
     def _decide(self) -> None:
@@ -228,8 +370,8 @@ class Folder:
                 self._fold(period)
             elif len(pending) > 2 * self.max_period + self.context:
                 start, end, turn_id = pending.pop(0)
-                self._failed = 0  # a new front
-                self._kept(turn_id, start, end)
+                self._failed = self.streak = 0  # a new front
+                self._kept(turn_id, start - self.shift, end - self.shift)
             else:
                 return
 
@@ -237,16 +379,24 @@ class Folder:
         """The smallest period p such that the ``KEEP`` blocks of p decided turns before the
         front of the undecided ones, a block of p at that front and the ``CONTEXT`` turns after
         it all repeat with period p (0: none yet). The periods already found not to repeat for
-        this front are not tried again (``_failed``)."""
+        this front are not tried again (``_failed``).
+
+        While the turns repeat with the period of the latest fold (``streak``: each turn closed
+        since repeated the one that period before it), that period is the answer as soon as
+        enough turns are undecided: every window a shorter period tests here holds what the
+        same window held one period earlier, at the front before, where it did not repeat."""
         recent, pending, keep, context = self.recent, self.pending, self.keep, self.context
-        front = len(recent)
+        front, undecided = len(recent), len(pending)
+        p = self.streak
+        if p and undecided >= p + context and front >= keep * p:
+            return p
         for p in range(self._failed + 1, self.max_period + 1):
-            if len(pending) < p + context or front < keep * p:
+            if undecided < p + context or front < keep * p:
                 return 0  # not enough turns to tell yet
-            # the ids from the first decided turn compared (front - keep * p) to the last turn
-            # of the context after the block: each equals the one p turns before it
-            ids = [recent[j] for j in range(front - keep * p, front)]
-            ids.extend([t[2] for t in pending[:p + context]])
+            # the ids from the last turn of the context after the block back to the first
+            # decided turn compared (front - keep * p): each equals the one p turns before it
+            ids = list(map(_third, pending[p + context - 1::-1]))
+            ids.extend(islice(reversed(recent), keep * p))
             if ids[p:] == ids[:-p]:
                 return p
             self._failed = p
@@ -261,45 +411,47 @@ class Folder:
 
     def _fold(self, period: int) -> None:
         events = self.trace.events
-        block = self.pending[:period]
-        del self.pending[:period]
-        self._failed = 0  # a new front
-        start, end = block[0][0], block[-1][1]
-        turns = events[start:end]
-        del events[start:end]
-        removed = end - start
-        for entry in self.pending:
-            entry[0] -= removed
-            entry[1] -= removed
-        self.start -= removed
+        pending = self.pending
+        shift = self.shift
+        start, end = pending[0][0] - shift, pending[period - 1][1] - shift
         run = self.run
-        if run is None:
-            run = self.run = {"index": start, "seq": turns[0].seq, "turns": 0, "steps": 0,
-                              "backwards": 0, "events": 0, "epochs": 0, "copies": {}}
+        if run is None:  # what the folded turns were copies of, counted per shape id
+            run = self.run = {"index": start, "seq": events[start].seq, "turns": 0, "events": 0,
+                              "ids": {}}
+        removed = end - start
         run["turns"] += period
         run["events"] += removed
-        for e in turns:
-            if e.kind == "step":
-                run["steps"] += 1
-            elif e.kind == "backward":
-                run["backwards"] += 1
-            elif e.kind == "epoch_start":
-                run["epochs"] += 1
-        copies = run["copies"]
-        for _, _, turn_id in block:
-            rep = self.last_kept[turn_id]
-            copies[rep] = copies.get(rep, 0) + 1
-            self.recent.append(turn_id)
+        tally, counts, recent = run["ids"], self.counts, self.recent
+        for first, last, turn_id in pending[:period]:
+            if turn_id not in counts:  # the same for every turn of the shape: its events' kinds
+                kinds = [e.kind for e in events[first - shift:last - shift]]
+                counts[turn_id] = (kinds.count("step"), kinds.count("backward"), kinds.count("epoch_start"))
+            tally[turn_id] = tally.get(turn_id, 0) + 1  # after its counts: marker() reads both
+            recent.append(turn_id)
+        del pending[:period]
+        del events[start:end]
+        self.shift = shift + removed  # every turn after the block moved back by removed
+        self.start -= removed
+        self._failed = 0  # a new front
+        self.hint = period
+        # the turns its test saw repeat with this period: the decided ones, the context after it
+        self.streak = period if len(pending) == self.context else 0
         self.folded_turns += period
+
     # -- the folded event --------------------------------------------------------------------
     def marker(self) -> tuple[int, Event] | None:
         """The ``folded`` event of the fold in progress and the index it goes at, or None."""
         run = self.run
         if run is None:
             return None
-        kind, data = ev.folded(turns=run["turns"], steps=run["steps"], backwards=run["backwards"],
-                               events=run["events"], epochs=run["epochs"],
-                               copies=[[first, last, n] for (first, last), n in run["copies"].items()])
+        tally, counts, last_kept = run["ids"], self.counts, self.last_kept
+        # a turn's kept copy is the same for the whole fold: a kept turn ends the fold first
+        kind, data = ev.folded(turns=run["turns"],
+                               steps=sum(counts[i][0] * n for i, n in tally.items()),
+                               backwards=sum(counts[i][1] * n for i, n in tally.items()),
+                               events=run["events"],
+                               epochs=sum(counts[i][2] * n for i, n in tally.items()),
+                               copies=[[*last_kept[i], n] for i, n in tally.items()])
         return run["index"], Event(run["seq"], kind, None, MappingProxyType(data))
 
     def close(self) -> bool:
@@ -310,9 +462,7 @@ class Folder:
         index, event = made
         self.run = None
         self.trace.events.insert(index, event)
-        for entry in self.pending:
-            entry[0] += 1
-            entry[1] += 1
+        self.shift -= 1  # every turn after it moved on by one
         self.start += 1
         return True
 

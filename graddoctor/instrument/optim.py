@@ -412,6 +412,9 @@ class OptimizerWatcher:
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self._read: tuple | None = None  # (opt, StepGrads) of the outermost step running
+        # (step wrapper frame, optimizer, opt, location) of the outermost step running: its post
+        # hook, called from the same frame, has the same caller and so the same location
+        self._began: tuple | None = None
         self._backwards_before = 0  # rec.progress.backward_calls when the outermost step began
         self._stepped = rec.subscribers(STEPPED)
         self._stepped_without_grad = rec.subscribers(STEPPED_WITHOUT_GRAD)
@@ -575,7 +578,8 @@ class OptimizerWatcher:
         depth = self._outer_steps_running()
         if depth == 0 and rec.progress.stop_requested:
             rec.progress.maybe_stop(rec.optimizer_id(optimizer))
-        self._step_frames.append(sys._getframe(1))  # the frame of the optimizer's step wrapper
+        wrapper_frame = sys._getframe(1)  # the frame of the optimizer's step wrapper
+        self._step_frames.append(wrapper_frame)
         if depth > 0:  # an optimizer that steps an inner optimizer
             return
         self._backwards_before = rec.progress.backward_calls
@@ -606,6 +610,7 @@ class OptimizerWatcher:
                     subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
             moved = self._moves.moved()
             loc = rec.here(3)
+            self._began = (wrapper_frame, optimizer, opt, loc)
             if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves
                 rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
             rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
@@ -658,11 +663,15 @@ class OptimizerWatcher:
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         rec = self.rec
-        if self._step_frames:
-            self._step_frames.pop()
+        frame = self._step_frames.pop() if self._step_frames else None
         if self._step_frames:
             return
-        opt = rec.optimizer_id(optimizer)
+        began, self._began = self._began, None
+        if began is not None and began[0] is frame and began[1] is optimizer \
+                and frame is sys._getframe(1):
+            opt, loc = began[2], began[3]
+        else:
+            opt, loc = rec.optimizer_id(optimizer), None
         rec.progress.count_step(opt)  # before the listeners: rec.progress.steps includes this step
         try:
             self.closure_step = None
@@ -676,7 +685,7 @@ class OptimizerWatcher:
                                            read[1] if read is not None else None,
                                            keeps_grads=_torch_step(optimizer))
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
-                     rec.here(3))
+                     loc if loc is not None else rec.here(3))
             for subscriber in self._stepped_without_grad:
                 subscriber(opt, without)
             for subscriber in self._stepped:

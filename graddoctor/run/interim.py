@@ -17,7 +17,10 @@ from ..trace import Trace
 from .build import build_report
 from .ending import RunOutcome
 
-CHECKPOINT_EVERY_S = 2.0  # without a step budget, provisional reports at most this often
+# without a step budget (a long run, ``--steps 0``), provisional reports at most this often:
+# the file left by a killed run is at most this old, and a run of many short steps does
+# not pay a write (tens of ms with a picture) every few hundred steps
+CHECKPOINT_EVERY_S = 10.0
 # Writing a provisional report analyses the trace so far: its cost grows with the run (less so
 # once the recorder folds repeated turns, instrument/fold.py). So the writes may take at most
 # this share of the wall time since the start, beyond a first allowance that lets short runs
