@@ -43,13 +43,19 @@ class LocationFinder:
         # it and shown relative to it, also after the script changed directory
         self._rel = os.path.abspath(relative_to or os.getcwd())
         self._display: dict[str, str] = {}
-        self._locations: dict[tuple, Location] = {}  # (code object, line) -> its Location
+        # The caches below are keyed by the id of a code object, never by the code object: a
+        # code object's hash is computed on each lookup from its whole content (the constants
+        # of a script's <module> code hold every function the script defines: microseconds per
+        # event), and two code objects of the same text compare equal across files. ``_codes``
+        # holds each of those code objects, so that no other takes its id while it is a key.
+        self._codes: dict[int, object] = {}
+        self._locations: dict[tuple, Location] = {}  # (id of code object, line) -> its Location
         self._framework: dict[str, str] = {}  # library filename -> its framework ('' for none)
-        # (user code and line, the first and last framework frame's code and line) -> the
-        # framework-aware Location of that call path
+        # (user code's id and line, the first and last framework frame's code id and line) ->
+        # the framework-aware Location of that call path
         self._via: dict[tuple, Location] = {}
         # the hot path's caches (``here``): filename -> True (the user's), a framework's name,
-        # or False (any other library); (code object, f_lasti) -> its Location (f_lasti names
+        # or False (any other library); (id of code object, f_lasti) -> its Location (f_lasti names
         # one instruction, so one line: no line-table scan per event)
         self._kinds: dict[str, bool | str] = {}
         self._at: dict[tuple, Location] = {}
@@ -103,9 +109,10 @@ class LocationFinder:
     def location(self, frame) -> Location:
         """A frame's location, cached per code line (the same few call lines recur every step)."""
         code = frame.f_code
-        key = (code, frame.f_lineno)
+        key = (id(code), frame.f_lineno)
         location = self._locations.get(key)
         if location is None:
+            self._codes[key[0]] = code
             location = self._locations[key] = Location(self.display_path(code.co_filename),
                                                        key[1], code.co_name)
         return location
@@ -140,11 +147,49 @@ class LocationFinder:
         outer = frame.f_back
         if outer is None or not self.is_user_file(outer.f_code.co_filename):
             return None
-        key = (outer.f_code, outer.f_lasti)
+        code = outer.f_code
+        key = (id(code), outer.f_lasti)
         location = self._at.get(key)
         if location is None:
+            self._codes[key[0]] = code
             location = self._at[key] = self.location(outer)
         return location
+
+    def here_and_caller(self, skip: int = 1) -> tuple[Location | None, Location | None]:
+        """``(here(skip), caller_of(skip))``, in one walk up the stack when no framework frame
+        lies below the innermost user frame (a plain loop's ``zero_grad()``, every update);
+        otherwise the two as they are."""
+        kinds, at = self._kinds, self._at
+        frame = sys._getframe(skip)
+        while frame is not None:
+            code = frame.f_code
+            kind = kinds.get(code.co_filename)
+            if kind is None:
+                kind = self._kind(code.co_filename)
+            if kind is True:
+                break
+            if kind:  # a framework's frame: ``here`` tells how the call went through it
+                return self.here(skip + 1), self.caller_of(skip + 1)
+            frame = frame.f_back
+        else:  # no user frame: ``here`` falls back to a library frame, ``caller_of`` has none
+            return self.here(skip + 1), None
+        key = (id(code), frame.f_lasti)
+        location = at.get(key)
+        if location is None:
+            self._codes[key[0]] = code
+            location = at[key] = self.location(frame)
+        if code.co_name == "<module>":
+            return location, None
+        outer = frame.f_back  # as caller_of
+        if outer is None or not self.is_user_file(outer.f_code.co_filename):
+            return location, None
+        code = outer.f_code
+        key = (id(code), outer.f_lasti)
+        caller = at.get(key)
+        if caller is None:
+            self._codes[key[0]] = code
+            caller = at[key] = self.location(outer)
+        return location, caller
 
     def here(self, skip: int = 1) -> Location | None:
         """Location of the innermost user frame above the caller; without one, the outermost
@@ -166,9 +211,10 @@ class LocationFinder:
                 kind = self._kind(code.co_filename)
             if kind is True:
                 if inner is None:
-                    key = (code, frame.f_lasti)
+                    key = (id(code), frame.f_lasti)
                     location = at.get(key)
                     if location is None:
+                        self._codes[key[0]] = code
                         location = at[key] = self.location(frame)
                     return location
                 return self._through_framework(start, frame, inner, outer)
@@ -194,9 +240,12 @@ class LocationFinder:
         frames (between ``start`` and ``user``), cached per user line and the framework's first
         and last frame on the way (their code and line: the same call path through the
         framework; the frames in between are walked again only on a miss)."""
-        key = (user.f_code, user.f_lineno, inner.f_code, inner.f_lineno, outer.f_code, outer.f_lineno)
+        key = (id(user.f_code), user.f_lineno, id(inner.f_code), inner.f_lineno, id(outer.f_code),
+               outer.f_lineno)
         found = self._via.get(key)
         if found is None:
+            codes = self._codes
+            codes[key[0]], codes[key[2]], codes[key[4]] = user.f_code, inner.f_code, outer.f_code
             crossed = []
             frame = start
             while frame is not user:

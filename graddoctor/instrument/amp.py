@@ -80,6 +80,11 @@ class GradScalerWatcher:
             for item in out:
                 self._mark(item, facts)
 
+    def _loss_facts(self, tensors) -> dict | None:
+        """The facts of the first of the backward'ed tensors that ``scale`` returned."""
+        items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+        return next((f for t in items if (f := self._facts(t)) is not None), None)
+
     def _facts(self, tensor) -> dict | None:
         entry = self._marked.get(id(tensor))
         if entry is not None and entry[0]() is tensor:
@@ -87,11 +92,11 @@ class GradScalerWatcher:
         return None
 
     def describe_loss(self, tensors) -> dict:
-        items = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
-        facts = next((f for t in items if (f := self._facts(t)) is not None), None)
-        factor, terms = loss_scaling(tensors, skip_top=bool(facts and facts["enabled"]))
+        facts = self._loss_facts(tensors) if self._marked else None  # no scaled tensor alive: none
         if facts is None:
+            factor, terms = loss_scaling(tensors)
             return {"loss_scale_factor": factor, "loss_terms": terms}
+        factor, terms = loss_scaling(tensors, skip_top=bool(facts["enabled"]))
         return {"scaled": True, "scale": facts["scale"], "scaler": facts["scaler"],
                 "scaler_enabled": facts["enabled"], "loss_scale_factor": factor,
                 "loss_terms": terms}

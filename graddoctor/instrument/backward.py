@@ -57,6 +57,7 @@ import functools
 import sys
 import threading
 import weakref
+from threading import get_ident
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import is_, is_not
@@ -78,6 +79,11 @@ _ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves
 class BackwardContext:
     __slots__ = ("pids", "tensors", "before", "held", "extra_leaves", "cell", "graph_nodes",
                  "history", "repeats", "root_cell")
+    cell: list | None  # its nodes' mark: [seq of its event once emitted, session]
+    graph_nodes: int | None  # interior nodes, when walked with _history_walk
+    history: list | None  # [[seq of an earlier backward, [pid]]], see events.backward
+    repeats: int | None  # seq of a retained backward of the same loss tensor
+    root_cell: list | None  # the mark left on its loss's node: [its event's seq]
 
     def __init__(self):
         # the tracked tensors this backward judges, as parallel lists (``read_before``): their
@@ -88,11 +94,7 @@ class BackwardContext:
         self.before: list = []
         self.held: dict[int, tuple[int, int]] = {}  # index of a grad before -> (version, verdict)
         self.extra_leaves = 0
-        self.cell: list | None = None  # its nodes' mark: [seq of its event once emitted, session]
-        self.graph_nodes: int | None = None  # interior nodes, when walked with _history_walk
-        self.history: list | None = None  # [[seq of an earlier backward, [pid]]], see events.backward
-        self.repeats: int | None = None  # seq of a retained backward of the same loss tensor
-        self.root_cell: list | None = None  # the mark left on its loss's node: [its event's seq]
+        self.cell = self.graph_nodes = self.history = self.repeats = self.root_cell = None
 
     def verdicts(self) -> dict[int, int]:
         """pid -> verdict of each tensor that had a grad before the backward."""
@@ -274,17 +276,16 @@ class BackwardWatcher:
         self._persistent: set[int] = set()  # pids of non-parameter leaves walked again later
 
     # -- graph walks ---------------------------------------------------------------------------
-    def _walk_due(self, loc) -> _Line | None:
-        """The line's record when this backward's graph should be walked, else None."""
-        key = (loc.path, loc.line, threading.get_ident()) if loc is not None else None
+    def _walk_due(self, loc) -> tuple[_Line, bool]:
+        """The line's record, and whether this backward's graph should be walked."""
+        key = (loc.path, loc.line, get_ident()) if loc is not None else None
         line = self._lines.get(key)
         if line is None:
             line = self._lines[key] = _Line()
-        line.calls += 1
-        if (key is None or self._always_walk or line.calls <= WALK_FIRST or line.extra_leaves
-                or line.registrations != self.registrations or line.periodic_walk_due()):
-            return line
-        return None
+        calls = line.calls = line.calls + 1
+        return line, (key is None or self._always_walk or calls <= WALK_FIRST
+                      or line.extra_leaves or line.registrations != self.registrations
+                      or (calls >= line.next_walk and line.periodic_walk_due()))
 
     def _walk(self, ctx: BackwardContext, line: _Line | None, tensors, inputs,
               history: bool = False) -> None:
@@ -413,13 +414,14 @@ class BackwardWatcher:
         if inputs is not None:  # the leaves are given: no walk needed
             self._walk(ctx, None, tensors, inputs)
         else:
-            line = self._walk_due(loc)
-            if line is not None:
+            line, due = self._walk_due(loc)
+            if due:
                 self._walk(ctx, line, tensors, inputs, history=retained)
             else:
-                ctx.extra_leaves = self._lines[(loc.path, loc.line, threading.get_ident())].extra_leaves
+                ctx.extra_leaves = line.extra_leaves
         self.read_before(ctx)
-        self._mark_root(ctx, tensors, retained)
+        if retained or self._roots_marked:  # else nothing to look at (see _mark_root)
+            self._mark_root(ctx, tensors, retained)
         return ctx
 
     def _mark_root(self, ctx: BackwardContext, tensors, retained: bool) -> None:
@@ -538,22 +540,40 @@ class BackwardWatcher:
 
         running = rec.running_backwards  # read only: the recorder marks the running ones
         in_backward, began, ended = rec.in_backward, rec.backward_began, rec.backward_ended
+        finder = rec.finder
+        describers = self._describe_loss  # the live list of the topic's subscribers
+        Tensor_, autograd = torch.Tensor, torch.autograd
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
             # nested in a running backward (Tensor -> autograd, checkpointing; on an accelerator
             # autograd's own threads, which Python sees as dummy threads, run the inner one): its
             # writes are seen by the outer one. A backward of another thread of the script is not.
-            if running and in_backward():
+            if running and (get_ident() in running or in_backward()):
                 return original(*args, **kwargs)
             rec.progress.maybe_stop()
             try:
-                tensors, inputs, retained = watcher._arguments(args, kwargs, takes_self)
-                wrappers = _script_wrappers(sys._getframe(1))
-                # here(2) starts the search at this frame; past the script's wrappers: their caller
-                loc = rec.here(3 + wrappers if wrappers else 2)
+                if kwargs or len(args) != 1:
+                    tensors, inputs, retained = watcher._arguments(args, kwargs, takes_self)
+                else:  # loss.backward(), torch.autograd.backward(loss): what _arguments reads
+                    tensors, inputs, retained = args[0], None, False
+                # the script's own replacements of the backward calling this one (_script_wrappers)
+                frame = sys._getframe(1)
+                codes = (getattr(Tensor_.backward, "__code__", None),
+                         getattr(autograd.backward, "__code__", None))
+                wrappers = _script_wrappers(frame, codes) if frame.f_code in codes else 0
+                # here(1) starts the search at this frame; past the script's wrappers: their caller
+                try:
+                    loc = finder.here(2 + wrappers if wrappers else 1)
+                except Exception:  # as Recorder.here: the location lookup never breaks the run
+                    loc = None
                 ctx = watcher.begin(tensors, inputs, loc, retained)
-                extra = watcher.describe_loss(tensors)
+                # facts about the backward'ed loss that other watchers add (AMP scale, 1/k
+                # factor, batch): keyword arguments of ``events.backward``, whose defaults fill
+                # in the rest
+                extra = {}
+                for describe in describers:
+                    extra.update(describe(tensors))
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
                 ctx, loc, extra = None, None, {}
@@ -573,14 +593,6 @@ class BackwardWatcher:
     def _count_registration(self, module, name, param) -> None:
         self.registrations += 1
 
-    def describe_loss(self, tensors) -> dict:
-        """Facts about the backward'ed loss that other watchers add (AMP scale, 1/k factor,
-        batch): keyword arguments of ``events.backward``, whose defaults fill in the rest."""
-        extra: dict = {}
-        for describe in self._describe_loss:
-            extra.update(describe(tensors))
-        return extra
-
     def install(self, patcher) -> None:
         register = getattr(torch.nn.modules.module, "register_module_parameter_registration_hook", None)
         if register is not None:  # new parameters: walk the next graphs again
@@ -591,14 +603,15 @@ class BackwardWatcher:
         patcher.patch(torch.autograd, "backward", self.wrap(torch.autograd.backward, takes_self=False))
 
 
-def _script_wrappers(frame) -> int:
+def _script_wrappers(frame, codes=None) -> int:
     """How many frames, from ``frame`` (our wrapper's caller) outward, are the script's own
     replacement of ``Tensor.backward`` / ``torch.autograd.backward`` (``torch.Tensor.backward =
     logged_backward``, which calls the one it replaced): a finding belongs at the loop's
     ``loss.backward()``, the line the user changes, not inside the wrapper. Two attribute
-    reads per backward."""
-    codes = (getattr(torch.Tensor.backward, "__code__", None),
-             getattr(torch.autograd.backward, "__code__", None))
+    reads per backward (``codes``: the wrapper has read them already)."""
+    if codes is None:
+        codes = (getattr(torch.Tensor.backward, "__code__", None),
+                 getattr(torch.autograd.backward, "__code__", None))
     skipped = 0
     while frame is not None and frame.f_code in codes:
         skipped += 1

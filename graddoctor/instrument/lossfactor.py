@@ -39,18 +39,40 @@ def _grad_children(node) -> list[tuple[int, object]]:
     return [(i, child) for i, (child, _) in enumerate(node.next_functions) if child is not None]
 
 
+# the nodes ``_factor`` walks through; at any other node it stops (a loss term)
+_SCALING = frozenset({"MulBackward0", "DivBackward0", "AddBackward0", "SubBackward0"})
+
 # the ``reduction`` argument autograd saves on the loss functions' nodes (at::Reduction)
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
+# node type -> (its name, whether it is one of _SCALING, the reduction its name tells ("sum",
+# "mean") or None, whether its nodes can have a ``_saved_reduction``): a type's name is a new
+# string on each read, so it is read once per type, not on every backward
+_TYPES: dict[type, tuple[str, bool, str | None, bool]] = {}
+_TYPES_KEPT = 1024  # custom Functions made on the fly each make a type: start over past this
+
+
+def _type_facts(node_type: type) -> tuple[str, bool, str | None, bool]:
+    facts = _TYPES.get(node_type)
+    if facts is None:
+        name = node_type.__name__
+        by_name = ("sum" if name.startswith("SumBackward") else
+                   "mean" if name.startswith("MeanBackward") else None)
+        # a getset of the node class, or an instance attribute (a node with a __dict__)
+        reads = hasattr(node_type, "_saved_reduction") or node_type.__dictoffset__ != 0
+        if len(_TYPES) >= _TYPES_KEPT:
+            _TYPES.clear()
+        facts = _TYPES[node_type] = (name, name in _SCALING, by_name, reads)
+    return facts
+
+
 def _reduction(node) -> str | None:
     """How the node the walk stopped at reduced the loss (one attribute read)."""
-    name = type(node).__name__
-    if name.startswith("SumBackward"):
-        return "sum"
-    if name.startswith("MeanBackward"):
-        return "mean"
-    return _REDUCTIONS.get(getattr(node, "_saved_reduction", None))
+    _name, _scales, by_name, reads = _type_facts(type(node))
+    if by_name is not None:
+        return by_name
+    return _REDUCTIONS.get(getattr(node, "_saved_reduction", None)) if reads else None
 
 
 def _factor(node, budget: list[int], terms: list) -> float | None:
@@ -59,7 +81,7 @@ def _factor(node, budget: list[int], terms: list) -> float | None:
     budget[0] -= 1
     if budget[0] < 0:
         return None
-    name = type(node).__name__
+    name = (_TYPES.get(type(node)) or _type_facts(type(node)))[0]
     if name in ("MulBackward0", "DivBackward0"):
         children = _grad_children(node)
         if len(children) != 1:
@@ -100,14 +122,21 @@ def loss_scaling(tensors, skip_top: bool = False) -> tuple[float | None, list | 
         if len(tensors) != 1:
             return None, None
         tensors = tensors[0]
-    if not isinstance(tensors, torch.Tensor) or tensors.grad_fn is None:
+    if not isinstance(tensors, torch.Tensor):
         return None, None
     node = tensors.grad_fn
+    if node is None:
+        return None, None
     if skip_top:
         children = _grad_children(node)
         if type(node).__name__ != "MulBackward0" or len(children) != 1:
             return None, None
         node = children[0][1]
+    else:
+        _name, scales, by_name, reads = _TYPES.get(type(node)) or _type_facts(type(node))
+        if not scales:  # the loss as its reduction made it (most loops): ``_reduction``, inline
+            return 1.0, [by_name if by_name is not None else
+                         _REDUCTIONS.get(getattr(node, "_saved_reduction", None)) if reads else None]
     terms: list = []
     factor = _factor(node, [_MAX_NODES], terms)
     return factor, (terms if factor is not None else None)

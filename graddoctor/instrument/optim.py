@@ -529,25 +529,31 @@ class OptimizerWatcher:
 
     def _record_clear(self, obj, via: str, args, kwargs) -> None:
         rec = self.rec
-        if self.adopt_unknown and via == "optimizer.zero_grad":
+        optimizer = via == "optimizer.zero_grad"
+        if optimizer and self.adopt_unknown:
             self._adopt_unknown(obj, rec.here(3))
-        set_to_none = kwargs.get("set_to_none", args[0] if args else True)
-        if via == "optimizer.zero_grad":
-            opt = rec.optimizer_id(obj)
-            if set_to_none and opt in rec.opt_params:
+        set_to_none = kwargs.get("set_to_none", args[0] if args else True) if args or kwargs else True
+        if optimizer:
+            ids = rec.optimizer_id  # its __call__, inline (hot path)
+            opt = ids.number.get(id(obj))
+            if opt is None or ids.refs[opt]() is not obj:
+                opt = ids(obj)
+            owned = rec.opt_params.get(opt)
+            if set_to_none and owned is not None:
                 # every grad is None now: the next backward sees fresh grads without our help,
-                # so the per-parameter bookkeeping below is not needed (hot path, every update)
-                rec.emit(ev.clear(via=via, opt=opt, set_to_none=True,
-                                  params=list(rec.opt_params[opt]), caller=_json(rec.caller_of(3))),
-                         rec.here(3))
-                return
-            params = [p for g in obj.param_groups for p in g["params"]]
+                # so the per-parameter bookkeeping is not needed (hot path, every update)
+                pids = list(owned)
+            else:
+                pids = rec.grads.cleared([p for g in obj.param_groups for p in g["params"]])
         else:
-            params = list(obj.parameters())
             opt = None
-        pids = rec.grads.cleared(params)
+            pids = rec.grads.cleared(list(obj.parameters()))
+        try:  # rec.here(3) and rec.caller_of(3), in one walk up the stack
+            loc, caller = rec.finder.here_and_caller(2)
+        except Exception:  # as those two: each None when its lookup fails
+            loc, caller = rec.here(3), rec.caller_of(3)
         rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids,
-                          caller=_json(rec.caller_of(3))), rec.here(3))
+                          caller=_json(caller)), loc)
 
     # -- step ----------------------------------------------------------------------------
     def _outer_steps_running(self) -> int:

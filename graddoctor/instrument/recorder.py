@@ -159,23 +159,21 @@ class Recorder:
     def emit(self, made: ev.Made, loc: Location | None = None) -> Event:
         """Append an event made by a constructor of ``graddoctor.events``; its data dict (and
         the lists in it) belongs to the event from now on."""
-        with self.lock:
-            return self._emit(made, loc)
-
-    def _emit(self, made: ev.Made, loc: Location | None) -> Event:
-        folder = self.folder
-        # hot path: before it is active the folder only counts steps
-        if folder is not None and (folder.active or made[0] == "step"):
-            try:
-                folder.observe(made[0], loc)  # before the held events: they come after it
-            except Exception as exc:  # keep every event from now on
-                self.folder = None
-                self.internal_error("folding repeated turns", exc)
-        if self.holder is not None:
-            self.release()
-        if made[0] in THREADED_KINDS and get_ident() != self.script_thread:
-            made = (made[0], {**made[1], "thread": self._thread_number()})
-        return self.trace.put(made, loc)
+        with self.lock:  # hot path: every event of a run
+            folder = self.folder
+            kind = made[0]
+            # before it is active the folder only counts steps
+            if folder is not None and (folder.active or kind == "step"):
+                try:
+                    folder.observe(kind, loc)  # before the held events: they come after it
+                except Exception as exc:  # keep every event from now on
+                    self.folder = None
+                    self.internal_error("folding repeated turns", exc)
+            if self.holder is not None:
+                self.release()
+            if kind in THREADED_KINDS and get_ident() != self.script_thread:
+                made = (kind, {**made[1], "thread": self._thread_number()})
+            return self.trace.put(made, loc)
 
     def _thread_number(self) -> int:
         """1, 2, ...: the script's threads other than the one running it, in order of first use."""
