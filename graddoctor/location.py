@@ -323,6 +323,20 @@ class LocationFinder:
         return found
 
 
+def site_key(frame, held: dict) -> tuple[int, int]:
+    """``(id of the frame's code object, its line)``: a key for the sets and dicts a watcher
+    consults on every call. A code object is never the key itself: its hash is computed from
+    its whole content on each lookup (microseconds for a script's module code, whose constants
+    hold every function the script defines), and two of the same text in two files are equal.
+    ``held`` (id -> code object, the caller's) keeps each one alive, so that no other code
+    object takes its id while it is a key."""
+    code = frame.f_code
+    key = id(code)
+    if key not in held:
+        held[key] = code
+    return key, frame.f_lineno
+
+
 def _hook_line(code, hook: str) -> int:
     """The line of a hook to point at: the last ``return <value>`` of one whose result the
     framework uses (the loss of ``training_step``), else its ``def`` line."""

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import events as ev
+from ..location import site_key
 from .inlinable import watched
 from .names import variable_name
 from .recorder import Recorder
@@ -58,7 +59,8 @@ NAMES = tuple(FUNCTIONAL)  # kept for callers that list the F names
 TORCH = ("dropout", "dropout_", "alpha_dropout", "alpha_dropout_", "feature_dropout",
          "feature_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_")
 SDPA = "scaled_dot_product_attention"
-_CALL_CODES = frozenset({torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__})
+# ids of code objects: a membership test by the code object itself would hash each frame's code
+_CALL_CODES = frozenset(map(id, (torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__)))
 _MAX_FRAMES = 64  # how far up from the call to look for the module
 # words that say dropout at evaluation time is meant (Monte Carlo dropout, uncertainty sampling)
 MC_WORDS = frozenset({"mc", "mcd", "mcdropout", "monte", "carlo", "bayes", "bayesian", "uncertainty",
@@ -76,11 +78,12 @@ def words(text: str) -> set[str]:
 class FunctionalDropoutWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._done: set[tuple] = set()  # (code, line): call sites recorded, or not the user's
-        self._method: dict = {}  # code object -> its first argument is ``self``
+        self._done: set[tuple] = set()  # site_key: call sites recorded, or not the user's
+        self._method: dict = {}  # id of a code object -> its first argument is ``self``
+        self._codes: dict[int, object] = {}  # the code objects whose ids are keys here
 
     def _wrap(self, original, fn: str, default: bool | None, sdpa: bool = False):
-        watcher, rec, done = self, self.rec, self._done
+        watcher, rec, done, codes = self, self.rec, self._done, self._codes
         name = "training" if default is not None else "train"
 
         def before(args, kwargs) -> None:
@@ -100,7 +103,7 @@ class FunctionalDropoutWatcher:
                     return
                 p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
             caller = sys._getframe(2)  # the caller of F.dropout
-            if (caller.f_code, caller.f_lineno) in done:
+            if site_key(caller, codes) in done:
                 return  # recorded already, or a library's own call
             try:
                 watcher._check(fn, how, p, caller)
@@ -113,7 +116,7 @@ class FunctionalDropoutWatcher:
 
     def _check(self, fn: str, how: str, p, caller) -> None:
         code = caller.f_code
-        site = (code, caller.f_lineno)
+        site = site_key(caller, self._codes)
         if not self.rec.finder.is_user_file(code.co_filename):
             self._done.add(site)  # torch's own calls pass the argument or p = 0 in eval mode
             return
@@ -161,9 +164,10 @@ class FunctionalDropoutWatcher:
             if frame is None:
                 break
             code = frame.f_code
-            is_method = method.get(code)
+            is_method = method.get(id(code))
             if is_method is None:
-                is_method = method[code] = code.co_argcount > 0 and code.co_varnames[0] == "self"
+                self._codes[id(code)] = code  # keeps its id its own while it is a key
+                is_method = method[id(code)] = code.co_argcount > 0 and code.co_varnames[0] == "self"
             if is_method:
                 owner = frame.f_locals.get("self")
                 if isinstance(owner, Module):
@@ -177,7 +181,7 @@ class FunctionalDropoutWatcher:
         outer = None
         f = frame
         while f is not None:
-            if f.f_code in _CALL_CODES:
+            if id(f.f_code) in _CALL_CODES:
                 outer = f
             f = f.f_back
         root = outer.f_locals.get("self") if outer is not None else None

@@ -19,6 +19,7 @@ import sys
 import torch
 
 from .. import events as ev
+from ..location import site_key
 from .inlinable import watched
 from .recorder import Recorder
 
@@ -45,7 +46,8 @@ def entry_points() -> list[tuple[object, str, str]]:
 class FunctionalGradWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._done: set[tuple] = set()  # (code, line): call sites looked at
+        self._done: set[tuple] = set()  # site_key: call sites looked at
+        self._codes: dict[int, object] = {}  # the code objects whose ids are in those keys
 
     def _wrap(self, original, api: str):
         watcher, rec = self, self.rec
@@ -53,7 +55,7 @@ class FunctionalGradWatcher:
         def before(args, kwargs) -> None:
             try:
                 caller = sys._getframe(2)  # the code that called the entry point
-                site = (caller.f_code, caller.f_lineno)
+                site = site_key(caller, watcher._codes)
                 if site in watcher._done:
                     return
                 watcher._done.add(site)

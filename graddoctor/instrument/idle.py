@@ -23,6 +23,7 @@ import torch
 import torch.utils.checkpoint
 
 from .. import events as ev
+from ..location import site_key
 from .identities import Identities
 from .recorder import Recorder
 
@@ -44,7 +45,8 @@ class IdleParamWatcher:
         self._missing: dict[int, int] = {}  # pid -> steps without a gradient
         self._looked: set[int] = set()  # pids whose module was searched for
         self._hooked = Identities()  # module -> mid, for the modules hooked
-        self._done: set[tuple] = set()  # (mid, code, line, grad, inference) recorded
+        self._done: set[tuple] = set()  # (mid, site_key, grad, inference) recorded
+        self._codes: dict[int, object] = {}  # the code objects whose ids are in those keys
         self._searches = 0
 
     def after_step(self, opt: int, without: list[int]) -> None:
@@ -97,7 +99,7 @@ class IdleParamWatcher:
         watcher, rec = self, self.rec
         mid = self._hooked(module)
         cls = type(module).__name__
-        done = self._done
+        done, codes = self._done, self._codes
         user_frames = rec.finder.user_frames
 
         def pre_hook(mod, args):
@@ -111,7 +113,7 @@ class IdleParamWatcher:
                 frame = next(user_frames(start), None)
                 if frame is None:
                     return None
-                key = (mid, frame.f_code, frame.f_lineno, grad, inference)
+                key = (mid, site_key(frame, codes), grad, inference)
                 if key in done:
                     return None
                 done.add(key)

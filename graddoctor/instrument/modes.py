@@ -43,6 +43,7 @@ import torch
 from torch.nn.modules import batchnorm, dropout
 
 from .. import events as ev
+from ..location import site_key
 from ..trace import Location
 from .identities import Identities
 from .inlinable import watched
@@ -52,8 +53,9 @@ from .recorder import Recorder
 BATCHNORM = (batchnorm._BatchNorm,)  # SyncBatchNorm and the lazy ones derive from it
 DROPOUT = (dropout._DropoutNd,)
 KINDS = BATCHNORM + DROPOUT
-_CALL_CODES = frozenset({torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__})
-_RESET_CALLERS = frozenset({batchnorm._NormBase.reset_parameters.__code__, batchnorm._NormBase.__init__.__code__})
+# ids of code objects: a membership test by the code object itself would hash each frame's code
+_CALL_CODES = frozenset(map(id, (torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__)))
+_RESET_CALLERS = frozenset(map(id, (batchnorm._NormBase.reset_parameters.__code__, batchnorm._NormBase.__init__.__code__)))
 
 
 class _State:
@@ -92,6 +94,7 @@ class ModeWatcher:
         # ref, registered in it); call lines already reported (see _unregistered)
         self._member: dict[int, tuple] = {}
         self._unregistered_done: set[tuple] = set()
+        self._codes: dict[int, object] = {}  # the code objects whose ids are in keys (site_key)
         self._root: tuple | None = None  # (outermost call frame, its module), see _record_forward
         self._mode_depth = 0
         self._freezing = False
@@ -230,11 +233,11 @@ class ModeWatcher:
         outer = None
         codes = _CALL_CODES
         while f is not None:
-            if f.f_code in codes:
+            if id(f.f_code) in codes:
                 outer = f
             f = f.f_back
         site = self._user_frame(outer.f_back if outer is not None else start)
-        key = (site.f_code, site.f_lineno) if site is not None else None
+        key = site_key(site, self._codes) if site is not None else None
         if outer is not None:
             self._outer, self._outer_site = outer, (outer, site, key)
         return outer, site, key
@@ -303,7 +306,7 @@ class ModeWatcher:
         if known[2] or not dropout.p > 0:
             return
         call = self._user_frame(sys._getframe(1))  # the line that called the dropout layer
-        key = (call.f_code, call.f_lineno) if call is not None else None
+        key = site_key(call, self._codes) if call is not None else None
         if key in self._unregistered_done:
             return
         self._unregistered_done.add(key)
@@ -425,7 +428,7 @@ class ModeWatcher:
         @functools.wraps(original)
         def reset_running_stats(module, *args, **kwargs):
             result = original(module, *args, **kwargs)
-            caller = sys._getframe(1).f_code
+            caller = id(sys._getframe(1).f_code)
             if not watcher._recalibrating and caller not in _RESET_CALLERS and isinstance(module, BATCHNORM):
                 try:
                     loc = watcher._loc(watcher._user_frame(sys._getframe(1)))
