@@ -300,9 +300,7 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["allreduce"] = allreduce
     if repeats is not None:
         data["repeats"] = repeats
-    if thread is not None:  # _threaded, inline (every backward)
-        data["thread"] = thread
-    return "backward", data
+    return "backward", _threaded(data, thread)
 
 
 # the kinds whose order makes the gradient ledger's phases: an event of one of them made in a
@@ -319,10 +317,8 @@ def _threaded(data: dict, thread: int | None) -> dict:
 
 def clear(*, via: str, opt: int | None, params: list[int], set_to_none: bool = True,
           thread: int | None = None, caller: list | None = None) -> Made:
-    data = {"via": via, "opt": opt, "set_to_none": set_to_none, "params": params, "caller": caller}
-    if thread is not None:  # _threaded, inline (every zero_grad)
-        data["thread"] = thread
-    return "clear", data
+    return "clear", _threaded({"via": via, "opt": opt, "set_to_none": set_to_none,
+                               "params": params, "caller": caller}, thread)
 
 
 def step_begin(*, opt: int, norm_pids: list[int] | None, norms: list[float] | None,

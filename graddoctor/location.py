@@ -147,19 +147,24 @@ class LocationFinder:
         outer = frame.f_back
         if outer is None or not self.is_user_file(outer.f_code.co_filename):
             return None
-        code = outer.f_code
-        key = (id(code), outer.f_lasti)
+        return self._at_instruction(outer)
+
+    def _at_instruction(self, frame) -> Location:
+        """``location(frame)``, cached per code object and instruction (``f_lasti`` names one
+        instruction, so one line: no line-table scan per event)."""
+        code = frame.f_code
+        key = (id(code), frame.f_lasti)
         location = self._at.get(key)
         if location is None:
             self._codes[key[0]] = code
-            location = self._at[key] = self.location(outer)
+            location = self._at[key] = self.location(frame)
         return location
 
     def here_and_caller(self, skip: int = 1) -> tuple[Location | None, Location | None]:
         """``(here(skip), caller_of(skip))``, in one walk up the stack when no framework frame
         lies below the innermost user frame (a plain loop's ``zero_grad()``, every update);
         otherwise the two as they are."""
-        kinds, at = self._kinds, self._at
+        kinds = self._kinds
         frame = sys._getframe(skip)
         while frame is not None:
             code = frame.f_code
@@ -173,23 +178,13 @@ class LocationFinder:
             frame = frame.f_back
         else:  # no user frame: ``here`` falls back to a library frame, ``caller_of`` has none
             return self.here(skip + 1), None
-        key = (id(code), frame.f_lasti)
-        location = at.get(key)
-        if location is None:
-            self._codes[key[0]] = code
-            location = at[key] = self.location(frame)
+        location = self._at_instruction(frame)
         if code.co_name == "<module>":
             return location, None
         outer = frame.f_back  # as caller_of
         if outer is None or not self.is_user_file(outer.f_code.co_filename):
             return location, None
-        code = outer.f_code
-        key = (id(code), outer.f_lasti)
-        caller = at.get(key)
-        if caller is None:
-            self._codes[key[0]] = code
-            caller = at[key] = self.location(outer)
-        return location, caller
+        return location, self._at_instruction(outer)
 
     def here(self, skip: int = 1) -> Location | None:
         """Location of the innermost user frame above the caller; without one, the outermost
@@ -201,7 +196,7 @@ class LocationFinder:
         (``hook``: the loss ``training_step`` returned, the optimizer ``configure_optimizers``
         made) rather than the ``trainer.fit(...)`` line. See graddoctor/frameworks.py."""
         start = sys._getframe(skip)
-        kinds, at = self._kinds, self._at
+        kinds = self._kinds
         frame = start
         inner = outer = None  # the innermost and outermost framework frames crossed
         while frame is not None:  # hot path: several times per step
@@ -211,12 +206,7 @@ class LocationFinder:
                 kind = self._kind(code.co_filename)
             if kind is True:
                 if inner is None:
-                    key = (id(code), frame.f_lasti)
-                    location = at.get(key)
-                    if location is None:
-                        self._codes[key[0]] = code
-                        location = at[key] = self.location(frame)
-                    return location
+                    return self._at_instruction(frame)
                 return self._through_framework(start, frame, inner, outer)
             if kind:
                 outer = frame

@@ -5,11 +5,10 @@ fixtures/frameworks/ (tests/test_fixtures.py) where installed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import textwrap
 
 import pytest
+from module_files import load
 
 from graddoctor.analysis import Analysis
 from graddoctor.rules.engine import analyze
@@ -21,15 +20,6 @@ from graddoctor.rules import find_rule
 from graddoctor.trace import Location, Trace, TraceBuilder
 
 P = [0, 1]
-
-
-def load(path, text: str):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text))
-    spec = importlib.util.spec_from_file_location(f"m{abs(hash(str(path)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture

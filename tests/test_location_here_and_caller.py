@@ -3,22 +3,10 @@ what ``here`` and ``caller_of`` give, on every shape of call stack."""
 
 from __future__ import annotations
 
-import importlib.util
-import textwrap
-
 import pytest
+from module_files import load
 
 from graddoctor.location import LocationFinder
-
-
-def load(path, text: str, **names):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text))
-    spec = importlib.util.spec_from_file_location(f"m{abs(hash(str(path)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    module.__dict__.update(names)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture

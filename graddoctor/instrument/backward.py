@@ -55,12 +55,11 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 import weakref
-from threading import get_ident
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import is_, is_not
+from threading import get_ident
 
 import torch
 
@@ -305,7 +304,7 @@ class BackwardWatcher:
             leaves = _leaves(tensors, inputs)
         aside = self.aside if self.aside is not None and self.aside.fsdp_seen else None
         persistent = self._persistent
-        owner, me = rec.owner, threading.get_ident()
+        owner, me = rec.owner, get_ident()
         for leaf in leaves:
             pid = pid_of.get(id(leaf))
             if pid is not None and refs[pid]() is leaf:  # tracked already (rec.pid, inlined)

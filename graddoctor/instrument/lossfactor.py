@@ -81,7 +81,7 @@ def _factor(node, budget: list[int], terms: list) -> float | None:
     budget[0] -= 1
     if budget[0] < 0:
         return None
-    name = (_TYPES.get(type(node)) or _type_facts(type(node)))[0]
+    name = _type_facts(type(node))[0]
     if name in ("MulBackward0", "DivBackward0"):
         children = _grad_children(node)
         if len(children) != 1:
@@ -133,7 +133,7 @@ def loss_scaling(tensors, skip_top: bool = False) -> tuple[float | None, list | 
             return None, None
         node = children[0][1]
     else:
-        _name, scales, by_name, reads = _TYPES.get(type(node)) or _type_facts(type(node))
+        _name, scales, by_name, reads = _type_facts(type(node))
         if not scales:  # the loss as its reduction made it (most loops): ``_reduction``, inline
             return 1.0, [by_name if by_name is not None else
                          _REDUCTIONS.get(getattr(node, "_saved_reduction", None)) if reads else None]

@@ -534,10 +534,7 @@ class OptimizerWatcher:
             self._adopt_unknown(obj, rec.here(3))
         set_to_none = kwargs.get("set_to_none", args[0] if args else True) if args or kwargs else True
         if optimizer:
-            ids = rec.optimizer_id  # its __call__, inline (hot path)
-            opt = ids.number.get(id(obj))
-            if opt is None or ids.refs[opt]() is not obj:
-                opt = ids(obj)
+            opt = rec.optimizer_id(obj)
             owned = rec.opt_params.get(opt)
             if set_to_none and owned is not None:
                 # every grad is None now: the next backward sees fresh grads without our help,
