@@ -177,3 +177,19 @@ def test_an_event_put_in_the_trace_is_the_event_its_constructor_makes():
         pass
     else:
         raise AssertionError("an event must stay frozen")
+
+
+def test_clear_events_keep_the_params_they_cleared_when_a_group_is_added_later():
+    """A zero_grad's event holds its optimizer's pid list without a copy: adding a param group
+    afterwards gives the optimizer a new list, and the earlier events stay as they were."""
+    rec = Recorder(step_budget=None)
+    first, second = nn.Linear(2, 2), nn.Linear(2, 2)
+    with Instrumentation(rec):
+        opt = torch.optim.SGD(first.parameters(), lr=0.1)
+        opt.zero_grad()
+        opt.add_param_group({"params": list(second.parameters())})
+        opt.zero_grad()
+    clears = [e for e in rec.trace if e.kind == "clear"]
+    assert [len(e["params"]) for e in clears] == [2, 4]
+    assert clears[1]["params"][:2] == clears[0]["params"]
+    assert rec.opt_params[clears[0]["opt"]] == clears[1]["params"]

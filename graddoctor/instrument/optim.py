@@ -538,8 +538,9 @@ class OptimizerWatcher:
             owned = rec.opt_params.get(opt)
             if set_to_none and owned is not None:
                 # every grad is None now: the next backward sees fresh grads without our help,
-                # so the per-parameter bookkeeping is not needed (hot path, every update)
-                pids = list(owned)
+                # so the per-parameter bookkeeping is not needed (hot path, every update); the
+                # optimizer's own pid list, shared (Recorder.add_params never changes one)
+                pids = owned
             else:
                 pids = rec.grads.cleared([p for g in obj.param_groups for p in g["params"]])
         else:

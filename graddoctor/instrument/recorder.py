@@ -112,7 +112,7 @@ class Recorder:
         # events and pids are numbered in order: threads of the script emit and track too
         self.lock = threading.RLock()
         self.optimizer_id = Identities()  # optimizer -> its number, given at first sight
-        self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns
+        self.opt_params: dict[int, list[int]] = {}  # opt id -> pids it owns (add_params: never changed in place)
         self.param_names: dict[int, str] = {}
         self.is_parameter: dict[int, bool] = {}
         self.shapes: dict[int, list[int]] = {}
@@ -325,8 +325,10 @@ class Recorder:
                     shapes[pid] = _shape(tensor)
 
     def add_params(self, opt: int, pids: list[int]) -> None:
-        """Optimizer ``opt`` was given the tensors ``pids`` (``opt_params``)."""
-        self.opt_params.setdefault(opt, []).extend(pids)
+        """Optimizer ``opt`` was given the tensors ``pids`` (``opt_params``). Its list is
+        replaced, never changed in place: the ``clear`` event of every zero_grad holds it as
+        it is (a copy per step is a pass over every pid, the cost of a long run's clears)."""
+        self.opt_params[opt] = [*self.opt_params.get(opt, ()), *pids]
 
     def tensor(self, pid: int):
         return self.tensors.object(pid)
