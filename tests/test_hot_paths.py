@@ -193,3 +193,4 @@ def test_clear_events_keep_the_params_they_cleared_when_a_group_is_added_later()
     assert [len(e["params"]) for e in clears] == [2, 4]
     assert clears[1]["params"][:2] == clears[0]["params"]
     assert rec.opt_params[clears[0]["opt"]] == clears[1]["params"]
+

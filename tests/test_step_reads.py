@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from graddoctor.instrument import Instrumentation, Recorder
-from graddoctor.instrument import gradstate
+from graddoctor.instrument import gradstate, optim
 
 
 def _model():
@@ -81,9 +81,9 @@ def _after_step_modes(monkeypatch):
     modes = []
     original = gradstate.GradState.after_step
 
-    def spy(self, pids, read=None, keeps_grads=False):
+    def spy(self, pids, read=None, keeps_grads=False, **kwargs):
         modes.append(read is not None and read.states is not None)
-        return original(self, pids, read, keeps_grads)
+        return original(self, pids, read, keeps_grads, **kwargs)
 
     monkeypatch.setattr(gradstate.GradState, "after_step", spy)
     return modes
@@ -104,6 +104,22 @@ def test_an_optimizer_that_edits_grads_in_place_is_read_again():
     # the next backward adds onto the grads graddoctor saw last: an accumulation, every time
     backwards = [e for e in rec.trace.events if e.kind == "backward"]
     assert [len(e["accumulated"]) for e in backwards] == [0, 4, 4]
+
+
+def test_torch_steps_are_trusted_to_keep_grads_only_when_their_first_ones_did():
+    """A torch step that changes .grad in place (SGD's foreach nesterov adds the momentum into
+    it) is compared after every step; one that does not is trusted after its first few steps
+    and no longer compared: either way what graddoctor knows after each step is the grads'."""
+    optimizers = [
+        lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, foreach=True),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, foreach=False),
+        lambda ps: torch.optim.Adagrad(ps, lr=0.1, weight_decay=0.1, foreach=True),
+    ]
+    for make in optimizers:
+        rec, model, seen = _run(make, steps=3 * optim.TRUSTED_AFTER)
+        for _, known, actual in seen:
+            assert known == actual
 
 
 def test_an_optimizer_that_drops_grads_leaves_them_without_one():

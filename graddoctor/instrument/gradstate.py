@@ -89,7 +89,8 @@ class GradState:
             pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
         return pids, list(states_of(grads))
 
-    def after_step(self, pids, read=None, keeps_grads: bool = False) -> list[int]:
+    def after_step(self, pids, read=None, keeps_grads: bool = False,
+                   untouched: bool | None = None) -> list[int]:
         """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
         events need it after the script's tensors are gone), refresh what its grad looks like
         after the step, note its ``_version`` (``param_version``), and return the pids that had
@@ -98,13 +99,15 @@ class GradState:
         ``read``: what the step's pre hook read (``optim.StepGrads``). When the step left every
         ``.grad`` as it got it (the same tensors, at the same versions), its states and
         requires_grad stand: only the parameters' versions are read. ``keeps_grads``: the step
-        is one of torch's optimizers', which never set a ``.grad`` (only a version is compared)."""
+        is one of torch's optimizers', which never set a ``.grad`` (only a version is compared).
+        ``untouched``: whether the step left every grad's version as ``read`` has it, when the
+        caller knows (True: not read again); None: compared here."""
         pids = pids if type(pids) is list else list(pids)
         owned = read.owned if read is not None and read.states is not None else None
         if owned is not None and owned[0] is pids and len(owned[1]) == len(pids):
             _pids, tensors, before = owned
             if ((keeps_grads or all(map(is_, grads_of(tensors), before)))
-                    and list(map(_version, read.grads)) == read.versions):
+                    and (untouched if untouched is not None else read.untouched())):
                 self.param_version.update(zip(pids, map(_version, tensors)))
                 if not read.known:
                     self.known.update(zip(read.pids, read.states))

@@ -59,6 +59,10 @@ class StepGrads:
         self.owned = owned
         self.known = known  # the states are what graddoctor knew already (nothing to note)
 
+    def untouched(self) -> bool:
+        """Whether every grad is still at the version read before the step (a pass over them)."""
+        return self.versions is not None and list(map(_version, self.grads)) == self.versions
+
     def by_device(self) -> dict:
         """``device -> ([pid], [grad])``, dense grads only; checked for sparse grads and
         several devices only here, when a norm pass or a picture needs the groups."""
@@ -389,6 +393,11 @@ def _torch_step_class(cls) -> bool:
     return (getattr(getattr(cls, "step", None), "__module__", None) or "").startswith("torch.optim.")
 
 
+# steps of a torch optimizer that must leave its grads' versions unchanged before its later
+# steps are trusted to (``OptimizerWatcher._untouched``)
+TRUSTED_AFTER = 3
+
+
 def _torch_step(optimizer) -> bool:
     """Whether ``optimizer.step`` is one of torch's own (they never set a ``.grad``); an
     LR scheduler's wrapper around it (set on the instance) keeps the wrapped one's module."""
@@ -412,6 +421,8 @@ class OptimizerWatcher:
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self._read: tuple | None = None  # (opt, StepGrads) of the outermost step running
+        # opt -> its steps so far that left every grad's version unchanged; -1 once one did not
+        self._untouched_steps: dict[int, int] = {}
         # (step wrapper frame, optimizer, opt, location) of the outermost step running: its post
         # hook, called from the same frame, has the same caller and so the same location
         self._began: tuple | None = None
@@ -679,9 +690,10 @@ class OptimizerWatcher:
             read, self._read = self._read, None
             if read is not None and (read[0] != opt or closure):
                 read = None
-            without = rec.grads.after_step(rec.opt_params.get(opt, ()),
-                                           read[1] if read is not None else None,
-                                           keeps_grads=_torch_step(optimizer))
+            torch_step = _torch_step(optimizer)
+            read = read[1] if read is not None else None
+            without = rec.grads.after_step(rec.opt_params.get(opt, ()), read, keeps_grads=torch_step,
+                                           untouched=self._untouched(opt, read) if torch_step else None)
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                      loc if loc is not None else rec.here(3))
             for subscriber in self._stepped_without_grad:
@@ -690,6 +702,27 @@ class OptimizerWatcher:
                 subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
+
+    def _untouched(self, opt: int, read: StepGrads | None) -> bool | None:
+        """Whether the step of torch optimizer ``opt`` just left its grads' values as it got
+        them; None: unknown (``GradState.after_step`` compares the versions itself).
+
+        Some configurations of torch's optimizers change ``.grad`` in place (SGD's foreach
+        nesterov adds the momentum into it, Adagrad and Rprop reuse it); which ones is decided by
+        the configuration, not the data: an optimizer whose first ``TRUSTED_AFTER`` steps left
+        every grad's version unchanged is trusted to go on, and its grads are not read again
+        after each step (a cold pass over every grad, ~1 ms per 1,000 tensors). One that changed
+        them is compared after every step."""
+        if read is None:
+            return None
+        seen = self._untouched_steps.get(opt, 0)
+        if seen >= TRUSTED_AFTER:
+            return True
+        if seen < 0:
+            return None
+        untouched = read.untouched()
+        self._untouched_steps[opt] = seen + 1 if untouched else -1
+        return untouched
 
     # -- hyper-parameters set as attributes ------------------------------------------------
     def _wrap_setattr(self, original):
