@@ -209,3 +209,48 @@ def test_a_step_event_is_located_where_its_step_begin_is():
     lines = [e.loc.line for e in events]
     assert lines[0::2] == lines[1::2]  # each step where its begin is
     assert len(set(lines[0::2])) == 3  # three different call lines
+
+
+def _configurations():
+    """torch's optimizers over the switches that change which ops their steps run."""
+    both = [{"weight_decay": wd, "maximize": mx} for wd in (0, 0.1) for mx in (False, True)]
+    yield from (("SGD", dict(lr=0.1, momentum=m, nesterov=n, weight_decay=wd, maximize=mx))
+                for m in (0, 0.9) for n in (False, True) for wd in (0, 0.1) for mx in (False, True)
+                if m or not n)
+    for name in ("Adam", "AdamW"):
+        yield from ((name, dict(lr=1e-3, amsgrad=a, **b)) for a in (False, True) for b in both)
+    for name in ("Adagrad", "Adadelta", "Adamax", "ASGD"):
+        yield from ((name, b) for b in both)
+    for name in ("NAdam", "RAdam"):
+        yield from ((name, dict(decoupled_weight_decay=d, **b)) for d in (False, True) for b in both)
+    yield from (("RMSprop", dict(lr=0.01, momentum=m, centered=c, **b))
+                for m in (0, 0.9) for c in (False, True) for b in both)
+    yield from (("Rprop", {"maximize": mx}) for mx in (False, True))
+
+
+def test_no_torch_optimizer_starts_changing_grads_after_its_first_steps():
+    """What trusting a torch step rests on: each of torch's optimizers, in each configuration
+    and implementation (single tensor, foreach, fused where the CPU has one), either changes a
+    ``.grad`` in place from its first step on or never. A torch release that breaks this fails
+    here."""
+    late, changers = [], []
+    for name, config in _configurations():
+        for impl in ({"foreach": False}, {"foreach": True}, {"fused": True}):
+            torch.manual_seed(0)
+            model = nn.Linear(4, 3)
+            try:
+                opt = getattr(torch.optim, name)(model.parameters(), **impl, **config)
+            except (TypeError, RuntimeError, ValueError):
+                continue  # no such implementation of it here
+            changed = []
+            for _ in range(optim.TRUSTED_AFTER + 3):
+                model(torch.randn(5, 4)).pow(2).mean().backward()
+                before = [p.grad._version for p in model.parameters()]
+                opt.step()
+                changed.append([p.grad._version for p in model.parameters()] != before)
+            if any(changed):
+                changers.append((name, impl))
+                if not changed[0]:
+                    late.append((name, config, impl, changed))
+    assert late == []
+    assert ("SGD", {"foreach": True}) in changers  # the scan sees a step that changes grads
