@@ -691,9 +691,10 @@ class OptimizerWatcher:
             if read is not None and (read[0] != opt or closure):
                 read = None
             torch_step = _torch_step(optimizer)
-            read = read[1] if read is not None else None
-            without = rec.grads.after_step(rec.opt_params.get(opt, ()), read, keeps_grads=torch_step,
-                                           untouched=self._untouched(opt, read) if torch_step else None)
+            grads_read = read[1] if read is not None else None
+            without = rec.grads.after_step(
+                rec.opt_params.get(opt, ()), grads_read, keeps_grads=torch_step,
+                untouched=self._untouched(opt, grads_read) if torch_step else None)
             rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                      loc if loc is not None else rec.here(3))
             for subscriber in self._stepped_without_grad:
@@ -708,8 +709,8 @@ class OptimizerWatcher:
         them; None: unknown (``GradState.after_step`` compares the versions itself).
 
         Some configurations of torch's optimizers change ``.grad`` in place (SGD's foreach
-        nesterov adds the momentum into it, Adagrad and Rprop reuse it); which ones is decided by
-        the configuration, not the data: an optimizer whose first ``TRUSTED_AFTER`` steps left
+        nesterov adds the momentum into it, from its first step); which ones is decided by the
+        configuration, not the data (``tests/test_step_reads.py`` scans them): an optimizer whose first ``TRUSTED_AFTER`` steps left
         every grad's version unchanged is trusted to go on, and its grads are not read again
         after each step (a cold pass over every grad, ~1 ms per 1,000 tensors). One that changed
         them is compared after every step."""
