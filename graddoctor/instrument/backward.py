@@ -54,6 +54,7 @@ not read while another thread's backward runs.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import weakref
 from collections.abc import Sequence
@@ -77,7 +78,7 @@ _ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves
 
 class BackwardContext:
     __slots__ = ("pids", "tensors", "before", "held", "extra_leaves", "cell", "graph_nodes",
-                 "history", "repeats", "root_cell")
+                 "history", "repeats", "root_cell", "applied_by_hand")
     cell: list | None  # its nodes' mark: [seq of its event once emitted, session]
     graph_nodes: int | None  # interior nodes, when walked with _history_walk
     history: list | None  # [[seq of an earlier backward, [pid]]], see events.backward
@@ -94,6 +95,8 @@ class BackwardContext:
         self.held: dict[int, tuple[int, int]] = {}  # index of a grad before -> (version, verdict)
         self.extra_leaves = 0
         self.cell = self.graph_nodes = self.history = self.repeats = self.root_cell = None
+        # indices (read_before), then pids (_written): see BackwardWatcher._applied_by_hand
+        self.applied_by_hand: list[int] = []
 
     def verdicts(self) -> dict[int, int]:
         """pid -> verdict of each tensor that had a grad before the backward."""
@@ -127,6 +130,22 @@ class _Line:
         self.gap = min(self.gap * 2, WALK_MOST)
         self.next_walk = self.calls + self.gap
         return True
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)  # tensors whose own version and values are read
+
+
+def _cpu_norms(tensors: list) -> list:
+    """The L2 norm of each tensor on the CPU (one batched op), None for one elsewhere (reading
+    it would synchronise the host) or of a dtype without a norm."""
+    norms: list = [None] * len(tensors)
+    cpu = [i for i, t in enumerate(tensors) if t.device.type == "cpu" and t.is_floating_point()]
+    if cpu:
+        with torch.no_grad():
+            values = torch._foreach_norm([tensors[i].detach() for i in cpu])
+        for i, value in zip(cpu, values):
+            norms[i] = value.item()
+    return norms
 
 
 # AccumulateGrad nodes are where a backward writes into a leaf's .grad
@@ -273,6 +292,10 @@ class BackwardWatcher:
         self._session = object()  # in the marks of this run's walks (a graph may outlive a run)
         self._leaf_once: dict[int, weakref.ref] = {}  # non-parameter leaves walked once
         self._persistent: set[int] = set()  # pids of non-parameter leaves walked again later
+        # tracked tensors no optimizer owns (a hand-written update's): pid -> (version, norm or
+        # None) of the tensor when a backward last wrote its grad (see _applied_by_hand)
+        self._owned = optimizers.owned_pids()
+        self._marks: dict[int, tuple[int, float | None]] = {}
 
     # -- graph walks ---------------------------------------------------------------------------
     def _walk_due(self, loc) -> tuple[_Line, bool]:
@@ -382,6 +405,8 @@ class BackwardWatcher:
             return
         known, zeroed = rec.grads.known, rec.grads.zeroed
         held = ctx.held
+        marks = self._marks
+        kept: list[int] = []  # indices of marked tensors whose grad is the one a backward wrote
         for i in compress(range(len(grads)), map(is_not, grads, repeat(None))):
             grad = grads[i]
             pid = pids[i]
@@ -389,11 +414,62 @@ class BackwardWatcher:
             key = (id(grad), version)
             if key == known.get(pid):
                 verdict = ACCUMULATED
+                if marks and pid in marks:
+                    kept.append(i)
             elif key == zeroed.get(pid):
                 verdict = FRESH
             else:
                 verdict = self._judge_changed(grad)
             held[i] = (version, verdict)
+        if kept:  # those this backward writes: see _written
+            try:
+                ctx.applied_by_hand = self._applied_by_hand(pids, ctx.tensors, kept)
+            except Exception as exc:  # loses this fact only, not the backward's event
+                rec.internal_error("backward (hand-written updates)", exc)
+
+    # -- hand-written updates --------------------------------------------------------------------
+    # A tensor no optimizer owns is updated by the script's own code (``w -= lr * w.grad`` under
+    # no_grad, ``p.data.add_(...)``): graddoctor sees no step, only that the tensor changed. A
+    # backward that adds onto the very grad an earlier backward wrote (not one cleared, zeroed
+    # or rescaled since), after the tensor changed, adds onto gradients an update already
+    # applied: nothing zeroes them, and every update applies the sum of all so far.
+    def _mark_unowned(self, pids, tensors, written) -> None:
+        """After a backward: the version (and on the CPU the norm) of each tensor it wrote that
+        no optimizer owns. Costs nothing while every tracked tensor has an optimizer."""
+        owned = self._owned
+        if len(owned) >= len(self.rec.tensors.refs):
+            return
+        chosen = [(pid, tensor) for pid, tensor, wrote in zip(pids, tensors, written)
+                  if wrote and pid not in owned and type(tensor) in _PLAIN]
+        if not chosen:
+            return
+        norms = _cpu_norms([tensor for _, tensor in chosen])
+        marks = self._marks
+        for (pid, tensor), norm in zip(chosen, norms):
+            marks[pid] = (tensor._version, norm)
+
+    def _applied_by_hand(self, pids, tensors, kept: list[int]) -> list[int]:
+        """The indices among ``kept`` (tensors whose grad is still the one a backward wrote)
+        whose tensor changed since: a version counter moved (an in-place update), or on
+        the CPU its norm (``p.data`` edits bypass the counter; on an accelerator they are not
+        looked at, which would synchronise the host)."""
+        owned, marks = self._owned, self._marks
+        changed: list[int] = []
+        unsure: list[tuple[int, object, float]] = []
+        for i in kept:
+            pid, tensor = pids[i], tensors[i]
+            if pid in owned or tensor is None:
+                continue
+            version, norm = marks[pid]
+            if tensor._version != version:
+                changed.append(i)
+            elif norm is not None:
+                unsure.append((i, tensor, norm))
+        if unsure:
+            for (i, _tensor, before), now in zip(unsure, _cpu_norms([t for _, t, _ in unsure])):
+                if now is not None and now != before and not (math.isnan(now) and math.isnan(before)):
+                    changed.append(i)
+        return sorted(changed)
 
     def _judge_changed(self, grad) -> int:
         """The grad was changed behind our back (``p.grad.zero_()``, ``p.grad = zeros``,
@@ -452,7 +528,8 @@ class BackwardWatcher:
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
                                      extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history,
-                                     repeats=ctx.repeats, **extra), loc)
+                                     repeats=ctx.repeats, applied_by_hand=ctx.applied_by_hand or None,
+                                     **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
         if ctx.root_cell is not None:
@@ -485,6 +562,12 @@ class BackwardWatcher:
                 verdict = held[i][1] if i in held else FRESH
                 (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED
                  else cleared).append(pids[i])
+        if ctx.applied_by_hand:  # indices until now: the pids this backward adds onto
+            ctx.applied_by_hand = [pids[i] for i in ctx.applied_by_hand if written[i]]
+        try:
+            self._mark_unowned(pids, tensors, written)
+        except Exception as exc:  # loses this fact only, not the backward's event
+            rec.internal_error("backward (hand-written updates)", exc)
         grads = list(compress(after, written))
         written_pids = fresh if not held else list(compress(pids, written))
         if held and not all(map(is_not, grads, repeat(None))):  # set to None during the backward
