@@ -69,8 +69,8 @@ def no_optimizer(a: "Analysis") -> list[str]:
     check, not a bug of the script."""
     if a.optimizers or not a.backward_calls:
         return []
-    return ["no torch.optim optimizer was seen: graddoctor cannot tell which gradients a "
-            "hand-written update uses, so the zero_grad checks are limited for this script"]
+    return ["no torch.optim optimizer was seen: the update is written by hand, so graddoctor "
+            "checks only that its gradients are zeroed between updates, not what a step applies"]
 
 
 NOT_A_GRADIENT = frozenset({"torch.func.functional_call"})  # runs a module with other tensors

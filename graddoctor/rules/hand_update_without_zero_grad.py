@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+from ..analysis.basics import listing
+from ..findings import Severity
+from .base import Rule, related
+
+
+class HandUpdateWithoutZeroGrad(Rule):
+    """
+    ## What it does
+    Finds a hand-written update (no `torch.optim` optimizer owns the tensors) whose gradients
+    are never cleared: a backward adds onto the very `.grad` an earlier backward wrote, although
+    the tensor itself changed in between (`w -= lr * w.grad` under `torch.no_grad()`,
+    `p.data.add_(...)`). The update applied those gradients already; nothing zeroed them. It
+    points at the backward that adds onto them.
+
+    ## Why is this bad?
+    `backward()` *adds* into `.grad`. Without `w.grad.zero_()` (or `w.grad = None`) after each
+    update, update N applies the sum of the gradients of all N iterations: the step grows every
+    iteration and old batches dominate the direction. The loss may still fall for a while, then
+    oscillates or diverges. This is the classic bug of a training loop written by hand.
+
+    ## Example
+    ```python
+    for x, y in batches:
+        loss = ((x @ w + b - y) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w -= lr * w.grad
+            b -= lr * b.grad
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in batches:
+        loss = ((x @ w + b - y) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w -= lr * w.grad
+            b -= lr * b.grad
+            w.grad.zero_()
+            b.grad.zero_()
+    ```
+
+    ## Stays silent on
+    Gradients zeroed or set to None after each update (by hand, `model.zero_grad()`); several
+    backwards accumulated between two hand-written updates; gradients summed over many
+    backwards without any update (a Fisher or saliency estimate); a gradient rescaled in place
+    on purpose after the update (`p.grad.mul_(beta)`: a hand-written momentum); tensors an
+    optimizer owns (`missing-zero-grad` checks those).
+    """
+
+    code = "GD120"
+    slug = "hand-update-without-zero-grad"
+    severity = Severity.ERROR
+    summary = ("a hand-written update never zeroes the gradients it applies: each backward adds "
+               "onto gradients already applied")
+    fix = ("zero each gradient after the hand-written update (w.grad.zero_() or w.grad = None "
+           "inside the torch.no_grad() block), or use a torch.optim optimizer and its zero_grad()")
+
+    def check(self, a):
+        groups: dict = {}
+        for b in a.by_kind.get("backward", ()):
+            if b.get("applied_by_hand"):
+                groups.setdefault(b.loc, []).append(b)
+        for loc, backwards in groups.items():
+            first = backwards[0]
+            pids = sorted(dict.fromkeys(p for b in backwards for p in b["applied_by_hand"]),
+                          key=lambda p: _name(a, p))
+            earlier = _writer_before(a, first, pids[0])
+            times = a.count(backwards)
+            # a tensor made again each iteration (an attack's delta) is one name, many pids
+            names = list(dict.fromkeys(_name(a, p) for p in pids))
+            message = (f"this backward() adds onto the gradients of {listing(names, 4)}, which the "
+                       f"hand-written update already applied: the tensors changed since the "
+                       f"backward that wrote those gradients, and nothing zeroed them"
+                       f" ({times} backward{'s' if times != 1 else ''} so far): every update "
+                       f"applies the sum of all the gradients before it")
+            yield self.finding(
+                message, loc, fix=_fix(names),
+                related=(related(earlier, "the backward whose gradients were applied already"),),
+                evidence={"params": names, "backwards": times})
+
+
+def _name(a, pid: int) -> str:
+    """The tensor's own name (the script's variable or attribute), else graddoctor's."""
+    event = a.params.get(pid)
+    return (event.get("name") if event else None) or a.param_name(pid)
+
+
+def _writer_before(a, backward, pid: int):
+    """The latest backward before ``backward`` that wrote ``pid``'s gradient."""
+    latest = None
+    for b in a.by_kind.get("backward", ()):
+        if b.seq >= backward.seq:
+            break
+        if pid in (b.get("fresh") or ()) or pid in (b.get("accumulated") or ()) \
+                or pid in (b.get("cleared_outside") or ()):
+            latest = b
+    return latest
+
+
+def _fix(names: list[str]) -> str:
+    """The fix in the script's own names: its tensors' ``.grad`` zeroed by name, or the module
+    that holds them all cleared (``model.zero_grad()``)."""
+    roots = {name.split(".")[0] for name in names}
+    if all("." in name for name in names) and len(roots) == 1 and all(n.isidentifier() for n in roots):
+        return (f"clear them after each update: {roots.pop()}.zero_grad() right after the "
+                f"torch.no_grad() block that updates the parameters (or p.grad = None for each)")
+    if all(name.isidentifier() for name in names):
+        shown = "; ".join(f"{name}.grad.zero_()" for name in names[:4])
+        return (f"zero them after each update, inside the torch.no_grad() block that updates "
+                f"them: {shown}{'; ...' if len(names) > 4 else ''} (or set each .grad to None)")
+    return HandUpdateWithoutZeroGrad.fix
