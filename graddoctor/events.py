@@ -39,9 +39,11 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    when every such forward ran under ``no_sync()``),
                    repeats (only present when this backward starts from the very loss tensor an
                    earlier backward with retain_graph ran: that backward's seq),
-                   applied_by_hand ([pid], only present when not empty: tensors no optimizer
-                   owns whose grad this backward adds onto although the tensor changed since
-                   the backward that wrote that grad: a hand-written update applied it)
+                   updated_by_hand ([pid], only present when not empty: tensors no optimizer
+                   owns, written by this backward, that changed since a backward last wrote
+                   them: a hand-written update), applied_by_hand ([pid] among those, only present
+                   when not empty: the ones whose grad this backward adds onto although it is
+                   the one that earlier backward wrote: the update applied it, nothing cleared it)
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
@@ -287,8 +289,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              batch: list[int] | None = None, graph_nodes: int | None = None,
              history: list[list] | None = None, scaler: int | None = None,
              scaler_enabled: bool | None = None, allreduce: bool | None = None,
-             repeats: int | None = None, applied_by_hand: list[int] | None = None,
-             thread: int | None = None) -> Made:
+             repeats: int | None = None, updated_by_hand: list[int] | None = None,
+             applied_by_hand: list[int] | None = None, thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
     ``thread`` too (see ``THREADED_KINDS``)."""
@@ -304,6 +306,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["allreduce"] = allreduce
     if repeats is not None:
         data["repeats"] = repeats
+    if updated_by_hand:
+        data["updated_by_hand"] = updated_by_hand
     if applied_by_hand:
         data["applied_by_hand"] = applied_by_hand
     return "backward", _threaded(data, thread)

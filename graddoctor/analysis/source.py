@@ -64,6 +64,9 @@ class ScriptSource:
     def keeping_line(self, path: str, line: int, name: str) -> int | None:
         return keeping_line(self.full(path), line, name)
 
+    def discarded_updates(self, path: str) -> list[tuple[int, str, str, str]]:
+        return discarded_updates(self.full(path))
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -524,3 +527,77 @@ def keeping_line(path: str, line: int, name: str) -> int | None:
     loop = innermost_loop(path, line)
     inside = [h for h in hits if loop is not None and loop[0] <= h <= loop[1]]
     return min(inside or hits)
+
+
+# tensor methods that return a new tensor (their in-place twins end with "_")
+_OUT_OF_PLACE = frozenset({"add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "clamp",
+                           "clip", "subtract", "multiply", "divide"})
+
+
+def _reads_grad(node: ast.AST, name: str | None = None) -> bool:
+    """Does ``node`` read a ``.grad`` (of ``name`` when given)?"""
+    return any(isinstance(n, ast.Attribute) and n.attr == "grad"
+               and (name is None or (isinstance(n.value, ast.Name) and n.value.id == name))
+               for n in ast.walk(node))
+
+
+def _reads_itself(node: ast.AST, name: str) -> bool:
+    """Does ``node`` read ``name`` other than through its ``.grad`` (``p - lr * p.grad``, not
+    ``p.grad.clone()``)?"""
+    inside_grad = {id(n.value) for n in ast.walk(node)
+                   if isinstance(n, ast.Attribute) and n.attr == "grad"}
+    return any(isinstance(n, ast.Name) and n.id == name and id(n) not in inside_grad
+               for n in ast.walk(node))
+
+
+def _in_place(name: str, value: ast.AST) -> str:
+    """The in-place statement that does what ``name = value`` meant: ``p -= lr * p.grad`` for
+    ``p = p - lr * p.grad``, else ``p.copy_(value)``."""
+    ops = {ast.Sub: "-=", ast.Add: "+=", ast.Mult: "*=", ast.Div: "/="}
+    if isinstance(value, ast.BinOp) and type(value.op) in ops \
+            and isinstance(value.left, ast.Name) and value.left.id == name:
+        return f"{name} {ops[type(value.op)]} {ast.unparse(value.right)}"
+    return f"{name}.copy_({ast.unparse(value)})"
+
+
+def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
+    """Statements of a hand-written update whose result is thrown away, as ``(line, kind,
+    text, in-place statement meant)``: ``"rebind"`` — a loop variable assigned an expression of itself and its own
+    ``.grad`` (``for p in params: p = p - lr * p.grad``: the name now holds a new tensor, the
+    parameter is unchanged); ``"result"`` — an out-of-place op of a name, given a ``.grad``,
+    whose result no one keeps (``p.sub(lr * p.grad)``, ``torch.add(p, p.grad, alpha=-lr)``).
+    [] when the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found: list[tuple[int, str, str, str]] = []
+
+    def visit(node: ast.AST, loop_names: frozenset) -> None:
+        for child in ast.iter_child_nodes(node):
+            names = loop_names
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                names = frozenset()  # another scope
+            elif isinstance(child, (ast.For, ast.AsyncFor)) and isinstance(child.target, ast.Name):
+                names = loop_names | {child.target.id}
+            if isinstance(child, ast.Assign) and len(child.targets) == 1 \
+                    and isinstance(child.targets[0], ast.Name) and child.targets[0].id in loop_names \
+                    and _reads_grad(child.value, child.targets[0].id) \
+                    and _reads_itself(child.value, child.targets[0].id):
+                found.append((child.lineno, "rebind", child.targets[0].id,
+                              _in_place(child.targets[0].id, child.value)))
+            elif isinstance(child, ast.Expr) and isinstance(child.value, ast.Call) \
+                    and isinstance(child.value.func, ast.Attribute) \
+                    and isinstance(child.value.func.value, ast.Name) \
+                    and child.value.func.attr in _OUT_OF_PLACE and _reads_grad(child.value):
+                call = child.value
+                if call.func.value.id == "torch" and call.args:  # torch.sub(p, ...)
+                    target, rest = ast.unparse(call.args[0]), call.args[1:]
+                else:
+                    target, rest = call.func.value.id, call.args
+                parts = [ast.unparse(a) for a in rest] + [ast.unparse(k) for k in call.keywords]
+                found.append((child.lineno, "result", ast.unparse(call.func),
+                              f"{target}.{call.func.attr}_({', '.join(parts)})"))
+            visit(child, names)
+
+    visit(tree, frozenset())
+    return sorted(found)

@@ -78,7 +78,7 @@ _ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves
 
 class BackwardContext:
     __slots__ = ("pids", "tensors", "before", "held", "extra_leaves", "cell", "graph_nodes",
-                 "history", "repeats", "root_cell", "applied_by_hand")
+                 "history", "repeats", "root_cell", "kept", "updated_by_hand", "applied_by_hand")
     cell: list | None  # its nodes' mark: [seq of its event once emitted, session]
     graph_nodes: int | None  # interior nodes, when walked with _history_walk
     history: list | None  # [[seq of an earlier backward, [pid]]], see events.backward
@@ -95,7 +95,12 @@ class BackwardContext:
         self.held: dict[int, tuple[int, int]] = {}  # index of a grad before -> (version, verdict)
         self.extra_leaves = 0
         self.cell = self.graph_nodes = self.history = self.repeats = self.root_cell = None
-        # indices (read_before), then pids (_written): see BackwardWatcher._applied_by_hand
+        # hand-written updates (BackwardWatcher._hand_updates): the indices of the tensors whose
+        # grad before is the one a backward wrote (read_before); then the pids of the tensors
+        # no optimizer owns that changed since a backward last wrote them, and of those the
+        # ones whose grad this backward adds onto (_written)
+        self.kept: list[int] = []
+        self.updated_by_hand: list[int] = []
         self.applied_by_hand: list[int] = []
 
     def verdicts(self) -> dict[int, int]:
@@ -146,6 +151,12 @@ def _cpu_norms(tensors: list) -> list:
         for i, value in zip(cpu, values):
             norms[i] = value.item()
     return norms
+
+
+def _moved(before: float | None, now: float | None) -> bool:
+    """Two norms of one tensor tell it changed (NaN stays NaN; unknown tells nothing)."""
+    return (before is not None and now is not None and before != now
+            and not (math.isnan(before) and math.isnan(now)))
 
 
 # AccumulateGrad nodes are where a backward writes into a leaf's .grad
@@ -293,7 +304,7 @@ class BackwardWatcher:
         self._leaf_once: dict[int, weakref.ref] = {}  # non-parameter leaves walked once
         self._persistent: set[int] = set()  # pids of non-parameter leaves walked again later
         # tracked tensors no optimizer owns (a hand-written update's): pid -> (version, norm or
-        # None) of the tensor when a backward last wrote its grad (see _applied_by_hand)
+        # None) of the tensor when a backward last wrote its grad (see _hand_updates)
         self._owned = optimizers.owned_pids()
         self._marks: dict[int, tuple[int, float | None]] = {}
 
@@ -421,55 +432,41 @@ class BackwardWatcher:
             else:
                 verdict = self._judge_changed(grad)
             held[i] = (version, verdict)
-        if kept:  # those this backward writes: see _written
-            try:
-                ctx.applied_by_hand = self._applied_by_hand(pids, ctx.tensors, kept)
-            except Exception as exc:  # loses this fact only, not the backward's event
-                rec.internal_error("backward (hand-written updates)", exc)
+        ctx.kept = kept
 
     # -- hand-written updates --------------------------------------------------------------------
     # A tensor no optimizer owns is updated by the script's own code (``w -= lr * w.grad`` under
-    # no_grad, ``p.data.add_(...)``): graddoctor sees no step, only that the tensor changed. A
-    # backward that adds onto the very grad an earlier backward wrote (not one cleared, zeroed
-    # or rescaled since), after the tensor changed, adds onto gradients an update already
-    # applied: nothing zeroes them, and every update applies the sum of all so far.
-    def _mark_unowned(self, pids, tensors, written) -> None:
-        """After a backward: the version (and on the CPU the norm) of each tensor it wrote that
-        no optimizer owns. Costs nothing while every tracked tensor has an optimizer."""
+    # no_grad, ``p.data.add_(...)``): graddoctor sees no step, only that the tensor changed
+    # between two backwards that write its grad. A backward that adds onto the very grad an
+    # earlier backward wrote (not one cleared, zeroed or rescaled since) after the tensor
+    # changed adds onto gradients an update already applied: nothing zeroes them.
+    def _hand_updates(self, pids, tensors, written, kept: list[int]) -> tuple[list[int], list[int]]:
+        """After a backward: the pids of the tensors it wrote that no optimizer owns and that
+        changed since a backward last wrote them — their version counter moved (an in-place
+        update) or, on the CPU, their norm (``p.data`` edits bypass the counter; on an
+        accelerator reading it would synchronise the host) — and of those the ones among
+        ``kept`` (indices: the grad before was the one that backward wrote). Marks each such
+        tensor for the next backward. Nothing is read while optimizers own every tracked tensor."""
         owned = self._owned
         if len(owned) >= len(self.rec.tensors.refs):
-            return
-        chosen = [(pid, tensor) for pid, tensor, wrote in zip(pids, tensors, written)
+            return [], []
+        chosen = [i for i, (pid, tensor, wrote) in enumerate(zip(pids, tensors, written))
                   if wrote and pid not in owned and type(tensor) in _PLAIN]
         if not chosen:
-            return
-        norms = _cpu_norms([tensor for _, tensor in chosen])
-        marks = self._marks
-        for (pid, tensor), norm in zip(chosen, norms):
-            marks[pid] = (tensor._version, norm)
-
-    def _applied_by_hand(self, pids, tensors, kept: list[int]) -> list[int]:
-        """The indices among ``kept`` (tensors whose grad is still the one a backward wrote)
-        whose tensor changed since: a version counter moved (an in-place update), or on
-        the CPU its norm (``p.data`` edits bypass the counter; on an accelerator they are not
-        looked at, which would synchronise the host)."""
-        owned, marks = self._owned, self._marks
-        changed: list[int] = []
-        unsure: list[tuple[int, object, float]] = []
-        for i in kept:
-            pid, tensor = pids[i], tensors[i]
-            if pid in owned or tensor is None:
-                continue
-            version, norm = marks[pid]
-            if tensor._version != version:
-                changed.append(i)
-            elif norm is not None:
-                unsure.append((i, tensor, norm))
-        if unsure:
-            for (i, _tensor, before), now in zip(unsure, _cpu_norms([t for _, t, _ in unsure])):
-                if now is not None and now != before and not (math.isnan(now) and math.isnan(before)):
-                    changed.append(i)
-        return sorted(changed)
+            return [], []
+        norms = _cpu_norms([tensors[i] for i in chosen])
+        marks, kept = self._marks, set(kept)
+        updated: list[int] = []
+        applied: list[int] = []
+        for i, norm in zip(chosen, norms):
+            pid, version = pids[i], tensors[i]._version
+            mark = marks.get(pid)
+            if mark is not None and (version != mark[0] or _moved(mark[1], norm)):
+                updated.append(pid)
+                if i in kept:
+                    applied.append(pid)
+            marks[pid] = (version, norm)
+        return sorted(updated), sorted(applied)
 
     def _judge_changed(self, grad) -> int:
         """The grad was changed behind our back (``p.grad.zero_()``, ``p.grad = zeros``,
@@ -528,8 +525,8 @@ class BackwardWatcher:
         event = rec.emit(ev.backward(fresh=fresh, accumulated=accumulated, cleared_outside=cleared,
                                      extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history,
-                                     repeats=ctx.repeats, applied_by_hand=ctx.applied_by_hand or None,
-                                     **extra), loc)
+                                     repeats=ctx.repeats, updated_by_hand=ctx.updated_by_hand or None,
+                                     applied_by_hand=ctx.applied_by_hand or None, **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
         if ctx.root_cell is not None:
@@ -562,10 +559,9 @@ class BackwardWatcher:
                 verdict = held[i][1] if i in held else FRESH
                 (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED
                  else cleared).append(pids[i])
-        if ctx.applied_by_hand:  # indices until now: the pids this backward adds onto
-            ctx.applied_by_hand = [pids[i] for i in ctx.applied_by_hand if written[i]]
         try:
-            self._mark_unowned(pids, tensors, written)
+            ctx.updated_by_hand, ctx.applied_by_hand = self._hand_updates(pids, tensors, written,
+                                                                          ctx.kept)
         except Exception as exc:  # loses this fact only, not the backward's event
             rec.internal_error("backward (hand-written updates)", exc)
         grads = list(compress(after, written))

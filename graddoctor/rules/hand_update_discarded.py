@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule, related
+
+
+class HandUpdateDiscarded(Rule):
+    """
+    ## What it does
+    Finds a hand-written update (no `torch.optim` optimizer) that computes the new value of a
+    parameter and throws it away, so that no parameter ever changes: a loop variable assigned
+    an expression of its own gradient (`for p in model.parameters(): p = p - lr * p.grad`),
+    or an out-of-place op whose result nothing keeps (`p.sub(lr * p.grad)`). Reported only
+    when the run confirms it: backward ran again and again, and no tensor it wrote changed
+    between two of them.
+
+    ## Why is this bad?
+    `p = p - lr * p.grad` makes the name `p` hold a new tensor; the parameter it named keeps
+    its value. `p.sub(...)` returns a new tensor as well. The loop runs, the loss is computed
+    and printed, gradients are computed every iteration, and the model never learns.
+
+    ## Example
+    ```python
+    for x, y in batches:
+        model.zero_grad()
+        loss_fn(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p = p - lr * p.grad
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in batches:
+        model.zero_grad()
+        loss_fn(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    ```
+
+    ## Stays silent on
+    In-place updates (`p -= ...`, `p.sub_(...)`, `p.copy_(...)`, `p.data = ...`); a loop
+    variable rebound to its gradient alone (`p = p.grad.clone()`: reading gradients, not
+    updating); gradients computed without any update (a Fisher or saliency estimate with no
+    update statement); scripts with a torch optimizer.
+    """
+
+    code = "GD121"
+    slug = "hand-update-discarded"
+    severity = Severity.ERROR
+    summary = ("a hand-written update computes new parameter values and throws them away: no "
+               "parameter ever changes")
+    fix = ("update the parameter in place under torch.no_grad(): p -= lr * p.grad (or "
+           "p.sub_(lr * p.grad))")
+
+    def check(self, a):
+        if a.optimizers:
+            return
+        backwards = [b for b in a.by_kind.get("backward", ())
+                     if b.loc is not None and (b.get("fresh") or b.get("accumulated"))]
+        if a.count(backwards) < 2 or any(b.get("updated_by_hand") for b in a.by_kind.get("backward", ())):
+            return
+        times = a.backward_calls
+        for path in dict.fromkeys(b.loc.path for b in backwards):
+            for line, kind, text, meant in a.source.discarded_updates(path):
+                if kind == "rebind":
+                    message = (f"this assignment gives the loop variable {text} a new tensor; the "
+                               f"parameter it named keeps its value: no parameter changed in "
+                               f"{times} backward calls")
+                else:
+                    message = (f"{text}(...) returns a new tensor that nothing keeps; the "
+                               f"parameter keeps its value: no parameter changed in {times} "
+                               f"backward calls")
+                fix = f"update the parameter in place, under torch.no_grad(): {meant}"
+                yield self.finding(
+                    message, Location(path, line), fix=fix,
+                    related=(related(backwards[0], "the backward whose gradients it was to apply"),),
+                    evidence={"statement": text, "kind": kind, "backwards": times})

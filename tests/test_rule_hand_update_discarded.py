@@ -1,0 +1,102 @@
+"""hand-update-discarded (GD121): the statements the script's source holds (analysis/source.py),
+and the run's confirmation that no tensor changed (``updated_by_hand``)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import torch
+
+from graddoctor.analysis.source import discarded_updates
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.trace import TraceBuilder
+from rule_traces import findings, only
+
+SLUG = "hand-update-discarded"
+
+SCRIPT = """\
+for step in range(10):
+    loss.backward()
+    for p in model.parameters():
+        p = p - lr * p.grad
+"""
+
+
+def _script(tmp_path, text=SCRIPT):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def _trace(path, updated=False, optimizer=False, backwards=3) -> TraceBuilder:
+    t = TraceBuilder(path)
+    if optimizer:
+        t.optimizer(0, [0], line=1)
+    t.param(0, "model.weight")
+    for i in range(backwards):
+        t.backward(fresh=[0], line=2, updated_by_hand=[0] if updated and i else None)
+    return t
+
+
+def test_source_statements_that_throw_the_update_away(tmp_path):
+    path = _script(tmp_path, """\
+        for p in params:
+            p = p - lr * p.grad
+            p = p.grad.clone()
+            q = p - lr * p.grad
+            p.sub(lr * p.grad)
+            p.sub_(lr * p.grad)
+            p.grad.add(p)
+            torch.add(p, p.grad, alpha=-lr)
+            p -= lr * p.grad
+        w = w * 0.5 + w.grad
+        """)
+    assert discarded_updates(path) == [
+        (2, "rebind", "p", "p -= lr * p.grad"),
+        (5, "result", "p.sub", "p.sub_(lr * p.grad)"),
+        (8, "result", "torch.add", "p.add_(p.grad, alpha=-lr)"),
+    ]
+
+
+def test_a_discarded_update_with_no_tensor_changed_is_an_error_at_the_statement(tmp_path):
+    path = _script(tmp_path)
+    f = only(_trace(path), SLUG)
+    assert f.severity is Severity.ERROR and f.location.line == 4
+    assert "loop variable p" in f.message
+    assert f.fix.endswith("p -= lr * p.grad")
+
+
+def test_silent_when_a_tensor_changed_with_an_optimizer_or_a_single_backward(tmp_path):
+    path = _script(tmp_path)
+    assert findings(_trace(path, updated=True), SLUG) == []
+    assert findings(_trace(path, optimizer=True), SLUG) == []
+    assert findings(_trace(path, backwards=1), SLUG) == []
+
+
+def test_the_backward_watcher_reports_tensors_changed_between_backwards():
+    def run(update):
+        rec = Recorder(step_budget=None)
+        with Instrumentation(rec):
+            w = torch.ones(3, requires_grad=True)
+            for _ in range(4):
+                (w * 2).sum().backward()
+                update(w)
+                w.grad = None
+        return [e.get("updated_by_hand") for e in rec.trace.of_kind("backward")]
+
+    def discarded(w):
+        with torch.no_grad():
+            w.sub(w.grad)
+
+    def in_place(w):
+        with torch.no_grad():
+            w.sub_(w.grad)
+
+    def through_data(w):
+        w.data = w.data - w.grad
+
+    # tracked from its second backward on, compared from its third
+    assert run(discarded) == [None] * 4
+    assert run(in_place) == [None, None, [0], [0]]
+    assert run(through_data) == [None, None, [0], [0]]
