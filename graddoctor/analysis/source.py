@@ -561,7 +561,7 @@ def _in_place(name: str, value: ast.AST) -> str:
 
 
 def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
-    """Statements of a hand-written update whose result is thrown away, as ``(line, kind,
+    """Statements of a hand-written update whose result is thrown away, as ``(line, form,
     text, in-place statement meant)``: ``"rebind"`` — a loop variable assigned an expression of itself and its own
     ``.grad`` (``for p in params: p = p - lr * p.grad``: the name now holds a new tensor, the
     parameter is unchanged); ``"result"`` — an out-of-place op of a name, given a ``.grad``,

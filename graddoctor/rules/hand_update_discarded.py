@@ -64,8 +64,8 @@ class HandUpdateDiscarded(Rule):
             return
         times = a.backward_calls
         for path in dict.fromkeys(b.loc.path for b in backwards):
-            for line, kind, text, meant in a.source.discarded_updates(path):
-                if kind == "rebind":
+            for line, form, text, meant in a.source.discarded_updates(path):
+                if form == "rebind":
                     message = (f"this assignment gives the loop variable {text} a new tensor; the "
                                f"parameter it named keeps its value: no parameter changed in "
                                f"{times} backward calls")
@@ -77,4 +77,4 @@ class HandUpdateDiscarded(Rule):
                 yield self.finding(
                     message, Location(path, line), fix=fix,
                     related=(related(backwards[0], "the backward whose gradients it was to apply"),),
-                    evidence={"statement": text, "kind": kind, "backwards": times})
+                    evidence={"statement": text, "form": form, "backwards": times})
