@@ -130,3 +130,33 @@ def test_tensors_an_optimizer_owns_are_left_to_missing_zero_grad_and_cost_nothin
         marks = dict(instrumentation.backward._marks)
     assert [e.get("applied_by_hand") for e in rec.trace.of_kind("backward")] == [None] * 4
     assert marks == {}  # every tracked tensor has an optimizer: nothing read, nothing kept
+
+
+def _zeroed_through_data(w):
+    with torch.no_grad():
+        w -= 0.1 * w.grad
+    w.grad.data.zero_()  # no version moves: only the values tell
+
+
+def test_gradients_zeroed_through_data_are_cleared_not_applied():
+    assert _record(_linear_fit(_zeroed_through_data)) == [None] * 6
+
+
+def test_after_a_step_a_gradient_zeroed_through_data_is_a_clear_and_one_kept_accumulates():
+    def verdicts(clear):
+        rec = Recorder(step_budget=None)
+        with Instrumentation(rec):
+            model = torch.nn.Linear(3, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(3):
+                model(torch.randn(4, 3)).sum().backward()
+                opt.step()
+                clear(model)
+        return [(e["accumulated"], e["cleared_outside"]) for e in rec.trace.of_kind("backward")]
+
+    def through_data(model):
+        for p in model.parameters():
+            p.grad.data.zero_()
+
+    assert verdicts(through_data) == [([], []), ([], [0, 1]), ([], [0, 1])]
+    assert verdicts(lambda model: None) == [([], []), ([0, 1], []), ([0, 1], [])]

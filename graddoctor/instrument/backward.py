@@ -141,10 +141,11 @@ _PLAIN = (Tensor, torch.nn.Parameter)  # tensors whose own version and values ar
 
 
 def _cpu_norms(tensors: list) -> list:
-    """The L2 norm of each tensor on the CPU (one batched op), None for one elsewhere (reading
-    it would synchronise the host) or of a dtype without a norm."""
+    """The L2 norm of each dense tensor on the CPU (one batched op), None for one elsewhere
+    (reading it would synchronise the host), sparse, a subclass, or of a dtype without a norm."""
     norms: list = [None] * len(tensors)
-    cpu = [i for i, t in enumerate(tensors) if t.device.type == "cpu" and t.is_floating_point()]
+    cpu = [i for i, t in enumerate(tensors) if t.device.type == "cpu" and t.is_floating_point()
+           and t.layout == torch.strided and type(t) in _PLAIN]
     if cpu:
         with torch.no_grad():
             values = torch._foreach_norm([tensors[i].detach() for i in cpu])
@@ -307,6 +308,7 @@ class BackwardWatcher:
         # None) of the tensor when a backward last wrote its grad (see _hand_updates)
         self._owned = optimizers.owned_pids()
         self._marks: dict[int, tuple[int, float | None]] = {}
+        self._steps_at_backward = 0  # rec.progress.steps when the latest backward ended
 
     # -- graph walks ---------------------------------------------------------------------------
     def _walk_due(self, loc) -> tuple[_Line, bool]:
@@ -417,7 +419,10 @@ class BackwardWatcher:
         known, zeroed = rec.grads.known, rec.grads.zeroed
         held = ctx.held
         marks = self._marks
-        kept: list[int] = []  # indices of marked tensors whose grad is the one a backward wrote
+        # a step ran since the last backward: grads it applied and nothing cleared (or cleared
+        # through ``.data``, which the version counter does not see) are about to be added to
+        crossed = rec.progress.steps != self._steps_at_backward
+        looked: list[int] = []  # indices of such grads, and of marked tensors' (hand updates)
         for i in compress(range(len(grads)), map(is_not, grads, repeat(None))):
             grad = grads[i]
             pid = pids[i]
@@ -425,14 +430,30 @@ class BackwardWatcher:
             key = (id(grad), version)
             if key == known.get(pid):
                 verdict = ACCUMULATED
-                if marks and pid in marks:
-                    kept.append(i)
+                if crossed or (marks and pid in marks):
+                    looked.append(i)
             elif key == zeroed.get(pid):
                 verdict = FRESH
             else:
                 verdict = self._judge_changed(grad)
             held[i] = (version, verdict)
-        ctx.kept = kept
+        if looked and self.cpu_checks:
+            ctx.kept = self._still_written(ctx, looked)
+
+    def _still_written(self, ctx: BackwardContext, looked: list[int]) -> list[int]:
+        """Of the grads at ``looked`` (the very tensors, at the very versions, a backward wrote),
+        the ones zeroed through ``.data`` (``p.grad.data.zero_()``: no version moves) get the
+        verdict of a clear by hand; returns the rest that belong to marked tensors (see
+        ``_hand_updates``). CPU grads only, in one batched op; an accelerator's are not read
+        (that would synchronise the host): they are taken as written, and not as kept."""
+        grads, pids, held, marks = ctx.before, ctx.pids, ctx.held, self._marks
+        kept: list[int] = []
+        for i, norm in zip(looked, _cpu_norms([grads[i] for i in looked])):
+            if norm == 0.0:
+                held[i] = (held[i][0], CLEARED_OUTSIDE)
+            elif norm is not None and pids[i] in marks:
+                kept.append(i)
+        return kept
 
     # -- hand-written updates --------------------------------------------------------------------
     # A tensor no optimizer owns is updated by the script's own code (``w -= lr * w.grad`` under
@@ -517,6 +538,7 @@ class BackwardWatcher:
         """The tensors whose ``.grad`` this backward wrote (another tensor, or a new version),
         sorted by their verdict; their new grads become the ones graddoctor has seen."""
         rec = self.rec
+        self._steps_at_backward = rec.progress.steps
         fresh, accumulated, cleared = self._written(ctx)
         if self.aside_pending or (self.aside is not None and self.aside.unsynced):
             self._aside(ctx, fresh, accumulated)  # FSDP2 without gradient sync
