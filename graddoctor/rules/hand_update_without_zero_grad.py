@@ -43,11 +43,13 @@ class HandUpdateWithoutZeroGrad(Rule):
     ```
 
     ## Stays silent on
-    Gradients zeroed or set to None after each update (by hand, `model.zero_grad()`); several
-    backwards accumulated between two hand-written updates; gradients summed over many
-    backwards without any update (a Fisher or saliency estimate); a gradient rescaled in place
-    on purpose after the update (`p.grad.mul_(beta)`: a hand-written momentum); tensors an
-    optimizer owns (`missing-zero-grad` checks those).
+    Gradients zeroed or set to None after each update (by hand, through `.data`,
+    `model.zero_grad()`); several backwards accumulated between two hand-written updates;
+    gradients summed over many backwards without any update (a Fisher or saliency estimate); a
+    gradient rescaled in place on purpose after the update (`p.grad.mul_(beta)`: a hand-written
+    momentum); tensors an optimizer owns (`missing-zero-grad` checks those). Gradients on an
+    accelerator are not read (that would synchronise the host): reported on the CPU only
+    (`--emulate-cuda` runs a GPU script's path there).
     """
 
     code = "GD120"

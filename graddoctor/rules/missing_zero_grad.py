@@ -40,8 +40,9 @@ class MissingZeroGrad(Rule):
     L-BFGS's `step(closure)` whose closure clears; accumulation windows on a per-epoch index
     or a global counter; several losses backpropagated between one clear and one step; one
     backward feeding two optimizers that are both cleared; gradients cleared by hand
-    (`p.grad = None`, `p.grad.data.zero_()`, a hand-written SGD that zeroes each `.grad`); `zero_grad` at the end
-    of the iteration, taken as a bound method, or in a helper; the optimizer stepped inside
+    (`p.grad = None`, `p.grad.data.zero_()`, a hand-written SGD that zeroes each `.grad`);
+    `zero_grad` at the end of the iteration, taken as a bound method, or in a helper; the
+    optimizer stepped inside
     the backward (one per parameter, from a post-accumulate-grad hook); the step first in
     the loop (step → zero_grad → forward → backward); a GAN whose every optimizer is cleared
     before its backward; DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
