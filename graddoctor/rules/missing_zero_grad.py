@@ -42,9 +42,9 @@ class MissingZeroGrad(Rule):
     backward feeding two optimizers that are both cleared; gradients cleared by hand
     (`p.grad = None`, `p.grad.data.zero_()`, a hand-written SGD that zeroes each `.grad`);
     `zero_grad` at the end of the iteration, taken as a bound method, or in a helper; the
-    optimizer stepped inside
-    the backward (one per parameter, from a post-accumulate-grad hook); the step first in
-    the loop (step → zero_grad → forward → backward); a GAN whose every optimizer is cleared
+    optimizer stepped inside the backward (one per parameter, from a post-accumulate-grad
+    hook); the step first in the loop (step → zero_grad → forward → backward); a GAN whose
+    every optimizer is cleared
     before its backward; DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
     loops (Lightning, accelerate); loops in threads (each thread with its own model and
     optimizer, or actor threads feeding one learner).
