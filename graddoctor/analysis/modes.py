@@ -208,3 +208,43 @@ def _context(e: Event, before: Event | None, after: Event | None, step: Event | 
     if after is None or (after.kind == "run_end" and after.get("status") != "completed"):
         return "unknown", None
     return "outside", None
+
+
+@dataclass(eq=False)
+class EvaluationBackward:
+    """A backward of a pass run in eval mode that is not the update's: after it, ``train()``
+    switches those layers back and the update's own training backward runs before its step."""
+
+    forward: ModeForward  # the grad-enabled forward in eval mode
+    backward: Event  # its backward
+    train: Event  # the train() call after it
+    training_backward: Event  # the update's own backward, after that train()
+    step: Event  # the step that closes the update
+
+    @property
+    def purposeful(self) -> bool:
+        """The backward computes an input's gradient (an adversarial attack run in eval mode,
+        PGD's ``delta.grad``): the point of that pass, not a validation loop's mistake."""
+        return bool(self.backward.get("extra_leaves"))
+
+
+def evaluation_backward(a: "Analysis", f: ModeForward) -> EvaluationBackward | None:
+    """``f``'s backward when it belongs to a pass run in eval mode before the update (a
+    validation loop that calls ``backward()``, an attack): ``f`` runs grad-enabled in eval mode,
+    a backward follows, then a ``train()`` covering the layers it ran and another backward
+    before the step that closes the update. None otherwise."""
+    if f.training or not f.grad or f.context != "training" or f.step is None:
+        return None
+    after = a.span(f.event.seq + 1, f.step.seq - 1)
+    backward = next((e for e in after if e.kind == "backward"), None)
+    if backward is None or backward.get("in_step") is not None:
+        return None
+    ran = set(f.modules)
+    train = next((e for e in after if e.kind == "train" and e.seq > backward.seq
+                  and e.get("mode", True) and ran <= set(e.get("modules", ()))), None)
+    if train is None:
+        return None
+    again = next((e for e in after if e.kind == "backward" and e.seq > train.seq), None)
+    if again is None:
+        return None
+    return EvaluationBackward(f, backward, train, again, f.step)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from ..analysis.modes import evaluation_backward
 from ..findings import Autofix, Role, Safety, Severity
 from .base import Rule, one_or_many, related
 from .source import call_bare_method, method_calls, receiver, related_line
@@ -44,10 +45,12 @@ class TrainInEvalMode(Rule):
     ```
 
     ## Stays silent on
-    `model.train()` before the training forward and `eval()` + `no_grad` for validation; a
-    frozen backbone or encoder kept in eval mode on purpose; BatchNorm statistics frozen on
-    purpose; a teacher in eval mode under `no_grad`; samples drawn under `no_grad`; a model
-    with no BatchNorm or dropout; `model.training` read as an attribute.
+    `model.train()` before the training forward and `eval()` + `no_grad` for validation; an
+    adversarial attack run in eval mode (its backward takes the input's gradient) before
+    `model.train()`; a frozen backbone or encoder kept in eval mode on purpose; BatchNorm
+    statistics frozen on purpose; a teacher in eval mode under `no_grad`; samples drawn under
+    `no_grad`; a model with no BatchNorm or dropout; `model.training` read as an attribute; a
+    validation pass that calls `backward()` (`backward-in-evaluation` reports it).
     """
 
     code = "GD302"
@@ -119,6 +122,9 @@ class TrainInEvalMode(Rule):
         for f in tl.forwards:
             if f.context != "training" or f.step is None or f.training or not f.grad:
                 continue
+            if evaluation_backward(a, f) is not None:
+                continue  # a pass in eval mode with its own backward, then train() for the
+                # update: an attack's input gradient, or backward-in-evaluation's mistake
             flowing = f.grad_modules
             for mid in f.modules:
                 if mid not in flowing or mid in f.recalibrated or not _mode_matters(f.states.get(mid) or {}):
