@@ -67,6 +67,9 @@ class ScriptSource:
     def discarded_updates(self, path: str) -> list[tuple[int, str, str, str]]:
         return discarded_updates(self.full(path))
 
+    def grad_clears(self, path: str, first: int, last: int) -> list[tuple[int, str]]:
+        return grad_clears(self.full(path), first, last)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -600,4 +603,39 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
             visit(child, names)
 
     visit(tree, frozenset())
+    return sorted(found)
+
+
+def _ends_in_grad(node: ast.AST) -> bool:
+    """``x.grad`` or ``x.grad.data``."""
+    if isinstance(node, ast.Attribute) and node.attr == "data":
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr == "grad"
+
+
+def grad_clears(path: str, first: int, last: int) -> list[tuple[int, str]]:
+    """``(line, text)`` of the statements on lines ``first``..``last`` that clear a ``.grad`` by
+    hand: ``p.grad = None``, ``p.grad.zero_()`` (also through ``.data``), ``p.grad.fill_(0)``,
+    ``p.grad.mul_(0)``, ``p.grad *= 0``. [] when the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.stmt) and first <= node.lineno <= last):
+            continue
+        if isinstance(node, ast.Assign) and any(_ends_in_grad(t) for t in node.targets) \
+                and isinstance(node.value, ast.Constant) and node.value.value is None:
+            found.append((node.lineno, ast.unparse(node).strip()))
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Mult) \
+                and _ends_in_grad(node.target) and isinstance(node.value, ast.Constant) \
+                and node.value.value == 0:
+            found.append((node.lineno, ast.unparse(node).strip()))
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Attribute) and _ends_in_grad(node.value.func.value):
+            call = node.value
+            zero_arg = len(call.args) == 1 and isinstance(call.args[0], ast.Constant) \
+                and call.args[0].value == 0
+            if call.func.attr == "zero_" or (call.func.attr in ("fill_", "mul_") and zero_arg):
+                found.append((node.lineno, ast.unparse(node).strip()))
     return sorted(found)
