@@ -204,6 +204,11 @@ unregistered       owner (class of the module holding it), attr, holder ("list" 
                    tracked tensors no module registers, found at the end of the run in a plain
                    container (or as a plain tensor) attribute of a module (loc: the attribute's
                    assignment in the class, when found)
+param_reset        via ("torch.nn.init.<initialiser>" | "load_state_dict"), params [pid] (optimizer-
+                   owned parameters it set back, after the first optimizer step), state (for
+                   load_state_dict: [the state dict's number, 0, 1, ... in order of first load,
+                   [each value's version]]: the same unchanged state when equal; else None): an
+                   aside at the user's call
 reseed             fn (torch.manual_seed | torch.random.manual_seed | torch.cuda.manual_seed[_all] |
                    random.seed | numpy.random.seed), seed (int|None: the value given, None when not
                    a plain int), caller ([path, line, function] of the line that called the user's
@@ -479,6 +484,10 @@ def functional_grad(*, api: str, create_graph: bool | None = None) -> Made:
     return "functional_grad", {"api": api, "create_graph": create_graph}
 
 
+def param_reset(*, via: str, params: list[int], state: list | None = None) -> Made:
+    return "param_reset", {"via": via, "params": params, "state": state}
+
+
 def reseed(*, fn: str, seed: int | None, caller: list | None = None) -> Made:
     return "reseed", {"fn": fn, "seed": seed, "caller": caller}
 
@@ -573,7 +582,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
     "idle_forward": idle_forward, "functional_grad": functional_grad,
-    "reseed": reseed, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
+    "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced, "folded": folded,
@@ -585,6 +594,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 
 ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
+                         "param_reset",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

@@ -27,6 +27,7 @@ from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
+from .resets import ParamResetWatcher
 from .rng import RngSeedWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
@@ -79,6 +80,8 @@ class Instrumentation:
         self.watchers.append(ModuleAttrWatcher(rec))
         # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
+        # stepped parameters set back by nn.init or load_state_dict (params-reset-every-step)
+        self.watchers.append(ParamResetWatcher(rec, self.optimizers.owned_pids()))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
         rec.subscribe(DESCRIBE_LOSS, self.ddp.describe_loss)
         rec.subscribe(STEPPED, self.ddp.after_step)
