@@ -10,9 +10,8 @@ class BackwardInEvaluation(Rule):
     ## What it does
     Finds `backward()` called in an evaluation pass: the model ran in eval mode with gradients
     on, a backward followed, and then `model.train()` switched it back for the update's own
-    training forward and backward. It points at that backward. When no `zero_grad()` clears
-    those gradients before the next step, the step applies them: a warning. When one does,
-    they were computed for nothing: info.
+    training forward and backward, and no `zero_grad()` clears its gradients before the next
+    step: the step applies them. It points at that backward.
 
     ## Why is this bad?
     The gradients of a validation batch are added to `.grad` like any other. With the usual
@@ -40,7 +39,9 @@ class BackwardInEvaluation(Rule):
     ```
 
     ## Stays silent on
-    Validation under `torch.no_grad()`; an adversarial attack run in eval mode whose backward
+    Validation under `torch.no_grad()`; an evaluation backward whose gradients `zero_grad()`
+    clears before any step (wasted, or meant: a Grad-CAM map's hooks); an adversarial attack
+    run in eval mode whose backward
     computes the input's gradient (PGD, FGSM); a model trained in eval mode throughout (frozen
     BatchNorm statistics: `train-in-eval-mode` and `frozen-bn-train-mode` look at those); an
     eval-mode pass whose backward is the update's own, with no `train()` before the step.
@@ -51,7 +52,8 @@ class BackwardInEvaluation(Rule):
     code = "GD305"
     slug = "backward-in-evaluation"
     severity = Severity.WARNING
-    summary = "backward() in an evaluation pass (eval mode, then train() and the real update)"
+    summary = ("backward() in an evaluation pass (eval mode, then train()) whose gradients the next "
+               "step applies")
     fix = "compute the evaluation loss under torch.no_grad() and drop this backward()"
 
     def check(self, a):
@@ -64,28 +66,21 @@ class BackwardInEvaluation(Rule):
                 groups.setdefault(found.backward.loc, []).append(found)
         for loc, items in groups.items():
             leaked = [e for e in items if e.backward.seq in applied]
-            first = (leaked or items)[0]
-            times = a.count(e.backward for e in items)
+            if not leaked:
+                continue  # thrown away by a clear: wasted, or meant (a Grad-CAM map's hooks)
+            first = leaked[0]
+            times = a.count(e.backward for e in leaked)
             train = first.train.loc.line if first.train.loc is not None else "?"
-            if leaked:
-                message = (f"this backward() runs in an evaluation pass (eval mode; train() at "
-                           f"line {train} switches back for the update) and nothing clears its "
-                           f"gradients before the next step: the step adds them to the update's "
-                           f"own, so the model trains on this data")
-                severity = None
-            else:
-                message = (f"this backward() runs in an evaluation pass (eval mode; train() at "
-                           f"line {train} switches back for the update): zero_grad() clears its "
-                           f"gradients before any step uses them: a backward pass computed for "
-                           f"nothing")
-                severity = Severity.INFO
+            message = (f"this backward() runs in an evaluation pass (eval mode; train() at line "
+                       f"{train} switches back for the update) and nothing clears its gradients "
+                       f"before the next step: the step adds them to the update's own, so the "
+                       f"model trains on this data")
             if times > 1:
                 message += f" ({times} times)"
             yield self.finding(
-                message, loc, severity=severity,
+                message, loc,
                 related=(related(first.forward.event, "the forward it backpropagates, in eval mode"),
                          related(first.train, "the train() that ends the evaluation pass"),
-                         related(first.step, "the step that applies them") if leaked else None),
+                         related(first.step, "the step that applies them")),
                 step=a.step_number.get(first.step.seq),
-                evidence={"applied": bool(leaked), "backwards": times,
-                          "layers": [tl.name(m) for m in first.forward.modules]})
+                evidence={"backwards": times, "layers": [tl.name(m) for m in first.forward.modules]})
