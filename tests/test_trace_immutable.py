@@ -39,7 +39,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_loss_counts_padding_nll.py",  # loss_padding
             "numerics/bad_low_precision_bf16_frozen.py",  # low_precision
             "autograd/bad_graph_kept_smoothed_loss.py",  # graph_kept
-            "registration/bad_param_replaced_submodule_after_optimizer.py"]  # param_replaced
+            "registration/bad_param_replaced_submodule_after_optimizer.py",  # param_replaced
+            "zero_grad/bad_params_reset_load_state_dict.py",  # param_reset
+            "zero_grad/bad_hand_update_without_zero_grad.py"]  # backward's hand-update fields
 
 GRAD_EDIT_SCRIPT = """
 import torch
