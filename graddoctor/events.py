@@ -96,8 +96,10 @@ clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_nor
 grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step)
 scheduler_step     sched, cls, opt (the optimizer it drives), lrs [float|None] (each param group's
                    lr right after the step: what it wrote; None when the step raised),
-                   metric ("none": no argument | "number" | "tensor" | "grad_tensor": a tensor
-                   that requires grad, a training loss | "other"; what ReduceLROnPlateau got),
+                   metric ("none": no argument | "integer" | "number": another real number |
+                   "tensor" | "grad_tensor": a tensor that requires grad, a training loss |
+                   "other"; what step() got: ReduceLROnPlateau's metric, another scheduler's
+                   deprecated epoch),
                    grad (grad mode on at the call); for a ``ReduceLROnPlateau`` only: value
                    (float|None: the metric it was fed, one element read like torch reads it)
                    and mode ("min" | "max": which way it counts an improvement)

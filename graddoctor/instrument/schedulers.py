@@ -82,11 +82,13 @@ def metric_value(args, kwargs) -> float | None:
 
 
 def metric_kind(args, kwargs) -> str:
-    value = args[0] if args else kwargs.get("metrics", kwargs.get("metric"))
+    value = args[0] if args else kwargs.get("metrics", kwargs.get("metric", kwargs.get("epoch")))
     if value is None:
         return "none"
     if isinstance(value, torch.Tensor):
         return "grad_tensor" if value.requires_grad else "tensor"
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return "integer"  # an epoch index (the deprecated scheduler.step(epoch)), or a count
     if isinstance(value, numbers.Real):
         return "number"
     return "other"
