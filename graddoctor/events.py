@@ -208,9 +208,9 @@ unregistered       owner (class of the module holding it), attr, holder ("list" 
                    assignment in the class, when found)
 param_reset        via ("torch.nn.init.<initialiser>" | "load_state_dict"), params [pid] (optimizer-
                    owned parameters it set back, after the first optimizer step), state (for
-                   load_state_dict: [the state dict's number, 0, 1, ... in order of first load,
-                   [each value's version]]: the same unchanged state when equal; else None): an
-                   aside at the user's call
+                   load_state_dict: [the state's number, 0, 1, ... in order of first load: the
+                   same number for the very same tensors, [each value's version]]: the same
+                   unchanged state when equal; else None): an aside at the user's call
 reseed             fn (torch.manual_seed | torch.random.manual_seed | torch.cuda.manual_seed[_all] |
                    random.seed | numpy.random.seed), seed (int|None: the value given, None when not
                    a plain int), caller ([path, line, function] of the line that called the user's

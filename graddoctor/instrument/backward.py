@@ -438,7 +438,10 @@ class BackwardWatcher:
                 verdict = self._judge_changed(grad)
             held[i] = (version, verdict)
         if looked and self.cpu_checks:
-            ctx.kept = self._still_written(ctx, looked)
+            try:
+                ctx.kept = self._still_written(ctx, looked)
+            except Exception as exc:  # loses these facts only, not the backward's event
+                rec.internal_error("backward (grads kept across a step)", exc)
 
     def _still_written(self, ctx: BackwardContext, looked: list[int]) -> list[int]:
         """Of the grads at ``looked`` (the very tensors, at the very versions, a backward wrote),

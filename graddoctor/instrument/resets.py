@@ -4,8 +4,9 @@ loop) and ``Module.load_state_dict`` (the same saved state loaded again and agai
 
 Each call from the user's code that touches optimizer-owned parameters (an initialiser: after
 the first optimizer step) is recorded as a ``param_reset`` aside event: the initialiser or ``load_state_dict``,
-the pids, and for ``load_state_dict`` which state was loaded (the dict's identity and its
-tensors' versions: the same, unchanged state loaded again undoes every update since). The rule
+the pids, and for ``load_state_dict`` which state was loaded (the very same tensors, held
+through weak references, and their versions: the same, unchanged state loaded again undoes
+every update since). The rule
 (rules/params_reset_every_step.py) reports a reset between every two steps of an optimizer.
 
 Cost: before the first optimizer step (model construction: every layer's ``reset_parameters``)
@@ -15,11 +16,14 @@ one comparison per call; after it, a pid lookup per tensor touched.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
 from .. import events as ev
 from .recorder import Recorder
+
+MAX_STATES = 64  # distinct loaded states told apart; later ones are not compared
 
 INITIALISERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
                 "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
@@ -31,9 +35,25 @@ class ParamResetWatcher:
         self.rec = rec
         self.owned = owned  # OptimizerWatcher.owned_pids(): a live view
         self._busy = False  # an initialiser calling another (kaiming_uniform_ -> uniform_)
-        # id of a loaded state dict -> (its number: 0, 1, ... in order of first load, the dict,
-        # kept alive so that its id stays its own)
-        self._states: dict[int, tuple[int, object]] = {}
+        # the states loaded so far (their number: the index), each as weak references to its
+        # tensors: a state is the same when its tensors are the very same objects; nothing is
+        # kept alive (a checkpoint loaded once must not stay in memory for the whole run)
+        self._states: list[list[weakref.ref]] = []
+
+    def _state_number(self, state_dict) -> int | None:
+        """The number of the state whose tensors ``state_dict`` holds (a new one when first
+        seen); None for a state that holds something else than tensors, or past
+        ``MAX_STATES`` distinct ones."""
+        values = list(state_dict.values())
+        if not values or not all(isinstance(v, torch.Tensor) for v in values):
+            return None
+        for number, refs in enumerate(self._states):
+            if len(refs) == len(values) and all(r() is v for r, v in zip(refs, values)):
+                return number
+        if len(self._states) >= MAX_STATES:
+            return None
+        self._states.append([weakref.ref(v) for v in values])
+        return len(self._states) - 1
 
     def _owned_pids(self, tensors) -> list[int]:
         number, refs, owned = self.rec.tensors.number, self.rec.tensors.refs, self.owned
@@ -82,11 +102,10 @@ class ParamResetWatcher:
                 try:
                     pids = watcher._owned_pids(module.parameters())
                     if pids:
-                        known = watcher._states.get(id(state_dict))
-                        if known is None or known[1] is not state_dict:
-                            known = watcher._states[id(state_dict)] = (len(watcher._states), state_dict)
+                        number = watcher._state_number(state_dict)
                         versions = [getattr(v, "_version", None) for v in state_dict.values()]
-                        watcher._record("load_state_dict", pids, [known[0], versions])
+                        watcher._record("load_state_dict", pids,
+                                        None if number is None else [number, versions])
                 except Exception as exc:
                     rec.internal_error("load_state_dict", exc)
                 return result

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from ..analysis.basics import written
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
@@ -75,14 +76,12 @@ class GradsClearedBeforeStep(Rule):
         wrote was None (``"none"``) or edited to zero (``"zero"``) at the step; else None."""
         if not window:
             return None
-        written = [p for b in window for key in ("fresh", "accumulated", "cleared_outside")
-                   for p in b.get(key) or () if p in owned]
-        if not written:
+        pids = list(dict.fromkeys(p for b in window for p in written(b) if p in owned))
+        if not pids:
             return None
-        written = list(dict.fromkeys(written))
         last = window[-1]
-        if set(written) <= set(step.get("without_grad") or ()):
-            return "none", written, last
+        if set(pids) <= set(step.get("without_grad") or ()):
+            return "none", pids, last
         between = a.span(last.seq + 1, step.seq - 1)
         begin = next((e for e in reversed(between) if e.kind == "step_begin"
                       and e.get("opt") == step["opt"]), None)
@@ -90,8 +89,8 @@ class GradsClearedBeforeStep(Rule):
             return None
         norms = dict(zip(begin.get("norm_pids") or (), begin["norms"]))
         edited = {p for e in between if e.kind == "grad_edit" for p in e.get("params") or ()}
-        if all(norms.get(p) == 0.0 and p in edited for p in written):
-            return "zero", written, last
+        if all(norms.get(p) == 0.0 and p in edited for p in pids):
+            return "zero", pids, last
         return None
 
     def _finding(self, a, opt, steps, hits):

@@ -69,7 +69,7 @@ class HandUpdateWithoutZeroGrad(Rule):
             first = backwards[0]
             pids = sorted(dict.fromkeys(p for b in backwards for p in b["applied_by_hand"]),
                           key=lambda p: _name(a, p))
-            earlier = _writer_before(a, first, pids[0])
+            earlier = a.last_writer(pids[0], before=first.seq)
             times = a.count(backwards)
             # a tensor made again each iteration (an attack's delta) is one name, many pids
             names = list(dict.fromkeys(_name(a, p) for p in pids))
@@ -88,18 +88,6 @@ def _name(a, pid: int) -> str:
     """The tensor's own name (the script's variable or attribute), else graddoctor's."""
     event = a.params.get(pid)
     return (event.get("name") if event else None) or a.param_name(pid)
-
-
-def _writer_before(a, backward, pid: int):
-    """The latest backward before ``backward`` that wrote ``pid``'s gradient."""
-    latest = None
-    for b in a.by_kind.get("backward", ()):
-        if b.seq >= backward.seq:
-            break
-        if pid in (b.get("fresh") or ()) or pid in (b.get("accumulated") or ()) \
-                or pid in (b.get("cleared_outside") or ()):
-            latest = b
-    return latest
 
 
 def _fix(names: list[str]) -> str:

@@ -87,7 +87,11 @@ class ParamsResetEveryStep(Rule):
             reset.loc,
             related=(related(step, "a step whose update it undoes"),),
             step=a.step_number.get(step.seq),
-            evidence={"params": a.param_names(pids), "via": reset["via"], "steps": times})
+            evidence={"params": a.param_names(pids), "via": reset["via"], "steps": times},
+            fix=("load the saved state once, before the training loop (keep the copy only to "
+                 "compare against or to restore at the end)" if reset["via"] == "load_state_dict"
+                 else "initialise the parameters once, in __init__ or before the training loop, "
+                      "not in forward() or inside the loop"))
 
 
 def _undoes(event, resets) -> bool:
