@@ -244,6 +244,12 @@ graph_kept         name (the variable that keeps them, as found in the script's 
                    "attribute"), steps (how many earlier backwards' graphs it holds), line (the
                    backward's line) — autograd graphs of earlier backwards still alive several
                    backwards later (loc: the backward that found them; an aside)
+grad_stops         params [pid] (the parameters whose gradient was exactly zero and that the
+                   diagnosed backward's graph reaches), stops [str] (the autograd nodes where the
+                   gradient toward them stops: non-zero in, zero out, nearest the loss first:
+                   ``RoundBackward0``, ``ClampBackward1``), loss_zero (the loss itself was 0) —
+                   one diagnosed backward after an update with exactly-zero gradients (loc: the
+                   backward; an aside)
 param_replaced     owner (class of the module), attr (the name it was registered under), via
                    ("parameter": a tensor assigned over a parameter; "module": a submodule
                    assigned over one whose parameters an optimizer owns), old [pid] (the
@@ -258,8 +264,8 @@ run_end            status, steps
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
-``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad`` and
-``optimizer_attr``, ``module_attr``, ``param_replaced`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad``,
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -520,6 +526,10 @@ def graph_kept(*, name: str, holder: str, steps: int, line: int | None = None) -
     return "graph_kept", {"name": name, "holder": holder, "steps": steps, "line": line}
 
 
+def grad_stops(*, params: list[int], stops: list[str], loss_zero: bool) -> Made:
+    return "grad_stops", {"params": params, "stops": stops, "loss_zero": loss_zero}
+
+
 def optimizer_attr(*, opt: int, cls: str, name: str, key: str, value: float | None,
                    kept: list) -> Made:
     return "optimizer_attr", {"opt": opt, "cls": cls, "name": name, "key": key, "value": value,
@@ -586,6 +596,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "idle_forward": idle_forward, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
+    "grad_stops": grad_stops,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
@@ -598,7 +609,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
-                         "graph_kept"})
+                         "graph_kept", "grad_stops"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

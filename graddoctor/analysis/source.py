@@ -70,6 +70,12 @@ class ScriptSource:
     def grad_clears(self, path: str, first: int, last: int) -> list[tuple[int, str]]:
         return grad_clears(self.full(path), first, last)
 
+    def loss_assignment(self, path: str, line: int) -> tuple[int, str] | None:
+        return loss_assignment(self.full(path), line)
+
+    def calls_named(self, path: str, names) -> list[tuple[int, str, bool]]:
+        return calls_named(self.full(path), frozenset(names))
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -639,3 +645,59 @@ def grad_clears(path: str, first: int, last: int) -> list[tuple[int, str]]:
             if call.func.attr == "zero_" or (call.func.attr in ("fill_", "mul_") and zero_arg):
                 found.append((node.lineno, ast.unparse(node).strip()))
     return sorted(found)
+
+
+def calls_named(path: str, names: frozenset) -> list[tuple[int, str, bool]]:
+    """``(line, text, in_forward)`` of every call in the file to a function or method whose
+    own name is in ``names`` (``torch.round(x)``, ``h.round()``, ``nn.Dropout(p=1.0)``), in
+    line order; ``in_forward``: inside a function named ``forward``. [] when it cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+
+    def visit(node: ast.AST, in_forward: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_forward or (isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                    and child.name == "forward")
+            if isinstance(child, ast.Call):
+                func = child.func
+                name = func.attr if isinstance(func, ast.Attribute) else \
+                    func.id if isinstance(func, ast.Name) else None
+                if name in names:
+                    found.append((child.lineno, ast.unparse(child), inside))
+            visit(child, inside)
+
+    visit(tree, False)
+    return sorted(found)
+
+
+def loss_assignment(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the last assignment, above ``line`` in the same function, to the
+    variable whose ``.backward()`` is called on ``line`` (``loss = w * crit(out, y)`` for
+    ``loss.backward()``); None when there is none or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    name = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.lineno == line and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "backward" and isinstance(node.func.value, ast.Name):
+            name = node.func.value.id
+            break
+    if name is None:
+        return None
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and (scope is tree or node.lineno >= scope.lineno):
+            scope = node
+    best = None
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno < line:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets) \
+                    and (best is None or node.lineno > best.lineno):
+                best = node
+    return (best.lineno, ast.unparse(best).strip()) if best is not None else None

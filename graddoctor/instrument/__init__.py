@@ -17,6 +17,7 @@ from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
 from .gradflow import GradFlowWatcher
+from .gradstop import GradStopWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
@@ -31,7 +32,7 @@ from .resets import ParamResetWatcher
 from .rng import RngSeedWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
-from .topics import DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STEPPED, STEPPED_WITHOUT_GRAD
+from .topics import DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD
 from .schedulers import SchedulerWatcher
 from .warnsource import WarningSource
 
@@ -72,6 +73,11 @@ class Instrumentation:
         self.watchers.append(PrecisionWatcher(rec))
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
         rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)
+        # where the gradient of parameters that get exactly zero stops (grads-always-zero)
+        stops = GradStopWatcher(rec)
+        rec.subscribe(STEP_NORMS, stops.step_norms)
+        rec.subscribe(DESCRIBE_LOSS, stops.describe_loss)
+        self.watchers.append(stops)
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)

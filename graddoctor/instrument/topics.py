@@ -36,6 +36,9 @@ STEP_GRADS: Topic[Callable[[int, Any, dict, "list[int] | None", "list[float] | N
     "(opt, optimizer, by_device, norm_pids, norms) before each optimizer step that is not a "
     "closure step: its dense gradients by device {device: ([pid], [grad])} and their norms "
     "when it measured them (else None)")
+STEP_NORMS: Topic[Callable[["list[int]", "list[float]"], None]] = Topic(
+    "step_norms", "OptimizerWatcher",
+    "(norm_pids, norms) before each optimizer step whose gradient norms it measured (host floats)")
 STEPPED_WITHOUT_GRAD: Topic[Callable[[int, list[int]], None]] = Topic(
     "stepped_without_grad", "OptimizerWatcher",
     "(opt, pids) after each real optimizer step, its parameters that had no gradient")
@@ -58,5 +61,5 @@ BUDGET_HOLD: Topic[Callable[[], bool]] = Topic(
     "() -> True while the replay should go on past the step budget (e.g. until a DataLoader "
     "has crossed two epoch boundaries); each must bound itself")
 
-TOPICS: tuple[Topic, ...] = (PARAMS_ADDED, STEPPED, STEP_GRADS, STEPPED_WITHOUT_GRAD,
+TOPICS: tuple[Topic, ...] = (PARAMS_ADDED, STEPPED, STEP_GRADS, STEP_NORMS, STEPPED_WITHOUT_GRAD,
                              DESCRIBE_LOSS, LEAF_TRACKED, FREEZE_OF, COUNTED_STEP, BUDGET_HOLD)

@@ -1,0 +1,204 @@
+"""Where the gradient of parameters that get exactly zero stops on its way from the loss.
+
+The optimizer watcher measures every update's gradient norms (one batched ``_foreach_norm``,
+``STEP_NORMS``). A norm of exactly 0.0 for a gradient a backward wrote is rare in a healthy
+loop: the loss does not depend on that parameter at this point (an op with a zero derivative
+such as ``round`` on the way, a clamp or a ReLU that is saturated for every sample, dropout with
+p=1, a loss multiplied by 0). Seeing one only costs ``0.0 in norms`` per update.
+
+When a measured update holds such zeros, the next backward from a CPU loss is diagnosed once:
+its graph is walked from the loss to those parameters, and every node on a path between them
+gets a hook (``Node.register_hook``) that notes the node whose incoming gradient is non-zero
+while every gradient it passes on toward those parameters is zero. That node is where the
+gradient stops. The hooks return None (nothing the backward computes changes) and are removed
+when the backward ends (``queue_callback`` of autograd's engine), and a ``grad_stops`` aside
+event names the nodes. Only a few backwards of a run are diagnosed (``_DIAGNOSES``); on an
+accelerator nothing is read (a host sync per node).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .. import events as ev
+from .recorder import Recorder
+
+_DIAGNOSES = 3  # backwards walked per run
+_NODES = 20000  # graph nodes walked at most (a larger graph is not diagnosed)
+_STOPS = 5  # nodes named per event
+
+
+def _nonzero(grad) -> bool:
+    return grad is not None and grad.layout == torch.strided and bool(grad.any())
+
+
+class GradStopWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._wanted: dict[int, weakref.ref] = {}  # pid -> param whose gradient was zero
+        self._asked: set[int] = set()  # pids a diagnosis was asked for already
+        self._diagnosed = 0
+        self._handles: list = []
+
+    # -- STEP_NORMS: zero norms ask for a diagnosis --------------------------------------------
+    def step_norms(self, norm_pids, norms) -> None:
+        if not norms or self._diagnosed >= _DIAGNOSES or 0.0 not in norms:
+            return
+        try:
+            tensor = self.rec.tensor
+            for pid, norm in zip(norm_pids, norms):
+                if norm == 0.0 and pid not in self._asked:
+                    self._asked.add(pid)
+                    param = tensor(pid)
+                    if param is not None and param.device.type == "cpu":
+                        self._wanted[pid] = weakref.ref(param)
+        except Exception as exc:
+            self._diagnosed = _DIAGNOSES
+            self.rec.internal_error("zero gradients (step)", exc)
+
+    # -- DESCRIBE_LOSS: the diagnosed backward -------------------------------------------------
+    def describe_loss(self, tensors) -> dict:
+        if not self._wanted or self._diagnosed >= _DIAGNOSES or self._handles:
+            return {}
+        try:
+            self._diagnose(tensors)
+        except Exception as exc:
+            self._diagnosed = _DIAGNOSES
+            self._remove()
+            self.rec.internal_error("zero gradients (diagnosis)", exc)
+        return {}
+
+    def _diagnose(self, tensors) -> None:
+        if not isinstance(tensors, torch.Tensor) or tensors.grad_fn is None \
+                or tensors.device.type != "cpu" or tensors.numel() != 1:
+            return
+        wanted = {}
+        for pid, ref in self._wanted.items():
+            param = ref()
+            if param is not None:
+                wanted[id(param)] = pid
+        self._wanted = {}
+        self._diagnosed += 1
+        relevant, reached = _paths_to(tensors.grad_fn, wanted)
+        if not relevant:
+            return
+        stops: list[str] = []
+        loss_zero = bool(tensors.detach() == 0)
+        for node, inputs in relevant.items():
+            self._handles.append(node.register_hook(_stop_hook(node, inputs, stops)))
+        loc = self.rec.here()
+        rec = self.rec
+
+        def finish():
+            self._remove()
+            if stops:
+                names = list(dict.fromkeys(stops))[:_STOPS]
+                rec.emit_aside(ev.grad_stops(params=sorted(reached), stops=names,
+                                             loss_zero=loss_zero), loc)
+
+        # the first hook to fire (the loss's node) queues the removal for the backward's end
+        root = tensors.grad_fn
+
+        def queue(grad_inputs, grad_outputs):
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(_guarded(finish, rec))
+            except Exception as exc:
+                rec.internal_error("zero gradients (diagnosis end)", exc)
+
+        self._handles.append(root.register_prehook(lambda grad_outputs: queue(None, grad_outputs)))
+
+    def _remove(self) -> None:
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+    remove = _remove  # the patcher's handle interface: the hooks of a diagnosis cut short go too
+
+    def install(self, patcher) -> None:
+        patcher.handle(self)
+
+
+def _guarded(fn, rec):
+    def call():
+        try:
+            fn()
+        except Exception as exc:
+            rec.internal_error("zero gradients (diagnosis end)", exc)
+    return call
+
+
+def _stop_hook(node, inputs: tuple[int, ...], stops: list):
+    name = node.name()
+
+    def hook(grad_inputs, grad_outputs):
+        try:
+            if any(_nonzero(g) for g in grad_outputs) and \
+                    not any(_nonzero(grad_inputs[i]) for i in inputs if i < len(grad_inputs)):
+                stops.append(name)
+        except Exception:
+            pass  # a diagnosis never breaks the backward
+        return None
+
+    return hook
+
+
+def _paths_to(root, wanted: dict[int, int]) -> tuple[dict, set]:
+    """``({node: indices of its inputs that lead to a wanted leaf}, wanted pids reached)`` over
+    the graph below ``root``; nothing when it has more than ``_NODES`` nodes."""
+    order: list = []
+    seen: set = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        order.append(node)
+        if len(order) > _NODES:
+            return {}, set()
+        for child, _ in node.next_functions:
+            if child is not None and child not in seen:
+                stack.append(child)
+    leads: dict = {}  # node -> reaches a wanted leaf
+    reached: set = set()
+    relevant: dict = {}
+    # children before parents: a node leads to a wanted leaf when one of its inputs does
+    for node in _post_order(root, order):
+        variable = getattr(node, "variable", None) if node.name() == "torch::autograd::AccumulateGrad" else None
+        if variable is not None:
+            pid = wanted.get(id(variable))
+            leads[node] = pid is not None
+            if pid is not None:
+                reached.add(pid)
+            continue
+        inputs = tuple(i for i, (child, _) in enumerate(node.next_functions)
+                       if child is not None and leads.get(child))
+        leads[node] = bool(inputs)
+        if inputs:
+            relevant[node] = inputs
+    return relevant, reached
+
+
+def _post_order(root, nodes: list) -> list:
+    """The walked nodes with every node after all of its inputs (iterative: deep graphs)."""
+    done: set = set()
+    out: list = []
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node is None:
+            continue
+        if expanded:
+            if node not in done:
+                done.add(node)
+                out.append(node)
+            continue
+        if node in done:
+            continue
+        stack.append((node, True))
+        for child, _ in node.next_functions:
+            if child is not None and child not in done:
+                stack.append((child, False))
+    return out

@@ -1,0 +1,235 @@
+from __future__ import annotations
+
+from ..analysis.basics import written
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule, related
+
+# autograd nodes whose gradient is zero everywhere (or zero once saturated), by what the script
+# calls: the names searched in its source for the line to change, and what to do instead
+_KINDS = {
+    "Round": ("zero", ("round",)), "Floor": ("zero", ("floor",)), "Ceil": ("zero", ("ceil",)),
+    "Trunc": ("zero", ("trunc", "fix")), "Sign": ("zero", ("sign",)), "Sgn": ("zero", ("sgn",)),
+    "Clamp": ("saturated", ("clamp", "clip", "clamp_", "clip_")),
+    "ClampMin": ("saturated", ("clamp", "clip", "clamp_min", "clamp_", "clip_")),
+    "ClampMax": ("saturated", ("clamp", "clip", "clamp_max", "clamp_", "clip_")),
+    "Hardtanh": ("saturated", ("hardtanh", "Hardtanh", "relu6", "ReLU6")),
+    "Relu": ("dead", ("relu", "ReLU", "relu_")), "Threshold": ("dead", ("relu", "ReLU", "threshold", "Threshold")),
+    "NativeDropout": ("dropped", ("dropout", "Dropout")),
+}
+
+
+def _op(node_name: str) -> str:
+    """``RoundBackward0`` -> ``Round``."""
+    base = node_name.split("Backward", 1)[0]
+    return base
+
+
+def _converged(stop) -> bool:
+    """A loss of exactly 0 behind a clamp or ReLU (a hinge loss whose margins are all met):
+    nothing is left to learn, and a zero gradient is right."""
+    return stop[1] and _KINDS.get(_op(stop[0]), ("",))[0] in ("saturated", "dead")
+
+
+class GradsAlwaysZero(Rule):
+    """
+    ## What it does
+    Finds parameters an optimizer steps whose gradient is exactly zero at every update the run
+    measured, because the gradient stops at an operation on its way from the loss: `round`,
+    `floor`, `sign` (their derivative is zero everywhere), a `clamp` or ReLU that is saturated or
+    dead for every sample. It also finds an optimizer all of whose gradients have become exactly
+    zero (a loss multiplied by 0, an output clamped outside the targets' range). graddoctor
+    reads the norms it already measures; after an update with zero gradients it follows one
+    backward through the graph to the node where the gradient stops, and points at that call in
+    the script.
+
+    ## Why is this bad?
+    A zero gradient moves nothing: those parameters keep their initial values (only weight
+    decay shrinks them) while the loss goes down through the rest of the model, so nothing
+    looks broken. Quantising activations with `torch.round` in `forward` without a
+    straight-through estimator freezes every layer before it.
+
+    ## Example
+    ```python
+    def forward(self, x):
+        h = torch.sigmoid(self.enc(x))
+        h = torch.round(h * 15) / 15
+        return self.head(h)
+    ```
+
+    ## Use instead
+    ```python
+    def forward(self, x):
+        h = torch.sigmoid(self.enc(x))
+        q = torch.round(h * 15) / 15
+        h = h + (q - h).detach()  # straight-through estimator
+        return self.head(h)
+    ```
+
+    ## Stays silent on
+    A straight-through estimator; a gradient that is zero at the first updates only (LoRA's B
+    and a zero-initialised gate start at zero); parameters that get no gradient at all (None:
+    `param-without-grad`); gradients cleared by hand (`grads-cleared-before-step`); part of a
+    model reached only through a multiplication by zero (`0 * sum(p.sum() ...)`, which keeps
+    unused parameters in DDP's graph on purpose); a loss that is exactly 0 behind a clamp or
+    ReLU (a hinge loss whose margins are all met); steps whose norms were not measured.
+    """
+
+    code = "GD124"
+    slug = "grads-always-zero"
+    severity = Severity.WARNING
+    summary = ("the gradients of stepped parameters are exactly zero at every update: the "
+               "gradient stops at an op (round, a saturated clamp, a dead ReLU) and they never train")
+    fix = ("let the gradient through: a straight-through estimator around round/sign/floor "
+           "(`x + (x.round() - x).detach()`), a clamp range that holds the targets")
+
+    def check(self, a):
+        stops = a.by_kind.get("grad_stops", ())
+        if not stops:
+            return
+        windows = a.ledger.windows
+        by_opt: dict[int, list] = {}
+        for step in a.steps:
+            if step.get("skipped") or step.get("closure"):
+                continue
+            by_opt.setdefault(step["opt"], []).append(step)
+        for opt, steps in by_opt.items():
+            owned = set(a.opt_params.get(opt, ()))
+            measured = [m for step in steps if (m := self._measured(a, step, owned, windows)) is not None]
+            if len(measured) < 2:
+                continue
+            finding = self._whole(a, opt, measured, stops) or self._partial(a, opt, measured, stops)
+            if finding is not None:
+                yield finding
+
+    @staticmethod
+    def _measured(a, step, owned: set, windows):
+        """``(step, written pids, zero pids)`` of a step whose gradients were measured."""
+        window = windows.get(step.seq)
+        if not window:
+            return None
+        pids = {p for b in window for p in written(b) if p in owned}
+        if not pids:
+            return None
+        between = a.span(window[-1].seq + 1, step.seq - 1)
+        begin = next((e for e in reversed(between) if e.kind == "step_begin"
+                      and e.get("opt") == step["opt"]), None)
+        if begin is None or begin.get("norms") is None:
+            return None
+        norms = dict(zip(begin.get("norm_pids") or (), begin["norms"]))
+        edited = {p for e in between if e.kind == "grad_edit" for p in e.get("params") or ()}
+        pids -= edited
+        return step, pids, {p for p in pids if norms.get(p) == 0.0}
+
+    def _whole(self, a, opt, measured, stops):
+        """Every gradient the optimizer's last two measured updates applied is zero."""
+        def all_zero(m) -> bool:
+            return bool(m[1]) and m[2] == m[1]
+
+        if not all(map(all_zero, measured[-2:])):
+            return None
+        first = len(measured) - 2
+        while first > 0 and all_zero(measured[first - 1]):
+            first -= 1
+        pids = set(measured[-1][1])
+        stop = self._stop_for(stops, pids, allow_mul=True)
+        if stop is None:
+            return None  # not diagnosed: where (and whether) the gradient stops is unknown
+        if _converged(stop):
+            return None
+        since = measured[first][0] if first > 0 else None
+        return self._finding(a, opt, measured, pids, stop, whole=True, since=since)
+
+    def _partial(self, a, opt, measured, stops):
+        """Parameters whose every measured gradient was zero (written at two updates or more)."""
+        seen: dict[int, int] = {}
+        nonzero: set = set()
+        for _, pids, zero in measured:
+            for p in pids:
+                seen[p] = seen.get(p, 0) + 1
+            nonzero |= pids - zero
+        always = {p for p, n in seen.items() if n >= 2 and p not in nonzero}
+        if not always:
+            return None
+        stop = self._stop_for(stops, always, allow_mul=False)
+        if stop is None or _converged(stop):
+            return None
+        pids = always & set(stop[2])
+        return self._finding(a, opt, measured, pids, stop, whole=False, since=None)
+
+    @staticmethod
+    def _stop_for(stops, pids: set, allow_mul: bool):
+        """``(node name, loss was 0, its params, the event)`` of the first diagnosis that reaches
+        ``pids`` and names a node this case accepts."""
+        for event in stops:
+            reached = set(event.get("params") or ())
+            if not reached & pids:
+                continue
+            for name in event.get("stops") or ():
+                if _op(name) in _KINDS or allow_mul:
+                    return name, bool(event.get("loss_zero")), reached & pids, event
+        return None
+
+    def _finding(self, a, opt, measured, pids, stop, whole: bool, since):
+        cls = a.optimizer_class(opt) or "the optimizer"
+        name, _, _, event = stop
+        op = _op(name) if name else None
+        kind, calls = _KINDS.get(op, ("other", ())) if op else ("other", ())
+        if op == "Mul" and whole:
+            kind = "factor"
+        loc, call_text = self._call_site(a, event, calls)
+        if op == "Mul" and whole and event is not None and event.loc is not None:
+            assigned = a.source.loss_assignment(event.loc.path, event.loc.line)
+            if assigned is not None:  # a factor of the loss that is 0
+                loc, call_text = Location(event.loc.path, assigned[0]), assigned[1]
+        if loc is None and event is not None:
+            loc = event.loc
+        if loc is None:
+            loc = measured[-1][0].loc
+        updates = len(measured)
+        where = f"`{call_text}`" if call_text else (f"`{name}`" if name else "an operation")
+        reason = {
+            "zero": f"{where} has a zero derivative everywhere, so no gradient passes it",
+            "saturated": f"{where} is saturated for every element (all values outside its range), "
+                         "so no gradient passes it",
+            "dead": f"{where} is inactive for every element (a dead ReLU layer), so no gradient passes it",
+            "dropped": f"{where} drops every element",
+            "factor": f"the loss `{call_text}` is multiplied by a factor that is 0",
+        }.get(kind, f"the gradient stops at {where}" if name else "the loss does not depend on them")
+        if whole:
+            what = (f"every gradient {cls} applies is exactly zero"
+                    + (f" from update {a.step_number.get(since.seq, '?')} on" if since is not None else "")
+                    + f" ({a.names(pids)}): the model no longer trains")
+        else:
+            what = (f"the gradients of {a.names(pids)} are exactly zero at each of the {updates} "
+                    f"measured updates of {cls}: they never train")
+        fix = {
+            "zero": "use a straight-through estimator: `h = h + (torch.round(h) - h).detach()` "
+                    "(the rounded value forward, the identity's gradient backward)",
+            "saturated": "make the clamp's range hold the values it receives (scale the targets, "
+                         "or use a smooth squashing such as sigmoid), or clamp only at inference",
+            "dead": "revive the ReLU: a smaller learning rate or bias init, or LeakyReLU/GELU",
+            "dropped": "use a dropout probability below 1",
+            "factor": "check the factor the loss is multiplied by (a weight that is 0: an integer "
+                      "division such as `step // total`, a schedule that starts at 0 and stays)",
+        }.get(kind, "find where the loss stops depending on the parameters (a factor of 0, a "
+                    "detached or constant term)")
+        return self.finding(
+            f"{what}; {reason}", loc,
+            related=(related(event, "the backward whose gradient stops there"),),
+            step=a.step_number.get(measured[-1][0].seq),
+            evidence={"params": a.param_names(sorted(pids)), "stops_at": name,
+                      "measured_updates": updates, "all_parameters": whole},
+            fix=fix)
+
+    @staticmethod
+    def _call_site(a, event, calls) -> tuple[Location | None, str | None]:
+        """The script's call of the op where the gradient stops, found by name in the file of
+        the diagnosed backward: the first inside a ``forward``, else the first."""
+        if event is None or event.loc is None or not calls:
+            return None, None
+        found = a.source.calls_named(event.loc.path, calls)
+        if not found:
+            return None, None
+        line, text, _ = next((c for c in found if c[2]), found[0])
+        return Location(event.loc.path, line), text

@@ -1,0 +1,116 @@
+"""grads-always-zero (GD124): hand-written traces, and the ``grad_stops`` diagnosis the
+gradient-stop watcher (instrument/gradstop.py) records."""
+
+from __future__ import annotations
+
+import torch
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from rule_traces import builder, findings, only
+
+SLUG = "grads-always-zero"
+PARAMS = [0, 1, 2, 3]  # enc.weight, enc.bias, head.weight, head.bias
+
+
+def _loop(norms_of, updates=4, stops=("RoundBackward0",), reached=(0, 1), loss_zero=False,
+          diagnose_at=1):
+    """Updates whose step_begin carries ``norms_of(i)``; a diagnosis after update ``diagnose_at``."""
+    t = builder(params=PARAMS)
+    for i in range(updates):
+        t.clear(PARAMS, line=20)
+        t.backward(fresh=PARAMS, line=21)
+        if i == diagnose_at and stops is not None:
+            t.put(ev.grad_stops(params=list(reached), stops=list(stops), loss_zero=loss_zero), 21)
+        t.event("step_begin", 22, opt=0, closure=False, norm_pids=PARAMS, norms=list(norms_of(i)),
+                nonfinite=[])
+        t.step(line=22)
+    return t
+
+
+def test_parameters_zero_at_every_update_behind_a_zero_derivative_op_are_a_warning():
+    f = only(_loop(lambda i: [0.0, 0.0, 1.0, 0.5]), SLUG)
+    assert f.severity is Severity.WARNING
+    assert f.evidence["params"] == ["p0", "p1"] and f.evidence["stops_at"] == "RoundBackward0"
+    assert not f.evidence["all_parameters"] and "zero derivative" in f.message
+
+
+def test_silent_when_a_gradient_is_zero_only_at_first():
+    # LoRA's A, a ReZero gate's block: zero at the first update, then they train
+    assert findings(_loop(lambda i: [0.0 if i == 0 else 0.3, 0.1, 1.0, 0.5]), SLUG) == []
+
+
+def test_silent_without_a_diagnosis_or_with_too_few_measured_updates():
+    assert findings(_loop(lambda i: [0.0, 0.0, 1.0, 0.5], stops=None), SLUG) == []
+    assert findings(_loop(lambda i: [0.0, 0.0, 1.0, 0.5], updates=1, diagnose_at=0), SLUG) == []
+
+
+def test_a_multiplication_by_zero_counts_only_when_every_gradient_is_zero():
+    # part of a model behind `0 * sum(p.sum())` (kept in DDP's graph on purpose): silent
+    assert findings(_loop(lambda i: [0.0, 0.0, 1.0, 0.5], stops=("MulBackward0",)), SLUG) == []
+    f = only(_loop(lambda i: [0.0] * 4, stops=("MulBackward0",), reached=PARAMS, loss_zero=True), SLUG)
+    assert f.evidence["all_parameters"] and "factor that is 0" in f.message
+
+
+def test_every_gradient_zero_from_some_update_on_names_that_update():
+    f = only(_loop(lambda i: [0.2] * 4 if i < 2 else [0.0] * 4, updates=5, diagnose_at=2,
+                   stops=("ClampBackward1",), reached=PARAMS), SLUG)
+    assert f.evidence["all_parameters"] and "from update 3 on" in f.message
+    assert "saturated" in f.message
+
+
+def test_silent_on_a_hinge_loss_at_exactly_zero():
+    assert findings(_loop(lambda i: [0.0] * 4, stops=("ClampMinBackward0",), reached=PARAMS,
+                          loss_zero=True), SLUG) == []
+
+
+def test_silent_when_the_zero_is_a_clear_by_hand():
+    t = builder(params=PARAMS)
+    for i in range(3):
+        t.clear(PARAMS, line=20)
+        t.backward(fresh=PARAMS, line=21)
+        if i == 1:
+            t.put(ev.grad_stops(params=[0, 1], stops=["RoundBackward0"], loss_zero=False), 21)
+        t.put(ev.grad_edit(opt=0, params=[0, 1]), 22)
+        t.event("step_begin", 22, opt=0, closure=False, norm_pids=PARAMS, norms=[0.0, 0.0, 1.0, 0.5],
+                nonfinite=[])
+        t.step(line=22)
+    assert findings(t, SLUG) == []
+
+
+def test_the_watcher_finds_where_the_gradient_stops_and_leaves_the_backward_unchanged():
+    def run(instrumented: bool):
+        torch.manual_seed(0)
+        enc, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD([*enc.parameters(), *head.parameters()], lr=0.1)
+        grads = []
+        for _ in range(3):
+            x = torch.randn(16, 4)
+            loss = head(torch.round(torch.sigmoid(enc(x)) * 3) / 3).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            grads.append([p.grad.clone() for p in head.parameters()])
+            opt.step()
+        return grads
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        checked = run(True)
+    plain = run(False)
+    assert all(torch.equal(a, b) for ga, gb in zip(checked, plain) for a, b in zip(ga, gb))
+    stops = rec.trace.of_kind("grad_stops")
+    assert len(stops) == 1 and stops[0]["stops"] == ["RoundBackward0"]
+    assert len(stops[0]["params"]) == 2 and stops[0]["loss_zero"] is False
+
+
+def test_the_watcher_reads_nothing_on_a_healthy_loop():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(16, 4)).pow(2).mean().backward()
+            opt.step()
+    assert rec.trace.of_kind("grad_stops") == []
