@@ -174,7 +174,7 @@ class SnapshotWatcher:
         now, then = rec.progress.opt_steps, taken.opt_steps
         owned: set[int] = set()
         steps = 0
-        for opt, pids in rec.opt_params.items():
+        for opt, pids in list(rec.opt_params.items()):
             mine = params.intersection(pids)
             if mine:
                 owned |= mine
