@@ -250,6 +250,14 @@ grad_stops         params [pid] (the parameters whose gradient was exactly zero 
                    ``RoundBackward0``, ``ClampBackward1``), loss_zero (the loss itself was 0) —
                    one diagnosed backward after an update with exactly-zero gradients (loc: the
                    backward; an aside)
+snapshot_alias     via ("load_state_dict" | "torch.save"), taken ([path, line, function] of the
+                   user's outermost ``Module.state_dict()`` call that made the dict's tensors),
+                   params [pid] (optimizer-owned parameters whose live storage those tensors
+                   still share), tensors (how many of the given object's tensors are such
+                   references, buffers included), total (its tensors), steps (steps of the
+                   optimizers owning those parameters since the ``state_dict()`` call): a state
+                   dict that is no copy, restored or saved after the parameters it refers to were
+                   stepped (loc: the user's ``load_state_dict`` / ``torch.save`` call; an aside)
 param_replaced     owner (class of the module), attr (the name it was registered under), via
                    ("parameter": a tensor assigned over a parameter; "module": a submodule
                    assigned over one whose parameters an optimizer owns), old [pid] (the
@@ -545,6 +553,12 @@ def unregistered(*, owner: str, attr: str, holder: str, name: str, pids: list[in
                             "pids": pids}
 
 
+def snapshot_alias(*, via: str, taken: list | None, params: list[int], tensors: int, total: int,
+                   steps: int) -> Made:
+    return "snapshot_alias", {"via": via, "taken": taken, "params": params, "tensors": tensors,
+                              "total": total, "steps": steps}
+
+
 def param_replaced(*, owner: str, attr: str, via: str, old: list[int], new: list[int]) -> Made:
     return "param_replaced", {"owner": owner, "attr": attr, "via": via, "old": old, "new": new}
 
@@ -598,7 +612,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
-    "unregistered": unregistered, "param_replaced": param_replaced, "folded": folded,
+    "unregistered": unregistered, "param_replaced": param_replaced,
+    "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum,
     "internal_error": internal_error, "run_end": run_end,
@@ -607,7 +622,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 
 ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
-                         "param_reset",
+                         "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

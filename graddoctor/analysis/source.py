@@ -75,6 +75,8 @@ class ScriptSource:
 
     def calls_named(self, path: str, names) -> list[tuple[int, str, bool]]:
         return calls_named(self.full(path), frozenset(names))
+    def moves_to_host(self, path: str, line: int) -> bool | None:
+        return moves_to_host(self.full(path), line)
 
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
@@ -701,3 +703,72 @@ def loss_assignment(path: str, line: int) -> tuple[int, str] | None:
                     and (best is None or node.lineno > best.lineno):
                 best = node
     return (best.lineno, ast.unparse(best).strip()) if best is not None else None
+def _is_cpu_device(node: ast.AST) -> bool:
+    """``"cpu"``, ``"cpu:0"``, ``torch.device("cpu")``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value == "cpu" or node.value.startswith("cpu:")
+    return (isinstance(node, ast.Call) and _last_name(node.func) == "device" and bool(node.args)
+            and _is_cpu_device(node.args[0]))
+
+
+def _to_host(node: ast.AST) -> bool:
+    """Does the code move a tensor to the CPU: ``.cpu()``, ``.to("cpu")``, ``.to(device="cpu")``,
+    ``.to(torch.device("cpu"))``?"""
+    for call in ast.walk(node):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+            continue
+        if call.func.attr == "cpu":
+            return True
+        if call.func.attr == "to" and (
+                (call.args and _is_cpu_device(call.args[0]))
+                or any(k.arg == "device" and _is_cpu_device(k.value) for k in call.keywords)):
+            return True
+    return False
+
+
+def _innermost_statement(tree: ast.AST, line: int) -> tuple[ast.stmt, list, int] | None:
+    """The innermost statement holding ``line``, the block (list of statements) it is in and
+    its index there."""
+    best = None
+    for parent in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            block = getattr(parent, field, None)
+            if not isinstance(block, list):
+                continue
+            for index, stmt in enumerate(block):
+                if isinstance(stmt, ast.stmt) and stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+                    span = (stmt.end_lineno or stmt.lineno) - stmt.lineno
+                    if best is None or span <= best[0]:
+                        best = (span, stmt, block, index)
+    return None if best is None else best[1:]
+
+
+def moves_to_host(path: str, line: int) -> bool | None:
+    """Does the statement holding ``line`` move its tensors to the CPU (``.cpu()``,
+    ``.to("cpu")``, ``.to(torch.device("cpu"))``), or, when it binds a plain name
+    (``state = model.state_dict()``), does a later statement of its block that reads the name
+    before rebinding it? On a GPU such a move copies; on the CPU it returns the very tensor (a GPU
+    script checked on a CPU). ``.to(device)`` with a variable is not read as one. None when the
+    source cannot be read or holds no statement there."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = _innermost_statement(tree, line)
+    if found is None:
+        return None
+    stmt, block, index = found
+    if _to_host(stmt):
+        return True
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)):
+        return False
+    name = stmt.targets[0].id
+    for later in block[index + 1:]:
+        reads = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                    for n in ast.walk(later))
+        if reads and _to_host(later):
+            return True
+        if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+               for n in ast.walk(later)):
+            return False
+    return False

@@ -30,9 +30,11 @@ from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .resets import ParamResetWatcher
 from .rng import RngSeedWatcher
+from .snapshots import SnapshotWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
-from .topics import DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD
+from .topics import (DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STEP_NORMS, STEPPED,
+                     STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
 from .warnsource import WarningSource
 
@@ -88,6 +90,12 @@ class Instrumentation:
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # stepped parameters set back by nn.init or load_state_dict (params-reset-every-step)
         self.watchers.append(ParamResetWatcher(rec, self.optimizers.owned_pids()))
+        # state dicts that are no copies, restored or saved after a step (snapshot-aliases-params):
+        # Module.state_dict and torch.save are its own; load_state_dict tells it (the reset
+        # watcher's wrapper)
+        snapshots = SnapshotWatcher(rec)
+        rec.subscribe(STATE_LOADED, snapshots.loading)
+        self.watchers.append(snapshots)
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
         rec.subscribe(DESCRIBE_LOSS, self.ddp.describe_loss)
         rec.subscribe(STEPPED, self.ddp.after_step)

@@ -9,6 +9,9 @@ through weak references, and their versions: the same, unchanged state loaded ag
 every update since). The rule
 (rules/params_reset_every_step.py) reports a reset between every two steps of an optimizer.
 
+The wrapper of ``load_state_dict`` is the method's only one: watchers that want to see a state
+about to be loaded subscribe to ``STATE_LOADED`` (the snapshot watcher, instrument/snapshots.py).
+
 Cost: before the first optimizer step (model construction: every layer's ``reset_parameters``)
 one comparison per call; after it, a pid lookup per tensor touched.
 """
@@ -22,6 +25,7 @@ import torch
 
 from .. import events as ev
 from .recorder import Recorder
+from .topics import STATE_LOADED
 
 MAX_STATES = 64  # distinct loaded states told apart; later ones are not compared
 
@@ -39,6 +43,7 @@ class ParamResetWatcher:
         # tensors: a state is the same when its tensors are the very same objects; nothing is
         # kept alive (a checkpoint loaded once must not stay in memory for the whole run)
         self._states: list[list[weakref.ref]] = []
+        self._loading = rec.subscribers(STATE_LOADED)  # told of each load before it runs
 
     def _state_number(self, state_dict) -> int | None:
         """The number of the state whose tensors ``state_dict`` holds (a new one when first
@@ -98,6 +103,11 @@ class ParamResetWatcher:
                 return original(module, state_dict, *args, **kwargs)  # later loads compare to)
             watcher._busy = True
             try:
+                for loading in watcher._loading:
+                    try:
+                        loading(module, state_dict)
+                    except Exception as exc:
+                        rec.internal_error("load_state_dict", exc)
                 result = original(module, state_dict, *args, **kwargs)
                 try:
                     pids = watcher._owned_pids(module.parameters())

@@ -60,6 +60,11 @@ BUDGET_HOLD: Topic[Callable[[], bool]] = Topic(
     "budget_hold", "Progress.holds",
     "() -> True while the replay should go on past the step budget (e.g. until a DataLoader "
     "has crossed two epoch boundaries); each must bound itself")
+STATE_LOADED: Topic[Callable[[Any, Any], None]] = Topic(
+    "state_loaded", "ParamResetWatcher",
+    "(module, state_dict) before the user's outermost Module.load_state_dict runs (the method "
+    "has one wrapper, the reset watcher's)")
 
 TOPICS: tuple[Topic, ...] = (PARAMS_ADDED, STEPPED, STEP_GRADS, STEP_NORMS, STEPPED_WITHOUT_GRAD,
-                             DESCRIBE_LOSS, LEAF_TRACKED, FREEZE_OF, COUNTED_STEP, BUDGET_HOLD)
+                             DESCRIBE_LOSS, LEAF_TRACKED, FREEZE_OF, COUNTED_STEP, BUDGET_HOLD,
+                             STATE_LOADED)

@@ -1,0 +1,210 @@
+"""State dicts that are no copies: ``best = model.state_dict()`` (or ``{k: v for k, v in
+model.state_dict().items()}``, ``dict(...)``, ``.copy()``) holds the very tensors ``state_dict()``
+returned, and those share storage with the live parameters: the "snapshot" follows every update,
+so restoring it later (``load_state_dict``) or saving it (``torch.save``) gives the current
+weights, not those of the moment it was taken.
+
+``Module.state_dict`` is wrapped at its outermost call (it calls itself on every submodule; a
+call with ``keep_vars=True``, which returns the parameters themselves, is left alone): each
+tensor it returns is remembered by a weak reference keyed by its id, together with what it was
+taken from (the module, weakly), the user's line and each optimizer's step count at that moment.
+Nothing is kept alive; an entry goes when its tensor dies. ``torch.save`` is wrapped too, and
+``load_state_dict``'s wrapper (the reset watcher's, instrument/resets.py: one wrapper per method)
+tells this watcher of every state about to be loaded (``STATE_LOADED``). There the given object's
+tensors (a state dict, or a checkpoint dict holding one) are looked up: those that are the very
+tensors of an earlier ``state_dict()`` call and still share storage with a parameter or buffer of
+the module it was called on, whose optimizers stepped since, make a ``snapshot_alias`` aside at
+the user's call (rules/snapshot_aliases_params.py). A copy (``copy.deepcopy``, ``.clone()``, a
+``torch.load``) is another tensor: never looked up as a snapshot.
+
+Cost: nothing per step; per ``state_dict()`` call a weak reference per tensor; per load or save
+a dict lookup per tensor, and a pass over the module's parameters only when one of them is a
+snapshot taken before an optimizer step.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Mapping
+
+import torch
+
+from .. import events as ev
+from .recorder import Recorder
+
+MAX_ITEMS = 100_000  # items of a saved object looked at (torch.save of a whole dataset)
+MAX_DEPTH = 3  # {"model": state_dict, ...}, [state_dict, ...]: how deep a saved object is read
+
+
+class _Taken:
+    """One ``state_dict()`` call: the module it was called on (weakly), the user's line and the
+    optimizers' step counts at that moment."""
+
+    __slots__ = ("module", "loc", "opt_steps")
+
+    def __init__(self, module, loc, opt_steps: dict[int, int]):
+        self.module = weakref.ref(module)
+        self.loc = loc
+        self.opt_steps = opt_steps
+
+
+class _Ref(weakref.ref):
+    """A weak reference to one tensor a ``state_dict()`` call returned, with its key in the
+    watcher's table and the call it came from."""
+
+    __slots__ = ("key", "taken")
+
+
+def _storage(tensor) -> int | None:
+    """The address of the storage a tensor views (None when it has none to compare)."""
+    try:
+        ptr = tensor.untyped_storage().data_ptr()
+    except Exception:  # sparse, a wrapper subclass without storage
+        return None
+    return ptr or None  # 0: meta, or no elements
+
+
+class SnapshotWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._local = threading.local()  # ``inside``: within an outermost state_dict() call
+        self._refs: dict[int, _Ref] = {}  # id of a tensor state_dict() returned -> its reference
+
+    # -- state_dict(): remember what it returned ------------------------------------------
+    def _forget(self, ref: _Ref) -> None:
+        refs = self._refs
+        if refs.get(ref.key) is ref:
+            del refs[ref.key]
+
+    def _remember(self, module, result) -> None:
+        if not isinstance(result, Mapping):
+            return
+        tensors = [v for v in result.values() if isinstance(v, torch.Tensor)]
+        if not tensors:
+            return
+        rec = self.rec
+        taken = _Taken(module, rec.here(3), dict(rec.progress.opt_steps))
+        refs, forget = self._refs, self._forget
+        for tensor in tensors:
+            ref = _Ref(tensor, forget)
+            ref.key, ref.taken = id(tensor), taken
+            refs[ref.key] = ref
+
+    def _wrap_state_dict(self, original):
+        watcher, rec, local = self, self.rec, self._local
+
+        @functools.wraps(original)
+        def state_dict(module, *args, **kwargs):
+            if getattr(local, "inside", False):  # a submodule's, within the outermost call
+                return original(module, *args, **kwargs)
+            local.inside = True
+            try:
+                result = original(module, *args, **kwargs)
+            finally:
+                local.inside = False
+            try:
+                if not kwargs.get("keep_vars", args[2] if len(args) > 2 else False):
+                    watcher._remember(module, result)
+            except Exception as exc:
+                rec.internal_error("Module.state_dict", exc)
+            return result
+
+        return state_dict
+
+    # -- load_state_dict() / torch.save(): look the given tensors up ---------------------------
+    def loading(self, module, state_dict) -> None:
+        """``STATE_LOADED``: ``state_dict`` is about to be loaded into ``module``."""
+        if self._refs:
+            self._check(state_dict, "load_state_dict")
+
+    def _wrap_save(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def save(obj, *args, **kwargs):
+            if watcher._refs:
+                try:
+                    watcher._check(obj, "torch.save")
+                except Exception as exc:
+                    rec.internal_error("torch.save", exc)
+            return original(obj, *args, **kwargs)
+
+        return save
+
+    def _check(self, obj, via: str) -> None:
+        refs = self._refs
+        found: dict[_Taken, list] = {}  # the state_dict() call -> its tensors given here
+        total = 0
+        for tensor in _tensors(obj):
+            total += 1
+            ref = refs.get(id(tensor))
+            if ref is not None and ref() is tensor:
+                found.setdefault(ref.taken, []).append(tensor)
+        for taken, tensors in found.items():
+            self._judge(taken, tensors, total, via)
+
+    def _judge(self, taken: _Taken, tensors: list, total: int, via: str) -> None:
+        rec = self.rec
+        module = taken.module()
+        if module is None or rec.progress.opt_steps == taken.opt_steps:  # no step since
+            return
+        live = {}
+        for param in module.parameters():
+            ptr = _storage(param)
+            if ptr is not None:
+                live[ptr] = param
+        buffers = {_storage(b) for b in module.buffers()}
+        aliased, params = 0, set()
+        for tensor in tensors:
+            ptr = _storage(tensor)
+            if ptr is None:
+                continue
+            param = live.get(ptr)
+            if param is not None:
+                aliased += 1
+                pid = rec.pid(param)
+                if pid is not None:
+                    params.add(pid)
+            elif ptr in buffers:
+                aliased += 1
+        if not params:
+            return
+        now, then = rec.progress.opt_steps, taken.opt_steps
+        owned: set[int] = set()
+        steps = 0
+        for opt, pids in list(rec.opt_params.items()):
+            mine = params.intersection(pids)
+            if mine:
+                owned |= mine
+                steps += now.get(opt, 0) - then.get(opt, 0)
+        if steps <= 0:
+            return
+        loc = taken.loc
+        rec.emit_aside(ev.snapshot_alias(
+            via=via, taken=None if loc is None else [loc.path, loc.line, loc.function],
+            params=sorted(owned), tensors=aliased, total=total, steps=steps), rec.here(3))
+
+    def install(self, patcher) -> None:
+        patcher.patch(torch.nn.Module, "state_dict",
+                      self._wrap_state_dict(torch.nn.Module.state_dict))
+        patcher.patch(torch, "save", self._wrap_save(torch.save))
+
+
+def _tensors(obj):
+    """The tensors of a state dict, or of a checkpoint holding state dicts (``{"model": ...,
+    "epoch": 3}``, a list of them), at most ``MAX_DEPTH`` containers deep and ``MAX_ITEMS``
+    items read."""
+    budget = MAX_ITEMS
+    stack = [(obj, MAX_DEPTH)]
+    while stack and budget > 0:
+        item, depth = stack.pop()
+        budget -= 1
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif depth > 0:
+            if isinstance(item, Mapping):
+                stack.extend((v, depth - 1) for v in reversed(list(item.values())[:budget]))
+            elif isinstance(item, (list, tuple)):
+                stack.extend((v, depth - 1) for v in reversed(item[:budget]))
