@@ -43,7 +43,9 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    owns, written by this backward, that changed since a backward last wrote
                    them: a hand-written update), applied_by_hand ([pid] among those, only present
                    when not empty: the ones whose grad this backward adds onto although it is
-                   the one that earlier backward wrote: the update applied it, nothing cleared it)
+                   the one that earlier backward wrote: the update applied it, nothing cleared it),
+                   autocast_fp16 ([path, line], only present when a float16 autocast was entered
+                   with gradients on since the previous backward: where)
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
@@ -311,7 +313,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              history: list[list] | None = None, scaler: int | None = None,
              scaler_enabled: bool | None = None, allreduce: bool | None = None,
              repeats: int | None = None, updated_by_hand: list[int] | None = None,
-             applied_by_hand: list[int] | None = None, thread: int | None = None) -> Made:
+             applied_by_hand: list[int] | None = None, autocast_fp16: list | None = None,
+             thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
     ``thread`` too (see ``THREADED_KINDS``)."""
@@ -331,6 +334,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["updated_by_hand"] = updated_by_hand
     if applied_by_hand:
         data["applied_by_hand"] = applied_by_hand
+    if autocast_fp16 is not None:
+        data["autocast_fp16"] = autocast_fp16
     return "backward", _threaded(data, thread)
 
 

@@ -11,6 +11,8 @@ seen also when the scaler disabled itself (``torch.cuda.amp.GradScaler()`` witho
   ``skipped=True`` (the ledger treats it as consuming the gradients, like the user does with the
   ``zero_grad`` that follows), then a ``scaler_step`` event.
 * ``update()`` -> ``scaler_update`` with the new scale.
+* ``autocast.__enter__`` (the script's own float16 autocast with grad enabled): the next
+  backward carries ``autocast_fp16`` (where that autocast was entered), scaled or not.
 
 Host reads: the scale once per ``scale()`` and ``update()`` call; never per parameter.
 """
@@ -63,6 +65,7 @@ class GradScalerWatcher:
         self._in_scale = Depth()
         self._in_update = Depth()
         self._scale_value = ScaleCopies()
+        self._fp16_at: list | None = None  # [path, line] of a float16 autocast since the last backward
 
     # -- marking scaled tensors --------------------------------------------------------------
     def _mark(self, out, facts: dict) -> None:
@@ -92,14 +95,39 @@ class GradScalerWatcher:
         return None
 
     def describe_loss(self, tensors) -> dict:
+        fp16, self._fp16_at = self._fp16_at, None
         facts = self._loss_facts(tensors) if self._marked else None  # no scaled tensor alive: none
         if facts is None:
             factor, terms = loss_scaling(tensors)
-            return {"loss_scale_factor": factor, "loss_terms": terms}
-        factor, terms = loss_scaling(tensors, skip_top=bool(facts["enabled"]))
-        return {"scaled": True, "scale": facts["scale"], "scaler": facts["scaler"],
-                "scaler_enabled": facts["enabled"], "loss_scale_factor": factor,
-                "loss_terms": terms}
+            out = {"loss_scale_factor": factor, "loss_terms": terms}
+        else:
+            factor, terms = loss_scaling(tensors, skip_top=bool(facts["enabled"]))
+            out = {"scaled": True, "scale": facts["scale"], "scaler": facts["scaler"],
+                   "scaler_enabled": facts["enabled"], "loss_scale_factor": factor,
+                   "loss_terms": terms}
+        if fp16 is not None:
+            out["autocast_fp16"] = fp16
+        return out
+
+    def _wrap_autocast_enter(self, original):
+        """Note where a float16 autocast with gradients on is entered (what the next backward
+        goes through); the context is entered exactly as it would be."""
+        watcher = self
+
+        @functools.wraps(original)
+        def __enter__(ctx):
+            result = original(ctx)
+            try:
+                if watcher._fp16_at is None and getattr(ctx, "_enabled", False) \
+                        and getattr(ctx, "fast_dtype", None) is torch.float16 and torch.is_grad_enabled():
+                    loc = watcher.rec.here()
+                    if loc is not None:
+                        watcher._fp16_at = [loc.path, loc.line]
+            except Exception as exc:
+                watcher.rec.internal_error("autocast", exc)
+            return result
+
+        return __enter__
 
     # -- wrappers --------------------------------------------------------------------------
     def _guarded(self, original, depth: Depth, where: str, record):
@@ -203,3 +231,5 @@ class GradScalerWatcher:
         patch_tree(patcher, base, "unscale_", self._wrap_unscale)
         patch_tree(patcher, base, "step", self._wrap_step)
         patch_tree(patcher, base, "update", self._wrap_update)
+        autocast = torch.amp.autocast_mode.autocast
+        patcher.patch(autocast, "__enter__", self._wrap_autocast_enter(autocast.__enter__))
