@@ -150,7 +150,9 @@ loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logi
                    "probabilities": cross_entropy's rows lie in [0, 1] and sum to 1; "logits":
                    nll_loss's rows are not log-normalised and no log op precedes them; "dim":
                    a log_softmax normalised a dimension of another size than the classes;
-                   "multi-hot": cross_entropy's float targets are 0/1 rows with several 1s),
+                   "multi-hot": cross_entropy's float targets are 0/1 rows with several 1s;
+                   "swapped": the input needs no gradient and the target of the same shape does:
+                   ``criterion(labels, outputs)``),
                    classes (size of the class dimension), normalised (the size of the dimension
                    the log_softmax normalised, for "dim"; else None): a classification loss a
                    gradient flows through given the wrong kind of score or target — the first

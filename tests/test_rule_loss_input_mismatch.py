@@ -65,3 +65,32 @@ def test_messages_for_a_wrong_dimension_a_relu_and_multi_hot_targets():
     assert "ReLU" in message and "no gradient" in message and "drop the ReLU" in fix
     [(_, message, fix)] = _messages(fn="cross_entropy", problem="multi-hot", classes=8)
     assert "multi-label" in message and "BCEWithLogitsLoss" in fix
+
+
+def test_swapped_arguments_say_so_and_the_fix_swaps_the_scripts_call(tmp_path, monkeypatch):
+    [(_, message, fix)] = _messages(fn="binary_cross_entropy_with_logits", problem="swapped", classes=1)
+    assert "swapped" in message and "output first" in fix
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n\nloss = criterion(labels, model(x))\n")
+    monkeypatch.chdir(tmp_path)
+    t = builder()
+    t.event("loss_input", 3, fn="binary_cross_entropy_with_logits", problem="swapped", classes=1)
+    [finding] = [f for f in analyze(t.trace)[0] if f.rule == "loss-input-mismatch"]
+    assert finding.fix.endswith("criterion(model(x), labels)")
+
+
+def test_the_watcher_records_swapped_arguments_only_where_the_target_carries_the_gradient():
+    from graddoctor.instrument import Instrumentation, Recorder
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = torch.nn.Linear(4, 3)
+        x = torch.randn(8, 4)
+        soft = torch.softmax(torch.randn(8, 3), 1)
+        F.cross_entropy(soft, model(x)).backward()  # swapped
+        F.cross_entropy(model(x), soft).backward()  # right way round
+        F.kl_div(torch.log(soft), torch.softmax(model(x), 1), reduction="batchmean").backward()  # KL(q || p)
+        with torch.no_grad():
+            F.cross_entropy(soft, model(x))  # no gradient: a metric
+    problems = [(e["fn"], e["problem"]) for e in rec.trace.of_kind("loss_input")]
+    assert problems == [("cross_entropy", "swapped")]

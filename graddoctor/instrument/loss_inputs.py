@@ -37,6 +37,9 @@ _PASS_THROUGH = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Permu
                  "TBackward", "Clone", "ToCopy", "Slice", "Select", "Index", "Expand", "Clamp",
                  "Alias", "Narrow", "Flatten", "Contiguous", "Cat", "Stack", "Split", "Unbind",
                  "MaskedSelect", "Gather")
+# losses that also differentiate their target, so that swapped arguments train without error
+# (kl_div with a fixed distribution as input and the model's as target is KL(q || p): meant)
+_SWAPPABLE = ("cross_entropy", "binary_cross_entropy_with_logits")
 _DEPTH = 16  # pass-through nodes followed before giving up
 _LOG_DEPTH = 6  # levels searched for a log op behind nll_loss's input (a weighted log-prob)
 
@@ -137,6 +140,12 @@ class LossInputWatcher:
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input")
             if not (isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled()):
+                if fn in _SWAPPABLE and isinstance(input, torch.Tensor) and torch.is_grad_enabled():
+                    target = args[1] if len(args) > 1 else kwargs.get("target")
+                    try:
+                        watcher._swapped(fn, input, target)
+                    except Exception as exc:
+                        rec.internal_error(f"F.{fn}", exc)
                 return  # no gradient flows: a metric, or a mistake torch reports itself
             target = args[1] if len(args) > 1 else kwargs.get("target")
             try:
@@ -174,6 +183,20 @@ class LossInputWatcher:
         self._done.add(loc)
         self.rec.emit_aside(ev.loss_input(fn=fn, problem=problem, classes=classes,
                                           normalised=normalised), loc)
+
+    def _swapped(self, fn: str, input, target) -> None:
+        """"swapped": the scores are passed as the target and the labels as the input
+        (``criterion(labels, outputs)``): the input needs no gradient, the target does, both
+        float and of one shape. torch differentiates the target, so this trains without error."""
+        if not (isinstance(target, torch.Tensor) and target.requires_grad
+                and input.is_floating_point() and target.shape == input.shape and input.dim()):
+            return
+        loc = self.rec.here()
+        if loc in self._done:
+            return
+        self._done.add(loc)
+        classes = int(input.shape[_class_dim(input)]) if input.dim() > 1 else 1
+        self.rec.emit_aside(ev.loss_input(fn=fn, problem="swapped", classes=classes), loc)
 
     def _reads_left(self, key: str, tensor) -> bool:
         """Whether one more value read is allowed for ``key``: the first calls only, and on a

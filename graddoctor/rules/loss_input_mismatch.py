@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 import math
 
 from ..findings import Severity
@@ -86,8 +87,9 @@ class LossInputMismatch(Rule):
     (`nn.KLDivLoss`) given probabilities as its input; also scores out of a ReLU given to
     `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax` over another
     dimension than the classes (`dim=0`: the batch) given to `cross_entropy` or `nll_loss`, and
-    float 0/1 targets with several 1s per row (a multi-label task) given to `cross_entropy`.
-    It points at the loss call. The
+    float 0/1 targets with several 1s per row (a multi-label task) given to `cross_entropy`,
+    and swapped arguments (`criterion(labels, outputs)`: the labels taken as the scores and the
+    model's output as the target, which torch differentiates). It points at the loss call. The
     operation behind the input is read from the autograd graph (past reshapes, slices, casts
     and clamps); where the graph does not tell, `cross_entropy` is reported when every row lies
     in [0, 1] and sums to 1, and `nll_loss` when its rows are not log-normalised and no log op
@@ -123,7 +125,8 @@ class LossInputMismatch(Rule):
     Logits to `cross_entropy` and `BCEWithLogitsLoss`, `log_softmax` to `nll_loss` and
     `kl_div`, a sigmoid before `binary_cross_entropy`; REINFORCE's log-probabilities, a log
     of softmax probabilities with an epsilon, Gumbel-softmax; sequence scores flattened or
-    with `log_softmax` over the class dimension.
+    with `log_softmax` over the class dimension; `kl_div(log p, q)` with the model's
+    distribution as the target (KL(q || p)); two model outputs distilling each other.
     """
 
     code = "GD212"
@@ -137,7 +140,26 @@ class LossInputMismatch(Rule):
         for e in a.of_kind("loss_input"):
             message, fix, evidence = _describe(e.get("fn", "cross_entropy"), e.get("problem", "softmax"),
                                                int(e.get("classes") or 2), e.get("normalised"))
+            if e.get("problem") == "swapped" and e.loc is not None:
+                call = _swapped_call(a.source.tree(e.loc.path), e.loc.line)
+                if call is not None:
+                    fix = f"pass the model's output first and the labels second: {call}"
             yield self.finding(message, e.loc, step=a.next_step_number(e.seq), fix=fix, evidence=evidence)
+
+
+def _swapped_call(tree, line: int) -> str | None:
+    """The loss call on ``line`` with its two positional arguments swapped back
+    (``criterion(y, model(x))`` -> ``criterion(model(x), y)``), or None when not one such call."""
+    if tree is None:
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
+             and len(n.args) == 2 and not any(isinstance(x, ast.Starred) for x in n.args)]
+    outer = [c for c in calls if not any(c is not o and c in ast.walk(o) for o in calls)]
+    if len(outer) != 1:
+        return None
+    call = outer[0]
+    swapped = ast.Call(func=call.func, args=[call.args[1], call.args[0]], keywords=call.keywords)
+    return ast.unparse(swapped)
 
 
 def _describe(fn: str, problem: str, classes: int, normalised) -> tuple[str, str, dict]:
@@ -152,6 +174,13 @@ def _describe(fn: str, problem: str, classes: int, normalised) -> tuple[str, str
                 f"samples against each other",
                 "take log_softmax over the class dimension: F.log_softmax(scores, dim=-1) "
                 "for (N, C) scores, dim=1 for (N, C, ...)", evidence)
+    if problem == "swapped":
+        return (f"{fn}'s arguments are swapped: the input (first argument) needs no gradient and "
+                f"the target (second) does — the labels are passed as the scores and the model's "
+                f"output as the target, and torch differentiates the target, so the model is "
+                f"trained towards a wrong objective without any error",
+                f"pass the model's output first and the labels second: {fn}(output, target)",
+                evidence)
     if problem == "multi-hot":
         return (f"{fn} is given float targets whose rows are 0/1 labels with several 1s (a "
                 f"multi-label task): it treats each row as one probability distribution over the "
