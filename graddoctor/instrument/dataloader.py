@@ -194,6 +194,28 @@ class DataLoaderWatcher:
             self._training.add(batch[0])
         return {"batch": batch}
 
+    def batch_size(self) -> int | None:
+        """How many samples the batch a DataLoader served last holds, as its loader says: its
+        ``batch_size``, less for an epoch's partial last batch (from the sampler's length); None
+        before any batch, and for a loader without a ``batch_size`` (``batch_size=None``, a
+        ``batch_sampler`` of the script's own). Read on demand (instrument/batchfirst.py), never
+        per batch."""
+        batch = self.current_batch
+        if batch is None:
+            return None
+        loader = self._loader_id.object(batch[0])
+        size = getattr(loader, "batch_size", None)
+        if not isinstance(size, int) or size <= 0:
+            return None
+        if not getattr(loader, "drop_last", False):
+            try:
+                left = len(loader.sampler) - batch[2] * size
+            except TypeError:  # a stream: no length
+                return size
+            if 0 < left < size:
+                return left
+        return size
+
     def _hold(self) -> bool:
         """Go on past the step budget until a training loader has begun its third epoch, for at
         most ``2 * epoch_batches + 1`` steps (a plain loop's first step of epoch 3)."""
