@@ -41,7 +41,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "autograd/bad_graph_kept_smoothed_loss.py",  # graph_kept
             "registration/bad_param_replaced_submodule_after_optimizer.py",  # param_replaced
             "zero_grad/bad_params_reset_load_state_dict.py",  # param_reset
-            "zero_grad/bad_hand_update_without_zero_grad.py"]  # backward's hand-update fields
+            "zero_grad/bad_hand_update_without_zero_grad.py",  # backward's hand-update fields
+            "data/bad_batch_first_transformer_synthetic.py"]  # batch_layout
 
 GRAD_EDIT_SCRIPT = """
 import torch
