@@ -188,3 +188,42 @@ def test_the_watcher_leaves_the_module_and_its_results_as_torch_makes_them():
     assert nn.LSTM.forward.__module__ == "torch.nn.modules.rnn"  # restored on exit
     assert [e["layout"] for e in rec.trace.of_kind("batch_layout")] == ["batch_first"]
     assert not rec.trace.of_kind("internal_error")
+
+
+def test_one_batch_is_one_look_however_many_clones_run_it():
+    def script():
+        first = _line()
+        layer = nn.TransformerEncoderLayer(4, 1, 8, 0.0)  # +1
+        encoder = nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+        for (x,) in DataLoader(TensorDataset(torch.randn(6, 5, 4)), batch_size=6):
+            encoder(x)  # three clones see (6, 5, 4): still one batch, not two
+        return first
+
+    assert _watch(script) == []
+
+
+def test_a_transformer_is_one_site_not_its_layers_and_a_loader_made_in_the_loop_counts():
+    def script():
+        first = _line()
+        model = nn.Transformer(8, 2, 1, 1, 16, dropout=0.0)  # +1: its layers are its parts
+        for _ in range(2):
+            for src, tgt in DataLoader(TensorDataset(torch.randn(12, 5, 8), torch.randn(12, 5, 8)),
+                                       batch_size=4):
+                model(src=src, tgt=tgt)  # batch-first; the loader is gone after iter()
+        return first
+
+    assert _watch(script) == [(1, "Transformer", "batch_first", [4, 5], 4, "loader")]
+
+
+def test_an_input_whose_both_dimensions_are_batch_sizes_is_no_evidence():
+    def script():
+        first = _line()
+        rnn = nn.GRU(4, 4)  # +1
+        head = nn.Linear(4, 1)
+        for _ in range(3):
+            for (x,) in DataLoader(TensorDataset(torch.randn(8, 5, 4)), batch_size=8):
+                out, _ = rnn(x)  # dim 0 is the loader's 8, dim 1 the other loss's 5
+                nn.functional.mse_loss(head(out[-1]), torch.zeros(5, 1))
+        return first
+
+    assert _watch(script) == []
