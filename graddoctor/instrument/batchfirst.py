@@ -12,11 +12,12 @@ What is watched:
   layers and attention a ``Transformer`` builds are its parts); ``TransformerEncoder`` /
   ``TransformerDecoder`` clone their layer, and the clones share its site.
 * Only once a site exists (nothing before: a script without such a module pays nothing), the
-  ``forward`` of those classes is patched (modes.py measured a class patch against a per-module
-  hook: no cost to other modules, and nothing of graddoctor's left on the script's objects, so
-  ``torch.save(model)`` and ``copy.deepcopy`` see torch's modules as they are), and so are the
-  loss functions of ``torch.nn.functional`` (their ``nn`` modules call them), which remember the
-  latest target's first two dimensions.
+  ``forward`` of those classes is patched, as modes.py patches BatchNorm's and dropout's: no cost
+  to other modules, and nothing of graddoctor's on the script's objects (a forward pre-hook
+  registered on each instance would be a closure in its hooks dict, which ``torch.save(model)``
+  cannot pickle, and which ``copy.deepcopy`` would copy into the clones). So are the loss
+  functions of ``torch.nn.functional`` (their ``nn`` modules call them), which remember the
+  latest targets' first two dimensions.
 
 A site's forward with a 3-D input ``(d0, d1, ...)``, ``d0 != d1``, is compared with the batch
 sizes known at that moment: the number of samples in the batch a DataLoader served last
