@@ -270,6 +270,19 @@ param_replaced     owner (class of the module), attr (the name it was registered
                    that drops optimizer-owned parameters from the model (loc: the user's line
                    that made it: the assignment, ``model.apply(...)``'s function,
                    ``load_state_dict(assign=True)``)
+batch_layout       cls (the module's class: LSTM | GRU | RNN | MultiheadAttention |
+                   TransformerEncoderLayer | TransformerDecoderLayer | Transformer, or the
+                   script's subclass of one), layout ("batch_first": the input's dim 0 is a batch
+                   size and dim 1 is not | "seq_first": dim 1 is one and dim 0 is not), shape
+                   [dim0, dim1] (the 3-D input's first two dimensions), batch (the batch size it
+                   was compared with), source ("loader": the samples of the batch a DataLoader
+                   served last | "loss_target": the leading dimension of the latest loss call's
+                   target), forwards (how many forwards looked so when it was recorded), call
+                   ([path, line, function] of the user's line that called the module, or None)
+                   — a module the script built with ``batch_first=False``, once per
+                   construction and layout: batch-first at its second such forward, seq-first
+                   at its first (loc: the construction, else the call; an aside;
+                   instrument/batchfirst.py)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -597,6 +610,12 @@ def grad_flow(*, opt: int, columns: list[list], bands: list[list]) -> Made:
     return "grad_flow", {"opt": opt, "columns": columns, "bands": bands}
 
 
+def batch_layout(*, cls: str, layout: str, shape: list[int], batch: int, source: str,
+                 forwards: int = 1, call: list | None = None) -> Made:
+    return "batch_layout", {"cls": cls, "layout": layout, "shape": shape, "batch": batch,
+                            "source": source, "forwards": forwards, "call": call}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -622,7 +641,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "unregistered": unregistered, "param_replaced": param_replaced,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
-    "replica_checksum": replica_checksum,
+    "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -631,7 +650,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
-                         "graph_kept", "grad_stops"})
+                         "graph_kept", "grad_stops", "batch_layout"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

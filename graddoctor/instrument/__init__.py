@@ -8,6 +8,7 @@ that leaving the context restores torch exactly as it was, also after a crash.
 from __future__ import annotations
 
 from .amp import GradScalerWatcher
+from .batchfirst import BatchFirstWatcher
 from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
@@ -96,6 +97,8 @@ class Instrumentation:
         snapshots = SnapshotWatcher(rec)
         rec.subscribe(STATE_LOADED, snapshots.loading)
         self.watchers.append(snapshots)
+        # RNN / attention modules built with batch_first=False given batch-first input
+        self.watchers.append(BatchFirstWatcher(rec, self.dataloader))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
         rec.subscribe(DESCRIBE_LOSS, self.ddp.describe_loss)
         rec.subscribe(STEPPED, self.ddp.after_step)

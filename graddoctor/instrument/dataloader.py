@@ -52,6 +52,9 @@ class DataLoaderWatcher:
         self._original_len = None  # DataLoader.__len__ before patching: the real length
         self._described: set[int] = set()  # loaders whose sampler a loader_sampler event told
         self._sampler_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sampler -> loc
+        # loader number -> (batch_size, samples per epoch or None) at its latest iter(): what
+        # ``batch_size`` reads, also once a loader made in the ``for`` statement is gone
+        self._batching: dict[int, tuple[int, int | None]] = {}
         rec.subscribe(BUDGET_HOLD, self._hold)
 
     # -- lengths ---------------------------------------------------------------------------
@@ -98,6 +101,7 @@ class DataLoaderWatcher:
                 replay_len = watcher._replay_len(real_len)
                 if replay_len is not None and replay_len < real_len:
                     watcher._shortened = True
+                watcher._note_batching(loader, number)
                 if isinstance(iterator, _BaseDataLoaderIter):
                     limit = replay_len if replay_len != real_len else None
                     setattr(iterator, _STATE, (number, epoch, limit))
@@ -193,6 +197,35 @@ class DataLoaderWatcher:
         if batch is not None:
             self._training.add(batch[0])
         return {"batch": batch}
+
+    def batch_size(self) -> int | None:
+        """How many samples the batch a DataLoader served last holds, as its loader says: its
+        ``batch_size``, less for an epoch's partial last batch (from the sampler's length); None
+        before any batch, and for a loader without a ``batch_size`` (``batch_size=None``, a
+        ``batch_sampler`` of the script's own). Noted at each ``iter()``, read on demand
+        (instrument/batchfirst.py), never per batch."""
+        batch = self.current_batch
+        batching = self._batching.get(batch[0]) if batch is not None else None
+        if batching is None:
+            return None
+        size, samples = batching
+        if samples is not None and 0 < samples - batch[2] * size < size:
+            return samples - batch[2] * size
+        return size
+
+    def _note_batching(self, loader, number: int) -> None:
+        """What ``batch_size`` needs of this loader (never raises: the epoch is recorded anyway)."""
+        size = getattr(loader, "batch_size", None)
+        if not isinstance(size, int) or size <= 0:
+            self._batching.pop(number, None)
+            return
+        samples = None
+        if not getattr(loader, "drop_last", False):
+            try:
+                samples = len(loader.sampler)
+            except Exception:  # a stream (no length), a sampler of the script's own
+                pass
+        self._batching[number] = (size, samples if isinstance(samples, int) else None)
 
     def _hold(self) -> bool:
         """Go on past the step budget until a training loader has begun its third epoch, for at
