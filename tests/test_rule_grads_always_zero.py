@@ -114,3 +114,11 @@ def test_the_watcher_reads_nothing_on_a_healthy_loop():
             model(torch.randn(16, 4)).pow(2).mean().backward()
             opt.step()
     assert rec.trace.of_kind("grad_stops") == []
+
+
+def test_silent_on_a_perfect_fit_but_not_on_a_loss_multiplied_by_zero():
+    # a regression that reproduces its data exactly: the loss is 0, nothing left to learn
+    assert findings(_loop(lambda i: [0.0] * 4, stops=("MseLossBackward0",), reached=PARAMS,
+                          loss_zero=True), SLUG) == []
+    assert only(_loop(lambda i: [0.0] * 4, stops=("MulBackward0",), reached=PARAMS,
+                      loss_zero=True), SLUG)

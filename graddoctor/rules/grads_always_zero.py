@@ -26,9 +26,10 @@ def _op(node_name: str) -> str:
 
 
 def _converged(stop) -> bool:
-    """A loss of exactly 0 behind a clamp or ReLU (a hinge loss whose margins are all met):
-    nothing is left to learn, and a zero gradient is right."""
-    return stop[1] and _KINDS.get(_op(stop[0]), ("",))[0] in ("saturated", "dead")
+    """A loss of exactly 0 that is not a product with 0: a fit that is perfect (a hinge loss
+    whose margins are all met, a regression on data it reproduces exactly) has nothing left to
+    learn, and a zero gradient is right."""
+    return stop[1] and _op(stop[0]) != "Mul"
 
 
 class GradsAlwaysZero(Rule):
@@ -71,8 +72,9 @@ class GradsAlwaysZero(Rule):
     and a zero-initialised gate start at zero); parameters that get no gradient at all (None:
     `param-without-grad`); gradients cleared by hand (`grads-cleared-before-step`); part of a
     model reached only through a multiplication by zero (`0 * sum(p.sum() ...)`, which keeps
-    unused parameters in DDP's graph on purpose); a loss that is exactly 0 behind a clamp or
-    ReLU (a hinge loss whose margins are all met); steps whose norms were not measured.
+    unused parameters in DDP's graph on purpose); a loss that is exactly 0 because the fit is
+    perfect (a hinge loss whose margins are all met, constant data reproduced exactly); steps
+    whose norms were not measured.
     """
 
     code = "GD124"
