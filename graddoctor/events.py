@@ -193,6 +193,15 @@ replica_checksum   opt, step (the run's step count after this step), value (floa
                    without DistributedDataParallel also layout (int: a hash of the shapes of
                    the parameters it was built over) and initial (float: their checksum as
                    built, ``Deferred`` while the run goes on)
+batch_fingerprint  loader, epoch, index (the batch, as ``backward``'s ``batch``), value (float: a
+                   position-weighted sum of up to 65,536 evenly spaced elements of the batch's
+                   first tensor, a ``Deferred`` while the run goes on), sampler (str|None: the
+                   class of the loader's sampler, of its batch sampler when it has one of its
+                   own; None for an IterableDataset), replicas ([num_replicas, rank] of a
+                   sampler that has both, a DistributedSampler; else None) — the first
+                   ``dataloader.PRINT_BATCHES`` batches that feed a backward, in a process
+                   group (loc: the DataLoader's construction when graddoctor saw it, else the
+                   loop's ``iter()``); rank 0 compares them across ranks (ranks-same-batches)
 grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer update kept whole:
                    the step number, the L2 norm of each gradient it applied, nan when not finite,
                    the lr of each param group, None when not a plain number), bands [[first,
@@ -606,6 +615,12 @@ def replica_checksum(*, opt: int, step: int, value: Any, params: int, layout: in
     return "replica_checksum", data
 
 
+def batch_fingerprint(*, loader: int, epoch: int, index: int, value: Any, sampler: str | None,
+                      replicas: list[int] | None = None) -> Made:
+    return "batch_fingerprint", {"loader": loader, "epoch": epoch, "index": index, "value": value,
+                                 "sampler": sampler, "replicas": replicas}
+
+
 def grad_flow(*, opt: int, columns: list[list], bands: list[list]) -> Made:
     return "grad_flow", {"opt": opt, "columns": columns, "bands": bands}
 
@@ -642,6 +657,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
+    "batch_fingerprint": batch_fingerprint,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -690,6 +706,7 @@ NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init"
              "unregistered",  # end-of-run facts about the modules, like ``param``
              "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
              "replica_checksum",  # bookkeeping after a step
+             "batch_fingerprint",  # bookkeeping before a backward: the batch's checksum
              "grad_flow",  # the per-update gradient norms for the pictures, written at the end
              "folded",  # stands for turns the recorder folded out; the timeline counts them apart
              "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call

@@ -135,6 +135,9 @@ class ProcessFacts:
     # parameter checksums after each optimizer's first steps (instrument/ddp.py):
     # {opt, step, value, path, line}
     checksums: tuple[Mapping[str, Any], ...] = ()
+    # fingerprints of the first batches that fed a backward (instrument/dataloader.py):
+    # {loader, epoch, index, value, sampler, replicas, path, line}
+    batch_fingerprints: tuple[Mapping[str, Any], ...] = ()
 
 
 def spans(ranks) -> str:

@@ -44,7 +44,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "zero_grad/bad_hand_update_without_zero_grad.py",  # backward's hand-update fields
             "autograd/bad_grads_zero_round_quantize.py",  # grad_stops
             "registration/bad_snapshot_best_state_restored.py",  # snapshot_alias
-            "data/bad_batch_first_transformer_synthetic.py"]  # batch_layout
+            "data/bad_batch_first_transformer_synthetic.py",  # batch_layout
+            "distributed/good_single_rank_group_loader.py"]  # batch_fingerprint
 
 GRAD_EDIT_SCRIPT = """
 import torch

@@ -17,19 +17,27 @@ never step at all). A plain loop reaches its third epoch after 35 steps.
 
 Each backward is tagged with the batch it came from: ``batch = [loader, epoch, index]`` of the
 batch most recently served by any DataLoader.
+
+In a process group (a rank of a distributed run), the first ``PRINT_BATCHES`` batches that
+feed a backward get a fingerprint (``batch_fingerprint``): a position-weighted sum of evenly
+spaced elements of the batch's first tensor, taken when the loader yields it (before the script
+changes anything in place), as a ``Deferred`` device scalar (no host sync). Rank 0 compares
+the ranks' fingerprints when it merges their reports (ranks-same-batches: every rank trains on
+the same samples). Nothing is computed once those batches are done, nor without a process group.
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Mapping
 
 import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .. import events as ev
 from .identities import Identities
-from .recorder import Recorder
+from .recorder import Deferred, Recorder
 from .topics import BUDGET_HOLD
 
 # the default length (see above); --epoch-batches' default in the option table (options.py) is
@@ -37,6 +45,13 @@ from .topics import BUDGET_HOLD
 DEFAULT_EPOCH_BATCHES = 17
 
 _STATE = "_graddoctor_epoch"  # attribute on the iterator: (loader, epoch, limit | None)
+
+# batch fingerprints (see above): how many batches that feed a backward, the most batches of
+# any loader fingerprinted in all (those of loaders that feed no backward included), and the
+# most elements of a batch's tensor read
+PRINT_BATCHES = 3
+PRINT_CAP = 32
+PRINT_ELEMENTS = 1 << 16
 
 
 class DataLoaderWatcher:
@@ -55,6 +70,15 @@ class DataLoaderWatcher:
         # loader number -> (batch_size, samples per epoch or None) at its latest iter(): what
         # ``batch_size`` reads, also once a loader made in the ``for`` statement is gone
         self._batching: dict[int, tuple[int, int | None]] = {}
+        # batch fingerprints: open until PRINT_BATCHES batches fed a backward or PRINT_CAP
+        # fingerprints were computed
+        self.printing = True
+        self._batches_fed = 0  # batches that fed a backward so far (counted while printing)
+        self._last_fed: list | None = None  # the latest of them
+        self._computed = 0  # fingerprints computed
+        self._loader_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> loc
+        self._print_about: dict[int, tuple] = {}  # loader number -> (loc, sampler, replicas)
+        self._pending: tuple | None = None  # ([loader, epoch, index], fingerprint) of the last batch
         rec.subscribe(BUDGET_HOLD, self._hold)
 
     # -- lengths ---------------------------------------------------------------------------
@@ -109,6 +133,9 @@ class DataLoaderWatcher:
                 if number not in watcher._described:
                     watcher._described.add(number)
                     watcher._describe(loader, number, here)
+                if watcher.printing and number not in watcher._print_about:
+                    watcher._print_about[number] = (watcher._loader_locs.get(loader) or here,
+                                                    *_sampler_of(loader))
                 rec.emit(ev.epoch_start(loader=number, epoch=epoch, real_len=real_len,
                                         replay_len=replay_len), here)
             except Exception as exc:
@@ -127,7 +154,10 @@ class DataLoaderWatcher:
                 raise StopIteration  # the replay's epoch is over
             batch = original(iterator)
             if state is not None:
-                watcher.current_batch = [state[0], state[1], iterator._num_yielded - 1]
+                index = iterator._num_yielded - 1
+                watcher.current_batch = [state[0], state[1], index]
+                if watcher.printing and index < PRINT_BATCHES:
+                    watcher._fingerprint(batch, watcher.current_batch)
             return batch
 
         return __next__
@@ -191,11 +221,76 @@ class DataLoaderWatcher:
 
         return __init__
 
+    # -- batch fingerprints (ranks-same-batches) ---------------------------------------------
+    def _wrap_loader_init(self, original):
+        watcher = self
+
+        @functools.wraps(original)
+        def __init__(loader, *args, **kwargs):
+            original(loader, *args, **kwargs)
+            if watcher.printing:
+                try:
+                    loc = watcher.rec.here(2)
+                    if loc is not None:
+                        watcher._loader_locs[loader] = loc
+                except Exception as exc:  # pragma: no cover - defensive
+                    watcher.rec.internal_error("DataLoader.__init__", exc)
+
+        return __init__
+
+    def _fingerprint(self, batch, key: list) -> None:
+        """The fingerprint of a batch a loader just yielded, held until a backward uses it (the
+        previous one is dropped: its batch fed none). Only in a process group."""
+        self._pending = None
+        try:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+            if self._computed >= PRINT_CAP:  # loaders that feed no backward: enough
+                self._close_prints()
+                return
+            tensor = _first_tensor(batch)
+            value = _weighted_sum(tensor) if tensor is not None else None
+            if value is None:
+                return
+            self._computed += 1
+            self._pending = (key, value)
+        except Exception as exc:
+            self._close_prints()
+            self.rec.internal_error("DataLoader batch fingerprint", exc)
+
+    def _fed(self, batch: list) -> None:
+        """A backward uses ``batch`` (the first time): its fingerprint, if one was taken, is
+        recorded; after ``PRINT_BATCHES`` such batches, with a process group or without, the
+        fingerprints are over."""
+        self._last_fed = batch
+        self._batches_fed += 1
+        pending, self._pending = self._pending, None
+        try:
+            if pending is not None and pending[0] is batch:
+                loc, sampler, replicas = self._print_about.get(batch[0], (None, None, None))
+                self.rec.emit(ev.batch_fingerprint(loader=batch[0], epoch=batch[1], index=batch[2],
+                                                   value=Deferred(pending[1]), sampler=sampler,
+                                                   replicas=replicas), loc)
+        except Exception as exc:
+            self.rec.internal_error("DataLoader batch fingerprint", exc)
+        if self._batches_fed >= PRINT_BATCHES:
+            self._close_prints()
+
+    def _close_prints(self) -> None:
+        self.printing = False
+        self._pending = None
+        self._loader_locs = weakref.WeakKeyDictionary()
+        self._print_about = {}
+
     # -- which batch a backward used; how long the replay goes on ----------------------------
     def describe_loss(self, tensors) -> dict:
         batch = self.current_batch
         if batch is not None:
             self._training.add(batch[0])
+            if self.printing and batch is not self._last_fed:
+                self._fed(batch)
         return {"batch": batch}
 
     def batch_size(self) -> int | None:
@@ -244,5 +339,59 @@ class DataLoaderWatcher:
             patcher.patch(DataLoader, "__len__", self._wrap_len(DataLoader.__len__))
             patcher.patch(_BaseDataLoaderIter, "__len__", self._wrap_iter_len(_BaseDataLoaderIter.__len__))
         patcher.patch(_BaseDataLoaderIter, "__next__", self._wrap_next(_BaseDataLoaderIter.__next__))
+        patcher.patch(DataLoader, "__init__", self._wrap_loader_init(DataLoader.__init__))
         Weighted = torch.utils.data.WeightedRandomSampler
         patcher.patch(Weighted, "__init__", self._wrap_sampler_init(Weighted.__init__))
+
+
+def _first_tensor(batch, depth: int = 0):
+    """The first tensor of a batch (a tensor, or the first one in a tuple, list or mapping,
+    nested at most three deep), or None."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if depth >= 3:
+        return None
+    if isinstance(batch, (tuple, list)):
+        items = batch
+    elif isinstance(batch, Mapping):
+        items = batch.values()
+    else:
+        return None
+    for item in items:
+        found = _first_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _weighted_sum(tensor):
+    """A position-weighted sum of at most ``PRINT_ELEMENTS`` evenly spaced elements of a tensor,
+    as a device scalar (no host sync): equal on two ranks that hold the same batch, different
+    for other samples. None for a tensor it cannot read that way (sparse, complex, quantized)."""
+    if tensor.layout is not torch.strided or tensor.is_complex() or tensor.is_quantized:
+        return None
+    with torch.no_grad():
+        flat = tensor.detach().reshape(-1)
+        n = flat.numel()
+        if n > PRINT_ELEMENTS:
+            flat = flat[:: n // PRINT_ELEMENTS][:PRINT_ELEMENTS]
+        dtype = torch.float32 if flat.device.type == "mps" else torch.float64
+        weights = torch.arange(1, flat.numel() + 1, dtype=dtype, device=flat.device)
+        return torch.dot(flat.to(dtype), weights)
+
+
+def _sampler_of(loader) -> tuple:
+    """``(sampler, replicas)`` of a loader, for the fingerprints: the class of its batch sampler
+    when it has one of its own, else of its sampler (None for an IterableDataset), and the
+    ``[num_replicas, rank]`` of a sampler that has both (a DistributedSampler)."""
+    if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+        return None, None
+    sampler = getattr(loader, "batch_sampler", None)
+    if sampler is None or type(sampler) is torch.utils.data.BatchSampler:
+        sampler = getattr(loader, "sampler", None)
+    if sampler is None:
+        return None, None
+    replicas = [getattr(sampler, "num_replicas", None), getattr(sampler, "rank", None)]
+    if not all(type(r) is int for r in replicas):
+        replicas = None
+    return type(sampler).__name__, replicas

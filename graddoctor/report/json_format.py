@@ -78,6 +78,7 @@ def run_to_dict(report: Report) -> dict:
         "world_size": run.world_size,
         **({"ranks": run.ranks} if run.ranks is not None else {}),
         **({"checksums": run.checksums} if run.checksums else {}),
+        **({"batch_fingerprints": run.batch_fingerprints} if run.batch_fingerprints else {}),
         **({"run_id": run.run_id} if run.run_id else {}),
     }
 
@@ -91,7 +92,8 @@ def run_from_dict(run: dict) -> RunInfo:
         notes=list(run.get("notes", ())), step_budget=run.get("step_budget"),
         config=run.get("config"), rules_skipped=list((run.get("rules") or {}).get("skipped", ())),
         world_size=run.get("world_size", 1), ranks=run.get("ranks"),
-        checksums=run.get("checksums"), updates=run.get("updates"), run_id=run.get("run_id"),
+        checksums=run.get("checksums"), batch_fingerprints=run.get("batch_fingerprints"),
+        updates=run.get("updates"), run_id=run.get("run_id"),
     )
 
 

@@ -6,7 +6,7 @@ The parts come as ``Report`` objects (the process that merges has its own) or as
 the other processes' reports (read back by report/json_format.py, the wire format): what
 crosses a process or machine boundary is the JSON report, so ``graddoctor merge`` can join
 files written on different nodes. The rules that compare processes (``Rule.check_processes``:
-replicas-diverge) run here, over the rules the caller selected.
+replicas-diverge, ranks-same-batches) run here, over the rules the caller selected.
 """
 
 from __future__ import annotations
@@ -198,6 +198,7 @@ def merge(parts: list[Part], *, world_size: int | None = None, missing: list[dic
         ranks=rank_entries,
         # one rank's own report keeps its checksums for the merge that compares them
         checksums=lead.run.checksums if len(parts) == 1 and not missing else None,
+        batch_fingerprints=lead.run.batch_fingerprints if len(parts) == 1 and not missing else None,
         run_id=lead.run.run_id if all(p.report.run.run_id == lead.run.run_id for p in parts)
         else None,
     )
@@ -212,7 +213,8 @@ def across_processes(parts: list[Part], rules) -> tuple[list[Finding], list[dict
     (``Rule.check_processes``). ``rules``: the rule classes the check selected, passed in (the
     report layer knows no rule registry). Inline suppressions apply to these findings as to a
     process's own."""
-    processes = [ProcessFacts(p.rank, p.process, tuple(p.report.run.checksums or ()))
+    processes = [ProcessFacts(p.rank, p.process, tuple(p.report.run.checksums or ()),
+                              tuple(p.report.run.batch_fingerprints or ()))
                  for p in parts]
     found, errors = [], []
     for rule in rules:

@@ -40,6 +40,10 @@ class RunInfo:
     # replica checksums of a rank's first steps (instrument/ddp.py), for the merge to compare:
     # [{opt, step, value, path, line}]; only in a rank's own report
     checksums: list[dict] | None = None
+    # fingerprints of a rank's first batches that fed a backward (instrument/dataloader.py), for
+    # the merge to compare: [{loader, epoch, index, value, sampler, replicas, path, line}]; only
+    # in a rank's own report
+    batch_fingerprints: list[dict] | None = None
     # updates replayed (what --steps counts: the steps after one backward count once); None
     # when not recorded (an older report, a merged one)
     updates: int | None = None

@@ -97,8 +97,12 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
                   "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None,
                   **({"layout": e["layout"], "initial": e.get("initial")} if "layout" in e.data else {})}
                  for e in analysis.of_kind("replica_checksum")]
+    prints = [{"loader": e["loader"], "epoch": e["epoch"], "index": e["index"], "value": e["value"],
+               "sampler": e["sampler"], "replicas": e["replicas"],
+               "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None}
+              for e in analysis.of_kind("batch_fingerprint")]
     run = RunInfo(
-        checksums=checksums or None,
+        checksums=checksums or None, batch_fingerprints=prints or None,
         script=options.target, argv=list(options.args), status=status, steps=rec.progress.steps,
         updates=rec.progress.updates,
         backward_calls=rec.progress.backward_calls, device=device, torch_version=torch.__version__,
