@@ -235,6 +235,12 @@ loader_sampler     loader, sampler (its class), shuffle (bool|None: draws in a r
                    of a WeightedRandomSampler's weights) — once per DataLoader, at its first
                    ``iter()`` (loc: the sampler's construction when graddoctor saw it, else that
                    ``iter()``; an aside)
+batch_labels       loader, index (the batch's index in the loader's first epoch), size (labels in
+                   it), distinct (how many different ones), value (int|None: the label when there
+                   is one), classes (int|None: how many the dataset holds, where it says so without
+                   loading a sample) — the first ``LABEL_BATCHES`` batches of a DataLoader that
+                   never shuffles (a SequentialSampler), with 1-D integer CPU labels (loc: the
+                   DataLoader's construction, else its first ``iter()``; an aside)
 custom_backward    cls (a torch.autograd.Function subclass defined in the user's code), input
                    (index of the forward argument whose gradient disagrees), ratio (float|None:
                    the backward's gradient over the numerical one along random directions, when
@@ -543,6 +549,12 @@ def loader_sampler(*, loader: int, sampler: str, shuffle: bool | None, dataset_l
                               "dataset_len": dataset_len, "reach": reach, "weights": weights}
 
 
+def batch_labels(*, loader: int, index: int, size: int, distinct: int, value: int | None,
+                 classes: int | None) -> Made:
+    return "batch_labels", {"loader": loader, "index": index, "size": size, "distinct": distinct,
+                            "value": value, "classes": classes}
+
+
 def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None) -> Made:
     return "custom_backward", {"cls": cls, "input": input, "ratio": ratio, "forward": forward}
 
@@ -657,7 +669,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
-    "batch_fingerprint": batch_fingerprint,
+    "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -666,7 +678,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
-                         "graph_kept", "grad_stops", "batch_layout"})
+                         "graph_kept", "grad_stops", "batch_layout", "batch_labels"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -45,7 +45,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "autograd/bad_grads_zero_round_quantize.py",  # grad_stops
             "registration/bad_snapshot_best_state_restored.py",  # snapshot_alias
             "data/bad_batch_first_transformer_synthetic.py",  # batch_layout
-            "distributed/good_single_rank_group_loader.py"]  # batch_fingerprint
+            "distributed/good_single_rank_group_loader.py",  # batch_fingerprint
+            "data/bad_unshuffled_sorted_image_folder.py"]  # batch_labels
 
 GRAD_EDIT_SCRIPT = """
 import torch

@@ -18,6 +18,11 @@ never step at all). A plain loop reaches its third epoch after 35 steps.
 Each backward is tagged with the batch it came from: ``batch = [loader, epoch, index]`` of the
 batch most recently served by any DataLoader.
 
+A loader that never shuffles (a ``SequentialSampler``) has the labels of its first epoch's first
+``LABEL_BATCHES`` batches read (``batch_labels``: how many distinct labels each holds; CPU label
+tensors only, one small ``unique`` per batch): data sorted by class, served in order, gives
+batches of a single class (unshuffled-sorted-data). Nothing is read for a shuffling loader.
+
 In a process group (a rank of a distributed run), the first ``PRINT_BATCHES`` batches that
 feed a backward get a fingerprint (``batch_fingerprint``): a position-weighted sum of evenly
 spaced elements of the batch's first tensor, taken when the loader yields it (before the script
@@ -53,6 +58,9 @@ PRINT_BATCHES = 3
 PRINT_CAP = 32
 PRINT_ELEMENTS = 1 << 16
 
+LABEL_BATCHES = 8  # batches of an unshuffled loader's first epoch whose labels are read
+_LABEL_KEYS = ("label", "labels", "target", "targets", "y")
+
 
 class DataLoaderWatcher:
     def __init__(self, rec: Recorder, epoch_batches: int = DEFAULT_EPOCH_BATCHES):
@@ -79,6 +87,8 @@ class DataLoaderWatcher:
         self._loader_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> loc
         self._print_about: dict[int, tuple] = {}  # loader number -> (loc, sampler, replicas)
         self._pending: tuple | None = None  # ([loader, epoch, index], fingerprint) of the last batch
+        # unshuffled loaders whose first batches' labels are read: number -> (loc, classes)
+        self._in_order: dict[int, tuple] = {}
         rec.subscribe(BUDGET_HOLD, self._hold)
 
     # -- lengths ---------------------------------------------------------------------------
@@ -158,6 +168,8 @@ class DataLoaderWatcher:
                 watcher.current_batch = [state[0], state[1], index]
                 if watcher.printing and index < PRINT_BATCHES:
                     watcher._fingerprint(batch, watcher.current_batch)
+                if state[1] == 0 and index < LABEL_BATCHES and state[0] in watcher._in_order:
+                    watcher._labels(batch, state[0], index)
             return batch
 
         return __next__
@@ -201,6 +213,8 @@ class DataLoaderWatcher:
                 reach = len(sampler.data_source)
             except Exception:
                 reach = None
+        if type(sampler) is data.SequentialSampler and not isinstance(loader.dataset, data.IterableDataset):
+            self._in_order[number] = (self._loader_locs.get(loader) or here, _classes(loader.dataset))
         loc = self._sampler_locs.get(sampler) or here
         self.rec.emit_aside(ev.loader_sampler(loader=number, sampler=type(sampler).__name__,
                                               shuffle=shuffle, dataset_len=dataset_len,
@@ -221,6 +235,24 @@ class DataLoaderWatcher:
 
         return __init__
 
+    def _labels(self, batch, number: int, index: int) -> None:
+        """How many distinct labels a batch of an unshuffled loader holds (CPU labels only)."""
+        try:
+            labels = _labels_of(batch)
+            if labels is None:
+                self._in_order.pop(number, None)  # no class labels: nothing to judge
+                return
+            loc, classes = self._in_order[number]
+            with torch.no_grad():
+                values = torch.unique(labels)
+            distinct = int(values.numel())
+            value = int(values[0]) if distinct == 1 else None
+            self.rec.emit_aside(ev.batch_labels(loader=number, index=index, size=int(labels.numel()),
+                                                distinct=distinct, value=value, classes=classes), loc)
+        except Exception as exc:
+            self._in_order.pop(number, None)
+            self.rec.internal_error("DataLoader batch labels", exc)
+
     # -- batch fingerprints (ranks-same-batches) ---------------------------------------------
     def _wrap_loader_init(self, original):
         watcher = self
@@ -228,13 +260,12 @@ class DataLoaderWatcher:
         @functools.wraps(original)
         def __init__(loader, *args, **kwargs):
             original(loader, *args, **kwargs)
-            if watcher.printing:
-                try:
-                    loc = watcher.rec.here(2)
-                    if loc is not None:
-                        watcher._loader_locs[loader] = loc
-                except Exception as exc:  # pragma: no cover - defensive
-                    watcher.rec.internal_error("DataLoader.__init__", exc)
+            try:  # where each loader is made: fingerprints and batch labels name it
+                loc = watcher.rec.here(2)
+                if loc is not None:
+                    watcher._loader_locs[loader] = loc
+            except Exception as exc:  # pragma: no cover - defensive
+                watcher.rec.internal_error("DataLoader.__init__", exc)
 
         return __init__
 
@@ -281,7 +312,6 @@ class DataLoaderWatcher:
     def _close_prints(self) -> None:
         self.printing = False
         self._pending = None
-        self._loader_locs = weakref.WeakKeyDictionary()
         self._print_about = {}
 
     # -- which batch a backward used; how long the replay goes on ----------------------------
@@ -395,3 +425,36 @@ def _sampler_of(loader) -> tuple:
     if not all(type(r) is int for r in replicas):
         replicas = None
     return type(sampler).__name__, replicas
+
+
+def _labels_of(batch):
+    """A batch's class labels: a 1-D integer CPU tensor as the last item of a tuple or list
+    batch, or under a label key of a mapping; None otherwise (no labels, token ids, floats)."""
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        labels = batch[-1]
+    elif isinstance(batch, Mapping):
+        labels = next((batch[k] for k in _LABEL_KEYS if k in batch), None)
+    else:
+        return None
+    if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or labels.device.type != "cpu" \
+            or labels.is_floating_point() or labels.is_complex() or labels.dtype is torch.bool:
+        return None
+    return labels
+
+
+def _classes(dataset) -> int | None:
+    """How many classes a dataset's labels hold, where the dataset says it without loading a
+    sample: torchvision's ``targets``, a TensorDataset's last tensor; None otherwise."""
+    try:
+        targets = getattr(dataset, "targets", None)
+        if targets is None and isinstance(dataset, torch.utils.data.TensorDataset):
+            targets = dataset.tensors[-1]
+        if targets is None:
+            return None
+        if not isinstance(targets, torch.Tensor):
+            targets = torch.as_tensor(list(targets))
+        if targets.dim() != 1 or targets.is_floating_point() or targets.device.type != "cpu":
+            return None
+        return int(torch.unique(targets).numel())
+    except Exception:
+        return None
