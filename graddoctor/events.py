@@ -277,6 +277,11 @@ snapshot_alias     via ("load_state_dict" | "torch.save"), taken ([path, line, f
                    optimizers owning those parameters since the ``state_dict()`` call): a state
                    dict that is no copy, restored or saved after the parameters it refers to were
                    stepped (loc: the user's ``load_state_dict`` / ``torch.save`` call; an aside)
+param_created      owner (class of the module), attr (the name it was registered under), params
+                   [pid] (the new parameter, tracked from here), step (optimizer steps so far) —
+                   a parameter registered once an optimizer exists that replaces none an
+                   optimizer owns (a layer built in ``forward``); at most 8 per call line (loc:
+                   the user's line that built it; an aside)
 param_replaced     owner (class of the module), attr (the name it was registered under), via
                    ("parameter": a tensor assigned over a parameter; "module": a submodule
                    assigned over one whose parameters an optimizer owns), old [pid] (the
@@ -579,6 +584,10 @@ def grad_stops(*, params: list[int], stops: list[str], loss_zero: bool) -> Made:
     return "grad_stops", {"params": params, "stops": stops, "loss_zero": loss_zero}
 
 
+def param_created(*, owner: str, attr: str, params: list[int], step: int) -> Made:
+    return "param_created", {"owner": owner, "attr": attr, "params": params, "step": step}
+
+
 def optimizer_attr(*, opt: int, cls: str, name: str, key: str, value: float | None,
                    kept: list) -> Made:
     return "optimizer_attr", {"opt": opt, "cls": cls, "name": name, "key": key, "value": value,
@@ -670,6 +679,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
+    "param_created": param_created,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -678,7 +688,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
-                         "graph_kept", "grad_stops", "batch_layout", "batch_labels"})
+                         "graph_kept", "grad_stops", "batch_layout", "batch_labels",
+                         "param_created"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

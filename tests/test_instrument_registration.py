@@ -113,3 +113,20 @@ def test_values_copied_back_through_data_are_seen_moving_once():
 def test_tensors_that_never_move_are_watched_a_bounded_number_of_steps():
     rec, _ = run(lambda: _master_weights(copy=False, steps=MOVE_CHECKS + 4))
     assert not [pid for e in rec.trace if e.kind == "step_begin" for pid in e["moved"]]
+
+
+def test_parameters_built_once_an_optimizer_exists_are_recorded_where_they_are_built():
+    from graddoctor.instrument import Instrumentation, Recorder
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        body = torch.nn.Linear(3, 3)  # before any optimizer: how models are made
+        optimizer = torch.optim.SGD(body.parameters(), lr=0.1)
+        for _ in range(2):
+            head = torch.nn.Linear(3, 1)  # built while training
+            head(body(torch.randn(2, 3))).sum().backward()
+            optimizer.step()
+    created = rec.trace.of_kind("param_created")
+    assert [(e["owner"], e["attr"], e["step"]) for e in created] == [
+        ("Linear", "weight", 0), ("Linear", "bias", 0), ("Linear", "weight", 1), ("Linear", "bias", 1)]
+    assert len({e.loc.line for e in created}) == 1

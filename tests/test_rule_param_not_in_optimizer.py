@@ -166,3 +166,39 @@ def test_a_gan_whose_generator_steps_less_often_is_not_a_replacement():
     t.backward(fresh=[0, 1, 2, 3], line=7)
     t.step(1, line=8)
     assert findings(t, SLUG) == []
+
+
+def _built_every_step(t, steps=4, cap=None):
+    """A layer built in forward (line 12) at each step: two new parameters each time, recorded
+    by ``param_created`` events (``cap``: only the first few, as the watcher caps them)."""
+    t.optimizer(0, [0, 1], line=2)
+    pid = 2
+    for i in range(steps):
+        new = [pid, pid + 1]
+        pid += 2
+        for p, attr in zip(new, ("weight", "bias")):
+            t.param(p, name=None)
+            if cap is None or p < cap:
+                t.put(ev.param_created(owner="Linear", attr=attr, params=[p], step=i), 12)
+        t.clear([0, 1], line=5)
+        t.backward(fresh=[0, 1, *new], line=6)
+        t.step(0, line=7)
+
+
+def test_a_layer_built_in_forward_at_every_step_is_reported_at_its_construction():
+    t = TraceBuilder()
+    _built_every_step(t)
+    f, = findings(t, SLUG)
+    assert f.location.line == 12 and f.evidence["cause"] == "created-while-training"
+    assert f.evidence["count"] == 8 and "__init__" in f.fix and "nn.Linear" in f.fix
+    t = TraceBuilder()
+    _built_every_step(t, cap=6)  # parameters past the recorded ones are the same line's
+    f, = findings(t, SLUG)
+    assert f.location.line == 12 and f.evidence["count"] == 8
+
+
+def test_parameters_built_once_after_the_optimizer_are_not_that_case():
+    t = TraceBuilder()
+    _built_every_step(t, steps=1)
+    f, = findings(t, SLUG)
+    assert f.location.line == 2 and "cause" not in f.evidence

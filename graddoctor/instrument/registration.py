@@ -18,6 +18,9 @@
   parameter and module registration hooks, which run before the new one is stored: a
   ``param_replaced`` event at the user's line, only when a replaced tensor is owned by an
   optimizer (or replaced such a one before: a reset that runs every epoch) (registrations cost a dict lookup; none happen per step).
+* A new parameter registered once an optimizer exists that replaces none an optimizer owns (a layer built inside ``forward``, ``self.scale = nn.Parameter(...)`` in the loop): a
+  ``param_created`` event at the user's line, at most ``_CREATED_EVENTS`` per line. Healthy
+  loops register nothing once they train, so this costs nothing per step.
 """
 
 from __future__ import annotations
@@ -81,22 +84,45 @@ class ModuleAttrWatcher:
         patcher.patch(Module, "__setattr__", self._wrap_setattr(Module.__setattr__))
 
 
+_CREATED_EVENTS = 8  # param_created events recorded per call line
+
+
 class ParamLifeWatcher:
-    """Optimizer-owned parameters replaced in their module (see the module docstring)."""
+    """Optimizer-owned parameters replaced in their module, and parameters created once
+    training runs (see the module docstring)."""
 
     def __init__(self, rec: Recorder, owned):
         self.rec = rec
         self.owned = owned  # OptimizerWatcher.owned_pids(): a read-only live view
         self._successors: set[int] = set()  # pids that replaced owned ones (replaced again: reported)
+        self._created: dict[tuple, int] = {}  # (path, line) -> param_created events recorded
 
     def _parameter(self, module, name, param):
         try:
             old = module._parameters.get(name) if name in module._parameters else None
+            replaced = False
             if old is not None and old is not param:
-                self._replaced(module, name, "parameter", [old],
-                               [param] if isinstance(param, torch.Tensor) else [])
+                replaced = self._replaced(module, name, "parameter", [old],
+                                          [param] if isinstance(param, torch.Tensor) else [])
+            if not replaced and old is not param and isinstance(param, torch.Tensor) and self.owned:
+                self._new(module, name, param)
         except Exception as exc:
             self.rec.internal_error("parameter registration", exc)
+
+    def _new(self, module, name, param) -> None:
+        """A parameter registered once an optimizer exists (a model built later is recorded
+        once; the rule wants the same line at two steps or more)."""
+        rec = self.rec
+        loc = rec.here(3)
+        if loc is None:
+            return
+        key = (loc.path, loc.line)
+        done = self._created.get(key, 0)
+        if done >= _CREATED_EVENTS:
+            return
+        self._created[key] = done + 1
+        rec.emit_aside(ev.param_created(owner=type(module).__name__, attr=name,
+                                        params=[rec.track(param)], step=rec.progress.steps), loc)
 
     def _module(self, module, name, submodule):
         try:
@@ -107,9 +133,10 @@ class ParamLifeWatcher:
         except Exception as exc:
             self.rec.internal_error("module registration", exc)
 
-    def _replaced(self, module, name, via, old, new) -> None:
+    def _replaced(self, module, name, via, old, new) -> bool:
+        """Whether a ``param_replaced`` event was recorded."""
         if not self.owned:
-            return  # no optimizer yet: a replacement before it is built is how models are made
+            return False  # no optimizer yet: a replacement before it is built is how models are made
         rec = self.rec
         number = rec.tensors.get
         kept = {id(t) for t in new}
@@ -117,11 +144,12 @@ class ParamLifeWatcher:
         pids = [pid for t in old if id(t) not in kept
                 and (pid := number(t)) is not None and (pid in owned or pid in successors)]
         if not pids:
-            return
+            return False
         new_pids = [rec.track(t) for t in new]
         successors.update(new_pids)
         rec.emit_aside(ev.param_replaced(owner=type(module).__name__, attr=name, via=via,
                                          old=pids, new=new_pids), rec.here(2))
+        return True
 
     def install(self, patcher) -> None:
         modules = torch.nn.modules.module

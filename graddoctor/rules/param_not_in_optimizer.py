@@ -14,7 +14,9 @@ class ParamNotInOptimizer(Rule):
     none of them, so `model.parameters()` leaves them out; pointed at the assignment), a
     learnable tensor made with `requires_grad=True` instead of `nn.Parameter`, an optimizer
     rebuilt mid-run over fewer parameters than the one it replaced (awd-lstm's switch to ASGD
-    over `model.parameters()` only), or parameters simply left out of the optimizer. Tensors
+    over `model.parameters()` only), a layer or `nn.Parameter` built inside `forward` or the
+    loop (new random weights at every step, built after the optimizer; pointed at the line that
+    builds them), or parameters simply left out of the optimizer. Tensors
     whose values still change between steps (fp16 master weights: the model's gradients are
     copied into an fp32 master the optimizer steps, and the values copied back; a hand-written
     update) train, and are left alone, as are inputs whose gradient is the point (FGSM). When
@@ -77,6 +79,10 @@ class ParamNotInOptimizer(Rule):
         strictly. A parameter left out of the optimizer gets no edit: which optimizer should
         own it, at which learning rate, is a person's call."""
         wrapper, attr = finding.evidence.get("wrapper"), finding.evidence.get("attribute")
+        if finding.evidence.get("cause") == "created-while-training":
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: moving the layer into __init__ means naming it and "
+                "changing forward, a person's edit"))
         if not wrapper or not attr:
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: which optimizer should own these parameters, and at which "
@@ -134,6 +140,7 @@ class ParamNotInOptimizer(Rule):
             for pid in pids:
                 left.pop(pid, None)
             yield self._unregistered(a, event, pids, construction)
+        yield from self._created(a, left, construction)
         tensors = [pid for pid in left if not a.params[pid].get("is_parameter")]
         if tensors:
             one = len(tensors) == 1
@@ -161,6 +168,48 @@ class ParamNotInOptimizer(Rule):
                 construction.loc,
                 related=(related(led.first_contribution[plain[0]], "the backward that gives them gradients"),),
                 evidence={"params": [a.param_name(p) for p in plain], "count": len(plain)},
+            )
+
+    def _created(self, a, left: dict, construction):
+        """Parameters built anew while training runs, at one line, at two steps or more (a
+        layer made inside ``forward``): each forward uses fresh ones no optimizer owns."""
+        by_line: dict[tuple, list] = {}
+        for event in a.of_kind("param_created"):
+            if event.loc is None:
+                continue
+            for pid in event.get("params") or ():
+                if pid in left:
+                    by_line.setdefault((event.loc.path, event.loc.line), []).append((event, pid))
+        for items in by_line.values():
+            if len({event["step"] for event, _ in items}) < 2:
+                continue  # one new part once (a head added for a new stage) is another story
+            first = items[0][0]
+            pids = [pid for _, pid in items]
+            # past the events recorded per line, the later ones: parameters no optimizer owns,
+            # numbered after the last recorded (pids follow the order tensors were first seen)
+            last = max(pids)
+            later = [pid for pid in left if pid > last and a.params[pid].get("is_parameter")]
+            pids += later
+            for pid in pids:
+                left.pop(pid, None)
+            owner = first.get("owner") or "module"
+            attrs = ", ".join(dict.fromkeys(event.get("attr") or "?" for event, _ in items))
+            text = a.source.line_text(first.loc.path, first.loc.line).strip()
+            what = f"`{text}`" if text else "this line"
+            yield self.finding(
+                f"{what} builds new parameters ({owner}.{attrs}) every time it runs while the "
+                f"model trains: {len(pids)} were created over the steps seen, each used by the "
+                f"forward that made it with fresh initial values and owned by no optimizer, so "
+                f"this part of the model is random at every step and never trains",
+                first.loc,
+                related=(related(construction, "the optimizer, built before they existed"),),
+                fix=("create the parameter once, in the module's __init__, and use it in forward"
+                     if "Parameter(" in text else
+                     f"build the {owner} once, in the module's __init__ (self.<name> = "
+                     f"nn.{owner}(...)), and use that attribute in forward"),
+                fixes={},
+                evidence={"params": [a.param_name(p) for p in pids[:8]], "count": len(pids),
+                          "cause": "created-while-training", "owner": owner},
             )
 
     def _unregistered(self, a, event, pids, construction):
