@@ -175,3 +175,19 @@ def test_unreadable_source_keeps_the_warning():
     run(t, forwards=[(1, 4, {"library": True})])
     [f] = check(t)
     assert f.severity == Severity.WARNING
+
+
+def test_a_run_without_any_backward_is_an_error_at_the_forward():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=5)
+    for i in range(3):
+        t.put(ev.idle_forward(mid=0, cls="Linear", params=[0, 1], grad=True, inference=False,
+                              training=True), 16)
+        t.step(0, line=21, without_grad=[0, 1])
+    [f] = check(t)
+    assert f.severity == Severity.ERROR and f.location.line == 16
+    assert f.evidence["cause"] == "no_backward" and "loss.backward()" in f.fix
+    t.via = "lightning"
+    t.step(0, line=21, without_grad=[0, 1])  # a step driven by Lightning: the framework
+    [f] = check(t)
+    assert "training_step" in f.message and "return loss" in f.fix

@@ -16,6 +16,9 @@ class ParamWithoutGrad(Rule):
     the call detaches it, and other parameters of the same model train — is reported as info
     when the user's code calls it (an encoder's pooler next to CLS-token pooling), and not at
     all when a library's code does (transformers' `BertModel` always runs its pooler).
+    A run in which no backward ran at all (the loop never calls `loss.backward()`; a Lightning
+    `training_step` that does not return its loss, so Lightning skips the backward) is an error
+    at the forward, saying so.
 
     ## Why is this bad?
     Usually a layer defined in `__init__` but not used in `forward`, a module called under
@@ -113,6 +116,19 @@ class ParamWithoutGrad(Rule):
         module = cause["cls"]
         head = (f"{a.names(pids)} (owned by the {cls} built at line {init.loc.line}) got no "
                 f"gradient in {n} steps" if init.loc is not None else head)
+        if a.backward_calls == 0 and _with_grad(cause):
+            evidence["cause"] = "no_backward"
+            lightning = a.framework == "lightning"
+            why = ("training_step returns no loss, so Lightning skips the backward (it only warns "
+                   "once) and steps the optimizer on nothing" if lightning else
+                   "the loss computed here is never backpropagated")
+            return self.finding(
+                f"{head}: no backward() ran in the whole run: {why}, so the model never trains",
+                cause.loc, related=(related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence, severity=Severity.ERROR,
+                fix=("return the loss from training_step (`return loss`, or a dict with a "
+                     "'loss' key)" if lightning else
+                     "call loss.backward() after computing the loss and before optimizer.step()"))
         if not _with_grad(cause) and cause.get("checkpoint"):
             evidence["cause"] = "reentrant_checkpoint"
             by = cause.get("checkpoint")
