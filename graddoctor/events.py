@@ -241,6 +241,11 @@ batch_labels       loader, index (the batch's index in the loader's first epoch)
                    loading a sample) — the first ``LABEL_BATCHES`` batches of a DataLoader that
                    never shuffles (a SequentialSampler), with 1-D integer CPU labels (loc: the
                    DataLoader's construction, else its first ``iter()``; an aside)
+loaders_zipped     inputs, labels (loader numbers), length (both datasets'): two DataLoaders that
+                   each shuffle in an order of their own (a RandomSampler with no generator)
+                   over datasets of one length, read in lockstep for one backward, one serving
+                   bare integer labels — once per run (loc: the labels loader's construction,
+                   else its first ``iter()``; an aside)
 custom_backward    cls (a torch.autograd.Function subclass defined in the user's code), input
                    (index of the forward argument whose gradient disagrees), ratio (float|None:
                    the backward's gradient over the numerical one along random directions, when
@@ -560,6 +565,10 @@ def batch_labels(*, loader: int, index: int, size: int, distinct: int, value: in
                             "value": value, "classes": classes}
 
 
+def loaders_zipped(*, inputs: int, labels: int, length: int) -> Made:
+    return "loaders_zipped", {"inputs": inputs, "labels": labels, "length": length}
+
+
 def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None) -> Made:
     return "custom_backward", {"cls": cls, "input": input, "ratio": ratio, "forward": forward}
 
@@ -679,7 +688,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
-    "param_created": param_created,
+    "param_created": param_created, "loaders_zipped": loaders_zipped,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -689,7 +698,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
-                         "param_created"})
+                         "param_created", "loaders_zipped"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

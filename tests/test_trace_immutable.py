@@ -47,7 +47,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_batch_first_transformer_synthetic.py",  # batch_layout
             "distributed/good_single_rank_group_loader.py",  # batch_fingerprint
             "data/bad_unshuffled_sorted_image_folder.py",  # batch_labels
-            "registration/bad_layer_built_in_forward.py"]  # param_created
+            "registration/bad_layer_built_in_forward.py",  # param_created
+            "data/bad_loaders_shuffled_apart.py"]  # loaders_zipped
 
 GRAD_EDIT_SCRIPT = """
 import torch

@@ -23,6 +23,12 @@ A loader that never shuffles (a ``SequentialSampler``) has the labels of its fir
 tensors only, one small ``unique`` per batch): data sorted by class, served in order, gives
 batches of a single class (unshuffled-sorted-data). Nothing is read for a shuffling loader.
 
+Two shuffling loaders read in lockstep for one backward (``zip(x_loader, y_loader)``) are
+compared once: over datasets of one length, each drawing its own random order, and one of them
+serving bare integer labels, the inputs and their labels no longer match
+(``loaders_zipped``; loaders-shuffled-apart). Each set of loaders read together is compared
+once (a few sets at most); until then each batch costs a dict write.
+
 In a process group (a rank of a distributed run), the first ``PRINT_BATCHES`` batches that
 feed a backward get a fingerprint (``batch_fingerprint``): a position-weighted sum of evenly
 spaced elements of the batch's first tensor, taken when the loader yields it (before the script
@@ -58,6 +64,7 @@ PRINT_BATCHES = 3
 PRINT_CAP = 32
 PRINT_ELEMENTS = 1 << 16
 
+_ZIP_CHECKS = 8  # sets of loaders read together that are compared, at most
 LABEL_BATCHES = 8  # batches of an unshuffled loader's first epoch whose labels are read
 _LABEL_KEYS = ("label", "labels", "target", "targets", "y")
 
@@ -89,6 +96,12 @@ class DataLoaderWatcher:
         self._pending: tuple | None = None  # ([loader, epoch, index], fingerprint) of the last batch
         # unshuffled loaders whose first batches' labels are read: number -> (loc, classes)
         self._in_order: dict[int, tuple] = {}
+        # zipped loaders: each loader's own random order, number -> (dataset length, loc);
+        # the batches served since the last backward, number -> (index, bare labels?)
+        self._own_order: dict[int, tuple] = {}
+        self._served: dict[int, tuple] = {}
+        self._zip_checked: set[frozenset] = set()  # sets of loaders read together, compared
+        self._zip_done = False  # found, or _ZIP_CHECKS sets compared
         rec.subscribe(BUDGET_HOLD, self._hold)
 
     # -- lengths ---------------------------------------------------------------------------
@@ -170,6 +183,8 @@ class DataLoaderWatcher:
                     watcher._fingerprint(batch, watcher.current_batch)
                 if state[1] == 0 and index < LABEL_BATCHES and state[0] in watcher._in_order:
                     watcher._labels(batch, state[0], index)
+                if not watcher._zip_done:
+                    watcher._served[state[0]] = (index, batch)
             return batch
 
         return __next__
@@ -213,6 +228,12 @@ class DataLoaderWatcher:
                 reach = len(sampler.data_source)
             except Exception:
                 reach = None
+        if type(sampler) is data.RandomSampler and not sampler.replacement \
+                and getattr(loader, "generator", None) is None and sampler.generator is None:
+            try:  # a random order of its own (no generator the script could share)
+                self._own_order[number] = (len(loader.dataset), self._loader_locs.get(loader) or here)
+            except Exception:
+                pass
         if type(sampler) is data.SequentialSampler and not isinstance(loader.dataset, data.IterableDataset):
             self._in_order[number] = (self._loader_locs.get(loader) or here, _classes(loader.dataset))
         loc = self._sampler_locs.get(sampler) or here
@@ -316,12 +337,43 @@ class DataLoaderWatcher:
 
     # -- which batch a backward used; how long the replay goes on ----------------------------
     def describe_loss(self, tensors) -> dict:
+        if not self._zip_done and self._served:
+            self._zipped()
         batch = self.current_batch
         if batch is not None:
             self._training.add(batch[0])
             if self.printing and batch is not self._last_fed:
                 self._fed(batch)
         return {"batch": batch}
+
+    def _zipped(self) -> None:
+        """Once: two loaders served the same index for this backward, each in its own random
+        order over datasets of one length, one of them bare integer labels."""
+        served, self._served = self._served, {}
+        if len(served) < 2:
+            return
+        pair = frozenset(served)
+        if pair in self._zip_checked:
+            return
+        self._zip_checked.add(pair)
+        self._zip_done = len(self._zip_checked) >= _ZIP_CHECKS
+        try:
+            own = [(n, served[n]) for n in served if n in self._own_order]
+            for labels_at, (index, batch) in own:
+                if isinstance(batch, (tuple, list)) and len(batch) == 1:
+                    batch = batch[0]  # a TensorDataset of one tensor
+                if isinstance(batch, (tuple, list, Mapping)) or _labels_of((None, batch)) is None:
+                    continue  # not a loader of bare labels
+                length, loc = self._own_order[labels_at]
+                others = [n for n, (i, b) in own if n != labels_at and i == index
+                          and self._own_order[n][0] == length]
+                if others:
+                    self._zip_done = True
+                    self.rec.emit_aside(ev.loaders_zipped(inputs=others[0], labels=labels_at,
+                                                          length=length), loc)
+                    return
+        except Exception as exc:
+            self.rec.internal_error("DataLoader zipped loaders", exc)
 
     def batch_size(self) -> int | None:
         """How many samples the batch a DataLoader served last holds, as its loader says: its
