@@ -122,3 +122,15 @@ def test_silent_on_a_perfect_fit_but_not_on_a_loss_multiplied_by_zero():
                           loss_zero=True), SLUG) == []
     assert only(_loop(lambda i: [0.0] * 4, stops=("MulBackward0",), reached=PARAMS,
                       loss_zero=True), SLUG)
+
+
+def test_a_selection_that_drops_part_of_a_modules_output_points_at_the_modules_call(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text("class M:\n    def forward(self, x):\n        _, (h, _) = self.lstm(x)\n"
+                      "        return self.fc(h[-1])\n")
+    monkeypatch.chdir(tmp_path)
+    t = _loop(lambda i: [0.0, 0.0, 1.0, 0.5], stops=("StackBackward0",))
+    t.trace.params()[0] = t.param(0, name="model.lstm.weight_ih_l0")
+    f = only(t, SLUG)
+    assert f.location.line == 3 and "only part of the output" in f.message
+    assert "h_n[-2], h_n[-1]" in f.fix

@@ -16,6 +16,11 @@ _KINDS = {
     "Hardtanh": ("saturated", ("hardtanh", "Hardtanh", "relu6", "ReLU6")),
     "Relu": ("dead", ("relu", "ReLU", "relu_")), "Threshold": ("dead", ("relu", "ReLU", "threshold", "Threshold")),
     "NativeDropout": ("dropped", ("dropout", "Dropout")),
+    # a selection that drops the part of an output those parameters make (h_n[-1] of a
+    # bidirectional RNN keeps one direction): found by the module's own call
+    "Stack": ("part", ()), "Cat": ("part", ()), "Select": ("part", ()), "Slice": ("part", ()),
+    "Split": ("part", ()), "SplitWithSizes": ("part", ()), "Unbind": ("part", ()),
+    "Narrow": ("part", ()),
 }
 
 
@@ -23,6 +28,17 @@ def _op(node_name: str) -> str:
     """``RoundBackward0`` -> ``Round``."""
     base = node_name.split("Backward", 1)[0]
     return base
+
+
+def _module_attrs(a, pids) -> tuple[str, ...]:
+    """The attribute names of the modules that hold ``pids`` (``model.lstm.weight_ih_l0`` ->
+    ``lstm``): the script calls them as ``self.lstm(x)``."""
+    names = []
+    for pid in pids:
+        parts = a.param_name(pid).split(" ")[0].split(".")
+        if len(parts) >= 2:
+            names.append(parts[-2])
+    return tuple(dict.fromkeys(names))
 
 
 def _converged(stop) -> bool:
@@ -38,7 +54,8 @@ class GradsAlwaysZero(Rule):
     Finds parameters an optimizer steps whose gradient is exactly zero at every update the run
     measured, because the gradient stops at an operation on its way from the loss: `round`,
     `floor`, `sign` (their derivative is zero everywhere), a `clamp` or ReLU that is saturated or
-    dead for every sample. It also finds an optimizer all of whose gradients have become exactly
+    dead for every sample, a selection that drops the part of an output they make (`h_n[-1]` of a
+    bidirectional LSTM keeps only one direction). It also finds an optimizer all of whose gradients have become exactly
     zero (a loss multiplied by 0, an output clamped outside the targets' range). graddoctor
     reads the norms it already measures; after an update with zero gradients it follows one
     backward through the graph to the node where the gradient stops, and points at that call in
@@ -179,6 +196,8 @@ class GradsAlwaysZero(Rule):
         kind, calls = _KINDS.get(op, ("other", ())) if op else ("other", ())
         if op == "Mul" and whole:
             kind = "factor"
+        if kind == "part":
+            calls = _module_attrs(a, pids)
         loc, call_text = self._call_site(a, event, calls)
         if op == "Mul" and whole and event is not None and event.loc is not None:
             assigned = a.source.loss_assignment(event.loc.path, event.loc.line)
@@ -196,6 +215,8 @@ class GradsAlwaysZero(Rule):
                          "so no gradient passes it",
             "dead": f"{where} is inactive for every element (a dead ReLU layer), so no gradient passes it",
             "dropped": f"{where} drops every element",
+            "part": (f"only part of the output of {where} reaches the loss: the gradient stops at "
+                     f"a selection (`{name}`) that drops the part these parameters make"),
             "factor": f"the loss `{call_text}` is multiplied by a factor that is 0",
         }.get(kind, f"the gradient stops at {where}" if name else "the loss does not depend on them")
         if whole:
@@ -212,6 +233,9 @@ class GradsAlwaysZero(Rule):
                          "or use a smooth squashing such as sigmoid), or clamp only at inference",
             "dead": "revive the ReLU: a smaller learning rate or bias init, or LeakyReLU/GELU",
             "dropped": "use a dropout probability below 1",
+            "part": ("use the whole output: for a bidirectional RNN's final state, both "
+                     "directions (torch.cat([h_n[-2], h_n[-1]], dim=-1)); or remove the part "
+                     "that is not used"),
             "factor": "check the factor the loss is multiplied by (a weight that is 0: an integer "
                       "division such as `step // total`, a schedule that starts at 0 and stays)",
         }.get(kind, "find where the loss stops depending on the parameters (a factor of 0, a "
