@@ -193,10 +193,10 @@ class GradsAlwaysZero(Rule):
         cls = a.optimizer_class(opt) or "the optimizer"
         name, _, _, event = stop
         op = _op(name) if name else None
-        kind, calls = _KINDS.get(op, ("other", ())) if op else ("other", ())
+        how, calls = _KINDS.get(op, ("other", ())) if op else ("other", ())
         if op == "Mul" and whole:
-            kind = "factor"
-        if kind == "part":
+            how = "factor"
+        if how == "part":
             calls = _module_attrs(a, pids)
         loc, call_text = self._call_site(a, event, calls)
         if op == "Mul" and whole and event is not None and event.loc is not None:
@@ -218,7 +218,7 @@ class GradsAlwaysZero(Rule):
             "part": (f"only part of the output of {where} reaches the loss: the gradient stops at "
                      f"a selection (`{name}`) that drops the part these parameters make"),
             "factor": f"the loss `{call_text}` is multiplied by a factor that is 0",
-        }.get(kind, f"the gradient stops at {where}" if name else "the loss does not depend on them")
+        }.get(how, f"the gradient stops at {where}" if name else "the loss does not depend on them")
         if whole:
             what = (f"every gradient {cls} applies is exactly zero"
                     + (f" from update {a.step_number.get(since.seq, '?')} on" if since is not None else "")
@@ -238,7 +238,7 @@ class GradsAlwaysZero(Rule):
                      "that is not used"),
             "factor": "check the factor the loss is multiplied by (a weight that is 0: an integer "
                       "division such as `step // total`, a schedule that starts at 0 and stays)",
-        }.get(kind, "find where the loss stops depending on the parameters (a factor of 0, a "
+        }.get(how, "find where the loss stops depending on the parameters (a factor of 0, a "
                     "detached or constant term)")
         return self.finding(
             f"{what}; {reason}", loc,
