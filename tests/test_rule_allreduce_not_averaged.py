@@ -39,9 +39,18 @@ def test_a_sum_never_divided_is_reported_at_the_all_reduce():
         update(t, world=4)
     f = only(t, SLUG)
     assert (f.location.line, f.severity, f.step) == (14, Severity.WARNING, 1)
-    assert "4x the mean gradient" in f.message and "(3 updates like this" in f.message
+    assert "4x the mean gradient" in f.message
+    assert "(3 of the 3 updates checked, first at step 1)" in f.message
     assert f.evidence["world_size"] == 4 and f.evidence["updates"] == 3
     assert [r.location.line for r in f.related] == [16, 12]
+
+
+def test_the_message_counts_the_updates_checked_at_that_line():
+    t = builder()
+    update(t, scale=0.5)  # averaged at the first update
+    update(t)
+    update(t)
+    assert "(2 of the 3 updates checked, first at step 2)" in only(t, SLUG).message
 
 
 def test_a_flat_buffer_says_so():
@@ -105,7 +114,7 @@ def test_updates_folded_out_of_a_long_run_are_counted():
     folded = Analysis(fold_hard(t.trace))
     assert folded.of_kind("folded")
     [f] = find_rule(SLUG)().check(folded)
-    assert f.evidence["updates"] == 8 and "(8 updates like this" in f.message
+    assert f.evidence["updates"] == 8 and "(8 of the 8 updates checked" in f.message
 
 
 def test_the_fix_names_the_scripts_tensor_and_module(tmp_path):

@@ -86,8 +86,11 @@ class AllreduceNotAveraged(Rule):
     def check(self, a):
         since: dict[int, list] = {}  # optimizer -> backwards writing its params since its step
         groups: dict = {}
+        checked: dict = {}  # location -> the grad_allreduce events recorded there
         for e in a.events:
             kind = e.kind
+            if kind == "grad_allreduce":
+                checked.setdefault(e.loc, []).append(e)
             if kind == "backward":
                 for opt in {o for pid in written(e) for o in a.owners.get(pid, ())}:
                     since.setdefault(opt, []).append(e)
@@ -103,9 +106,9 @@ class AllreduceNotAveraged(Rule):
                 groups.setdefault(e.loc, []).append((e, backwards))
         clips = a.of_kind("clip")
         for loc, items in groups.items():
-            yield self._finding(a, loc, items, clips)
+            yield self._finding(a, loc, items, clips, a.count(checked[loc]))
 
-    def _finding(self, a, loc, items, clips):
+    def _finding(self, a, loc, items, clips, checked: int):
         e, backwards = items[0]
         world, opt = e["world"], e.get("opt")
         step = a.next_step(e.seq)
@@ -118,8 +121,8 @@ class AllreduceNotAveraged(Rule):
                    f"divides them by {world} before {a.optimizer_name(opt)}.step(): every rank "
                    f"applies {world}x the mean gradient, so the learning rate is silently "
                    f"multiplied by the number of ranks and changes with it "
-                   f"({plural(a.count(i for i, _ in items), 'update')} like this, first at step "
-                   f"{a.next_step_number(e.seq)})")
+                   f"({a.count(i for i, _ in items)} of the {plural(checked, 'update')} checked, "
+                   f"first at step {a.next_step_number(e.seq)})")
         severity = None
         if cls in SCALE_INVARIANT and not clipped:
             severity = Severity.INFO
