@@ -246,3 +246,23 @@ def test_with_a_world_of_two_the_rule_reports_the_loop_and_not_the_loss_divided_
     assert findings(trace, SLUG) == []
     trace, _judged_events, _ = _judged(_tutorial, world=2, monkeypatch=monkeypatch)
     assert findings(trace, SLUG) == []
+
+
+def test_only_the_first_updates_that_all_reduce_anything_are_looked_at(monkeypatch):
+    """A metric all-reduced at every update (it matches no gradient) costs norms during the
+    first updates only, like the gradients' all-reduces."""
+    from graddoctor.instrument import ddp
+
+    calls = []
+    norm = ddp._norm
+    monkeypatch.setattr(ddp, "_norm", lambda t: calls.append(1) or norm(t))
+    per_update = []
+
+    def reduce(model):
+        before = len(calls)
+        _metric(model)
+        per_update.append(len(calls) - before)
+
+    _trace, judged, errors = _judged(reduce, steps=6)
+    assert not errors and judged == []
+    assert all(per_update[:3]) and per_update[3:] == [0, 0, 0]

@@ -145,7 +145,10 @@ class DDPWatcher:
         # gathered, never stepped themselves (the backward watcher does not track them)
         self.shadows: set[int] = set()
         # all-reduces the script calls itself (hand-written data parallelism)
-        self._ar_judged = 0  # updates whose all-reduced gradients a step compared
+        # updates (optimizer steps' intervals) in which the script all-reduced a floating
+        # tensor, and the step count of the latest: the first ALLREDUCE_UPDATES are looked at
+        self._ar_updates = 0
+        self._ar_update = -1
         # (backward_calls, steps) when the lookups were built, {id(grad): pid},
         # {(data_ptr, numel, dtype): pid}: pids only, nothing of the script's held
         self._ar_lookup: tuple | None = None
@@ -294,11 +297,13 @@ class DDPWatcher:
     def _wrap_all_reduce(self, original, many: bool):
         watcher = self
         is_user_file = self.rec.finder.is_user_file
+        progress = self.rec.progress
 
         @functools.wraps(original)
         def all_reduce(*args, **kwargs):
             caller = sys._getframe(1)
-            if watcher._ar_judged >= ALLREDUCE_UPDATES or not is_user_file(caller.f_code.co_filename):
+            if (watcher._ar_updates >= ALLREDUCE_UPDATES and progress.steps != watcher._ar_update) \
+                    or not is_user_file(caller.f_code.co_filename):
                 return original(*args, **kwargs)
             seen = None
             try:
@@ -350,6 +355,10 @@ class DDPWatcher:
         return self.rec.finder.location(caller), _op_name(op), world, entries
 
     def _ar_after(self, loc, op: str, world: int, entries) -> None:
+        steps = self.rec.progress.steps
+        if steps != self._ar_update:  # the first all-reduce of an update
+            self._ar_update = steps
+            self._ar_updates += 1
         for entry in entries:
             if entry[0] == "grad":
                 _kind, t, pid, changed = entry
@@ -485,9 +494,6 @@ class DDPWatcher:
                              if after_sq > 0 else None)
                     rec.emit(ev.grad_allreduce(opt=opt, op=op, world=world, params=n, via="flat",
                                                scale=scale, before=not unchanged), loc)
-            self._ar_judged += 1
-            if self._ar_judged >= ALLREDUCE_UPDATES:
-                self._ar_lookup, self._ar_grads, self._ar_flat, self._ar_raw = None, {}, {}, None
         except Exception as exc:
             rec.internal_error("optimizer step (all-reduced gradients)", exc)
 
