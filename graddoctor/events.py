@@ -193,6 +193,20 @@ replica_checksum   opt, step (the run's step count after this step), value (floa
                    without DistributedDataParallel also layout (int: a hash of the shapes of
                    the parameters it was built over) and initial (float: their checksum as
                    built, ``Deferred`` while the run goes on)
+grad_allreduce     opt (the optimizer whose step applied them), op ("sum" | "avg" | "max" | ...: the
+                   ReduceOp's name, lower case), world (the group's size), params (how many
+                   gradients), via ("grad": the all-reduce was given each ``.grad``, a view of
+                   all of it or its ``.data`` | "flat": a buffer whose values the step's
+                   gradients hold as a whole, a ``torch.cat`` copied back), scale (float|None: the
+                   gradients the step applies over what the all-reduce produced: 1.0 when nothing
+                   divided them afterwards, 1 / world when the script averaged them; None when
+                   they disagree), before (bool: the gradients were changed in place between the
+                   backward and the all-reduce, e.g. divided first; a buffer's values were not
+                   the gradients') — a ``torch.distributed.all_reduce`` (or
+                   ``all_reduce_coalesced``) the script called on gradients no
+                   DistributedDataParallel owns, judged at the step that applies them, one per
+                   all-reduce line, for the first ``ddp.ALLREDUCE_UPDATES`` such updates (loc: the
+                   all-reduce call)
 batch_fingerprint  loader, epoch, index (the batch, as ``backward``'s ``batch``), value (float: a
                    position-weighted sum of up to 65,536 evenly spaced elements of the batch's
                    first tensor, a ``Deferred`` while the run goes on), sampler (str|None: the
@@ -645,6 +659,12 @@ def replica_checksum(*, opt: int, step: int, value: Any, params: int, layout: in
     return "replica_checksum", data
 
 
+def grad_allreduce(*, opt: int, op: str, world: int, params: int, via: str, scale: float | None,
+                   before: bool) -> Made:
+    return "grad_allreduce", {"opt": opt, "op": op, "world": world, "params": params, "via": via,
+                              "scale": scale, "before": before}
+
+
 def batch_fingerprint(*, loader: int, epoch: int, index: int, value: Any, sampler: str | None,
                       replicas: list[int] | None = None) -> Made:
     return "batch_fingerprint", {"loader": loader, "epoch": epoch, "index": index, "value": value,
@@ -688,6 +708,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
+    "grad_allreduce": grad_allreduce,
     "param_created": param_created, "loaders_zipped": loaders_zipped,
     "internal_error": internal_error, "run_end": run_end,
 }
@@ -739,6 +760,7 @@ NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init"
              "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already
              "replica_checksum",  # bookkeeping after a step
              "batch_fingerprint",  # bookkeeping before a backward: the batch's checksum
+             "grad_allreduce",  # bookkeeping at a step: what the script's all-reduce made
              "grad_flow",  # the per-update gradient norms for the pictures, written at the end
              "folded",  # stands for turns the recorder folded out; the timeline counts them apart
              "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call

@@ -14,6 +14,7 @@ import types
 import pytest
 import torch
 import torch._dynamo  # noqa: F401  first imported by an optimizer; it rebinds torch.manual_seed
+import torch.distributed
 import torch.nn.utils.clip_grad
 import torch.optim.lr_scheduler
 import torch.utils.data
@@ -36,6 +37,7 @@ def _owners() -> dict[str, object]:
     owners = {
         "torch": torch, "torch.Tensor": torch.Tensor, "torch.autograd": torch.autograd,
         "torch.nn.Module": torch.nn.Module, "torch.nn.utils": torch.nn.utils,
+        "torch.distributed": torch.distributed,  # all_reduce (hand-written data parallelism)
         "torch.nn.utils.clip_grad": torch.nn.utils.clip_grad,
         "DataLoader": torch.utils.data.DataLoader, "torch.amp.GradScaler": torch.amp.GradScaler,
         "LRScheduler": torch.optim.lr_scheduler.LRScheduler,

@@ -48,7 +48,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "distributed/good_single_rank_group_loader.py",  # batch_fingerprint
             "data/bad_unshuffled_sorted_image_folder.py",  # batch_labels
             "registration/bad_layer_built_in_forward.py",  # param_created
-            "data/bad_loaders_shuffled_apart.py"]  # loaders_zipped
+            "data/bad_loaders_shuffled_apart.py",  # loaders_zipped
+            "distributed/good_single_rank_allreduce.py"]  # grad_allreduce
 
 GRAD_EDIT_SCRIPT = """
 import torch

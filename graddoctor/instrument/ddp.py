@@ -25,13 +25,31 @@
   group is up), so that the merge compares only ranks that train parameters of the same shapes
   from the same initial values; a pipeline's ranks, each owning other layers, never are.
 
+* ``torch.distributed.all_reduce`` (and ``all_reduce_coalesced``) called by the script itself:
+  hand-written data parallelism, which must average what it sums. For the first
+  ``ALLREDUCE_UPDATES`` updates that all-reduce gradients, a call from the user's code whose
+  tensor is a tracked parameter's ``.grad`` (itself, a view of all of it, its ``.data``) or,
+  otherwise, a buffer of more than one element (a flat ``torch.cat`` of the gradients) gets the
+  L2 norm of what the all-reduce produced (a device scalar: no host sync); for a gradient also
+  whether it was changed in place since the backward wrote it (divided before the all-reduce:
+  its version), for a buffer its norm before the call and that of every gradient as the
+  backward left them. The next optimizer step that applies those gradients compares (one host
+  read): the gradients it is about to apply against what the all-reduce made (``scale``: 1.0 when
+  nothing divided them afterwards, ``1 / world`` when the script averaged them), a buffer's
+  against the step's gradients as a whole when it held as many elements as they do (a metric
+  all-reduced matches none). One ``grad_allreduce`` event per all-reduce line and update, at
+  that line. Parameters of ``DistributedDataParallel`` modules (which average themselves), async
+  calls (their result is not there when the call returns) and closure steps are left alone.
+  Nothing of the script's is held: gradients are looked up by their pids again.
+
 * ``FSDPModule.set_requires_gradient_sync`` (FSDP2's ``no_sync``): while a parameter group
   does not reduce, a backward accumulates into FSDP's unsharded gradient, not into the sharded
   ``.grad`` the optimizer steps; ``written_aside`` tells the backward watcher which parameters
   such a backward wrote (their unsharded gradient changed), so that accumulation windows read
   as they do without FSDP.
 
-Per forward this costs one attribute read; nothing per parameter.
+Per forward this costs one attribute read; nothing per parameter. An all-reduce called by the
+script costs a frame check once its first updates are judged.
 """
 
 from __future__ import annotations
@@ -40,13 +58,18 @@ import functools
 import sys
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import events as ev
 from .identities import Identities
 from .gradstate import Tensor
+from .optim import _has_closure
 from .recorder import Deferred, Recorder
 
 CHECKSUM_STEPS = 3
+ALLREDUCE_UPDATES = 3  # the updates whose hand-written gradient all-reduces are judged
+_SAME = 1e-4  # relative: two norms of the same values (a buffer's and its pieces': 1e-3)
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def checksum_due(n: int, budget: int | None) -> bool:
@@ -61,6 +84,42 @@ def _checksum(params):
         norms = torch.stack(torch._foreach_norm(params)).double()
         weights = torch.arange(1, len(params) + 1, dtype=torch.float64, device=norms.device)
         return (norms * weights).sum()
+
+
+def _norm(tensor):
+    """The L2 norm of a tensor's values as a float64 device scalar (no host sync; half
+    precision is summed in float32)."""
+    with torch.no_grad():
+        return torch.linalg.vector_norm(
+            tensor.detach(), dtype=torch.float32 if tensor.dtype in _HALF else None).double()
+
+
+def _host(scalars: list) -> list[float]:
+    """Device scalars as floats: one read per device."""
+    out: list = [None] * len(scalars)
+    by_device: dict = {}
+    for i, s in enumerate(scalars):
+        by_device.setdefault(s.device, []).append(i)
+    for indices in by_device.values():
+        for i, value in zip(indices, torch.stack([scalars[i] for i in indices]).tolist()):
+            out[i] = value
+    return out
+
+
+def _op_name(op) -> str:
+    """``ReduceOp.SUM`` -> "sum" (a ReduceOp object, e.g. a premultiplied sum: its type)."""
+    name = getattr(op, "name", None)
+    return name.lower() if isinstance(name, str) else type(op).__name__.lower()
+
+
+def _agree(values: list[float]) -> float | None:
+    """The value of ratios that agree (rounded), or None."""
+    if not values:
+        return None
+    low, high = min(values), max(values)
+    if high - low > _SAME * max(abs(high), 1e-30):
+        return None
+    return float(f"{sum(values) / len(values):.6g}")
 
 
 class DDPWatcher:
@@ -85,6 +144,21 @@ class DDPWatcher:
         # ids of FSDP's unsharded parameters: the graph's leaves while the sharded ones are
         # gathered, never stepped themselves (the backward watcher does not track them)
         self.shadows: set[int] = set()
+        # all-reduces the script calls itself (hand-written data parallelism)
+        # updates (optimizer steps' intervals) in which the script all-reduced a floating
+        # tensor, and the step count of the latest: the first ALLREDUCE_UPDATES are looked at
+        self._ar_updates = 0
+        self._ar_update = -1
+        # (backward_calls, steps) when the lookups were built, {id(grad): pid},
+        # {(data_ptr, numel, dtype): pid}: pids only, nothing of the script's held
+        self._ar_lookup: tuple | None = None
+        # pid -> (location, op, world, norm after the all-reduce, changed before it)
+        self._ar_grads: dict[int, tuple] = {}
+        # (path, line) -> [location, op, world, elements, [norm before], [norm after]]
+        self._ar_flat: dict[tuple, list] = {}
+        # the gradients as the backward left them, read at the first buffer all-reduced after
+        # it: optimizer -> (elements, sum of squares); None: not read yet
+        self._ar_raw: dict | None = None
 
     def after_step(self, opt: int, optimizer) -> None:
         """The checksum of the replicated parameters an optimizer just stepped (at the steps
@@ -212,9 +286,216 @@ class DDPWatcher:
         return out
 
     def describe_loss(self, tensors) -> dict:
-        """For the backward event: ``allreduce`` when a DDP forward ran since the last backward."""
+        """For the backward event: ``allreduce`` when a DDP forward ran since the last backward.
+        A backward adds onto what an all-reduce made: nothing is left to compare."""
+        if self._ar_grads or self._ar_flat or self._ar_raw is not None:
+            self._ar_grads, self._ar_flat, self._ar_raw = {}, {}, None
         pending, self._pending = self._pending, None
         return {} if pending is None else {"allreduce": pending}
+
+    # -- hand-written data parallelism: the script's own all-reduce of the gradients ---------
+    def _wrap_all_reduce(self, original, many: bool):
+        watcher = self
+        is_user_file = self.rec.finder.is_user_file
+        progress = self.rec.progress
+
+        @functools.wraps(original)
+        def all_reduce(*args, **kwargs):
+            caller = sys._getframe(1)
+            if (watcher._ar_updates >= ALLREDUCE_UPDATES and progress.steps != watcher._ar_update) \
+                    or not is_user_file(caller.f_code.co_filename):
+                return original(*args, **kwargs)
+            seen = None
+            try:
+                seen = watcher._ar_before(args, kwargs, many, caller)
+            except Exception as exc:
+                watcher.rec.internal_error("torch.distributed.all_reduce", exc)
+            result = original(*args, **kwargs)
+            if seen is not None:
+                try:
+                    watcher._ar_after(*seen)
+                except Exception as exc:
+                    watcher.rec.internal_error("torch.distributed.all_reduce", exc)
+            return result
+
+        return all_reduce
+
+    def _ar_before(self, args, kwargs, many: bool, caller):
+        """What an all-reduce call from the script is given: None when there is nothing to
+        judge, else (location, op, world, [("grad", tensor, pid, changed) | ("flat", tensor,
+        norm before)])."""
+        import torch.distributed as dist
+
+        def arg(position: int, name: str, default=None):
+            return args[position] if len(args) > position else kwargs.get(name, default)
+
+        given = arg(0, "tensors" if many else "tensor")
+        if arg(3, "async_op", False):
+            return None  # the result comes at wait(): not judged
+        tensors = list(given) if many and isinstance(given, (list, tuple)) else [given]
+        rec = self.rec
+        entries = []
+        for t in tensors:
+            if type(t) is not Tensor or not t.is_floating_point() or t.requires_grad:
+                continue
+            pid, grad = self._ar_grad_of(t)
+            if pid is not None:
+                if rec.in_backward():  # a gradient hook: the backward has just written it
+                    changed = False
+                else:
+                    changed = (rec.grads.known.get(pid) != (id(grad), grad._version)
+                               or (t is not grad and t._base is None and t._version > 0))
+                entries.append(("grad", t, pid, changed))
+            elif not many and t.numel() > 1:
+                entries.append(("flat", t, _norm(t)))
+        if not entries:
+            return None
+        op = arg(1, "op", dist.ReduceOp.SUM)
+        world = dist.get_world_size(arg(2, "group"))
+        return self.rec.finder.location(caller), _op_name(op), world, entries
+
+    def _ar_after(self, loc, op: str, world: int, entries) -> None:
+        steps = self.rec.progress.steps
+        if steps != self._ar_update:  # the first all-reduce of an update
+            self._ar_update = steps
+            self._ar_updates += 1
+        for entry in entries:
+            if entry[0] == "grad":
+                _kind, t, pid, changed = entry
+                self._ar_grads[pid] = (loc, op, world, _norm(t), changed)
+                continue
+            _kind, t, before = entry
+            if self._ar_raw is None:
+                self._ar_raw = self._ar_raw_grads()
+            flat = self._ar_flat.get((loc.path, loc.line))
+            if flat is None:
+                flat = self._ar_flat[(loc.path, loc.line)] = [loc, op, world, 0, [], []]
+            flat[3] += t.numel()
+            flat[4].append(before)
+            flat[5].append(_norm(t))
+
+    def _ar_tracked(self):
+        """(pid, grad) of the tracked tensors with a plain gradient that no DDP module owns."""
+        rec, replicated = self.rec, self._replicated
+        pids, refs = rec.readable(rec.others_in_backward())
+        for pid, ref in zip(pids, refs):
+            tensor = ref()
+            if tensor is None or id(tensor) in replicated:
+                continue
+            grad = tensor.grad
+            if grad is not None and type(grad) is Tensor:
+                yield pid, grad
+
+    def _ar_grad_of(self, t):
+        """``(pid, grad)`` when ``t`` is a tracked gradient, a view of all of it or its
+        ``.data``; else ``(None, None)``. The lookups are built again after a backward or a
+        step, when a tensor is not found in them."""
+        progress = self.rec.progress
+        now = (progress.backward_calls, progress.steps)
+        for attempt in (0, 1):
+            lookup = self._ar_lookup
+            if lookup is not None:
+                pid = lookup[1].get(id(t))
+                if pid is None:
+                    pid = lookup[2].get((t.data_ptr(), t.numel(), t.dtype))
+                if pid is not None:
+                    tensor = self.rec.tensor(pid)
+                    grad = tensor.grad if tensor is not None else None
+                    if grad is not None and (grad is t or (
+                            grad.data_ptr() == t.data_ptr() and grad.numel() == t.numel()
+                            and grad.dtype == t.dtype)):
+                        return pid, grad
+            if attempt or (lookup is not None and lookup[0] == now):
+                break
+            by_id, by_ptr = {}, {}
+            for pid, grad in self._ar_tracked():
+                by_id[id(grad)] = pid
+                by_ptr[(grad.data_ptr(), grad.numel(), grad.dtype)] = pid
+            self._ar_lookup = (now, by_id, by_ptr)
+        return None, None
+
+    def _ar_raw_grads(self) -> dict:
+        """Per optimizer, (elements, sum of squares as a device scalar) of the gradients of its
+        parameters as they are now (those no DDP module owns)."""
+        rec, replicated, out = self.rec, self._replicated, {}
+        for opt, pids in rec.opt_params.items():
+            grads = []
+            for pid in pids:
+                tensor = rec.tensor(pid)
+                grad = tensor.grad if tensor is not None and id(tensor) not in replicated else None
+                if grad is not None and type(grad) is Tensor:
+                    grads.append(grad)
+            if grads and len({g.device for g in grads}) == 1:
+                out[opt] = (sum(g.numel() for g in grads),
+                            torch.stack([_norm(g) for g in grads]).square().sum())
+        return out
+
+    def _ar_step(self, optimizer, args, kwargs) -> None:
+        """Before an optimizer step: the gradients it applies against what the script's
+        all-reduces made of them (one ``grad_allreduce`` per all-reduce line)."""
+        if not (self._ar_grads or self._ar_flat):
+            return
+        rec = self.rec
+        try:
+            if _has_closure(args, kwargs):
+                return
+            opt = rec.optimizer_id(optimizer)
+            owned = rec.opt_params.get(opt, ())
+            lines: dict[tuple, list] = {}  # (path, line) -> [loc, op, world, [(now, after, changed)]]
+            grads = self._ar_grads
+            for pid in owned:
+                entry = grads.pop(pid, None)
+                if entry is None:
+                    continue
+                loc, op, world, after, changed = entry
+                tensor = rec.tensor(pid)
+                grad = tensor.grad if tensor is not None else None
+                if grad is None or type(grad) is not Tensor:
+                    continue
+                line = lines.setdefault((loc.path, loc.line), [loc, op, world, []])
+                line[3].append((_norm(grad), after, changed))
+            flats = []
+            raw = (self._ar_raw or {}).get(opt)
+            if self._ar_flat and raw is not None:
+                applied = [g for g in (getattr(rec.tensor(pid), "grad", None) for pid in owned)
+                           if g is not None and type(g) is Tensor]
+                size = sum(g.numel() for g in applied)
+                if applied and size == raw[0]:
+                    for key, flat in list(self._ar_flat.items()):
+                        if flat[3] == size:
+                            flats.append((self._ar_flat.pop(key), len(applied)))
+                    if flats:
+                        now = torch.stack([_norm(g) for g in applied]).square().sum()
+            if not lines and not flats:
+                return
+            scalars = [s for line in lines.values() for item in line[3] for s in item[:2]]
+            if flats:
+                scalars.append(raw[1])
+                scalars.append(now)
+                for flat, _n in flats:
+                    scalars.append(torch.stack(flat[4]).square().sum())
+                    scalars.append(torch.stack(flat[5]).square().sum())
+            values = iter(_host(scalars))
+            for loc, op, world, items in lines.values():
+                ratios = []
+                for _now, _after, _changed in items:
+                    now_value, after_value = next(values), next(values)
+                    if after_value > 0:
+                        ratios.append(now_value / after_value)
+                rec.emit(ev.grad_allreduce(opt=opt, op=op, world=world, params=len(items),
+                                           via="grad", scale=_agree(ratios),
+                                           before=any(item[2] for item in items)), loc)
+            if flats:
+                raw_sq, applied_sq = next(values), next(values)
+                for (loc, op, world, _size, _before, _after), n in flats:
+                    before_sq, after_sq = next(values), next(values)
+                    unchanged = abs(before_sq - raw_sq) <= 10 * _SAME * max(raw_sq, 1e-30)
+                    scale = (float(f"{(applied_sq / after_sq) ** 0.5:.6g}")
+                             if after_sq > 0 else None)
+                    rec.emit(ev.grad_allreduce(opt=opt, op=op, world=world, params=n, via="flat",
+                                               scale=scale, before=not unchanged), loc)
+        except Exception as exc:
+            rec.internal_error("optimizer step (all-reduced gradients)", exc)
 
     def _wrap_forward(self, original):
         watcher = self
@@ -285,6 +566,14 @@ class DDPWatcher:
 
         patcher.patch(DistributedSampler, "__iter__",
                       self._wrap_sampler_iter(DistributedSampler.__iter__))
+        import torch.distributed as dist
+
+        if dist.is_available():
+            patcher.patch(dist, "all_reduce", self._wrap_all_reduce(dist.all_reduce, many=False))
+            if hasattr(dist, "all_reduce_coalesced"):
+                patcher.patch(dist, "all_reduce_coalesced",
+                              self._wrap_all_reduce(dist.all_reduce_coalesced, many=True))
+        patcher.handle(register_optimizer_step_pre_hook(self._ar_step))
 
 
 def _holds(value, sampler) -> bool:
