@@ -70,3 +70,24 @@ def test_a_window_that_accumulates_silences_it():
         t.backward(accumulated=P, line=13, loss_scale_factor=0.5)
         t.step(0, line=12)
     assert findings(t, "accumulation-never-accumulates") == []
+
+
+def test_a_loss_divided_by_the_world_size_of_a_hand_written_all_reduce_is_silent():
+    from graddoctor import events as ev
+    from graddoctor.rules.accumulation_never_accumulates import AccumulationNeverAccumulates
+    from graddoctor.analysis import Analysis
+    from graddoctor.trace import TraceBuilder
+
+    def trace(world):
+        t = TraceBuilder()
+        t.optimizer(0, [0, 1], line=3)
+        for _ in range(4):
+            t.clear([0, 1], line=5)
+            t.backward(fresh=[0, 1], line=6, loss_scale_factor=0.5, loss_terms=["mean"])
+            t.put(ev.grad_allreduce(opt=0, op="SUM", world=world, params=2, via="grad",
+                                    scale=0.5, before=False), 7)
+            t.step(0, line=8)
+        return list(AccumulationNeverAccumulates().check(Analysis(t.trace)))
+
+    assert trace(2) == []
+    assert len(trace(4)) == 1  # / 2 with four ranks: not the world size

@@ -63,7 +63,8 @@ class AccumulationNeverAccumulates(Rule):
     ## Stays silent on
     Accumulation windows on a counter or with the tail flushed; `loss * (1 / k)`; an average
     of two losses (`(loss_i + loss_t) / 2`); constants that normalise rather than accumulate
-    (a summed loss divided by the batch size); FSDP's accumulation.
+    (a summed loss divided by the batch size); FSDP's accumulation; a loss divided by the
+    world size in data parallelism by hand (the gradients all-reduced with SUM make the mean).
     """
 
     code = "GD209"
@@ -95,6 +96,8 @@ class AccumulationNeverAccumulates(Rule):
                 continue  # (l1 + ... + lk) / k: the average of k losses
             if any(e["opt"] == opt for e in edits):
                 continue  # gradients rescaled by hand before some step
+            if any(e.get("world") == k for e in a.of_kind("grad_allreduce")):
+                continue  # data parallelism by hand: the loss / world size averages the summed grads
             if any(d.later_step is not None and d.later_step["opt"] == opt for d in a.ledger.discards):
                 continue  # the other micro-batches were discarded: misplaced-zero-grad's finding
             yield self._finding(a, opt, windows, factor, k)
