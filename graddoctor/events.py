@@ -285,7 +285,8 @@ graph_kept         name (the variable that keeps them, as found in the script's 
 grad_stops         params [pid] (the parameters whose gradient was exactly zero and that the
                    diagnosed backward's graph reaches), stops [str] (the autograd nodes where the
                    gradient toward them stops: non-zero in, zero out, nearest the loss first:
-                   ``RoundBackward0``, ``ClampBackward1``), loss_zero (the loss itself was 0) —
+                   ``RoundBackward0``, ``ClampBackward1``; a matmul or convolution whose saved
+                   weight is all zero gets ``:zero_weights``), loss_zero (the loss itself was 0) —
                    one diagnosed backward after an update with exactly-zero gradients (loc: the
                    backward; an aside)
 snapshot_alias     via ("load_state_dict" | "torch.save"), taken ([path, line, function] of the

@@ -134,3 +134,31 @@ def test_a_selection_that_drops_part_of_a_modules_output_points_at_the_modules_c
     f = only(t, SLUG)
     assert f.location.line == 3 and "only part of the output" in f.message
     assert "h_n[-2], h_n[-1]" in f.fix
+
+
+def test_a_layer_whose_weights_are_all_zero_is_named_and_the_init_call_found(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfor m in layers:\n"
+                      "    torch.nn.init.zeros_(m.bias); torch.nn.init.zeros_(m.weight)\n")
+    monkeypatch.chdir(tmp_path)
+    f = only(_loop(lambda i: [0.0, 0.0, 1.0, 0.5], stops=("AddmmBackward0:zero_weights",)), SLUG)
+    assert f.location.line == 3 and "zeros_(m.weight)" in f.message
+    assert "weights are all zero" in f.message and "default initialisation" in f.fix
+    # a matmul whose weights are not zero is no reason the rule knows
+    assert findings(_loop(lambda i: [0.0, 0.0, 1.0, 0.5], stops=("AddmmBackward0",)), SLUG) == []
+
+
+def test_the_watcher_marks_a_stop_at_a_zero_weight_matrix():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        first, second = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+        torch.nn.init.zeros_(second.weight)
+        second.weight.requires_grad_(False)  # stays zero: the gradient never passes it
+        opt = torch.optim.SGD([*first.parameters(), second.bias], lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            second(torch.tanh(first(torch.randn(16, 4)))).pow(2).mean().backward()
+            opt.step()
+    stops = rec.trace.of_kind("grad_stops")
+    assert stops and stops[0]["stops"] == ["AddmmBackward0:zero_weights"]

@@ -87,7 +87,11 @@ class GradStopWatcher:
         stops: list[str] = []
         loss_zero = bool(tensors.detach() == 0)
         for node, inputs in relevant.items():
-            self._handles.append(node.register_hook(_stop_hook(node, inputs, stops)))
+            weight = _WEIGHTS.get(node.name())
+            zero: list = []  # a matmul's weight all zero, read before the node frees it
+            if weight is not None:
+                self._handles.append(node.register_prehook(_weight_check(node, weight, zero)))
+            self._handles.append(node.register_hook(_stop_hook(node, inputs, stops, zero)))
         loc = self.rec.here()
         rec = self.rec
 
@@ -138,14 +142,33 @@ def _guarded(fn, rec):
     return call
 
 
-def _stop_hook(node, inputs: tuple[int, ...], stops: list):
+# matmul-like nodes and the saved tensor that holds the layer's weight: a gradient that stops
+# there because the weight is all zero (every layer initialised to 0) says so
+_WEIGHTS = {"AddmmBackward0": "_saved_mat2", "MmBackward0": "_saved_mat2",
+            "ConvolutionBackward0": "_saved_weight"}
+
+
+def _weight_check(node, attr: str, zero: list):
+    def prehook(grad_outputs):
+        try:
+            weight = getattr(node, attr, None)
+            if isinstance(weight, torch.Tensor) and weight.layout == torch.strided:
+                zero.append(not bool(weight.any()))
+        except Exception:
+            pass  # a diagnosis never breaks the backward
+        return None
+
+    return prehook
+
+
+def _stop_hook(node, inputs: tuple[int, ...], stops: list, zero: list):
     name = node.name()
 
     def hook(grad_inputs, grad_outputs):
         try:
             if any(_nonzero(g) for g in grad_outputs) and \
                     not any(_nonzero(grad_inputs[i]) for i in inputs if i < len(grad_inputs)):
-                stops.append(name)
+                stops.append(f"{name}:zero_weights" if zero and zero[-1] else name)
         except Exception:
             pass  # a diagnosis never breaks the backward
         return None

@@ -21,13 +21,17 @@ _KINDS = {
     "Stack": ("part", ()), "Cat": ("part", ()), "Select": ("part", ()), "Slice": ("part", ()),
     "Split": ("part", ()), "SplitWithSizes": ("part", ()), "Unbind": ("part", ()),
     "Narrow": ("part", ()),
+    # the gradient cannot pass a layer whose weight is all zero (zero initialisation)
+    "ZeroWeights": ("zero_weights", ("zeros_", "constant_", "zero_", "fill_")),
 }
 
 
 def _op(node_name: str) -> str:
-    """``RoundBackward0`` -> ``Round``."""
-    base = node_name.split("Backward", 1)[0]
-    return base
+    """``RoundBackward0`` -> ``Round``; a layer whose weight is all zero (``AddmmBackward0:
+    zero_weights``, marked by the diagnosis) -> ``ZeroWeights``."""
+    if node_name.endswith(":zero_weights"):
+        return "ZeroWeights"
+    return node_name.split("Backward", 1)[0]
 
 
 def _module_attrs(a, pids) -> tuple[str, ...]:
@@ -55,7 +59,8 @@ class GradsAlwaysZero(Rule):
     measured, because the gradient stops at an operation on its way from the loss: `round`,
     `floor`, `sign` (their derivative is zero everywhere), a `clamp` or ReLU that is saturated or
     dead for every sample, a selection that drops the part of an output they make (`h_n[-1]` of a
-    bidirectional LSTM keeps only one direction). It also finds an optimizer all of whose gradients have become exactly
+    bidirectional LSTM keeps only one direction), a layer whose weights are all zero (every layer
+    initialised with `nn.init.zeros_`). It also finds an optimizer all of whose gradients have become exactly
     zero (a loss multiplied by 0, an output clamped outside the targets' range). graddoctor
     reads the norms it already measures; after an update with zero gradients it follows one
     backward through the graph to the node where the gradient stops, and points at that call in
@@ -85,8 +90,9 @@ class GradsAlwaysZero(Rule):
     ```
 
     ## Stays silent on
-    A straight-through estimator; a gradient that is zero at the first updates only (LoRA's B
-    and a zero-initialised gate start at zero); parameters that get no gradient at all (None:
+    A straight-through estimator; a gradient that is zero at the first updates only (LoRA's B,
+    a zero-initialised gate, a residual branch's or a "zero convolution"'s last layer start at
+    zero and move at the first step); parameters that get no gradient at all (None:
     `param-without-grad`); gradients cleared by hand (`grads-cleared-before-step`); part of a
     model reached only through a multiplication by zero (`0 * sum(p.sum() ...)`, which keeps
     unused parameters in DDP's graph on purpose); a loss that is exactly 0 because the fit is
@@ -198,7 +204,7 @@ class GradsAlwaysZero(Rule):
             how = "factor"
         if how == "part":
             calls = _module_attrs(a, pids)
-        loc, call_text = self._call_site(a, event, calls)
+        loc, call_text = self._call_site(a, event, calls, prefer="weight" if how == "zero_weights" else None)
         if op == "Mul" and whole and event is not None and event.loc is not None:
             assigned = a.source.loss_assignment(event.loc.path, event.loc.line)
             if assigned is not None:  # a factor of the loss that is 0
@@ -215,6 +221,11 @@ class GradsAlwaysZero(Rule):
                          "so no gradient passes it",
             "dead": f"{where} is inactive for every element (a dead ReLU layer), so no gradient passes it",
             "dropped": f"{where} drops every element",
+            "zero_weights": (f"the gradient stops at a layer whose weights are all zero (initialised "
+                             f"by {where}): nothing flows back through it, and the layers before "
+                             f"it (and its own weights, whose input is 0) stay where they are"
+                             if call_text else "the gradient stops at a layer whose weights are "
+                             "all zero: nothing flows back through it"),
             "part": (f"only part of the output of {where} reaches the loss: the gradient stops at "
                      f"a selection (`{name}`) that drops the part these parameters make"),
             "factor": f"the loss `{call_text}` is multiplied by a factor that is 0",
@@ -233,6 +244,9 @@ class GradsAlwaysZero(Rule):
                          "or use a smooth squashing such as sigmoid), or clamp only at inference",
             "dead": "revive the ReLU: a smaller learning rate or bias init, or LeakyReLU/GELU",
             "dropped": "use a dropout probability below 1",
+            "zero_weights": ("do not initialise weights to zero: keep the layers' default "
+                             "initialisation (or nn.init.kaiming_uniform_ / xavier_uniform_); "
+                             "zeros are fine for biases only"),
             "part": ("use the whole output: for a bidirectional RNN's final state, both "
                      "directions (torch.cat([h_n[-2], h_n[-1]], dim=-1)); or remove the part "
                      "that is not used"),
@@ -249,12 +263,15 @@ class GradsAlwaysZero(Rule):
             fix=fix)
 
     @staticmethod
-    def _call_site(a, event, calls) -> tuple[Location | None, str | None]:
+    def _call_site(a, event, calls, prefer: str | None = None) -> tuple[Location | None, str | None]:
         """The script's call of the op where the gradient stops, found by name in the file of
-        the diagnosed backward: the first inside a ``forward``, else the first."""
+        the diagnosed backward: the first inside a ``forward``, else the first (among those whose
+        text holds ``prefer``, when some do)."""
         if event is None or event.loc is None or not calls:
             return None, None
         found = a.source.calls_named(event.loc.path, calls)
+        if prefer is not None:
+            found = [c for c in found if prefer in c[1]] or found
         if not found:
             return None, None
         line, text, _ = next((c for c in found if c[2]), found[0])
