@@ -105,13 +105,14 @@ class GradStopWatcher:
         # the first hook to fire (the loss's node) queues the removal for the backward's end
         root = tensors.grad_fn
 
-        def queue(grad_inputs, grad_outputs):
+        def queue(grad_outputs):
             try:
                 torch.autograd.Variable._execution_engine.queue_callback(_guarded(finish, rec))
             except Exception as exc:
                 rec.internal_error("zero gradients (diagnosis end)", exc)
+            return None
 
-        self._handles.append(root.register_prehook(lambda grad_outputs: queue(None, grad_outputs)))
+        self._handles.append(root.register_prehook(queue))
 
     def _remove(self) -> None:
         handles, self._handles = self._handles, []
