@@ -118,7 +118,14 @@ train / eval       the user's outermost Module.train()/eval() call: mode (bool),
                    frozen), modules [mid] (BatchNorm/dropout layers it covers), calls (merged)
 mode_module        mid, name, cls, layer ("batchnorm" | "dropout"), has_params, frozen, owned,
                    trainable, updated (changed in place outside an optimizer: EMA),
-                   track_running_stats, momentum, p, freeze (seq of its freeze event | None)
+                   track_running_stats, momentum, p, freeze (seq of its freeze event | None),
+                   for a dropout layer seen in train mode under no_grad: model (the script's
+                   name of the outermost model holding it whose parameters no optimizer trains:
+                   a frozen teacher or an EMA copy, ``teacher``; None: not looked at, or every
+                   model holding it trains), model_unchanged (int|None: across how many
+                   updates its parameters were seen unchanged so far, looked at from one of its
+                   forwards to a later one, at most ``MODEL_STATIC_AFTER``), model_changed
+                   (they changed between two of its forwards: an EMA / momentum teacher)
 mode_forward       training, grad, inference, modules [mid], grad_modules [mid] (gradient flows
                    through), calls, recalibrating, nested (a no-grad forward made inside an
                    outermost module call that also ran grad-enabled ones: targets computed in
@@ -344,6 +351,11 @@ from typing import Any, Callable
 
 Made = tuple[str, dict]  # (kind, data): what Recorder.emit and Trace.put take
 
+# ``mode_module``'s model_unchanged: over how many optimizer steps (backward calls without an
+# optimizer) the parameters of a model run with dropout in train mode under no_grad are looked
+# at before it counts as static, a frozen teacher rather than an EMA copy (instrument/modes.py)
+MODEL_STATIC_AFTER = 3
+
 
 def run_start(*, script: str, argv: list[str], device: str, torch_version: str) -> Made:
     return "run_start", {"script": script, "argv": argv, "device": device,
@@ -499,12 +511,14 @@ def mode_set(*, mode: bool, leaf: bool, root: str, frozen: bool, modules: list[i
 def mode_module(*, mid: int, name: str, cls: str, layer: str, has_params: bool,
                 frozen: bool | None, owned: bool | None, trainable: bool | None, updated: bool,
                 track_running_stats: bool | None, momentum: float | None, p: float | None,
-                freeze: int | None = None) -> Made:
+                freeze: int | None = None, model: str | None = None,
+                model_unchanged: int | None = None, model_changed: bool = False) -> Made:
     return "mode_module", {"mid": mid, "name": name, "cls": cls, "layer": layer,
                            "has_params": has_params, "frozen": frozen, "owned": owned,
                            "trainable": trainable, "updated": updated,
                            "track_running_stats": track_running_stats, "momentum": momentum,
-                           "p": p, "freeze": freeze}
+                           "p": p, "freeze": freeze, "model": model,
+                           "model_unchanged": model_unchanged, "model_changed": model_changed}
 
 
 def mode_forward(*, training: bool, grad: bool, inference: bool, modules: list[int],

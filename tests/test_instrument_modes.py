@@ -103,7 +103,10 @@ def test_forwards_are_aggregated_per_call_site_and_mode():
     assert set(forwards[0]["grad_modules"]) == set(forwards[0]["modules"])
     assert forwards[1]["grad_modules"] == []
     modules = of(trace, "mode_module")
-    assert len(modules) == 6  # once per layer: the facts did not change
+    # once per layer (the facts did not change), and the dropout layer's once more when its first
+    # no-grad forward in train mode notes the model holding it (no optimizer trains it: a teacher?)
+    assert len(modules) == 7
+    assert [e["model"] for e in modules if e["layer"] == "dropout"] == [None, "model"]
     assert modules[0]["name"] == "model.1" and modules[-1]["name"] == "model.17"
 
 
@@ -265,3 +268,110 @@ def test_torch_jit_script_of_batchnorm_and_dropout_models_works_under_instrument
     with Instrumentation(Recorder(step_budget=None)):
         scripted = torch.jit.script(model)
         assert torch.equal(scripted(x), expected)
+
+
+# -- models run with dropout in train mode under no_grad: frozen teachers and EMA copies ---------
+def distill(update=None, steps=6, wrap=False, optimizer=True):
+    """A distillation loop under the instrumentation: a teacher with dropout in train mode makes
+    the targets under no_grad, a student trains; ``update(teacher, student)`` runs after each
+    step. Returns the dropout layers' mode_module events by name."""
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    student = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 3))
+    if update is not None and update.__name__.startswith("ema"):
+        teacher = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.3), nn.Linear(8, 3))
+    x = torch.randn(8, 6)
+
+    class Holder(nn.Module):  # the teacher's no-grad pass inside the training forward
+        def __init__(self):
+            super().__init__()
+            self.teacher, self.student = teacher, student
+
+        def forward(self, x):
+            with torch.no_grad():
+                target = self.teacher(x)
+            return nn.functional.mse_loss(self.student(x), target)
+
+    holder = Holder()
+
+    def script():
+        opt = torch.optim.SGD(student.parameters(), lr=0.1) if optimizer else None  # watched
+        for _ in range(steps):
+            if wrap:
+                loss = holder(x)
+            else:
+                with torch.no_grad():
+                    target = teacher(x)
+                loss = nn.functional.mse_loss(student(x), target)
+            if opt is not None:
+                opt.zero_grad()
+            loss.backward()
+            if opt is not None:
+                opt.step()
+            else:
+                with torch.no_grad():
+                    for p in student.parameters():
+                        p -= 0.1 * p.grad
+                        p.grad = None
+            if update is not None:
+                update(teacher, student)
+
+    modules = of(record(script), "mode_module")
+    return {name: [e for e in modules if e["name"] == name] for name in {e["name"] for e in modules}}
+
+
+def facts(events):
+    return [(e["model"], e["model_unchanged"], e["model_changed"]) for e in events]
+
+
+def test_a_frozen_teacher_is_seen_unchanged_for_a_few_steps_then_no_longer_looked_at():
+    from graddoctor.events import MODEL_STATIC_AFTER
+    by_name = distill(steps=8)
+    assert facts(by_name["teacher.2"]) == [("teacher", n, False) for n in range(MODEL_STATIC_AFTER + 1)]
+    assert facts(by_name["student.2"]) == [(None, None, False)]  # it trains with grad: not looked at
+
+
+def ema_in_place(teacher, student):
+    with torch.no_grad():
+        for t, s in zip(teacher.parameters(), student.parameters()):
+            t.mul_(0.99).add_(s, alpha=0.01)
+
+
+def ema_through_data(teacher, student):  # the Mean Teacher paper's code: no version moves
+    for t, s in zip(teacher.parameters(), student.parameters()):
+        t.data.mul_(0.99).add_(s.data, alpha=0.01)
+
+
+def ema_data_swap(teacher, student):  # MoCo: new storage
+    for t, s in zip(teacher.parameters(), student.parameters()):
+        t.data = t.data * 0.99 + s.data * 0.01
+
+
+@pytest.mark.parametrize("update", [ema_in_place, ema_through_data, ema_data_swap])
+def test_an_ema_teacher_is_seen_changed(update):
+    assert facts(distill(update)["teacher.2"]) == [("teacher", 0, False), ("teacher", 0, True)]
+
+
+def test_without_an_optimizer_the_clock_is_the_backward_calls():
+    assert facts(distill(optimizer=False)["teacher.2"])[-1] == ("teacher", 3, False)
+
+
+def test_the_teacher_inside_a_module_holding_the_student_is_named_by_its_path():
+    by_name = distill(wrap=True, steps=3)
+    assert facts(by_name["holder.teacher.2"])[-1] == ("holder.teacher", 2, False)
+
+
+def test_a_trained_model_run_under_no_grad_is_no_teacher():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    x = torch.randn(4, 4)
+
+    def script():
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            with torch.no_grad():
+                target = model(x)  # a pseudo-label by the model itself
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x + 0.1), target).backward()
+            opt.step()
+
+    assert facts(of(record(script), "mode_module")) == [(None, None, False)]

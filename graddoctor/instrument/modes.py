@@ -19,6 +19,14 @@ What is watched, and how cheaply:
   ``forward``, kept in a plain list) is a ``dropout_default`` aside event ("unregistered"):
   one attribute read per dropout forward in train mode, a walk of the model once per layer
   only when the model is in eval mode.
+* Teachers: a dropout layer (p > 0) in train mode under no_grad is noted with the outermost
+  model holding it whose parameters no optimizer trains (``mode_module``'s ``model``: a frozen
+  distillation teacher, or an EMA / momentum copy), found once per outermost module called. Of
+  each such model a few of its later forwards, once per optimizer step (per backward without
+  an optimizer), look whether its parameters changed since the first (versions, storage and 64
+  elements of up to 8 of them: ``p.data.mul_`` moves no version): changed is an EMA teacher
+  (``model_changed``); unchanged over ``STATIC_AFTER`` steps, a static one
+  (``model_unchanged``). Then it is not looked at again: one attribute read per dropout forward.
 * Freezes (``Tensor.requires_grad_(False)`` on a parameter, which ``Module.requires_grad_``
   calls): ``freeze`` events, so a finding can point at them. ``p.requires_grad = False`` is a
   C attribute and is not seen.
@@ -58,10 +66,19 @@ _CALL_CODES = frozenset(map(id, (torch.nn.Module._call_impl.__code__, torch.nn.M
 _RESET_CALLERS = frozenset(map(id, (batchnorm._NormBase.reset_parameters.__code__, batchnorm._NormBase.__init__.__code__)))
 
 
+# a model holding dropout layers run in train mode under no_grad: over how many optimizer steps
+# its parameters must stay unchanged to count as static (a frozen teacher, not an EMA copy), and
+# how much of them is compared (see _Model)
+STATIC_AFTER = ev.MODEL_STATIC_AFTER
+_SAMPLED_TENSORS = 8
+_SAMPLED_ELEMENTS = 64
+_VERSIONED_TENSORS = 256
+
+
 class _State:
     """What graddoctor knows about one BatchNorm/dropout module."""
 
-    __slots__ = ("ref", "mid", "is_bn", "flags", "version", "updated", "trainable")
+    __slots__ = ("ref", "mid", "is_bn", "flags", "version", "updated", "trainable", "model", "model_root")
 
     def __init__(self, module, mid: int):
         self.ref = weakref.ref(module)
@@ -71,6 +88,64 @@ class _State:
         self.version: tuple | None = None
         self.updated = False  # params not owned by an optimizer changed in place (EMA, momentum encoder)
         self.trainable = False  # some parameter requires grad
+        # a dropout layer run in train mode under no_grad: the _Model holding it (None: not
+        # looked at, or no untrained model holds it) and the outermost module it was looked up in
+        self.model: _Model | None = None
+        self.model_root: int | None = None
+
+
+class _Model:
+    """A model holding dropout layers run in train mode under no_grad whose parameters no
+    optimizer trains: a frozen teacher, or an EMA / momentum copy changed by hand. Its
+    parameters are compared at a few of its later forwards, once per clock tick (optimizer
+    steps; backward calls in a run without an optimizer), with what they were at the first."""
+
+    __slots__ = ("ref", "name", "clock", "base", "unchanged", "changed", "done")
+
+    def __init__(self, module, name: str, clock: int):
+        self.ref = weakref.ref(module)
+        self.name = name
+        self.clock = clock
+        self.base = self._snapshot(module)
+        self.unchanged = 0  # clock ticks over which the parameters were seen unchanged
+        self.changed = False
+        self.done = False
+
+    @staticmethod
+    def _snapshot(module) -> tuple:
+        """Versions and storage of the parameters (in place, ``p.data = ...``) and a few of
+        their values (``p.data.mul_(...)`` moves no version)."""
+        params = _plain_params(module)
+        marks = tuple((p._version, p.data_ptr()) for p in params[:_VERSIONED_TENSORS])
+        every = max(1, len(params) // _SAMPLED_TENSORS)
+        with torch.no_grad():
+            values = [p.detach().reshape(-1)[:_SAMPLED_ELEMENTS].clone()
+                      for p in params[::every][:_SAMPLED_TENSORS]]
+        return len(params), marks, values
+
+    def look(self, clock: int) -> None:
+        """One look at a later tick of the clock than the last one."""
+        self.clock = clock
+        module = self.ref()
+        if module is None:
+            self.done = True
+            return
+        count, marks, values = self._snapshot(module)
+        base = self.base
+        if count != base[0] or marks != base[1] or not all(map(torch.equal, values, base[2])):
+            self.changed = self.done = True
+            self.base = None
+            return
+        self.unchanged += 1
+        if self.unchanged >= STATIC_AFTER:
+            self.done = True
+            self.base = None
+
+
+def _plain_params(module) -> list:
+    """The parameters whose values can be read here: plain tensors, neither lazy, meta nor a
+    tensor subclass (a DTensor shard)."""
+    return [p for p in module.parameters() if type(p) is torch.nn.Parameter and not p.is_meta]
 
 
 class ModeWatcher:
@@ -95,6 +170,10 @@ class ModeWatcher:
         self._member: dict[int, tuple] = {}
         self._unregistered_done: set[tuple] = set()
         self._codes: dict[int, object] = {}  # the code objects whose ids are in keys (site_key)
+        # outermost modules called with dropout in train mode under no_grad: id -> (weak ref,
+        # {id(dropout layer): the _Model holding it, or None}); the _Models by id of their module
+        self._model_roots: dict[int, tuple] = {}
+        self._models: dict[int, _Model] = {}
         self._root: tuple | None = None  # (outermost call frame, its module), see _record_forward
         self._mode_depth = 0
         self._freezing = False
@@ -244,18 +323,15 @@ class ModeWatcher:
 
     def _record_forward(self, module, input) -> None:
         outer, site, site_key = self._call_site()
-        state = self._state(module, outer, site)
-        mid = state.mid
         grad = torch.is_grad_enabled()
         training = bool(module.training)
+        state = self._state(module, outer, site, training and not grad)
+        mid = state.mid
         key = (training, grad, site_key)
         # does the gradient flow through this module (is it part of what is being trained)?
         flows = grad and ((isinstance(input, torch.Tensor) and input.requires_grad) or state.trainable)
         if training and not state.is_bn and outer is not None:
-            root = self._root
-            if root is None or root[0] is not outer:  # once per outermost call
-                root = self._root = (outer, outer.f_locals.get("self"))
-            root = root[1]
+            root = self._outer_self(outer)
             if root is not module and isinstance(root, torch.nn.Module) and not root.training:
                 self._unregistered(module, root, site)
         entry = self._window.get(key)
@@ -294,6 +370,13 @@ class ModeWatcher:
         elif not any(d is data for d in mix[2]):
             mix[2].append(data)
 
+    def _outer_self(self, outer):
+        """The module whose outermost call ``outer`` is (read once per outermost call)."""
+        root = self._root
+        if root is None or root[0] is not outer:
+            root = self._root = (outer, outer.f_locals.get("self"))
+        return root[1]
+
     def _unregistered(self, dropout, root, site) -> None:
         """A dropout layer in train mode inside a call of ``root``, which is in eval mode: when
         the layer is no submodule of ``root`` (``nn.Dropout(p)(x)`` built in ``forward``, a
@@ -315,7 +398,7 @@ class ModeWatcher:
             name=variable_name(root, site) if site is not None else None,
             grad=torch.is_grad_enabled(), how="unregistered"), self._loc(call))
 
-    def _state(self, module, outer, site) -> _State:
+    def _state(self, module, outer, site, no_grad_training: bool = False) -> _State:
         state = self._states.get(id(module))
         if state is None or state.ref() is not module:
             state = _State(module, self._mid(module))
@@ -344,19 +427,81 @@ class ModeWatcher:
             flags = (weight is not None, state.trainable, owned, state.updated,
                      module.track_running_stats, module.momentum)
         else:
-            flags = (module.p,)
+            if no_grad_training and outer is not None:
+                self._watch_model(module, state, self._outer_self(outer), site)
+            model = state.model
+            if model is None:
+                flags = (module.p,)
+            else:
+                if not model.done:
+                    progress = self.rec.progress
+                    clock = progress.steps if self.owned else progress.backward_calls
+                    if clock > model.clock:
+                        model.look(clock)
+                flags = (module.p, model.name, model.unchanged, model.changed)
         if flags != state.flags:
             state.flags = flags
             self._emit_module(module, state, outer, site)
         return state
 
+    # -- the models holding dropout layers run in train mode under no_grad (teachers) ---------
+    def _watch_model(self, module, state: _State, root, site) -> None:
+        """Note the model holding this dropout layer whose parameters no optimizer trains (see
+        the module docs); once per layer and outermost module called (``root``)."""
+        if state.model_root == id(root) or not isinstance(root, torch.nn.Module):
+            return
+        state.model_root = id(root)
+        entry = self._model_roots.get(id(root))
+        if entry is None or entry[0]() is not root:
+            entry = (weakref.ref(root), self._models_in(root, site))
+            self._model_roots[id(root)] = entry
+        state.model = entry[1].get(id(module))
+
+    def _models_in(self, root, site) -> dict[int, _Model | None]:
+        """For each dropout layer (p > 0) under ``root``: the outermost module on its path from
+        ``root`` that holds parameters of which an optimizer trains none (owned and requiring
+        grad), as a ``_Model``. One walk of ``root``, once per outermost module called."""
+        owned, pid = self.owned, self.rec.pid
+        prefix = variable_name(root, site) or type(root).__name__
+        modules = dict(root.named_modules())
+        untrained: dict[str, bool] = {}
+
+        def is_untrained(path: str) -> bool:
+            if path not in untrained:
+                module = modules[path]
+                untrained[path] = bool(_plain_params(module)) and not any(
+                    p.requires_grad and pid(p) in owned for p in module.parameters())
+            return untrained[path]
+
+        found: dict[int, _Model | None] = {}
+        progress = self.rec.progress
+        clock = progress.steps if owned else progress.backward_calls
+        for path, m in modules.items():
+            if not isinstance(m, DROPOUT) or not m.p > 0:
+                continue
+            parts = path.split(".") if path else []
+            holder = next((".".join(parts[:i]) for i in range(len(parts))
+                           if is_untrained(".".join(parts[:i]))), None)
+            if holder is None:
+                found[id(m)] = None
+                continue
+            held = modules[holder]
+            model = self._models.get(id(held))
+            if model is None or model.ref() is not held:
+                model = _Model(held, f"{prefix}.{holder}" if holder else prefix, clock)
+                self._models[id(held)] = model
+            found[id(m)] = model
+        return found
+
     def _emit_module(self, module, state: _State, outer, site) -> None:
+        model = None
         if state.is_bn:
             has_params, trainable, owned, updated, track, momentum = state.flags
             p = None
         else:
-            (p,) = state.flags
+            p = state.flags[0]
             has_params, trainable, owned, updated, track, momentum = False, False, None, False, None, None
+            model = state.model
         frozen = (not trainable) if has_params else None
         freeze = None
         weight = getattr(module, "weight", None)
@@ -369,6 +514,9 @@ class ModeWatcher:
             layer="batchnorm" if state.is_bn else "dropout", has_params=has_params, frozen=frozen,
             owned=owned, trainable=trainable if has_params else None, updated=updated,
             track_running_stats=track, momentum=momentum, p=p, freeze=freeze,
+            model=model.name if model is not None else None,
+            model_unchanged=model.unchanged if model is not None else None,
+            model_changed=model.changed if model is not None else False,
         ), None)  # a module fact does not close the window
 
     def _name(self, module, outer, site) -> str:
