@@ -1,8 +1,10 @@
 """Hand-written traces of train/eval modes, BatchNorm and dropout layers, shared by the unit tests
-of the mode rules (frozen-bn-train-mode, train-in-eval-mode, eval-in-train-mode). No torch."""
+of the mode rules (frozen-bn-train-mode, train-in-eval-mode, eval-in-train-mode,
+teacher-in-train-mode). No torch."""
 
 from __future__ import annotations
 
+from graddoctor import events as ev
 from graddoctor.analysis import Analysis
 from graddoctor.trace import TraceBuilder
 
@@ -13,6 +15,17 @@ def bn(t, mid, name=None, **kw):
                 track_running_stats=True, momentum=0.1, p=None, freeze=None)
     data.update(kw)
     return t.trace.add("mode_module", None, **data)
+
+
+def drop(t, mid, name=None, p=0.1, model=None, unchanged=None, changed=False):
+    """A dropout layer's facts; ``model``: the untrained model holding it, seen in train mode
+    under no_grad, unchanged over ``unchanged`` steps or ``changed`` (an EMA copy)."""
+    return t.put(ev.mode_module(
+        mid=mid, name=name or f"{model or 'model'}.drop{mid}", cls="Dropout", layer="dropout",
+        has_params=False, frozen=None, owned=None, trainable=None, updated=False,
+        track_running_stats=None, momentum=None, p=p, model=model,
+        model_unchanged=0 if model and unchanged is None else unchanged,
+        model_changed=changed))
 
 
 def mode_set(t, mode, modules, line, leaf=False, frozen=False):
