@@ -375,3 +375,21 @@ def test_a_trained_model_run_under_no_grad_is_no_teacher():
             opt.step()
 
     assert facts(of(record(script), "mode_module")) == [(None, None, False)]
+
+
+def test_a_frozen_part_in_a_reentrant_checkpoint_is_no_teacher():
+    # the checkpoint runs it under no_grad, and again with gradients in the backward
+    from torch.utils.checkpoint import checkpoint
+
+    frozen = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.2)).requires_grad_(False)
+    head = nn.Linear(4, 1)
+    x = torch.randn(4, 4, requires_grad=True)
+
+    def script():
+        opt = torch.optim.SGD(head.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            head(checkpoint(frozen, x, use_reentrant=True)).sum().backward()
+            opt.step()
+
+    assert facts(of(record(script), "mode_module")) == [(None, None, False)]

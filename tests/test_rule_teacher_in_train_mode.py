@@ -34,7 +34,7 @@ def test_a_static_teacher_in_train_mode_is_reported_at_its_forward():
     end(t)
     (finding,) = check(TeacherInTrainMode, t)
     assert finding.location.line == 3 and finding.severity is Severity.WARNING
-    assert "teacher.2" in finding.message and "noisy targets" in finding.message
+    assert "teacher.2" in finding.message and "fresh random dropout mask" in finding.message
     assert f"unchanged over {MODEL_STATIC_AFTER} optimizer steps" in finding.message
     assert finding.fix.startswith("call teacher.eval()")
     assert finding.evidence["model"] == "teacher" and finding.step == 1

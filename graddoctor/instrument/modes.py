@@ -27,6 +27,8 @@ What is watched, and how cheaply:
   elements of up to 8 of them: ``p.data.mul_`` moves no version): changed is an EMA teacher
   (``model_changed``); unchanged over ``STATIC_AFTER`` steps, a static one
   (``model_unchanged``). Then it is not looked at again: one attribute read per dropout forward.
+  A layer inside a reentrant checkpoint's no-grad forward (run again with gradients in the
+  backward) is no teacher's: one walk of the stack per layer and outermost module.
 * Freezes (``Tensor.requires_grad_(False)`` on a parameter, which ``Module.requires_grad_``
   calls): ``freeze`` events, so a finding can point at them. ``p.requires_grad = False`` is a
   C attribute and is not seen.
@@ -48,6 +50,7 @@ import weakref
 from collections.abc import Mapping
 
 import torch
+import torch.utils.checkpoint
 from torch.nn.modules import batchnorm, dropout
 
 from .. import events as ev
@@ -63,6 +66,10 @@ DROPOUT = (dropout._DropoutNd,)
 KINDS = BATCHNORM + DROPOUT
 # ids of code objects: a membership test by the code object itself would hash each frame's code
 _CALL_CODES = frozenset(map(id, (torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__)))
+# a reentrant torch.utils.checkpoint runs its function under no_grad in this frame and again with
+# gradients in the backward: its layers are part of what trains, whatever their own parameters
+_REENTRANT = getattr(getattr(getattr(torch.utils.checkpoint, "CheckpointFunction", None), "forward", None),
+                     "__code__", None)
 _RESET_CALLERS = frozenset(map(id, (batchnorm._NormBase.reset_parameters.__code__, batchnorm._NormBase.__init__.__code__)))
 
 
@@ -428,7 +435,7 @@ class ModeWatcher:
                      module.track_running_stats, module.momentum)
         else:
             if no_grad_training and outer is not None:
-                self._watch_model(module, state, self._outer_self(outer), site)
+                self._watch_model(module, state, outer, site)
             model = state.model
             if model is None:
                 flags = (module.p,)
@@ -445,12 +452,20 @@ class ModeWatcher:
         return state
 
     # -- the models holding dropout layers run in train mode under no_grad (teachers) ---------
-    def _watch_model(self, module, state: _State, root, site) -> None:
+    def _watch_model(self, module, state: _State, outer, site) -> None:
         """Note the model holding this dropout layer whose parameters no optimizer trains (see
-        the module docs); once per layer and outermost module called (``root``)."""
+        the module docs); once per layer and outermost module called. Not in a reentrant
+        checkpoint's no-grad forward, which the backward runs again with gradients."""
+        root = self._outer_self(outer)
         if state.model_root == id(root) or not isinstance(root, torch.nn.Module):
             return
         state.model_root = id(root)
+        state.model = None
+        f = sys._getframe(1)
+        while f is not None:  # the whole stack: the checkpoint may call the outermost module
+            if f.f_code is _REENTRANT:
+                return
+            f = f.f_back
         entry = self._model_roots.get(id(root))
         if entry is None or entry[0]() is not root:
             entry = (weakref.ref(root), self._models_in(root, site))

@@ -14,7 +14,9 @@ class TeacherInTrainMode(Rule):
     static: no optimizer trains its parameters, and they did not change from one of its
     forwards to the next over the first optimizer steps (an EMA or momentum teacher changes
     every step and is left alone). When the run ended before enough steps told, it is an
-    `info` that says so.
+    `info` that says so. A frozen encoder run under `no_grad` inside the training forward
+    gets the same finding: the head trains on features noised by dropout that evaluation
+    will not add.
 
     ## Why is this bad?
     Dropout in train mode zeroes a random part of the teacher's activations at every call:
@@ -50,7 +52,8 @@ class TeacherInTrainMode(Rule):
     `p.data`); Monte Carlo dropout or an uncertainty pass after training or between epochs
     (outside the update); the student's own dropout, also when the same trained model runs
     twice (R-Drop, consistency losses) or makes its own pseudo-labels under `no_grad`; a
-    frozen teacher without dropout, or with `p=0`.
+    frozen teacher without dropout, or with `p=0`; frozen layers inside a reentrant gradient
+    checkpoint (its no-grad forward runs again with gradients in the backward).
     """
 
     code = "GD306"
@@ -99,11 +102,12 @@ class TeacherInTrainMode(Rule):
             under = "torch.inference_mode()" if f.event.get("inference") else "torch.no_grad()"
             how = (f"inside this forward, {model} runs under {under}" if f.event.get("nested")
                    else f"this forward runs {model} under {under}")
-            message = (f"{how} to make the targets of the training update (a backward follows) "
-                       f"with {one_or_many(count, 'a dropout layer', f'{count} dropout layers')} in "
+            message = (f"{how} inside the training update (a backward follows) with "
+                       f"{one_or_many(count, 'a dropout layer', f'{count} dropout layers')} in "
                        f"train mode ({tl.names(mids)}), while no optimizer trains {model}: every "
-                       f"step's targets are computed with a fresh random dropout mask, so the "
-                       f"student is trained towards noisy targets")
+                       f"step computes its outputs (the targets the update learns from) with a "
+                       f"fresh random dropout mask, so training chases that noise instead of the "
+                       f"frozen model's predictions")
             if norms:
                 message += (f", and {one_or_many(len(norms), 'its BatchNorm layer', 'its BatchNorm layers')} "
                             f"({tl.names(norms)}) {one_or_many(len(norms), 'writes', 'write')} every "
