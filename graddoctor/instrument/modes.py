@@ -435,7 +435,10 @@ class ModeWatcher:
                      module.track_running_stats, module.momentum)
         else:
             if no_grad_training and outer is not None:
-                self._watch_model(module, state, outer, site)
+                root = self._root
+                root = root[1] if root is not None and root[0] is outer else self._outer_self(outer)
+                if state.model_root != id(root):
+                    self._watch_model(module, state, root, site)
             model = state.model
             if model is None:
                 flags = (module.p,)
@@ -452,15 +455,14 @@ class ModeWatcher:
         return state
 
     # -- the models holding dropout layers run in train mode under no_grad (teachers) ---------
-    def _watch_model(self, module, state: _State, outer, site) -> None:
+    def _watch_model(self, module, state: _State, root, site) -> None:
         """Note the model holding this dropout layer whose parameters no optimizer trains (see
-        the module docs); once per layer and outermost module called. Not in a reentrant
-        checkpoint's no-grad forward, which the backward runs again with gradients."""
-        root = self._outer_self(outer)
-        if state.model_root == id(root) or not isinstance(root, torch.nn.Module):
-            return
+        the module docs); once per layer and outermost module called (``root``). Not in a
+        reentrant checkpoint's no-grad forward, which the backward runs again with gradients."""
         state.model_root = id(root)
         state.model = None
+        if not isinstance(root, torch.nn.Module):
+            return
         f = sys._getframe(1)
         while f is not None:  # the whole stack: the checkpoint may call the outermost module
             if f.f_code is _REENTRANT:
