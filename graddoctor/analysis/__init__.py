@@ -16,6 +16,9 @@ folded turns         a long run's repeated turns folded by the recorder (instrum
 parameters written   ``written(backward)`` (fresh + accumulated + cleared outside zero_grad)
   by a backward
 user-facing names    ``param_name`` / ``names`` / ``optimizer_name`` (module names: ``modes``)
+applied steps        ``applied_steps``: per optimizer, its steps that applied gradients (no
+                     GradScaler skip, no closure); ``measured_at(step, since)``: the gradient
+                     norms that step measured and the gradients edited by hand before it
 optimizers           ``optimizers`` (first construction), ``opt_params``, ``owners``,
                      ``replaced`` (an optimizer rebuilt over other parameters), ``moved``
                      (unowned tensors whose values change between steps),
@@ -391,6 +394,28 @@ class Analysis:
         from .lr import timeline
 
         return timeline(self)
+
+    @cached_property
+    def applied_steps(self) -> dict[int, list[Event]]:
+        """opt -> its steps that applied gradients (neither skipped by a GradScaler nor closure
+        steps, which recompute their own), in order."""
+        out: dict[int, list[Event]] = {}
+        for step in self.steps:
+            if not (step.get("skipped") or step.get("closure")):
+                out.setdefault(step["opt"], []).append(step)
+        return out
+
+    def measured_at(self, step: Event, since: int) -> tuple[dict[int, float] | None, set[int]]:
+        """``({pid: norm}, edited)`` of an optimizer step: the gradient norms its ``step_begin``
+        measured (None when it measured none: vouched finite by a clip or ``unscale_``) and the
+        pids a ``grad_edit`` changed by hand, both between the event ``since`` and the step."""
+        between = self.span(since + 1, step.seq - 1)
+        begin = next((e for e in reversed(between) if e.kind == "step_begin"
+                      and e.get("opt") == step["opt"]), None)
+        edited = {p for e in between if e.kind == "grad_edit" for p in e.get("params") or ()}
+        if begin is None or begin.get("norms") is None:
+            return None, edited
+        return dict(zip(begin.get("norm_pids") or (), begin["norms"])), edited
 
     @cached_property
     def last_update_norms(self):

@@ -241,18 +241,20 @@ class DataLoaderWatcher:
                                               shuffle=shuffle, dataset_len=dataset_len,
                                               reach=reach, weights=weights), loc)
 
-    def _wrap_sampler_init(self, original):
+    def _wrap_init_site(self, original, sites: weakref.WeakKeyDictionary, where: str):
+        """``__init__`` as it is, then the user's line that made the object noted in ``sites``
+        (a loader's or a weighted sampler's construction: where findings point)."""
         watcher = self
 
         @functools.wraps(original)
-        def __init__(sampler, *args, **kwargs):
-            original(sampler, *args, **kwargs)
+        def __init__(obj, *args, **kwargs):
+            original(obj, *args, **kwargs)
             try:
                 loc = watcher.rec.here(2)
                 if loc is not None:
-                    watcher._sampler_locs[sampler] = loc
+                    sites[obj] = loc
             except Exception as exc:  # pragma: no cover - defensive
-                watcher.rec.internal_error("WeightedRandomSampler.__init__", exc)
+                watcher.rec.internal_error(where, exc)
 
         return __init__
 
@@ -275,21 +277,6 @@ class DataLoaderWatcher:
             self.rec.internal_error("DataLoader batch labels", exc)
 
     # -- batch fingerprints (ranks-same-batches) ---------------------------------------------
-    def _wrap_loader_init(self, original):
-        watcher = self
-
-        @functools.wraps(original)
-        def __init__(loader, *args, **kwargs):
-            original(loader, *args, **kwargs)
-            try:  # where each loader is made: fingerprints and batch labels name it
-                loc = watcher.rec.here(2)
-                if loc is not None:
-                    watcher._loader_locs[loader] = loc
-            except Exception as exc:  # pragma: no cover - defensive
-                watcher.rec.internal_error("DataLoader.__init__", exc)
-
-        return __init__
-
     def _fingerprint(self, batch, key: list) -> None:
         """The fingerprint of a batch a loader just yielded, held until a backward uses it (the
         previous one is dropped: its batch fed none). Only in a process group."""
@@ -421,9 +408,11 @@ class DataLoaderWatcher:
             patcher.patch(DataLoader, "__len__", self._wrap_len(DataLoader.__len__))
             patcher.patch(_BaseDataLoaderIter, "__len__", self._wrap_iter_len(_BaseDataLoaderIter.__len__))
         patcher.patch(_BaseDataLoaderIter, "__next__", self._wrap_next(_BaseDataLoaderIter.__next__))
-        patcher.patch(DataLoader, "__init__", self._wrap_loader_init(DataLoader.__init__))
+        patcher.patch(DataLoader, "__init__", self._wrap_init_site(DataLoader.__init__, self._loader_locs,
+                                                                   "DataLoader.__init__"))
         Weighted = torch.utils.data.WeightedRandomSampler
-        patcher.patch(Weighted, "__init__", self._wrap_sampler_init(Weighted.__init__))
+        patcher.patch(Weighted, "__init__", self._wrap_init_site(Weighted.__init__, self._sampler_locs,
+                                                                 "WeightedRandomSampler.__init__"))
 
 
 def _first_tensor(batch, depth: int = 0):

@@ -113,12 +113,7 @@ class GradsAlwaysZero(Rule):
         if not stops:
             return
         windows = a.ledger.windows
-        by_opt: dict[int, list] = {}
-        for step in a.steps:
-            if step.get("skipped") or step.get("closure"):
-                continue
-            by_opt.setdefault(step["opt"], []).append(step)
-        for opt, steps in by_opt.items():
+        for opt, steps in a.applied_steps.items():
             owned = set(a.opt_params.get(opt, ()))
             measured = [m for step in steps if (m := self._measured(a, step, owned, windows)) is not None]
             if len(measured) < 2:
@@ -136,13 +131,9 @@ class GradsAlwaysZero(Rule):
         pids = {p for b in window for p in written(b) if p in owned}
         if not pids:
             return None
-        between = a.span(window[-1].seq + 1, step.seq - 1)
-        begin = next((e for e in reversed(between) if e.kind == "step_begin"
-                      and e.get("opt") == step["opt"]), None)
-        if begin is None or begin.get("norms") is None:
+        norms, edited = a.measured_at(step, window[-1].seq)
+        if norms is None:
             return None
-        norms = dict(zip(begin.get("norm_pids") or (), begin["norms"]))
-        edited = {p for e in between if e.kind == "grad_edit" for p in e.get("params") or ()}
         pids -= edited
         return step, pids, {p for p in pids if norms.get(p) == 0.0}
 
@@ -238,8 +229,9 @@ class GradsAlwaysZero(Rule):
             what = (f"the gradients of {a.names(pids)} are exactly zero at each of the {updates} "
                     f"measured updates of {cls}: they never train")
         fix = {
-            "zero": "use a straight-through estimator: `h = h + (torch.round(h) - h).detach()` "
-                    "(the rounded value forward, the identity's gradient backward)",
+            "zero": (f"use a straight-through estimator: `h = h + (torch.{(op or 'Round').lower()}(h) "
+                     f"- h).detach()` ({(op or 'Round').lower()}'s value forward, the identity's "
+                     f"gradient backward)"),
             "saturated": "make the clamp's range hold the values it receives (scale the targets, "
                          "or use a smooth squashing such as sigmoid), or clamp only at inference",
             "dead": "revive the ReLU: a smaller learning rate or bias init, or LeakyReLU/GELU",

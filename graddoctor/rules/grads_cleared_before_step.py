@@ -53,12 +53,7 @@ class GradsClearedBeforeStep(Rule):
 
     def check(self, a):
         windows = a.ledger.windows
-        by_opt: dict[int, list] = {}
-        for step in a.steps:
-            if step.get("skipped") or step.get("closure"):
-                continue
-            by_opt.setdefault(step["opt"], []).append(step)
-        for opt, steps in by_opt.items():
+        for opt, steps in a.applied_steps.items():
             if a.count(steps) < 2:
                 continue
             owned = set(a.opt_params.get(opt, ()))
@@ -82,13 +77,9 @@ class GradsClearedBeforeStep(Rule):
         last = window[-1]
         if set(pids) <= set(step.get("without_grad") or ()):
             return "none", pids, last
-        between = a.span(last.seq + 1, step.seq - 1)
-        begin = next((e for e in reversed(between) if e.kind == "step_begin"
-                      and e.get("opt") == step["opt"]), None)
-        if begin is None or begin.get("norms") is None:
+        norms, edited = a.measured_at(step, last.seq)
+        if norms is None:
             return None
-        norms = dict(zip(begin.get("norm_pids") or (), begin["norms"]))
-        edited = {p for e in between if e.kind == "grad_edit" for p in e.get("params") or ()}
         if all(norms.get(p) == 0.0 and p in edited for p in pids):
             return "zero", pids, last
         return None
