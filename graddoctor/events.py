@@ -296,6 +296,11 @@ grad_stops         params [pid] (the parameters whose gradient was exactly zero 
                    weight is all zero gets ``:zero_weights``), loss_zero (the loss itself was 0) —
                    one diagnosed backward after an update with exactly-zero gradients (loc: the
                    backward; an aside)
+symmetric_units    opt, params [pid] (stepped parameters whose rows are all equal, and whose
+                   gradient's rows are all equal and not all zero), rows [int] (each one's row
+                   count: its units), step (the optimizer's step
+                   after which they were compared) — a layer whose units stayed copies of each
+                   other (loc: that step; an aside)
 snapshot_alias     via ("load_state_dict" | "torch.save"), taken ([path, line, function] of the
                    user's outermost ``Module.state_dict()`` call that made the dict's tensors),
                    params [pid] (optimizer-owned parameters whose live storage those tensors
@@ -622,6 +627,10 @@ def grad_stops(*, params: list[int], stops: list[str], loss_zero: bool) -> Made:
     return "grad_stops", {"params": params, "stops": stops, "loss_zero": loss_zero}
 
 
+def symmetric_units(*, opt: int, params: list[int], rows: list[int], step: int) -> Made:
+    return "symmetric_units", {"opt": opt, "params": params, "rows": rows, "step": step}
+
+
 def param_created(*, owner: str, attr: str, params: list[int], step: int) -> Made:
     return "param_created", {"owner": owner, "attr": attr, "params": params, "step": step}
 
@@ -725,6 +734,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
     "grad_allreduce": grad_allreduce,
     "param_created": param_created, "loaders_zipped": loaders_zipped,
+    "symmetric_units": symmetric_units,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -734,7 +744,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
-                         "param_created", "loaders_zipped"})
+                         "param_created", "loaders_zipped", "symmetric_units"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it
