@@ -45,7 +45,10 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    when not empty: the ones whose grad this backward adds onto although it is
                    the one that earlier backward wrote: the update applied it, nothing cleared it),
                    autocast_fp16 ([path, line], only present when a float16 autocast was entered
-                   with gradients on since the previous backward: where)
+                   with gradients on since the previous backward: where),
+                   loss_negated (only present when the loss is a torch loss function times a
+                   negative constant, ``-F.cross_entropy(...)``: that function's autograd node,
+                   ``NllLossBackward0``)
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
@@ -386,7 +389,7 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              scaler_enabled: bool | None = None, allreduce: bool | None = None,
              repeats: int | None = None, updated_by_hand: list[int] | None = None,
              applied_by_hand: list[int] | None = None, autocast_fp16: list | None = None,
-             thread: int | None = None) -> Made:
+             loss_negated: str | None = None, thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
     ``thread`` too (see ``THREADED_KINDS``)."""
@@ -408,6 +411,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["applied_by_hand"] = applied_by_hand
     if autocast_fp16 is not None:
         data["autocast_fp16"] = autocast_fp16
+    if loss_negated is not None:
+        data["loss_negated"] = loss_negated
     return "backward", _threaded(data, thread)
 
 
