@@ -48,7 +48,10 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    with gradients on since the previous backward: where),
                    loss_negated (only present when the loss is a torch loss function times a
                    negative constant, ``-F.cross_entropy(...)``: that function's autograd node,
-                   ``NllLossBackward0``)
+                   ``NllLossBackward0``),
+                   hand_step_cosine (only present after one of a run's first hand-written updates
+                   of module parameters, no optimizer: the cosine between the change of their
+                   values and the gradient that update applied; -1 for plain SGD, +1 for ascent)
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
@@ -389,7 +392,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              scaler_enabled: bool | None = None, allreduce: bool | None = None,
              repeats: int | None = None, updated_by_hand: list[int] | None = None,
              applied_by_hand: list[int] | None = None, autocast_fp16: list | None = None,
-             loss_negated: str | None = None, thread: int | None = None) -> Made:
+             loss_negated: str | None = None, hand_step_cosine: float | None = None,
+             thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
     ``thread`` too (see ``THREADED_KINDS``)."""
@@ -413,6 +417,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["autocast_fp16"] = autocast_fp16
     if loss_negated is not None:
         data["loss_negated"] = loss_negated
+    if hand_step_cosine is not None:
+        data["hand_step_cosine"] = hand_step_cosine
     return "backward", _threaded(data, thread)
 
 
