@@ -92,6 +92,9 @@ def _rule_map():
 class _RuleMapBuiltInside:
     """An undo handle: on leaving, drops Dynamo's function map if it was built inside."""
 
+    # no hook of its own: nothing to take out while benchmarks/overhead.py suspends the patches
+    follows_a_patch = True
+
     def __init__(self):
         rule_map = _rule_map()
         self._built_before = rule_map is not None and rule_map.cache_info().currsize > 0
