@@ -20,6 +20,11 @@ A turn here is the events from just after one ``step`` event to the next ``step`
 included. Memory is then bounded by the number of distinct shapes (a run whose every turn is new,
 such as an autograd graph that grows each step, keeps every turn: nothing to fold).
 
+In the steady state of a long run (``STEADY_AFTER`` turns in a row that each repeated the one
+before) the events of the next turns are kept aside instead (``Folder.steady_put``), each checked
+against the turn before, and put where recording them would have put them as soon as one
+deviates or the trace is needed (``Folder.materialize``): the trace is the same either way.
+
 The analysis reads the ``folded`` events: step numbers count the folded steps, and
 ``Analysis.weight(event)`` is 1 + the number of folded copies of that event, for rules that
 count occurrences. ``--trace`` writes the final trace, folded events included.
