@@ -281,3 +281,26 @@ def test_the_steady_path_records_a_deviating_turn_in_full():
     assert _view(steady, steady.trace) == _view(plain, plain.trace)
     kept = [e for e in steady.trace.events if e.kind == "step_begin" and e.data["nonfinite"]]
     assert len(kept) == 1 and kept[0].data["norms"] == [40.0, 1.0]
+
+
+def test_a_failure_while_leaving_the_steady_state_loses_no_event(monkeypatch):
+    """The recorder stops folding on the folder's error; the events kept aside are in the
+    trace, each once, in seq order."""
+    folder = Folder(Trace(), fold_after=0, steady_after=2, max_period=3)
+    recorded = Trace()
+    for i in range(30):
+        for e in _turn(recorded, i):
+            _feed(folder, folder.trace, e)
+    assert folder.steady is not None and folder.steady.entered
+    for e in _turn(recorded, 30)[:2]:  # a turn open on the steady path
+        _feed(folder, folder.trace, e)
+    aside = [e.seq for turn in (*folder.steady.kept, folder.steady.open) for e in turn]
+
+    def fails(kind, loc):
+        raise RuntimeError("observe")
+
+    monkeypatch.setattr(folder, "observe", fails)
+    with pytest.raises(RuntimeError):
+        folder.materialize()
+    seqs = [e.seq for e in folder.trace.events]
+    assert set(aside) <= set(seqs) and len(seqs) == len(set(seqs)) and seqs == sorted(seqs)

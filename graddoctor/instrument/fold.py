@@ -565,6 +565,7 @@ class Folder:
         if steady is None or not steady.entered:
             return
         events = self.trace.events
+        aside = [event for turn in (*steady.kept, steady.open) for event in turn]
         try:
             closed, turn_id = steady.closed, steady.turn_id
             real = min(closed, len(self.pending))  # the undecided turns folded by the next ones
@@ -592,10 +593,9 @@ class Folder:
             for event in opened:
                 self.observe(event.kind, event.loc)
                 events.append(event)
-        except Exception:  # the events kept aside stay in the trace; folding ends (Recorder)
-            for turn in steady.kept:
-                events.extend(turn)
-            events.extend(steady.open)
+        except Exception:  # the events kept aside go into the trace; folding ends (Recorder)
+            there = set(map(id, events))
+            events.extend(event for event in aside if id(event) not in there)
             raise
 
 
