@@ -56,7 +56,7 @@ class LossMaximised(Rule):
     code = "GD127"
     slug = "loss-maximised"
     severity = Severity.WARNING
-    summary = ("the optimizer steps on the negative of a loss function (`-criterion(out, y)`): "
+    summary = ("the optimizer steps on the negative of a loss function (-criterion(out, y)): "
                "every update increases the loss")
     fix = "backpropagate the loss itself, without the minus sign"
 
