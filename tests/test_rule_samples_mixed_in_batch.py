@@ -191,3 +191,22 @@ def test_the_hooks_go_after_the_first_backwards():
         _train(_Pool(1), steps=6)
         after = len(module_mod._global_forward_pre_hooks)
     assert before >= 1 and after == before - 1
+
+
+class _BatchAsSequence(nn.Module):
+    """Attention across the samples on purpose: the batch unsqueezed into one sequence."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.out = nn.Linear(30, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.inp(x.flatten(1)).unsqueeze(0)  # (1, B, d): the batch at dim 1
+        h = F.scaled_dot_product_attention(h, h, h, dropout_p=0.1)
+        return self.out(h.squeeze(0))
+
+
+def test_attention_over_a_batch_laid_out_as_a_sequence_is_passed_over():
+    torch.manual_seed(0)
+    events = _watch(lambda: _train(_BatchAsSequence()))
+    assert [(e["model"], e["mixed"]) for e in events] == [("_BatchAsSequence", False)]

@@ -79,6 +79,7 @@ class Instrumentation:
         # one extra autograd.grad at the first backwards, before any watcher hooks the graph
         dependency = DependencyWatcher(rec, self.dataloader)
         rec.subscribe(DESCRIBE_LOSS, dependency.describe_loss)
+        rec.subscribe(PARAMS_ADDED, dependency.params_added)  # a new model: the window again
         self.watchers.append(dependency)
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
         rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)

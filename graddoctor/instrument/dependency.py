@@ -14,47 +14,60 @@ can test ("use backprop to chart dependencies"):
 
 How, and what it costs:
 
-* From the start of the run until a few probes are done (``PROBES``), or at most the first
-  ``MAX_BACKWARDS`` backwards and ``MAX_FORWARDS`` outermost forwards, a global module forward
-  pre-hook and forward hook are registered (torch's ``register_module_forward_pre_hook`` /
-  ``register_module_forward_hook``). They note the outermost forwards of trainable models in
+* From the start of the run, a global module forward pre-hook and forward hook are registered
+  (torch's ``register_module_forward_pre_hook`` / ``register_module_forward_hook``; made from
+  source under inlinable.py's file name, so that Dynamo inlines them and calls nothing of
+  graddoctor's in a compiled graph). They note the outermost forwards of trainable models in
   train mode with gradients on, on the CPU: the inputs, the output (its first tensor, a
-  ``.logits``), the outputs of the submodules called inside that have the input's leading
-  dimension (the batch), the ids and outputs of the ``nn.Embedding`` layers, and the calls of
-  attention, Transformer and recurrent modules (where a causal mask goes). Then the hooks are
-  removed: nothing of this watcher stays on the step's path (the loss functions keep a wrapper
-  that returns after one attribute read).
-* At the next backward (``DESCRIBE_LOSS``, before the real backward runs) one extra
-  ``torch.autograd.grad`` of a random-weighted projection of one output row (one position of a
-  sequence output) is taken with respect to the recorded tensors, ``retain_graph=True``: it
-  touches no ``.grad`` (``inputs`` are non-leaf tensors, so no ``AccumulateGrad`` node and no
-  parameter hook runs) and leaves the graph to the user's backward. Its random weights come
-  from a private ``torch.Generator``. The graph's nodes on the way get a hook
-  (``Node.register_hook``), removed when the call returns, that notes the node whose incoming
-  gradient is clean (only the probed row non-zero) while a gradient it passes on is not: the op
-  that mixes the samples. BatchNorm, batch statistics (``std``/``var``: a minibatch-stddev
-  layer), matrix products (a graph's ``adj @ h``, attention) and indexing (mixup's ``x[perm]``)
-  mix on purpose: their gradient is cleaned to the probed row and the search goes on above.
-  When a mixing op is found, the model's next forward runs with anomaly mode's tracebacks on
-  (``torch.set_anomaly_enabled(True, False)``: no NaN checks, no warning) and is probed again,
-  which names the line that made the node.
-* The sequence axis: the targets of the loss calls since the forward (``cross_entropy``,
-  ``nll_loss``, ...) against the ids of the same forward's embeddings: a shift ``k`` in
-  {1, 0, -1} that matches at least 90 % of the positions the loss does not ignore.
+  ``.logits``), the first outputs of the submodules called inside, the ids and outputs of the
+  ``nn.Embedding`` layers, and the calls of attention, Transformer and recurrent modules (where
+  a causal mask goes). They are removed at the first backward at which no new model was noted
+  (the second, in a loop over one model), at ``PROBES`` probes, ``MAX_BACKWARDS`` backwards or
+  ``MAX_FORWARDS`` outermost forwards, and before ``torch.compile`` runs (or a model compiled
+  before the check is called: torch warns about global hooks there). Then nothing of this
+  watcher is on the step's path but the loss functions' wrappers (one attribute read). An
+  optimizer given parameters later (``PARAMS_ADDED``: a second stage's model, a new trial)
+  opens the window again until the next backward that brings no new model, a few times per
+  run, never after ``torch.compile``.
+* At the next backward (``DESCRIBE_LOSS``, before the real backward runs; subscribed before the
+  watchers that hook the graph themselves) one extra ``torch.autograd.grad`` of a random-weighted
+  projection of one output row (one position of a sequence output) is taken with respect to the
+  recorded tensors, ``retain_graph=True``: it touches no ``.grad`` (the ``inputs`` are non-leaf
+  tensors, so no ``AccumulateGrad`` node and no parameter hook runs) and leaves the graph to the
+  user's backward. Its weights come from a private ``torch.Generator``. When the batch size is
+  known, the graph's nodes on the way get a hook (``Node.register_hook``, removed when the call
+  returns) that notes the node whose incoming gradient is clean (only the probed row non-zero)
+  while a gradient it passes on is not: the op that mixes the samples. BatchNorm, batch
+  statistics (``std``/``var``: a minibatch-stddev layer), matrix products (a graph's ``adj @ h``,
+  attention) and gathers (mixup's ``x[perm]``) mix on purpose: their gradient is cleaned to the
+  probed row and the search goes on above (batch statistics of another layout leave the probe
+  blind: nothing is judged). A mixing op counts when a recorded ``(B, ...)`` tensor above it gets
+  a mixed gradient too, or when it is one of the ops that mix a batch only by mistake (a view, a
+  softmax, a norm...). When one is found, the model's next forward runs with anomaly mode's
+  tracebacks on (``torch.set_anomaly_enabled(True, False)``: no NaN checks, no warning) and is
+  probed again, which names the line that made the node.
+* The sequence axis: the targets of the loss calls since the last backward (``cross_entropy``,
+  ``nll_loss``) against the ids of the forward's embeddings: a shift ``k`` in {1, 0, -1} that
+  matches at least 90 % of the positions the loss does not ignore, ids not constant, the output
+  laid out ``(batch, positions, ...)`` like those ids. The probed position ``t = (T - 1) // 2``
+  tells whether the output there depends on later positions and on earlier ones.
 * Skipped, silently: anything not on the CPU; a DDP/FSDP/DataParallel model or a process group;
-  a compiled model; a graph with a Python ``autograd.Function`` node (custom Functions,
-  reentrant checkpointing, module backward hooks) or made under saved-tensor hooks
-  (non-reentrant checkpointing); tensor hooks or ``retain_grad`` since the forward; more than
-  ``_NODES`` graph nodes; an output that does not lead with the batch; a batch size that is not
-  known (the DataLoader's, or a loss target's laid out unlike the input) or that another
-  dimension of the input equals.
+  a compiled model or submodule; a graph with a Python ``autograd.Function`` node (custom
+  Functions, reentrant checkpointing, module backward hooks) or made under saved-tensor hooks
+  (non-reentrant checkpointing); tensor hooks or ``retain_grad`` since the last backward; more
+  than ``_NODES`` graph nodes; an output that does not lead with the batch, or is ``(B, B)``
+  (CLIP's similarities); a batch size that is not known (the DataLoader's, or a loss target's
+  laid out unlike the input) or that dim 1 of an input equals (``(T, B)`` or ``(B, T)``?). The
+  batch test needs the known batch size; the sequence test only the shift.
 
 Each probe is recorded as a ``dependency`` aside event at the user's line that called the model.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 import weakref
 from threading import get_ident
 
@@ -171,7 +184,10 @@ class DependencyWatcher:
     def __init__(self, rec: Recorder, loader=None):
         self.rec = rec
         self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
-        self.active = True
+        self.active = False  # the window: the global module hooks are registered
+        self._patcher = None
+        self._reopened = 0
+        self._compiled = False  # torch.compile was called: the window never opens again
         self._handles: list = []
         self._depth = 0
         self._current: _Forward | None = None
@@ -185,6 +201,37 @@ class DependencyWatcher:
         self._backwards = 0
 
     # -- the window ------------------------------------------------------------------------
+    def params_added(self, opt: int, pids: list) -> None:
+        """PARAMS_ADDED: an optimizer was given parameters — a model trained from now on (a
+        second stage, a new trial) opens the window again, until its first backward."""
+        if self.active or self._compiled or self._probes >= PROBES or self._reopened >= PROBES \
+                or self._patcher is None:
+            return
+        try:
+            self._reopened += 1
+            self._open()
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("dependency probe (reopen)", exc)
+
+    def _open(self) -> None:
+        from torch.nn.modules import module as module_mod
+
+        pre, post = _hooks(self._pre, self._post)
+        post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
+        # torch's handle forgets the with_kwargs entry it made (removing it leaves {id: True} in
+        # _global_forward_hooks_with_kwargs): the handle is told of that dict too
+        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
+        if kwargs_dict is not None and post.id in kwargs_dict:
+            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
+        patcher = self._patcher
+        self._handles = [patcher.handle(module_mod.register_module_forward_pre_hook(pre)),
+                         patcher.handle(post)]
+        self.active = True
+        self._depth = 0
+        self._forwards = 0
+        self._backwards = 0
+
     def _stop(self) -> None:
         self.active = False
         self._drop()
@@ -362,7 +409,10 @@ class DependencyWatcher:
                     self._probes += 1
                     if not hooked:
                         self._probe(forward, targets, locate)
-            if self._probes >= PROBES or (self._backwards >= MAX_BACKWARDS and not self._locate):
+            # the window closes at the first backward with no new model to probe (every model
+            # the script trains has made its first training forward by then), or at the limits
+            if self._probes >= PROBES or (not self._locate and (
+                    self._backwards >= MAX_BACKWARDS or (not pending and self._done))):
                 self._stop()
         except Exception as exc:
             self._stop()
@@ -397,7 +447,10 @@ class DependencyWatcher:
         if source is None and seq is None:
             return
         inputs, seen = [], set()
-        for tensor in [e[1] for e in forward.embeds] + forward.outs:
+        # without a known batch size only the sequence is judged: the embeddings suffice, and
+        # no node is hooked
+        recorded = [e[1] for e in forward.embeds] + (forward.outs if source is not None else [])
+        for tensor in recorded:
             if tensor is not out and id(tensor) not in seen:
                 seen.add(id(tensor))
                 inputs.append(tensor)
@@ -411,8 +464,9 @@ class DependencyWatcher:
         state = _State(B, r)
         handles = []
         try:
-            for node, edges in relevant.items():
-                handles.append(node.register_hook(state.hook(node, edges)))
+            if source is not None:
+                for node, edges in relevant.items():
+                    handles.append(node.register_hook(state.hook(node, edges)))
             t = seq["t"] if seq is not None else None
             gen = torch.Generator().manual_seed(0x5EED)
             with torch.enable_grad():
@@ -501,18 +555,29 @@ class DependencyWatcher:
             seq["future"] = bool(per[t + 1:].max() > floor)
             seq["past"] = bool(per[:t].max() > floor) if t > 0 else False
 
+    def _wrap_compile(self, original):
+        watcher = self
+
+        def compile(*args, **kwargs):
+            # the window closes before torch.compile looks: it warns about global module hooks,
+            # and a graph traced with fullgraph=True cannot call into graddoctor's code
+            watcher._compiled = True  # and stays closed
+            if watcher.active:
+                watcher._stop()
+            return original(*args, **kwargs)
+
+        return functools.wraps(original)(compile)
+
     def install(self, patcher) -> None:
-        from torch.nn.modules import module as module_mod
-        post = module_mod.register_module_forward_hook(self._post, with_kwargs=True, always_call=True)
-        # torch's handle forgets the with_kwargs entry it made (removing it leaves {id: True} in
-        # _global_forward_hooks_with_kwargs): the handle is told of that dict too
-        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
-        if kwargs_dict is not None and post.id in kwargs_dict:
-            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
-        self._handles = [
-            patcher.handle(module_mod.register_module_forward_pre_hook(self._pre)),
-            patcher.handle(post),
-        ]
+        patcher.patch(torch, "compile", self._wrap_compile(torch.compile))
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        optimized = getattr(eval_frame, "OptimizedModule", None)
+        if optimized is not None and "__call__" in vars(optimized):
+            # a model compiled before the check began (``watch()``): its calls warn about
+            # global module hooks, so its first call closes the window
+            patcher.patch(optimized, "__call__", self._wrap_compile(optimized.__call__))
+        self._patcher = patcher
+        self._open()
         for fn in LOSSES:
             original = getattr(F, fn, None)
             if original is not None:
@@ -541,6 +606,27 @@ def _outermost(modules: list) -> list:
     attention = [m for m in modules if m[0] not in ("RNN", "LSTM", "GRU")]
     top = min((m[3] for m in attention), default=None)
     return [m for m in modules if m[0] in ("RNN", "LSTM", "GRU") or m[3] == top]
+
+
+# the global hooks, made from source under the file name of inlinable.py's wrappers: Dynamo
+# inlines them in a model compiled before the check began (``watch()``), sees is_compiling()
+# and calls nothing of graddoctor's (whose folder is on its skip list: fullgraph=True fails)
+_HOOKS = compile("""
+def make(pre, post, is_compiling):
+    def pre_hook(module, args):
+        if not is_compiling():
+            return pre(module, args)
+    def post_hook(module, args, *rest):
+        if not is_compiling():
+            return post(module, args, *rest)
+    return pre_hook, post_hook
+""", "<graddoctor: watched call>", "exec")
+
+
+def _hooks(pre, post):
+    scope: dict = {}
+    exec(_HOOKS, scope)
+    return scope["make"](pre, post, torch.compiler.is_compiling)
 
 
 def _distributed() -> bool:
@@ -572,27 +658,53 @@ def _shift(ids, target, ignore: int) -> int | None:
     return best[0] if best is not None else None
 
 
-def _leads(grad, B: int) -> bool:
-    """A (B, ...) gradient whose second dimension is not B too ((T, B, ...) with T == B, an
-    RNN's (layers, B, ...) state with as many layers: which one is the batch?)."""
-    return isinstance(grad, torch.Tensor) and grad.layout == torch.strided and grad.dim() >= 1 \
-        and int(grad.shape[0]) == B and (grad.dim() == 1 or int(grad.shape[1]) != B)
+def _axis(grad, B: int) -> int | None:
+    """Where a gradient carries the batch: dim 0 of a (B, ...) tensor whose dim 1 is not B too,
+    dim 1 of a (T, B, ...) one (seq-first, an RNN's (layers, B, ...) state, a batch unsqueezed
+    into a sequence of one) whose other dimensions are not B; None for any other layout, or
+    when two dimensions could be the batch."""
+    if not isinstance(grad, torch.Tensor) or grad.layout != torch.strided or grad.dim() == 0:
+        return None
+    first = int(grad.shape[0]) == B
+    second = grad.dim() >= 2 and int(grad.shape[1]) == B
+    if first and not second:
+        return 0
+    if second and not first and B not in grad.shape[2:]:
+        return 1  # a weaker guess than dim 0: only when no other dimension is B either
+    return None
 
 
 def _clean(grad, B: int, r: int) -> bool:
-    """Only row ``r`` of a (B, ...) gradient is non-zero (rows below ``_TINY`` of the largest
-    count as zero)."""
-    if not _leads(grad, B):
+    """Only sample ``r`` of a gradient that carries the batch is non-zero (samples below
+    ``_TINY`` of the largest count as zero); True for other layouts (nothing to tell)."""
+    axis = _axis(grad, B)
+    if axis is None or not grad.numel():
         return True
     with torch.no_grad():
-        per = grad.detach().abs().reshape(B, -1).amax(1).float() if grad.numel() else None
-    if per is None:
-        return True
+        g = grad.detach() if axis == 0 else grad.detach().transpose(0, 1)
+        per = g.abs().reshape(B, -1).amax(1).float()
     top = float(per.max())
     if top == 0.0:
         return True
     others = torch.cat([per[:r], per[r + 1:]])
     return not bool((others > top * _TINY).any())
+
+
+def _kept(grad, B: int, r: int):
+    """``grad`` with every sample but ``r`` zeroed (along its batch axis)."""
+    axis = _axis(grad, B)
+    kept = torch.zeros_like(grad)
+    kept.select(axis, r).copy_(grad.select(axis, r))
+    return kept
+
+
+def _combine(a, b):
+    """The state of a gradient summed from two: mixed (False) over excused (None) over clean."""
+    if a is False or b is False:
+        return False
+    if a is None or b is None:
+        return None
+    return True
 
 
 class _State:
@@ -601,12 +713,14 @@ class _State:
 
     def __init__(self, B: int, r: int):
         self.B, self.r = B, r
-        self.incoming: dict = {}  # node -> the gradient it gets is clean so far (from its parents)
+        # node -> the gradient it gets so far (from its parents): True clean, False mixed, None
+        # excused (mixed by a product or gather on purpose where the batch axis was not seen)
+        self.incoming: dict = {}
         self.introduced: list = []
         self.blind = False
 
-    def _leads(self, grad) -> bool:
-        return _leads(grad, self.B)
+    def _carries(self, grad) -> bool:
+        return _axis(grad, self.B) is not None
 
     def hook(self, node, edges: tuple[int, ...]):
         kind = _kind(node.name())
@@ -616,7 +730,7 @@ class _State:
         def hook(grad_inputs, grad_outputs):
             try:
                 B, r = state.B, state.r
-                known = [_clean(g, B, r) for g in grad_outputs if state._leads(g)]
+                known = [_clean(g, B, r) for g in grad_outputs if state._carries(g)]
                 clean_in = all(known) if known else state.incoming.get(node, True)
                 replaced = None
                 for i in edges:
@@ -625,25 +739,29 @@ class _State:
                     g = grad_inputs[i]
                     if g is None:
                         continue
-                    if state._leads(g):
+                    if state._carries(g):
                         clean = _clean(g, B, r)
-                        if not clean and clean_in:
-                            if kind is not None:
+                        if not clean and clean_in is not False:
+                            # mixed here by an op that mixes on purpose, or by one in a layout
+                            # where the batch axis was not seen (excused): cleaned, and the
+                            # search goes on above
+                            if kind is not None or clean_in is None:
                                 if replaced is None:
                                     replaced = list(grad_inputs)
-                                kept = torch.zeros_like(g)
-                                kept[r] = g[r]
-                                replaced[i] = kept
+                                replaced[i] = _kept(g, B, r)
                                 clean = True
                             else:
                                 state.introduced.append(node)
+                    elif kind == "stat" and clean_in is True:
+                        state.blind = True  # batch statistics over another layout
+                        clean = clean_in
+                    elif kind == "mix" and clean_in is True:
+                        clean = None  # a product or gather where the batch axis is not seen
                     else:
-                        if kind == "stat" and clean_in:
-                            state.blind = True  # batch statistics over another layout
                         clean = clean_in
                     child = children[i][0]
                     if child is not None:
-                        state.incoming[child] = state.incoming.get(child, True) and clean
+                        state.incoming[child] = _combine(state.incoming.get(child, True), clean)
                 return tuple(replaced) if replaced is not None else None
             except Exception:
                 state.blind = True  # a probe never breaks the backward
