@@ -45,7 +45,13 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    when not empty: the ones whose grad this backward adds onto although it is
                    the one that earlier backward wrote: the update applied it, nothing cleared it),
                    autocast_fp16 ([path, line], only present when a float16 autocast was entered
-                   with gradients on since the previous backward: where)
+                   with gradients on since the previous backward: where),
+                   loss_negated (only present when the loss is a torch loss function times a
+                   negative constant, ``-F.cross_entropy(...)``: that function's autograd node,
+                   ``NllLossBackward0``),
+                   hand_step_cosine (only present after one of a run's first hand-written updates
+                   of module parameters, no optimizer: the cosine between the change of their
+                   values and the gradient that update applied; -1 for plain SGD, +1 for ascent)
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
@@ -296,6 +302,11 @@ grad_stops         params [pid] (the parameters whose gradient was exactly zero 
                    weight is all zero gets ``:zero_weights``), loss_zero (the loss itself was 0) —
                    one diagnosed backward after an update with exactly-zero gradients (loc: the
                    backward; an aside)
+symmetric_units    opt, params [pid] (stepped parameters whose rows are all equal, and whose
+                   gradient's rows are all equal and not all zero), rows [int] (each one's row
+                   count: its units), step (the optimizer's step
+                   after which they were compared) — a layer whose units stayed copies of each
+                   other (loc: that step; an aside)
 snapshot_alias     via ("load_state_dict" | "torch.save"), taken ([path, line, function] of the
                    user's outermost ``Module.state_dict()`` call that made the dict's tensors),
                    params [pid] (optimizer-owned parameters whose live storage those tensors
@@ -400,6 +411,7 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              scaler_enabled: bool | None = None, allreduce: bool | None = None,
              repeats: int | None = None, updated_by_hand: list[int] | None = None,
              applied_by_hand: list[int] | None = None, autocast_fp16: list | None = None,
+             loss_negated: str | None = None, hand_step_cosine: float | None = None,
              thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
@@ -422,6 +434,10 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["applied_by_hand"] = applied_by_hand
     if autocast_fp16 is not None:
         data["autocast_fp16"] = autocast_fp16
+    if loss_negated is not None:
+        data["loss_negated"] = loss_negated
+    if hand_step_cosine is not None:
+        data["hand_step_cosine"] = hand_step_cosine
     return "backward", _threaded(data, thread)
 
 
@@ -641,6 +657,10 @@ def grad_stops(*, params: list[int], stops: list[str], loss_zero: bool) -> Made:
     return "grad_stops", {"params": params, "stops": stops, "loss_zero": loss_zero}
 
 
+def symmetric_units(*, opt: int, params: list[int], rows: list[int], step: int) -> Made:
+    return "symmetric_units", {"opt": opt, "params": params, "rows": rows, "step": step}
+
+
 def param_created(*, owner: str, attr: str, params: list[int], step: int) -> Made:
     return "param_created", {"owner": owner, "attr": attr, "params": params, "step": step}
 
@@ -751,6 +771,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped,
+    "symmetric_units": symmetric_units,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -760,7 +781,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
-                         "param_created", "loaders_zipped", "dependency"})
+                         "param_created", "loaders_zipped", "symmetric_units", "dependency"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

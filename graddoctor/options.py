@@ -256,7 +256,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Wall-clock limit in seconds (0 = none).", field="timeout",
            zero="no limit", watch=NOT_IN_WATCH),
     Option("device", ("--device",), Choice(("auto", "cpu", "cuda")), "auto",
-           "auto: as the script decides; cpu: hide CUDA; cuda: require it.",
+           "auto: as the script decides (a script that stops for want of a GPU before it trains is "
+           "run again on an emulated one, see --emulate-cuda); cpu: hide CUDA; cuda: require it.",
            field="device", watch=NOT_IN_WATCH),
     Option("emulate_cuda", ("--emulate-cuda",), Flag(), False,
            "Run the script's GPU path on this CPU: torch.cuda answers as one GPU per local rank, "

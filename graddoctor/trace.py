@@ -102,6 +102,19 @@ _set_seq, _set_kind, _set_loc, _set_data = (Event.__dict__[name].__set__
                                             for name in ("seq", "kind", "loc", "data"))
 
 
+def made_event(trace: "Trace", made: tuple[str, dict], loc: Location | None = None) -> Event:
+    """The event ``Trace.put`` would append, with the trace's next seq, not appended (the
+    recorder's steady path keeps it aside: instrument/fold.py, ``Folder.steady_put``)."""
+    kind, data = made
+    event = _new(Event)
+    _set_seq(event, trace.next_seq)
+    _set_kind(event, kind)
+    _set_loc(event, loc)
+    _set_data(event, MappingProxyType(data))
+    trace.next_seq += 1
+    return event
+
+
 class Trace:
     """An ordered list of events plus convenient look-ups. Append-only while recording."""
 

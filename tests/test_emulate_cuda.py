@@ -212,10 +212,49 @@ def test_the_scripts_own_error_is_left_as_it_is(tmp_path):
     "import torch\nassert torch.cuda.is_available()\n",
     "import torch\nx = torch.zeros(2).cuda()\n",
 ])
-def test_without_the_flag_a_script_that_needs_a_gpu_is_told_of_it(tmp_path, code):
+def test_without_the_flag_a_script_that_needs_a_gpu_is_run_again_on_an_emulated_one(tmp_path, code):
     report = _check(tmp_path, code, emulate_cuda=False)
-    assert report.run.status == "no-training-loop" or report.run.error
-    assert any("--emulate-cuda" in n for n in report.run.notes), report.run.notes
+    assert report.run.status == "no-training-loop" and not report.run.error
+    assert report.run.device.startswith("cuda")
+    assert "for want of a GPU" in report.run.notes[0] and "ran it again" in report.run.notes[0]
+    # --device cpu asks for the CPU path: the failure stands, with the hint
+    report = _check(tmp_path, code, emulate_cuda=False, device="cpu")
+    assert report.run.error and not report.run.device.startswith("cuda")
+    assert any("`graddoctor check --emulate-cuda`" in n for n in report.run.notes), report.run.notes
+
+
+def test_a_gpu_script_run_again_emulated_is_checked_and_its_first_crash_noted(tmp_path, capsys):
+    report = _check(tmp_path, """
+        import torch
+        print("starting")
+        assert torch.cuda.is_available(), "this script needs a GPU"
+        model = torch.nn.Linear(3, 1).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            loss = model(torch.randn(4, 3, device="cuda")).pow(2).mean()
+            loss.backward()  # no zero_grad: missing-zero-grad on the GPU path
+            opt.step()
+    """, emulate_cuda=False)
+    assert report.run.status == "completed" and report.run.steps == 3
+    assert [f.rule for f in report.findings] == ["missing-zero-grad"]
+    assert report.run.notes[0].startswith("the script stopped at ") and \
+        "(AssertionError: this script needs a GPU)" in report.run.notes[0]
+    assert capsys.readouterr().out.count("starting") == 2  # each run printed what it prints
+
+
+def test_a_script_that_trained_before_it_failed_is_not_run_again(tmp_path):
+    report = _check(tmp_path, """
+        import torch
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(4, 3)).pow(2).mean().backward()
+            opt.step()
+        torch.zeros(1).cuda()
+    """, emulate_cuda=False)
+    assert report.run.status == "crashed" and report.run.steps == 2
+    assert report.run.device == "cpu" and not any("ran it again" in n for n in report.run.notes)
 
 
 def test_a_script_that_fails_for_another_reason_gets_no_hint(tmp_path):
@@ -260,7 +299,9 @@ def test_the_option_reaches_every_door(tmp_path):
     script.write_text("import torch\nmodel = torch.nn.Linear(3, 1).cuda()\n" + LOOP)
     report = graddoctor.check_script(script)  # from [tool.graddoctor]
     assert report.run.device == "cuda (emulated on cpu)" and report.run.status == "completed"
-    report = graddoctor.check_script(script, emulate_cuda=False)
+    report = graddoctor.check_script(script, emulate_cuda=False)  # over the config's true:
+    assert "ran it again" in report.run.notes[0]  # the first run had no GPU and stopped
+    report = graddoctor.check_script(script, emulate_cuda=False, device="cpu")
     assert report.run.status == "crashed"
     with graddoctor.watch(emulate_cuda=True) as w:
         assert torch.cuda.is_available()

@@ -197,3 +197,110 @@ def test_the_fast_paths_fold_what_the_slow_ones_fold(seed, monkeypatch):
     assert any(kind == "folded" for _, kind, _ in fast)
     monkeypatch.setattr(fold, "_plan", lambda turn: None)
     assert _folded(_Slow, script, **sizes) == fast
+
+
+# -- the steady path (Folder.steady_put) -----------------------------------------------------------
+def _feed(folder: Folder, trace: Trace, e) -> None:
+    """What ``Recorder.emit`` does with an event: the steady path first, else observe and put."""
+    made = (e.kind, dict(e.data))
+    if folder.steady is not None and folder.steady_put(made, e.loc) is not None:
+        return
+    folder.observe(e.kind, e.loc)
+    trace.put(made, e.loc)
+
+
+def _view(folder: Folder, trace: Trace) -> list:
+    """The trace as a snapshot shows it: the fold in progress at its place."""
+    events = list(trace.events)
+    marker = folder.marker()
+    if marker is not None:
+        events.insert(*marker)
+    return [(e.seq, e.kind, e.loc, dict(e.data)) for e in events]
+
+
+def _steady_script(rng: random.Random, turns: int) -> list[tuple[int, int]]:
+    """Long runs of one repeated turn (the steady state), broken at random turns by another
+    variant, a short pattern, or the same turn at a new location."""
+    out, epoch_len, i = [], rng.choice([7, 50, 10 ** 6]), 0
+    while len(out) < turns:
+        if rng.random() < 0.5:
+            out.extend((0, (i + k) % epoch_len) for k in range(rng.randrange(1, 150)))
+        else:
+            pattern = [rng.randrange(len(VARIANTS)) for _ in range(rng.choice([1, 2, 3]))]
+            out.extend((pattern[k % len(pattern)], (i + k) % epoch_len) for k in range(rng.randrange(1, 12)))
+        i = len(out)
+    return out[:turns]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_steady_path_leaves_the_trace_as_recording_every_turn_does(seed):
+    """A long loop whose turn repeats, deviating at random turns (and looked at by a snapshot at
+    random events): every view of the trace and the final trace are those of the folder without
+    the steady path."""
+    rng = random.Random(seed)
+    script = _steady_script(rng, 900)
+    sizes = dict(keep=rng.choice([1, 2]), context=rng.choice([0, 1, 2, 3]), max_period=rng.choice([3, 40]))
+    fold_after = rng.choice([0, 5])
+    plain = Folder(Trace(), fold_after=fold_after, steady_after=10 ** 9, **sizes)
+    steady = Folder(Trace(), fold_after=fold_after, steady_after=rng.choice([1, 2, 5]), **sizes)
+    recorded = Trace()
+    entered = 0
+    for variant, index in script:
+        for e in _turn(recorded, index, **VARIANTS[variant]):
+            _feed(plain, plain.trace, e)
+            _feed(steady, steady.trace, e)
+            entered += steady.steady is not None and steady.steady.entered
+            assert steady.trace.next_seq == plain.trace.next_seq
+            if rng.random() < 0.01:  # a snapshot (Recorder.snapshot) ends the steady state
+                steady.materialize()
+                assert _view(steady, steady.trace) == _view(plain, plain.trace)
+    assert entered > 50  # the steady path took events
+    for folder in (plain, steady):
+        folder.finish()
+    assert _view(steady, steady.trace) == _view(plain, plain.trace)
+    assert steady.folded_turns == plain.folded_turns
+
+
+def test_the_steady_path_records_a_deviating_turn_in_full():
+    """A turn whose events come in the expected order but whose data differ (a non-finite
+    gradient) ends the steady state when it closes, before the next event is recorded: it is
+    judged by ``_close_turn`` and kept whole, as without the steady path."""
+    folders = [Folder(Trace(), fold_after=0, steady_after=after, max_period=3)
+               for after in (3, 10 ** 9)]
+    recorded = Trace()
+    for i in range(44):
+        turn = _turn(recorded, i, **(dict(begin={"nonfinite": [1]}) if i == 40 else {}))
+        for folder in folders:
+            for e in turn:
+                _feed(folder, folder.trace, e)
+        if i == 39:
+            assert folders[0].steady is not None and folders[0].steady.entered
+    for folder in folders:
+        folder.finish()
+    steady, plain = folders
+    assert _view(steady, steady.trace) == _view(plain, plain.trace)
+    kept = [e for e in steady.trace.events if e.kind == "step_begin" and e.data["nonfinite"]]
+    assert len(kept) == 1 and kept[0].data["norms"] == [40.0, 1.0]
+
+
+def test_a_failure_while_leaving_the_steady_state_loses_no_event(monkeypatch):
+    """The recorder stops folding on the folder's error; the events kept aside are in the
+    trace, each once, in seq order."""
+    folder = Folder(Trace(), fold_after=0, steady_after=2, max_period=3)
+    recorded = Trace()
+    for i in range(30):
+        for e in _turn(recorded, i):
+            _feed(folder, folder.trace, e)
+    assert folder.steady is not None and folder.steady.entered
+    for e in _turn(recorded, 30)[:2]:  # a turn open on the steady path
+        _feed(folder, folder.trace, e)
+    aside = [e.seq for turn in (*folder.steady.kept, folder.steady.open) for e in turn]
+
+    def fails(kind, loc):
+        raise RuntimeError("observe")
+
+    monkeypatch.setattr(folder, "observe", fails)
+    with pytest.raises(RuntimeError):
+        folder.materialize()
+    seqs = [e.seq for e in folder.trace.events]
+    assert set(aside) <= set(seqs) and len(seqs) == len(set(seqs)) and seqs == sorted(seqs)

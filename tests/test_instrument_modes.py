@@ -258,6 +258,19 @@ def test_torch_compile_fullgraph_of_batchnorm_and_dropout_models_works_under_ins
     torch._dynamo.reset()
 
 
+def test_dynamos_function_map_built_inside_is_dropped_on_leaving():
+    """Built while graddoctor's wrapper stands in for F.dropout (a checkpoint in a watched run
+    loads Dynamo), the map names the wrapper: a later fullgraph compile outside graddoctor
+    inlined the original F.dropout and failed."""
+    from torch._dynamo import trace_rules
+
+    original = nn.functional.dropout
+    trace_rules.get_torch_obj_rule_map.cache_clear()
+    with Instrumentation(Recorder(step_budget=None)):
+        assert original not in trace_rules.get_torch_obj_rule_map()  # it names the wrapper
+    assert original in trace_rules.get_torch_obj_rule_map()
+
+
 def test_torch_jit_script_of_batchnorm_and_dropout_models_works_under_instrumentation():
     """The patched forwards once made torch.jit.script fail ("undefined value F"): it compiles
     the wrapped forward's source against the wrapper's globals."""

@@ -40,6 +40,22 @@ def test_module_parameters_get_the_module_s_zero_grad_as_fix():
     assert "model.zero_grad()" in only(t, SLUG).fix
 
 
+def test_silent_when_what_the_backward_added_is_cleared_before_the_next_update():
+    # a PGD attack's backwards add onto the model's applied gradients; model.zero_grad() and
+    # the training backward come before the model's next update
+    t = TraceBuilder()
+    t.param(0, "model.weight")
+    for _ in range(3):
+        t.backward(accumulated=[0], line=20, applied_by_hand=[0], updated_by_hand=[0])
+        t.backward(accumulated=[0], line=20)
+        t.clear([0], line=22)
+        t.backward(fresh=[0], line=24)
+    assert findings(t, SLUG) == []
+    t.backward(accumulated=[0], line=20, applied_by_hand=[0], updated_by_hand=[0])
+    t.backward(accumulated=[0], line=20, updated_by_hand=[0])  # then updated again: applied
+    assert only(t, SLUG).location.line == 20
+
+
 def test_silent_without_applied_gradients_and_with_an_optimizer_loop():
     assert findings(_hand_loop(applied=()), SLUG) == []
     t = builder()

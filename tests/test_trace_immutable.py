@@ -49,7 +49,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_unshuffled_sorted_image_folder.py",  # batch_labels
             "registration/bad_layer_built_in_forward.py",  # param_created
             "data/bad_loaders_shuffled_apart.py",  # loaders_zipped
-            "distributed/good_single_rank_allreduce.py"]  # grad_allreduce
+            "distributed/good_single_rank_allreduce.py",  # grad_allreduce
+            "autograd/bad_symmetric_units_constant_init.py"]  # symmetric_units
 
 GRAD_EDIT_SCRIPT = """
 import torch

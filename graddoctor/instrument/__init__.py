@@ -38,6 +38,7 @@ from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .topics import (DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STEP_NORMS, STEPPED,
                      STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
+from .symmetry import SymmetryWatcher
 from .warnsource import WarningSource
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
@@ -88,6 +89,10 @@ class Instrumentation:
         rec.subscribe(STEP_NORMS, stops.step_norms)
         rec.subscribe(DESCRIBE_LOSS, stops.describe_loss)
         self.watchers.append(stops)
+        # layers whose units stay copies of each other (symmetric-units)
+        symmetry = SymmetryWatcher(rec)
+        rec.subscribe(STEPPED, symmetry.after_step)
+        self.watchers.append(symmetry)
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)

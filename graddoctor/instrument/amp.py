@@ -26,7 +26,7 @@ import torch
 
 from .. import events as ev
 from .identities import Identities
-from .lossfactor import loss_scaling
+from .lossfactor import loss_scaling, may_be_negated, negated_criterion
 from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
 
@@ -107,6 +107,10 @@ class GradScalerWatcher:
                    "loss_terms": terms}
         if fp16 is not None:
             out["autocast_fp16"] = fp16
+        if may_be_negated(tensors):
+            negated = negated_criterion(tensors)
+            if negated is not None:
+                out["loss_negated"] = negated
         return out
 
     def _wrap_autocast_enter(self, original):

@@ -66,6 +66,7 @@ import torch
 
 from .. import events as ev
 from .graphkeep import HELD, KEEP_EVERY, hold, sweep
+from .handstep import HandStepDirection
 from .gradstate import Tensor, grads_of, local, states_of
 from .identities import call
 from .recorder import Recorder
@@ -78,7 +79,8 @@ _ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves
 
 class BackwardContext:
     __slots__ = ("pids", "tensors", "before", "held", "extra_leaves", "cell", "graph_nodes",
-                 "history", "repeats", "root_cell", "kept", "updated_by_hand", "applied_by_hand")
+                 "history", "repeats", "root_cell", "kept", "updated_by_hand", "applied_by_hand",
+                 "hand_step_cosine")
     cell: list | None  # its nodes' mark: [seq of its event once emitted, session]
     graph_nodes: int | None  # interior nodes, when walked with _history_walk
     history: list | None  # [[seq of an earlier backward, [pid]]], see events.backward
@@ -102,6 +104,9 @@ class BackwardContext:
         self.kept: list[int] = []
         self.updated_by_hand: list[int] = []
         self.applied_by_hand: list[int] = []
+        # the cosine between the last hand-written update and the gradient it applied, measured
+        # after the first few such updates (instrument/handstep.py); None otherwise
+        self.hand_step_cosine: float | None = None
 
     def verdicts(self) -> dict[int, int]:
         """pid -> verdict of each tensor that had a grad before the backward."""
@@ -308,6 +313,8 @@ class BackwardWatcher:
         # None) of the tensor when a backward last wrote its grad (see _hand_updates)
         self._owned = optimizers.owned_pids()
         self._marks: dict[int, tuple[int, float | None]] = {}
+        self._direction = HandStepDirection()  # which way the first hand-written updates go
+        self._step_cosine: float | None = None
         self._steps_at_backward = 0  # rec.progress.steps when the latest backward ended
 
     # -- graph walks ---------------------------------------------------------------------------
@@ -490,6 +497,9 @@ class BackwardWatcher:
                 if i in kept:
                     applied.append(pid)
             marks[pid] = (version, norm)
+        if not self._direction.done:  # the first hand-written updates: which way they go
+            self._step_cosine = self._direction.observe(
+                [pids[i] for i in chosen], [tensors[i] for i in chosen], set(updated))
         return sorted(updated), sorted(applied)
 
     def _judge_changed(self, grad) -> int:
@@ -551,7 +561,8 @@ class BackwardWatcher:
                                      extra_leaves=ctx.extra_leaves, in_step=self.optimizers.closure_step,
                                      graph_nodes=ctx.graph_nodes, history=ctx.history,
                                      repeats=ctx.repeats, updated_by_hand=ctx.updated_by_hand or None,
-                                     applied_by_hand=ctx.applied_by_hand or None, **extra), loc)
+                                     applied_by_hand=ctx.applied_by_hand or None,
+                                     hand_step_cosine=ctx.hand_step_cosine, **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
         if ctx.root_cell is not None:
@@ -585,8 +596,10 @@ class BackwardWatcher:
                 (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED
                  else cleared).append(pids[i])
         try:
+            self._step_cosine = None
             ctx.updated_by_hand, ctx.applied_by_hand = self._hand_updates(pids, tensors, written,
                                                                           ctx.kept)
+            ctx.hand_step_cosine = self._step_cosine
         except Exception as exc:  # loses this fact only, not the backward's event
             rec.internal_error("backward (hand-written updates)", exc)
         grads = list(compress(after, written))

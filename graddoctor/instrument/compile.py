@@ -6,6 +6,13 @@ graddoctor's folder on Dynamo's skip list makes every call into graddoctor a gra
 runs eagerly, every time — the same place where ``zero_grad``, ``backward`` and the optimizer's
 ``step`` already break the graph. The skip entry is added at the first ``torch.compile`` call,
 or at once when Dynamo is already loaded (graddoctor never imports it: ~1 s).
+
+Dynamo also keeps a map from torch's functions to how it traces them, built once by name, the
+first time it is needed. Built while graddoctor's wrappers stand in for torch's functions
+(``F.dropout``, the losses), it names the wrappers, not the originals: after graddoctor leaves,
+``torch.compile(fullgraph=True)`` would inline the original ``F.dropout`` and fail. A map built
+during the instrumentation is therefore dropped on leaving (Dynamo builds it again when next
+needed).
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ class CompileWatcher:
 
     def install(self, patcher) -> None:
         self._patcher = patcher
+        patcher.handle(_RuleMapBuiltInside())
         if "torch._dynamo" in sys.modules:
             try:
                 self.keep_out_of_graphs()
@@ -73,3 +81,25 @@ class CompileWatcher:
                 self.rec.internal_error("torch.compile", exc)
         if hasattr(torch, "compile"):
             patcher.patch(torch, "compile", self._wrap_compile(torch.compile))
+
+
+def _rule_map():
+    """Dynamo's cached map of torch functions, or None while Dynamo is not loaded."""
+    trace_rules = sys.modules.get("torch._dynamo.trace_rules")
+    return getattr(trace_rules, "get_torch_obj_rule_map", None)
+
+
+class _RuleMapBuiltInside:
+    """An undo handle: on leaving, drops Dynamo's function map if it was built inside."""
+
+    # no hook of its own: nothing to take out while benchmarks/overhead.py suspends the patches
+    follows_a_patch = True
+
+    def __init__(self):
+        rule_map = _rule_map()
+        self._built_before = rule_map is not None and rule_map.cache_info().currsize > 0
+
+    def remove(self) -> None:
+        rule_map = _rule_map()
+        if not self._built_before and rule_map is not None and rule_map.cache_info().currsize:
+            rule_map.cache_clear()

@@ -20,6 +20,11 @@ A turn here is the events from just after one ``step`` event to the next ``step`
 included. Memory is then bounded by the number of distinct shapes (a run whose every turn is new,
 such as an autograd graph that grows each step, keeps every turn: nothing to fold).
 
+In the steady state of a long run (``STEADY_AFTER`` turns in a row that each repeated the one
+before) the events of the next turns are kept aside instead (``Folder.steady_put``), each checked
+against the turn before, and put where recording them would have put them as soon as one
+deviates or the trace is needed (``Folder.materialize``): the trace is the same either way.
+
 The analysis reads the ``folded`` events: step numbers count the folded steps, and
 ``Analysis.weight(event)`` is 1 + the number of folded copies of that event, for rules that
 count occurrences. ``--trace`` writes the final trace, folded events included.
@@ -29,13 +34,13 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from itertools import islice
+from itertools import islice, repeat
 from operator import attrgetter, itemgetter
 from types import MappingProxyType
 
 from .. import events as ev
 from ..events import ABSORBS, CALL_LABELS, NOT_CALLS, is_per_forward
-from ..trace import Event, Trace
+from ..trace import Event, Trace, made_event
 
 # ``operator.call`` is new in Python 3.11
 call = getattr(operator, "call", None) or (lambda function, argument: function(argument))
@@ -45,6 +50,9 @@ KEEP = 2  # copies of a repeated block of turns kept whole before later copies f
 CONTEXT = 2  # turns after a folded block that must repeat too (the turns before a change stay)
 MAX_PERIOD = 40  # longest block of turns that repeats (an epoch of the replay is 17 batches)
 MAX_SHAPES = 4096  # distinct turn shapes remembered; a turn of any other shape is never folded
+# turns in a row that repeated the one before and folded at once (period 1) before the steady
+# path takes the next ones (``Folder.steady_put``): far past any fixture, past the first steps
+STEADY_AFTER = 256
 
 
 def _frozen(value):
@@ -257,7 +265,8 @@ class Folder:
     """
 
     def __init__(self, trace: Trace, fold_after: int | None = None, keep: int | None = None,
-                 context: int | None = None, max_period: int | None = None):
+                 context: int | None = None, max_period: int | None = None,
+                 steady_after: int | None = None):
         self.trace = trace
         self.fold_after = FOLD_AFTER if fold_after is None else fold_after
         self.keep = max(1, KEEP if keep is None else keep)
@@ -286,6 +295,11 @@ class Folder:
         self.run: dict | None = None  # the fold in progress: where, and what went
         self._failed = 0  # periods 1.._failed do not repeat at the current front
         self.folded_turns = 0  # in all (tests and benchmarks)
+        # the steady path (``steady_put``): turns in a row that repeated the one before and
+        # folded at once; the steady state once that many did (None: not in it)
+        self.steady_after = STEADY_AFTER if steady_after is None else steady_after
+        self.in_row = 0
+        self.steady: _Steady | None = None
 
     # -- recording ---------------------------------------------------------------------------
     def observe(self, kind: str, loc) -> None:
@@ -359,7 +373,15 @@ class Folder:
                 and len(self.recent) >= self.keep * self.streak:
             self._fold(self.streak)  # what _decide would do (see _period)
             if self.streak:
+                if self.streak == 1 and plan is not None:
+                    self.in_row += 1
+                    if self.in_row >= self.steady_after and self.run is not None:
+                        # the next turns take the steady path, from the turn now open on
+                        self.steady = _Steady(turn_id, plan, turn, self.context)
+                else:
+                    self.in_row = 0
                 return  # only the context is undecided: nothing else to decide yet
+        self.in_row = 0
         self._decide()
 
     def _decide(self) -> None:
@@ -468,5 +490,128 @@ class Folder:
 
     def finish(self) -> None:
         """The end of the run: the fold in progress ends; the undecided turns are kept."""
+        self.materialize()
         self.close()
         self.pending.clear()
+
+    # -- the steady state --------------------------------------------------------------------
+    # Once ``steady_after`` turns in a row repeated the one before and folded at once (period
+    # 1), each next turn would be folded two turns later (``CONTEXT``) without anything read
+    # from it but its seqs and counts. The steady path (``steady_put``) takes the events of such
+    # turns without ``observe``, the trace or ``_fold``: each must be the event the turn before
+    # had at its place (kind and location), and a turn closes when its events are complete and
+    # the next one's first comes, if its data repeat (``_repeats``, the same test as
+    # ``_close_turn``'s). The trace and the folder stay as they were when the steady state began;
+    # the turns since are counted, the last ``context`` of them kept aside with the open one.
+    # ``materialize`` puts the folder and the trace where recording each turn would have put
+    # them (the same folds, the same kept turns, the same seqs): at the first event that is not
+    # the expected one (before it is recorded, so the deviating turn is recorded and judged as
+    # always), when another thread, a holder or a snapshot needs the trace, and at the end.
+    def steady_put(self, made: tuple, loc) -> Event | None:
+        """The event on the steady path (its seq taken, kept aside), or None: not the expected
+        event (the steady state has ended: it goes the usual way, ``observe`` first)."""
+        steady = self.steady
+        turn = steady.open
+        j = len(turn)
+        if steady.entered:
+            if j == steady.length:  # the open turn is complete: this event must start the next
+                if made[0] == steady.kinds[0] and (loc is steady.locs[0] or loc == steady.locs[0]) \
+                        and _repeats(turn, steady.plan):
+                    steady.closed += 1
+                    steady.kept.append(turn)
+                    turn = steady.open = []
+                    j = 0
+                else:
+                    self.materialize()
+                    return None
+            elif made[0] != steady.kinds[j] or not (loc is steady.locs[j] or loc == steady.locs[j]):
+                self.materialize()
+                return None
+        elif not self._enter(steady):
+            return None
+        else:
+            turn = steady.open
+            j = len(turn)
+            if j >= steady.length or made[0] != steady.kinds[j] or not (
+                    loc is steady.locs[j] or loc == steady.locs[j]):
+                self.materialize()
+                return None
+        event = made_event(self.trace, made, loc)
+        turn.append(event)
+        return event
+
+    def _enter(self, steady: "_Steady") -> bool:
+        """Begin the steady state: the open turn's events so far leave the trace for the steady
+        path (they must be the first events of the turn it repeats)."""
+        events = self.trace.events
+        start = self.start
+        opened = events[start:]
+        if (len(self.pending) != self.context or len(opened) > steady.length
+                or [e.kind for e in opened] != steady.kinds[:len(opened)]
+                or [e.loc for e in opened] != steady.locs[:len(opened)]):
+            self.steady = None
+            self.in_row = 0
+            return False
+        del events[start:]
+        steady.open = opened
+        steady.entered = True
+        return True
+
+    def materialize(self) -> None:
+        """End the steady state: the folder and the trace as recording every turn since it
+        began would have left them (see ``steady_put``)."""
+        steady, self.steady = self.steady, None
+        self.in_row = 0
+        if steady is None or not steady.entered:
+            return
+        events = self.trace.events
+        aside = [event for turn in (*steady.kept, steady.open) for event in turn]
+        try:
+            closed, turn_id = steady.closed, steady.turn_id
+            real = min(closed, len(self.pending))  # the undecided turns folded by the next ones
+            for _ in range(real):
+                self._fold(1)
+            unseen = closed - real  # turns folded without ever being in the trace
+            if unseen:
+                run = self.run
+                tally = run["ids"]
+                run["turns"] += unseen
+                run["events"] += unseen * steady.length
+                tally[turn_id] = tally.get(turn_id, 0) + unseen
+                self.recent.extend(repeat(turn_id, min(unseen, self.recent.maxlen or 0)))
+                self.folded_turns += unseen
+            shift = self.shift
+            for turn in steady.kept:  # the last ``context`` turns, undecided
+                start = len(events)
+                events.extend(turn)
+                self.pending.append([start + shift, len(events) + shift, turn_id])
+            steady.kept.clear()
+            self.streak, self.hint, self._failed = 1, 1, 0
+            # the open turn, as observe would have seen it
+            self.start, self.applied, self.prev, self.seen = len(events), False, None, set()
+            opened, steady.open = steady.open, []
+            for event in opened:
+                self.observe(event.kind, event.loc)
+                events.append(event)
+        except Exception:  # the events kept aside go into the trace; folding ends (Recorder)
+            there = set(map(id, events))
+            events.extend(event for event in aside if id(event) not in there)
+            raise
+
+
+class _Steady:
+    """The steady state of a ``Folder``: the turn every turn repeats (its shape id, its plan, its
+    events' kinds and locations), the turns closed on the steady path, the last ``context`` of
+    them and the open one (events kept aside, in seq order)."""
+
+    __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered")
+
+    def __init__(self, turn_id: int, plan: tuple, turn: list[Event], context: int):
+        self.turn_id, self.plan = turn_id, plan
+        self.kinds = [e.kind for e in turn]
+        self.locs = [e.loc for e in turn]
+        self.length = len(turn)
+        self.closed = 0
+        self.kept: deque = deque(maxlen=context)  # the last closed turns' events
+        self.open: list[Event] = []
+        self.entered = False

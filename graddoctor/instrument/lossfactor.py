@@ -145,3 +145,51 @@ def loss_scaling(tensors, skip_top: bool = False) -> tuple[float | None, list | 
 def loss_factor(tensors, skip_top: bool = False) -> float | None:
     """The constant factor of the loss (see module docs)."""
     return loss_scaling(tensors, skip_top)[0]
+
+
+# the nodes of torch's loss functions (they save their ``reduction``): a loss that is minimised
+# by definition, which a training loop never means to maximise with its model's own optimizer
+def _is_criterion(node) -> bool:
+    name, _scales, _by_name, reads = _type_facts(type(node))
+    return reads and hasattr(node, "_saved_reduction") and ("Loss" in name or "Entropy" in name)
+
+
+def negated_criterion(tensors) -> str | None:
+    """The node name of a torch loss function (``NllLossBackward0`` for ``F.cross_entropy``) when
+    the backward'ed loss is that criterion times a negative constant (``-loss``, ``loss * -1``),
+    else None. Walks at most a few negations, multiplications and divisions by Python numbers."""
+    if isinstance(tensors, (list, tuple)):
+        if len(tensors) != 1:
+            return None
+        tensors = tensors[0]
+    node = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
+    negative = False
+    for _ in range(8):
+        if node is None:
+            return None
+        name = _type_facts(type(node))[0]
+        if name == "NegBackward0":
+            children = _grad_children(node)
+            if len(children) != 1:
+                return None
+            negative, node = not negative, children[0][1]
+        elif name in ("MulBackward0", "DivBackward0"):
+            children = _grad_children(node)
+            if len(children) != 1 or (name == "DivBackward0" and children[0][0] != 0):
+                return None
+            index, child = children[0]
+            value = _constant(getattr(node, "_saved_other" if index == 0 else "_saved_self", None))
+            if value is None:
+                return None
+            negative, node = negative != (value < 0), child
+        else:
+            return name if negative and _is_criterion(node) else None
+    return None
+
+
+def may_be_negated(tensors) -> bool:
+    """Whether the loss's top node is a negation or a product (one attribute and a dict read):
+    only those are walked by ``negated_criterion``."""
+    node = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
+    return node is not None and _type_facts(type(node))[0] in ("NegBackward0", "MulBackward0",
+                                                                "DivBackward0")

@@ -162,6 +162,19 @@ class Recorder:
         with self.lock:  # hot path: every event of a run
             folder = self.folder
             kind = made[0]
+            # the steady state of a long run: a turn that repeats the one before goes aside
+            # (instrument/fold.py, ``Folder.steady_put``) until one does not
+            if folder is not None and folder.steady is not None:
+                try:
+                    if self.holder is None and get_ident() == self.script_thread:
+                        event = folder.steady_put(made, loc)
+                        if event is not None:
+                            return event
+                    else:
+                        folder.materialize()
+                except Exception as exc:  # keep every event from now on
+                    self.folder = folder = None
+                    self.internal_error("folding repeated turns", exc)
             # before it is active the folder only counts steps
             if folder is not None and (folder.active or kind == "step"):
                 try:
@@ -198,22 +211,44 @@ class Recorder:
         """Make ``holder`` the watcher holding events back; the previous one emits its now."""
         if self.holder is not holder:
             self.release()
+            self._leave_steady()  # held events go into the trace, not past the steady path
             self.holder = holder
 
     def release(self) -> None:
         """Have the holder emit its held events now."""
         holder, self.holder = self.holder, None
         if holder is not None:
+            self._leave_steady()
             holder.close()
+
+    def _leave_steady(self) -> None:
+        """End the folder's steady state: the trace as if every turn had been recorded."""
+        folder = self.folder
+        if folder is not None and folder.steady is not None:
+            with self.lock:
+                try:
+                    folder.materialize()
+                except Exception as exc:  # keep every event from now on
+                    self.folder = None
+                    self.internal_error("folding repeated turns", exc)
 
     def snapshot(self) -> Trace:
         """The trace so far as a new ``Trace`` that later events do not change: the emitted
         events (final, shared) and the held ones as they are now (new events with copies of
         their lists). ``Deferred`` values stay unread."""
+        folder = self.folder
+        if folder is not None and folder.steady is not None:
+            # the turns on the steady path into the trace (under the lock: the script's thread
+            # may be emitting; a watchdog's snapshot of a hung script finds it free)
+            if self.lock.acquire(timeout=1.0):
+                try:
+                    self._leave_steady()
+                finally:
+                    self.lock.release()
+            folder = self.folder
         trace = self.trace
         events = list(trace.events)
         expected = trace.next_seq
-        folder = self.folder
         try:
             marker = folder.marker() if folder is not None else None
         except Exception:  # changed under us (a watchdog's snapshot): its steps go uncounted

@@ -61,11 +61,17 @@ class HandUpdateWithoutZeroGrad(Rule):
            "inside the torch.no_grad() block), or use a torch.optim optimizer and its zero_grad()")
 
     def check(self, a):
+        backwards = a.by_kind.get("backward", ())
         groups: dict = {}
-        for b in a.by_kind.get("backward", ()):
+        harmful: set = set()
+        for i, b in enumerate(backwards):
             if b.get("applied_by_hand"):
                 groups.setdefault(b.loc, []).append(b)
+                if _reaches_an_update(backwards, i):
+                    harmful.add(b.loc)
         for loc, backwards in groups.items():
+            if loc not in harmful:
+                continue
             first = backwards[0]
             pids = sorted(dict.fromkeys(p for b in backwards for p in b["applied_by_hand"]),
                           key=lambda p: _name(a, p))
@@ -82,6 +88,22 @@ class HandUpdateWithoutZeroGrad(Rule):
                 message, loc, fix=_fix(names),
                 related=(related(earlier, "the backward whose gradients were applied already"),),
                 evidence={"params": names, "backwards": times})
+
+
+def _reaches_an_update(backwards, i: int) -> bool:
+    """Whether what backward ``i`` added onto applied gradients is applied again: the backward
+    just before the next hand-written update of those tensors did not write them fresh. A
+    backward whose sum is cleared before the update (an attack's backward, then
+    ``model.zero_grad()`` and the training backward) is harmless. Without a later update (the
+    run's end), the latest backward to write them decides."""
+    pids = set(backwards[i]["applied_by_hand"])
+    last = backwards[i]  # the latest backward to write them before their next update
+    for later in backwards[i + 1:]:
+        if pids & {*(later.get("updated_by_hand") or ()), *(later.get("applied_by_hand") or ())}:
+            break
+        if pids & {*(later.get("fresh") or ()), *(later.get("accumulated") or ())}:
+            last = later
+    return not pids <= set(last.get("fresh") or ())
 
 
 def _name(a, pid: int) -> str:

@@ -70,7 +70,8 @@ def no_optimizer(a: "Analysis") -> list[str]:
     if a.optimizers or not a.backward_calls:
         return []
     return ["no torch.optim optimizer was seen: the update is written by hand, so graddoctor "
-            "checks only that its gradients are zeroed between updates, not what a step applies"]
+            "checks that its gradients are zeroed between updates and that its first updates go "
+            "down the gradient, not the rest of what a step applies"]
 
 
 NOT_A_GRADIENT = frozenset({"torch.func.functional_call"})  # runs a module with other tensors

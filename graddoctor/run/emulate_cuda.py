@@ -442,8 +442,6 @@ class CudaEmulation:
 
     # -- autocast, distribution, loading -----------------------------------------------------
     def _autocast_init(self, original):
-        import warnings
-
         import torch
 
         emu = self
@@ -461,8 +459,9 @@ class CudaEmulation:
                 emu.note_change(f"autocast('cuda', {_dtype_name(asked)})",
                              f"CPU autocast in {_dtype_name(dtype)}")
                 device_type = "cpu"
-            with warnings.catch_warnings():
-                return original(self, device_type, dtype, enabled, cache_enabled)
+            # no warnings.catch_warnings() here: its filter reset clears every module's
+            # once-per-location registry, and a deprecation warning would show at every step
+            return original(self, device_type, dtype, enabled, cache_enabled)
 
         __init__.__wrapped__ = original
         return __init__

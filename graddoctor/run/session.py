@@ -11,6 +11,7 @@ resolve options, enter a session and render what it returns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import threading
 import time
@@ -303,6 +304,43 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     ``on_destroy(report, destroy)``: a rank's report when the script calls
     ``destroy_process_group()`` (``EarlyReport``, run/interim.py), before its teardown.
     """
-    return Session(options, claim=f"graddoctor check {options.target}").check(
-        on_step, on_hang=on_hang, checkpoint=checkpoint, on_destroy=on_destroy)
+    def check(opts: CheckOptions) -> Report:
+        return Session(opts, claim=f"graddoctor check {opts.target}").check(
+            on_step, on_hang=on_hang, checkpoint=checkpoint, on_destroy=on_destroy)
+
+    report = check(options)
+    why = _needs_emulated_gpu(options, report)
+    if why is None:
+        return report
+    again = check(dataclasses.replace(options, emulate_cuda=True))
+    again.run.notes.insert(0, why)
+    return again
+
+
+def _needs_emulated_gpu(options: CheckOptions, report: Report) -> str | None:
+    """A note when the script stopped for want of a GPU before it trained (no backward, no
+    step) on a machine without one, in a single process with ``--device auto``: run again on
+    an emulated GPU (its GPU path, tensors on the CPU) rather than report nothing. The first
+    run reached no training code, so no finding is lost; what it printed was printed."""
+    from .emulate_cuda import needs_cuda_hint
+
+    try:
+        import os
+
+        import torch
+
+        run = report.run
+        if (options.emulate_cuda or options.device != "auto" or "WORLD_SIZE" in os.environ or torch.cuda.is_available()
+                or run.steps or run.backward_calls or not run.error
+                or needs_cuda_hint(run.error) is None):
+            return None
+        where = (run.error.get("location") or {})
+        at = f" at {where.get('path')}:{where.get('line')}" if where.get("path") else ""
+        message = str(run.error.get("message") or "").strip().splitlines()
+        said = f" ({run.error.get('type', 'error')}: {message[0][:120]})" if message else ""
+        return (f"the script stopped{at} for want of a GPU{said}, before any backward: graddoctor "
+                f"ran it again with its GPU path emulated on this CPU, as `--emulate-cuda` does "
+                f"(`--device cpu` checks the CPU path instead; docs/emulate-cuda.md)")
+    except Exception:  # graddoctor's own failure: the first report stands
+        return None
 

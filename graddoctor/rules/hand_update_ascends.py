@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import ast
+import re
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule, related
+
+_MEASURED = 2  # hand-written updates measured, at least
+_ALONG = 0.5  # cosine between an update and its gradient above which it climbs
+# what a quantity to minimise is called, on the line that backpropagates it
+_LOSS_WORDS = re.compile(r"loss|criterion|cost|err|nll|mse|bce|crossentropy|cross_entropy", re.I)
+
+
+def _reads_grad(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(node))
+
+
+def _negative(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+
+
+def _climbing_lines(tree: ast.AST) -> list[int]:
+    """Lines that add a gradient to a tensor: ``p += lr * p.grad``, ``p.add_(p.grad, alpha=lr)``,
+    ``p.data = p.data + lr * p.grad``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and _reads_grad(node.value) \
+                and not _negative(node.value):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "add_" and any(map(_reads_grad, node.args)):
+            alpha = next((k.value for k in node.keywords if k.arg == "alpha"), None)
+            if not _negative(alpha) and not any(map(_negative, node.args)):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.BinOp) \
+                and isinstance(node.value.op, ast.Add) and _reads_grad(node.value):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+class HandUpdateAscends(Rule):
+    """
+    ## What it does
+    Finds a hand-written update (no `torch.optim` optimizer) that moves a model's parameters
+    *along* the gradient of the loss it backpropagates, `p += lr * p.grad` instead of
+    `p -= lr * p.grad`: gradient ascent. graddoctor measures, for the first few updates, the
+    cosine between how the parameters changed and the gradient that was applied; plain SGD
+    gives -1, this bug +1.
+
+    ## Why is this bad?
+    The gradient points to where the loss grows. Adding it makes every update increase the
+    loss: the model gets worse at each step and soon overflows, while nothing fails at once.
+
+    ## Example
+    ```python
+    loss = criterion(model(x), y)
+    model.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p += lr * p.grad
+    ```
+
+    ## Use instead
+    ```python
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    ```
+
+    ## Stays silent on
+    Updates that go down the gradient (SGD, momentum or Adam written by hand, weight decay);
+    a perturbation optimised against a model (PGD's `delta`, a plain tensor: meant to climb); an
+    objective that is maximised on purpose and not called a loss (`objective.backward()`, a
+    policy's return); parameters on an accelerator (not read).
+    """
+
+    code = "GD128"
+    slug = "hand-update-ascends"
+    severity = Severity.WARNING
+    summary = ("a hand-written update adds the gradient to the parameters (p += lr * p.grad): "
+               "every update increases the loss")
+    fix = "subtract the gradient: p -= lr * p.grad (or p.add_(p.grad, alpha=-lr))"
+
+    def check(self, a):
+        if a.optimizers:
+            return  # an optimizer's step goes down the gradient of what it is given
+        measured = [b for b in a.by_kind.get("backward", ()) if b.get("hand_step_cosine") is not None]
+        if len(measured) < _MEASURED or not all(b["hand_step_cosine"] > _ALONG for b in measured):
+            return
+        first = measured[0]
+        if first.loc is None or not _LOSS_WORDS.search(a.source.line_text(first.loc.path, first.loc.line)):
+            return  # not said to be a loss: an objective may be climbed on purpose
+        loc = first.loc
+        tree = a.source.tree(loc.path)
+        lines = _climbing_lines(tree) if tree is not None else []
+        if lines:
+            loc = Location(loc.path, next((n for n in lines if n > first.loc.line), lines[0]))
+        cosines = [round(b["hand_step_cosine"], 2) for b in measured]
+        params = sorted({p for b in measured for p in b.get("updated_by_hand") or ()})
+        yield self.finding(
+            f"the hand-written update moves {a.names(params) if params else 'the parameters'} along "
+            f"the gradient of the loss: the cosine between each measured update and the gradient it "
+            f"applied is {', '.join(f'{c:+.2f}' for c in cosines)} (descent gives -1). Every update "
+            f"increases the loss it backpropagates",
+            loc,
+            related=(related(first, "the backward whose gradient the update adds"),),
+            evidence={"cosines": cosines, "params": a.param_names(params)})

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule, related
+
+# the loss functions' autograd nodes, as a user knows them
+_CRITERIA = {
+    "NllLossBackward0": "cross-entropy (negative log-likelihood)",
+    "NllLoss2DBackward0": "cross-entropy (negative log-likelihood)",
+    "MseLossBackward0": "the mean squared error",
+    "BinaryCrossEntropyBackward0": "binary cross-entropy",
+    "BinaryCrossEntropyWithLogitsBackward0": "binary cross-entropy",
+    "SmoothL1LossBackward0": "the smooth L1 loss",
+    "HuberLossBackward0": "the Huber loss",
+}
+
+
+class LossMaximised(Rule):
+    """
+    ## What it does
+    Finds a training loop whose only optimizer steps on the negative of a torch loss function
+    (`loss = -F.cross_entropy(out, y)`, `criterion(out, y) * -1`) at every update: gradient
+    ascent on a loss that is minimised by definition.
+
+    ## Why is this bad?
+    The optimizer minimises what it is given; minimising `-loss` maximises the loss. The model
+    is trained to be as wrong as it can: cross-entropy grows without bound, and nothing crashes
+    until the numbers overflow. A loss that goes down "nicely" in the log (it is negative) hides it.
+
+    ## Example
+    ```python
+    loss = -criterion(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    loss = criterion(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    ```
+
+    ## Stays silent on
+    Runs with two optimizers or more, where maximising a loss is a player's move (a minimax GAN
+    generator's `-BCE(D(G(z)), 0)`, an adversary, a perturbation optimised against the model);
+    a negated log-likelihood or score written by hand (`-dist.log_prob(x).mean()`,
+    `-(log_probs * advantages).mean()`: the negation *makes* the loss); a sum of terms one of
+    which is negated (a gradient-reversal objective); `F.l1_loss` and `kl_div`, which torch
+    builds from plain ops (not recognised).
+    """
+
+    code = "GD127"
+    slug = "loss-maximised"
+    severity = Severity.WARNING
+    summary = ("the optimizer steps on the negative of a loss function (`-criterion(out, y)`): "
+               "every update increases the loss")
+    fix = "backpropagate the loss itself, without the minus sign"
+
+    def check(self, a):
+        if len(a.optimizers) != 1:
+            return
+        windows = a.ledger.windows
+        for opt, steps in a.applied_steps.items():
+            negated = [(step, window) for step in steps
+                       if (window := windows.get(step.seq)) and all(b.get("loss_negated") for b in window)]
+            if len(negated) < 2 or len(negated) != len(steps):
+                continue
+            first = negated[0][1][0]
+            node = first.get("loss_negated")
+            what = _CRITERIA.get(node, f"a loss function (`{node}`)")
+            loc, text = first.loc, None
+            if loc is not None:
+                assigned = a.source.loss_assignment(loc.path, loc.line)
+                if assigned is not None:
+                    loc, text = Location(loc.path, assigned[0]), assigned[1]
+            said = f"`{text}`" if text else "the loss"
+            yield self.finding(
+                f"{said} is the negative of {what}, and {a.optimizer_class(opt)} minimises it at "
+                f"every update: each step makes the loss function larger, so "
+                f"the model is trained away from its targets (the loss printed goes down because "
+                f"it is negative)",
+                loc,
+                related=(related(negated[0][0], "the step that applies its gradient"),),
+                step=a.step_number.get(negated[0][0].seq),
+                evidence={"criterion": node, "optimizer": opt},
+                fix=("backpropagate the loss itself, without the minus sign or the negative "
+                     "factor (to maximise a score, negate the score, not a loss function)"))

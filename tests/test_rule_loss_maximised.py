@@ -1,0 +1,69 @@
+"""loss-maximised (GD127): what the backward watcher notes of a negated loss function
+(instrument/lossfactor.py ``negated_criterion``), and the rule over hand-written traces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from graddoctor.findings import Severity
+from graddoctor.instrument.lossfactor import may_be_negated, negated_criterion
+from rule_traces import builder, findings, only
+
+SLUG = "loss-maximised"
+
+X = torch.randn(4, 3, requires_grad=True)
+Y = torch.randint(0, 3, (4,))
+T = torch.rand(4, 3)
+
+
+@pytest.mark.parametrize("loss, node", [
+    (lambda: -F.cross_entropy(X, Y), "NllLossBackward0"),
+    (lambda: F.mse_loss(X, T) * -1.0, "MseLossBackward0"),
+    (lambda: F.mse_loss(X, T) / -2, "MseLossBackward0"),
+    (lambda: -0.5 * F.binary_cross_entropy_with_logits(X, T), "BinaryCrossEntropyWithLogitsBackward0"),
+    (lambda: -(2.0 * F.smooth_l1_loss(X, T)), "SmoothL1LossBackward0"),
+])
+def test_a_loss_function_times_a_negative_constant_is_named(loss, node):
+    value = loss()
+    assert may_be_negated(value) and negated_criterion(value) == node
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: F.cross_entropy(X, Y),  # not negated
+    lambda: -(-F.cross_entropy(X, Y)),  # negated twice
+    lambda: F.cross_entropy(X, Y) * 0.5,
+    lambda: -X.log_softmax(1).gather(1, Y[:, None]).mean(),  # a log-likelihood by hand
+    lambda: -(F.cross_entropy(X, Y) - X.pow(2).mean()),  # a negated sum of terms
+    lambda: F.cross_entropy(X, Y) - 0.1 * F.mse_loss(X, T),  # one negated term
+    lambda: -F.cross_entropy(X, Y) * X.sum(),  # a computed factor
+    lambda: -F.cosine_similarity(X, T).mean(),  # a similarity
+])
+def test_anything_else_is_not(loss):
+    assert negated_criterion(loss()) is None
+
+
+def _trace(negated=(True, True, True), optimizers=1):
+    t = builder(params=[0, 1])
+    for opt in range(1, optimizers):
+        t.optimizer(opt, [2], line=2)
+    for flag in negated:
+        t.clear([0, 1], line=10)
+        extra = {"loss_negated": "NllLossBackward0"} if flag else {}
+        t.backward(fresh=[0, 1], line=11, **extra)
+        t.step(0, line=12)
+    return t
+
+
+def test_every_update_of_the_only_optimizer_on_a_negated_loss_is_a_warning():
+    f = only(_trace(), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 11
+    assert f.evidence == {"criterion": "NllLossBackward0", "optimizer": 0}
+    assert "negative of cross-entropy" in f.message
+
+
+def test_silent_with_a_second_optimizer_on_some_updates_only_or_on_one_update():
+    assert findings(_trace(optimizers=2), SLUG) == []  # a player of a minimax game
+    assert findings(_trace(negated=(True, False, True)), SLUG) == []
+    assert findings(_trace(negated=(True,)), SLUG) == []
