@@ -341,6 +341,25 @@ batch_layout       cls (the module's class: LSTM | GRU | RNN | MultiheadAttentio
                    construction and layout: batch-first at its second such forward, seq-first
                    at its first (loc: the construction, else the call; an aside;
                    instrument/batchfirst.py)
+dependency         model (the class of the model), batch (its batch size), source ("loader":
+                   the DataLoader batch's | "loss_target": a loss target's leading dimension |
+                   None: not known, so the batch was not judged), mixed (True: the output for
+                   one sample depends on other samples of the batch | False: it does not | None:
+                   not judged), op (the autograd node that first mixes them, nearest the output:
+                   ``ViewBackward0``, ``SoftmaxBackward0``; None), op_at ([path, line,
+                   function] of the user's line that made that node, from a forward run again
+                   with anomaly mode's tracebacks; None), seq (None, or {k: the shift of the
+                   token targets against the ids of one of the forward's embeddings, 1 | 0 |
+                   -1; positions; t: the position probed; future: the output at t depends on
+                   later positions; past: on earlier ones; target_at: [path, line, function]
+                   of the loss call whose targets gave k}), modules ([[cls, path, line,
+                   function, flag]] the attention, Transformer and recurrent modules the
+                   forward called, outermost, where the user's code called them; flag
+                   "masked" | "bidirectional" | ""), forward ([path, first line] of the model
+                   class's forward in the user's files, or None) — one probe of a model's
+                   first training forward: one extra ``torch.autograd.grad`` of an output row
+                   (loc: the user's line that called the model; an aside;
+                   instrument/dependency.py)
 internal_error     where, error
 run_end            status, steps
 =================  ==========================================================================
@@ -716,6 +735,13 @@ def batch_layout(*, cls: str, layout: str, shape: list[int], batch: int, source:
                             "source": source, "forwards": forwards, "call": call}
 
 
+def dependency(*, model: str, batch: int, source: str | None, mixed: bool | None, op: str | None,
+               op_at: list | None, seq: dict | None, modules: list, forward: list | None) -> Made:
+    return "dependency", {"model": model, "batch": batch, "source": source, "mixed": mixed,
+                          "op": op, "op_at": op_at, "seq": seq, "modules": modules,
+                          "forward": forward}
+
+
 def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
@@ -743,7 +769,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
-    "grad_allreduce": grad_allreduce,
+    "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped,
     "symmetric_units": symmetric_units,
     "internal_error": internal_error, "run_end": run_end,
@@ -755,7 +781,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
-                         "param_created", "loaders_zipped", "symmetric_units"})
+                         "param_created", "loaders_zipped", "symmetric_units", "dependency"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

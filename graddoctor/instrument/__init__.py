@@ -13,6 +13,7 @@ from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .customfn import CustomFunctionWatcher
+from .dependency import DependencyWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
 from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
@@ -75,6 +76,12 @@ class Instrumentation:
         self.watchers.append(CustomFunctionWatcher(rec))
         # half-precision parameters: an eps that rounds to 0, updates below the dtype's resolution
         self.watchers.append(PrecisionWatcher(rec))
+        # what the model's output depends on (samples-mixed-in-batch, target-visible-to-model):
+        # one extra autograd.grad at the first backwards, before any watcher hooks the graph
+        dependency = DependencyWatcher(rec, self.dataloader)
+        rec.subscribe(DESCRIBE_LOSS, dependency.describe_loss)
+        rec.subscribe(PARAMS_ADDED, dependency.params_added)  # a new model: the window again
+        self.watchers.append(dependency)
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
         rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)
         # where the gradient of parameters that get exactly zero stops (grads-always-zero)

@@ -1,0 +1,842 @@
+"""What a model's output depends on: samples mixed across the batch, the target visible to it.
+
+Two families of silent bugs break an invariant that one backward through the model's own graph
+can test ("use backprop to chart dependencies"):
+
+* **Samples mixed across the batch.** The output for sample ``i`` must not depend on sample
+  ``j != i``. ``x.view(T, B, F)`` where ``x.transpose(0, 1)`` was meant, ``softmax(dim=0)``,
+  ``F.normalize(z, dim=0)``, a ``flip``/``roll`` of dim 0 all break it.
+* **The target visible to the model.** With next-token targets (``targets[t] == ids[t + 1]``),
+  the output at position ``t`` must not depend on input positions after ``t`` (a decoder
+  without a causal mask, an inverted mask, a bidirectional RNN used as a language model); with
+  targets that are not shifted (``targets == ids``) or shifted the wrong way, a causal model is
+  trained to predict a token it already reads.
+
+How, and what it costs:
+
+* From the start of the run, a global module forward pre-hook and forward hook are registered
+  (torch's ``register_module_forward_pre_hook`` / ``register_module_forward_hook``; made from
+  source under inlinable.py's file name, so that Dynamo inlines them and calls nothing of
+  graddoctor's in a compiled graph). They note the outermost forwards of trainable models in
+  train mode with gradients on, on the CPU: the inputs, the output (its first tensor, a
+  ``.logits``), the first outputs of the submodules called inside, the ids and outputs of the
+  ``nn.Embedding`` layers, and the calls of attention, Transformer and recurrent modules (where
+  a causal mask goes). They are removed at the first backward at which no new model was noted
+  (the second, in a loop over one model), at ``PROBES`` probes, ``MAX_BACKWARDS`` backwards or
+  ``MAX_FORWARDS`` outermost forwards, and before ``torch.compile`` runs (or a model compiled
+  before the check is called: torch warns about global hooks there). Then nothing of this
+  watcher is on the step's path but the loss functions' wrappers (one attribute read). An
+  optimizer given parameters later (``PARAMS_ADDED``: a second stage's model, a new trial)
+  opens the window again until the next backward that brings no new model, a few times per
+  run, never after ``torch.compile``.
+* At the next backward (``DESCRIBE_LOSS``, before the real backward runs; subscribed before the
+  watchers that hook the graph themselves) one extra ``torch.autograd.grad`` of a random-weighted
+  projection of one output row (one position of a sequence output) is taken with respect to the
+  recorded tensors, ``retain_graph=True``: it touches no ``.grad`` (the ``inputs`` are non-leaf
+  tensors, so no ``AccumulateGrad`` node and no parameter hook runs) and leaves the graph to the
+  user's backward. Its weights come from a private ``torch.Generator``. When the batch size is
+  known, the graph's nodes on the way get a hook (``Node.register_hook``, removed when the call
+  returns) that notes the node whose incoming gradient is clean (only the probed row non-zero)
+  while a gradient it passes on is not: the op that mixes the samples. BatchNorm, batch
+  statistics (``std``/``var``: a minibatch-stddev layer), matrix products (a graph's ``adj @ h``,
+  attention) and gathers (mixup's ``x[perm]``) mix on purpose: their gradient is cleaned to the
+  probed row and the search goes on above (batch statistics of another layout leave the probe
+  blind: nothing is judged). A mixing op counts when a recorded ``(B, ...)`` tensor above it gets
+  a mixed gradient too, or when it is one of the ops that mix a batch only by mistake (a view, a
+  softmax, a norm...). When one is found, the model's next forward runs with anomaly mode's
+  tracebacks on (``torch.set_anomaly_enabled(True, False)``: no NaN checks, no warning) and is
+  probed again, which names the line that made the node.
+* The sequence axis: the targets of the loss calls since the last backward (``cross_entropy``,
+  ``nll_loss``) against the ids of the forward's embeddings: a shift ``k`` in {1, 0, -1} that
+  matches at least 90 % of the positions the loss does not ignore, ids not constant, the output
+  laid out ``(batch, positions, ...)`` like those ids. The probed position ``t = (T - 1) // 2``
+  tells whether the output there depends on later positions and on earlier ones.
+* Skipped, silently: anything not on the CPU; a DDP/FSDP/DataParallel model or a process group;
+  a compiled model or submodule; a graph with a Python ``autograd.Function`` node (custom
+  Functions, reentrant checkpointing, module backward hooks) or made under saved-tensor hooks
+  (non-reentrant checkpointing); tensor hooks or ``retain_grad`` since the last backward; more
+  than ``_NODES`` graph nodes; an output that does not lead with the batch, or is ``(B, B)``
+  (CLIP's similarities); a batch size that is not known (the DataLoader's, or a loss target's
+  laid out unlike the input) or that dim 1 of an input equals (``(T, B)`` or ``(B, T)``?). The
+  batch test needs the known batch size; the sequence test only the shift.
+
+Each probe is recorded as a ``dependency`` aside event at the user's line that called the model.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import weakref
+from threading import get_ident
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import events as ev
+from ..trace import Location
+from .inlinable import watched
+from .recorder import Recorder
+
+_GRAD = torch.autograd.grad  # torch's own (the functional-grad watcher wraps the attribute)
+
+PROBES = 4  # probes per run (a located probe again included)
+MAX_FORWARDS = 16  # outermost forwards watched at most before the hooks go
+MAX_BACKWARDS = 4  # backwards after which the hooks go
+_NODES = 20000  # graph nodes walked at most (a larger graph is not probed)
+_RECORDED = 32  # submodule outputs kept per forward
+_MODULES = 8  # attention / recurrent calls kept per forward
+_TARGETS = 8  # loss targets kept per turn
+_MATCH = 0.9  # share of the positions a target shift must match
+_MIN_POSITIONS = 8
+_TINY = 1e-6  # a gradient below this share of the largest one counts as zero
+
+LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+          "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div")
+_TOKEN_LOSSES = ("cross_entropy", "nll_loss")
+
+# nodes that mix the samples of a batch on purpose: their gradient is cleaned to the probed row.
+# "stat": batch statistics (BatchNorm in train mode, a minibatch-stddev layer): a gradient of
+# another shape than (B, ...) cannot be cleaned, and the probe is then blind
+_STAT = ("NativeBatchNorm", "CudnnBatchNorm", "MiopenBatchNorm", "BatchNorm", "Std", "Var",
+         "NativeGroupNorm")
+# "mix": products, gathers and scatters (a graph's adjacency, attention, mixup's x[perm], a
+# fused recurrent layer; a batch_first mix-up of an RNN or attention is batch-first-mismatch's)
+_MIX = ("Mm", "Bmm", "Addmm", "Baddbmm", "Addbmm", "Matmul", "Mv", "Dot", "Einsum", "SparseAddmm",
+        "SparseMm", "SparseSparseMatmul", "Index", "IndexSelect", "Gather", "IndexAdd",
+        "IndexPut", "Scatter", "ScatterAdd", "ScatterReduce", "Embedding", "EmbeddingBag",
+        "ScaledDotProduct", "MkldnnRnnLayer", "CudnnRnn", "MiopenRnn", "Cdist", "Take",
+        "MaskedScatter", "SegmentReduce", "Lerp")
+# ops that mix the batch only by mistake: one of them seen mixing needs no other confirmation
+_SUSPECTS = frozenset({"View", "UnsafeView", "Reshape", "ReshapeAlias", "Permute", "Transpose", "T",
+                       "Softmax", "LogSoftmax", "LinalgVectorNorm", "Norm", "Flip", "Roll", "Mean",
+                       "Sum", "Amax", "Amin", "Max", "Min", "Logsumexp", "Cumsum", "Cumprod",
+                       "Prod", "Unflatten"})
+_ATTENTION = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer,
+              nn.TransformerEncoder, nn.TransformerDecoder, nn.Transformer)
+_RECURRENT = (nn.RNNBase,)
+_MASK_KWARGS = ("mask", "src_mask", "tgt_mask", "attn_mask", "is_causal", "tgt_is_causal",
+                "src_key_padding_mask")
+_WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "DataParallel",
+             "OptimizedModule")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _op(name: str) -> str:
+    """``SoftmaxBackward0`` -> ``Softmax``."""
+    return name.split("Backward", 1)[0]
+
+
+def _kind(name: str) -> str | None:
+    op = _op(name)
+    if op.startswith(_STAT):
+        return "stat"
+    if op in _MIX or op.startswith(("ScaledDotProduct", "Sparse", "Mkldnn", "Cudnn")):
+        return "mix"
+    return None
+
+
+def _first_tensor(value):
+    """The tensor a model's output stands for: itself, ``.logits`` (a ModelOutput), a dict's
+    ``logits``, the first tensor of a tuple or list."""
+    if isinstance(value, torch.Tensor):
+        return value
+    logits = getattr(value, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(value, dict):
+        logits = value.get("logits")
+        if isinstance(logits, torch.Tensor):
+            return logits
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value[:4]:
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+class _Forward:
+    """One outermost training forward of a model, recorded for a probe."""
+
+    __slots__ = ("model", "cls", "call", "forward", "inputs", "out", "outs", "embeds",
+                 "modules", "unsafe", "anomaly", "locate")
+
+    def __init__(self, model, call, locate: bool):
+        self.model = model
+        self.cls = type(model).__name__
+        self.call = call
+        code = getattr(getattr(type(model), "forward", None), "__code__", None)
+        self.forward = [code.co_filename, code.co_firstlineno] if code is not None else None
+        self.inputs: list = []
+        self.out = None
+        self.outs: list = []  # submodule outputs that lead with the batch
+        self.embeds: list = []  # (ids, output) of nn.Embedding layers
+        self.modules: list = []  # [cls, Location, flags] of attention / recurrent calls
+        self.unsafe: str | None = None
+        self.anomaly = None  # the anomaly mode to put back at the forward's end
+        self.locate = locate
+
+
+class DependencyWatcher:
+    def __init__(self, rec: Recorder, loader=None):
+        self.rec = rec
+        self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
+        self.active = False  # the window: the global module hooks are registered
+        self._patcher = None
+        self._reopened = 0
+        self._compiled = False  # torch.compile was called: the window never opens again
+        self._handles: list = []
+        self._depth = 0
+        self._current: _Forward | None = None
+        self._pending: list[_Forward] = []
+        self._done: dict[int, object] = {}  # id(model) -> the model (weakly: see _seen)
+        self._locate: dict[int, tuple] = {}  # id(model) -> (op, index) to locate at its next forward
+        self._targets: list[tuple] = []  # (target, fn, ignore_index, Location) since the last backward
+        self._hooked = False  # a tensor hook or retain_grad since the last backward
+        self._probes = 0
+        self._forwards = 0
+        self._backwards = 0
+
+    # -- the window ------------------------------------------------------------------------
+    def params_added(self, opt: int, pids: list) -> None:
+        """PARAMS_ADDED: an optimizer was given parameters — a model trained from now on (a
+        second stage, a new trial) opens the window again, until its first backward."""
+        if self.active or self._compiled or self._probes >= PROBES or self._reopened >= PROBES \
+                or self._patcher is None:
+            return
+        try:
+            self._reopened += 1
+            self._open()
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("dependency probe (reopen)", exc)
+
+    def _open(self) -> None:
+        from torch.nn.modules import module as module_mod
+
+        pre, post = _hooks(self._pre, self._post)
+        post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
+        # torch's handle forgets the with_kwargs entry it made (removing it leaves {id: True} in
+        # _global_forward_hooks_with_kwargs): the handle is told of that dict too
+        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
+        if kwargs_dict is not None and post.id in kwargs_dict:
+            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
+        patcher = self._patcher
+        self._handles = [patcher.handle(module_mod.register_module_forward_pre_hook(pre)),
+                         patcher.handle(post)]
+        self.active = True
+        self._depth = 0
+        self._forwards = 0
+        self._backwards = 0
+
+    def _stop(self) -> None:
+        self.active = False
+        self._drop()
+        self._pending = []
+        self._targets = []
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+    def _seen(self, model) -> bool:
+        held = self._done.get(id(model))
+        return held is not None and held() is model
+
+    # -- module hooks (only while the window is open) ---------------------------------------
+    def _pre(self, module, args):
+        if get_ident() != self.rec.script_thread:
+            return None
+        depth = self._depth
+        self._depth = depth + 1
+        try:
+            if depth == 0:
+                self._top(module)
+            elif self._current is not None:
+                self._inner(module)
+        except Exception as exc:
+            self._drop()
+            self.rec.internal_error("dependency probe (forward)", exc)
+        return None
+
+    def _post(self, module, args, *rest):
+        # (kwargs, output); a forward that raised calls an always_call hook with (result) only
+        if get_ident() != self.rec.script_thread:
+            return None
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[-1] if rest else None)
+        self._depth = max(0, self._depth - 1)
+        current = self._current
+        if current is None:
+            return None
+        try:
+            if self._depth == 0:
+                if module is current.model:
+                    self._top_done(current, args, kwargs, output)
+            else:
+                self._inner_done(current, module, args, kwargs, output)
+        except Exception as exc:
+            self._drop()
+            self.rec.internal_error("dependency probe (forward end)", exc)
+        return None
+
+    def _drop(self) -> None:
+        """Forget the forward being recorded (and put anomaly mode back if it was set)."""
+        current, self._current = self._current, None
+        if current is not None and current.anomaly is not None:
+            torch.set_anomaly_enabled(*current.anomaly)
+            current.anomaly = None
+
+    def _top(self, module) -> None:
+        if not self.active:
+            return
+        self._forwards += 1
+        if self._forwards > MAX_FORWARDS:
+            self._stop()
+            return
+        if not (module.training and torch.is_grad_enabled()) or torch.is_inference_mode_enabled():
+            return
+        rec = self.rec
+        if rec.running_backwards and rec.in_backward():
+            return  # a checkpoint's recomputation inside the backward
+        locate = id(module) in self._locate
+        if (self._seen(module) and not locate) or any(p.model is module for p in self._pending):
+            return
+        if type(module).__name__ in _WRAPPERS or _distributed():
+            return
+        param = next((p for p in module.parameters() if p.requires_grad), None)
+        if param is None or param.device.type != "cpu":
+            return
+        current = _Forward(module, self.rec.here(), locate)
+        if locate and not torch.is_anomaly_enabled():
+            current.anomaly = (False, torch.is_anomaly_check_nan_enabled())
+            torch.set_anomaly_enabled(True, False)
+        self._current = current
+
+    def _inner(self, module) -> None:
+        current = self._current
+        if module._backward_hooks or module._backward_pre_hooks:
+            current.unsafe = "module backward hooks"
+        elif type(module).__name__ in _WRAPPERS:
+            current.unsafe = "a compiled or wrapped submodule"
+        elif torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+            current.unsafe = "saved-tensor hooks (checkpointing)"
+
+    def _inner_done(self, current: _Forward, module, args, kwargs, output) -> None:
+        if isinstance(module, nn.Embedding):
+            ids = args[0] if args else kwargs.get("input")
+            if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point() \
+                    and isinstance(output, torch.Tensor) and output.requires_grad \
+                    and output.grad_fn is not None and len(current.embeds) < _MODULES:
+                current.embeds.append((ids, output))
+            return
+        if isinstance(module, _ATTENTION + _RECURRENT):
+            if len(current.modules) < 4 * _MODULES:
+                current.modules.append([type(module).__name__, self.rec.here(),
+                                        _flag(module, args, kwargs), self._depth])
+        if len(current.outs) >= _RECORDED:
+            return
+        out = _first_tensor(output)
+        if isinstance(out, torch.Tensor) and out.requires_grad and out.grad_fn is not None \
+                and out.dim() >= 1:
+            current.outs.append(out)
+
+    def _top_done(self, current: _Forward, args, kwargs, output) -> None:
+        self._drop()
+        out = _first_tensor(output)
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        inputs += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+        if current.unsafe is not None or not isinstance(out, torch.Tensor) or out.dim() == 0 \
+                or not out.requires_grad or out.grad_fn is None or out.device.type != "cpu" \
+                or not inputs or inputs[0].dim() == 0:
+            return
+        current.inputs = inputs
+        current.out = out
+        self._pending.append(current)
+
+    # -- loss targets and tensor hooks --------------------------------------------------------
+    def _wrap_loss(self, original, fn: str):
+        watcher = self
+
+        def before(args, kwargs) -> None:
+            if not watcher.active:
+                return
+            try:
+                target = args[1] if len(args) > 1 else kwargs.get("target")
+                if isinstance(target, torch.Tensor) and target.dim() and len(watcher._targets) < _TARGETS:
+                    ignore = kwargs.get("ignore_index", args[4] if len(args) > 4 and fn in _TOKEN_LOSSES else -100)
+                    watcher._targets.append((target, fn, ignore if isinstance(ignore, int) else -100,
+                                             watcher.rec.here()))
+            except Exception as exc:
+                watcher.rec.internal_error(f"F.{fn}", exc)
+
+        loss = watched(original, before)
+        prepare = getattr(original, "__prepare_scriptable__", None)
+        loss.__prepare_scriptable__ = prepare or (lambda: original)
+        return loss
+
+    def _wrap_hook(self, original):
+        watcher = self
+
+        def method(tensor, *args, **kwargs):
+            if watcher.active:
+                watcher._hooked = True
+            return original(tensor, *args, **kwargs)
+
+        method.__name__ = getattr(original, "__name__", "hook")
+        method.__doc__ = getattr(original, "__doc__", None)
+        return method
+
+    # -- DESCRIBE_LOSS: the probe -----------------------------------------------------------
+    def describe_loss(self, tensors) -> dict:
+        if not self.active:
+            return {}
+        try:
+            self._backwards += 1
+            pending, self._pending = self._pending, []
+            targets, self._targets = self._targets, []
+            hooked, self._hooked = self._hooked, False
+            if self._current is not None:  # a backward inside a forward: not ours to judge
+                pending = []
+            for forward in pending:
+                if self._probes >= PROBES:
+                    break
+                key = id(forward.model)
+                locate = self._locate.pop(key, None) if forward.locate else None
+                if not self._seen(forward.model) or locate is not None:
+                    self._done[key] = weakref.ref(forward.model)
+                    self._probes += 1
+                    if not hooked:
+                        self._probe(forward, targets, locate)
+            # the window closes at the first backward with no new model to probe (every model
+            # the script trains has made its first training forward by then), or at the limits
+            if self._probes >= PROBES or (not self._locate and (
+                    self._backwards >= MAX_BACKWARDS or (not pending and self._done))):
+                self._stop()
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("dependency probe", exc)
+        return {}
+
+    def _batch_source(self, forward: _Forward, targets, B: int) -> str | None:
+        size = self.loader.batch_size() if self.loader is not None else None
+        if size == B:
+            return "loader"
+        first = forward.inputs[0]
+        for target, _, _, _ in targets:
+            if int(target.shape[0]) != B:
+                continue
+            if target.dim() >= 2 and first.dim() >= 2 and tuple(target.shape[:2]) == tuple(first.shape[:2]):
+                continue  # laid out like the input: (B, T) and (T, B) read alike
+            return "loss_target"
+        return None
+
+    def _probe(self, forward: _Forward, targets, locate) -> None:
+        out = forward.out
+        B = int(out.shape[0])
+        first = forward.inputs[0]
+        if B < 2 or int(first.shape[0]) != B:
+            return
+        if any(t.dim() >= 2 and int(t.shape[1]) == B for t in forward.inputs):
+            return  # (T, B, ...) or (B, T, ...) with T == B: which one is the batch?
+        if out.dim() >= 2 and int(out.shape[1]) == B:
+            return  # (B, B) scores: a similarity matrix (CLIP) mixes the batch by design
+        source = self._batch_source(forward, targets, B)
+        seq = self._sequence(forward, targets, out)
+        if source is None and seq is None:
+            return
+        inputs, seen = [], set()
+        # without a known batch size only the sequence is judged: the embeddings suffice, and
+        # no node is hooked
+        recorded = [e[1] for e in forward.embeds] + (forward.outs if source is not None else [])
+        for tensor in recorded:
+            if tensor is not out and id(tensor) not in seen:
+                seen.add(id(tensor))
+                inputs.append(tensor)
+        if not inputs:
+            return
+        walk = _walk(out.grad_fn, inputs)
+        if walk is None:
+            return  # too large, or a Python autograd.Function on the way
+        relevant = walk
+        r = (B - 1) // 2
+        state = _State(B, r)
+        handles = []
+        try:
+            if source is not None:
+                for node, edges in relevant.items():
+                    handles.append(node.register_hook(state.hook(node, edges)))
+            t = seq["t"] if seq is not None else None
+            gen = torch.Generator().manual_seed(0x5EED)
+            with torch.enable_grad():
+                row = out[r] if t is None else out[r, t]
+                weights = torch.randn(row.shape, generator=gen, dtype=torch.float32).to(row.dtype)
+                projection = (row * weights).sum()
+            try:
+                grads = _GRAD(projection, inputs, retain_graph=True, allow_unused=True)
+            except RuntimeError:
+                return  # the graph was freed already (a second model's backward), or cannot run
+        finally:
+            for handle in handles:
+                handle.remove()
+        dirty = any(g is not None and not _clean(g, B, r) for g in grads)
+        mixed = None
+        op = op_at = None
+        if source is not None and not state.blind:
+            # the mixing op is confirmed by a recorded (B, ...) tensor upstream whose gradient
+            # is mixed too, or is one of the ops that mix a batch by mistake (a view, a
+            # softmax, a norm over dim 0...): nothing upstream may lead with the batch
+            mixed = bool(state.introduced) and (dirty or _op(state.introduced[0].name()) in _SUSPECTS)
+            if mixed:
+                node = state.introduced[0]
+                op = node.name()
+                op_at = _traceback_location(self.rec, node)
+                if op_at is None and self._probes < PROBES and not forward.locate:
+                    self._locate[id(forward.model)] = (op,)
+        if seq is not None:
+            by_id = {id(e[1]): g for e, g in zip(forward.embeds, grads)}
+            self._judge_sequence(seq, by_id, forward, r)
+            if "future" not in seq:
+                seq = None
+        if mixed is None and seq is None:
+            return
+        rec = self.rec
+        modules = [[m[0], m[1].path, m[1].line, m[1].function, m[2]]
+                   for m in _outermost(forward.modules) if m[1] is not None][:_MODULES]
+        rec.emit_aside(ev.dependency(
+            model=forward.cls, batch=B, source=source, mixed=mixed, op=op,
+            op_at=[op_at.path, op_at.line, op_at.function] if op_at is not None else None,
+            seq=seq, modules=modules,
+            forward=[rec.finder.display_path(forward.forward[0]), forward.forward[1]]
+            if forward.forward is not None and rec.finder.is_user_file(forward.forward[0]) else None),
+            forward.call)
+
+    # -- the sequence axis ------------------------------------------------------------------
+    def _sequence(self, forward: _Forward, targets, out) -> dict | None:
+        """The shift of the token targets against an embedding's ids of this forward, when one
+        is found and the output lays out (batch, positions, ...) like those ids."""
+        if out.dim() < 2 or not forward.embeds:
+            return None
+        B, T = int(out.shape[0]), int(out.shape[1])
+        if T < 3:
+            return None
+        for index, (ids, _) in enumerate(forward.embeds):
+            if tuple(ids.shape) != (B, T):
+                continue
+            flat = ids.reshape(-1)
+            if bool((flat == flat[0]).all()):
+                continue
+            for target, fn, ignore, loc in reversed(targets):
+                if fn not in _TOKEN_LOSSES or target.is_floating_point() or target.numel() % B:
+                    continue
+                length = target.numel() // B
+                if length not in (T, T - 1):
+                    continue
+                k = _shift(ids, target.reshape(B, length), ignore)
+                if k is not None:
+                    return {"k": k, "positions": T, "t": (T - 1) // 2, "embedding": index,
+                            "target_at": [loc.path, loc.line, loc.function] if loc is not None else None}
+        return None
+
+    @staticmethod
+    def _judge_sequence(seq: dict, by_id: dict, forward: _Forward, r: int) -> None:
+        ids, embedded = forward.embeds[seq.pop("embedding")]
+        grad = by_id.get(id(embedded))
+        if grad is None:
+            return
+        t = seq["t"]
+        with torch.no_grad():
+            per = grad[r].detach().abs().reshape(grad.shape[1], -1).amax(1).float()
+            top = float(per.max())
+            if top == 0.0:
+                return
+            floor = top * _TINY
+            seq["future"] = bool(per[t + 1:].max() > floor)
+            seq["past"] = bool(per[:t].max() > floor) if t > 0 else False
+
+    def _wrap_compile(self, original):
+        watcher = self
+
+        def compile(*args, **kwargs):
+            # the window closes before torch.compile looks: it warns about global module hooks,
+            # and a graph traced with fullgraph=True cannot call into graddoctor's code
+            watcher._compiled = True  # and stays closed
+            if watcher.active:
+                watcher._stop()
+            return original(*args, **kwargs)
+
+        return functools.wraps(original)(compile)
+
+    def install(self, patcher) -> None:
+        patcher.patch(torch, "compile", self._wrap_compile(torch.compile))
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        optimized = getattr(eval_frame, "OptimizedModule", None)
+        if optimized is not None and "__call__" in vars(optimized):
+            # a model compiled before the check began (``watch()``): its calls warn about
+            # global module hooks, so its first call closes the window
+            patcher.patch(optimized, "__call__", self._wrap_compile(optimized.__call__))
+        self._patcher = patcher
+        self._open()
+        for fn in LOSSES:
+            original = getattr(F, fn, None)
+            if original is not None:
+                patcher.patch(F, fn, self._wrap_loss(original, fn))
+        patcher.patch(torch.Tensor, "register_hook", self._wrap_hook(torch.Tensor.register_hook))
+        patcher.patch(torch.Tensor, "retain_grad", self._wrap_hook(torch.Tensor.retain_grad))
+
+
+def _flag(module, args, kwargs) -> str:
+    """"bidirectional" for such an RNN; "masked" for an attention or Transformer module called
+    with a mask (or ``is_causal``); else ""."""
+    if isinstance(module, _RECURRENT):
+        return "bidirectional" if getattr(module, "bidirectional", False) else ""
+    if any(kwargs.get(k) is not None and kwargs.get(k) is not False for k in _MASK_KWARGS
+           if k != "src_key_padding_mask"):
+        return "masked"
+    if isinstance(module, nn.MultiheadAttention):
+        return "masked" if len(args) > 5 else ""
+    two = isinstance(module, (nn.Transformer, nn.TransformerDecoder, nn.TransformerDecoderLayer))
+    return "masked" if len(args) > (2 if two else 1) and args[2 if two else 1] is not None else ""
+
+
+def _outermost(modules: list) -> list:
+    """The recorded attention / recurrent calls, those nested in another attention module
+    (a Transformer's layers and their attention) left out."""
+    attention = [m for m in modules if m[0] not in ("RNN", "LSTM", "GRU")]
+    top = min((m[3] for m in attention), default=None)
+    return [m for m in modules if m[0] in ("RNN", "LSTM", "GRU") or m[3] == top]
+
+
+# the global hooks, made from source under the file name of inlinable.py's wrappers: Dynamo
+# inlines them in a model compiled before the check began (``watch()``), sees is_compiling()
+# and calls nothing of graddoctor's (whose folder is on its skip list: fullgraph=True fails)
+_HOOKS = compile("""
+def make(pre, post, is_compiling):
+    def pre_hook(module, args):
+        if not is_compiling():
+            return pre(module, args)
+    def post_hook(module, args, *rest):
+        if not is_compiling():
+            return post(module, args, *rest)
+    return pre_hook, post_hook
+""", "<graddoctor: watched call>", "exec")
+
+
+def _hooks(pre, post):
+    scope: dict = {}
+    exec(_HOOKS, scope)
+    return scope["make"](pre, post, torch.compiler.is_compiling)
+
+
+def _distributed() -> bool:
+    dist = getattr(torch, "distributed", None)
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:
+        return True
+
+
+def _shift(ids, target, ignore: int) -> int | None:
+    """k in (1, 0, -1) with ``target[:, j] == ids[:, j + k]`` at >= 90 % of the positions the
+    loss does not ignore; None when none fits."""
+    T, length = int(ids.shape[1]), int(target.shape[1])
+    best = None
+    for k in (1, 0, -1):
+        lo, hi = max(0, -k), min(length, T - k)
+        if hi - lo < 1:
+            continue
+        t = target[:, lo:hi]
+        i = ids[:, lo + k:hi + k]
+        keep = t != ignore
+        count = int(keep.sum())
+        if count < _MIN_POSITIONS:
+            continue
+        share = float(((t == i) & keep).sum()) / count
+        if share >= _MATCH and (best is None or share > best[1]):
+            best = (k, share)
+    return best[0] if best is not None else None
+
+
+def _axis(grad, B: int) -> int | None:
+    """Where a gradient carries the batch: dim 0 of a (B, ...) tensor whose dim 1 is not B too,
+    dim 1 of a (T, B, ...) one (seq-first, an RNN's (layers, B, ...) state, a batch unsqueezed
+    into a sequence of one) whose other dimensions are not B; None for any other layout, or
+    when two dimensions could be the batch."""
+    if not isinstance(grad, torch.Tensor) or grad.layout != torch.strided or grad.dim() == 0:
+        return None
+    first = int(grad.shape[0]) == B
+    second = grad.dim() >= 2 and int(grad.shape[1]) == B
+    if first and not second:
+        return 0
+    if second and not first and B not in grad.shape[2:]:
+        return 1  # a weaker guess than dim 0: only when no other dimension is B either
+    return None
+
+
+def _clean(grad, B: int, r: int) -> bool:
+    """Only sample ``r`` of a gradient that carries the batch is non-zero (samples below
+    ``_TINY`` of the largest count as zero); True for other layouts (nothing to tell)."""
+    axis = _axis(grad, B)
+    if axis is None or not grad.numel():
+        return True
+    with torch.no_grad():
+        g = grad.detach() if axis == 0 else grad.detach().transpose(0, 1)
+        per = g.abs().reshape(B, -1).amax(1).float()
+    top = float(per.max())
+    if top == 0.0:
+        return True
+    others = torch.cat([per[:r], per[r + 1:]])
+    return not bool((others > top * _TINY).any())
+
+
+def _kept(grad, B: int, r: int):
+    """``grad`` with every sample but ``r`` zeroed (along its batch axis)."""
+    axis = _axis(grad, B)
+    kept = torch.zeros_like(grad)
+    kept.select(axis, r).copy_(grad.select(axis, r))
+    return kept
+
+
+def _combine(a, b):
+    """The state of a gradient summed from two: mixed (False) over excused (None) over clean."""
+    if a is False or b is False:
+        return False
+    if a is None or b is None:
+        return None
+    return True
+
+
+class _State:
+    """What the node hooks of one probe saw: the nodes that pass on a gradient mixed across the
+    batch while the one they got was not (in the engine's order: nearest the output first)."""
+
+    def __init__(self, B: int, r: int):
+        self.B, self.r = B, r
+        # node -> the gradient it gets so far (from its parents): True clean, False mixed, None
+        # excused (mixed by a product or gather on purpose where the batch axis was not seen)
+        self.incoming: dict = {}
+        self.introduced: list = []
+        self.blind = False
+
+    def _carries(self, grad) -> bool:
+        return _axis(grad, self.B) is not None
+
+    def hook(self, node, edges: tuple[int, ...]):
+        kind = _kind(node.name())
+        children = node.next_functions
+        state = self
+
+        def hook(grad_inputs, grad_outputs):
+            try:
+                B, r = state.B, state.r
+                known = [_clean(g, B, r) for g in grad_outputs if state._carries(g)]
+                clean_in = all(known) if known else state.incoming.get(node, True)
+                replaced = None
+                for i in edges:
+                    if i >= len(grad_inputs):
+                        continue
+                    g = grad_inputs[i]
+                    if g is None:
+                        continue
+                    if state._carries(g):
+                        clean = _clean(g, B, r)
+                        if not clean and clean_in is not False:
+                            # mixed here by an op that mixes on purpose, or by one in a layout
+                            # where the batch axis was not seen (excused): cleaned, and the
+                            # search goes on above
+                            if kind is not None or clean_in is None:
+                                if replaced is None:
+                                    replaced = list(grad_inputs)
+                                replaced[i] = _kept(g, B, r)
+                                clean = True
+                            else:
+                                state.introduced.append(node)
+                    elif kind == "stat" and clean_in is True:
+                        state.blind = True  # batch statistics over another layout
+                        clean = clean_in
+                    elif kind == "mix" and clean_in is True:
+                        clean = None  # a product or gather where the batch axis is not seen
+                    else:
+                        clean = clean_in
+                    child = children[i][0]
+                    if child is not None:
+                        state.incoming[child] = _combine(state.incoming.get(child, True), clean)
+                return tuple(replaced) if replaced is not None else None
+            except Exception:
+                state.blind = True  # a probe never breaks the backward
+                return None
+
+        return hook
+
+
+def _walk(root, inputs) -> dict | None:
+    """``{node: indices of its inputs that lead to a recorded tensor}`` over the graph
+    below ``root``; None when it has more than ``_NODES`` nodes or a Python autograd.Function."""
+    python_fn = torch.autograd.function.BackwardCFunction
+    targets = {}
+    for tensor in inputs:
+        if tensor.grad_fn is not None:
+            targets[tensor.grad_fn] = True
+    order: list = []
+    seen: set = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        order.append(node)
+        if len(order) > _NODES or isinstance(node, python_fn):
+            return None
+        for child, _ in node.next_functions:
+            if child is not None and child not in seen:
+                stack.append(child)
+    leads: dict = {}
+    relevant: dict = {}
+    for node in _post_order(root):
+        edges = tuple(i for i, (child, _) in enumerate(node.next_functions)
+                      if child is not None and (leads.get(child) or child in targets))
+        leads[node] = bool(edges) or node in targets
+        if edges:
+            relevant[node] = edges
+    return relevant
+
+
+def _post_order(root) -> list:
+    done: set = set()
+    out: list = []
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node is None:
+            continue
+        if expanded:
+            if node not in done:
+                done.add(node)
+                out.append(node)
+            continue
+        if node in done:
+            continue
+        stack.append((node, True))
+        for child, _ in node.next_functions:
+            if child is not None and child not in done:
+                stack.append((child, False))
+    return out
+
+
+def _traceback_location(rec: Recorder, node) -> Location | None:
+    """The user's line that made ``node``, from anomaly mode's traceback (when the forward ran
+    with it on)."""
+    try:
+        stack = node.metadata.get("traceback_")
+    except Exception:
+        return None
+    if not stack:
+        return None
+    finder = rec.finder
+    for entry in reversed(stack):
+        match = _FRAME.search(entry)
+        if match and finder.is_user_file(match.group(1)):
+            return Location(finder.display_path(match.group(1)), int(match.group(2)), match.group(3))
+    return None

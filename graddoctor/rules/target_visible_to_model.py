@@ -1,0 +1,189 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+
+_RECURRENT = ("RNN", "LSTM", "GRU")
+# how each of torch's attention modules takes a causal mask
+_MASKS = {
+    "Transformer": "tgt_mask=nn.Transformer.generate_square_subsequent_mask({T})",
+    "TransformerDecoder": "tgt_mask=nn.Transformer.generate_square_subsequent_mask({T}), tgt_is_causal=True",
+    "TransformerDecoderLayer": "tgt_mask=nn.Transformer.generate_square_subsequent_mask({T}), tgt_is_causal=True",
+    "TransformerEncoder": "mask=nn.Transformer.generate_square_subsequent_mask({T}), is_causal=True",
+    "TransformerEncoderLayer": "src_mask=nn.Transformer.generate_square_subsequent_mask({T}), is_causal=True",
+    "MultiheadAttention": "attn_mask=nn.Transformer.generate_square_subsequent_mask({T})",
+}
+
+
+class TargetVisibleToModel(Rule):
+    """
+    ## What it does
+    Finds sequence models trained on next-token targets whose output at position `t` depends
+    on the tokens after `t` — the very token it is asked to predict among them: a decoder or
+    GPT without a causal mask, an inverted or transposed mask, `nn.TransformerDecoder` without
+    `tgt_mask`, `scaled_dot_product_attention` without `is_causal=True`, a bidirectional RNN
+    used as a language model. It also finds the opposite case: a causal model whose targets are
+    not shifted (`targets == input_ids`) or are shifted the wrong way, so position `t` is trained
+    to predict a token it already reads. graddoctor compares the loss's targets with the ids
+    the model embedded (a shift of 1, 0 or -1 at 90 % of the positions) and takes the gradient
+    of one output position with respect to the embeddings once, at the first backward.
+
+    ## Why is this bad?
+    The loss drops to almost nothing because the answer is in the input: the model learns to
+    copy the next token from where it can see it, not to predict it. Generation, where the
+    future is not there, then produces garbage. With unshifted targets the model learns the
+    identity. Nothing fails; the training curve looks better than ever.
+
+    ## Example
+    ```python
+    def forward(self, idx):
+        x = self.embed(idx)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.head(x + y)
+
+    loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    ```
+
+    ## Use instead
+    ```python
+    def forward(self, idx):
+        x = self.embed(idx)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(x + y)
+    ```
+
+    ## Stays silent on
+    Causal models with next-token targets (`is_causal=True`, `generate_square_subsequent_mask`,
+    a `tril` mask, a unidirectional RNN); encoder-decoders whose decoder is masked (the encoder
+    sees the whole source); masked language models (BERT-style targets, -100 except the masked
+    positions); text autoencoders and denoisers (targets equal to the input, the model not
+    causal); seq-first language models over `batchify`'d data; models that compute their loss
+    inside `forward` on shifted labels (transformers' `labels=`); models on an accelerator,
+    under DDP or compiled (not probed).
+    """
+
+    code = "GD244"
+    slug = "target-visible-to-model"
+    severity = Severity.WARNING
+    summary = ("a sequence model sees the token it is trained to predict: its output at position t "
+               "depends on the next-token target (no causal mask), or its targets are not shifted")
+    fix = ("make the model causal (is_causal=True, a causal mask, a unidirectional RNN) and "
+           "train position t on the token at t + 1: logits[:, :-1] against ids[:, 1:]")
+
+    def check(self, a):
+        seen: set = set()
+        for e in a.by_kind.get("dependency", ()):
+            seq = e.get("seq")
+            if not seq or (e["model"], e.loc) in seen:
+                continue
+            k = seq.get("k")
+            if k == 1 and seq.get("future"):
+                seen.add((e["model"], e.loc))
+                yield self._leak(a, e, seq)
+            elif k in (0, -1) and seq.get("past") and not seq.get("future"):
+                seen.add((e["model"], e.loc))
+                yield self._unshifted(a, e, seq)
+
+    def _leak(self, a, e, seq):
+        model, T, t = e["model"], seq["positions"], seq["t"]
+        what = (f"{model} is trained on next-token targets (the target at each position is the "
+                f"input token at the next one), but its output at position {t} depends on the "
+                f"input tokens after position {t}, the one it has to predict among them")
+        loc, why, fix = _leak_site(a, e, T)
+        return self.finding(
+            f"{what}: {why}. The loss falls because the answer is in the input; generation, "
+            f"where the future is not there, fails", loc or e.loc,
+            evidence={"model": model, "shift": 1, "positions": T, "position": t,
+                      "sees_later_positions": True},
+            fix=fix)
+
+    def _unshifted(self, a, e, seq):
+        model, T, t, k = e["model"], seq["positions"], seq["t"], seq["k"]
+        at = seq.get("target_at")
+        loc = Location(str(at[0]), int(at[1]), str(at[2])) if at else e.loc
+        if k == 0:
+            how = ("the loss's target at each position is the input token at that same position "
+                   "(the targets are the input ids, not shifted)")
+        else:
+            how = ("the loss's target at each position is the input token one position earlier "
+                   "(the targets are shifted the wrong way)")
+        message = (f"{how}, and {model} is causal (its output at position {t} depends on the "
+                   f"tokens up to {t}, none after): each position is trained to predict a token "
+                   f"it already reads, so the model learns to copy its input, not the next token")
+        fix = ("predict the next token: compare the logits of positions 0..T-2 with the ids of "
+               "positions 1..T-1, `F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), "
+               "ids[:, 1:].reshape(-1))`")
+        return self.finding(
+            message, loc,
+            evidence={"model": model, "shift": k, "positions": T, "position": t,
+                      "sees_later_positions": False},
+            fix=fix)
+
+
+def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
+    """Where the later positions get in, why, and the fix: a bidirectional RNN, one of torch's
+    attention modules called without (or with a wrong) mask, else the attention written in the
+    script's own forward (found by name)."""
+    modules = e.get("modules") or []
+    for cls, path, line, function, flag in modules:
+        if cls in _RECURRENT and flag == "bidirectional":
+            built = [c for c in a.source.calls_named(str(path), frozenset((cls,)))
+                     if "bidirectional" in c[1].replace(" ", "")]
+            where = Location(str(path), built[0][0]) if built else \
+                Location(str(path), int(line), str(function))
+            return (where,
+                    f"the {cls} is bidirectional: its backward direction reads the sequence from "
+                    f"the end, so every position's state holds the tokens after it",
+                    f"build the {cls} with bidirectional=False for a language model (a "
+                    f"bidirectional encoder is for tagging or classification, not next-token "
+                    f"prediction)")
+    for cls, path, line, function, flag in modules:
+        if cls in _MASKS:
+            loc = Location(str(path), int(line), str(function))
+            mask = _MASKS[cls].format(T="T") + f"` (T: the sequence's length, {T} here)"
+            if flag == "masked":
+                return (loc, f"this {cls} is given a mask, but it lets position t see the "
+                             f"positions after it (inverted or transposed: `torch.triu` where "
+                             f"`tril` was meant, or `masked_fill(mask == 1, ...)` flipped)",
+                        f"give it a causal mask (-inf above the diagonal): `{mask}")
+            return (loc, f"this {cls} is called without a causal mask, so its attention reads "
+                         f"every position", f"pass a causal mask: `{mask}")
+    forward = e.get("forward")
+    path = forward[0] if forward else (e.loc.path if e.loc is not None else None)
+    if path:
+        calls = [c for c in a.source.calls_named(path, frozenset(
+            ("scaled_dot_product_attention", "masked_fill", "masked_fill_", "softmax"))) if c[2]]
+        sdpa = [c for c in calls if "scaled_dot_product_attention" in c[1]]
+        if sdpa:
+            line, text, _ = sdpa[0]
+            if "is_causal=True" in text.replace(" ", "") or "attn_mask" in text:
+                why = f"`{text}` is given a mask that lets position t see the positions after it"
+                fix = ("give it a causal mask: `is_causal=True` without `attn_mask`, or a boolean "
+                       "`attn_mask=torch.ones(T, T, dtype=torch.bool).tril()` (True: may attend)")
+            else:
+                why = f"`{text}` attends to every position (no `is_causal=True`, no mask)"
+                fix = f"pass `is_causal=True`: `{text[:-1]}, is_causal=True)`"
+            return Location(path, line, "forward"), why, fix
+        filled = [c for c in calls if "masked_fill" in c[1]]
+        if filled:
+            line, text, _ = filled[0]
+            return (Location(path, line, "forward"),
+                    f"the mask of `{text}` lets position t see the positions after it (inverted "
+                    f"or transposed: `torch.triu` where `tril` was meant, or the comparison "
+                    f"flipped)",
+                    "mask the positions after t: `att.masked_fill(torch.ones(T, T, dtype=torch.bool)"
+                    ".triu(1), float('-inf'))` (True above the diagonal: hidden)")
+        soft = [c for c in calls if c[1].startswith(("torch.softmax", "F.softmax")) or ".softmax(" in c[1]]
+        if soft:
+            line, text, _ = soft[0]
+            return (Location(path, line, "forward"),
+                    f"the attention scores that `{text}` normalises are not masked: every "
+                    f"position attends to the positions after it",
+                    "mask the scores before the softmax: `scores.masked_fill(torch.ones(T, T, "
+                    "dtype=torch.bool).triu(1), float('-inf'))`")
+    return (None, "the model reads the positions after t (no causal mask on its way)",
+            "make the model causal: a causal attention mask (`is_causal=True`, "
+            "`nn.Transformer.generate_square_subsequent_mask(T)`) or a unidirectional RNN")

@@ -1,0 +1,147 @@
+"""target-visible-to-model (GD244): hand-written traces, and the sequence part of the
+``dependency`` events the dependency watcher (instrument/dependency.py) records."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument.dependency import _shift
+from graddoctor.trace import TraceBuilder
+from rule_traces import P, builder, findings, only
+
+SLUG = "target-visible-to-model"
+
+SCRIPT = """import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.out(y)
+
+
+class RNNLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(16, 32, batch_first=True,
+                           bidirectional=True)
+"""
+
+
+def _probe(t, k=1, future=True, past=True, modules=(), forward=None, line=40, target_line=41):
+    seq = {"k": k, "positions": 12, "t": 5, "target_at": [t.path, target_line, "<module>"],
+           "future": future, "past": past}
+    t.put(ev.dependency(model="GPT", batch=8, source=None, mixed=None, op=None, op_at=None,
+                        seq=seq, modules=[list(m) for m in modules], forward=forward), line=line)
+
+
+def _trace(*probes, path="train.py") -> TraceBuilder:
+    t = builder()
+    t.path = path
+    for i in range(3):
+        t.backward(fresh=P, line=42)
+        t.step(line=43)
+        if i == 0:
+            for kwargs in probes:
+                _probe(t, **kwargs)
+    return t
+
+
+def test_a_model_that_sees_later_positions_is_a_warning_at_its_attention(tmp_path):
+    script = tmp_path / "model.py"
+    script.write_text(SCRIPT)
+    path = str(script)
+    f = only(_trace({"forward": [path, 7]}, path=path), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 9
+    assert "depends on the input tokens after position 5" in f.message
+    assert f.fix == "pass `is_causal=True`: `F.scaled_dot_product_attention(q, k, v, is_causal=True)`"
+    assert f.evidence == {"model": "GPT", "shift": 1, "positions": 12, "position": 5,
+                          "sees_later_positions": True}
+
+
+def test_torch_modules_and_bidirectional_rnns_are_named(tmp_path):
+    script = tmp_path / "model.py"
+    script.write_text(SCRIPT)
+    path = str(script)
+    decoder = only(_trace({"modules": [("TransformerDecoder", path, 30, "forward", "")]},
+                          path=path), SLUG)
+    assert decoder.location.line == 30 and "without a causal mask" in decoder.message
+    assert "tgt_mask=nn.Transformer.generate_square_subsequent_mask(T)" in decoder.fix
+    masked = only(_trace({"modules": [("MultiheadAttention", path, 31, "forward", "masked")]},
+                         path=path), SLUG)
+    assert "is given a mask, but it lets position t see" in masked.message
+    rnn = only(_trace({"modules": [("LSTM", path, 32, "forward", "bidirectional")]}, path=path), SLUG)
+    assert rnn.location.line == 16  # the construction, where bidirectional=False goes
+    assert "bidirectional=False" in rnn.fix
+
+
+def test_unshifted_targets_of_a_causal_model_point_at_the_loss():
+    f = only(_trace({"k": 0, "future": False}), SLUG)
+    assert f.location.line == 41 and "not shifted" in f.message
+    assert "logits[:, :-1]" in f.fix and "ids[:, 1:]" in f.fix
+    wrong_way = only(_trace({"k": -1, "future": False}), SLUG)
+    assert "shifted the wrong way" in wrong_way.message
+
+
+def test_silent_on_causal_models_autoencoders_and_models_without_a_sequence():
+    assert findings(_trace({"future": False}), SLUG) == []  # causal, next-token targets
+    assert findings(_trace({"k": 0, "future": True}), SLUG) == []  # an autoencoder
+    assert findings(_trace({"k": 0, "future": False, "past": False}), SLUG) == []  # per token
+    assert findings(_trace({"k": -1, "future": True}), SLUG) == []
+
+
+def test_the_shift_needs_most_positions_and_skips_ignored_ones():
+    ids = torch.randint(0, 50, (4, 10))
+    assert _shift(ids, ids[:, 1:], -100) == 1
+    assert _shift(ids, ids, -100) == 0
+    assert _shift(ids, torch.cat([ids[:, :1], ids[:, :-1]], 1), -100) == -1
+    masked = ids.masked_fill(torch.rand(4, 10) < 0.85, -100)  # an MLM: a few labels, at k = 0
+    assert _shift(ids, masked, -100) in (0, None)
+    assert _shift(ids, torch.randint(0, 50, (4, 10)), -100) is None
+
+
+class _LM(nn.Module):
+    def __init__(self, causal: bool, V=30, D=8):
+        super().__init__()
+        self.causal = causal
+        self.embed = nn.Embedding(V, D)
+        self.qkv = nn.Linear(D, 3 * D)
+        self.head = nn.Linear(D, V)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return self.head(x + F.scaled_dot_product_attention(q, k, v, is_causal=self.causal))
+
+
+def _seq_events(causal: bool, shift: int = 1) -> list:
+    torch.manual_seed(0)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = _LM(causal)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            ids = torch.randint(0, 30, (4, 9))
+            x, y = (ids[:, :-1], ids[:, 1:]) if shift else (ids, ids)
+            F.cross_entropy(model(x).reshape(-1, 30), y.reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad()
+    assert not rec.trace.of_kind("internal_error")
+    return [e["seq"] for e in rec.trace.of_kind("dependency")]
+
+
+def test_the_watcher_tells_a_causal_model_from_one_that_reads_ahead():
+    (leaky,) = _seq_events(causal=False)
+    assert (leaky["k"], leaky["future"], leaky["past"], leaky["t"]) == (1, True, True, 3)
+    (causal,) = _seq_events(causal=True)
+    assert (causal["k"], causal["future"], causal["past"]) == (1, False, True)
+    (copying,) = _seq_events(causal=True, shift=0)
+    assert (copying["k"], copying["future"]) == (0, False)
