@@ -165,9 +165,15 @@ loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logi
                    a log_softmax normalised a dimension of another size than the classes;
                    "multi-hot": cross_entropy's float targets are 0/1 rows with several 1s;
                    "swapped": the input needs no gradient and the target of the same shape does:
-                   ``criterion(labels, outputs)``),
+                   ``criterion(labels, outputs)``; "target-range": binary_cross_entropy_with_logits'
+                   targets leave [0, 1] (-1/+1 labels, a teacher's logits); "target-negative":
+                   cross_entropy's float (probability) targets hold negative values (logits or
+                   log-probabilities as soft targets); "log-target": kl_div's target holds
+                   negative values with log_target=False; "prob-target": kl_div's target holds
+                   positive values with log_target=True),
                    classes (size of the class dimension), normalised (the size of the dimension
-                   the log_softmax normalised, for "dim"; else None): a classification loss a
+                   the log_softmax normalised, for "dim"; else None), low, high (the targets'
+                   smallest and largest value, only for the target problems): a classification loss a
                    gradient flows through given the wrong kind of score or target — the first
                    such call of each call line (loc: the user's loss line)
 idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so
@@ -580,8 +586,12 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                               "shape": shape, "reduction": reduction, "grad": grad}
 
 
-def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None) -> Made:
-    return "loss_input", {"fn": fn, "problem": problem, "classes": classes, "normalised": normalised}
+def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,
+               low: float | None = None, high: float | None = None) -> Made:
+    data = {"fn": fn, "problem": problem, "classes": classes, "normalised": normalised}
+    if low is not None or high is not None:  # the target problems: the values that show it
+        data.update(low=low, high=high)
+    return "loss_input", data
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,
