@@ -146,3 +146,11 @@ def test_an_ema_blend_thrown_away_is_reported_with_an_optimizer_too(tmp_path):
     assert f.fix.endswith("ema_p.copy_(decay * ema_p + (1 - decay) * p)")
     assert [r.location.line for r in f.related] == [3]
     assert findings(_trace(path, optimizer=True, backwards=1), SLUG) == []
+
+
+def test_a_blend_over_named_parameters_unpacks_the_nested_names(tmp_path):
+    path = _script(tmp_path, """\
+        for (name, ema_p), (_, p) in zip(ema.named_parameters(), model.named_parameters()):
+            ema_p = 0.9 * ema_p + 0.1 * p
+        """)
+    assert discarded_updates(path) == [(2, "blend", "ema_p", "ema_p.copy_(0.9 * ema_p + 0.1 * p)")]

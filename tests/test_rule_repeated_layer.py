@@ -87,3 +87,14 @@ def test_the_hook_ignores_parameter_free_modules_distinct_layers_and_reassignmen
         nn.ModuleDict({"a": act, "b": act})
 
     assert _events_of(build) == []
+
+
+def test_the_hook_records_a_layer_assigned_again_at_another_index():
+    layer = nn.Linear(4, 4)
+
+    def build():
+        layers = nn.ModuleList([layer, nn.Linear(4, 4)])
+        layers[1] = layer  # ModuleList.__setitem__ goes through Module.__setattr__ (wrapped)
+
+    [found] = _events_of(build)
+    assert found["positions"] == ["0", "1"]

@@ -577,7 +577,7 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
     ``.grad`` (``for p in params: p = p - lr * p.grad``: the name now holds a new tensor, the
     parameter is unchanged); ``"result"`` — an out-of-place op of a name, given a ``.grad``,
     whose result no one keeps (``p.sub(lr * p.grad)``, ``torch.add(p, p.grad, alpha=-lr)``);
-    ``"blend"`` — in a loop over ``zip(...)`` of parameters (``.parameters()``,
+    ``"blend"`` — in a loop over ``zip(...)`` of parameters (``.parameters()``, ``.named_parameters()``,
     ``.state_dict()``, ``.buffers()``, ``.values()``), a loop variable assigned an expression of
     itself and another of the loop's variables and never read after it in the loop's body
     (``for ema_p, p in zip(ema.parameters(), model.parameters()): ema_p = d * ema_p + (1 - d)
@@ -621,20 +621,23 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
     return sorted(found)
 
 
-_PARAM_ITERABLES = frozenset({"parameters", "state_dict", "buffers", "values"})
+_PARAM_ITERABLES = frozenset({"parameters", "named_parameters", "state_dict", "buffers",
+                              "named_buffers", "values", "items"})
 
 
 def _blends(loop: ast.AST) -> list[tuple[int, str, str, str]]:
     """The ``"blend"`` statements of ``discarded_updates`` directly in the body of ``loop``, a
     ``for a, b in zip(...)`` over parameters."""
     target, iterable = loop.target, loop.iter
-    if not (isinstance(target, ast.Tuple) and all(isinstance(n, ast.Name) for n in target.elts)
+    # for a, b in zip(...); for (name, a), (_, b) in zip(x.named_parameters(), ...)
+    flat = [n for n in ast.walk(target) if not isinstance(n, (ast.Tuple, ast.Store))]
+    if not (isinstance(target, ast.Tuple) and all(isinstance(n, ast.Name) for n in flat)
             and isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name)
             and iterable.func.id == "zip"
             and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                     and n.func.attr in _PARAM_ITERABLES for n in ast.walk(iterable))):
         return []
-    names = [n.id for n in target.elts]
+    names = [n.id for n in flat]
     found = []
     body = loop.body
     for index, statement in enumerate(body):

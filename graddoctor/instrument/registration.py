@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import os
 import sys
 
 import torch
@@ -95,7 +96,11 @@ _CREATED_EVENTS = 8  # param_created events recorded per call line
 _REPEAT_EVENTS = 16  # module_repeated events recorded per call line
 _REPEAT_SCAN = 4096  # containers with more modules than this are not scanned for repeats
 _STACKS = (torch.nn.ModuleList, torch.nn.Sequential)
-_TORCH_DIR = torch.__file__.rsplit("/", 1)[0] if "/" in torch.__file__ else None
+# frames crossed on the way to the code that builds a container: torch's and graddoctor's own
+# (the ``Module.__setattr__`` wrapper above, for ``layers[i] = layer``); with the separator:
+# torchvision's files are not torch's
+_INNER_DIRS = tuple(os.path.dirname(f) + os.sep for f in (
+    torch.__file__, os.path.dirname(os.path.abspath(__file__))) if f)
 
 
 class ParamLifeWatcher:
@@ -163,7 +168,7 @@ class ParamLifeWatcher:
         if not params:
             return  # an activation or dropout shared between positions: no weights to share
         frame = sys._getframe(3)  # above: this method, _module, add_module (or __setattr__)
-        while frame is not None and _TORCH_DIR and frame.f_code.co_filename.startswith(_TORCH_DIR):
+        while frame is not None and _INNER_DIRS and frame.f_code.co_filename.startswith(_INNER_DIRS):
             frame = frame.f_back  # ModuleList.__init__ / extend / append, Sequential.__init__
         rec = self.rec
         if frame is None or not rec.finder.is_user_file(frame.f_code.co_filename):

@@ -179,7 +179,8 @@ def _num(value) -> str:
 _TARGETS = {
     "target-range": (
         "{fn} takes targets in [0, 1] (the probability of the positive class) but is given "
-        "targets in {span} (-1/+1 labels, or raw scores): for a target t outside [0, 1], "
+        "targets in {span} (-1/+1 labels, class indices above 1, or raw scores such as a "
+        "teacher's logits): for a target t outside [0, 1], "
         "-t·log σ(x) - (1-t)·log(1-σ(x)) has no lower bound, so the logits are pushed towards "
         "±infinity instead of towards the labels and the loss falls below 0",
         "map the targets into [0, 1] before the loss: (y + 1) / 2 for -1/+1 labels, "
