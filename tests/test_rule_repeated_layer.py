@@ -1,4 +1,4 @@
-"""repeated-layer (GD126): one module object at several positions of a ModuleList/Sequential,
+"""repeated-layer (GD129): one module object at several positions of a ModuleList/Sequential,
 on hand-written traces (the rule) and on small models built under the instrumentation (the
 registration hook that records it)."""
 

@@ -49,7 +49,7 @@ class RepeatedLayer(Rule):
     a library (its architecture); repeated layers whose parameters never train.
     """
 
-    code = "GD126"
+    code = "GD129"
     slug = "repeated-layer"
     severity = Severity.WARNING
     summary = ("a ModuleList/Sequential holds one layer object at several positions ([layer] * n): "
