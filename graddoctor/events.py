@@ -165,9 +165,15 @@ loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logi
                    a log_softmax normalised a dimension of another size than the classes;
                    "multi-hot": cross_entropy's float targets are 0/1 rows with several 1s;
                    "swapped": the input needs no gradient and the target of the same shape does:
-                   ``criterion(labels, outputs)``),
+                   ``criterion(labels, outputs)``; "target-range": binary_cross_entropy_with_logits'
+                   targets leave [0, 1] (-1/+1 labels, a teacher's logits); "target-negative":
+                   cross_entropy's float (probability) targets hold negative values (logits or
+                   log-probabilities as soft targets); "log-target": kl_div's target holds
+                   negative values with log_target=False; "prob-target": kl_div's target holds
+                   positive values with log_target=True),
                    classes (size of the class dimension), normalised (the size of the dimension
-                   the log_softmax normalised, for "dim"; else None): a classification loss a
+                   the log_softmax normalised, for "dim"; else None), low, high (the targets'
+                   smallest and largest value, only for the target problems): a classification loss a
                    gradient flows through given the wrong kind of score or target — the first
                    such call of each call line (loc: the user's loss line)
 idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so
@@ -328,6 +334,13 @@ param_replaced     owner (class of the module), attr (the name it was registered
                    that drops optimizer-owned parameters from the model (loc: the user's line
                    that made it: the assignment, ``model.apply(...)``'s function,
                    ``load_state_dict(assign=True)``)
+module_repeated    container (ModuleList | Sequential, or a subclass's name), cls (the repeated
+                   module's class), positions [str] (the names it is registered under in the
+                   container so far: "0", "1", ...), params [pid] (its parameters, tracked from
+                   here) — one module object with parameters registered again in a
+                   ModuleList/Sequential built by the script's own code (``[layer] * n``); at
+                   each repeat, at most 16 per call line (loc: the user's line that built or
+                   extended the container; an aside; instrument/registration.py)
 batch_layout       cls (the module's class: LSTM | GRU | RNN | MultiheadAttention |
                    TransformerEncoderLayer | TransformerDecoderLayer | Transformer, or the
                    script's subclass of one), layout ("batch_first": the input's dim 0 is a batch
@@ -367,7 +380,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -592,8 +605,12 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                               "shape": shape, "reduction": reduction, "grad": grad}
 
 
-def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None) -> Made:
-    return "loss_input", {"fn": fn, "problem": problem, "classes": classes, "normalised": normalised}
+def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,
+               low: float | None = None, high: float | None = None) -> Made:
+    data = {"fn": fn, "problem": problem, "classes": classes, "normalised": normalised}
+    if low is not None or high is not None:  # the target problems: the values that show it
+        data.update(low=low, high=high)
+    return "loss_input", data
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,
@@ -690,6 +707,11 @@ def param_replaced(*, owner: str, attr: str, via: str, old: list[int], new: list
     return "param_replaced", {"owner": owner, "attr": attr, "via": via, "old": old, "new": new}
 
 
+def module_repeated(*, container: str, cls: str, positions: list[str], params: list[int]) -> Made:
+    return "module_repeated", {"container": container, "cls": cls, "positions": positions,
+                               "params": params}
+
+
 def folded(*, turns: int, steps: int, backwards: int, events: int, epochs: int,
            copies: list[list[int]]) -> Made:
     return "folded", {"turns": turns, "steps": steps, "backwards": backwards, "events": events,
@@ -765,6 +787,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "grad_stops": grad_stops,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
+    "module_repeated": module_repeated,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -781,7 +804,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
-                         "param_created", "loaders_zipped", "symmetric_units", "dependency"})
+                         "param_created", "loaders_zipped", "symmetric_units", "dependency",
+                         "module_repeated"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -100,3 +100,57 @@ def test_the_backward_watcher_reports_tensors_changed_between_backwards():
     assert run(discarded) == [None] * 4
     assert run(in_place) == [None, None, [0], [0]]
     assert run(through_data) == [None, None, [0], [0]]
+
+
+EMA = """\
+for step in range(10):
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        for ema_p, p in zip(ema.parameters(), model.parameters()):
+            ema_p = decay * ema_p + (1 - decay) * p
+"""
+
+
+def test_source_blends_into_a_copy_that_nothing_keeps(tmp_path):
+    path = _script(tmp_path, """\
+        for ema_p, p in zip(ema.parameters(), model.parameters()):
+            ema_p = d * ema_p + (1 - d) * p
+        for t, s in zip(target.state_dict().values(), net.state_dict().values()):
+            t = t.lerp(s, 0.01)
+        for ema_p, p in zip(ema.parameters(), model.parameters()):
+            ema_p.mul_(d).add_(p, alpha=1 - d)
+        for ema_p, p in zip(ema.parameters(), model.parameters()):
+            ema_p = d * ema_p + (1 - d) * p
+            ema_p.data.copy_(ema_p)  # stored further down: no finding
+        for ema_p, p in zip(ema.parameters(), model.parameters()):
+            new = d * ema_p + (1 - d) * p  # another name, used below
+            ema_p.copy_(new)
+        for h, c in zip(hs, cs):
+            h = h * c  # no parameters iterated: not an update
+        for ema_p, p in zip(ema.parameters(), model.parameters()):
+            ema_p = p.clone()  # no blend with itself: left alone
+        """)
+    assert discarded_updates(path) == [
+        (2, "blend", "ema_p", "ema_p.copy_(d * ema_p + (1 - d) * p)"),
+        (4, "blend", "t", "t.copy_(t.lerp(s, 0.01))"),
+    ]
+
+
+def test_an_ema_blend_thrown_away_is_reported_with_an_optimizer_too(tmp_path):
+    path = _script(tmp_path, EMA)
+    t = _trace(path, optimizer=True)
+    t.step(0, line=3)
+    f = only(t, SLUG)
+    assert f.location.line == 6 and "never changes" in f.message and "EMA" in f.message
+    assert f.fix.endswith("ema_p.copy_(decay * ema_p + (1 - decay) * p)")
+    assert [r.location.line for r in f.related] == [3]
+    assert findings(_trace(path, optimizer=True, backwards=1), SLUG) == []
+
+
+def test_a_blend_over_named_parameters_unpacks_the_nested_names(tmp_path):
+    path = _script(tmp_path, """\
+        for (name, ema_p), (_, p) in zip(ema.named_parameters(), model.named_parameters()):
+            ema_p = 0.9 * ema_p + 0.1 * p
+        """)
+    assert discarded_updates(path) == [(2, "blend", "ema_p", "ema_p.copy_(0.9 * ema_p + 0.1 * p)")]

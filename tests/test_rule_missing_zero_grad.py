@@ -63,6 +63,60 @@ def test_a_backward_that_leaks_into_cleared_grads_is_named_as_the_source():
         15, "the backward whose gradients leak into this step")
 
 
+def test_a_leak_after_a_clear_at_the_end_of_the_iteration_is_named_from_the_second_update():
+    """G cleared right after its step: on the first update nothing was cleared yet, but from
+    the second on D's backward writes G's grads after G's clear. The finding names the leak (no
+    'never cleared', no zero_grad autofix at the top of the loop), not the first update."""
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=8)  # G
+    t.optimizer(1, [1], line=9)  # D
+    for i in range(3):
+        t.clear([1], opt=1, line=12)
+        t.backward(fresh=[0, 1], line=14)  # D's loss through G's undetached output
+        t.step(1, line=15)
+        t.backward(accumulated=[0], line=17)  # G's own loss
+        t.step(0, line=18)
+        t.clear([0], opt=0, line=19)
+    (finding,) = [f for f in analyze(t.trace)[0] if f.rule == "missing-zero-grad"]
+    assert finding.location.line == 17
+    assert "are cleared (line 19)" in finding.message and "backward at line 14" in finding.message
+    assert "never cleared" not in finding.message
+
+
+def test_an_optimizer_stepping_after_another_one_stepped_on_the_same_backward_is_no_leak():
+    """A shared trunk (param 0) with one optimizer per head (params 1, 2): each head's loss is
+    backpropagated and its head stepped, then the trunk's optimizer steps over both losses'
+    gradients. Another optimizer steps between the second backward and the trunk's step: meant."""
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=5)  # trunk
+    t.optimizer(1, [1], line=6)  # head 1
+    t.optimizer(2, [2], line=7)  # head 2
+    for i in range(3):
+        t.clear([0], opt=0, line=10)
+        t.clear([1], opt=1, line=10)
+        t.clear([2], opt=2, line=10)
+        t.backward(fresh=[0, 1], line=12)
+        t.step(1, line=13)
+        t.backward(accumulated=[0], fresh=[2], line=14)
+        t.step(2, line=15)
+        t.step(0, line=16)
+    assert "missing-zero-grad" not in [slug for slug, _ in slugs(t.trace)]
+    # the same loop with the trunk stepped right after the second backward reads as a leak
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=5)
+    t.optimizer(1, [1], line=6)
+    t.optimizer(2, [2], line=7)
+    for i in range(3):
+        t.clear([0], opt=0, line=10)
+        t.clear([1], opt=1, line=10)
+        t.clear([2], opt=2, line=10)
+        t.backward(fresh=[0, 1], line=12)
+        t.step(1, line=13)
+        t.backward(accumulated=[0], fresh=[2], line=14)
+        t.step(0, line=15)
+        t.step(2, line=16)
+    assert ("missing-zero-grad", 14) in slugs(t.trace)
+
 def test_under_ddp_a_clear_on_some_ranks_only_says_what_every_rank_applies():
     """DDP averages the ranks' gradients: where rank 0 alone clears, every rank applies the
     fresh average plus (N-1)/N of the previous gradient, not "the sum of all gradients"."""

@@ -576,7 +576,12 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
     text, in-place statement meant)``: ``"rebind"`` — a loop variable assigned an expression of itself and its own
     ``.grad`` (``for p in params: p = p - lr * p.grad``: the name now holds a new tensor, the
     parameter is unchanged); ``"result"`` — an out-of-place op of a name, given a ``.grad``,
-    whose result no one keeps (``p.sub(lr * p.grad)``, ``torch.add(p, p.grad, alpha=-lr)``).
+    whose result no one keeps (``p.sub(lr * p.grad)``, ``torch.add(p, p.grad, alpha=-lr)``);
+    ``"blend"`` — in a loop over ``zip(...)`` of parameters (``.parameters()``, ``.named_parameters()``,
+    ``.state_dict()``, ``.buffers()``, ``.values()``), a loop variable assigned an expression of
+    itself and another of the loop's variables and never read after it in the loop's body
+    (``for ema_p, p in zip(ema.parameters(), model.parameters()): ema_p = d * ema_p + (1 - d)
+    * p``: an EMA or target-network update whose copy never changes).
     [] when the file cannot be read."""
     tree = _parse(path)
     if tree is None:
@@ -590,6 +595,8 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
                 names = frozenset()  # another scope
             elif isinstance(child, (ast.For, ast.AsyncFor)) and isinstance(child.target, ast.Name):
                 names = loop_names | {child.target.id}
+            elif isinstance(child, (ast.For, ast.AsyncFor)):
+                found.extend(_blends(child))
             if isinstance(child, ast.Assign) and len(child.targets) == 1 \
                     and isinstance(child.targets[0], ast.Name) and child.targets[0].id in loop_names \
                     and _reads_grad(child.value, child.targets[0].id) \
@@ -612,6 +619,40 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
 
     visit(tree, frozenset())
     return sorted(found)
+
+
+_PARAM_ITERABLES = frozenset({"parameters", "named_parameters", "state_dict", "buffers",
+                              "named_buffers", "values", "items"})
+
+
+def _blends(loop: ast.AST) -> list[tuple[int, str, str, str]]:
+    """The ``"blend"`` statements of ``discarded_updates`` directly in the body of ``loop``, a
+    ``for a, b in zip(...)`` over parameters."""
+    target, iterable = loop.target, loop.iter
+    # for a, b in zip(...); for (name, a), (_, b) in zip(x.named_parameters(), ...)
+    flat = [n for n in ast.walk(target) if not isinstance(n, (ast.Tuple, ast.Store))]
+    if not (isinstance(target, ast.Tuple) and all(isinstance(n, ast.Name) for n in flat)
+            and isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name)
+            and iterable.func.id == "zip"
+            and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and n.func.attr in _PARAM_ITERABLES for n in ast.walk(iterable))):
+        return []
+    names = [n.id for n in flat]
+    found = []
+    body = loop.body
+    for index, statement in enumerate(body):
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            continue
+        name = statement.targets[0].id
+        read = {n.id for n in ast.walk(statement.value) if isinstance(n, ast.Name)}
+        if name not in names or name not in read or not (read & (set(names) - {name})):
+            continue
+        later = [n for rest in body[index + 1:] for n in ast.walk(rest)]
+        if any(isinstance(n, ast.Name) and n.id == name for n in later):
+            continue  # the new value is used (stored, copied in) further down
+        found.append((statement.lineno, "blend", name, f"{name}.copy_({ast.unparse(statement.value)})"))
+    return found
 
 
 def _ends_in_grad(node: ast.AST) -> bool:

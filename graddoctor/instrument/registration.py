@@ -18,6 +18,13 @@
   parameter and module registration hooks, which run before the new one is stored: a
   ``param_replaced`` event at the user's line, only when a replaced tensor is owned by an
   optimizer (or replaced such a one before: a reset that runs every epoch) (registrations cost a dict lookup; none happen per step).
+* One module object with parameters registered at two positions or more of a ``ModuleList`` or
+  ``Sequential`` that the script's own code builds (``nn.ModuleList([layer] * n)``,
+  ``nn.Sequential(*[block] * n)``, ``append(layer)`` of one layer in a loop): the "n layers" are
+  one layer applied n times, with one set of weights. Seen through the same module registration
+  hook: one identity scan of the container's modules per registration into a container (at most
+  ``_REPEAT_SCAN`` of them; registrations happen while models are built, never per step), a
+  ``module_repeated`` event at each repeat (at most ``_REPEAT_EVENTS`` per call line).
 * A new parameter registered once an optimizer exists that replaces none an optimizer owns (a layer built inside ``forward``, ``self.scale = nn.Parameter(...)`` in the loop): a
   ``param_created`` event at the user's line, at most ``_CREATED_EVENTS`` per line. Healthy
   loops register nothing once they train, so this costs nothing per step.
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import os
 import sys
 
 import torch
@@ -85,6 +93,14 @@ class ModuleAttrWatcher:
 
 
 _CREATED_EVENTS = 8  # param_created events recorded per call line
+_REPEAT_EVENTS = 16  # module_repeated events recorded per call line
+_REPEAT_SCAN = 4096  # containers with more modules than this are not scanned for repeats
+_STACKS = (torch.nn.ModuleList, torch.nn.Sequential)
+# frames crossed on the way to the code that builds a container: torch's and graddoctor's own
+# (the ``Module.__setattr__`` wrapper above, for ``layers[i] = layer``); with the separator:
+# torchvision's files are not torch's
+_INNER_DIRS = tuple(os.path.dirname(f) + os.sep for f in (
+    torch.__file__, os.path.dirname(os.path.abspath(__file__))) if f)
 
 
 class ParamLifeWatcher:
@@ -96,6 +112,7 @@ class ParamLifeWatcher:
         self.owned = owned  # OptimizerWatcher.owned_pids(): a read-only live view
         self._successors: set[int] = set()  # pids that replaced owned ones (replaced again: reported)
         self._created: dict[tuple, int] = {}  # (path, line) -> param_created events recorded
+        self._repeats: dict[tuple, int] = {}  # (path, line) -> module_repeated events recorded
 
     def _parameter(self, module, name, param):
         try:
@@ -126,12 +143,48 @@ class ParamLifeWatcher:
 
     def _module(self, module, name, submodule):
         try:
+            if isinstance(module, _STACKS) and isinstance(submodule, torch.nn.Module):
+                self._repeat(module, name, submodule)
+        except Exception as exc:
+            self.rec.internal_error("module registration", exc)
+        try:
             old = module._modules.get(name) if name in module._modules else None
             if old is not None and old is not submodule:
                 new = list(submodule.parameters()) if isinstance(submodule, torch.nn.Module) else []
                 self._replaced(module, name, "module", list(old.parameters()), new)
         except Exception as exc:
             self.rec.internal_error("module registration", exc)
+
+    def _repeat(self, module, name, submodule) -> None:
+        """A ``module_repeated`` event when ``submodule`` (with parameters) already fills
+        another position of the container ``module``, built by the script's own code."""
+        held = module._modules
+        if len(held) > _REPEAT_SCAN or id(submodule) not in set(map(id, held.values())):
+            return
+        positions = [key for key, m in held.items() if m is submodule and key != name]
+        if not positions:
+            return  # the same module assigned again at its own position
+        params = list(submodule.parameters())
+        if not params:
+            return  # an activation or dropout shared between positions: no weights to share
+        frame = sys._getframe(3)  # above: this method, _module, add_module (or __setattr__)
+        while frame is not None and _INNER_DIRS and frame.f_code.co_filename.startswith(_INNER_DIRS):
+            frame = frame.f_back  # ModuleList.__init__ / extend / append, Sequential.__init__
+        rec = self.rec
+        if frame is None or not rec.finder.is_user_file(frame.f_code.co_filename):
+            return  # a library builds it: its architecture, not the script's mistake
+        loc = rec.here(3)
+        if loc is None:
+            return
+        key = (loc.path, loc.line)
+        done = self._repeats.get(key, 0)
+        if done >= _REPEAT_EVENTS:
+            return
+        self._repeats[key] = done + 1
+        rec.emit_aside(ev.module_repeated(container=type(module).__name__,
+                                          cls=type(submodule).__name__,
+                                          positions=[*positions, name],
+                                          params=[rec.track(p) for p in params]), loc)
 
     def _replaced(self, module, name, via, old, new) -> bool:
         """Whether a ``param_replaced`` event was recorded."""

@@ -89,7 +89,12 @@ class LossInputMismatch(Rule):
     dimension than the classes (`dim=0`: the batch) given to `cross_entropy` or `nll_loss`, and
     float 0/1 targets with several 1s per row (a multi-label task) given to `cross_entropy`,
     and swapped arguments (`criterion(labels, outputs)`: the labels taken as the scores and the
-    model's output as the target, which torch differentiates). It points at the loss call. The
+    model's output as the target, which torch differentiates). It also finds float targets
+    outside the range the loss is defined on: `binary_cross_entropy_with_logits` targets outside
+    [0, 1] (-1/+1 labels, a teacher's raw logits), `cross_entropy` soft targets with negative
+    values (a teacher's logits or log-probabilities where probabilities belong), and `kl_div`
+    given log-probabilities as its target without `log_target=True` (or probabilities with it);
+    the targets' range is read on the first calls. It points at the loss call. The
     operation behind the input is read from the autograd graph (past reshapes, slices, casts
     and clamps); where the graph does not tell, `cross_entropy` is reported when every row lies
     in [0, 1] and sums to 1, and `nll_loss` when its rows are not log-normalised and no log op
@@ -123,7 +128,9 @@ class LossInputMismatch(Rule):
 
     ## Stays silent on
     Logits to `cross_entropy` and `BCEWithLogitsLoss`, `log_softmax` to `nll_loss` and
-    `kl_div`, a sigmoid before `binary_cross_entropy`; REINFORCE's log-probabilities, a log
+    `kl_div`, a sigmoid before `binary_cross_entropy`; targets in [0, 1] (label smoothing,
+    mixup, a teacher's softmax or sigmoid, `pos_weight`-weighted multi-label targets),
+    `kl_div(..., log_target=True)` with log-probabilities; REINFORCE's log-probabilities, a log
     of softmax probabilities with an epsilon, Gumbel-softmax; sequence scores flattened or
     with `log_softmax` over the class dimension; `kl_div(log p, q)` with the model's
     distribution as the target (KL(q || p)); two model outputs distilling each other.
@@ -133,13 +140,15 @@ class LossInputMismatch(Rule):
     slug = "loss-input-mismatch"
     severity = Severity.WARNING
     summary = ("a classification loss is given probabilities where it expects logits (softmax "
-               "or sigmoid applied twice) or log-probabilities")
+               "or sigmoid applied twice) or log-probabilities, or targets outside the range it "
+               "takes")
     fix = "pass the loss the kind of score it expects: logits to cross_entropy, log-probabilities to nll_loss and kl_div"
 
     def check(self, a):
         for e in a.of_kind("loss_input"):
             message, fix, evidence = _describe(e.get("fn", "cross_entropy"), e.get("problem", "softmax"),
-                                               int(e.get("classes") or 2), e.get("normalised"))
+                                               int(e.get("classes") or 2), e.get("normalised"),
+                                               e.get("low"), e.get("high"))
             if e.get("problem") == "swapped" and e.loc is not None:
                 call = _swapped_call(a.source.tree(e.loc.path), e.loc.line)
                 if call is not None:
@@ -162,7 +171,44 @@ def _swapped_call(tree, line: int) -> str | None:
     return ast.unparse(swapped)
 
 
-def _describe(fn: str, problem: str, classes: int, normalised) -> tuple[str, str, dict]:
+def _num(value) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else "?"
+
+
+# targets outside what the loss is defined on: (message with {fn} and {span}, fix)
+_TARGETS = {
+    "target-range": (
+        "{fn} takes targets in [0, 1] (the probability of the positive class) but is given "
+        "targets in {span} (-1/+1 labels, class indices above 1, or raw scores such as a "
+        "teacher's logits): for a target t outside [0, 1], "
+        "-t·log σ(x) - (1-t)·log(1-σ(x)) has no lower bound, so the logits are pushed towards "
+        "±infinity instead of towards the labels and the loss falls below 0",
+        "map the targets into [0, 1] before the loss: (y + 1) / 2 for -1/+1 labels, "
+        "torch.sigmoid(teacher_logits) for a teacher's scores"),
+    "target-negative": (
+        "{fn} is given float targets of the input's shape (class probabilities) with negative "
+        "values, in {span}: logits or log-probabilities passed as soft targets. cross_entropy "
+        "computes -Σ target·log_softmax(input): a negative target rewards pushing that class's "
+        "probability to 0 without bound, so the loss has no minimum and the logits diverge",
+        "turn the soft targets into probabilities first: F.softmax(teacher_logits / T, dim=1) "
+        "(or .exp() of log-probabilities)"),
+    "log-target": (
+        "{fn}'s target holds negative values, in {span} (log-probabilities), but log_target is "
+        "False, so it is read as probabilities: the loss is NaN (the log of a negative number) "
+        "and its gradient, -target, does not depend on the student's prediction: the student is "
+        "not pulled towards the target distribution",
+        "pass log_target=True (F.kl_div(log_p, log_q, log_target=True), nn.KLDivLoss("
+        "log_target=True)), or give the target as probabilities: F.softmax(...)"),
+    "prob-target": (
+        "{fn}'s target holds positive values, in {span} (probabilities), but log_target=True "
+        "reads it as log-probabilities: the divergence computed is exp(target)·(target - input), "
+        "not KL to the target distribution, and the student is trained towards a wrong one",
+        "drop log_target=True, or pass log-probabilities as the target: F.log_softmax(...)"),
+}
+
+
+def _describe(fn: str, problem: str, classes: int, normalised, low=None,
+              high=None) -> tuple[str, str, dict]:
     """(message, fix, evidence) of one wrong loss input."""
     evidence = {"function": fn, "given": problem, "classes": classes}
     if problem == "dim":
@@ -188,5 +234,10 @@ def _describe(fn: str, problem: str, classes: int, normalised) -> tuple[str, str
                 f"each present label is pushed towards 1/k, never towards 1",
                 "for multi-label targets use binary_cross_entropy_with_logits "
                 "(nn.BCEWithLogitsLoss) on the same logits", evidence)
+    if problem in _TARGETS:
+        evidence["targets"] = [low, high]
+        span = f"[{_num(low)}, {_num(high)}]" if low is not None and high is not None else "a wider range"
+        text, fix = _TARGETS[problem]
+        return text.format(fn=fn, span=span), fix, evidence
     return (f"{fn} expects {_EXPECTS.get(fn, 'logits')} but is given {_GIVEN.get(problem, problem)}: "
             f"{_effect(fn, problem, classes)}", _fix(fn, problem), evidence)

@@ -45,7 +45,8 @@ class MissingZeroGrad(Rule):
     optimizer stepped inside the backward (one per parameter, from a post-accumulate-grad
     hook); the step first in the loop (step → zero_grad → forward → backward); a GAN whose
     every optimizer is cleared
-    before its backward; DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
+    before its backward; a shared trunk's optimizer that steps last, after each head's
+    optimizer stepped on its own loss (one clear per iteration: the sum is meant); DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
     loops (Lightning, accelerate); loops in threads (each thread with its own model and
     optimizer, or actor threads feeding one learner).
     """
@@ -77,8 +78,12 @@ class MissingZeroGrad(Rule):
         for use in a.ledger.old_uses:
             if use.fresh and not use.clears_between:
                 groups.setdefault(use.fresh[0].backward.loc, []).append(use)
+        clears = a.of_kind("clear")
+        steps = a.of_kind("step")
         for loc, uses in groups.items():
-            first = uses[0]
+            # a leak (another loss's backward writing in after the clear) is judged on the first
+            # update that clears before it: on the very first update nothing was cleared yet
+            first = next((u for u in uses if self._leaks(a, u, loc, clears)), uses[0])
             old = first.old[-1]
             pids = [u.pid for u in uses]
             # the step that applied the old gradient before this one (None: this step is the first)
@@ -86,8 +91,14 @@ class MissingZeroGrad(Rule):
             backward = first.fresh[0].backward
             in_closure = backward.get("in_step") is not None and consumed is None
             mine = set(a.opt_params.get(first.opt, ()))
-            cleared = [c for c in a.of_kind("clear") if c.seq < old.backward.seq and mine & set(c["params"])]
+            cleared = [c for c in clears if c.seq < old.backward.seq and mine & set(c["params"])]
             leak = consumed is None and not in_closure and cleared and old.backward.loc != loc
+            if consumed is None and not in_closure and old.backward.loc != loc and any(
+                    backward.seq < s.seq < first.step.seq and s["opt"] != first.opt for s in steps):
+                # another optimizer steps between this backward and this step: the backward is
+                # that optimizer's, and this one steps last over what every loss gave its
+                # parameters (a shared trunk's optimizer after each head's): the sum is meant
+                continue
             if in_closure:
                 message = (f"this backward() in the optimizer's closure adds onto the gradients of "
                            f"its previous evaluation: {a.names(pids)} are never cleared inside the "
@@ -101,8 +112,9 @@ class MissingZeroGrad(Rule):
                            f"but the backward at line {old.backward.loc.line if old.backward.loc else '?'} "
                            f"writes into their gradients after that clear and before "
                            f"{a.optimizer_name(first.opt)} steps: this backward adds onto them, so the "
-                           f"step applies that other loss's gradient too (e.g. a generator loss through "
-                           f"an undetached discriminator; first seen at step {first.step_index})")
+                           f"step applies that other loss's gradient too (e.g. in a GAN, one model's loss "
+                           f"reaching the other model's parameters through an output not detached; "
+                           f"first seen at step {first.step_index})")
                 fix = ("clear right before this backward (after the other loss's step), or keep the "
                        "other loss out of these parameters: detach, or requires_grad_(False) on them "
                        "while it runs")
@@ -210,6 +222,17 @@ class MissingZeroGrad(Rule):
         return replace(finding, message=message, evidence={**ev, "ranks_not_clearing": k},
                        fix="clear the gradients on every rank, not under a rank test: call "
                            "optimizer.zero_grad() once per update on all ranks")
+
+    @staticmethod
+    def _leaks(a, use, loc, clears) -> bool:
+        """Whether the gradient this use adds onto came from another line's backward that ran
+        after a clear of this optimizer's parameters, in the same update (no step used it)."""
+        old = use.old[-1]
+        if old.backward.loc == loc or use.fresh[0].backward.get("in_step") is not None \
+                or any(s.seq < use.step.seq for s in old.consumed_by):
+            return False
+        mine = set(a.opt_params.get(use.opt, ()))
+        return any(c.seq < old.backward.seq and mine & set(c["params"]) for c in clears)
 
     @staticmethod
     def _clear_astray(a, first, consumed, backward, mine):
