@@ -308,6 +308,11 @@ grad_stops         params [pid] (the parameters whose gradient was exactly zero 
                    weight is all zero gets ``:zero_weights``), loss_zero (the loss itself was 0) —
                    one diagnosed backward after an update with exactly-zero gradients (loc: the
                    backward; an aside)
+state_not_loaded   cls (the module's class), keys (in the state dict), params (the module's
+                   parameters), unexpected / missing (the first keys of each side), prefix
+                   (["strip" | "add", "module."] when one prefix places the state's keys, else
+                   None) — ``load_state_dict(strict=False)`` placed none of the module's
+                   parameters (loc: that call; an aside)
 symmetric_units    opt, params [pid] (stepped parameters whose rows are all equal, and whose
                    gradient's rows are all equal and not all zero), rows [int] (each one's row
                    count: its units), step (the optimizer's step
@@ -674,6 +679,12 @@ def grad_stops(*, params: list[int], stops: list[str], loss_zero: bool) -> Made:
     return "grad_stops", {"params": params, "stops": stops, "loss_zero": loss_zero}
 
 
+def state_not_loaded(*, cls: str, keys: int, params: int, unexpected: list[str],
+                     missing: list[str], prefix: list[str] | None) -> Made:
+    return "state_not_loaded", {"cls": cls, "keys": keys, "params": params,
+                                "unexpected": unexpected, "missing": missing, "prefix": prefix}
+
+
 def symmetric_units(*, opt: int, params: list[int], rows: list[int], step: int) -> Made:
     return "symmetric_units", {"opt": opt, "params": params, "rows": rows, "step": step}
 
@@ -794,7 +805,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped,
-    "symmetric_units": symmetric_units,
+    "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -805,7 +816,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
-                         "module_repeated"})
+                         "module_repeated", "state_not_loaded"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

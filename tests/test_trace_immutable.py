@@ -51,7 +51,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_loaders_shuffled_apart.py",  # loaders_zipped
             "registration/bad_repeated_layer_module_list.py",  # module_repeated
             "distributed/good_single_rank_allreduce.py",  # grad_allreduce
-            "autograd/bad_symmetric_units_constant_init.py"]  # symmetric_units
+            "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units
+            "registration/bad_state_dict_not_loaded_module_prefix.py"]  # state_not_loaded
 
 GRAD_EDIT_SCRIPT = """
 import torch

@@ -25,6 +25,7 @@ import torch
 
 from .. import events as ev
 from .recorder import Recorder
+from .stateload import nothing_loaded
 from .topics import STATE_LOADED
 
 MAX_STATES = 64  # distinct loaded states told apart; later ones are not compared
@@ -109,6 +110,12 @@ class ParamResetWatcher:
                     except Exception as exc:
                         rec.internal_error("load_state_dict", exc)
                 result = original(module, state_dict, *args, **kwargs)
+                try:
+                    unloaded = nothing_loaded(module, state_dict, result)
+                    if unloaded is not None:
+                        rec.emit_aside(ev.state_not_loaded(**unloaded), rec.here(2))
+                except Exception as exc:
+                    rec.internal_error("load_state_dict (keys)", exc)
                 try:
                     pids = watcher._owned_pids(module.parameters())
                     if pids:
