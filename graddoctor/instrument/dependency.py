@@ -78,6 +78,7 @@ from torch import nn
 from .. import events as ev
 from ..trace import Location
 from .inlinable import watched
+from .graphpaths import paths_to
 from .recorder import Recorder
 
 _GRAD = torch.autograd.grad  # torch's own (the functional-grad watcher wraps the attribute)
@@ -773,56 +774,8 @@ class _State:
 def _walk(root, inputs) -> dict | None:
     """``{node: indices of its inputs that lead to a recorded tensor}`` over the graph
     below ``root``; None when it has more than ``_NODES`` nodes or a Python autograd.Function."""
-    python_fn = torch.autograd.function.BackwardCFunction
-    targets = {}
-    for tensor in inputs:
-        if tensor.grad_fn is not None:
-            targets[tensor.grad_fn] = True
-    order: list = []
-    seen: set = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        order.append(node)
-        if len(order) > _NODES or isinstance(node, python_fn):
-            return None
-        for child, _ in node.next_functions:
-            if child is not None and child not in seen:
-                stack.append(child)
-    leads: dict = {}
-    relevant: dict = {}
-    for node in _post_order(root):
-        edges = tuple(i for i, (child, _) in enumerate(node.next_functions)
-                      if child is not None and (leads.get(child) or child in targets))
-        leads[node] = bool(edges) or node in targets
-        if edges:
-            relevant[node] = edges
-    return relevant
-
-
-def _post_order(root) -> list:
-    done: set = set()
-    out: list = []
-    stack = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if node is None:
-            continue
-        if expanded:
-            if node not in done:
-                done.add(node)
-                out.append(node)
-            continue
-        if node in done:
-            continue
-        stack.append((node, True))
-        for child, _ in node.next_functions:
-            if child is not None and child not in done:
-                stack.append((child, False))
-    return out
+    targets = {tensor.grad_fn for tensor in inputs if tensor.grad_fn is not None}
+    return paths_to(root, targets.__contains__, _NODES, torch.autograd.function.BackwardCFunction)
 
 
 def _traceback_location(rec: Recorder, node) -> Location | None:

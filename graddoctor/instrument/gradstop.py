@@ -23,6 +23,7 @@ import weakref
 import torch
 
 from .. import events as ev
+from .graphpaths import paths_to
 from .recorder import Recorder
 
 _DIAGNOSES = 3  # backwards walked per run
@@ -180,58 +181,14 @@ def _stop_hook(node, inputs: tuple[int, ...], stops: list, zero: list):
 def _paths_to(root, wanted: dict[int, int]) -> tuple[dict, set]:
     """``({node: indices of its inputs that lead to a wanted leaf}, wanted pids reached)`` over
     the graph below ``root``; nothing when it has more than ``_NODES`` nodes."""
-    order: list = []
-    seen: set = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        order.append(node)
-        if len(order) > _NODES:
-            return {}, set()
-        for child, _ in node.next_functions:
-            if child is not None and child not in seen:
-                stack.append(child)
-    leads: dict = {}  # node -> reaches a wanted leaf
     reached: set = set()
-    relevant: dict = {}
-    # children before parents: a node leads to a wanted leaf when one of its inputs does
-    for node in _post_order(root, order):
+
+    def is_wanted(node) -> bool:
         variable = getattr(node, "variable", None) if node.name() == "torch::autograd::AccumulateGrad" else None
-        if variable is not None:
-            pid = wanted.get(id(variable))
-            leads[node] = pid is not None
-            if pid is not None:
-                reached.add(pid)
-            continue
-        inputs = tuple(i for i, (child, _) in enumerate(node.next_functions)
-                       if child is not None and leads.get(child))
-        leads[node] = bool(inputs)
-        if inputs:
-            relevant[node] = inputs
-    return relevant, reached
+        pid = wanted.get(id(variable)) if variable is not None else None
+        if pid is not None:
+            reached.add(pid)
+        return pid is not None
 
-
-def _post_order(root, nodes: list) -> list:
-    """The walked nodes with every node after all of its inputs (iterative: deep graphs)."""
-    done: set = set()
-    out: list = []
-    stack = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if node is None:
-            continue
-        if expanded:
-            if node not in done:
-                done.add(node)
-                out.append(node)
-            continue
-        if node in done:
-            continue
-        stack.append((node, True))
-        for child, _ in node.next_functions:
-            if child is not None and child not in done:
-                stack.append((child, False))
-    return out
+    relevant = paths_to(root, is_wanted, _NODES)
+    return (relevant, reached) if relevant is not None else ({}, set())

@@ -1,0 +1,50 @@
+"""The part of an autograd graph that leads from a root to some target nodes, for the watchers
+that hook one backward's nodes on the way (instrument/gradstop.py, instrument/dependency.py)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+def post_order(root, limit: int, refuse: type | None = None) -> list | None:
+    """The nodes below ``root``, each after all of its inputs (iterative: deep graphs); None
+    when there are more than ``limit`` or one is a ``refuse`` instance."""
+    seen: set = set()
+    out: list = []
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node is None:
+            continue
+        if expanded:
+            out.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > limit or (refuse is not None and isinstance(node, refuse)):
+            return None
+        stack.append((node, True))
+        for child, _ in node.next_functions:
+            if child is not None and child not in seen:
+                stack.append((child, False))
+    return out
+
+
+def paths_to(root, is_target: Callable[[object], bool], limit: int,
+             refuse: type | None = None) -> dict | None:
+    """``{node: indices of its inputs that lead to a target}`` over the graph below ``root``
+    (a node leads to a target when it is one or one of its inputs leads to one); None past
+    ``limit`` nodes or at a ``refuse`` node."""
+    order = post_order(root, limit, refuse)
+    if order is None:
+        return None
+    leads: dict = {}
+    relevant: dict = {}
+    for node in order:
+        edges = tuple(i for i, (child, _) in enumerate(node.next_functions)
+                      if child is not None and leads.get(child))
+        leads[node] = bool(edges) or is_target(node)
+        if edges:
+            relevant[node] = edges
+    return relevant
