@@ -67,3 +67,29 @@ def test_silent_with_a_second_optimizer_on_some_updates_only_or_on_one_update():
     assert findings(_trace(optimizers=2), SLUG) == []  # a player of a minimax game
     assert findings(_trace(negated=(True, False, True)), SLUG) == []
     assert findings(_trace(negated=(True,)), SLUG) == []
+
+
+def test_closure_steps_count_as_the_frameworks_steps():
+    # Lightning and L-BFGS step with a closure: the backward runs inside the step
+    t = builder(params=[0, 1])
+    for _ in range(3):
+        t.clear([0, 1], line=10)
+        t.backward(fresh=[0, 1], line=11, loss_negated="NllLossBackward0")
+        t.step(0, line=12, closure=True)
+    assert only(t, SLUG).evidence == {"criterion": "NllLossBackward0", "optimizer": 0}
+
+
+def test_the_loss_assignment_is_found_from_each_way_of_backpropagating(tmp_path):
+    from graddoctor.analysis.source import loss_assignment
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "def step(model, accelerator, x):\n"
+        "    loss = -model(x).mean()\n"
+        "    loss.backward()\n"
+        "    accelerator.backward(loss)\n"
+        "    model.manual_backward(loss)\n"
+        "    return loss\n")
+    for line in (3, 4, 5, 6):
+        assert loss_assignment(str(script), line) == (2, "loss = -model(x).mean()")
+    assert loss_assignment(str(script), 2) is None

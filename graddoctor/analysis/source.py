@@ -717,16 +717,30 @@ def calls_named(path: str, names: frozenset) -> list[tuple[int, str, bool]]:
 
 def loss_assignment(path: str, line: int) -> tuple[int, str] | None:
     """``(line, text)`` of the last assignment, above ``line`` in the same function, to the
-    variable whose ``.backward()`` is called on ``line`` (``loss = w * crit(out, y)`` for
-    ``loss.backward()``); None when there is none or the source cannot be read."""
+    variable that is backpropagated on ``line`` (``loss = w * crit(out, y)`` for
+    ``loss.backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
+    Lightning ``training_step``'s ``return loss``); None when there is none or the source
+    cannot be read."""
     tree = _parse(path)
     if tree is None:
         return None
     name = None
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.lineno == line and isinstance(node.func, ast.Attribute) \
-                and node.func.attr == "backward" and isinstance(node.func.value, ast.Name):
-            name = node.func.value.id
+        if getattr(node, "lineno", None) != line:
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("backward", "manual_backward"):
+            receiver, first = node.func.value, node.args[0] if node.args else None
+            framework = node.func.attr == "manual_backward" or isinstance(receiver, ast.Attribute) \
+                or (isinstance(receiver, ast.Name)
+                    and any(w in receiver.id.lower() for w in ("accelerator", "fabric", "engine")))
+            if framework and isinstance(first, ast.Name):  # accelerator.backward(loss)
+                name = first.id
+            elif not framework and isinstance(receiver, ast.Name):  # loss.backward()
+                name = receiver.id
+        elif isinstance(node, ast.Return) and isinstance(node.value, ast.Name):
+            name = node.value.id
+        if name is not None:
             break
     if name is None:
         return None

@@ -64,7 +64,10 @@ class LossMaximised(Rule):
         if len(a.optimizers) != 1:
             return
         windows = a.ledger.windows
-        for opt, steps in a.applied_steps.items():
+        steps_of: dict[int, list] = {}  # closure steps too: a framework's backward runs in one
+        for step in a.steps:
+            steps_of.setdefault(step["opt"], []).append(step)
+        for opt, steps in steps_of.items():
             negated = [(step, window) for step in steps
                        if (window := windows.get(step.seq)) and all(b.get("loss_negated") for b in window)]
             if len(negated) < 2 or len(negated) != len(steps):
