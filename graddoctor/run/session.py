@@ -87,8 +87,9 @@ class Session:
     """
 
     def __init__(self, options: CheckOptions, *, claim: str | None = None,
-                 announce: bool = True):
+                 announce: bool = True, first_notes: tuple[str, ...] = ()):
         self.options = options
+        self.first_notes = first_notes  # the report's first notes (why this run was made)
         self.claim = claim
         self.announce = announce
         self.rec = None
@@ -232,6 +233,7 @@ class Session:
             instrumentation.namer.name_from(outcome.namespace)
             stack.close()  # never raises: the instrumentation records its own errors
             _emulation_notes(self.emulation, outcome, rec.finder)
+            outcome.notes[:0] = self.first_notes
             others = len(rec.progress.stopped_threads - {rec.script_thread})
             if others:
                 outcome.notes.append(
@@ -304,17 +306,15 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
     ``on_destroy(report, destroy)``: a rank's report when the script calls
     ``destroy_process_group()`` (``EarlyReport``, run/interim.py), before its teardown.
     """
-    def check(opts: CheckOptions) -> Report:
-        return Session(opts, claim=f"graddoctor check {opts.target}").check(
+    def check(opts: CheckOptions, first_notes: tuple[str, ...] = ()) -> Report:
+        return Session(opts, claim=f"graddoctor check {opts.target}", first_notes=first_notes).check(
             on_step, on_hang=on_hang, checkpoint=checkpoint, on_destroy=on_destroy)
 
     report = check(options)
     why = _needs_emulated_gpu(options, report)
     if why is None:
         return report
-    again = check(dataclasses.replace(options, emulate_cuda=True))
-    again.run.notes.insert(0, why)
-    return again
+    return check(dataclasses.replace(options, emulate_cuda=True), first_notes=(why,))
 
 
 def _needs_emulated_gpu(options: CheckOptions, report: Report) -> str | None:
