@@ -235,7 +235,8 @@ class Analysis:
     # -- names -----------------------------------------------------------------------
     def param_name(self, pid: int) -> str:
         """The parameter's name; one that several parameters share (two models trained in two
-        threads, each held by a local ``model``) gets its optimizer: ``model.weight (SGD #1)``."""
+        threads, each held by a local ``model``) gets its optimizer: ``model.weight (opt_a)``, or
+        ``model.weight (SGD #1)`` where the optimizers' variables do not tell them apart."""
         shown = self._shown_names.get(pid)
         if shown is not None:
             return shown
@@ -261,7 +262,7 @@ class Analysis:
             for pid in pids:
                 opt = owner[pid]
                 if opt is not None and mates.count(opt) == 1:
-                    shown[pid] = f"{name} ({self.optimizer_name(opt)})"
+                    shown[pid] = f"{name} ({self._distinct_variable(opt) or self.optimizer_name(opt)})"
                 else:
                     shown[pid] = f"{name} (param#{pid})"
         return shown
@@ -275,12 +276,30 @@ class Analysis:
         return listing((self.param_name(p) for p in dict.fromkeys(pids)), limit)
 
     def optimizer_name(self, opt: int) -> str:
-        """'AdamW' (or 'AdamW #1' when two of one class exist)."""
+        """'AdamW'; when two of one class exist, what the script calls it ('opt_g (Adam)'),
+        or 'AdamW #1' where the script's names do not tell them apart."""
         classes = {o: e.get("cls", "optimizer") for o, e in self.optimizers.items()}
         cls = classes.get(opt, "optimizer")
         if list(classes.values()).count(cls) > 1:
-            return f"{cls} #{opt}"
+            name = self._distinct_variable(opt)
+            return f"{name} ({cls})" if name else f"{cls} #{opt}"
         return cls
+
+    def _distinct_variable(self, opt: int) -> str | None:
+        """The variable the optimizer was built into, if no other optimizer's is the same."""
+        names = self._optimizer_variables
+        name = names.get(opt)
+        return name if name and list(names.values()).count(name) == 1 else None
+
+    @cached_property
+    def _optimizer_variables(self) -> dict[int, str | None]:
+        """opt -> the variable its construction is assigned to (``opt_g``), where it is."""
+        out: dict[int, str | None] = {}
+        for opt, init in self.optimizers.items():
+            loc = init.loc
+            out[opt] = self.source.assigned_name(loc.path, loc.line) \
+                if loc is not None and not loc.via else None
+        return out
 
     def optimizer_class(self, opt: int) -> str:
         init = self.optimizers.get(opt)

@@ -31,6 +31,9 @@ class ScriptSource:
     def assigned_object(self, path: str, line: int, attribute: str) -> str | None:
         return assigned_object(self.full(path), line, attribute)
 
+    def assigned_name(self, path: str, line: int) -> str | None:
+        return assigned_name(self.full(path), line)
+
     def inside_loop(self, path: str, line: int) -> bool | None:
         return inside_loop(self.full(path), line)
 
@@ -145,6 +148,23 @@ def assigned_object(path: str, line: int, attribute: str) -> str | None:
             for target in targets:
                 if isinstance(target, ast.Attribute) and target.attr == attribute:
                     return ast.unparse(target.value)
+    return None
+
+
+def assigned_name(path: str, line: int) -> str | None:
+    """The one name (``opt_g``, ``self.opt_d``) a statement starting at ``line`` assigns its
+    value to, so that messages can call an object what the script calls it; None when the
+    statement assigns to no single plain name or attribute, or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.lineno <= line \
+                <= (node.end_lineno or node.lineno):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if len(targets) == 1 and isinstance(targets[0], (ast.Name, ast.Attribute)):
+                return ast.unparse(targets[0])
+            return None
     return None
 
 
