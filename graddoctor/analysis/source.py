@@ -73,8 +73,8 @@ class ScriptSource:
     def grad_clears(self, path: str, first: int, last: int) -> list[tuple[int, str]]:
         return grad_clears(self.full(path), first, last)
 
-    def loss_assignment(self, path: str, line: int) -> tuple[int, str] | None:
-        return loss_assignment(self.full(path), line)
+    def loss_assignment(self, path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
+        return loss_assignment(self.full(path), line, framework)
 
     def calls_named(self, path: str, names) -> list[tuple[int, str, bool]]:
         return calls_named(self.full(path), frozenset(names))
@@ -735,12 +735,13 @@ def calls_named(path: str, names: frozenset) -> list[tuple[int, str, bool]]:
     return sorted(found)
 
 
-def loss_assignment(path: str, line: int) -> tuple[int, str] | None:
+def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
     """``(line, text)`` of the last assignment, above ``line`` in the same function, to the
     variable that is backpropagated on ``line`` (``loss = w * crit(out, y)`` for
     ``loss.backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
     Lightning ``training_step``'s ``return loss``); None when there is none or the source
-    cannot be read."""
+    cannot be read. ``framework``: the backward on ``line`` is known to be a framework's
+    (``acc.backward(loss)``, whatever the accelerator is called)."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -751,15 +752,23 @@ def loss_assignment(path: str, line: int) -> tuple[int, str] | None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and node.func.attr in ("backward", "manual_backward"):
             receiver, first = node.func.value, node.args[0] if node.args else None
-            framework = node.func.attr == "manual_backward" or isinstance(receiver, ast.Attribute) \
+            framework = framework or node.func.attr == "manual_backward" \
+                or isinstance(receiver, ast.Attribute) \
                 or (isinstance(receiver, ast.Name)
                     and any(w in receiver.id.lower() for w in ("accelerator", "fabric", "engine")))
             if framework and isinstance(first, ast.Name):  # accelerator.backward(loss)
                 name = first.id
             elif not framework and isinstance(receiver, ast.Name):  # loss.backward()
                 name = receiver.id
-        elif isinstance(node, ast.Return) and isinstance(node.value, ast.Name):
-            name = node.value.id
+        elif isinstance(node, ast.Return) and node.value is not None:
+            # ``return loss``, and the Trainer's ``return (loss, outputs) if return_outputs else loss``
+            value = node.value
+            if isinstance(value, ast.IfExp):
+                value = value.orelse if isinstance(value.orelse, ast.Name) else value.body
+            if isinstance(value, ast.Tuple) and value.elts:
+                value = value.elts[0]
+            if isinstance(value, ast.Name):
+                name = value.id
         if name is not None:
             break
     if name is None:

@@ -63,10 +63,13 @@ def windows_by_optimizer(a: "Analysis") -> dict[int, list[Window]]:
     out: dict[int, list[Window]] = {}
     for step in a.steps:
         index = a.step_number[step.seq]
-        if step.get("closure"):
-            continue  # L-BFGS: the closure's backwards are re-evaluations, not micro-batches
         backwards = led.windows.get(step.seq, [])
         if not backwards:
+            continue
+        if step.get("closure") and sum(b.get("in_step") is not None for b in backwards) != 1:
+            # L-BFGS: the closure's backwards are re-evaluations, not micro-batches; a closure
+            # that ran one backward (Lightning's automatic optimization) ends a window as a
+            # plain step does
             continue
         out.setdefault(step["opt"], []).append(
             Window(step, index, step["opt"], backwards, _group(backwards)))
