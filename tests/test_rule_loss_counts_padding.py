@@ -3,6 +3,7 @@ embedding with a padding_idx."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,3 +53,47 @@ def test_the_watcher_sees_mostly_padded_targets():
 def test_the_watcher_is_silent_with_ignore_index_or_reduction_none():
     assert padded_losses(ignore_index=0) == []
     assert padded_losses(reduction="none") == []
+
+
+def filled_losses(tokens, vocab=50):
+    """A language model's loss over ``tokens`` with an embedding that has no padding_idx."""
+    rec = Recorder(step_budget=None)
+    emb, head = nn.Embedding(vocab, 4), nn.Linear(4, vocab)
+    with Instrumentation(rec):
+        logits = head(emb(tokens))
+        F.cross_entropy(logits.reshape(-1, vocab), tokens.reshape(-1)).backward()
+    return [e for e in rec.trace if e.kind == "loss_padding"]
+
+
+def _right_padded(lengths, fill, width=12, vocab=50, left=False):
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.full((len(lengths), width), fill)
+    for i, n in enumerate(lengths):
+        words = torch.randint(1, vocab - 1, (n,), generator=g)
+        words[words == fill] = fill + 1
+        if left:
+            tokens[i, width - n:] = words
+        else:
+            tokens[i, :n] = words
+    return tokens
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_an_id_filling_up_the_shorter_rows_is_taken_as_the_padding(left):
+    # dynamic padding: the longest row (12) has none
+    (e,) = filled_losses(_right_padded([3, 5, 12, 4, 2, 6], fill=0, left=left))
+    assert e.get("pad") == 0 and e.get("source") == "fill" and e.get("fraction") > 0.5
+    (e,) = filled_losses(_right_padded([3, 5, 7, 4, 2, 6], fill=49))  # an eos id as the pad
+    assert e.get("pad") == 49
+
+
+def test_no_fill_without_padding_evidence():
+    g = torch.Generator().manual_seed(1)
+    assert filled_losses(torch.randint(0, 50, (6, 12), generator=g)) == []  # unpadded tokens
+    # a four-letter alphabet: the last column often agrees and runs happen, but the letter is
+    # everywhere else too
+    assert filled_losses(torch.randint(0, 4, (8, 16), generator=g), vocab=4) == []
+    # rows of one length that all end with one eos: runs of 1
+    tokens = torch.randint(1, 49, (6, 12), generator=g)
+    tokens[:, -1] = 49
+    assert filled_losses(tokens) == []

@@ -127,6 +127,7 @@ _MASKABLE = {"binary_cross_entropy_with_logits": (2, 5), "cross_entropy": (2, 6)
 _TARGET_KEYS = {fn: f"{fn}:target" for fn in NAMES}  # _value_checks' keys of the target reads
 _TARGET_SLACK = 1e-3  # rounding around a target range's bounds (a smoothed 1.0, a clamped 0)
 _PADDING_SHARE = 0.25  # targets equal to the padding index: at least this share is reported
+_FILL_READS = 8  # token batches of embeddings without padding_idx looked at for a fill id
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
 
 
@@ -142,6 +143,10 @@ class LossInputWatcher:
         # label per embedded token (a tagger's) is token-level whatever its classes
         self._token_counts: dict[int, set[int]] = {}
         self._padded: set = set()  # call lines recorded as padded
+        # pads inferred from the token batches themselves (an embedding without padding_idx:
+        # GPT-2 padded with its eos token): pad -> "fill"; token batches looked at so far
+        self._fills: dict[int, str] = {}
+        self._fill_reads = 0
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
@@ -327,13 +332,59 @@ class LossInputWatcher:
         self._padded.add(loc)
         self.rec.emit_aside(ev.loss_padding(fn=fn, pad=int(pad), fraction=round(float(fraction), 4),
                                             ignore_index=int(ignore) if isinstance(ignore, int) else None,
-                                            reduction=str(reduction)), loc)
+                                            reduction=str(reduction),
+                                            source=self._fills.get(int(pad), "padding_idx")), loc)
+
+    def _infer_fill(self, args, kwargs) -> None:
+        """An embedding without ``padding_idx`` given a (batch, length) batch whose shorter rows
+        are filled up with one id: most rows (the longest need none) end, or start, with it in
+        runs of different lengths, and it is (nearly) absent from the rest of the batch. That id
+        pads the batch (``pad_sequence``; ``tokenizer.pad_token = tokenizer.eos_token``), and a
+        loss predicting these tokens should ignore it. CPU token batches only (a few small
+        reads), the first few embedding calls."""
+        tokens = args[0] if args else kwargs.get("input")
+        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        if not (isinstance(tokens, torch.Tensor) and isinstance(weight, torch.Tensor)
+                and tokens.dim() == 2 and tokens.shape[0] >= 2 and tokens.shape[1] >= 4
+                and not tokens.is_floating_point() and tokens.device.type == "cpu"
+                and weight.dim() == 2):
+            return
+        self._fill_reads += 1
+        rows, length = tokens.shape
+        with torch.no_grad():
+            for column in (-1, 0):  # right padding, left padding
+                edge = tokens[:, column]
+                fill = int(edge.mode().values)
+                ending = edge == fill
+                if int(ending.sum()) < max(2, (rows + 1) // 2):
+                    continue
+                same = tokens == fill
+                runs = (same.flip(1) if column == -1 else same).int().cumprod(1).sum(1)
+                padded = runs[ending]
+                if not (int(padded.max()) >= 2 and int(padded.min()) < int(padded.max())
+                        and int(runs.max()) < length):
+                    continue
+                content = length * rows - int(runs.sum())
+                if int(same.sum()) - int(runs.sum()) > 0.02 * content:
+                    continue  # a word like any other (a small vocabulary), not a filler
+                vocab = int(weight.shape[0])
+                self._pads.add((fill, vocab))
+                self._fills[fill] = "fill"
+                counts = self._token_counts.setdefault(fill, set())
+                if len(counts) < 8:
+                    counts.add(tokens.numel())
+                return
 
     def _wrap_embedding(self, original):
         watcher = self
 
         def before(args, kwargs) -> None:
             pad = args[2] if len(args) > 2 else kwargs.get("padding_idx")
+            if pad is None and watcher._fill_reads < _FILL_READS:
+                try:
+                    watcher._infer_fill(args, kwargs)
+                except Exception as exc:
+                    watcher.rec.internal_error("F.embedding", exc)
             if pad is not None:
                 try:
                     weight = args[1] if len(args) > 1 else kwargs.get("weight")

@@ -30,10 +30,17 @@ class LossCountsPadding(Rule):
     loss = F.cross_entropy(logits.view(-1, vocab), targets.view(-1), ignore_index=PAD)
     ```
 
+    The padding index is an `nn.Embedding`'s `padding_idx`, or, for an embedding without one
+    (GPT-2 with `tokenizer.pad_token = tokenizer.eos_token`), the id that fills up the shorter
+    rows of its first token batches: every row ends (or starts) with it, in runs of different
+    lengths. A model that computes its loss from `labels=` (transformers) is told to set the
+    padded labels to -100.
+
     ## Stays silent on
     `ignore_index` equal to the padding index; targets where the padding index is rare (a
     dense batch where token 0 is a word like any other); `reduction="none"` (the script may mask
-    the positions itself); losses no gradient flows through.
+    the positions itself); losses no gradient flows through; labels already set to -100 where
+    the attention mask is 0; token batches of one length (every row ends with eos once).
     """
 
     code = "GD235"
@@ -48,11 +55,19 @@ class LossCountsPadding(Rule):
             name = "cross_entropy" if e.get("fn") == "cross_entropy" else "nll_loss"
             ignoring = ("it ignores nothing (ignore_index left at -100)" if ignore in (None, -100)
                         else f"its ignore_index={ignore} never matches the padding")
+            what = ("an nn.Embedding's padding_idx" if e.get("source") != "fill" else
+                    "the id that fills up the shorter rows of the token batches, e.g. an eos "
+                    "token used as the pad token")
+            fix = f"pass ignore_index={pad} to the loss (or set the padded targets to -100)"
+            if e.loc is not None and "labels" in a.source.line_text(e.loc.path, e.loc.line):
+                # the model computes the loss (transformers' models): only the labels can say it
+                fix = ("set the labels of the padded positions to -100, which the model's loss "
+                       "ignores: labels = input_ids.masked_fill(attention_mask == 0, -100)")
             yield self.finding(
-                f"{fraction:.0%} of the targets {name} gets here are the padding index {pad} (an "
-                f"nn.Embedding's padding_idx), and {ignoring}: every padded position is trained "
+                f"{fraction:.0%} of the targets {name} gets here are the padding index {pad} "
+                f"({what}), and {ignoring}: every padded position is trained "
                 "as 'predict padding' and counts in the mean",
-                e.loc, fix=f"pass ignore_index={pad} to the loss (or set the padded targets to -100)",
+                e.loc, fix=fix,
                 evidence={"pad": pad, "fraction": fraction, "ignore_index": ignore,
-                          "reduction": e.get("reduction")},
+                          "reduction": e.get("reduction"), "source": e.get("source")},
             )
