@@ -211,6 +211,7 @@ def test_the_scripts_own_error_is_left_as_it_is(tmp_path):
 @pytest.mark.parametrize("code", [
     "import torch\nassert torch.cuda.is_available()\n",
     "import torch\nx = torch.zeros(2).cuda()\n",
+    "import torch\ntorch.cuda.set_device(0)\n",  # a CUDA binding the CPU build lacks
 ])
 def test_without_the_flag_a_script_that_needs_a_gpu_is_run_again_on_an_emulated_one(tmp_path, code):
     report = _check(tmp_path, code, emulate_cuda=False)

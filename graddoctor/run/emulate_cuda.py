@@ -917,13 +917,18 @@ def _failing_call(exc: BaseException, finder):
 
 def needs_cuda_hint(error: dict | None, notes_text: str = "") -> str | None:
     """Without ``--emulate-cuda``: a note suggesting it when the script failed for want of a
-    GPU ("Torch not compiled with CUDA enabled", nccl, ``assert torch.cuda.is_available()``)."""
+    GPU ("Torch not compiled with CUDA enabled", nccl, ``assert torch.cuda.is_available()``, a
+    CUDA binding a CPU build lacks)."""
     if not error:
         return None
     message = str(error.get("message") or "")
     wants = any(m in message for m in ("Torch not compiled with CUDA enabled",
                                        "Found no NVIDIA driver", "no CUDA GPUs",
                                        "without ATen_cuda library", "NCCL", "nccl"))
+    # a CPU build has no CUDA bindings: torch.cuda.set_device(0) and its kin fail on
+    # "module 'torch._C' has no attribute '_cuda_setDevice'"
+    wants = wants or (error.get("type") == "AttributeError" and "torch._C" in message
+                      and "'_cuda" in message)
     location = error.get("location") or {}
     if not wants and error.get("type") == "AssertionError" and location.get("path"):
         line = _source_line(location)
