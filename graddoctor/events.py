@@ -346,6 +346,13 @@ module_repeated    container (ModuleList | Sequential, or a subclass's name), cl
                    ModuleList/Sequential built by the script's own code (``[layer] * n``); at
                    each repeat, at most 16 per call line (loc: the user's line that built or
                    extended the container; an aside; instrument/registration.py)
+norm_arguments     cls (BatchNorm1d | BatchNorm2d | ...), eps, momentum (as the module holds
+                   them; momentum None for a cumulative average), params [pid] (its affine
+                   parameters, tracked from here) — a BatchNorm module registered into a module
+                   by the script's own code with Keras' arguments in PyTorch's meaning: eps of
+                   0.1 or more (``BatchNorm2d(c, 0.8)``: the second positional argument is eps),
+                   or a momentum in [0.9, 1) while it tracks running statistics; at most 4 per
+                   line (loc: the user's line that built it; an aside; instrument/registration.py)
 batch_layout       cls (the module's class: LSTM | GRU | RNN | MultiheadAttention |
                    TransformerEncoderLayer | TransformerDecoderLayer | Transformer, or the
                    script's subclass of one), layout ("batch_first": the input's dim 0 is a batch
@@ -385,7 +392,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``norm_arguments`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -723,6 +730,10 @@ def module_repeated(*, container: str, cls: str, positions: list[str], params: l
                                "params": params}
 
 
+def norm_arguments(*, cls: str, eps: float, momentum: float | None, params: list[int]) -> Made:
+    return "norm_arguments", {"cls": cls, "eps": eps, "momentum": momentum, "params": params}
+
+
 def folded(*, turns: int, steps: int, backwards: int, events: int, epochs: int,
            copies: list[list[int]]) -> Made:
     return "folded", {"turns": turns, "steps": steps, "backwards": backwards, "events": events,
@@ -798,7 +809,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "grad_stops": grad_stops,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
-    "module_repeated": module_repeated,
+    "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -816,7 +827,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
-                         "module_repeated", "state_not_loaded"})
+                         "module_repeated", "state_not_loaded", "norm_arguments"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -28,6 +28,10 @@
 * A new parameter registered once an optimizer exists that replaces none an optimizer owns (a layer built inside ``forward``, ``self.scale = nn.Parameter(...)`` in the loop): a
   ``param_created`` event at the user's line, at most ``_CREATED_EVENTS`` per line. Healthy
   loops register nothing once they train, so this costs nothing per step.
+* A BatchNorm registered by the script's own code with Keras' arguments in PyTorch's places
+  (``nn.BatchNorm2d(c, 0.8)``: PyTorch's second positional argument is eps, not momentum; a
+  momentum of 0.99, which PyTorch weighs the other way round): a ``norm_arguments`` event at the
+  user's line, at most ``_NORM_EVENTS`` per line; two attribute reads per BatchNorm registered.
 """
 
 from __future__ import annotations
@@ -96,6 +100,8 @@ _CREATED_EVENTS = 8  # param_created events recorded per call line
 _REPEAT_EVENTS = 16  # module_repeated events recorded per call line
 _REPEAT_SCAN = 4096  # containers with more modules than this are not scanned for repeats
 _STACKS = (torch.nn.ModuleList, torch.nn.Sequential)
+_NORM_EVENTS = 4  # norm_arguments events recorded per call line
+_BatchNorm = torch.nn.modules.batchnorm._BatchNorm  # BatchNorm1d/2d/3d, SyncBatchNorm, lazy ones
 # frames crossed on the way to the code that builds a container: torch's and graddoctor's own
 # (the ``Module.__setattr__`` wrapper above, for ``layers[i] = layer``); with the separator:
 # torchvision's files are not torch's
@@ -145,6 +151,8 @@ class ParamLifeWatcher:
         try:
             if isinstance(module, _STACKS) and isinstance(submodule, torch.nn.Module):
                 self._repeat(module, name, submodule)
+            if isinstance(submodule, _BatchNorm) and _keras_arguments(submodule):
+                self._norm_arguments(submodule)
         except Exception as exc:
             self.rec.internal_error("module registration", exc)
         try:
@@ -186,6 +194,29 @@ class ParamLifeWatcher:
                                           positions=[*positions, name],
                                           params=[rec.track(p) for p in params]), loc)
 
+    def _norm_arguments(self, norm) -> None:
+        """A ``norm_arguments`` event for a BatchNorm built by the script's own code with
+        Keras' arguments in PyTorch's places (``_keras_arguments``)."""
+        frame = sys._getframe(3)  # above: this method, _module, add_module (or __setattr__)
+        while frame is not None and _INNER_DIRS and frame.f_code.co_filename.startswith(_INNER_DIRS):
+            frame = frame.f_back  # Sequential.__init__, ModuleList.append
+        rec = self.rec
+        if frame is None or not rec.finder.is_user_file(frame.f_code.co_filename):
+            return  # a library's architecture
+        loc = rec.here(3)
+        if loc is None:
+            return
+        key = (loc.path, loc.line, "norm")
+        done = self._repeats.get(key, 0)
+        if done >= _NORM_EVENTS:
+            return
+        self._repeats[key] = done + 1
+        momentum = norm.momentum
+        rec.emit_aside(ev.norm_arguments(
+            cls=type(norm).__name__, eps=float(norm.eps),
+            momentum=float(momentum) if momentum is not None else None,
+            params=[rec.track(p) for p in norm.parameters(recurse=False)]), loc)
+
     def _replaced(self, module, name, via, old, new) -> bool:
         """Whether a ``param_replaced`` event was recorded."""
         if not self.owned:
@@ -216,6 +247,18 @@ class ParamLifeWatcher:
 # -- plain containers --------------------------------------------------------------------------
 
 _INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _modules, hooks...
+
+
+def _keras_arguments(norm) -> bool:
+    """eps of 0.1 or more (Keras' momentum given as PyTorch's second positional argument,
+    ``BatchNorm2d(c, 0.8)``), or Keras' momentum as PyTorch's (the weight of the new batch, the
+    opposite meaning) while the module tracks running statistics: 0.9 <= momentum < 1 (exactly
+    1, the last batch's statistics, is a deliberate choice: MAML's batch statistics)."""
+    eps, momentum = norm.eps, norm.momentum
+    if isinstance(eps, (int, float)) and eps >= 0.1:
+        return True
+    return bool(norm.track_running_stats) and isinstance(momentum, (int, float)) \
+        and 0.9 <= momentum < 1
 
 
 def _items(value):
