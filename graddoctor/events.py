@@ -153,6 +153,12 @@ dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout
                    "unregistered" (an nn.Dropout in train mode that is no submodule of the
                    eval-mode module calling it: built in forward, or held in a plain list) —
                    the first such call of each call line (loc: that call)
+output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activation (sigmoid |
+                   tanh | softmax | relu | softplus | exp: what made the prediction), low, high
+                   (its range; high None: unbounded), outside (the share of the targets outside
+                   it, >= 0.25), target_low, target_high — a regression loss at one of its
+                   first 8 calls with a gradient, once per call line (loc: the loss call; an
+                   aside; instrument/losses.py)
 loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_shape,
                    target_shape, shape (their broadcast), reduction, grad (a gradient flows into
                    input or target): a regression loss whose broadcast has more elements than
@@ -392,7 +398,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``norm_arguments`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``norm_arguments``, ``output_range`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -617,6 +623,13 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                               "shape": shape, "reduction": reduction, "grad": grad}
 
 
+def output_range(*, fn: str, activation: str, low: float, high: float | None, outside: float,
+                 target_low: float, target_high: float) -> Made:
+    return "output_range", {"fn": fn, "activation": activation, "low": low, "high": high,
+                            "outside": outside, "target_low": target_low,
+                            "target_high": target_high}
+
+
 def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,
                low: float | None = None, high: float | None = None) -> Made:
     data = {"fn": fn, "problem": problem, "classes": classes, "normalised": normalised}
@@ -810,6 +823,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
+    "output_range": output_range,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -827,7 +841,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
-                         "module_repeated", "state_not_loaded", "norm_arguments"})
+                         "module_repeated", "state_not_loaded", "norm_arguments",
+                         "output_range"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

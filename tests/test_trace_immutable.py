@@ -53,7 +53,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "distributed/good_single_rank_allreduce.py",  # grad_allreduce
             "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units
             "registration/bad_state_dict_not_loaded_module_prefix.py",  # state_not_loaded
-            "modes/bad_batchnorm_keras_momentum.py"]  # norm_arguments
+            "modes/bad_batchnorm_keras_momentum.py",  # norm_arguments
+            "losses/bad_output_range_sigmoid_prices.py"]  # output_range
 
 GRAD_EDIT_SCRIPT = """
 import torch

@@ -12,6 +12,13 @@ shape comparison; only different shapes are looked at further (their broadcast, 
 call whose broadcast has more elements than input and target is recorded once per call line (a
 ``loss_broadcast`` aside event, see ``Recorder.emit_aside``).
 
+The same wrapper looks, at the first ``_RANGE_CHECKS`` calls of each function that a gradient
+flows through, at what made the prediction: when it is a bounded activation (sigmoid, tanh,
+softmax: (0, 1) or (-1, 1); relu, softplus, exp: nothing below 0), seen through value-keeping
+operations (reshape, select, cat of like parts), one small reduction says which share of the
+targets lies outside that range. A quarter or more is recorded once per call line (an
+``output_range`` aside event): the model cannot reach those targets, whatever it learns.
+
 torch's UserWarning about the shapes (``stacklevel=2``) names this wrapper's line instead of the
 caller's while graddoctor runs; graddoctor's finding names the user's line. Re-issuing it at the
 caller would need ``warnings.catch_warnings``, whose filter reset clears every module's
@@ -32,6 +39,36 @@ from .recorder import Recorder
 
 NAMES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 _MAX_FINE = 1024  # shape pairs remembered (variable lengths must not grow it without bound)
+_RANGE_CHECKS = 8  # calls per function whose prediction's range is compared with the targets
+_OUTSIDE_SHARE = 0.25  # targets outside the reachable range: at least this share is recorded
+_SLACK = 1e-3  # a target at a bound (a clamped 0, a smoothed 1) is reachable
+# autograd nodes (by name prefix) whose output lies in a bounded range, and that range
+_BOUNDED = (("SigmoidBackward", "sigmoid", 0.0, 1.0), ("TanhBackward", "tanh", -1.0, 1.0),
+            ("SoftmaxBackward", "softmax", 0.0, 1.0), ("ReluBackward", "relu", 0.0, math.inf),
+            ("SoftplusBackward", "softplus", 0.0, math.inf), ("ExpBackward", "exp", 0.0, math.inf))
+# nodes that keep the values they are given (not clamp: it changes the range)
+_KEEPING = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Permute", "Transpose",
+            "TBackward", "Clone", "ToCopy", "Slice", "Select", "Index", "Expand", "Alias",
+            "Narrow", "Flatten", "Contiguous", "Cat", "Stack", "Split", "Unbind")
+_DEPTH = 12
+
+
+def bounded_by(node, depth: int = _DEPTH) -> tuple[str, float, float] | None:
+    """``(activation, low, high)`` when ``node``'s output is a bounded activation's, seen
+    through value-keeping operations (a cat or stack: when all its parts agree), else None."""
+    while node is not None and depth > 0:
+        name = type(node).__name__
+        for prefix, activation, low, high in _BOUNDED:
+            if name.startswith(prefix):
+                return activation, low, high
+        if not name.startswith(_KEEPING):
+            return None
+        parents = [n for n, _ in node.next_functions if n is not None]
+        if len(parents) != 1:
+            found = {bounded_by(n, depth - 1) for n in parents}
+            return found.pop() if len(found) == 1 else None
+        node, depth = parents[0], depth - 1
+    return None
 
 
 def broadcast_shape(a, b) -> list[int] | None:
@@ -55,6 +92,8 @@ class LossShapeWatcher:
         self.rec = rec
         self._done: set = set()  # locations already recorded
         self._fine: set = set()  # (input shape, target shape) pairs that broadcast harmlessly
+        self._range_checks: dict[str, int] = {}  # fn -> calls whose targets' range was read
+        self._ranged: set = set()  # locations recorded with an output_range event
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
@@ -63,6 +102,11 @@ class LossShapeWatcher:
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
+            if watcher._range_checks.get(fn, 0) < _RANGE_CHECKS:
+                try:
+                    watcher._range(fn, input, target)
+                except Exception as exc:
+                    rec.internal_error(f"F.{fn}", exc)
             try:
                 if input.shape == target.shape:
                     return
@@ -111,6 +155,34 @@ class LossShapeWatcher:
             fn=fn, input_shape=a, target_shape=b, shape=shape,
             reduction=reduction if isinstance(reduction, str) else None,
             grad=torch.is_grad_enabled() and (input.requires_grad or target.requires_grad)), loc)
+
+    def _range(self, fn: str, input, target) -> None:
+        """An ``output_range`` aside when the prediction comes out of a bounded activation and a
+        quarter or more of the targets lie outside its range (see the module docs)."""
+        if not (isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor)
+                and input.requires_grad and torch.is_grad_enabled()
+                and target.is_floating_point() and target.numel() and not target.requires_grad):
+            return
+        self._range_checks[fn] = self._range_checks.get(fn, 0) + 1
+        bound = bounded_by(input.grad_fn)
+        if bound is None:
+            return
+        activation, low, high = bound
+        with torch.no_grad():
+            t = target.detach().float()
+            outside, t_low, t_high = torch.stack([
+                ((t < low - _SLACK) | (t > high + _SLACK)).float().mean(), t.min(), t.max()]).tolist()
+        if outside < _OUTSIDE_SHARE or not (math.isfinite(t_low) and math.isfinite(t_high)):
+            return
+        rec = self.rec
+        loc = rec.here()
+        if loc in self._ranged:
+            return
+        self._ranged.add(loc)
+        rec.emit_aside(ev.output_range(fn=fn, activation=activation, low=low,
+                                       high=high if math.isfinite(high) else None,
+                                       outside=round(outside, 4), target_low=round(t_low, 4),
+                                       target_high=round(t_high, 4)), loc)
 
     def install(self, patcher) -> None:
         for name in NAMES:
