@@ -52,7 +52,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "registration/bad_repeated_layer_module_list.py",  # module_repeated
             "distributed/good_single_rank_allreduce.py",  # grad_allreduce
             "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units
-            "registration/bad_state_dict_not_loaded_module_prefix.py"]  # state_not_loaded
+            "registration/bad_state_dict_not_loaded_module_prefix.py",  # state_not_loaded
+            "losses/bad_target_not_detached_dqn.py",  # target_grad
+            "losses/bad_loss_unbounded_kl_sign.py"]  # loss_unbounded
 
 GRAD_EDIT_SCRIPT = """
 import torch
