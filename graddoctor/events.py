@@ -307,6 +307,20 @@ graph_kept         name (the variable that keeps them, as found in the script's 
                    "attribute"), steps (how many earlier backwards' graphs it holds), line (the
                    backward's line) — autograd graphs of earlier backwards still alive several
                    backwards later (loc: the backward that found them; an aside)
+target_grad        fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | kl_div |
+                   binary_cross_entropy | binary_cross_entropy_with_logits | cross_entropy),
+                   params [pid] (tracked tensors both the input's and the target's graph reach),
+                   input_op, target_op (the autograd nodes that made each side, past reshapes):
+                   a loss whose target needs a gradient that flows into the parameters making
+                   its input, neither side made from the other and no symmetric consistency —
+                   the first such call of each call line (loc: the loss call; an aside;
+                   instrument/stopgrad.py)
+loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward0``,
+                   ``PowBackward0``), params [pid] (tracked tensors its argument reaches), line
+                   (the backward's line): a backward's loss holds a term -c * exp(v) or -c * v**2
+                   (c > 0) of an unbounded v that needs a gradient: the loss has no lower bound
+                   and the optimizer lowers it without end — once per backward line (loc: the
+                   backward; an aside; instrument/lossterms.py)
 grad_stops         params [pid] (the parameters whose gradient was exactly zero and that the
                    diagnosed backward's graph reaches), stops [str] (the autograd nodes where the
                    gradient toward them stops: non-zero in, zero out, nearest the loss first:
@@ -803,6 +817,14 @@ def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
 
+def target_grad(*, fn: str, params: list[int], input_op: str, target_op: str) -> Made:
+    return "target_grad", {"fn": fn, "params": params, "input_op": input_op, "target_op": target_op}
+
+
+def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = None) -> Made:
+    return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
+
+
 def run_end(*, status: str, steps: int) -> Made:
     return "run_end", {"status": status, "steps": steps}
 
@@ -819,7 +841,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "idle_forward": idle_forward, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
-    "grad_stops": grad_stops,
+    "grad_stops": grad_stops, "target_grad": target_grad, "loss_unbounded": loss_unbounded,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
@@ -842,7 +864,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "norm_arguments",
-                         "output_range"})
+                         "output_range", "target_grad", "loss_unbounded"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -78,6 +78,9 @@ class ScriptSource:
 
     def calls_named(self, path: str, names) -> list[tuple[int, str, bool]]:
         return calls_named(self.full(path), frozenset(names))
+
+    def term_line(self, path: str, line: int, term: str) -> tuple[int, str] | None:
+        return term_line(self.full(path), line, term)
     def moves_to_host(self, path: str, line: int) -> bool | None:
         return moves_to_host(self.full(path), line)
 
@@ -787,6 +790,62 @@ def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int,
                     and (best is None or node.lineno > best.lineno):
                 best = node
     return (best.lineno, ast.unparse(best).strip()) if best is not None else None
+_TERM_SPAN = 30  # lines above the loss's assignment searched for the term
+
+
+def _holds_term(node: ast.AST, term: str) -> bool:
+    """Does the expression compute an exp (``.exp()``, ``torch.exp(...)``) or a square
+    (``** 2``, ``.pow(2)``, ``torch.square``)?"""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            name = _last_name(sub.func)
+            if term == "exp" and name == "exp":
+                return True
+            if term == "square" and (name == "square" or (
+                    name == "pow" and any(isinstance(x, ast.Constant) and x.value == 2
+                                          for x in sub.args))):
+                return True
+        elif (term == "square" and isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Pow)
+              and isinstance(sub.right, ast.Constant) and sub.right.value == 2):
+            return True
+    return False
+
+
+def term_line(path: str, line: int, term: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the one assignment, in the scope of the loss's assignment at
+    ``line`` and a few lines above it, that computes an exp or square term (``term``), when the
+    loss's assignment does not negate that variable itself (``loss = recon - kld``: the line to
+    change is the loss's); else None."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = _innermost_statement(tree, line)
+    if found is None:
+        return None
+    statement, block, index = found
+    if not isinstance(statement, (ast.Assign, ast.AugAssign)):
+        return None
+    if _holds_term(statement.value, term):
+        return None  # the term is written in the loss's own line
+    candidates = []
+    for stmt in block[:index]:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                and isinstance(stmt.targets[0], ast.Name) and stmt.lineno >= line - _TERM_SPAN \
+                and _holds_term(stmt.value, term):
+            candidates.append(stmt)
+    if len(candidates) != 1:
+        return None
+    name = candidates[0].targets[0].id
+    for sub in ast.walk(statement.value):  # loss = recon - kld, loss = -kld + recon
+        if (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and isinstance(sub.right, ast.Name)
+                and sub.right.id == name) or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub)
+                                              and isinstance(sub.operand, ast.Name) and sub.operand.id == name):
+            return None
+    if not any(isinstance(sub, ast.Name) and sub.id == name for sub in ast.walk(statement.value)):
+        return None  # the loss does not read it
+    return candidates[0].lineno, ast.unparse(candidates[0]).strip()
+
+
 def _is_cpu_device(node: ast.AST) -> bool:
     """``"cpu"``, ``"cpu:0"``, ``torch.device("cpu")``."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):

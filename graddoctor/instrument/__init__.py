@@ -24,6 +24,7 @@ from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
 from .losses import LossShapeWatcher
+from .lossterms import LossTermWatcher
 from .modes import ModeWatcher
 from .naming import ParamNamer
 from .optim import OptimizerWatcher
@@ -33,6 +34,7 @@ from .recorder import Recorder
 from .resets import ParamResetWatcher
 from .rng import RngSeedWatcher
 from .snapshots import SnapshotWatcher
+from .stopgrad import TargetGradWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .topics import (DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STEP_NORMS, STEPPED,
@@ -68,6 +70,14 @@ class Instrumentation:
         # functional dropout left on in eval mode; regression losses that broadcast;
         # classification losses given probabilities where logits or log-probabilities belong
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec), LossInputWatcher(rec)]
+        # loss targets that carry gradient into the input's parameters (target-not-detached)
+        targets = TargetGradWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)
+        self.watchers.append(targets)
+        # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
+        terms = LossTermWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
+        self.watchers.append(terms)
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
         self.watchers.append(FunctionalGradWatcher(rec))
         # the global RNG seeded (reseed-in-loop)

@@ -1,0 +1,196 @@
+"""Loss terms that make a loss unbounded below: ``-c * exp(v)`` or ``-c * v**2`` (c > 0) of a
+quantity ``v`` the optimizer can move without bound.
+
+A VAE's KL term with its sign flipped (``kld = 0.5 * sum(1 + logvar - mu**2 - logvar.exp())``
+added to the loss, or the right ``kld`` subtracted: ``loss = recon - kld``) holds ``-exp(logvar)``
+and ``-mu**2``: minimising it sends ``logvar`` and ``mu`` to infinity. The loss goes down
+"nicely" (towards minus infinity) until it overflows. A Gaussian log-likelihood written with
+the wrong sign (``loss = ((x - mu)**2).mean()`` negated) is the same thing.
+
+At a backward (the first ``_LOOKED`` of each backward line; ``describe_loss``) the loss's graph is
+walked from its root through the nodes that keep a term's sign known: sums and means, views,
+negations, additions and subtractions, products and quotients by a constant (a Python number,
+or a 0-d CPU tensor). A product of two computed tensors, a log, a clamp or any other node ends
+the walk there: nothing is said below it. An ``ExpBackward0`` reached with a negative sign, or a
+``PowBackward0`` of an even integer exponent (or ``x * x``), is such a term when its argument
+needs a gradient, reaches a tracked tensor (a parameter), and is no bounded op's output (a
+clamp, tanh, sigmoid, softmax, log-softmax: then the term is bounded). A ``loss_unbounded`` aside
+event names it, once per backward line.
+
+Cost: a walk of at most ``_NODES`` nodes of the loss's top (the terms' linear part), and below
+each term found a walk to its leaves; at the first backwards of a line only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import events as ev
+from .recorder import Recorder
+
+_LOOKED = 3  # backwards of each line looked at
+_LINES = 16  # backward lines looked at, at most
+_NODES = 256  # nodes of the linear top walked
+_LEAF_NODES = 20000  # nodes walked below a term to its leaves
+_KEEP = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Permute", "Transpose",
+         "TBackward", "Clone", "ToCopy", "Expand", "Alias", "Contiguous", "SumBackward",
+         "MeanBackward", "Select", "Slice", "Index", "Cat", "Stack", "Split", "Unbind", "Narrow")
+# ops whose output is bounded above (exp or square of it stays bounded below once negated)
+_BOUNDED = ("Clamp", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LogSigmoid", "Hardtanh", "Sin",
+            "Cos", "Erf", "Cumprod")
+
+
+def _sign_of(saved) -> float | None:
+    """The sign of a saved constant (a 0-d CPU tensor, or a number), else None."""
+    if isinstance(saved, (int, float)):
+        value = float(saved)
+    elif isinstance(saved, torch.Tensor) and saved.dim() == 0 and saved.device.type == "cpu":
+        value = float(saved.item())
+    else:
+        return None
+    return 1.0 if value > 0 else -1.0 if value < 0 else None
+
+
+def _children(node) -> list[tuple[int, object]]:
+    return [(i, child) for i, (child, _) in enumerate(node.next_functions) if child is not None]
+
+
+def _bounded(node) -> bool:
+    for _ in range(8):  # past views
+        if node is None:
+            return False
+        name = type(node).__name__
+        if name.startswith(_BOUNDED):
+            return True
+        if not name.startswith(_KEEP[:13]):
+            return False
+        children = _children(node)
+        if len(children) != 1:
+            return False
+        node = children[0][1]
+    return False
+
+
+def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]]:
+    """``[(term, node, argument node)]``: the exp and even-power terms the loss holds with a
+    negative sign (see the module's docs)."""
+    found = []
+    stack = [(root, 1.0)]
+    seen: set = set()
+    while stack:
+        node, sign = stack.pop()
+        if node is None or (node, sign) in seen:
+            continue
+        seen.add((node, sign))
+        if len(seen) > limit:
+            break
+        name = type(node).__name__
+        children = _children(node)
+        if name == "NegBackward0":
+            stack.extend((child, -sign) for _, child in children)
+        elif name.startswith(_KEEP):
+            stack.extend((child, sign) for _, child in children)
+        elif name in ("AddBackward0", "SubBackward0"):
+            alpha = _sign_of(getattr(node, "_saved_alpha", 1))
+            if alpha is None:
+                continue
+            for index, child in children:
+                flip = -alpha if (index == 1 and name == "SubBackward0") else (alpha if index == 1 else 1.0)
+                stack.append((child, sign * flip))
+        elif name in ("AddBackward1", "SubBackward1"):  # a tensor plus or minus a number
+            stack.extend((child, sign) for _, child in children)
+        elif name == "RsubBackward1":  # a number minus a tensor
+            stack.extend((child, -sign) for _, child in children)
+        elif name in ("MulBackward0", "DivBackward0"):
+            if len(children) == 2 and name == "MulBackward0" and children[0][1] is children[1][1]:
+                if sign < 0 and not _bounded(children[0][1]):
+                    found.append(("square", node, children[0][1]))
+                continue
+            if len(children) != 1:
+                continue  # a product of two computed tensors: its sign is not known
+            index, child = children[0]
+            if name == "DivBackward0" and index != 0:
+                continue
+            other = getattr(node, "_saved_other" if index == 0 else "_saved_self", None)
+            factor = _sign_of(other)
+            if factor is not None:
+                stack.append((child, sign * factor))
+        elif name == "MulBackward1" or name == "DivBackward1":  # by a Python number (some builds)
+            factor = _sign_of(getattr(node, "_saved_other", None))
+            if factor is not None:
+                stack.extend((child, sign * factor) for _, child in children)
+        elif sign < 0 and name == "ExpBackward0" and len(children) == 1:
+            if not _bounded(children[0][1]):
+                found.append(("exp", node, children[0][1]))
+        elif sign < 0 and name == "PowBackward0" and len(children) == 1:
+            exponent = getattr(node, "_saved_exponent", None)
+            if (isinstance(exponent, (int, float)) and exponent > 0 and float(exponent).is_integer()
+                    and int(exponent) % 2 == 0 and not _bounded(children[0][1])):
+                found.append(("square", node, children[0][1]))
+    return found
+
+
+def _leaves(node, limit: int) -> set:
+    seen: set = set()
+    leaves: set = set()
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > limit:
+            break
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            leaves.add(id(variable))
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return leaves
+
+
+class LossTermWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._looked: dict = {}  # backward location -> backwards looked at
+        self._done: set = set()
+
+    def describe_loss(self, tensors) -> dict:
+        looked = self._looked
+        if len(looked) >= _LINES and all(n >= _LOOKED for n in looked.values()):
+            return {}
+        if isinstance(tensors, (list, tuple)):
+            if len(tensors) != 1:
+                return {}
+            tensors = tensors[0]
+        root = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
+        if root is None:
+            return {}
+        try:
+            loc = self.rec.here()
+            seen = looked.get(loc, 0)
+            if seen >= _LOOKED or loc in self._done or (seen == 0 and len(looked) >= _LINES):
+                return {}
+            looked[loc] = seen + 1
+            self._judge(root, loc)
+        except Exception as exc:
+            self.rec.internal_error("loss_unbounded", exc)
+        return {}
+
+    def _judge(self, root, loc) -> None:
+        terms = negative_terms(root)
+        if not terms:
+            return
+        tensors = self.rec.tensors
+        for term, node, argument in terms:
+            common = _leaves(argument, _LEAF_NODES)
+            pids = sorted(pid for i in common
+                          if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
+            if not pids:
+                continue  # data, or tensors graddoctor does not track
+            self._done.add(loc)
+            self.rec.emit_aside(ev.loss_unbounded(term=term, op=type(node).__name__, params=pids[:64],
+                                                  line=getattr(loc, "line", None)), loc)
+            return
+
+    def install(self, patcher) -> None:
+        pass

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+
+_TERM = {"exp": "-exp(v)", "square": "-v**2"}
+
+
+class LossUnboundedBelow(Rule):
+    """
+    ## What it does
+    Finds a loss that holds a term `-c * exp(v)` or `-c * v**2` (c > 0) of a quantity `v` the
+    model computes: the classic is a VAE's KL term with its sign flipped
+    (`kld = 0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())` added to the loss, or the
+    right KL subtracted: `loss = recon - kld`). The loss's graph is walked from its root at the
+    first backwards, through sums, means, views, negations and products by constants, so the
+    sign of each exp or square term is known. It points at the loss's assignment (at the term's
+    line when the script has one line that computes such a term).
+
+    ## Why is this bad?
+    `-exp(v)` and `-v**2` go to minus infinity as `v` grows: the loss has no lower bound, and
+    the optimizer lowers it by sending `v` (a log-variance, a mean) to infinity instead of
+    fitting the data. The printed loss goes down nicely, then turns into `inf`/`nan`. For a VAE
+    the KL divergence is `0.5 * sum(mu**2 + exp(logvar) - 1 - logvar)`, which is never negative.
+
+    ## Example
+    ```python
+    kld = 0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+    loss = recon + kld
+    ```
+
+    ## Use instead
+    ```python
+    kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+    loss = recon + kld
+    ```
+
+    ## Stays silent on
+    The KL term with its minus sign; exp and squares with a positive sign (an exponential
+    rate, a squared error, a penalty); terms of data or of detached tensors; exp or squares of
+    bounded values (after a clamp, tanh, sigmoid, softmax or log-softmax); terms inside a product
+    of two computed tensors (a Gaussian likelihood's `(x - mu)**2 * exp(-logvar)`: their sign is
+    not followed) or under a log (`logsumexp`, an InfoNCE bound).
+    """
+
+    code = "GD246"
+    slug = "loss-unbounded-below"
+    severity = Severity.WARNING
+    summary = ("the loss holds a term -exp(v) or -v**2 of a model output: it has no lower "
+               "bound, and the optimizer sends v to infinity (a VAE's KL with its sign flipped)")
+    fix = "flip the sign of the term (a KL divergence is -0.5 * sum(1 + logvar - mu**2 - exp(logvar)))"
+
+    def check(self, a):
+        stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        for e in a.of_kind("loss_unbounded"):
+            pids = [pid for pid in e.get("params") or () if pid in stepped]
+            if not pids:
+                continue
+            term = e.get("term")
+            loc, text = e.loc, None
+            if loc is not None:
+                assigned = a.source.loss_assignment(loc.path, loc.line)
+                if assigned is not None:
+                    loc, text = Location(loc.path, assigned[0]), assigned[1]
+                    line = a.source.term_line(loc.path, loc.line, term)
+                    if line is not None:
+                        loc, text = Location(loc.path, line[0]), line[1]
+            said = f"`{text}`" if text else "the loss"
+            kind = "an exp" if term == "exp" else "a square"
+            yield self.finding(
+                f"the loss backpropagated here holds {kind} term with a negative sign "
+                f"({_TERM.get(term, term)}, through {said}), of a value the model computes from "
+                f"{a.names(pids)}: the loss has no lower bound, so the optimizer lowers it by "
+                f"sending that value to infinity instead of fitting the data (a VAE's KL term "
+                f"with its sign flipped does this: the KL divergence is never negative)",
+                loc, step=a.next_step_number(e.seq),
+                evidence={"term": term, "op": e.get("op"), "params": pids[:16]},
+                fix=("flip the sign of that term: the KL divergence of a diagonal Gaussian from "
+                     "N(0, 1) is -0.5 * sum(1 + logvar - mu**2 - exp(logvar)), and it is added "
+                     "to the loss"))

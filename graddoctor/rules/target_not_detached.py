@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule
+
+# what a user calls each loss
+_LOSS = {"mse_loss": "mse_loss", "l1_loss": "l1_loss", "smooth_l1_loss": "smooth_l1_loss",
+         "huber_loss": "huber_loss", "kl_div": "kl_div", "binary_cross_entropy": "binary_cross_entropy",
+         "binary_cross_entropy_with_logits": "binary_cross_entropy_with_logits",
+         "cross_entropy": "cross_entropy (probability targets)"}
+
+
+class TargetNotDetached(Rule):
+    """
+    ## What it does
+    Finds a loss whose *target* is computed by the model being trained and still carries its
+    gradient: `F.smooth_l1_loss(q(s).gather(1, a), r + gamma * q(s2).max(1)[0])` (a DQN target
+    built without `torch.no_grad()`), `F.kl_div(log_softmax(model(x_strong)),
+    softmax(model(x_weak)))` (a pseudo-label that is not detached), `mse(pred, encoder(next_x))`.
+    It looks at `mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`, `kl_div`,
+    `binary_cross_entropy(_with_logits)` and `cross_entropy` with probability targets (their
+    `nn` modules too) on the first calls: the target needs a gradient, and its graph reaches
+    parameters that an optimizer steps and that the input's graph reaches too. It points at the
+    loss call.
+
+    ## Why is this bad?
+    A target is what the prediction should move to. When its gradient is kept, each step also
+    moves the target towards the prediction: a Q-network's bootstrapped target drifts with every
+    update (the "residual gradient" that learns far more slowly and to another fixed point), a
+    pseudo-label collapses to whatever the model predicts most easily, a latent target shrinks
+    to a constant. Nothing fails and the loss goes down; the model is just not trained towards
+    the targets the algorithm assumes.
+
+    ## Example
+    ```python
+    q_sa = q_net(s).gather(1, a).squeeze(1)
+    target = r + gamma * q_net(s2).max(1)[0]
+    loss = F.smooth_l1_loss(q_sa, target)
+    ```
+
+    ## Use instead
+    ```python
+    q_sa = q_net(s).gather(1, a).squeeze(1)
+    with torch.no_grad():
+        target = r + gamma * q_net(s2).max(1)[0]
+    loss = F.smooth_l1_loss(q_sa, target)
+    ```
+
+    ## Stays silent on
+    Targets that are data or detached (`.detach()`, `torch.no_grad()`); a target network or
+    teacher the optimizer does not step (a copy, an EMA); symmetric consistencies that train both
+    sides on purpose: a Π-model's `mse(softmax(f(x1)), softmax(f(x2)))` (like outputs of one
+    shape), R-Drop's `kl(p1 || p2) + kl(p2 || p1)` (the pair both ways round); a Jensen-Shannon
+    term whose input is made from its targets (AugMix's mixture); two separate models distilling
+    each other (no parameter in common); cosine or contrastive losses (no target argument: not
+    looked at).
+    """
+
+    code = "GD245"
+    slug = "target-not-detached"
+    severity = Severity.WARNING
+    summary = ("a loss's target is computed by the model being trained and keeps its gradient: "
+               "each step also moves the target towards the prediction")
+    fix = "compute the target under torch.no_grad() or pass target.detach()"
+
+    def check(self, a):
+        stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        for e in a.of_kind("target_grad"):
+            pids = [pid for pid in e.get("params") or () if pid in stepped]
+            if not pids:
+                continue  # the target reaches tensors no optimizer steps
+            fn = _LOSS.get(e.get("fn"), e.get("fn"))
+            yield self.finding(
+                f"the target given to {fn} here is computed by the model being trained and keeps "
+                f"its gradient: the loss's gradient flows into {a.names(pids)} through the target "
+                f"as well as through the input, so each step also moves the target towards the "
+                f"prediction (a bootstrapped or pseudo-label target then chases the model). If "
+                f"both sides are meant to train (a symmetric consistency), nothing is wrong; "
+                f"otherwise detach the target",
+                e.loc, step=a.next_step_number(e.seq),
+                evidence={"function": e.get("fn"), "params": pids[:16],
+                          "input_op": e.get("input_op"), "target_op": e.get("target_op")},
+                fix=("compute the target without gradient: wrap its computation in "
+                     "`with torch.no_grad():` or pass `target.detach()` to the loss"))

@@ -1,0 +1,80 @@
+"""loss-unbounded-below (GD246): the signed walk of instrument/lossterms.py, the source lookup
+of the term's line, and the rule over hand-written traces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graddoctor import events as ev
+from graddoctor.analysis.source import term_line
+from graddoctor.instrument.lossterms import negative_terms
+from rule_traces import builder, findings, only
+
+SLUG = "loss-unbounded-below"
+
+MU = torch.randn(4, 3, requires_grad=True)
+LV = torch.randn(4, 3, requires_grad=True)
+X = torch.randn(4, 3)
+
+
+def _terms(loss):
+    return sorted(term for term, _node, _arg in negative_terms(loss.grad_fn))
+
+
+@pytest.mark.parametrize("loss, terms", [
+    (lambda: 0.5 * torch.sum(1 + LV - MU.pow(2) - LV.exp()), ["exp", "square"]),
+    (lambda: X.sum() - (-0.5 * torch.sum(1 + LV - MU ** 2 - torch.exp(LV))), ["exp", "square"]),
+    (lambda: -((X - MU) ** 2).mean(), ["square"]),
+    (lambda: (X - MU * MU).mean(), ["square"]),
+    (lambda: torch.mean(-torch.exp(LV), dim=0).sum() / 2, ["exp"]),
+])
+def test_negative_exp_and_square_terms_are_found(loss, terms):
+    assert _terms(loss()) == terms
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: -0.5 * torch.sum(1 + LV - MU.pow(2) - LV.exp()),  # the KL, right sign
+    lambda: (0.5 * LV + 0.5 * (X - MU) ** 2 * torch.exp(-LV)).mean(),  # a product: not followed
+    lambda: (torch.exp(LV) - X * LV).mean(),  # a Poisson loss
+    lambda: -torch.exp(torch.tanh(LV)).mean(),  # bounded
+    lambda: -torch.exp(LV.clamp(max=2)).mean(),
+    lambda: -torch.logsumexp(-MU ** 2, 1).mean(),  # under a log
+    lambda: -(MU ** 3).mean(),  # an odd power: not a square
+])
+def test_bounded_or_unknown_terms_are_not(loss):
+    assert _terms(loss()) == []
+
+
+def test_the_terms_line_is_found_unless_the_loss_negates_it(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "for step in range(3):\n"
+        "    z = mu + eps * torch.exp(0.5 * logvar)\n"
+        "    kld = 0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())\n"
+        "    loss = bce + kld\n"
+        "    other = bce - kld\n"
+        "    third = bce + kld + (x ** 2).sum()\n")
+    # two lines compute an exp: no single line
+    assert term_line(str(script), 4, "exp") is None
+    assert term_line(str(script), 4, "square") == (3, "kld = 0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())")
+    assert term_line(str(script), 5, "square") is None  # bce - kld: the loss's line flips it
+    assert term_line(str(script), 6, "square") is None  # the square is in the loss's own line
+
+
+def _trace(params):
+    t = builder(params=[0, 1])
+    t.clear([0, 1], line=10)
+    t.put(ev.loss_unbounded(term="exp", op="ExpBackward0", params=list(params), line=11), line=11)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    return t
+
+
+def test_the_rule_warns_when_the_terms_parameters_are_stepped():
+    f = only(_trace([1]), SLUG)
+    assert f.location.line == 11 and f.evidence == {"term": "exp", "op": "ExpBackward0", "params": [1]}
+
+
+def test_the_rule_is_silent_on_tensors_no_optimizer_steps():
+    assert findings(_trace([7]), SLUG) == []
