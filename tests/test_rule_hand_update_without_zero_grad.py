@@ -176,3 +176,31 @@ def test_after_a_step_a_gradient_zeroed_through_data_is_a_clear_and_one_kept_acc
 
     assert verdicts(through_data) == [([], []), ([], [0, 1]), ([], [0, 1])]
     assert verdicts(lambda model: None) == [([], []), ([0, 1], []), ([0, 1], [])]
+
+
+def test_a_change_that_does_not_follow_the_gradient_applied_nothing():
+    """A tensor copied from another (a target network reloaded from the model it serves) or
+    moved at random changed, but no update applied its gradient: its grads summing up is
+    wasted work, not a wrong update."""
+    source = torch.randn(3, 1)
+
+    def reload(w):
+        with torch.no_grad():
+            w.copy_(source + 0.1 * torch.randn(3, 1))
+
+    assert _record(_linear_fit(reload)) == [None] * 6
+
+    def ascend(w):  # an attack's ascent applies its gradient too
+        with torch.no_grad():
+            w += 0.1 * w.grad.sign()
+    assert _record(_linear_fit(ascend)) == [None, None, [0], [0], [0], [0]]
+
+
+def test_follows_gradients_measures_the_cosine_of_the_change_with_the_gradient():
+    from graddoctor.instrument.backward import _follows_gradients
+
+    g = torch.randn(64)
+    assert _follows_gradients([(-0.1 * g, g)])  # SGD
+    assert _follows_gradients([(-0.01 * g.sign(), g)])  # sign / Adam-like
+    assert not _follows_gradients([(torch.randn(64, generator=torch.Generator().manual_seed(3)), g)])
+    assert _follows_gradients([(torch.zeros(64), g)])  # nothing to judge by: as before

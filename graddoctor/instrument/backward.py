@@ -159,6 +159,32 @@ def _cpu_norms(tensors: list) -> list:
     return norms
 
 
+_SAMPLE = 64  # values per tensor compared with its gradient (hand-written updates)
+_FOLLOWS = 0.45  # |cosine| of a change with the gradient it applied: hand-written SGD ~1, Adam ~0.65;
+# a target network copied from the model it serves ~0.2-0.3 (their gradients are related)
+
+
+def _sample(tensor) -> Tensor | None:
+    """A copy of the first values of a CPU tensor (its change is compared with its grad)."""
+    if tensor.device.type != "cpu" or not tensor.is_floating_point() \
+            or tensor.layout != torch.strided:
+        return None
+    with torch.no_grad():
+        return tensor.detach().reshape(-1)[:_SAMPLE].float().clone()
+
+
+def _follows_gradients(moves: list[tuple]) -> bool:
+    """Whether the changes of the tensors (together) lie along or against the gradients they
+    held: descent, or an attack's ascent; a copy from another model does neither."""
+    with torch.no_grad():
+        change = torch.cat([m[0] for m in moves])
+        grad = torch.cat([m[1] for m in moves])
+        scale = float(change.norm()) * float(grad.norm())
+        if scale == 0.0 or not math.isfinite(scale):
+            return True  # nothing to tell by: as before
+        return abs(float(change @ grad)) / scale >= _FOLLOWS
+
+
 def _moved(before: float | None, now: float | None) -> bool:
     """Two norms of one tensor tell it changed (NaN stays NaN; unknown tells nothing)."""
     return (before is not None and now is not None and before != now
@@ -312,7 +338,8 @@ class BackwardWatcher:
         # tracked tensors no optimizer owns (a hand-written update's): pid -> (version, norm or
         # None) of the tensor when a backward last wrote its grad (see _hand_updates)
         self._owned = optimizers.owned_pids()
-        self._marks: dict[int, tuple[int, float | None]] = {}
+        # pid -> (version, norm, value sample, grad sample) after the last backward writing it
+        self._marks: dict[int, tuple] = {}
         self._direction = HandStepDirection()  # which way the first hand-written updates go
         self._step_cosine: float | None = None
         self._steps_at_backward = 0  # rec.progress.steps when the latest backward ended
@@ -489,14 +516,26 @@ class BackwardWatcher:
         marks, kept = self._marks, set(kept)
         updated: list[int] = []
         applied: list[int] = []
+        moves: list[tuple] = []  # (the value change, the grad it followed) of applied tensors
         for i, norm in zip(chosen, norms):
-            pid, version = pids[i], tensors[i]._version
+            tensor = tensors[i]
+            pid, version = pids[i], tensor._version
             mark = marks.get(pid)
+            values = _sample(tensor) if norm is not None else None
             if mark is not None and (version != mark[0] or _moved(mark[1], norm)):
                 updated.append(pid)
                 if i in kept:
                     applied.append(pid)
-            marks[pid] = (version, norm)
+                    if values is not None and mark[2] is not None and mark[3] is not None \
+                            and values.shape == mark[2].shape == mark[3].shape:
+                        moves.append((values - mark[2], mark[3]))
+            grad = tensor.grad
+            marks[pid] = (version, norm, values,
+                          _sample(grad) if values is not None and isinstance(grad, Tensor) else None)
+        if applied and moves and len(moves) == len(applied) and not _follows_gradients(moves):
+            # the tensors changed, but not along the gradients they held (a target network
+            # loaded from or blended toward another model): no update applied them
+            applied = []
         if not self._direction.done:  # the first hand-written updates: which way they go
             self._step_cosine = self._direction.observe(
                 [pids[i] for i in chosen], [tensors[i] for i in chosen], set(updated))

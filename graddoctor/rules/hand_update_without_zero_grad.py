@@ -47,7 +47,11 @@ class HandUpdateWithoutZeroGrad(Rule):
     `model.zero_grad()`); several backwards accumulated between two hand-written updates;
     gradients summed over many backwards without any update (a Fisher or saliency estimate); a
     gradient rescaled in place on purpose after the update (`p.grad.mul_(beta)`: a hand-written
-    momentum); tensors an optimizer owns (`missing-zero-grad` checks those). Gradients on an
+    momentum); tensors changed but not along the gradients they held (a target network reloaded
+    from or blended toward the model it serves, its target computed without `no_grad`: its
+    gradients sum up unused; the change's cosine with the gradient, on a sample of values, must
+    be 0.45 or more either way, so an attack's ascent counts); tensors an optimizer owns
+    (`missing-zero-grad` checks those). Gradients on an
     accelerator are not read (that would synchronise the host): reported on the CPU only
     (`--emulate-cuda` runs a GPU script's path there).
     """
