@@ -153,6 +153,11 @@ dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout
                    "unregistered" (an nn.Dropout in train mode that is no submodule of the
                    eval-mode module calling it: built in forward, or held in a plain list) —
                    the first such call of each call line (loc: that call)
+advantage_grad     params [pid] (optimizer-owned parameters the weight reaches and the
+                   log-probability does not) — a loss at one of the first 3 backwards after a
+                   ``torch.distributions`` log_prob holds a product of a log-probability and a
+                   weight that carries gradient (an advantage not detached), once per backward
+                   line (loc: the backward; an aside; instrument/policygrad.py)
 output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activation (sigmoid |
                    tanh | softmax | relu | softplus | exp: what made the prediction), low, high
                    (its range; high None: unbounded), outside (the share of the targets outside
@@ -412,7 +417,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``norm_arguments``, ``output_range`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``norm_arguments``, ``output_range``, ``advantage_grad`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -644,6 +649,10 @@ def output_range(*, fn: str, activation: str, low: float, high: float | None, ou
                             "target_high": target_high}
 
 
+def advantage_grad(*, params: list[int]) -> Made:
+    return "advantage_grad", {"params": params}
+
+
 def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,
                low: float | None = None, high: float | None = None) -> Made:
     data = {"fn": fn, "problem": problem, "classes": classes, "normalised": normalised}
@@ -845,7 +854,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range,
+    "output_range": output_range, "advantage_grad": advantage_grad,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -864,7 +873,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "norm_arguments",
-                         "output_range", "target_grad", "loss_unbounded"})
+                         "output_range", "target_grad", "loss_unbounded", "advantage_grad"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

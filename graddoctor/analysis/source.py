@@ -76,6 +76,9 @@ class ScriptSource:
     def loss_assignment(self, path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
         return loss_assignment(self.full(path), line, framework)
 
+    def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
+        return advantage_line(self.full(path), line)
+
     def calls_named(self, path: str, names) -> list[tuple[int, str, bool]]:
         return calls_named(self.full(path), frozenset(names))
 
@@ -736,6 +739,31 @@ def calls_named(path: str, names: frozenset) -> list[tuple[int, str, bool]]:
 
     visit(tree, False)
     return sorted(found)
+
+
+def advantage_line(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the last assignment above ``line`` (a backward), in its function, to
+    a name that says it is an advantage or a temporal-difference error (``adv``,
+    ``advantage(s)``, ``delta``, ``td_error``), made by a subtraction; None when there is none."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and (scope is tree or node.lineno >= scope.lineno):
+            scope = node
+    best = None
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and node.lineno < line and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) \
+                and any(w in node.targets[0].id.lower() for w in ("adv", "delta", "td_err")) \
+                and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub)
+                        for n in ast.walk(node.value)) \
+                and (best is None or node.lineno > best.lineno):
+            best = node
+    return (best.lineno, ast.unparse(best).strip()) if best is not None else None
 
 
 def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:

@@ -29,6 +29,7 @@ from .modes import ModeWatcher
 from .naming import ParamNamer
 from .optim import OptimizerWatcher
 from .patcher import Patcher
+from .policygrad import AdvantageGradWatcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .resets import ParamResetWatcher
@@ -74,6 +75,10 @@ class Instrumentation:
         targets = TargetGradWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)
         self.watchers.append(targets)
+        # policy-gradient weights that carry gradient into other parameters (advantage-not-detached)
+        advantages = AdvantageGradWatcher(rec, self.optimizers.owned_pids())
+        rec.subscribe(DESCRIBE_LOSS, advantages.describe_loss)
+        self.watchers.append(advantages)
         # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)

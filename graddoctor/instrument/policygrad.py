@@ -1,0 +1,162 @@
+"""Policy-gradient losses whose weight on the log-probability carries gradient into other
+parameters: an advantage (or baseline, or return) not detached.
+
+``-(dist.log_prob(action) * (returns - value))`` with ``value`` from the critic: the actor's
+loss also trains the critic, along ``log_prob``, which has nothing to do with how well the value
+predicts the return. The advantage is meant as a constant weight (``.detach()``, ``.item()``).
+
+``log_prob`` of ``torch.distributions``' classes is wrapped: each call notes its result's
+autograd node (one set insertion; the set is emptied at every backward). At the first
+``_WINDOWS`` backwards of a line that follow log-probabilities (``describe_loss``), the loss's
+graph is walked
+(a node budget) for products of two computed factors of which one has a noted log-probability
+a few levels down and the other none; the parameters the other factor reaches and the
+log-probability does not, among those an optimizer owns, make an ``advantage_grad`` aside
+event at the backward's line. A weight that reaches no such parameter is left alone: a
+detached advantage, an entropy's ``probs * log_prob`` (the same parameters), a temperature
+the optimizer does not own.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import torch.distributions as D
+
+from .. import events as ev
+from .recorder import Recorder
+
+_WINDOWS = 3  # backwards with log-probabilities judged per backward line
+_LINES = 16  # backward lines judged at most
+_NODES = 20000  # nodes walked from a loss, and from each factor
+_NEAR = 6  # levels below a factor searched for a log-probability (a negation, a sum, a stack)
+_NOTED = 4096  # log-probability nodes noted at most between two backwards
+
+
+def _distributions() -> list[type]:
+    """torch's distribution classes that define their own ``log_prob``."""
+    found = []
+    for value in vars(D).values():
+        if inspect.isclass(value) and issubclass(value, D.Distribution) \
+                and "log_prob" in vars(value) and value is not D.Distribution:
+            found.append(value)
+    return found
+
+
+def _children(node) -> list:
+    return [child for child, _ in node.next_functions if child is not None]
+
+
+def _leaves(root) -> set | None:
+    seen: set = set()
+    leaves: set = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > _NODES:
+            return None
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            leaves.add(id(variable))
+        stack.extend(_children(node))
+    return leaves
+
+
+class AdvantageGradWatcher:
+    def __init__(self, rec: Recorder, owned):
+        self.rec = rec
+        self.owned = owned  # OptimizerWatcher.owned_pids(): a read-only live view
+        self._judged: dict = {}  # backward line -> its backwards judged
+        self._noted: set = set()  # autograd nodes of log-probabilities since the last backward
+        self._done: set = set()  # backward lines recorded
+
+    def _wrap(self, original):
+        watcher = self
+
+        @functools.wraps(original)
+        def log_prob(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if len(watcher._noted) < _NOTED:
+                node = getattr(result, "grad_fn", None)
+                if node is not None:
+                    watcher._noted.add(node)
+            return result
+
+        return log_prob
+
+    def _near(self, node) -> bool:
+        level, seen = [node], set()
+        for _ in range(_NEAR):
+            following = []
+            for item in level:
+                if item in self._noted:
+                    return True
+                if item in seen:
+                    continue
+                seen.add(item)
+                following.extend(_children(item))
+            level = following
+        return False
+
+    def describe_loss(self, tensors) -> dict:
+        if not self._noted:
+            return {}
+        try:
+            loc = self.rec.here()
+            judged = self._judged.get(loc, 0)
+            if judged < _WINDOWS and (judged or len(self._judged) < _LINES):
+                self._judged[loc] = judged + 1
+                self._judge(tensors, loc)
+        except Exception as exc:
+            self.rec.internal_error("advantage_grad", exc)
+        finally:
+            self._noted = set()
+        return {}
+
+    def _judge(self, tensors, loc) -> None:
+        items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+        roots = [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        seen: set = set()
+        stack = list(roots)
+        found: set = set()
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            if len(seen) > _NODES:
+                return
+            children = _children(node)
+            stack.extend(children)
+            if type(node).__name__ != "MulBackward0" or len(children) != 2:
+                continue
+            a, b = children
+            near_a, near_b = self._near(a), self._near(b)
+            if near_a == near_b:
+                continue  # no log-probability, or one on both sides (an entropy's p * log p)
+            logp, weight = (a, b) if near_a else (b, a)
+            weight_leaves, logp_leaves = _leaves(weight), _leaves(logp)
+            if weight_leaves is None or logp_leaves is None:
+                continue
+            found.update(weight_leaves - logp_leaves)
+        if not found:
+            return
+        tensors_ = self.rec.tensors
+        owned = self.owned
+        pids = sorted(pid for i in found if (pid := tensors_.number.get(i)) is not None
+                      and pid in owned and id(tensors_.refs[pid]()) == i)
+        if not pids:
+            return
+        if loc is None or loc in self._done:
+            return
+        self._done.add(loc)
+        self.rec.emit_aside(ev.advantage_grad(params=pids[:64]), loc)
+
+    def install(self, patcher) -> None:
+        for cls in _distributions():
+            patcher.patch(cls, "log_prob", self._wrap(vars(cls)["log_prob"]))
