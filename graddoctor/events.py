@@ -343,6 +343,16 @@ symmetric_units    opt, params [pid] (stepped parameters whose rows are all equa
                    count: its units), step (the optimizer's step
                    after which they were compared) — a layer whose units stayed copies of each
                    other (loc: that step; an aside)
+step_edit          opt, steps [int] (the run's step count at each measurement), back [float|None]
+                   (per measured update: the cosine between the change the script's own code made
+                   to the optimizer's parameters before its next step, Δh, and minus the change
+                   the step made, -Δs: 1 when the edit takes the update back; None when nothing
+                   changed them), share [float] (|Δh| / |Δs|), home [float|None] (the cosine
+                   between Δh and the way back to their values before the optimizer's first
+                   step), home_share [float|None] (|Δh| over the distance to those values) —
+                   the optimizer's first ``undo.MEASURED`` updates of CPU parameters, sampled;
+                   only when some edit changed them (loc: the step after the last measured
+                   update; an aside; instrument/undo.py)
 snapshot_alias     via ("load_state_dict" | "torch.save"), taken ([path, line, function] of the
                    user's outermost ``Module.state_dict()`` call that made the dict's tensors),
                    params [pid] (optimizer-owned parameters whose live storage those tensors
@@ -732,6 +742,12 @@ def symmetric_units(*, opt: int, params: list[int], rows: list[int], step: int) 
     return "symmetric_units", {"opt": opt, "params": params, "rows": rows, "step": step}
 
 
+def step_edit(*, opt: int, steps: list[int], back: list, share: list, home: list,
+              home_share: list) -> Made:
+    return "step_edit", {"opt": opt, "steps": steps, "back": back, "share": share, "home": home,
+                         "home_share": home_share}
+
+
 def param_created(*, owner: str, attr: str, params: list[int], step: int) -> Made:
     return "param_created", {"owner": owner, "attr": attr, "params": params, "step": step}
 
@@ -862,6 +878,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
+    "step_edit": step_edit,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -873,7 +890,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "norm_arguments",
-                         "output_range", "target_grad", "loss_unbounded", "advantage_grad"})
+                         "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

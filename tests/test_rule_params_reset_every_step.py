@@ -62,3 +62,77 @@ def test_the_watcher_records_owned_parameters_set_back_after_the_first_step():
                       ("torch.nn.init.zeros_", bias, None),
                       ("load_state_dict", [0, 1], [0, [0, 0]])]
     assert torch.equal(model.weight.detach(), saved["weight"])  # the script's own calls ran
+
+
+# -- hand edits between steps that take the update back (step_edit, instrument/undo.py) ---------
+
+def _edited(back, share, home=None, home_share=None, steps=6):
+    n = len(back)
+    t = builder()
+    for _ in range(steps):
+        t.backward(fresh=P, line=8)
+        t.step(line=9)
+    t.put(ev.step_edit(opt=0, steps=list(range(1, n + 1)), back=back, share=share,
+                       home=home if home is not None else [None] * n,
+                       home_share=home_share if home_share is not None else [None] * n), line=9)
+    return t
+
+
+def test_an_edit_that_takes_every_update_back_is_an_error():
+    f = only(_edited([1.0] * 4, [0.999] * 4, [1.0] * 4, [0.999] * 4), SLUG)
+    assert f.severity is Severity.ERROR and "undone" in f.message
+    assert f.evidence["via"] == "hand edit" and f.evidence["steps"] == 4
+
+
+def test_an_edit_that_pulls_back_to_the_initial_values_by_a_fixed_share_is_a_warning():
+    f = only(_edited([1.0, 0.95, 0.8, 0.55], [0.01, 0.012, 0.035, 0.04], [1.0] * 4, [0.01] * 4),
+             SLUG)
+    assert f.severity is Severity.WARNING and "1.00%" in f.message and "100 steps" in f.message
+
+
+def test_silent_on_edits_that_keep_the_update():
+    # WGAN clipping: a part of each update taken back, along the step (back == share ~ 0.7)
+    assert findings(_edited([0.18, 0.77, 0.75, 0.78], [36.8, 0.77, 0.75, 0.78],
+                            [0.18, -0.44, -0.45, -0.48], [36.8, 0.006, 0.005, 0.005]), SLUG) == []
+    # Lookahead every 2 steps: some updates without an edit
+    assert findings(_edited([None, 0.99, None, 0.99], [0.0, 0.95, 0.0, 0.95],
+                            [None, 1.0, None, 0.97], [None, 0.5, None, 0.34]), SLUG) == []
+    # half of each update taken back (federated averaging, Lookahead with k=1): it still trains
+    assert findings(_edited([1.0] * 4, [0.5] * 4), SLUG) == []
+    # too few updates measured
+    assert findings(_edited([1.0] * 2, [1.0] * 2), SLUG) == []
+
+
+def test_a_reset_reported_from_its_call_is_not_reported_again_from_the_values():
+    t = _loop()
+    t.put(ev.step_edit(opt=0, steps=[1, 2, 3, 4], back=[1.0] * 4, share=[1.0] * 4,
+                       home=[1.0] * 4, home_share=[1.0] * 4), line=9)
+    assert only(t, SLUG).location.line == 7
+
+
+def _measure(edit, steps=6):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        start = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(8, 3)).pow(2).mean().backward()
+            opt.step()
+            with torch.no_grad():
+                for p, p0 in zip(model.parameters(), start):
+                    edit(p, p0)
+    return [dict(e.data) for e in rec.trace.of_kind("step_edit")]
+
+
+def test_the_watcher_measures_the_edits_of_the_first_updates_by_value():
+    restored = _measure(lambda p, p0: p.data.copy_(p0))  # through .data: no version moves
+    assert len(restored) == 1 and len(restored[0]["back"]) == 4
+    assert all(b > 0.999 for b in restored[0]["back"]) and all(s > 0.999 for s in restored[0]["share"])
+    halfway = _measure(lambda p, p0: p.lerp_(p0, 0.5))
+    assert all(abs(s - 0.5) < 1e-6 for s in halfway[0]["home_share"])
+    assert all(h > 0.999 for h in halfway[0]["home"])
+    assert _measure(lambda p, p0: None) == []  # no edit: nothing recorded
+    assert _measure(lambda p, p0: p.data.copy_(p0), steps=3) == []  # too few updates

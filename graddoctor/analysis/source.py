@@ -84,6 +84,10 @@ class ScriptSource:
 
     def term_line(self, path: str, line: int, term: str) -> tuple[int, str] | None:
         return term_line(self.full(path), line, term)
+
+    def param_writes(self, path: str) -> list[tuple[int, str, str, str | None]]:
+        return param_writes(self.full(path))
+
     def moves_to_host(self, path: str, line: int) -> bool | None:
         return moves_to_host(self.full(path), line)
 
@@ -943,3 +947,85 @@ def moves_to_host(path: str, line: int) -> bool | None:
                for n in ast.walk(later)):
             return False
     return False
+
+
+# in-place tensor methods that write a tensor's values (a parameter edited by hand)
+_WRITES = frozenset({"copy_", "lerp_", "mul_", "add_", "sub_", "div_", "clamp_", "clamp_min_",
+                     "clamp_max_", "clip_", "fill_", "zero_", "addcmul_", "addcdiv_", "set_",
+                     "normal_", "uniform_", "renorm_", "load_state_dict"})
+
+
+def _written(call: ast.Call) -> ast.AST | None:
+    """The tensor an in-place method chain writes (``p`` in ``p.data.mul_(d).add_(q)``), or
+    None for a call that writes nothing of ours."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr in _WRITES):
+        return None
+    target = func.value
+    while (isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute)
+           and target.func.attr in _WRITES):
+        target = target.func.value
+    return target
+
+
+def _chain(node: ast.AST) -> list[str]:
+    """``p.data`` -> ["p", "data"]; subscripts and calls are passed over."""
+    parts = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif isinstance(node, (ast.Subscript, ast.Call)):
+            node = node.value if isinstance(node, ast.Subscript) else node.func
+        else:
+            break
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return parts[::-1]
+
+
+def _bindings(target: ast.AST, source: ast.AST, out: dict) -> None:
+    """Each name a ``for`` target binds, with the text of what it iterates: ``for p, e in
+    zip(a.parameters(), b.parameters())`` binds p to ``a.parameters()``."""
+    if isinstance(target, ast.Name):
+        out[target.id] = ast.unparse(source)
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        if (isinstance(source, ast.Call) and getattr(source.func, "id", None) == "zip"
+                and len(source.args) == len(target.elts)):
+            for elt, arg in zip(target.elts, source.args):
+                _bindings(elt, arg, out)
+        else:
+            for elt in target.elts:
+                _bindings(elt, source, out)
+
+
+def param_writes(path: str) -> list[tuple[int, str, str, str | None]]:
+    """The statements of ``path`` that write a tensor's values in place by hand, as ``(line,
+    root name, source text, what a loop binds the root to or None)``: in-place methods
+    (``p.copy_(p0)``, ``p.data.mul_(d).add_(e, alpha=1 - d)``, ``model.load_state_dict(s)``) and
+    ``x.data = ...`` assignments, never on a ``.grad``. Empty when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            _bindings(node.target, node.iter, bound)
+    found = []
+    for node in ast.walk(tree):
+        target = None
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            target = _written(node.value)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            t = node.targets[0]
+            if isinstance(t, ast.Subscript):
+                t = t.value
+            if isinstance(t, ast.Attribute) and t.attr == "data":
+                target = t.value
+        if target is None:
+            continue
+        chain = _chain(target)
+        if not chain or "grad" in chain:
+            continue
+        found.append((node.lineno, chain[0], ast.unparse(node).strip(), bound.get(chain[0])))
+    return sorted(found)

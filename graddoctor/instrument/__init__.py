@@ -38,10 +38,11 @@ from .snapshots import SnapshotWatcher
 from .stopgrad import TargetGradWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
-from .topics import (DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STEP_NORMS, STEPPED,
-                     STEPPED_WITHOUT_GRAD)
+from .topics import (DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STEP_BEGINS,
+                     STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
 from .symmetry import SymmetryWatcher
+from .undo import StepEditWatcher
 from .warnsource import WarningSource
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
@@ -108,6 +109,11 @@ class Instrumentation:
         symmetry = SymmetryWatcher(rec)
         rec.subscribe(STEPPED, symmetry.after_step)
         self.watchers.append(symmetry)
+        # hand edits between steps that undo the update (params-reset-every-step)
+        edits = StepEditWatcher(rec)
+        rec.subscribe(STEP_BEGINS, edits.before_step)
+        rec.subscribe(STEPPED, edits.after_step)
+        self.watchers.append(edits)
         # where the parameters that never get a gradient are used (param-without-grad)
         self.idle = IdleParamWatcher(rec)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)

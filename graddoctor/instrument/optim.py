@@ -26,7 +26,8 @@ from torch.optim.optimizer import (
 from .. import events as ev
 from .gradstate import Tensor, grads_of, local, tensors_of, version
 from .recorder import Recorder
-from .topics import FREEZE_OF, PARAMS_ADDED, STEP_GRADS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD
+from .topics import (FREEZE_OF, PARAMS_ADDED, STEP_BEGINS, STEP_GRADS, STEP_NORMS, STEPPED,
+                     STEPPED_WITHOUT_GRAD)
 
 _requires_grad = attrgetter("requires_grad")
 _version = attrgetter("_version")
@@ -431,6 +432,7 @@ class OptimizerWatcher:
         self._stepped_without_grad = rec.subscribers(STEPPED_WITHOUT_GRAD)
         self._step_grads = rec.subscribers(STEP_GRADS)  # only when a picture is asked for
         self._step_norms = rec.subscribers(STEP_NORMS)
+        self._step_begins = rec.subscribers(STEP_BEGINS)
         self._params_added = rec.subscribers(PARAMS_ADDED)
         self._freeze_of = rec.subscribers(FREEZE_OF)
         self._normed: set[int] = set()  # optimizers whose first update carried norms
@@ -620,6 +622,8 @@ class OptimizerWatcher:
                         subscriber(norm_pids, norms)
                 for subscriber in self._step_grads:
                     subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
+                for subscriber in self._step_begins:
+                    subscriber(opt, optimizer)
             moved = self._moves.moved()
             loc = rec.here(3)
             self._began = (wrapper_frame, optimizer, opt, loc)

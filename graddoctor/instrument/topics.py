@@ -36,6 +36,10 @@ STEP_GRADS: Topic[Callable[[int, Any, dict, "list[int] | None", "list[float] | N
     "(opt, optimizer, by_device, norm_pids, norms) before each optimizer step that is not a "
     "closure step: its dense gradients by device {device: ([pid], [grad])} and their norms "
     "when it measured them (else None)")
+STEP_BEGINS: Topic[Callable[[int, Any], None]] = Topic(
+    "step_begins", "OptimizerWatcher",
+    "(opt, optimizer) before each outermost optimizer step that is not a closure step, before "
+    "its parameters change")
 STEP_NORMS: Topic[Callable[["list[int]", "list[float]"], None]] = Topic(
     "step_norms", "OptimizerWatcher",
     "(norm_pids, norms) before each optimizer step whose gradient norms it measured (host floats)")
@@ -65,6 +69,6 @@ STATE_LOADED: Topic[Callable[[Any, Any], None]] = Topic(
     "(module, state_dict) before the user's outermost Module.load_state_dict runs (the method "
     "has one wrapper, the reset watcher's)")
 
-TOPICS: tuple[Topic, ...] = (PARAMS_ADDED, STEPPED, STEP_GRADS, STEP_NORMS, STEPPED_WITHOUT_GRAD,
+TOPICS: tuple[Topic, ...] = (PARAMS_ADDED, STEPPED, STEP_GRADS, STEP_BEGINS, STEP_NORMS, STEPPED_WITHOUT_GRAD,
                              DESCRIBE_LOSS, LEAF_TRACKED, FREEZE_OF, COUNTED_STEP, BUDGET_HOLD,
                              STATE_LOADED)

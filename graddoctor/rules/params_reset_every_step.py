@@ -1,7 +1,19 @@
 from __future__ import annotations
 
+import ast
+import re
+
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule, related
+
+# a step_edit (instrument/undo.py) whose every measured update was taken back: the edit's
+# change points against the step's (cosine) and is nearly as long
+_BACK = 0.97
+_SHARE = 0.9
+# ... or pulled back toward the values before the first step by a fixed share of the way
+_HOME = 0.99
+_MEASURED = 3  # updates measured at least
 
 
 class ParamsResetEveryStep(Rule):
@@ -9,8 +21,16 @@ class ParamsResetEveryStep(Rule):
     ## What it does
     Finds parameters an optimizer steps that the script sets back between every two of its
     steps: re-initialised with `torch.nn.init` (a layer initialised in `forward`,
-    `model.apply(init_weights)` inside the loop) or reloaded from the same, unchanged state
-    dict (`model.load_state_dict(initial_state)` in the loop). It points at that call.
+    `model.apply(init_weights)` inside the loop), reloaded from the same, unchanged state
+    dict (`model.load_state_dict(initial_state)` in the loop), or edited by hand so that the
+    update is taken back: the trained model overwritten by its EMA copy (`p.lerp_(ema_p,
+    0.999)`), the initial values copied back (`p.copy_(p0)`), a projection that maps every
+    update back onto the starting point. For the last ones the values of each optimizer's
+    first updates are compared: the change the step made and the change the script's own
+    code made before the next step. It points at that call or edit. An edit that pulls the
+    parameters a fixed share of the way back to their initial values after every step (an EMA
+    update written the wrong way round, `p.mul_(d).add_(ema_p, alpha=1 - d)` with an EMA
+    copy that never changes) is a warning: the model cannot move far from where it started.
 
     ## Why is this bad?
     Each update is undone before the next one: the parameters never get further than one step
@@ -39,7 +59,9 @@ class ParamsResetEveryStep(Rule):
     Initialisation before the first step; a part re-initialised now and then (a new stage, dead
     units revived every N steps); a best checkpoint restored once; a new state loaded every step
     (federated averaging: the global weights change between rounds); a state dict loaded into a
-    copy no optimizer owns (an EMA or SWA model).
+    copy no optimizer owns (an EMA or SWA model); an EMA of a separate copy; weight clipping
+    (WGAN), max-norm and unit-norm projections; Lookahead's pull toward its slow weights every
+    k steps.
     """
 
     code = "GD123"
@@ -51,6 +73,18 @@ class ParamsResetEveryStep(Rule):
            "or in the loop")
 
     def check(self, a):
+        reported: set[int] = set()
+        for finding, opt in self._resets(a):
+            reported.add(opt)
+            yield finding
+        for edit in a.by_kind.get("step_edit", ()):
+            if edit["opt"] not in reported:
+                finding = self._edited(a, edit)
+                if finding is not None:
+                    reported.add(edit["opt"])
+                    yield finding
+
+    def _resets(self, a):
         resets = a.by_kind.get("param_reset", ())
         if not resets:
             return
@@ -71,7 +105,7 @@ class ParamsResetEveryStep(Rule):
                     break
                 hits.append((found[0], after))
             else:
-                yield self._finding(a, opt, steps, hits)
+                yield self._finding(a, opt, steps, hits), opt
 
     def _finding(self, a, opt, steps, hits):
         reset, step = hits[0]
@@ -92,6 +126,93 @@ class ParamsResetEveryStep(Rule):
                  "compare against or to restore at the end)" if reset["via"] == "load_state_dict"
                  else "initialise the parameters once, in __init__ or before the training loop, "
                       "not in forward() or inside the loop"))
+
+
+    def _edited(self, a, edit):
+        back, share = edit["back"], edit["share"]
+        home, home_share = edit["home"], edit["home_share"]
+        if len(back) < _MEASURED:
+            return None
+        undone = all(b is not None and b >= _BACK for b in back) and all(
+            s is not None and s >= _SHARE for s in share)
+        pulled = not undone and all(h is not None and h >= _HOME for h in home) and all(
+            s is not None and s > 0 for s in home_share)
+        if not (undone or pulled):
+            return None
+        opt = edit["opt"]
+        pids = list(a.opt_params.get(opt, ()))
+        cls = a.optimizer_class(opt) or "the optimizer"
+        where = _edit_line(a, opt, edit.loc)
+        loc = where[0] if where is not None else edit.loc
+        shown = f" (`{where[1]}`)" if where is not None else ""
+        n = len(back)
+        evidence = {"params": a.param_names(pids), "via": "hand edit", "steps": n,
+                    "back": back, "share": share, "home": home, "home_share": home_share}
+        if undone:
+            mean = sum(share) / n
+            return self.finding(
+                f"between each of the first {n} steps of {cls} and the next, the script's own "
+                f"code{shown} moves {a.names(pids)} back against the update the step made "
+                f"(by {mean:.0%} of it): each update is undone before the next, so the model "
+                f"never trains",
+                loc, related=(related(edit, "the step after the updates measured"),),
+                evidence=evidence, fix=_fix(where, undone=True))
+        fraction = sorted(home_share)[n // 2]
+        return self.finding(
+            f"after every one of the first {n} steps of {cls}, the script's own code{shown} pulls "
+            f"{a.names(pids)} {fraction:.2%} of the way back to their values before the first "
+            f"step (as an EMA update written the wrong way round does: the model blended into a "
+            f"copy that never changes): the model can never get further than about "
+            f"{1 / fraction:,.0f} steps' worth of updates from its initial weights",
+            loc, related=(related(edit, "the step after the updates measured"),),
+            severity=Severity.WARNING, evidence=evidence, fix=_fix(where, undone=False))
+
+
+def _roots(text: str | None) -> set[str]:
+    try:
+        return {n.id for n in ast.walk(ast.parse(text or "", mode="eval")) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
+def _edit_line(a, opt, step_loc) -> tuple[Location, str] | None:
+    """The script's statement that writes the optimizer's parameters by hand: one in the loop
+    around the step, else in the step's file, whose tensor is (or a loop takes it from) what the
+    optimizer was built over; else the only such statement there. None when none is found."""
+    if step_loc is None:
+        return None
+    path = step_loc.path
+    writes = a.source.param_writes(path)
+    if not writes:
+        return None
+    init = a.optimizers.get(opt)
+    roots: set[str] = set()
+    if init is not None and init.loc is not None and init.loc.path == path:
+        roots = _roots(a.source.call_argument(path, init.loc.line, init.get("cls"), 0, "params"))
+    roots -= {"torch", "filter", "list", "lambda", "p"}
+    loop = a.source.innermost_loop(path, step_loc.line)
+    inside = [w for w in writes if loop is not None and loop[0] <= w[0] <= loop[1]]
+    for group in (inside, writes):
+        ours = [w for w in group if w[1] in roots or (_roots(w[3]) & roots)]
+        if ours:
+            return Location(path, ours[0][0]), ours[0][2]
+    for group in (inside, writes):
+        if len(group) == 1:
+            return Location(path, group[0][0]), group[0][2]
+    return None
+
+
+def _fix(where, undone: bool) -> str:
+    text = where[1] if where is not None else ""
+    if any(op in text for op in ("lerp_", "mul_", ".add_")) or not undone:
+        return ("update the copy from the model, not the model from the copy: "
+                "`ema_p.mul_(d).add_(p, alpha=1 - d)` (or `ema_p.lerp_(p, 1 - d)`), and leave the "
+                "trained parameters as the optimizer left them")
+    if re.search(r"copy_\(\s*[\w.\[\]]+\s*\)", text) or "load_state_dict" in text:
+        return ("restore the saved values once, before the training loop (or only to evaluate, "
+                "then put the trained values back), not between the steps")
+    return ("leave the trained parameters as the optimizer left them between steps: an edit "
+            "that maps each update back undoes it")
 
 
 def _undoes(event, resets) -> bool:
