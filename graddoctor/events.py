@@ -16,7 +16,10 @@ run_start          script, argv, device, torch_version
 param              pid, name, shape, is_parameter, requires_grad       (at first sight)
 optimizer_init     opt, cls, params [pid], lrs [float|None] (the lr of each param group it adds,
                    in order: one event per ``add_param_group``, which the constructor calls per
-                   group; None in a trace written before it was recorded)
+                   group; None in a trace written before it was recorded), hyper [{name: number
+                   | [number, number]}|None] (each such group's update-rule settings that are
+                   plain numbers: betas, momentum, dampening, weight_decay, eps, alpha; None when
+                   not recorded)
 backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input; the
                    count of its call line's latest graph walk, see instrument/backward.py),
@@ -458,8 +461,9 @@ def param(*, pid: int, name: str | None, shape: list[int] | None, is_parameter: 
                      "requires_grad": requires_grad}
 
 
-def optimizer_init(*, opt: int, cls: str, params: list[int], lrs: list | None = None) -> Made:
-    return "optimizer_init", {"opt": opt, "cls": cls, "params": params, "lrs": lrs}
+def optimizer_init(*, opt: int, cls: str, params: list[int], lrs: list | None = None,
+                   hyper: list | None = None) -> Made:
+    return "optimizer_init", {"opt": opt, "cls": cls, "params": params, "lrs": lrs, "hyper": hyper}
 
 
 def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[int],

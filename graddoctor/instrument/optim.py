@@ -381,6 +381,27 @@ def plain_number(value):
     return None
 
 
+_HYPER = ("betas", "momentum", "dampening", "weight_decay", "eps", "alpha")
+
+
+def group_hyper(group) -> dict | None:
+    """A param group's update-rule settings that are plain numbers (``betas`` a pair of them),
+    read once, at the optimizer's construction (optimizer_init's ``hyper``)."""
+    if type(group) is not dict:
+        return None
+    out = {}
+    for key in _HYPER:
+        value = group.get(key)
+        if key == "betas":
+            if type(value) in (tuple, list) and len(value) == 2:
+                pair = [plain_number(v) for v in value]
+                if None not in pair:
+                    out[key] = pair
+        elif (number := plain_number(value)) is not None:
+            out[key] = number
+    return out
+
+
 def group_lrs(optimizer) -> list | None:
     """Each param group's lr as a plain number (None for a tensor lr), or None."""
     groups = getattr(optimizer, "param_groups", None)
@@ -466,7 +487,8 @@ class OptimizerWatcher:
         opt = rec.optimizer_id(optimizer)
         rec.add_params(opt, pids)
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids,
-                                   lrs=[plain_number(g.get("lr")) for g in groups]), loc)
+                                   lrs=[plain_number(g.get("lr")) for g in groups],
+                                   hyper=[group_hyper(g) for g in groups]), loc)
         for subscriber in self._params_added:
             subscriber(opt, pids)
 
