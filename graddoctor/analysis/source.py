@@ -85,6 +85,10 @@ class ScriptSource:
     def term_line(self, path: str, line: int, term: str) -> tuple[int, str] | None:
         return term_line(self.full(path), line, term)
 
+    def factor_mentions(self, path: str, line: int, function: str, lr_text: str | None,
+                        lr_value: float | None) -> str | None:
+        return factor_mentions(self.full(path), line, function, lr_text, lr_value)
+
     def param_writes(self, path: str) -> list[tuple[int, str, str, str | None]]:
         return param_writes(self.full(path))
 
@@ -1029,3 +1033,48 @@ def param_writes(path: str) -> list[tuple[int, str, str, str | None]]:
             continue
         found.append((node.lineno, chain[0], ast.unparse(node).strip(), bound.get(chain[0])))
     return sorted(found)
+
+
+def _same_number(value, number: float | None) -> bool:
+    return (number is not None and isinstance(value, (int, float)) and not isinstance(value, bool)
+            and value != 0 and abs(value - number) <= 1e-9 * abs(number))
+
+
+def factor_mentions(path: str, line: int, function: str, lr_text: str | None,
+                    lr_value: float | None) -> str | None:
+    """The text of the ``lr_lambda`` given to a ``function`` (``LambdaLR``) call on ``line`` when
+    its body uses the optimizer's learning rate: the expression the optimizer was given as its
+    lr (``lr``, ``args.lr``, ``cfg["lr"]``), or a number equal to it. A lambda is read in place; a
+    name, as the body of the ``def`` of that name in the file (one level, no calls followed).
+    None when it does not, or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    given = call_argument(path, line, function, 1, "lr_lambda")
+    if given is None:
+        return None
+    try:
+        expr = ast.parse(given, mode="eval").body
+    except SyntaxError:
+        return None
+    bodies: list[ast.AST] = []
+    for node in (expr.elts if isinstance(expr, (ast.List, ast.Tuple)) else [expr]):
+        if isinstance(node, ast.Lambda):
+            bodies.append(node.body)
+        elif isinstance(node, ast.Name):
+            bodies += [d for d in ast.walk(tree)
+                       if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == node.id]
+    wanted = None
+    if lr_text:
+        try:
+            wanted = ast.dump(ast.parse(lr_text, mode="eval").body)
+        except SyntaxError:
+            wanted = None
+    for body in bodies:
+        for node in ast.walk(body):
+            if isinstance(node, ast.Constant) and _same_number(node.value, lr_value):
+                return given
+            if wanted is not None and isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) \
+                    and isinstance(getattr(node, "ctx", None), ast.Load) and ast.dump(node) == wanted:
+                return given
+    return None
