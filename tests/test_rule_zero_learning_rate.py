@@ -37,3 +37,40 @@ def test_silent_when_the_lr_can_still_rise_or_is_not_used():
     assert findings(_run([0.0] * 3, scheduler="LambdaLR", base=(0.1,)), SLUG) == []
     assert findings(_run([0.0] * 3, scheduler="OneCycleLR"), SLUG) == []  # sets its own lr
     assert findings(_run([0.0] * 3, cls="MyOptimizer"), SLUG) == []  # may not read "lr"
+
+
+# -- one param group at lr 0 next to groups that train ------------------------------------------
+
+def _groups(tmp_path, group_text: str, lrs=(0.0, 0.1), steps=3):
+    from graddoctor import events as ev
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    from graddoctor.trace import TraceBuilder
+
+    (tmp_path / "train.py").write_text(
+        "opt = torch.optim.SGD([\n"
+        f"    {{'params': a.parameters(), 'lr': {group_text}}},\n"
+        "    {'params': b.parameters(), 'lr': 0.1},\n"
+        "])\n")
+    t = TraceBuilder()
+    t._params([0, 1])
+    t.put(ev.optimizer_init(opt=0, cls="SGD", params=[0, 1], lrs=list(lrs)), 1)
+    for _ in range(steps):
+        t.backward(fresh=[0, 1], line=6)
+        t.put(ev.step_begin(opt=0, norm_pids=None, norms=None, lrs=list(lrs)), 7)
+        t.step(line=7)
+    return list(find_rule(SLUG)().check(Analysis(t.trace, base_dir=str(tmp_path))))
+
+
+def test_one_group_whose_lr_rounds_to_zero_is_reported_at_its_lr(tmp_path):
+    found = _groups(tmp_path, "base_lr * (bs // 256)")
+    assert len(found) == 1 and found[0].location.line == 2 and found[0].evidence["group"] == 0
+    assert "`//`" in found[0].fix
+    assert len(_groups(tmp_path, "int(scale) * base_lr")) == 1
+
+
+def test_one_group_frozen_on_purpose_is_silent(tmp_path):
+    assert _groups(tmp_path, "0.0") == []
+    assert _groups(tmp_path, "cfg.backbone_lr") == []
+    assert _groups(tmp_path, "base_lr * (bs // 256)", lrs=(0.0, 0.0)) != []  # every group: as before
+    assert _groups(tmp_path, "base_lr * (bs // 256)", lrs=(0.05, 0.1)) == []  # it did not round to 0

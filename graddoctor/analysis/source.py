@@ -89,6 +89,9 @@ class ScriptSource:
                         lr_value: float | None) -> str | None:
         return factor_mentions(self.full(path), line, function, lr_text, lr_value)
 
+    def group_lr(self, path: str, line: int, index: int) -> tuple[int, str] | None:
+        return group_lr(self.full(path), line, index)
+
     def param_writes(self, path: str) -> list[tuple[int, str, str, str | None]]:
         return param_writes(self.full(path))
 
@@ -1077,4 +1080,26 @@ def factor_mentions(path: str, line: int, function: str, lr_text: str | None,
             if wanted is not None and isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) \
                     and isinstance(getattr(node, "ctx", None), ast.Load) and ast.dump(node) == wanted:
                 return given
+    return None
+
+
+def group_lr(path: str, line: int, index: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the ``"lr"`` of the ``index``-th param group given as a dict literal
+    to a call on ``line`` (an optimizer's list of groups, or ``add_param_group({...})``), or None
+    (no such dict, no "lr" key in it, or the source cannot be read)."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            continue
+        given = node.args[0] if node.args else next(
+            (k.value for k in node.keywords if k.arg in ("params", "param_group")), None)
+        groups = [given] if isinstance(given, ast.Dict) else \
+            list(given.elts) if isinstance(given, (ast.List, ast.Tuple)) else []
+        if index >= len(groups) or not isinstance(groups[index], ast.Dict):
+            continue
+        for key, value in zip(groups[index].keys, groups[index].values):
+            if isinstance(key, ast.Constant) and key.value == "lr":
+                return value.lineno, ast.unparse(value)
     return None

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import re
+
 from ..findings import Severity
+from ..trace import Location
 from ..analysis.lr import LrWriter
 from .base import Rule
 
@@ -11,6 +14,8 @@ _LR_SCALED = frozenset({"SGD", "Adam", "AdamW", "Adamax", "RMSprop", "Adagrad", 
 # schedulers that compute the lr from their own arguments (max_lr, base_lr), not from the
 # optimizer's lr: a 0 there is not carried forward
 _OWN_LR = frozenset({"OneCycleLR", "CyclicLR"})
+# an lr expression that rounds: integer division, int(), round(), floor()
+_ROUNDS = re.compile(r"//|\b(int|round|floor|trunc)\s*\(")
 
 
 class ZeroLearningRate(Rule):
@@ -19,9 +24,11 @@ class ZeroLearningRate(Rule):
     Finds an optimizer that steps with a learning rate of exactly 0 in every param group at
     every update seen, where nothing can raise it later: the lr is the one it was constructed
     with, or a scheduler multiplies a base lr of 0. It points at the optimizer's construction.
-    A param group with lr 0 next to groups that train (a way to freeze a backbone), an lr the
-    script writes itself (a hand-written warm-up may start at 0), and schedulers that set the lr
-    from their own arguments (`OneCycleLR`, `CyclicLR`) are not reported.
+    A param group with lr 0 next to groups that train (a way to freeze a backbone) is reported
+    only when its lr is an expression that rounds to 0 (`base_lr * (bs // 256)`,
+    `int(lr_scale) * lr`), pointing at that expression; an lr the script writes itself (a
+    hand-written warm-up may start at 0) and schedulers that set the lr from their own
+    arguments (`OneCycleLR`, `CyclicLR`) are not reported.
 
     ## Why is this bad?
     Every torch optimizer scales its update by the lr: with lr 0 no parameter ever changes,
@@ -40,8 +47,9 @@ class ZeroLearningRate(Rule):
     ```
 
     ## Stays silent on
-    A backbone frozen by a param group with lr 0 next to a head that trains; a warm-up whose
-    factor is 0 for a while; a hand-written warm-up that starts at lr 0.
+    A backbone frozen by a param group with lr 0 (written as 0, or a setting that is 0) next to
+    a head that trains; a warm-up whose factor is 0 for a while; a hand-written warm-up that
+    starts at lr 0; a LambdaLR that zeroes one group for the first epochs.
     """
 
     code = "GD116"
@@ -56,7 +64,10 @@ class ZeroLearningRate(Rule):
             if init is None or init.get("cls") not in _LR_SCALED or not groups:
                 continue
             points = [p for g in groups.values() for p in g]
-            if not points or any(p.lr != 0 for p in points):
+            if points and any(p.lr != 0 for p in points):
+                yield from self._groups(a, opt, init, groups)
+                continue
+            if not points:
                 continue  # None (not a plain number) counts as unknown: not reported
             by_scheduler = []
             as_built = LrWriter("optimizer", init.loc)
@@ -74,6 +85,37 @@ class ZeroLearningRate(Rule):
                 steps = a.count(e for e in a.by_kind.get("step", ())
                                 if e.get("opt") == opt and not e.get("skipped"))
                 yield self._finding(a, opt, init, steps, by_scheduler)
+
+    def _groups(self, a, opt, init, groups):
+        """Param groups at lr 0 at every update, as built, next to groups that train: reported
+        when the group's lr in the source is an expression that rounds (to 0)."""
+        trains = any(p.lr for pts in groups.values() for p in pts)
+        as_built = LrWriter("optimizer", init.loc)
+        zero = [g for g, pts in groups.items()
+                if pts and all(p.lr == 0 and p.writer == as_built for p in pts)]
+        if not trains or not zero:
+            return
+        inits = [e for e in a.by_kind.get("optimizer_init", ()) if e.get("opt") == opt]
+        steps = a.count(e for e in a.by_kind.get("step", ())
+                        if e.get("opt") == opt and not e.get("skipped"))
+        for g in zero:
+            event, index = _group_event(inits, g)
+            if event is None or event.loc is None:
+                continue
+            found = a.source.group_lr(event.loc.path, event.loc.line, index)
+            if found is None or not _ROUNDS.search(found[1]):
+                continue
+            line, text = found
+            cls = init.get("cls")
+            fix = (f"`//` rounds down to 0 in `{text}`: use `/` (true division) for the lr"
+                   if "//" in text else f"`{text}` rounds down to 0: compute the lr without rounding")
+            yield self.finding(
+                f"param group {g} of {cls} is given lr `{text}`, which rounds to 0: it steps with "
+                f"lr 0 at all {steps} updates seen while the other groups train, so its "
+                f"parameters never change",
+                Location(event.loc.path, line), fix=fix, step=1,
+                evidence={"optimizer": cls, "argument": text, "updates": steps, "group": g,
+                          "groups": len(groups), "scheduler": None})
 
     @staticmethod
     def _script_writes_lr(a, opt, init) -> bool:
@@ -114,3 +156,14 @@ class ZeroLearningRate(Rule):
             evidence={"optimizer": cls, "argument": given, "updates": steps,
                       "groups": len(a.lr_timeline.get(opt, {})),
                       "scheduler": by_scheduler[0].cls if by_scheduler else None})
+
+
+def _group_event(inits, group: int):
+    """The optimizer_init event that added param group ``group`` of an optimizer, and the
+    group's index among those it added."""
+    for e in inits:
+        n = len(e.get("lrs") or ())
+        if group < n:
+            return e, group
+        group -= n
+    return None, 0
