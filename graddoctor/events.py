@@ -52,6 +52,11 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    loss_negated (only present when the loss is a torch loss function times a
                    negative constant, ``-F.cross_entropy(...)``: that function's autograd node,
                    ``NllLossBackward0``),
+                   loss_constant (only present, True, for one of a run's first
+                   ``amp.CONSTANT_CHECKS`` backwards whose loss adds a tensor with no graph: a
+                   sum at its top, under constant factors, one of whose operands autograd does
+                   not reach — a penalty from ``p.data`` / ``.detach()``, a number, a sum
+                   started from 0 over one term: the source tells them apart),
                    hand_step_cosine (only present after one of a run's first hand-written updates
                    of module parameters, no optimizer: the cosine between the change of their
                    values and the gradient that update applied; -1 for plain SGD, +1 for ascent)
@@ -476,7 +481,7 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              repeats: int | None = None, updated_by_hand: list[int] | None = None,
              applied_by_hand: list[int] | None = None, autocast_fp16: list | None = None,
              loss_negated: str | None = None, hand_step_cosine: float | None = None,
-             thread: int | None = None) -> Made:
+             loss_constant: bool | None = None, thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
     ``thread`` too (see ``THREADED_KINDS``)."""
@@ -502,6 +507,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["loss_negated"] = loss_negated
     if hand_step_cosine is not None:
         data["hand_step_cosine"] = hand_step_cosine
+    if loss_constant:
+        data["loss_constant"] = True
     return "backward", _threaded(data, thread)
 
 

@@ -71,3 +71,66 @@ def test_fgsm_is_silent(tmp_path):
 def test_a_helper_that_returns_the_penalty_is_followed(tmp_path):
     f = only(traced(tmp_path, HELPER, 4), SLUG)
     assert "line 9" in f.message
+
+
+# -- a penalty on the parameters computed from values cut from the graph ------------------------
+
+CUT = """\
+import torch
+for x, y in data:
+    out = model(x)
+    l2 = sum((p.data ** 2).sum() for p in model.parameters())
+    loss = crit(out, y) + 1e-2 * l2
+    loss.backward()
+"""
+
+LOGGED = """\
+import torch
+for x, y in data:
+    out = model(x)
+    logged = sum(p.detach().pow(2).sum() for p in model.parameters())
+    loss = 0
+    loss += crit(out.detach(), y)
+    loss.backward()
+"""
+
+
+def constant_loss(tmp_path, text, flags, line=6):
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0], line=1)
+    for flag in flags:
+        t.backward(fresh=[0], line=line, loss_constant=flag or None)
+        t.step(0, line=line)
+    return t
+
+
+def test_a_loss_that_adds_a_penalty_on_cut_parameters_is_a_warning_at_the_penalty(tmp_path):
+    f = only(constant_loss(tmp_path, CUT, [True] * 4), SLUG)
+    assert f.location.line == 4 and f.evidence["via"] == "cut" and f.evidence["backwards"] == 4
+    # the checks stop after the first backwards: later ones carry no mark
+    assert only(constant_loss(tmp_path, CUT, [True] * 3 + [False] * 5), SLUG)
+
+
+def test_silent_unless_every_checked_loss_adds_a_term_without_graph(tmp_path):
+    assert findings(constant_loss(tmp_path, CUT, [True, False, True, True]), SLUG) == []
+    assert findings(constant_loss(tmp_path, CUT, [False] * 4), SLUG) == []
+    assert findings(constant_loss(tmp_path, CUT, [True]), SLUG) == []  # one backward
+    # a term without graph the source does not show cut from the parameters (a sum from 0)
+    assert findings(constant_loss(tmp_path, LOGGED, [True] * 4, line=7), SLUG) == []
+
+
+def test_the_loss_walk_finds_a_term_without_graph_at_the_top_sum():
+    import torch
+
+    from graddoctor.instrument.lossfactor import constant_term
+
+    w = torch.nn.Parameter(torch.ones(3))
+    loss = (w * 2).sum()
+    assert constant_term(loss + 0.1 * (w.data ** 2).sum())
+    assert constant_term((loss + w.detach().sum()) / 2)
+    assert not constant_term(loss + 0.1 * (w ** 2).sum())
+    assert constant_term(loss + 1.0)  # a Python number looks the same: the source tells them apart
+    assert not constant_term(sum([loss, loss * 2]))  # sum() from 0: the 0 is at the bottom
+    assert not constant_term(loss)

@@ -89,6 +89,9 @@ class ScriptSource:
                         lr_value: float | None) -> str | None:
         return factor_mentions(self.full(path), line, function, lr_text, lr_value)
 
+    def cut_penalty(self, path: str, line: int) -> tuple[int, str] | None:
+        return cut_penalty(self.full(path), line)
+
     def group_lr(self, path: str, line: int, index: int) -> tuple[int, str] | None:
         return group_lr(self.full(path), line, index)
 
@@ -1102,4 +1105,96 @@ def group_lr(path: str, line: int, index: int) -> tuple[int, str] | None:
         for key, value in zip(groups[index].keys, groups[index].values):
             if isinstance(key, ast.Constant) and key.value == "lr":
                 return value.lineno, ast.unparse(value)
+    return None
+
+
+_PARAM_WORDS = ("parameters", "weight", "bias")
+
+
+def _param_bound(tree: ast.AST) -> set[str]:
+    """Names a ``for`` or a comprehension binds to a model's parameters (``for p in
+    model.parameters()``, ``for n, p in m.named_parameters()``, ``for w in (fc.weight,)``)."""
+    bound: dict[str, str] = {}
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            bound.clear()
+            _bindings(node.target, node.iter, bound)
+            names.update(n for n, text in bound.items() if any(w in text for w in _PARAM_WORDS))
+    return names
+
+
+def _cuts_param(expr: ast.AST, params: set[str]) -> bool:
+    """Does ``expr`` read a parameter cut from the graph: ``p.data`` / ``p.detach()`` of a name
+    bound to parameters, or of an attribute chain through ``weight`` / ``bias``?"""
+    for node in ast.walk(expr):
+        target = None
+        if isinstance(node, ast.Attribute) and node.attr == "data":
+            target = node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "detach"):
+            target = node.func.value
+        if target is None:
+            continue
+        chain = _chain(target)
+        if chain and (chain[0] in params or any(w in chain for w in ("weight", "bias"))):
+            return True
+    return False
+
+
+def _statement_at(tree: ast.AST, line: int) -> ast.stmt | None:
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node.lineno == line and \
+                not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.FunctionDef)):
+            best = node
+    return best
+
+
+def cut_penalty(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the statement that makes a term of the loss backpropagated on
+    ``line`` from parameters cut from the graph (``l2 = sum((p.data ** 2).sum() for p in
+    model.parameters())``, ``loss = ce + wd * w.detach().norm()``): the loss's assignment, an
+    assignment above it to a name it reads, or a statement of a function of the file it calls
+    (one level each). None when there is none or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    params = _param_bound(tree)
+    found = loss_assignment(path, line)
+    start = _statement_at(tree, found[0] if found is not None else line)
+    if start is None:
+        return None
+    value = getattr(start, "value", start)
+    if _cuts_param(value, params):
+        return start.lineno, ast.unparse(start).strip()
+    defs = {d.name: d for d in ast.walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.lineno <= start.lineno <= (node.end_lineno or node.lineno) \
+                and (scope is tree or node.lineno >= scope.lineno):
+            scope = node
+    sources = [value]
+    for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}:
+        best = None
+        for node in ast.walk(scope):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno < start.lineno \
+                    and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == name for t in targets) \
+                        and (best is None or node.lineno > best.lineno):
+                    best = node
+        if best is not None:
+            if _cuts_param(best.value, params):
+                return best.lineno, ast.unparse(best).strip()
+            sources.append(best.value)
+    for expr in sources:
+        for call in ast.walk(expr):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in defs:
+                for stmt in ast.walk(defs[call.func.id]):
+                    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Return, ast.Expr)) \
+                            and getattr(stmt, "value", None) is not None \
+                            and _cuts_param(stmt.value, params):
+                        return stmt.lineno, ast.unparse(stmt).strip()
     return None

@@ -26,7 +26,7 @@ import torch
 
 from .. import events as ev
 from .identities import Identities
-from .lossfactor import loss_scaling, may_be_negated, negated_criterion
+from .lossfactor import constant_term, loss_scaling, may_be_negated, negated_criterion
 from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
 
@@ -52,10 +52,15 @@ class ScaleCopies:
         return copy
 
 
+# the run's first backwards whose loss is walked for a term with no graph (``loss_constant``)
+CONSTANT_CHECKS = 16
+
+
 class GradScalerWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._marked: dict[int, tuple[weakref.ref, dict]] = {}  # id(tensor) -> (ref, facts)
+        self._constant_checks = 0  # backwards whose loss was looked at for a term without graph
         self.scaler_id = Identities()  # scaler -> its number
         # an enabled, unfused GradScaler.step is running (read by the optimizer watcher: the
         # step runs only if unscale_ found every value finite)
@@ -111,6 +116,10 @@ class GradScalerWatcher:
             negated = negated_criterion(tensors)
             if negated is not None:
                 out["loss_negated"] = negated
+        if self._constant_checks < CONSTANT_CHECKS:
+            self._constant_checks += 1
+            if constant_term(tensors):
+                out["loss_constant"] = True
         return out
 
     def _wrap_autocast_enter(self, original):

@@ -193,3 +193,31 @@ def may_be_negated(tensors) -> bool:
     node = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
     return node is not None and _type_facts(type(node))[0] in ("NegBackward0", "MulBackward0",
                                                                 "DivBackward0")
+
+
+def constant_term(tensors) -> bool:
+    """Whether the backward'ed loss adds a tensor with no graph: its top sum (``AddBackward0`` /
+    ``SubBackward0``, under constant factors) has an operand autograd does not reach
+    (``next_functions`` holds None for it): a term computed from ``p.data``, ``.detach()``,
+    ``torch.no_grad()``. Only the top sum: Python's ``sum()`` and ``loss = 0; loss += term``
+    start from a wrapped 0, which sits at the bottom of a chain of sums (it is the top only for
+    a single term). A Python number added (``loss + 1.0``) looks the same: the rule asks the
+    source which term it is. Reads no tensor."""
+    if isinstance(tensors, (list, tuple)):
+        if len(tensors) != 1:
+            return False
+        tensors = tensors[0]
+    node = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
+    for _ in range(8):
+        if node is None:
+            return False
+        name, scales, _by_name, _reads = _type_facts(type(node))
+        if not scales:
+            return False
+        if name in ("AddBackward0", "SubBackward0"):
+            return any(child is None for child, _ in node.next_functions)
+        children = _grad_children(node)
+        if len(children) != 1:
+            return False
+        node = children[0][1]
+    return False

@@ -10,7 +10,11 @@ class PenaltyWithoutGraph(Rule):
     ## What it does
     Finds a gradient penalty built from `torch.autograd.grad(...)` called without
     `create_graph=True` whose result is added into the loss that is then backpropagated (an R1
-    or WGAN-GP penalty, a gradient-norm regulariser, input-gradient smoothing).
+    or WGAN-GP penalty, a gradient-norm regulariser, input-gradient smoothing). It also finds a
+    penalty on the parameters computed from their values cut from the graph (`p.data`,
+    `p.detach()`: an L2 or L1 regulariser written by hand) when the backpropagated loss adds a
+    term autograd does not reach at every backward of the run's first ones; it points at the
+    statement that computes it.
 
     ## Why is this bad?
     Without `create_graph=True`, `autograd.grad` returns plain tensors with no history: the
@@ -37,16 +41,53 @@ class PenaltyWithoutGraph(Rule):
     ## Stays silent on
     `create_graph=True`; an input gradient used to perturb the input (FGSM, adversarial
     training: the loss is computed by the model on the perturbed input); a gradient computed
-    for logging or for a hand-written update that never reaches the backpropagated loss.
+    for logging or for a hand-written update that never reaches the backpropagated loss; an L2
+    penalty computed from the parameters themselves, and a detached copy of it kept for logging.
     """
 
     code = "GD237"
     slug = "penalty-without-graph"
     severity = Severity.WARNING
-    summary = "a gradient penalty from torch.autograd.grad without create_graph=True: it adds a constant, no gradient"
+    summary = ("a penalty added to the loss has no graph (torch.autograd.grad without "
+               "create_graph=True, or computed from p.data / p.detach()): it adds a constant, no "
+               "gradient")
     fix = "pass create_graph=True to torch.autograd.grad so that the penalty can be backpropagated"
 
     def check(self, a):
+        yield from self._grad_penalties(a)
+        yield from self._cut_penalties(a)
+
+    def _cut_penalties(self, a):
+        """Backward lines whose every checked loss adds a term with no graph (``loss_constant``:
+        the run's first backwards), the source showing a term made from parameters cut from
+        the graph."""
+        by_line: dict[tuple, list] = {}
+        for b in a.of_kind("backward"):
+            if b.loc is not None:
+                by_line.setdefault((b.loc.path, b.loc.line), []).append(b)
+        for (path, line), backwards in by_line.items():
+            flagged = [i for i, b in enumerate(backwards) if b.get("loss_constant")]
+            if not flagged or any(not b.get("loss_constant") for b in backwards[:flagged[-1]]):
+                continue
+            times = a.count(backwards[:flagged[-1] + 1])
+            if times < 2:
+                continue
+            found = a.source.cut_penalty(path, line)
+            if found is None:
+                continue
+            at, text = found
+            yield self.finding(
+                f"this penalty is computed from the parameters' values cut from the graph "
+                f"(`.data` / `.detach()`), and the loss backpropagated at line {line} adds it as a "
+                f"term with no graph at all {times} backwards checked: it changes the loss value "
+                f"but not one gradient, so the regulariser does nothing",
+                Location(path, at),
+                related=(Related(Location(path, line), "the backward of that loss"),),
+                evidence={"backward_line": line, "via": "cut", "backwards": times},
+                fix="compute the penalty from the parameters themselves (`p.pow(2).sum()`, not "
+                    "`p.data` or `p.detach()`), or use the optimizer's weight_decay")
+
+    def _grad_penalties(self, a):
         backwards = a.of_kind("backward")
         seen = set()
         for e in a.of_kind("functional_grad"):
