@@ -73,3 +73,16 @@ def test_the_watcher_records_each_groups_settings():
     hyper = [e["hyper"] for e in rec.trace.of_kind("optimizer_init")]
     assert hyper[0][0]["betas"] == [0.9, 0.999] and hyper[1][0]["betas"] == [0.5, 0.99]
     assert hyper[2][0]["momentum"] == 0.9 and hyper[2][0]["dampening"] == 0
+
+
+def test_a_group_added_later_is_judged_with_its_own_lr():
+    t = TraceBuilder()
+    t._params([0, 1])
+    t.put(ev.optimizer_init(opt=0, cls="SGD", params=[0], lrs=[0.1], hyper=[{"weight_decay": 1.0}]), 3)
+    t.put(ev.optimizer_init(opt=0, cls="SGD", params=[1], lrs=[1e-3], hyper=[{"weight_decay": 1.0}]), 4)
+    for _ in range(2):
+        t.backward(fresh=[0, 1], line=8)
+        t.put(ev.step_begin(opt=0, norm_pids=None, norms=None, lrs=[0.1, 1e-3]), 9)
+        t.step(line=9)
+    f = only(t, SLUG)  # the first group (lr 0.1 x 1.0), not the added one (1e-3 x 1.0)
+    assert "at lr 0.1" in f.message and len(f.evidence["settings"]) == 1

@@ -68,27 +68,30 @@ class HyperparameterOutOfRange(Rule):
         for opt, init in a.optimizers.items():
             cls = init.get("cls")
             problems = []
+            first = 0  # the index, among the optimizer's groups, of the event's first group
             for e in a.by_kind.get("optimizer_init", ()):
                 if e.get("opt") != opt:
                     continue
                 for g, hyper in enumerate(e.get("hyper") or ()):
                     if hyper:
-                        problem = self._problem(a, opt, cls, hyper, e, g)
+                        problem = self._problem(a, opt, cls, hyper, e, g, first + g)
                         if problem is not None and problem not in problems:
                             problems.append(problem)
+                first += len(e.get("lrs") or e.get("hyper") or ())
             if problems:
                 yield self._finding(a, opt, init, problems)
 
     @staticmethod
-    def _lr(a, opt, init_event, group: int) -> float | None:
-        """The largest lr the group stepped with, else the one it was built with."""
-        seen = [p.lr for p in a.lr_timeline.get(opt, {}).get(group, ()) if p.lr is not None]
+    def _lr(a, opt, init_event, group: int, index: int) -> float | None:
+        """The largest lr the group (``index`` among the optimizer's, ``group`` among the
+        event's) stepped with, else the one it was built with."""
+        seen = [p.lr for p in a.lr_timeline.get(opt, {}).get(index, ()) if p.lr is not None]
         if seen:
             return max(seen)
         lrs = init_event.get("lrs") or []
         return lrs[group] if group < len(lrs) else None
 
-    def _problem(self, a, opt, cls, hyper, init_event, group):
+    def _problem(self, a, opt, cls, hyper, init_event, group, index):
         """``(severity, key, what, why, fix)`` or None."""
         betas = hyper.get("betas")
         if cls in _ADAM and betas is not None:
@@ -126,7 +129,7 @@ class HyperparameterOutOfRange(Rule):
                     "alpha below 1 (0.99 by default); the lr is RMSprop's second argument")
         decay = hyper.get("weight_decay")
         if cls in _DECAY and decay:
-            lr = self._lr(a, opt, init_event, group)
+            lr = self._lr(a, opt, init_event, group, index)
             if lr is not None and lr * decay >= _DECAY_STRONG:
                 factor = round(1 - lr * decay, 12)
                 effect = ("zeroes every weight at each step" if factor == 0 else
