@@ -128,3 +128,51 @@ def test_each_deviation_is_recorded_in_full(what, monkeypatch):
     without, _ = _trace(plan, 140, 1, False, False, monkeypatch)
     assert taken > 100
     assert with_hooks.splitlines() == without.splitlines()
+
+
+def _loader_loop(rec: Recorder, plan: dict[int, str]) -> None:
+    torch.manual_seed(3)
+    data = torch.utils.data.TensorDataset(torch.randn(480, 4), torch.randn(480, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    i = 0
+    for _epoch in range(3):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            if plan.get(i) == "grad_div":
+                model[0].weight.grad /= 2
+            opt.step()
+            i += 1
+        scheduler.step()
+
+
+@pytest.mark.parametrize("hooks_first", [True, False])
+def test_a_loader_loop_records_the_same_with_the_straight_line_paths(hooks_first, monkeypatch):
+    monkeypatch.setattr(fold, "FOLD_AFTER", 4)
+    monkeypatch.setattr(fold, "MAX_PERIOD", 3)
+    monkeypatch.setattr(fold, "STEADY_AFTER", 5)
+    plan = {70: "grad_div", 200: "grad_div"}
+    traces = {}
+    for hooks in (hooks_first, not hooks_first):
+        monkeypatch.setattr(fold, "STEADY_HOOKS", hooks)
+        taken = [0]
+        original = fold.Folder.steady_take
+
+        def counting(self, *args, original=original, taken=taken):
+            ok = original(self, *args)
+            taken[0] += ok
+            return ok
+
+        monkeypatch.setattr(fold.Folder, "steady_take", counting)
+        rec = Recorder(step_budget=None, finder=LocationFinder())
+        with Instrumentation(rec, epoch_batches=0):
+            _loader_loop(rec, plan)
+        traces[hooks] = (rec.trace.dumps(), taken[0])
+        monkeypatch.setattr(fold.Folder, "steady_take", original)
+    assert traces[False][1] == 0
+    assert traces[True][1] > 1000  # the backward's too (912 without), its next batch each turn
+    assert traces[True][0].splitlines() == traces[False][0].splitlines()

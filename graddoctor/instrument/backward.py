@@ -66,7 +66,7 @@ import torch
 
 from .. import events as ev
 from ..location import same_chain
-from .fold import exact
+from .fold import Folder, exact
 from .graphkeep import HELD, KEEP_EVERY, hold, sweep
 from .handstep import HandStepDirection
 from .gradstate import Tensor, grads_of, local, states_of
@@ -758,7 +758,11 @@ class BackwardWatcher:
         written = [False] * len(refs)
         for pid in fresh:
             written[pid] = True
-        return (*place, chain, line, ident, len(refs), written, fresh, dict(extra), data, loc)
+        # a DataLoader's batch: the next one each turn (the event's only value that changes)
+        loader = extra["batch"][0] if Folder.batch_varies(place[0], place[1], extra.get("batch")) \
+            else None
+        return (*place, chain, line, ident, len(refs), written, fresh, dict(extra), loader, data,
+                loc)
 
     def _steady_before(self, tensors, frame, armed: tuple):
         """The reads before a backward on the straight-line path (nothing changed yet): the
@@ -790,7 +794,7 @@ class BackwardWatcher:
         and the describers' facts are the same (else ``end`` records it in full)."""
         rec = self.rec
         tensors_, grads_before = before
-        steady, j, chain, line, ident, count, written, fresh, extra0, base, loc = armed_cell[0]
+        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
         tensors = args[0]
         try:
             rec.progress.count_backward()  # begin(), as it runs for this backward
@@ -816,11 +820,21 @@ class BackwardWatcher:
 
     def _steady_end(self, tensors_, grads_before, extra_leaves, extra, armed_cell) -> None:
         rec = self.rec
-        steady, j, chain, line, ident, count, written, fresh, extra0, base, loc = armed_cell[0]
+        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
         folder = rec.folder
         after = grads_of(tensors_)
-        if (folder is not None and folder.steady_ready(steady, j)
-                and list(map(is_not, after, repeat(None))) == written and exact(extra, extra0)
+        changes = None
+        same = exact(extra, extra0)
+        if not same and loader is not None:  # the next batch of the same loader
+            batch = extra.get("batch")
+            if (type(batch) is list and len(batch) == 3 and all(type(v) is int for v in batch)
+                    and batch[0] == loader):
+                extra["batch"] = extra0["batch"]
+                same = exact(extra, extra0)
+                extra["batch"] = batch
+                changes = {"batch": batch}
+        if (same and folder is not None and folder.steady_ready(steady, j)
+                and list(map(is_not, after, repeat(None))) == written
                 and self.optimizers.closure_step is None and not self.aside_pending
                 and (self.aside is None or not self.aside.unsynced) and not rec.shared
                 and len(self._owned) >= len(rec.tensors.refs) == count):
@@ -830,7 +844,7 @@ class BackwardWatcher:
             grads = list(compress(after, written))
             rec.grads.backward_wrote(fresh, fresh, list(states_of(grads)))
             with rec.lock:
-                if folder.steady_take(steady, j, "backward", loc, base, None):
+                if folder.steady_take(steady, j, "backward", loc, base, changes):
                     return
             rec.emit(ev.backward(fresh=list(fresh), accumulated=[], cleared_outside=[],
                                  extra_leaves=extra_leaves, **extra), loc)

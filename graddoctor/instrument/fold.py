@@ -625,6 +625,17 @@ class Folder:
         n = len(steady.open)
         return n == j or (j == 0 and n == steady.length and _turn_repeats(steady.open, steady.plan))
 
+    @staticmethod
+    def batch_varies(steady: "_Steady", j: int, batch) -> bool:
+        """Whether the ``batch`` of the event at place ``j`` may differ from turn to turn on the
+        straight-line path: it is the turn's first batch (``signature`` reads every other one
+        relative to it, and it relative to itself), ``[loader, epoch, index]`` in ints, so any
+        such batch of the same loader gives the same signature."""
+        if type(batch) is not list or len(batch) != 3 or not all(type(v) is int for v in batch):
+            return False
+        first = next((s for s in steady.plan[4] if s[2] == _BATCH and s[3] is not None), None)
+        return first is not None and first[0] == j and first[3] == (True, batch[0], 0, 0)
+
     def place_of(self, event) -> tuple | None:
         """``(steady state, place in the turn)`` of an event that has just gone on the steady
         path (what a hook arms its straight-line path with), or None."""
