@@ -66,7 +66,7 @@ import torch
 
 from .. import events as ev
 from ..location import same_chain
-from .fold import Folder, exact
+from .fold import Folder, exact, plain_data
 from .graphkeep import HELD, KEEP_EVERY, hold, sweep
 from .handstep import HandStepDirection
 from .gradstate import Tensor, grads_of, local, states_of
@@ -749,7 +749,7 @@ class BackwardWatcher:
             return None
         line = self._lines.get((loc.path, loc.line, ident))
         chain = rec.finder.chain(frame)
-        if line is None or chain is None:
+        if line is None or chain is None or not plain_data(extra):
             return None
         user = same_chain(frame, chain)
         if user is None or rec.finder._at_instruction(user) is not loc:
@@ -824,8 +824,10 @@ class BackwardWatcher:
         folder = rec.folder
         after = grads_of(tensors_)
         changes = None
-        same = exact(extra, extra0)
-        if not same and loader is not None:  # the next batch of the same loader
+        # the describers' facts: the same types first (no value of another kind compared)
+        typed = list(map(type, extra.values())) == list(map(type, extra0.values()))
+        same = typed and exact(extra, extra0)
+        if not same and typed and loader is not None:  # the next batch of the same loader
             batch = extra.get("batch")
             if (type(batch) is list and len(batch) == 3 and all(type(v) is int for v in batch)
                     and batch[0] == loader):

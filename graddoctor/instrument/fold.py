@@ -246,20 +246,28 @@ def _same_call(a: str, b: str) -> bool:
     return b in ABSORBS.get(a, ()) or a in ABSORBS.get(b, ())
 
 
-def exact(a, b) -> bool:
-    """``a == b`` where JSON would write them the same: the same types all the way down (1 is
-    not 1.0, not True), dict keys in the same order, -0.0 not 0.0, a NaN never equal. What a
-    straight-line hook compares values it reads with (``Folder.steady_take``)."""
-    t = type(a)
-    if t is not type(b):
-        return False
+_DATA = frozenset({type(None), bool, int, float, str})
+
+
+def plain_data(value) -> bool:
+    """None, a bool, int, float or str, or a list, tuple or str-keyed dict of such values: what
+    ``exact`` compares."""
+    t = type(value)
+    if t in _DATA:
+        return True
     if t is list or t is tuple:
-        return len(a) == len(b) and all(map(exact, a, b))
+        return all(map(plain_data, value))
     if t is dict:
-        return list(a) == list(b) and all(map(exact, a.values(), b.values()))
-    if t is float:
-        return a == b and (a != 0.0 or str(a) == str(b))
-    return a == b
+        return all(type(k) is str for k in value) and all(map(plain_data, value.values()))
+    return False
+
+
+def exact(a, b) -> bool:
+    """``a == b`` where JSON would write them the same, for ``b`` plain data (``plain_data``):
+    the same types all the way down (1 is not 1.0, not True), dict keys in the same order, -0.0
+    not 0.0 (``repr`` tells them all apart; ``==`` keeps an object whose repr could pass for
+    plain data from matching). What a straight-line hook compares its reads with."""
+    return type(a) is type(b) and a == b and repr(a) == repr(b)
 
 
 def _copied(value):
