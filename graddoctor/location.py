@@ -173,6 +173,10 @@ class LocationFinder:
             location = self._at[key] = self.location(frame)
         return location
 
+    def instruction_location(self, frame) -> Location:
+        """A frame's location as ``here`` finds it (cached per code object and instruction)."""
+        return self._at_instruction(frame)
+
     def here_and_caller(self, skip: int = 1) -> tuple[Location | None, Location | None]:
         """``(here(skip), caller_of(skip))``, in one walk up the stack when no framework frame
         lies below the innermost user frame (a plain loop's ``zero_grad()``, every update);

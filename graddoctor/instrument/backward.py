@@ -752,7 +752,7 @@ class BackwardWatcher:
         if line is None or chain is None or not plain_data(extra):
             return None
         user = same_chain(frame, chain)
-        if user is None or rec.finder._at_instruction(user) is not loc:
+        if user is None or rec.finder.instruction_location(user) is not loc:
             return None
         fresh = list(data["fresh"])
         written = [False] * len(refs)
@@ -773,7 +773,7 @@ class BackwardWatcher:
         folder = rec.folder
         calls = line.calls + 1
         if (folder is None or folder.steady is not steady or rec.holder is not None
-                or rec.progress._stop is not None or get_ident() != ident or HELD
+                or rec.progress.stop_requested or get_ident() != ident or HELD
                 or self._roots_marked or self._always_walk or line.extra_leaves
                 or line.registrations != self.registrations or calls >= line.next_walk
                 or calls <= WALK_FIRST or rec.shared or len(rec.owned_by) != 1

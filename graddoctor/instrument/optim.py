@@ -594,7 +594,7 @@ class OptimizerWatcher:
         if chain is None or loc is None:
             return
         user = same_chain(frame, chain)
-        if user is None or finder._at_instruction(user) is not loc:
+        if user is None or finder.instruction_location(user) is not loc:
             return
         if chain[1].co_name == "<module>":
             outer = None  # no caller at module level
@@ -602,7 +602,7 @@ class OptimizerWatcher:
             up = user.f_back
             outer = False if up is None or not finder.is_user_file(up.f_code.co_filename) \
                 else (up.f_code, up.f_lasti)
-            if (outer and finder._at_instruction(up) != caller) or (not outer and caller is not None):
+            if (outer and finder.instruction_location(up) != caller) or (not outer and caller is not None):
                 return
         self._armed_clear = (*place, opt, pids, chain, outer, event.data, loc)
 
@@ -723,7 +723,7 @@ class OptimizerWatcher:
             return
         chain = rec.finder.chain(wrapper_frame)
         user = same_chain(wrapper_frame, chain) if chain is not None else None
-        if user is None or rec.finder._at_instruction(user) is not loc:
+        if user is None or rec.finder.instruction_location(user) is not loc:
             return
         self._armed_begin = (*place, opt, self._read[1].pids, chain, event.data, loc)
 
@@ -740,7 +740,7 @@ class OptimizerWatcher:
         grads_state = rec.grads
         if (folder is None or folder.steady is not steady or rec.holder is not None
                 or self._step_frames or self.adopt_unknown or len(args) != 1 or kwargs
-                or rec.progress._stop is not None or rec.running_backwards
+                or rec.progress.stop_requested or rec.running_backwards
                 or get_ident() != rec.script_thread or grads_state.finite
                 or rec.optimizer_id.refs[opt]() is not optimizer
                 or rec.opt_params.get(opt) is not pids or not folder.steady_ready(steady, j)):
@@ -918,7 +918,7 @@ class OptimizerWatcher:
         try:
             self.closure_step = None
             self._read = None
-            rec.grads.param_version.update(zip(pids, map(_version, owned[1])))
+            rec.grads.note_param_versions(pids, owned[1])
             without = grads_read.without
             with rec.lock:
                 taken = folder.steady_take(steady, j, "step", loc, base, None)
