@@ -719,8 +719,8 @@ class OptimizerWatcher:
         what ``_steady_begin`` compares with."""
         rec = self.rec
         place = rec.folder.place_of(event)
-        if place is None or loc is None:
-            return
+        if place is None or loc is None or not all(map(_is_cpu, self._read[1].grads)):
+            return  # (the straight-line path's norm pass is the host path's: CPU grads)
         chain = rec.finder.chain(wrapper_frame)
         user = same_chain(wrapper_frame, chain) if chain is not None else None
         if user is None or rec.finder.instruction_location(user) is not loc:
