@@ -33,6 +33,19 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
+def same_chain(frame, chain: tuple):
+    """The user's frame when the stack from ``frame`` is the one ``LocationFinder.chain`` read
+    (the same code objects, the user's at the same instruction), else None."""
+    codes, code, lasti = chain
+    for expected in codes:
+        if frame is None or frame.f_code is not expected:
+            return None
+        frame = frame.f_back
+    if frame is not None and frame.f_code is code and frame.f_lasti == lasti:
+        return frame
+    return None
+
+
 class LocationFinder:
     """Caches, per code object filename, whether a frame belongs to the user."""
 
@@ -160,6 +173,10 @@ class LocationFinder:
             location = self._at[key] = self.location(frame)
         return location
 
+    def instruction_location(self, frame) -> Location:
+        """A frame's location as ``here`` finds it (cached per code object and instruction)."""
+        return self._at_instruction(frame)
+
     def here_and_caller(self, skip: int = 1) -> tuple[Location | None, Location | None]:
         """``(here(skip), caller_of(skip))``, in one walk up the stack when no framework frame
         lies below the innermost user frame (a plain loop's ``zero_grad()``, every update);
@@ -185,6 +202,26 @@ class LocationFinder:
         if outer is None or not self.is_user_file(outer.f_code.co_filename):
             return location, None
         return location, self._at_instruction(outer)
+
+    def chain(self, frame) -> tuple | None:
+        """What ``here`` walks from ``frame`` when only other libraries' frames (no
+        framework's) lie below the user's frame: ``(their code objects, the user frame's code
+        object, its f_lasti)``; None otherwise. A stack that ``same_chain`` finds the same
+        gives ``here`` the same location (the steady hooks' test of the call site)."""
+        kinds = self._kinds
+        codes = []
+        while frame is not None:
+            code = frame.f_code
+            kind = kinds.get(code.co_filename)
+            if kind is None:
+                kind = self._kind(code.co_filename)
+            if kind is True:
+                return tuple(codes), code, frame.f_lasti
+            if kind:
+                return None
+            codes.append(code)
+            frame = frame.f_back
+        return None
 
     def here(self, skip: int = 1) -> Location | None:
         """Location of the innermost user frame above the caller; without one, the outermost

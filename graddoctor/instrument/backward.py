@@ -65,6 +65,8 @@ from threading import get_ident
 import torch
 
 from .. import events as ev
+from ..location import same_chain
+from .fold import Folder, exact, plain_data
 from .graphkeep import HELD, KEEP_EVERY, hold, sweep
 from .handstep import HandStepDirection
 from .gradstate import Tensor, grads_of, local, states_of
@@ -141,6 +143,10 @@ class _Line:
         self.next_walk = self.calls + self.gap
         return True
 
+
+# keys of a backward event that only its context writes (none on the straight-line path)
+_CTX_KEYS = frozenset({"repeats", "updated_by_hand", "applied_by_hand", "hand_step_cosine",
+                       "thread"})
 
 _PLAIN = (Tensor, torch.nn.Parameter)  # tensors whose own version and values are read
 
@@ -586,7 +592,7 @@ class BackwardWatcher:
             ctx.root_cell = node.metadata[_ROOT_MARK] = [None]
             self._roots_marked = True
 
-    def end(self, ctx: BackwardContext, loc, extra: dict) -> None:
+    def end(self, ctx: BackwardContext, loc, extra: dict):
         """The tensors whose ``.grad`` this backward wrote (another tensor, or a new version),
         sorted by their verdict; their new grads become the ones graddoctor has seen."""
         rec = self.rec
@@ -606,6 +612,7 @@ class BackwardWatcher:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
         if ctx.root_cell is not None:
             ctx.root_cell[0] = event.seq
+        return event
 
     def _written(self, ctx: BackwardContext) -> tuple[list, list, list]:
         """(fresh, accumulated, cleared): the pids whose grad the backward wrote, in pid order,
@@ -699,6 +706,8 @@ class BackwardWatcher:
         describers = self._describe_loss  # the live list of the topic's subscribers
         Tensor_, autograd = torch.Tensor, torch.autograd
 
+        armed = [None]  # the straight-line path's reads (_arm_backward), for this wrapper
+
         @functools.wraps(original)
         def backward(*args, **kwargs):
             # nested in a running backward (Tensor -> autograd, checkpointing; on an accelerator
@@ -706,6 +715,14 @@ class BackwardWatcher:
             # writes are seen by the outer one. A backward of another thread of the script is not.
             if running and (get_ident() in running or in_backward()):
                 return original(*args, **kwargs)
+            if armed[0] is not None and not kwargs and len(args) == 1:
+                try:
+                    before = watcher._steady_before(args[0], sys._getframe(1), armed[0])
+                except Exception:  # the full path below (its own errors recorded there)
+                    before = None
+                if before is not None:
+                    return watcher._steady_backward(original, args, before, armed)
+            armed[0] = None
             rec.progress.maybe_stop()
             try:
                 if kwargs or len(args) != 1:
@@ -739,11 +756,145 @@ class BackwardWatcher:
                 ended()
                 if ctx is not None:
                     try:
-                        watcher.end(ctx, loc, extra)
+                        held = bool(ctx.held)
+                        event = watcher.end(ctx, loc, extra)
+                        if (not held and not wrappers and not kwargs and len(args) == 1
+                                and loc is not None and rec.folder is not None):
+                            armed[0] = watcher._arm_backward(ctx, event, frame, loc, extra)
                     except Exception as exc:
                         rec.internal_error("backward (after)", exc)
 
         return backward
+
+    # -- the steady state: the straight-line path (see OptimizerWatcher._arm_clear) ------------
+    def _arm_backward(self, ctx: BackwardContext, event, frame, loc, extra: dict) -> tuple | None:
+        """What the straight-line path compares with, after a backward whose event went onto
+        the steady path: a plain ``loss.backward()`` of one thread that found every grad None
+        and walked nothing more, whose event holds nothing but its written pids and the loss
+        describers' facts."""
+        rec = self.rec
+        place = rec.folder.place_of(event)
+        if place is None:
+            return None
+        ident = get_ident()
+        data = event.data
+        refs = rec.tensors.refs
+        if (ident != rec.script_thread or type(ctx.pids) is not range or len(ctx.pids) != len(refs)
+                or ctx.cell is not None or ctx.root_cell is not None or ctx.repeats is not None
+                or data["accumulated"] or data["cleared_outside"] or data["extra_leaves"]
+                or data["in_step"] is not None or data["graph_nodes"] is not None
+                or data["history"] is not None or self._roots_marked or rec.shared
+                or not _CTX_KEYS.isdisjoint(data)):
+            return None
+        line = self._lines.get((loc.path, loc.line, ident))
+        chain = rec.finder.chain(frame)
+        if line is None or chain is None or not plain_data(extra):
+            return None
+        user = same_chain(frame, chain)
+        if user is None or rec.finder.instruction_location(user) is not loc:
+            return None
+        fresh = list(data["fresh"])
+        written = [False] * len(refs)
+        for pid in fresh:
+            written[pid] = True
+        # a DataLoader's batch: the next one each turn (the event's only value that changes)
+        loader = extra["batch"][0] if Folder.batch_varies(place[0], place[1], extra.get("batch")) \
+            else None
+        return (*place, chain, line, ident, len(refs), written, fresh, dict(extra), loader, data,
+                loc)
+
+    def _steady_before(self, tensors, frame, armed: tuple):
+        """The reads before a backward on the straight-line path (nothing changed yet): the
+        tracked tensors and their grads, all None, when the backward would be the armed one's
+        so far; else None (the full path)."""
+        steady, j, chain, line, ident, count, *_ = armed
+        rec = self.rec
+        folder = rec.folder
+        calls = line.calls + 1
+        if (folder is None or folder.steady is not steady or rec.holder is not None
+                or rec.progress.stop_requested or get_ident() != ident or HELD
+                or self._roots_marked or self._always_walk or line.extra_leaves
+                or line.registrations != self.registrations or calls >= line.next_walk
+                or calls <= WALK_FIRST or rec.shared or len(rec.owned_by) != 1
+                or ident not in rec.owned_by or not folder.steady_ready(steady, j)):
+            return None
+        refs = rec.tensors.refs
+        if len(refs) != count or same_chain(frame, chain) is None:
+            return None
+        tensors_ = list(map(call, refs))
+        before = grads_of(tensors_)
+        if not all(map(is_, before, repeat(None))):
+            return None
+        return tensors_, before
+
+    def _steady_backward(self, original, args, before, armed_cell: list):
+        """A backward on the straight-line path: what ``begin``, the describers and ``end`` do
+        for the armed kind of backward, its event taken as the armed one's when what it wrote
+        and the describers' facts are the same (else ``end`` records it in full)."""
+        rec = self.rec
+        tensors_, grads_before = before
+        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
+        tensors = args[0]
+        try:
+            rec.progress.count_backward()  # begin(), as it runs for this backward
+            line.calls += 1
+            extra_leaves = line.extra_leaves
+            extra = {}
+            for describe in self._describe_loss:
+                extra.update(describe(tensors))
+            ok = True
+        except Exception as exc:
+            rec.internal_error("backward (before)", exc)
+            ok = False
+        rec.backward_began(None)
+        try:
+            return original(*args)
+        finally:
+            rec.backward_ended()
+            if ok:
+                try:
+                    self._steady_end(tensors_, grads_before, extra_leaves, extra, armed_cell)
+                except Exception as exc:
+                    rec.internal_error("backward (after)", exc)
+
+    def _steady_end(self, tensors_, grads_before, extra_leaves, extra, armed_cell) -> None:
+        rec = self.rec
+        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
+        folder = rec.folder
+        after = grads_of(tensors_)
+        changes = None
+        # the describers' facts: the same types first (no value of another kind compared)
+        typed = list(map(type, extra.values())) == list(map(type, extra0.values()))
+        same = typed and exact(extra, extra0)
+        if not same and typed and loader is not None:  # the next batch of the same loader
+            batch = extra.get("batch")
+            if (type(batch) is list and len(batch) == 3 and all(type(v) is int for v in batch)
+                    and batch[0] == loader):
+                extra["batch"] = extra0["batch"]
+                same = exact(extra, extra0)
+                extra["batch"] = batch
+                changes = {"batch": batch}
+        if (same and folder is not None and folder.steady_ready(steady, j)
+                and list(map(is_not, after, repeat(None))) == written
+                and self.optimizers.closure_step is None and not self.aside_pending
+                and (self.aside is None or not self.aside.unsynced) and not rec.shared
+                and len(self._owned) >= len(rec.tensors.refs) == count):
+            # _written's path for grads that were all None: fresh, nothing judged by hand
+            self._steps_at_backward = rec.progress.steps
+            self._step_cosine = None
+            grads = list(compress(after, written))
+            rec.grads.backward_wrote(fresh, fresh, list(states_of(grads)))
+            with rec.lock:
+                if folder.steady_take(steady, j, "backward", loc, base, changes):
+                    return
+            rec.emit(ev.backward(fresh=list(fresh), accumulated=[], cleared_outside=[],
+                                 extra_leaves=extra_leaves, **extra), loc)
+            return
+        armed_cell[0] = None
+        ctx = BackwardContext()  # as begin() made it for this backward
+        ctx.pids, ctx.tensors, ctx.before = range(count), tensors_, grads_before
+        ctx.extra_leaves = extra_leaves
+        self.end(ctx, loc, extra)
 
     def _count_registration(self, module, name, param) -> None:
         self.registrations += 1

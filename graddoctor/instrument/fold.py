@@ -35,7 +35,7 @@ from __future__ import annotations
 import operator
 from collections import deque
 from itertools import islice, repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, is_not, itemgetter
 from types import MappingProxyType
 
 from .. import events as ev
@@ -53,6 +53,9 @@ MAX_SHAPES = 4096  # distinct turn shapes remembered; a turn of any other shape 
 # turns in a row that repeated the one before and folded at once (period 1) before the steady
 # path takes the next ones (``Folder.steady_put``): far past any fixture, past the first steps
 STEADY_AFTER = 256
+# the hooks of a steady turn take their straight-line paths (``Folder.steady_take``); False: every
+# event of the steady state goes through ``Folder.steady_put`` (the tests compare the two)
+STEADY_HOOKS = True
 
 
 def _frozen(value):
@@ -243,6 +246,58 @@ def _same_call(a: str, b: str) -> bool:
     return b in ABSORBS.get(a, ()) or a in ABSORBS.get(b, ())
 
 
+_DATA = frozenset({type(None), bool, int, float, str})
+
+
+def plain_data(value) -> bool:
+    """None, a bool, int, float or str, or a list, tuple or str-keyed dict of such values: what
+    ``exact`` compares."""
+    t = type(value)
+    if t in _DATA:
+        return True
+    if t is list or t is tuple:
+        return all(map(plain_data, value))
+    if t is dict:
+        return all(type(k) is str for k in value) and all(map(plain_data, value.values()))
+    return False
+
+
+def exact(a, b) -> bool:
+    """``a == b`` where JSON would write them the same, for ``b`` plain data (``plain_data``):
+    the same types all the way down (1 is not 1.0, not True), dict keys in the same order, -0.0
+    not 0.0 (``repr`` tells them all apart; ``==`` keeps an object whose repr could pass for
+    plain data from matching). What a straight-line hook compares its reads with."""
+    return type(a) is type(b) and a == b and repr(a) == repr(b)
+
+
+def _copied(value):
+    """A list (nested ones too) copied: the data of an event made from an armed one's."""
+    return [_copied(v) for v in value] if type(value) is list else value
+
+
+def _realize(turn: list) -> None:
+    """The unmade events of a turn (``Folder.steady_take``'s tuples) made, in place: the data
+    of the armed event with the turn's own values, its lists copied."""
+    for i, entry in enumerate(turn):
+        if type(entry) is tuple:
+            seq, kind, loc, base, changes = entry
+            data = {key: _copied(value) for key, value in base.items()}
+            if changes:
+                data.update(changes)
+            turn[i] = Event(seq, kind, loc, MappingProxyType(data))
+
+
+def _turn_repeats(turn: list, plan: tuple) -> bool:
+    """``_repeats`` of a steady turn: its unmade events repeat by construction (each hook
+    compared what it read with what it read when armed); a turn with any event made the usual
+    way is compared whole (its unmade events made first)."""
+    if all(map(is_, map(type, turn), repeat(tuple))):
+        return True
+    if not all(map(is_not, map(type, turn), repeat(tuple))):
+        _realize(turn)
+    return _repeats(turn, plan)
+
+
 class Folder:
     """Watches the recorder's trace turn by turn and folds repeated turns out of it (see the
     module docs). ``observe`` before each event goes in; ``close`` at the end of the run;
@@ -300,6 +355,7 @@ class Folder:
         self.steady_after = STEADY_AFTER if steady_after is None else steady_after
         self.in_row = 0
         self.steady: _Steady | None = None
+        self.steady_hooks = STEADY_HOOKS
 
     # -- recording ---------------------------------------------------------------------------
     def observe(self, kind: str, loc) -> None:
@@ -516,7 +572,7 @@ class Folder:
         if steady.entered:
             if j == steady.length:  # the open turn is complete: this event must start the next
                 if made[0] == steady.kinds[0] and (loc is steady.locs[0] or loc == steady.locs[0]) \
-                        and _repeats(turn, steady.plan):
+                        and _turn_repeats(turn, steady.plan):
                     steady.closed += 1
                     steady.kept.append(turn)
                     turn = steady.open = []
@@ -539,6 +595,63 @@ class Folder:
         event = made_event(self.trace, made, loc)
         turn.append(event)
         return event
+
+    def steady_take(self, steady: "_Steady", j: int, kind: str, loc, base, changes) -> bool:
+        """The straight-line path of a hook (``steady_hooks``): in the steady state ``steady``,
+        the event at place ``j`` of the turn is the one the hook emitted there when it was armed
+        (``base``: that event's data; ``changes``: the values that differ from it, all of them
+        values ``signature`` leaves out, or None), as the hook's own reads showed. Its seq is
+        taken and it is kept aside unmade (``(seq, kind, loc, base, changes)``, made into an
+        ``Event`` only if it is ever put in the trace: ``_realize``). False: not taken (another
+        place, the steady state has ended or is another one, or the complete open turn does
+        not repeat): the hook takes its full path, whose event goes the usual way."""
+        if self.steady is not steady:
+            return False
+        turn = steady.open
+        n = len(turn)
+        if n != j:
+            if j or n != steady.length:
+                return False
+            # the open turn is complete and this event starts the next: what steady_put checks
+            if not _turn_repeats(turn, steady.plan):
+                return False
+            steady.closed += 1
+            steady.kept.append(turn)
+            turn = steady.open = []
+        if kind != steady.kinds[j] or loc is not steady.locs[j] and loc != steady.locs[j]:
+            return False
+        trace = self.trace
+        turn.append((trace.next_seq, kind, loc, base, changes))
+        trace.next_seq += 1
+        return True
+
+    def steady_ready(self, steady: "_Steady", j: int) -> bool:
+        """Whether ``steady_take`` would take an event at place ``j`` now (its kind and location
+        aside): read only, for a hook that must decide before it changes anything."""
+        if self.steady is not steady:
+            return False
+        n = len(steady.open)
+        return n == j or (j == 0 and n == steady.length and _turn_repeats(steady.open, steady.plan))
+
+    @staticmethod
+    def batch_varies(steady: "_Steady", j: int, batch) -> bool:
+        """Whether the ``batch`` of the event at place ``j`` may differ from turn to turn on the
+        straight-line path: it is the turn's first batch (``signature`` reads every other one
+        relative to it, and it relative to itself), ``[loader, epoch, index]`` in ints, so any
+        such batch of the same loader gives the same signature."""
+        if type(batch) is not list or len(batch) != 3 or not all(type(v) is int for v in batch):
+            return False
+        first = next((s for s in steady.plan[4] if s[2] == _BATCH and s[3] is not None), None)
+        return first is not None and first[0] == j and first[3] == (True, batch[0], 0, 0)
+
+    def place_of(self, event) -> tuple | None:
+        """``(steady state, place in the turn)`` of an event that has just gone on the steady
+        path (what a hook arms its straight-line path with), or None."""
+        steady = self.steady
+        if (steady is not None and steady.entered and steady.open and steady.open[-1] is event
+                and self.steady_hooks):
+            return steady, len(steady.open) - 1
+        return None
 
     def _enter(self, steady: "_Steady") -> bool:
         """Begin the steady state: the open turn's events so far leave the trace for the steady
@@ -565,6 +678,9 @@ class Folder:
         if steady is None or not steady.entered:
             return
         events = self.trace.events
+        for turn in (*steady.kept, steady.open):  # the hooks' straight-line events made now
+            if not all(map(is_not, map(type, turn), repeat(tuple))):
+                _realize(turn)
         aside = [event for turn in (*steady.kept, steady.open) for event in turn]
         try:
             closed, turn_id = steady.closed, steady.turn_id

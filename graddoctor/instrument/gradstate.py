@@ -128,6 +128,11 @@ class GradState:
         self.known.update(zip(pids, states_of(grads)))
         return without
 
+    def note_param_versions(self, pids: list, tensors: list) -> None:
+        """Each parameter's ``_version`` right after a step that owns it (``param_version``),
+        what ``after_step`` notes when the step left its grads as it got them."""
+        self.param_version.update(zip(pids, map(_version, tensors)))
+
     def note_requires_grad(self, pids: list, requires: list) -> None:
         """Each parameter's ``requires_grad`` (parallel lists), read before a step."""
         self.requires_grad.update(zip(pids, requires))

@@ -13,6 +13,7 @@ import functools
 import math
 import sys
 from collections.abc import Mapping
+from threading import get_ident
 from itertools import compress, repeat
 from operator import and_, attrgetter, is_, is_not, itemgetter, ne, not_
 from types import MappingProxyType
@@ -24,6 +25,7 @@ from torch.optim.optimizer import (
 )
 
 from .. import events as ev
+from ..location import same_chain
 from .gradstate import Tensor, grads_of, local, tensors_of, version
 from .recorder import Recorder
 from .topics import (FREEZE_OF, PARAMS_ADDED, STEP_BEGINS, STEP_GRADS, STEP_NORMS, STEPPED,
@@ -33,6 +35,7 @@ _requires_grad = attrgetter("requires_grad")
 _version = attrgetter("_version")
 _is_sparse = attrgetter("is_sparse")
 _device = attrgetter("device")
+_is_cpu = attrgetter("is_cpu")
 _item = torch.Tensor.item
 _grad_enabled = torch.is_grad_enabled
 
@@ -457,6 +460,10 @@ class OptimizerWatcher:
         self._params_added = rec.subscribers(PARAMS_ADDED)
         self._freeze_of = rec.subscribers(FREEZE_OF)
         self._normed: set[int] = set()  # optimizers whose first update carried norms
+        # the straight-line hooks' armed reads (see _arm_clear): None when not armed
+        self._armed_clear: tuple | None = None
+        self._armed_begin: tuple | None = None
+        self._armed_step: tuple | None = None
         self._attrs_seen: set[tuple] = set()  # (path, line, opt, name) of attributes recorded
         # watch(): an optimizer never registered (made before the block) is registered when
         # first stepped or zero_grad'ed (a script's optimizers are all made under graddoctor)
@@ -544,6 +551,7 @@ class OptimizerWatcher:
     # -- zero_grad -----------------------------------------------------------------------
     def _wrap_zero_grad(self, original, via: str):
         watcher, rec = self, self.rec
+        steady_path = via == "optimizer.zero_grad"  # the straight-line path (_steady_clear)
 
         @functools.wraps(original)
         def zero_grad(obj, *args, **kwargs):
@@ -556,7 +564,10 @@ class OptimizerWatcher:
             finally:
                 watcher._clearing = False
             try:
-                watcher._record_clear(obj, via, args, kwargs)
+                armed = watcher._armed_clear
+                if not (armed is not None and steady_path and not args and not kwargs
+                        and watcher._steady_clear(obj, sys._getframe(1), armed)):
+                    watcher._record_clear(obj, via, args, kwargs)
             except Exception as exc:
                 rec.internal_error(via, exc)
             return result
@@ -586,8 +597,62 @@ class OptimizerWatcher:
             loc, caller = rec.finder.here_and_caller(2)
         except Exception:  # as those two: each None when its lookup fails
             loc, caller = rec.here(3), rec.caller_of(3)
-        rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids,
-                          caller=_json(caller)), loc)
+        event = rec.emit(ev.clear(via=via, opt=opt, set_to_none=bool(set_to_none), params=pids,
+                                  caller=_json(caller)), loc)
+        self._armed_clear = None
+        if (optimizer and pids is owned and not args and not kwargs and not self.adopt_unknown
+                and rec.folder is not None):
+            place = rec.folder.place_of(event)
+            if place is not None:
+                self._arm_clear(place, opt, pids, sys._getframe(2), event, loc, caller)
+
+    # -- the steady state: straight-line hooks (instrument/fold.py, Folder.steady_take) --------
+    # While the folder's steady state lasts, each of a turn's hooks (zero_grad, the step's pre
+    # and post hooks, the backward's wrapper) compares what decides its event with what it read
+    # when its event last went the full path onto the steady path ("armed"); the same, and its
+    # event is taken as that one (Folder.steady_take: no event made, nothing compared later);
+    # anything else, and the full path runs at once (its event then goes the usual way).
+    def _arm_clear(self, place, opt, pids, frame, event, loc, caller) -> None:
+        finder = self.rec.finder
+        chain = finder.chain(frame)
+        if chain is None or loc is None:
+            return
+        user = same_chain(frame, chain)
+        if user is None or finder.instruction_location(user) is not loc:
+            return
+        if chain[1].co_name == "<module>":
+            outer = None  # no caller at module level
+        else:
+            up = user.f_back
+            outer = False if up is None or not finder.is_user_file(up.f_code.co_filename) \
+                else (up.f_code, up.f_lasti)
+            if (outer and finder.instruction_location(up) != caller) or (not outer and caller is not None):
+                return
+        self._armed_clear = (*place, opt, pids, chain, outer, event.data, loc)
+
+    def _steady_clear(self, obj, frame, armed) -> bool:
+        """``optimizer.zero_grad()`` on the straight-line path: the same optimizer, its same
+        parameter list, no arguments (set_to_none), the same call site and caller: the clear
+        event it would record is the armed one. True: taken (nothing else to record)."""
+        steady, j, opt, pids, chain, outer, base, loc = armed
+        rec = self.rec
+        folder = rec.folder
+        if (folder is None or folder.steady is not steady or rec.holder is not None
+                or self.adopt_unknown or get_ident() != rec.script_thread
+                or rec.optimizer_id.refs[opt]() is not obj or rec.opt_params.get(opt) is not pids):
+            return False
+        user = same_chain(frame, chain)
+        if user is None:
+            return False
+        if outer is not None:
+            up = user.f_back
+            if outer:
+                if up is None or up.f_code is not outer[0] or up.f_lasti != outer[1]:
+                    return False
+            elif up is not None and self.rec.finder.is_user_file(up.f_code.co_filename):
+                return False
+        with rec.lock:
+            return folder.steady_take(steady, j, "clear", loc, base, None)
 
     # -- step ----------------------------------------------------------------------------
     def _outer_steps_running(self) -> int:
@@ -606,6 +671,11 @@ class OptimizerWatcher:
         return len(self._step_frames)
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
+        armed = self._armed_begin
+        if armed is not None:
+            if self._steady_begin(optimizer, args, kwargs, sys._getframe(1), armed):
+                return
+            self._armed_begin = None
         rec = self.rec
         if self.adopt_unknown:
             self._adopt_unknown(optimizer, rec.here(2))
@@ -651,16 +721,114 @@ class OptimizerWatcher:
             self._began = (wrapper_frame, optimizer, opt, loc)
             if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves
                 rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
-            rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids, norms=norms,
-                                   nonfinite=nonfinite,
-                                   frozen=self._frozen_entries(optimizer, frozen) if frozen else None,
-                                   edited_params=by_hand, moved=moved,
-                                   lrs=group_lrs(optimizer)),
-                     loc)
+            event = rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids,
+                                           norms=norms, nonfinite=nonfinite,
+                                           frozen=self._frozen_entries(optimizer, frozen) if frozen else None,
+                                           edited_params=by_hand, moved=moved,
+                                           lrs=group_lrs(optimizer)),
+                             loc)
             if closure:
                 self.closure_step = opt
+            elif (depth == 0 and not self.adopt_unknown and edited == [] and not frozen
+                    and not by_hand and not nonfinite and not moved and norms is not None
+                    and len(args) == 1 and not kwargs and rec.folder is not None
+                    and self._read is not None and self._read[1].owned is not None
+                    and self._read[1].states is not None and self._read[1].known
+                    and not self._read[1].without):
+                self._arm_begin(opt, wrapper_frame, event, loc)
         except Exception as exc:
             rec.internal_error("optimizer step (before)", exc)
+
+    def _arm_begin(self, opt: int, wrapper_frame, event, loc) -> None:
+        """After a step's pre hook whose event went onto the steady path (the full path found
+        nothing edited, frozen, moved or not finite; every owned parameter had a plain grad):
+        what ``_steady_begin`` compares with."""
+        rec = self.rec
+        place = rec.folder.place_of(event)
+        if place is None or loc is None or not all(map(_is_cpu, self._read[1].grads)):
+            return  # (the straight-line path's norm pass is the host path's: CPU grads)
+        chain = rec.finder.chain(wrapper_frame)
+        user = same_chain(wrapper_frame, chain) if chain is not None else None
+        if user is None or rec.finder.instruction_location(user) is not loc:
+            return
+        self._armed_begin = (*place, opt, self._read[1].pids, chain, event.data, loc)
+
+    def _steady_begin(self, optimizer, args, kwargs, wrapper_frame, armed) -> bool:
+        """The step's pre hook on the straight-line path: ``step_grads``' reads compared as
+        whole lists with what the armed step's full path found (the same owned parameters
+        alive, each with a plain CPU grad that the backward wrote and nothing changed since,
+        no parameter changed by hand, nothing frozen, nothing unowned to watch), then the norm
+        pass: every norm finite, and the step_begin event is the armed one's with this step's
+        norms and lrs. False before anything is changed: the full path."""
+        steady, j, opt, pids, chain, base, loc = armed
+        rec = self.rec
+        folder = rec.folder
+        grads_state = rec.grads
+        if (folder is None or folder.steady is not steady or rec.holder is not None
+                or self._step_frames or self.adopt_unknown or len(args) != 1 or kwargs
+                or rec.progress.stop_requested or rec.running_backwards
+                or get_ident() != rec.script_thread or grads_state.finite
+                or rec.optimizer_id.refs[opt]() is not optimizer
+                or rec.opt_params.get(opt) is not pids or not folder.steady_ready(steady, j)):
+            return False
+        moves = self._moves
+        refs = rec.tensors.refs
+        if moves.watched or len(refs) != moves.known or same_chain(wrapper_frame, chain) is None:
+            return False
+        try:
+            tensors = tensors_of(refs, pids)
+            if not all(map(is_not, tensors, repeat(None))):
+                return False
+            requires = list(map(_requires_grad, tensors))
+            grads = grads_of(tensors)
+            if (not all(requires) or not all(map(is_not, grads, repeat(None)))
+                    or not all(map(is_, map(type, grads), repeat(Tensor)))):
+                return False
+            now = list(map(_version, tensors))
+            if now != list(map(grads_state.param_version.get, pids, now)):
+                return False
+            versions = list(map(_version, grads))
+            states = list(zip(map(id, grads), versions))
+            if list(map(grads_state.known.get, pids)) != states:
+                return False
+            # norms_by_device's host path: one group of dense grads, on the CPU, no graph
+            if (not all(map(_is_cpu, grads)) or any(map(_is_sparse, grads))
+                    or (_grad_enabled() and any(map(_requires_grad, grads)))):
+                return False
+            norms = list(map(_item, torch._foreach_norm(grads)))
+            if not all(map(math.isfinite, norms)):
+                return False
+        except Exception:  # the full path, which records its own failures
+            return False
+        # the full path's changes, in its order
+        grads_state.note_requires_grad(pids, requires)
+        self._step_frames.append(wrapper_frame)
+        self._backwards_before = rec.progress.backward_calls
+        try:
+            read = StepGrads(pids, grads, states, [], False, versions=versions,
+                             owned=(pids, tensors, grads), known=True)
+            self._read = (opt, read)
+            norm_pids = list(pids)
+            for subscriber in self._step_norms:
+                subscriber(norm_pids, norms)
+            for subscriber in self._step_grads:
+                subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
+            moved = moves.moved()  # nothing, unless a subscriber tracked a tensor meanwhile
+            self._began = (wrapper_frame, optimizer, opt, loc)
+            lrs = group_lrs(optimizer)
+            taken = False
+            if not moved:
+                with rec.lock:
+                    taken = folder.steady_take(steady, j, "step_begin", loc, base,
+                                               {"norms": norms, "lrs": lrs})
+            if not taken:
+                self._armed_begin = None
+                rec.emit(ev.step_begin(opt=opt, closure=False, norm_pids=norm_pids, norms=norms,
+                                       nonfinite=[], frozen=None, edited_params=[], moved=moved,
+                                       lrs=lrs), loc)
+        except Exception as exc:
+            rec.internal_error("optimizer step (before)", exc)
+        return True
 
     def _frozen_entries(self, optimizer, pids: list[int]) -> list[list]:
         """``[pid, moved_by, freeze]`` for the frozen parameters with a ``.grad`` that are still
@@ -700,6 +868,11 @@ class OptimizerWatcher:
         return budget is not None and self.rec.progress.updates + 1 >= budget
 
     def _post_step(self, optimizer, args, kwargs) -> None:
+        armed = self._armed_step
+        if armed is not None:
+            if self._steady_step(optimizer, args, kwargs, sys._getframe(1), armed):
+                return
+            self._armed_step = None
         rec = self.rec
         frame = self._step_frames.pop() if self._step_frames else None
         if self._step_frames:
@@ -721,17 +894,70 @@ class OptimizerWatcher:
                 read = None
             torch_step = _torch_step(optimizer)
             grads_read = read[1] if read is not None else None
+            untouched = self._untouched(opt, grads_read) if torch_step else None
             without = rec.grads.after_step(
                 rec.opt_params.get(opt, ()), grads_read, keeps_grads=torch_step,
-                untouched=self._untouched(opt, grads_read) if torch_step else None)
-            rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
-                     loc if loc is not None else rec.here(3))
+                untouched=untouched)
+            event = rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
+                             loc if loc is not None else rec.here(3))
+            if (loc is not None and untouched and not closure and not without
+                    and grads_read is not None and grads_read.known and len(args) == 1
+                    and not kwargs and self._untouched_steps.get(opt, 0) >= TRUSTED_AFTER
+                    and rec.folder is not None):
+                place = rec.folder.place_of(event)
+                if place is not None:
+                    self._armed_step = (*place, opt, rec.opt_params.get(opt), event.data, loc)
             for subscriber in self._stepped_without_grad:
                 subscriber(opt, without)
             for subscriber in self._stepped:
                 subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
+
+    def _steady_step(self, optimizer, args, kwargs, frame, armed) -> bool:
+        """The step's post hook on the straight-line path: the step whose pre hook went the
+        straight-line path (or armed it) and one of torch's, trusted to leave its grads as it
+        got them (``_untouched``), ends as the armed one did: the parameters' versions noted,
+        the step counted, its event the armed one's. False before anything is changed."""
+        steady, j, opt, pids, base, loc = armed
+        rec = self.rec
+        folder = rec.folder
+        frames, began, read = self._step_frames, self._began, self._read
+        if (folder is None or folder.steady is not steady or rec.holder is not None
+                or len(frames) != 1 or frames[0] is not frame or began is None
+                or began[0] is not frame or began[1] is not optimizer or began[2] != opt
+                or began[3] is not loc or read is None or read[0] != opt
+                or len(args) != 1 or kwargs or get_ident() != rec.script_thread
+                or rec.opt_params.get(opt) is not pids
+                or self._untouched_steps.get(opt, 0) < TRUSTED_AFTER
+                or not folder.steady_ready(steady, j)):
+            return False
+        grads_read = read[1]
+        owned = grads_read.owned
+        if (owned is None or owned[0] is not pids or len(owned[1]) != len(pids)
+                or grads_read.states is None or not grads_read.known or grads_read.without
+                or not _torch_step(optimizer)):
+            return False
+        frames.pop()
+        self._began = None
+        rec.progress.count_step(opt)
+        try:
+            self.closure_step = None
+            self._read = None
+            rec.grads.note_param_versions(pids, owned[1])
+            without = grads_read.without
+            with rec.lock:
+                taken = folder.steady_take(steady, j, "step", loc, base, None)
+            if not taken:
+                self._armed_step = None
+                rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=without), loc)
+            for subscriber in self._stepped_without_grad:
+                subscriber(opt, without)
+            for subscriber in self._stepped:
+                subscriber(opt, optimizer)
+        except Exception as exc:
+            rec.internal_error("optimizer step (after)", exc)
+        return True
 
     def _untouched(self, opt: int, read: StepGrads | None) -> bool | None:
         """Whether the step of torch optimizer ``opt`` just left its grads' values as it got
