@@ -813,6 +813,8 @@ class OptimizerWatcher:
                 subscriber(norm_pids, norms)
             for subscriber in self._step_grads:
                 subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
+            for subscriber in self._step_begins:
+                subscriber(opt, optimizer)
             moved = moves.moved()  # nothing, unless a subscriber tracked a tensor meanwhile
             self._began = (wrapper_frame, optimizer, opt, loc)
             lrs = group_lrs(optimizer)
