@@ -161,6 +161,11 @@ dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout
                    "unregistered" (an nn.Dropout in train mode that is no submodule of the
                    eval-mode module calling it: built in forward, or held in a plain list) —
                    the first such call of each call line (loc: that call)
+self_match         size (N of the (N, N) input), on_diagonal (the share of rows whose maximum is
+                   on the diagonal, >= 0.9) — a cross_entropy over a square input whose labels
+                   never point at the diagonal (a similarity matrix with each sample's
+                   similarity to itself left in), at one of its first calls, once per call line
+                   (loc: the loss call; an aside; instrument/loss_inputs.py)
 advantage_grad     params [pid] (optimizer-owned parameters the weight reaches and the
                    log-probability does not) — a loss at one of the first 3 backwards after a
                    ``torch.distributions`` log_prob holds a product of a log-probability and a
@@ -435,7 +440,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``norm_arguments``, ``output_range``, ``advantage_grad`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -670,6 +675,10 @@ def output_range(*, fn: str, activation: str, low: float, high: float | None, ou
                             "target_high": target_high}
 
 
+def self_match(*, size: int, on_diagonal: float) -> Made:
+    return "self_match", {"size": size, "on_diagonal": on_diagonal}
+
+
 def advantage_grad(*, params: list[int]) -> Made:
     return "advantage_grad", {"params": params}
 
@@ -881,7 +890,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad,
+    "output_range": output_range, "advantage_grad": advantage_grad, "self_match": self_match,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -901,7 +910,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "norm_arguments",
-                         "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit"})
+                         "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit",
+                         "self_match"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -57,7 +57,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_output_range_sigmoid_prices.py",  # output_range
             "losses/bad_target_not_detached_dqn.py",  # target_grad
             "losses/bad_loss_unbounded_kl_sign.py",  # loss_unbounded
-            "losses/bad_advantage_not_detached_a2c.py"]  # advantage_grad
+            "losses/bad_advantage_not_detached_a2c.py",  # advantage_grad
+            "losses/bad_similarity_diagonal_unmasked_simclr.py"]  # self_match
 
 GRAD_EDIT_SCRIPT = """
 import torch

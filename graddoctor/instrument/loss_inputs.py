@@ -127,6 +127,8 @@ _MASKABLE = {"binary_cross_entropy_with_logits": (2, 5), "cross_entropy": (2, 6)
 _TARGET_KEYS = {fn: f"{fn}:target" for fn in NAMES}  # _value_checks' keys of the target reads
 _TARGET_SLACK = 1e-3  # rounding around a target range's bounds (a smoothed 1.0, a clamped 0)
 _PADDING_SHARE = 0.25  # targets equal to the padding index: at least this share is reported
+_SQUARE_MIN = 4  # a square cross_entropy input at least this large is looked at as a similarity matrix
+_SELF_SHARE = 0.9  # rows whose maximum sits on the diagonal: at least this share
 _FILL_READS = 8  # token batches of embeddings without padding_idx looked at for a fill id
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
 
@@ -143,6 +145,7 @@ class LossInputWatcher:
         # label per embedded token (a tagger's) is token-level whatever its classes
         self._token_counts: dict[int, set[int]] = {}
         self._padded: set = set()  # call lines recorded as padded
+        self._matched: set = set()  # call lines recorded with a self_match event
         # pads inferred from the token batches themselves (an embedding without padding_idx:
         # GPT-2 padded with its eos token): pad -> "fill"; token batches looked at so far
         self._fills: dict[int, str] = {}
@@ -166,6 +169,9 @@ class LossInputWatcher:
                 watcher._check(fn, input, target, args, kwargs)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):
                     watcher._padding(fn, input, target, args, kwargs)
+                if fn == "cross_entropy" and input.dim() == 2 \
+                        and input.shape[0] == input.shape[1] >= _SQUARE_MIN:
+                    watcher._self_match(input, target)
             except Exception as exc:
                 rec.internal_error(f"F.{fn}", exc)
 
@@ -300,6 +306,32 @@ class LossInputWatcher:
                 return "probabilities" if low >= 0 and high <= 1 and off < 1e-3 else None
             off = torch.logsumexp(values, dim).abs().max().item()
             return "logits" if math.isfinite(off) and off > 0.05 else None
+
+    # -- a similarity matrix with its diagonal left in ------------------------------------------
+    def _self_match(self, input, target) -> None:
+        """A ``self_match`` aside when a square (N, N) cross_entropy input (a batch's similarity
+        matrix, SimCLR's 2N views against each other) has its maximum on the diagonal in nearly
+        every row while no label points there: each sample's similarity with itself is in the
+        softmax and outweighs its positive. CLIP's ``arange`` labels (the diagonal is the
+        positive) and a masked diagonal say nothing. First calls only, one small read."""
+        if not (isinstance(target, torch.Tensor) and target.dim() == 1 and not target.is_floating_point()
+                and target.shape[0] == input.shape[0]):
+            return
+        if not self._reads_left("self_match", target):
+            return
+        with torch.no_grad():
+            n = input.shape[0]
+            rows = torch.arange(n, device=input.device)
+            on_diagonal, labelled = torch.stack([
+                (input.detach().argmax(1) == rows).float().mean(),
+                (target == rows).float().mean()]).tolist()
+        if on_diagonal < _SELF_SHARE or labelled > 0:
+            return
+        loc = self.rec.here()
+        if loc in self._matched:
+            return
+        self._matched.add(loc)
+        self.rec.emit_aside(ev.self_match(size=int(n), on_diagonal=round(on_diagonal, 4)), loc)
 
     # -- padded token batches --------------------------------------------------------------
     def _padding(self, fn: str, input, target, args, kwargs) -> None:
