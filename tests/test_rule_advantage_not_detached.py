@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.distributions import Categorical
@@ -63,3 +64,22 @@ def test_the_finding_needs_a_step_that_applies_the_weights_gradient():
     f = only(_trace(clear_before_step=False), SLUG)
     assert f.location.line == 12 and "detach" in f.fix
     assert findings(_trace(clear_before_step=True), SLUG) == []
+
+
+@pytest.mark.compile
+def test_log_prob_inside_a_fullgraph_compiled_function_is_seen_through():
+    """The log_prob wrapper is inlined by Dynamo and traces only the original (inlinable.py):
+    a compiled policy loss with fullgraph=True compiles and runs under the instrumentation."""
+    torch._dynamo.reset()
+    net = nn.Linear(4, 3)
+
+    @torch.compile(fullgraph=True)
+    def policy_loss(s, a, ret):
+        return -(Categorical(logits=net(s)).log_prob(a) * ret).mean()
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        loss = policy_loss(torch.randn(8, 4), torch.randint(0, 3, (8,)), torch.randn(8))
+        loss.backward()
+    assert net.weight.grad is not None
+    torch._dynamo.reset()

@@ -27,6 +27,16 @@ def make(before, original, is_compiling):
     return wrapper
 """
 _CODE = compile(_SOURCE, "<graddoctor: watched call>", "exec")
+_RESULT_SOURCE = """
+def make(after, original, is_compiling):
+    def wrapper(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if not is_compiling():
+            after(result)
+        return result
+    return wrapper
+"""
+_RESULT_CODE = compile(_RESULT_SOURCE, "<graddoctor: watched result>", "exec")
 
 
 def watched(original, before):
@@ -36,4 +46,13 @@ def watched(original, before):
     scope = dict(getattr(original, "__globals__", None) or vars(torch))  # a copy: torch's stays as it is
     exec(_CODE, scope)
     wrapper = scope.pop("make")(before, original, torch.compiler.is_compiling)
+    return functools.wraps(original)(wrapper)
+
+
+def watched_result(original, after):
+    """``original`` with ``after(result)`` called on each eager call's result (the same
+    see-through wrapper as ``watched``). ``after`` is graddoctor's own code and must not raise."""
+    scope = dict(getattr(original, "__globals__", None) or vars(torch))
+    exec(_RESULT_CODE, scope)
+    wrapper = scope.pop("make")(after, original, torch.compiler.is_compiling)
     return functools.wraps(original)(wrapper)

@@ -19,13 +19,13 @@ the optimizer does not own.
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
 import torch.distributions as D
 
 from .. import events as ev
+from .inlinable import watched_result
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards with log-probabilities judged per backward line
@@ -75,19 +75,11 @@ class AdvantageGradWatcher:
         self._noted: set = set()  # autograd nodes of log-probabilities since the last backward
         self._done: set = set()  # backward lines recorded
 
-    def _wrap(self, original):
-        watcher = self
-
-        @functools.wraps(original)
-        def log_prob(*args, **kwargs):
-            result = original(*args, **kwargs)
-            if len(watcher._noted) < _NOTED:
-                node = getattr(result, "grad_fn", None)
-                if node is not None:
-                    watcher._noted.add(node)
-            return result
-
-        return log_prob
+    def _note(self, result) -> None:
+        if len(self._noted) < _NOTED:
+            node = getattr(result, "grad_fn", None)
+            if node is not None:
+                self._noted.add(node)
 
     def _near(self, node) -> bool:
         level, seen = [node], set()
@@ -158,5 +150,11 @@ class AdvantageGradWatcher:
         self.rec.emit_aside(ev.advantage_grad(params=pids[:64]), loc)
 
     def install(self, patcher) -> None:
+        watcher = self
+
+        def note(result) -> None:  # a plain function: Dynamo wraps no bound method in a closure
+            watcher._note(result)
+
         for cls in _distributions():
-            patcher.patch(cls, "log_prob", self._wrap(vars(cls)["log_prob"]))
+            # torch.compile inlines the wrapper and traces only the original (inlinable.py)
+            patcher.patch(cls, "log_prob", watched_result(vars(cls)["log_prob"], note))
