@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from graddoctor import events as ev
-from graddoctor.instrument.stopgrad import TargetGradWatcher, _base, _own_leaves, _producer, _walk
+from graddoctor.instrument.graphpaths import reached as _walk
+from graddoctor.instrument.stopgrad import TargetGradWatcher, _base, _own_leaves, _producer
 from rule_traces import builder, findings, only
 
 SLUG = "target-not-detached"

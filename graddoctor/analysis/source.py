@@ -113,6 +113,19 @@ class ScriptSource:
             return ""
 
 
+def _enclosing_function(tree: ast.AST, line: int, lambdas: bool = False) -> ast.AST:
+    """The innermost function (or lambda, with ``lambdas``) whose lines hold ``line``; the
+    module when none does."""
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda) if lambdas else \
+        (ast.FunctionDef, ast.AsyncFunctionDef)
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, kinds) and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and (scope is tree or node.lineno >= scope.lineno):
+            scope = node
+    return scope
+
+
 @lru_cache(maxsize=64)
 def _tree(text: str) -> ast.AST | None:
     try:
@@ -195,12 +208,7 @@ def inside_loop(path: str, line: int) -> bool | None:
     tree = _parse(path)
     if tree is None:
         return None
-    scope: ast.AST = tree
-    for node in ast.walk(tree):  # the innermost function holding the line
-        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-                and node.lineno <= line <= (node.end_lineno or node.lineno)
-                and (scope is tree or node.lineno >= scope.lineno)):
-            scope = node
+    scope = _enclosing_function(tree, line, lambdas=True)
     todo = list(ast.iter_child_nodes(scope))
     while todo:
         node = todo.pop()
@@ -502,12 +510,7 @@ def result_reaches_backward(path: str, line: int, depth: int = 0) -> int | None:
     tree = _parse(path)
     if tree is None or depth > 2:
         return None
-    scope: ast.AST = tree
-    for node in ast.walk(tree):
-        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and node.lineno <= line <= (node.end_lineno or node.lineno)
-                and (scope is tree or node.lineno >= scope.lineno)):
-            scope = node
+    scope = _enclosing_function(tree, line)
     statements = sorted((n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign,
                                                                       ast.AnnAssign, ast.Expr))),
                         key=lambda n: (n.lineno, n.col_offset))
@@ -762,12 +765,7 @@ def advantage_line(path: str, line: int) -> tuple[int, str] | None:
     tree = _parse(path)
     if tree is None:
         return None
-    scope: ast.AST = tree
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-                and node.lineno <= line <= (node.end_lineno or node.lineno) \
-                and (scope is tree or node.lineno >= scope.lineno):
-            scope = node
+    scope = _enclosing_function(tree, line)
     best = None
     for node in ast.walk(scope):
         if isinstance(node, ast.Assign) and node.lineno < line and len(node.targets) == 1 \
@@ -818,12 +816,7 @@ def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int,
             break
     if name is None:
         return None
-    scope: ast.AST = tree
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-                and node.lineno <= line <= (node.end_lineno or node.lineno) \
-                and (scope is tree or node.lineno >= scope.lineno):
-            scope = node
+    scope = _enclosing_function(tree, line)
     best = None
     for node in ast.walk(scope):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno < line:
@@ -1169,12 +1162,7 @@ def cut_penalty(path: str, line: int) -> tuple[int, str] | None:
     if _cuts_param(value, params):
         return start.lineno, ast.unparse(start).strip()
     defs = {d.name: d for d in ast.walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    scope: ast.AST = tree
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-                and node.lineno <= start.lineno <= (node.end_lineno or node.lineno) \
-                and (scope is tree or node.lineno >= scope.lineno):
-            scope = node
+    scope = _enclosing_function(tree, start.lineno)
     sources = [value]
     for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}:
         best = None

@@ -1,5 +1,7 @@
-"""The part of an autograd graph that leads from a root to some target nodes, for the watchers
-that hook one backward's nodes on the way (instrument/gradstop.py, instrument/dependency.py)."""
+"""Walks of an autograd graph: the part that leads from a root to some target nodes, for the
+watchers that hook one backward's nodes on the way (instrument/gradstop.py,
+instrument/dependency.py); the nodes and leaf tensors below a root, for the watchers that ask
+which parameters a value reaches (instrument/stopgrad.py, policygrad.py, lossterms.py)."""
 
 from __future__ import annotations
 
@@ -48,3 +50,26 @@ def paths_to(root, is_target: Callable[[object], bool], limit: int,
         if edges:
             relevant[node] = edges
     return relevant
+
+
+
+def reached(root, limit: int, truncate: bool = False) -> tuple[set, set] | None:
+    """``(nodes, ids of the leaf tensors)`` below ``root``. Past ``limit`` nodes: None, or with
+    ``truncate`` what was reached so far."""
+    seen: set = set()
+    leaves: set = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > limit:
+            if truncate:
+                break
+            return None
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            leaves.add(id(variable))
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return seen, leaves

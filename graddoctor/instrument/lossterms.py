@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
+from .graphpaths import reached
 from .recorder import Recorder
 
 _LOOKED = 3  # backwards of each line looked at
@@ -130,24 +131,6 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
     return found
 
 
-def _leaves(node, limit: int) -> set:
-    seen: set = set()
-    leaves: set = set()
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if len(seen) > limit:
-            break
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            leaves.add(id(variable))
-        stack.extend(child for child, _ in node.next_functions if child is not None)
-    return leaves
-
-
 class LossTermWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -182,7 +165,7 @@ class LossTermWatcher:
             return
         tensors = self.rec.tensors
         for term, node, argument in terms:
-            common = _leaves(argument, _LEAF_NODES)
+            common = reached(argument, _LEAF_NODES, truncate=True)[1]
             pids = sorted(pid for i in common
                           if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
             if not pids:

@@ -25,6 +25,7 @@ import torch
 import torch.distributions as D
 
 from .. import events as ev
+from .graphpaths import reached
 from .inlinable import watched_result
 from .recorder import Recorder
 
@@ -47,24 +48,6 @@ def _distributions() -> list[type]:
 
 def _children(node) -> list:
     return [child for child, _ in node.next_functions if child is not None]
-
-
-def _leaves(root) -> set | None:
-    seen: set = set()
-    leaves: set = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if len(seen) > _NODES:
-            return None
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            leaves.add(id(variable))
-        stack.extend(_children(node))
-    return leaves
 
 
 class AdvantageGradWatcher:
@@ -132,10 +115,10 @@ class AdvantageGradWatcher:
             if near_a == near_b:
                 continue  # no log-probability, or one on both sides (an entropy's p * log p)
             logp, weight = (a, b) if near_a else (b, a)
-            weight_leaves, logp_leaves = _leaves(weight), _leaves(logp)
-            if weight_leaves is None or logp_leaves is None:
+            weight_reached, logp_reached = reached(weight, _NODES), reached(logp, _NODES)
+            if weight_reached is None or logp_reached is None:
                 continue
-            found.update(weight_leaves - logp_leaves)
+            found.update(weight_reached[1] - logp_reached[1])
         if not found:
             return
         tensors_ = self.rec.tensors

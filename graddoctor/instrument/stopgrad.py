@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import events as ev
+from .graphpaths import reached
 from .inlinable import watched
 from .recorder import Recorder
 
@@ -50,25 +51,6 @@ _NODES = 20000  # nodes walked per side
 # nodes that keep the values they are given: a producer is read past them
 _PASS = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Permute", "Transpose",
          "TBackward", "Clone", "ToCopy", "Expand", "Alias", "Contiguous")
-
-
-def _walk(root, limit: int) -> tuple[set, set] | None:
-    """``(nodes, leaf tensors' ids)`` below ``root``; None past ``limit`` nodes."""
-    seen: set = set()
-    leaves: set = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if len(seen) > limit:
-            return None
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            leaves.add(id(variable))
-        stack.extend(child for child, _ in node.next_functions if child is not None)
-    return seen, leaves
 
 
 def _producer(node):
@@ -150,8 +132,8 @@ class TargetGradWatcher:
     def _check(self, fn: str, input, target) -> None:
         if fn == "cross_entropy" and not target.is_floating_point():
             return
-        walked_in = _walk(input.grad_fn, _NODES)
-        walked_target = _walk(target.grad_fn, _NODES)
+        walked_in = reached(input.grad_fn, _NODES)
+        walked_target = reached(target.grad_fn, _NODES)
         if walked_in is None or walked_target is None:
             return
         nodes_in, leaves_in = walked_in
