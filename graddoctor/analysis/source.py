@@ -101,6 +101,9 @@ class ScriptSource:
     def moves_to_host(self, path: str, line: int) -> bool | None:
         return moves_to_host(self.full(path), line)
 
+    def self_load_alias(self, path: str, line: int) -> tuple[str, str, int | None] | None:
+        return self_load_alias(self.full(path), line)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -1186,3 +1189,31 @@ def cut_penalty(path: str, line: int) -> tuple[int, str] | None:
                             and _cuts_param(stmt.value, params):
                         return stmt.lineno, ast.unparse(stmt).strip()
     return None
+
+
+def self_load_alias(path: str, line: int) -> tuple[str, str, int | None] | None:
+    """For a ``target.load_state_dict(source.state_dict())`` call on ``line``: ``(target, source,
+    the line of the last assignment ``target = source`` above it in the file, or None)``; None
+    when the line holds no such call (the state comes from a variable, the names are the same)."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and isinstance(node.func, ast.Attribute) and node.func.attr == "load_state_dict"
+                and node.args and isinstance(node.args[0], ast.Call)
+                and isinstance(node.args[0].func, ast.Attribute)
+                and node.args[0].func.attr == "state_dict"):
+            found = (ast.unparse(node.func.value), ast.unparse(node.args[0].func.value))
+            break
+    if found is None or found[0] == found[1]:
+        return None
+    target, source = found
+    assigned = None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and node.lineno < line and len(node.targets) == 1
+                and ast.unparse(node.targets[0]) == target and ast.unparse(node.value) == source
+                and (assigned is None or node.lineno > assigned)):
+            assigned = node.lineno
+    return target, source, assigned

@@ -25,7 +25,7 @@ import torch
 
 from .. import events as ev
 from .recorder import Recorder
-from .stateload import nothing_loaded
+from .stateload import loaded_into_itself, nothing_loaded
 from .topics import STATE_LOADED
 
 MAX_STATES = 64  # distinct loaded states told apart; later ones are not compared
@@ -104,6 +104,12 @@ class ParamResetWatcher:
                 return original(module, state_dict, *args, **kwargs)  # later loads compare to)
             watcher._busy = True
             try:
+                try:
+                    itself = loaded_into_itself(module, state_dict)
+                    if itself is not None:
+                        rec.emit_aside(ev.state_self_load(**itself), rec.here(2))
+                except Exception as exc:
+                    rec.internal_error("load_state_dict (itself)", exc)
                 for loading in watcher._loading:
                     try:
                         loading(module, state_dict)

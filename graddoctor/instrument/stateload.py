@@ -1,10 +1,15 @@
-"""A ``load_state_dict(..., strict=False)`` that loads no parameter at all.
+"""Loads that change nothing: a ``load_state_dict(..., strict=False)`` that places no parameter, and
+a state loaded into the module it came from.
 
 With ``strict=False`` torch returns the keys it could not place instead of raising: a checkpoint
 saved from a ``DataParallel``/DDP-wrapped model (``module.`` before every key), or from another
 nesting (``backbone.``, ``model.``), matches nothing, and the model trains on from its random
 initialisation while the script believes it fine-tunes. Read from the call's own result (the
 module's ``state_dict`` keys once per such call): nothing per step.
+
+A state whose parameter tensors are the module's own (``target.load_state_dict(model.state_dict())``
+after ``target = model``: one module under two names) copies each parameter onto itself. Told by
+storage (``data_ptr``) before the load runs, one pass over the module's parameters per call.
 """
 
 from __future__ import annotations
@@ -54,3 +59,21 @@ def nothing_loaded(module, state_dict, result) -> dict | None:
             "unexpected": [str(k) for k in unexpected[:_SHOWN]],
             "missing": [str(k) for k in missing[:_SHOWN]],
             "prefix": list(_prefix([str(k) for k in unexpected], [str(k) for k in expected]) or ()) or None}
+
+
+def loaded_into_itself(module, state_dict) -> dict | None:
+    """The facts of a load whose state holds, for every parameter of ``module`` it names, that
+    very parameter's storage (the state came from the module itself or from one that shares all
+    its parameters), else None. Parameters without storage (meta, empty) are not judged."""
+    if not hasattr(state_dict, "get"):
+        return None
+    matched = 0
+    for name, param in module.named_parameters():
+        value = state_dict.get(name)
+        if value is None:
+            continue
+        if (not hasattr(value, "data_ptr") or param.numel() == 0 or param.data_ptr() == 0
+                or value.data_ptr() != param.data_ptr() or value.shape != param.shape):
+            return None
+        matched += 1
+    return {"cls": type(module).__name__, "params": matched} if matched else None
