@@ -104,6 +104,9 @@ class ScriptSource:
     def self_load_alias(self, path: str, line: int) -> tuple[str, str, int | None] | None:
         return self_load_alias(self.full(path), line)
 
+    def loop_names(self, path: str, line: int) -> tuple[str | None, str | None] | None:
+        return loop_names(self.full(path), line)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -1217,3 +1220,31 @@ def self_load_alias(path: str, line: int) -> tuple[str, str, int | None] | None:
                 and (assigned is None or node.lineno > assigned)):
             assigned = node.lineno
     return target, source, assigned
+
+
+_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "trange", "islice", "progress_bar", "track"})
+
+
+def loop_names(path: str, line: int) -> tuple[str | None, str | None] | None:
+    """``(the name the ``for`` loop on ``line`` iterates, the function holding it)``: the last
+    part of a dotted name (``self.val_loader`` -> ``val_loader``), seen through ``enumerate``,
+    ``tqdm`` and the like; each None when there is none (a call, the module level). None when
+    the line holds no ``for`` loop or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    loop = next((node for node in ast.walk(tree)
+                 if isinstance(node, (ast.For, ast.AsyncFor)) and node.lineno == line), None)
+    if loop is None:
+        return None
+    iterable = loop.iter
+    while (isinstance(iterable, ast.Call) and iterable.args
+           and _last_name(iterable.func) in _WRAPPERS):
+        iterable = iterable.args[0]
+    name = None
+    if isinstance(iterable, ast.Name):
+        name = iterable.id
+    elif isinstance(iterable, ast.Attribute):
+        name = iterable.attr
+    scope = _enclosing_function(tree, line)
+    return name, getattr(scope, "name", None)

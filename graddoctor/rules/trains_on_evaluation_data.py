@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import re
+
+from ..findings import Severity
+from .base import Rule, related
+
+# words that name held-out data, as parts of a variable or function name (val_loader, testloader,
+# evaluate, run_validation): "trainval" or "interval" are not among them
+_HELD_OUT = re.compile(r"^(val|valid|validation|validate|test|testing|eval|evaluate|evaluation|dev|"
+                       r"holdout)(loader|dl|set|data|dataloader|iter|batches)?$")
+
+
+def _held_out(name: str | None) -> bool:
+    if not name:
+        return False
+    parts = re.split(r"_+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower())
+    return any(_HELD_OUT.match(part) for part in parts if part)
+
+
+class TrainsOnEvaluationData(Rule):
+    """
+    ## What it does
+    Finds optimizer steps that apply gradients computed on batches of a DataLoader the script
+    uses for evaluation: its loop iterates a loader named for held-out data (`val_loader`,
+    `test_dl`, `self.valid_loader`) or runs in a function named for evaluation (`validate`,
+    `evaluate`, `test_epoch`), while another DataLoader feeds the training steps. Read from the
+    trace (each backward's batch and each loader's loop line) and the loop's source.
+
+    ## Why is this bad?
+    A validation loop copied from the training loop keeps its `loss.backward()` and
+    `optimizer.step()`: the model trains on the data it is evaluated on. The validation loss
+    goes down with it and stops measuring generalisation — early stopping, model selection and
+    the reported score all read a number the model was fitted to.
+
+    ## Example
+    ```python
+    for x, y in val_loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        val_loss += loss.item()
+    ```
+
+    ## Use instead
+    ```python
+    model.eval()
+    with torch.no_grad():
+        for x, y in val_loader:
+            val_loss += criterion(model(x), y).item()
+    model.train()
+    ```
+
+    ## Stays silent on
+    Evaluation loops without a step, a backward in an evaluation loop whose gradients are
+    cleared before any step (saliency maps, Grad-CAM), loaders named otherwise (`trainval`,
+    `finetune`, a meta-learning task's query set), and a script whose only training data is the
+    held-out loader (test-time adaptation).
+    """
+
+    code = "GD256"
+    slug = "trains-on-evaluation-data"
+    severity = Severity.WARNING
+    summary = ("an optimizer steps on gradients from batches of the validation/test DataLoader: "
+               "the model trains on the data it is evaluated on")
+    fix = ("remove backward() and optimizer.step() from the evaluation loop, and run it under "
+           "torch.no_grad() with model.eval() (model.train() after it)")
+
+    def check(self, a):
+        loops: dict[int, object] = {}  # loader -> its first epoch_start (the loop's line)
+        for e in a.by_kind.get("epoch_start", ()):
+            loops.setdefault(e.get("loader"), e)
+        held_out: dict[int, tuple] = {}  # loader -> (what names it, the loop's event)
+        for loader, e in loops.items():
+            if e.loc is None:
+                continue
+            names = a.source.loop_names(e.loc.path, e.loc.line)
+            if names is None:
+                continue
+            iterable, function = names
+            if _held_out(iterable):
+                held_out[loader] = (f"the batches of `{iterable}`", e)
+            elif _held_out(function):
+                held_out[loader] = (f"the batches that {function}()'s loop reads", e)
+        if not held_out:
+            return
+        applied: dict[int, list] = {}  # loader -> [(backward, step)] applied by a step
+        by_seq = {s.seq: s for s in a.steps}
+        for step_seq, backwards in a.ledger.windows.items():
+            step = by_seq.get(step_seq)
+            if step is None or step.get("skipped"):
+                continue
+            for b in backwards:
+                batch = b.get("batch")
+                if type(batch) is list and len(batch) == 3:
+                    applied.setdefault(batch[0], []).append((b, step))
+        trained_elsewhere = any(loader not in held_out for loader in applied)
+        if not trained_elsewhere:
+            return  # the held-out loader is the only training data: adaptation at test time
+        for loader, (what, loop) in held_out.items():
+            found = applied.get(loader)
+            if not found:
+                continue
+            backward, step = found[0]
+            n = a.count(b for b, _ in found)
+            yield self.finding(
+                f"{a.optimizer_name(step.get('opt'))} steps on gradients computed from {what} "
+                f"({n} backward{'s' if n != 1 else ''} applied): the loop that reads held-out "
+                f"data trains the model on it, so its loss stops measuring generalisation",
+                backward.loc,
+                related=(related(loop, "the evaluation loop"),
+                         related(step, "the step that applies them")),
+                step=a.step_number.get(step.seq),
+                evidence={"loader": loader, "backwards": n})
