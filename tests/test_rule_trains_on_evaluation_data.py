@@ -20,7 +20,7 @@ def test_held_out_names_are_told_apart_from_look_alikes():
                  "evaluate", "run_validation", "valLoader", "dev_set", "holdout"):
         assert _held_out(name), name
     for name in ("train_loader", "trainval_loader", "interval", "finetune_loader", "query_loader",
-                 "loader", "evaluator_model", "latest", "", None):
+                 "loader", "evaluator_model", "latest", "train_and_evaluate", "", None):
         assert not _held_out(name), name
 
 

@@ -11,11 +11,26 @@ _HELD_OUT = re.compile(r"^(val|valid|validation|validate|test|testing|eval|evalu
                        r"holdout)(loader|dl|set|data|dataloader|iter|batches)?$")
 
 
+_TRAINING = re.compile(r"^(train|training|trn|fit|finetune)(loader|dl|set|data|dataloader|iter|batches|epoch|step|one|loop)?$")
+
+
+def _parts(name: str) -> list[str]:
+    return [part for part in re.split(r"_+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower())
+            if part]
+
+
 def _held_out(name: str | None) -> bool:
+    """A name made of a held-out word and no training word (``train_and_evaluate`` holds
+    both: it says nothing of one loop)."""
     if not name:
         return False
-    parts = re.split(r"_+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower())
-    return any(_HELD_OUT.match(part) for part in parts if part)
+    parts = _parts(name)
+    return (any(_HELD_OUT.match(part) for part in parts)
+            and not any(_TRAINING.match(part) for part in parts))
+
+
+def _training(name: str | None) -> bool:
+    return bool(name) and any(_TRAINING.match(part) for part in _parts(name))
 
 
 class TrainsOnEvaluationData(Rule):
@@ -81,7 +96,7 @@ class TrainsOnEvaluationData(Rule):
             iterable, function = names
             if _held_out(iterable):
                 held_out[loader] = (f"the batches of `{iterable}`", e)
-            elif _held_out(function):
+            elif not _training(iterable) and _held_out(function):
                 held_out[loader] = (f"the batches that {function}()'s loop reads", e)
         if not held_out:
             return
