@@ -351,6 +351,13 @@ state_not_loaded   cls (the module's class), keys (in the state dict), params (t
                    (["strip" | "add", "module."] when one prefix places the state's keys, else
                    None) — ``load_state_dict(strict=False)`` placed none of the module's
                    parameters (loc: that call; an aside)
+diverging          opt, first, last (the optimizer's own update counts: its total gradient norm
+                   grew ``divergence.GROWTH``-fold or more at each update after ``first`` up to
+                   ``last``), norms [float, float] (the totals at ``first`` and ``last``), factor
+                   (growth per update), nonfinite (the run ended in a NaN/Inf norm rather than
+                   reaching ``divergence.RUN`` updates and ``TOTAL``-fold) — once per optimizer
+                   (loc: None; the next ``step_begin`` of ``opt`` is the step it was seen at; an
+                   aside; instrument/divergence.py)
 state_self_load    cls (the module's class), params (how many of its parameters the state holds) —
                    ``load_state_dict`` given a state whose every parameter tensor is the module's
                    own (the same storage): nothing is copied; the "other" module is the same one
@@ -444,7 +451,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -762,6 +769,12 @@ def state_not_loaded(*, cls: str, keys: int, params: int, unexpected: list[str],
                                 "unexpected": unexpected, "missing": missing, "prefix": prefix}
 
 
+def diverging(*, opt: int, first: int, last: int, norms: list[float], factor: float,
+              nonfinite: bool) -> Made:
+    return "diverging", {"opt": opt, "first": first, "last": last, "norms": norms,
+                         "factor": factor, "nonfinite": nonfinite}
+
+
 def state_self_load(*, cls: str, params: int) -> Made:
     return "state_self_load", {"cls": cls, "params": params}
 
@@ -906,7 +919,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
-    "state_self_load": state_self_load,
+    "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit,
     "internal_error": internal_error, "run_end": run_end,
 }
@@ -918,7 +931,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
-                         "module_repeated", "state_not_loaded", "state_self_load", "norm_arguments",
+                         "module_repeated", "state_not_loaded", "state_self_load", "diverging",
+                         "norm_arguments",
                          "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit",
                          "self_match"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

@@ -54,6 +54,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units
             "registration/bad_state_dict_not_loaded_module_prefix.py",  # state_not_loaded
             "modes/bad_batchnorm_keras_momentum.py",  # norm_arguments
+            "numerics/bad_updates_diverge_summed_loss.py",  # diverging
             "losses/bad_output_range_sigmoid_prices.py",  # output_range
             "losses/bad_target_not_detached_dqn.py",  # target_grad
             "losses/bad_loss_unbounded_kl_sign.py",  # loss_unbounded

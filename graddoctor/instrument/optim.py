@@ -26,6 +26,7 @@ from torch.optim.optimizer import (
 
 from .. import events as ev
 from ..location import same_chain
+from .divergence import Divergence
 from .gradstate import Tensor, grads_of, local, tensors_of, version
 from .recorder import Recorder
 from .topics import (FREEZE_OF, PARAMS_ADDED, STEP_BEGINS, STEP_GRADS, STEP_NORMS, STEPPED,
@@ -443,6 +444,7 @@ class OptimizerWatcher:
         self.closure_step: int | None = None  # optimizer id while optimizer.step(closure) runs
         self._owned: dict[int, None] = {}  # pids of every tensor an optimizer owns (a set)
         self._moves = MoveWatch(rec, self._owned)
+        self._divergence = Divergence(rec)  # growth of each optimizer's gradient norm
         self._clearing = False
         self._step_frames: list = []  # frames of the optimizer steps running now, outermost first
         self._read: tuple | None = None  # (opt, StepGrads) of the outermost step running
@@ -712,6 +714,7 @@ class OptimizerWatcher:
                                      if not math.isfinite(n) and _really_nonfinite(rec, pid)]
                     for subscriber in self._step_norms:
                         subscriber(norm_pids, norms)
+                self._divergence.observe(opt, norms)
                 for subscriber in self._step_grads:
                     subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
                 for subscriber in self._step_begins:
@@ -811,6 +814,7 @@ class OptimizerWatcher:
             norm_pids = list(pids)
             for subscriber in self._step_norms:
                 subscriber(norm_pids, norms)
+            self._divergence.observe(opt, norms)
             for subscriber in self._step_grads:
                 subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
             for subscriber in self._step_begins:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from ..findings import Role, Severity
 from .base import Rule, plural, related
 from .step_bypasses_scaler import bypassing_steps
+from .updates_diverge import lower_lr
 
 
 class NonfiniteGrad(Rule):
@@ -65,8 +66,11 @@ class NonfiniteGrad(Rule):
                 # a fused optimizer was handed the inf check and skipped inside its own step
                 if hits[-1][1]["opt"] == e["opt"] and hits[-1][1].seq < e.seq:
                     hits.pop()
-        fix = (self.fix_with_scaler if any(b.get("scaled") for b in a.of_kind("backward"))
-               else None)
+        backwards = a.of_kind("backward")
+        # the GradScaler advice only where half precision runs without one
+        fix = (None if any(b.get("autocast_fp16") and not b.get("scaled") for b in backwards)
+               or a.by_kind.get("low_precision") else self.fix_with_scaler)
+        diverged = {e.get("opt"): e for e in a.by_kind.get("diverging", ())}
         # a cause that is knowable: an optimizer whose eps rounds to 0 in its parameters' dtype
         eps_zero = {e.get("opt"): e for e in a.of_kind("low_precision") if e.get("what") == "eps"}
         groups: dict = {}
@@ -88,6 +92,15 @@ class NonfiniteGrad(Rule):
                          "where the second moment underflowed (see low-precision-update)")
                 cause_fix = (f"keep float32 parameters (torch.autocast for the compute), or an eps "
                              f"{low['dtype']} can hold (eps=1e-4)")
+            grew = diverged.get(step["opt"])
+            if grew is not None and grew.seq < step.seq and not cause:
+                first_norm, last_norm = grew.get("norms") or (0.0, 0.0)
+                cause = (f"; before it the gradient norm grew about {grew.get('factor'):.3g}x per "
+                         f"update ({first_norm:.3g} -> {last_norm:.3g}): the updates diverged")
+                summed = source is not None and "sum" in (source.get("loss_terms") or ())
+                cause_fix = (f"lower the learning rate{lower_lr(begin.get('lrs'))}, or "
+                             + ("average the loss over the batch (reduction='mean')" if summed
+                                else "normalise the inputs and targets") + "; see updates-diverge")
             yield self.finding(
                 f"{where} NaN/Inf gradients in {a.names(bad)}, and "
                 f"{a.optimizer_name(step['opt'])} applied them at step {index.get(step.seq)} "

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 
+from ..analysis.modes import evaluation_backward
 from ..findings import Severity
 from .base import Rule, related
 
@@ -110,7 +111,13 @@ class TrainsOnEvaluationData(Rule):
                 batch = b.get("batch")
                 if type(batch) is list and len(batch) == 3:
                     applied.setdefault(batch[0], []).append((b, step))
-        trained_elsewhere = any(loader not in held_out for loader in applied)
+        # a backward of an eval-mode pass whose gradients leak into the next update is
+        # backward-in-evaluation's finding (the same data trained on, told by the modes)
+        leaking = {found.backward.seq for f in a.modes.forwards
+                   if (found := evaluation_backward(a, f)) is not None}
+        applied = {loader: [(b, s) for b, s in pairs if b.seq not in leaking]
+                   for loader, pairs in applied.items()}
+        trained_elsewhere = any(pairs and loader not in held_out for loader, pairs in applied.items())
         if not trained_elsewhere:
             return  # the held-out loader is the only training data: adaptation at test time
         for loader, (what, loop) in held_out.items():

@@ -1,21 +1,15 @@
 from __future__ import annotations
 
-import math
-
 from ..findings import Severity
 from .base import Rule, related
-
-RUN = 3  # consecutive updates whose gradient norm grew by GROWTH or more
-GROWTH = 3.0
-TOTAL = 1e3  # and grew this much over them in all
-
 
 class UpdatesDiverge(Rule):
     """
     ## What it does
     Finds an optimizer whose total gradient norm grows geometrically from update to update: at
     least three updates in a row, each with a gradient at least 3x the one before and 1000x in
-    all. Read from the gradient norms the optimizer watcher measures at each step.
+    all. Seen while recording (instrument/divergence.py, from the norms the optimizer watcher
+    measures at each step), so a folded trace loses nothing.
 
     ## Why is this bad?
     Each step overshoots the minimum it moves toward and lands where the gradient is larger,
@@ -50,33 +44,15 @@ class UpdatesDiverge(Rule):
     fix = "lower the learning rate, or normalise the loss (reduction='mean') and the inputs"
 
     def check(self, a):
-        begins: dict[int, object] = {}
-        series: dict[int, list] = {}  # opt -> [(step, total norm, lrs, backward)]
-        last_backward = None
-        for e in a.events:
-            if e.kind == "backward":
-                last_backward = e
-            elif e.kind == "step_begin":
-                begins[e.get("opt")] = e
-            elif e.kind == "step" and not e.get("skipped") and not e.get("closure"):
-                begin = begins.pop(e.get("opt"), None)
-                norms = begin.get("norms") if begin is not None else None
-                total = None
-                if norms and all(isinstance(n, (int, float)) and math.isfinite(n) for n in norms):
-                    total = math.sqrt(sum(n * n for n in norms))
-                series.setdefault(e.get("opt"), []).append(
-                    (e, total, begin.get("lrs") if begin is not None else None, last_backward))
-        for opt, points in series.items():
-            found = _diverging(a, points)
-            if found is None:
+        for event in a.by_kind.get("diverging", ()):
+            if event.get("nonfinite"):
+                continue  # a NaN right after two growing updates: nonfinite-grad names it
+            opt = event.get("opt")
+            if _explained(a, opt):
                 continue
-            first, last = found
-            step0, norm0, lrs, backward = points[first]
-            step1, norm1 = points[last][0], points[last][1]
-            factor = (norm1 / norm0) ** (1 / (last - first)) if norm0 > 0 else math.inf
+            backward, begin = _around(a, event)
             summed = backward is not None and "sum" in (backward.get("loss_terms") or ())
-            lr = lrs[0] if lrs and isinstance(lrs[0], (int, float)) else None
-            lr_text = f" (lr={lr:g}: try {lr / 10:g})" if lr else ""
+            lr_text = lower_lr(begin.get("lrs") if begin is not None else None)
             if summed:
                 fix = (f"the loss is summed over the batch (reduction='sum'), so its gradient grows "
                        f"with the batch size: use reduction='mean' or divide by the batch size, or "
@@ -84,36 +60,51 @@ class UpdatesDiverge(Rule):
             else:
                 fix = (f"lower the learning rate{lr_text}, or normalise the inputs and targets "
                        f"(clipping the gradient norm only hides it)")
-            n0, n1 = a.step_number.get(step0.seq), a.step_number.get(step1.seq)
+            first, last = event.get("norms") or (None, None)
             yield self.finding(
-                f"the gradient norm of {a.optimizer_name(opt)} grows about {factor:.3g}x per update "
-                f"over updates {n0}-{n1} ({norm0:.3g} -> {norm1:.3g}): each step overshoots and "
-                f"lands where the gradient is larger, so the updates diverge (the loss explodes, "
-                f"then turns inf/NaN)",
-                backward.loc if backward is not None else step0.loc,
-                related=(related(step0, "the first diverging update"),),
-                step=n0, evidence={"norms": [norm0, norm1], "factor": factor, "summed": summed},
+                f"the gradient norm of {a.optimizer_name(opt)} grows about "
+                f"{event.get('factor'):.3g}x per update over its updates {event.get('first')}-"
+                f"{event.get('last')} ({first:.3g} -> {last:.3g}): each step overshoots and lands "
+                f"where the gradient is larger, so the updates diverge (the loss explodes, then "
+                f"turns inf/NaN)",
+                backward.loc if backward is not None else None,
+                related=(related(begin, "the update where it was seen"),),
+                step=a.next_step_number(event.seq),
+                evidence={"norms": [first, last], "factor": event.get("factor"), "summed": summed},
                 fix=fix)
 
 
-def _diverging(a, points: list) -> tuple[int, int] | None:
-    """The first and last index of the first run of ``RUN`` or more consecutive updates (one
-    step number apart, each norm measured) whose norm grew ``GROWTH``-fold or more each, and
-    ``TOTAL``-fold over the run; None when there is none."""
-    start = None
-    for i in range(1, len(points) + 1):
-        grew = False
-        if i < len(points):
-            (s0, n0, _, _), (s1, n1, _, _) = points[i - 1], points[i]
-            k0, k1 = a.step_number.get(s0.seq), a.step_number.get(s1.seq)
-            grew = (n0 is not None and n1 is not None and n0 > 0 and k0 is not None
-                    and k1 == k0 + 1 and n1 >= GROWTH * n0)
-        if grew:
-            start = i - 1 if start is None else start
+def _explained(a, opt: int) -> bool:
+    """Growth another rule names the cause of: a loss scaled by hand or by a GradScaler
+    (loss-scale-not-undone, step-bypasses-scaler) or a momentum/betas outside the update rule's
+    range (hyperparameter-out-of-range)."""
+    for b in a.by_kind.get("backward", ()):
+        factor = b.get("loss_scale_factor")
+        if b.get("scaled") or (isinstance(factor, (int, float)) and factor >= 2.0):
+            return True
+    for e in a.by_kind.get("optimizer_init", ()):
+        if e.get("opt") != opt:
             continue
-        if start is not None:
-            first, last = start, i - 1
-            if last - first >= RUN and points[last][1] >= TOTAL * points[first][1]:
-                return first, last
-            start = None
-    return None
+        for hyper in e.get("hyper") or ():
+            hyper = hyper or {}
+            momentum, betas = hyper.get("momentum"), hyper.get("betas")
+            if isinstance(momentum, (int, float)) and momentum >= 1:
+                return True
+            if betas and len(betas) == 2 and betas[0] ** 2 >= betas[1]:
+                return True
+    return False
+
+
+def _around(a, event) -> tuple:
+    """The backward before a ``diverging`` event and its optimizer's ``step_begin`` after it."""
+    i = a.events.index(event)
+    backward = next((e for e in reversed(a.events[:i]) if e.kind == "backward"), None)
+    begin = next((e for e in a.events[i + 1:] if e.kind == "step_begin"
+                  and e.get("opt") == event.get("opt")), None)
+    return backward, begin
+
+
+def lower_lr(lrs) -> str:
+    """" (lr=0.1: try 0.01)" for the first group's lr, or ""."""
+    lr = lrs[0] if lrs and isinstance(lrs[0], (int, float)) and not isinstance(lrs[0], bool) else None
+    return f" (lr={lr:g}: try {lr / 10:g})" if lr else ""
