@@ -19,7 +19,10 @@ optimizer_init     opt, cls, params [pid], lrs [float|None] (the lr of each para
                    group; None in a trace written before it was recorded), hyper [{name: number
                    | [number, number]}|None] (each such group's update-rule settings that are
                    plain numbers: betas, momentum, dampening, weight_decay, eps, alpha; None when
-                   not recorded)
+                   not recorded), aliases [[pid, pid]] (only when any: a parameter of this group
+                   whose memory starts where one the optimizer already owns does, with that
+                   one's pid first: the same tensor listed twice, or two Parameters over one
+                   storage; instrument/optim.py)
 backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input; the
                    count of its call line's latest graph walk, see instrument/backward.py),
@@ -472,8 +475,12 @@ def param(*, pid: int, name: str | None, shape: list[int] | None, is_parameter: 
 
 
 def optimizer_init(*, opt: int, cls: str, params: list[int], lrs: list | None = None,
-                   hyper: list | None = None) -> Made:
-    return "optimizer_init", {"opt": opt, "cls": cls, "params": params, "lrs": lrs, "hyper": hyper}
+                   hyper: list | None = None, aliases: list[list[int]] | None = None) -> Made:
+    """``aliases`` is only written when there are some."""
+    data = {"opt": opt, "cls": cls, "params": params, "lrs": lrs, "hyper": hyper}
+    if aliases:
+        data["aliases"] = aliases
+    return "optimizer_init", data
 
 
 def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[int],
