@@ -127,3 +127,16 @@ def test_replicas_diverge_leaves_a_bypassed_wrapper_to_this_rule():
     assert [f.rule for f in drift.findings] == ["replicas-diverge"]
     left = merge([part(0, [1.0, 2.0], True), part(1, [1.5, 2.5], True)], world_size=2, rules=ALL_RULES)
     assert left.findings == []
+
+
+def test_under_accelerate_the_fix_names_unwrap_model():
+    t = TraceBuilder()
+    t.put(ev.ddp_init(ddp=0, params=[0, 1], world=2), 9)
+    t.optimizer(0, [0, 1], line=10)
+    for _ in range(3):
+        t.via = "accelerate"  # accelerator.backward(loss)
+        t.backward(fresh=[0, 1], line=14)
+        t.via = "accelerate"
+        t.step(0, line=15)
+    f = only(t, SLUG)
+    assert "accelerator.unwrap_model(model)" in f.fix and "accelerator.prepare()" in f.fix

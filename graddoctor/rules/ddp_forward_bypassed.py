@@ -14,11 +14,12 @@ class DDPForwardBypassed(Rule):
     """
     ## What it does
     Finds a model wrapped in `DistributedDataParallel` whose training loss is computed around
-    the wrapper — `model.module(x)`, `model.module.forward(x)` — so that no DDP forward runs
+    the wrapper — `model.module(x)`, `model.module.forward(x)`, accelerate's
+    `accelerator.unwrap_model(model)(x)` — so that no DDP forward runs
     before the backward: the optimizer then steps the wrapped parameters on gradients no
     all-reduce produced. Reported when every backward since the previous step wrote them
-    without a DDP forward, for two updates or more, at the `.module(...)` call when the script
-    shows a single one, else at the backward.
+    without a DDP forward, for two updates or more, at the `.module(...)` call (or the
+    `unwrap_model(...)` call) when the script shows a single one, else at the backward.
 
     ## Why is this bad?
     DDP all-reduces gradients from hooks that its own `forward` arms (it marks the parameters
@@ -93,8 +94,8 @@ class DDPForwardBypassed(Rule):
                  "on one rank nothing differs, but with N ranks each one steps on its own "
                  "gradient and the replicas drift apart")
         yield self.finding(
-            f"{'this call runs the model' if call else 'the loss backpropagated here is computed'} "
-            f"around its DistributedDataParallel wrapper (no DDP forward before any backward of "
+            f"{'the training forward goes from this line' if call else 'the loss backpropagated here is computed'} "
+            f"around the model's DistributedDataParallel wrapper (no DDP forward before any backward of "
             f"{a.count(s for s, _ in hits)} "
             f"updates), so DDP's hooks are not armed and the gradients of {a.names(pids)} are "
             f"never all-reduced: {ranks}",
@@ -104,6 +105,10 @@ class DDPForwardBypassed(Rule):
                                       related(step, "a step on gradients no all-reduce made"))
                           if r is not None),
             severity=Severity.ERROR if world and world > 1 else Severity.WARNING,
+            fix=(("compute the training loss through the model accelerator.prepare() returned "
+                  "(`model(x)`), not accelerator.unwrap_model(model) or model.module; keep the "
+                  "unwrapped model for saving and evaluation")
+                 if a.framework == "accelerate" else self.fix),
             step=a.step_number.get(step.seq),
             evidence={"updates": a.count(s for s, _ in hits), "world": world or None,
                       "params": a.param_names(pids, 8)})
@@ -126,6 +131,10 @@ def _module_call(a, loc: Location | None) -> Location | None:
             func = func.value
         if func.attr == "module" and not _no_grad_inside(tree, node.lineno):
             lines.add(node.lineno)
+    if not lines:  # accelerate: the module accelerator.unwrap_model(model) returns, trained
+        lines = {node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Attribute) and node.func.attr == "unwrap_model"
+                 and not _no_grad_inside(tree, node.lineno)}
     if len(lines) != 1:
         return None
     return Location(loc.path, lines.pop())
