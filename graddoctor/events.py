@@ -19,7 +19,10 @@ optimizer_init     opt, cls, params [pid], lrs [float|None] (the lr of each para
                    group; None in a trace written before it was recorded), hyper [{name: number
                    | [number, number]}|None] (each such group's update-rule settings that are
                    plain numbers: betas, momentum, dampening, weight_decay, eps, alpha; None when
-                   not recorded)
+                   not recorded), aliases [[pid, pid]] (only when any: a parameter of this group
+                   whose memory starts where one the optimizer already owns does, with that
+                   one's pid first: the same tensor listed twice, or two Parameters over one
+                   storage; instrument/optim.py)
 backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input; the
                    count of its call line's latest graph walk, see instrument/backward.py),
@@ -228,6 +231,10 @@ folded             turns, steps, backwards, events, epochs (how many of each the
                    analysis counts the folded steps, backwards and copies (``Analysis.weight``)
 ddp_no_sync        ddp (a DistributedDataParallel model's id): ``with model.no_sync():`` entered
                    (loc: that line)
+ddp_init           ddp (its id, as ``ddp_no_sync``'s), params [pid] (the wrapped module's
+                   parameters, tracked from here), world (the process group's size, None when
+                   not read) — a DistributedDataParallel built (loc: the user's line that built
+                   it; instrument/ddp.py)
 sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last set), shuffle — a
                    DistributedSampler starting an epoch (loc: the user's loop over its DataLoader)
 replica_checksum   opt, step (the run's step count after this step), value (float: a checksum of
@@ -235,7 +242,8 @@ replica_checksum   opt, step (the run's step count after this step), value (floa
                    many) — after an optimizer's first steps in a multi-rank process group;
                    without DistributedDataParallel also layout (int: a hash of the shapes of
                    the parameters it was built over) and initial (float: their checksum as
-                   built, ``Deferred`` while the run goes on)
+                   built, ``Deferred`` while the run goes on); bypassed (True, only when so: a
+                   DistributedDataParallel was built over them but its forward never ran)
 grad_allreduce     opt (the optimizer whose step applied them), op ("sum" | "avg" | "max" | ...: the
                    ReduceOp's name, lower case), world (the group's size), params (how many
                    gradients), via ("grad": the all-reduce was given each ``.grad``, a view of
@@ -483,8 +491,12 @@ def param(*, pid: int, name: str | None, shape: list[int] | None, is_parameter: 
 
 
 def optimizer_init(*, opt: int, cls: str, params: list[int], lrs: list | None = None,
-                   hyper: list | None = None) -> Made:
-    return "optimizer_init", {"opt": opt, "cls": cls, "params": params, "lrs": lrs, "hyper": hyper}
+                   hyper: list | None = None, aliases: list[list[int]] | None = None) -> Made:
+    """``aliases`` is only written when there are some."""
+    data = {"opt": opt, "cls": cls, "params": params, "lrs": lrs, "hyper": hyper}
+    if aliases:
+        data["aliases"] = aliases
+    return "optimizer_init", data
 
 
 def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[int],
@@ -842,12 +854,18 @@ def sampler_iter(*, sampler: int, epoch: int | None, shuffle: bool) -> Made:
 
 
 def replica_checksum(*, opt: int, step: int, value: Any, params: int, layout: int | None = None,
-                     initial: Any = None) -> Made:
+                     initial: Any = None, bypassed: bool = False) -> Made:
     data = {"opt": opt, "step": step, "value": value, "params": params}
     if layout is not None:  # no DDP: the optimizer's parameters' shapes and values as built
         data["layout"] = layout
         data["initial"] = initial
+    if bypassed:  # a DDP was built over them, but its forward never ran (ddp-forward-bypassed)
+        data["bypassed"] = True
     return "replica_checksum", data
+
+
+def ddp_init(*, ddp: int, params: list[int], world: int | None) -> Made:
+    return "ddp_init", {"ddp": ddp, "params": params, "world": world}
 
 
 def grad_allreduce(*, opt: int, op: str, world: int, params: int, via: str, scale: float | None,
@@ -913,7 +931,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad, "self_match": self_match,
     "snapshot_alias": snapshot_alias, "folded": folded,
-    "ddp_no_sync": ddp_no_sync, "sampler_iter": sampler_iter,
+    "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
@@ -970,6 +988,7 @@ CALL_LABELS = {
 }
 # Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
 NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init", "internal_error",
+             "ddp_init",  # set-up, like optimizer_init
              "step_begin",
              "unregistered",  # end-of-run facts about the modules, like ``param``
              "sampler_iter",  # a DistributedSampler's epoch: the DataLoader's epoch shows already

@@ -91,3 +91,29 @@ def test_a_loss_divided_by_the_world_size_of_a_hand_written_all_reduce_is_silent
 
     assert trace(2) == []
     assert len(trace(4)) == 1  # / 2 with four ranks: not the world size
+
+
+def _accelerate_updates(step_via: str, n=4):
+    t = builder()
+    for _ in range(n):
+        t.via = step_via
+        t.clear(P, opt=0, line=10)
+        t.via = "accelerate"  # accelerator.backward divided the loss by its accumulation steps
+        t.backward(fresh=P, line=11, loss_scale_factor=0.25, loss_terms=["mean"])
+        t.via = step_via
+        t.step(0, line=12)
+    return t
+
+
+def test_accelerate_dividing_for_an_optimizer_never_prepared_is_a_warning_with_that_fix():
+    f = only(_accelerate_updates(""), "accumulation-never-accumulates")
+    assert f.severity is Severity.WARNING and f.evidence["cause"] == "optimizer_not_prepared"
+    assert "accelerator.prepare()" in f.message and "loss weight" not in f.message
+    assert "accelerator.prepare(model, optimizer, loader)" in f.fix and "micro += 1" not in f.fix
+    assert f.location.line == 12  # no source to find the prepare call: the step
+
+
+def test_accelerate_stepping_its_own_wrapper_every_micro_batch_keeps_the_plain_message():
+    # the steps went through AcceleratedOptimizer (accelerate frames): not this cause
+    f = only(_accelerate_updates("accelerate"), "accumulation-never-accumulates")
+    assert f.severity is Severity.INFO and "cause" not in f.evidence

@@ -10,7 +10,7 @@ from graddoctor import events as ev
 from graddoctor.analysis import Analysis
 from graddoctor.findings import Severity
 from graddoctor.rules.param_without_grad import ParamWithoutGrad
-from graddoctor.trace import TraceBuilder
+from graddoctor.trace import Location, TraceBuilder
 
 
 def check(t):
@@ -191,3 +191,33 @@ def test_a_run_without_any_backward_is_an_error_at_the_forward():
     t.step(0, line=21, without_grad=[0, 1])  # a step driven by Lightning: the framework
     [f] = check(t)
     assert "training_step" in f.message and "return loss" in f.fix
+
+
+def test_lightning_manual_optimization_without_manual_backward():
+    """The step is called from the user's training_step (manual optimization): what it returns
+    does not matter, the missing self.manual_backward(loss) does."""
+    t = TraceBuilder()
+    t.via = "lightning"
+    t.optimizer(0, [0, 1], line=5)
+    for i in range(3):
+        t.put(ev.idle_forward(mid=0, cls="Linear", params=[0, 1], grad=True, inference=False,
+                              training=True), 16)
+        t.trace.put(ev.step(opt=0, without_grad=[0, 1]),
+                    Location(t.path, 17, "training_step", via="lightning"))
+    [f] = check(t)
+    assert f.severity == Severity.ERROR and f.location.line == 16
+    assert f.evidence["manual_optimization"] is True
+    assert "self.manual_backward(loss)" in f.fix and "return" not in f.fix
+    assert "manual optimization" in f.message and "returns no loss" not in f.message
+
+
+def test_lightning_automatic_step_in_a_hook_keeps_the_return_fix():
+    t = TraceBuilder()
+    t.via, t.hook = "lightning", "configure_optimizers"
+    t.optimizer(0, [0, 1], line=5)
+    for i in range(3):
+        t.put(ev.idle_forward(mid=0, cls="Linear", params=[0, 1], grad=True, inference=False,
+                              training=True), 16)
+        t.step(0, line=22, without_grad=[0, 1])
+    [f] = check(t)
+    assert "manual_optimization" not in f.evidence and "return loss" in f.fix

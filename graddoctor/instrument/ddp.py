@@ -6,6 +6,9 @@
   ``allreduce`` (through the backward watcher's loss describers). No comm hook is registered:
   a Python hook would replace DDP's built-in all-reduce (and a model takes only one hook).
 * ``DistributedDataParallel.no_sync``: the user's ``with model.no_sync():`` line (``ddp_no_sync``).
+* ``DistributedDataParallel.__init__``: the wrapped module's trainable parameters (``ddp_init``),
+  once per construction: a backward that writes them with no DDP forward since the last one
+  (the loss computed through ``model.module``) all-reduces nothing.
 * ``DistributedSampler.__iter__``: the epoch and shuffle flag each time it starts an epoch
   (``sampler_iter``), to see ``set_epoch`` never called.
 
@@ -136,6 +139,8 @@ class DDPWatcher:
         # group of several ranks (the ranks that may be replicas without DDP)
         self._initial: dict[int, tuple[int, object]] = {}
         self._ddp_seen: set[int] = set()
+        # ids of the parameters of every DistributedDataParallel built (its forward run or not)
+        self._built: set[int] = set()
         self._fsdp_modules: list = []  # FSDP2 modules whose gradient sync was turned off or on
         # (sharded parameter, FSDPParam) of the groups that do not reduce now, and the state
         # of each one's unsharded gradient when last seen: id(FSDPParam) -> (id, _version)
@@ -184,7 +189,10 @@ class DDPWatcher:
             extra = {}
             if unwrapped:
                 layout, initial = self._initial[opt]
-                extra = {"layout": layout, "initial": Deferred(initial)}
+                extra = {"layout": layout, "initial": Deferred(initial),
+                         "bypassed": bool(self._built) and any(
+                             id(p) in self._built for group in optimizer.param_groups
+                             for p in group["params"])}
             rec.emit(ev.replica_checksum(opt=opt, step=rec.progress.steps, value=Deferred(checksum),
                                          params=len(params), **extra), rec.here(2))
         except Exception as exc:
@@ -515,6 +523,39 @@ class DDPWatcher:
 
         return forward
 
+    def _wrap_init(self, original):
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def __init__(module, *args, **kwargs):
+            original(module, *args, **kwargs)
+            try:
+                watcher._init_seen(module)
+            except Exception as exc:
+                rec.internal_error("DistributedDataParallel.__init__", exc)
+
+        return __init__
+
+    def _init_seen(self, module) -> None:
+        """A ``ddp_init`` event: the wrapped module's parameters (what a forward that goes
+        around the wrapper leaves unreduced), once per construction."""
+        rec = self.rec
+        inner = getattr(module, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return
+        params = [p for p in inner.parameters() if p.requires_grad]
+        self._built.update(map(id, params))
+        world = None
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                world = dist.get_world_size()
+        except Exception:
+            world = None
+        rec.emit(ev.ddp_init(ddp=self._ddp_id(module), params=[rec.track(p) for p in params],
+                             world=world), rec.here(2))
+
     def _wrap_no_sync(self, original):
         watcher, rec = self, self.rec
 
@@ -551,6 +592,8 @@ class DDPWatcher:
         except Exception:  # a build without distributed support
             DistributedDataParallel = None
         if DistributedDataParallel is not None:
+            patcher.patch(DistributedDataParallel, "__init__",
+                          self._wrap_init(DistributedDataParallel.__init__))
             patcher.patch(DistributedDataParallel, "forward",
                           self._wrap_forward(DistributedDataParallel.forward))
             patcher.patch(DistributedDataParallel, "no_sync",

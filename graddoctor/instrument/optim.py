@@ -38,6 +38,7 @@ _is_sparse = attrgetter("is_sparse")
 _device = attrgetter("device")
 _is_cpu = attrgetter("is_cpu")
 _item = torch.Tensor.item
+_ALIAS_OPTIMIZERS = 8  # the latest optimizers whose parameters' memory is kept (ints only)
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -443,6 +444,10 @@ class OptimizerWatcher:
         self.scalers = scalers  # the GradScaler watcher: ``in_scaler_step``
         self.closure_step: int | None = None  # optimizer id while optimizer.step(closure) runs
         self._owned: dict[int, None] = {}  # pids of every tensor an optimizer owns (a set)
+        # opt -> {(device, data_ptr): pid} of the parameters it was given, and the pids listed
+        # (read at construction only: two entries over one memory are stepped twice)
+        self._starts: dict[int, dict[tuple, int]] = {}
+        self._listed: dict[int, set[int]] = {}
         self._moves = MoveWatch(rec, self._owned)
         self._divergence = Divergence(rec)  # growth of each optimizer's gradient norm
         self._clearing = False
@@ -489,17 +494,46 @@ class OptimizerWatcher:
     def _register(self, optimizer, groups, loc) -> None:
         rec = self.rec
         pids = []
+        params = []
         for group in groups:
             for p in group["params"]:
                 pids.append(rec.track(p))
+                params.append(p)
         self._owned.update(dict.fromkeys(pids))
         opt = rec.optimizer_id(optimizer)
         rec.add_params(opt, pids)
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids,
                                    lrs=[plain_number(g.get("lr")) for g in groups],
-                                   hyper=[group_hyper(g) for g in groups]), loc)
+                                   hyper=[group_hyper(g) for g in groups],
+                                   aliases=self._aliases(opt, params, pids)), loc)
         for subscriber in self._params_added:
             subscriber(opt, pids)
+
+    def _aliases(self, opt: int, params: list, pids: list[int]) -> list[list[int]]:
+        """``[earlier pid, pid]`` for each parameter whose memory starts where one this
+        optimizer was given before does (the same tensor listed twice; a second Parameter over
+        one storage, made by ``nn.Parameter(other)`` or ``p.data = other.data``): each step
+        updates that memory twice. One dict lookup per parameter, at construction only; plain
+        tensors and Parameters only (no DTensor, no lazy parameter), none empty."""
+        found: list[list[int]] = []
+        try:
+            if opt not in self._starts:
+                while len(self._starts) >= _ALIAS_OPTIMIZERS:  # an optimizer rebuilt every step
+                    oldest = next(iter(self._starts))
+                    del self._starts[oldest], self._listed[oldest]
+                self._starts[opt], self._listed[opt] = {}, set()
+            starts, listed = self._starts[opt], self._listed[opt]
+            for p, pid in zip(params, pids):
+                if (type(p) is not Tensor and type(p) is not torch.nn.Parameter) or p.is_meta \
+                        or not p.numel():
+                    continue
+                first = starts.setdefault((p.device, p.data_ptr()), pid)
+                if first != pid or pid in listed:
+                    found.append([first, pid])
+                listed.add(pid)
+        except Exception as exc:
+            self.rec.internal_error("optimizer construction (shared parameters)", exc)
+        return found
 
     def owned_pids(self) -> Mapping[int, None]:
         """The pids of every tensor an optimizer owns, as a live read-only view (``pid in``):

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..findings import Severity
 from .base import Rule, related
 from .unscaled_accumulation import SCALE_INVARIANT
@@ -65,6 +67,11 @@ class AccumulationNeverAccumulates(Rule):
     of two losses (`(loss_i + loss_t) / 2`); constants that normalise rather than accumulate
     (a summed loss divided by the batch size); FSDP's accumulation; a loss divided by the
     world size in data parallelism by hand (the gradients all-reduced with SUM make the mean).
+
+    Under accelerate, a loss divided by `accelerator.backward` (its
+    `gradient_accumulation_steps`) while the script steps the raw optimizer, never given to
+    `accelerator.prepare()` (or not the object it returned), is no loss weight: that is a
+    `warning` at the `prepare` call, with that fix.
     """
 
     code = "GD209"
@@ -107,6 +114,8 @@ class AccumulationNeverAccumulates(Rule):
         backward = w.backwards[0]
         name = a.optimizer_name(opt)
         cls = a.optimizer_class(opt)
+        if _unprepared(windows):
+            return self._unprepared(a, opt, windows, k, name)
         if cls in SCALE_INVARIANT:
             effect = (f"{cls} largely cancels the 1/{k}, but each update sees one micro-batch, "
                       f"not the {k} the division was written for")
@@ -125,3 +134,38 @@ class AccumulationNeverAccumulates(Rule):
             evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
                       "optimizer_class": cls, "steps": a.count(w.step for w in windows)},
         )
+
+    def _unprepared(self, a, opt, windows, k, name):
+        """accelerate divided the loss (``accelerator.backward`` under
+        ``gradient_accumulation_steps=k``) but the script steps the optimizer itself, not the
+        wrapper ``accelerator.prepare`` returns: no accumulation can be the intent of that."""
+        w = windows[0]
+        backward = w.backwards[0]
+        where = w.step.loc or backward.loc
+        prepares = [line for line, _text, _fwd in a.source.calls_named(where.path, ("prepare",))] \
+            if where is not None else []
+        loc = replace(where, line=prepares[0], function="", via="", hook="") \
+            if len(prepares) == 1 else w.step.loc
+        n = a.count(x.step for x in windows)
+        return self.finding(
+            f"accelerator.backward divides the loss by gradient_accumulation_steps ({k}), but "
+            f"this {name} is stepped directly, not through the optimizer accelerator.prepare() "
+            f"returns: the accumulate() window never holds it back, so each of its {n} steps "
+            f"applies a single micro-batch with 1/{k} of its gradient: nothing accumulates "
+            f"(with SGD the learning rate is in effect {k} times smaller)",
+            loc, step=w.index, severity=Severity.WARNING,
+            related=tuple(r for r in (related(backward, "accelerator.backward, which divides by k"),
+                                      related(w.step, "the step that runs after every micro-batch"))
+                          if r is not None),
+            fix=("pass the optimizer to accelerator.prepare() and step the object it returns "
+                 "(`model, optimizer, loader = accelerator.prepare(model, optimizer, loader)`); "
+                 "the same for a scheduler"),
+            evidence={"k": k, "optimizer": opt, "steps": n, "cause": "optimizer_not_prepared"},
+        )
+
+
+def _unprepared(windows) -> bool:
+    """Every backward went through accelerate (which divided the loss) and every step was the
+    script's own call of the optimizer (no accelerate frame: not ``AcceleratedOptimizer``)."""
+    return all(w.backwards[0].loc is not None and w.backwards[0].loc.via == "accelerate"
+               and w.step.loc is not None and w.step.loc.via != "accelerate" for w in windows)

@@ -17,8 +17,9 @@ class ParamWithoutGrad(Rule):
     when the user's code calls it (an encoder's pooler next to CLS-token pooling), and not at
     all when a library's code does (transformers' `BertModel` always runs its pooler).
     A run in which no backward ran at all (the loop never calls `loss.backward()`; a Lightning
-    `training_step` that does not return its loss, so Lightning skips the backward) is an error
-    at the forward, saying so.
+    `training_step` that does not return its loss, so Lightning skips the backward; under
+    Lightning's manual optimization, a `training_step` that steps its optimizer but never calls
+    `self.manual_backward(loss)`) is an error at the forward, saying so.
 
     ## Why is this bad?
     Usually a layer defined in `__init__` but not used in `forward`, a module called under
@@ -119,14 +120,22 @@ class ParamWithoutGrad(Rule):
         if a.backward_calls == 0 and _with_grad(cause):
             evidence["cause"] = "no_backward"
             lightning = a.framework == "lightning"
-            why = ("training_step returns no loss, so Lightning skips the backward (it only warns "
+            manual = lightning and _manual_steps(steps)
+            if manual:
+                evidence["manual_optimization"] = True
+            why = ("training_step steps the optimizer itself (manual optimization) but never "
+                   "calls self.manual_backward(loss), and Lightning backpropagates nothing for "
+                   "it (what training_step returns is not used)" if manual else
+                   "training_step returns no loss, so Lightning skips the backward (it only warns "
                    "once) and steps the optimizer on nothing" if lightning else
                    "the loss computed here is never backpropagated")
             return self.finding(
                 f"{head}: no backward() ran in the whole run: {why}, so the model never trains",
                 cause.loc, related=(related(init, "the optimizer that owns them"), step_note),
                 evidence=evidence, severity=Severity.ERROR,
-                fix=("return the loss from training_step (`return loss`, or a dict with a "
+                fix=("call self.manual_backward(loss) in training_step after computing the loss "
+                     "and before opt.step()" if manual else
+                     "return the loss from training_step (`return loss`, or a dict with a "
                      "'loss' key)" if lightning else
                      "call loss.backward() after computing the loss and before optimizer.step()"))
         if not _with_grad(cause) and cause.get("checkpoint"):
@@ -227,3 +236,11 @@ def _cause(pid, forwards):
 
 def _with_grad(event) -> bool:
     return bool(event["grad"]) and not event["inference"]
+
+
+def _manual_steps(steps) -> bool:
+    """Lightning's manual optimization: a step called from the user's own ``training_step``
+    (automatic optimization's steps are Lightning's, attributed to a hook such as
+    ``configure_optimizers``)."""
+    return any(e.loc is not None and e.loc.function == "training_step" and not e.loc.hook
+               for e in steps)

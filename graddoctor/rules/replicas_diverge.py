@@ -52,7 +52,9 @@ class ReplicasDiverge(Rule):
     parameters differ in shapes or start from different values (a pipeline's stages, each
     rank owning other layers; models seeded per rank): only ranks that train parameters of the
     same shapes from the same initial values are replicas. Without DDP, ranks that train the
-    same model but never average their gradients drift apart, and that is reported.
+    same model but never average their gradients drift apart, and that is reported. A model
+    wrapped in `DistributedDataParallel` whose forward never runs (the loss computed through
+    `model.module`) is left to `ddp-forward-bypassed`, which points at that call.
     """
 
     code = "GD403"
@@ -80,6 +82,8 @@ class ReplicasDiverge(Rule):
             if opt in flagged or len(by_rank) < 2:
                 continue
             lead = min(by_rank)
+            if any(c.get("bypassed") for c in by_rank.values()):
+                continue  # a DDP built over them whose forward never ran: ddp-forward-bypassed
             unwrapped = "layout" in by_rank[lead]
             if unwrapped:  # no DDP: only ranks with the same parameter shapes and start values
                 first = by_rank[lead]

@@ -95,7 +95,8 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
         device = f"cuda (emulated on {device})"
     checksums = [{"opt": e["opt"], "step": e["step"], "value": e["value"],
                   "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None,
-                  **({"layout": e["layout"], "initial": e.get("initial")} if "layout" in e.data else {})}
+                  **({"layout": e["layout"], "initial": e.get("initial")} if "layout" in e.data else {}),
+                  **({"bypassed": True} if e.get("bypassed") else {})}
                  for e in analysis.of_kind("replica_checksum")]
     prints = [{"loader": e["loader"], "epoch": e["epoch"], "index": e["index"], "value": e["value"],
                "sampler": e["sampler"], "replicas": e["replicas"],
