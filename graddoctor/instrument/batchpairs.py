@@ -1,5 +1,6 @@
 """Whether the model's inputs and the loss's targets come from the same DataLoader batch, in
-the same order: labels of another batch, inputs permuted without their labels.
+the same order (labels of another batch, inputs permuted without their labels), and whether a
+recurrent summary is read at a padding step.
 
 A DataLoader yields ``(x_i, y_i)``: the rows of ``x_i`` and the labels of ``y_i`` belong
 together. Two families of silent bugs break that pairing after the loader:
@@ -39,6 +40,16 @@ The verdicts (``batch_pairing`` aside event at the model's call, once per kind):
   one of that batch's tensors in the loader's order, and nothing between the model's output and
   the loss reorders rows (an index or gather: a batch sorted by length and put back).
 
+The same hooks note, for the third check, each batch-first recurrent layer (RNN, LSTM, GRU)
+whose input is right-padded in at least half its rows: trailing runs of padding steps of
+different lengths, (nearly) none inside the rows (``padded_rows``), a step being padding when it
+is all zeros (``pad_sequence`` of features, an embedding's ``padding_idx`` row) or, for an
+embedding without ``padding_idx`` that fed it, the id most rows end with (``filled_rows``). At
+the backward, a ``SelectBackward`` node of position T - 1 of dim 1 right above that layer's
+output in the loss's graph (``out[:, -1]``) is recorded: "last_step_padded" at the layer's call
+(last-step-is-padding). Left padding, ``pack_padded_sequence``, a gather at ``lengths - 1`` and
+sequences of one length say nothing.
+
 Skipped, silently: tensors not on the CPU, threads other than the script's, batches of fewer
 than ``_MIN_ROWS`` rows, torch.compile (the window closes before it runs).
 """
@@ -51,6 +62,7 @@ from collections.abc import Mapping
 from threading import get_ident
 
 import torch
+from torch import nn
 
 from .. import events as ev
 from .dependency import module_hooks
@@ -66,6 +78,7 @@ _MAX_ROWS = 4096
 _FOUND = 0.9  # share of an input's rows that must be found in one batch tensor
 _NODES = 400  # graph nodes walked from a loss's root at most
 _DIGITS = 10  # significant digits a fingerprint is compared at
+_RECURRENT = 8  # recurrent outputs noted per turn at most
 
 # loss nodes that save their target (``_saved_target``), and the function named for each
 _TARGET_NODES = (("NllLoss", "cross_entropy"), ("MseLoss", "mse_loss"),
@@ -159,6 +172,10 @@ class BatchPairWatcher:
         # output tensor, Location)
         self._inputs: list[tuple] = []
         self._told: set[str] = set()
+        # this turn's batch-first recurrent outputs over right-padded input:
+        # (grad_fn, module class, rows, length, padded rows, Location)
+        self._recurrent: list[tuple] = []
+        self._filled: dict[tuple, int] = {}  # (rows, length) of filled-up id batches -> padded rows
 
     # -- the window -------------------------------------------------------------------------
     def _stop(self) -> None:
@@ -168,6 +185,7 @@ class BatchPairWatcher:
             handle.remove()
         self._batches, self._rows, self._wholes = [], {}, {}
         self._seen_ids, self._inputs = {}, []
+        self._recurrent, self._filled = [], {}
 
     # -- BATCH_SERVED ------------------------------------------------------------------------
     def served(self, loader: int, epoch: int, index: int, batch) -> None:
@@ -212,11 +230,15 @@ class BatchPairWatcher:
         if get_ident() != self.rec.script_thread:
             return None
         self._depth = max(0, self._depth - 1)
-        if self._depth or not self.active or not self._rows:
+        if not self.active:
             return None
         try:
             kwargs, output = rest if len(rest) == 2 else ({}, None)
             if not (torch.is_grad_enabled() and getattr(module, "training", False)):
+                return None
+            if isinstance(module, (nn.RNNBase, nn.Embedding)) and len(self._recurrent) < _RECURRENT:
+                self._sequence(module, args, kwargs, output)
+            if self._depth or not self._rows:
                 return None
             values = list(args) + list(kwargs.values() if isinstance(kwargs, Mapping) else ())
             looked = 0
@@ -241,6 +263,35 @@ class BatchPairWatcher:
             self._stop()
             self.rec.internal_error("batch pairing (forward)", exc)
         return None
+
+    def _sequence(self, module, args, kwargs, output) -> None:
+        """A batch-first recurrent layer's output noted when most rows of its input end in
+        padding (zeros: ``pad_sequence`` of features, or an embedding's ``padding_idx`` row; or
+        the ids of an embedding without one, filled up with one id); an embedding's filled-up
+        ids noted for the layer that follows."""
+        data = args[0] if args else (kwargs.get("input") if isinstance(kwargs, Mapping) else None)
+        if not isinstance(data, torch.Tensor) or data.device.type != "cpu" or data.dim() < 2:
+            return
+        if isinstance(module, nn.Embedding):
+            if module.padding_idx is None and data.dim() == 2 and not data.is_floating_point():
+                with torch.no_grad():
+                    padded = filled_rows(data)
+                if padded:
+                    self._filled[tuple(data.shape)] = padded
+            return
+        out = output[0] if isinstance(output, (tuple, list)) and output else output
+        if not (module.batch_first and data.dim() == 3 and isinstance(out, torch.Tensor)
+                and out.dim() == 3 and out.grad_fn is not None):
+            return
+        rows, length = int(data.shape[0]), int(data.shape[1])
+        if rows < _MIN_ROWS or length < 2:
+            return
+        with torch.no_grad():
+            padded = padded_rows((data == 0).all(2))
+        padded = padded or self._filled.get((rows, length), 0)
+        if padded >= max(2, rows / 2):
+            self._recurrent.append((out.grad_fn, type(module).__name__, rows, length, padded,
+                                    self.rec.here()))
 
     def _find(self, t: torch.Tensor):
         """``(batch, "same" | "permuted")`` when the rows of ``t`` are all the rows of one batch
@@ -270,11 +321,15 @@ class BatchPairWatcher:
         try:
             self._backwards += 1
             inputs, self._inputs = self._inputs, []
-            self._seen_ids = {}
+            recurrent, self._recurrent = self._recurrent, []
+            self._seen_ids, self._filled = {}, {}
+            if recurrent and "last-step" not in self._told:
+                for root in _roots(tensors):
+                    self._last_step(root, recurrent)
             if inputs and self._wholes:
                 for root in _roots(tensors):
                     self._judge(root, inputs)
-            if self._backwards >= WINDOW or len(self._told) >= 2:
+            if self._backwards >= WINDOW or len(self._told) >= 3:
                 self._stop()
         except Exception as exc:
             self._stop()
@@ -305,6 +360,29 @@ class BatchPairWatcher:
             if earlier and "other-batch" not in self._told:
                 entry, order, loc = ours[-1]
                 self._tell("other-batch", fn, entry, earlier[-1][0], earlier[-1][1], loc)
+
+    def _last_step(self, root, recurrent) -> None:
+        """A ``last_step_padded`` aside when the loss's graph reads position T - 1 of a noted
+        recurrent output (``out[:, -1]``): for most rows a padding step."""
+        by_node = {node: entry for node, *entry in recurrent}
+        seen, level = set(), [root]
+        while level and len(seen) < _NODES:
+            following = []
+            for node in level:
+                if node is None or node in seen:
+                    continue
+                seen.add(node)
+                if type(node).__name__.startswith("SelectBackward"):
+                    child = node.next_functions[0][0]
+                    entry = by_node.get(child)
+                    if entry is not None and _last_index(node, entry[2]):
+                        name, rows, length, padded, loc = entry
+                        self._told.add("last-step")
+                        self.rec.emit_aside(ev.last_step_padded(module=name, rows=rows, length=length,
+                                                                padded=padded), loc)
+                        return
+                following.extend(c for c, _ in node.next_functions if c is not None)
+            level = following
 
     def _tell(self, problem: str, fn: str, inputs: _Batch, labels: _Batch, field: str, loc) -> None:
         self._told.add(problem)
@@ -342,6 +420,40 @@ class BatchPairWatcher:
         self._handles = [patcher.handle(module_mod.register_module_forward_pre_hook(pre)),
                          patcher.handle(post)]
         self.active = True
+
+
+def _last_index(node, length: int) -> bool:
+    """Whether a SelectBackward node took position ``length - 1`` of dimension 1."""
+    dim, index = int(node._saved_dim), int(node._saved_index)
+    dim, index = (dim - 2 ** 64 if dim >= 2 ** 63 else dim), (index - 2 ** 64 if index >= 2 ** 63 else index)
+    return dim == 1 and index in (-1, length - 1)
+
+
+def filled_rows(ids: torch.Tensor) -> int:
+    """How many rows of a (batch, length) id batch end in a filler: the id most rows end with
+    (see ``padded_rows``); 0 when there is none."""
+    if ids.shape[0] < _MIN_ROWS:
+        return 0
+    return padded_rows(ids == int(ids[:, -1].mode().values))
+
+
+def padded_rows(pad: torch.Tensor) -> int:
+    """How many rows of a (batch, length) mask of padding steps end in padding, when the batch is
+    right-padded: at least half the rows end in a run of it, the runs of different lengths, no
+    row all padding, and padding (nearly) absent before the runs; else 0."""
+    rows, length = pad.shape
+    if rows < _MIN_ROWS or length < 4:
+        return 0
+    runs = pad.flip(1).int().cumprod(1).sum(1)
+    ending = runs > 0
+    if int(ending.sum()) < max(2, rows / 2) or int(runs.max()) >= length:
+        return 0
+    if int(runs[ending].min()) == int(runs[ending].max()):
+        return 0  # one run length for all: a fixed end token or step, not a filler
+    content = rows * length - int(runs.sum())
+    if int(pad.sum()) - int(runs.sum()) > 0.02 * content:
+        return 0  # padding steps inside the rows too: sparse data, not a filler
+    return int(ending.sum())
 
 
 def _apart(labels: _Batch, inputs: _Batch) -> bool:
