@@ -79,6 +79,8 @@ _FOUND = 0.9  # share of an input's rows that must be found in one batch tensor
 _NODES = 400  # graph nodes walked from a loss's root at most
 _DIGITS = 10  # significant digits a fingerprint is compared at
 _RECURRENT = 8  # recurrent outputs noted per turn at most
+_CALLS = 8  # model calls whose inputs were found, kept per turn at most (their outputs' graphs)
+_SEEN = 64  # data tensors looked up per turn at most
 
 # loss nodes that save their target (``_saved_target``), and the function named for each
 _TARGET_NODES = (("NllLoss", "cross_entropy"), ("MseLoss", "mse_loss"),
@@ -238,7 +240,7 @@ class BatchPairWatcher:
                 return None
             if isinstance(module, (nn.RNNBase, nn.Embedding)) and len(self._recurrent) < _RECURRENT:
                 self._sequence(module, args, kwargs, output)
-            if self._depth or not self._rows:
+            if self._depth or not self._rows or len(self._inputs) >= _CALLS:
                 return None
             values = list(args) + list(kwargs.values() if isinstance(kwargs, Mapping) else ())
             looked = 0
@@ -246,7 +248,7 @@ class BatchPairWatcher:
                 if not isinstance(t, torch.Tensor) or t.requires_grad or t.dim() < 1 \
                         or t.device.type != "cpu" or not _MIN_ROWS <= int(t.shape[0]) <= _MAX_ROWS:
                     continue
-                if self._seen_ids.get(id(t)) is t:
+                if self._seen_ids.get(id(t)) is t or len(self._seen_ids) >= _SEEN:
                     continue
                 self._seen_ids[id(t)] = t
                 looked += 1
@@ -490,7 +492,10 @@ def _targets(root, outs: dict) -> tuple[list, bool]:
         name = type(node).__name__
         for prefix, fn in _TARGET_NODES:
             if name.startswith(prefix) and name[len(prefix):].startswith("Backward"):
-                target = getattr(node, "_saved_target", None)
+                try:
+                    target = getattr(node, "_saved_target", None)
+                except RuntimeError:  # freed by an earlier backward: torch reports that itself
+                    target = None
                 if isinstance(target, torch.Tensor):
                     found.append((fn, target))
                 break
