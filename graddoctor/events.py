@@ -311,6 +311,17 @@ loaders_zipped     inputs, labels (loader numbers), length (both datasets'): two
                    over datasets of one length, read in lockstep for one backward, one serving
                    bare integer labels — once per run (loc: the labels loader's construction,
                    else its first ``iter()``; an aside)
+batch_pairing      problem ("other-batch": the loss's target is a tensor of a batch served in an
+                   earlier turn than the model's inputs | "permuted": the model's inputs are the
+                   rows of one batch in another order, the target in the loader's), fn (the loss
+                   node's function), loader, input_batch ([epoch, index] of the inputs' batch),
+                   target_loader, target_batch ([epoch, index] of the target's), field (the
+                   target's place in its batch: "[1]", "['label']"), rows — once per problem, in
+                   the first turns (loc: the model's call; an aside)
+last_step_padded  module (the recurrent layer's class), rows, length (its input's), padded (rows whose
+                   last step is padding: all zeros, or an embedding's filler id) — the loss reads
+                   position length - 1 of that batch-first layer's output (``out[:, -1]``), once
+                   per run, in the first turns (loc: the layer's call; an aside)
 custom_backward    cls (a torch.autograd.Function subclass defined in the user's code), input
                    (index of the forward argument whose gradient disagrees), ratio (float|None:
                    the backward's gradient over the numerical one along random directions, when
@@ -751,6 +762,17 @@ def loaders_zipped(*, inputs: int, labels: int, length: int) -> Made:
     return "loaders_zipped", {"inputs": inputs, "labels": labels, "length": length}
 
 
+def batch_pairing(*, problem: str, fn: str, loader: int, input_batch: list, target_loader: int,
+                  target_batch: list, field: str, rows: int) -> Made:
+    return "batch_pairing", {"problem": problem, "fn": fn, "loader": loader, "input_batch": input_batch,
+                             "target_loader": target_loader, "target_batch": target_batch,
+                             "field": field, "rows": rows}
+
+
+def last_step_padded(*, module: str, rows: int, length: int, padded: int) -> Made:
+    return "last_step_padded", {"module": module, "rows": rows, "length": length, "padded": padded}
+
+
 def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None) -> Made:
     return "custom_backward", {"cls": cls, "input": input, "ratio": ratio, "forward": forward}
 
@@ -935,7 +957,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
-    "param_created": param_created, "loaders_zipped": loaders_zipped,
+    "param_created": param_created, "loaders_zipped": loaders_zipped, "batch_pairing": batch_pairing,
+    "last_step_padded": last_step_padded,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit,
@@ -952,7 +975,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit",
-                         "self_match"})
+                         "self_match", "batch_pairing", "last_step_padded"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -49,6 +49,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_unshuffled_sorted_image_folder.py",  # batch_labels
             "registration/bad_layer_built_in_forward.py",  # param_created
             "data/bad_loaders_shuffled_apart.py",  # loaders_zipped
+            "data/bad_labels_of_another_batch.py",  # batch_pairing
+            "data/bad_last_step_is_padding.py",  # last_step_padded
             "registration/bad_repeated_layer_module_list.py",  # module_repeated
             "distributed/good_single_rank_allreduce.py",  # grad_allreduce
             "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units

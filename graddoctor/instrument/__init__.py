@@ -38,7 +38,8 @@ from .snapshots import SnapshotWatcher
 from .stopgrad import TargetGradWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
-from .topics import (DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STEP_BEGINS,
+from .batchpairs import BatchPairWatcher
+from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STEP_BEGINS,
                      STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
 from .symmetry import SymmetryWatcher
@@ -98,6 +99,11 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, dependency.describe_loss)
         rec.subscribe(PARAMS_ADDED, dependency.params_added)  # a new model: the window again
         self.watchers.append(dependency)
+        # inputs and targets from one DataLoader batch, in one order (first turns, CPU)
+        pairs = BatchPairWatcher(rec)
+        rec.subscribe(BATCH_SERVED, pairs.served)
+        rec.subscribe(DESCRIBE_LOSS, pairs.describe_loss)
+        self.watchers.append(pairs)
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
         rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)
         # where the gradient of parameters that get exactly zero stops (grads-always-zero)

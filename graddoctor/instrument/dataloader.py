@@ -29,6 +29,10 @@ serving bare integer labels, the inputs and their labels no longer match
 (``loaders_zipped``; loaders-shuffled-apart). Each set of loaders read together is compared
 once (a few sets at most); until then each batch costs a dict write.
 
+The first ``SERVED_BATCHES`` batches the loaders serve are handed, as yielded, to
+``BATCH_SERVED``'s subscribers (instrument/batchpairs.py: inputs and labels of one batch); then
+that costs one integer test per batch.
+
 In a process group (a rank of a distributed run), the first ``PRINT_BATCHES`` batches that
 feed a backward get a fingerprint (``batch_fingerprint``): a position-weighted sum of evenly
 spaced elements of the batch's first tensor, taken when the loader yields it (before the script
@@ -49,7 +53,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from .. import events as ev
 from .identities import Identities
 from .recorder import Deferred, Recorder
-from .topics import BUDGET_HOLD
+from .topics import BATCH_SERVED, BUDGET_HOLD
 
 # the default length (see above); --epoch-batches' default in the option table (options.py) is
 # the same number, checked by tests/test_config.py
@@ -64,6 +68,7 @@ PRINT_BATCHES = 3
 PRINT_CAP = 32
 PRINT_ELEMENTS = 1 << 16
 
+SERVED_BATCHES = 32  # batches handed to BATCH_SERVED's subscribers, in all (instrument/batchpairs.py)
 _ZIP_CHECKS = 8  # sets of loaders read together that are compared, at most
 LABEL_BATCHES = 8  # batches of an unshuffled loader's first epoch whose labels are read
 _LABEL_KEYS = ("label", "labels", "target", "targets", "y")
@@ -103,6 +108,8 @@ class DataLoaderWatcher:
         self._zip_checked: set[frozenset] = set()  # sets of loaders read together, compared
         self._zip_done = False  # found, or _ZIP_CHECKS sets compared
         rec.subscribe(BUDGET_HOLD, self._hold)
+        self._on_served = rec.subscribers(BATCH_SERVED)
+        self._announce = SERVED_BATCHES  # batches still handed to them
 
     # -- lengths ---------------------------------------------------------------------------
     def _replay_len(self, real_len):
@@ -185,6 +192,10 @@ class DataLoaderWatcher:
                     watcher._labels(batch, state[0], index)
                 if not watcher._zip_done:
                     watcher._served[state[0]] = (index, batch)
+                if watcher._announce:
+                    watcher._announce -= 1
+                    for subscriber in watcher._on_served:
+                        subscriber(state[0], state[1], index, batch)
             return batch
 
         return __next__

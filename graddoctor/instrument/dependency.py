@@ -218,7 +218,7 @@ class DependencyWatcher:
     def _open(self) -> None:
         from torch.nn.modules import module as module_mod
 
-        pre, post = _hooks(self._pre, self._post)
+        pre, post = module_hooks(self._pre, self._post)
         post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
         # torch's handle forgets the with_kwargs entry it made (removing it leaves {id: True} in
         # _global_forward_hooks_with_kwargs): the handle is told of that dict too
@@ -624,7 +624,8 @@ def make(pre, post, is_compiling):
 """, "<graddoctor: watched call>", "exec")
 
 
-def _hooks(pre, post):
+def module_hooks(pre, post):
+    """The global module hooks' pair around ``pre`` and ``post`` (see ``_HOOKS``; batchpairs.py's too)."""
     scope: dict = {}
     exec(_HOOKS, scope)
     return scope["make"](pre, post, torch.compiler.is_compiling)

@@ -69,6 +69,11 @@ STATE_LOADED: Topic[Callable[[Any, Any], None]] = Topic(
     "(module, state_dict) before the user's outermost Module.load_state_dict runs (the method "
     "has one wrapper, the reset watcher's)")
 
+BATCH_SERVED: Topic[Callable[[int, int, int, Any], None]] = Topic(
+    "batch_served", "DataLoaderWatcher",
+    "(loader, epoch, index, batch) for each of the first batches the DataLoaders serve "
+    "(SERVED_BATCHES in all), as the loader yields it")
+
 TOPICS: tuple[Topic, ...] = (PARAMS_ADDED, STEPPED, STEP_GRADS, STEP_BEGINS, STEP_NORMS, STEPPED_WITHOUT_GRAD,
                              DESCRIBE_LOSS, LEAF_TRACKED, FREEZE_OF, COUNTED_STEP, BUDGET_HOLD,
-                             STATE_LOADED)
+                             STATE_LOADED, BATCH_SERVED)

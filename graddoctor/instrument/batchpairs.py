@@ -1,0 +1,506 @@
+"""Whether the model's inputs and the loss's targets come from the same DataLoader batch, in
+the same order (labels of another batch, inputs permuted without their labels), and whether a
+recurrent summary is read at a padding step.
+
+A DataLoader yields ``(x_i, y_i)``: the rows of ``x_i`` and the labels of ``y_i`` belong
+together. Two families of silent bugs break that pairing after the loader:
+
+* **Labels of another batch.** The loss's target is the labels of a batch served earlier
+  (``x0, y0 = next(iter(loader))`` kept from before the loop with ``for x, _ in loader``; a label
+  variable read one turn late), while the model gets this turn's inputs.
+* **Inputs permuted without their labels.** The model gets the rows of the batch in another
+  order (``x = x[torch.randperm(len(x))]``) while the loss's target keeps the loader's order.
+
+Both are read from values, on the first turns only (``WINDOW`` backwards), CPU tensors only:
+
+* ``BATCH_SERVED``: for the first ``SERVED`` batches the loaders serve, each tensor of the batch
+  whose first dimension is the batch's gets a fingerprint per row (a weighted sum and a sum of
+  at most ``_COLUMNS`` evenly spaced values of the row, in float64, so that ``x.float()``,
+  ``x.view(B, -1)`` read the same) and one of the whole tensor (its values in order).
+* Global module forward hooks (removed with the window) note the tensors the outermost module
+  call of each turn is given that need no gradient (the data): their rows are looked up among
+  the batches' rows. All of them in one batch's tensor, in the loader's order or permuted, say
+  where the model's inputs came from; inputs made of other values (normalised, augmented, mixed)
+  say nothing, and nothing is judged.
+* At each backward of the window (``DESCRIBE_LOSS``), the loss's graph is walked from its root
+  (a few hundred nodes at most, stopping at the model's output) for the loss nodes that save
+  their target (``nll_loss`` and ``cross_entropy`` with class indices, ``mse_loss``,
+  ``smooth_l1_loss``, ``huber_loss``, ``binary_cross_entropy[_with_logits]``); each target that
+  needs no gradient and is not one value repeated (a GAN's real/fake labels) is looked up among
+  the batches' whole-tensor fingerprints.
+
+The verdicts (``batch_pairing`` aside event at the model's call, once per kind):
+
+* "other-batch": the target equals no tensor of the batches the model's inputs came from in this
+  turn, but a tensor of another batch of the same loader (or of another loader's batch served
+  in an earlier turn: two loaders read in lockstep serve theirs in one turn). Inputs and targets
+  fetched ahead (a prefetcher: the next batch served before this one's loss) pair the batch the
+  inputs came from and say nothing.
+* "permuted": the model's inputs are all the rows of one batch in another order, the target is
+  one of that batch's tensors in the loader's order, and nothing between the model's output and
+  the loss reorders rows (an index or gather: a batch sorted by length and put back).
+
+The same hooks note, for the third check, each batch-first recurrent layer (RNN, LSTM, GRU)
+whose input is right-padded in at least half its rows: trailing runs of padding steps of
+different lengths, (nearly) none inside the rows (``padded_rows``), a step being padding when it
+is all zeros (``pad_sequence`` of features, an embedding's ``padding_idx`` row) or, for an
+embedding without ``padding_idx`` that fed it, the id most rows end with (``filled_rows``). At
+the backward, a ``SelectBackward`` node of position T - 1 of dim 1 right above that layer's
+output in the loss's graph (``out[:, -1]``) is recorded: "last_step_padded" at the layer's call
+(last-step-is-padding). Left padding, ``pack_padded_sequence``, a gather at ``lengths - 1`` and
+sequences of one length say nothing.
+
+Skipped, silently: tensors not on the CPU, threads other than the script's, batches of fewer
+than ``_MIN_ROWS`` rows, torch.compile (the window closes before it runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Mapping
+from threading import get_ident
+
+import torch
+from torch import nn
+
+from .. import events as ev
+from .dependency import module_hooks
+from .recorder import Recorder
+
+WINDOW = 8  # backwards judged, from the first one
+SERVED = 32  # loader batches fingerprinted at most
+_COLUMNS = 64  # values of a row read, evenly spaced
+_FIELDS = 6  # tensors of one batch fingerprinted at most
+_INPUTS = 4  # tensors of one model call looked up at most
+_MIN_ROWS = 4
+_MAX_ROWS = 4096
+_FOUND = 0.9  # share of an input's rows that must be found in one batch tensor
+_NODES = 400  # graph nodes walked from a loss's root at most
+_DIGITS = 10  # significant digits a fingerprint is compared at
+_RECURRENT = 8  # recurrent outputs noted per turn at most
+_CALLS = 8  # model calls whose inputs were found, kept per turn at most (their outputs' graphs)
+_SEEN = 64  # data tensors looked up per turn at most
+
+# loss nodes that save their target (``_saved_target``), and the function named for each
+_TARGET_NODES = (("NllLoss", "cross_entropy"), ("MseLoss", "mse_loss"),
+                 ("SmoothL1Loss", "smooth_l1_loss"), ("HuberLoss", "huber_loss"),
+                 ("BinaryCrossEntropyWithLogits", "binary_cross_entropy_with_logits"),
+                 ("BinaryCrossEntropy", "binary_cross_entropy"))
+# nodes that reorder or select rows between the model's output and the loss
+_REORDER = ("Index", "Gather", "Take", "Scatter", "Sort", "MaskedSelect")
+
+
+def _fp(values) -> tuple:
+    """A float64 tensor's values, rounded, as a hashable key."""
+    return tuple(float(f"{v:.{_DIGITS}g}") for v in values.tolist())
+
+
+def _row_prints(t: torch.Tensor) -> list | None:
+    """One key per row of ``t`` (first dimension): (weighted sum, sum) of at most ``_COLUMNS``
+    evenly spaced values, in float64; None for a tensor that cannot be read so."""
+    if t.layout is not torch.strided or t.is_complex() or t.is_quantized or t.dtype is torch.bool:
+        return None
+    rows = int(t.shape[0])
+    flat = t.detach().reshape(rows, -1)
+    cols = int(flat.shape[1])
+    if cols == 0:
+        return None
+    if cols > _COLUMNS:
+        flat = flat[:, :: cols // _COLUMNS][:, :_COLUMNS]
+    f = flat.to(torch.float64)
+    w = torch.arange(1, f.shape[1] + 1, dtype=torch.float64)
+    both = torch.stack([(f * w).sum(1), f.sum(1)], 1)
+    keys = [tuple(float(f"{v:.{_DIGITS}g}") for v in pair) for pair in both.tolist()]
+    return keys
+
+
+def _whole_print(t: torch.Tensor) -> tuple | None:
+    """(numel, weighted sum, sum) of a tensor's values in order, in float64; None for one value
+    repeated (a GAN's labels), an empty tensor or one that cannot be read so."""
+    if t.layout is not torch.strided or t.is_complex() or t.is_quantized or t.numel() < _MIN_ROWS:
+        return None
+    f = t.detach().reshape(-1).to(torch.float64)
+    if bool((f == f[0]).all()):
+        return None
+    w = torch.arange(1, f.numel() + 1, dtype=torch.float64)
+    return (int(f.numel()),) + _fp(torch.stack([(f * w).sum(), f.sum()]))
+
+
+def _tensors(batch, prefix: str = "", depth: int = 0) -> list:
+    """``[(name, tensor)]`` of a batch: a tensor, or those in a tuple, list or mapping (nested
+    at most twice)."""
+    if isinstance(batch, torch.Tensor):
+        return [(prefix or "batch", batch)]
+    if depth >= 2:
+        return []
+    if isinstance(batch, (tuple, list)):
+        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(batch)]
+    elif isinstance(batch, Mapping):
+        items = [(f"{prefix}[{k!r}]", v) for k, v in list(batch.items())[:16]]
+    else:
+        return []
+    out = []
+    for name, value in items:
+        out += _tensors(value, name, depth + 1)
+        if len(out) >= _FIELDS:
+            break
+    return out[:_FIELDS]
+
+
+class _Batch:
+    __slots__ = ("key", "turn", "rows", "fields", "wholes")
+
+    def __init__(self, key: tuple, turn: int, rows: int):
+        self.key, self.turn, self.rows = key, turn, rows
+        self.fields: list[str] = []
+        self.wholes: set = set()  # whole-tensor prints of its tensors
+
+
+class BatchPairWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self.active = False
+        self._handles: list = []
+        self._patcher = None
+        self._served = 0
+        self._backwards = 0
+        self._depth = 0
+        self._batches: list[_Batch] = []
+        self._rows: dict[tuple, list] = {}  # row print -> [(batch, field, row)]
+        self._wholes: dict[tuple, list] = {}  # whole print -> [(batch, field)]
+        self._seen_ids: dict[int, object] = {}  # tensors looked up this turn (id -> tensor)
+        # this turn's model calls whose inputs were found: (batch, order: "same" | "permuted",
+        # output tensor, Location)
+        self._inputs: list[tuple] = []
+        self._told: set[str] = set()
+        # this turn's batch-first recurrent outputs over right-padded input:
+        # (grad_fn, module class, rows, length, padded rows, Location)
+        self._recurrent: list[tuple] = []
+        self._filled: dict[tuple, int] = {}  # (rows, length) of filled-up id batches -> padded rows
+
+    # -- the window -------------------------------------------------------------------------
+    def _stop(self) -> None:
+        self.active = False
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+        self._batches, self._rows, self._wholes = [], {}, {}
+        self._seen_ids, self._inputs = {}, []
+        self._recurrent, self._filled = [], {}
+
+    # -- BATCH_SERVED ------------------------------------------------------------------------
+    def served(self, loader: int, epoch: int, index: int, batch) -> None:
+        if not self.active or self._served >= SERVED or get_ident() != self.rec.script_thread:
+            return
+        try:
+            self._served += 1
+            tensors = [(n, t) for n, t in _tensors(batch) if t.dim() >= 1 and t.device.type == "cpu"
+                       and not t.requires_grad]
+            if not tensors:
+                return
+            rows = int(tensors[0][1].shape[0])
+            if not _MIN_ROWS <= rows <= _MAX_ROWS:
+                return
+            entry = _Batch((loader, epoch, index), self._backwards, rows)
+            with torch.no_grad():
+                for name, t in tensors:
+                    if int(t.shape[0]) != rows:
+                        continue
+                    entry.fields.append(name)
+                    whole = _whole_print(t)
+                    if whole is not None:
+                        entry.wholes.add(whole)
+                        self._wholes.setdefault(whole, []).append((entry, name))
+                    if t.dim() >= 2 or t.is_floating_point():
+                        keys = _row_prints(t)
+                        if keys is not None and len(set(keys)) == rows:  # rows told apart
+                            for r, k in enumerate(keys):
+                                self._rows.setdefault(k, []).append((entry, name, r))
+            self._batches.append(entry)
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("batch pairing (batch)", exc)
+
+    # -- module hooks: the model's inputs ----------------------------------------------------
+    def _pre(self, module, args):
+        if get_ident() == self.rec.script_thread:
+            self._depth += 1
+        return None
+
+    def _post(self, module, args, *rest):
+        if get_ident() != self.rec.script_thread:
+            return None
+        self._depth = max(0, self._depth - 1)
+        if not self.active:
+            return None
+        try:
+            kwargs, output = rest if len(rest) == 2 else ({}, None)
+            if not (torch.is_grad_enabled() and getattr(module, "training", False)):
+                return None
+            if isinstance(module, (nn.RNNBase, nn.Embedding)) and len(self._recurrent) < _RECURRENT:
+                self._sequence(module, args, kwargs, output)
+            if self._depth or not self._rows or len(self._inputs) >= _CALLS:
+                return None
+            values = list(args) + list(kwargs.values() if isinstance(kwargs, Mapping) else ())
+            looked = 0
+            for t in values:
+                if not isinstance(t, torch.Tensor) or t.requires_grad or t.dim() < 1 \
+                        or t.device.type != "cpu" or not _MIN_ROWS <= int(t.shape[0]) <= _MAX_ROWS:
+                    continue
+                if self._seen_ids.get(id(t)) is t or len(self._seen_ids) >= _SEEN:
+                    continue
+                self._seen_ids[id(t)] = t
+                looked += 1
+                found = self._find(t)
+                if found is not None:
+                    out = output[0] if isinstance(output, (tuple, list)) and output else output
+                    out = getattr(out, "logits", out)
+                    self._inputs.append((*found, out if isinstance(out, torch.Tensor) else None,
+                                         self.rec.here()))
+                    break
+                if looked >= _INPUTS:
+                    break
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("batch pairing (forward)", exc)
+        return None
+
+    def _sequence(self, module, args, kwargs, output) -> None:
+        """A batch-first recurrent layer's output noted when most rows of its input end in
+        padding (zeros: ``pad_sequence`` of features, or an embedding's ``padding_idx`` row; or
+        the ids of an embedding without one, filled up with one id); an embedding's filled-up
+        ids noted for the layer that follows."""
+        data = args[0] if args else (kwargs.get("input") if isinstance(kwargs, Mapping) else None)
+        if not isinstance(data, torch.Tensor) or data.device.type != "cpu" or data.dim() < 2:
+            return
+        if isinstance(module, nn.Embedding):
+            if module.padding_idx is None and data.dim() == 2 and not data.is_floating_point():
+                with torch.no_grad():
+                    padded = filled_rows(data)
+                if padded:
+                    self._filled[tuple(data.shape)] = padded
+            return
+        out = output[0] if isinstance(output, (tuple, list)) and output else output
+        if not (module.batch_first and data.dim() == 3 and isinstance(out, torch.Tensor)
+                and out.dim() == 3 and out.grad_fn is not None):
+            return
+        rows, length = int(data.shape[0]), int(data.shape[1])
+        if rows < _MIN_ROWS or length < 2:
+            return
+        with torch.no_grad():
+            padded = padded_rows((data == 0).all(2))
+        padded = padded or self._filled.get((rows, length), 0)
+        if padded >= max(2, rows / 2):
+            self._recurrent.append((out.grad_fn, type(module).__name__, rows, length, padded,
+                                    self.rec.here()))
+
+    def _find(self, t: torch.Tensor):
+        """``(batch, "same" | "permuted")`` when the rows of ``t`` are all the rows of one batch
+        tensor, else None."""
+        with torch.no_grad():
+            keys = _row_prints(t)
+        if keys is None:
+            return None
+        rows = len(keys)
+        votes: dict = {}
+        for r, k in enumerate(keys):
+            for entry, name, at in self._rows.get(k, ()):
+                votes.setdefault((id(entry), name), [entry, name, {}])[2][r] = at
+        best = max(votes.values(), key=lambda v: len(v[2]), default=None)
+        if best is None or len(best[2]) < _FOUND * rows:
+            return None
+        entry, _, at = best
+        if rows != entry.rows or len(at) != rows or len(set(at.values())) != rows:
+            return None  # a part of the batch, or rows repeated: the order says nothing
+        same = all(at[r] == r for r in range(rows))
+        return entry, "same" if same else "permuted"
+
+    # -- DESCRIBE_LOSS: the targets ----------------------------------------------------------
+    def describe_loss(self, tensors) -> dict:
+        if not self.active:
+            return {}
+        try:
+            self._backwards += 1
+            inputs, self._inputs = self._inputs, []
+            recurrent, self._recurrent = self._recurrent, []
+            self._seen_ids, self._filled = {}, {}
+            if recurrent and "last-step" not in self._told:
+                for root in _roots(tensors):
+                    self._last_step(root, recurrent)
+            if inputs and self._wholes:
+                for root in _roots(tensors):
+                    self._judge(root, inputs)
+            if self._backwards >= WINDOW or len(self._told) >= 3:
+                self._stop()
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("batch pairing", exc)
+        return {}
+
+    def _judge(self, root, inputs) -> None:
+        outs = {id(o.grad_fn): o for _, _, o, _ in inputs if o is not None and o.grad_fn is not None}
+        targets, reordered = _targets(root, outs)
+        for fn, target in targets:
+            if target.device.type != "cpu" or target.requires_grad:
+                continue
+            with torch.no_grad():
+                whole = _whole_print(target)
+            if whole is None:
+                continue
+            ours = [(entry, order, loc) for entry, order, _, loc in inputs]
+            if any(whole in entry.wholes for entry, _, _ in ours):
+                permuted = next(((e, loc) for e, order, loc in ours
+                                 if order == "permuted" and whole in e.wholes), None)
+                if permuted is not None and not reordered and "permuted" not in self._told:
+                    entry, loc = permuted
+                    field = next(n for b, n in self._wholes[whole] if b is entry)
+                    self._tell("permuted", fn, entry, entry, field, loc)
+                continue
+            earlier = [(b, n) for b, n in self._wholes.get(whole, ())
+                       if all(_apart(b, e) for e, _, _ in ours)]
+            if earlier and "other-batch" not in self._told:
+                entry, order, loc = ours[-1]
+                self._tell("other-batch", fn, entry, earlier[-1][0], earlier[-1][1], loc)
+
+    def _last_step(self, root, recurrent) -> None:
+        """A ``last_step_padded`` aside when the loss's graph reads position T - 1 of a noted
+        recurrent output (``out[:, -1]``): for most rows a padding step."""
+        by_node = {node: entry for node, *entry in recurrent}
+        seen, level = set(), [root]
+        while level and len(seen) < _NODES:
+            following = []
+            for node in level:
+                if node is None or node in seen:
+                    continue
+                seen.add(node)
+                if type(node).__name__.startswith("SelectBackward"):
+                    child = node.next_functions[0][0]
+                    entry = by_node.get(child)
+                    if entry is not None and _last_index(node, entry[2]):
+                        name, rows, length, padded, loc = entry
+                        self._told.add("last-step")
+                        self.rec.emit_aside(ev.last_step_padded(module=name, rows=rows, length=length,
+                                                                padded=padded), loc)
+                        return
+                following.extend(c for c, _ in node.next_functions if c is not None)
+            level = following
+
+    def _tell(self, problem: str, fn: str, inputs: _Batch, labels: _Batch, field: str, loc) -> None:
+        self._told.add(problem)
+        self.rec.emit_aside(ev.batch_pairing(
+            problem=problem, fn=fn, loader=inputs.key[0], input_batch=list(inputs.key[1:]),
+            target_loader=labels.key[0], target_batch=list(labels.key[1:]), field=field,
+            rows=inputs.rows), loc)
+
+    # -- install -----------------------------------------------------------------------------
+    def _wrap_compile(self, original):
+        watcher = self
+
+        def compile(*args, **kwargs):
+            if watcher.active:  # torch.compile warns about global module hooks
+                watcher._stop()
+            return original(*args, **kwargs)
+
+        return functools.wraps(original)(compile)
+
+    def install(self, patcher) -> None:
+        from torch.nn.modules import module as module_mod
+
+        patcher.patch(torch, "compile", self._wrap_compile(torch.compile))
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        optimized = getattr(eval_frame, "OptimizedModule", None)
+        if optimized is not None and "__call__" in vars(optimized):
+            patcher.patch(optimized, "__call__", self._wrap_compile(optimized.__call__))
+        pre, post = module_hooks(self._pre, self._post)
+        post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
+        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
+        if kwargs_dict is not None and post.id in kwargs_dict:  # see dependency.py's _open
+            import weakref
+
+            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
+        self._handles = [patcher.handle(module_mod.register_module_forward_pre_hook(pre)),
+                         patcher.handle(post)]
+        self.active = True
+
+
+def _last_index(node, length: int) -> bool:
+    """Whether a SelectBackward node took position ``length - 1`` of dimension 1."""
+    dim, index = int(node._saved_dim), int(node._saved_index)
+    dim, index = (dim - 2 ** 64 if dim >= 2 ** 63 else dim), (index - 2 ** 64 if index >= 2 ** 63 else index)
+    return dim == 1 and index in (-1, length - 1)
+
+
+def filled_rows(ids: torch.Tensor) -> int:
+    """How many rows of a (batch, length) id batch end in a filler: the id most rows end with
+    (see ``padded_rows``); 0 when there is none."""
+    if ids.shape[0] < _MIN_ROWS:
+        return 0
+    return padded_rows(ids == int(ids[:, -1].mode().values))
+
+
+def padded_rows(pad: torch.Tensor) -> int:
+    """How many rows of a (batch, length) mask of padding steps end in padding, when the batch is
+    right-padded: at least half the rows end in a run of it, the runs of different lengths, no
+    row all padding, and padding (nearly) absent before the runs; else 0."""
+    rows, length = pad.shape
+    if rows < _MIN_ROWS or length < 4:
+        return 0
+    runs = pad.flip(1).int().cumprod(1).sum(1)
+    ending = runs > 0
+    if int(ending.sum()) < max(2, rows / 2) or int(runs.max()) >= length:
+        return 0
+    if int(runs[ending].min()) == int(runs[ending].max()):
+        return 0  # one run length for all: a fixed end token or step, not a filler
+    content = rows * length - int(runs.sum())
+    if int(pad.sum()) - int(runs.sum()) > 0.02 * content:
+        return 0  # padding steps inside the rows too: sparse data, not a filler
+    return int(ending.sum())
+
+
+def _apart(labels: _Batch, inputs: _Batch) -> bool:
+    """Whether a target from batch ``labels`` cannot pair the inputs of batch ``inputs``:
+    another batch of the same loader, or a batch of another loader served in an earlier turn
+    (two loaders read in lockstep serve their batches in one turn)."""
+    if labels.key[0] == inputs.key[0]:
+        return labels.key != inputs.key
+    return labels.turn < inputs.turn
+
+
+def _roots(tensors) -> list:
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    try:
+        return [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None][:4]
+    except TypeError:
+        return []
+
+
+def _targets(root, outs: dict) -> tuple[list, bool]:
+    """``([(fn, target)], reordered)``: the saved targets of the loss nodes within ``_NODES``
+    nodes of ``root`` (not below the model outputs ``outs``: ids of their grad_fns), and whether
+    a node that reorders rows lies on the way."""
+    found, reordered = [], False
+    seen, stack = set(), [root]
+    while stack and len(seen) < _NODES:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if id(node) in outs:
+            continue
+        name = type(node).__name__
+        for prefix, fn in _TARGET_NODES:
+            if name.startswith(prefix) and name[len(prefix):].startswith("Backward"):
+                try:
+                    target = getattr(node, "_saved_target", None)
+                except RuntimeError:  # freed by an earlier backward: torch reports that itself
+                    target = None
+                if isinstance(target, torch.Tensor):
+                    found.append((fn, target))
+                break
+        else:
+            if name.startswith(_REORDER):
+                reordered = True
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return found, reordered

@@ -1,0 +1,71 @@
+"""last-step-is-padding (GD252): the ``last_step_padded`` event of instrument/batchpairs.py for
+a recurrent layer's last output step read over a right-padded batch, and the rule's finding."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument.batchpairs import filled_rows, padded_rows
+from rule_traces import builder, findings, only
+
+SLUG = "last-step-is-padding"
+
+
+def test_the_event_is_a_warning_at_the_layer_call():
+    t = builder()
+    t.put(ev.last_step_padded(module="LSTM", rows=32, length=19, padded=28), 12)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 12
+    assert f.evidence == {"module": "LSTM", "rows": 32, "length": 19, "padded_rows": 28}
+    assert "28 of 32 rows" in f.message and findings(builder(), SLUG) == []
+
+
+def test_padded_rows_wants_trailing_runs_of_different_lengths():
+    lengths = torch.tensor([3, 5, 8, 2, 8, 6])
+    pad = torch.arange(8)[None] >= lengths[:, None]
+    assert padded_rows(pad) == 4
+    assert padded_rows(pad.flip(1)) == 0  # left padding
+    assert padded_rows(torch.zeros(6, 8, dtype=torch.bool)) == 0  # one length
+    same = torch.zeros(6, 8, dtype=torch.bool)
+    same[:, -2:] = True
+    assert padded_rows(same) == 0  # one run length for all: an end step
+    sparse = pad.clone()
+    sparse[:, 0] = True  # empty steps inside the rows too
+    assert padded_rows(sparse) == 0
+    ids = torch.randint(1, 9, (6, 8)).masked_fill(pad, 0)
+    assert filled_rows(ids) == 4 and filled_rows(ids.flip(1)) == 0
+
+
+def _events(forward) -> list[tuple]:
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        lengths = torch.randint(2, 10, (16,))
+        tokens = pad_sequence([torch.randint(1, 30, (int(n),)) for n in lengths], batch_first=True)
+        embed = nn.Embedding(30, 8)
+        rnn = nn.GRU(8, 8, batch_first=True)
+        for _ in range(2):
+            summary = forward(embed, rnn, tokens, lengths)
+            nn.functional.cross_entropy(summary, torch.randint(0, 8, (16,))).backward()
+    return [(e["module"], e["rows"], e["padded"] > 8) for e in rec.trace.of_kind("last_step_padded")]
+
+
+def test_the_watcher_finds_the_last_step_of_right_padded_ids_and_features():
+    assert _events(lambda embed, rnn, tokens, n: rnn(embed(tokens))[0][:, -1]) == [("GRU", 16, True)]
+    assert _events(lambda embed, rnn, tokens, n: rnn(embed(tokens) * (tokens > 0)[..., None])[0][:, -1, :]) \
+        == [("GRU", 16, True)]
+
+
+def test_the_watcher_is_silent_on_summaries_that_read_no_padding():
+    gathered = lambda embed, rnn, tokens, n: rnn(embed(tokens))[0][torch.arange(16), n - 1]  # noqa: E731
+    first = lambda embed, rnn, tokens, n: rnn(embed(tokens))[0][:, 0]  # noqa: E731
+    packed = lambda embed, rnn, tokens, n: rnn(pack_padded_sequence(  # noqa: E731
+        embed(tokens), n, batch_first=True, enforce_sorted=False))[1][-1]
+    left = lambda embed, rnn, tokens, n: rnn(embed(tokens.flip(1)))[0][:, -1]  # noqa: E731
+    for forward in (gathered, first, packed, left):
+        assert _events(forward) == []
