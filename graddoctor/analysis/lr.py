@@ -292,6 +292,34 @@ def length(s: Schedule) -> int | None:
     return None
 
 
+TWICE_PER_BACKWARD = 1.5  # scheduler steps per backward from which micro-batches explain nothing
+
+
+@dataclass(frozen=True)
+class SteppedTwice:
+    k: float  # scheduler steps per optimizer step
+    length: int | None  # the schedule's length, when its arguments say it
+    lines: tuple  # the distinct step() call events, first of each line, in order
+
+
+def stepped_twice(a: "Analysis", s: Schedule) -> SteppedTwice | None:
+    """A positional scheduler stepped k >= 2 times per step of its optimizer, at least twice
+    between two of its steps, and more often than backward calls ran: not once per micro-batch
+    (accumulation), but the same scheduler's step() called twice per update (two calls left in
+    the loop, a training helper that steps it too)."""
+    if not s.positional or s.parent is not None or s.cls in CONTAINERS:
+        return None
+    c = cadence(a, s)
+    if c is None or c.updates < 3 or c.per_update < 1.9 or c.most_between < 2 or \
+            c.per_backward < TWICE_PER_BACKWARD:
+        return None
+    lines: dict = {}
+    for e in s.steps:
+        if e.loc is not None:
+            lines.setdefault((e.loc.path, e.loc.line), e)
+    return SteppedTwice(c.per_update, length(s), tuple(lines.values()))
+
+
 @dataclass(frozen=True)
 class MicroBatchStepping:
     k: float  # scheduler steps per optimizer step
@@ -308,6 +336,8 @@ def per_micro_batch(a: "Analysis", s: Schedule) -> MicroBatchStepping | None:
     c = cadence(a, s)
     if c is None or c.updates < 2 or c.per_update < 1.5 or c.most_between < 2 or c.per_backward < 0.75:
         return None
+    if c.per_backward >= TWICE_PER_BACKWARD:
+        return None  # more scheduler steps than backwards: no accumulation explains it (stepped_twice)
     n = length(s)
     if n is not None and any(n % m == 0 for m in c.lengths()):
         return None  # sized in batches: per-batch stepping is its design
