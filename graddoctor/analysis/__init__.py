@@ -424,6 +424,14 @@ class Analysis:
         return collapses(self)
 
     @cached_property
+    def lr_growths(self):
+        """[``Growth``]: param groups whose lr rose far past every lr the script set, with no
+        ceiling, while the script went on stepping (analysis/lr.py)."""
+        from .lr import growths
+
+        return growths(self)
+
+    @cached_property
     def applied_steps(self) -> dict[int, list[Event]]:
         """opt -> its steps that applied gradients (neither skipped by a GradScaler nor closure
         steps, which recompute their own), in order."""

@@ -422,3 +422,55 @@ def collapses(a: "Analysis") -> list[Collapse]:
             at = (first.step or 1) + math.ceil(math.log(COLLAPSED) / rate)
             out.append(Collapse(opt, g, start, last.lr, updates, w, False, at))
     return out
+
+
+# -- a learning rate that keeps rising past every lr the script set ------------------------------
+
+RUNAWAY = 10.0  # the lr applied this many times above every lr the script set: seen running away
+RISING = 2.0  # this far above and still rising at a steady pace: said as info
+RANGE_TEST_START = 1e-5  # an lr range test (torch-lr-finder) starts at or below this and climbs on purpose
+# schedules whose rise has no ceiling (a factor per step, a function of the step)
+_UNCAPPED = frozenset({"ExponentialLR", "StepLR", "MultiplicativeLR", "LambdaLR"})
+
+
+@dataclass(frozen=True)
+class Growth:
+    opt: int
+    group: int
+    top: float  # the largest lr the script set: constructed, a scheduler's base, the first step's
+    last: float  # the lr of the last recorded step
+    updates: int
+    writer: LrWriter
+    observed: bool  # RUNAWAY times above top; False: RISING times and still rising
+
+
+def growths(a: "Analysis") -> list[Growth]:
+    """Param groups whose lr rose at every recorded step, past ``RUNAWAY`` times (or ``RISING``
+    times: info) the largest lr the script set, under a schedule without a ceiling or the
+    script's own writes, while the script still stepped. From what folding keeps: the first and
+    last steps' lrs, the constructions, the counts; the rise checked over the kept steps."""
+    if a.status not in GOES_ON:
+        return []
+    out = []
+    for opt, groups in a.lr_timeline.items():
+        init = a.optimizers.get(opt)
+        built = (init.get("lrs") or []) if init is not None else []
+        bases = [s.init.get("base_lrs") or [] for s in a.schedulers.values()
+                 if s.opt == opt and s.init is not None]
+        updates = a.count(e for e in a.steps if e.get("opt") == opt)
+        for g, points in groups.items():
+            if len(points) < 4 or updates < 4:
+                continue
+            first, last = points[0], points[-1]
+            if first.lr is None or last.lr is None or not last.lr > first.lr > 0:
+                continue
+            tops = [first.lr] + [lrs[g] for lrs in [built, *bases] if g < len(lrs)]
+            top = max((v for v in tops if isinstance(v, (int, float))), default=0.0)
+            w = last.writer
+            if top <= RANGE_TEST_START or last.lr < RISING * top or not (w.by_hand or
+                                                           (w.scheduled and w.cls in _UNCAPPED)):
+                continue
+            if any(p.lr is None or q.lr is None or q.lr <= p.lr for p, q in zip(points, points[1:])):
+                continue  # it held or fell somewhere: a warm-up that reached its peak, a cycle
+            out.append(Growth(opt, g, top, last.lr, updates, w, last.lr >= RUNAWAY * top))
+    return out
