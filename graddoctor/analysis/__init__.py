@@ -33,7 +33,8 @@ loop turns           ``turns`` (analysis/turns.py): the calls of each turn of th
                      loop, for the report's update timeline
 learning rates       ``lr_timeline`` (analysis/lr.py): per optimizer and param group, the lr at
                      each step and what wrote it; ``schedulers``: each scheduler, its
-                     construction, its steps
+                     construction, its steps; ``lr_collapses``: groups whose lr fell
+                     below 1e-4 of its start while the script still stepped
 gradient norms       ``last_update_norms`` (analysis/gradflow.py), for ``--grad-flow``
 the script's source  ``source`` (analysis/source.py): loops and call text around an event's
                      line, its paths read relative to ``base_dir`` (where the check started)
@@ -413,6 +414,22 @@ class Analysis:
         from .lr import timeline
 
         return timeline(self)
+
+    @cached_property
+    def lr_collapses(self):
+        """[``Collapse``]: param groups whose lr fell below 1e-4 of its start while the script
+        went on stepping (analysis/lr.py)."""
+        from .lr import collapses
+
+        return collapses(self)
+
+    @cached_property
+    def lr_growths(self):
+        """[``Growth``]: param groups whose lr rose far past every lr the script set, with no
+        ceiling, while the script went on stepping (analysis/lr.py)."""
+        from .lr import growths
+
+        return growths(self)
 
     @cached_property
     def applied_steps(self) -> dict[int, list[Event]]:

@@ -24,6 +24,7 @@ Public API (also for the report's pictures):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -38,6 +39,9 @@ NOT_POSITIONAL = frozenset({"ReduceLROnPlateau"})
 CONTAINERS = frozenset({"SequentialLR", "ChainedScheduler"})
 
 
+_SCHEDULER, _MANUAL = "scheduler", "manual"
+
+
 @dataclass(frozen=True)
 class LrWriter:
     kind: str  # "optimizer" | "scheduler" | "manual"
@@ -46,6 +50,14 @@ class LrWriter:
     sched: int | None = None
     args: dict = field(default_factory=dict)  # the scheduler's schedule arguments
     call: str | None = None  # "init" | "step" for a scheduler
+
+    @property
+    def scheduled(self) -> bool:
+        return self.kind == _SCHEDULER
+
+    @property
+    def by_hand(self) -> bool:
+        return self.kind == _MANUAL
 
 
 class LrPoint(NamedTuple):
@@ -280,6 +292,34 @@ def length(s: Schedule) -> int | None:
     return None
 
 
+TWICE_PER_BACKWARD = 1.5  # scheduler steps per backward from which micro-batches explain nothing
+
+
+@dataclass(frozen=True)
+class SteppedTwice:
+    k: float  # scheduler steps per optimizer step
+    length: int | None  # the schedule's length, when its arguments say it
+    lines: tuple  # the distinct step() call events, first of each line, in order
+
+
+def stepped_twice(a: "Analysis", s: Schedule) -> SteppedTwice | None:
+    """A positional scheduler stepped k >= 2 times per step of its optimizer, at least twice
+    between two of its steps, and more often than backward calls ran: not once per micro-batch
+    (accumulation), but the same scheduler's step() called twice per update (two calls left in
+    the loop, a training helper that steps it too)."""
+    if not s.positional or s.parent is not None or s.cls in CONTAINERS:
+        return None
+    c = cadence(a, s)
+    if c is None or c.updates < 3 or c.per_update < 1.9 or c.most_between < 2 or \
+            c.per_backward < TWICE_PER_BACKWARD:
+        return None
+    lines: dict = {}
+    for e in s.steps:
+        if e.loc is not None:
+            lines.setdefault((e.loc.path, e.loc.line), e)
+    return SteppedTwice(c.per_update, length(s), tuple(lines.values()))
+
+
 @dataclass(frozen=True)
 class MicroBatchStepping:
     k: float  # scheduler steps per optimizer step
@@ -296,9 +336,141 @@ def per_micro_batch(a: "Analysis", s: Schedule) -> MicroBatchStepping | None:
     c = cadence(a, s)
     if c is None or c.updates < 2 or c.per_update < 1.5 or c.most_between < 2 or c.per_backward < 0.75:
         return None
+    if c.per_backward >= TWICE_PER_BACKWARD:
+        return None  # more scheduler steps than backwards: no accumulation explains it (stepped_twice)
     n = length(s)
     if n is not None and any(n % m == 0 for m in c.lengths()):
         return None  # sized in batches: per-batch stepping is its design
     k = c.per_update
     per_epoch = [int(round(m / k)) for m in c.lengths()]
     return MicroBatchStepping(k, n, bool(n and any(p and n % p == 0 for p in per_epoch)))
+
+
+# -- a learning rate that collapses while the run goes on --------------------------------------
+
+COLLAPSED = 1e-4  # the lr applied below this share of its start: the updates no longer move
+STEEP = 1e-2  # fallen this far at a steady rate: below COLLAPSED within as many steps again
+GOES_ON = frozenset({"step-limit", "timeout"})  # graddoctor stopped a script that went on stepping
+# schedulers that set the lr from their own arguments or by a metric, or restart it
+# (a cosine climbs back after its minimum: scheduler-period-mismatch judges its period)
+_NOT_DECAYS = frozenset({"ReduceLROnPlateau", "OneCycleLR", "CyclicLR", "CosineAnnealingWarmRestarts",
+                         "CosineAnnealingLR"})
+# schedules whose fall has no floor (a factor per step): a steep start projects a collapse
+_UNFLOORED = frozenset({"ExponentialLR", "StepLR", "MultiplicativeLR", "LambdaLR"})
+
+
+@dataclass(frozen=True)
+class Collapse:
+    opt: int
+    group: int
+    start: float  # the lr the group started from (its peak before a decay)
+    last: float  # the lr of the last recorded step
+    updates: int  # the optimizer's steps (folded ones included)
+    writer: LrWriter  # who wrote the last lr
+    observed: bool  # below COLLAPSED in the run; False: projected at the rate seen
+    at: int | None  # projected: the update by which it falls below COLLAPSED
+
+
+def collapses(a: "Analysis") -> list[Collapse]:
+    """Param groups whose lr fell below ``COLLAPSED`` of where it started (or falls there at the
+    steady rate of a ``STEEP`` fall, for a schedule without a floor) while the script still
+    stepped: graddoctor stopped it at its step budget or time limit. Judged from what folding
+    keeps (the first and last recorded steps, the construction, the counts): the start is the
+    largest of the group's constructed lr, its schedulers' base lrs and its first step's lr,
+    so a warm-up's climb is no fall."""
+    if a.status not in GOES_ON:
+        return []
+    out = []
+    for opt, groups in a.lr_timeline.items():
+        init = a.optimizers.get(opt)
+        built = (init.get("lrs") or []) if init is not None else []
+        bases = [s.init.get("base_lrs") or [] for s in a.schedulers.values()
+                 if s.opt == opt and s.init is not None]
+        updates = a.count(e for e in a.steps if e.get("opt") == opt)
+        for g, points in groups.items():
+            if len(points) < 2 or updates < 4:
+                continue
+            first, last = points[0], points[-1]
+            if first.lr is None or last.lr is None:
+                continue
+            starts = [first.lr] + [lrs[g] for lrs in [built, *bases] if g < len(lrs)]
+            start = max((v for v in starts if isinstance(v, (int, float))), default=0.0)
+            if start <= 0 or last.lr < 0 or last.lr >= STEEP * start or last.lr >= first.lr:
+                continue  # not fallen (a warm-up whose factor is still 0 never rose)
+            w = last.writer
+            if not (w.scheduled or w.by_hand) or (w.scheduled and w.cls in _NOT_DECAYS):
+                continue
+            if w.by_hand and last.lr == 0:
+                continue  # the script sets 0 itself (a phase that freezes the group)
+            s = a.schedulers.get(w.sched) if w.scheduled else None
+            if s is not None and per_micro_batch(a, s) is not None:
+                continue  # stepped per micro-batch: scheduler-per-micro-batch says why
+            if last.lr < COLLAPSED * start:
+                out.append(Collapse(opt, g, start, last.lr, updates, w, True, None))
+                continue
+            # steep but not yet collapsed: a steady rate from an undecayed start projects it
+            if first.lr < start * (1 - 1e-6) or last.lr <= 0 or \
+                    (w.scheduled and w.cls not in _UNFLOORED):
+                continue
+            if any(p.lr is None or q.lr is None or q.lr > p.lr * (1 + 1e-9)
+                   for p, q in zip(points, points[1:])):
+                continue  # it rose again somewhere: no steady fall
+            span = (last.step or updates) - (first.step or 1)
+            if span < 3:
+                continue
+            rate = math.log(last.lr / first.lr) / span
+            at = (first.step or 1) + math.ceil(math.log(COLLAPSED) / rate)
+            out.append(Collapse(opt, g, start, last.lr, updates, w, False, at))
+    return out
+
+
+# -- a learning rate that keeps rising past every lr the script set ------------------------------
+
+RUNAWAY = 10.0  # the lr applied this many times above every lr the script set: seen running away
+RISING = 2.0  # this far above and still rising at a steady pace: said as info
+RANGE_TEST_START = 1e-5  # an lr range test (torch-lr-finder) starts at or below this and climbs on purpose
+# schedules whose rise has no ceiling (a factor per step, a function of the step)
+_UNCAPPED = frozenset({"ExponentialLR", "StepLR", "MultiplicativeLR", "LambdaLR"})
+
+
+@dataclass(frozen=True)
+class Growth:
+    opt: int
+    group: int
+    top: float  # the largest lr the script set: constructed, a scheduler's base, the first step's
+    last: float  # the lr of the last recorded step
+    updates: int
+    writer: LrWriter
+    observed: bool  # RUNAWAY times above top; False: RISING times and still rising
+
+
+def growths(a: "Analysis") -> list[Growth]:
+    """Param groups whose lr rose at every recorded step, past ``RUNAWAY`` times (or ``RISING``
+    times: info) the largest lr the script set, under a schedule without a ceiling or the
+    script's own writes, while the script still stepped. From what folding keeps: the first and
+    last steps' lrs, the constructions, the counts; the rise checked over the kept steps."""
+    if a.status not in GOES_ON:
+        return []
+    out = []
+    for opt, groups in a.lr_timeline.items():
+        init = a.optimizers.get(opt)
+        built = (init.get("lrs") or []) if init is not None else []
+        bases = [s.init.get("base_lrs") or [] for s in a.schedulers.values()
+                 if s.opt == opt and s.init is not None]
+        updates = a.count(e for e in a.steps if e.get("opt") == opt)
+        for g, points in groups.items():
+            if len(points) < 4 or updates < 4:
+                continue
+            first, last = points[0], points[-1]
+            if first.lr is None or last.lr is None or not last.lr > first.lr > 0:
+                continue
+            tops = [first.lr] + [lrs[g] for lrs in [built, *bases] if g < len(lrs)]
+            top = max((v for v in tops if isinstance(v, (int, float))), default=0.0)
+            w = last.writer
+            if top <= RANGE_TEST_START or last.lr < RISING * top or not (w.by_hand or
+                                                           (w.scheduled and w.cls in _UNCAPPED)):
+                continue
+            if any(p.lr is None or q.lr is None or q.lr <= p.lr for p, q in zip(points, points[1:])):
+                continue  # it held or fell somewhere: a warm-up that reached its peak, a cycle
+            out.append(Growth(opt, g, top, last.lr, updates, w, last.lr >= RUNAWAY * top))
+    return out

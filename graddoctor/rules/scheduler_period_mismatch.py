@@ -117,6 +117,8 @@ class SchedulerPeriodMismatch(Rule):
                         f"({per_epoch} batches), and the lr stays at its last, smallest value "
                         f"from then on; the milestones look like epochs", Severity.INFO, None)
         gamma = args.get("gamma")
+        if any(col.writer.sched == s.sched for col in a.lr_collapses):
+            return None  # seen collapse in the replay: lr-collapsed says it
         if isinstance(gamma, (int, float)) and 0 < gamma < 1:
             if s.cls == "StepLR" and isinstance(args.get("step_size"), int) and args["step_size"] > 0:
                 decays = per_epoch // args["step_size"]

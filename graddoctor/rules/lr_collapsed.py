@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+from ..analysis.lr import COLLAPSED
+from ..findings import Severity
+from .base import Rule, related
+from .schedule_factor_is_lr import ScheduleFactorIsLr
+
+# what to change, by the scheduler that wrote the collapsed lr
+_FIXES = {
+    "StepLR": "step the scheduler once per epoch (its step_size counts epochs), or size step_size "
+              "in optimizer steps (epochs * len(loader))",
+    "ExponentialLR": "step the scheduler once per epoch, or take gamma per step "
+                     "(gamma ** (1 / len(loader)) for the same decay per epoch)",
+    "MultiplicativeLR": "step the scheduler once per epoch, or return a factor per step "
+                        "(factor ** (1 / len(loader)))",
+    "LambdaLR": "count the lambda's decay in the steps it is called with: "
+                "`0.1 ** (step / (decay_epochs * len(loader)))`, or step the scheduler per epoch",
+    "LinearLR": "count total_iters in optimizer steps (epochs * len(loader)) when stepped per "
+                "batch, or step it once per epoch",
+    "PolynomialLR": "count total_iters in optimizer steps (epochs * len(loader)) when stepped per "
+                    "batch, or step it once per epoch",
+    "MultiStepLR": "give the milestones in the unit the scheduler is stepped in, or step it "
+                   "once per epoch",
+}
+_MANUAL_FIX = ("decay the lr once per epoch, or by a factor sized for one optimizer step "
+               "(decay ** (1 / len(loader)))")
+_DEFAULT_FIX = "count the schedule's length in the unit you step it in (optimizer steps or epochs)"
+
+
+class LrCollapsed(Rule):
+    """
+    ## What it does
+    Finds a learning rate that falls to almost nothing while training goes on: in a param
+    group, the lr of the last step the replay recorded is below 1e-4 of where the group started
+    (the optimizer's lr, its scheduler's base lr, or the first step's: a warm-up's climb is no
+    fall), and graddoctor stopped the script at its step budget, so it was still stepping. A
+    schedule without a floor (`StepLR`, `ExponentialLR`, `MultiplicativeLR`, `LambdaLR`, a
+    hand-written decay) that fell steadily by 100× or more in the replay is projected at the
+    same rate and reported with the update by which it crosses 1e-4. It points at the
+    scheduler's construction, or at the line that writes the lr by hand.
+
+    ## Why is this bad?
+    A decay meant per epoch applied per batch (`StepLR(step_size=1, gamma=0.1)`,
+    `ExponentialLR(gamma=0.5)`, a `LambdaLR` whose exponent counts epochs but is called each
+    step, a `LinearLR` to 0 over `total_iters=epochs`) drives the lr to 1e-10 after a few dozen
+    updates. The run keeps going for hours, the loss curve flattens, and nothing fails: the
+    updates are too small to change anything.
+
+    ## Example
+    ```python
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.1)
+    for epoch in range(epochs):
+        for x, y in loader:
+            ...
+            optimizer.step()
+            scheduler.step()        # ten times smaller after every batch
+    ```
+
+    ## Use instead
+    ```python
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
+    for epoch in range(epochs):
+        for x, y in loader:
+            ...
+            optimizer.step()
+        scheduler.step()            # once per epoch
+    ```
+
+    ## Stays silent on
+    A cosine or linear decay that reaches 0 where the script ends; a warm-up from a tiny start
+    factor; `ReduceLROnPlateau` dropping the lr, however often; `OneCycleLR`, `CyclicLR` and warm
+    restarts; a cosine (it climbs back after its minimum: `scheduler-period-mismatch` judges its
+    period); a schedule stepped per micro-batch (`scheduler-per-micro-batch` says it); a decay
+    that has fallen less than 100× in the replay; a group the script sets to 0 itself; a run
+    that ended on its own (the last steps of a planned decay).
+    """
+
+    code = "GD134"
+    slug = "lr-collapsed"
+    severity = Severity.WARNING
+    summary = "the lr applied falls below 1e-4 of its start while the script goes on training"
+    fix = _DEFAULT_FIX
+
+    def check(self, a):
+        found = a.lr_collapses
+        if not found:
+            return
+        told = {(f.location.path, f.location.line) for f in ScheduleFactorIsLr().check(a) if f.location}
+        seen = set()
+        for c in found:
+            w = c.writer
+            loc, step_call = w.loc, None
+            if w.scheduled:
+                s = a.schedulers.get(w.sched)
+                if s is not None and s.init is not None and s.init.loc is not None:
+                    loc = s.init.loc
+                step_call = s.steps[0] if s is not None and s.steps else None
+            if loc is None:
+                loc = next((e.loc for e in a.steps if e.get("opt") == c.opt and e.loc), None)
+            key = (c.opt, w.sched if w.scheduled else None)
+            if key in seen or (loc is not None and (loc.path, loc.line) in told):
+                continue  # one finding per writer; schedule-factor-is-lr says why it collapses
+            seen.add(key)
+            yield self._finding(a, c, loc, step_call)
+
+    def _finding(self, a, c, loc, step_call):
+        w = c.writer
+        name = a.optimizer_name(c.opt)
+        groups = len(a.lr_timeline.get(c.opt, {}))
+        where = f"param group {c.group} of {name}" if groups > 1 else name
+        by = f"its {w.cls}" if w.scheduled else "the script's own lr assignments"
+        if c.observed:
+            share = f" ({c.last / c.start:.1g} of it)" if c.last else ""
+            message = (f"the lr of {where}, set by {by}, fell from {c.start:g} to {c.last:.3g}"
+                       f"{share} within the {c.updates} updates replayed, and the script was "
+                       f"still stepping when the replay stopped: from there on the updates barely "
+                       f"move the weights")
+        else:
+            message = (f"the lr of {where}, set by {by}, fell steadily from {c.start:g} to "
+                       f"{c.last:.3g} ({c.last / c.start:.1g} of it) within the {c.updates} "
+                       f"updates replayed; at this rate it is below {COLLAPSED:g} of its start by "
+                       f"update {c.at}, while the script goes on training")
+        fix = _FIXES.get(w.cls, _DEFAULT_FIX) if w.scheduled else _MANUAL_FIX
+        return self.finding(
+            message, loc, fix=fix,
+            related=(related(step_call, "its step() call"),),
+            evidence={"optimizer": c.opt, "group": c.group, "start": c.start, "last": c.last,
+                      "updates": c.updates, "writer": w.cls if w.scheduled else "manual",
+                      "observed": c.observed, "projected_at": c.at},
+        )

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule, related
+
+_FIXES = {
+    "ExponentialLR": "give ExponentialLR a gamma below 1 (0.9, 0.99): above 1 it multiplies the lr "
+                     "at every step without end",
+    "StepLR": "give StepLR a gamma below 1: above 1 every step_size multiplies the lr again",
+    "MultiplicativeLR": "return a factor below 1 from lr_lambda (or 1.0 once a warm-up is done)",
+    "LambdaLR": "cap the factor the lambda returns: a warm-up is `min(1.0, (step + 1) / warmup)`, "
+                "then a decay",
+}
+_MANUAL_FIX = "cap the lr the script writes (a warm-up ends at the target lr, then holds or decays)"
+
+
+class LrGrowsUnbounded(Rule):
+    """
+    ## What it does
+    Finds a learning rate that keeps rising past every lr the script set: in a param group, the
+    lr of the last step the replay recorded is 10× (warning) or 2× (`info`) above the largest of
+    the optimizer's lr, its schedulers' base lrs and the first step's lr, it rose at every
+    recorded step (never held nor fell), the schedule has no ceiling (`ExponentialLR`, `StepLR` and
+    `MultiplicativeLR` with a factor above 1, a `LambdaLR`, the script's own `group["lr"]`
+    writes), and graddoctor stopped the script at its step budget while it was still stepping.
+    It points at the scheduler's construction or at the line that writes the lr by hand.
+
+    ## Why is this bad?
+    `ExponentialLR(gamma=1.1)` (meant 0.9?), a `LambdaLR` warm-up without its `min(1, ...)`
+    (`lambda s: (s + 1) / warmup` keeps rising after the warm-up), or a factor that multiplies
+    the lr every step make the lr grow without end: a few hundred steps later it is 1e4× the
+    value you chose, the loss spikes and becomes NaN, long after the line that caused it.
+
+    ## Example
+    ```python
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (s + 1) / warmup_steps)
+    ```
+
+    ## Use instead
+    ```python
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup_steps))
+    ```
+
+    ## Stays silent on
+    A warm-up to the optimizer's lr, then a decay; `OneCycleLR` and `CyclicLR` (they set the lr
+    from `max_lr`); `LinearLR` (its `end_factor` caps it); a warm-up to a scaled peak (the linear
+    scaling rule's `world_size * min(1, step / warmup)`: it holds once there); a `StepLR` whose
+    lr holds between its steps; a rise of less than 2×; an lr that fell at some step (a cycle);
+    a run that ended on its own; an lr range test (every lr the script set at most 1e-5: it
+    climbs exponentially on purpose, then training starts over).
+    """
+
+    code = "GD137"
+    slug = "lr-grows-unbounded"
+    severity = Severity.WARNING
+    summary = "the lr applied keeps rising past every lr the script set, with nothing to cap it"
+    fix = "cap the schedule: a factor below 1 for a decay, `min(1.0, ...)` around a warm-up"
+
+    def check(self, a):
+        seen = set()
+        for grow in a.lr_growths:
+            w = grow.writer
+            key = (grow.opt, w.sched if w.scheduled else None)
+            if key in seen:
+                continue
+            seen.add(key)
+            loc, step_call = w.loc, None
+            if w.scheduled:
+                s = a.schedulers.get(w.sched)
+                if s is not None and s.init is not None and s.init.loc is not None:
+                    loc = s.init.loc
+                step_call = s.steps[0] if s is not None and s.steps else None
+            if loc is None:
+                loc = next((e.loc for e in a.steps if e.get("opt") == grow.opt and e.loc), None)
+            yield self._finding(a, grow, loc, step_call)
+
+    def _finding(self, a, grow, loc, step_call):
+        w = grow.writer
+        name = a.optimizer_name(grow.opt)
+        groups = len(a.lr_timeline.get(grow.opt, {}))
+        where = f"param group {grow.group} of {name}" if groups > 1 else name
+        by = f"its {w.cls}" if w.scheduled else "the script's own lr assignments"
+        times = grow.last / grow.top
+        message = (f"the lr of {where}, set by {by}, rose at every step to {grow.last:.3g} by the "
+                   f"last of the {grow.updates} updates replayed, {times:.3g}× the largest lr the "
+                   f"script set ({grow.top:g}), and nothing caps it: it keeps growing while the "
+                   f"script trains on")
+        return self.finding(
+            message, loc, severity=None if grow.observed else Severity.INFO,
+            fix=_FIXES.get(w.cls, self.fix) if w.scheduled else _MANUAL_FIX,
+            related=(related(step_call, "its step() call"),),
+            evidence={"optimizer": grow.opt, "group": grow.group, "top": grow.top,
+                      "last": grow.last, "updates": grow.updates,
+                      "writer": w.cls if w.scheduled else "manual", "observed": grow.observed},
+        )

@@ -1,0 +1,48 @@
+"""lr-grows-unbounded (GD137) on hand-written traces: the lr each step read and what wrote it."""
+
+from __future__ import annotations
+
+import pytest
+
+from graddoctor.findings import Severity
+from rule_traces import fold_hard
+from test_rule_lr_collapsed import _found as _collapse_found, _run
+
+SLUG = "lr-grows-unbounded"
+
+
+def _found(trace):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    return list(find_rule(SLUG)().check(Analysis(trace)))
+
+
+def test_a_factor_above_one_per_step_runs_away():
+    f = _found(_run([0.01 * 1.3 ** i for i in range(12)], cls="ExponentialLR", start=0.01))
+    assert len(f) == 1 and f[0].severity is Severity.WARNING and f[0].location.line == 3
+    assert "rose at every step" in f[0].message and "gamma below 1" in f[0].fix
+    assert _collapse_found(_run([0.01 * 1.3 ** i for i in range(12)], cls="ExponentialLR", start=0.01)) == []
+
+
+def test_a_warm_up_without_its_cap_is_info():
+    lrs = [0.01 * (i + 1) / 4 for i in range(12)]  # 3x the lr by the 12th step, still rising
+    f = _found(_run(lrs, cls="LambdaLR", start=0.01))[0]
+    assert f.severity is Severity.INFO and "min(1.0" in f.fix
+
+
+@pytest.mark.parametrize("case", [
+    dict(lrs=[0.01 * 1.3 ** i for i in range(12)], cls="ExponentialLR", start=0.01, status="completed"),
+    dict(lrs=[0.01 * 1.3 ** i for i in range(12)], cls="OneCycleLR", start=0.01),
+    dict(lrs=[0.01 * 1.3 ** i for i in range(12)], cls="LinearLR", start=0.01),  # end_factor caps it
+    dict(lrs=[0.08 * min(1, (i + 1) / 4) for i in range(12)], cls="LambdaLR", start=0.01),  # holds at 8x
+    dict(lrs=[0.01 * 1.1 ** i for i in range(6)], cls="ExponentialLR", start=0.01),  # under 2x
+    dict(lrs=[1e-7 * 1.5 ** i for i in range(30)], cls="ExponentialLR", start=1e-7),  # a range test
+    dict(lrs=[0.01, 0.02, 0.05, 0.04, 0.08, 0.1], cls="LambdaLR", start=0.01),  # fell once: a cycle
+])
+def test_silent(case):
+    assert _found(_run(**case)) == []
+
+
+def test_folding_keeps_the_finding():
+    trace = _run([0.01 * 1.3 ** i for i in range(14)], cls="ExponentialLR", start=0.01)
+    assert [f.message for f in _found(fold_hard(trace))] == [f.message for f in _found(trace)]
