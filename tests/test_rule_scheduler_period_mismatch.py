@@ -70,3 +70,9 @@ def test_per_epoch_length_equal_to_the_real_epoch_only_is_chance_not_len_loader(
     # the replay shortened epochs to 17 batches; T_max=40 equals the real length 40: a count of
     # epochs that happens to match (len(loader) would have returned 17 in the replay)
     assert findings(_per_epoch("CosineAnnealingLR", {"T_max": 40}), SLUG) == []
+
+
+def test_a_cosine_over_a_step_budget_inside_a_long_epoch_is_not_taken_for_epochs():
+    # LLM-style: T_max = max_steps, stepped per batch, the loop stops at max_steps long before
+    # the (huge) epoch ends: nothing says T_max counts epochs
+    assert findings(_per_batch("CosineAnnealingLR", {"T_max": 2000}, real_len=50000), SLUG) == []

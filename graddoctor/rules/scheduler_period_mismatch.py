@@ -100,7 +100,9 @@ class SchedulerPeriodMismatch(Rule):
                 return (f"CosineAnnealingLR(T_max={t}) is stepped after every batch: the lr reached "
                         f"eta_min after {t} batches and climbed back within the replay's {seen} "
                         f"steps; T_max looks like a count of epochs", None, None)
-            if per_epoch and t < per_epoch:
+            if per_epoch and t < per_epoch and t < LONG:
+                # a T_max in the thousands is a step budget (a loop that stops at max_steps
+                # inside a long epoch), not a count of epochs
                 cycles = per_epoch / (2 * t)
                 return (f"CosineAnnealingLR(T_max={t}) is stepped after every batch: projected over "
                         f"{epoch_words}, the lr falls to eta_min after {t} batches and climbs back, "
