@@ -381,6 +381,43 @@ def collapses(a: "Analysis") -> list[Collapse]:
     if a.status not in GOES_ON:
         return []
     out = []
+    for opt, g, points, updates, start in _group_lrs(a, min_points=2):
+        first, last = points[0], points[-1]
+        if start <= 0 or last.lr < 0 or last.lr >= STEEP * start or last.lr >= first.lr:
+            continue  # not fallen (a warm-up whose factor is still 0 never rose)
+        w = last.writer
+        if not (w.scheduled or w.by_hand) or (w.scheduled and w.cls in _NOT_DECAYS):
+            continue
+        if w.by_hand and last.lr == 0:
+            continue  # the script sets 0 itself (a phase that freezes the group)
+        s = a.schedulers.get(w.sched) if w.scheduled else None
+        if s is not None and per_micro_batch(a, s) is not None:
+            continue  # stepped per micro-batch: scheduler-per-micro-batch says why
+        if last.lr < COLLAPSED * start:
+            out.append(Collapse(opt, g, start, last.lr, updates, w, True, None))
+            continue
+        # steep but not yet collapsed: a steady rate from an undecayed start projects it
+        if first.lr < start * (1 - 1e-6) or last.lr <= 0 or \
+                (w.scheduled and w.cls not in _UNFLOORED):
+            continue
+        if any(p.lr is None or q.lr is None or q.lr > p.lr * (1 + 1e-9)
+               for p, q in zip(points, points[1:])):
+            continue  # it rose again somewhere: no steady fall
+        span = (last.step or updates) - (first.step or 1)
+        if span < 3:
+            continue
+        rate = math.log(last.lr / first.lr) / span
+        at = (first.step or 1) + math.ceil(math.log(COLLAPSED) / rate)
+        out.append(Collapse(opt, g, start, last.lr, updates, w, False, at))
+    return out
+
+
+def _group_lrs(a: "Analysis", min_points: int):
+    """``(opt, group, its recorded lr points, the optimizer's updates, the largest lr the script
+    set for it)`` for each param group with ``min_points`` recorded lrs or more, the first and
+    last known, of an optimizer stepped 4 times or more. The largest lr set: the group's
+    constructed lr, its schedulers' base lrs and its first step's lr (a warm-up's climb is no
+    fall, a scaled peak no runaway)."""
     for opt, groups in a.lr_timeline.items():
         init = a.optimizers.get(opt)
         built = (init.get("lrs") or []) if init is not None else []
@@ -388,40 +425,28 @@ def collapses(a: "Analysis") -> list[Collapse]:
                  if s.opt == opt and s.init is not None]
         updates = a.count(e for e in a.steps if e.get("opt") == opt)
         for g, points in groups.items():
-            if len(points) < 2 or updates < 4:
+            if len(points) < min_points or updates < 4:
                 continue
             first, last = points[0], points[-1]
             if first.lr is None or last.lr is None:
                 continue
-            starts = [first.lr] + [lrs[g] for lrs in [built, *bases] if g < len(lrs)]
-            start = max((v for v in starts if isinstance(v, (int, float))), default=0.0)
-            if start <= 0 or last.lr < 0 or last.lr >= STEEP * start or last.lr >= first.lr:
-                continue  # not fallen (a warm-up whose factor is still 0 never rose)
-            w = last.writer
-            if not (w.scheduled or w.by_hand) or (w.scheduled and w.cls in _NOT_DECAYS):
-                continue
-            if w.by_hand and last.lr == 0:
-                continue  # the script sets 0 itself (a phase that freezes the group)
-            s = a.schedulers.get(w.sched) if w.scheduled else None
-            if s is not None and per_micro_batch(a, s) is not None:
-                continue  # stepped per micro-batch: scheduler-per-micro-batch says why
-            if last.lr < COLLAPSED * start:
-                out.append(Collapse(opt, g, start, last.lr, updates, w, True, None))
-                continue
-            # steep but not yet collapsed: a steady rate from an undecayed start projects it
-            if first.lr < start * (1 - 1e-6) or last.lr <= 0 or \
-                    (w.scheduled and w.cls not in _UNFLOORED):
-                continue
-            if any(p.lr is None or q.lr is None or q.lr > p.lr * (1 + 1e-9)
-                   for p, q in zip(points, points[1:])):
-                continue  # it rose again somewhere: no steady fall
-            span = (last.step or updates) - (first.step or 1)
-            if span < 3:
-                continue
-            rate = math.log(last.lr / first.lr) / span
-            at = (first.step or 1) + math.ceil(math.log(COLLAPSED) / rate)
-            out.append(Collapse(opt, g, start, last.lr, updates, w, False, at))
-    return out
+            set_lrs = [first.lr] + [lrs[g] for lrs in [built, *bases] if g < len(lrs)]
+            yield opt, g, points, updates, max(
+                (v for v in set_lrs if isinstance(v, (int, float))), default=0.0)
+
+
+def writer_location(a: "Analysis", writer: LrWriter, opt: int) -> tuple:
+    """``(where to point, the scheduler's first step() or None)`` for the lr ``writer`` set: the
+    scheduler's construction, else the script's own write, else the optimizer's first step."""
+    loc, step_call = writer.loc, None
+    if writer.scheduled:
+        s = a.schedulers.get(writer.sched)
+        if s is not None and s.init is not None and s.init.loc is not None:
+            loc = s.init.loc
+        step_call = s.steps[0] if s is not None and s.steps else None
+    if loc is None:
+        loc = next((e.loc for e in a.steps if e.get("opt") == opt and e.loc), None)
+    return loc, step_call
 
 
 # -- a learning rate that keeps rising past every lr the script set ------------------------------
@@ -452,25 +477,15 @@ def growths(a: "Analysis") -> list[Growth]:
     if a.status not in GOES_ON:
         return []
     out = []
-    for opt, groups in a.lr_timeline.items():
-        init = a.optimizers.get(opt)
-        built = (init.get("lrs") or []) if init is not None else []
-        bases = [s.init.get("base_lrs") or [] for s in a.schedulers.values()
-                 if s.opt == opt and s.init is not None]
-        updates = a.count(e for e in a.steps if e.get("opt") == opt)
-        for g, points in groups.items():
-            if len(points) < 4 or updates < 4:
-                continue
-            first, last = points[0], points[-1]
-            if first.lr is None or last.lr is None or not last.lr > first.lr > 0:
-                continue
-            tops = [first.lr] + [lrs[g] for lrs in [built, *bases] if g < len(lrs)]
-            top = max((v for v in tops if isinstance(v, (int, float))), default=0.0)
-            w = last.writer
-            if top <= RANGE_TEST_START or last.lr < RISING * top or not (w.by_hand or
-                                                           (w.scheduled and w.cls in _UNCAPPED)):
-                continue
-            if any(p.lr is None or q.lr is None or q.lr <= p.lr for p, q in zip(points, points[1:])):
-                continue  # it held or fell somewhere: a warm-up that reached its peak, a cycle
-            out.append(Growth(opt, g, top, last.lr, updates, w, last.lr >= RUNAWAY * top))
+    for opt, g, points, updates, top in _group_lrs(a, min_points=4):
+        first, last = points[0], points[-1]
+        if not last.lr > first.lr > 0:
+            continue
+        w = last.writer
+        if top <= RANGE_TEST_START or last.lr < RISING * top or not (w.by_hand or
+                                                       (w.scheduled and w.cls in _UNCAPPED)):
+            continue
+        if any(p.lr is None or q.lr is None or q.lr <= p.lr for p, q in zip(points, points[1:])):
+            continue  # it held or fell somewhere: a warm-up that reached its peak, a cycle
+        out.append(Growth(opt, g, top, last.lr, updates, w, last.lr >= RUNAWAY * top))
     return out

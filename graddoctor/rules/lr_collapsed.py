@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..analysis.lr import COLLAPSED
+from ..analysis.lr import COLLAPSED, writer_location
 from ..findings import Severity
 from .base import Rule, related
 from .schedule_factor_is_lr import ScheduleFactorIsLr
@@ -89,14 +89,7 @@ class LrCollapsed(Rule):
         seen = set()
         for c in found:
             w = c.writer
-            loc, step_call = w.loc, None
-            if w.scheduled:
-                s = a.schedulers.get(w.sched)
-                if s is not None and s.init is not None and s.init.loc is not None:
-                    loc = s.init.loc
-                step_call = s.steps[0] if s is not None and s.steps else None
-            if loc is None:
-                loc = next((e.loc for e in a.steps if e.get("opt") == c.opt and e.loc), None)
+            loc, step_call = writer_location(a, w, c.opt)
             key = (c.opt, w.sched if w.scheduled else None)
             if key in seen or (loc is not None and (loc.path, loc.line) in told):
                 continue  # one finding per writer; schedule-factor-is-lr says why it collapses

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from ..analysis.lr import writer_location
 from ..findings import Severity
 from .base import Rule, related
 
@@ -65,14 +66,7 @@ class LrGrowsUnbounded(Rule):
             if key in seen:
                 continue
             seen.add(key)
-            loc, step_call = w.loc, None
-            if w.scheduled:
-                s = a.schedulers.get(w.sched)
-                if s is not None and s.init is not None and s.init.loc is not None:
-                    loc = s.init.loc
-                step_call = s.steps[0] if s is not None and s.steps else None
-            if loc is None:
-                loc = next((e.loc for e in a.steps if e.get("opt") == grow.opt and e.loc), None)
+            loc, step_call = writer_location(a, w, grow.opt)
             yield self._finding(a, grow, loc, step_call)
 
     def _finding(self, a, grow, loc, step_call):
