@@ -56,8 +56,6 @@ than ``_MIN_ROWS`` rows, torch.compile (the window closes before it runs).
 
 from __future__ import annotations
 
-import functools
-import sys
 from collections.abc import Mapping
 from threading import get_ident
 
@@ -65,7 +63,7 @@ import torch
 from torch import nn
 
 from .. import events as ev
-from .dependency import module_hooks
+from .dependency import close_before_compile, module_hooks
 from .recorder import Recorder
 
 WINDOW = 8  # backwards judged, from the first one
@@ -394,24 +392,14 @@ class BatchPairWatcher:
             rows=inputs.rows), loc)
 
     # -- install -----------------------------------------------------------------------------
-    def _wrap_compile(self, original):
-        watcher = self
-
-        def compile(*args, **kwargs):
-            if watcher.active:  # torch.compile warns about global module hooks
-                watcher._stop()
-            return original(*args, **kwargs)
-
-        return functools.wraps(original)(compile)
+    def _before_compile(self) -> None:
+        if self.active:
+            self._stop()
 
     def install(self, patcher) -> None:
         from torch.nn.modules import module as module_mod
 
-        patcher.patch(torch, "compile", self._wrap_compile(torch.compile))
-        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-        optimized = getattr(eval_frame, "OptimizedModule", None)
-        if optimized is not None and "__call__" in vars(optimized):
-            patcher.patch(optimized, "__call__", self._wrap_compile(optimized.__call__))
+        close_before_compile(patcher, self._before_compile)
         pre, post = module_hooks(self._pre, self._post)
         post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
         kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)

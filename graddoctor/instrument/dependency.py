@@ -556,27 +556,14 @@ class DependencyWatcher:
             seq["future"] = bool(per[t + 1:].max() > floor)
             seq["past"] = bool(per[:t].max() > floor) if t > 0 else False
 
-    def _wrap_compile(self, original):
-        watcher = self
-
-        def compile(*args, **kwargs):
-            # the window closes before torch.compile looks: it warns about global module hooks,
-            # and a graph traced with fullgraph=True cannot call into graddoctor's code
-            watcher._compiled = True  # and stays closed
-            if watcher.active:
-                watcher._stop()
-            return original(*args, **kwargs)
-
-        return functools.wraps(original)(compile)
+    def _before_compile(self) -> None:
+        # a graph traced with fullgraph=True cannot call into graddoctor's code either
+        self._compiled = True  # the window stays closed
+        if self.active:
+            self._stop()
 
     def install(self, patcher) -> None:
-        patcher.patch(torch, "compile", self._wrap_compile(torch.compile))
-        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-        optimized = getattr(eval_frame, "OptimizedModule", None)
-        if optimized is not None and "__call__" in vars(optimized):
-            # a model compiled before the check began (``watch()``): its calls warn about
-            # global module hooks, so its first call closes the window
-            patcher.patch(optimized, "__call__", self._wrap_compile(optimized.__call__))
+        close_before_compile(patcher, self._before_compile)
         self._patcher = patcher
         self._open()
         for fn in LOSSES:
@@ -629,6 +616,24 @@ def module_hooks(pre, post):
     scope: dict = {}
     exec(_HOOKS, scope)
     return scope["make"](pre, post, torch.compiler.is_compiling)
+
+
+def close_before_compile(patcher, close) -> None:
+    """Call ``close`` (which removes a watcher's global module hooks) before ``torch.compile``
+    runs, and before the first call of a model compiled before the check began (``watch()``):
+    torch.compile warns about global module hooks."""
+    def wrap(original):
+        def compile(*args, **kwargs):
+            close()
+            return original(*args, **kwargs)
+
+        return functools.wraps(original)(compile)
+
+    patcher.patch(torch, "compile", wrap(torch.compile))
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    if optimized is not None and "__call__" in vars(optimized):
+        patcher.patch(optimized, "__call__", wrap(optimized.__call__))
 
 
 def _distributed() -> bool:
