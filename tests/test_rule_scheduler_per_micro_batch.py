@@ -36,3 +36,24 @@ def test_silent_when_sized_in_micro_batches_or_without_accumulation():
 def test_scheduler_before_optimizer_does_not_report_it_twice():
     t = _run({"T_max": 12})
     assert findings(t, "scheduler-before-optimizer") == []
+
+
+def test_under_accelerate_the_fix_is_to_prepare_the_scheduler(monkeypatch):
+    """A raw scheduler under accelerate's accumulation: the fix in accelerate's terms (the
+    prepared scheduler advances only when the gradients sync), not "move the call"."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed")
+    from conftest import FIXTURES
+    from test_fixtures import options_for, reset_accelerate_state
+    from graddoctor.run.session import run_check
+
+    reset_accelerate_state()
+    name = "bad_accelerate_scheduler_per_micro_batch.py"
+    monkeypatch.chdir(os.path.join(FIXTURES, "frameworks"))
+    (f,) = [f for f in run_check(options_for(name, [])).findings if f.rule == SLUG]
+    assert "accelerator.prepare()" in f.fix and "inside the accumulation boundary" not in f.fix

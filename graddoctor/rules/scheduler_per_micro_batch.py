@@ -49,6 +49,11 @@ class SchedulerPerMicroBatch(Rule):
     severity = Severity.WARNING
     summary = "a scheduler is stepped every micro-batch under gradient accumulation: k schedule steps per update"
     fix = "call scheduler.step() once per optimizer.step(), inside the accumulation boundary"
+    fixes = {
+        "accelerate": ("pass the scheduler to accelerator.prepare() with the optimizer "
+                       "(`model, optimizer, loader, scheduler = accelerator.prepare(...)`) and "
+                       "step the object it returns: it advances only when the gradients sync"),
+    }
 
     def check(self, a):
         for s in a.schedulers.values():
