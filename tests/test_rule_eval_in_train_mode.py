@@ -148,6 +148,26 @@ def test_an_ema_teacher_called_per_view_before_the_backward_is_not_a_validation_
     assert lines(run(updated=False)) == [3]  # a frozen model nothing updates: still a loop
 
 
+def test_an_ema_teacher_whose_views_ran_just_before_the_replay_was_cut_is_not_judged():
+    """The step budget stops the replay after the teacher's views of the next turn, before its
+    backward: nothing tells what they were for, and the turns before were targets."""
+    def run(updated, status="step-limit"):
+        t = new()
+        bn(t, 0)
+        bn(t, 1, frozen=True, owned=False, updated=updated)
+        for _ in range(2):
+            fwd(t, [0], line=4)
+            fwd(t, [1], line=3, grad=False, calls=2)
+            update(t, line=5)
+        fwd(t, [0], line=4)
+        fwd(t, [1], line=3, grad=False, calls=2)
+        end(t, status)
+        return check(EvalInTrainMode, t)
+    assert run(updated=True) == []
+    assert lines(run(updated=False)) == [3]  # nothing updates that model: a loop of no-grad calls
+    assert lines(run(updated=True, status="completed")) == [3]  # the script's own last pass
+
+
 def gan_run(t, preview, turns=2):
     """A GAN: D (opt 0, BatchNorm 0) and G (opt 1, BatchNorm 1) updated in turn, each after its
     own backward; ``preview(t)`` runs after the turns."""

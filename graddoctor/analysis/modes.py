@@ -187,6 +187,9 @@ def _context(e: Event, before: Event | None, after: Event | None, step: Event | 
         # no-grad forwards inside a grad-enabled outermost call (MoCo's key encoder making the
         # targets in the training forward): part of that forward, whatever follows them
         grad = True
+    cut = after is None or (after.kind == "run_end" and after.get("status") != "completed")
+    if not grad and teacher and cut:
+        return "unknown", None  # an EMA teacher's views, and the replay ended before the backward
     if not grad and teacher and after is not None and after.kind == "backward":
         # an EMA teacher's layers run once per view (`[teacher(v) for v in views]`) and a
         # backward follows: the loss's targets, not a validation loop
@@ -205,7 +208,7 @@ def _context(e: Event, before: Event | None, after: Event | None, step: Event | 
         return "training", step
     if before is not None and before.kind == "backward" and after is not None and after.kind == "step":
         return "training", after
-    if after is None or (after.kind == "run_end" and after.get("status") != "completed"):
+    if cut:
         return "unknown", None
     return "outside", None
 
