@@ -47,7 +47,7 @@ def test_unowned_parameters_are_a_warning_at_the_optimizer():
     _loop(t, extra=[2])
     f, = findings(t, SLUG)
     assert f.severity.value == "warning" and f.location.line == 2
-    assert "they never train" in f.message
+    assert "it never trains" in f.message  # one parameter
 
 
 def test_parameters_whose_values_move_between_steps_train_by_a_copy():

@@ -528,7 +528,12 @@ class BackwardWatcher:
             pid, version = pids[i], tensor._version
             mark = marks.get(pid)
             values = _sample(tensor) if norm is not None else None
-            if mark is not None and (version != mark[0] or _moved(mark[1], norm)):
+            if mark is not None and (version != mark[0] or _moved(mark[1], norm)) and not (
+                    norm is not None and norm == mark[1] and values is not None
+                    and mark[2] is not None and values.shape == mark[2].shape
+                    and torch.equal(values, mark[2])):
+                # (an in-place op that left every value as it was, a clamp_ within range, is
+                # no update: only its version moved)
                 updated.append(pid)
                 if i in kept:
                     applied.append(pid)

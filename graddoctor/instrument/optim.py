@@ -314,8 +314,9 @@ class MoveWatch:
     between optimizer steps (mixed precision by hand copies the stepped fp32 master values back
     into the model; a tensor updated by hand under no_grad)? Such tensors train although no
     optimizer owns them. Checked at each optimizer step, from the first step after a tensor's
-    first gradient, for at most ``MOVE_CHECKS`` steps or until it moves: its ``_version`` first,
-    then a strided sample of its values (``p.data.copy_`` bypasses the version), compared in
+    first gradient, for at most ``MOVE_CHECKS`` steps or until it moves: its ``_version`` first
+    (for a tensor larger than the sample), then a strided sample of its values (``p.data.copy_``
+    bypasses the version; a clamp_ within range bumps it and changes nothing), compared in
     one batched op and one host read per device. A run whose optimizers own every tensor that
     gets a gradient pays one length comparison per step."""
 
@@ -350,9 +351,11 @@ class MoveWatch:
                         self.watched[pid] = (tensor._version, _sample(tensor), MOVE_CHECKS)
                     continue
                 version_before, before, left = state
-                if tensor._version != version_before:
+                if tensor._version != version_before and tensor.numel() > MOVE_SAMPLE:
                     moved.append(pid)
                     continue
+                # a tensor the sample covers whole is judged by its values: an in-place op that
+                # left them as they were (a clamp_ within range) bumps the version, moves nothing
                 now = _sample(tensor)
             except Exception:  # a tensor we cannot sample (sparse, a subclass): not judged
                 del self.watched[pid]

@@ -51,7 +51,8 @@ class HandUpdateWithoutZeroGrad(Rule):
     from or blended toward the model it serves, its target computed without `no_grad`: its
     gradients sum up unused; the change's cosine with the gradient, on a sample of values, must
     be 0.45 or more either way, so an attack's ascent counts); tensors an optimizer owns
-    (`missing-zero-grad` checks those). Gradients on an
+    (`missing-zero-grad` checks those); an in-place op that leaves every value as it was
+    (a temperature clamped within its range). Gradients on an
     accelerator are not read (that would synchronise the host): reported on the CPU only
     (`--emulate-cuda` runs a GPU script's path there).
     """

@@ -164,7 +164,9 @@ class ParamNotInOptimizer(Rule):
         plain = [pid for pid in left if a.params[pid].get("is_parameter")]
         if plain:
             yield self.finding(
-                f"{a.names(plain)} receive gradients but no optimizer owns them: they never train",
+                (f"{a.names(plain)} receives gradients but no optimizer owns it: it never trains"
+                 if len(plain) == 1 else
+                 f"{a.names(plain)} receive gradients but no optimizer owns them: they never train"),
                 construction.loc,
                 related=(related(led.first_contribution[plain[0]], "the backward that gives them gradients"),),
                 evidence={"params": [a.param_name(p) for p in plain], "count": len(plain)},
