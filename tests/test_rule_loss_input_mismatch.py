@@ -151,3 +151,30 @@ def test_messages_for_targets_name_their_range_and_the_conversion():
     assert "NaN" in message and "log_target=True" in fix
     [(_, message, fix)] = _messages(fn="kl_div", problem="prob-target", classes=4, low=0.01, high=0.9)
     assert "log_target=True reads it" in message and "F.log_softmax" in fix
+
+
+def test_ctc_loss_takes_log_probabilities_over_the_last_dimension():
+    """ctc_loss's (T, N, C) input: probabilities or a log_softmax over the batch (dim=1) are
+    recorded, with the classes read from the last dimension; log_softmax over the classes,
+    before or after a transpose, positional or keyword arguments, is not."""
+    from graddoctor.instrument import Instrumentation, Recorder
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        head = torch.nn.Linear(4, 5)
+        scores = head(torch.randn(6, 3, 4))  # (T, N, C)
+        lengths, target_lengths = torch.full((3,), 6), torch.full((3,), 2)
+        targets = torch.randint(1, 5, (3, 2))
+        F.ctc_loss(scores.softmax(-1), targets, lengths, target_lengths).backward()
+        F.ctc_loss(head(torch.randn(6, 3, 4)).log_softmax(1), targets, lengths, target_lengths).backward()
+        batch_first = head(torch.randn(3, 6, 4)).log_softmax(-1)
+        F.ctc_loss(log_probs=batch_first.transpose(0, 1), targets=targets, input_lengths=lengths,
+                   target_lengths=target_lengths).backward()
+        torch.nn.CTCLoss()(head(torch.randn(6, 3, 4)).log_softmax(2), targets, lengths,
+                           target_lengths).backward()
+    recorded = [(e["fn"], e["problem"], e["classes"]) for e in rec.trace.of_kind("loss_input")]
+    assert recorded == [("ctc_loss", "softmax", 5), ("ctc_loss", "dim", 5)]
+    [(_, message, fix)] = _messages(fn="ctc_loss", problem="dim", classes=5, normalised=3)
+    assert "dim=1)" in message and "dim=-1" in fix and "dim=1 for" not in fix
+    [(_, message, fix)] = _messages(fn="ctc_loss", problem="softmax", classes=5)
+    assert "log-probabilities" in message and "F.log_softmax(scores, dim=-1)" in fix

@@ -7,12 +7,13 @@ small reduction each): ``binary_cross_entropy_with_logits`` targets outside [0, 
 log-probabilities without ``log_target=True`` (probabilities with it).
 
 ``cross_entropy`` and ``binary_cross_entropy_with_logits`` apply log_softmax / sigmoid
-themselves; ``nll_loss`` and ``kl_div`` expect log-probabilities as input. Handing them the
+themselves; ``nll_loss``, ``kl_div`` and ``ctc_loss`` expect log-probabilities as input (the
+last over the classes of its (T, N, C) input). Handing them the
 output of ``softmax``/``sigmoid`` (an ``nn.Softmax`` closing the model is the classic) trains,
 but towards a bounded target with shrinking gradients; ``nll_loss`` on raw logits minimises
 ``-logit[y]``, which has no lower bound.
 
-The four functions in ``torch.nn.functional`` are patched (their ``nn`` modules call them). The
+The five functions in ``torch.nn.functional`` are patched (their ``nn`` modules call them). The
 judgement reads the autograd graph, which costs no device work: the input's ``grad_fn``, past
 operations that only move or select values (views, transposes, slices, dtype copies, clamps),
 names the operation that made the scores. Only where the graph does not tell (a hand-written
@@ -34,7 +35,7 @@ from .. import events as ev
 from .inlinable import watched
 from .recorder import Recorder
 
-NAMES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div")
+NAMES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div", "ctc_loss")
 
 # autograd nodes that keep the values they are given (reshape, select, reorder, cast, clamp):
 # the scores behind them are what their input was
@@ -118,7 +119,9 @@ def has_log_nearby(tensor) -> bool:
     return False
 
 
-def _class_dim(tensor) -> int:
+def _class_dim(tensor, fn: str = "") -> int:
+    if fn == "ctc_loss":  # (T, N, C) log-probabilities: the classes last
+        return tensor.dim() - 1 if tensor.dim() else 0
     return 1 if tensor.dim() >= 2 else 0
 
 
@@ -155,7 +158,7 @@ class LossInputWatcher:
         watcher, rec = self, self.rec
 
         def before(args, kwargs) -> None:
-            input = args[0] if args else kwargs.get("input")
+            input = args[0] if args else kwargs.get("input", kwargs.get("log_probs"))
             if not (isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled()):
                 if fn in _SWAPPABLE and isinstance(input, torch.Tensor) and torch.is_grad_enabled():
                     target = args[1] if len(args) > 1 else kwargs.get("target")
@@ -164,7 +167,7 @@ class LossInputWatcher:
                     except Exception as exc:
                         rec.internal_error(f"F.{fn}", exc)
                 return  # no gradient flows: a metric, or a mistake torch reports itself
-            target = args[1] if len(args) > 1 else kwargs.get("target")
+            target = args[1] if len(args) > 1 else kwargs.get("target", kwargs.get("targets"))
             try:
                 watcher._check(fn, input, target, args, kwargs)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):
@@ -181,20 +184,20 @@ class LossInputWatcher:
 
     def _check(self, fn: str, input, target, args=(), kwargs=None) -> None:
         made, node = producer_node(input)
-        classes = int(input.shape[_class_dim(input)]) if input.dim() else 1
+        classes = int(input.shape[_class_dim(input, fn)]) if input.dim() else 1
         problem, normalised = None, None
         if made in ("softmax", "sigmoid"):
             problem = made  # probabilities: never what these four losses take
         elif made == "relu" and fn in ("cross_entropy", "binary_cross_entropy_with_logits"):
             problem = made  # logits that cannot go below 0
-        elif made == "log" and fn in ("cross_entropy", "nll_loss") and input.dim() >= 2:
+        elif made == "log" and fn in ("cross_entropy", "nll_loss", "ctc_loss") and input.dim() >= 2:
             normalised = normalised_size(node)
             if normalised is not None and normalised != classes:
                 problem = "dim"  # log_softmax over another dimension than the classes
         elif made in (None, "relu") and fn in ("cross_entropy", "nll_loss"):
             problem = self._by_values(fn, input)
         values = None
-        if problem is None and fn != "nll_loss":
+        if problem is None and fn not in ("nll_loss", "ctc_loss"):
             problem, values = self._targets(fn, input, target, args, kwargs or {})
         if problem is None:
             return

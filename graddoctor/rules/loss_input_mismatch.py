@@ -11,6 +11,7 @@ _EXPECTS = {
     "binary_cross_entropy_with_logits": "logits (it applies sigmoid itself)",
     "nll_loss": "log-probabilities (log_softmax of the logits)",
     "kl_div": "log-probabilities as its input (log_softmax of the student's logits)",
+    "ctc_loss": "log-probabilities over the classes (log_softmax(dim=-1) of its (T, N, C) scores)",
 }
 _GIVEN = {
     "softmax": "the output of softmax (probabilities)",
@@ -51,6 +52,11 @@ def _effect(fn: str, problem: str, classes: int) -> str:
     if fn == "nll_loss":
         return ("it minimises -p[target] instead of -log p[target]: a bounded loss whose "
                 "gradient does not grow for badly wrong predictions, so training stalls")
+    if fn == "ctc_loss":
+        return ("it sums them along each alignment as if they were log-probabilities: the result "
+                "is not the negative log-likelihood of the target sequence (it falls below zero), "
+                "and as no probability can exceed 1 the loss saturates instead of pulling the "
+                "target's alignments towards probability 1")
     return ("the divergence is computed as target·(log target − input): with probabilities as "
             "input its gradient is −target whatever the student predicts, so the student is not "
             "pulled towards the target distribution")
@@ -73,6 +79,9 @@ def _fix(fn: str, problem: str) -> str:
     if fn == "nll_loss":
         return (f"use F.log_softmax instead of {problem} before nll_loss (or cross_entropy on the "
                 f"logits)")
+    if fn == "ctc_loss":
+        return (f"use F.log_softmax(scores, dim=-1) instead of {problem} before ctc_loss "
+                f"(nn.CTCLoss takes log-probabilities)")
     return ("give kl_div log-probabilities: F.kl_div(F.log_softmax(student_logits, dim=-1), "
             "target_probs, reduction='batchmean')")
 
@@ -84,9 +93,11 @@ class LossInputMismatch(Rule):
     kind of score: `cross_entropy` (`nn.CrossEntropyLoss`) or
     `binary_cross_entropy_with_logits` (`nn.BCEWithLogitsLoss`) given the output of a softmax
     or sigmoid, `nll_loss` (`nn.NLLLoss`) given probabilities or raw scores, `kl_div`
-    (`nn.KLDivLoss`) given probabilities as its input; also scores out of a ReLU given to
+    (`nn.KLDivLoss`) or `ctc_loss` (`nn.CTCLoss`) given probabilities as its input; also
+    scores out of a ReLU given to
     `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax` over another
-    dimension than the classes (`dim=0`: the batch) given to `cross_entropy` or `nll_loss`, and
+    dimension than the classes (`dim=0`: the batch) given to `cross_entropy`, `nll_loss` or
+    `ctc_loss` (whose classes are the last dimension of its (T, N, C) input), and
     float 0/1 targets with several 1s per row (a multi-label task) given to `cross_entropy`,
     and swapped arguments (`criterion(labels, outputs)`: the labels taken as the scores and the
     model's output as the target, which torch differentiates). It also finds float targets
@@ -127,8 +138,8 @@ class LossInputMismatch(Rule):
     ```
 
     ## Stays silent on
-    Logits to `cross_entropy` and `BCEWithLogitsLoss`, `log_softmax` to `nll_loss` and
-    `kl_div`, a sigmoid before `binary_cross_entropy`; targets in [0, 1] (label smoothing,
+    Logits to `cross_entropy` and `BCEWithLogitsLoss`, `log_softmax` to `nll_loss`, `kl_div`
+    and `ctc_loss` (also taken over (N, T, C) and transposed), a sigmoid before `binary_cross_entropy`; targets in [0, 1] (label smoothing,
     mixup, a teacher's softmax or sigmoid, `pos_weight`-weighted multi-label targets),
     `kl_div(..., log_target=True)` with log-probabilities; REINFORCE's log-probabilities, a log
     of softmax probabilities with an epsilon, Gumbel-softmax; sequence scores flattened or
@@ -214,12 +225,15 @@ def _describe(fn: str, problem: str, classes: int, normalised, low=None,
     if problem == "dim":
         evidence["normalised"] = normalised
         return (f"{fn} is given a log_softmax taken over a dimension of size {normalised}, not over "
-                f"the {classes} classes (dimension 1 of its input): each class's scores are "
-                f"normalised across that other dimension (the batch, for dim=0), so the "
+                f"the {classes} classes (dimension {'-1' if fn == 'ctc_loss' else '1'} of its "
+                f"input): each class's scores are normalised across that other dimension (the "
+                f"batch, for dim={1 if fn == 'ctc_loss' else 0}), so the "
                 f"probabilities of one sample's classes do not sum to 1 and the loss trains "
                 f"samples against each other",
-                "take log_softmax over the class dimension: F.log_softmax(scores, dim=-1) "
-                "for (N, C) scores, dim=1 for (N, C, ...)", evidence)
+                ("take log_softmax over the classes, the last dimension of ctc_loss's (T, N, C) "
+                 "input: F.log_softmax(scores, dim=-1)") if fn == "ctc_loss" else
+                ("take log_softmax over the class dimension: F.log_softmax(scores, dim=-1) "
+                 "for (N, C) scores, dim=1 for (N, C, ...)"), evidence)
     if problem == "swapped":
         return (f"{fn}'s arguments are swapped: the input (first argument) needs no gradient and "
                 f"the target (second) does — the labels are passed as the scores and the model's "
