@@ -937,7 +937,7 @@ class BackwardWatcher:
                 and len(self._owned) >= len(rec.tensors.refs) == count):
             self._steps_at_backward = rec.progress.steps
             self._step_cosine = None
-            rec.grads.behind_grads = fresh
+            rec.grads.skimmed_backward(fresh)
             with rec.lock:
                 if folder.steady_take(steady, j, "backward", loc, base, None):
                     return

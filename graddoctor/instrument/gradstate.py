@@ -114,6 +114,19 @@ class GradState:
             self.catch_up()
         return self._requires_grad
 
+    def any_vouched(self) -> bool:
+        """Whether any grad is vouched finite (``finite``), read without catching up (a
+        catch-up only removes vouchers)."""
+        return bool(self._finite)
+
+    def skimmed_backward(self, pids: list) -> None:
+        """A skimmed backward wrote the grads of ``pids`` unseen (``catch_up`` notes them)."""
+        self.behind_grads = pids
+
+    def skimmed_step(self, pids: list) -> None:
+        """A skimmed step stepped the parameters ``pids`` unseen (``catch_up`` notes them)."""
+        self.behind_params = pids
+
     def catch_up(self) -> None:
         """Re-base the ledger on what is there now, without judging it, after skimmed turns
         (``behind_grads``, ``behind_params``): the grads the skimmed backwards wrote are known
