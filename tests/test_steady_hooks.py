@@ -176,3 +176,110 @@ def test_a_loader_loop_records_the_same_with_the_straight_line_paths(hooks_first
     assert traces[False][1] == 0
     assert traces[True][1] > 1000  # the backward's too (912 without), its next batch each turn
     assert traces[True][0].splitlines() == traces[False][0].splitlines()
+
+
+# -- the skim of a long steady state (fold.SKIM_AFTER, SKIM_EVERY): the hooks of a skimmed turn
+# read only what tells the turn's shape; every SKIM_EVERY-th turn is sampled (the straight-line
+# reads). Findings must match the run without the skim where a deviation changes the turn's shape
+# (any turn) or lands on a sampled turn; on a skimmed turn a deviation that shows only in the
+# skipped reads may be missed (docs/performance.md), but the skim never adds a finding.
+SHAPE = ("skip_zero_grad", "second_backward", "other_site", "helper_site", "keep_grads",
+         "clip", "no_step", "snapshot", "new_param", "retain", "closure")
+READS = ("nan", "grad_div", "param_edit", "lr", "frozen", "grad_none")
+
+
+def _skim_constants(monkeypatch) -> None:
+    monkeypatch.setattr(fold, "FOLD_AFTER", 4)
+    monkeypatch.setattr(fold, "MAX_PERIOD", 3)
+    monkeypatch.setattr(fold, "STEADY_AFTER", 3)
+    monkeypatch.setattr(fold, "SKIM_AFTER", 6)
+    monkeypatch.setattr(fold, "SKIM_EVERY", 4)
+
+
+def _skim_run(plan: dict[int, str], turns: int, skim: bool, monkeypatch,
+              grad_flow: bool = False) -> tuple[list, set[int], str]:
+    """(findings as comparable tuples, the loop's turns whose step hook skimmed, the trace)."""
+    from graddoctor.instrument.optim import OptimizerWatcher
+    from graddoctor.rules.engine import analyze
+
+    monkeypatch.setattr(fold, "SKIM", skim)
+    skimmed: set[int] = set()
+    original = OptimizerWatcher._skim_begin
+
+    def noting(self, *args):
+        skimmed.add(self.rec.progress.steps)  # the loop's index: steps are counted after
+        return original(self, *args)
+
+    monkeypatch.setattr(OptimizerWatcher, "_skim_begin", noting)
+    rec = Recorder(step_budget=None, finder=LocationFinder())
+    with Instrumentation(rec, grad_flow=grad_flow):
+        _loop(rec, plan, turns, 5)
+    monkeypatch.setattr(OptimizerWatcher, "_skim_begin", original)
+    findings, errors = analyze(rec.trace)
+    assert not errors
+    key = [(f.rule, f.message, f.location, f.step) for f in findings]
+    return key, skimmed, _unsampled(rec.trace.dumps())
+
+
+def _unsampled(trace: str) -> list[dict]:
+    """The trace less the norms of each step_begin (a skimmed step's are its last sample's)."""
+    import json
+
+    events = [json.loads(line) for line in trace.splitlines()]
+    for event in events:
+        if event["kind"] == "step_begin":
+            event["data"].pop("norms")
+    return events
+
+
+def test_the_skim_runs_and_changes_no_finding_of_a_clean_loop(monkeypatch):
+    _skim_constants(monkeypatch)
+    with_skim, skimmed, _ = _skim_run({}, 300, True, monkeypatch, grad_flow=True)
+    without, none, _ = _skim_run({}, 300, False, monkeypatch, grad_flow=True)
+    assert not none
+    assert len(skimmed) > 200  # three turns of four skimmed
+    sampled = [i for i in range(min(skimmed), 300) if i not in skimmed]
+    assert sampled and all(i % 4 == sampled[0] % 4 for i in sampled)
+    assert with_skim == without
+
+
+def test_the_skim_leaves_the_trace_as_it_was_but_for_the_norms_of_skimmed_steps(monkeypatch):
+    _skim_constants(monkeypatch)
+    _, skimmed, with_skim = _skim_run({}, 300, True, monkeypatch)
+    _, _, without = _skim_run({}, 300, False, monkeypatch)
+    assert len(skimmed) > 200
+    assert with_skim == without  # the seqs, the folded events' counts, the last turns' events
+
+
+def _sampled_and_skimmed(monkeypatch) -> tuple[list[int], list[int]]:
+    _, skimmed, _ = _skim_run({}, 160, True, monkeypatch)
+    first = min(skimmed)
+    sampled = [i for i in range(first, 160) if i not in skimmed]
+    return sampled, sorted(skimmed)
+
+
+@pytest.mark.parametrize("what", SHAPE)
+def test_a_deviation_that_changes_the_turn_is_found_on_any_turn(what, monkeypatch):
+    _skim_constants(monkeypatch)
+    sampled, skimmed = _sampled_and_skimmed(monkeypatch)
+    for at in (skimmed[10], sampled[3]):
+        plan = {at: what, at + 30: what}
+        with_skim, _, trace = _skim_run(plan, 200, True, monkeypatch)
+        without, _, trace_without = _skim_run(plan, 200, False, monkeypatch)
+        assert with_skim == without, (what, at)
+        assert trace == trace_without, (what, at)  # the ledger caught up: the same events
+
+
+@pytest.mark.parametrize("what", READS)
+def test_a_deviation_on_a_sampled_turn_is_found_and_one_on_a_skimmed_turn_adds_nothing(
+        what, monkeypatch):
+    _skim_constants(monkeypatch)
+    sampled, skimmed = _sampled_and_skimmed(monkeypatch)
+    plan = {sampled[3]: what}
+    with_skim, _, _ = _skim_run(plan, 200, True, monkeypatch)
+    without, _, _ = _skim_run(plan, 200, False, monkeypatch)
+    assert with_skim == without, what
+    plan = {skimmed[10]: what}
+    with_skim, _, _ = _skim_run(plan, 200, True, monkeypatch)
+    without, _, _ = _skim_run(plan, 200, False, monkeypatch)
+    assert set(with_skim) <= set(without), what  # missed at most, never a finding of its own

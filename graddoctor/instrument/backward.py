@@ -145,6 +145,7 @@ class _Line:
 
 
 # keys of a backward event that only its context writes (none on the straight-line path)
+_SKIM = object()  # _steady_before's answer on a skimmed turn (Folder.skimming)
 _CTX_KEYS = frozenset({"repeats", "updated_by_hand", "applied_by_hand", "hand_step_cosine",
                        "thread"})
 
@@ -725,6 +726,8 @@ class BackwardWatcher:
                     before = watcher._steady_before(args[0], sys._getframe(1), armed[0])
                 except Exception:  # the full path below (its own errors recorded there)
                     before = None
+                if before is _SKIM:
+                    return watcher._skim_backward(original, args, armed)
                 if before is not None:
                     return watcher._steady_backward(original, args, before, armed)
             armed[0] = None
@@ -826,6 +829,8 @@ class BackwardWatcher:
         refs = rec.tensors.refs
         if len(refs) != count or same_chain(frame, chain) is None:
             return None
+        if armed[9] is None and folder.skimming(steady, j):
+            return _SKIM  # (a DataLoader's backward is never skimmed: its batch is read each turn)
         tensors_ = list(map(call, refs))
         before = grads_of(tensors_)
         if not all(map(is_, before, repeat(None))):
@@ -900,6 +905,55 @@ class BackwardWatcher:
         ctx.pids, ctx.tensors, ctx.before = range(count), tensors_, grads_before
         ctx.extra_leaves = extra_leaves
         self.end(ctx, loc, extra)
+
+    def _skim_backward(self, original, args, armed_cell: list):
+        """A backward on a skimmed turn (``Folder.skimming``): what ``_steady_before`` tested
+        (the same thread, call site, walk schedule, tracked tensors) and nothing read: no loss
+        describer runs, the grads it writes are left to ``GradState.catch_up``, its event is
+        the armed one."""
+        rec = self.rec
+        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
+        try:
+            rec.progress.count_backward()  # begin(), as it runs for this backward
+            line.calls += 1
+            tensors_ = list(map(call, rec.tensors.refs))  # for end(), should this one deviate
+            ok = True
+        except Exception as exc:
+            rec.internal_error("backward (before)", exc)
+            ok = False
+        rec.backward_began(None)
+        try:
+            return original(*args)
+        finally:
+            rec.backward_ended()
+            if ok:
+                try:
+                    self._skim_end(tensors_, armed_cell)
+                except Exception as exc:
+                    rec.internal_error("backward (after)", exc)
+
+    def _skim_end(self, tensors_, armed_cell) -> None:
+        rec = self.rec
+        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
+        folder = rec.folder
+        if (folder is not None and folder.steady_ready(steady, j)
+                and self.optimizers.closure_step is None and not self.aside_pending
+                and (self.aside is None or not self.aside.unsynced) and not rec.shared
+                and len(self._owned) >= len(rec.tensors.refs) == count):
+            self._steps_at_backward = rec.progress.steps
+            self._step_cosine = None
+            rec.grads.skimmed_backward(fresh)
+            with rec.lock:
+                if folder.steady_take(steady, j, "backward", loc, base, None):
+                    return
+            rec.emit(ev.backward(fresh=list(fresh), accumulated=[], cleared_outside=[],
+                                 extra_leaves=line.extra_leaves, **extra0), loc)
+            return
+        armed_cell[0] = None
+        ctx = BackwardContext()  # as begin() made it for this backward (its grads None before)
+        ctx.pids, ctx.tensors, ctx.before = range(count), tensors_, [None] * count
+        ctx.extra_leaves = line.extra_leaves
+        self.end(ctx, loc, dict(extra0))
 
     def _count_registration(self, module, name, param) -> None:
         self.registrations += 1

@@ -56,6 +56,14 @@ STEADY_AFTER = 256
 # the hooks of a steady turn take their straight-line paths (``Folder.steady_take``); False: every
 # event of the steady state goes through ``Folder.steady_put`` (the tests compare the two)
 STEADY_HOOKS = True
+# the skim of a long steady state: once it has lasted ``SKIM_AFTER`` turns (far past every fixture
+# and the default replay), the hooks of a turn read only what tells its shape (the same
+# optimizer, thread, arguments, call sites, kinds in order) and take their events as the armed
+# ones; every ``SKIM_EVERY``-th turn is *sampled*: its hooks take their full straight-line paths
+# (the grads' reads, the norm pass, the loss describers). False: no skim (the tests compare).
+SKIM = True
+SKIM_AFTER = 1024
+SKIM_EVERY = 16
 
 
 def _frozen(value):
@@ -356,6 +364,8 @@ class Folder:
         self.in_row = 0
         self.steady: _Steady | None = None
         self.steady_hooks = STEADY_HOOKS
+        self.skim_after = SKIM_AFTER if SKIM and STEADY_HOOKS else None
+        self.skim_every = SKIM_EVERY
 
     # -- recording ---------------------------------------------------------------------------
     def observe(self, kind: str, loc) -> None:
@@ -632,6 +642,23 @@ class Folder:
             return False
         n = len(steady.open)
         return n == j or (j == 0 and n == steady.length and _turn_repeats(steady.open, steady.plan))
+
+    def skimming(self, steady: "_Steady", j: int) -> bool:
+        """Whether the event at place ``j`` (its kind and location aside) belongs to a skimmed
+        turn of the steady state ``steady`` (read only; ``steady_take`` takes it): the turns
+        are counted from the steady state's first, and from ``skim_after`` on every one but each
+        ``skim_every``-th is skimmed."""
+        after = self.skim_after
+        if after is None or self.steady is not steady:
+            return False
+        n = len(steady.open)
+        if n == j:
+            turn = steady.closed
+        elif j == 0 and n == steady.length:
+            turn = steady.closed + 1  # the event that closes the open turn starts this one
+        else:
+            return False
+        return turn >= after and turn % self.skim_every != 0
 
     @staticmethod
     def batch_varies(steady: "_Steady", j: int, batch) -> bool:

@@ -64,19 +64,94 @@ class GradState:
 
     def __init__(self, tensors: Identities, requires_grad: dict[int, bool]):
         self.tensors = tensors  # the recorder's tracked tensors: pid -> tensor
-        self.requires_grad = requires_grad  # the recorder's, noted again at each step
+        self._requires_grad = requires_grad  # the recorder's, noted again at each step
         # what p.grad was when we last saw it: pid -> (id(grad), grad._version)
-        self.known: dict[int, tuple[int, int]] = {}
-        self.zeroed: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
+        self._known: dict[int, tuple[int, int]] = {}
+        self._zeroed: dict[int, tuple[int, int]] = {}  # left by zero_grad(set_to_none=False)
         # each owned parameter's ``_version`` right after the latest step that owns it: a
         # different one at the next step means it was changed in place by hand in between (EMA)
-        self.param_version: dict[int, int] = {}
+        self._param_version: dict[int, int] = {}
         # grads known to be finite: pid -> ((id(grad), grad._version), conditional). Vouched for
         # by a watched op that already looked at every value (clip_grad_norm_ with a finite total,
         # GradScaler.unscale_); valid while the grad is in exactly that state. ``conditional``:
         # only if the optimizer step then runs inside GradScaler.step, which runs it only when
         # unscale_ found no inf/NaN. Lets the step skip its own norm pass (see optim.py).
-        self.finite: dict[int, tuple[tuple[int, int], bool]] = {}
+        self._finite: dict[int, tuple[tuple[int, int], bool]] = {}
+        # the skim of a long steady state (instrument/fold.py ``SKIM_AFTER``): the pids whose
+        # grads skimmed backwards wrote, and the parameters skimmed steps stepped, without
+        # noting them here. Every read or write below catches up first (``catch_up``).
+        self.behind_grads: list | None = None
+        self.behind_params: list | None = None
+
+    # the ledger, caught up with what skimmed hooks did not note (one test when nothing is behind)
+    @property
+    def known(self) -> dict:
+        if self.behind_grads is not None or self.behind_params is not None:
+            self.catch_up()
+        return self._known
+
+    @property
+    def zeroed(self) -> dict:
+        if self.behind_grads is not None or self.behind_params is not None:
+            self.catch_up()
+        return self._zeroed
+
+    @property
+    def param_version(self) -> dict:
+        if self.behind_grads is not None or self.behind_params is not None:
+            self.catch_up()
+        return self._param_version
+
+    @property
+    def finite(self) -> dict:
+        if self.behind_grads is not None or self.behind_params is not None:
+            self.catch_up()
+        return self._finite
+
+    @property
+    def requires_grad(self) -> dict:
+        if self.behind_grads is not None or self.behind_params is not None:
+            self.catch_up()
+        return self._requires_grad
+
+    def any_vouched(self) -> bool:
+        """Whether any grad is vouched finite (``finite``), read without catching up (a
+        catch-up only removes vouchers)."""
+        return bool(self._finite)
+
+    def skimmed_backward(self, pids: list) -> None:
+        """A skimmed backward wrote the grads of ``pids`` unseen (``catch_up`` notes them)."""
+        self.behind_grads = pids
+
+    def skimmed_step(self, pids: list) -> None:
+        """A skimmed step stepped the parameters ``pids`` unseen (``catch_up`` notes them)."""
+        self.behind_params = pids
+
+    def catch_up(self) -> None:
+        """Re-base the ledger on what is there now, without judging it, after skimmed turns
+        (``behind_grads``, ``behind_params``): the grads the skimmed backwards wrote are known
+        as they are now, the stepped parameters' versions and requires_grad are as they are
+        now. What skimmed turns did to them by hand is not seen (docs/performance.md, the skim)."""
+        grads_pids, self.behind_grads = self.behind_grads, None
+        params, self.behind_params = self.behind_params, None
+        refs = self.tensors.refs
+        if params is not None:
+            tensors = tensors_of(refs, params)
+            if not all(map(is_not, tensors, repeat(None))):
+                alive = list(map(is_not, tensors, repeat(None)))
+                params, tensors = list(compress(params, alive)), list(compress(tensors, alive))
+            self._requires_grad.update(zip(params, map(_requires_grad, tensors)))
+            self._param_version.update(zip(params, map(_version, tensors)))
+        if grads_pids is not None:
+            if self._zeroed:
+                list(map(self._zeroed.pop, grads_pids, repeat(None)))
+            if self._finite:
+                list(map(self._finite.pop, grads_pids, repeat(None)))
+            grads = grads_of(tensors_of(refs, grads_pids))
+            with_grad = list(map(is_not, grads, repeat(None)))
+            if not all(with_grad):
+                grads_pids, grads = list(compress(grads_pids, with_grad)), list(compress(grads, with_grad))
+            self._known.update(zip(grads_pids, states_of(grads)))
 
     def grad_states(self, pids) -> tuple[list, list]:
         """``(pids, states)``, two parallel lists: each pid whose tensor has a grad and that

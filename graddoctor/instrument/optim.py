@@ -26,6 +26,7 @@ from torch.optim.optimizer import (
 
 from .. import events as ev
 from ..location import same_chain
+from . import fold
 from .divergence import Divergence
 from .gradstate import Tensor, grads_of, local, tensors_of, version
 from .recorder import Recorder
@@ -474,6 +475,9 @@ class OptimizerWatcher:
         self._armed_clear: tuple | None = None
         self._armed_begin: tuple | None = None
         self._armed_step: tuple | None = None
+        # (pids, norms) of the latest step measured on the straight-line path: what a skimmed
+        # step's event carries (Folder.skimming)
+        self._sampled_norms: tuple | None = None
         self._attrs_seen: set[tuple] = set()  # (path, line, opt, name) of attributes recorded
         # watch(): an optimizer never registered (made before the block) is registered when
         # first stepped or zero_grad'ed (a script's optimizers are all made under graddoctor)
@@ -690,6 +694,10 @@ class OptimizerWatcher:
                     return False
             elif up is not None and self.rec.finder.is_user_file(up.f_code.co_filename):
                 return False
+        grads = rec.grads
+        if (grads.behind_params is not None or grads.behind_grads is not None) \
+                and not folder.skimming(steady, j):
+            grads.catch_up()  # a sampled turn: its reads compare with what is there from now on
         with rec.lock:
             return folder.steady_take(steady, j, "clear", loc, base, None)
 
@@ -807,7 +815,7 @@ class OptimizerWatcher:
         if (folder is None or folder.steady is not steady or rec.holder is not None
                 or self._step_frames or self.adopt_unknown or len(args) != 1 or kwargs
                 or rec.progress.stop_requested or rec.running_backwards
-                or get_ident() != rec.script_thread or grads_state.finite
+                or get_ident() != rec.script_thread or grads_state.any_vouched()
                 or rec.optimizer_id.refs[opt]() is not optimizer
                 or rec.opt_params.get(opt) is not pids or not folder.steady_ready(steady, j)):
             return False
@@ -815,6 +823,10 @@ class OptimizerWatcher:
         refs = rec.tensors.refs
         if moves.watched or len(refs) != moves.known or same_chain(wrapper_frame, chain) is None:
             return False
+        sampled = self._sampled_norms
+        if (sampled is not None and sampled[0] is pids and folder.skimming(steady, j)
+                and self._may_skim()):
+            return self._skim_begin(optimizer, wrapper_frame, armed, sampled[1])
         try:
             tensors = tensors_of(refs, pids)
             if not all(map(is_not, tensors, repeat(None))):
@@ -840,6 +852,7 @@ class OptimizerWatcher:
                 return False
         except Exception:  # the full path, which records its own failures
             return False
+        self._sampled_norms = (pids, norms)  # what the skimmed steps until the next sample carry
         # the full path's changes, in its order
         grads_state.note_requires_grad(pids, requires)
         self._step_frames.append(wrapper_frame)
@@ -869,6 +882,50 @@ class OptimizerWatcher:
                 rec.emit(ev.step_begin(opt=opt, closure=False, norm_pids=norm_pids, norms=norms,
                                        nonfinite=[], frozen=None, edited_params=[], moved=moved,
                                        lrs=lrs), loc)
+        except Exception as exc:
+            rec.internal_error("optimizer step (before)", exc)
+        return True
+
+    def _may_skim(self) -> bool:
+        """The step budget's last updates are never skimmed (their norms are the ones the
+        ``--grad-flow`` view and the run's last turns show)."""
+        progress = self.rec.progress
+        budget = progress.step_budget
+        return budget is None or progress.updates + 3 + fold.CONTEXT < budget
+
+    def _skim_begin(self, optimizer, wrapper_frame, armed, norms) -> bool:
+        """The step's pre hook on a skimmed turn (``Folder.skimming``): what
+        ``_steady_begin`` checked up to here (the same optimizer and parameter list, thread,
+        arguments, call site, nothing frozen-watched or moved) and nothing else read; the
+        step_begin event is the armed one with the last sampled turn's norms and this step's
+        lrs. No norm pass, no grad reads: the norm subscribers and the picture skip this
+        update, and ``Divergence`` sees a gap (no run of growth spans a skimmed update). The
+        post hook notes nothing either (``GradState.behind_params``)."""
+        steady, j, opt, pids, chain, base, loc = armed
+        rec = self.rec
+        folder = rec.folder
+        self._step_frames.append(wrapper_frame)
+        self._backwards_before = rec.progress.backward_calls
+        try:
+            self._read = None
+            self._divergence.observe(opt, None)
+            for subscriber in self._step_begins:
+                subscriber(opt, optimizer)
+            moved = self._moves.moved()
+            self._began = (wrapper_frame, optimizer, opt, loc)
+            lrs = group_lrs(optimizer)
+            taken = False
+            if not moved:
+                with rec.lock:
+                    taken = folder.steady_take(steady, j, "step_begin", loc, base,
+                                               {"norms": norms, "lrs": lrs})
+            if not taken:  # the event of the full path, its grads read now
+                self._armed_begin = None
+                norm_pids, norms = grad_norms(rec, pids)
+                rec.emit(ev.step_begin(opt=opt, closure=False, norm_pids=norm_pids, norms=norms,
+                                       nonfinite=[pid for pid, n in zip(norm_pids, norms)
+                                                  if not math.isfinite(n)],
+                                       frozen=None, edited_params=[], moved=moved, lrs=lrs), loc)
         except Exception as exc:
             rec.internal_error("optimizer step (before)", exc)
         return True
@@ -966,6 +1023,8 @@ class OptimizerWatcher:
         rec = self.rec
         folder = rec.folder
         frames, began, read = self._step_frames, self._began, self._read
+        if read is None:  # the pre hook skimmed: this turn is skimmed too, unless it ended
+            return self._skim_step(optimizer, args, kwargs, frame, armed)
         if (folder is None or folder.steady is not steady or rec.holder is not None
                 or len(frames) != 1 or frames[0] is not frame or began is None
                 or began[0] is not frame or began[1] is not optimizer or began[2] != opt
@@ -994,6 +1053,42 @@ class OptimizerWatcher:
             if not taken:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=without), loc)
+            for subscriber in self._stepped_without_grad:
+                subscriber(opt, without)
+            for subscriber in self._stepped:
+                subscriber(opt, optimizer)
+        except Exception as exc:
+            rec.internal_error("optimizer step (after)", exc)
+        return True
+
+    def _skim_step(self, optimizer, args, kwargs, frame, armed) -> bool:
+        """The step's post hook on a skimmed turn: ``_steady_step``'s tests but those of the
+        grads' read (its pre hook read none), the parameters' versions left to
+        ``GradState.catch_up``. False before anything is changed: the full path."""
+        steady, j, opt, pids, base, loc = armed
+        rec = self.rec
+        folder = rec.folder
+        frames, began = self._step_frames, self._began
+        if (folder is None or folder.steady is not steady or rec.holder is not None
+                or len(frames) != 1 or frames[0] is not frame or began is None
+                or began[0] is not frame or began[1] is not optimizer or began[2] != opt
+                or began[3] is not loc or len(args) != 1 or kwargs
+                or get_ident() != rec.script_thread or rec.opt_params.get(opt) is not pids
+                or self._untouched_steps.get(opt, 0) < TRUSTED_AFTER
+                or not folder.skimming(steady, j) or not _torch_step(optimizer)):
+            return False
+        frames.pop()
+        self._began = None
+        rec.progress.count_step(opt)
+        try:
+            self.closure_step = None
+            rec.grads.skimmed_step(pids)
+            with rec.lock:
+                taken = folder.steady_take(steady, j, "step", loc, base, None)
+            if not taken:
+                self._armed_step = None
+                rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=[]), loc)
+            without: list[int] = []
             for subscriber in self._stepped_without_grad:
                 subscriber(opt, without)
             for subscriber in self._stepped:

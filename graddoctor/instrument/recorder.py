@@ -269,6 +269,7 @@ class Recorder:
         run, when host syncs no longer cost the user anything). The recorded events stay as
         they were: those that held a value are replaced by new events in the new trace."""
         try:
+            self.grads.catch_up()  # after a skim: the parameters' requires_grad as they are
             self.release()
         finally:
             folder, self.folder = self.folder, None
