@@ -133,6 +133,31 @@ _FILL_READS = 8  # token batches of embeddings without padding_idx looked at for
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
 
 
+def infer_fill(tokens) -> int | None:
+    """The id that fills up the shorter rows of a (batch, length) CPU token batch: most rows
+    (the longest need none) end, or start, with it in runs of different lengths, and it is
+    (nearly) absent from the rest of the batch; None when no id does."""
+    rows, length = tokens.shape
+    with torch.no_grad():
+        for column in (-1, 0):  # right padding, left padding
+            edge = tokens[:, column]
+            fill = int(edge.mode().values)
+            ending = edge == fill
+            if int(ending.sum()) < max(2, (rows + 1) // 2):
+                continue
+            same = tokens == fill
+            runs = (same.flip(1) if column == -1 else same).int().cumprod(1).sum(1)
+            padded = runs[ending]
+            if not (int(padded.max()) >= 2 and int(padded.min()) < int(padded.max())
+                    and int(runs.max()) < length):
+                continue
+            content = length * rows - int(runs.sum())
+            if int(same.sum()) - int(runs.sum()) > 0.02 * content:
+                continue  # a word like any other (a small vocabulary), not a filler
+            return fill
+    return None
+
+
 class LossInputWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -382,30 +407,15 @@ class LossInputWatcher:
                 and weight.dim() == 2):
             return
         self._fill_reads += 1
-        rows, length = tokens.shape
-        with torch.no_grad():
-            for column in (-1, 0):  # right padding, left padding
-                edge = tokens[:, column]
-                fill = int(edge.mode().values)
-                ending = edge == fill
-                if int(ending.sum()) < max(2, (rows + 1) // 2):
-                    continue
-                same = tokens == fill
-                runs = (same.flip(1) if column == -1 else same).int().cumprod(1).sum(1)
-                padded = runs[ending]
-                if not (int(padded.max()) >= 2 and int(padded.min()) < int(padded.max())
-                        and int(runs.max()) < length):
-                    continue
-                content = length * rows - int(runs.sum())
-                if int(same.sum()) - int(runs.sum()) > 0.02 * content:
-                    continue  # a word like any other (a small vocabulary), not a filler
-                vocab = int(weight.shape[0])
-                self._pads.add((fill, vocab))
-                self._fills[fill] = "fill"
-                counts = self._token_counts.setdefault(fill, set())
-                if len(counts) < 8:
-                    counts.add(tokens.numel())
-                return
+        fill = infer_fill(tokens)
+        if fill is None:
+            return
+        vocab = int(weight.shape[0])
+        self._pads.add((fill, vocab))
+        self._fills[fill] = "fill"
+        counts = self._token_counts.setdefault(fill, set())
+        if len(counts) < 8:
+            counts.add(tokens.numel())
 
     def _wrap_embedding(self, original):
         watcher = self
