@@ -326,6 +326,11 @@ attention_mask     api (nn.MultiheadAttention | F.scaled_dot_product_attention),
                    fill (the padding id), rows, removed (share of keys left out), dtype; for
                    "additive01" values — at one of the first masked calls, once per call line
                    and problem (loc: the attention call; an aside; instrument/attnmask.py)
+label_smoothing    label_smoothing (the cross_entropy argument, > 0), classes, floor (the value
+                   every class but one or two holds in each target row), target_smoothing (floor
+                   x classes: the smoothing the targets carry already) — cross_entropy given
+                   class-probability targets smoothed already, at one of its first calls, once
+                   per call line (loc: the loss call; an aside; instrument/loss_inputs.py)
 last_step_padded  module (the recurrent layer's class), rows, length (its input's), padded (rows whose
                    last step is padding: all zeros, or an embedding's filler id) — the loss reads
                    position length - 1 of that batch-first layer's output (``out[:, -1]``), once
@@ -782,6 +787,12 @@ def attention_mask(*, api: str, argument: str, problem: str, convention: str, **
                               "convention": convention, **data}
 
 
+def label_smoothing(*, label_smoothing: float, classes: int, floor: float,
+                    target_smoothing: float) -> Made:
+    return "label_smoothing", {"label_smoothing": label_smoothing, "classes": classes,
+                               "floor": floor, "target_smoothing": target_smoothing}
+
+
 def last_step_padded(*, module: str, rows: int, length: int, padded: int) -> Made:
     return "last_step_padded", {"module": module, "rows": rows, "length": length, "padded": padded}
 
@@ -972,6 +983,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped, "batch_pairing": batch_pairing,
     "last_step_padded": last_step_padded, "attention_mask": attention_mask,
+    "label_smoothing": label_smoothing,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit,
@@ -989,7 +1001,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "norm_arguments",
                          "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit",
                          "self_match", "batch_pairing", "last_step_padded",
-                         "attention_mask"})
+                         "attention_mask", "label_smoothing"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it
