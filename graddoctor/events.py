@@ -331,6 +331,12 @@ label_smoothing    label_smoothing (the cross_entropy argument, > 0), classes, f
                    x classes: the smoothing the targets carry already) — cross_entropy given
                    class-probability targets smoothed already, at one of its first calls, once
                    per call line (loc: the loss call; an aside; instrument/loss_inputs.py)
+mixup_unmixed      fn (the loss whose target it is), loader, batch ([epoch, index]), field (the
+                   target's name in the batch), rows, lam (the mix weight of each row's own
+                   sample) — the model's inputs are a mixup of that batch's rows (lam * x +
+                   (1 - lam) * x[perm]) and the loss's only target is the batch's labels in the
+                   loader's order, in the first turns, once per run (loc: the model's call; an
+                   aside; instrument/batchpairs.py)
 last_step_padded  module (the recurrent layer's class), rows, length (its input's), padded (rows whose
                    last step is padding: all zeros, or an embedding's filler id) — the loss reads
                    position length - 1 of that batch-first layer's output (``out[:, -1]``), once
@@ -793,6 +799,11 @@ def label_smoothing(*, label_smoothing: float, classes: int, floor: float,
                                "floor": floor, "target_smoothing": target_smoothing}
 
 
+def mixup_unmixed(*, fn: str, loader: int, batch: list, field: str, rows: int, lam: float) -> Made:
+    return "mixup_unmixed", {"fn": fn, "loader": loader, "batch": batch, "field": field,
+                             "rows": rows, "lam": lam}
+
+
 def last_step_padded(*, module: str, rows: int, length: int, padded: int) -> Made:
     return "last_step_padded", {"module": module, "rows": rows, "length": length, "padded": padded}
 
@@ -983,7 +994,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped, "batch_pairing": batch_pairing,
     "last_step_padded": last_step_padded, "attention_mask": attention_mask,
-    "label_smoothing": label_smoothing,
+    "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit,
@@ -1001,7 +1012,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "norm_arguments",
                          "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit",
                          "self_match", "batch_pairing", "last_step_padded",
-                         "attention_mask", "label_smoothing"})
+                         "attention_mask", "label_smoothing",
+                         "mixup_unmixed"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it
