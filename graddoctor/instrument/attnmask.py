@@ -9,9 +9,10 @@ convention (``key_padding_mask=(ids != pad)``) hides every real token and lets e
 only to the padding. A float mask is *added* to the scores in both: a 0/1 mask (``mask.float()``)
 adds at most 1 to some scores and leaves everything in.
 
-What is watched, for the first ``SITE_CHECKS`` masked calls of each ``nn.MultiheadAttention``
-module from each line calling it and of each line calling SDPA, with grad mode on and the mask on the CPU, the first
-``MASK_CHECKS`` such calls in all (nothing after them):
+What is watched, in the first ``STEPS`` optimizer steps, for the first ``SITE_CHECKS`` masked
+calls of each ``nn.MultiheadAttention`` module from each line calling it and of each line
+calling SDPA, with grad mode on and the mask on the CPU, the first ``MASK_CHECKS`` such calls in
+all (nothing after them):
 
 * ``nn.MultiheadAttention.forward`` (its ``key_padding_mask`` and ``attn_mask``, as given or as
   the ``nn.Transformer*`` layers canonicalised them) and ``F.scaled_dot_product_attention``
@@ -28,8 +29,9 @@ fill id (98% of them or more), an ``attention_mask`` aside event with ``problem=
 recorded at the call. A float mask (of any shape) whose values are only 0 and 1 (or 0 and -1),
 both present, is recorded with ``problem="additive01"``. Each call line is recorded once.
 
-Cost: a counter per call after the first checks; until then one small comparison per masked
-call and per embedded token batch (CPU tensors only, so no host sync on a GPU).
+Cost: two comparisons per call after the first ``STEPS`` optimizer steps (or the first checks);
+until then one small comparison per masked call and per embedded token batch (CPU tensors only,
+so no host sync on a GPU).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .loss_inputs import infer_fill
 from .recorder import Recorder
 
 MASK_CHECKS = 64  # masked calls judged in all (nothing after them)
+STEPS = 4  # optimizer steps after which nothing is looked at any more
 SITE_CHECKS = 2  # masked calls judged per attention module, or per call line of SDPA
 TOKEN_READS = 16  # embedding calls whose token batch is looked at
 TOKENS = 4  # the latest padded token batches remembered
@@ -61,6 +64,7 @@ class AttentionMaskWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._checks = 0  # masked calls judged
+        self._steps = rec.progress  # its ``steps``: optimizer steps so far
         self._sites: dict = {}  # attention module's id, or SDPA's caller (code, line) -> calls judged
         self._token_reads = 0
         self._tokens: list[tuple[torch.Tensor, int]] = []  # (token batch copy, fill), latest first
@@ -100,7 +104,8 @@ class AttentionMaskWatcher:
         watcher = self
 
         def before(args, kwargs) -> None:
-            if watcher._token_reads >= TOKEN_READS or not torch.is_grad_enabled():
+            if watcher._token_reads >= TOKEN_READS or watcher._steps.steps >= STEPS \
+                    or not torch.is_grad_enabled():
                 return
             try:
                 watcher._embedded(args, kwargs)
@@ -179,8 +184,12 @@ class AttentionMaskWatcher:
         signature = inspect.signature(original)
 
         def before(args, kwargs) -> None:
-            if watcher._checks >= MASK_CHECKS or not torch.is_grad_enabled():
+            if watcher._checks >= MASK_CHECKS or watcher._steps.steps >= STEPS \
+                    or not torch.is_grad_enabled():
                 return
+            if len(args) <= 4 and kwargs.get("key_padding_mask") is None \
+                    and kwargs.get("attn_mask") is None:
+                return  # no mask (self, query, key, value given as they usually are)
             try:
                 bound = signature.bind(*args, **kwargs).arguments
                 kpm, attn = bound.get("key_padding_mask"), bound.get("attn_mask")
@@ -216,7 +225,8 @@ class AttentionMaskWatcher:
         watcher = self
 
         def before(args, kwargs) -> None:
-            if watcher._checks >= MASK_CHECKS or not torch.is_grad_enabled():
+            if watcher._checks >= MASK_CHECKS or watcher._steps.steps >= STEPS \
+                    or not torch.is_grad_enabled():
                 return
             try:
                 mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
