@@ -318,6 +318,25 @@ batch_pairing      problem ("other-batch": the loss's target is a tensor of a ba
                    target_loader, target_batch ([epoch, index] of the target's), field (the
                    target's place in its batch: "[1]", "['label']"), rows — once per problem, in
                    the first turns (loc: the model's call; an aside)
+attention_mask     api (nn.MultiheadAttention | F.scaled_dot_product_attention), argument
+                   (key_padding_mask | attn_mask), problem ("inverted": the keys the mask leaves
+                   out are exactly the tokens that are not the batch's fill id; "additive01": a
+                   float mask of only 0 and 1, or 0 and -1, which attention adds to its scores),
+                   convention ("True leaves out" | "True attends" | "added"), and for "inverted"
+                   fill (the padding id), rows, removed (share of keys left out), dtype; for
+                   "additive01" values — at one of the first masked calls, once per call line
+                   and problem (loc: the attention call; an aside; instrument/attnmask.py)
+label_smoothing    label_smoothing (the cross_entropy argument, > 0), classes, floor (the value
+                   every class but one or two holds in each target row), target_smoothing (floor
+                   x classes: the smoothing the targets carry already) — cross_entropy given
+                   class-probability targets smoothed already, at one of its first calls, once
+                   per call line (loc: the loss call; an aside; instrument/loss_inputs.py)
+mixup_unmixed      fn (the loss whose target it is), loader, batch ([epoch, index]), field (the
+                   target's name in the batch), rows, lam (the mix weight of each row's own
+                   sample) — the model's inputs are a mixup of that batch's rows (lam * x +
+                   (1 - lam) * x[perm]) and the loss's only target is the batch's labels in the
+                   loader's order, in the first turns, once per run (loc: the model's call; an
+                   aside; instrument/batchpairs.py)
 last_step_padded  module (the recurrent layer's class), rows, length (its input's), padded (rows whose
                    last step is padding: all zeros, or an embedding's filler id) — the loss reads
                    position length - 1 of that batch-first layer's output (``out[:, -1]``), once
@@ -769,6 +788,22 @@ def batch_pairing(*, problem: str, fn: str, loader: int, input_batch: list, targ
                              "field": field, "rows": rows}
 
 
+def attention_mask(*, api: str, argument: str, problem: str, convention: str, **data) -> Made:
+    return "attention_mask", {"api": api, "argument": argument, "problem": problem,
+                              "convention": convention, **data}
+
+
+def label_smoothing(*, label_smoothing: float, classes: int, floor: float,
+                    target_smoothing: float) -> Made:
+    return "label_smoothing", {"label_smoothing": label_smoothing, "classes": classes,
+                               "floor": floor, "target_smoothing": target_smoothing}
+
+
+def mixup_unmixed(*, fn: str, loader: int, batch: list, field: str, rows: int, lam: float) -> Made:
+    return "mixup_unmixed", {"fn": fn, "loader": loader, "batch": batch, "field": field,
+                             "rows": rows, "lam": lam}
+
+
 def last_step_padded(*, module: str, rows: int, length: int, padded: int) -> Made:
     return "last_step_padded", {"module": module, "rows": rows, "length": length, "padded": padded}
 
@@ -958,7 +993,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped, "batch_pairing": batch_pairing,
-    "last_step_padded": last_step_padded,
+    "last_step_padded": last_step_padded, "attention_mask": attention_mask,
+    "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit,
@@ -975,7 +1011,9 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit",
-                         "self_match", "batch_pairing", "last_step_padded"})
+                         "self_match", "batch_pairing", "last_step_padded",
+                         "attention_mask", "label_smoothing",
+                         "mixup_unmixed"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -8,6 +8,7 @@ that leaving the context restores torch exactly as it was, also after a crash.
 from __future__ import annotations
 
 from .amp import GradScalerWatcher
+from .attnmask import AttentionMaskWatcher
 from .batchfirst import BatchFirstWatcher
 from .backward import BackwardWatcher
 from .clip import ClipWatcher
@@ -72,6 +73,10 @@ class Instrumentation:
         rec.subscribe(FREEZE_OF, self.modes.freeze_seq)  # a frozen param's step names its freeze
         # functional dropout left on in eval mode; regression losses that broadcast;
         # classification losses given probabilities where logits or log-probabilities belong
+        # attention masks in the other convention, or 0/1 masks added to the scores (before the
+        # dropout watcher: its F.scaled_dot_product_attention wrapper, which reads its caller's
+        # frame, goes around this one)
+        self.watchers.append(AttentionMaskWatcher(rec))
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec), LossInputWatcher(rec)]
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)

@@ -40,6 +40,16 @@ The verdicts (``batch_pairing`` aside event at the model's call, once per kind):
   one of that batch's tensors in the loader's order, and nothing between the model's output and
   the loss reorders rows (an index or gather: a batch sorted by length and put back).
 
+A model input that is no batch's rows is also tried as a *mixup* of a batch's rows: the row
+prints are linear in the row's values, so ``lam * x + (1 - lam) * x[perm]`` shows as each
+input print ``q_i`` lying on the segment from ``p_i`` to another ``p_j`` at one shared fraction
+(float batch tensors of at least two values a row and at most ``_MIX_ROWS`` rows; an O(rows²)
+comparison of two numbers a pair, first turns only). At the backward, a loss whose only saved
+target is that batch's labels in the loader's order means the partner rows' labels never reach
+it: "mixup_unmixed" at the model's call (mixup-labels-unmixed). Two targets (``y`` and
+``y[perm]``), mixed soft targets (nothing saved) and a 0.5 average (SamplePairing keeps the
+first label on purpose) say nothing.
+
 The same hooks note, for the third check, each batch-first recurrent layer (RNN, LSTM, GRU)
 whose input is right-padded in at least half its rows: trailing runs of padding steps of
 different lengths, (nearly) none inside the rows (``padded_rows``), a step being padding when it
@@ -79,6 +89,7 @@ _DIGITS = 10  # significant digits a fingerprint is compared at
 _RECURRENT = 8  # recurrent outputs noted per turn at most
 _CALLS = 8  # model calls whose inputs were found, kept per turn at most (their outputs' graphs)
 _SEEN = 64  # data tensors looked up per turn at most
+_MIX_ROWS = 512  # batches of at most this many rows are looked at for a mixup of their rows
 
 # loss nodes that save their target (``_saved_target``), and the function named for each
 _TARGET_NODES = (("NllLoss", "cross_entropy"), ("MseLoss", "mse_loss"),
@@ -147,12 +158,13 @@ def _tensors(batch, prefix: str = "", depth: int = 0) -> list:
 
 
 class _Batch:
-    __slots__ = ("key", "turn", "rows", "fields", "wholes")
+    __slots__ = ("key", "turn", "rows", "fields", "wholes", "prints")
 
     def __init__(self, key: tuple, turn: int, rows: int):
         self.key, self.turn, self.rows = key, turn, rows
         self.fields: list[str] = []
         self.wholes: set = set()  # whole-tensor prints of its tensors
+        self.prints: dict[str, torch.Tensor] = {}  # float field -> its row prints, (rows, 2)
 
 
 class BatchPairWatcher:
@@ -215,6 +227,8 @@ class BatchPairWatcher:
                         if keys is not None and len(set(keys)) == rows:  # rows told apart
                             for r, k in enumerate(keys):
                                 self._rows.setdefault(k, []).append((entry, name, r))
+                            if t.is_floating_point() and rows <= _MIX_ROWS and t[0].numel() >= 2:
+                                entry.prints[name] = torch.tensor(keys, dtype=torch.float64)
             self._batches.append(entry)
         except Exception as exc:
             self._stop()
@@ -251,6 +265,8 @@ class BatchPairWatcher:
                 self._seen_ids[id(t)] = t
                 looked += 1
                 found = self._find(t)
+                if found is None and t.is_floating_point() and "mixup" not in self._told:
+                    found = self._mixed(t)
                 if found is not None:
                     out = output[0] if isinstance(output, (tuple, list)) and output else output
                     out = getattr(out, "logits", out)
@@ -314,6 +330,41 @@ class BatchPairWatcher:
         same = all(at[r] == r for r in range(rows))
         return entry, "same" if same else "permuted"
 
+    def _mixed(self, t: torch.Tensor):
+        """``(batch, "mixed", lam)`` when each row of ``t`` is ``lam * x[i] + (1 - lam) * x[j]``
+        of one batch tensor ``x`` (row i in the loader's order, j another row, one ``lam`` for
+        all rows: mixup's ``lam * x + (1 - lam) * x[perm]``), else None. The row prints are
+        linear in the row's values, so the mix shows in them: ``q_i - p_i`` is ``(1 - lam)``
+        times ``p_j - p_i``."""
+        rows = int(t.shape[0])
+        candidates = [(e, n, p) for e in self._batches for n, p in e.prints.items() if e.rows == rows]
+        if not candidates or rows > _MIX_ROWS:
+            return None
+        with torch.no_grad():
+            keys = _row_prints(t)
+            if keys is None:
+                return None
+            q = torch.tensor(keys, dtype=torch.float64)
+            for entry, _, p in reversed(candidates[-4:]):
+                d = q - p  # (rows, 2): q_i - p_i
+                e = p[None, :, :] - p[:, None, :]  # [i, j]: p_j - p_i
+                norm = (e * e).sum(2)
+                c = (d[:, None, :] * e).sum(2) / norm.clamp_min(1e-300)
+                residual = (d[:, None, :] - c[..., None] * e).norm(dim=2)
+                scale = p.abs().amax(1).clamp_min(1e-12)[:, None] + q.abs().amax(1)[:, None]
+                fits = (residual <= 1e-6 * scale) & (norm > 0) & (c > 0.02) & (c < 0.98)
+                same = d.norm(dim=1) <= 1e-9 * scale[:, 0]  # a row mixed with itself
+                have = fits.any(1)
+                if int(have.sum()) < max(_MIN_ROWS, _FOUND * rows - int(same.sum())):
+                    continue
+                picked = torch.where(fits, c, torch.full_like(c, float("nan")))[have]
+                lams = [1 - float(v[~v.isnan()][0]) for v in picked]
+                lam = sorted(lams)[len(lams) // 2]
+                if sum(abs(x - lam) <= 1e-4 for x in lams) >= _FOUND * len(lams) \
+                        and abs(lam - 0.5) > 1e-3:  # 0.5: SamplePairing keeps the first label
+                    return entry, "mixed", round(lam, 4)
+        return None
+
     # -- DESCRIBE_LOSS: the targets ----------------------------------------------------------
     def describe_loss(self, tensors) -> dict:
         if not self.active:
@@ -329,7 +380,7 @@ class BatchPairWatcher:
             if inputs and self._wholes:
                 for root in _roots(tensors):
                     self._judge(root, inputs)
-            if self._backwards >= WINDOW or len(self._told) >= 3:
+            if self._backwards >= WINDOW or len(self._told) >= 4:
                 self._stop()
         except Exception as exc:
             self._stop()
@@ -337,8 +388,14 @@ class BatchPairWatcher:
         return {}
 
     def _judge(self, root, inputs) -> None:
-        outs = {id(o.grad_fn): o for _, _, o, _ in inputs if o is not None and o.grad_fn is not None}
+        outs = {id(o.grad_fn): o for *_, o, _ in inputs if o is not None and o.grad_fn is not None}
         targets, reordered = _targets(root, outs)
+        mixed = [i for i in inputs if i[1] == "mixed"]
+        inputs = [i for i in inputs if i[1] != "mixed"]
+        if mixed and "mixup" not in self._told:
+            self._unmixed(mixed[0], targets)
+        if not inputs:
+            return
         for fn, target in targets:
             if target.device.type != "cpu" or target.requires_grad:
                 continue
@@ -346,7 +403,7 @@ class BatchPairWatcher:
                 whole = _whole_print(target)
             if whole is None:
                 continue
-            ours = [(entry, order, loc) for entry, order, _, loc in inputs]
+            ours = [(entry, order, loc) for entry, order, *_, loc in inputs]
             if any(whole in entry.wholes for entry, _, _ in ours):
                 permuted = next(((e, loc) for e, order, loc in ours
                                  if order == "permuted" and whole in e.wholes), None)
@@ -360,6 +417,25 @@ class BatchPairWatcher:
             if earlier and "other-batch" not in self._told:
                 entry, order, loc = ours[-1]
                 self._tell("other-batch", fn, entry, earlier[-1][0], earlier[-1][1], loc)
+
+    def _unmixed(self, mixed, targets) -> None:
+        """A ``mixup_unmixed`` aside when the model's inputs are a mixup of a batch's rows and
+        the loss's one target is that batch's labels in the loader's order: the partner rows'
+        labels (``y[perm]``) never reach the loss."""
+        entry, _, lam, _, loc = mixed
+        wholes = []
+        for fn, target in targets:
+            if target.device.type != "cpu" or target.requires_grad:
+                return
+            with torch.no_grad():
+                wholes.append((fn, _whole_print(target)))
+        if len(wholes) != 1 or wholes[0][1] is None or wholes[0][1] not in entry.wholes:
+            return  # two targets (y and y[perm]), soft targets (none saved), or other labels
+        fn, whole = wholes[0]
+        field = next(n for b, n in self._wholes[whole] if b is entry)
+        self._told.add("mixup")
+        self.rec.emit_aside(ev.mixup_unmixed(fn=fn, loader=entry.key[0], batch=list(entry.key[1:]),
+                                             field=field, rows=entry.rows, lam=lam), loc)
 
     def _last_step(self, root, recurrent) -> None:
         """A ``last_step_padded`` aside when the loss's graph reads position T - 1 of a noted

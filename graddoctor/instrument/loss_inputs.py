@@ -133,7 +133,33 @@ _PADDING_SHARE = 0.25  # targets equal to the padding index: at least this share
 _SQUARE_MIN = 4  # a square cross_entropy input at least this large is looked at as a similarity matrix
 _SELF_SHARE = 0.9  # rows whose maximum sits on the diagonal: at least this share
 _FILL_READS = 8  # token batches of embeddings without padding_idx looked at for a fill id
+_SMOOTHED_SHARE = 0.9  # rows of a soft target with a shared floor above 0: at least this share
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
+
+
+def infer_fill(tokens) -> int | None:
+    """The id that fills up the shorter rows of a (batch, length) CPU token batch: most rows
+    (the longest need none) end, or start, with it in runs of different lengths, and it is
+    (nearly) absent from the rest of the batch; None when no id does."""
+    rows, length = tokens.shape
+    with torch.no_grad():
+        for column in (-1, 0):  # right padding, left padding
+            edge = tokens[:, column]
+            fill = int(edge.mode().values)
+            ending = edge == fill
+            if int(ending.sum()) < max(2, (rows + 1) // 2):
+                continue
+            same = tokens == fill
+            runs = (same.flip(1) if column == -1 else same).int().cumprod(1).sum(1)
+            padded = runs[ending]
+            if not (int(padded.max()) >= 2 and int(padded.min()) < int(padded.max())
+                    and int(runs.max()) < length):
+                continue
+            content = length * rows - int(runs.sum())
+            if int(same.sum()) - int(runs.sum()) > 0.02 * content:
+                continue  # a word like any other (a small vocabulary), not a filler
+            return fill
+    return None
 
 
 class LossInputWatcher:
@@ -149,6 +175,7 @@ class LossInputWatcher:
         self._token_counts: dict[int, set[int]] = {}
         self._padded: set = set()  # call lines recorded as padded
         self._matched: set = set()  # call lines recorded with a self_match event
+        self._smoothed: set = set()  # call lines recorded with a label_smoothing event
         # pads inferred from the token batches themselves (an embedding without padding_idx:
         # GPT-2 padded with its eos token): pad -> "fill"; token batches looked at so far
         self._fills: dict[int, str] = {}
@@ -175,6 +202,8 @@ class LossInputWatcher:
                 if fn == "cross_entropy" and input.dim() == 2 \
                         and input.shape[0] == input.shape[1] >= _SQUARE_MIN:
                     watcher._self_match(input, target)
+                if fn == "cross_entropy" and (args[7] if len(args) > 7 else kwargs.get("label_smoothing")):
+                    watcher._smoothed_twice(input, target, args, kwargs)
             except Exception as exc:
                 rec.internal_error(f"F.{fn}", exc)
 
@@ -336,6 +365,37 @@ class LossInputWatcher:
         self._matched.add(loc)
         self.rec.emit_aside(ev.self_match(size=int(n), on_diagonal=round(on_diagonal, 4)), loc)
 
+    # -- label smoothing on smoothed targets ----------------------------------------------
+    def _smoothed_twice(self, input, target, args, kwargs) -> None:
+        """A ``label_smoothing`` aside when cross_entropy smooths (``label_smoothing`` > 0)
+        class-probability targets that are smoothed already: in (nearly) every row all classes
+        but one or two hold one same floor value above 0 (``one_hot * (1 - e) + e / C``, or a
+        mixup of such rows), the same in every row (first calls only, one small reduction and
+        read each)."""
+        smoothing = args[7] if len(args) > 7 else kwargs.get("label_smoothing")
+        if not (isinstance(smoothing, (int, float)) and 0 < smoothing < 1
+                and isinstance(target, torch.Tensor) and target.is_floating_point()
+                and target.shape == input.shape and input.dim() >= 2 and input.shape[1] >= 3):
+            return
+        if not self._reads_left("cross_entropy:smoothing", target):
+            return
+        classes = int(input.shape[1])
+        with torch.no_grad():
+            t = target.detach().float().movedim(1, -1).reshape(-1, classes)
+            floor = t.min(1).values
+            at_floor = ((t - floor[:, None]).abs() <= 1e-6 + 1e-4 * floor[:, None]).sum(1)
+            smoothed = (floor > 0) & (at_floor >= classes - 2)
+            share, low, high = torch.stack([smoothed.float().mean(), floor.min(), floor.max()]).tolist()
+        if share < _SMOOTHED_SHARE or not (0 < low and high - low <= 1e-5 + 1e-3 * high):
+            return
+        loc = self.rec.here()
+        if loc in self._smoothed:
+            return
+        self._smoothed.add(loc)
+        self.rec.emit_aside(ev.label_smoothing(label_smoothing=float(smoothing), classes=classes,
+                                               floor=round(float(high), 6),
+                                               target_smoothing=round(float(high) * classes, 4)), loc)
+
     # -- padded token batches --------------------------------------------------------------
     def _padding(self, fn: str, input, target, args, kwargs) -> None:
         """A ``loss_padding`` aside when most integer targets are the padding index of an
@@ -385,30 +445,15 @@ class LossInputWatcher:
                 and weight.dim() == 2):
             return
         self._fill_reads += 1
-        rows, length = tokens.shape
-        with torch.no_grad():
-            for column in (-1, 0):  # right padding, left padding
-                edge = tokens[:, column]
-                fill = int(edge.mode().values)
-                ending = edge == fill
-                if int(ending.sum()) < max(2, (rows + 1) // 2):
-                    continue
-                same = tokens == fill
-                runs = (same.flip(1) if column == -1 else same).int().cumprod(1).sum(1)
-                padded = runs[ending]
-                if not (int(padded.max()) >= 2 and int(padded.min()) < int(padded.max())
-                        and int(runs.max()) < length):
-                    continue
-                content = length * rows - int(runs.sum())
-                if int(same.sum()) - int(runs.sum()) > 0.02 * content:
-                    continue  # a word like any other (a small vocabulary), not a filler
-                vocab = int(weight.shape[0])
-                self._pads.add((fill, vocab))
-                self._fills[fill] = "fill"
-                counts = self._token_counts.setdefault(fill, set())
-                if len(counts) < 8:
-                    counts.add(tokens.numel())
-                return
+        fill = infer_fill(tokens)
+        if fill is None:
+            return
+        vocab = int(weight.shape[0])
+        self._pads.add((fill, vocab))
+        self._fills[fill] = "fill"
+        counts = self._token_counts.setdefault(fill, set())
+        if len(counts) < 8:
+            counts.add(tokens.numel())
 
     def _wrap_embedding(self, original):
         watcher = self

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule
+
+
+class AttentionMaskInverted(Rule):
+    """
+    ## What it does
+    Finds an attention padding mask written for the other convention: the keys it leaves out
+    are exactly the real tokens of the batch, and the ones it lets through are the padding.
+    Checked at the first masked calls of `nn.MultiheadAttention` (and the `nn.Transformer*`
+    layers built on it) and `F.scaled_dot_product_attention` (CPU): the mask's keys per sample
+    against the token batch embedded just before, whose shorter rows are filled with the
+    embedding's `padding_idx` or with one filler id. It points at the attention call.
+
+    ## Why is this bad?
+    The two APIs read a boolean mask the opposite way: `key_padding_mask` (and
+    `nn.MultiheadAttention`'s `attn_mask`) leave out the positions that are **True**, while
+    `F.scaled_dot_product_attention`'s boolean `attn_mask` (and a Hugging Face `attention_mask`)
+    keeps them. With the mask inverted each query attends only to padding: the attention output
+    carries no information about the sequence (a row without padding gets NaN), and the model
+    learns from its residual path alone. Nothing fails while it trains.
+
+    ## Example
+    ```python
+    mask = ids != PAD                                   # True on the real tokens
+    h, _ = self.attn(x, x, x, key_padding_mask=mask)    # True = leave out
+    ```
+
+    ## Use instead
+    ```python
+    h, _ = self.attn(x, x, x, key_padding_mask=(ids == PAD))          # True = padding
+    h = F.scaled_dot_product_attention(q, k, v, attn_mask=(ids != PAD)[:, None, None, :])  # True = attend
+    ```
+
+    ## Stays silent on
+    Correct masks in either convention, as booleans or as additive float masks (-inf / -1e9);
+    causal masks and masks that are the same for every sample; batches whose padding shows in
+    fewer than two rows; token batches without a padding id (neither `padding_idx` nor one id
+    filling the shorter rows); masks on a GPU.
+    """
+
+    code = "GD253"
+    slug = "attention-mask-inverted"
+    severity = Severity.WARNING
+    summary = ("an attention padding mask in the other convention: it leaves out the real tokens "
+               "and lets each query attend only to the padding")
+    fix = ("invert the mask for this API: key_padding_mask and nn.MultiheadAttention's attn_mask "
+           "want True on the padding (ids == pad); F.scaled_dot_product_attention's boolean "
+           "attn_mask wants True on the tokens to attend (ids != pad)")
+
+    def check(self, a):
+        for e in a.of_kind("attention_mask"):
+            if e["problem"] != "inverted":
+                continue
+            api, argument = e["api"], e["argument"]
+            if e["convention"] == "True attends":
+                reading = (f"{api}'s boolean {argument} keeps the positions that are True, but "
+                           f"the mask is True on the padding (id {e['fill']})")
+            else:
+                reading = (f"{api}'s {argument} leaves out the positions that are True (or "
+                           f"-inf), but the mask marks the real tokens, not the padding "
+                           f"(id {e['fill']})")
+            yield self.finding(
+                f"{reading}: {e['removed']:.0%} of the keys are left out, exactly the ones that "
+                f"are not padding, in a batch of {e['rows']} rows, so each query attends only "
+                f"to padding and the attention output carries nothing of the sequence",
+                e.loc, step=a.next_step_number(e.seq),
+                evidence={"api": api, "argument": argument, "convention": e["convention"],
+                          "fill": e["fill"], "rows": e["rows"], "removed": e["removed"]})
