@@ -112,7 +112,11 @@ clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_nor
                    spent (the iterable given was a generator, or a filter/map over one, that
                    had already been iterated before this call: True; a collection, a tensor
                    or a fresh generator: False; another one-shot iterator: None)
-grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step)
+grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step),
+                   factors [float|None] (only on one of the first edited steps right after a
+                   sampled backward, when some group has one: per param group, the constant c
+                   such that every sampled edited CPU grad of the group is c times what the
+                   backward left, ``p.grad *= lr``; instrument/editfactor.py)
 scheduler_step     sched, cls, opt (the optimizer it drives), lrs [float|None] (each param group's
                    lr right after the step: what it wrote; None when the step raised),
                    metric ("none": no argument | "integer" | "number": another real number |
@@ -624,8 +628,12 @@ def clip(*, via: str, params: list[int], with_grad: list[int], untracked: int,
                     "total_norm": total_norm, "edited": edited, "spent": spent}
 
 
-def grad_edit(*, opt: int, params: list[int]) -> Made:
-    return "grad_edit", {"opt": opt, "params": params}
+def grad_edit(*, opt: int, params: list[int], factors: list | None = None) -> Made:
+    """``factors`` is only written when some group has one."""
+    data = {"opt": opt, "params": params}
+    if factors:
+        data["factors"] = factors
+    return "grad_edit", data
 
 
 def scheduler_step(*, sched: int, cls: str, opt: int | None, lrs: list | None = None,
