@@ -97,7 +97,11 @@ step               opt, closure (bool: a closure was given and ran a backward; L
                    one to every step), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epoch, see
-                   ``--epoch-batches``; None for a stream without length)
+                   ``--epoch-batches``; None for a stream without length), planned (only on a
+                   loader's first epoch, when the source and the frame's variables tell it: the
+                   count of the loop around the script's loop over the loader, ["epochs", E]
+                   for ``for epoch in range(E)`` or ["steps", N] for ``while step < N``;
+                   instrument/planned.py)
 short_len          loader, real_len, replay_len (the first ``len()`` of a DataLoader that
                    returned the replay's shorter epoch length, per loader; an aside)
 unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), scale
@@ -594,9 +598,13 @@ def step(*, opt: int, closure: bool = False, skipped: bool = False,
                               "without_grad": [] if without_grad is None else without_grad}, thread)
 
 
-def epoch_start(*, loader: int, epoch: int, real_len: int | None, replay_len: int | None) -> Made:
-    return "epoch_start", {"loader": loader, "epoch": epoch, "real_len": real_len,
-                           "replay_len": replay_len}
+def epoch_start(*, loader: int, epoch: int, real_len: int | None, replay_len: int | None,
+                planned: list | None = None) -> Made:
+    """``planned`` is only written when known."""
+    data = {"loader": loader, "epoch": epoch, "real_len": real_len, "replay_len": replay_len}
+    if planned is not None:
+        data["planned"] = planned
+    return "epoch_start", data
 
 
 def short_len(*, loader: int, real_len: int, replay_len: int) -> Made:

@@ -40,6 +40,8 @@ def schedule_args(scheduler) -> dict:
     args: dict = {}
     for name in ARGS:
         value = attrs.get(name)
+        if name == "milestones" and value is None:
+            value = attrs.get("_milestones")  # SequentialLR's: when it hands over to the next
         if name == "milestones" and value is not None:
             try:
                 value = sorted(int(m) for m in value)
