@@ -132,7 +132,8 @@ scheduler_step     sched, cls, opt (the optimizer it drives), lrs [float|None] (
                    and mode ("min" | "max": which way it counts an improvement)
 scheduler_init     sched, cls, opt, args {name: number|list} (the schedule's length and shape as
                    the constructor set them: T_max, total_iters, step_size, milestones,
-                   start_factor, total_steps, T_0, ...; for a ``LambdaLR`` over a
+                   start_factor, total_steps, T_0, ...; OneCycleLR's rise_steps (where its
+                   first phase ends); for a ``LambdaLR`` over a
                    ``functools.partial`` its numeric keywords, such as transformers'
                    num_warmup_steps / num_training_steps), children [sched] (the schedulers a
                    SequentialLR / ChainedScheduler steps itself), base_lrs [float|None],

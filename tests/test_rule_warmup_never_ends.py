@@ -56,7 +56,13 @@ def test_a_linear_warm_up_longer_than_the_run_is_a_warning(tmp_path):
     assert planned[0] == ["epochs", 3]
     assert f.severity is Severity.WARNING and f.location.line == 11
     assert f.evidence["warmup"] == 100 and f.evidence["planned"] == 24
-    assert "24%" in f.message
+    assert "24% of the way" in f.message
+
+
+def test_a_one_cycle_sized_past_the_run(tmp_path):
+    (f,), _ = _check(tmp_path, "torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, "
+                               "total_steps=epochs * len(loader) * 10)")
+    assert f.evidence["warmup"] == 72 and f.evidence["planned"] == 24
 
 
 def test_a_lambda_ramp_is_extrapolated(tmp_path):
@@ -79,6 +85,8 @@ def test_per_epoch_stepping_counts_epochs(tmp_path):
     (LINEAR.format(n=20), 3, "epochs", "scheduler.step()", "pass"),  # ends at step 20 of 24
     (LAMBDA.format(n=20), 3, "epochs", "scheduler.step()", "pass"),
     (LINEAR.format(n=5), 100, "epochs", "pass", "scheduler.step()"),  # 5 of 100 epochs
+    ("torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=epochs * len(loader))",
+     3, "epochs", "scheduler.step()", "pass"),
     (LINEAR.format(n=100), 3, "abs(-epochs)", "scheduler.step()", "pass"),  # no plan read
     ("torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, 1e-3 * 2 ** s))", 3,
      "epochs", "scheduler.step()", "pass"),  # not a straight ramp

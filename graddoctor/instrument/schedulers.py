@@ -53,6 +53,11 @@ def schedule_args(scheduler) -> dict:
         number = plain_number(value)
         if number is not None:
             args[name] = number
+    phases = attrs.get("_schedule_phases")  # OneCycleLR: its rise ends at the first phase's end
+    if type(phases) is list and phases and type(phases[0]) is dict:
+        end = plain_number(phases[0].get("end_step"))
+        if end is not None:
+            args["rise_steps"] = int(end) + 1
     lambdas = attrs.get("lr_lambdas")
     if isinstance(lambdas, list):
         for fn in lambdas[:1]:  # transformers' schedules: functools.partial with their lengths

@@ -18,7 +18,8 @@ class WarmupNeverEnds(Rule):
     Finds a learning-rate warm-up that is still ramping at the last step the script plans to
     take: the warm-up's length, in the steps its scheduler is stepped in, is at least the run's.
     The warm-up's length comes from the scheduler (`LinearLR`'s `total_iters` with
-    `start_factor` below `end_factor`, transformers' `num_warmup_steps`, a `SequentialLR`'s first
+    `start_factor` below `end_factor`, transformers' `num_warmup_steps`, `OneCycleLR`'s rise
+    (`pct_start × total_steps`), a `SequentialLR`'s first
     milestone after a warm-up, or the straight rise of a `LambdaLR` such as
     `min(1, step / warmup)` extrapolated to its peak); the run's length from the loop around the
     script's DataLoader loop (`for epoch in range(epochs)` times the loader's real length for a
@@ -94,9 +95,9 @@ class WarmupNeverEnds(Rule):
     def _finding(self, a, s, length, total, how, described):
         reached = min(1.0, total / length)
         return self.finding(
-            f"this {s.cls}'s warm-up lasts {length:,} steps ({how}), but {described}: the lr "
-            f"is still ramping at the run's last step, where it reaches about {reached:.0%} of "
-            f"its peak, and the model never trains at the lr it was given",
+            f"this {s.cls}'s warm-up lasts {length:,} steps ({how}), but {described}: at the "
+            f"run's last step the lr is still ramping, {reached:.0%} of the way through its "
+            f"warm-up, and the model never trains at the lr it was given",
             s.init.loc, step=1,
             related=tuple(r for r in (related(s.steps[0], "its step(), which counts the warm-up")
                                       if s.steps else None,) if r is not None),
@@ -118,6 +119,10 @@ def _warmup(a, s) -> tuple[int, str, object] | None:
                 and isinstance(n, int) and n > 0:
             return n, "LinearLR's total_iters", s
         return None
+    if s.cls == "OneCycleLR":
+        n = args.get("rise_steps")
+        return (n, "OneCycleLR's rise, pct_start × total_steps", s) if isinstance(n, int) and n > 0 \
+            else None
     if s.cls == "SequentialLR":
         milestones = args.get("milestones") or []
         children = (s.init.get("children") or []) if s.init is not None else []
