@@ -81,5 +81,15 @@ def test_edit_factors_per_group():
     out = factors.factors(1, opt, [0, 1], [0, 1])
     assert out == [pytest.approx(0.1), pytest.approx(0.01)]
     b.grad.add_(1.0)  # not a constant factor any more
-    assert factors.factors(1, opt, [0, 1], [1]) is None
+    assert factors.factors(1, opt, [0, 1], [1]) == [pytest.approx(0.1), None]
+
+
+def test_a_group_scaled_in_part_has_no_factor():
+    a, b = torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4))
+    opt = torch.optim.SGD([a, b], lr=0.1)
+    (a.sum() + (b * b).sum()).backward()
+    factors = EditFactors()
+    factors.observe(1, [0, 1], [a.grad, b.grad])
+    a.grad.mul_(0.1)  # the weight only, not the bias
+    assert factors.factors(1, opt, [0, 1], [0]) is None
     assert factors.factors(2, opt, [0, 1], [0]) is None  # a backward ran since the samples

@@ -56,8 +56,8 @@ class EditFactors:
                         or grad.layout != torch.strided or not grad.is_floating_point():
                     continue
                 samples[pid] = (id(grad), grad.detach().reshape(-1)[:_SAMPLE].to(torch.float64, copy=True))
-        if samples:  # the earlier samples stay for the grads this backward did not write
-            self._samples.update(samples)
+        if samples:  # only this backward's: an older sample may be of a grad cleared since
+            self._samples = samples
             self._at = backward_calls
 
     def factors(self, backward_calls: int, optimizer, owned, edited) -> list | None:
@@ -81,7 +81,9 @@ class EditFactors:
         ratios: dict[int, list[float]] = {}
         params = _params_by_pid(groups, owned)
         with torch.no_grad():
-            for pid in edited:
+            # every sampled grad the optimizer owns, edited or not: a group whose grads were
+            # only partly scaled (an unedited one has ratio 1) has no single factor
+            for pid in [pid for pid in owned if pid in self._samples]:
                 sample = self._samples.get(pid)
                 param = params.get(pid)
                 if sample is None or param is None:
