@@ -97,7 +97,11 @@ step               opt, closure (bool: a closure was given and ran a backward; L
                    one to every step), skipped (bool: GradScaler skipped the update),
                    without_grad [pid] (owned params whose .grad was None)
 epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epoch, see
-                   ``--epoch-batches``; None for a stream without length)
+                   ``--epoch-batches``; None for a stream without length), planned (only on a
+                   loader's first epoch, when the source and the frame's variables tell it: the
+                   count of the loop around the script's loop over the loader, ["epochs", E]
+                   for ``for epoch in range(E)`` or ["steps", N] for ``while step < N``;
+                   instrument/planned.py)
 short_len          loader, real_len, replay_len (the first ``len()`` of a DataLoader that
                    returned the replay's shorter epoch length, per loader; an aside)
 unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), scale
@@ -112,7 +116,11 @@ clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_nor
                    spent (the iterable given was a generator, or a filter/map over one, that
                    had already been iterated before this call: True; a collection, a tensor
                    or a fresh generator: False; another one-shot iterator: None)
-grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step)
+grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step),
+                   factors [float|None] (only on one of the first edited steps right after a
+                   sampled backward, when some group has one: per param group, the constant c
+                   such that every sampled edited CPU grad of the group is c times what the
+                   backward left, ``p.grad *= lr``; instrument/editfactor.py)
 scheduler_step     sched, cls, opt (the optimizer it drives), lrs [float|None] (each param group's
                    lr right after the step: what it wrote; None when the step raised),
                    metric ("none": no argument | "integer" | "number": another real number |
@@ -124,7 +132,8 @@ scheduler_step     sched, cls, opt (the optimizer it drives), lrs [float|None] (
                    and mode ("min" | "max": which way it counts an improvement)
 scheduler_init     sched, cls, opt, args {name: number|list} (the schedule's length and shape as
                    the constructor set them: T_max, total_iters, step_size, milestones,
-                   start_factor, total_steps, T_0, ...; for a ``LambdaLR`` over a
+                   start_factor, total_steps, T_0, ...; OneCycleLR's rise_steps (where its
+                   first phase ends); for a ``LambdaLR`` over a
                    ``functools.partial`` its numeric keywords, such as transformers'
                    num_warmup_steps / num_training_steps), children [sched] (the schedulers a
                    SequentialLR / ChainedScheduler steps itself), base_lrs [float|None],
@@ -609,9 +618,13 @@ def step(*, opt: int, closure: bool = False, skipped: bool = False,
                               "without_grad": [] if without_grad is None else without_grad}, thread)
 
 
-def epoch_start(*, loader: int, epoch: int, real_len: int | None, replay_len: int | None) -> Made:
-    return "epoch_start", {"loader": loader, "epoch": epoch, "real_len": real_len,
-                           "replay_len": replay_len}
+def epoch_start(*, loader: int, epoch: int, real_len: int | None, replay_len: int | None,
+                planned: list | None = None) -> Made:
+    """``planned`` is only written when known."""
+    data = {"loader": loader, "epoch": epoch, "real_len": real_len, "replay_len": replay_len}
+    if planned is not None:
+        data["planned"] = planned
+    return "epoch_start", data
 
 
 def short_len(*, loader: int, real_len: int, replay_len: int) -> Made:
@@ -643,8 +656,12 @@ def clip(*, via: str, params: list[int], with_grad: list[int], untracked: int,
                     "total_norm": total_norm, "edited": edited, "spent": spent}
 
 
-def grad_edit(*, opt: int, params: list[int]) -> Made:
-    return "grad_edit", {"opt": opt, "params": params}
+def grad_edit(*, opt: int, params: list[int], factors: list | None = None) -> Made:
+    """``factors`` is only written when some group has one."""
+    data = {"opt": opt, "params": params}
+    if factors:
+        data["factors"] = factors
+    return "grad_edit", data
 
 
 def scheduler_step(*, sched: int, cls: str, opt: int | None, lrs: list | None = None,

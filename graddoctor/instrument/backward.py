@@ -661,6 +661,12 @@ class BackwardWatcher:
             grads, written_pids = list(compress(grads, kept)), list(compress(written_pids, kept))
         rec.grads.backward_wrote(written_pids if not held else [*fresh, *accumulated, *cleared],
                                  written_pids, list(states_of(grads)))
+        factors = self.optimizers.edit_factors
+        if not factors.done:  # the first backwards: what a hand edit before the step scales
+            try:
+                factors.observe(rec.progress.backward_calls, written_pids, grads)
+            except Exception as exc:
+                rec.internal_error("backward (edit factor samples)", exc)
         return fresh, accumulated, cleared
 
     def _aside(self, ctx: BackwardContext, fresh: list, accumulated: list) -> None:
@@ -894,6 +900,11 @@ class BackwardWatcher:
             self._step_cosine = None
             grads = list(compress(after, written))
             rec.grads.backward_wrote(fresh, fresh, list(states_of(grads)))
+            if not self.optimizers.edit_factors.done:
+                try:
+                    self.optimizers.edit_factors.observe(rec.progress.backward_calls, fresh, grads)
+                except Exception as exc:
+                    rec.internal_error("backward (edit factor samples)", exc)
             with rec.lock:
                 if folder.steady_take(steady, j, "backward", loc, base, changes):
                     return

@@ -44,6 +44,7 @@ the same samples). Nothing is computed once those batches are done, nor without 
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from collections.abc import Mapping
 
@@ -52,6 +53,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .. import events as ev
 from .identities import Identities
+from .planned import planned
 from .recorder import Deferred, Recorder
 from .topics import BATCH_SERVED, BUDGET_HOLD
 
@@ -166,13 +168,35 @@ class DataLoaderWatcher:
                 if watcher.printing and number not in watcher._print_about:
                     watcher._print_about[number] = (watcher._loader_locs.get(loader) or here,
                                                     *_sampler_of(loader))
+                plan = watcher._planned(sys._getframe(1)) if epoch == 0 else None
                 rec.emit(ev.epoch_start(loader=number, epoch=epoch, real_len=real_len,
-                                        replay_len=replay_len), here)
+                                        replay_len=replay_len, planned=plan), here)
             except Exception as exc:
                 rec.internal_error("DataLoader.__iter__", exc)
             return iterator
 
         return __iter__
+
+    def _planned(self, frame):
+        """The count of the loop around the script's loop over a loader (instrument/planned.py),
+        at its first epoch; None when unknown."""
+        try:
+            user = next(self.rec.finder.user_frames(frame), None)
+            return planned(user, self.rec.finder.is_user_file, self._plain_len)
+        except Exception as exc:
+            self.rec.internal_error("DataLoader.__iter__ (planned run)", exc)
+            return None
+
+    def _plain_len(self, value):
+        """A DataLoader's real length, a plain container's len, else None."""
+        if isinstance(value, torch.utils.data.DataLoader):
+            try:
+                return self._original_len(value)
+            except TypeError:
+                return None
+        if type(value) in (list, tuple, dict, range, str):
+            return len(value)
+        return None
 
     def _wrap_next(self, original):
         watcher = self

@@ -28,6 +28,7 @@ from .. import events as ev
 from ..location import same_chain
 from . import fold
 from .divergence import Divergence
+from .editfactor import EditFactors
 from .gradstate import Tensor, grads_of, local, tensors_of, version
 from .recorder import Recorder
 from .topics import (FREEZE_OF, PARAMS_ADDED, STEP_BEGINS, STEP_GRADS, STEP_NORMS, STEPPED,
@@ -463,6 +464,8 @@ class OptimizerWatcher:
         # hook, called from the same frame, has the same caller and so the same location
         self._began: tuple | None = None
         self._backwards_before = 0  # rec.progress.backward_calls when the outermost step began
+        # the backward watcher's samples of the first grads it wrote, read at an edited step
+        self.edit_factors = EditFactors()
         self._stepped = rec.subscribers(STEPPED)
         self._stepped_without_grad = rec.subscribers(STEPPED_WITHOUT_GRAD)
         self._step_grads = rec.subscribers(STEP_GRADS)  # only when a picture is asked for
@@ -768,7 +771,14 @@ class OptimizerWatcher:
             loc = rec.here(3)
             self._began = (wrapper_frame, optimizer, opt, loc)
             if edited and self.closure_step is None:  # L-BFGS-style closures recompute grads themselves
-                rec.emit(ev.grad_edit(opt=opt, params=edited), loc)
+                factors = None
+                if not self.edit_factors.done:  # by what constant, on the first edited steps
+                    try:
+                        factors = self.edit_factors.factors(rec.progress.backward_calls, optimizer,
+                                                            rec.opt_params.get(opt, ()), edited)
+                    except Exception as exc:
+                        rec.internal_error("optimizer step (edit factors)", exc)
+                rec.emit(ev.grad_edit(opt=opt, params=edited, factors=factors), loc)
             event = rec.emit(ev.step_begin(opt=opt, closure=closure, norm_pids=norm_pids,
                                            norms=norms, nonfinite=nonfinite,
                                            frozen=self._frozen_entries(optimizer, frozen) if frozen else None,

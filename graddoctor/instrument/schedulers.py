@@ -40,6 +40,8 @@ def schedule_args(scheduler) -> dict:
     args: dict = {}
     for name in ARGS:
         value = attrs.get(name)
+        if name == "milestones" and value is None:
+            value = attrs.get("_milestones")  # SequentialLR's: when it hands over to the next
         if name == "milestones" and value is not None:
             try:
                 value = sorted(int(m) for m in value)
@@ -51,6 +53,11 @@ def schedule_args(scheduler) -> dict:
         number = plain_number(value)
         if number is not None:
             args[name] = number
+    phases = attrs.get("_schedule_phases")  # OneCycleLR: its rise ends at the first phase's end
+    if type(phases) is list and phases and type(phases[0]) is dict:
+        end = plain_number(phases[0].get("end_step"))
+        if end is not None:
+            args["rise_steps"] = int(end) + 1
     lambdas = attrs.get("lr_lambdas")
     if isinstance(lambdas, list):
         for fn in lambdas[:1]:  # transformers' schedules: functools.partial with their lengths

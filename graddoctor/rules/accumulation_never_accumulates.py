@@ -4,6 +4,7 @@ from dataclasses import replace
 
 from ..findings import Severity
 from .base import Rule, related
+from .lr_applied_twice import loss_factor_is_lr
 from .unscaled_accumulation import SCALE_INVARIANT
 
 MIN_STEPS = 3  # windows seen before "every update" is claimed
@@ -105,6 +106,8 @@ class AccumulationNeverAccumulates(Rule):
                 continue  # gradients rescaled by hand before some step
             if any(e.get("world") == k for e in a.of_kind("grad_allreduce")):
                 continue  # data parallelism by hand: the loss / world size averages the summed grads
+            if loss_factor_is_lr(a, opt, windows):
+                continue  # (loss * lr).backward(): the lr applied twice, lr-applied-twice's
             if any(d.later_step is not None and d.later_step["opt"] == opt for d in a.ledger.discards):
                 continue  # the other micro-batches were discarded: misplaced-zero-grad's finding
             yield self._finding(a, opt, windows, factor, k)

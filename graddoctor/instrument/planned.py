@@ -1,0 +1,171 @@
+"""How long the script plans to train: the count of the loop around a DataLoader's loop, read
+when the loader's first epoch begins.
+
+At a loader's first ``__iter__`` from the script's ``for batch in loader:`` line, the source of
+that function gives the loop around it: ``for epoch in range(E)`` (the count of ``range``:
+``range(a, b)`` is ``b - a``) or ``while step < N`` (``N``, a count of the steps the body
+counts); when the loader's loop is the outermost loop of a function (``train_one_epoch``), the
+loop around that function's call in its caller. The count's expression is evaluated on the
+frames' variables by a small evaluator that runs no code of the script: numbers, names,
+attributes held in an object's own ``__dict__`` (``args.epochs``), a dict's or list's items
+(``cfg["epochs"]``), arithmetic, and ``len``/``int``/``min``/``max``/``round``/``math.ceil``
+of those (``len(loader)`` of a DataLoader is its real length, not the replay's).
+
+The result is ``epoch_start``'s ``planned`` on the loader's first epoch: ``["epochs", E]`` or
+``["steps", N]``; absent when the source does not show such a loop or its count cannot be read.
+Once per loader.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import math
+import operator
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv}
+_MAX = 10 ** 9  # a count past this is no plan (a sentinel: 10**18, inf)
+_TREES: dict[str, ast.AST | None] = {}
+
+
+def _tree(filename: str):
+    if filename not in _TREES:
+        try:
+            text = "".join(linecache.getlines(filename))
+            _TREES[filename] = ast.parse(text) if text else None
+        except (SyntaxError, ValueError):
+            _TREES[filename] = None
+    return _TREES[filename]
+
+
+def _loops_around(tree, line: int) -> list:
+    """The loops around ``line`` in the innermost function holding it, outermost first."""
+    loops: list = []
+    node = tree
+    while True:
+        inner = None
+        for child in ast.iter_child_nodes(node):
+            start = getattr(child, "lineno", None)
+            if start is not None and start <= line <= (getattr(child, "end_lineno", None) or start):
+                inner = child
+                break
+        if inner is None:
+            return loops
+        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            loops = []
+        elif isinstance(inner, (ast.For, ast.While)):
+            loops.append(inner)
+        node = inner
+
+
+def _header(loop, line: int) -> bool:
+    """``line`` is in the loop's header (``for batch in loader:``), not its body."""
+    return loop.lineno <= line < (loop.body[0].lineno if loop.body else loop.lineno + 1)
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _evaluate(node, frame, real_len):
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.Name):
+        for scope in (frame.f_locals, frame.f_globals):
+            if node.id in scope:
+                return scope[node.id]
+        raise _Unknown
+    if isinstance(node, ast.Attribute):
+        owner = _evaluate(node.value, frame, real_len)
+        held = getattr(owner, "__dict__", None)
+        if type(held) is dict and node.attr in held:  # no property, no __getattr__ runs
+            return held[node.attr]
+        raise _Unknown
+    if isinstance(node, ast.Subscript):
+        owner = _evaluate(node.value, frame, real_len)
+        key = _evaluate(node.slice, frame, real_len) if not isinstance(node.slice, ast.Constant) \
+            else node.slice.value
+        if type(owner) is dict and type(key) in (str, int) and key in owner:
+            return owner[key]
+        if type(owner) in (list, tuple) and type(key) is int and -len(owner) <= key < len(owner):
+            return owner[key]
+        raise _Unknown
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _number(node.left, frame, real_len), _number(node.right, frame, real_len)
+        if type(node.op) in (ast.FloorDiv, ast.Div) and right == 0:
+            raise _Unknown
+        return _OPS[type(node.op)](left, right)
+    if isinstance(node, ast.Call) and not node.keywords and len(node.args) >= 1:
+        name = node.func.id if isinstance(node.func, ast.Name) else \
+            node.func.attr if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+            and node.func.value.id == "math" else None
+        if name == "len" and len(node.args) == 1:
+            value = _evaluate(node.args[0], frame, real_len)
+            n = real_len(value)
+            if n is None:
+                raise _Unknown
+            return n
+        values = [_number(arg, frame, real_len) for arg in node.args]
+        if name == "int" and len(values) == 1:
+            return int(values[0])
+        if name == "round" and len(values) == 1:
+            return round(values[0])
+        if name in ("ceil", "floor") and len(values) == 1:
+            return (math.ceil if name == "ceil" else math.floor)(values[0])
+        if name in ("min", "max") and len(values) >= 2:
+            return (min if name == "min" else max)(values)
+    raise _Unknown
+
+
+def _number(node, frame, real_len):
+    value = _evaluate(node, frame, real_len)
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise _Unknown
+    return value
+
+
+def _count(loop, frame, real_len):
+    """``["epochs", E]`` or ``["steps", N]`` for the loop, or None."""
+    try:
+        if isinstance(loop, ast.For):
+            it = loop.iter
+            if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" \
+                    and 1 <= len(it.args) <= 2 and not it.keywords:
+                values = [_number(arg, frame, real_len) for arg in it.args]
+                if not all(type(v) is int for v in values):
+                    return None
+                n = values[0] if len(values) == 1 else values[1] - values[0]
+                return ["epochs", n] if 0 < n <= _MAX else None
+            return None
+        test = loop.test
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and \
+                isinstance(test.ops[0], (ast.Lt, ast.LtE)):
+            n = _number(test.comparators[0], frame, real_len)
+            n = int(n) + (1 if isinstance(test.ops[0], ast.LtE) else 0)
+            return ["steps", n] if 0 < n <= _MAX else None
+    except _Unknown:
+        return None
+    except Exception:  # an odd value (a type that refuses arithmetic): no plan
+        return None
+    return None
+
+
+def planned(frame, is_user_file, real_len):
+    """The plan around the loader loop running in ``frame`` (the script's frame that called
+    ``iter(loader)``); ``real_len(obj)``: a DataLoader's real length, ``len`` of a plain
+    container, else None."""
+    if frame is None or not is_user_file(frame.f_code.co_filename):
+        return None
+    tree = _tree(frame.f_code.co_filename)
+    loops = _loops_around(tree, frame.f_lineno) if tree is not None else []
+    if not loops or not _header(loops[-1], frame.f_lineno):
+        return None  # not a `for ... in loader:` line (next(iter(loader)), a comprehension)
+    if len(loops) >= 2:
+        return _count(loops[-2], frame, real_len)
+    caller = frame.f_back  # the loader's loop is its function's outermost: train_one_epoch()
+    if caller is None or not is_user_file(caller.f_code.co_filename):
+        return None
+    tree = _tree(caller.f_code.co_filename)
+    loops = _loops_around(tree, caller.f_lineno) if tree is not None else []
+    return _count(loops[-1], caller, real_len) if loops else None

@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+import math
+
+from ..findings import Severity
+from ..analysis.lr import cadence, training_loader
+from ..analysis.windows import typical
+from .base import Rule, related
+
+PER_UPDATE = (0.9, 1.1)  # scheduler steps per optimizer step of a schedule stepped per batch
+MIN_POINTS = 3  # recorded lrs of a LambdaLR whose linear rise is extrapolated
+LINEAR = 1e-3  # relative spread of the rise per step that still makes a straight ramp
+
+
+class WarmupNeverEnds(Rule):
+    """
+    ## What it does
+    Finds a learning-rate warm-up that is still ramping at the last step the script plans to
+    take: the warm-up's length, in the steps its scheduler is stepped in, is at least the run's.
+    The warm-up's length comes from the scheduler (`LinearLR`'s `total_iters` with
+    `start_factor` below `end_factor`, transformers' `num_warmup_steps`, `OneCycleLR`'s rise
+    (`pct_start × total_steps`), a `SequentialLR`'s first
+    milestone after a warm-up, or the straight rise of a `LambdaLR` such as
+    `min(1, step / warmup)` extrapolated to its peak); the run's length from the loop around the
+    script's DataLoader loop (`for epoch in range(epochs)` times the loader's real length for a
+    scheduler stepped per batch, `epochs` for one stepped per epoch, `while step < max_steps`), or
+    transformers' own `num_training_steps`.
+
+    ## Why is this bad?
+    The warm-up was meant as the first few percent of training. Sized in the wrong unit
+    (`epochs * len(loader)` steps per epoch, a batch count used as an epoch count) or from the
+    wrong total, it spans the whole run: the model trains at a fraction of its learning rate
+    and never at the peak, and with a linear decay after it (transformers' schedules) the decay
+    never starts. Nothing fails; the run is just much worse.
+
+    ## Example
+    ```python
+    total_steps = epochs * len(loader)
+    warmup_steps = int(0.1 * total_steps) * len(loader)   # a batch count times len(loader) again
+    scheduler = LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps))
+    for epoch in range(epochs):
+        for x, y in loader:
+            ...
+            scheduler.step()
+    ```
+
+    ## Use instead
+    ```python
+    warmup_steps = int(0.1 * total_steps)
+    ```
+
+    ## Stays silent on
+    A warm-up that ends within the planned run (however long); a run whose length graddoctor
+    cannot read (a loop over something else than `range`, a count it cannot evaluate without
+    running the script's code); a schedule stepped per micro-batch (`scheduler-per-micro-batch`)
+    or twice per step; a `LambdaLR` whose rise is not a straight line (an exponential warm-up,
+    a cycle) or that already held.
+    """
+
+    code = "GD139"
+    slug = "warmup-never-ends"
+    severity = Severity.WARNING
+    summary = ("a learning-rate warm-up lasts as long as the planned run or longer: the lr is "
+               "still ramping at the last step")
+    fix = ("size the warm-up as a part of the run in the unit the scheduler is stepped in "
+           "(`warmup_steps = int(0.05 * epochs * len(loader))` for a scheduler stepped per batch)")
+
+    def check(self, a):
+        lines: dict = {}
+        for s in a.schedulers.values():
+            if s.init is not None and s.init.loc is not None:
+                key = (s.init.loc.path, s.init.loc.line)
+                lines[key] = lines.get(key, 0) + 1
+        for s in a.schedulers.values():
+            if s.parent is not None or s.init is None or s.init.loc is None or s.opt is None:
+                continue  # a SequentialLR's child is judged through it
+            if lines[(s.init.loc.path, s.init.loc.line)] > 1:
+                continue  # rebuilt in the loop: each lives a part of the run (scheduler-recreated)
+            found = _warmup(a, s)
+            if found is None:
+                continue
+            length, how, child = found
+            total = s.args.get("num_training_steps")
+            if isinstance(total, int) and 0 < total <= length:
+                yield self._finding(a, s, length, total, how,
+                                    f"the schedule's own num_training_steps is {total:,}")
+                continue
+            plan = _planned(a, s)
+            if plan is None:
+                continue
+            steps, described = plan
+            if length >= steps:
+                yield self._finding(a, s, length, steps, how, described)
+
+    def _finding(self, a, s, length, total, how, described):
+        reached = min(1.0, total / length)
+        return self.finding(
+            f"this {s.cls}'s warm-up lasts {length:,} steps ({how}), but {described}: at the "
+            f"run's last step the lr is still ramping, {reached:.0%} of the way through its "
+            f"warm-up, and the model never trains at the lr it was given",
+            s.init.loc, step=1,
+            related=tuple(r for r in (related(s.steps[0], "its step(), which counts the warm-up")
+                                      if s.steps else None,) if r is not None),
+            evidence={"scheduler": s.cls, "warmup": length, "planned": total, "how": how,
+                      "planned_from": described})
+
+
+def _warmup(a, s) -> tuple[int, str, object] | None:
+    """``(length, how it was read, the warm-up schedule)`` in the scheduler's own steps, or None
+    when it has no warm-up graddoctor can read."""
+    args = s.args
+    if s.cls == "LambdaLR" and isinstance(args.get("num_warmup_steps"), int):
+        n = args["num_warmup_steps"]
+        return (n, "num_warmup_steps", s) if n > 0 else None
+    if s.cls == "LinearLR":
+        start, end = args.get("start_factor", 1 / 3), args.get("end_factor", 1.0)
+        n = args.get("total_iters", 5)
+        if isinstance(start, (int, float)) and isinstance(end, (int, float)) and start < end \
+                and isinstance(n, int) and n > 0:
+            return n, "LinearLR's total_iters", s
+        return None
+    if s.cls == "OneCycleLR":
+        n = args.get("rise_steps")
+        return (n, "OneCycleLR's rise, pct_start × total_steps", s) if isinstance(n, int) and n > 0 \
+            else None
+    if s.cls == "SequentialLR":
+        milestones = args.get("milestones") or []
+        children = (s.init.get("children") or []) if s.init is not None else []
+        first = a.schedulers.get(children[0]) if children else None
+        if not milestones or not isinstance(milestones[0], int) or first is None:
+            return None
+        inner = _warmup(a, first) if first.cls in ("LinearLR",) or \
+            "num_warmup_steps" in first.args else None
+        if inner is None:
+            return None
+        return min(inner[0], milestones[0]), "its warm-up up to the first milestone", first
+    if s.cls == "LambdaLR":
+        return _lambda_ramp(a, s)
+    return None
+
+
+def _lambda_ramp(a, s) -> tuple[int, str, object] | None:
+    """A LambdaLR's factor rising in a straight line at every recorded step and still below 1 at
+    the last: the step at which it reaches 1 (``min(1, step / warmup)``)."""
+    base = (s.init.get("base_lrs") or [None])[0]
+    if not isinstance(base, (int, float)) or base <= 0:
+        return None
+    points = [(p.step, p.lr / base) for p in a.lr_timeline.get(s.opt, {}).get(0, ())
+              if p.writer.sched == s.sched and p.step is not None and isinstance(p.lr, (int, float))]
+    if len(points) < MIN_POINTS:
+        return None
+    (n0, f0), (n1, f1) = points[0], points[-1]
+    if not 0 <= f0 < f1 < 1 or n1 <= n0:
+        return None
+    slope = (f1 - f0) / (n1 - n0)
+    for n, f in points[1:-1]:
+        if abs(f - (f0 + slope * (n - n0))) > LINEAR * f1:
+            return None  # not a straight ramp
+    return math.ceil(n1 + (1 - f1) / slope), "its lr_lambda's straight rise, extrapolated to 1", s
+
+
+def _planned(a, s) -> tuple[int, str] | None:
+    """``(the run's length in the scheduler's steps, how it was read)`` or None."""
+    loader, real_len, _replay = training_loader(a)
+    if loader is None:
+        return None
+    start = next((e for e in a.by_kind.get("epoch_start", ()) if e.get("loader") == loader
+                  and e.get("planned")), None)
+    if start is None:
+        return None
+    unit, count = start["planned"]
+    c = cadence(a, s)
+    if c is None or c.updates < 3:
+        return None
+    per_update = PER_UPDATE[0] <= c.per_update <= PER_UPDATE[1] and c.most_between <= 1
+    windows = a.windows.get(s.opt, [])
+    k = typical([w.k for w in windows]) or 1
+    if per_update and unit == "epochs" and real_len:
+        steps = count * max(1, real_len // k)
+        per = max(1, real_len // k)
+        return steps, (f"the run plans {steps:,} steps ({count} epochs × {per} updates"
+                       f"{f' of {k} accumulated batches' if k > 1 else ''})")
+    if per_update and unit == "steps" and k == 1:
+        return count, f"the run's loop plans {count:,} steps"
+    if unit == "epochs" and c.epoch_most == 1 and c.epochs_seen >= 2 and c.per_update < 0.5:
+        return count, f"the run plans {count:,} epochs (the scheduler steps once per epoch)"
+    return None
