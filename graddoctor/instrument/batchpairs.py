@@ -396,18 +396,25 @@ class BatchPairWatcher:
             self._unmixed(mixed[0], targets)
         if not inputs:
             return
+        prints = []
         for fn, target in targets:
             if target.device.type != "cpu" or target.requires_grad:
                 continue
             with torch.no_grad():
                 whole = _whole_print(target)
-            if whole is None:
-                continue
+            if whole is not None:
+                prints.append((fn, whole))
+        for fn, whole in prints:
             ours = [(entry, order, loc) for entry, order, *_, loc in inputs]
             if any(whole in entry.wholes for entry, _, _ in ours):
                 permuted = next(((e, loc) for e, order, loc in ours
                                  if order == "permuted" and whole in e.wholes), None)
-                if permuted is not None and not reordered and "permuted" not in self._told:
+                # the same labels in another order are a target too (a mixup whose lam drew
+                # ~0, so its inputs are the permuted rows to float precision): followed
+                relabelled = any(other[0] == whole[0] and other[2] == whole[2] and other[1] != whole[1]
+                                 for _, other in prints)
+                if (permuted is not None and not reordered and not relabelled
+                        and "permuted" not in self._told):
                     entry, loc = permuted
                     field = next(n for b, n in self._wholes[whole] if b is entry)
                     self._tell("permuted", fn, entry, entry, field, loc)
