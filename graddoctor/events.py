@@ -288,7 +288,13 @@ param_reset        via ("torch.nn.init.<initialiser>" | "load_state_dict"), para
                    owned parameters it set back, after the first optimizer step), state (for
                    load_state_dict: [the state's number, 0, 1, ... in order of first load: the
                    same number for the very same tensors, [each value's version]]: the same
-                   unchanged state when equal; else None): an aside at the user's call
+                   unchanged state when equal; else None), values (for the first loads
+                   (``resets.FINGERPRINTS``): a float fingerprint of the state's values, a
+                   strided sample of its first floating tensors, which tells a state edited
+                   through ``.data`` (no version change) from an unchanged one; else None),
+                   kept (for load_state_dict: whether the module's ``state_dict()``, or a
+                   holder's, was called since its previous load: what it learnt was saved;
+                   else None): an aside at the user's call
 reseed             fn (torch.manual_seed | torch.random.manual_seed | torch.cuda.manual_seed[_all] |
                    random.seed | numpy.random.seed), seed (int|None: the value given, None when not
                    a plain int), caller ([path, line, function] of the line that called the user's
@@ -738,8 +744,10 @@ def functional_grad(*, api: str, create_graph: bool | None = None) -> Made:
     return "functional_grad", {"api": api, "create_graph": create_graph}
 
 
-def param_reset(*, via: str, params: list[int], state: list | None = None) -> Made:
-    return "param_reset", {"via": via, "params": params, "state": state}
+def param_reset(*, via: str, params: list[int], state: list | None = None,
+                values: float | None = None, kept: bool | None = None) -> Made:
+    return "param_reset", {"via": via, "params": params, "state": state, "values": values,
+                           "kept": kept}
 
 
 def reseed(*, fn: str, seed: int | None, caller: list | None = None) -> Made:

@@ -39,8 +39,8 @@ from .stopgrad import TargetGradWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
-from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STEP_BEGINS,
-                     STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
+from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STATE_TAKEN,
+                     STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
 from .symmetry import SymmetryWatcher
 from .undo import StepEditWatcher
@@ -129,12 +129,14 @@ class Instrumentation:
         # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # stepped parameters set back by nn.init or load_state_dict (params-reset-every-step)
-        self.watchers.append(ParamResetWatcher(rec, self.optimizers.owned_pids()))
+        resets = ParamResetWatcher(rec, self.optimizers.owned_pids())
+        self.watchers.append(resets)
         # state dicts that are no copies, restored or saved after a step (snapshot-aliases-params):
         # Module.state_dict and torch.save are its own; load_state_dict tells it (the reset
         # watcher's wrapper)
         snapshots = SnapshotWatcher(rec)
         rec.subscribe(STATE_LOADED, snapshots.loading)
+        rec.subscribe(STATE_TAKEN, resets.taken)  # a trained state saved before a reload
         self.watchers.append(snapshots)
         # RNN / attention modules built with batch_first=False given batch-first input
         self.watchers.append(BatchFirstWatcher(rec, self.dataloader))
