@@ -174,6 +174,15 @@ advantage_grad     params [pid] (optimizer-owned parameters the weight reaches a
                    ``torch.distributions`` log_prob holds a product of a log-probability and a
                    weight that carries gradient (an advantage not detached), once per backward
                    line (loc: the backward; an aside; instrument/policygrad.py)
+gan_same_target    critic, generator (the two modules' classes), critic_params, generator_params
+                   [pid] (their parameters, at most 32 each), cosine (of the two gradients),
+                   offset (the intercept of a line fitted through them over G's gradient's
+                   size; None when D's gradient is one constant), samples (values compared), critic_step ([path, line] of D's call in its own
+                   step, or None) — at the first 8 backwards, a module D evaluated on another
+                   module G's output both detached (D's step) and with the gradient flowing into
+                   G (G's step) got two gradients on its output for the same samples that point
+                   the same way: G is trained toward D's target for its samples (loc: G's step's
+                   call of D; an aside; instrument/adversarial.py)
 output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activation (sigmoid |
                    tanh | softmax | relu | softplus | exp: what made the prediction), low, high
                    (its range; high None: unbounded), outside (the share of the targets outside
@@ -719,6 +728,15 @@ def self_match(*, size: int, on_diagonal: float) -> Made:
     return "self_match", {"size": size, "on_diagonal": on_diagonal}
 
 
+def gan_same_target(*, critic: str, generator: str, critic_params: list[int],
+                    generator_params: list[int], cosine: float, offset: float | None,
+                    samples: int, critic_step: list | None) -> Made:
+    return "gan_same_target", {"critic": critic, "generator": generator,
+                               "critic_params": critic_params, "generator_params": generator_params,
+                               "cosine": cosine, "offset": offset, "samples": samples,
+                               "critic_step": critic_step}
+
+
 def advantage_grad(*, params: list[int]) -> Made:
     return "advantage_grad", {"params": params}
 
@@ -959,7 +977,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "self_match": self_match,
+    "output_range": output_range, "advantage_grad": advantage_grad,
+    "gan_same_target": gan_same_target, "self_match": self_match,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -982,7 +1001,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit",
+                         "output_range", "target_grad", "loss_unbounded", "advantage_grad", "gan_same_target", "step_edit",
                          "self_match", "batch_pairing", "last_step_padded"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

@@ -30,6 +30,7 @@ from .naming import ParamNamer
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
+from .adversarial import AdversarialWatcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .resets import ParamResetWatcher
@@ -81,6 +82,11 @@ class Instrumentation:
         advantages = AdvantageGradWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, advantages.describe_loss)
         self.watchers.append(advantages)
+        # a generator trained toward the discriminator's target for its samples (first backwards)
+        adversarial = AdversarialWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, adversarial.describe_loss)
+        rec.subscribe(STEPPED, adversarial.after_step)
+        self.watchers.append(adversarial)
         # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
