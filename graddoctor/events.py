@@ -183,6 +183,11 @@ gan_same_target    critic, generator (the two modules' classes), critic_params, 
                    G (G's step) got two gradients on its output for the same samples that point
                    the same way: G is trained toward D's target for its samples (loc: G's step's
                    call of D; an aside; instrument/adversarial.py)
+entropy_sign       term ("entropy": a ``torch.distributions`` entropy() minimised in a loss that
+                   also holds a score-function log_prob | "log_prob": a distribution's
+                   log_prob of its own rsample maximised), dist (its class) — the entropy
+                   bonus with the wrong sign, at the first 3 backwards of a line (loc: the
+                   call that made the term; an aside; instrument/entropysign.py)
 output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activation (sigmoid |
                    tanh | softmax | relu | softplus | exp: what made the prediction), low, high
                    (its range; high None: unbounded), outside (the share of the targets outside
@@ -737,6 +742,10 @@ def gan_same_target(*, critic: str, generator: str, critic_params: list[int],
                                "critic_step": critic_step}
 
 
+def entropy_sign(*, term: str, dist: str) -> Made:
+    return "entropy_sign", {"term": term, "dist": dist}
+
+
 def advantage_grad(*, params: list[int]) -> Made:
     return "advantage_grad", {"params": params}
 
@@ -978,7 +987,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
-    "gan_same_target": gan_same_target, "self_match": self_match,
+    "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -1001,7 +1010,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "loss_unbounded", "advantage_grad", "gan_same_target", "step_edit",
+                         "output_range", "target_grad", "loss_unbounded", "advantage_grad",
+                         "gan_same_target", "entropy_sign", "step_edit",
                          "self_match", "batch_pairing", "last_step_padded"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

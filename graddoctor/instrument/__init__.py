@@ -31,6 +31,7 @@ from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
 from .adversarial import AdversarialWatcher
+from .entropysign import EntropySignWatcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .resets import ParamResetWatcher
@@ -87,6 +88,10 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, adversarial.describe_loss)
         rec.subscribe(STEPPED, adversarial.after_step)
         self.watchers.append(adversarial)
+        # an entropy bonus with the wrong sign (entropy-minimised)
+        entropies = EntropySignWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, entropies.describe_loss)
+        self.watchers.append(entropies)
         # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)

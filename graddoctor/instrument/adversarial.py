@@ -49,6 +49,15 @@ _MAX_PIDS = 32
 _register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
 
 
+def _ptr(tensor) -> int | None:
+    """Where a tensor's values start; None for one without storage (a functorch transform's
+    wrapper, a fake or meta tensor) or with no elements."""
+    try:
+        return tensor.data_ptr() or None
+    except Exception:
+        return None
+
+
 def _first_tensor(output):
     if isinstance(output, torch.Tensor):
         return output
@@ -158,17 +167,19 @@ class AdversarialWatcher:
         for t in args:
             if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
                 continue
-            made = self._outputs.get(t.data_ptr())
+            ptr = _ptr(t)
+            made = self._outputs.get(ptr) if ptr is not None else None
             if made is None:
                 continue
             sample, producer = made[0](), made[1]()
             if sample is None or producer is None or producer is module \
-                    or sample.shape != t.shape or sample.data_ptr() != t.data_ptr():
+                    or sample.shape != t.shape or _ptr(sample) != ptr:
                 continue
             self._watch(module, producer, sample, out, "through" if t.requires_grad else "detached")
             break
-        if len(self._outputs) < _OUTPUTS:
-            self._outputs[out.data_ptr()] = (weakref.ref(out), weakref.ref(module))
+        ptr = _ptr(out)
+        if ptr is not None and len(self._outputs) < _OUTPUTS:
+            self._outputs[ptr] = (weakref.ref(out), weakref.ref(module))
 
     def _watch(self, module, producer, sample, out, how: str) -> None:
         key = (id(module), id(sample))

@@ -52,7 +52,10 @@ def _memory(values) -> tuple | None:
     has no storage to tell it by (meta, empty)."""
     keys = []
     for v in values:
-        ptr = v.data_ptr() if not v.is_meta else 0
+        try:
+            ptr = v.data_ptr() if not v.is_meta else 0
+        except Exception:  # no storage (a functorch wrapper, a fake tensor)
+            return None
         if not ptr:
             return None
         keys.append((str(v.device), ptr, tuple(v.shape), tuple(v.stride()), str(v.dtype)))
@@ -157,7 +160,10 @@ class ParamResetWatcher:
         if self._printed >= FINGERPRINTS:
             return None
         self._printed += 1
-        return fingerprint(state_dict)
+        try:
+            return fingerprint(state_dict)
+        except Exception:  # tensors without readable values (fake, functorch): no fingerprint
+            return None
 
     def _wrap_init(self, original, name: str):
         watcher, rec = self, self.rec
