@@ -183,6 +183,20 @@ advantage_grad     params [pid] (optimizer-owned parameters the weight reaches a
                    ``torch.distributions`` log_prob holds a product of a log-probability and a
                    weight that carries gradient (an advantage not detached), once per backward
                    line (loc: the backward; an aside; instrument/policygrad.py)
+gan_same_target    critic, generator (the two modules' classes), critic_params, generator_params
+                   [pid] (their parameters, at most 32 each), cosine (of the two gradients),
+                   offset (the intercept of a line fitted through them over G's gradient's
+                   size; None when D's gradient is one constant), samples (values compared), critic_step ([path, line] of D's call in its own
+                   step, or None) — at the first 8 backwards, a module D evaluated on another
+                   module G's output both detached (D's step) and with the gradient flowing into
+                   G (G's step) got two gradients on its output for the same samples that point
+                   the same way: G is trained toward D's target for its samples (loc: G's step's
+                   call of D; an aside; instrument/adversarial.py)
+entropy_sign       term ("entropy": a ``torch.distributions`` entropy() minimised in a loss that
+                   also holds a score-function log_prob | "log_prob": a distribution's
+                   log_prob of its own rsample maximised), dist (its class) — the entropy
+                   bonus with the wrong sign, at the first 3 backwards of a line (loc: the
+                   call that made the term; an aside; instrument/entropysign.py)
 output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activation (sigmoid |
                    tanh | softmax | relu | softplus | exp: what made the prediction), low, high
                    (its range; high None: unbounded), outside (the share of the targets outside
@@ -297,7 +311,13 @@ param_reset        via ("torch.nn.init.<initialiser>" | "load_state_dict"), para
                    owned parameters it set back, after the first optimizer step), state (for
                    load_state_dict: [the state's number, 0, 1, ... in order of first load: the
                    same number for the very same tensors, [each value's version]]: the same
-                   unchanged state when equal; else None): an aside at the user's call
+                   unchanged state when equal; else None), values (for the first loads
+                   (``resets.FINGERPRINTS``): a float fingerprint of the state's values, a
+                   strided sample of its first floating tensors, which tells a state edited
+                   through ``.data`` (no version change) from an unchanged one; else None),
+                   kept (for load_state_dict: whether the module's ``state_dict()``, or a
+                   holder's, was called since its previous load: what it learnt was saved;
+                   else None): an aside at the user's call
 reseed             fn (torch.manual_seed | torch.random.manual_seed | torch.cuda.manual_seed[_all] |
                    random.seed | numpy.random.seed), seed (int|None: the value given, None when not
                    a plain int), caller ([path, line, function] of the line that called the user's
@@ -749,6 +769,19 @@ def self_match(*, size: int, on_diagonal: float) -> Made:
     return "self_match", {"size": size, "on_diagonal": on_diagonal}
 
 
+def gan_same_target(*, critic: str, generator: str, critic_params: list[int],
+                    generator_params: list[int], cosine: float, offset: float | None,
+                    samples: int, critic_step: list | None) -> Made:
+    return "gan_same_target", {"critic": critic, "generator": generator,
+                               "critic_params": critic_params, "generator_params": generator_params,
+                               "cosine": cosine, "offset": offset, "samples": samples,
+                               "critic_step": critic_step}
+
+
+def entropy_sign(*, term: str, dist: str) -> Made:
+    return "entropy_sign", {"term": term, "dist": dist}
+
+
 def advantage_grad(*, params: list[int]) -> Made:
     return "advantage_grad", {"params": params}
 
@@ -774,8 +807,10 @@ def functional_grad(*, api: str, create_graph: bool | None = None) -> Made:
     return "functional_grad", {"api": api, "create_graph": create_graph}
 
 
-def param_reset(*, via: str, params: list[int], state: list | None = None) -> Made:
-    return "param_reset", {"via": via, "params": params, "state": state}
+def param_reset(*, via: str, params: list[int], state: list | None = None,
+                values: float | None = None, kept: bool | None = None) -> Made:
+    return "param_reset", {"via": via, "params": params, "state": state, "values": values,
+                           "kept": kept}
 
 
 def reseed(*, fn: str, seed: int | None, caller: list | None = None) -> Made:
@@ -1003,7 +1038,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "self_match": self_match,
+    "output_range": output_range, "advantage_grad": advantage_grad,
+    "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -1027,7 +1063,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "loss_unbounded", "advantage_grad", "step_edit",
+                         "output_range", "target_grad", "loss_unbounded", "advantage_grad",
+                         "gan_same_target", "entropy_sign", "step_edit",
                          "self_match", "batch_pairing", "last_step_padded",
                          "attention_mask", "label_smoothing",
                          "mixup_unmixed"})

@@ -61,6 +61,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "modes/bad_batchnorm_keras_momentum.py",  # norm_arguments
             "numerics/bad_updates_diverge_summed_loss.py",  # diverging
             "losses/bad_output_range_sigmoid_prices.py",  # output_range
+            "losses/bad_generator_helps_wgan_sign.py",  # gan_same_target
+            "losses/bad_entropy_minimised_ppo.py",  # entropy_sign
             "losses/bad_target_not_detached_dqn.py",  # target_grad
             "losses/bad_loss_unbounded_kl_sign.py",  # loss_unbounded
             "losses/bad_advantage_not_detached_a2c.py",  # advantage_grad

@@ -31,6 +31,8 @@ from .naming import ParamNamer
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
+from .adversarial import AdversarialWatcher
+from .entropysign import EntropySignWatcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .resets import ParamResetWatcher
@@ -40,8 +42,8 @@ from .stopgrad import TargetGradWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
-from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STEP_BEGINS,
-                     STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
+from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STATE_TAKEN,
+                     STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
 from .symmetry import SymmetryWatcher
 from .undo import StepEditWatcher
@@ -86,6 +88,15 @@ class Instrumentation:
         advantages = AdvantageGradWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, advantages.describe_loss)
         self.watchers.append(advantages)
+        # a generator trained toward the discriminator's target for its samples (first backwards)
+        adversarial = AdversarialWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, adversarial.describe_loss)
+        rec.subscribe(STEPPED, adversarial.after_step)
+        self.watchers.append(adversarial)
+        # an entropy bonus with the wrong sign (entropy-minimised)
+        entropies = EntropySignWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, entropies.describe_loss)
+        self.watchers.append(entropies)
         # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
@@ -134,12 +145,14 @@ class Instrumentation:
         # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # stepped parameters set back by nn.init or load_state_dict (params-reset-every-step)
-        self.watchers.append(ParamResetWatcher(rec, self.optimizers.owned_pids()))
+        resets = ParamResetWatcher(rec, self.optimizers.owned_pids())
+        self.watchers.append(resets)
         # state dicts that are no copies, restored or saved after a step (snapshot-aliases-params):
         # Module.state_dict and torch.save are its own; load_state_dict tells it (the reset
         # watcher's wrapper)
         snapshots = SnapshotWatcher(rec)
         rec.subscribe(STATE_LOADED, snapshots.loading)
+        rec.subscribe(STATE_TAKEN, resets.taken)  # a trained state saved before a reload
         self.watchers.append(snapshots)
         # RNN / attention modules built with batch_first=False given batch-first input
         self.watchers.append(BatchFirstWatcher(rec, self.dataloader))

@@ -12,8 +12,17 @@ every update since). The rule
 The wrapper of ``load_state_dict`` is the method's only one: watchers that want to see a state
 about to be loaded subscribe to ``STATE_LOADED`` (the snapshot watcher, instrument/snapshots.py).
 
+Each of the first ``FINGERPRINTS`` loads into optimizer-owned parameters also carries a
+fingerprint of the state's values (a strided sample of its first floating tensors): a state
+edited through ``.data`` between two loads keeps its versions but not its values (Reptile's
+meta-weights), and the rules must not take it for the same, unchanged state. And each says
+whether the module's ``state_dict()`` (or a holder's) was called since its previous load
+(``STATE_TAKEN``): the values trained in between were saved, not lost (federated averaging's
+clients).
+
 Cost: before the first optimizer step (model construction: every layer's ``reset_parameters``)
-one comparison per call; after it, a pid lookup per tensor touched.
+one comparison per call; after it, a pid lookup per tensor touched; the first loads of a state
+into stepped parameters, one small reduction each.
 """
 
 from __future__ import annotations
@@ -29,10 +38,51 @@ from .stateload import loaded_into_itself, nothing_loaded
 from .topics import STATE_LOADED
 
 MAX_STATES = 64  # distinct loaded states told apart; later ones are not compared
+FINGERPRINTS = 32  # loads whose state's values get a fingerprint (one small reduction each)
+_PRINT_TENSORS = 8  # floating tensors of a state sampled for it
+_PRINT_VALUES = 64  # values sampled per tensor (evenly spaced)
 
 INITIALISERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
                 "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
                 "kaiming_normal_", "orthogonal_", "sparse_")
+
+
+def _memory(values) -> tuple | None:
+    """Where each tensor's values live (device, address, shape, strides, dtype); None when one
+    has no storage to tell it by (meta, empty)."""
+    keys = []
+    for v in values:
+        try:
+            ptr = v.data_ptr() if not v.is_meta else 0
+        except Exception:  # no storage (a functorch wrapper, a fake tensor)
+            return None
+        if not ptr:
+            return None
+        keys.append((str(v.device), ptr, tuple(v.shape), tuple(v.stride()), str(v.dtype)))
+    return tuple(keys)
+
+
+def fingerprint(state_dict) -> float | None:
+    """A weighted sum (float64) of at most ``_PRINT_VALUES`` evenly spaced values of each of the
+    state's first ``_PRINT_TENSORS`` floating tensors; None when it holds none."""
+    parts = []
+    for value in state_dict.values():
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() \
+                or value.numel() == 0 or value.is_meta:
+            continue
+        with torch.no_grad():
+            flat = value.detach().reshape(-1)
+            stride = max(1, flat.numel() // _PRINT_VALUES)
+            sample = flat[::stride][:_PRINT_VALUES].double()
+            weights = torch.arange(1, sample.numel() + 1, dtype=torch.float64, device=sample.device)
+            parts.append((sample * weights).sum() * (len(parts) + 1))
+        if len(parts) >= _PRINT_TENSORS:
+            break
+    if not parts:
+        return None
+    with torch.no_grad():
+        total = float(torch.stack([p.to("cpu") for p in parts]).sum())
+    return total if total == total else None  # NaN compares unequal to itself
 
 
 class ParamResetWatcher:
@@ -43,22 +93,34 @@ class ParamResetWatcher:
         # the states loaded so far (their number: the index), each as weak references to its
         # tensors: a state is the same when its tensors are the very same objects; nothing is
         # kept alive (a checkpoint loaded once must not stay in memory for the whole run)
-        self._states: list[list[weakref.ref]] = []
+        self._states: list[tuple[list[weakref.ref], tuple | None]] = []  # (refs, _memory)
         self._loading = rec.subscribers(STATE_LOADED)  # told of each load before it runs
+        self._printed = 0  # loads given a fingerprint of their state's values
+        # state_dict() calls (STATE_TAKEN), numbered, by module: the last one's number; and the
+        # number of the last call before each module's last load (the trained values saved
+        # since then: ``kept``)
+        self._takes = 0
+        self._taken: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _state_number(self, state_dict) -> int | None:
         """The number of the state whose tensors ``state_dict`` holds (a new one when first
         seen); None for a state that holds something else than tensors, or past
-        ``MAX_STATES`` distinct ones."""
+        ``MAX_STATES`` distinct ones. The same state: the very same tensor objects, or tensors
+        over the same memory (``module.state_dict()`` detaches each parameter anew at every
+        call: ``q_net.load_state_dict(target_net.state_dict())`` in a loop loads one state);
+        whether it changed in between is for the versions and the values to say."""
         values = list(state_dict.values())
         if not values or not all(isinstance(v, torch.Tensor) for v in values):
             return None
-        for number, refs in enumerate(self._states):
-            if len(refs) == len(values) and all(r() is v for r, v in zip(refs, values)):
+        keys = _memory(values)
+        for number, (refs, known) in enumerate(self._states):
+            if len(refs) == len(values) and (all(r() is v for r, v in zip(refs, values))
+                                             or (keys is not None and known == keys)):
                 return number
         if len(self._states) >= MAX_STATES:
             return None
-        self._states.append([weakref.ref(v) for v in values])
+        self._states.append(([weakref.ref(v) for v in values], keys))
         return len(self._states) - 1
 
     def _owned_pids(self, tensors) -> list[int]:
@@ -70,9 +132,38 @@ class ParamResetWatcher:
                 pids.append(pid)
         return pids
 
-    def _record(self, via: str, pids: list[int], state: list | None = None) -> None:
+    def _record(self, via: str, pids: list[int], state: list | None = None,
+                values: float | None = None, kept: bool | None = None) -> None:
         rec = self.rec
-        rec.emit_aside(ev.param_reset(via=via, params=pids, state=state), rec.here(3))
+        rec.emit_aside(ev.param_reset(via=via, params=pids, state=state, values=values, kept=kept),
+                       rec.here(3))
+
+    def taken(self, module) -> None:
+        """``STATE_TAKEN``: the script called ``module.state_dict()``."""
+        self._takes += 1
+        if module in self._taken or len(self._taken) < MAX_STATES:
+            self._taken[module] = self._takes
+
+    def _kept(self, module) -> bool:
+        """Whether ``module.state_dict()`` (or that of a module holding it) was called since
+        the module's previous load: the values trained since then were saved (a client's
+        update kept before the next round's global weights are loaded)."""
+        since = self._loaded.get(module, 0)
+        self._loaded[module] = self._takes
+        for holder, number in list(self._taken.items()):
+            if number > since and (holder is module or any(m is module for m in holder.modules())):
+                return True
+        return False
+
+    def _fingerprint(self, state_dict) -> float | None:
+        """A fingerprint of the state's values (see the module docs), for the first loads only."""
+        if self._printed >= FINGERPRINTS:
+            return None
+        self._printed += 1
+        try:
+            return fingerprint(state_dict)
+        except Exception:  # tensors without readable values (fake, functorch): no fingerprint
+            return None
 
     def _wrap_init(self, original, name: str):
         watcher, rec = self, self.rec
@@ -128,7 +219,8 @@ class ParamResetWatcher:
                         number = watcher._state_number(state_dict)
                         versions = [getattr(v, "_version", None) for v in state_dict.values()]
                         watcher._record("load_state_dict", pids,
-                                        None if number is None else [number, versions])
+                                        None if number is None else [number, versions],
+                                        watcher._fingerprint(state_dict), watcher._kept(module))
                 except Exception as exc:
                     rec.internal_error("load_state_dict", exc)
                 return result

@@ -33,6 +33,7 @@ import torch
 
 from .. import events as ev
 from .recorder import Recorder
+from .topics import STATE_TAKEN
 
 MAX_ITEMS = 100_000  # items of a saved object looked at (torch.save of a whole dataset)
 MAX_DEPTH = 3  # {"model": state_dict, ...}, [state_dict, ...]: how deep a saved object is read
@@ -71,6 +72,7 @@ class SnapshotWatcher:
         self.rec = rec
         self._local = threading.local()  # ``inside``: within an outermost state_dict() call
         self._refs: dict[int, _Ref] = {}  # id of a tensor state_dict() returned -> its reference
+        self._taken = rec.subscribers(STATE_TAKEN)  # told of each outermost state_dict() call
 
     # -- state_dict(): remember what it returned ------------------------------------------
     def _forget(self, ref: _Ref) -> None:
@@ -107,6 +109,8 @@ class SnapshotWatcher:
             try:
                 if not kwargs.get("keep_vars", args[2] if len(args) > 2 else False):
                     watcher._remember(module, result)
+                    for taken in watcher._taken:
+                        taken(module)
             except Exception as exc:
                 rec.internal_error("Module.state_dict", exc)
             return result

@@ -68,6 +68,9 @@ STATE_LOADED: Topic[Callable[[Any, Any], None]] = Topic(
     "state_loaded", "ParamResetWatcher",
     "(module, state_dict) before the user's outermost Module.load_state_dict runs (the method "
     "has one wrapper, the reset watcher's)")
+STATE_TAKEN: Topic[Callable[[Any], None]] = Topic(
+    "state_taken", "SnapshotWatcher",
+    "(module) after each of the user's outermost Module.state_dict() calls (not keep_vars)")
 
 BATCH_SERVED: Topic[Callable[[int, int, int, Any], None]] = Topic(
     "batch_served", "DataLoaderWatcher",
@@ -76,4 +79,4 @@ BATCH_SERVED: Topic[Callable[[int, int, int, Any], None]] = Topic(
 
 TOPICS: tuple[Topic, ...] = (PARAMS_ADDED, STEPPED, STEP_GRADS, STEP_BEGINS, STEP_NORMS, STEPPED_WITHOUT_GRAD,
                              DESCRIBE_LOSS, LEAF_TRACKED, FREEZE_OF, COUNTED_STEP, BUDGET_HOLD,
-                             STATE_LOADED, BATCH_SERVED)
+                             STATE_LOADED, STATE_TAKEN, BATCH_SERVED)

@@ -1,0 +1,274 @@
+"""A generator trained toward the discriminator's own target for its samples.
+
+In a GAN the discriminator D is trained to push its output on generated samples toward "fake",
+and the generator G to push that same output the other way ("real"). A generator loss written
+with the fake label (``bce(D(G(z)), zeros)``, the label of D's fake term), or a WGAN generator
+loss with its sign flipped (``D(G(z)).mean()``), trains G to help D: the gradient both losses
+send into D's output on the same generated samples points the same way.
+
+Read from values, at the first ``WINDOW`` backwards only, on the script's thread. Global module
+hooks (removed with the window) note each outermost module call that has parameters: its
+output, and whether one of its inputs is the output of another outermost call made before it
+(the same memory: ``fake`` or ``fake.detach()``, whose producer still holds it). Such a call is
+a module D evaluated on another module G's samples; a gradient hook on D's output keeps the
+first gradient a backward gives it (at most ``_VALUES`` values). Once the same D has been
+evaluated on the same samples both ways, detached (D's own step: only D is trained) and with
+the gradient flowing into G (G's step), the two gradients are compared element by element: a
+cosine near 1 says G's loss pushes D's output on its samples where D's loss does
+(``gan_same_target``, an aside at G's call of D). The rule checks that D and G are stepped by
+different optimizers.
+
+A non-saturating loss (``bce(D(fake), ones)``), the minimax form (``-bce(D(fake), zeros)``),
+WGAN's ``-D(fake).mean()`` and hinge losses give the opposite sign.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from threading import get_ident
+
+import torch
+
+from .. import events as ev
+from .dependency import module_hooks
+from .recorder import Recorder
+
+WINDOW = 8  # backwards watched, from the first one
+_OUTPUTS = 64  # outermost outputs remembered (their producers) per backward
+_VALUES = 4096  # gradient values kept per call
+_MIN_VALUES = 4  # samples compared at least
+_SAME = 0.98  # cosine of the two gradients at least: one direction
+# G's gradient against D's, fitted by a line: its intercept over G's gradient's size at most (one
+# target: G's is D's scaled, 0.01 in the fake-label GANs tried; a least-squares GAN's two targets
+# shift it: 0.8 to 1.1 where both push D's output the same way, below both targets)
+_OFFSET = 0.1
+_MAX_PIDS = 32
+
+_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
+
+
+def _ptr(tensor) -> int | None:
+    """Where a tensor's values start; None for one without storage (a functorch transform's
+    wrapper, a fake or meta tensor) or with no elements."""
+    try:
+        return tensor.data_ptr() or None
+    except Exception:
+        return None
+
+
+def _first_tensor(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
+
+
+def _affine(d_grad, g_grad) -> tuple[float, float | None]:
+    """How much D's gradient varies over the samples (its standard deviation over its root mean
+    square: 0 for a loss whose gradient is one constant, WGAN's and the hinge's), and the
+    intercept of the least-squares line ``g = a * d + b`` over the root mean square of G's
+    gradient: near 0 when G's gradient is D's scaled (one target), large when it is D's shifted
+    (least squares toward another target); None when D's gradient does not vary."""
+    d_mean, g_mean = float(d_grad.mean()), float(g_grad.mean())
+    d_rms = float(d_grad.pow(2).mean().sqrt())
+    d_var = float((d_grad - d_mean).pow(2).mean())
+    spread = (d_var ** 0.5) / d_rms if d_rms else 0.0
+    if d_var <= 0.0:
+        return 0.0, None
+    slope = float(((d_grad - d_mean) * (g_grad - g_mean)).mean()) / d_var
+    g_rms = float(g_grad.pow(2).mean().sqrt())
+    offset = abs(g_mean - slope * d_mean) / g_rms if g_rms else None
+    return round(spread, 6), None if offset is None else round(offset, 6)
+
+
+class AdversarialWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self.active = False
+        self._handles: list = []
+        self._depth = 0
+        self._backwards = 0
+        # data_ptr of an outermost call's output -> (weak output, weak module)
+        self._outputs: dict[int, tuple] = {}
+        # (id of D, id of G's output) -> {"detached" | "through": (gradient, Location)}
+        self._pairs: dict[tuple, dict] = {}
+        self._players: dict[tuple, tuple] = {}  # the same key -> (weak D, weak G, weak samples)
+        self._ready: list[tuple] = []  # keys whose two gradients are in, not judged yet
+        self._told = False
+
+    # -- the window -------------------------------------------------------------------------
+    def _stop(self) -> None:
+        self.active = False
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+        self._outputs = {}
+
+    def describe_loss(self, tensors) -> dict:
+        """``DESCRIBE_LOSS``: a backward is about to run; judge what the last ones gave."""
+        self._judge_ready()
+        if self.active:
+            self._backwards += 1
+            if len(self._outputs) > _OUTPUTS:
+                self._outputs = {}
+            if self._backwards >= WINDOW:
+                self._stop()  # the gradient hooks of this backward's calls still fire
+        return {}
+
+    def after_step(self, opt, optimizer) -> None:
+        """``STEPPED``: judge the pairs this step's backward completed (on the script's thread;
+        the gradient hooks may run on autograd's)."""
+        self._judge_ready()
+
+    def _judge_ready(self) -> None:
+        if not self._ready:
+            return
+        ready, self._ready = self._ready, []
+        for key in ready:
+            if self._told:
+                break
+            try:
+                self._judge(key, self._pairs.pop(key, None) or {})
+            except Exception as exc:
+                self.rec.internal_error("adversarial", exc)
+        if self._told:
+            self._pairs, self._players = {}, {}
+
+    # -- module hooks ------------------------------------------------------------------------
+    def _pre(self, module, args):
+        if get_ident() == self.rec.script_thread:
+            self._depth += 1
+        return None
+
+    def _post(self, module, args, *rest):
+        if get_ident() != self.rec.script_thread:
+            return None
+        self._depth = max(0, self._depth - 1)
+        if not self.active or self._depth:
+            return None
+        try:
+            kwargs, output = rest if len(rest) == 2 else ({}, None)
+            self._outer(module, args, output)
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("adversarial", exc)
+        return None
+
+    def _outer(self, module, args, output) -> None:
+        out = _first_tensor(output)
+        if out is None or not torch.is_grad_enabled() or not out.requires_grad \
+                or not out.is_floating_point() or out.numel() < _MIN_VALUES:
+            return
+        if next(module.parameters(), None) is None:
+            return  # a loss module, an activation: not a model
+        for t in args:
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+                continue
+            ptr = _ptr(t)
+            made = self._outputs.get(ptr) if ptr is not None else None
+            if made is None:
+                continue
+            sample, producer = made[0](), made[1]()
+            if sample is None or producer is None or producer is module \
+                    or sample.shape != t.shape or _ptr(sample) != ptr:
+                continue
+            self._watch(module, producer, sample, out, "through" if t.requires_grad else "detached")
+            break
+        ptr = _ptr(out)
+        if ptr is not None and len(self._outputs) < _OUTPUTS:
+            self._outputs[ptr] = (weakref.ref(out), weakref.ref(module))
+
+    def _watch(self, module, producer, sample, out, how: str) -> None:
+        key = (id(module), id(sample))
+        known = self._players.get(key)
+        if known is not None and known[2]() is not sample:
+            self._pairs.pop(key, None)  # another batch of samples at the same id
+        if key not in self._pairs and len(self._pairs) >= _OUTPUTS:
+            return
+        pair = self._pairs.setdefault(key, {})
+        if how in pair:
+            return
+        self._players[key] = (weakref.ref(module), weakref.ref(producer), weakref.ref(sample))
+        loc = self.rec.here()
+        watcher = self
+
+        def hook(grad):
+            try:
+                # a script's backward only (not an autograd.grad of graddoctor's probes)
+                if how not in pair and not watcher._told and watcher.rec.running_backwards:
+                    pair[how] = (grad.detach().reshape(-1)[:_VALUES].double().clone(), loc)
+                    if len(pair) == 2:
+                        watcher._ready.append(key)
+            except Exception as exc:
+                watcher.rec.internal_error("adversarial (gradient)", exc)
+            return None
+
+        _register_hook(out, hook)
+
+    def _judge(self, key, pair) -> None:
+        if len(pair) < 2:
+            return
+        d_grad, _ = pair["detached"]
+        g_grad, g_loc = pair["through"]
+        d_step_loc = pair["detached"][1]
+        if d_grad.numel() != g_grad.numel() or d_grad.numel() < _MIN_VALUES:
+            return
+        dot = float((d_grad * g_grad).sum())
+        norms = float(d_grad.norm()) * float(g_grad.norm())
+        if not norms or norms != norms:
+            return
+        cosine = dot / norms
+        if cosine < _SAME:
+            return
+        spread, offset = _affine(d_grad, g_grad)
+        if offset is not None and offset > _OFFSET:
+            return  # G's gradient is D's shifted: least squares toward another target
+        refs = self._players.get(key)
+        if refs is None:
+            return
+        d_module, g_module = refs[0](), refs[1]()
+        if d_module is None or g_module is None:
+            return
+        self._told = True
+        tensors = self.rec.tensors
+        d_pids = [pid for p in d_module.parameters() if (pid := tensors.number.get(id(p))) is not None]
+        g_pids = [pid for p in g_module.parameters() if (pid := tensors.number.get(id(p))) is not None]
+        if not d_pids or not g_pids:
+            return
+        self.rec.emit_aside(ev.gan_same_target(
+            critic=type(d_module).__name__, generator=type(g_module).__name__,
+            critic_params=d_pids[:_MAX_PIDS], generator_params=g_pids[:_MAX_PIDS],
+            cosine=round(cosine, 4), offset=offset, samples=int(d_grad.numel()),
+            critic_step=[d_step_loc.path, d_step_loc.line] if d_step_loc is not None else None),
+            g_loc)
+
+    # -- install -----------------------------------------------------------------------------
+    def _wrap_compile(self, original):
+        watcher = self
+
+        def compile(*args, **kwargs):
+            if watcher.active:  # torch.compile warns about global module hooks
+                watcher._stop()
+            return original(*args, **kwargs)
+
+        return functools.wraps(original)(compile)
+
+    def install(self, patcher) -> None:
+        from torch.nn.modules import module as module_mod
+
+        patcher.patch(torch, "compile", self._wrap_compile(torch.compile))
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        optimized = getattr(eval_frame, "OptimizedModule", None)
+        if optimized is not None and "__call__" in vars(optimized):
+            patcher.patch(optimized, "__call__", self._wrap_compile(optimized.__call__))
+        pre, post = module_hooks(self._pre, self._post)
+        post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
+        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
+        if kwargs_dict is not None and post.id in kwargs_dict:  # see dependency.py's _open
+            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
+        self._handles = [patcher.handle(module_mod.register_module_forward_pre_hook(pre)),
+                         patcher.handle(post)]
+        self.active = True

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from ..findings import Related, Severity
+from ..trace import Location
+from .base import Rule
+
+
+class GeneratorHelpsDiscriminator(Rule):
+    """
+    ## What it does
+    Finds a GAN whose generator is trained toward the discriminator's own target for the
+    generated samples: `g_loss = bce(D(G(z)), zeros)` with the label of D's fake term, an LSGAN
+    generator regressed to the fake label, a WGAN generator loss with its sign flipped
+    (`D(G(z)).mean()`). At the first backwards graddoctor notes a module D evaluated on another
+    module G's output twice: detached (D's step) and with the gradient flowing into G (G's
+    step). The gradient each backward gives D's output on the same samples is compared: when
+    they point the same way (cosine near 1) while D and G are stepped by different optimizers,
+    G's loss pulls D's output where D's loss does. It points at G's step's call of D.
+
+    ## Why is this bad?
+    The discriminator learns to call the generated samples fake, and the generator, instead of
+    fooling it, learns to make samples the discriminator finds even more fake. Both losses go
+    down together, which looks like healthy training; the samples never approach the data.
+
+    ## Example
+    ```python
+    d_loss = bce(D(real), ones) + bce(D(fake.detach()), zeros)
+    ...
+    g_loss = bce(D(fake), zeros)
+    ```
+
+    ## Use instead
+    ```python
+    g_loss = bce(D(fake), ones)  # the non-saturating loss: the label of real samples
+    ```
+
+    ## Stays silent on
+    The non-saturating loss (`ones`), the minimax form (`-bce(D(fake), zeros)`), WGAN's
+    `-D(fake).mean()`, hinge and least-squares losses with the real target, one optimizer for
+    both networks, a critic trained several times on the same detached samples, and a
+    discriminator never called on the generator's output directly.
+    """
+
+    code = "GD257"
+    slug = "generator-helps-discriminator"
+    severity = Severity.WARNING
+    summary = ("the generator's loss pushes the discriminator's output on generated samples the "
+               "way the discriminator's own loss does: the generator is trained to look fake")
+    fix = ("train the generator toward the real target: bce(D(fake), ones) (or -D(fake).mean() "
+           "for a WGAN critic, -bce(D(fake), zeros) for the minimax form)")
+
+    def check(self, a):
+        for event in a.by_kind.get("gan_same_target", ()):
+            critic = {o for p in event["critic_params"] for o in a.owners.get(p, ())}
+            generator = {o for p in event["generator_params"] for o in a.owners.get(p, ())}
+            if not critic or not generator or critic & generator:
+                continue  # one optimizer for both, or a side no optimizer trains
+            if not _stepped(a, critic) or not _stepped(a, generator):
+                continue
+            d_step = event.get("critic_step")
+            related = ()
+            if d_step and event.loc is not None and (d_step[0], d_step[1]) != (event.loc.path, event.loc.line):
+                related = (Related(Location(d_step[0], d_step[1]),
+                                   "the discriminator's own step on the same samples"),)
+            yield self.finding(
+                f"the generator's loss here pushes {event['critic']}'s output on the samples "
+                f"{event['generator']} made the same way as the discriminator's own loss does "
+                f"(cosine {event['cosine']:.2f} over {event['samples']} samples): the generator "
+                f"is trained toward the discriminator's target for fake samples, so it learns "
+                f"to look fake instead of real",
+                event.loc, related=related,
+                evidence={"critic": event["critic"], "generator": event["generator"],
+                          "cosine": event["cosine"], "samples": event["samples"],
+                          "critic_params": a.param_names(event["critic_params"][:4]),
+                          "generator_params": a.param_names(event["generator_params"][:4])})
+            return
+
+
+def _stepped(a, opts: set[int]) -> bool:
+    return any(s["opt"] in opts and not s.get("skipped") for s in a.steps)

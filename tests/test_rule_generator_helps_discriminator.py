@@ -1,0 +1,111 @@
+"""generator-helps-discriminator (GD257): what the adversarial watcher (instrument/adversarial.py)
+records of a discriminator evaluated on a generator's samples in both players' steps, and the
+rule over hand-written traces."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument.adversarial import _affine
+from rule_traces import findings, only
+from graddoctor.trace import TraceBuilder
+
+SLUG = "generator-helps-discriminator"
+
+
+def _gan(g_loss, d_loss=None, seed=0, iterations=3):
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(seed)
+    with Instrumentation(rec):
+        G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+        D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+        opt_g = torch.optim.Adam(G.parameters(), lr=2e-4)
+        opt_d = torch.optim.Adam(D.parameters(), lr=2e-4)
+        ones, zeros = torch.ones(32, 1), torch.zeros(32, 1)
+        for _ in range(iterations):
+            real = torch.randn(32, 2) + 2
+            fake = G(torch.randn(32, 4))
+            loss = (d_loss or (lambda D, real, fake: F.binary_cross_entropy_with_logits(D(real), ones)
+                               + F.binary_cross_entropy_with_logits(D(fake.detach()), zeros)))(D, real, fake)
+            opt_d.zero_grad()
+            loss.backward()
+            opt_d.step()
+            loss = g_loss(D, fake, ones, zeros)
+            opt_g.zero_grad()
+            loss.backward()
+            opt_g.step()
+    return [e for e in rec.trace if e.kind == "gan_same_target"]
+
+
+def test_a_generator_given_the_fake_label_is_recorded_once():
+    found = _gan(lambda D, fake, ones, zeros: F.binary_cross_entropy_with_logits(D(fake), zeros))
+    assert len(found) == 1
+    assert found[0]["cosine"] > 0.99 and found[0]["offset"] < 0.1 and found[0]["samples"] == 32
+    assert found[0]["critic"] == found[0]["generator"] == "Sequential"
+
+
+def test_a_wgan_generator_with_the_critics_sign_is_recorded():
+    wgan_d = lambda D, real, fake: D(fake.detach()).mean() - D(real).mean()  # noqa: E731
+    assert len(_gan(lambda D, fake, ones, zeros: D(fake).mean(), d_loss=wgan_d)) == 1
+    assert _gan(lambda D, fake, ones, zeros: -D(fake).mean(), d_loss=wgan_d) == []
+
+
+def test_the_generator_losses_that_oppose_the_discriminator_record_nothing():
+    bce = F.binary_cross_entropy_with_logits
+    assert _gan(lambda D, fake, ones, zeros: bce(D(fake), ones)) == []  # non-saturating
+    assert _gan(lambda D, fake, ones, zeros: -bce(D(fake), zeros)) == []  # minimax
+
+
+def test_a_least_squares_gan_below_both_targets_is_told_by_the_offset():
+    lsgan_d = lambda D, real, fake: F.mse_loss(D(real), torch.ones(32, 1)) + F.mse_loss(  # noqa: E731
+        D(fake.detach()), torch.zeros(32, 1))
+    for seed in range(4):
+        assert _gan(lambda D, fake, ones, zeros: F.mse_loss(D(fake), ones), d_loss=lsgan_d, seed=seed) == []
+        assert len(_gan(lambda D, fake, ones, zeros: F.mse_loss(D(fake), zeros), d_loss=lsgan_d,
+                        seed=seed)) == 1
+
+
+def test_the_affine_fit_tells_a_scaled_gradient_from_a_shifted_one():
+    d = torch.tensor([-0.3, -0.2, -0.25, -0.1, -0.15], dtype=torch.float64)
+    assert _affine(d, 0.5 * d)[1] < 1e-9  # one target: scaled
+    assert _affine(d, d - 1)[1] > 0.5  # least squares toward another target: shifted
+    assert _affine(torch.full((4,), 0.25, dtype=torch.float64), torch.full((4,), 0.25,
+                                                                          dtype=torch.float64)) == (0.0, None)
+
+
+def _trace(d_opt=0, g_opt=1, step_both=True):
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=1)
+    if g_opt != d_opt:
+        t.optimizer(1, [2, 3], line=2)
+    t.put(ev.gan_same_target(critic="Disc", generator="Gen", critic_params=[0, 1],
+                             generator_params=[2, 3], cosine=0.999, offset=0.004, samples=64,
+                             critic_step=["train.py", 12]), line=20)
+    for opt in ((0, 1) if step_both else (0,)):
+        t.backward(fresh=[0, 1] if opt == 0 else [2, 3], line=21)
+        t.step(opt, line=22)
+    return t
+
+
+def test_the_rule_warns_at_the_generators_call_of_the_discriminator():
+    f = only(_trace(), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 20
+    assert "Disc" in f.message and "Gen" in f.message and "cosine 1.00" in f.message
+    assert f.related and f.related[0].location.line == 12
+
+
+def test_silent_with_one_optimizer_for_both_or_a_player_never_stepped():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1, 2, 3], line=1)
+    t.put(ev.gan_same_target(critic="Disc", generator="Gen", critic_params=[0, 1],
+                             generator_params=[2, 3], cosine=0.999, offset=0.004, samples=64,
+                             critic_step=None), line=20)
+    t.backward(fresh=[0, 1, 2, 3], line=21)
+    t.step(0, line=22)
+    assert findings(t, SLUG) == []
+    assert findings(_trace(step_both=False), SLUG) == []
