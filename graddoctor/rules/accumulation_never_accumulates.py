@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 from dataclasses import replace
 
 from ..findings import Severity
@@ -29,8 +30,10 @@ class AccumulationNeverAccumulates(Rule):
     incremented, `if step % k == 0` on a counter stuck at 0, an accumulation setting the loop
     ignores).
 
-    The finding is `info`: a loss multiplied by a constant weight (`0.5 * mse`, `0.1 * loss`)
-    looks exactly the same in the trace. It is left out entirely when the division is a mean
+    The finding is `info`: a loss multiplied by a constant weight (`0.1 * loss` through a
+    variable) looks exactly the same in the trace. It is left out entirely when the loss is
+    assigned as a number written out times the loss (`g_loss = 0.5 * F.mse_loss(...)`: a
+    weight, as LSGAN's and the VAE's), when the division is a mean
     (a `reduction="sum"` loss or `.sum()` divided by the batch size, `kl_div(...,
     reduction="batchmean")`) or an average of k losses (`(loss_a + loss_b) / 2`).
 
@@ -110,6 +113,8 @@ class AccumulationNeverAccumulates(Rule):
                 continue  # (loss * lr).backward(): the lr applied twice, lr-applied-twice's
             if any(d.later_step is not None and d.later_step["opt"] == opt for d in a.ledger.discards):
                 continue  # the other micro-batches were discarded: misplaced-zero-grad's finding
+            if not _unprepared(windows) and _weighted_by_literal(a, backwards[0], factor):
+                continue  # `loss = 0.5 * mse(...)`: a loss weight written out, no accumulation count
             yield self._finding(a, opt, windows, factor, k)
 
     def _finding(self, a, opt, windows, factor, k):
@@ -165,6 +170,28 @@ class AccumulationNeverAccumulates(Rule):
                  "the same for a scheduler"),
             evidence={"k": k, "optimizer": opt, "steps": n, "cause": "optimizer_not_prepared"},
         )
+
+
+def _weighted_by_literal(a, backward, factor: float) -> bool:
+    """The backpropagated loss is assigned as a number written out times the loss (``g_loss =
+    0.5 * F.mse_loss(...)``, ``loss = criterion(out, y) * 0.5``): a loss weight, as LSGAN's and
+    the VAE's ``0.5`` are; an accumulation count is a name (``loss / accum_steps``)."""
+    loc = backward.loc
+    if loc is None:
+        return False
+    assigned = a.source.loss_assignment(loc.path, loc.line)
+    if assigned is None:
+        return False
+    try:
+        statement = ast.parse(assigned[1].strip()).body[0]
+    except (SyntaxError, IndexError):
+        return False
+    value = getattr(statement, "value", None)
+    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)):
+        return False
+    return any(isinstance(side, ast.Constant) and type(side.value) in (int, float)
+               and abs(side.value - factor) <= TOLERANCE * factor
+               for side in (value.left, value.right))
 
 
 def _unprepared(windows) -> bool:
