@@ -29,7 +29,7 @@ import torch.distributions as D
 
 from .. import events as ev
 from .inlinable import watched, watched_result
-from .lossterms import _KEEP, _children, _sign_of
+from .lossterms import signed_walk
 from .recorder import Recorder
 
 _LOOKED = 3  # backwards of each line looked at
@@ -49,48 +49,14 @@ def signed(root, targets, limit: int = _NODES) -> dict:
     """``{node: sign}`` for the nodes of ``targets`` the loss's linear top reaches from ``root``
     with a known sign (+1: minimised, -1: maximised; a node reached with both: left out)."""
     found: dict = {}
-    stack = [(root, 1.0)]
-    seen: set = set()
-    while stack:
-        node, sign = stack.pop()
-        if node is None or (node, sign) in seen:
-            continue
-        seen.add((node, sign))
-        if len(seen) > limit:
-            break
+
+    def visit(node, sign, name, children) -> bool:
         if node in targets:
             found[node] = sign if found.get(node, sign) == sign else 0.0
-            continue
-        name = type(node).__name__
-        children = _children(node)
-        if name == "NegBackward0":
-            stack.extend((child, -sign) for _, child in children)
-        elif name.startswith(_KEEP):
-            stack.extend((child, sign) for _, child in children)
-        elif name in ("AddBackward0", "SubBackward0"):
-            alpha = _sign_of(getattr(node, "_saved_alpha", 1))
-            if alpha is None:
-                continue
-            for index, child in children:
-                flip = -alpha if (index == 1 and name == "SubBackward0") else (alpha if index == 1 else 1.0)
-                stack.append((child, sign * flip))
-        elif name in ("AddBackward1", "SubBackward1"):
-            stack.extend((child, sign) for _, child in children)
-        elif name == "RsubBackward1":
-            stack.extend((child, -sign) for _, child in children)
-        elif name in ("MulBackward0", "DivBackward0"):
-            if len(children) != 1:
-                continue  # a product of two computed tensors: its sign is not known
-            index, child = children[0]
-            if name == "DivBackward0" and index != 0:
-                continue
-            factor = _sign_of(getattr(node, "_saved_other" if index == 0 else "_saved_self", None))
-            if factor is not None:
-                stack.append((child, sign * factor))
-        elif name in ("MulBackward1", "DivBackward1"):
-            factor = _sign_of(getattr(node, "_saved_other", None))
-            if factor is not None:
-                stack.extend((child, sign * factor) for _, child in children)
+            return True
+        return False
+
+    signed_walk(root, limit, visit)
     return {node: s for node, s in found.items() if s}
 
 

@@ -72,10 +72,12 @@ def _bounded(node) -> bool:
     return False
 
 
-def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]]:
-    """``[(term, node, argument node)]``: the exp and even-power terms the loss holds with a
-    negative sign (see the module's docs)."""
-    found = []
+def signed_walk(root, limit: int, visit) -> None:
+    """Walk the loss's linear top from ``root``, each node with its sign (+1: minimised, -1:
+    maximised): negations, views, sums and differences (and their ``alpha``), and products or
+    quotients by a constant pass the sign on; anything else ends the walk there. ``visit(node,
+    sign, name, children)`` sees each node first; True: it took the node (nothing below it is
+    walked). Shared by the unbounded-loss terms here and entropysign.py's signed entropies."""
     stack = [(root, 1.0)]
     seen: set = set()
     while stack:
@@ -87,6 +89,8 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
             break
         name = type(node).__name__
         children = _children(node)
+        if visit(node, sign, name, children):
+            continue
         if name == "NegBackward0":
             stack.extend((child, -sign) for _, child in children)
         elif name.startswith(_KEEP):
@@ -103,31 +107,42 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
         elif name == "RsubBackward1":  # a number minus a tensor
             stack.extend((child, -sign) for _, child in children)
         elif name in ("MulBackward0", "DivBackward0"):
-            if len(children) == 2 and name == "MulBackward0" and children[0][1] is children[1][1]:
-                if sign < 0 and not _bounded(children[0][1]):
-                    found.append(("square", node, children[0][1]))
-                continue
             if len(children) != 1:
                 continue  # a product of two computed tensors: its sign is not known
             index, child = children[0]
             if name == "DivBackward0" and index != 0:
                 continue
-            other = getattr(node, "_saved_other" if index == 0 else "_saved_self", None)
-            factor = _sign_of(other)
+            factor = _sign_of(getattr(node, "_saved_other" if index == 0 else "_saved_self", None))
             if factor is not None:
                 stack.append((child, sign * factor))
-        elif name == "MulBackward1" or name == "DivBackward1":  # by a Python number (some builds)
+        elif name in ("MulBackward1", "DivBackward1"):  # by a Python number (some builds)
             factor = _sign_of(getattr(node, "_saved_other", None))
             if factor is not None:
                 stack.extend((child, sign * factor) for _, child in children)
-        elif sign < 0 and name == "ExpBackward0" and len(children) == 1:
+
+
+def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]]:
+    """``[(term, node, argument node)]``: the exp and even-power terms the loss holds with a
+    negative sign (see the module's docs)."""
+    found = []
+
+    def visit(node, sign, name, children) -> bool:
+        if sign >= 0:
+            return False
+        if name == "MulBackward0" and len(children) == 2 and children[0][1] is children[1][1]:
+            if not _bounded(children[0][1]):
+                found.append(("square", node, children[0][1]))  # x * x
+        elif name == "ExpBackward0" and len(children) == 1:
             if not _bounded(children[0][1]):
                 found.append(("exp", node, children[0][1]))
-        elif sign < 0 and name == "PowBackward0" and len(children) == 1:
+        elif name == "PowBackward0" and len(children) == 1:
             exponent = getattr(node, "_saved_exponent", None)
             if (isinstance(exponent, (int, float)) and exponent > 0 and float(exponent).is_integer()
                     and int(exponent) % 2 == 0 and not _bounded(children[0][1])):
                 found.append(("square", node, children[0][1]))
+        return False  # none of these is walked below: signed_walk stops at them itself
+
+    signed_walk(root, limit, visit)
     return found
 
 
