@@ -5,6 +5,8 @@ that leaves such an optimizer to it."""
 
 from __future__ import annotations
 
+import gc
+
 from dataclasses import replace
 
 import torch
@@ -83,22 +85,30 @@ def test_gradients_cleared_before_the_step_do_not_count():
     assert findings(t, SLUG) == []
 
 
+def _train(through_module: bool):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = DDP(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            net = model.module if through_module else model
+            torch.nn.functional.mse_loss(net(torch.randn(8, 4)), torch.randn(8, 1)).backward()
+            opt.step()
+    return rec.trace
+
+
 def _loop(through_module: bool):
     torch.manual_seed(0)
-    rec = Recorder(step_budget=None)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        with Instrumentation(rec):
-            model = DDP(torch.nn.Linear(4, 1))
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            for _ in range(3):
-                opt.zero_grad()
-                net = model.module if through_module else model
-                torch.nn.functional.mse_loss(net(torch.randn(8, 4)), torch.randn(8, 1)).backward()
-                opt.step()
+        trace = _train(through_module)
+        # the DDP model (in reference cycles with the recorder) freed while its process group
+        # lives: a gloo group destroyed by a later collection hung joining its threads
+        gc.collect()
     finally:
         dist.destroy_process_group()
-    return rec.trace
+    return trace
 
 
 def test_the_instrumentation_records_the_wrapper_and_the_missing_forward():
