@@ -56,11 +56,12 @@ STEADY_AFTER = 256
 # the hooks of a steady turn take their straight-line paths (``Folder.steady_take``); False: every
 # event of the steady state goes through ``Folder.steady_put`` (the tests compare the two)
 STEADY_HOOKS = True
-# the skim of a long steady state: once it has lasted ``SKIM_AFTER`` turns (past every fixture, none
-# longer than 240 steps, and the default replay: the steady state itself starts after STEADY_AFTER), the hooks of a turn read only what tells its shape (the same
-# optimizer, thread, arguments, call sites, kinds in order) and take their events as the armed
-# ones; every ``SKIM_EVERY``-th turn is *sampled*: its hooks take their full straight-line paths
-# (the grads' reads, the norm pass, the loss describers). False: no skim (the tests compare).
+# the skim of a long steady state: once it has lasted ``SKIM_AFTER`` turns (a run reaches it after
+# FOLD_AFTER + STEADY_AFTER + SKIM_AFTER turns, about 1,030: far past every fixture, none longer
+# than 240 steps, and the default replay), the hooks of a turn read only what tells its shape (the
+# same optimizer, thread, arguments, call sites, kinds in order) and take their events as the
+# armed ones; every ``SKIM_EVERY``-th turn is *sampled*: its hooks take their full straight-line
+# paths (the grads' reads, the norm pass, the loss describers). False: no skim (the tests compare).
 SKIM = True
 SKIM_AFTER = 256
 SKIM_EVERY = 16
