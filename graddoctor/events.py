@@ -378,7 +378,8 @@ custom_backward    cls (a torch.autograd.Function subclass defined in the user's
                    and found wrong (loc: the backward's ``def``; an aside)
 loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fraction (of the
                    target positions equal to it), ignore_index, reduction, source ("padding_idx":
-                   an nn.Embedding's): a classification loss whose integer targets are mostly the
+                   an nn.Embedding's; "fill": the id filling the token batches' shorter rows;
+                   "targets": the id filling the targets' own shorter rows): a classification loss whose integer targets are mostly the
                    padding index of an embedding the script uses, which the loss does not ignore
                    — the first such call of each call line (loc: the loss line; an aside)
 low_precision      opt, cls, dtype (the parameters' dtype), what ("eps": the optimizer's eps

@@ -97,3 +97,46 @@ def test_no_fill_without_padding_evidence():
     tokens = torch.randint(1, 49, (6, 12), generator=g)
     tokens[:, -1] = 49
     assert filled_losses(tokens) == []
+
+
+def target_losses(targets, decoder_inputs, vocab=50, next_token=False, **loss_kw):
+    """A decoder's loss over ``targets`` whose own inputs (``decoder_inputs``, no padding_idx)
+    give no fill id away: only the targets can. ``next_token``: the loss of positions 1.. of
+    the targets from the logits of positions ..-1 (one shorter than the embedded batch)."""
+    rec = Recorder(step_budget=None)
+    emb, head = nn.Embedding(vocab, 4), nn.Linear(4, vocab)
+    with Instrumentation(rec):
+        logits = head(emb(decoder_inputs))
+        if next_token:
+            logits, targets = logits[:, :-1], targets[:, 1:]
+        F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), **loss_kw).backward()
+    return [e for e in rec.trace if e.kind == "loss_padding"]
+
+
+def _start_shifted(targets, start=0):
+    return torch.cat([torch.full((targets.shape[0], 1), start), targets[:, :-1]], dim=1)
+
+
+def test_targets_padded_with_the_start_token_are_read_from_the_targets():
+    # T5's convention: the pad id is the decoder's start token, so every decoder input row starts
+    # with it and the decoder inputs tell no fill id
+    targets = _right_padded([3, 5, 7, 4, 2, 6], fill=0)
+    assert filled_losses(_start_shifted(targets)) == []  # what the embedding's inputs tell
+    (e,) = target_losses(targets, _start_shifted(targets))
+    assert e.get("pad") == 0 and e.get("source") == "targets" and e.get("fraction") > 0.25
+    (e,) = target_losses(targets, _start_shifted(targets), next_token=True)  # length - 1
+    assert e.get("source") == "targets"
+
+
+def test_padded_targets_ignored_or_of_another_vocabulary_stay_silent():
+    targets = _right_padded([3, 5, 7, 4, 2, 6], fill=0)
+    inputs = _start_shifted(targets)
+    assert target_losses(targets, inputs, ignore_index=0) == []
+    assert target_losses(targets.masked_fill(targets == 0, -100), inputs) == []
+    # the targets' classes are not the embedded tokens' (50 token ids, 7 classes): no token loss
+    rec = Recorder(step_budget=None)
+    emb, head = nn.Embedding(50, 4), nn.Linear(4, 7)
+    tags = _right_padded([3, 5, 7, 4, 2, 6], fill=0, vocab=7)
+    with Instrumentation(rec):
+        F.cross_entropy(head(emb(inputs)).reshape(-1, 7), tags.reshape(-1)).backward()
+    assert [e for e in rec.trace if e.kind == "loss_padding"] == []

@@ -180,6 +180,9 @@ class LossInputWatcher:
         # GPT-2 padded with its eos token): pad -> "fill"; token batches looked at so far
         self._fills: dict[int, str] = {}
         self._fill_reads = 0
+        # (vocabulary size, (batch, length)) of the first 2-D token batches the embeddings ran:
+        # a token loss's flattened targets are read back into rows of one of these shapes
+        self._token_batches: set[tuple[int, tuple[int, int]]] = set()
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
@@ -199,6 +202,8 @@ class LossInputWatcher:
                 watcher._check(fn, input, target, args, kwargs)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):
                     watcher._padding(fn, input, target, args, kwargs)
+                if watcher._token_batches and fn in ("cross_entropy", "nll_loss"):
+                    watcher._padded_targets(fn, input, target, args, kwargs)
                 if fn == "cross_entropy" and input.dim() == 2 \
                         and input.shape[0] == input.shape[1] >= _SQUARE_MIN:
                     watcher._self_match(input, target)
@@ -430,6 +435,50 @@ class LossInputWatcher:
                                             reduction=str(reduction),
                                             source=self._fills.get(int(pad), "padding_idx")), loc)
 
+    def _padded_targets(self, fn: str, input, target, args, kwargs) -> None:
+        """A ``loss_padding`` aside (source ``targets``) when the token targets themselves are
+        padded with an id the loss does not ignore: read back into rows of a token batch the
+        script embedded (``(batch, length)``, or ``length - 1`` for next-token targets), most
+        rows end in runs of one id of different lengths, absent from the rest (``infer_fill``),
+        and the loss predicts that embedding's tokens (as many classes as it has rows). What the
+        embedding's own inputs cannot tell: a T5's labels padded with 0, which is also its
+        decoder start token, so the decoder inputs start with it as well."""
+        if not (isinstance(target, torch.Tensor) and not target.is_floating_point()
+                and target.dtype != torch.bool and target.numel() >= 8 and input.dim() >= 2
+                and target.device.type == "cpu"):
+            return
+        ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
+        reduction = args[6] if len(args) > 6 else kwargs.get("reduction", "mean")
+        if reduction == "none":  # the script may mask the positions itself
+            return
+        classes, count = int(input.shape[_class_dim(input)]), target.numel()
+        shapes = ([tuple(target.shape)] if target.dim() == 2 else
+                  [(rows, n) for vocab, (rows, length) in sorted(self._token_batches)
+                   if vocab == classes for n in (length, length - 1) if rows * n == count]
+                  if target.dim() == 1 else [])
+        if target.dim() == 2 and not any(vocab == classes for vocab, _ in self._token_batches):
+            shapes = []
+        if not shapes or not self._reads_left(f"padded targets:{fn}", target):
+            return
+        for rows, length in shapes[:2]:
+            if rows < 2 or length < 4:
+                continue
+            fill = infer_fill(target.detach().reshape(rows, length))
+            if fill is None or fill == ignore:
+                continue
+            fraction = float((target == fill).float().mean())
+            if fraction < _PADDING_SHARE:
+                return
+            loc = self.rec.here()
+            if loc in self._padded:
+                return
+            self._padded.add(loc)
+            self.rec.emit_aside(ev.loss_padding(
+                fn=fn, pad=int(fill), fraction=round(fraction, 4),
+                ignore_index=int(ignore) if isinstance(ignore, int) else None,
+                reduction=str(reduction), source="targets"), loc)
+            return
+
     def _infer_fill(self, args, kwargs) -> None:
         """An embedding without ``padding_idx`` given a (batch, length) batch whose shorter rows
         are filled up with one id: most rows (the longest need none) end, or start, with it in
@@ -460,6 +509,13 @@ class LossInputWatcher:
 
         def before(args, kwargs) -> None:
             pad = args[2] if len(args) > 2 else kwargs.get("padding_idx")
+            if len(watcher._token_batches) < 8:
+                tokens = args[0] if args else kwargs.get("input")
+                weight = args[1] if len(args) > 1 else kwargs.get("weight")
+                if (isinstance(tokens, torch.Tensor) and tokens.dim() == 2
+                        and not tokens.is_floating_point() and isinstance(weight, torch.Tensor)
+                        and weight.dim() == 2):
+                    watcher._token_batches.add((int(weight.shape[0]), tuple(tokens.shape)))
             if pad is None and watcher._fill_reads < _FILL_READS:
                 try:
                     watcher._infer_fill(args, kwargs)

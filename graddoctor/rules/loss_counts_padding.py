@@ -33,8 +33,11 @@ class LossCountsPadding(Rule):
     The padding index is an `nn.Embedding`'s `padding_idx`, or, for an embedding without one
     (GPT-2 with `tokenizer.pad_token = tokenizer.eos_token`), the id that fills up the shorter
     rows of its first token batches: every row ends (or starts) with it, in runs of different
-    lengths. A model that computes its loss from `labels=` (transformers) is told to set the
-    padded labels to -100.
+    lengths. The targets themselves are read too: a token loss whose targets (in the rows of a
+    token batch the script embedded) end in runs of one id of different lengths, an id absent
+    from the rest, is given padded targets (a T5's labels padded with 0, its decoder start token
+    too). A model that computes its loss from `labels=` (transformers) is told to set the padded
+    labels to -100.
 
     ## Stays silent on
     `ignore_index` equal to the padding index; targets where the padding index is rare (a
@@ -55,14 +58,18 @@ class LossCountsPadding(Rule):
             name = "cross_entropy" if e.get("fn") == "cross_entropy" else "nll_loss"
             ignoring = ("it ignores nothing (ignore_index left at -100)" if ignore in (None, -100)
                         else f"its ignore_index={ignore} never matches the padding")
-            what = ("an nn.Embedding's padding_idx" if e.get("source") != "fill" else
-                    "the id that fills up the shorter rows of the token batches, e.g. an eos "
-                    "token used as the pad token")
+            source = e.get("source")
+            what = {"fill": "the id that fills up the shorter rows of the token batches, e.g. "
+                            "an eos token used as the pad token",
+                    "targets": "the id that fills up the shorter rows of the targets themselves"
+                    }.get(source, "an nn.Embedding's padding_idx")
             fix = f"pass ignore_index={pad} to the loss (or set the padded targets to -100)"
             if e.loc is not None and "labels" in a.source.line_text(e.loc.path, e.loc.line):
                 # the model computes the loss (transformers' models): only the labels can say it
                 fix = ("set the labels of the padded positions to -100, which the model's loss "
-                       "ignores: labels = input_ids.masked_fill(attention_mask == 0, -100)")
+                       "ignores: " + (f"labels = labels.masked_fill(labels == {pad}, -100)"
+                                      if source == "targets" else
+                                      "labels = input_ids.masked_fill(attention_mask == 0, -100)"))
             yield self.finding(
                 f"{fraction:.0%} of the targets {name} gets here are the padding index {pad} "
                 f"({what}), and {ignoring}: every padded position is trained "
