@@ -351,9 +351,11 @@ attention_mask     api (nn.MultiheadAttention | F.scaled_dot_product_attention),
                    (key_padding_mask | attn_mask), problem ("inverted": the keys the mask leaves
                    out are exactly the tokens that are not the batch's fill id; "additive01": a
                    float mask of only 0 and 1, or 0 and -1, which attention adds to its scores),
-                   convention ("True leaves out" | "True attends" | "added"), and for "inverted"
-                   fill (the padding id), rows, removed (share of keys left out), dtype; for
-                   "additive01" values — at one of the first masked calls, once per call line
+                   convention ("True leaves out" | "True attends" | "added" | "none"), and for
+                   "inverted" fill (the padding id), rows, removed (share of keys left out),
+                   dtype; for "additive01" values; "missing": no mask at all and not causal over
+                   keys of a padded token batch's shape, with fill, rows, padded_rows, padded
+                   (share of the positions that are padding) — at one of the first masked calls, once per call line
                    and problem (loc: the attention call; an aside; instrument/attnmask.py)
 label_smoothing    label_smoothing (the cross_entropy argument, > 0), classes, floor (the value
                    every class but one or two holds in each target row), target_smoothing (floor

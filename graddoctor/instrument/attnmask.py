@@ -27,7 +27,10 @@ sample leaves out for every query. When a token batch of the same (batch, length
 in at least two rows, and the keys left out are exactly the positions that do *not* hold the
 fill id (98% of them or more), an ``attention_mask`` aside event with ``problem="inverted"`` is
 recorded at the call. A float mask (of any shape) whose values are only 0 and 1 (or 0 and -1),
-both present, is recorded with ``problem="additive01"``. Each call line is recorded once.
+both present, is recorded with ``problem="additive01"``. A call with no mask at all (and not
+causal) whose keys have the shape of a remembered token batch in which the fill id forms runs at
+one end of two rows or more and occurs almost nowhere else is recorded with
+``problem="missing"``: every query attends to the padding. Each call line is recorded once.
 
 Cost: two comparisons per call after the first ``STEPS`` optimizer steps (or the first checks);
 until then one small comparison per masked call and per embedded token batch (CPU tensors only,
@@ -155,6 +158,28 @@ class AttentionMaskWatcher:
                                  dtype=str(m.dtype).replace("torch.", ""))
                 return
 
+    def _unmasked(self, api: str, argument: str, batch: int | None, keys: int) -> None:
+        """An attention call with no mask at all (and not causal) over keys of the shape of a
+        token batch embedded just before whose shorter rows are padded (in two rows or more):
+        every query attends to the padding too."""
+        if batch is None or batch < 2 or (self.rec.running_backwards and self.rec.in_backward()):
+            return  # (a checkpointed forward recomputed in the backward was judged, or not, before)
+        for tokens, fill in self._tokens:
+            if tuple(tokens.shape) != (batch, keys):
+                continue
+            with torch.no_grad():
+                same = tokens == fill
+                # the fill id as padding: runs at one end of the rows, (nearly) nowhere else, not
+                # a token id that also occurs among the words (random ids hit 0 as often as any)
+                runs = torch.maximum(same.flip(1).int().cumprod(1).sum(1), same.int().cumprod(1).sum(1))
+                padded, stray = int(runs.sum()), int(same.sum()) - int(runs.sum())
+                rows, longest = int((runs > 0).sum()), int(runs.max())
+            if rows >= 2 and longest >= 2 and stray <= 0.02 * (tokens.numel() - padded):
+                self._record(api, argument, "missing", convention="none", fill=int(fill),
+                             rows=int(batch), padded_rows=rows,
+                             padded=round(padded / tokens.numel(), 4))
+            return
+
     def _record(self, api: str, argument: str, problem: str, **data) -> None:
         rec = self.rec
         loc = rec.here()
@@ -188,12 +213,12 @@ class AttentionMaskWatcher:
                     or not torch.is_grad_enabled():
                 return
             if len(args) <= 4 and kwargs.get("key_padding_mask") is None \
-                    and kwargs.get("attn_mask") is None:
-                return  # no mask (self, query, key, value given as they usually are)
+                    and kwargs.get("attn_mask") is None and not watcher._tokens:
+                return  # no mask (self, query, key, value given as they usually are), no padding
             try:
                 bound = signature.bind(*args, **kwargs).arguments
                 kpm, attn = bound.get("key_padding_mask"), bound.get("attn_mask")
-                if kpm is None and attn is None:
+                if kpm is None and attn is None and (not watcher._tokens or bound.get("is_causal")):
                     return
                 module, key = bound["self"], bound["key"]
                 frame = watcher._caller()
@@ -205,6 +230,9 @@ class AttentionMaskWatcher:
                     keys = key.shape[1] if getattr(module, "batch_first", False) else key.shape[0]
                 else:
                     batch, keys = None, key.shape[0]
+                if kpm is None and attn is None:
+                    watcher._unmasked("nn.MultiheadAttention", "key_padding_mask", batch, keys)
+                    return
                 if kpm is not None:
                     watcher._judge("nn.MultiheadAttention", "key_padding_mask", kpm, batch, keys,
                                    keep_true=False)
@@ -230,8 +258,9 @@ class AttentionMaskWatcher:
                 return
             try:
                 mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-                if mask is None:
-                    return
+                if mask is None and (not watcher._tokens or
+                                     (args[5] if len(args) > 5 else kwargs.get("is_causal"))):
+                    return  # no mask and no padded batch, or a causal one
                 frame = watcher._caller()
                 caller = frame.f_code.co_filename if frame is not None else ""
                 if os.path.normcase(os.path.abspath(caller)) == _TORCH_FUNCTIONAL:
@@ -242,6 +271,10 @@ class AttentionMaskWatcher:
                 query = args[0] if args else kwargs.get("query")
                 key = args[1] if len(args) > 1 else kwargs.get("key")
                 batch = int(query.shape[0]) if query.dim() >= 3 else None
+                if mask is None:
+                    watcher._unmasked("F.scaled_dot_product_attention", "attn_mask", batch,
+                                      int(key.shape[-2]))
+                    return
                 if isinstance(mask, torch.Tensor) and mask.dim() < 3:
                     batch = None  # (L, S): one mask for every sample
                 watcher._judge("F.scaled_dot_product_attention", "attn_mask", mask, batch,
