@@ -178,3 +178,24 @@ def test_ctc_loss_takes_log_probabilities_over_the_last_dimension():
     assert "dim=1)" in message and "dim=-1" in fix and "dim=1 for" not in fix
     [(_, message, fix)] = _messages(fn="ctc_loss", problem="softmax", classes=5)
     assert "log-probabilities" in message and "F.log_softmax(scores, dim=-1)" in fix
+
+
+def test_kl_div_given_raw_scores_is_recorded_and_log_probabilities_are_not():
+    from torch import nn
+
+    from graddoctor.instrument import Instrumentation, Recorder
+
+    def recorded(make_input):
+        torch.manual_seed(0)
+        rec = Recorder(step_budget=None)
+        model = nn.Linear(6, 5)
+        target = torch.softmax(torch.randn(8, 5), 1)
+        with Instrumentation(rec):
+            F.kl_div(make_input(model(torch.randn(8, 6))), target, reduction="batchmean").backward()
+        return [(e["fn"], e["problem"]) for e in rec.trace.of_kind("loss_input")]
+
+    assert recorded(lambda z: z / 2.0) == [("kl_div", "logits")]  # a distillation's scaled logits
+    assert recorded(lambda z: F.log_softmax(z, -1)) == []
+    assert recorded(lambda z: z - z.logsumexp(-1, keepdim=True)) == []  # normalised by hand
+    [(_, message, fix)] = _messages(fn="kl_div", problem="logits", classes=5)
+    assert "raw scores" in message and "log_softmax" in fix

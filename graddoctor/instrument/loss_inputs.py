@@ -228,7 +228,7 @@ class LossInputWatcher:
             normalised = normalised_size(node)
             if normalised is not None and normalised != classes:
                 problem = "dim"  # log_softmax over another dimension than the classes
-        elif made in (None, "relu") and fn in ("cross_entropy", "nll_loss"):
+        elif made in (None, "relu") and fn in ("cross_entropy", "nll_loss", "kl_div"):
             problem = self._by_values(fn, input)
         values = None
         if problem is None and fn not in ("nll_loss", "ctc_loss"):
@@ -326,15 +326,17 @@ class LossInputWatcher:
 
     def _by_values(self, fn: str, input) -> str | None:
         """For scores whose graph does not tell, the first calls only: "probabilities"
-        (cross_entropy given rows in [0, 1] that sum to 1), "logits" (nll_loss given rows that
-        are not log-normalised, with no log op behind them), else None."""
+        (cross_entropy given rows in [0, 1] that sum to 1), "logits" (nll_loss or kl_div given
+        rows that are not log-normalised, with no log op behind them), else None. kl_div has no
+        class dimension of its own: its rows are read along the last one, the distillation
+        convention (log_softmax(student_logits, dim=-1))."""
         if not self._reads_left(fn, input):
             return None
-        if input.dim() == 0 or input.numel() == 0 or input.shape[_class_dim(input)] < 2:
+        dim = -1 if fn == "kl_div" else _class_dim(input)
+        if input.dim() == 0 or input.numel() == 0 or input.shape[dim] < 2:
             return None
-        if fn == "nll_loss" and has_log_nearby(input):
+        if fn in ("nll_loss", "kl_div") and has_log_nearby(input):
             return None
-        dim = _class_dim(input)
         with torch.no_grad():
             values = input.detach().float()
             if fn == "cross_entropy":

@@ -52,6 +52,11 @@ def _effect(fn: str, problem: str, classes: int) -> str:
     if fn == "nll_loss":
         return ("it minimises -p[target] instead of -log p[target]: a bounded loss whose "
                 "gradient does not grow for badly wrong predictions, so training stalls")
+    if fn == "kl_div" and problem == "logits":
+        return ("the divergence is computed as target·(log target − input): with raw scores as "
+                "input its gradient is −target whatever the student predicts, and the loss falls "
+                "without bound as the scores grow, so the student is not pulled towards the "
+                "target distribution")
     if fn == "ctc_loss":
         return ("it sums them along each alignment as if they were log-probabilities: the result "
                 "is not the negative log-likelihood of the target sequence (it falls below zero), "
@@ -93,7 +98,8 @@ class LossInputMismatch(Rule):
     kind of score: `cross_entropy` (`nn.CrossEntropyLoss`) or
     `binary_cross_entropy_with_logits` (`nn.BCEWithLogitsLoss`) given the output of a softmax
     or sigmoid, `nll_loss` (`nn.NLLLoss`) given probabilities or raw scores, `kl_div`
-    (`nn.KLDivLoss`) or `ctc_loss` (`nn.CTCLoss`) given probabilities as its input; also
+    (`nn.KLDivLoss`) given probabilities or raw scores (a distillation's scaled logits) as its
+    input, `ctc_loss` (`nn.CTCLoss`) given probabilities; also
     scores out of a ReLU given to
     `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax` over another
     dimension than the classes (`dim=0`: the batch) given to `cross_entropy`, `nll_loss` or
