@@ -34,6 +34,7 @@ from .policygrad import AdvantageGradWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
 from .ratios import RatioWatcher
+from .reparam import ReparamWatcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .resets import ParamResetWatcher
@@ -102,6 +103,10 @@ class Instrumentation:
         ratios = RatioWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, ratios.describe_loss)
         self.watchers.append(ratios)
+        # samples without gradient used where the reparameterised one is meant
+        reparam = ReparamWatcher(rec, self.optimizers.owned_pids())
+        rec.subscribe(DESCRIBE_LOSS, reparam.describe_loss)
+        self.watchers.append(reparam)
         # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
