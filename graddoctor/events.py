@@ -202,9 +202,13 @@ ratio_fault        fault ("cancels": an importance ratio of one value over itsel
                    backward) — at the first 3 backwards of a line after a ``torch.distributions``
                    log_prob, once per fault (loc: the numerator's log_prob call; an aside;
                    instrument/ratios.py)
-reparam_cut        dist (the class of the distribution sampled), params [pid] (optimizer-owned
-                   parameters behind its parameters), op (the autograd node where the sample
-                   enters the loss's graph as a constant), backward (the line of the backward)
+reparam_cut        dist (the class of the distribution sampled; None for a hand-written
+                   reparameterisation), params [pid] (optimizer-owned parameters behind its
+                   parameters), op (the autograd node where the sample enters the loss's graph
+                   as a constant), via ("sample": ``sample()`` | "scale" / "location": a
+                   ``torch.randn_like`` noise multiplied by / added to a ``.detach()`` of a
+                   tensor with gradient: ``mu + eps * std.detach()``; loc: that op's line),
+                   backward (the line of the backward)
                    — a ``sample()`` (with gradients on, of a distribution with ``rsample`` and
                    parameters that need a gradient) that a loss at one of the first 8 windows
                    uses as a constant, while it trains that distribution and holds no
@@ -804,8 +808,9 @@ def ratio_fault(*, fault: str, dist: str | None, params: list[int], backward: in
     return "ratio_fault", {"fault": fault, "dist": dist, "params": params, "backward": backward}
 
 
-def reparam_cut(*, dist: str, params: list[int], op: str, backward: int | None) -> Made:
-    return "reparam_cut", {"dist": dist, "params": params, "op": op, "backward": backward}
+def reparam_cut(*, dist: str | None, params: list[int], op: str, via: str,
+                backward: int | None) -> Made:
+    return "reparam_cut", {"dist": dist, "params": params, "op": op, "via": via, "backward": backward}
 
 
 def advantage_grad(*, params: list[int]) -> Made:

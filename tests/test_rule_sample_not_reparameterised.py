@@ -101,12 +101,61 @@ def test_the_mode_is_gone_after_the_backward_and_after_the_run():
 
 def test_the_rule_warns_at_the_sample_with_rsample_as_the_fix():
     t = builder()
-    t.put(ev.reparam_cut(dist="Normal", params=[0, 1], op="AddmmBackward0", backward=16), line=12)
+    t.put(ev.reparam_cut(dist="Normal", params=[0, 1], op="AddmmBackward0", via="sample", backward=16), line=12)
     t.backward(fresh=[0, 1], line=16)
     t.step(line=17)
     f = only(t, SLUG)
     assert f.severity is Severity.WARNING and f.location.line == 12
     assert "rsample()" in f.fix and "Normal" in f.message
     t = builder()
-    t.put(ev.reparam_cut(dist="Normal", params=[5], op="AddmmBackward0", backward=16), line=12)
+    t.put(ev.reparam_cut(dist="Normal", params=[5], op="AddmmBackward0", via="sample", backward=16), line=12)
     assert findings(t, SLUG) == []  # no optimizer steps them
+
+
+def _hand_written(make):
+    """The ``reparam_cut`` events' (via, line offset) of a VAE step whose latent is ``make``."""
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    with Instrumentation(rec):
+        encoder, decoder = nn.Linear(6, 4), nn.Linear(2, 6)
+        opt = torch.optim.SGD([*encoder.parameters(), *decoder.parameters()], lr=0.1)
+        x = torch.randn(8, 6)
+        mu, logvar = encoder(x).chunk(2, -1)
+        std = (0.5 * logvar).exp()
+        z = make(mu, std)
+        kld = -0.5 * torch.sum(1 + logvar - mu ** 2 - logvar.exp(), dim=1).mean()
+        loss = (decoder(z) - x).pow(2).mean() + kld
+        loss.backward()
+        opt.step()
+    return [e["via"] for e in rec.trace if e.kind == "reparam_cut"]
+
+
+def test_a_detached_scale_or_mean_of_a_hand_written_reparameterisation_is_recorded():
+    assert _hand_written(lambda mu, std: mu + torch.randn_like(std) * std.detach()) == ["scale"]
+
+    def noise_first(mu, std):
+        eps = torch.randn_like(mu)
+        return mu + std.detach() * eps
+    assert _hand_written(noise_first) == ["scale"]
+    # detached before the noise is drawn, the noise shaped after the other part: not seen
+    assert _hand_written(lambda mu, std: mu + std.detach() * torch.randn_like(mu)) == []
+    assert _hand_written(lambda mu, std: mu.detach() + torch.randn_like(mu) * std) == ["location"]
+    assert _hand_written(lambda mu, std: mu.detach() + torch.randn_like(std) * std) == []  # not seen
+
+    def detached_first(mu, std):
+        location = mu.detach()
+        return location + torch.randn_like(mu) * std  # detached before the noise was drawn
+    assert _hand_written(detached_first) == ["location"]
+
+
+def test_an_attached_reparameterisation_and_plain_noise_are_left_alone():
+    assert _hand_written(lambda mu, std: mu + torch.randn_like(std) * std) == []
+    assert _hand_written(lambda mu, std: mu + 0.0 * (mu.detach() + 0.1 * torch.randn_like(mu))) == []
+    assert _hand_written(lambda mu, std: mu + std * torch.randn_like(std) * std.mean().detach()) == []
+
+
+def test_the_rule_shows_the_line_of_a_hand_written_one():
+    t = builder()
+    t.put(ev.reparam_cut(dist=None, params=[0, 1], op="AddBackward0", via="scale", backward=16), line=12)
+    f = only(t, SLUG)
+    assert "scale (std)" in f.message and "drop the .detach()" in f.fix

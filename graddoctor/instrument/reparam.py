@@ -30,6 +30,14 @@ How, and what it costs:
   sample or of more than one element. A ``reparam_cut`` aside event at the ``sample()`` call,
   once.
 
+A hand-written reparameterisation is followed the same way: ``torch.randn_like(t)`` of a ``t``
+that needs a gradient is an origin (the noise of ``mu + eps * std``), and the window notes
+``.detach()`` results of tensors with gradient. The noise multiplied by (a *scale*) or added to (a
+*location*, the noise already scaled by a tensor with gradient) such a detached tensor of its own
+shape (or a no-gradient tensor on ``t``'s storage: ``mu.detach()`` taken before
+``torch.randn_like(mu)``) is a cut at that line; reported when the loss reaches a use of that
+noise and trains the detached tensor's parameters.
+
 Nothing is followed under ``no_grad`` (a target, a generation), after ``torch.compile`` is
 called (the window closes before it runs), or for distributions without ``rsample``
 (``Categorical``'s samples have no reparameterised form: a score function or a relaxation is the
@@ -59,6 +67,11 @@ _TAINTED = 65536  # tensors derived from origins kept in one window
 _NODES = 20000  # nodes of the loss's graph walked
 _NEAR = 6  # levels below a product's factor searched for a log-probability
 _DEPTH = 3  # levels of distributions held by a distribution searched for parameters
+_DETACH = torch.Tensor.detach
+# ops that combine a noise value with a location or a scale (their ``__name__``)
+_COMBINE = {"mul": "scale", "__mul__": "scale", "__rmul__": "scale", "add": "location",
+            "__add__": "location", "__radd__": "location", "sub": "location", "__sub__": "location",
+            "__rsub__": "location"}
 
 
 def _classes(method: str) -> list[type]:
@@ -109,7 +122,7 @@ class _Follow(TorchFunctionMode):
         watcher = self.watcher
         if watcher.following and not watcher.inside:
             try:
-                watcher.follow(args, kwargs, out)
+                watcher.follow(func, args, kwargs, out)
             except Exception as exc:
                 watcher.following = False
                 watcher.rec.internal_error("reparam_cut", exc)
@@ -124,7 +137,9 @@ class ReparamWatcher:
         self.inside = 0  # log_prob / sample calls running (their ops are not followed)
         self._mode: _Follow | None = None
         self._thread: int | None = None
-        self._origins: list = []  # [(class, Location, [weak parameter])]
+        self._origins: list = []  # [(class or None for noise, Location, [weak parameter])]
+        self._detached: dict = {}  # id(a .detach() of a tensor with gradient) -> (weak, source)
+        self._cuts: list = []  # (origin, "scale" | "location", source, Location)
         self._tainted: dict = {}  # id(tensor) -> (weak tensor, origin index)
         self._uses: dict = {}  # autograd node -> origin index
         self._scores: dict = {}  # autograd node of a log_prob -> origin index of its value
@@ -138,16 +153,26 @@ class ReparamWatcher:
         if self._closed or not isinstance(result, torch.Tensor) or not torch.is_grad_enabled() \
                 or result.requires_grad or not getattr(dist, "has_rsample", False):
             return
-        if len(self._origins) >= _SAMPLES or (not self._origins and self._windows >= _WINDOWS):
-            return
         params = _learnable(dist)
-        if not params:
+        if params:
+            self._note(type(dist).__name__, params, result)
+
+    def noise(self, like, result) -> None:
+        """``torch.randn_like(t)`` of a ``t`` that needs a gradient: a reparameterisation's noise
+        (``mu + std * eps``), followed for a detached location or scale."""
+        if self._closed or not isinstance(result, torch.Tensor) or not torch.is_grad_enabled() \
+                or not isinstance(like, torch.Tensor) or not like.requires_grad:
+            return
+        self._note(None, [like], result)
+
+    def _note(self, cls, params, result) -> None:
+        if len(self._origins) >= _SAMPLES or (not self._origins and self._windows >= _WINDOWS):
             return
         if not self._origins:
             if not self._open():
                 return
         index = len(self._origins)
-        self._origins.append((type(dist).__name__, self.rec.here(), [weakref.ref(p) for p in params]))
+        self._origins.append((cls, self.rec.here(), [weakref.ref(p) for p in params]))
         self._tainted[id(result)] = (weakref.ref(result), index)
 
     def scored(self, value, result) -> None:
@@ -165,11 +190,15 @@ class ReparamWatcher:
         return None
 
     # -- the mode ----------------------------------------------------------------------------
-    def follow(self, args, kwargs, out) -> None:
+    def follow(self, func, args, kwargs, out) -> None:
         self._ops += 1
         if self._ops > _OPS:
             self.following = False
             return
+        if func is _DETACH and args and isinstance(out, torch.Tensor) and args[0].requires_grad:
+            source = args[0].grad_fn if args[0].grad_fn is not None else args[0]
+            if len(self._detached) < _TAINTED:
+                self._detached[id(out)] = (weakref.ref(out), source)
         origin = cut = None
         for tensor in _tensors(args, kwargs):
             found = self._origin_of(tensor)
@@ -180,6 +209,8 @@ class ReparamWatcher:
                     break
         if origin is None:
             return
+        if self._origins[origin][0] is None:
+            self._detached_operand(func, args, kwargs, origin)
         tainted, uses = self._tainted, self._uses
         for tensor in _outputs(out):
             if len(tainted) < _TAINTED:
@@ -187,6 +218,33 @@ class ReparamWatcher:
             node = tensor.grad_fn
             if cut is not None and node is not None:
                 uses[node] = cut
+
+    def _detached_operand(self, func, args, kwargs, origin) -> None:
+        """A noise value multiplied by (a scale) or added to (a location) a detached copy of a
+        tensor with gradient of the noise's own shape: ``mu + eps * std.detach()``."""
+        via = _COMBINE.get(getattr(func, "__name__", ""))
+        if via is None or len(self._cuts) >= _SAMPLES:
+            return
+        shape = None
+        for tensor in _tensors(args, kwargs):
+            if self._origin_of(tensor) == origin:
+                shape = tensor.shape
+                if via == "location" and not tensor.requires_grad:
+                    return  # plain noise added to a detached value (an augmentation), no scale learnt
+        likes = [p() for p in self._origins[origin][2]]
+        for tensor in _tensors(args, kwargs):
+            if tensor.shape != shape or tensor.requires_grad:
+                continue
+            entry = self._detached.get(id(tensor))
+            if entry is not None and entry[0]() is tensor:
+                self._cuts.append((origin, via, entry[1], self.rec.here()))
+                return
+            for like in likes:  # detached before the noise was drawn: ``mu.detach() + eps * std``
+                if like is not None and like.data_ptr() == tensor.data_ptr() \
+                        and like.shape == tensor.shape and like.dtype == tensor.dtype:
+                    self._cuts.append((origin, via, like.grad_fn if like.grad_fn is not None else like,
+                                       self.rec.here()))
+                    return
 
     def _open(self) -> bool:
         try:
@@ -206,6 +264,7 @@ class ReparamWatcher:
         script pushed after it and still holds: left there, passing every call through)."""
         self.following = False
         self._origins, self._tainted, self._uses, self._scores = [], {}, {}, {}
+        self._detached, self._cuts = {}, []
         self.inside = 0
         self._calls.clear()  # a call that raised left its entry
         mode = self._mode
@@ -255,22 +314,37 @@ class ReparamWatcher:
                 products.append(node)
         if not used:
             return
+        trained: set | None = None
+        for origin, via, source, where in self._cuts:
+            if origin not in used:
+                continue
+            pids = self._pids([source]) if isinstance(source, torch.Tensor) else self._pids_below(source)
+            if trained is None:
+                trained = set().union(*(self._pids_below(root) for root in roots))
+            if pids & trained:
+                self._closed = True
+                self.rec.emit_aside(ev.reparam_cut(dist=None, params=sorted(pids)[:64],
+                                                   op=type(used[origin]).__name__, via=via,
+                                                   backward=getattr(self.rec.here(), "line", None)),
+                                    where)
+                return
         scored = self._scored(products)
         for origin in sorted(used):
             if origin in scored:
                 continue
             cls, where, weak = self._origins[origin]
+            if cls is None:
+                continue  # noise: judged by its cuts
             pids = self._pids([p() for p in weak if p() is not None])
             if not pids:
                 continue
-            trained = set()
-            for root in roots:
-                trained |= self._pids_below(root)
+            if trained is None:
+                trained = set().union(*(self._pids_below(root) for root in roots))
             if not pids & trained:
                 continue  # the loss does not train this distribution (a critic on its samples)
             self._closed = True
             self.rec.emit_aside(ev.reparam_cut(dist=cls, params=sorted(pids)[:64],
-                                               op=type(used[origin]).__name__,
+                                               op=type(used[origin]).__name__, via="sample",
                                                backward=getattr(self.rec.here(), "line", None)),
                                 where)
             return
@@ -352,6 +426,10 @@ class ReparamWatcher:
             watcher.inside += 1
             calls.append(("sample", args[0] if args else None, None))
 
+        def enter_noise(args, kwargs) -> None:
+            watcher.inside += 1
+            calls.append(("noise", args[0] if args else kwargs.get("input"), None))
+
         def enter_log_prob(args, kwargs) -> None:
             watcher.inside += 1
             calls.append(("log_prob", args[0] if args else None,
@@ -367,6 +445,8 @@ class ReparamWatcher:
             try:
                 if method == "sample":
                     watcher.sampled(dist, result)
+                elif method == "noise":
+                    watcher.noise(dist, result)
                 else:
                     watcher.scored(value, result)
             except Exception as exc:
@@ -376,6 +456,7 @@ class ReparamWatcher:
         patcher.handle(_Uninstall(self))
         for cls in _classes("sample"):
             patcher.patch(cls, "sample", watched(watched_result(vars(cls)["sample"], after), enter_sample))
+        patcher.patch(torch, "randn_like", watched(watched_result(torch.randn_like, after), enter_noise))
         for cls in _classes("log_prob"):
             if cls is not D.Distribution:
                 patcher.patch(cls, "log_prob",
@@ -388,7 +469,10 @@ class ReparamWatcher:
 
 
 class _Uninstall:
-    """The patcher's handle that pops a window's mode when the instrumentation is removed."""
+    """The patcher's handle that pops a window's mode when the instrumentation is removed (no
+    hook of its own: benchmarks/overhead.py's suspension passes over it)."""
+
+    follows_a_patch = True
 
     def __init__(self, watcher: ReparamWatcher):
         self.watcher = watcher

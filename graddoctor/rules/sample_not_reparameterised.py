@@ -12,7 +12,9 @@ class SampleNotReparameterised(Rule):
     trains that distribution (a VAE's decoder loss on `q.sample()`, SAC's actor loss
     `q(s, pi.sample())`, a relaxed Gumbel policy's `sample()` fed to a differentiable critic or
     world model) that holds no score-function term of it (`log_prob(sample)` weighted by a
-    per-sample return, as REINFORCE, A2C and PPO do). `sample` and `log_prob` of
+    per-sample return, as REINFORCE, A2C and PPO do). The same for a hand-written
+    reparameterisation with a detached mean or scale (`mu + eps * std.detach()`,
+    `mu.detach() + eps * std`, for `eps = torch.randn_like(...)`). `sample` and `log_prob` of
     `torch.distributions` are wrapped; for the first few such samples the values derived from the
     sample are followed (a `TorchFunctionMode`, until the next backward) to the ops where they
     enter the loss's graph as constants. It points at the `sample()` call.
@@ -41,8 +43,9 @@ class SampleNotReparameterised(Rule):
     under `no_grad` (a SAC critic's target action, a generation) or only logged; a critic trained
     on the policy's samples in a loss that does not train the policy; `rsample()`, Gumbel-softmax
     with `hard=True`, straight-through estimators; distributions without `rsample`
-    (`Categorical`: a score function or a relaxation is the fix there); a sample used after
-    `torch.compile` was called (not followed).
+    (`Categorical`: a score function or a relaxation is the fix there); noise added to a detached
+    value with no learnt scale (an augmentation: `z.detach() + 0.1 * torch.randn_like(z)`);
+    a sample used after `torch.compile` was called (not followed).
     """
 
     code = "GD146"
@@ -58,6 +61,21 @@ class SampleNotReparameterised(Rule):
             pids = [pid for pid in e.get("params") or () if pid in stepped]
             if not pids:
                 continue
+            via = e.get("via") or "sample"
+            if via in ("scale", "location"):
+                text = _code(a.source.line_text(e.loc.path, e.loc.line)) if e.loc is not None else ""
+                said = f"`{text}`" if text else "this line"
+                part = "scale (std)" if via == "scale" else "mean (mu)"
+                yield self.finding(
+                    f"the reparameterisation {said} uses a detached copy of its {part}: the loss "
+                    f"backpropagated at line {e.get('backward')} uses the sample, but no gradient "
+                    f"reaches the {part} through it, so {a.names(pids)} learn it only from the "
+                    f"loss's other terms (the KL pulls it to the prior)",
+                    e.loc, step=a.next_step_number(e.seq),
+                    evidence={"via": via, "op": e.get("op"),
+                              "params": [a.param_name(p) for p in pids[:16]]},
+                    fix="drop the .detach() from the reparameterisation: z = mu + eps * std")
+                return
             dist = e.get("dist") or "distribution"
             yield self.finding(
                 f"this {dist}'s sample() carries no gradient, but the loss backpropagated at line "
@@ -71,3 +89,8 @@ class SampleNotReparameterised(Rule):
                 fix=(f"use rsample() instead of sample() here (the reparameterised sample of the "
                      f"{dist} passes the gradient to its parameters)"))
             return
+
+
+def _code(line: str) -> str:
+    """A source line without its comment and indentation."""
+    return line.split("  #", 1)[0].strip()
