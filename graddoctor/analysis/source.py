@@ -823,7 +823,19 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
         def wanted(value):
             return _calls_named(value, ("exp",)) or any(
                 isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(value))
-    ratio = next((n for n in statements if wanted(n.value)), None)
+    # only statements that read what the log_prob's statement made, directly or through the
+    # statements between (a ratio in another function is not guessed at)
+    names: set = set()
+    ratio = None
+    for n in statements:
+        read = {sub.id for sub in ast.walk(n.value) if isinstance(sub, ast.Name)}
+        if n.lineno != line and not read & names:
+            continue
+        if wanted(n.value):
+            ratio = n
+            break
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+        names |= {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
     if ratio is None:
         return None
     if fault == "cancels":

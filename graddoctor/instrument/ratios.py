@@ -265,10 +265,10 @@ class RatioWatcher:
             self._judge_surrogate(root)
 
     def _emit(self, fault, noted, pids) -> None:
-        if fault in self._done or not pids:
-            return
+        if fault in self._done or not pids or noted is None:
+            return  # a ratio of no torch.distributions log_prob: its line is not known
         self._done.add(fault)
-        cls, where, _ = noted if noted is not None else (None, None, None)
+        cls, where, _ = noted
         self.rec.emit_aside(ev.ratio_fault(fault=fault, dist=cls, params=sorted(pids)[:64],
                                            backward=_line_of(self.rec.here())),
                             where if where is not None else self.rec.here())

@@ -93,7 +93,7 @@ class ImportanceRatioWrong(Rule):
                 line = a.source.ratio_line(loc.path, loc.line, fault)
                 if line is not None:
                     loc, text = Location(loc.path, line[0], loc.function), line[1]
-            said = f"`{text}`" if text else "the ratio"
+            said = f"`{text}`" if text else "the ratio made from this log_prob"
             yield self.finding(
                 _WHAT[fault].format(text=said, params=a.names(pids), dist=e.get("dist") or "distribution"),
                 loc, step=a.next_step_number(e.seq),
