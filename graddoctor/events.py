@@ -192,6 +192,28 @@ gan_same_target    critic, generator (the two modules' classes), critic_params, 
                    G (G's step) got two gradients on its output for the same samples that point
                    the same way: G is trained toward D's target for its samples (loc: G's step's
                    call of D; an aside; instrument/adversarial.py)
+ratio_fault        fault ("cancels": an importance ratio of one value over itself, identically 1 |
+                   "denominator": the subtracted log-probability, of the same distribution at
+                   the same actions, carries gradient into the numerator's parameters |
+                   "inverted": only the subtracted log-probability carries gradient |
+                   "minimised": a clipped surrogate's min reached with a positive sign, or its
+                   max with a negative one), dist (the log_prob's class, or None), params
+                   [pid] (optimizer-owned parameters behind it), backward (the line of the
+                   backward) — at the first 3 backwards of a line after a ``torch.distributions``
+                   log_prob, once per fault (loc: the numerator's log_prob call; an aside;
+                   instrument/ratios.py)
+reparam_cut        dist (the class of the distribution sampled; None for a hand-written
+                   reparameterisation), params [pid] (optimizer-owned parameters behind its
+                   parameters), op (the autograd node where the sample enters the loss's graph
+                   as a constant), via ("sample": ``sample()`` | "scale" / "location": a
+                   ``torch.randn_like`` noise multiplied by / added to a ``.detach()`` of a
+                   tensor with gradient: ``mu + eps * std.detach()``; loc: that op's line),
+                   backward (the line of the backward)
+                   — a ``sample()`` (with gradients on, of a distribution with ``rsample`` and
+                   parameters that need a gradient) that a loss at one of the first 8 windows
+                   uses as a constant, while it trains that distribution and holds no
+                   score-function term of the sample, once (loc: the ``sample()`` call; an
+                   aside; instrument/reparam.py)
 entropy_sign       term ("entropy": a ``torch.distributions`` entropy() minimised in a loss that
                    also holds a score-function log_prob | "log_prob": a distribution's
                    log_prob of its own rsample maximised), dist (its class) — the entropy
@@ -521,7 +543,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -785,6 +807,15 @@ def entropy_sign(*, term: str, dist: str) -> Made:
     return "entropy_sign", {"term": term, "dist": dist}
 
 
+def ratio_fault(*, fault: str, dist: str | None, params: list[int], backward: int | None) -> Made:
+    return "ratio_fault", {"fault": fault, "dist": dist, "params": params, "backward": backward}
+
+
+def reparam_cut(*, dist: str | None, params: list[int], op: str, via: str,
+                backward: int | None) -> Made:
+    return "reparam_cut", {"dist": dist, "params": params, "op": op, "via": via, "backward": backward}
+
+
 def advantage_grad(*, params: list[int]) -> Made:
     return "advantage_grad", {"params": params}
 
@@ -1043,6 +1074,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
+    "ratio_fault": ratio_fault, "reparam_cut": reparam_cut,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -1067,7 +1099,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "loss_unbounded", "advantage_grad",
-                         "gan_same_target", "entropy_sign", "step_edit",
+                         "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
                          "self_match", "batch_pairing", "last_step_padded",
                          "attention_mask", "label_smoothing",
                          "mixup_unmixed"})

@@ -73,6 +73,9 @@ class ScriptSource:
     def grad_clears(self, path: str, first: int, last: int) -> list[tuple[int, str]]:
         return grad_clears(self.full(path), first, last)
 
+    def ratio_line(self, path: str, line: int, fault: str) -> tuple[int, str] | None:
+        return ratio_line(self.full(path), line, fault)
+
     def loss_assignment(self, path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
         return loss_assignment(self.full(path), line, framework)
 
@@ -782,6 +785,69 @@ def advantage_line(path: str, line: int) -> tuple[int, str] | None:
                 and (best is None or node.lineno > best.lineno):
             best = node
     return (best.lineno, ast.unparse(best).strip()) if best is not None else None
+
+
+def _calls_named(node: ast.AST, names: tuple[str, ...]) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in names:
+                return True
+    return False
+
+
+def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the statement to change for a policy ratio's fault (ratios.py), from
+    the line of the ``log_prob`` call behind it: the first assignment at or after ``line`` (20
+    lines at most, in its function) that computes the ratio (an ``exp`` or a division; for
+    ``"minimised"``, the clipped surrogate's ``min``/``max``), or for ``"cancels"`` the plain
+    alias between them that makes the subtracted name the log-probability itself
+    (``old_logp = logp``); for ``"denominator"``, the statement at ``line`` (the old
+    log-probability's); None when there is none."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    if fault == "denominator":  # the old log-probability's own statement
+        found = _innermost_statement(tree, line)
+        return None if found is None else (found[0].lineno, ast.unparse(found[0]).strip())
+    scope = _enclosing_function(tree, line)
+    statements = sorted((n for n in ast.walk(scope)
+                         if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                         and n.value is not None and line <= n.lineno <= line + 20),
+                        key=lambda n: n.lineno)
+    if fault == "minimised":
+        def wanted(value):
+            return _calls_named(value, ("min", "max", "minimum", "maximum"))
+    else:
+        def wanted(value):
+            return _calls_named(value, ("exp",)) or any(
+                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(value))
+    # only statements that read what the log_prob's statement made, directly or through the
+    # statements between (a ratio in another function is not guessed at)
+    names: set = set()
+    ratio = None
+    for n in statements:
+        read = {sub.id for sub in ast.walk(n.value) if isinstance(sub, ast.Name)}
+        if n.lineno != line and not read & names:
+            continue
+        if wanted(n.value):
+            ratio = n
+            break
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+        names |= {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
+    if ratio is None:
+        return None
+    if fault == "cancels":
+        subtracted = {n.right.id for n in ast.walk(ratio.value)
+                      if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Sub, ast.Div))
+                      and isinstance(n.right, ast.Name)}
+        aliases = [n for n in statements if n.lineno < ratio.lineno and isinstance(n, ast.Assign)
+                   and isinstance(n.value, ast.Name) and len(n.targets) == 1
+                   and isinstance(n.targets[0], ast.Name) and n.targets[0].id in subtracted]
+        if aliases:
+            ratio = aliases[-1]
+    return ratio.lineno, ast.unparse(ratio).strip()
 
 
 def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:

@@ -33,6 +33,8 @@ from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
+from .ratios import RatioWatcher
+from .reparam import ReparamWatcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .resets import ParamResetWatcher
@@ -97,6 +99,14 @@ class Instrumentation:
         entropies = EntropySignWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, entropies.describe_loss)
         self.watchers.append(entropies)
+        # importance ratios that cancel or are inverted, clipped surrogates minimised
+        ratios = RatioWatcher(rec, self.optimizers.owned_pids())
+        rec.subscribe(DESCRIBE_LOSS, ratios.describe_loss)
+        self.watchers.append(ratios)
+        # samples without gradient used where the reparameterised one is meant
+        reparam = ReparamWatcher(rec, self.optimizers.owned_pids())
+        rec.subscribe(DESCRIBE_LOSS, reparam.describe_loss)
+        self.watchers.append(reparam)
         # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)

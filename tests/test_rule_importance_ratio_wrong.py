@@ -1,0 +1,108 @@
+"""importance-ratio-wrong (GD147): what the ratio watcher (instrument/ratios.py) records of a
+policy ratio's two sides, the node comparison it rests on, and the rule over hand-written traces."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument.ratios import same
+from rule_traces import builder, findings, only
+
+SLUG = "importance-ratio-wrong"
+
+
+def _faults(ratio_of, epochs=2, rollout_grad=False):
+    """The ``ratio_fault`` events of a small PPO update whose ratio is ``ratio_of(logp, old)``."""
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    with Instrumentation(rec):
+        policy = nn.Linear(4, 3)
+        opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+        states = torch.randn(16, 4)
+        with torch.set_grad_enabled(rollout_grad):
+            rollout = Categorical(logits=policy(states))
+            actions = rollout.sample()
+            old = rollout.log_prob(actions)
+        for _ in range(epochs):
+            logp = Categorical(logits=policy(states)).log_prob(actions)
+            ratio = ratio_of(logp, old)
+            loss = -torch.min(ratio * torch.randn(16), ratio.clamp(0.8, 1.2) * torch.randn(16)).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [(e["fault"], e["dist"]) for e in rec.trace if e.kind == "ratio_fault"]
+
+
+def test_a_ratio_of_the_log_probability_over_itself_is_recorded_once():
+    assert _faults(lambda logp, old: torch.exp(logp - logp)) == [("cancels", "Categorical")]
+    assert _faults(lambda logp, old: logp.exp() / logp.exp()) == [("cancels", "Categorical")]
+    assert _faults(lambda logp, old: (logp.sum(-1) - logp.sum(-1)).exp()) == [("cancels", "Categorical")]
+
+
+def test_an_inverted_ratio_is_recorded():
+    assert _faults(lambda logp, old: torch.exp(old - logp)) == [("inverted", "Categorical")]
+    assert _faults(lambda logp, old: torch.exp(-(logp - old))) == [("inverted", "Categorical")]
+    assert _faults(lambda logp, old: old.exp() / logp.exp()) == [("inverted", "Categorical")]
+
+
+def test_a_denominator_with_gradient_at_the_same_actions_is_recorded():
+    found = _faults(lambda logp, old: torch.exp(logp - old), epochs=1, rollout_grad=True)
+    assert found == [("denominator", "Categorical")]
+
+
+def test_correct_ratios_are_left_alone():
+    assert _faults(lambda logp, old: torch.exp(logp - old)) == []
+    assert _faults(lambda logp, old: logp.exp() / old.exp()) == []
+    assert _faults(lambda logp, old: torch.exp(logp - logp.detach())) == []  # TRPO-like
+    assert _faults(lambda logp, old: torch.exp(-logp)) == []  # no constant minuend: not a ratio
+
+
+def test_a_ratio_of_other_actions_or_of_a_sample_with_gradient_is_left_alone():
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    with Instrumentation(rec):
+        encoder = nn.Linear(4, 4)
+        opt = torch.optim.SGD(encoder.parameters(), lr=0.1)
+        mu, log_std = encoder(torch.randn(8, 4)).chunk(2, -1)
+        q = Normal(mu, log_std.exp())
+        z = q.rsample()
+        log_w = Normal(0.0, 1.0).log_prob(z).sum(-1) - q.log_prob(z).sum(-1)  # IWAE's weights
+        loss = -torch.exp(log_w).mean()
+        loss.backward()
+        opt.step()
+    assert [e for e in rec.trace if e.kind == "ratio_fault"] == []
+
+
+def test_same_compares_ops_and_their_arguments():
+    x = torch.randn(4, 3, requires_grad=True)
+    y = x * 2
+    assert same(y.grad_fn, y.view(12).grad_fn)  # a view keeps the values
+    assert same(y.sum(-1).grad_fn, y.sum(-1).grad_fn)
+    assert not same(y.sum(-1).grad_fn, y.sum(0).grad_fn)
+    assert not same(y.grad_fn, (x * 3).grad_fn)
+    assert not same(y.grad_fn, (y - y.mean()).grad_fn)
+
+
+def test_the_rule_points_at_the_alias_and_names_the_parameters():
+    t = builder()
+    t.put(ev.ratio_fault(fault="cancels", dist="Categorical", params=[0, 1], backward=16), line=14)
+    t.backward(fresh=[0, 1], line=16)
+    t.step(line=17)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 14
+    assert "identically 1" in f.message and "no_grad" in f.fix
+    t = builder()
+    t.put(ev.ratio_fault(fault="inverted", dist="Normal", params=[0], backward=16), line=14)
+    f = only(t, SLUG)
+    assert "inverted" in f.message and "logp - old_logp" in f.fix
+    t = builder()
+    t.put(ev.ratio_fault(fault="minimised", dist="Normal", params=[0], backward=16), line=14)
+    assert findings(t, SLUG) == []  # surrogate-minimised's
+    t = builder()
+    t.put(ev.ratio_fault(fault="cancels", dist="Normal", params=[7], backward=16), line=14)
+    assert findings(t, SLUG) == []  # no optimizer steps it
