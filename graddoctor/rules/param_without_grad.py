@@ -62,7 +62,10 @@ class ParamWithoutGrad(Rule):
     iterations; activation checkpointing, reentrant (with its inputs made to require grad)
     or not; `backward(inputs=...)` over the head; CLS-token pooling whose pooler no loss
     uses; a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
-    tying; lazy layers; parametrized weights; sparse embeddings under SparseAdam.
+    tying; lazy layers; parametrized weights; sparse embeddings under SparseAdam; an optimizer
+    built over a copy of the model (an EMA copy, a target network) while the model's own
+    tensors of the same names and shapes get the gradients (param-not-in-optimizer reports
+    that, at the optimizer).
     """
 
     code = "GD106"
@@ -75,6 +78,7 @@ class ParamWithoutGrad(Rule):
         led = a.ledger
         params = a.params
         forwards = a.of_kind("idle_forward")
+        on_copy = {pid for match in a.optimizers_on_copies.values() for pid in match["idle"]}
         for opt, init in a.optimizers.items():
             steps = [s for s in a.steps if s["opt"] == opt and not s.get("skipped")]
             if a.count(steps) < MIN_STEPS:
@@ -85,6 +89,7 @@ class ParamWithoutGrad(Rule):
             idle = [pid for pid in dict.fromkeys(a.opt_params[opt])
                     if pid not in led.first_contribution and pid not in had_grad
                     and pid not in a.replaced_pids  # param-replaced names the cause
+                    and pid not in on_copy  # an optimizer over a copy: param-not-in-optimizer
                     and (params.get(pid) is None or params[pid].get("requires_grad", True))]
             if not idle:
                 continue
