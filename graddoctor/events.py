@@ -257,6 +257,12 @@ idle_forward       mid, cls, params [pid] (the module's own parameters that got 
                    module is a library's, not the user's: a BertModel's pooler) — watched only from then on, the first
                    call of each call line and mode (loc: the user's line that called it, or
                    that called the checkpoint)
+idle_loss          mid, cls, params [pid] (as idle_forward's), fn (the loss function:
+                   "mse_loss", "cross_entropy"...): a loss whose input carries the output of a
+                   forward with gradients on of a module watched for idle_forward — a loss
+                   computed from that module that no backward ever reached, since the module's
+                   parameters got no gradient — the first call of each module and call line
+                   (loc: the user's loss line)
 optimizer_attr     opt, cls (the optimizer's class), name (the attribute the user's code set:
                    ``optimizer.lr = ...``), key (the ``param_groups`` key it stands for: "lr"
                    for ``learning_rate``), value (float|None: the value set, None when not a
@@ -542,7 +548,7 @@ run_end            status, steps
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
-``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``functional_grad``,
+``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
 ``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
@@ -835,6 +841,10 @@ def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference
                             "library": library}
 
 
+def idle_loss(*, mid: int, cls: str, params: list[int], fn: str) -> Made:
+    return "idle_loss", {"mid": mid, "cls": cls, "params": params, "fn": fn}
+
+
 def functional_grad(*, api: str, create_graph: bool | None = None) -> Made:
     """``create_graph``: for ``torch.autograd.grad``, whether it was asked for (None: another
     entry point)."""
@@ -1065,7 +1075,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
-    "idle_forward": idle_forward, "functional_grad": functional_grad,
+    "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "loss_unbounded": loss_unbounded,
@@ -1090,7 +1100,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "functional_grad",
+ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "idle_loss",
+                         "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "low_precision",

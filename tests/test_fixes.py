@@ -55,6 +55,8 @@ NO_EDIT = {
     "bad_lightning_param_not_in_optimizer.py", "bad_learnable_scalar_left_out.py",
     "bad_optimizer_switch_drops_criterion_params.py", "bad_param_not_in_optimizer_head.py",
     "bad_param_not_in_optimizer_loss_param.py", "bad_param_not_in_optimizer_clamped_temperature.py",
+    # an optimizer built over the model's copy: which expression names the model is a person's
+    "bad_param_not_in_optimizer_ema_copy.py", "bad_param_not_in_optimizer_frozen_target_copy.py",
     # a layer built in forward: moving it into __init__ names it and changes forward
     "bad_layer_built_in_forward.py",
     # eval() on a part that still trains: freeze it or let it train, the finding gives both

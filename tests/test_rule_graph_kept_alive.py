@@ -84,3 +84,87 @@ def test_losses_kept_until_the_accumulation_step_are_not_reported():
             opt.zero_grad()
             logged = torch.stack(window).mean().item()
     assert [e for e in rec.trace if e.kind == "graph_kept"] == []
+
+
+def _events(rec):
+    return [e for e in rec.trace if e.kind == "graph_kept"]
+
+
+def _setup():
+    torch.manual_seed(0)
+    d, g = nn.Linear(3, 1), nn.Linear(2, 3)
+    return d, g, torch.optim.SGD(d.parameters(), lr=0.01), torch.optim.SGD(g.parameters(), lr=0.01)
+
+
+def test_a_loss_computed_every_few_updates_and_kept_until_the_next_is_not_growth():
+    # WGAN-GP (eriklindernoren's PyTorch-GAN): g_loss is computed once per n_critic critic
+    # updates and lives until the next one: one update's graph, not one more per step
+    rec = Recorder(step_budget=None)
+    d, g, opt_d, opt_g = _setup()
+    with Instrumentation(rec):
+        for i in range(20):
+            opt_d.zero_grad()
+            d_loss = d(g(torch.randn(4, 2)).detach()).mean() - d(torch.randn(4, 3)).mean()
+            d_loss.backward()
+            opt_d.step()
+            if i % 5 == 0:
+                opt_g.zero_grad()
+                g_loss = -d(g(torch.randn(4, 2))).mean()
+                g_loss.backward()
+                opt_g.step()
+    assert _events(rec) == []
+
+
+def test_the_sum_of_one_updates_losses_kept_is_not_growth():
+    # DCGAN: errD_real and errD_fake each backwarded, errD = their sum kept for the log line
+    rec = Recorder(step_budget=None)
+    d, g, opt_d, opt_g = _setup()
+    with Instrumentation(rec):
+        for i in range(10):
+            opt_d.zero_grad()
+            err_real = d(torch.randn(4, 3)).mean()
+            err_real.backward()
+            err_fake = -d(g(torch.randn(4, 2)).detach()).mean()
+            err_fake.backward()
+            err_d = err_real + err_fake
+            opt_d.step()
+    assert _events(rec) == []
+
+
+def test_a_gan_keeping_every_generator_loss_is_found():
+    # the discriminator's and the generator's updates alternate: the marked updates of the
+    # generator are every other one
+    rec = Recorder(step_budget=None)
+    d, g, opt_d, opt_g = _setup()
+    with Instrumentation(rec):
+        g_losses = []
+        for i in range(10):
+            opt_d.zero_grad()
+            d(g(torch.randn(4, 2)).detach()).mean().backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            g_loss = -d(g(torch.randn(4, 2))).mean()
+            g_loss.backward()
+            opt_g.step()
+            g_losses.append(g_loss)
+    (e,) = _events(rec)
+    assert e.get("name") == "g_losses" and e.get("holder") == "list"
+
+
+def test_a_running_total_across_accumulation_windows_is_found():
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 3)
+    with Instrumentation(rec):
+        total = 0.0
+        for i in range(48):
+            loss = model(x).pow(2).mean() / 4
+            loss.backward()
+            total = total + loss
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+    (e,) = _events(rec)
+    assert e.get("name") == "total"

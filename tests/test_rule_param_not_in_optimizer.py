@@ -202,3 +202,71 @@ def test_parameters_built_once_after_the_optimizer_are_not_that_case():
     _built_every_step(t, steps=1)
     f, = findings(t, SLUG)
     assert f.location.line == 2 and "cause" not in f.evidence
+
+
+def _on_copy(t, copy_names, model_names, copy_shapes=None, model_shapes=None, steps=3,
+             copy_requires_grad=True):
+    """An optimizer over tensors 0..k-1 (named ``copy_names``) that no backward reaches, while
+    backward writes tensors 10..10+k-1 (named ``model_names``) that no optimizer owns."""
+    k = len(copy_names)
+    copy = list(range(k))
+    model = [10 + i for i in range(len(model_names))]
+    for i, (pid, name) in enumerate(zip(copy, copy_names)):
+        t.param(pid, name, shape=(copy_shapes or [[4, 4]] * k)[i], requires_grad=copy_requires_grad)
+    for i, (pid, name) in enumerate(zip(model, model_names)):
+        t.param(pid, name, shape=(model_shapes or [[4, 4]] * len(model))[i])
+    t.optimizer(0, copy, line=2)
+    for _ in range(steps):
+        t.clear(copy, line=5)
+        t.backward(fresh=model, line=6)
+        t.step(0, line=7, without_grad=copy)
+    return copy, model
+
+
+def test_an_optimizer_over_the_models_copy_is_one_finding_naming_the_copy():
+    t = TraceBuilder()
+    _on_copy(t, ["model_ema.module.0.weight", "model_ema.module.1.weight"],
+             ["model.0.weight", "model.1.weight"])
+    f, = findings(t, SLUG)
+    assert f.location.line == 2 and f.evidence["cause"] == "optimizer-on-copy"
+    assert f.evidence["copy"] == "model_ema.module" and f.evidence["model"] == "model"
+    assert "model.parameters()" in f.fix and "model_ema.module" in f.fix
+    # its symptoms are left to it
+    assert findings(t, "param-without-grad") == []
+
+
+def test_a_frozen_copy_under_the_optimizer_is_the_same_case():
+    t = TraceBuilder()
+    _on_copy(t, ["target_net.0.weight", "target_net.2.weight"],
+             ["policy_net.0.weight", "policy_net.2.weight"], copy_requires_grad=False)
+    f, = findings(t, SLUG)
+    assert f.evidence["cause"] == "optimizer-on-copy" and f.evidence["model"] == "policy_net"
+
+
+def test_unowned_tensors_of_other_shapes_or_names_are_not_a_copy():
+    t = TraceBuilder()
+    _on_copy(t, ["netD.0.weight", "netD.1.weight"], ["netG.0.weight", "netG.1.weight"],
+             copy_shapes=[[4, 4], [1, 4]], model_shapes=[[8, 4], [4, 8]])
+    f, = findings(t, SLUG)
+    assert f.evidence.get("cause") != "optimizer-on-copy"
+    t = TraceBuilder()
+    _on_copy(t, ["a.fc.weight", "a.fc.bias"], ["b.conv.weight", "b.conv.bias"])
+    f, = findings(t, SLUG)
+    assert f.evidence.get("cause") != "optimizer-on-copy"
+
+
+def test_a_copy_that_got_a_gradient_at_one_step_is_not_the_case():
+    t = TraceBuilder()
+    copy, model = _on_copy(t, ["ema.0.weight"], ["net.0.weight"])
+    t.clear(copy, line=5)
+    t.backward(fresh=[*copy, *model], line=6)
+    t.step(0, line=7, without_grad=[])
+    f, = findings(t, SLUG)
+    assert f.evidence.get("cause") != "optimizer-on-copy"
+
+
+def test_one_step_is_not_enough_to_call_it_a_copy():
+    t = TraceBuilder()
+    _on_copy(t, ["ema.0.weight"], ["net.0.weight"], steps=1)
+    f, = findings(t, SLUG)
+    assert f.evidence.get("cause") != "optimizer-on-copy"

@@ -221,3 +221,64 @@ def test_lightning_automatic_step_in_a_hook_keeps_the_return_fix():
         t.step(0, line=22, without_grad=[0, 1])
     [f] = check(t)
     assert "manual_optimization" not in f.evidence and "return loss" in f.fix
+
+
+def test_a_loss_computed_from_the_idle_module_is_a_warning_at_the_loss_line(tmp_path):
+    # a multi-task loop's l_reg = F.mse_loss(reg, y) added as l_reg.item(); a detection loss
+    # dict whose box loss is left out of the sum: the head's loss never reaches a backward
+    path = tmp_path / "model.py"
+    path.write_text(POOLER_SOURCE)
+    t = TraceBuilder(path=str(path))
+    for pid, name in enumerate(("model.encoder.layer.weight", "model.encoder.pooler.weight",
+                                "model.encoder.pooler.bias")):
+        t.put(ev.param(pid=pid, name=name, shape=[2], is_parameter=True, requires_grad=True))
+    t.put(ev.idle_loss(mid=0, cls="Linear", params=[1, 2], fn="mse_loss"), 30)
+    run(t, forwards=[(1, 4, {})])
+    [f] = check(t)
+    assert f.severity == Severity.WARNING and f.location.line == 30
+    assert f.evidence["cause"] == "loss-dropped" and f.evidence["loss"] == "mse_loss"
+    assert "never reaches a backward" in f.message and f.related[0].location.line == 4
+    assert ".item()" in f.fix
+
+
+def test_a_loss_of_another_module_or_under_no_grad_changes_nothing(tmp_path):
+    t = TraceBuilder()
+    t.put(ev.idle_loss(mid=7, cls="Linear", params=[5], fn="mse_loss"), 30)
+    run(t, forwards=[(1, 16, {})])
+    [f] = check(t)
+    assert f.evidence["cause"] == "cut" and f.location.line == 16
+    t = TraceBuilder()
+    t.put(ev.idle_loss(mid=0, cls="Linear", params=[1, 2], fn="mse_loss"), 30)
+    run(t, forwards=[(1, 17, {"grad": False})])
+    [f] = check(t)
+    assert f.evidence["cause"] == "no_grad" and f.location.line == 17
+
+
+def test_idle_loss_is_an_aside_kind():
+    assert "idle_loss" in ev.ASIDE_KINDS
+    kind, data = ev.idle_loss(mid=0, cls="Linear", params=[1], fn="cross_entropy")
+    assert kind == "idle_loss" and ev.CONSTRUCTORS[kind] is ev.idle_loss
+
+
+def test_the_watcher_records_the_loss_line_of_an_idle_heads_loss():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from graddoctor.instrument import Instrumentation, Recorder
+
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    trunk, head, aux = nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(4, 1)
+    x, y, t = torch.randn(8, 4), torch.randint(0, 2, (8,)), torch.randn(8)
+    with Instrumentation(rec):
+        opt = torch.optim.SGD([*trunk.parameters(), *head.parameters(), *aux.parameters()], lr=0.1)
+        for _ in range(5):
+            h = trunk(x)
+            loss = F.cross_entropy(head(h), y)
+            aux_loss = F.mse_loss(aux(h).squeeze(-1), t)
+            opt.zero_grad()
+            (loss + aux_loss.item()).backward()
+            opt.step()
+    found = [e for e in rec.trace if e.kind == "idle_loss"]
+    assert len(found) == 1 and found[0]["fn"] == "mse_loss" and found[0]["cls"] == "Linear"

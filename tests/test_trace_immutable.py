@@ -28,6 +28,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "modes/bad_functional_dropout_validation.py", "losses/bad_loss_broadcast_column_output.py",
             "losses/bad_loss_input_softmax_module.py",  # loss_input
             "zero_grad/bad_param_without_grad_head_under_no_grad.py",
+            "zero_grad/bad_param_without_grad_loss_item.py",  # idle_loss
             "tbptt/good_retain_graph_growing_sequences.py",  # torch.autograd.grad: functional_grad
             "distributed/bad_sampler_without_set_epoch.py",
             "zero_grad/bad_optimizer_lr_attribute.py",  # optimizer_attr

@@ -358,6 +358,49 @@ class Analysis:
         return {pid for e in self.replacements for key in ("old", "new") for pid in e.get(key) or ()}
 
     @cached_property
+    def optimizers_on_copies(self) -> dict[int, dict]:
+        """Optimizers built over a copy of the model the loss trains (``SGD(model_ema.parameters())``
+        for ``SGD(model.parameters())``): over at least two steps no tensor the optimizer owns
+        (and that requires grad) got a gradient, while the model's own tensors, of the same
+        names past a prefix and the same shapes, get gradients no optimizer owns. ``opt ->
+        {"idle": [pid], "trained": [pid], "copy": prefix, "model": prefix}`` (``idle[i]`` is the
+        copy of ``trained[i]``; the prefixes are the names' heads: ``model_ema.module``,
+        ``model``). param-not-in-optimizer reports the wrong optimizer; the rules that see its
+        symptoms (owned tensors without gradient, the model's BatchNorm layers owned by none)
+        leave them to it."""
+        led = self.ledger
+        skip = self.moved | self.replaced_pids
+        orphans: dict[str, int] = {}  # name -> pid: tensors with gradients no optimizer owns
+        for pid in led.first_contribution:
+            event = self.params.get(pid)
+            if (event is None or pid in skip or self.owners.get(pid)
+                    or not event.get("is_parameter") or not event.get("name")):
+                continue
+            orphans.setdefault(event["name"], pid)
+        if not orphans:
+            return {}
+        out: dict[int, dict] = {}
+        for opt in self.optimizers:
+            steps = [s for s in self.steps if s.get("opt") == opt and not s.get("skipped")]
+            if self.count(steps) < 2:
+                continue
+            every = list(dict.fromkeys(self.opt_params.get(opt, ())))
+            owned = [pid for pid in every
+                     if (self.params.get(pid) is None or self.params[pid].get("requires_grad", True))]
+            owned = owned or every  # a copy frozen with requires_grad_(False) (timm's ModelEma)
+            if not owned or any(pid in led.first_contribution for pid in owned):
+                continue
+            if any(set(owned) - set(s.get("without_grad", ())) for s in steps):
+                continue  # some owned tensor had a gradient at a step
+            names = [(self.params[pid].get("name") if pid in self.params else None) for pid in owned]
+            if not all(names):
+                continue
+            match = _copy_of(names, owned, orphans, self.params)
+            if match is not None:
+                out[opt] = match
+        return out
+
+    @cached_property
     def moved(self) -> set[int]:
         """Tracked tensors no optimizer owns whose values changed between optimizer steps
         (``step_begin``'s ``moved``): trained by a copy from what an optimizer stepped (fp16
@@ -465,3 +508,31 @@ class Analysis:
         from .gradflow import heatmaps
 
         return heatmaps(self)
+
+
+def _copy_of(names: list[str], owned: list[int], orphans: dict[str, int],
+             params: dict) -> dict | None:
+    """Prefixes ``copy``/``model`` such that every owned name is ``copy.<rest>`` and
+    ``model.<rest>`` names a tensor of the same shape in ``orphans`` (see
+    ``Analysis.optimizers_on_copies``); None when no split of the first name does."""
+    first = names[0].split(".")
+    # the rest keeps two parts at least (``0.weight``): ``a.fc.weight`` and ``b.conv.weight``
+    # share only the tensor's own name, which every layer has
+    for cut in range(1, len(first) - 1):
+        copy, rest = ".".join(first[:cut]), ".".join(first[cut:])
+        heads = {name[:-len(rest) - 1] for name in orphans
+                 if name.endswith("." + rest) and len(name) > len(rest) + 1}
+        for model in sorted(heads):
+            if model == copy:
+                continue
+            trained = []
+            for name, pid in zip(names, owned):
+                if not name.startswith(copy + "."):
+                    break
+                twin = orphans.get(model + name[len(copy):])
+                if twin is None or (params[twin].get("shape") != params[pid].get("shape")):
+                    break
+                trained.append(twin)
+            else:
+                return {"idle": list(owned), "trained": trained, "copy": copy, "model": model}
+    return None

@@ -81,7 +81,11 @@ class Instrumentation:
         # dropout watcher: its F.scaled_dot_product_attention wrapper, which reads its caller's
         # frame, goes around this one)
         self.watchers.append(AttentionMaskWatcher(rec))
-        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec), LossInputWatcher(rec)]
+        # (the idle-parameter watcher, subscribed below, hears of their calls: a loss computed
+        # from a module whose parameters never get a gradient)
+        self.idle = IdleParamWatcher(rec)
+        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, self.idle),
+                          LossInputWatcher(rec, self.idle)]
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)
@@ -147,7 +151,6 @@ class Instrumentation:
         rec.subscribe(STEPPED, edits.after_step)
         self.watchers.append(edits)
         # where the parameters that never get a gradient are used (param-without-grad)
-        self.idle = IdleParamWatcher(rec)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
         self.watchers.append(self.idle)
         # `module.requires_grad = False` (an attribute that freezes nothing)

@@ -7,7 +7,14 @@ parameters are found (one ``gc`` pass, only in a run that has some) and get a fo
 a handful of modules, nothing for every other forward. The hook records the first forward of
 each call line and grad mode as an ``idle_forward`` aside event at the user's line that called
 the module: a forward under ``torch.no_grad()`` there is the cause; a forward with gradients on
-means its output was cut from the loss. Cost on a healthy run: one ``if`` per step.
+means its output was cut from the loss. Such a forward's output also gets a marker in its
+autograd node's ``metadata`` (the first ``_MARKED_FORWARDS`` forwards of each module), and the
+loss functions the loss watchers wrap (``mse_loss``, ``cross_entropy``...) ask ``loss_call``
+whether their input's graph reaches a marker (a walk of ``_LOSS_NODES`` nodes at most, only once
+a module is watched): a loss computed from the idle module's output, which no backward reached —
+left out of the loss that is backpropagated, or cut by ``.item()`` — is recorded once per module
+and loss line as an ``idle_loss`` aside event. Cost on a healthy run: one ``if`` per step and
+one per loss call.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ _MAX_FRAMES = 64
 _REENTRANT = getattr(getattr(torch.utils.checkpoint, "CheckpointFunction", None), "forward", None)
 _REENTRANT = getattr(_REENTRANT, "__code__", None)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_MARKED_FORWARDS = 32  # forwards of each watched module whose output is marked for loss_call
+_LOSS_NODES = 32  # nodes walked from a loss's input towards a marked output
+_KEY = "graddoctor_idle"
 
 
 class IdleParamWatcher:
@@ -48,6 +58,8 @@ class IdleParamWatcher:
         self._done: set[tuple] = set()  # (mid, site_key, grad, inference) recorded
         self._codes: dict[int, object] = {}  # the code objects whose ids are in those keys
         self._searches = 0
+        self.watching = False  # a module is watched: loss_call walks its input's graph
+        self._losses: set[tuple] = set()  # (mid, loss location) recorded
 
     def after_step(self, opt: int, without: list[int]) -> None:
         """Called by the optimizer watcher after each real step with the pids that had no grad."""
@@ -127,6 +139,51 @@ class IdleParamWatcher:
             return None
 
         self.patcher.handle(module.register_forward_pre_hook(pre_hook))
+        marked = [0]
+        tag = (mid, cls, tuple(pids))
+
+        def post_hook(mod, args, output):
+            if marked[0] >= _MARKED_FORWARDS or not torch.is_grad_enabled():
+                return None
+            try:
+                marked[0] += 1
+                outputs = output if isinstance(output, (tuple, list)) else (output,)
+                for out in outputs[:4]:
+                    node = getattr(out, "grad_fn", None) if isinstance(out, torch.Tensor) else None
+                    if node is not None:
+                        node.metadata[_KEY] = tag
+            except Exception as exc:
+                rec.internal_error("idle module output", exc)
+            return None
+
+        self.patcher.handle(module.register_forward_hook(post_hook))
+        self.watching = True
+
+    def loss_call(self, fn: str, input) -> None:
+        """A wrapped loss function's call (only once a module is watched): an ``idle_loss`` aside
+        when ``input``'s graph reaches a watched module's marked output (see the module docs)."""
+        node = getattr(input, "grad_fn", None) if isinstance(input, torch.Tensor) else None
+        if node is None:
+            return
+        rec = self.rec
+        try:
+            todo, seen = [node], set()
+            while todo and len(seen) < _LOSS_NODES:
+                node = todo.pop()
+                if node is None or id(node) in seen:
+                    continue
+                seen.add(id(node))
+                tag = node.metadata.get(_KEY)
+                if tag is not None:
+                    mid, cls, pids = tag
+                    loc = rec.here()
+                    if (mid, loc) not in self._losses:
+                        self._losses.add((mid, loc))
+                        rec.emit_aside(ev.idle_loss(mid=mid, cls=cls, params=list(pids), fn=fn), loc)
+                    return
+                todo.extend(child for child, _ in node.next_functions)
+        except Exception as exc:
+            rec.internal_error("idle module loss", exc)
 
     def _library_caller(self, frame) -> bool:
         """Is the code that called the module (the first frame outside torch) a library's, not

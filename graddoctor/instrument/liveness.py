@@ -6,15 +6,19 @@ of model outputs kept for a metric. Each such reference keeps one more graph per
 nodes, and whatever the forward saved when the backward did not run over that part — so the
 memory grows step after step until the run dies of it.
 
-The roots of the first ``_MARKED`` backwards' graphs (the loss node and a few nodes below it)
-get a small marker object in their ``metadata``, held here by a weak reference only: the
-marker lives exactly as long as the node. From backward ``_CHECK_AT`` on, once two optimizer
-steps have gone by since the marked backwards (gradient accumulation may keep a window's losses
-until its step), a marker still alive means an earlier graph is still referenced; the script's variables (the frames of the user's
-code on the stack and their globals, one level into lists, dicts and plain objects) are then
-searched for the tensor whose graph reaches a marked node, and a ``graph_kept`` aside event
-names that variable. A backward that reaches an earlier graph on purpose (a hidden state
-carried across steps) is left to ``hidden-state-not-detached``.
+The roots of the graphs of the first backward of each of the first ``_MARKED`` updates (the
+loss node and a few nodes below it) get a small marker object in their ``metadata``, held here
+by a weak reference only: the marker lives exactly as long as the node. From backward
+``_CHECK_AT`` on, once two optimizer steps have gone by since the last marked backward
+(gradient accumulation may keep a window's losses until its step), a marker still alive means
+an earlier graph is still referenced; the script's variables (the frames of the user's code on
+the stack and their globals, one level into lists, dicts and plain objects) are then searched
+for the variable whose graphs reach marked nodes of two updates or more, and a ``graph_kept``
+aside event names that variable. One update's graphs kept in a variable are not memory that
+grows: a loss computed once per several updates and kept until its next computation (WGAN-GP's
+``g_loss``, computed every ``n_critic`` critic updates), or a sum of that update's losses
+(DCGAN's ``errD = errD_real + errD_fake``). A backward that reaches an earlier graph on purpose
+(a hidden state carried across steps) is left to ``hidden-state-not-detached``.
 
 Cost: a counter per backward; a few nodes touched at the first backwards; one search, once.
 """
@@ -30,7 +34,8 @@ import torch
 from .. import events as ev
 from .recorder import Recorder
 
-_MARKED = 2  # backwards whose graphs are marked
+_MARKED = 4  # updates whose first backward's graph is marked (a GAN alternates two losses)
+_KEPT_UPDATES = 2  # marked updates one variable must keep to be memory that grows
 _CHECK_AT = 6  # the first backward before which the markers are looked at
 _STEPS_BETWEEN = 2  # optimizer steps after the marked backwards before looking (accumulation
 # keeps a window's losses until its step: those are let go of then)
@@ -52,7 +57,8 @@ class GraphLivenessWatcher:
         self.rec = rec
         self._backwards = 0
         self._markers: list = []  # weak references to the markers
-        self._steps_at_mark = 0  # optimizer steps counted when the last graph was marked
+        self._steps_at_mark = -1  # optimizer steps counted when the last graph was marked
+        self._marked = 0  # graphs marked so far (one per update)
         self._done = False
 
     def describe_loss(self, tensors) -> dict:
@@ -61,10 +67,13 @@ class GraphLivenessWatcher:
         self._backwards += 1
         n = self._backwards
         try:
-            if n <= _MARKED:
+            steps = self.rec.progress.steps
+            if self._marked < _MARKED and steps != self._steps_at_mark:
+                self._marked += 1  # the first backward of a new update
                 self._mark(tensors, n)
-                self._steps_at_mark = self.rec.progress.steps
-            elif n >= _CHECK_AT and self.rec.progress.steps - self._steps_at_mark >= _STEPS_BETWEEN:
+                self._steps_at_mark = steps
+            elif (n >= _CHECK_AT and self._marked >= _KEPT_UPDATES
+                    and steps - self._steps_at_mark >= _STEPS_BETWEEN):
                 self._done = True  # updates went by since: what is still alive is kept for good
                 self._look()
             elif n > _GIVE_UP:
@@ -145,8 +154,8 @@ def _tensors_in(value, depth: int = 0):
     if depth > 1:
         return
     if isinstance(value, (list, tuple, deque)):
-        items = list(value)
-        for item in items[:4] + items[-4:]:
+        items = list(value)  # the marked updates' items sit near the start (accumulation: apart)
+        for item in items[:64] + items[-4:]:
             if isinstance(item, torch.Tensor) and item.grad_fn is not None:
                 yield "list", item
         return
@@ -166,8 +175,12 @@ def _holder(variables: dict):
     for name, value in list(variables.items())[:400]:
         if name.startswith("__"):
             continue
+        kept, held = set(), None
         for how, tensor in _tensors_in(value):
-            kept = _reaches_marker(tensor)
-            if kept:
-                return name, how, len(kept)
+            reached = _reaches_marker(tensor)
+            if reached:
+                kept |= reached
+                held = held or how
+        if len(kept) >= _KEPT_UPDATES:
+            return name, held, len(kept)
     return None

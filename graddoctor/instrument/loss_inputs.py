@@ -163,8 +163,9 @@ def infer_fill(tokens) -> int | None:
 
 
 class LossInputWatcher:
-    def __init__(self, rec: Recorder):
+    def __init__(self, rec: Recorder, idle=None):
         self.rec = rec
+        self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
         self._done: set = set()  # call lines recorded
         self._value_checks: dict[str, int] = {}  # fn -> calls judged by their values so far
         # (padding_idx, vocabulary size) of the embeddings the script ran: a loss over that
@@ -186,9 +187,12 @@ class LossInputWatcher:
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
+        idle = watcher.idle
 
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input", kwargs.get("log_probs"))
+            if idle is not None and idle.watching:
+                idle.loss_call(fn, input)
             if not (isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled()):
                 if fn in _SWAPPABLE and isinstance(input, torch.Tensor) and torch.is_grad_enabled():
                     target = args[1] if len(args) > 1 else kwargs.get("target")

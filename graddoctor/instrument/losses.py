@@ -88,8 +88,9 @@ def broadcast_shape(a, b) -> list[int] | None:
 
 
 class LossShapeWatcher:
-    def __init__(self, rec: Recorder):
+    def __init__(self, rec: Recorder, idle=None):
         self.rec = rec
+        self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
         self._done: set = set()  # locations already recorded
         self._fine: set = set()  # (input shape, target shape) pairs that broadcast harmlessly
         self._range_checks: dict[str, int] = {}  # fn -> calls whose targets' range was read
@@ -99,9 +100,13 @@ class LossShapeWatcher:
         watcher, rec = self, self.rec
         signature = inspect.signature(original)
 
+        idle = watcher.idle
+
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
+            if idle is not None and idle.watching:
+                idle.loss_call(fn, input)
             if watcher._range_checks.get(fn, 0) < _RANGE_CHECKS:
                 try:
                     watcher._range(fn, input, target)

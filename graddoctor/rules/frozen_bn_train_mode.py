@@ -47,7 +47,8 @@ class FrozenBnTrainMode(Rule):
     `train()`, in a Lightning hook); BatchNorm without running statistics; a frozen encoder
     kept in eval mode; a teacher, BYOL target or MoCo momentum encoder in train mode under
     `no_grad`, EMA-updated; a GAN's discriminator frozen only while the generator steps; PGD
-    attacks under `eval()`.
+    attacks under `eval()`; the model's BatchNorm layers when the optimizer was built over a
+    copy of the model instead (an EMA copy: param-not-in-optimizer reports that).
     """
 
     code = "GD301"
@@ -125,6 +126,8 @@ class FrozenBnTrainMode(Rule):
     def check(self, a):
         tl = a.modes
         groups: dict = {}
+        misowned = {a.param_name(pid).rsplit(".", 1)[0]
+                    for match in a.optimizers_on_copies.values() for pid in match["trained"]}
         for f in tl.forwards:
             if f.context != "training" or f.step is None or not f.training:
                 continue
@@ -133,6 +136,8 @@ class FrozenBnTrainMode(Rule):
                                   mid in tl.ever_trainable)
                 if why is None or mid in f.recalibrated:
                     continue
+                if why == "unowned" and tl.name(mid) in misowned:
+                    continue  # an optimizer built over the model's copy: param-not-in-optimizer
                 cause = f.set_by.get(mid)
                 if cause is not None and not cause.get("mode"):
                     cause = None  # set to train mode by hand (m.training = True): name the forward

@@ -39,8 +39,11 @@ class GraphKeptAlive(Rule):
     ```
 
     ## Stays silent on
-    `loss.item()` / `loss.detach()` kept; the last step's loss kept in a variable; a hidden
-    state carried across steps (hidden-state-not-detached judges that).
+    `loss.item()` / `loss.detach()` kept; the last step's loss kept in a variable, also when it
+    is computed only once per several updates (WGAN-GP's `g_loss`, every `n_critic` critic
+    updates) and so outlives a few of them; the sum of one update's losses kept for a log line
+    (DCGAN's `errD = errD_real + errD_fake`): a variable must keep the graphs of two updates or
+    more; a hidden state carried across steps (hidden-state-not-detached judges that).
     """
 
     code = "GD238"

@@ -16,7 +16,12 @@ class ParamNotInOptimizer(Rule):
     rebuilt mid-run over fewer parameters than the one it replaced (awd-lstm's switch to ASGD
     over `model.parameters()` only), a layer or `nn.Parameter` built inside `forward` or the
     loop (new random weights at every step, built after the optimizer; pointed at the line that
-    builds them), or parameters simply left out of the optimizer. Tensors
+    builds them), an optimizer built over a copy of the model instead of the model
+    (`SGD(model_ema.parameters())`, `AdamW(target_net.parameters())`: it owns the copy's
+    tensors, which never get a gradient, while the model's, of the same names and shapes, get
+    gradients it does not own; pointed at the optimizer, naming the copy, and the rules that
+    see its symptoms — param-without-grad, frozen-bn-train-mode, reload-discards-training —
+    leave it to this one), or parameters simply left out of the optimizer. Tensors
     whose values still change between steps (fp16 master weights: the model's gradients are
     copied into an fp32 master the optimizer steps, and the values copied back; a hand-written
     update) train, and are left alone, as are inputs whose gradient is the point (FGSM). When
@@ -83,6 +88,10 @@ class ParamNotInOptimizer(Rule):
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: moving the layer into __init__ means naming it and "
                 "changing forward, a person's edit"))
+        if finding.evidence.get("cause") == "optimizer-on-copy":
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: the optimizer's argument names the copy, and which expression "
+                "names the trained model instead is a person's edit"))
         if not wrapper or not attr:
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: which optimizer should own these parameters, and at which "
@@ -141,6 +150,7 @@ class ParamNotInOptimizer(Rule):
                 left.pop(pid, None)
             yield self._unregistered(a, event, pids, construction)
         yield from self._created(a, left, construction)
+        yield from self._on_copy(a, left)
         tensors = [pid for pid in left if not a.params[pid].get("is_parameter")]
         if tensors:
             one = len(tensors) == 1
@@ -170,6 +180,37 @@ class ParamNotInOptimizer(Rule):
                 construction.loc,
                 related=(related(led.first_contribution[plain[0]], "the backward that gives them gradients"),),
                 evidence={"params": [a.param_name(p) for p in plain], "count": len(plain)},
+            )
+
+    def _on_copy(self, a, left: dict):
+        """An optimizer built over a copy of the model (an EMA copy, a frozen teacher) instead of
+        the model: it owns the copy's tensors, which no backward reaches, while the model's, of
+        the same names and shapes, get gradients no optimizer owns (``a.optimizers_on_copies``)."""
+        for opt, match in a.optimizers_on_copies.items():
+            pids = [pid for pid in match["trained"] if pid in left]
+            if not pids:
+                continue
+            for pid in pids:
+                left.pop(pid, None)
+            init = a.optimizers[opt]
+            cls = init.get("cls", "optimizer")
+            copy, model = match["copy"], match["model"]
+            idle = match["idle"]
+            n = a.count(s for s in a.steps if s.get("opt") == opt and not s.get("skipped"))
+            yield self.finding(
+                f"{a.names(pids)} receive gradients but no optimizer owns them: the {cls} built "
+                f"here owns {copy}'s tensors instead ({a.names(idle, 2)}: a copy of {model} with "
+                f"the same names and shapes), which no backward reaches, so it steps {n} times "
+                f"without a gradient and {model} never trains",
+                init.loc,
+                related=(related(a.ledger.first_contribution[pids[0]],
+                                 "the backward that gives the model's tensors gradients"),),
+                fix=(f"build the {cls} over the parameters of the model the loss trains "
+                     f"({model}.parameters()), not over {copy}'s"),
+                fixes={},
+                evidence={"params": [a.param_name(p) for p in pids[:8]], "count": len(pids),
+                          "cause": "optimizer-on-copy", "copy": copy, "model": model,
+                          "optimizer": opt},
             )
 
     def _created(self, a, left: dict, construction):

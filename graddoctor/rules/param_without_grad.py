@@ -16,6 +16,10 @@ class ParamWithoutGrad(Rule):
     the call detaches it, and other parameters of the same model train — is reported as info
     when the user's code calls it (an encoder's pooler next to CLS-token pooling), and not at
     all when a library's code does (transformers' `BertModel` always runs its pooler).
+    A module whose output enters a loss function (`mse_loss`, `cross_entropy`, `smooth_l1_loss`...)
+    whose value never reaches a backward — a detection model's loss dict summed without the box
+    loss, a multi-task loss added as `l_reg.item()` — is a warning at that loss's line: a head
+    whose output feeds a loss is meant to train.
     A run in which no backward ran at all (the loop never calls `loss.backward()`; a Lightning
     `training_step` that does not return its loss, so Lightning skips the backward; under
     Lightning's manual optimization, a `training_step` that steps its optimizer but never calls
@@ -34,7 +38,8 @@ class ParamWithoutGrad(Rule):
     when it never ran, at the optimizer that owns it. If the layer is only
     used on some inputs (mixture-of-experts, rare branches), a short replay may miss it: then
     ignore this finding for that layer.
-    An unused head is harmless: the rest of the model trains, and those weights only cost
+    A loss computed from the head's output and then dropped says the head was meant to train:
+    that stays a warning, at the loss. An unused head is harmless: the rest of the model trains, and those weights only cost
     memory and optimizer state. It is a bug only if that output was meant to enter the loss,
     which the script alone cannot tell, hence info; a library model's head the script never
     asked for is not the script's to fix, hence nothing. A `.detach()` / `.data` near the call,
@@ -62,7 +67,10 @@ class ParamWithoutGrad(Rule):
     iterations; activation checkpointing, reentrant (with its inputs made to require grad)
     or not; `backward(inputs=...)` over the head; CLS-token pooling whose pooler no loss
     uses; a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
-    tying; lazy layers; parametrized weights; sparse embeddings under SparseAdam.
+    tying; lazy layers; parametrized weights; sparse embeddings under SparseAdam; an optimizer
+    built over a copy of the model (an EMA copy, a target network) while the model's own
+    tensors of the same names and shapes get the gradients (param-not-in-optimizer reports
+    that, at the optimizer).
     """
 
     code = "GD106"
@@ -75,6 +83,7 @@ class ParamWithoutGrad(Rule):
         led = a.ledger
         params = a.params
         forwards = a.of_kind("idle_forward")
+        on_copy = {pid for match in a.optimizers_on_copies.values() for pid in match["idle"]}
         for opt, init in a.optimizers.items():
             steps = [s for s in a.steps if s["opt"] == opt and not s.get("skipped")]
             if a.count(steps) < MIN_STEPS:
@@ -85,6 +94,7 @@ class ParamWithoutGrad(Rule):
             idle = [pid for pid in dict.fromkeys(a.opt_params[opt])
                     if pid not in led.first_contribution and pid not in had_grad
                     and pid not in a.replaced_pids  # param-replaced names the cause
+                    and pid not in on_copy  # an optimizer over a copy: param-not-in-optimizer
                     and (params.get(pid) is None or params[pid].get("requires_grad", True))]
             if not idle:
                 continue
@@ -171,6 +181,21 @@ class ParamWithoutGrad(Rule):
                 evidence=evidence,
                 fix=f"call the module outside {context} so that it trains")
         evidence["cause"] = "cut"
+        loss = _dropped_loss(a, cause, pids)
+        if loss is not None:
+            evidence["cause"] = "loss-dropped"
+            evidence["loss"] = loss.get("fn")
+            return self.finding(
+                f"{head}: the {module} that holds them runs (line {cause.loc.line}) and its output "
+                f"enters this {loss.get('fn')}, but that loss never reaches a backward: it is left "
+                f"out of the loss that is backpropagated, or cut from it (.item(), .detach(), a "
+                f"float()), so the {module} never trains",
+                loss.loc, related=(related(cause, "the forward whose output enters the loss"),
+                                   related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence,
+                fix="add this loss (as a tensor, not .item()) into the loss you call backward() on",
+                fixes={"lightning": "add this loss (as a tensor, not .item()) into the loss "
+                                    "training_step returns (or passes to self.manual_backward)"})
         if discarded:
             evidence["cause"] = "discarded"
             return self.finding(
@@ -189,6 +214,17 @@ class ParamWithoutGrad(Rule):
             evidence=evidence,
             fix="remove the .detach() (or .item()) between this call and the loss, or use its "
                 "output in the loss")
+
+
+def _dropped_loss(a, cause, pids):
+    """The first ``idle_loss`` event of the module behind ``cause`` (a forward with gradients
+    on): a loss computed from its output that no backward reached; None when none was seen."""
+    if cause is None or not _with_grad(cause) or cause.get("checkpoint") or cause.loc is None:
+        return None
+    mine = set(pids)
+    return next((e for e in a.of_kind("idle_loss")
+                 if e.loc is not None and e.get("mid") == cause.get("mid")
+                 and mine.intersection(e.get("params") or ())), None)
 
 
 def _discarded(a, cause, pids, trained) -> str | None:

@@ -59,7 +59,8 @@ class ReloadDiscardsTraining(Rule):
     `state_dict()` (federated averaging's clients, each trained from the global weights); the
     same initial state loaded for each run of a sweep or
     fold with a new optimizer built for it; a reload between every two steps
-    (params-reset-every-step's finding).
+    (params-reset-every-step's finding); a sync into a copy the optimizer was wrongly built
+    over (`AdamW(target_net.parameters())`: param-not-in-optimizer's finding).
     """
 
     code = "GD258"
@@ -80,6 +81,8 @@ class ReloadDiscardsTraining(Rule):
             steps = [s for s in a.steps if s["opt"] == opt and not s.get("skipped")]
             if not steps or _every_step(a, steps, owned):
                 continue  # params-reset-every-step reports it
+            if opt in a.optimizers_on_copies:
+                continue  # built over the copy, not the model: param-not-in-optimizer says so
             init = a.optimizers.get(opt)
             loads = [e for e in resets if owned.intersection(e.get("params") or ())]
             hits = []
