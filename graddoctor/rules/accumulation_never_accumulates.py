@@ -33,7 +33,8 @@ class AccumulationNeverAccumulates(Rule):
     The finding is `info`: a loss multiplied by a constant weight (`0.1 * loss` through a
     variable) looks exactly the same in the trace. It is left out entirely when the loss is
     assigned as a number written out times the loss (`g_loss = 0.5 * F.mse_loss(...)`: a
-    weight, as LSGAN's and the VAE's), when the division is a mean
+    weight, as LSGAN's and the VAE's) or as a sum with such a weighted term (`-reward - 0.01 *
+    entropy`, where only the weighted term carries a gradient), when the division is a mean
     (a `reduction="sum"` loss or `.sum()` divided by the batch size, `kl_div(...,
     reduction="batchmean")`) or an average of k losses (`(loss_a + loss_b) / 2`).
 
@@ -174,7 +175,8 @@ class AccumulationNeverAccumulates(Rule):
 
 def _weighted_by_literal(a, backward, factor: float) -> bool:
     """The backpropagated loss is assigned as a number written out times the loss (``g_loss =
-    0.5 * F.mse_loss(...)``, ``loss = criterion(out, y) * 0.5``): a loss weight, as LSGAN's and
+    0.5 * F.mse_loss(...)``, ``loss = criterion(out, y) * 0.5``), or as a sum one of whose terms
+    is that number times something (``-reward - 0.01 * entropy``): a loss weight, as LSGAN's and
     the VAE's ``0.5`` are; an accumulation count is a name (``loss / accum_steps``)."""
     loc = backward.loc
     if loc is None:
@@ -187,11 +189,22 @@ def _weighted_by_literal(a, backward, factor: float) -> bool:
     except (SyntaxError, IndexError):
         return False
     value = getattr(statement, "value", None)
-    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)):
-        return False
-    return any(isinstance(side, ast.Constant) and type(side.value) in (int, float)
-               and abs(side.value - factor) <= TOLERANCE * factor
-               for side in (value.left, value.right))
+    # the whole value, or one term of its top-level sum: `-reward - 0.01 * entropy` whose only
+    # term with a gradient is the weighted one (an entropy bonus, an auxiliary loss) reads 0.01
+    terms, stack = [], [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            stack += [node.left, node.right]
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            stack.append(node.operand)
+        else:
+            terms.append(node)
+    return any(isinstance(term, ast.BinOp) and isinstance(term.op, ast.Mult)
+               and any(isinstance(side, ast.Constant) and type(side.value) in (int, float)
+                       and abs(abs(side.value) - factor) <= TOLERANCE * factor
+                       for side in (term.left, term.right))
+               for term in terms)
 
 
 def _unprepared(windows) -> bool:
