@@ -73,3 +73,21 @@ def reached(root, limit: int, truncate: bool = False) -> tuple[set, set] | None:
             leaves.add(id(variable))
         stack.extend(child for child, _ in node.next_functions if child is not None)
     return seen, leaves
+
+
+def nearest(root, noted: dict, levels: int):
+    """The value ``noted`` holds for the node nearest ``root`` (breadth first, ``root``
+    included, at most ``levels`` levels down), or None."""
+    level, seen = [root], set()
+    for _ in range(levels):
+        following = []
+        for node in level:
+            if node is None or node in seen:
+                continue
+            value = noted.get(node)
+            if value is not None:
+                return value
+            seen.add(node)
+            following.extend(child for child, _ in node.next_functions if child is not None)
+        level = following
+    return None

@@ -38,7 +38,7 @@ import torch
 import torch.distributions as D
 
 from .. import events as ev
-from .graphpaths import reached
+from .graphpaths import nearest, reached
 from .inlinable import watched, watched_result
 from .lossterms import signed_walk
 from .recorder import Recorder
@@ -171,19 +171,7 @@ class RatioWatcher:
 
     def _near(self, node):
         """The noted log-probability a few levels below ``node`` (the nearest), or None."""
-        level, seen = [node], set()
-        for _ in range(_NEAR):
-            following = []
-            for item in level:
-                if item is None or item in seen:
-                    continue
-                noted = self._noted.get(item)
-                if noted is not None:
-                    return noted
-                seen.add(item)
-                following.extend(child for child, _ in item.next_functions if child is not None)
-            level = following
-        return None
+        return nearest(node, self._noted, _NEAR)
 
     def _pids(self, node) -> set:
         found = reached(node, _NODES, truncate=True)

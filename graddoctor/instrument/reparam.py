@@ -56,7 +56,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import events as ev
 from .dependency import close_before_compile
-from .graphpaths import reached
+from .graphpaths import nearest, reached
 from .inlinable import watched, watched_result
 from .recorder import Recorder
 
@@ -375,19 +375,8 @@ class ReparamWatcher:
         return out
 
     def _near(self, node):
-        level, seen = [node], set()
-        for _ in range(_NEAR):
-            following = []
-            for item in level:
-                if item is None or item in seen:
-                    continue
-                origin = self._scores.get(item)
-                if origin is not None:
-                    return origin
-                seen.add(item)
-                following.extend(child for child, _ in item.next_functions if child is not None)
-            level = following
-        return None
+        """The sample a few levels below ``node`` came from (the nearest), or None."""
+        return nearest(node, self._scores, _NEAR)
 
     def _pids_below(self, node) -> set:
         found = reached(node, _NODES, truncate=True)
