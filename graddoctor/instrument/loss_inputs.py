@@ -430,16 +430,23 @@ class LossInputWatcher:
             t = target.detach().reshape(-1)
             fractions = torch.stack([(t == p).float().mean() for p in pads]).tolist()
         fraction, pad = max(zip(fractions, pads))
+        self._report_padding(fn, int(pad), float(fraction), ignore, reduction,
+                             self._fills.get(int(pad), "padding_idx"))
+
+    def _report_padding(self, fn: str, pad: int, fraction: float, ignore, reduction,
+                        source: str) -> None:
+        """The ``loss_padding`` aside of a call line (once per line) when the padding makes up
+        at least ``_PADDING_SHARE`` of the targets."""
         if fraction < _PADDING_SHARE:
             return
         loc = self.rec.here()
         if loc in self._padded:
             return
         self._padded.add(loc)
-        self.rec.emit_aside(ev.loss_padding(fn=fn, pad=int(pad), fraction=round(float(fraction), 4),
-                                            ignore_index=int(ignore) if isinstance(ignore, int) else None,
-                                            reduction=str(reduction),
-                                            source=self._fills.get(int(pad), "padding_idx")), loc)
+        self.rec.emit_aside(ev.loss_padding(
+            fn=fn, pad=pad, fraction=round(fraction, 4),
+            ignore_index=int(ignore) if isinstance(ignore, int) else None,
+            reduction=str(reduction), source=source), loc)
 
     def _padded_targets(self, fn: str, input, target, args, kwargs) -> None:
         """A ``loss_padding`` aside (source ``targets``) when the token targets themselves are
@@ -472,17 +479,8 @@ class LossInputWatcher:
             fill = infer_fill(target.detach().reshape(rows, length))
             if fill is None or fill == ignore:
                 continue
-            fraction = float((target == fill).float().mean())
-            if fraction < _PADDING_SHARE:
-                return
-            loc = self.rec.here()
-            if loc in self._padded:
-                return
-            self._padded.add(loc)
-            self.rec.emit_aside(ev.loss_padding(
-                fn=fn, pad=int(fill), fraction=round(fraction, 4),
-                ignore_index=int(ignore) if isinstance(ignore, int) else None,
-                reduction=str(reduction), source="targets"), loc)
+            self._report_padding(fn, int(fill), float((target == fill).float().mean()), ignore,
+                                 reduction, "targets")
             return
 
     def _infer_fill(self, args, kwargs) -> None:
