@@ -68,3 +68,33 @@ FIRST = ("test_distributed.py", "test_distributed_runs.py", "test_pytest_plugin.
 def pytest_collection_modifyitems(session, config, items):
     first = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: first.get(item.path.name, len(FIRST)))  # stable: else as collected
+    _pair_fixture_tests(items)
+
+
+def _pair_fixture_tests(items) -> None:
+    """Each test of tests/test_fixes.py right after the tests/test_fixtures.py test of the same
+    fixture: xdist hands each worker a run of neighbouring tests, so the two usually run on one
+    worker, one after the other, and the second reads the first's run (tests/fixture_runs.py)
+    instead of checking the fixture again."""
+    def param(item):
+        spec = getattr(item, "callspec", None)
+        return spec.params.get("path") if spec is not None else None
+
+    fixes = {param(i): i for i in items
+             if i.path.name == "test_fixes.py" and i.originalname == "test_fix_removes_the_finding"}
+    if not fixes:
+        return
+    paired = {id(i) for i in items if i.path.name == "test_fixtures.py"
+              and i.originalname == "test_fixture" and param(i) in fixes}
+    if not paired:
+        return
+    order = []
+    for item in items:
+        if id(item) in paired:
+            order.append(item)
+            order.append(fixes.pop(param(item)))
+        elif not (item.path.name == "test_fixes.py" and item.originalname ==
+                  "test_fix_removes_the_finding" and param(item) in fixes):
+            order.append(item)
+    order.extend(fixes.values())  # none: every one follows its fixture's test
+    items[:] = order

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import FIXTURES, run_cli
 from fixture_marks import read_marks
+from fixture_runs import check_fixture
 from test_fixtures import frameworks_needed, options_for, reset_accelerate_state
 from graddoctor.edits import apply_edits, fixable, line_map, unified_diff
 from graddoctor.findings import (INTRODUCED, NOT_FIXED, VERIFIED, Autofix, Edit, Finding, Safety,
@@ -73,6 +74,8 @@ def _run(path, monkeypatch, target=None):
     _, extra = read_marks(path)
     monkeypatch.chdir(os.path.dirname(path))
     options = options_for(target or os.path.basename(path), extra)
+    if target is None:  # the fixture itself: the run its test_fixture test made, if kept
+        return check_fixture(path, options), options
     return run_check(options), options
 
 

@@ -106,6 +106,29 @@ def emitted(monkeypatch):
     return log
 
 
+@pytest.fixture(scope="module")
+def covering_runs(tmp_path_factory):
+    """Every COVERING fixture and GRAD_EDIT_SCRIPT (also with a picture asked for: the grad_flow
+    events too) checked once, with every event put into any trace and its JSON at that moment
+    (as ``emitted``): the runs the tests below assert different things about."""
+    script = tmp_path_factory.mktemp("grad_edit") / "grad_edit.py"
+    script.write_text(GRAD_EDIT_SCRIPT)
+    log: list[tuple[Event, str]] = []
+    put = Trace.put
+
+    def recording_put(self, made, loc=None):
+        event = put(self, made, loc)
+        log.append((event, dumped(event)))
+        return event
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trace, "put", recording_put)
+        reports = [check(os.path.join(FIXTURES, p)) for p in COVERING]
+        reports.append(check(str(script)))
+        reports.append(check(str(script), grad_flow=True))
+    return reports, log
+
+
 def check(path: str, **options):
     return run_check(CheckOptions(target=path, **options))
 
@@ -142,12 +165,10 @@ def test_recorded_events_are_read_only_and_keep_their_json_form():
     assert copy.deepcopy(first) == first and pickle.loads(pickle.dumps(first)) == first
 
 
-def test_no_event_changes_after_it_is_emitted(emitted, tmp_path):
+def test_no_event_changes_after_it_is_emitted(covering_runs):
     """Aggregates grow inside their watcher and are emitted finished; device values are read
     into new events of the final trace; the rules read the trace without changing it."""
-    script = tmp_path / "grad_edit.py"
-    script.write_text(GRAD_EDIT_SCRIPT)
-    reports = [check(os.path.join(FIXTURES, p)) for p in COVERING] + [check(str(script))]
+    reports, emitted = covering_runs
     assert not any(r.internal_errors for r in reports)
     changed = [(e.seq, e.kind, then, dumped(e)) for e, then in emitted if dumped(e) != then]
     assert not changed, changed[:3]
@@ -230,12 +251,8 @@ def test_held_events_get_the_seqs_and_order_they_would_have_had():
 
 
 # -- one constructor per kind: recorded and hand-written events agree -----------------------------
-def test_recorded_events_are_what_their_constructor_makes(emitted, tmp_path):
-    script = tmp_path / "grad_edit.py"
-    script.write_text(GRAD_EDIT_SCRIPT)
-    for path in [os.path.join(FIXTURES, p) for p in COVERING]:
-        check(path)
-    check(str(script), grad_flow=True)  # a picture asked for: the grad_flow events too
+def test_recorded_events_are_what_their_constructor_makes(covering_runs):
+    _, emitted = covering_runs
     kinds = set()
     for event, _ in emitted:
         kinds.add(event.kind)
