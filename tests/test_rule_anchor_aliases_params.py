@@ -100,8 +100,12 @@ star = dict(model.named_parameters())
 penalty = sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters())
 ewc = sum((p - star[n]).pow(2).sum() for n, p in model.named_parameters())
 drift = sum(((p - copied[n]) ** 2).sum() for n, p in model.named_parameters())
+pre = {k: v for k, v in model.state_dict().items()}
+kept = {k: v.clone() for k, v in model.state_dict().items()}
+prox = sum(((p - g) ** 2).sum() for p, g in zip(model.parameters(), pre.values()))
+prox2 = sum(((p - g) ** 2).sum() for p, g in zip(model.parameters(), kept.values()))
 """
-    assert anchor_lines(ast.parse(text)) == [(2, "anchor"), (5, "star")]
+    assert anchor_lines(ast.parse(text)) == [(2, "anchor"), (5, "star"), (9, "pre")]
 
 
 def _trace(params, stepped=(0, 1), how="shared"):

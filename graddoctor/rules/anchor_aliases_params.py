@@ -10,9 +10,10 @@ _COPIES = ("clone", "copy", "deepcopy", "copy_", "cpu", "to", "numpy", "tolist",
 
 
 def _over_parameters(node: ast.AST) -> bool:
-    """``X.parameters()`` / ``X.named_parameters()`` (possibly inside a call such as zip)."""
+    """``X.parameters()`` / ``X.named_parameters()`` / ``X.state_dict()`` (whose tensors share
+    the parameters' memory), possibly inside a call such as zip or ``.items()``."""
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and n.func.attr in ("parameters", "named_parameters") for n in ast.walk(node))
+               and n.func.attr in ("parameters", "named_parameters", "state_dict") for n in ast.walk(node))
 
 
 def _uncopied(element: ast.AST) -> bool:
@@ -48,19 +49,19 @@ def _anchor_value(value: ast.AST) -> bool:
 
 def anchor_lines(tree: ast.AST) -> list[tuple[int, str]]:
     """The assignments that store the parameters themselves (``{n: p for n, p in
-    m.named_parameters()}``, ``[p.detach() for p in m.parameters()]``, ``dict(m.named_parameters())``)
-    under a name (or attribute) that some subtraction in the script reads: the anchor candidates,
-    ``[(line, name)]``."""
+    m.named_parameters()}``, ``[p.detach() for p in m.parameters()]``, ``dict(m.named_parameters())``,
+    ``{k: v for k, v in m.state_dict().items()}``) under a name (or attribute) that a statement
+    which subtracts reads: the anchor candidates, ``[(line, name)]``."""
     found: list[tuple[int, str]] = []
-    subtracted: set[str] = set()
+    subtracted: set[str] = set()  # names read by a statement that subtracts
     for node in ast.walk(tree):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
-            for side in (node.left, node.right):
-                for n in ast.walk(side):
-                    if isinstance(n, ast.Name):
-                        subtracted.add(n.id)
-                    elif isinstance(n, ast.Attribute):
-                        subtracted.add(n.attr)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)) and any(
+                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) for n in ast.walk(node)):
+            for n in ast.walk(node):
+                if isinstance(n, ast.Name):
+                    subtracted.add(n.id)
+                elif isinstance(n, ast.Attribute):
+                    subtracted.add(n.attr)
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and _anchor_value(node.value):
             target = node.targets[0]
