@@ -29,7 +29,8 @@ walked (``_NODES`` nodes at most) for
 An ``anchor_alias`` aside event names the parameters, once (loc: the backward).
 
 Cost: one graph walk per backward at the first ``_LOOKED`` backwards of each backward line, a
-reduction per difference found; nothing after them.
+reduction per difference found; a frame lookup per backward until ``_SEEN`` backwards, nothing
+after them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .recorder import Recorder
 _LOOKED = 4  # backwards of each backward line looked at
 _LINES = 16  # backward lines looked at, at most
 _NODES = 20000  # nodes walked per backward
+_SEEN = 512  # backwards seen at most: past them nothing is looked up
 _ZEROS = 2  # zero differences after a step that make the anchor a follower
 
 
@@ -58,13 +60,15 @@ class AnchorAliasWatcher:
         self._moved: set[int] = set()  # pids whose difference was seen non-zero
         self._counted: dict[int, int] = {}  # pid -> the step count when its zero was last counted
         self._told = False
+        self._backwards = 0  # backwards seen (a line lookup each, until _SEEN)
 
     def after_step(self, opt, optimizer) -> None:
         self._steps += 1
 
     def describe_loss(self, tensors) -> dict:
-        if self._told:
+        if self._told or self._backwards >= _SEEN:
             return {}
+        self._backwards += 1
         looked = self._looked
         if len(looked) >= _LINES and all(n >= _LOOKED for n in looked.values()):
             return {}

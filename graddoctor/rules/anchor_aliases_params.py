@@ -137,8 +137,8 @@ class AnchorAliasesParams(Rule):
                     "holds the parameter objects, not copies" if how == "same" else
                     "the squared difference between each of these parameters and its anchor is "
                     "exactly 0 at every backward after an optimizer step: the anchor shares the "
-                    "parameters' memory (p.detach() or p.data without clone()), so every in-place "
-                    "update moves it too")
+                    "parameters' memory (p.detach(), p.data or a state_dict() tensor kept "
+                    "without clone()), so every in-place update moves it too")
             where = f" (`{text}`, stored here)" if text else ""
             yield self.finding(
                 f"a penalty pulls {a.names(pids)} towards an anchor{where} that is the live "
