@@ -433,8 +433,8 @@ target_grad        fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | kl_div
                    instrument/stopgrad.py)
 anchor_alias       params [pid] (the parameters pulled towards themselves), how ("same": ``p - p``
                    in the loss's graph; "shared": the squared, absolute or norm difference of a
-                   parameter and a constant exactly zero at two backwards after optimizer steps,
-                   never non-zero): a penalty's anchor that is the live parameters (an EWC, L2-SP
+                   parameter and a constant exactly zero at two backwards with a step between
+                   them that moved the parameter, never non-zero): a penalty's anchor that is the live parameters (an EWC, L2-SP
                    or FedProx anchor stored without a copy) — at the first 4 backwards of each
                    backward line, once
                    (loc: the backward; an aside; instrument/anchors.py)

@@ -85,6 +85,23 @@ def test_a_copied_anchor_is_not():
     assert _train(lambda p: p.detach().clone(), lambda p, a: F.mse_loss(p, a, reduction="sum")) == []
 
 
+def test_a_copied_anchor_of_a_parameter_the_optimizer_leaves_still_is_not():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    rec = _Rec(list(model.parameters()))
+    watcher = AnchorAliasWatcher(rec)
+    anchor = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    for _ in range(4):
+        loss = model(torch.randn(8, 4)).sum() + sum(_square(p, anchor[n]) for n, p in model.named_parameters())
+        watcher.describe_loss(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        watcher.after_step(0, opt)
+    assert rec.events == []
+
+
 def test_accumulated_micro_batches_count_once_per_step():
     # a copied anchor is equal to the parameters until the first step: two micro-batches of
     # that first update are one observation, not two

@@ -87,6 +87,20 @@ def test_a_target_made_from_a_draw_or_a_second_draw_is_not():
     assert _watch(_net(), step)[0] == []
 
 
+def test_a_random_target_of_another_shape_than_the_models_input_is_not():
+    def step(forward, mse):
+        x = torch.randn(8, 4)
+        mse(forward(x)[:, :1], torch.randn(8, 1))  # a synthetic benchmark's regression target
+    assert _watch(_net(), step)[0] == []
+
+
+def test_image_noise_is_compared_channels_apart():
+    from graddoctor.instrument.redrawn import _input_shaped
+
+    assert _input_shaped((8, 1, 12, 12), {(8, 2, 12, 12)})  # a time map concatenated
+    assert not _input_shaped((8, 1), {(8, 2)}) and not _input_shaped((8, 1, 12, 12), {(8, 2, 6, 6)})
+
+
 def test_the_draw_before_the_next_forward_is_not_judged_against_an_old_forward():
     rec = _Rec(list(_net().parameters()))
     watcher = RedrawnNoiseWatcher(rec)

@@ -19,12 +19,13 @@ walked (``_NODES`` nodes at most) for
 * a square, absolute value or norm of a difference ``p - c`` of a parameter and a tensor with no
   graph (``PowBackward0`` of an even exponent, ``MulBackward0`` of the difference by itself,
   ``AbsBackward0``, ``NormBackward``; ``mse_loss(p, c)`` / ``l1_loss(p, c)``): the saved
-  difference (or input and target) is read. Exactly zero at two backwards that follow an
-  optimizer step (with a step between them: accumulated micro-batches count once), and never
-  anything else, the anchor follows the parameter
-  (``how="shared"``). A difference seen non-zero once clears the parameter for good (an anchor
-  copied at the start of each FedProx round is equal to the parameters at the round's first
-  step only).
+  difference (or input and target) is read. Exactly zero at two backwards with an optimizer
+  step between them, after which the parameter itself had moved (a few of its values differ:
+  a parameter that lr 0 or no gradient keeps still keeps a copied anchor's difference at 0
+  too), and never anything else, the anchor follows the parameter (``how="shared"``;
+  accumulated micro-batches count once per step). A difference seen non-zero once clears the
+  parameter for good (an anchor copied at the start of each FedProx round is equal to the
+  parameters at the round's first step only).
 
 An ``anchor_alias`` aside event names the parameters, once (loc: the backward).
 
@@ -44,7 +45,7 @@ _LOOKED = 4  # backwards of each backward line looked at
 _LINES = 16  # backward lines looked at, at most
 _NODES = 20000  # nodes walked per backward
 _SEEN = 512  # backwards seen at most: past them nothing is looked up
-_ZEROS = 2  # zero differences after a step that make the anchor a follower
+_ZEROS = 1  # zero differences after the parameter moved that make the anchor a follower
 
 
 def _leaf(node):
@@ -59,6 +60,7 @@ class AnchorAliasWatcher:
         self._zeros: dict[int, int] = {}  # pid -> zero differences seen after a step
         self._moved: set[int] = set()  # pids whose difference was seen non-zero
         self._counted: dict[int, int] = {}  # pid -> the step count when its zero was last counted
+        self._prints: dict[int, torch.Tensor] = {}  # pid -> a few of its values at the last zero
         self._told = False
         self._backwards = 0  # backwards seen (a line lookup each, until _SEEN)
 
@@ -101,7 +103,7 @@ class AnchorAliasWatcher:
         return pid
 
     def _difference(self, node):
-        """``(pid, saved difference or (input, target))`` when ``node`` squares (or takes the
+        """``(pid, saved difference or (input, target), the parameter)`` when ``node`` squares (or takes the
         absolute value or norm of) a difference of a tracked parameter and a constant."""
         name = type(node).__name__
         children = [child for child, _ in node.next_functions]
@@ -109,7 +111,8 @@ class AnchorAliasWatcher:
             if len(children) >= 1 and children[0] is not None and all(c is None for c in children[1:]):
                 pid = self._pid(_leaf(children[0]))
                 if pid is not None:
-                    return pid, (getattr(node, "_saved_self", None), getattr(node, "_saved_target", None))
+                    return pid, (getattr(node, "_saved_self", None), getattr(node, "_saved_target", None)), \
+                        _leaf(children[0])
             return None
         if name == "PowBackward0":
             exponent = getattr(node, "_saved_exponent", None)
@@ -130,7 +133,7 @@ class AnchorAliasWatcher:
         pid = self._pid(_leaf(graphed[0]))
         if pid is None:
             return None
-        return pid, getattr(node, "_saved_self", None)
+        return pid, getattr(node, "_saved_self", None), _leaf(graphed[0])
 
     def _judge(self, root) -> None:
         same: list[int] = []
@@ -151,7 +154,7 @@ class AnchorAliasWatcher:
                     same.append(pid)
             found = self._difference(node)
             if found is not None and self._steps > 0:
-                pid, saved = found
+                pid, saved, _variable = found
                 if isinstance(saved, tuple):
                     a, b = saved
                     zero = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) \
@@ -163,7 +166,7 @@ class AnchorAliasWatcher:
                 if zero:
                     if self._counted.get(pid, -1) < self._steps:  # once per step in between
                         self._counted[pid] = self._steps
-                        self._zeros[pid] = self._zeros.get(pid, 0) + 1
+                        self._moved_too(pid, found[2])
                 else:
                     self._moved.add(pid)
             stack.extend(child for child in children if child is not None)
@@ -173,6 +176,19 @@ class AnchorAliasWatcher:
         shared = sorted(pid for pid, n in self._zeros.items() if n >= _ZEROS and pid not in self._moved)
         if shared:
             self._tell(shared, "shared")
+
+    def _moved_too(self, pid: int, variable) -> None:
+        """A zero difference counts when the parameter itself moved since the last one (a few of
+        its values differ): a parameter the optimizer leaves as it is (lr 0, no gradient) keeps
+        a copied anchor's difference at 0 too."""
+        values = variable.detach().reshape(-1)[:16].clone()
+        before = self._prints.get(pid)
+        self._prints[pid] = values
+        if before is None:
+            self._zeros.setdefault(pid, 0)
+            return
+        if not torch.equal(before, values):
+            self._zeros[pid] = self._zeros.get(pid, 0) + 1
 
     def _tell(self, pids, how: str) -> None:
         self._told = True

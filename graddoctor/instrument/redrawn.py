@@ -13,8 +13,12 @@ last one is the end of the model's forward). The regression losses (``mse_loss``
 is a floating CPU tensor with no gradient, compared with an input that has a graph, is checked
 against the standard-normal numbers a private generator set to that state draws first (same
 shape and dtype). Equal to the last bit: the target is the first random draw made after the
-forward, which the model cannot have seen. A ``noise_redrawn`` aside event names the call
-line, once per line.
+forward, which the model cannot have seen. The target must also have the shape of one of the
+tensors that last module call was given (the noisy input ``x_t``; for images, channels apart:
+conditioning channels concatenated to it): a synthetic regression
+target drawn after the forward (``F.mse_loss(mlp(x), torch.randn(32, 1))`` in a benchmark
+script) is not noise the model was meant to recover. A ``noise_redrawn`` aside event names the
+call line, once per line.
 
 The noise drawn before the forward (the right code) is not the next draw after it; a target
 made from a draw (``0.1 * torch.randn_like(y) + y``) is not a draw; noise drawn on a GPU is not
@@ -41,12 +45,23 @@ _MIN, _MAX = 8, 1 << 24  # target sizes checked (fewer numbers could match by ch
 _NODES = 20000  # nodes walked to the input's parameters, once per finding
 
 
+def _input_shaped(shape: tuple, inputs: set) -> bool:
+    """The target has the shape of one of the model's inputs, or for images and volumes (4 dims
+    or more) the same shape but for the channels: conditioning channels concatenated to the
+    noisy input (a time map, SR3's low-resolution image, an inpainting mask)."""
+    if shape in inputs:
+        return True
+    return len(shape) >= 4 and any(len(other) == len(shape) and other[0] == shape[0]
+                                   and other[2:] == shape[2:] for other in inputs)
+
+
 class RedrawnNoiseWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self.active = False
         self._handles: list = []
         self._state = None  # the CPU generator's state at the end of the last module call
+        self._shapes: set = set()  # the shapes of that call's tensor arguments
         self._backwards = 0
         self._done: set = set()
 
@@ -59,6 +74,8 @@ class RedrawnNoiseWatcher:
             return None
         try:
             self._state = torch.get_rng_state()
+            kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
+            self._shapes = {tuple(t.shape) for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)}
         except Exception as exc:
             self._stop()
             self.rec.internal_error("noise_redrawn (forward end)", exc)
@@ -96,6 +113,8 @@ class RedrawnNoiseWatcher:
     def _check(self, fn: str, input, target) -> None:
         if get_ident() != self.rec.script_thread:
             return
+        if not _input_shaped(tuple(target.shape), self._shapes):
+            return  # noise of the model input's shape only (not a synthetic regression target)
         generator = torch.Generator()
         generator.set_state(self._state)
         drawn = torch.randn(target.shape, generator=generator, dtype=target.dtype)

@@ -81,8 +81,8 @@ class AnchorAliasesParams(Rule):
     `dict(model.named_parameters())`) or as a view of their memory (`p.detach()`, `p.data`)
     instead of a copy. At the first backwards the loss's graph is read: a difference `p - p` of
     a parameter with itself, or a squared (absolute, norm) difference between a parameter and a
-    constant that is exactly zero at two backwards after optimizer steps and never anything
-    else. It points at the assignment that stored the anchor when the script has one (a
+    constant that is exactly zero at two backwards with an optimizer step between them that
+    moved the parameter, and never anything else. It points at the assignment that stored the anchor when the script has one (a
     comprehension or `dict()`/`list()` over `parameters()` without a copy, whose name a
     subtraction reads), else at the backward.
 

@@ -11,9 +11,9 @@ class NoiseTargetRedrawn(Rule):
     modules too) whose target is a fresh standard-normal draw taken after the model's forward:
     `F.mse_loss(model(x_t, t), torch.randn_like(x0))` in a diffusion model's training step, where
     the target should be the `noise` mixed into `x_t`. On the losses of the first backwards, a
-    target with no gradient on the CPU is compared with the numbers the CPU generator draws
-    first after the model's forward ended: equal to the last bit, it is that draw. It points at
-    the loss call.
+    target with no gradient on the CPU, of the shape of a tensor the model was given, is
+    compared with the numbers the CPU generator draws first after the model's forward ended:
+    equal to the last bit, it is that draw. It points at the loss call.
 
     ## Why is this bad?
     A noise-prediction (epsilon) objective teaches the model to recover the noise that was added
@@ -39,7 +39,8 @@ class NoiseTargetRedrawn(Rule):
     ## Stays silent on
     The noise drawn before the forward and used as the target (the right code, however many
     draws the forward itself makes); a target made from a draw (`y + 0.1 * torch.randn_like(y)`,
-    noisy labels); a draw used as an input; noise drawn on a GPU (not looked at); losses other
+    noisy labels); a draw used as an input; a random target of another shape than the model's
+    inputs (a synthetic regression benchmark's `torch.randn(32, 1)`); noise drawn on a GPU (not looked at); losses other
     than the four regression losses.
     """
 
