@@ -431,6 +431,19 @@ target_grad        fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | kl_div
                    its input, neither side made from the other and no symmetric consistency —
                    the first such call of each call line (loc: the loss call; an aside;
                    instrument/stopgrad.py)
+anchor_alias       params [pid] (the parameters pulled towards themselves), how ("same": ``p - p``
+                   in the loss's graph; "shared": the squared, absolute or norm difference of a
+                   parameter and a constant exactly zero at two backwards with a step between
+                   them that moved the parameter, never non-zero): a penalty's anchor that is the live parameters (an EWC, L2-SP
+                   or FedProx anchor stored without a copy) — at the first 4 backwards of each
+                   backward line, once
+                   (loc: the backward; an aside; instrument/anchors.py)
+noise_redrawn      fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), params [pid] (tracked
+                   tensors the input's graph reaches), numel (the target's size): the target is,
+                   to the last bit, the first standard-normal draw of the CPU generator after
+                   the model's forward ended — a fresh noise the model never saw (a diffusion
+                   loss's noise drawn again) — at one of the first 3 backwards' losses, once per
+                   call line (loc: the loss call; an aside; instrument/redrawn.py)
 loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward0``,
                    ``PowBackward0``), params [pid] (tracked tensors its argument reaches), line
                    (the backward's line): a backward's loss holds a term -c * exp(v) or -c * v**2
@@ -1058,6 +1071,14 @@ def target_grad(*, fn: str, params: list[int], input_op: str, target_op: str) ->
     return "target_grad", {"fn": fn, "params": params, "input_op": input_op, "target_op": target_op}
 
 
+def anchor_alias(*, params: list[int], how: str) -> Made:
+    return "anchor_alias", {"params": params, "how": how}
+
+
+def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
+    return "noise_redrawn", {"fn": fn, "params": params, "numel": numel}
+
+
 def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = None) -> Made:
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
@@ -1078,7 +1099,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
-    "grad_stops": grad_stops, "target_grad": target_grad, "loss_unbounded": loss_unbounded,
+    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
+    "loss_unbounded": loss_unbounded,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
@@ -1109,7 +1131,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "loss_unbounded", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
                          "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
                          "self_match", "batch_pairing", "last_step_padded",
                          "attention_mask", "label_smoothing",

@@ -123,3 +123,51 @@ def test_misplaced_zero_grad_between_backward_and_step():
         t.clear([0], line=7)
         t.step(0, line=8)
     assert slugs(t.trace) == [("misplaced-zero-grad", 7)]
+
+
+# -- gradients collected by a loop that steps nothing (an EWC Fisher information) -------------
+_FISHER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(6, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+fisher = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+for batch in range(3):
+    x = torch.randn(8, 6)
+    model.zero_grad()
+    F.cross_entropy(model(x), x[:, :2].argmax(1)).backward()
+    for n, p in model.named_parameters():
+        fisher[n] += p.grad ** 2
+for step in range(3):
+    x = torch.randn(8, 6)
+    loss = F.cross_entropy(model(x), x[:, :2].argmax(1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def _run(tmp_path, text):
+    from graddoctor.options import CheckOptions
+    from graddoctor.run.session import run_check
+
+    path = tmp_path / "script.py"
+    path.write_text(text)
+    report = run_check(CheckOptions(target=str(path)))
+    return [f.rule for f in report.findings]
+
+
+def test_a_fisher_loop_that_reads_the_gradients_and_steps_nothing_is_not_a_misplaced_clear(tmp_path):
+    assert "misplaced-zero-grad" not in _run(tmp_path, _FISHER)
+
+
+def test_a_training_loop_that_reads_the_gradients_and_steps_is_still_one(tmp_path):
+    # the clear between backward and step, with the gradient norms logged: the loop steps
+    text = _FISHER.replace(
+        "    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n",
+        "    loss.backward()\n    norms = [p.grad.norm() for p in model.parameters()]\n"
+        "    optimizer.zero_grad()\n    optimizer.step()\n")
+    assert "misplaced-zero-grad" in _run(tmp_path, text)

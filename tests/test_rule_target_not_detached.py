@@ -105,6 +105,26 @@ def test_a_prediction_from_another_layer_than_its_target_is_recorded():
     assert [made[0] for made in _judge(model, losses)] == ["target_grad"]
 
 
+def test_a_target_built_from_the_compared_activations_is_recorded_past_views():
+    # an index of a view of the output: no weight next to either side's op, but the target is
+    # made from the very activations the input is (a box target encoded against the prediction)
+    def losses(m, run):
+        x = torch.randn(5, 4)
+        out = m(x).view(5, 3, 1)
+        pos = torch.tensor([True, False, True, True, False])
+        run("smooth_l1_loss", out[pos], (2.0 - out)[pos])
+    assert [made[0] for made in _judge(_net(), losses)] == ["target_grad"]
+
+
+def test_two_separate_passes_compared_past_views_are_a_consistency():
+    def losses(m, run):
+        x = torch.randn(5, 4)
+        pos = torch.tensor([True, False, True, True, False])
+        out1, out2 = m(x + 1).view(5, 3, 1), m(x - 1).view(5, 3, 1)
+        run("mse_loss", out1[pos], out2[pos])
+    assert _judge(_net(), losses) == []
+
+
 def test_the_helpers_read_the_graph():
     m = _net()
     x = torch.randn(2, 4)

@@ -41,6 +41,8 @@ from .resets import ParamResetWatcher
 from .rng import RngSeedWatcher
 from .snapshots import SnapshotWatcher
 from .stopgrad import TargetGradWatcher
+from .redrawn import RedrawnNoiseWatcher
+from .anchors import AnchorAliasWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
@@ -90,6 +92,15 @@ class Instrumentation:
         targets = TargetGradWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)
         self.watchers.append(targets)
+        # a regression target that is the first random draw after the forward (noise-target-redrawn)
+        redrawn = RedrawnNoiseWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, redrawn.describe_loss)
+        self.watchers.append(redrawn)
+        # a penalty's anchor that is the live parameters (anchor-aliases-params)
+        anchors = AnchorAliasWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, anchors.describe_loss)
+        rec.subscribe(STEPPED, anchors.after_step)
+        self.watchers.append(anchors)
         # policy-gradient weights that carry gradient into other parameters (advantage-not-detached)
         advantages = AdvantageGradWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, advantages.describe_loss)

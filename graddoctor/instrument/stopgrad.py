@@ -97,6 +97,20 @@ def _own_leaves(node) -> frozenset:
     return frozenset(found)
 
 
+def _same_layer(base_in, base_target, nodes_in: set, nodes_target: set) -> bool:
+    """Both sides made by one layer in two calls (a Π-model). When neither side's op reads a
+    leaf directly (an index of a view of the layer's output: ``out[pos]``), the layer is not
+    known from its weights: the two sides must then come from two separate forwards, which share
+    no computed node (a target built from the very activations it is compared with,
+    ``encode(gt, anchors + reg_out)[pos]`` against ``reg_out[pos]``, shares them)."""
+    own_in, own_target = _own_leaves(base_in), _own_leaves(base_target)
+    if own_in != own_target:
+        return False
+    if own_in:
+        return True
+    return not any(getattr(node, "variable", None) is None for node in nodes_in & nodes_target)
+
+
 class TargetGradWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -151,7 +165,7 @@ class TargetGradWatcher:
         made_in, made_target = _producer(input.grad_fn), _producer(target.grad_fn)
         base_in, base_target = _base(input.grad_fn), _base(target.grad_fn)
         if (fn in _SYMMETRIC and type(made_in) is type(made_target) and input.shape == target.shape
-                and _own_leaves(base_in) == _own_leaves(base_target)):
+                and _same_layer(base_in, base_target, nodes_in, nodes_target)):
             return  # two outputs of one layer made to agree (a Π-model): both sides train
         loc = self.rec.here()
         if loc in self._done:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 import math
 
 from ..findings import Role, Safety, Severity
@@ -52,7 +53,9 @@ class MisplacedZeroGrad(Rule):
     functional inner steps; L-BFGS's `step(closure)`; an update skipped on purpose (a loss
     spike, a non-finite norm) and dropped by the next clear; the step first in the loop body
     (step → zero_grad → forward → backward); the optimizer stepped inside the backward; a
-    GAN's discriminator part of the generator's backward.
+    GAN's discriminator part of the generator's backward; gradients collected by a loop that
+    reads `.grad` into something and steps nothing (an EWC Fisher information: `zero_grad`,
+    backward, `fisher[n] += p.grad ** 2` per batch).
     """
 
     code = "GD104"
@@ -79,7 +82,7 @@ class MisplacedZeroGrad(Rule):
     def check(self, a):
         groups: dict = {}
         for d in a.ledger.discards:
-            if not _seen_nonfinite(a, d) and not _weights_perturbed(a, d):
+            if not _seen_nonfinite(a, d) and not _weights_perturbed(a, d) and not _gradients_read(a, d):
                 groups.setdefault(d.clear.loc, []).append(d)
         # clear → step → backward: the step, not the clear, is misplaced (step-before-backward)
         claimed = step_before_backward(a) if groups else {}
@@ -124,6 +127,36 @@ def _seen_nonfinite(a, d) -> bool:
         if e.kind == "clip" and d.pid in e["params"] and _nonfinite(e.get("total_norm")):
             return True
     return False
+
+
+def _gradients_read(a, d) -> bool:
+    """The dropped backward sits in a loop of the script that reads ``.grad`` into something
+    and never steps an optimizer: the gradients are statistics the script collects (an EWC
+    Fisher information, per-sample gradient norms), cleared before each batch or before the
+    training that follows on purpose, and no step was meant to use them."""
+    backward = d.contributions[-1].backward.loc
+    if backward is None:
+        return False
+    loop = a.source.innermost_loop(backward.path, backward.line)
+    if loop is None:
+        return False
+    tree = a.source.tree(backward.path)
+    if tree is None:
+        return False
+    reads = False
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", None)
+        if line is None or not loop[0] <= line <= loop[1]:
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step":
+            return False  # an optimizer (or scheduler) steps in this loop: a training loop
+        value = node.value if isinstance(node, (ast.Assign, ast.AugAssign)) else \
+            node.args[0] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in ("append", "extend", "add_", "copy_") and node.args else None
+        if value is not None and any(isinstance(n, ast.Attribute) and n.attr == "grad"
+                                     for n in ast.walk(value)):
+            reads = True
+    return reads
 
 
 def _skipped_update(a, loc, discards) -> bool:

@@ -1,0 +1,198 @@
+"""A penalty that pulls parameters towards an anchor which is the live parameters themselves:
+an EWC, L2-SP or FedProx term ``sum(F * (p - anchor) ** 2)`` whose anchor was stored as a
+reference, not a copy.
+
+``anchor = {n: p for n, p in model.named_parameters()}`` (or ``list(model.parameters())``,
+``dict(model.named_parameters())``) keeps the parameter objects: ``p - anchor[n]`` is ``p - p``,
+zero at every step with a zero gradient. ``anchor = {n: p.detach() ...}`` or ``p.data`` shares
+the parameters' memory: the optimizer's in-place update moves the anchor with them, and the
+difference is again zero after every step. The penalty silently does nothing: the model forgets
+the first task (EWC), drifts from the pretrained weights (L2-SP), from the global model
+(FedProx).
+
+At the first ``_LOOKED`` backwards of each backward line (a penalty phase that starts
+after a first task has a backward line of its own; ``_LINES`` lines at most), the loss's graph is
+walked (``_NODES`` nodes at most) for
+
+* a ``SubBackward0`` both of whose inputs are the same parameter's ``AccumulateGrad`` node
+  (``p - p``): recorded at once (``how="same"``);
+* a square, absolute value or norm of a difference ``p - c`` of a parameter and a tensor with no
+  graph (``PowBackward0`` of an even exponent, ``MulBackward0`` of the difference by itself,
+  ``AbsBackward0``, ``NormBackward``; ``mse_loss(p, c)`` / ``l1_loss(p, c)``): the saved
+  difference (or input and target) is read. Exactly zero at two backwards with an optimizer
+  step between them, after which the parameter itself had moved (a few of its values differ:
+  a parameter that lr 0 or no gradient keeps still keeps a copied anchor's difference at 0
+  too), and never anything else, the anchor follows the parameter (``how="shared"``;
+  accumulated micro-batches count once per step). A difference seen non-zero once clears the
+  parameter for good (an anchor copied at the start of each FedProx round is equal to the
+  parameters at the round's first step only).
+
+An ``anchor_alias`` aside event names the parameters, once (loc: the backward).
+
+Cost: one graph walk per backward at the first ``_LOOKED`` backwards of each backward line, a
+reduction per difference found; a frame lookup per backward until ``_SEEN`` backwards, nothing
+after them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import events as ev
+from .recorder import Recorder
+
+_LOOKED = 4  # backwards of each backward line looked at
+_LINES = 16  # backward lines looked at, at most
+_NODES = 20000  # nodes walked per backward
+_SEEN = 512  # backwards seen at most: past them nothing is looked up
+_ZEROS = 1  # zero differences after the parameter moved that make the anchor a follower
+
+
+def _leaf(node):
+    return getattr(node, "variable", None) if type(node).__name__ == "AccumulateGrad" else None
+
+
+class AnchorAliasWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._looked: dict = {}  # backward location -> backwards looked at
+        self._steps = 0
+        self._zeros: dict[int, int] = {}  # pid -> zero differences seen after a step
+        self._moved: set[int] = set()  # pids whose difference was seen non-zero
+        self._counted: dict[int, int] = {}  # pid -> the step count when its zero was last counted
+        self._prints: dict[int, torch.Tensor] = {}  # pid -> a few of its values at the last zero
+        self._told = False
+        self._backwards = 0  # backwards seen (a line lookup each, until _SEEN)
+
+    def after_step(self, opt, optimizer) -> None:
+        self._steps += 1
+
+    def describe_loss(self, tensors) -> dict:
+        if self._told or self._backwards >= _SEEN:
+            return {}
+        self._backwards += 1
+        looked = self._looked
+        if len(looked) >= _LINES and all(n >= _LOOKED for n in looked.values()):
+            return {}
+        if isinstance(tensors, (list, tuple)):
+            if len(tensors) != 1:
+                return {}
+            tensors = tensors[0]
+        root = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
+        if root is None:
+            return {}
+        try:
+            loc = self.rec.here()
+            seen = looked.get(loc, 0)
+            if seen >= _LOOKED or (seen == 0 and len(looked) >= _LINES):
+                return {}
+            looked[loc] = seen + 1
+            with torch.no_grad():
+                self._judge(root)
+        except Exception as exc:
+            self.rec.internal_error("anchor_alias", exc)
+        return {}
+
+    def _pid(self, variable):
+        if variable is None:
+            return None
+        tensors = self.rec.tensors
+        pid = tensors.number.get(id(variable))
+        if pid is None or id(tensors.refs[pid]()) != id(variable):
+            return None
+        return pid
+
+    def _difference(self, node):
+        """``(pid, saved difference or (input, target), the parameter)`` when ``node`` squares (or takes the
+        absolute value or norm of) a difference of a tracked parameter and a constant."""
+        name = type(node).__name__
+        children = [child for child, _ in node.next_functions]
+        if name in ("MseLossBackward0", "L1LossBackward0", "SmoothL1LossBackward0", "HuberLossBackward0"):
+            if len(children) >= 1 and children[0] is not None and all(c is None for c in children[1:]):
+                pid = self._pid(_leaf(children[0]))
+                if pid is not None:
+                    return pid, (getattr(node, "_saved_self", None), getattr(node, "_saved_target", None)), \
+                        _leaf(children[0])
+            return None
+        if name == "PowBackward0":
+            exponent = getattr(node, "_saved_exponent", None)
+            if not (isinstance(exponent, (int, float)) and exponent > 0 and float(exponent) == 2.0):
+                return None
+        elif name == "MulBackward0":
+            if len(children) != 2 or children[0] is None or children[0] is not children[1]:
+                return None
+        elif not name.startswith(("AbsBackward", "NormBackward", "LinalgVectorNormBackward")):
+            return None
+        if not children or children[0] is None or type(children[0]).__name__ != "SubBackward0":
+            return None
+        sub = children[0]
+        parts = [child for child, _ in sub.next_functions]
+        graphed = [part for part in parts if part is not None]
+        if len(parts) != 2 or len(graphed) != 1:
+            return None  # p - c or c - p: the anchor has no graph
+        pid = self._pid(_leaf(graphed[0]))
+        if pid is None:
+            return None
+        return pid, getattr(node, "_saved_self", None), _leaf(graphed[0])
+
+    def _judge(self, root) -> None:
+        same: list[int] = []
+        seen: set = set()
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if len(seen) > _NODES:
+                break
+            children = [child for child, _ in node.next_functions]
+            if type(node).__name__ == "SubBackward0" and len(children) == 2 and children[0] is not None \
+                    and children[0] is children[1]:
+                pid = self._pid(_leaf(children[0]))
+                if pid is not None and pid not in same:
+                    same.append(pid)
+            found = self._difference(node)
+            if found is not None and self._steps > 0:
+                pid, saved, _variable = found
+                if isinstance(saved, tuple):
+                    a, b = saved
+                    zero = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) \
+                        and a.shape == b.shape and bool(torch.equal(a, b))
+                elif isinstance(saved, torch.Tensor):
+                    zero = not bool(saved.any())
+                else:
+                    continue
+                if zero:
+                    if self._counted.get(pid, -1) < self._steps:  # once per step in between
+                        self._counted[pid] = self._steps
+                        self._moved_too(pid, found[2])
+                else:
+                    self._moved.add(pid)
+            stack.extend(child for child in children if child is not None)
+        if same:
+            self._tell(sorted(same), "same")
+            return
+        shared = sorted(pid for pid, n in self._zeros.items() if n >= _ZEROS and pid not in self._moved)
+        if shared:
+            self._tell(shared, "shared")
+
+    def _moved_too(self, pid: int, variable) -> None:
+        """A zero difference counts when the parameter itself moved since the last one (a few of
+        its values differ): a parameter the optimizer leaves as it is (lr 0, no gradient) keeps
+        a copied anchor's difference at 0 too."""
+        values = variable.detach().reshape(-1)[:16].clone()
+        before = self._prints.get(pid)
+        self._prints[pid] = values
+        if before is None:
+            self._zeros.setdefault(pid, 0)
+            return
+        if not torch.equal(before, values):
+            self._zeros[pid] = self._zeros.get(pid, 0) + 1
+
+    def _tell(self, pids, how: str) -> None:
+        self._told = True
+        self.rec.emit_aside(ev.anchor_alias(params=list(pids)[:64], how=how), self.rec.here())
+
+    def install(self, patcher) -> None:
+        pass
