@@ -58,15 +58,36 @@ def _net():
     return nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.1), nn.Linear(16, 4))
 
 
+class _Denoiser(nn.Module):
+    """A noise predictor told the noise level: ``forward(x_t, t)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _net()
+
+    def forward(self, x, t):
+        return self.net(x + t[:, None])
+
+
 def test_noise_drawn_again_after_the_forward_is_recorded():
     def step(forward, mse):
         x0 = torch.randn(8, 4)
         noise = torch.randn_like(x0)
-        mse(forward(0.9 * x0 + 0.4 * noise), torch.randn_like(x0))
-    kinds, events = _watch(_net(), step)
+        mse(forward(0.9 * x0 + 0.4 * noise, torch.full((8,), 0.3)), torch.randn_like(x0))
+    kinds, events = _watch(_Denoiser(), step)
     assert kinds == ["noise_redrawn"]
     assert events[0][1]["fn"] == "mse_loss" and events[0][1]["numel"] == 32
     assert len(events[0][1]["params"]) == 4
+
+
+def test_a_random_target_of_the_only_inputs_shape_is_not():
+    # a synthetic regression (`mse(model(x), torch.randn(8, 4))`): nothing tells the model a
+    # noise level, so the draw is a random target, not the noise of a noise predictor
+    def step(forward, mse):
+        x0 = torch.randn(8, 4)
+        noise = torch.randn_like(x0)
+        mse(forward(0.9 * x0 + 0.4 * noise), torch.randn_like(x0))
+    assert _watch(_net(), step)[0] == []
 
 
 def test_the_noise_mixed_into_the_input_is_not():

@@ -62,6 +62,7 @@ class RedrawnNoiseWatcher:
         self._handles: list = []
         self._state = None  # the CPU generator's state at the end of the last module call
         self._shapes: set = set()  # the shapes of that call's tensor arguments
+        self._arity = 0  # how many tensor arguments that call had
         self._backwards = 0
         self._done: set = set()
 
@@ -75,7 +76,9 @@ class RedrawnNoiseWatcher:
         try:
             self._state = torch.get_rng_state()
             kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
-            self._shapes = {tuple(t.shape) for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)}
+            tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+            self._shapes = {tuple(t.shape) for t in tensors}
+            self._arity = len(tensors)
         except Exception as exc:
             self._stop()
             self.rec.internal_error("noise_redrawn (forward end)", exc)
@@ -113,8 +116,14 @@ class RedrawnNoiseWatcher:
     def _check(self, fn: str, input, target) -> None:
         if get_ident() != self.rec.script_thread:
             return
-        if not _input_shaped(tuple(target.shape), self._shapes):
+        shape = tuple(target.shape)
+        if not _input_shaped(shape, self._shapes):
             return  # noise of the model input's shape only (not a synthetic regression target)
+        if shape in self._shapes and self._arity < 2:
+            # a model of one input of the target's very shape and nothing to tell it the noise
+            # level (no timestep, no concatenated conditioning): a synthetic regression towards
+            # random targets (`mse(model(x), torch.randn(16, 8))`), not a noise predictor
+            return
         generator = torch.Generator()
         generator.set_state(self._state)
         drawn = torch.randn(target.shape, generator=generator, dtype=target.dtype)

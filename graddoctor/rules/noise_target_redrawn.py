@@ -40,7 +40,9 @@ class NoiseTargetRedrawn(Rule):
     The noise drawn before the forward and used as the target (the right code, however many
     draws the forward itself makes); a target made from a draw (`y + 0.1 * torch.randn_like(y)`,
     noisy labels); a draw used as an input; a random target of another shape than the model's
-    inputs (a synthetic regression benchmark's `torch.randn(32, 1)`); noise drawn on a GPU (not looked at); losses other
+    inputs (a synthetic regression benchmark's `torch.randn(32, 1)`), or of the shape of the
+    model's only input with nothing else given to it (`mse(model(x), torch.randn(16, 8))`: a
+    noise predictor is told the noise level, as a timestep argument or concatenated channels); noise drawn on a GPU (not looked at); losses other
     than the four regression losses.
     """
 
