@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
+from .lossterms import loss_root
 from .recorder import Recorder
 
 _LOOKED = 4  # backwards of each backward line looked at
@@ -74,11 +75,7 @@ class AnchorAliasWatcher:
         looked = self._looked
         if len(looked) >= _LINES and all(n >= _LOOKED for n in looked.values()):
             return {}
-        if isinstance(tensors, (list, tuple)):
-            if len(tensors) != 1:
-                return {}
-            tensors = tensors[0]
-        root = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
+        root = loss_root(tensors)
         if root is None:
             return {}
         try:

@@ -146,6 +146,16 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
     return found
 
 
+
+def loss_root(tensors):
+    """The autograd node of the one loss a backward was given (``loss.backward()``,
+    ``torch.autograd.backward([loss])``), or None for several tensors or one without a graph."""
+    if isinstance(tensors, (list, tuple)):
+        if len(tensors) != 1:
+            return None
+        tensors = tensors[0]
+    return getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
+
 class LossTermWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -156,11 +166,7 @@ class LossTermWatcher:
         looked = self._looked
         if len(looked) >= _LINES and all(n >= _LOOKED for n in looked.values()):
             return {}
-        if isinstance(tensors, (list, tuple)):
-            if len(tensors) != 1:
-                return {}
-            tensors = tensors[0]
-        root = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
+        root = loss_root(tensors)
         if root is None:
             return {}
         try:
