@@ -283,3 +283,38 @@ def test_a_deviation_on_a_sampled_turn_is_found_and_one_on_a_skimmed_turn_adds_n
     with_skim, _, _ = _skim_run(plan, 200, True, monkeypatch)
     without, _, _ = _skim_run(plan, 200, False, monkeypatch)
     assert set(with_skim) <= set(without), what  # missed at most, never a finding of its own
+
+
+def _edit_every_turn(through_data: bool, turns: int) -> None:
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(6, 4), torch.randn(6, 1)
+    for _ in range(turns):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        for p in model.parameters():
+            (p.grad.data if through_data else p.grad).zero_()
+        opt.step()
+
+
+@pytest.mark.parametrize("through_data", [False, True])
+def test_a_loop_that_edits_its_grads_every_turn_is_judged_alike_with_the_skim(monkeypatch,
+                                                                              through_data):
+    """A backward is skimmed only when its turn's step is on the straight-line path too: a
+    skimmed backward's grads are caught up unread, which would hide the edit before a step
+    that goes the full path (every step of this loop: its grads are edited)."""
+    from graddoctor.rules.engine import analyze
+
+    _skim_constants(monkeypatch)
+    found = {}
+    for skim in (True, False):
+        monkeypatch.setattr(fold, "SKIM", skim)
+        rec = Recorder(step_budget=None, finder=LocationFinder())
+        with Instrumentation(rec):
+            _edit_every_turn(through_data, 120)
+        findings, errors = analyze(rec.trace)
+        assert not errors
+        found[skim] = [(f.rule, f.location, f.step) for f in findings]
+    assert found[True] == found[False]
+    assert "grads-cleared-before-step" in [rule for rule, _, _ in found[True]]

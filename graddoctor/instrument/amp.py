@@ -29,6 +29,7 @@ from .identities import Identities
 from .lossfactor import constant_term, loss_scaling, may_be_negated, negated_criterion
 from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
+from .topics import GRADS_UNSCALED
 
 
 class ScaleCopies:
@@ -62,6 +63,7 @@ class GradScalerWatcher:
         self._marked: dict[int, tuple[weakref.ref, dict]] = {}  # id(tensor) -> (ref, facts)
         self._constant_checks = 0  # backwards whose loss was looked at for a term without graph
         self.scaler_id = Identities()  # scaler -> its number
+        self._unscaled = rec.subscribers(GRADS_UNSCALED)
         # an enabled, unfused GradScaler.step is running (read by the optimizer watcher: the
         # step runs only if unscale_ found every value finite)
         self.in_scaler_step = False
@@ -177,6 +179,8 @@ class GradScalerWatcher:
         rec = self.rec
         opt = rec.optimizer_id(optimizer)
         pids, states = rec.grads.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
+        for subscriber in self._unscaled:
+            subscriber(pids)
         if scaler.is_enabled():  # it checked every value: finite, if scaler.step steps
             rec.grads.vouch_finite(pids, states, conditional=True)
         rec.emit(ev.unscale(scaler=self.scaler_id(scaler), opt=opt, enabled=scaler.is_enabled(),

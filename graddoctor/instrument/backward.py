@@ -835,8 +835,11 @@ class BackwardWatcher:
         refs = rec.tensors.refs
         if len(refs) != count or same_chain(frame, chain) is None:
             return None
-        if armed[9] is None and folder.skimming(steady, j):
-            return _SKIM  # (a DataLoader's backward is never skimmed: its batch is read each turn)
+        if armed[9] is None and folder.skimming(steady, j) and self.optimizers.step_armed:
+            # (a DataLoader's backward is never skimmed: its batch is read each turn; nor one
+            # whose step goes the full path: a skimmed backward's grads are caught up unread,
+            # which would hide an edit between it and that step)
+            return _SKIM
         tensors_ = list(map(call, refs))
         before = grads_of(tensors_)
         if not all(map(is_, before, repeat(None))):

@@ -13,6 +13,16 @@ hand gives a factor too (max_norm / norm): the rules compare it with what they k
 
 Only CPU gradients are sampled (no device sync); a step whose grads were not all sampled, or
 whose sample is older than the latest backward, gets no factors.
+
+The same samples show edits the version counter does not: ``p.grad.data.zero_()`` or
+``p.grad.data.mul_(lr)`` change the values through ``.data``, whose version counter is its own,
+so the grad keeps the ``(id, _version)`` the backward left and looks untouched. At the step's
+pre hook, a sampled grad that is still that tensor at that version but whose sampled values
+differ was edited that way (``untracked``): the optimizer watcher counts it as edited, exactly
+as ``p.grad.zero_()`` would be. Grads vouched by a watched op that changes values without a
+version bump (``GradScaler.unscale_``) are compared with what that op left (``rebase``). Once such an edit was seen
+every later backward is sampled, so the script's every step is judged alike (its steps never go
+onto the steady path: they are edited).
 """
 
 from __future__ import annotations
@@ -33,14 +43,19 @@ class EditFactors:
     step pre hook (``factors``)."""
 
     def __init__(self):
-        self._samples: dict[int, tuple[int, torch.Tensor]] = {}  # pid -> (grad id, values)
+        # pid -> (grad id, grad _version, values after the backward, values an untracked edit
+        # is judged against: the same tensor, or what a watched unscale_ left)
+        self._samples: dict[int, tuple[int, int, torch.Tensor, torch.Tensor]] = {}
         self._at = -1  # the backward count the samples were taken at
         self._backwards = 0
         self._edits = 0
+        self.untracked_seen = False  # an edit through ``.data`` was found: sample every backward
 
     @property
     def done(self) -> bool:
-        return self._backwards >= _BACKWARDS or self._edits >= _EDITS
+        """Nothing more to sample (the first backwards' samples taken, or the edited steps
+        measured), unless the script edits its grads through ``.data``."""
+        return (self._backwards >= _BACKWARDS or self._edits >= _EDITS) and not self.untracked_seen
 
     def observe(self, backward_calls: int, pids, grads) -> None:
         """After a backward that wrote ``grads`` (parallel to ``pids``)."""
@@ -55,7 +70,8 @@ class EditFactors:
                 if type(grad) is not torch.Tensor or grad.device.type != "cpu" \
                         or grad.layout != torch.strided or not grad.is_floating_point():
                     continue
-                samples[pid] = (id(grad), grad.detach().reshape(-1)[:_SAMPLE].to(torch.float64, copy=True))
+                values = grad.detach().reshape(-1)[:_SAMPLE].to(torch.float64, copy=True)
+                samples[pid] = (id(grad), grad._version, values, values)
         if samples:  # only this backward's: an older sample may be of a grad cleared since
             self._samples = samples
             self._at = backward_calls
@@ -63,7 +79,7 @@ class EditFactors:
     def factors(self, backward_calls: int, optimizer, owned, edited) -> list | None:
         """Each param group's factor (see module docs) at a step whose pre hook found the grads
         of ``edited`` changed by hand; ``owned``: the optimizer's pids in group order."""
-        if self.done or self._at != backward_calls or not edited:
+        if self._edits >= _EDITS or self._at != backward_calls or not edited:
             return None
         self._edits += 1
         groups = getattr(optimizer, "param_groups", None)
@@ -91,7 +107,7 @@ class EditFactors:
                 grad = param.grad
                 if type(grad) is not torch.Tensor or grad.device.type != "cpu":
                     continue
-                before = sample[1]
+                before = sample[2]
                 now = grad.detach().reshape(-1)[:before.numel()].to(torch.float64)
                 if now.numel() != before.numel():
                     continue
@@ -110,6 +126,51 @@ class EditFactors:
             if low != 0 and high - low <= _TOLERANCE * abs(high):
                 out[g] = (low + high) / 2
         return out if any(f is not None for f in out) else None
+
+
+    def sampled_at(self, backward_calls: int) -> bool:
+        """Whether the latest backward (``backward_calls``) left samples to compare with."""
+        return self._at == backward_calls and bool(self._samples)
+
+    def rebase(self, pids, grads) -> None:
+        """A watched op changed these grads in place without a version bump (``unscale_``):
+        later untracked edits are judged against their values now."""
+        samples = self._samples
+        with torch.no_grad():
+            for pid, grad in zip(pids, grads):
+                sample = samples.get(pid)
+                if sample is None or type(grad) is not torch.Tensor or sample[0] != id(grad) \
+                        or sample[1] != grad._version:
+                    continue
+                now = grad.detach().reshape(-1)[:sample[2].numel()].to(torch.float64, copy=True)
+                samples[pid] = (*sample[:3], now)
+
+    def untracked(self, backward_calls: int, pids, grads, skip) -> list[int]:
+        """The pids among ``pids`` (their ``grads`` parallel) whose grad, sampled after the
+        latest backward, is still the same tensor at the same version but holds other values
+        now: edited through ``.data`` (see module docs). ``skip``: pids not to judge."""
+        samples = self._samples
+        if self._at != backward_calls or not samples:
+            return []
+        found = []
+        with torch.no_grad():
+            for pid, grad in zip(pids, grads):
+                sample = samples.get(pid)
+                if (sample is None or pid in skip or sample[0] != id(grad)
+                        or sample[1] != grad._version):
+                    continue
+                before = sample[3]
+                now = grad.detach().reshape(-1)[:before.numel()].to(torch.float64)
+                if now.numel() == before.numel() and not _same_values(now, before):
+                    found.append(pid)
+        if found:
+            self.untracked_seen = True
+        return found
+
+
+def _same_values(now: torch.Tensor, before: torch.Tensor) -> bool:
+    """Equal element for element, a NaN equal to a NaN (a NaN grad left alone is no edit)."""
+    return torch.equal(now, before) or bool(((now == before) | (now.isnan() & before.isnan())).all())
 
 
 def _params_by_pid(groups, owned) -> dict:

@@ -31,7 +31,7 @@ from .divergence import Divergence
 from .editfactor import EditFactors
 from .gradstate import Tensor, grads_of, local, tensors_of, version
 from .recorder import Recorder
-from .topics import (FREEZE_OF, PARAMS_ADDED, STEP_BEGINS, STEP_GRADS, STEP_NORMS, STEPPED,
+from .topics import (FREEZE_OF, GRADS_UNSCALED, PARAMS_ADDED, STEP_BEGINS, STEP_GRADS, STEP_NORMS, STEPPED,
                      STEPPED_WITHOUT_GRAD)
 
 _requires_grad = attrgetter("requires_grad")
@@ -96,6 +96,11 @@ def _group(pids, grads) -> dict:
             pids_grads[0].append(pid)
             pids_grads[1].append(grad)
     return by_device
+
+
+def _several_ranks() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def step_grads(rec: Recorder, pids, edited: list | None = None,
@@ -473,6 +478,7 @@ class OptimizerWatcher:
         self._step_begins = rec.subscribers(STEP_BEGINS)
         self._params_added = rec.subscribers(PARAMS_ADDED)
         self._freeze_of = rec.subscribers(FREEZE_OF)
+        rec.subscribe(GRADS_UNSCALED, self._unscaled)
         self._normed: set[int] = set()  # optimizers whose first update carried norms
         # the straight-line hooks' armed reads (see _arm_clear): None when not armed
         self._armed_clear: tuple | None = None
@@ -752,6 +758,8 @@ class OptimizerWatcher:
             if not closure:
                 read = step_grads(rec, rec.opt_params.get(opt, ()), edited,
                                   self.scalers.in_scaler_step, frozen, by_hand)
+                if edited is not None and read.states is not None:
+                    edited.extend(self._untracked_edits(read, edited))
                 self._read = (opt, read)  # for the post hook: the grads as the step got them
                 if read.vouched and not self._wants_norms(opt):
                     norm_pids = norms = None  # finite, as a clip or unscale_ already saw
@@ -796,6 +804,36 @@ class OptimizerWatcher:
                 self._arm_begin(opt, wrapper_frame, event, loc)
         except Exception as exc:
             rec.internal_error("optimizer step (before)", exc)
+
+    def _unscaled(self, pids: list[int]) -> None:
+        """``GradScaler.unscale_`` divided these grads in place: what a later edit through
+        ``.data`` is compared with from now on."""
+        try:
+            self.edit_factors.rebase(pids, grads_of(tensors_of(self.rec.tensors.refs, pids)))
+        except Exception as exc:
+            self.rec.internal_error("GradScaler.unscale_ (edit samples)", exc)
+
+    @property
+    def step_armed(self) -> bool:
+        """Whether a step's pre hook is armed for the straight-line path (its turns repeat
+        with nothing edited between backward and step)."""
+        return self._armed_begin is not None
+
+    def _untracked_edits(self, read: StepGrads, edited: list[int]) -> list[int]:
+        """The grads edited through ``.data`` since the latest backward (``p.grad.data.zero_()``:
+        no version bump, see editfactor.py), on the steps right after a sampled backward. Left
+        out: runs of several ranks (a collective on ``p.grad.data`` moves no version counter
+        either)."""
+        rec = self.rec
+        try:
+            if not self.edit_factors.sampled_at(rec.progress.backward_calls) or _several_ranks():
+                return []
+            skip = set(edited)
+            return self.edit_factors.untracked(rec.progress.backward_calls, read.pids, read.grads,
+                                               skip)
+        except Exception as exc:
+            rec.internal_error("optimizer step (edits through .data)", exc)
+            return []
 
     def _arm_begin(self, opt: int, wrapper_frame, event, loc) -> None:
         """After a step's pre hook whose event went onto the steady path (the full path found

@@ -236,7 +236,7 @@ def _edit_matches(a) -> dict:
 
 def _edit_line(a, edit):
     """The line that scales ``.grad`` (``p.grad *= lr``, ``p.grad.mul_(lr)``, ``p.grad =
-    p.grad * lr``) in the lines above the step that the edit was seen at, in the same
+    p.grad * lr``, also through ``.data``) in the lines above the step that the edit was seen at, in the same
     function; None when the source does not show one."""
     loc = edit.loc
     if loc is None:
@@ -264,4 +264,7 @@ def _edit_line(a, edit):
 
 
 def _is_grad(node) -> bool:
+    """``p.grad`` or ``p.grad.data``."""
+    if isinstance(node, ast.Attribute) and node.attr == "data":
+        node = node.value
     return isinstance(node, ast.Attribute) and node.attr == "grad"
