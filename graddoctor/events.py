@@ -438,6 +438,12 @@ anchor_alias       params [pid] (the parameters pulled towards themselves), how 
                    or FedProx anchor stored without a copy) — at the first 4 backwards of each
                    backward line, once
                    (loc: the backward; an aside; instrument/anchors.py)
+softmax_axis       dim (the dimension a softmax normalised), summed (the one the matrix product after
+                   it sums the softmax's output over, mapped back to the softmax's dimensions),
+                   shape (the softmax's output shape), params [pid] (tracked tensors below the
+                   softmax): attention weights normalised over another axis than the one the
+                   next matmul sums over — at the first 3 backwards, once per (dim, summed,
+                   shape) (loc: the backward; an aside; instrument/attnaxis.py)
 noise_redrawn      fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), params [pid] (tracked
                    tensors the input's graph reaches), numel (the target's size): the target is,
                    to the last bit, the first standard-normal draw of the CPU generator after
@@ -1075,6 +1081,10 @@ def anchor_alias(*, params: list[int], how: str) -> Made:
     return "anchor_alias", {"params": params, "how": how}
 
 
+def softmax_axis(*, dim: int, summed: int, shape: list[int], params: list[int]) -> Made:
+    return "softmax_axis", {"dim": dim, "summed": summed, "shape": shape, "params": params}
+
+
 def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
     return "noise_redrawn", {"fn": fn, "params": params, "numel": numel}
 
@@ -1100,7 +1110,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
-    "loss_unbounded": loss_unbounded,
+    "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
@@ -1135,7 +1145,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
                          "self_match", "batch_pairing", "last_step_padded",
                          "attention_mask", "label_smoothing",
-                         "mixup_unmixed"})
+                         "mixup_unmixed", "softmax_axis"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

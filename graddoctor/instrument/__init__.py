@@ -42,6 +42,7 @@ from .rng import RngSeedWatcher
 from .snapshots import SnapshotWatcher
 from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
+from .attnaxis import SoftmaxAxisWatcher
 from .anchors import AnchorAliasWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
@@ -92,6 +93,10 @@ class Instrumentation:
         targets = TargetGradWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)
         self.watchers.append(targets)
+        # attention weights normalised over another axis than the next matmul sums (softmax-wrong-axis)
+        softmax_axis = SoftmaxAxisWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, softmax_axis.describe_loss)
+        self.watchers.append(softmax_axis)
         # a regression target that is the first random draw after the forward (noise-target-redrawn)
         redrawn = RedrawnNoiseWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, redrawn.describe_loss)

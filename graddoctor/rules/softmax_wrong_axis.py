@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import ast
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+
+
+def _dim_of(text: str) -> int | None:
+    """The literal ``dim`` of one softmax call's source (``F.softmax(s, dim=1)``,
+    ``torch.softmax(s, 1)``, ``s.softmax(-2)``, ``nn.Softmax(dim=1)``), else None."""
+    try:
+        call = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(call, ast.Call):
+        return None
+    value = next((k.value for k in call.keywords if k.arg == "dim"), None)
+    if value is None:
+        func = call.func
+        method = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+            and func.value.id not in ("F", "torch", "nn", "functional", "special")
+        module = isinstance(func, (ast.Attribute, ast.Name)) and \
+            (func.attr if isinstance(func, ast.Attribute) else func.id) == "Softmax"
+        position = 0 if (method or module) else 1
+        value = call.args[position] if len(call.args) > position else None
+    try:
+        return int(ast.literal_eval(value)) if value is not None else None
+    except (ValueError, TypeError, SyntaxError):
+        return None
+
+
+def softmax_line(a, path: str, dim: int, ndim: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the first softmax call of the file whose literal ``dim`` names
+    dimension ``dim`` of an ``ndim``-dimensional tensor; None when there is none."""
+    for line, text, _forward in a.source.calls_named(path, frozenset({"softmax", "Softmax"})):
+        written = _dim_of(text)
+        if written is not None and written in (dim, dim - ndim):
+            return line, text
+    return None
+
+
+class SoftmaxWrongAxis(Rule):
+    """
+    ## What it does
+    Finds attention weights normalised over another axis than the one the matrix product after
+    them sums over: `weights = softmax(scores, dim=1)` on scores of shape (batch, queries, keys)
+    followed by `weights @ values`, which sums each row over the keys (the last dimension); or a
+    (N, K) softmax over dim 0 multiplied by a (K, D) matrix. At the first backwards the loss's
+    graph is read: from each matrix product the left operand is followed down through the
+    operations that keep its values in place (dropout, reshapes that keep the last dimension,
+    transposes of other axes, unsqueeze, expand) to a softmax, and the dimension the product sums
+    over is compared with the one the softmax normalised. It points at the softmax call when
+    the script's source has one with that `dim`, else at the backward.
+
+    ## Why is this bad?
+    Attention averages the values with weights that sum to 1 over the keys. Normalised over the
+    queries instead, each query's weights sum to anything, and each one depends on the scores
+    of every other query: the output's scale drifts with the sequence length, a query cannot
+    attend to one key alone, and padding or the order of the queries leaks into every output.
+    The model trains, the loss falls, and it ends up worse than one with the right axis. No
+    error: the shapes agree either way when the two axes have the same length.
+
+    ## Example
+    ```python
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+    weights = F.softmax(scores, dim=1)
+    out = weights @ v
+    ```
+
+    ## Use instead
+    ```python
+    weights = F.softmax(scores, dim=-1)  # over the keys, the axis `@ v` sums
+    out = weights @ v
+    ```
+
+    ## Stays silent on
+    A softmax over the last dimension (the usual attention); weights transposed before the
+    product so that the normalised axis is the one summed (`softmax(s, dim=1).transpose(1, 2) @
+    h`, attention pooling over time); weights renormalised after the softmax (slot attention's
+    softmax over the slots, then a division by the sum over the inputs); a softmax whose output
+    is multiplied elementwise and summed rather than fed to a matrix product; the axis summed of
+    length 1; `scaled_dot_product_attention` and `nn.MultiheadAttention` (they normalise the
+    right axis themselves). A softmax over dim 0 that `samples-mixed-in-batch` reports (the batch
+    mixed) is left to it.
+    """
+
+    code = "GD248"
+    slug = "softmax-wrong-axis"
+    severity = Severity.WARNING
+    summary = ("attention weights are normalised over another axis than the one the matmul "
+               "after them sums over: each query's weights do not sum to 1")
+    fix = "normalise over the axis the product sums: softmax(scores, dim=-1) before `@ values`"
+
+    def check(self, a):
+        stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        # a softmax over the batch is samples-mixed-in-batch's, when its probe saw it
+        batch_softmax = any(d.get("mixed") and str(d.get("op") or "").startswith("Softmax")
+                            for d in a.of_kind("dependency"))
+        for e in a.of_kind("softmax_axis"):
+            pids = [pid for pid in e.get("params") or () if pid in stepped]
+            if not pids:
+                continue  # nothing trained makes the scores
+            shape = list(e.get("shape") or ())
+            dim, summed = e.get("dim"), e.get("summed")
+            if not shape or dim is None or summed is None:
+                continue
+            ndim = len(shape)
+            if dim == 0 and batch_softmax:
+                continue
+            loc = e.loc
+            line = softmax_line(a, loc.path, dim, ndim) if loc is not None else None
+            if line is not None:
+                loc = Location(loc.path, line[0])
+            written = f"`{line[1]}`" if line is not None else "a softmax"
+            last = summed == ndim - 1
+            yield self.finding(
+                f"{written} normalises the attention weights of shape {tuple(shape)} over "
+                f"dimension {dim} (length {shape[dim]}), but the matrix product after it sums "
+                f"them over dimension {summed}{' (the last: the keys)' if last else ''} "
+                f"(length {shape[summed]}): each row of weights does not sum to 1, and each "
+                f"weight depends on the scores of the other rows. The model trains, to a worse "
+                f"fit than with the right axis",
+                loc, step=a.next_step_number(e.seq),
+                evidence={"shape": shape, "dim": dim, "summed": summed, "params": pids[:16]},
+                fix=(f"normalise over dimension {summed}: softmax(..., dim={-1 if last else summed})"
+                     f" (the axis the product sums over)"))

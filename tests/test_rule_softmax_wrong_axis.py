@@ -1,0 +1,117 @@
+"""softmax-wrong-axis (GD248): attention weights normalised over another axis than the one the
+matrix product after them sums over."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from graddoctor import events as ev
+from graddoctor.instrument.attnaxis import SoftmaxAxisWatcher, _softmax_below
+from graddoctor.rules.softmax_wrong_axis import _dim_of
+from rule_traces import builder, findings, only
+
+SLUG = "softmax-wrong-axis"
+
+
+def _product(weights_of, shape=(2, 5, 5), keys=5, d=3):
+    """The product node of ``weights_of(scores) @ v`` and what ``_softmax_below`` finds."""
+    scores = torch.randn(*shape, requires_grad=True)
+    v = torch.randn(*shape[:-2], keys, d, requires_grad=True)
+    out = torch.matmul(weights_of(scores), v)
+    node = out.grad_fn
+    while not type(node).__name__.startswith(("BmmBackward", "MmBackward")):
+        node = node.next_functions[0][0]
+    left = node._saved_self
+    return _softmax_below(node.next_functions[0][0], tuple(left.shape), left.dim() - 1)
+
+
+def test_the_walk_reaches_the_softmax_and_maps_the_summed_axis_back():
+    found = _product(lambda s: torch.softmax(s, dim=1))
+    assert found is not None and found[1] == 1 and found[2] == 2  # normalised 1, summed 2
+    assert _product(lambda s: torch.softmax(s, dim=-1))[1:3] == (2, 2)
+    # four dims through expand and a reshape, dropout's mask on the way
+    four = _product(lambda s: torch.nn.functional.dropout(s.softmax(dim=2), 0.1),
+                    shape=(2, 3, 5, 5))
+    assert four is not None and four[1:3] == (2, 3)
+    # a 2-D softmax over the rows, unsqueezed into a batched product: still the rows
+    scores = torch.randn(4, 6, requires_grad=True)
+    h = torch.randn(4, 6, 3, requires_grad=True)
+    out = torch.bmm(torch.softmax(scores, dim=0).unsqueeze(1), h)
+    bmm = out.grad_fn
+    assert _softmax_below(bmm.next_functions[0][0], (4, 1, 6), 2)[1:3] == (0, 1)
+
+
+@pytest.mark.parametrize("turned", [
+    lambda s: torch.softmax(s, dim=-1).transpose(1, 2),  # DiffPool: turned on purpose
+    lambda s: (lambda a: a / a.sum(-1, keepdim=True))(torch.softmax(s, dim=1) + 1e-8),  # slots
+    lambda s: torch.softmax(s, dim=1) * torch.rand(2, 5, 1, requires_grad=True),  # a gate
+])
+def test_the_walk_stops_at_weights_turned_or_renormalised(turned):
+    assert _product(turned) is None
+
+
+def test_the_watcher_reports_once_and_only_a_mismatch(monkeypatch):
+    events = []
+
+    class _Rec:
+        from graddoctor.instrument.identities import Identities
+        tensors = Identities()
+
+        def here(self, skip=2):
+            return None
+
+        def emit_aside(self, made, loc=None):
+            events.append(made)
+
+        def internal_error(self, where, exc):
+            raise exc
+
+    watcher = SoftmaxAxisWatcher(_Rec())
+    q = torch.randn(2, 4, 3, requires_grad=True)
+    for dim in (1, 1, -1):
+        scores = q @ q.transpose(1, 2) / math.sqrt(3)
+        loss = (torch.softmax(scores, dim=dim) @ q).sum()
+        watcher.describe_loss(loss)
+    assert [made[0] for made in events] == ["softmax_axis"]
+    assert events[0][1]["dim"] == 1 and events[0][1]["summed"] == 2
+    assert events[0][1]["shape"] == [2, 4, 4]
+
+
+def test_the_literal_dim_is_read_from_each_form_of_call():
+    assert _dim_of("F.softmax(scores, dim=1)") == 1
+    assert _dim_of("torch.softmax(scores, 1)") == 1
+    assert _dim_of("scores.softmax(-2)") == -2
+    assert _dim_of("nn.Softmax(dim=2)") == 2
+    assert _dim_of("nn.Softmax(2)") == 2
+    assert _dim_of("F.softmax(scores, dim=d)") is None
+
+
+def _trace(params, stepped=(0, 1), dim=1):
+    t = builder(params=list(stepped))
+    t.put(ev.softmax_axis(dim=dim, summed=2, shape=[16, 8, 8], params=list(params)), line=9)
+    t.clear(list(stepped), line=10)
+    t.backward(fresh=list(stepped), line=11)
+    t.step(0, line=12)
+    return t
+
+
+def test_the_rule_warns_when_an_optimizer_trains_the_scores():
+    f = only(_trace([0, 1]), SLUG)
+    assert f.evidence["dim"] == 1 and f.evidence["summed"] == 2
+    assert "dim=-1" in f.fix
+
+
+def test_the_rule_is_silent_when_nothing_trained_makes_the_scores():
+    assert findings(_trace([5]), SLUG) == []
+
+
+def test_a_softmax_over_the_batch_is_left_to_samples_mixed_in_batch():
+    t = _trace([0, 1], dim=0)
+    assert len(findings(t, SLUG)) == 1
+    t.put(ev.dependency(model="M", batch=16, source="loss_target", mixed=True,
+                        op="SoftmaxBackward0", op_at=None, seq=None, modules=[],
+                        forward=None), line=13)
+    assert findings(t, SLUG) == []
