@@ -16,6 +16,10 @@ _KINDS = {
     "Hardtanh": ("saturated", ("hardtanh", "Hardtanh", "relu6", "ReLU6")),
     "Relu": ("dead", ("relu", "ReLU", "relu_")), "Threshold": ("dead", ("relu", "ReLU", "threshold", "Threshold")),
     "NativeDropout": ("dropped", ("dropout", "Dropout")),
+    # a softmax over a dimension of length 1 is constant (1; 0 for log_softmax): attention
+    # pooling over a (B, T, 1) score with dim=-1
+    "Softmax": ("constant", ("softmax", "Softmax")),
+    "LogSoftmax": ("constant", ("log_softmax", "LogSoftmax")),
     # a selection that drops the part of an output those parameters make (h_n[-1] of a
     # bidirectional RNN keeps one direction): found by the module's own call
     "Stack": ("part", ()), "Cat": ("part", ()), "Select": ("part", ()), "Slice": ("part", ()),
@@ -59,7 +63,8 @@ class GradsAlwaysZero(Rule):
     measured, because the gradient stops at an operation on its way from the loss: `round`,
     `floor`, `sign` (their derivative is zero everywhere), a `clamp` or ReLU that is saturated or
     dead for every sample, a selection that drops the part of an output they make (`h_n[-1]` of a
-    bidirectional LSTM keeps only one direction), a layer whose weights are all zero (every layer
+    bidirectional LSTM keeps only one direction), a softmax over a dimension of length 1 (attention
+    pooling over `(B, T, 1)` scores with `dim=-1`: always 1), a layer whose weights are all zero (every layer
     initialised with `nn.init.zeros_`). It also finds an optimizer all of whose gradients have become exactly
     zero (a loss multiplied by 0, an output clamped outside the targets' range). graddoctor
     reads the norms it already measures; after an update with zero gradients it follows one
@@ -212,6 +217,9 @@ class GradsAlwaysZero(Rule):
                          "so no gradient passes it",
             "dead": f"{where} is inactive for every element (a dead ReLU layer), so no gradient passes it",
             "dropped": f"{where} drops every element",
+            "constant": (f"{where} gives the same output whatever its input (a softmax over a "
+                         f"dimension of length 1 is always 1, and 0 after a log; a saturated one "
+                         f"is exactly one-hot), so no gradient passes it"),
             "zero_weights": (f"the gradient stops at a layer whose weights are all zero (initialised "
                              f"by {where}): nothing flows back through it, and the layers before "
                              f"it (and its own weights, whose input is 0) stay where they are"
@@ -236,6 +244,9 @@ class GradsAlwaysZero(Rule):
                          "or use a smooth squashing such as sigmoid), or clamp only at inference",
             "dead": "revive the ReLU: a smaller learning rate or bias init, or LeakyReLU/GELU",
             "dropped": "use a dropout probability below 1",
+            "constant": ("normalise over the dimension that holds the scores (for weights over "
+                         "time steps of shape (B, T, 1): dim=1), or use a sigmoid for a single "
+                         "score"),
             "zero_weights": ("do not initialise weights to zero: keep the layers' default "
                              "initialisation (or nn.init.kaiming_uniform_ / xavier_uniform_); "
                              "zeros are fine for biases only"),
