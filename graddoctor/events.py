@@ -242,10 +242,13 @@ loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logi
                    cross_entropy's float (probability) targets hold negative values (logits or
                    log-probabilities as soft targets); "log-target": kl_div's target holds
                    negative values with log_target=False; "prob-target": kl_div's target holds
-                   positive values with log_target=True),
+                   positive values with log_target=True; "rows": cross_entropy's or nll_loss's
+                   (N, C) input was reshaped from a tensor whose dimensions its rows of C
+                   consecutive values cut across: a (B, C, T) output viewed as (-1, C)),
                    classes (size of the class dimension), normalised (the size of the dimension
                    the log_softmax normalised, for "dim"; else None), low, high (the targets'
-                   smallest and largest value, only for the target problems): a classification loss a
+                   smallest and largest value, only for the target problems), source (the shape
+                   reshaped from, only for "rows"): a classification loss a
                    gradient flows through given the wrong kind of score or target — the first
                    such call of each call line (loc: the user's loss line)
 idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so
@@ -846,10 +849,13 @@ def advantage_grad(*, params: list[int]) -> Made:
 
 
 def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,
-               low: float | None = None, high: float | None = None) -> Made:
+               low: float | None = None, high: float | None = None,
+               source: list[int] | None = None) -> Made:
     data = {"fn": fn, "problem": problem, "classes": classes, "normalised": normalised}
     if low is not None or high is not None:  # the target problems: the values that show it
         data.update(low=low, high=high)
+    if source is not None:  # "rows": the shape the (N, C) input was reshaped from
+        data["source"] = source
     return "loss_input", data
 
 

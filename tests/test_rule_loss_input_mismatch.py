@@ -199,3 +199,22 @@ def test_kl_div_given_raw_scores_is_recorded_and_log_probabilities_are_not():
     assert recorded(lambda z: z - z.logsumexp(-1, keepdim=True)) == []  # normalised by hand
     [(_, message, fix)] = _messages(fn="kl_div", problem="logits", classes=5)
     assert "raw scores" in message and "log_softmax" in fix
+
+
+def test_rows_that_cut_across_the_reshaped_tensor_are_found():
+    import torch
+
+    from graddoctor.instrument.loss_inputs import rows_cut_across
+
+    def flat(shape, move=False):
+        t = torch.randn(*shape, requires_grad=True)
+        return (t.movedim(1, -1) if move else t).reshape(-1, shape[1])
+
+    assert rows_cut_across(flat((4, 7, 12))) == [4, 7, 12]  # (B, C, T) viewed as (-1, C)
+    assert rows_cut_across(flat((4, 7, 3, 5))) == [4, 7, 3, 5]
+    assert rows_cut_across(flat((4, 7, 12), move=True)) is None  # classes moved last first
+    assert rows_cut_across(flat((4, 7, 1, 1))) is None  # a CNN head's (B, C, 1, 1)
+    packed = torch.randn(4, 3 * 7, requires_grad=True).view(-1, 7)  # K heads packed
+    assert rows_cut_across(packed) is None
+    assert rows_cut_across(torch.log_softmax(flat((4, 7, 12)), dim=-1)) == [4, 7, 12]
+    assert rows_cut_across(torch.randn(8, 7, requires_grad=True) * 2) is None  # no reshape

@@ -102,6 +102,35 @@ def normalised_size(node) -> int | None:
     return int(node._saved_result.shape[dim])
 
 
+_RESHAPES = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
+
+
+def rows_cut_across(input) -> list[int] | None:
+    """The shape an (N, C) loss input was reshaped from when its rows, C consecutive values of
+    that tensor, cut across its dimensions: no dimension d of it has the values after it
+    (the product of the later sizes) dividing C and C dividing the block it starts. A (B, C, T)
+    output viewed as (-1, C) is one (each row holds C time steps of one class, or parts of
+    two); (B, T, C), (B, C, 1) and a packed (B, K * C) of K heads split into (B * K, C) are
+    not. None when the input was made otherwise (read from its graph, past log_softmax)."""
+    node = input.grad_fn
+    name = type(node).__name__
+    if name.startswith(("LogSoftmaxBackward", "SoftmaxBackward")):
+        node = node.next_functions[0][0] if node.next_functions else None
+        name = type(node).__name__
+    if node is None or not name.startswith(_RESHAPES):
+        return None
+    sizes = [int(s) for s in getattr(node, "_saved_self_sym_sizes", ())]
+    classes = int(input.shape[1])
+    if len(sizes) < 2 or classes < 2:
+        return None
+    after = 1
+    for size in reversed(sizes):
+        if classes % after == 0 and (after * size) % classes == 0:
+            return None
+        after *= size
+    return sizes
+
+
 def has_log_nearby(tensor) -> bool:
     """A log op within a few levels of ``tensor``'s graph (``log_softmax(x) * w``, a log-prob
     masked or weighted before nll_loss): the input is meant as log-probabilities."""
@@ -234,6 +263,11 @@ class LossInputWatcher:
                 problem = "dim"  # log_softmax over another dimension than the classes
         elif made in (None, "relu") and fn in ("cross_entropy", "nll_loss", "kl_div"):
             problem = self._by_values(fn, input)
+        source = None
+        if problem is None and fn in ("cross_entropy", "nll_loss") and input.dim() == 2:
+            source = rows_cut_across(input)
+            if source is not None:
+                problem = "rows"
         values = None
         if problem is None and fn not in ("nll_loss", "ctc_loss"):
             problem, values = self._targets(fn, input, target, args, kwargs or {})
@@ -245,7 +279,8 @@ class LossInputWatcher:
         self._done.add(loc)
         low, high = values if values is not None else (None, None)
         self.rec.emit_aside(ev.loss_input(fn=fn, problem=problem, classes=classes,
-                                          normalised=normalised, low=low, high=high), loc)
+                                          normalised=normalised, low=low, high=high,
+                                          source=source), loc)
 
     def _swapped(self, fn: str, input, target) -> None:
         """"swapped": the scores are passed as the target and the labels as the input

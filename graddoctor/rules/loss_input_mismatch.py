@@ -106,7 +106,9 @@ class LossInputMismatch(Rule):
     `ctc_loss` (whose classes are the last dimension of its (T, N, C) input), and
     float 0/1 targets with several 1s per row (a multi-label task) given to `cross_entropy`,
     and swapped arguments (`criterion(labels, outputs)`: the labels taken as the scores and the
-    model's output as the target, which torch differentiates). It also finds float targets
+    model's output as the target, which torch differentiates), and (N, C) scores reshaped from a
+    tensor whose dimensions their rows cut across (a (batch, classes, positions) output viewed as
+    `(-1, C)`: each row holds one class's scores at C positions). It also finds float targets
     outside the range the loss is defined on: `binary_cross_entropy_with_logits` targets outside
     [0, 1] (-1/+1 labels, a teacher's raw logits), `cross_entropy` soft targets with negative
     values (a teacher's logits or log-probabilities where probabilities belong), and `kl_div`
@@ -149,7 +151,9 @@ class LossInputMismatch(Rule):
     mixup, a teacher's softmax or sigmoid, `pos_weight`-weighted multi-label targets),
     `kl_div(..., log_target=True)` with log-probabilities; REINFORCE's log-probabilities, a log
     of softmax probabilities with an epsilon, Gumbel-softmax; sequence scores flattened or
-    with `log_softmax` over the class dimension; `kl_div(log p, q)` with the model's
+    with `log_softmax` over the class dimension; scores flattened with the classes last
+    (`movedim(1, -1).reshape(-1, C)`, (B, C, 1, 1) heads, K heads packed as (B, K * C) and split
+    into (B * K, C) rows); `kl_div(log p, q)` with the model's
     distribution as the target (KL(q || p)); two model outputs distilling each other.
     """
 
@@ -165,7 +169,7 @@ class LossInputMismatch(Rule):
         for e in a.of_kind("loss_input"):
             message, fix, evidence = _describe(e.get("fn", "cross_entropy"), e.get("problem", "softmax"),
                                                int(e.get("classes") or 2), e.get("normalised"),
-                                               e.get("low"), e.get("high"))
+                                               e.get("low"), e.get("high"), e.get("source"))
             if e.get("problem") == "swapped" and e.loc is not None:
                 call = _swapped_call(a.source.tree(e.loc.path), e.loc.line)
                 if call is not None:
@@ -225,7 +229,7 @@ _TARGETS = {
 
 
 def _describe(fn: str, problem: str, classes: int, normalised, low=None,
-              high=None) -> tuple[str, str, dict]:
+              high=None, source=None) -> tuple[str, str, dict]:
     """(message, fix, evidence) of one wrong loss input."""
     evidence = {"function": fn, "given": problem, "classes": classes}
     if problem == "dim":
@@ -240,6 +244,17 @@ def _describe(fn: str, problem: str, classes: int, normalised, low=None,
                  "input: F.log_softmax(scores, dim=-1)") if fn == "ctc_loss" else
                 ("take log_softmax over the class dimension: F.log_softmax(scores, dim=-1) "
                  "for (N, C) scores, dim=1 for (N, C, ...)"), evidence)
+    if problem == "rows" and source:
+        evidence["source"] = source
+        shape = "(" + ", ".join(map(str, source)) + ")"
+        return (f"{fn} is given (N, {classes}) scores reshaped from a {shape} tensor whose "
+                f"dimensions their rows cut across: each row of {classes} consecutive values "
+                f"mixes positions (for a (batch, classes, positions) output, one class's scores "
+                f"at {classes} positions), so no row holds one position's class scores and the "
+                f"model is trained to match labels with the wrong numbers",
+                f"move the class dimension last before flattening: scores.movedim(1, -1)"
+                f".reshape(-1, {classes}) (or pass the (N, C, T) scores to {fn} unflattened, "
+                f"with (N, T) targets)", evidence)
     if problem == "swapped":
         return (f"{fn}'s arguments are swapped: the input (first argument) needs no gradient and "
                 f"the target (second) does — the labels are passed as the scores and the model's "
