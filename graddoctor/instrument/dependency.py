@@ -668,17 +668,16 @@ def _shift(ids, target, ignore: int) -> int | None:
 def _axis(grad, B: int) -> int | None:
     """Where a gradient carries the batch: dim 0 of a (B, ...) tensor whose dim 1 is not B too,
     dim 1 of a (T, B, ...) one (seq-first, an RNN's (layers, B, ...) state, a batch unsqueezed
-    into a sequence of one) whose other dimensions are not B and whose dim 0 is no multiple of B
-    (a (B * T, D) one with D == B is a batch of sequences flattened for a Linear or a matmul,
-    (B * heads, T, T) with T == B the same for attention: their samples lead, in blocks);
-    None for any other layout, or when two dimensions could be the batch."""
+    into a sequence of one) whose other dimensions are not B, unless it is a (B * T, D) one with
+    D == B (a batch of sequences flattened for a Linear or a matmul: its samples lead, in
+    blocks); None for any other layout, or when two dimensions could be the batch."""
     if not isinstance(grad, torch.Tensor) or grad.layout != torch.strided or grad.dim() == 0:
         return None
     first = int(grad.shape[0]) == B
     second = grad.dim() >= 2 and int(grad.shape[1]) == B
     if first and not second:
         return 0
-    if second and not first and B not in grad.shape[2:] and int(grad.shape[0]) % B:
+    if second and not first and B not in grad.shape[2:] and (grad.dim() > 2 or int(grad.shape[0]) % B):
         return 1  # a weaker guess than dim 0: only when no other dimension is B either
     return None
 
