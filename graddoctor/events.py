@@ -244,11 +244,14 @@ loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logi
                    negative values with log_target=False; "prob-target": kl_div's target holds
                    positive values with log_target=True; "rows": cross_entropy's or nll_loss's
                    (N, C) input was reshaped from a tensor whose dimensions its rows of C
-                   consecutive values cut across: a (B, C, T) output viewed as (-1, C)),
+                   consecutive values cut across: a (B, C, T) output viewed as (-1, C); "order":
+                   the (N, C) input was reshaped from (S0, S1, C) and the flat targets are the
+                   (S0, S1) embedded tokens laid out as (S1, S0): seq-first scores against
+                   batch-first targets or the reverse),
                    classes (size of the class dimension), normalised (the size of the dimension
                    the log_softmax normalised, for "dim"; else None), low, high (the targets'
                    smallest and largest value, only for the target problems), source (the shape
-                   reshaped from, only for "rows"): a classification loss a
+                   reshaped from, only for "rows" and "order"): a classification loss a
                    gradient flows through given the wrong kind of score or target — the first
                    such call of each call line (loc: the user's loss line)
 idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so

@@ -218,3 +218,18 @@ def test_rows_that_cut_across_the_reshaped_tensor_are_found():
     assert rows_cut_across(packed) is None
     assert rows_cut_across(torch.log_softmax(flat((4, 7, 12)), dim=-1)) == [4, 7, 12]
     assert rows_cut_across(torch.randn(8, 7, requires_grad=True) * 2) is None  # no reshape
+
+
+def test_targets_are_matched_against_the_embedded_tokens_in_both_layouts():
+    import torch
+
+    from graddoctor.instrument.loss_inputs import _tokens_of
+
+    torch.manual_seed(0)
+    data = torch.randint(0, 50, (6, 13))
+    ids, nxt = data[:, :-1], data[:, 1:]  # (B, T) inputs and next-token targets
+    assert _tokens_of(ids, nxt, -100)  # shifted along the positions
+    assert _tokens_of(ids.t(), nxt.t(), -100)  # seq-first: shifted along dim 0
+    assert _tokens_of(ids, ids.clone(), -100)  # unshifted (an autoencoder's targets)
+    assert not _tokens_of(ids, nxt.t().reshape(6, 12), -100)  # flattened in the other order
+    assert not _tokens_of(ids, (ids * 3 + 1) % 50, -100)  # tags, not tokens

@@ -105,13 +105,11 @@ def normalised_size(node) -> int | None:
 _RESHAPES = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
 
 
-def rows_cut_across(input) -> list[int] | None:
-    """The shape an (N, C) loss input was reshaped from when its rows, C consecutive values of
-    that tensor, cut across its dimensions: no dimension d of it has the values after it
-    (the product of the later sizes) dividing C and C dividing the block it starts. A (B, C, T)
-    output viewed as (-1, C) is one (each row holds C time steps of one class, or parts of
-    two); (B, T, C), (B, C, 1) and a packed (B, K * C) of K heads split into (B * K, C) are
-    not. None when the input was made otherwise (read from its graph, past log_softmax)."""
+_MIN_ORDER = 8  # tokens a layout is judged on at least
+
+
+def _reshaped_from(input) -> list[int] | None:
+    """The shape ``input`` was viewed or reshaped from (its graph, past a log_softmax)."""
     node = input.grad_fn
     name = type(node).__name__
     if name.startswith(("LogSoftmaxBackward", "SoftmaxBackward")):
@@ -119,7 +117,35 @@ def rows_cut_across(input) -> list[int] | None:
         name = type(node).__name__
     if node is None or not name.startswith(_RESHAPES):
         return None
-    sizes = [int(s) for s in getattr(node, "_saved_self_sym_sizes", ())]
+    return [int(s) for s in getattr(node, "_saved_self_sym_sizes", ())] or None
+
+
+def _tokens_of(ids, targets, ignore) -> bool:
+    """``targets`` (laid out like ``ids``) are the tokens of ``ids`` shifted by at most one
+    position along either dimension, at >= 90 % of the places the loss does not ignore."""
+    for dim in (0, 1):
+        a, b = (ids, targets) if dim == 1 else (ids.t(), targets.t())
+        length = int(a.shape[1])
+        for k in (1, 0, -1):
+            lo, hi = max(0, -k), min(length, length - k)
+            if hi - lo < 1:
+                continue
+            t, i = b[:, lo:hi], a[:, lo + k:hi + k]
+            keep = t != ignore
+            count = int(keep.sum())
+            if count >= _MIN_ORDER and float(((t == i) & keep).sum()) / count >= _ORDER_MATCH:
+                return True
+    return False
+
+
+def rows_cut_across(input) -> list[int] | None:
+    """The shape an (N, C) loss input was reshaped from when its rows, C consecutive values of
+    that tensor, cut across its dimensions: no dimension d of it has the values after it
+    (the product of the later sizes) dividing C and C dividing the block it starts. A (B, C, T)
+    output viewed as (-1, C) is one (each row holds C time steps of one class, or parts of
+    two); (B, T, C), (B, C, 1) and a packed (B, K * C) of K heads split into (B * K, C) are
+    not. None when the input was made otherwise (read from its graph, past log_softmax)."""
+    sizes = _reshaped_from(input) or []
     classes = int(input.shape[1])
     if len(sizes) < 2 or classes < 2:
         return None
@@ -162,6 +188,8 @@ _PADDING_SHARE = 0.25  # targets equal to the padding index: at least this share
 _SQUARE_MIN = 4  # a square cross_entropy input at least this large is looked at as a similarity matrix
 _SELF_SHARE = 0.9  # rows whose maximum sits on the diagonal: at least this share
 _FILL_READS = 8  # token batches of embeddings without padding_idx looked at for a fill id
+_ORDER_READS = 8  # loss calls with flat token targets matched against the embedded ids' layout
+_ORDER_MATCH = 0.9  # share of the targets that must be the ids, shifted by one position at most
 _SMOOTHED_SHARE = 0.9  # rows of a soft target with a shared floor above 0: at least this share
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
 
@@ -213,6 +241,8 @@ class LossInputWatcher:
         # (vocabulary size, (batch, length)) of the first 2-D token batches the embeddings ran:
         # a token loss's flattened targets are read back into rows of one of these shapes
         self._token_batches: set[tuple[int, tuple[int, int]]] = set()
+        self._last_ids = None  # the latest 2-D token batch embedded (first loss calls only)
+        self._order_reads = 0
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
@@ -237,6 +267,8 @@ class LossInputWatcher:
                     watcher._padding(fn, input, target, args, kwargs)
                 if watcher._token_batches and fn in ("cross_entropy", "nll_loss"):
                     watcher._padded_targets(fn, input, target, args, kwargs)
+                if watcher._last_ids is not None and fn in ("cross_entropy", "nll_loss"):
+                    watcher._order(fn, input, target, args, kwargs)
                 if fn == "cross_entropy" and input.dim() == 2 \
                         and input.shape[0] == input.shape[1] >= _SQUARE_MIN:
                     watcher._self_match(input, target)
@@ -518,6 +550,39 @@ class LossInputWatcher:
                                  reduction, "targets")
             return
 
+    def _order(self, fn: str, input, target, args, kwargs) -> None:
+        """A ``loss_input`` "order" when flattened (N, C) scores and their flat token targets
+        are laid out in two orders: the scores reshaped from (S0, S1, C) where the script
+        embedded an (S0, S1) token batch, and the targets the tokens of that batch shifted by
+        at most one position when read as (S1, S0), not when read as (S0, S1) — a seq-first
+        model's (T, B, C) output flattened against batch-first (B, T) targets, or the other way
+        round. Each score row then meets the label of another sample and position."""
+        ids, self._last_ids = self._last_ids, None
+        if not (isinstance(target, torch.Tensor) and target.dim() == 1 and input.dim() == 2
+                and not target.is_floating_point() and target.device.type == "cpu"):
+            return
+        self._order_reads += 1  # the first calls with flat token targets only
+        source = _reshaped_from(input)
+        if source is None or len(source) != 3 or source[2] != input.shape[1]:
+            return
+        s0, s1 = source[0], source[1]
+        if s0 == s1 or s0 * s1 != target.numel() or tuple(ids.shape) != (s0, s1) \
+                or ids.numel() < 2 * _MIN_ORDER:
+            return
+        ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
+        with torch.no_grad():
+            flat = target.detach()
+            if _tokens_of(ids, flat.view(s0, s1), ignore):
+                return
+            if not _tokens_of(ids, flat.view(s1, s0).t(), ignore):
+                return
+        loc = self.rec.here(3)
+        if loc in self._done:
+            return
+        self._done.add(loc)
+        self.rec.emit_aside(ev.loss_input(fn=fn, problem="order", classes=int(input.shape[1]),
+                                          source=list(source)), loc)
+
     def _infer_fill(self, args, kwargs) -> None:
         """An embedding without ``padding_idx`` given a (batch, length) batch whose shorter rows
         are filled up with one id: most rows (the longest need none) end, or start, with it in
@@ -548,6 +613,11 @@ class LossInputWatcher:
 
         def before(args, kwargs) -> None:
             pad = args[2] if len(args) > 2 else kwargs.get("padding_idx")
+            if watcher._order_reads < _ORDER_READS:
+                tokens = args[0] if args else kwargs.get("input")
+                if (isinstance(tokens, torch.Tensor) and tokens.dim() == 2
+                        and not tokens.is_floating_point() and tokens.device.type == "cpu"):
+                    watcher._last_ids = tokens
             if len(watcher._token_batches) < 8:
                 tokens = args[0] if args else kwargs.get("input")
                 weight = args[1] if len(args) > 1 else kwargs.get("weight")

@@ -108,7 +108,10 @@ class LossInputMismatch(Rule):
     and swapped arguments (`criterion(labels, outputs)`: the labels taken as the scores and the
     model's output as the target, which torch differentiates), and (N, C) scores reshaped from a
     tensor whose dimensions their rows cut across (a (batch, classes, positions) output viewed as
-    `(-1, C)`: each row holds one class's scores at C positions). It also finds float targets
+    `(-1, C)`: each row holds one class's scores at C positions), and flattened scores whose
+    token targets are flattened in the other order (a seq-first model's (T, B, C) output against
+    batch-first (B, T) next-token targets: the targets are the embedded tokens only when read
+    transposed). It also finds float targets
     outside the range the loss is defined on: `binary_cross_entropy_with_logits` targets outside
     [0, 1] (-1/+1 labels, a teacher's raw logits), `cross_entropy` soft targets with negative
     values (a teacher's logits or log-probabilities where probabilities belong), and `kl_div`
@@ -255,6 +258,16 @@ def _describe(fn: str, problem: str, classes: int, normalised, low=None,
                 f"move the class dimension last before flattening: scores.movedim(1, -1)"
                 f".reshape(-1, {classes}) (or pass the (N, C, T) scores to {fn} unflattened, "
                 f"with (N, T) targets)", evidence)
+    if problem == "order" and source:
+        evidence["source"] = source
+        s0, s1 = source[0], source[1]
+        return (f"{fn}'s scores are flattened from a ({s0}, {s1}, {classes}) output, in ({s0}, "
+                f"{s1}) order, but its targets are the input tokens flattened in ({s1}, {s0}) "
+                f"order (a seq-first (T, B) model output against batch-first (B, T) targets, or "
+                f"the reverse): each score row is paired with the label of another sample and "
+                f"position, and the model learns nothing about its own sequence",
+                f"flatten the targets in the scores' order: targets.t().reshape(-1) (or "
+                f"transpose the scores to the targets' layout before reshaping)", evidence)
     if problem == "swapped":
         return (f"{fn}'s arguments are swapped: the input (first argument) needs no gradient and "
                 f"the target (second) does — the labels are passed as the scores and the model's "
