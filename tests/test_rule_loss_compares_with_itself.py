@@ -196,14 +196,21 @@ v2 = v1
 neg = pos
 z = enc(v1), enc(v2)
 score = model(u, pos, neg)
+s, t = student(x), teacher(x)
 h = x
 out = torch.zeros(n, n)
 ea, ep, en = net(a), net(p), net(p)
 loss = crit(net(xa), net(xa), net(xn))
 pair = model(x1, x1)
+j = i.clone()
+out, _ = self.attn(h, h, h)
+y = mha(q, q, q)
+teacher = copy.deepcopy(student)
+w = f(i, j)
 """
-    lines = [line for line, _ in same_lines(ast.parse(text))]
-    assert lines == [3, 4, 9, 10, 11]
+    found = same_lines(ast.parse(text))
+    assert [line for line, _ in found] == [3, 4, 10, 11, 12, 13]
+    assert found[-1][1] == "j = i.clone()"
 
 
 def _trace(params, stepped=(0, 1), how="twins", op="difference", starts=("EmbeddingBackward0",)):

@@ -26,7 +26,8 @@ line (``_LINES`` lines at most, ``_NODES`` nodes at most):
   dropout, no added noise, no other input) — not where the two meet in a sum of separate loss
   terms (``ce(model(x), y) + 1e-3 * model(x).pow(2).mean()``). Dropout in train mode (SimCSE,
   R-Drop), random augmentations, sampled negatives that collide in a few rows: the saved masks
-  or inputs differ, no twins.
+  or inputs differ, no twins. A difference under ``exp`` is an importance ratio's
+  (``exp(logp - logp_old)``), importance-ratio-wrong's: not looked at.
 * **A constant twin.** A loss function with one operand carrying gradient and one without (a
   teacher's output under ``no_grad``) whose two operands are the same values: ``mse_loss``,
   ``l1_loss``, ``smooth_l1_loss``, ``huber_loss``, ``binary_cross_entropy`` with the target
@@ -208,10 +209,12 @@ class SameValueWatcher:
         kl = {c for node in order if type(node).__name__ == "SubBackward0"
               for c in _children(node) if type(c).__name__ == "MulBackward0"
               and any(type(o).__name__ == "XlogyBackward0" for o in _children(node))}
+        # exp(logp - logp_old): an importance ratio, importance-ratio-wrong's (instrument/ratios.py)
+        ratios = {c for node in order if type(node).__name__ == "ExpBackward0" for c in _children(node)}
         for node in order:
             name = type(node).__name__
             op = _COMPARE.get(name)
-            if op is None:
+            if op is None or node in ratios:
                 continue
             kids = [c for c in _children(node) if c is not None]
             if len(kids) >= 2 and found is None:

@@ -33,6 +33,22 @@ def _shaped(call: ast.Call) -> bool:
     return name in _SHAPED
 
 
+def _uncopied(value: ast.AST) -> ast.AST:
+    """``a`` for ``a.clone()``, ``a.detach()``, ``a.clone().detach()`` (the same values)."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in ("clone", "detach", "contiguous") and not value.args:
+        value = value.func.value
+    return value
+
+
+def _attention(call: ast.Call) -> bool:
+    """Self-attention's ``attn(x, x, x)``: one input as query, key and value on purpose."""
+    func = call.func
+    name = (func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else "").lower()
+    dumps = {ast.dump(a) for a in call.args}
+    return "att" in name or (len(call.args) >= 3 and len(dumps) == 1)
+
+
 def _data_like(node: ast.AST) -> bool:
     """An argument that can be a view of data: a name, a call, a subscript (not a constant)."""
     return isinstance(node, (ast.Name, ast.Call, ast.Subscript, ast.Attribute)) and not (
@@ -42,8 +58,8 @@ def _data_like(node: ast.AST) -> bool:
 def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
     """The statements that can make two sides of a comparison one value, ``[(line, what)]``:
 
-    * an alias ``b = a`` of two plain names that are both called or passed to a call later
-      (``v2 = v1``, ``neg = pos``, ``teacher = student``);
+    * an alias ``b = a`` (or ``a.clone()``, ``a.detach()``) of two plain names that are both
+      called or passed to a call later (``v2 = v1``, ``neg = pos``, ``teacher = student``);
     * a tuple assignment whose targets get one expression twice (``u, i, j = b[:, 0], b[:, 1],
       b[:, 1]``; ``ea, ep, en = net(a), net(p), net(p)``);
     * a call given one argument expression twice (``model(x1, x1)``, ``crit(net(a), net(a), net(n))``,
@@ -53,11 +69,12 @@ def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
+            value = _uncopied(value)
             if isinstance(target, ast.Name) and isinstance(value, ast.Name) and target.id != value.id:
                 later = lambda name: any(line > node.lineno for line in called.get(name, ()))  # noqa: E731
                 if later(target.id) and later(value.id):
-                    found.append((node.lineno, f"{target.id} = {value.id}"))
-            elif isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+                    found.append((node.lineno, ast.unparse(node)))
+            elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) \
                     and len(target.elts) == len(value.elts) and all(isinstance(t, ast.Name) for t in target.elts):
                 dumps = [ast.dump(v) for v in value.elts]
                 for i in range(len(dumps)):
@@ -66,7 +83,7 @@ def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
                         found.append((node.lineno, f"{target.elts[i].id} and {target.elts[j].id} get "
                                                    f"{ast.unparse(value.elts[i])} both"))
                         break
-        elif isinstance(node, ast.Call) and not _shaped(node):
+        elif isinstance(node, ast.Call) and not _shaped(node) and not _attention(node):
             args = list(node.args)
             if len(args) == 1 and isinstance(args[0], (ast.List, ast.Tuple)):
                 args = list(args[0].elts)  # torch.cat([a, a])
