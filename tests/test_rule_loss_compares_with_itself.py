@@ -12,7 +12,7 @@ from torch import nn
 
 from graddoctor import events as ev
 from graddoctor.instrument.samevalue import SameValueWatcher
-from graddoctor.rules.loss_compares_with_itself import same_lines
+from graddoctor.rules.loss_compares_with_itself import own_draw, same_lines
 from rule_traces import builder, findings, only
 
 SLUG = "loss-compares-with-itself"
@@ -211,6 +211,13 @@ w = f(i, j)
     found = same_lines(ast.parse(text))
     assert [line for line, _ in found] == [3, 4, 10, 11, 12, 13]
     assert found[-1][1] == "j = i.clone()"
+
+
+def test_an_alias_is_told_the_draw_of_its_own():
+    tree = ast.parse("pos = torch.randint(0, 9, (4,))\nneg = pos.clone()\nv1 = x\nv2 = v1\n")
+    assert own_draw(tree, 2) == "neg = torch.randint(0, 9, (4,))"
+    assert own_draw(tree, 4) is None  # v1 was no call: nothing to draw again
+    assert own_draw(tree, 1) is None
 
 
 def _trace(params, stepped=(0, 1), how="twins", op="difference", starts=("EmbeddingBackward0",)):

@@ -105,6 +105,22 @@ def _owner(a, pids) -> str:
     return f"`{'.'.join(prefix)}`" if prefix else a.names(pids)
 
 
+def own_draw(tree: ast.AST, line: int) -> str | None:
+    """For an alias ``b = a`` at ``line`` whose ``a`` was assigned a call before (``a = f(x)``):
+    ``b = f(x)``, the draw of its own that ``b`` should get."""
+    alias = next((n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == line
+                  and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)), None)
+    source = _uncopied(alias.value) if alias is not None else None
+    if not isinstance(source, ast.Name):
+        return None
+    made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno < line and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name) and n.targets[0].id == source.id]
+    if not made:
+        return None
+    value = max(made, key=lambda n: n.lineno).value
+    return f"{alias.targets[0].id} = {ast.unparse(value)}" if isinstance(value, ast.Call) else None
+
+
 class LossComparesWithItself(Rule):
     """
     ## What it does
@@ -169,12 +185,13 @@ class LossComparesWithItself(Rule):
             if not pids:
                 continue
             how, op, starts = e.get("how"), e.get("op") or "comparison", e.get("starts") or []
-            loc, text = e.loc, None
+            loc, text, draw = e.loc, None, None
             if loc is not None:
                 tree = a.source.tree(loc.path)
                 lines = same_lines(tree) if tree is not None else []
                 if len(lines) == 1:
                     loc, text = Location(loc.path, lines[0][0], loc.function), lines[0][1]
+                    draw = own_draw(tree, lines[0][0])
             where = f" (`{text}`, here)" if text else ""
             names = _owner(a, pids)
             lookups = bool(starts) and all(s in _LOOKUPS for s in starts)
@@ -193,22 +210,27 @@ class LossComparesWithItself(Rule):
                            f"{where}: the score of each negative equals its positive's, so "
                            f"the difference is exactly 0, the loss is a constant and the gradients "
                            f"of the two sides cancel exactly: nothing is learned")
-                fix = ("sample the negatives apart from the positives (e.g. `neg = "
-                       "torch.randint(0, n_items, pos.shape)`, redrawn where `neg == pos`)")
+                fix = ("sample the negatives apart from the positives (" +
+                       (f"`{draw}`, a draw of their own" if draw else
+                        "e.g. `neg = torch.randint(0, n_items, pos.shape)`") +
+                       ", redrawn where it equals the positive)")
             elif op == "difference":
                 message = (f"a difference of two embeddings that are equal to the last bit ({made})"
                            f"{where}: their distance is exactly 0, so that part of the loss "
                            f"is a constant with gradients that cancel: the pair is never pulled "
                            f"together or pushed apart")
-                fix = ("give each side its own input: the positive (or the second branch, the "
-                       "negative) from another sample or augmentation than the anchor")
+                fix = ("give each side its own input" + (f" (`{draw}`)" if draw else "") +
+                       ": the positive (or the second branch, the negative) from another sample "
+                       "or augmentation than the anchor")
             elif op in _SIMILARITY:
                 message = (f"a {op} of two views that are equal to the last bit ({made})"
                            f"{where}: every positive pair is a sample with itself, which "
                            f"any encoder matches trivially, so the invariance the two views should "
                            f"teach is never learned")
-                fix = ("feed two independently augmented views: `v1, v2 = aug(x), aug(x)` with an "
-                       "augmentation that draws random numbers (not `v2 = v1`)")
+                fix = ("feed two independently augmented views: " +
+                       (f"`{draw}`, a draw of its own," if draw else "`v1, v2 = aug(x), aug(x)`") +
+                       " with an augmentation that draws random numbers (a fixed transform gives "
+                       "the same view twice)")
             else:
                 message = (f"the {op} compares two passes that are equal to the last bit ({made})"
                            f"{where}: the term is exactly its minimum and its "
