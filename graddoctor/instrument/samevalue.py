@@ -40,7 +40,8 @@ A ``same_compared`` aside event (loc: the backward), once per backward line.
 
 Cost: at the first ``_LOOKED`` backwards of each backward line, one walk of the loss's graph
 reading each node's saved values (shapes only), and ``torch.equal`` over the candidate twins'
-saved tensors; nothing after them (a frame lookup per backward until ``_SEEN`` backwards).
+saved tensors (a custom ``autograd.Function`` in a twin's subgraph ends the comparison: what it
+keeps on its ``ctx`` is not seen); nothing after them (a frame lookup per backward until ``_SEEN`` backwards).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ _LOSSES = {"MseLossBackward0": "mse_loss", "L1LossBackward0": "l1_loss",
            "BinaryCrossEntropyBackward0": "binary_cross_entropy"}
 
 _saved_names: dict[type, tuple] = {}
+_CUSTOM = (torch.autograd.function.BackwardCFunction,)  # custom autograd.Functions, compiled graphs
 
 
 def _saved(node) -> list:
@@ -306,8 +308,9 @@ class SameValueWatcher:
             done.add((x, y))
             if len(done) > _VERIFY:
                 return None
-            if type(x) is not type(y) or len(x.next_functions) != len(y.next_functions):
-                return None
+            if type(x) is not type(y) or len(x.next_functions) != len(y.next_functions) \
+                    or isinstance(x, _CUSTOM):
+                return None  # a custom Function may keep what differs (a mask) on its ctx: unseen
             if type(x).__name__ == "AccumulateGrad":
                 if getattr(x, "variable", None) is not getattr(y, "variable", None):
                     return None
