@@ -145,7 +145,7 @@ def test_a_consistency_kl_between_two_identical_passes_is_found():
         return F.kl_div(F.log_softmax(model(x), -1), F.softmax(model(x), -1), reduction="batchmean")
 
     (kind, data), = _run(loss, [model])
-    assert data["how"] == "twins" and data["op"] == "product"
+    assert data["how"] == "twins" and data["op"] == "kl_div"
 
 
 def test_a_teacher_that_is_the_student_is_a_constant_twin_after_two_steps():

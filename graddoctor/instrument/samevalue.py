@@ -286,7 +286,7 @@ class SameValueWatcher:
                     shape, numel = self._shape(a, saved)
                     if numel is not None and numel < _MIN_NUMEL:
                         continue
-                    return op, type(a).__name__, shape, self._pids(a), starts
+                    return ("kl_div" if kl else op), type(a).__name__, shape, self._pids(a), starts
         return None
 
     def _verify(self, a, b, saved) -> list | None:

@@ -195,7 +195,7 @@ class LossComparesWithItself(Rule):
             where = f" (`{text}`, here)" if text else ""
             names = _owner(a, pids)
             lookups = bool(starts) and all(s in _LOOKUPS for s in starts)
-            made = (f"two lookups of the same rows of {names}'s embeddings" if lookups else
+            made = (f"two lookups of the same rows of {names}" if lookups else
                     f"two calls of {names} on identical inputs")
             if how == "constant":
                 message = (f"the {op} term's target, computed without gradient, equals its input "
