@@ -241,3 +241,21 @@ def test_the_rule_warns_in_the_scripts_terms():
 
 def test_the_rule_is_silent_when_no_optimizer_steps_them():
     assert findings(_trace([5]), SLUG) == []
+
+
+def test_a_graph_saved_under_checkpointing_is_left_alone_without_recomputing_it():
+    from torch.utils.checkpoint import checkpoint
+
+    enc = _enc()
+    calls = []
+    enc.register_forward_hook(lambda *a: calls.append(1))
+    x = torch.randn(8, 8)
+    rec = _Rec(list(enc.parameters()))
+    watcher = SameValueWatcher(rec)
+    for _ in range(3):
+        loss = _nt_xent(checkpoint(enc, x, use_reentrant=False), checkpoint(enc, x, use_reentrant=False))
+        before = len(calls)
+        watcher.describe_loss(loss)
+        assert len(calls) == before  # no saved tensor unpacked: the forward was not run again
+        loss.backward()
+    assert rec.events == []

@@ -40,7 +40,9 @@ A ``same_compared`` aside event (loc: the backward), once per backward line.
 
 Cost: at the first ``_LOOKED`` backwards of each backward line, one walk of the loss's graph
 reading each node's saved values (shapes only), and ``torch.equal`` over the candidate twins'
-saved tensors (a custom ``autograd.Function`` in a twin's subgraph ends the comparison: what it
+saved tensors (a graph with a tensor saved under saved-tensor hooks, non-reentrant
+checkpointing or offloading, is left alone: reading it would recompute the forward; a custom
+``autograd.Function`` in a twin's subgraph ends the comparison: what it
 keeps on its ``ctx`` is not seen); nothing after them (a frame lookup per backward until ``_SEEN`` backwards).
 """
 
@@ -91,14 +93,27 @@ _saved_names: dict[type, tuple] = {}
 _CUSTOM = (torch.autograd.function.BackwardCFunction,)  # custom autograd.Functions, compiled graphs
 
 
+class _Hooked(Exception):
+    """A saved tensor with an unpack hook (non-reentrant checkpointing, CPU offloading): reading
+    it would run the hook (recompute the forward): the graph is left alone."""
+
+
 def _saved(node) -> list:
-    """``[(name, value)]`` of what the node saved for its backward."""
+    """``[(name, value)]`` of what the node saved for its backward; ``_Hooked`` when one of them
+    was saved under saved-tensor hooks (read without unpacking: ``_raw_saved_*.unpack_hook``)."""
     names = _saved_names.get(type(node))
     if names is None:
-        names = tuple(n for n in dir(node) if n.startswith("_saved_"))
+        listed = set(dir(node))
+        names = tuple((n, "_raw" + n if "_raw" + n in listed else None) for n in sorted(listed)
+                      if n.startswith("_saved_"))
         _saved_names[type(node)] = names
     out = []
-    for name in names:
+    for name, raw_name in names:
+        if raw_name is not None:
+            raw = getattr(node, raw_name, None)
+            for r in raw if isinstance(raw, (list, tuple)) else (raw,):
+                if r is not None and getattr(r, "unpack_hook", None) is not None:
+                    raise _Hooked
         try:
             out.append((name, getattr(node, name)))
         except Exception:
@@ -184,6 +199,8 @@ class SameValueWatcher:
             looked[loc] = seen + 1
             with torch.no_grad():
                 self._judge(root, loc)
+        except _Hooked:
+            pass
         except Exception as exc:
             self.rec.internal_error("same_compared", exc)
         return {}
