@@ -450,6 +450,18 @@ softmax_axis       dim (the dimension a softmax normalised), summed (the one the
                    softmax): attention weights normalised over another axis than the one the
                    next matmul sums over — at the first 3 backwards, once per (dim, summed,
                    shape) (loc: the backward; an aside; instrument/attnaxis.py)
+same_compared      how ("twins": two nodes of the loss's graph computed the same values from the
+                   same inputs and meet in an op that compares them; "constant": a loss function's
+                   constant operand equals its gradient-carrying one at two optimizer steps, never
+                   apart), op (the comparing op: difference, product, matrix product,
+                   concatenation, mse_loss, kl_div, ...), core (the autograd node of each twin, or
+                   of the gradient-carrying operand), shape (its output's, when saved), params
+                   [pid] (tracked tensors the twin reaches), starts [op] (the autograd nodes
+                   where the two twin computations begin, their inputs shared: EmbeddingBackward0
+                   for two lookups of the same rows; empty for "constant"): a loss that compares a value with
+                   itself (two identical views, negatives equal to the positives, a teacher that
+                   is the student) — at the first 3 backwards of each backward line, once per line
+                   (loc: the backward; an aside; instrument/samevalue.py)
 noise_redrawn      fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), params [pid] (tracked
                    tensors the input's graph reaches), numel (the target's size): the target is,
                    to the last bit, the first standard-normal draw of the CPU generator after
@@ -1094,6 +1106,12 @@ def softmax_axis(*, dim: int, summed: int, shape: list[int], params: list[int]) 
     return "softmax_axis", {"dim": dim, "summed": summed, "shape": shape, "params": params}
 
 
+def same_compared(*, how: str, op: str, core: str, shape: list | None, params: list[int],
+                  starts: list[str]) -> Made:
+    return "same_compared", {"how": how, "op": op, "core": core, "shape": shape, "params": params,
+                             "starts": starts}
+
+
 def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
     return "noise_redrawn", {"fn": fn, "params": params, "numel": numel}
 
@@ -1120,6 +1138,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis,
+    "same_compared": same_compared,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
@@ -1151,6 +1170,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
+                         "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
                          "self_match", "batch_pairing", "last_step_padded",
                          "attention_mask", "label_smoothing",

@@ -44,6 +44,7 @@ from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
 from .attnaxis import SoftmaxAxisWatcher
 from .anchors import AnchorAliasWatcher
+from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
@@ -106,6 +107,11 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, anchors.describe_loss)
         rec.subscribe(STEPPED, anchors.after_step)
         self.watchers.append(anchors)
+        # a loss that compares a value with itself: twin views, negatives = positives (loss-compares-with-itself)
+        same = SameValueWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, same.describe_loss)
+        rec.subscribe(STEPPED, same.after_step)
+        self.watchers.append(same)
         # policy-gradient weights that carry gradient into other parameters (advantage-not-detached)
         advantages = AdvantageGradWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, advantages.describe_loss)
