@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
+from .graphpaths import saved
 from .lossterms import loss_root
 from .recorder import Recorder
 
@@ -108,11 +109,11 @@ class AnchorAliasWatcher:
             if len(children) >= 1 and children[0] is not None and all(c is None for c in children[1:]):
                 pid = self._pid(_leaf(children[0]))
                 if pid is not None:
-                    return pid, (getattr(node, "_saved_self", None), getattr(node, "_saved_target", None)), \
+                    return pid, (saved(node, "_saved_self"), saved(node, "_saved_target")), \
                         _leaf(children[0])
             return None
         if name == "PowBackward0":
-            exponent = getattr(node, "_saved_exponent", None)
+            exponent = saved(node, "_saved_exponent")
             if not (isinstance(exponent, (int, float)) and exponent > 0 and float(exponent) == 2.0):
                 return None
         elif name == "MulBackward0":
@@ -130,7 +131,7 @@ class AnchorAliasWatcher:
         pid = self._pid(_leaf(graphed[0]))
         if pid is None:
             return None
-        return pid, getattr(node, "_saved_self", None), _leaf(graphed[0])
+        return pid, saved(node, "_saved_self"), _leaf(graphed[0])
 
     def _judge(self, root) -> None:
         same: list[int] = []
@@ -151,13 +152,13 @@ class AnchorAliasWatcher:
                     same.append(pid)
             found = self._difference(node)
             if found is not None and self._steps > 0:
-                pid, saved, _variable = found
-                if isinstance(saved, tuple):
-                    a, b = saved
+                pid, kept, _variable = found
+                if isinstance(kept, tuple):
+                    a, b = kept
                     zero = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) \
                         and a.shape == b.shape and bool(torch.equal(a, b))
-                elif isinstance(saved, torch.Tensor):
-                    zero = not bool(saved.any())
+                elif isinstance(kept, torch.Tensor):
+                    zero = not bool(kept.any())
                 else:
                     continue
                 if zero:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
-from .graphpaths import post_order, reached
+from .graphpaths import packed, post_order, reached
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose loss graphs are walked
@@ -48,6 +48,11 @@ def _signed(value: int) -> int:
 
 
 def _saved(node, name: str):
+    """What ``node`` saved as ``name``, or None: released, not saved, or saved under
+    saved-tensor hooks (non-reentrant checkpointing, offloading), whose unpacking would run the
+    checkpointed forward again (BatchNorm's running statistics updated twice)."""
+    if packed(node, name):
+        return None
     try:
         return getattr(node, name)
     except Exception:  # released, or not saved for this configuration

@@ -74,6 +74,7 @@ from torch import nn
 
 from .. import events as ev
 from .dependency import close_before_compile, module_hooks
+from .graphpaths import saved
 from .recorder import Recorder
 
 WINDOW = 8  # backwards judged, from the first one
@@ -564,7 +565,7 @@ def _targets(root, outs: dict) -> tuple[list, bool]:
         for prefix, fn in _TARGET_NODES:
             if name.startswith(prefix) and name[len(prefix):].startswith("Backward"):
                 try:
-                    target = getattr(node, "_saved_target", None)
+                    target = saved(node, "_saved_target")
                 except RuntimeError:  # freed by an earlier backward: torch reports that itself
                     target = None
                 if isinstance(target, torch.Tensor):

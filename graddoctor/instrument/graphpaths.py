@@ -8,6 +8,28 @@ from __future__ import annotations
 from typing import Callable
 
 
+def packed(node, name: str) -> bool:
+    """Whether the tensor ``node`` saved as ``name`` (``_saved_self``) went through saved-tensor
+    hooks (non-reentrant checkpointing, CPU offloading): reading it would unpack it, which for a
+    checkpoint runs the region's forward again. Read from ``_raw_saved_*`` without unpacking."""
+    raw = getattr(node, "_raw" + name, None)
+    for item in raw if isinstance(raw, (list, tuple)) else (raw,):
+        if item is not None and getattr(item, "unpack_hook", None) is not None:
+            return True
+    return False
+
+
+def saved(node, name: str, default=None):
+    """``getattr(node, name, default)`` for a node's saved value, without unpacking a tensor
+    saved under saved-tensor hooks (``packed``: ``default`` then)."""
+    if packed(node, name):
+        return default
+    try:
+        return getattr(node, name, default)
+    except Exception:  # released after a backward
+        return default
+
+
 def post_order(root, limit: int, refuse: type | None = None) -> list | None:
     """The nodes below ``root``, each after all of its inputs (iterative: deep graphs); None
     when there are more than ``limit`` or one is a ``refuse`` instance."""

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import events as ev
+from .graphpaths import saved
 from .inlinable import watched
 from .recorder import Recorder
 
@@ -99,7 +100,8 @@ def normalised_size(node) -> int | None:
     dim = int(node._saved_dim)
     if dim >= 2 ** 63:  # saved as an unsigned 64-bit number: -1 reads as 2**64 - 1
         dim -= 2 ** 64
-    return int(node._saved_result.shape[dim])
+    result = saved(node, "_saved_result")
+    return int(result.shape[dim]) if result is not None else None
 
 
 _RESHAPES = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")

@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import torch
 
+from .graphpaths import saved
+
 _PYTHON_NUMBER_DTYPES = (torch.int64, torch.float64)  # how autograd saves a wrapped Python number
 _MAX_NODES = 32
 
 
-def _constant(saved) -> float | None:
-    if not isinstance(saved, torch.Tensor) or saved.dim() != 0 or saved.device.type != "cpu":
+def _constant(constant) -> float | None:
+    if not isinstance(constant, torch.Tensor) or constant.dim() != 0 or constant.device.type != "cpu":
         return None
-    if saved.dtype not in _PYTHON_NUMBER_DTYPES:
+    if constant.dtype not in _PYTHON_NUMBER_DTYPES:
         return None  # a tensor the script computed (a count, a weight): not a constant
-    value = float(saved.item())
+    value = float(constant.item())
     return value if value != 0.0 else None
 
 
@@ -91,10 +93,10 @@ def _factor(node, budget: list[int], terms: list) -> float | None:
         if name == "DivBackward0":
             if index != 0:
                 return None  # constant / loss
-            value = _constant(getattr(node, "_saved_other", None))
+            value = _constant(saved(node, "_saved_other"))
             value = None if value is None else 1.0 / value
         else:
-            value = _constant(getattr(node, "_saved_other" if index == 0 else "_saved_self", None))
+            value = _constant(saved(node, "_saved_other" if index == 0 else "_saved_self"))
         if value is None:
             return None
         below = _factor(child, budget, terms)
@@ -178,7 +180,7 @@ def negated_criterion(tensors) -> str | None:
             if len(children) != 1 or (name == "DivBackward0" and children[0][0] != 0):
                 return None
             index, child = children[0]
-            value = _constant(getattr(node, "_saved_other" if index == 0 else "_saved_self", None))
+            value = _constant(saved(node, "_saved_other" if index == 0 else "_saved_self"))
             if value is None:
                 return None
             negative, node = negative != (value < 0), child

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
-from .graphpaths import reached
+from .graphpaths import reached, saved
 from .recorder import Recorder
 
 _LOOKED = 3  # backwards of each line looked at
@@ -41,12 +41,12 @@ _BOUNDED = ("Clamp", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LogSigmoid", "
             "Cos", "Erf", "Cumprod")
 
 
-def _sign_of(saved) -> float | None:
+def _sign_of(constant) -> float | None:
     """The sign of a saved constant (a 0-d CPU tensor, or a number), else None."""
-    if isinstance(saved, (int, float)):
-        value = float(saved)
-    elif isinstance(saved, torch.Tensor) and saved.dim() == 0 and saved.device.type == "cpu":
-        value = float(saved.item())
+    if isinstance(constant, (int, float)):
+        value = float(constant)
+    elif isinstance(constant, torch.Tensor) and constant.dim() == 0 and constant.device.type == "cpu":
+        value = float(constant.item())
     else:
         return None
     return 1.0 if value > 0 else -1.0 if value < 0 else None
@@ -112,11 +112,11 @@ def signed_walk(root, limit: int, visit) -> None:
             index, child = children[0]
             if name == "DivBackward0" and index != 0:
                 continue
-            factor = _sign_of(getattr(node, "_saved_other" if index == 0 else "_saved_self", None))
+            factor = _sign_of(saved(node, "_saved_other" if index == 0 else "_saved_self"))
             if factor is not None:
                 stack.append((child, sign * factor))
         elif name in ("MulBackward1", "DivBackward1"):  # by a Python number (some builds)
-            factor = _sign_of(getattr(node, "_saved_other", None))
+            factor = _sign_of(saved(node, "_saved_other"))
             if factor is not None:
                 stack.extend((child, sign * factor) for _, child in children)
 
@@ -136,7 +136,7 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
             if not _bounded(children[0][1]):
                 found.append(("exp", node, children[0][1]))
         elif name == "PowBackward0" and len(children) == 1:
-            exponent = getattr(node, "_saved_exponent", None)
+            exponent = saved(node, "_saved_exponent")
             if (isinstance(exponent, (int, float)) and exponent > 0 and float(exponent).is_integer()
                     and int(exponent) % 2 == 0 and not _bounded(children[0][1])):
                 found.append(("square", node, children[0][1]))

@@ -38,7 +38,7 @@ import torch
 import torch.distributions as D
 
 from .. import events as ev
-from .graphpaths import nearest, reached
+from .graphpaths import nearest, packed, reached
 from .inlinable import watched, watched_result
 from .lossterms import signed_walk
 from .recorder import Recorder
@@ -79,7 +79,7 @@ def _attrs(node) -> dict:
     """A node's saved non-tensor arguments (dims, exponents, alphas): part of its identity."""
     out = {}
     for name in dir(node):
-        if name.startswith("_saved_") and not name.endswith("_raw"):
+        if name.startswith("_saved_") and not name.endswith("_raw") and not packed(node, name):
             try:
                 value = getattr(node, name)
             except Exception:

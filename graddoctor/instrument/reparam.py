@@ -56,7 +56,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import events as ev
 from .dependency import close_before_compile
-from .graphpaths import nearest, reached
+from .graphpaths import nearest, reached, saved
 from .inlinable import watched, watched_result
 from .recorder import Recorder
 
@@ -367,7 +367,7 @@ class ReparamWatcher:
                     out.add(origin)
                     continue
                 try:
-                    other = getattr(node, "_saved_other" if index == 0 else "_saved_self", None)
+                    other = saved(node, "_saved_other" if index == 0 else "_saved_self")
                 except Exception:
                     other = None
                 if isinstance(other, torch.Tensor) and other.numel() > 1:
