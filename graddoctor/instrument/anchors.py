@@ -40,7 +40,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import saved
-from .lossterms import loss_root
+from .lossterms import PerLine, loss_root
 from .recorder import Recorder
 
 _LOOKED = 4  # backwards of each backward line looked at
@@ -57,7 +57,7 @@ def _leaf(node):
 class AnchorAliasWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._looked: dict = {}  # backward location -> backwards looked at
+        self._lines = PerLine(_LOOKED, _LINES)
         self._steps = 0
         self._zeros: dict[int, int] = {}  # pid -> zero differences seen after a step
         self._moved: set[int] = set()  # pids whose difference was seen non-zero
@@ -73,18 +73,15 @@ class AnchorAliasWatcher:
         if self._told or self._backwards >= _SEEN:
             return {}
         self._backwards += 1
-        looked = self._looked
-        if len(looked) >= _LINES and all(n >= _LOOKED for n in looked.values()):
+        if self._lines.exhausted:
             return {}
         root = loss_root(tensors)
         if root is None:
             return {}
         try:
             loc = self.rec.here()
-            seen = looked.get(loc, 0)
-            if seen >= _LOOKED or (seen == 0 and len(looked) >= _LINES):
+            if not self._lines.admit(loc):
                 return {}
-            looked[loc] = seen + 1
             with torch.no_grad():
                 self._judge(root)
         except Exception as exc:

@@ -29,7 +29,7 @@ import torch.distributions as D
 
 from .. import events as ev
 from .inlinable import watched, watched_result
-from .lossterms import signed_walk
+from .lossterms import PerLine, signed_walk
 from .recorder import Recorder
 
 _LOOKED = 3  # backwards of each line looked at
@@ -82,7 +82,7 @@ class EntropySignWatcher:
         self._own: dict = {}  # ... of a log_prob of the distribution's own rsample -> (class, Location)
         self._scores: set = set()  # ... of the other log_prob results (score function)
         self._samples: dict = {}  # id of an rsample result -> (weak result, weak distribution)
-        self._looked: dict = {}
+        self._lines = PerLine(_LOOKED, _LINES)
         self._done = False
         self._calls: list = []
 
@@ -120,9 +120,7 @@ class EntropySignWatcher:
             return {}
         try:
             loc = self.rec.here()
-            seen = self._looked.get(loc, 0)
-            if not self._done and seen < _LOOKED and (seen or len(self._looked) < _LINES):
-                self._looked[loc] = seen + 1
+            if not self._done and self._lines.admit(loc):
                 self._judge(tensors)
         except Exception as exc:
             self.rec.internal_error("entropy_sign", exc)

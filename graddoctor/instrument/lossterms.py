@@ -147,6 +147,31 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
 
 
 
+class PerLine:
+    """The backwards a watcher that reads the loss's graph looks at: the first ``per_line`` of
+    each backward line (a phase that starts later has a line of its own), ``lines`` lines at
+    most."""
+
+    __slots__ = ("per_line", "lines", "seen")
+
+    def __init__(self, per_line: int, lines: int):
+        self.per_line, self.lines = per_line, lines
+        self.seen: dict = {}  # backward location -> backwards looked at
+
+    @property
+    def exhausted(self) -> bool:
+        """No backward will be admitted again (checked before any other work)."""
+        return len(self.seen) >= self.lines and all(n >= self.per_line for n in self.seen.values())
+
+    def admit(self, loc) -> bool:
+        """Whether the backward at ``loc`` is looked at (counted when it is)."""
+        seen = self.seen.get(loc, 0)
+        if seen >= self.per_line or (seen == 0 and len(self.seen) >= self.lines):
+            return False
+        self.seen[loc] = seen + 1
+        return True
+
+
 def loss_root(tensors):
     """The autograd node of the one loss a backward was given (``loss.backward()``,
     ``torch.autograd.backward([loss])``), or None for several tensors or one without a graph."""
@@ -159,22 +184,19 @@ def loss_root(tensors):
 class LossTermWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._looked: dict = {}  # backward location -> backwards looked at
+        self._lines = PerLine(_LOOKED, _LINES)
         self._done: set = set()
 
     def describe_loss(self, tensors) -> dict:
-        looked = self._looked
-        if len(looked) >= _LINES and all(n >= _LOOKED for n in looked.values()):
+        if self._lines.exhausted:
             return {}
         root = loss_root(tensors)
         if root is None:
             return {}
         try:
             loc = self.rec.here()
-            seen = looked.get(loc, 0)
-            if seen >= _LOOKED or loc in self._done or (seen == 0 and len(looked) >= _LINES):
+            if loc in self._done or not self._lines.admit(loc):
                 return {}
-            looked[loc] = seen + 1
             self._judge(root, loc)
         except Exception as exc:
             self.rec.internal_error("loss_unbounded", exc)

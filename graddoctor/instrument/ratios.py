@@ -40,7 +40,7 @@ import torch.distributions as D
 from .. import events as ev
 from .graphpaths import nearest, packed, reached
 from .inlinable import watched, watched_result
-from .lossterms import signed_walk
+from .lossterms import PerLine, signed_walk
 from .recorder import Recorder
 
 _LOOKED = 3  # backwards of each line looked at
@@ -138,7 +138,7 @@ class RatioWatcher:
         self.rec = rec
         self.owned = owned  # OptimizerWatcher.owned_pids(): a read-only live view
         self._noted: dict = {}  # autograd node of a log_prob -> (class, Location, value key)
-        self._looked: dict = {}
+        self._lines = PerLine(_LOOKED, _LINES)
         self._done: set = set()  # faults recorded
         self._calls: list = []
 
@@ -158,9 +158,7 @@ class RatioWatcher:
             return {}
         try:
             loc = self.rec.here()
-            seen = self._looked.get(loc, 0)
-            if seen < _LOOKED and (seen or len(self._looked) < _LINES):
-                self._looked[loc] = seen + 1
+            if self._lines.admit(loc):
                 self._judge(tensors)
         except Exception as exc:
             self.rec.internal_error("ratio_fault", exc)

@@ -52,7 +52,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order
-from .lossterms import loss_root
+from .lossterms import PerLine, loss_root
 from .recorder import Recorder
 
 _LOOKED = 3  # backwards of each backward line looked at
@@ -169,7 +169,7 @@ def _param_view(x, y) -> bool:
 class SameValueWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._looked: dict = {}  # backward location -> backwards looked at
+        self._lines = PerLine(_LOOKED, _LINES)
         self._told: set = set()  # backward locations told
         self._twins: dict = {}  # backward location -> backwards that showed twins
         # (loc, op, shape, input op) -> (steps at which it was equal, pids its input reaches)
@@ -185,18 +185,15 @@ class SameValueWatcher:
         if self._backwards >= _SEEN:
             return {}
         self._backwards += 1
-        looked = self._looked
-        if len(looked) >= _LINES and all(n >= _LOOKED for n in looked.values()):
+        if self._lines.exhausted:
             return {}
         root = loss_root(tensors)
         if root is None:
             return {}
         try:
             loc = self.rec.here()
-            seen = looked.get(loc, 0)
-            if seen >= _LOOKED or loc in self._told or (seen == 0 and len(looked) >= _LINES):
+            if loc in self._told or not self._lines.admit(loc):
                 return {}
-            looked[loc] = seen + 1
             with torch.no_grad():
                 self._judge(root, loc)
         except _Hooked:
