@@ -329,7 +329,8 @@ def main() -> None:
         code = app(args=args, prog_name="graddoctor", standalone_mode=False)
     except Exception as exc:  # click's own errors (typer may vendor click: match by class name)
         kinds = {cls.__name__ for cls in type(exc).__mro__}
-        if "NoArgsIsHelpError" in kinds:  # typer has printed the help already
+        if "NoArgsIsHelpError" in kinds:  # click >= 8.2 leaves the printing to its caller
+            exc.show()
             code = 2
         elif "ClickException" in kinds:  # bad options: one line, like every other usage error
             message = exc.format_message()

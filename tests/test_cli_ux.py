@@ -201,3 +201,18 @@ def test_quiet_prints_only_the_findings_and_the_verdict(tmp_path, monkeypatch):
     assert "graddoctor  train.py" not in out and "update timeline" not in out and "device cpu" not in out
     assert "error GD101 missing-zero-grad  train.py:12" in out
     assert out.rstrip().splitlines()[-1] == "✗ 1 error, 0 warnings, 0 info"
+
+
+def test_graddoctor_alone_prints_its_help_and_exits_2(monkeypatch, capsys):
+    # main() runs typer outside its standalone mode, where click >= 8.2 raises the help as an
+    # error for its caller to print: nothing at all came out before
+    from graddoctor.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["graddoctor"])
+    with pytest.raises(SystemExit) as ended:
+        main()
+    assert ended.value.code == 2
+    out = capsys.readouterr()
+    shown = out.out + out.err
+    assert shown.count("Usage: graddoctor") == 1, shown
+    assert "check" in shown and "explain" in shown
