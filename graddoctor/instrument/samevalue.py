@@ -85,6 +85,14 @@ _THROUGH = {
     "SqrtBackward0",
 }
 _SCALED = {"MulBackward0", "DivBackward0"}  # through them when the other operand is one constant
+# products are also how a model mixes its own values (a Gram matrix, shared-QK attention scores
+# q @ k.T with q and k one projection of one input): a comparison of the loss only where the
+# product reaches the loss through no matrix product or convolution. A difference of twins is 0
+# anywhere; twins concatenated are compared by whatever follows (SimCLR's cat, then z @ z.T)
+_MIXING = {"product", "matrix product", "dot product"}
+_LAYERS = {"MmBackward0", "BmmBackward0", "AddmmBackward0", "AddbmmBackward0", "BaddbmmBackward0",
+           "MvBackward0", "AddmvBackward0", "DotBackward0", "ConvolutionBackward0",
+           "LinearBackward0", "EmbeddingBackward0"}
 _LOSSES = {"MseLossBackward0": "mse_loss", "L1LossBackward0": "l1_loss",
            "SmoothL1LossBackward0": "smooth_l1_loss", "HuberLossBackward0": "huber_loss",
            "BinaryCrossEntropyBackward0": "binary_cross_entropy"}
@@ -166,6 +174,17 @@ def _param_view(x, y) -> bool:
     return len(kx) == 1 and len(ky) == 1 and kx[0] is ky[0] and type(kx[0]).__name__ == "AccumulateGrad"
 
 
+def _loss_level(root, order: list) -> set:
+    """The nodes that reach the loss by at least one path through no matrix product or
+    convolution (``_LAYERS``): the loss's own arithmetic, not the model's layers. ``order``
+    has each node after its inputs, so reversed it has each node before them."""
+    level = {root}
+    for node in reversed(order):
+        if node in level and type(node).__name__ not in _LAYERS:
+            level.update(c for c, _ in node.next_functions if c is not None)
+    return level
+
+
 class SameValueWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -227,10 +246,11 @@ class SameValueWatcher:
               and any(type(o).__name__ == "XlogyBackward0" for o in _children(node))}
         # exp(logp - logp_old): an importance ratio, importance-ratio-wrong's (instrument/ratios.py)
         ratios = {c for node in order if type(node).__name__ == "ExpBackward0" for c in _children(node)}
+        at_loss = _loss_level(root, order)
         for node in order:
             name = type(node).__name__
             op = _COMPARE.get(name)
-            if op is None or node in ratios:
+            if op is None or node in ratios or (op in _MIXING and node not in at_loss):
                 continue
             kids = [c for c in _children(node) if c is not None]
             if len(kids) >= 2 and found is None:
@@ -277,6 +297,15 @@ class SameValueWatcher:
                     current = kids[0]
                     continue
                 break
+            if name in _SCALED and len(current.next_functions) == 2:
+                # one operand a single number with a graph of its own: a learned temperature
+                # (CLIP's logit_scale.exp() * z1 @ z2.T), a scale as a constant is
+                values = dict(saved.get(current, ()))
+                first, second = values.get("_saved_self"), values.get("_saved_other")
+                scalar = [isinstance(v, torch.Tensor) and v.numel() == 1 for v in (first, second)]
+                if scalar.count(True) == 1 and current.next_functions[1 - scalar.index(True)][0] is not None:
+                    current = current.next_functions[1 - scalar.index(True)][0]
+                    continue
             if len(kids) >= 2 and (name not in _COMPARE or name in _SCALED):
                 under = {self._core(k, cores, saved) for k in kids}
                 if len(under) == 1:

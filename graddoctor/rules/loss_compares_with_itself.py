@@ -167,7 +167,9 @@ class LossComparesWithItself(Rule):
     positive rows; a model called twice whose outputs meet only in a sum of separate terms
     (`ce(model(x), y) + 1e-3 * model(x).pow(2).mean()`), or in an entropy `p * log p`; a frozen
     teacher that is another model; a copied or EMA teacher (equal to the student before the
-    first step only); a model evaluated twice under `no_grad`.
+    first step only); a model evaluated twice under `no_grad`; a product of one value with itself
+    inside the model (shared-QK attention `q @ k.T` with `k` the same projection of the same
+    input, a Gram matrix), whose result reaches the loss only through further layers.
     """
 
     code = "GD264"
