@@ -24,7 +24,11 @@ line (``_LINES`` lines at most, ``_NODES`` nodes at most):
   with both operands carrying gradient), each operand a function of its twin alone
   (``_THROUGH``: views, softmax / log_softmax, exp / log, normalisation, a scalar factor: no
   dropout, no added noise, no other input) — not where the two meet in a sum of separate loss
-  terms (``ce(model(x), y) + 1e-3 * model(x).pow(2).mean()``). Dropout in train mode (SimCSE,
+  terms (``ce(model(x), y) + 1e-3 * model(x).pow(2).mean()``). A product meets its twins as a
+  comparison only where its result reaches the loss through no matrix product or convolution
+  (``_loss_level``): inside the model a product of one value with itself is a Gram matrix or
+  shared-QK attention's scores. A factor that is one number (a constant, or a learned
+  temperature such as CLIP's ``logit_scale.exp()``) is passed through. Dropout in train mode (SimCSE,
   R-Drop), random augmentations, sampled negatives that collide in a few rows: the saved masks
   or inputs differ, no twins. A difference under ``exp`` is an importance ratio's
   (``exp(logp - logp_old)``), importance-ratio-wrong's: not looked at.
