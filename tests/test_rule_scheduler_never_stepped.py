@@ -132,3 +132,22 @@ def test_the_object_is_followed_to_the_name_that_steps_it(tmp_path):
     loader_run(t)
     t.event("run_end", None, status="step-limit", steps=34)
     assert only(t, SLUG).severity is Severity.INFO
+
+
+def test_of_two_assignments_on_its_line_the_one_that_builds_the_scheduler_is_followed(tmp_path):
+    # ``swa = AveragedModel(model); swa_sched = SWALR(...)``: the first target is not the scheduler
+    body = ("swa = AveragedModel(model); swa_sched = SWALR(optimizer, swa_lr=0.05)\n"
+            "for epoch in range(6):\n"
+            "    if epoch >= 3:\n"
+            "        swa.update_parameters(model); swa_sched.step()\n")
+    t = _script(tmp_path, body)
+    sched_init(t, cls="SWALR", args={"swa_lr": 0.05}, lrs=(0.1,), line=5)
+    loader_run(t)
+    t.event("run_end", None, status="step-limit", steps=34)
+    assert findings(t, SLUG) == []
+    # the line's other object stepped, the scheduler never: reported
+    t = _script(tmp_path, body.replace("swa_sched.step()", "swa.step()"))
+    sched_init(t, cls="SWALR", args={"swa_lr": 0.05}, lrs=(0.1,), line=5)
+    loader_run(t)
+    t.event("run_end", None, status="step-limit", steps=34)
+    assert only(t, SLUG).severity is Severity.INFO

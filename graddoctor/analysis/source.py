@@ -55,8 +55,9 @@ class ScriptSource:
     def tail_flush(self, path: str, line: int) -> str | None:
         return tail_flush(self.full(path), line)
 
-    def method_called_on_assigned(self, path: str, line: int, method: str) -> bool | None:
-        return method_called_on_assigned(self.full(path), line, method)
+    def method_called_on_assigned(self, path: str, line: int, method: str,
+                                  built: str | None = None) -> bool | None:
+        return method_called_on_assigned(self.full(path), line, method, built)
 
     def batch_use(self, path: str, fetch_line: int, loop_line: int) -> dict | None:
         return batch_use(self.full(path), fetch_line, loop_line)
@@ -371,25 +372,29 @@ def tail_flush(path: str, line: int) -> str | None:
     return None
 
 
-def method_called_on_assigned(path: str, line: int, method: str) -> bool | None:
+def method_called_on_assigned(path: str, line: int, method: str,
+                              built: str | None = None) -> bool | None:
     """Does the file call ``<target>.<method>(...)`` anywhere, for the object the statement at
     ``line`` assigns (``swa_scheduler`` in ``swa_scheduler = SWALR(...)``), under that name or
     another one it is handed on as? The object is followed through the file by name: an
     assignment whose value mentions it (``self.scheduler = kwargs["scheduler"]``), a keyword
-    argument it is passed as (``SimCLR(scheduler=scheduler)``). None when the source cannot be
-    read or the statement assigns no plain target."""
+    argument it is passed as (``SimCLR(scheduler=scheduler)``). Of several assignments on the
+    line (``swa = AveragedModel(m); sched = SWALR(opt)``), the one whose value calls ``built``
+    (a class name) when given. None when the source cannot be read or the statement assigns no
+    plain target."""
     tree = _parse(path)
     if tree is None:
         return None
-    target = None
+    candidates = []
     for node in ast.walk(tree):
         if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.lineno <= line <= (node.end_lineno or node.lineno)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if len(targets) == 1 and isinstance(targets[0], (ast.Name, ast.Attribute)):
-                target = targets[0]
-                break
-    if target is None:
+                candidates.append((node, targets[0]))
+    if not candidates:
         return None
+    target = next((t for node, t in candidates if built and isinstance(node.value, ast.Call)
+                   and _last_name(node.value.func) == built), candidates[0][1])
     names = {_last_name(target)}
     nodes = list(ast.walk(tree))
     grew = True

@@ -77,7 +77,7 @@ class SchedulerNeverStepped(Rule):
             if n < 2:
                 continue
             loc = s.init.loc
-            called = (a.source.method_called_on_assigned(loc.path, loc.line, "step")
+            called = (a.source.method_called_on_assigned(loc.path, loc.line, "step", s.cls)
                       if cut and loc is not None else None)
             if called:
                 continue  # the script does step it, later than the replay went (SWALR from swa_start)
