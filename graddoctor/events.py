@@ -13,7 +13,9 @@ Event kinds and their ``data`` (ids are small ints graddoctor assigns):
 kind               data
 =================  ==========================================================================
 run_start          script, argv, device, torch_version
-param              pid, name, shape, is_parameter, requires_grad       (at first sight)
+param              pid, name, shape, is_parameter, requires_grad       (at first sight),
+                   stepped_requires_grad (requires_grad as the last step that owned it read it;
+                   None: no step read it)
 optimizer_init     opt, cls, params [pid], lrs [float|None] (the lr of each param group it adds,
                    in order: one event per ``add_param_group``, which the constructor calls per
                    group; None in a trace written before it was recorded), hyper [{name: number
@@ -612,9 +614,9 @@ def run_start(*, script: str, argv: list[str], device: str, torch_version: str) 
 
 
 def param(*, pid: int, name: str | None, shape: list[int] | None, is_parameter: bool,
-          requires_grad: bool | None) -> Made:
+          requires_grad: bool | None, stepped_requires_grad: bool | None = None) -> Made:
     return "param", {"pid": pid, "name": name, "shape": shape, "is_parameter": is_parameter,
-                     "requires_grad": requires_grad}
+                     "requires_grad": requires_grad, "stepped_requires_grad": stepped_requires_grad}
 
 
 def optimizer_init(*, opt: int, cls: str, params: list[int], lrs: list | None = None,

@@ -282,3 +282,21 @@ def test_the_watcher_records_the_loss_line_of_an_idle_heads_loss():
             opt.step()
     found = [e for e in rec.trace if e.kind == "idle_loss"]
     assert len(found) == 1 and found[0]["fn"] == "mse_loss" and found[0]["cls"] == "Linear"
+
+
+def test_parameters_frozen_at_every_step_and_unfrozen_after_the_last_are_not_idle():
+    # gradual unfreezing cut by the step budget: requires_grad is True at the end of the run,
+    # False at each step that owned them
+    t = TraceBuilder()
+    run(t)
+    for pid in (1, 2):
+        t.put(ev.param(pid=pid, name=f"p{pid}", shape=[2], is_parameter=True, requires_grad=True,
+                       stepped_requires_grad=False))
+    assert check(t) == []
+    t = TraceBuilder()
+    run(t)
+    for pid in (1, 2):  # trainable at the steps, still without a gradient: reported
+        t.put(ev.param(pid=pid, name=f"p{pid}", shape=[2], is_parameter=True, requires_grad=True,
+                       stepped_requires_grad=True))
+    [f] = check(t)
+    assert f.location.line == 5

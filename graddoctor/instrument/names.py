@@ -76,13 +76,17 @@ def emit_param_events(rec: Recorder, into=None) -> None:
     """One ``param`` event per tracked tensor with its final flags (end of run), into the
     recorder's trace or ``into`` (a snapshot of it; its events get their own shape lists)."""
     emit = rec.emit if into is None else into.put
+    # as the steps read them (GradState notes each owned parameter's flag at every step),
+    # before the refresh reads what the script set since (a layer unfrozen after the last step)
+    stepped = rec.stepped_requires_grad()
     rec.refresh_params()
     for pid in rec.tracked_pids():
         shape = rec.shapes.get(pid)
         emit(ev.param(pid=pid, name=rec.param_names.get(pid),
                       shape=list(shape) if shape is not None else None,
                       is_parameter=rec.is_parameter.get(pid, False),
-                      requires_grad=rec.requires_grad.get(pid)))
+                      requires_grad=rec.requires_grad.get(pid),
+                      stepped_requires_grad=stepped.get(pid)))
 
 
 def variable_name(root, frame) -> str | None:

@@ -349,6 +349,14 @@ class Recorder:
         """Name tracked tensors (pid -> ``model.fc1.weight``; ``instrument/names.py``)."""
         self.param_names.update(names)
 
+    def stepped_requires_grad(self) -> dict[int, bool]:
+        """pid -> ``requires_grad`` as the last step of an optimizer that owns it read it (each
+        step notes it: ``GradState``), for the parameters of optimizers that stepped."""
+        noted = self.grads.requires_grad  # caught up after skimmed steps
+        steps = self.progress.opt_steps
+        return {pid: noted[pid] for opt, pids in self.opt_params.items() if steps.get(opt)
+                for pid in pids if pid in noted}
+
     def refresh_params(self) -> None:
         """Read again what a parameter's ``param`` event reports and may have changed since it
         was tracked: ``requires_grad``, and the shape of a lazy parameter materialised since."""

@@ -63,7 +63,8 @@ class ParamWithoutGrad(Rule):
 
     ## Stays silent on
     Frozen parameters (`requires_grad_(False)`, frozen before any gradient, a fixed table
-    inside AdamW); a backbone run under `no_grad`; a layer or head used only on some
+    inside AdamW; a layer unfrozen only after the replay's last step, as gradual unfreezing does);
+    a backbone run under `no_grad`; a layer or head used only on some
     iterations; activation checkpointing, reentrant (with its inputs made to require grad)
     or not; `backward(inputs=...)` over the head; CLS-token pooling whose pooler no loss
     uses; a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
@@ -95,7 +96,8 @@ class ParamWithoutGrad(Rule):
                     if pid not in led.first_contribution and pid not in had_grad
                     and pid not in a.replaced_pids  # param-replaced names the cause
                     and pid not in on_copy  # an optimizer over a copy: param-not-in-optimizer
-                    and (params.get(pid) is None or params[pid].get("requires_grad", True))]
+                    and (params.get(pid) is None or (params[pid].get("requires_grad", True)
+                                                     and params[pid].get("stepped_requires_grad") is not False))]
             if not idle:
                 continue
             cls = init.get("cls", "optimizer")
