@@ -77,7 +77,7 @@ from torch import nn
 
 from .. import events as ev
 from ..trace import Location
-from .inlinable import watched
+from .inlinable import in_transform, watched
 from .graphpaths import paths_to
 from .recorder import Recorder
 
@@ -600,12 +600,12 @@ def _outermost(modules: list) -> list:
 # inlines them in a model compiled before the check began (``watch()``), sees is_compiling()
 # and calls nothing of graddoctor's (whose folder is on its skip list: fullgraph=True fails)
 _HOOKS = compile("""
-def make(pre, post, is_compiling):
+def make(pre, post, is_compiling, transform):
     def pre_hook(module, args):
-        if not is_compiling():
+        if not is_compiling() and transform() is None:
             return pre(module, args)
     def post_hook(module, args, *rest):
-        if not is_compiling():
+        if not is_compiling() and transform() is None:
             return post(module, args, *rest)
     return pre_hook, post_hook
 """, "<graddoctor: watched call>", "exec")
@@ -615,7 +615,7 @@ def module_hooks(pre, post):
     """The global module hooks' pair around ``pre`` and ``post`` (see ``_HOOKS``; batchpairs.py's too)."""
     scope: dict = {}
     exec(_HOOKS, scope)
-    return scope["make"](pre, post, torch.compiler.is_compiling)
+    return scope["make"](pre, post, torch.compiler.is_compiling, in_transform)
 
 
 def close_before_compile(patcher, close) -> None:

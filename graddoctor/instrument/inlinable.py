@@ -9,7 +9,10 @@ the regression losses): made so that torch.compile and torch.jit.script see thro
 * torch.jit.script compiles a wrapped function's source (``__wrapped__``) but resolves its names
   (``F``, ``Tensor``) in the wrapper's globals: the wrapper gets a copy of the original's.
 
-Compiled or scripted code is not watched (the README says so for compiled graphs).
+Compiled or scripted code is not watched (the README says so for compiled graphs), nor code
+run under a torch.func transform (``vmap``, ``grad``: per-sample gradients, DP-SGD): its tensors
+are wrappers without storage that graddoctor's reads cannot look into, and its gradients never
+reach a ``.grad`` graddoctor watches.
 """
 
 from __future__ import annotations
@@ -19,23 +22,27 @@ import functools
 import torch
 
 _SOURCE = """
-def make(before, original, is_compiling):
+def make(before, original, is_compiling, transform):
     def wrapper(*args, **kwargs):
-        if not is_compiling():
+        if not is_compiling() and transform() is None:
             before(args, kwargs)
         return original(*args, **kwargs)
     return wrapper
 """
 _CODE = compile(_SOURCE, "<graddoctor: watched call>", "exec")
 _RESULT_SOURCE = """
-def make(after, original, is_compiling):
+def make(after, original, is_compiling, transform):
     def wrapper(*args, **kwargs):
         result = original(*args, **kwargs)
-        if not is_compiling():
+        if not is_compiling() and transform() is None:
             after(result)
         return result
     return wrapper
 """
+
+# the innermost torch.func transform running (vmap, grad, jvp), None outside any
+in_transform = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None) \
+    or (lambda: None)
 _RESULT_CODE = compile(_RESULT_SOURCE, "<graddoctor: watched result>", "exec")
 
 
@@ -45,7 +52,7 @@ def watched(original, before):
     code that made the call."""
     scope = dict(getattr(original, "__globals__", None) or vars(torch))  # a copy: torch's stays as it is
     exec(_CODE, scope)
-    wrapper = scope.pop("make")(before, original, torch.compiler.is_compiling)
+    wrapper = scope.pop("make")(before, original, torch.compiler.is_compiling, in_transform)
     return functools.wraps(original)(wrapper)
 
 
@@ -54,5 +61,5 @@ def watched_result(original, after):
     see-through wrapper as ``watched``). ``after`` is graddoctor's own code and must not raise."""
     scope = dict(getattr(original, "__globals__", None) or vars(torch))
     exec(_RESULT_CODE, scope)
-    wrapper = scope.pop("make")(after, original, torch.compiler.is_compiling)
+    wrapper = scope.pop("make")(after, original, torch.compiler.is_compiling, in_transform)
     return functools.wraps(original)(wrapper)
