@@ -56,6 +56,43 @@ class PenaltyWithoutGraph(Rule):
     def check(self, a):
         yield from self._grad_penalties(a)
         yield from self._cut_penalties(a)
+        yield from self._constant_losses(a)
+
+    def _constant_losses(self, a):
+        """Loss functions called with gradients on, on inputs with no graph (``loss_no_graph``),
+        whose value the source adds into the loss of a backward whose linear top holds an
+        operand with no graph at every backward checked after them."""
+        by_call: dict[tuple, list] = {}
+        for e in a.of_kind("loss_no_graph"):
+            if e.loc is not None:
+                by_call.setdefault((e.loc.path, e.loc.line), []).append(e)
+        for (path, line), events in by_call.items():
+            lines = {e.get("backward") for e in events}
+            if len(events) < 2 or len(lines) != 1 or any(not e.get("constants") for e in events):
+                continue  # a phase, a backward of another loss, or no constant term in its sum
+            backward = lines.pop()
+            if backward is None or a.source.value_reaches_backward(path, line) != backward:
+                continue  # computed for a log, not added to the loss
+            fn = events[0].get("fn")
+            cut = a.source.graph_cut(path, line, fn)
+            at, how = (cut[0], cut[2]) if cut is not None else (line, None)
+            cause = (f"its input is cut from the graph here ({how})" if how is not None and at != line
+                     else f"its input is cut from the graph ({how})" if how is not None
+                     else "its input carries no graph")
+            related = [Related(Location(path, backward), "the backward of that loss")]
+            if at != line:
+                related.insert(0, Related(Location(path, line), f"the {fn} term it feeds"))
+            yield self.finding(
+                f"the {fn} at line {line} is added to the loss backpropagated at line {backward}, "
+                f"but {cause}: the term is a constant at all {len(events)} backwards checked. It "
+                f"changes the loss value and not one gradient, so what it should train never "
+                f"learns from it",
+                Location(path, at), related=tuple(related),
+                evidence={"backward_line": backward, "via": "loss", "function": fn, "how": how,
+                          "loss_line": line, "backwards": len(events)},
+                fix=("compute the loss term from the prediction itself, not from a `.detach()`, "
+                     "`.data`, NumPy or `torch.no_grad()` copy of it (keep a detached copy for "
+                     "logging only); drop the term if it is not meant to train anything"))
 
     def _cut_penalties(self, a):
         """Backward lines whose every checked loss adds a term with no graph (``loss_constant``:
