@@ -14,13 +14,22 @@ class PenaltyWithoutGraph(Rule):
     penalty on the parameters computed from their values cut from the graph (`p.data`,
     `p.detach()`: an L2 or L1 regulariser written by hand) when the backpropagated loss adds a
     term autograd does not reach at every backward of the run's first ones; it points at the
-    statement that computes it.
+    statement that computes it. And it finds a loss term computed, with gradients on, by a loss
+    function (`mse_loss`, `smooth_l1_loss`, `cross_entropy`, `kl_div`... or their `nn` modules)
+    from a prediction with no graph, whose value the loss that is backpropagated adds, with an
+    operand without graph in that loss's sum at every backward checked: the prediction was
+    `.detach()`-ed, read through `.data`, sent through NumPy or `.item()`, or computed under
+    `torch.no_grad()`. It points at the statement that cuts it (the loss call when none is
+    found).
 
     ## Why is this bad?
     Without `create_graph=True`, `autograd.grad` returns plain tensors with no history: the
     penalty computed from them is a constant. Adding it to the loss changes the number printed
     but not one gradient: the regulariser does nothing, and the run trains as if it were not
     there (a WGAN-GP critic without its Lipschitz constraint, an R1-regularised GAN without R1).
+    A loss term on a detached prediction is the same: a detection model's box term, an
+    auxiliary or consistency term, a distillation term, each silently trains nothing while the
+    other terms keep the sum differentiable, so torch raises no error.
 
     ## Example
     ```python
@@ -42,15 +51,19 @@ class PenaltyWithoutGraph(Rule):
     `create_graph=True`; an input gradient used to perturb the input (FGSM, adversarial
     training: the loss is computed by the model on the perturbed input); a gradient computed
     for logging or for a hand-written update that never reaches the backpropagated loss; an L2
-    penalty computed from the parameters themselves, and a detached copy of it kept for logging.
+    penalty computed from the parameters themselves, and a detached copy of it kept for logging;
+    a loss on detached values computed for a log or under `torch.no_grad()` (validation) that no
+    backward's loss adds; a probe trained on detached features through its own backward; a
+    detached target (a parameter's `.detach()` as a center loss's target); a sum that starts
+    from 0 or adds a constant tensor.
     """
 
     code = "GD237"
     slug = "penalty-without-graph"
     severity = Severity.WARNING
-    summary = ("a penalty added to the loss has no graph (torch.autograd.grad without "
-               "create_graph=True, or computed from p.data / p.detach()): it adds a constant, no "
-               "gradient")
+    summary = ("a penalty or loss term added to the loss has no graph (torch.autograd.grad "
+               "without create_graph=True, computed from p.data / p.detach(), or a loss on a "
+               "detached or no_grad prediction): it adds a constant, no gradient")
     fix = "pass create_graph=True to torch.autograd.grad so that the penalty can be backpropagated"
 
     def check(self, a):
