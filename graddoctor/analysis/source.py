@@ -95,6 +95,9 @@ class ScriptSource:
     def cut_penalty(self, path: str, line: int) -> tuple[int, str] | None:
         return cut_penalty(self.full(path), line)
 
+    def schedule_arguments(self, path: str, line: int, cls: str) -> str | None:
+        return schedule_arguments(self.full(path), line, cls)
+
     def value_reaches_backward(self, path: str, line: int) -> int | None:
         return value_reaches_backward(self.full(path), line)
 
@@ -1281,6 +1284,25 @@ def cut_penalty(path: str, line: int) -> tuple[int, str] | None:
                             and _cuts_param(stmt.value, params):
                         return stmt.lineno, ast.unparse(stmt).strip()
     return None
+
+
+def schedule_arguments(path: str, line: int, cls: str) -> str | None:
+    """The arguments of the ``cls(...)`` constructor call on ``line`` other than the optimizer
+    (its first positional argument or ``optimizer=``), as text: ``"lr_lambda=warmup"`` for
+    ``LambdaLR(opt, lr_lambda=warmup)``; None when the line holds no single such call."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and node.lineno <= line <= (node.end_lineno or node.lineno) and _last_name(node.func) == cls]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    keywords = [k for k in call.keywords if k.arg != "optimizer"]
+    positional = call.args[1:] if len(keywords) == len(call.keywords) else call.args
+    return ", ".join([ast.unparse(a) for a in positional]
+                     + [f"{k.arg}={ast.unparse(k.value)}" if k.arg else f"**{ast.unparse(k.value)}"
+                        for k in keywords])
 
 
 def value_reaches_backward(path: str, line: int) -> int | None:
