@@ -178,6 +178,15 @@ for x, y in data:
 """
 
 
+FROZEN = """\
+import torch
+for x, y in data:
+    task = F.mse_loss(frozen_backbone(x), y)
+    loss = task + 0.1 * F.mse_loss(adapter(x), x)
+    loss.backward()
+"""
+
+
 def no_graph_losses(tmp_path, text, call_line, backward_line, constants, fn="smooth_l1_loss"):
     path = tmp_path / "train.py"
     path.write_text(text)
@@ -212,6 +221,8 @@ def test_silent_when_the_term_reaches_no_backward_or_the_sum_has_no_constant(tmp
     # the sum holds no operand without graph at one of the backwards
     assert findings(no_graph_losses(tmp_path, BOXES, 5, 7, [1, 0, 1]), SLUG) == []
     assert findings(no_graph_losses(tmp_path, BOXES, 5, 7, [1]), SLUG) == []  # one backward
+    # nothing cut in the source: a frozen model's loss reported in the sum, a constant by design
+    assert findings(no_graph_losses(tmp_path, FROZEN, 3, 5, [1] * 4, fn="mse_loss"), SLUG) == []
 
 
 def test_the_watcher_counts_the_operands_without_graph_of_the_loss_sums():

@@ -19,8 +19,7 @@ class PenaltyWithoutGraph(Rule):
     from a prediction with no graph, whose value the loss that is backpropagated adds, with an
     operand without graph in that loss's sum at every backward checked: the prediction was
     `.detach()`-ed, read through `.data`, sent through NumPy or `.item()`, or computed under
-    `torch.no_grad()`. It points at the statement that cuts it (the loss call when none is
-    found).
+    `torch.no_grad()`, as the source shows. It points at the statement that cuts it.
 
     ## Why is this bad?
     Without `create_graph=True`, `autograd.grad` returns plain tensors with no history: the
@@ -55,7 +54,9 @@ class PenaltyWithoutGraph(Rule):
     a loss on detached values computed for a log or under `torch.no_grad()` (validation) that no
     backward's loss adds; a probe trained on detached features through its own backward; a
     detached target (a parameter's `.detach()` as a center loss's target); a sum that starts
-    from 0 or adds a constant tensor.
+    from 0 or adds a constant tensor; a constant term computed on data or on a frozen model's
+    output, nothing cut from the graph (an energy distance's real-against-real term, a frozen
+    backbone's loss reported in the sum).
     """
 
     code = "GD237"
@@ -88,10 +89,11 @@ class PenaltyWithoutGraph(Rule):
                 continue  # computed for a log, not added to the loss
             fn = events[0].get("fn")
             cut = a.source.graph_cut(path, line, fn)
-            at, how = (cut[0], cut[2]) if cut is not None else (line, None)
-            cause = (f"its input is cut from the graph here ({how})" if how is not None and at != line
-                     else f"its input is cut from the graph ({how})" if how is not None
-                     else "its input carries no graph")
+            if cut is None:
+                continue  # data, or a frozen model's output: a constant by design, nothing cut
+            at, _text, how = cut
+            cause = (f"its input is cut from the graph here ({how})" if at != line
+                     else f"its input is cut from the graph ({how})")
             related = [Related(Location(path, backward), "the backward of that loss")]
             if at != line:
                 related.insert(0, Related(Location(path, line), f"the {fn} term it feeds"))
