@@ -210,6 +210,13 @@ def test_a_loss_term_under_no_grad_points_at_the_statement_in_the_block(tmp_path
     assert f.location.line == 4 and f.evidence["how"] == "torch.no_grad()"
 
 
+def test_a_module_that_gets_no_gradient_at_all_is_left_to_param_without_grad(tmp_path):
+    t = no_graph_losses(tmp_path, NO_GRAD, 5, 6, [1, 1], fn="mse_loss")
+    t.put(ev.idle_forward(mid=0, cls="Linear", params=[0], grad=False, inference=False,
+                          training=True), 4)
+    assert findings(t, SLUG) == []
+
+
 def test_a_term_returned_by_a_helper_is_followed_to_the_backward(tmp_path):
     f = only(no_graph_losses(tmp_path, HELPER_DICT, 5, 8, [1, 1], fn="l1_loss"), SLUG)
     assert f.location.line == 3 and f.evidence["how"] in (".detach()", "torch.from_numpy()")

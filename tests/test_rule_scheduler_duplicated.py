@@ -52,6 +52,10 @@ def test_two_lambdas_of_one_text_on_one_optimizer_are_a_warning_at_the_second(tm
     assert f.location.line == 3 and f.evidence["orphans"] == [1]
 
 
+def test_schedulers_stepped_once_each_per_epoch_are_enough(tmp_path):
+    assert only(traced(tmp_path, (2, 3), counts=(1, 1)), SLUG).location.line == 3
+
+
 def test_silent_for_other_lambdas_other_optimizers_or_one_scheduler_stepped(tmp_path):
     assert findings(traced(tmp_path, (2, 4)), SLUG) == []  # warmup and decay
     assert findings(traced(tmp_path, (2, 3), opts=(0, 1)), SLUG) == []

@@ -56,7 +56,8 @@ class PenaltyWithoutGraph(Rule):
     detached target (a parameter's `.detach()` as a center loss's target); a sum that starts
     from 0 or adds a constant tensor; a constant term computed on data or on a frozen model's
     output, nothing cut from the graph (an energy distance's real-against-real term, a frozen
-    backbone's loss reported in the sum).
+    backbone's loss reported in the sum); a cut at a module whose parameters get no gradient at
+    all, which `param-without-grad` reports at that line.
     """
 
     code = "GD237"
@@ -80,6 +81,9 @@ class PenaltyWithoutGraph(Rule):
         for e in a.of_kind("loss_no_graph"):
             if e.loc is not None:
                 by_call.setdefault((e.loc.path, e.loc.line), []).append(e)
+        # modules whose parameters got no gradient at all, where they ran: param-without-grad
+        # reports such a forward (under no_grad, or cut) at its line already
+        idle = {(e.loc.path, e.loc.line) for e in a.of_kind("idle_forward") if e.loc is not None}
         for (path, line), events in by_call.items():
             lines = {e.get("backward") for e in events}
             if len(events) < 2 or len(lines) != 1 or any(not e.get("constants") for e in events):
@@ -92,6 +96,8 @@ class PenaltyWithoutGraph(Rule):
             if cut is None:
                 continue  # data, or a frozen model's output: a constant by design, nothing cut
             at, _text, how = cut
+            if (path, at) in idle:
+                continue
             cause = (f"its input is cut from the graph here ({how})" if at != line
                      else f"its input is cut from the graph ({how})")
             related = [Related(Location(path, backward), "the backward of that loss")]

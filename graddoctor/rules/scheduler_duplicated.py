@@ -67,7 +67,7 @@ class SchedulerDuplicated(Rule):
         groups: dict[tuple, list] = {}
         for s in scheds.values():
             if s.parent is not None or s.opt is None or s.init is None or s.init.loc is None \
-                    or s.cls in _NOT_SCHEDULES or s.count < 2:
+                    or s.cls in _NOT_SCHEDULES or not s.count:
                 continue
             groups.setdefault((s.opt, s.cls), []).append(s)
         for (opt, cls), members in groups.items():
