@@ -216,6 +216,15 @@ reparam_cut        dist (the class of the distribution sampled; None for a hand-
                    uses as a constant, while it trains that distribution and holds no
                    score-function term of the sample, once (loc: the ``sample()`` call; an
                    aside; instrument/reparam.py)
+loss_no_graph      fn (the loss function: "smooth_l1_loss", "cross_entropy"...), constants (the
+                   operands with no graph among the sums of the next backward's loss, its
+                   linear top: the constant term, a wrapped 0 that ``sum()`` starts from, a
+                   number added), backward (the line of that backward) — a wrapped loss
+                   function called with gradients on whose tensor arguments all need no
+                   gradient (a prediction ``.detach()``-ed, made under ``torch.no_grad()``, sent
+                   through NumPy): its value is a constant; at the first 4 backwards after such
+                   calls, once per call line and backward (loc: the loss call; an aside;
+                   instrument/constloss.py)
 entropy_sign       term ("entropy": a ``torch.distributions`` entropy() minimised in a loss that
                    also holds a score-function log_prob | "log_prob": a distribution's
                    log_prob of its own rsample maximised), dist (its class) — the entropy
@@ -588,7 +597,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``loss_no_graph`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1096,6 +1105,10 @@ def internal_error(*, where: str, error: str) -> Made:
     return "internal_error", {"where": where, "error": error}
 
 
+def loss_no_graph(*, fn: str, constants: int, backward: int | None) -> Made:
+    return "loss_no_graph", {"fn": fn, "constants": constants, "backward": backward}
+
+
 def target_grad(*, fn: str, params: list[int], input_op: str, target_op: str) -> Made:
     return "target_grad", {"fn": fn, "params": params, "input_op": input_op, "target_op": target_op}
 
@@ -1146,7 +1159,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
-    "ratio_fault": ratio_fault, "reparam_cut": reparam_cut,
+    "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -1174,7 +1187,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
-                         "self_match", "batch_pairing", "last_step_padded",
+                         "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "attention_mask", "label_smoothing",
                          "mixup_unmixed", "softmax_axis"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

@@ -134,3 +134,112 @@ def test_the_loss_walk_finds_a_term_without_graph_at_the_top_sum():
     assert constant_term(loss + 1.0)  # a Python number looks the same: the source tells them apart
     assert not constant_term(sum([loss, loss * 2]))  # sum() from 0: the 0 is at the bottom
     assert not constant_term(loss)
+
+
+# -- a loss function's term computed on a prediction with no graph ------------------------------
+
+BOXES = """\
+import torch
+for feats, gt in data:
+    out = head(feats)
+    boxes = decode(out.detach(), anchors)
+    box_loss = F.smooth_l1_loss(boxes, gt)
+    loss = F.cross_entropy(out, labels) + box_loss
+    loss.backward()
+"""
+
+NO_GRAD = """\
+import torch
+for x, y in data:
+    with torch.no_grad():
+        aux = model.aux(x)
+    loss = crit(model(x), y) + 0.5 * F.mse_loss(aux, y)
+    loss.backward()
+"""
+
+HELPER_DICT = """\
+import torch
+def to_host(t):
+    return torch.from_numpy(t.detach().numpy())
+def losses(out, y):
+    return {"a": F.l1_loss(to_host(out), y), "b": F.mse_loss(out, y)}
+for x, y in data:
+    total = sum(losses(model(x), y).values())
+    total.backward()
+"""
+
+LOGGED_LOSS = """\
+import torch
+for x, y in data:
+    out = model(x)
+    shown = F.l1_loss(out.detach(), y)
+    loss = F.mse_loss(out, y) + torch.tensor(0.0)
+    loss.backward()
+"""
+
+
+FROZEN = """\
+import torch
+for x, y in data:
+    task = F.mse_loss(frozen_backbone(x), y)
+    loss = task + 0.1 * F.mse_loss(adapter(x), x)
+    loss.backward()
+"""
+
+
+def no_graph_losses(tmp_path, text, call_line, backward_line, constants, fn="smooth_l1_loss"):
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0], line=1)
+    for count in constants:
+        t.put(ev.loss_no_graph(fn=fn, constants=count, backward=backward_line), call_line)
+        t.backward(fresh=[0], line=backward_line)
+        t.step(0, line=backward_line)
+    return t
+
+
+def test_a_loss_term_on_a_detached_prediction_is_a_warning_at_the_detach(tmp_path):
+    f = only(no_graph_losses(tmp_path, BOXES, 5, 7, [1] * 4), SLUG)
+    assert f.location.line == 4 and f.evidence["via"] == "loss" and f.evidence["how"] == ".detach()"
+    assert "line 5" in f.message and "line 7" in f.message
+
+
+def test_a_loss_term_under_no_grad_points_at_the_statement_in_the_block(tmp_path):
+    f = only(no_graph_losses(tmp_path, NO_GRAD, 5, 6, [1, 1], fn="mse_loss"), SLUG)
+    assert f.location.line == 4 and f.evidence["how"] == "torch.no_grad()"
+
+
+def test_a_module_that_gets_no_gradient_at_all_is_left_to_param_without_grad(tmp_path):
+    t = no_graph_losses(tmp_path, NO_GRAD, 5, 6, [1, 1], fn="mse_loss")
+    t.put(ev.idle_forward(mid=0, cls="Linear", params=[0], grad=False, inference=False,
+                          training=True), 4)
+    assert findings(t, SLUG) == []
+
+
+def test_a_term_returned_by_a_helper_is_followed_to_the_backward(tmp_path):
+    f = only(no_graph_losses(tmp_path, HELPER_DICT, 5, 8, [1, 1], fn="l1_loss"), SLUG)
+    assert f.location.line == 3 and f.evidence["how"] in (".detach()", "torch.from_numpy()")
+
+
+def test_silent_when_the_term_reaches_no_backward_or_the_sum_has_no_constant(tmp_path):
+    # a loss for the log: the sum's constant is another term (a tensor 0 added)
+    assert findings(no_graph_losses(tmp_path, LOGGED_LOSS, 4, 6, [1] * 4, fn="l1_loss"), SLUG) == []
+    # the sum holds no operand without graph at one of the backwards
+    assert findings(no_graph_losses(tmp_path, BOXES, 5, 7, [1, 0, 1]), SLUG) == []
+    assert findings(no_graph_losses(tmp_path, BOXES, 5, 7, [1]), SLUG) == []  # one backward
+    # nothing cut in the source: a frozen model's loss reported in the sum, a constant by design
+    assert findings(no_graph_losses(tmp_path, FROZEN, 3, 5, [1] * 4, fn="mse_loss"), SLUG) == []
+
+
+def test_the_watcher_counts_the_operands_without_graph_of_the_loss_sums():
+    import torch
+
+    from graddoctor.instrument.constloss import constant_operands
+
+    w = torch.nn.Parameter(torch.ones(3))
+    term = (w * 2).sum()
+    assert constant_operands((term + 0.5 * (w.detach() ** 2).sum()).grad_fn) == 1
+    assert constant_operands(sum([term, w.detach().sum(), term * 3]).grad_fn) == 2  # the 0 too
+    assert constant_operands((term + term * 2).grad_fn) == 0
+    assert constant_operands((term * w.sum()).grad_fn) == 0  # a product of two graphs ends the walk

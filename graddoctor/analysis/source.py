@@ -96,6 +96,15 @@ class ScriptSource:
     def cut_penalty(self, path: str, line: int) -> tuple[int, str] | None:
         return cut_penalty(self.full(path), line)
 
+    def schedule_arguments(self, path: str, line: int, cls: str) -> str | None:
+        return schedule_arguments(self.full(path), line, cls)
+
+    def value_reaches_backward(self, path: str, line: int) -> int | None:
+        return value_reaches_backward(self.full(path), line)
+
+    def graph_cut(self, path: str, line: int, fn: str) -> tuple[int, str, str] | None:
+        return graph_cut(self.full(path), line, fn)
+
     def group_lr(self, path: str, line: int, index: int) -> tuple[int, str] | None:
         return group_lr(self.full(path), line, index)
 
@@ -1194,10 +1203,27 @@ def _param_bound(tree: ast.AST) -> set[str]:
     return names
 
 
+def _outside_targets(expr: ast.AST):
+    """The nodes of ``expr``, less a loss function's target arguments (``F.mse_loss(feat,
+    centers.weight.detach())``: a detached parameter as the target is data on purpose)."""
+    todo = [expr]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.Call) and any(w in (_last_name(node.func) or "").lower()
+                                              for w in ("loss", "crit", "cross_entropy", "kl_div")):
+            todo.append(node.func)
+            todo.extend(node.args[:1])
+            todo.extend(k.value for k in node.keywords if k.arg in ("input", None))
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
 def _cuts_param(expr: ast.AST, params: set[str]) -> bool:
     """Does ``expr`` read a parameter cut from the graph: ``p.data`` / ``p.detach()`` of a name
-    bound to parameters, or of an attribute chain through ``weight`` / ``bias``?"""
-    for node in ast.walk(expr):
+    bound to parameters, or of an attribute chain through ``weight`` / ``bias`` (not as a loss
+    function's target)?"""
+    for node in _outside_targets(expr):
         target = None
         if isinstance(node, ast.Attribute) and node.attr == "data":
             target = node.value
@@ -1262,6 +1288,197 @@ def cut_penalty(path: str, line: int) -> tuple[int, str] | None:
                             and getattr(stmt, "value", None) is not None \
                             and _cuts_param(stmt.value, params):
                         return stmt.lineno, ast.unparse(stmt).strip()
+    return None
+
+
+def schedule_arguments(path: str, line: int, cls: str) -> str | None:
+    """The arguments of the ``cls(...)`` constructor call on ``line`` other than the optimizer
+    (its first positional argument or ``optimizer=``), as text: ``"lr_lambda=warmup"`` for
+    ``LambdaLR(opt, lr_lambda=warmup)``; None when the line holds no single such call."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and node.lineno <= line <= (node.end_lineno or node.lineno) and _last_name(node.func) == cls]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    keywords = [k for k in call.keywords if k.arg != "optimizer"]
+    positional = call.args[1:] if len(keywords) == len(call.keywords) else call.args
+    return ", ".join([ast.unparse(a) for a in positional]
+                     + [f"{k.arg}={ast.unparse(k.value)}" if k.arg else f"**{ast.unparse(k.value)}"
+                        for k in keywords])
+
+
+def value_reaches_backward(path: str, line: int) -> int | None:
+    """``result_reaches_backward``, also for a value a function returns from ``line`` itself
+    (``return {"age": F.l1_loss(...), ...}``): the line of a backward whose loss is computed
+    from what a call of that function gives; None when there is none."""
+    found = result_reaches_backward(path, line)
+    if found is not None:
+        return found
+    tree = _parse(path)
+    if tree is None:
+        return None
+    statement = next((node for node in ast.walk(tree) if isinstance(node, ast.Return)
+                      and node.value is not None
+                      and node.lineno <= line <= (node.end_lineno or node.lineno)), None)
+    if statement is None:
+        return None
+    scope = _enclosing_function(tree, line)
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+                isinstance(c, ast.Call) and _last_name(c.func) == scope.name
+                for c in ast.walk(node.value)):
+            found = result_reaches_backward(path, node.lineno)
+            if found is not None:
+                return found
+    return None
+
+
+# what cuts a value from the graph: tensor methods, NumPy/number round trips, new tensors
+_CUT_METHODS = {"detach": ".detach()", "item": ".item()", "numpy": ".numpy()", "tolist": ".tolist()",
+                "argmax": "argmax", "argmin": "argmin"}
+_CUT_MAKERS = {"tensor": "torch.tensor()", "as_tensor": "torch.as_tensor()",
+               "from_numpy": "torch.from_numpy()"}
+_NO_GRAD = ("no_grad", "inference_mode")
+_LOSS_WORDS = ("loss", "crit")
+
+
+def _cut_how(expr: ast.AST) -> str | None:
+    """How ``expr`` cuts a value from the graph (``.detach()``, ``.data``...), or None."""
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Attribute) and node.attr == "data" and isinstance(node.ctx, ast.Load):
+            return ".data"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in _CUT_METHODS:
+                return _CUT_METHODS[node.func.attr]
+            if node.func.attr in _CUT_MAKERS and _root(node.func) in ("torch", "th"):
+                return _CUT_MAKERS[node.func.attr]
+    return None
+
+
+def _grad_off(node: ast.AST) -> bool:
+    """A ``with`` item or decorator that turns gradients off: ``torch.no_grad()``,
+    ``torch.inference_mode()``, ``torch.set_grad_enabled(False)``."""
+    call = node if isinstance(node, ast.Call) else None
+    name = _last_name(call.func if call is not None else node)
+    if name in _NO_GRAD:
+        return True
+    return (name == "set_grad_enabled" and call is not None and bool(call.args)
+            and isinstance(call.args[0], ast.Constant) and call.args[0].value is False)
+
+
+def _under_no_grad(tree: ast.AST, statement: ast.stmt) -> bool:
+    """Is ``statement`` inside a ``with torch.no_grad():`` block or a ``@torch.no_grad()``
+    function?"""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)) and any(_grad_off(i.context_expr) for i in node.items) \
+                and node.lineno < statement.lineno <= (node.end_lineno or node.lineno):
+            return True
+    scope = _enclosing_function(tree, statement.lineno)
+    return any(_grad_off(d) for d in getattr(scope, "decorator_list", ()))
+
+
+def _value_names(expr: ast.AST) -> list[str]:
+    """The names ``expr`` reads its values from, not its indices (``boxes`` in
+    ``boxes[pos]``)."""
+    names, todo = [], [expr]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Subscript):
+            todo.append(node.value)
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            names.append(node.id)
+        todo.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def graph_cut(path: str, line: int, fn: str) -> tuple[int, str, str] | None:
+    """``(line, text, how)`` of the statement where the input of the loss called on ``line``
+    (``fn``: the wrapped function's name) was cut from the graph: the call's own arguments
+    (``F.mse_loss(pred.detach(), y)``), the assignment above it, in the same function, of a
+    name they read (followed back four assignments deep: ``boxes = decode(deltas.detach(),
+    anchors)``), a statement of a function of the file called there (``torch.from_numpy(...)``
+    in a helper), or a statement under ``torch.no_grad()``. ``how``: ".detach()", ".data",
+    "torch.no_grad()"... None when no cut is found or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    statement = _statement_at(tree, line)
+    if statement is None:
+        statement = next((node for node in ast.walk(tree) if isinstance(node, ast.stmt)
+                          and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.FunctionDef,
+                                                    ast.AsyncFunctionDef, ast.ClassDef, ast.Try))
+                          and node.lineno <= line <= (node.end_lineno or node.lineno)), None)
+    if statement is None:
+        return None
+    calls = [c for c in ast.walk(statement) if isinstance(c, ast.Call)
+             and c.lineno <= line <= (c.end_lineno or c.lineno)]
+    chosen = [c for c in calls if _last_name(c.func) == fn] or \
+        [c for c in calls if any(w in (_last_name(c.func) or "").lower() for w in _LOSS_WORDS)]
+    if len(chosen) != 1:
+        return None  # not told apart: say nothing rather than blame another call
+    call = chosen[0]
+    # the input (the prediction): a target is data, often detached on purpose
+    args = call.args[:1] or [k.value for k in call.keywords if k.arg in ("input", "log_probs")]
+    defs = {d.name: d for d in ast.walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    scope = _enclosing_function(tree, statement.lineno)
+    assignments = sorted((n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                          and n.value is not None), key=lambda n: n.lineno)
+
+    def judged(stmt: ast.stmt, exprs: list) -> tuple[int, str, str] | None:
+        text = ast.unparse(stmt).strip()
+        for expr in exprs:
+            how = _cut_how(expr)
+            if how is not None:
+                return stmt.lineno, text, how
+        if _under_no_grad(tree, stmt):
+            return stmt.lineno, text, "torch.no_grad()"
+        for expr in exprs:  # a helper of the file that cuts what it is given
+            for call in ast.walk(expr):
+                helper = defs.get(_last_name(call.func)) if isinstance(call, ast.Call) else None
+                if helper is None or helper is scope:
+                    continue
+                if any(_grad_off(d) for d in helper.decorator_list):
+                    return helper.lineno, f"def {helper.name}(...)", "torch.no_grad()"
+                for inner in ast.walk(helper):
+                    if isinstance(inner, (ast.Assign, ast.AnnAssign, ast.Return, ast.Expr)) \
+                            and getattr(inner, "value", None) is not None:
+                        how = _cut_how(inner.value)
+                        if how is not None:
+                            return inner.lineno, ast.unparse(inner).strip(), how
+        return None
+
+    found = judged(statement, args)
+    if found is not None:
+        return found
+    todo = [(name, statement.lineno) for a in args for name in _value_names(a)]
+    seen: set = set()
+    for _ in range(16):
+        if not todo:
+            break
+        name, before = todo.pop(0)
+        if (name, before) in seen:
+            continue
+        seen.add((name, before))
+        best = None
+        for node in assignments:
+            if node.lineno >= before:
+                break
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(leaf, ast.Name) and leaf.id == name
+                   for t in targets for leaf in ast.walk(t)):
+                best = node
+        if best is None:
+            continue
+        found = judged(best, [best.value])
+        if found is not None:
+            return found
+        todo.extend((name, best.lineno) for name in _value_names(best.value))
     return None
 
 

@@ -13,6 +13,7 @@ from .batchfirst import BatchFirstWatcher
 from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
+from .constloss import ConstantLossWatcher
 from .customfn import CustomFunctionWatcher
 from .dependency import DependencyWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
@@ -86,10 +87,13 @@ class Instrumentation:
         # frame, goes around this one)
         self.watchers.append(AttentionMaskWatcher(rec))
         # (the idle-parameter watcher, subscribed below, hears of their calls: a loss computed
-        # from a module whose parameters never get a gradient)
+        # from a module whose parameters never get a gradient;
+        # and the constant-loss watcher of those called on values with no graph)
         self.idle = IdleParamWatcher(rec)
-        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, self.idle),
-                          LossInputWatcher(rec, self.idle)]
+        constants = ConstantLossWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
+        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, self.idle, constants),
+                          LossInputWatcher(rec, self.idle, constants)]
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)

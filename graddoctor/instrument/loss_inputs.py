@@ -222,9 +222,10 @@ def infer_fill(tokens) -> int | None:
 
 
 class LossInputWatcher:
-    def __init__(self, rec: Recorder, idle=None):
+    def __init__(self, rec: Recorder, idle=None, constants=None):
         self.rec = rec
         self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
+        self.constants = constants  # ConstantLossWatcher: hears of calls on values with no graph
         self._done: set = set()  # call lines recorded
         self._value_checks: dict[str, int] = {}  # fn -> calls judged by their values so far
         # (padding_idx, vocabulary size) of the embeddings the script ran: a loss over that
@@ -248,13 +249,15 @@ class LossInputWatcher:
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
-        idle = watcher.idle
+        idle, constants = watcher.idle, watcher.constants
 
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input", kwargs.get("log_probs"))
             if idle is not None and idle.watching:
                 idle.loss_call(fn, input)
             if not (isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled()):
+                if constants is not None and isinstance(input, torch.Tensor) and torch.is_grad_enabled():
+                    constants.loss_call(fn, args, kwargs)
                 if fn in _SWAPPABLE and isinstance(input, torch.Tensor) and torch.is_grad_enabled():
                     target = args[1] if len(args) > 1 else kwargs.get("target")
                     try:

@@ -88,9 +88,10 @@ def broadcast_shape(a, b) -> list[int] | None:
 
 
 class LossShapeWatcher:
-    def __init__(self, rec: Recorder, idle=None):
+    def __init__(self, rec: Recorder, idle=None, constants=None):
         self.rec = rec
         self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
+        self.constants = constants  # ConstantLossWatcher: hears of calls on values with no graph
         self._done: set = set()  # locations already recorded
         self._fine: set = set()  # (input shape, target shape) pairs that broadcast harmlessly
         self._range_checks: dict[str, int] = {}  # fn -> calls whose targets' range was read
@@ -100,13 +101,16 @@ class LossShapeWatcher:
         watcher, rec = self, self.rec
         signature = inspect.signature(original)
 
-        idle = watcher.idle
+        idle, constants = watcher.idle, watcher.constants
 
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if idle is not None and idle.watching:
                 idle.loss_call(fn, input)
+            if constants is not None and isinstance(input, torch.Tensor) \
+                    and not input.requires_grad and torch.is_grad_enabled():
+                constants.loss_call(fn, args, kwargs)
             if watcher._range_checks.get(fn, 0) < _RANGE_CHECKS:
                 try:
                     watcher._range(fn, input, target)

@@ -14,13 +14,21 @@ class PenaltyWithoutGraph(Rule):
     penalty on the parameters computed from their values cut from the graph (`p.data`,
     `p.detach()`: an L2 or L1 regulariser written by hand) when the backpropagated loss adds a
     term autograd does not reach at every backward of the run's first ones; it points at the
-    statement that computes it.
+    statement that computes it. And it finds a loss term computed, with gradients on, by a loss
+    function (`mse_loss`, `smooth_l1_loss`, `cross_entropy`, `kl_div`... or their `nn` modules)
+    from a prediction with no graph, whose value the loss that is backpropagated adds, with an
+    operand without graph in that loss's sum at every backward checked: the prediction was
+    `.detach()`-ed, read through `.data`, sent through NumPy or `.item()`, or computed under
+    `torch.no_grad()`, as the source shows. It points at the statement that cuts it.
 
     ## Why is this bad?
     Without `create_graph=True`, `autograd.grad` returns plain tensors with no history: the
     penalty computed from them is a constant. Adding it to the loss changes the number printed
     but not one gradient: the regulariser does nothing, and the run trains as if it were not
     there (a WGAN-GP critic without its Lipschitz constraint, an R1-regularised GAN without R1).
+    A loss term on a detached prediction is the same: a detection model's box term, an
+    auxiliary or consistency term, a distillation term, each silently trains nothing while the
+    other terms keep the sum differentiable, so torch raises no error.
 
     ## Example
     ```python
@@ -42,20 +50,70 @@ class PenaltyWithoutGraph(Rule):
     `create_graph=True`; an input gradient used to perturb the input (FGSM, adversarial
     training: the loss is computed by the model on the perturbed input); a gradient computed
     for logging or for a hand-written update that never reaches the backpropagated loss; an L2
-    penalty computed from the parameters themselves, and a detached copy of it kept for logging.
+    penalty computed from the parameters themselves, and a detached copy of it kept for logging;
+    a loss on detached values computed for a log or under `torch.no_grad()` (validation) that no
+    backward's loss adds; a probe trained on detached features through its own backward; a
+    detached target (a parameter's `.detach()` as a center loss's target); a sum that starts
+    from 0 or adds a constant tensor; a constant term computed on data or on a frozen model's
+    output, nothing cut from the graph (an energy distance's real-against-real term, a frozen
+    backbone's loss reported in the sum); a cut at a module whose parameters get no gradient at
+    all, which `param-without-grad` reports at that line.
     """
 
     code = "GD237"
     slug = "penalty-without-graph"
     severity = Severity.WARNING
-    summary = ("a penalty added to the loss has no graph (torch.autograd.grad without "
-               "create_graph=True, or computed from p.data / p.detach()): it adds a constant, no "
-               "gradient")
+    summary = ("a penalty or loss term added to the loss has no graph (torch.autograd.grad "
+               "without create_graph=True, computed from p.data / p.detach(), or a loss on a "
+               "detached or no_grad prediction): it adds a constant, no gradient")
     fix = "pass create_graph=True to torch.autograd.grad so that the penalty can be backpropagated"
 
     def check(self, a):
         yield from self._grad_penalties(a)
         yield from self._cut_penalties(a)
+        yield from self._constant_losses(a)
+
+    def _constant_losses(self, a):
+        """Loss functions called with gradients on, on inputs with no graph (``loss_no_graph``),
+        whose value the source adds into the loss of a backward whose linear top holds an
+        operand with no graph at every backward checked after them."""
+        by_call: dict[tuple, list] = {}
+        for e in a.of_kind("loss_no_graph"):
+            if e.loc is not None:
+                by_call.setdefault((e.loc.path, e.loc.line), []).append(e)
+        # modules whose parameters got no gradient at all, where they ran: param-without-grad
+        # reports such a forward (under no_grad, or cut) at its line already
+        idle = {(e.loc.path, e.loc.line) for e in a.of_kind("idle_forward") if e.loc is not None}
+        for (path, line), events in by_call.items():
+            lines = {e.get("backward") for e in events}
+            if len(events) < 2 or len(lines) != 1 or any(not e.get("constants") for e in events):
+                continue  # a phase, a backward of another loss, or no constant term in its sum
+            backward = lines.pop()
+            if backward is None or a.source.value_reaches_backward(path, line) != backward:
+                continue  # computed for a log, not added to the loss
+            fn = events[0].get("fn")
+            cut = a.source.graph_cut(path, line, fn)
+            if cut is None:
+                continue  # data, or a frozen model's output: a constant by design, nothing cut
+            at, _text, how = cut
+            if (path, at) in idle:
+                continue
+            cause = (f"its input is cut from the graph here ({how})" if at != line
+                     else f"its input is cut from the graph ({how})")
+            related = [Related(Location(path, backward), "the backward of that loss")]
+            if at != line:
+                related.insert(0, Related(Location(path, line), f"the {fn} term it feeds"))
+            yield self.finding(
+                f"the {fn} at line {line} is added to the loss backpropagated at line {backward}, "
+                f"but {cause}: the term is a constant at all {len(events)} backwards checked. It "
+                f"changes the loss value and not one gradient, so what it should train never "
+                f"learns from it",
+                Location(path, at), related=tuple(related),
+                evidence={"backward_line": backward, "via": "loss", "function": fn, "how": how,
+                          "loss_line": line, "backwards": len(events)},
+                fix=("compute the loss term from the prediction itself, not from a `.detach()`, "
+                     "`.data`, NumPy or `torch.no_grad()` copy of it (keep a detached copy for "
+                     "logging only); drop the term if it is not meant to train anything"))
 
     def _cut_penalties(self, a):
         """Backward lines whose every checked loss adds a term with no graph (``loss_constant``:
