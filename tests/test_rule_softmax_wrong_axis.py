@@ -37,6 +37,8 @@ def test_the_walk_reaches_the_softmax_and_maps_the_summed_axis_back():
     four = _product(lambda s: torch.nn.functional.dropout(s.softmax(dim=2), 0.1),
                     shape=(2, 3, 5, 5))
     assert four is not None and four[1:3] == (2, 3)
+    masked = _product(lambda s: s.softmax(dim=1).masked_fill(torch.rand(5, 5) > 0.8, 0.0))
+    assert masked is not None and masked[1:3] == (1, 2)
     # a 2-D softmax over the rows, unsqueezed into a batched product: still the rows
     scores = torch.randn(4, 6, requires_grad=True)
     h = torch.randn(4, 6, 3, requires_grad=True)
