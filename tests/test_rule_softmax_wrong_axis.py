@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from graddoctor import events as ev
-from graddoctor.instrument.attnaxis import SoftmaxAxisWatcher, _softmax_below
+from graddoctor.instrument.attnaxis import (SoftmaxAxisWatcher, _misnormalised, _softmax_below,
+                                            _through_reshape)
 from graddoctor.rules.softmax_wrong_axis import _dim_of
 from rule_traces import builder, findings, only
 
@@ -36,6 +37,8 @@ def test_the_walk_reaches_the_softmax_and_maps_the_summed_axis_back():
     four = _product(lambda s: torch.nn.functional.dropout(s.softmax(dim=2), 0.1),
                     shape=(2, 3, 5, 5))
     assert four is not None and four[1:3] == (2, 3)
+    masked = _product(lambda s: s.softmax(dim=1).masked_fill(torch.rand(5, 5) > 0.8, 0.0))
+    assert masked is not None and masked[1:3] == (1, 2)
     # a 2-D softmax over the rows, unsqueezed into a batched product: still the rows
     scores = torch.randn(4, 6, requires_grad=True)
     h = torch.randn(4, 6, 3, requires_grad=True)
@@ -45,12 +48,90 @@ def test_the_walk_reaches_the_softmax_and_maps_the_summed_axis_back():
 
 
 @pytest.mark.parametrize("turned", [
-    lambda s: torch.softmax(s, dim=-1).transpose(1, 2),  # DiffPool: turned on purpose
     lambda s: (lambda a: a / a.sum(-1, keepdim=True))(torch.softmax(s, dim=1) + 1e-8),  # slots
     lambda s: torch.softmax(s, dim=1) * torch.rand(2, 5, 1, requires_grad=True),  # a gate
+    lambda s: torch.softmax(s.reshape(2, 25), dim=1).reshape(2, 5, 5),  # the summed axis split
 ])
-def test_the_walk_stops_at_weights_turned_or_renormalised(turned):
+def test_the_walk_stops_at_weights_renormalised_gated_or_reshaped_across_the_axis(turned):
     assert _product(turned) is None
+
+
+def test_a_reshape_maps_a_dimension_only_when_it_survives_whole():
+    assert _through_reshape((6, 5, 4), 1, (2, 3, 5, 4, 1)) == 2
+    assert _through_reshape((6, 5, 4), 2, (2, 3, 5, 4, 1)) == 3
+    assert _through_reshape((6, 5, 4), 0, (2, 3, 5, 4, 1)) is None  # merged
+    assert _through_reshape((2, 3, 20), 2, (2, 3, 5, 4)) is None  # merged
+    assert _through_reshape((2, 1, 5), 2, (2, 5, 1)) == 1
+
+
+def _einsum_found(equation, weights, other, weights_first=True):
+    operands = (weights, other) if weights_first else (other, weights)
+    node = torch.einsum(equation, *operands).grad_fn
+    while not type(node).__name__.startswith("BmmBackward"):
+        node = node.next_functions[0][0]
+    found = [f for f in SoftmaxAxisWatcher._operands(node) if f is not None]
+    assert len(found) == 1
+    return found[0]
+
+
+def _leaf(*shape):
+    return torch.randn(*shape, requires_grad=True)
+
+
+@pytest.mark.parametrize("equation, first, dim, bad", [
+    ("bhqk,bhkd->bhqd", True, -2, True),
+    ("bhqk,bhkd->bhqd", True, -1, False),
+    ("bhkd,bhqk->bhqd", False, 2, True),  # the weights second
+    ("bhkd,bhqk->bhqd", False, 3, False),
+    ("bhqk,bhkd->bqhd", True, 1, True),  # the output's labels rearranged, a softmax over heads
+    ("bhkq,bhkd->bhqd", True, 2, False),  # laid out (keys, queries), normalised over the keys
+])
+def test_einsum_is_read_through_its_lowering_not_its_equation(equation, first, dim, bad):
+    weights = torch.softmax(_leaf(2, 3, 5, 5), dim=dim)
+    found = _einsum_found(equation, weights, _leaf(2, 3, 5, 4), first)
+    assert found[3] == (2, 3, 5, 5) and found[1] == dim % 4
+    assert _misnormalised(found) is bad
+
+
+def test_pooling_dispatch_and_gates_written_with_einsum_stay_silent():
+    pool = _einsum_found("bt,btd->bd", torch.softmax(_leaf(2, 5), dim=1), torch.randn(2, 5, 4))
+    assert pool[1:3] == (1, 1) and not _misnormalised(pool)
+    diffpool = _einsum_found("bnk,bnd->bkd", torch.softmax(_leaf(2, 5, 3), -1), _leaf(2, 5, 4))
+    assert diffpool[1:3] == (2, 1) and not _misnormalised(diffpool)  # the nodes summed on purpose
+    dispatch = _einsum_found("ne,nd->ed", torch.softmax(_leaf(6, 3), -1), _leaf(6, 4))
+    assert dispatch[1:3] == (1, 0) and not _misnormalised(dispatch)
+    gate = _einsum_found("be,bed->bd", torch.softmax(_leaf(2, 3), -1), _leaf(2, 3, 4))
+    assert gate[1:3] == (1, 1) and not _misnormalised(gate)
+
+
+def test_the_right_operand_is_followed_through_its_transpose():
+    weights = torch.softmax(_leaf(2, 5, 5), dim=1)
+    out = _leaf(2, 5, 4).transpose(1, 2) @ weights.transpose(1, 2)
+    bmm = out.grad_fn.next_functions[0][0]
+    found = [f for f in SoftmaxAxisWatcher._operands(bmm) if f is not None]
+    assert [f[1:] for f in found] == [(1, 2, (2, 5, 5))] and _misnormalised(found[0])
+
+
+def test_diffpool_turned_by_a_transpose_is_mapped_and_left_alone():
+    found = _product(lambda s: torch.softmax(s, dim=-1).transpose(1, 2))
+    assert found is not None and found[1:3] == (2, 1) and not _misnormalised(found)
+
+
+def test_a_sinkhorn_plan_normalised_over_the_summed_axis_just_before_is_left_alone():
+    scores = _leaf(5, 6)
+    values = _leaf(6, 4)
+    plain = torch.softmax(scores, dim=0) @ values
+    found = next(f for f in SoftmaxAxisWatcher._operands(plain.grad_fn) if f is not None)
+    assert found[1:3] == (0, 1) and _misnormalised(found)
+    for step in (lambda p: torch.softmax(p, dim=1).log(),
+                 lambda p: p - p.logsumexp(1, keepdim=True)):
+        plan = torch.softmax(step(scores), dim=0) @ values
+        found = next(f for f in SoftmaxAxisWatcher._operands(plan.grad_fn) if f is not None)
+        assert found[1:3] == (0, 1) and not _misnormalised(found)
+    # normalised over the other axis before: no Sinkhorn, the columns alone sum to 1
+    plan = torch.softmax(torch.softmax(scores, dim=0).log(), dim=0) @ values
+    found = next(f for f in SoftmaxAxisWatcher._operands(plan.grad_fn) if f is not None)
+    assert _misnormalised(found)
 
 
 def test_the_watcher_reports_once_and_only_a_mismatch(monkeypatch):
@@ -87,6 +168,10 @@ def test_the_literal_dim_is_read_from_each_form_of_call():
     assert _dim_of("nn.Softmax(dim=2)") == 2
     assert _dim_of("nn.Softmax(2)") == 2
     assert _dim_of("F.softmax(scores, dim=d)") is None
+    assert _dim_of("nn.functional.softmax(scores, 1)") == 1
+    assert _dim_of("torch.nn.functional.softmax(scores, 2)") == 2
+    assert _dim_of("torch.einsum('bqd,bkd->bqk', q, k).softmax(-2)") == -2
+    assert _dim_of("(q @ k.mT).softmax(1)") == 1
 
 
 def _trace(params, stepped=(0, 1), dim=1):

@@ -8,18 +8,27 @@ trains and the loss still falls, to a worse model. The same with a 2-D (N, K) so
 (normalised across the batch) multiplied by a (K, D) matrix.
 
 How it is seen: at the first ``_WINDOWS`` backwards, the loss's graph is walked once. At each
-matrix product (``BmmBackward0``, ``MmBackward0``) the left operand's path is followed down
-through the operations that keep its values in place (a view or reshape that keeps the last
-dimension, expand, a transpose or permute of other axes, unsqueeze, dropout's mask product,
-clone) to a ``SoftmaxBackward0`` whose saved result has the shape reached. A transpose that
-moves the summed axis ends the walk: weights turned before the product were turned on purpose
-(DiffPool's ``s.transpose(1, 2) @ x`` sums the nodes with each node's assignment normalised over
-the clusters; attention pooling's ``softmax(s, dim=1).transpose(1, 2) @ h``). The dimension the product sums
-over (the operand's last) is mapped back through each of those operations; when the softmax
-normalised another one, a ``softmax_axis`` aside event names the backward and both dimensions.
-Anything else on the way (a division that renormalises, as slot attention does; a gate of
-another shape; a sum) ends the walk without a word. No per-call cost: only the graph of
-the first backwards is read, then the watcher closes.
+matrix product (``BmmBackward0``, ``MmBackward0``) each operand's path is followed down through
+the operations that keep its values in place (views and reshapes, expand, transposes and
+permutes, (un)squeeze, dropout's mask product, masked_fill, clone) to a ``SoftmaxBackward0``
+whose saved result has the shape reached, and the dimension the product sums over (the left
+operand's last, the right one's second to last) is mapped exactly through each of them to a
+dimension of the softmax's result. This is the graph ``torch.einsum`` lowers to as much as the
+one of ``@``, ``torch.matmul`` and ``torch.bmm``: einsum permutes and reshapes its operands to a
+batched product, and the mapping follows the labels through those permutes without reading the
+equation. A reshape that splits or merges the summed dimension, or an expand that broadcasts it,
+ends the walk.
+
+What is reported: the softmax normalised another dimension than its last, and the product sums
+over its last: weights laid out (queries, keys), normalised over the queries, summed over the
+keys. The reverse, a softmax over the last dimension summed over another one, is an assignment
+turned on purpose and stays silent: DiffPool's ``s.transpose(1, 2) @ x`` sums the nodes with
+each node's assignment normalised over the clusters, a mixture-of-experts dispatch
+``einsum('ne,nd->ed', gates, x)`` sums the tokens. Nor a softmax whose scores were normalised
+over the summed dimension a few operations before (a Sinkhorn iteration: the plan's rows sum to
+about 1 as well). Anything else on the way (a division that renormalises, as slot attention
+does; a gate of another shape; a sum) ends the walk without a word. No per-call cost: only the
+graph of the first backwards is read, then the watcher closes.
 """
 
 from __future__ import annotations
@@ -32,13 +41,17 @@ from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose loss graphs are walked
 _NODES = 20000  # nodes walked per backward (a larger graph is not looked at)
-_DOWN = 12  # operations followed from a product down to a softmax
+_DOWN = 16  # operations followed from a product down to a softmax
 _LEAVES = 20000  # nodes walked below a softmax to name the parameters of its scores
 
 # operations whose output keeps the input's shape and values in place, element for element
 _SAME = ("CloneBackward", "NativeDropoutBackward", "MulBackward", "ToCopyBackward",
          "AliasBackward", "MaskedFillBackward")
 _VIEW = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
+# operations followed below a softmax to the normalisation of a Sinkhorn iteration before it
+_ELEMENTWISE = ("LogBackward", "ExpBackward", "SubBackward", "AddBackward", "DivBackward",
+                "MulBackward", "NegBackward", "CloneBackward", "ToCopyBackward")
+_SINKHORN = 4  # operations between two normalisations of a Sinkhorn iteration
 
 
 def _signed(value: int) -> int:
@@ -59,10 +72,49 @@ def _saved(node, name: str):
         return None
 
 
+def _prod(sizes) -> int:
+    out = 1
+    for s in sizes:
+        out *= s
+    return out
+
+
+def _through_reshape(shape: tuple, dim: int, sizes: tuple) -> int | None:
+    """The dimension of a tensor of ``sizes`` that a reshape to ``shape`` turned into dimension
+    ``dim``, or None when ``dim`` is not one whole dimension of it (split or merged). In row-major
+    order a dimension survives a reshape exactly when one of the input's has its length and the
+    same number of elements after it."""
+    inner = _prod(shape[dim + 1:])
+    for at, size in enumerate(sizes):
+        if size == shape[dim] and _prod(sizes[at + 1:]) == inner:
+            return at
+    return None
+
+
+def _output_shape(node, output: int) -> tuple | None:
+    """The shape of output ``output`` of ``node`` (what it passes on to the operation after it)
+    from its metadata: no saved tensor read, and known when the product saved none (``torch.bmm``
+    saves its left operand only when the right one needs a gradient)."""
+    if node is None:
+        return None
+    try:
+        return tuple(int(s) for s in node._input_metadata[output].shape)
+    except Exception:  # an older torch, or a node without metadata
+        return None
+
+
+def _sizes(node, name: str = "_saved_self_sym_sizes") -> tuple | None:
+    sizes = _saved(node, name)
+    return None if sizes is None else tuple(int(s) for s in sizes)
+
+
 def _softmax_below(node, shape: tuple, dim: int):
-    """Follow ``node`` (the producer of a product's left operand of ``shape``, summed over
-    ``dim``) down to a softmax: ``(softmax node, its normalised dim, the dim summed over, its
-    shape)`` or None when the path leaves the value-keeping operations first."""
+    """Follow ``node`` (the producer of a product's operand of ``shape``, summed over ``dim``)
+    down to a softmax: ``(softmax node, its normalised dim, the dim summed over, its shape)``,
+    the summed dimension mapped exactly through every reshape, transpose, permute, expand and
+    (un)squeeze on the way (what ``torch.einsum`` and ``torch.matmul`` lower to as much as what
+    the script wrote); None when the path leaves the value-keeping operations first or the summed
+    dimension is split, merged or broadcast on the way."""
     for _ in range(_DOWN):
         if node is None:
             return None
@@ -81,49 +133,14 @@ def _softmax_below(node, shape: tuple, dim: int):
                 other = _saved(node, "_saved_other")
                 if isinstance(other, torch.Tensor) and other.dim() and tuple(other.shape) != shape:
                     return None
-            children = [child for child, _ in node.next_functions if child is not None]
-            if len(children) != 1:
+        elif name.startswith(_VIEW) or name.startswith("SqueezeBackward"):
+            sizes = _sizes(node)
+            if sizes is None or _prod(sizes) != _prod(shape):
                 return None
-            node = children[0]
-            continue
-        if name.startswith(_VIEW):
-            sizes = _saved(node, "_saved_self_sym_sizes")
-            if sizes is None:
+            dim = _through_reshape(shape, dim, sizes)
+            if dim is None:
                 return None
-            sizes = tuple(int(s) for s in sizes)
-            if dim != n - 1 or not sizes or sizes[-1] != shape[-1]:
-                return None  # only the last dimension is followed through a reshape
-            shape, dim = sizes, len(sizes) - 1
-        elif name.startswith("ExpandBackward"):
-            sizes = _saved(node, "_saved_self_sym_sizes")
-            if sizes is None:
-                return None
-            sizes = tuple(int(s) for s in sizes)
-            dim -= n - len(sizes)
-            if dim < 0 or sizes[dim] != shape[dim + n - len(sizes)]:
-                return None  # the summed dimension was broadcast: nothing normalised along it
             shape = sizes
-        elif name.startswith("TransposeBackward"):
-            d0, d1 = (_saved(node, "_saved_dim0"), _saved(node, "_saved_dim1"))
-            if d0 is None or d1 is None:
-                return None
-            d0, d1 = _signed(d0) % n, _signed(d1) % n
-            if dim in (d0, d1):
-                return None  # the weights turned on purpose (DiffPool's S.transpose(1, 2) @ x)
-            swapped = list(shape)
-            swapped[d0], swapped[d1] = swapped[d1], swapped[d0]
-            shape = tuple(swapped)
-        elif name.startswith("PermuteBackward"):
-            dims = _saved(node, "_saved_dims")
-            if dims is None or len(dims) != n:
-                return None
-            dims = [_signed(d) % n for d in dims]
-            if dims[dim] != dim:
-                return None  # the summed axis moved: turned on purpose, as above
-            inverse = [0] * n
-            for i, d in enumerate(dims):
-                inverse[d] = i
-            shape = tuple(shape[inverse[i]] for i in range(n))
         elif name.startswith("UnsqueezeBackward"):
             at = _saved(node, "_saved_dim")
             if at is None:
@@ -133,6 +150,35 @@ def _softmax_below(node, shape: tuple, dim: int):
                 return None
             dim -= dim > at
             shape = shape[:at] + shape[at + 1:]
+        elif name.startswith("ExpandBackward"):
+            sizes = _sizes(node)
+            if sizes is None:
+                return None
+            dim -= n - len(sizes)
+            if dim < 0 or sizes[dim] != shape[dim + n - len(sizes)]:
+                return None  # the summed dimension was broadcast: nothing normalised along it
+            shape = sizes
+        elif name.startswith(("TransposeBackward", "TBackward")):
+            if name.startswith("TBackward"):
+                d0, d1 = (0, 1) if n == 2 else (0, 0)
+            else:
+                d0, d1 = (_saved(node, "_saved_dim0"), _saved(node, "_saved_dim1"))
+                if d0 is None or d1 is None:
+                    return None
+                d0, d1 = _signed(d0) % n, _signed(d1) % n
+            dim = d1 if dim == d0 else d0 if dim == d1 else dim
+            swapped = list(shape)
+            swapped[d0], swapped[d1] = swapped[d1], swapped[d0]
+            shape = tuple(swapped)
+        elif name.startswith("PermuteBackward"):
+            dims = _saved(node, "_saved_dims")
+            if dims is None or len(dims) != n:
+                return None
+            dims = [_signed(d) % n for d in dims]  # output dimension i is input dimension dims[i]
+            unpermuted = [0] * n
+            for i, d in enumerate(dims):
+                unpermuted[d] = shape[i]
+            dim, shape = dims[dim], tuple(unpermuted)
         else:
             return None
         children = [child for child, _ in node.next_functions if child is not None]
@@ -140,6 +186,49 @@ def _softmax_below(node, shape: tuple, dim: int):
             return None
         node = children[0]
     return None
+
+
+def _renormalised_before(softmax, summed: int, shape: tuple) -> bool:
+    """Whether the scores ``softmax`` normalised were themselves normalised over ``summed`` a few
+    operations before: a Sinkhorn iteration (``softmax(softmax(s, 1).log(), 0)``, or in log space
+    ``s - logsumexp(s, 1, keepdim=True)``), whose plan is left nearly doubly stochastic: its rows
+    sum to about 1 as well, whichever axis the last step normalised."""
+    stack = [(child, 0) for child, _ in softmax.next_functions if child is not None]
+    seen: set = set()
+    while stack:
+        node, depth = stack.pop()
+        if node in seen or depth > _SINKHORN:
+            continue
+        seen.add(node)
+        name = type(node).__name__
+        if name.startswith(("SoftmaxBackward", "LogSoftmaxBackward")):
+            result = _saved(node, "_saved_result")
+            dim = _saved(node, "_saved_dim")
+            if result is not None and dim is not None and tuple(result.shape) == shape \
+                    and _signed(dim) % len(shape) == summed:
+                return True
+        elif name.startswith("LogsumexpBackward"):
+            dims = _saved(node, "_saved_dim")
+            scores = _saved(node, "_saved_self")
+            if dims is not None and isinstance(scores, torch.Tensor) and \
+                    tuple(scores.shape) == shape and \
+                    summed in {_signed(d) % len(shape) for d in dims}:
+                return True
+        if not name.startswith(_ELEMENTWISE):
+            continue
+        stack.extend((child, depth + 1) for child, _ in node.next_functions if child is not None)
+    return False
+
+
+def _misnormalised(found) -> bool:
+    """Whether ``found`` (``_softmax_below``'s answer) is a softmax over another dimension than
+    its last, summed over its last: weights laid out row by row (queries, keys) and normalised
+    over the rows. A softmax over its last dimension summed over another is an assignment used on
+    purpose (DiffPool's ``s.transpose(1, 2) @ x``, a mixture-of-experts dispatch
+    ``einsum('ne,nd->ed', gates, x)``, weights laid out (keys, queries)): silent."""
+    softmax, normalised, summed, shape = found
+    return (normalised != summed and summed == len(shape) - 1 and shape[normalised] >= 2
+            and not _renormalised_before(softmax, summed, shape))
 
 
 class SoftmaxAxisWatcher:
@@ -171,23 +260,25 @@ class SoftmaxAxisWatcher:
                 name = type(node).__name__
                 if not name.startswith(("BmmBackward", "MmBackward")):
                     continue
-                left = _saved(node, "_saved_self")
-                if not isinstance(left, torch.Tensor) or left.dim() < 2:
-                    continue
-                shape = tuple(left.shape)
-                if shape[-1] < 2:
-                    continue
-                found = _softmax_below(node.next_functions[0][0], shape, len(shape) - 1)
-                if found is None:
-                    continue
-                softmax, normalised, summed, sm_shape = found
-                if normalised == summed or sm_shape[normalised] < 2:
-                    continue
-                key = (normalised, summed, sm_shape)
-                if key in self._told:
-                    continue
-                self._told.add(key)
-                self._report(softmax, normalised, summed, sm_shape)
+                for found in self._operands(node):
+                    if found is None or not _misnormalised(found):
+                        continue
+                    softmax, normalised, summed, sm_shape = found
+                    key = (normalised, summed, sm_shape)
+                    if key in self._told:
+                        continue
+                    self._told.add(key)
+                    self._report(softmax, normalised, summed, sm_shape)
+
+    @staticmethod
+    def _operands(node):
+        """What ``_softmax_below`` finds below each operand of a matrix product: the left one
+        summed over its last dimension, the right one over its second to last."""
+        for (child, output), summed in zip(node.next_functions, (-1, -2)):
+            shape = _output_shape(child, output)
+            if shape is None or len(shape) < 2 or shape[summed] < 2:
+                continue
+            yield _softmax_below(child, shape, len(shape) + summed)
 
     def _report(self, softmax, normalised: int, summed: int, shape: tuple) -> None:
         rec = self.rec

@@ -7,6 +7,17 @@ from ..trace import Location
 from .base import Rule
 
 
+_MODULES = ("F", "torch", "nn", "functional", "special")
+
+
+def _module(expr) -> bool:
+    """Whether ``expr`` names a module of softmax functions (``F``, ``torch.nn.functional``)
+    rather than a tensor whose ``.softmax`` method is called (``scores``, ``(q @ k.mT)``)."""
+    if isinstance(expr, ast.Name):
+        return expr.id in _MODULES
+    return isinstance(expr, ast.Attribute) and expr.attr in _MODULES and _module(expr.value)
+
+
 def _dim_of(text: str) -> int | None:
     """The literal ``dim`` of one softmax call's source (``F.softmax(s, dim=1)``,
     ``torch.softmax(s, 1)``, ``s.softmax(-2)``, ``nn.Softmax(dim=1)``), else None."""
@@ -19,8 +30,7 @@ def _dim_of(text: str) -> int | None:
     value = next((k.value for k in call.keywords if k.arg == "dim"), None)
     if value is None:
         func = call.func
-        method = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
-            and func.value.id not in ("F", "torch", "nn", "functional", "special")
+        method = isinstance(func, ast.Attribute) and not _module(func.value)
         module = isinstance(func, (ast.Attribute, ast.Name)) and \
             (func.attr if isinstance(func, ast.Attribute) else func.id) == "Softmax"
         position = 0 if (method or module) else 1
@@ -47,12 +57,15 @@ class SoftmaxWrongAxis(Rule):
     Finds attention weights normalised over another axis than the one the matrix product after
     them sums over: `weights = softmax(scores, dim=1)` on scores of shape (batch, queries, keys)
     followed by `weights @ values`, which sums each row over the keys (the last dimension); or a
-    (N, K) softmax over dim 0 multiplied by a (K, D) matrix. At the first backwards the loss's
-    graph is read: from each matrix product the left operand is followed down through the
-    operations that keep its values in place (dropout, reshapes that keep the last dimension,
-    transposes of other axes, unsqueeze, expand) to a softmax, and the dimension the product sums
-    over is compared with the one the softmax normalised. It points at the softmax call when
-    the script's source has one with that `dim`, else at the backward.
+    (N, K) softmax over dim 0 multiplied by a (K, D) matrix. Written with `@`, `torch.matmul`
+    (heads kept as a 4-D tensor), `torch.bmm` (heads folded into the batch) or `torch.einsum`
+    (`einsum('bhqk,bhkd->bhqd', attn, v)`, the weights first or second). At the first backwards
+    the loss's graph is read: from each matrix product both operands are followed down through
+    the operations that keep their values in place (dropout, masked_fill, reshapes, transposes
+    and permutes, unsqueeze, expand: what einsum lowers to) to a softmax, the dimension the
+    product sums over is mapped exactly through each of them, and compared with the one the
+    softmax normalised. It points at the softmax call when the script's source has one with
+    that `dim`, else at the backward.
 
     ## Why is this bad?
     Attention averages the values with weights that sum to 1 over the keys. Normalised over the
@@ -76,14 +89,23 @@ class SoftmaxWrongAxis(Rule):
     ```
 
     ## Stays silent on
-    A softmax over the last dimension (the usual attention); weights transposed before the
-    product so that the normalised axis is the one summed (`softmax(s, dim=1).transpose(1, 2) @
-    h`, attention pooling over time); weights renormalised after the softmax (slot attention's
-    softmax over the slots, then a division by the sum over the inputs); a softmax whose output
-    is multiplied elementwise and summed rather than fed to a matrix product; the axis summed of
-    length 1; `scaled_dot_product_attention` and `nn.MultiheadAttention` (they normalise the
-    right axis themselves). A softmax over dim 0 that `samples-mixed-in-batch` reports (the batch
-    mixed) is left to it.
+    A softmax over the axis the product sums, however the product is written (attention over
+    the keys with `@`, 4-D `matmul`, folded-head `bmm` or einsum; attention pooling
+    `softmax(s, dim=1).transpose(1, 2) @ h` or `einsum('bt,btd->bd', softmax(s, dim=1), h)`; a
+    mixture-of-experts gate `einsum('be,bed->bd', softmax(g, -1), experts)`; scores laid out
+    (keys, queries) and normalised over the keys); a softmax over the last axis summed over
+    another one, an assignment used on purpose (DiffPool's `s.transpose(1, 2) @ x`, a
+    mixture-of-experts dispatch `einsum('ne,nd->ed', gates, x)`); weights renormalised after the
+    softmax (slot attention's softmax over the slots, then a division by the sum over the
+    inputs); a Sinkhorn step whose scores were normalised over the summed axis just before; a
+    softmax whose output is multiplied elementwise and summed rather than fed to a matrix
+    product; the axis summed of length 1; `scaled_dot_product_attention` and
+    `nn.MultiheadAttention` (they normalise the right axis themselves). A softmax over dim 0 that
+    `samples-mixed-in-batch` reports (the batch mixed) is left to it. Not told apart: the same
+    bug in a (keys, queries) layout (a softmax over the last axis, the queries, summed over the
+    keys) reads as an assignment and stays silent; a single column softmax used as a transport
+    plan with no row normalisation before it reads as the bug.
+
     """
 
     code = "GD248"
