@@ -72,7 +72,7 @@ class SchedulerDuplicated(Rule):
             groups.setdefault((s.opt, s.cls), []).append(s)
         for (opt, cls), members in groups.items():
             members.sort(key=lambda s: s.init.seq)
-            pair = self._copies(a, members)
+            pair = self._twin_schedules(a, members)
             if pair is None:
                 continue
             first, second = pair
@@ -101,7 +101,7 @@ class SchedulerDuplicated(Rule):
                           "if one schedule is meant"))
 
     @staticmethod
-    def _copies(a, members):
+    def _twin_schedules(a, members):
         """The first two schedulers of ``members`` (one optimizer, one class) built with the same
         arguments and stepped alike, or None."""
         for i, first in enumerate(members):
