@@ -948,21 +948,48 @@ def term_line(path: str, line: int, term: str) -> tuple[int, str] | None:
         return None
     if _holds_term(statement.value, term):
         return None  # the term is written in the loss's own line
+    inner = _loss_function_term(tree, statement.value, term)
+    if inner is not None:  # loss = loss_function(recon, x, mu, logvar): the line in its body
+        return inner
+    return _term_assignment(statement.value, block[:index], term, line - _TERM_SPAN)
+
+
+def _loss_function_term(tree: ast.AST, value: ast.AST, term: str) -> tuple[int, str] | None:
+    """In ``loss = loss_function(...)``, a function of this file whose last statement returns
+    the loss: the line of its body that computes the term (its return, or one assignment before
+    it that the return adds with a plus sign)."""
+    if not isinstance(value, ast.Call) or not isinstance(value.func, (ast.Name, ast.Attribute)):
+        return None
+    name = value.func.id if isinstance(value.func, ast.Name) else value.func.attr
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.name == name]
+    if len(defs) != 1 or not defs[0].body or not isinstance(defs[0].body[-1], ast.Return) \
+            or defs[0].body[-1].value is None:
+        return None
+    body, returned = defs[0].body, defs[0].body[-1]
+    if _holds_term(returned.value, term):
+        return returned.lineno, ast.unparse(returned).strip()
+    return _term_assignment(returned.value, body[:-1], term, body[0].lineno)
+
+
+def _term_assignment(loss: ast.AST, before: list, term: str, first: int) -> tuple[int, str] | None:
+    """The one assignment among ``before`` (from line ``first`` on) that computes the term,
+    when the expression ``loss`` reads it without negating it."""
     candidates = []
-    for stmt in block[:index]:
+    for stmt in before:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
-                and isinstance(stmt.targets[0], ast.Name) and stmt.lineno >= line - _TERM_SPAN \
+                and isinstance(stmt.targets[0], ast.Name) and stmt.lineno >= first \
                 and _holds_term(stmt.value, term):
             candidates.append(stmt)
     if len(candidates) != 1:
         return None
     name = candidates[0].targets[0].id
-    for sub in ast.walk(statement.value):  # loss = recon - kld, loss = -kld + recon
+    for sub in ast.walk(loss):  # loss = recon - kld, loss = -kld + recon
         if (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and isinstance(sub.right, ast.Name)
                 and sub.right.id == name) or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub)
                                               and isinstance(sub.operand, ast.Name) and sub.operand.id == name):
             return None
-    if not any(isinstance(sub, ast.Name) and sub.id == name for sub in ast.walk(statement.value)):
+    if not any(isinstance(sub, ast.Name) and sub.id == name for sub in ast.walk(loss)):
         return None  # the loss does not read it
     return candidates[0].lineno, ast.unparse(candidates[0]).strip()
 
