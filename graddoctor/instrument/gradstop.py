@@ -88,10 +88,10 @@ class GradStopWatcher:
         stops: list[str] = []
         loss_zero = bool(tensors.detach() == 0)
         for node, inputs in relevant.items():
-            weight = _WEIGHTS.get(node.name())
-            zero: list = []  # a matmul's weight all zero, read before the node frees it
-            if weight is not None:
-                self._handles.append(node.register_prehook(_weight_check(node, weight, zero)))
+            saved = _WEIGHTS.get(node.name())
+            zero: list = []  # a matmul's weight (then its input) all zero, read before the node frees them
+            if saved is not None:
+                self._handles.append(node.register_prehook(_weight_check(node, saved, zero)))
             self._handles.append(node.register_hook(_stop_hook(node, inputs, stops, zero)))
         loc = self.rec.here()
         rec = self.rec
@@ -144,18 +144,27 @@ def _guarded(fn, rec):
     return call
 
 
-# matmul-like nodes and the saved tensor that holds the layer's weight: a gradient that stops
-# there because the weight is all zero (every layer initialised to 0) says so
-_WEIGHTS = {"AddmmBackward0": "_saved_mat2", "MmBackward0": "_saved_mat2",
-            "ConvolutionBackward0": "_saved_weight"}
+# matmul-like nodes and the saved tensors that hold the layer's weight and its input: a gradient
+# that stops there because the weight is all zero (every layer initialised to 0) says so, and
+# so does one whose weight gets none because the layer's input is all zero (the data multiplied
+# by a mask of zeros, a tensor of zeros fed instead of the batch)
+_WEIGHTS = {"AddmmBackward0": ("_saved_mat2", "_saved_mat1"), "MmBackward0": ("_saved_mat2", "_saved_self"),
+            "ConvolutionBackward0": ("_saved_weight", "_saved_input")}
 
 
-def _weight_check(node, attr: str, zero: list):
+def _all_zero(node, attr: str) -> bool | None:
+    value = getattr(node, attr, None)
+    if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+        return not bool(value.any())
+    return None
+
+
+def _weight_check(node, attrs: tuple[str, str], zero: list):
+    weight, data = attrs
+
     def prehook(grad_outputs):
         try:
-            weight = getattr(node, attr, None)
-            if isinstance(weight, torch.Tensor) and weight.layout == torch.strided:
-                zero.append(not bool(weight.any()))
+            zero.append((_all_zero(node, weight), _all_zero(node, data)))
         except Exception:
             pass  # a diagnosis never breaks the backward
         return None
@@ -170,7 +179,8 @@ def _stop_hook(node, inputs: tuple[int, ...], stops: list, zero: list):
         try:
             if any(_nonzero(g) for g in grad_outputs) and \
                     not any(_nonzero(grad_inputs[i]) for i in inputs if i < len(grad_inputs)):
-                stops.append(f"{name}:zero_weights" if zero and zero[-1] else name)
+                weight, data = zero[-1] if zero else (None, None)
+                stops.append(f"{name}:zero_weights" if weight else f"{name}:zero_input" if data else name)
         except Exception:
             pass  # a diagnosis never breaks the backward
         return None

@@ -27,6 +27,8 @@ _KINDS = {
     "Narrow": ("part", ()),
     # the gradient cannot pass a layer whose weight is all zero (zero initialisation)
     "ZeroWeights": ("zero_weights", ("zeros_", "constant_", "zero_", "fill_")),
+    # nor reach the weights of a layer whose input is all zero: found by the layer's own call
+    "ZeroInput": ("zero_input", ()),
 }
 
 
@@ -35,6 +37,8 @@ def _op(node_name: str) -> str:
     zero_weights``, marked by the diagnosis) -> ``ZeroWeights``."""
     if node_name.endswith(":zero_weights"):
         return "ZeroWeights"
+    if node_name.endswith(":zero_input"):
+        return "ZeroInput"
     return node_name.split("Backward", 1)[0]
 
 
@@ -46,6 +50,16 @@ def _module_attrs(a, pids) -> tuple[str, ...]:
         parts = a.param_name(pid).split(" ")[0].split(".")
         if len(parts) >= 2:
             names.append(parts[-2])
+    return tuple(dict.fromkeys(names))
+
+
+def _roots(a, pids) -> tuple[str, ...]:
+    """The names the script holds the models of ``pids`` by (``model.0.weight`` -> ``model``)."""
+    names = []
+    for pid in pids:
+        parts = a.param_name(pid).split(" ")[0].split(".")
+        if len(parts) >= 2:
+            names.append(parts[0])
     return tuple(dict.fromkeys(names))
 
 
@@ -65,7 +79,9 @@ class GradsAlwaysZero(Rule):
     dead for every sample, a selection that drops the part of an output they make (`h_n[-1]` of a
     bidirectional LSTM keeps only one direction), a softmax over a dimension of length 1 (attention
     pooling over `(B, T, 1)` scores with `dim=-1`: always 1), a layer whose weights are all zero (every layer
-    initialised with `nn.init.zeros_`). It also finds an optimizer all of whose gradients have become exactly
+    initialised with `nn.init.zeros_`), a layer whose input is all zero at every update (the data
+    multiplied by a mask of zeros, a placeholder tensor fed instead of the batch: its weights get
+    nothing and its output ignores the data). It also finds an optimizer all of whose gradients have become exactly
     zero (a loss multiplied by 0, an output clamped outside the targets' range). graddoctor
     reads the norms it already measures; after an update with zero gradients it follows one
     backward through the graph to the node where the gradient stops, and points at that call in
@@ -101,8 +117,10 @@ class GradsAlwaysZero(Rule):
     `param-without-grad`); gradients cleared by hand (`grads-cleared-before-step`); part of a
     model reached only through a multiplication by zero (`0 * sum(p.sum() ...)`, which keeps
     unused parameters in DDP's graph on purpose); a loss that is exactly 0 because the fit is
-    perfect (a hinge loss whose margins are all met, constant data reproduced exactly); steps
-    whose norms were not measured.
+    perfect (a hinge loss whose margins are all met, constant data reproduced exactly); a layer
+    whose input is zero at some updates only or in part (an RNN cell's first, zero hidden state;
+    the layer after a zero-initialised one; masked features; padding rows); steps whose norms
+    were not measured.
     """
 
     code = "GD124"
@@ -198,8 +216,10 @@ class GradsAlwaysZero(Rule):
         how, calls = _KINDS.get(op, ("other", ())) if op else ("other", ())
         if op == "Mul" and whole:
             how = "factor"
-        if how == "part":
+        if how in ("part", "zero_input"):
             calls = _module_attrs(a, pids)
+        if how == "zero_input" and not self._call_site(a, event, calls)[0]:
+            calls = _roots(a, pids)  # a Sequential's layers have no names to call: the model's call
         loc, call_text = self._call_site(a, event, calls, prefer="weight" if how == "zero_weights" else None)
         if op == "Mul" and whole and event is not None and event.loc is not None:
             assigned = a.source.loss_assignment(event.loc.path, event.loc.line)
@@ -228,6 +248,9 @@ class GradsAlwaysZero(Rule):
             "part": (f"only part of the output of {where} reaches the loss: the gradient stops at "
                      f"a selection (`{name}`) that drops the part these parameters make"),
             "factor": f"the loss `{call_text}` is multiplied by a factor that is 0",
+            "zero_input": (f"the input of {where if call_text else 'their layer'} is all zeros at "
+                           f"every update, so no gradient reaches its weights and its output is "
+                           f"the same for every sample: the data never gets there"),
         }.get(how, f"the gradient stops at {where}" if name else "the loss does not depend on them")
         if whole:
             what = (f"every gradient {cls} applies is exactly zero"
@@ -255,6 +278,9 @@ class GradsAlwaysZero(Rule):
                      "that is not used"),
             "factor": "check the factor the loss is multiplied by (a weight that is 0: an integer "
                       "division such as `step // total`, a schedule that starts at 0 and stays)",
+            "zero_input": ("give the layer the batch: look for what zeroes or replaces its input "
+                           "(a mask of zeros, `x * 0` left from debugging, a placeholder tensor "
+                           "passed instead of the batch's inputs)"),
         }.get(how, "find where the loss stops depending on the parameters (a factor of 0, a "
                     "detached or constant term)")
         return self.finding(
