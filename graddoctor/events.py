@@ -271,9 +271,11 @@ idle_forward       mid, cls, params [pid] (the module's own parameters that got 
                    without a gradient at every step so far (2 at least), checkpoint (None, or
                    who called the reentrant torch.utils.checkpoint it ran in under no_grad:
                    "user" | "transformers" | "library"), library (the code that called the
-                   module is a library's, not the user's: a BertModel's pooler) — watched only from then on, the first
-                   call of each call line and mode (loc: the user's line that called it, or
-                   that called the checkpoint)
+                   module is a library's, not the user's: a BertModel's pooler), outer
+                   [[path, line]] (under no_grad: the user's frames that called the one at loc,
+                   innermost first, 4 at most: where a `with torch.no_grad()` may sit) — watched
+                   only from then on, the first call of each call line and mode (loc: the user's
+                   line that called it, or that called the checkpoint)
 idle_loss          mid, cls, params [pid] (as idle_forward's), fn (the loss function:
                    "mse_loss", "cross_entropy"...): a loss whose input carries the output of a
                    forward with gradients on of a module watched for idle_forward — a loss
@@ -886,10 +888,11 @@ def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = 
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,
-                 training: bool, checkpoint: str | None = None, library: bool = False) -> Made:
+                 training: bool, checkpoint: str | None = None, library: bool = False,
+                 outer: list | None = None) -> Made:
     return "idle_forward", {"mid": mid, "cls": cls, "params": params, "grad": grad,
                             "inference": inference, "training": training, "checkpoint": checkpoint,
-                            "library": library}
+                            "library": library, "outer": outer or []}
 
 
 def idle_loss(*, mid: int, cls: str, params: list[int], fn: str) -> Made:

@@ -96,6 +96,9 @@ class ScriptSource:
     def cut_penalty(self, path: str, line: int) -> tuple[int, str] | None:
         return cut_penalty(self.full(path), line)
 
+    def no_grad_block(self, path: str, line: int) -> tuple[int, str] | None:
+        return no_grad_block(self.full(path), line)
+
     def schedule_arguments(self, path: str, line: int, cls: str) -> str | None:
         return schedule_arguments(self.full(path), line, cls)
 
@@ -1015,6 +1018,52 @@ def _to_host(node: ast.AST) -> bool:
                 or any(k.arg == "device" and _is_cpu_device(k.value) for k in call.keywords)):
             return True
     return False
+
+
+_GRAD_OFF = {"no_grad", "inference_mode", "set_grad_enabled"}
+
+
+def _turns_grad_off(node: ast.AST) -> bool:
+    """``torch.no_grad()``, ``torch.inference_mode()``, ``torch.set_grad_enabled(False)``, and
+    the decorators ``@torch.no_grad`` / ``@torch.no_grad()``."""
+    call = node if isinstance(node, ast.Call) else None
+    func = call.func if call is not None else node
+    name = _last_name(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
+    if name not in _GRAD_OFF:
+        return False
+    if name == "set_grad_enabled":
+        return (call is not None and bool(call.args) and isinstance(call.args[0], ast.Constant)
+                and call.args[0].value is False)
+    if name == "inference_mode" and call is not None and call.args \
+            and isinstance(call.args[0], ast.Constant) and call.args[0].value is False:
+        return False
+    return True
+
+
+def no_grad_block(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the innermost ``with torch.no_grad():`` (or ``inference_mode``,
+    ``set_grad_enabled(False)``) whose body holds ``line``, or of such a decorator on the
+    innermost function that holds it; None when neither does (the mode was set elsewhere)."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)) and node.body \
+                and node.body[0].lineno <= line <= (node.end_lineno or node.lineno) \
+                and any(_turns_grad_off(item.context_expr) for item in node.items):
+            candidate = (node.lineno, f"with {', '.join(ast.unparse(i) for i in node.items)}:")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and node.body[0].lineno <= line <= (node.end_lineno or node.lineno):
+            decorator = next((d for d in node.decorator_list if _turns_grad_off(d)), None)
+            if decorator is None:
+                continue
+            candidate = (decorator.lineno, f"@{ast.unparse(decorator)}")
+        else:
+            continue
+        if best is None or candidate[0] > best[0]:
+            best = candidate
+    return best
 
 
 def _innermost_statement(tree: ast.AST, line: int) -> tuple[ast.stmt, list, int] | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import add, ge, itemgetter
 
 import os
@@ -37,6 +37,7 @@ from .recorder import Recorder
 MIN_STEPS = 2  # as the rule's: steps without a gradient before the modules are watched
 _MAX_SEARCHES = 4  # gc passes per run, at most
 _MAX_FRAMES = 64
+_OUTER = 4  # callers' lines kept with a forward under no_grad
 # a reentrant torch.utils.checkpoint runs its function under no_grad in this frame; when none of
 # its inputs requires grad its output has no graph and nothing inside ever gets a gradient
 _REENTRANT = getattr(getattr(torch.utils.checkpoint, "CheckpointFunction", None), "forward", None)
@@ -122,17 +123,21 @@ class IdleParamWatcher:
                 checkpoint = None
                 if not grad and _REENTRANT is not None:
                     start, checkpoint = watcher._checkpoint_caller(start)
-                frame = next(user_frames(start), None)
+                frames = user_frames(start)
+                frame = next(frames, None)
                 if frame is None:
                     return None
                 key = (mid, site_key(frame, codes), grad, inference)
                 if key in done:
                     return None
                 done.add(key)
+                # under no_grad, the callers' lines: the `with torch.no_grad()` may be in one
+                outer = [] if grad else [[loc.path, loc.line] for f in islice(frames, _OUTER)
+                                         if (loc := rec.finder.location(f)) is not None]
                 rec.emit_aside(ev.idle_forward(mid=mid, cls=cls, params=list(pids), grad=grad,
                                                inference=inference, training=bool(mod.training),
                                                checkpoint=checkpoint,
-                                               library=watcher._library_caller(start)),
+                                               library=watcher._library_caller(start), outer=outer),
                                rec.finder.location(frame))
             except Exception as exc:
                 rec.internal_error("idle module forward", exc)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule, related
 
 MIN_STEPS = 2  # fewer steps are not enough evidence that a parameter never gets a gradient
@@ -176,6 +177,18 @@ class ParamWithoutGrad(Rule):
         if not _with_grad(cause):
             context = "torch.inference_mode()" if cause["inference"] else "torch.no_grad()"
             evidence["cause"] = "no_grad"
+            block = _no_grad_block(a, cause)
+            if block is not None:  # the line that turns gradients off: the one to change
+                loc, text = block
+                return self.finding(
+                    f"{head}: the {module} that holds them runs (line {cause.loc.line}) under this "
+                    f"`{text}`, so no gradient can reach them although the optimizer is meant to "
+                    f"train them",
+                    loc, related=(related(cause, f"the {module} runs here"),
+                                  related(init, "the optimizer that owns them"), step_note),
+                    evidence=evidence,
+                    fix=f"compute the loss outside this block (keep {context} for what is only "
+                        f"logged or evaluated) so that the {module} trains")
             return self.finding(
                 f"{head}: the {module} that holds them runs from this line under {context}, so no gradient can reach "
                 f"them although the optimizer is meant to train them",
@@ -255,6 +268,19 @@ def _trains_beside(a, pids, trained) -> bool:
         if name.split(".", 1)[0] in roots and not any(name.startswith(o + ".") for o in owners):
             return True
     return False
+
+
+def _no_grad_block(a, cause) -> tuple[Location, str] | None:
+    """The script's ``with torch.no_grad():`` (or decorator) around the call of the function
+    that calls the module (``outer``, innermost first): the line to change lies in a caller.
+    One in the module call's own function is not looked for: that call is the line to move."""
+    if cause.loc is not None and a.source.no_grad_block(cause.loc.path, cause.loc.line) is not None:
+        return None
+    for path, line in cause.get("outer") or ():
+        found = a.source.no_grad_block(path, line)
+        if found is not None:
+            return Location(path, found[0]), found[1]
+    return None
 
 
 def _cause(pid, forwards):
