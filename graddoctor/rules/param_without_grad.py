@@ -31,7 +31,9 @@ class ParamWithoutGrad(Rule):
     `torch.no_grad()` in the training loop, or an output that is detached from the loss. Those
     weights stay at their initial values. When the module that holds them ran during the replay,
     the finding points at the line that called it: under `torch.no_grad()` /
-    `torch.inference_mode()` (remove it: the module is in the optimizer, meant to train),
+    `torch.inference_mode()` (remove it: the module is in the optimizer, meant to train; when
+    the `with torch.no_grad():` or the `@torch.no_grad()` decorator sits in a function that calls
+    the one calling the module, at that line),
     inside a reentrant `torch.utils.checkpoint` whose inputs do not require grad (a frozen
     embedding under LoRA with gradient checkpointing: the checkpoint call, with
     `use_reentrant=False` or an input that requires grad as the fix), or
