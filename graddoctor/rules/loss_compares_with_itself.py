@@ -63,7 +63,8 @@ def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
     * a tuple assignment whose targets get one expression twice (``u, i, j = b[:, 0], b[:, 1],
       b[:, 1]``; ``ea, ep, en = net(a), net(p), net(p)``);
     * a call given one argument expression twice (``model(x1, x1)``, ``crit(net(a), net(a), net(n))``,
-      ``torch.cat([enc(v), enc(v)])``), shapes and sizes apart (``torch.zeros(n, n)``)."""
+      ``torch.cat([enc(v), enc(v)])``), shapes and sizes apart (``torch.zeros(n, n)``);
+    * one call on both sides of a difference or product (``self.user(u) * self.user(u)``)."""
     found: list[tuple[int, str]] = []
     called = _called_names(tree)
     for node in ast.walk(tree):
@@ -91,6 +92,10 @@ def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
             twice = next((a for i, a in enumerate(args) if _data_like(a) and dumps[i] in dumps[i + 1:]), None)
             if twice is not None:
                 found.append((node.lineno, f"{ast.unparse(twice)} is passed twice"))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Sub, ast.Mult, ast.MatMult)) \
+                and isinstance(node.left, ast.Call) and _data_like(node.left) \
+                and ast.dump(node.left) == ast.dump(node.right):
+            found.append((node.lineno, f"{ast.unparse(node.left)} is on both sides"))  # f(x) * f(x)
     return sorted(set(found))
 
 
@@ -199,7 +204,14 @@ class LossComparesWithItself(Rule):
             lookups = bool(starts) and all(s in _LOOKUPS for s in starts)
             made = (f"two lookups of the same rows of {names}" if lookups else
                     f"two calls of {names} on identical inputs")
-            if how == "constant":
+            if text and text.endswith(" is on both sides"):
+                call = text[: -len(" is on both sides")]
+                message = (f"a {op} of a value with itself ({made}): `{call}` is on both sides, so "
+                           f"each sample is compared with itself; one side was meant to be "
+                           f"another input, model or view, which never enters the loss")
+                fix = (f"put the intended second operand on one side of the {op} (another tower, "
+                       f"input or view) instead of a second `{call}`")
+            elif how == "constant":
                 message = (f"the {op} term's target, computed without gradient, equals its input "
                            f"(made by {names}) at every step{where}: the teacher is the student "
                            f"itself (or a second pass on the same input), so the term is exactly "
