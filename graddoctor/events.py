@@ -236,7 +236,9 @@ output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activa
                    it, >= 0.25), target_low, target_high — a regression loss at one of its
                    first 8 calls with a gradient, once per call line (loc: the loss call; an
                    aside; instrument/losses.py)
-loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), input_shape,
+loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the hand-written
+                   squared error" | "the hand-written absolute error": seen in the loss's
+                   graph at a backward, loc: that backward's line), input_shape,
                    target_shape, shape (their broadcast), reduction, grad (a gradient flows into
                    input or target): a regression loss whose broadcast has more elements than
                    input and target — the first such call of each call line (loc: the user's

@@ -99,6 +99,9 @@ class ScriptSource:
     def no_grad_block(self, path: str, line: int) -> tuple[int, str] | None:
         return no_grad_block(self.full(path), line)
 
+    def error_line(self, path: str, line: int) -> tuple[int, str] | None:
+        return error_line(self.full(path), line)
+
     def schedule_arguments(self, path: str, line: int, cls: str) -> str | None:
         return schedule_arguments(self.full(path), line, cls)
 
@@ -1018,6 +1021,58 @@ def _to_host(node: ast.AST) -> bool:
                 or any(k.arg == "device" and _is_cpu_device(k.value) for k in call.keywords)):
             return True
     return False
+
+
+def _squared_difference(node: ast.AST) -> bool:
+    """``(a - b) ** 2``, ``(a - b).pow(2)``, ``(a - b).abs()``, ``torch.abs(a - b)`` somewhere in
+    the expression."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Pow) and isinstance(sub.left, ast.BinOp) \
+                and isinstance(sub.left.op, ast.Sub):
+            return True
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
+            if sub.func.attr in ("pow", "abs", "square") and isinstance(sub.func.value, ast.BinOp) \
+                    and isinstance(sub.func.value.op, ast.Sub):
+                return True
+            if sub.func.attr in ("abs", "square", "pow") and sub.args and isinstance(sub.args[0], ast.BinOp) \
+                    and isinstance(sub.args[0].op, ast.Sub):
+                return True
+    return False
+
+
+def error_line(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the statement that computes a hand-written squared or absolute
+    difference for the loss backpropagated at ``line``: the loss's assignment, one of the
+    assignments it reads a few lines above, or the body of the script's function it calls
+    (``loss = regression_loss(pred, y)``); None when none is found."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    assigned = loss_assignment(path, line)
+    if assigned is None:
+        return None
+    found = _innermost_statement(tree, assigned[0])
+    if found is None:
+        return None
+    statement, block, index = found
+    value = getattr(statement, "value", None)
+    if value is None:
+        return None
+    if _squared_difference(value):
+        return assigned
+    for stmt in reversed(block[max(0, index - _TERM_SPAN):index]):
+        if isinstance(stmt, ast.Assign) and _squared_difference(stmt.value):
+            return stmt.lineno, ast.unparse(stmt).strip()
+    for call in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
+        name = _last_name(call.func)
+        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.name == name]
+        if len(defs) == 1:
+            for stmt in defs[0].body:
+                if isinstance(stmt, (ast.Assign, ast.Return)) and stmt.value is not None \
+                        and _squared_difference(stmt.value):
+                    return stmt.lineno, ast.unparse(stmt).strip()
+    return None
 
 
 _GRAD_OFF = {"no_grad", "inference_mode", "set_grad_enabled"}

@@ -21,6 +21,7 @@ from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
 from .gradflow import GradFlowWatcher
+from .handloss import HandLossWatcher
 from .gradstop import GradStopWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
@@ -141,6 +142,8 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # a hand-written squared or absolute error whose target broadcast it to every pair
+        rec.subscribe(DESCRIBE_LOSS, HandLossWatcher(rec).describe_loss)
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
         self.watchers.append(FunctionalGradWatcher(rec))
         # the global RNG seeded (reseed-in-loop)

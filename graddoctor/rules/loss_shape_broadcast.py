@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule
 
 # what minimising the loss over every (prediction, target) pair fits each prediction to
-_FITS = {"mse_loss": "the mean of the batch's targets", "l1_loss": "the median of the batch's targets"}
+_FITS = {"mse_loss": "the mean of the batch's targets", "l1_loss": "the median of the batch's targets",
+         "the hand-written squared error": "the mean of the batch's targets",
+         "the hand-written absolute error": "the median of the batch's targets"}
 
 
 def misaligned(a, b) -> bool:
@@ -28,7 +31,11 @@ class LossShapeBroadcast(Rule):
     Finds regression losses (`mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`, functional
     or as `nn.MSELoss`, ...) whose input and target have different shapes that broadcast to a
     larger one — typically a prediction of shape `(N, 1)` against a target of shape `(N,)`. It
-    points at the loss call. Equal shapes, a scalar target and a target that only expands along
+    points at the loss call. The same error written by hand (`((pred - y) ** 2).mean()`,
+    `(pred - y).abs().mean()`, in the loop or in a function of the script) is read from the
+    loss's graph at the first backwards: a squared or absolute difference of shape `(N, N)`
+    between a computed `(N, 1)` (or `(N,)`) side and a target with no gradient; it points at
+    the line that computes the difference. Equal shapes, a scalar target and a target that only expands along
     the input (`(N, D)` against `(D,)`) are not reported. Other broadcasts that grow both sides
     (`(N, 1)` against `(1, M)`: a pairwise comparison, perhaps deliberate) are reported as info,
     and not at all with `reduction='none'`, which keeps the pairwise tensor.
@@ -54,7 +61,10 @@ class LossShapeBroadcast(Rule):
     ## Stays silent on
     Matching shapes and the broadcasts that are meant: a 0-d target, a per-feature target
     (D,) or a (1, D) row against (N, D), `reduction='none'` terms, pairwise terms with both
-    sides unsqueezed on purpose.
+    sides unsqueezed on purpose; hand-written pairwise terms whose two sides are both computed
+    (`s[:, None] - s[None, :]`), and differences against `M != N` centres. A hand-written
+    difference against a target of shape `(N, N)` would read as a broadcast (no regression
+    target has that shape).
     """
 
     code = "GD211"
@@ -73,6 +83,11 @@ class LossShapeBroadcast(Rule):
                         "target_shape": list(e.get("target_shape") or ()), "shape": list(e.get("shape") or ()),
                         "grad": bool(e.get("grad"))}
             step = a.next_step_number(e.seq) if e.get("grad") else (a.steps_before(e.seq) or None)
+            loc = e.loc
+            if fn.startswith("the hand-written") and loc is not None:  # seen at the backward
+                found = a.source.error_line(loc.path, loc.line)
+                if found is not None:
+                    loc = Location(loc.path, found[0])
             if not misaligned(evidence["input_shape"], evidence["target_shape"]):
                 if e.get("reduction") == "none":
                     continue  # both sides grow and the whole pairwise tensor is kept: meant
@@ -81,7 +96,7 @@ class LossShapeBroadcast(Rule):
                     f"elements than either: each input is compared with several targets{kept}. "
                     f"If this pairwise comparison is deliberate, nothing is wrong; otherwise make "
                     f"the shapes equal",
-                    e.loc, severity=Severity.INFO, step=step,
+                    loc, severity=Severity.INFO, step=step,
                     evidence=evidence)
                 continue
             if e.get("grad"):
@@ -92,5 +107,5 @@ class LossShapeBroadcast(Rule):
             yield self.finding(
                 f"{fn} compares input {given} with target {target}: they broadcast to {shape}, so every "
                 f"prediction is compared with every target of the batch{kept} — {effect}",
-                e.loc, step=step,
+                loc, step=step,
                 evidence=evidence)
