@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from ..analysis.basics import written
 from ..findings import Severity
 from ..trace import Location
@@ -30,6 +32,9 @@ _KINDS = {
     # nor reach the weights of a layer whose input is all zero: found by the layer's own call
     "ZeroInput": ("zero_input", ()),
 }
+
+
+_RECURRENT_STATE = re.compile(r"(^|\.)(weight|bias)_hh_")
 
 
 def _op(node_name: str) -> str:
@@ -194,6 +199,13 @@ class GradsAlwaysZero(Rule):
         if stop is None or _converged(stop):
             return None
         pids = always & set(stop[2])
+        if _op(stop[0]) == "ZeroInput":
+            # a recurrent layer's hidden-to-hidden weights meet the zero initial state: read at
+            # its first position only, that is the position's own business (a bidirectional
+            # RNN's out[:, 0]), not data that never arrives
+            pids = {p for p in pids if not _RECURRENT_STATE.search(a.param_name(p))}
+            if not pids:
+                return None
         return self._finding(a, opt, measured, pids, stop, whole=False, since=None)
 
     @staticmethod
