@@ -12,14 +12,20 @@ model trains and is silently bad. Read from gradients, at the first ``WINDOW`` b
   outermost Transformer call: a causal encoder's layers are not noted again), its time
   dimension, its directions, and for each position whether the module's input holds the same
   values in every row there (padding past every row's end, or a position no row fills).
+* A causal module whose input was made by something that mixes positions both ways (a
+  bidirectional RNN's or a non-causal attention's output, a batched product, a convolution,
+  found by walking its input's graph back, through the causal modules noted before it) is not
+  noted: its early outputs have seen later positions through its input.
 * A gradient hook on that output (torch's own ``register_hook``: it reads, never changes the
   gradient) looks, once, at the gradient a script's backward gives it: for each row and
   direction, the positions where it is nonzero. When every row that gets a gradient gets it at
-  the same positions (one position, or a fixed slice), the outputs read have seen, for a
+  the same positions (one position, or a fixed slice shorter than what it leaves out: a loss
+  at every step but the last is no summary), the outputs read have seen, for a
   forward direction, positions 0..max of them; for a backward one, min of them..T - 1. The
   positions neither direction's read outputs have seen, among those whose input is not the same
-  in every row, are never read by the loss: ``causal_read_early`` (an aside at the module's
-  call), once per run.
+  in every row, are never read by the loss. Found at two backwards of the same call, at the
+  same positions (a position drawn anew for each batch, as CPC reads its context, is a
+  design): ``causal_read_early`` (an aside at the module's call), once per run.
 
 Silent: a read of the last position (``out[:, -1]``) or of every position (language models,
 taggers, pooling over time, attention pooling); a read whose positions differ between rows
@@ -52,6 +58,10 @@ _register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps 
 _TRANSFORMERS = (nn.TransformerEncoder, nn.TransformerEncoderLayer,
                  nn.TransformerDecoder, nn.TransformerDecoderLayer)
 _DECODERS = (nn.TransformerDecoder, nn.TransformerDecoderLayer)
+_NODES = 300  # graph nodes walked back from a causal module's input at most
+# graph nodes that mix positions of a sequence (attention's batched products, convolutions)
+_MIXING = ("Bmm", "ScaledDotProduct", "_ScaledDotProduct", "_EfficientAttention",
+           "_FlashAttention", "Convolution")
 
 
 def causal_mask(mask) -> bool:
@@ -82,6 +92,13 @@ def _transformer_causal(module, args, kwargs) -> bool:
             return True
         mask = kwargs.get("mask", kwargs.get("src_mask", args[1] if len(args) > 1 else None))
     return causal_mask(mask)
+
+
+def _attention_causal(args, kwargs) -> bool:
+    kwargs = kwargs if isinstance(kwargs, dict) else {}
+    if kwargs.get("is_causal") is True:
+        return True
+    return causal_mask(kwargs.get("attn_mask", args[5] if len(args) > 5 else None))
 
 
 def _batch_first(module) -> bool | None:
@@ -155,6 +172,15 @@ class CausalReadWatcher:
         self._watches: list[_Watch] = []
         self._ready: list[tuple] = []  # verdicts of the gradient hooks, emitted on the script's thread
         self._told = False
+        # this turn's outputs of modules that mix a sequence's positions both ways (a
+        # bidirectional RNN, attention without a causal mask): ids of their grad_fns
+        self._mixers: set[int] = set()
+        # this turn's noted causal outputs: id of the output's grad_fn -> the input's grad_fn
+        self._through: dict[int, object] = {}
+        # (module class, call site) -> the positions its first verdict read (() once they
+        # differed), and how many verdicts it had
+        self._sites: dict[tuple, object] = {}
+        self._seen_at: dict[tuple, int] = {}
 
     def _stop(self) -> None:
         self.active = False
@@ -165,6 +191,7 @@ class CausalReadWatcher:
         for watch in watches:
             if watch.handle is not None:
                 watch.handle.remove()
+        self._mixers, self._through, self._ready = set(), {}, []
 
     # -- module hooks ------------------------------------------------------------------------
     def _pre(self, module, args):
@@ -180,12 +207,21 @@ class CausalReadWatcher:
             self._depth = max(0, self._depth - 1)
         if not self.active or self._told or self._noted >= _OUTPUTS:
             return None
-        if not (transformer or isinstance(module, nn.RNNBase)) or not torch.is_grad_enabled():
+        attention = isinstance(module, nn.MultiheadAttention)
+        if not (transformer or attention or isinstance(module, nn.RNNBase)) \
+                or not torch.is_grad_enabled():
             return None
         try:
             kwargs, output = rest if len(rest) == 2 else ({}, None)
+            if attention:
+                if not self._depth and not _attention_causal(args, kwargs):
+                    self._mixer(output)
+                return None
             if transformer:
-                if self._depth or not _transformer_causal(module, args, kwargs):
+                if self._depth:
+                    return None
+                if not _transformer_causal(module, args, kwargs):
+                    self._mixer(output)
                     return None
                 batch_first = _batch_first(module)
                 out = output
@@ -193,6 +229,8 @@ class CausalReadWatcher:
             else:
                 batch_first = bool(module.batch_first)
                 out = output[0] if isinstance(output, (tuple, list)) and output else output
+                if module.bidirectional:
+                    self._mixer(output)
                 forward = (True, False) if module.bidirectional else (True,)
             data = args[0] if args else (kwargs or {}).get("input", (kwargs or {}).get("src",
                                                                                       (kwargs or {}).get("tgt")))
@@ -212,6 +250,9 @@ class CausalReadWatcher:
         length = int(out.shape[time_dim])
         if length < 2 or int(data.shape[time_dim]) != length or int(out.shape[2]) % len(forward):
             return
+        self._through[id(out.grad_fn)] = data.grad_fn
+        if len(forward) == 1 and self._mixed_before(data.grad_fn):
+            return  # its input at an early position has seen the later ones already
         with torch.no_grad():
             x = data.detach() if batch_first else data.detach().transpose(0, 1)
             if int(x.shape[0]) < 2:
@@ -237,6 +278,33 @@ class CausalReadWatcher:
         self._watches.append(watch)
         self._noted += 1
 
+    def _mixer(self, output) -> None:
+        out = output[0] if isinstance(output, (tuple, list)) and output else output
+        if isinstance(out, torch.Tensor) and out.grad_fn is not None and len(self._mixers) < 64:
+            self._mixers.add(id(out.grad_fn))
+
+    def _mixed_before(self, root) -> bool:
+        """Whether the graph that made a causal module's input mixes a sequence's positions
+        both ways (a bidirectional RNN's or a non-causal attention's output, a batched product
+        or a convolution), passing over the inside of the causal modules noted before it; True
+        also when the walk stops before it has seen the whole graph (nothing is then said)."""
+        seen, stack = set(), [root]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            if len(seen) >= _NODES:
+                return True
+            seen.add(node)
+            key = id(node)
+            if key in self._mixers or type(node).__name__.startswith(_MIXING):
+                return True
+            if key in self._through:
+                stack.append(self._through[key])
+                continue
+            stack.extend(child for child, _ in node.next_functions)
+        return False
+
     def _judge(self, watch: _Watch, grad: torch.Tensor) -> None:
         with torch.no_grad():
             g = grad.detach()
@@ -257,6 +325,15 @@ class CausalReadWatcher:
         for watch, positions, unread, rows, length in ready:
             if self._told:
                 break
+            # a read at the same positions in two backwards: a position drawn per batch (CPC's
+            # context at a random step) is a design, not a summary
+            site = (watch.module, watch.loc)
+            before = self._sites.setdefault(site, positions)
+            if before != positions:
+                self._sites[site] = ()
+            if before != positions or self._seen_at.get(site, 0) < 1:
+                self._seen_at[site] = self._seen_at.get(site, 0) + 1
+                continue
             self._told = True
             self.rec.emit_aside(ev.causal_read_early(
                 module=watch.module, positions=positions[:8], read=len(positions),
@@ -271,6 +348,7 @@ class CausalReadWatcher:
             if self.active:
                 self._backwards += 1
                 self._noted = 0
+                self._mixers, self._through = set(), {}
                 # an output of an earlier turn that got no gradient will get none now
                 kept = []
                 for watch in self._watches:

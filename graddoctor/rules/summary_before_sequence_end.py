@@ -12,9 +12,10 @@ class SummaryBeforeSequenceEnd(Rule):
     decoder run with a causal mask or `is_causal`) whose output the loss reads only at early
     positions: at its first backwards, the gradient on the module's output is nonzero at the
     same positions in every row (`out[:, 0]`, `out[0]` of a seq-first layer, a fixed index or
-    slice), and later positions that hold data never reach the loss. The output at position t
-    of such a module has read positions 0..t only. It points at the line that indexes the
-    output when the script writes it with constants, else at the module's call.
+    slice), at two backwards of the same call, and later positions that hold data never reach
+    the loss. The output at position t of such a module has read positions 0..t only. It points
+    at the line that indexes the output when the script writes it with constants, else at the
+    module's call.
 
     ## Why is this bad?
     The summary the head is trained on has seen the first token (or the first few) only: the
@@ -39,8 +40,11 @@ class SummaryBeforeSequenceEnd(Rule):
     `pack_padded_sequence`; a bidirectional RNN read at position 0 (its backward direction has
     read the whole sequence) or at both ends; CLS pooling `out[:, 0]` of a Transformer encoder
     without a causal mask; mean, max or attention pooling over time; language models, seq2seq
-    decoders with teacher forcing, CTC and taggers, whose loss reads every position; positions
-    after the read one that hold padding in every row.
+    decoders with teacher forcing, CTC and taggers, whose loss reads every position (or every
+    one but the last); positions after the read one that hold padding in every row; a
+    one-direction layer over the output of a bidirectional layer, of attention without a causal
+    mask or of a convolution (its early inputs have seen the later positions); a step drawn anew
+    for each batch (CPC's context predicting the steps after it).
     """
 
     code = "GD149"
