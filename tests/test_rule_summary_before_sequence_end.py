@@ -210,3 +210,18 @@ def test_a_position_drawn_for_each_batch_is_a_design_and_one_read_is_not_enough(
     assert _events(_gru(), lambda m, x: m(x)[0][:, next(draws)], steps=4) == []  # CPC's context
     assert _events(_gru(), lambda m, x: m(x)[0][:, 0], steps=1) == []
     assert _events(_gru(), lambda m, x: m(x)[0][:, 2], steps=3) == [("GRU", [2], 7)]
+
+
+def test_an_early_step_read_with_the_final_hidden_state_is_a_whole_read():
+    def both(m, x):
+        out, h = m(x)
+        return torch.cat([out[:, 0], h[-1]], 1)
+
+    def cell(m, x):
+        out, (h, c) = m(x)
+        return torch.cat([out[:, 0], c[-1]], 1)
+
+    assert _events(lambda: (nn.GRU(8, 8, batch_first=True), 16), both) == []
+    assert _events(lambda: (nn.LSTM(8, 8, batch_first=True), 16), cell) == []
+    assert _events(lambda: (nn.GRU(8, 8, batch_first=True), 16),
+                   lambda m, x: torch.cat([m(x)[0][:, 0], m(x)[1][-1]], 1)) == [("GRU", [0], 9)]

@@ -31,8 +31,9 @@ Silent: a read of the last position (``out[:, -1]``) or of every position (langu
 taggers, pooling over time, attention pooling); a read whose positions differ between rows
 (each row's last real step gathered with its length, max pooling); a bidirectional RNN (its
 backward direction read at 0 has seen everything); a non-causal Transformer (CLS pooling);
-``pack_padded_sequence`` (its output is no tensor) and a loss that reads only the final hidden
-state (the output gets no gradient); positions past p that hold padding in every row. Skipped:
+``pack_padded_sequence`` (its output is no tensor); a loss that reads the final hidden state
+(``h_n``, or an LSTM's ``c_n``: a gradient hook on each notes that one got a gradient), alone or
+with an early step; positions past p that hold padding in every row. Skipped:
 threads other than the script's, torch.compile (the window closes before it runs), gradients of
 graddoctor's own probes (no script backward runs).
 """
@@ -152,13 +153,15 @@ def unread_positions(nonzero: torch.Tensor, forward: tuple[bool, ...], filled: t
 
 
 class _Watch:
-    __slots__ = ("module", "time_dim", "forward", "filled", "loc", "turn", "done", "handle", "__weakref__")
+    __slots__ = ("module", "time_dim", "forward", "filled", "loc", "turn", "done", "final",
+                 "handles", "__weakref__")
 
     def __init__(self, module: str, time_dim: int, forward: tuple, filled, loc, turn: int):
         self.module, self.time_dim, self.forward, self.filled, self.loc = module, time_dim, forward, filled, loc
         self.turn = turn
         self.done = False
-        self.handle = None
+        self.final = False  # the final hidden state got a gradient: the whole sequence is read
+        self.handles: list = []
 
 
 class CausalReadWatcher:
@@ -189,8 +192,8 @@ class CausalReadWatcher:
             handle.remove()
         watches, self._watches = self._watches, []
         for watch in watches:
-            if watch.handle is not None:
-                watch.handle.remove()
+            for handle in watch.handles:
+                handle.remove()
         self._mixers, self._through, self._ready = set(), {}, []
 
     # -- module hooks ------------------------------------------------------------------------
@@ -234,13 +237,15 @@ class CausalReadWatcher:
                 forward = (True, False) if module.bidirectional else (True,)
             data = args[0] if args else (kwargs or {}).get("input", (kwargs or {}).get("src",
                                                                                       (kwargs or {}).get("tgt")))
-            self._note(module, batch_first, out, data, forward)
+            final = output[1] if not transformer and isinstance(output, (tuple, list)) \
+                and len(output) > 1 else None
+            self._note(module, batch_first, out, data, forward, final)
         except Exception as exc:
             self._stop()
             self.rec.internal_error("causal read (forward)", exc)
         return None
 
-    def _note(self, module, batch_first, out, data, forward) -> None:
+    def _note(self, module, batch_first, out, data, forward, final) -> None:
         if batch_first is None or type(out) is not torch.Tensor and not isinstance(out, torch.Tensor):
             return
         if not isinstance(data, torch.Tensor) or out.dim() != 3 or not out.requires_grad \
@@ -274,7 +279,21 @@ class CausalReadWatcher:
                 watcher.rec.internal_error("causal read (gradient)", exc)
             return None
 
-        watch.handle = _register_hook(out, hook)
+        def final_hook(grad, watch_ref=weakref.ref(watch)):
+            watch = watch_ref()
+            try:
+                if watch is not None and watcher.rec.running_backwards and watcher.rec.in_backward() \
+                        and bool((grad != 0).any()):
+                    watch.final = True
+            except Exception as exc:
+                watcher.rec.internal_error("causal read (gradient)", exc)
+            return None
+
+        watch.handles.append(_register_hook(out, hook))
+        # h_n (and an LSTM's c_n): read too, it has seen the whole sequence
+        for state in (final if isinstance(final, (tuple, list)) else (final,)):
+            if isinstance(state, torch.Tensor) and state.requires_grad:
+                watch.handles.append(_register_hook(state, final_hook))
         self._watches.append(watch)
         self._noted += 1
 
@@ -325,6 +344,8 @@ class CausalReadWatcher:
         for watch, positions, unread, rows, length in ready:
             if self._told:
                 break
+            if watch.final:
+                continue  # the final hidden state is read as well
             # a read at the same positions in two backwards: a position drawn per batch (CPC's
             # context at a random step) is a design, not a summary
             site = (watch.module, watch.loc)
@@ -353,8 +374,8 @@ class CausalReadWatcher:
                 kept = []
                 for watch in self._watches:
                     if watch.done or watch.turn < self._backwards - 1:
-                        if watch.handle is not None:
-                            watch.handle.remove()
+                        for handle in watch.handles:
+                            handle.remove()
                     else:
                         kept.append(watch)
                 self._watches = kept
