@@ -225,3 +225,24 @@ def test_an_early_step_read_with_the_final_hidden_state_is_a_whole_read():
     assert _events(lambda: (nn.LSTM(8, 8, batch_first=True), 16), cell) == []
     assert _events(lambda: (nn.GRU(8, 8, batch_first=True), 16),
                    lambda m, x: torch.cat([m(x)[0][:, 0], m(x)[1][-1]], 1)) == [("GRU", [0], 9)]
+
+
+class _Blocks(nn.Module):
+    """Blocks of causal self-attention with residuals, written by hand around MultiheadAttention."""
+
+    def __init__(self, causal=True):
+        super().__init__()
+        self.causal = causal
+        self.attn = nn.ModuleList(nn.MultiheadAttention(8, 2, batch_first=True) for _ in range(2))
+
+    def forward(self, x):
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1]) if self.causal else None
+        for attn in self.attn:
+            x = x + attn(x, x, x, attn_mask=mask, need_weights=False)[0]
+        return x
+
+
+def test_hand_written_causal_attention_blocks():
+    assert _events(lambda: (_Blocks(), 8), lambda m, x: m(x)[:, 0]) == [("MultiheadAttention", [0], 9)]
+    assert _events(lambda: (_Blocks(), 8), lambda m, x: m(x)[:, -1]) == []
+    assert _events(lambda: (_Blocks(causal=False), 8), lambda m, x: m(x)[:, 0]) == []

@@ -2,8 +2,8 @@
 sequence (summary-before-sequence-end).
 
 A causal sequence module (a unidirectional ``nn.RNN``/``LSTM``/``GRU``; a Transformer encoder or
-decoder run with a causal mask or ``is_causal``) gives at position t an output that has read the
-positions 0..t only. A loss that reads such an output at an early position alone (``out[:, 0]``
+decoder, or an ``nn.MultiheadAttention`` outside them, run with a causal mask or ``is_causal``)
+gives at position t an output that has read the positions 0..t only. A loss that reads such an output at an early position alone (``out[:, 0]``
 of a one-direction GRU taken as the sequence's summary, ``out[0]`` of a seq-first LSTM,
 ``h[:, 0]`` of a causal encoder, a fixed middle index) never depends on the later positions: the
 model trains and is silently bad. Read from gradients, at the first ``WINDOW`` backwards only:
@@ -216,11 +216,17 @@ class CausalReadWatcher:
             return None
         try:
             kwargs, output = rest if len(rest) == 2 else ({}, None)
+            final = None
             if attention:
-                if not self._depth and not _attention_causal(args, kwargs):
+                if self._depth:
+                    return None
+                if not _attention_causal(args, kwargs):
                     self._mixer(output)
-                return None
-            if transformer:
+                    return None
+                batch_first = bool(module.batch_first)
+                out = output[0] if isinstance(output, (tuple, list)) and output else output
+                forward = (True,)
+            elif transformer:
                 if self._depth:
                     return None
                 if not _transformer_causal(module, args, kwargs):
@@ -228,17 +234,17 @@ class CausalReadWatcher:
                     return None
                 batch_first = _batch_first(module)
                 out = output
-                forward: tuple = (True,)
+                forward = (True,)
             else:
                 batch_first = bool(module.batch_first)
                 out = output[0] if isinstance(output, (tuple, list)) and output else output
                 if module.bidirectional:
                     self._mixer(output)
                 forward = (True, False) if module.bidirectional else (True,)
-            data = args[0] if args else (kwargs or {}).get("input", (kwargs or {}).get("src",
-                                                                                      (kwargs or {}).get("tgt")))
-            final = output[1] if not transformer and isinstance(output, (tuple, list)) \
-                and len(output) > 1 else None
+                final = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+            named = kwargs if isinstance(kwargs, dict) else {}
+            data = args[0] if args else next((named[k] for k in ("input", "src", "tgt", "query")
+                                              if k in named), None)
             self._note(module, batch_first, out, data, forward, final)
         except Exception as exc:
             self._stop()

@@ -9,13 +9,13 @@ class SummaryBeforeSequenceEnd(Rule):
     """
     ## What it does
     Finds a causal sequence module (a one-direction RNN, LSTM or GRU; a Transformer encoder or
-    decoder run with a causal mask or `is_causal`) whose output the loss reads only at early
-    positions: at its first backwards, the gradient on the module's output is nonzero at the
-    same positions in every row (`out[:, 0]`, `out[0]` of a seq-first layer, a fixed index or
-    slice), at two backwards of the same call, and later positions that hold data never reach
-    the loss. The output at position t of such a module has read positions 0..t only. It points
-    at the line that indexes the output when the script writes it with constants, else at the
-    module's call.
+    decoder, or a `MultiheadAttention`, run with a causal mask or `is_causal`) whose output the
+    loss reads only at early positions: at two of its first backwards, from the same call, the
+    gradient on the module's output is nonzero at the same positions in every row (`out[:, 0]`,
+    `out[0]` of a seq-first layer, a fixed index or slice), and later positions that hold data
+    never reach the loss. The output at position t of such a module has read positions 0..t
+    only. It points at the line that indexes the output when the script writes it with
+    constants, else at the module's call.
 
     ## Why is this bad?
     The summary the head is trained on has seen the first token (or the first few) only: the
@@ -69,6 +69,7 @@ class SummaryBeforeSequenceEnd(Rule):
             what = f"`{text}`" if text else (
                 f"position {positions[0]}" if e["read"] == 1 else f"positions {positions[0]}..{last}")
             causal = ("a causal Transformer" if e["module"].startswith("Transformer")
+                      else "a causal attention layer" if e["module"] == "MultiheadAttention"
                       else f"a one-direction {e['module']}")
             seen = "the first position only" if last == 0 else f"positions 0..{last} only"
             yield self.finding(
@@ -82,7 +83,7 @@ class SummaryBeforeSequenceEnd(Rule):
 
 
 def _fix(e, text: str | None) -> str:
-    if e["module"].startswith("Transformer"):
+    if e["module"].startswith("Transformer") or e["module"] == "MultiheadAttention":
         return ("read the last position (h[:, -1], or each row's last real token with padding), "
                 "or drop the causal mask for a classifier whose summary is read at position 0")
     last = "out[-1]" if e["seq_first"] else "out[:, -1]"
