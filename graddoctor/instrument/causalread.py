@@ -252,7 +252,7 @@ class CausalReadWatcher:
         return None
 
     def _note(self, module, batch_first, out, data, forward, final) -> None:
-        if batch_first is None or type(out) is not torch.Tensor and not isinstance(out, torch.Tensor):
+        if batch_first is None or not isinstance(out, torch.Tensor):
             return
         if not isinstance(data, torch.Tensor) or out.dim() != 3 or not out.requires_grad \
                 or data.dim() != 3:
