@@ -421,6 +421,13 @@ last_step_padded  module (the recurrent layer's class), rows, length (its input'
                    last step is padding: all zeros, or an embedding's filler id) — the loss reads
                    position length - 1 of that batch-first layer's output (``out[:, -1]``), once
                    per run, in the first turns (loc: the layer's call; an aside)
+causal_read_early  module (the causal module's class: RNN | LSTM | GRU | TransformerEncoder...),
+                   positions (the time positions of its output the loss reads, at most 8), read
+                   (how many), length (T), unread (positions, holding data, that no read output
+                   has seen), rows, seq_first — at one of the first backwards, the gradient on a
+                   causal module's output is nonzero only at those positions, the same in every
+                   row, so the later positions never reach the loss; once per run (loc: the
+                   module's call; an aside; instrument/causalread.py)
 custom_backward    cls (a torch.autograd.Function subclass defined in the user's code), input
                    (index of the forward argument whose gradient disagrees), ratio (float|None:
                    the backward's gradient over the numerical one along random directions, when
@@ -960,6 +967,13 @@ def last_step_padded(*, module: str, rows: int, length: int, padded: int) -> Mad
     return "last_step_padded", {"module": module, "rows": rows, "length": length, "padded": padded}
 
 
+def causal_read_early(*, module: str, positions: list[int], read: int, length: int, unread: int,
+                      rows: int, seq_first: bool) -> Made:
+    return "causal_read_early", {"module": module, "positions": positions, "read": read,
+                                 "length": length, "unread": unread, "rows": rows,
+                                 "seq_first": seq_first}
+
+
 def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None) -> Made:
     return "custom_backward", {"cls": cls, "input": input, "ratio": ratio, "forward": forward}
 
@@ -1171,7 +1185,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped, "batch_pairing": batch_pairing,
-    "last_step_padded": last_step_padded, "attention_mask": attention_mask,
+    "last_step_padded": last_step_padded, "causal_read_early": causal_read_early,
+    "attention_mask": attention_mask,
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
@@ -1193,6 +1208,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idl
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
                          "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
+                         "causal_read_early",
                          "attention_mask", "label_smoothing",
                          "mixup_unmixed", "softmax_axis"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

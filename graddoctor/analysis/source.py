@@ -126,6 +126,10 @@ class ScriptSource:
     def loop_names(self, path: str, line: int) -> tuple[str | None, str | None] | None:
         return loop_names(self.full(path), line)
 
+    def output_read_line(self, path: str, line: int, time_dim: int, position: int,
+                         length: int) -> tuple[int, str] | None:
+        return output_read_line(self.full(path), line, time_dim, position, length)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -1667,3 +1671,72 @@ def loop_names(path: str, line: int) -> tuple[str | None, str | None] | None:
         name = iterable.attr
     scope = _enclosing_function(tree, line)
     return name, getattr(scope, "name", None)
+
+
+def output_read_line(path: str, line: int, time_dim: int, position: int, length: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the expression that reads position ``position`` of dimension
+    ``time_dim`` of the output the call at ``line`` assigns (``out[:, 0]``, ``out[0]``,
+    ``out[:, :1]``, ``out.select(1, 0)``, ``out.narrow(1, 0, 1)``), in the function that holds
+    the call, at or after it; the first such read. None when the call's output is bound to no
+    name or no read of that position is written with constants."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = _enclosing_function(tree, line)
+    name = None
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.lineno <= line \
+                <= (node.end_lineno or node.lineno):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            if isinstance(target, (ast.Tuple, ast.List)) and target.elts:
+                target = target.elts[0]
+            if isinstance(target, (ast.Name, ast.Attribute)):
+                name = ast.unparse(target)
+            break
+    reads = []
+    for node in ast.walk(scope):
+        if getattr(node, "lineno", 0) < line:
+            continue
+        if isinstance(node, ast.Subscript):
+            base = node.value
+            # ``self.rnn(x)[0][:, 0]``: the call's own output, indexed on its line
+            if isinstance(base, ast.Subscript) and isinstance(base.value, ast.Call) \
+                    and base.value.lineno == line and _int(base.slice) == 0:
+                base_text = "<call>"
+            else:
+                base_text = ast.unparse(base)
+            if base_text != "<call>" and (name is None or base_text != name):
+                continue
+            index = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            if len(index) > time_dim and _reads_position(index[time_dim], position, length):
+                reads.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("select", "narrow") and name is not None \
+                and ast.unparse(node.func.value) == name and len(node.args) >= 2:
+            dim, start = _int(node.args[0]), _int(node.args[1])
+            if dim in (time_dim, time_dim - 3) and start is not None \
+                    and start % length == position:
+                reads.append((node.lineno, ast.unparse(node)))
+    return min(reads) if reads else None
+
+
+def _int(node: ast.AST) -> int | None:
+    """The int a constant expression (``0``, ``-1``) writes, else None."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int(node.operand)
+        return None if inner is None else -inner
+    return None
+
+
+def _reads_position(index: ast.AST, position: int, length: int) -> bool:
+    """Whether an index along time reads ``position`` (and nothing after it): the position
+    itself (or it counted from the end), or a slice of constants that ends right after it."""
+    at = _int(index)
+    if at is not None:
+        return at % length == position
+    if isinstance(index, ast.Slice) and index.step is None and index.upper is not None:
+        upper = _int(index.upper)
+        return upper is not None and (upper - 1) % length == position
+    return False

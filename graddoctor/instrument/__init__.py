@@ -50,6 +50,7 @@ from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
+from .causalread import CausalReadWatcher
 from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STATE_TAKEN,
                      STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
@@ -163,6 +164,11 @@ class Instrumentation:
         rec.subscribe(BATCH_SERVED, pairs.served)
         rec.subscribe(DESCRIBE_LOSS, pairs.describe_loss)
         self.watchers.append(pairs)
+        # a causal sequence module's output read only where it has seen part of the sequence
+        causal = CausalReadWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, causal.describe_loss)
+        rec.subscribe(STEPPED, causal.after_step)
+        self.watchers.append(causal)
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
         rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)
         # where the gradient of parameters that get exactly zero stops (grads-always-zero)
