@@ -236,6 +236,12 @@ output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activa
                    it, >= 0.25), target_low, target_high — a regression loss at one of its
                    first 8 calls with a gradient, once per call line (loc: the loss call; an
                    aside; instrument/losses.py)
+class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
+                   [int], shares [float] (each class's share of the targets counted; for
+                   pos_weight, each output's share of positives), weights [float]: a loss's
+                   per-class weights that grow with the classes' frequency (cross_entropy: the
+                   most frequent class and the rarest; pos_weight: outputs with rare positives
+                   weighed below 1) — once per function (loc: the loss call)
 loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the hand-written
                    squared error" | "the hand-written absolute error": seen in the loss's
                    graph at a backward, loc: that backward's line), input_shape,
@@ -842,6 +848,10 @@ def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, gra
     return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how}
 
 
+def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:
+    return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights}
+
+
 def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],
                    reduction: str | None, grad: bool) -> Made:
     return "loss_broadcast", {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
@@ -1167,6 +1177,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
+    "class_weights": class_weights,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
@@ -1195,7 +1206,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "loss_broadcast", "loss_input", "idle_forward", "idle_loss",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "loss_broadcast", "loss_input", "idle_forward", "idle_loss",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",

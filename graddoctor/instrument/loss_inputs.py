@@ -194,6 +194,13 @@ _ORDER_READS = 8  # loss calls with flat token targets matched against the embed
 _ORDER_MATCH = 0.9  # share of the targets that must be the ids, shifted by one position at most
 _SMOOTHED_SHARE = 0.9  # rows of a soft target with a shared floor above 0: at least this share
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
+# the losses whose per-class weights are read: (keyword, position) of the weight argument
+_WEIGHTED = {"cross_entropy": ("weight", 2), "nll_loss": ("weight", 2),
+             "binary_cross_entropy_with_logits": ("pos_weight", 6)}
+_WEIGHT_TARGETS = 64  # targets seen (summed over the first calls) before a weight is judged
+_WEIGHT_KEYS = 8  # weight tensors counted for, at most
+_WEIGHT_SPREAD = 2.0  # the largest weight at least this multiple of the smallest
+_FREQUENCY_SPREAD = 3.0  # the most frequent class at least this multiple of the rarest seen
 
 
 def infer_fill(tokens) -> int | None:
@@ -221,6 +228,46 @@ def infer_fill(tokens) -> int | None:
     return None
 
 
+def _inverted_weights(fn: str, counts, weights) -> dict | None:
+    """The classes whose weights grow with their frequency, or None. ``counts``: targets per
+    class (for binary_cross_entropy_with_logits, a (2, C) stack of positives and negatives per
+    output, whose ``pos_weight`` should be about negatives / positives)."""
+    if fn == "binary_cross_entropy_with_logits":
+        pos, neg = counts[0], counts[1]
+        rare = (pos > 0) & (pos * 3 <= neg)  # outputs whose positives are rare
+        if not bool(rare.any()):
+            return None
+        w = weights if weights.numel() == pos.numel() else weights.expand(pos.numel())
+        low = rare & (w < 1) & (w * 2 <= neg / pos.clamp(min=1))
+        if int(low.sum()) * 2 <= int(rare.sum()):
+            return None  # most rare outputs weigh their positives up, as meant
+        idx = [i for i in range(pos.numel()) if bool(low[i])][:4]
+        return {"classes": idx, "shares": [round(float(pos[i] / (pos[i] + neg[i])), 4) for i in idx],
+                "weights": [round(float(w[i]), 4) for i in idx]}
+    present = counts > 0
+    if int(present.sum()) < 2:
+        return None
+    c, w = counts[present], weights[present]
+    if float(w.min()) <= 0 or float(c.max()) < _FREQUENCY_SPREAD * float(c.min()) \
+            or float(w.max()) < _WEIGHT_SPREAD * float(w.min()):
+        return None
+    if int(present.sum()) == 2:
+        if not (int(w.argmax()) == int(c.argmax()) and float(w.max()) > float(w.min())):
+            return None
+    else:
+        rank_c = c.argsort().argsort().double()
+        rank_w = w.argsort().argsort().double()
+        rank_c, rank_w = rank_c - rank_c.mean(), rank_w - rank_w.mean()
+        if float((rank_c * rank_w).sum() / (rank_c.norm() * rank_w.norm())) < 0.8:
+            return None
+    ids = [i for i in range(counts.numel()) if bool(present[i])]
+    order = sorted(ids, key=lambda i: float(counts[i]))
+    picked = [order[-1], order[0]]  # the most frequent and the rarest
+    total = float(counts.sum())
+    return {"classes": picked, "shares": [round(float(counts[i]) / total, 4) for i in picked],
+            "weights": [round(float(weights[i]), 4) for i in picked]}
+
+
 class LossInputWatcher:
     def __init__(self, rec: Recorder, idle=None, constants=None):
         self.rec = rec
@@ -245,6 +292,8 @@ class LossInputWatcher:
         # a token loss's flattened targets are read back into rows of one of these shapes
         self._token_batches: set[tuple[int, tuple[int, int]]] = set()
         self._last_ids = None  # the latest 2-D token batch embedded (first loss calls only)
+        self._class_counts: dict[tuple, object] = {}  # (fn, weight's data_ptr, numel) -> targets per class
+        self._weights_told: set[str] = set()
         self._order_reads = 0
 
     def _wrap(self, original, fn: str):
@@ -279,6 +328,10 @@ class LossInputWatcher:
                     watcher._self_match(input, target)
                 if fn == "cross_entropy" and (args[7] if len(args) > 7 else kwargs.get("label_smoothing")):
                     watcher._smoothed_twice(input, target, args, kwargs)
+                if fn in _WEIGHTED:
+                    weight = args[_WEIGHTED[fn][1]] if len(args) > _WEIGHTED[fn][1] else kwargs.get(_WEIGHTED[fn][0])
+                    if weight is not None:
+                        watcher._class_weights(fn, input, target, weight, args, kwargs)
             except Exception as exc:
                 rec.internal_error(f"F.{fn}", exc)
 
@@ -449,6 +502,47 @@ class LossInputWatcher:
         self.rec.emit_aside(ev.self_match(size=int(n), on_diagonal=round(on_diagonal, 4)), loc)
 
     # -- label smoothing on smoothed targets ----------------------------------------------
+    def _class_weights(self, fn: str, input, target, weight, args, kwargs) -> None:
+        """A ``class_weights`` aside when a loss's per-class weights grow with how often each
+        class is a target (``weight=counts / counts.sum()``, ``pos_weight=pos / neg``): meant as
+        inverse frequencies, they make the frequent classes weigh more. The targets of the first
+        calls are counted per class (one bincount and read each); judged once enough are seen."""
+        if not (isinstance(weight, torch.Tensor) and isinstance(target, torch.Tensor)
+                and weight.dim() <= 1 and weight.numel() >= 1):
+            return
+        key = (fn, weight.data_ptr(), weight.numel())  # one weight tensor: one count
+        if key not in self._class_counts and len(self._class_counts) >= _WEIGHT_KEYS:
+            return
+        if not self._reads_left(f"{fn}:weights:{key[1]}:{key[2]}", target):
+            return
+        with torch.no_grad():
+            if fn == "binary_cross_entropy_with_logits":
+                if target.shape != input.shape or not target.is_floating_point():
+                    return
+                flat = target.detach().reshape(-1, weight.numel() if weight.numel() > 1 else 1).float()
+                if flat.shape[-1] != weight.numel():
+                    return
+                counts = torch.stack([(flat > 0.5).sum(0), (flat <= 0.5).sum(0)]).double()
+            else:
+                if target.is_floating_point() or target.dtype == torch.bool:
+                    return  # class probabilities: no counts to read
+                ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
+                flat = target.detach().reshape(-1)
+                flat = flat[(flat != ignore) & (flat >= 0) & (flat < weight.numel())]
+                counts = torch.bincount(flat, minlength=weight.numel())[:weight.numel()].double()
+            weights = weight.detach().double().reshape(-1)
+            seen = self._class_counts.get(key)
+            counts = counts.cpu() if seen is None else seen + counts.cpu()
+            self._class_counts[key] = counts
+        total = float(counts.sum())
+        if total < _WEIGHT_TARGETS or fn in self._weights_told:
+            return
+        found = _inverted_weights(fn, counts, weights.cpu())
+        if found is None:
+            return
+        self._weights_told.add(fn)
+        self.rec.emit_aside(ev.class_weights(fn=fn, **found), self.rec.here())
+
     def _smoothed_twice(self, input, target, args, kwargs) -> None:
         """A ``label_smoothing`` aside when cross_entropy smooths (``label_smoothing`` > 0)
         class-probability targets that are smoothed already: in (nearly) every row all classes

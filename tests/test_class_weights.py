@@ -1,0 +1,37 @@
+"""loss_inputs._inverted_weights: per-class weights that grow with the classes' frequency."""
+
+from __future__ import annotations
+
+import torch
+
+from graddoctor.instrument.loss_inputs import _inverted_weights
+
+
+def t(*values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def test_weights_proportional_to_the_counts_are_found_and_their_inverse_is_not():
+    counts = t(700, 200, 70, 30)
+    found = _inverted_weights("cross_entropy", counts, counts / counts.sum())
+    assert found is not None and found["classes"] == [0, 3]
+    assert _inverted_weights("cross_entropy", counts, counts.sum() / (4 * counts)) is None
+    assert _inverted_weights("cross_entropy", counts, (counts.sum() / counts).sqrt()) is None
+
+
+def test_balanced_targets_flat_weights_and_unordered_costs_are_left_alone():
+    assert _inverted_weights("cross_entropy", t(100, 90, 80), t(3, 2, 1)) is None  # balanced
+    assert _inverted_weights("cross_entropy", t(700, 200, 30), t(1.2, 1.0, 0.8)) is None  # flat
+    assert _inverted_weights("cross_entropy", t(700, 200, 70, 30), t(1, 5, 2, 3)) is None
+    assert _inverted_weights("cross_entropy", t(700, 0, 30), t(1, 9, 1)) is None  # two present, equal
+
+
+def test_two_classes_and_pos_weight():
+    assert _inverted_weights("cross_entropy", t(900, 100), t(0.9, 0.1)) is not None
+    assert _inverted_weights("cross_entropy", t(900, 100), t(0.1, 0.9)) is None
+    pos, neg = t(10, 50, 400), t(990, 950, 600)
+    stack = torch.stack([pos, neg])
+    assert _inverted_weights("binary_cross_entropy_with_logits", stack, pos / neg) is not None
+    assert _inverted_weights("binary_cross_entropy_with_logits", stack, neg / pos) is None
+    common = torch.stack([t(800.0), t(200.0)])
+    assert _inverted_weights("binary_cross_entropy_with_logits", common, t(0.5)) is None
