@@ -35,3 +35,24 @@ def test_two_classes_and_pos_weight():
     assert _inverted_weights("binary_cross_entropy_with_logits", stack, neg / pos) is None
     common = torch.stack([t(800.0), t(200.0)])
     assert _inverted_weights("binary_cross_entropy_with_logits", common, t(0.5)) is None
+
+
+def test_the_finding_points_at_the_call_that_passes_the_weights(tmp_path):
+    from graddoctor import events as ev
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules.class_weights_inverted import ClassWeightsInverted
+    from graddoctor.trace import Location, TraceBuilder
+
+    path = tmp_path / "train.py"
+    path.write_text("import torch\ncriterion = torch.nn.CrossEntropyLoss(weight=w)\n\n\nloss = criterion(out, y)\n")
+    t = TraceBuilder(str(path))
+    t.trace.put(ev.class_weights(fn="cross_entropy", classes=[0, 3], shares=[0.7, 0.03],
+                                 weights=[0.7, 0.03]), Location(str(path), 5))
+    [f] = ClassWeightsInverted().check(Analysis(t.trace))
+    assert f.location.line == 2 and [r.location.line for r in f.related] == [5]
+    assert "class 0 (70 % of the targets seen) weighs 0.7" in f.message
+    t = TraceBuilder(str(path))
+    t.trace.put(ev.class_weights(fn="binary_cross_entropy_with_logits", classes=[1], shares=[0.05],
+                                 weights=[0.05]), Location(str(path), 5))
+    [f] = ClassWeightsInverted().check(Analysis(t.trace))
+    assert f.location.line == 5 and "pos_weight" in f.fix  # no BCEWithLogitsLoss(pos_weight=) call
