@@ -236,6 +236,10 @@ output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activa
                    it, >= 0.25), target_low, target_high — a regression loss at one of its
                    first 8 calls with a gradient, once per call line (loc: the loss call; an
                    aside; instrument/losses.py)
+target_in_inputs   fn (the loss function), column, columns (the model input's width): a loss
+                   target whose values one column of the data a first layer of the prediction
+                   reads holds (first 8 calls with a gradient, CPU) — once per loss call line
+                   (loc: the loss call)
 class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
                    [int], shares [float] (each class's share of the targets counted; for
                    pos_weight, each output's share of positives), weights [float]: a loss's
@@ -848,6 +852,10 @@ def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, gra
     return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how}
 
 
+def target_in_inputs(*, fn: str, column: int, columns: int) -> Made:
+    return "target_in_inputs", {"fn": fn, "column": column, "columns": columns}
+
+
 def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:
     return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights}
 
@@ -1177,7 +1185,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
-    "class_weights": class_weights,
+    "class_weights": class_weights, "target_in_inputs": target_in_inputs,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
@@ -1206,7 +1214,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "loss_broadcast", "loss_input", "idle_forward", "idle_loss",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "loss_broadcast", "loss_input", "idle_forward", "idle_loss",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",

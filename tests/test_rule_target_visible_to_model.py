@@ -145,3 +145,18 @@ def test_the_watcher_tells_a_causal_model_from_one_that_reads_ahead():
     assert (causal["k"], causal["future"], causal["past"]) == (1, False, True)
     (copying,) = _seq_events(causal=True, shift=0)
     assert (copying["k"], copying["future"]) == (0, False)
+
+
+def test_a_target_copied_from_an_input_column_is_found_and_a_function_of_one_is_not():
+    import torch
+
+    from graddoctor.instrument.targetcolumn import matching_column
+
+    x = torch.randn(16, 4)
+    assert matching_column(x, x[:, 2].clone()) == 2
+    assert matching_column(x, x[:, 2:3].clone()) == 2  # (N, 1) targets
+    assert matching_column(x, 3 * x[:, 2]) is None  # a toy task, not a copy
+    assert matching_column(x[:, :1], x[:, 0].clone()) is None  # one column: the identity
+    assert matching_column(x, torch.ones(16)) is None  # constant
+    labels = torch.randint(0, 2, (16,))
+    assert matching_column(torch.cat([x, labels[:, None].float()], 1), labels) == 4

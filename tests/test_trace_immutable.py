@@ -76,6 +76,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_sample_not_reparameterised_vae.py",  # reparam_cut
             "autograd/bad_loss_term_detached.py",  # loss_no_graph
             "losses/bad_class_weights_inverted_ce.py",  # class_weights
+            "data/bad_target_column_in_inputs.py",  # target_in_inputs
             "losses/bad_similarity_diagonal_unmasked_simclr.py",  # self_match
             "distributed/bad_ddp_forward_bypassed_single_rank.py",  # ddp_init
             "registration/bad_param_stepped_twice_nn_parameter_tie.py"]  # optimizer_init's aliases

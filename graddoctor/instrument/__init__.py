@@ -22,6 +22,7 @@ from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
 from .gradflow import GradFlowWatcher
 from .handloss import HandLossWatcher
+from .targetcolumn import TargetColumnWatcher
 from .gradstop import GradStopWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
@@ -94,8 +95,9 @@ class Instrumentation:
         self.idle = IdleParamWatcher(rec)
         constants = ConstantLossWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
-        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, self.idle, constants),
-                          LossInputWatcher(rec, self.idle, constants)]
+        columns = TargetColumnWatcher(rec)  # and of those whose target is a column of the input
+        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, self.idle, constants, columns),
+                          LossInputWatcher(rec, self.idle, constants, columns)]
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)

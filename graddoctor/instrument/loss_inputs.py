@@ -269,8 +269,9 @@ def _inverted_weights(fn: str, counts, weights) -> dict | None:
 
 
 class LossInputWatcher:
-    def __init__(self, rec: Recorder, idle=None, constants=None):
+    def __init__(self, rec: Recorder, idle=None, constants=None, columns=None):
         self.rec = rec
+        self.columns = columns  # TargetColumnWatcher: hears of the first calls with a gradient
         self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
         self.constants = constants  # ConstantLossWatcher: hears of calls on values with no graph
         self._done: set = set()  # call lines recorded
@@ -298,7 +299,7 @@ class LossInputWatcher:
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
-        idle, constants = watcher.idle, watcher.constants
+        idle, constants, columns = watcher.idle, watcher.constants, watcher.columns
 
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input", kwargs.get("log_probs"))
@@ -315,6 +316,8 @@ class LossInputWatcher:
                         rec.internal_error(f"F.{fn}", exc)
                 return  # no gradient flows: a metric, or a mistake torch reports itself
             target = args[1] if len(args) > 1 else kwargs.get("target", kwargs.get("targets"))
+            if columns is not None and columns.open and fn != "ctc_loss":
+                columns.loss_call(fn, input, target)
             try:
                 watcher._check(fn, input, target, args, kwargs)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):

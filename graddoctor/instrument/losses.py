@@ -88,8 +88,9 @@ def broadcast_shape(a, b) -> list[int] | None:
 
 
 class LossShapeWatcher:
-    def __init__(self, rec: Recorder, idle=None, constants=None):
+    def __init__(self, rec: Recorder, idle=None, constants=None, columns=None):
         self.rec = rec
+        self.columns = columns  # TargetColumnWatcher: hears of the first calls with a gradient
         self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
         self.constants = constants  # ConstantLossWatcher: hears of calls on values with no graph
         self._done: set = set()  # locations already recorded
@@ -101,7 +102,7 @@ class LossShapeWatcher:
         watcher, rec = self, self.rec
         signature = inspect.signature(original)
 
-        idle, constants = watcher.idle, watcher.constants
+        idle, constants, columns = watcher.idle, watcher.constants, watcher.columns
 
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input")
@@ -111,6 +112,9 @@ class LossShapeWatcher:
             if constants is not None and isinstance(input, torch.Tensor) \
                     and not input.requires_grad and torch.is_grad_enabled():
                 constants.loss_call(fn, args, kwargs)
+            if columns is not None and columns.open and isinstance(input, torch.Tensor) \
+                    and input.requires_grad and torch.is_grad_enabled():
+                columns.loss_call(fn, input, target)
             if watcher._range_checks.get(fn, 0) < _RANGE_CHECKS:
                 try:
                     watcher._range(fn, input, target)

@@ -27,7 +27,10 @@ class TargetVisibleToModel(Rule):
     not shifted (`targets == input_ids`) or are shifted the wrong way, so position `t` is trained
     to predict a token it already reads. graddoctor compares the loss's targets with the ids
     the model embedded (a shift of 1, 0 or -1 at 90 % of the positions) and takes the gradient
-    of one output position with respect to the embeddings once, at the first backward.
+    of one output position with respect to the embeddings once, at the first backward. The same
+    leak in a table: a loss target (one value per sample) that one column of the data the
+    model's first layer reads holds (`X = data` with the label as its last column,
+    `TensorDataset(table, table[:, -1])`), compared at the first 8 loss calls on the CPU.
 
     ## Why is this bad?
     The loss drops to almost nothing because the answer is in the input: the model learns to
@@ -62,7 +65,10 @@ class TargetVisibleToModel(Rule):
     positions); text autoencoders and denoisers (targets equal to the input, the model not
     causal); seq-first language models over `batchify`'d data; models that compute their loss
     inside `forward` on shifted labels (transformers' `labels=`); models on an accelerator,
-    under DDP or compiled (not probed).
+    under DDP or compiled (not probed). In a table: a target that is a function of a feature
+    but not a copy of it (`y = 3 * x[:, 0]`, a toy task), a one-column input, a target of
+    several values per sample (an autoencoder), a constant target (a GAN's real labels),
+    conditioning columns that are not the target (a conditional GAN's one-hot labels).
     """
 
     code = "GD244"
@@ -74,6 +80,8 @@ class TargetVisibleToModel(Rule):
            "train position t on the token at t + 1: logits[:, :-1] against ids[:, 1:]")
 
     def check(self, a):
+        for e in a.of_kind("target_in_inputs"):
+            yield self._column(a, e)
         seen: set = set()
         for e in a.by_kind.get("dependency", ()):
             seq = e.get("seq")
@@ -86,6 +94,19 @@ class TargetVisibleToModel(Rule):
             elif k in (0, -1) and seq.get("past") and not seq.get("future"):
                 seen.add((e["model"], e.loc))
                 yield self._unshifted(a, e, seq)
+
+    def _column(self, a, e):
+        column, columns, fn = e["column"], e["columns"], e.get("fn", "the loss")
+        return self.finding(
+            f"the target {fn} is given is a copy of column {column} of the {columns} columns the model "
+            f"reads as its input: the label was left among the features, so the model learns to "
+            f"copy that column, its training loss falls toward 0, and it has learned nothing it "
+            f"can use where the target is not in the input",
+            e.loc, step=a.next_step_number(e.seq),
+            evidence={"column": column, "columns": columns, "function": fn},
+            fix=(f"drop the target's column from the inputs (e.g. X = data[:, :-1] when the label "
+                 f"is the last column; here column {column}), or build the features and the "
+                 f"target from separate columns"))
 
     def _leak(self, a, e, seq):
         model, T, t = e["model"], seq["positions"], seq["t"]
