@@ -30,9 +30,21 @@ _MAX_COLUMNS = 4096
 _INPUTS = {"AddmmBackward0": "_saved_mat1", "MmBackward0": "_saved_self"}
 
 
+def _weight_of(node):
+    """The parameter leaf a matrix product's weight side reaches (through ``W.t()``), or None."""
+    for child, _ in node.next_functions:
+        while child is not None and type(child).__name__ in ("TBackward0", "TransposeBackward0"):
+            child = child.next_functions[0][0] if child.next_functions else None
+        if child is not None and type(child).__name__ == "AccumulateGrad":
+            return child
+    return None
+
+
 def _data_inputs(root) -> list:
-    """The (N, F) inputs without gradient of the first matrix products below ``root``."""
-    found, seen, queue = [], set(), [root]
+    """The (N, F) inputs without gradient of the first matrix products below ``root``; not
+    those of a layer used several times in the graph (a recurrent cell unrolled over time reads
+    each step's input: a memory task's target is its first input on purpose)."""
+    found, seen, queue, uses = [], set(), [root], {}
     while queue and len(seen) < _NODES:
         node = queue.pop(0)
         if node is None or node in seen:
@@ -40,11 +52,13 @@ def _data_inputs(root) -> list:
         seen.add(node)
         name = _INPUTS.get(type(node).__name__)
         if name is not None:
+            weight = _weight_of(node)
+            uses[weight] = uses.get(weight, 0) + 1
             value = saved(node, name)
             if isinstance(value, torch.Tensor) and not value.requires_grad and value.dim() == 2:
-                found.append(value)
+                found.append((value, weight))
         queue.extend(child for child, _ in node.next_functions)
-    return found
+    return [value for value, weight in found if weight is None or uses.get(weight, 0) < 2]
 
 
 def matching_column(x, target) -> int | None:
