@@ -55,7 +55,8 @@ class ZeroLearningRate(Rule):
     code = "GD116"
     slug = "zero-learning-rate"
     severity = Severity.WARNING
-    summary = "an optimizer steps with lr=0 in every param group: no parameter ever changes"
+    summary = ("an optimizer steps with lr=0 in every param group, or in one while the others train "
+               "(an lr that rounds to 0): its parameters never change")
     fix = "give the optimizer a positive lr"
 
     def check(self, a):
