@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from .. import events as ev
-from .graphpaths import paths_to
+from .graphpaths import paths_to, saved
 from .recorder import Recorder
 
 _DIAGNOSES = 3  # backwards walked per run
@@ -153,7 +153,9 @@ _WEIGHTS = {"AddmmBackward0": ("_saved_mat2", "_saved_mat1"), "MmBackward0": ("_
 
 
 def _all_zero(node, attr: str) -> bool | None:
-    value = getattr(node, attr, None)
+    # a tensor saved under saved-tensor hooks (non-reentrant checkpointing) is not read:
+    # unpacking it here would use up the one unpack the checkpoint allows
+    value = saved(node, attr)
     if isinstance(value, torch.Tensor) and value.layout == torch.strided:
         return not bool(value.any())
     return None
