@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from .. import events as ev
-from .graphpaths import paths_to
+from .graphpaths import paths_to, saved
 from .recorder import Recorder
 
 _DIAGNOSES = 3  # backwards walked per run
@@ -153,7 +153,9 @@ _WEIGHTS = {"AddmmBackward0": "_saved_mat2", "MmBackward0": "_saved_mat2",
 def _weight_check(node, attr: str, zero: list):
     def prehook(grad_outputs):
         try:
-            weight = getattr(node, attr, None)
+            # a weight saved under saved-tensor hooks (non-reentrant checkpointing) is not read:
+            # unpacking it here would use up the one unpack the checkpoint allows
+            weight = saved(node, attr)
             if isinstance(weight, torch.Tensor) and weight.layout == torch.strided:
                 zero.append(not bool(weight.any()))
         except Exception:
