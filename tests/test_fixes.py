@@ -62,6 +62,9 @@ NO_EDIT = {
     "bad_layer_built_in_forward.py",
     # eval() on a part that still trains: freeze it or let it train, the finding gives both
     "bad_train_in_eval_submodule_half_frozen.py", "bad_eval_used_to_freeze_encoder.py",
+    # eval() with a freeze of everything, a part unfrozen after: model.train() would also wake
+    # the part that stays frozen; the edit belongs after the unfreeze, on the right part
+    "bad_train_in_eval_unfrozen_after_eval.py", "bad_lightning_freeze_then_unfreeze_head.py",
 }
 
 
