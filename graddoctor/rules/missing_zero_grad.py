@@ -46,7 +46,9 @@ class MissingZeroGrad(Rule):
     hook); the step first in the loop (step → zero_grad → forward → backward); a GAN whose
     every optimizer is cleared
     before its backward; a shared trunk's optimizer that steps last, after each head's
-    optimizer stepped on its own loss (one clear per iteration: the sum is meant); DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
+    optimizer stepped on its own loss (one clear per iteration: the sum is meant); an
+    accumulation window with another optimizer (a linear probe, a temperature) cleared and
+    stepped after every micro-batch inside it; DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
     loops (Lightning, accelerate); loops in threads (each thread with its own model and
     optimizer, or actor threads feeding one learner).
     """
