@@ -84,7 +84,7 @@ class AccumulationTermUndivided(Rule):
             for key, seen in lines.items():
                 if len(seen) != len(judged):
                     continue  # not in every window: once per update, or another loop's
-                if not _inside_accumulate(a.source.tree(key[0]), key[1]):
+                if not inside_accumulate(a.source.tree(key[0]), key[1]):
                     continue  # accumulated by hand around accelerator.backward: the script divides
                 w, first = seen[0]
                 main = w.group[0]
@@ -103,7 +103,7 @@ class AccumulationTermUndivided(Rule):
                 )
 
 
-def _inside_accumulate(tree, line: int) -> bool:
+def inside_accumulate(tree, line: int) -> bool:
     """Whether ``line`` sits in the body of a ``with x.accumulate(...):`` block, where
     accelerator.backward divides by gradient_accumulation_steps (a loop that accumulates by
     hand with gradient_accumulation_steps=1 divides its losses itself)."""
