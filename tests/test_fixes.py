@@ -62,6 +62,13 @@ NO_EDIT = {
     "bad_layer_built_in_forward.py",
     # eval() on a part that still trains: freeze it or let it train, the finding gives both
     "bad_train_in_eval_submodule_half_frozen.py", "bad_eval_used_to_freeze_encoder.py",
+    # eval() with a freeze of everything, a part unfrozen after: model.train() would also wake
+    # the part that stays frozen; the edit belongs after the unfreeze, on the right part
+    "bad_train_in_eval_unfrozen_after_eval.py", "bad_lightning_freeze_then_unfreeze_head.py",
+    # a layer built after the optimizer: move it before, or add it to the optimizer, a choice
+    "bad_param_not_in_optimizer_layer_attached_after.py", "bad_lightning_head_built_on_train_start.py",
+    # one window's micro-batches backpropagated at two lines: each loss needs the division
+    "bad_accumulation_split_between_branches_undivided.py",
 }
 
 

@@ -348,3 +348,12 @@ def test_train_in_eval_mode_fix_in_lightning_terms():
     rule = find_rule("train-in-eval-mode")
     assert "self.train()" in rule.fix_for("lightning") and "model.train()" in rule.fix_for("transformers")
     assert rule.fix_for("") == rule.fix
+
+
+def test_scheduler_never_stepped_fix_in_lightning_terms():
+    """Lightning steps the schedulers configure_optimizers returns only under automatic
+    optimization: the fix names self.lr_schedulers(), not a scheduler variable the user's
+    training_step does not hold."""
+    rule = find_rule("scheduler-never-stepped")
+    assert "self.lr_schedulers().step()" in rule.fix_for("lightning")
+    assert rule.fix_for("") == rule.fix and "lr_schedulers" not in rule.fix

@@ -117,3 +117,39 @@ def test_accelerate_stepping_its_own_wrapper_every_micro_batch_keeps_the_plain_m
     # the steps went through AcceleratedOptimizer (accelerate frames): not this cause
     f = only(_accelerate_updates("accelerate"), "accumulation-never-accumulates")
     assert f.severity is Severity.INFO and "cause" not in f.evidence
+
+
+def _accelerate_run(tmp_path, script: str):
+    """accelerate's backward (line 11, via accelerate) with the loss divided by 4, then the
+    prepared optimizer's step (line 12) after every micro-batch."""
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+
+    (tmp_path / "train.py").write_text(script)
+    t = builder()
+    t.via = "accelerate"
+    for _ in range(4):
+        plain_update(t, factor=0.25)
+    t.via = ""
+    return list(find_rule("accumulation-never-accumulates")().check(Analysis(t.trace, base_dir=str(tmp_path))))
+
+
+OUTSIDE = ("accelerator = Accelerator(gradient_accumulation_steps=4)\n" + "\n" * 8 +
+           "for x, y in loader:\n"                        # 10
+           "    accelerator.backward(loss_fn(model(x), y))\n"  # 11
+           "    optimizer.step()\n")                      # 12
+
+
+def test_accelerate_dividing_outside_accumulate_is_a_warning_with_the_accumulate_fix(tmp_path):
+    (f,) = _accelerate_run(tmp_path, OUTSIDE)
+    assert f.severity is Severity.WARNING and f.evidence["cause"] == "outside_accumulate"
+    assert "accelerator.accumulate(model)" in f.fix and "counter" not in f.fix
+
+
+def test_accelerate_without_the_accumulation_setting_keeps_the_info(tmp_path):
+    """Accelerator() without gradient_accumulation_steps (or with another count): the 1/4 is
+    the script's own, as in a hand-written loop."""
+    for script in (OUTSIDE.replace("gradient_accumulation_steps=4", ""),
+                   OUTSIDE.replace("gradient_accumulation_steps=4", "gradient_accumulation_steps=2")):
+        (f,) = _accelerate_run(tmp_path, script)
+        assert f.severity is Severity.INFO and "cause" not in f.evidence

@@ -98,3 +98,39 @@ def test_folding_keeps_the_verdict():
     trace = _run([0.1 * 0.5 ** i for i in range(12)], cls="ExponentialLR")
     assert [f.message for f in _found(fold_hard(trace))] == [f.message for f in _found(trace)]
 
+
+
+def _lightning_run(stepped_by_lightning: bool):
+    """A per-epoch decay stepped every batch in a Lightning run: the scheduler's steps made by
+    Lightning itself (its "interval": "step" config, attributed to configure_optimizers) or by
+    the user's own sch.step() under manual optimization."""
+    from graddoctor.rules.engine import analyze
+
+    t = TraceBuilder()
+    t._params(P)
+    t.via = "lightning"
+    t.put(ev.optimizer_init(opt=0, cls="SGD", params=list(P), lrs=[0.1]), 2)
+    sched_init(t, cls="StepLR", args={}, lrs=(0.1,), base=(0.1,), line=3)
+    lrs = [0.1 * 0.1 ** i for i in range(10)]
+    for i, lr in enumerate(lrs):
+        t.hook = ""
+        t.clear(P, line=10)
+        t.backward(fresh=P, line=11)
+        t.put(ev.step_begin(opt=0, norm_pids=None, norms=None, lrs=[lr]), 12)
+        t.step(0, line=12)
+        if i + 1 < len(lrs):
+            t.hook = "configure_optimizers" if stepped_by_lightning else ""
+            sched_step(t, cls="StepLR", lrs=(lrs[i + 1],), line=4 if stepped_by_lightning else 13)
+    t.hook = ""
+    t.put(ev.run_end(status="step-limit", steps=len(lrs)))
+    return [f for f in analyze(Analysis(t.trace))[0] if f.rule == SLUG]
+
+
+def test_a_schedule_lightning_steps_gets_the_interval_fix():
+    (f,) = _lightning_run(stepped_by_lightning=True)
+    assert '"interval": "epoch"' in f.fix and "estimated_stepping_batches" in f.fix
+
+
+def test_a_schedule_the_user_steps_under_lightning_keeps_the_step_fix():
+    (f,) = _lightning_run(stepped_by_lightning=False)
+    assert "interval" not in f.fix and "once per epoch" in f.fix

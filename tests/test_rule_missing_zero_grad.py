@@ -146,3 +146,31 @@ def test_under_ddp_a_clear_on_some_ranks_only_says_what_every_rank_applies():
     assert again.findings[0].message == f.message  # said once, not rewritten again
     plain = merge([part(0, []), part(1, [gd101(False)])], world_size=2, rules=ALL_RULES)
     assert "sum of all gradients" in plain.findings[0].message  # no all-reduce: as it was
+
+
+def _accumulation_with_a_probe(model_clears: bool, windows: int = 4):
+    """The model (optimizer 0, params 0-1) accumulates two micro-batches per step at line 10;
+    a probe (optimizer 1, param 2) is cleared and stepped after every micro-batch."""
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=1)
+    t.optimizer(1, [2], line=2)
+    cleared = True
+    for _ in range(windows):
+        for i in range(2):
+            t.backward(fresh=[0, 1] if cleared else (), accumulated=() if cleared else [0, 1], line=10)
+            cleared = False
+            if i == 1:
+                t.step(0, line=11)
+                if model_clears:
+                    t.clear([0, 1], line=12)
+                    cleared = True
+            t.clear([2], line=13)
+            t.backward(fresh=[2], line=14)
+            t.step(1, line=15)
+    return t.trace
+
+
+def test_a_probe_stepped_inside_the_accumulation_window_is_no_missing_zero_grad():
+    assert slugs(_accumulation_with_a_probe(model_clears=True)) == []
+    # the same loop without the model's clear: each model step applies the old windows again
+    assert ("missing-zero-grad", 10) in slugs(_accumulation_with_a_probe(model_clears=False))

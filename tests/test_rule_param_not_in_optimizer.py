@@ -197,9 +197,25 @@ def test_a_layer_built_in_forward_at_every_step_is_reported_at_its_construction(
     assert f.location.line == 12 and f.evidence["count"] == 8
 
 
-def test_parameters_built_once_after_the_optimizer_are_not_that_case():
+def test_parameters_built_once_after_the_optimizer_are_reported_where_they_are_built():
+    """Not a layer built in forward (once, not every step), but built after the optimizer read
+    its parameter list (a head made in Lightning's on_train_start): the line that builds it."""
     t = TraceBuilder()
     _built_every_step(t, steps=1)
+    f, = findings(t, SLUG)
+    assert f.location.line == 12 and f.evidence["cause"] == "built-after-optimizer"
+    assert [r.location.line for r in f.related][0] == 2 and "add_param_group" in f.fix
+
+
+def test_parameters_built_once_before_a_later_optimizer_keep_the_generic_finding():
+    t = TraceBuilder()
+    t.param(2, name=None)
+    t.put(ev.param_created(owner="Linear", attr="weight", params=[2], step=0), 12)
+    t.optimizer(0, [0, 1], line=2)  # built after the layer, and still without it
+    for _ in range(2):
+        t.clear([0, 1], line=5)
+        t.backward(fresh=[0, 1, 2], line=6)
+        t.step(0, line=7)
     f, = findings(t, SLUG)
     assert f.location.line == 2 and "cause" not in f.evidence
 

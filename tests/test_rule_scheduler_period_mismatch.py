@@ -76,3 +76,14 @@ def test_a_cosine_over_a_step_budget_inside_a_long_epoch_is_not_taken_for_epochs
     # LLM-style: T_max = max_steps, stepped per batch, the loop stops at max_steps long before
     # the (huge) epoch ends: nothing says T_max counts epochs
     assert findings(_per_batch("CosineAnnealingLR", {"T_max": 2000}, real_len=50000), SLUG) == []
+
+
+def test_each_schedule_gets_the_fix_of_its_own_arguments():
+    """The fix names what the script can change: milestones for MultiStepLR, step_size for
+    StepLR, T_max only for the cosine schedule."""
+    milestones = only(_per_batch("MultiStepLR", {"milestones": [30, 60, 90], "gamma": 0.1},
+                                 real_len=400), SLUG)
+    assert "milestones" in milestones.fix and "T_max" not in milestones.fix
+    step = only(_per_batch("StepLR", {"step_size": 10, "gamma": 0.5}, real_len=400), SLUG)
+    assert "step_size" in step.fix and "T_max" not in step.fix
+    assert "T_max" in only(_per_batch("CosineAnnealingLR", {"T_max": 5}), SLUG).fix

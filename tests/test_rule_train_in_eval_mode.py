@@ -119,3 +119,21 @@ def test_eval_on_a_named_part_says_it_freezes_nothing_even_when_the_rest_has_no_
     path.write_text("model.train()\nmodel.eval()\n")  # the whole model: the plain message
     (finding,) = check(TrainInEvalMode, t)
     assert "reading" not in finding.evidence
+
+
+def test_a_frozen_eval_whose_batchnorm_was_unfrozen_and_is_stepped_is_reported():
+    """model.requires_grad_(False); model.eval(); head.requires_grad_(True): the eval() found
+    everything frozen, but the BatchNorm trains at the forward (requires grad, owned)."""
+    t = new()
+    validation_then_training(t, frozen=True, layer="batchnorm")
+    (finding,) = check(TrainInEvalMode, t)
+    assert finding.location.line == 7 and finding.evidence["reading"] == "unfrozen"
+    assert "unfrozen afterwards" in finding.message and ".train()" in finding.fix
+
+
+@pytest.mark.parametrize("state", [dict(trainable=False),  # still frozen
+                                   dict(owned=False)])  # requires grad, but no optimizer steps it
+def test_a_frozen_eval_stays_silent_while_its_batchnorm_does_not_train(state):
+    t = new()
+    validation_then_training(t, frozen=True, layer="batchnorm", **state)
+    assert check(TrainInEvalMode, t) == []

@@ -140,3 +140,34 @@ def test_factors_adding_up_to_more_than_one_stay_odd():
 def test_undivided_window_still_warns():
     rows = [(1.0, 1.0, 1.0), (1.0, 1.0, 1.0)]
     assert [f[0] for f in reported(windows(rows))] == ["unscaled-accumulation"]
+
+
+def _split_branches(t, factor, same_batch_last=False, batches=True, windows=3, k=4):
+    """One loop's k micro-batches: all but the last backpropagated at line 60 (under no_sync),
+    the last at line 62, each on its own DataLoader batch (``same_batch_last``: the last one
+    reuses a batch, as a second loss term of the same micro-batch would)."""
+    for w in range(windows):
+        for i in range(k):
+            index = w * k + (i - 1 if same_batch_last and i == k - 1 else i)
+            t.backward(fresh=P if i == 0 else (), accumulated=P if i else (),
+                       line=60 if i < k - 1 else 62, loss_scale_factor=factor,
+                       batch=[0, 0, index] if batches else None)
+        t.step(line=63)
+        t.clear(P, line=64)
+    return t
+
+
+def test_micro_batches_split_between_two_branches_are_one_window():
+    f = only(_split_branches(builder("SGD"), factor=1.0), "unscaled-accumulation")
+    assert f.evidence["k"] == 4 and f.evidence["backward_lines"] == [60, 62]
+    assert [r.location.line for r in f.related][0] == 62
+    assert findings(_split_branches(builder("SGD"), factor=0.25), "unscaled-accumulation") == []
+
+
+def test_a_second_line_on_a_batch_already_used_or_unknown_stays_apart():
+    """Without the batches to tell micro-batches from a micro-batch's second loss term, the
+    lines stay apart (a window of 3 at line 60, the odd factor an info at most)."""
+    for t in (_split_branches(builder("SGD"), factor=0.25, same_batch_last=True),
+              _split_branches(builder("SGD"), factor=0.25, batches=False)):
+        found = findings(t, "unscaled-accumulation")
+        assert all(f.severity is Severity.INFO and f.evidence["k"] == 3 for f in found)

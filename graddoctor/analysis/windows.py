@@ -55,7 +55,45 @@ def _group(backwards: list[Event]) -> list[Event]:
     for b in backwards:
         loc = (b.loc.path, b.loc.line) if b.loc else None
         groups.setdefault((loc, frozenset(written(b))), []).append(b)
-    return max(groups.values(), key=len) if groups else []
+    if not groups:
+        return []
+    group = max(groups.values(), key=len)
+    return _with_split_micro_batches(group, backwards)
+
+
+def _with_split_micro_batches(group: list[Event], backwards: list[Event]) -> list[Event]:
+    """The group and the backwards of the same loop written at another line: the micro-batches
+    of one window split between two branches (``with model.no_sync(): loss.backward()`` on all
+    but the last, ``loss.backward()`` on the last). Such a backward wrote the same parameters,
+    with the same loss factor and terms, on a DataLoader batch none of the group's used; a
+    second loss term (an auxiliary loss, a GAN's fake half) runs on a batch already used, or
+    on none the trace knows."""
+    first = group[0]
+    shape = (frozenset(written(first)), first.get("loss_scale_factor"), _terms(first))
+    batches = [b.get("batch") for b in group]
+    if shape[1] is None or any(batch is None for batch in batches) or \
+            any(_shape(b) != shape for b in group):
+        return group
+    used = {tuple(batch) for batch in batches}
+    extra = []
+    for b in backwards:
+        if b in group:
+            continue
+        batch = b.get("batch")
+        if batch is None or tuple(batch) in used or _shape(b) != shape:
+            return group  # another kind of backward in the window: leave the lines apart
+        used.add(tuple(batch))
+        extra.append(b)
+    return sorted(group + extra, key=lambda b: b.seq) if extra else group
+
+
+def _terms(backward: Event):
+    terms = backward.get("loss_terms")
+    return tuple(terms) if isinstance(terms, list) else terms
+
+
+def _shape(backward: Event) -> tuple:
+    return (frozenset(written(backward)), backward.get("loss_scale_factor"), _terms(backward))
 
 
 def windows_by_optimizer(a: "Analysis") -> dict[int, list[Window]]:

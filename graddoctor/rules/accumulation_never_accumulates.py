@@ -4,6 +4,7 @@ import ast
 from dataclasses import replace
 
 from ..findings import Severity
+from .accumulation_term_undivided import inside_accumulate
 from .base import Rule, related
 from .lr_applied_twice import loss_factor_is_lr
 from .unscaled_accumulation import SCALE_INVARIANT
@@ -76,7 +77,10 @@ class AccumulationNeverAccumulates(Rule):
     Under accelerate, a loss divided by `accelerator.backward` (its
     `gradient_accumulation_steps`) while the script steps the raw optimizer, never given to
     `accelerator.prepare()` (or not the object it returned), is no loss weight: that is a
-    `warning` at the `prepare` call, with that fix.
+    `warning` at the `prepare` call, with that fix. Nor is one divided by
+    `Accelerator(gradient_accumulation_steps=k)` while `accelerator.backward` runs outside any
+    `with accelerator.accumulate(model):` block (so the wrapped optimizer steps every
+    micro-batch): a `warning` at the backward, with the `accumulate()` fix.
     """
 
     code = "GD209"
@@ -125,6 +129,8 @@ class AccumulationNeverAccumulates(Rule):
         cls = a.optimizer_class(opt)
         if _unprepared(windows):
             return self._unprepared(a, opt, windows, k, name)
+        if _accelerate_divides_outside_accumulate(a, backward, k):
+            return self._outside_accumulate(a, opt, windows, k, name)
         if cls in SCALE_INVARIANT:
             effect = (f"{cls} largely cancels the 1/{k}, but each update sees one micro-batch, "
                       f"not the {k} the division was written for")
@@ -142,6 +148,31 @@ class AccumulationNeverAccumulates(Rule):
             related=(related(w.step, "the step that follows every single backward"),),
             evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
                       "optimizer_class": cls, "steps": a.count(w.step for w in windows)},
+        )
+
+    def _outside_accumulate(self, a, opt, windows, k, name):
+        """accelerate divided the loss (``Accelerator(gradient_accumulation_steps=k)``), but no
+        ``with accelerator.accumulate(model):`` block holds the wrapped optimizer back, so it
+        steps after every micro-batch: the division is no loss weight the script wrote."""
+        w = windows[0]
+        backward = w.backwards[0]
+        n = a.count(x.step for x in windows)
+        cls = a.optimizer_class(opt)
+        effect = (f"{cls} largely cancels the 1/{k}, but no update sees more than one micro-batch"
+                  if cls in SCALE_INVARIANT else
+                  f"with {cls or 'SGD'} the learning rate is in effect {k} times smaller")
+        return self.finding(
+            f"accelerator.backward divides this loss by gradient_accumulation_steps ({k}), but "
+            f"it runs outside `with accelerator.accumulate(model):`, which is what holds the "
+            f"optimizer's step back until the window's last micro-batch: each of the {n} {name} "
+            f"steps applies a single micro-batch with 1/{k} of its gradient, and nothing "
+            f"accumulates ({effect})",
+            backward.loc, step=w.index, severity=Severity.WARNING,
+            related=(related(w.step, "the step that runs after every micro-batch"),),
+            fix=("put the forward, accelerator.backward, optimizer.step() and zero_grad() inside "
+                 "`with accelerator.accumulate(model):`, or drop gradient_accumulation_steps from "
+                 "Accelerator(...) if every batch is meant to step"),
+            evidence={"k": k, "optimizer": opt, "steps": n, "cause": "outside_accumulate"},
         )
 
     def _unprepared(self, a, opt, windows, k, name):
@@ -212,3 +243,24 @@ def _unprepared(windows) -> bool:
     script's own call of the optimizer (no accelerate frame: not ``AcceleratedOptimizer``)."""
     return all(w.backwards[0].loc is not None and w.backwards[0].loc.via == "accelerate"
                and w.step.loc is not None and w.step.loc.via != "accelerate" for w in windows)
+
+
+def _accelerate_divides_outside_accumulate(a, backward, k: int) -> bool:
+    """The backward went through accelerator.backward, the script builds its Accelerator with
+    gradient_accumulation_steps=k (a name counts: its value is not in the source), and the call
+    sits outside every ``with ....accumulate(...)`` block: the 1/k is accelerate's."""
+    loc = backward.loc
+    if loc is None or loc.via != "accelerate":
+        return False
+    tree = a.source.tree(loc.path)
+    if tree is None or inside_accumulate(tree, loc.line):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Accelerator":
+            for keyword in node.keywords:
+                if keyword.arg == "gradient_accumulation_steps":
+                    value = keyword.value
+                    if not isinstance(value, ast.Constant):
+                        return True
+                    return value.value == k
+    return False

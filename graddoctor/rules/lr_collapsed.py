@@ -25,6 +25,11 @@ _FIXES = {
 _MANUAL_FIX = ("decay the lr once per epoch, or by a factor sized for one optimizer step "
                "(decay ** (1 / len(loader)))")
 _DEFAULT_FIX = "count the schedule's length in the unit you step it in (optimizer steps or epochs)"
+# a scheduler Lightning steps itself (automatic optimization, the lr_scheduler config that
+# configure_optimizers returns): its "interval" says per batch or per epoch, not a step() call
+_LIGHTNING_FIX = ('in configure_optimizers, return the scheduler with "interval": "epoch" '
+                  "(Lightning's default: one step per epoch), or keep \"interval\": \"step\" and "
+                  "size the schedule in optimizer steps (self.trainer.estimated_stepping_batches)")
 
 
 class LrCollapsed(Rule):
@@ -80,6 +85,7 @@ class LrCollapsed(Rule):
     severity = Severity.WARNING
     summary = "the lr applied falls below 1e-4 of its start while the script goes on training"
     fix = _DEFAULT_FIX
+    fixes = {"lightning": _LIGHTNING_FIX}
 
     def check(self, a):
         found = a.lr_collapses
@@ -114,8 +120,12 @@ class LrCollapsed(Rule):
                        f"updates replayed; at this rate it is below {COLLAPSED:g} of its start by "
                        f"update {c.at}, while the script goes on training")
         fix = _FIXES.get(w.cls, _DEFAULT_FIX) if w.scheduled else _MANUAL_FIX
+        # the Lightning variant only where Lightning made the step() calls: a scheduler the user
+        # steps by hand (manual optimization) is stepped where the generic fix says
+        framework_stepped = step_call is not None and step_call.loc is not None and \
+            step_call.loc.hook == "configure_optimizers"
         return self.finding(
-            message, loc, fix=fix,
+            message, loc, fix=fix, fixes=self.fixes if framework_stepped else {},
             related=(related(step_call, "its step() call"),),
             evidence={"optimizer": c.opt, "group": c.group, "start": c.start, "last": c.last,
                       "updates": c.updates, "writer": w.cls if w.scheduled else "manual",

@@ -46,7 +46,9 @@ class MissingZeroGrad(Rule):
     hook); the step first in the loop (step → zero_grad → forward → backward); a GAN whose
     every optimizer is cleared
     before its backward; a shared trunk's optimizer that steps last, after each head's
-    optimizer stepped on its own loss (one clear per iteration: the sum is meant); DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
+    optimizer stepped on its own loss (one clear per iteration: the sum is meant); an
+    accumulation window with another optimizer (a linear probe, a temperature) cleared and
+    stepped after every micro-batch inside it; DDP's `no_sync()` and FSDP's accumulation; the frameworks' own
     loops (Lightning, accelerate); loops in threads (each thread with its own model and
     optimizer, or actor threads feeding one learner).
     """
@@ -75,11 +77,11 @@ class MissingZeroGrad(Rule):
 
     def check(self, a):
         groups: dict = {}
-        for use in a.ledger.old_uses:
-            if use.fresh and not use.clears_between:
-                groups.setdefault(use.fresh[0].backward.loc, []).append(use)
         clears = a.of_kind("clear")
         steps = a.of_kind("step")
+        for use in a.ledger.old_uses:
+            if use.fresh and not use.clears_between and not _accumulated_between_other_steps(use, steps):
+                groups.setdefault(use.fresh[0].backward.loc, []).append(use)
         for loc, uses in groups.items():
             # a leak (another loss's backward writing in after the clear) is judged on the first
             # update that clears before it: on the very first update nothing was cleared yet
@@ -261,3 +263,18 @@ class MissingZeroGrad(Rule):
         if not lines:
             return None
         return replace(loc, line=lines[0][0]), lines[0][1]
+
+
+def _accumulated_between_other_steps(use, steps) -> bool:
+    """An accumulation window of this optimizer that another optimizer's steps cut into phases
+    (a probe or a temperature stepped every micro-batch): the earlier micro-batches' gradients,
+    from the same backward line, were applied by no step before this one and none of this
+    optimizer's steps ran since them, so this step applies them for the first time."""
+    backward = use.fresh[0].backward
+    if backward.get("in_step") is not None:
+        return False  # a closure's evaluations are phases of one step: judged as such
+    first = use.old[0].backward.seq
+    between = [s for s in steps if first < s.seq < use.step.seq]
+    return bool(between) and all(s["opt"] != use.opt for s in between) and all(
+        c.backward.loc == backward.loc and not any(s.seq < use.step.seq for s in c.consumed_by)
+        for c in use.old)

@@ -16,7 +16,9 @@ class ParamNotInOptimizer(Rule):
     rebuilt mid-run over fewer parameters than the one it replaced (awd-lstm's switch to ASGD
     over `model.parameters()` only), a layer or `nn.Parameter` built inside `forward` or the
     loop (new random weights at every step, built after the optimizer; pointed at the line that
-    builds them), an optimizer built over a copy of the model instead of the model
+    builds them), a layer built once after every optimizer was constructed (a head made in
+    Lightning's `on_train_start`, after `configure_optimizers` read `self.parameters()`;
+    pointed at the line that builds it), an optimizer built over a copy of the model instead of the model
     (`SGD(model_ema.parameters())`, `AdamW(target_net.parameters())`: it owns the copy's
     tensors, which never get a gradient, while the model's, of the same names and shapes, get
     gradients it does not own; pointed at the optimizer, naming the copy, and the rules that
@@ -88,6 +90,10 @@ class ParamNotInOptimizer(Rule):
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: moving the layer into __init__ means naming it and "
                 "changing forward, a person's edit"))
+        if finding.evidence.get("cause") == "built-after-optimizer":
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: moving the layer's construction before the optimizer (or "
+                "adding its parameters to it, at some learning rate) is a person's call"))
         if finding.evidence.get("cause") == "optimizer-on-copy":
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: the optimizer's argument names the copy, and which expression "
@@ -225,7 +231,8 @@ class ParamNotInOptimizer(Rule):
                     by_line.setdefault((event.loc.path, event.loc.line), []).append((event, pid))
         for items in by_line.values():
             if len({event["step"] for event, _ in items}) < 2:
-                continue  # one new part once (a head added for a new stage) is another story
+                yield from self._built_after_optimizer(a, left, items)
+                continue
             first = items[0][0]
             pids = [pid for _, pid in items]
             # past the events recorded per line, the later ones: parameters no optimizer owns,
@@ -254,6 +261,37 @@ class ParamNotInOptimizer(Rule):
                 evidence={"params": [a.param_name(p) for p in pids[:8]], "count": len(pids),
                           "cause": "created-while-training", "owner": owner},
             )
+
+    def _built_after_optimizer(self, a, left: dict, items):
+        """A part built once, after every optimizer that could own it was constructed (a head
+        made in Lightning's on_train_start, a layer attached after the optimizer): the
+        optimizer's parameter list was read before it existed, whatever that list says."""
+        first = items[0][0]
+        inits = list(a.optimizers.values())
+        if any(init.seq > first.seq for init in inits):
+            return  # an optimizer built after it (a new stage's): the generic finding says it
+        pids = [pid for _, pid in items if pid in left]
+        if not pids:
+            return
+        for pid in pids:
+            left.pop(pid, None)
+        owner = first.get("owner") or "module"
+        construction = inits[-1]
+        built = (f"line {construction.loc.line}" if construction.loc is not None else "earlier")
+        yield self.finding(
+            f"this {owner} is built after the optimizer ({built}) read its parameter list: "
+            f"{a.names(pids)} receive gradients but no optimizer owns them, so they never train",
+            first.loc,
+            related=(related(construction, "the optimizer, built before they existed"),
+                     related(a.ledger.first_contribution[pids[0]], "the backward that gives them gradients")),
+            fix=(f"build the {owner} before the optimizer (in the module's __init__), or add its "
+                 f"parameters to the optimizer with optimizer.add_param_group(...)"),
+            fixes={"lightning": (f"build the {owner} in __init__: Lightning calls "
+                                 f"configure_optimizers before on_fit_start/on_train_start, so "
+                                 f"self.parameters() there does not hold it yet")},
+            evidence={"params": [a.param_name(p) for p in pids[:8]], "count": len(pids),
+                      "cause": "built-after-optimizer", "owner": owner},
+        )
 
     def _unregistered(self, a, event, pids, construction):
         owner, attr, holder = event.get("owner"), event.get("attr"), event.get("holder")

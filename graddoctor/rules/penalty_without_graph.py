@@ -105,7 +105,7 @@ class PenaltyWithoutGraph(Rule):
                 related.insert(0, Related(Location(path, line), f"the {fn} term it feeds"))
             yield self.finding(
                 f"the {fn} at line {line} is added to the loss backpropagated at line {backward}, "
-                f"but {cause}: the term is a constant at all {len(events)} backwards checked. It "
+                f"but {cause}: the term is a constant at each of the {len(events)} backwards checked. It "
                 f"changes the loss value and not one gradient, so what it should train never "
                 f"learns from it",
                 Location(path, at), related=tuple(related),
@@ -137,7 +137,7 @@ class PenaltyWithoutGraph(Rule):
             yield self.finding(
                 f"this penalty is computed from the parameters' values cut from the graph "
                 f"(`.data` / `.detach()`), and the loss backpropagated at line {line} adds it as a "
-                f"term with no graph at all {times} backwards checked: it changes the loss value "
+                f"term with no graph at each of the {times} backwards checked: it changes the loss value "
                 f"but not one gradient, so the regulariser does nothing",
                 Location(path, at),
                 related=(Related(Location(path, line), "the backward of that loss"),),

@@ -63,6 +63,12 @@ class SchedulerNeverStepped(Rule):
     severity = Severity.WARNING
     summary = "a learning-rate scheduler is built but never stepped: its first factor stays forever"
     fix = "call scheduler.step() after each optimizer.step() (or once per epoch, as the schedule counts)"
+    fixes = {
+        "lightning": ("under manual optimization (self.automatic_optimization = False) Lightning "
+                      "never steps the schedulers: call self.lr_schedulers().step() in training_step "
+                      "after opt.step() (or in on_train_epoch_end for a per-epoch schedule); under "
+                      "automatic optimization, return the scheduler from configure_optimizers"),
+    }
 
     def check(self, a):
         all_s = a.schedulers

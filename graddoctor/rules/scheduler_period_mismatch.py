@@ -11,6 +11,19 @@ MIN_UNSHORTENED = 20  # the same when nothing says the length came from len(load
 LONG = 1000  # a length this long, a multiple of the epoch's batches, counts batches
 
 
+_COSINE_PER_BATCH = ("count the schedule's length in the unit you step it in: "
+                     "T_max=epochs * len(loader) when stepped per batch, T_max=epochs when stepped "
+                     "per epoch")
+_PER_EPOCH_FIX = "step it after every optimizer.step(), or count its length in epochs"
+_LIGHTNING_PER_BATCH = ('in configure_optimizers, return the scheduler with "interval": "epoch" '
+                        "(Lightning's default: one step per epoch), or keep \"interval\": \"step\" "
+                        "and size the schedule in optimizer steps "
+                        "(self.trainer.estimated_stepping_batches)")
+_LIGHTNING_PER_EPOCH = ('in configure_optimizers, return the scheduler with "interval": "step" '
+                        "(Lightning then steps it after every optimizer step), or count its "
+                        "length in epochs")
+
+
 class SchedulerPeriodMismatch(Rule):
     """
     ## What it does
@@ -62,8 +75,8 @@ class SchedulerPeriodMismatch(Rule):
     slug = "scheduler-period-mismatch"
     severity = Severity.WARNING
     summary = "a schedule's length is in epochs but it is stepped per batch, or the reverse"
-    fix = ("count the schedule's length in the unit you step it in: T_max=epochs * len(loader) "
-           "when stepped per batch, T_max=epochs when stepped per epoch")
+    fix = _COSINE_PER_BATCH
+    fixes = {"lightning": _LIGHTNING_PER_BATCH}
 
     def check(self, a):
         for s in a.schedulers.values():
@@ -79,9 +92,14 @@ class SchedulerPeriodMismatch(Rule):
             if found is None:
                 continue
             message, severity, fix = found
+            # where Lightning steps the schedule itself (automatic optimization), the unit is
+            # the "interval" of the lr_scheduler config, not where a step() call sits
+            first = s.steps[0]
+            by_lightning = first.loc is not None and first.loc.hook == "configure_optimizers"
+            lightning = (_LIGHTNING_PER_EPOCH if fix == _PER_EPOCH_FIX else _LIGHTNING_PER_BATCH)
             yield self.finding(
                 message, (s.init or s.steps[0]).loc if s.init is not None and s.init.loc else s.steps[0].loc,
-                severity=severity, fix=fix,
+                severity=severity, fix=fix, fixes={"lightning": lightning} if by_lightning else {},
                 related=(related(s.steps[0], "its step() call"),),
                 evidence={"scheduler": s.cls, "optimizer": s.opt, "args": dict(s.args),
                           "per_update": round(c.per_update, 3), "real_len": c.real_len},
@@ -99,7 +117,7 @@ class SchedulerPeriodMismatch(Rule):
             if seen > t:
                 return (f"CosineAnnealingLR(T_max={t}) is stepped after every batch: the lr reached "
                         f"eta_min after {t} batches and climbed back within the replay's {seen} "
-                        f"steps; T_max looks like a count of epochs", None, None)
+                        f"steps; T_max looks like a count of epochs", None, _COSINE_PER_BATCH)
             if per_epoch and t < per_epoch and t < LONG:
                 # a T_max in the thousands is a step budget (a loop that stops at max_steps
                 # inside a long epoch), not a count of epochs
@@ -107,7 +125,7 @@ class SchedulerPeriodMismatch(Rule):
                 return (f"CosineAnnealingLR(T_max={t}) is stepped after every batch: projected over "
                         f"{epoch_words}, the lr falls to eta_min after {t} batches and climbs back, "
                         f"about {cycles:.3g} full cycles per epoch; T_max looks like a count of "
-                        f"epochs", None, None)
+                        f"epochs", None, _COSINE_PER_BATCH)
             return None
         if per_epoch is None:
             return None
@@ -117,7 +135,9 @@ class SchedulerPeriodMismatch(Rule):
                 return (f"MultiStepLR(milestones={args['milestones']}) is stepped after every batch: "
                         f"projected, every milestone passes within the first epoch "
                         f"({per_epoch} batches), and the lr stays at its last, smallest value "
-                        f"from then on; the milestones look like epochs", Severity.INFO, None)
+                        f"from then on; the milestones look like epochs", Severity.INFO,
+                        "give the milestones in optimizer steps (epoch * len(loader)) when stepped "
+                        "per batch, or step the scheduler once per epoch")
         gamma = args.get("gamma")
         if any(col.writer.sched == s.sched for col in a.lr_collapses):
             return None  # seen collapse in the replay: lr-collapsed says it
@@ -134,7 +154,11 @@ class SchedulerPeriodMismatch(Rule):
                         f"{per_epoch} batches the lr is multiplied by {gamma:g} {decays} times, "
                         f"down to {left:.2g} of its start by the end of the first epoch; its "
                         f"{'step_size' if s.cls == 'StepLR' else 'gamma'} looks meant per epoch",
-                        Severity.INFO, None)
+                        Severity.INFO,
+                        "step the scheduler once per epoch, or size step_size in optimizer steps "
+                        "(epochs * len(loader))" if s.cls == "StepLR" else
+                        "step the scheduler once per epoch, or take gamma per step "
+                        "(gamma ** (1 / len(loader)) for the same decay per epoch)")
         return None
 
     @staticmethod
@@ -177,4 +201,4 @@ class SchedulerPeriodMismatch(Rule):
             progress = f" (after 100 epochs the lr is still {after:.0%} of its start)"
         return (f"{s.cls}({name}={n}) counts batches ({unit}), but its step() runs once per "
                 f"epoch: in a real run the schedule spans {span} epochs{progress}",
-                None, "step it after every optimizer.step(), or count its length in epochs")
+                None, _PER_EPOCH_FIX)

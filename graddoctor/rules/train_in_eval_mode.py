@@ -16,6 +16,10 @@ class TrainInEvalMode(Rule):
     models used under `no_grad` (a teacher) are not reported. When the `eval()` covered only a
     part of the model (`model.backbone.eval()`) whose parameters still train, the finding gives
     both readings: a freeze that misses `requires_grad_(False)`, or a part meant to train.
+    An `eval()` that came with a freeze of everything under it (`model.requires_grad_(False);
+    model.eval()`, Lightning's `self.freeze()`) is a frozen part kept in eval mode, until a
+    part of it is unfrozen (`head.requires_grad_(True)`) and stepped: its BatchNorm layers then
+    train in eval mode, and the finding says so.
 
     ## Why is this bad?
     In eval mode dropout does nothing and BatchNorm normalises with its running statistics,
@@ -49,7 +53,8 @@ class TrainInEvalMode(Rule):
     adversarial attack run in eval mode (its backward takes the input's gradient) before
     `model.train()`; a frozen backbone or encoder kept in eval mode on purpose; BatchNorm
     statistics frozen on purpose; a teacher in eval mode under `no_grad`; samples drawn under
-    `no_grad`; a model with no BatchNorm or dropout; `model.training` read as an attribute; a
+    `no_grad`; a frozen part whose unfrozen piece is put back in train mode (`head.train()`
+    after `head.requires_grad_(True)`); a model with no BatchNorm or dropout; `model.training` read as an attribute; a
     validation pass that calls `backward()` (`backward-in-evaluation` reports it).
     """
 
@@ -83,6 +88,11 @@ class TrainInEvalMode(Rule):
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: whether this part is meant to be frozen (requires_grad_(False)) "
                 "or to train (no eval()) is a person's call"))
+        if finding.evidence.get("reading") == "unfrozen":
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: model.train() at the top of the loop would also undo the "
+                "eval() the still-frozen part is kept in; the part you unfreeze is the one to "
+                "put back in train mode"))
         evals = method_calls(src, "eval", line=finding.location.line)
         forward_line = related_line(finding, Role.TRAINING_FORWARD)
         here = src.statement_at(finding.location.line)
@@ -130,8 +140,10 @@ class TrainInEvalMode(Rule):
                 if mid not in flowing or mid in f.recalibrated or not _mode_matters(f.states.get(mid) or {}):
                     continue
                 cause = f.set_by.get(mid)
-                if cause is None or cause.get("mode") or cause.get("leaf") or cause.get("frozen"):
-                    continue  # set by hand; one layer on purpose (frozen BatchNorm); a frozen part
+                if cause is None or cause.get("mode") or cause.get("leaf"):
+                    continue  # set by hand; one layer on purpose (frozen BatchNorm)
+                if cause.get("frozen") and not _unfrozen_since(f.states.get(mid) or {}):
+                    continue  # a frozen part kept in eval mode on purpose
                 group = groups.setdefault(cause.loc, {"cause": cause, "forward": f, "mids": []})
                 if mid not in group["mids"]:
                     group["mids"].append(mid)
@@ -179,6 +191,18 @@ class TrainInEvalMode(Rule):
                 evidence_reading = "freeze-or-train"
             else:
                 evidence_reading = None
+            if cause.get("frozen"):
+                # eval() came with a freeze of everything under it (Lightning's freeze() does
+                # both); a part unfrozen afterwards trains, and stays in eval mode
+                message = (f"this eval() ran while every parameter under it was frozen, but "
+                           f"{tl.names(mids)} {one_or_many(len(mids), 'was', 'were')} unfrozen "
+                           f"afterwards (requires_grad_(True)) and the optimizer steps "
+                           f"{one_or_many(len(mids), 'its', 'their')} parameters: the training "
+                           f"forward{at} runs {one_or_many(len(mids), 'it', 'them')} in eval "
+                           f"mode (optimizer step {f.step_index} follows), so {effect}")
+                fix = ("put the part you unfreeze back in train mode: call .train() on it right "
+                       "after its requires_grad_(True) (eval() and freeze() leave it in eval mode)")
+                evidence_reading = "unfrozen"
             bare = _bare_train(a, f.event)
             if bare is not None:  # `model.train` named, not called: that statement is the bug
                 message = (f"`{bare[1]}` names the method without calling it, so the eval() at "
@@ -236,3 +260,9 @@ def _bare_train(a, forward):
 
     lines = a.source.bare_method_lines(loc.path, loc.line, "train", outer=True)
     return (replace(loc, line=lines[0][0]), lines[0][1]) if lines else None
+
+
+def _unfrozen_since(state: dict) -> bool:
+    """Whether a BatchNorm layer an eval() found frozen trains at this forward: its parameters
+    require grad again and an optimizer owns them (a dropout layer has no parameters to say)."""
+    return bool(state.get("trainable") and state.get("owned"))

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..analysis.windows import typical
-from ..findings import Role, Safety, Severity
+from ..findings import Autofix, Role, Safety, Severity
 from .base import Rule, related
 from .source import calls_in, method_calls, related_line
 
@@ -98,6 +98,10 @@ class UnscaledAccumulation(Rule):
         step's ``if`` tests with ``%`` when it has one, else the window's length."""
         cst = src.cst
         line = finding.location.line
+        if len(finding.evidence.get("backward_lines") or ()) > 1:
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: the window's micro-batches are backpropagated at several "
+                "lines, each loss to divide"))
         k = finding.evidence.get("k")
         if not isinstance(k, int) or k < 2:
             return None
@@ -242,12 +246,22 @@ class UnscaledAccumulation(Rule):
                 fix = ("in compute_loss, sum the per-sample losses and divide by "
                        "num_items_in_batch (e.g. cross_entropy(..., reduction='sum') / "
                        "num_items_in_batch) when it is given")
+        # one loop's micro-batches backpropagated at two lines (no_sync on all but the last)
+        lines = sorted({b.loc.line for b in w.group if b.loc is not None})
+        others = [next(b for b in w.group if b.loc is not None and b.loc.line == line)
+                  for line in lines if line != w.group[0].loc.line] if len(lines) > 1 else []
+        if others:
+            notes.append(f"the window's micro-batches are backpropagated at lines "
+                         f"{', '.join(map(str, lines))}: divide the loss at each")
         if notes:
             message += "; " + "; ".join(notes)
         return self.finding(
             message, w.group[0].loc, severity=severity, step=w.index, fix=fix,
             fixes=None if fix is None else {},
-            related=(related(w.step, "the step that applies the accumulated sum", Role.STEP),),
+            related=(*(related(b, "the same loop's other micro-batches, also undivided")
+                       for b in others),
+                     related(w.step, "the step that applies the accumulated sum", Role.STEP)),
             evidence={"k": k, "loss_scale_factor": 1.0, "optimizer": opt, "optimizer_class": cls,
-                      "windows": a.count(w.step for w in bad), "clipped": clipped},
+                      "windows": a.count(w.step for w in bad), "clipped": clipped,
+                      **({"backward_lines": lines} if others else {})},
         )
