@@ -189,8 +189,10 @@ class ParamWithoutGrad(Rule):
                     loc, related=(related(cause, f"the {module} runs here"),
                                   related(init, "the optimizer that owns them"), step_note),
                     evidence=evidence,
-                    fix=f"compute the loss outside this block (keep {context} for what is only "
-                        f"logged or evaluated) so that the {module} trains")
+                    fix=(f"remove `{text}` from this function (keep it on the ones that only "
+                         f"evaluate or log) so that the {module} trains" if text.startswith("@") else
+                         f"compute the loss outside this block (keep {context} for what is only "
+                         f"logged or evaluated) so that the {module} trains"))
             return self.finding(
                 f"{head}: the {module} that holds them runs from this line under {context}, so no gradient can reach "
                 f"them although the optimizer is meant to train them",
