@@ -17,8 +17,7 @@ the rule finds the line that computes the difference. Pairwise terms with both s
 from __future__ import annotations
 
 from .. import events as ev
-from .lossterms import PerLine, loss_root, signed_walk
-from .recorder import Recorder
+from .lossterms import LossGraphReader, signed_walk
 
 _LOOKED = 3  # backwards of each backward line looked at
 _LINES = 8  # backward lines looked at, at most
@@ -67,26 +66,12 @@ def broadcast_errors(root) -> list[tuple[str, list, list, list]]:
     return found
 
 
-class HandLossWatcher:
-    def __init__(self, rec: Recorder):
-        self.rec = rec
-        self._lines = PerLine(_LOOKED, _LINES)
-        self._told: set = set()
+class HandLossWatcher(LossGraphReader):
+    label = "hand-written loss broadcast"
+    per_line, lines = _LOOKED, _LINES
 
-    def describe_loss(self, tensors) -> dict:
-        if self._lines.exhausted:
-            return {}
-        root = loss_root(tensors)
-        if root is None:
-            return {}
-        try:
-            loc = self.rec.here()
-            if loc in self._told or not self._lines.admit(loc):
-                return {}
-            for fn, given, target, shape in broadcast_errors(root)[:1]:
-                self._told.add(loc)
-                self.rec.emit_aside(ev.loss_broadcast(fn=fn, input_shape=given, target_shape=target,
-                                                      shape=shape, reduction=None, grad=True), loc)
-        except Exception as exc:
-            self.rec.internal_error("hand-written loss broadcast", exc)
-        return {}
+    def _judge(self, root, loc) -> None:
+        for fn, given, target, shape in broadcast_errors(root)[:1]:
+            self._done.add(loc)
+            self.rec.emit_aside(ev.loss_broadcast(fn=fn, input_shape=given, target_shape=target,
+                                                  shape=shape, reduction=None, grad=True), loc)

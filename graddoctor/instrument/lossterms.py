@@ -181,10 +181,18 @@ def loss_root(tensors):
         tensors = tensors[0]
     return getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
 
-class LossTermWatcher:
+class LossGraphReader:
+    """A DESCRIBE_LOSS subscriber that reads the loss's graph at the first backwards of each
+    backward line (``PerLine``) until it has told that line: ``_judge(root, loc)`` does the
+    reading and adds ``loc`` to ``_done`` once it emits. Its own failures are internal errors
+    named ``label``."""
+
+    label = "loss graph"
+    per_line, lines = _LOOKED, _LINES
+
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._lines = PerLine(_LOOKED, _LINES)
+        self._lines = PerLine(self.per_line, self.lines)
         self._done: set = set()
 
     def describe_loss(self, tensors) -> dict:
@@ -199,8 +207,15 @@ class LossTermWatcher:
                 return {}
             self._judge(root, loc)
         except Exception as exc:
-            self.rec.internal_error("loss_unbounded", exc)
+            self.rec.internal_error(self.label, exc)
         return {}
+
+    def _judge(self, root, loc) -> None:
+        raise NotImplementedError
+
+
+class LossTermWatcher(LossGraphReader):
+    label = "loss_unbounded"
 
     def _judge(self, root, loc) -> None:
         terms = negative_terms(root)
