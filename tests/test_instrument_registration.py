@@ -88,6 +88,39 @@ def test_a_fresh_input_leaf_each_step_is_never_tracked_but_a_persistent_one_is()
     assert all(e["extra_leaves"] == 2 for e in backwards)  # still counted as extra leaves
 
 
+def test_a_fresh_perturbation_each_step_scans_the_heap_a_bounded_number_of_times(monkeypatch):
+    # PGD: a new leaf per update that lives across the attack's backwards is tracked each update;
+    # naming it may not walk the whole heap each time (a tenth of a second or more per walk)
+    import gc
+
+    from graddoctor.instrument import names
+    from graddoctor.instrument.naming import NEW_LEAF_SCANS
+
+    scans = []
+    real = gc.get_objects
+    monkeypatch.setattr(names.gc, "get_objects", lambda *a: scans.append(1) or real(*a))
+    model = nn.Linear(3, 2)
+
+    def script():
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(12):
+            x, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
+            delta = torch.zeros_like(x, requires_grad=True)
+            for _ in range(2):
+                F.cross_entropy(model(x + delta), y).backward()
+                with torch.no_grad():
+                    delta += 0.01 * delta.grad.sign()
+                delta.grad = None
+            optimizer.zero_grad()
+            F.cross_entropy(model(x + delta.detach()), y).backward()
+            optimizer.step()
+
+    rec, _ = run(script, {"model": model})
+    tracked_late = [e for e in rec.trace if e.kind == "param" and not e["is_parameter"]]
+    assert len(tracked_late) >= 10  # each update's perturbation, tracked at its second backward
+    assert len(scans) <= NEW_LEAF_SCANS + 2  # + the first step's naming and the end of the run
+
+
 def _master_weights(copy, steps=4):
     model = nn.Linear(3, 2).to(torch.bfloat16)
     masters = [nn.Parameter(p.detach().float().clone()) for p in model.parameters()]

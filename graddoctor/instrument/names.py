@@ -27,11 +27,13 @@ class LiveModules:
     naming round: a scan walks the whole heap (slow in a large process), so the namers share
     it and skip it when the user's variables already answered."""
 
-    def __init__(self) -> None:
-        self._found: list | None = None
+    def __init__(self, scan: bool = True) -> None:
+        self._found: list | None = None if scan else []  # scan=False: the stack's variables only
+        self.scanned = False
 
     def get(self) -> list:
         if self._found is None:
+            self.scanned = True
             module = torch.nn.Module
             self._found = [obj for obj in gc.get_objects()
                              if issubclass(type(obj), module)]  # type(): no __class__ tricks

@@ -14,6 +14,12 @@ from .recorder import Recorder
 from .registration import find_unregistered
 from .topics import LEAF_TRACKED, PARAMS_ADDED, STEPPED
 
+# heap scans for learnable tensors tracked late: a tensor made afresh each update that lives
+# across several backwards (PGD's perturbation, an input optimised in an inner loop) is tracked
+# at every update, and a scan of a large heap costs a tenth of a second or more; the later ones
+# are named from the variables on the stack, and all of them at the end of the run
+NEW_LEAF_SCANS = 3
+
 
 class ParamNamer:
     def __init__(self, rec: Recorder, optimizers):
@@ -23,6 +29,7 @@ class ParamNamer:
         self.step_threads: set[int] = set()  # the threads the optimizers' first steps ran in
         self._script_globals: dict | None = None  # the script's variables (``name_from``)
         self._unregistered: set[int] = set()  # pids an ``unregistered`` event has named
+        self._leaf_scans_left = NEW_LEAF_SCANS
         rec.subscribe(STEPPED, self._name_after_first_step)
         rec.subscribe(PARAMS_ADDED, self._name_at_construction)
         rec.subscribe(LEAF_TRACKED, self._name_new_leaf)
@@ -52,13 +59,14 @@ class ParamNamer:
 
     def _name_new_leaf(self) -> None:
         # a learnable tensor left out of the optimizer, tracked at its second backward: named,
-        # and found in its module, while the model is surely alive (rare: once per such tensor)
+        # and found in its module, while the model is surely alive (the heap: NEW_LEAF_SCANS times)
         rec = self.rec
         try:
-            live = LiveModules()
+            live = LiveModules(scan=self._leaf_scans_left > 0)
             name_parameters(rec, live=live)
             find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
                               self._unregistered, live)
+            self._leaf_scans_left -= live.scanned
         except Exception as exc:
             rec.internal_error("naming a tensor", exc)
 
