@@ -7,7 +7,8 @@ and modules one attribute deep in other objects: ``agent.target_net``) are paire
 none of whose parameters an optimizer owns (the copy) with one whose parameters are all owned
 (the trained model), of the same parameter shapes in the same order; ``equal`` when a strided
 sample of each of their first tensors holds the same values (a ``copy.deepcopy``, a second
-instance loaded from the model's state; a pretrained teacher of the same architecture differs).
+instance loaded from the model's state; a pretrained teacher of the same architecture differs;
+values are read on the CPU only, so a GPU run's copies are never ``equal``: ``--emulate-cuda``).
 Then, for each pair:
 
 * the copy's forwards: a forward hook on the copy and its direct children counts them, and
@@ -136,15 +137,17 @@ class CopyWatcher:
         for var, value in user_variables(self.rec).items():
             if var.startswith("_"):
                 continue
-            if isinstance(value, torch.nn.Module):
-                add(var, value)
-            elif not isinstance(value, type):
-                attrs = getattr(value, "__dict__", None)
-                if isinstance(attrs, dict) and type(value).__module__ not in ("builtins",) \
-                        and not hasattr(value, "__path__") and type(value).__name__ != "module":
-                    for attr, inner in list(attrs.items())[:64]:
-                        if isinstance(inner, torch.nn.Module) and not attr.startswith("_"):
-                            add(f"{var}.{attr}", inner)
+            try:
+                if isinstance(value, torch.nn.Module):
+                    add(var, value)
+                elif not isinstance(value, type) and type(value).__name__ != "module":
+                    attrs = getattr(value, "__dict__", None)  # an agent holding its networks
+                    if isinstance(attrs, dict):
+                        for attr, inner in list(attrs.items())[:64]:
+                            if isinstance(inner, torch.nn.Module) and not attr.startswith("_"):
+                                add(f"{var}.{attr}", inner)
+            except Exception:  # an object whose attributes cannot be read: not ours to judge
+                continue
         return list(found.values())
 
     def _find(self) -> None:
@@ -152,7 +155,8 @@ class CopyWatcher:
         copies, trained = [], {}
         for name, module in self._modules():
             params = _params(module)
-            if len(params) < 2 or sum(p.numel() for p in params) < _MIN_ELEMENTS:
+            if len(params) < 2 or sum(p.numel() for p in params) < _MIN_ELEMENTS \
+                    or any(p.is_meta for p in params):
                 continue
             pids = [rec.pid(p) for p in params]
             mine = [pid is not None and pid in owned for pid in pids]
