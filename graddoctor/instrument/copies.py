@@ -124,7 +124,7 @@ class CopyWatcher:
         pass
 
     # -- the pairs ------------------------------------------------------------------------
-    def _modules(self) -> list[tuple[str, torch.nn.Module]]:
+    def _user_modules(self) -> list[tuple[str, torch.nn.Module]]:
         found: dict[int, tuple[str, torch.nn.Module]] = {}
 
         def add(name, module):
@@ -153,7 +153,7 @@ class CopyWatcher:
     def _find(self) -> None:
         rec, owned = self.rec, self.owned
         copies, trained = [], {}
-        for name, module in self._modules():
+        for name, module in self._user_modules():
             params = _params(module)
             if len(params) < 2 or sum(p.numel() for p in params) < _MIN_ELEMENTS \
                     or any(p.is_meta for p in params):
