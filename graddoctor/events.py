@@ -534,6 +534,18 @@ symmetric_units    opt, params [pid] (stepped parameters whose rows are all equa
                    count: its units), step (the optimizer's step
                    after which they were compared) — a layer whose units stayed copies of each
                    other (loc: that step; an aside)
+model_copy         copy, model (the user's names of a module no optimizer trains and of one whose
+                   parameters an optimizer owns, of the same parameter shapes), opt (the model's
+                   optimizer), params (the copy's tensor count), equal (bool: the same sampled
+                   values at the first step: a copy of the model), forwards, targets (the copy's
+                   forwards after the first step, and those without gradient: under no_grad or
+                   with an output that carries none), written (bool: the copy's parameters were
+                   changed during the run), written_step (int|None), measured (intervals between
+                   two steps of ``opt`` measured), pulls [[step, cos, share, copy_moved]] (per
+                   interval in which the script's own code changed the model: the cosine of that
+                   change with the way from the model to the copy, its length over that way, and
+                   whether the copy changed too) — written at the end (loc: the copy's first
+                   forward that gave targets, or None)
 step_edit          opt, steps [int] (the run's step count at each measurement), back [float|None]
                    (per measured update: the cosine between the change the script's own code made
                    to the optimizer's parameters before its next step, Δh, and minus the change
@@ -1036,6 +1048,14 @@ def symmetric_units(*, opt: int, params: list[int], rows: list[int], step: int) 
     return "symmetric_units", {"opt": opt, "params": params, "rows": rows, "step": step}
 
 
+def model_copy(*, copy: str, model: str, opt: int | None, params: int, equal: bool, forwards: int,
+               targets: int, written: bool, written_step: int | None, measured: int,
+               pulls: list[list]) -> Made:
+    return "model_copy", {"copy": copy, "model": model, "opt": opt, "params": params, "equal": equal,
+                          "forwards": forwards, "targets": targets, "written": written,
+                          "written_step": written_step, "measured": measured, "pulls": pulls}
+
+
 def step_edit(*, opt: int, steps: list[int], back: list, share: list, home: list,
               home_share: list) -> Made:
     return "step_edit", {"opt": opt, "steps": steps, "back": back, "share": share, "home": home,
@@ -1209,7 +1229,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
-    "step_edit": step_edit,
+    "step_edit": step_edit, "model_copy": model_copy,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -1273,6 +1293,7 @@ NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init"
              "batch_fingerprint",  # bookkeeping before a backward: the batch's checksum
              "grad_allreduce",  # bookkeeping at a step: what the script's all-reduce made
              "grad_flow",  # the per-update gradient norms for the pictures, written at the end
+             "model_copy",  # what a copy of the model did over the run, written at the end
              "folded",  # stands for turns the recorder folded out; the timeline counts them apart
              "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs

@@ -120,6 +120,9 @@ class ScriptSource:
     def moves_to_host(self, path: str, line: int) -> bool | None:
         return moves_to_host(self.full(path), line)
 
+    def copy_writers(self, path: str, name: str) -> dict | None:
+        return copy_writers(self.full(path), name)
+
     def self_load_alias(self, path: str, line: int) -> tuple[str, str, int | None] | None:
         return self_load_alias(self.full(path), line)
 
@@ -1740,3 +1743,233 @@ def _reads_position(index: ast.AST, position: int, length: int) -> bool:
         upper = _int(index.upper)
         return upper is not None and (upper - 1) % length == position
     return False
+
+
+# calls that only read a module passed to them (a copy handed to one of these is not written)
+_READERS = frozenset({"zip", "list", "tuple", "enumerate", "print", "len", "isinstance", "sum",
+                      "map", "filter", "sorted", "iter", "next", "id", "type", "str", "repr",
+                      "deepcopy", "save", "chain", "getattr", "hasattr", "count_parameters"})
+# methods of a module that write none of its parameters' values
+_READING_METHODS = frozenset({"parameters", "named_parameters", "buffers", "named_buffers",
+                              "modules", "named_modules", "children", "named_children",
+                              "state_dict", "eval", "train", "requires_grad_", "to", "cpu", "cuda",
+                              "float", "double", "half", "bfloat16", "forward", "zero_grad",
+                              "register_forward_hook", "numel", "size", "extra_repr", "__call__"})
+# an update's hyper-parameter by its name (a decay or sync period set and never read)
+_FOLLOW_SETTING = ("ema", "decay", "momentum", "tau", "polyak", "sync", "target_update",
+                   "update_target", "update_every", "update_freq", "update_interval")
+# a method whose class derives from something else than a module or object may be a framework's
+# hook (Lightning's on_train_batch_end), called without its name in the script
+_PLAIN_BASES = frozenset({"object", "Module"})
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    """Names and attribute names in an expression, but those only called (``teacher(x)``: a
+    forward's result is not the module)."""
+    called = {id(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+    out = set()
+    for n in ast.walk(node):
+        if id(n) in called:
+            continue
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+    return out
+
+
+def _referenced(tree: ast.AST) -> dict[str, int]:
+    """How often each name is read (a Name loaded, an attribute read)."""
+    counts: dict[str, int] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            counts[n.id] = counts.get(n.id, 0) + 1
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+            counts[n.attr] = counts.get(n.attr, 0) + 1
+    return counts
+
+
+def _functions(tree: ast.AST) -> list[tuple[ast.AST, ast.AST | None]]:
+    """Every function definition with the class holding it (None for a plain function)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            out += [(f, node) for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    methods = {id(f) for f, _ in out}
+    out += [(f, None) for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(f) not in methods]
+    return out
+
+
+def _uncalled(tree: ast.AST, func: ast.AST, owner: ast.AST | None, refs: dict[str, int]) -> bool:
+    """A function nothing in the file names (so nothing calls it), that no framework calls by
+    its name either: not a method of a class with other bases, not decorated but by
+    ``torch.no_grad()``, ``staticmethod`` or ``classmethod``."""
+    name = func.name
+    if name.startswith("__") or refs.get(name, 0):
+        return False
+    for deco in func.decorator_list:
+        text = ast.unparse(deco)
+        if not any(ok in text for ok in ("no_grad", "staticmethod", "classmethod", "inference_mode")):
+            return False
+    if owner is not None:
+        bases = {(b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "?")) for b in owner.bases}
+        if bases - _PLAIN_BASES:
+            return False
+    return True
+
+
+def _statement_writes(tree: ast.AST, path: str, names: set[str], params: set[str]) -> list[int]:
+    """Lines of statements that write, in place, a tensor reached from ``names`` (a root, a part
+    of the chain, or what a loop binds the root to), or from ``params`` (a function's own
+    parameters)."""
+    lines = []
+    reach = names | params
+    for line, root, text, bound in param_writes(path):
+        chain = set(_chain_of(text))
+        bound_names = set()
+        if bound:
+            try:
+                bound_names = _names_in(ast.parse(bound, mode="eval"))
+            except SyntaxError:
+                pass
+        if root in reach or chain & names or bound_names & reach:
+            lines.append(line)
+    return lines
+
+
+def _attribute_chain(node: ast.AST) -> list[str]:
+    """``self.teacher.head`` -> ["self", "teacher", "head"]; empty through a call (the result of
+    ``teacher(x)`` is no module)."""
+    parts = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return []
+    parts.append(node.id)
+    return parts[::-1]
+
+
+def _chain_of(text: str) -> list[str]:
+    try:
+        node = ast.parse(text)
+    except SyntaxError:
+        return []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            target = _written(n)
+            if target is not None:
+                return _chain(target)
+        if isinstance(n, ast.Assign) and len(n.targets) == 1:
+            return _chain(n.targets[0])
+    return []
+
+
+def copy_writers(path: str, name: str) -> dict | None:
+    """What the file says about the module a copy is held in (``name``: its variable or
+    attribute, ``target_net``, ``teacher``): ``made`` (line, text) of its first assignment;
+    ``writers``, lines of code that could change its parameters' values (an in-place write
+    reaching it or a name bound from it, a method call on it that is not a read, the module
+    handed to a function that writes its argument or to one the file does not define);
+    ``setup``, those of ``writers`` that run once while things are built (module level outside
+    a loop, an ``__init__``); ``uncalled``, (line, function name) of functions that write parameters by hand, reaching
+    the copy or their own arguments, and that nothing in the file calls; ``unused``, (line,
+    setting) of an update's setting (a decay, a sync period) assigned a number and never read.
+    The writes inside uncalled functions are not among ``writers``. None when the file cannot
+    be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    names = {name}
+    # names bound from the copy: ``params = list(teacher.parameters())``, loop variables
+    for _ in range(3):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and _names_in(node.value) & names:
+                for t in node.targets:
+                    names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+            elif isinstance(node, (ast.For, ast.comprehension)) and _names_in(node.iter) & names:
+                bound: dict[str, str] = {}
+                _bindings(node.target, node.iter, bound)
+                for var, text in bound.items():
+                    try:
+                        if _names_in(ast.parse(text, mode="eval")) & names:
+                            names.add(var)
+                    except SyntaxError:
+                        pass
+    refs = _referenced(tree)
+    functions = _functions(tree)
+    dead: list[tuple[int, int]] = []
+    uncalled = []
+    for func, owner in functions:
+        if not _uncalled(tree, func, owner, refs):
+            continue
+        first, last = func.lineno, func.end_lineno or func.lineno
+        dead.append((first, last))
+        args = {a.arg for a in func.args.args + func.args.kwonlyargs} - {"self", "cls"}
+        inside = [ln for ln in _statement_writes(tree, path, names, args) if first <= ln <= last]
+        if inside:
+            uncalled.append((func.lineno, func.name))
+
+    def live(line: int) -> bool:
+        return not any(a <= line <= b for a, b in dead)
+
+    writers = [ln for ln in _statement_writes(tree, path, names, set()) if live(ln)]
+    by_name = {f.name: f for f, _ in functions}
+    made = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and live(node.lineno):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                last_name = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
+                if last_name == name and (made is None or node.lineno < made[0]):
+                    made = (node.lineno, ast.unparse(node).strip())
+        if not isinstance(node, ast.Call) or not live(node.lineno):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr not in _READING_METHODS \
+                and name in _attribute_chain(func.value) and func.attr not in _WRITES:
+            writers.append(node.lineno)  # ema.update_parameters(model), target.apply(init)
+        args = list(node.args) + [k.value for k in node.keywords]
+        for position, arg in enumerate(args):
+            if not (_names_in(arg) & {name}) or isinstance(arg, ast.Call):
+                continue
+            callee = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            if callee in _READERS:
+                continue
+            target = by_name.get(callee or "")
+            if target is None:
+                writers.append(node.lineno)  # a function of another file: it may write it
+                continue
+            params = [a.arg for a in target.args.args if a.arg not in ("self", "cls")]
+            if position < len(node.args) and position < len(params):
+                mine = {params[position]}
+            else:
+                mine = set(params)
+            first, last = target.lineno, target.end_lineno or target.lineno
+            if any(first <= ln <= last for ln in _statement_writes(tree, path, set(), mine)):
+                writers.append(node.lineno)
+    unused = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, (int, float)) and not isinstance(node.value.value, bool):
+            t = node.targets[0]
+            setting = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
+            if setting and any(k in setting.lower() for k in _FOLLOW_SETTING) and not refs.get(setting):
+                unused.append((node.lineno, setting))
+    return {"made": made, "writers": sorted(set(writers)), "uncalled": uncalled, "unused": unused,
+            "setup": sorted(ln for ln in set(writers) if _set_up(tree, ln))}
+
+
+def _set_up(tree: ast.AST, line: int) -> bool:
+    """A statement that runs once while things are built: at module level outside any loop,
+    or in an ``__init__``."""
+    scope = _enclosing_function(tree, line)
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return scope.name == "__init__"
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            return False
+    return True

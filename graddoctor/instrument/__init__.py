@@ -14,6 +14,7 @@ from .backward import BackwardWatcher
 from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .constloss import ConstantLossWatcher
+from .copies import CopyWatcher
 from .customfn import CustomFunctionWatcher
 from .dependency import DependencyWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
@@ -187,6 +188,11 @@ class Instrumentation:
         rec.subscribe(STEP_BEGINS, edits.before_step)
         rec.subscribe(STEPPED, edits.after_step)
         self.watchers.append(edits)
+        # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
+        self.copies = CopyWatcher(rec, self.optimizers.owned_pids())
+        rec.subscribe(STEP_BEGINS, self.copies.before_step)
+        rec.subscribe(STEPPED, self.copies.after_step)
+        self.watchers.append(self.copies)
         # where the parameters that never get a gradient are used (param-without-grad)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
         self.watchers.append(self.idle)
@@ -237,6 +243,7 @@ class Instrumentation:
         rec = self.rec
         if self.grad_flow is not None:
             self.grad_flow.close()  # its events before the trace is final
+        self.copies.close()
         try:
             rec.finish()  # held events out, Deferred values read: rec.trace is the final trace
         except Exception as error:

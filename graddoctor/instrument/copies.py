@@ -1,0 +1,280 @@
+"""Copies of a trained model that are meant to follow it: an EMA or mean teacher, a momentum
+(key) encoder, a DQN/TD3 target network. Does the copy follow the model, and does the model
+stay where its optimizer put it?
+
+At the first optimizer step the modules the user's frames hold (their variables, submodules,
+and modules one attribute deep in other objects: ``agent.target_net``) are paired: a module
+none of whose parameters an optimizer owns (the copy) with one whose parameters are all owned
+(the trained model), of the same parameter shapes in the same order; ``equal`` when a strided
+sample of each of their first tensors holds the same values (a ``copy.deepcopy``, a second
+instance loaded from the model's state; a pretrained teacher of the same architecture differs;
+values are read on the CPU only, so a GPU run's copies are never ``equal``: ``--emulate-cuda``).
+Then, for each pair:
+
+* the copy's forwards: a forward hook on the copy and its direct children counts them, and
+  those that give targets (grad mode off, or an output that carries no gradient);
+* whether anything writes the copy: its parameters' versions and storages at each step, and a
+  sample of their values (``p.data.mul_`` moves no version);
+* what the script's own code does to the trained model between two of its optimizer's steps
+  (the first ``MEASURED`` of them): the change Δh from after one step to before the next, its
+  cosine with the way to the copy (the copy's values minus the model's, after the step) and
+  its length over that way, and whether the copy moved in that interval. An update written the
+  wrong way round moves the model toward a copy that stays put.
+
+One ``model_copy`` event per pair at the end of the run (rules/copy_never_follows.py).
+
+Cost: one walk over the user's modules at the first step; per step, a version read per
+parameter of each copy, and over the first ``MEASURED`` steps two small samples per pair; per
+forward of a copy, one hook call.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .. import events as ev
+from .names import user_variables
+from .recorder import Recorder
+
+MAX_PAIRS = 8
+MAX_MODULES = 4000  # modules looked at in the user's variables
+MEASURED = 24  # intervals between two steps of the model's optimizer measured
+VALUE_CHECKS = 64  # steps at which the copy's sampled values are compared
+_TENSORS = 16
+_SAMPLE = 256
+_MIN_ELEMENTS = 16  # a copy holds at least this many values (not a lone temperature)
+
+
+def _params(module) -> list:
+    seen, out = set(), []
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def _sample(tensors) -> torch.Tensor | None:
+    parts = []
+    with torch.no_grad():
+        for t in tensors[:_TENSORS]:
+            if t.device.type != "cpu" or not t.is_floating_point() or t.layout != torch.strided:
+                return None
+            flat = t.detach().reshape(-1)
+            stride = max(1, flat.numel() // _SAMPLE)
+            parts.append(flat[::stride][:_SAMPLE].to(torch.float64, copy=True))
+    return torch.cat(parts) if parts else None
+
+
+def _marks(tensors) -> tuple:
+    return tuple((p._version, p.data_ptr()) for p in tensors)
+
+
+def _first_tensor(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (list, tuple)):
+        for item in output:
+            if isinstance(item, torch.Tensor):
+                return item
+    if isinstance(output, dict):
+        for item in output.values():
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+class _Pair:
+    __slots__ = ("copy", "model", "copy_name", "model_name", "opt", "equal", "copy_params",
+                 "model_params", "marks", "base", "written", "written_step", "forwards",
+                 "targets", "target_loc", "handles", "depth", "post", "rows", "measured", "params")
+
+    def __init__(self, copy, model, copy_name, model_name, opt, equal):
+        self.copy = weakref.ref(copy)
+        self.model = weakref.ref(model)
+        self.copy_name, self.model_name, self.opt, self.equal = copy_name, model_name, opt, equal
+        self.copy_params = _params(copy)
+        self.model_params = _params(model)
+        self.params = len(self.copy_params)
+        self.marks = _marks(self.copy_params)
+        self.base = _sample(self.copy_params)
+        self.written = False
+        self.written_step: int | None = None
+        self.forwards = 0
+        self.targets = 0
+        self.target_loc = None
+        self.handles: list = []
+        self.depth = 0  # inside the copy's own forward (its children's hooks then count nothing)
+        self.post: tuple | None = None  # (model sample, copy sample) after a step
+        self.rows: list[list] = []
+        self.measured = 0
+
+
+class CopyWatcher:
+    def __init__(self, rec: Recorder, owned):
+        self.rec = rec
+        self.owned = owned  # OptimizerWatcher.owned_pids(): a live view
+        self._looked = False
+        self._pairs: list[_Pair] = []
+        self._checks = 0
+
+    def install(self, patcher) -> None:  # subscribes to STEP_BEGINS and STEPPED (instrument/__init__.py)
+        pass
+
+    # -- the pairs ------------------------------------------------------------------------
+    def _user_modules(self) -> list[tuple[str, torch.nn.Module]]:
+        found: dict[int, tuple[str, torch.nn.Module]] = {}
+
+        def add(name, module):
+            if len(found) >= MAX_MODULES:
+                return
+            for sub, m in module.named_modules():
+                if id(m) not in found and len(found) < MAX_MODULES:
+                    found[id(m)] = (f"{name}.{sub}" if sub else name, m)
+
+        for var, value in user_variables(self.rec).items():
+            if var.startswith("_"):
+                continue
+            try:
+                if isinstance(value, torch.nn.Module):
+                    add(var, value)
+                elif not isinstance(value, type) and type(value).__name__ != "module":
+                    attrs = getattr(value, "__dict__", None)  # an agent holding its networks
+                    if isinstance(attrs, dict):
+                        for attr, inner in list(attrs.items())[:64]:
+                            if isinstance(inner, torch.nn.Module) and not attr.startswith("_"):
+                                add(f"{var}.{attr}", inner)
+            except Exception:  # an object whose attributes cannot be read: not ours to judge
+                continue
+        return list(found.values())
+
+    def _find(self) -> None:
+        rec, owned = self.rec, self.owned
+        copies, trained = [], {}
+        for name, module in self._user_modules():
+            params = _params(module)
+            if len(params) < 2 or sum(p.numel() for p in params) < _MIN_ELEMENTS \
+                    or any(p.is_meta for p in params):
+                continue
+            pids = [rec.pid(p) for p in params]
+            mine = [pid is not None and pid in owned for pid in pids]
+            key = tuple((tuple(p.shape), p.dtype) for p in params)
+            if all(mine):
+                trained.setdefault(key, (name, module, pids[0]))
+            elif not any(mine) and all(p.is_floating_point() for p in params):
+                copies.append((len(params), name, module, key))
+        taken: set[int] = set()
+        for _, name, module, key in sorted(copies, key=lambda c: (-c[0], len(c[1]))):
+            if id(module) in taken or key not in trained or len(self._pairs) >= MAX_PAIRS:
+                continue
+            taken.update(id(m) for m in module.modules())
+            model_name, model, pid = trained[key]
+            opt = next((o for o, pids in rec.opt_params.items() if pid in pids), None)
+            a, b = _sample(_params(module)), _sample(_params(model))
+            equal = a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
+            pair = _Pair(module, model, name, model_name, opt, equal)
+            self._hook(pair, module)
+            self._pairs.append(pair)
+
+    def _hook(self, pair: _Pair, module) -> None:
+        rec = self.rec
+
+        def enter(mod, args):
+            pair.depth += 1
+
+        def forward_hook(mod, args, output):
+            try:
+                if mod is module:
+                    pair.depth = max(0, pair.depth - 1)
+                elif pair.depth:
+                    return  # a child run by the copy's own forward: counted there
+                if not rec.progress.steps:
+                    return
+                pair.forwards += 1
+                out = _first_tensor(output)
+                if not torch.is_grad_enabled() or (out is not None and not out.requires_grad):
+                    pair.targets += 1
+                    if pair.target_loc is None:
+                        pair.target_loc = rec.here(2)
+            except Exception as exc:
+                rec.internal_error("model copies (forward)", exc)
+
+        pair.handles.append(module.register_forward_pre_hook(enter))
+        for m in (module, *module.children()):
+            pair.handles.append(m.register_forward_hook(forward_hook))
+
+    # -- each step ------------------------------------------------------------------------
+    def before_step(self, opt: int, optimizer) -> None:
+        try:
+            if not self._looked:
+                self._looked = True
+                self._find()
+                return
+            self._checks += 1
+            steps = self.rec.progress.steps
+            for pair in self._pairs:
+                self._check_written(pair, steps, values=self._checks <= VALUE_CHECKS)
+                if pair.opt == opt and pair.post is not None:
+                    self._measure(pair, steps)
+        except Exception as exc:
+            self._pairs = []
+            self.rec.internal_error("model copies", exc)
+
+    def after_step(self, opt: int, optimizer) -> None:
+        try:
+            for pair in self._pairs:
+                if pair.opt == opt and pair.measured < MEASURED:
+                    model, copy = _sample(pair.model_params), _sample(pair.copy_params)
+                    pair.post = (model, copy) if model is not None and copy is not None \
+                        and model.shape == copy.shape else None
+        except Exception as exc:
+            self._pairs = []
+            self.rec.internal_error("model copies", exc)
+
+    def _check_written(self, pair: _Pair, steps: int, values: bool) -> None:
+        if pair.written:
+            return
+        if _marks(pair.copy_params) != pair.marks:
+            pair.written, pair.written_step = True, steps
+            return
+        if values and pair.base is not None:
+            now = _sample(pair.copy_params)
+            if now is None or not torch.equal(now, pair.base):
+                pair.written, pair.written_step = True, steps
+
+    def _measure(self, pair: _Pair, steps: int) -> None:
+        model_post, copy_post = pair.post
+        pair.post = None
+        model, copy = _sample(pair.model_params), _sample(pair.copy_params)
+        if model is None or copy is None:
+            return
+        pair.measured += 1
+        edit = model - model_post
+        if not bool(edit.any()):
+            return
+        way = copy_post - model_post
+        scale = float(edit.norm() * way.norm())
+        cos = round(float(edit @ way) / scale, 6) if scale > 0.0 else None
+        den = float(way.norm())
+        share = round(float(edit.norm()) / den, 6) if den > 0.0 else None
+        pair.rows.append([steps, cos, share, bool((copy - copy_post).any())])
+
+    # -- the end --------------------------------------------------------------------------
+    def close(self) -> None:
+        rec = self.rec
+        for pair in self._pairs:
+            try:
+                for handle in pair.handles:
+                    handle.remove()
+                if pair.copy() is not None:
+                    self._check_written(pair, rec.progress.steps, values=True)
+                rec.emit(ev.model_copy(
+                    copy=pair.copy_name, model=pair.model_name, opt=pair.opt, params=pair.params,
+                    equal=pair.equal, forwards=pair.forwards, targets=pair.targets,
+                    written=pair.written, written_step=pair.written_step,
+                    measured=pair.measured, pulls=pair.rows), pair.target_loc)
+            except Exception as exc:
+                rec.internal_error("model copies", exc)
+        self._pairs = []
