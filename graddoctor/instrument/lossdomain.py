@@ -89,7 +89,7 @@ def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_ta
                                              target.min().float(), target.max().float()]).tolist()
             # every row of values 0 and 1 without a -1 lists a class twice: no index list does
             if binary == 1:
-                return {"problem": "multi-hot", "low": low, "high": high}
+                return {"problem": "multi-label", "low": low, "high": high}
             return None
         if not target.is_floating_point():
             return None  # integer targets of the other losses: class indices torch checks itself
