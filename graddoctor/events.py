@@ -253,30 +253,38 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the h
                    input or target): a regression loss whose broadcast has more elements than
                    input and target — the first such call of each call line (loc: the user's
                    loss line)
-loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits | kl_div),
+loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits | kl_div | ctc_loss),
                    problem ("softmax" | "sigmoid" | "relu": its input came out of that op;
                    "probabilities": cross_entropy's rows lie in [0, 1] and sum to 1; "logits":
                    nll_loss's rows are not log-normalised and no log op precedes them; "dim":
                    a log_softmax normalised a dimension of another size than the classes;
-                   "multi-hot": cross_entropy's float targets are 0/1 rows with several 1s;
                    "swapped": the input needs no gradient and the target of the same shape does:
-                   ``criterion(labels, outputs)``; "target-range": binary_cross_entropy_with_logits'
-                   targets leave [0, 1] (-1/+1 labels, a teacher's logits); "target-negative":
-                   cross_entropy's float (probability) targets hold negative values (logits or
-                   log-probabilities as soft targets); "log-target": kl_div's target holds
-                   negative values with log_target=False; "prob-target": kl_div's target holds
-                   positive values with log_target=True; "rows": cross_entropy's or nll_loss's
+                   ``criterion(labels, outputs)``; "rows": cross_entropy's or nll_loss's
                    (N, C) input was reshaped from a tensor whose dimensions its rows of C
                    consecutive values cut across: a (B, C, T) output viewed as (-1, C); "order":
                    the (N, C) input was reshaped from (S0, S1, C) and the flat targets are the
                    (S0, S1) embedded tokens laid out as (S1, S0): seq-first scores against
                    batch-first targets or the reverse),
                    classes (size of the class dimension), normalised (the size of the dimension
-                   the log_softmax normalised, for "dim"; else None), low, high (the targets'
-                   smallest and largest value, only for the target problems), source (the shape
+                   the log_softmax normalised, for "dim"; else None), source (the shape
                    reshaped from, only for "rows" and "order"): a classification loss a
-                   gradient flows through given the wrong kind of score or target — the first
+                   gradient flows through given the wrong kind of score — the first
                    such call of each call line (loc: the user's loss line)
+target_domain      fn (a loss of instrument/lossdomain.py's DOMAINS), problem ("outside-unit":
+                   a binary cross-entropy's or multilabel_soft_margin_loss's targets leave
+                   [0, 1]; "zero-one": a margin loss's (+1/-1) targets hold zeros and nothing
+                   below 0; "multi-label": cross_entropy's float targets have rows with two
+                   values above 0.5, or multilabel_margin_loss's integer targets are 0/1 rows;
+                   "negative": cross_entropy's probability targets or poisson_nll_loss's counts
+                   go below 0; "log-target" / "prob-target": kl_div's target is negative with
+                   log_target=False / positive with log_target=True), low, high (the targets'
+                   smallest and largest value), share (the share of target values, or of
+                   cross_entropy's rows, outside the domain, where measured; else None),
+                   integral (every target a whole number, for "outside-unit" and "zero-one";
+                   else None), classes (cross_entropy's class count, else None): one of the
+                   first 8 calls of a loss a gradient flows through, whose target lies outside
+                   the domain the loss reads it in, once per call line (loc: the loss call; an
+                   aside; instrument/lossdomain.py)
 idle_forward       mid, cls, params [pid] (the module's own parameters that got no gradient so
                    far), grad (grad mode on), inference (inference mode on), training (the
                    module's .training): a forward of a module that owns optimizer parameters
@@ -629,7 +637,7 @@ run_end            status, steps
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
-``dropout_default``, ``loss_broadcast``, ``loss_input``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
+``dropout_default``, ``loss_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
 ``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``loss_no_graph`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
@@ -916,14 +924,17 @@ def advantage_grad(*, params: list[int]) -> Made:
 
 
 def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,
-               low: float | None = None, high: float | None = None,
                source: list[int] | None = None) -> Made:
     data = {"fn": fn, "problem": problem, "classes": classes, "normalised": normalised}
-    if low is not None or high is not None:  # the target problems: the values that show it
-        data.update(low=low, high=high)
     if source is not None:  # "rows": the shape the (N, C) input was reshaped from
         data["source"] = source
     return "loss_input", data
+
+
+def target_domain(*, fn: str, problem: str, low: float, high: float, share: float | None = None,
+                  integral: bool | None = None, classes: int | None = None) -> Made:
+    return "target_domain", {"fn": fn, "problem": problem, "low": low, "high": high,
+                             "share": share, "integral": integral, "classes": classes}
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,
@@ -1205,6 +1216,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
+    "target_domain": target_domain,
     "class_weights": class_weights, "target_in_inputs": target_in_inputs,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
@@ -1234,7 +1246,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "loss_broadcast", "loss_input", "idle_forward", "idle_loss",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "loss_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",

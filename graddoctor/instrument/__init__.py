@@ -28,6 +28,7 @@ from .gradstop import GradStopWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
+from .lossdomain import LossDomainWatcher
 from .losses import LossShapeWatcher
 from .lossterms import LossTermWatcher
 from .modes import ModeWatcher
@@ -98,7 +99,8 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
         columns = TargetColumnWatcher(rec)  # and of those whose target is a column of the input
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, self.idle, constants, columns),
-                          LossInputWatcher(rec, self.idle, constants, columns)]
+                          LossInputWatcher(rec, self.idle, constants, columns),
+                          LossDomainWatcher(rec)]  # targets outside the domain a loss reads them in
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)

@@ -1,10 +1,7 @@
 """Classification losses fed the wrong kind of score: probabilities where logits belong (a
 softmax or sigmoid applied twice), or something else where log-probabilities belong.
 
-Float targets outside what the loss is defined on are read on the first calls as well (one
-small reduction each): ``binary_cross_entropy_with_logits`` targets outside [0, 1],
-``cross_entropy`` soft targets with negative values or multi-hot rows, ``kl_div``
-log-probabilities without ``log_target=True`` (probabilities with it).
+Targets outside the domain a loss reads them in are lossdomain.py's (one table for every loss).
 
 ``cross_entropy`` and ``binary_cross_entropy_with_logits`` apply log_softmax / sigmoid
 themselves; ``nll_loss``, ``kl_div`` and ``ctc_loss`` expect log-probabilities as input (the
@@ -182,10 +179,6 @@ def _class_dim(tensor, fn: str = "") -> int:
     return 1 if tensor.dim() >= 2 else 0
 
 
-# the losses whose out-of-range targets a script may mask: (weight's, reduction's position)
-_MASKABLE = {"binary_cross_entropy_with_logits": (2, 5), "cross_entropy": (2, 6)}
-_TARGET_KEYS = {fn: f"{fn}:target" for fn in NAMES}  # _value_checks' keys of the target reads
-_TARGET_SLACK = 1e-3  # rounding around a target range's bounds (a smoothed 1.0, a clamped 0)
 _PADDING_SHARE = 0.25  # targets equal to the padding index: at least this share is reported
 _SQUARE_MIN = 4  # a square cross_entropy input at least this large is looked at as a similarity matrix
 _SELF_SHARE = 0.9  # rows whose maximum sits on the diagonal: at least this share
@@ -319,7 +312,7 @@ class LossInputWatcher:
             if columns is not None and columns.open and fn != "ctc_loss":
                 columns.loss_call(fn, input, target)
             try:
-                watcher._check(fn, input, target, args, kwargs)
+                watcher._check(fn, input)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):
                     watcher._padding(fn, input, target, args, kwargs)
                 if watcher._token_batches and fn in ("cross_entropy", "nll_loss"):
@@ -342,7 +335,7 @@ class LossInputWatcher:
         loss.__prepare_scriptable__ = lambda: original  # torch.jit.script compiles torch's own
         return loss
 
-    def _check(self, fn: str, input, target, args=(), kwargs=None) -> None:
+    def _check(self, fn: str, input) -> None:
         made, node = producer_node(input)
         classes = int(input.shape[_class_dim(input, fn)]) if input.dim() else 1
         problem, normalised = None, None
@@ -361,19 +354,14 @@ class LossInputWatcher:
             source = rows_cut_across(input)
             if source is not None:
                 problem = "rows"
-        values = None
-        if problem is None and fn not in ("nll_loss", "ctc_loss"):
-            problem, values = self._targets(fn, input, target, args, kwargs or {})
         if problem is None:
             return
         loc = self.rec.here()
         if loc in self._done:
             return
         self._done.add(loc)
-        low, high = values if values is not None else (None, None)
         self.rec.emit_aside(ev.loss_input(fn=fn, problem=problem, classes=classes,
-                                          normalised=normalised, low=low, high=high,
-                                          source=source), loc)
+                                          normalised=normalised, source=source), loc)
 
     def _swapped(self, fn: str, input, target) -> None:
         """"swapped": the scores are passed as the target and the labels as the input
@@ -397,64 +385,6 @@ class LossInputWatcher:
             return False
         self._value_checks[key] = done + 1
         return True
-
-    def _targets(self, fn: str, input, target, args, kwargs) -> tuple[str | None, tuple | None]:
-        """(problem, (low, high)) of float targets outside what the loss is defined on, for the
-        first calls (one small reduction and read each), else (None, None):
-
-        * "multi-hot": cross_entropy given class-probability targets whose rows are 0/1 labels
-          with more than one 1 (a multi-label task, which wants binary_cross_entropy_with_logits);
-        * "target-negative": cross_entropy's probability targets hold negative values (a
-          teacher's logits or log-probabilities as soft targets): the loss has no lower bound;
-        * "target-range": binary_cross_entropy_with_logits' targets leave [0, 1] (-1/+1 labels,
-          a teacher's raw logits): the loss has no lower bound;
-        * "log-target" / "prob-target": kl_div's target is negative (log-probabilities) with
-          ``log_target=False``, or positive (probabilities) with ``log_target=True``.
-
-        Soft targets in [0, 1] (label smoothing, mixup, a teacher's softmax or sigmoid) are what
-        these losses take. Targets of a loss with ``reduction="none"`` (or, for BCE, a
-        ``weight``) are not judged: a placeholder for a missing label (-1) may be masked out."""
-        key = _TARGET_KEYS[fn]
-        if self._value_checks.get(key, 0) >= _VALUE_CHECKS:
-            return None, None  # the first calls are judged: every later one returns here
-        if not (isinstance(target, torch.Tensor) and target.is_floating_point() and target.numel()):
-            return None, None
-        if fn == "cross_entropy" and not (target.shape == input.shape and input.dim() >= 2):
-            return None, None  # class indices, or a shape torch rejects
-        masked = False  # per-element losses the script may mask, or a weight that masks: a
-        # placeholder label (-1 for a missing one) never reaches the loss then
-        if fn in _MASKABLE:
-            weight_at, reduction_at = _MASKABLE[fn]
-            weight = args[weight_at] if len(args) > weight_at else kwargs.get("weight")
-            reduction = args[reduction_at] if len(args) > reduction_at else kwargs.get("reduction", "mean")
-            masked = reduction == "none" or (fn == "binary_cross_entropy_with_logits" and weight is not None)
-            if masked and fn != "cross_entropy":
-                return None, None
-        if not self._reads_left(key, target):
-            return None, None
-        with torch.no_grad():
-            t = target.detach().float()
-            if fn == "cross_entropy":
-                binary, most, low, high = torch.stack([((t == 0) | (t == 1)).all().float(),
-                                                       t.sum(1).max(), t.min(), t.max()]).tolist()
-            else:
-                low, high = torch.stack([t.min(), t.max()]).tolist()
-        if not (math.isfinite(low) and math.isfinite(high)):
-            return None, None  # NaN or inf targets: nonfinite-grad's business
-        values = (round(low, 4), round(high, 4))
-        if fn == "cross_entropy":
-            if binary == 1 and most > 1:
-                return "multi-hot", None
-            return ("target-negative", values) if low < -_TARGET_SLACK and not masked else (None, None)
-        if fn == "binary_cross_entropy_with_logits":
-            outside = low < -_TARGET_SLACK or high > 1 + _TARGET_SLACK
-            return ("target-range", values) if outside else (None, None)
-        log_target = args[5] if len(args) > 5 else kwargs.get("log_target", False)
-        if not log_target and low < -_TARGET_SLACK:
-            return "log-target", values
-        if log_target and high > _TARGET_SLACK:
-            return "prob-target", values
-        return None, None
 
     def _by_values(self, fn: str, input) -> str | None:
         """For scores whose graph does not tell, the first calls only: "probabilities"

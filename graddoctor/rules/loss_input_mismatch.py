@@ -103,27 +103,21 @@ class LossInputMismatch(Rule):
     scores out of a ReLU given to
     `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax` over another
     dimension than the classes (`dim=0`: the batch) given to `cross_entropy`, `nll_loss` or
-    `ctc_loss` (whose classes are the last dimension of its (T, N, C) input), and
-    float 0/1 targets with several 1s per row (a multi-label task) given to `cross_entropy`,
+    `ctc_loss` (whose classes are the last dimension of its (T, N, C) input),
     and swapped arguments (`criterion(labels, outputs)`: the labels taken as the scores and the
     model's output as the target, which torch differentiates), and (N, C) scores reshaped from a
     tensor whose dimensions their rows cut across (a (batch, classes, positions) output viewed as
     `(-1, C)`: each row holds one class's scores at C positions), and flattened scores whose
     token targets are flattened in the other order (a seq-first model's (T, B, C) output against
     batch-first (B, T) next-token targets: the targets are the embedded tokens only when read
-    transposed). It also finds float targets
-    outside the range the loss is defined on: `binary_cross_entropy_with_logits` targets outside
-    [0, 1] (-1/+1 labels, a teacher's raw logits), `cross_entropy` soft targets with negative
-    values (a teacher's logits or log-probabilities where probabilities belong), and `kl_div`
-    given log-probabilities as its target without `log_target=True` (or probabilities with it);
-    the targets' range is read on the first calls. It points at the loss call. The
+    transposed). It points at the loss call. The
     operation behind the input is read from the autograd graph (past reshapes, slices, casts
     and clamps); where the graph does not tell, `cross_entropy` is reported when every row lies
     in [0, 1] and sums to 1, and `nll_loss` when its rows are not log-normalised and no log op
     comes before them. Losses computed without a gradient (validation metrics) are not judged,
     and `log_softmax` before `cross_entropy` is not reported: log_softmax of log-probabilities
-    changes nothing. Soft targets that sum to 1 (label smoothing, mixup) are what
-    `cross_entropy` takes.
+    changes nothing. Targets outside the domain a loss reads them in (multi-hot rows, -1/+1
+    labels to BCE, log-probabilities as `kl_div`'s target) are `target-outside-loss-domain`'s.
 
     ## Why is this bad?
     `cross_entropy` applies log_softmax itself. Given probabilities, every score lies in
@@ -150,9 +144,9 @@ class LossInputMismatch(Rule):
 
     ## Stays silent on
     Logits to `cross_entropy` and `BCEWithLogitsLoss`, `log_softmax` to `nll_loss`, `kl_div`
-    and `ctc_loss` (also taken over (N, T, C) and transposed), a sigmoid before `binary_cross_entropy`; targets in [0, 1] (label smoothing,
-    mixup, a teacher's softmax or sigmoid, `pos_weight`-weighted multi-label targets),
-    `kl_div(..., log_target=True)` with log-probabilities; REINFORCE's log-probabilities, a log
+    and `ctc_loss` (also taken over (N, T, C) and transposed), a sigmoid before
+    `binary_cross_entropy`; soft targets (label smoothing, mixup, a teacher's softmax or
+    sigmoid); REINFORCE's log-probabilities, a log
     of softmax probabilities with an epsilon, Gumbel-softmax; sequence scores flattened or
     with `log_softmax` over the class dimension; scores flattened with the classes last
     (`movedim(1, -1).reshape(-1, C)`, (B, C, 1, 1) heads, K heads packed as (B, K * C) and split
@@ -164,15 +158,14 @@ class LossInputMismatch(Rule):
     slug = "loss-input-mismatch"
     severity = Severity.WARNING
     summary = ("a classification loss is given probabilities where it expects logits (softmax "
-               "or sigmoid applied twice) or log-probabilities, or targets outside the range it "
-               "takes")
+               "or sigmoid applied twice) or log-probabilities")
     fix = "pass the loss the kind of score it expects: logits to cross_entropy, log-probabilities to nll_loss and kl_div"
 
     def check(self, a):
         for e in a.of_kind("loss_input"):
             message, fix, evidence = _describe(e.get("fn", "cross_entropy"), e.get("problem", "softmax"),
                                                int(e.get("classes") or 2), e.get("normalised"),
-                                               e.get("low"), e.get("high"), e.get("source"))
+                                               e.get("source"))
             if e.get("problem") == "swapped" and e.loc is not None:
                 call = _swapped_call(a.source.tree(e.loc.path), e.loc.line)
                 if call is not None:
@@ -195,44 +188,8 @@ def _swapped_call(tree, line: int) -> str | None:
     return ast.unparse(swapped)
 
 
-def _num(value) -> str:
-    return f"{value:.3g}" if isinstance(value, (int, float)) else "?"
-
-
-# targets outside what the loss is defined on: (message with {fn} and {span}, fix)
-_TARGETS = {
-    "target-range": (
-        "{fn} takes targets in [0, 1] (the probability of the positive class) but is given "
-        "targets in {span} (-1/+1 labels, class indices above 1, or raw scores such as a "
-        "teacher's logits): for a target t outside [0, 1], "
-        "-t·log σ(x) - (1-t)·log(1-σ(x)) has no lower bound, so the logits are pushed towards "
-        "±infinity instead of towards the labels and the loss falls below 0",
-        "map the targets into [0, 1] before the loss: (y + 1) / 2 for -1/+1 labels, "
-        "torch.sigmoid(teacher_logits) for a teacher's scores"),
-    "target-negative": (
-        "{fn} is given float targets of the input's shape (class probabilities) with negative "
-        "values, in {span}: logits or log-probabilities passed as soft targets. cross_entropy "
-        "computes -Σ target·log_softmax(input): a negative target rewards pushing that class's "
-        "probability to 0 without bound, so the loss has no minimum and the logits diverge",
-        "turn the soft targets into probabilities first: F.softmax(teacher_logits / T, dim=1) "
-        "(or .exp() of log-probabilities)"),
-    "log-target": (
-        "{fn}'s target holds negative values, in {span} (log-probabilities), but log_target is "
-        "False, so it is read as probabilities: the loss is NaN (the log of a negative number) "
-        "and its gradient, -target, does not depend on the student's prediction: the student is "
-        "not pulled towards the target distribution",
-        "pass log_target=True (F.kl_div(log_p, log_q, log_target=True), nn.KLDivLoss("
-        "log_target=True)), or give the target as probabilities: F.softmax(...)"),
-    "prob-target": (
-        "{fn}'s target holds positive values, in {span} (probabilities), but log_target=True "
-        "reads it as log-probabilities: the divergence computed is exp(target)·(target - input), "
-        "not KL to the target distribution, and the student is trained towards a wrong one",
-        "drop log_target=True, or pass log-probabilities as the target: F.log_softmax(...)"),
-}
-
-
-def _describe(fn: str, problem: str, classes: int, normalised, low=None,
-              high=None, source=None) -> tuple[str, str, dict]:
+def _describe(fn: str, problem: str, classes: int, normalised,
+              source=None) -> tuple[str, str, dict]:
     """(message, fix, evidence) of one wrong loss input."""
     evidence = {"function": fn, "given": problem, "classes": classes}
     if problem == "dim":
@@ -275,17 +232,5 @@ def _describe(fn: str, problem: str, classes: int, normalised, low=None,
                 f"trained towards a wrong objective without any error",
                 f"pass the model's output first and the labels second: {fn}(output, target)",
                 evidence)
-    if problem == "multi-hot":
-        return (f"{fn} is given float targets whose rows are 0/1 labels with several 1s (a "
-                f"multi-label task): it treats each row as one probability distribution over the "
-                f"{classes} classes, so the classes of a sample compete through the softmax and "
-                f"each present label is pushed towards 1/k, never towards 1",
-                "for multi-label targets use binary_cross_entropy_with_logits "
-                "(nn.BCEWithLogitsLoss) on the same logits", evidence)
-    if problem in _TARGETS:
-        evidence["targets"] = [low, high]
-        span = f"[{_num(low)}, {_num(high)}]" if low is not None and high is not None else "a wider range"
-        text, fix = _TARGETS[problem]
-        return text.format(fn=fn, span=span), fix, evidence
     return (f"{fn} expects {_EXPECTS.get(fn, 'logits')} but is given {_GIVEN.get(problem, problem)}: "
             f"{_effect(fn, problem, classes)}", _fix(fn, problem), evidence)

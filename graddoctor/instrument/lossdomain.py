@@ -1,0 +1,208 @@
+"""Loss targets outside the domain the loss reads them in.
+
+Every torch loss documents what its target is: a probability in [0, 1] for the binary
+cross-entropies, a sign (1 or -1) for the margin losses, a distribution over the classes for
+``cross_entropy``'s float targets, probabilities (log-probabilities with ``log_target=True``)
+for ``kl_div``, a count (>= 0) for ``poisson_nll_loss``, class indices ending at the first -1 for
+``multilabel_margin_loss``. A target outside that domain raises nothing: the formula is
+evaluated anyway and trains something else (0/255 masks make BCE unbounded, 0/1 labels give a
+margin loss's negatives a constant term without gradient, multi-hot rows make softmax classes
+compete, log-probabilities read as probabilities make kl_div's gradient ignore the student).
+
+``DOMAINS`` is the table: for each function of ``torch.nn.functional`` (their ``nn`` modules
+call them, so both are seen), where its target is and which domain it reads it in. Each is
+patched; the first calls of each function that a gradient flows through (one of its score
+inputs requires grad, grad mode on) are judged by their target's values: one small reduction
+and one device-to-host read per call, on a GPU only before the first optimizer step (no host
+sync in the updates after it). Nothing the loss computes is touched: the reductions run on a
+detached float copy under ``no_grad``. A violation is recorded once per call line (a
+``target_domain`` aside event).
+
+Targets a script may mask out afterwards are not judged where the mask could hide them
+(``reduction="none"``, or a per-element ``weight`` for the binary losses): a placeholder label
+(-1 for a missing one, 255 for "ignore") never reaches the loss then.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import events as ev
+from .inlinable import watched
+from .recorder import Recorder
+
+_SLACK = 1e-3  # rounding around a domain's bounds (a smoothed 1.0, a clamped 0)
+_CHECKS = 8  # calls per function judged by their targets (the first ones: every loss line of a loop)
+_MULTI_LABEL = 0.5  # a distribution holds at most one value above this in a row
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Where a loss's target sits and what it must be: ``kind`` is "unit" (each value in [0, 1]),
+    "sign" (1 or -1), "distribution" (float rows over the classes, dim 1, >= 0, one value above
+    0.5 at most), "kl" (probabilities, or log-probabilities with log_target=True), "count"
+    (>= 0), "index-list" (class indices padded with -1)."""
+
+    kind: str
+    scores: tuple[str, ...] = ("input",)  # the arguments a gradient flows through
+    maskable_weight: bool = False  # a per-element weight (a mask) may hide placeholder targets
+
+
+DOMAINS: dict[str, Domain] = {
+    "binary_cross_entropy_with_logits": Domain("unit", maskable_weight=True),
+    "binary_cross_entropy": Domain("unit", maskable_weight=True),
+    "multilabel_soft_margin_loss": Domain("unit", maskable_weight=True),
+    "soft_margin_loss": Domain("sign"),
+    "hinge_embedding_loss": Domain("sign"),
+    "cosine_embedding_loss": Domain("sign", scores=("input1", "input2")),
+    "margin_ranking_loss": Domain("sign", scores=("input1", "input2")),
+    "cross_entropy": Domain("distribution"),
+    "kl_div": Domain("kl"),
+    "poisson_nll_loss": Domain("count"),
+    "multilabel_margin_loss": Domain("index-list"),
+}
+
+
+def _reduction(bound: dict) -> str:
+    if bound.get("size_average") is not None or bound.get("reduce") is not None:
+        from torch.nn import _reduction
+
+        return _reduction.legacy_get_string(bound.get("size_average"), bound.get("reduce"),
+                                            emit_warning=False)
+    return bound.get("reduction", "mean")
+
+
+def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_target: bool = False,
+          maskable: bool = False) -> dict | None:
+    """The violation of ``kind``'s domain by ``target`` (the event's data but ``fn``), or None.
+    One reduction and one read; ``maskable``: the loss's elements may be masked afterwards."""
+    with torch.no_grad():
+        if kind == "index-list":
+            if target.is_floating_point() or target.dim() == 0 or target.shape[-1] < 3:
+                return None  # with 2 classes a 0/1 row can be a valid list of both
+            binary, low, high = torch.stack([((target == 0) | (target == 1)).all().float(),
+                                             target.min().float(), target.max().float()]).tolist()
+            # every row of values 0 and 1 without a -1 lists a class twice: no index list does
+            if binary == 1:
+                return {"problem": "multi-label", "low": low, "high": high}
+            return None
+        if not target.is_floating_point():
+            return None  # integer targets of the other losses: class indices torch checks itself
+        t = target.detach().float()
+        if kind == "distribution":
+            if classes is None or t.dim() < 2:
+                return None
+            rows = t.movedim(1, -1).reshape(-1, classes)
+            low, high, multi = torch.stack([
+                rows.min(), rows.max(),
+                ((rows > _MULTI_LABEL + _SLACK).sum(1) >= 2).float().mean()]).tolist()
+            share = None
+        else:
+            low, high = torch.stack([t.min(), t.max()]).tolist()
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return None  # NaN or inf targets: nonfinite-grad's business
+        found = None
+        if kind == "unit":
+            if not maskable and (low < -_SLACK or high > 1 + _SLACK):
+                share, whole = torch.stack([((t < -_SLACK) | (t > 1 + _SLACK)).float().mean(),
+                                            (t == t.round()).all().float()]).tolist()
+                found = {"problem": "outside-unit", "share": share, "integral": whole == 1}
+        elif kind == "sign":
+            # 0/1 labels: nothing below 0 and zeros among them (-1/0/+1 from torch.sign of
+            # tied scores keeps its -1s: ties are pairs without preference)
+            if not maskable and low >= -_SLACK:
+                share, whole = torch.stack([(t.abs() <= _SLACK).float().mean(),
+                                            (t == t.round()).all().float()]).tolist()
+                if share > 0:
+                    found = {"problem": "zero-one", "share": share, "integral": whole == 1}
+        elif kind == "distribution":
+            if high <= 1 + _SLACK and multi > 0:
+                found = {"problem": "multi-label", "share": multi}
+            elif low < -_SLACK and not maskable:
+                found = {"problem": "negative"}
+        elif kind == "kl":
+            if not log_target and low < -_SLACK:
+                found = {"problem": "log-target"}
+            elif log_target and high > _SLACK:
+                found = {"problem": "prob-target"}
+        elif kind == "count":
+            if low < -_SLACK and not maskable:
+                share = float((t < -_SLACK).float().mean())
+                found = {"problem": "negative", "share": share}
+        if found is None:
+            return None
+        found.update(low=low, high=high)
+        return found
+
+
+class LossDomainWatcher:
+    """Patches the losses of ``DOMAINS`` and records their first calls' targets outside the
+    domain (see the module docs)."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._left: dict[str, int] = dict.fromkeys(DOMAINS, _CHECKS)  # calls still judged
+        self._done: set = set()  # call lines recorded
+
+    def _wrap(self, original, fn: str):
+        watcher, rec, domain = self, self.rec, DOMAINS[fn]
+        signature = inspect.signature(original)
+        left = self._left
+
+        def before(args, kwargs) -> None:
+            if left[fn] <= 0 or not torch.is_grad_enabled():
+                return  # the first calls are judged: every later one returns here
+            try:
+                watcher._check(fn, domain, signature, args, kwargs)
+            except Exception as exc:
+                rec.internal_error(f"F.{fn}", exc)
+
+        loss = watched(original, before)  # torch.compile inlines it (inlinable.py)
+        loss.__prepare_scriptable__ = lambda: original  # torch.jit.script compiles torch's own
+        return loss
+
+    def _check(self, fn: str, domain: Domain, signature, args, kwargs) -> None:
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return  # torch reports the bad call
+        scores = [bound.get(name) for name in domain.scores]
+        if not any(isinstance(s, torch.Tensor) and s.requires_grad for s in scores):
+            return  # no gradient flows: a metric, whatever its targets
+        target = bound.get("target")
+        if not isinstance(target, torch.Tensor) or not target.numel():
+            return
+        if self.rec.progress.steps and target.device.type != "cpu":
+            return  # no host sync once the updates run
+        input = scores[0]
+        classes = None
+        if domain.kind == "distribution":
+            if not (target.is_floating_point() and target.shape == input.shape and input.dim() >= 2):
+                return  # class indices, or a shape torch rejects
+            classes = int(input.shape[1])
+        self._left[fn] -= 1
+        maskable = _reduction(bound) == "none" or (
+            domain.maskable_weight and bound.get("weight") is not None)
+        found = judge(domain.kind, target, classes=classes, log_target=bool(bound.get("log_target")),
+                      maskable=maskable)
+        if found is None:
+            return
+        loc = self.rec.here(3)
+        if loc in self._done:
+            return
+        self._done.add(loc)
+        self.rec.emit_aside(ev.target_domain(
+            fn=fn, problem=found["problem"], low=round(found["low"], 4), high=round(found["high"], 4),
+            share=round(found["share"], 4) if found.get("share") is not None else None,
+            integral=found.get("integral"), classes=classes), loc)
+
+    def install(self, patcher) -> None:
+        for name in DOMAINS:
+            original = getattr(F, name, None)
+            if original is not None:
+                patcher.patch(F, name, self._wrap(original, name))

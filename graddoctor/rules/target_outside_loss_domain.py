@@ -1,0 +1,205 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from .base import Rule
+
+# how each loss's target is documented, as the message states it
+_DOMAIN = {
+    "binary_cross_entropy_with_logits": "targets in [0, 1] (the probability of the positive class)",
+    "binary_cross_entropy": "targets in [0, 1] (the probability of the positive class)",
+    "multilabel_soft_margin_loss": "0/1 targets per class (values in [0, 1])",
+    "soft_margin_loss": "targets of 1 or -1",
+    "hinge_embedding_loss": "targets of 1 (similar) or -1 (dissimilar)",
+    "cosine_embedding_loss": "targets of 1 (similar) or -1 (dissimilar)",
+    "margin_ranking_loss": "targets of 1 (the first input should rank higher) or -1 (the second)",
+    "cross_entropy": "float targets that are class probabilities (each row a distribution)",
+    "kl_div": "a target of probabilities (log-probabilities only with log_target=True)",
+    "poisson_nll_loss": "count targets (>= 0)",
+    "multilabel_margin_loss": "rows of class indices that end at the first -1",
+}
+_NEGATIVES_LOST = {
+    "soft_margin_loss": "a target of 0 makes its term log(1 + exp(-0 * x)) = log 2, a constant "
+                        "with no gradient: the samples labelled 0 (the negatives) are never "
+                        "learned, only the positives train",
+    "margin_ranking_loss": "a target of 0 makes the pair's loss max(0, -0 * (x1 - x2) + margin) "
+                           "= margin, a constant with no gradient: the pairs labelled 0 teach "
+                           "nothing, and only the pairs whose first input wins are learned",
+    "cosine_embedding_loss": "torch counts a pair only when its target is 1 or -1: the pairs "
+                             "labelled 0 add nothing, so dissimilar pairs are never pushed apart",
+    "hinge_embedding_loss": "a target other than 1 and -1 gets both terms, x + max(0, margin - x): "
+                            "the pairs labelled 0 (the dissimilar ones) are pulled down to the "
+                            "margin instead of pushed beyond it",
+}
+_SIGN_FIX = {
+    "soft_margin_loss": "map the 0/1 labels to -1/+1 before the loss (y = 2 * y - 1), or keep "
+                        "them and use binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss), "
+                        "which takes 0/1 labels",
+    "margin_ranking_loss": "map the 0/1 labels to -1/+1 before the loss (y = 2 * y - 1: 1 where "
+                           "the first input should rank higher, -1 where the second should)",
+}
+
+
+def _num(value) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "?"
+
+
+def _span(e) -> str:
+    return f"[{_num(e.get('low'))}, {_num(e.get('high'))}]"
+
+
+def _share(e, outside: str = "") -> str:
+    share = e.get("share")
+    return f" ({share * 100:.3g} % of them{outside})" if isinstance(share, (int, float)) else ""
+
+
+def _outside_unit(fn: str, e) -> tuple[str, str]:
+    """(what the targets look like and what that trains, fix) for [0, 1] targets left."""
+    low, high, whole = e.get("low") or 0.0, e.get("high") or 0.0, bool(e.get("integral"))
+    unbounded = ("for a target t outside [0, 1], -t·log σ(x) - (1 - t)·log(1 - σ(x)) has no lower "
+                 "bound, so those logits are pushed towards ±infinity instead of towards the "
+                 "labels and the loss falls below 0")
+    if fn == "binary_cross_entropy":
+        unbounded = ("for a target t outside [0, 1], -t·log p - (1 - t)·log(1 - p) has no lower "
+                     "bound, so those predictions are pushed towards 0 or 1 whatever the label")
+    if whole and low >= 0 and high == 255:
+        return (f"0/255 values, as a mask image stores them: {unbounded}",
+                "divide the mask by 255 before the loss (mask.float() / 255), so that its "
+                "values are 0 and 1")
+    if whole and low >= -1 and high <= 1:
+        return (f"-1/+1 labels (an SVM's convention): {unbounded}",
+                "map the -1/+1 labels to 0/1 before the loss: (y + 1) / 2")
+    if whole and low >= 0:
+        return (f"whole numbers up to {_num(high)} (class indices given as float?): {unbounded}",
+                "for one class out of several use cross_entropy on one logit per class with the "
+                "indices as long targets (nn.CrossEntropyLoss); for several 0/1 labels per "
+                "sample give each its own output and a 0/1 target (F.one_hot(y, C).float())")
+    return (f"values that are no probabilities (raw scores or standardised values, such as a "
+            f"teacher's logits): {unbounded}",
+            "map the targets into [0, 1] before the loss: torch.sigmoid(teacher_logits) for a "
+            "teacher's scores, or rescale them to [0, 1]")
+
+
+def describe(e) -> tuple[str, str]:
+    """(message, fix) of one ``target_domain`` event."""
+    fn, problem = e.get("fn", "binary_cross_entropy_with_logits"), e.get("problem", "outside-unit")
+    head = f"{fn} takes {_DOMAIN.get(fn, 'targets in another domain')} but is given "
+    if problem == "outside-unit":
+        what, fix = _outside_unit(fn, e)
+        return head + f"targets in {_span(e)}{_share(e, ' outside [0, 1]')}: " + what, fix
+    if problem == "zero-one":
+        effect = _NEGATIVES_LOST.get(fn, "a target of 0 is read as neither class")
+        fix = _SIGN_FIX.get(fn, "map the 0/1 labels to -1/+1 before the loss (y = 2 * y - 1: 1 "
+                                "for similar pairs, -1 for dissimilar ones)")
+        return (head + f"targets in {_span(e)} with zeros{_share(e)} and nothing below 0 (0/1 "
+                f"labels): {effect}", fix)
+    if problem == "multi-label" and fn == "multilabel_margin_loss":
+        return (head + "rows of 0s and 1s (multi-hot labels): it reads each row as a list of "
+                "class indices up to the first -1, so every sample is trained towards classes 0 "
+                "and 1 whatever its labels are",
+                "give it the indices of each row's classes padded with -1 ([2, 5, -1, -1, ...]), "
+                "or keep the 0/1 rows and use multilabel_soft_margin_loss / "
+                "binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss)")
+    if problem == "multi-label":
+        return (head + f"rows with several values above 0.5{_share(e)} (multi-label targets): it "
+                f"treats each row as one distribution over the classes, so the classes of a "
+                f"sample compete through the softmax and each present label is pushed towards "
+                f"1/k, never towards 1",
+                "for multi-label targets use binary_cross_entropy_with_logits "
+                "(nn.BCEWithLogitsLoss) on the same logits")
+    if problem == "negative" and fn == "poisson_nll_loss":
+        return (head + f"targets in {_span(e)}{_share(e, ' below 0')} (standardised counts?): for a "
+                f"target t < 0 the Poisson loss (exp(x) - t·x of a log-rate x) has no minimum, "
+                f"so those predicted rates are pushed towards 0 and the loss falls without "
+                f"bound",
+                "give poisson_nll_loss the raw counts (standardise the inputs, not a count "
+                "target), or use mse_loss / gaussian_nll_loss for a real-valued target")
+    if problem == "negative":
+        return (head + f"values in {_span(e)} (logits or log-probabilities as soft targets): it "
+                f"computes -Σ target·log_softmax(input), and a negative target rewards pushing "
+                f"that class's probability to 0 without bound, so the loss has no minimum and "
+                f"the logits diverge",
+                "turn the soft targets into probabilities first: F.softmax(teacher_logits / T, "
+                "dim=1) (or .exp() of log-probabilities)")
+    if problem == "log-target":
+        return (head + f"a target in {_span(e)} (log-probabilities) with log_target=False: it is "
+                f"read as probabilities, the loss is NaN (the log of a negative number) and its "
+                f"gradient, -target, does not depend on the student's prediction, so the student "
+                f"is not pulled towards the target distribution",
+                "pass log_target=True (F.kl_div(log_p, log_q, log_target=True), "
+                "nn.KLDivLoss(log_target=True)), or give the target as probabilities: "
+                "F.softmax(...)")
+    return (head + f"a target in {_span(e)} (probabilities) with log_target=True: it is read as "
+            f"log-probabilities, the divergence computed is exp(target)·(target - input), not "
+            f"KL to the target distribution, and the student is trained towards a wrong one",
+            "drop log_target=True, or pass log-probabilities as the target: F.log_softmax(...)")
+
+
+class TargetOutsideLossDomain(Rule):
+    """
+    ## What it does
+    Finds a loss a gradient flows through whose target lies outside the domain the loss reads
+    it in, on its first calls: `binary_cross_entropy_with_logits` (`nn.BCEWithLogitsLoss`),
+    `binary_cross_entropy` and `multilabel_soft_margin_loss` given targets outside [0, 1]
+    (masks of 0/255, -1/+1 labels, class indices as float, raw scores); `soft_margin_loss`,
+    `margin_ranking_loss`, `cosine_embedding_loss` and `hinge_embedding_loss` given 0/1 labels
+    where they read 1 and -1; `cross_entropy` given float targets whose rows hold several values
+    above 0.5 (multi-label targets: no distribution does) or negative values;
+    `multilabel_margin_loss` given 0/1 rows where it reads class indices padded with -1;
+    `kl_div` given log-probabilities as its target without `log_target=True` (or probabilities
+    with it); `poisson_nll_loss` given negative counts. It points at the loss call, and its fix
+    fits what the targets look like (divide a mask by 255, map labels with `2 * y - 1` or
+    `(y + 1) / 2`, use `BCEWithLogitsLoss` for multi-label targets, pass `log_target=True`).
+
+    ## Why is this bad?
+    torch checks a target's shape and, for class indices, their range, but not the domain of a
+    float target: the loss's formula is evaluated on whatever it gets. A BCE target of 255 makes
+    the loss unbounded below, and those logits run away; a 0 label gives `SoftMarginLoss` a
+    constant log 2 with no gradient (the negatives are never learned) and
+    `MarginRankingLoss` a constant margin; `CosineEmbeddingLoss` skips pairs labelled 0;
+    multi-hot rows make the labels of one sample compete through the softmax;
+    log-probabilities read as probabilities make `kl_div`'s gradient ignore the student. The
+    run does not fail and the loss still moves; every update trains something else.
+
+    ## Example
+    ```python
+    mask = read_png(path)                                 # 0 / 255
+    loss = nn.BCEWithLogitsLoss()(model(image), mask.float())
+    y = (score_a > score_b).float()                       # 0 / 1
+    loss = nn.MarginRankingLoss(margin=0.5)(model(a), model(b), y)
+    ```
+
+    ## Use instead
+    ```python
+    loss = nn.BCEWithLogitsLoss()(model(image), mask.float() / 255)
+    loss = nn.MarginRankingLoss(margin=0.5)(model(a), model(b), 2 * y - 1)
+    ```
+
+    ## Stays silent on
+    Smoothed labels (0.05/0.95) and soft probabilities (a teacher's sigmoid) for the binary
+    losses; a teacher's softmax, mixup and label-smoothed rows for `cross_entropy` (each row
+    still sums to 1, one value above 0.5 at most); class-index targets and their
+    `ignore_index`; -1/+1 labels for the margin losses, and `torch.sign` of a score difference
+    whose ties give 0 (the -1s show the convention); `kl_div` with `log_target=True` and
+    log-probabilities, or probabilities without it; counts for `poisson_nll_loss`;
+    `multilabel_margin_loss` index rows padded with -1; placeholder targets a script masks out
+    afterwards (`reduction="none"`, or a per-element `weight` for the binary losses); losses
+    computed without a gradient (an evaluation metric on raw masks).
+    """
+
+    code = "GD152"
+    slug = "target-outside-loss-domain"
+    severity = Severity.WARNING
+    summary = ("a loss is given a target outside the domain it reads (0/255 masks or -1/+1 "
+               "labels to BCE, 0/1 labels to a margin loss, multi-hot rows to cross_entropy, "
+               "log-probabilities to kl_div): it trains the wrong thing without any error")
+    fix = "give the loss its target in the domain it documents"
+
+    def check(self, a):
+        for e in a.of_kind("target_domain"):
+            message, fix = describe(e)
+            evidence = {"function": e.get("fn"), "given": e.get("problem"),
+                        "targets": [e.get("low"), e.get("high")]}
+            if e.get("share") is not None:
+                evidence["share"] = e.get("share")
+            yield self.finding(message, e.loc, step=a.next_step_number(e.seq), fix=fix,
+                               evidence=evidence)

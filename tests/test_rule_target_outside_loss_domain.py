@@ -1,0 +1,182 @@
+"""target-outside-loss-domain: each loss's target is judged against the domain torch documents
+for it (lossdomain.DOMAINS), on the first calls a gradient flows through; the messages and
+fixes follow what the targets look like."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument.lossdomain import DOMAINS, judge
+from graddoctor.rules.engine import analyze
+from rule_traces import builder
+
+
+def _problem(kind, target, **kw):
+    found = judge(kind, target, **kw)
+    return found and found["problem"]
+
+
+def test_unit_targets_leave_zero_one_as_masks_signs_indices_and_scores():
+    mask = ((torch.rand(4, 1, 5, 5) > 0.5) * 255).float()
+    assert _problem("unit", mask) == "outside-unit"
+    found = judge("unit", mask)
+    assert found["high"] == 255 and found["integral"] is True
+    assert _problem("unit", torch.tensor([-1.0, 1.0, 1.0])) == "outside-unit"
+    assert _problem("unit", torch.tensor([0.0, 3.0, 1.0])) == "outside-unit"
+    assert judge("unit", torch.randn(50) * 3)["integral"] is False
+    # what BCE reads: labels, smoothed labels, probabilities, a 1.0 rounded above 1
+    assert judge("unit", torch.tensor([0.0, 1.0, 1.0])) is None
+    assert judge("unit", torch.tensor([0.05, 0.95])) is None
+    assert judge("unit", torch.rand(40)) is None
+    assert judge("unit", torch.tensor([1.0 + 1e-5, 0.0])) is None
+    assert judge("unit", mask, maskable=True) is None  # reduction="none" or a weight may mask
+
+
+def test_sign_targets_holding_zero_one_labels_and_not_ties():
+    assert _problem("sign", torch.tensor([0.0, 1.0, 1.0, 0.0])) == "zero-one"
+    assert _problem("sign", torch.tensor([0.0, 2.0, 1.0])) == "zero-one"  # class indices
+    assert judge("sign", torch.tensor([-1.0, 1.0, 1.0])) is None
+    assert judge("sign", torch.tensor([-1.0, 0.0, 1.0])) is None  # torch.sign of tied scores
+    assert judge("sign", torch.ones(5)) is None  # a batch of positives only
+    assert judge("sign", torch.tensor([0.0, 1.0]), maskable=True) is None
+
+
+def test_distribution_rows_with_several_labels_or_negative_values():
+    multi_hot = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+    assert _problem("distribution", multi_hot, classes=3) == "multi-label"
+    assert _problem("distribution", multi_hot * 0.8 + 0.1, classes=3) == "multi-label"
+    assert _problem("distribution", torch.randn(4, 3), classes=3) == "negative"
+    # (N, C, d) targets: the rows run along dim 1
+    per_pixel = torch.zeros(2, 3, 4)
+    per_pixel[:, 0], per_pixel[:, 2] = 1.0, 1.0
+    assert _problem("distribution", per_pixel, classes=3) == "multi-label"
+    one_hot = F.one_hot(torch.tensor([0, 2, 1, 1]), 3).float()
+    assert judge("distribution", one_hot, classes=3) is None
+    assert judge("distribution", 0.5 * one_hot + 0.5 * one_hot.flip(0), classes=3) is None  # mixup
+    assert judge("distribution", one_hot * 0.9 + 0.1 / 3, classes=3) is None  # smoothed
+    assert judge("distribution", torch.softmax(torch.randn(4, 3), 1), classes=3) is None
+    assert judge("distribution", torch.tensor([[3.0, 0.0, 2.0]]), classes=3) is None  # counts
+    assert judge("distribution", torch.zeros(2, 3), classes=3) is None  # rows masked to zero
+
+
+def test_kl_counts_and_index_lists():
+    log_q = F.log_softmax(torch.randn(4, 5), 1)
+    assert _problem("kl", log_q) == "log-target"
+    assert judge("kl", log_q, log_target=True) is None
+    assert _problem("kl", log_q.exp(), log_target=True) == "prob-target"
+    assert judge("kl", log_q.exp()) is None
+    assert _problem("count", torch.randn(20)) == "negative"
+    assert judge("count", torch.poisson(torch.full((20,), 2.0))) is None
+    assert _problem("index-list", torch.tensor([[0, 1, 1, 0], [1, 1, 0, 0]])) == "multi-label"
+    assert judge("index-list", torch.tensor([[3, 0, -1, -1], [1, -1, -1, -1]])) is None
+    assert judge("index-list", torch.tensor([[0, 1], [1, 0]])) is None  # two classes: both listed
+
+
+def _recorded(run):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        run()
+    return [(e["fn"], e["problem"]) for e in rec.trace.of_kind("target_domain")]
+
+
+def test_the_watcher_reads_functions_and_modules_on_calls_with_a_gradient():
+    def run():
+        model = nn.Linear(4, 3)
+        x = torch.randn(8, 4)
+        zero_one = (torch.randn(8, 3) > 0).float()
+        nn.BCEWithLogitsLoss()(model(x), zero_one * 255).backward()
+        nn.SoftMarginLoss()(model(x), zero_one).backward()
+        a, b = model(x), model(torch.randn(8, 4))
+        F.margin_ranking_loss(a[:, 0], b[:, 0], target=zero_one[:, 0], margin=0.2).backward()
+        F.cross_entropy(input=model(x), target=torch.ones(8, 3)).backward()
+        nn.KLDivLoss(reduction="batchmean")(F.log_softmax(model(x), 1),
+                                            F.log_softmax(torch.randn(8, 3), 1)).backward()
+        F.poisson_nll_loss(model(x), torch.randn(8, 3)).backward()
+        nn.MultiLabelMarginLoss()(model(x), zero_one.long()).backward()
+
+    assert _recorded(run) == [("binary_cross_entropy_with_logits", "outside-unit"),
+                              ("soft_margin_loss", "zero-one"), ("margin_ranking_loss", "zero-one"),
+                              ("cross_entropy", "multi-label"), ("kl_div", "log-target"),
+                              ("poisson_nll_loss", "negative"), ("multilabel_margin_loss", "multi-label")]
+
+
+def test_metrics_masked_losses_and_late_calls_are_not_judged():
+    def run():
+        model = nn.Linear(4, 1)
+        x = torch.randn(8, 4)
+        mask = ((torch.rand(8, 1) > 0.5) * 255).float()
+        with torch.no_grad():
+            F.binary_cross_entropy_with_logits(model(x), mask)  # an evaluation metric
+        F.binary_cross_entropy_with_logits(model(x).detach(), mask)  # no gradient flows
+        (F.binary_cross_entropy_with_logits(model(x), mask, reduction="none") * (mask != 255)).mean().backward()
+        F.binary_cross_entropy_with_logits(model(x), mask, weight=(mask != 255).float()).backward()
+        for _ in range(8):  # the first calls of a function are judged, not the later ones
+            F.soft_margin_loss(model(x), torch.sign(torch.randn(8, 1))).backward()
+        F.soft_margin_loss(model(x), (mask > 0).float()).backward()
+
+    assert _recorded(run) == []
+
+
+def test_the_losses_compute_what_they_compute_without_graddoctor():
+    torch.manual_seed(0)
+    x, t = torch.randn(6, 4, requires_grad=True), (torch.rand(6, 4) > 0.5).float()
+
+    def losses():  # one call per line: a line is recorded once
+        bce = F.binary_cross_entropy_with_logits(x, t * 255)
+        margin = F.soft_margin_loss(x, t)
+        ce = F.cross_entropy(x, t)
+        poisson = F.poisson_nll_loss(x, -t)
+        return torch.stack([bce, margin, ce, poisson])
+
+    plain = losses()
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        watched = losses()
+    assert torch.equal(plain, watched)
+    assert len(rec.trace.of_kind("target_domain")) == 4
+
+
+def _finding(**data):
+    t = builder()
+    t.event("target_domain", **{"share": None, "integral": None, "classes": None, **data})
+    found, errors = analyze(t.trace)
+    assert not errors
+    [finding] = [f for f in found if f.rule == "target-outside-loss-domain"]
+    return finding.message, finding.fix
+
+
+@pytest.mark.parametrize("data, said, fix", [
+    ({"fn": "binary_cross_entropy_with_logits", "problem": "outside-unit", "low": 0.0, "high": 255.0,
+      "integral": True, "share": 0.4}, "0/255", "divide the mask by 255"),
+    ({"fn": "binary_cross_entropy_with_logits", "problem": "outside-unit", "low": -1.0, "high": 1.0,
+      "integral": True}, "-1/+1", "(y + 1) / 2"),
+    ({"fn": "binary_cross_entropy_with_logits", "problem": "outside-unit", "low": 0.0, "high": 4.0,
+      "integral": True}, "class indices", "cross_entropy"),
+    ({"fn": "binary_cross_entropy_with_logits", "problem": "outside-unit", "low": -3.2, "high": 2.5,
+      "integral": False}, "no probabilities", "torch.sigmoid"),
+    ({"fn": "soft_margin_loss", "problem": "zero-one", "low": 0.0, "high": 1.0, "integral": True},
+     "log 2", "2 * y - 1"),
+    ({"fn": "margin_ranking_loss", "problem": "zero-one", "low": 0.0, "high": 1.0}, "= margin", "2 * y - 1"),
+    ({"fn": "cosine_embedding_loss", "problem": "zero-one", "low": 0.0, "high": 1.0},
+     "never pushed apart", "-1 for dissimilar"),
+    ({"fn": "cross_entropy", "problem": "multi-label", "low": 0.0, "high": 1.0, "classes": 5},
+     "compete through the softmax", "BCEWithLogitsLoss"),
+    ({"fn": "multilabel_margin_loss", "problem": "multi-label", "low": 0, "high": 1},
+     "classes 0 and 1", "padded with -1"),
+    ({"fn": "kl_div", "problem": "log-target", "low": -3.0, "high": -0.1}, "NaN", "log_target=True"),
+    ({"fn": "kl_div", "problem": "prob-target", "low": 0.01, "high": 0.9}, "log_target=True", "F.log_softmax"),
+    ({"fn": "poisson_nll_loss", "problem": "negative", "low": -1.7, "high": 2.0}, "no minimum", "raw counts"),
+    ({"fn": "cross_entropy", "problem": "negative", "low": -2.5, "high": 3.0}, "soft targets", "F.softmax"),
+])
+def test_messages_and_fixes_fit_the_targets(data, said, fix):
+    message, given_fix = _finding(**data)
+    assert said in message and fix in given_fix
+    assert data["fn"] in message
+
+
+def test_every_patched_loss_exists_in_torch():
+    assert all(callable(getattr(F, fn, None)) for fn in DOMAINS)
