@@ -174,3 +174,28 @@ def test_targets_are_matched_against_the_embedded_tokens_in_both_layouts():
     assert _tokens_of(ids, ids.clone(), -100)  # unshifted (an autoencoder's targets)
     assert not _tokens_of(ids, nxt.t().reshape(6, 12), -100)  # flattened in the other order
     assert not _tokens_of(ids, (ids * 3 + 1) % 50, -100)  # tags, not tokens
+
+
+def test_a_second_sigmoid_before_bce_is_recorded_and_one_sigmoid_is_not():
+    from torch import nn
+
+    from graddoctor.instrument import Instrumentation, Recorder
+
+    def recorded(make_input):
+        torch.manual_seed(0)
+        rec = Recorder(step_budget=None)
+        model = nn.Linear(6, 1)
+        target = torch.randint(0, 2, (8, 1)).float()
+        with Instrumentation(rec):
+            F.binary_cross_entropy(make_input(model(torch.randn(8, 6))), target).backward()
+        return [(e["fn"], e["problem"]) for e in rec.trace.of_kind("loss_input")]
+
+    assert recorded(lambda z: torch.sigmoid(torch.sigmoid(z))) == [("binary_cross_entropy", "sigmoid-twice")]
+    assert recorded(lambda z: torch.sigmoid(nn.Sigmoid()(z).view(-1, 1))) == [
+        ("binary_cross_entropy", "sigmoid-twice")]  # a model's last layer, then the loss code
+    assert recorded(lambda z: torch.sigmoid(z)) == []
+    assert recorded(lambda z: torch.sigmoid(z) * torch.sigmoid(z + 1)) == []  # a gate
+    assert recorded(lambda z: torch.sigmoid(torch.softmax(torch.cat([z, -z], 1), 1)[:, :1])) == [
+        ("binary_cross_entropy", "sigmoid-twice")]
+    [(_, message, fix)] = _messages(fn="binary_cross_entropy", problem="sigmoid-twice", classes=1)
+    assert "0.5" in message and "sigmoid once" in fix

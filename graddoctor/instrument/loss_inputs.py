@@ -33,7 +33,8 @@ from .graphpaths import saved
 from .inlinable import watched
 from .recorder import Recorder
 
-NAMES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div", "ctc_loss")
+NAMES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div", "ctc_loss",
+         "binary_cross_entropy")
 
 # autograd nodes that keep the values they are given (reshape, select, reorder, cast, clamp):
 # the scores behind them are what their input was
@@ -87,6 +88,13 @@ def _made_by(node, depth: int) -> tuple[str | None, object]:
             return made[0] if len(kinds) == 1 else (None, None)
         node, depth = parents[0], depth - 1
     return None, None
+
+
+def squashed_before(node) -> bool:
+    """Whether the input of a sigmoid node is itself the output of a sigmoid or a softmax (seen
+    through value-keeping operations): probabilities squashed a second time."""
+    parents = [n for n, _ in node.next_functions if n is not None]
+    return len(parents) == 1 and _made_by(parents[0], _DEPTH)[0] in ("sigmoid", "softmax")
 
 
 def normalised_size(node) -> int | None:
@@ -339,7 +347,10 @@ class LossInputWatcher:
         made, node = producer_node(input)
         classes = int(input.shape[_class_dim(input, fn)]) if input.dim() else 1
         problem, normalised = None, None
-        if made in ("softmax", "sigmoid"):
+        if fn == "binary_cross_entropy":  # takes probabilities: only squashing them again is wrong
+            if made == "sigmoid" and squashed_before(node):
+                problem = "sigmoid-twice"
+        elif made in ("softmax", "sigmoid"):
             problem = made  # probabilities: never what these four losses take
         elif made == "relu" and fn in ("cross_entropy", "binary_cross_entropy_with_logits"):
             problem = made  # logits that cannot go below 0

@@ -16,9 +16,13 @@ Two causes are knowable without waiting for a NaN:
   device (``Deferred``: no host sync on a GPU); one ``low_precision`` event per optimizer
   carries the share that did not move, read at the end of the run.
 
-Installed through torch's global optimizer step hooks. Cost: for optimizers without
-half-precision parameters, a dict lookup per step after the first; the copies are made for
-three steps only.
+The **frozen** comparison runs on float32 parameters too: an update below float32's resolution
+(a weight of 0.1 moves in steps of 7e-9) is a learning rate typed a few orders of magnitude too
+small (``lr=1e-10``), or gradients scaled down to nothing; there only an optimizer whose lrs
+stay the same over the compared updates is judged (a warm-up ramps from near 0 on purpose).
+
+Installed through torch's global optimizer step hooks. Cost: a dict lookup per step after the
+fourth; the copies are made for three steps only.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .. import events as ev
 from .recorder import Deferred, Recorder
 
 _HALF = (torch.float16, torch.bfloat16)
+_COMPARED = (*_HALF, torch.float32)  # dtypes whose updates are compared with their resolution
 _SAMPLE = 65536  # elements of each parameter compared
 _PARAMS = 16  # parameters compared per optimizer
 _FIRST, _LAST = 2, 4  # the updates compared (1-based, per optimizer)
@@ -38,15 +43,24 @@ _FIRST, _LAST = 2, 4  # the updates compared (1-based, per optimizer)
 class PrecisionWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._state: dict[int, list] = {}  # opt -> [steps seen, done, counts, copies]
+        # opt -> [steps seen, done, counts, copies, the lrs of its first compared update or
+        # False once they changed]
+        self._state: dict[int, list] = {}
 
-    def _half_params(self, optimizer):
+    def _half_params(self, optimizer, dtypes=_HALF):
         found = []
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if isinstance(p, torch.Tensor) and p.dtype in _HALF:
+                if isinstance(p, torch.Tensor) and p.dtype in dtypes:
                     found.append((group, p))
         return found
+
+    @staticmethod
+    def _comparable(p) -> bool:
+        """A plain dense tensor with a dense grad (no DTensor shard, no sparse embedding grad)."""
+        grad = p.grad
+        return (grad is not None and type(p.data) is torch.Tensor and p.layout == torch.strided
+                and grad.layout == torch.strided and type(grad) is torch.Tensor)
 
     def _pre(self, optimizer, args, kwargs) -> None:
         try:
@@ -54,18 +68,25 @@ class PrecisionWatcher:
             state = self._state.get(opt)
             if state is None:
                 half = self._half_params(optimizer)
-                state = self._state[opt] = [0, not half, None, None]
+                state = self._state[opt] = [0, not self._half_params(optimizer, _COMPARED), None,
+                                            None, None]
                 if half:
                     self._check_eps(opt, optimizer, half)
             if state[1]:
                 return
             state[0] += 1
+            lrs = [lr if isinstance(lr := g.get("lr"), (int, float)) else None
+                   for g in optimizer.param_groups]  # a tensor lr is never judged
+            if state[4] is None:
+                state[4] = lrs
+            elif state[4] is not False and lrs != state[4]:
+                state[4] = False  # a schedule moves the lr: float32 updates are not judged
             if state[0] < _FIRST:
                 return
             copies = []
-            for group, p in self._half_params(optimizer):
+            for group, p in self._half_params(optimizer, _COMPARED):
                 lr = group.get("lr")
-                if p.grad is None or not isinstance(lr, (int, float)) or not lr > 0:
+                if not self._comparable(p) or not isinstance(lr, (int, float)) or not lr > 0:
                     continue
                 flat = p.detach().reshape(-1)[:_SAMPLE]
                 copies.append((p, flat.clone(), p.grad.detach().reshape(-1)[:_SAMPLE] != 0))
@@ -91,7 +112,7 @@ class PrecisionWatcher:
             state[3] = None
             if state[0] >= _LAST:
                 state[1] = True
-                self._emit_frozen(opt, optimizer, state[2])
+                self._emit_frozen(opt, optimizer, state[2], state[4])
         except Exception as exc:
             self.rec.internal_error("half-precision update check", exc)
 
@@ -111,11 +132,13 @@ class PrecisionWatcher:
                         self.rec.here(3))
                     return
 
-    def _emit_frozen(self, opt, optimizer, counts) -> None:
+    def _emit_frozen(self, opt, optimizer, counts, lrs) -> None:
         if counts is None:
             return
         half = self._half_params(optimizer)
-        dtype = str(half[0][1].dtype).replace("torch.", "") if half else "float16"
+        if not half and lrs is False:
+            return  # float32 weights under a moving lr: a warm-up's first updates are tiny
+        dtype = str(half[0][1].dtype).replace("torch.", "") if half else "float32"
         share = counts[0] / counts[1].clamp_min(1)
         value = float(share) if share.device.type == "cpu" else Deferred(share)
         lr = optimizer.param_groups[0].get("lr")

@@ -12,6 +12,7 @@ _EXPECTS = {
     "nll_loss": "log-probabilities (log_softmax of the logits)",
     "kl_div": "log-probabilities as its input (log_softmax of the student's logits)",
     "ctc_loss": "log-probabilities over the classes (log_softmax(dim=-1) of its (T, N, C) scores)",
+    "binary_cross_entropy": "probabilities (one sigmoid of the logits)",
 }
 _GIVEN = {
     "softmax": "the output of softmax (probabilities)",
@@ -19,6 +20,8 @@ _GIVEN = {
     "probabilities": "probabilities (every row lies in [0, 1] and sums to 1)",
     "logits": "raw scores (the rows are not log-normalised and no log op precedes them)",
     "relu": "the output of a ReLU (scores that cannot go below 0)",
+    "sigmoid-twice": ("a sigmoid of values that a sigmoid or softmax had squashed already (the "
+                      "model's last layer and the loss code each apply one)"),
 }
 
 
@@ -29,6 +32,10 @@ def _ceiling(classes: int) -> str:
 
 
 def _effect(fn: str, problem: str, classes: int) -> str:
+    if problem == "sigmoid-twice":
+        return ("sigmoid of a value in [0, 1] lies in [0.5, 0.73], so every predicted "
+                "probability is at least 0.5: negatives can never be predicted, the loss never "
+                "approaches zero, and the gradient is damped by both sigmoids' slopes")
     if problem == "relu" and fn == "cross_entropy":
         return ("a class can only be preferred by raising its score, never by lowering the others, "
                 "and a score whose ReLU input turns negative gets no gradient at all: a sample "
@@ -68,6 +75,10 @@ def _effect(fn: str, problem: str, classes: int) -> str:
 
 
 def _fix(fn: str, problem: str) -> str:
+    if problem == "sigmoid-twice":
+        return ("apply the sigmoid once: drop the one before the loss or the model's final "
+                "nn.Sigmoid — or drop both and pass the logits to BCEWithLogitsLoss, which is "
+                "numerically safer")
     if problem == "relu":
         return "drop the ReLU after the last layer: the loss takes raw scores (logits), negative ones included"
     if fn == "cross_entropy" and problem == "probabilities":
@@ -99,7 +110,9 @@ class LossInputMismatch(Rule):
     `binary_cross_entropy_with_logits` (`nn.BCEWithLogitsLoss`) given the output of a softmax
     or sigmoid, `nll_loss` (`nn.NLLLoss`) given probabilities or raw scores, `kl_div`
     (`nn.KLDivLoss`) given probabilities or raw scores (a distillation's scaled logits) as its
-    input, `ctc_loss` (`nn.CTCLoss`) given probabilities; also
+    input, `ctc_loss` (`nn.CTCLoss`) given probabilities, `binary_cross_entropy`
+    (`nn.BCELoss`) given a sigmoid of values already squashed by a sigmoid or softmax (a model
+    ending in `nn.Sigmoid()` and a `torch.sigmoid` before the loss); also
     scores out of a ReLU given to
     `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax` over another
     dimension than the classes (`dim=0`: the batch) given to `cross_entropy`, `nll_loss` or
@@ -123,8 +136,8 @@ class LossInputMismatch(Rule):
     `cross_entropy` applies log_softmax itself. Given probabilities, every score lies in
     [0, 1]: with C classes the right class can never get more than e/(e+C−1) (23% for 10
     classes), the loss has a floor far above zero, and gradients shrink as the softmax
-    saturates. A sigmoid before `binary_cross_entropy_with_logits` runs sigmoid twice: the
-    prediction never drops below 0.5. `nll_loss` on probabilities minimises −p instead of
+    saturates. A sigmoid before `binary_cross_entropy_with_logits` runs sigmoid twice, and so
+    does a second sigmoid before `binary_cross_entropy`: the prediction never drops below 0.5. `nll_loss` on probabilities minimises −p instead of
     −log p; on raw scores it minimises −score[target], which has no lower bound. `kl_div` with
     probabilities as input gives a gradient that ignores the student's own prediction. The
     script runs, the loss goes down a little, the model trains badly.
@@ -144,8 +157,8 @@ class LossInputMismatch(Rule):
 
     ## Stays silent on
     Logits to `cross_entropy` and `BCEWithLogitsLoss`, `log_softmax` to `nll_loss`, `kl_div`
-    and `ctc_loss` (also taken over (N, T, C) and transposed), a sigmoid before
-    `binary_cross_entropy`; soft targets (label smoothing, mixup, a teacher's softmax or
+    and `ctc_loss` (also taken over (N, T, C) and transposed), one sigmoid before
+    `binary_cross_entropy` (also of a gated product of two sigmoids); soft targets (label smoothing, mixup, a teacher's softmax or
     sigmoid); REINFORCE's log-probabilities, a log
     of softmax probabilities with an epsilon, Gumbel-softmax; sequence scores flattened or
     with `log_softmax` over the class dimension; scores flattened with the classes last

@@ -12,7 +12,10 @@ class LowPrecisionUpdate(Rule):
     Finds optimizers stepping half-precision parameters (`model.half()`,
     `model.to(torch.bfloat16)`) whose update cannot survive that dtype: an `eps` that rounds to
     0 in it (Adam's default `eps=1e-8` in float16), or updates so small against the weights
-    that almost no weight changes (bfloat16 weights with a small learning rate).
+    that almost no weight changes (bfloat16 weights with a small learning rate). The second
+    holds for float32 weights too, where it takes a learning rate typed orders of magnitude too
+    small (`lr=1e-10`) or gradients scaled down to nothing; there it is judged only while the
+    lr stays the same over the compared updates.
 
     ## Why is this bad?
     Optimizer state and arithmetic follow the parameters' dtype. float16's smallest number is
@@ -36,14 +39,18 @@ class LowPrecisionUpdate(Rule):
     ```
 
     ## Stays silent on
-    fp32 parameters (under autocast or not); half-precision parameters whose optimizer's eps
-    survives the dtype and whose updates change the weights; steps with a learning rate of 0.
+    fp32 parameters whose updates change them (under autocast or not, small learning rates
+    such as 1e-6 with Adam included); half-precision parameters whose optimizer's eps survives
+    the dtype and whose updates change the weights; steps with a learning rate of 0; a
+    warm-up that starts from a tiny lr (the lr moves over the compared updates); sparse
+    gradients and sharded (DTensor) parameters, which are not compared.
     """
 
     code = "GD236"
     slug = "low-precision-update"
     severity = Severity.WARNING
-    summary = "half-precision parameters: the optimizer's eps rounds to 0, or its updates are below the dtype's resolution"
+    summary = ("the optimizer's updates are below the parameters' resolution (a tiny lr, or "
+               "half precision) and are rounded away, or its eps rounds to 0 in half precision")
     fix = ("keep the parameters in float32 and use torch.autocast for half-precision compute "
            "(or an eps the dtype can hold)")
 
@@ -73,9 +80,17 @@ class LowPrecisionUpdate(Rule):
                     continue
                 seen.add((opt, what))
                 lr = e.get("lr")
+                single = dtype == "float32"
                 yield self.finding(
                     f"{share:.0%} of the {dtype} weights that had a non-zero gradient kept their "
                     f"exact value through updates 2-4 of {name}"
                     f"{f' (lr={lr:g})' if lr is not None else ''}: its updates are below {dtype}'s "
-                    "resolution and are rounded away, so those weights do not train",
-                    loc, evidence={"dtype": dtype, "unchanged": share, "lr": lr})
+                    "resolution and are rounded away, so those weights do not train"
+                    + (" — even in float32: the learning rate, or the gradients it multiplies, "
+                       "are orders of magnitude too small" if single else ""),
+                    loc, evidence={"dtype": dtype, "unchanged": share, "lr": lr},
+                    fix=(f"raise the learning rate{f' (lr={lr:g} looks like a typo)' if lr is not None and lr < 1e-7 else ''}, "
+                         "or find what scales the loss or its gradients down (a loss divided by a "
+                         "huge constant, vanishing gradients) — an update must be at least about "
+                         "1e-7 of the weight it changes to survive float32"
+                         if single else None))
