@@ -115,7 +115,9 @@ class ViewReordersAxes(Rule):
     that needs no gradient, in libraries' own code, or not reaching the loss. Not told apart: two
     axes of the same length swapped (the shape looks unchanged); a regrouping that happens to
     have the sizes of a reordering (stacking k frames where T / k equals C) reads as the bug.
-    When samples-mixed-in-batch reports the same line (the batch axis moved), it is left to it.
+    When samples-mixed-in-batch reports the same line (the batch axis moved), or
+    loss-input-mismatch does (a loss's (N, C, T) scores flattened to rows with `reshape(-1, C)`),
+    it is left to them.
     """
 
     code = "GD154"
@@ -129,12 +131,15 @@ class ViewReordersAxes(Rule):
         stepped = {pid for pids in a.opt_params.values() for pid in pids}
         mixed_lines = {(str(at[0]), int(at[1])) for d in a.of_kind("dependency")
                        if d.get("mixed") and (at := d.get("op_at"))}
+        # a classification loss's (N, C, ...) scores flattened to rows: loss-input-mismatch's
+        rows_lines = {(str(d.loc.path), d.loc.line) for d in a.of_kind("loss_input")
+                      if d.get("problem") == "rows" and d.loc is not None}
         for e in a.of_kind("view_axes"):
             pids = [pid for pid in e.get("params") or () if pid in stepped]
             if not pids or e.loc is None:
                 continue  # nothing trained makes the reshaped value
-            if (str(e.loc.path), e.loc.line) in mixed_lines:
-                continue  # the batch axis moved: samples-mixed-in-batch's
+            if (str(e.loc.path), e.loc.line) in mixed_lines | rows_lines:
+                continue  # the batch axis moved, or a loss's rows cut across its classes
             shape_in, shape_out = tuple(e.get("shape_in") or ()), tuple(e.get("shape_out") or ())
             order = axis_order(shape_in, shape_out)
             call = _call(a, e.loc)
