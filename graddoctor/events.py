@@ -490,6 +490,11 @@ softmax_axis       dim (the dimension a softmax normalised), summed (the one the
                    softmax): attention weights normalised over another axis than the one the
                    next matmul sums over — at the first 3 backwards, once per (dim, summed,
                    shape) (loc: the backward; an aside; instrument/attnaxis.py)
+view_axes          shape_in, shape_out (the sizes a view/reshape was given and returned), params [pid]
+                   (tracked tensors below it): a view or reshape whose output is its input's axes
+                   in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
+                   user's code and reaching the loss — at the first 3 backwards, once per pair
+                   of shapes (loc: the view call; an aside; instrument/viewaxes.py)
 same_compared      how ("twins": two nodes of the loss's graph computed the same values from the
                    same inputs and meet in an op that compares them; "constant": a loss function's
                    constant operand equals its gradient-carrying one at two optimizer steps, never
@@ -1189,6 +1194,10 @@ def softmax_axis(*, dim: int, summed: int, shape: list[int], params: list[int]) 
     return "softmax_axis", {"dim": dim, "summed": summed, "shape": shape, "params": params}
 
 
+def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int]) -> Made:
+    return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params}
+
+
 def same_compared(*, how: str, op: str, core: str, shape: list | None, params: list[int],
                   starts: list[str]) -> Made:
     return "same_compared", {"how": how, "op": op, "core": core, "shape": shape, "params": params,
@@ -1222,7 +1231,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
-    "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis,
+    "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
     "same_compared": same_compared,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
@@ -1261,7 +1270,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "causal_read_early",
                          "attention_mask", "label_smoothing",
-                         "mixup_unmixed", "softmax_axis"})
+                         "mixup_unmixed", "softmax_axis", "view_axes"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -48,6 +48,7 @@ from .snapshots import SnapshotWatcher
 from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
 from .attnaxis import SoftmaxAxisWatcher
+from .viewaxes import ViewAxesWatcher
 from .anchors import AnchorAliasWatcher
 from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
@@ -109,6 +110,11 @@ class Instrumentation:
         softmax_axis = SoftmaxAxisWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, softmax_axis.describe_loss)
         self.watchers.append(softmax_axis)
+        # a view/reshape that puts the axes in another order where a transpose was meant
+        # (view-reorders-axes): Tensor.view/reshape wrapped until the first backwards
+        view_axes = ViewAxesWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, view_axes.describe_loss)
+        self.watchers.append(view_axes)
         # a regression target that is the first random draw after the forward (noise-target-redrawn)
         redrawn = RedrawnNoiseWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, redrawn.describe_loss)

@@ -1,0 +1,244 @@
+"""A view or reshape that reorders axes: ``x.view(B, C, T)`` of a (B, T, C) tensor where
+``x.transpose(1, 2)`` was meant.
+
+``view``/``reshape`` keep the elements in memory order and only cut them into new rows: when the
+new shape is the old one's sizes in another order, each new "channel" is a run of consecutive
+elements of the old layout, which mixes time steps and channels (or tokens and features) within
+every sample. The shapes agree, nothing fails, and the model trains on scrambled inputs.
+
+What is judged: the sizes other than 1 of the input (``a``) and of the output (``b``). The
+reshape is suspect when it is no plain split or merge of whole axes in order (neither shape's
+running products are all running products of the other's), while ``b`` is what merging
+consecutive axes of ``a`` *in another order* gives (or ``a`` that of ``b``): ``(B, T, C) ->
+(B, C, T)``, ``(B, C, H, W) -> (B, H*W, C)`` (``flatten(2).transpose(1, 2)`` meant), ``(B, N, D)
+-> (B, D, h, w)`` (tokens put back on a grid without their transpose), ``(B, heads, T, d) ->
+(B, T, heads*d)`` (heads merged without ``transpose(1, 2)``). A regrouping that splits and
+merges in order (stacking frames: ``(B, T, C) -> (B, T/k, k*C)``; ``permute(...).view(B, -1,
+4)``) stays silent, and so does any reshape whose sizes tell nothing (two axes of one length
+swapped look unchanged).
+
+How it is seen, and what it costs:
+
+* ``Tensor.view``, ``Tensor.reshape`` and ``torch.reshape`` are wrapped from the start until
+  ``_WINDOWS`` backwards have run (then put back: no cost for the rest of the run). A call on a
+  tensor that needs a gradient, under grad mode, made from the user's own code, has its output
+  shape worked out from its arguments (``-1`` resolved); a suspect one is held with its line.
+* At each of those backwards (``DESCRIBE_LOSS``), the loss's graph is walked once (at most
+  ``_NODES`` nodes) for the view and reshape nodes, whose input sizes are saved and whose output
+  shape is in their metadata (no tensor read). A held call whose shapes match one that reaches
+  the loss becomes a ``view_axes`` aside event at its line, with the parameters that made the
+  reshaped value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import weakref
+
+import torch
+
+from .. import events as ev
+from .graphpaths import post_order, reached, saved
+from .inlinable import watched
+from .recorder import Recorder
+
+_WINDOWS = 3  # backwards whose losses are looked at; the wrappers go at the last one
+_NODES = 20000  # graph nodes walked per backward
+_LEAVES = 20000  # nodes walked below a reshape to name the parameters that made its input
+_MAX_AXES = 6  # sizes other than 1 judged at most (6! orders)
+_VIEWS = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
+
+
+def _running(sizes) -> set:
+    out, product = set(), 1
+    for size in sizes:
+        product *= size
+        out.add(product)
+    return out
+
+
+def _merges_to(sizes, target) -> bool:
+    """Whether ``target`` is ``sizes`` with runs of consecutive axes merged (each of its running
+    products is one of ``sizes``')."""
+    return _running(target) <= _running(sizes)
+
+
+def _regroups(a, b) -> bool:
+    """Whether ``b`` can be ``a`` cut into pieces and the pieces grouped anew, in memory order:
+    every running product of either divides the next larger one of both (stacking frames,
+    ``(B, H, W, A * 4) -> (B, H * W * A, 4)``)."""
+    chain = sorted(_running(a) | _running(b))
+    return all(high % low == 0 for low, high in zip(chain, chain[1:]))
+
+
+def reordered(shape_in, shape_out) -> bool:
+    """Whether a view of ``shape_in`` as ``shape_out`` reorders axes: the same sizes (other than
+    1) in another order; or, when no cutting and regrouping in memory order gives it, what
+    merging consecutive axes of one shape put in another order gives."""
+    a = tuple(int(s) for s in shape_in if int(s) != 1)
+    b = tuple(int(s) for s in shape_out if int(s) != 1)
+    if a == b or len(a) < 2 or len(b) < 2 or max(len(a), len(b)) > _MAX_AXES:
+        return False
+    if sorted(a) == sorted(b):
+        return True  # (B, T, C) -> (B, C, T)
+    if _merges_to(a, b) or _merges_to(b, a) or _regroups(a, b):
+        return False  # a split, a merge or a regrouping in memory order: what view is for
+    for small, large in ((a, b), (b, a)):
+        if len(small) > len(large):
+            continue
+        for order in set(itertools.permutations(large)):
+            if order != large and _merges_to(order, small):
+                return True
+    return False
+
+
+def _target_shape(tensor, args, kwargs) -> tuple | None:
+    """The shape a view/reshape call asks for (``-1`` resolved), None for another overload
+    (``view(dtype)``) or arguments not understood."""
+    shape = args[1:] if len(args) > 1 else ()
+    if not shape:
+        shape = kwargs.get("size", kwargs.get("shape", ()))
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    if not shape or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+        return None
+    numel = tensor.numel()
+    known = 1
+    for s in shape:
+        if s != -1:
+            known *= s
+    if shape.count(-1) > 1 or known <= 0:
+        return None
+    if -1 in shape:
+        if numel % known:
+            return None
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+    return tuple(shape)
+
+
+class ViewAxesWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._windows = 0
+        self._open = True
+        self._held: dict = {}  # (input shape, output shape) -> the user's line of the call
+        self._inputs: dict = {}  # the same for data reshaped in forward -> (line, module)
+        self._judged: dict = {}  # (input shape, output shape) -> reordered?
+        self._told: set = set()
+        self._restore: list = []  # (owner, name, original) put back when the windows end
+
+    def install(self, patcher) -> None:
+        for owner, name in ((torch.Tensor, "view"), (torch.Tensor, "reshape"), (torch, "reshape")):
+            original = getattr(owner, name, None)
+            if original is None:
+                continue
+            patcher.patch(owner, name, watched(original, self._before))
+            self._restore.append((owner, name, original))
+
+    def _before(self, args, kwargs) -> None:
+        if not self._open or not args:
+            return
+        tensor = args[0]
+        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+                and torch.is_grad_enabled()):
+            return
+        try:
+            shape = _target_shape(tensor, args, kwargs)
+            if shape is None:
+                return
+            key = (tuple(int(s) for s in tensor.shape), shape)
+            if key in self._held or key in self._inputs:
+                return
+            suspect = self._judged.get(key)
+            if suspect is None:
+                suspect = self._judged[key] = reordered(*key)
+            if not suspect:
+                return
+            caller = sys._getframe(2)  # the code that called view/reshape
+            if not self.rec.finder.is_user_file(caller.f_code.co_filename):
+                return  # a library's own reshape
+            if tensor.requires_grad:
+                loc = self.rec.here()
+                if loc is not None:
+                    self._held[key] = loc  # confirmed in the loss's graph at the backward
+                return
+            # data without gradient (the batch itself) reshaped inside a training module's
+            # forward: no graph to confirm it by, the module's parameters read it
+            module = caller.f_locals.get("self") if caller.f_code.co_name == "forward" else None
+            if isinstance(module, torch.nn.Module) and module.training:
+                loc = self.rec.here()
+                if loc is not None:
+                    self._inputs[key] = (loc, weakref.ref(module))
+        except Exception as exc:
+            self.rec.internal_error("view axes", exc)
+
+    def describe_loss(self, tensors) -> dict:
+        if not self._open:
+            return {}
+        self._windows += 1
+        try:
+            if self._held:
+                self._look(tensors)
+            if self._inputs:
+                self._data()
+        except Exception as exc:
+            self.rec.internal_error("view axes", exc)
+        if self._windows >= _WINDOWS:
+            self._close()
+        return {}
+
+    def _close(self) -> None:
+        """Put torch's own view and reshape back: nothing of this watcher runs after the first
+        backwards. (The patcher's undo at exit then finds them as they were.)"""
+        self._open = False
+        for owner, name, original in self._restore:
+            try:
+                setattr(owner, name, original)
+            except Exception as exc:
+                self.rec.internal_error("view axes", exc)
+
+    def _look(self, tensors) -> None:
+        items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+        for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
+            nodes = post_order(root, _NODES)
+            if nodes is None:
+                continue
+            for node in nodes:
+                if not type(node).__name__.startswith(_VIEWS):
+                    continue
+                sizes = saved(node, "_saved_self_sym_sizes")
+                try:
+                    out = tuple(int(s) for s in node._input_metadata[0].shape)
+                except Exception:  # a node without metadata
+                    continue
+                if sizes is None:
+                    continue
+                key = (tuple(int(s) for s in sizes), out)
+                loc = self._held.get(key)
+                if loc is None or key in self._told:
+                    continue
+                self._told.add(key)
+                self._report(node, key, loc)
+
+    def _data(self) -> None:
+        """Data reshaped in a training module's forward since the last backward: reported with
+        the module's parameters (their gradient reads the scrambled input)."""
+        tensors = self.rec.tensors
+        for key, (loc, module_ref) in list(self._inputs.items()):
+            module = module_ref()
+            if key in self._told or module is None:
+                continue
+            self._told.add(key)
+            pids = sorted(pid for p in module.parameters()
+                          if (pid := tensors.number.get(id(p))) is not None)
+            self.rec.emit_aside(ev.view_axes(shape_in=list(key[0]), shape_out=list(key[1]),
+                                             params=pids[:64]), loc)
+
+    def _report(self, node, key, loc) -> None:
+        tensors = self.rec.tensors
+        walked = reached(node, _LEAVES, truncate=True)
+        pids = sorted(pid for i in walked[1]
+                      if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
+        self.rec.emit_aside(ev.view_axes(shape_in=list(key[0]), shape_out=list(key[1]),
+                                         params=pids[:64]), loc)

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import ast
+import itertools
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+
+
+def _running(sizes) -> list[int]:
+    out, product = [], 1
+    for size in sizes:
+        product *= size
+        out.append(product)
+    return out
+
+
+def _groups(sizes, target) -> list[list[int]] | None:
+    """The runs of consecutive indices of ``sizes`` whose products are ``target``'s sizes in
+    order, or None when ``target`` is not ``sizes`` merged."""
+    groups, run, product, at = [], [], 1, 0
+    for i, size in enumerate(sizes):
+        run.append(i)
+        product *= size
+        if at < len(target) and product == target[at]:
+            groups.append(run)
+            run, product, at = [], 1, at + 1
+        elif at >= len(target) or product > target[at]:
+            return None
+    return groups if at == len(target) and not run else None
+
+
+def axis_order(shape_in, shape_out) -> list[int] | None:
+    """The order of the input's axes that a permute before the reshape needs (``x.permute(order)
+    .reshape(shape_out)`` keeps each axis whole), for an input without axes of length 1; None
+    when it is not found."""
+    a = [int(s) for s in shape_in]
+    b = [int(s) for s in shape_out if int(s) != 1]
+    if 1 in a:
+        return None
+    for order in itertools.permutations(range(len(a))):  # merges: output axes of runs of input axes
+        if list(order) != list(range(len(a))) and _groups([a[i] for i in order], b) is not None:
+            return list(order)
+    for order in itertools.permutations(range(len(b))):  # splits: input axes of runs of output axes
+        groups = _groups([b[i] for i in order], a)
+        if list(order) != list(range(len(b))) and groups is not None:
+            first = [min(order[j] for j in group) for group in groups]
+            return sorted(range(len(a)), key=lambda axis: first[axis])
+    return None
+
+
+def _call(a, loc: Location) -> tuple[str, str, str] | None:
+    """``(call text, receiver, arguments)`` of the view/reshape call on ``loc``'s line."""
+    for line, text, _forward in a.source.calls_named(loc.path, frozenset({"view", "reshape"})):
+        if line != loc.line:
+            continue
+        try:
+            call = ast.parse(text, mode="eval").body
+        except SyntaxError:
+            continue
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+            continue
+        args = ", ".join(ast.unparse(arg) for arg in call.args)
+        if call.func.attr == "reshape" and isinstance(call.func.value, ast.Name) \
+                and call.func.value.id == "torch" and call.args:
+            receiver = ast.unparse(call.args[0])
+            args = ", ".join(ast.unparse(arg) for arg in call.args[1:])
+        else:
+            receiver = ast.unparse(call.func.value)
+        return text, receiver, args
+    return None
+
+
+class ViewReordersAxes(Rule):
+    """
+    ## What it does
+    Finds a `view` or `reshape` whose output is its input's axes in another order, where a
+    `transpose`/`permute` was meant: `x.view(B, C, T)` of a (B, T, C) tensor (for a `Conv1d`, or
+    to give `cross_entropy` its classes on dim 1), `f.view(B, H * W, C)` of a (B, C, H, W) map
+    (for `f.flatten(2).transpose(1, 2)`), `x.reshape(B, D, h, w)` of (B, N, D) tokens,
+    `out.reshape(B, T, heads * d)` of a (B, heads, T, d) attention output. At the first
+    backwards, the view and reshape nodes of the loss's graph are read (their input sizes are
+    saved, their output shape is in the node's metadata); the ones whose sizes other than 1 are
+    no split or merge of whole axes in order, but are one once the axes are put in another
+    order, are matched with the call the script made (`Tensor.view`, `Tensor.reshape` and
+    `torch.reshape` are watched until then). It points at that call.
+
+    ## Why is this bad?
+    `view` and `reshape` never move an element: they cut the same memory order into rows of the
+    new shape. Viewing (B, T, C) as (B, C, T) does not swap time and channels; each new
+    "channel" is a run of T consecutive numbers of the old layout, a few time steps of every
+    channel. The shapes agree, nothing fails, the loss still goes down a little, and the model
+    learns from inputs scrambled within every sample (a convolution over time sees channels, a
+    tagger's class scores are read from other positions).
+
+    ## Example
+    ```python
+    def forward(self, x):  # x: (batch, time, channels)
+        b, t, c = x.shape
+        h = self.conv(x.view(b, c, t))
+    ```
+
+    ## Use instead
+    ```python
+    def forward(self, x):  # x: (batch, time, channels)
+        h = self.conv(x.transpose(1, 2))
+    ```
+
+    ## Stays silent on
+    Splits and merges of whole axes in memory order (heads split `view(B, T, H, D)` and merged
+    after `transpose(1, 2)`, `flatten`, `view(B, -1)`); a reshape after the right `permute`
+    (`permute(0, 2, 3, 1).contiguous().view(B, -1, 4)`); frame stacking `reshape(B, T // k, k * C)`
+    (a split and a merge in order); axes of length 1 moved (they hold no order); reshapes of data
+    that needs no gradient, in libraries' own code, or not reaching the loss. Not told apart: two
+    axes of the same length swapped (the shape looks unchanged); a regrouping that happens to
+    have the sizes of a reordering (stacking k frames where T / k equals C) reads as the bug.
+    When samples-mixed-in-batch reports the same line (the batch axis moved), or
+    loss-input-mismatch does (a loss's (N, C, T) scores flattened to rows with `reshape(-1, C)`),
+    it is left to them.
+    """
+
+    code = "GD154"
+    slug = "view-reorders-axes"
+    severity = Severity.WARNING
+    summary = ("a view/reshape gives its input's axes in another order (x.view(B, C, T) of a "
+               "(B, T, C) tensor): it scrambles each sample where a transpose was meant")
+    fix = "use transpose/permute to reorder axes (then reshape); view only splits or merges them"
+
+    def check(self, a):
+        stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        mixed_lines = {(str(at[0]), int(at[1])) for d in a.of_kind("dependency")
+                       if d.get("mixed") and (at := d.get("op_at"))}
+        # a classification loss's (N, C, ...) scores flattened to rows: loss-input-mismatch's
+        rows_lines = {(str(d.loc.path), d.loc.line) for d in a.of_kind("loss_input")
+                      if d.get("problem") == "rows" and d.loc is not None}
+        for e in a.of_kind("view_axes"):
+            pids = [pid for pid in e.get("params") or () if pid in stepped]
+            if not pids or e.loc is None:
+                continue  # nothing trained makes the reshaped value
+            if (str(e.loc.path), e.loc.line) in mixed_lines | rows_lines:
+                continue  # the batch axis moved, or a loss's rows cut across its classes
+            shape_in, shape_out = tuple(e.get("shape_in") or ()), tuple(e.get("shape_out") or ())
+            order = axis_order(shape_in, shape_out)
+            call = _call(a, e.loc)
+            written = f"`{call[0]}`" if call else "a view/reshape"
+            permuted = tuple(shape_in[i] for i in order) if order else None
+            if call and order:
+                receiver, args = call[1], call[2]
+                swapped = [i for i, o in enumerate(order) if i != o]
+                reorder = (f"{receiver}.transpose({swapped[0]}, {swapped[1]})" if len(swapped) == 2
+                           else f"{receiver}.permute({', '.join(map(str, order))})")
+                fixed = reorder if permuted == shape_out else f"{reorder}.reshape({args})"
+                fix = (f"reorder the axes, do not view them: `{fixed}` in place of `{call[0]}`")
+            else:
+                fix = ("reorder the axes with transpose/permute (then reshape if axes are merged "
+                       "or split); view/reshape alone keeps the memory order")
+            yield self.finding(
+                f"{written} turns a tensor of shape {shape_in} into {shape_out}: the same sizes "
+                f"in another order, but view/reshape moves no element, it cuts the memory order "
+                f"into new rows. Each sample's values are scrambled across its axes (what lands "
+                f"on one axis is a run of consecutive elements of the old layout), so "
+                f"{a.names(pids)} train on mixed-up positions and features. Nothing fails "
+                f"because the shapes agree",
+                e.loc, step=a.next_step_number(e.seq),
+                evidence={"shape_in": list(shape_in), "shape_out": list(shape_out),
+                          "order": order, "params": pids[:16]},
+                fix=fix)
