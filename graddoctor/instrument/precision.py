@@ -19,7 +19,9 @@ Two causes are knowable without waiting for a NaN:
 The **frozen** comparison runs on float32 parameters too: an update below float32's resolution
 (a weight of 0.1 moves in steps of 7e-9) is a learning rate typed a few orders of magnitude too
 small (``lr=1e-10``), or gradients scaled down to nothing; there only an optimizer whose lrs
-stay the same over the compared updates is judged (a warm-up ramps from near 0 on purpose).
+stay the same over the compared updates is judged (a warm-up ramps from near 0 on purpose), and
+only with every lr below ``_FLOAT32_LR`` (above it, weights that keep their values have
+vanishing gradients, which is not this check's business).
 
 Installed through torch's global optimizer step hooks. Cost: a dict lookup per step after the
 fourth; the copies are made for three steps only.
@@ -35,6 +37,9 @@ from .recorder import Deferred, Recorder
 
 _HALF = (torch.float16, torch.bfloat16)
 _COMPARED = (*_HALF, torch.float32)  # dtypes whose updates are compared with their resolution
+# float32 is judged only below this lr: above it, weights that keep their values have vanishing
+# gradients (a deep net from a tiny initialisation), which is not what this check reports
+_FLOAT32_LR = 1e-6
 _SAMPLE = 65536  # elements of each parameter compared
 _PARAMS = 16  # parameters compared per optimizer
 _FIRST, _LAST = 2, 4  # the updates compared (1-based, per optimizer)
@@ -136,8 +141,9 @@ class PrecisionWatcher:
         if counts is None:
             return
         half = self._half_params(optimizer)
-        if not half and lrs is False:
-            return  # float32 weights under a moving lr: a warm-up's first updates are tiny
+        if not half and (lrs is False or max((lr for lr in lrs if lr), default=0.0) >= _FLOAT32_LR):
+            return  # float32 weights under a moving lr (a warm-up's first updates are tiny on
+            # purpose), or with an lr that is not the cause
         dtype = str(half[0][1].dtype).replace("torch.", "") if half else "float32"
         share = counts[0] / counts[1].clamp_min(1)
         value = float(share) if share.device.type == "cpu" else Deferred(share)

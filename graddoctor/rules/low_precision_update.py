@@ -14,8 +14,8 @@ class LowPrecisionUpdate(Rule):
     0 in it (Adam's default `eps=1e-8` in float16), or updates so small against the weights
     that almost no weight changes (bfloat16 weights with a small learning rate). The second
     holds for float32 weights too, where it takes a learning rate typed orders of magnitude too
-    small (`lr=1e-10`) or gradients scaled down to nothing; there it is judged only while the
-    lr stays the same over the compared updates.
+    small (`lr=1e-10`); there it is judged only for learning rates below 1e-6 that stay the
+    same over the compared updates.
 
     ## Why is this bad?
     Optimizer state and arithmetic follow the parameters' dtype. float16's smallest number is
@@ -41,7 +41,9 @@ class LowPrecisionUpdate(Rule):
     ## Stays silent on
     fp32 parameters whose updates change them (under autocast or not, small learning rates
     such as 1e-6 with Adam included); half-precision parameters whose optimizer's eps survives
-    the dtype and whose updates change the weights; steps with a learning rate of 0; a
+    the dtype and whose updates change the weights; float32 weights that keep their values
+    under an lr of 1e-6 or more (vanishing gradients of a deep net from a tiny
+    initialisation); steps with a learning rate of 0; a
     warm-up that starts from a tiny lr (the lr moves over the compared updates); sparse
     gradients and sharded (DTensor) parameters, which are not compared.
     """
@@ -86,11 +88,9 @@ class LowPrecisionUpdate(Rule):
                     f"exact value through updates 2-4 of {name}"
                     f"{f' (lr={lr:g})' if lr is not None else ''}: its updates are below {dtype}'s "
                     "resolution and are rounded away, so those weights do not train"
-                    + (" — even in float32: the learning rate, or the gradients it multiplies, "
-                       "are orders of magnitude too small" if single else ""),
+                    + (" — even in float32: the learning rate is orders of magnitude too small"
+                       if single else ""),
                     loc, evidence={"dtype": dtype, "unchanged": share, "lr": lr},
-                    fix=(f"raise the learning rate{f' (lr={lr:g} looks like a typo)' if lr is not None and lr < 1e-7 else ''}, "
-                         "or find what scales the loss or its gradients down (a loss divided by a "
-                         "huge constant, vanishing gradients) — an update must be at least about "
-                         "1e-7 of the weight it changes to survive float32"
-                         if single else None))
+                    fix=(f"raise the learning rate{f' (lr={lr:g} looks like a typo)' if lr is not None else ''}: "
+                         "an update must be at least about 1e-7 of the weight it changes to "
+                         "survive float32" if single else None))
