@@ -205,9 +205,10 @@ def _describe(fn: str, problem: str, classes: int, normalised,
               source=None) -> tuple[str, str, dict]:
     """(message, fix, evidence) of one wrong loss input."""
     evidence = {"function": fn, "given": problem, "classes": classes}
-    if problem == "dim":
+    if problem in ("dim", "log-dim"):
         evidence["normalised"] = normalised
-        return (f"{fn} is given a log_softmax taken over a dimension of size {normalised}, not over "
+        taken = "a log_softmax" if problem == "dim" else "the log of a softmax"
+        return (f"{fn} is given {taken} taken over a dimension of size {normalised}, not over "
                 f"the {classes} classes (dimension {'-1' if fn == 'ctc_loss' else '1'} of its "
                 f"input): each class's scores are normalised across that other dimension (the "
                 f"batch, for dim={1 if fn == 'ctc_loss' else 0}), so the "
@@ -216,7 +217,10 @@ def _describe(fn: str, problem: str, classes: int, normalised,
                 ("take log_softmax over the classes, the last dimension of ctc_loss's (T, N, C) "
                  "input: F.log_softmax(scores, dim=-1)") if fn == "ctc_loss" else
                 ("take log_softmax over the class dimension: F.log_softmax(scores, dim=-1) "
-                 "for (N, C) scores, dim=1 for (N, C, ...)"), evidence)
+                 "for (N, C) scores, dim=1 for (N, C, ...)") if problem == "dim" else
+                ("normalise over the class dimension, in one stable step: "
+                 "F.log_softmax(scores, dim=-1) for (N, C) scores, dim=1 for (N, C, ...), in "
+                 "place of torch.log(F.softmax(scores, dim) + eps)"), evidence)
     if problem == "rows" and source:
         evidence["source"] = source
         shape = "(" + ", ".join(map(str, source)) + ")"
