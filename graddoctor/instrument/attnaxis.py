@@ -19,6 +19,13 @@ batched product, and the mapping follows the labels through those permutes witho
 equation. A reshape that splits or merges the summed dimension, or an expand that broadcasts it,
 ends the walk.
 
+The walk also stops at a division by a norm of the tensor divided, taken over one of its
+dimensions (``F.normalize(z, dim)``, ``z / z.norm(dim=d, keepdim=True)``, ``z /
+(z.pow(2).sum(d, keepdim=True).sqrt() + eps)``), and follows a product with a learned
+temperature (one number with a gradient): embeddings normalised over the batch before a
+similarity product over their features are the same bug (event ``op`` "normalize").
+Parameters normalised are not followed (no batch), nor standardisations.
+
 What is reported: the softmax normalised another dimension than its last, and the product sums
 over its last: weights laid out (queries, keys), normalised over the queries, summed over the
 keys. The reverse, a softmax over the last dimension summed over another one, is an assignment

@@ -114,7 +114,8 @@ class LossInputMismatch(Rule):
     (`nn.BCELoss`) given a sigmoid of values already squashed by a sigmoid or softmax (a model
     ending in `nn.Sigmoid()` and a `torch.sigmoid` before the loss); also
     scores out of a ReLU given to
-    `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax` over another
+    `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax`, or the log of a
+    softmax (`torch.log(F.softmax(x, dim=0) + 1e-8)`, or of a clamped one), over another
     dimension than the classes (`dim=0`: the batch) given to `cross_entropy`, `nll_loss` or
     `ctc_loss` (whose classes are the last dimension of its (T, N, C) input),
     and swapped arguments (`criterion(labels, outputs)`: the labels taken as the scores and the
@@ -160,7 +161,7 @@ class LossInputMismatch(Rule):
     and `ctc_loss` (also taken over (N, T, C) and transposed), one sigmoid before
     `binary_cross_entropy` (also of a gated product of two sigmoids); soft targets (label smoothing, mixup, a teacher's softmax or
     sigmoid); REINFORCE's log-probabilities, a log
-    of softmax probabilities with an epsilon, Gumbel-softmax; sequence scores flattened or
+    of softmax probabilities over the classes with an epsilon or a clamp, Gumbel-softmax; sequence scores flattened or
     with `log_softmax` over the class dimension; scores flattened with the classes last
     (`movedim(1, -1).reshape(-1, C)`, (B, C, 1, 1) heads, K heads packed as (B, K * C) and split
     into (B * K, C) rows); `kl_div(log p, q)` with the model's

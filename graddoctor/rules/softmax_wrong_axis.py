@@ -57,9 +57,10 @@ def _norm_dim_of(text: str) -> int | None:
     value = next((k.value for k in call.keywords if k.arg == "dim"), None)
     if value is None:
         func = call.func
-        method = isinstance(func, ast.Attribute) and not _module(func.value) \
-            and func.attr == "norm" and not (isinstance(func.value, ast.Name)
-                                             and func.value.id == "linalg")
+        receiver = func.value if isinstance(func, ast.Attribute) else None
+        linalg = isinstance(receiver, (ast.Name, ast.Attribute)) and \
+            (receiver.id if isinstance(receiver, ast.Name) else receiver.attr) == "linalg"
+        method = receiver is not None and func.attr == "norm" and not (_module(receiver) or linalg)
         position = 1 if method else 2  # after p (and the input, for a function)
         value = call.args[position] if len(call.args) > position else None
     try:
@@ -102,7 +103,13 @@ class SoftmaxWrongAxis(Rule):
     and permutes, unsqueeze, expand: what einsum lowers to) to a softmax, the dimension the
     product sums over is mapped exactly through each of them, and compared with the one the
     softmax normalised. It points at the softmax call when the script's source has one with
-    that `dim`, else at the backward.
+    that `dim`, else at the backward. The same invariant for vectors normalised before a
+    similarity product: `F.normalize(z, dim=0)` (or `z / z.norm(dim=0, keepdim=True)`, or the
+    square root of a sum of squares) on (batch, features) embeddings followed by `z1 @ z2.T`,
+    which sums over the features, as in a contrastive (InfoNCE, SimCLR, CLIP) loss: each
+    feature was scaled over the batch instead of each embedding over its features (also behind
+    a learned temperature, `logit_scale.exp() * z1 @ z2.T`). It points at the first
+    normalize / norm call with that `dim`.
 
     ## Why is this bad?
     Attention averages the values with weights that sum to 1 over the keys. Normalised over the
@@ -110,7 +117,10 @@ class SoftmaxWrongAxis(Rule):
     of every other query: the output's scale drifts with the sequence length, a query cannot
     attend to one key alone, and padding or the order of the queries leaks into every output.
     The model trains, the loss falls, and it ends up worse than one with the right axis. No
-    error: the shapes agree either way when the two axes have the same length.
+    error: the shapes agree either way when the two axes have the same length. Embeddings
+    normalised over the batch are no unit vectors: their products are no cosine similarities,
+    each sample's embedding depends on the others in its batch, and the temperature no longer
+    means what it was tuned for.
 
     ## Example
     ```python
@@ -137,8 +147,14 @@ class SoftmaxWrongAxis(Rule):
     inputs); a Sinkhorn step whose scores were normalised over the summed axis just before; a
     softmax whose output is multiplied elementwise and summed rather than fed to a matrix
     product; the axis summed of length 1; `scaled_dot_product_attention` and
-    `nn.MultiheadAttention` (they normalise the right axis themselves). A softmax over dim 0 that
-    `samples-mixed-in-batch` reports (the batch mixed) is left to it. Not told apart: the same
+    `nn.MultiheadAttention` (they normalise the right axis themselves). Normalisations over the
+    axis the product sums: `F.normalize(z, dim=1)` or `dim=-1` before `z1 @ z2.T`, a cosine
+    classifier (`F.normalize` of the features and of the weight rows, dim=1), Barlow Twins and
+    VICReg (each feature standardised over the batch, then `z1.T @ z2` sums the batch), columns
+    L2-normalised over the batch then `z.T @ z`; standardisations (`(z - mean) / std`,
+    BatchNorm) whatever the axis; a parameter normalised (it has no batch);
+    `F.cosine_similarity`. A softmax or normalisation over dim 0 that `samples-mixed-in-batch`
+    reports (the batch mixed in the model's forward) is left to it. Not told apart: the same
     bug in a (keys, queries) layout (a softmax over the last axis, the queries, summed over the
     keys) reads as an assignment and stays silent; a single column softmax used as a transport
     plan with no row normalisation before it reads as the bug.
