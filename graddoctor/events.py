@@ -1190,8 +1190,11 @@ def anchor_alias(*, params: list[int], how: str) -> Made:
     return "anchor_alias", {"params": params, "how": how}
 
 
-def softmax_axis(*, dim: int, summed: int, shape: list[int], params: list[int]) -> Made:
-    return "softmax_axis", {"dim": dim, "summed": summed, "shape": shape, "params": params}
+def softmax_axis(*, dim: int, summed: int, shape: list[int], params: list[int],
+                 op: str = "softmax") -> Made:
+    # op: "softmax", or "normalize" (a division by a norm over one dimension)
+    return "softmax_axis", {"dim": dim, "summed": summed, "shape": shape, "params": params,
+                            "op": op}
 
 
 def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int]) -> Made:

@@ -199,3 +199,32 @@ def test_a_second_sigmoid_before_bce_is_recorded_and_one_sigmoid_is_not():
         ("binary_cross_entropy", "sigmoid-twice")]
     [(_, message, fix)] = _messages(fn="binary_cross_entropy", problem="sigmoid-twice", classes=1)
     assert "0.5" in message and "sigmoid once" in fix
+
+
+def test_the_normalised_dimension_is_read_through_the_log_of_a_softmax():
+    """log(softmax(x, dim) + eps), or of a clamped softmax: the softmax's dimension is read
+    past the epsilon; a log of a sum with something trained, or of no softmax, tells nothing."""
+    from graddoctor.instrument.loss_inputs import normalised_size, producer_node
+
+    x = torch.randn(6, 4, requires_grad=True)
+    assert normalised_size(producer_node(torch.log(F.softmax(x, dim=0) + 1e-8))[1]) == 6
+    assert normalised_size(producer_node(torch.log(F.softmax(x, dim=1) + 1e-8))[1]) == 4
+    assert normalised_size(producer_node(x.softmax(0).clamp(min=1e-7).log())[1]) == 6
+    assert normalised_size(producer_node(torch.log(x.softmax(0) + x.sigmoid()))[1]) is None
+    assert normalised_size(producer_node(torch.log(x.sigmoid()))[1]) is None
+
+
+def test_the_log_of_a_softmax_over_the_batch_is_recorded_and_over_the_classes_is_not():
+    from graddoctor.instrument import Instrumentation, Recorder
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = torch.nn.Linear(4, 3)
+        x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        F.nll_loss(torch.log(F.softmax(model(x), dim=1) + 1e-8), y).backward()
+        F.nll_loss(torch.log(F.softmax(model(x), dim=0) + 1e-8), y).backward()
+    found = [(e["problem"], e["normalised"]) for e in rec.trace.of_kind("loss_input")]
+    assert found == [("log-dim", 8)]
+    [(_, message, fix)] = _messages(fn="nll_loss", problem="log-dim", classes=3, normalised=8)
+    assert "the log of a softmax" in message and "size 8" in message
+    assert "F.log_softmax(scores, dim=-1)" in fix and "in place of torch.log" in fix

@@ -11,7 +11,7 @@ import torch
 from graddoctor import events as ev
 from graddoctor.instrument.attnaxis import (SoftmaxAxisWatcher, _misnormalised, _softmax_below,
                                             _through_reshape)
-from graddoctor.rules.softmax_wrong_axis import _dim_of
+from graddoctor.rules.softmax_wrong_axis import _dim_of, _norm_dim_of
 from rule_traces import builder, findings, only
 
 SLUG = "softmax-wrong-axis"
@@ -198,5 +198,72 @@ def test_a_softmax_over_the_batch_is_left_to_samples_mixed_in_batch():
     assert len(findings(t, SLUG)) == 1
     t.put(ev.dependency(model="M", batch=16, source="loss_target", mixed=True,
                         op="SoftmaxBackward0", op_at=None, seq=None, modules=[],
+                        forward=None), line=13)
+    assert findings(t, SLUG) == []
+
+
+def _similarity(left_of, right_of, n=6, d=4):
+    """What ``_softmax_below`` finds below each operand of ``left_of(z1) @ right_of(z2)``, with
+    z1, z2 (n, d) embeddings made by a trained layer."""
+    w = torch.randn(d, d, requires_grad=True)
+    z1, z2 = torch.randn(n, d) @ w, torch.randn(n, d) @ w
+    out = left_of(z1) @ right_of(z2)
+    node = out.grad_fn
+    while not type(node).__name__.startswith(("BmmBackward", "MmBackward")):
+        node = node.next_functions[0][0]
+    return list(SoftmaxAxisWatcher._operands(node))
+
+
+def test_a_normalisation_over_the_batch_before_a_similarity_product_is_found():
+    F = torch.nn.functional
+    for normalise in (lambda z: F.normalize(z, dim=0), lambda z: z / z.norm(dim=0, keepdim=True),
+                      lambda z: z / (z.pow(2).sum(0, keepdim=True).sqrt() + 1e-6)):
+        left, right = _similarity(normalise, lambda z: normalise(z).T)
+        assert left[1:3] == (0, 1) and right[1:3] == (0, 1)  # normalised 0, summed 1
+        assert _misnormalised(left) and _misnormalised(right)
+    # a learned temperature times the embeddings is followed to the normalisation
+    scale = torch.tensor(2.0, requires_grad=True)
+    [left, _] = _similarity(lambda z: scale.exp() * F.normalize(z, dim=0), lambda z: z.T)
+    assert left is not None and _misnormalised(left)
+
+
+def test_normalisations_over_the_summed_axis_and_standardisations_are_left_alone():
+    F = torch.nn.functional
+    unit = lambda z: F.normalize(z, dim=-1)  # noqa: E731
+    assert not any(f is not None and _misnormalised(f) for f in _similarity(unit, lambda z: unit(z).T))
+    # Barlow Twins / a column-normalised correlation: z.T @ z sums the normalised batch axis
+    columns = lambda z: F.normalize(z, dim=0).T  # noqa: E731
+    found = _similarity(columns, lambda z: F.normalize(z, dim=0))
+    assert all(f is not None and f[1] == f[2] == 0 for f in found)
+    assert not any(_misnormalised(f) for f in found)
+    standardised = lambda z: (z - z.mean(0)) / z.std(0)  # noqa: E731
+    assert _similarity(standardised, lambda z: standardised(z).T) == [None, None]
+    # a parameter normalised (a cosine classifier's weight) has no batch: not followed
+    weight = torch.randn(5, 4, requires_grad=True)
+    out = torch.randn(6, 4) @ F.normalize(weight, dim=0).t()
+    assert list(SoftmaxAxisWatcher._operands(out.grad_fn))[-1] is None
+
+
+def test_the_literal_dim_is_read_from_each_form_of_normalisation():
+    assert _norm_dim_of("F.normalize(z, dim=0)") == 0
+    assert _norm_dim_of("F.normalize(z, 2, 0)") == 0
+    assert _norm_dim_of("F.normalize(z)") is None
+    assert _norm_dim_of("z.norm(dim=0, keepdim=True)") == 0
+    assert _norm_dim_of("z.norm(2, 0, True)") == 0
+    assert _norm_dim_of("torch.linalg.norm(z, 2, 0, keepdim=True)") == 0
+    assert _norm_dim_of("torch.linalg.vector_norm(z, dim=-1)") == -1
+
+
+def test_the_rule_speaks_of_a_normalisation_and_defers_to_samples_mixed_in_batch():
+    t = builder(params=[0, 1])
+    t.put(ev.softmax_axis(dim=0, summed=1, shape=[24, 32], params=[0, 1], op="normalize"), line=9)
+    t.clear([0, 1], line=10)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    f = only(t, SLUG)
+    assert "unit vectors" in f.message and "F.normalize(z, dim=-1)" in f.fix
+    assert f.evidence["op"] == "normalize"
+    t.put(ev.dependency(model="M", batch=24, source="loss_target", mixed=True,
+                        op="LinalgVectorNormBackward0", op_at=None, seq=None, modules=[],
                         forward=None), line=13)
     assert findings(t, SLUG) == []

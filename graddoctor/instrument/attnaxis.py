@@ -19,6 +19,13 @@ batched product, and the mapping follows the labels through those permutes witho
 equation. A reshape that splits or merges the summed dimension, or an expand that broadcasts it,
 ends the walk.
 
+The walk also stops at a division by a norm of the tensor divided, taken over one of its
+dimensions (``F.normalize(z, dim)``, ``z / z.norm(dim=d, keepdim=True)``, ``z /
+(z.pow(2).sum(d, keepdim=True).sqrt() + eps)``), and follows a product with a learned
+temperature (one number with a gradient): embeddings normalised over the batch before a
+similarity product over their features are the same bug (event ``op`` "normalize").
+Parameters normalised are not followed (no batch), nor standardisations.
+
 What is reported: the softmax normalised another dimension than its last, and the product sums
 over its last: weights laid out (queries, keys), normalised over the queries, summed over the
 keys. The reverse, a softmax over the last dimension summed over another one, is an assignment
@@ -108,6 +115,80 @@ def _sizes(node, name: str = "_saved_self_sym_sizes") -> tuple | None:
     return None if sizes is None else tuple(int(s) for s in sizes)
 
 
+# operations between a division and the norm it divides by: F.normalize's clamp_min and
+# expand_as, an added epsilon, a reshape or unsqueeze of a norm taken without keepdim
+_DENOMINATOR = ("ExpandBackward", "ClampMinBackward", "ClampBackward", "AddBackward",
+                "UnsqueezeBackward", "ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
+_NORMS = ("LinalgVectorNormBackward", "NormBackward")
+
+
+def _only_child(node):
+    """``(child, output)`` of a node with one input that carries a gradient, else None."""
+    children = [(child, at) for child, at in node.next_functions if child is not None]
+    return children[0] if len(children) == 1 else None
+
+
+def _norm_divided(node, shape: tuple) -> int | None:
+    """The dimension of ``shape`` a division normalises when it is ``x / ||x||`` with the norm
+    taken over one dimension of the same ``x`` (``F.normalize(x, dim)``, ``x / x.norm(dim=d,
+    keepdim=True)``, ``x / (x.pow(2).sum(d, keepdim=True).sqrt() + eps)``), else None. A
+    parameter normalised (a cosine classifier's weight rows, weight normalisation) has no batch
+    to be normalised over: None as well. A standardisation (``(x - mean) / std``) divides
+    something else than the tensor its statistic was taken of: None."""
+    if len(node.next_functions) != 2:
+        return None
+    numerator, denominator = node.next_functions
+    if numerator[0] is None or denominator[0] is None \
+            or type(numerator[0]).__name__ == "AccumulateGrad" \
+            or _output_shape(numerator[0], numerator[1]) != shape:
+        return None
+    below = denominator[0]
+    for _ in range(_DOWN):
+        name = type(below).__name__
+        if name.startswith(_NORMS) or name.startswith("SqrtBackward"):
+            break
+        if not name.startswith(_DENOMINATOR):
+            return None
+        child = _only_child(below)
+        if child is None:
+            return None
+        below = child[0]
+    else:
+        return None
+    if type(below).__name__.startswith("SqrtBackward"):  # the square root of a sum of squares
+        reduced = _only_child(below)
+        if reduced is None or not type(reduced[0]).__name__.startswith("SumBackward"):
+            return None
+        squared = _only_child(reduced[0])
+        if squared is None or not type(squared[0]).__name__.startswith("PowBackward") \
+                or _saved(squared[0], "_saved_exponent") != 2:
+            return None
+        below, source = reduced[0], _only_child(squared[0])
+    else:
+        source = _only_child(below)
+    if source is None or source != (numerator[0], numerator[1]):
+        return None  # the norm of another tensor than the one divided
+    dims = _saved(below, "_saved_dim")
+    if dims is None or len(dims) != 1:
+        return None
+    return _signed(dims[0]) % len(shape)
+
+
+def _scaled_operand(node, shape: tuple):
+    """The input node of a product ``scale * x`` (either order) with a gradient in both, when
+    ``scale`` is one number (a learned temperature) and ``x`` has ``shape``; else None."""
+    inputs = [(child, at) for child, at in node.next_functions]
+    if len(inputs) != 2 or any(child is None for child, _ in inputs):
+        return None
+    operands = (_saved(node, "_saved_self"), _saved(node, "_saved_other"))
+    if not all(isinstance(t, torch.Tensor) for t in operands):
+        return None
+    for (child, _), mine, theirs in zip(inputs, operands, operands[::-1]):
+        if tuple(mine.shape) == shape and theirs.numel() == 1:
+            return child
+    return None
+
+
 def _softmax_below(node, shape: tuple, dim: int):
     """Follow ``node`` (the producer of a product's operand of ``shape``, summed over ``dim``)
     down to a softmax: ``(softmax node, its normalised dim, the dim summed over, its shape)``,
@@ -126,6 +207,9 @@ def _softmax_below(node, shape: tuple, dim: int):
             if result is None or saved_dim is None or tuple(result.shape) != shape:
                 return None
             return node, _signed(saved_dim) % n, dim, shape
+        if name.startswith("DivBackward"):
+            normalised = _norm_divided(node, shape)
+            return None if normalised is None else (node, normalised, dim, shape)
         if name.startswith(_SAME):
             if name.startswith("MulBackward"):
                 # dropout's mask, or a scale: of the same shape, or a number (a gate broadcast
@@ -133,6 +217,10 @@ def _softmax_below(node, shape: tuple, dim: int):
                 other = _saved(node, "_saved_other")
                 if isinstance(other, torch.Tensor) and other.dim() and tuple(other.shape) != shape:
                     return None
+                scaled = _scaled_operand(node, shape)
+                if scaled is not None:  # a learned temperature (CLIP's logit_scale * z1 @ z2.T)
+                    node = scaled
+                    continue
         elif name.startswith(_VIEW) or name.startswith("SqueezeBackward"):
             sizes = _sizes(node)
             if sizes is None or _prod(sizes) != _prod(shape):
@@ -228,7 +316,12 @@ def _misnormalised(found) -> bool:
     ``einsum('ne,nd->ed', gates, x)``, weights laid out (keys, queries)): silent."""
     softmax, normalised, summed, shape = found
     return (normalised != summed and summed == len(shape) - 1 and shape[normalised] >= 2
-            and not _renormalised_before(softmax, summed, shape))
+            and (_op(softmax) == "normalize" or not _renormalised_before(softmax, summed, shape)))
+
+
+def _op(node) -> str:
+    """What ``_softmax_below`` found: a "softmax", or a division by a norm ("normalize")."""
+    return "normalize" if type(node).__name__.startswith("DivBackward") else "softmax"
 
 
 class SoftmaxAxisWatcher:
@@ -264,7 +357,7 @@ class SoftmaxAxisWatcher:
                     if found is None or not _misnormalised(found):
                         continue
                     softmax, normalised, summed, sm_shape = found
-                    key = (normalised, summed, sm_shape)
+                    key = (_op(softmax), normalised, summed, sm_shape)
                     if key in self._told:
                         continue
                     self._told.add(key)
@@ -287,5 +380,5 @@ class SoftmaxAxisWatcher:
         pids = sorted(pid for i in walked[1]
                       if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
         rec.emit_aside(ev.softmax_axis(dim=normalised, summed=summed, shape=list(shape),
-                                       params=pids[:64]),
+                                       params=pids[:64], op=_op(softmax)),
                        rec.here())

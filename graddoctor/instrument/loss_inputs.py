@@ -97,10 +97,33 @@ def squashed_before(node) -> bool:
     return len(parents) == 1 and _made_by(parents[0], _DEPTH)[0] in ("sigmoid", "softmax")
 
 
+def _softmax_under_log(node):
+    """The softmax node whose probabilities a log node takes the log of, seen through an added
+    constant (``log(softmax(x, dim) + 1e-8)``) and value-keeping operations (a clamp to a floor,
+    reshapes), or None."""
+    for _ in range(_LOG_DEPTH):
+        parents = [n for n, _ in node.next_functions if n is not None]
+        if len(parents) != 1:  # an addition of something with a gradient: not an epsilon
+            return None
+        node = parents[0]
+        name = type(node).__name__
+        if name.startswith("SoftmaxBackward"):
+            return node
+        if not (name.startswith("AddBackward") or _kind(node) == "pass"):
+            return None
+    return None
+
+
 def normalised_size(node) -> int | None:
-    """The size of the dimension a log_softmax normalised (read from its autograd node: no
-    device work), or None for another node."""
-    if not type(node).__name__.startswith("LogSoftmaxBackward"):
+    """The size of the dimension a log_softmax normalised, or the softmax under a log
+    (``log(softmax(x, dim) + eps)``), read from their autograd nodes (no device work); None for
+    another node."""
+    name = type(node).__name__
+    if name.startswith("LogBackward"):
+        node = _softmax_under_log(node)
+        if node is None:
+            return None
+    elif not name.startswith("LogSoftmaxBackward"):
         return None
     dim = int(node._saved_dim)
     if dim >= 2 ** 63:  # saved as an unsigned 64-bit number: -1 reads as 2**64 - 1
@@ -357,7 +380,8 @@ class LossInputWatcher:
         elif made == "log" and fn in ("cross_entropy", "nll_loss", "ctc_loss") and input.dim() >= 2:
             normalised = normalised_size(node)
             if normalised is not None and normalised != classes:
-                problem = "dim"  # log_softmax over another dimension than the classes
+                # log_softmax, or the log of a softmax, over another dimension than the classes
+                problem = "dim" if type(node).__name__.startswith("LogSoftmax") else "log-dim"
         elif made in (None, "relu") and fn in ("cross_entropy", "nll_loss", "kl_div"):
             problem = self._by_values(fn, input)
         source = None

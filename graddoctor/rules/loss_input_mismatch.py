@@ -114,7 +114,8 @@ class LossInputMismatch(Rule):
     (`nn.BCELoss`) given a sigmoid of values already squashed by a sigmoid or softmax (a model
     ending in `nn.Sigmoid()` and a `torch.sigmoid` before the loss); also
     scores out of a ReLU given to
-    `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax` over another
+    `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax`, or the log of a
+    softmax (`torch.log(F.softmax(x, dim=0) + 1e-8)`, or of a clamped one), over another
     dimension than the classes (`dim=0`: the batch) given to `cross_entropy`, `nll_loss` or
     `ctc_loss` (whose classes are the last dimension of its (T, N, C) input),
     and swapped arguments (`criterion(labels, outputs)`: the labels taken as the scores and the
@@ -160,7 +161,7 @@ class LossInputMismatch(Rule):
     and `ctc_loss` (also taken over (N, T, C) and transposed), one sigmoid before
     `binary_cross_entropy` (also of a gated product of two sigmoids); soft targets (label smoothing, mixup, a teacher's softmax or
     sigmoid); REINFORCE's log-probabilities, a log
-    of softmax probabilities with an epsilon, Gumbel-softmax; sequence scores flattened or
+    of softmax probabilities over the classes with an epsilon or a clamp, Gumbel-softmax; sequence scores flattened or
     with `log_softmax` over the class dimension; scores flattened with the classes last
     (`movedim(1, -1).reshape(-1, C)`, (B, C, 1, 1) heads, K heads packed as (B, K * C) and split
     into (B * K, C) rows); `kl_div(log p, q)` with the model's
@@ -205,9 +206,10 @@ def _describe(fn: str, problem: str, classes: int, normalised,
               source=None) -> tuple[str, str, dict]:
     """(message, fix, evidence) of one wrong loss input."""
     evidence = {"function": fn, "given": problem, "classes": classes}
-    if problem == "dim":
+    if problem in ("dim", "log-dim"):
         evidence["normalised"] = normalised
-        return (f"{fn} is given a log_softmax taken over a dimension of size {normalised}, not over "
+        taken = "a log_softmax" if problem == "dim" else "the log of a softmax"
+        return (f"{fn} is given {taken} taken over a dimension of size {normalised}, not over "
                 f"the {classes} classes (dimension {'-1' if fn == 'ctc_loss' else '1'} of its "
                 f"input): each class's scores are normalised across that other dimension (the "
                 f"batch, for dim={1 if fn == 'ctc_loss' else 0}), so the "
@@ -216,7 +218,10 @@ def _describe(fn: str, problem: str, classes: int, normalised,
                 ("take log_softmax over the classes, the last dimension of ctc_loss's (T, N, C) "
                  "input: F.log_softmax(scores, dim=-1)") if fn == "ctc_loss" else
                 ("take log_softmax over the class dimension: F.log_softmax(scores, dim=-1) "
-                 "for (N, C) scores, dim=1 for (N, C, ...)"), evidence)
+                 "for (N, C) scores, dim=1 for (N, C, ...)") if problem == "dim" else
+                ("normalise over the class dimension, in one stable step: "
+                 "F.log_softmax(scores, dim=-1) for (N, C) scores, dim=1 for (N, C, ...), in "
+                 "place of torch.log(F.softmax(scores, dim) + eps)"), evidence)
     if problem == "rows" and source:
         evidence["source"] = source
         shape = "(" + ", ".join(map(str, source)) + ")"

@@ -109,7 +109,7 @@ class SamplesMixedInBatch(Rule):
     def check(self, a):
         if any(e.get("layout") == "batch_first" for e in a.by_kind.get("batch_layout", ())):
             return  # batch-first-mismatch names the module that mixes them
-        over_batch = any(e.get("problem") == "dim" for e in a.by_kind.get("loss_input", ()))
+        over_batch = any(e.get("problem") in ("dim", "log-dim") for e in a.by_kind.get("loss_input", ()))
         best: dict = {}
         for e in a.by_kind.get("dependency", ()):
             if not e.get("mixed") or not e.get("op"):
@@ -121,7 +121,7 @@ class SamplesMixedInBatch(Rule):
             op = _op(e["op"])
             how, names = _OPS.get(op, (None, ()))
             if how == "softmax" and over_batch:
-                continue  # loss-input-mismatch reports a log_softmax over the batch at the loss
+                continue  # loss-input-mismatch reports a (log of a) softmax over the batch at the loss
             yield self._finding(a, e, op, how, names)
 
     def _finding(self, a, e, op: str, how: str | None, names: tuple):

@@ -41,6 +41,44 @@ def _dim_of(text: str) -> int | None:
         return None
 
 
+_NORM_CALLS = frozenset({"normalize", "norm", "vector_norm"})
+
+
+def _norm_dim_of(text: str) -> int | None:
+    """The literal ``dim`` of one normalisation call's source (``F.normalize(z, dim=0)``,
+    ``F.normalize(z, 2, 0)``, ``z.norm(dim=0, keepdim=True)``, ``torch.linalg.norm(z, 2, 0)``),
+    else None (``F.normalize(z)``: its default dim=1 is not written)."""
+    try:
+        call = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(call, ast.Call):
+        return None
+    value = next((k.value for k in call.keywords if k.arg == "dim"), None)
+    if value is None:
+        func = call.func
+        receiver = func.value if isinstance(func, ast.Attribute) else None
+        linalg = isinstance(receiver, (ast.Name, ast.Attribute)) and \
+            (receiver.id if isinstance(receiver, ast.Name) else receiver.attr) == "linalg"
+        method = receiver is not None and func.attr == "norm" and not (_module(receiver) or linalg)
+        position = 1 if method else 2  # after p (and the input, for a function)
+        value = call.args[position] if len(call.args) > position else None
+    try:
+        return int(ast.literal_eval(value)) if value is not None else None
+    except (ValueError, TypeError, SyntaxError):
+        return None
+
+
+def normalize_line(a, path: str, dim: int, ndim: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the first normalize / norm call of the file whose literal ``dim``
+    names dimension ``dim`` of an ``ndim``-dimensional tensor; None when there is none."""
+    for line, text, _forward in a.source.calls_named(path, _NORM_CALLS):
+        written = _norm_dim_of(text)
+        if written is not None and written in (dim, dim - ndim):
+            return line, text
+    return None
+
+
 def softmax_line(a, path: str, dim: int, ndim: int) -> tuple[int, str] | None:
     """``(line, text)`` of the first softmax call of the file whose literal ``dim`` names
     dimension ``dim`` of an ``ndim``-dimensional tensor; None when there is none."""
@@ -65,7 +103,13 @@ class SoftmaxWrongAxis(Rule):
     and permutes, unsqueeze, expand: what einsum lowers to) to a softmax, the dimension the
     product sums over is mapped exactly through each of them, and compared with the one the
     softmax normalised. It points at the softmax call when the script's source has one with
-    that `dim`, else at the backward.
+    that `dim`, else at the backward. The same invariant for vectors normalised before a
+    similarity product: `F.normalize(z, dim=0)` (or `z / z.norm(dim=0, keepdim=True)`, or the
+    square root of a sum of squares) on (batch, features) embeddings followed by `z1 @ z2.T`,
+    which sums over the features, as in a contrastive (InfoNCE, SimCLR, CLIP) loss: each
+    feature was scaled over the batch instead of each embedding over its features (also behind
+    a learned temperature, `logit_scale.exp() * z1 @ z2.T`). It points at the first
+    normalize / norm call with that `dim`.
 
     ## Why is this bad?
     Attention averages the values with weights that sum to 1 over the keys. Normalised over the
@@ -73,7 +117,10 @@ class SoftmaxWrongAxis(Rule):
     of every other query: the output's scale drifts with the sequence length, a query cannot
     attend to one key alone, and padding or the order of the queries leaks into every output.
     The model trains, the loss falls, and it ends up worse than one with the right axis. No
-    error: the shapes agree either way when the two axes have the same length.
+    error: the shapes agree either way when the two axes have the same length. Embeddings
+    normalised over the batch are no unit vectors: their products are no cosine similarities,
+    each sample's embedding depends on the others in its batch, and the temperature no longer
+    means what it was tuned for.
 
     ## Example
     ```python
@@ -100,8 +147,14 @@ class SoftmaxWrongAxis(Rule):
     inputs); a Sinkhorn step whose scores were normalised over the summed axis just before; a
     softmax whose output is multiplied elementwise and summed rather than fed to a matrix
     product; the axis summed of length 1; `scaled_dot_product_attention` and
-    `nn.MultiheadAttention` (they normalise the right axis themselves). A softmax over dim 0 that
-    `samples-mixed-in-batch` reports (the batch mixed) is left to it. Not told apart: the same
+    `nn.MultiheadAttention` (they normalise the right axis themselves). Normalisations over the
+    axis the product sums: `F.normalize(z, dim=1)` or `dim=-1` before `z1 @ z2.T`, a cosine
+    classifier (`F.normalize` of the features and of the weight rows, dim=1), Barlow Twins and
+    VICReg (each feature standardised over the batch, then `z1.T @ z2` sums the batch), columns
+    L2-normalised over the batch then `z.T @ z`; standardisations (`(z - mean) / std`,
+    BatchNorm) whatever the axis; a parameter normalised (it has no batch);
+    `F.cosine_similarity`. A softmax or normalisation over dim 0 that `samples-mixed-in-batch`
+    reports (the batch mixed in the model's forward) is left to it. Not told apart: the same
     bug in a (keys, queries) layout (a softmax over the last axis, the queries, summed over the
     keys) reads as an assignment and stays silent; a single column softmax used as a transport
     plan with no row normalisation before it reads as the bug.
@@ -117,10 +170,15 @@ class SoftmaxWrongAxis(Rule):
 
     def check(self, a):
         stepped = {pid for pids in a.opt_params.values() for pid in pids}
-        # a softmax over the batch is samples-mixed-in-batch's, when its probe saw it
-        batch_softmax = any(d.get("mixed") and str(d.get("op") or "").startswith("Softmax")
-                            for d in a.of_kind("dependency"))
+        # a softmax or normalisation over the batch is samples-mixed-in-batch's, when its
+        # probe saw it in the model's forward
+        mixed = [str(d.get("op") or "") for d in a.of_kind("dependency") if d.get("mixed")]
+        batch_softmax = any(op.startswith("Softmax") for op in mixed)
+        batch_norm = any(op.startswith(("LinalgVectorNorm", "Norm", "Div")) for op in mixed)
         for e in a.of_kind("softmax_axis"):
+            if e.get("op") == "normalize":
+                yield from self._normalized(a, e, stepped, batch_norm)
+                continue
             pids = [pid for pid in e.get("params") or () if pid in stepped]
             if not pids:
                 continue  # nothing trained makes the scores
@@ -148,3 +206,34 @@ class SoftmaxWrongAxis(Rule):
                 evidence={"shape": shape, "dim": dim, "summed": summed, "params": pids[:16]},
                 fix=(f"normalise over dimension {summed}: softmax(..., dim={-1 if last else summed})"
                      f" (the axis the product sums over)"))
+
+    def _normalized(self, a, e, stepped, batch_norm):
+        """A vector normalisation (``F.normalize``, a division by a norm) over another axis than
+        the one the similarity product after it sums: each row is not a unit vector."""
+        pids = [pid for pid in e.get("params") or () if pid in stepped]
+        shape = list(e.get("shape") or ())
+        dim, summed = e.get("dim"), e.get("summed")
+        if not pids or not shape or dim is None or summed is None:
+            return
+        ndim = len(shape)
+        if dim == 0 and batch_norm:
+            return
+        loc = e.loc
+        line = normalize_line(a, loc.path, dim, ndim) if loc is not None else None
+        if line is not None:
+            loc = Location(loc.path, line[0])
+        written = f"`{line[1]}`" if line is not None else "a division by a norm"
+        last = summed == ndim - 1
+        over = " (the batch: each feature is scaled across the samples)" if dim == 0 else ""
+        yield self.finding(
+            f"{written} normalises a tensor of shape {tuple(shape)} over dimension {dim} "
+            f"(length {shape[dim]}){over}, but the matrix product after it sums over dimension "
+            f"{summed}{' (the last: the features)' if last else ''} (length {shape[summed]}): "
+            f"the vectors it compares are not unit vectors, so the products are no cosine "
+            f"similarities, and each sample's embedding depends on the other samples of the "
+            f"batch. The loss trains, to worse embeddings",
+            loc, step=a.next_step_number(e.seq),
+            evidence={"shape": shape, "dim": dim, "summed": summed, "op": "normalize",
+                      "params": pids[:16]},
+            fix=(f"normalise over dimension {summed}, the axis the product sums over: "
+                 f"F.normalize(z, dim={-1 if last else summed})"))
