@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from graddoctor import events as ev
-from graddoctor.instrument.viewaxes import _target_shape, reordered
+from graddoctor.instrument.viewaxes import _skewed, _target_shape, reordered
 from graddoctor.rules.view_reorders_axes import axis_order
 from rule_traces import builder, findings, only
 
@@ -73,3 +73,15 @@ def test_the_rule_warns_when_an_optimizer_trains_what_reads_the_view():
 
 def test_the_rule_is_silent_when_nothing_stepped_reads_it():
     assert findings(_trace([7]), SLUG) == []
+
+
+def test_the_relative_shift_of_padded_scores_is_not_a_reordering():
+    scores = torch.randn(2, 3, 5, 5, requires_grad=True)
+    padded = torch.cat([torch.zeros(2, 3, 5, 1), scores], dim=-1)  # (2, 3, 5, 6)
+    assert reordered(padded.shape, (2, 3, 6, 5))  # the sizes alone read as a reordering
+    assert _skewed(padded, (2, 3, 5, 6), (2, 3, 6, 5))
+    assert _skewed(torch.nn.functional.pad(scores, (1, 0)), (2, 3, 5, 6), (2, 3, 6, 5))
+    features = torch.randn(2, 6, 4, requires_grad=True) * 1.0  # (B, T, C) from a layer
+    assert not _skewed(features, (2, 6, 4), (2, 4, 6))
+    wide = torch.cat([torch.randn(2, 6, 2), torch.randn(2, 6, 2, requires_grad=True)], -1)
+    assert not _skewed(wide, (2, 6, 4), (2, 4, 6))  # concatenated features: sizes 6 and 4

@@ -15,7 +15,8 @@ consecutive axes of ``a`` *in another order* gives (or ``a`` that of ``b``): ``(
 (B, T, heads*d)`` (heads merged without ``transpose(1, 2)``). A regrouping that splits and
 merges in order (stacking frames: ``(B, T, C) -> (B, T/k, k*C)``; ``permute(...).view(B, -1,
 4)``) stays silent, and so does any reshape whose sizes tell nothing (two axes of one length
-swapped look unchanged).
+swapped look unchanged), and Transformer-XL's relative shift (scores padded with one column and
+viewed with their last two sizes swapped, on purpose: ``_skewed``).
 
 How it is seen, and what it costs:
 
@@ -93,6 +94,18 @@ def reordered(shape_in, shape_out) -> bool:
     return False
 
 
+def _skewed(tensor, shape_in, shape_out) -> bool:
+    """The relative-position shift of Transformer-XL and the Music Transformer's skewing: scores
+    padded with one column (``cat([zeros, x], -1)``, ``F.pad``) and viewed with their last two
+    sizes swapped, so that each row starts one position later — a reshape that reorders sizes on
+    purpose, which the slice after it undoes."""
+    node = tensor.grad_fn
+    if node is None or not type(node).__name__.startswith(("CatBackward", "ConstantPadNdBackward")):
+        return False
+    return sorted(shape_in) == sorted(shape_out) and shape_in[:-2] == shape_out[:-2] \
+        and abs(shape_in[-1] - shape_in[-2]) == 1
+
+
 def _target_shape(tensor, args, kwargs) -> tuple | None:
     """The shape a view/reshape call asks for (``-1`` resolved), None for another overload
     (``view(dtype)``) or arguments not understood."""
@@ -159,6 +172,8 @@ class ViewAxesWatcher:
             if not self.rec.finder.is_user_file(caller.f_code.co_filename):
                 return  # a library's own reshape
             if tensor.requires_grad:
+                if _skewed(tensor, *key):
+                    return
                 loc = self.rec.here()
                 if loc is not None:
                     self._held[key] = loc  # confirmed in the loss's graph at the backward

@@ -112,7 +112,9 @@ class ViewReordersAxes(Rule):
     after `transpose(1, 2)`, `flatten`, `view(B, -1)`); a reshape after the right `permute`
     (`permute(0, 2, 3, 1).contiguous().view(B, -1, 4)`); frame stacking `reshape(B, T // k, k * C)`
     (a split and a merge in order); axes of length 1 moved (they hold no order); reshapes of data
-    that needs no gradient, in libraries' own code, or not reaching the loss. Not told apart: two
+    that needs no gradient, in libraries' own code, or not reaching the loss; Transformer-XL's
+    relative shift (scores padded with one column, viewed with their last two sizes swapped and
+    sliced: the Music Transformer's skewing). Not told apart: two
     axes of the same length swapped (the shape looks unchanged); a regrouping that happens to
     have the sizes of a reordering (stacking k frames where T / k equals C) reads as the bug.
     When samples-mixed-in-batch reports the same line (the batch axis moved), or
