@@ -424,6 +424,14 @@ attention_mask     api (nn.MultiheadAttention | F.scaled_dot_product_attention),
                    keys of a padded token batch's shape, with fill, rows, padded_rows, padded
                    (share of the positions that are padding) — at one of the first masked calls, once per call line
                    and problem (loc: the attention call; an aside; instrument/attnmask.py)
+zero_weight        terms (how many terms of a sum in the loss are multiplied by a Python number
+                   that is exactly 0; 0: none any more), names (the variables bound to 0 in the
+                   user's innermost frames at every backward of the line so far) — at a backward
+                   line's first backward whose loss holds such a term, and again each time that
+                   changes (loc: the backward; an aside; instrument/lossterms.py)
+smoothing_high     label_smoothing (the cross_entropy argument, >= 0.5), classes — a cross_entropy
+                   that smooths its targets this much, once per call line (loc: the loss call;
+                   an aside; instrument/loss_inputs.py)
 label_smoothing    label_smoothing (the cross_entropy argument, > 0), classes, floor (the value
                    every class but one or two holds in each target row), target_smoothing (floor
                    x classes: the smoothing the targets carry already) — cross_entropy given
@@ -998,6 +1006,14 @@ def attention_mask(*, api: str, argument: str, problem: str, convention: str, **
                               "convention": convention, **data}
 
 
+def zero_weight(*, terms: int, names: list) -> Made:
+    return "zero_weight", {"terms": terms, "names": names}
+
+
+def smoothing_high(*, label_smoothing: float, classes: int) -> Made:
+    return "smoothing_high", {"label_smoothing": label_smoothing, "classes": classes}
+
+
 def label_smoothing(*, label_smoothing: float, classes: int, floor: float,
                     target_smoothing: float) -> Made:
     return "label_smoothing", {"label_smoothing": label_smoothing, "classes": classes,
@@ -1251,6 +1267,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "last_step_padded": last_step_padded, "causal_read_early": causal_read_early,
     "attention_mask": attention_mask,
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
+    "zero_weight": zero_weight, "smoothing_high": smoothing_high,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit, "model_copy": model_copy,
@@ -1272,7 +1289,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
                          "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "causal_read_early",
-                         "attention_mask", "label_smoothing",
+                         "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

@@ -57,3 +57,25 @@ def test_functional_dropout_with_a_high_literal_rate_in_forward(tmp_path):
               "def other(x):\n    return F.dropout(x, 0.9)\n")
     found = _check(tmp_path, script, 0.1)  # no dropout layer with a high rate
     assert [f.location.line for f in found] == [3] and found[0].severity is Severity.INFO
+
+
+SMOOTHED = ("criterion = nn.CrossEntropyLoss(label_smoothing={value})\nconfidence = 0.8\n"
+            "loss = criterion(out, y)\nloss2 = F.cross_entropy(out, y, label_smoothing=confidence)\n")
+
+
+def _smoothing(tmp_path, smoothing: float, line: int, classes=5):
+    (tmp_path / "train.py").write_text(SMOOTHED.format(value=smoothing))
+    t = TraceBuilder()
+    t.optimizer(0, [0], line=1)
+    t.put(ev.smoothing_high(label_smoothing=smoothing, classes=classes), line)
+    t.backward(fresh=[0], line=4)
+    t.step(line=4)
+    return list(find_rule(SLUG)().check(Analysis(t.trace, base_dir=str(tmp_path))))
+
+
+def test_a_label_smoothing_given_as_a_confidence_is_a_warning_at_the_construction(tmp_path):
+    (f,) = _smoothing(tmp_path, 0.9, line=3)
+    assert f.severity is Severity.WARNING and f.location.line == 1
+    assert "0.28" in f.message and "label_smoothing=0.1" in f.fix
+    (g,) = _smoothing(tmp_path, 0.8, line=4)  # the functional call that passes it
+    assert g.location.line == 4 and "1 - confidence" in g.fix

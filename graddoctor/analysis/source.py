@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import linecache
 import os
+import re
 from functools import lru_cache
 
 
@@ -1973,3 +1974,60 @@ def _set_up(tree: ast.AST, line: int) -> bool:
                 and node.lineno <= line <= (node.end_lineno or node.lineno):
             return False
     return True
+
+
+# -- numbers that round ------------------------------------------------------------------
+# A setting computed with a rounding operation (integer division, int(), round(), floor())
+# rounds a small ratio down to 0: an lr `base_lr * (bs // 256)`, a loss weight
+# `min(1, step // warmup)`. One home for what counts as rounding.
+ROUNDING_CALLS = frozenset({"int", "round", "floor", "trunc"})
+ROUNDS = re.compile(r"//|\b(" + "|".join(sorted(ROUNDING_CALLS)) + r")\s*\(")
+
+
+def _call_name(node: ast.AST) -> str | None:
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def rounded_value(expr: ast.AST) -> bool:
+    """Whether a number's expression takes its value through a rounding operation: it is one
+    (``a // b``, ``int(x)``, ``round(x)``, ``floor(x)``) or an arithmetic of, or ``min``/``max``
+    over, such values. A rounding inside another call's arguments (``x.view(n // 2)``) is not
+    the value's, and a remainder (``(step // k) % 2``, a cycle) is left out: it comes back."""
+    if isinstance(expr, ast.BinOp):
+        if isinstance(expr.op, ast.Mod):
+            return False
+        if isinstance(expr.op, ast.FloorDiv):
+            return not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+                           for n in ast.walk(expr))
+        return rounded_value(expr.left) or rounded_value(expr.right)
+    if isinstance(expr, ast.UnaryOp):
+        return rounded_value(expr.operand)
+    name = _call_name(expr)
+    if name in ROUNDING_CALLS and expr.args:
+        return not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+                       for n in ast.walk(expr))
+    if name in ("min", "max"):
+        return any(rounded_value(arg) for arg in expr.args)
+    return False
+
+
+def without_rounding(expr: ast.AST) -> str:
+    """The expression with its rounding taken out: ``//`` made ``/``, ``int(x)``/``round(x)``/
+    ``floor(x)`` made ``x`` (what a fix shows)."""
+    class _Unround(ast.NodeTransformer):
+        def visit_BinOp(self, node):
+            self.generic_visit(node)
+            if isinstance(node.op, ast.FloorDiv):
+                node.op = ast.Div()
+            return node
+
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            if _call_name(node) in ROUNDING_CALLS and len(node.args) == 1 and not node.keywords:
+                return node.args[0]
+            return node
+
+    return ast.unparse(_Unround().visit(ast.parse(ast.unparse(expr), mode="eval")).body)

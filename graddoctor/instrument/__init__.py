@@ -30,7 +30,7 @@ from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
 from .lossdomain import LossDomainWatcher
 from .losses import LossShapeWatcher
-from .lossterms import LossTermWatcher
+from .lossterms import LossTermWatcher, ZeroWeightWatcher
 from .modes import ModeWatcher
 from .naming import ParamNamer
 from .optim import OptimizerWatcher
@@ -154,6 +154,8 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # terms of the loss multiplied by 0 at every backward (loss-weight-rounds-to-zero)
+        rec.subscribe(DESCRIBE_LOSS, ZeroWeightWatcher(rec).describe_loss)
         # a hand-written squared or absolute error whose target broadcast it to every pair
         rec.subscribe(DESCRIBE_LOSS, HandLossWatcher(rec).describe_loss)
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow

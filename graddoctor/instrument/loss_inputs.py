@@ -217,6 +217,7 @@ _FILL_READS = 8  # token batches of embeddings without padding_idx looked at for
 _ORDER_READS = 8  # loss calls with flat token targets matched against the embedded ids' layout
 _ORDER_MATCH = 0.9  # share of the targets that must be the ids, shifted by one position at most
 _SMOOTHED_SHARE = 0.9  # rows of a soft target with a shared floor above 0: at least this share
+_SMOOTHING_HIGH = 0.5  # label_smoothing from here on: the right class keeps at most half its mass
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
 # the losses whose per-class weights are read: (keyword, position) of the weight argument
 _WEIGHTED = {"cross_entropy": ("weight", 2), "nll_loss": ("weight", 2),
@@ -309,6 +310,7 @@ class LossInputWatcher:
         self._padded: set = set()  # call lines recorded as padded
         self._matched: set = set()  # call lines recorded with a self_match event
         self._smoothed: set = set()  # call lines recorded with a label_smoothing event
+        self._smoothing_told: set = set()  # call lines recorded with a smoothing_high event
         # pads inferred from the token batches themselves (an embedding without padding_idx:
         # GPT-2 padded with its eos token): pad -> "fill"; token batches looked at so far
         self._fills: dict[int, str] = {}
@@ -355,6 +357,7 @@ class LossInputWatcher:
                     watcher._self_match(input, target)
                 if fn == "cross_entropy" and (args[7] if len(args) > 7 else kwargs.get("label_smoothing")):
                     watcher._smoothed_twice(input, target, args, kwargs)
+                    watcher._smoothing_high(input, args, kwargs)
                 if fn in _WEIGHTED:
                     weight = args[_WEIGHTED[fn][1]] if len(args) > _WEIGHTED[fn][1] else kwargs.get(_WEIGHTED[fn][0])
                     if weight is not None:
@@ -510,6 +513,21 @@ class LossInputWatcher:
             return
         self._weights_told.add(fn)
         self.rec.emit_aside(ev.class_weights(fn=fn, **found), self.rec.here())
+
+    def _smoothing_high(self, input, args, kwargs) -> None:
+        """A ``smoothing_high`` aside, once per call line, when cross_entropy smooths its
+        targets by ``_SMOOTHING_HIGH`` or more (a confidence given where the amount to take off
+        the right class is meant)."""
+        smoothing = args[7] if len(args) > 7 else kwargs.get("label_smoothing")
+        if not (isinstance(smoothing, (int, float)) and smoothing >= _SMOOTHING_HIGH
+                and input.dim() >= 2):
+            return
+        loc = self.rec.here()
+        if loc in self._smoothing_told:
+            return
+        self._smoothing_told.add(loc)
+        self.rec.emit_aside(ev.smoothing_high(label_smoothing=float(smoothing),
+                                              classes=int(input.shape[1])), loc)
 
     def _smoothed_twice(self, input, target, args, kwargs) -> None:
         """A ``label_smoothing`` aside when cross_entropy smooths (``label_smoothing`` > 0)

@@ -28,12 +28,18 @@ _PYTHON_NUMBER_DTYPES = (torch.int64, torch.float64)  # how autograd saves a wra
 _MAX_NODES = 32
 
 
-def _constant(constant) -> float | None:
+def python_number(constant) -> float | None:
+    """The value of a Python number autograd saved (a 0-dim int64/float64 CPU tensor), 0
+    included; None for anything else."""
     if not isinstance(constant, torch.Tensor) or constant.dim() != 0 or constant.device.type != "cpu":
         return None
     if constant.dtype not in _PYTHON_NUMBER_DTYPES:
         return None  # a tensor the script computed (a count, a weight): not a constant
-    value = float(constant.item())
+    return float(constant.item())
+
+
+def _constant(constant) -> float | None:
+    value = python_number(constant)
     return value if value != 0.0 else None
 
 

@@ -23,10 +23,13 @@ each term found a walk to its leaves; at the first backwards of a line only.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .. import events as ev
 from .graphpaths import reached, saved
+from .lossfactor import python_number
 from .recorder import Recorder
 
 _LOOKED = 3  # backwards of each line looked at
@@ -235,3 +238,101 @@ class LossTermWatcher(LossGraphReader):
 
     def install(self, patcher) -> None:
         pass
+
+
+# -- loss terms weighted by 0 ----------------------------------------------------------------
+_ZERO_NODES = 64  # nodes of the loss's linear top walked for terms weighted by 0
+_ZERO_LINES = 16  # backward lines followed, at most
+_ZERO_NAMES = 32  # names bound to 0 kept per backward line
+_NAMES_READ = 2000  # a frame's variables read, at most (a module's globals can be many)
+_FRAMES_READ = 3  # the user's frames read, innermost first
+_SUMS = frozenset({"AddBackward0", "SubBackward0"})
+_SCALES = frozenset({"MulBackward0", "DivBackward0", "NegBackward0"})
+
+
+def zero_weighted_terms(root, limit: int = _ZERO_NODES) -> int:
+    """How many terms of a sum in the loss are multiplied by a Python number that is exactly 0
+    (``recon + 0 * kl``): walked from the root through additions, subtractions, negations and
+    products or quotients by a number. A loss multiplied by 0 as a whole is not counted (no
+    gradient at all: grads-always-zero tells that)."""
+    found = 0
+    stack = [(root, False)]
+    budget = limit
+    while stack and budget > 0:
+        node, in_sum = stack.pop()
+        budget -= 1
+        name = type(node).__name__
+        children = [child for child, _ in node.next_functions if child is not None]
+        if name == "MulBackward0" and len(children) == 1:
+            index = next(i for i, (child, _) in enumerate(node.next_functions) if child is not None)
+            value = python_number(saved(node, "_saved_other" if index == 0 else "_saved_self"))
+            if value == 0.0:
+                found += in_sum
+                continue
+            if value is None:
+                continue  # a weight the script computed as a tensor: its own term
+            stack.append((children[0], in_sum))
+        elif name in _SUMS:
+            stack.extend((child, True) for child in children)
+        elif name in _SCALES and len(children) == 1:
+            stack.append((children[0], in_sum))
+    return found
+
+
+def _zero_names(frames) -> set[str]:
+    """The variables bound to a number that is exactly 0 in the user's innermost frames."""
+    names: set[str] = set()
+    for frame in frames:
+        scope = frame.f_locals
+        for i, (name, value) in enumerate(scope.items()):
+            if i >= _NAMES_READ or len(names) >= _ZERO_NAMES:
+                break
+            if type(value) in (int, float) and value == 0:
+                names.add(name)
+    return names
+
+
+class ZeroWeightWatcher:
+    """A DESCRIBE_LOSS subscriber that follows, at every backward of a line whose loss holds a
+    term multiplied by 0 (``zero_weighted_terms``), the variables bound to 0 in the user's
+    frames there. A ``zero_weight`` aside tells a line's first such backward (the terms, the
+    names), and again each time that changes: fewer names still 0, or no term weighted by 0
+    any more (terms 0, and the line is no longer followed). A line whose first backward has
+    no such term is not followed."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._names: dict = {}  # backward line -> names bound to 0 at each of its backwards
+        self._off: set = set()  # lines not followed (any more)
+
+    def describe_loss(self, tensors) -> dict:
+        root = loss_root(tensors)
+        if root is None:
+            return {}
+        try:
+            loc = self.rec.here()
+            if loc in self._off:
+                return {}
+            known = self._names.get(loc)
+            if known is None and len(self._names) + len(self._off) >= _ZERO_LINES:
+                return {}
+            terms = zero_weighted_terms(root)
+            if not terms:
+                self._off.add(loc)
+                if known is not None:
+                    self.rec.emit_aside(ev.zero_weight(terms=0, names=[]), loc)
+                return {}
+            frames = []
+            for frame in self.rec.finder.user_frames(sys._getframe(1)):
+                frames.append(frame)
+                if len(frames) >= _FRAMES_READ:
+                    break
+            names = _zero_names(frames)
+            del frames
+            if known is None or not known <= names:
+                kept = names if known is None else known & names
+                self._names[loc] = kept
+                self.rec.emit_aside(ev.zero_weight(terms=terms, names=sorted(kept)), loc)
+        except Exception as exc:
+            self.rec.internal_error("zero_weight", exc)
+        return {}

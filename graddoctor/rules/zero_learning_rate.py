@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-import re
-
 from ..findings import Severity
 from ..trace import Location
 from ..analysis.lr import LrWriter
+from ..analysis.source import ROUNDS as _ROUNDS
 from .base import Rule
 
 # optimizers whose update is a multiple of the lr (torch.optim's own; Rprop's step sizes start
@@ -14,8 +13,6 @@ _LR_SCALED = frozenset({"SGD", "Adam", "AdamW", "Adamax", "RMSprop", "Adagrad", 
 # schedulers that compute the lr from their own arguments (max_lr, base_lr), not from the
 # optimizer's lr: a 0 there is not carried forward
 _OWN_LR = frozenset({"OneCycleLR", "CyclicLR"})
-# an lr expression that rounds: integer division, int(), round(), floor()
-_ROUNDS = re.compile(r"//|\b(int|round|floor|trunc)\s*\(")
 
 
 class ZeroLearningRate(Rule):
