@@ -80,7 +80,9 @@ class LossWeightRoundsToZero(Rule):
                     f"anneal), so the loss term it multiplies adds nothing to any gradient",
                     Location(loc.path, line), step=1,
                     fix=f"{how}: `{fixed}`" + ("" if "min(" in fixed else
-                                               " (within min(1.0, ...) if it should stop growing)"),
+                                               " (within min(1.0, ...) if it should stop growing)")
+                        + "; if the term is meant to switch on at that step, say so with a "
+                          "condition (`1.0 if step >= warmup else 0.0`)",
                     evidence={"weight": text, "name": name, "backwards": backwards,
                               "terms": last["terms"]})
 
