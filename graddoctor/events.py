@@ -204,6 +204,14 @@ ratio_fault        fault ("cancels": an importance ratio of one value over itsel
                    backward) — at the first 3 backwards of a line after a ``torch.distributions``
                    log_prob, once per fault (loc: the numerator's log_prob call; an aside;
                    instrument/ratios.py)
+fresh_sample_scored dist (the class of the distribution), params [pid] (optimizer-owned
+                   parameters the log-probability reaches), acted (the line of the earlier
+                   sample the script used), sampled (the line of the fresh sample), backward
+                   (the line of the backward) — a loss that weights the log_prob of a
+                   ``sample()`` drawn after another sample of a distribution with equal
+                   parameters, read by nothing but log_prob, and holds no log_prob of that
+                   other sample (loc: the log_prob call; an aside, once per line; at most 8
+                   windows; instrument/freshsample.py)
 reparam_cut        dist (the class of the distribution sampled; None for a hand-written
                    reparameterisation), params [pid] (optimizer-owned parameters behind its
                    parameters), op (the autograd node where the sample enters the loss's graph
@@ -651,7 +659,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``loss_no_graph`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -925,6 +933,12 @@ def entropy_sign(*, term: str, dist: str) -> Made:
 
 def ratio_fault(*, fault: str, dist: str | None, params: list[int], backward: int | None) -> Made:
     return "ratio_fault", {"fault": fault, "dist": dist, "params": params, "backward": backward}
+
+
+def fresh_sample_scored(*, dist: str, params: list[int], acted: int | None, sampled: int | None,
+                        backward: int | None) -> Made:
+    return "fresh_sample_scored", {"dist": dist, "params": params, "acted": acted,
+                                   "sampled": sampled, "backward": backward}
 
 
 def reparam_cut(*, dist: str | None, params: list[int], op: str, via: str,
@@ -1258,6 +1272,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "output_range": output_range, "advantage_grad": advantage_grad,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
+    "fresh_sample_scored": fresh_sample_scored,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -1287,7 +1302,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
-                         "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
+                         "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "causal_read_early",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes"})

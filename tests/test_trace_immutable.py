@@ -78,6 +78,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_advantage_not_detached_a2c.py",  # advantage_grad
             "losses/bad_importance_ratio_wrong_old_is_new.py",  # ratio_fault
             "losses/bad_sample_not_reparameterised_vae.py",  # reparam_cut
+            "losses/bad_log_prob_of_fresh_sample_batch.py",  # fresh_sample_scored
             "autograd/bad_loss_term_detached.py",  # loss_no_graph
             "losses/bad_class_weights_inverted_ce.py",  # class_weights
             "data/bad_target_column_in_inputs.py",  # target_in_inputs

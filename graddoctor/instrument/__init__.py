@@ -38,6 +38,7 @@ from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
+from .freshsample import FreshSampleWatcher
 from .ratios import RatioWatcher
 from .reparam import ReparamWatcher
 from .precision import PrecisionWatcher
@@ -150,6 +151,10 @@ class Instrumentation:
         reparam = ReparamWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, reparam.describe_loss)
         self.watchers.append(reparam)
+        # a policy gradient on the log_prob of a second, unused sample (log-prob-of-fresh-sample)
+        fresh = FreshSampleWatcher(rec, self.optimizers.owned_pids())
+        rec.subscribe(DESCRIBE_LOSS, fresh.describe_loss)
+        self.watchers.append(fresh)
         # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
