@@ -259,3 +259,23 @@ def test_a_graph_saved_under_checkpointing_is_left_alone_without_recomputing_it(
         assert len(calls) == before  # no saved tensor unpacked: the forward was not run again
         loss.backward()
     assert rec.events == []
+
+
+def test_equal_values_stacked_without_a_product_of_rows_are_not_compared():
+    # REINFORCE on a bandit: one state at every step, its log-probabilities stacked and weighted
+    policy = _enc()
+    state = torch.randn(8)
+
+    def reinforce(step):
+        logp = [torch.log_softmax(policy(state), -1)[1] for _ in range(4)]  # one action, 4 steps
+        return -(torch.stack(logp) * torch.tensor([1.0, -0.5, 0.2, 0.3])).sum()
+
+    assert _run(reinforce, [policy]) == []
+
+    def stacked_then_compared(step):  # the same stack, then a product of its rows: compared
+        v = torch.randn(8, 8)
+        z = F.normalize(torch.stack([policy(v), policy(v)]).flatten(0, 1), dim=1)
+        return F.cross_entropy(z @ z.T / 0.2, torch.arange(16))
+
+    (kind, data), = _run(stacked_then_compared, [policy])
+    assert data["op"] == "stack"

@@ -27,7 +27,9 @@ line (``_LINES`` lines at most, ``_NODES`` nodes at most):
   terms (``ce(model(x), y) + 1e-3 * model(x).pow(2).mean()``). A product meets its twins as a
   comparison only where its result reaches the loss through no matrix product or convolution
   (``_loss_level``): inside the model a product of one value with itself is a Gram matrix or
-  shared-QK attention's scores. A factor that is one number (a constant, or a learned
+  shared-QK attention's scores. A concatenation or stack meets them only where a product of its
+  rows follows it (``_joined``: SimCLR's ``cat``, then ``z @ z.T``; not REINFORCE's stack of the
+  log-probabilities of a state met twice, weighted by returns and summed). A factor that is one number (a constant, or a learned
   temperature such as CLIP's ``logit_scale.exp()``) is passed through. Dropout in train mode (SimCSE,
   R-Drop), random augmentations, sampled negatives that collide in a few rows: the saved masks
   or inputs differ, no twins. A difference under ``exp`` is an importance ratio's
@@ -178,6 +180,26 @@ def _param_view(x, y) -> bool:
     return len(kx) == 1 and len(ky) == 1 and kx[0] is ky[0] and type(kx[0]).__name__ == "AccumulateGrad"
 
 
+_ROWS = {"MmBackward0", "BmmBackward0", "CdistBackward0", "DotBackward0", "MvBackward0"}
+
+
+def _joined(order: list) -> set:
+    """The nodes a product of rows (a matrix product, cdist) reads through views, normalisation
+    and scalar factors: a concatenation of twins compares them only there (SimCLR's
+    ``z = cat([z1, z2])``, then ``z @ z.T``); a stack of per-step values weighted and summed
+    (REINFORCE's log-probabilities of a state met twice) compares nothing."""
+    seen: set = set()
+    pending = [c for node in order if type(node).__name__ in _ROWS for c in _children(node)]
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ in _THROUGH or type(node).__name__ in _SCALED:
+            pending.extend(_children(node))
+    return seen
+
+
 def _loss_level(root, order: list) -> set:
     """The nodes that reach the loss by at least one path through no matrix product or
     convolution (``_LAYERS``): the loss's own arithmetic, not the model's layers. ``order``
@@ -251,11 +273,16 @@ class SameValueWatcher:
         # exp(logp - logp_old): an importance ratio, importance-ratio-wrong's (instrument/ratios.py)
         ratios = {c for node in order if type(node).__name__ == "ExpBackward0" for c in _children(node)}
         at_loss = _loss_level(root, order)
+        joined = None
         for node in order:
             name = type(node).__name__
             op = _COMPARE.get(name)
             if op is None or node in ratios or (op in _MIXING and node not in at_loss):
                 continue
+            if op in ("concatenation", "stack"):
+                joined = _joined(order) if joined is None else joined
+                if node not in joined:
+                    continue
             kids = [c for c in _children(node) if c is not None]
             if len(kids) >= 2 and found is None:
                 found = self._twin(node, op, kids[:16], shash, saved, cores, node in kl)

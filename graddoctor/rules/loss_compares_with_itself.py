@@ -174,7 +174,10 @@ class LossComparesWithItself(Rule):
     teacher that is another model; a copied or EMA teacher (equal to the student before the
     first step only); a model evaluated twice under `no_grad`; a product of one value with itself
     inside the model (shared-QK attention `q @ k.T` with `k` the same projection of the same
-    input, a Gram matrix), whose result reaches the loss only through further layers.
+    input, a Gram matrix), whose result reaches the loss only through further layers; a stack or
+    concatenation of equal outputs that no product of rows follows (REINFORCE on a bandit whose
+    state never changes: the log-probabilities of each step are stacked, weighted by returns and
+    summed).
     """
 
     code = "GD264"
