@@ -85,8 +85,7 @@ class AttentionScoresMisscaled(Rule):
     severity = Severity.WARNING
     summary = ("attention scores are scaled the wrong way before the softmax: multiplied by "
                "sqrt(d) instead of divided, or divided by the square root of another size")
-    fix = ("divide the scores by math.sqrt(d) (d = the head dimension), or use "
-           "F.scaled_dot_product_attention")
+    fix = "divide by math.sqrt(d) (d = the head dimension), or use F.scaled_dot_product_attention"
 
     def check(self, a):
         stepped = {pid for pids in a.opt_params.values() for pid in pids}
@@ -120,5 +119,5 @@ class AttentionScoresMisscaled(Rule):
                 loc, step=a.next_step_number(e.seq),
                 evidence={"how": how, "n": n, "d": d, "factor": factor, "shape": shape,
                           "params": pids[:16]},
-                fix=(f"divide the scores by math.sqrt(d) (d = head dim = {d}), or use "
+                fix=(f"divide by math.sqrt(d) (d = head dim = {d}), or use "
                      f"F.scaled_dot_product_attention(q, k, v), which does"))
