@@ -506,6 +506,13 @@ softmax_axis       dim (the dimension a softmax normalised), summed (the one the
                    softmax): attention weights normalised over another axis than the one the
                    next matmul sums over — at the first 3 backwards, once per (dim, summed,
                    shape) (loc: the backward; an aside; instrument/attnaxis.py)
+attention_scale    how ("multiplied": the scores scaled by sqrt(d); "other_dim": by 1/sqrt(n) of
+                   another size n of the scores), n, d (the size Q@K^T contracts), factor (the
+                   constant factor between the product and the softmax, Q's and K's included),
+                   shape (the scores' shape), params [pid] (tracked tensors below the softmax):
+                   attention scores scaled the wrong way before a softmax over their last axis —
+                   at the first 3 backwards, once per (how, n, d, shape)
+                   (loc: the backward; an aside; instrument/attnaxis.py)
 view_axes          shape_in, shape_out (the sizes a view/reshape was given and returned), params [pid]
                    (tracked tensors below it): a view or reshape whose output is its input's axes
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
@@ -1227,6 +1234,12 @@ def softmax_axis(*, dim: int, summed: int, shape: list[int], params: list[int],
                             "op": op}
 
 
+def attention_scale(*, how: str, n: int, d: int, factor: float, shape: list[int],
+                    params: list[int]) -> Made:
+    return "attention_scale", {"how": how, "n": n, "d": d, "factor": factor, "shape": shape,
+                               "params": params}
+
+
 def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int]) -> Made:
     return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params}
 
@@ -1265,6 +1278,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
+    "attention_scale": attention_scale,
     "same_compared": same_compared,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
@@ -1305,7 +1319,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "causal_read_early",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes"})
+                         "mixup_unmixed", "softmax_axis", "view_axes", "attention_scale"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -134,6 +134,9 @@ class ScriptSource:
                          length: int) -> tuple[int, str] | None:
         return output_read_line(self.full(path), line, time_dim, position, length)
 
+    def score_scalings(self, path: str) -> list[tuple[int, str, str, bool]]:
+        return score_scalings(self.full(path))
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -2031,3 +2034,85 @@ def without_rounding(expr: ast.AST) -> str:
             return node
 
     return ast.unparse(_Unround().visit(ast.parse(ast.unparse(expr), mode="eval")).body)
+_PRODUCT_CALLS = frozenset({"matmul", "bmm", "einsum", "mm"})
+_FLIPPED = {"up": "down", "down": "up", "named": "named"}
+
+
+def _exponent(node: ast.AST) -> float | None:
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _scale_direction(expr: ast.AST) -> str | None:
+    """How ``expr`` reads as a factor on attention scores: ``"up"`` for a square root (``sqrt(d)``,
+    ``d ** 0.5``), ``"down"`` for its inverse (``d ** -0.5``, ``rsqrt(d)``, ``1 / sqrt(d)``),
+    ``"named"`` for a name that says it is a scale or a temperature; None for anything else."""
+    if isinstance(expr, ast.Call):
+        func = expr.func
+        name = func.attr if isinstance(func, ast.Attribute) else \
+            func.id if isinstance(func, ast.Name) else None
+        return {"sqrt": "up", "rsqrt": "down"}.get(name or "")
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Pow):
+        power = _exponent(expr.right)
+        if power is None or power == int(power):
+            return None
+        return "up" if power > 0 else "down"
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div) and _exponent(expr.left) == 1:
+        inner = _scale_direction(expr.right)
+        return _FLIPPED.get(inner) if inner is not None else None
+    name = expr.attr if isinstance(expr, ast.Attribute) else \
+        expr.id if isinstance(expr, ast.Name) else None
+    if name and any(word in name.lower() for word in ("scale", "temp", "sqrt", "norm_fact")):
+        return "named"
+    return None
+
+
+def _has_product(expr: ast.AST) -> bool:
+    for node in ast.walk(expr):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            return True
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else \
+                func.id if isinstance(func, ast.Name) else None
+            if name in _PRODUCT_CALLS:
+                return True
+    return False
+
+
+def score_scalings(path: str) -> list[tuple[int, str, str, bool]]:
+    """``(line, text, direction, with_product)`` of every multiplication or division in the file
+    by what reads as a scale (``_scale_direction``): ``direction`` says which way it moves the
+    value it scales (``"up"``: ``* sqrt(d)``, ``/ d ** -0.5``; ``"down"``: ``/ sqrt(d)``,
+    ``* d ** -0.5``; ``"named"``: ``* self.scale``), ``with_product``: the scaled side holds a
+    matrix product (``q @ k.mT * s``). In line order, one per line; [] when it cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found: dict = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
+            pairs = [(node.right, node.left)]
+            if isinstance(node.op, ast.Mult):
+                pairs.append((node.left, node.right))
+            divided = isinstance(node.op, ast.Div)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Mult, ast.Div)):
+            pairs = [(node.value, node.target)]
+            divided = isinstance(node.op, ast.Div)
+        else:
+            continue
+        for scale, scaled in pairs:
+            direction = _scale_direction(scale)
+            if direction is None:
+                continue
+            if divided:
+                direction = _FLIPPED[direction]
+            line = node.lineno
+            text = ast.unparse(node)
+            if line not in found or _has_product(scaled) and not found[line][3]:
+                found[line] = (line, text, direction, _has_product(scaled))
+            break
+    return [found[line] for line in sorted(found)]

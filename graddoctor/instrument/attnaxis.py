@@ -36,6 +36,22 @@ over the summed dimension a few operations before (a Sinkhorn iteration: the pla
 about 1 as well). Anything else on the way (a division that renormalises, as slot attention
 does; a gate of another shape; a sum) ends the walk without a word. No per-call cost: only the
 graph of the first backwards is read, then the watcher closes.
+
+The same walk judges how the attention scores are scaled (``attention_scale``): from each
+softmax over the last axis, its input is followed down (through masked fills, casts, views,
+transposes and the additions of biases: an ALiBi or relative-position table, an additive mask)
+to the matrix products that made the scores, and each product's operands a few operations
+further (to the projections that made Q and K), multiplying the constant scalar factors met on
+the way (``MulBackward``/``DivBackward`` by a number or a 0-dim tensor that needs no gradient).
+With ``d`` the size the product contracts (from the operands' metadata), the product of the
+factors should be ``1/sqrt(d)``; it is reported when it is ``sqrt(d)`` (multiplied instead of
+divided) or ``1/sqrt(n)`` for another dimension ``n`` of the scores (the batch, the heads, the
+sequence length) that is not ``d``. Silent on ``1/sqrt(d)`` however it is split (``q * s``,
+``k * s``), no factor (T5), ``1/d`` (muP), a factor that needs a gradient (a learned
+temperature) or is a tensor of another shape, a product with an operand that is a leaf or has no
+graph (``h @ W``: not Q@K^T) or that is normalised (``F.normalize``: cosine attention, where the
+factor is a temperature), and ``scaled_dot_product_attention`` (its graph has no softmax node of
+its own on the fused paths, ``SafeSoftmaxBackward`` on the math one).
 """
 
 from __future__ import annotations
@@ -43,7 +59,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
-from .graphpaths import packed, post_order, reached
+from .graphpaths import packed, post_order, reached, saved
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose loss graphs are walked
@@ -59,6 +75,17 @@ _VIEW = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
 _ELEMENTWISE = ("LogBackward", "ExpBackward", "SubBackward", "AddBackward", "DivBackward",
                 "MulBackward", "NegBackward", "CloneBackward", "ToCopyBackward")
 _SINKHORN = 4  # operations between two normalisations of a Sinkhorn iteration
+# operations between a softmax's input and the products that made its scores, and between a
+# product and the projections of its operands, that pass values on unscaled
+_CARRY = ("CloneBackward", "ToCopyBackward", "AliasBackward", "MaskedFillBackward",
+          "ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "SqueezeBackward",
+          "UnsqueezeBackward", "ExpandBackward", "TransposeBackward", "TBackward",
+          "PermuteBackward", "SplitBackward", "SplitWithSizesBackward", "UnbindBackward",
+          "SelectBackward", "SliceBackward", "ContiguousBackward")
+_BIAS = ("AddBackward", "SubBackward")  # a position bias or an additive mask on the scores
+_SCALE_DOWN = 24  # operations followed from a softmax to its products, and from each to Q, K
+_MIN_HEAD = 8  # contracted sizes below this are not judged (sqrt(4) = 2 reads as a choice)
+_TOLERANCE = 1e-3  # relative: float32 constants and factors split over Q and K
 
 
 def _signed(value: int) -> int:
@@ -324,6 +351,134 @@ def _op(node) -> str:
     return "normalize" if type(node).__name__.startswith("DivBackward") else "softmax"
 
 
+def _scalar_factor(node):
+    """``(factor, input followed)`` of a ``MulBackward``/``DivBackward`` that scales by a
+    constant number (a Python number or a 0-dim CPU tensor that needs no gradient); ``"learned"``
+    when the scalar needs a gradient (a temperature that trains); None for anything else (a
+    tensor of another shape, a division of a number by the scores)."""
+    name = type(node).__name__
+    children = [child for child, _ in node.next_functions]
+    sides = [("_saved_other", 0)] if name.startswith("DivBackward") else \
+        [("_saved_other", 0), ("_saved_self", 1)]
+    for attr, followed in sides:
+        value = saved(node, attr)
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1 or value.dim() > 0 and tuple(value.shape) != (1,):
+                continue
+            if value.requires_grad:
+                return "learned"
+            if value.device.type != "cpu" or value.is_complex():
+                return None  # reading it would wait for the device
+            number = float(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            continue
+        child = children[followed] if followed < len(children) else None
+        scalar_side = children[1 - followed] if len(children) > 1 else None
+        if child is None or scalar_side is not None or number == 0.0:
+            return None  # both sides carry a graph, or the scaled side has none
+        return (1.0 / number if name.startswith("DivBackward") else number), child
+    return None
+
+
+def _scores_products(softmax) -> list | None:
+    """``[(product node, factor)]``: the matrix products that made the scores ``softmax``
+    normalises, each with the constant factor met between it and the softmax; None when a
+    learned scale is on the way."""
+    found: dict = {}
+    stack = [(child, 1.0) for child, _ in softmax.next_functions if child is not None]
+    walked = 0
+    while stack and walked < _SCALE_DOWN:
+        node, factor = stack.pop()
+        walked += 1
+        name = type(node).__name__
+        if name.startswith(("BmmBackward", "MmBackward")):
+            found.setdefault(node, factor)
+            continue
+        if name.startswith(("MulBackward", "DivBackward")):
+            scaled = _scalar_factor(node)
+            if scaled == "learned":
+                return None
+            if scaled is not None:
+                stack.append((scaled[1], factor * scaled[0]))
+            continue
+        if name.startswith(_CARRY) or name.startswith(_BIAS):
+            stack.extend((child, factor) for child, _ in node.next_functions if child is not None)
+    return list(found.items())
+
+
+def _operand_factor(node):
+    """The constant factor on one operand of a product, followed up to the operation that made
+    it (a projection): ``(factor, that operation)``; None when the operand is a leaf (a
+    parameter: ``h @ W`` is no Q@K^T), has no graph, or carries a learned scale."""
+    factor = 1.0
+    for _ in range(_SCALE_DOWN):
+        if node is None:
+            return None
+        name = type(node).__name__
+        if name.startswith(("MulBackward", "DivBackward")):
+            scaled = _scalar_factor(node)
+            if scaled == "learned":
+                return None
+            if scaled is None:
+                return factor, node  # a product by a tensor: a normalisation, a gate
+            factor, node = factor * scaled[0], scaled[1]
+            continue
+        if not name.startswith(_CARRY):
+            return (None if name == "AccumulateGrad" else (factor, node))
+        children = [child for child, _ in node.next_functions if child is not None]
+        if len(children) != 1:
+            return None
+        node = children[0]
+    return None
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= _TOLERANCE * abs(b)
+
+
+def scale_verdict(factor: float, d: int, dims) -> tuple[str, int] | None:
+    """``(how, n)`` when ``factor`` scales scores contracted over ``d`` the wrong way:
+    ``("multiplied", d)`` for ``sqrt(d)``, ``("other_dim", n)`` for ``1/sqrt(n)`` with ``n`` one
+    of ``dims`` (the scores' other sizes) that is not ``d``; None for ``1/sqrt(d)``, no factor,
+    ``1/d`` (muP) and any other value."""
+    if d < _MIN_HEAD or _close(factor, d ** -0.5) or _close(factor, 1.0) or _close(factor, 1.0 / d):
+        return None
+    if _close(factor, d ** 0.5):
+        return "multiplied", d
+    for n in sorted(set(dims)):
+        if n != d and n >= 4 and _close(factor, n ** -0.5):
+            return "other_dim", n
+    return None
+
+
+def misscaled_scores(softmax):
+    """``(how, n, d, factor, scores shape)`` when the scores ``softmax`` normalises over its last
+    axis are a Q@K^T product scaled the wrong way (``scale_verdict``), else None."""
+    dim = _saved(softmax, "_saved_dim")
+    shape = _output_shape(softmax, 0)
+    if dim is None or not shape or _signed(dim) % len(shape) != len(shape) - 1 or shape[-1] < 2:
+        return None
+    products = _scores_products(softmax)
+    for product, factor in products or ():
+        operands = list(product.next_functions)
+        if len(operands) != 2:
+            continue
+        left, right = (_output_shape(child, output) for child, output in operands)
+        if not left or not right or len(left) < 2 or len(right) < 2 or left[-1] != right[-2]:
+            continue
+        sides = [_operand_factor(child) for child, _ in operands]
+        if any(side is None or type(side[1]).__name__.startswith("DivBackward") for side in sides):
+            continue  # not Q@K^T, a learned scale, or normalised operands (cosine attention)
+        total = factor * sides[0][0] * sides[1][0]
+        d = left[-1]
+        verdict = scale_verdict(total, d, tuple(shape) + tuple(left[:-1]))
+        if verdict is not None:
+            return verdict[0], verdict[1], d, total, shape
+    return None
+
+
 class SoftmaxAxisWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -351,6 +506,9 @@ class SoftmaxAxisWatcher:
                 continue
             for node in nodes:
                 name = type(node).__name__
+                if name.startswith("SoftmaxBackward"):
+                    self._judge_scale(node)
+                    continue
                 if not name.startswith(("BmmBackward", "MmBackward")):
                     continue
                 for found in self._operands(node):
@@ -373,12 +531,28 @@ class SoftmaxAxisWatcher:
                 continue
             yield _softmax_below(child, shape, len(shape) + summed)
 
-    def _report(self, softmax, normalised: int, summed: int, shape: tuple) -> None:
-        rec = self.rec
-        tensors = rec.tensors
+    def _judge_scale(self, softmax) -> None:
+        found = misscaled_scores(softmax)
+        if found is None:
+            return
+        how, n, d, factor, shape = found
+        key = ("scale", how, n, d, shape)
+        if key in self._told:
+            return
+        self._told.add(key)
+        self.rec.emit_aside(ev.attention_scale(how=how, n=n, d=d, factor=factor,
+                                               shape=list(shape), params=self._params(softmax)),
+                            self.rec.here())
+
+    def _params(self, softmax) -> list:
+        tensors = self.rec.tensors
         walked = reached(softmax, _LEAVES, truncate=True)
         pids = sorted(pid for i in walked[1]
                       if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
+        return pids[:64]
+
+    def _report(self, softmax, normalised: int, summed: int, shape: tuple) -> None:
+        rec = self.rec
         rec.emit_aside(ev.softmax_axis(dim=normalised, summed=summed, shape=list(shape),
-                                       params=pids[:64], op=_op(softmax)),
+                                       params=self._params(softmax), op=_op(softmax)),
                        rec.here())
