@@ -47,12 +47,14 @@ def test_the_same_full_target_at_two_calls_is_recorded_once():
     assert _calls(lambda: (W(X), Y), times=3) == [("full_rows_loss", {"fn": "cross_entropy", "rows": N})]
     assert _calls(lambda: (W(X), Y), times=1) == []  # one call: nothing to compare
     assert _calls(lambda: (W(X), Y.view(-1)), times=2) != []  # a view of the same rows
+    assert _calls(lambda: (W(X), Y.float())) != []  # the same labels cast anew
 
 
 def test_batches_selected_rows_inputs_and_per_row_losses_are_not_recorded():
-    assert _calls(lambda: (W(X), Y.clone())) == []  # another tensor each call
+    assert _calls(lambda: (W(X), torch.randint(0, 3, (N,)))) == []  # other labels each call
     assert _calls(lambda: (W(X)[MASK], Y[:10])) == []  # a selection in the prediction's graph
     feats = torch.randn(N, 3)
     assert _calls(lambda: (W(X) @ torch.eye(3) + torch.nn.Linear(3, 3)(feats) * 0, feats)) == []
+    assert _calls(lambda: (torch.nn.Linear(3, 3)(feats.clone()), feats.clone())) == []  # a copy
     assert _calls(lambda: (W(X), Y), reduction="none") == []  # masked after the loss
     assert _calls(lambda: (W(X), Y), weight=MASK.float()) == []  # one weight per row

@@ -125,7 +125,7 @@ y_train = y.clone()
 y_train[~train_mask] = -100
 for epoch in range(3):
     loss = F.cross_entropy(out, y)
-    loss2 = crit(out, y_train, weight=w)
+    loss2 = crit(out, y_train.float().view(-1, 1), weight=w)
 with torch.no_grad():
     acc = (out[test_mask] == y[test_mask]).float().mean()
     first = y[0], y[:5], y[..., 1]
@@ -148,6 +148,7 @@ def test_loss_row_selections_reads_the_target_and_its_selections_in_the_same_bin
     assert "train_mask" in found["names"]
     other = loss_row_selections(str(path), 7)
     assert other["target"] == "y_train" and other["more"]
+    assert other["written"] == "y_train.float().view(-1, 1)"
     assert other["selections"] == []  # y_train[~train_mask] is written, not read
     local = loss_row_selections(str(path), 12)
     assert [s[1] for s in local["selections"]] == ["y[idx_test]"]  # fit's own `y` only

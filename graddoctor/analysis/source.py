@@ -1999,6 +1999,12 @@ def _row_index(node: ast.AST) -> bool:
     return any(isinstance(sub, (ast.Name, ast.Attribute)) for sub in ast.walk(node))
 
 
+# methods that keep a tensor's rows in their order (a cast, a reshape of each row)
+_SAME_ROWS = frozenset({"float", "long", "double", "half", "int", "bool", "to", "type", "type_as",
+                        "view", "reshape", "squeeze", "unsqueeze", "flatten", "view_as",
+                        "reshape_as", "detach", "clone", "contiguous", "cpu", "cuda"})
+
+
 def _binds(scope: ast.AST, name: str) -> bool:
     """Whether a function binds ``name`` itself (a parameter or an assignment, not ``global``);
     False for the module."""
@@ -2019,7 +2025,8 @@ def _binds(scope: ast.AST, name: str) -> bool:
 def loss_row_selections(path: str, line: int) -> dict | None:
     """What the loss call on ``line`` is given and where the script selects rows of its target.
 
-    ``{"target": the target argument's text (a name or a dotted name), "prediction": the first
+    ``{"target": the target argument's name (a name or a dotted name, seen through casts and
+    reshapes: ``y`` of ``y.float()``), "written": the argument's text, "prediction": the first
     argument's text, "call": the called function's text ("" for an expression), "more": whether
     it is given other arguments, "selections": [(line, the subscript's text, the index's text, [names the
     index reads], under no_grad (a ``with`` block or a decorator), the function holding it)],
@@ -2038,17 +2045,21 @@ def loss_row_selections(path: str, line: int) -> dict | None:
     for call in calls:
         prediction = call.args[0] if call.args else next(
             (k.value for k in call.keywords if k.arg == "input"), None)
-        target = call.args[1] if len(call.args) > 1 else next(
+        written = call.args[1] if len(call.args) > 1 else next(
             (k.value for k in call.keywords if k.arg in ("target", "targets")), None)
+        target = written
+        while isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute) \
+                and target.func.attr in _SAME_ROWS:
+            target = target.func.value  # y.float(), Y.view(-1, 1): the same rows
         if prediction is None or not isinstance(target, (ast.Name, ast.Attribute)) \
                 or isinstance(prediction, ast.Subscript):
             continue
         if isinstance(target, ast.Attribute) and not isinstance(target.value, (ast.Name, ast.Attribute)):
             continue
-        found.append((call, prediction, target))
+        found.append((call, prediction, target, written))
     if len(found) != 1:
         return None  # no loss call, or several: which one ran is not known
-    call, prediction, target = found[0]
+    call, prediction, target, written = found[0]
     text = ast.unparse(target)
     first, last = call.lineno, call.end_lineno or call.lineno
     selections, names = [], set()
@@ -2078,6 +2089,7 @@ def loss_row_selections(path: str, line: int) -> dict | None:
     selections = [s for s in selections
                   if ((_enclosing_function(tree, s[0]) is home) if local
                       else not _binds(_enclosing_function(tree, s[0]), root.id))]
-    return {"target": text, "prediction": ast.unparse(prediction), "call": callee,
+    return {"target": text, "written": ast.unparse(written),
+            "prediction": ast.unparse(prediction), "call": callee,
             "more": len(call.args) > 2 or bool(call.keywords),
             "selections": sorted(selections), "names": sorted(names)}

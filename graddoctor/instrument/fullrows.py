@@ -5,7 +5,8 @@ output for all N rows and must index its training loss with the training rows
 (``F.cross_entropy(out[train_mask], y[train_mask])``); written ``F.cross_entropy(out, y)`` it
 trains on the labels of the rows it later evaluates on (``y[test_mask]``). This watcher records
 the runtime half of that: a loss whose target is the same N-row tensor at every call of its line
-(the same storage, offset, shape and strides: one fixed tensor, not a DataLoader's batch), whose
+(the same storage, offset, shape and strides, or on the CPU the same values in short: one fixed
+label set cast anew each call, ``y.float()``, not a DataLoader's batch), whose
 prediction has those N rows with no row selection in its graph (``IndexBackward0``,
 ``MaskedSelectBackward0``, ``IndexSelectBackward0`` within ``_NODES`` nodes), whose target
 is not one of the data the prediction's first layers read (a reconstruction of the input is
@@ -32,6 +33,7 @@ _CALLS = 3  # calls per loss line looked at
 _LINES = 16  # loss lines looked at
 _MIN_ROWS = 8  # rows a target has, at least
 _NODES = 64  # nodes walked from the prediction for a row selection
+_MAX_VALUES = 1 << 20  # values of a target fingerprinted, at most
 _SELECTING = ("IndexBackward", "MaskedSelectBackward", "IndexSelectBackward")
 
 
@@ -41,6 +43,17 @@ def _storage_key(t) -> tuple | None:
                 t.device.type)
     except Exception:  # a tensor without storage (a functional wrapper): not followed
         return None
+
+
+def _fingerprint(t) -> tuple | None:
+    """The rows' values in short (a CPU tensor of at most ``_MAX_VALUES`` values): the same
+    labels cast or reshaped anew at each call (``y.float()``) give the same fingerprint."""
+    if t.device.type != "cpu" or t.numel() > _MAX_VALUES or t.is_complex():
+        return None
+    with torch.no_grad():
+        v = t.detach().reshape(t.shape[0], -1).to(torch.float64)
+        weights = torch.arange(1, v.shape[0] + 1, dtype=torch.float64)
+        return (v.shape, float(v.sum()), float((v.sum(1) * weights).sum()))
 
 
 def _selects_rows(root) -> bool:
@@ -98,20 +111,24 @@ class FullRowsWatcher:
             if seen is None:
                 if len(self._lines) >= _LINES:
                     return
-                self._lines[loc] = [1, _storage_key(target)]
+                self._lines[loc] = [1, _storage_key(target), _fingerprint(target)]
                 return
             if seen[0] >= _CALLS:
                 return
             seen[0] += 1
             key = _storage_key(target)
-            if key is None or key != seen[1]:
-                return  # another tensor each call: batches, not one fixed label set
+            if key is None or (key != seen[1] and (seen[2] is None or _fingerprint(target) != seen[2])):
+                return  # other labels each call: batches, not one fixed label set
             if _masked_later(args[2:], kwargs or {}, target.shape[0]) or _selects_rows(input.grad_fn):
                 return
-            ptr = key[0]
+            ptr, values = key[0], None
             for x in _data_inputs(input.grad_fn):
                 if x.untyped_storage().data_ptr() == ptr:
                     return  # the target is the model's input: a reconstruction, no labels
+                if x.shape == target.shape:
+                    values = _fingerprint(target) if values is None else values
+                    if values is not None and _fingerprint(x) == values:
+                        return  # a copy of the input
             self._told.add(loc)
             self.rec.emit_aside(ev.full_rows_loss(fn=fn, rows=int(target.shape[0])), loc)
         except Exception as exc:

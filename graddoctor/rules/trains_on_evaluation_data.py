@@ -166,9 +166,11 @@ class TrainsOnEvaluationData(Rule):
             rows = _training_rows(found["names"], index)
             call = found["call"] + ("(" if found["call"] else "")
             more = ", ..." if found["more"] else ""
+            written = found["written"]
+            labels = target + f"[{rows}]" + (written[len(target):] if written.startswith(target) else "")
             fix = (f"index the loss with the training rows: {call}{prediction}[{rows}], "
-                   f"{target}[{rows}]{more})" if call else
-                   f"index the loss with the training rows: {prediction}[{rows}] and {target}[{rows}]")
+                   f"{labels}{more})" if call else
+                   f"index the loss with the training rows: {prediction}[{rows}] and {labels}")
             yield self.finding(
                 f"this {e.get('fn')} trains on all {e.get('rows')} rows of `{target}`, and the script "
                 f"evaluates on rows of that same tensor (`{text}`, line {line}): the evaluation "
