@@ -248,6 +248,11 @@ target_in_inputs   fn (the loss function), column, columns (the model input's wi
                    target whose values one column of the data a first layer of the prediction
                    reads holds (first 8 calls with a gradient, CPU) — once per loss call line
                    (loc: the loss call)
+full_rows_loss     fn (the loss function), rows (N): a loss with a gradient whose target is the
+                   same N-row tensor at a line's first calls and whose prediction has those N
+                   rows with no row selection in its graph, its target not an input the
+                   prediction's first layers read — once per loss call line (loc: the loss
+                   call; an aside; instrument/fullrows.py)
 class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
                    [int], shares [float] (each class's share of the targets counted; for
                    pos_weight, each output's share of positives), weights [float]: a loss's
@@ -904,6 +909,10 @@ def target_in_inputs(*, fn: str, column: int, columns: int) -> Made:
     return "target_in_inputs", {"fn": fn, "column": column, "columns": columns}
 
 
+def full_rows_loss(*, fn: str, rows: int) -> Made:
+    return "full_rows_loss", {"fn": fn, "rows": rows}
+
+
 def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:
     return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights}
 
@@ -1273,6 +1282,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
     "target_domain": target_domain,
     "class_weights": class_weights, "target_in_inputs": target_in_inputs,
+    "full_rows_loss": full_rows_loss,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
@@ -1304,7 +1314,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "loss_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "loss_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",

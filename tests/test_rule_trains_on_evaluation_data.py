@@ -86,3 +86,111 @@ def test_no_step_on_held_out_batches_or_no_other_training_data_is_silent(tmp_pat
     assert _run(tmp_path, val_steps=False) == []  # backwards cleared before any step
     assert _run(tmp_path, train_steps=False) == []  # the held-out loader trains alone: TTA
     assert _run(tmp_path, loops=LOOPS.replace("val_loader", "finetune_loader")) == []
+
+
+# -- full-batch losses over the rows the script evaluates on --------------------------------
+
+from graddoctor.analysis.source import loss_row_selections  # noqa: E402
+from graddoctor.rules.trains_on_evaluation_data import (  # noqa: E402
+    _evaluation_selection, _training_rows)
+
+
+def test_a_selection_is_evaluation_by_its_index_name_or_its_no_grad_evaluation_code():
+    assert _evaluation_selection(["test_mask"], False, None)
+    assert _evaluation_selection(["data.val_mask"], False, "train")  # pygcn: val inside train()
+    assert _evaluation_selection(["idx_test"], False, None)
+    assert _evaluation_selection(["mask"], True, "test")  # PyG: for mask in [...] under no_grad
+    assert _evaluation_selection(["te"], True, None)
+    assert _evaluation_selection(["idx"], False, "evaluate")
+    assert not _evaluation_selection(["train_mask"], True, "test")  # a training accuracy
+    assert not _evaluation_selection(["idx"], False, None)  # neutral, with a gradient
+    assert not _evaluation_selection(["mask"], True, "train_epoch")
+    assert not _evaluation_selection(["order"], True, None)  # sorted for a plot
+    assert not _evaluation_selection(["sorted_idx"], True, None)
+
+
+def test_the_training_rows_are_named_as_the_script_names_them():
+    names = ["data", "data.train_mask", "data.test_mask", "train_mask", "y"]
+    assert _training_rows(names, "data.test_mask") == "data.train_mask"
+    assert _training_rows(["idx_train", "idx_test", "labels"], "idx_test") == "idx_train"
+    assert _training_rows(["y", "test_mask"], "test_mask") == "train_mask"
+    assert _training_rows(["Y", "te"], "te") == "train_idx"
+    assert _training_rows(["trainer", "train_loss"], "te") == "train_idx"  # no rows named
+
+
+ROWS = """\
+import torch
+y = torch.zeros(10)
+y_train = y.clone()
+y_train[~train_mask] = -100
+for epoch in range(3):
+    loss = F.cross_entropy(out, y)
+    loss2 = crit(out, y_train.float().view(-1, 1), weight=w)
+with torch.no_grad():
+    acc = (out[test_mask] == y[test_mask]).float().mean()
+    first = y[0], y[:5], y[..., 1]
+def fit(model, y):
+    loss = F.mse_loss(model(x), y)
+    return y[idx_test]
+def report(y):
+    return y[test_mask]
+"""
+
+
+def test_loss_row_selections_reads_the_target_and_its_selections_in_the_same_binding(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(ROWS)
+    found = loss_row_selections(str(path), 6)
+    assert found["target"] == "y" and found["prediction"] == "out"
+    assert found["call"] == "F.cross_entropy" and not found["more"]
+    # constants, slices and the parameter `y` of report() are not the module's rows
+    assert [s[:5] for s in found["selections"]] == [(9, "y[test_mask]", "test_mask", ["test_mask"], True)]
+    assert "train_mask" in found["names"]
+    other = loss_row_selections(str(path), 7)
+    assert other["target"] == "y_train" and other["more"]
+    assert other["written"] == "y_train.float().view(-1, 1)"
+    assert other["selections"] == []  # y_train[~train_mask] is written, not read
+    local = loss_row_selections(str(path), 12)
+    assert [s[1] for s in local["selections"]] == ["y[idx_test]"]  # fit's own `y` only
+    assert loss_row_selections(str(path), 2) is None  # torch.zeros(10): no target argument
+
+
+FULL_BATCH = """\
+for epoch in range(3):
+    opt.zero_grad()
+    loss = F.cross_entropy(out, y)
+    loss.backward()
+    opt.step()
+with torch.no_grad():
+    acc = (out[{index}] == y[{index}]).float().mean()
+"""
+
+
+def _full_batch(tmp_path, index="test_mask", steps=True):
+    (tmp_path / "train.py").write_text(FULL_BATCH.format(index=index))
+    t = TraceBuilder(path="train.py")
+    t.optimizer(0, [0, 1], line=1)
+    t.event("full_rows_loss", 3, fn="cross_entropy", rows=60)
+    for _ in range(2):
+        t.clear([0, 1], line=2)
+        t.backward(fresh=[0, 1], line=4)
+        if steps:
+            t.step(line=5)
+    return list(find_rule(SLUG)().check(Analysis(t.trace, base_dir=str(tmp_path))))
+
+
+def test_a_full_batch_loss_over_the_evaluated_rows_is_a_warning_at_the_loss(tmp_path):
+    found = _full_batch(tmp_path)
+    assert len(found) == 1
+    f = found[0]
+    assert f.severity is Severity.WARNING and f.location.line == 3
+    assert "all 60 rows of `y`" in f.message and "`y[test_mask]`, line 7" in f.message
+    assert f.fix == ("index the loss with the training rows: "
+                     "F.cross_entropy(out[train_mask], y[train_mask])")
+    assert [r.location.line for r in f.related] == [7]
+
+
+def test_a_full_batch_loss_is_silent_without_a_step_or_an_evaluation_selection(tmp_path):
+    assert _full_batch(tmp_path, steps=False) == []
+    assert _full_batch(tmp_path, index="train_mask") == []  # a training accuracy
+    assert _full_batch(tmp_path, index="order") == []  # the rows sorted, not a subset

@@ -130,6 +130,9 @@ class ScriptSource:
     def loop_names(self, path: str, line: int) -> tuple[str | None, str | None] | None:
         return loop_names(self.full(path), line)
 
+    def loss_row_selections(self, path: str, line: int) -> dict | None:
+        return loss_row_selections(self.full(path), line)
+
     def output_read_line(self, path: str, line: int, time_dim: int, position: int,
                          length: int) -> tuple[int, str] | None:
         return output_read_line(self.full(path), line, time_dim, position, length)
@@ -2116,3 +2119,118 @@ def score_scalings(path: str) -> list[tuple[int, str, str, bool]]:
                 found[line] = (line, text, direction, _has_product(scaled))
             break
     return [found[line] for line in sorted(found)]
+def _index_names(node: ast.AST) -> list[str]:
+    """The names an index expression reads, dotted ones whole (``data.test_mask``, ``idx``)."""
+    out = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and isinstance(sub.value, (ast.Name, ast.Attribute)):
+            out.append(ast.unparse(sub))
+        elif isinstance(sub, ast.Name):
+            out.append(sub.id)
+    return out
+
+
+def _row_index(node: ast.AST) -> bool:
+    """Whether a subscript's index selects rows by a tensor (a mask or an index: a name, an
+    attribute, a call or an operation on them), not by a slice, a constant or several axes."""
+    if isinstance(node, (ast.Slice, ast.Constant, ast.Tuple, ast.List, ast.Starred)):
+        return False
+    if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):
+        return False  # y[-1]
+    return any(isinstance(sub, (ast.Name, ast.Attribute)) for sub in ast.walk(node))
+
+
+# methods that keep a tensor's rows in their order (a cast, a reshape of each row)
+_SAME_ROWS = frozenset({"float", "long", "double", "half", "int", "bool", "to", "type", "type_as",
+                        "view", "reshape", "squeeze", "unsqueeze", "flatten", "view_as",
+                        "reshape_as", "detach", "clone", "contiguous", "cpu", "cuda"})
+
+
+def _binds(scope: ast.AST, name: str) -> bool:
+    """Whether a function binds ``name`` itself (a parameter or an assignment, not ``global``);
+    False for the module."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        return False
+    a = scope.args
+    if any(arg.arg == name for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg)
+           if arg is not None):
+        return True
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Global) and name in node.names:
+            return False
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+            return True
+    return False
+
+
+def loss_row_selections(path: str, line: int) -> dict | None:
+    """What the loss call on ``line`` is given and where the script selects rows of its target.
+
+    ``{"target": the target argument's name (a name or a dotted name, seen through casts and
+    reshapes: ``y`` of ``y.float()``), "written": the argument's text, "prediction": the first
+    argument's text, "call": the called function's text ("" for an expression), "more": whether
+    it is given other arguments, "selections": [(line, the subscript's text, the index's text, [names the
+    index reads], under no_grad (a ``with`` block or a decorator), the function holding it)],
+    "names": [every name and dotted name the file binds or reads]}``: the selections are the
+    subscripts of the target's text by a tensor index (``y[test_mask]``, ``data.y[idx_val]``)
+    read anywhere in the file but on the loss call's own line, where that name means the same
+    binding (a function's parameter or local only in that function; a module's name only where
+    no function binds its own). None when the line holds no call
+    of two arguments whose target is a plain (dotted) name, or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)]
+    found = []
+    for call in calls:
+        prediction = call.args[0] if call.args else next(
+            (k.value for k in call.keywords if k.arg == "input"), None)
+        written = call.args[1] if len(call.args) > 1 else next(
+            (k.value for k in call.keywords if k.arg in ("target", "targets")), None)
+        target = written
+        while isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute) \
+                and target.func.attr in _SAME_ROWS:
+            target = target.func.value  # y.float(), Y.view(-1, 1): the same rows
+        if prediction is None or not isinstance(target, (ast.Name, ast.Attribute)) \
+                or isinstance(prediction, ast.Subscript):
+            continue
+        if isinstance(target, ast.Attribute) and not isinstance(target.value, (ast.Name, ast.Attribute)):
+            continue
+        found.append((call, prediction, target, written))
+    if len(found) != 1:
+        return None  # no loss call, or several: which one ran is not known
+    call, prediction, target, written = found[0]
+    text = ast.unparse(target)
+    first, last = call.lineno, call.end_lineno or call.lineno
+    selections, names = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            names.add(ast.unparse(node))
+        if not (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+                and isinstance(node.value, (ast.Name, ast.Attribute))
+                and ast.unparse(node.value) == text and _row_index(node.slice)):
+            continue
+        if first <= node.lineno <= last:
+            continue
+        scope = _enclosing_function(tree, node.lineno)
+        selections.append((node.lineno, ast.unparse(node), ast.unparse(node.slice),
+                           _index_names(node.slice), no_grad_block(path, node.lineno) is not None,
+                           getattr(scope, "name", None)))
+    callee = ast.unparse(call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else ""
+    # a name bound in a function (a parameter, an assignment) is another tensor in every other
+    # function: ``def fit(model, X, y)`` trains on whatever it is given, not the module's ``y``
+    root = target
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    home = _enclosing_function(tree, line)
+    local = home is not tree and _binds(home, root.id)
+    selections = [s for s in selections
+                  if ((_enclosing_function(tree, s[0]) is home) if local
+                      else not _binds(_enclosing_function(tree, s[0]), root.id))]
+    return {"target": text, "written": ast.unparse(written),
+            "prediction": ast.unparse(prediction), "call": callee,
+            "more": len(call.args) > 2 or bool(call.keywords),
+            "selections": sorted(selections), "names": sorted(names)}

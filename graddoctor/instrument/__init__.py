@@ -24,6 +24,7 @@ from .functional import FunctionalGradWatcher
 from .gradflow import GradFlowWatcher
 from .handloss import HandLossWatcher
 from .targetcolumn import TargetColumnWatcher
+from .fullrows import FullRowsWatcher
 from .gradstop import GradStopWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
@@ -100,8 +101,9 @@ class Instrumentation:
         constants = ConstantLossWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
         columns = TargetColumnWatcher(rec)  # and of those whose target is a column of the input
-        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, self.idle, constants, columns),
-                          LossInputWatcher(rec, self.idle, constants, columns),
+        rows = FullRowsWatcher(rec)  # and of full-batch losses over every row of one label tensor
+        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, self.idle, constants, columns, rows),
+                          LossInputWatcher(rec, self.idle, constants, columns, rows),
                           LossDomainWatcher(rec)]  # targets outside the domain a loss reads them in
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)

@@ -294,9 +294,10 @@ def _inverted_weights(fn: str, counts, weights) -> dict | None:
 
 
 class LossInputWatcher:
-    def __init__(self, rec: Recorder, idle=None, constants=None, columns=None):
+    def __init__(self, rec: Recorder, idle=None, constants=None, columns=None, rows=None):
         self.rec = rec
         self.columns = columns  # TargetColumnWatcher: hears of the first calls with a gradient
+        self.rows = rows  # FullRowsWatcher: hears of the first calls with a gradient too
         self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
         self.constants = constants  # ConstantLossWatcher: hears of calls on values with no graph
         self._done: set = set()  # call lines recorded
@@ -325,7 +326,7 @@ class LossInputWatcher:
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
-        idle, constants, columns = watcher.idle, watcher.constants, watcher.columns
+        idle, constants, columns, rows = watcher.idle, watcher.constants, watcher.columns, watcher.rows
 
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input", kwargs.get("log_probs"))
@@ -344,6 +345,8 @@ class LossInputWatcher:
             target = args[1] if len(args) > 1 else kwargs.get("target", kwargs.get("targets"))
             if columns is not None and columns.open and fn != "ctc_loss":
                 columns.loss_call(fn, input, target)
+            if rows is not None and rows.open and fn != "ctc_loss":
+                rows.loss_call(fn, input, target, args, kwargs)
             try:
                 watcher._check(fn, input)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):

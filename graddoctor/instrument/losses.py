@@ -88,9 +88,10 @@ def broadcast_shape(a, b) -> list[int] | None:
 
 
 class LossShapeWatcher:
-    def __init__(self, rec: Recorder, idle=None, constants=None, columns=None):
+    def __init__(self, rec: Recorder, idle=None, constants=None, columns=None, rows=None):
         self.rec = rec
         self.columns = columns  # TargetColumnWatcher: hears of the first calls with a gradient
+        self.rows = rows  # FullRowsWatcher: hears of the first calls with a gradient too
         self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
         self.constants = constants  # ConstantLossWatcher: hears of calls on values with no graph
         self._done: set = set()  # locations already recorded
@@ -102,7 +103,7 @@ class LossShapeWatcher:
         watcher, rec = self, self.rec
         signature = inspect.signature(original)
 
-        idle, constants, columns = watcher.idle, watcher.constants, watcher.columns
+        idle, constants, columns, rows = watcher.idle, watcher.constants, watcher.columns, watcher.rows
 
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input")
@@ -115,6 +116,9 @@ class LossShapeWatcher:
             if columns is not None and columns.open and isinstance(input, torch.Tensor) \
                     and input.requires_grad and torch.is_grad_enabled():
                 columns.loss_call(fn, input, target)
+            if rows is not None and rows.open and isinstance(input, torch.Tensor) \
+                    and input.requires_grad and torch.is_grad_enabled():
+                rows.loss_call(fn, input, target, args, kwargs)
             if watcher._range_checks.get(fn, 0) < _RANGE_CHECKS:
                 try:
                     watcher._range(fn, input, target)

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from ..analysis.modes import evaluation_backward
-from ..findings import Severity
+from ..findings import Related, Severity
 from .base import Rule, related
 
 # words that name held-out data, as parts of a variable or function name (val_loader, testloader,
@@ -34,6 +35,40 @@ def _training(name: str | None) -> bool:
     return bool(name) and any(_TRAINING.match(part) for part in _parts(name))
 
 
+# words that name a set of rows, beside a training word: ``train_mask``, ``idx_train``
+_ROWS = re.compile(r"^(mask|masks|idx|idxs|index|indices|ids|nodes|rows|split)$")
+
+
+# words that name an order of all rows, not a subset: ``Y[order]`` sorts them for a plot
+_ORDER = re.compile(r"^(order|ordering|perm|permutation|sort|sorted|argsort|rank|ranks|shuffle|shuffled)$")
+
+
+def _evaluation_selection(index_names: list[str], no_grad: bool, function: str | None) -> bool:
+    """Whether a selection of rows reads evaluation rows: its index is named for held-out data
+    (``test_mask``, ``idx_val``), or, named neither way (``mask``, ``te``) nor for an order of
+    the rows, it runs under no_grad or in a function named for evaluation (not one named for
+    training)."""
+    last = [name.rsplit(".", 1)[-1] for name in index_names]
+    if any(_held_out(name) for name in last):
+        return True
+    if any(_training(name) or any(_ORDER.match(part) for part in _parts(name)) for name in last):
+        return False
+    return _held_out(function) or (no_grad and not _training(function))
+
+
+def _training_rows(names: list[str], index: str) -> str:
+    """The script's own name for its training rows (``data.train_mask`` beside
+    ``data.test_mask``), or a generic one shaped like the evaluation index."""
+    prefix = index.rsplit(".", 1)[0] + "." if "." in index else ""
+    fitting = [name for name in names
+               if _training(name.rsplit(".", 1)[-1])
+               and any(_ROWS.match(part) for part in _parts(name.rsplit(".", 1)[-1]))]
+    fitting.sort(key=lambda name: (not name.startswith(prefix) if prefix else "." in name, name))
+    if fitting:
+        return fitting[0]
+    return prefix + ("train_mask" if "mask" in index.lower() else "train_idx")
+
+
 class TrainsOnEvaluationData(Rule):
     """
     ## What it does
@@ -42,6 +77,15 @@ class TrainsOnEvaluationData(Rule):
     `test_dl`, `self.valid_loader`) or runs in a function named for evaluation (`validate`,
     `evaluate`, `test_epoch`), while another DataLoader feeds the training steps. Read from the
     trace (each backward's batch and each loader's loop line) and the loop's source.
+
+    Also finds a full-batch training loss over every row of a label tensor whose rows the
+    script evaluates on: a GCN trained with `F.cross_entropy(out, y)` over all N nodes and
+    scored on `y[test_mask]`, a regression trained on `model(X)` against `Y` and scored on
+    `Y[test_idx]`. Read from the trace (a loss whose target is the same N-row tensor at every
+    call and whose prediction has those N rows with no index or mask between the model and the
+    loss) and the script's source (a selection of that tensor's rows by an index named for
+    held-out data, or under `no_grad` or in a function named for evaluation, and not named for
+    training).
 
     ## Why is this bad?
     A validation loop copied from the training loop keeps its `loss.backward()` and
@@ -59,6 +103,13 @@ class TrainsOnEvaluationData(Rule):
         val_loss += loss.item()
     ```
 
+    ```python
+    out = model(x, adj)                     # all N nodes
+    loss = F.cross_entropy(out, y)          # the test nodes' labels are in the loss
+    ...
+    acc = (out[test_mask].argmax(1) == y[test_mask]).float().mean()
+    ```
+
     ## Use instead
     ```python
     model.eval()
@@ -68,22 +119,70 @@ class TrainsOnEvaluationData(Rule):
     model.train()
     ```
 
+    ```python
+    loss = F.cross_entropy(out[train_mask], y[train_mask])
+    ```
+
     ## Stays silent on
     Evaluation loops without a step, a backward in an evaluation loop whose gradients are
     cleared before any step (saliency maps, Grad-CAM), loaders named otherwise (`trainval`,
     `finetune`, a meta-learning task's query set), and a script whose only training data is the
-    held-out loader (test-time adaptation).
+    held-out loader (test-time adaptation). For full-batch losses: a loss indexed with the
+    training rows (`out[train_mask]`, or a model run on `X[train_idx]` against
+    `Y[train_idx]`); terms over all rows that read no labels (an entropy or a reconstruction of
+    the input, a graph autoencoder's links); a held-out set in tensors of its own; k-fold
+    splits that index each fold's training rows; selections named for training
+    (`y[train_mask]` for a training accuracy).
     """
 
     code = "GD256"
     slug = "trains-on-evaluation-data"
     severity = Severity.WARNING
-    summary = ("an optimizer steps on gradients from batches of the validation/test DataLoader: "
-               "the model trains on the data it is evaluated on")
+    summary = ("an optimizer steps on gradients from batches of the validation/test DataLoader, or "
+               "from a full-batch loss over the rows the script evaluates on: the model trains on "
+               "the data it is evaluated on")
     fix = ("remove backward() and optimizer.step() from the evaluation loop, and run it under "
            "torch.no_grad() with model.eval() (model.train() after it)")
 
     def check(self, a):
+        yield from self._full_batch(a)
+        yield from self._loaders(a)
+
+    def _full_batch(self, a):
+        """Full-batch losses over every row of a label tensor the script evaluates rows of."""
+        steps = [s for s in a.steps if not s.get("skipped")]
+        for e in a.of_kind("full_rows_loss"):
+            if e.loc is None or not any(s.seq > e.seq for s in steps):
+                continue
+            found = a.source.loss_row_selections(e.loc.path, e.loc.line)
+            if found is None:
+                continue
+            evaluated = [(line, text, index) for line, text, index, names, no_grad, function
+                         in found["selections"] if _evaluation_selection(names, no_grad, function)]
+            if not evaluated:
+                continue
+            line, text, index = evaluated[0]
+            target, prediction = found["target"], found["prediction"]
+            rows = _training_rows(found["names"], index)
+            call = found["call"] + ("(" if found["call"] else "")
+            more = ", ..." if found["more"] else ""
+            written = found["written"]
+            labels = target + f"[{rows}]" + (written[len(target):] if written.startswith(target) else "")
+            fix = (f"index the loss with the training rows: {call}{prediction}[{rows}], "
+                   f"{labels}{more})" if call else
+                   f"index the loss with the training rows: {prediction}[{rows}] and {labels}")
+            yield self.finding(
+                f"this {e.get('fn')} trains on all {e.get('rows')} rows of `{target}`, and the script "
+                f"evaluates on rows of that same tensor (`{text}`, line {line}): the evaluation "
+                f"rows' labels are in the training loss, so the model is fitted to the labels it "
+                f"is scored on",
+                e.loc,
+                related=(Related(replace(e.loc, line=line, function="", via="", hook=""),
+                                 "the evaluation's selection of those rows"),),
+                fix=fix,
+                evidence={"rows": e.get("rows"), "target": target, "selection": text})
+
+    def _loaders(self, a):
         loops: dict[int, object] = {}  # loader -> its first epoch_start (the loop's line)
         for e in a.by_kind.get("epoch_start", ()):
             loops.setdefault(e.get("loader"), e)
