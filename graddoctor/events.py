@@ -472,7 +472,11 @@ custom_backward    cls (a torch.autograd.Function subclass defined in the user's
                    the backward's gradient over the numerical one along random directions, when
                    they are proportional), forward ([path, line] of the apply call checked): its
                    backward checked once against finite differences of its forward in float64
-                   and found wrong (loc: the backward's ``def``; an aside)
+                   and found wrong (loc: the backward's ``def``; an aside). With identity set:
+                   its forward returned that input unchanged and its backward, read at a real
+                   call, passed the gradient through times ratio > 0; names (the words the
+                   script calls it by: class, docstring's first line, the apply call's function
+                   and line)
 loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fraction (of the
                    target positions equal to it), ignore_index, reduction, source ("padding_idx":
                    an nn.Embedding's; "fill": the id filling the token batches' shorter rows;
@@ -1066,8 +1070,10 @@ def causal_read_early(*, module: str, positions: list[int], read: int, length: i
                                  "seq_first": seq_first}
 
 
-def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None) -> Made:
-    return "custom_backward", {"cls": cls, "input": input, "ratio": ratio, "forward": forward}
+def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None,
+                    identity: bool = False, names: list[str] | None = None) -> Made:
+    return "custom_backward", {"cls": cls, "input": input, "ratio": ratio, "forward": forward,
+                               "identity": identity, "names": names}
 
 
 def loss_padding(*, fn: str, pad: int, fraction: float, ignore_index: int | None,

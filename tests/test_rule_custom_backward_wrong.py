@@ -118,3 +118,132 @@ def test_correct_reversal_and_straight_through_are_silent():
     for fn in (GoodSquare, Reverse, Ste):
         _, events = checked(fn)
         assert events == [], fn
+
+
+# --- an identity forward whose backward passes the gradient through: a reversal without its minus
+
+
+def test_a_pass_through_named_a_reversal_is_a_reversal_missing_its_minus():
+    t = TraceBuilder()
+    t.put(ev.custom_backward(cls="ReverseLayerF", input=0, ratio=0.7, forward=["train.py", 30],
+                             identity=True, names=["ReverseLayerF", "<module>", "h"]), 8)
+    f = only(t, SLUG)
+    assert "gradient reversal" in f.message and "minus sign is missing" in f.message
+    assert "times 0.7" in f.message and f.severity.name == "WARNING"
+    assert f.fix.startswith("negate the gradient")
+    assert f.evidence["named"] == "ReverseLayerF"
+
+
+def test_the_reversal_may_be_named_by_the_caller_or_a_comment():
+    for names in (["_Fn", "grad_reverse", "x"], ["Identity", "<module>", "h", "GRL"],
+                  ["Pass", "DANN.forward", "h", "reverse", "the", "gradient"]):
+        t = TraceBuilder()
+        t.put(ev.custom_backward(cls=names[0], input=0, ratio=1.0, forward=None, identity=True,
+                                 names=names), 8)
+        assert "unchanged" in only(t, SLUG).message, names
+
+
+def test_a_pass_through_nothing_calls_a_reversal_is_silent():
+    # gradient scaling (fairseq's GradMultiply), a gradient recorder, a reversible block
+    for names in (["GradMultiply", "<module>", "f"], ["RecordGradNorm", "<module>", "h"],
+                  ["ReversibleBlockFn", "RevNet.forward", "y"], ["ScaleGrad", "<module>", "x"]):
+        t = TraceBuilder()
+        t.put(ev.custom_backward(cls=names[0], input=0, ratio=0.1, forward=None, identity=True,
+                                 names=names), 8)
+        assert findings(t, SLUG) == [], names
+
+
+def _fix(source: str, index: int = 0):
+    import ast
+    from graddoctor.rules.custom_backward_wrong import _reversal_fix
+    tree = ast.parse(source)
+    line = next(n.lineno for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    return _reversal_fix(tree, line, index)
+
+
+def test_the_fix_negates_the_returned_gradient_at_its_line():
+    assert _fix("def backward(ctx, g):\n    return g * ctx.alpha, None\n") == \
+        (2, "return -g * ctx.alpha, None")
+    assert _fix("def backward(ctx, g):\n    return g\n") == (2, "return -g")
+    assert _fix("def backward(ctx, g):\n    out = g + 0\n    return out + g, None\n") == \
+        (3, "return -(out + g), None")
+    assert _fix("def backward(ctx, a, g):\n    return None, g.clone()\n", 1) == \
+        (2, "return None, -g.clone()")
+
+
+def test_a_gradient_computed_only_when_needed_is_negated_where_it_is_computed():
+    source = ("def backward(ctx, g):\n"
+              "    dx = None\n"
+              "    if ctx.needs_input_grad[0]:\n"
+              "        dx = ctx.lam * g\n"
+              "    return dx, None\n")
+    assert _fix(source) == (4, "dx = -ctx.lam * g")
+
+
+class GradReverse(torch.autograd.Function):  # the minus sign is missing
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.alpha, None
+
+
+class GoodReverse(GradReverse):
+    @staticmethod
+    def backward(ctx, g):
+        return g.neg() * ctx.alpha, None
+
+
+calls = []
+
+
+class Inspect(torch.autograd.Function):  # identity both ways; its backward has a side effect
+    @staticmethod
+    def forward(ctx, x, alpha):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        calls.append(float(g.norm()))
+        return g, None
+
+
+def run_schedule(fn, alphas):
+    torch.manual_seed(0)
+    w = torch.randn(6, 3, requires_grad=True)
+    for alpha in alphas:
+        out = fn.apply(w * 2, alpha)
+        (out * torch.arange(3.0)).sum().backward()
+    return w.grad.clone()
+
+
+def checked_schedule(fn, alphas):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        got = run_schedule(fn, alphas)
+    return got, [e for e in rec.trace if e.kind == "custom_backward"]
+
+
+def test_the_pass_through_is_read_from_the_run_once_a_scheduled_alpha_leaves_zero():
+    expected = run_schedule(GradReverse, [0.0, 0.0, 0.25])
+    got, events = checked_schedule(GradReverse, [0.0, 0.0, 0.25])
+    assert torch.equal(got, expected)
+    (e,) = events
+    assert e.get("identity") and abs(e.get("ratio") - 0.25) < 1e-9 and e.get("input") == 0
+    assert "GradReverse" in e.get("names") and "run_schedule" in e.get("names")
+
+
+def test_a_negated_backward_and_a_zero_gradient_record_nothing():
+    assert checked_schedule(GoodReverse, [0.0, 0.5, 1.0])[1] == []
+    assert checked_schedule(GradReverse, [0.0] * 12)[1] == []  # never a sign to read
+
+
+def test_the_backward_runs_only_as_often_as_the_script_asks():
+    calls.clear()
+    _, events = checked_schedule(Inspect, [1.0, 1.0])
+    assert len(calls) == 2  # no extra backward of graddoctor's
+    (e,) = events
+    assert e.get("ratio") == 1.0 and "Inspect" in e.get("names")

@@ -16,12 +16,22 @@ generator it may draw from set to the state it had at the call and restored afte
 stream is untouched, and a dropout inside the forward draws the same mask at each evaluation),
 the random directions come from a generator of graddoctor's own, autocast is off, what the
 forward prints or warns is swallowed, and a failure of the check only skips it. Left alone: a
-forward that is the identity (a gradient-reversal or gradient-scaling layer: a backward that is
-not the forward's derivative is its purpose), a piecewise-constant forward (a straight-through
-estimator, a surrogate gradient: the numerical derivative is zero or jumps), classes defined
-outside the user's files (torch's checkpointing, libraries).
+piecewise-constant forward (a straight-through estimator, a surrogate gradient: the numerical
+derivative is zero or jumps), classes defined outside the user's files (torch's checkpointing,
+libraries).
 
-Cost: a set lookup per ``apply`` call; the check runs once per class, off the per-step path.
+A forward that returns one of its inputs unchanged (a gradient-reversal or gradient-scaling
+layer: a backward that is not the forward's derivative is its purpose) is not compared with
+finite differences. What its backward does is read from the run instead: at its next calls with
+a gradient flowing, a hook on the real output's backward node (which only reads) compares the
+gradient it returns for that input with the one it got. Passed through scaled by a positive
+factor, it is recorded as a ``custom_backward`` aside event with ``identity`` set, the factor as
+its ratio and the words the script calls the Function by (``names``): the rule decides whether
+they name a reversal. A factor of 0 (a coefficient scheduled from 0, as DANN's) says nothing
+yet: later calls are read, up to ``_PASS_THROUGH_CALLS``.
+
+Cost: a set lookup per ``apply`` call; the check runs once per class, off the per-step path;
+the hook of an identity Function, on its first calls only.
 """
 
 from __future__ import annotations
@@ -29,23 +39,41 @@ from __future__ import annotations
 import contextlib
 import io
 import linecache
+import re
+import sys
+import threading
 import warnings
+from typing import NamedTuple
 
 import torch
 
 from .. import events as ev
 from ..location import Location
-from .inlinable import watched
+from .inlinable import watched, watched_result
 from .recorder import Recorder
 
 _MAX_ELEMENTS = 4_000_000  # inputs larger than this (all together) are not checked
 _TOLERANCE = 1e-3  # relative disagreement between the two directional derivatives
+_PASS_THROUGH_CALLS = 8  # calls of an identity Function whose backward is read, at most
+_SAMPLE = 65_536  # gradient elements compared
+_MAX_NAMES = 24
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _Identity(NamedTuple):
+    """A forward that returned its input number ``index`` unchanged."""
+
+    index: int
 
 
 class CustomFunctionWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._done: set = set()  # classes checked (or skipped)
+        # identity Functions whose backward is still to be read: cls -> [input index, calls left]
+        self._passing: dict = {}
+        # .pending: (cls, input index, input) of the apply call in progress
+        self._call = threading.local()
         self._busy = False
         self._original = None
 
@@ -53,7 +81,15 @@ class CustomFunctionWatcher:
         if self._busy or not args:
             return
         cls = args[0]
-        if cls in self._done or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
+            return
+        passing = self._passing.get(cls)
+        if passing is not None:
+            inputs = args[1:]
+            if passing[0] < len(inputs):
+                self._call.pending = (cls, passing[0], inputs[passing[0]])
+            return
+        if cls in self._done:
             return
         try:
             forward = getattr(cls, "forward", None)
@@ -73,7 +109,10 @@ class CustomFunctionWatcher:
                 found = None  # a forward that cannot run on float64 copies: not checked
             finally:
                 self._busy = False
-            if found is not None:
+            if isinstance(found, _Identity):
+                self._passing[cls] = [found.index, _PASS_THROUGH_CALLS]
+                self._call.pending = (cls, found.index, inputs[found.index])
+            elif found is not None:
                 index, ratio = found
                 loc = self.rec.here(3)
                 self.rec.emit_aside(
@@ -82,6 +121,93 @@ class CustomFunctionWatcher:
                     self._backward_location(cls) or loc)
         except Exception as exc:
             self.rec.internal_error("checking a custom autograd.Function", exc)
+
+    def _after(self, result) -> None:
+        pending = getattr(self._call, "pending", None)
+        if pending is None or not torch.is_grad_enabled():
+            return  # a call inside a forward (grad off) leaves the outer call's pending
+        self._call.pending = None
+        try:
+            cls, index, x = pending
+            passing = self._passing.get(cls)
+            node = getattr(result, "grad_fn", None)
+            if passing is None or passing[1] <= 0 or node is None \
+                    or type(node).__name__ != cls.__name__ + "Backward" \
+                    or not isinstance(x, torch.Tensor) or result.shape != x.shape \
+                    or not torch.equal(result.detach(), x.detach()):
+                return
+            passing[1] -= 1
+            loc = self.rec.here(3)
+            names = self._names(cls)
+            position = self._tensor_position(node, x)
+            if position is None:
+                return
+            node.register_hook(lambda grad_inputs, grad_outputs:
+                               self._passed(cls, index, position, grad_inputs, grad_outputs,
+                                            loc, names))
+        except Exception as exc:
+            self.rec.internal_error("reading an identity autograd.Function's backward", exc)
+
+    @staticmethod
+    def _tensor_position(node, x) -> int | None:
+        """Which of the node's gradients is ``x``'s: the edge to ``x``'s grad_fn or to its
+        gradient accumulator."""
+        target = x.grad_fn
+        for position, (fn, _) in enumerate(node.next_functions):
+            if fn is None:
+                continue
+            if target is not None and fn is target:
+                return position
+            if target is None and getattr(fn, "variable", None) is x:
+                return position
+        return None
+
+    def _passed(self, cls, index, position, grad_inputs, grad_outputs, loc, names) -> None:
+        """The backward's hook: what it returned for the identity input against what it got."""
+        try:
+            if cls not in self._passing or position >= len(grad_inputs) or not grad_outputs:
+                return
+            got, gave = grad_outputs[0], grad_inputs[position]
+            if got is None or got.shape != getattr(gave, "shape", None):
+                return
+            # a half-precision backward rounds its product: a multiple up to its precision
+            tolerance = max(1e-6, 8 * torch.finfo(gave.dtype).eps) if gave.is_floating_point() \
+                else 1e-6
+            got = got.detach().reshape(-1)[:_SAMPLE].to(torch.float64)
+            gave = gave.detach().reshape(-1)[:_SAMPLE].to(torch.float64)
+            norm = float(got.norm())
+            if norm == 0 or not bool(gave.any()):
+                if self._passing[cls][1] <= 0:
+                    del self._passing[cls]
+                return  # nothing to read the sign from yet
+            del self._passing[cls]
+            factor = float((gave * got).sum()) / norm ** 2
+            if factor <= 0 or float((gave - factor * got).norm()) > tolerance * factor * norm:
+                return  # negated (a reversal) or not a multiple: nothing passed through
+            self.rec.emit_aside(
+                ev.custom_backward(cls=cls.__qualname__, input=index, ratio=factor,
+                                   forward=[loc.path, loc.line] if loc is not None else None,
+                                   identity=True, names=names),
+                self._backward_location(cls) or loc)
+        except Exception as exc:
+            self.rec.internal_error("reading an identity autograd.Function's backward", exc)
+
+    def _names(self, cls) -> list[str]:
+        """The words the script calls this Function by: its class name and its docstring's
+        first line, the function the apply call is in and the identifiers (comment included)
+        of that line."""
+        words: list[str] = [cls.__qualname__]
+        doc = (getattr(cls, "__doc__", None) or "").strip().splitlines()
+        if doc:
+            words += _WORD.findall(doc[0])
+        frame = sys._getframe(1)
+        while frame is not None and not self.rec.finder.is_user_file(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is not None:
+            code = frame.f_code
+            words.append(getattr(code, "co_qualname", code.co_name))
+            words += _WORD.findall(linecache.getline(code.co_filename, frame.f_lineno))
+        return list(dict.fromkeys(words))[:_MAX_NAMES]
 
     def _backward_location(self, cls) -> Location | None:
         backward = getattr(cls, "backward", None)
@@ -96,9 +222,9 @@ class CustomFunctionWatcher:
                 break
         return Location(self.rec.finder.display_path(code.co_filename), line, code.co_name)
 
-    def _check(self, cls, inputs, kwargs) -> tuple[int, float | None] | None:
+    def _check(self, cls, inputs, kwargs) -> tuple[int, float | None] | _Identity | None:
         """(index of the first input whose gradient disagrees, the ratio backward/numerical or
-        None), or None: agrees, or not checkable."""
+        None); a forward that returns an input unchanged; or None: agrees, or not checkable."""
         tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
         if sum(x.numel() for x in tensors) > _MAX_ELEMENTS:
             return None
@@ -138,7 +264,9 @@ class CustomFunctionWatcher:
             for o in outs:
                 for i in wanted:
                     if o.shape == xs[i].shape and torch.equal(o.detach(), xs[i].detach()):
-                        return None  # the identity: a gradient-reversal or -scaling layer
+                        # the identity: a gradient-reversal or -scaling layer; what its
+                        # backward passes through is read from the run (``_after``)
+                        return _Identity(i) if len(outs) == 1 else None
             vs = [torch.randn(o.shape, generator=generator, dtype=torch.float64, device=o.device)
                   for o in outs]
             differentiable = [(o, v) for o, v in zip(outs, vs) if o.requires_grad]
@@ -186,7 +314,11 @@ class CustomFunctionWatcher:
         def before(args, kwargs) -> None:
             watcher._before(args, kwargs)
 
-        patcher.patch(Function, "apply", classmethod(watched(method.__func__, before)))
+        def after(result) -> None:
+            watcher._after(result)
+
+        patcher.patch(Function, "apply",
+                      classmethod(watched_result(watched(method.__func__, before), after)))
 
 
 def _numerical(run, base, i, u, vs, h) -> float | None:

@@ -1,12 +1,85 @@
 from __future__ import annotations
 
+import ast
+import re
+
 from ..findings import Severity
 from ..location import Location
 from .base import Related, Rule
 
+# what a gradient-reversal layer is called: ReverseLayerF, GradReverse, GradientReversal, GRL,
+# RevGrad, grad_reverse, reverse_gradient, "reverse the gradient" in a docstring or comment;
+# not a reversible (invertible) block, which is another thing
+_REVERSAL = re.compile(r"revers(?!ib)|revgrad|gradrev|grl|gradflip|flipgrad")
+
 
 def _ordinal(i: int) -> str:
     return {0: "first", 1: "second", 2: "third", 3: "fourth"}.get(i, f"#{i + 1}")
+
+
+def _reversal_word(names) -> str | None:
+    for name in names or ():
+        if _REVERSAL.search(str(name).lower().replace("_", "")):
+            return str(name)
+    return None
+
+
+def _returns(tree: ast.AST | None, def_line: int) -> list[ast.Return]:
+    """The return statements with a value of the function defined at ``def_line`` (not those of
+    functions nested in it)."""
+    if tree is None:
+        return []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == def_line:
+            found: list[ast.Return] = []
+            stack = list(node.body)
+            while stack:
+                inner = stack.pop()
+                if isinstance(inner, ast.Return) and inner.value is not None:
+                    found.append(inner)
+                elif not isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                                            ast.ClassDef)):
+                    stack.extend(ast.iter_child_nodes(inner))
+            return sorted(found, key=lambda r: r.lineno)
+    return []
+
+
+def _negated(expr: ast.expr) -> str:
+    text = ast.unparse(expr)
+    if isinstance(expr, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) or (
+            isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mult, ast.Div))):
+        return f"-{text}"
+    return f"-({text})"
+
+
+def _reversal_fix(tree: ast.AST | None, def_line: int, index: int) -> tuple[int, str] | None:
+    """(the line to change, the negated statement) for a pass-through backward: the return
+    that hands back the gradient of input ``index``, or, when what it returns is a name the
+    backward also sets to None (computed only if ``ctx.needs_input_grad``), the assignment
+    that computes it."""
+    returns = _returns(tree, def_line)
+    if not returns:
+        return None
+    ret = returns[-1]
+    elts = list(ret.value.elts) if isinstance(ret.value, ast.Tuple) else [ret.value]
+    if index >= len(elts):
+        return None
+    target = elts[index]
+    if isinstance(target, ast.Name):
+        function = next(n for n in ast.walk(tree)
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and n.lineno == def_line)
+        assigned = [n for n in ast.walk(function) if isinstance(n, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == target.id for t in n.targets)]
+        nones = [n for n in assigned if isinstance(n.value, ast.Constant) and n.value.value is None]
+        computed = [n for n in assigned if n not in nones]
+        if nones and len(computed) == 1:
+            value = computed[0].value
+            return computed[0].lineno, f"{target.id} = {_negated(value)}"
+    elts[index] = ast.Name(id=_negated(target))
+    shown = ", ".join(ast.unparse(e) for e in elts) if isinstance(ret.value, ast.Tuple) \
+        else elts[0].id
+    return ret.lineno, f"return {shown}"
 
 
 class CustomBackwardWrong(Rule):
@@ -18,6 +91,14 @@ class CustomBackwardWrong(Rule):
     random directions. A backward that disagrees (the wrong sign, a missing or extra factor, a
     wrong transpose or term) is reported at its `def backward`, with the factor when the two
     are proportional.
+
+    A forward that returns its input unchanged is a gradient-reversal or gradient-scaling layer,
+    whose backward is meant not to be its derivative. For those, what the backward really hands
+    back is read at the Function's first calls with a nonzero gradient (a hook on its node in
+    the script's own backward): when it passes the gradient through unchanged or times a
+    positive factor while the script calls the Function a reversal (`ReverseLayerF`,
+    `GradReverse`, `GRL`, `RevGrad`, `grad_reverse`, "reverse" in its docstring or at the
+    call), the minus sign is missing; reported at the line that computes the returned gradient.
 
     ## Why is this bad?
     Autograd trusts a hand-written backward completely. A backward with the wrong sign climbs
@@ -52,11 +133,29 @@ class CustomBackwardWrong(Rule):
     ```
     Check it yourself with `torch.autograd.gradcheck(Square.apply, (torch.randn(4, dtype=torch.double, requires_grad=True),))`.
 
+    A gradient-reversal layer (DANN) whose backward lost its sign trains the features to help
+    the domain classifier instead of fooling it:
+    ```python
+    class ReverseLayerF(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, alpha):
+            ctx.alpha = alpha
+            return x.view_as(x)
+        @staticmethod
+        def backward(ctx, grad_output):
+            return grad_output * ctx.alpha, None       # should be -grad_output * ctx.alpha
+    ```
+
     ## Stays silent on
-    A correct backward; a forward that is the identity whose backward reverses or scales the
-    gradient on purpose (a gradient-reversal layer); a piecewise-constant forward with a
-    surrogate backward (a straight-through estimator); inputs where the forward is not smooth;
-    Functions defined outside the script's files; a Function that cannot run in float64.
+    A correct backward; a gradient-reversal layer that negates (`-alpha * grad`,
+    `grad.neg() * alpha`, or a coefficient the caller passes negated), also while a scheduled
+    alpha is still 0; an identity forward whose backward scales the gradient by a positive
+    factor when nothing calls it a reversal (a gradient-scaling layer such as fairseq's
+    `GradMultiply` or a `ScaleGrad`, which scale on purpose; a Function that only records or
+    inspects the gradient; model-parallel copy regions at one rank); a piecewise-constant
+    forward with a surrogate backward (a straight-through estimator); inputs where the forward
+    is not smooth; Functions defined outside the script's files (`torch.utils.checkpoint`); a
+    Function that cannot run in float64.
     """
 
     code = "GD234"
@@ -72,6 +171,11 @@ class CustomBackwardWrong(Rule):
             if cls in seen:
                 continue
             seen.add(cls)
+            if e.get("identity"):
+                finding = self._reversal_without_minus(a, e)
+                if finding is not None:
+                    yield finding
+                continue
             if ratio is not None and abs(ratio + 1) < 1e-3:
                 how = "the true gradient with the opposite sign (training climbs the loss through it)"
             elif ratio is not None and ratio > 0:
@@ -90,3 +194,37 @@ class CustomBackwardWrong(Rule):
                 e.loc, related=rel,
                 evidence={"cls": cls, "input": index, "ratio": ratio},
             )
+
+    def _reversal_without_minus(self, a, e):
+        """An identity forward whose backward passes the gradient through times a positive
+        factor, in a Function the script calls a reversal: the minus sign is missing."""
+        cls, index, ratio = e.get("cls"), e.get("input"), e.get("ratio")
+        word = _reversal_word(e.get("names"))
+        if word is None or ratio is None or ratio <= 0:
+            return None  # a gradient-scaling layer, or one that only looks at the gradient
+        where = e.loc
+        fix_line = None
+        if where is not None:
+            try:
+                fix_line = _reversal_fix(a.source.tree(where.path), where.line, index or 0)
+            except Exception:
+                fix_line = None
+        if fix_line is not None:
+            where = Location(where.path, fix_line[0], where.function)
+            fix = f"negate the gradient: {fix_line[1]}"
+        else:
+            fix = "negate the gradient: return -ctx.alpha * grad_output, None"
+        how = "unchanged" if abs(ratio - 1) < 1e-6 else f"times {ratio:.3g}"
+        forward = e.get("forward")
+        rel = ()
+        if forward:
+            rel = (Related(Location(str(forward[0]), int(forward[1])), f"{cls}.apply, read here"),)
+        return self.finding(
+            f"{cls} is a gradient reversal ('{word}') whose minus sign is missing: its forward "
+            f"returns its {_ordinal(index or 0)} input unchanged and its backward passes the "
+            f"gradient back {how}, so what is trained through it helps the loss after it "
+            f"(a domain classifier) instead of working against it",
+            where, related=rel, fix=fix,
+            evidence={"cls": cls, "input": index, "ratio": ratio, "identity": True,
+                      "named": word},
+        )
