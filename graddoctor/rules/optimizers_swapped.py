@@ -91,14 +91,13 @@ class OptimizersSwapped(Rule):
                        f"{y_what}'s, and the optimizer over {y_what} steps only at "
                        f"{_line(c.late)}, after the backward at {_line(second_back)} wrote "
                        f"{x_what}'s. The two steps are crossed: {x_what} is updated with {held}, "
-                       f"{y_what} with the other loss's gradient")
+                       f"{y_what} after the other model's loss")
         else:
             message = (f"{y_call} steps the optimizer over {y_what} right after the backward at "
                        f"{_line(second_back)}, the loss that trains {x_what}; {y_what}'s gradient "
                        f"came from the backward at {_line(first_back)}, after which the optimizer "
                        f"over {x_what} stepped instead ({_line(c.starved)}). The two steps are "
-                       f"crossed: {y_what} is updated with another loss's gradient, {x_what} with "
-                       f"no gradient of its own")
+                       f"crossed: each optimizer steps after the other model's loss")
         other = c.late if starved else c.starved
         rel = (related(first_back, f"the backward whose gradient the optimizer over {y_what} should apply",
                        Role.BACKWARD),
