@@ -104,12 +104,13 @@ class OptimizersSwapped(Rule):
                related(second_back, f"the backward whose gradient the optimizer over {x_what} should apply",
                        Role.BACKWARD),
                related(other, "the other crossed step", Role.STEP))
+        fix = self._fix(a, c, first_back, second_back, x_what, y_what)
         return self.finding(message, step.loc, related=rel, step=a.step_number.get(step.seq),
                             evidence={"optimizer": x if starved else y,
                                       "crossed_with": y if starved else x,
                                       "starved": starved, "lent": a.param_names(c.lent, 4),
                                       "owed": a.param_names(c.owed, 4)},
-                            fix=self._fix(a, c, first_back, second_back, x_what, y_what), fixes={})
+                            fix=fix, fixes=None if fix is None else {})
 
     def _fix(self, a, c, first_back, second_back, x_what, y_what) -> str | None:
         x_var, y_var = _stepped_name(a, c.starved), _stepped_name(a, c.late)
