@@ -27,6 +27,9 @@ optimizers           ``optimizers`` (first construction), ``opt_params``, ``owne
 the ledger           ``ledger`` (analysis/ledger.py): phases, contributions, old uses,
                      discards, accumulation windows' backwards, the gradients' state at
                      every clip
+crossed steps        ``crossings`` (analysis/crossed.py): two optimizers each stepped after
+                     the backward of the other's loss; ``crossed_old_uses``: the old uses
+                     they account for
 accumulation         ``windows`` (analysis/windows.py): per optimizer, its steps' windows
 mode timeline        ``modes`` (analysis/modes.py): BatchNorm/dropout forwards in context
 loop turns           ``turns`` (analysis/turns.py): the calls of each turn of the training
@@ -424,6 +427,21 @@ class Analysis:
         from .ledger import build_ledger
 
         return build_ledger(self)
+
+    @cached_property
+    def crossings(self):
+        """Pairs of optimizer steps each taken after the other one's backward
+        (analysis/crossed.py)."""
+        from .crossed import find_crossings
+
+        return find_crossings(self)
+
+    @cached_property
+    def crossed_old_uses(self) -> set[tuple[int, int]]:
+        """(step seq, pid) of the ledger's old uses a crossing accounts for."""
+        from .crossed import explained_old_uses
+
+        return explained_old_uses(self)
 
     @cached_property
     def windows(self):

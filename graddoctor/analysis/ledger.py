@@ -10,7 +10,8 @@ the zero_grad rules turn into findings:
 * ``Discard``  — a clear dropped contributions no step had consumed, and a later step of the
   same phase would have used them (misplaced zero_grad).
 
-It also keeps, in the same single pass, the steps that applied scaled gradients nothing
+It also keeps, in the same single pass, each phase's backwards, the parameters they wrote and
+the steps after them (``Phase``: crossed optimizers read them), the steps that applied scaled gradients nothing
 unscaled (``ScaledStep``), what the clip rules need to know about the gradients a
 clip touches (``ClipState``: unused contributions, the step that already applied them, scaled
 gradients not yet unscaled) and which clipped gradients a later backward added to
@@ -111,6 +112,18 @@ class MixedUnscale:
     scaled: Event  # a scaled backward in the same gradients
 
 
+@dataclass(eq=False)
+class Phase:
+    """One phase of one thread's loop: the parameters its backwards wrote and the steps after
+    them (closure steps included; a step before any backward belongs to no phase)."""
+
+    number: int
+    thread: int | None
+    backwards: list[Event] = field(default_factory=list)
+    written: set[int] = field(default_factory=set)
+    steps: list[Event] = field(default_factory=list)
+
+
 @dataclass
 class Ledger:
     old_uses: list[OldUse] = field(default_factory=list)
@@ -123,13 +136,14 @@ class Ledger:
     clip_overwrites: list[ClipOverwrite] = field(default_factory=list)
     scaled_steps: list[ScaledStep] = field(default_factory=list)
     mixed_unscales: list[MixedUnscale] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)  # in the order they opened, every thread's
 
 
 class _Loop:
     """Where one thread's training loop is (a script that trains in threads runs one per
     thread; their calls interleave in the trace, their phases do not mix)."""
 
-    __slots__ = ("phase", "stepped_in_phase", "pending", "in_closure", "evaluations")
+    __slots__ = ("phase", "stepped_in_phase", "pending", "in_closure", "evaluations", "record")
 
     def __init__(self) -> None:
         self.phase = 0
@@ -137,6 +151,7 @@ class _Loop:
         self.pending: list[Discard] = []
         self.in_closure = False  # between step_begin(closure) and its step: L-BFGS re-evaluations
         self.evaluations = 0  # closure evaluations (backwards) so far inside the running step(closure)
+        self.record: Phase | None = None  # the phase this loop is in, as ``Ledger.phases`` holds it
 
 
 def _replaced_before(a: "Analysis", opt: int, seq: int) -> bool:
@@ -196,6 +211,11 @@ def build_ledger(a: "Analysis") -> Ledger:
                 d.followed = True
             fresh, accumulated = e.get("fresh", ()), e.get("accumulated", ())
             outside = e.get("cleared_outside", ())
+            if loop.record is None or loop.record.number != phase:
+                loop.record = Phase(phase, e.get("thread"))
+                led.phases.append(loop.record)
+            loop.record.backwards.append(e)
+            loop.record.written.update(fresh, accumulated, outside)
             for pid in outside:
                 contribs[pid] = []
             for pid in fresh:
@@ -267,6 +287,8 @@ def build_ledger(a: "Analysis") -> Ledger:
         elif kind == "step":
             loop.in_closure = False
             loop.stepped_in_phase = True
+            if loop.record is not None:
+                loop.record.steps.append(e)
             phase = loop.phase
             index = a.step_number[e.seq]
             opt = e["opt"]

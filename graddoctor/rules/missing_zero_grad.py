@@ -79,7 +79,10 @@ class MissingZeroGrad(Rule):
         groups: dict = {}
         clears = a.of_kind("clear")
         steps = a.of_kind("step")
+        crossed = a.crossed_old_uses  # optimizers-swapped's: a clear would not fix those
         for use in a.ledger.old_uses:
+            if (use.step.seq, use.pid) in crossed:
+                continue
             if use.fresh and not use.clears_between and not _accumulated_between_other_steps(use, steps):
                 groups.setdefault(use.fresh[0].backward.loc, []).append(use)
         for loc, uses in groups.items():

@@ -61,8 +61,9 @@ class PartialZeroGrad(Rule):
 
     def check(self, a):
         groups: dict = {}
+        crossed = a.crossed_old_uses  # optimizers-swapped's: a clear would not fix those
         for use in a.ledger.old_uses:
-            if use.fresh and use.clears_between:
+            if use.fresh and use.clears_between and (use.step.seq, use.pid) not in crossed:
                 groups.setdefault(use.clears_between[-1].loc, []).append(use)
         for loc, uses in groups.items():
             first = uses[0]

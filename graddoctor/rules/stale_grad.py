@@ -49,8 +49,9 @@ class StaleGrad(Rule):
 
     def check(self, a):
         groups: dict = {}
+        crossed = a.crossed_old_uses  # optimizers-swapped's: a clear would not fix those
         for use in a.ledger.old_uses:
-            if not use.fresh:
+            if not use.fresh and (use.step.seq, use.pid) not in crossed:
                 groups.setdefault(use.step.loc, []).append(use)
         for loc, uses in groups.items():
             first = uses[0]
