@@ -57,6 +57,7 @@ from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
 from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
+from .dropoutout import DropoutOutputWatcher
 from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STATE_TAKEN,
                      STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
@@ -192,6 +193,10 @@ class Instrumentation:
         pixels = PixelScaleWatcher(rec)
         rec.subscribe(STEPPED, pixels.after_step)
         self.watchers.append(pixels)
+        # a loss that reads a dropout layer's output directly (first backwards only)
+        dropped = DropoutOutputWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)
+        self.watchers.append(dropped)
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
         rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)
         # where the gradient of parameters that get exactly zero stops (grads-always-zero)
