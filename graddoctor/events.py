@@ -240,7 +240,9 @@ entropy_sign       term ("entropy": a ``torch.distributions`` entropy() minimise
                    call that made the term; an aside; instrument/entropysign.py)
 dropout_on_output  module (the dropout's class: Dropout | Dropout1d | AlphaDropout ...), p, fn (the
                    loss: cross_entropy | mse_loss | smooth_l1_loss | huber_loss |
-                   binary_cross_entropy(_with_logits)) — at one of the first backwards, the
+                   binary_cross_entropy(_with_logits)), direct (bool|None: the user's code
+                   called the dropout module itself, not a container such as nn.Sequential;
+                   None: unknown) — at one of the first backwards, the
                    prediction that loss reads is the output of a dropout module run in training
                    mode, once per run (loc: the user's line that ran the dropout; an aside;
                    instrument/dropoutout.py)
@@ -919,8 +921,8 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                               "shape": shape, "reduction": reduction, "grad": grad}
 
 
-def dropout_on_output(*, module: str, p: float, fn: str) -> Made:
-    return "dropout_on_output", {"module": module, "p": p, "fn": fn}
+def dropout_on_output(*, module: str, p: float, fn: str, direct: bool | None) -> Made:
+    return "dropout_on_output", {"module": module, "p": p, "fn": fn, "direct": direct}
 
 
 def pixels_unscaled(*, module: str, shape: list[int], low: float, high: float, over: float) -> Made:

@@ -23,7 +23,7 @@ SLUG = "dropout-on-output"
 
 def test_the_event_is_a_warning_at_the_dropouts_line():
     t = builder()
-    t.put(ev.dropout_on_output(module="Dropout", p=0.5, fn="cross_entropy"), 9)
+    t.put(ev.dropout_on_output(module="Dropout", p=0.5, fn="cross_entropy", direct=True), 9)
     f = only(t, SLUG)
     assert f.severity is Severity.WARNING and f.location.line == 9
     assert f.evidence == {"module": "Dropout", "p": 0.5, "fn": "cross_entropy"}
@@ -39,14 +39,14 @@ def test_a_model_call_moves_to_the_one_construction_with_that_rate(tmp_path):
         loss = F.mse_loss(model(x), y)
         """))
     t = builder()
-    t.trace.put(ev.dropout_on_output(module="Dropout", p=0.25, fn="mse_loss"),
+    t.trace.put(ev.dropout_on_output(module="Dropout", p=0.25, fn="mse_loss", direct=False),
                 Location(str(script), 3, "<module>"))
     f = only(t, SLUG)
     assert f.location.line == 2 and "`nn.Dropout(p=0.25)`" in f.message
     t = builder()
-    t.trace.put(ev.dropout_on_output(module="Dropout", p=0.25, fn="mse_loss"),
+    t.trace.put(ev.dropout_on_output(module="Dropout", p=0.25, fn="mse_loss", direct=True),
                 Location(str(script), 3, "forward"))
-    assert only(t, SLUG).location.line == 3  # a forward's own call is where the fix goes
+    assert only(t, SLUG).location.line == 3  # the user's own call of the dropout: the fix's place
 
 
 def test_rate_reads_a_literal_rate_only():
@@ -82,6 +82,17 @@ def _events(model) -> list[dict]:
 
 def test_the_watcher_notes_a_dropout_after_the_last_layer_only():
     assert _events(nn.Sequential(nn.Linear(6, 3), nn.Dropout(0.4))) == \
-        [{"module": "Dropout", "p": 0.4, "fn": "cross_entropy"}]
+        [{"module": "Dropout", "p": 0.4, "fn": "cross_entropy", "direct": False}]
+    linear, drop = nn.Linear(6, 3), nn.Dropout(0.4)
+
+    class Direct(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear, self.drop = linear, drop
+
+        def forward(self, x):
+            return self.drop(self.linear(x))
+
+    assert _events(Direct())[0]["direct"] is True
     assert _events(nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.4), nn.Linear(8, 3))) == []
     assert _events(nn.Sequential(nn.Linear(6, 3), nn.Dropout(0.0))) == []

@@ -12,7 +12,10 @@ Read from the autograd graph, at the first ``WINDOW`` backwards only:
 * A global forward hook (removed with the window) notes the output of every dropout module
   (``nn.Dropout`` and its 1d/2d/3d and alpha variants, torch's ``_DropoutNd``) run in training
   mode with p > 0 under grad mode, on the script's thread: its ``grad_fn`` (kept until the next
-  backward, at most ``_NOTED`` per turn), its class, p and the user's line that ran it.
+  backward, at most ``_NOTED`` per turn), its class, p, the user's line that ran it, and
+  whether the user's code called the module itself or torch's ``nn.Sequential`` did (the frame
+  that called ``Module._call_impl``). A dropout a library's model calls (T5's after its final
+  norm) is not noted: its place is the library's design, not the script's.
 * Before each backward (``DESCRIBE_LOSS``), the loss's graph is walked from its root through the
   operations that combine loss terms (sums, means, products, divisions, negations) to the loss
   functions' nodes (``cross_entropy``/``nll_loss``, ``mse_loss``, ``smooth_l1_loss``,
@@ -24,11 +27,14 @@ Read from the autograd graph, at the first ``WINDOW`` backwards only:
 Silent: dropout before the last layer (the loss reads that layer's output); dropout inside an
 encoder whose output is normalised, pooled or projected before the loss (SimCSE's dropout
 augmentation, R-Drop); a dropout's output used as a target (no gradient: not in the loss's
-graph as a prediction); ``F.dropout`` called by hand (no module: not noted); evaluation mode.
+graph as a prediction); ``F.dropout`` called by hand (no module: not noted); a dropout placed
+by a library's model (transformers, timm); evaluation mode.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from threading import get_ident
 
 import torch
@@ -42,6 +48,8 @@ WINDOW = 4  # backwards judged, from the first one
 _NOTED = 64  # dropout outputs noted per turn at most
 _COMBINE_NODES = 64  # loss-combining nodes walked from the root at most
 _MOVE_DEPTH = 12  # value-moving nodes walked back from a loss's prediction at most
+_STACK = 12  # frames looked through for the dropout's own call
+_CONTAINERS = (os.path.join("torch", "nn", "modules", "container.py"),)
 
 _LOSSES = {"NllLossBackward": "cross_entropy", "MseLossBackward": "mse_loss",
            "SmoothL1LossBackward": "smooth_l1_loss", "HuberLossBackward": "huber_loss",
@@ -129,8 +137,34 @@ class DropoutOutputWatcher:
                 or not torch.is_grad_enabled() or get_ident() != self.rec.script_thread:
             return None
         node = getattr(output, "grad_fn", None) if isinstance(output, torch.Tensor) else None
-        if node is not None:
-            self._outputs[id(node)] = (node, type(module).__name__, float(module.p), self.rec.here())
+        if node is None:
+            return None
+        caller = self._caller(module)
+        if caller is None:
+            return None  # a library's model placed it (T5's dropout after its last norm): not the script's
+        self._outputs[id(node)] = (node, type(module).__name__, float(module.p), self.rec.here(),
+                                   caller == "user")
+        return None
+
+    def _caller(self, module) -> str | None:
+        """Who called the dropout module: "user" (the script's own code, ``self.drop(h)``),
+        "container" (torch's ``nn.Sequential``/``ModuleList`` code, in a model the script put
+        together), or None (a library's model, or the stack does not tell)."""
+        frame = sys._getframe(1)
+        for _ in range(_STACK):
+            if frame is None:
+                return None
+            if frame.f_code.co_name == "_call_impl" and frame.f_locals.get("self") is module:
+                caller = frame.f_back
+                while caller is not None and caller.f_code.co_name == "_wrapped_call_impl":
+                    caller = caller.f_back
+                if caller is None:
+                    return None
+                name = caller.f_code.co_filename
+                if self.rec.finder.is_user_file(name):
+                    return "user"
+                return "container" if name.endswith(_CONTAINERS) else None
+            frame = frame.f_back
         return None
 
     def describe_loss(self, tensors) -> dict:
@@ -144,9 +178,10 @@ class DropoutOutputWatcher:
                     for fn, node in loss_predictions(root):
                         noted = outputs.get(id(node))
                         if noted is not None and noted[0] is node:
-                            _, cls, p, loc = noted
+                            _, cls, p, loc, direct = noted
                             self._stop()
-                            self.rec.emit_aside(ev.dropout_on_output(module=cls, p=p, fn=fn), loc)
+                            self.rec.emit_aside(ev.dropout_on_output(module=cls, p=p, fn=fn,
+                                                                     direct=direct), loc)
                             return {}
             if self._backwards >= WINDOW:
                 self._stop()

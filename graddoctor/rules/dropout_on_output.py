@@ -28,8 +28,8 @@ class DropoutOnOutput(Rule):
     `smooth_l1_loss`, `huber_loss` or `binary_cross_entropy(_with_logits)` reads come straight
     out of an `nn.Dropout` (or `Dropout1d/2d/3d`, `AlphaDropout`) run in training mode, past
     reshapes, slices and `log_softmax` only. Read from the loss's autograd graph; it points at
-    the line that ran the dropout, or, when that is the model's call, at the one construction
-    of a dropout with that rate.
+    the line that called the dropout module, or, when a container (`nn.Sequential`) ran it, at
+    the one construction of a dropout with that rate.
 
     ## Why is this bad?
     Dropout after the last layer zeroes a share p of the logits or predictions at every step and
@@ -52,7 +52,8 @@ class DropoutOnOutput(Rule):
     ## Stays silent on
     Dropout before the last layer; dropout inside an encoder whose output is normalised, pooled
     or projected before the loss (SimCSE's dropout as augmentation, R-Drop); a dropout's output
-    used as a target under `no_grad`; `F.dropout` called by hand; Monte Carlo dropout at
+    used as a target under `no_grad`; `F.dropout` called by hand; a dropout a library's model
+    places (T5's after its final norm, read by a feature loss); Monte Carlo dropout at
     evaluation (no backward); dropout with p=0.
     """
 
@@ -66,8 +67,9 @@ class DropoutOnOutput(Rule):
     def check(self, a):
         for e in a.of_kind("dropout_on_output"):
             loc, text = e.loc, None
-            if loc is not None and loc.function != "forward":
-                # the model's call: the dropout's construction is where the fix goes
+            if loc is not None and not e.get("direct"):
+                # run by a container (nn.Sequential) from this line: the dropout's place in it,
+                # its construction, is where the fix goes
                 made = [(line, call) for line, call, _ in a.source.calls_named(loc.path, _DROPOUTS)
                         if _rate(call) == e["p"]]
                 if len(made) == 1:
