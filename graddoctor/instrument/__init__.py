@@ -192,6 +192,7 @@ class Instrumentation:
         # raw 0..255 pixels given to the model's first layer (first steps only)
         pixels = PixelScaleWatcher(rec)
         rec.subscribe(STEPPED, pixels.after_step)
+        rec.subscribe(DESCRIBE_LOSS, pixels.describe_loss)
         self.watchers.append(pixels)
         # a loss that reads a dropout layer's output directly (first backwards only)
         dropped = DropoutOutputWatcher(rec)

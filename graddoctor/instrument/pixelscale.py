@@ -34,7 +34,7 @@ from .. import events as ev
 from .dependency import close_before_compile, module_hooks
 from .recorder import Recorder
 
-WINDOW = 3  # optimizer steps watched, from the first one
+WINDOW = 3  # optimizer steps (or backwards) watched, from the first one
 _READS = 16  # inputs whose values are read at most
 _MIN_HIGH = 32.0  # raw pixels reach well past this; masks, codes and board states do not
 _MIN_OVER = 0.05  # share of the values above _MIN_HIGH: an image's, not a sparse count vector's
@@ -64,6 +64,7 @@ class PixelScaleWatcher:
         self.active = False
         self._handles: list = []
         self._reads = 0
+        self._backwards = 0
 
     def _stop(self) -> None:
         self.active = False
@@ -100,6 +101,14 @@ class PixelScaleWatcher:
             self._stop()
             self.rec.internal_error("pixel scale", exc)
         return None
+
+    def describe_loss(self, tensors) -> dict:
+        """``DESCRIBE_LOSS``: a script that updates by hand (no optimizer step) closes the
+        window after as many backwards."""
+        self._backwards += 1
+        if self.active and self._backwards > WINDOW:
+            self._stop()
+        return {}
 
     def after_step(self, opt, optimizer) -> None:
         """``STEPPED``: the window closes after the first ``WINDOW`` optimizer steps."""
