@@ -238,6 +238,20 @@ entropy_sign       term ("entropy": a ``torch.distributions`` entropy() minimise
                    log_prob of its own rsample maximised), dist (its class) — the entropy
                    bonus with the wrong sign, at the first 3 backwards of a line (loc: the
                    call that made the term; an aside; instrument/entropysign.py)
+dropout_on_output  module (the dropout's class: Dropout | Dropout1d | AlphaDropout ...), p, fn (the
+                   loss: cross_entropy | mse_loss | smooth_l1_loss | huber_loss |
+                   binary_cross_entropy(_with_logits)), direct (bool|None: the user's code
+                   called the dropout module itself, not a container such as nn.Sequential;
+                   None: unknown) — at one of the first backwards, the
+                   prediction that loss reads is the output of a dropout module run in training
+                   mode, once per run (loc: the user's line that ran the dropout; an aside;
+                   instrument/dropoutout.py)
+pixels_unscaled    module (Conv2d | Conv3d | Linear: the layer that took them), shape (the
+                   batch's), low, high (its smallest and largest value), over (the share of its
+                   values above 32) — a batch with no graph, integer-valued in [0, 255] and
+                   reaching up past 32, given to a layer at one of the first training forwards:
+                   raw 8-bit pixels never scaled, once per run (loc: the user's line that ran
+                   the layer; an aside; instrument/pixelscale.py)
 output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activation (sigmoid |
                    tanh | softmax | relu | softplus | exp: what made the prediction), low, high
                    (its range; high None: unbounded), outside (the share of the targets outside
@@ -675,7 +689,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -925,6 +939,15 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                    reduction: str | None, grad: bool) -> Made:
     return "loss_broadcast", {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
                               "shape": shape, "reduction": reduction, "grad": grad}
+
+
+def dropout_on_output(*, module: str, p: float, fn: str, direct: bool | None) -> Made:
+    return "dropout_on_output", {"module": module, "p": p, "fn": fn, "direct": direct}
+
+
+def pixels_unscaled(*, module: str, shape: list[int], low: float, high: float, over: float) -> Made:
+    return "pixels_unscaled", {"module": module, "shape": shape, "low": low, "high": high,
+                               "over": over}
 
 
 def output_range(*, fn: str, activation: str, low: float, high: float | None, outside: float,
@@ -1300,6 +1323,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
+    "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
     "fresh_sample_scored": fresh_sample_scored,
@@ -1333,7 +1357,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
-                         "causal_read_early",
+                         "causal_read_early", "pixels_unscaled", "dropout_on_output",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "attention_scale"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

@@ -44,6 +44,9 @@ class ScriptSource:
     def lr_assignment_lines(self, path: str) -> list[int]:
         return lr_assignment_lines(self.full(path))
 
+    def float_conversion_lines(self, path: str) -> list[tuple[int, str]]:
+        return float_conversion_lines(self.full(path))
+
     def called_object(self, path: str, line: int, method: str) -> str | None:
         return called_object(self.full(path), line, method)
 
@@ -302,6 +305,48 @@ def lr_assignment_lines(path: str) -> list[int]:
         return list(_lr_lines("".join(lines))) if lines else []
     except Exception:
         return []
+
+
+_FLOAT_METHODS = ("float", "double", "half", "bfloat16")
+_REDUCTIONS = ("mean", "sum", "std", "var", "max", "min", "amax", "amin", "norm", "median", "item")
+_FLOAT_DTYPES = ("float", "float32", "float64", "float16", "double", "half", "bfloat16")
+
+
+def _makes_float(node: ast.AST) -> bool:
+    """``x.float()`` (``double``, ``half``, ``bfloat16``), ``x.to(torch.float32)``,
+    ``x.type(torch.float)``, ``x.to(dtype=torch.float32)``: a tensor made floating point."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return False
+    if node.func.attr in _FLOAT_METHODS:
+        return not node.args and not node.keywords
+    if node.func.attr not in ("to", "type"):
+        return False
+    given = list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]
+    return any(isinstance(g, ast.Attribute) and g.attr in _FLOAT_DTYPES for g in given)
+
+
+def float_conversion_lines(path: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of each statement that makes a tensor floating point (``x.float()``,
+    ``x.to(torch.float32)``) and divides or multiplies nothing in it: where an 8-bit image is
+    made float without being scaled. Empty when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for stmt in ast.walk(tree):
+        if not isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return, ast.AugAssign)):
+            continue
+        nodes = list(ast.walk(stmt))
+        if not any(_makes_float(n) for n in nodes):
+            continue
+        if any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.Mult, ast.Sub))
+               for n in nodes) or isinstance(stmt, ast.AugAssign):
+            continue  # scaled (or shifted) in the same statement
+        if any(isinstance(n, ast.Compare) or isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr in _REDUCTIONS for n in nodes):
+            continue  # a statistic or a label made from the values, not a batch
+        found.append((stmt.lineno, ast.unparse(stmt)))
+    return sorted(found)
 
 
 def called_object(path: str, line: int, method: str) -> str | None:

@@ -57,6 +57,8 @@ from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
 from .causalread import CausalReadWatcher
+from .pixelscale import PixelScaleWatcher
+from .dropoutout import DropoutOutputWatcher
 from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STATE_TAKEN,
                      STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
@@ -189,6 +191,15 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, causal.describe_loss)
         rec.subscribe(STEPPED, causal.after_step)
         self.watchers.append(causal)
+        # raw 0..255 pixels given to the model's first layer (first steps only)
+        pixels = PixelScaleWatcher(rec)
+        rec.subscribe(STEPPED, pixels.after_step)
+        rec.subscribe(DESCRIBE_LOSS, pixels.describe_loss)
+        self.watchers.append(pixels)
+        # a loss that reads a dropout layer's output directly (first backwards only)
+        dropped = DropoutOutputWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)
+        self.watchers.append(dropped)
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
         rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)
         # where the gradient of parameters that get exactly zero stops (grads-always-zero)
