@@ -33,16 +33,14 @@ graph is walked (``_NODES``) and the window closed; a ``fresh_sample_scored`` as
 
 from __future__ import annotations
 
-import inspect
-import threading
 import weakref
 
 import torch
-import torch.distributions as D
-from torch.overrides import TorchFunctionMode
 
 from .. import events as ev
 from .dependency import close_before_compile
+from .follow import (FollowMode, UninstallHandle, distribution_classes, pop_mode, push_mode,
+                     tensors_in, tensors_out)
 from .graphpaths import reached, saved
 from .inlinable import watched, watched_result
 from .recorder import Recorder
@@ -63,12 +61,6 @@ _METADATA = frozenset({"__get__", "data_ptr", "size", "dim", "ndimension", "nume
                        "is_pinned", "__hash__"})
 
 
-def _classes(method: str) -> list[type]:
-    return [value for value in vars(D).values()
-            if inspect.isclass(value) and issubclass(value, D.Distribution)
-            and method in vars(value) and value is not D.Distribution]
-
-
 def _own_tensors(dist) -> dict:
     """The tensors ``dist`` holds by attribute name (its parameters, as given or normalised)."""
     return {name: value for name, value in vars(dist).items() if isinstance(value, torch.Tensor)}
@@ -81,25 +73,6 @@ def _key(value):
         return (value.data_ptr(), tuple(value.shape), value.dtype)
     except Exception:  # a tensor without storage (a fake, a functional wrapper)
         return None
-
-
-def _tensors(args, kwargs):
-    for value in (*args, *(kwargs or {}).values()):
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                if isinstance(item, torch.Tensor):
-                    yield item
-
-
-def _outputs(out):
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif isinstance(out, (list, tuple)):
-        for item in out:
-            if isinstance(item, torch.Tensor):
-                yield item
 
 
 class _Drawn:
@@ -140,26 +113,6 @@ class _Drawn:
         return True
 
 
-class _Follow(TorchFunctionMode):
-    """Notes reads of the followed samples (see the module's docs)."""
-
-    def __init__(self, watcher: FreshSampleWatcher):
-        super().__init__()
-        self.watcher = watcher
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        watcher = self.watcher
-        if watcher.following and not watcher.inside \
-                and getattr(func, "__name__", None) not in _METADATA:
-            try:
-                watcher.follow(args, kwargs, out)
-            except Exception as exc:
-                watcher.following = False
-                watcher.rec.internal_error("fresh_sample_scored", exc)
-        return out
-
-
 class FreshSampleWatcher:
     def __init__(self, rec: Recorder, owned):
         self.rec = rec
@@ -171,7 +124,7 @@ class FreshSampleWatcher:
         self._followed: dict = {}  # id(x) -> index in _fresh
         self._derived: dict = {}  # id(a value derived from a followed log_prob) -> weak value
         self._scores: dict = {}  # log_prob's autograd node -> (value key, index in _fresh or None, Location)
-        self._mode: _Follow | None = None
+        self._mode: FollowMode | None = None
         self._thread: int | None = None
         self._windows = 0
         self._ops = 0
@@ -221,13 +174,13 @@ class FreshSampleWatcher:
         return None
 
     # -- the mode ----------------------------------------------------------------------------
-    def follow(self, args, kwargs, out) -> None:
+    def follow(self, func, args, kwargs, out) -> None:
         self._ops += 1
         if self._ops > _OPS:
             self.following = False
             return
         derived = False
-        for tensor in _tensors(args, kwargs):
+        for tensor in tensors_in(args, kwargs):
             index = self._index_of(tensor)
             if index is not None:
                 self._fresh[index][3] = True  # read outside log_prob: the sample is used
@@ -235,7 +188,7 @@ class FreshSampleWatcher:
             if entry is not None and entry() is tensor:
                 derived = True
         if derived:
-            for tensor in _outputs(out):
+            for tensor in tensors_out(out):
                 if len(self._derived) < _DERIVED:
                     self._derived[id(tensor)] = weakref.ref(tensor)
 
@@ -246,13 +199,11 @@ class FreshSampleWatcher:
     def _open(self) -> bool:
         if self._windows >= _WINDOWS:
             return False
-        try:
-            mode = _Follow(self)
-            mode.__enter__()
-        except Exception as exc:
-            self.rec.internal_error("fresh_sample_scored", exc)
+        mode = FollowMode(self, "fresh_sample_scored", _METADATA)
+        thread = push_mode(mode, self.rec, "fresh_sample_scored")
+        if thread is None:
             return False
-        self._mode, self._thread = mode, threading.get_ident()
+        self._mode, self._thread = mode, thread
         self._windows += 1
         self._ops = 0
         self.following = True
@@ -265,16 +216,8 @@ class FreshSampleWatcher:
         self._drawn, self._fresh, self._followed, self._derived, self._scores = [], [], {}, {}, {}
         self.inside = 0
         self._calls.clear()  # a call that raised left its entry
-        mode = self._mode
-        if mode is None or threading.get_ident() != self._thread:
-            return
-        try:
-            depth = torch._C._len_torch_function_stack()
-            if depth and torch._C._get_function_stack_at(depth - 1) is mode:
-                mode.__exit__(None, None, None)
-                self._mode = None
-        except Exception as exc:
-            self.rec.internal_error("fresh_sample_scored", exc)
+        if pop_mode(self._mode, self._thread, self.rec, "fresh_sample_scored"):
+            self._mode = None
 
     # -- DESCRIBE_LOSS -----------------------------------------------------------------------
     def describe_loss(self, tensors) -> dict:
@@ -406,10 +349,10 @@ class FreshSampleWatcher:
                 watcher.rec.internal_error("fresh_sample_scored", exc)
 
         close_before_compile(patcher, self._before_compile)
-        patcher.handle(_Uninstall(self))
-        for cls in _classes("sample"):
+        patcher.handle(UninstallHandle(self))
+        for cls in distribution_classes("sample"):
             patcher.patch(cls, "sample", watched(watched_result(vars(cls)["sample"], after), enter_sample))
-        for cls in _classes("log_prob"):
+        for cls in distribution_classes("log_prob"):
             patcher.patch(cls, "log_prob",
                           watched(watched_result(vars(cls)["log_prob"], after), enter_log_prob))
         self._calls = calls
@@ -435,15 +378,3 @@ def _nearest_node(root, noted: dict, levels: int):
         level = following
     return None
 
-
-class _Uninstall:
-    """The patcher's handle that pops a window's mode when the instrumentation is removed (no
-    hook of its own: benchmarks/overhead.py's suspension passes over it)."""
-
-    follows_a_patch = True
-
-    def __init__(self, watcher: FreshSampleWatcher):
-        self.watcher = watcher
-
-    def remove(self) -> None:
-        self.watcher.uninstall()

@@ -46,16 +46,15 @@ fix, not ``rsample``).
 
 from __future__ import annotations
 
-import inspect
-import threading
 import weakref
 
 import torch
 import torch.distributions as D
-from torch.overrides import TorchFunctionMode
 
 from .. import events as ev
 from .dependency import close_before_compile
+from .follow import (FollowMode, UninstallHandle, distribution_classes, pop_mode, push_mode,
+                     tensors_in, tensors_out)
 from .graphpaths import nearest, reached, saved
 from .inlinable import watched, watched_result
 from .recorder import Recorder
@@ -74,11 +73,6 @@ _COMBINE = {"mul": "scale", "__mul__": "scale", "__rmul__": "scale", "add": "loc
             "__rsub__": "location"}
 
 
-def _classes(method: str) -> list[type]:
-    return [value for value in vars(D).values()
-            if inspect.isclass(value) and issubclass(value, D.Distribution) and method in vars(value)]
-
-
 def _learnable(dist, depth: int = _DEPTH) -> list:
     """The tensors ``dist`` holds (and the distributions it holds) that need a gradient."""
     found = []
@@ -91,51 +85,13 @@ def _learnable(dist, depth: int = _DEPTH) -> list:
     return found
 
 
-def _tensors(args, kwargs):
-    for value in (*args, *(kwargs or {}).values()):
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                if isinstance(item, torch.Tensor):
-                    yield item
-
-
-def _outputs(out):
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif isinstance(out, (list, tuple)):
-        for item in out:
-            if isinstance(item, torch.Tensor):
-                yield item
-
-
-class _Follow(TorchFunctionMode):
-    """Follows the values derived from the noted samples (see the module's docs)."""
-
-    def __init__(self, watcher: ReparamWatcher):
-        super().__init__()
-        self.watcher = watcher
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        watcher = self.watcher
-        if watcher.following and not watcher.inside:
-            try:
-                watcher.follow(func, args, kwargs, out)
-            except Exception as exc:
-                watcher.following = False
-                watcher.rec.internal_error("reparam_cut", exc)
-        return out
-
-
 class ReparamWatcher:
     def __init__(self, rec: Recorder, owned):
         self.rec = rec
         self.owned = owned  # OptimizerWatcher.owned_pids(): a read-only live view
         self.following = False  # the mode marks derived values
         self.inside = 0  # log_prob / sample calls running (their ops are not followed)
-        self._mode: _Follow | None = None
+        self._mode: FollowMode | None = None
         self._thread: int | None = None
         self._origins: list = []  # [(class or None for noise, Location, [weak parameter])]
         self._detached: dict = {}  # id(a .detach() of a tensor with gradient) -> (weak, source)
@@ -200,7 +156,7 @@ class ReparamWatcher:
             if len(self._detached) < _TAINTED:
                 self._detached[id(out)] = (weakref.ref(out), source)
         origin = cut = None
-        for tensor in _tensors(args, kwargs):
+        for tensor in tensors_in(args, kwargs):
             found = self._origin_of(tensor)
             if found is not None:
                 origin = found
@@ -212,7 +168,7 @@ class ReparamWatcher:
         if self._origins[origin][0] is None:
             self._detached_operand(func, args, kwargs, origin)
         tainted, uses = self._tainted, self._uses
-        for tensor in _outputs(out):
+        for tensor in tensors_out(out):
             if len(tainted) < _TAINTED:
                 tainted[id(tensor)] = (weakref.ref(tensor), origin)
             node = tensor.grad_fn
@@ -226,13 +182,13 @@ class ReparamWatcher:
         if via is None or len(self._cuts) >= _SAMPLES:
             return
         shape = None
-        for tensor in _tensors(args, kwargs):
+        for tensor in tensors_in(args, kwargs):
             if self._origin_of(tensor) == origin:
                 shape = tensor.shape
                 if via == "location" and not tensor.requires_grad:
                     return  # plain noise added to a detached value (an augmentation), no scale learnt
         likes = [p() for p in self._origins[origin][2]]
-        for tensor in _tensors(args, kwargs):
+        for tensor in tensors_in(args, kwargs):
             if tensor.shape != shape or tensor.requires_grad:
                 continue
             entry = self._detached.get(id(tensor))
@@ -247,13 +203,11 @@ class ReparamWatcher:
                     return
 
     def _open(self) -> bool:
-        try:
-            mode = _Follow(self)
-            mode.__enter__()
-        except Exception as exc:
-            self.rec.internal_error("reparam_cut", exc)
+        mode = FollowMode(self, "reparam_cut")
+        thread = push_mode(mode, self.rec, "reparam_cut")
+        if thread is None:
             return False
-        self._mode, self._thread = mode, threading.get_ident()
+        self._mode, self._thread = mode, thread
         self._windows += 1
         self._ops = 0
         self.following = True
@@ -267,16 +221,8 @@ class ReparamWatcher:
         self._detached, self._cuts = {}, []
         self.inside = 0
         self._calls.clear()  # a call that raised left its entry
-        mode = self._mode
-        if mode is None or threading.get_ident() != self._thread:
-            return
-        try:
-            depth = torch._C._len_torch_function_stack()
-            if depth and torch._C._get_function_stack_at(depth - 1) is mode:
-                mode.__exit__(None, None, None)
-                self._mode = None
-        except Exception as exc:
-            self.rec.internal_error("reparam_cut", exc)
+        if pop_mode(self._mode, self._thread, self.rec, "reparam_cut"):
+            self._mode = None
 
     # -- DESCRIBE_LOSS -----------------------------------------------------------------------
     def describe_loss(self, tensors) -> dict:
@@ -442,29 +388,16 @@ class ReparamWatcher:
                 watcher.rec.internal_error("reparam_cut", exc)
 
         close_before_compile(patcher, self._before_compile)
-        patcher.handle(_Uninstall(self))
-        for cls in _classes("sample"):
+        patcher.handle(UninstallHandle(self))
+        for cls in distribution_classes("sample", base=True):
             patcher.patch(cls, "sample", watched(watched_result(vars(cls)["sample"], after), enter_sample))
         patcher.patch(torch, "randn_like", watched(watched_result(torch.randn_like, after), enter_noise))
-        for cls in _classes("log_prob"):
-            if cls is not D.Distribution:
-                patcher.patch(cls, "log_prob",
-                              watched(watched_result(vars(cls)["log_prob"], after), enter_log_prob))
+        for cls in distribution_classes("log_prob"):
+            patcher.patch(cls, "log_prob",
+                          watched(watched_result(vars(cls)["log_prob"], after), enter_log_prob))
         self._calls = calls
 
     def uninstall(self) -> None:
         self._closed = True
         self._close()
 
-
-class _Uninstall:
-    """The patcher's handle that pops a window's mode when the instrumentation is removed (no
-    hook of its own: benchmarks/overhead.py's suspension passes over it)."""
-
-    follows_a_patch = True
-
-    def __init__(self, watcher: ReparamWatcher):
-        self.watcher = watcher
-
-    def remove(self) -> None:
-        self.watcher.uninstall()

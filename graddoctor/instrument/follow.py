@@ -1,0 +1,110 @@
+"""What the watchers that follow values through a window of torch calls share: reparam.py
+(samples and noise followed to the loss) and freshsample.py (samples read, or only scored).
+
+* the ``torch.distributions`` classes that define a method of their own (what they wrap);
+* the tensors among a call's arguments and in its result;
+* ``FollowMode``, a ``TorchFunctionMode`` that hands every call made while a window is open to
+  its watcher's ``follow(func, args, kwargs, out)``, outside the watcher's own wrapped calls
+  (``watcher.inside``), an error becoming an internal-error line and the end of the window;
+* pushing that mode, and popping it only when it is on top of this thread's stack (a mode the
+  script pushed after it and still holds stays, passing every call through);
+* ``UninstallHandle``: the patcher's handle that ends the window when the instrumentation is
+  removed (no hook of its own: benchmarks/overhead.py's suspension passes over it).
+
+A watcher using them has ``rec``, ``following``, ``inside``, ``follow`` and ``uninstall``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import torch
+import torch.distributions as D
+from torch.overrides import TorchFunctionMode
+
+
+def distribution_classes(method: str, base: bool = False) -> list[type]:
+    """The distribution classes whose own ``vars`` define ``method`` (``Distribution`` itself
+    only with ``base``)."""
+    return [value for value in vars(D).values()
+            if inspect.isclass(value) and issubclass(value, D.Distribution)
+            and method in vars(value) and (base or value is not D.Distribution)]
+
+
+def tensors_in(args, kwargs):
+    """The tensors among a call's arguments (one level into lists and tuples)."""
+    for value in (*args, *(kwargs or {}).values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    yield item
+
+
+def tensors_out(out):
+    """The tensors of a call's result (one level into lists and tuples)."""
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, (list, tuple)):
+        for item in out:
+            if isinstance(item, torch.Tensor):
+                yield item
+
+
+class FollowMode(TorchFunctionMode):
+    """Hands each call to ``watcher.follow`` while ``watcher.following`` (calls named in
+    ``skip`` left out: reads of metadata)."""
+
+    def __init__(self, watcher, label: str, skip: frozenset = frozenset()):
+        super().__init__()
+        self.watcher, self.label, self.skip = watcher, label, skip
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        watcher = self.watcher
+        if watcher.following and not watcher.inside \
+                and (not self.skip or getattr(func, "__name__", None) not in self.skip):
+            try:
+                watcher.follow(func, args, kwargs, out)
+            except Exception as exc:
+                watcher.following = False
+                watcher.rec.internal_error(self.label, exc)
+        return out
+
+
+def push_mode(mode: FollowMode, rec, label: str) -> int | None:
+    """Enter ``mode``; the thread it was entered on, or None when it could not be."""
+    try:
+        mode.__enter__()
+    except Exception as exc:
+        rec.internal_error(label, exc)
+        return None
+    return threading.get_ident()
+
+
+def pop_mode(mode: FollowMode | None, thread: int | None, rec, label: str) -> bool:
+    """Exit ``mode`` when it is on top of this thread's stack; True when it was exited."""
+    if mode is None or threading.get_ident() != thread:
+        return False
+    try:
+        depth = torch._C._len_torch_function_stack()
+        if depth and torch._C._get_function_stack_at(depth - 1) is mode:
+            mode.__exit__(None, None, None)
+            return True
+    except Exception as exc:
+        rec.internal_error(label, exc)
+    return False
+
+
+class UninstallHandle:
+    """The patcher's handle that ends a watcher's window when the instrumentation is removed."""
+
+    follows_a_patch = True
+
+    def __init__(self, watcher):
+        self.watcher = watcher
+
+    def remove(self) -> None:
+        self.watcher.uninstall()
