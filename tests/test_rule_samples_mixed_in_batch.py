@@ -185,12 +185,19 @@ def test_the_probe_changes_nothing_the_script_sees():
 def test_the_hooks_go_after_the_first_backwards():
     from torch.nn.modules import module as module_mod
 
+    from graddoctor.instrument.dependency import DependencyWatcher
+
     rec = Recorder(step_budget=None)
-    with Instrumentation(rec):
-        before = len(module_mod._global_forward_pre_hooks)
+    with Instrumentation(rec) as inst:
+        [watcher] = [w for w in inst.watchers if isinstance(w, DependencyWatcher)]
+        ids = [handle.id for handle in watcher._handles]
+        assert watcher.active and ids and all(i in module_mod._global_forward_pre_hooks
+                                              or i in module_mod._global_forward_hooks for i in ids)
         _train(_Pool(1), steps=6)
-        after = len(module_mod._global_forward_pre_hooks)
-    assert before >= 1 and after == before - 1
+        assert not watcher.active  # this watcher's own hooks, whatever other watchers hold
+        assert not any(i in module_mod._global_forward_pre_hooks
+                       or i in module_mod._global_forward_hooks for i in ids)
+        assert not any(i in getattr(module_mod, "_global_forward_hooks_with_kwargs", {}) for i in ids)
 
 
 class _BatchAsSequence(nn.Module):

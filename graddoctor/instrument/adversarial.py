@@ -24,15 +24,13 @@ WGAN's ``-D(fake).mean()`` and hinge losses give the opposite sign.
 
 from __future__ import annotations
 
-import functools
-import sys
 import weakref
 from threading import get_ident
 
 import torch
 
 from .. import events as ev
-from .dependency import module_hooks
+from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
 
 WINDOW = 8  # backwards watched, from the first one
@@ -246,29 +244,11 @@ class AdversarialWatcher:
             g_loc)
 
     # -- install -----------------------------------------------------------------------------
-    def _wrap_compile(self, original):
-        watcher = self
-
-        def compile(*args, **kwargs):
-            if watcher.active:  # torch.compile warns about global module hooks
-                watcher._stop()
-            return original(*args, **kwargs)
-
-        return functools.wraps(original)(compile)
+    def _before_compile(self) -> None:
+        if self.active:  # torch.compile warns about global module hooks
+            self._stop()
 
     def install(self, patcher) -> None:
-        from torch.nn.modules import module as module_mod
-
-        patcher.patch(torch, "compile", self._wrap_compile(torch.compile))
-        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-        optimized = getattr(eval_frame, "OptimizedModule", None)
-        if optimized is not None and "__call__" in vars(optimized):
-            patcher.patch(optimized, "__call__", self._wrap_compile(optimized.__call__))
-        pre, post = module_hooks(self._pre, self._post)
-        post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
-        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
-        if kwargs_dict is not None and post.id in kwargs_dict:  # see dependency.py's _open
-            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
-        self._handles = [patcher.handle(module_mod.register_module_forward_pre_hook(pre)),
-                         patcher.handle(post)]
+        close_before_compile(patcher, self._before_compile)
+        self._handles = register_module_hooks(patcher, self._pre, self._post)
         self.active = True

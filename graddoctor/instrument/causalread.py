@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from .. import events as ev
-from .dependency import close_before_compile, module_hooks
+from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
 
 WINDOW = 8  # backwards watched, from the first one
@@ -408,14 +408,6 @@ class CausalReadWatcher:
             self._stop()
 
     def install(self, patcher) -> None:
-        from torch.nn.modules import module as module_mod
-
         close_before_compile(patcher, self._before_compile)
-        pre, post = module_hooks(self._pre, self._post)
-        post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
-        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
-        if kwargs_dict is not None and post.id in kwargs_dict:  # see dependency.py's _open
-            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
-        self._handles = [patcher.handle(module_mod.register_module_forward_pre_hook(pre)),
-                         patcher.handle(post)]
+        self._handles = register_module_hooks(patcher, self._pre, self._post)
         self.active = True

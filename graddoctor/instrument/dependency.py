@@ -216,18 +216,7 @@ class DependencyWatcher:
             self.rec.internal_error("dependency probe (reopen)", exc)
 
     def _open(self) -> None:
-        from torch.nn.modules import module as module_mod
-
-        pre, post = module_hooks(self._pre, self._post)
-        post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
-        # torch's handle forgets the with_kwargs entry it made (removing it leaves {id: True} in
-        # _global_forward_hooks_with_kwargs): the handle is told of that dict too
-        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
-        if kwargs_dict is not None and post.id in kwargs_dict:
-            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
-        patcher = self._patcher
-        self._handles = [patcher.handle(module_mod.register_module_forward_pre_hook(pre)),
-                         patcher.handle(post)]
+        self._handles = register_module_hooks(self._patcher, self._pre, self._post)
         self.active = True
         self._depth = 0
         self._forwards = 0
@@ -612,10 +601,38 @@ def make(pre, post, is_compiling, transform):
 
 
 def module_hooks(pre, post):
-    """The global module hooks' pair around ``pre`` and ``post`` (see ``_HOOKS``; batchpairs.py's too)."""
+    """The global module hooks' pair around ``pre`` and ``post`` (see ``_HOOKS``)."""
     scope: dict = {}
     exec(_HOOKS, scope)
     return scope["make"](pre, post, torch.compiler.is_compiling, in_transform)
+
+
+def _nothing(*rest) -> None:
+    return None
+
+
+def register_module_hooks(patcher, pre=None, post=None, *, with_kwargs: bool = True,
+                          always_call: bool = True) -> list:
+    """Register torch's global module hooks around ``pre(module, args)`` and ``post(module,
+    args, [kwargs,] output)`` (either may be None) through ``patcher``; their handles, the pre
+    hook's first. With ``with_kwargs``, torch's handle forgets the entry it made in
+    ``_global_forward_hooks_with_kwargs`` (removing it leaves ``{id: True}`` there, and every
+    later module call then passes its kwargs to a hook that is gone): the handle is told of
+    that dict too."""
+    from torch.nn.modules import module as module_mod
+
+    pre_hook, post_hook = module_hooks(pre or _nothing, post or _nothing)
+    handles = []
+    if pre is not None:
+        handles.append(patcher.handle(module_mod.register_module_forward_pre_hook(pre_hook)))
+    if post is not None:
+        handle = module_mod.register_module_forward_hook(post_hook, with_kwargs=with_kwargs,
+                                                         always_call=always_call)
+        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
+        if with_kwargs and kwargs_dict is not None and handle.id in kwargs_dict:
+            handle.extra_dict_ref = (*handle.extra_dict_ref, weakref.ref(kwargs_dict))
+        handles.append(patcher.handle(handle))
+    return handles
 
 
 def close_before_compile(patcher, close) -> None:

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from .. import events as ev
-from .dependency import close_before_compile, module_hooks
+from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
 
 WINDOW = 4  # backwards judged, from the first one
@@ -195,9 +195,7 @@ class DropoutOutputWatcher:
             self._stop()
 
     def install(self, patcher) -> None:
-        from torch.nn.modules import module as module_mod
-
         close_before_compile(patcher, self._before_compile)
-        _, post = module_hooks(lambda *rest: None, self._post)
-        self._handles = [patcher.handle(module_mod.register_module_forward_hook(post))]
+        self._handles = register_module_hooks(patcher, None, self._post, with_kwargs=False,
+                                              always_call=False)
         self.active = True

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .. import events as ev
-from .dependency import close_before_compile, module_hooks
+from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
 
 WINDOW = 3  # optimizer steps (or backwards) watched, from the first one
@@ -120,9 +120,6 @@ class PixelScaleWatcher:
             self._stop()
 
     def install(self, patcher) -> None:
-        from torch.nn.modules import module as module_mod
-
         close_before_compile(patcher, self._before_compile)
-        pre, _ = module_hooks(self._pre, lambda *rest: None)
-        self._handles = [patcher.handle(module_mod.register_module_forward_pre_hook(pre))]
+        self._handles = register_module_hooks(patcher, self._pre)
         self.active = True

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import events as ev
-from .dependency import close_before_compile, module_hooks
+from .dependency import close_before_compile, register_module_hooks
 from .graphpaths import reached
 from .inlinable import watched
 from .recorder import Recorder
@@ -151,19 +151,10 @@ class RedrawnNoiseWatcher:
 
     # -- install -----------------------------------------------------------------------------
     def install(self, patcher) -> None:
-        from torch.nn.modules import module as module_mod
-
         for name in NAMES:
             original = getattr(F, name, None)
             if original is not None:
                 patcher.patch(F, name, self._wrap(original, name))
         close_before_compile(patcher, self._stop)
-        _pre, post = module_hooks(self._pre, self._post)
-        post = module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True)
-        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
-        if kwargs_dict is not None and post.id in kwargs_dict:  # see dependency.py's _open
-            import weakref
-
-            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
-        self._handles = [patcher.handle(post)]
+        self._handles = register_module_hooks(patcher, None, self._post)
         self.active = True
