@@ -9,9 +9,13 @@
 * pushing that mode, and popping it only when it is on top of this thread's stack (a mode the
   script pushed after it and still holds stays, passing every call through);
 * ``UninstallHandle``: the patcher's handle that ends the window when the instrumentation is
-  removed (no hook of its own: benchmarks/overhead.py's suspension passes over it).
+  removed (no hook of its own: benchmarks/overhead.py's suspension passes over it);
+* ``wrap_distribution_calls``: ``sample``/``log_prob`` of every distribution class (and
+  ``torch.randn_like`` as "noise") wrapped so that the watcher hears of each outermost call's
+  result, all of it ended before ``torch.compile`` and when the instrumentation is removed.
 
-A watcher using them has ``rec``, ``following``, ``inside``, ``follow`` and ``uninstall``.
+A watcher using them has ``rec``, ``closed``, ``following``, ``inside``, ``follow``,
+``before_compile`` and ``uninstall``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import threading
 import torch
 import torch.distributions as D
 from torch.overrides import TorchFunctionMode
+
+from .dependency import close_before_compile
+from .inlinable import watched, watched_result
 
 
 def distribution_classes(method: str, base: bool = False) -> list[type]:
@@ -108,3 +115,54 @@ class UninstallHandle:
 
     def remove(self) -> None:
         self.watcher.uninstall()
+
+
+def wrap_distribution_calls(patcher, watcher, label: str, handlers: dict,
+                            base_sample: bool = False) -> list:
+    """Wrap ``sample`` (of ``Distribution`` itself too with ``base_sample``) and ``log_prob`` of
+    the distribution classes, and ``torch.randn_like`` when ``handlers`` has "noise", so that
+    ``handlers[method](subject, result)`` hears of each outermost call once it returned (the
+    subject: the distribution for "sample", the tensor shaped like for "noise", the value scored
+    for "log_prob"); ``watcher.inside`` counts the wrapped calls running (the mode passes over
+    what they do). Returns the list of the calls running, innermost last (the watcher clears
+    it when a window closes: a call that raised left its entry)."""
+    calls: list = []
+
+    # plain functions: Dynamo wraps no bound method in a closure; torch.compile inlines the
+    # wrappers and traces only the original (inlinable.py)
+    def enter_sample(args, kwargs) -> None:
+        watcher.inside += 1
+        calls.append(("sample", args[0] if args else None))
+
+    def enter_noise(args, kwargs) -> None:
+        watcher.inside += 1
+        calls.append(("noise", args[0] if args else kwargs.get("input")))
+
+    def enter_log_prob(args, kwargs) -> None:
+        watcher.inside += 1
+        calls.append(("log_prob", args[1] if len(args) > 1 else kwargs.get("value")))
+
+    def after(result) -> None:
+        if not calls:
+            return
+        method, subject = calls.pop()
+        watcher.inside = max(0, watcher.inside - 1)
+        if calls and method == "sample" and calls[-1][0] == "sample":
+            return  # a sample inside another distribution's sample: only the outermost counts
+        if watcher.closed:
+            return
+        try:
+            handlers[method](subject, result)
+        except Exception as exc:
+            watcher.rec.internal_error(label, exc)
+
+    close_before_compile(patcher, watcher.before_compile)
+    patcher.handle(UninstallHandle(watcher))
+    for cls in distribution_classes("sample", base=base_sample):
+        patcher.patch(cls, "sample", watched(watched_result(vars(cls)["sample"], after), enter_sample))
+    if "noise" in handlers:
+        patcher.patch(torch, "randn_like", watched(watched_result(torch.randn_like, after), enter_noise))
+    for cls in distribution_classes("log_prob"):
+        patcher.patch(cls, "log_prob",
+                      watched(watched_result(vars(cls)["log_prob"], after), enter_log_prob))
+    return calls

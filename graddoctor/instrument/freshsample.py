@@ -38,11 +38,8 @@ import weakref
 import torch
 
 from .. import events as ev
-from .dependency import close_before_compile
-from .follow import (FollowMode, UninstallHandle, distribution_classes, pop_mode, push_mode,
-                     tensors_in, tensors_out)
+from .follow import FollowMode, pop_mode, push_mode, tensors_in, tensors_out, wrap_distribution_calls
 from .graphpaths import reached, saved
-from .inlinable import watched, watched_result
 from .recorder import Recorder
 
 _WINDOWS = 8  # windows opened in a run, at most
@@ -129,12 +126,12 @@ class FreshSampleWatcher:
         self._windows = 0
         self._ops = 0
         self._done: set = set()  # log_prob lines reported
-        self._closed = False
+        self.closed = False
         self._calls: list = []
 
     # -- the wrapped calls -------------------------------------------------------------------
     def sampled(self, dist, result) -> None:
-        if self._closed or not isinstance(result, torch.Tensor) or result.requires_grad \
+        if self.closed or not isinstance(result, torch.Tensor) or result.requires_grad \
                 or not torch.is_grad_enabled():
             return
         if self._windows >= _WINDOWS and not self._fresh:
@@ -222,7 +219,7 @@ class FreshSampleWatcher:
     # -- DESCRIBE_LOSS -----------------------------------------------------------------------
     def describe_loss(self, tensors) -> dict:
         try:
-            if self._fresh and not self._closed:
+            if self._fresh and not self.closed:
                 self.following = False
                 self._judge(tensors)
         except Exception as exc:
@@ -311,54 +308,17 @@ class FreshSampleWatcher:
                 and pid in owned and id(tensors.refs[pid]()) == i}
 
     # -- install -----------------------------------------------------------------------------
-    def _before_compile(self) -> None:
+    def before_compile(self) -> None:
         # a graph traced with a mode on the stack would trace the mode's handler
-        self._closed = True
+        self.closed = True
         self._close()
 
     def install(self, patcher) -> None:
-        watcher = self
-        calls: list = []  # (method, distribution, value) of the calls running, innermost last
-
-        # plain functions: Dynamo wraps no bound method in a closure; torch.compile inlines the
-        # wrappers and traces only the original (inlinable.py)
-        def enter_sample(args, kwargs) -> None:
-            watcher.inside += 1
-            calls.append(("sample", args[0] if args else None, None))
-
-        def enter_log_prob(args, kwargs) -> None:
-            watcher.inside += 1
-            calls.append(("log_prob", args[0] if args else None,
-                          args[1] if len(args) > 1 else kwargs.get("value")))
-
-        def after(result) -> None:
-            if not calls:
-                return
-            method, dist, value = calls.pop()
-            watcher.inside = max(0, watcher.inside - 1)
-            if calls and method == "sample" and calls[-1][0] == "sample":
-                return  # a sample inside another distribution's sample: only the outermost counts
-            if watcher._closed:
-                return
-            try:
-                if method == "sample":
-                    watcher.sampled(dist, result)
-                else:
-                    watcher.scored(value, result)
-            except Exception as exc:
-                watcher.rec.internal_error("fresh_sample_scored", exc)
-
-        close_before_compile(patcher, self._before_compile)
-        patcher.handle(UninstallHandle(self))
-        for cls in distribution_classes("sample"):
-            patcher.patch(cls, "sample", watched(watched_result(vars(cls)["sample"], after), enter_sample))
-        for cls in distribution_classes("log_prob"):
-            patcher.patch(cls, "log_prob",
-                          watched(watched_result(vars(cls)["log_prob"], after), enter_log_prob))
-        self._calls = calls
+        self._calls = wrap_distribution_calls(patcher, self, "fresh_sample_scored",
+                                              {"sample": self.sampled, "log_prob": self.scored})
 
     def uninstall(self) -> None:
-        self._closed = True
+        self.closed = True
         self._close()
 
 

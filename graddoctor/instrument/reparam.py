@@ -52,11 +52,8 @@ import torch
 import torch.distributions as D
 
 from .. import events as ev
-from .dependency import close_before_compile
-from .follow import (FollowMode, UninstallHandle, distribution_classes, pop_mode, push_mode,
-                     tensors_in, tensors_out)
+from .follow import FollowMode, pop_mode, push_mode, tensors_in, tensors_out, wrap_distribution_calls
 from .graphpaths import nearest, reached, saved
-from .inlinable import watched, watched_result
 from .recorder import Recorder
 
 _WINDOWS = 8  # windows opened in a run, at most
@@ -101,12 +98,12 @@ class ReparamWatcher:
         self._scores: dict = {}  # autograd node of a log_prob -> origin index of its value
         self._ops = 0
         self._windows = 0
-        self._closed = False  # torch.compile called, or reported: nothing more is noted
+        self.closed = False  # torch.compile called, or reported: nothing more is noted
         self._calls: list = []
 
     # -- the wrapped calls -------------------------------------------------------------------
     def sampled(self, dist, result) -> None:
-        if self._closed or not isinstance(result, torch.Tensor) or not torch.is_grad_enabled() \
+        if self.closed or not isinstance(result, torch.Tensor) or not torch.is_grad_enabled() \
                 or result.requires_grad or not getattr(dist, "has_rsample", False):
             return
         params = _learnable(dist)
@@ -116,7 +113,7 @@ class ReparamWatcher:
     def noise(self, like, result) -> None:
         """``torch.randn_like(t)`` of a ``t`` that needs a gradient: a reparameterisation's noise
         (``mu + std * eps``), followed for a detached location or scale."""
-        if self._closed or not isinstance(result, torch.Tensor) or not torch.is_grad_enabled() \
+        if self.closed or not isinstance(result, torch.Tensor) or not torch.is_grad_enabled() \
                 or not isinstance(like, torch.Tensor) or not like.requires_grad:
             return
         self._note(None, [like], result)
@@ -229,7 +226,7 @@ class ReparamWatcher:
         if self._mode is None:
             return {}
         try:
-            if self._origins and not self._closed:
+            if self._origins and not self.closed:
                 self.following = False
                 self._judge(tensors)
         except Exception as exc:
@@ -268,7 +265,7 @@ class ReparamWatcher:
             if trained is None:
                 trained = set().union(*(self._pids_below(root) for root in roots))
             if pids & trained:
-                self._closed = True
+                self.closed = True
                 self.rec.emit_aside(ev.reparam_cut(dist=None, params=sorted(pids)[:64],
                                                    op=type(used[origin]).__name__, via=via,
                                                    backward=getattr(self.rec.here(), "line", None)),
@@ -288,7 +285,7 @@ class ReparamWatcher:
                 trained = set().union(*(self._pids_below(root) for root in roots))
             if not pids & trained:
                 continue  # the loss does not train this distribution (a critic on its samples)
-            self._closed = True
+            self.closed = True
             self.rec.emit_aside(ev.reparam_cut(dist=cls, params=sorted(pids)[:64],
                                                op=type(used[origin]).__name__, via="sample",
                                                backward=getattr(self.rec.here(), "line", None)),
@@ -345,59 +342,18 @@ class ReparamWatcher:
                 and pid in owned and id(tensors.refs[pid]()) == i}
 
     # -- install -----------------------------------------------------------------------------
-    def _before_compile(self) -> None:
+    def before_compile(self) -> None:
         # a graph traced with a mode on the stack would trace the mode's handler (graddoctor's
         # code, on Dynamo's skip list): the window is closed and the mode popped first
-        self._closed = True
+        self.closed = True
         self._close()
 
     def install(self, patcher) -> None:
-        watcher = self
-        calls: list = []  # (method, distribution, value) of the calls running, innermost last
-
-        # plain functions: Dynamo wraps no bound method in a closure; torch.compile inlines the
-        # wrappers and traces only the original (inlinable.py)
-        def enter_sample(args, kwargs) -> None:
-            watcher.inside += 1
-            calls.append(("sample", args[0] if args else None, None))
-
-        def enter_noise(args, kwargs) -> None:
-            watcher.inside += 1
-            calls.append(("noise", args[0] if args else kwargs.get("input"), None))
-
-        def enter_log_prob(args, kwargs) -> None:
-            watcher.inside += 1
-            calls.append(("log_prob", args[0] if args else None,
-                          args[1] if len(args) > 1 else kwargs.get("value")))
-
-        def after(result) -> None:
-            if not calls:
-                return
-            method, dist, value = calls.pop()
-            watcher.inside = max(0, watcher.inside - 1)
-            if calls and method == "sample" and calls[-1][0] == "sample":
-                return  # a sample inside another distribution's sample: only the outermost counts
-            try:
-                if method == "sample":
-                    watcher.sampled(dist, result)
-                elif method == "noise":
-                    watcher.noise(dist, result)
-                else:
-                    watcher.scored(value, result)
-            except Exception as exc:
-                watcher.rec.internal_error("reparam_cut", exc)
-
-        close_before_compile(patcher, self._before_compile)
-        patcher.handle(UninstallHandle(self))
-        for cls in distribution_classes("sample", base=True):
-            patcher.patch(cls, "sample", watched(watched_result(vars(cls)["sample"], after), enter_sample))
-        patcher.patch(torch, "randn_like", watched(watched_result(torch.randn_like, after), enter_noise))
-        for cls in distribution_classes("log_prob"):
-            patcher.patch(cls, "log_prob",
-                          watched(watched_result(vars(cls)["log_prob"], after), enter_log_prob))
-        self._calls = calls
+        self._calls = wrap_distribution_calls(
+            patcher, self, "reparam_cut",
+            {"sample": self.sampled, "noise": self.noise, "log_prob": self.scored}, base_sample=True)
 
     def uninstall(self) -> None:
-        self._closed = True
+        self.closed = True
         self._close()
 
