@@ -278,6 +278,20 @@ def innermost_loop(path: str, line: int) -> tuple[int, int] | None:
     return best
 
 
+def shared_if(tree: ast.AST | None, first: int, second: int) -> int | None:
+    """The line of the innermost ``if`` whose body holds both lines (neither in its test), or
+    None."""
+    if tree is None:
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.body:
+            start, end = node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno
+            if start <= first <= end and start <= second <= end and (best is None or node.lineno > best):
+                best = node.lineno
+    return best
+
+
 @lru_cache(maxsize=16)
 def _lr_lines(text: str) -> tuple[int, ...]:
     try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import ast
 from dataclasses import replace
 
+from ..analysis.source import shared_if
 from ..findings import Severity
 from .accumulation_term_undivided import inside_accumulate
 from .base import Rule, related
@@ -80,7 +81,10 @@ class AccumulationNeverAccumulates(Rule):
     `warning` at the `prepare` call, with that fix. Nor is one divided by
     `Accelerator(gradient_accumulation_steps=k)` while `accelerator.backward` runs outside any
     `with accelerator.accumulate(model):` block (so the wrapped optimizer steps every
-    micro-batch): a `warning` at the backward, with the `accumulate()` fix.
+    micro-batch): a `warning` at the backward, with the `accumulate()` fix. Nor is one whose
+    `backward()` runs under the same `if` as the step (`if (i + 1) % k == 0: loss.backward();
+    optimizer.step()`): the other micro-batches' losses are computed and never backpropagated,
+    a `warning` at the backward whose fix moves it before the `if`.
     """
 
     code = "GD209"
@@ -137,6 +141,26 @@ class AccumulationNeverAccumulates(Rule):
         else:
             effect = (f"each micro-batch is stepped with 1/{k} of its gradient (with {cls or 'SGD'}"
                       f" a {k}x smaller learning rate) and the batch is never enlarged")
+        step_loc = w.step.loc
+        gate = (shared_if(a.source.tree(backward.loc.path), backward.loc.line, step_loc.line)
+                if backward.loc is not None and step_loc is not None
+                and step_loc.path == backward.loc.path else None)
+        if gate is not None:
+            # backward() under the step's own `if`: the other micro-batches' losses are made and
+            # thrown away, so dropping the division would not help
+            return self.finding(
+                f"this loss is multiplied by {factor:g} (1/{k}), as for accumulating {k} "
+                f"micro-batches, but backward() runs under the same `if` (line {gate}) as the "
+                f"step: each of the {a.count(x.step for x in windows)} {name} steps applies the "
+                f"gradient of one micro-batch, divided by {k}, and the losses of the other "
+                f"micro-batches are computed and never backpropagated",
+                backward.loc, step=w.index, severity=Severity.WARNING,
+                related=(related(w.step, "the step under the same `if`"),),
+                evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
+                          "optimizer_class": cls, "gate": gate,
+                          "steps": a.count(x.step for x in windows)},
+                fix=(f"call backward() for every micro-batch, before the `if` of line {gate}; "
+                     f"keep only step() and zero_grad() inside it"))
         message = (f"this loss is multiplied by {factor:g} (1/{k}), as for accumulating {k} "
                    f"micro-batches, yet each of the {a.count(w.step for w in windows)} {name} steps applies a single "
                    f"backward(): if {k} is your accumulation count, the step runs after every "
