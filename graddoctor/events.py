@@ -246,6 +246,12 @@ dropout_on_output  module (the dropout's class: Dropout | Dropout1d | AlphaDropo
                    prediction that loss reads is the output of a dropout module run in training
                    mode, once per run (loc: the user's line that ran the dropout; an aside;
                    instrument/dropoutout.py)
+bn_batch           batch (the first size of the input), shape (the input's), layer (the BatchNorm's
+                   name), cls (BatchNorm1d | BatchNorm2d | ...), turn (backward calls before the
+                   forward) — a BatchNorm layer in train mode, tracking running statistics and
+                   not frozen, given an input with a gradient enabled in one of the first
+                   backward turns; once per turn and first size (loc: the user's line that ran
+                   the model; an aside; instrument/modes.py)
 pixels_unscaled    module (Conv2d | Conv3d | Linear: the layer that took them), shape (the
                    batch's), low, high (its smallest and largest value), over (the share of its
                    values above 32) — a batch with no graph, integer-valued in [0, 255] and
@@ -689,7 +695,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -916,6 +922,10 @@ def update_bn() -> Made:
 def torch_compile(*, target: str, fullgraph: bool, backend: str) -> Made:
     """A ``torch.compile`` call (kind ``compile``)."""
     return "compile", {"target": target, "fullgraph": fullgraph, "backend": backend}
+
+
+def bn_batch(*, batch: int, shape: list[int], layer: str, cls: str, turn: int) -> Made:
+    return "bn_batch", {"batch": batch, "shape": shape, "layer": layer, "cls": cls, "turn": turn}
 
 
 def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, grad: bool,
@@ -1323,7 +1333,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
-    "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
+    "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output, "bn_batch": bn_batch,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
     "fresh_sample_scored": fresh_sample_scored,
@@ -1357,7 +1367,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
-                         "causal_read_early", "pixels_unscaled", "dropout_on_output",
+                         "causal_read_early", "pixels_unscaled", "dropout_on_output", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "attention_scale"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

@@ -47,6 +47,9 @@ class ScriptSource:
     def float_conversion_lines(self, path: str) -> list[tuple[int, str]]:
         return float_conversion_lines(self.full(path))
 
+    def loader_batch_of_one_lines(self, path: str) -> list[tuple[int, str]]:
+        return loader_batch_of_one_lines(self.full(path))
+
     def called_object(self, path: str, line: int, method: str) -> str | None:
         return called_object(self.full(path), line, method)
 
@@ -360,6 +363,40 @@ def float_conversion_lines(path: str) -> list[tuple[int, str]]:
                and n.func.attr in _REDUCTIONS for n in nodes):
             continue  # a statistic or a label made from the values, not a batch
         found.append((stmt.lineno, ast.unparse(stmt)))
+    return sorted(found)
+
+
+def _is_one(node: ast.AST, ones: set[str]) -> bool:
+    return (isinstance(node, ast.Constant) and type(node.value) is int and node.value == 1) or (
+        isinstance(node, ast.Name) and node.id in ones)
+
+
+def loader_batch_of_one_lines(path: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of each ``DataLoader(...)`` call whose batch size is 1: ``batch_size=1``
+    (or the second argument 1), written as the literal or as a name the file assigns only 1
+    (``BATCH_SIZE = 1``). Empty when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    values: dict[str, set] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    values.setdefault(target.id, set()).add(
+                        node.value.value if isinstance(node.value, ast.Constant) else None)
+    ones = {name for name, seen in values.items() if seen == {1}}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if not name.endswith("DataLoader"):
+            continue
+        given = [k.value for k in node.keywords if k.arg == "batch_size"] + list(node.args[1:2])
+        if given and _is_one(given[0], ones):
+            found.append((node.lineno, ast.unparse(node)))
     return sorted(found)
 
 

@@ -32,6 +32,11 @@ What is watched, and how cheaply:
 * Freezes (``Tensor.requires_grad_(False)`` on a parameter, which ``Module.requires_grad_``
   calls): ``freeze`` events, so a finding can point at them. ``p.requires_grad = False`` is a
   C attribute and is not seen.
+* Batches of one: at the first ``BATCH_TURNS`` backward turns, a BatchNorm layer in train mode
+  (tracking running statistics, not frozen, not ``SyncBatchNorm``) given an input under grad
+  mode in the script's thread has its input's first size read (shape metadata: no host sync on
+  a device) and noted as a ``bn_batch`` aside, once per turn and size
+  (batchnorm-batch-of-one). After those turns it costs one attribute test per BatchNorm forward.
 * Recalibration signals: ``reset_running_stats()`` (``bn_reset``; not the call inside
   ``reset_parameters``), ``torch.optim.swa_utils.update_bn`` (an ``update_bn`` event; the
   forwards inside it are marked ``recalibrating``) and ``momentum=None`` (in ``mode_module``).
@@ -48,6 +53,7 @@ import functools
 import sys
 import weakref
 from collections.abc import Mapping
+from threading import get_ident
 
 import torch
 import torch.utils.checkpoint
@@ -70,6 +76,8 @@ _CALL_CODES = frozenset(map(id, (torch.nn.Module._call_impl.__code__, torch.nn.M
 # gradients in the backward: its layers are part of what trains, whatever their own parameters
 _REENTRANT = getattr(getattr(getattr(torch.utils.checkpoint, "CheckpointFunction", None), "forward", None),
                      "__code__", None)
+# backward turns (backward calls before a forward) whose BatchNorm batch sizes are noted
+BATCH_TURNS = 6
 _RESET_CALLERS = frozenset(map(id, (batchnorm._NormBase.reset_parameters.__code__, batchnorm._NormBase.__init__.__code__)))
 
 
@@ -185,6 +193,8 @@ class ModeWatcher:
         self._mode_depth = 0
         self._freezing = False
         self._recalibrating = False
+        # (turn, size) noted as bn_batch events; None once the first BATCH_TURNS turns are over
+        self._batch_seen: set[tuple[int, int]] | None = set()
 
     # -- ids, places ---------------------------------------------------------------------
     def _user_frame(self, frame, skip_self=None):
@@ -341,6 +351,8 @@ class ModeWatcher:
             root = self._outer_self(outer)
             if root is not module and isinstance(root, torch.nn.Module) and not root.training:
                 self._unregistered(module, root, site)
+        if training and grad and state.is_bn and self._batch_seen is not None:
+            self._note_batch(module, input, state, outer, site)
         entry = self._window.get(key)
         if entry is None:
             made = ev.mode_forward(training=training, grad=grad,
@@ -376,6 +388,28 @@ class ModeWatcher:
             data["nested"] = True
         elif not any(d is data for d in mix[2]):
             mix[2].append(data)
+
+    def _note_batch(self, module, input, state: _State, outer, site) -> None:
+        """A ``bn_batch`` aside for the first size of a training BatchNorm input, once per turn
+        and size, in the first ``BATCH_TURNS`` turns (see the module docs)."""
+        turn = self.rec.progress.backward_calls
+        if turn >= BATCH_TURNS:
+            self._batch_seen = None
+            return
+        if isinstance(module, batchnorm.SyncBatchNorm) or not module.track_running_stats:
+            return  # its batch spans the ranks / no running statistics to tell eval apart
+        if state.flags is not None and state.flags[0] and not state.trainable:
+            return  # frozen parameters in train mode: frozen-bn-train-mode's
+        if not isinstance(input, torch.Tensor) or input.dim() < 2 or get_ident() != self.rec.script_thread:
+            return  # DataParallel's replicas run in threads, each on a share of the batch
+        size = int(input.shape[0])  # metadata: no host sync
+        seen = self._batch_seen
+        if (turn, size) in seen:
+            return
+        seen.add((turn, size))
+        self.rec.emit_aside(ev.bn_batch(batch=size, shape=[int(n) for n in input.shape],
+                                        layer=self._name(module, outer, site),
+                                        cls=type(module).__name__, turn=turn), self._loc(site))
 
     def _outer_self(self, outer):
         """The module whose outermost call ``outer`` is (read once per outermost call)."""
