@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+
 from ..findings import Role, Severity
 from ..trace import Location
 from .base import Rule, related
@@ -49,7 +51,9 @@ class BatchnormBatchOfOne(Rule):
     normalises with the batch's statistics at evaluation too); batches of one at evaluation
     (`no_grad`, `eval()`); `SyncBatchNorm`, whose batch spans the ranks; an epoch's last batch
     of one sample after larger ones (`drop_last=False`); a script that runs the model on single
-    samples (a rollout) and trains it on larger batches; DataParallel's replicas.
+    samples (a rollout) and trains it on larger batches; DataParallel's replicas. A script that
+    never calls `eval()` (pix2pix keeps BatchNorm in train mode with a batch of one on purpose:
+    instance normalisation) gets an `info`, not a warning.
     """
 
     code = "GD162"
@@ -81,13 +85,37 @@ class BatchnormBatchOfOne(Rule):
         where = (f"this DataLoader (`{loader}`) serves batches of one sample" if loader is not None
                  else "the model is trained on one sample at a time")
         shape = "×".join(str(s) for s in first["shape"])
+        # the running statistics only matter where the script evaluates in eval mode; a script
+        # that never calls eval() keeps normalising by the batch (pix2pix's batch of one, on
+        # purpose: BatchNorm as instance normalisation), a choice to name, not a bug to assert
+        evaluated = first.loc is None or _calls_eval(a, first.loc.path)
         yield self.finding(
             f"{where}: at each of the first {forwards} training forwards the {first['cls']} "
             f"{first['layer']} (and any other BatchNorm layer on the way) gets a batch of one "
             f"({shape}), so in train mode it normalises every channel with that one sample's own "
             f"mean and variance; its running statistics average per-sample statistics, and after "
             f"eval() the model is normalised differently from how it trained — training looks "
-            f"fine, evaluation is quietly worse",
+            f"fine, evaluation is quietly worse"
+            + ("" if evaluated else
+               " (this script never calls eval(): if normalising each sample by itself is meant, "
+               "as pix2pix does with a batch of one, InstanceNorm says so)"),
             loc, related=(call,), step=a.next_step_number(first.seq),
+            severity=None if evaluated else Severity.INFO,
             evidence={"layer": first["layer"], "cls": first["cls"], "shape": first["shape"],
-                      "forwards": forwards, "loader": loader is not None})
+                      "forwards": forwards, "loader": loader is not None,
+                      "eval_called": evaluated})
+
+
+def _calls_eval(a, path: str) -> bool:
+    """Whether the script's file calls ``.eval()`` or ``.train(False)`` anywhere."""
+    tree = a.source.tree(path)
+    if tree is None:
+        return True  # unknown: the harm is assumed
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "eval" and not node.args:
+                return True
+            if node.func.attr == "train" and node.args and isinstance(node.args[0], ast.Constant) \
+                    and node.args[0].value is False:
+                return True
+    return False
