@@ -110,6 +110,13 @@ unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), s
 scaler_step        scaler, opt, enabled, fused, skipped, found_inf (after ``scaler.step``; a
                    skipped one is also recorded as a ``step`` with skipped=True)
 scaler_update      scaler, enabled, scale (the new scale)
+scaler_init        scaler, cls, enabled (``is_enabled()`` once constructed), requested (the
+                   ``enabled`` argument as given, default True; None when the constructor's
+                   arguments could not be read: a subclass of its own), init_scale (float|None:
+                   the scale it starts from, as constructed) — the user's
+                   constructor call of a GradScaler (loc: that line)
+scaler_load        scaler (``GradScaler.load_state_dict``: its scale and growth count now
+                   come from a checkpoint, not from its construction)
 clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_norm_),
                    params [pid] (tracked params passed), with_grad [pid], untracked, limit
                    (max_norm or clip_value: a float, inf included), norm_type, norm_only (max_norm
@@ -843,6 +850,16 @@ def scaler_update(*, scaler: int, enabled: bool, scale: Any) -> Made:
     return "scaler_update", {"scaler": scaler, "enabled": enabled, "scale": scale}
 
 
+def scaler_init(*, scaler: int, cls: str, enabled: bool, requested: bool | None,
+                init_scale: float | None = None) -> Made:
+    return "scaler_init", {"scaler": scaler, "cls": cls, "enabled": enabled, "requested": requested,
+                           "init_scale": init_scale}
+
+
+def scaler_load(*, scaler: int) -> Made:
+    return "scaler_load", {"scaler": scaler}
+
+
 def clip(*, via: str, params: list[int], with_grad: list[int], untracked: int,
          limit: float | str | None, norm_type: float | str | None, norm_only: bool,
          total_norm: float | str | None, edited: list[int], spent: bool | None = None) -> Made:
@@ -1314,7 +1331,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "run_start": run_start, "param": param, "grad_flow": grad_flow, "optimizer_init": optimizer_init,
     "backward": backward, "clear": clear, "step_begin": step_begin, "step": step,
     "epoch_start": epoch_start, "short_len": short_len, "unscale": unscale, "scaler_step": scaler_step,
-    "scaler_update": scaler_update, "clip": clip, "grad_edit": grad_edit,
+    "scaler_update": scaler_update, "scaler_init": scaler_init, "scaler_load": scaler_load,
+    "clip": clip, "grad_edit": grad_edit,
     "scheduler_step": scheduler_step, "scheduler_init": scheduler_init, "train": mode_set, "eval": mode_set,
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
@@ -1405,6 +1423,7 @@ CALL_LABELS = {
 }
 # Never calls: set-up, bookkeeping, the numeric summary that accompanies a step.
 NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init", "internal_error",
+             "scaler_init", "scaler_load",  # set-up of a GradScaler, like optimizer_init
              "ddp_init",  # set-up, like optimizer_init
              "step_begin",
              "unregistered",  # end-of-run facts about the modules, like ``param``

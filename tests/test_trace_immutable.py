@@ -73,6 +73,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "masks/bad_softmax_wrong_axis_queries.py",  # softmax_axis
             "masks/bad_attention_scores_multiplied_sqrt.py",  # attention_scale
             "dependency/bad_view_reorders_axes_encoder_features.py",  # view_axes
+            "amp_clip_accum/good_scaler_rebuilt_lookalikes.py",  # scaler_load
             "losses/bad_anchor_aliases_params_l2sp.py",  # anchor_alias
             "losses/bad_loss_compares_with_itself_bpr.py",  # same_compared
             "losses/bad_loss_unbounded_kl_sign.py",  # loss_unbounded

@@ -11,6 +11,9 @@ seen also when the scaler disabled itself (``torch.cuda.amp.GradScaler()`` witho
   ``skipped=True`` (the ledger treats it as consuming the gradients, like the user does with the
   ``zero_grad`` that follows), then a ``scaler_step`` event.
 * ``update()`` -> ``scaler_update`` with the new scale.
+* construction -> ``scaler_init`` at the user's constructor line (with the ``enabled`` it was
+  given, so that a scaler that turned itself off without CUDA is told from one turned off on
+  purpose); ``load_state_dict`` -> ``scaler_load``. Once per construction or load.
 * ``autocast.__enter__`` (the script's own float16 autocast with grad enabled): the next
   backward carries ``autocast_fp16`` (where that autocast was entered), scaled or not.
 
@@ -20,6 +23,7 @@ Host reads: the scale once per ``scale()`` and ``update()`` call; never per para
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 
 import torch
@@ -27,6 +31,7 @@ import torch
 from .. import events as ev
 from .identities import Identities
 from .lossfactor import constant_term, loss_scaling, may_be_negated, negated_criterion
+from .optim import plain_number
 from .recorder import Deferred, Recorder
 from .subclasses import Depth, patch_tree
 from .topics import GRADS_UNSCALED
@@ -71,6 +76,8 @@ class GradScalerWatcher:
         self._in_unscale = Depth()
         self._in_scale = Depth()
         self._in_update = Depth()
+        self._in_init = Depth()
+        self._in_load = Depth()
         self._scale_value = ScaleCopies()
         self._fp16_at: list | None = None  # [path, line] of a float16 autocast since the last backward
 
@@ -242,11 +249,54 @@ class GradScalerWatcher:
         self.rec.emit(ev.scaler_update(scaler=self.scaler_id(scaler), enabled=scaler.is_enabled(),
                                        scale=self._scale_value(scaler)), self.rec.here(2))
 
+    def _wrap_init(self, original):
+        watcher, rec = self, self.rec
+        try:
+            signature = inspect.signature(original)
+        except (TypeError, ValueError):
+            signature = None
+
+        @functools.wraps(original)
+        def __init__(scaler, *args, **kwargs):
+            if watcher._in_init.active:  # torch.cuda.amp.GradScaler calls the base's
+                return original(scaler, *args, **kwargs)
+            with watcher._in_init:
+                original(scaler, *args, **kwargs)
+            try:
+                watcher._constructed(scaler, signature, args, kwargs)
+            except Exception as exc:
+                rec.internal_error("GradScaler construction", exc)
+
+        return __init__
+
+    def _constructed(self, scaler, signature, args, kwargs) -> None:
+        requested = None
+        if signature is not None:
+            try:
+                bound = signature.bind(scaler, *args, **kwargs)
+                bound.apply_defaults()
+                given = bound.arguments.get("enabled")
+                requested = given if isinstance(given, bool) else None
+            except TypeError:
+                pass
+        self.rec.emit(ev.scaler_init(scaler=self.scaler_id(scaler), cls=type(scaler).__name__,
+                                     enabled=bool(scaler.is_enabled()), requested=requested,
+                                     init_scale=plain_number(getattr(scaler, "_init_scale", None))),
+                      self.rec.here(3))
+
+    def _wrap_load(self, original):
+        return self._guarded(original, self._in_load, "GradScaler.load_state_dict", self._record_load)
+
+    def _record_load(self, scaler, result, *args, **kwargs) -> None:
+        self.rec.emit(ev.scaler_load(scaler=self.scaler_id(scaler)), self.rec.here(2))
+
     def install(self, patcher) -> None:
         base = torch.amp.GradScaler
         patch_tree(patcher, base, "scale", self._wrap_scale)
         patch_tree(patcher, base, "unscale_", self._wrap_unscale)
         patch_tree(patcher, base, "step", self._wrap_step)
         patch_tree(patcher, base, "update", self._wrap_update)
+        patch_tree(patcher, base, "__init__", self._wrap_init)
+        patch_tree(patcher, base, "load_state_dict", self._wrap_load)
         autocast = torch.amp.autocast_mode.autocast
         patcher.patch(autocast, "__enter__", self._wrap_autocast_enter(autocast.__enter__))
