@@ -549,6 +549,12 @@ attention_scale    how ("multiplied": the scores scaled by sqrt(d); "other_dim":
                    attention scores scaled the wrong way before a softmax over their last axis —
                    at the first 3 backwards, once per (how, n, d, shape)
                    (loc: the backward; an aside; instrument/attnaxis.py)
+temperature_multiplied factor (the constant factor between a product of L2-normalised vectors
+                   and the log_softmax of a loss, both sides' factors included), shape (the
+                   logits' shape), params [pid] (tracked tensors below the log_softmax): a
+                   contrastive loss's cosine similarities scaled by a constant below 1 (a
+                   temperature multiplied instead of divided) — at the first 3 backwards, once
+                   per (factor, shape) (loc: the backward; an aside; instrument/attnaxis.py)
 view_axes          shape_in, shape_out (the sizes a view/reshape was given and returned), params [pid]
                    (tracked tensors below it): a view or reshape whose output is its input's axes
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
@@ -1305,6 +1311,10 @@ def attention_scale(*, how: str, n: int, d: int, factor: float, shape: list[int]
                                "params": params}
 
 
+def temperature_multiplied(*, factor: float, shape: list[int], params: list[int]) -> Made:
+    return "temperature_multiplied", {"factor": factor, "shape": shape, "params": params}
+
+
 def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int]) -> Made:
     return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params}
 
@@ -1346,6 +1356,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
     "attention_scale": attention_scale,
+    "temperature_multiplied": temperature_multiplied,
     "same_compared": same_compared,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
@@ -1387,7 +1398,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "attention_scale"})
+                         "mixup_unmixed", "softmax_axis", "view_axes", "attention_scale",
+                         "temperature_multiplied"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -72,6 +72,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_noise_target_redrawn.py",  # noise_redrawn
             "masks/bad_softmax_wrong_axis_queries.py",  # softmax_axis
             "masks/bad_attention_scores_multiplied_sqrt.py",  # attention_scale
+            "losses/bad_contrastive_temperature_multiplied_infonce.py",  # temperature_multiplied
             "dependency/bad_view_reorders_axes_encoder_features.py",  # view_axes
             "amp_clip_accum/good_scaler_rebuilt_lookalikes.py",  # scaler_load
             "losses/bad_anchor_aliases_params_l2sp.py",  # anchor_alias

@@ -146,6 +146,9 @@ class ScriptSource:
     def score_scalings(self, path: str) -> list[tuple[int, str, str, bool]]:
         return score_scalings(self.full(path))
 
+    def temperature_products(self, path: str) -> list[tuple[int, str, str, bool, float | None]]:
+        return temperature_products(self.full(path))
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -2215,6 +2218,59 @@ def score_scalings(path: str) -> list[tuple[int, str, str, bool]]:
                 found[line] = (line, text, direction, _has_product(scaled))
             break
     return [found[line] for line in sorted(found)]
+def _reads_as_temperature(expr: ast.AST) -> float | bool:
+    """A factor that reads as a contrastive temperature: its value for a number in (0, 1)
+    (``0.07``), True for a name that says so (``tau``, ``self.temperature``, ``TEMP``), False
+    for anything else."""
+    value = _exponent(expr)
+    if value is not None:
+        return value if 0.0 < value < 1.0 else False
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
+        name = expr.slice.value if isinstance(expr.slice.value, str) else None  # cfg["tau"]
+    else:
+        name = expr.attr if isinstance(expr, ast.Attribute) else \
+            expr.id if isinstance(expr, ast.Name) else None
+    return bool(name) and any(word in name.lower() for word in ("temp", "tau", "scale"))
+
+
+def temperature_products(path: str) -> list[tuple[int, str, str, bool, float | None]]:
+    """``(line, text, divided, with_product, value)`` of every multiplication in the file by
+    what reads as a temperature (``_reads_as_temperature``): ``divided`` is the same statement
+    dividing by it instead (``z1 @ z2.T / tau`` for ``z1 @ z2.T * tau``), ``with_product``
+    whether the other side holds a matrix product, ``value`` the number written (None for a
+    name). In line order, one per line; [] when the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    assigned = {id(node.value): node.targets for node in ast.walk(tree)
+                if isinstance(node, ast.Assign)}
+    found: dict = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            pairs = [(node.right, node.left), (node.left, node.right)]
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Mult):
+            pairs = [(node.value, node.target)]
+        else:
+            continue
+        for scale, scaled in pairs:
+            read = _reads_as_temperature(scale)
+            if read is False:
+                continue
+            if isinstance(node, ast.AugAssign):
+                divided = ast.unparse(ast.AugAssign(target=node.target, op=ast.Div(), value=scale))
+            else:
+                divided = ast.unparse(ast.BinOp(left=scaled, op=ast.Div(), right=scale))
+                if id(node) in assigned:  # the whole statement: `logits = z1 @ z2.T / tau`
+                    divided = " = ".join([*(ast.unparse(t) for t in assigned[id(node)]), divided])
+            line = node.lineno
+            entry = (line, ast.unparse(node), divided, _has_product(scaled),
+                     None if read is True else float(read))
+            if line not in found or entry[3] and not found[line][3]:
+                found[line] = entry
+            break
+    return [found[line] for line in sorted(found)]
+
+
 def _index_names(node: ast.AST) -> list[str]:
     """The names an index expression reads, dotted ones whole (``data.test_mask``, ``idx``)."""
     out = []

@@ -52,6 +52,15 @@ temperature) or is a tensor of another shape, a product with an operand that is 
 graph (``h @ W``: not Q@K^T) or that is normalised (``F.normalize``: cosine attention, where the
 factor is a temperature), and ``scaled_dot_product_attention`` (its graph has no softmax node of
 its own on the fused paths, ``SafeSoftmaxBackward`` on the math one).
+
+The same scalar walk reads a contrastive loss's temperature (``temperature_multiplied``): from
+each ``LogSoftmaxBackward`` (a cross_entropy's, a log_softmax's: a loss's logits, where a softmax
+feeding a product is attention) down to the products that made its logits; when both operands
+are divided by their own norm over the dimension the product sums (the normalisation
+``_softmax_below`` stops at, its dimension mapped through the same views and transposes) the
+logits are cosine similarities, and a constant factor of at most ``_SMALL_FACTOR`` on them is a
+temperature multiplied instead of divided. Silent on a learned scale, a factor above it, one
+operand not normalised (dot-product logits of any size) or normalised over another dimension.
 """
 
 from __future__ import annotations
@@ -86,6 +95,9 @@ _BIAS = ("AddBackward", "SubBackward")  # a position bias or an additive mask on
 _SCALE_DOWN = 24  # operations followed from a softmax to its products, and from each to Q, K
 _MIN_HEAD = 8  # contracted sizes below this are not judged (sqrt(4) = 2 reads as a choice)
 _TOLERANCE = 1e-3  # relative: float32 constants and factors split over Q and K
+# a constant factor on cosine similarities at most this leaves logits within [-0.5, 0.5]: a
+# temperature multiplied instead of divided (1 / 0.5 = 2 is the smallest factor a divided one gives)
+_SMALL_FACTOR = 0.5
 
 
 def _signed(value: int) -> int:
@@ -479,6 +491,47 @@ def misscaled_scores(softmax):
     return None
 
 
+def _cosine_operand(child, output: int, contracted: int) -> bool:
+    """Whether a product's operand (``child``'s output ``output``, contracted over its dimension
+    ``contracted`` counted from the end) is a tensor divided by its own norm over that dimension
+    (``F.normalize(z, dim=-1)``, ``z / z.norm(dim=-1, keepdim=True)``), followed through the
+    views, transposes and scalar products ``_softmax_below`` maps the dimension through."""
+    shape = _output_shape(child, output)
+    if shape is None or len(shape) < 2 or shape[contracted] < 2:
+        return False
+    found = _softmax_below(child, shape, len(shape) + contracted)
+    return found is not None and _op(found[0]) == "normalize" and found[1] == found[2]
+
+
+def multiplied_temperature(log_softmax):
+    """``(factor, logits shape)`` when the logits a ``LogSoftmaxBackward`` (a cross_entropy's, a
+    log_softmax's) normalises are cosine similarities (a product of two operands each divided by
+    its norm over the contracted dimension) times a constant factor at most ``_SMALL_FACTOR``:
+    the logits' range is at most that factor, the softmax over the candidates nearly uniform.
+    None for anything else: a learned scale on the way, an operand not normalised, a factor
+    above it (``/ tau``)."""
+    shape = _output_shape(log_softmax, 0)
+    if not shape or len(shape) < 2:
+        return None
+    dim = _saved(log_softmax, "_saved_dim")
+    if dim is None or shape[_signed(dim) % len(shape)] < 2:
+        return None
+    for product, factor in _scores_products(log_softmax) or ():
+        operands = list(product.next_functions)
+        if len(operands) != 2 or any(child is None for child, _ in operands):
+            continue
+        if not all(_cosine_operand(child, output, summed)
+                   for (child, output), summed in zip(operands, (-1, -2))):
+            continue
+        sides = [_operand_factor(child) for child, _ in operands]
+        if any(side is None for side in sides):
+            continue  # a learned scale on an operand (CLIP's logit_scale.exp() * img)
+        total = factor * sides[0][0] * sides[1][0]
+        if 0.0 < total <= _SMALL_FACTOR:
+            return total, shape
+    return None
+
+
 class SoftmaxAxisWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -508,6 +561,9 @@ class SoftmaxAxisWatcher:
                 name = type(node).__name__
                 if name.startswith("SoftmaxBackward"):
                     self._judge_scale(node)
+                    continue
+                if name.startswith("LogSoftmaxBackward"):
+                    self._judge_temperature(node)
                     continue
                 if not name.startswith(("BmmBackward", "MmBackward")):
                     continue
@@ -542,6 +598,19 @@ class SoftmaxAxisWatcher:
         self._told.add(key)
         self.rec.emit_aside(ev.attention_scale(how=how, n=n, d=d, factor=factor,
                                                shape=list(shape), params=self._params(softmax)),
+                            self.rec.here())
+
+    def _judge_temperature(self, log_softmax) -> None:
+        found = multiplied_temperature(log_softmax)
+        if found is None:
+            return
+        factor, shape = found
+        key = ("temperature", round(factor, 6), shape)
+        if key in self._told:
+            return
+        self._told.add(key)
+        self.rec.emit_aside(ev.temperature_multiplied(factor=factor, shape=list(shape),
+                                                      params=self._params(log_softmax)),
                             self.rec.here())
 
     def _params(self, softmax) -> list:
