@@ -46,6 +46,26 @@ def test_one_seed_before_the_loop_is_silent():
     assert findings(t, SLUG) == []
 
 
+def test_a_seed_at_the_start_of_each_training_run_is_silent():
+    # a sweep: seed, a new model and optimizer, a few updates; again for the next setting
+    t = TraceBuilder()
+    for run in range(3):
+        t.put(ev.reseed(fn="torch.manual_seed", seed=0), 5)
+        t.optimizer(run, [run], line=6)
+        for _ in range(3):
+            t.backward(fresh=[run], line=7)
+            t.step(run, line=8)
+    assert findings(t, SLUG) == []
+    t = TraceBuilder()  # the same seed again while one optimizer keeps training: the bug
+    t.optimizer(0, [0], line=6)
+    for run in range(3):
+        t.put(ev.reseed(fn="torch.manual_seed", seed=0), 5)
+        for _ in range(3):
+            t.backward(fresh=[0], line=7)
+            t.step(0, line=8)
+    assert "every 3 updates" in only(t, SLUG).message
+
+
 def test_an_unknown_seed_value_is_silent():
     t = TraceBuilder()
     seeded_updates(t, [None, None, None])

@@ -43,7 +43,10 @@ class ReseedInLoop(Rule):
 
     ## Stays silent on
     One seed before the loop; a seed that changes every time (`torch.manual_seed(seed + epoch)`);
-    a seed whose value graddoctor cannot read; seeding a `torch.Generator` object of its own.
+    a seed whose value graddoctor cannot read; seeding a `torch.Generator` object of its own;
+    a seed at the start of each training run of a sweep or a resume (a new model and optimizer
+    after it: the first update after the seed is made by an optimizer that made none since the
+    seed before).
     """
 
     code = "GD231"
@@ -53,7 +56,8 @@ class ReseedInLoop(Rule):
     fix = "seed once before the training loop (or with a value that changes, e.g. seed + epoch)"
 
     def check(self, a):
-        steps = [e.seq for e in a.of_kind("step") if not e.get("skipped")]
+        stepped = [e for e in a.of_kind("step") if not e.get("skipped")]
+        steps = [e.seq for e in stepped]
         if not steps:
             return
         by_line: dict = {}
@@ -68,7 +72,7 @@ class ReseedInLoop(Rule):
                 if previous is not None and previous.get("seed") == e.get("seed"):
                     # an update between the two seedings
                     i = bisect.bisect_right(steps, previous.seq)
-                    if i < len(steps) and steps[i] < e.seq:
+                    if i < len(steps) and steps[i] < e.seq and not _new_run(stepped, steps, i, e):
                         repeats.append(e)
                 previous = e
             if not repeats:
@@ -101,6 +105,17 @@ class ReseedInLoop(Rule):
                 loc, related=rel, step=a.next_step_number(first.seq),
                 evidence={"fn": fns[0], "seed": seed, "times": count},
             )
+
+
+def _new_run(stepped, steps, i, e) -> bool:
+    """Whether the seeding ``e`` starts another training run: the first update after it is
+    made by an optimizer that made none of the updates since the seeding before (``steps[i:]``
+    up to ``e``): a sweep or a resume that seeds, builds a model and its optimizer, and trains."""
+    j = bisect.bisect_right(steps, e.seq)
+    if j >= len(steps):
+        return False
+    before = {s.get("opt") for s in stepped[i:j]}
+    return stepped[j].get("opt") not in before
 
 
 def _between(a, steps, events) -> str:
