@@ -30,6 +30,7 @@ from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
 from .lossdomain import LossDomainWatcher
+from .losscalls import LossCalls
 from .losses import LossShapeWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
 from .modes import ModeWatcher
@@ -96,16 +97,19 @@ class Instrumentation:
         # dropout watcher: its F.scaled_dot_product_attention wrapper, which reads its caller's
         # frame, goes around this one)
         self.watchers.append(AttentionMaskWatcher(rec))
-        # (the idle-parameter watcher, subscribed below, hears of their calls: a loss computed
-        # from a module whose parameters never get a gradient;
-        # and the constant-loss watcher of those called on values with no graph)
+        # the loss wrappers tell four watchers of their calls (instrument/losscalls.py): the
+        # idle-parameter watcher (subscribed below: a loss computed from a module whose
+        # parameters never get a gradient), the constant-loss watcher (calls on values with no
+        # graph), and those of a target that is a column of the input or every row of a
+        # full-batch label tensor
         self.idle = IdleParamWatcher(rec)
         constants = ConstantLossWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
-        columns = TargetColumnWatcher(rec)  # and of those whose target is a column of the input
-        rows = FullRowsWatcher(rec)  # and of full-batch losses over every row of one label tensor
-        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, self.idle, constants, columns, rows),
-                          LossInputWatcher(rec, self.idle, constants, columns, rows),
+        columns = TargetColumnWatcher(rec)
+        rows = FullRowsWatcher(rec)
+        loss_calls = LossCalls(self.idle, constants, columns, rows)
+        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, loss_calls),
+                          LossInputWatcher(rec, loss_calls),
                           LossDomainWatcher(rec)]  # targets outside the domain a loss reads them in
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from .. import events as ev
 from .graphpaths import saved
 from .inlinable import watched
+from .losscalls import LossCalls
 from .recorder import Recorder
 
 NAMES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div", "ctc_loss",
@@ -294,12 +295,9 @@ def _inverted_weights(fn: str, counts, weights) -> dict | None:
 
 
 class LossInputWatcher:
-    def __init__(self, rec: Recorder, idle=None, constants=None, columns=None, rows=None):
+    def __init__(self, rec: Recorder, calls: LossCalls | None = None):
         self.rec = rec
-        self.columns = columns  # TargetColumnWatcher: hears of the first calls with a gradient
-        self.rows = rows  # FullRowsWatcher: hears of the first calls with a gradient too
-        self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
-        self.constants = constants  # ConstantLossWatcher: hears of calls on values with no graph
+        self.calls = calls or LossCalls()  # the other watchers that hear of these calls
         self._done: set = set()  # call lines recorded
         self._value_checks: dict[str, int] = {}  # fn -> calls judged by their values so far
         # (padding_idx, vocabulary size) of the embeddings the script ran: a loss over that
@@ -326,27 +324,19 @@ class LossInputWatcher:
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
-        idle, constants, columns, rows = watcher.idle, watcher.constants, watcher.columns, watcher.rows
+        heard = watcher.calls.heard
 
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input", kwargs.get("log_probs"))
-            if idle is not None and idle.watching:
-                idle.loss_call(fn, input)
+            target = args[1] if len(args) > 1 else kwargs.get("target", kwargs.get("targets"))
+            heard(fn, input, target, args, kwargs)
             if not (isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled()):
-                if constants is not None and isinstance(input, torch.Tensor) and torch.is_grad_enabled():
-                    constants.loss_call(fn, args, kwargs)
                 if fn in _SWAPPABLE and isinstance(input, torch.Tensor) and torch.is_grad_enabled():
-                    target = args[1] if len(args) > 1 else kwargs.get("target")
                     try:
                         watcher._swapped(fn, input, target)
                     except Exception as exc:
                         rec.internal_error(f"F.{fn}", exc)
                 return  # no gradient flows: a metric, or a mistake torch reports itself
-            target = args[1] if len(args) > 1 else kwargs.get("target", kwargs.get("targets"))
-            if columns is not None and columns.open and fn != "ctc_loss":
-                columns.loss_call(fn, input, target)
-            if rows is not None and rows.open and fn != "ctc_loss":
-                rows.loss_call(fn, input, target, args, kwargs)
             try:
                 watcher._check(fn, input)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from .. import events as ev
 from .inlinable import watched
+from .losscalls import LossCalls
 from .recorder import Recorder
 
 NAMES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
@@ -88,12 +89,9 @@ def broadcast_shape(a, b) -> list[int] | None:
 
 
 class LossShapeWatcher:
-    def __init__(self, rec: Recorder, idle=None, constants=None, columns=None, rows=None):
+    def __init__(self, rec: Recorder, calls: LossCalls | None = None):
         self.rec = rec
-        self.columns = columns  # TargetColumnWatcher: hears of the first calls with a gradient
-        self.rows = rows  # FullRowsWatcher: hears of the first calls with a gradient too
-        self.idle = idle  # IdleParamWatcher: hears of each call once it watches a module
-        self.constants = constants  # ConstantLossWatcher: hears of calls on values with no graph
+        self.calls = calls or LossCalls()  # the other watchers that hear of these calls
         self._done: set = set()  # locations already recorded
         self._fine: set = set()  # (input shape, target shape) pairs that broadcast harmlessly
         self._range_checks: dict[str, int] = {}  # fn -> calls whose targets' range was read
@@ -103,22 +101,12 @@ class LossShapeWatcher:
         watcher, rec = self, self.rec
         signature = inspect.signature(original)
 
-        idle, constants, columns, rows = watcher.idle, watcher.constants, watcher.columns, watcher.rows
+        heard = watcher.calls.heard
 
         def before(args, kwargs) -> None:
             input = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
-            if idle is not None and idle.watching:
-                idle.loss_call(fn, input)
-            if constants is not None and isinstance(input, torch.Tensor) \
-                    and not input.requires_grad and torch.is_grad_enabled():
-                constants.loss_call(fn, args, kwargs)
-            if columns is not None and columns.open and isinstance(input, torch.Tensor) \
-                    and input.requires_grad and torch.is_grad_enabled():
-                columns.loss_call(fn, input, target)
-            if rows is not None and rows.open and isinstance(input, torch.Tensor) \
-                    and input.requires_grad and torch.is_grad_enabled():
-                rows.loss_call(fn, input, target, args, kwargs)
+            heard(fn, input, target, args, kwargs)
             if watcher._range_checks.get(fn, 0) < _RANGE_CHECKS:
                 try:
                     watcher._range(fn, input, target)

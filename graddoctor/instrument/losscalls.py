@@ -1,0 +1,39 @@
+"""Who hears of the calls of the loss functions graddoctor wraps (losses.py: the regression
+losses; loss_inputs.py: the classification losses), and on which condition — one place, so a
+new listener is one argument here and not one more in each wrapper:
+
+* ``idle`` (IdleParamWatcher): every call, once it watches a module;
+* ``constants`` (ConstantLossWatcher): calls on an input without gradient, grad mode on (a
+  loss term with no graph);
+* ``columns`` (TargetColumnWatcher) and ``rows`` (FullRowsWatcher): the first calls with a
+  gradient (while each is ``open``), not ``ctc_loss``'s (its targets are label sequences).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LossCalls:
+    def __init__(self, idle=None, constants=None, columns=None, rows=None):
+        self.idle, self.constants, self.columns, self.rows = idle, constants, columns, rows
+
+    def heard(self, fn: str, input, target, args, kwargs) -> None:
+        """A wrapped loss function is called (``fn``), with its input and target as read by
+        the wrapper: told to each listener whose condition holds."""
+        idle = self.idle
+        if idle is not None and idle.watching:
+            idle.loss_call(fn, input)
+        if not isinstance(input, torch.Tensor) or not torch.is_grad_enabled():
+            return
+        if not input.requires_grad:
+            if self.constants is not None:
+                self.constants.loss_call(fn, args, kwargs)
+            return
+        if fn == "ctc_loss":
+            return
+        columns, rows = self.columns, self.rows
+        if columns is not None and columns.open:
+            columns.loss_call(fn, input, target)
+        if rows is not None and rows.open:
+            rows.loss_call(fn, input, target, args, kwargs)
