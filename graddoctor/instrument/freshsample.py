@@ -210,10 +210,15 @@ class FreshSampleWatcher:
         """Forget the step; pop the mode when it is on top of this thread's stack (a mode the
         script pushed after it and still holds: left there, passing every call through)."""
         self.following = False
-        self._drawn, self._fresh, self._followed, self._derived, self._scores = [], [], {}, {}, {}
+        if self._drawn or self._fresh or self._followed or self._derived or self._scores:
+            # (new containers only when there is something to forget: this runs at every
+            # backward of the run, and a turn's allocations add up to garbage collections)
+            self._drawn, self._fresh, self._followed, self._derived, self._scores = [], [], {}, {}, {}
         self.inside = 0
-        self._calls.clear()  # a call that raised left its entry
-        if pop_mode(self._mode, self._thread, self.rec, "fresh_sample_scored"):
+        if self._calls:
+            self._calls.clear()  # a call that raised left its entry
+        if self._mode is not None and pop_mode(self._mode, self._thread, self.rec,
+                                               "fresh_sample_scored"):
             self._mode = None
 
     # -- DESCRIBE_LOSS -----------------------------------------------------------------------
