@@ -124,7 +124,10 @@ clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_nor
                    edited [pid] (grads changed in place by unwatched code before the clip),
                    spent (the iterable given was a generator, or a filter/map over one, that
                    had already been iterated before this call: True; a collection, a tensor
-                   or a fresh generator: False; another one-shot iterator: None)
+                   or a fresh generator: False; another one-shot iterator: None), clipped,
+                   kept (clip_grad_value_'s first ``clip.VALUE_MEASURED`` calls over CPU
+                   gradients only: the share of the gradients' elements beyond clip_value, and
+                   the clamped gradients' norm over the given one)
 grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step),
                    factors [float|None] (only on one of the first edited steps right after a
                    sampled backward, when some group has one: per param group, the constant c
@@ -877,12 +880,17 @@ def scaler_load(*, scaler: int) -> Made:
 
 def clip(*, via: str, params: list[int], with_grad: list[int], untracked: int,
          limit: float | str | None, norm_type: float | str | None, norm_only: bool,
-         total_norm: float | str | None, edited: list[int], spent: bool | None = None) -> Made:
+         total_norm: float | str | None, edited: list[int], spent: bool | None = None,
+         clipped: float | None = None, kept: float | None = None) -> Made:
     """``spent`` None: not known (a trace written before it was recorded, or an iterator
-    graddoctor cannot look into)."""
-    return "clip", {"via": via, "params": params, "with_grad": with_grad, "untracked": untracked,
-                    "limit": limit, "norm_type": norm_type, "norm_only": norm_only,
-                    "total_norm": total_norm, "edited": edited, "spent": spent}
+    graddoctor cannot look into). ``clipped`` and ``kept`` are only written when measured."""
+    data = {"via": via, "params": params, "with_grad": with_grad, "untracked": untracked,
+            "limit": limit, "norm_type": norm_type, "norm_only": norm_only,
+            "total_norm": total_norm, "edited": edited, "spent": spent}
+    if clipped is not None:
+        data["clipped"] = clipped
+        data["kept"] = kept
+    return "clip", data
 
 
 def grad_edit(*, opt: int, params: list[int], factors: list | None = None) -> Made:
