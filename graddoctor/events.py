@@ -124,7 +124,10 @@ clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_nor
                    edited [pid] (grads changed in place by unwatched code before the clip),
                    spent (the iterable given was a generator, or a filter/map over one, that
                    had already been iterated before this call: True; a collection, a tensor
-                   or a fresh generator: False; another one-shot iterator: None)
+                   or a fresh generator: False; another one-shot iterator: None), clipped,
+                   kept (clip_grad_value_'s first ``clip.VALUE_MEASURED`` calls over CPU
+                   gradients only: the share of the gradients' elements beyond clip_value, and
+                   the clamped gradients' norm over the given one)
 grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step),
                    factors [float|None] (only on one of the first edited steps right after a
                    sampled backward, when some group has one: per param group, the constant c
@@ -624,6 +627,15 @@ model_copy         copy, model (the user's names of a module no optimizer trains
                    change with the way from the model to the copy, its length over that way, and
                    whether the copy changed too) — written at the end (loc: the copy's first
                    forward that gave targets, or None)
+decay_share        opt, cls (the optimizer's class), group (the param group's index), weight_decay,
+                   lr (plain numbers, lr None for a tensor), decoupled (bool: AdamW's decay, or
+                   ``decoupled_weight_decay=True``), steps [int] (the step measured at each update),
+                   ratios [float] (per measured update, the element-weighted median over the
+                   group's CPU parameters with a gradient of the decay term over the loss's:
+                   coupled ``weight_decay * ||p|| / ||g||``, decoupled
+                   ``weight_decay * ||p|| / sqrt(numel)``) — each param group with a weight decay
+                   of one of torch's optimizers, over its first ``decay.MEASURED`` updates (loc:
+                   None; an aside; instrument/decay.py)
 step_edit          opt, steps [int] (the run's step count at each measurement), back [float|None]
                    (per measured update: the cosine between the change the script's own code made
                    to the optimizer's parameters before its next step, Δh, and minus the change
@@ -868,12 +880,17 @@ def scaler_load(*, scaler: int) -> Made:
 
 def clip(*, via: str, params: list[int], with_grad: list[int], untracked: int,
          limit: float | str | None, norm_type: float | str | None, norm_only: bool,
-         total_norm: float | str | None, edited: list[int], spent: bool | None = None) -> Made:
+         total_norm: float | str | None, edited: list[int], spent: bool | None = None,
+         clipped: float | None = None, kept: float | None = None) -> Made:
     """``spent`` None: not known (a trace written before it was recorded, or an iterator
-    graddoctor cannot look into)."""
-    return "clip", {"via": via, "params": params, "with_grad": with_grad, "untracked": untracked,
-                    "limit": limit, "norm_type": norm_type, "norm_only": norm_only,
-                    "total_norm": total_norm, "edited": edited, "spent": spent}
+    graddoctor cannot look into). ``clipped`` and ``kept`` are only written when measured."""
+    data = {"via": via, "params": params, "with_grad": with_grad, "untracked": untracked,
+            "limit": limit, "norm_type": norm_type, "norm_only": norm_only,
+            "total_norm": total_norm, "edited": edited, "spent": spent}
+    if clipped is not None:
+        data["clipped"] = clipped
+        data["kept"] = kept
+    return "clip", data
 
 
 def grad_edit(*, opt: int, params: list[int], factors: list | None = None) -> Made:
@@ -1180,6 +1197,12 @@ def model_copy(*, copy: str, model: str, opt: int | None, params: int, equal: bo
                           "written_step": written_step, "measured": measured, "pulls": pulls}
 
 
+def decay_share(*, opt: int, cls: str, group: int, weight_decay: float, lr: float | None,
+                decoupled: bool, steps: list[int], ratios: list[float]) -> Made:
+    return "decay_share", {"opt": opt, "cls": cls, "group": group, "weight_decay": weight_decay,
+                           "lr": lr, "decoupled": decoupled, "steps": steps, "ratios": ratios}
+
+
 def step_edit(*, opt: int, steps: list[int], back: list, share: list, home: list,
               home_share: list) -> Made:
     return "step_edit", {"opt": opt, "steps": steps, "back": back, "share": share, "home": home,
@@ -1378,7 +1401,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
-    "step_edit": step_edit, "model_copy": model_copy,
+    "step_edit": step_edit, "decay_share": decay_share, "model_copy": model_copy,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -1394,7 +1417,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
                          "same_compared",
-                         "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
+                         "gan_same_target", "entropy_sign", "step_edit", "decay_share", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",

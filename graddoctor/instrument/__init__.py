@@ -65,6 +65,7 @@ from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE
 from .schedulers import SchedulerWatcher
 from .symmetry import SymmetryWatcher
 from .undo import StepEditWatcher
+from .decay import DecayShareWatcher
 from .warnsource import WarningSource
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
@@ -220,6 +221,10 @@ class Instrumentation:
         rec.subscribe(STEP_BEGINS, edits.before_step)
         rec.subscribe(STEPPED, edits.after_step)
         self.watchers.append(edits)
+        # a weight decay many times the loss's gradient in the first updates (weight-decay-dominates-update)
+        decay = DecayShareWatcher(rec)
+        rec.subscribe(STEP_BEGINS, decay.before_step)
+        self.watchers.append(decay)
         # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
         self.copies = CopyWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(STEP_BEGINS, self.copies.before_step)
