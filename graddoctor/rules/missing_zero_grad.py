@@ -12,7 +12,9 @@ class MissingZeroGrad(Rule):
     ## What it does
     Finds optimizer steps that apply gradients left over from earlier updates because nothing
     ever clears them: no `optimizer.zero_grad()` / `model.zero_grad()` touches those parameters
-    between one update and the next.
+    between one update and the next. When one loss feeds two optimizers (an encoder's and a
+    decoder's) and only one of them is cleared, it points at that clear: the missing
+    `zero_grad()` goes beside it.
 
     ## Why is this bad?
     `backward()` *adds* into `.grad`. Without a clear, update N applies the sum of the gradients
@@ -86,6 +88,7 @@ class MissingZeroGrad(Rule):
             if use.fresh and not use.clears_between and not _accumulated_between_other_steps(use, steps):
                 groups.setdefault(use.fresh[0].backward.loc, []).append(use)
         for loc, uses in groups.items():
+            beside_variable = None
             # a leak (another loss's backward writing in after the clear) is judged on the first
             # update that clears before it: on the very first update nothing was cleared yet
             first = next((u for u in uses if self._leaks(a, u, loc, clears)), uses[0])
@@ -140,6 +143,23 @@ class MissingZeroGrad(Rule):
                        "here instead")
                 fixes = {}
                 loc = astray.loc
+            elif beside := self._clear_beside(a, first, consumed, backward, mine):
+                # one loss, two optimizers (an encoder's and a decoder's) stepped after its
+                # backward, and only the other one's zero_grad() runs: that call is where the
+                # missing one goes
+                clear, other = beside
+                message = (f"this zero_grad() clears only {a.optimizer_name(other)}'s parameters, "
+                           f"but the backward at line {backward.loc.line if backward.loc else '?'} "
+                           f"also feeds {a.optimizer_name(first.opt)}, whose {a.names(pids)} are "
+                           f"never cleared: every {a.optimizer_name(first.opt)} step applies the "
+                           f"sum of all gradients so far (first seen at step {first.step_index})")
+                variable = a._distinct_variable(first.opt)
+                fix = (f"clear {variable}'s gradients here too: {variable}.zero_grad() beside this "
+                       f"one" if variable else "clear the other optimizer's gradients here too "
+                       "(its zero_grad() beside this one)")
+                fixes = {}
+                loc = clear.loc
+                beside_variable = variable
             elif bare := self._bare_zero_grad(a, backward):
                 message = (f"`{bare[1]}` names the method without calling it: the statement does "
                            f"nothing, so {a.names(pids)} are never cleared and every optimizer step "
@@ -171,7 +191,8 @@ class MissingZeroGrad(Rule):
                           "optimizer": first.opt, "old_backward_calls": len(first.old),
                           "steps_affected": a.count({u.step.seq: u.step for u in uses}.values()),
                           # DDP all-reduces this backward: what the other ranks do matters
-                          **({"allreduce": True} if backward.get("allreduce") else {})},
+                          **({"allreduce": True} if backward.get("allreduce") else {}),
+                          **({"clear_beside": beside_variable} if beside_variable else {})},
             )
 
     fix_safety = Safety.SAFE
@@ -187,7 +208,8 @@ class MissingZeroGrad(Rule):
         if bare is not None:
             return self.edit("call the zero_grad the statement only names", bare)
         step_line = related_line(finding, Role.STEP)
-        opt = stepped_optimizer(src, step_line) if step_line else None
+        opt = finding.evidence.get("clear_beside") or (
+            stepped_optimizer(src, step_line) if step_line else None)
         here = src.statement_at(line)
         if opt is None or here is None:
             return None
@@ -251,6 +273,31 @@ class MissingZeroGrad(Rule):
                   if consumed.seq < c.seq < backward.seq and c.loc is not None
                   and not (mine | owned) & set(c["params"] or ())]
         return astray[-1] if astray else None
+
+    @staticmethod
+    def _clear_beside(a, first, consumed, backward, mine):
+        """``(clear, other optimizer)``: the last zero_grad() between the step that already used
+        the gradients and this backward, when it clears only parameters of one other optimizer
+        that also steps after this backward, before the next one (one loss stepped by two
+        optimizers); None otherwise."""
+        if consumed is None:
+            return None
+        owner = {p: opt for opt, params in a.opt_params.items() for p in params}
+        beside = [c for c in a.of_kind("clear")
+                  if consumed.seq < c.seq < backward.seq and c.loc is not None and c["params"]
+                  and not mine & set(c["params"])]
+        if not beside:
+            return None
+        clear = beside[-1]
+        others = {owner.get(p) for p in clear["params"]}
+        if len(others) != 1 or None in others:
+            return None
+        other = others.pop()
+        after = next((b.seq for b in a.of_kind("backward") if b.seq > backward.seq), None)
+        if not any(s["opt"] == other and backward.seq < s.seq and (after is None or s.seq < after)
+                   for s in a.of_kind("step")):
+            return None  # the other optimizer steps on another loss (a GAN's other model)
+        return clear, other
 
     @staticmethod
     def _bare_zero_grad(a, backward):
