@@ -114,13 +114,17 @@ def _like_a_class(counts, value: int, upper: float | None, majority: float | Non
     return {"share": round(share, 4), "median": round(median, 4), "classes": int(others.numel()) + 1}
 
 
+def _pads_rows(same) -> bool:
+    """Whether the positions of a (rows, length) mask pad the rows: runs at one end of them
+    (``fill_runs``)."""
+    return fill_runs(same, -1) is not None or fill_runs(same, 0) is not None
+
+
 def padding_inside(rows, value: int) -> dict | None:
-    """``value`` pads the (B, T) ``rows`` (runs at one end, ``fill_runs``) and also occurs
-    inside them, at ``INSIDE_SHARE`` of the content positions or more: one label for padding
-    and for a class. None otherwise."""
+    """For ``value`` that pads the (B, T) ``rows`` (``_pads_rows``): its occurrences inside
+    them, when they make up ``INSIDE_SHARE`` of the content positions or more (one label for
+    padding and for a class), else None."""
     same = rows == value
-    if fill_runs(same, -1) is None and fill_runs(same, 0) is None:
-        return None
     edge = _edges(same)
     inside = int((same & ~edge).sum())
     content = same.numel() - int(edge.sum())
@@ -132,18 +136,16 @@ def padding_inside(rows, value: int) -> dict | None:
 
 def token_inside(tokens, value: int, vocab: int) -> dict | None:
     """The padding id ``value`` of a (B, T) or (T, B) token batch used as a token: inside the
-    rows (out of the runs at their ends, in the orientation where fewer are) at
-    ``INSIDE_SHARE`` of the content or more, mostly standing alone, as frequent there as a
-    token (``_like_a_class``). None otherwise."""
-    best = None
-    for ids in (tokens, tokens.t()):
-        same = ids == value
-        inside = same & ~_edges(same)
-        count = int(inside.sum())
-        if best is None or count < best[0]:
-            best = (count, ids, same, inside)
-    count, ids, same, inside = best
-    edge = same & ~inside
+    rows (out of the runs at their ends; the rows are those it pads, if it pads the batch's
+    columns and not its rows, the columns) at ``INSIDE_SHARE`` of the content or more, mostly
+    standing alone, as frequent there as a token (``_like_a_class``). None otherwise."""
+    ids = tokens
+    same = ids == value
+    if not _pads_rows(same) and _pads_rows(same.t()):
+        ids, same = ids.t(), same.t()  # sequence-first
+    edge = _edges(same)
+    inside = same & ~edge
+    count = int(inside.sum())
     content = ids.numel() - int(edge.sum())
     if content <= 0 or count < max(MIN_INSIDE, INSIDE_SHARE * content):
         return None
@@ -238,8 +240,9 @@ class RealIndexWatcher:
         with torch.no_grad():
             rows = self._rows(input, target)
             if rows is not None:
-                found = padding_inside(rows, ignore)
-                if found is None:
+                if _pads_rows(rows == ignore):
+                    found = padding_inside(rows, ignore)
+                else:
                     kept = rows[(rows >= 0) & (rows < classes)]
                     found = _like_a_class(torch.bincount(kept.reshape(-1), minlength=classes)[:classes]
                                           .double(), ignore, None, TOKEN_MAJORITY)
