@@ -188,3 +188,32 @@ def test_an_embedding_whose_padding_idx_is_a_word():
 def test_one_dimensional_indices_are_not_judged():
     ids = torch.randint(0, 20, (256,))
     assert _events(lambda: nn.Embedding(20, 4, padding_idx=0)(ids).sum().backward()) == []
+
+
+def test_a_binary_tasks_negatives_are_a_class():
+    labels = (torch.arange(256) % 5 < 2).long()  # 40% positives
+    head = nn.Linear(6, 2)
+
+    def run():
+        g = torch.Generator().manual_seed(2)
+        for batch in labels.split(64):
+            F.cross_entropy(head(torch.randn(len(batch), 6, generator=g)), batch,
+                            ignore_index=0).backward()
+
+    (e,) = _events(run)
+    assert e["layout"] == "classes" and e["classes"] == 2
+
+
+def test_nothing_is_read_after_the_first_steps():
+    labels = torch.arange(256) % 10
+
+    def run():
+        head = nn.Linear(6, 10)
+        optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
+        loss = nn.CrossEntropyLoss(ignore_index=0)
+        for _ in range(16):
+            optimizer.step()
+        for batch in labels.split(64):
+            loss(head(torch.randn(len(batch), 6)), batch).backward()
+
+    assert _events(run) == []

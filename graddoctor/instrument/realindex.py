@@ -12,7 +12,8 @@ sample (``(N,)`` targets), about as often as the other classes; in rows, inside 
 the run at either end), one id among the others.
 
 What is read, for the first ``READS`` calls of each loss line or module (on a GPU only before
-the first optimizer step: no host sync in the updates after it):
+the first optimizer step: no host sync in the updates after it), in the first ``STEPS``
+optimizer steps and the first ``CALLS`` calls (nothing after them):
 
 * ``cross_entropy`` / ``nll_loss`` with a gradient and an integer ``ignore_index`` in
   ``[0, C)`` (``loss_inputs.py``'s wrapper hands them over with the pad ids it knows). Targets
@@ -53,6 +54,8 @@ from .loss_inputs import _class_dim, _reshaped_from, fill_runs
 from .recorder import Recorder
 
 READS = 8  # calls judged per loss line, loss module or embedding
+STEPS = 16  # optimizer steps after which nothing is looked at any more
+CALLS = 512  # calls looked at in all, losses and embeddings each (a site is found per call)
 COUNT_FROM = 128  # one-label-per-sample targets counted before a class share is judged
 MIN_COUNT = 8  # ... with at least this many of the ignored value
 LOW = 0.5  # a class's share at least this fraction of the median other class's
@@ -96,13 +99,13 @@ def _edges(same):
 def _like_a_class(counts, value: int, upper: float | None, majority: float | None) -> dict | None:
     """Whether ``value`` is as frequent as one class among the others in ``counts`` (occurrences
     per class): its share at least ``LOW`` times the median share of the other classes present
-    (two at least), at most ``upper`` times the largest other's, at most ``majority`` of all.
+    (one at least: a binary task's negatives are a class too), at most ``upper`` times the largest other's, at most ``majority`` of all.
     The shares, or None."""
     total = float(counts.sum())
     mine = float(counts[value])
     others = torch.cat([counts[:value], counts[value + 1:]])
     others = others[others > 0]
-    if total <= 0 or mine <= 0 or others.numel() < 2:
+    if total <= 0 or mine <= 0 or others.numel() < 1:
         return None
     share, median, largest = mine / total, float(others.median()) / total, float(others.max()) / total
     if share < LOW * median:
@@ -173,6 +176,8 @@ class RealIndexWatcher:
         self._counts: dict = {}  # site key -> counts per class of one-label-per-sample targets
         self._told: set = set()
         self._forwards: tuple = ()  # the code of the nn loss modules' forward
+        self._loss_calls = 0  # calls looked at (``CALLS``)
+        self._embedding_calls = 0
 
     # -- constructions -----------------------------------------------------------------------
     def _wrap_init(self, original, sites: dict, argument: str, key):
@@ -224,6 +229,9 @@ class RealIndexWatcher:
                 and target.dtype not in (torch.bool,) and not target.is_floating_point()
                 and target.dim() == input.dim() - 1 and target.dim() in (1, 2)
                 and 0 < target.numel() <= MAX_CELLS):
+            return
+        self._loss_calls += 1
+        if self._loss_calls > CALLS or self.rec.progress.steps >= STEPS:
             return
         classes = int(input.shape[_class_dim(input, fn)])
         if ignore >= classes:
@@ -291,6 +299,9 @@ class RealIndexWatcher:
     # -- embeddings ------------------------------------------------------------------------
     def embedded(self, tokens, weight, pad) -> None:
         """An ``F.embedding`` call with a ``padding_idx``."""
+        self._embedding_calls += 1
+        if self._embedding_calls > CALLS or self.rec.progress.steps >= STEPS:
+            return
         if not (isinstance(tokens, torch.Tensor) and isinstance(weight, torch.Tensor)
                 and isinstance(pad, int) and weight.dim() == 2 and tokens.dim() == 2
                 and not tokens.is_floating_point() and tokens.dtype != torch.bool
