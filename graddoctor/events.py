@@ -513,6 +513,18 @@ loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fract
                    "targets": the id filling the targets' own shorter rows): a classification loss whose integer targets are mostly the
                    padding index of an embedding the script uses, which the loss does not ignore
                    — the first such call of each call line (loc: the loss line; an aside)
+real_index         argument (ignore_index | padding_idx), value (the index set apart), api
+                   (nn.CrossEntropyLoss | nn.NLLLoss | F.cross_entropy | F.nll_loss |
+                   nn.Embedding | F.embedding), size (the loss's classes or the embedding's
+                   rows), layout ("classes": one label per sample | "rows": label rows it does
+                   not pad | "padded rows": rows it pads and occurs inside of too | "tokens": an
+                   embedded token batch), share (of the positions counted that hold it), and
+                   as the layout has them median (the median other class's share), classes
+                   (present), seen (labels counted), inside, content (occurrences out of the
+                   runs at the rows' ends, and those positions): the value a loss ignores or an
+                   embedding pads with occurs in the data as a real class or token — once per
+                   site (loc: the module's construction, else the call; an aside;
+                   instrument/realindex.py)
 low_precision      opt, cls, dtype (the parameters' dtype), what ("eps": the optimizer's eps
                    rounds to 0 in that dtype | "frozen": its first updates changed almost no
                    element whose gradient was non-zero), eps (float|None), lr (float|None),
@@ -1155,6 +1167,14 @@ def loss_padding(*, fn: str, pad: int, fraction: float, ignore_index: int | None
                             "ignore_index": ignore_index, "reduction": reduction, "source": source}
 
 
+def real_index(*, argument: str, value: int, api: str, size: int, layout: str, share: float,
+               median: float | None = None, classes: int | None = None, seen: int | None = None,
+               inside: int | None = None, content: int | None = None) -> Made:
+    return "real_index", {"argument": argument, "value": value, "api": api, "size": size,
+                          "layout": layout, "share": share, "median": median, "classes": classes,
+                          "seen": seen, "inside": inside, "content": content}
+
+
 def low_precision(*, opt: int, cls: str, dtype: str, what: str, eps: float | None,
                   lr: float | None, unchanged: float | None, params: int) -> Made:
     return "low_precision", {"opt": opt, "cls": cls, "dtype": dtype, "what": what, "eps": eps,
@@ -1375,7 +1395,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "full_rows_loss": full_rows_loss,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
-    "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
+    "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
     "attention_scale": attention_scale,
@@ -1410,7 +1430,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",
-                         "loader_sampler", "custom_backward", "loss_padding", "low_precision",
+                         "loader_sampler", "custom_backward", "loss_padding", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",

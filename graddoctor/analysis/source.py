@@ -56,6 +56,9 @@ class ScriptSource:
     def call_argument(self, path: str, line: int, function: str, position: int, keyword: str) -> str | None:
         return call_argument(self.full(path), line, function, position, keyword)
 
+    def keyword_line(self, path: str, line: int, keyword: str) -> tuple[int, str] | None:
+        return keyword_line(self.full(path), line, keyword)
+
     def cuts_gradient_near(self, path: str, line: int) -> bool | None:
         return cuts_gradient_near(self.full(path), line)
 
@@ -437,6 +440,24 @@ def call_argument(path: str, line: int, function: str, position: int, keyword: s
         if len(node.args) > position and not any(isinstance(a, ast.Starred) for a in node.args[:position + 1]):
             return ast.unparse(node.args[position])
     return None
+
+
+def keyword_line(path: str, line: int, keyword: str) -> tuple[int, str] | None:
+    """``(line, text)`` where ``keyword=`` is written in the innermost call spanning ``line``
+    that is given it (a call written over several lines names it on one of them): where an
+    argument's value is to be changed. None when the source cannot be read or shows no such
+    call there."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            continue
+        for kw in node.keywords:
+            if kw.arg == keyword and (found is None or node.lineno >= found[0]):
+                found = (node.lineno, kw.value.lineno, ast.unparse(kw.value))
+    return (found[1], f"{keyword}={found[2]}") if found is not None else None
 
 
 _CUTS = ("detach", "detach_", "data")

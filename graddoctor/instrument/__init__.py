@@ -29,6 +29,7 @@ from .gradstop import GradStopWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
+from .realindex import RealIndexWatcher
 from .lossdomain import LossDomainWatcher
 from .losscalls import LossCalls
 from .losses import LossShapeWatcher
@@ -109,8 +110,11 @@ class Instrumentation:
         columns = TargetColumnWatcher(rec)
         rows = FullRowsWatcher(rec)
         loss_calls = LossCalls(self.idle, constants, columns, rows)
+        # an ignore_index or padding_idx that the data uses as a real class or token: told
+        # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
+        real_index = RealIndexWatcher(rec)
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, loss_calls),
-                          LossInputWatcher(rec, loss_calls),
+                          LossInputWatcher(rec, loss_calls, real_index), real_index,
                           LossDomainWatcher(rec)]  # targets outside the domain a loss reads them in
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)

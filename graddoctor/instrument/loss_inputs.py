@@ -229,6 +229,24 @@ _WEIGHT_SPREAD = 2.0  # the largest weight at least this multiple of the smalles
 _FREQUENCY_SPREAD = 3.0  # the most frequent class at least this multiple of the rarest seen
 
 
+def fill_runs(same, column: int):
+    """Per row of a (batch, length) mask of one id's positions, the run of it at the row's end
+    (``column`` -1) or start (0), when those runs are how padding looks: at least half the rows
+    (two at least) have one, of different lengths, the longest at least 2, none the whole row
+    (the longest row needs none). None otherwise. Says nothing of the id elsewhere in the rows:
+    a filler is also (nearly) absent from them (``infer_fill``)."""
+    rows, length = same.shape
+    ending = same[:, column]
+    if int(ending.sum()) < max(2, (rows + 1) // 2):
+        return None
+    runs = (same.flip(1) if column == -1 else same).int().cumprod(1).sum(1)
+    padded = runs[ending]
+    if not (int(padded.max()) >= 2 and int(padded.min()) < int(padded.max())
+            and int(runs.max()) < length):
+        return None
+    return runs
+
+
 def infer_fill(tokens) -> int | None:
     """The id that fills up the shorter rows of a (batch, length) CPU token batch: most rows
     (the longest need none) end, or start, with it in runs of different lengths, and it is
@@ -236,16 +254,10 @@ def infer_fill(tokens) -> int | None:
     rows, length = tokens.shape
     with torch.no_grad():
         for column in (-1, 0):  # right padding, left padding
-            edge = tokens[:, column]
-            fill = int(edge.mode().values)
-            ending = edge == fill
-            if int(ending.sum()) < max(2, (rows + 1) // 2):
-                continue
+            fill = int(tokens[:, column].mode().values)
             same = tokens == fill
-            runs = (same.flip(1) if column == -1 else same).int().cumprod(1).sum(1)
-            padded = runs[ending]
-            if not (int(padded.max()) >= 2 and int(padded.min()) < int(padded.max())
-                    and int(runs.max()) < length):
+            runs = fill_runs(same, column)
+            if runs is None:
                 continue
             content = length * rows - int(runs.sum())
             if int(same.sum()) - int(runs.sum()) > 0.02 * content:
@@ -295,9 +307,12 @@ def _inverted_weights(fn: str, counts, weights) -> dict | None:
 
 
 class LossInputWatcher:
-    def __init__(self, rec: Recorder, calls: LossCalls | None = None):
+    def __init__(self, rec: Recorder, calls: LossCalls | None = None, real_index=None):
         self.rec = rec
         self.calls = calls or LossCalls()  # the other watchers that hear of these calls
+        # realindex.py's watcher: told of the losses' ignore_index and the embeddings'
+        # padding_idx, with the pad ids known here (a token loss may ignore its pad id)
+        self.real_index = real_index
         self._done: set = set()  # call lines recorded
         self._value_checks: dict[str, int] = {}  # fn -> calls judged by their values so far
         # (padding_idx, vocabulary size) of the embeddings the script ran: a loss over that
@@ -341,6 +356,8 @@ class LossInputWatcher:
                 watcher._check(fn, input)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):
                     watcher._padding(fn, input, target, args, kwargs)
+                if watcher.real_index is not None and fn in ("cross_entropy", "nll_loss"):
+                    watcher.real_index.loss_call(fn, input, target, args, kwargs, watcher._pads)
                 if watcher._token_batches and fn in ("cross_entropy", "nll_loss"):
                     watcher._padded_targets(fn, input, target, args, kwargs)
                 if watcher._last_ids is not None and fn in ("cross_entropy", "nll_loss"):
@@ -708,6 +725,12 @@ class LossInputWatcher:
                     watcher._infer_fill(args, kwargs)
                 except Exception as exc:
                     watcher.rec.internal_error("F.embedding", exc)
+            if pad is not None and watcher.real_index is not None:
+                try:
+                    watcher.real_index.embedded(args[0] if args else kwargs.get("input"),
+                                                args[1] if len(args) > 1 else kwargs.get("weight"), pad)
+                except Exception as exc:
+                    watcher.rec.internal_error("F.embedding padding_idx", exc)
             if pad is not None:
                 try:
                     weight = args[1] if len(args) > 1 else kwargs.get("weight")
