@@ -122,6 +122,12 @@ def test_the_watcher_is_silent_on_batches_served_in_order_and_fresh_states():
     assert _events(_gru_loop(lambda h: h.detach(), eval_mode=True)) == []
 
 
+def test_a_state_reset_in_place_is_not_carried():
+    assert _events(_gru_loop(lambda h: h.detach().zero_())) == []  # its version moved
+    assert _events(_gru_loop(lambda h: h.data.fill_(0.0))) == []  # no version moved: all one value
+    assert _events(_gru_loop(lambda h: h.detach().mul_(0.5))) == []  # changed in place: not judged
+
+
 def test_a_cell_unrolled_within_each_batch_is_judged_at_the_next_batch_only():
     def train(reset):
         def run(loader):

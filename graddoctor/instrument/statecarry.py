@@ -15,15 +15,17 @@ with the window; its call reads the forward's arguments and result, nothing else
   returns (``h_n``, an LSTM's ``(h_n, c_n)``, a cell's output) is kept as detached aliases
   (storage held, no graph), with the DataLoader batch served last
   (``DataLoaderWatcher.current_batch``).
-* A training forward (module in train mode, gradients on) whose ``hx`` is that state — every
-  tensor of it a view of the storage returned (``h.detach()``, ``h.data``, a slice), or, on
-  the CPU, equal to it in value (``h.detach().clone()``) — is judged: the state came from the
-  module's previous forward on another batch (a time-step loop within one batch, an encoder
-  handing its state to a decoder, chunks of one batch: the same batch, nothing judged), both
-  batches from loaders that draw at random (``DataLoaderWatcher.draws_at_random``), and the
-  state's batch dimension is a leading dimension of a tensor of the batch given now (its rows
-  are that batch's samples: an unrelated shuffled loader read alongside a ``batchify`` stream
-  says nothing). Then ``state_carried`` (an aside) is recorded once per line.
+* A training forward (module in train mode, gradients on) whose ``hx`` is that state is
+  judged: every tensor of it a view of the storage returned (``h.detach()``, ``h.data``, a
+  slice) not changed in place since, or, on the CPU, equal to it in value
+  (``h.detach().clone()``); and not all one value (a state reset in place, ``h.zero_()``,
+  ``h.data.fill_(0)``). It was carried from the module's previous forward on another batch
+  (a time-step loop within one batch, an encoder handing its state to a decoder, chunks of
+  one batch: the same batch, nothing judged), both batches come from loaders that draw at
+  random (``DataLoaderWatcher.draws_at_random``), and the state's batch dimension is a
+  leading dimension of a tensor of the batch given now (its rows are that batch's samples: an
+  unrelated shuffled loader read alongside a ``batchify`` stream says nothing). Then
+  ``state_carried`` (an aside) is recorded once per line.
 
 Where it points: the outermost user frame that holds the state given in a variable (the
 training loop's ``out, hx = model(x, hx)``), else the module's call (``self.hidden`` kept on
@@ -111,12 +113,15 @@ def _leading_dims(batch, depth: int = 0, found: set | None = None) -> set:
 
 
 class _Kept:
-    """What a recurrent module returned at its latest forward."""
+    """What a recurrent module returned at its latest forward: its state's tensors (detached
+    aliases, which share the version counter), their storages and versions then."""
 
-    __slots__ = ("ref", "batch", "tensors", "storages")
+    __slots__ = ("ref", "batch", "tensors", "storages", "versions")
 
-    def __init__(self, ref, batch, tensors: list, storages: set):
-        self.ref, self.batch, self.tensors, self.storages = ref, batch, tensors, storages
+    def __init__(self, ref, batch, tensors: list):
+        self.ref, self.batch, self.tensors = ref, batch, tensors
+        self.storages = {_storage(t): t._version for t in tensors}
+        self.storages.pop(None, None)
 
 
 class StateCarryWatcher:
@@ -183,8 +188,7 @@ class StateCarryWatcher:
             return
         with torch.no_grad():
             tensors = [t.detach() for t in state]
-        storages = {s for s in map(_storage, tensors) if s is not None}
-        self._kept[key] = _Kept(weakref.ref(module), batch, tensors, storages)
+        self._kept[key] = _Kept(weakref.ref(module), batch, tensors)
 
     def _judge(self, module, args, kwargs, kept: _Kept, batch: tuple) -> None:
         given = _given_state(args, kwargs)
@@ -192,11 +196,16 @@ class StateCarryWatcher:
             return
         shared = "storage"
         for t in given:
-            if _storage(t) in kept.storages:
+            storage = _storage(t)
+            if storage in kept.storages:
+                if _version_of(kept, storage) != kept.storages[storage]:
+                    return  # changed in place since (``h.zero_()``: a reset in place)
                 continue
             if not any(_same_values(t, k) for k in kept.tensors):
                 return
             shared = "values"
+        if _constant(given[0]):
+            return  # all one value: a state reset to zeros (``h.data.zero_()`` moves no version)
         rows = _rows(module, given[0])
         dims = self._served.get(batch)
         if rows is None or dims is None or rows not in dims:
@@ -260,6 +269,16 @@ def _holds(value, storages: set) -> bool:
     if isinstance(value, (tuple, list)) and 0 < len(value) <= 4:
         return any(isinstance(v, torch.Tensor) and _storage(v) in storages for v in value)
     return False
+
+
+def _version_of(kept: _Kept, storage) -> int | None:
+    return next((t._version for t in kept.tensors if _storage(t) == storage), None)
+
+
+def _constant(t: torch.Tensor) -> bool:
+    with torch.no_grad():
+        flat = t.detach().reshape(-1)
+        return flat.numel() > 0 and bool((flat == flat[0]).all())
 
 
 def _same_values(given: torch.Tensor, kept: torch.Tensor) -> bool:

@@ -51,7 +51,7 @@ class RecurrentStateAcrossShuffledBatches(Rule):
     ## Stays silent on
     Truncated BPTT over contiguous batches (`batchify`/`get_batch` without a DataLoader, or a
     loader that serves in order); a state made anew for each batch (`hx=None`, zeros,
-    `init_hidden()`); a state carried across the time steps or chunks of one batch; an
+    `init_hidden()`) or zeroed in place (`h.zero_()`); a state carried across the time steps or chunks of one batch; an
     encoder's state handed to the decoder in the same batch; a recurrent policy carrying its
     state across environment steps (no DataLoader); a batch sampler of the script's own.
     """
