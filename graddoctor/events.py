@@ -450,6 +450,17 @@ loaders_zipped     inputs, labels (loader numbers), length (both datasets'): two
                    over datasets of one length, read in lockstep for one backward, one serving
                    bare integer labels — once per run (loc: the labels loader's construction,
                    else its first ``iter()``; an aside)
+state_carried      cls (the recurrent module's class: LSTM | GRU | RNN | LSTMCell | GRUCell |
+                   RNNCell, or the script's subclass of one), loader (its number), sampler (the
+                   class that draws its samples), batch ([epoch, index] of the batch this forward
+                   is given), previous ([epoch, index] of the batch of the module's previous
+                   forward), rows (the state's batch dimension), shared ("storage": the state
+                   given is a view of the one returned | "values": a copy of it), call ([path,
+                   line, function] of the module's call, or None) — a training forward of a
+                   recurrent module whose initial state is the state it returned at its previous
+                   forward, on another batch of a DataLoader that draws its samples at random;
+                   once per line, in the first turns (loc: the outermost user line that holds
+                   the state given, else the module's call; an aside; instrument/statecarry.py)
 batch_pairing      problem ("other-batch": the loss's target is a tensor of a batch served in an
                    earlier turn than the model's inputs | "permuted": the model's inputs are the
                    rows of one batch in another order, the target in the loader's), fn (the loss
@@ -1113,6 +1124,12 @@ def loaders_zipped(*, inputs: int, labels: int, length: int) -> Made:
     return "loaders_zipped", {"inputs": inputs, "labels": labels, "length": length}
 
 
+def state_carried(*, cls: str, loader: int, sampler: str | None, batch: list, previous: list,
+                  rows: int, shared: str, call: list | None = None) -> Made:
+    return "state_carried", {"cls": cls, "loader": loader, "sampler": sampler, "batch": batch,
+                             "previous": previous, "rows": rows, "shared": shared, "call": call}
+
+
 def batch_pairing(*, problem: str, fn: str, loader: int, input_batch: list, target_loader: int,
                   target_batch: list, field: str, rows: int) -> Made:
     return "batch_pairing", {"problem": problem, "fn": fn, "loader": loader, "input_batch": input_batch,
@@ -1415,6 +1432,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped, "batch_pairing": batch_pairing,
+    "state_carried": state_carried,
     "last_step_padded": last_step_padded, "causal_read_early": causal_read_early,
     "attention_mask": attention_mask,
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
@@ -1439,6 +1457,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
+                         "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "attention_scale",

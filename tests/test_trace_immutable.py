@@ -55,6 +55,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_labels_of_another_batch.py",  # batch_pairing
             "data/bad_last_step_is_padding.py",  # last_step_padded
             "data/bad_summary_before_sequence_end.py",  # causal_read_early
+            "data/bad_recurrent_state_across_shuffled_batches.py",  # state_carried
             "data/bad_pixels_not_scaled.py",  # pixels_unscaled
             "losses/bad_dropout_on_output.py",  # dropout_on_output
             "masks/bad_attention_mask_inverted_key_padding.py",  # attention_mask

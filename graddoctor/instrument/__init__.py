@@ -49,6 +49,7 @@ from .recorder import Recorder
 from .resets import ParamResetWatcher
 from .rng import RngSeedWatcher
 from .snapshots import SnapshotWatcher
+from .statecarry import StateCarryWatcher
 from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
 from .attnaxis import SoftmaxAxisWatcher
@@ -195,6 +196,11 @@ class Instrumentation:
         rec.subscribe(BATCH_SERVED, pairs.served)
         rec.subscribe(DESCRIBE_LOSS, pairs.describe_loss)
         self.watchers.append(pairs)
+        # a recurrent state carried from one batch of a shuffling DataLoader to the next
+        carried = StateCarryWatcher(rec, self.dataloader)
+        rec.subscribe(BATCH_SERVED, carried.served)
+        rec.subscribe(DESCRIBE_LOSS, carried.describe_loss)
+        self.watchers.append(carried)
         # a causal sequence module's output read only where it has seen part of the sequence
         causal = CausalReadWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, causal.describe_loss)

@@ -88,6 +88,9 @@ class DataLoaderWatcher:
         self.current_batch: list | None = None
         self._original_len = None  # DataLoader.__len__ before patching: the real length
         self._described: set[int] = set()  # loaders whose sampler a loader_sampler event told
+        # loader number -> the class of the sampler that draws its batches' samples at random
+        # (None: in order, or not known), noted at its first iter()
+        self._drawing: dict[int, str | None] = {}
         self._sampler_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sampler -> loc
         # loader number -> (batch_size, samples per epoch or None) at its latest iter(): what
         # ``batch_size`` reads, also once a loader made in the ``for`` statement is gone
@@ -236,6 +239,7 @@ class DataLoaderWatcher:
     # -- what a loader's sampler can draw --------------------------------------------------
     def _describe(self, loader, number: int, here) -> None:
         """One ``loader_sampler`` event per loader, at its first ``iter()``."""
+        self._drawing[number] = _random_sampler(loader)
         sampler = getattr(loader, "sampler", None)
         if sampler is None:
             return
@@ -397,6 +401,14 @@ class DataLoaderWatcher:
         except Exception as exc:
             self.rec.internal_error("DataLoader zipped loaders", exc)
 
+    def draws_at_random(self, number: int) -> str | None:
+        """The class of the sampler that draws loader ``number``'s samples at random, so that
+        its consecutive batches hold unrelated samples (a ``RandomSampler``, also inside a
+        ``BatchSampler`` given as ``batch_sampler``; a shuffling ``DistributedSampler``); None
+        for one that serves them in order, and where that is not known (a batch sampler of the
+        script's own, a stream)."""
+        return self._drawing.get(number)
+
     def batch_size(self) -> int | None:
         """How many samples the batch a DataLoader served last holds, as its loader says: its
         ``batch_size``, less for an epoch's partial last batch (from the sampler's length); None
@@ -501,6 +513,25 @@ def _sampler_of(loader) -> tuple:
     if not all(type(r) is int for r in replicas):
         replicas = None
     return type(sampler).__name__, replicas
+
+
+def _random_sampler(loader) -> str | None:
+    """``DataLoaderWatcher.draws_at_random`` of a loader, read from its samplers."""
+    data = torch.utils.data
+    if isinstance(getattr(loader, "dataset", None), data.IterableDataset):
+        return None
+    batches = getattr(loader, "batch_sampler", None)
+    if batches is None:  # batch_size=None: one sample is one batch
+        sampler = getattr(loader, "sampler", None)
+    elif type(batches) is data.BatchSampler:
+        sampler = batches.sampler
+    else:
+        return None  # the script's own batch sampler: its order is its own
+    if isinstance(sampler, (data.RandomSampler, data.SubsetRandomSampler, data.WeightedRandomSampler)):
+        return type(sampler).__name__
+    if isinstance(sampler, data.DistributedSampler) and getattr(sampler, "shuffle", None) is True:
+        return type(sampler).__name__
+    return None
 
 
 def _labels_of(batch):
