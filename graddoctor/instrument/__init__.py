@@ -108,7 +108,7 @@ class Instrumentation:
         columns = TargetColumnWatcher(rec)
         rows = FullRowsWatcher(rec)
         loss_calls = LossCalls(self.idle, constants, columns, rows)
-        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, loss_calls),
+        self.watchers += [FunctionalDropoutWatcher(rec, self.modes), LossShapeWatcher(rec, loss_calls),
                           LossInputWatcher(rec, loss_calls),
                           LossDomainWatcher(rec)]  # targets outside the domain a loss reads them in
         # loss targets that carry gradient into the input's parameters (target-not-detached)
