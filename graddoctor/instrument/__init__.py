@@ -114,7 +114,7 @@ class Instrumentation:
         # an ignore_index or padding_idx that the data uses as a real class or token: told
         # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
         real_index = RealIndexWatcher(rec)
-        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, loss_calls),
+        self.watchers += [FunctionalDropoutWatcher(rec, self.modes), LossShapeWatcher(rec, loss_calls),
                           LossInputWatcher(rec, loss_calls, real_index), real_index,
                           LossDomainWatcher(rec)]  # targets outside the domain a loss reads them in
         # loss targets that carry gradient into the input's parameters (target-not-detached)
