@@ -153,7 +153,7 @@ class MissingZeroGrad(Rule):
                            f"also feeds {a.optimizer_name(first.opt)}, whose {a.names(pids)} are "
                            f"never cleared: every {a.optimizer_name(first.opt)} step applies the "
                            f"sum of all gradients so far (first seen at step {first.step_index})")
-                variable = a._distinct_variable(first.opt)
+                variable = a.optimizer_variable(first.opt)
                 fix = (f"clear {variable}'s gradients here too: {variable}.zero_grad() beside this "
                        f"one" if variable else "clear the other optimizer's gradients here too "
                        "(its zero_grad() beside this one)")
