@@ -296,6 +296,12 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the h
                    input or target): a regression loss whose broadcast has more elements than
                    input and target — the first such call of each call line (loc: the user's
                    loss line)
+factor_broadcast   op (mul | div), term_shape (the side with the gradient), factor_shape,
+                   shape (their broadcast), factor_grad (the factor carries gradient too): a
+                   product or quotient in the loss's pointwise top between per-sample
+                   tensors of two layouts ((N, 1) and (N,)) that broadcast to (N, N) — the
+                   first at each backward line (loc: that backward; an aside;
+                   instrument/factorcast.py)
 loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits | kl_div | ctc_loss),
                    problem ("softmax" | "sigmoid" | "relu": its input came out of that op;
                    "probabilities": cross_entropy's rows lie in [0, 1] and sum to 1; "logits":
@@ -742,7 +748,7 @@ run_end            status, steps
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
-``dropout_default``, ``loss_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
+``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
 ``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
@@ -1012,6 +1018,12 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                    reduction: str | None, grad: bool) -> Made:
     return "loss_broadcast", {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
                               "shape": shape, "reduction": reduction, "grad": grad}
+
+
+def factor_broadcast(*, op: str, term_shape: list[int], factor_shape: list[int], shape: list[int],
+                     factor_grad: bool) -> Made:
+    return "factor_broadcast", {"op": op, "term_shape": term_shape, "factor_shape": factor_shape,
+                                "shape": shape, "factor_grad": factor_grad}
 
 
 def dropout_on_output(*, module: str, p: float, fn: str, direct: bool | None) -> Made:
@@ -1407,6 +1419,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
+    "factor_broadcast": factor_broadcast,
     "target_domain": target_domain,
     "class_weights": class_weights, "target_in_inputs": target_in_inputs,
     "full_rows_loss": full_rows_loss,
@@ -1444,7 +1457,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "loss_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",

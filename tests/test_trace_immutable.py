@@ -58,6 +58,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_recurrent_state_across_shuffled_batches.py",  # state_carried
             "data/bad_pixels_not_scaled.py",  # pixels_unscaled
             "losses/bad_dropout_on_output.py",  # dropout_on_output
+            "losses/bad_sample_weights_broadcast_bce.py",  # factor_broadcast
             "masks/bad_attention_mask_inverted_key_padding.py",  # attention_mask
             "losses/bad_label_smoothing_twice_hand_smoothed.py",  # label_smoothing
             "data/bad_mixup_labels_unmixed.py",  # mixup_unmixed

@@ -22,6 +22,7 @@ from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
 from .gradflow import GradFlowWatcher
+from .factorcast import FactorBroadcastWatcher
 from .handloss import HandLossWatcher
 from .targetcolumn import TargetColumnWatcher
 from .fullrows import FullRowsWatcher
@@ -177,6 +178,8 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, ZeroWeightWatcher(rec).describe_loss)
         # a hand-written squared or absolute error whose target broadcast it to every pair
         rec.subscribe(DESCRIBE_LOSS, HandLossWatcher(rec).describe_loss)
+        # per-sample weights, advantages or masks that broadcast against the terms they weigh
+        rec.subscribe(DESCRIBE_LOSS, FactorBroadcastWatcher(rec).describe_loss)
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
         self.watchers.append(FunctionalGradWatcher(rec))
         # the global RNG seeded (reseed-in-loop)
