@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
+from ..location import Location
 from .base import Rule
 
 # what a user calls each loss
@@ -8,6 +9,10 @@ _LOSS = {"mse_loss": "mse_loss", "l1_loss": "l1_loss", "smooth_l1_loss": "smooth
          "huber_loss": "huber_loss", "kl_div": "kl_div", "binary_cross_entropy": "binary_cross_entropy",
          "binary_cross_entropy_with_logits": "binary_cross_entropy_with_logits",
          "cross_entropy": "cross_entropy (probability targets)"}
+
+# what the target is in each hand-written comparison
+_ROLE = {"cross-entropy": "the distribution that multiplies the log-probabilities",
+         "squared error": "the subtracted side", "cosine similarity": "the second operand"}
 
 
 class TargetNotDetached(Rule):
@@ -69,16 +74,44 @@ class TargetNotDetached(Rule):
             pids = [pid for pid in e.get("params") or () if pid in stepped]
             if not pids:
                 continue  # the target reaches tensors no optimizer steps
-            fn = _LOSS.get(e.get("fn"), e.get("fn"))
+            fn = e.get("fn") or ""
+            evidence = {"function": fn, "params": pids[:16],
+                        "input_op": e.get("input_op"), "target_op": e.get("target_op")}
+            if fn.startswith("hand-written "):
+                yield self._handwritten(a, e, fn, pids, evidence)
+                continue
+            shown = _LOSS.get(fn, fn)
             yield self.finding(
-                f"the target given to {fn} here is computed by the model being trained and keeps "
+                f"the target given to {shown} here is computed by the model being trained and keeps "
                 f"its gradient: the loss's gradient flows into {a.names(pids)} through the target "
                 f"as well as through the input, so each step also moves the target towards the "
                 f"prediction (a bootstrapped or pseudo-label target then chases the model). If "
                 f"both sides are meant to train (a symmetric consistency), nothing is wrong; "
                 f"otherwise detach the target",
-                e.loc, step=a.next_step_number(e.seq),
-                evidence={"function": e.get("fn"), "params": pids[:16],
-                          "input_op": e.get("input_op"), "target_op": e.get("target_op")},
+                e.loc, step=a.next_step_number(e.seq), evidence=evidence,
                 fix=("compute the target without gradient: wrap its computation in "
                      "`with torch.no_grad():` or pass `target.detach()` to the loss"))
+
+    def _handwritten(self, a, e, fn: str, pids: list, evidence: dict):
+        """A comparison read from the loss's graph at its backward: the finding points at the
+        statement that computes it when the script's text shows it."""
+        form = fn.removeprefix("hand-written ")
+        loc, target = e.loc, None
+        if loc is not None:
+            found = a.source.comparison_line(loc.path, loc.line, form)
+            if found is not None:
+                loc, target = Location(loc.path, found[0], loc.function), found[2]
+        role = _ROLE.get(form, "the target side")
+        where = "here" if target else "in the loss backpropagated here"
+        said = f"the target of the {fn} {where}, `{target}` ({role})," if target else \
+            f"the target of the {fn} {where} ({role})"
+        shown = f"({target}).detach()" if target and not target.isidentifier() else f"{target or 'target'}.detach()"
+        return self.finding(
+            f"{said} is computed by the model being trained and keeps its "
+            f"gradient: the loss's gradient flows into {a.names(pids)} through it as well as "
+            f"through the prediction it is compared with, so each step also moves the target "
+            f"towards the prediction (a pseudo-label or a self-distilled target then chases the "
+            f"model, a regression target collapses onto it). If both sides are meant to train "
+            f"(a symmetric consistency), nothing is wrong; otherwise detach the target",
+            loc, step=a.next_step_number(e.seq), evidence={**evidence, "target": target},
+            fix=(f"use `{shown}` in the loss, or compute it under `with torch.no_grad():`"))
