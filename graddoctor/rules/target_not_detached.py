@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+
 from ..findings import Severity
 from ..location import Location
 from .base import Rule
@@ -9,6 +11,17 @@ _LOSS = {"mse_loss": "mse_loss", "l1_loss": "l1_loss", "smooth_l1_loss": "smooth
          "huber_loss": "huber_loss", "kl_div": "kl_div", "binary_cross_entropy": "binary_cross_entropy",
          "binary_cross_entropy_with_logits": "binary_cross_entropy_with_logits",
          "cross_entropy": "cross_entropy (probability targets)"}
+
+
+def _operand(text: str) -> str:
+    """``text`` as the receiver of a method call: in parentheses unless it is a name, an
+    attribute, a call or a subscript."""
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return f"({text})"
+    return text if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) else f"({text})"
+
 
 # what the target is in each hand-written comparison
 _ROLE = {"cross-entropy": "the distribution that multiplies the log-probabilities",
@@ -105,7 +118,7 @@ class TargetNotDetached(Rule):
         where = "here" if target else "in the loss backpropagated here"
         said = f"the target of the {fn} {where}, `{target}` ({role})," if target else \
             f"the target of the {fn} {where} ({role})"
-        shown = f"({target}).detach()" if target and not target.isidentifier() else f"{target or 'target'}.detach()"
+        shown = f"{_operand(target) if target else 'target'}.detach()"
         return self.finding(
             f"{said} is computed by the model being trained and keeps its "
             f"gradient: the loss's gradient flows into {a.names(pids)} through it as well as "
