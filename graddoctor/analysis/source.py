@@ -1168,8 +1168,8 @@ def error_line(path: str, line: int) -> tuple[int, str] | None:
 def _loss_statement(path: str, line: int, holds) -> tuple[int, str, ast.AST] | None:
     """``(line, text, expression)`` of the statement of the loss backpropagated at ``line``
     whose value ``holds(value)`` says computes the term looked for: the loss's assignment, one
-    of the assignments a few lines above it in its block, or an assignment or the return of the
-    script's function it calls; None when none is found."""
+    of the assignments a few lines above it in its block, or an assignment or the return of a
+    function of the script that one of those calls; None when none is found."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -1185,18 +1185,20 @@ def _loss_statement(path: str, line: int, holds) -> tuple[int, str, ast.AST] | N
         return None
     if holds(value):
         return assigned[0], assigned[1], value
-    for stmt in reversed(block[max(0, index - _TERM_SPAN):index]):
-        if isinstance(stmt, ast.Assign) and holds(stmt.value):
+    above = [stmt for stmt in reversed(block[max(0, index - _TERM_SPAN):index]) if isinstance(stmt, ast.Assign)]
+    for stmt in above:
+        if holds(stmt.value):
             return stmt.lineno, ast.unparse(stmt).strip(), stmt.value
-    for call in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
-        name = _last_name(call.func)
-        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and n.name == name]
-        if len(defs) == 1:
-            for stmt in defs[0].body:
-                if isinstance(stmt, (ast.Assign, ast.Return)) and stmt.value is not None \
-                        and holds(stmt.value):
-                    return stmt.lineno, ast.unparse(stmt).strip(), stmt.value
+    for source in (value, *(stmt.value for stmt in above)):
+        for call in (n for n in ast.walk(source) if isinstance(n, ast.Call)):
+            name = _last_name(call.func)
+            defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and n.name == name]
+            if len(defs) == 1:
+                for stmt in defs[0].body:
+                    if isinstance(stmt, (ast.Assign, ast.Return)) and stmt.value is not None \
+                            and holds(stmt.value):
+                        return stmt.lineno, ast.unparse(stmt).strip(), stmt.value
     return None
 
 

@@ -37,41 +37,51 @@ class TargetNotDetached(Rule):
     softmax(model(x_weak)))` (a pseudo-label that is not detached), `mse(pred, encoder(next_x))`.
     It looks at `mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`, `kl_div`,
     `binary_cross_entropy(_with_logits)` and `cross_entropy` with probability targets (their
-    `nn` modules too) on the first calls: the target needs a gradient, and its graph reaches
+    `nn` modules too) on the first calls, and at the same comparisons written by hand, read from
+    the loss's graph at the first backwards of each backward line: a distribution (a softmax, a
+    sigmoid, an exp, a `torch.where` or a sharpening of one) multiplying a log-probability
+    (`-(q * log_softmax(z)).sum(-1)`, `p_t * (log p_t - log p_s)`, a binary cross-entropy), a
+    squared or absolute difference of two computed sides, a cosine of two normalised ones
+    (SimSiam's, BYOL's loss). It reports when the target needs a gradient and its graph reaches
     parameters that an optimizer steps and that the input's graph reaches too. It points at the
-    loss call.
+    loss call, or at the statement that computes the hand-written comparison.
 
     ## Why is this bad?
     A target is what the prediction should move to. When its gradient is kept, each step also
     moves the target towards the prediction: a Q-network's bootstrapped target drifts with every
     update (the "residual gradient" that learns far more slowly and to another fixed point), a
-    pseudo-label collapses to whatever the model predicts most easily, a latent target shrinks
-    to a constant. Nothing fails and the loss goes down; the model is just not trained towards
-    the targets the algorithm assumes.
+    pseudo-label collapses to whatever the model predicts most easily, a self-distilled
+    teacher is pulled down to its student, a latent target or SimSiam's projection shrinks to a
+    constant. Nothing fails and the loss goes down; the model is just not trained towards the
+    targets the algorithm assumes.
 
     ## Example
     ```python
-    q_sa = q_net(s).gather(1, a).squeeze(1)
-    target = r + gamma * q_net(s2).max(1)[0]
-    loss = F.smooth_l1_loss(q_sa, target)
+    probs = torch.softmax(model(x_weak), dim=-1)
+    mask = probs.max(-1).values.ge(0.95).float()
+    loss_u = (-(probs * F.log_softmax(model(x_strong), dim=-1)).sum(-1) * mask).mean()
     ```
 
     ## Use instead
     ```python
-    q_sa = q_net(s).gather(1, a).squeeze(1)
     with torch.no_grad():
-        target = r + gamma * q_net(s2).max(1)[0]
-    loss = F.smooth_l1_loss(q_sa, target)
+        probs = torch.softmax(model(x_weak), dim=-1)
+    mask = probs.max(-1).values.ge(0.95).float()
+    loss_u = (-(probs * F.log_softmax(model(x_strong), dim=-1)).sum(-1) * mask).mean()
     ```
 
     ## Stays silent on
-    Targets that are data or detached (`.detach()`, `torch.no_grad()`); a target network or
-    teacher the optimizer does not step (a copy, an EMA); symmetric consistencies that train both
-    sides on purpose: a Π-model's `mse(softmax(f(x1)), softmax(f(x2)))` (like outputs of one
-    shape), R-Drop's `kl(p1 || p2) + kl(p2 || p1)` (the pair both ways round); a Jensen-Shannon
-    term whose input is made from its targets (AugMix's mixture); two separate models distilling
-    each other (no parameter in common); cosine or contrastive losses (no target argument: not
-    looked at).
+    Targets that are data or detached (`.detach()`, `torch.no_grad()`, an argmax or one-hot
+    pseudo-label, which has no gradient); a target network or teacher the optimizer does not
+    step (a copy, an EMA, DINO's teacher); one distribution on both sides (entropy minimisation's
+    `-(p * log p)`); symmetric consistencies that train both sides on purpose: a Π-model's
+    `mse(softmax(f(x1)), softmax(f(x2)))` (like outputs of one layer, built-in or by hand),
+    R-Drop's `kl(p1 || p2) + kl(p2 || p1)` (the pair both ways round, built-in or by hand); a
+    Jensen-Shannon term whose input is made from its targets (AugMix's mixture); two separate
+    models distilling each other (no parameter in common); a log-likelihood weighted by a
+    computed value that is no distribution (a policy gradient's advantage:
+    advantage-not-detached's); contrastive losses (InfoNCE, CLIP: the logits are a product of
+    both views, the targets are data).
     """
 
     code = "GD245"
