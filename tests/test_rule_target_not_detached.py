@@ -259,7 +259,15 @@ def test_hand_written_look_alikes_are_not_recorded():
         z1, z2 = m(torch.randn(6, 4)), m(torch.randn(6, 4))
         return -(torch.eye(6) * F.log_softmax(z1 @ z2.t(), 1)).sum(1).mean()
 
-    for loss in (entropy, r_drop, pi_model, detached, advantage, pairwise, contrastive):
+    def gaussian_kl(m):
+        # a KL between a posterior and a learned prior that share a trunk (a VRNN): a
+        # likelihood term with a learned variance trains both sides on purpose
+        h = m[1](m[0](torch.randn(6, 4)))
+        prior, post = nn.functional.linear(h, m[2].weight), m[2](h)
+        logvar = prior[:, :1]
+        return (0.5 * ((post - prior) ** 2 / logvar.exp() + logvar)).sum(1).mean()
+
+    for loss in (entropy, r_drop, pi_model, detached, advantage, pairwise, contrastive, gaussian_kl):
         assert _read(_net(), loss) == [], loss.__name__
 
 
@@ -294,6 +302,10 @@ def test_the_graph_helpers_of_the_hand_written_forms():
     assert is_distribution(edge(torch.where(z > 0, soft, torch.zeros_like(soft))))
     assert not is_distribution(edge(z - 1.0))
     assert comparisons((z * z.detach()).sum().grad_fn) == []
+    # one distribution on both sides is judged no target on its own, before any pairing
+    watcher = TargetGradWatcher(_Rec(list(m.parameters())))
+    assert watcher._judge("kl_div", edge(logsoft), edge(soft), True) is None
+    assert watcher._judge("kl_div", edge(F.log_softmax(b, 1)), edge(F.softmax(a, 1)), True) is not None
 
 
 def test_the_line_that_computes_a_hand_written_comparison_is_found(tmp_path):

@@ -42,6 +42,9 @@ weight, a temperature) for the three shapes a comparison takes there:
 * a *cosine*: a product of two computed, L2-normalised factors (``F.normalize`` or
   ``F.cosine_similarity``: SimSiam's and BYOL's loss), the second the target.
 
+A squared error or cosine that a computed value scales (``(mu_q - mu_p) ** 2 / var_p``, a
+Gaussian KL or likelihood with a learned variance) is no regression onto a target: not taken.
+
 Each pair is judged as a call of the matching loss (``kl_div``, ``mse_loss``) is, with the
 same exemptions (one side made from the other; two outputs of one layer compared with one op;
 a pair seen both ways round in one loss); a built-in loss's own pieces (``kl_div`` and
@@ -269,14 +272,17 @@ def _difference(edge):
 
 def comparisons(root, limit: int = _TOP) -> list:
     """``[(form, input edge, target edge)]``: the hand-written comparisons the loss's linear top
-    holds (see the module's docs), at most ``_PAIRS``."""
+    holds (see the module's docs), at most ``_PAIRS``. A squared error or cosine scaled by
+    another computed value (``(mu_q - mu_p) ** 2 / var_p``: a Gaussian KL or likelihood with a
+    learned variance) is a term of a likelihood both of whose sides are trained, not a
+    regression onto a target: not taken."""
     found: list = []
-    stack, seen = [root], set()
+    stack, seen = [(root, False)], set()
     while stack and len(found) < _PAIRS:
-        node = stack.pop()
-        if node is None or node in seen:
+        node, scaled = stack.pop()
+        if node is None or (node, scaled) in seen:
             continue
-        seen.add(node)
+        seen.add((node, scaled))
         if len(seen) > limit:
             break
         name = type(node).__name__
@@ -284,14 +290,14 @@ def comparisons(root, limit: int = _TOP) -> list:
         if name == "PowBackward0" and len(inputs) == 1 and getattr(node, "_saved_exponent", None) in (2, 2.0) \
                 or name == "AbsBackward0" and len(inputs) == 1:
             sides = _difference(inputs[0])
-            if sides is not None:
+            if sides is not None and not scaled:
                 found.append((HANDWRITTEN[1], *sides))
             continue
         if name == "MulBackward0" and len(inputs) == 2:
             a, b = inputs
             if a == b:  # d * d
                 sides = _difference(a)
-                if sides is not None:
+                if sides is not None and not scaled:
                     found.append((HANDWRITTEN[1], *sides))
                 continue
             logs_a, logs_b = log_terms(a), log_terms(b)
@@ -302,14 +308,19 @@ def comparisons(root, limit: int = _TOP) -> list:
                 found.extend((HANDWRITTEN[0], term, a) for term in logs_b)
                 continue
             if _normalised(a) and _normalised(b):
-                found.append((HANDWRITTEN[2], a, b))
+                if not scaled:
+                    found.append((HANDWRITTEN[2], a, b))
                 continue
             if logs_a or logs_b:
                 continue  # a log-likelihood weighted by a computed factor (an advantage): not a target
-            stack.extend(edge[0] for edge in inputs)  # a computed weight of a term: both may hold one
+            # a term weighted by a computed factor (a learned precision, a focal weight)
+            stack.extend((edge[0], True) for edge in inputs)
+            continue
+        if name.startswith("DivBackward") and len(inputs) == 2:
+            stack.append((inputs[0][0], True))  # over a computed divisor: a learned variance
             continue
         if name.startswith(_TOP_OPS):
-            stack.extend(edge[0] for edge in inputs)
+            stack.extend((edge[0], scaled) for edge in inputs)
     return found[:_PAIRS]
 
 

@@ -80,7 +80,8 @@ class TargetNotDetached(Rule):
     Jensen-Shannon term whose input is made from its targets (AugMix's mixture); two separate
     models distilling each other (no parameter in common); a log-likelihood weighted by a
     computed value that is no distribution (a policy gradient's advantage:
-    advantage-not-detached's); contrastive losses (InfoNCE, CLIP: the logits are a product of
+    advantage-not-detached's); a squared difference scaled by a learned variance (a Gaussian KL
+    between a posterior and a prior sharing a trunk); contrastive losses (InfoNCE, CLIP: the logits are a product of
     both views, the targets are data).
     """
 
