@@ -25,9 +25,11 @@ class _Rec:
         for p in params:
             self.tensors(p)
         self.events = []
+        self.asked = 0
 
     def here(self, skip=2):
-        return ("loc", len(self.events), id(object()))
+        self.asked += 1
+        return ("loc", self.asked)  # every call and backward a line of its own
 
     def emit_aside(self, made, loc=None):
         self.events.append(made)
@@ -283,6 +285,15 @@ def test_a_built_in_losss_own_pieces_are_left_to_its_call():
     watcher._calls += 1
     watcher._check("kl_div", logp, q)
     watcher.describe_loss(F.kl_div(logp, q, reduction="batchmean"))
+    assert [data["fn"] for _, data in rec.events] == ["kl_div"]
+    # with log_target the target enters exp'd, the input itself is multiplied
+    rec = _Rec(list(m.parameters()))
+    watcher = TargetGradWatcher(rec)
+    logq = F.log_softmax(m(x - 1), 1)
+    watcher._called.update((logp.grad_fn, logq.grad_fn))
+    watcher._calls += 1
+    watcher._check("kl_div", logp, logq)
+    watcher.describe_loss(F.kl_div(logp, logq, reduction="batchmean", log_target=True))
     assert [data["fn"] for _, data in rec.events] == ["kl_div"]
 
 

@@ -332,7 +332,7 @@ class TargetGradWatcher:
         self._done: set = set()  # call lines recorded
         self._pending: list = []  # (loc, input branch, target branch, event) until the next backward
         self._lines = PerLine(_WINDOWS, _LINES)  # backwards whose hand-written losses are read
-        self._called: set = set()  # nodes of the built-in losses' targets since the last backward
+        self._called: set = set()  # nodes of the built-in losses' arguments since the last backward
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
@@ -347,8 +347,8 @@ class TargetGradWatcher:
             input = args[0] if args else kwargs.get("input")
             if not (isinstance(input, torch.Tensor) and input.grad_fn is not None):
                 return  # the swapped arguments are loss-input-mismatch's
-            if len(watcher._called) < 4 * _CALLS:
-                watcher._called.add(target.grad_fn)  # its pieces are this call's, not hand-written
+            if len(watcher._called) < 4 * _CALLS:  # its pieces are this call's, not hand-written
+                watcher._called.update((input.grad_fn, target.grad_fn))
             if watcher._windows >= _WINDOWS:
                 return
             try:
@@ -416,7 +416,7 @@ class TargetGradWatcher:
         if loc in self._done or not self._lines.admit(loc):
             return
         for form, input_edge, target_edge in comparisons(root):
-            if target_edge[0] in self._called:
+            if target_edge[0] in self._called or input_edge[0] in self._called:
                 continue  # a piece of kl_div or cross_entropy: judged at its call
             fn = "mse_loss" if form != HANDWRITTEN[0] else "kl_div"
             shape = _shape(input_edge)
