@@ -231,6 +231,11 @@ def test_hand_written_look_alikes_are_not_recorded():
         p = F.softmax(z, 1)
         return -(p * F.log_softmax(z, 1)).sum(1).mean() - (p * torch.log(p + 1e-8)).sum(1).mean()
 
+    def entropy_of_two_calls(m):
+        # the same input through the same layers twice, no dropout: one distribution
+        x = torch.randn(6, 4)
+        return -(F.softmax(m(x), -1) * F.log_softmax(m(x), -1)).sum(-1).mean()
+
     def r_drop(m):
         x = torch.randn(6, 4)
         lp1, lp2 = F.log_softmax(m(x + 0.1), 1), F.log_softmax(m(x - 0.1), 1)
@@ -269,7 +274,7 @@ def test_hand_written_look_alikes_are_not_recorded():
         logvar = prior[:, :1]
         return (0.5 * ((post - prior) ** 2 / logvar.exp() + logvar)).sum(1).mean()
 
-    for loss in (entropy, r_drop, pi_model, detached, advantage, pairwise, contrastive, gaussian_kl):
+    for loss in (entropy, entropy_of_two_calls, r_drop, pi_model, detached, advantage, pairwise, contrastive, gaussian_kl):
         assert _read(_net(), loss) == [], loss.__name__
 
 

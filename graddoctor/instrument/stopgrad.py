@@ -20,6 +20,10 @@ recorded (a ``target_grad`` aside event, once per call line) when
 * target and input reach some tracked tensor in common (the same parameters), and
 * the target is not made from the input or the input from the target (a Jensen-Shannon term
   compares each distribution with a mixture made of them: AugMix), and
+* the two sides are not one value: one branch of the model (a softmax and a log-softmax of
+  the same logits), or two that computed the same values from the same inputs and parameters
+  (``softmax(f(x)) * log_softmax(f(x))``, an entropy written with two calls; a value compared
+  with itself is loss-compares-with-itself's), and
 * the pair is not a symmetric consistency: for ``mse``-like losses, both sides made by the
   same kind of op of the same layer, with one shape (a Π-model's ``mse(softmax(f(x1)),
   softmax(f(x2)))``; a latent prediction ``mse(dyn(enc(x)), enc(x2))`` is made by two layers); for the
@@ -66,6 +70,7 @@ from .graphpaths import reached
 from .inlinable import watched
 from .lossterms import PerLine, loss_root
 from .recorder import Recorder
+from .samevalue import LazySaved, verify_twins
 
 NAMES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "binary_cross_entropy",
          "binary_cross_entropy_with_logits", "cross_entropy")
@@ -400,6 +405,9 @@ class TargetGradWatcher:
         if (fn in _SYMMETRIC and type(made_in) is type(made_target) and same_shape
                 and _same_layer(_base(input_node), _base(target_node), nodes_in, nodes_target)):
             return None  # two outputs of one layer made to agree (a Π-model): both sides train
+        if branch_in[1] == branch_target[1] and branch_in[0] is not branch_target[0] \
+                and verify_twins(branch_in[0], branch_target[0], LazySaved()) is not None:
+            return None  # one value computed twice (softmax(f(x)) * log_softmax(f(x))): no target
         made = ev.target_grad(fn=fn, params=pids[:64], input_op=type(made_in).__name__,
                               target_op=type(made_target).__name__)
         return branch_in, branch_target, made
