@@ -221,7 +221,16 @@ def test_squared_errors_and_cosines_between_layers_are_recorded():
     def cosine(m):
         x = torch.randn(5, 4)
         return -F.cosine_similarity(head(encoder(x)), encoder(x + 1), dim=-1).mean()
-    assert _forms(model, squared) == [("target_grad", "hand-written squared error")]
+    def distance(m):
+        x = torch.randn(5, 4)
+        return (head(encoder(x)) - encoder(x + 1)).norm(dim=1).mean()
+
+    def huber(m):
+        x = torch.randn(5, 4)
+        d = head(encoder(x)) - encoder(x + 1)
+        return torch.where(d.abs() < 1, 0.5 * d ** 2, d.abs() - 0.5).mean()
+    for loss in (squared, distance, huber):
+        assert _forms(model, loss) == [("target_grad", "hand-written squared error")], loss.__name__
     assert _forms(model, cosine) == [("target_grad", "hand-written cosine similarity")]
 
 
@@ -336,12 +345,14 @@ def test_the_line_that_computes_a_hand_written_comparison_is_found(tmp_path):
         "    unsup = soft_ce(model(x2), q)\n"
         "    err = ((pred - encoder(x3)) ** 2).sum(1)\n"
         "    cos = -F.cosine_similarity(p, z).mean()\n"
-        "    loss = unsup + err.mean() + cos\n"
+        "    dist = torch.linalg.norm(a - b, dim=1)\n"
+        "    loss = unsup + err.mean() + cos + dist.mean()\n"
         "    loss.backward()\n")
-    assert comparison_line(str(script), 10, "cross-entropy") == \
+    assert comparison_line(str(script), 11, "cross-entropy") == \
         (2, "return -(target * logits.log_softmax(1)).sum(1).mean()", "target")
-    assert comparison_line(str(script), 10, "squared error")[::2] == (7, "encoder(x3)")
-    assert comparison_line(str(script), 10, "cosine similarity")[::2] == (8, "z")
+    assert comparison_line(str(script), 11, "squared error")[::2] == (9, "b")  # the nearest above
+    assert comparison_line(str(script), 11, "cosine similarity")[::2] == (8, "z")
+    assert comparison_line(str(script), 10, "cross-entropy") is None  # line 10 backpropagates nothing
 
 
 def test_the_rule_points_at_the_hand_written_comparison(tmp_path):

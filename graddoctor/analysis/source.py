@@ -1217,12 +1217,13 @@ def _is_log(node: ast.AST) -> bool:
 
 
 def _squared_operand(node: ast.AST) -> ast.BinOp | None:
-    """The difference ``a - b`` that ``node`` itself squares or takes the absolute value of
-    (``(a - b) ** 2``, ``(a - b).pow(2)``, ``(a - b).abs()``, ``torch.abs(a - b)``), else None."""
+    """The difference ``a - b`` that ``node`` itself squares or takes the absolute value or norm
+    of (``(a - b) ** 2``, ``(a - b).pow(2)``, ``(a - b).abs()``, ``torch.abs(a - b)``,
+    ``torch.linalg.norm(a - b, dim=1)``), else None."""
     inner = None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
         inner = node.left
-    elif isinstance(node, ast.Call) and _last_name(node.func) in ("pow", "abs", "square"):
+    elif isinstance(node, ast.Call) and _last_name(node.func) in ("pow", "abs", "square", "norm"):
         if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.BinOp):
             inner = node.func.value
         elif node.args:

@@ -42,7 +42,7 @@ weight, a temperature) for the three shapes a comparison takes there:
   log-probability the input. A log-probability of the very distribution it multiplies (an
   entropy's ``p * log p``, ``p * log_softmax(z)`` for ``p = softmax(z)``) is skipped;
 * a *squared or absolute difference* of two computed sides (``(a - b) ** 2``, ``.pow(2)``,
-  ``.abs()``, ``d * d``), ``b`` the target;
+  ``.abs()``, ``.norm(dim=1)``, ``d * d``, a Huber loss's ``torch.where``), ``b`` the target;
 * a *cosine*: a product of two computed, L2-normalised factors (``F.normalize`` or
   ``F.cosine_similarity``: SimSiam's and BYOL's loss), the second the target.
 
@@ -165,7 +165,10 @@ _SHAPING = _PASS + ("WhereBackward", "MulBackward", "DivBackward", "PowBackward"
 # the linear top of a loss: a term's value reaches the loss through these unchanged in kind
 _TOP_OPS = _PASS + ("SumBackward", "MeanBackward", "NegBackward", "AddBackward", "SubBackward",
                     "RsubBackward", "MulBackward", "DivBackward", "SelectBackward", "SliceBackward",
-                    "IndexBackward", "CatBackward", "StackBackward", "SplitBackward", "UnbindBackward")
+                    "IndexBackward", "CatBackward", "StackBackward", "SplitBackward", "UnbindBackward",
+                    "WhereBackward")  # a hand-written Huber loss picks its branch per element
+# what a squared error's difference is taken the size of, besides a square
+_DISTANCES = ("AbsBackward0", "LinalgVectorNormBackward0", "NormBackward1", "NormBackward0")
 
 
 def _computed(node) -> list:
@@ -292,8 +295,8 @@ def comparisons(root, limit: int = _TOP) -> list:
             break
         name = type(node).__name__
         inputs = _computed(node)
-        if name == "PowBackward0" and len(inputs) == 1 and getattr(node, "_saved_exponent", None) in (2, 2.0) \
-                or name == "AbsBackward0" and len(inputs) == 1:
+        if len(inputs) == 1 and (name in _DISTANCES or name == "PowBackward0" and getattr(
+                node, "_saved_exponent", None) in (2, 2.0)):
             sides = _difference(inputs[0])
             if sides is not None and not scaled:
                 found.append((HANDWRITTEN[1], *sides))
