@@ -283,7 +283,15 @@ def test_hand_written_look_alikes_are_not_recorded():
         logvar = prior[:, :1]
         return (0.5 * ((post - prior) ** 2 / logvar.exp() + logvar)).sum(1).mean()
 
-    for loss in (entropy, entropy_of_two_calls, r_drop, pi_model, detached, advantage, pairwise, contrastive, gaussian_kl):
+    def triplet(m):
+        # two towers sharing a layer: a query pulled to its document, pushed from another
+        shared, q_head, d_head = m[0], nn.Linear(8, 3), nn.Linear(8, 3)
+        q = F.normalize(q_head(torch.relu(shared(torch.randn(6, 4)))), dim=1)
+        pos = F.normalize(d_head(torch.relu(shared(torch.randn(6, 4)))), dim=1)
+        neg = F.normalize(d_head(torch.relu(shared(torch.randn(6, 4)))), dim=1)
+        return (-(q * pos).sum(1) + (q * neg).sum(1)).mean()
+
+    for loss in (triplet, entropy, entropy_of_two_calls, r_drop, pi_model, detached, advantage, pairwise, contrastive, gaussian_kl):
         assert _read(_net(), loss) == [], loss.__name__
 
 

@@ -46,7 +46,9 @@ weight, a temperature) for the three shapes a comparison takes there:
 * a *cosine*: a product of two computed, L2-normalised factors (``F.normalize`` or
   ``F.cosine_similarity``: SimSiam's and BYOL's loss), the second the target.
 
-A squared error or cosine that a computed value scales (``(mu_q - mu_p) ** 2 / var_p``, a
+One side compared by squared error or cosine with two others or more (a triplet's anchor with
+its positive and its negative, a query with several documents) is metric learning, every side
+trained on purpose: not taken. A squared error or cosine that a computed value scales (``(mu_q - mu_p) ** 2 / var_p``, a
 Gaussian KL or likelihood with a learned variance) is no regression onto a target: not taken.
 
 Each pair is judged as a call of the matching loss (``kl_div``, ``mse_loss``) is, with the
@@ -426,7 +428,14 @@ class TargetGradWatcher:
         loc = self.rec.here()
         if loc in self._done or not self._lines.admit(loc):
             return
-        for form, input_edge, target_edge in comparisons(root):
+        found = comparisons(root)
+        compared: dict = {}  # (form, input branch) -> the target branches it is compared with
+        for form, input_edge, target_edge in found:
+            if form != HANDWRITTEN[0]:
+                compared.setdefault((form, branch(input_edge)), set()).add(branch(target_edge))
+        for form, input_edge, target_edge in found:
+            if form != HANDWRITTEN[0] and len(compared[(form, branch(input_edge))]) > 1:
+                continue  # an anchor pulled to a positive, pushed from a negative: metric learning
             if target_edge[0] in self._called or input_edge[0] in self._called:
                 continue  # a piece of kl_div or cross_entropy: judged at its call
             fn = "mse_loss" if form != HANDWRITTEN[0] else "kl_div"

@@ -80,7 +80,9 @@ class TargetNotDetached(Rule):
     Jensen-Shannon term whose input is made from its targets (AugMix's mixture); two separate
     models distilling each other (no parameter in common); a log-likelihood weighted by a
     computed value that is no distribution (a policy gradient's advantage:
-    advantage-not-detached's); a squared difference scaled by a learned variance (a Gaussian KL
+    advantage-not-detached's); metric learning, where one side is compared by distance or cosine
+    with two others or more (a triplet's anchor, a query and its documents); a squared
+    difference scaled by a learned variance (a Gaussian KL
     between a posterior and a prior sharing a trunk); contrastive losses (InfoNCE, CLIP: the logits are a product of
     both views, the targets are data).
     """
