@@ -48,8 +48,9 @@ weight, a temperature) for the three shapes a comparison takes there:
 
 One side compared by squared error or cosine with two others or more (a triplet's anchor with
 its positive and its negative, a query with several documents) is metric learning, every side
-trained on purpose: not taken. A squared error or cosine that a computed value scales (``(mu_q - mu_p) ** 2 / var_p``, a
-Gaussian KL or likelihood with a learned variance) is no regression onto a target: not taken.
+trained on purpose: not taken. A squared error or cosine that a computed value scales
+(``(mu_q - mu_p) ** 2 / var_p``, a Gaussian KL or likelihood with a learned variance) is no
+regression onto a target: not taken.
 
 Each pair is judged as a call of the matching loss (``kl_div``, ``mse_loss``) is, with the
 same exemptions (one side made from the other; two outputs of one layer compared with one op;
@@ -86,7 +87,9 @@ _LINES = 8  # backward lines whose hand-written losses are read, at most
 _TOP = 256  # nodes of a loss's linear top walked for hand-written comparisons
 _PAIRS = 16  # hand-written pairs judged per backward, at most
 _NEAR = 6  # levels below a factor searched for the distribution that makes it
-HANDWRITTEN = ("hand-written cross-entropy", "hand-written squared error", "hand-written cosine similarity")
+# the hand-written comparisons, as the events name them
+CROSS_ENTROPY, SQUARED, COSINE = ("hand-written cross-entropy", "hand-written squared error",
+                                  "hand-written cosine similarity")
 # nodes that keep the values they are given: a producer is read past them
 _PASS = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Permute", "Transpose",
          "TBackward", "Clone", "ToCopy", "Expand", "Alias", "Contiguous")
@@ -301,25 +304,25 @@ def comparisons(root, limit: int = _TOP) -> list:
                 node, "_saved_exponent", None) in (2, 2.0)):
             sides = _difference(inputs[0])
             if sides is not None and not scaled:
-                found.append((HANDWRITTEN[1], *sides))
+                found.append((SQUARED, *sides))
             continue
         if name == "MulBackward0" and len(inputs) == 2:
             a, b = inputs
             if a == b:  # d * d
                 sides = _difference(a)
                 if sides is not None and not scaled:
-                    found.append((HANDWRITTEN[1], *sides))
+                    found.append((SQUARED, *sides))
                 continue
             logs_a, logs_b = log_terms(a), log_terms(b)
             if logs_a and not logs_b and is_distribution(b):
-                found.extend((HANDWRITTEN[0], term, b) for term in logs_a)
+                found.extend((CROSS_ENTROPY, term, b) for term in logs_a)
                 continue
             if logs_b and not logs_a and is_distribution(a):
-                found.extend((HANDWRITTEN[0], term, a) for term in logs_b)
+                found.extend((CROSS_ENTROPY, term, a) for term in logs_b)
                 continue
             if _normalised(a) and _normalised(b):
                 if not scaled:
-                    found.append((HANDWRITTEN[2], a, b))
+                    found.append((COSINE, a, b))
                 continue
             if logs_a or logs_b:
                 continue  # a log-likelihood weighted by a computed factor (an advantage): not a target
@@ -431,14 +434,14 @@ class TargetGradWatcher:
         found = comparisons(root)
         compared: dict = {}  # (form, input branch) -> the target branches it is compared with
         for form, input_edge, target_edge in found:
-            if form != HANDWRITTEN[0]:
+            if form != CROSS_ENTROPY:
                 compared.setdefault((form, branch(input_edge)), set()).add(branch(target_edge))
         for form, input_edge, target_edge in found:
-            if form != HANDWRITTEN[0] and len(compared[(form, branch(input_edge))]) > 1:
+            if form != CROSS_ENTROPY and len(compared[(form, branch(input_edge))]) > 1:
                 continue  # an anchor pulled to a positive, pushed from a negative: metric learning
             if target_edge[0] in self._called or input_edge[0] in self._called:
                 continue  # a piece of kl_div or cross_entropy: judged at its call
-            fn = "mse_loss" if form != HANDWRITTEN[0] else "kl_div"
+            fn = "mse_loss" if form != CROSS_ENTROPY else "kl_div"
             shape = _shape(input_edge)
             candidate = self._judge(fn, input_edge, target_edge,
                                     shape is not None and shape == _shape(target_edge))

@@ -126,7 +126,7 @@ class TargetNotDetached(Rule):
         if loc is not None:
             found = a.source.comparison_line(loc.path, loc.line, form)
             if found is not None:
-                loc, target = Location(loc.path, found[0], loc.function), found[2]
+                loc, target = Location(loc.path, found[0]), found[2]
         role = _ROLE.get(form, "the target side")
         where = "here" if target else "in the loss backpropagated here"
         said = f"the target of the {fn} {where}, `{target}` ({role})," if target else \
