@@ -206,6 +206,11 @@ def test_a_gated_target_and_a_sigmoid_target_are_recorded():
         t = torch.sigmoid(m(x))
         z = m(x + 1)
         return -(t * F.logsigmoid(z) + (1 - t) * F.logsigmoid(-z)).mean()
+    def ratio(m):
+        x = torch.randn(6, 4)
+        p_t, p_s = F.softmax(m(x), 1), F.softmax(m(x + 1), 1)
+        return (p_t * torch.log(p_t / p_s)).sum(1).mean()  # KL(p_t || p_s) by hand
+    assert _forms(_net(), ratio) == [("target_grad", "hand-written cross-entropy")]
     assert _forms(_net(), gated) == [("target_grad", "hand-written cross-entropy")]
     assert _forms(_net(), binary) == [("target_grad", "hand-written cross-entropy")]
 

@@ -199,7 +199,8 @@ def branch(edge) -> tuple:
 
 def log_terms(edge) -> list:
     """The log-probabilities a factor sums (``log q - log p``, ``-log_softmax(z) / T``): edges
-    whose op (past views) is a log-softmax, a logsigmoid or a log. Empty: no log-probability."""
+    whose op (past views) is a log-softmax, a logsigmoid or a log; for the log of a ratio
+    (``log(p / q)``), the edges of ``p`` and ``q``. Empty: no log-probability."""
     found, stack, seen = [], [edge], set()
     while stack and len(seen) < 64:
         edge = stack.pop()
@@ -210,7 +211,11 @@ def log_terms(edge) -> list:
         name = type(node).__name__
         inputs = _computed(node)
         if name.startswith(_LOGS):
-            found.append(edge)
+            ratio = _producer(inputs[0][0]) if len(inputs) == 1 else None
+            if ratio is not None and type(ratio).__name__ == "DivBackward0" and len(_computed(ratio)) == 2:
+                found.extend(_computed(ratio))  # log(p / q): the terms log p and -log q
+            else:
+                found.append(edge)
         elif name.startswith(_PASS) or name.startswith("NegBackward") or (
                 name.startswith(("AddBackward", "SubBackward"))):
             stack.extend(inputs)
