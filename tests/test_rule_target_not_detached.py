@@ -272,6 +272,10 @@ def test_hand_written_look_alikes_are_not_recorded():
         # gradient's advantage is advantage-not-detached's, not a target
         return -(torch.log(F.softmax(out, 1).gather(1, a)) * (1.0 - out[:, :1])).mean()
 
+    def rows_of_one_output(m):
+        h = torch.relu(m(torch.randn(8, 4)))  # no weight next to the rows compared
+        return (h[:4] - h[4:]).norm(dim=1).mean() + F.mse_loss(h[1:], h[:-1])
+
     def pairwise(m):
         s = m(torch.randn(6, 4))[:, 0]
         return ((s[:, None] - s[None, :]) ** 2).mean()
@@ -296,7 +300,7 @@ def test_hand_written_look_alikes_are_not_recorded():
         neg = F.normalize(d_head(torch.relu(shared(torch.randn(6, 4)))), dim=1)
         return (-(q * pos).sum(1) + (q * neg).sum(1)).mean()
 
-    for loss in (triplet, entropy, entropy_of_two_calls, r_drop, pi_model, detached, advantage, pairwise, contrastive, gaussian_kl):
+    for loss in (rows_of_one_output, triplet, entropy, entropy_of_two_calls, r_drop, pi_model, detached, advantage, pairwise, contrastive, gaussian_kl):
         assert _read(_net(), loss) == [], loss.__name__
 
 

@@ -24,8 +24,10 @@ recorded (a ``target_grad`` aside event, once per call line) when
   the same logits), or two that computed the same values from the same inputs and parameters
   (``softmax(f(x)) * log_softmax(f(x))``, an entropy written with two calls; a value compared
   with itself is loss-compares-with-itself's), and
-* the pair is not a symmetric consistency: for ``mse``-like losses, both sides made by the
-  same kind of op of the same layer, with one shape (a Π-model's ``mse(softmax(f(x1)),
+* the pair is not a symmetric consistency: for ``mse``-like losses, rows of one output
+  compared with each other (``h[:8]`` against ``h[8:]``: pairs of a batch; ``z[:, 1:]``
+  against ``z[:, :-1]``: neighbouring time steps), or both sides made by the same kind of op of
+  the same layer, with one shape (a Π-model's ``mse(softmax(f(x1)),
   softmax(f(x2)))``; a latent prediction ``mse(dyn(enc(x)), enc(x2))`` is made by two layers); for the
   others, the same pair of branches seen the other way round in the same loss (R-Drop's
   ``kl(p1 || p2) + kl(p2 || p1)``). Those train both sides on purpose.
@@ -179,6 +181,25 @@ _DISTANCES = ("AbsBackward0", "LinalgVectorNormBackward0", "NormBackward1", "Nor
 def _computed(node) -> list:
     """The inputs of ``node`` that carry a gradient, as edges ``(node, output number)``."""
     return [edge for edge in node.next_functions if edge[0] is not None]
+
+
+# ops that select rows (or elements) of one value, and views
+_SELECT = _PASS + ("SliceBackward", "SelectBackward", "IndexBackward", "SplitBackward",
+                   "SplitWithSizesBackward", "UnbindBackward", "GatherBackward", "NarrowBackward")
+
+
+def _selected_from(edge) -> tuple:
+    """The value a side selects its rows from, past views and selections (``h[:8]``,
+    ``z[:, 1:]``, a chunk): two sides with the same one compare parts of one output."""
+    for _ in range(16):
+        node = edge[0]
+        if node is None or not type(node).__name__.startswith(_SELECT):
+            return edge
+        inputs = _computed(node)
+        if len(inputs) != 1:
+            return edge
+        edge = inputs[0]
+    return edge
 
 
 def branch(edge) -> tuple:
@@ -414,6 +435,8 @@ class TargetGradWatcher:
                       if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
         if not pids:
             return None
+        if fn in _SYMMETRIC and _selected_from(input_edge) == _selected_from(target_edge):
+            return None  # rows of one output compared with each other (pairs of a batch, time steps)
         made_in, made_target = _producer(input_node), _producer(target_node)
         if (fn in _SYMMETRIC and type(made_in) is type(made_target) and same_shape
                 and _same_layer(_base(input_node), _base(target_node), nodes_in, nodes_target)):
