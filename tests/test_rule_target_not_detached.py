@@ -370,6 +370,12 @@ def test_the_line_that_computes_a_hand_written_comparison_is_found(tmp_path):
     assert comparison_line(str(script), 11, "squared error")[::2] == (9, "b")  # the nearest above
     assert comparison_line(str(script), 11, "cosine similarity")[::2] == (8, "z")
     assert comparison_line(str(script), 10, "cross-entropy") is None  # line 10 backpropagates nothing
+    script.write_text("for step in range(3):\n"
+                      "    td = q(s).gather(1, a) - (r + 0.9 * q(s2).max(1)[0])\n"
+                      "    loss = (td ** 2).mean()\n"
+                      "    scaler.scale(loss).backward()\n")
+    assert comparison_line(str(script), 4, "squared error") == \
+        (2, "td = q(s).gather(1, a) - (r + 0.9 * q(s2).max(1)[0])", "r + 0.9 * q(s2).max(1)[0]")
 
 
 def test_the_rule_points_at_the_hand_written_comparison(tmp_path):

@@ -989,7 +989,7 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
 def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
     """``(line, text)`` of the last assignment, above ``line`` in the same function, to the
     variable that is backpropagated on ``line`` (``loss = w * crit(out, y)`` for
-    ``loss.backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
+    ``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
     Lightning ``training_step``'s ``return loss``); None when there is none or the source
     cannot be read. ``framework``: the backward on ``line`` is known to be a framework's
     (``acc.backward(loss)``, whatever the accelerator is called)."""
@@ -1011,6 +1011,9 @@ def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int,
                 name = first.id
             elif not framework and isinstance(receiver, ast.Name):  # loss.backward()
                 name = receiver.id
+            elif isinstance(receiver, ast.Call) and _last_name(receiver.func) == "scale" \
+                    and receiver.args and isinstance(receiver.args[0], ast.Name):
+                name = receiver.args[0].id  # scaler.scale(loss).backward()
         elif isinstance(node, ast.Return) and node.value is not None:
             # ``return loss``, and the Trainer's ``return (loss, outputs) if return_outputs else loss``
             value = node.value
@@ -1216,10 +1219,11 @@ def _is_log(node: ast.AST) -> bool:
     return False
 
 
-def _squared_operand(node: ast.AST) -> ast.BinOp | None:
+def _squared_operand(node: ast.AST) -> ast.AST | None:
     """The difference ``a - b`` that ``node`` itself squares or takes the absolute value or norm
     of (``(a - b) ** 2``, ``(a - b).pow(2)``, ``(a - b).abs()``, ``torch.abs(a - b)``,
-    ``torch.linalg.norm(a - b, dim=1)``), else None."""
+    ``torch.linalg.norm(a - b, dim=1)``), or the name it does that of (``td ** 2``), else
+    None."""
     inner = None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
         inner = node.left
@@ -1228,6 +1232,8 @@ def _squared_operand(node: ast.AST) -> ast.BinOp | None:
             inner = node.func.value
         elif node.args:
             inner = node.args[0]
+    if isinstance(inner, ast.Name):
+        return inner  # a difference computed above: ``td ** 2``
     return inner if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub) else None
 
 
@@ -1248,7 +1254,7 @@ def _compared_target(expr: ast.AST, form: str) -> ast.AST | None:
         elif form == "squared error":
             inner = _squared_operand(sub)
             if inner is not None:
-                return inner.right
+                return inner.right if isinstance(inner, ast.BinOp) else inner
         elif form == "cosine similarity":
             if isinstance(sub, ast.Call) and _last_name(sub.func) == "cosine_similarity" and len(sub.args) >= 2:
                 return sub.args[1]
@@ -1267,7 +1273,30 @@ def comparison_line(path: str, line: int, form: str) -> tuple[int, str, str] | N
     if found is None:
         return None
     target = _compared_target(found[2], form)
+    squared = next((operand for sub in ast.walk(found[2])
+                    if (operand := _squared_operand(sub)) is not None), None)
+    if form == "squared error" and isinstance(squared, ast.Name):  # td ** 2: where td = a - b
+        difference = _difference_assigned(_parse(path), squared.id, found[0])
+        if difference is None:
+            return None
+        return difference[0], difference[1], ast.unparse(difference[2]).strip()
     return found[0], found[1], ast.unparse(target).strip()
+
+
+def _difference_assigned(tree: ast.AST | None, name: str, line: int) -> tuple[int, str, ast.AST] | None:
+    """``(line, text, b)`` of the last assignment ``name = a - b`` above ``line`` in its
+    function, or None (the name holds something else)."""
+    if tree is None:
+        return None
+    best = None
+    for node in ast.walk(_enclosing_function(tree, line)):
+        if isinstance(node, ast.Assign) and node.lineno < line and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name \
+                and (best is None or node.lineno > best.lineno):
+            best = node
+    if best is None or not (isinstance(best.value, ast.BinOp) and isinstance(best.value.op, ast.Sub)):
+        return None
+    return best.lineno, ast.unparse(best).strip(), best.value.right
 
 
 _GRAD_OFF = {"no_grad", "inference_mode", "set_grad_enabled"}
