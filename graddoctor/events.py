@@ -554,13 +554,15 @@ graph_kept         name (the variable that keeps them, as found in the script's 
                    backward's line) — autograd graphs of earlier backwards still alive several
                    backwards later (loc: the backward that found them; an aside)
 target_grad        fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | kl_div |
-                   binary_cross_entropy | binary_cross_entropy_with_logits | cross_entropy),
+                   binary_cross_entropy | binary_cross_entropy_with_logits | cross_entropy |
+                   "hand-written cross-entropy" | "hand-written squared error" |
+                   "hand-written cosine similarity": read from the loss's graph at a backward),
                    params [pid] (tracked tensors both the input's and the target's graph reach),
                    input_op, target_op (the autograd nodes that made each side, past reshapes):
                    a loss whose target needs a gradient that flows into the parameters making
                    its input, neither side made from the other and no symmetric consistency —
-                   the first such call of each call line (loc: the loss call; an aside;
-                   instrument/stopgrad.py)
+                   the first such call of each call line (loc: the loss call, or for a
+                   hand-written one the backward; an aside; instrument/stopgrad.py)
 anchor_alias       params [pid] (the parameters pulled towards themselves), how ("same": ``p - p``
                    in the loss's graph; "shared": the squared, absolute or norm difference of a
                    parameter and a constant exactly zero at two backwards with a step between

@@ -112,6 +112,9 @@ class ScriptSource:
     def error_line(self, path: str, line: int) -> tuple[int, str] | None:
         return error_line(self.full(path), line)
 
+    def comparison_line(self, path: str, line: int, form: str) -> tuple[int, str, str] | None:
+        return comparison_line(self.full(path), line, form)
+
     def schedule_arguments(self, path: str, line: int, cls: str) -> str | None:
         return schedule_arguments(self.full(path), line, cls)
 
@@ -1007,7 +1010,7 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
 def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
     """``(line, text)`` of the last assignment, above ``line`` in the same function, to the
     variable that is backpropagated on ``line`` (``loss = w * crit(out, y)`` for
-    ``loss.backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
+    ``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
     Lightning ``training_step``'s ``return loss``); None when there is none or the source
     cannot be read. ``framework``: the backward on ``line`` is known to be a framework's
     (``acc.backward(loss)``, whatever the accelerator is called)."""
@@ -1029,6 +1032,9 @@ def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int,
                 name = first.id
             elif not framework and isinstance(receiver, ast.Name):  # loss.backward()
                 name = receiver.id
+            elif isinstance(receiver, ast.Call) and _last_name(receiver.func) == "scale" \
+                    and receiver.args and isinstance(receiver.args[0], ast.Name):
+                name = receiver.args[0].id  # scaler.scale(loss).backward()
         elif isinstance(node, ast.Return) and node.value is not None:
             # ``return loss``, and the Trainer's ``return (loss, outputs) if return_outputs else loss``
             value = node.value
@@ -1179,6 +1185,15 @@ def error_line(path: str, line: int) -> tuple[int, str] | None:
     difference for the loss backpropagated at ``line``: the loss's assignment, one of the
     assignments it reads a few lines above, or the body of the script's function it calls
     (``loss = regression_loss(pred, y)``); None when none is found."""
+    found = _loss_statement(path, line, _squared_difference)
+    return None if found is None else (found[0], found[1])
+
+
+def _loss_statement(path: str, line: int, holds) -> tuple[int, str, ast.AST] | None:
+    """``(line, text, expression)`` of the statement of the loss backpropagated at ``line``
+    whose value ``holds(value)`` says computes the term looked for: the loss's assignment, one
+    of the assignments a few lines above it in its block, or an assignment or the return of a
+    function of the script that one of those calls; None when none is found."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -1192,21 +1207,117 @@ def error_line(path: str, line: int) -> tuple[int, str] | None:
     value = getattr(statement, "value", None)
     if value is None:
         return None
-    if _squared_difference(value):
-        return assigned
-    for stmt in reversed(block[max(0, index - _TERM_SPAN):index]):
-        if isinstance(stmt, ast.Assign) and _squared_difference(stmt.value):
-            return stmt.lineno, ast.unparse(stmt).strip()
-    for call in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
-        name = _last_name(call.func)
-        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and n.name == name]
-        if len(defs) == 1:
-            for stmt in defs[0].body:
-                if isinstance(stmt, (ast.Assign, ast.Return)) and stmt.value is not None \
-                        and _squared_difference(stmt.value):
-                    return stmt.lineno, ast.unparse(stmt).strip()
+    if holds(value):
+        return assigned[0], assigned[1], value
+    above = [stmt for stmt in reversed(block[max(0, index - _TERM_SPAN):index]) if isinstance(stmt, ast.Assign)]
+    for stmt in above:
+        if holds(stmt.value):
+            return stmt.lineno, ast.unparse(stmt).strip(), stmt.value
+    for source in (value, *(stmt.value for stmt in above)):
+        for call in (n for n in ast.walk(source) if isinstance(n, ast.Call)):
+            name = _last_name(call.func)
+            defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and n.name == name]
+            if len(defs) == 1:
+                for stmt in defs[0].body:
+                    if isinstance(stmt, (ast.Assign, ast.Return)) and stmt.value is not None \
+                            and holds(stmt.value):
+                        return stmt.lineno, ast.unparse(stmt).strip(), stmt.value
     return None
+
+
+_LOG_CALLS = frozenset({"log_softmax", "log", "logsigmoid", "log_sigmoid", "log2", "log10"})
+
+
+def _is_log(node: ast.AST) -> bool:
+    """Does the expression take a log (``F.log_softmax(...)``, ``p.log()``, ``torch.log``), or
+    name one (``log_p``, ``logprobs``)?"""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and _last_name(sub.func) in _LOG_CALLS:
+            return True
+        if isinstance(sub, (ast.Name, ast.Attribute)) and "log" in (_last_name(sub) or "").lower():
+            return True
+    return False
+
+
+def _squared_operand(node: ast.AST) -> ast.AST | None:
+    """The difference ``a - b`` that ``node`` itself squares or takes the absolute value or norm
+    of (``(a - b) ** 2``, ``(a - b).pow(2)``, ``(a - b).abs()``, ``torch.abs(a - b)``,
+    ``torch.linalg.norm(a - b, dim=1)``), or the name it does that of (``td ** 2``), else
+    None."""
+    inner = None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        inner = node.left
+    elif isinstance(node, ast.Call) and _last_name(node.func) in ("pow", "abs", "square", "norm"):
+        if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.BinOp):
+            inner = node.func.value
+        elif node.args:
+            inner = node.args[0]
+    if isinstance(inner, ast.Name):
+        return inner  # a difference computed above: ``td ** 2``
+    return inner if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub) else None
+
+
+def _normalize_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and _last_name(node.func) == "normalize"
+
+
+def _compared_target(expr: ast.AST, form: str) -> ast.AST | None:
+    """The operand that plays the target in the expression's hand-written comparison: the
+    factor of a product with a log that takes none (``form`` "cross-entropy"), the subtracted
+    side of a squared or absolute difference ("squared error"), the second operand of a cosine
+    ("cosine similarity")."""
+    for sub in ast.walk(expr):
+        if form == "cross-entropy" and isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult):
+            left, right = _is_log(sub.left), _is_log(sub.right)
+            if left != right:
+                return sub.right if left else sub.left
+        elif form == "squared error":
+            inner = _squared_operand(sub)
+            if inner is not None:
+                return inner.right if isinstance(inner, ast.BinOp) else inner
+        elif form == "cosine similarity":
+            if isinstance(sub, ast.Call) and _last_name(sub.func) == "cosine_similarity" and len(sub.args) >= 2:
+                return sub.args[1]
+            if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) \
+                    and _normalize_call(sub.left) and _normalize_call(sub.right):
+                return sub.right
+    return None
+
+
+def comparison_line(path: str, line: int, form: str) -> tuple[int, str, str] | None:
+    """``(line, text, target)`` of the statement that computes the hand-written comparison
+    ``form`` ("cross-entropy", "squared error", "cosine similarity") of the loss backpropagated
+    at ``line``, and the text of its target operand (``_compared_target``); None when none is
+    found."""
+    found = _loss_statement(path, line, lambda value: _compared_target(value, form) is not None)
+    if found is None:
+        return None
+    target = _compared_target(found[2], form)
+    squared = next((operand for sub in ast.walk(found[2])
+                    if (operand := _squared_operand(sub)) is not None), None)
+    if form == "squared error" and isinstance(squared, ast.Name):  # td ** 2: where td = a - b
+        difference = _difference_assigned(_parse(path), squared.id, found[0])
+        if difference is None:
+            return None
+        return difference[0], difference[1], ast.unparse(difference[2]).strip()
+    return found[0], found[1], ast.unparse(target).strip()
+
+
+def _difference_assigned(tree: ast.AST | None, name: str, line: int) -> tuple[int, str, ast.AST] | None:
+    """``(line, text, b)`` of the last assignment ``name = a - b`` above ``line`` in its
+    function, or None (the name holds something else)."""
+    if tree is None:
+        return None
+    best = None
+    for node in ast.walk(_enclosing_function(tree, line)):
+        if isinstance(node, ast.Assign) and node.lineno < line and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name \
+                and (best is None or node.lineno > best.lineno):
+            best = node
+    if best is None or not (isinstance(best.value, ast.BinOp) and isinstance(best.value.op, ast.Sub)):
+        return None
+    return best.lineno, ast.unparse(best).strip(), best.value.right
 
 
 _GRAD_OFF = {"no_grad", "inference_mode", "set_grad_enabled"}
