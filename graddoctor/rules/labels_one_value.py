@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..findings import Related, Severity
+from .base import Rule
+
+
+def _shown(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:.1f}"
+    return repr(value)
+
+
+class LabelsOneValue(Rule):
+    """
+    ## What it does
+    Finds a classification or regression loss whose targets, read from the data, hold one
+    single value at every call of its first training steps: click-through rates in [0, 1)
+    cast with `.long()` (all 0), `(score > 5).float()` on scores in [0, 1] (all 0), `mask //
+    255` of 0/1 masks (all 0), a label column that holds one value, a label transform that maps
+    every sample to one class. Read from values (the first 16 calls of each loss line with a
+    gradient, CPU targets) and the source: the targets must be one value over at least 4 calls
+    and 64 values where they differ from the labels the DataLoader served (a conversion made
+    them) or where the dataset's whole label tensor (a `TensorDataset`'s, torchvision's
+    `targets`) is one value, and over at least 8 calls and 512 values otherwise.
+
+    ## Why is this bad?
+    A target that is always the same carries no information: the model only has to output
+    that constant, the loss falls quickly and looks like training, and the model has learned
+    nothing about the inputs. Nothing fails; the bug shows at evaluation, as a model that
+    predicts one class (or one number) for everything.
+
+    ## Example
+    ```python
+    for x, ctr in loader:                  # click-through rates in [0, 1)
+        target = ctr.long()                # every rate becomes class 0
+        loss = F.cross_entropy(model(x), target)
+    ```
+
+    ## Use instead
+    ```python
+    for x, ctr in loader:
+        loss = F.binary_cross_entropy_with_logits(model(x).squeeze(1), ctr)  # soft targets
+    ```
+
+    ## Stays silent on
+    Targets the script makes from values of its own (`torch.ones`/`zeros`/`full`/`arange`, also
+    through a name assigned one: a GAN's real and fake labels, InfoNCE's
+    `torch.zeros(N, dtype=torch.long)` positives at index 0); an imbalanced dataset whose first
+    batches happen to be one class (a `TensorDataset` or torchvision dataset whose whole label
+    tensor holds several values, or fewer than 8 calls and 512 values of one class); targets
+    that vary (an autoencoder's inputs, `torch.arange(N)`); losses with no loss function given
+    a target (Deep SVDD's distance to a center); targets on an accelerator (not read); a line
+    whose targets differ at a later call.
+    """
+
+    code = "GD170"
+    slug = "labels-one-value"
+    severity = Severity.WARNING
+    summary = ("every target the loss is trained on, read from the data, is one value: the labels "
+               "carry no information and the model learns a constant")
+    fix = ("make the targets from the data's real range: check the conversion that makes them "
+           "(a cast to integers, a threshold, an integer division) and the label column read")
+
+    def check(self, a):
+        events = a.of_kind("constant_targets")
+        varied = {e.loc for e in events if e.get("varied")}
+        told: set = set()
+        for e in events:
+            if e.get("varied") or e.loc is None or e.loc in varied or e.loc in told:
+                continue
+            origin = a.source.target_origin(e.loc.path, e.loc.line)
+            if origin is None or origin["made"]:
+                continue  # a constant the script makes (a GAN's labels), or no source to tell
+            told.add(e.loc)
+            yield self._finding(a, e, origin)
+
+    def _finding(self, a, e, origin):
+        fn, value, calls, values = e.get("fn", "the loss"), e.get("value"), e.get("calls"), e.get("values")
+        shown = _shown(value)
+        at_conversion = origin["line"] != e.loc.line
+        loc = replace(e.loc, line=origin["line"]) if at_conversion else e.loc
+        basis = e.get("basis")
+        if at_conversion:
+            where = f"`{origin['text']}` makes every label {shown}"
+            fix = (f"make `{origin['target']}` from the data's real range: `{origin['text']}` maps "
+                   f"every label to {shown} (a cast to integers truncates values below 1, a "
+                   f"threshold outside the data's range selects nothing); keep fractional labels "
+                   f"as float targets of a loss that takes them, or threshold inside their range")
+        elif basis == "dataset-one":
+            where = "the dataset's whole label tensor holds that one value"
+            fix = (f"read the label from the column that holds it: every label of the dataset "
+                   f"`{origin['target']}` comes from is {shown}")
+        else:
+            where = f"`{origin['target']}` holds no other value"
+            fix = (f"check how `{origin['target']}` is made (the Dataset's __getitem__ or the "
+                   f"label column read): a cast to integers, a threshold outside the data's range "
+                   f"or an integer division maps every label to {shown}")
+        related = (Related(e.loc, "the loss call"),) if at_conversion else ()
+        return self.finding(
+            f"every target {fn} got over its first {calls} calls ({values} values) is {shown}: "
+            f"{where}, so the labels carry no information, the model only has to output a "
+            f"constant, and the falling loss says nothing about what it learned",
+            loc, related=related, step=a.next_step_number(e.seq),
+            evidence={"function": fn, "value": value, "calls": calls, "values": values,
+                      "basis": basis, "target": origin["target"]},
+            fix=fix)
