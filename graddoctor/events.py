@@ -283,12 +283,13 @@ full_rows_loss     fn (the loss function), rows (N): a loss with a gradient whos
                    rows with no row selection in its graph, its target not an input the
                    prediction's first layers read — once per loss call line (loc: the loss
                    call; an aside; instrument/fullrows.py)
-constant_targets   fn (the loss function), value (the one value; None with varied), calls, values
-                   (targets' values read), basis (converted | dataset-one | served | unknown:
-                   where the targets came from, instrument/constlabels.py), varied (a line told
-                   before whose targets then differed): a loss call line whose targets with a
-                   gradient held one value at every call — once per line, again with varied
-                   (loc: the loss call; an aside)
+constant_targets   fn (the loss function), value (the one value; None when varied), calls, values
+                   (targets' values read), samples (their first dimensions), basis (converted |
+                   dataset-one | served | unknown: where the targets came from,
+                   instrument/constlabels.py), stage (few | many | varied: a line told before
+                   whose targets then differed): a loss call line with a gradient whose targets
+                   held one value at every call — at most once per stage and line (loc: the loss
+                   call; an aside)
 class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
                    [int], shares [float] (each class's share of the targets counted; for
                    pos_weight, each output's share of positives), weights [float]: a loss's
@@ -1010,9 +1011,10 @@ def full_rows_loss(*, fn: str, rows: int) -> Made:
     return "full_rows_loss", {"fn": fn, "rows": rows}
 
 
-def constant_targets(*, fn: str, value, calls: int, values: int, basis: str, varied: bool) -> Made:
+def constant_targets(*, fn: str, value, calls: int, values: int, samples: int, basis: str,
+                     stage: str) -> Made:
     return "constant_targets", {"fn": fn, "value": value, "calls": calls, "values": values,
-                                "basis": basis, "varied": varied}
+                                "samples": samples, "basis": basis, "stage": stage}
 
 
 def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:

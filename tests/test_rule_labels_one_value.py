@@ -66,6 +66,7 @@ def test_converted_targets_are_told_after_four_calls_and_64_values():
     assert len(events) == 1 and events[0][0] == "constant_targets"
     assert events[0][1]["value"] == 0 and events[0][1]["basis"] == "converted"
     assert events[0][1]["calls"] == 4 and events[0][1]["values"] == 64
+    assert events[0][1]["stage"] == "few"
 
 
 def test_targets_of_several_values_are_not_told():
@@ -80,23 +81,24 @@ def test_a_served_label_is_judged_on_the_whole_dataset():
     labels[7] = 1  # a rare class the first batches miss
     assert _run(targets, batches, TensorDataset(torch.randn(400, 3), labels)) == []
     events = _run(targets, batches, TensorDataset(torch.randn(400, 3), torch.zeros(400, dtype=torch.long)))
-    assert [e[1]["basis"] for e in events] == ["dataset-one"]
-    assert events[0][1]["calls"] == 4  # the whole dataset says it: no need to wait
+    assert [(e[1]["basis"], e[1]["stage"], e[1]["calls"]) for e in events] == [("dataset-one", "few", 4)]
 
 
 def test_served_labels_without_a_dataset_tensor_need_many_values():
     batches = [(torch.randn(32, 3), torch.zeros(32, dtype=torch.long)) for _ in range(16)]
     targets = [b[1] for b in batches]
     events = _run(targets, batches, dataset=None)
-    assert [(e[1]["basis"], e[1]["calls"], e[1]["values"]) for e in events] == [("served", 16, 512)]
-    assert _run(targets[:15], batches, dataset=None) == []  # 480 values: a rare class may not have shown
+    assert [(e[1]["basis"], e[1]["stage"], e[1]["calls"], e[1]["samples"]) for e in events] == [
+        ("served", "few", 4, 128), ("served", "many", 16, 512)]
+    events = _run(targets[:15], batches, dataset=None)
+    assert [e[1]["stage"] for e in events] == ["few"]  # 480 samples: a rare class may not have shown
 
 
 def test_a_line_that_varies_after_being_told_is_told_again_as_varied():
     zeros = torch.zeros(16, dtype=torch.long)
     rates = [(torch.rand(16), torch.rand(16)) for _ in range(8)]
     events = _run([zeros] * 5 + [torch.ones(16, dtype=torch.long)], rates)
-    assert [e[1]["varied"] for e in events] == [False, True]
+    assert [e[1]["stage"] for e in events] == ["few", "varied"]
 
 
 def test_targets_with_a_gradient_or_too_many_values_are_not_read(monkeypatch):

@@ -13,15 +13,15 @@ that is one of them as served (a label as the loader gives it) is judged on the 
 label tensor where the dataset holds one (a TensorDataset's tensor, torchvision's ``targets``):
 a dataset with several labels whose first batches are one class is imbalanced, not broken.
 
-A line is told (``constant_targets`` aside event at the loss call) once its targets are one
-value over enough of them: ``_MIN_CALLS`` calls and ``_MIN_VALUES`` values when they are not
-the loader's labels as served (a conversion made them: ``y.long()``) or the dataset's whole
-label tensor is one value; else (a Dataset of the script's own, a slice of a fixed tensor, no
-loader) ``_MANY_CALLS`` calls and ``_MANY_VALUES`` values, so that rare classes have had their
-chance to show. A told line whose targets differ later is told again with ``varied`` (the rule
-drops it). Whether the targets are a constant the script makes (``torch.ones`` for a GAN's
-real labels, ``torch.zeros(N, dtype=long)`` for InfoNCE's positives) is read from the source by
-the rule.
+A line is told (``constant_targets`` aside event at the loss call) when its targets have been
+one value over ``_MIN_CALLS`` calls and ``_MIN_VALUES`` values (stage "few"), again over
+``_MANY_CALLS`` calls and ``_MANY_SAMPLES`` samples (first dimension; stage "many"), and once
+more, "varied", if they then differ. The rule weighs the stages: "few" is enough where the
+targets are not the loader's labels as served (a conversion made them: ``y.long()``) or the
+dataset's whole label tensor is one value; else (a Dataset of the script's own, a slice of a
+fixed tensor) a rare class must have had "many" samples to show. Whether the targets are a
+constant the script makes (``torch.ones`` for a GAN's real labels, ``torch.zeros(N,
+dtype=long)`` for InfoNCE's positives) is read from the source by the rule.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from .recorder import Recorder
 _CALLS = 16  # calls per loss line looked at
 _LINES = 16  # loss lines looked at
 _MAX_VALUES = 1 << 20  # values of a target read, at most
-_MIN_CALLS, _MIN_VALUES = 4, 64
-_MANY_CALLS, _MANY_VALUES = 8, 512
+_MIN_CALLS, _MIN_VALUES = 4, 64  # "few": enough where the labels were converted
+_MANY_CALLS, _MANY_SAMPLES = 8, 512  # "many": enough for a rare class to have shown
 _LOADERS = 4  # loaders whose latest batch is kept
 _DATASET_VALUES = 1 << 22  # values of a dataset's label tensor read, at most
 
@@ -90,12 +90,13 @@ def dataset_labels(dataset, served) -> "torch.Tensor | None":
 
 
 class _Line:
-    __slots__ = ("calls", "values", "value", "basis", "told", "done")
+    __slots__ = ("calls", "values", "samples", "value", "basis", "told", "done")
 
     def __init__(self, value):
-        self.calls, self.values, self.value = 0, 0, value
+        self.calls, self.values, self.samples, self.value = 0, 0, 0, value
         self.basis = "converted"  # until a call's target is a served label that says otherwise
-        self.told = self.done = False
+        self.told = 0  # 1: told at "few", 2: at "many"
+        self.done = False
 
 
 class ConstantTargetsWatcher:
@@ -145,30 +146,33 @@ class ConstantTargetsWatcher:
             if value is None or value != line.value:
                 line.done = True
                 if line.told:
-                    self.rec.emit_aside(ev.constant_targets(fn=fn, value=None, calls=line.calls,
-                                                            values=line.values, basis=line.basis,
-                                                            varied=True), loc)
+                    self._tell(fn, line, loc, "varied")
                 return
             line.values += int(target.numel())
+            line.samples += int(target.shape[0]) if target.dim() else 1
             if line.basis != "dataset-varied":
                 line.basis = self._basis(target, line.basis)
             if line.basis == "dataset-varied":
                 line.done = True  # the dataset holds other labels: imbalanced, not one class
+                if line.told:
+                    self._tell(fn, line, loc, "varied")
                 return
             if line.calls >= _CALLS:
                 line.done = True
-            if line.told:
-                return
-            quick = line.basis in ("converted", "dataset-one")
-            if (line.calls >= (_MIN_CALLS if quick else _MANY_CALLS)
-                    and line.values >= (_MIN_VALUES if quick else _MANY_VALUES)):
-                line.told = True
-                self.rec.emit_aside(ev.constant_targets(fn=fn, value=line.value, calls=line.calls,
-                                                        values=line.values, basis=line.basis,
-                                                        varied=False), loc)
+            if line.told < 1 and line.calls >= _MIN_CALLS and line.values >= _MIN_VALUES:
+                line.told = 1
+                self._tell(fn, line, loc, "few")
+            if line.told < 2 and line.calls >= _MANY_CALLS and line.samples >= _MANY_SAMPLES:
+                line.told = 2
+                self._tell(fn, line, loc, "many")
         except Exception as exc:
             self._calls = _CALLS * _LINES  # closed
             self.rec.internal_error(f"F.{fn} one-value targets", exc)
+
+    def _tell(self, fn: str, line: "_Line", loc, stage: str) -> None:
+        self.rec.emit_aside(ev.constant_targets(fn=fn, value=None if stage == "varied" else line.value,
+                                                calls=line.calls, values=line.values,
+                                                samples=line.samples, basis=line.basis, stage=stage), loc)
 
     def _basis(self, target, basis: str) -> str:
         """What this call's target says of where it came from: "converted" (none of the last

@@ -21,9 +21,10 @@ class LabelsOneValue(Rule):
     255` of 0/1 masks (all 0), a label column that holds one value, a label transform that maps
     every sample to one class. Read from values (the first 16 calls of each loss line with a
     gradient, CPU targets) and the source: the targets must be one value over at least 4 calls
-    and 64 values where they differ from the labels the DataLoader served (a conversion made
-    them) or where the dataset's whole label tensor (a `TensorDataset`'s, torchvision's
-    `targets`) is one value, and over at least 8 calls and 512 values otherwise.
+    and 64 values where a conversion made them (they differ from the labels the DataLoader
+    served; with no DataLoader, the loop computes them: a cast, a comparison, arithmetic) or
+    where the dataset's whole label tensor (a `TensorDataset`'s, torchvision's `targets`) is
+    one value, and over at least 8 calls and 512 samples otherwise.
 
     ## Why is this bad?
     A target that is always the same carries no information: the model only has to output
@@ -49,7 +50,7 @@ class LabelsOneValue(Rule):
     through a name assigned one: a GAN's real and fake labels, InfoNCE's
     `torch.zeros(N, dtype=torch.long)` positives at index 0); an imbalanced dataset whose first
     batches happen to be one class (a `TensorDataset` or torchvision dataset whose whole label
-    tensor holds several values, or fewer than 8 calls and 512 values of one class); targets
+    tensor holds several values, or fewer than 8 calls and 512 samples of one class); targets
     that vary (an autoencoder's inputs, `torch.arange(N)`); losses with no loss function given
     a target (Deep SVDD's distance to a center); targets on an accelerator (not read); a line
     whose targets differ at a later call.
@@ -64,17 +65,23 @@ class LabelsOneValue(Rule):
            "(a cast to integers, a threshold, an integer division) and the label column read")
 
     def check(self, a):
-        events = a.of_kind("constant_targets")
-        varied = {e.loc for e in events if e.get("varied")}
-        told: set = set()
-        for e in events:
-            if e.get("varied") or e.loc is None or e.loc in varied or e.loc in told:
+        latest: dict = {}  # loss line -> its latest constant_targets event
+        for e in a.of_kind("constant_targets"):
+            if e.loc is not None:
+                latest[e.loc] = e
+        for loc, e in latest.items():
+            if e.get("stage") == "varied":
                 continue
-            origin = a.source.target_origin(e.loc.path, e.loc.line)
+            origin = a.source.target_origin(loc.path, loc.line)
             if origin is None or origin["made"]:
                 continue  # a constant the script makes (a GAN's labels), or no source to tell
-            told.add(e.loc)
-            yield self._finding(a, e, origin)
+            # a few batches of one label are enough where a conversion made the targets (seen
+            # against the loader's batch, or, with no loader, in the loop's source) or where the
+            # dataset's whole label tensor is one value; labels as served need many samples
+            converted = e.get("basis") in ("converted", "dataset-one") or (
+                e.get("basis") == "unknown" and origin["line"] != loc.line)
+            if e.get("stage") == "many" or converted:
+                yield self._finding(a, e, origin)
 
     def _finding(self, a, e, origin):
         fn, value, calls, values = e.get("fn", "the loss"), e.get("value"), e.get("calls"), e.get("values")
