@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from ..findings import Related, Severity
@@ -10,6 +11,22 @@ def _shown(value) -> str:
     if isinstance(value, float) and value.is_integer():
         return f"{value:.1f}"
     return repr(value)
+
+
+def _conversion_fix(text: str, shown: str) -> str:
+    """The fix for the conversion ``text`` that makes every label ``shown``, by its kind."""
+    if "//" in text:
+        return (f"drop the integer division in `{text}`: the values it divides are already in a "
+                f"small range, so every label becomes {shown} (use `/` where a scale was meant)")
+    if re.search(r"[<>]|==|!=", text):
+        return (f"compare with a threshold inside the data's range in `{text}`: no sample is on "
+                f"the other side of this one, so every label is {shown}")
+    if re.search(r"\.(long|int|round|floor|trunc)\(", text):
+        return (f"don't cast fractional values to classes in `{text}`: the cast truncates every "
+                f"value to {shown}; keep them as float targets of a loss that takes them "
+                f"(binary_cross_entropy_with_logits, mse_loss) or bin them into classes first")
+    return (f"check `{text}`: it maps every label to {shown}; make the targets from the data's "
+            f"real range")
 
 
 class LabelsOneValue(Rule):
@@ -91,10 +108,7 @@ class LabelsOneValue(Rule):
         basis = e.get("basis")
         if at_conversion:
             where = f"`{origin['text']}` makes every label {shown}"
-            fix = (f"make `{origin['target']}` from the data's real range: `{origin['text']}` maps "
-                   f"every label to {shown} (a cast to integers truncates values below 1, a "
-                   f"threshold outside the data's range selects nothing); keep fractional labels "
-                   f"as float targets of a loss that takes them, or threshold inside their range")
+            fix = _conversion_fix(origin["text"], shown)
         elif basis == "dataset-one":
             where = "the dataset's whole label tensor holds that one value"
             fix = (f"read the label from the column that holds it: every label of the dataset "
