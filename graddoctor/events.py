@@ -285,6 +285,13 @@ full_rows_loss     fn (the loss function), rows (N): a loss with a gradient whos
                    rows with no row selection in its graph, its target not an input the
                    prediction's first layers read — once per loss call line (loc: the loss
                    call; an aside; instrument/fullrows.py)
+constant_targets   fn (the loss function), value (the one value; None when varied), calls, values
+                   (targets' values read), samples (their first dimensions), basis (converted |
+                   dataset-one | served | unknown: where the targets came from,
+                   instrument/constlabels.py), stage (few | many | varied: a line told before
+                   whose targets then differed): a loss call line with a gradient whose targets
+                   held one value at every call — at most once per stage and line (loc: the loss
+                   call; an aside)
 class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
                    [int], shares [float] (each class's share of the targets counted; for
                    pos_weight, each output's share of positives), weights [float]: a loss's
@@ -1014,6 +1021,12 @@ def full_rows_loss(*, fn: str, rows: int) -> Made:
     return "full_rows_loss", {"fn": fn, "rows": rows}
 
 
+def constant_targets(*, fn: str, value, calls: int, values: int, samples: int, basis: str,
+                     stage: str) -> Made:
+    return "constant_targets", {"fn": fn, "value": value, "calls": calls, "values": values,
+                                "samples": samples, "basis": basis, "stage": stage}
+
+
 def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:
     return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights}
 
@@ -1427,7 +1440,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "factor_broadcast": factor_broadcast,
     "target_domain": target_domain,
     "class_weights": class_weights, "target_in_inputs": target_in_inputs,
-    "full_rows_loss": full_rows_loss,
+    "full_rows_loss": full_rows_loss, "constant_targets": constant_targets,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
@@ -1462,7 +1475,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",

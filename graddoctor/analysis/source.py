@@ -155,6 +155,9 @@ class ScriptSource:
     def temperature_products(self, path: str) -> list[tuple[int, str, str, bool, float | None]]:
         return temperature_products(self.full(path))
 
+    def target_origin(self, path: str, line: int) -> dict | None:
+        return target_origin(self.full(path), line)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -2518,3 +2521,111 @@ def loss_row_selections(path: str, line: int) -> dict | None:
             "prediction": ast.unparse(prediction), "call": callee,
             "more": len(call.args) > 2 or bool(call.keywords),
             "selections": sorted(selections), "names": sorted(names)}
+
+
+# calls that make a tensor of values the script chose (a GAN's real labels, InfoNCE's positives
+# at index 0), and calls that keep the values of what they are called on
+_MAKERS = frozenset({"ones", "zeros", "full", "ones_like", "zeros_like", "full_like", "arange", "empty",
+                     "empty_like", "tensor", "as_tensor", "eye", "new_ones", "new_zeros", "new_full",
+                     "new_tensor", "new_empty", "fill_", "zero_", "linspace"})
+_KEEPS_VALUES = _SAME_ROWS | {"expand", "expand_as", "repeat", "repeat_interleave"}
+
+
+def _assigned_values(scope: ast.AST, text: str) -> list[tuple[int, ast.AST]]:
+    """``(line, value)`` of each plain assignment of ``text`` (a name or dotted name) in
+    ``scope``."""
+    found = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign):
+            if any(ast.unparse(t) == text for t in node.targets
+                   if isinstance(t, (ast.Name, ast.Attribute))):
+                found.append((node.lineno, node.value))
+        elif isinstance(node, ast.AnnAssign) and node.value is not None \
+                and isinstance(node.target, (ast.Name, ast.Attribute)) and ast.unparse(node.target) == text:
+            found.append((node.lineno, node.value))
+    return found
+
+
+def _made_by_script(tree: ast.AST, expr: ast.AST, line: int, depth: int = 0) -> bool:
+    """Whether ``expr`` (at ``line``) is a tensor the script makes from values of its own
+    (``torch.ones(b, 1)``, ``torch.zeros(n, dtype=torch.long)``, a name assigned one, cast or
+    reshaped), not one read from data."""
+    if depth > 6:
+        return False
+    if isinstance(expr, ast.Call):
+        name = expr.func.attr if isinstance(expr.func, ast.Attribute) else \
+            expr.func.id if isinstance(expr.func, ast.Name) else None
+        if name in _MAKERS:
+            return True
+        if isinstance(expr.func, ast.Attribute) and name in _KEEPS_VALUES:
+            return _made_by_script(tree, expr.func.value, line, depth + 1)
+        return False
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        text = ast.unparse(expr)
+        scope = _enclosing_function(tree, line)
+        values = _assigned_values(scope, text) if isinstance(expr, ast.Name) else _assigned_values(tree, text)
+        if not values and scope is not tree and isinstance(expr, ast.Name):
+            values = _assigned_values(tree, text)
+        return any(_made_by_script(tree, value, at, depth + 1) for at, value in values)
+    if isinstance(expr, ast.Subscript):
+        return _made_by_script(tree, expr.value, line, depth + 1)
+    if isinstance(expr, ast.BinOp):
+        return _made_by_script(tree, expr.left, line, depth + 1) or \
+            _made_by_script(tree, expr.right, line, depth + 1)
+    if isinstance(expr, ast.UnaryOp):
+        return _made_by_script(tree, expr.operand, line, depth + 1)
+    if isinstance(expr, ast.IfExp):
+        return _made_by_script(tree, expr.body, line, depth + 1) or \
+            _made_by_script(tree, expr.orelse, line, depth + 1)
+    return False
+
+
+def _converts(value: ast.AST) -> bool:
+    """Whether an assigned value computes new label values from others (a cast, a comparison,
+    arithmetic), not one that only names or selects them."""
+    if isinstance(value, (ast.Compare, ast.BinOp, ast.UnaryOp)):
+        return True
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        return value.func.attr in ("long", "int", "bool", "round", "floor", "ceil", "trunc", "to", "type") \
+            or _converts(value.func.value)
+    return False
+
+
+def target_origin(path: str, line: int) -> dict | None:
+    """Where the targets of the loss call(s) on ``line`` come from.
+
+    ``{"made": whether one of them is a tensor the script makes from values of its own
+    (``torch.ones``/``zeros``/``full``/``arange``... directly, or through a name assigned one,
+    cast or reshaped), "target": the first one's text, "line"/"text": the latest assignment
+    of that name before ``line`` in the loop that holds the call, where it computes the labels
+    (``y = yb.long()``, ``y = (s > 5).float()``, ``y = m // 255``), or the call's own line and
+    the target's text}``; None when the line holds no call given a target, or the file cannot be
+    read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)]
+    targets = []
+    for call in calls:
+        written = call.args[1] if len(call.args) > 1 else next(
+            (k.value for k in call.keywords if k.arg in ("target", "targets")), None)
+        if written is not None:
+            targets.append(written)
+    if not targets:
+        return None
+    made = any(_made_by_script(tree, t, line) for t in targets)
+    first = targets[0]
+    found = {"made": made, "target": ast.unparse(first), "line": line, "text": ast.unparse(first)}
+    root = first
+    while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute) and root.func.attr in _KEEPS_VALUES:
+        root = root.func.value
+    loop = innermost_loop(path, line)
+    if isinstance(root, ast.Name) and loop is not None:
+        values = [(at, value) for at, value in _assigned_values(_enclosing_function(tree, line), root.id)
+                  if loop[0] <= at < line]
+        if values:
+            at, value = max(values, key=lambda v: v[0])
+            if _converts(value):
+                found["line"], found["text"] = at, f"{root.id} = {ast.unparse(value)}"
+    return found

@@ -26,6 +26,7 @@ from .factorcast import FactorBroadcastWatcher
 from .handloss import HandLossWatcher
 from .targetcolumn import TargetColumnWatcher
 from .fullrows import FullRowsWatcher
+from .constlabels import ConstantTargetsWatcher
 from .gradstop import GradStopWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
@@ -101,17 +102,19 @@ class Instrumentation:
         # dropout watcher: its F.scaled_dot_product_attention wrapper, which reads its caller's
         # frame, goes around this one)
         self.watchers.append(AttentionMaskWatcher(rec))
-        # the loss wrappers tell four watchers of their calls (instrument/losscalls.py): the
+        # the loss wrappers tell five watchers of their calls (instrument/losscalls.py): the
         # idle-parameter watcher (subscribed below: a loss computed from a module whose
         # parameters never get a gradient), the constant-loss watcher (calls on values with no
         # graph), and those of a target that is a column of the input or every row of a
-        # full-batch label tensor
+        # full-batch label tensor, and targets that are one value at every call
         self.idle = IdleParamWatcher(rec)
         constants = ConstantLossWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
         columns = TargetColumnWatcher(rec)
         rows = FullRowsWatcher(rec)
-        loss_calls = LossCalls(self.idle, constants, columns, rows)
+        one_value = ConstantTargetsWatcher(rec, self.dataloader)
+        rec.subscribe(BATCH_SERVED, one_value.served)
+        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value)
         # an ignore_index or padding_idx that the data uses as a real class or token: told
         # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
         real_index = RealIndexWatcher(rec)

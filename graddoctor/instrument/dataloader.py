@@ -88,6 +88,7 @@ class DataLoaderWatcher:
         self.current_batch: list | None = None
         self._original_len = None  # DataLoader.__len__ before patching: the real length
         self._described: set[int] = set()  # loaders whose sampler a loader_sampler event told
+        self._datasets: dict[int, weakref.ref] = {}  # loader number -> its dataset (dataset_of)
         # loader number -> the class of the sampler that draws its batches' samples at random
         # (None: in order, or not known), noted at its first iter()
         self._drawing: dict[int, str | None] = {}
@@ -240,6 +241,10 @@ class DataLoaderWatcher:
     def _describe(self, loader, number: int, here) -> None:
         """One ``loader_sampler`` event per loader, at its first ``iter()``."""
         self._drawing[number] = _random_sampler(loader)
+        try:
+            self._datasets[number] = weakref.ref(loader.dataset)
+        except TypeError:  # a dataset that takes no weak reference: not kept
+            pass
         sampler = getattr(loader, "sampler", None)
         if sampler is None:
             return
@@ -408,6 +413,11 @@ class DataLoaderWatcher:
         for one that serves them in order, and where that is not known (a batch sampler of the
         script's own, a stream)."""
         return self._drawing.get(number)
+
+    def dataset_of(self, number: int):
+        """The dataset of loader ``number`` (noted at its first ``iter()``), or None."""
+        ref = self._datasets.get(number)
+        return ref() if ref is not None else None
 
     def batch_size(self) -> int | None:
         """How many samples the batch a DataLoader served last holds, as its loader says: its
