@@ -101,7 +101,8 @@ class MaskedMeanCountsPadding(Rule):
             )
 
     def _fix(self, a, e, how, reduced) -> str:
-        line = a.source.line_text(e.loc.path, e.loc.line) if e.get("at_mean") else ""
+        at_mean = e.get("at_mean") and "numel" not in reduced  # the line calls .mean()
+        line = a.source.line_text(e.loc.path, e.loc.line) if at_mean else ""
         named = _mask_name(line, e.get("mask_operand"))
         if named is not None and how == "product":
             product, mask = named
