@@ -148,3 +148,13 @@ def test_the_wrappers_are_gone_after_the_window():
     mean = torch.Tensor.mean
     _events(lambda per, mask: (per * mask).mean(), steps=5)
     assert torch.Tensor.mean is mean
+
+
+def test_two_halves_whose_masks_split_every_position_are_one_mean():
+    def halves(per, mask):
+        positive = (per.detach() > 2.2).float()
+        return (positive * per).mean() + ((1 - positive) * per ** 2).mean()
+
+    assert _events(halves)[0] == []
+    one_half, _ = _events(lambda per, mask: ((per.detach() > 2.2).float() * per).mean())
+    assert len(one_half) == 4

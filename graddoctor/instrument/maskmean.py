@@ -199,6 +199,21 @@ def _mask_facts(mask) -> tuple[float, float] | None:
     return stats[0] / n, stats[1] + n * 1e-9
 
 
+def _complementary(masks: list) -> set[int]:
+    """The positions in ``masks`` of those that, with another of the same shape, keep every
+    element exactly once (``(y * pos).mean() + ((1 - y) * neg).mean()``: a contrastive or binary
+    loss written as two halves, whose sum is a mean over every position, as meant)."""
+    covered: set[int] = set()
+    for i in range(len(masks)):
+        for j in range(i + 1, len(masks)):
+            a, b = masks[i], masks[j]
+            if a.shape != b.shape or a.device != b.device:
+                continue
+            if bool(((a != 0).to(torch.int8) + (b != 0).to(torch.int8) == 1).all()):
+                covered.update((i, j))
+    return covered
+
+
 class MaskedMeanWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -255,11 +270,15 @@ class MaskedMeanWatcher:
         return {}
 
     def _judge(self, root, noted) -> None:
+        found = []
         for masking, _top, reduced, _ in masked_means(root)[:4]:
             facts = masked_share(masking)
-            if facts is None:
-                continue
-            mask, how, index = facts
+            if facts is not None:
+                found.append((masking, reduced, *facts))
+        covered = _complementary([mask for _, _, mask, _, _ in found])
+        for i, (masking, reduced, mask, how, index) in enumerate(found):
+            if i in covered:
+                continue  # the terms' masks split every position between them: one mean over all
             shares = _mask_facts(mask)
             if shares is None:
                 continue
