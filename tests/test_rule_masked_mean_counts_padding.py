@@ -158,3 +158,9 @@ def test_two_halves_whose_masks_split_every_position_are_one_mean():
     assert _events(halves)[0] == []
     one_half, _ = _events(lambda per, mask: ((per.detach() > 2.2).float() * per).mean())
     assert len(one_half) == 4
+
+
+def test_torch_mean_keeps_its_identity_during_the_run():
+    seen = []
+    _events(lambda per, mask: (seen.append((torch.mean, torch.sum)), (per * mask).mean())[1], steps=6)
+    assert all(fn is torch.mean and sums is torch.sum for fn, sums in seen)  # Lightning compares them

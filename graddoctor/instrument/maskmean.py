@@ -9,8 +9,9 @@ with a smaller step, and the reported loss is off by that share. ``.sum() / mask
 
 Read from the autograd graph of the backpropagated loss, at the first ``_WINDOW`` backwards:
 
-* ``Tensor.mean``/``Tensor.sum`` and ``torch.mean``/``torch.sum`` are wrapped until then (put back
-  after: no cost for the rest of the run). A call from the user's code on a tensor whose
+* ``Tensor.mean``/``Tensor.sum`` are wrapped until then (put back after: no cost for the rest
+  of the run; ``torch.mean``/``torch.sum`` are not, being compared as values by libraries, and a
+  mean taken with them is located at the backward). A call from the user's code on a tensor whose
   ``grad_fn`` is a product, a ``where`` or a ``masked_fill`` (or a view of one) notes that node
   with the call's line: the line that takes the mean.
 * At each of those backwards (``DESCRIBE_LOSS``), the loss's linear top is walked (sums,
@@ -224,8 +225,9 @@ class MaskedMeanWatcher:
         self._restore: list = []
 
     def install(self, patcher) -> None:
-        for owner, name in ((torch.Tensor, "mean"), (torch.Tensor, "sum"), (torch, "mean"),
-                            (torch, "sum")):
+        # the methods only: ``torch.mean``/``torch.sum`` are passed around as values (Lightning's
+        # ``reduce_fx``) and compared, so a wrapper put back mid-run would change what they equal
+        for owner, name in ((torch.Tensor, "mean"), (torch.Tensor, "sum")):
             original = getattr(owner, name, None)
             if original is None:
                 continue
