@@ -10,7 +10,7 @@ from torch import nn
 from graddoctor import events as ev
 from graddoctor.findings import Severity
 from graddoctor.instrument import Instrumentation, Recorder
-from graddoctor.instrument.maskmean import masked_means
+from graddoctor.instrument.maskmean import masked_means, per_sample
 from rule_traces import P, builder, findings, only
 
 SLUG = "masked-mean-counts-padding"
@@ -164,3 +164,26 @@ def test_torch_mean_keeps_its_identity_during_the_run():
     seen = []
     _events(lambda per, mask: (seen.append((torch.mean, torch.sum)), (per * mask).mean())[1], steps=6)
     assert all(fn is torch.mean and sums is torch.sum for fn, sums in seen)  # Lightning compares them
+
+
+def _masking(loss):
+    """The masking node under ``loss``'s reductions."""
+    (found,) = masked_means(loss.grad_fn)
+    return found[0]
+
+
+def test_a_mask_over_samples_is_told_from_a_mask_over_flattened_positions():
+    logits = torch.randn(6, 4, 5, requires_grad=True)
+    mask = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    per_sample = F.cross_entropy(logits[:, 0], torch.zeros(6, dtype=torch.long), reduction="none")
+    assert per_sample_mask((per_sample * mask).mean())
+    flat = F.cross_entropy(logits.reshape(-1, 5), torch.zeros(24, dtype=torch.long), reduction="none")
+    assert not per_sample_mask((flat * mask.repeat(4)).mean())
+    rows = F.cross_entropy(logits.transpose(1, 2), torch.zeros(6, 4, dtype=torch.long), reduction="none")
+    assert not per_sample_mask((rows * mask[:, None]).mean())
+
+
+def per_sample_mask(loss) -> bool:
+    node = _masking(loss)
+    index = next(i for i, (child, _) in enumerate(node.next_functions) if child is not None)
+    return per_sample(node, index)

@@ -25,7 +25,9 @@ Read from the autograd graph of the backpropagated loss, at the first ``_WINDOW`
   the kept share and whether the mask equals the first one seen at that line (a constant of the
   model: a fixed triangle over pairs), at the mean's line (else the backward's).
 
-Silent: a sum divided by a computed count (``mask.sum()``, clamped or not; per-row counts);
+Silent: a one-dimensional masked value of samples, no sequence or image axis flattened into
+it below (``(ce(logits_u, pseudo, reduction="none") * (confidence >= tau)).mean()``: FixMatch's
+unlabelled loss, an average over every sample by definition); a sum divided by a computed count (``mask.sum()``, clamped or not; per-row counts);
 ``masked_select``/boolean indexing (no mask in the graph: the padding is gone); a per-row sum
 averaged over the rows (``(l * m).sum(1).mean()``: a sum per sequence, by design); weights that
 are not 0/1; masks without zeros; a dropout inside the model (under a layer, not at the loss's
@@ -100,6 +102,37 @@ def masked_share(node) -> tuple[object, str, int] | None:
             return None
         return ~filled, "masked_fill", index
     return None
+
+
+def _shape(node) -> tuple | None:
+    """The shape of the value ``node``'s forward made (its metadata), or None."""
+    try:
+        return tuple(int(s) for s in node._input_metadata[0].shape)
+    except Exception:
+        return None
+
+
+def per_sample(masking, index: int, limit: int = 12) -> bool:
+    """Is the masked value one-dimensional with no axis flattened into it below (each element a
+    sample: a confidence mask over a batch, not padding over tokens or pixels)? Looks at most
+    ``limit`` nodes below the gradient-carrying operand for a view that merges leading axes
+    (``logits.view(-1, V)`` of a (B, T, V) tensor)."""
+    shape = _shape(masking)
+    if shape is None or len(shape) != 1:
+        return False
+    children = dict(_children(masking))
+    start = children.get(index)
+    todo, seen = ([start] if start is not None else []), 0
+    while todo and seen < limit:
+        node = todo.pop()
+        seen += 1
+        below = _children(node)
+        if type(node).__name__ in _VIEWS and len(below) == 1:
+            out, inp = _shape(node), _shape(below[0][1])
+            if out and inp and len(inp) > len(out) and out[0] == math.prod(inp[:len(inp) - len(out) + 1]):
+                return False  # (B, T, ...) viewed as (B*T, ...): positions, not samples
+        todo.extend(child for _, child in below)
+    return True
 
 
 def _reduced(node) -> tuple[object, int, int, str] | None:
@@ -281,6 +314,9 @@ class MaskedMeanWatcher:
         for i, (masking, reduced, mask, how, index) in enumerate(found):
             if i in covered:
                 continue  # the terms' masks split every position between them: one mean over all
+            if per_sample(masking, index):
+                continue  # samples selected by a mask (FixMatch's confidence): the mean over the
+                # batch is the loss's definition
             shares = _mask_facts(mask)
             if shares is None:
                 continue

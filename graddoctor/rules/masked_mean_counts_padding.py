@@ -57,7 +57,10 @@ class MaskedMeanCountsPadding(Rule):
     boolean indexing before the mean; a per-sequence sum averaged over the batch
     (`(loss * mask).sum(1).mean()`); weights that are not 0/1; a mask with under 10 % zeros;
     dropout masks inside the model; attention masks; a mask that is the same tensor at every
-    batch (a fixed triangle over pairs: a constant of the model, the scale a constant weight).
+    batch (a fixed triangle over pairs: a constant of the model, the scale a constant weight);
+    a one-dimensional masked loss over samples with no sequence or image axis flattened into it
+    (FixMatch's `(ce(logits_u, pseudo, reduction="none") * (confidence >= tau)).mean()`, an
+    average over every unlabelled sample by the method's definition).
     """
 
     code = "GD171"
