@@ -598,6 +598,14 @@ temperature_multiplied factor (the constant factor between a product of L2-norma
                    contrastive loss's cosine similarities scaled by a constant below 1 (a
                    temperature multiplied instead of divided) — at the first 3 backwards, once
                    per (factor, shape) (loc: the backward; an aside; instrument/attnaxis.py)
+masked_mean        how (product | where | masked_fill: how the mask zeroes the per-element
+                   loss), reduced (the reductions below the loss: "mean", "mean+mean",
+                   "sum/numel"), kept (the share of elements the mask keeps), elements (how many
+                   the masked value has), same_mask (the mask equals the first one seen at this
+                   line: a constant of the model), at_mean (the location is the mean's call, not
+                   the backward), mask_operand (0/1: the mask's side of a product): a masked per-element loss averaged over every position, the
+                   masked-out ones included — at the first 4 backwards, once per masked value and
+                   backward (loc: the mean/sum call; an aside; instrument/maskmean.py)
 view_axes          shape_in, shape_out (the sizes a view/reshape was given and returned), params [pid]
                    (tracked tensors below it): a view or reshape whose output is its input's axes
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
@@ -1405,6 +1413,12 @@ def temperature_multiplied(*, factor: float, shape: list[int], params: list[int]
     return "temperature_multiplied", {"factor": factor, "shape": shape, "params": params}
 
 
+def masked_mean(*, how: str, reduced: str, kept: float, elements: int, same_mask: bool,
+                at_mean: bool, mask_operand: int | None = None) -> Made:
+    return "masked_mean", {"how": how, "reduced": reduced, "kept": kept, "elements": elements,
+                           "same_mask": same_mask, "at_mean": at_mean, "mask_operand": mask_operand}
+
+
 def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int]) -> Made:
     return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params}
 
@@ -1446,6 +1460,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
+    "masked_mean": masked_mean,
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
     "same_compared": same_compared,
@@ -1491,7 +1506,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "masked_mean", "attention_scale",
                          "temperature_multiplied"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

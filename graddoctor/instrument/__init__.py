@@ -35,6 +35,7 @@ from .realindex import RealIndexWatcher
 from .lossdomain import LossDomainWatcher
 from .losscalls import LossCalls
 from .losses import LossShapeWatcher
+from .maskmean import MaskedMeanWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
 from .modes import ModeWatcher
 from .naming import ParamNamer
@@ -134,6 +135,11 @@ class Instrumentation:
         view_axes = ViewAxesWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, view_axes.describe_loss)
         self.watchers.append(view_axes)
+        # a masked per-element loss averaged over every position, padding included
+        # (masked-mean-counts-padding): Tensor.mean/sum wrapped until the first backwards
+        masked_mean = MaskedMeanWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, masked_mean.describe_loss)
+        self.watchers.append(masked_mean)
         # a regression target that is the first random draw after the forward (noise-target-redrawn)
         redrawn = RedrawnNoiseWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, redrawn.describe_loss)
