@@ -826,20 +826,24 @@ class BackwardWatcher:
         folder = rec.folder
         calls = line.calls + 1
         if (folder is None or folder.steady is not steady or rec.holder is not None
-                or rec.progress.stop_requested or get_ident() != ident or HELD
+                or rec.progress._stop is not None or get_ident() != ident or HELD
                 or self._roots_marked or self._always_walk or line.extra_leaves
                 or line.registrations != self.registrations or calls >= line.next_walk
                 or calls <= WALK_FIRST or rec.shared or len(rec.owned_by) != 1
-                or ident not in rec.owned_by or not folder.steady_ready(steady, j)):
+                or ident not in rec.owned_by):
             return None
         refs = rec.tensors.refs
         if len(refs) != count or same_chain(frame, chain) is None:
             return None
-        if armed[9] is None and folder.skimming(steady, j) and self.optimizers.step_armed:
+        # (a skimmed place but the first is one steady_take takes: steady_ready)
+        if armed[9] is None and self.optimizers._armed_begin is not None \
+                and folder.skimming(steady, j) and (j or folder.steady_ready(steady, j)):
             # (a DataLoader's backward is never skimmed: its batch is read each turn; nor one
-            # whose step goes the full path: a skimmed backward's grads are caught up unread,
-            # which would hide an edit between it and that step)
+            # whose step goes the full path (OptimizerWatcher.step_armed): a skimmed backward's
+            # grads are caught up unread, which would hide an edit between it and that step)
             return _SKIM
+        if not folder.steady_ready(steady, j):
+            return None
         tensors_ = list(map(call, refs))
         before = grads_of(tensors_)
         if not all(map(is_, before, repeat(None))):
@@ -924,39 +928,47 @@ class BackwardWatcher:
         """A backward on a skimmed turn (``Folder.skimming``): what ``_steady_before`` tested
         (the same thread, call site, walk schedule, tracked tensors) and nothing read: no loss
         describer runs, the grads it writes are left to ``GradState.catch_up``, its event is
-        the armed one."""
+        the armed one. (``Progress.count_backward``, ``Recorder.backward_began`` and
+        ``backward_ended`` written out: this runs on most turns of a long run.)"""
         rec = self.rec
-        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
+        armed = armed_cell[0]
+        line = armed[3]
         try:
-            rec.progress.count_backward()  # begin(), as it runs for this backward
+            progress = rec.progress
+            progress.backward_calls += 1  # begin(), as it runs for this backward
+            if progress._stop is None and progress._after_backward:
+                progress._ask(progress._after_backward)
             line.calls += 1
             tensors_ = list(map(call, rec.tensors.refs))  # for end(), should this one deviate
             ok = True
         except Exception as exc:
             rec.internal_error("backward (before)", exc)
             ok = False
-        rec.backward_began(None)
+        running = rec.running_backwards
+        ident = get_ident()
+        running[ident] = None  # the running backward, its context unread
         try:
             return original(*args)
         finally:
-            rec.backward_ended()
+            running.pop(ident, None)
             if ok:
                 try:
-                    self._skim_end(tensors_, armed_cell)
+                    self._skim_end(tensors_, armed_cell, armed)
                 except Exception as exc:
                     rec.internal_error("backward (after)", exc)
 
-    def _skim_end(self, tensors_, armed_cell) -> None:
+    def _skim_end(self, tensors_, armed_cell, armed) -> None:
         rec = self.rec
-        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
+        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed
         folder = rec.folder
-        if (folder is not None and folder.steady_ready(steady, j)
+        if (folder is not None and folder.steady is steady
+                and (len(steady.open) == j if j else folder.steady_ready(steady, j))
                 and self.optimizers.closure_step is None and not self.aside_pending
                 and (self.aside is None or not self.aside.unsynced) and not rec.shared
                 and len(self._owned) >= len(rec.tensors.refs) == count):
             self._steps_at_backward = rec.progress.steps
             self._step_cosine = None
-            rec.grads.skimmed_backward(fresh)
+            rec.grads.behind_grads = fresh  # GradState.skimmed_backward
             with rec.lock:
                 if folder.steady_take(steady, j, "backward", loc, base, None):
                     return

@@ -67,6 +67,18 @@ SKIM_AFTER = 256
 SKIM_EVERY = 16
 
 
+def sampled_turn(turn: int, every: int) -> bool:
+    """Whether turn ``turn`` of a steady state is a sampled one of the skim: one turn in each
+    block of ``every`` (so no two samples are more than ``2 * every - 1`` turns apart), at a
+    place in its block that a fixed integer hash of the block's number draws (no random number
+    generator is touched). The places vary from block to block, so a deviation that repeats
+    with any period (every 2nd turn, every ``every``-th, every 32nd) still lands on sampled
+    turns; with a fixed place (every ``every``-th turn) one repeating with a multiple of
+    ``every`` on another turn of the block would never be read."""
+    block, place = divmod(turn, every)
+    return place == (((block * 2654435761) & 0xFFFFFFFF) >> 16) % every
+
+
 def _frozen(value):
     """A hashable copy of an event value (lists become tuples, recursively)."""
     if type(value) is list or type(value) is tuple:
@@ -629,8 +641,8 @@ class Folder:
             steady.closed += 1
             steady.kept.append(turn)
             turn = steady.open = []
-        if kind != steady.kinds[j] or loc is not steady.locs[j] and loc != steady.locs[j]:
-            return False
+        # (``kind`` and ``loc`` are those of the armed event, which went onto place ``j`` of
+        # this steady state: place_of)
         trace = self.trace
         turn.append((trace.next_seq, kind, loc, base, changes))
         trace.next_seq += 1
@@ -647,8 +659,8 @@ class Folder:
     def skimming(self, steady: "_Steady", j: int) -> bool:
         """Whether the event at place ``j`` (its kind and location aside) belongs to a skimmed
         turn of the steady state ``steady`` (read only; ``steady_take`` takes it): the turns
-        are counted from the steady state's first, and from ``skim_after`` on every one but each
-        ``skim_every``-th is skimmed."""
+        are counted from the steady state's first, and from ``skim_after`` on every one but the
+        sampled ones (``sampled_turn``: one in each ``skim_every``) is skimmed."""
         after = self.skim_after
         if after is None or self.steady is not steady:
             return False
@@ -659,7 +671,11 @@ class Folder:
             turn = steady.closed + 1  # the event that closes the open turn starts this one
         else:
             return False
-        return turn >= after and turn % self.skim_every != 0
+        if turn == steady.skim_turn:  # each hook of a turn asks
+            return steady.skim_answer
+        answer = turn >= after and not sampled_turn(turn, self.skim_every)
+        steady.skim_turn, steady.skim_answer = turn, answer
+        return answer
 
     @staticmethod
     def batch_varies(steady: "_Steady", j: int, batch) -> bool:
@@ -748,7 +764,8 @@ class _Steady:
     events' kinds and locations), the turns closed on the steady path, the last ``context`` of
     them and the open one (events kept aside, in seq order)."""
 
-    __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered")
+    __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered",
+                 "skim_turn", "skim_answer")
 
     def __init__(self, turn_id: int, plan: tuple, turn: list[Event], context: int):
         self.turn_id, self.plan = turn_id, plan
@@ -759,3 +776,4 @@ class _Steady:
         self.kept: deque = deque(maxlen=context)  # the last closed turns' events
         self.open: list[Event] = []
         self.entered = False
+        self.skim_turn, self.skim_answer = -1, False  # Folder.skimming's latest answer
