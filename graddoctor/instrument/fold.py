@@ -67,16 +67,30 @@ SKIM_AFTER = 256
 SKIM_EVERY = 16
 
 
-def sampled_turn(turn: int, every: int) -> bool:
-    """Whether turn ``turn`` of a steady state is a sampled one of the skim: one turn in each
-    block of ``every`` (so no two samples are more than ``2 * every - 1`` turns apart), at a
-    place in its block that a fixed integer hash of the block's number draws (no random number
-    generator is touched). The places vary from block to block, so a deviation that repeats
-    with any period (every 2nd turn, every ``every``-th, every 32nd) still lands on sampled
-    turns; with a fixed place (every ``every``-th turn) one repeating with a multiple of
-    ``every`` on another turn of the block would never be read."""
-    block, place = divmod(turn, every)
-    return place == (((block * 2654435761) & 0xFFFFFFFF) >> 16) % every
+class SampleSchedule:
+    """Which turns of a steady state the skim samples: about one in ``every``, the gap between
+    two samples ``every`` give or take ``every // 8`` (at least 1), drawn from a fixed integer
+    hash of the sample's number (no random number generator is touched). Every gap varies, so
+    the sampled turns fall on every residue of any period over a long run: a deviation that
+    repeats every 2nd, 16th or 32nd turn lands on sampled turns too (with samples exactly every
+    ``every`` turns, one repeating with a multiple of ``every`` on another turn was never read),
+    and two samples are never more than ``every + every // 8`` turns apart. Asked about turns in
+    increasing order (``Folder.skimming``)."""
+
+    __slots__ = ("every", "spread", "next", "count")
+
+    def __init__(self, every: int):
+        self.every = every
+        self.spread = max(1, every // 8)
+        self.next = 0  # the next sampled turn
+        self.count = 0  # samples placed so far
+
+    def sampled(self, turn: int) -> bool:
+        while self.next < turn:
+            self.count += 1
+            drawn = ((self.count * 2654435761) & 0xFFFFFFFF) >> 16
+            self.next += max(1, self.every - self.spread + drawn % (2 * self.spread + 1))
+        return self.next == turn
 
 
 def _frozen(value):
@@ -660,7 +674,7 @@ class Folder:
         """Whether the event at place ``j`` (its kind and location aside) belongs to a skimmed
         turn of the steady state ``steady`` (read only; ``steady_take`` takes it): the turns
         are counted from the steady state's first, and from ``skim_after`` on every one but the
-        sampled ones (``sampled_turn``: one in each ``skim_every``) is skimmed."""
+        sampled ones (``SampleSchedule``: about one in ``skim_every``) is skimmed."""
         after = self.skim_after
         if after is None or self.steady is not steady:
             return False
@@ -673,7 +687,10 @@ class Folder:
             return False
         if turn == steady.skim_turn:  # each hook of a turn asks
             return steady.skim_answer
-        answer = turn >= after and not sampled_turn(turn, self.skim_every)
+        schedule = steady.samples
+        if schedule is None:
+            schedule = steady.samples = SampleSchedule(self.skim_every)
+        answer = turn >= after and not schedule.sampled(turn)
         steady.skim_turn, steady.skim_answer = turn, answer
         return answer
 
@@ -765,7 +782,7 @@ class _Steady:
     them and the open one (events kept aside, in seq order)."""
 
     __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered",
-                 "skim_turn", "skim_answer")
+                 "skim_turn", "skim_answer", "samples")
 
     def __init__(self, turn_id: int, plan: tuple, turn: list[Event], context: int):
         self.turn_id, self.plan = turn_id, plan
@@ -777,3 +794,4 @@ class _Steady:
         self.open: list[Event] = []
         self.entered = False
         self.skim_turn, self.skim_answer = -1, False  # Folder.skimming's latest answer
+        self.samples: SampleSchedule | None = None  # its sampled turns, made when first asked

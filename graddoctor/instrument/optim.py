@@ -422,7 +422,9 @@ def group_lrs(optimizer) -> list | None:
     groups = getattr(optimizer, "param_groups", None)
     if type(groups) is not list:
         return None
-    return [plain_number(g.get("lr")) if type(g) is dict else None for g in groups]
+    # plain_number written out: every step of a long run reads them
+    return [(lr if type(lr := g.get("lr")) is float or type(lr) is int else None)
+            if type(g) is dict else None for g in groups]
 
 
 @functools.lru_cache(maxsize=None)
