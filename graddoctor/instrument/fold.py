@@ -60,8 +60,9 @@ STEADY_HOOKS = True
 # FOLD_AFTER + STEADY_AFTER + SKIM_AFTER turns, about 1,030: far past every fixture, none longer
 # than 240 steps, and the default replay), the hooks of a turn read only what tells its shape (the
 # same optimizer, thread, arguments, call sites, kinds in order) and take their events as the
-# armed ones; every ``SKIM_EVERY``-th turn is *sampled*: its hooks take their full straight-line
-# paths (the grads' reads, the norm pass, the loss describers). False: no skim (the tests compare).
+# armed ones; about one turn in ``SKIM_EVERY``, at gaps that vary (``SampleSchedule``), is
+# *sampled*: its hooks take their full straight-line paths (the grads' reads, the norm pass, the
+# loss describers). False: no skim (the tests compare).
 SKIM = True
 SKIM_AFTER = 256
 SKIM_EVERY = 16
