@@ -826,7 +826,7 @@ class BackwardWatcher:
         folder = rec.folder
         calls = line.calls + 1
         if (folder is None or folder.steady is not steady or rec.holder is not None
-                or rec.progress._stop is not None or get_ident() != ident or HELD
+                or rec.progress.stop_requested or get_ident() != ident or HELD
                 or self._roots_marked or self._always_walk or line.extra_leaves
                 or line.registrations != self.registrations or calls >= line.next_walk
                 or calls <= WALK_FIRST or rec.shared or len(rec.owned_by) != 1
@@ -836,11 +836,11 @@ class BackwardWatcher:
         if len(refs) != count or same_chain(frame, chain) is None:
             return None
         # (a skimmed place but the first is one steady_take takes: steady_ready)
-        if armed[9] is None and self.optimizers._armed_begin is not None \
+        if armed[9] is None and self.optimizers.step_armed \
                 and folder.skimming(steady, j) and (j or folder.steady_ready(steady, j)):
             # (a DataLoader's backward is never skimmed: its batch is read each turn; nor one
-            # whose step goes the full path (OptimizerWatcher.step_armed): a skimmed backward's
-            # grads are caught up unread, which would hide an edit between it and that step)
+            # whose step goes the full path: a skimmed backward's grads are caught up unread,
+            # which would hide an edit between it and that step)
             return _SKIM
         if not folder.steady_ready(steady, j):
             return None
@@ -928,29 +928,22 @@ class BackwardWatcher:
         """A backward on a skimmed turn (``Folder.skimming``): what ``_steady_before`` tested
         (the same thread, call site, walk schedule, tracked tensors) and nothing read: no loss
         describer runs, the grads it writes are left to ``GradState.catch_up``, its event is
-        the armed one. (``Progress.count_backward``, ``Recorder.backward_began`` and
-        ``backward_ended`` written out: this runs on most turns of a long run.)"""
+        the armed one."""
         rec = self.rec
         armed = armed_cell[0]
-        line = armed[3]
         try:
-            progress = rec.progress
-            progress.backward_calls += 1  # begin(), as it runs for this backward
-            if progress._stop is None and progress._after_backward:
-                progress._ask(progress._after_backward)
-            line.calls += 1
+            rec.progress.count_backward()  # begin(), as it runs for this backward
+            armed[3].calls += 1
             tensors_ = list(map(call, rec.tensors.refs))  # for end(), should this one deviate
             ok = True
         except Exception as exc:
             rec.internal_error("backward (before)", exc)
             ok = False
-        running = rec.running_backwards
-        ident = get_ident()
-        running[ident] = None  # the running backward, its context unread
+        rec.backward_began(None)
         try:
             return original(*args)
         finally:
-            running.pop(ident, None)
+            rec.backward_ended()
             if ok:
                 try:
                     self._skim_end(tensors_, armed_cell, armed)
@@ -968,7 +961,7 @@ class BackwardWatcher:
                 and len(self._owned) >= len(rec.tensors.refs) == count):
             self._steps_at_backward = rec.progress.steps
             self._step_cosine = None
-            rec.grads.behind_grads = fresh  # GradState.skimmed_backward
+            rec.grads.skimmed_backward(fresh)
             with rec.lock:
                 if folder.steady_take(steady, j, "backward", loc, base, None):
                     return
