@@ -41,9 +41,9 @@ class Progress:
         # (the main thread may end normally after workers were stopped: the replay was still cut)
         self.stop_raised: str | None = None
         self.stopped_threads: set[int] = set()
-        # per moment, the bound methods of only the conditions that answer it (count_backward
-        # runs every backward)
-        self._asked = {moment: [getattr(c, moment) for c in self.stop_conditions
+        # per moment, only the conditions that answer it, each with its answer read once
+        # (count_backward runs every backward)
+        self._asked = {moment: [(c, getattr(c, moment)) for c in self.stop_conditions
                                 if getattr(type(c), moment) is not getattr(StopCondition, moment)]
                        for moment in ("after_step", "after_backward")}
         self._after_step, self._after_backward = self._asked["after_step"], self._asked["after_backward"]
@@ -84,17 +84,17 @@ class Progress:
         return self._stop is not None
 
     def _ask(self, asked: list) -> None:
-        """Each stop condition's answer at this moment (``asked``: their bound methods), until
-        one answers."""
+        """Each stop condition's answer at this moment (``asked``: the conditions with their
+        method for it), until one answers."""
         rec = self._rec
-        for answer in asked:
+        for condition, answer in asked:
             try:
                 reason = answer(rec)
             except Exception as exc:
                 rec.internal_error("stop condition", exc)
                 continue
             if reason:
-                self._stop = (answer.__self__.exception, reason)
+                self._stop = (condition.exception, reason)
                 return
 
     def holds(self):
