@@ -239,8 +239,24 @@ def test_the_skim_runs_and_changes_no_finding_of_a_clean_loop(monkeypatch):
     assert not none
     assert len(skimmed) > 200  # three turns of four skimmed
     sampled = [i for i in range(min(skimmed), 300) if i not in skimmed]
-    assert sampled and all(i % 4 == sampled[0] % 4 for i in sampled)
+    gaps = [b - a for a, b in zip(sampled, sampled[1:])]
+    assert sampled and 3 <= min(gaps) and max(gaps) <= 5  # about one turn in four
+    assert len({i % 4 for i in sampled}) > 1  # not every 4th
     assert with_skim == without
+
+
+def test_the_sampled_turns_fall_on_every_residue_of_any_period():
+    """About one turn in ``every`` sampled, two samples never more than ``every + every // 8``
+    turns apart, and over a long run every turn number modulo any period up to 64 is sampled
+    at some point: a deviation that repeats with a period cannot hide between the samples."""
+    for every in (4, 16):
+        schedule = fold.SampleSchedule(every)
+        sampled = [t for t in range(40_000) if schedule.sampled(t)]
+        gaps = [b - a for a, b in zip(sampled, sampled[1:])]
+        assert every - every // 8 - 1 <= min(gaps) and max(gaps) <= every + max(1, every // 8)
+        assert abs(len(sampled) - 40_000 / every) < 40_000 / every / 50
+        for period in range(2, 65):
+            assert {t % period for t in sampled} == set(range(period)), (every, period)
 
 
 def test_the_skim_leaves_the_trace_as_it_was_but_for_the_norms_of_skimmed_steps(monkeypatch):

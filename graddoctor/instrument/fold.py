@@ -60,11 +60,38 @@ STEADY_HOOKS = True
 # FOLD_AFTER + STEADY_AFTER + SKIM_AFTER turns, about 1,030: far past every fixture, none longer
 # than 240 steps, and the default replay), the hooks of a turn read only what tells its shape (the
 # same optimizer, thread, arguments, call sites, kinds in order) and take their events as the
-# armed ones; every ``SKIM_EVERY``-th turn is *sampled*: its hooks take their full straight-line
-# paths (the grads' reads, the norm pass, the loss describers). False: no skim (the tests compare).
+# armed ones; about one turn in ``SKIM_EVERY``, at gaps that vary (``SampleSchedule``), is
+# *sampled*: its hooks take their full straight-line paths (the grads' reads, the norm pass, the
+# loss describers). False: no skim (the tests compare).
 SKIM = True
 SKIM_AFTER = 256
 SKIM_EVERY = 16
+
+
+class SampleSchedule:
+    """Which turns of a steady state the skim samples: about one in ``every``, the gap between
+    two samples ``every`` give or take ``every // 8`` (at least 1), drawn from a fixed integer
+    hash of the sample's number (no random number generator is touched). Every gap varies, so
+    the sampled turns fall on every residue of any period over a long run: a deviation that
+    repeats every 2nd, 16th or 32nd turn lands on sampled turns too (with samples exactly every
+    ``every`` turns, one repeating with a multiple of ``every`` on another turn was never read),
+    and two samples are never more than ``every + every // 8`` turns apart. Asked about turns in
+    increasing order (``Folder.skimming``)."""
+
+    __slots__ = ("every", "spread", "next", "count")
+
+    def __init__(self, every: int):
+        self.every = every
+        self.spread = max(1, every // 8)
+        self.next = 0  # the next sampled turn
+        self.count = 0  # samples placed so far
+
+    def sampled(self, turn: int) -> bool:
+        while self.next < turn:
+            self.count += 1
+            drawn = ((self.count * 2654435761) & 0xFFFFFFFF) >> 16
+            self.next += max(1, self.every - self.spread + drawn % (2 * self.spread + 1))
+        return self.next == turn
 
 
 def _frozen(value):
@@ -629,8 +656,8 @@ class Folder:
             steady.closed += 1
             steady.kept.append(turn)
             turn = steady.open = []
-        if kind != steady.kinds[j] or loc is not steady.locs[j] and loc != steady.locs[j]:
-            return False
+        # (``kind`` and ``loc`` are those of the armed event, which went onto place ``j`` of
+        # this steady state: place_of)
         trace = self.trace
         turn.append((trace.next_seq, kind, loc, base, changes))
         trace.next_seq += 1
@@ -647,8 +674,8 @@ class Folder:
     def skimming(self, steady: "_Steady", j: int) -> bool:
         """Whether the event at place ``j`` (its kind and location aside) belongs to a skimmed
         turn of the steady state ``steady`` (read only; ``steady_take`` takes it): the turns
-        are counted from the steady state's first, and from ``skim_after`` on every one but each
-        ``skim_every``-th is skimmed."""
+        are counted from the steady state's first, and from ``skim_after`` on every one but the
+        sampled ones (``SampleSchedule``: about one in ``skim_every``) is skimmed."""
         after = self.skim_after
         if after is None or self.steady is not steady:
             return False
@@ -659,7 +686,14 @@ class Folder:
             turn = steady.closed + 1  # the event that closes the open turn starts this one
         else:
             return False
-        return turn >= after and turn % self.skim_every != 0
+        if turn == steady.skim_turn:  # each hook of a turn asks
+            return steady.skim_answer
+        schedule = steady.samples
+        if schedule is None:
+            schedule = steady.samples = SampleSchedule(self.skim_every)
+        answer = turn >= after and not schedule.sampled(turn)
+        steady.skim_turn, steady.skim_answer = turn, answer
+        return answer
 
     @staticmethod
     def batch_varies(steady: "_Steady", j: int, batch) -> bool:
@@ -748,7 +782,8 @@ class _Steady:
     events' kinds and locations), the turns closed on the steady path, the last ``context`` of
     them and the open one (events kept aside, in seq order)."""
 
-    __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered")
+    __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered",
+                 "skim_turn", "skim_answer", "samples")
 
     def __init__(self, turn_id: int, plan: tuple, turn: list[Event], context: int):
         self.turn_id, self.plan = turn_id, plan
@@ -759,3 +794,5 @@ class _Steady:
         self.kept: deque = deque(maxlen=context)  # the last closed turns' events
         self.open: list[Event] = []
         self.entered = False
+        self.skim_turn, self.skim_answer = -1, False  # Folder.skimming's latest answer
+        self.samples: SampleSchedule | None = None  # its sampled turns, made when first asked
