@@ -272,11 +272,15 @@ def _inverted_weights(fn: str, counts, weights) -> dict | None:
     output, whose ``pos_weight`` should be about negatives / positives)."""
     if fn == "binary_cross_entropy_with_logits":
         pos, neg = counts[0], counts[1]
-        rare = (pos > 0) & (pos * 3 <= neg)  # outputs whose positives are rare
+        w = weights if weights.numel() == pos.numel() else weights.expand(pos.numel())
+        # outputs whose positives are rare, or the minority with pos_weight = positives /
+        # negatives to within sampling (the inverse frequency computed upside down)
+        ratio = pos / neg.clamp(min=1)
+        upside_down = (pos > 0) & (pos < neg) & (w < 1) & (w <= 1.5 * ratio) & (w * 1.5 >= ratio)
+        rare = ((pos > 0) & (pos * 3 <= neg)) | upside_down
         if not bool(rare.any()):
             return None
-        w = weights if weights.numel() == pos.numel() else weights.expand(pos.numel())
-        low = rare & (w < 1) & (w * 2 <= neg / pos.clamp(min=1))
+        low = rare & (w < 1) & ((w * 2 <= neg / pos.clamp(min=1)) | upside_down)
         if int(low.sum()) * 2 <= int(rare.sum()):
             return None  # most rare outputs weigh their positives up, as meant
         idx = [i for i in range(pos.numel()) if bool(low[i])][:4]

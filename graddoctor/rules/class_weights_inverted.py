@@ -19,7 +19,8 @@ class ClassWeightsInverted(Rule):
     among its targets: `cross_entropy` / `nll_loss` (or `nn.CrossEntropyLoss`, `nn.NLLLoss`)
     given `weight=` that ranks the classes as their frequency does (the most frequent class
     weighs the most, the rarest the least), or `binary_cross_entropy_with_logits` given a
-    `pos_weight` below 1 for outputs whose positives are rare. The targets of the first calls
+    `pos_weight` below 1 for outputs whose positives are rare, or equal to positives / negatives
+    (to within a factor of 1.5) for outputs whose positives are the minority. The targets of the first calls
     are counted per class. It points at the call that passes the weights (the loss's
     construction, `nn.CrossEntropyLoss(weight=...)`) when the script has one, else at the loss
     call.
@@ -71,7 +72,7 @@ class ClassWeightsInverted(Rule):
                                   for c, s, w in zip(classes, shares, weights))
                 yield self.finding(
                     f"binary_cross_entropy_with_logits weighs the positives of outputs whose "
-                    f"positives are rare below 1: {shown}, so the rare positives count even less "
+                    f"positives are the minority below 1: {shown}, so those positives count even less "
                     f"than without a weight (pos_weight = positives / negatives, inverted?)",
                     loc, related=notes, step=a.next_step_number(e.seq), evidence=evidence,
                     fix="set pos_weight = negatives / positives per output (above 1 for rare "
