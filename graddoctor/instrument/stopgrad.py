@@ -188,18 +188,24 @@ _SELECT = _PASS + ("SliceBackward", "SelectBackward", "IndexBackward", "SplitBac
                    "SplitWithSizesBackward", "UnbindBackward", "GatherBackward", "NarrowBackward")
 
 
-def _selected_from(edge) -> tuple:
-    """The value a side selects its rows from, past views and selections (``h[:8]``,
-    ``z[:, 1:]``, a chunk): two sides with the same one compare parts of one output."""
-    for _ in range(16):
+def _past(edge, ops: tuple, limit: int) -> tuple:
+    """``edge`` read past the ops named by ``ops`` (prefixes of node names) that pass one
+    computed input on, at most ``limit`` of them."""
+    for _ in range(limit):
         node = edge[0]
-        if node is None or not type(node).__name__.startswith(_SELECT):
+        if node is None or not type(node).__name__.startswith(ops):
             return edge
         inputs = _computed(node)
         if len(inputs) != 1:
             return edge
         edge = inputs[0]
     return edge
+
+
+def _selected_from(edge) -> tuple:
+    """The value a side selects its rows from, past views and selections (``h[:8]``,
+    ``z[:, 1:]``, a chunk): two sides with the same one compare parts of one output."""
+    return _past(edge, _SELECT, 16)
 
 
 def branch(edge) -> tuple:
@@ -207,15 +213,7 @@ def branch(edge) -> tuple:
     input on (``_PEEL``), as the edge ``(node, output number)`` that feeds them: two chunks of
     one forward (``logits.chunk(2)``) are two branches, a softmax and a log-softmax of one
     logits tensor one."""
-    for _ in range(32):
-        node = edge[0]
-        if node is None or not type(node).__name__.startswith(_PEEL):
-            return edge
-        inputs = _computed(node)
-        if len(inputs) != 1:
-            return edge
-        edge = inputs[0]
-    return edge
+    return _past(edge, _PEEL, 32)
 
 
 def log_terms(edge) -> list:
