@@ -199,7 +199,9 @@ gan_same_target    critic, generator (the two modules' classes), critic_params, 
                    [pid] (their parameters, at most 32 each), cosine (of the two gradients),
                    offset (the intercept of a line fitted through them over G's gradient's
                    size; None when D's gradient is one constant), samples (values compared), critic_step ([path, line] of D's call in its own
-                   step, or None) — at the first 8 backwards, a module D evaluated on another
+                   step, or None), critic_fake_as_real (D's own backward pushed its output on
+                   real samples and on G's the same way: D's loss labels G's samples real; None
+                   when unknown) — at the first 8 backwards, a module D evaluated on another
                    module G's output both detached (D's step) and with the gradient flowing into
                    G (G's step) got two gradients on its output for the same samples that point
                    the same way: G is trained toward D's target for its samples (loc: G's step's
@@ -1071,11 +1073,12 @@ def self_match(*, size: int, on_diagonal: float) -> Made:
 
 def gan_same_target(*, critic: str, generator: str, critic_params: list[int],
                     generator_params: list[int], cosine: float, offset: float | None,
-                    samples: int, critic_step: list | None) -> Made:
+                    samples: int, critic_step: list | None,
+                    critic_fake_as_real: bool | None = None) -> Made:
     return "gan_same_target", {"critic": critic, "generator": generator,
                                "critic_params": critic_params, "generator_params": generator_params,
                                "cosine": cosine, "offset": offset, "samples": samples,
-                               "critic_step": critic_step}
+                               "critic_step": critic_step, "critic_fake_as_real": critic_fake_as_real}
 
 
 def entropy_sign(*, term: str, dist: str) -> Made:

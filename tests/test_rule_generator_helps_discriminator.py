@@ -109,3 +109,27 @@ def test_silent_with_one_optimizer_for_both_or_a_player_never_stepped():
     t.step(0, line=22)
     assert findings(t, SLUG) == []
     assert findings(_trace(step_both=False), SLUG) == []
+
+
+def test_a_discriminator_that_labels_the_generated_samples_real_is_told_apart():
+    bce = F.binary_cross_entropy_with_logits
+    d_wrong = lambda D, real, fake: bce(D(real), torch.ones(32, 1)) + bce(D(fake.detach()), torch.ones(32, 1))  # noqa: E731
+    (found,) = _gan(lambda D, fake, ones, zeros: bce(D(fake), ones), d_loss=d_wrong)
+    assert found["critic_fake_as_real"] is True
+    (found,) = _gan(lambda D, fake, ones, zeros: bce(D(fake), zeros))  # the generator's fault
+    assert found["critic_fake_as_real"] is False
+
+
+def test_the_rule_points_at_the_discriminators_step_when_its_loss_is_the_wrong_one():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=1)
+    t.optimizer(1, [2, 3], line=2)
+    t.put(ev.gan_same_target(critic="Disc", generator="Gen", critic_params=[0, 1],
+                             generator_params=[2, 3], cosine=0.999, offset=0.004, samples=64,
+                             critic_step=["train.py", 12], critic_fake_as_real=True), line=20)
+    t.backward(fresh=[0, 1, 2, 3], line=21)
+    t.step(0, line=22)
+    t.step(1, line=23)
+    f = only(t, SLUG)
+    assert f.location.line == 12 and "real label" in f.message and "zeros" in f.fix
+    assert f.related and f.related[0].location.line == 20

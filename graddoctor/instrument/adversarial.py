@@ -20,6 +20,12 @@ different optimizers.
 
 A non-saturating loss (``bce(D(fake), ones)``), the minimax form (``-bce(D(fake), zeros)``),
 WGAN's ``-D(fake).mean()`` and hinge losses give the opposite sign.
+
+Either loss may hold the wrong target: G's (the fake label), or D's (its generated samples
+labelled real, ``bce(D(fake.detach()), ones)``). The gradient D's own backward gives its output
+on data no module made (the real samples) tells them apart: a correct D pushes its output on
+real and generated samples opposite ways; when both pushes have one sign
+(``critic_fake_as_real``), D's loss is the one to change.
 """
 
 from __future__ import annotations
@@ -82,6 +88,20 @@ def _affine(d_grad, g_grad) -> tuple[float, float | None]:
     return round(spread, 6), None if offset is None else round(offset, 6)
 
 
+def _same_push(real, fake) -> bool | None:
+    """Does D's own loss push its output on real and on generated samples the same way (both
+    gradients of one sign on most values: the generated samples labelled real)? None when no
+    gradient on real samples was seen in that backward."""
+    if real is None or real.numel() < _MIN_VALUES or fake.numel() < _MIN_VALUES:
+        return None
+    r_mean, f_mean = float(real.mean()), float(fake.mean())
+    r_rms, f_rms = float(real.pow(2).mean().sqrt()), float(fake.pow(2).mean().sqrt())
+    if not r_rms or not f_rms:
+        return None
+    # a clear push each way: the mean is at least half the size of the values
+    return r_mean * f_mean > 0 and abs(r_mean) >= 0.5 * r_rms and abs(f_mean) >= 0.5 * f_rms
+
+
 class AdversarialWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -96,6 +116,11 @@ class AdversarialWatcher:
         self._players: dict[tuple, tuple] = {}  # the same key -> (weak D, weak G, weak samples)
         self._ready: list[tuple] = []  # keys whose two gradients are in, not judged yet
         self._told = False
+        # (id of a module, backward) -> the gradient its output got from that backward when it
+        # was called on data no other module made (D on real samples), for telling which loss
+        # has the wrong target: D's own loss pushes its output on real and generated samples
+        # opposite ways
+        self._plain: dict[tuple, torch.Tensor] = {}
 
     # -- the window -------------------------------------------------------------------------
     def _stop(self) -> None:
@@ -108,6 +133,10 @@ class AdversarialWatcher:
     def describe_loss(self, tensors) -> dict:
         """``DESCRIBE_LOSS``: a backward is about to run; judge what the last ones gave."""
         self._judge_ready()
+        if self._plain:  # only the last backward's are still compared (in place: the hooks
+            # hold the dict)
+            for key in [k for k in self._plain if k[1] < self._backwards - 1]:
+                del self._plain[key]
         if self.active:
             self._backwards += 1
             if len(self._outputs) > _OUTPUTS:
@@ -175,9 +204,30 @@ class AdversarialWatcher:
                 continue
             self._watch(module, producer, sample, out, "through" if t.requires_grad else "detached")
             break
+        else:
+            self._watch_plain(module, out)
         ptr = _ptr(out)
         if ptr is not None and len(self._outputs) < _OUTPUTS:
             self._outputs[ptr] = (weakref.ref(out), weakref.ref(module))
+
+    def _watch_plain(self, module, out) -> None:
+        """Keep the gradient of this call's output (a module on data no module made) from the
+        backward that follows, once per module and backward."""
+        key = (id(module), self._backwards)
+        if key in self._plain or len(self._plain) >= _OUTPUTS:
+            return
+        self._plain[key] = None
+        plain = self._plain
+
+        def hook(grad):
+            try:
+                if plain.get(key) is None and self.rec.running_backwards:
+                    plain[key] = grad.detach().reshape(-1)[:_VALUES].double().clone()
+            except Exception as exc:
+                self.rec.internal_error("adversarial (gradient)", exc)
+            return None
+
+        _register_hook(out, hook)
 
     def _watch(self, module, producer, sample, out, how: str) -> None:
         key = (id(module), id(sample))
@@ -191,13 +241,14 @@ class AdversarialWatcher:
             return
         self._players[key] = (weakref.ref(module), weakref.ref(producer), weakref.ref(sample))
         loc = self.rec.here()
+        backward = self._backwards
         watcher = self
 
         def hook(grad):
             try:
                 # a script's backward only (not an autograd.grad of graddoctor's probes)
                 if how not in pair and not watcher._told and watcher.rec.running_backwards:
-                    pair[how] = (grad.detach().reshape(-1)[:_VALUES].double().clone(), loc)
+                    pair[how] = (grad.detach().reshape(-1)[:_VALUES].double().clone(), loc, backward)
                     if len(pair) == 2:
                         watcher._ready.append(key)
             except Exception as exc:
@@ -209,8 +260,8 @@ class AdversarialWatcher:
     def _judge(self, key, pair) -> None:
         if len(pair) < 2:
             return
-        d_grad, _ = pair["detached"]
-        g_grad, g_loc = pair["through"]
+        d_grad, _, d_backward = pair["detached"]
+        g_grad, g_loc, _ = pair["through"]
         d_step_loc = pair["detached"][1]
         if d_grad.numel() != g_grad.numel() or d_grad.numel() < _MIN_VALUES:
             return
@@ -236,11 +287,14 @@ class AdversarialWatcher:
         g_pids = [pid for p in g_module.parameters() if (pid := tensors.number.get(id(p))) is not None]
         if not d_pids or not g_pids:
             return
+        real = self._plain.get((id(d_module), d_backward))
+        self._plain.clear()
         self.rec.emit_aside(ev.gan_same_target(
             critic=type(d_module).__name__, generator=type(g_module).__name__,
             critic_params=d_pids[:_MAX_PIDS], generator_params=g_pids[:_MAX_PIDS],
             cosine=round(cosine, 4), offset=offset, samples=int(d_grad.numel()),
-            critic_step=[d_step_loc.path, d_step_loc.line] if d_step_loc is not None else None),
+            critic_step=[d_step_loc.path, d_step_loc.line] if d_step_loc is not None else None,
+            critic_fake_as_real=_same_push(real, d_grad)),
             g_loc)
 
     # -- install -----------------------------------------------------------------------------
