@@ -199,9 +199,9 @@ gan_same_target    critic, generator (the two modules' classes), critic_params, 
                    [pid] (their parameters, at most 32 each), cosine (of the two gradients),
                    offset (the intercept of a line fitted through them over G's gradient's
                    size; None when D's gradient is one constant), samples (values compared), critic_step ([path, line] of D's call in its own
-                   step, or None), critic_fake_as_real (D's own backward pushed its output on
-                   real samples and on G's the same way: D's loss labels G's samples real; None
-                   when unknown) — at the first 8 backwards, a module D evaluated on another
+                   step, or None), critic_fake_as_real (D's own backward gave its output on G's
+                   samples the gradients of the real samples' target: D's loss labels G's samples
+                   real; None when unknown) — at the first 8 backwards, a module D evaluated on another
                    module G's output both detached (D's step) and with the gradient flowing into
                    G (G's step) got two gradients on its output for the same samples that point
                    the same way: G is trained toward D's target for its samples (loc: G's step's

@@ -133,3 +133,20 @@ def test_the_rule_points_at_the_discriminators_step_when_its_loss_is_the_wrong_o
     f = only(t, SLUG)
     assert f.location.line == 12 and "real label" in f.message and "zeros" in f.fix
     assert f.related and f.related[0].location.line == 20
+
+
+def test_the_fake_terms_target_is_read_from_the_real_terms_line():
+    from graddoctor.instrument.adversarial import _same_target
+    x_real = torch.linspace(-0.4, 0.3, 32, dtype=torch.float64)
+    x_fake = torch.linspace(-0.6, -0.1, 32, dtype=torch.float64)  # below both targets
+    mse = lambda x, t: 2 * (x - t) / 32  # noqa: E731
+    # least squares: the fake term pushed toward 0 has the real term's sign here, not its target
+    assert _same_target((x_real, mse(x_real, 1.0)), (x_fake, mse(x_fake, 0.0))) is False
+    assert _same_target((x_real, mse(x_real, 1.0)), (x_fake, mse(x_fake, 1.0))) is True
+    logistic = lambda x, y: (torch.sigmoid(x) - y) / 32  # noqa: E731
+    assert _same_target((x_real, logistic(x_real, 1.0)), (x_fake, logistic(x_fake, 0.0))) is False
+    assert _same_target((x_real, logistic(x_real, 1.0)), (x_fake, logistic(x_fake, 1.0))) is True
+    wgan = torch.full((32,), -1 / 32, dtype=torch.float64)
+    assert _same_target((x_real, wgan), (x_fake, -wgan)) is False
+    assert _same_target((x_real, wgan), (x_fake, wgan)) is True
+    assert _same_target(None, (x_fake, wgan)) is None

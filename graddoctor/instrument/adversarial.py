@@ -22,10 +22,13 @@ A non-saturating loss (``bce(D(fake), ones)``), the minimax form (``-bce(D(fake)
 WGAN's ``-D(fake).mean()`` and hinge losses give the opposite sign.
 
 Either loss may hold the wrong target: G's (the fake label), or D's (its generated samples
-labelled real, ``bce(D(fake.detach()), ones)``). The gradient D's own backward gives its output
-on data no module made (the real samples) tells them apart: a correct D pushes its output on
-real and generated samples opposite ways; when both pushes have one sign
-(``critic_fake_as_real``), D's loss is the one to change.
+labelled real, ``bce(D(fake.detach()), ones)``). D's own backward tells them apart: the
+gradient it gives D's output on data no module made (the real samples) is, sample by sample, a
+function of that output with the real target in it (a line in the output for a squared error,
+in its sigmoid for a logistic loss, a constant for a WGAN critic). When the generated samples'
+gradients lie on the real samples' line, their target is the real one (``critic_fake_as_real``)
+and D's loss is the one to change. The outputs are kept with the gradients (at most ``_VALUES``
+of each, at the first backwards only).
 """
 
 from __future__ import annotations
@@ -88,18 +91,50 @@ def _affine(d_grad, g_grad) -> tuple[float, float | None]:
     return round(spread, 6), None if offset is None else round(offset, 6)
 
 
-def _same_push(real, fake) -> bool | None:
-    """Does D's own loss push its output on real and on generated samples the same way (both
-    gradients of one sign on most values: the generated samples labelled real)? None when no
-    gradient on real samples was seen in that backward."""
-    if real is None or real.numel() < _MIN_VALUES or fake.numel() < _MIN_VALUES:
+def _line_fit(x, y) -> tuple[float, float, float] | None:
+    """``(slope, intercept, r2)`` of the least-squares line ``y = slope * x + intercept``; None
+    when ``x`` does not vary."""
+    x_mean, y_mean = float(x.mean()), float(y.mean())
+    var = float((x - x_mean).pow(2).mean())
+    if var <= 1e-18:
         return None
-    r_mean, f_mean = float(real.mean()), float(fake.mean())
-    r_rms, f_rms = float(real.pow(2).mean().sqrt()), float(fake.pow(2).mean().sqrt())
-    if not r_rms or not f_rms:
+    slope = float(((x - x_mean) * (y - y_mean)).mean()) / var
+    intercept = y_mean - slope * x_mean
+    total = float((y - y_mean).pow(2).mean())
+    residual = float((y - (slope * x + intercept)).pow(2).mean())
+    return slope, intercept, (1.0 - residual / total) if total > 0 else 0.0
+
+
+def _same_target(real, fake) -> bool | None:
+    """Does D's own loss give its generated samples the target of its real ones? Each term's
+    gradient is a function of D's output: ``c * (x - t)`` for a squared error, ``c * (sigmoid(x)
+    - y)`` for a logistic loss, a constant for a WGAN critic. The real term's gradients (``real``:
+    (outputs, gradients)) are fitted by a line in the output or in its sigmoid; the generated
+    samples' gradients lie on that same line only when their target is the same. None when it
+    cannot be told (no real term seen, no line fits)."""
+    if real is None or fake[0] is None:
         return None
-    # a clear push each way: the mean is at least half the size of the values
-    return r_mean * f_mean > 0 and abs(r_mean) >= 0.5 * r_rms and abs(f_mean) >= 0.5 * f_rms
+    (x_r, g_r), (x_f, g_f) = real, fake
+    if min(x_r.numel(), x_f.numel()) < _MIN_VALUES or x_r.numel() != g_r.numel() \
+            or x_f.numel() != g_f.numel():
+        return None
+    scale = float(g_r.pow(2).mean().sqrt())
+    if not scale:
+        return None
+    spread = float(g_r.std()) / scale
+    if spread < 1e-3:  # one constant (a WGAN critic): the same constant is the same target
+        return bool(float((g_f - g_r.mean()).abs().max()) <= 0.05 * scale)
+    best = None
+    for transform in (lambda v: v, torch.sigmoid):
+        fit = _line_fit(transform(x_r), g_r)
+        if fit is not None and fit[2] >= 0.98 and (best is None or fit[2] > best[1][2]):
+            best = (transform, fit)
+    if best is None:
+        return None
+    transform, (slope, intercept, _) = best
+    predicted = slope * transform(x_f) + intercept
+    error = float((g_f - predicted).pow(2).mean().sqrt())
+    return error <= 0.1 * max(scale, float(g_f.pow(2).mean().sqrt()))
 
 
 class AdversarialWatcher:
@@ -218,11 +253,12 @@ class AdversarialWatcher:
             return
         self._plain[key] = None
         plain = self._plain
+        values = out.detach().reshape(-1)[:_VALUES].double().clone()
 
         def hook(grad):
             try:
                 if plain.get(key) is None and self.rec.running_backwards:
-                    plain[key] = grad.detach().reshape(-1)[:_VALUES].double().clone()
+                    plain[key] = (values, grad.detach().reshape(-1)[:_VALUES].double().clone())
             except Exception as exc:
                 self.rec.internal_error("adversarial (gradient)", exc)
             return None
@@ -242,13 +278,15 @@ class AdversarialWatcher:
         self._players[key] = (weakref.ref(module), weakref.ref(producer), weakref.ref(sample))
         loc = self.rec.here()
         backward = self._backwards
+        values = out.detach().reshape(-1)[:_VALUES].double().clone() if how == "detached" else None
         watcher = self
 
         def hook(grad):
             try:
                 # a script's backward only (not an autograd.grad of graddoctor's probes)
                 if how not in pair and not watcher._told and watcher.rec.running_backwards:
-                    pair[how] = (grad.detach().reshape(-1)[:_VALUES].double().clone(), loc, backward)
+                    pair[how] = (grad.detach().reshape(-1)[:_VALUES].double().clone(), loc, backward,
+                                 values)
                     if len(pair) == 2:
                         watcher._ready.append(key)
             except Exception as exc:
@@ -260,8 +298,8 @@ class AdversarialWatcher:
     def _judge(self, key, pair) -> None:
         if len(pair) < 2:
             return
-        d_grad, _, d_backward = pair["detached"]
-        g_grad, g_loc, _ = pair["through"]
+        d_grad, _, d_backward, d_values = pair["detached"]
+        g_grad, g_loc, _, _ = pair["through"]
         d_step_loc = pair["detached"][1]
         if d_grad.numel() != g_grad.numel() or d_grad.numel() < _MIN_VALUES:
             return
@@ -294,7 +332,7 @@ class AdversarialWatcher:
             critic_params=d_pids[:_MAX_PIDS], generator_params=g_pids[:_MAX_PIDS],
             cosine=round(cosine, 4), offset=offset, samples=int(d_grad.numel()),
             critic_step=[d_step_loc.path, d_step_loc.line] if d_step_loc is not None else None,
-            critic_fake_as_real=_same_push(real, d_grad)),
+            critic_fake_as_real=_same_target(real, (d_values, d_grad))),
             g_loc)
 
     # -- install -----------------------------------------------------------------------------

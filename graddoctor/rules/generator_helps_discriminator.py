@@ -18,9 +18,9 @@ class GeneratorHelpsDiscriminator(Rule):
     G's loss pulls D's output where D's loss does. It points at G's step's call of D.
 
     The same agreement arises when the discriminator's loss is the wrong one, labelling the
-    generated samples real (`bce(D(fake.detach()), ones)`): then D's own backward pushes its
-    output on the real and the generated samples the same way, and the finding points at D's
-    step instead.
+    generated samples real (`bce(D(fake.detach()), ones)`): then D's own backward gives its
+    output on the generated samples the gradients of the real samples' target, and the finding
+    points at D's step instead.
 
     ## Why is this bad?
     The discriminator learns to call the generated samples fake, and the generator, instead of
