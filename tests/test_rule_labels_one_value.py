@@ -141,3 +141,13 @@ def test_targets_the_script_makes_are_told_apart_from_data(tmp_path):
     found = _origin(tmp_path, code, 11)
     assert not found["made"] and (found["line"], found["text"]) == (11, "y")
     assert _origin(tmp_path, code, 3) is None  # no call given a target
+
+
+def test_targets_made_by_a_tuple_assignment_are_the_scripts(tmp_path):
+    code = ("import torch\n"
+            "real_t, fake_t = torch.ones(4, 1), torch.zeros(4, 1)\n"
+            "rows, labels = torch.randn(4, 3), data_labels\n"
+            "loss = F.mse_loss(d_out, real_t)\n"
+            "loss = F.mse_loss(d_out, labels)\n")
+    assert _origin(tmp_path, code, 4)["made"]
+    assert not _origin(tmp_path, code, 5)["made"]

@@ -2533,13 +2533,18 @@ _KEEPS_VALUES = _SAME_ROWS | {"expand", "expand_as", "repeat", "repeat_interleav
 
 def _assigned_values(scope: ast.AST, text: str) -> list[tuple[int, ast.AST]]:
     """``(line, value)`` of each plain assignment of ``text`` (a name or dotted name) in
-    ``scope``."""
+    ``scope``, an element of a tuple assigned from a tuple of as many values included."""
     found = []
     for node in ast.walk(scope):
         if isinstance(node, ast.Assign):
             if any(ast.unparse(t) == text for t in node.targets
                    if isinstance(t, (ast.Name, ast.Attribute))):
                 found.append((node.lineno, node.value))
+            for t in node.targets:  # ``real_t, fake_t = torch.ones(n, 1), torch.zeros(n, 1)``
+                if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                        and len(t.elts) == len(node.value.elts):
+                    found.extend((node.lineno, v) for e, v in zip(t.elts, node.value.elts)
+                                 if isinstance(e, (ast.Name, ast.Attribute)) and ast.unparse(e) == text)
         elif isinstance(node, ast.AnnAssign) and node.value is not None \
                 and isinstance(node.target, (ast.Name, ast.Attribute)) and ast.unparse(node.target) == text:
             found.append((node.lineno, node.value))
