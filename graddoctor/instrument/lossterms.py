@@ -175,6 +175,13 @@ class PerLine:
         return True
 
 
+def loss_roots(tensors) -> list:
+    """The autograd nodes of the tensors a backward was given (one or several; those without a
+    graph left out)."""
+    items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+    return [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+
+
 def loss_root(tensors):
     """The autograd node of the one loss a backward was given (``loss.backward()``,
     ``torch.autograd.backward([loss])``), or None for several tensors or one without a graph."""
