@@ -76,9 +76,10 @@ class GeneratorHelpsDiscriminator(Rule):
                     Location(d_step[0], d_step[1]),
                     related=(Related(event.loc, "the generator's step, whose target agrees")
                              if event.loc is not None else None,),
-                    fix="give the generated samples the fake label in the discriminator's loss: "
-                        "bce(D(fake.detach()), zeros) (or + D(fake.detach()).mean() for a WGAN "
-                        "critic)",
+                    fix="give the generated samples the fake target in the discriminator's "
+                        "loss, the one its fake term is meant to have: zeros for a BCE or "
+                        "least-squares D (bce(D(fake.detach()), zeros)), + D(fake.detach()).mean() "
+                        "for a WGAN critic",
                     evidence={"critic": event["critic"], "generator": event["generator"],
                               "cosine": event["cosine"], "samples": event["samples"],
                               "wrong": "critic"})
