@@ -1147,9 +1147,11 @@ def reseed(*, fn: str, seed: int | None, caller: list | None = None) -> Made:
 
 
 def loader_sampler(*, loader: int, sampler: str, shuffle: bool | None, dataset_len: int | None,
-                   reach: int | None, weights: int | None = None) -> Made:
+                   reach: int | None, weights: int | None = None,
+                   levels: list[tuple[float, int]] | None = None) -> Made:
     return "loader_sampler", {"loader": loader, "sampler": sampler, "shuffle": shuffle,
-                              "dataset_len": dataset_len, "reach": reach, "weights": weights}
+                              "dataset_len": dataset_len, "reach": reach, "weights": weights,
+                              "levels": levels}
 
 
 def batch_labels(*, loader: int, index: int, size: int, distinct: int, value: int | None,

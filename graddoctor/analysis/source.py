@@ -158,6 +158,9 @@ class ScriptSource:
     def target_origin(self, path: str, line: int) -> dict | None:
         return target_origin(self.full(path), line)
 
+    def argument_origin(self, path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:
+        return argument_origin(self.full(path), line, callee, keyword)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -2594,6 +2597,57 @@ def _converts(value: ast.AST) -> bool:
         return value.func.attr in ("long", "int", "bool", "round", "floor", "ceil", "trunc", "to", "type") \
             or _converts(value.func.value)
     return False
+
+
+_AS_TENSOR = frozenset({"as_tensor", "tensor", "from_numpy", "asarray", "array", "DoubleTensor",
+                        "FloatTensor"})
+
+
+def argument_origin(path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the assignment that computes the first argument (or ``keyword=``)
+    of the call to ``callee`` (its own name) on ``line``: the latest assignment of that name before the call in its function,
+    followed through a plain selection (``w = class_w[labels]``) to the line that computes the
+    selected values (``class_w = counts / counts.sum()``) when that line does arithmetic.
+    None when the argument is no name assigned there, or the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
+             and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)) == callee]
+    for call in sorted(calls, key=lambda c: -c.lineno):
+        written = call.args[0] if call.args else next(
+            (k.value for k in call.keywords if k.arg == keyword), None)
+        if written is not None:
+            break
+    else:
+        return None
+    scope = _enclosing_function(tree, line)
+
+    def latest(name: str, before: int):
+        values = [(at, value) for at, value in _assigned_values(scope, name) if at < before]
+        return max(values, key=lambda v: v[0]) if values else None
+
+    root = written
+    while isinstance(root, ast.Call):
+        name = root.func.attr if isinstance(root.func, ast.Attribute) else getattr(root.func, "id", None)
+        if name in _KEEPS_VALUES:
+            root = root.func.value
+        elif name in _AS_TENSOR and len(root.args) == 1:  # torch.as_tensor(w), np.asarray(w)
+            root = root.args[0]
+        else:
+            break
+    if not isinstance(root, ast.Name):
+        return None
+    found = latest(root.id, line)
+    if found is None:
+        return None
+    at, value = found
+    if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name):
+        selected = latest(value.value.id, at)
+        if selected is not None and _converts(selected[1]):
+            return selected[0], f"{value.value.id} = {ast.unparse(selected[1])}"
+    return at, f"{root.id} = {ast.unparse(value)}"
 
 
 def target_origin(path: str, line: int) -> dict | None:

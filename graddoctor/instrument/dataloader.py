@@ -260,11 +260,12 @@ class DataLoaderWatcher:
             dataset_len = len(loader.dataset)
         except Exception:
             dataset_len = None
-        reach = weights = None
+        reach = weights = levels = None
         if isinstance(sampler, data.WeightedRandomSampler):
             w = sampler.weights
             weights = int(w.numel())
             reach = int((w > 0).sum()) if w.device.type == "cpu" else weights
+            levels = _weight_levels(w)
             if not sampler.replacement:
                 reach = min(reach, int(sampler.num_samples))
         elif isinstance(sampler, (data.RandomSampler, data.SequentialSampler)):
@@ -283,7 +284,7 @@ class DataLoaderWatcher:
         loc = self._sampler_locs.get(sampler) or here
         self.rec.emit_aside(ev.loader_sampler(loader=number, sampler=type(sampler).__name__,
                                               shuffle=shuffle, dataset_len=dataset_len,
-                                              reach=reach, weights=weights), loc)
+                                              reach=reach, weights=weights, levels=levels), loc)
 
     def _wrap_init_site(self, original, sites: weakref.WeakKeyDictionary, where: str):
         """``__init__`` as it is, then the user's line that made the object noted in ``sites``
@@ -470,6 +471,19 @@ class DataLoaderWatcher:
         Weighted = torch.utils.data.WeightedRandomSampler
         patcher.patch(Weighted, "__init__", self._wrap_init_site(Weighted.__init__, self._sampler_locs,
                                                                  "WeightedRandomSampler.__init__"))
+
+
+def _weight_levels(weights) -> list[tuple[float, int]] | None:
+    """``(weight, samples)`` of each distinct value of a weighted sampler's per-sample weights,
+    when they take 2 to 64 values each held by at least two samples (weights given per class
+    and spread over the samples, ``class_weight[labels]``); None otherwise, or off the CPU (the
+    read would wait for the device)."""
+    if weights.device.type != "cpu" or weights.dim() != 1 or weights.numel() < 4:
+        return None
+    values, counts = torch.unique(weights.detach(), return_counts=True)
+    if not 2 <= values.numel() <= 64 or int(counts.min()) < 2:
+        return None
+    return [(float(v), int(c)) for v, c in zip(values.tolist(), counts.tolist())]
 
 
 def _first_tensor(batch, depth: int = 0):
