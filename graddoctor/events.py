@@ -250,6 +250,13 @@ entropy_sign       term ("entropy": a ``torch.distributions`` entropy() minimise
                    log_prob of its own rsample maximised), dist (its class) — the entropy
                    bonus with the wrong sign, at the first 3 backwards of a line (loc: the
                    call that made the term; an aside; instrument/entropysign.py)
+linear_stack       widths ([in, hidden, out] of the two nn.Linear layers), between (the ops between
+                   them that only move values: View, Transpose, NativeDropout...), called_by
+                   ("user" | "container": who called the second layer), first_at ([path, line,
+                   function] of the first layer's construction, or None) — one nn.Linear's output
+                   read by another with nothing nonlinear between, at the forwards of the first
+                   backwards (loc: the second layer's call in the script, or its construction
+                   when nn.Sequential calls it; an aside)
 dropout_on_output  module (the dropout's class: Dropout | Dropout1d | AlphaDropout ...), p, fn (the
                    loss: cross_entropy | mse_loss | smooth_l1_loss | huber_loss |
                    binary_cross_entropy(_with_logits)), direct (bool|None: the user's code
@@ -460,6 +467,10 @@ batch_labels       loader, index (the batch's index in the loader's first epoch)
                    loading a sample) — the first ``LABEL_BATCHES`` batches of a DataLoader that
                    never shuffles (a SequentialSampler), with 1-D integer CPU labels (loc: the
                    DataLoader's construction, else its first ``iter()``; an aside)
+batch_spread       loader, index, size, slot ("input" | "target": the batch's first or last item),
+                   mean, var, low, high (floats: of that item's values in the batch) — the same batches as
+                   batch_labels, for items that hold one float per sample (a regression target,
+                   a scalar input) (loc: as batch_labels; an aside)
 loaders_zipped     inputs, labels (loader numbers), length (both datasets'): two DataLoaders that
                    each shuffle in an order of their own (a RandomSampler with no generator)
                    over datasets of one length, read in lockstep for one backward, one serving
@@ -1051,6 +1062,12 @@ def factor_broadcast(*, op: str, term_shape: list[int], factor_shape: list[int],
                                 "shape": shape, "factor_grad": factor_grad}
 
 
+def linear_stack(*, widths: list[int], between: list[str], called_by: str,
+                 first_at: list | None) -> Made:
+    return "linear_stack", {"widths": widths, "between": between, "called_by": called_by,
+                            "first_at": first_at}
+
+
 def dropout_on_output(*, module: str, p: float, fn: str, direct: bool | None) -> Made:
     return "dropout_on_output", {"module": module, "p": p, "fn": fn, "direct": direct}
 
@@ -1158,6 +1175,12 @@ def batch_labels(*, loader: int, index: int, size: int, distinct: int, value: in
                  classes: int | None) -> Made:
     return "batch_labels", {"loader": loader, "index": index, "size": size, "distinct": distinct,
                             "value": value, "classes": classes}
+
+
+def batch_spread(*, loader: int, index: int, size: int, slot: str, mean: float, var: float,
+                 low: float, high: float) -> Made:
+    return "batch_spread", {"loader": loader, "index": index, "size": size, "slot": slot,
+                            "mean": mean, "var": var, "low": low, "high": high}
 
 
 def loaders_zipped(*, inputs: int, labels: int, length: int) -> Made:
@@ -1470,7 +1493,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
-    "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output, "bn_batch": bn_batch,
+    "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
+    "linear_stack": linear_stack, "bn_batch": bn_batch,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
     "fresh_sample_scored": fresh_sample_scored,
@@ -1478,6 +1502,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
+    "batch_spread": batch_spread,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped, "batch_pairing": batch_pairing,
     "state_carried": state_carried,
@@ -1497,7 +1522,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "real_index", "low_precision",
-                         "graph_kept", "grad_stops", "batch_layout", "batch_labels",
+                         "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
                          "module_repeated", "state_not_loaded", "state_self_load", "diverging",
                          "norm_arguments",
@@ -1506,7 +1531,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "state_carried",
-                         "causal_read_early", "pixels_unscaled", "dropout_on_output", "bn_batch",
+                         "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "masked_mean", "attention_scale",
                          "temperature_multiplied"})

@@ -51,6 +51,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_batch_first_transformer_synthetic.py",  # batch_layout
             "distributed/good_single_rank_group_loader.py",  # batch_fingerprint
             "data/bad_unshuffled_sorted_image_folder.py",  # batch_labels
+            "data/bad_unshuffled_sorted_regression.py",  # batch_spread
+            "registration/bad_linear_layers_collapse_sequential.py",  # linear_stack
             "registration/bad_layer_built_in_forward.py",  # param_created
             "data/bad_loaders_shuffled_apart.py",  # loaders_zipped
             "data/bad_labels_of_another_batch.py",  # batch_pairing

@@ -65,6 +65,7 @@ from .batchpairs import BatchPairWatcher
 from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .dropoutout import DropoutOutputWatcher
+from .linearstack import LinearStackWatcher
 from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STATE_TAKEN,
                      STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
@@ -227,6 +228,10 @@ class Instrumentation:
         dropped = DropoutOutputWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)
         self.watchers.append(dropped)
+        # two nn.Linear layers with nothing nonlinear between them (first backwards only)
+        stacked = LinearStackWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, stacked.describe_loss)
+        self.watchers.append(stacked)
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
         rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)
         # where the gradient of parameters that get exactly zero stops (grads-always-zero)

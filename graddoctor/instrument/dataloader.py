@@ -308,7 +308,14 @@ class DataLoaderWatcher:
         try:
             labels = _labels_of(batch)
             if labels is None:
-                self._in_order.pop(number, None)  # no class labels: nothing to judge
+                spreads = _scalar_spreads(batch)
+                if not spreads:
+                    self._in_order.pop(number, None)  # no class labels, no scalars: nothing to judge
+                    return
+                loc = self._in_order[number][0]
+                for slot, size, mean, var, low, high in spreads:
+                    self.rec.emit_aside(ev.batch_spread(loader=number, index=index, size=size, slot=slot,
+                                                        mean=mean, var=var, low=low, high=high), loc)
                 return
             loc, classes = self._in_order[number]
             with torch.no_grad():
@@ -571,6 +578,26 @@ def _labels_of(batch):
             or labels.is_floating_point() or labels.is_complex() or labels.dtype is torch.bool:
         return None
     return labels
+
+
+def _scalar_spreads(batch) -> list[tuple[str, int, float, float, float, float]]:
+    """``(slot, size, mean, var, low, high)`` of the first ("input") and last ("target") items of a tuple
+    or list batch that hold one finite float per sample on the CPU (``(N,)`` or ``(N, 1)``)."""
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        return []
+    found = []
+    for slot, item in (("input", batch[0]), ("target", batch[-1])):
+        if not isinstance(item, torch.Tensor) or item.device.type != "cpu" or not item.is_floating_point() \
+                or item.dim() not in (1, 2) or item.numel() != item.shape[0] or item.numel() < 2:
+            continue
+        with torch.no_grad():
+            values = item.detach().reshape(-1).double()
+            var, mean = torch.var_mean(values, correction=0)
+            if not bool(torch.isfinite(var)):
+                continue
+            low, high = torch.aminmax(values)
+        found.append((slot, int(values.numel()), float(mean), float(var), float(low), float(high)))
+    return found
 
 
 def _classes(dataset) -> int | None:

@@ -1,0 +1,117 @@
+"""linear-layers-collapse (GD178): hand-written ``linear_stack`` events, and the watcher that
+records them from the forwards of the first backwards."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from rule_traces import builder, findings, only
+
+SLUG = "linear-layers-collapse"
+
+
+def _trace(called_by="container", between=(), widths=(10, 64, 3)):
+    t = builder()
+    t.put(ev.linear_stack(widths=list(widths), between=list(between), called_by=called_by,
+                          first_at=["train.py", 4, "<module>"]), 5)
+    return t
+
+
+def test_a_stack_is_a_warning_whose_fix_fits_who_called_the_layer():
+    f = only(_trace(), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 5
+    assert "nn.Sequential" in f.fix and "nn.ReLU()" in f.fix and "Linear(10, 64)" in f.message
+    assert [r.location.line for r in f.related] == [4]
+    user = only(_trace(called_by="user", between=["NativeDropout"]), SLUG)
+    assert "nn.Sequential" not in user.fix and "only dropout between them" in user.message
+
+
+def test_no_event_no_finding():
+    assert findings(builder(), SLUG) == []
+
+
+def _stacks(make, x, steps=2):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = make()  # built under the watch: nn.Sequential's layers are found by their lines
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.SGD(params, lr=0.01)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            model(x).square().mean().backward()
+            optimizer.step()
+    return [e.data for e in rec.trace.of_kind("linear_stack")]
+
+
+def test_the_watcher_finds_a_missing_activation_once_per_pair():
+    found = _stacks(lambda: nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.1), nn.Linear(16, 16),
+                                          nn.ReLU(), nn.Linear(16, 2)), torch.randn(4, 6))
+    assert [(e["widths"], e["between"], e["called_by"]) for e in found] == [
+        ([6, 16, 16], ["NativeDropout"], "container")]
+
+
+def test_the_watcher_is_silent_on_a_bottleneck_an_activation_a_frozen_first_layer_a_hand_relu():
+    assert _stacks(lambda: nn.Sequential(nn.Linear(32, 4), nn.Linear(4, 32)), torch.randn(4, 32)) == []
+    assert _stacks(lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
+                   torch.randn(4, 6)) == []
+
+    def frozen():
+        model = nn.Sequential(nn.Linear(6, 16), nn.Linear(16, 2))
+        model[0].requires_grad_(False)
+        return model
+
+    assert _stacks(frozen, torch.randn(4, 6)) == []
+
+    class HandRelu(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 16), nn.Linear(16, 2)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(h * (h > 0).float())
+
+    assert _stacks(HandRelu, torch.randn(4, 6)) == []
+
+
+def test_the_watcher_is_silent_on_an_output_read_by_several_layers_or_by_another_model():
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.gate, self.value = nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, 2)
+
+        def forward(self, x):
+            h = self.a(x)
+            return torch.sigmoid(self.gate(h)).sum(1, keepdim=True) * self.value(h)
+
+    assert _stacks(Gated, torch.randn(4, 6)) == []
+
+    class Predictor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 8))
+            self.head = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.head(self.encoder(x))  # the encoder's last layer is not the head's sibling
+
+    assert _stacks(Predictor, torch.randn(4, 6)) == []
+
+
+def test_the_watcher_stops_reading_after_its_window():
+    class Late(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.calls = nn.Linear(6, 16), nn.Linear(16, 2), 0
+
+        def forward(self, x):
+            self.calls += 1
+            h = self.a(x)
+            return self.b(h if self.calls > 4 else F.relu(h))  # the stack only from the 5th forward
+
+    assert _stacks(Late, torch.randn(4, 6), steps=6) == []
