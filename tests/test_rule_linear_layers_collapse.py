@@ -35,7 +35,7 @@ def test_no_event_no_finding():
     assert findings(builder(), SLUG) == []
 
 
-def _stacks(make, x, steps=2):
+def _stacks(make, x, steps=2, loss=lambda out: out.square().mean()):
     rec = Recorder(step_budget=None)
     with Instrumentation(rec):
         model = make()  # built under the watch: nn.Sequential's layers are found by their lines
@@ -43,7 +43,7 @@ def _stacks(make, x, steps=2):
         optimizer = torch.optim.SGD(params, lr=0.01)
         for _ in range(steps):
             optimizer.zero_grad()
-            model(x).square().mean().backward()
+            loss(model(x)).backward()
             optimizer.step()
     return [e.data for e in rec.trace.of_kind("linear_stack")]
 
@@ -101,6 +101,16 @@ def test_the_watcher_is_silent_on_an_output_read_by_several_layers_or_by_another
             return self.head(self.encoder(x))  # the encoder's last layer is not the head's sibling
 
     assert _stacks(Predictor, torch.randn(4, 6)) == []
+
+
+def test_a_stack_with_no_activation_in_sight_is_told_only_where_a_loss_function_reads_it():
+    def linear():
+        return nn.Sequential(nn.Linear(6, 16), nn.Linear(16, 2))
+
+    assert _stacks(linear, torch.randn(4, 6)) == []  # model(x).square().mean(): a demo's loss
+    target = torch.randn(4, 2)
+    found = _stacks(linear, torch.randn(4, 6), loss=lambda out: F.mse_loss(out, target))
+    assert [e["widths"] for e in found] == [[6, 16, 2]]
 
 
 def test_the_watcher_stops_reading_after_its_window():

@@ -21,6 +21,14 @@ with the window) on ``nn.Linear`` modules run under grad mode on the script's th
   same output (q, k and v projections of one tensor, a gate and its value: the product or the
   attention that combines them is the nonlinearity).
 
+A stack is told only where an activation was evidently meant: the second layer's output is the
+prediction a loss function reads (``cross_entropy``, ``mse_loss``... through views, as
+dropoutout's walk finds it: a model whose last two layers are linear, ending a network without
+activations), or an ``nn.Sequential`` that lists both also lists an activation module elsewhere
+(a recipe with one activation left out). A stack of layers that feeds no loss function (a
+mechanics demo's ``model(x).sum().backward()``) or a plain list without activations is left
+alone: it may be linear on purpose.
+
 Both layers must be children of the module whose code calls the second (its ``forward``, or
 the ``nn.Sequential`` that lists both): a head applied to another model's output (a predictor
 on an encoder's projection) composes two models on purpose.
@@ -47,6 +55,7 @@ from torch import nn
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
+from .dropoutout import loss_predictions
 from .recorder import Recorder
 
 WINDOW = 3  # backwards whose forwards are read, from the first one
@@ -63,8 +72,31 @@ _MOVE = ("ViewBackward", "ReshapeAliasBackward", "UnsafeViewBackward", "SqueezeB
          "NativeDropoutBackward", "ExpandBackward")
 
 
+_ACTIVATIONS = nn.ReLU.__module__  # torch.nn.modules.activation: ReLU, GELU, Tanh, SiLU...
+
+
 def _base(name: str) -> str:
     return name.rstrip("0123456789")
+
+
+def _core(node):
+    """The node behind a layer's output past the views that only reshape it (a Linear on a
+    (B, T, D) input ends in a view of its matmul): what a loss's prediction walk reaches."""
+    for _ in range(_MOVE_DEPTH):
+        name = _base(type(node).__name__)
+        parents = [n for n, _ in node.next_functions if n is not None]
+        if not name.startswith(_MOVE) or len(parents) != 1:
+            return node
+        node = parents[0]
+    return node
+
+
+def _roots(tensors) -> list:
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    if not isinstance(tensors, (list, tuple)):
+        return []
+    return [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None][:4]
 
 
 class LinearStackWatcher:
@@ -103,7 +135,7 @@ class LinearStackWatcher:
                     self._dropped[id(node)] = node
                 return None
             if args and isinstance(args[0], torch.Tensor) and args[0].grad_fn is not None:
-                self._judge(args[0].grad_fn, module)
+                self._judge(args[0].grad_fn, module, node)
             if len(self._outputs) < _NOTED:
                 self._outputs[id(node)] = (node, module)
         except Exception as exc:
@@ -111,13 +143,13 @@ class LinearStackWatcher:
             self.rec.internal_error("linear layers in a row", exc)
         return None
 
-    def _judge(self, node, second) -> None:
+    def _judge(self, node, second, made) -> None:
         between = []
         for _ in range(_MOVE_DEPTH):
             noted = self._outputs.get(id(node))
             if noted is not None and noted[0] is node:
                 self._readers.setdefault(id(node), set()).add(id(second))
-                self._pair(noted[1], second, between, id(node))
+                self._pair(noted[1], second, between, id(node), made)
                 return
             name = _base(type(node).__name__)
             dropped = self._dropped.get(id(node)) is node
@@ -131,7 +163,7 @@ class LinearStackWatcher:
             between.append(name[:-len("Backward")] if name.endswith("Backward") else name)
             node = parents[0]
 
-    def _pair(self, first, second, between: list, output: int) -> None:
+    def _pair(self, first, second, between: list, output: int, made) -> None:
         key = (id(first), id(second))
         if key in self._told or first is second:
             return
@@ -149,7 +181,9 @@ class LinearStackWatcher:
         if loc is None:
             return
         self._told.add(key)
-        self._pending.append((output, ev.linear_stack(
+        listed = caller == "container" and any(
+            type(m).__module__ == _ACTIVATIONS for m in parent.children())
+        self._pending.append((output, _core(made), listed, ev.linear_stack(
             widths=[a, h, c], between=sorted(set(between)), called_by=caller,
             first_at=[first_site.path, first_site.line, first_site.function] if first_site else None), loc))
 
@@ -201,9 +235,13 @@ class LinearStackWatcher:
         if self.active:
             self._backwards += 1
             pending, self._pending = self._pending, []
-            for output, made, loc in pending:
-                if len(self._readers.get(output, ())) == 1:  # q, k, v or a gate and its value: no stack
-                    self.rec.emit_aside(made, loc)
+            if pending:
+                predictions = {id(node) for root in _roots(tensors) for _, node in loss_predictions(root)}
+                for output, core, listed, made, loc in pending:
+                    if len(self._readers.get(output, ())) != 1:
+                        continue  # q, k, v or a gate and its value read one output: no stack
+                    if listed or id(core) in predictions:
+                        self.rec.emit_aside(made, loc)
             self._outputs, self._dropped, self._readers = {}, {}, {}
             if self._backwards >= WINDOW:
                 self._stop()
