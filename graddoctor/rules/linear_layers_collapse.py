@@ -16,7 +16,10 @@ class LinearLayersCollapse(Rule):
     nonlinear between them (only dropout, views, reshapes or transposes), and the hidden width
     is no bottleneck (at least the smaller of the pair's input and output widths): the
     activation between them is missing (`nn.ReLU()` left out of an `nn.Sequential`,
-    `self.fc2(self.fc1(x))`). Read at the forwards of the first 3 backwards. It points at the
+    `self.fc2(self.fc1(x))`), where an activation was evidently meant: the second layer's output
+    is what a loss function (`cross_entropy`, `mse_loss`...) compares with the targets, or the
+    `nn.Sequential` listing both lists an activation elsewhere. Both layers are children of the
+    module that calls the second. Read at the forwards of the first 3 backwards. It points at the
     second layer's call in `forward`, or at its line in the `nn.Sequential` that lists it.
 
     ## Why is this bad?
@@ -41,7 +44,10 @@ class LinearLayersCollapse(Rule):
     `Linear(64, 512)`, LoRA's A and B); a linear head on a frozen layer's output (a probe); a
     layer of one model reading another model's output (a predictor head on an encoder's last
     layer: the two layers are not children of one module);
-    layers a library's model places (transformers, timm); layers built from `F.linear` by hand.
+    layers a library's model places (transformers, timm); layers built from `F.linear` by hand;
+    one output read by several linear layers (q, k, v; a gate and its value); a stack where no
+    activation was evidently meant: neither ending in a loss function's prediction nor listed in
+    an `nn.Sequential` that holds an activation elsewhere (a demo's `model(x).sum().backward()`).
     """
 
     code = "GD178"
