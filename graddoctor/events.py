@@ -493,10 +493,11 @@ label_offset       cls, inputs (attribute of the array a field of the sample equ
 loader_rows        loader, base (the number of the dataset its samples come from, through
                    ``Subset``s and a ``SubsetRandomSampler``), rows (how many of its rows the
                    loader can serve), shared ([[loader, rows]]: earlier loaders over the same
-                   base and how many rows they share with this one) — once per DataLoader, at its
-                   first ``iter()``, only when it serves part of its base (loc: the line that
-                   made its subset: the ``Subset``, ``random_split`` or sampler, else the
-                   loader; an aside; instrument/dataloader.py)
+                   base and how many rows they share with this one), made ([path, line] of the
+                   DataLoader's construction, or None) — once per DataLoader, at its first
+                   ``iter()``, when it serves part of its base or shares rows with an earlier
+                   loader (loc: the line that made its subset: the ``Subset``, ``random_split``
+                   or sampler, else the loader; an aside; instrument/dataloader.py)
 batch_pairing      problem ("other-batch": the loss's target is a tensor of a batch served in an
                    earlier turn than the model's inputs | "permuted": the model's inputs are the
                    rows of one batch in another order, the target in the loader's), fn (the loss
@@ -1468,8 +1469,9 @@ def label_offset(*, cls: str, inputs: str, labels: str, offset: int, samples: in
                             "samples": samples, "field": field}
 
 
-def loader_rows(*, loader: int, base: int, rows: int, shared: list) -> Made:
-    return "loader_rows", {"loader": loader, "base": base, "rows": rows, "shared": shared}
+def loader_rows(*, loader: int, base: int, rows: int, shared: list, made: list | None) -> Made:
+    return "loader_rows", {"loader": loader, "base": base, "rows": rows, "shared": shared,
+                           "made": made}
 
 
 def run_end(*, status: str, steps: int) -> Made:
