@@ -477,7 +477,7 @@ state_carried      cls (the recurrent module's class: LSTM | GRU | RNN | LSTMCel
                    once per line, in the first turns (loc: the outermost user line that holds
                    the state given, else the module's call; an aside; instrument/statecarry.py)
 dataset_drift      cls (the dataset's class), attr (the attribute holding the stored array, e.g.
-                   "data" or "tensors[0]"), kind ("tensor" | "ndarray"), rows (stored rows found
+                   "data" or "tensors[0]"), numpy (bool: a NumPy array, not a tensor), rows (stored rows found
                    changed by a fetch of their own index that had been fetched before),
                    fetches (fetches of the dataset looked at) — a DataLoader's fetch that wrote
                    into rows of an array the dataset holds, at an index it had already served:
@@ -496,8 +496,10 @@ loader_rows        loader, base (the number of the dataset its samples come from
                    base and how many rows they share with this one), made ([path, line] of the
                    DataLoader's construction, or None) — once per DataLoader, at its first
                    ``iter()``, when it serves part of its base or shares rows with an earlier
-                   loader (loc: the line that made its subset: the ``Subset``, ``random_split``
-                   or sampler, else the loader; an aside; instrument/dataloader.py)
+                   loader that serves part of it (two loaders over a whole dataset share none:
+                   no split was made) (loc: the line that made its subset: the ``Subset``,
+                   ``random_split`` or sampler, else the loader; an aside;
+                   instrument/dataloader.py)
 batch_pairing      problem ("other-batch": the loss's target is a tensor of a batch served in an
                    earlier turn than the model's inputs | "permuted": the model's inputs are the
                    rows of one batch in another order, the target in the loader's), fn (the loss
@@ -1459,8 +1461,9 @@ def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = 
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
 
-def dataset_drift(*, cls: str, attr: str, kind: str, rows: int, fetches: int) -> Made:
-    return "dataset_drift", {"cls": cls, "attr": attr, "kind": kind, "rows": rows, "fetches": fetches}
+def dataset_drift(*, cls: str, attr: str, numpy: bool, rows: int, fetches: int) -> Made:
+    return "dataset_drift", {"cls": cls, "attr": attr, "numpy": numpy, "rows": rows,
+                             "fetches": fetches}
 
 
 def label_offset(*, cls: str, inputs: str, labels: str, offset: int, samples: int,

@@ -36,8 +36,9 @@ that costs one integer test per batch.
 Which rows of which dataset each loader serves is noted once, at its first ``iter()``: its
 dataset followed through ``Subset``s (a ``random_split``'s parts) and a ``SubsetRandomSampler``
 to the dataset under them, and the indices of that base it can serve. A loader that serves
-part of its base, or shares rows with an earlier loader over the same base, gets a
-``loader_rows`` event with the rows it shares with each such loader (a train and a validation
+part of its base, or shares rows with an earlier loader over the same base that serves part
+of it, gets a ``loader_rows`` event with the rows it shares with each such loader (two loaders
+over the whole of one dataset share nothing here: no split was made) (a train and a validation
 set that overlap: trains-on-evaluation-data); at most ``ROWS_KEPT`` indices are kept per loader.
 
 In a process group (a rank of a distributed run), the first ``PRINT_BATCHES`` batches that
@@ -337,8 +338,8 @@ class DataLoaderWatcher:
             if other_base != base:
                 continue
             if mine is None and theirs is None:
-                count = length
-            elif mine is None or theirs is None:
+                continue  # no split made: a script that evaluates on its training set knows it
+            if mine is None or theirs is None:
                 count = sum(1 for i in (theirs if mine is None else mine) if 0 <= i < length)
             else:
                 count = len(mine & theirs)

@@ -152,7 +152,7 @@ class DatasetReadWatcher:
                 seen.drifted.add(attr)
                 self.rec.emit_aside(ev.dataset_drift(
                     cls=type(dataset).__name__, attr=attr,
-                    kind="tensor" if isinstance(array, torch.Tensor) else "ndarray",
+                    numpy=not isinstance(array, torch.Tensor),
                     rows=count, fetches=seen.fetches), self._getitem_loc(dataset))
         if arrays is not None:
             seen.label_fetches += 1

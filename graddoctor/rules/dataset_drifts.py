@@ -6,9 +6,9 @@ from ..findings import Related, Severity
 from .base import Rule
 
 
-def _fix(write, read, kind: str) -> str:
+def _fix(write, numpy: bool) -> str:
     """The fix shown for the write ``stored_array_use`` found (or the read, without one)."""
-    copy = ".copy()" if kind == "ndarray" else ".clone()"
+    copy = ".copy()" if numpy else ".clone()"
     if write is not None:
         _, text, how, method = write
         if how == "method":
@@ -75,7 +75,7 @@ class DatasetDrifts(Rule):
         for e in a.of_kind("dataset_drift"):
             if e.loc is None:
                 continue
-            attr, kind = e.get("attr"), e.get("kind")
+            attr, numpy = e.get("attr"), bool(e.get("numpy"))
             use = a.source.stored_array_use(e.loc.path, e.loc.line, attr) or {}
             write, read = use.get("write"), use.get("read")
             related = ()
@@ -90,7 +90,7 @@ class DatasetDrifts(Rule):
             else:
                 loc = e.loc
                 how = "it is changed in place while a sample is read"
-            what = "array" if kind == "ndarray" else "tensor"
+            what = "array" if numpy else "tensor"
             yield self.finding(
                 f"{e.get('cls')}.__getitem__ reads a view of the stored {what} `self.{attr}` and "
                 f"{how}: {e.get('rows')} stored row(s) changed again when their sample was read "
@@ -98,4 +98,4 @@ class DatasetDrifts(Rule):
                 f"drifting further from the dataset the script made",
                 loc, related=related, step=a.next_step_number(e.seq),
                 evidence={"dataset": e.get("cls"), "array": attr, "rows": e.get("rows")},
-                fix=_fix(write, read, kind))
+                fix=_fix(write, numpy))
