@@ -26,6 +26,7 @@ class _Stored(Dataset):
         self.data = torch.arange(40.0).reshape(20, 2)
         self.arr = np.arange(40.0).reshape(20, 2)
         self.filled = torch.zeros(20, dtype=torch.bool)
+        self.reads = torch.zeros(20, dtype=torch.long)
         self.how = how
 
     def __len__(self):
@@ -42,6 +43,9 @@ class _Stored(Dataset):
         elif self.how == "clone":
             x = self.data[i].clone()
             x.add_(1.0)
+        elif self.how == "counter":  # bookkeeping: a 1-D integer array
+            self.reads[i] += 1
+            x = self.data[i] * 1
         elif self.how == "cache":  # written at its first read only
             if not self.filled[i]:
                 self.data[i] = self.data[i] * 2
@@ -70,9 +74,10 @@ def test_a_write_into_a_view_of_the_stored_rows_is_seen_at_the_second_read():
     assert _drifts("torch", subset=True)[0]["attr"] == "data"  # a random_split's part
 
 
-def test_no_drift_on_a_copy_a_cache_written_once_or_a_single_read():
+def test_no_drift_on_a_copy_a_cache_written_once_a_read_counter_or_a_single_read():
     assert _drifts("clone") == []
     assert _drifts("cache") == []
+    assert _drifts("counter") == []
     assert _drifts("torch", epochs=1) == []  # each index read once: nothing read twice
 
 

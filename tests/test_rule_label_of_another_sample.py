@@ -22,7 +22,8 @@ SLUG = "label-of-another-sample"
 
 
 class _Table(Dataset):
-    def __init__(self, offset=1, ordered=False, numpy=False, labels_rows=64, same=False):
+    def __init__(self, offset=1, ordered=False, numpy=False, labels_rows=64, same=False,
+                 negative=False):
         g = torch.Generator().manual_seed(0)
         x = torch.randn(64, 3, generator=g)
         if ordered:  # a smooth series: consecutive rows near each other
@@ -31,7 +32,7 @@ class _Table(Dataset):
         y = torch.randint(0, 3, (labels_rows,), generator=g)
         self.x = x.numpy() if numpy else x
         self.y = y.numpy() if numpy else y
-        self.offset, self.same = offset, same
+        self.offset, self.same, self.negative = offset, same, negative
 
     def __len__(self):
         return 60
@@ -39,6 +40,8 @@ class _Table(Dataset):
     def __getitem__(self, i):
         if self.same:  # one table: the next row is the target (a language model's shift)
             return self.x[i], self.x[i + self.offset]
+        if self.negative:  # the label table read at the index too: the shifted row is a negative
+            return self.x[i], self.y[i], self.y[i + self.offset]
         return self.x[i], self.y[i + self.offset]
 
 
@@ -64,6 +67,7 @@ def test_silent_on_aligned_labels_a_series_one_table_and_an_id_table():
     assert _offsets(offset=1, ordered=True) == []  # a forecast of the next row
     assert _offsets(offset=1, same=True) == []  # the shift is the target
     assert _offsets(offset=1, labels_rows=65) == []  # a table indexed by 1-based ids
+    assert _offsets(offset=1, negative=True) == []
 
 
 GETITEM = '''

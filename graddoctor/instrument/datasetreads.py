@@ -12,14 +12,17 @@ Two facts, each on the first fetches only:
   after. A row that changed during the fetch of an index the dataset had already served
   changes at every read: an augmentation applied in place to a view of the stored data
   (``x = self.data[i]; x.add_(noise)``), so the data drifts further every epoch. A cache
-  filled once (a row written at its first read only) changes nothing at a second read.
+  filled once (a row written at its first read only) changes nothing at a second read; 1-D
+  integer arrays (a read counter, a flag) are bookkeeping, not looked at.
 - **Label offset** (``label_offset``): on the first ``LABEL_FETCHES`` batched fetches, each
   field of the collated batch is compared with each held array's rows at the fetched indices
   shifted by ``-2..2``. A field equal to one array at every index + k (k != 0, and not at the
-  index itself) while another field equals another array at the index itself pairs every
-  input with another row's label; it is recorded only when the inputs' table has no order
-  (row i + 1 is no nearer row i than a row half the table away: no time series whose next
-  value is the target on purpose).
+  index itself) while another field equals another array of as many rows at the index itself
+  pairs every input with another row's label. Not recorded when the label table has another
+  number of rows (it is indexed by something else: 1-based ids), when another field reads it
+  at the index itself (the shifted read is a negative pair's other sample, on purpose), nor
+  when the inputs' table has an order (row i + 1 nearer row i than a row half the table away:
+  a time series whose next value is the target on purpose).
 
 Costs: one copy of the fetched rows of each held array per looked-at fetch, a few gathers
 per batched fetch for the offsets; nothing after ``DRIFT_FETCHES`` fetches of a dataset.
@@ -130,7 +133,7 @@ class DatasetReadWatcher:
             seen.served.update(indices)
             if any(revisits):
                 for attr, array in arrays:
-                    if attr in seen.drifted:
+                    if attr in seen.drifted or not _data_like(array):
                         continue
                     rows = _rows(array, indices)
                     if rows is not None:
@@ -200,8 +203,10 @@ class DatasetReadWatcher:
         for (key, attr, k), (ok, samples, distinct) in matches.items():
             if not (k and ok and samples >= MIN_SAMPLES and distinct >= MIN_DISTINCT):
                 continue
-            if matches.get((key, attr, 0), [False])[0]:
-                continue
+            if any(ok0 and attr0 == attr and not k0 and samples0 >= MIN_SAMPLES
+                   for (_, attr0, k0), (ok0, samples0, _) in matches.items()):
+                continue  # the table is also read at the index itself: the shift is on purpose
+                # (a negative pair's other sample)
             for (other, inputs, k0), (ok0, samples0, _) in matches.items():
                 if k0 or other == key or inputs == attr or not ok0 or samples0 < MIN_SAMPLES:
                     continue
@@ -234,6 +239,14 @@ def _is_array(value) -> bool:
     np = _numpy()
     return (np is not None and isinstance(value, np.ndarray) and value.ndim >= 1
             and value.dtype.kind in "biuf")
+
+
+def _data_like(array) -> bool:
+    """Samples' values rather than bookkeeping: floating point, or rows of more than one
+    value (an image of bytes); a 1-D integer array (a read counter, a flag) is not looked at."""
+    if isinstance(array, torch.Tensor):
+        return array.is_floating_point() or array.dim() >= 2
+    return array.dtype.kind == "f" or array.ndim >= 2
 
 
 def _held_arrays(dataset, n: int) -> list:
