@@ -75,6 +75,9 @@ class DatasetReadWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._seen: dict[int, _Seen] = {}  # id(dataset) -> what is known of it
+        # id of a dataset a fetcher reads (a Subset included) -> a weak reference to it, once
+        # nothing more is looked at for it: its later fetches cost one dict lookup
+        self._over: dict[int, object] = {}
 
     def install(self, patcher) -> None:
         Fetcher = _fetch._MapDatasetFetcher
@@ -102,7 +105,10 @@ class DatasetReadWatcher:
 
     # -- before the fetch: the rows it may read ------------------------------------------
     def _before(self, fetcher, index):
-        dataset = fetcher.dataset
+        dataset = outer = fetcher.dataset
+        over = self._over.get(id(outer))
+        if over is not None and over() is outer:
+            return None
         batched = bool(fetcher.auto_collation)
         indices = list(index) if batched else [index]
         if not indices or not all(type(i) is int for i in indices):
@@ -118,6 +124,11 @@ class DatasetReadWatcher:
         labels = batched and not seen.labels_done and seen.label_fetches < LABEL_FETCHES \
             and len(indices) >= 2
         if seen.fetches >= DRIFT_FETCHES and not labels:
+            if seen.labels_done or seen.label_fetches >= LABEL_FETCHES or not batched:
+                try:
+                    self._over[id(outer)] = weakref.ref(outer)
+                except TypeError:
+                    pass
             return None
         try:
             n = len(dataset)
@@ -175,6 +186,8 @@ class DatasetReadWatcher:
                     if rows is not None:
                         shifted[attr, k] = _as_matrix(rows, len(indices))
             for key, field in fields:
+                if field.numel() > ROW_ELEMENTS:
+                    continue  # no array's rows of that size were gathered either
                 flat = field.reshape(len(indices), -1)
                 if flat.is_complex():
                     continue
