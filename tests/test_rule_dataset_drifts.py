@@ -124,6 +124,8 @@ def test_the_finding_is_a_warning_at_the_write(tmp_path):
     assert f.severity is Severity.WARNING and f.location.line == 8
     assert "`y.mul_(2)`" in f.message and "mul" in f.fix and ".clone()" in f.fix
     assert f.related and f.related[0].location.line == 4
+    [augmented] = _trace(tmp_path, "y -= 2")
+    assert "(`y = y - 2`)" in augmented.fix
     [at_read] = _trace(tmp_path, "pass")
     assert at_read.location.line == 4
     assert list(find_rule(SLUG)().check(Analysis(Trace()))) == []

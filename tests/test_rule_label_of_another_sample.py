@@ -87,5 +87,6 @@ def test_the_finding_is_at_the_label_read(tmp_path):
           Location(str(path), 3, "__getitem__"))
     [f] = find_rule(SLUG)().check(Analysis(t))
     assert f.severity is Severity.WARNING and f.location.line == 5
-    assert "row i + 1 of `self.y`" in f.message and "`self.y[i]`" in f.fix
+    assert "row i + 1 of `self.y`" in f.message
+    assert "`self.y[i]`, not `self.y[i + 1]`" in f.fix
     assert list(find_rule(SLUG)().check(Analysis(Trace()))) == []

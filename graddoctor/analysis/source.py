@@ -2651,7 +2651,8 @@ def stored_array_use(path: str, line: int, attr: str) -> dict | None:
     array ``self.<attr>`` (``attr`` may name an item, ``tensors[0]``) and its first in-place
     write into what that read returns or a view of it (``x.add_(...)``, ``x += ...``,
     ``x[...] = ...``, ``out=x``). ``{"read": (line, text) | None, "write": (line, text, kind,
-    name) | None}``, kind "method" (with the method's name), "augmented", "item" or "out";
+    name) | None, "read_expr": the read's subscript text | None, "index": the method's index
+    parameter | None}``, kind "method" (with the method's name), "augmented", "item" or "out";
     None when the source cannot be read or holds no such method."""
     tree = _parse(path)
     if tree is None:
@@ -2694,14 +2695,14 @@ def stored_array_use(path: str, line: int, attr: str) -> dict | None:
         except Exception:
             return ""
 
-    read = write = None
+    read = write = read_expr = None
     statements = sorted((node for node in ast.walk(function) if isinstance(node, ast.stmt)
                          and node is not function), key=lambda node: (node.lineno, node.col_offset))
     for node in statements:
         if read is None:
             for sub in ast.walk(node):
                 if isinstance(sub, ast.Subscript) and stored(sub):
-                    read = (node.lineno, text(node))
+                    read, read_expr = (node.lineno, text(node)), text(sub)
                     break
         if isinstance(node, ast.Assign):
             if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -2729,4 +2730,5 @@ def stored_array_use(path: str, line: int, attr: str) -> dict | None:
                 if any(k.arg == "out" and shares(k.value) for k in sub.keywords):
                     write = (node.lineno, text(node), "out", None)
                     break
-    return {"read": read, "write": write}
+    index = function.args.args[1].arg if len(function.args.args) > 1 else None
+    return {"read": read, "write": write, "read_expr": read_expr, "index": index}

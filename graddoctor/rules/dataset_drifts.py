@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from ..findings import Related, Severity
@@ -16,9 +17,11 @@ def _fix(write, numpy: bool) -> str:
                     f"`{method}`, assigned to a new name), or copy the sample when you read it "
                     f"(`{copy}`): the stored data must stay what the script made")
         if how == "augmented":
-            return (f"write `{text}` out of place (`x = x + ...` instead of `x += ...`), or copy "
-                    f"the sample when you read it (`{copy}`): the stored data must stay what "
-                    f"the script made")
+            parts = re.match(r"^(\w+) (\S+)= (.+)$", text)
+            out_of_place = (f"`{parts[1]} = {parts[1]} {parts[2]} {parts[3]}`" if parts else
+                            "`x = x + ...` instead of `x += ...`")
+            return (f"write `{text}` out of place ({out_of_place}), or copy the sample when you "
+                    f"read it (`{copy}`): the stored data must stay what the script made")
         return (f"copy the sample when you read it (`{copy}`) before `{text}`: the stored data "
                 f"must stay what the script made")
     return (f"copy the sample when you read it (`{copy}`), or make the augmentation out of place: "

@@ -6,8 +6,8 @@ from ..findings import Severity
 from .base import Rule
 
 
-def _shifted(offset: int) -> str:
-    return f"i + {offset}" if offset > 0 else f"i - {-offset}"
+def _shifted(offset: int, index: str = "i") -> str:
+    return f"{index} + {offset}" if offset > 0 else f"{index} - {-offset}"
 
 
 class LabelOfAnotherSample(Rule):
@@ -61,6 +61,8 @@ class LabelOfAnotherSample(Rule):
             use = a.source.stored_array_use(e.loc.path, e.loc.line, labels) or {}
             read = use.get("read")
             loc = replace(e.loc, line=read[0]) if read is not None else e.loc
+            index = use.get("index") or "i"
+            written = use.get("read_expr") or f"self.{labels}[{_shifted(offset, index)}]"
             yield self.finding(
                 f"{e.get('cls')}.__getitem__ pairs row i of `self.{inputs}` with row "
                 f"{_shifted(offset)} of `self.{labels}` (every one of the {e.get('samples')} "
@@ -69,5 +71,5 @@ class LabelOfAnotherSample(Rule):
                 loc, step=a.next_step_number(e.seq),
                 evidence={"dataset": e.get("cls"), "inputs": inputs, "labels": labels,
                           "offset": offset, "samples": e.get("samples")},
-                fix=f"read the label at the input's index: `self.{labels}[i]`, not "
-                    f"`self.{labels}[{_shifted(offset)}]`")
+                fix=f"read the label at the input's index: `self.{labels}[{index}]`, not "
+                    f"`{written}`")

@@ -159,8 +159,9 @@ class TrainsOnEvaluationData(Rule):
     slug = "trains-on-evaluation-data"
     severity = Severity.WARNING
     summary = ("an optimizer steps on gradients from batches of the validation/test DataLoader, or "
-               "from a full-batch loss over the rows the script evaluates on: the model trains on "
-               "the data it is evaluated on")
+               "from a full-batch loss over the rows the script evaluates on, or the held-out "
+               "loader serves rows the training loader serves too: the model trains on the data "
+               "it is evaluated on")
     fix = ("remove backward() and optimizer.step() from the evaluation loop, and run it under "
            "torch.no_grad() with model.eval() (model.train() after it)")
 
