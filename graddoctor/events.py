@@ -487,6 +487,30 @@ state_carried      cls (the recurrent module's class: LSTM | GRU | RNN | LSTMCel
                    forward, on another batch of a DataLoader that draws its samples at random;
                    once per line, in the first turns (loc: the outermost user line that holds
                    the state given, else the module's call; an aside; instrument/statecarry.py)
+dataset_drift      cls (the dataset's class), attr (the attribute holding the stored array, e.g.
+                   "data" or "tensors[0]"), numpy (bool: a NumPy array, not a tensor), rows (stored rows found
+                   changed by a fetch of their own index that had been fetched before),
+                   fetches (fetches of the dataset looked at) — a DataLoader's fetch that wrote
+                   into rows of an array the dataset holds, at an index it had already served:
+                   the stored data changes again at every read, once per dataset and array (loc:
+                   the dataset's ``__getitem__``; an aside; instrument/datasetreads.py)
+label_offset       cls, inputs (attribute of the array a field of the sample equals at its own
+                   index), labels (attribute of the array another field equals at index + offset),
+                   offset (int, not 0), samples (how many were compared), field (the label's
+                   place in the batch: an index or a key) — a dataset whose samples pair each
+                   row's input with another row's label, in a table whose rows have no order
+                   (row i + offset is no nearer row i than another row is); once per dataset
+                   (loc: the dataset's ``__getitem__``; an aside; instrument/datasetreads.py)
+loader_rows        loader, base (the number of the dataset its samples come from, through
+                   ``Subset``s and a ``SubsetRandomSampler``), rows (how many of its rows the
+                   loader can serve), shared ([[loader, rows]]: earlier loaders over the same
+                   base and how many rows they share with this one), made ([path, line] of the
+                   DataLoader's construction, or None) — once per DataLoader, at its first
+                   ``iter()``, when it serves part of its base or shares rows with an earlier
+                   loader that serves part of it (two loaders over a whole dataset share none:
+                   no split was made) (loc: the line that made its subset: the ``Subset``,
+                   ``random_split`` or sampler, else the loader; an aside;
+                   instrument/dataloader.py)
 batch_pairing      problem ("other-batch": the loss's target is a tensor of a batch served in an
                    earlier turn than the model's inputs | "permuted": the model's inputs are the
                    rows of one batch in another order, the target in the loader's), fn (the loss
@@ -1462,6 +1486,22 @@ def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = 
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
 
+def dataset_drift(*, cls: str, attr: str, numpy: bool, rows: int, fetches: int) -> Made:
+    return "dataset_drift", {"cls": cls, "attr": attr, "numpy": numpy, "rows": rows,
+                             "fetches": fetches}
+
+
+def label_offset(*, cls: str, inputs: str, labels: str, offset: int, samples: int,
+                 field: Any) -> Made:
+    return "label_offset", {"cls": cls, "inputs": inputs, "labels": labels, "offset": offset,
+                            "samples": samples, "field": field}
+
+
+def loader_rows(*, loader: int, base: int, rows: int, shared: list, made: list | None) -> Made:
+    return "loader_rows", {"loader": loader, "base": base, "rows": rows, "shared": shared,
+                           "made": made}
+
+
 def run_end(*, status: str, steps: int) -> Made:
     return "run_end", {"status": status, "steps": steps}
 
@@ -1513,6 +1553,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit, "decay_share": decay_share, "model_copy": model_copy,
+    "dataset_drift": dataset_drift, "label_offset": label_offset, "loader_rows": loader_rows,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -1534,7 +1575,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "masked_mean", "attention_scale",
-                         "temperature_multiplied"})
+                         "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -56,6 +56,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "registration/bad_layer_built_in_forward.py",  # param_created
             "data/bad_loaders_shuffled_apart.py",  # loaders_zipped
             "data/bad_labels_of_another_batch.py",  # batch_pairing
+            "data/bad_dataset_drifts_noise_in_place.py",  # dataset_drift
+            "data/bad_label_of_another_sample_next_row.py",  # label_offset
+            "data/bad_trains_on_evaluation_data_splits_overlap.py",  # loader_rows
             "data/bad_last_step_is_padding.py",  # last_step_padded
             "data/bad_summary_before_sequence_end.py",  # causal_read_early
             "data/bad_recurrent_state_across_shuffled_batches.py",  # state_carried

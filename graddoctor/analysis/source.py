@@ -161,6 +161,9 @@ class ScriptSource:
     def argument_origin(self, path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:
         return argument_origin(self.full(path), line, callee, keyword)
 
+    def stored_array_use(self, path: str, line: int, attr: str) -> dict | None:
+        return stored_array_use(self.full(path), line, attr)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -2688,3 +2691,98 @@ def target_origin(path: str, line: int) -> dict | None:
             if _converts(value):
                 found["line"], found["text"] = at, f"{root.id} = {ast.unparse(value)}"
     return found
+
+
+# methods and functions whose result shares the memory of what they are given
+_VIEW_METHODS = frozenset({"view", "view_as", "reshape", "squeeze", "unsqueeze", "permute",
+                           "transpose", "swapaxes", "expand", "narrow", "select", "flatten",
+                           "ravel", "T", "mT", "numpy", "detach", "contiguous"})
+_SHARING_CALLS = frozenset({"from_numpy", "as_tensor", "asarray", "ascontiguousarray"})
+
+
+def stored_array_use(path: str, line: int, attr: str) -> dict | None:
+    """In the method defined on ``line`` (a dataset's ``__getitem__``): its first read of the
+    array ``self.<attr>`` (``attr`` may name an item, ``tensors[0]``) and its first in-place
+    write into what that read returns or a view of it (``x.add_(...)``, ``x += ...``,
+    ``x[...] = ...``, ``out=x``). ``{"read": (line, text) | None, "write": (line, text, kind,
+    name) | None, "read_expr": the read's subscript text | None, "index": the method's index
+    parameter | None}``, kind "method" (with the method's name), "augmented", "item" or "out";
+    None when the source cannot be read or holds no such method."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    function = next((node for node in ast.walk(tree)
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and (node.lineno == line or any(d.lineno == line for d in node.decorator_list))),
+                    None)
+    if function is None or not function.args.args:
+        return None
+    me = function.args.args[0].arg
+    base = attr.split("[", 1)[0]
+
+    def stored(node) -> bool:  # self.<base>, seen through subscripts
+        while isinstance(node, ast.Subscript):
+            node = node.value
+        return (isinstance(node, ast.Attribute) and node.attr == base
+                and isinstance(node.value, ast.Name) and node.value.id == me)
+
+    aliases: set[str] = set()
+
+    def shares(node) -> bool:  # the stored data's memory, or a view of it
+        if isinstance(node, ast.Subscript):
+            return stored(node) or shares(node.value)
+        if isinstance(node, ast.Name):
+            return node.id in aliases
+        if isinstance(node, ast.Attribute):
+            return node.attr in _VIEW_METHODS and shares(node.value)
+        if isinstance(node, ast.Call):
+            name = _last_name(node.func)
+            if isinstance(node.func, ast.Attribute) and name in _VIEW_METHODS:
+                return shares(node.func.value)
+            if name in _SHARING_CALLS and node.args:
+                return shares(node.args[0])
+        return False
+
+    def text(node) -> str:
+        try:
+            return ast.unparse(node)
+        except Exception:
+            return ""
+
+    read = write = read_expr = None
+    statements = sorted((node for node in ast.walk(function) if isinstance(node, ast.stmt)
+                         and node is not function), key=lambda node: (node.lineno, node.col_offset))
+    for node in statements:
+        if read is None:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Subscript) and stored(sub):
+                    read, read_expr = (node.lineno, text(node)), text(sub)
+                    break
+        if isinstance(node, ast.Assign):
+            if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                if shares(node.value):
+                    aliases.add(node.targets[0].id)
+                else:
+                    aliases.discard(node.targets[0].id)
+            elif write is None and any(isinstance(t, ast.Subscript) and shares(t.value)
+                                       for t in node.targets):
+                write = (node.lineno, text(node), "item", None)
+        elif isinstance(node, ast.AugAssign) and write is None:
+            target = node.target
+            if (isinstance(target, ast.Name) and target.id in aliases) or \
+                    (isinstance(target, ast.Subscript) and shares(target.value)):
+                write = (node.lineno, text(node), "augmented", None)
+        if write is None:
+            for sub in ast.walk(node):
+                if not isinstance(sub, ast.Call):
+                    continue
+                func = sub.func
+                if isinstance(func, ast.Attribute) and func.attr.endswith("_") \
+                        and not func.attr.startswith("_") and shares(func.value):
+                    write = (node.lineno, text(node), "method", func.attr)
+                    break
+                if any(k.arg == "out" and shares(k.value) for k in sub.keywords):
+                    write = (node.lineno, text(node), "out", None)
+                    break
+    index = function.args.args[1].arg if len(function.args.args) > 1 else None
+    return {"read": read, "write": write, "read_expr": read_expr, "index": index}

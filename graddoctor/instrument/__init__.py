@@ -62,6 +62,7 @@ from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
+from .datasetreads import DatasetReadWatcher
 from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .dropoutout import DropoutOutputWatcher
@@ -209,6 +210,8 @@ class Instrumentation:
         rec.subscribe(BATCH_SERVED, pairs.served)
         rec.subscribe(DESCRIBE_LOSS, pairs.describe_loss)
         self.watchers.append(pairs)
+        # what a dataset's __getitem__ writes into or reads from the arrays it holds
+        self.watchers.append(DatasetReadWatcher(rec))
         # a recurrent state carried from one batch of a shuffling DataLoader to the next
         carried = StateCarryWatcher(rec, self.dataloader)
         rec.subscribe(BATCH_SERVED, carried.served)

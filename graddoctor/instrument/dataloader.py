@@ -33,6 +33,14 @@ The first ``SERVED_BATCHES`` batches the loaders serve are handed, as yielded, t
 ``BATCH_SERVED``'s subscribers (instrument/batchpairs.py: inputs and labels of one batch); then
 that costs one integer test per batch.
 
+Which rows of which dataset each loader serves is noted once, at its first ``iter()``: its
+dataset followed through ``Subset``s (a ``random_split``'s parts) and a ``SubsetRandomSampler``
+to the dataset under them, and the indices of that base it can serve. A loader that serves
+part of its base, or shares rows with an earlier loader over the same base that serves part
+of it, gets a ``loader_rows`` event with the rows it shares with each such loader (two loaders
+over the whole of one dataset share nothing here: no split was made) (a train and a validation
+set that overlap: trains-on-evaluation-data); at most ``ROWS_KEPT`` indices are kept per loader.
+
 In a process group (a rank of a distributed run), the first ``PRINT_BATCHES`` batches that
 feed a backward get a fingerprint (``batch_fingerprint``): a position-weighted sum of evenly
 spaced elements of the batch's first tensor, taken when the loader yields it (before the script
@@ -74,6 +82,7 @@ SERVED_BATCHES = 32  # batches handed to BATCH_SERVED's subscribers, in all (ins
 _ZIP_CHECKS = 8  # sets of loaders read together that are compared, at most
 LABEL_BATCHES = 8  # batches of an unshuffled loader's first epoch whose labels are read
 _LABEL_KEYS = ("label", "labels", "target", "targets", "y")
+ROWS_KEPT = 1 << 20  # indices of its base kept per loader (loader_rows), at most
 
 
 class DataLoaderWatcher:
@@ -116,6 +125,12 @@ class DataLoaderWatcher:
         rec.subscribe(BUDGET_HOLD, self._hold)
         self._on_served = rec.subscribers(BATCH_SERVED)
         self._announce = SERVED_BATCHES  # batches still handed to them
+        # the rows each loader serves: loader number -> (its base's number, frozenset of the
+        # base's indices, or None for all of them), for loader_rows
+        self._dataset_id = Identities()
+        self._rows: dict[int, tuple] = {}
+        # Subset or SubsetRandomSampler -> the line that made it
+        self._subset_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # -- lengths ---------------------------------------------------------------------------
     def _replay_len(self, real_len):
@@ -240,6 +255,10 @@ class DataLoaderWatcher:
     # -- what a loader's sampler can draw --------------------------------------------------
     def _describe(self, loader, number: int, here) -> None:
         """One ``loader_sampler`` event per loader, at its first ``iter()``."""
+        try:
+            self._note_rows(loader, number, here)
+        except Exception as exc:
+            self.rec.internal_error("DataLoader rows", exc)
         self._drawing[number] = _random_sampler(loader)
         try:
             self._datasets[number] = weakref.ref(loader.dataset)
@@ -285,6 +304,57 @@ class DataLoaderWatcher:
         self.rec.emit_aside(ev.loader_sampler(loader=number, sampler=type(sampler).__name__,
                                               shuffle=shuffle, dataset_len=dataset_len,
                                               reach=reach, weights=weights, levels=levels), loc)
+
+    def _note_rows(self, loader, number: int, here) -> None:
+        """Which rows of which dataset the loader serves, and those it shares with earlier
+        loaders over the same dataset (a ``loader_rows`` event when it serves part of it or
+        shares any)."""
+        data = torch.utils.data
+        dataset = getattr(loader, "dataset", None)
+        if dataset is None or isinstance(dataset, data.IterableDataset):
+            return
+        indices = None
+        site = None
+        batches = getattr(loader, "batch_sampler", None)
+        sampler = batches.sampler if type(batches) is data.BatchSampler else (
+            getattr(loader, "sampler", None) if batches is None else None)
+        if type(sampler) is data.SubsetRandomSampler:
+            indices = [int(i) for i in sampler.indices]
+            site = self._subset_locs.get(sampler)
+        while isinstance(dataset, data.Subset):
+            rows = dataset.indices
+            indices = [int(i) for i in rows] if indices is None else [int(rows[i]) for i in indices]
+            site = site or self._subset_locs.get(dataset)
+            dataset = dataset.dataset
+            if len(indices) > ROWS_KEPT:
+                return
+        base = self._dataset_id(dataset)
+        mine = frozenset(indices) if indices is not None else None
+        try:
+            length = len(dataset)
+        except Exception:
+            return
+        shared = []
+        for other, (other_base, theirs) in self._rows.items():
+            if other_base != base:
+                continue
+            if mine is None and theirs is None:
+                continue  # no split made: a script that evaluates on its training set knows it
+            if mine is None or theirs is None:
+                count = sum(1 for i in (theirs if mine is None else mine) if 0 <= i < length)
+            else:
+                count = len(mine & theirs)
+            if count:
+                shared.append([other, count])
+        self._rows[number] = (base, mine)
+        if mine is None and not shared:
+            return
+        made = self._loader_locs.get(loader)
+        self.rec.emit_aside(ev.loader_rows(loader=number, base=base,
+                                           rows=length if mine is None else len(mine),
+                                           shared=shared,
+                                           made=[made.path, made.line] if made is not None else None),
+                            site or made or here)
 
     def _wrap_init_site(self, original, sites: weakref.WeakKeyDictionary, where: str):
         """``__init__`` as it is, then the user's line that made the object noted in ``sites``
@@ -478,6 +548,12 @@ class DataLoaderWatcher:
         Weighted = torch.utils.data.WeightedRandomSampler
         patcher.patch(Weighted, "__init__", self._wrap_init_site(Weighted.__init__, self._sampler_locs,
                                                                  "WeightedRandomSampler.__init__"))
+        SubsetSampler = torch.utils.data.SubsetRandomSampler
+        patcher.patch(SubsetSampler, "__init__", self._wrap_init_site(
+            SubsetSampler.__init__, self._subset_locs, "SubsetRandomSampler.__init__"))
+        Subset = torch.utils.data.Subset
+        patcher.patch(Subset, "__init__", self._wrap_init_site(Subset.__init__, self._subset_locs,
+                                                               "Subset.__init__"))
 
 
 def _weight_levels(weights) -> list[tuple[float, int]] | None:
