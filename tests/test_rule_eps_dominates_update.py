@@ -101,3 +101,22 @@ def test_the_watcher_reads_the_state_not_the_value():
 def test_a_short_run_is_told_at_its_end():
     short = _run(lambda ps: torch.optim.RMSprop(ps, lr=1e-3, eps=1.0), 1e-2, steps=2)
     assert len(short) == 1 and short[0]["steps"] == [1, 2] and short[0]["cls"] == "RMSprop"
+
+
+def _with_momentum(momentum):
+    t = TraceBuilder()
+    t.put(ev.optimizer_init(opt=0, cls="RMSprop", params=list(P),
+                            hyper=[{"momentum": momentum, "eps": 1.0}]), 3)
+    t.clear(P, line=10)
+    t.backward(fresh=P, line=11)
+    t.step(0, line=12)
+    t.put(ev.eps_share(opt=0, cls="RMSprop", group=0, eps=1.0, steps=[1, 2, 3],
+                       shares=[1.0, 1.0, 1.0], ratios=[50.0, 50.0, 50.0]))
+    return t.trace
+
+
+def test_tensorflows_inception_recipe_is_told_as_info():
+    f = findings(_with_momentum(0.9), SLUG)[0]
+    assert f.severity is Severity.INFO and "Inception recipe" in f.message
+    f = findings(_with_momentum(0.0), SLUG)[0]
+    assert f.severity is Severity.WARNING and "plain SGD" in f.message

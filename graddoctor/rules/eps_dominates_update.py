@@ -40,6 +40,9 @@ class EpsDominatesUpdate(Rule):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)   # eps=1e-8
     ```
 
+    An `RMSprop` with momentum and `eps=1.0`, TensorFlow's Inception recipe (which steps as
+    momentum SGD by design), is told as `info`.
+
     ## Stays silent on
     torch's default `eps` (1e-8, Adagrad's 1e-10) and the usual 1e-6 to 1e-7; a larger `eps`
     (1e-3, 1e-1) next to gradients large enough that it stays small against `sqrt(v)` on
@@ -85,14 +88,22 @@ class EpsDominatesUpdate(Rule):
         momentum = "momentum SGD" if cls != "Adagrad" and not (
             cls == "RMSprop" and not self._has_momentum(a, opt)) else "SGD"
         numerator = "m" if momentum == "momentum SGD" else "g"
+        # TensorFlow's Inception recipe, RMSProp(decay=0.9, momentum=0.9, epsilon=1.0), steps as
+        # momentum SGD by design (TF adds eps under the root, with the same effect): a port of
+        # it is no slip, so it is told, not warned about
+        recipe = cls == "RMSprop" and eps == 1.0 and momentum == "momentum SGD"
+        note = (" (TensorFlow's Inception recipe, RMSProp with momentum 0.9 and epsilon=1.0, "
+                "does this on purpose: if that recipe is what was ported, the run is momentum "
+                "SGD by design)") if recipe else ""
         return self.finding(
             f"{cls}'s eps={_g(eps)} outweighs the root of its second-moment estimate: eps was "
             f"{size} sqrt(v) (the median) and ≥ 10× it on most elements of "
             f"{min(shares):.0%} or more of the weights{groups} after each of its first "
             f"{len(first.get('shares') or ())} updates, so each step is lr × {numerator} / eps — plain "
             f"{momentum} with lr / eps as its lr, no longer scaled per weight by the "
-            f"gradient's size",
+            f"gradient's size{note}",
             loc, step=(first.get("steps") or [1])[0],
+            severity=Severity.INFO if recipe else self.severity,
             fix=f"lower {setting} far below the gradients' scale (the default 1e-8; 1e-6 under "
                 f"mixed precision); if plain SGD is what you want, use torch.optim.SGD with "
                 f"its own lr",
