@@ -108,3 +108,23 @@ def test_the_watcher_is_silent_on_default_init_short_runs_and_loaded_weights():
 def test_unscaled_inputs_point_at_the_layer_built():
     found = _events(lambda: (nn.Linear(64, 64), nn.Linear(64, 1)), x_scale=100.0)
     assert len(found) == 1 and found[0]["init"] is False and found[0]["data_input"] is True
+
+
+def test_a_sigmoid_read_by_binary_cross_entropy_is_not_starved():
+    def run(loss):
+        rec = Recorder(step_budget=None)
+        with Instrumentation(rec):
+            torch.manual_seed(0)
+            layer = nn.Linear(256, 1)
+            nn.init.normal_(layer.weight, std=1.0)
+            opt = torch.optim.SGD(layer.parameters(), lr=0.01)
+            x, y = torch.randn(16, 256), (torch.rand(16, 1) > 0.5).float()
+            for _ in range(3):
+                opt.zero_grad()
+                loss(torch.sigmoid(layer(x)), y).backward()
+                opt.step()
+        return [dict(e.data) for e in rec.trace.of_kind("activation_saturated")]
+    # (looked up at the call, as a script does: the instrumentation is in place then)
+    assert run(lambda p, y: nn.functional.binary_cross_entropy(p, y)) == []
+    assert run(nn.BCELoss()) == []
+    assert len(run(lambda p, y: nn.functional.mse_loss(p, y))) == 1  # through a squared error the tails starve it

@@ -277,10 +277,10 @@ class Instrumentation:
         self.watchers.append(snapshots)
         # tanh/sigmoid saturated from the initialisation at the first steps (activations-saturated);
         # after the reset watcher: its nn.init wrappers go around that watcher's
-        saturation = SaturationWatcher(rec)
-        rec.subscribe(STEPPED, saturation.after_step)
-        rec.subscribe(DESCRIBE_LOSS, saturation.describe_loss)
-        self.watchers.append(saturation)
+        self.saturation = SaturationWatcher(rec)
+        rec.subscribe(STEPPED, self.saturation.after_step)
+        rec.subscribe(DESCRIBE_LOSS, self.saturation.describe_loss)
+        self.watchers.append(self.saturation)
         # RNN / attention modules built with batch_first=False given batch-first input
         self.watchers.append(BatchFirstWatcher(rec, self.dataloader))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
@@ -316,6 +316,7 @@ class Instrumentation:
             self.grad_flow.close()  # its events before the trace is final
         self.copies.close()
         self.eps.close()
+        self.saturation.close()
         try:
             rec.finish()  # held events out, Deferred values read: rec.trace is the final trace
         except Exception as error:

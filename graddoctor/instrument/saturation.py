@@ -25,9 +25,12 @@ What is watched, and its cost:
 
 A layer is judged only when its weight was as its initialisation left it at its first call
 watched (same version): a loaded checkpoint (``load_state_dict`` copies into the weight) or
-weights set by hand may be saturated on purpose (a gate that learned to stay open). Judged
-layers whose first ``CALLS`` calls were all saturated on most inputs get one
-``activation_saturated`` aside each, at the initialisation's location.
+weights set by hand may be saturated on purpose (a gate that learned to stay open). A sigmoid
+whose output a ``binary_cross_entropy`` takes (``F.binary_cross_entropy`` is wrapped in the
+window too) is not reported: the loss's log cancels the sigmoid's flat tails, the gradient to
+the logits is ``p - y``. When the window closes (or the run ends first), each judged layer whose
+first ``CALLS`` calls were all saturated on most inputs gets one ``activation_saturated``
+aside, at the initialisation's location.
 """
 
 from __future__ import annotations
@@ -63,8 +66,10 @@ class SaturationWatcher:
         self._inits: dict[int, tuple] = {}
         # id(output) -> (weakref to it, weakref to the layer, the layer's input had a graph)
         self._outputs: dict[int, tuple] = {}
-        # id(layer) -> [weakref to it, fn, shares] while judged; None: not judged
+        # id(layer) -> its entry (see _post) while judged; None: not judged
         self._layers: dict[int, list | None] = {}
+        # id(a watched sigmoid's output) -> (weakref to it, its layer's entry)
+        self._probabilities: dict[int, tuple] = {}
 
     # -- initialisers ----------------------------------------------------------------------
     def _by_hand(self) -> bool:
@@ -96,12 +101,33 @@ class SaturationWatcher:
 
     # -- the window ------------------------------------------------------------------------
     def _stop(self) -> None:
+        if not self.active:
+            return
         self.active = False
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
         self._outputs.clear()
+        self._probabilities.clear()
         self._inits.clear()
+        try:
+            for layer in self._layers.values():
+                if layer is None or len(layer[2]) < CALLS or min(layer[2]) < SATURATED \
+                        or layer[5]:
+                    continue
+                module = layer[0]()
+                init = layer[3]
+                self.rec.emit_aside(ev.activation_saturated(
+                    fn=layer[1], module=type(module).__name__ if module is not None else "?",
+                    layer=None, threshold=THRESHOLDS[layer[1]], shares=list(layer[2]),
+                    init=bool(init[3]), data_input=layer[4]), init[2])
+        except Exception as exc:
+            self.rec.internal_error("activation saturation", exc)
+        self._layers.clear()
+
+    def close(self) -> None:
+        """At the end of the run: a window still open (a run shorter than it) is judged."""
+        self._stop()
 
     def describe_loss(self, tensors) -> dict:
         """``DESCRIBE_LOSS``: a script that updates by hand closes the window after as many
@@ -130,7 +156,10 @@ class SaturationWatcher:
             if layer is False or (layer is not None and layer[0]() is not module):
                 init = self._inits.get(id(weight))
                 fresh = init is not None and init[0]() is weight and init[1] == weight._version
-                self._layers[key] = [weakref.ref(module), None, []] if fresh else None
+                # [the layer, fn, shares, its init, data input, its sigmoid fed a binary
+                # cross-entropy]
+                self._layers[key] = [weakref.ref(module), None, [], init, False, False] \
+                    if fresh else None
             if self._layers[key] is None or get_ident() != self.rec.script_thread:
                 return None
             if len(self._outputs) >= _OUTPUTS:
@@ -143,46 +172,69 @@ class SaturationWatcher:
             self.rec.internal_error("activation saturation", exc)
         return None
 
-    def _activation(self, fn: str, x) -> None:
+    def _activation(self, fn: str, x) -> list | None:
+        """The judged layer whose output ``x`` is, after measuring this call; else None."""
         entry = self._outputs.get(id(x))
         if entry is None or entry[0]() is not x or not x.requires_grad \
                 or not torch.is_grad_enabled() or get_ident() != self.rec.script_thread:
-            return
+            return None
         module = entry[1]()
         layer = self._layers.get(id(module)) if module is not None else None
         if layer is None or layer[0]() is not module or len(layer[2]) >= CALLS:
-            return
+            return None
         if layer[1] is None:
             layer[1] = fn
         elif layer[1] != fn:
-            return
-        threshold = THRESHOLDS[fn]
+            return None
         with torch.no_grad():
-            share = float((x.detach().abs() > threshold).float().mean())
+            share = float((x.detach().abs() > THRESHOLDS[fn]).float().mean())
         layer[2].append(round(share, 4))
-        if len(layer[2]) < CALLS or min(layer[2]) < SATURATED:
-            return
-        init = self._inits.get(id(module.weight))
-        if init is None:
-            return
-        self.rec.emit_aside(ev.activation_saturated(
-            fn=fn, module=type(module).__name__, layer=None, threshold=threshold,
-            shares=list(layer[2]), init=bool(init[3]), data_input=not entry[2]), init[2])
+        layer[4] = layer[4] or not entry[2]
+        return layer
+
+    def _cross_entropy(self, p) -> None:
+        """A binary cross-entropy given a watched sigmoid's output: its log cancels the
+        sigmoid's flat tails (the gradient to the logits is p - y), so saturation starves
+        nothing there."""
+        entry = self._probabilities.get(id(p))
+        if entry is not None and entry[0]() is p:
+            entry[1][5] = True
 
     def _wrap_activation(self, original, fn: str):
         watcher = self
 
         @functools.wraps(original)
         def activation(x, *args, **kwargs):
+            layer = None
             if watcher.active and type(x) is torch.Tensor and x.is_floating_point():
                 try:
-                    watcher._activation(fn, x)
+                    layer = watcher._activation(fn, x)
                 except Exception as exc:
-                    watcher._stop()
                     watcher.rec.internal_error("activation saturation", exc)
-            return original(x, *args, **kwargs)
+                    watcher._stop()
+            out = original(x, *args, **kwargs)
+            if layer is not None and fn == "sigmoid" and type(out) is torch.Tensor:
+                if len(watcher._probabilities) >= _OUTPUTS:
+                    watcher._probabilities.clear()
+                watcher._probabilities[id(out)] = (weakref.ref(out), layer)
+            return out
 
         return activation
+
+    def _wrap_bce(self, original):
+        watcher = self
+
+        @functools.wraps(original)
+        def binary_cross_entropy(input, *args, **kwargs):
+            if watcher.active and type(input) is torch.Tensor:
+                try:
+                    watcher._cross_entropy(input)
+                except Exception as exc:
+                    watcher.rec.internal_error("activation saturation", exc)
+                    watcher._stop()
+            return original(input, *args, **kwargs)
+
+        return binary_cross_entropy
 
     def _before_compile(self) -> None:
         if self.active:
@@ -197,6 +249,9 @@ class SaturationWatcher:
         for owner in (torch, torch.Tensor):
             for fn in THRESHOLDS:
                 patcher.patch(owner, fn, self._wrap_activation(getattr(owner, fn), fn))
+        functional = torch.nn.functional
+        patcher.patch(functional, "binary_cross_entropy",
+                      self._wrap_bce(functional.binary_cross_entropy))
         close_before_compile(patcher, self._before_compile)
         self._handles = register_module_hooks(patcher, post=self._post)
         self.active = True

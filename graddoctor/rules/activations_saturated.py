@@ -40,7 +40,8 @@ class ActivationsSaturated(Rule):
     std of 1; a gate's bias set on purpose (a highway gate at -3 is well inside sigmoid's
     range); gates that saturate later in training (only the first steps are judged); weights
     loaded from a checkpoint or set by hand (saturation may be what they learned); a final
-    sigmoid for 0/1 targets; the tanh and sigmoid inside `nn.LSTM`/`nn.GRU`; GELU, SiLU and
+    sigmoid for 0/1 targets, also a saturated one that `binary_cross_entropy` takes (its log
+    cancels the sigmoid's flat tails: the gradient to the logits is `p - y`); the tanh and sigmoid inside `nn.LSTM`/`nn.GRU`; GELU, SiLU and
     other activations; a tanh applied to the data itself (no layer before it); raw pixels,
     which `pixels-not-scaled` reports.
     """
