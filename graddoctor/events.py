@@ -694,16 +694,18 @@ eps_share          opt, cls (Adam | AdamW | NAdam | RAdam | RMSprop | Adagrad), 
                    over its first ``epsshare.MEASURED`` updates (loc: None; an aside;
                    instrument/epsshare.py)
 activation_saturated fn (tanh | sigmoid), module (the class of the layer whose output it took),
-                   layer (that layer's name, or None), threshold (|x| above which its gradient is
-                   below 1 % of its largest: 3 for tanh, 6 for sigmoid), shares [float] (per
-                   call watched: the fraction of its inputs beyond the threshold), init (bool:
-                   the location is the nn.init call that last set the layer's weight, else the
-                   line that built the layer), data_input (bool: the layer's input had no graph:
-                   a batch of data) — a tanh or sigmoid (module or functional) whose input was
-                   a parameterised layer's output at its first training calls, that layer's
-                   weight as initialised in this run, every call saturated on most inputs; once
-                   per layer (loc: the weight's initialisation or the layer's construction; an
-                   aside; instrument/saturation.py)
+                   layer (its name after the user's variables, or None), threshold (|x| above
+                   which its gradient is below 1 % of its largest: 3 for tanh, 6 for sigmoid),
+                   shares [float] (per call watched: the fraction of its inputs beyond the
+                   threshold), init (bool: the location is the nn.init call that last set the
+                   layer's weight, else the line that built the layer), data_input (bool: the
+                   layer's input had no graph at some call: a batch of data) — a tanh or sigmoid
+                   (module or functional) whose input was a parameterised layer's output at its
+                   first training calls, that layer's weight as initialised in this run, every
+                   call saturated on most inputs, its output not taken by a binary
+                   cross-entropy; once per layer, when the first steps' window closes (loc: the
+                   weight's initialisation or the layer's construction; an aside;
+                   instrument/saturation.py)
 step_edit          opt, steps [int] (the run's step count at each measurement), back [float|None]
                    (per measured update: the cosine between the change the script's own code made
                    to the optimizer's parameters before its next step, Δh, and minus the change

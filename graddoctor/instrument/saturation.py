@@ -44,6 +44,7 @@ import torch
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
+from .names import user_variables
 from .recorder import Recorder
 from .resets import INITIALISERS
 
@@ -119,11 +120,22 @@ class SaturationWatcher:
                 init = layer[3]
                 self.rec.emit_aside(ev.activation_saturated(
                     fn=layer[1], module=type(module).__name__ if module is not None else "?",
-                    layer=None, threshold=THRESHOLDS[layer[1]], shares=list(layer[2]),
+                    layer=self._name(module), threshold=THRESHOLDS[layer[1]], shares=list(layer[2]),
                     init=bool(init[3]), data_input=layer[4]), init[2])
         except Exception as exc:
             self.rec.internal_error("activation saturation", exc)
         self._layers.clear()
+
+    def _name(self, module) -> str | None:
+        """The layer's name after the user's variables (``model.fc1``), or None."""
+        if module is None:
+            return None
+        for name, value in user_variables(self.rec).items():
+            if isinstance(value, torch.nn.Module):
+                for path, sub in value.named_modules():
+                    if sub is module:
+                        return f"{name}.{path}" if path else name
+        return None
 
     def close(self) -> None:
         """At the end of the run: a window still open (a run shorter than it) is judged."""

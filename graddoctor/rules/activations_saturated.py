@@ -68,9 +68,12 @@ class ActivationsSaturated(Rule):
         first = events[0]
         fns = sorted({e["fn"] for e in events})
         layers = sorted({e["module"] for e in events})
+        names = [e["layer"] for e in events if e.get("layer")]
         shares = [s for e in events for s in e.get("shares") or ()]
         count = len(events)
         what = (f"{count} {'/'.join(layers)} layers" if count > 1 else f"a {layers[0]}")
+        if names:
+            what += f" ({', '.join(f'`{n}`' for n in names)})"
         bounds = " / ".join(f"|x| > {e_t:g} ({fn})" for fn, e_t in
                             sorted({(e["fn"], e["threshold"]) for e in events}))
         if first.get("init"):
@@ -93,5 +96,6 @@ class ActivationsSaturated(Rule):
             f"call, where the gradient through {' and '.join(fns)} is below 1% of its largest, "
             f"so the layers before it barely train",
             loc, step=1, fix=fix,
-            evidence={"fn": fns, "modules": layers, "shares": shares, "layers": count,
+            evidence={"fn": fns, "modules": layers, "names": names, "shares": shares,
+                      "layers": count,
                       "init": bool(first.get("init"))})
