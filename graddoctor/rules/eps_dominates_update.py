@@ -87,6 +87,7 @@ class EpsDominatesUpdate(Rule):
         setting = f"`eps={given}`" if given else f"eps={_g(eps)}"
         momentum = "momentum SGD" if cls != "Adagrad" and not (
             cls == "RMSprop" and not self._has_momentum(a, opt)) else "SGD"
+        held = "all" if min(shares) >= 1 else f"{min(shares):.0%} or more"
         numerator = "m" if momentum == "momentum SGD" else "g"
         # TensorFlow's Inception recipe, RMSProp(decay=0.9, momentum=0.9, epsilon=1.0), steps as
         # momentum SGD by design (TF adds eps under the root, with the same effect): a port of
@@ -97,8 +98,8 @@ class EpsDominatesUpdate(Rule):
                 "SGD by design)") if recipe else ""
         return self.finding(
             f"{cls}'s eps={_g(eps)} outweighs the root of its second-moment estimate: eps was "
-            f"{size} sqrt(v) (the median) and ≥ 10× it on most elements of "
-            f"{min(shares):.0%} or more of the weights{groups} after each of its first "
+            f"{size} sqrt(v) (the median), and ≥ 10× it on most elements of parameters "
+            f"holding {held} of the weights{groups}, after each of its first "
             f"{len(first.get('shares') or ())} updates, so each step is lr × {numerator} / eps — plain "
             f"{momentum} with lr / eps as its lr, no longer scaled per weight by the "
             f"gradient's size{note}",
