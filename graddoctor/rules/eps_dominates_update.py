@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule
 
 DOMINATED = 0.5  # share of the group's elements in parameters where eps dominates: most
@@ -84,6 +85,11 @@ class EpsDominatesUpdate(Rule):
                   f"{', '.join(map(str, indices))}")
         given = a.source.call_argument(loc.path, loc.line, cls, 99, "eps") \
             if loc is not None else None
+        if loc is not None and given:
+            # a construction written over several lines: the line that says eps=
+            written = a.source.keyword_line(loc.path, loc.line, "eps")
+            if written is not None:
+                loc = Location(loc.path, written[0], loc.function)
         setting = f"`eps={given}`" if given else f"eps={_g(eps)}"
         momentum = "momentum SGD" if cls != "Adagrad" and not (
             cls == "RMSprop" and not self._has_momentum(a, opt)) else "SGD"
