@@ -719,6 +719,28 @@ decay_share        opt, cls (the optimizer's class), group (the param group's in
                    ``weight_decay * ||p|| / sqrt(numel)``) — each param group with a weight decay
                    of one of torch's optimizers, over its first ``decay.MEASURED`` updates (loc:
                    None; an aside; instrument/decay.py)
+eps_share          opt, cls (Adam | AdamW | NAdam | RAdam | RMSprop | Adagrad), group (the param
+                   group's index), eps, steps [int] (the run's step count after each measured
+                   update), shares [float] (per measured update: the fraction of the group's
+                   elements with a second moment that lie in parameters where eps ≥ 10 ×
+                   sqrt(v) on most elements), ratios [float] (per measured update: the
+                   element-weighted median over those parameters of their median eps / sqrt(v))
+                   — each param group with eps ≥ 1e-5 of one of torch's adaptive optimizers,
+                   over its first ``epsshare.MEASURED`` updates (loc: None; an aside;
+                   instrument/epsshare.py)
+activation_saturated fn (tanh | sigmoid), module (the class of the layer whose output it took),
+                   layer (its name after the user's variables, or None), threshold (|x| above
+                   which its gradient is below 1 % of its largest: 3 for tanh, 6 for sigmoid),
+                   shares [float] (per call watched: the fraction of its inputs beyond the
+                   threshold), init (bool: the location is the nn.init call that last set the
+                   layer's weight, else the line that built the layer), data_input (bool: the
+                   layer's input had no graph at some call: a batch of data) — a tanh or sigmoid
+                   (module or functional) whose input was a parameterised layer's output at its
+                   first training calls, that layer's weight as initialised in this run, every
+                   call saturated on most inputs, its output not taken by a binary
+                   cross-entropy; once per layer, when the first steps' window closes (loc: the
+                   weight's initialisation or the layer's construction; an aside;
+                   instrument/saturation.py)
 step_edit          opt, steps [int] (the run's step count at each measurement), back [float|None]
                    (per measured update: the cosine between the change the script's own code made
                    to the optimizer's parameters before its next step, Δh, and minus the change
@@ -803,7 +825,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1327,6 +1349,19 @@ def decay_share(*, opt: int, cls: str, group: int, weight_decay: float, lr: floa
                            "lr": lr, "decoupled": decoupled, "steps": steps, "ratios": ratios}
 
 
+def eps_share(*, opt: int, cls: str, group: int, eps: float, steps: list[int],
+              shares: list[float], ratios: list[float]) -> Made:
+    return "eps_share", {"opt": opt, "cls": cls, "group": group, "eps": eps, "steps": steps,
+                         "shares": shares, "ratios": ratios}
+
+
+def activation_saturated(*, fn: str, module: str, layer: str | None, threshold: float,
+                         shares: list[float], init: bool, data_input: bool) -> Made:
+    return "activation_saturated", {"fn": fn, "module": module, "layer": layer,
+                                    "threshold": threshold, "shares": shares, "init": init,
+                                    "data_input": data_input}
+
+
 def step_edit(*, opt: int, steps: list[int], back: list, share: list, home: list,
               home_share: list) -> Made:
     return "step_edit", {"opt": opt, "steps": steps, "back": back, "share": share, "home": home,
@@ -1552,7 +1587,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
     "state_self_load": state_self_load, "diverging": diverging,
-    "step_edit": step_edit, "decay_share": decay_share, "model_copy": model_copy,
+    "step_edit": step_edit, "decay_share": decay_share, "eps_share": eps_share,
+    "activation_saturated": activation_saturated, "model_copy": model_copy,
     "dataset_drift": dataset_drift, "label_offset": label_offset, "loader_rows": loader_rows,
     "internal_error": internal_error, "run_end": run_end,
 }
@@ -1569,7 +1605,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
                          "same_compared",
-                         "gan_same_target", "entropy_sign", "step_edit", "decay_share", "ratio_fault", "reparam_cut",
+                         "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
+                         "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",

@@ -84,6 +84,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_contrastive_temperature_multiplied_infonce.py",  # temperature_multiplied
             "dependency/bad_view_reorders_axes_encoder_features.py",  # view_axes
             "masks/bad_masked_mean_counts_padding_tokens.py",  # masked_mean
+            "numerics/bad_eps_adam_one.py",  # eps_share
+            "numerics/bad_activations_tanh_init.py",  # activation_saturated
             "amp_clip_accum/good_scaler_rebuilt_lookalikes.py",  # scaler_load
             "losses/bad_anchor_aliases_params_l2sp.py",  # anchor_alias
             "losses/bad_loss_compares_with_itself_bpr.py",  # same_compared

@@ -73,6 +73,8 @@ from .schedulers import SchedulerWatcher
 from .symmetry import SymmetryWatcher
 from .undo import StepEditWatcher
 from .decay import DecayShareWatcher
+from .epsshare import EpsShareWatcher
+from .saturation import SaturationWatcher
 from .warnsource import WarningSource
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
@@ -255,6 +257,10 @@ class Instrumentation:
         decay = DecayShareWatcher(rec)
         rec.subscribe(STEP_BEGINS, decay.before_step)
         self.watchers.append(decay)
+        # an adaptive optimizer whose eps outweighs sqrt(v) in its own state (eps-dominates-update)
+        self.eps = EpsShareWatcher(rec)
+        rec.subscribe(STEPPED, self.eps.after_step)
+        self.watchers.append(self.eps)
         # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
         self.copies = CopyWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(STEP_BEGINS, self.copies.before_step)
@@ -277,6 +283,12 @@ class Instrumentation:
         rec.subscribe(STATE_LOADED, snapshots.loading)
         rec.subscribe(STATE_TAKEN, resets.taken)  # a trained state saved before a reload
         self.watchers.append(snapshots)
+        # tanh/sigmoid saturated from the initialisation at the first steps (activations-saturated);
+        # after the reset watcher: its nn.init wrappers go around that watcher's
+        self.saturation = SaturationWatcher(rec)
+        rec.subscribe(STEPPED, self.saturation.after_step)
+        rec.subscribe(DESCRIBE_LOSS, self.saturation.describe_loss)
+        self.watchers.append(self.saturation)
         # RNN / attention modules built with batch_first=False given batch-first input
         self.watchers.append(BatchFirstWatcher(rec, self.dataloader))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
@@ -311,6 +323,8 @@ class Instrumentation:
         if self.grad_flow is not None:
             self.grad_flow.close()  # its events before the trace is final
         self.copies.close()
+        self.eps.close()
+        self.saturation.close()
         try:
             rec.finish()  # held events out, Deferred values read: rec.trace is the final trace
         except Exception as error:
