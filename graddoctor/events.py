@@ -364,9 +364,11 @@ optimizer_attr     opt, cls (the optimizer's class), name (the attribute the use
                    ``optimizer.lr = ...``), key (the ``param_groups`` key it stands for: "lr"
                    for ``learning_rate``), value (float|None: the value set, None when not a
                    plain number), kept [float|None] (each param group's value of that key at
-                   that moment, what the optimizer steps with): a torch.optim optimizer's
-                   hyper-parameter set as an attribute, which torch's step never reads — the
-                   first of each call line, optimizer and name (loc: the assignment)
+                   that moment, what the optimizer steps with), scheduler (str|None: the class
+                   of the torch LR scheduler the attribute was set on, ``scheduler.lr = ...``,
+                   whose optimizer ``opt`` is; None: set on the optimizer): a torch.optim
+                   optimizer's hyper-parameter set as an attribute, which torch's step never
+                   reads — the first of each call line, object and name (loc: the assignment)
 functional_grad    api (``torch.autograd.grad``, ``torch.autograd.functional.*`` or ``torch.func.*``
                    as the user called it), create_graph (bool for ``torch.autograd.grad``, else
                    None): a gradient graddoctor does not follow (it is
@@ -424,9 +426,17 @@ grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer
                    parts' medians) — only when a
                    picture is asked for (instrument/gradflow.py), once per optimizer at the end
                    of the run
-module_attr        mid, cls, name ("requires_grad"), value, params [pid] (its parameters when
-                   set): an attribute of that name set on an ``nn.Module`` object by the user's
-                   code (loc: the assignment; once per line and module) — it freezes nothing
+module_attr        mid, cls, name ("requires_grad", a misspelling of it, ``requires_grad_``,
+                   "trainable": registration.FREEZE_FLAGS), value, params [pid] (its
+                   parameters when set): an attribute of that name set on an ``nn.Module``
+                   object by the user's code (loc: the assignment; once per line and module)
+                   — it freezes nothing
+param_attr         pid, cls ("Parameter" | "Tensor"), name (``requires_grad_``, a misspelling
+                   of ``requires_grad``, "trainable": registration.FREEZE_FLAGS), value,
+                   requires_grad (the tensor's own flag at that moment): such an attribute set
+                   on a leaf tensor by the user's code, where torch reads only
+                   ``requires_grad`` (loc: the assignment; once per line and tensor, at most
+                   ``registration.PARAM_ATTR_EVENTS`` per line)
 unregistered       owner (class of the module holding it), attr, holder ("list" | "tuple" |
                    "dict" | "tensor"), name (the path shown: ``model.blocks``), pids [pid] —
                    tracked tensors no module registers, found at the end of the run in a plain
@@ -768,7 +778,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1289,13 +1299,18 @@ def param_created(*, owner: str, attr: str, params: list[int], step: int) -> Mad
 
 
 def optimizer_attr(*, opt: int, cls: str, name: str, key: str, value: float | None,
-                   kept: list) -> Made:
+                   kept: list, scheduler: str | None = None) -> Made:
     return "optimizer_attr", {"opt": opt, "cls": cls, "name": name, "key": key, "value": value,
-                              "kept": kept}
+                              "kept": kept, "scheduler": scheduler}
 
 
 def module_attr(*, mid: int, cls: str, name: str, value: Any, params: list[int]) -> Made:
     return "module_attr", {"mid": mid, "cls": cls, "name": name, "value": value, "params": params}
+
+
+def param_attr(*, pid: int, cls: str, name: str, value: Any, requires_grad: bool) -> Made:
+    return "param_attr", {"pid": pid, "cls": cls, "name": name, "value": value,
+                          "requires_grad": requires_grad}
 
 
 def unregistered(*, owner: str, attr: str, holder: str, name: str, pids: list[int]) -> Made:
@@ -1464,7 +1479,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
     "same_compared": same_compared,
-    "optimizer_attr": optimizer_attr, "module_attr": module_attr,
+    "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
@@ -1492,7 +1507,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 
 ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
                          "functional_grad",
-                         "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
+                         "optimizer_attr", "module_attr", "param_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",

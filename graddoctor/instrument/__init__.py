@@ -59,7 +59,7 @@ from .attnaxis import SoftmaxAxisWatcher
 from .viewaxes import ViewAxesWatcher
 from .anchors import AnchorAliasWatcher
 from .samevalue import SameValueWatcher
-from .registration import ModuleAttrWatcher, ParamLifeWatcher
+from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
 from .causalread import CausalReadWatcher
@@ -255,8 +255,9 @@ class Instrumentation:
         # where the parameters that never get a gradient are used (param-without-grad)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
         self.watchers.append(self.idle)
-        # `module.requires_grad = False` (an attribute that freezes nothing)
-        self.watchers.append(ModuleAttrWatcher(rec))
+        # `module.requires_grad = False`, `p.requires_grad_ = False` (attributes that freeze
+        # nothing); after the mode watcher, whose requires_grad_ the tensor one hands on to
+        self.watchers += [ModuleAttrWatcher(rec), TensorAttrWatcher(rec)]
         # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # stepped parameters set back by nn.init or load_state_dict (params-reset-every-step)

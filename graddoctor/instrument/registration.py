@@ -1,10 +1,18 @@
 """What the model really registers: attributes that look like registration but are not.
 
 * ``module.requires_grad = False`` sets a plain attribute on the Module object: it freezes
-  nothing (``requires_grad_(False)`` was meant). Seen through a class-level ``__setattr__`` on
-  ``nn.Module`` that sets the attribute first and then compares the name (one string compare
-  per module attribute set; the rest runs only for ``requires_grad``): a ``module_attr`` event at
-  the assignment, once per line and module.
+  nothing (``requires_grad_(False)`` was meant); so do the other names of that wish
+  (``FREEZE_FLAGS``: ``requires_grad_ = False``, which shadows the method, misspellings such
+  as ``require_grad``, Keras' ``trainable``). Seen through a class-level ``__setattr__`` on
+  ``nn.Module`` that sets the attribute first and then looks the name up (one set lookup per
+  module attribute set; the rest runs only for those names): a ``module_attr`` event at the
+  assignment, once per line and module.
+* The same names set on a tensor (``p.requires_grad_ = False``, ``p.trainable = False``): torch
+  reads only ``requires_grad``, so the parameter keeps training. Seen through a data
+  descriptor per name on ``torch.Tensor`` (``TensorAttrWatcher``), which stores the value in
+  the tensor's ``__dict__`` as Python would and records the set: no other attribute of a
+  tensor goes through it, so ``p.grad = None`` and the rest cost nothing. A ``param_attr``
+  event per line and leaf tensor (at most ``PARAM_ATTR_EVENTS`` per line).
 * Submodules, parameters or trainable tensors held in a plain ``list``/``tuple``/``dict``
   attribute (or a plain tensor attribute) of a module: ``nn.Module`` registers none of them, so
   ``model.parameters()`` leaves them out. Found at the end of the run, only when some tracked
@@ -50,8 +58,21 @@ from .names import LiveModules
 from .recorder import Recorder
 
 
+# Attribute names written to freeze (or unfreeze) that torch never reads: the method's name
+# without its call, the flag misspelt, Keras' name. ``requires_grad`` itself is one only on a
+# module (on a tensor it is the flag).
+FREEZE_FLAGS = frozenset({
+    "requires_grad_", "require_grad", "require_grad_", "requires_grads", "require_grads",
+    "requires_gard", "require_gard", "requires_gradient", "require_gradient",
+    "requires_gradients", "required_grad", "requries_grad", "requieres_grad", "reqires_grad",
+    "requres_grad", "requirs_grad", "requiresGrad", "requireGrad", "trainable",
+})
+MODULE_FLAGS = FREEZE_FLAGS | {"requires_grad"}
+PARAM_ATTR_EVENTS = 256  # param_attr events recorded per call line (a loop over the parameters)
+
+
 class ModuleAttrWatcher:
-    """``requires_grad`` set as an attribute on an ``nn.Module`` (see the module docstring)."""
+    """A freeze flag set as an attribute on an ``nn.Module`` (see the module docstring)."""
 
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -63,7 +84,7 @@ class ModuleAttrWatcher:
 
         def __setattr__(module, name, value):
             original(module, name, value)  # first, exactly as without graddoctor
-            if name == "requires_grad":
+            if name in MODULE_FLAGS:
                 try:
                     watcher._flag_set(module, name, value)
                 except Exception as exc:
@@ -94,6 +115,81 @@ class ModuleAttrWatcher:
     def install(self, patcher) -> None:
         Module = torch.nn.Module
         patcher.patch(Module, "__setattr__", self._wrap_setattr(Module.__setattr__))
+
+
+class _FlagAttribute:
+    """A data descriptor on ``torch.Tensor`` for one name of ``FREEZE_FLAGS``: the value lives
+    in the tensor's ``__dict__`` as without graddoctor; a set is told to the watcher after it
+    is stored. ``shadowed`` is what the class held under that name (``requires_grad_``'s
+    method), returned when the instance has no value of its own."""
+
+    def __init__(self, name: str, shadowed, told):
+        self.name, self.shadowed, self.told = name, shadowed, told
+
+    def __get__(self, obj, objtype=None):
+        if obj is not None:
+            own = obj.__dict__
+            if self.name in own:
+                return own[self.name]
+        if self.shadowed is None:
+            owner = objtype.__name__ if obj is None else type(obj).__name__
+            raise AttributeError(f"'{owner}' object has no attribute '{self.name}'")
+        return self.shadowed.__get__(obj, objtype)
+
+    def __set__(self, obj, value):
+        obj.__dict__[self.name] = value  # first, exactly as without graddoctor
+        self.told(obj, self.name, value)
+
+    def __delete__(self, obj):
+        try:
+            del obj.__dict__[self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None
+
+
+class TensorAttrWatcher:
+    """A freeze flag set as an attribute on a tensor (see the module docstring)."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._seen: set[tuple] = set()  # (path, line, pid) recorded
+        self._per_line: dict[tuple, int] = {}  # (path, line) -> param_attr events recorded
+
+    def _told(self, tensor, name: str, value) -> None:
+        try:
+            self._flag_set(tensor, name, value)
+        except Exception as exc:
+            self.rec.internal_error("tensor attribute", exc)
+
+    def _flag_set(self, tensor, name: str, value) -> None:
+        rec = self.rec
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_leaf:
+            return
+        caller = sys._getframe(3)  # the frame that assigned (below: __set__, _told, this method)
+        if not rec.finder.is_user_file(caller.f_code.co_filename):
+            return
+        loc = rec.here(4)
+        if loc is None:
+            return
+        line = (loc.path, loc.line)
+        if self._per_line.get(line, 0) >= PARAM_ATTR_EVENTS:
+            return
+        pid = rec.track(tensor)
+        if (*line, pid) in self._seen:
+            return
+        self._seen.add((*line, pid))
+        self._per_line[line] = self._per_line.get(line, 0) + 1
+        shown = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+        cls = "Parameter" if isinstance(tensor, torch.nn.Parameter) else "Tensor"
+        rec.emit_aside(ev.param_attr(pid=pid, cls=cls, name=name, value=shown,
+                                     requires_grad=bool(tensor.requires_grad)), loc)
+
+    def install(self, patcher) -> None:
+        Tensor = torch.Tensor
+        for name in sorted(FREEZE_FLAGS):
+            # after the mode watcher's requires_grad_ wrapper, which this one hands calls on to
+            patcher.patch(Tensor, name, _FlagAttribute(name, Tensor.__dict__.get(name)
+                                                       or getattr(Tensor, name, None), self._told))
 
 
 _CREATED_EVENTS = 8  # param_created events recorded per call line
