@@ -55,6 +55,7 @@ from .. import events as ev
 from ..trace import Location
 from .identities import Identities
 from .names import LiveModules
+from .patcher import WatchedAttribute
 from .recorder import Recorder
 
 
@@ -117,36 +118,6 @@ class ModuleAttrWatcher:
         patcher.patch(Module, "__setattr__", self._wrap_setattr(Module.__setattr__))
 
 
-class _FlagAttribute:
-    """A data descriptor on ``torch.Tensor`` for one name of ``FREEZE_FLAGS``: the value lives
-    in the tensor's ``__dict__`` as without graddoctor; a set is told to the watcher after it
-    is stored. ``shadowed`` is what the class held under that name (``requires_grad_``'s
-    method), returned when the instance has no value of its own."""
-
-    def __init__(self, name: str, shadowed, told):
-        self.name, self.shadowed, self.told = name, shadowed, told
-
-    def __get__(self, obj, objtype=None):
-        if obj is not None:
-            own = obj.__dict__
-            if self.name in own:
-                return own[self.name]
-        if self.shadowed is None:
-            owner = objtype.__name__ if obj is None else type(obj).__name__
-            raise AttributeError(f"'{owner}' object has no attribute '{self.name}'")
-        return self.shadowed.__get__(obj, objtype)
-
-    def __set__(self, obj, value):
-        obj.__dict__[self.name] = value  # first, exactly as without graddoctor
-        self.told(obj, self.name, value)
-
-    def __delete__(self, obj):
-        try:
-            del obj.__dict__[self.name]
-        except KeyError:
-            raise AttributeError(self.name) from None
-
-
 class TensorAttrWatcher:
     """A freeze flag set as an attribute on a tensor (see the module docstring)."""
 
@@ -188,7 +159,7 @@ class TensorAttrWatcher:
         Tensor = torch.Tensor
         for name in sorted(FREEZE_FLAGS):
             # after the mode watcher's requires_grad_ wrapper, which this one hands calls on to
-            patcher.patch(Tensor, name, _FlagAttribute(name, Tensor.__dict__.get(name)
+            patcher.patch(Tensor, name, WatchedAttribute(name, Tensor.__dict__.get(name)
                                                        or getattr(Tensor, name, None), self._told))
 
 
