@@ -9,23 +9,29 @@ from .source import attribute_assignment
 class ModuleRequiresGradAttribute(Rule):
     """
     ## What it does
-    Finds `module.requires_grad = False` (or `= True`): an attribute set on an `nn.Module`
-    object, where `module.requires_grad_(False)` was meant. It reports when the assignment
-    changed nothing the script relied on: the module's parameters still get gradients and an
-    optimizer still updates them (after `= False`), or they stay frozen (after `= True`). A
-    module that keeps its own `requires_grad` option and reads it is left alone (nothing
-    changes behind the user's back there).
+    Finds a freeze written as an attribute torch never reads: `module.requires_grad = False`
+    on an `nn.Module` object, where `module.requires_grad_(False)` was meant, and the other
+    names of that wish on a module or on a parameter: `requires_grad_ = False` (assigned over
+    the method instead of calling it), a misspelt flag (`require_grad`, `requires_gard`,
+    `requires_grads`, ...), Keras' `trainable = False`. It reports when the assignment changed
+    nothing the script relied on: the parameters still get gradients and an optimizer still
+    updates them (after `= False`), or they stay frozen (after `= True`). An attribute the
+    script reads back itself, so that the parameters really stop training, is left alone.
 
     ## Why is this bad?
-    `nn.Module` has no `requires_grad` flag: the assignment creates a plain attribute that
-    nothing in torch reads. Every parameter keeps its own `requires_grad`, so the "frozen"
-    backbone keeps training (its pretrained weights drift, the compute and memory of its
-    gradients are spent), and a filter like `filter(lambda p: p.requires_grad, ...)` keeps
-    every parameter. Nothing fails: the run merely trains what was meant to stay fixed.
+    `nn.Module` has no `requires_grad` flag, and a tensor's only flag is `requires_grad`: each
+    of these assignments creates a plain attribute that nothing in torch reads (and
+    `p.requires_grad_ = False` also hides the method). Every parameter keeps its own
+    `requires_grad`, so the "frozen" backbone keeps training (its pretrained weights drift,
+    the compute and memory of its gradients are spent), and a filter like
+    `filter(lambda p: p.requires_grad, ...)` keeps every parameter. Nothing fails: the run
+    merely trains what was meant to stay fixed.
 
     ## Example
     ```python
     model.backbone.requires_grad = False  # sets an attribute; freezes nothing
+    for p in model.encoder.parameters():
+        p.requires_grad_ = False  # hides the method; p.requires_grad stays True
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ```
@@ -33,20 +39,25 @@ class ModuleRequiresGradAttribute(Rule):
     ## Use instead
     ```python
     model.backbone.requires_grad_(False)  # sets requires_grad on every parameter
+    for p in model.encoder.parameters():
+        p.requires_grad_(False)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ```
 
     ## Stays silent on
     `requires_grad_(False)` and `p.requires_grad = False` on the parameters; a module's own
-    `requires_grad` option that it reads (its parameters get no gradient, or train as
-    meant).
+    `requires_grad` option, or a `trainable` marker, that the script reads (its parameters get
+    no gradient, or train as meant); attributes frameworks set on parameters on purpose
+    (Megatron's `tensor_model_parallel`, `expert`, `_no_weight_decay`, DeepSpeed's `ds_*`):
+    only the names of a freeze are looked at.
     """
 
     code = "GD114"
     slug = "module-requires-grad-attribute"
     severity = Severity.WARNING
-    summary = "module.requires_grad = ... sets an attribute on the module: no parameter is (un)frozen"
+    summary = ("module.requires_grad = ... (or p.requires_grad_ = ..., a misspelt flag, trainable) "
+               "sets an attribute torch never reads: no parameter is (un)frozen")
     fix = "call module.requires_grad_(False), which sets requires_grad on each of its parameters"
     fix_safety = Safety.SAFE
 

@@ -13,14 +13,17 @@ class OptimizerAttributeHyperparameter(Rule):
     ## What it does
     Finds a hyper-parameter of a torch.optim optimizer set as an attribute of the optimizer
     object (`optimizer.lr = 1e-4`, `optimizer.momentum = 0.5`, `optimizer.weight_decay = 0`,
-    `optimizer.learning_rate = ...`) when the optimizer steps after it.
+    `optimizer.betas = (0.5, 0.999)`, `optimizer.learning_rate = ...`), or the learning rate
+    set as an attribute of a torch LR scheduler (`scheduler.lr = 1e-4`), when the optimizer
+    steps after it.
 
     ## Why is this bad?
     PyTorch's optimizers keep their hyper-parameters per parameter group and read
-    `optimizer.param_groups[i]["lr"]` at every step, never an attribute of the optimizer.
+    `optimizer.param_groups[i]["lr"]` at every step, never an attribute of the optimizer;
+    torch's schedulers write the lr into those groups and read no `lr` attribute either.
     The assignment creates a new attribute nobody reads: it raises no error, and training goes
     on with the old value (a learning rate meant to drop 100x at epoch 2 stays where it was).
-    An optimizer class of your own whose `step` reads `self.lr` is not judged.
+    An optimizer or scheduler class of your own that reads `self.lr` is not judged.
 
     ## Example
     ```python
@@ -42,16 +45,17 @@ class OptimizerAttributeHyperparameter(Rule):
     ```
 
     ## Stays silent on
-    The learning rate changed through every param group; bookkeeping attributes that are no
-    hyper-parameter; an optimizer class of the script's own whose `step` reads the
-    attribute.
+    The learning rate changed through every param group (and a scheduler's `base_lrs`);
+    bookkeeping attributes that are no hyper-parameter; an optimizer class of the script's own
+    whose `step` reads the attribute, a scheduler class of its own whose `get_lr` or `step`
+    does; a value the param groups already hold.
     """
 
     code = "GD113"
     slug = "optimizer-attribute-hyperparameter"
     severity = Severity.WARNING
-    summary = ("a hyper-parameter is set as an optimizer attribute (optimizer.lr = ...), "
-               "which torch's step never reads")
+    summary = ("a hyper-parameter is set as an optimizer (or scheduler) attribute "
+               "(optimizer.lr = ...), which torch's step never reads")
     fix = ('set it in every param group: `for group in optimizer.param_groups: '
            'group["lr"] = 1e-4`')
 
