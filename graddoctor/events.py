@@ -427,10 +427,13 @@ grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer
                    picture is asked for (instrument/gradflow.py), once per optimizer at the end
                    of the run
 module_attr        mid, cls, name ("requires_grad", a misspelling of it, ``requires_grad_``,
-                   "trainable": registration.FREEZE_FLAGS), value, params [pid] (its
-                   parameters when set): an attribute of that name set on an ``nn.Module``
-                   object by the user's code (loc: the assignment; once per line and module)
-                   — it freezes nothing
+                   "trainable": registration.FREEZE_FLAGS; "train" | "eval"), value, params
+                   [pid] (its parameters when set; [] for train/eval), layers ([mid]: for
+                   train/eval, the BatchNorm and dropout layers under it, as ``train``/``eval``
+                   and ``mode_forward`` number them; else None): an attribute of that name set
+                   on an ``nn.Module`` object by the user's code (loc: the assignment; once per
+                   line and module) — it freezes nothing, or it hides the module's train() /
+                   eval() method (a value that is not callable) and switches no mode
 param_attr         pid, cls ("Parameter" | "Tensor"), name (``requires_grad_``, a misspelling
                    of ``requires_grad``, "trainable": registration.FREEZE_FLAGS), value,
                    requires_grad (the tensor's own flag at that moment): such an attribute set
@@ -1304,8 +1307,10 @@ def optimizer_attr(*, opt: int, cls: str, name: str, key: str, value: float | No
                               "kept": kept, "scheduler": scheduler}
 
 
-def module_attr(*, mid: int, cls: str, name: str, value: Any, params: list[int]) -> Made:
-    return "module_attr", {"mid": mid, "cls": cls, "name": name, "value": value, "params": params}
+def module_attr(*, mid: int, cls: str, name: str, value: Any, params: list[int],
+                layers: list[int] | None = None) -> Made:
+    return "module_attr", {"mid": mid, "cls": cls, "name": name, "value": value, "params": params,
+                           "layers": layers}
 
 
 def param_attr(*, pid: int, cls: str, name: str, value: Any, requires_grad: bool) -> Made:

@@ -256,8 +256,10 @@ class Instrumentation:
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
         self.watchers.append(self.idle)
         # `module.requires_grad = False`, `p.requires_grad_ = False` (attributes that freeze
-        # nothing); after the mode watcher, whose requires_grad_ the tensor one hands on to
-        self.watchers += [ModuleAttrWatcher(rec), TensorAttrWatcher(rec)]
+        # nothing), `model.eval = True` (a mode switched by nobody); after the mode watcher,
+        # whose requires_grad_ the tensor one hands on to and whose layer numbers the module
+        # one names
+        self.watchers += [ModuleAttrWatcher(rec, self.modes), TensorAttrWatcher(rec)]
         # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # stepped parameters set back by nn.init or load_state_dict (params-reset-every-step)

@@ -7,6 +7,10 @@
   ``nn.Module`` that sets the attribute first and then looks the name up (one set lookup per
   module attribute set; the rest runs only for those names): a ``module_attr`` event at the
   assignment, once per line and module.
+* ``model.eval = True`` / ``model.train = False``: a value assigned over the module's method
+  (the same ``__setattr__``, for those two names), which switches no mode: a ``module_attr``
+  event naming the BatchNorm and dropout layers under the module as the mode watcher numbers
+  them. A callable assigned there (a monkeypatched method) is not recorded.
 * The same names set on a tensor (``p.requires_grad_ = False``, ``p.trainable = False``): torch
   reads only ``requires_grad``, so the parameter keeps training. Seen through a data
   descriptor per name on ``torch.Tensor`` (``TensorAttrWatcher``), which stores the value in
@@ -72,11 +76,17 @@ MODULE_FLAGS = FREEZE_FLAGS | {"requires_grad"}
 PARAM_ATTR_EVENTS = 256  # param_attr events recorded per call line (a loop over the parameters)
 
 
-class ModuleAttrWatcher:
-    """A freeze flag set as an attribute on an ``nn.Module`` (see the module docstring)."""
+MODE_METHODS = ("train", "eval")
+_MODULE_WATCHED = MODULE_FLAGS | set(MODE_METHODS)
 
-    def __init__(self, rec: Recorder):
+
+class ModuleAttrWatcher:
+    """A freeze flag set as an attribute on an ``nn.Module``, or a value assigned over its
+    ``train``/``eval`` method (see the module docstring)."""
+
+    def __init__(self, rec: Recorder, modes):
         self.rec = rec
+        self.modes = modes  # the ModeWatcher: numbers the BatchNorm/dropout layers as it does
         self._mid = Identities()
         self._seen: set[tuple] = set()  # (path, line, mid) recorded
 
@@ -85,7 +95,7 @@ class ModuleAttrWatcher:
 
         def __setattr__(module, name, value):
             original(module, name, value)  # first, exactly as without graddoctor
-            if name in MODULE_FLAGS:
+            if name in _MODULE_WATCHED:
                 try:
                     watcher._flag_set(module, name, value)
                 except Exception as exc:
@@ -103,15 +113,19 @@ class ModuleAttrWatcher:
         loc = rec.here(3)
         if loc is None:
             return
+        mode_method = name in MODE_METHODS
+        if mode_method and callable(value):
+            return  # a method replaced on purpose (a monkeypatch), not a mode written as a value
         mid = self._mid(module)
         key = (loc.path, loc.line, mid)
         if key in self._seen:
             return
         self._seen.add(key)
-        params = [rec.track(p) for p in module.parameters()]
+        params = [] if mode_method else [rec.track(p) for p in module.parameters()]
+        layers = self.modes.layer_ids(module) if mode_method else None
         shown = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
         rec.emit_aside(ev.module_attr(mid=mid, cls=type(module).__name__, name=name, value=shown,
-                                      params=params), loc)
+                                      params=params, layers=layers), loc)
 
     def install(self, patcher) -> None:
         Module = torch.nn.Module
