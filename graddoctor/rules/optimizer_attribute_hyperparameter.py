@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Edit, Safety, Severity
+from ..findings import Autofix, Edit, Safety, Severity
 from .base import Rule, related
 
 
@@ -69,7 +69,10 @@ class OptimizerAttributeHyperparameter(Rule):
         attr, key = finding.evidence.get("attribute"), finding.evidence.get("key")
         scheduler = finding.evidence.get("scheduler")
         if scheduler is not None and scheduler not in CHAINED:
-            return None
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                f"no automatic edit: {scheduler} computes each lr from its base_lrs or the "
+                "arguments it was built with; which of them the new lr belongs in is a "
+                "person's call"))
         s = src.statement_at(finding.location.line)
         if s is None or len(s.node.body) != 1 or not isinstance(s.node.body[0], cst.Assign):
             return None
