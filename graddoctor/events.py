@@ -655,6 +655,15 @@ grad_stops         params [pid] (the parameters whose gradient was exactly zero 
                    weight is all zero gets ``:zero_weights``), loss_zero (the loss itself was 0) —
                    one diagnosed backward after an update with exactly-zero gradients (loc: the
                    backward; an aside)
+state_overwritten  cls (the module's class), params [pid] (the parameters the load placed
+                   that an initialiser overwrote),
+                   weights (how many of them are weights, two dimensions or more: every one
+                   an initialiser overwrote), via ["torch.nn.init.<initialiser>"], at [[path,
+                   line, function]] (the user's lines of those calls, at most a few) — a
+                   ``load_state_dict`` before the first optimizer step whose placed weights
+                   were all overwritten by ``torch.nn.init`` before it (``reset_parameters()``,
+                   ``model.apply(init)``): written at the end of a run that stepped (loc: the
+                   load; an aside; instrument/resets.py)
 state_not_loaded   cls (the module's class), keys (in the state dict), params (the module's
                    parameters), unexpected / missing (the first keys of each side), prefix
                    (["strip" | "add", "module."] when one prefix places the state's keys, else
@@ -1269,6 +1278,12 @@ def diverging(*, opt: int, first: int, last: int, norms: list[float], factor: fl
                          "factor": factor, "nonfinite": nonfinite}
 
 
+def state_overwritten(*, cls: str, params: list[int], weights: int, via: list[str],
+                      at: list) -> Made:
+    return "state_overwritten", {"cls": cls, "params": params, "weights": weights, "via": via,
+                                 "at": at}
+
+
 def state_self_load(*, cls: str, params: int) -> Made:
     return "state_self_load", {"cls": cls, "params": params}
 
@@ -1504,6 +1519,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
+    "state_overwritten": state_overwritten,
     "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit, "decay_share": decay_share, "model_copy": model_copy,
     "internal_error": internal_error, "run_end": run_end,
@@ -1517,7 +1533,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "loader_sampler", "custom_backward", "loss_padding", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
-                         "module_repeated", "state_not_loaded", "state_self_load", "diverging",
+                         "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
                          "same_compared",

@@ -263,7 +263,7 @@ class Instrumentation:
         # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # stepped parameters set back by nn.init or load_state_dict (params-reset-every-step)
-        resets = ParamResetWatcher(rec, self.optimizers.owned_pids())
+        self.resets = resets = ParamResetWatcher(rec, self.optimizers.owned_pids())
         self.watchers.append(resets)
         # state dicts that are no copies, restored or saved after a step (snapshot-aliases-params):
         # Module.state_dict and torch.save are its own; load_state_dict tells it (the reset
@@ -306,6 +306,7 @@ class Instrumentation:
         if self.grad_flow is not None:
             self.grad_flow.close()  # its events before the trace is final
         self.copies.close()
+        self.resets.close()  # a checkpoint overwritten before the first step
         try:
             rec.finish()  # held events out, Deferred values read: rec.trace is the final trace
         except Exception as error:
