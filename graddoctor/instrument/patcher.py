@@ -44,20 +44,22 @@ class WatchedAttribute:
     method, ``shadowed``), to see the script set it on an instance: the value lives in the
     instance's ``__dict__`` as without it, and ``told(obj, name, value)`` is called after it is
     stored. Reads give the instance's value, else ``shadowed`` bound as the class would give
-    it, else the ``AttributeError`` Python would raise. Patched onto the class (``Patcher.patch``),
+    it, else the ``AttributeError`` Python would raise (on the class itself: ``shadowed``, else
+    the descriptor). Patched onto the class (``Patcher.patch``),
     it costs nothing to the class's other attributes."""
 
     def __init__(self, name: str, shadowed: Any, told: Any):
         self.name, self.shadowed, self.told = name, shadowed, told
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        if obj is not None:
-            own = obj.__dict__
-            if self.name in own:
-                return own[self.name]
+        if obj is None:  # on the class: what it held, else the descriptor (as a property gives
+            # itself): code that walks ``dir(cls)`` and reads each name (dynamo) must not fail
+            return self if self.shadowed is None else self.shadowed.__get__(None, objtype)
+        own = obj.__dict__
+        if self.name in own:
+            return own[self.name]
         if self.shadowed is None:
-            owner = objtype.__name__ if obj is None else type(obj).__name__
-            raise AttributeError(f"'{owner}' object has no attribute '{self.name}'")
+            raise AttributeError(f"'{type(obj).__name__}' object has no attribute '{self.name}'")
         return self.shadowed.__get__(obj, objtype)
 
     def __set__(self, obj: Any, value: Any) -> None:
