@@ -371,9 +371,11 @@ optimizer_attr     opt, cls (the optimizer's class), name (the attribute the use
                    ``optimizer.lr = ...``), key (the ``param_groups`` key it stands for: "lr"
                    for ``learning_rate``), value (float|None: the value set, None when not a
                    plain number), kept [float|None] (each param group's value of that key at
-                   that moment, what the optimizer steps with): a torch.optim optimizer's
-                   hyper-parameter set as an attribute, which torch's step never reads — the
-                   first of each call line, optimizer and name (loc: the assignment)
+                   that moment, what the optimizer steps with), scheduler (str|None: the class
+                   of the torch LR scheduler the attribute was set on, ``scheduler.lr = ...``,
+                   whose optimizer ``opt`` is; None: set on the optimizer): a torch.optim
+                   optimizer's hyper-parameter set as an attribute, which torch's step never
+                   reads — the first of each call line, object and name (loc: the assignment)
 functional_grad    api (``torch.autograd.grad``, ``torch.autograd.functional.*`` or ``torch.func.*``
                    as the user called it), create_graph (bool for ``torch.autograd.grad``, else
                    None): a gradient graddoctor does not follow (it is
@@ -431,9 +433,20 @@ grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer
                    parts' medians) — only when a
                    picture is asked for (instrument/gradflow.py), once per optimizer at the end
                    of the run
-module_attr        mid, cls, name ("requires_grad"), value, params [pid] (its parameters when
-                   set): an attribute of that name set on an ``nn.Module`` object by the user's
-                   code (loc: the assignment; once per line and module) — it freezes nothing
+module_attr        mid, cls, name ("requires_grad", a misspelling of it, ``requires_grad_``,
+                   "trainable": registration.FREEZE_FLAGS; "train" | "eval"), value, params
+                   [pid] (its parameters when set; [] for train/eval), layers ([mid]: for
+                   train/eval, the BatchNorm and dropout layers under it, as ``train``/``eval``
+                   and ``mode_forward`` number them; else None): an attribute of that name set
+                   on an ``nn.Module`` object by the user's code (loc: the assignment; once per
+                   line and module) — it freezes nothing, or it hides the module's train() /
+                   eval() method (a value that is not callable) and switches no mode
+param_attr         pid, cls ("Parameter" | "Tensor"), name (``requires_grad_``, a misspelling
+                   of ``requires_grad``, "trainable": registration.FREEZE_FLAGS), value,
+                   requires_grad (the tensor's own flag at that moment): such an attribute set
+                   on a leaf tensor by the user's code, where torch reads only
+                   ``requires_grad`` (loc: the assignment; once per line and tensor, at most
+                   ``registration.PARAM_ATTR_EVENTS`` per line)
 unregistered       owner (class of the module holding it), attr, holder ("list" | "tuple" |
                    "dict" | "tensor"), name (the path shown: ``model.blocks``), pids [pid] —
                    tracked tensors no module registers, found at the end of the run in a plain
@@ -677,6 +690,15 @@ grad_stops         params [pid] (the parameters whose gradient was exactly zero 
                    weight is all zero gets ``:zero_weights``), loss_zero (the loss itself was 0) —
                    one diagnosed backward after an update with exactly-zero gradients (loc: the
                    backward; an aside)
+state_overwritten  cls (the module's class), params [pid] (the parameters the load placed
+                   that an initialiser overwrote),
+                   weights (how many of them are weights, two dimensions or more: every one
+                   an initialiser overwrote), via ["torch.nn.init.<initialiser>"], at [[path,
+                   line, function]] (the user's lines of those calls, at most a few) — a
+                   ``load_state_dict`` before the first optimizer step whose placed weights
+                   were all overwritten by ``torch.nn.init`` before it (``reset_parameters()``,
+                   ``model.apply(init)``): written at the end of a run that stepped (loc: the
+                   load; an aside; instrument/resets.py)
 state_not_loaded   cls (the module's class), keys (in the state dict), params (the module's
                    parameters), unexpected / missing (the first keys of each side), prefix
                    (["strip" | "add", "module."] when one prefix places the state's keys, else
@@ -825,7 +847,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1327,6 +1349,12 @@ def diverging(*, opt: int, first: int, last: int, norms: list[float], factor: fl
                          "factor": factor, "nonfinite": nonfinite}
 
 
+def state_overwritten(*, cls: str, params: list[int], weights: int, via: list[str],
+                      at: list) -> Made:
+    return "state_overwritten", {"cls": cls, "params": params, "weights": weights, "via": via,
+                                 "at": at}
+
+
 def state_self_load(*, cls: str, params: int) -> Made:
     return "state_self_load", {"cls": cls, "params": params}
 
@@ -1373,13 +1401,20 @@ def param_created(*, owner: str, attr: str, params: list[int], step: int) -> Mad
 
 
 def optimizer_attr(*, opt: int, cls: str, name: str, key: str, value: float | None,
-                   kept: list) -> Made:
+                   kept: list, scheduler: str | None = None) -> Made:
     return "optimizer_attr", {"opt": opt, "cls": cls, "name": name, "key": key, "value": value,
-                              "kept": kept}
+                              "kept": kept, "scheduler": scheduler}
 
 
-def module_attr(*, mid: int, cls: str, name: str, value: Any, params: list[int]) -> Made:
-    return "module_attr", {"mid": mid, "cls": cls, "name": name, "value": value, "params": params}
+def module_attr(*, mid: int, cls: str, name: str, value: Any, params: list[int],
+                layers: list[int] | None = None) -> Made:
+    return "module_attr", {"mid": mid, "cls": cls, "name": name, "value": value, "params": params,
+                           "layers": layers}
+
+
+def param_attr(*, pid: int, cls: str, name: str, value: Any, requires_grad: bool) -> Made:
+    return "param_attr", {"pid": pid, "cls": cls, "name": name, "value": value,
+                          "requires_grad": requires_grad}
 
 
 def unregistered(*, owner: str, attr: str, holder: str, name: str, pids: list[int]) -> Made:
@@ -1564,7 +1599,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
     "same_compared": same_compared,
-    "optimizer_attr": optimizer_attr, "module_attr": module_attr,
+    "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
@@ -1586,6 +1621,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
+    "state_overwritten": state_overwritten,
     "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit, "decay_share": decay_share, "eps_share": eps_share,
     "activation_saturated": activation_saturated, "model_copy": model_copy,
@@ -1596,12 +1632,12 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 
 ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
                          "functional_grad",
-                         "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
+                         "optimizer_attr", "module_attr", "param_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
-                         "module_repeated", "state_not_loaded", "state_self_load", "diverging",
+                         "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
                          "same_compared",

@@ -34,6 +34,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "distributed/bad_sampler_without_set_epoch.py",
             "zero_grad/bad_optimizer_lr_attribute.py",  # optimizer_attr
             "registration/bad_module_requires_grad_attribute.py",  # module_attr
+            "registration/bad_param_requires_grad_method_shadowed.py",  # param_attr
+            "registration/bad_state_loaded_then_reset_parameters.py",  # state_overwritten
             "registration/bad_submodules_in_plain_list.py",  # unregistered
             "data/bad_reseed_helper_every_batch.py",  # reseed
             "data/bad_labels_one_value_rates_cast.py",  # constant_targets

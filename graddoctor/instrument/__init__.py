@@ -59,7 +59,7 @@ from .attnaxis import SoftmaxAxisWatcher
 from .viewaxes import ViewAxesWatcher
 from .anchors import AnchorAliasWatcher
 from .samevalue import SameValueWatcher
-from .registration import ModuleAttrWatcher, ParamLifeWatcher
+from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
 from .datasetreads import DatasetReadWatcher
@@ -269,12 +269,15 @@ class Instrumentation:
         # where the parameters that never get a gradient are used (param-without-grad)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
         self.watchers.append(self.idle)
-        # `module.requires_grad = False` (an attribute that freezes nothing)
-        self.watchers.append(ModuleAttrWatcher(rec))
+        # `module.requires_grad = False`, `p.requires_grad_ = False` (attributes that freeze
+        # nothing), `model.eval = True` (a mode switched by nobody); after the mode watcher,
+        # whose requires_grad_ the tensor one hands on to and whose layer numbers the module
+        # one names
+        self.watchers += [ModuleAttrWatcher(rec, self.modes), TensorAttrWatcher(rec)]
         # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # stepped parameters set back by nn.init or load_state_dict (params-reset-every-step)
-        resets = ParamResetWatcher(rec, self.optimizers.owned_pids())
+        self.resets = resets = ParamResetWatcher(rec, self.optimizers.owned_pids())
         self.watchers.append(resets)
         # state dicts that are no copies, restored or saved after a step (snapshot-aliases-params):
         # Module.state_dict and torch.save are its own; load_state_dict tells it (the reset
@@ -325,6 +328,7 @@ class Instrumentation:
         self.copies.close()
         self.eps.close()
         self.saturation.close()
+        self.resets.close()  # a checkpoint overwritten before the first step
         try:
             rec.finish()  # held events out, Deferred values read: rec.trace is the final trace
         except Exception as error:

@@ -296,6 +296,12 @@ class ModeWatcher:
 
         return train
 
+    def layer_ids(self, module) -> list[int]:
+        """The mids of the BatchNorm and dropout layers under ``module``, numbered as this
+        watcher's ``train``/``eval`` and ``mode_forward`` events number them (another
+        watcher's event that names them: ``module.eval = True``)."""
+        return [self._mid(m) for m in module.modules() if isinstance(m, KINDS)]
+
     def _record_mode_set(self, module, mode, frame) -> None:
         loc = self._loc(self._user_frame(frame, skip_self=module))
         mids = [self._mid(m) for m in module.modules() if isinstance(m, KINDS) or self._holds(m)]
