@@ -1,4 +1,4 @@
-"""module-method-shadowed (GD175): on hand-written traces (no torch), and the
+"""module-method-shadowed (GD179): on hand-written traces (no torch), and the
 ``nn.Module.__setattr__`` watcher in-process for ``train``/``eval``: what it records (the
 BatchNorm/dropout layers as the mode watcher numbers them), what it leaves alone, and the fix."""
 

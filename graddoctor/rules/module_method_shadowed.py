@@ -49,7 +49,7 @@ class ModuleMethodShadowed(Rule):
     forward runs after the assignment.
     """
 
-    code = "GD175"
+    code = "GD179"
     slug = "module-method-shadowed"
     severity = Severity.WARNING
     summary = "model.eval = True (or model.train = False) assigns over the method: no mode is switched"
