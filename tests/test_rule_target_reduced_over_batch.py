@@ -60,6 +60,13 @@ def test_a_bootstrap_reduced_over_the_batch_is_recorded_once_per_line():
         return F.mse_loss(r + 0.9 * v_next, q(s)[:, 0])
     assert _recorded(value_mean_target_first) == [("mean", None, "mse_loss")]
 
+    def loss_module(q, target_net):  # nn.MSELoss: its F.mse_loss runs inside a module call
+        s, a, r, s2, done = _batch()
+        with torch.no_grad():
+            y = r + 0.9 * target_net(s2).amax()
+        return nn.MSELoss()(q(s).gather(1, a).squeeze(1), y)
+    assert _recorded(loss_module) == [("amax", None, "mse_loss")]
+
     def expected_sum(q, target_net):
         s, a, r, s2, done = _batch()
         with torch.no_grad():
@@ -140,6 +147,25 @@ def test_the_mode_and_hooks_are_gone_after_the_window_and_after_the_run():
     rec = Recorder(step_budget=None)
     with Instrumentation(rec):
         nn.Linear(4, 1)(torch.randn(8, 4))
+    assert torch._C._len_torch_function_stack() == depth
+
+
+def test_no_mode_is_pushed_inside_one_the_script_entered():
+    from torch.overrides import TorchFunctionMode
+
+    class Scripts(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    depth = torch._C._len_torch_function_stack()
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        net = nn.Linear(4, 1)
+        with Scripts():
+            net(torch.randn(8, 4))  # its exit pops the top of the stack: it must be its own
+        assert torch._C._len_torch_function_stack() == depth
+        net(torch.randn(8, 4))
+        assert torch._C._len_torch_function_stack() == depth + 1
     assert torch._C._len_torch_function_stack() == depth
 
 

@@ -14,10 +14,15 @@ How, and what it costs (first backwards only):
 
 * Global module hooks count the module calls of the script's thread; the output of an
   outermost call whose first dimension is its input's (the batch) gets a *lineage*: (a number
-  per call, the batch size). A ``TorchFunctionMode``, pushed at the
-  first outermost module call and popped after ``_WINDOWS`` backwards, follows the ops made
-  outside module calls, at most ``_OPS`` a window (between two backwards). It reads shapes,
-  ``requires_grad`` and the arguments, never a value.
+  per call, the batch size). A ``TorchFunctionMode`` follows the ops made between outermost
+  module calls: put on the stack when one returns, taken off when the next one starts and at
+  each backward (``DESCRIBE_LOSS``: the backward and the step make no target), for the first
+  ``_WINDOWS`` backwards, at most ``_OPS`` ops a window (between two backwards); nothing is
+  pushed inside a mode the script entered (its exit would pop ours). It reads shapes,
+  ``requires_grad`` and the arguments, never a value. A torch function that dispatches to the
+  mode does so by its public name, which may be graddoctor's wrapper of it (a loss function,
+  ``Tensor.backward``, ``register_hook``): the mode calls the original instead
+  (``torch_original``), so that no other watcher hears the call twice.
 * Each op's outputs get the union of its tensor inputs' lineages. A reduction (``max``,
   ``mean``, ``sum``, ``logsumexp``, ... over dim 0 or over every dim) of a tensor whose first
   dimension is the batch of one of its lineages makes a *reduced* value (its op, dims, the
@@ -25,7 +30,8 @@ How, and what it costs (first backwards only):
   output whose first dimension is that batch makes the output *mixed*, unless a batch-shaped
   operand carries every lineage of the reduced tensor (a normalisation). Mixed values stay
   mixed through later ops.
-* A regression loss call with gradients on, one side needing a gradient and the other mixed
+* A regression loss call (``F.mse_loss`` ..., or an ``nn.MSELoss`` ... module called outside
+  a module) with gradients on, one side needing a gradient and the other mixed
   and needing none, or a ``sub`` of such a pair that is then squared (``pow(2)``,
   ``square``, ``x * x``) or taken ``abs`` of, is a ``batch_reduced_target`` aside event at the
   reduction's line, once per line.
@@ -43,6 +49,7 @@ import threading
 import weakref
 
 import torch
+from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
 from .. import events as ev
@@ -57,6 +64,9 @@ _TAGGED = 20000  # tensors carrying a lineage in one window, at most
 _REDUCTIONS = frozenset({"max", "min", "amax", "amin", "mean", "nanmean", "sum", "nansum",
                          "logsumexp", "median", "nanmedian", "std", "var", "prod"})
 _LOSSES = frozenset({"mse_loss", "smooth_l1_loss", "huber_loss", "l1_loss"})
+# the nn loss modules whose forward is one of _LOSSES (called inside it, where nothing is followed)
+_LOSS_MODULES = {"MSELoss": "mse_loss", "SmoothL1Loss": "smooth_l1_loss", "HuberLoss": "huber_loss",
+                 "L1Loss": "l1_loss"}
 _SUBS = frozenset({"sub", "__sub__", "__rsub__", "rsub", "subtract"})
 # calls that read a tensor's metadata, not its values
 _METADATA = frozenset({"__get__", "data_ptr", "size", "dim", "ndimension", "numel", "nelement",
@@ -168,6 +178,7 @@ class BatchTargetWatcher:
         self.following = False
         self.closed = False
         self._mode: _Mode | None = None
+        self._pushed = False  # the mode is on the followed thread's stack
         self._thread: int | None = None
         self._depth = 0  # module calls running on the followed thread
         self._windows = 0
@@ -177,6 +188,7 @@ class BatchTargetWatcher:
         self._diffs: dict = {}  # id(difference) -> (weak difference, _Reduced)
         self._told: set = set()
         self._handles: list = []
+        self._base = 0  # the torch function modes entered before the run
 
     # -- tags ----------------------------------------------------------------------------------
     def _tag(self, tensor) -> _Tag | None:
@@ -191,45 +203,55 @@ class BatchTargetWatcher:
 
     # -- module hooks ----------------------------------------------------------------------------
     def _pre(self, module, args) -> None:
-        if self.closed:
+        if self.closed or self._windows >= _WINDOWS:
             return
-        if self._mode is None:
-            if self._windows >= _WINDOWS or not self._open():
-                return
-        if threading.get_ident() == self._thread:
-            self._depth += 1
+        thread = threading.get_ident()
+        if self._thread is None:
+            self._thread = thread
+        elif thread != self._thread:
+            return
+        if self._depth == 0:
+            self._pop()  # nothing inside a module's forward is followed
+        self._depth += 1
 
     def _post(self, module, args, *rest) -> None:
         if self.closed or threading.get_ident() != self._thread or self._depth <= 0:
             return
         self._depth -= 1
-        if self._depth or not self.following:
+        if self._depth or self._windows >= _WINDOWS:
             return
         try:
-            output = rest[-1] if rest else None
-            first = next((t for t in tensors_in(args, {}) if t.dim() >= 1), None)
-            if first is None:
-                return
-            batch = int(first.shape[0])
-            if batch < 2:
-                return
-            self._calls += 1
-            line = frozenset({(self._calls, batch)})
-            for out in tensors_out(output):
-                if out.dim() >= 1 and int(out.shape[0]) == batch:
-                    old = self._tag(out)
-                    self._set(out, _Tag(line | old.lines, old.reduced, old.mixed) if old else
-                              _Tag(line, None, None))
+            kwargs = rest[0] if len(rest) == 2 else {}
+            fn = _LOSS_MODULES.get(type(module).__name__)
+            if fn is not None and isinstance(module, _Loss):
+                self._loss(fn, args, kwargs)
+            elif self._ops <= _OPS:
+                self._lineage(args, rest[-1] if rest else None)
         except Exception as exc:
             self.rec.internal_error(_LABEL, exc)
+        self._push()
+
+    def _lineage(self, args, output) -> None:
+        """The outputs of an outermost module call that lead with its input's batch get a
+        lineage of their own."""
+        first = next((t for t in tensors_in(args, {}) if t.dim() >= 1), None)
+        if first is None:
+            return
+        batch = int(first.shape[0])
+        if batch < 2:
+            return
+        self._calls += 1
+        line = frozenset({(self._calls, batch)})
+        for out in tensors_out(output):
+            if out.dim() >= 1 and int(out.shape[0]) == batch:
+                old = self._tag(out)
+                self._set(out, _Tag(line | old.lines, old.reduced, old.mixed) if old else
+                          _Tag(line, None, None))
 
     # -- the mode ------------------------------------------------------------------------------
     def follow(self, func, args, kwargs, out) -> None:
         if self._depth:
-            name = getattr(func, "__name__", "")
-            if name in _LOSSES:
-                self._loss(name, args, kwargs)
-            return
+            return  # a module's forward (the mode could not be taken off the stack)
         self._ops += 1
         if self._ops > _OPS:
             self.following = False
@@ -347,35 +369,41 @@ class BatchTargetWatcher:
             shape=list(r.shape), fn=fn, loss_line=getattr(loss, "line", None)), r.loc)
 
     # -- windows -------------------------------------------------------------------------------
-    def _open(self) -> bool:
-        mode = _Mode(self)
-        thread = push_mode(mode, self.rec, _LABEL)
-        if thread is None:
+    def _push(self) -> None:
+        """Put the mode on the stack (between module calls, until the backward)."""
+        if self._pushed or self.closed or self._windows >= _WINDOWS \
+                or torch._C._len_torch_function_stack() != self._base:
+            return  # inside a mode the script entered: its exit would pop this one in its place
+        if self._mode is None:
+            self._mode = _Mode(self)
+        if push_mode(self._mode, self.rec, _LABEL) is None:
             self.closed = True
-            return False
-        self._mode, self._thread = mode, thread
-        self._ops = 0
-        self.following = True
-        return True
+            return
+        self._pushed = True
+        self.following = self._ops <= _OPS
+
+    def _pop(self) -> None:
+        if self._pushed and pop_mode(self._mode, self._thread, self.rec, _LABEL):
+            self._pushed = False
+        self.following = False
 
     def describe_loss(self, tensors) -> dict:
-        if self._mode is None or threading.get_ident() != self._thread:
+        if self._thread is None or threading.get_ident() != self._thread:
             return {}
         self._windows += 1
         if self._tags or self._diffs:
             self._tags, self._diffs = {}, {}
         self._ops = 0
-        self.following = not self.closed and self._windows < _WINDOWS
-        if not self.following:
+        self._pop()  # the backward and the step make no target; the next forward puts it back
+        if self._windows >= _WINDOWS:
             self._close()
         return {}
 
     def _close(self) -> None:
         self.following = False
         self._tags, self._diffs = {}, {}
-        if self._mode is not None and pop_mode(self._mode, self._thread, self.rec, _LABEL):
-            self._mode = None
-        if self._mode is None:
+        self._pop()
+        if not self._pushed:
             for handle in self._handles:
                 try:
                     handle.remove()
@@ -390,6 +418,7 @@ class BatchTargetWatcher:
         self._close()
 
     def install(self, patcher) -> None:
+        self._base = torch._C._len_torch_function_stack()  # modes under the run (--emulate-cuda)
         close_before_compile(patcher, self.before_compile)
         patcher.handle(UninstallHandle(self))
         self._handles = register_module_hooks(patcher, self._pre, self._post)
