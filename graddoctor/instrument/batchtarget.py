@@ -188,7 +188,7 @@ class BatchTargetWatcher:
         self._diffs: dict = {}  # id(difference) -> (weak difference, _Reduced)
         self._told: set = set()
         self._handles: list = []
-        self._base = 0  # the torch function modes entered before the run
+        self._modes_below = 0  # the torch function modes entered before the run
 
     # -- tags ----------------------------------------------------------------------------------
     def _tag(self, tensor) -> _Tag | None:
@@ -372,7 +372,7 @@ class BatchTargetWatcher:
     def _push(self) -> None:
         """Put the mode on the stack (between module calls, until the backward)."""
         if self._pushed or self.closed or self._windows >= _WINDOWS \
-                or torch._C._len_torch_function_stack() != self._base:
+                or torch._C._len_torch_function_stack() != self._modes_below:
             return  # inside a mode the script entered: its exit would pop this one in its place
         if self._mode is None:
             self._mode = _Mode(self)
@@ -418,7 +418,7 @@ class BatchTargetWatcher:
         self._close()
 
     def install(self, patcher) -> None:
-        self._base = torch._C._len_torch_function_stack()  # modes under the run (--emulate-cuda)
+        self._modes_below = torch._C._len_torch_function_stack()  # modes under the run (--emulate-cuda)
         close_before_compile(patcher, self.before_compile)
         patcher.handle(UninstallHandle(self))
         self._handles = register_module_hooks(patcher, self._pre, self._post)
