@@ -88,13 +88,13 @@ class TargetReducedOverBatch(Rule):
                 effect = (f"every sample's target mixes the {batch} samples of the batch "
                           f"instead of reducing its own row")
                 fixed = _fixed(call, op, dims, len(shape)) if call else None
-                axis = "dim=1 (the actions)" if len(shape) == 2 else f"the sample's own dims (1..{len(shape) - 1})"
+                axis = "dim=1 (each sample's own values: a Q-network's actions)" if len(shape) == 2 else f"the sample's own dims (1..{len(shape) - 1})"
                 fix = (f"`{fixed}`: reduce over {axis}, never over dim 0 (the batch)" if fixed
                        else f"reduce over {axis}, never over dim 0 (the batch)")
             loss = e.get("fn") or "the loss"
             at = f" at line {e.get('loss_line')}" if e.get("loss_line") else ""
             yield self.finding(
-                f"{shown} reduces a model's output of shape {tuple(shape)} {how}, and the "
+                f"{shown} reduces a {tuple(shape)} value made from a model's per-sample output {how}, and the "
                 f"result is broadcast back into the target of {loss}{at}: {effect}, so what a "
                 f"sample is worth no longer depends on its own next state",
                 e.loc, step=a.next_step_number(e.seq),
