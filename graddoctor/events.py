@@ -224,6 +224,14 @@ fresh_sample_scored dist (the class of the distribution), params [pid] (optimize
                    parameters, read by nothing but log_prob, and holds no log_prob of that
                    other sample (loc: the log_prob call; an aside, once per line; at most 8
                    windows; instrument/freshsample.py)
+batch_reduced_target op (the reduction: "max", "mean", ...), dims ([int] reduced, None: every
+                   dim), batch (the batch size reduced), shape ([int] of the reduced tensor), fn
+                   (the regression loss, or "hand-written squared error" / "hand-written
+                   absolute error"), loss_line (the line of the loss) — a regression loss whose
+                   side without gradient holds a reduction over dim 0 of a model's per-sample
+                   output broadcast back onto the batch and combined with values not derived
+                   from that output (loc: the reduction; an aside, once per line; first 6
+                   backwards; instrument/batchtarget.py)
 reparam_cut        dist (the class of the distribution sampled; None for a hand-written
                    reparameterisation), params [pid] (optimizer-owned parameters behind its
                    parameters), op (the autograd node where the sample enters the loss's graph
@@ -847,7 +855,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1178,6 +1186,12 @@ def fresh_sample_scored(*, dist: str, params: list[int], acted: int | None, samp
                         backward: int | None) -> Made:
     return "fresh_sample_scored", {"dist": dist, "params": params, "acted": acted,
                                    "sampled": sampled, "backward": backward}
+
+
+def batch_reduced_target(*, op: str, dims: list[int] | None, batch: int, shape: list[int], fn: str,
+                         loss_line: int | None) -> Made:
+    return "batch_reduced_target", {"op": op, "dims": dims, "batch": batch, "shape": shape,
+                                    "fn": fn, "loss_line": loss_line}
 
 
 def reparam_cut(*, dist: str | None, params: list[int], op: str, via: str,
@@ -1607,7 +1621,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "linear_stack": linear_stack, "bn_batch": bn_batch,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
-    "fresh_sample_scored": fresh_sample_scored,
+    "fresh_sample_scored": fresh_sample_scored, "batch_reduced_target": batch_reduced_target,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
@@ -1643,7 +1657,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
-                         "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
+                         "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",

@@ -80,6 +80,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_generator_helps_wgan_sign.py",  # gan_same_target
             "losses/bad_entropy_minimised_ppo.py",  # entropy_sign
             "losses/bad_target_not_detached_dqn.py",  # target_grad
+            "losses/bad_target_reduced_over_batch_dqn.py",  # batch_reduced_target
             "losses/bad_noise_target_redrawn.py",  # noise_redrawn
             "masks/bad_softmax_wrong_axis_queries.py",  # softmax_axis
             "masks/bad_attention_scores_multiplied_sqrt.py",  # attention_scale

@@ -45,6 +45,7 @@ from .policygrad import AdvantageGradWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
 from .freshsample import FreshSampleWatcher
+from .batchtarget import BatchTargetWatcher
 from .ratios import RatioWatcher
 from .reparam import ReparamWatcher
 from .precision import PrecisionWatcher
@@ -183,6 +184,11 @@ class Instrumentation:
         fresh = FreshSampleWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, fresh.describe_loss)
         self.watchers.append(fresh)
+        # a regression target that holds a reduction over the batch of a model's output
+        # (target-reduced-over-batch): followed in the first backwards' turns
+        batch_target = BatchTargetWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, batch_target.describe_loss)
+        self.watchers.append(batch_target)
         # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
