@@ -158,6 +158,9 @@ class ScriptSource:
     def target_origin(self, path: str, line: int) -> dict | None:
         return target_origin(self.full(path), line)
 
+    def labels_written(self, path: str, line: int, functions) -> tuple[int, str, str, str, bool] | None:
+        return labels_written(self.full(path), line, functions)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -2634,3 +2637,34 @@ def target_origin(path: str, line: int) -> dict | None:
             if _converts(value):
                 found["line"], found["text"] = at, f"{root.id} = {ast.unparse(value)}"
     return found
+
+
+def labels_written(path: str, line: int, functions) -> tuple[int, str, str, str, bool] | None:
+    """``(line, text, name, input, assigned)`` where the targets of the call of one of
+    ``functions`` on ``line`` are written: the latest plain assignment of the name given as
+    target (``labels = ...``, ``assigned``) before ``line`` in the enclosing function, else the
+    call's own line with the target's text; ``name`` is the target and ``input`` the first
+    argument as the call writes them. None when the line shows no such call."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name not in functions:
+            continue
+        written = node.args[1] if len(node.args) > 1 else next(
+            (k.value for k in node.keywords if k.arg in ("target", "targets")), None)
+        if written is None or isinstance(written, ast.Starred):
+            continue
+        shown = ast.unparse(written)
+        given = ast.unparse(node.args[0]) if node.args else "logits"
+        if isinstance(written, ast.Name):
+            values = [(at, value) for at, value in
+                      _assigned_values(_enclosing_function(tree, line), written.id) if at <= line]
+            if values:
+                at, value = max(values, key=lambda v: v[0])
+                return at, f"{written.id} = {ast.unparse(value)}", shown, given, True
+        return node.lineno, shown, shown, given, False
+    return None

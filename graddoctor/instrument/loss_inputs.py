@@ -32,6 +32,7 @@ from .. import events as ev
 from .graphpaths import saved
 from .inlinable import watched
 from .losscalls import LossCalls
+from .pairlabels import pair_fault
 from .recorder import Recorder
 
 NAMES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div", "ctc_loss",
@@ -327,6 +328,7 @@ class LossInputWatcher:
         self._token_counts: dict[int, set[int]] = {}
         self._padded: set = set()  # call lines recorded as padded
         self._matched: set = set()  # call lines recorded with a self_match event
+        self._paired: set = set()  # call lines recorded with a pair_labels event
         self._smoothed: set = set()  # call lines recorded with a label_smoothing event
         self._smoothing_told: set = set()  # call lines recorded with a smoothing_high event
         # pads inferred from the token batches themselves (an embedding without padding_idx:
@@ -369,6 +371,8 @@ class LossInputWatcher:
                 if fn == "cross_entropy" and input.dim() == 2 \
                         and input.shape[0] == input.shape[1] >= _SQUARE_MIN:
                     watcher._self_match(input, target)
+                if fn in ("cross_entropy", "nll_loss") and input.dim() == 2 and input.shape[1] >= input.shape[0]:
+                    watcher._pair_labels(fn, input, target)
                 if fn == "cross_entropy" and (args[7] if len(args) > 7 else kwargs.get("label_smoothing")):
                     watcher._smoothed_twice(input, target, args, kwargs)
                     watcher._smoothing_high(input, args, kwargs)
@@ -485,6 +489,21 @@ class LossInputWatcher:
             return
         self._matched.add(loc)
         self.rec.emit_aside(ev.self_match(size=int(n), on_diagonal=round(on_diagonal, 4)), loc)
+
+    # -- the targets of a similarity matrix that miss each row's positive -------------------
+    def _pair_labels(self, fn: str, input, target) -> None:
+        """A ``pair_labels`` aside when the loss's logits are a similarity of two batches'
+        embeddings and its targets do not point at each row's positive (pairlabels.py)."""
+        fault = pair_fault(fn, input, target, lambda: self._reads_left("pair_labels", target))
+        if fault is None:
+            return
+        loc = self.rec.here()
+        if loc in self._paired:
+            return
+        self._paired.add(loc)
+        how, label, share = fault
+        self.rec.emit_aside(ev.pair_labels(how=how, fn=fn, rows=int(input.shape[0]),
+                                           columns=int(input.shape[1]), label=label, share=share), loc)
 
     # -- label smoothing on smoothed targets ----------------------------------------------
     def _class_weights(self, fn: str, input, target, weight, args, kwargs) -> None:

@@ -1,0 +1,305 @@
+"""The targets of a pairwise-similarity loss that do not point at each row's positive.
+
+A contrastive loss (InfoNCE, CLIP, SimCLR's NT-Xent) is a classification whose classes are the
+columns of a similarity matrix: row i's logits are sample i's similarities with the samples
+the columns stand for, and its label names the column that holds sample i's positive (its other
+view, its caption). Two slips train without an error:
+
+* **One label for every row** (``torch.zeros(B)``, MoCo's labels kept where the positive is no
+  longer column 0): every sample is told that its positive is the sample of column 0. MoCo's
+  labels are right only because its logits are ``cat([l_pos, l_neg], 1)``, with each row's own
+  positive put in column 0; in ``z1 @ z2.T`` column 0 is one sample for every row.
+* **Labels on the diagonal of a self-similarity** (``arange(2N)`` over ``z @ z.T`` with
+  ``z = cat([z1, z2])``, where SimCLR's positive of row i is column ``(i + N) % 2N``): each row's
+  label is its similarity with itself, a constant after normalisation, so the loss only pushes
+  the samples apart and never pulls the two views together.
+
+How it is seen, from the graph of the loss's input at its first calls (``cross_entropy``, and
+``nll_loss`` through the ``log_softmax`` it is given), one small read of the targets: the
+input is followed down through what keeps its entries in place (scalar factors, a learned
+temperature, masked fills, casts, views, transposes, a subtracted row maximum) to a plain 2-D
+matrix product (``@``, ``mm``, ``matmul``, ``einsum`` of two matrices: a batched product of one
+batch). Its operands must both be a batch's embeddings: a product with a parameter (``x @
+W.T``: classification with class labels, a normalised weight's cosine classifier) or with a
+tensor made of parameters alone is not a similarity of samples; an operand without a graph (a
+momentum encoder's keys) counts only when it has as many rows as the logits (one key per
+sample). Then:
+
+* "constant": at least ``_ROWS`` rows, at least as many columns as rows, every label one valid
+  column;
+* "self": both operands are the same tensor (the same node and output, through transposes), the
+  matrix square, and at least half the rows labelled with their own index.
+
+Silent on MoCo's ``cat([l_pos, l_neg])`` (the walk stops at the concatenation: column 0 is each
+row's own positive), per-row candidate lists (``bmm(q[:, None], cands.transpose(1, 2))``: a
+batched product), SimCLR's shifted ``arange``, CLIP's ``arange``, soft targets (SupCon's class
+masks), a classification head.
+
+The other member of the family, for ``triplet_margin_loss`` (``nn.TripletMarginLoss`` calls
+it): the positive given is the negative given with its rows reordered (``negative =
+positive[perm]`` or ``positive.roll(1, 0)``, then ``loss(anchor, negative, positive)``): the
+argument built from the anchor's own sample sits in the negative's place. Seen when the
+positive's node is a row reordering (``roll``, ``flip``, ``index_select`` or indexing along
+dimension 0) whose input is the negative's node and output, and the first calls' values agree:
+in at least ``_NEARER`` of the rows the anchor is nearer the negative given than the positive
+given. Silent on batch-hard mining (positive and negative both rows picked from one
+embedding), on negatives made by rolling the positives (the right order), and on anything
+whose values do not agree.
+
+A ``pair_labels`` aside event, once per call line.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import events as ev
+from .graphpaths import saved
+from .inlinable import watched
+from .recorder import Recorder
+
+_ROWS = 4  # rows a similarity needs before one label for all of them says anything
+_DOWN = 16  # operations followed from the loss's input down to the product
+_OPERAND = 12  # operations followed from a product's operand to the tensor it transposes
+_PARAMS_ONLY = 64  # nodes walked below an operand to see whether it is made of parameters alone
+_SELF_SHARE = 0.5  # rows labelled with their own index, over a self-similarity
+_NEARER = 0.75  # rows whose anchor is nearer the negative given than the positive given
+_READS = 8  # calls of each kind whose values are read (the first ones)
+
+# operations that keep each entry of the logits where it is (or scale it by one number)
+_KEEP = ("CloneBackward", "ToCopyBackward", "AliasBackward", "MaskedFillBackward",
+         "ContiguousBackward", "NegBackward")
+_MOVE = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "SqueezeBackward",
+         "UnsqueezeBackward", "TransposeBackward", "TBackward", "PermuteBackward")
+_SCALE = ("MulBackward", "DivBackward", "AddBackward", "SubBackward")
+_REORDER = ("RollBackward", "FlipBackward", "IndexSelectBackward", "IndexBackward")
+
+
+def _children(node) -> list:
+    return [(child, nr) for child, nr in node.next_functions if child is not None]
+
+
+def _shape(node, nr: int = 0):
+    """The shape of output ``nr`` of ``node`` (from its metadata), or None."""
+    try:
+        meta = node._input_metadata[nr]
+        return tuple(int(s) for s in meta.shape)
+    except Exception:
+        return None
+
+
+def _product(input):
+    """The ``MmBackward`` (or ``BmmBackward`` of a batch of one: einsum's) node whose output
+    the logits ``input`` hold entry for entry, or None."""
+    node = input.grad_fn
+    for _ in range(_DOWN):
+        if node is None:
+            return None
+        name = type(node).__name__
+        if name.startswith("MmBackward"):
+            return node
+        if name.startswith("BmmBackward"):
+            shape = _shape(node)
+            return node if shape is not None and len(shape) == 3 and shape[0] == 1 else None
+        children = _children(node)
+        if name.startswith(_KEEP + _MOVE + ("SelectBackward",)) and len(children) == 1:
+            # a select only on the way to the product: a batched product of one batch, [0]
+            node = children[0][0]
+            continue
+        if name.startswith(_SCALE):
+            # one side a number or a (learned) scalar, or a per-row shift (the row maximum
+            # subtracted): the other side, as large as the logits, is followed
+            wide = [child for child, nr in children if (_shape(child, nr) or ()) == tuple(input.shape)]
+            if len(wide) == 1:
+                node = wide[0]
+                continue
+            if len(children) == 1:
+                node = children[0][0]
+                continue
+        return None
+    return None
+
+
+def _base(child, nr: int):
+    """``(node, output)`` of the tensor an operand transposes or reshapes (``z`` for ``z.T``)."""
+    for _ in range(_OPERAND):
+        name = type(child).__name__
+        children = _children(child)
+        if not (name.startswith(_MOVE + ("ExpandBackward", "CloneBackward", "AliasBackward"))
+                and len(children) == 1):
+            break
+        child, nr = children[0]
+    return child, nr
+
+
+def _params_only(node) -> bool:
+    """Whether the tensor ``node`` made is a function of parameters alone (a weight, a weight
+    normalised): every path ends at a parameter, no input without a graph and no lookup by index
+    on the way."""
+    seen, stack = set(), [node]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > _PARAMS_ONLY:
+            return False
+        name = type(node).__name__
+        if name == "AccumulateGrad":
+            continue
+        if name.startswith(("Embedding", "Index", "Gather")):
+            return False
+        for child, _ in node.next_functions:
+            if child is None:
+                return False  # a tensor without a graph came in: the batch
+            stack.append(child)
+    return True
+
+
+def similarity_operands(input):
+    """``(left, right)`` bases of the 2-D product of two batches' embeddings behind the logits
+    ``input``, each ``(node, output)`` or None for an operand without a graph; None when the
+    logits are no such product (a classifier's, a concatenation's)."""
+    product = _product(input)
+    if product is None:
+        return None
+    edges = list(product.next_functions)
+    if len(edges) != 2:
+        return None
+    rows, columns = int(input.shape[0]), int(input.shape[1])
+    bases = []
+    for child, nr in edges:
+        if child is None:
+            bases.append(None)
+            continue
+        base = _base(child, nr)
+        if type(base[0]).__name__ == "AccumulateGrad" or _params_only(base[0]):
+            return None  # x @ W.T: a classifier's weight, not a batch
+        bases.append(base)
+    if bases[0] is None and bases[1] is None:
+        return None
+    if None in bases and rows != columns:
+        return None  # a table without a graph (a queue, a frozen weight): not one key per sample
+    return bases[0], bases[1]
+
+
+def pair_fault(fn: str, input, target, may_read: Callable[[], bool]):
+    """``(how, label, share)`` when the integer targets of a loss over pairwise similarities do
+    not point at each row's positive ("constant", "self"), else None. One read of the targets,
+    when the graph shows such a similarity and ``may_read()`` allows it."""
+    if not (isinstance(target, torch.Tensor) and target.dim() == 1 and input.dim() == 2
+            and not target.is_floating_point() and target.dtype != torch.bool
+            and target.shape[0] == input.shape[0]):
+        return None
+    rows, columns = int(input.shape[0]), int(input.shape[1])
+    if rows < _ROWS or columns < rows:
+        return None
+    logits = input
+    node = input.grad_fn
+    if fn == "nll_loss":
+        if node is None or not type(node).__name__.startswith("LogSoftmaxBackward"):
+            return None
+        # the scores the log_softmax normalised: followed as cross_entropy's input would be
+        logits = _Scores(node)
+    operands = similarity_operands(logits)
+    if operands is None or not may_read():
+        return None
+    with torch.no_grad():
+        t = target.detach()
+        rows_index = torch.arange(rows, device=t.device)
+        low, high, own = torch.stack([t.min(), t.max(), (t == rows_index).sum()]).tolist()
+    if low == high and 0 <= low < columns:
+        return "constant", int(low), None
+    share = own / rows
+    if operands[0] is not None and operands[0] == operands[1] and rows == columns and share >= _SELF_SHARE:
+        return "self", None, round(share, 4)
+    return None
+
+
+class _Scores:
+    """What ``similarity_operands`` reads of the logits, for the input of a ``log_softmax``."""
+
+    def __init__(self, log_softmax):
+        children = _children(log_softmax)
+        self.grad_fn = children[0][0] if len(children) == 1 else None
+        self.shape = _shape(self.grad_fn, children[0][1]) if self.grad_fn is not None else ()
+
+
+def _reordered(positive, negative) -> bool:
+    """Whether ``positive`` is ``negative`` with its rows reordered (its node a roll, flip or
+    index along dimension 0 of exactly the negative's output)."""
+    node, below = positive.grad_fn, negative.grad_fn
+    if node is None or below is None:
+        return False
+    name = type(node).__name__
+    if not name.startswith(_REORDER):
+        return False
+    children = _children(node)
+    if len(children) != 1 or children[0] != (below, negative.output_nr):
+        return False
+    if name.startswith("RollBackward"):
+        dims = tuple(saved(node, "dims", ()) or ())
+        return not dims or 0 in dims
+    if name.startswith("FlipBackward"):
+        dims = tuple(saved(node, "dims", ()) or ())
+        return 0 in dims or -positive.dim() in dims
+    if name.startswith("IndexSelectBackward"):
+        return saved(node, "dim") in (0, -positive.dim())
+    indices = saved(node, "indices") or saved(node, "_saved_indices")
+    return bool(indices) and isinstance(indices[0], torch.Tensor)  # x[idx]: rows picked
+
+
+class TripletOrderWatcher:
+    """``triplet_margin_loss`` given a positive that is its negative's rows reordered."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._reads = 0
+        self._told: set = set()
+
+    def _call(self, args, kwargs) -> None:
+        names = ("anchor", "positive", "negative")
+        anchor, positive, negative = (args[i] if len(args) > i else kwargs.get(name)
+                                      for i, name in enumerate(names))
+        if not all(isinstance(t, torch.Tensor) for t in (anchor, positive, negative)):
+            return
+        if not (torch.is_grad_enabled() and positive.requires_grad and positive.dim() == 2
+                and positive.shape == negative.shape and positive.shape[0] >= _ROWS
+                and anchor.shape == positive.shape):
+            return
+        if self._reads >= _READS or not _reordered(positive, negative):
+            return
+        if self.rec.progress.steps and positive.device.type != "cpu":
+            return  # no host sync in the updates after the first step
+        self._reads += 1
+        with torch.no_grad():
+            a = anchor.detach().float()
+            to_positive = (a - positive.detach().float()).norm(dim=1)
+            to_negative = (a - negative.detach().float()).norm(dim=1)
+            share = float((to_negative < to_positive).float().mean())
+        if share < _NEARER:
+            return
+        loc = self.rec.here()
+        if loc in self._told:
+            return
+        self._told.add(loc)
+        rows = int(positive.shape[0])
+        self.rec.emit_aside(ev.pair_labels(how="triplet", fn="triplet_margin_loss", rows=rows,
+                                           columns=rows, share=round(share, 4)), loc)
+
+    def install(self, patcher) -> None:
+        original = F.triplet_margin_loss
+        watcher = self
+
+        def before(args, kwargs) -> None:
+            try:
+                watcher._call(args, kwargs)
+            except Exception as exc:
+                watcher.rec.internal_error("F.triplet_margin_loss", exc)
+
+        wrapped = watched(original, before)
+        wrapped.__prepare_scriptable__ = lambda: original
+        patcher.patch(F, "triplet_margin_loss", wrapped)
