@@ -1077,9 +1077,9 @@ def output_range(*, fn: str, activation: str, low: float, high: float | None, ou
 
 
 def pair_labels(*, how: str, fn: str, rows: int, columns: int, label: int | None = None,
-                share: float | None = None) -> Made:
+                share: float | None = None, halves: bool | None = None) -> Made:
     return "pair_labels", {"how": how, "fn": fn, "rows": rows, "columns": columns,
-                           "label": label, "share": share}
+                           "label": label, "share": share, "halves": halves}
 
 
 def self_match(*, size: int, on_diagonal: float) -> Made:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graddoctor import events as ev
-from graddoctor.analysis.source import labels_written
+from graddoctor.analysis.source import call_with_swapped, labels_written
 from graddoctor.instrument import Instrumentation, Recorder
 from graddoctor.instrument.pairlabels import pair_fault
 from rule_traces import builder, findings, only
@@ -62,6 +62,8 @@ def test_labels_on_the_diagonal_of_a_self_similarity_are_found():
     assert _fault(z @ z.T / 0.5, torch.arange(2 * N)) == ("self", None, 1.0)
     half = torch.cat([torch.arange(N), torch.arange(N)])  # the first N rows on themselves
     assert _fault(z @ z.T, half)[0] == "self"
+    cosine = F.cosine_similarity(z[:, None], z[None], dim=-1)
+    assert _fault(cosine, torch.arange(2 * N)) == ("self", None, 1.0)
 
 
 @pytest.mark.parametrize("case", ["arange", "shifted", "moco_cat", "weight", "normalised_weight",
@@ -109,6 +111,8 @@ def _triplet_events(order: str):
         anchor, pos = net(x), net(x + 0.01 * torch.randn_like(x))
         if order == "swapped":
             nn.TripletMarginLoss()(anchor, pos.roll(1, 0), pos).backward()
+        elif order == "distance":
+            nn.TripletMarginWithDistanceLoss()(anchor, pos.flip(0), pos).backward()
         elif order == "right":
             F.triplet_margin_loss(anchor, pos, pos.roll(1, 0)).backward()
         elif order == "mined":
@@ -120,9 +124,11 @@ def _triplet_events(order: str):
     return [e for e in rec.trace if e.kind == "pair_labels"]
 
 
-def test_a_triplet_whose_positive_is_its_negative_reordered_is_recorded():
-    (e,) = _triplet_events("swapped")
-    assert e["how"] == "triplet" and e["rows"] == N and e["share"] >= 0.75
+@pytest.mark.parametrize("order, fn", [("swapped", "triplet_margin_loss"),
+                                       ("distance", "triplet_margin_with_distance_loss")])
+def test_a_triplet_whose_positive_is_its_negative_reordered_is_recorded(order, fn):
+    (e,) = _triplet_events(order)
+    assert e["how"] == "triplet" and e["fn"] == fn and e["rows"] == N and e["share"] >= 0.75
 
 
 @pytest.mark.parametrize("order", ["right", "mined", "far"])
@@ -161,3 +167,29 @@ def test_the_rule_reports_each_kind_once_per_line():
     f = only(t, SLUG)
     assert f.location.line == 7 and "swapped" in f.message
     assert findings(builder(), SLUG) == []
+
+
+@pytest.mark.parametrize("logits_of", [
+    lambda a, b: F.cosine_similarity(a[:, None], b[None], dim=-1) / 0.1,
+    lambda a, b: (a.unsqueeze(1) * b.unsqueeze(0)).sum(-1),
+    lambda a, b: -torch.cdist(a, b),
+])
+def test_cosine_broadcast_and_distance_similarities_are_followed(logits_of):
+    a, b, _ = _views()
+    assert _fault(logits_of(a, b), ZEROS) == ("constant", 0, None)
+    assert _fault(logits_of(a, b), torch.arange(N)) is None
+
+
+def test_a_broadcast_product_of_a_batch_with_a_weight_stays_silent():
+    a, _, _ = _views()
+    w = nn.Parameter(torch.randn(N, 5))
+    assert _fault(F.cosine_similarity(a[:, None], w[None], dim=-1), ZEROS) is None
+    assert _fault(-torch.cdist(a, w), ZEROS) is None
+
+
+def test_the_triplet_fix_swaps_the_call_as_written(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("loss = crit(net(a), torch.where(m, x, y), pos, margin=0.5)\n")
+    assert call_with_swapped(str(script), 1, 1, 2) == (
+        "crit(net(a), torch.where(m, x, y), pos, margin=0.5)",
+        "crit(net(a), pos, torch.where(m, x, y), margin=0.5)")

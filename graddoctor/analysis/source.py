@@ -161,6 +161,9 @@ class ScriptSource:
     def labels_written(self, path: str, line: int, functions) -> tuple[int, str, str, str, bool] | None:
         return labels_written(self.full(path), line, functions)
 
+    def call_with_swapped(self, path: str, line: int, first: int, second: int) -> tuple[str, str] | None:
+        return call_with_swapped(self.full(path), line, first, second)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -2668,3 +2671,25 @@ def labels_written(path: str, line: int, functions) -> tuple[int, str, str, str,
                 return at, f"{written.id} = {ast.unparse(value)}", shown, given, True
         return node.lineno, shown, shown, given, False
     return None
+
+
+def call_with_swapped(path: str, line: int, first: int, second: int) -> tuple[str, str] | None:
+    """``(call, the call with its positional arguments first and second swapped)`` of the
+    outermost call starting last on ``line`` and given both (``crit(a, n, p)`` -> ``crit(a, p,
+    n)``), or None."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and len(node.args) > max(first, second) \
+                and not any(isinstance(a, ast.Starred) for a in node.args) \
+                and (found is None or node.lineno > found.lineno):
+            found = node
+    if found is None:
+        return None
+    args = list(found.args)
+    args[first], args[second] = args[second], args[first]
+    swapped = ast.Call(func=found.func, args=args, keywords=found.keywords)
+    return ast.unparse(found), ast.unparse(swapped)

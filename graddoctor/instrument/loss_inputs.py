@@ -501,9 +501,10 @@ class LossInputWatcher:
         if loc in self._paired:
             return
         self._paired.add(loc)
-        how, label, share = fault
+        how, label, share, halves = fault
         self.rec.emit_aside(ev.pair_labels(how=how, fn=fn, rows=int(input.shape[0]),
-                                           columns=int(input.shape[1]), label=label, share=share), loc)
+                                           columns=int(input.shape[1]), label=label, share=share,
+                                           halves=halves), loc)
 
     # -- label smoothing on smoothed targets ----------------------------------------------
     def _class_weights(self, fn: str, input, target, weight, args, kwargs) -> None:

@@ -35,8 +35,8 @@ row's own positive), per-row candidate lists (``bmm(q[:, None], cands.transpose(
 batched product), SimCLR's shifted ``arange``, CLIP's ``arange``, soft targets (SupCon's class
 masks), a classification head.
 
-The other member of the family, for ``triplet_margin_loss`` (``nn.TripletMarginLoss`` calls
-it): the positive given is the negative given with its rows reordered (``negative =
+The other member of the family, for ``triplet_margin_loss`` and
+``triplet_margin_with_distance_loss`` (their ``nn`` modules call them): the positive given is the negative given with its rows reordered (``negative =
 positive[perm]`` or ``positive.roll(1, 0)``, then ``loss(anchor, negative, positive)``): the
 argument built from the anchor's own sample sits in the negative's place. Seen when the
 positive's node is a row reordering (``roll``, ``flip``, ``index_select`` or indexing along
@@ -68,6 +68,8 @@ _PARAMS_ONLY = 64  # nodes walked below an operand to see whether it is made of 
 _SELF_SHARE = 0.5  # rows labelled with their own index, over a self-similarity
 _NEARER = 0.75  # rows whose anchor is nearer the negative given than the positive given
 _READS = 8  # calls of each kind whose values are read (the first ones)
+# the triplet losses (their nn modules call them), each (anchor, positive, negative)
+_TRIPLETS = ("triplet_margin_loss", "triplet_margin_with_distance_loss")
 
 # operations that keep each entry of the logits where it is (or scale it by one number)
 _KEEP = ("CloneBackward", "ToCopyBackward", "AliasBackward", "MaskedFillBackward",
@@ -91,19 +93,79 @@ def _shape(node, nr: int = 0):
         return None
 
 
+def _signed(value: int) -> int:
+    """A dimension saved as an unsigned 64-bit number (-1 reads as 2**64 - 1)."""
+    value = int(value)
+    return value - 2 ** 64 if value >= 2 ** 63 else value
+
+
+def _broadcast_side(child, nr: int):
+    """``(unsqueezed shape, edge below the unsqueeze)`` of one side of a broadcast product
+    (``z[:, None]``, ``F.cosine_similarity``'s ``z / norm`` of the expanded ``z``), or None."""
+    for _ in range(4):
+        if child is None:
+            return None
+        name = type(child).__name__
+        if name.startswith("UnsqueezeBackward"):
+            shape = _shape(child, nr)
+            children = _children(child)
+            return (shape, children[0]) if shape is not None and len(children) == 1 else None
+        children = list(child.next_functions)
+        if name.startswith(("ExpandBackward", "CloneBackward")) and len(children) == 1:
+            child, nr = children[0]
+        elif name.startswith("DivBackward") and children:
+            child, nr = children[0]  # the numerator: the vectors divided by their norm
+        else:
+            return None
+    return None
+
+
+def _pairwise(node, rows: int, columns: int):
+    """The two edges ``((node, output) or None)`` of the tensors whose pairwise similarities or
+    distances ``node`` makes, the rows' first: a 2-D matrix product (``MmBackward``, a
+    ``BmmBackward`` of one batch: einsum's), ``cdist``, or a broadcast product summed over the
+    features (``(a[:, None] * b[None]).sum(-1)``, ``F.cosine_similarity(a[:, None], b[None],
+    dim=-1)``); None for anything else."""
+    name = type(node).__name__
+    if name.startswith(("MmBackward", "CdistBackward")):
+        edges = list(node.next_functions)
+        return edges if len(edges) == 2 else None
+    if name.startswith("BmmBackward"):
+        shape = _shape(node)
+        edges = list(node.next_functions)
+        return edges if shape is not None and len(shape) == 3 and shape[0] == 1 and len(edges) == 2 else None
+    if name.startswith("SumBackward1"):
+        dims = saved(node, "_saved_dim")
+        sizes = saved(node, "_saved_self_sym_sizes")
+        if not dims or sizes is None or len(sizes) != 3 or len(dims) != 1 or _signed(dims[0]) % 3 != 2:
+            return None
+        children = _children(node)
+        if len(children) != 1 or not type(children[0][0]).__name__.startswith("MulBackward"):
+            return None
+        sides = [_broadcast_side(child, nr) for child, nr in children[0][0].next_functions]
+        if len(sides) != 2 or None in sides:
+            return None
+        by_shape = {side[0][:2]: side[1] for side in sides}
+        if set(by_shape) != {(rows, 1), (1, columns)} or rows == 1 or columns == 1:
+            return None
+        return [by_shape[(rows, 1)], by_shape[(1, columns)]]
+    return None
+
+
 def _product(input):
-    """The ``MmBackward`` (or ``BmmBackward`` of a batch of one: einsum's) node whose output
-    the logits ``input`` hold entry for entry, or None."""
+    """The two edges of the pairwise product (``_pairwise``) whose output the logits ``input``
+    hold entry for entry (a transpose swaps them), or None."""
     node = input.grad_fn
+    rows, columns = int(input.shape[0]), int(input.shape[1])
     for _ in range(_DOWN):
         if node is None:
             return None
         name = type(node).__name__
-        if name.startswith("MmBackward"):
-            return node
-        if name.startswith("BmmBackward"):
-            shape = _shape(node)
-            return node if shape is not None and len(shape) == 3 and shape[0] == 1 else None
+        edges = _pairwise(node, rows, columns)
+        if edges is not None:
+            return edges
+        if name.startswith(("TransposeBackward", "TBackward", "PermuteBackward")):
+            rows, columns = columns, rows
         children = _children(node)
         if name.startswith(_KEEP + _MOVE + ("SelectBackward",)) and len(children) == 1:
             # a select only on the way to the product: a batched product of one batch, [0]
@@ -112,7 +174,7 @@ def _product(input):
         if name.startswith(_SCALE):
             # one side a number or a (learned) scalar, or a per-row shift (the row maximum
             # subtracted): the other side, as large as the logits, is followed
-            wide = [child for child, nr in children if (_shape(child, nr) or ()) == tuple(input.shape)]
+            wide = [child for child, nr in children if (_shape(child, nr) or ()) == (rows, columns)]
             if len(wide) == 1:
                 node = wide[0]
                 continue
@@ -163,11 +225,8 @@ def similarity_operands(input):
     """``(left, right)`` bases of the 2-D product of two batches' embeddings behind the logits
     ``input``, each ``(node, output)`` or None for an operand without a graph; None when the
     logits are no such product (a classifier's, a concatenation's)."""
-    product = _product(input)
-    if product is None:
-        return None
-    edges = list(product.next_functions)
-    if len(edges) != 2:
+    edges = _product(input)
+    if edges is None:
         return None
     rows, columns = int(input.shape[0]), int(input.shape[1])
     bases = []
@@ -187,7 +246,7 @@ def similarity_operands(input):
 
 
 def pair_fault(fn: str, input, target, may_read: Callable[[], bool]):
-    """``(how, label, share)`` when the integer targets of a loss over pairwise similarities do
+    """``(how, label, share, halves)`` when the integer targets of a loss over pairwise similarities do
     not point at each row's positive ("constant", "self"), else None. One read of the targets,
     when the graph shows such a similarity and ``may_read()`` allows it."""
     if not (isinstance(target, torch.Tensor) and target.dim() == 1 and input.dim() == 2
@@ -212,11 +271,31 @@ def pair_fault(fn: str, input, target, may_read: Callable[[], bool]):
         rows_index = torch.arange(rows, device=t.device)
         low, high, own = torch.stack([t.min(), t.max(), (t == rows_index).sum()]).tolist()
     if low == high and 0 <= low < columns:
-        return "constant", int(low), None
+        return "constant", int(low), None, None
     share = own / rows
     if operands[0] is not None and operands[0] == operands[1] and rows == columns and share >= _SELF_SHARE:
-        return "self", None, round(share, 4)
+        return "self", None, round(share, 4), halves(operands[0][0])
     return None
+
+
+def halves(node) -> bool:
+    """Whether the embeddings ``node`` made are two halves of one size concatenated along the
+    batch (``torch.cat([z1, z2])``, normalised or not): two views of one batch."""
+    for _ in range(_OPERAND):
+        name = type(node).__name__
+        children = list(node.next_functions)
+        if name.startswith("CatBackward"):
+            dim = saved(node, "_saved_dim")
+            sizes = [(_shape(child, nr) or (None,))[0] for child, nr in children if child is not None]
+            return dim is not None and _signed(dim) in (0, -2) and len(children) == 2 \
+                and len(sizes) == 2 and sizes[0] == sizes[1] is not None
+        if name.startswith("DivBackward") and children and children[0][0] is not None:
+            node = children[0][0]  # the numerator: the vectors divided by their norm
+        elif name.startswith(_KEEP + _MOVE) and len(children) == 1 and children[0][0] is not None:
+            node = children[0][0]
+        else:
+            return False
+    return False
 
 
 class _Scores:
@@ -240,15 +319,18 @@ def _reordered(positive, negative) -> bool:
     children = _children(node)
     if len(children) != 1 or children[0] != (below, negative.output_nr):
         return False
+    rows = (0, -positive.dim())
     if name.startswith("RollBackward"):
-        dims = tuple(saved(node, "dims", ()) or ())
-        return not dims or 0 in dims
+        dims = tuple(_signed(d) for d in saved(node, "_saved_dims", ()) or ())
+        shifts = tuple(_signed(s) for s in saved(node, "_saved_shifts", ()) or ())
+        return len(dims) == len(shifts) and any(d in rows and s % positive.shape[0]
+                                                for d, s in zip(dims, shifts))
     if name.startswith("FlipBackward"):
-        dims = tuple(saved(node, "dims", ()) or ())
-        return 0 in dims or -positive.dim() in dims
+        return any(_signed(d) in rows for d in saved(node, "_saved_dims", ()) or ())
     if name.startswith("IndexSelectBackward"):
-        return saved(node, "dim") in (0, -positive.dim())
-    indices = saved(node, "indices") or saved(node, "_saved_indices")
+        dim = saved(node, "_saved_dim")
+        return dim is not None and _signed(dim) in rows
+    indices = saved(node, "_saved_indices")
     return bool(indices) and isinstance(indices[0], torch.Tensor)  # x[idx]: rows picked
 
 
@@ -260,7 +342,7 @@ class TripletOrderWatcher:
         self._reads = 0
         self._told: set = set()
 
-    def _call(self, args, kwargs) -> None:
+    def _call(self, fn: str, args, kwargs) -> None:
         names = ("anchor", "positive", "negative")
         anchor, positive, negative = (args[i] if len(args) > i else kwargs.get(name)
                                       for i, name in enumerate(names))
@@ -287,19 +369,24 @@ class TripletOrderWatcher:
             return
         self._told.add(loc)
         rows = int(positive.shape[0])
-        self.rec.emit_aside(ev.pair_labels(how="triplet", fn="triplet_margin_loss", rows=rows,
+        self.rec.emit_aside(ev.pair_labels(how="triplet", fn=fn, rows=rows,
                                            columns=rows, share=round(share, 4)), loc)
 
     def install(self, patcher) -> None:
-        original = F.triplet_margin_loss
+        for name in _TRIPLETS:
+            original = getattr(F, name, None)
+            if original is not None:
+                patcher.patch(F, name, self._wrap(original, name))
+
+    def _wrap(self, original, fn: str):
         watcher = self
 
         def before(args, kwargs) -> None:
             try:
-                watcher._call(args, kwargs)
+                watcher._call(fn, args, kwargs)
             except Exception as exc:
-                watcher.rec.internal_error("F.triplet_margin_loss", exc)
+                watcher.rec.internal_error(f"F.{fn}", exc)
 
         wrapped = watched(original, before)
         wrapped.__prepare_scriptable__ = lambda: original
-        patcher.patch(F, "triplet_margin_loss", wrapped)
+        return wrapped

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -7,11 +9,22 @@ from .base import Rule
 _LOSSES = ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss", "criterion", "loss_fn")
 
 
-def _scores_name(given: str) -> str:
+def _scores_name(given: str) -> str | None:
     """The name of the logits in the loss's first argument as written: ``sim`` in ``sim`` and
-    in ``F.log_softmax(sim, dim=1)``; "logits" for anything else."""
+    in ``F.log_softmax(sim, dim=1)``; None for anything else."""
     inner = given.split("(", 1)[1].split(",")[0].split(")")[0].strip() if "(" in given else given
-    return inner if inner.isidentifier() else "logits"
+    return inner if inner.isidentifier() else None
+
+
+def _arange_for(value: str, logits: str | None, rows: int) -> str:
+    """The ``arange`` that labels row i with column i, written like the targets it replaces
+    where it can be: ``torch.zeros(len(q), dtype=torch.long)`` becomes ``torch.arange(len(q),
+    dtype=torch.long)``; else one as long as the logits."""
+    if re.match(r"torch\.zeros\((?![(\[])", value):
+        return value.replace("torch.zeros(", "torch.arange(", 1)
+    if logits is not None:
+        return f"torch.arange(len({logits}), device={logits}.device)"
+    return f"torch.arange({rows})"
 
 
 class ContrastivePositiveMisplaced(Rule):
@@ -82,7 +95,7 @@ class ContrastivePositiveMisplaced(Rule):
             loc = e.loc
             how = e["how"]
             if how == "triplet":
-                finding = self._triplet(e, loc)
+                finding = self._triplet(a, e, loc)
             else:
                 finding = self._labels(a, e, loc)
             if finding is not None and (finding.location, how) not in told:
@@ -96,15 +109,22 @@ class ContrastivePositiveMisplaced(Rule):
         if written is not None:
             loc = Location(loc.path, written[0])
         text = f"`{written[1]}`" if written is not None else "the targets"
-        logits = _scores_name(written[3]) if written is not None else "logits"
+        logits = _scores_name(written[3]) if written is not None else None
         if e["how"] == "constant":
-            right = f"torch.arange(len({logits}), device={logits}.device)"
+            value = "" if written is None else written[1].split(" = ", 1)[1] if written[4] else written[1]
+            right = _arange_for(value, logits, rows)
             note = ("" if rows == columns else
                     f" (the first {rows} columns being the rows' positives in order)")
+        elif e.get("halves"):
+            n = rows // 2
+            right = f"torch.cat([torch.arange({n}, {rows}), torch.arange({n})])"
+            note = ": each view's other view, N rows away; and mask the diagonal"
         else:
-            right = (f"torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to({logits}.device) "
-                     f"with n = len({logits}) // 2")
-            note = ", and mask the diagonal"
+            n = rows // 2
+            right = f"torch.cat([torch.arange({n}, {rows}), torch.arange({n})])"
+            note = (f" if the {rows} rows are two views of {n} samples concatenated, and mask "
+                    f"the diagonal; a single view has no positive in its similarity with itself: "
+                    f"compare it with a second view (z1 @ z2.T, labels torch.arange(len(z1)))")
         if written is not None and written[4]:
             fix = f"label each row with its own positive: `{written[2]} = {right}`{note}"
         elif written is not None:
@@ -128,12 +148,14 @@ class ContrastivePositiveMisplaced(Rule):
             f"two views are ever pulled together",
             loc, evidence={"rows": rows, "share": e["share"], "fn": e["fn"]}, fix=fix)
 
-    def _triplet(self, e, loc):
+    def _triplet(self, a, e, loc):
+        call = a.source.call_with_swapped(loc.path, loc.line, 1, 2) if loc is not None else None
+        fix = (f"swap the positive and the negative: `{call[1]}`" if call is not None else
+               "pass (anchor, positive, negative) in that order: the anchor's own view second, "
+               "the reordered rows third")
         return self.finding(
-            f"triplet_margin_loss gets as its positive the negative's rows reordered (each row "
+            f"{e['fn']} gets as its positive the negative's rows reordered (each row "
             f"another sample's embedding), and in {e['share']:.0%} of the {e['rows']} rows the "
             f"anchor is nearer the tensor given as negative: positive and negative are swapped, "
             f"so each anchor is pushed away from its own view and pulled towards another sample",
-            loc, evidence={"rows": e["rows"], "share": e["share"]},
-            fix="pass (anchor, positive, negative) in that order: the anchor's own view second, "
-                "the reordered rows third")
+            loc, evidence={"rows": e["rows"], "share": e["share"], "fn": e["fn"]}, fix=fix)
