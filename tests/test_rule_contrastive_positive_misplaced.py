@@ -47,23 +47,25 @@ ZEROS = torch.zeros(N, dtype=torch.long)
 ])
 def test_one_label_for_every_row_of_a_similarity_of_two_batches_is_found(logits_of):
     a, b, _ = _views()
-    assert _fault(logits_of(a, b), ZEROS) == ("constant", 0, None)
-    assert _fault(logits_of(a, b), torch.full((N,), 3)) == ("constant", 3, None)
+    assert _fault(logits_of(a, b), ZEROS) == ("constant", 0, None, None)
+    assert _fault(logits_of(a, b), torch.full((N,), 3)) == ("constant", 3, None, None)
 
 
 def test_nll_loss_after_log_softmax_is_followed_to_the_product():
     a, b, _ = _views()
-    assert _fault(F.log_softmax(a @ b.T, dim=1), ZEROS, fn="nll_loss") == ("constant", 0, None)
+    assert _fault(F.log_softmax(a @ b.T, dim=1), ZEROS, fn="nll_loss") == ("constant", 0, None, None)
 
 
 def test_labels_on_the_diagonal_of_a_self_similarity_are_found():
     a, b, _ = _views()
     z = torch.cat([a, b])
-    assert _fault(z @ z.T / 0.5, torch.arange(2 * N)) == ("self", None, 1.0)
+    assert _fault(z @ z.T / 0.5, torch.arange(2 * N)) == ("self", None, 1.0, True)
+    one = F.normalize(a, dim=1)  # one view: no halves to point at each other
+    assert _fault(one @ one.T, torch.arange(N)) == ("self", None, 1.0, False)
     half = torch.cat([torch.arange(N), torch.arange(N)])  # the first N rows on themselves
     assert _fault(z @ z.T, half)[0] == "self"
     cosine = F.cosine_similarity(z[:, None], z[None], dim=-1)
-    assert _fault(cosine, torch.arange(2 * N)) == ("self", None, 1.0)
+    assert _fault(cosine, torch.arange(2 * N)) == ("self", None, 1.0, True)
 
 
 @pytest.mark.parametrize("case", ["arange", "shifted", "moco_cat", "weight", "normalised_weight",
@@ -159,9 +161,13 @@ def test_the_rule_reports_each_kind_once_per_line():
     f = only(t, SLUG)
     assert f.location.line == 14 and "16x16" in f.message and "arange" in f.fix
     t = builder()
-    t.put(ev.pair_labels(how="self", fn="cross_entropy", rows=16, columns=16, share=1.0), 9)
+    t.put(ev.pair_labels(how="self", fn="cross_entropy", rows=16, columns=16, share=1.0, halves=True), 9)
     f = only(t, SLUG)
-    assert "itself" in f.message and "torch.arange(n, 2 * n)" in f.fix
+    assert "itself" in f.message and "torch.cat([torch.arange(8, 16), torch.arange(8)])" in f.fix
+    assert "second view" not in f.fix
+    t = builder()
+    t.put(ev.pair_labels(how="self", fn="cross_entropy", rows=16, columns=16, share=1.0, halves=False), 9)
+    assert "second view" in only(t, SLUG).fix
     t = builder()
     t.put(ev.pair_labels(how="triplet", fn="triplet_margin_loss", rows=12, columns=12, share=0.9), 7)
     f = only(t, SLUG)
@@ -176,7 +182,7 @@ def test_the_rule_reports_each_kind_once_per_line():
 ])
 def test_cosine_broadcast_and_distance_similarities_are_followed(logits_of):
     a, b, _ = _views()
-    assert _fault(logits_of(a, b), ZEROS) == ("constant", 0, None)
+    assert _fault(logits_of(a, b), ZEROS) == ("constant", 0, None, None)
     assert _fault(logits_of(a, b), torch.arange(N)) is None
 
 

@@ -108,7 +108,7 @@ class ContrastivePositiveMisplaced(Rule):
             if loc is not None else None
         if written is not None:
             loc = Location(loc.path, written[0])
-        text = f"`{written[1]}`" if written is not None else "the targets"
+        text = f"`{written[1]}`" if written is not None else "the loss's targets"
         logits = _scores_name(written[3]) if written is not None else None
         if e["how"] == "constant":
             value = "" if written is None else written[1].split(" = ", 1)[1] if written[4] else written[1]
@@ -133,8 +133,8 @@ class ContrastivePositiveMisplaced(Rule):
             fix = f"label each row with its own positive: `{right}`{note}"
         if e["how"] == "constant":
             return self.finding(
-                f"{text} gives all {rows} rows of a {rows}x{columns} similarity matrix (a product "
-                f"of two batches' embeddings) the same label, {e['label']}: every sample is "
+                f"all {rows} rows of a {rows}x{columns} similarity matrix (a product of two "
+                f"batches' embeddings) get the same label, {e['label']}, from {text}: every sample is "
                 f"told that its positive is the sample of column {e['label']}, so the loss pulls "
                 f"every embedding towards that one and pushes each away from its own pair (labels "
                 f"of zeros are right only for MoCo's cat([l_pos, l_neg]), where column 0 is each "
@@ -142,8 +142,8 @@ class ContrastivePositiveMisplaced(Rule):
                 loc, evidence={"rows": rows, "columns": columns, "label": e["label"], "fn": e["fn"]},
                 fix=fix)
         return self.finding(
-            f"{text} labels {e['share']:.0%} of the rows of the {rows}x{rows} similarity of one "
-            f"batch of embeddings with itself (z @ z.T) with their own index: each such row's "
+            f"{e['share']:.0%} of the rows of the {rows}x{rows} similarity of one batch of "
+            f"embeddings with itself (z @ z.T) are labelled with their own index by {text}: each such row's "
             f"target is the sample's similarity with itself, a constant once normalised, so no "
             f"two views are ever pulled together",
             loc, evidence={"rows": rows, "share": e["share"], "fn": e["fn"]}, fix=fix)
