@@ -220,6 +220,7 @@ _ORDER_READS = 8  # loss calls with flat token targets matched against the embed
 _ORDER_MATCH = 0.9  # share of the targets that must be the ids, shifted by one position at most
 _SMOOTHED_SHARE = 0.9  # rows of a soft target with a shared floor above 0: at least this share
 _SMOOTHING_HIGH = 0.5  # label_smoothing from here on: the right class keeps at most half its mass
+_PAIR_LOOKS = 64  # loss calls whose graph is followed to a similarity product (the first ones)
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
 # the losses whose per-class weights are read: (keyword, position) of the weight argument
 _WEIGHTED = {"cross_entropy": ("weight", 2), "nll_loss": ("weight", 2),
@@ -329,6 +330,7 @@ class LossInputWatcher:
         self._padded: set = set()  # call lines recorded as padded
         self._matched: set = set()  # call lines recorded with a self_match event
         self._paired: set = set()  # call lines recorded with a pair_labels event
+        self._pair_looks = 0  # calls whose graph was looked at for a similarity (the first ones)
         self._smoothed: set = set()  # call lines recorded with a label_smoothing event
         self._smoothing_told: set = set()  # call lines recorded with a smoothing_high event
         # pads inferred from the token batches themselves (an embedding without padding_idx:
@@ -494,6 +496,9 @@ class LossInputWatcher:
     def _pair_labels(self, fn: str, input, target) -> None:
         """A ``pair_labels`` aside when the loss's logits are a similarity of two batches'
         embeddings and its targets do not point at each row's positive (pairlabels.py)."""
+        if self._pair_looks >= _PAIR_LOOKS:
+            return
+        self._pair_looks += 1
         fault = pair_fault(fn, input, target, lambda: self._reads_left("pair_labels", target))
         if fault is None:
             return

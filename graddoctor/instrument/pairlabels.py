@@ -17,9 +17,11 @@ view, its caption). Two slips train without an error:
 How it is seen, from the graph of the loss's input at its first calls (``cross_entropy``, and
 ``nll_loss`` through the ``log_softmax`` it is given), one small read of the targets: the
 input is followed down through what keeps its entries in place (scalar factors, a learned
-temperature, masked fills, casts, views, transposes, a subtracted row maximum) to a plain 2-D
-matrix product (``@``, ``mm``, ``matmul``, ``einsum`` of two matrices: a batched product of one
-batch). Its operands must both be a batch's embeddings: a product with a parameter (``x @
+temperature, masked fills, casts, views, transposes, a subtracted row maximum) to the pairwise
+similarities of two sets of vectors: a plain 2-D matrix product (``@``, ``mm``, ``matmul``,
+``einsum`` of two matrices: a batched product of one batch), a broadcast product summed over
+the features (``(a[:, None] * b[None]).sum(-1)``, ``F.cosine_similarity(a[:, None], b[None],
+dim=-1)``), or ``cdist``. Its operands must both be a batch's embeddings: a product with a parameter (``x @
 W.T``: classification with class labels, a normalised weight's cosine classifier) or with a
 tensor made of parameters alone is not a similarity of samples; an operand without a graph (a
 momentum encoder's keys) counts only when it has as many rows as the logits (one key per

@@ -33,16 +33,18 @@ class ContrastivePositiveMisplaced(Rule):
     Finds a pairwise-similarity loss whose targets do not point at each row's positive. Read
     from the graph of the loss's input at its first calls: the logits of a `cross_entropy`
     (or of `nll_loss` after `log_softmax`) are followed down, through scalar factors, a learned
-    temperature, masked fills and transposes, to a 2-D matrix product of two batches'
-    embeddings (`z1 @ z2.T`, `torch.mm`, `einsum("nd,md->nm")`; neither operand a parameter
-    or made of parameters alone). It is reported when every row gets the same label (`torch.zeros(B)`
-    with at least 4 rows and as many columns), or when the product is of one tensor with
-    itself (`z @ z.T`) and most rows are labelled with their own index (`arange(2N)`: each
-    sample's similarity with itself). And for `triplet_margin_loss` / `nn.TripletMarginLoss`,
-    when the positive given is the negative given with its rows reordered (`roll`, `flip`,
-    indexing with a permutation) and in most rows the anchor is nearer the negative given than
-    the positive given: the arguments are swapped. It points at the line that writes the
-    targets (or the call).
+    temperature, masked fills and transposes, to the pairwise similarities of two batches'
+    embeddings (`z1 @ z2.T`, `torch.mm`, `einsum("nd,md->nm")`, `F.cosine_similarity(z1[:,
+    None], z2[None], dim=-1)`, `-torch.cdist(z1, z2)`; neither side a parameter or made of
+    parameters alone). It is reported when every row gets the same label (`torch.zeros(B)`,
+    at least 4 rows and as many columns), or when the similarity is of one tensor with itself
+    (`z @ z.T`) and at least half the rows are labelled with their own index (`arange(2N)`:
+    each sample's similarity with itself). And for `triplet_margin_loss`,
+    `triplet_margin_with_distance_loss` and their `nn` modules, when the positive given is the
+    negative given with its rows reordered (`roll`, `flip`, `index_select`, indexing) and in
+    at least 75% of the rows the anchor is nearer the negative given than the positive given:
+    the arguments are swapped. It points at the line that writes the targets (their
+    assignment, or the call), or at the triplet call.
 
     ## Why is this bad?
     In `z1 @ z2.T` row i holds sample i's similarities with every sample of the other view, and
@@ -76,9 +78,10 @@ class ContrastivePositiveMisplaced(Rule):
     `arange` labels; supervised contrastive losses with soft class-mask targets; classification
     heads, `x @ W.T` and cosine classifiers with a normalised weight; triplets whose negatives
     are the positives rolled, and batch-hard mining (positive and negative both picked from one
-    embedding). Not looked at: similarities from `F.cosine_similarity` or `cdist` (no matrix
-    product); labels that are a permutation other than the identity; a triplet whose swapped
-    arguments come from separate batches (nothing in the graph tells which is the anchor's).
+    embedding). Not looked at: labels that are a permutation other than the identity (a shift
+    by the wrong amount); a triplet whose swapped arguments come from separate batches (nothing
+    in the graph tells which is the anchor's); a margin or ranking loss over similarities
+    (`margin_ranking_loss(neg, pos, 1)`).
     """
 
     code = "GD173"
