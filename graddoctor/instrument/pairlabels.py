@@ -264,7 +264,7 @@ def pair_fault(fn: str, input, target, may_read: Callable[[], bool]):
         if node is None or not type(node).__name__.startswith("LogSoftmaxBackward"):
             return None
         # the scores the log_softmax normalised: followed as cross_entropy's input would be
-        logits = _Scores(node)
+        logits = _Scores(node, tuple(input.shape))
     operands = similarity_operands(logits)
     if operands is None or not may_read():
         return None
@@ -301,12 +301,13 @@ def halves(node) -> bool:
 
 
 class _Scores:
-    """What ``similarity_operands`` reads of the logits, for the input of a ``log_softmax``."""
+    """What ``similarity_operands`` reads of the logits, for the input of a ``log_softmax`` (of
+    the shape of its output)."""
 
-    def __init__(self, log_softmax):
+    def __init__(self, log_softmax, shape: tuple):
         children = _children(log_softmax)
         self.grad_fn = children[0][0] if len(children) == 1 else None
-        self.shape = _shape(self.grad_fn, children[0][1]) if self.grad_fn is not None else ()
+        self.shape = shape
 
 
 def _reordered(positive, negative) -> bool:
