@@ -121,7 +121,7 @@ class ContrastivePositiveMisplaced(Rule):
         elif e.get("halves"):
             n = rows // 2
             right = f"torch.cat([torch.arange({n}, {rows}), torch.arange({n})])"
-            note = ": each view's other view, N rows away; and mask the diagonal"
+            note = f": each view's other view, {n} rows away; and mask the diagonal"
         else:
             n = rows // 2
             right = f"torch.cat([torch.arange({n}, {rows}), torch.arange({n})])"
@@ -136,12 +136,12 @@ class ContrastivePositiveMisplaced(Rule):
             fix = f"label each row with its own positive: `{right}`{note}"
         if e["how"] == "constant":
             return self.finding(
-                f"all {rows} rows of a {rows}x{columns} similarity matrix (a product of two "
+                f"all {rows} rows of the {rows}x{columns} similarity matrix (a product of two "
                 f"batches' embeddings) get the same label, {e['label']}, from {text}: every sample is "
                 f"told that its positive is the sample of column {e['label']}, so the loss pulls "
-                f"every embedding towards that one and pushes each away from its own pair (labels "
-                f"of zeros are right only for MoCo's cat([l_pos, l_neg]), where column 0 is each "
-                f"row's own positive)",
+                f"every embedding towards that one and pushes each away from its own pair"
+                + (" (labels of zeros are right only for MoCo's cat([l_pos, l_neg]), where column 0 "
+                   "is each row's own positive)" if e["label"] == 0 else ""),
                 loc, evidence={"rows": rows, "columns": columns, "label": e["label"], "fn": e["fn"]},
                 fix=fix)
         return self.finding(
