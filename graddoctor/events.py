@@ -185,6 +185,15 @@ dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout
                    "unregistered" (an nn.Dropout in train mode that is no submodule of the
                    eval-mode module calling it: built in forward, or held in a plain list) —
                    the first such call of each call line (loc: that call)
+pair_labels        how ("constant": every row's label is one column, "self": most rows' labels
+                   point at the row's own similarity with itself, "triplet": the positive given
+                   is the negative's rows reordered), fn (the loss function), rows, columns (the
+                   similarity matrix's shape; the batch for a triplet), label (the one label,
+                   "constant"), share (the rows labelled with themselves, "self"; the rows whose
+                   anchor is nearer the negative given than the positive, "triplet") — a
+                   pairwise-similarity loss whose targets do not point at each row's positive,
+                   at one of its first calls, once per call line (loc: the loss call; an aside;
+                   instrument/pairlabels.py)
 self_match         size (N of the (N, N) input), on_diagonal (the share of rows whose maximum is
                    on the diagonal, >= 0.9) — a cross_entropy over a square input whose labels
                    never point at the diagonal (a similarity matrix with each sample's
@@ -855,7 +864,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1158,6 +1167,12 @@ def output_range(*, fn: str, activation: str, low: float, high: float | None, ou
     return "output_range", {"fn": fn, "activation": activation, "low": low, "high": high,
                             "outside": outside, "target_low": target_low,
                             "target_high": target_high}
+
+
+def pair_labels(*, how: str, fn: str, rows: int, columns: int, label: int | None = None,
+                share: float | None = None, halves: bool | None = None) -> Made:
+    return "pair_labels", {"how": how, "fn": fn, "rows": rows, "columns": columns,
+                           "label": label, "share": share, "halves": halves}
 
 
 def self_match(*, size: int, on_diagonal: float) -> Made:
@@ -1620,6 +1635,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
     "linear_stack": linear_stack, "bn_batch": bn_batch,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
+    "pair_labels": pair_labels,
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
     "fresh_sample_scored": fresh_sample_scored, "batch_reduced_target": batch_reduced_target,
     "snapshot_alias": snapshot_alias, "folded": folded,
@@ -1657,7 +1673,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
-                         "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
+                         "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "batch_pairing", "last_step_padded",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",

@@ -164,6 +164,12 @@ class ScriptSource:
     def stored_array_use(self, path: str, line: int, attr: str) -> dict | None:
         return stored_array_use(self.full(path), line, attr)
 
+    def labels_written(self, path: str, line: int, functions) -> tuple[int, str, str, str, bool] | None:
+        return labels_written(self.full(path), line, functions)
+
+    def call_with_swapped(self, path: str, line: int, first: int, second: int) -> tuple[str, str] | None:
+        return call_with_swapped(self.full(path), line, first, second)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -2786,3 +2792,56 @@ def stored_array_use(path: str, line: int, attr: str) -> dict | None:
                     break
     index = function.args.args[1].arg if len(function.args.args) > 1 else None
     return {"read": read, "write": write, "read_expr": read_expr, "index": index}
+
+
+def labels_written(path: str, line: int, functions) -> tuple[int, str, str, str, bool] | None:
+    """``(line, text, name, input, assigned)`` where the targets of the call of one of
+    ``functions`` on ``line`` are written: the latest plain assignment of the name given as
+    target (``labels = ...``, ``assigned``) before ``line`` in the enclosing function, else the
+    call's own line with the target's text; ``name`` is the target and ``input`` the first
+    argument as the call writes them. None when the line shows no such call."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name not in functions:
+            continue
+        written = node.args[1] if len(node.args) > 1 else next(
+            (k.value for k in node.keywords if k.arg in ("target", "targets")), None)
+        if written is None or isinstance(written, ast.Starred):
+            continue
+        shown = ast.unparse(written)
+        given = ast.unparse(node.args[0]) if node.args else "logits"
+        if isinstance(written, ast.Name):
+            values = [(at, value) for at, value in
+                      _assigned_values(_enclosing_function(tree, line), written.id) if at <= line]
+            if values:
+                at, value = max(values, key=lambda v: v[0])
+                return at, f"{written.id} = {ast.unparse(value)}", shown, given, True
+        return node.lineno, shown, shown, given, False
+    return None
+
+
+def call_with_swapped(path: str, line: int, first: int, second: int) -> tuple[str, str] | None:
+    """``(call, the call with its positional arguments first and second swapped)`` of the
+    outermost call starting last on ``line`` and given both (``crit(a, n, p)`` -> ``crit(a, p,
+    n)``), or None."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and len(node.args) > max(first, second) \
+                and not any(isinstance(a, ast.Starred) for a in node.args) \
+                and (found is None or node.lineno > found.lineno):
+            found = node
+    if found is None:
+        return None
+    args = list(found.args)
+    args[first], args[second] = args[second], args[first]
+    swapped = ast.Call(func=found.func, args=args, keywords=found.keywords)
+    return ast.unparse(found), ast.unparse(swapped)

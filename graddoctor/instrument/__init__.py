@@ -57,6 +57,7 @@ from .statecarry import StateCarryWatcher
 from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
 from .attnaxis import SoftmaxAxisWatcher
+from .pairlabels import TripletOrderWatcher
 from .viewaxes import ViewAxesWatcher
 from .anchors import AnchorAliasWatcher
 from .samevalue import SameValueWatcher
@@ -126,7 +127,8 @@ class Instrumentation:
         real_index = RealIndexWatcher(rec)
         self.watchers += [FunctionalDropoutWatcher(rec, self.modes), LossShapeWatcher(rec, loss_calls),
                           LossInputWatcher(rec, loss_calls, real_index), real_index,
-                          LossDomainWatcher(rec)]  # targets outside the domain a loss reads them in
+                          LossDomainWatcher(rec),  # targets outside the domain a loss reads them in
+                          TripletOrderWatcher(rec)]  # a triplet's positive that is its negative reordered
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)

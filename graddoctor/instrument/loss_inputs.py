@@ -32,6 +32,7 @@ from .. import events as ev
 from .graphpaths import saved
 from .inlinable import watched
 from .losscalls import LossCalls
+from .pairlabels import pair_fault
 from .recorder import Recorder
 
 NAMES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div", "ctc_loss",
@@ -219,6 +220,7 @@ _ORDER_READS = 8  # loss calls with flat token targets matched against the embed
 _ORDER_MATCH = 0.9  # share of the targets that must be the ids, shifted by one position at most
 _SMOOTHED_SHARE = 0.9  # rows of a soft target with a shared floor above 0: at least this share
 _SMOOTHING_HIGH = 0.5  # label_smoothing from here on: the right class keeps at most half its mass
+_PAIR_LOOKS = 64  # loss calls whose graph is followed to a similarity product (the first ones)
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
 # the losses whose per-class weights are read: (keyword, position) of the weight argument
 _WEIGHTED = {"cross_entropy": ("weight", 2), "nll_loss": ("weight", 2),
@@ -327,6 +329,8 @@ class LossInputWatcher:
         self._token_counts: dict[int, set[int]] = {}
         self._padded: set = set()  # call lines recorded as padded
         self._matched: set = set()  # call lines recorded with a self_match event
+        self._paired: set = set()  # call lines recorded with a pair_labels event
+        self._pair_looks = 0  # calls whose graph was looked at for a similarity (the first ones)
         self._smoothed: set = set()  # call lines recorded with a label_smoothing event
         self._smoothing_told: set = set()  # call lines recorded with a smoothing_high event
         # pads inferred from the token batches themselves (an embedding without padding_idx:
@@ -369,6 +373,8 @@ class LossInputWatcher:
                 if fn == "cross_entropy" and input.dim() == 2 \
                         and input.shape[0] == input.shape[1] >= _SQUARE_MIN:
                     watcher._self_match(input, target)
+                if fn in ("cross_entropy", "nll_loss") and input.dim() == 2 and input.shape[1] >= input.shape[0]:
+                    watcher._pair_labels(fn, input, target)
                 if fn == "cross_entropy" and (args[7] if len(args) > 7 else kwargs.get("label_smoothing")):
                     watcher._smoothed_twice(input, target, args, kwargs)
                     watcher._smoothing_high(input, args, kwargs)
@@ -485,6 +491,25 @@ class LossInputWatcher:
             return
         self._matched.add(loc)
         self.rec.emit_aside(ev.self_match(size=int(n), on_diagonal=round(on_diagonal, 4)), loc)
+
+    # -- the targets of a similarity matrix that miss each row's positive -------------------
+    def _pair_labels(self, fn: str, input, target) -> None:
+        """A ``pair_labels`` aside when the loss's logits are a similarity of two batches'
+        embeddings and its targets do not point at each row's positive (pairlabels.py)."""
+        if self._pair_looks >= _PAIR_LOOKS:
+            return
+        self._pair_looks += 1
+        fault = pair_fault(fn, input, target, lambda: self._reads_left("pair_labels", target))
+        if fault is None:
+            return
+        loc = self.rec.here()
+        if loc in self._paired:
+            return
+        self._paired.add(loc)
+        how, label, share, halves = fault
+        self.rec.emit_aside(ev.pair_labels(how=how, fn=fn, rows=int(input.shape[0]),
+                                           columns=int(input.shape[1]), label=label, share=share,
+                                           halves=halves), loc)
 
     # -- label smoothing on smoothed targets ----------------------------------------------
     def _class_weights(self, fn: str, input, target, weight, args, kwargs) -> None:
