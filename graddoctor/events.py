@@ -270,7 +270,11 @@ entropy_sign       term ("entropy": a ``torch.distributions`` entropy() minimise
 linear_stack       widths ([in, hidden, out] of the two nn.Linear layers), between (the ops between
                    them that only move values: View, Transpose, NativeDropout...), called_by
                    ("user" | "container": who called the second layer), first_at ([path, line,
-                   function] of the first layer's construction, or None) — one nn.Linear's output
+                   function] of the first layer's construction, or None), listed (the
+                   nn.Sequential listing both lists an activation module), activations_in_model
+                   (the outermost model holds one), chain (linear layers in a row up to the
+                   second), ends_in_loss (the second's output is a loss function's
+                   prediction) — one nn.Linear's output
                    read by another with nothing nonlinear between, at the forwards of the first
                    backwards (loc: the second layer's call in the script, or its construction
                    when nn.Sequential calls it; an aside)
@@ -1148,9 +1152,12 @@ def factor_broadcast(*, op: str, term_shape: list[int], factor_shape: list[int],
 
 
 def linear_stack(*, widths: list[int], between: list[str], called_by: str,
-                 first_at: list | None) -> Made:
+                 first_at: list | None, listed: bool, activations_in_model: bool, chain: int,
+                 ends_in_loss: bool) -> Made:
     return "linear_stack", {"widths": widths, "between": between, "called_by": called_by,
-                            "first_at": first_at}
+                            "first_at": first_at, "listed": listed,
+                            "activations_in_model": activations_in_model, "chain": chain,
+                            "ends_in_loss": ends_in_loss}
 
 
 def dropout_on_output(*, module: str, p: float, fn: str, direct: bool | None) -> Made:

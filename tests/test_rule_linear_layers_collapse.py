@@ -15,10 +15,12 @@ from rule_traces import builder, findings, only
 SLUG = "linear-layers-collapse"
 
 
-def _trace(called_by="container", between=(), widths=(10, 64, 3)):
+def _trace(called_by="container", between=(), widths=(10, 64, 3), listed=True, in_model=True,
+           chain=2, ends=True):
     t = builder()
     t.put(ev.linear_stack(widths=list(widths), between=list(between), called_by=called_by,
-                          first_at=["train.py", 4, "<module>"]), 5)
+                          first_at=["train.py", 4, "<module>"], listed=listed,
+                          activations_in_model=in_model, chain=chain, ends_in_loss=ends), 5)
     return t
 
 
@@ -33,6 +35,14 @@ def test_a_stack_is_a_warning_whose_fix_fits_who_called_the_layer():
 
 def test_no_event_no_finding():
     assert findings(builder(), SLUG) == []
+
+
+def test_told_only_where_an_activation_was_evidently_meant():
+    assert len(findings(_trace(listed=True, in_model=False, ends=False), SLUG)) == 1
+    assert len(findings(_trace(listed=False, in_model=True, ends=True), SLUG)) == 1
+    assert len(findings(_trace(listed=False, in_model=False, chain=3, ends=True), SLUG)) == 1
+    assert findings(_trace(listed=False, in_model=False, chain=2, ends=True), SLUG) == []  # a toy
+    assert findings(_trace(listed=False, in_model=True, ends=False), SLUG) == []
 
 
 def _stacks(make, x, steps=2, loss=lambda out: out.square().mean()):
@@ -51,8 +61,8 @@ def _stacks(make, x, steps=2, loss=lambda out: out.square().mean()):
 def test_the_watcher_finds_a_missing_activation_once_per_pair():
     found = _stacks(lambda: nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.1), nn.Linear(16, 16),
                                           nn.ReLU(), nn.Linear(16, 2)), torch.randn(4, 6))
-    assert [(e["widths"], e["between"], e["called_by"]) for e in found] == [
-        ([6, 16, 16], ["NativeDropout"], "container")]
+    assert [(e["widths"], e["between"], e["called_by"], e["listed"], e["chain"]) for e in found] == [
+        ([6, 16, 16], ["NativeDropout"], "container", True, 2)]
 
 
 def test_the_watcher_is_silent_on_a_bottleneck_an_activation_a_frozen_first_layer_a_hand_relu():
@@ -110,7 +120,8 @@ def test_a_stack_with_no_activation_in_sight_is_told_only_where_a_loss_function_
     assert _stacks(linear, torch.randn(4, 6)) == []  # model(x).square().mean(): a demo's loss
     target = torch.randn(4, 2)
     found = _stacks(linear, torch.randn(4, 6), loss=lambda out: F.mse_loss(out, target))
-    assert [e["widths"] for e in found] == [[6, 16, 2]]
+    assert [(e["widths"], e["ends_in_loss"], e["activations_in_model"]) for e in found] == [
+        ([6, 16, 2], True, False)]
 
 
 def test_the_watcher_stops_reading_after_its_window():

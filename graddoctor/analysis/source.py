@@ -158,6 +158,9 @@ class ScriptSource:
     def target_origin(self, path: str, line: int) -> dict | None:
         return target_origin(self.full(path), line)
 
+    def function_calls_any(self, path: str, line: int, names: frozenset) -> bool:
+        return function_calls_any(self.full(path), line, names)
+
     def argument_origin(self, path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:
         return argument_origin(self.full(path), line, callee, keyword)
 
@@ -2605,6 +2608,25 @@ def _converts(value: ast.AST) -> bool:
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
         return value.func.attr in ("long", "int", "bool", "round", "floor", "ceil", "trunc", "to", "type") \
             or _converts(value.func.value)
+    return False
+
+
+def function_calls_any(path: str, line: int, names: frozenset) -> bool:
+    """Does the function holding ``line`` call a function or method whose own name is in
+    ``names`` (``F.relu(x)``, ``x.tanh()``, ``torch.sigmoid(h)``)? False when it cannot be read
+    or the line is in no function."""
+    tree = _parse(path)
+    if tree is None:
+        return False
+    scope = _enclosing_function(tree, line)
+    if scope is tree:
+        return False
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in names:
+                return True
     return False
 
 

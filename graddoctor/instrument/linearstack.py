@@ -21,13 +21,12 @@ with the window) on ``nn.Linear`` modules run under grad mode on the script's th
   same output (q, k and v projections of one tensor, a gate and its value: the product or the
   attention that combines them is the nonlinearity).
 
-A stack is told only where an activation was evidently meant: the second layer's output is the
-prediction a loss function reads (``cross_entropy``, ``mse_loss``... through views, as
-dropoutout's walk finds it: a model whose last two layers are linear, ending a network without
-activations), or an ``nn.Sequential`` that lists both also lists an activation module elsewhere
-(a recipe with one activation left out). A stack of layers that feeds no loss function (a
-mechanics demo's ``model(x).sum().backward()``) or a plain list without activations is left
-alone: it may be linear on purpose.
+A stack is told (with the facts the rule weighs: whether the ``nn.Sequential`` that lists both
+lists an activation module elsewhere, whether the outermost model holds one, how many linear
+layers run in a row, whether the second layer's output is the prediction a loss function reads,
+``cross_entropy``, ``mse_loss``... past views, as dropoutout's walk finds it) when it is listed
+with an activation or ends in a loss function. A stack that feeds no loss function (a mechanics
+demo's ``model(x).sum().backward()``) is left alone unless its list holds an activation.
 
 Both layers must be children of the module whose code calls the second (its ``forward``, or
 the ``nn.Sequential`` that lists both): a head applied to another model's output (a predictor
@@ -62,6 +61,7 @@ WINDOW = 3  # backwards whose forwards are read, from the first one
 _NOTED = 256  # linear outputs noted per turn at most
 _MOVE_DEPTH = 8  # value-moving nodes walked back from a linear layer's input at most
 _STACK = 12  # frames looked through for the module's own call
+_ROOT_FRAMES = 64  # frames looked through for the outermost module call
 _CONTAINERS = (os.path.join("torch", "nn", "modules", "container.py"),)
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +73,10 @@ _MOVE = ("ViewBackward", "ReshapeAliasBackward", "UnsafeViewBackward", "SqueezeB
 
 
 _ACTIVATIONS = nn.ReLU.__module__  # torch.nn.modules.activation: ReLU, GELU, Tanh, SiLU...
+
+
+def _activation(module) -> bool:
+    return type(module).__module__ == _ACTIVATIONS
 
 
 def _base(name: str) -> str:
@@ -110,6 +114,7 @@ class LinearStackWatcher:
         self._dropped: dict[int, object] = {}  # this turn's dropout modules' output nodes
         self._pending: list = []  # stacks found in this turn's forwards: told if a backward follows
         self._readers: dict[int, set] = {}  # a noted output's node -> the linear layers that read it
+        self._chained = 1
         self._told: set[tuple[int, int]] = set()
         self._sites: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its construction
 
@@ -134,10 +139,12 @@ class LinearStackWatcher:
                 if len(self._dropped) < _NOTED:
                     self._dropped[id(node)] = node
                 return None
+            self._chained = 1  # linear layers in a row ending here (set by _judge)
             if args and isinstance(args[0], torch.Tensor) and args[0].grad_fn is not None:
                 self._judge(args[0].grad_fn, module, node)
             if len(self._outputs) < _NOTED:
-                self._outputs[id(node)] = (node, module)
+                self._outputs[id(node)] = (node, module, self._chained)
+            self._chained = 1
         except Exception as exc:
             self._stop()
             self.rec.internal_error("linear layers in a row", exc)
@@ -149,6 +156,7 @@ class LinearStackWatcher:
             noted = self._outputs.get(id(node))
             if noted is not None and noted[0] is node:
                 self._readers.setdefault(id(node), set()).add(id(second))
+                self._chained = noted[2] + 1
                 self._pair(noted[1], second, between, id(node), made)
                 return
             name = _base(type(node).__name__)
@@ -181,11 +189,27 @@ class LinearStackWatcher:
         if loc is None:
             return
         self._told.add(key)
-        listed = caller == "container" and any(
-            type(m).__module__ == _ACTIVATIONS for m in parent.children())
-        self._pending.append((output, _core(made), listed, ev.linear_stack(
+        listed = caller == "container" and any(_activation(m) for m in parent.children())
+        root = self._root(second) or parent
+        in_model = any(_activation(m) for m in root.modules())
+        self._pending.append((output, _core(made), dict(
             widths=[a, h, c], between=sorted(set(between)), called_by=caller,
-            first_at=[first_site.path, first_site.line, first_site.function] if first_site else None), loc))
+            first_at=[first_site.path, first_site.line, first_site.function] if first_site else None,
+            listed=listed, activations_in_model=in_model, chain=self._chained), loc))
+
+    @staticmethod
+    def _root(module):
+        """The outermost module whose forward is running around this call of ``module``."""
+        frame, root = sys._getframe(2), None
+        for _ in range(_ROOT_FRAMES):
+            if frame is None:
+                break
+            if frame.f_code.co_name == "_call_impl":
+                candidate = frame.f_locals.get("self")
+                if isinstance(candidate, nn.Module):
+                    root = candidate
+            frame = frame.f_back
+        return root
 
     def _caller(self, module) -> tuple[str | None, object]:
         """``(who, parent)``: who called the module — "user" when the script's code did,
@@ -237,11 +261,12 @@ class LinearStackWatcher:
             pending, self._pending = self._pending, []
             if pending:
                 predictions = {id(node) for root in _roots(tensors) for _, node in loss_predictions(root)}
-                for output, core, listed, made, loc in pending:
+                for output, core, facts, loc in pending:
                     if len(self._readers.get(output, ())) != 1:
                         continue  # q, k, v or a gate and its value read one output: no stack
-                    if listed or id(core) in predictions:
-                        self.rec.emit_aside(made, loc)
+                    ends = id(core) in predictions
+                    if facts["listed"] or ends:
+                        self.rec.emit_aside(ev.linear_stack(**facts, ends_in_loss=ends), loc)
             self._outputs, self._dropped, self._readers = {}, {}, {}
             if self._backwards >= WINDOW:
                 self._stop()

@@ -16,9 +16,11 @@ class LinearLayersCollapse(Rule):
     nonlinear between them (only dropout, views, reshapes or transposes), and the hidden width
     is no bottleneck (at least the smaller of the pair's input and output widths): the
     activation between them is missing (`nn.ReLU()` left out of an `nn.Sequential`,
-    `self.fc2(self.fc1(x))`), where an activation was evidently meant: the second layer's output
-    is what a loss function (`cross_entropy`, `mse_loss`...) compares with the targets, or the
-    `nn.Sequential` listing both lists an activation elsewhere. Both layers are children of the
+    `self.fc2(self.fc1(x))`), where an activation was evidently meant: the `nn.Sequential`
+    listing both lists an activation elsewhere; or the second layer's output is what a loss
+    function (`cross_entropy`, `mse_loss`...) compares with the targets and the model uses
+    activations elsewhere (a module, or a call in the `forward` that runs the pair) or is three
+    or more linear layers deep. Both layers are children of the
     module that calls the second. Read at the forwards of the first 3 backwards. It points at the
     second layer's call in `forward`, or at its line in the `nn.Sequential` that lists it.
 
@@ -46,8 +48,8 @@ class LinearLayersCollapse(Rule):
     layer: the two layers are not children of one module);
     layers a library's model places (transformers, timm); layers built from `F.linear` by hand;
     one output read by several linear layers (q, k, v; a gate and its value); a stack where no
-    activation was evidently meant: neither ending in a loss function's prediction nor listed in
-    an `nn.Sequential` that holds an activation elsewhere (a demo's `model(x).sum().backward()`).
+    activation was evidently meant (a demo's `model(x).sum().backward()`; two linear layers
+    before a loss in a model with no activation anywhere: a toy, or linear on purpose).
     """
 
     code = "GD178"
@@ -59,6 +61,8 @@ class LinearLayersCollapse(Rule):
 
     def check(self, a):
         for e in a.of_kind("linear_stack"):
+            if not self._meant(a, e):
+                continue
             a_in, hidden, out = e["widths"]
             shown = [_SHOWN.get(op, op) for op in e.get("between") or ()]
             between = (f"only {', '.join(dict.fromkeys(shown))} between them" if shown
@@ -81,5 +85,27 @@ class LinearLayersCollapse(Rule):
                 f"missing (an MLP without activations is a linear model)",
                 e.loc, related=notes, step=a.next_step_number(e.seq),
                 evidence={"widths": [a_in, hidden, out], "between": e.get("between") or [],
-                          "called_by": e.get("called_by")},
+                          "called_by": e.get("called_by"), "chain": e.get("chain")},
                 fix=fix)
+
+    @staticmethod
+    def _meant(a, e) -> bool:
+        """Was an activation evidently meant between the two layers? Their nn.Sequential lists
+        one elsewhere; or the pair ends in the loss's prediction and the model uses activations
+        elsewhere (a module in it, a call in the forward that runs the pair) or is three or
+        more linear layers deep (a deep model with none at all). Two linear layers alone before
+        a loss, in a model with no activation anywhere, may be a toy or linear on purpose."""
+        if e.get("listed"):
+            return True
+        if not e.get("ends_in_loss"):
+            return False
+        if e.get("activations_in_model") or (e.get("chain") or 0) >= 3:
+            return True
+        return e.get("called_by") == "user" and e.loc is not None \
+            and a.source.function_calls_any(e.loc.path, e.loc.line, _ACTIVATION_CALLS)
+
+
+_ACTIVATION_CALLS = frozenset({
+    "relu", "relu_", "relu6", "gelu", "tanh", "sigmoid", "silu", "elu", "selu", "celu",
+    "leaky_relu", "softplus", "mish", "hardswish", "hardtanh", "hardsigmoid", "logsigmoid",
+    "prelu", "rrelu", "glu", "softsign", "tanhshrink"})
