@@ -235,22 +235,13 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, stops.describe_loss)
         self.watchers.append(stops)
         # layers whose units stay copies of each other (symmetric-units)
-        symmetry = SymmetryWatcher(rec)
-        rec.subscribe(STEPPED, symmetry.after_step)
-        self.watchers.append(symmetry)
+        self.watchers.append(SymmetryWatcher(rec))  # STEPPED until each optimizer is checked
         # hand edits between steps that undo the update (params-reset-every-step)
-        edits = StepEditWatcher(rec)
-        rec.subscribe(STEP_BEGINS, edits.before_step)
-        rec.subscribe(STEPPED, edits.after_step)
-        self.watchers.append(edits)
+        self.watchers.append(StepEditWatcher(rec))  # the step topics until each optimizer is measured
         # a weight decay many times the loss's gradient in the first updates (weight-decay-dominates-update)
-        decay = DecayShareWatcher(rec)
-        rec.subscribe(STEP_BEGINS, decay.before_step)
-        self.watchers.append(decay)
+        self.watchers.append(DecayShareWatcher(rec))  # STEP_BEGINS until each optimizer is measured
         # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
-        self.copies = CopyWatcher(rec, self.optimizers.owned_pids())
-        rec.subscribe(STEP_BEGINS, self.copies.before_step)
-        rec.subscribe(STEPPED, self.copies.after_step)
+        self.copies = CopyWatcher(rec, self.optimizers.owned_pids())  # the step topics while it has work
         self.watchers.append(self.copies)
         # where the parameters that never get a gradient are used (param-without-grad)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
