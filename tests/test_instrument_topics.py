@@ -309,3 +309,22 @@ def test_per_optimizer_watchers_leave_the_step_topics_once_done_and_come_back_fo
         assert {"SymmetryWatcher.after_step", "ParamNamer._name_after_first_step",
                 "StepEditWatcher.after_step"} <= stepped, stepped
         del second
+
+
+def test_the_precision_hooks_leave_torch_once_every_optimizer_is_checked_and_come_back_in_order():
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec) as instrumentation:
+        precision = next(w for w in instrumentation.watchers if type(w).__name__ == "PrecisionWatcher")
+        pre_order, post_order = list(_global_optimizer_pre_hooks), list(_global_optimizer_post_hooks)
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(8):
+            optimizer.zero_grad()
+            model(torch.ones(4, 3)).sum().backward()
+            optimizer.step()
+        assert precision._pre not in _global_optimizer_pre_hooks.values()
+        assert precision._post not in _global_optimizer_post_hooks.values()
+        torch.optim.Adam(torch.nn.Linear(3, 2).half().parameters(), lr=0.1)  # a new one: back
+        assert list(_global_optimizer_pre_hooks) == pre_order
+        assert list(_global_optimizer_post_hooks) == post_order
