@@ -234,13 +234,14 @@ class Recorder:
             self._leave_steady()
             holder.close()
 
-    def _leave_steady(self) -> None:
-        """End the folder's steady state: the trace as if every turn had been recorded."""
+    def _leave_steady(self, for_snapshot: bool = False) -> None:
+        """End the folder's steady state: the trace as if every turn had been recorded (for a
+        snapshot: nothing deviated, so the next repeating turn takes it up again)."""
         folder = self.folder
         if folder is not None and folder.steady is not None:
             with self.lock:
                 try:
-                    folder.materialize()
+                    folder.materialize(resume=for_snapshot)
                 except Exception as exc:  # keep every event from now on
                     self.folder = None
                     self.internal_error("folding repeated turns", exc)
@@ -255,7 +256,7 @@ class Recorder:
             # may be emitting; a watchdog's snapshot of a hung script finds it free)
             if self.lock.acquire(timeout=1.0):
                 try:
-                    self._leave_steady()
+                    self._leave_steady(for_snapshot=True)
                 finally:
                     self.lock.release()
             folder = self.folder
