@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import traceback
 from threading import get_ident
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
