@@ -267,6 +267,19 @@ def test_the_skim_leaves_the_trace_as_it_was_but_for_the_norms_of_skimmed_steps(
     assert with_skim == without  # the seqs, the folded events' counts, the last turns' events
 
 
+def test_a_snapshot_in_the_skim_lets_the_next_turns_skim_again_and_changes_nothing(monkeypatch):
+    """A provisional report's snapshot ends the steady state (the trace as if every turn had
+    been recorded); nothing deviated, so the next turn that repeats takes it up again and skims
+    from its third turn, instead of waiting STEADY_AFTER + SKIM_AFTER turns."""
+    _skim_constants(monkeypatch)
+    monkeypatch.setattr(fold, "STEADY_AFTER", 40)
+    monkeypatch.setattr(fold, "SKIM_AFTER", 40)
+    findings, skimmed, trace = _skim_run({150: "snapshot"}, 300, True, monkeypatch)
+    plain, _, plain_trace = _skim_run({}, 300, True, monkeypatch)
+    assert findings == plain and trace == plain_trace
+    assert {153, 160, 170} & skimmed and len([t for t in range(151, 200) if t in skimmed]) > 30
+
+
 def _sampled_and_skimmed(monkeypatch) -> tuple[list[int], list[int]]:
     _, skimmed, _ = _skim_run({}, 160, True, monkeypatch)
     first = min(skimmed)

@@ -41,6 +41,7 @@ import torch
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
+from .topics import STEPPED
 
 WINDOW = 8  # backwards watched, from the first one
 _OUTPUTS = 64  # outermost outputs remembered (their producers) per backward
@@ -184,6 +185,10 @@ class AdversarialWatcher:
         """``STEPPED``: judge the pairs this step's backward completed (on the script's thread;
         the gradient hooks may run on autograd's)."""
         self._judge_ready()
+        if not self.active and not self._ready:
+            # the window closed: only a gradient hook still set can give it work (it resumes
+            # the watcher)
+            self.rec.retire(STEPPED, self.after_step)
 
     def _judge_ready(self) -> None:
         if not self._ready:
@@ -289,6 +294,7 @@ class AdversarialWatcher:
                                  values)
                     if len(pair) == 2:
                         watcher._ready.append(key)
+                        watcher.rec.resume(STEPPED, watcher.after_step)  # judged at the step
             except Exception as exc:
                 watcher.rec.internal_error("adversarial (gradient)", exc)
             return None

@@ -412,7 +412,7 @@ class BackwardWatcher:
         if ref is not None and ref() is leaf:
             del once[id(leaf)]
             self._persistent.add(self.rec.track(leaf))
-            for subscriber in self._leaf_tracked:
+            for subscriber in self._leaf_tracked.now:
                 subscriber()
             return
         if len(once) >= LEAVES_REMEMBERED:  # fresh inputs each step: forget the dead ones
@@ -715,7 +715,7 @@ class BackwardWatcher:
         running = rec.running_backwards  # read only: the recorder marks the running ones
         in_backward, began, ended = rec.in_backward, rec.backward_began, rec.backward_ended
         finder = rec.finder
-        describers = self._describe_loss  # the live list of the topic's subscribers
+        describers = self._describe_loss  # the topic's subscribers (their ``now``)
         Tensor_, autograd = torch.Tensor, torch.autograd
 
         armed = [None]  # the straight-line path's reads (_arm_backward), for this wrapper
@@ -758,7 +758,7 @@ class BackwardWatcher:
                 # factor, batch): keyword arguments of ``events.backward``, whose defaults fill
                 # in the rest
                 extra = {}
-                for describe in describers:
+                for describe in describers.now:
                     extra.update(describe(tensors))
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
@@ -863,7 +863,7 @@ class BackwardWatcher:
             line.calls += 1
             extra_leaves = line.extra_leaves
             extra = {}
-            for describe in self._describe_loss:
+            for describe in self._describe_loss.now:
                 extra.update(describe(tensors))
             ok = True
         except Exception as exc:

@@ -237,7 +237,7 @@ class DataLoaderWatcher:
                     watcher._served[state[0]] = (index, batch)
                 if watcher._announce:
                     watcher._announce -= 1
-                    for subscriber in watcher._on_served:
+                    for subscriber in watcher._on_served.now:
                         subscriber(state[0], state[1], index, batch)
             return batch
 

@@ -15,8 +15,9 @@ the ratio of the decay term to the loss's (coupled: ``weight_decay * ||p|| / ||g
 decoupled: ``weight_decay * ||p|| / sqrt(numel)``, the decay over the unit an Adam step is
 bounded by), and the group's element-weighted median of those ratios (half of its elements
 lie in tensors whose ratio is at least that). One ``decay_share`` event per group once the
-updates are measured. Parameters and gradients are only read (norms), never changed; after the
-measured updates a step costs one dict lookup here.
+updates are measured. Parameters and gradients are only read (norms), never changed; once
+every optimizer registered so far is measured (or has nothing to measure) the watcher leaves
+``STEP_BEGINS`` until a new optimizer is registered (``PARAMS_ADDED``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from .. import events as ev
 from .optim import plain_number
 from .recorder import Recorder
+from .topics import PARAMS_ADDED, STEP_BEGINS
 
 MEASURED = 3  # updates measured per optimizer
 
@@ -67,23 +69,32 @@ class DecayShareWatcher:
         self._left: dict[int, int] = {}
         # opt -> [(group index, weight_decay, lr, decoupled, [steps], [median ratios])]
         self._groups: dict[int, list] = {}
+        rec.subscribe(STEP_BEGINS, self.before_step)
+        rec.subscribe(PARAMS_ADDED, self.params_added)
 
-    def install(self, patcher) -> None:  # subscribes to STEP_BEGINS (instrument/__init__.py)
+    def install(self, patcher) -> None:  # subscribed at construction
         pass
 
+    def params_added(self, opt: int, pids) -> None:
+        """``PARAMS_ADDED``: an optimizer not measured yet: back on ``STEP_BEGINS``."""
+        if self._left.get(opt, 1):
+            self.rec.resume(STEP_BEGINS, self.before_step)
+
     def before_step(self, opt: int, optimizer) -> None:
-        if not self._left.get(opt, 1):
+        left = self._left
+        if not left.get(opt, 1):
             return
         try:
-            if opt not in self._left:
+            if opt not in left:
                 self._start(opt, optimizer)
-                if not self._left[opt]:
-                    return
-            self._measure(opt, optimizer)
+            if left[opt]:
+                self._measure(opt, optimizer)
         except Exception as exc:
-            self._left[opt] = 0
+            left[opt] = 0
             self._groups.pop(opt, None)
             self.rec.internal_error("weight decay share", exc)
+        if not left[opt] and all(not left.get(other, 1) for other in self.rec.opt_params):
+            self.rec.retire(STEP_BEGINS, self.before_step)  # every optimizer measured
 
     def _start(self, opt: int, optimizer) -> None:
         self._left[opt] = 0

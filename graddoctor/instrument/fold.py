@@ -391,6 +391,9 @@ class Folder:
         self.steady_after = STEADY_AFTER if steady_after is None else steady_after
         self.in_row = 0
         self.steady: _Steady | None = None
+        # (turn id, turns on the steady path so far) of a steady state a snapshot ended, until
+        # the next turn takes it up again or breaks the row
+        self._resumable: tuple[int, int] | None = None
         self.steady_hooks = STEADY_HOOKS
         self.skim_after = SKIM_AFTER if SKIM and STEADY_HOOKS else None
         self.skim_every = SKIM_EVERY
@@ -471,11 +474,16 @@ class Folder:
                     self.in_row += 1
                     if self.in_row >= self.steady_after and self.run is not None:
                         # the next turns take the steady path, from the turn now open on
-                        self.steady = _Steady(turn_id, plan, turn, self.context)
+                        self.steady = steady = _Steady(turn_id, plan, turn, self.context)
+                        resumable, self._resumable = self._resumable, None
+                        if resumable is not None and resumable[0] == turn_id:
+                            steady.prior = resumable[1]
                 else:
                     self.in_row = 0
+                    self._resumable = None
                 return  # only the context is undecided: nothing else to decide yet
         self.in_row = 0
+        self._resumable = None
         self._decide()
 
     def _decide(self) -> None:
@@ -691,7 +699,10 @@ class Folder:
         schedule = steady.samples
         if schedule is None:
             schedule = steady.samples = SampleSchedule(self.skim_every)
-        answer = turn >= after and not schedule.sampled(turn)
+        # a steady state taken up again after a snapshot: from its third turn (the first arms
+        # the hooks) if the one before had lasted long enough
+        answer = (turn >= after or (steady.prior >= after and turn >= 2)) \
+            and not schedule.sampled(turn)
         steady.skim_turn, steady.skim_answer = turn, answer
         return answer
 
@@ -726,17 +737,21 @@ class Folder:
                 or [e.loc for e in opened] != steady.locs[:len(opened)]):
             self.steady = None
             self.in_row = 0
+            self._resumable = None
             return False
         del events[start:]
         steady.open = opened
         steady.entered = True
         return True
 
-    def materialize(self) -> None:
+    def materialize(self, resume: bool = False) -> None:
         """End the steady state: the folder and the trace as recording every turn since it
-        began would have left them (see ``steady_put``)."""
+        began would have left them (see ``steady_put``). ``resume`` (a snapshot needs the
+        trace; no turn deviated): the turns in a row that led to it still count, so the next
+        turn that repeats the same one starts the steady state again, and that one skims as
+        soon as its hooks are armed if this one had lasted ``skim_after`` turns."""
         steady, self.steady = self.steady, None
-        self.in_row = 0
+        in_row, self.in_row, self._resumable = self.in_row, 0, None
         if steady is None or not steady.entered:
             return
         events = self.trace.events
@@ -771,6 +786,8 @@ class Folder:
             for event in opened:
                 self.observe(event.kind, event.loc)
                 events.append(event)
+            if resume:
+                self.in_row, self._resumable = in_row, (turn_id, steady.prior + closed)
         except Exception:  # the events kept aside go into the trace; folding ends (Recorder)
             there = set(map(id, events))
             events.extend(event for event in aside if id(event) not in there)
@@ -783,7 +800,7 @@ class _Steady:
     them and the open one (events kept aside, in seq order)."""
 
     __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered",
-                 "skim_turn", "skim_answer", "samples")
+                 "skim_turn", "skim_answer", "samples", "prior")
 
     def __init__(self, turn_id: int, plan: tuple, turn: list[Event], context: int):
         self.turn_id, self.plan = turn_id, plan
@@ -796,3 +813,4 @@ class _Steady:
         self.entered = False
         self.skim_turn, self.skim_answer = -1, False  # Folder.skimming's latest answer
         self.samples: SampleSchedule | None = None  # its sampled turns, made when first asked
+        self.prior = 0  # turns of the steady states a snapshot ended just before this one

@@ -6,8 +6,8 @@ new listener is one argument here and not one more in each wrapper:
 * ``constants`` (ConstantLossWatcher): calls on an input without gradient, grad mode on (a
   loss term with no graph);
 * ``columns`` (TargetColumnWatcher), ``rows`` (FullRowsWatcher) and ``labels``
-  (ConstantTargetsWatcher): the first calls with a gradient (while each is ``open``), not
-  ``ctc_loss``'s (its targets are label sequences).
+  (ConstantTargetsWatcher): the first calls with a gradient (while each is ``open``; once
+  closed, which is for good, it is dropped), not ``ctc_loss``'s (its targets are label sequences).
 """
 
 from __future__ import annotations
@@ -34,11 +34,22 @@ class LossCalls:
             return
         if fn == "ctc_loss":
             return
-        columns, rows = self.columns, self.rows
-        if columns is not None and columns.open:
-            columns.loss_call(fn, input, target)
-        if rows is not None and rows.open:
-            rows.loss_call(fn, input, target, args, kwargs)
+        # each of these closes for good after its first calls: it is then let go of here
+        columns = self.columns
+        if columns is not None:
+            if columns.open:
+                columns.loss_call(fn, input, target)
+            else:
+                self.columns = None
+        rows = self.rows
+        if rows is not None:
+            if rows.open:
+                rows.loss_call(fn, input, target, args, kwargs)
+            else:
+                self.rows = None
         labels = self.labels
-        if labels is not None and labels.open:
-            labels.loss_call(fn, input, target)
+        if labels is not None:
+            if labels.open:
+                labels.loss_call(fn, input, target)
+            else:
+                self.labels = None

@@ -524,7 +524,7 @@ class OptimizerWatcher:
                                    lrs=[plain_number(g.get("lr")) for g in groups],
                                    hyper=[group_hyper(g) for g in groups],
                                    aliases=self._aliases(opt, params, pids)), loc)
-        for subscriber in self._params_added:
+        for subscriber in self._params_added.now:
             subscriber(opt, pids)
 
     def _aliases(self, opt: int, params: list, pids: list[int]) -> list[list[int]]:
@@ -770,12 +770,12 @@ class OptimizerWatcher:
                     if not all(map(math.isfinite, norms)):
                         nonfinite = [pid for pid, n in zip(norm_pids, norms)
                                      if not math.isfinite(n) and _really_nonfinite(rec, pid)]
-                    for subscriber in self._step_norms:
+                    for subscriber in self._step_norms.now:
                         subscriber(norm_pids, norms)
                 self._divergence.observe(opt, norms)
-                for subscriber in self._step_grads:
+                for subscriber in self._step_grads.now:
                     subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
-                for subscriber in self._step_begins:
+                for subscriber in self._step_begins.now:
                     subscriber(opt, optimizer)
             moved = self._moves.moved()
             loc = rec.here(3)
@@ -919,12 +919,12 @@ class OptimizerWatcher:
                              owned=(pids, tensors, grads), known=True)
             self._read = (opt, read)
             norm_pids = list(pids)
-            for subscriber in self._step_norms:
+            for subscriber in self._step_norms.now:
                 subscriber(norm_pids, norms)
             self._divergence.observe(opt, norms)
-            for subscriber in self._step_grads:
+            for subscriber in self._step_grads.now:
                 subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
-            for subscriber in self._step_begins:
+            for subscriber in self._step_begins.now:
                 subscriber(opt, optimizer)
             moved = moves.moved()  # nothing, unless a subscriber tracked a tensor meanwhile
             self._began = (wrapper_frame, optimizer, opt, loc)
@@ -959,7 +959,7 @@ class OptimizerWatcher:
         try:
             self._read = None
             self._divergence.observe(opt, None)
-            for subscriber in self._step_begins:
+            for subscriber in self._step_begins.now:
                 subscriber(opt, optimizer)
             moves = self._moves  # nothing moved, unless a subscriber tracked a tensor just now
             moved = moves.moved() if moves.watched or len(rec.tensors.refs) != moves.known else []
@@ -1005,7 +1005,7 @@ class OptimizerWatcher:
 
     def _freeze_seq(self, param) -> int | None:
         """The seq of the event that froze ``param`` (the mode watcher's), if one did."""
-        return next((seq for answer in self._freeze_of if (seq := answer(param)) is not None),
+        return next((seq for answer in self._freeze_of.now if (seq := answer(param)) is not None),
                     None)
 
     def _wants_norms(self, opt: int) -> bool:
@@ -1060,9 +1060,9 @@ class OptimizerWatcher:
                 place = rec.folder.place_of(event)
                 if place is not None:
                     self._armed_step = (*place, opt, rec.opt_params.get(opt), event.data, loc)
-            for subscriber in self._stepped_without_grad:
+            for subscriber in self._stepped_without_grad.now:
                 subscriber(opt, without)
-            for subscriber in self._stepped:
+            for subscriber in self._stepped.now:
                 subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
@@ -1104,9 +1104,9 @@ class OptimizerWatcher:
             if not taken:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=without), loc)
-            for subscriber in self._stepped_without_grad:
+            for subscriber in self._stepped_without_grad.now:
                 subscriber(opt, without)
-            for subscriber in self._stepped:
+            for subscriber in self._stepped.now:
                 subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
@@ -1141,9 +1141,9 @@ class OptimizerWatcher:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=[]), loc)
             without: list[int] = []
-            for subscriber in self._stepped_without_grad:
+            for subscriber in self._stepped_without_grad.now:
                 subscriber(opt, without)
-            for subscriber in self._stepped:
+            for subscriber in self._stepped.now:
                 subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)

@@ -47,8 +47,8 @@ class Progress:
                                 if getattr(type(c), moment) is not getattr(StopCondition, moment)]
                        for moment in ("after_step", "after_backward")}
         self._after_step, self._after_backward = self._asked["after_step"], self._asked["after_backward"]
-        self._counted_step: list[Callable] = rec.subscribers(COUNTED_STEP)
-        self._budget_hold: list[Callable] = rec.subscribers(BUDGET_HOLD)
+        self._counted_step = rec.subscribers(COUNTED_STEP)
+        self._budget_hold = rec.subscribers(BUDGET_HOLD)
 
     def begins_update(self, opt: int | None) -> bool:
         """Whether a step of optimizer ``opt`` now would begin a new update."""
@@ -66,7 +66,7 @@ class Progress:
             opts.add(opt)
             steps = self.opt_steps
             steps[opt] = steps.get(opt, 0) + 1
-        for callback in self._counted_step:
+        for callback in self._counted_step.now:
             try:
                 callback(self.updates)
             except Exception as exc:  # a display must never break the user's run
@@ -99,7 +99,7 @@ class Progress:
 
     def holds(self):
         """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
-        for hold in self._budget_hold:
+        for hold in self._budget_hold.now:
             try:
                 yield hold()
             except Exception as exc:

@@ -316,7 +316,7 @@ class ParamResetWatcher:
                         rec.emit_aside(ev.state_self_load(**itself), rec.here(2))
                 except Exception as exc:
                     rec.internal_error("load_state_dict (itself)", exc)
-                for loading in watcher._loading:
+                for loading in watcher._loading.now:
                     try:
                         loading(module, state_dict)
                     except Exception as exc:
