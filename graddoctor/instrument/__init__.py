@@ -259,8 +259,7 @@ class Instrumentation:
         # a weight decay many times the loss's gradient in the first updates (weight-decay-dominates-update)
         self.watchers.append(DecayShareWatcher(rec))  # STEP_BEGINS until each optimizer is measured
         # an adaptive optimizer whose eps outweighs sqrt(v) in its own state (eps-dominates-update)
-        self.eps = EpsShareWatcher(rec)
-        rec.subscribe(STEPPED, self.eps.after_step)
+        self.eps = EpsShareWatcher(rec)  # STEPPED until each optimizer is measured
         self.watchers.append(self.eps)
         # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
         self.copies = CopyWatcher(rec, self.optimizers.owned_pids())  # the step topics while it has work

@@ -56,6 +56,7 @@ from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .follow import UninstallHandle, pop_mode, push_mode, tensors_in, tensors_out
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS
 
 _LABEL = "batch_reduced_target"
 _WINDOWS = 6  # backwards whose targets are followed, from the first
@@ -400,6 +401,7 @@ class BatchTargetWatcher:
         return {}
 
     def _close(self) -> None:
+        self.rec.retire(DESCRIBE_LOSS, self.describe_loss)  # its windows are over: no call per step
         self.following = False
         self._tags, self._diffs = {}, {}
         self._pop()

@@ -33,6 +33,7 @@ import torch
 from .. import events as ev
 from .optim import plain_number
 from .recorder import Recorder
+from .topics import PARAMS_ADDED, STEPPED
 
 MEASURED = 3  # steps measured per optimizer
 DOMINATES = 10.0  # eps this many times sqrt(v): the denominator is eps within 10 %
@@ -106,23 +107,32 @@ class EpsShareWatcher:
         # opt -> [[group index, eps, [steps], [shares], [ratios]]]
         self._groups: dict[int, list] = {}
         self._classes: dict[int, str] = {}
+        rec.subscribe(STEPPED, self.after_step)
+        rec.subscribe(PARAMS_ADDED, self.params_added)
 
-    def install(self, patcher) -> None:  # subscribes to STEPPED (instrument/__init__.py)
+    def install(self, patcher) -> None:  # subscribed at construction
         pass
 
+    def params_added(self, opt: int, pids) -> None:
+        """``PARAMS_ADDED``: an optimizer not measured yet: back on ``STEPPED``."""
+        if self._left.get(opt, 1):
+            self.rec.resume(STEPPED, self.after_step)
+
     def after_step(self, opt: int, optimizer) -> None:
-        if not self._left.get(opt, 1):
+        left = self._left
+        if not left.get(opt, 1):
             return
         try:
-            if opt not in self._left:
+            if opt not in left:
                 self._start(opt, optimizer)
-                if not self._left[opt]:
-                    return
-            self._measure(opt, optimizer)
+            if left[opt]:
+                self._measure(opt, optimizer)
         except Exception as exc:
-            self._left[opt] = 0
+            left[opt] = 0
             self._groups.pop(opt, None)
             self.rec.internal_error("eps share", exc)
+        if not left[opt] and all(not left.get(other, 1) for other in self.rec.opt_params):
+            self.rec.retire(STEPPED, self.after_step)  # every optimizer measured
 
     def _start(self, opt: int, optimizer) -> None:
         self._left[opt] = 0

@@ -56,6 +56,7 @@ from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .dropoutout import loss_predictions
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS
 
 WINDOW = 3  # backwards whose forwards are read, from the first one
 _NOTED = 256  # linear outputs noted per turn at most
@@ -119,6 +120,8 @@ class LinearStackWatcher:
         self._sites: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its construction
 
     def _stop(self) -> None:
+        if self.active:
+            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)  # nothing more to read
         self.active = False
         handles, self._handles = self._handles, []
         for handle in handles:

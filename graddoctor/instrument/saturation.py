@@ -47,6 +47,7 @@ from .dependency import close_before_compile, register_module_hooks
 from .names import user_variables
 from .recorder import Recorder
 from .resets import INITIALISERS
+from .topics import DESCRIBE_LOSS, STEPPED
 
 WINDOW = 3  # optimizer steps (or backwards) watched, from the first one
 CALLS = 3  # calls of an activation on one layer's output judged
@@ -105,6 +106,8 @@ class SaturationWatcher:
         if not self.active:
             return
         self.active = False
+        self.rec.retire(STEPPED, self.after_step)  # nothing more to read: no call per step
+        self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
