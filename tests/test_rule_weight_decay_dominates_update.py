@@ -87,10 +87,13 @@ def test_weighted_median_follows_the_elements():
 
 
 class _Rec:
-    """What the watcher reads of the recorder: the step count, emitted events, errors."""
+    """What the watcher reads of the recorder: the step count, emitted events, errors, the
+    optimizers registered, and the topics it subscribes to and retires from."""
 
     def __init__(self):
         self.events, self.errors = [], []
+        self.opt_params: dict = {}
+        self.retired: list = []
 
         class _Progress:
             steps = 0
@@ -101,6 +104,15 @@ class _Rec:
 
     def internal_error(self, where, exc):
         self.errors.append((where, exc))
+
+    def subscribe(self, topic, subscriber):
+        pass
+
+    def retire(self, topic, subscriber):
+        self.retired.append(subscriber)
+
+    def resume(self, topic, subscriber):
+        pass
 
 
 def _measure(optimizer, params, grads, steps=MEASURED):

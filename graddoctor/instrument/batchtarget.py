@@ -54,7 +54,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
-from .follow import UninstallHandle, pop_mode, push_mode, tensors_in, tensors_out
+from .follow import UninstallHandle, pop_mode, push_mode, remove_mode, tensors_in, tensors_out
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
 
@@ -405,6 +405,8 @@ class BatchTargetWatcher:
         self.following = False
         self._tags, self._diffs = {}, {}
         self._pop()
+        if self._pushed and remove_mode(self._mode, self._thread, self.rec, _LABEL):
+            self._pushed = False  # another mode was entered above it: taken out from under it
         if not self._pushed:
             for handle in self._handles:
                 try:
