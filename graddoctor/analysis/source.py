@@ -962,7 +962,7 @@ def advantage_line(path: str, line: int) -> tuple[int, str] | None:
     return (best.lineno, ast.unparse(best).strip()) if best is not None else None
 
 
-def _calls_named(node: ast.AST, names: tuple[str, ...]) -> bool:
+def _calls_named(node: ast.AST, names: tuple[str, ...] | frozenset) -> bool:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Call):
             func = sub.func
@@ -2619,15 +2619,7 @@ def function_calls_any(path: str, line: int, names: frozenset) -> bool:
     if tree is None:
         return False
     scope = _enclosing_function(tree, line)
-    if scope is tree:
-        return False
-    for node in ast.walk(scope):
-        if isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if name in names:
-                return True
-    return False
+    return scope is not tree and _calls_named(scope, names)
 
 
 _AS_TENSOR = frozenset({"as_tensor", "tensor", "from_numpy", "asarray", "array", "DoubleTensor",
@@ -2645,7 +2637,7 @@ def argument_origin(path: str, line: int, callee: str, keyword: str) -> tuple[in
         return None
     calls = [node for node in ast.walk(tree)
              if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
-             and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)) == callee]
+             and _call_name(node) == callee]
     for call in sorted(calls, key=lambda c: -c.lineno):
         written = call.args[0] if call.args else next(
             (k.value for k in call.keywords if k.arg == keyword), None)
@@ -2661,7 +2653,7 @@ def argument_origin(path: str, line: int, callee: str, keyword: str) -> tuple[in
 
     root = written
     while isinstance(root, ast.Call):
-        name = root.func.attr if isinstance(root.func, ast.Attribute) else getattr(root.func, "id", None)
+        name = _call_name(root)
         if name in _KEEPS_VALUES:
             root = root.func.value
         elif name in _AS_TENSOR and len(root.args) == 1:  # torch.as_tensor(w), np.asarray(w)

@@ -54,16 +54,14 @@ from torch import nn
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
-from .dropoutout import loss_predictions
+from .dropoutout import backward_roots, loss_predictions, module_caller
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
 
 WINDOW = 3  # backwards whose forwards are read, from the first one
 _NOTED = 256  # linear outputs noted per turn at most
 _MOVE_DEPTH = 8  # value-moving nodes walked back from a linear layer's input at most
-_STACK = 12  # frames looked through for the module's own call
 _ROOT_FRAMES = 64  # frames looked through for the outermost module call
-_CONTAINERS = (os.path.join("torch", "nn", "modules", "container.py"),)
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # nodes that keep the values they are given (dropout rescales them: still linear)
@@ -94,14 +92,6 @@ def _core(node):
             return node
         node = parents[0]
     return node
-
-
-def _roots(tensors) -> list:
-    if isinstance(tensors, torch.Tensor):
-        tensors = [tensors]
-    if not isinstance(tensors, (list, tuple)):
-        return []
-    return [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None][:4]
 
 
 class LinearStackWatcher:
@@ -183,7 +173,7 @@ class LinearStackWatcher:
             return  # a low-rank factorisation: a bottleneck on purpose
         if not any(p.requires_grad for p in first.parameters()):
             return  # a frozen layer's output read by a linear head: a probe
-        caller, parent = self._caller(second)
+        caller, parent = module_caller(self.rec, second)
         if caller is None or not isinstance(parent, nn.Module) \
                 or not any(child is first for child in parent.children()):
             return  # one model's output read by another's layer (an encoder, then a predictor head)
@@ -214,27 +204,6 @@ class LinearStackWatcher:
             frame = frame.f_back
         return root
 
-    def _caller(self, module) -> tuple[str | None, object]:
-        """``(who, parent)``: who called the module — "user" when the script's code did,
-        "container" when torch's ``nn.Sequential`` did, None otherwise (a library's model) —
-        and the ``self`` of the calling frame (the module whose forward or Sequential runs it)."""
-        frame = sys._getframe(1)
-        for _ in range(_STACK):
-            if frame is None:
-                return None, None
-            if frame.f_code.co_name == "_call_impl" and frame.f_locals.get("self") is module:
-                caller = frame.f_back
-                while caller is not None and caller.f_code.co_name == "_wrapped_call_impl":
-                    caller = caller.f_back
-                if caller is None:
-                    return None, None
-                name, parent = caller.f_code.co_filename, caller.f_locals.get("self")
-                if self.rec.finder.is_user_file(name):
-                    return "user", parent
-                return ("container" if name.endswith(_CONTAINERS) else None), parent
-            frame = frame.f_back
-        return None, None
-
     # -- constructions ----------------------------------------------------------------------
     def _wrap_init(self, original):
         watcher, rec = self, self.rec
@@ -263,7 +232,7 @@ class LinearStackWatcher:
             self._backwards += 1
             pending, self._pending = self._pending, []
             if pending:
-                predictions = {id(node) for root in _roots(tensors) for _, node in loss_predictions(root)}
+                predictions = {id(node) for root in backward_roots(tensors) for _, node in loss_predictions(root)}
                 for output, core, facts, loc in pending:
                     if len(self._readers.get(output, ())) != 1:
                         continue  # q, k, v or a gate and its value read one output: no stack
