@@ -155,8 +155,10 @@ class TargetVisibleToModel(Rule):
                    f"{model} is causal: each position is trained to predict the token after the "
                    f"next one, skipping the one it will have to generate. The targets were "
                    f"shifted twice: once by the script, once by the loss")
-        fix = ("shift the labels once: pass labels=input_ids to a model that shifts them itself "
-               "(transformers' *ForCausalLM), or compare logits[:, :-1] with ids[:, 1:] yourself")
+        written = a.source.line_text(loc.path, loc.line) if loc is not None else ""
+        fix = ("pass labels=input_ids (the same ids as input_ids, padding set to -100): the model "
+               "shifts its labels itself" if "labels=" in written.replace(" ", "") else
+               "shift the targets by one: compare logits[:, :-1] with ids[:, 1:]")
         return self.finding(
             message, loc,
             evidence={"model": model, "shift": 2, "positions": T, "position": t,
