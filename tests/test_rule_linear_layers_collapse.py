@@ -90,16 +90,25 @@ def test_the_watcher_is_silent_on_a_bottleneck_an_activation_a_frozen_first_laye
 
 
 def test_the_watcher_is_silent_on_an_output_read_by_several_layers_or_by_another_model():
-    class Gated(nn.Module):
+    class Fanned(nn.Module):  # a's output read by q and by k: the fan-out alone silences it
         def __init__(self):
             super().__init__()
-            self.a, self.gate, self.value = nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, 2)
+            self.a, self.q, self.k, self.act = nn.Linear(6, 16), nn.Linear(16, 2), nn.Linear(16, 2), nn.Tanh()
 
         def forward(self, x):
             h = self.a(x)
-            return torch.sigmoid(self.gate(h)).sum(1, keepdim=True) * self.value(h)
+            self.side = self.act(self.k(h)).mean()
+            return self.q(h)
 
-    assert _stacks(Gated, torch.randn(4, 6)) == []
+    target = torch.randn(4, 2)
+    models: list = []
+
+    def make():
+        models.append(Fanned())
+        return models[-1]
+
+    assert _stacks(make, torch.randn(4, 6),
+                   loss=lambda out: F.mse_loss(out, target) + models[-1].side) == []
 
     class Predictor(nn.Module):
         def __init__(self):
@@ -110,7 +119,7 @@ def test_the_watcher_is_silent_on_an_output_read_by_several_layers_or_by_another
         def forward(self, x):
             return self.head(self.encoder(x))  # the encoder's last layer is not the head's sibling
 
-    assert _stacks(Predictor, torch.randn(4, 6)) == []
+    assert _stacks(Predictor, torch.randn(4, 6), loss=lambda out: F.mse_loss(out, torch.zeros(4, 8))) == []
 
 
 def test_a_stack_with_no_activation_in_sight_is_told_only_where_a_loss_function_reads_it():
