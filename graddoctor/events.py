@@ -790,7 +790,9 @@ step_edit          opt, steps [int] (the run's step count at each measurement), 
                    the step made, -Δs: 1 when the edit takes the update back; None when nothing
                    changed them), share [float] (|Δh| / |Δs|), home [float|None] (the cosine
                    between Δh and the way back to their values before the optimizer's first
-                   step), home_share [float|None] (|Δh| over the distance to those values) —
+                   step), home_share [float|None] (|Δh| over the distance to those values),
+                   redrawn [[pid]] (the parameters whose values the edit replaced by unrelated
+                   ones: a re-initialisation by hand) —
                    the optimizer's first ``undo.MEASURED`` updates of CPU parameters, sampled;
                    only when some edit changed them (loc: the step after the last measured
                    update; an aside; instrument/undo.py)
@@ -1427,9 +1429,10 @@ def activation_saturated(*, fn: str, module: str, layer: str | None, threshold: 
 
 
 def step_edit(*, opt: int, steps: list[int], back: list, share: list, home: list,
-              home_share: list) -> Made:
+              home_share: list, redrawn: list | None = None) -> Made:
     return "step_edit", {"opt": opt, "steps": steps, "back": back, "share": share, "home": home,
-                         "home_share": home_share}
+                         "home_share": home_share,
+                         "redrawn": redrawn if redrawn is not None else [[] for _ in steps]}
 
 
 def param_created(*, owner: str, attr: str, params: list[int], step: int) -> Made:

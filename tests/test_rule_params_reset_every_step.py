@@ -136,3 +136,48 @@ def test_the_watcher_measures_the_edits_of_the_first_updates_by_value():
     assert all(h > 0.999 for h in halfway[0]["home"])
     assert _measure(lambda p, p0: None) == []  # no edit: nothing recorded
     assert _measure(lambda p, p0: p.data.copy_(p0), steps=3) == []  # too few updates
+
+
+def _redrawn(rows):
+    t = _edited([0.0] * len(rows), [40.0] * len(rows), [0.0] * len(rows), [1.5] * len(rows))
+    t.put(ev.step_edit(opt=0, steps=list(range(1, len(rows) + 1)), back=[0.0] * len(rows),
+                       share=[40.0] * len(rows), home=[0.0] * len(rows),
+                       home_share=[1.5] * len(rows), redrawn=rows), line=9)
+    return t
+
+
+def test_parameters_redrawn_after_every_update_are_an_error():
+    f = only(_redrawn([[0, 1], [0], [0, 1], [0]]), SLUG)
+    assert f.severity is Severity.ERROR and "unrelated" in f.message
+    assert f.evidence["via"] == "redrawn by hand" and len(f.evidence["params"]) == 1
+
+
+def test_silent_when_some_update_is_not_redrawn():
+    # a head re-initialised every few steps (dead units revived, shrink and perturb)
+    assert findings(_redrawn([[0], [], [0], [0]]), SLUG) == []
+
+
+def _measure_wide(edit, steps=6):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(8, 64)).pow(2).mean().backward()
+            opt.step()
+            with torch.no_grad():
+                edit(model)
+    return [dict(e.data) for e in rec.trace.of_kind("step_edit")]
+
+
+def test_the_watcher_tells_a_redraw_from_edits_that_keep_the_values():
+    redrawn = _measure_wide(lambda m: m.weight.data.normal_(0, 0.1))
+    assert len(redrawn) == 1 and all(len(r) == 1 for r in redrawn[0]["redrawn"])
+    zeroed = _measure_wide(lambda m: m.bias.data.zero_())
+    assert all(len(r) == 1 for r in zeroed[0]["redrawn"])
+    kept = _measure_wide(lambda m: (m.weight.data.clamp_(-0.05, 0.05),
+                                    m.weight.add_(torch.randn_like(m.weight) * 1e-3),
+                                    m.weight.div_(m.weight.norm(dim=1, keepdim=True).clamp(min=0.2))))
+    assert len(kept) == 1 and kept[0]["redrawn"] == [[]] * 4

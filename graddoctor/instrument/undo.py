@@ -15,7 +15,10 @@ change the step made, and Δh, the change made by anything else before the next 
 measured ``MEASURED`` times, one ``step_edit`` event gives, per update: ``back``, the cosine
 between Δh and -Δs (1: the edit takes the step back), ``share`` |Δh| / |Δs|, ``home``, the
 cosine between Δh and the way back to the values before the first step, and ``home_share``,
-|Δh| over the distance to them. Nothing is emitted when no edit changed anything. Once every
+|Δh| over the distance to them, and ``redrawn``, the parameters whose values the edit replaced
+by values unrelated to them (a re-initialisation by hand, ``w.data.normal_()`` or ``b.data.zero_()``:
+the cosine between a tensor's sample before and after the edit within ±``_UNRELATED``, the
+edit at least as large as the step's change). Nothing is emitted when no edit changed anything. Once every
 optimizer registered so far is done, the watcher leaves ``STEP_BEGINS`` and ``STEPPED`` until a
 new optimizer is registered (``PARAMS_ADDED``).
 """
@@ -31,6 +34,7 @@ from .topics import PARAMS_ADDED, STEP_BEGINS, STEPPED
 MEASURED = 4  # updates measured per optimizer
 _TENSORS = 16  # parameters sampled
 _SAMPLE = 256  # elements of each (strided)
+_UNRELATED = 0.3  # |cosine| of a tensor's values before and after an edit that replaced them
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float | None:
@@ -68,7 +72,7 @@ class StepEditWatcher:
             rec.retire(STEP_BEGINS, self.before_step)  # every optimizer measured
             rec.retire(STEPPED, self.after_step)
 
-    def _sample(self, pids) -> torch.Tensor | None:
+    def _sample(self, pids, sizes: list | None = None) -> torch.Tensor | None:
         parts = []
         tensor = self.rec.tensor
         with torch.no_grad():
@@ -79,7 +83,25 @@ class StepEditWatcher:
                 flat = t.detach().reshape(-1)
                 stride = max(1, flat.numel() // _SAMPLE)
                 parts.append(flat[::stride][:_SAMPLE].to(torch.float64, copy=True))
+        if sizes is not None:
+            sizes.extend(len(part) for part in parts)
         return torch.cat(parts) if parts else None
+
+    @staticmethod
+    def _redrawn(pids, sizes, post, now, step) -> list[int]:
+        """The parameters whose sampled values the edit replaced by unrelated ones."""
+        found, start = [], 0
+        for pid, size in zip(pids, sizes):
+            before, after = post[start:start + size], now[start:start + size]
+            change = step[start:start + size]
+            start += size
+            edit = float((after - before).norm())
+            if edit == 0.0 or edit < float(change.norm()) or float(before.norm()) == 0.0:
+                continue
+            kept = _cos(before, after)
+            if kept is None or abs(kept) < _UNRELATED:  # None: set to zero
+                found.append(pid)
+        return found
 
     def _pids(self, opt: int) -> list[int]:
         tensor = self.rec.tensor
@@ -103,12 +125,13 @@ class StepEditWatcher:
                 if not pids:
                     self._state[opt] = None
                     return
-                now = self._sample(pids)
+                sizes: list[int] = []
+                now = self._sample(pids, sizes)
                 if now is None:
                     self._state[opt] = None
                     return
-                self._state[opt] = {"pids": pids, "first": now, "pre": now, "post": None,
-                                    "rows": [], "edited": False}
+                self._state[opt] = {"pids": pids, "sizes": sizes, "first": now, "pre": now,
+                                    "post": None, "rows": [], "edited": False}
                 return
             now = self._sample(state["pids"])
             if now is None:
@@ -125,7 +148,9 @@ class StepEditWatcher:
                     state["rows"].append(
                         [self.rec.progress.steps, _cos(edit, -step) if edited else None,
                          _ratio(edit, step), _cos(edit, home) if edited else None,
-                         _ratio(edit, home) if edited else None])
+                         _ratio(edit, home) if edited else None,
+                         self._redrawn(state["pids"], state["sizes"], post, now, step)
+                         if edited else []])
             state["pre"], state["post"] = now, None
             if len(state["rows"]) >= MEASURED:
                 rows = state["rows"]
@@ -134,7 +159,8 @@ class StepEditWatcher:
                     self.rec.emit_aside(ev.step_edit(
                         opt=opt, steps=[r[0] for r in rows], back=[r[1] for r in rows],
                         share=[r[2] for r in rows], home=[r[3] for r in rows],
-                        home_share=[r[4] for r in rows]), self.rec.here(3))
+                        home_share=[r[4] for r in rows], redrawn=[r[5] for r in rows]),
+                        self.rec.here(3))
         except Exception as exc:
             self._state[opt] = None
             self.rec.internal_error("step edits", exc)

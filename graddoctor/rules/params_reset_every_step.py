@@ -31,6 +31,11 @@ class ParamsResetEveryStep(Rule):
     parameters a fixed share of the way back to their initial values after every step (an EMA
     update written the wrong way round, `p.mul_(d).add_(ema_p, alpha=1 - d)` with an EMA
     copy that never changes) is a warning: the model cannot move far from where it started.
+    Values re-drawn by hand (`w.data.normal_(0, 0.02)` in a `reset()` the loop calls,
+    `p.data = torch.randn_like(p)`, `b.data.zero_()`) are found the same way: after every
+    measured update, a tensor's values are replaced by ones unrelated to them (their cosine
+    within ±0.3, the change larger than the step's); it points at the loop's call of the
+    function that does it, or at the write.
 
     ## Why is this bad?
     Each update is undone before the next one: the parameters never get further than one step
@@ -61,7 +66,10 @@ class ParamsResetEveryStep(Rule):
     (federated averaging: the global weights change between rounds); a state dict loaded into a
     copy no optimizer owns (an EMA or SWA model); an EMA of a separate copy; weight clipping
     (WGAN), max-norm and unit-norm projections; Lookahead's pull toward its slow weights every
-    k steps.
+    k steps; magnitude pruning with a fixed mask, weight noise, weight standardisation and sign
+    binarisation between steps (the values are kept, rescaled or masked); a head re-drawn every
+    few steps, not after each one. Tensors of a few elements can miss the re-draw test (two
+    unrelated short vectors are often close by chance), and only 16 tensors are sampled.
     """
 
     code = "GD123"
@@ -133,6 +141,9 @@ class ParamsResetEveryStep(Rule):
         home, home_share = edit["home"], edit["home_share"]
         if len(back) < _MEASURED:
             return None
+        redrawn = _redrawn_every_time(edit)
+        if redrawn:
+            return self._redrawn(a, edit, redrawn)
         undone = all(b is not None and b >= _BACK for b in back) and all(
             s is not None and s >= _SHARE for s in share)
         pulled = not undone and all(h is not None and h >= _HOME for h in home) and all(
@@ -166,6 +177,60 @@ class ParamsResetEveryStep(Rule):
             f"{1 / fraction:,.0f} steps' worth of updates from its initial weights",
             loc, related=(related(edit, "the step after the updates measured"),),
             severity=Severity.WARNING, evidence=evidence, fix=_fix(where, undone=False))
+
+
+    def _redrawn(self, a, edit, pids):
+        opt = edit["opt"]
+        n = len(edit["redrawn"])
+        cls = a.optimizer_class(opt) or "the optimizer"
+        where = _edit_call(a, edit.loc) or _edit_line(a, opt, edit.loc)
+        loc = where[0] if where is not None else edit.loc
+        shown = f" (`{where[1]}`)" if where is not None else ""
+        return self.finding(
+            f"between each of the first {n} steps of {cls} and the next, the script's own "
+            f"code{shown} replaces the values of {a.names(pids)} with values unrelated to them "
+            f"(a re-initialisation by hand): each update to them is discarded before the next, "
+            f"so they never train",
+            loc, related=(related(edit, "the step after the updates measured"),),
+            evidence={"params": a.param_names(pids), "via": "redrawn by hand", "steps": n},
+            fix=("initialise the parameters once, in __init__ or before the training loop; "
+                 "between steps leave them as the optimizer left them"))
+
+
+def _redrawn_every_time(edit) -> list[int]:
+    """The parameters an edit replaced by unrelated values after every measured update."""
+    rows = edit.get("redrawn") or []
+    if len(rows) < _MEASURED or not all(rows):
+        return []
+    common = set(rows[0]).intersection(*map(set, rows[1:]))
+    return [p for p in rows[0] if p in common]
+
+
+def _edit_call(a, step_loc) -> tuple[Location, str] | None:
+    """The call in the loop around the step into a function of the step's file that writes
+    parameters by hand (``model.reset()`` whose body runs ``w.data.normal_()``)."""
+    if step_loc is None:
+        return None
+    path = step_loc.path
+    loop = a.source.innermost_loop(path, step_loc.line)
+    tree = a.source.tree(path)
+    if loop is None or tree is None:
+        return None
+    writes = {w[0] for w in a.source.param_writes(path)}
+    writers = {f.name for f in ast.walk(tree)
+               if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and any(f.lineno <= line <= (f.end_lineno or f.lineno) for line in writes)
+               and not (f.lineno <= loop[0] <= (f.end_lineno or f.lineno))}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and loop[0] <= node.lineno <= loop[1]:
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                node.func.id if isinstance(node.func, ast.Name) else None
+            if name in writers:
+                text = a.source.line_text(path, node.lineno).strip()
+                if "'" not in text and '"' not in text:
+                    text = text.split("#", 1)[0].rstrip()
+                return Location(path, node.lineno), text
+    return None
 
 
 def _roots(text: str | None) -> set[str]:
