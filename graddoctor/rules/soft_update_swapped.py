@@ -112,17 +112,18 @@ class SoftUpdateSwapped(Rule):
     @staticmethod
     def _update_line(a, event) -> Location | None:
         """The hand-written blend that writes the copy: among the script's in-place writes
-        (not a ``load_state_dict``, not a plain ``copy_`` of one tensor), those that name the
-        copy (in the line, what the loop binds, or the loop's header) when any does; of the
-        writes of one loop, the last one that is not a lone scaling (``tp.mul_(tau)``)."""
+        with arithmetic (not a plain ``copy_(p)`` or ``load_state_dict(m.state_dict())``),
+        those that name the copy (in the line, what the loop binds, or the loop's header) when
+        any does; of those, when they sit in one loop, the last one that is not a lone scaling
+        (``tp.mul_(tau)``); None when they sit in several loops."""
         path = event.loc.path
         copy = _leaf(event["copy"])
         found = []
         for line, _root, text, bound in a.source.param_writes(path):
-            if "load_state_dict" in text or not _BLEND.search(text):
+            if not _BLEND.search(text) and "load_state_dict" not in text:
                 continue
             if "lerp_" not in text and not re.search(r"[*+/-]|alpha\s*=", text):
-                continue  # a plain copy of one tensor: a hard sync
+                continue  # a plain copy (copy_(p), load_state_dict(model.state_dict())): a sync
             loop = a.source.innermost_loop(path, line)
             header = a.source.line_text(path, loop[0]) if loop is not None else ""
             named = bool(re.search(rf"\b{re.escape(copy)}\b", f"{text} {bound or ''} {header}"))
