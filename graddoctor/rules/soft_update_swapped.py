@@ -21,7 +21,7 @@ class SoftUpdateSwapped(Rule):
     Finds a copy of the trained model that is meant to trail it — a DQN/DDPG/TD3/SAC target
     network, an EMA or mean teacher, a BYOL target or MoCo key encoder — whose soft update has
     its two weights swapped: at each update the copy moves most of the way to the model. The
-    copy is a module no optimizer trains, equal to the trained model at the first step, that
+    copy is a module no optimizer trains, with the trained model's parameter shapes, that
     makes targets in the update (under `no_grad`, or an output without gradient). Between two
     steps of the model's optimizer (the first 24), a sample of the copy's values is compared
     before and after, with the way from the copy to the model after the step: it is reported
@@ -61,9 +61,9 @@ class SoftUpdateSwapped(Rule):
     from 0 (mean teacher's `min(1 - 1 / (step + 1), alpha)`, TF's `(1 + n) / (10 + n)`: the
     share the copy keeps grows from one update to the next); a running equal-weight average
     (SWA: 1/2, 1/3, ... of the way); Lookahead's slow weights (the model is reset to them);
-    copies that make no targets (an EMA kept only for evaluation); a copy that was not equal to
-    the model at the first step; weights of the online network between 0.5 and 1 on purpose
-    are not told apart from swapped ones.
+    copies that make no targets (an EMA kept only for evaluation); a module of the same shapes
+    that moves toward another model (its move is not along the way to this one). Not told
+    apart: a weight between 0.5 and 1 on the online network chosen on purpose.
     """
 
     code = "GD186"
@@ -77,7 +77,9 @@ class SoftUpdateSwapped(Rule):
     def check(self, a):
         done: set = set()
         for event in a.by_kind.get("model_copy", ()):
-            if not event.get("equal") or not event.get("targets") or event.loc is None:
+            # not event["equal"]: a blend that runs before the first step already leaves the
+            # copy a rounding away from the model; the straight move toward it tells the pair
+            if not event.get("targets") or event.loc is None:
                 continue
             moves = [row for row in event.get("follows") or () if not row[3]]
             if len(moves) < _MOVES or not all(
