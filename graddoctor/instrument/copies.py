@@ -19,7 +19,11 @@ Then, for each pair:
   (the first ``MEASURED`` of them): the change Δh from after one step to before the next, its
   cosine with the way to the copy (the copy's values minus the model's, after the step) and
   its length over that way, and whether the copy moved in that interval. An update written the
-  wrong way round moves the model toward a copy that stays put.
+  wrong way round moves the model toward a copy that stays put;
+* over the same intervals, how the copy itself moved: the share of the way from the copy to
+  the model (after the step) it covered (its move projected on that way, over the way's
+  length), the cosine of its move with that way, and whether it landed on the model's values
+  exactly (a hard sync). A blend whose weights are swapped covers most of the way each time.
 
 One ``model_copy`` event per pair at the end of the run (rules/copy_never_follows.py).
 
@@ -87,10 +91,28 @@ def _first_tensor(output):
     return None
 
 
+def _followed(copy_before, copy_after, model) -> list | None:
+    """``[share, cos, exact]`` of the copy's move over one interval: the share of the way from
+    the copy to the model it covered, the cosine of its move with that way, and whether it now
+    holds the model's values exactly; None when it did not move or was already the model."""
+    move = copy_after - copy_before
+    if not bool(move.any()):
+        return None
+    way = model - copy_before
+    length = float(way @ way)
+    if length <= 0.0:
+        return None
+    along = float(move @ way)
+    scale = float(move.norm()) * length ** 0.5
+    return [round(along / length, 6), round(along / scale, 6) if scale > 0.0 else None,
+            bool(torch.equal(copy_after, model))]
+
+
 class _Pair:
     __slots__ = ("copy", "model", "copy_name", "model_name", "opt", "equal", "copy_params",
                  "model_params", "marks", "base", "written", "written_step", "forwards",
-                 "targets", "target_loc", "handles", "depth", "post", "rows", "measured", "params")
+                 "targets", "target_loc", "handles", "depth", "post", "rows", "measured", "params",
+                 "follows")
 
     def __init__(self, copy, model, copy_name, model_name, opt, equal):
         self.copy = weakref.ref(copy)
@@ -110,6 +132,7 @@ class _Pair:
         self.depth = 0  # inside the copy's own forward (its children's hooks then count nothing)
         self.post: tuple | None = None  # (model sample, copy sample) after a step
         self.rows: list[list] = []
+        self.follows: list[list] = []
         self.measured = 0
 
 
@@ -261,6 +284,9 @@ class CopyWatcher:
         if model is None or copy is None:
             return
         pair.measured += 1
+        follow = _followed(copy_post, copy, model_post)
+        if follow is not None:
+            pair.follows.append([steps, *follow])
         edit = model - model_post
         if not bool(edit.any()):
             return
@@ -284,7 +310,7 @@ class CopyWatcher:
                     copy=pair.copy_name, model=pair.model_name, opt=pair.opt, params=pair.params,
                     equal=pair.equal, forwards=pair.forwards, targets=pair.targets,
                     written=pair.written, written_step=pair.written_step,
-                    measured=pair.measured, pulls=pair.rows), pair.target_loc)
+                    measured=pair.measured, pulls=pair.rows, follows=pair.follows), pair.target_loc)
             except Exception as exc:
                 rec.internal_error("model copies", exc)
         self._pairs = []
