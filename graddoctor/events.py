@@ -582,9 +582,13 @@ mixup_unmixed      fn (the loss whose target it is), loader, batch ([epoch, inde
                    loader's order, in the first turns, once per run (loc: the model's call; an
                    aside; instrument/batchpairs.py)
 last_step_padded  module (the recurrent layer's class), rows, length (its input's), padded (rows whose
-                   last step is padding: all zeros, or an embedding's filler id) — the loss reads
-                   position length - 1 of that batch-first layer's output (``out[:, -1]``), once
-                   per run, in the first turns (loc: the layer's call; an aside)
+                   last step is padding: all zeros, or an embedding's filler id), packed (the
+                   layer ran on a PackedSequence and the position read is of
+                   pad_packed_sequence's output: length is that output's, padded the rows shorter
+                   than it, whose row there is the padding value), time_dim (the axis of time of the tensor
+                   read: 1, or 0 for a seq-first packed output) — the loss reads position
+                   length - 1 of that layer's output (``out[:, -1]``; ``out[-1]`` seq-first when
+                   packed), once per run, in the first turns (loc: the layer's call; an aside)
 causal_read_early  module (the causal module's class: RNN | LSTM | GRU | TransformerEncoder...),
                    positions (the time positions of its output the loss reads, at most 8), read
                    (how many), length (T), unread (positions, holding data, that no read output
@@ -1328,8 +1332,10 @@ def mixup_unmixed(*, fn: str, loader: int, batch: list, field: str, rows: int, l
                              "rows": rows, "lam": lam}
 
 
-def last_step_padded(*, module: str, rows: int, length: int, padded: int) -> Made:
-    return "last_step_padded", {"module": module, "rows": rows, "length": length, "padded": padded}
+def last_step_padded(*, module: str, rows: int, length: int, padded: int, packed: bool = False,
+                     time_dim: int = 1) -> Made:
+    return "last_step_padded", {"module": module, "rows": rows, "length": length, "padded": padded,
+                                "packed": packed, "time_dim": time_dim}
 
 
 def causal_read_early(*, module: str, positions: list[int], read: int, length: int, unread: int,

@@ -146,8 +146,8 @@ class ScriptSource:
         return loss_row_selections(self.full(path), line)
 
     def output_read_line(self, path: str, line: int, time_dim: int, position: int,
-                         length: int) -> tuple[int, str] | None:
-        return output_read_line(self.full(path), line, time_dim, position, length)
+                         length: int, through: frozenset = frozenset()) -> tuple[int, str] | None:
+        return output_read_line(self.full(path), line, time_dim, position, length, through)
 
     def score_scalings(self, path: str) -> list[tuple[int, str, str, bool]]:
         return score_scalings(self.full(path))
@@ -1932,12 +1932,15 @@ def loop_names(path: str, line: int) -> tuple[str | None, str | None] | None:
     return name, getattr(scope, "name", None)
 
 
-def output_read_line(path: str, line: int, time_dim: int, position: int, length: int) -> tuple[int, str] | None:
+def output_read_line(path: str, line: int, time_dim: int, position: int, length: int,
+                     through: frozenset = frozenset()) -> tuple[int, str] | None:
     """``(line, text)`` of the expression that reads position ``position`` of dimension
     ``time_dim`` of the output the call at ``line`` assigns (``out[:, 0]``, ``out[0]``,
     ``out[:, :1]``, ``out.select(1, 0)``, ``out.narrow(1, 0, 1)``), in the function that holds
-    the call, at or after it; the first such read. None when the call's output is bound to no
-    name or no read of that position is written with constants."""
+    the call, at or after it; the first such read. A call named in ``through`` given that
+    output as its first argument passes it on to the name it assigns (``padded, _ =
+    pad_packed_sequence(out)``: ``padded`` is read too). None when the call's output is bound to
+    no name or no read of that position is written with constants."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -1952,6 +1955,18 @@ def output_read_line(path: str, line: int, time_dim: int, position: int, length:
             if isinstance(target, (ast.Name, ast.Attribute)):
                 name = ast.unparse(target)
             break
+    names = {name} if name is not None else set()
+    if name is not None and through:
+        for node in sorted((n for n in ast.walk(scope) if isinstance(n, ast.Assign)
+                            and n.lineno > line), key=lambda n: n.lineno):
+            value = node.value
+            if isinstance(value, ast.Call) and value.args and _call_name(value) in through \
+                    and ast.unparse(value.args[0]) in names:
+                target = node.targets[0]
+                if isinstance(target, (ast.Tuple, ast.List)) and target.elts:
+                    target = target.elts[0]
+                if isinstance(target, (ast.Name, ast.Attribute)):
+                    names.add(ast.unparse(target))
     reads = []
     for node in ast.walk(scope):
         if getattr(node, "lineno", 0) < line:
@@ -1964,14 +1979,14 @@ def output_read_line(path: str, line: int, time_dim: int, position: int, length:
                 base_text = "<call>"
             else:
                 base_text = ast.unparse(base)
-            if base_text != "<call>" and (name is None or base_text != name):
+            if base_text != "<call>" and base_text not in names:
                 continue
             index = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
             if len(index) > time_dim and _reads_position(index[time_dim], position, length):
                 reads.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("select", "narrow") and name is not None \
-                and ast.unparse(node.func.value) == name and len(node.args) >= 2:
+                and node.func.attr in ("select", "narrow") \
+                and ast.unparse(node.func.value) in names and len(node.args) >= 2:
             dim, start = _int(node.args[0]), _int(node.args[1])
             if dim in (time_dim, time_dim - 3) and start is not None \
                     and start % length == position:
