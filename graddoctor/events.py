@@ -317,8 +317,10 @@ constant_targets   fn (the loss function), value (the one value; None when varie
                    (targets' values read), samples (their first dimensions), basis (converted |
                    dataset-one | served | unknown: where the targets came from,
                    instrument/constlabels.py), stage (few | many | varied: a line told before
-                   whose targets then differed): a loss call line with a gradient whose targets
-                   held one value at every call — at most once per stage and line (loc: the loss
+                   whose targets then differed), ignore_index (None, or the ignore_index of a
+                   cross_entropy / nll_loss whose targets held it: then values and samples count
+                   the other targets, the ones the loss trains on, and those held one value): a
+                   loss call line with a gradient whose targets held one value at every call — at most once per stage and line (loc: the loss
                    call; an aside)
 class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
                    [int], shares [float] (each class's share of the targets counted; for
@@ -1134,9 +1136,10 @@ def full_rows_loss(*, fn: str, rows: int) -> Made:
 
 
 def constant_targets(*, fn: str, value, calls: int, values: int, samples: int, basis: str,
-                     stage: str) -> Made:
+                     stage: str, ignore_index: int | None = None) -> Made:
     return "constant_targets", {"fn": fn, "value": value, "calls": calls, "values": values,
-                                "samples": samples, "basis": basis, "stage": stage}
+                                "samples": samples, "basis": basis, "stage": stage,
+                                "ignore_index": ignore_index}
 
 
 def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:

@@ -158,6 +158,12 @@ class ScriptSource:
     def target_origin(self, path: str, line: int) -> dict | None:
         return target_origin(self.full(path), line)
 
+    def target_assignment(self, path: str, line: int) -> tuple[int, str] | None:
+        return target_assignment(self.full(path), line)
+
+    def ignore_canvas(self, path: str, line: int, ignore_index: int) -> bool:
+        return ignore_canvas(self.full(path), line, ignore_index)
+
     def function_calls_any(self, path: str, line: int, names: frozenset) -> bool:
         return function_calls_any(self.full(path), line, names)
 
@@ -2612,6 +2618,66 @@ def _made_by_script(tree: ast.AST, expr: ast.AST, line: int, depth: int = 0) -> 
     if isinstance(expr, ast.IfExp):
         return _made_by_script(tree, expr.body, line, depth + 1) or \
             _made_by_script(tree, expr.orelse, line, depth + 1)
+    return False
+
+
+def _target_root(path: str, line: int) -> ast.AST | None:
+    """The name the first target of the loss call on ``line`` reads, seen through reshapes,
+    casts and subscripts (``labels[:, 1:].reshape(-1)``: ``labels``), or None."""
+    origin = target_origin(path, line)
+    if origin is None:
+        return None
+    try:
+        root = ast.parse(origin["target"], mode="eval").body
+    except SyntaxError:
+        return None
+    while True:
+        if isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute) and root.func.attr in _KEEPS_VALUES:
+            root = root.func.value
+        elif isinstance(root, ast.Subscript):
+            root = root.value
+        else:
+            break
+    return root if isinstance(root, ast.Name) else None
+
+
+def target_assignment(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the latest plain assignment, in the innermost loop that holds the loss
+    call on ``line`` and before it, of the name its first target reads (``labels =
+    ids.masked_fill(mask, -100)``); None when there is none."""
+    tree = _parse(path)
+    root = _target_root(path, line)
+    loop = innermost_loop(path, line)
+    if tree is None or root is None or loop is None:
+        return None
+    values = [(at, value) for at, value in _assigned_values(_enclosing_function(tree, line), root.id)
+              if loop[0] <= at < line]
+    if not values:
+        return None
+    at, value = max(values, key=lambda v: v[0])
+    return at, f"{root.id} = {ast.unparse(value)}"
+
+
+def ignore_canvas(path: str, line: int, ignore_index: int) -> bool:
+    """Whether the first target of the loss call on ``line`` is named by a name assigned (in
+    the call's function or anywhere in the file) a tensor filled with ``ignore_index``
+    (``torch.full(shape, -100)``, ``torch.full_like(ids, -100)``, ``ids.new_full(shape,
+    -100)``): a canvas of ignored positions the script writes the labels into, not a constant
+    it trains on."""
+    tree = _parse(path)
+    root = _target_root(path, line)
+    if tree is None or root is None:
+        return False
+    values = _assigned_values(_enclosing_function(tree, line), root.id) + _assigned_values(tree, root.id)
+    for _, value in values:
+        name = _call_name(value)
+        fill = None
+        if name in ("full", "full_like", "new_full") and len(value.args) >= 2:
+            fill = value.args[1]
+        elif name in ("full", "new_full"):
+            fill = next((k.value for k in value.keywords if k.arg == "fill_value"), None)
+        if fill is not None and _int(fill) == ignore_index:
+            return True
     return False
 
 
