@@ -199,3 +199,18 @@ def test_a_canvas_of_the_ignore_index_is_not_a_constant_the_script_trains_on(tmp
     path.write_text(textwrap.dedent(code))
     assert ignore_canvas(str(path), 7, -100) and not ignore_canvas(str(path), 7, 0)
     assert not ignore_canvas(str(path), 9, -100)
+
+
+def test_the_loop_line_that_builds_the_target_is_found(tmp_path):
+    from graddoctor.analysis.source import target_assignment
+    code = """\
+    import torch
+    for batch in loader:
+        labels = batch.masked_fill(~masked, -100)
+        loss = F.cross_entropy(logits.view(-1, 5), labels[:, 1:].reshape(-1))
+        other = F.cross_entropy(logits, targets_from_outside)
+    """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(code))
+    assert target_assignment(str(path), 4) == (3, "labels = batch.masked_fill(~masked, -100)")
+    assert target_assignment(str(path), 5) is None

@@ -114,3 +114,15 @@ def test_the_watcher_is_silent_on_packed_summaries_that_read_no_padding():
     for read in reads:
         assert _packed_events(read) == []
     assert _packed_events(lambda out, h, n: out[:, -1], lengths=torch.full((16,), 7)) == []
+
+
+def test_the_read_is_found_through_pad_packed_sequence(tmp_path):
+    from graddoctor.analysis.source import output_read_line
+    path = tmp_path / "model.py"
+    path.write_text("def forward(self, packed):\n"
+                    "    packed_out, h = self.rnn(packed)\n"
+                    "    out, lengths = pad_packed_sequence(packed_out, batch_first=True)\n"
+                    "    return self.head(out[:, -1, :])\n")
+    assert output_read_line(str(path), 2, 1, 8, 9, through=frozenset({"pad_packed_sequence"})) \
+        == (4, "out[:, -1, :]")
+    assert output_read_line(str(path), 2, 1, 8, 9) is None
