@@ -317,8 +317,10 @@ constant_targets   fn (the loss function), value (the one value; None when varie
                    (targets' values read), samples (their first dimensions), basis (converted |
                    dataset-one | served | unknown: where the targets came from,
                    instrument/constlabels.py), stage (few | many | varied: a line told before
-                   whose targets then differed): a loss call line with a gradient whose targets
-                   held one value at every call — at most once per stage and line (loc: the loss
+                   whose targets then differed), ignore_index (None, or the ignore_index of a
+                   cross_entropy / nll_loss whose targets held it: then values and samples count
+                   the other targets, the ones the loss trains on, and those held one value): a
+                   loss call line with a gradient whose targets held one value at every call — at most once per stage and line (loc: the loss
                    call; an aside)
 class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
                    [int], shares [float] (each class's share of the targets counted; for
@@ -582,9 +584,13 @@ mixup_unmixed      fn (the loss whose target it is), loader, batch ([epoch, inde
                    loader's order, in the first turns, once per run (loc: the model's call; an
                    aside; instrument/batchpairs.py)
 last_step_padded  module (the recurrent layer's class), rows, length (its input's), padded (rows whose
-                   last step is padding: all zeros, or an embedding's filler id) — the loss reads
-                   position length - 1 of that batch-first layer's output (``out[:, -1]``), once
-                   per run, in the first turns (loc: the layer's call; an aside)
+                   last step is padding: all zeros, or an embedding's filler id), packed (the
+                   layer ran on a PackedSequence and the position read is of
+                   pad_packed_sequence's output: length is that output's, padded the rows shorter
+                   than it, whose row there is the padding value), time_dim (the axis of time of the tensor
+                   read: 1, or 0 for a seq-first packed output) — the loss reads position
+                   length - 1 of that layer's output (``out[:, -1]``; ``out[-1]`` seq-first when
+                   packed), once per run, in the first turns (loc: the layer's call; an aside)
 causal_read_early  module (the causal module's class: RNN | LSTM | GRU | TransformerEncoder...),
                    positions (the time positions of its output the loss reads, at most 8), read
                    (how many), length (T), unread (positions, holding data, that no read output
@@ -1135,9 +1141,10 @@ def full_rows_loss(*, fn: str, rows: int) -> Made:
 
 
 def constant_targets(*, fn: str, value, calls: int, values: int, samples: int, basis: str,
-                     stage: str) -> Made:
+                     stage: str, ignore_index: int | None = None) -> Made:
     return "constant_targets", {"fn": fn, "value": value, "calls": calls, "values": values,
-                                "samples": samples, "basis": basis, "stage": stage}
+                                "samples": samples, "basis": basis, "stage": stage,
+                                "ignore_index": ignore_index}
 
 
 def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:
@@ -1333,8 +1340,10 @@ def mixup_unmixed(*, fn: str, loader: int, batch: list, field: str, rows: int, l
                              "rows": rows, "lam": lam}
 
 
-def last_step_padded(*, module: str, rows: int, length: int, padded: int) -> Made:
-    return "last_step_padded", {"module": module, "rows": rows, "length": length, "padded": padded}
+def last_step_padded(*, module: str, rows: int, length: int, padded: int, packed: bool = False,
+                     time_dim: int = 1) -> Made:
+    return "last_step_padded", {"module": module, "rows": rows, "length": length, "padded": padded,
+                                "packed": packed, "time_dim": time_dim}
 
 
 def causal_read_early(*, module: str, positions: list[int], read: int, length: int, unread: int,

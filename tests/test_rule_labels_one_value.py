@@ -151,3 +151,66 @@ def test_targets_made_by_a_tuple_assignment_are_the_scripts(tmp_path):
             "loss = F.mse_loss(d_out, labels)\n")
     assert _origin(tmp_path, code, 4)["made"]
     assert not _origin(tmp_path, code, 5)["made"]
+
+
+def _run_with(targets, kwargs):
+    rec = _Rec()
+    watcher = ConstantTargetsWatcher(rec, _Loaders(None))
+    for target in targets:
+        watcher.loss_call("cross_entropy", PRED, target, (PRED, target), kwargs)
+    assert rec.errors == []
+    return rec.events
+
+
+def _masked(value, keep=0.25, n=64):
+    target = torch.full((n,), value, dtype=torch.long)
+    return target.masked_fill(torch.rand(n) > keep, -100)
+
+
+def test_the_targets_trained_on_are_judged_without_the_ignore_index():
+    torch.manual_seed(0)
+    events = _run_with([_masked(7, n=256) for _ in range(8)], {})
+    assert [e[1]["stage"] for e in events] == ["few", "many"]
+    assert events[-1][1]["value"] == 7 and events[-1][1]["ignore_index"] == -100
+    assert events[-1][1]["samples"] == events[-1][1]["values"] < 8 * 256  # the -100s not counted
+    # another ignore_index given: -100 is then a class like any other
+    assert _run_with([_masked(7) for _ in range(8)], {"ignore_index": 0}) == []
+    ignored_zero = [_masked(7).masked_fill(torch.rand(64) > 0.5, 0) for _ in range(8)]
+    assert _run_with(ignored_zero, {"ignore_index": 0}) == []  # 7 and -100 trained on
+    varied = [torch.randint(0, 5, (64,)).masked_fill(torch.rand(64) > 0.25, -100) for _ in range(8)]
+    assert _run_with(varied, {}) == []
+    assert _run_with([torch.full((64,), -100)] * 8, {}) == []  # nothing trained on
+
+
+def test_a_canvas_of_the_ignore_index_is_not_a_constant_the_script_trains_on(tmp_path):
+    from graddoctor.analysis.source import ignore_canvas
+    code = """\
+    import torch
+    def encode(batch):
+        labels = torch.full((len(batch), 8), -100)
+        return labels
+    for batch in data:
+        labels = encode(batch)
+        loss = F.cross_entropy(model(x).view(-1, 5), labels.view(-1))
+        zeros = torch.zeros(8, dtype=torch.long)
+        loss = F.cross_entropy(sim, zeros)
+    """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(code))
+    assert ignore_canvas(str(path), 7, -100) and not ignore_canvas(str(path), 7, 0)
+    assert not ignore_canvas(str(path), 9, -100)
+
+
+def test_the_loop_line_that_builds_the_target_is_found(tmp_path):
+    from graddoctor.analysis.source import target_assignment
+    code = """\
+    import torch
+    for batch in loader:
+        labels = batch.masked_fill(~masked, -100)
+        loss = F.cross_entropy(logits.view(-1, 5), labels[:, 1:].reshape(-1))
+        other = F.cross_entropy(logits, targets_from_outside)
+    """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(code))
+    assert target_assignment(str(path), 4) == (3, "labels = batch.masked_fill(~masked, -100)")
+    assert target_assignment(str(path), 5) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
 
 from graddoctor import events as ev
 from graddoctor.findings import Severity
@@ -69,3 +69,60 @@ def test_the_watcher_is_silent_on_summaries_that_read_no_padding():
     left = lambda embed, rnn, tokens, n: rnn(embed(tokens.flip(1)))[0][:, -1]  # noqa: E731
     for forward in (gathered, first, packed, left):
         assert _events(forward) == []
+
+
+def test_a_packed_event_is_told_as_zeros_of_pad_packed_sequence():
+    t = builder()
+    t.put(ev.last_step_padded(module="GRU", rows=16, length=9, padded=13, packed=True), 12)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING
+    assert "pad_packed_sequence" in f.message and "13 of 16 rows" in f.message
+    assert f.evidence["packed"] is True and "h_n[-1]" in f.fix
+
+
+def _packed_events(read, lengths=None, batch_first=True, total_length=None) -> list[tuple]:
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        n = lengths if lengths is not None else torch.randint(2, 10, (16,))
+        tokens = pad_sequence([torch.randint(1, 30, (int(k),)) for k in n], batch_first=batch_first)
+        embed = nn.Embedding(30, 8)
+        rnn = nn.GRU(8, 8, batch_first=batch_first)
+        for _ in range(2):
+            out, h_n = rnn(pack_padded_sequence(embed(tokens), n, batch_first=batch_first,
+                                                enforce_sorted=False))
+            padded, _ = pad_packed_sequence(out, batch_first=batch_first, total_length=total_length)
+            summary = read(padded, h_n, n)
+            nn.functional.cross_entropy(summary, torch.randint(0, 8, (16,))).backward()
+    return [(e["module"], e["rows"], e["padded"] > 8, e["packed"], e["time_dim"])
+            for e in rec.trace.of_kind("last_step_padded")]
+
+
+def test_the_watcher_finds_the_last_position_of_a_padded_packed_output():
+    assert _packed_events(lambda out, h, n: out[:, -1]) == [("GRU", 16, True, True, 1)]
+    assert _packed_events(lambda out, h, n: out[-1], batch_first=False) == [("GRU", 16, True, True, 0)]
+    assert _packed_events(lambda out, h, n: out.select(1, 11), total_length=12) \
+        == [("GRU", 16, True, True, 1)]
+    assert _packed_events(lambda out, h, n: out.transpose(0, 1)[-1]) == [("GRU", 16, True, True, 0)]
+
+
+def test_the_watcher_is_silent_on_packed_summaries_that_read_no_padding():
+    reads = (lambda out, h, n: h[-1],
+             lambda out, h, n: out[torch.arange(16), n - 1],
+             lambda out, h, n: out[:, 0],
+             lambda out, h, n: out[:, :, -1][:, :1].expand(16, 8))  # a feature, not a step
+    for read in reads:
+        assert _packed_events(read) == []
+    assert _packed_events(lambda out, h, n: out[:, -1], lengths=torch.full((16,), 7)) == []
+
+
+def test_the_read_is_found_through_pad_packed_sequence(tmp_path):
+    from graddoctor.analysis.source import output_read_line
+    path = tmp_path / "model.py"
+    path.write_text("def forward(self, packed):\n"
+                    "    packed_out, h = self.rnn(packed)\n"
+                    "    out, lengths = pad_packed_sequence(packed_out, batch_first=True)\n"
+                    "    return self.head(out[:, -1, :])\n")
+    assert output_read_line(str(path), 2, 1, 8, 9, through=frozenset({"pad_packed_sequence"})) \
+        == (4, "out[:, -1, :]")
+    assert output_read_line(str(path), 2, 1, 8, 9) is None

@@ -146,8 +146,8 @@ class ScriptSource:
         return loss_row_selections(self.full(path), line)
 
     def output_read_line(self, path: str, line: int, time_dim: int, position: int,
-                         length: int) -> tuple[int, str] | None:
-        return output_read_line(self.full(path), line, time_dim, position, length)
+                         length: int, through: frozenset = frozenset()) -> tuple[int, str] | None:
+        return output_read_line(self.full(path), line, time_dim, position, length, through)
 
     def score_scalings(self, path: str) -> list[tuple[int, str, str, bool]]:
         return score_scalings(self.full(path))
@@ -157,6 +157,12 @@ class ScriptSource:
 
     def target_origin(self, path: str, line: int) -> dict | None:
         return target_origin(self.full(path), line)
+
+    def target_assignment(self, path: str, line: int) -> tuple[int, str] | None:
+        return target_assignment(self.full(path), line)
+
+    def ignore_canvas(self, path: str, line: int, ignore_index: int) -> bool:
+        return ignore_canvas(self.full(path), line, ignore_index)
 
     def function_calls_any(self, path: str, line: int, names: frozenset) -> bool:
         return function_calls_any(self.full(path), line, names)
@@ -1932,12 +1938,15 @@ def loop_names(path: str, line: int) -> tuple[str | None, str | None] | None:
     return name, getattr(scope, "name", None)
 
 
-def output_read_line(path: str, line: int, time_dim: int, position: int, length: int) -> tuple[int, str] | None:
+def output_read_line(path: str, line: int, time_dim: int, position: int, length: int,
+                     through: frozenset = frozenset()) -> tuple[int, str] | None:
     """``(line, text)`` of the expression that reads position ``position`` of dimension
     ``time_dim`` of the output the call at ``line`` assigns (``out[:, 0]``, ``out[0]``,
     ``out[:, :1]``, ``out.select(1, 0)``, ``out.narrow(1, 0, 1)``), in the function that holds
-    the call, at or after it; the first such read. None when the call's output is bound to no
-    name or no read of that position is written with constants."""
+    the call, at or after it; the first such read. A call named in ``through`` given that
+    output as its first argument passes it on to the name it assigns (``padded, _ =
+    pad_packed_sequence(out)``: ``padded`` is read too). None when the call's output is bound to
+    no name or no read of that position is written with constants."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -1952,6 +1961,18 @@ def output_read_line(path: str, line: int, time_dim: int, position: int, length:
             if isinstance(target, (ast.Name, ast.Attribute)):
                 name = ast.unparse(target)
             break
+    names = {name} if name is not None else set()
+    if name is not None and through:
+        for node in sorted((n for n in ast.walk(scope) if isinstance(n, ast.Assign)
+                            and n.lineno > line), key=lambda n: n.lineno):
+            value = node.value
+            if isinstance(value, ast.Call) and value.args and _call_name(value) in through \
+                    and ast.unparse(value.args[0]) in names:
+                target = node.targets[0]
+                if isinstance(target, (ast.Tuple, ast.List)) and target.elts:
+                    target = target.elts[0]
+                if isinstance(target, (ast.Name, ast.Attribute)):
+                    names.add(ast.unparse(target))
     reads = []
     for node in ast.walk(scope):
         if getattr(node, "lineno", 0) < line:
@@ -1964,14 +1985,14 @@ def output_read_line(path: str, line: int, time_dim: int, position: int, length:
                 base_text = "<call>"
             else:
                 base_text = ast.unparse(base)
-            if base_text != "<call>" and (name is None or base_text != name):
+            if base_text != "<call>" and base_text not in names:
                 continue
             index = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
             if len(index) > time_dim and _reads_position(index[time_dim], position, length):
                 reads.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("select", "narrow") and name is not None \
-                and ast.unparse(node.func.value) == name and len(node.args) >= 2:
+                and node.func.attr in ("select", "narrow") \
+                and ast.unparse(node.func.value) in names and len(node.args) >= 2:
             dim, start = _int(node.args[0]), _int(node.args[1])
             if dim in (time_dim, time_dim - 3) and start is not None \
                     and start % length == position:
@@ -2597,6 +2618,66 @@ def _made_by_script(tree: ast.AST, expr: ast.AST, line: int, depth: int = 0) -> 
     if isinstance(expr, ast.IfExp):
         return _made_by_script(tree, expr.body, line, depth + 1) or \
             _made_by_script(tree, expr.orelse, line, depth + 1)
+    return False
+
+
+def _target_root(path: str, line: int) -> ast.AST | None:
+    """The name the first target of the loss call on ``line`` reads, seen through reshapes,
+    casts and subscripts (``labels[:, 1:].reshape(-1)``: ``labels``), or None."""
+    origin = target_origin(path, line)
+    if origin is None:
+        return None
+    try:
+        root = ast.parse(origin["target"], mode="eval").body
+    except SyntaxError:
+        return None
+    while True:
+        if isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute) and root.func.attr in _KEEPS_VALUES:
+            root = root.func.value
+        elif isinstance(root, ast.Subscript):
+            root = root.value
+        else:
+            break
+    return root if isinstance(root, ast.Name) else None
+
+
+def target_assignment(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the latest plain assignment, in the innermost loop that holds the loss
+    call on ``line`` and before it, of the name its first target reads (``labels =
+    ids.masked_fill(mask, -100)``); None when there is none."""
+    tree = _parse(path)
+    root = _target_root(path, line)
+    loop = innermost_loop(path, line)
+    if tree is None or root is None or loop is None:
+        return None
+    values = [(at, value) for at, value in _assigned_values(_enclosing_function(tree, line), root.id)
+              if loop[0] <= at < line]
+    if not values:
+        return None
+    at, value = max(values, key=lambda v: v[0])
+    return at, f"{root.id} = {ast.unparse(value)}"
+
+
+def ignore_canvas(path: str, line: int, ignore_index: int) -> bool:
+    """Whether the first target of the loss call on ``line`` is named by a name assigned (in
+    the call's function or anywhere in the file) a tensor filled with ``ignore_index``
+    (``torch.full(shape, -100)``, ``torch.full_like(ids, -100)``, ``ids.new_full(shape,
+    -100)``): a canvas of ignored positions the script writes the labels into, not a constant
+    it trains on."""
+    tree = _parse(path)
+    root = _target_root(path, line)
+    if tree is None or root is None:
+        return False
+    values = _assigned_values(_enclosing_function(tree, line), root.id) + _assigned_values(tree, root.id)
+    for _, value in values:
+        name = _call_name(value)
+        fill = None
+        if name in ("full", "full_like", "new_full") and len(value.args) >= 2:
+            fill = value.args[1]
+        elif name in ("full", "new_full"):
+            fill = next((k.value for k in value.keywords if k.arg == "fill_value"), None)
+        if fill is not None and _int(fill) == ignore_index:
+            return True
     return False
 
 

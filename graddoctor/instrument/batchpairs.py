@@ -57,8 +57,20 @@ is all zeros (``pad_sequence`` of features, an embedding's ``padding_idx`` row) 
 embedding without ``padding_idx`` that fed it, the id most rows end with (``filled_rows``). At
 the backward, a ``SelectBackward`` node of position T - 1 of dim 1 right above that layer's
 output in the loss's graph (``out[:, -1]``) is recorded: "last_step_padded" at the layer's call
-(last-step-is-padding). Left padding, ``pack_padded_sequence``, a gather at ``lengths - 1`` and
-sequences of one length say nothing.
+(last-step-is-padding). Left padding, ``pack_padded_sequence`` with the final hidden state, a
+gather at ``lengths - 1`` and sequences of one length say nothing.
+
+A recurrent layer run on a ``PackedSequence`` is noted too (its packed output's ``grad_fn`` and
+the input's ``batch_sizes``: how many rows are still running at each step). The padded tensor
+``pad_packed_sequence`` makes of it holds the padding value (zeros) past each row's length, so a
+``SelectBackward`` of the last position of that tensor's time axis (``out[:, -1]`` batch-first,
+``out[-1]`` seq-first) reads padding for every row shorter than the longest (all rows, with a
+``total_length`` past the longest). The select's input is followed down through the nodes
+``pad_packed_sequence`` leaves on CPU (its ``index_select`` back to the unsorted order, the
+transpose of ``batch_first``, the ``CopySlices`` of each step's rows out of the packed data)
+and through a transpose or clone the script adds, to the noted packed output; the time axis
+is told by the number of (0, 1) transposes on the way. Reported as "last_step_padded" with
+``packed`` when at least half the rows (and two) are shorter.
 
 Skipped, silently: tensors not on the CPU, threads other than the script's, batches of fewer
 than ``_MIN_ROWS`` rows, torch.compile (the window closes before it runs).
@@ -71,6 +83,7 @@ from threading import get_ident
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
@@ -88,6 +101,7 @@ _FOUND = 0.9  # share of an input's rows that must be found in one batch tensor
 _NODES = 400  # graph nodes walked from a loss's root at most
 _DIGITS = 10  # significant digits a fingerprint is compared at
 _RECURRENT = 8  # recurrent outputs noted per turn at most
+_LAYOUT = 64  # nodes between a select and a packed output walked at most (pad_packed_sequence's)
 _CALLS = 8  # model calls whose inputs were found, kept per turn at most (their outputs' graphs)
 _SEEN = 64  # data tensors looked up per turn at most
 _MIX_ROWS = 512  # batches of at most this many rows are looked at for a mixup of their rows
@@ -188,6 +202,9 @@ class BatchPairWatcher:
         # this turn's batch-first recurrent outputs over right-padded input:
         # (grad_fn, module class, rows, length, padded rows, Location)
         self._recurrent: list[tuple] = []
+        # this turn's recurrent layers run on a PackedSequence:
+        # (packed output's grad_fn, module class, rows, batch_sizes, Location)
+        self._packed: list[tuple] = []
         self._filled: dict[tuple, int] = {}  # (rows, length) of filled-up id batches -> padded rows
 
     # -- the window -------------------------------------------------------------------------
@@ -198,7 +215,7 @@ class BatchPairWatcher:
             handle.remove()
         self._batches, self._rows, self._wholes = [], {}, {}
         self._seen_ids, self._inputs = {}, []
-        self._recurrent, self._filled = [], {}
+        self._recurrent, self._packed, self._filled = [], [], {}
 
     # -- BATCH_SERVED ------------------------------------------------------------------------
     def served(self, loader: int, epoch: int, index: int, batch) -> None:
@@ -253,6 +270,9 @@ class BatchPairWatcher:
                 return None
             if isinstance(module, (nn.RNNBase, nn.Embedding)) and len(self._recurrent) < _RECURRENT:
                 self._sequence(module, args, kwargs, output)
+            if isinstance(module, nn.RNNBase) and args and isinstance(args[0], PackedSequence) \
+                    and len(self._packed) < _RECURRENT:
+                self._packed_sequence(module, args[0], output)
             if self._depth or not self._rows or len(self._inputs) >= _CALLS:
                 return None
             values = list(args) + list(kwargs.values() if isinstance(kwargs, Mapping) else ())
@@ -309,6 +329,20 @@ class BatchPairWatcher:
         if padded >= max(2, rows / 2):
             self._recurrent.append((out.grad_fn, type(module).__name__, rows, length, padded,
                                     self.rec.here()))
+
+    def _packed_sequence(self, module, packed: PackedSequence, output) -> None:
+        """A recurrent layer run on a PackedSequence noted with its packed output's grad_fn and
+        how many rows run at each step (``batch_sizes``, a CPU tensor of the input)."""
+        out = output[0] if isinstance(output, (tuple, list)) and output else None
+        if not isinstance(out, PackedSequence) or out.data.grad_fn is None:
+            return
+        sizes = packed.batch_sizes
+        if not isinstance(sizes, torch.Tensor) or sizes.device.type != "cpu" or sizes.numel() < 1:
+            return
+        steps = [int(v) for v in sizes.tolist()]
+        if steps[0] < _MIN_ROWS:
+            return
+        self._packed.append((out.data.grad_fn, type(module).__name__, steps, self.rec.here()))
 
     def _find(self, t: torch.Tensor):
         """``(batch, "same" | "permuted")`` when the rows of ``t`` are all the rows of one batch
@@ -374,10 +408,14 @@ class BatchPairWatcher:
             self._backwards += 1
             inputs, self._inputs = self._inputs, []
             recurrent, self._recurrent = self._recurrent, []
+            packed, self._packed = self._packed, []
             self._seen_ids, self._filled = {}, {}
             if recurrent and "last-step" not in self._told:
                 for root in _roots(tensors):
                     self._last_step(root, recurrent)
+            if packed and "last-step" not in self._told:
+                for root in _roots(tensors):
+                    self._packed_last_step(root, packed)
             if inputs and self._wholes:
                 for root in _roots(tensors):
                     self._judge(root, inputs)
@@ -468,6 +506,34 @@ class BatchPairWatcher:
                 following.extend(c for c, _ in node.next_functions if c is not None)
             level = following
 
+    def _packed_last_step(self, root, packed) -> None:
+        """A ``last_step_padded`` aside (``packed``) when the loss's graph selects the last
+        position of the time axis of ``pad_packed_sequence``'s output of a noted packed layer and
+        most rows are shorter than that: their row there is the padding value."""
+        by_node = {node: entry for node, *entry in packed}
+        seen, level = set(), [root]
+        while level and len(seen) < _NODES:
+            following = []
+            for node in level:
+                if node is None or node in seen:
+                    continue
+                seen.add(node)
+                if type(node).__name__.startswith("SelectBackward"):
+                    found = _select_of_padded(node, by_node)
+                    if found is not None:
+                        (name, steps, loc), length, time = found
+                        rows = steps[0]
+                        running = steps[length - 1] if length <= len(steps) else 0
+                        padded = rows - running
+                        if padded >= max(2, rows / 2):
+                            self._told.add("last-step")
+                            self.rec.emit_aside(ev.last_step_padded(
+                                module=name, rows=rows, length=length, padded=padded, packed=True,
+                                time_dim=time), loc)
+                            return
+                following.extend(c for c, _ in node.next_functions if c is not None)
+            level = following
+
     def _tell(self, problem: str, fn: str, inputs: _Batch, labels: _Batch, field: str, loc) -> None:
         self._told.add(problem)
         self.rec.emit_aside(ev.batch_pairing(
@@ -491,6 +557,65 @@ def _last_index(node, length: int) -> bool:
     dim, index = int(node._saved_dim), int(node._saved_index)
     dim, index = (dim - 2 ** 64 if dim >= 2 ** 63 else dim), (index - 2 ** 64 if index >= 2 ** 63 else index)
     return dim == 1 and index in (-1, length - 1)
+
+
+# nodes a tensor's values go through unchanged in place between pad_packed_sequence's padded
+# output and a select of it: index_select back to the unsorted order, transposes, clones
+_KEEP = ("IndexSelectBackward", "TransposeBackward", "CloneBackward")
+# nodes pad_packed_sequence's padded output is made of on CPU: each step's rows copied in
+_PADDING_COPY = ("CopySlices", "ViewBackward", "SliceBackward")
+
+
+def _select_of_padded(select, by_node: dict):
+    """``(entry, length, time axis)`` when ``select`` (a SelectBackward node) takes the last position of
+    the time axis of a padded tensor ``pad_packed_sequence`` made of a noted packed output
+    (``entry`` its note: module class, batch_sizes, Location; ``length`` that axis's size), else
+    None. The time axis is 0 for the padded tensor as made, 1 after an odd number of (0, 1)
+    transposes (``batch_first`` makes one)."""
+    dim, index = _signed(int(select._saved_dim)), _signed(int(select._saved_index))
+    sizes = tuple(select._saved_self_sym_sizes)
+    if len(sizes) != 3:
+        return None
+    dim %= 3
+    node = select.next_functions[0][0]
+    flips = 0
+    for _ in range(8):
+        name = type(node).__name__ if node is not None else ""
+        if not name.startswith(_KEEP):
+            break
+        if name.startswith("TransposeBackward"):
+            pair = {_signed(int(node._saved_dim0)) % 3, _signed(int(node._saved_dim1)) % 3}
+            if pair != {0, 1}:
+                return None
+            flips += 1
+        elif name.startswith("IndexSelectBackward") and _signed(int(node._saved_dim)) % 3 == 2:
+            return None  # features picked, not rows
+        node = node.next_functions[0][0]
+    if node is None or not type(node).__name__.startswith("CopySlices"):
+        return None
+    time = flips % 2
+    if dim != time or index not in (-1, sizes[time] - 1):
+        return None
+    seen, stack = set(), [node]
+    while stack and len(seen) < _LAYOUT:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        entry = by_node.get(node)
+        if entry is not None:
+            name, steps, loc = entry
+            if steps[0] != sizes[1 - time] or sizes[time] < len(steps):
+                return None
+            return entry, sizes[time], time
+        if type(node).__name__.startswith(_PADDING_COPY):
+            stack.extend(c for c, _ in node.next_functions if c is not None)
+    return None
+
+
+def _signed(value: int) -> int:
+    """A saved int64 read back as the unsigned value torch hands out for a negative one."""
+    return value - 2 ** 64 if value >= 2 ** 63 else value
 
 
 def filled_rows(ids: torch.Tensor) -> int:

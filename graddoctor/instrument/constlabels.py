@@ -22,6 +22,15 @@ dataset's whole label tensor is one value; else (a Dataset of the script's own, 
 fixed tensor) a rare class must have had "many" samples to show. Whether the targets are a
 constant the script makes (``torch.ones`` for a GAN's real labels, ``torch.zeros(N,
 dtype=long)`` for InfoNCE's positives) is read from the source by the rule.
+
+``cross_entropy`` and ``nll_loss`` train only on the targets that are not their
+``ignore_index`` (-100 unless given): where a call's class-index targets hold it, the others
+are the ones judged (their count is the call's values and samples), and the line's event
+carries the ``ignore_index``. Labels masked for a masked language model after the inputs were
+masked in place (all the mask id), labels kept only where they are padding or one end token,
+every tag mapped to one class: the loss trains on one answer however many positions it ignores.
+Which tensor was served is still looked up with the whole target. A call whose targets are all
+``ignore_index`` trains on nothing and is not counted.
 """
 
 from __future__ import annotations
@@ -38,6 +47,21 @@ _MIN_CALLS, _MIN_VALUES = 4, 64  # "few": enough where the labels were converted
 _MANY_CALLS, _MANY_SAMPLES = 8, 512  # "many": enough for a rare class to have shown
 _LOADERS = 4  # loaders whose latest batch is kept
 _DATASET_VALUES = 1 << 22  # values of a dataset's label tensor read, at most
+_IGNORING = ("cross_entropy", "nll_loss")  # losses that skip the targets equal to ignore_index
+_IGNORE_AT = 4  # ignore_index's position in F.cross_entropy / F.nll_loss
+
+
+def ignored_index(fn: str, target, args, kwargs) -> int | None:
+    """The ignore_index of a cross_entropy / nll_loss call given class indices (-100 unless
+    given), else None."""
+    if fn not in _IGNORING or target.is_floating_point() or target.dtype is torch.bool:
+        return None
+    value = (kwargs or {}).get("ignore_index")
+    if value is None and args is not None and len(args) > _IGNORE_AT:
+        value = args[_IGNORE_AT]
+    if value is None:
+        value = -100
+    return int(value) if isinstance(value, int) else None
 
 
 def one_value(t) -> float | int | bool | None:
@@ -90,10 +114,11 @@ def dataset_labels(dataset, served) -> "torch.Tensor | None":
 
 
 class _Line:
-    __slots__ = ("calls", "values", "samples", "value", "basis", "told", "done")
+    __slots__ = ("calls", "values", "samples", "value", "basis", "told", "done", "ignore_index")
 
     def __init__(self, value):
         self.calls, self.values, self.samples, self.value = 0, 0, 0, value
+        self.ignore_index = None  # set once a call's targets held the loss's ignore_index
         self.basis = "converted"  # until a call's target is a served label that says otherwise
         self.told = 0  # 1: told at "few", 2: at "many"
         self.done = False
@@ -122,8 +147,9 @@ class ConstantTargetsWatcher:
         if len(self._served) > _LOADERS:
             del self._served[next(iter(self._served))]
 
-    def loss_call(self, fn: str, input, target) -> None:
-        """A wrapped loss function called with a gradient: its prediction and target."""
+    def loss_call(self, fn: str, input, target, args=None, kwargs=None) -> None:
+        """A wrapped loss function called with a gradient: its prediction and target (and the
+        call's arguments, for an ignore_index)."""
         self._calls += 1
         try:
             if not (isinstance(target, torch.Tensor) and target.device.type == "cpu"
@@ -136,8 +162,18 @@ class ConstantTargetsWatcher:
             line = self._lines.get(loc)
             if line is not None and line.done:
                 return
+            served = target
+            counted = None  # the targets trained on, where some equal the ignore_index
+            ignore = ignored_index(fn, target, args, kwargs)
+            if ignore is not None:
+                with torch.no_grad():
+                    keep = target != ignore
+                    if not bool(keep.all()):
+                        if not bool(keep.any()):
+                            return  # nothing trained on at this call
+                        counted = target[keep]
             with torch.no_grad():
-                value = one_value(target)
+                value = one_value(target if counted is None else counted)
             if line is None:
                 if len(self._lines) >= _LINES:
                     return
@@ -148,10 +184,15 @@ class ConstantTargetsWatcher:
                 if line.told:
                     self._tell(fn, line, loc, "varied")
                 return
-            line.values += int(target.numel())
-            line.samples += int(target.shape[0]) if target.dim() else 1
+            if counted is not None:
+                line.ignore_index = ignore
+                line.values += int(counted.numel())
+                line.samples += int(counted.numel())  # each position trained on is a sample
+            else:
+                line.values += int(target.numel())
+                line.samples += int(target.shape[0]) if target.dim() else 1
             if line.basis != "dataset-varied":
-                line.basis = self._basis(target, line.basis)
+                line.basis = self._basis(served, line.basis)
             if line.basis == "dataset-varied":
                 line.done = True  # the dataset holds other labels: imbalanced, not one class
                 if line.told:
@@ -172,7 +213,8 @@ class ConstantTargetsWatcher:
     def _tell(self, fn: str, line: "_Line", loc, stage: str) -> None:
         self.rec.emit_aside(ev.constant_targets(fn=fn, value=None if stage == "varied" else line.value,
                                                 calls=line.calls, values=line.values,
-                                                samples=line.samples, basis=line.basis, stage=stage), loc)
+                                                samples=line.samples, basis=line.basis, stage=stage,
+                                                ignore_index=line.ignore_index), loc)
 
     def _basis(self, target, basis: str) -> str:
         """What this call's target says of where it came from: "converted" (none of the last

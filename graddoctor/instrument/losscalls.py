@@ -50,6 +50,6 @@ class LossCalls:
         labels = self.labels
         if labels is not None:
             if labels.open:
-                labels.loss_call(fn, input, target)
+                labels.loss_call(fn, input, target, args, kwargs)
             else:
                 self.labels = None

@@ -43,6 +43,13 @@ class LabelsOneValue(Rule):
     where the dataset's whole label tensor (a `TensorDataset`'s, torchvision's `targets`) is
     one value, and over at least 8 calls and 512 samples otherwise.
 
+    For `cross_entropy` and `nll_loss`, only the targets that are not the `ignore_index` (-100
+    unless given) are judged, each a sample: the positions the loss trains on. A masked language
+    model whose labels are read from the inputs after they were masked (all the mask id), labels
+    kept only at padding or at one end token, a tag lookup that maps every tag to one class. It
+    then points at the line of the loop that last assigns the target's name, where the labels
+    are built.
+
     ## Why is this bad?
     A target that is always the same carries no information: the model only has to output
     that constant, the loss falls quickly and looks like training, and the model has learned
@@ -56,10 +63,19 @@ class LabelsOneValue(Rule):
         loss = F.cross_entropy(model(x), target)
     ```
 
+    ```python
+    inputs = batch.clone()
+    inputs[masked] = MASK_ID
+    labels = inputs.masked_fill(~masked, -100)   # every label trained on is MASK_ID
+    ```
+
     ## Use instead
     ```python
     for x, ctr in loader:
         loss = F.binary_cross_entropy_with_logits(model(x).squeeze(1), ctr)  # soft targets
+    ```
+    ```python
+    labels = batch.masked_fill(~masked, -100)    # the tokens that were masked
     ```
 
     ## Stays silent on
@@ -70,7 +86,10 @@ class LabelsOneValue(Rule):
     tensor holds several values, or fewer than 8 calls and 512 samples of one class); targets
     that vary (an autoencoder's inputs, `torch.arange(N)`); losses with no loss function given
     a target (Deep SVDD's distance to a center); targets on an accelerator (not read); a line
-    whose targets differ at a later call.
+    whose targets differ at a later call. With an ignore_index: labels written into a canvas of
+    it (`torch.full(shape, -100)`) that hold several values; a made target with ignored rows
+    (`torch.zeros(N)` positives, padded queries -100); a call whose targets are all ignored;
+    another `ignore_index` given (-100 is then a class).
     """
 
     code = "GD170"
@@ -90,7 +109,9 @@ class LabelsOneValue(Rule):
             if e.get("stage") == "varied":
                 continue
             origin = a.source.target_origin(loc.path, loc.line)
-            if origin is None or origin["made"]:
+            ignore = e.get("ignore_index")
+            if origin is None or (origin["made"] and not (
+                    ignore is not None and a.source.ignore_canvas(loc.path, loc.line, ignore))):
                 continue  # a constant the script makes (a GAN's labels), or no source to tell
             # a few batches of one label are enough where a conversion made the targets (seen
             # against the loader's batch, or, with no loader, in the loop's source) or where the
@@ -102,6 +123,12 @@ class LabelsOneValue(Rule):
 
     def _finding(self, a, e, origin):
         fn, value, calls, values = e.get("fn", "the loss"), e.get("value"), e.get("calls"), e.get("values")
+        if e.get("ignore_index") is not None and origin["line"] == e.loc.line:
+            # with an ignore_index the script builds its labels: where it does so in the loop
+            # is the line to look at
+            built = a.source.target_assignment(e.loc.path, e.loc.line)
+            if built is not None:
+                origin = {**origin, "line": built[0], "text": built[1]}
         shown = _shown(value)
         at_conversion = origin["line"] != e.loc.line
         loc = replace(e.loc, line=origin["line"]) if at_conversion else e.loc
@@ -119,11 +146,22 @@ class LabelsOneValue(Rule):
                    f"label column read): a cast to integers, a threshold outside the data's range "
                    f"or an integer division maps every label to {shown}")
         related = (Related(e.loc, "the loss call"),) if at_conversion else ()
+        ignore = e.get("ignore_index")
+        if ignore is not None:
+            if at_conversion:
+                where = f"`{origin['text']}` leaves {shown} at every position not ignored"
+            fix = (f"check how `{origin['target']}` is made where it is not {ignore} (the "
+                   f"ignore_index): labels taken from the inputs after they were masked in place "
+                   f"(copy them with .clone() first), a mask that keeps the wrong positions "
+                   f"(padding, one end token), or a tag lookup that maps every tag to {shown}")
+        got = (f"every target {fn} trains on (the {values} not equal to its ignore_index {ignore}) "
+               f"over its first {calls} calls is {shown}" if ignore is not None else
+               f"every target {fn} got over its first {calls} calls ({values} values) is {shown}")
         return self.finding(
-            f"every target {fn} got over its first {calls} calls ({values} values) is {shown}: "
+            f"{got}: "
             f"{where}, so the labels carry no information, the model only has to output a "
             f"constant, and the falling loss says nothing about what it learned",
             loc, related=related, step=a.next_step_number(e.seq),
             evidence={"function": fn, "value": value, "calls": calls, "values": values,
-                      "basis": basis, "target": origin["target"]},
+                      "basis": basis, "target": origin["target"], "ignore_index": ignore},
             fix=fix)
