@@ -73,6 +73,7 @@ from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE
                      STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
 from .symmetry import SymmetryWatcher
+from .maskonce import MaskOnceWatcher
 from .undo import StepEditWatcher
 from .decay import DecayShareWatcher
 from .epsshare import EpsShareWatcher
@@ -254,6 +255,8 @@ class Instrumentation:
         self.watchers.append(stops)
         # layers whose units stay copies of each other (symmetric-units)
         self.watchers.append(SymmetryWatcher(rec))  # STEPPED until each optimizer is checked
+        # 0/1 masks applied to a weight once and never kept up (mask-applied-once; first steps only)
+        self.watchers.append(MaskOnceWatcher(rec))
         # hand edits between steps that undo the update (params-reset-every-step)
         self.watchers.append(StepEditWatcher(rec))  # the step topics until each optimizer is measured
         # a weight decay many times the loss's gradient in the first updates (weight-decay-dominates-update)
