@@ -742,6 +742,20 @@ state_self_load    cls (the module's class), params (how many of its parameters 
                    ``load_state_dict`` given a state whose every parameter tensor is the module's
                    own (the same storage): nothing is copied; the "other" module is the same one
                    (``target = model``) or shares all its parameters (loc: that call; an aside)
+mask_regrown       cls (the module's class), param, mask (its attribute names: the parameter and
+                   the module's 0/1 tensor), regrown (entries where the mask is 0 that are no
+                   longer zero), masked (entries where it is 0), steps (optimizer steps so far),
+                   defined_at ([path, first line, last line] of the module's class when the
+                   script defines it, or None) — a weight that was zero wherever its mask is 0
+                   at its first forward, found nonzero there after an update, read after the
+                   module's forward ran (loc: the script's line running that forward; an
+                   aside; instrument/maskonce.py)
+straight_through_cancelled forms ["add" | "sub": x + (y - x) or (y - x) + x, x - (x - y)],
+                   kept [the class name of each cancelled node] — a loss whose graph sums a
+                   tensor with a difference that subtracts it again, so its gradient along the
+                   sum is exactly zero (a straight-through estimator without .detach()), at
+                   the first 3 backwards, once per backward line (loc: that backward; an
+                   aside; instrument/stcancel.py)
 symmetric_units    opt, params [pid] (stepped parameters whose rows are all equal, and whose
                    gradient's rows are all equal and not all zero), rows [int] (each one's row
                    count: its units), step (the optimizer's step
@@ -1409,6 +1423,16 @@ def state_self_load(*, cls: str, params: int) -> Made:
     return "state_self_load", {"cls": cls, "params": params}
 
 
+def mask_regrown(*, cls: str, param: str, mask: str, regrown: int, masked: int, steps: int,
+                 defined_at: list | None) -> Made:
+    return "mask_regrown", {"cls": cls, "param": param, "mask": mask, "regrown": regrown,
+                            "masked": masked, "steps": steps, "defined_at": defined_at}
+
+
+def straight_through_cancelled(*, forms: list[str], kept: list[str]) -> Made:
+    return "straight_through_cancelled", {"forms": forms, "kept": kept}
+
+
 def symmetric_units(*, opt: int, params: list[int], rows: list[int], step: int) -> Made:
     return "symmetric_units", {"opt": opt, "params": params, "rows": rows, "step": step}
 
@@ -1673,7 +1697,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "attention_mask": attention_mask,
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
-    "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
+    "symmetric_units": symmetric_units, "mask_regrown": mask_regrown,
+    "straight_through_cancelled": straight_through_cancelled, "state_not_loaded": state_not_loaded,
     "state_overwritten": state_overwritten,
     "state_self_load": state_self_load, "diverging": diverging,
     "step_edit": step_edit, "decay_share": decay_share, "eps_share": eps_share,
@@ -1689,7 +1714,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
-                         "param_created", "loaders_zipped", "symmetric_units", "dependency",
+                         "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",

@@ -73,6 +73,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "registration/bad_repeated_layer_module_list.py",  # module_repeated
             "distributed/good_single_rank_allreduce.py",  # grad_allreduce
             "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units
+            "masks/bad_mask_applied_once_pixelcnn.py",  # mask_regrown
+            "autograd/bad_straight_through_vq_codebook.py",  # straight_through_cancelled
             "registration/bad_state_dict_not_loaded_module_prefix.py",  # state_not_loaded
             "modes/bad_batchnorm_keras_momentum.py",  # norm_arguments
             "numerics/bad_updates_diverge_summed_loss.py",  # diverging

@@ -73,6 +73,8 @@ from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE
                      STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
 from .symmetry import SymmetryWatcher
+from .maskonce import MaskOnceWatcher
+from .stcancel import StraightThroughWatcher
 from .undo import StepEditWatcher
 from .decay import DecayShareWatcher
 from .epsshare import EpsShareWatcher
@@ -254,6 +256,12 @@ class Instrumentation:
         self.watchers.append(stops)
         # layers whose units stay copies of each other (symmetric-units)
         self.watchers.append(SymmetryWatcher(rec))  # STEPPED until each optimizer is checked
+        # 0/1 masks applied to a weight once and never kept up (mask-applied-once; first steps only)
+        self.watchers.append(MaskOnceWatcher(rec))
+        # straight-through sums x + (y - x) without .detach() (first backwards only)
+        straight = StraightThroughWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, straight.describe_loss)
+        self.watchers.append(straight)
         # hand edits between steps that undo the update (params-reset-every-step)
         self.watchers.append(StepEditWatcher(rec))  # the step topics until each optimizer is measured
         # a weight decay many times the loss's gradient in the first updates (weight-decay-dominates-update)

@@ -1,0 +1,204 @@
+"""A 0/1 mask applied to a weight once, before training, and never again (mask-applied-once).
+
+Masked layers keep some connections at zero on purpose: PixelCNN's and MADE's autoregressive
+masks (a position must not see itself or what follows), a causal convolution's masked taps,
+fixed block-sparse connectivity, a pruned weight. Multiplying the weight by its mask once, in
+``__init__`` or before the loop (``self.weight.data *= self.mask``), makes the first forward
+right; but the masked entries still get a gradient (the forward uses the weight as it is), so
+the first optimizer step moves them off zero and the masked connections are live from then on:
+the autoregressive model sees the values it predicts, the pruned weights grow back. Nothing
+fails and the loss even drops faster.
+
+Read from a global forward hook (removed after ``_WINDOW_STEPS`` optimizer steps, or once
+nothing is left to check) on modules run with gradients on, on the script's thread, CPU tensors
+only:
+
+* the first time a module is seen, each of its own floating parameters that needs a gradient is
+  paired with each 0/1 tensor the module holds (a buffer or a plain tensor attribute; bool or
+  only 0s and 1s, some of each) whose shape broadcasts to the parameter's: a *candidate* when
+  the parameter is exactly zero wherever the mask is 0 and mostly nonzero, with more than one
+  value, where it is 1 (a trained or random weight the mask was applied to, not an identity
+  or constant initialisation that has the mask's own pattern); its version is noted;
+* at a later forward of that module, once the parameter's version has moved (an update, or the
+  script's own in-place write), its entries where the mask is 0 are read after the forward ran
+  (so a forward, or a forward pre-hook, that re-applies the mask is seen as having done so):
+  any nonzero there is a ``mask_regrown`` aside, once per parameter; all zero at
+  ``_CHECKS`` such forwards and the candidate is dropped (the mask is kept up).
+
+A mask used in the forward (``F.linear(x, self.weight * self.mask)``) gives the masked entries a
+zero gradient, so a weight masked at initialisation stays zero there: silent. So are masks
+re-applied after each step, ``torch.nn.utils.prune`` (``weight_orig`` is not zeroed), masks
+that are not the module's own (a dict of masks in the script: not seen), and a weight whose
+zeros have no mask beside them (an identity or zero-channel initialisation that is meant to
+train).
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from threading import get_ident
+
+import torch
+
+from .. import events as ev
+from .dependency import close_before_compile, register_module_hooks
+from .recorder import Recorder
+from .topics import STEPPED
+
+_WINDOW_STEPS = 6  # optimizer steps after which the global hook is removed
+_CHECKS = 3  # forwards after an update that find the masked entries still zero: mask kept up
+_MODULES = 4096  # modules looked at, at most
+_MIN_MASKED = 2  # masked entries a candidate needs
+_KEPT = 0.5  # a candidate's weight is nonzero on at least this share of its unmasked entries
+
+
+def _mask_of(value) -> torch.Tensor | None:
+    """``value`` as a bool tensor of its zeros when it is a 0/1 tensor with some of each."""
+    if not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter) \
+            or value.device.type != "cpu" or value.numel() < 2 or value.is_sparse:
+        return None
+    with torch.no_grad():
+        if value.dtype == torch.bool:
+            zeros = ~value
+        else:
+            if value.is_complex() or not bool(((value == 0) | (value == 1)).all()):
+                return None
+            zeros = value == 0
+        count = int(zeros.sum())
+    if count == 0 or count == value.numel():
+        return None
+    return zeros
+
+
+def _tensors(module) -> list[tuple[str, torch.Tensor]]:
+    """The module's own buffers and plain tensor attributes."""
+    found = [(name, t) for name, t in module._buffers.items() if t is not None]
+    found += [(name, t) for name, t in vars(module).items()
+              if type(t) is torch.Tensor and not name.startswith("__")]
+    return found
+
+
+def _class_span(cls) -> tuple[str, int, int] | None:
+    """(file, first line, last line) of a class the script defines, else None."""
+    try:
+        lines, first = inspect.getsourcelines(cls)
+        return inspect.getsourcefile(cls) or "", first, first + len(lines) - 1
+    except (OSError, TypeError):
+        return None
+
+
+class MaskOnceWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self.active = False
+        self._handles: list = []
+        self._steps = 0
+        self._seen: weakref.WeakSet = weakref.WeakSet()
+        # module -> [[param name, mask name, zeros, param version, checks], ...]
+        self._candidates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        rec.subscribe(STEPPED, self.after_step)
+
+    def _stop(self) -> None:
+        if self.active:
+            self.rec.retire(STEPPED, self.after_step)
+        self.active = False
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+        self._candidates = weakref.WeakKeyDictionary()
+
+    def after_step(self, opt: int, optimizer) -> None:
+        self._steps += 1
+        if self._steps >= _WINDOW_STEPS:
+            self._stop()
+
+    def _post(self, module, args, output):
+        if not self.active or get_ident() != self.rec.script_thread or not torch.is_grad_enabled():
+            return None
+        try:
+            pending = self._candidates.get(module)
+            if pending is not None:
+                self._check(module, pending)
+            elif module not in self._seen:
+                if len(self._seen) >= _MODULES:
+                    return None
+                self._seen.add(module)
+                self._note(module)
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("masks applied once", exc)
+        return None
+
+    def _note(self, module) -> None:
+        params = [(name, p) for name, p in module._parameters.items()
+                  if p is not None and p.requires_grad and p.is_floating_point()
+                  and p.device.type == "cpu" and p.dim() >= 1]
+        if not params:
+            return
+        masks = [(name, zeros) for name, t in _tensors(module) if (zeros := _mask_of(t)) is not None]
+        if not masks:
+            return
+        found = []
+        with torch.no_grad():
+            for pname, param in params:
+                for mname, zeros in masks:
+                    try:
+                        if torch.broadcast_shapes(zeros.shape, param.shape) != param.shape:
+                            continue
+                    except RuntimeError:
+                        continue
+                    where = zeros.expand(param.shape)
+                    masked = int(where.sum())
+                    if masked < _MIN_MASKED or bool(param[where].any()):
+                        continue
+                    kept = param[~where]
+                    if kept.numel() < 2 or int((kept != 0).sum()) < _KEPT * kept.numel() \
+                            or not bool((kept != kept[0]).any()):
+                        continue  # one value where the mask is 1: an identity or constant init
+                    found.append([pname, mname, where.clone(), param._version, 0])
+                    break
+        if found:
+            self._candidates[module] = found
+
+    def _check(self, module, pending: list) -> None:
+        for entry in list(pending):
+            pname, mname, where, version, checks = entry
+            param = module._parameters.get(pname)
+            if param is None or param.shape != where.shape:
+                pending.remove(entry)
+                continue
+            if param._version == version:
+                continue
+            entry[3] = param._version
+            with torch.no_grad():
+                regrown = int((param[where] != 0).sum())
+            if regrown:
+                pending.remove(entry)
+                self._tell(module, pname, mname, regrown, int(where.sum()))
+            else:
+                entry[4] = checks + 1
+                if entry[4] >= _CHECKS:
+                    pending.remove(entry)
+        if not pending:
+            del self._candidates[module]
+
+    def _tell(self, module, pname: str, mname: str, regrown: int, masked: int) -> None:
+        rec = self.rec
+        span = _class_span(type(module))
+        defined_at = None
+        if span is not None and span[0] and rec.finder.is_user_file(span[0]):
+            defined_at = [rec.finder.display_path(span[0]), span[1], span[2]]
+        rec.emit_aside(ev.mask_regrown(cls=type(module).__name__, param=pname, mask=mname,
+                                       regrown=regrown, masked=masked, steps=self._steps,
+                                       defined_at=defined_at), rec.here())
+
+    def _before_compile(self) -> None:
+        if self.active:
+            self._stop()
+
+    def install(self, patcher) -> None:
+        close_before_compile(patcher, self._before_compile)
+        self.active = True
+        self._handles = register_module_hooks(patcher, None, self._post, with_kwargs=False,
+                                              always_call=False)
