@@ -113,3 +113,27 @@ def test_same_compares_values_not_identity():
     assert _same(x.clone(), x) and not _same(x * 2, x)
     assert _same((x.clone(),), (x,)) and _same(x.clone(), (x,))  # a pre-hook's bare tensor
     assert not _same((x, x), (x,)) and not _same(None if False else x * 0, x)
+
+
+def _halve_grad(p):
+    p.grad.mul_(0.5)
+
+
+def _halve_output(module, inputs, output):
+    output.mul_(0.5)
+
+
+def test_copies_that_edit_in_place_and_return_nothing_are_recorded():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model[0].weight.register_post_accumulate_grad_hook(_halve_grad)
+            model[0].register_forward_hook(_halve_output)
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            optimizer.step()
+    apis = sorted(e.get("api") for e in rec.trace if e.kind == "hook_stacked")
+    assert apis == ["register_forward_hook", "register_post_accumulate_grad_hook"]

@@ -8,16 +8,17 @@ scaling hook scales by 0.5**k, a noise hook adds k draws, a temperature divides 
 
 The registration methods are wrapped (the call itself runs unchanged). A registration from the
 user's code on an object whose hook dictionary still holds a hook registered at the same line is
-a repeat; its function is then wrapped in a pass-through that runs it unchanged, and the first
-time such a repeated copy returns a value that differs from the one it was given (the copies
-before it already applied the transform once: a hook that clamps or records changes nothing the
-second time) one ``hook_stacked`` aside is recorded at the registration line, with how many
-copies were live and at how many distinct update counts they were registered. The first copy
-at a line is never wrapped (a model compiled with its hooks sees the user's function).
+a repeat; its function is then wrapped in a pass-through that snapshots the value it is given,
+runs the function unchanged, and compares: the first time such a repeated copy changes the value
+(returns another, or edits it in place) although the copies before it already applied the
+transform once (a hook that clamps or records changes nothing the second time), one
+``hook_stacked`` aside is recorded at the registration line, with how many copies were live and
+at how many distinct update counts they were registered. The first copy at a line is never
+wrapped (a model compiled with its hooks sees the user's function).
 
 Cost: a frame lookup and a walk over the live handles of that line per registration from the
-user's code; for the repeated copies, one ``torch.equal`` per tensor the copy returns, until the
-line's event is recorded.
+user's code; for the repeated copies, a copy of the value given and one ``torch.equal`` per
+tensor, until the line's event is recorded or its copies changed nothing ``_CHECKS`` times.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from .. import events as ev
 from .recorder import Recorder
 
 _KEPT = 64  # handles kept per registration line and hook dictionary (the live count saturates)
+_CHECKS = 32  # a line's repeated copies compared this many times without a change: no more
 
 # method -> the attribute holding the hooks it adds (a tensor's is None before its first hook)
 _HOOK_DICTS = {"register_hook": "_backward_hooks", "register_forward_hook": "_forward_hooks",
                "register_forward_pre_hook": "_forward_pre_hooks",
                "register_full_backward_hook": "_backward_hooks",
-               "register_full_backward_pre_hook": "_backward_pre_hooks"}
-_TENSOR = ((torch.Tensor, "register_hook"),)
+               "register_full_backward_pre_hook": "_backward_pre_hooks",
+               "register_post_accumulate_grad_hook": "_post_accumulate_grad_hooks"}
+_TENSOR = ((torch.Tensor, "register_hook"), (torch.Tensor, "register_post_accumulate_grad_hook"))
 _MODULE = ((nn.Module, "register_forward_hook"), (nn.Module, "register_forward_pre_hook"),
            (nn.Module, "register_full_backward_hook"), (nn.Module, "register_full_backward_pre_hook"))
 
@@ -47,6 +50,8 @@ def _given(api: str, args: tuple, with_kwargs: bool):
     """The value a hook of ``api`` receives and may replace by returning another."""
     if api == "register_hook":
         return args[0]
+    if api == "register_post_accumulate_grad_hook":
+        return args[0].grad
     if api == "register_forward_hook":
         return args[3] if with_kwargs else args[2]
     if api == "register_forward_pre_hook":
@@ -78,6 +83,21 @@ def _same(new, old) -> bool:
         return False
 
 
+def _copy(value):
+    """A snapshot of the tensors in ``value`` (nested tuples, lists, dicts), to tell afterwards
+    whether a hook changed them in place."""
+    if isinstance(value, torch.Tensor):
+        with torch.no_grad():
+            return value.detach().clone()
+    if isinstance(value, tuple):
+        return tuple(_copy(v) for v in value)
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    return value
+
+
 def _live(handle) -> bool:
     hooks = handle.hooks_dict_ref()
     return hooks is not None and handle.id in hooks
@@ -89,6 +109,7 @@ class HookStackWatcher:
         self.updates = 0  # real optimizer steps so far
         self._sites: dict[tuple, list] = {}  # (path, line, id(hook dict)) -> [(handle, updates)]
         self._told: set[tuple] = set()  # (path, line): recorded
+        self._checked: dict[tuple, int] = {}  # (path, line) -> repeated copies seen changing nothing
 
     def after_step(self, opt, optimizer) -> None:
         """``STEPPED``: one more update (registrations are told apart by the updates before them)."""
@@ -110,16 +131,30 @@ class HookStackWatcher:
 
         @functools.wraps(fn)
         def hook(*args, **kwargs):
+            if key in watcher._told or watcher._checked.get(key, 0) >= _CHECKS:
+                return fn(*args, **kwargs)
+            try:
+                given = _given(api, args, with_kwargs)
+                before = _copy(given)
+            except Exception as exc:
+                watcher._told.add(key)
+                watcher.rec.internal_error("hook-stack snapshot", exc)
+                return fn(*args, **kwargs)
             result = fn(*args, **kwargs)
-            if result is not None and key not in watcher._told:
-                try:
-                    if not _same(result, _given(api, args, with_kwargs)):
-                        watcher._told.add(key)
-                        shown = {k: v for k, v in facts.items() if k != "_loc"}
-                        watcher.rec.emit_aside(ev.hook_stacked(api=api, **shown), facts["_loc"])
-                except Exception as exc:
+            try:
+                # a returned value replaces the given one; None leaves it, edited in place or not
+                after = given if result is None else result
+                if api == "register_post_accumulate_grad_hook":
+                    after = args[0].grad
+                if _same(after, before):
+                    watcher._checked[key] = watcher._checked.get(key, 0) + 1
+                else:
                     watcher._told.add(key)
-                    watcher.rec.internal_error("hook-stack comparison", exc)
+                    shown = {k: v for k, v in facts.items() if k != "_loc"}
+                    watcher.rec.emit_aside(ev.hook_stacked(api=api, **shown), facts["_loc"])
+            except Exception as exc:
+                watcher._told.add(key)
+                watcher.rec.internal_error("hook-stack comparison", exc)
             return result
 
         return hook

@@ -10,6 +10,7 @@ _WHAT = {  # api -> (the hook, the value it transforms)
     "register_forward_pre_hook": ("forward pre-hook", "the input"),
     "register_full_backward_hook": ("backward hook", "the gradient"),
     "register_full_backward_pre_hook": ("backward pre-hook", "the output gradient"),
+    "register_post_accumulate_grad_hook": ("post-accumulate-grad hook", "the gradient"),
 }
 
 
@@ -19,10 +20,11 @@ class HookStacked(Rule):
     Finds a hook registered again and again on the same parameter or module during training,
     at one line, without removing the earlier ones: `p.register_hook(...)`,
     `module.register_forward_hook(...)`, `register_forward_pre_hook`,
-    `register_full_backward_hook` or `register_full_backward_pre_hook` called inside the
-    training loop, once per epoch, in a step helper or in `forward`, where the handle is never
-    removed. It reports only when a later copy, run after the earlier ones, still changed the
-    value it was given: the copies compound.
+    `register_full_backward_hook`, `register_full_backward_pre_hook` or
+    `register_post_accumulate_grad_hook` called inside the training loop, once per epoch, in a
+    step helper or in `forward`, where the handle is never removed. It reports only when a
+    later copy, run after the earlier ones, still changed the value it was given (returned
+    another, or edited it in place): the copies compound.
 
     ## Why is this bad?
     Each call adds one more hook; torch keeps every earlier one until its handle is removed.
