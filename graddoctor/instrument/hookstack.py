@@ -14,7 +14,7 @@ runs the function unchanged, and compares: the first time such a repeated copy c
 transform once (a hook that clamps or records changes nothing the second time), one
 ``hook_stacked`` aside is recorded at the registration line, with how many copies were live and
 at how many distinct update counts they were registered. The first copy at a line is never
-wrapped (a model compiled with its hooks sees the user's function).
+wrapped, and none once ``torch.compile`` has run (a compiled graph sees the user's function).
 
 Cost: a frame lookup and a walk over the live handles of that line per registration from the
 user's code; for the repeated copies, a copy of the value given and one ``torch.equal`` per
@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .. import events as ev
+from .dependency import close_before_compile
 from .recorder import Recorder
 
 _KEPT = 64  # handles kept per registration line and hook dictionary (the live count saturates)
@@ -110,6 +111,8 @@ class HookStackWatcher:
         self._sites: dict[tuple, list] = {}  # (path, line, id(hook dict)) -> [(handle, updates)]
         self._told: set[tuple] = set()  # (path, line): recorded
         self._checked: dict[tuple, int] = {}  # (path, line) -> repeated copies seen changing nothing
+        self._compiled = False  # torch.compile ran: no more wrapping (a fullgraph trace cannot
+        # call into graddoctor's code)
 
     def after_step(self, opt, optimizer) -> None:
         """``STEPPED``: one more update (registrations are told apart by the updates before them)."""
@@ -175,7 +178,7 @@ class HookStackWatcher:
                     hooks = getattr(obj, attribute, None)
                     earlier = [] if hooks is None or key in watcher._told else [
                         (h, n) for h, n in watcher._sites.get(key + (id(hooks),), ()) if _live(h)]
-                    if earlier:
+                    if earlier and not watcher._compiled:
                         updates = {n for _, n in earlier} | {watcher.updates}
                         facts = {"copies": len(earlier) + 1, "updates": len(updates),
                                  "caller": _json(rec.caller_of(3)), "_loc": site,
@@ -203,7 +206,11 @@ class HookStackWatcher:
         kept[:] = [(h, n) for h, n in kept if _live(h)][-_KEPT:]
         kept.append((handle, self.updates))
 
+    def _before_compile(self) -> None:
+        self._compiled = True
+
     def install(self, patcher) -> None:
+        close_before_compile(patcher, self._before_compile)
         for owner, name in _TENSOR + _MODULE:
             patcher.patch(owner, name, self._wrap(getattr(owner, name), name))
 
