@@ -137,3 +137,24 @@ def test_copies_that_edit_in_place_and_return_nothing_are_recorded():
             optimizer.step()
     apis = sorted(e.get("api") for e in rec.trace if e.kind == "hook_stacked")
     assert apis == ["register_forward_hook", "register_post_accumulate_grad_hook"]
+
+
+def test_a_kwargs_pre_hook_returning_its_pair_unchanged_is_silent_and_a_changed_pair_is_not():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model.register_forward_pre_hook(lambda m, args, kwargs: (args, kwargs), with_kwargs=True)
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            optimizer.step()
+        assert [e for e in rec.trace if e.kind == "hook_stacked"] == []
+        for _ in range(3):
+            model.register_forward_pre_hook(lambda m, args, kwargs: ((args[0] * 2,), kwargs),
+                                            with_kwargs=True)
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            optimizer.step()
+    assert [e.get("api") for e in rec.trace if e.kind == "hook_stacked"] == ["register_forward_pre_hook"]

@@ -56,7 +56,7 @@ def _given(api: str, args: tuple, with_kwargs: bool):
     if api == "register_forward_hook":
         return args[3] if with_kwargs else args[2]
     if api == "register_forward_pre_hook":
-        return args[1]  # (args,) or, with kwargs, (args, kwargs) compared to the pair returned
+        return (args[1], args[2]) if with_kwargs else args[1]  # with kwargs it returns the pair
     return args[1]  # grad_input (full backward hook), grad_output (backward pre-hook)
 
 
