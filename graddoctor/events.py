@@ -491,6 +491,17 @@ reseed             fn (torch.manual_seed | torch.random.manual_seed | torch.cuda
                    a plain int), caller ([path, line, function] of the line that called the user's
                    helper holding the call, as for ``clear``; None at module level): the global
                    RNG set to a seed (loc: the call; an aside)
+hook_stacked       api (register_hook | register_forward_hook | register_forward_pre_hook |
+                   register_full_backward_hook | register_full_backward_pre_hook), target (tensor |
+                   module), pid (int|None: the tensor's, or a parameter of the module's), shape
+                   (the tensor's, else None), cls (the module's class, else None), copies (hooks
+                   registered at this line on this object and not removed, this one included),
+                   updates (how many distinct update counts they were registered at), caller
+                   ([path, line, function] of the line that called the user's helper holding the
+                   call, as for ``clear``): a hook registered again at one line on an object
+                   still holding the earlier copies, whose copy then changed the value the
+                   earlier copies had already transformed (loc: the registration; an aside, once
+                   per line)
 loader_sampler     loader, sampler (its class), shuffle (bool|None: draws in a random order),
                    dataset_len (int|None), reach (int|None: how many distinct dataset indices the
                    sampler can ever draw, None when not knowable), weights (int|None: the length
@@ -1293,6 +1304,12 @@ def reseed(*, fn: str, seed: int | None, caller: list | None = None) -> Made:
     return "reseed", {"fn": fn, "seed": seed, "caller": caller}
 
 
+def hook_stacked(*, api: str, target: str, pid: int | None, shape: list[int] | None,
+                 cls: str | None, copies: int, updates: int, caller: list | None = None) -> Made:
+    return "hook_stacked", {"api": api, "target": target, "pid": pid, "shape": shape, "cls": cls,
+                            "copies": copies, "updates": updates, "caller": caller}
+
+
 def loader_sampler(*, loader: int, sampler: str, shuffle: bool | None, dataset_len: int | None,
                    reach: int | None, weights: int | None = None,
                    levels: list[tuple[float, int]] | None = None) -> Made:
@@ -1667,7 +1684,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "class_weights": class_weights, "target_in_inputs": target_in_inputs,
     "full_rows_loss": full_rows_loss, "constant_targets": constant_targets,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
-    "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
+    "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
@@ -1711,7 +1728,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "param_attr", "short_len", "param_replaced", "reseed",
-                         "param_reset", "snapshot_alias",
+                         "hook_stacked", "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",

@@ -38,6 +38,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "registration/bad_state_loaded_then_reset_parameters.py",  # state_overwritten
             "registration/bad_submodules_in_plain_list.py",  # unregistered
             "data/bad_reseed_helper_every_batch.py",  # reseed
+            "autograd/bad_hook_stacked_grad_scale.py",  # hook_stacked
             "data/bad_labels_one_value_rates_cast.py",  # constant_targets
             "data/bad_sampler_reach_label_weights.py",  # loader_sampler
             "autograd/bad_custom_backward_swapped_grads.py",  # custom_backward

@@ -51,6 +51,7 @@ from .reparam import ReparamWatcher
 from .precision import PrecisionWatcher
 from .recorder import Recorder
 from .resets import ParamResetWatcher
+from .hookstack import HookStackWatcher
 from .rng import RngSeedWatcher
 from .snapshots import SnapshotWatcher
 from .statecarry import StateCarryWatcher
@@ -305,6 +306,11 @@ class Instrumentation:
         rec.subscribe(STEPPED, self.ddp.after_step)
         rec.subscribe(PARAMS_ADDED, self.ddp.params_added)
         self.watchers.append(self.ddp)
+        # hooks registered again on one parameter or module, the earlier copies kept (hook-stacked):
+        # after DependencyWatcher, so that a user's register_hook call reaches this wrapper first
+        hooks = HookStackWatcher(rec)
+        rec.subscribe(STEPPED, hooks.after_step)
+        self.watchers.append(hooks)
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)
