@@ -308,9 +308,7 @@ class Instrumentation:
         self.watchers.append(self.ddp)
         # hooks registered again on one parameter or module, the earlier copies kept (hook-stacked):
         # after DependencyWatcher, so that a user's register_hook call reaches this wrapper first
-        hooks = HookStackWatcher(rec)
-        rec.subscribe(STEPPED, hooks.after_step)
-        self.watchers.append(hooks)
+        self.watchers.append(HookStackWatcher(rec))
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)

@@ -107,16 +107,17 @@ def _live(handle) -> bool:
 class HookStackWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self.updates = 0  # real optimizer steps so far
         self._sites: dict[tuple, list] = {}  # (path, line, id(hook dict)) -> [(handle, updates)]
         self._told: set[tuple] = set()  # (path, line): recorded
         self._checked: dict[tuple, int] = {}  # (path, line) -> repeated copies seen changing nothing
         self._compiled = False  # torch.compile ran: no more wrapping (a fullgraph trace cannot
         # call into graddoctor's code)
 
-    def after_step(self, opt, optimizer) -> None:
-        """``STEPPED``: one more update (registrations are told apart by the updates before them)."""
-        self.updates += 1
+    @property
+    def updates(self) -> int:
+        """Optimizer steps so far: registrations are told apart by the steps before them (read
+        from the recorder's count, so that no step pays for this watcher)."""
+        return self.rec.progress.steps
 
     def _target(self, obj) -> dict:
         if isinstance(obj, torch.Tensor):
