@@ -58,3 +58,29 @@ def test_a_healthy_run_hooks_nothing():
             opt.step()
         assert not any(m._forward_pre_hooks for m in model.modules())
     assert not any(e.kind == "idle_forward" for e in rec.trace)
+
+
+def test_a_step_the_grad_scaler_skipped_is_not_a_step_the_idle_module_missed():
+    """The steps of each optimizer are read from ``Progress.stepped``, which leaves out the
+    ones a GradScaler skipped (the optimizer's step never ran: no parameter was seen without a
+    gradient there): a module idle at every step that ran is still hooked."""
+    torch.manual_seed(0)
+    body, head = nn.Linear(4, 4), nn.Linear(4, 2)
+    x = torch.randn(8, 4)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        opt = torch.optim.SGD([*body.parameters(), *head.parameters()], lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        for i in range(6):
+            opt.zero_grad()
+            with torch.no_grad():
+                out = head(body(x))  # idle head under the scaler
+            inp = x * float("inf") if i == 0 else x  # the first step is skipped
+            scaler.scale(body(inp).sum() + out.sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        opt_id = rec.optimizer_id(opt)
+        assert rec.progress.opt_steps[opt_id] == 6 and rec.progress.stepped(opt_id) == 5
+    assert [e.data for e in rec.trace if e.kind == "internal_error"] == []
+    assert [e.loc.line for e in rec.trace if e.kind == "idle_forward"] == [
+        line_of("# idle head under the scaler")]

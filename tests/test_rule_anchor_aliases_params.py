@@ -36,6 +36,9 @@ class _Rec:
     def internal_error(self, where, exc):
         raise exc
 
+    def retire(self, topic, subscriber):  # the watcher leaves its topics once done
+        pass
+
 
 def _train(anchor_of, penalty, steps=4, micro=1):
     """The events the watcher records over ``steps`` SGD steps of a small model with the

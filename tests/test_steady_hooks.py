@@ -347,3 +347,48 @@ def test_a_loop_that_edits_its_grads_every_turn_is_judged_alike_with_the_skim(mo
         found[skim] = [(f.rule, f.location, f.step) for f in findings]
     assert found[True] == found[False]
     assert "grads-cleared-before-step" in [rule for rule, _, _ in found[True]]
+
+
+@pytest.mark.parametrize("plan", [{}, {60: "closure", 61: "closure", 90: "closure"},
+                                  {70: "no_step", 100: "second_backward"}])
+def test_the_updates_are_numbered_alike_with_skimmed_stretches_counted_afterwards(plan, monkeypatch):
+    """``Divergence`` is told only the first skimmed update of each stretch and counts the
+    others from ``Progress.stepped`` when the stretch ends (a sampled update, or a closure
+    step): each optimizer's updates keep the numbers they get when every update is observed."""
+    _skim_constants(monkeypatch)
+    counts = {}
+    for skim in (True, False):
+        monkeypatch.setattr(fold, "SKIM", skim)
+        rec = Recorder(step_budget=None, finder=LocationFinder())
+        with Instrumentation(rec) as instrumentation:
+            _loop(rec, plan, 200, 5)
+            divergence = instrumentation.optimizers._divergence
+            told = dict(divergence.skimming)
+            for opt in list(told):
+                divergence.settle(opt)
+            counts[skim] = ({opt: state[0] for opt, state in divergence._state.items()}, told)
+    assert counts[True][0] == counts[False][0] and counts[True][0][0] > 150
+    assert not counts[False][1]
+
+
+def test_the_step_counting_watchers_leave_the_step_topic():
+    """Watchers that only count steps while they have nothing else to do are off ``STEPPED``
+    (``Progress.stepped`` counts for them): the DDP checksums without a DDP module or a
+    process group of several ranks; the anchor and same-value watchers once done."""
+    from graddoctor.instrument import anchors, samevalue
+    from graddoctor.instrument.topics import DESCRIBE_LOSS, STEPPED
+    rec = Recorder(step_budget=None, finder=LocationFinder())
+    with Instrumentation(rec):
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(max(anchors._SEEN, samevalue._SEEN) + 2):
+            optimizer.zero_grad()
+            model(torch.ones(4, 3)).sum().backward()
+            optimizer.step()
+        stepped = {getattr(s, "__qualname__", "") for s in rec.subscribers(STEPPED).now}
+        losses = {getattr(s, "__qualname__", "") for s in rec.subscribers(DESCRIBE_LOSS).now}
+        assert not {"DDPWatcher.after_step", "AnchorAliasWatcher.after_step",
+                    "SameValueWatcher.after_step"} & stepped, stepped
+        assert not {"AnchorAliasWatcher.describe_loss", "SameValueWatcher.describe_loss"} & losses
+        assert rec.progress.stepped(rec.optimizer_id(optimizer)) == max(anchors._SEEN,
+                                                                         samevalue._SEEN) + 2

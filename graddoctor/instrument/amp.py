@@ -236,7 +236,7 @@ class GradScalerWatcher:
             found_inf = True
             without = rec.grads.after_step(rec.opt_params.get(opt, ()))
             rec.emit(ev.step(opt=opt, closure=False, skipped=True, without_grad=without), loc)
-            rec.progress.count_step(opt)
+            rec.progress.count_step(opt, skipped=True)
         elif enabled and not fused:
             found_inf = False
         rec.emit(ev.scaler_step(scaler=self.scaler_id(scaler), opt=opt, enabled=enabled,

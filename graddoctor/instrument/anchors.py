@@ -42,6 +42,7 @@ from .. import events as ev
 from .graphpaths import saved
 from .lossterms import PerLine, loss_root
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS, STEPPED
 
 _LOOKED = 4  # backwards of each backward line looked at
 _LINES = 16  # backward lines looked at, at most
@@ -71,6 +72,9 @@ class AnchorAliasWatcher:
 
     def describe_loss(self, tensors) -> dict:
         if self._told or self._backwards >= _SEEN:
+            # done for good: its step count is read nowhere from now on
+            self.rec.retire(STEPPED, self.after_step)
+            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
             return {}
         self._backwards += 1
         if self._lines.exhausted:

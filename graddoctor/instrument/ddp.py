@@ -68,6 +68,7 @@ from .identities import Identities
 from .gradstate import Tensor
 from .optim import _has_closure
 from .recorder import Deferred, Recorder
+from .topics import STEPPED
 
 CHECKSUM_STEPS = 3
 ALLREDUCE_UPDATES = 3  # the updates whose hand-written gradient all-reduces are judged
@@ -131,7 +132,7 @@ class DDPWatcher:
         self._ddp_id = Identities()  # DistributedDataParallel module -> its number
         self._sampler_id = Identities()  # DistributedSampler -> its number
         self._pending: bool | None = None  # the DDP forwards since the last backward: any synced?
-        self._checksums: dict[int, int] = {}  # optimizer -> steps seen
+        self._stepping = True  # subscribed to STEPPED (after_step) and not retired
         # ids of the parameters of the DistributedDataParallel modules seen (what DDP keeps
         # replicated); ids only: nothing of the user's model is kept alive by graddoctor
         self._replicated: set[int] = set()
@@ -169,8 +170,14 @@ class DDPWatcher:
         """The checksum of the replicated parameters an optimizer just stepped (at the steps
         ``checksum_due`` names)."""
         rec = self.rec
-        done = self._checksums.get(opt, 0) + 1
-        self._checksums[opt] = done
+        if not (self._replicated or self._initial):
+            # nothing to checksum: off ``STEPPED`` until a DDP forward or an optimizer built in
+            # a process group of several ranks gives it something (``_steps_wanted``); the
+            # steps are counted by ``Progress.stepped`` meanwhile
+            self._stepping = False
+            rec.retire(STEPPED, self.after_step)
+            return
+        done = rec.progress.stepped(opt)
         unwrapped = not self._replicated and not self.fsdp_seen and opt in self._initial
         if not (self._replicated or unwrapped) or not checksum_due(done, rec.progress.step_budget):
             return
@@ -198,6 +205,13 @@ class DDPWatcher:
         except Exception as exc:
             rec.internal_error("replica checksum", exc)
 
+    def _steps_wanted(self) -> None:
+        """Back on ``STEPPED`` (at its place in the order) once there is something to
+        checksum."""
+        if not self._stepping:
+            self._stepping = True
+            self.rec.resume(STEPPED, self.after_step)
+
     def params_added(self, opt: int, pids) -> None:
         """An optimizer was given parameters: in a process group of several ranks, their layout
         and checksum as built (what tells replicas trained without DDP)."""
@@ -216,6 +230,7 @@ class DDPWatcher:
             checksum = _checksum(params)  # a later param group's weighs in after the earlier ones'
             self._initial[opt] = (hash((layout, shapes)) & 0xFFFFFFFF,
                                   checksum if initial is None else initial * 3 + checksum)
+            self._steps_wanted()
         except Exception as exc:
             self.rec.internal_error("replica checksum", exc)
 
@@ -514,6 +529,7 @@ class DDPWatcher:
                 if id(module) not in watcher._ddp_seen:
                     watcher._ddp_seen.add(id(module))
                     watcher._replicated.update(id(p) for p in module.parameters())
+                    watcher._steps_wanted()
                 if torch.is_grad_enabled():
                     sync = bool(getattr(module, "require_backward_grad_sync", True))
                     watcher._pending = sync or bool(watcher._pending)

@@ -8,7 +8,10 @@ or more each. One ``diverging`` aside event per optimizer records the run when i
 evidence — ``RUN`` such updates and ``TOTAL``-fold in all, or a non-finite norm right after two
 or more (the NaN that divergence explains) — so the rules see it however the trace is folded
 later (folded turns keep no norms). Cost per measured update: one call, one ``hypot`` and a few
-comparisons; nothing once the optimizer's event is recorded.
+comparisons; nothing once the optimizer's event is recorded. A skimmed update (no norms read)
+breaks any run: the first of a stretch of them is told (``skim``), the others are counted from
+``Progress.stepped`` when the optimizer's next update is observed (``observe``) or a closure
+step of it begins (``settle``), so the updates keep their numbers.
 """
 
 from __future__ import annotations
@@ -29,9 +32,30 @@ class Divergence:
         # opt -> [updates seen, last total, run start's total, run start's update, run length]
         self._state: dict[int, list] = {}
         self._done: set[int] = set()
+        # the optimizers in a stretch of skimmed updates (the optimizer watcher tells only the
+        # first of each stretch) -> their step count (Progress.stepped) before its first
+        self.skimming: dict[int, int] = {}
 
-    def observe(self, opt: int, norms) -> None:
+    def skim(self, opt: int) -> None:
+        """The first skimmed update of ``opt`` in a row (its norms not read): no run of growth
+        spans it; the ones after it are counted when the stretch ends (``settle``)."""
+        self.skimming[opt] = self.rec.progress.stepped(opt)
+        self.observe(opt, None, settled=True)
+
+    def settle(self, opt: int) -> None:
+        """A step of ``opt`` that is not skimmed begins: the skimmed updates since ``skim``
+        counted (each one's step was counted since, by the optimizer watcher's post hooks)."""
+        since = self.skimming.pop(opt, None)
+        if since is None:
+            return
+        state = self._state.get(opt)
+        if state is not None:
+            state[0] += self.rec.progress.stepped(opt) - since - 1  # the first is counted
+
+    def observe(self, opt: int, norms, settled: bool = False) -> None:
         """One update of ``opt`` with these per-parameter norms (None: not measured)."""
+        if not settled and self.skimming:
+            self.settle(opt)
         if opt in self._done:
             return
         state = self._state.get(opt)

@@ -13,8 +13,9 @@ loss functions the loss watchers wrap (``mse_loss``, ``cross_entropy``...) ask `
 whether their input's graph reaches a marker (a walk of ``_LOSS_NODES`` nodes at most, only once
 a module is watched): a loss computed from the idle module's output, which no backward reached —
 left out of the loss that is backpropagated, or cut by ``.item()`` — is recorded once per module
-and loss line as an ``idle_loss`` aside event. Cost on a healthy run: one ``if`` per step and
-one per loss call.
+and loss line as an ``idle_loss`` aside event. Cost on a healthy run: nothing per step (a step
+that leaves no parameter without a grad is not published to it; ``Progress.stepped`` counts the
+steps) and one ``if`` per loss call.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ class IdleParamWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self.patcher = None
-        self._steps: dict[int, int] = {}  # opt -> steps seen
         self._missing: dict[int, int] = {}  # pid -> steps without a gradient
         self._looked: set[int] = set()  # pids whose module was searched for
         self._hooked = Identities()  # module -> mid, for the modules hooked
@@ -63,10 +63,9 @@ class IdleParamWatcher:
         self._losses: set[tuple] = set()  # (mid, loss location) recorded
 
     def after_step(self, opt: int, without: list[int]) -> None:
-        """Called by the optimizer watcher after each real step with the pids that had no grad."""
-        steps = self._steps[opt] = self._steps.get(opt, 0) + 1
-        if not without:
-            return
+        """Called by the optimizer watcher after a real step that left some parameters without
+        a grad, with their pids (the steps where every one had a grad are only counted, by
+        ``Progress.stepped``)."""
         missing, looked = self._missing, self._looked
         if looked.issuperset(without):  # each searched for already: their counts are done with
             return
@@ -77,6 +76,7 @@ class IdleParamWatcher:
         if not due or looked.issuperset(map(itemgetter(0), due)):
             return
         ready = []
+        steps = self.rec.progress.stepped(opt)
         for pid, n in due:
             if pid not in looked:
                 looked.add(pid)

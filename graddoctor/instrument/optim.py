@@ -777,6 +777,8 @@ class OptimizerWatcher:
                     subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
                 for subscriber in self._step_begins.now:
                     subscriber(opt, optimizer)
+            elif self._divergence.skimming:  # a closure step after skimmed ones: counted
+                self._divergence.settle(opt)
             moved = self._moves.moved()
             loc = rec.here(3)
             self._began = (wrapper_frame, optimizer, opt, loc)
@@ -949,7 +951,8 @@ class OptimizerWatcher:
         arguments, call site, nothing frozen-watched or moved) and nothing else read; the
         step_begin event is the armed one with the last sampled turn's norms and this step's
         lrs. No norm pass, no grad reads: the norm subscribers and the picture skip this
-        update, and ``Divergence`` sees a gap (no run of growth spans a skimmed update). The
+        update, and ``Divergence`` sees a gap (no run of growth spans a skimmed update; told
+        at the first skimmed update of a stretch, it counts the others later). The
         post hook notes nothing either (``GradState.behind_params``)."""
         steady, j, opt, pids, chain, base, loc = armed
         rec = self.rec
@@ -958,7 +961,8 @@ class OptimizerWatcher:
         self._backwards_before = rec.progress.backward_calls
         try:
             self._read = None
-            self._divergence.observe(opt, None)
+            if opt not in self._divergence.skimming:  # the first of a stretch: told once
+                self._divergence.skim(opt)
             for subscriber in self._step_begins.now:
                 subscriber(opt, optimizer)
             moves = self._moves  # nothing moved, unless a subscriber tracked a tensor just now
@@ -1060,8 +1064,9 @@ class OptimizerWatcher:
                 place = rec.folder.place_of(event)
                 if place is not None:
                     self._armed_step = (*place, opt, rec.opt_params.get(opt), event.data, loc)
-            for subscriber in self._stepped_without_grad.now:
-                subscriber(opt, without)
+            if without:  # a step with every grad there is only counted (Progress.stepped)
+                for subscriber in self._stepped_without_grad.now:
+                    subscriber(opt, without)
             for subscriber in self._stepped.now:
                 subscriber(opt, optimizer)
         except Exception as exc:
@@ -1104,8 +1109,6 @@ class OptimizerWatcher:
             if not taken:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=without), loc)
-            for subscriber in self._stepped_without_grad.now:
-                subscriber(opt, without)
             for subscriber in self._stepped.now:
                 subscriber(opt, optimizer)
         except Exception as exc:
@@ -1140,9 +1143,6 @@ class OptimizerWatcher:
             if not taken:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=[]), loc)
-            without: list[int] = []
-            for subscriber in self._stepped_without_grad.now:
-                subscriber(opt, without)
             for subscriber in self._stepped.now:
                 subscriber(opt, optimizer)
         except Exception as exc:

@@ -32,6 +32,7 @@ class Progress:
         self._update_mark = -1  # backward_calls when the current update began
         self._update_opts: set = set()  # the optimizers stepped in the current update
         self.opt_steps: dict[int, int] = {}  # opt id -> its steps
+        self._skipped_steps: dict[int, int] = {}  # opt id -> its steps a GradScaler skipped
         # when to end the replay early (instrument/stop.py); the first one that answers wins and
         # its exception is raised at the next safe point
         self.stop_conditions = (conditions(step_budget, hold_s) if stop_conditions is None
@@ -55,7 +56,9 @@ class Progress:
         return (self.backward_calls != self._update_mark or opt is None
                 or opt in self._update_opts)
 
-    def count_step(self, opt: int | None = None) -> None:
+    def count_step(self, opt: int | None = None, skipped: bool = False) -> None:
+        """One optimizer step (``skipped``: one a GradScaler skipped, the optimizer's own step
+        not run)."""
         self.steps += 1
         opts = self._update_opts
         if self.backward_calls != self._update_mark or opt is None or opt in opts:  # begins_update
@@ -66,6 +69,8 @@ class Progress:
             opts.add(opt)
             steps = self.opt_steps
             steps[opt] = steps.get(opt, 0) + 1
+            if skipped:
+                self._skipped_steps[opt] = self._skipped_steps.get(opt, 0) + 1
         for callback in self._counted_step.now:
             try:
                 callback(self.updates)
@@ -73,6 +78,14 @@ class Progress:
                 self._rec.internal_error("step callback", exc)
         if self._stop is None:
             self._ask(self._after_step)
+
+    def stepped(self, opt: int) -> int:
+        """The steps optimizer ``opt`` ran so far (the one whose post hook is running
+        included; GradScaler-skipped ones not): the count each of the optimizer watcher's
+        ``STEPPED`` publications for ``opt`` would have added up to. Watchers that count
+        steps read it here instead of counting every step themselves, so that they can stay
+        off the step topics while they have nothing else to do."""
+        return self.opt_steps.get(opt, 0) - self._skipped_steps.get(opt, 0)
 
     def count_backward(self) -> None:
         self.backward_calls += 1

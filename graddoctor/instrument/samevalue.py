@@ -60,6 +60,7 @@ from .. import events as ev
 from .graphpaths import post_order
 from .lossterms import PerLine, loss_root
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS, STEPPED
 
 _LOOKED = 3  # backwards of each backward line looked at
 _LINES = 8  # backward lines looked at, at most
@@ -288,6 +289,9 @@ class SameValueWatcher:
 
     def describe_loss(self, tensors) -> dict:
         if self._backwards >= _SEEN:
+            # done for good: its step count is read nowhere from now on
+            self.rec.retire(STEPPED, self.after_step)
+            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
             return {}
         self._backwards += 1
         if self._lines.exhausted:

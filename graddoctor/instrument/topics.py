@@ -83,7 +83,8 @@ STEP_NORMS: Topic[Callable[["list[int]", "list[float]"], None]] = Topic(
     "(norm_pids, norms) before each optimizer step whose gradient norms it measured (host floats)")
 STEPPED_WITHOUT_GRAD: Topic[Callable[[int, list[int]], None]] = Topic(
     "stepped_without_grad", "OptimizerWatcher",
-    "(opt, pids) after each real optimizer step, its parameters that had no gradient")
+    "(opt, pids) after each real optimizer step that left some of its parameters without a "
+    "gradient, those parameters (the other steps are not published: Progress.stepped counts them)")
 DESCRIBE_LOSS: Topic[Callable[[Any], dict]] = Topic(
     "describe_loss", "BackwardWatcher",
     "(tensors) -> dict of keyword arguments of events.backward for the backward about to run "
