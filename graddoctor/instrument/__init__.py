@@ -15,6 +15,7 @@ from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .constloss import ConstantLossWatcher
 from .copies import CopyWatcher
+from .corruption import CorruptedTargetWatcher
 from .customfn import CustomFunctionWatcher
 from .dependency import DependencyWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
@@ -107,7 +108,13 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
         columns = TargetColumnWatcher(rec)
         rows = FullRowsWatcher(rec)
-        loss_calls = LossCalls(self.idle, constants, columns, rows)
+        # a target that is the corrupted value the model was given (target-is-corrupted-input):
+        # its mode follows values from the start, so it is installed before the other watchers
+        # that push modes of their own
+        corrupted = CorruptedTargetWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, corrupted.describe_loss)
+        self.watchers.append(corrupted)
+        loss_calls = LossCalls(self.idle, constants, columns, rows, corrupted)
         self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, loss_calls),
                           LossInputWatcher(rec, loss_calls),
                           LossDomainWatcher(rec)]  # targets outside the domain a loss reads them in

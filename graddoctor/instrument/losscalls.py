@@ -5,8 +5,9 @@ new listener is one argument here and not one more in each wrapper:
 * ``idle`` (IdleParamWatcher): every call, once it watches a module;
 * ``constants`` (ConstantLossWatcher): calls on an input without gradient, grad mode on (a
   loss term with no graph);
-* ``columns`` (TargetColumnWatcher) and ``rows`` (FullRowsWatcher): the first calls with a
-  gradient (while each is ``open``), not ``ctc_loss``'s (its targets are label sequences).
+* ``columns`` (TargetColumnWatcher), ``rows`` (FullRowsWatcher) and ``corrupted``
+  (CorruptedTargetWatcher): the first calls with a gradient (while each is ``open``), not
+  ``ctc_loss``'s (its targets are label sequences).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import torch
 
 
 class LossCalls:
-    def __init__(self, idle=None, constants=None, columns=None, rows=None):
+    def __init__(self, idle=None, constants=None, columns=None, rows=None, corrupted=None):
         self.idle, self.constants, self.columns, self.rows = idle, constants, columns, rows
+        self.corrupted = corrupted
 
     def heard(self, fn: str, input, target, args, kwargs) -> None:
         """A wrapped loss function is called (``fn``), with its input and target as read by
@@ -37,3 +39,6 @@ class LossCalls:
             columns.loss_call(fn, input, target)
         if rows is not None and rows.open:
             rows.loss_call(fn, input, target, args, kwargs)
+        corrupted = self.corrupted
+        if corrupted is not None and corrupted.open:
+            corrupted.loss_call(fn, input, target, args, kwargs)
