@@ -90,7 +90,7 @@ _KEEPS = frozenset({"view", "reshape", "flatten", "unflatten", "clone", "contigu
                     "float", "double", "half", "bfloat16", "long", "int", "short", "detach",
                     "squeeze", "unsqueeze", "__getitem__", "permute", "transpose", "t",
                     "view_as", "reshape_as", "cpu", "type", "expand", "expand_as", "narrow",
-                    "select", "movedim", "swapaxes", "chunk", "split", "unbind"})
+                    "select", "movedim", "swapaxes", "chunk", "split", "unbind", "masked_fill"})
 # of those, the copies: where a script takes a target from the corrupted value
 _COPIES = frozenset({"clone", "to", "float", "double", "half", "bfloat16", "long", "int",
                      "short", "detach", "type", "cpu"})
@@ -347,10 +347,12 @@ class CorruptedTargetWatcher:
             if self._mixed(name, args, kwargs, out):
                 return
         elif name == "masked_fill":
-            self._masked_fill(args, kwargs, out)
-            return
+            if self._masked_fill(args, kwargs, out):
+                return
         elif name == "where":
-            self._where(args, kwargs, out)
+            if self._where(args, kwargs, out):
+                return
+            self._keep_where(func, args, kwargs, out)
             return
         # members: values kept from a member
         if name in _KEEPS and args:
@@ -380,27 +382,56 @@ class CorruptedTargetWatcher:
             return True
         return False
 
-    def _masked_fill(self, args, kwargs, out) -> None:
+    def _masked_fill(self, args, kwargs, out) -> bool:
+        """``T.masked_fill(m, c)``: True when ``out`` became a root."""
         source = args[0] if args else kwargs.get("input")
         mask = args[1] if len(args) > 1 else kwargs.get("mask")
         value = args[2] if len(args) > 2 else kwargs.get("value")
         if not (_followed(source) and isinstance(mask, torch.Tensor)) or _is_ignore_value(value):
-            return
-        if max(self._origins_of(mask), default=0) > max(self._origins_of(source), default=0):
-            self._corrupted(out, source, "mask", source)
+            return False  # labels set to -100 where nothing is predicted: a member stays one
+        if max(self._origins_of(mask), default=0) <= max(self._origins_of(source), default=0):
+            return False
+        self._corrupted(out, source, "mask", source)
+        return True
 
-    def _where(self, args, kwargs, out) -> None:
+    def _where(self, args, kwargs, out) -> bool:
+        """``torch.where(m, c, T)``: True when ``out`` became a root. The clean side is the one
+        of the result's shape drawn before the mask; of two (a constant made like ``T``: a
+        ``full_like``), the one that is not one value throughout."""
         cond = args[0] if args else kwargs.get("condition")
         if not isinstance(cond, torch.Tensor) or not isinstance(out, torch.Tensor) or len(args) < 3:
-            return
+            return False
         drawn = max(self._origins_of(cond), default=0)
         candidates = [t for t in args[1:3] if _followed(t) and t.shape == out.shape
                       and max(self._origins_of(t), default=0) < drawn]
         others = [t for t in args[1:3] if not any(t is c for c in candidates)]
-        if not candidates or any(_is_ignore_value(t) for t in others):
-            return  # labels made with -100 outside a mask: no corruption
-        clean = min(candidates, key=lambda t: max(self._origins_of(t), default=0))
-        self._corrupted(out, clean, "mask", clean)
+        if any(_is_ignore_value(t) for t in (*others, *candidates)):
+            return False  # labels made with -100 outside a mask: no corruption
+        if len(candidates) == 2:
+            with torch.no_grad():
+                candidates = [t for t in candidates if t.numel() and not bool((t == t.reshape(-1)[0]).all())]
+        if len(candidates) != 1:
+            return False
+        self._corrupted(out, candidates[0], "mask", candidates[0])
+        return True
+
+    def _keep_where(self, func, args, kwargs, out) -> None:
+        """``torch.where(m, M, c)`` of a member ``M`` and a constant (labels kept where masked,
+        -100 elsewhere): the result keeps ``M``'s values where it takes them."""
+        if len(args) < 3 or not _followed(out):
+            return
+        sides = [self._member(t) for t in args[1:3]]
+        if sum(m is not None for m in sides) != 1:
+            return
+        member = sides[0] or sides[1]
+        other = args[2] if sides[0] is not None else args[1]
+        if isinstance(other, torch.Tensor) and self._member(other) is None and other.numel() > 1 \
+                and not bool((other == other.reshape(-1)[0]).all()):
+            return  # a mix of two values, not a member's values kept
+        clean_args = (args[0], member.clean, other) if sides[0] is not None else (args[0], other, member.clean)
+        clean = func(*clean_args)
+        if isinstance(clean, torch.Tensor) and clean.shape == out.shape:
+            self._join(out, clean, member.root, member.copied_at)
 
     def _dropout(self, name, args, kwargs, out) -> None:
         source = args[0] if args else kwargs.get("input")
@@ -427,14 +458,26 @@ class CorruptedTargetWatcher:
             self._join(t, c, member.root, copied_at)
 
     # -- the model is given a member --------------------------------------------------------
+    def _pre(self, module, args):
+        """Before the forward: a loss computed inside it (``model(ids, labels=labels)``) comes
+        after its layers were given the ids."""
+        self._given(module, args, None)
+        return None
+
     def _post(self, module, args, *rest):
+        """After the forward: the arguments passed by keyword (the pre hook has no kwargs)."""
+        kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else None
+        if kwargs:
+            self._given(module, (), kwargs)
+        return None
+
+    def _given(self, module, args, kwargs) -> None:
         if not self.following or get_ident() != self._thread:
-            return None
+            return
         self.inside += 1
         try:
             if isinstance(module, torch.nn.modules.loss._Loss):
-                return None
-            kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
+                return
             members = [m for t in tensors_in(args, kwargs) if (m := self._member(t)) is not None]
             if members and next(iter(module.parameters()), None) is not None:
                 for member in members:
@@ -443,7 +486,6 @@ class CorruptedTargetWatcher:
             self.fail(exc)
         finally:
             self.inside -= 1
-        return None
 
     # -- the loss ---------------------------------------------------------------------------
     def loss_call(self, fn: str, input, target, args=(), kwargs=None) -> None:
@@ -524,7 +566,7 @@ class CorruptedTargetWatcher:
             return
         close_before_compile(patcher, self.before_compile)
         patcher.handle(UninstallHandle(self))
-        self._handles = register_module_hooks(patcher, None, self._post)
+        self._handles = register_module_hooks(patcher, self._pre, self._post)
         mode = _CorruptionMode(self)
         thread = push_mode(mode, self.rec, "target_corrupted")
         if thread is None:
