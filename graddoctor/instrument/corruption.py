@@ -175,8 +175,11 @@ class _CorruptionMode(TorchFunctionMode):
         kwargs = kwargs or {}
         func = _unwrapped(func)
         watcher = self.watcher
-        if not watcher.following or watcher.inside or in_transform() is not None:
-            return func(*args, **kwargs)  # a torch.func transform's wrapped tensors: not read
+        if not watcher.following or watcher.inside or in_transform() is not None \
+                or torch._C._get_tracing_state() is not None:
+            # a torch.func transform's wrapped tensors are not read; a traced graph
+            # (torch.jit.trace) must not record graddoctor's copies
+            return func(*args, **kwargs)
         pending = None
         if watcher.following and not watcher.inside:
             try:

@@ -21,6 +21,29 @@ def _ours(filename: str) -> bool:
     return filename.startswith(_PKG_DIR) or filename.startswith("<graddoctor")
 
 
+_OVERRIDES = os.path.join("torch", "overrides.py")
+
+
+def _past_ours(frame, below):
+    """``frame`` and the frames above it that are ours, passed over: the first that is not, and
+    how many were passed. A torch function mode of ours adds the dispatch of a Python function
+    of torch's (``F.mse_loss``): above our handler, ``torch/overrides.py``'s frame and the
+    function's first call, which handed itself to the mode (``below``'s code again); those are
+    passed too, so a warning names what it names without the mode."""
+    passed = 0
+    while frame is not None and _ours(frame.f_code.co_filename):
+        frame = frame.f_back
+        passed += 1
+        if passed and frame is not None and frame.f_code.co_filename.endswith(_OVERRIDES):
+            while frame is not None and frame.f_code.co_filename.endswith(_OVERRIDES):
+                frame = frame.f_back
+                passed += 1
+            if frame is not None and below is not None and frame.f_code is below.f_code:
+                frame = frame.f_back
+                passed += 1
+    return frame, passed
+
+
 def _skipping_our_frames(original):
     def warn(message, category=None, stacklevel=1, source=None, **kwargs):
         try:
@@ -33,13 +56,11 @@ def _skipping_our_frames(original):
                 for _ in range(stacklevel - 1):
                     if frame is None:
                         break
-                    frame = frame.f_back
-                    while frame is not None and _ours(frame.f_code.co_filename):
-                        frame = frame.f_back
-                        extra += 1
-                while frame is not None and _ours(frame.f_code.co_filename):
-                    frame = frame.f_back
-                    extra += 1
+                    below, frame = frame, frame.f_back
+                    frame, passed = _past_ours(frame, below)
+                    extra += passed
+                frame, passed = _past_ours(frame, None)
+                extra += passed
                 if frame is not None:
                     stacklevel += extra
         except Exception:  # never change what the warning does over our own failure
