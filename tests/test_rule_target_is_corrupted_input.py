@@ -170,6 +170,27 @@ def test_the_mode_calls_torch_functions_without_graddoctors_wrappers():
     assert _unwrapped(users_own) is users_own
 
 
+def test_the_mode_calls_what_a_patch_replaced_even_without_wrapped():
+    # a patch that keeps no __wrapped__ (Tensor.register_hook's, which notes the script's
+    # hooks): a call graddoctor made to the original must not reach it through the mode
+    from graddoctor.instrument.patcher import Patcher
+
+    class Owner:
+        @staticmethod
+        def method():
+            return "original"
+
+    original = Owner.__dict__["method"]
+    patcher = Patcher()
+    patcher.patch(Owner, "method", lambda: "patched")
+    try:
+        assert _unwrapped(Owner.method, patcher) is original
+        assert _unwrapped(Owner.method) is Owner.method
+    finally:
+        patcher.undo()
+    assert Owner.method() == "original"
+
+
 def test_a_loss_is_heard_once_per_call_while_the_mode_follows(tmp_path):
     # F.mse_loss hands its call to a torch function mode under its module's name, which is
     # graddoctor's wrapper: without unwrapping, every listener heard each call twice

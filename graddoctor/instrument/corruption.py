@@ -147,12 +147,17 @@ def _is_ignore_value(value) -> bool:
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def _unwrapped(func):
-    """``func`` without graddoctor's wrappers around it. A Python function of torch's
-    (``F.mse_loss``, ``F.dropout``) hands its call to the mode under its module's name, which is
-    graddoctor's wrapper while a check runs: calling that would run every wrapper a second time
-    (and count each call twice)."""
+def _unwrapped(func, patcher=None):
+    """``func`` without graddoctor's patches and wrappers around it. A Python function of
+    torch's (``F.mse_loss``, ``Tensor.register_hook``) hands its call to the mode under its
+    public name, which is graddoctor's patch while a check runs: calling that would run every
+    wrapper a second time (counting each call twice), and a call graddoctor made to the
+    original would reach a wrapper meant for the script's calls."""
     while True:
+        original = patcher.replaced(func) if patcher is not None else None
+        if original is not None:
+            func = original
+            continue
         inner = getattr(func, "__wrapped__", None)
         code = getattr(func, "__code__", None)
         if inner is None or code is None:
@@ -173,21 +178,25 @@ class _CorruptionMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        func = _unwrapped(func)
         watcher = self.watcher
-        if not watcher.following or watcher.inside or in_transform() is not None \
-                or torch._C._get_tracing_state() is not None:
-            # a torch.func transform's wrapped tensors are not read; a traced graph
-            # (torch.jit.trace) must not record graddoctor's copies
+        try:
+            func = _unwrapped(func, watcher.patcher)
+            follow = watcher.following and not watcher.inside and in_transform() is None \
+                and torch._C._get_tracing_state() is None
+        except Exception as exc:
+            follow = False
+            watcher.fail(exc)
+        if not follow:
+            # also a torch.func transform's wrapped tensors (not read), and a graph being traced
+            # (torch.jit.trace must not record graddoctor's copies)
             return func(*args, **kwargs)
         pending = None
-        if watcher.following and not watcher.inside:
-            try:
-                pending = watcher.before(func, args, kwargs)
-            except Exception as exc:
-                watcher.fail(exc)
+        try:
+            pending = watcher.before(func, args, kwargs)
+        except Exception as exc:
+            watcher.fail(exc)
         out = func(*args, **kwargs)
-        if watcher.following and not watcher.inside:
+        if watcher.following:
             try:
                 watcher.after(func, args, kwargs, out, pending)
             except Exception as exc:
@@ -201,6 +210,7 @@ class CorruptedTargetWatcher:
         self.following = False
         self.inside = 0  # graddoctor's own calls running (not followed)
         self.closed = False
+        self.patcher = None  # the instrumentation's: what each of its patches replaced
         self._mode = None
         self._thread = None
         self._handles: list = []
@@ -567,6 +577,7 @@ class CorruptedTargetWatcher:
     def install(self, patcher) -> None:
         if get_ident() != self.rec.script_thread:
             return
+        self.patcher = patcher
         close_before_compile(patcher, self.before_compile)
         patcher.handle(UninstallHandle(self))
         self._handles = register_module_hooks(patcher, self._pre, self._post)
