@@ -214,6 +214,8 @@ class CorruptedTargetWatcher:
         self._mode = None
         self._thread = None
         self._handles: list = []
+        self._running: list = []  # the forwards of models with parameters running, outermost first
+        self._suspended = False  # the mode left while they run
         self._ops = 0
         self._calls = 0
         self._backwards = 0
@@ -470,18 +472,41 @@ class CorruptedTargetWatcher:
                 continue
             self._join(t, c, member.root, copied_at)
 
-    # -- the model is given a member --------------------------------------------------------
+    # -- the model is given a member; its forward is not followed ---------------------------
     def _pre(self, module, args):
-        """Before the forward: a loss computed inside it (``model(ids, labels=labels)``) comes
-        after its layers were given the ids."""
+        """Before a forward: a loss computed inside it (``model(ids, labels=labels)``) comes
+        after its layers were given the ids. The mode is left while a model with parameters
+        runs: corruptions are the data's, made around the model, and inside a forward the mode
+        would only cost time and stand between torch's warnings and the script's line."""
+        if self._mode is None or get_ident() != self._thread:
+            return None
         self._given(module, args, None)
+        try:
+            if isinstance(module, torch.nn.modules.loss._Loss) \
+                    or next(iter(module.parameters()), None) is None:
+                return None
+            self._running.append(module)
+            if len(self._running) == 1 and not self._suspended:
+                self._suspended = pop_mode(self._mode, self._thread, self.rec, "target_corrupted")
+        except Exception as exc:
+            self.fail(exc)
         return None
 
     def _post(self, module, args, *rest):
-        """After the forward: the arguments passed by keyword (the pre hook has no kwargs)."""
+        """After a forward: the arguments passed by keyword (the pre hook has no kwargs); the
+        mode back once the outermost model's forward ended."""
+        if self._mode is None or get_ident() != self._thread:
+            return None
         kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else None
         if kwargs:
             self._given(module, (), kwargs)
+        if self._running and self._running[-1] is module:
+            self._running.pop()
+            if not self._running and self._suspended:
+                self._suspended = False
+                if push_mode(self._mode, self.rec, "target_corrupted") is None:
+                    self._mode = None
+                    self.following = False
         return None
 
     def _given(self, module, args, kwargs) -> None:
@@ -514,8 +539,21 @@ class CorruptedTargetWatcher:
         finally:
             self.inside -= 1
 
-    def _judge(self, fn, input, target, args, kwargs) -> None:
+    def _target_member(self, target) -> _Member | None:
+        """The member the target is, or whose contiguous view it is (``labels.view(-1)`` made
+        inside a forward, which the mode does not follow)."""
         member = self._member(target)
+        if member is not None or not isinstance(target, torch.Tensor):
+            return member
+        base = target._base
+        member = self._member(base)
+        if member is None or not (base.is_contiguous() and target.is_contiguous()) \
+                or base.numel() != target.numel() or target.storage_offset() != base.storage_offset():
+            return None
+        return _Member(target, member.clean.reshape(target.shape), member.root, member.copied_at)
+
+    def _judge(self, fn, input, target, args, kwargs) -> None:
+        member = self._target_member(target)
         if member is None or not member.root.fed or not member.root.clean_alive():
             return
         if not isinstance(input, torch.Tensor) or input.grad_fn is None:
@@ -567,8 +605,10 @@ class CorruptedTargetWatcher:
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
-        if pop_mode(self._mode, self._thread, self.rec, "target_corrupted"):
+        self._running = []
+        if self._suspended or pop_mode(self._mode, self._thread, self.rec, "target_corrupted"):
             self._mode = None
+        self._suspended = False
 
     def before_compile(self) -> None:
         self.closed = True
