@@ -151,6 +151,31 @@ def test_the_run_computes_what_it_computes_without_graddoctor(tmp_path):
     assert torch._C._len_torch_function_stack() == 0
 
 
+def test_the_mode_follows_the_loop_and_not_the_models_forward(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from torch import nn
+        DEPTHS = []
+        class Net(nn.Linear):
+            def forward(self, x):
+                DEPTHS.append(("forward", torch._C._len_torch_function_stack()))
+                return super().forward(x)
+        net = Net(4, 4)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for step in range(5):
+            DEPTHS.append(("loop", torch._C._len_torch_function_stack()))
+            loss = net(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert DEPTHS[:6] == [("loop", 1), ("forward", 0)] * 3, DEPTHS
+        assert DEPTHS[6:] == [("loop", 0), ("forward", 0)] * 2, DEPTHS
+    """))
+    report = check_script(str(script))
+    assert report.run.status == "completed" and report.run.error is None, report.run.error
+
+
 def test_the_mode_calls_torch_functions_without_graddoctors_wrappers():
     def original(a, b):
         return a + b

@@ -30,8 +30,11 @@ hook is removed):
     indexing, ``clone``, casts...), each with its clean values made by the same op on the
     root's copy; a copy (``clone``, a cast, ``detach``) notes its line, where a target is taken.
 
-* a global module forward hook marks the roots of members given to a module that has
-  parameters (not a loss module): the model saw the corruption;
+* global module forward hooks mark the roots of members given to a module that has
+  parameters (not a loss module): the model saw the corruption. While such a module's forward
+  runs the mode is left (corruptions are the data's, made around the model; inside, the mode
+  would cost time and stand between torch's C++ warnings and the script's line); a target that
+  is a contiguous view of a member made there (``labels.view(-1)``) is still found;
 * the first ``_CALLS`` calls with a gradient of the wrapped loss functions (``losses.py``,
   ``loss_inputs.py``, through ``losscalls.py``) look up their target: a member of a root the
   model saw, whose clean value is still alive (or was overwritten in place), and whose values
@@ -41,9 +44,11 @@ hook is removed):
 
 A denoiser whose target is the clean tensor, a plain autoencoder (no corruption), labels
 cloned before masking, a diffusion loss's noise target, a VAE (values with gradient are not
-followed) are not members of a root the model saw. Cost: a Python handler per torch op, one
-copy per corruption and per value-keeping op on a member, until the ``_WINDOWS``-th backward
-or ``_OPS`` ops, whichever comes first; tensors on a GPU are not followed.
+followed) are not members of a root the model saw. Cost: a Python handler per torch op outside
+the models' forwards, one copy per corruption and per value-keeping op on a member, until the
+``_WINDOWS``-th backward or ``_OPS`` ops, whichever comes first; tensors on a GPU are not
+followed. A C++ warning raised by an op the mode dispatches names the mode's line, not the
+script's (Python warnings are put right by ``warnsource.py``).
 """
 
 from __future__ import annotations
