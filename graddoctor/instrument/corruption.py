@@ -14,9 +14,9 @@ hook is removed):
   gradient on the CPU:
 
   - *randomness*: each random draw (``torch.rand``, ``randn_like``, ``bernoulli``, ``dropout``,
-    ``uniform_``...) is a new *origin*, numbered in the order drawn; a value computed from
-    tensors carrying origins carries their union (an index only selects: ``x[perm]`` carries
-    ``x``'s origins, not ``perm``'s);
+    ``uniform_``...) is numbered in the order drawn; a value computed from tensors that carry
+    draws carries the newest of their numbers (an index only selects: ``x[perm]`` carries
+    ``x``'s, not ``perm``'s);
   - *a corruption* is an op that mixes a random draw newer than every draw its data came from
     into that data, elementwise: ``T + noise`` / ``T - noise`` (the noise of more than one value
     per sample), ``T * m`` with ``m`` a 0/1 mask, ``T.masked_fill(m, c)``, ``T[m] = c`` (also
@@ -70,7 +70,7 @@ from .recorder import Recorder
 _WINDOWS = 3  # backwards after which the window closes
 _CALLS = 8  # loss calls with a gradient whose target is looked up
 _OPS = 200000  # torch calls followed, at most
-_TRACKED = 65536  # tensors carrying origins, and members, kept at most
+_TRACKED = 65536  # tensors carrying draws, and members, kept at most
 _MAX_NUMEL = 1 << 24  # larger values are not copied
 _MIN_DIFFER = 2  # positions where the target must carry the corruption, at least
 _NODES = 20000  # nodes of the prediction's graph walked for its parameters, once per finding
@@ -83,7 +83,7 @@ _DRAWS = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "rand
                     "log_normal_", "cauchy_"})
 _DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
                        "feature_alpha_dropout"})
-# indexing: the result carries the source's origins, not the index's
+# indexing: the result carries the source's draw, not the index's
 _SELECTS = frozenset({"__getitem__", "index_select", "gather", "take", "take_along_dim"})
 _ADDS = frozenset({"add", "__add__", "__radd__", "sub", "__sub__", "__rsub__", "subtract"})
 _MULS = frozenset({"mul", "__mul__", "__rmul__", "multiply"})
@@ -225,7 +225,7 @@ class CorruptedTargetWatcher:
         self._calls = 0
         self._backwards = 0
         self._next_origin = 0
-        self._origins: dict[int, tuple] = {}  # id -> (weakref, frozenset of origin numbers)
+        self._origins: dict[int, tuple] = {}  # id -> (weakref, the newest draw it comes from)
         self._members: dict[int, _Member] = {}
         self._told: set = set()
 
@@ -234,13 +234,17 @@ class CorruptedTargetWatcher:
         return self.following and self._calls < _CALLS
 
     # -- origins ---------------------------------------------------------------------------
-    def _origins_of(self, t) -> frozenset:
+    def _drawn(self, t) -> int:
+        """The number of the newest random draw ``t`` was computed from; 0 for none."""
         entry = self._origins.get(id(t))
         if entry is None or entry[0]() is not t:
-            return frozenset()
+            return 0
         return entry[1]
 
-    def _carry(self, t, origins: frozenset) -> None:
+    def _newest(self, tensors) -> int:
+        return max(map(self._drawn, tensors), default=0)
+
+    def _carry(self, t, origins: int) -> None:
         if not origins or not _followed(t):
             return
         if len(self._origins) >= _TRACKED:
@@ -249,9 +253,9 @@ class CorruptedTargetWatcher:
                 return
         self._origins[id(t)] = (weakref.ref(t), origins)
 
-    def _draw(self) -> frozenset:
+    def _draw(self) -> int:
         self._next_origin += 1
-        return frozenset((self._next_origin,))
+        return self._next_origin
 
     def _purge(self) -> None:
         self._origins = {k: v for k, v in self._origins.items() if v[0]() is not None}
@@ -298,7 +302,7 @@ class CorruptedTargetWatcher:
         dest = args[0]
         if get_ident() != self._thread:
             return None
-        newest = max(self._origins_of(dest), default=0)
+        newest = self._drawn(dest)
         if name in _WRITES:
             if name == "index_fill_":  # (dim, index, value)
                 key, value = (args[2] if len(args) > 2 else kwargs.get("index")), \
@@ -308,13 +312,11 @@ class CorruptedTargetWatcher:
                 value = args[2] if len(args) > 2 else kwargs.get("value", kwargs.get("values"))
             if _is_ignore_value(value):
                 return None
-            keys = list(tensors_in((key,), None))
-            drawn = max((o for k in keys for o in self._origins_of(k)), default=0)
-            if drawn <= newest:
+            if self._newest(tensors_in((key,), None)) <= newest:
                 return None
             return ("mask", dest.detach().clone())
         other = args[1] if len(args) > 1 else kwargs.get("other")
-        if not isinstance(other, torch.Tensor) or max(self._origins_of(other), default=0) <= newest:
+        if not isinstance(other, torch.Tensor) or self._drawn(other) <= newest:
             return None
         if name in _INPLACE_ADDS:
             if not _per_element(other, dest):
@@ -337,13 +339,11 @@ class CorruptedTargetWatcher:
             kind, clean = pending
             dest = args[0]
             self._corrupted(dest, clean, kind, None)
-            self._carry(dest, self._origins_of(dest) | frozenset(
-                o for t in tensors_in(args[1:], kwargs) for o in self._origins_of(t)))
+            self._carry(dest, max(self._drawn(dest), self._newest(tensors_in(args[1:], kwargs))))
             return
         if name in _WRITES and args and isinstance(args[0], torch.Tensor):
             # a write that is no corruption: the destination carries what was written in
-            self._carry(args[0], self._origins_of(args[0]) | frozenset(
-                o for t in tensors_in(args[1:], kwargs) for o in self._origins_of(t)))
+            self._carry(args[0], max(self._drawn(args[0]), self._newest(tensors_in(args[1:], kwargs))))
             return
         if not outs:
             return
@@ -356,9 +356,9 @@ class CorruptedTargetWatcher:
                 self._dropout(name, args, kwargs, out)
             return
         if name in _SELECTS:
-            carried = self._origins_of(args[0]) if args else frozenset()
+            carried = self._drawn(args[0]) if args else 0
         else:
-            carried = frozenset(o for t in tensors_in(args, kwargs) for o in self._origins_of(t))
+            carried = self._newest(tensors_in(args, kwargs))
         if carried:
             for t in outs:
                 self._carry(t, carried)
@@ -390,8 +390,7 @@ class CorruptedTargetWatcher:
         for clean, noise in ((a, b), (b, a)):
             if not _followed(clean) or clean.shape != out.shape:
                 continue
-            drawn = max(self._origins_of(noise), default=0)
-            if drawn <= max(self._origins_of(clean), default=0) or not _per_element(noise, out):
+            if self._drawn(noise) <= self._drawn(clean) or not _per_element(noise, out):
                 continue
             if name in _MULS:
                 if not _binary_mask(noise):
@@ -409,7 +408,7 @@ class CorruptedTargetWatcher:
         value = args[2] if len(args) > 2 else kwargs.get("value")
         if not (_followed(source) and isinstance(mask, torch.Tensor)) or _is_ignore_value(value):
             return False  # labels set to -100 where nothing is predicted: a member stays one
-        if max(self._origins_of(mask), default=0) <= max(self._origins_of(source), default=0):
+        if self._drawn(mask) <= self._drawn(source):
             return False
         self._corrupted(out, source, "mask", source)
         return True
@@ -421,9 +420,9 @@ class CorruptedTargetWatcher:
         cond = args[0] if args else kwargs.get("condition")
         if not isinstance(cond, torch.Tensor) or not isinstance(out, torch.Tensor) or len(args) < 3:
             return False
-        drawn = max(self._origins_of(cond), default=0)
+        drawn = self._drawn(cond)
         candidates = [t for t in args[1:3] if _followed(t) and t.shape == out.shape
-                      and max(self._origins_of(t), default=0) < drawn]
+                      and self._drawn(t) < drawn]
         others = [t for t in args[1:3] if not any(t is c for c in candidates)]
         if any(_is_ignore_value(t) for t in (*others, *candidates)):
             return False  # labels made with -100 outside a mask: no corruption
