@@ -18,8 +18,10 @@ class Patcher:
     def patch(self, owner: Any, name: str, new: Any) -> None:
         old = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
         self._undo.append(("attr", owner, name, old))
-        if old is not _MISSING:
-            self._replaced[id(new)] = (new, old)
+        # what a call by this name reached before: the owner's own value, or the inherited one
+        reached = old if old is not _MISSING else getattr(owner, name, None)
+        if reached is not None:
+            self._replaced[id(new)] = (new, reached)
         setattr(owner, name, new)
 
     def replaced(self, new: Any) -> Any:
