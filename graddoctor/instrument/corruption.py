@@ -149,6 +149,7 @@ def _is_ignore_value(value) -> bool:
     return isinstance(value, torch.Tensor) and value.numel() == 1 and float(value) == _IGNORE
 
 
+_is_compiling = torch.compiler.is_compiling
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -182,6 +183,10 @@ class _CorruptionMode(TorchFunctionMode):
         self.watcher = watcher
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _is_compiling():
+            # Dynamo traces a mode on the stack: a function compiled before the check began
+            # (no torch.compile call to close the window first) sees only the call itself
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         watcher = self.watcher
         try:
