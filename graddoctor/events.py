@@ -124,7 +124,10 @@ clip               via (clip_grad_norm_ | clip_grad_value_ | clip_grads_with_nor
                    edited [pid] (grads changed in place by unwatched code before the clip),
                    spent (the iterable given was a generator, or a filter/map over one, that
                    had already been iterated before this call: True; a collection, a tensor
-                   or a fresh generator: False; another one-shot iterator: None)
+                   or a fresh generator: False; another one-shot iterator: None), clipped,
+                   kept (clip_grad_value_'s first ``clip.VALUE_MEASURED`` calls over CPU
+                   gradients only: the share of the gradients' elements beyond clip_value, and
+                   the clamped gradients' norm over the given one)
 grad_edit          opt, params [pid] (grads changed in place by unwatched code before a step),
                    factors [float|None] (only on one of the first edited steps right after a
                    sampled backward, when some group has one: per param group, the constant c
@@ -182,6 +185,15 @@ dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout
                    "unregistered" (an nn.Dropout in train mode that is no submodule of the
                    eval-mode module calling it: built in forward, or held in a plain list) —
                    the first such call of each call line (loc: that call)
+pair_labels        how ("constant": every row's label is one column, "self": most rows' labels
+                   point at the row's own similarity with itself, "triplet": the positive given
+                   is the negative's rows reordered), fn (the loss function), rows, columns (the
+                   similarity matrix's shape; the batch for a triplet), label (the one label,
+                   "constant"), share (the rows labelled with themselves, "self"; the rows whose
+                   anchor is nearer the negative given than the positive, "triplet") — a
+                   pairwise-similarity loss whose targets do not point at each row's positive,
+                   at one of its first calls, once per call line (loc: the loss call; an aside;
+                   instrument/pairlabels.py)
 self_match         size (N of the (N, N) input), on_diagonal (the share of rows whose maximum is
                    on the diagonal, >= 0.9) — a cross_entropy over a square input whose labels
                    never point at the diagonal (a similarity matrix with each sample's
@@ -196,7 +208,9 @@ gan_same_target    critic, generator (the two modules' classes), critic_params, 
                    [pid] (their parameters, at most 32 each), cosine (of the two gradients),
                    offset (the intercept of a line fitted through them over G's gradient's
                    size; None when D's gradient is one constant), samples (values compared), critic_step ([path, line] of D's call in its own
-                   step, or None) — at the first 8 backwards, a module D evaluated on another
+                   step, or None), critic_fake_as_real (D's own backward gave its output on G's
+                   samples the gradients of the real samples' target: D's loss labels G's samples
+                   real; None when unknown) — at the first 8 backwards, a module D evaluated on another
                    module G's output both detached (D's step) and with the gradient flowing into
                    G (G's step) got two gradients on its output for the same samples that point
                    the same way: G is trained toward D's target for its samples (loc: G's step's
@@ -219,6 +233,14 @@ fresh_sample_scored dist (the class of the distribution), params [pid] (optimize
                    parameters, read by nothing but log_prob, and holds no log_prob of that
                    other sample (loc: the log_prob call; an aside, once per line; at most 8
                    windows; instrument/freshsample.py)
+batch_reduced_target op (the reduction: "max", "mean", ...), dims ([int] reduced, None: every
+                   dim), batch (the batch size reduced), shape ([int] of the reduced tensor), fn
+                   (the regression loss, or "hand-written squared error" / "hand-written
+                   absolute error"), loss_line (the line of the loss) — a regression loss whose
+                   side without gradient holds a reduction over dim 0 of a model's per-sample
+                   output broadcast back onto the batch and combined with values not derived
+                   from that output (loc: the reduction; an aside, once per line; first 6
+                   backwards; instrument/batchtarget.py)
 reparam_cut        dist (the class of the distribution sampled; None for a hand-written
                    reparameterisation), params [pid] (optimizer-owned parameters behind its
                    parameters), op (the autograd node where the sample enters the loss's graph
@@ -245,6 +267,17 @@ entropy_sign       term ("entropy": a ``torch.distributions`` entropy() minimise
                    log_prob of its own rsample maximised), dist (its class) — the entropy
                    bonus with the wrong sign, at the first 3 backwards of a line (loc: the
                    call that made the term; an aside; instrument/entropysign.py)
+linear_stack       widths ([in, hidden, out] of the two nn.Linear layers), between (the ops between
+                   them that only move values: View, Transpose, NativeDropout...), called_by
+                   ("user" | "container": who called the second layer), first_at ([path, line,
+                   function] of the first layer's construction, or None), listed (the
+                   nn.Sequential listing both lists an activation module), activations_in_model
+                   (the outermost model holds one), chain (linear layers in a row up to the
+                   second), ends_in_loss (the second's output is a loss function's
+                   prediction) — one nn.Linear's output
+                   read by another with nothing nonlinear between, at the forwards of the first
+                   backwards (loc: the second layer's call in the script, or its construction
+                   when nn.Sequential calls it; an aside)
 dropout_on_output  module (the dropout's class: Dropout | Dropout1d | AlphaDropout ...), p, fn (the
                    loss: cross_entropy | mse_loss | smooth_l1_loss | huber_loss |
                    binary_cross_entropy(_with_logits)), direct (bool|None: the user's code
@@ -280,6 +313,13 @@ full_rows_loss     fn (the loss function), rows (N): a loss with a gradient whos
                    rows with no row selection in its graph, its target not an input the
                    prediction's first layers read — once per loss call line (loc: the loss
                    call; an aside; instrument/fullrows.py)
+constant_targets   fn (the loss function), value (the one value; None when varied), calls, values
+                   (targets' values read), samples (their first dimensions), basis (converted |
+                   dataset-one | served | unknown: where the targets came from,
+                   instrument/constlabels.py), stage (few | many | varied: a line told before
+                   whose targets then differed): a loss call line with a gradient whose targets
+                   held one value at every call — at most once per stage and line (loc: the loss
+                   call; an aside)
 class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
                    [int], shares [float] (each class's share of the targets counted; for
                    pos_weight, each output's share of positives), weights [float]: a loss's
@@ -293,6 +333,12 @@ loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the h
                    input or target): a regression loss whose broadcast has more elements than
                    input and target — the first such call of each call line (loc: the user's
                    loss line)
+factor_broadcast   op (mul | div), term_shape (the side with the gradient), factor_shape,
+                   shape (their broadcast), factor_grad (the factor carries gradient too): a
+                   product or quotient in the loss's pointwise top between per-sample
+                   tensors of two layouts ((N, 1) and (N,)) that broadcast to (N, N) — the
+                   first at each backward line (loc: that backward; an aside;
+                   instrument/factorcast.py)
 loss_input         fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits | kl_div | ctc_loss),
                    problem ("softmax" | "sigmoid" | "relu": its input came out of that op;
                    "probabilities": cross_entropy's rows lie in [0, 1] and sum to 1; "logits":
@@ -346,9 +392,11 @@ optimizer_attr     opt, cls (the optimizer's class), name (the attribute the use
                    ``optimizer.lr = ...``), key (the ``param_groups`` key it stands for: "lr"
                    for ``learning_rate``), value (float|None: the value set, None when not a
                    plain number), kept [float|None] (each param group's value of that key at
-                   that moment, what the optimizer steps with): a torch.optim optimizer's
-                   hyper-parameter set as an attribute, which torch's step never reads — the
-                   first of each call line, optimizer and name (loc: the assignment)
+                   that moment, what the optimizer steps with), scheduler (str|None: the class
+                   of the torch LR scheduler the attribute was set on, ``scheduler.lr = ...``,
+                   whose optimizer ``opt`` is; None: set on the optimizer): a torch.optim
+                   optimizer's hyper-parameter set as an attribute, which torch's step never
+                   reads — the first of each call line, object and name (loc: the assignment)
 functional_grad    api (``torch.autograd.grad``, ``torch.autograd.functional.*`` or ``torch.func.*``
                    as the user called it), create_graph (bool for ``torch.autograd.grad``, else
                    None): a gradient graddoctor does not follow (it is
@@ -406,9 +454,20 @@ grad_flow          opt, columns [[step, [pid], [norm], [lr]]] (one per optimizer
                    parts' medians) — only when a
                    picture is asked for (instrument/gradflow.py), once per optimizer at the end
                    of the run
-module_attr        mid, cls, name ("requires_grad"), value, params [pid] (its parameters when
-                   set): an attribute of that name set on an ``nn.Module`` object by the user's
-                   code (loc: the assignment; once per line and module) — it freezes nothing
+module_attr        mid, cls, name ("requires_grad", a misspelling of it, ``requires_grad_``,
+                   "trainable": registration.FREEZE_FLAGS; "train" | "eval"), value, params
+                   [pid] (its parameters when set; [] for train/eval), layers ([mid]: for
+                   train/eval, the BatchNorm and dropout layers under it, as ``train``/``eval``
+                   and ``mode_forward`` number them; else None): an attribute of that name set
+                   on an ``nn.Module`` object by the user's code (loc: the assignment; once per
+                   line and module) — it freezes nothing, or it hides the module's train() /
+                   eval() method (a value that is not callable) and switches no mode
+param_attr         pid, cls ("Parameter" | "Tensor"), name (``requires_grad_``, a misspelling
+                   of ``requires_grad``, "trainable": registration.FREEZE_FLAGS), value,
+                   requires_grad (the tensor's own flag at that moment): such an attribute set
+                   on a leaf tensor by the user's code, where torch reads only
+                   ``requires_grad`` (loc: the assignment; once per line and tensor, at most
+                   ``registration.PARAM_ATTR_EVENTS`` per line)
 unregistered       owner (class of the module holding it), attr, holder ("list" | "tuple" |
                    "dict" | "tensor"), name (the path shown: ``model.blocks``), pids [pid] —
                    tracked tensors no module registers, found at the end of the run in a plain
@@ -442,11 +501,50 @@ batch_labels       loader, index (the batch's index in the loader's first epoch)
                    loading a sample) — the first ``LABEL_BATCHES`` batches of a DataLoader that
                    never shuffles (a SequentialSampler), with 1-D integer CPU labels (loc: the
                    DataLoader's construction, else its first ``iter()``; an aside)
+batch_spread       loader, index, size, slot ("input" | "target": the batch's first or last item),
+                   mean, var, low, high (floats: of that item's values in the batch) — the same batches as
+                   batch_labels, for items that hold one float per sample (a regression target,
+                   a scalar input) (loc: as batch_labels; an aside)
 loaders_zipped     inputs, labels (loader numbers), length (both datasets'): two DataLoaders that
                    each shuffle in an order of their own (a RandomSampler with no generator)
                    over datasets of one length, read in lockstep for one backward, one serving
                    bare integer labels — once per run (loc: the labels loader's construction,
                    else its first ``iter()``; an aside)
+state_carried      cls (the recurrent module's class: LSTM | GRU | RNN | LSTMCell | GRUCell |
+                   RNNCell, or the script's subclass of one), loader (its number), sampler (the
+                   class that draws its samples), batch ([epoch, index] of the batch this forward
+                   is given), previous ([epoch, index] of the batch of the module's previous
+                   forward), rows (the state's batch dimension), shared ("storage": the state
+                   given is a view of the one returned | "values": a copy of it), call ([path,
+                   line, function] of the module's call, or None) — a training forward of a
+                   recurrent module whose initial state is the state it returned at its previous
+                   forward, on another batch of a DataLoader that draws its samples at random;
+                   once per line, in the first turns (loc: the outermost user line that holds
+                   the state given, else the module's call; an aside; instrument/statecarry.py)
+dataset_drift      cls (the dataset's class), attr (the attribute holding the stored array, e.g.
+                   "data" or "tensors[0]"), numpy (bool: a NumPy array, not a tensor), rows (stored rows found
+                   changed by a fetch of their own index that had been fetched before),
+                   fetches (fetches of the dataset looked at) — a DataLoader's fetch that wrote
+                   into rows of an array the dataset holds, at an index it had already served:
+                   the stored data changes again at every read, once per dataset and array (loc:
+                   the dataset's ``__getitem__``; an aside; instrument/datasetreads.py)
+label_offset       cls, inputs (attribute of the array a field of the sample equals at its own
+                   index), labels (attribute of the array another field equals at index + offset),
+                   offset (int, not 0), samples (how many were compared), field (the label's
+                   place in the batch: an index or a key) — a dataset whose samples pair each
+                   row's input with another row's label, in a table whose rows have no order
+                   (row i + offset is no nearer row i than another row is); once per dataset
+                   (loc: the dataset's ``__getitem__``; an aside; instrument/datasetreads.py)
+loader_rows        loader, base (the number of the dataset its samples come from, through
+                   ``Subset``s and a ``SubsetRandomSampler``), rows (how many of its rows the
+                   loader can serve), shared ([[loader, rows]]: earlier loaders over the same
+                   base and how many rows they share with this one), made ([path, line] of the
+                   DataLoader's construction, or None) — once per DataLoader, at its first
+                   ``iter()``, when it serves part of its base or shares rows with an earlier
+                   loader that serves part of it (two loaders over a whole dataset share none:
+                   no split was made) (loc: the line that made its subset: the ``Subset``,
+                   ``random_split`` or sampler, else the loader; an aside;
+                   instrument/dataloader.py)
 batch_pairing      problem ("other-batch": the loss's target is a tensor of a batch served in an
                    earlier turn than the model's inputs | "permuted": the model's inputs are the
                    rows of one batch in another order, the target in the loader's), fn (the loss
@@ -510,6 +608,18 @@ loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fract
                    "targets": the id filling the targets' own shorter rows): a classification loss whose integer targets are mostly the
                    padding index of an embedding the script uses, which the loss does not ignore
                    — the first such call of each call line (loc: the loss line; an aside)
+real_index         argument (ignore_index | padding_idx), value (the index set apart), api
+                   (nn.CrossEntropyLoss | nn.NLLLoss | F.cross_entropy | F.nll_loss |
+                   nn.Embedding | F.embedding), size (the loss's classes or the embedding's
+                   rows), layout ("classes": one label per sample | "rows": label rows it does
+                   not pad | "padded rows": rows it pads and occurs inside of too | "tokens": an
+                   embedded token batch), share (of the positions counted that hold it), and
+                   as the layout has them median (the median other class's share), classes
+                   (present), seen (labels counted), inside, content (occurrences out of the
+                   runs at the rows' ends, and those positions): the value a loss ignores or an
+                   embedding pads with occurs in the data as a real class or token — once per
+                   site (loc: the module's construction, else the call; an aside;
+                   instrument/realindex.py)
 low_precision      opt, cls, dtype (the parameters' dtype), what ("eps": the optimizer's eps
                    rounds to 0 in that dtype | "frozen": its first updates changed almost no
                    element whose gradient was non-zero), eps (float|None), lr (float|None),
@@ -522,13 +632,15 @@ graph_kept         name (the variable that keeps them, as found in the script's 
                    backward's line) — autograd graphs of earlier backwards still alive several
                    backwards later (loc: the backward that found them; an aside)
 target_grad        fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | kl_div |
-                   binary_cross_entropy | binary_cross_entropy_with_logits | cross_entropy),
+                   binary_cross_entropy | binary_cross_entropy_with_logits | cross_entropy |
+                   "hand-written cross-entropy" | "hand-written squared error" |
+                   "hand-written cosine similarity": read from the loss's graph at a backward),
                    params [pid] (tracked tensors both the input's and the target's graph reach),
                    input_op, target_op (the autograd nodes that made each side, past reshapes):
                    a loss whose target needs a gradient that flows into the parameters making
                    its input, neither side made from the other and no symmetric consistency —
-                   the first such call of each call line (loc: the loss call; an aside;
-                   instrument/stopgrad.py)
+                   the first such call of each call line (loc: the loss call, or for a
+                   hand-written one the backward; an aside; instrument/stopgrad.py)
 anchor_alias       params [pid] (the parameters pulled towards themselves), how ("same": ``p - p``
                    in the loss's graph; "shared": the squared, absolute or norm difference of a
                    parameter and a constant exactly zero at two backwards with a step between
@@ -555,6 +667,14 @@ temperature_multiplied factor (the constant factor between a product of L2-norma
                    contrastive loss's cosine similarities scaled by a constant below 1 (a
                    temperature multiplied instead of divided) — at the first 3 backwards, once
                    per (factor, shape) (loc: the backward; an aside; instrument/attnaxis.py)
+masked_mean        how (product | where | masked_fill: how the mask zeroes the per-element
+                   loss), reduced (the reductions below the loss: "mean", "mean+mean",
+                   "sum/numel"), kept (the share of elements the mask keeps), elements (how many
+                   the masked value has), same_mask (the mask equals the first one seen at this
+                   line: a constant of the model), at_mean (the location is the mean's call, not
+                   the backward), mask_operand (0/1: the mask's side of a product): a masked per-element loss averaged over every position, the
+                   masked-out ones included — at the first 4 backwards, once per masked value and
+                   backward (loc: the mean/sum call; an aside; instrument/maskmean.py)
 view_axes          shape_in, shape_out (the sizes a view/reshape was given and returned), params [pid]
                    (tracked tensors below it): a view or reshape whose output is its input's axes
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
@@ -601,6 +721,15 @@ grad_stops         params [pid] (the parameters whose gradient was exactly zero 
                    weight is all zero gets ``:zero_weights``), loss_zero (the loss itself was 0) —
                    one diagnosed backward after an update with exactly-zero gradients (loc: the
                    backward; an aside)
+state_overwritten  cls (the module's class), params [pid] (the parameters the load placed
+                   that an initialiser overwrote),
+                   weights (how many of them are weights, two dimensions or more: every one
+                   an initialiser overwrote), via ["torch.nn.init.<initialiser>"], at [[path,
+                   line, function]] (the user's lines of those calls, at most a few) — a
+                   ``load_state_dict`` before the first optimizer step whose placed weights
+                   were all overwritten by ``torch.nn.init`` before it (``reset_parameters()``,
+                   ``model.apply(init)``): written at the end of a run that stepped (loc: the
+                   load; an aside; instrument/resets.py)
 state_not_loaded   cls (the module's class), keys (in the state dict), params (the module's
                    parameters), unexpected / missing (the first keys of each side), prefix
                    (["strip" | "add", "module."] when one prefix places the state's keys, else
@@ -634,6 +763,37 @@ model_copy         copy, model (the user's names of a module no optimizer trains
                    change with the way from the model to the copy, its length over that way, and
                    whether the copy changed too) — written at the end (loc: the copy's first
                    forward that gave targets, or None)
+decay_share        opt, cls (the optimizer's class), group (the param group's index), weight_decay,
+                   lr (plain numbers, lr None for a tensor), decoupled (bool: AdamW's decay, or
+                   ``decoupled_weight_decay=True``), steps [int] (the step measured at each update),
+                   ratios [float] (per measured update, the element-weighted median over the
+                   group's CPU parameters with a gradient of the decay term over the loss's:
+                   coupled ``weight_decay * ||p|| / ||g||``, decoupled
+                   ``weight_decay * ||p|| / sqrt(numel)``) — each param group with a weight decay
+                   of one of torch's optimizers, over its first ``decay.MEASURED`` updates (loc:
+                   None; an aside; instrument/decay.py)
+eps_share          opt, cls (Adam | AdamW | NAdam | RAdam | RMSprop | Adagrad), group (the param
+                   group's index), eps, steps [int] (the run's step count after each measured
+                   update), shares [float] (per measured update: the fraction of the group's
+                   elements with a second moment that lie in parameters where eps ≥ 10 ×
+                   sqrt(v) on most elements), ratios [float] (per measured update: the
+                   element-weighted median over those parameters of their median eps / sqrt(v))
+                   — each param group with eps ≥ 1e-5 of one of torch's adaptive optimizers,
+                   over its first ``epsshare.MEASURED`` updates (loc: None; an aside;
+                   instrument/epsshare.py)
+activation_saturated fn (tanh | sigmoid), module (the class of the layer whose output it took),
+                   layer (its name after the user's variables, or None), threshold (|x| above
+                   which its gradient is below 1 % of its largest: 3 for tanh, 6 for sigmoid),
+                   shares [float] (per call watched: the fraction of its inputs beyond the
+                   threshold), init (bool: the location is the nn.init call that last set the
+                   layer's weight, else the line that built the layer), data_input (bool: the
+                   layer's input had no graph at some call: a batch of data) — a tanh or sigmoid
+                   (module or functional) whose input was a parameterised layer's output at its
+                   first training calls, that layer's weight as initialised in this run, every
+                   call saturated on most inputs, its output not taken by a binary
+                   cross-entropy; once per layer, when the first steps' window closes (loc: the
+                   weight's initialisation or the layer's construction; an aside;
+                   instrument/saturation.py)
 step_edit          opt, steps [int] (the run's step count at each measurement), back [float|None]
                    (per measured update: the cosine between the change the script's own code made
                    to the optimizer's parameters before its next step, Δh, and minus the change
@@ -717,8 +877,8 @@ run_end            status, steps
 
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
-``dropout_default``, ``loss_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops``, ``target_corrupted`` and ``optimizer_attr``, ``module_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
+``grad_stops``, ``target_corrupted`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -878,12 +1038,17 @@ def scaler_load(*, scaler: int) -> Made:
 
 def clip(*, via: str, params: list[int], with_grad: list[int], untracked: int,
          limit: float | str | None, norm_type: float | str | None, norm_only: bool,
-         total_norm: float | str | None, edited: list[int], spent: bool | None = None) -> Made:
+         total_norm: float | str | None, edited: list[int], spent: bool | None = None,
+         clipped: float | None = None, kept: float | None = None) -> Made:
     """``spent`` None: not known (a trace written before it was recorded, or an iterator
-    graddoctor cannot look into)."""
-    return "clip", {"via": via, "params": params, "with_grad": with_grad, "untracked": untracked,
-                    "limit": limit, "norm_type": norm_type, "norm_only": norm_only,
-                    "total_norm": total_norm, "edited": edited, "spent": spent}
+    graddoctor cannot look into). ``clipped`` and ``kept`` are only written when measured."""
+    data = {"via": via, "params": params, "with_grad": with_grad, "untracked": untracked,
+            "limit": limit, "norm_type": norm_type, "norm_only": norm_only,
+            "total_norm": total_norm, "edited": edited, "spent": spent}
+    if clipped is not None:
+        data["clipped"] = clipped
+        data["kept"] = kept
+    return "clip", data
 
 
 def grad_edit(*, opt: int, params: list[int], factors: list | None = None) -> Made:
@@ -974,6 +1139,12 @@ def full_rows_loss(*, fn: str, rows: int) -> Made:
     return "full_rows_loss", {"fn": fn, "rows": rows}
 
 
+def constant_targets(*, fn: str, value, calls: int, values: int, samples: int, basis: str,
+                     stage: str) -> Made:
+    return "constant_targets", {"fn": fn, "value": value, "calls": calls, "values": values,
+                                "samples": samples, "basis": basis, "stage": stage}
+
+
 def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:
     return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights}
 
@@ -982,6 +1153,21 @@ def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], 
                    reduction: str | None, grad: bool) -> Made:
     return "loss_broadcast", {"fn": fn, "input_shape": input_shape, "target_shape": target_shape,
                               "shape": shape, "reduction": reduction, "grad": grad}
+
+
+def factor_broadcast(*, op: str, term_shape: list[int], factor_shape: list[int], shape: list[int],
+                     factor_grad: bool) -> Made:
+    return "factor_broadcast", {"op": op, "term_shape": term_shape, "factor_shape": factor_shape,
+                                "shape": shape, "factor_grad": factor_grad}
+
+
+def linear_stack(*, widths: list[int], between: list[str], called_by: str,
+                 first_at: list | None, listed: bool, activations_in_model: bool, chain: int,
+                 ends_in_loss: bool) -> Made:
+    return "linear_stack", {"widths": widths, "between": between, "called_by": called_by,
+                            "first_at": first_at, "listed": listed,
+                            "activations_in_model": activations_in_model, "chain": chain,
+                            "ends_in_loss": ends_in_loss}
 
 
 def dropout_on_output(*, module: str, p: float, fn: str, direct: bool | None) -> Made:
@@ -1000,17 +1186,24 @@ def output_range(*, fn: str, activation: str, low: float, high: float | None, ou
                             "target_high": target_high}
 
 
+def pair_labels(*, how: str, fn: str, rows: int, columns: int, label: int | None = None,
+                share: float | None = None, halves: bool | None = None) -> Made:
+    return "pair_labels", {"how": how, "fn": fn, "rows": rows, "columns": columns,
+                           "label": label, "share": share, "halves": halves}
+
+
 def self_match(*, size: int, on_diagonal: float) -> Made:
     return "self_match", {"size": size, "on_diagonal": on_diagonal}
 
 
 def gan_same_target(*, critic: str, generator: str, critic_params: list[int],
                     generator_params: list[int], cosine: float, offset: float | None,
-                    samples: int, critic_step: list | None) -> Made:
+                    samples: int, critic_step: list | None,
+                    critic_fake_as_real: bool | None = None) -> Made:
     return "gan_same_target", {"critic": critic, "generator": generator,
                                "critic_params": critic_params, "generator_params": generator_params,
                                "cosine": cosine, "offset": offset, "samples": samples,
-                               "critic_step": critic_step}
+                               "critic_step": critic_step, "critic_fake_as_real": critic_fake_as_real}
 
 
 def entropy_sign(*, term: str, dist: str) -> Made:
@@ -1025,6 +1218,12 @@ def fresh_sample_scored(*, dist: str, params: list[int], acted: int | None, samp
                         backward: int | None) -> Made:
     return "fresh_sample_scored", {"dist": dist, "params": params, "acted": acted,
                                    "sampled": sampled, "backward": backward}
+
+
+def batch_reduced_target(*, op: str, dims: list[int] | None, batch: int, shape: list[int], fn: str,
+                         loss_line: int | None) -> Made:
+    return "batch_reduced_target", {"op": op, "dims": dims, "batch": batch, "shape": shape,
+                                    "fn": fn, "loss_line": loss_line}
 
 
 def reparam_cut(*, dist: str | None, params: list[int], op: str, via: str,
@@ -1079,9 +1278,11 @@ def reseed(*, fn: str, seed: int | None, caller: list | None = None) -> Made:
 
 
 def loader_sampler(*, loader: int, sampler: str, shuffle: bool | None, dataset_len: int | None,
-                   reach: int | None, weights: int | None = None) -> Made:
+                   reach: int | None, weights: int | None = None,
+                   levels: list[tuple[float, int]] | None = None) -> Made:
     return "loader_sampler", {"loader": loader, "sampler": sampler, "shuffle": shuffle,
-                              "dataset_len": dataset_len, "reach": reach, "weights": weights}
+                              "dataset_len": dataset_len, "reach": reach, "weights": weights,
+                              "levels": levels}
 
 
 def batch_labels(*, loader: int, index: int, size: int, distinct: int, value: int | None,
@@ -1090,8 +1291,20 @@ def batch_labels(*, loader: int, index: int, size: int, distinct: int, value: in
                             "value": value, "classes": classes}
 
 
+def batch_spread(*, loader: int, index: int, size: int, slot: str, mean: float, var: float,
+                 low: float, high: float) -> Made:
+    return "batch_spread", {"loader": loader, "index": index, "size": size, "slot": slot,
+                            "mean": mean, "var": var, "low": low, "high": high}
+
+
 def loaders_zipped(*, inputs: int, labels: int, length: int) -> Made:
     return "loaders_zipped", {"inputs": inputs, "labels": labels, "length": length}
+
+
+def state_carried(*, cls: str, loader: int, sampler: str | None, batch: list, previous: list,
+                  rows: int, shared: str, call: list | None = None) -> Made:
+    return "state_carried", {"cls": cls, "loader": loader, "sampler": sampler, "batch": batch,
+                             "previous": previous, "rows": rows, "shared": shared, "call": call}
 
 
 def batch_pairing(*, problem: str, fn: str, loader: int, input_batch: list, target_loader: int,
@@ -1148,6 +1361,14 @@ def loss_padding(*, fn: str, pad: int, fraction: float, ignore_index: int | None
                             "ignore_index": ignore_index, "reduction": reduction, "source": source}
 
 
+def real_index(*, argument: str, value: int, api: str, size: int, layout: str, share: float,
+               median: float | None = None, classes: int | None = None, seen: int | None = None,
+               inside: int | None = None, content: int | None = None) -> Made:
+    return "real_index", {"argument": argument, "value": value, "api": api, "size": size,
+                          "layout": layout, "share": share, "median": median, "classes": classes,
+                          "seen": seen, "inside": inside, "content": content}
+
+
 def low_precision(*, opt: int, cls: str, dtype: str, what: str, eps: float | None,
                   lr: float | None, unchanged: float | None, params: int) -> Made:
     return "low_precision", {"opt": opt, "cls": cls, "dtype": dtype, "what": what, "eps": eps,
@@ -1174,6 +1395,12 @@ def diverging(*, opt: int, first: int, last: int, norms: list[float], factor: fl
                          "factor": factor, "nonfinite": nonfinite}
 
 
+def state_overwritten(*, cls: str, params: list[int], weights: int, via: list[str],
+                      at: list) -> Made:
+    return "state_overwritten", {"cls": cls, "params": params, "weights": weights, "via": via,
+                                 "at": at}
+
+
 def state_self_load(*, cls: str, params: int) -> Made:
     return "state_self_load", {"cls": cls, "params": params}
 
@@ -1190,6 +1417,25 @@ def model_copy(*, copy: str, model: str, opt: int | None, params: int, equal: bo
                           "written_step": written_step, "measured": measured, "pulls": pulls}
 
 
+def decay_share(*, opt: int, cls: str, group: int, weight_decay: float, lr: float | None,
+                decoupled: bool, steps: list[int], ratios: list[float]) -> Made:
+    return "decay_share", {"opt": opt, "cls": cls, "group": group, "weight_decay": weight_decay,
+                           "lr": lr, "decoupled": decoupled, "steps": steps, "ratios": ratios}
+
+
+def eps_share(*, opt: int, cls: str, group: int, eps: float, steps: list[int],
+              shares: list[float], ratios: list[float]) -> Made:
+    return "eps_share", {"opt": opt, "cls": cls, "group": group, "eps": eps, "steps": steps,
+                         "shares": shares, "ratios": ratios}
+
+
+def activation_saturated(*, fn: str, module: str, layer: str | None, threshold: float,
+                         shares: list[float], init: bool, data_input: bool) -> Made:
+    return "activation_saturated", {"fn": fn, "module": module, "layer": layer,
+                                    "threshold": threshold, "shares": shares, "init": init,
+                                    "data_input": data_input}
+
+
 def step_edit(*, opt: int, steps: list[int], back: list, share: list, home: list,
               home_share: list) -> Made:
     return "step_edit", {"opt": opt, "steps": steps, "back": back, "share": share, "home": home,
@@ -1201,13 +1447,20 @@ def param_created(*, owner: str, attr: str, params: list[int], step: int) -> Mad
 
 
 def optimizer_attr(*, opt: int, cls: str, name: str, key: str, value: float | None,
-                   kept: list) -> Made:
+                   kept: list, scheduler: str | None = None) -> Made:
     return "optimizer_attr", {"opt": opt, "cls": cls, "name": name, "key": key, "value": value,
-                              "kept": kept}
+                              "kept": kept, "scheduler": scheduler}
 
 
-def module_attr(*, mid: int, cls: str, name: str, value: Any, params: list[int]) -> Made:
-    return "module_attr", {"mid": mid, "cls": cls, "name": name, "value": value, "params": params}
+def module_attr(*, mid: int, cls: str, name: str, value: Any, params: list[int],
+                layers: list[int] | None = None) -> Made:
+    return "module_attr", {"mid": mid, "cls": cls, "name": name, "value": value, "params": params,
+                           "layers": layers}
+
+
+def param_attr(*, pid: int, cls: str, name: str, value: Any, requires_grad: bool) -> Made:
+    return "param_attr", {"pid": pid, "cls": cls, "name": name, "value": value,
+                          "requires_grad": requires_grad}
 
 
 def unregistered(*, owner: str, attr: str, holder: str, name: str, pids: list[int]) -> Made:
@@ -1325,6 +1578,12 @@ def temperature_multiplied(*, factor: float, shape: list[int], params: list[int]
     return "temperature_multiplied", {"factor": factor, "shape": shape, "params": params}
 
 
+def masked_mean(*, how: str, reduced: str, kept: float, elements: int, same_mask: bool,
+                at_mean: bool, mask_operand: int | None = None) -> Made:
+    return "masked_mean", {"how": how, "reduced": reduced, "kept": kept, "elements": elements,
+                           "same_mask": same_mask, "at_mean": at_mean, "mask_operand": mask_operand}
+
+
 def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int]) -> Made:
     return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params}
 
@@ -1350,6 +1609,22 @@ def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = 
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
 
+def dataset_drift(*, cls: str, attr: str, numpy: bool, rows: int, fetches: int) -> Made:
+    return "dataset_drift", {"cls": cls, "attr": attr, "numpy": numpy, "rows": rows,
+                             "fetches": fetches}
+
+
+def label_offset(*, cls: str, inputs: str, labels: str, offset: int, samples: int,
+                 field: Any) -> Made:
+    return "label_offset", {"cls": cls, "inputs": inputs, "labels": labels, "offset": offset,
+                            "samples": samples, "field": field}
+
+
+def loader_rows(*, loader: int, base: int, rows: int, shared: list, made: list | None) -> Made:
+    return "loader_rows", {"loader": loader, "base": base, "rows": rows, "shared": shared,
+                           "made": made}
+
+
 def run_end(*, status: str, steps: int) -> Made:
     return "run_end", {"status": status, "steps": steps}
 
@@ -1364,59 +1639,70 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "mode_module": mode_module, "mode_forward": mode_forward, "freeze": freeze,
     "bn_reset": bn_reset, "update_bn": update_bn, "compile": torch_compile,
     "dropout_default": dropout_default, "loss_broadcast": loss_broadcast, "loss_input": loss_input,
+    "factor_broadcast": factor_broadcast,
     "target_domain": target_domain,
     "class_weights": class_weights, "target_in_inputs": target_in_inputs,
-    "full_rows_loss": full_rows_loss,
+    "full_rows_loss": full_rows_loss, "constant_targets": constant_targets,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
-    "loss_padding": loss_padding, "low_precision": low_precision, "graph_kept": graph_kept,
+    "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "target_corrupted": target_corrupted, "anchor_alias": anchor_alias,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
+    "masked_mean": masked_mean,
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
     "same_compared": same_compared,
-    "optimizer_attr": optimizer_attr, "module_attr": module_attr,
+    "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
-    "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output, "bn_batch": bn_batch,
+    "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
+    "linear_stack": linear_stack, "bn_batch": bn_batch,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
+    "pair_labels": pair_labels,
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
-    "fresh_sample_scored": fresh_sample_scored,
+    "fresh_sample_scored": fresh_sample_scored, "batch_reduced_target": batch_reduced_target,
     "snapshot_alias": snapshot_alias, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
+    "batch_spread": batch_spread,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped, "batch_pairing": batch_pairing,
+    "state_carried": state_carried,
     "last_step_padded": last_step_padded, "causal_read_early": causal_read_early,
     "attention_mask": attention_mask,
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
     "symmetric_units": symmetric_units, "state_not_loaded": state_not_loaded,
+    "state_overwritten": state_overwritten,
     "state_self_load": state_self_load, "diverging": diverging,
-    "step_edit": step_edit, "model_copy": model_copy,
+    "step_edit": step_edit, "decay_share": decay_share, "eps_share": eps_share,
+    "activation_saturated": activation_saturated, "model_copy": model_copy,
+    "dataset_drift": dataset_drift, "label_offset": label_offset, "loader_rows": loader_rows,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "loss_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
                          "functional_grad",
-                         "optimizer_attr", "module_attr", "short_len", "param_replaced", "reseed",
+                         "optimizer_attr", "module_attr", "param_attr", "short_len", "param_replaced", "reseed",
                          "param_reset", "snapshot_alias",
-                         "loader_sampler", "custom_backward", "loss_padding", "low_precision",
-                         "graph_kept", "grad_stops", "batch_layout", "batch_labels",
+                         "loader_sampler", "custom_backward", "loss_padding", "real_index", "low_precision",
+                         "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
                          "param_created", "loaders_zipped", "symmetric_units", "dependency",
-                         "module_repeated", "state_not_loaded", "state_self_load", "diverging",
+                         "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "target_corrupted", "anchor_alias", "loss_unbounded", "advantage_grad",
                          "same_compared",
-                         "gan_same_target", "entropy_sign", "step_edit", "ratio_fault", "reparam_cut",
-                         "fresh_sample_scored", "loss_no_graph", "self_match", "batch_pairing", "last_step_padded",
-                         "causal_read_early", "pixels_unscaled", "dropout_on_output", "bn_batch",
+                         "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
+                         "activation_saturated", "ratio_fault", "reparam_cut",
+                         "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "batch_pairing", "last_step_padded",
+                         "state_carried",
+                         "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "attention_scale",
-                         "temperature_multiplied"})
+                         "mixup_unmixed", "softmax_axis", "view_axes", "masked_mean", "attention_scale",
+                         "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -69,6 +69,8 @@ NO_EDIT = {
     "bad_param_not_in_optimizer_layer_attached_after.py", "bad_lightning_head_built_on_train_start.py",
     # one window's micro-batches backpropagated at two lines: each loss needs the division
     "bad_accumulation_split_between_branches_undivided.py",
+    # scheduler.learning_rate on a LambdaLR: base_lrs, the groups or a new scheduler, a choice
+    "bad_scheduler_learning_rate_attribute.py",
 }
 
 

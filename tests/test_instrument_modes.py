@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from graddoctor.instrument import Instrumentation, Recorder
@@ -406,3 +407,57 @@ def test_a_frozen_part_in_a_reentrant_checkpoint_is_no_teacher():
             opt.step()
 
     assert facts(of(record(script), "mode_module")) == [(None, None, False)]
+
+
+class _FunctionalDropout(nn.Module):
+    """Dropout written as a function of the module's mode (the PyTorch Geometric idiom)."""
+
+    def __init__(self, p=0.5):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(self.lin(x), self.p, training=self.training)  # mark: functional
+
+
+def test_a_module_running_dropout_with_its_mode_as_flag_is_a_dropout_layer_to_eval():
+    model = _FunctionalDropout()
+    x = torch.randn(3, 4)
+
+    def script():
+        model.train()
+        model(x).sum().backward()  # train mode: the module becomes a holder, nothing recorded
+        model.eval()
+        model(x).sum().backward()  # eval mode under grad: recorded as a dropout layer's forward
+        with torch.no_grad():
+            model(x)  # validation: not recorded
+
+    trace = record(script)
+    sets = of(trace, "train", "eval")
+    assert [e["mode"] for e in sets] == [True, False]
+    assert sets[0]["modules"] == [], "the holder is not known before its first forward"
+    (held,) = sets[1]["modules"]
+    (forward,) = of(trace, "mode_forward")
+    assert (forward["training"], forward["grad"], forward["modules"]) == (False, True, [held])
+    (module,) = of(trace, "mode_module")
+    assert (module["mid"], module["layer"], module["p"], module["cls"]) == (held, "functional_dropout", 0.5,
+                                                                          "_FunctionalDropout")
+
+
+def test_a_literal_false_flag_makes_no_holder():
+    class Off(_FunctionalDropout):
+        def forward(self, x):
+            return F.dropout(self.lin(x), self.p, training=False)
+
+    model = Off()
+
+    def script():
+        model.train()
+        model(torch.randn(2, 4)).sum().backward()
+        model.eval()
+        model(torch.randn(2, 4)).sum().backward()
+
+    trace = record(script)
+    assert of(trace, "mode_forward") == [] and of(trace, "mode_module") == []
+    assert all(e["modules"] == [] for e in of(trace, "train", "eval"))

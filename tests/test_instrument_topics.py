@@ -249,3 +249,82 @@ def test_the_private_attribute_scan_sees_a_reach_from_outside(tmp_path):
         "    rec._stop = 1\n"
         "    return tensor._version\n")  # not a graddoctor name: a library's, fine
     assert private_reaches(tmp_path) == ["watchers.py:10: rec._stop"]
+
+
+# -- subscribers that leave once done -----------------------------------------------------------
+
+def test_a_subscriber_that_retires_while_published_lets_every_other_one_be_called():
+    rec = Recorder(step_budget=None)
+    heard = []
+
+    def first(opt, optimizer):
+        heard.append("first")
+        rec.retire(STEPPED, first)  # leaves during the publication: the next one still runs
+
+    rec.subscribe(STEPPED, first)
+    rec.subscribe(STEPPED, lambda opt, optimizer: heard.append("second"))
+    for _ in range(2):
+        for subscriber in rec.subscribers(STEPPED).now:
+            subscriber(0, None)
+    assert heard == ["first", "second", "second"]
+
+
+def test_a_resumed_subscriber_is_called_at_its_place_in_the_order():
+    rec = Recorder(step_budget=None)
+    heard = []
+    a, b, c = (lambda name: lambda opt, optimizer: heard.append(name))("a"), \
+        (lambda name: lambda opt, optimizer: heard.append(name))("b"), \
+        (lambda name: lambda opt, optimizer: heard.append(name))("c")
+    for subscriber in (a, b, c):
+        rec.subscribe(STEPPED, subscriber)
+    rec.retire(STEPPED, b)
+    assert rec.subscribers(STEPPED).now == (a, c)
+    rec.resume(STEPPED, b)
+    rec.resume(STEPPED, b)  # resuming one that is subscribed changes nothing
+    for subscriber in rec.subscribers(STEPPED).now:
+        subscriber(0, None)
+    assert heard == ["a", "b", "c"]
+
+
+def test_per_optimizer_watchers_leave_the_step_topics_once_done_and_come_back_for_a_new_optimizer():
+    from graddoctor.instrument.topics import STEP_BEGINS
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(40):
+            optimizer.zero_grad()
+            model(torch.ones(4, 3)).sum().backward()
+            optimizer.step()
+        begins = {getattr(s, "__qualname__", "") for s in rec.subscribers(STEP_BEGINS).now}
+        stepped = {getattr(s, "__qualname__", "") for s in rec.subscribers(STEPPED).now}
+        assert not {"DecayShareWatcher.before_step", "StepEditWatcher.before_step",
+                    "CopyWatcher.before_step"} & begins, begins
+        assert not {"SymmetryWatcher.after_step", "ParamNamer._name_after_first_step",
+                    "StepEditWatcher.after_step", "CopyWatcher.after_step"} & stepped, stepped
+        second = torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=0.1)
+        begins = {getattr(s, "__qualname__", "") for s in rec.subscribers(STEP_BEGINS).now}
+        stepped = {getattr(s, "__qualname__", "") for s in rec.subscribers(STEPPED).now}
+        assert {"DecayShareWatcher.before_step", "StepEditWatcher.before_step"} <= begins, begins
+        assert {"SymmetryWatcher.after_step", "ParamNamer._name_after_first_step",
+                "StepEditWatcher.after_step"} <= stepped, stepped
+        del second
+
+
+def test_the_precision_hooks_leave_torch_once_every_optimizer_is_checked_and_come_back_in_order():
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec) as instrumentation:
+        precision = next(w for w in instrumentation.watchers if type(w).__name__ == "PrecisionWatcher")
+        pre_order, post_order = list(_global_optimizer_pre_hooks), list(_global_optimizer_post_hooks)
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(8):
+            optimizer.zero_grad()
+            model(torch.ones(4, 3)).sum().backward()
+            optimizer.step()
+        assert precision._pre not in _global_optimizer_pre_hooks.values()
+        assert precision._post not in _global_optimizer_post_hooks.values()
+        torch.optim.Adam(torch.nn.Linear(3, 2).half().parameters(), lr=0.1)  # a new one: back
+        assert list(_global_optimizer_pre_hooks) == pre_order
+        assert list(_global_optimizer_post_hooks) == post_order

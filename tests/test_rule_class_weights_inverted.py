@@ -56,3 +56,13 @@ def test_the_finding_points_at_the_call_that_passes_the_weights(tmp_path):
                                  weights=[0.05]), Location(str(path), 5))
     [f] = ClassWeightsInverted().check(Analysis(t.trace))
     assert f.location.line == 5 and "pos_weight" in f.fix  # no BCEWithLogitsLoss(pos_weight=) call
+
+
+def test_pos_weight_upside_down_for_a_minority_that_is_not_rare():
+    counts = torch.tensor([[40.0, 60.0], [60.0, 40.0]], dtype=torch.float64)  # positives, negatives
+    bce = "binary_cross_entropy_with_logits"
+    found = _inverted_weights(bce, counts, torch.tensor([0.667, 1.5], dtype=torch.float64))
+    assert found is not None and found["classes"] == [0]  # 40 % positives weighed 40 / 60
+    assert _inverted_weights(bce, counts, torch.tensor([1.5, 0.667], dtype=torch.float64)) is None
+    # a pos_weight below 1 that is not the ratio (a precision trade-off), a majority weighed down
+    assert _inverted_weights(bce, counts, torch.tensor([0.3, 1.0], dtype=torch.float64)) is None

@@ -74,3 +74,72 @@ def test_silent(case):
 def test_folding_keeps_the_finding():
     trace = _run([1.0] * 12)
     assert [f.message for f in _found(fold_hard(trace))] == [f.message for f in _found(trace)]
+
+
+def _value_run(shares, limit=1e-3, cls="SGD", kept=0.01, optimizer=True):
+    t = TraceBuilder()
+    t._params(P)
+    if optimizer:
+        t.put(ev.optimizer_init(opt=0, cls=cls, params=list(P), lrs=[0.1]), 2)
+    for share in shares:
+        t.clear(P, line=10)
+        t.backward(fresh=P, line=11)
+        t.put(ev.clip(via="clip_grad_value_", params=list(P), with_grad=list(P), untracked=0,
+                      limit=limit, norm_type=None, norm_only=False, total_norm=None, edited=[],
+                      clipped=share, kept=None if share is None else kept), 12)
+        if optimizer:
+            t.put(ev.step_begin(opt=0, norm_pids=None, norms=None, lrs=[0.1]), 13)
+            t.step(0, line=13)
+    return t.trace
+
+
+def test_a_value_clip_of_nearly_every_element_under_sgd_is_a_warning():
+    found = _found(_value_run([0.99, 0.98, 1.0, None, None]))
+    assert len(found) == 1
+    f = found[0]
+    assert f.severity is Severity.WARNING and f.location.line == 12
+    assert "±0.001" in f.message and "3 calls measured 98% or more" in f.message
+    assert "sign(g) × 0.001" in f.message and "clip_value=0.001" in f.fix
+    assert f.evidence["optimizer"] == "SGD" and f.evidence["clipped"] == [0.99, 0.98, 1.0]
+
+
+def test_a_value_clip_under_adam_is_info():
+    f = _found(_value_run([1.0, 1.0, 1.0], cls="Adam"))[0]
+    assert f.severity is Severity.INFO and "Adam then normalises" in f.message
+
+
+def test_a_usual_clip_value_under_huge_gradients_is_info():
+    f = _found(_value_run([0.95, 0.97, 0.96], limit=1.0))[0]
+    assert f.severity is Severity.INFO and "reduction='mean'" in f.fix
+
+
+def test_a_value_clip_before_a_hand_written_update():
+    f = _found(_value_run([1.0, 1.0, 1.0], optimizer=False))[0]
+    assert "the hand-written update" in f.message and f.severity is Severity.WARNING
+
+
+@pytest.mark.parametrize("case", [
+    dict(shares=[0.99, 0.3, 0.99]),  # one call clipped few elements: not every update
+    dict(shares=[0.02, 0.0, 0.05], limit=1.0),  # an occasional clip
+    dict(shares=[1.0, 1.0, 1.0], kept=0.8),  # gradients just above the limit: little changes
+    dict(shares=[1.0, 1.0]),  # too few measured
+    dict(shares=[None, None, None, None]),  # not measured (GPU gradients)
+    dict(shares=[1.0, 1.0, 1.0], cls="MyOptimizer"),  # unknown update rule
+])
+def test_value_clip_silent(case):
+    assert _found(_value_run(**case)) == []
+
+
+def test_value_share_reads_what_the_clip_will_do():
+    import torch
+
+    from graddoctor.instrument.clip import value_share
+
+    a = torch.nn.Parameter(torch.zeros(4))
+    a.grad = torch.tensor([3.0, -4.0, 0.5, 0.0])
+    b = torch.nn.Parameter(torch.zeros(2))  # no gradient: left out
+    share, kept = value_share([a, b], 1.0)
+    assert share == 0.5
+    assert kept == pytest.approx(math.sqrt(1 + 1 + 0.25) / math.sqrt(9 + 16 + 0.25), abs=1e-6)
+    assert value_share([a], torch.tensor(1.0)) is None  # a tensor limit is not read
+    assert value_share([b], 1.0) is None

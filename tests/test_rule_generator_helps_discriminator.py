@@ -109,3 +109,44 @@ def test_silent_with_one_optimizer_for_both_or_a_player_never_stepped():
     t.step(0, line=22)
     assert findings(t, SLUG) == []
     assert findings(_trace(step_both=False), SLUG) == []
+
+
+def test_a_discriminator_that_labels_the_generated_samples_real_is_told_apart():
+    bce = F.binary_cross_entropy_with_logits
+    d_wrong = lambda D, real, fake: bce(D(real), torch.ones(32, 1)) + bce(D(fake.detach()), torch.ones(32, 1))  # noqa: E731
+    (found,) = _gan(lambda D, fake, ones, zeros: bce(D(fake), ones), d_loss=d_wrong)
+    assert found["critic_fake_as_real"] is True
+    (found,) = _gan(lambda D, fake, ones, zeros: bce(D(fake), zeros))  # the generator's fault
+    assert found["critic_fake_as_real"] is False
+
+
+def test_the_rule_points_at_the_discriminators_step_when_its_loss_is_the_wrong_one():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=1)
+    t.optimizer(1, [2, 3], line=2)
+    t.put(ev.gan_same_target(critic="Disc", generator="Gen", critic_params=[0, 1],
+                             generator_params=[2, 3], cosine=0.999, offset=0.004, samples=64,
+                             critic_step=["train.py", 12], critic_fake_as_real=True), line=20)
+    t.backward(fresh=[0, 1, 2, 3], line=21)
+    t.step(0, line=22)
+    t.step(1, line=23)
+    f = only(t, SLUG)
+    assert f.location.line == 12 and "real label" in f.message and "zeros" in f.fix
+    assert f.related and f.related[0].location.line == 20
+
+
+def test_the_fake_terms_target_is_read_from_the_real_terms_line():
+    from graddoctor.instrument.adversarial import _same_target
+    x_real = torch.linspace(-0.4, 0.3, 32, dtype=torch.float64)
+    x_fake = torch.linspace(-0.6, -0.1, 32, dtype=torch.float64)  # below both targets
+    mse = lambda x, t: 2 * (x - t) / 32  # noqa: E731
+    # least squares: the fake term pushed toward 0 has the real term's sign here, not its target
+    assert _same_target((x_real, mse(x_real, 1.0)), (x_fake, mse(x_fake, 0.0))) is False
+    assert _same_target((x_real, mse(x_real, 1.0)), (x_fake, mse(x_fake, 1.0))) is True
+    logistic = lambda x, y: (torch.sigmoid(x) - y) / 32  # noqa: E731
+    assert _same_target((x_real, logistic(x_real, 1.0)), (x_fake, logistic(x_fake, 0.0))) is False
+    assert _same_target((x_real, logistic(x_real, 1.0)), (x_fake, logistic(x_fake, 1.0))) is True
+    wgan = torch.full((32,), -1 / 32, dtype=torch.float64)
+    assert _same_target((x_real, wgan), (x_fake, -wgan)) is False
+    assert _same_target((x_real, wgan), (x_fake, wgan)) is True
+    assert _same_target(None, (x_fake, wgan)) is None

@@ -165,3 +165,127 @@ def test_a_loop_over_children_is_one_finding_at_its_line():
     updates(t, 2, params=(0, 1, 2, 3))
     f = only(t, SLUG)
     assert "Linear objects (2 modules)" in f.message and f.evidence["params"] == ["p0", "p1", "p2", "p3"]
+
+
+# -- the other names of a freeze, on tensors ---------------------------------------------------
+
+def tensor_flag(t, pid, value=False, name="requires_grad_", requires_grad=True, line=4):
+    return t.put(ev.param_attr(pid=pid, cls="Parameter", name=name, value=value,
+                               requires_grad=requires_grad), line)
+
+
+def test_a_tensor_flag_set_false_on_parameters_that_keep_training_is_one_warning_per_line():
+    t = TraceBuilder()
+    t.param(0, "encoder.weight")
+    t.param(1, "encoder.bias")
+    tensor_flag(t, 0)
+    tensor_flag(t, 1)
+    t.optimizer(0, [0, 1, 2], line=5)
+    updates(t, 3)
+    f = only(t, SLUG)
+    assert f.location.line == 4 and f.severity == Severity.WARNING
+    assert "requires_grad_ = False" in f.message and "2 Parameters" in f.message
+    assert "hides the requires_grad_() method" in f.message and "encoder.weight" in f.message
+    assert f.evidence["attribute"] == "requires_grad_" and "requires_grad_(False)" in f.fix
+
+
+def test_a_misspelt_or_keras_name_says_what_torch_reads():
+    t = TraceBuilder()
+    tensor_flag(t, 0, name="require_grad", line=3)
+    tensor_flag(t, 1, name="trainable", line=4)
+    t.optimizer(0, [0, 1, 2], line=5)
+    updates(t, 2)
+    got = {f.location.line: f.message for f in findings(t, SLUG)}
+    assert "`require_grad` is no name torch knows" in got[3]
+    assert "Keras' name" in got[4]
+
+
+def test_a_tensor_flag_on_parameters_that_get_no_gradient_is_silent():
+    # a marker the script reads to freeze them for real, or to leave them out of the optimizer
+    t = TraceBuilder()
+    tensor_flag(t, 0, name="trainable")
+    t.optimizer(0, [0, 1, 2], line=5)
+    updates(t, 3, params=(1, 2))
+    assert findings(t, SLUG) == []
+
+
+def test_a_tensor_flag_set_true_on_frozen_parameters_that_stay_frozen_is_a_warning():
+    t = TraceBuilder()
+    t.param(0, "encoder.weight", requires_grad=False)
+    t.optimizer(0, [0, 1, 2], line=5)
+    tensor_flag(t, 0, value=True, requires_grad=False, line=6)
+    updates(t, 2, params=(1, 2))
+    f = only(t, SLUG)
+    assert f.location.line == 6 and "unfreezes none of them" in f.message
+
+
+def test_a_tensor_flag_set_true_on_parameters_that_then_train_is_silent():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1, 2], line=5)
+    tensor_flag(t, 0, value=True, requires_grad=False, line=6)
+    updates(t, 2)  # something else unfroze it: it gets gradients
+    assert findings(t, SLUG) == []
+
+
+def test_a_value_that_is_no_flag_is_silent():
+    t = TraceBuilder()
+    tensor_flag(t, 0, value="frozen")
+    tensor_flag(t, 1, value=0.5, line=5)
+    t.optimizer(0, [0, 1, 2], line=6)
+    updates(t, 2)
+    assert findings(t, SLUG) == []
+
+
+def record_tensor_flags(fn):
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        fn()
+    return [e for e in rec.trace if e.kind == "param_attr"]
+
+
+def test_the_tensor_watcher_records_freeze_names_and_stores_the_value_as_python_would():
+    layer = nn.Linear(3, 2)
+    seen = {}
+
+    def script():
+        for p in layer.parameters():
+            p.requires_grad_ = False  # mark: shadowed method
+        layer.weight.tensor_model_parallel = True  # a framework's marker: not a freeze name
+        layer.weight.trainable = 0  # mark: keras
+        seen.update(shadowed=layer.bias.requires_grad_, keras=layer.weight.trainable,
+                    marker=layer.weight.tensor_model_parallel,
+                    flags=[p.requires_grad for p in layer.parameters()],
+                    method=callable(torch.Tensor.requires_grad_),
+                    missing=hasattr(torch.ones(1), "trainable"))
+
+    made = record_tensor_flags(script)
+    assert seen == {"shadowed": False, "keras": 0, "marker": True, "flags": [True, True],
+                    "method": True, "missing": False}
+    assert [(e["name"], e["value"], e["cls"], e.loc.line) for e in made] == [
+        ("requires_grad_", False, "Parameter", line_of("# mark: shadowed method")),
+        ("requires_grad_", False, "Parameter", line_of("# mark: shadowed method")),
+        ("trainable", 0, "Parameter", line_of("# mark: keras"))]
+
+
+def test_the_tensor_watcher_leaves_library_code_and_non_leaf_tensors_alone():
+    library_code = compile("p.trainable = False", torch.__file__, "exec")  # a frame inside torch
+
+    def script():
+        p = nn.Parameter(torch.ones(2))
+        exec(library_code, {"p": p})
+        (p * 2).trainable = False  # not a leaf: nothing to freeze
+
+    assert record_tensor_flags(script) == []
+
+
+def test_the_tensor_descriptors_are_removed_on_exit_and_requires_grad_still_works_inside():
+    before = torch.Tensor.__dict__.get("requires_grad_")
+    p = nn.Parameter(torch.ones(2))
+
+    def script():
+        p.requires_grad_(False)  # the method, through the descriptor, to the mode watcher's wrapper
+
+    record_tensor_flags(script)
+    assert p.requires_grad is False
+    assert torch.Tensor.__dict__.get("requires_grad_") is before
+    assert "trainable" not in torch.Tensor.__dict__ and "require_grad" not in torch.Tensor.__dict__

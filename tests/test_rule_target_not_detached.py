@@ -25,9 +25,11 @@ class _Rec:
         for p in params:
             self.tensors(p)
         self.events = []
+        self.asked = 0
 
     def here(self, skip=2):
-        return ("loc", len(self.events), id(object()))
+        self.asked += 1
+        return ("loc", self.asked)  # every call and backward a line of its own
 
     def emit_aside(self, made, loc=None):
         self.events.append(made)
@@ -155,3 +157,240 @@ def test_the_rule_warns_at_the_loss_call_when_an_optimizer_steps_those_parameter
 
 def test_the_rule_is_silent_when_no_optimizer_steps_them():
     assert findings(_trace([5]), SLUG) == []
+
+
+# -- hand-written losses, read from the loss's graph at the backward ------------------------
+
+def _read(model, make_loss):
+    """The events the watcher records for the hand-written loss ``make_loss(model)`` at its
+    backward (no built-in loss called)."""
+    rec = _Rec(list(model.parameters()))
+    watcher = TargetGradWatcher(rec)
+    watcher.describe_loss(make_loss(model))
+    return rec.events
+
+
+def _forms(model, make_loss):
+    return [(kind, data["fn"]) for kind, data in _read(model, make_loss)]
+
+
+def test_a_soft_pseudo_label_in_a_hand_written_cross_entropy_is_recorded():
+    def loss(m):
+        x = torch.randn(6, 4)
+        q = F.softmax(m(x), -1)
+        return -(q * F.log_softmax(m(x + 0.5), -1)).sum(-1).mean()
+    assert _forms(_net(), loss) == [("target_grad", "hand-written cross-entropy")]
+
+
+def test_chunks_of_one_forward_are_two_branches():
+    # FixMatch's single forward over both views: the softmax and the log-softmax read two
+    # outputs of one split node, which must not pass for one distribution (an entropy)
+    def loss(m):
+        x = torch.randn(6, 4)
+        weak, strong = m(torch.cat([x, x + 0.5])).chunk(2)
+        q = torch.softmax(weak, -1)
+        mask = q.max(-1)[0].ge(0.0).float()
+        return (-(q * F.log_softmax(strong, -1)).sum(-1) * mask).mean()
+    assert _forms(_net(), loss) == [("target_grad", "hand-written cross-entropy")]
+
+
+def test_a_gated_target_and_a_sigmoid_target_are_recorded():
+    def gated(m):
+        x = torch.randn(6, 4)
+        probs = m(x).softmax(1)
+        target = torch.where(probs.max(1).values[:, None] > 0.3, probs, torch.full_like(probs, 1 / 3))
+        return -(target * m(x - 1).log_softmax(1)).sum(1).mean()
+
+    def binary(m):
+        x = torch.randn(6, 4)
+        t = torch.sigmoid(m(x))
+        z = m(x + 1)
+        return -(t * F.logsigmoid(z) + (1 - t) * F.logsigmoid(-z)).mean()
+    def ratio(m):
+        x = torch.randn(6, 4)
+        p_t, p_s = F.softmax(m(x), 1), F.softmax(m(x + 1), 1)
+        return (p_t * torch.log(p_t / p_s)).sum(1).mean()  # KL(p_t || p_s) by hand
+    assert _forms(_net(), ratio) == [("target_grad", "hand-written cross-entropy")]
+    assert _forms(_net(), gated) == [("target_grad", "hand-written cross-entropy")]
+    assert _forms(_net(), binary) == [("target_grad", "hand-written cross-entropy")]
+
+
+def test_squared_errors_and_cosines_between_layers_are_recorded():
+    encoder, head = nn.Linear(4, 3), nn.Linear(3, 3)
+    model = nn.Sequential(encoder, head)
+
+    def squared(m):
+        x = torch.randn(5, 4)
+        return ((head(encoder(x)) - encoder(x + 1)) ** 2).sum(1).mean()
+
+    def cosine(m):
+        x = torch.randn(5, 4)
+        return -F.cosine_similarity(head(encoder(x)), encoder(x + 1), dim=-1).mean()
+    def distance(m):
+        x = torch.randn(5, 4)
+        return (head(encoder(x)) - encoder(x + 1)).norm(dim=1).mean()
+
+    def huber(m):
+        x = torch.randn(5, 4)
+        d = head(encoder(x)) - encoder(x + 1)
+        return torch.where(d.abs() < 1, 0.5 * d ** 2, d.abs() - 0.5).mean()
+    for loss in (squared, distance, huber):
+        assert _forms(model, loss) == [("target_grad", "hand-written squared error")], loss.__name__
+    assert _forms(model, cosine) == [("target_grad", "hand-written cosine similarity")]
+
+
+def test_hand_written_look_alikes_are_not_recorded():
+    def entropy(m):
+        z = m(torch.randn(6, 4))
+        p = F.softmax(z, 1)
+        return -(p * F.log_softmax(z, 1)).sum(1).mean() - (p * torch.log(p + 1e-8)).sum(1).mean()
+
+    def entropy_of_two_calls(m):
+        # the same input through the same layers twice, no dropout: one distribution
+        x = torch.randn(6, 4)
+        return -(F.softmax(m(x), -1) * F.log_softmax(m(x), -1)).sum(-1).mean()
+
+    def r_drop(m):
+        x = torch.randn(6, 4)
+        lp1, lp2 = F.log_softmax(m(x + 0.1), 1), F.log_softmax(m(x - 0.1), 1)
+        return ((lp1.exp() * (lp1 - lp2)).sum(1) + (lp2.exp() * (lp2 - lp1)).sum(1)).mean()
+
+    def pi_model(m):
+        x = torch.randn(6, 4)
+        return ((F.softmax(m(x + 0.1), 1) - F.softmax(m(x - 0.1), 1)) ** 2).sum(1).mean()
+
+    def detached(m):
+        x = torch.randn(6, 4)
+        q = F.softmax(m(x), 1).detach()
+        return (-(q * F.log_softmax(m(x + 1), 1)).sum(1).mean()
+                - F.cosine_similarity(m(x), m(x + 1).detach()).mean())
+
+    def advantage(m):
+        x, a = torch.randn(6, 4), torch.randint(0, 3, (6, 1))
+        out = m(x)
+        # a log-likelihood weighted by a computed value that is no distribution: the policy
+        # gradient's advantage is advantage-not-detached's, not a target
+        return -(torch.log(F.softmax(out, 1).gather(1, a)) * (1.0 - out[:, :1])).mean()
+
+    def rows_of_one_output(m):
+        h = torch.relu(m(torch.randn(8, 4)))  # no weight next to the rows compared
+        return (h[:4] - h[4:]).norm(dim=1).mean() + F.mse_loss(h[1:], h[:-1])
+
+    def pairwise(m):
+        s = m(torch.randn(6, 4))[:, 0]
+        return ((s[:, None] - s[None, :]) ** 2).mean()
+
+    def contrastive(m):
+        z1, z2 = m(torch.randn(6, 4)), m(torch.randn(6, 4))
+        return -(torch.eye(6) * F.log_softmax(z1 @ z2.t(), 1)).sum(1).mean()
+
+    def gaussian_kl(m):
+        # a KL between a posterior and a learned prior that share a trunk (a VRNN): a
+        # likelihood term with a learned variance trains both sides on purpose
+        h = m[1](m[0](torch.randn(6, 4)))
+        prior, post = nn.functional.linear(h, m[2].weight), m[2](h)
+        logvar = prior[:, :1]
+        return (0.5 * ((post - prior) ** 2 / logvar.exp() + logvar)).sum(1).mean()
+
+    def triplet(m):
+        # two towers sharing a layer: a query pulled to its document, pushed from another
+        shared, q_head, d_head = m[0], nn.Linear(8, 3), nn.Linear(8, 3)
+        q = F.normalize(q_head(torch.relu(shared(torch.randn(6, 4)))), dim=1)
+        pos = F.normalize(d_head(torch.relu(shared(torch.randn(6, 4)))), dim=1)
+        neg = F.normalize(d_head(torch.relu(shared(torch.randn(6, 4)))), dim=1)
+        return (-(q * pos).sum(1) + (q * neg).sum(1)).mean()
+
+    for loss in (rows_of_one_output, triplet, entropy, entropy_of_two_calls, r_drop, pi_model, detached, advantage, pairwise, contrastive, gaussian_kl):
+        assert _read(_net(), loss) == [], loss.__name__
+
+
+def test_a_built_in_losss_own_pieces_are_left_to_its_call():
+    # kl_div and cross_entropy with probabilities compute target * log-probability inside:
+    # judged once, at the call, not again at the backward
+    m = _net()
+    rec = _Rec(list(m.parameters()))
+    watcher = TargetGradWatcher(rec)
+    x = torch.randn(5, 4)
+    logp, q = F.log_softmax(m(x + 1), 1), F.softmax(m(x), 1)
+    watcher._called.add(q.grad_fn)
+    watcher._calls += 1
+    watcher._check("kl_div", logp, q)
+    watcher.describe_loss(F.kl_div(logp, q, reduction="batchmean"))
+    assert [data["fn"] for _, data in rec.events] == ["kl_div"]
+    # with log_target the target enters exp'd, the input itself is multiplied
+    rec = _Rec(list(m.parameters()))
+    watcher = TargetGradWatcher(rec)
+    logq = F.log_softmax(m(x - 1), 1)
+    watcher._called.update((logp.grad_fn, logq.grad_fn))
+    watcher._calls += 1
+    watcher._check("kl_div", logp, logq)
+    watcher.describe_loss(F.kl_div(logp, logq, reduction="batchmean", log_target=True))
+    assert [data["fn"] for _, data in rec.events] == ["kl_div"]
+
+
+def test_the_graph_helpers_of_the_hand_written_forms():
+    from graddoctor.instrument.stopgrad import branch, comparisons, is_distribution, log_terms
+    m = _net()
+    x = torch.randn(3, 4)
+    z = m(x)
+    soft, logsoft = F.softmax(z / 2.0, 1), F.log_softmax(z, 1)
+    edge = lambda t: (t.grad_fn, t.output_nr)  # noqa: E731
+    assert branch(edge(soft)) == branch(edge(logsoft)) == (z.grad_fn, 0)
+    a, b = m(torch.cat([x, x])).chunk(2)
+    assert branch(edge(F.softmax(a, 1))) != branch(edge(F.softmax(b, 1)))
+    assert [type(n).__name__ for n, _ in log_terms(edge(logsoft - torch.log(soft)))] \
+        == ["LogBackward0", "LogSoftmaxBackward0"]
+    assert log_terms(edge(z)) == []
+    assert is_distribution(edge(torch.where(z > 0, soft, torch.zeros_like(soft))))
+    assert not is_distribution(edge(z - 1.0))
+    assert comparisons((z * z.detach()).sum().grad_fn) == []
+    # one distribution on both sides is judged no target on its own, before any pairing
+    watcher = TargetGradWatcher(_Rec(list(m.parameters())))
+    assert watcher._judge("kl_div", edge(logsoft), edge(soft), True) is None
+    assert watcher._judge("kl_div", edge(F.log_softmax(b, 1)), edge(F.softmax(a, 1)), True) is not None
+
+
+def test_the_line_that_computes_a_hand_written_comparison_is_found(tmp_path):
+    from graddoctor.analysis.source import comparison_line
+    script = tmp_path / "train.py"
+    script.write_text(
+        "def soft_ce(logits, target):\n"
+        "    return -(target * logits.log_softmax(1)).sum(1).mean()\n"
+        "\n"
+        "for step in range(3):\n"
+        "    q = model(x).softmax(1)\n"
+        "    unsup = soft_ce(model(x2), q)\n"
+        "    err = ((pred - encoder(x3)) ** 2).sum(1)\n"
+        "    cos = -F.cosine_similarity(p, z).mean()\n"
+        "    dist = torch.linalg.norm(a - b, dim=1)\n"
+        "    loss = unsup + err.mean() + cos + dist.mean()\n"
+        "    loss.backward()\n")
+    assert comparison_line(str(script), 11, "cross-entropy") == \
+        (2, "return -(target * logits.log_softmax(1)).sum(1).mean()", "target")
+    assert comparison_line(str(script), 11, "squared error")[::2] == (9, "b")  # the nearest above
+    assert comparison_line(str(script), 11, "cosine similarity")[::2] == (8, "z")
+    assert comparison_line(str(script), 10, "cross-entropy") is None  # line 10 backpropagates nothing
+    script.write_text("for step in range(3):\n"
+                      "    td = q(s).gather(1, a) - (r + 0.9 * q(s2).max(1)[0])\n"
+                      "    loss = (td ** 2).mean()\n"
+                      "    scaler.scale(loss).backward()\n")
+    assert comparison_line(str(script), 4, "squared error") == \
+        (2, "td = q(s).gather(1, a) - (r + 0.9 * q(s2).max(1)[0])", "r + 0.9 * q(s2).max(1)[0]")
+
+
+def test_the_rule_points_at_the_hand_written_comparison(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("q = f(x).softmax(1)\n"
+                      "loss = -(q * f(x2).log_softmax(1)).sum(1).mean()\n"
+                      "loss.backward()\n")
+    from graddoctor.trace import TraceBuilder
+    t = TraceBuilder(path=str(script))
+    t.optimizer(0, [0, 1], line=1, cls="SGD")
+    t.put(ev.target_grad(fn="hand-written cross-entropy", params=[0, 1], input_op="LogSoftmaxBackward0",
+                         target_op="SoftmaxBackward0"), line=3)
+    t.clear([0, 1], line=3)
+    t.backward(fresh=[0, 1], line=3)
+    t.step(0, line=3)
+    f = only(t, SLUG)
+    assert f.location.line == 2 and f.evidence["target"] == "q"
+    assert "q.detach()" in f.fix

@@ -194,3 +194,46 @@ def test_a_full_batch_loss_is_silent_without_a_step_or_an_evaluation_selection(t
     assert _full_batch(tmp_path, steps=False) == []
     assert _full_batch(tmp_path, index="train_mask") == []  # a training accuracy
     assert _full_batch(tmp_path, index="order") == []  # the rows sorted, not a subset
+
+
+def _loader_rows(build):
+    """The ``loader_rows`` events of iterating the loaders ``build()`` makes, in order."""
+    from graddoctor.instrument import Instrumentation
+    from graddoctor.instrument.recorder import Recorder
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        for loader in build():
+            iter(loader)
+    return [dict(e.data) for e in rec.trace if e.kind == "loader_rows"]
+
+
+def test_each_loader_s_rows_of_its_base_and_those_it_shares():
+    import torch
+    from torch.utils.data import DataLoader, Subset, SubsetRandomSampler, TensorDataset, random_split
+
+    data = TensorDataset(torch.arange(100.0))
+
+    def two_splits():
+        train, _ = random_split(data, [80, 20], generator=torch.Generator().manual_seed(0))
+        _, val = random_split(data, [80, 20], generator=torch.Generator().manual_seed(1))
+        return DataLoader(train), DataLoader(val)
+
+    first, second = _loader_rows(two_splits)
+    assert (first["rows"], first["shared"], second["rows"]) == (80, [], 20)
+    [[other, count]] = second["shared"]
+    assert other == first["loader"] and 0 < count <= 20
+
+    def disjoint():
+        part = Subset(data, list(range(50)))
+        return (DataLoader(Subset(part, list(range(40)))),
+                DataLoader(data, sampler=SubsetRandomSampler(list(range(60, 80)))),
+                DataLoader(Subset(part, list(range(40, 50)))))
+
+    assert [e["shared"] for e in _loader_rows(disjoint)] == [[], [], []]
+
+    def whole_and_part():
+        return DataLoader(data), DataLoader(Subset(data, [1, 2, 3]))
+
+    [part] = _loader_rows(whole_and_part)  # the whole dataset, first, shares nothing yet
+    assert part["rows"] == 3 and part["shared"] == [[0, 3]]

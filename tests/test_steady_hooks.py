@@ -239,8 +239,24 @@ def test_the_skim_runs_and_changes_no_finding_of_a_clean_loop(monkeypatch):
     assert not none
     assert len(skimmed) > 200  # three turns of four skimmed
     sampled = [i for i in range(min(skimmed), 300) if i not in skimmed]
-    assert sampled and all(i % 4 == sampled[0] % 4 for i in sampled)
+    gaps = [b - a for a, b in zip(sampled, sampled[1:])]
+    assert sampled and 3 <= min(gaps) and max(gaps) <= 5  # about one turn in four
+    assert len({i % 4 for i in sampled}) > 1  # not every 4th
     assert with_skim == without
+
+
+def test_the_sampled_turns_fall_on_every_residue_of_any_period():
+    """About one turn in ``every`` sampled, two samples never more than ``every + every // 8``
+    turns apart, and over a long run every turn number modulo any period up to 64 is sampled
+    at some point: a deviation that repeats with a period cannot hide between the samples."""
+    for every in (4, 16):
+        schedule = fold.SampleSchedule(every)
+        sampled = [t for t in range(40_000) if schedule.sampled(t)]
+        gaps = [b - a for a, b in zip(sampled, sampled[1:])]
+        assert every - every // 8 - 1 <= min(gaps) and max(gaps) <= every + max(1, every // 8)
+        assert abs(len(sampled) - 40_000 / every) < 40_000 / every / 50
+        for period in range(2, 65):
+            assert {t % period for t in sampled} == set(range(period)), (every, period)
 
 
 def test_the_skim_leaves_the_trace_as_it_was_but_for_the_norms_of_skimmed_steps(monkeypatch):
@@ -249,6 +265,19 @@ def test_the_skim_leaves_the_trace_as_it_was_but_for_the_norms_of_skimmed_steps(
     _, _, without = _skim_run({}, 300, False, monkeypatch)
     assert len(skimmed) > 200
     assert with_skim == without  # the seqs, the folded events' counts, the last turns' events
+
+
+def test_a_snapshot_in_the_skim_lets_the_next_turns_skim_again_and_changes_nothing(monkeypatch):
+    """A provisional report's snapshot ends the steady state (the trace as if every turn had
+    been recorded); nothing deviated, so the next turn that repeats takes it up again and skims
+    from its third turn, instead of waiting STEADY_AFTER + SKIM_AFTER turns."""
+    _skim_constants(monkeypatch)
+    monkeypatch.setattr(fold, "STEADY_AFTER", 40)
+    monkeypatch.setattr(fold, "SKIM_AFTER", 40)
+    findings, skimmed, trace = _skim_run({150: "snapshot"}, 300, True, monkeypatch)
+    plain, _, plain_trace = _skim_run({}, 300, True, monkeypatch)
+    assert findings == plain and trace == plain_trace
+    assert {153, 160, 170} & skimmed and len([t for t in range(151, 200) if t in skimmed]) > 30
 
 
 def _sampled_and_skimmed(monkeypatch) -> tuple[list[int], list[int]]:

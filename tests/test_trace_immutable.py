@@ -34,11 +34,15 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "distributed/bad_sampler_without_set_epoch.py",
             "zero_grad/bad_optimizer_lr_attribute.py",  # optimizer_attr
             "registration/bad_module_requires_grad_attribute.py",  # module_attr
+            "registration/bad_param_requires_grad_method_shadowed.py",  # param_attr
+            "registration/bad_state_loaded_then_reset_parameters.py",  # state_overwritten
             "registration/bad_submodules_in_plain_list.py",  # unregistered
             "data/bad_reseed_helper_every_batch.py",  # reseed
+            "data/bad_labels_one_value_rates_cast.py",  # constant_targets
             "data/bad_sampler_reach_label_weights.py",  # loader_sampler
             "autograd/bad_custom_backward_swapped_grads.py",  # custom_backward
             "losses/bad_loss_counts_padding_nll.py",  # loss_padding
+            "losses/bad_real_index_ignored_tagger.py",  # real_index
             "numerics/bad_low_precision_bf16_frozen.py",  # low_precision
             "autograd/bad_graph_kept_smoothed_loss.py",  # graph_kept
             "registration/bad_param_replaced_submodule_after_optimizer.py",  # param_replaced
@@ -49,13 +53,20 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_batch_first_transformer_synthetic.py",  # batch_layout
             "distributed/good_single_rank_group_loader.py",  # batch_fingerprint
             "data/bad_unshuffled_sorted_image_folder.py",  # batch_labels
+            "data/bad_unshuffled_sorted_regression.py",  # batch_spread
+            "registration/bad_linear_layers_collapse_sequential.py",  # linear_stack
             "registration/bad_layer_built_in_forward.py",  # param_created
             "data/bad_loaders_shuffled_apart.py",  # loaders_zipped
             "data/bad_labels_of_another_batch.py",  # batch_pairing
+            "data/bad_dataset_drifts_noise_in_place.py",  # dataset_drift
+            "data/bad_label_of_another_sample_next_row.py",  # label_offset
+            "data/bad_trains_on_evaluation_data_splits_overlap.py",  # loader_rows
             "data/bad_last_step_is_padding.py",  # last_step_padded
             "data/bad_summary_before_sequence_end.py",  # causal_read_early
+            "data/bad_recurrent_state_across_shuffled_batches.py",  # state_carried
             "data/bad_pixels_not_scaled.py",  # pixels_unscaled
             "losses/bad_dropout_on_output.py",  # dropout_on_output
+            "losses/bad_sample_weights_broadcast_bce.py",  # factor_broadcast
             "masks/bad_attention_mask_inverted_key_padding.py",  # attention_mask
             "losses/bad_label_smoothing_twice_hand_smoothed.py",  # label_smoothing
             "data/bad_mixup_labels_unmixed.py",  # mixup_unmixed
@@ -69,12 +80,16 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_generator_helps_wgan_sign.py",  # gan_same_target
             "losses/bad_entropy_minimised_ppo.py",  # entropy_sign
             "losses/bad_target_not_detached_dqn.py",  # target_grad
+            "losses/bad_target_reduced_over_batch_dqn.py",  # batch_reduced_target
             "losses/bad_noise_target_redrawn.py",  # noise_redrawn
             "losses/bad_target_corrupted_mlm.py",  # target_corrupted
             "masks/bad_softmax_wrong_axis_queries.py",  # softmax_axis
             "masks/bad_attention_scores_multiplied_sqrt.py",  # attention_scale
             "losses/bad_contrastive_temperature_multiplied_infonce.py",  # temperature_multiplied
             "dependency/bad_view_reorders_axes_encoder_features.py",  # view_axes
+            "masks/bad_masked_mean_counts_padding_tokens.py",  # masked_mean
+            "numerics/bad_eps_adam_one.py",  # eps_share
+            "numerics/bad_activations_tanh_init.py",  # activation_saturated
             "amp_clip_accum/good_scaler_rebuilt_lookalikes.py",  # scaler_load
             "losses/bad_anchor_aliases_params_l2sp.py",  # anchor_alias
             "losses/bad_loss_compares_with_itself_bpr.py",  # same_compared
@@ -89,6 +104,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_class_weights_inverted_ce.py",  # class_weights
             "data/bad_target_column_in_inputs.py",  # target_in_inputs
             "losses/bad_similarity_diagonal_unmasked_simclr.py",  # self_match
+            "losses/bad_contrastive_positive_misplaced_infonce_zeros.py",  # pair_labels
             "distributed/bad_ddp_forward_bypassed_single_rank.py",  # ddp_init
             "registration/bad_param_stepped_twice_nn_parameter_tie.py"]  # optimizer_init's aliases
 

@@ -289,6 +289,11 @@ class Analysis:
             return f"{name} ({cls})" if name else f"{cls} #{opt}"
         return cls
 
+    def optimizer_variable(self, opt: int) -> str | None:
+        """The variable the script built the optimizer into (``decoder_opt``), when no other
+        optimizer's has that name; None otherwise."""
+        return self._distinct_variable(opt)
+
     def _distinct_variable(self, opt: int) -> str | None:
         """The variable the optimizer was built into, if no other optimizer's is the same."""
         names = self._optimizer_variables

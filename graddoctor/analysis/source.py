@@ -56,6 +56,9 @@ class ScriptSource:
     def call_argument(self, path: str, line: int, function: str, position: int, keyword: str) -> str | None:
         return call_argument(self.full(path), line, function, position, keyword)
 
+    def keyword_line(self, path: str, line: int, keyword: str) -> tuple[int, str] | None:
+        return keyword_line(self.full(path), line, keyword)
+
     def cuts_gradient_near(self, path: str, line: int) -> bool | None:
         return cuts_gradient_near(self.full(path), line)
 
@@ -109,6 +112,9 @@ class ScriptSource:
     def error_line(self, path: str, line: int) -> tuple[int, str] | None:
         return error_line(self.full(path), line)
 
+    def comparison_line(self, path: str, line: int, form: str) -> tuple[int, str, str] | None:
+        return comparison_line(self.full(path), line, form)
+
     def schedule_arguments(self, path: str, line: int, cls: str) -> str | None:
         return schedule_arguments(self.full(path), line, cls)
 
@@ -148,6 +154,24 @@ class ScriptSource:
 
     def temperature_products(self, path: str) -> list[tuple[int, str, str, bool, float | None]]:
         return temperature_products(self.full(path))
+
+    def target_origin(self, path: str, line: int) -> dict | None:
+        return target_origin(self.full(path), line)
+
+    def function_calls_any(self, path: str, line: int, names: frozenset) -> bool:
+        return function_calls_any(self.full(path), line, names)
+
+    def argument_origin(self, path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:
+        return argument_origin(self.full(path), line, callee, keyword)
+
+    def stored_array_use(self, path: str, line: int, attr: str) -> dict | None:
+        return stored_array_use(self.full(path), line, attr)
+
+    def labels_written(self, path: str, line: int, functions) -> tuple[int, str, str, str, bool] | None:
+        return labels_written(self.full(path), line, functions)
+
+    def call_with_swapped(self, path: str, line: int, first: int, second: int) -> tuple[str, str] | None:
+        return call_with_swapped(self.full(path), line, first, second)
 
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
@@ -437,6 +461,24 @@ def call_argument(path: str, line: int, function: str, position: int, keyword: s
         if len(node.args) > position and not any(isinstance(a, ast.Starred) for a in node.args[:position + 1]):
             return ast.unparse(node.args[position])
     return None
+
+
+def keyword_line(path: str, line: int, keyword: str) -> tuple[int, str] | None:
+    """``(line, text)`` where ``keyword=`` is written in the innermost call spanning ``line``
+    that is given it (a call written over several lines names it on one of them): where an
+    argument's value is to be changed. None when the source cannot be read or shows no such
+    call there."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            continue
+        for kw in node.keywords:
+            if kw.arg == keyword and (found is None or node.lineno >= found[0]):
+                found = (node.lineno, kw.value.lineno, ast.unparse(kw.value))
+    return (found[1], f"{keyword}={found[2]}") if found is not None else None
 
 
 _CUTS = ("detach", "detach_", "data")
@@ -920,7 +962,7 @@ def advantage_line(path: str, line: int) -> tuple[int, str] | None:
     return (best.lineno, ast.unparse(best).strip()) if best is not None else None
 
 
-def _calls_named(node: ast.AST, names: tuple[str, ...]) -> bool:
+def _calls_named(node: ast.AST, names: tuple[str, ...] | frozenset) -> bool:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Call):
             func = sub.func
@@ -986,7 +1028,7 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
 def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
     """``(line, text)`` of the last assignment, above ``line`` in the same function, to the
     variable that is backpropagated on ``line`` (``loss = w * crit(out, y)`` for
-    ``loss.backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
+    ``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
     Lightning ``training_step``'s ``return loss``); None when there is none or the source
     cannot be read. ``framework``: the backward on ``line`` is known to be a framework's
     (``acc.backward(loss)``, whatever the accelerator is called)."""
@@ -1008,6 +1050,9 @@ def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int,
                 name = first.id
             elif not framework and isinstance(receiver, ast.Name):  # loss.backward()
                 name = receiver.id
+            elif isinstance(receiver, ast.Call) and _last_name(receiver.func) == "scale" \
+                    and receiver.args and isinstance(receiver.args[0], ast.Name):
+                name = receiver.args[0].id  # scaler.scale(loss).backward()
         elif isinstance(node, ast.Return) and node.value is not None:
             # ``return loss``, and the Trainer's ``return (loss, outputs) if return_outputs else loss``
             value = node.value
@@ -1158,6 +1203,15 @@ def error_line(path: str, line: int) -> tuple[int, str] | None:
     difference for the loss backpropagated at ``line``: the loss's assignment, one of the
     assignments it reads a few lines above, or the body of the script's function it calls
     (``loss = regression_loss(pred, y)``); None when none is found."""
+    found = _loss_statement(path, line, _squared_difference)
+    return None if found is None else (found[0], found[1])
+
+
+def _loss_statement(path: str, line: int, holds) -> tuple[int, str, ast.AST] | None:
+    """``(line, text, expression)`` of the statement of the loss backpropagated at ``line``
+    whose value ``holds(value)`` says computes the term looked for: the loss's assignment, one
+    of the assignments a few lines above it in its block, or an assignment or the return of a
+    function of the script that one of those calls; None when none is found."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -1171,21 +1225,117 @@ def error_line(path: str, line: int) -> tuple[int, str] | None:
     value = getattr(statement, "value", None)
     if value is None:
         return None
-    if _squared_difference(value):
-        return assigned
-    for stmt in reversed(block[max(0, index - _TERM_SPAN):index]):
-        if isinstance(stmt, ast.Assign) and _squared_difference(stmt.value):
-            return stmt.lineno, ast.unparse(stmt).strip()
-    for call in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
-        name = _last_name(call.func)
-        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and n.name == name]
-        if len(defs) == 1:
-            for stmt in defs[0].body:
-                if isinstance(stmt, (ast.Assign, ast.Return)) and stmt.value is not None \
-                        and _squared_difference(stmt.value):
-                    return stmt.lineno, ast.unparse(stmt).strip()
+    if holds(value):
+        return assigned[0], assigned[1], value
+    above = [stmt for stmt in reversed(block[max(0, index - _TERM_SPAN):index]) if isinstance(stmt, ast.Assign)]
+    for stmt in above:
+        if holds(stmt.value):
+            return stmt.lineno, ast.unparse(stmt).strip(), stmt.value
+    for source in (value, *(stmt.value for stmt in above)):
+        for call in (n for n in ast.walk(source) if isinstance(n, ast.Call)):
+            name = _last_name(call.func)
+            defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and n.name == name]
+            if len(defs) == 1:
+                for stmt in defs[0].body:
+                    if isinstance(stmt, (ast.Assign, ast.Return)) and stmt.value is not None \
+                            and holds(stmt.value):
+                        return stmt.lineno, ast.unparse(stmt).strip(), stmt.value
     return None
+
+
+_LOG_CALLS = frozenset({"log_softmax", "log", "logsigmoid", "log_sigmoid", "log2", "log10"})
+
+
+def _is_log(node: ast.AST) -> bool:
+    """Does the expression take a log (``F.log_softmax(...)``, ``p.log()``, ``torch.log``), or
+    name one (``log_p``, ``logprobs``)?"""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and _last_name(sub.func) in _LOG_CALLS:
+            return True
+        if isinstance(sub, (ast.Name, ast.Attribute)) and "log" in (_last_name(sub) or "").lower():
+            return True
+    return False
+
+
+def _squared_operand(node: ast.AST) -> ast.AST | None:
+    """The difference ``a - b`` that ``node`` itself squares or takes the absolute value or norm
+    of (``(a - b) ** 2``, ``(a - b).pow(2)``, ``(a - b).abs()``, ``torch.abs(a - b)``,
+    ``torch.linalg.norm(a - b, dim=1)``), or the name it does that of (``td ** 2``), else
+    None."""
+    inner = None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        inner = node.left
+    elif isinstance(node, ast.Call) and _last_name(node.func) in ("pow", "abs", "square", "norm"):
+        if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.BinOp):
+            inner = node.func.value
+        elif node.args:
+            inner = node.args[0]
+    if isinstance(inner, ast.Name):
+        return inner  # a difference computed above: ``td ** 2``
+    return inner if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub) else None
+
+
+def _normalize_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and _last_name(node.func) == "normalize"
+
+
+def _compared_target(expr: ast.AST, form: str) -> ast.AST | None:
+    """The operand that plays the target in the expression's hand-written comparison: the
+    factor of a product with a log that takes none (``form`` "cross-entropy"), the subtracted
+    side of a squared or absolute difference ("squared error"), the second operand of a cosine
+    ("cosine similarity")."""
+    for sub in ast.walk(expr):
+        if form == "cross-entropy" and isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult):
+            left, right = _is_log(sub.left), _is_log(sub.right)
+            if left != right:
+                return sub.right if left else sub.left
+        elif form == "squared error":
+            inner = _squared_operand(sub)
+            if inner is not None:
+                return inner.right if isinstance(inner, ast.BinOp) else inner
+        elif form == "cosine similarity":
+            if isinstance(sub, ast.Call) and _last_name(sub.func) == "cosine_similarity" and len(sub.args) >= 2:
+                return sub.args[1]
+            if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) \
+                    and _normalize_call(sub.left) and _normalize_call(sub.right):
+                return sub.right
+    return None
+
+
+def comparison_line(path: str, line: int, form: str) -> tuple[int, str, str] | None:
+    """``(line, text, target)`` of the statement that computes the hand-written comparison
+    ``form`` ("cross-entropy", "squared error", "cosine similarity") of the loss backpropagated
+    at ``line``, and the text of its target operand (``_compared_target``); None when none is
+    found."""
+    found = _loss_statement(path, line, lambda value: _compared_target(value, form) is not None)
+    if found is None:
+        return None
+    target = _compared_target(found[2], form)
+    squared = next((operand for sub in ast.walk(found[2])
+                    if (operand := _squared_operand(sub)) is not None), None)
+    if form == "squared error" and isinstance(squared, ast.Name):  # td ** 2: where td = a - b
+        difference = _difference_assigned(_parse(path), squared.id, found[0])
+        if difference is None:
+            return None
+        return difference[0], difference[1], ast.unparse(difference[2]).strip()
+    return found[0], found[1], ast.unparse(target).strip()
+
+
+def _difference_assigned(tree: ast.AST | None, name: str, line: int) -> tuple[int, str, ast.AST] | None:
+    """``(line, text, b)`` of the last assignment ``name = a - b`` above ``line`` in its
+    function, or None (the name holds something else)."""
+    if tree is None:
+        return None
+    best = None
+    for node in ast.walk(_enclosing_function(tree, line)):
+        if isinstance(node, ast.Assign) and node.lineno < line and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name \
+                and (best is None or node.lineno > best.lineno):
+            best = node
+    if best is None or not (isinstance(best.value, ast.BinOp) and isinstance(best.value.op, ast.Sub)):
+        return None
+    return best.lineno, ast.unparse(best).strip(), best.value.right
 
 
 _GRAD_OFF = {"no_grad", "inference_mode", "set_grad_enabled"}
@@ -2386,3 +2536,326 @@ def loss_row_selections(path: str, line: int) -> dict | None:
             "prediction": ast.unparse(prediction), "call": callee,
             "more": len(call.args) > 2 or bool(call.keywords),
             "selections": sorted(selections), "names": sorted(names)}
+
+
+# calls that make a tensor of values the script chose (a GAN's real labels, InfoNCE's positives
+# at index 0), and calls that keep the values of what they are called on
+_MAKERS = frozenset({"ones", "zeros", "full", "ones_like", "zeros_like", "full_like", "arange", "empty",
+                     "empty_like", "tensor", "as_tensor", "eye", "new_ones", "new_zeros", "new_full",
+                     "new_tensor", "new_empty", "fill_", "zero_", "linspace"})
+_KEEPS_VALUES = _SAME_ROWS | {"expand", "expand_as", "repeat", "repeat_interleave"}
+
+
+def _assigned_values(scope: ast.AST, text: str) -> list[tuple[int, ast.AST]]:
+    """``(line, value)`` of each plain assignment of ``text`` (a name or dotted name) in
+    ``scope``, an element of a tuple assigned from a tuple of as many values included."""
+    found = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign):
+            if any(ast.unparse(t) == text for t in node.targets
+                   if isinstance(t, (ast.Name, ast.Attribute))):
+                found.append((node.lineno, node.value))
+            for t in node.targets:  # ``real_t, fake_t = torch.ones(n, 1), torch.zeros(n, 1)``
+                if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                        and len(t.elts) == len(node.value.elts):
+                    found.extend((node.lineno, v) for e, v in zip(t.elts, node.value.elts)
+                                 if isinstance(e, (ast.Name, ast.Attribute)) and ast.unparse(e) == text)
+        elif isinstance(node, ast.AnnAssign) and node.value is not None \
+                and isinstance(node.target, (ast.Name, ast.Attribute)) and ast.unparse(node.target) == text:
+            found.append((node.lineno, node.value))
+    return found
+
+
+def _made_by_script(tree: ast.AST, expr: ast.AST, line: int, depth: int = 0) -> bool:
+    """Whether ``expr`` (at ``line``) is a tensor the script makes from values of its own
+    (``torch.ones(b, 1)``, ``torch.zeros(n, dtype=torch.long)``, a name assigned one, cast or
+    reshaped), not one read from data."""
+    if depth > 6:
+        return False
+    if isinstance(expr, ast.Call):
+        name = expr.func.attr if isinstance(expr.func, ast.Attribute) else \
+            expr.func.id if isinstance(expr.func, ast.Name) else None
+        if name in _MAKERS:
+            return True
+        if isinstance(expr.func, ast.Attribute) and name in _KEEPS_VALUES:
+            return _made_by_script(tree, expr.func.value, line, depth + 1)
+        return False
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        text = ast.unparse(expr)
+        scope = _enclosing_function(tree, line)
+        values = _assigned_values(scope, text) if isinstance(expr, ast.Name) else _assigned_values(tree, text)
+        if not values and scope is not tree and isinstance(expr, ast.Name):
+            values = _assigned_values(tree, text)
+        return any(_made_by_script(tree, value, at, depth + 1) for at, value in values)
+    if isinstance(expr, ast.Subscript):
+        return _made_by_script(tree, expr.value, line, depth + 1)
+    if isinstance(expr, ast.BinOp):
+        return _made_by_script(tree, expr.left, line, depth + 1) or \
+            _made_by_script(tree, expr.right, line, depth + 1)
+    if isinstance(expr, ast.UnaryOp):
+        return _made_by_script(tree, expr.operand, line, depth + 1)
+    if isinstance(expr, ast.IfExp):
+        return _made_by_script(tree, expr.body, line, depth + 1) or \
+            _made_by_script(tree, expr.orelse, line, depth + 1)
+    return False
+
+
+def _converts(value: ast.AST) -> bool:
+    """Whether an assigned value computes new label values from others (a cast, a comparison,
+    arithmetic), not one that only names or selects them."""
+    if isinstance(value, (ast.Compare, ast.BinOp, ast.UnaryOp)):
+        return True
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        return value.func.attr in ("long", "int", "bool", "round", "floor", "ceil", "trunc", "to", "type") \
+            or _converts(value.func.value)
+    return False
+
+
+def function_calls_any(path: str, line: int, names: frozenset) -> bool:
+    """Does the function holding ``line`` call a function or method whose own name is in
+    ``names`` (``F.relu(x)``, ``x.tanh()``, ``torch.sigmoid(h)``)? False when it cannot be read
+    or the line is in no function."""
+    tree = _parse(path)
+    if tree is None:
+        return False
+    scope = _enclosing_function(tree, line)
+    return scope is not tree and _calls_named(scope, names)
+
+
+_AS_TENSOR = frozenset({"as_tensor", "tensor", "from_numpy", "asarray", "array", "DoubleTensor",
+                        "FloatTensor"})
+
+
+def argument_origin(path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the assignment that computes the first argument (or ``keyword=``)
+    of the call to ``callee`` (its own name) on ``line``: the latest assignment of that name before the call in its function,
+    followed through a plain selection (``w = class_w[labels]``) to the line that computes the
+    selected values (``class_w = counts / counts.sum()``) when that line does arithmetic.
+    None when the argument is no name assigned there, or the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
+             and _call_name(node) == callee]
+    for call in sorted(calls, key=lambda c: -c.lineno):
+        written = call.args[0] if call.args else next(
+            (k.value for k in call.keywords if k.arg == keyword), None)
+        if written is not None:
+            break
+    else:
+        return None
+    scope = _enclosing_function(tree, line)
+
+    def latest(name: str, before: int):
+        values = [(at, value) for at, value in _assigned_values(scope, name) if at < before]
+        return max(values, key=lambda v: v[0]) if values else None
+
+    root = written
+    while isinstance(root, ast.Call):
+        name = _call_name(root)
+        if name in _KEEPS_VALUES:
+            root = root.func.value
+        elif name in _AS_TENSOR and len(root.args) == 1:  # torch.as_tensor(w), np.asarray(w)
+            root = root.args[0]
+        else:
+            break
+    if not isinstance(root, ast.Name):
+        return None
+    found = latest(root.id, line)
+    if found is None:
+        return None
+    at, value = found
+    if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name):
+        selected = latest(value.value.id, at)
+        if selected is not None and _converts(selected[1]):
+            return selected[0], f"{value.value.id} = {ast.unparse(selected[1])}"
+    return at, f"{root.id} = {ast.unparse(value)}"
+
+
+def target_origin(path: str, line: int) -> dict | None:
+    """Where the targets of the loss call(s) on ``line`` come from.
+
+    ``{"made": whether one of them is a tensor the script makes from values of its own
+    (``torch.ones``/``zeros``/``full``/``arange``... directly, or through a name assigned one,
+    cast or reshaped), "target": the first one's text, "line"/"text": the latest assignment
+    of that name before ``line`` in the loop that holds the call, where it computes the labels
+    (``y = yb.long()``, ``y = (s > 5).float()``, ``y = m // 255``), or the call's own line and
+    the target's text}``; None when the line holds no call given a target, or the file cannot be
+    read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)]
+    targets = []
+    for call in calls:
+        written = call.args[1] if len(call.args) > 1 else next(
+            (k.value for k in call.keywords if k.arg in ("target", "targets")), None)
+        if written is not None:
+            targets.append(written)
+    if not targets:
+        return None
+    made = any(_made_by_script(tree, t, line) for t in targets)
+    first = targets[0]
+    found = {"made": made, "target": ast.unparse(first), "line": line, "text": ast.unparse(first)}
+    root = first
+    while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute) and root.func.attr in _KEEPS_VALUES:
+        root = root.func.value
+    loop = innermost_loop(path, line)
+    if isinstance(root, ast.Name) and loop is not None:
+        values = [(at, value) for at, value in _assigned_values(_enclosing_function(tree, line), root.id)
+                  if loop[0] <= at < line]
+        if values:
+            at, value = max(values, key=lambda v: v[0])
+            if _converts(value):
+                found["line"], found["text"] = at, f"{root.id} = {ast.unparse(value)}"
+    return found
+
+
+# methods and functions whose result shares the memory of what they are given
+_VIEW_METHODS = frozenset({"view", "view_as", "reshape", "squeeze", "unsqueeze", "permute",
+                           "transpose", "swapaxes", "expand", "narrow", "select", "flatten",
+                           "ravel", "T", "mT", "numpy", "detach", "contiguous"})
+_SHARING_CALLS = frozenset({"from_numpy", "as_tensor", "asarray", "ascontiguousarray"})
+
+
+def stored_array_use(path: str, line: int, attr: str) -> dict | None:
+    """In the method defined on ``line`` (a dataset's ``__getitem__``): its first read of the
+    array ``self.<attr>`` (``attr`` may name an item, ``tensors[0]``) and its first in-place
+    write into what that read returns or a view of it (``x.add_(...)``, ``x += ...``,
+    ``x[...] = ...``, ``out=x``). ``{"read": (line, text) | None, "write": (line, text, kind,
+    name) | None, "read_expr": the read's subscript text | None, "index": the method's index
+    parameter | None}``, kind "method" (with the method's name), "augmented", "item" or "out";
+    None when the source cannot be read or holds no such method."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    function = next((node for node in ast.walk(tree)
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and (node.lineno == line or any(d.lineno == line for d in node.decorator_list))),
+                    None)
+    if function is None or not function.args.args:
+        return None
+    me = function.args.args[0].arg
+    base = attr.split("[", 1)[0]
+
+    def stored(node) -> bool:  # self.<base>, seen through subscripts
+        while isinstance(node, ast.Subscript):
+            node = node.value
+        return (isinstance(node, ast.Attribute) and node.attr == base
+                and isinstance(node.value, ast.Name) and node.value.id == me)
+
+    aliases: set[str] = set()
+
+    def shares(node) -> bool:  # the stored data's memory, or a view of it
+        if isinstance(node, ast.Subscript):
+            return stored(node) or shares(node.value)
+        if isinstance(node, ast.Name):
+            return node.id in aliases
+        if isinstance(node, ast.Attribute):
+            return node.attr in _VIEW_METHODS and shares(node.value)
+        if isinstance(node, ast.Call):
+            name = _last_name(node.func)
+            if isinstance(node.func, ast.Attribute) and name in _VIEW_METHODS:
+                return shares(node.func.value)
+            if name in _SHARING_CALLS and node.args:
+                return shares(node.args[0])
+        return False
+
+    def text(node) -> str:
+        try:
+            return ast.unparse(node)
+        except Exception:
+            return ""
+
+    read = write = read_expr = None
+    statements = sorted((node for node in ast.walk(function) if isinstance(node, ast.stmt)
+                         and node is not function), key=lambda node: (node.lineno, node.col_offset))
+    for node in statements:
+        if read is None:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Subscript) and stored(sub):
+                    read, read_expr = (node.lineno, text(node)), text(sub)
+                    break
+        if isinstance(node, ast.Assign):
+            if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                if shares(node.value):
+                    aliases.add(node.targets[0].id)
+                else:
+                    aliases.discard(node.targets[0].id)
+            elif write is None and any(isinstance(t, ast.Subscript) and shares(t.value)
+                                       for t in node.targets):
+                write = (node.lineno, text(node), "item", None)
+        elif isinstance(node, ast.AugAssign) and write is None:
+            target = node.target
+            if (isinstance(target, ast.Name) and target.id in aliases) or \
+                    (isinstance(target, ast.Subscript) and shares(target.value)):
+                write = (node.lineno, text(node), "augmented", None)
+        if write is None:
+            for sub in ast.walk(node):
+                if not isinstance(sub, ast.Call):
+                    continue
+                func = sub.func
+                if isinstance(func, ast.Attribute) and func.attr.endswith("_") \
+                        and not func.attr.startswith("_") and shares(func.value):
+                    write = (node.lineno, text(node), "method", func.attr)
+                    break
+                if any(k.arg == "out" and shares(k.value) for k in sub.keywords):
+                    write = (node.lineno, text(node), "out", None)
+                    break
+    index = function.args.args[1].arg if len(function.args.args) > 1 else None
+    return {"read": read, "write": write, "read_expr": read_expr, "index": index}
+
+
+def labels_written(path: str, line: int, functions) -> tuple[int, str, str, str, bool] | None:
+    """``(line, text, name, input, assigned)`` where the targets of the call of one of
+    ``functions`` on ``line`` are written: the latest plain assignment of the name given as
+    target (``labels = ...``, ``assigned``) before ``line`` in the enclosing function, else the
+    call's own line with the target's text; ``name`` is the target and ``input`` the first
+    argument as the call writes them. None when the line shows no such call."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name not in functions:
+            continue
+        written = node.args[1] if len(node.args) > 1 else next(
+            (k.value for k in node.keywords if k.arg in ("target", "targets")), None)
+        if written is None or isinstance(written, ast.Starred):
+            continue
+        shown = ast.unparse(written)
+        given = ast.unparse(node.args[0]) if node.args else "logits"
+        if isinstance(written, ast.Name):
+            values = [(at, value) for at, value in
+                      _assigned_values(_enclosing_function(tree, line), written.id) if at <= line]
+            if values:
+                at, value = max(values, key=lambda v: v[0])
+                return at, f"{written.id} = {ast.unparse(value)}", shown, given, True
+        return node.lineno, shown, shown, given, False
+    return None
+
+
+def call_with_swapped(path: str, line: int, first: int, second: int) -> tuple[str, str] | None:
+    """``(call, the call with its positional arguments first and second swapped)`` of the
+    outermost call starting last on ``line`` and given both (``crit(a, n, p)`` -> ``crit(a, p,
+    n)``), or None."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and len(node.args) > max(first, second) \
+                and not any(isinstance(a, ast.Starred) for a in node.args) \
+                and (found is None or node.lineno > found.lineno):
+            found = node
+    if found is None:
+        return None
+    args = list(found.args)
+    args[first], args[second] = args[second], args[first]
+    swapped = ast.Call(func=found.func, args=args, keywords=found.keywords)
+    return ast.unparse(found), ast.unparse(swapped)

@@ -23,16 +23,20 @@ from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
 from .gradflow import GradFlowWatcher
+from .factorcast import FactorBroadcastWatcher
 from .handloss import HandLossWatcher
 from .targetcolumn import TargetColumnWatcher
 from .fullrows import FullRowsWatcher
+from .constlabels import ConstantTargetsWatcher
 from .gradstop import GradStopWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
+from .realindex import RealIndexWatcher
 from .lossdomain import LossDomainWatcher
 from .losscalls import LossCalls
 from .losses import LossShapeWatcher
+from .maskmean import MaskedMeanWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
 from .modes import ModeWatcher
 from .naming import ParamNamer
@@ -42,6 +46,7 @@ from .policygrad import AdvantageGradWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
 from .freshsample import FreshSampleWatcher
+from .batchtarget import BatchTargetWatcher
 from .ratios import RatioWatcher
 from .reparam import ReparamWatcher
 from .precision import PrecisionWatcher
@@ -49,23 +54,30 @@ from .recorder import Recorder
 from .resets import ParamResetWatcher
 from .rng import RngSeedWatcher
 from .snapshots import SnapshotWatcher
+from .statecarry import StateCarryWatcher
 from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
 from .attnaxis import SoftmaxAxisWatcher
+from .pairlabels import TripletOrderWatcher
 from .viewaxes import ViewAxesWatcher
 from .anchors import AnchorAliasWatcher
 from .samevalue import SameValueWatcher
-from .registration import ModuleAttrWatcher, ParamLifeWatcher
+from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
+from .datasetreads import DatasetReadWatcher
 from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .dropoutout import DropoutOutputWatcher
+from .linearstack import LinearStackWatcher
 from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STATE_TAKEN,
                      STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
 from .schedulers import SchedulerWatcher
 from .symmetry import SymmetryWatcher
 from .undo import StepEditWatcher
+from .decay import DecayShareWatcher
+from .epsshare import EpsShareWatcher
+from .saturation import SaturationWatcher
 from .warnsource import WarningSource
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
@@ -98,11 +110,11 @@ class Instrumentation:
         # dropout watcher: its F.scaled_dot_product_attention wrapper, which reads its caller's
         # frame, goes around this one)
         self.watchers.append(AttentionMaskWatcher(rec))
-        # the loss wrappers tell four watchers of their calls (instrument/losscalls.py): the
+        # the loss wrappers tell five watchers of their calls (instrument/losscalls.py): the
         # idle-parameter watcher (subscribed below: a loss computed from a module whose
         # parameters never get a gradient), the constant-loss watcher (calls on values with no
         # graph), and those of a target that is a column of the input or every row of a
-        # full-batch label tensor
+        # full-batch label tensor, and targets that are one value at every call
         self.idle = IdleParamWatcher(rec)
         constants = ConstantLossWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
@@ -114,10 +126,16 @@ class Instrumentation:
         corrupted = CorruptedTargetWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, corrupted.describe_loss)
         self.watchers.append(corrupted)
-        loss_calls = LossCalls(self.idle, constants, columns, rows, corrupted)
-        self.watchers += [FunctionalDropoutWatcher(rec), LossShapeWatcher(rec, loss_calls),
-                          LossInputWatcher(rec, loss_calls),
-                          LossDomainWatcher(rec)]  # targets outside the domain a loss reads them in
+        one_value = ConstantTargetsWatcher(rec, self.dataloader)
+        rec.subscribe(BATCH_SERVED, one_value.served)
+        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, corrupted)
+        # an ignore_index or padding_idx that the data uses as a real class or token: told
+        # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
+        real_index = RealIndexWatcher(rec)
+        self.watchers += [FunctionalDropoutWatcher(rec, self.modes), LossShapeWatcher(rec, loss_calls),
+                          LossInputWatcher(rec, loss_calls, real_index), real_index,
+                          LossDomainWatcher(rec),  # targets outside the domain a loss reads them in
+                          TripletOrderWatcher(rec)]  # a triplet's positive that is its negative reordered
         # loss targets that carry gradient into the input's parameters (target-not-detached)
         targets = TargetGradWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, targets.describe_loss)
@@ -131,6 +149,11 @@ class Instrumentation:
         view_axes = ViewAxesWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, view_axes.describe_loss)
         self.watchers.append(view_axes)
+        # a masked per-element loss averaged over every position, padding included
+        # (masked-mean-counts-padding): Tensor.mean/sum wrapped until the first backwards
+        masked_mean = MaskedMeanWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, masked_mean.describe_loss)
+        self.watchers.append(masked_mean)
         # a regression target that is the first random draw after the forward (noise-target-redrawn)
         redrawn = RedrawnNoiseWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, redrawn.describe_loss)
@@ -170,6 +193,11 @@ class Instrumentation:
         fresh = FreshSampleWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, fresh.describe_loss)
         self.watchers.append(fresh)
+        # a regression target that holds a reduction over the batch of a model's output
+        # (target-reduced-over-batch): followed in the first backwards' turns
+        batch_target = BatchTargetWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, batch_target.describe_loss)
+        self.watchers.append(batch_target)
         # loss terms -exp(v), -v**2 that leave the loss unbounded below (loss-unbounded-below)
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
@@ -178,6 +206,8 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, ZeroWeightWatcher(rec).describe_loss)
         # a hand-written squared or absolute error whose target broadcast it to every pair
         rec.subscribe(DESCRIBE_LOSS, HandLossWatcher(rec).describe_loss)
+        # per-sample weights, advantages or masks that broadcast against the terms they weigh
+        rec.subscribe(DESCRIBE_LOSS, FactorBroadcastWatcher(rec).describe_loss)
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
         self.watchers.append(FunctionalGradWatcher(rec))
         # the global RNG seeded (reseed-in-loop)
@@ -197,6 +227,13 @@ class Instrumentation:
         rec.subscribe(BATCH_SERVED, pairs.served)
         rec.subscribe(DESCRIBE_LOSS, pairs.describe_loss)
         self.watchers.append(pairs)
+        # what a dataset's __getitem__ writes into or reads from the arrays it holds
+        self.watchers.append(DatasetReadWatcher(rec))
+        # a recurrent state carried from one batch of a shuffling DataLoader to the next
+        carried = StateCarryWatcher(rec, self.dataloader)
+        rec.subscribe(BATCH_SERVED, carried.served)
+        rec.subscribe(DESCRIBE_LOSS, carried.describe_loss)
+        self.watchers.append(carried)
         # a causal sequence module's output read only where it has seen part of the sequence
         causal = CausalReadWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, causal.describe_loss)
@@ -211,6 +248,10 @@ class Instrumentation:
         dropped = DropoutOutputWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)
         self.watchers.append(dropped)
+        # two nn.Linear layers with nothing nonlinear between them (first backwards only)
+        stacked = LinearStackWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, stacked.describe_loss)
+        self.watchers.append(stacked)
         # graphs of earlier backwards the script keeps referenced (a running total of losses)
         rec.subscribe(DESCRIBE_LOSS, GraphLivenessWatcher(rec).describe_loss)
         # where the gradient of parameters that get exactly zero stops (grads-always-zero)
@@ -219,28 +260,29 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, stops.describe_loss)
         self.watchers.append(stops)
         # layers whose units stay copies of each other (symmetric-units)
-        symmetry = SymmetryWatcher(rec)
-        rec.subscribe(STEPPED, symmetry.after_step)
-        self.watchers.append(symmetry)
+        self.watchers.append(SymmetryWatcher(rec))  # STEPPED until each optimizer is checked
         # hand edits between steps that undo the update (params-reset-every-step)
-        edits = StepEditWatcher(rec)
-        rec.subscribe(STEP_BEGINS, edits.before_step)
-        rec.subscribe(STEPPED, edits.after_step)
-        self.watchers.append(edits)
+        self.watchers.append(StepEditWatcher(rec))  # the step topics until each optimizer is measured
+        # a weight decay many times the loss's gradient in the first updates (weight-decay-dominates-update)
+        self.watchers.append(DecayShareWatcher(rec))  # STEP_BEGINS until each optimizer is measured
+        # an adaptive optimizer whose eps outweighs sqrt(v) in its own state (eps-dominates-update)
+        self.eps = EpsShareWatcher(rec)  # STEPPED until each optimizer is measured
+        self.watchers.append(self.eps)
         # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
-        self.copies = CopyWatcher(rec, self.optimizers.owned_pids())
-        rec.subscribe(STEP_BEGINS, self.copies.before_step)
-        rec.subscribe(STEPPED, self.copies.after_step)
+        self.copies = CopyWatcher(rec, self.optimizers.owned_pids())  # the step topics while it has work
         self.watchers.append(self.copies)
         # where the parameters that never get a gradient are used (param-without-grad)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
         self.watchers.append(self.idle)
-        # `module.requires_grad = False` (an attribute that freezes nothing)
-        self.watchers.append(ModuleAttrWatcher(rec))
+        # `module.requires_grad = False`, `p.requires_grad_ = False` (attributes that freeze
+        # nothing), `model.eval = True` (a mode switched by nobody); after the mode watcher,
+        # whose requires_grad_ the tensor one hands on to and whose layer numbers the module
+        # one names
+        self.watchers += [ModuleAttrWatcher(rec, self.modes), TensorAttrWatcher(rec)]
         # optimizer-owned parameters replaced in their module (new Parameter, new submodule)
         self.watchers.append(ParamLifeWatcher(rec, self.optimizers.owned_pids()))
         # stepped parameters set back by nn.init or load_state_dict (params-reset-every-step)
-        resets = ParamResetWatcher(rec, self.optimizers.owned_pids())
+        self.resets = resets = ParamResetWatcher(rec, self.optimizers.owned_pids())
         self.watchers.append(resets)
         # state dicts that are no copies, restored or saved after a step (snapshot-aliases-params):
         # Module.state_dict and torch.save are its own; load_state_dict tells it (the reset
@@ -249,6 +291,12 @@ class Instrumentation:
         rec.subscribe(STATE_LOADED, snapshots.loading)
         rec.subscribe(STATE_TAKEN, resets.taken)  # a trained state saved before a reload
         self.watchers.append(snapshots)
+        # tanh/sigmoid saturated from the initialisation at the first steps (activations-saturated);
+        # after the reset watcher: its nn.init wrappers go around that watcher's
+        self.saturation = SaturationWatcher(rec)
+        rec.subscribe(STEPPED, self.saturation.after_step)
+        rec.subscribe(DESCRIBE_LOSS, self.saturation.describe_loss)
+        self.watchers.append(self.saturation)
         # RNN / attention modules built with batch_first=False given batch-first input
         self.watchers.append(BatchFirstWatcher(rec, self.dataloader))
         # DistributedDataParallel all-reduces and no_sync, DistributedSampler epochs
@@ -283,6 +331,9 @@ class Instrumentation:
         if self.grad_flow is not None:
             self.grad_flow.close()  # its events before the trace is final
         self.copies.close()
+        self.eps.close()
+        self.saturation.close()
+        self.resets.close()  # a checkpoint overwritten before the first step
         try:
             rec.finish()  # held events out, Deferred values read: rec.trace is the final trace
         except Exception as error:

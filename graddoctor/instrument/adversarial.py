@@ -20,6 +20,15 @@ different optimizers.
 
 A non-saturating loss (``bce(D(fake), ones)``), the minimax form (``-bce(D(fake), zeros)``),
 WGAN's ``-D(fake).mean()`` and hinge losses give the opposite sign.
+
+Either loss may hold the wrong target: G's (the fake label), or D's (its generated samples
+labelled real, ``bce(D(fake.detach()), ones)``). D's own backward tells them apart: the
+gradient it gives D's output on data no module made (the real samples) is, sample by sample, a
+function of that output with the real target in it (a line in the output for a squared error,
+in its sigmoid for a logistic loss, a constant for a WGAN critic). When the generated samples'
+gradients lie on the real samples' line, their target is the real one (``critic_fake_as_real``)
+and D's loss is the one to change. The outputs are kept with the gradients (at most ``_VALUES``
+of each, at the first backwards only).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import torch
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
+from .topics import STEPPED
 
 WINDOW = 8  # backwards watched, from the first one
 _OUTPUTS = 64  # outermost outputs remembered (their producers) per backward
@@ -82,6 +92,52 @@ def _affine(d_grad, g_grad) -> tuple[float, float | None]:
     return round(spread, 6), None if offset is None else round(offset, 6)
 
 
+def _line_fit(x, y) -> tuple[float, float, float] | None:
+    """``(slope, intercept, r2)`` of the least-squares line ``y = slope * x + intercept``; None
+    when ``x`` does not vary."""
+    x_mean, y_mean = float(x.mean()), float(y.mean())
+    var = float((x - x_mean).pow(2).mean())
+    if var <= 1e-18:
+        return None
+    slope = float(((x - x_mean) * (y - y_mean)).mean()) / var
+    intercept = y_mean - slope * x_mean
+    total = float((y - y_mean).pow(2).mean())
+    residual = float((y - (slope * x + intercept)).pow(2).mean())
+    return slope, intercept, (1.0 - residual / total) if total > 0 else 0.0
+
+
+def _same_target(real, fake) -> bool | None:
+    """Does D's own loss give its generated samples the target of its real ones? Each term's
+    gradient is a function of D's output: ``c * (x - t)`` for a squared error, ``c * (sigmoid(x)
+    - y)`` for a logistic loss, a constant for a WGAN critic. The real term's gradients (``real``:
+    (outputs, gradients)) are fitted by a line in the output or in its sigmoid; the generated
+    samples' gradients lie on that same line only when their target is the same. None when it
+    cannot be told (no real term seen, no line fits)."""
+    if real is None or fake[0] is None:
+        return None
+    (x_r, g_r), (x_f, g_f) = real, fake
+    if min(x_r.numel(), x_f.numel()) < _MIN_VALUES or x_r.numel() != g_r.numel() \
+            or x_f.numel() != g_f.numel():
+        return None
+    scale = float(g_r.pow(2).mean().sqrt())
+    if not scale:
+        return None
+    spread = float(g_r.std()) / scale
+    if spread < 1e-3:  # one constant (a WGAN critic): the same constant is the same target
+        return bool(float((g_f - g_r.mean()).abs().max()) <= 0.05 * scale)
+    best = None
+    for transform in (lambda v: v, torch.sigmoid):
+        fit = _line_fit(transform(x_r), g_r)
+        if fit is not None and fit[2] >= 0.98 and (best is None or fit[2] > best[1][2]):
+            best = (transform, fit)
+    if best is None:
+        return None
+    transform, (slope, intercept, _) = best
+    predicted = slope * transform(x_f) + intercept
+    error = float((g_f - predicted).pow(2).mean().sqrt())
+    return error <= 0.1 * max(scale, float(g_f.pow(2).mean().sqrt()))
+
+
 class AdversarialWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -96,6 +152,11 @@ class AdversarialWatcher:
         self._players: dict[tuple, tuple] = {}  # the same key -> (weak D, weak G, weak samples)
         self._ready: list[tuple] = []  # keys whose two gradients are in, not judged yet
         self._told = False
+        # (id of a module, backward) -> the gradient its output got from that backward when it
+        # was called on data no other module made (D on real samples), for telling which loss
+        # has the wrong target: D's own loss pushes its output on real and generated samples
+        # opposite ways
+        self._plain: dict[tuple, torch.Tensor] = {}
 
     # -- the window -------------------------------------------------------------------------
     def _stop(self) -> None:
@@ -108,6 +169,10 @@ class AdversarialWatcher:
     def describe_loss(self, tensors) -> dict:
         """``DESCRIBE_LOSS``: a backward is about to run; judge what the last ones gave."""
         self._judge_ready()
+        if self._plain:  # only the last backward's are still compared (in place: the hooks
+            # hold the dict)
+            for key in [k for k in self._plain if k[1] < self._backwards - 1]:
+                del self._plain[key]
         if self.active:
             self._backwards += 1
             if len(self._outputs) > _OUTPUTS:
@@ -120,6 +185,10 @@ class AdversarialWatcher:
         """``STEPPED``: judge the pairs this step's backward completed (on the script's thread;
         the gradient hooks may run on autograd's)."""
         self._judge_ready()
+        if not self.active and not self._ready:
+            # the window closed: only a gradient hook still set can give it work (it resumes
+            # the watcher)
+            self.rec.retire(STEPPED, self.after_step)
 
     def _judge_ready(self) -> None:
         if not self._ready:
@@ -175,9 +244,31 @@ class AdversarialWatcher:
                 continue
             self._watch(module, producer, sample, out, "through" if t.requires_grad else "detached")
             break
+        else:
+            self._watch_plain(module, out)
         ptr = _ptr(out)
         if ptr is not None and len(self._outputs) < _OUTPUTS:
             self._outputs[ptr] = (weakref.ref(out), weakref.ref(module))
+
+    def _watch_plain(self, module, out) -> None:
+        """Keep the gradient of this call's output (a module on data no module made) from the
+        backward that follows, once per module and backward."""
+        key = (id(module), self._backwards)
+        if key in self._plain or len(self._plain) >= _OUTPUTS:
+            return
+        self._plain[key] = None
+        plain = self._plain
+        values = out.detach().reshape(-1)[:_VALUES].double().clone()
+
+        def hook(grad):
+            try:
+                if plain.get(key) is None and self.rec.running_backwards:
+                    plain[key] = (values, grad.detach().reshape(-1)[:_VALUES].double().clone())
+            except Exception as exc:
+                self.rec.internal_error("adversarial (gradient)", exc)
+            return None
+
+        _register_hook(out, hook)
 
     def _watch(self, module, producer, sample, out, how: str) -> None:
         key = (id(module), id(sample))
@@ -191,15 +282,19 @@ class AdversarialWatcher:
             return
         self._players[key] = (weakref.ref(module), weakref.ref(producer), weakref.ref(sample))
         loc = self.rec.here()
+        backward = self._backwards
+        values = out.detach().reshape(-1)[:_VALUES].double().clone() if how == "detached" else None
         watcher = self
 
         def hook(grad):
             try:
                 # a script's backward only (not an autograd.grad of graddoctor's probes)
                 if how not in pair and not watcher._told and watcher.rec.running_backwards:
-                    pair[how] = (grad.detach().reshape(-1)[:_VALUES].double().clone(), loc)
+                    pair[how] = (grad.detach().reshape(-1)[:_VALUES].double().clone(), loc, backward,
+                                 values)
                     if len(pair) == 2:
                         watcher._ready.append(key)
+                        watcher.rec.resume(STEPPED, watcher.after_step)  # judged at the step
             except Exception as exc:
                 watcher.rec.internal_error("adversarial (gradient)", exc)
             return None
@@ -209,8 +304,8 @@ class AdversarialWatcher:
     def _judge(self, key, pair) -> None:
         if len(pair) < 2:
             return
-        d_grad, _ = pair["detached"]
-        g_grad, g_loc = pair["through"]
+        d_grad, _, d_backward, d_values = pair["detached"]
+        g_grad, g_loc, _, _ = pair["through"]
         d_step_loc = pair["detached"][1]
         if d_grad.numel() != g_grad.numel() or d_grad.numel() < _MIN_VALUES:
             return
@@ -236,11 +331,14 @@ class AdversarialWatcher:
         g_pids = [pid for p in g_module.parameters() if (pid := tensors.number.get(id(p))) is not None]
         if not d_pids or not g_pids:
             return
+        real = self._plain.get((id(d_module), d_backward))
+        self._plain.clear()
         self.rec.emit_aside(ev.gan_same_target(
             critic=type(d_module).__name__, generator=type(g_module).__name__,
             critic_params=d_pids[:_MAX_PIDS], generator_params=g_pids[:_MAX_PIDS],
             cosine=round(cosine, 4), offset=offset, samples=int(d_grad.numel()),
-            critic_step=[d_step_loc.path, d_step_loc.line] if d_step_loc is not None else None),
+            critic_step=[d_step_loc.path, d_step_loc.line] if d_step_loc is not None else None,
+            critic_fake_as_real=_same_target(real, (d_values, d_grad))),
             g_loc)
 
     # -- install -----------------------------------------------------------------------------

@@ -186,7 +186,7 @@ class GradScalerWatcher:
         rec = self.rec
         opt = rec.optimizer_id(optimizer)
         pids, states = rec.grads.refresh_known(rec.opt_params.get(opt, ()))  # unscaling changed them in place
-        for subscriber in self._unscaled:
+        for subscriber in self._unscaled.now:
             subscriber(pids)
         if scaler.is_enabled():  # it checked every value: finite, if scaler.step steps
             rec.grads.vouch_finite(pids, states, conditional=True)

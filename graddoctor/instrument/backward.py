@@ -412,7 +412,7 @@ class BackwardWatcher:
         if ref is not None and ref() is leaf:
             del once[id(leaf)]
             self._persistent.add(self.rec.track(leaf))
-            for subscriber in self._leaf_tracked:
+            for subscriber in self._leaf_tracked.now:
                 subscriber()
             return
         if len(once) >= LEAVES_REMEMBERED:  # fresh inputs each step: forget the dead ones
@@ -715,7 +715,7 @@ class BackwardWatcher:
         running = rec.running_backwards  # read only: the recorder marks the running ones
         in_backward, began, ended = rec.in_backward, rec.backward_began, rec.backward_ended
         finder = rec.finder
-        describers = self._describe_loss  # the live list of the topic's subscribers
+        describers = self._describe_loss  # the topic's subscribers (their ``now``)
         Tensor_, autograd = torch.Tensor, torch.autograd
 
         armed = [None]  # the straight-line path's reads (_arm_backward), for this wrapper
@@ -758,7 +758,7 @@ class BackwardWatcher:
                 # factor, batch): keyword arguments of ``events.backward``, whose defaults fill
                 # in the rest
                 extra = {}
-                for describe in describers:
+                for describe in describers.now:
                     extra.update(describe(tensors))
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
@@ -830,16 +830,20 @@ class BackwardWatcher:
                 or self._roots_marked or self._always_walk or line.extra_leaves
                 or line.registrations != self.registrations or calls >= line.next_walk
                 or calls <= WALK_FIRST or rec.shared or len(rec.owned_by) != 1
-                or ident not in rec.owned_by or not folder.steady_ready(steady, j)):
+                or ident not in rec.owned_by):
             return None
         refs = rec.tensors.refs
         if len(refs) != count or same_chain(frame, chain) is None:
             return None
-        if armed[9] is None and folder.skimming(steady, j) and self.optimizers.step_armed:
+        # (a skimmed place but the first is one steady_take takes: steady_ready)
+        if armed[9] is None and self.optimizers.step_armed \
+                and folder.skimming(steady, j) and (j or folder.steady_ready(steady, j)):
             # (a DataLoader's backward is never skimmed: its batch is read each turn; nor one
             # whose step goes the full path: a skimmed backward's grads are caught up unread,
             # which would hide an edit between it and that step)
             return _SKIM
+        if not folder.steady_ready(steady, j):
+            return None
         tensors_ = list(map(call, refs))
         before = grads_of(tensors_)
         if not all(map(is_, before, repeat(None))):
@@ -859,7 +863,7 @@ class BackwardWatcher:
             line.calls += 1
             extra_leaves = line.extra_leaves
             extra = {}
-            for describe in self._describe_loss:
+            for describe in self._describe_loss.now:
                 extra.update(describe(tensors))
             ok = True
         except Exception as exc:
@@ -926,10 +930,10 @@ class BackwardWatcher:
         describer runs, the grads it writes are left to ``GradState.catch_up``, its event is
         the armed one."""
         rec = self.rec
-        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
+        armed = armed_cell[0]
         try:
             rec.progress.count_backward()  # begin(), as it runs for this backward
-            line.calls += 1
+            armed[3].calls += 1
             tensors_ = list(map(call, rec.tensors.refs))  # for end(), should this one deviate
             ok = True
         except Exception as exc:
@@ -942,15 +946,16 @@ class BackwardWatcher:
             rec.backward_ended()
             if ok:
                 try:
-                    self._skim_end(tensors_, armed_cell)
+                    self._skim_end(tensors_, armed_cell, armed)
                 except Exception as exc:
                     rec.internal_error("backward (after)", exc)
 
-    def _skim_end(self, tensors_, armed_cell) -> None:
+    def _skim_end(self, tensors_, armed_cell, armed) -> None:
         rec = self.rec
-        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed_cell[0]
+        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed
         folder = rec.folder
-        if (folder is not None and folder.steady_ready(steady, j)
+        if (folder is not None and folder.steady is steady
+                and (len(steady.open) == j if j else folder.steady_ready(steady, j))
                 and self.optimizers.closure_step is None and not self.aside_pending
                 and (self.aside is None or not self.aside.unsynced) and not rec.shared
                 and len(self._owned) >= len(rec.tensors.refs) == count):

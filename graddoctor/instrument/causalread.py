@@ -49,6 +49,7 @@ from torch import nn
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
+from .topics import STEPPED
 
 WINDOW = 8  # backwards watched, from the first one
 _OUTPUTS = 8  # outputs noted per backward at most
@@ -343,6 +344,7 @@ class CausalReadWatcher:
             return
         positions, unread = found
         self._ready.append((watch, positions, unread, int(rows), int(length)))
+        self.rec.resume(STEPPED, self.after_step)  # a verdict to emit at the step
 
     # -- the script's thread: verdicts out, the window ----------------------------------------
     def _emit_ready(self) -> None:
@@ -401,6 +403,10 @@ class CausalReadWatcher:
         except Exception as exc:
             self._stop()
             self.rec.internal_error("causal read", exc)
+        if not self.active and not self._ready:
+            # the window closed: only a gradient hook still queued can give it work (it resumes
+            # the watcher)
+            self.rec.retire(STEPPED, self.after_step)
 
     # -- install -----------------------------------------------------------------------------
     def _before_compile(self) -> None:

@@ -78,10 +78,53 @@ class Before:
         return dict(zip(self.pids, self.states))
 
 
+# clip_grad_value_ calls whose share of clipped elements is measured (the run's first ones):
+# enough for three calls at each of two or three clip lines
+VALUE_MEASURED = 8
+
+
+def plain_limit(value) -> float | None:
+    """A clip value given as a plain positive finite number (a tensor is not read)."""
+    if type(value) not in (float, int) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
+def value_share(params: list, clip_value) -> tuple[float, float] | None:
+    """What ``clip_grad_value_(params, clip_value)`` is about to do to the CPU gradients: the
+    share of their elements beyond ``clip_value`` (those it sets to ±clip_value), and the norm
+    it keeps (the clamped gradients' norm over the given one). None when something cannot be
+    read without a device sync, or there is nothing to read."""
+    value = plain_limit(clip_value)
+    if value is None:
+        return None
+    over = total = 0
+    before = after = 0.0
+    with torch.no_grad():
+        for p in params:
+            g = p.grad if isinstance(p, torch.Tensor) else None
+            if g is None:
+                continue
+            if type(g) is not Tensor or g.layout != torch.strided or g.device.type != "cpu" \
+                    or not g.is_floating_point():
+                return None
+            if g.numel() == 0:
+                continue
+            magnitude = g.detach().abs()
+            over += int((magnitude > value).sum())
+            total += magnitude.numel()
+            before += float(magnitude.double().square().sum())
+            after += float(magnitude.clamp(max=value).double().square().sum())
+    if total == 0 or not before > 0.0 or not math.isfinite(before):
+        return None
+    return round(over / total, 6), round(math.sqrt(after / before), 6)
+
+
 class ClipWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._depth = Depth()
+        self._value_left = VALUE_MEASURED  # clip_grad_value_ calls still to measure
 
     def _before(self, params: list) -> tuple[list, "Before", list]:
         """One pass before the clip: each param's pid (None if untracked), the state of each
@@ -121,7 +164,8 @@ class ClipWatcher:
         return known_pids, Before(pids, states), edited
 
     def _record(self, via: str, params: list, known_pids: list, arguments: dict, result,
-                before: "Before", edited: list, spent: bool | None) -> None:
+                before: "Before", edited: list, spent: bool | None,
+                share: tuple[float, float] | None = None) -> None:
         rec = self.rec
         pids, with_grad, after, untracked = [], [], [], 0
         if None not in known_pids and before.grads is not None:
@@ -163,7 +207,8 @@ class ClipWatcher:
         rec.emit(ev.clip(via=via, params=pids, with_grad=with_grad, untracked=untracked, limit=limit,
                          norm_type=_number(arguments.get("norm_type", 2.0)) if by_norm else None,
                          norm_only=by_norm and limit == math.inf, total_norm=total, edited=edited,
-                         spent=spent),
+                         spent=spent, clipped=share[0] if share else None,
+                         kept=share[1] if share else None),
                  rec.here(2))
         self._note_finite(via, total, before, with_grad, after)
 
@@ -219,13 +264,21 @@ class ClipWatcher:
                 known_pids, before, edited = watcher._before(params)
             except Exception as exc:
                 rec.internal_error(f"{via} (before)", exc)
+            share = None
+            if via == "clip_grad_value_" and watcher._value_left > 0:
+                watcher._value_left -= 1
+                try:
+                    share = value_share(params, args[1] if len(args) > 1
+                                        else kwargs.get("clip_value"))
+                except Exception as exc:
+                    rec.internal_error(f"{via} (clipped share)", exc)
             with watcher._depth:
                 result = original(*args, **kwargs)
             try:
                 arguments = dict(zip(names, args))
                 arguments.update(kwargs)
                 watcher._record(via, params, known_pids or [None] * len(params), arguments,
-                                result, before, edited, spent)
+                                result, before, edited, spent, share)
             except Exception as exc:
                 rec.internal_error(f"{via} (after)", exc)
             return result

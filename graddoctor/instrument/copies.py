@@ -37,6 +37,7 @@ import torch
 from .. import events as ev
 from .names import user_variables
 from .recorder import Recorder
+from .topics import STEP_BEGINS, STEPPED
 
 MAX_PAIRS = 8
 MAX_MODULES = 4000  # modules looked at in the user's variables
@@ -119,8 +120,10 @@ class CopyWatcher:
         self._looked = False
         self._pairs: list[_Pair] = []
         self._checks = 0
+        rec.subscribe(STEP_BEGINS, self.before_step)
+        rec.subscribe(STEPPED, self.after_step)
 
-    def install(self, patcher) -> None:  # subscribes to STEP_BEGINS and STEPPED (instrument/__init__.py)
+    def install(self, patcher) -> None:  # subscribed at construction
         pass
 
     # -- the pairs ------------------------------------------------------------------------
@@ -221,6 +224,13 @@ class CopyWatcher:
         except Exception as exc:
             self._pairs = []
             self.rec.internal_error("model copies", exc)
+        finally:
+            if not self._pairs or all(pair.written and pair.measured >= MEASURED
+                                      for pair in self._pairs):
+                # no copy (the pairs are found once), or each one's facts complete: the steps
+                # have nothing left to tell
+                self.rec.retire(STEP_BEGINS, self.before_step)
+                self.rec.retire(STEPPED, self.after_step)
 
     def after_step(self, opt: int, optimizer) -> None:
         try:

@@ -62,7 +62,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
-from .follow import UninstallHandle, pop_mode, push_mode, tensors_in, tensors_out
+from .follow import UninstallHandle, pop_mode, push_mode, remove_mode, tensors_in, tensors_out
 from .graphpaths import reached
 from .inlinable import in_transform
 from .recorder import Recorder
@@ -615,7 +615,7 @@ class CorruptedTargetWatcher:
         for handle in handles:
             handle.remove()
         self._running = []
-        if self._suspended or pop_mode(self._mode, self._thread, self.rec, "target_corrupted"):
+        if self._suspended or remove_mode(self._mode, self._thread, self.rec, "target_corrupted"):
             self._mode = None
         self._suspended = False
 

@@ -33,6 +33,14 @@ The first ``SERVED_BATCHES`` batches the loaders serve are handed, as yielded, t
 ``BATCH_SERVED``'s subscribers (instrument/batchpairs.py: inputs and labels of one batch); then
 that costs one integer test per batch.
 
+Which rows of which dataset each loader serves is noted once, at its first ``iter()``: its
+dataset followed through ``Subset``s (a ``random_split``'s parts) and a ``SubsetRandomSampler``
+to the dataset under them, and the indices of that base it can serve. A loader that serves
+part of its base, or shares rows with an earlier loader over the same base that serves part
+of it, gets a ``loader_rows`` event with the rows it shares with each such loader (two loaders
+over the whole of one dataset share nothing here: no split was made) (a train and a validation
+set that overlap: trains-on-evaluation-data); at most ``ROWS_KEPT`` indices are kept per loader.
+
 In a process group (a rank of a distributed run), the first ``PRINT_BATCHES`` batches that
 feed a backward get a fingerprint (``batch_fingerprint``): a position-weighted sum of evenly
 spaced elements of the batch's first tensor, taken when the loader yields it (before the script
@@ -74,6 +82,7 @@ SERVED_BATCHES = 32  # batches handed to BATCH_SERVED's subscribers, in all (ins
 _ZIP_CHECKS = 8  # sets of loaders read together that are compared, at most
 LABEL_BATCHES = 8  # batches of an unshuffled loader's first epoch whose labels are read
 _LABEL_KEYS = ("label", "labels", "target", "targets", "y")
+ROWS_KEPT = 1 << 20  # indices of its base kept per loader (loader_rows), at most
 
 
 class DataLoaderWatcher:
@@ -88,6 +97,10 @@ class DataLoaderWatcher:
         self.current_batch: list | None = None
         self._original_len = None  # DataLoader.__len__ before patching: the real length
         self._described: set[int] = set()  # loaders whose sampler a loader_sampler event told
+        self._datasets: dict[int, weakref.ref] = {}  # loader number -> its dataset (dataset_of)
+        # loader number -> the class of the sampler that draws its batches' samples at random
+        # (None: in order, or not known), noted at its first iter()
+        self._drawing: dict[int, str | None] = {}
         self._sampler_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sampler -> loc
         # loader number -> (batch_size, samples per epoch or None) at its latest iter(): what
         # ``batch_size`` reads, also once a loader made in the ``for`` statement is gone
@@ -112,6 +125,12 @@ class DataLoaderWatcher:
         rec.subscribe(BUDGET_HOLD, self._hold)
         self._on_served = rec.subscribers(BATCH_SERVED)
         self._announce = SERVED_BATCHES  # batches still handed to them
+        # the rows each loader serves: loader number -> (its base's number, frozenset of the
+        # base's indices, or None for all of them), for loader_rows
+        self._dataset_id = Identities()
+        self._rows: dict[int, tuple] = {}
+        # Subset or SubsetRandomSampler -> the line that made it
+        self._subset_locs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # -- lengths ---------------------------------------------------------------------------
     def _replay_len(self, real_len):
@@ -218,7 +237,7 @@ class DataLoaderWatcher:
                     watcher._served[state[0]] = (index, batch)
                 if watcher._announce:
                     watcher._announce -= 1
-                    for subscriber in watcher._on_served:
+                    for subscriber in watcher._on_served.now:
                         subscriber(state[0], state[1], index, batch)
             return batch
 
@@ -236,6 +255,15 @@ class DataLoaderWatcher:
     # -- what a loader's sampler can draw --------------------------------------------------
     def _describe(self, loader, number: int, here) -> None:
         """One ``loader_sampler`` event per loader, at its first ``iter()``."""
+        try:
+            self._note_rows(loader, number, here)
+        except Exception as exc:
+            self.rec.internal_error("DataLoader rows", exc)
+        self._drawing[number] = _random_sampler(loader)
+        try:
+            self._datasets[number] = weakref.ref(loader.dataset)
+        except TypeError:  # a dataset that takes no weak reference: not kept
+            pass
         sampler = getattr(loader, "sampler", None)
         if sampler is None:
             return
@@ -251,11 +279,12 @@ class DataLoaderWatcher:
             dataset_len = len(loader.dataset)
         except Exception:
             dataset_len = None
-        reach = weights = None
+        reach = weights = levels = None
         if isinstance(sampler, data.WeightedRandomSampler):
             w = sampler.weights
             weights = int(w.numel())
             reach = int((w > 0).sum()) if w.device.type == "cpu" else weights
+            levels = _weight_levels(w)
             if not sampler.replacement:
                 reach = min(reach, int(sampler.num_samples))
         elif isinstance(sampler, (data.RandomSampler, data.SequentialSampler)):
@@ -274,7 +303,58 @@ class DataLoaderWatcher:
         loc = self._sampler_locs.get(sampler) or here
         self.rec.emit_aside(ev.loader_sampler(loader=number, sampler=type(sampler).__name__,
                                               shuffle=shuffle, dataset_len=dataset_len,
-                                              reach=reach, weights=weights), loc)
+                                              reach=reach, weights=weights, levels=levels), loc)
+
+    def _note_rows(self, loader, number: int, here) -> None:
+        """Which rows of which dataset the loader serves, and those it shares with earlier
+        loaders over the same dataset (a ``loader_rows`` event when it serves part of it or
+        shares any)."""
+        data = torch.utils.data
+        dataset = getattr(loader, "dataset", None)
+        if dataset is None or isinstance(dataset, data.IterableDataset):
+            return
+        indices = None
+        site = None
+        batches = getattr(loader, "batch_sampler", None)
+        sampler = batches.sampler if type(batches) is data.BatchSampler else (
+            getattr(loader, "sampler", None) if batches is None else None)
+        if type(sampler) is data.SubsetRandomSampler:
+            indices = [int(i) for i in sampler.indices]
+            site = self._subset_locs.get(sampler)
+        while isinstance(dataset, data.Subset):
+            rows = dataset.indices
+            indices = [int(i) for i in rows] if indices is None else [int(rows[i]) for i in indices]
+            site = site or self._subset_locs.get(dataset)
+            dataset = dataset.dataset
+            if len(indices) > ROWS_KEPT:
+                return
+        base = self._dataset_id(dataset)
+        mine = frozenset(indices) if indices is not None else None
+        try:
+            length = len(dataset)
+        except Exception:
+            return
+        shared = []
+        for other, (other_base, theirs) in self._rows.items():
+            if other_base != base:
+                continue
+            if mine is None and theirs is None:
+                continue  # no split made: a script that evaluates on its training set knows it
+            if mine is None or theirs is None:
+                count = sum(1 for i in (theirs if mine is None else mine) if 0 <= i < length)
+            else:
+                count = len(mine & theirs)
+            if count:
+                shared.append([other, count])
+        self._rows[number] = (base, mine)
+        if mine is None and not shared:
+            return
+        made = self._loader_locs.get(loader)
+        self.rec.emit_aside(ev.loader_rows(loader=number, base=base,
+                                           rows=length if mine is None else len(mine),
+                                           shared=shared,
+                                           made=[made.path, made.line] if made is not None else None),
+                            site or made or here)
 
     def _wrap_init_site(self, original, sites: weakref.WeakKeyDictionary, where: str):
         """``__init__`` as it is, then the user's line that made the object noted in ``sites``
@@ -298,7 +378,14 @@ class DataLoaderWatcher:
         try:
             labels = _labels_of(batch)
             if labels is None:
-                self._in_order.pop(number, None)  # no class labels: nothing to judge
+                spreads = _scalar_spreads(batch)
+                if not spreads:
+                    self._in_order.pop(number, None)  # no class labels, no scalars: nothing to judge
+                    return
+                loc = self._in_order[number][0]
+                for slot, size, mean, var, low, high in spreads:
+                    self.rec.emit_aside(ev.batch_spread(loader=number, index=index, size=size, slot=slot,
+                                                        mean=mean, var=var, low=low, high=high), loc)
                 return
             loc, classes = self._in_order[number]
             with torch.no_grad():
@@ -397,6 +484,19 @@ class DataLoaderWatcher:
         except Exception as exc:
             self.rec.internal_error("DataLoader zipped loaders", exc)
 
+    def draws_at_random(self, number: int) -> str | None:
+        """The class of the sampler that draws loader ``number``'s samples at random, so that
+        its consecutive batches hold unrelated samples (a ``RandomSampler``, also inside a
+        ``BatchSampler`` given as ``batch_sampler``; a shuffling ``DistributedSampler``); None
+        for one that serves them in order, and where that is not known (a batch sampler of the
+        script's own, a stream)."""
+        return self._drawing.get(number)
+
+    def dataset_of(self, number: int):
+        """The dataset of loader ``number`` (noted at its first ``iter()``), or None."""
+        ref = self._datasets.get(number)
+        return ref() if ref is not None else None
+
     def batch_size(self) -> int | None:
         """How many samples the batch a DataLoader served last holds, as its loader says: its
         ``batch_size``, less for an epoch's partial last batch (from the sampler's length); None
@@ -448,6 +548,25 @@ class DataLoaderWatcher:
         Weighted = torch.utils.data.WeightedRandomSampler
         patcher.patch(Weighted, "__init__", self._wrap_init_site(Weighted.__init__, self._sampler_locs,
                                                                  "WeightedRandomSampler.__init__"))
+        SubsetSampler = torch.utils.data.SubsetRandomSampler
+        patcher.patch(SubsetSampler, "__init__", self._wrap_init_site(
+            SubsetSampler.__init__, self._subset_locs, "SubsetRandomSampler.__init__"))
+        Subset = torch.utils.data.Subset
+        patcher.patch(Subset, "__init__", self._wrap_init_site(Subset.__init__, self._subset_locs,
+                                                               "Subset.__init__"))
+
+
+def _weight_levels(weights) -> list[tuple[float, int]] | None:
+    """``(weight, samples)`` of each distinct value of a weighted sampler's per-sample weights,
+    when they take 2 to 64 values each held by at least two samples (weights given per class
+    and spread over the samples, ``class_weight[labels]``); None otherwise, or off the CPU (the
+    read would wait for the device)."""
+    if weights.device.type != "cpu" or weights.dim() != 1 or weights.numel() < 4:
+        return None
+    values, counts = torch.unique(weights.detach(), return_counts=True)
+    if not 2 <= values.numel() <= 64 or int(counts.min()) < 2:
+        return None
+    return [(float(v), int(c)) for v, c in zip(values.tolist(), counts.tolist())]
 
 
 def _first_tensor(batch, depth: int = 0):
@@ -503,6 +622,25 @@ def _sampler_of(loader) -> tuple:
     return type(sampler).__name__, replicas
 
 
+def _random_sampler(loader) -> str | None:
+    """``DataLoaderWatcher.draws_at_random`` of a loader, read from its samplers."""
+    data = torch.utils.data
+    if isinstance(getattr(loader, "dataset", None), data.IterableDataset):
+        return None
+    batches = getattr(loader, "batch_sampler", None)
+    if batches is None:  # batch_size=None: one sample is one batch
+        sampler = getattr(loader, "sampler", None)
+    elif type(batches) is data.BatchSampler:
+        sampler = batches.sampler
+    else:
+        return None  # the script's own batch sampler: its order is its own
+    if isinstance(sampler, (data.RandomSampler, data.SubsetRandomSampler, data.WeightedRandomSampler)):
+        return type(sampler).__name__
+    if isinstance(sampler, data.DistributedSampler) and getattr(sampler, "shuffle", None) is True:
+        return type(sampler).__name__
+    return None
+
+
 def _labels_of(batch):
     """A batch's class labels: a 1-D integer CPU tensor as the last item of a tuple or list
     batch, or under a label key of a mapping; None otherwise (no labels, token ids, floats)."""
@@ -516,6 +654,26 @@ def _labels_of(batch):
             or labels.is_floating_point() or labels.is_complex() or labels.dtype is torch.bool:
         return None
     return labels
+
+
+def _scalar_spreads(batch) -> list[tuple[str, int, float, float, float, float]]:
+    """``(slot, size, mean, var, low, high)`` of the first ("input") and last ("target") items of a tuple
+    or list batch that hold one finite float per sample on the CPU (``(N,)`` or ``(N, 1)``)."""
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        return []
+    found = []
+    for slot, item in (("input", batch[0]), ("target", batch[-1])):
+        if not isinstance(item, torch.Tensor) or item.device.type != "cpu" or not item.is_floating_point() \
+                or item.dim() not in (1, 2) or item.numel() != item.shape[0] or item.numel() < 2:
+            continue
+        with torch.no_grad():
+            values = item.detach().reshape(-1).double()
+            var, mean = torch.var_mean(values, correction=0)
+            if not bool(torch.isfinite(var)):
+                continue
+            low, high = torch.aminmax(values)
+        found.append((slot, int(values.numel()), float(mean), float(var), float(low), float(high)))
+    return found
 
 
 def _classes(dataset) -> int | None:

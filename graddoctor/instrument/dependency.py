@@ -47,7 +47,7 @@ How, and what it costs:
   tracebacks on (``torch.set_anomaly_enabled(True, False)``: no NaN checks, no warning) and is
   probed again, which names the line that made the node.
 * The sequence axis: the targets of the loss calls since the last backward (``cross_entropy``,
-  ``nll_loss``) against the ids of the forward's embeddings: a shift ``k`` in {1, 0, -1} that
+  ``nll_loss``) against the ids of the forward's embeddings: a shift ``k`` in {1, 0, -1, 2} that
   matches at least 90 % of the positions the loss does not ignore, ids not constant, the output
   laid out ``(batch, positions, ...)`` like those ids. The probed position ``t = (T - 1) // 2``
   tells whether the output there depends on later positions and on earlier ones.
@@ -511,6 +511,7 @@ class DependencyWatcher:
         B, T = int(out.shape[0]), int(out.shape[1])
         if T < 3:
             return None
+        found = None
         for index, (ids, _) in enumerate(forward.embeds):
             if tuple(ids.shape) != (B, T):
                 continue
@@ -521,12 +522,16 @@ class DependencyWatcher:
                 if fn not in _TOKEN_LOSSES or target.is_floating_point() or target.numel() % B:
                     continue
                 length = target.numel() // B
-                if length not in (T, T - 1):
+                if length not in (T, T - 1, T - 2):
                     continue
                 k = _shift(ids, target.reshape(B, length), ignore)
-                if k is not None:
-                    return {"k": k, "positions": T, "t": (T - 1) // 2, "embedding": index,
-                            "target_at": [loc.path, loc.line, loc.function] if loc is not None else None}
+                if k is not None and (found is None or (k == 1 and found["k"] != 1)):
+                    # a next-token loss beside one of another shift (a multi-token head) is the
+                    # model's main target
+                    found = {"k": k, "positions": T, "t": (T - 1) // 2, "embedding": index,
+                             "target_at": [loc.path, loc.line, loc.function] if loc is not None else None}
+            if found is not None:
+                return found
         return None
 
     @staticmethod
@@ -662,11 +667,12 @@ def _distributed() -> bool:
 
 
 def _shift(ids, target, ignore: int) -> int | None:
-    """k in (1, 0, -1) with ``target[:, j] == ids[:, j + k]`` at >= 90 % of the positions the
-    loss does not ignore; None when none fits."""
+    """k in (1, 0, -1, 2) with ``target[:, j] == ids[:, j + k]`` at >= 90 % of the positions
+    the loss does not ignore (2: targets shifted twice, once by the script and once by a loss
+    that shifts them itself); None when none fits."""
     T, length = int(ids.shape[1]), int(target.shape[1])
     best = None
-    for k in (1, 0, -1):
+    for k in (1, 0, -1, 2):
         lo, hi = max(0, -k), min(length, T - k)
         if hi - lo < 1:
             continue

@@ -12,6 +12,11 @@ stochastic op called with "training on" from a method of a module that is in eva
 * ``F.scaled_dot_product_attention(..., dropout_p=p)`` with p > 0 (SDPA has no training
   argument: ``dropout_p=self.dropout if self.training else 0.0`` is the correct form) ("sdpa").
 
+A call with the flag given and equal to the calling module's mode (``training=self.training``)
+makes that module a dropout holder of the mode watcher (instrument/modes.py); its later calls
+with the flag false under grad mode are handed to it (while any holder exists, such a call
+looks up its calling module: nn.Dropout's own calls in eval mode find themselves at once).
+
 Monte Carlo dropout passes ``training=True`` on purpose: a flag written as the literal ``True``
 is taken at its word. Another flag that is true in eval mode (a config attribute read instead of
 ``self.training``) or an SDPA rate is reported only when nothing around the call says that
@@ -76,8 +81,12 @@ def words(text: str) -> set[str]:
 
 
 class FunctionalDropoutWatcher:
-    def __init__(self, rec: Recorder):
+    def __init__(self, rec: Recorder, modes=None):
         self.rec = rec
+        # the mode watcher (instrument/modes.py), told of the modules whose own code runs dropout
+        # with their mode as its flag (``F.dropout(x, p, self.training)``): to it they are
+        # dropout layers that ``eval()`` switches off
+        self.modes = modes
         self._done: set[tuple] = set()  # site_key: call sites recorded, or not the user's
         self._method: dict = {}  # id of a code object -> its first argument is ``self``
         self._codes: dict[int, object] = {}  # the code objects whose ids are keys here
@@ -100,6 +109,9 @@ class FunctionalDropoutWatcher:
                 else:
                     training, how = default, "default"
                 if training is False or training is None:
+                    if training is False and how == "explicit" and watcher.modes is not None \
+                            and watcher.modes.holders and torch.is_grad_enabled():
+                        watcher._switched_off(fn, args, kwargs, sys._getframe(2))
                     return
                 p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
             caller = sys._getframe(2)  # the caller of F.dropout
@@ -129,7 +141,11 @@ class FunctionalDropoutWatcher:
         if not p > 0:
             return  # p = 0 drops nothing
         frame, module = self._module_of(caller)
-        if module is None or module.training:
+        if module is None:
+            return
+        if module.training:
+            if how == "explicit" and self.modes is not None:
+                self.modes.hold_functional(module, p)  # F.dropout(x, p, self.training)
             return
         self._done.add(site)
         if how == "explicit" and _LITERAL_TRUE.search(linecache.getline(code.co_filename, site[1])):
@@ -139,6 +155,19 @@ class FunctionalDropoutWatcher:
         self.rec.emit_aside(ev.dropout_default(
             fn=fn, p=p, cls=type(module).__name__, name=self._name(module, frame),
             grad=torch.is_grad_enabled(), how=how), self.rec.finder.location(caller))
+
+    def _switched_off(self, fn: str, args, kwargs, caller) -> None:
+        """A grad-enabled call with the flag false from a module whose flag was true in train
+        mode: that module runs in eval mode, its dropout off. The mode watcher records the
+        forward as one of a dropout layer in eval mode (train-in-eval-mode judges it)."""
+        try:
+            frame, module = self._module_of(caller)
+            if module is None or module.training:
+                return
+            x = args[0] if args else kwargs.get("input")
+            self.modes.functional_forward(module, x, frame)
+        except Exception as exc:
+            self.rec.internal_error(f"F.{fn}", exc)
 
     def _sampling_meant(self, caller, module) -> bool:
         """Does anything around the call say that dropout at evaluation time is meant?"""

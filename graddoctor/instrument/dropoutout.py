@@ -66,7 +66,7 @@ _MOVE = ("ViewBackward", "ReshapeAliasBackward", "UnsafeViewBackward", "SqueezeB
          "IndexBackward", "FlattenBackward")
 
 
-def _roots(tensors) -> list:
+def backward_roots(tensors) -> list:
     """The ``grad_fn`` of each tensor a backward starts from (one tensor, or a sequence)."""
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
@@ -114,6 +114,29 @@ def loss_predictions(root, limit: int = _COMBINE_NODES) -> list[tuple[str, objec
     return found
 
 
+def module_caller(rec: Recorder, module) -> tuple[str | None, object]:
+    """``(who, parent)`` for a module running now: who called it — "user" (the script's own
+    code, ``self.drop(h)``), "container" (torch's ``nn.Sequential``/``ModuleList`` code, in a
+    model the script put together), or None (a library's model, or the stack does not tell) —
+    and the ``self`` of the calling frame (the module whose forward or Sequential runs it)."""
+    frame = sys._getframe(1)
+    for _ in range(_STACK):
+        if frame is None:
+            return None, None
+        if frame.f_code.co_name == "_call_impl" and frame.f_locals.get("self") is module:
+            caller = frame.f_back
+            while caller is not None and caller.f_code.co_name == "_wrapped_call_impl":
+                caller = caller.f_back
+            if caller is None:
+                return None, None
+            name, parent = caller.f_code.co_filename, caller.f_locals.get("self")
+            if rec.finder.is_user_file(name):
+                return "user", parent
+            return ("container" if name.endswith(_CONTAINERS) else None), parent
+        frame = frame.f_back
+    return None, None
+
+
 class DropoutOutputWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -147,25 +170,7 @@ class DropoutOutputWatcher:
         return None
 
     def _caller(self, module) -> str | None:
-        """Who called the dropout module: "user" (the script's own code, ``self.drop(h)``),
-        "container" (torch's ``nn.Sequential``/``ModuleList`` code, in a model the script put
-        together), or None (a library's model, or the stack does not tell)."""
-        frame = sys._getframe(1)
-        for _ in range(_STACK):
-            if frame is None:
-                return None
-            if frame.f_code.co_name == "_call_impl" and frame.f_locals.get("self") is module:
-                caller = frame.f_back
-                while caller is not None and caller.f_code.co_name == "_wrapped_call_impl":
-                    caller = caller.f_back
-                if caller is None:
-                    return None
-                name = caller.f_code.co_filename
-                if self.rec.finder.is_user_file(name):
-                    return "user"
-                return "container" if name.endswith(_CONTAINERS) else None
-            frame = frame.f_back
-        return None
+        return module_caller(self.rec, module)[0]
 
     def describe_loss(self, tensors) -> dict:
         if not self.active:
@@ -174,7 +179,7 @@ class DropoutOutputWatcher:
             self._backwards += 1
             outputs, self._outputs = self._outputs, {}
             if outputs:
-                for root in _roots(tensors):
+                for root in backward_roots(tensors):
                     for fn, node in loss_predictions(root):
                         noted = outputs.get(id(node))
                         if noted is not None and noted[0] is node:

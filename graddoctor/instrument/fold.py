@@ -60,11 +60,38 @@ STEADY_HOOKS = True
 # FOLD_AFTER + STEADY_AFTER + SKIM_AFTER turns, about 1,030: far past every fixture, none longer
 # than 240 steps, and the default replay), the hooks of a turn read only what tells its shape (the
 # same optimizer, thread, arguments, call sites, kinds in order) and take their events as the
-# armed ones; every ``SKIM_EVERY``-th turn is *sampled*: its hooks take their full straight-line
-# paths (the grads' reads, the norm pass, the loss describers). False: no skim (the tests compare).
+# armed ones; about one turn in ``SKIM_EVERY``, at gaps that vary (``SampleSchedule``), is
+# *sampled*: its hooks take their full straight-line paths (the grads' reads, the norm pass, the
+# loss describers). False: no skim (the tests compare).
 SKIM = True
 SKIM_AFTER = 256
 SKIM_EVERY = 16
+
+
+class SampleSchedule:
+    """Which turns of a steady state the skim samples: about one in ``every``, the gap between
+    two samples ``every`` give or take ``every // 8`` (at least 1), drawn from a fixed integer
+    hash of the sample's number (no random number generator is touched). Every gap varies, so
+    the sampled turns fall on every residue of any period over a long run: a deviation that
+    repeats every 2nd, 16th or 32nd turn lands on sampled turns too (with samples exactly every
+    ``every`` turns, one repeating with a multiple of ``every`` on another turn was never read),
+    and two samples are never more than ``every + every // 8`` turns apart. Asked about turns in
+    increasing order (``Folder.skimming``)."""
+
+    __slots__ = ("every", "spread", "next", "count")
+
+    def __init__(self, every: int):
+        self.every = every
+        self.spread = max(1, every // 8)
+        self.next = 0  # the next sampled turn
+        self.count = 0  # samples placed so far
+
+    def sampled(self, turn: int) -> bool:
+        while self.next < turn:
+            self.count += 1
+            drawn = ((self.count * 2654435761) & 0xFFFFFFFF) >> 16
+            self.next += max(1, self.every - self.spread + drawn % (2 * self.spread + 1))
+        return self.next == turn
 
 
 def _frozen(value):
@@ -364,6 +391,9 @@ class Folder:
         self.steady_after = STEADY_AFTER if steady_after is None else steady_after
         self.in_row = 0
         self.steady: _Steady | None = None
+        # (turn id, turns on the steady path so far) of a steady state a snapshot ended, until
+        # the next turn takes it up again or breaks the row
+        self._resumable: tuple[int, int] | None = None
         self.steady_hooks = STEADY_HOOKS
         self.skim_after = SKIM_AFTER if SKIM and STEADY_HOOKS else None
         self.skim_every = SKIM_EVERY
@@ -444,11 +474,16 @@ class Folder:
                     self.in_row += 1
                     if self.in_row >= self.steady_after and self.run is not None:
                         # the next turns take the steady path, from the turn now open on
-                        self.steady = _Steady(turn_id, plan, turn, self.context)
+                        self.steady = steady = _Steady(turn_id, plan, turn, self.context)
+                        resumable, self._resumable = self._resumable, None
+                        if resumable is not None and resumable[0] == turn_id:
+                            steady.prior = resumable[1]
                 else:
                     self.in_row = 0
+                    self._resumable = None
                 return  # only the context is undecided: nothing else to decide yet
         self.in_row = 0
+        self._resumable = None
         self._decide()
 
     def _decide(self) -> None:
@@ -629,8 +664,8 @@ class Folder:
             steady.closed += 1
             steady.kept.append(turn)
             turn = steady.open = []
-        if kind != steady.kinds[j] or loc is not steady.locs[j] and loc != steady.locs[j]:
-            return False
+        # (``kind`` and ``loc`` are those of the armed event, which went onto place ``j`` of
+        # this steady state: place_of)
         trace = self.trace
         turn.append((trace.next_seq, kind, loc, base, changes))
         trace.next_seq += 1
@@ -647,8 +682,8 @@ class Folder:
     def skimming(self, steady: "_Steady", j: int) -> bool:
         """Whether the event at place ``j`` (its kind and location aside) belongs to a skimmed
         turn of the steady state ``steady`` (read only; ``steady_take`` takes it): the turns
-        are counted from the steady state's first, and from ``skim_after`` on every one but each
-        ``skim_every``-th is skimmed."""
+        are counted from the steady state's first, and from ``skim_after`` on every one but the
+        sampled ones (``SampleSchedule``: about one in ``skim_every``) is skimmed."""
         after = self.skim_after
         if after is None or self.steady is not steady:
             return False
@@ -659,7 +694,17 @@ class Folder:
             turn = steady.closed + 1  # the event that closes the open turn starts this one
         else:
             return False
-        return turn >= after and turn % self.skim_every != 0
+        if turn == steady.skim_turn:  # each hook of a turn asks
+            return steady.skim_answer
+        schedule = steady.samples
+        if schedule is None:
+            schedule = steady.samples = SampleSchedule(self.skim_every)
+        # a steady state taken up again after a snapshot: from its third turn (the first arms
+        # the hooks) if the one before had lasted long enough
+        answer = (turn >= after or (steady.prior >= after and turn >= 2)) \
+            and not schedule.sampled(turn)
+        steady.skim_turn, steady.skim_answer = turn, answer
+        return answer
 
     @staticmethod
     def batch_varies(steady: "_Steady", j: int, batch) -> bool:
@@ -692,17 +737,21 @@ class Folder:
                 or [e.loc for e in opened] != steady.locs[:len(opened)]):
             self.steady = None
             self.in_row = 0
+            self._resumable = None
             return False
         del events[start:]
         steady.open = opened
         steady.entered = True
         return True
 
-    def materialize(self) -> None:
+    def materialize(self, resume: bool = False) -> None:
         """End the steady state: the folder and the trace as recording every turn since it
-        began would have left them (see ``steady_put``)."""
+        began would have left them (see ``steady_put``). ``resume`` (a snapshot needs the
+        trace; no turn deviated): the turns in a row that led to it still count, so the next
+        turn that repeats the same one starts the steady state again, and that one skims as
+        soon as its hooks are armed if this one had lasted ``skim_after`` turns."""
         steady, self.steady = self.steady, None
-        self.in_row = 0
+        in_row, self.in_row, self._resumable = self.in_row, 0, None
         if steady is None or not steady.entered:
             return
         events = self.trace.events
@@ -737,6 +786,8 @@ class Folder:
             for event in opened:
                 self.observe(event.kind, event.loc)
                 events.append(event)
+            if resume:
+                self.in_row, self._resumable = in_row, (turn_id, steady.prior + closed)
         except Exception:  # the events kept aside go into the trace; folding ends (Recorder)
             there = set(map(id, events))
             events.extend(event for event in aside if id(event) not in there)
@@ -748,7 +799,8 @@ class _Steady:
     events' kinds and locations), the turns closed on the steady path, the last ``context`` of
     them and the open one (events kept aside, in seq order)."""
 
-    __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered")
+    __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered",
+                 "skim_turn", "skim_answer", "samples", "prior")
 
     def __init__(self, turn_id: int, plan: tuple, turn: list[Event], context: int):
         self.turn_id, self.plan = turn_id, plan
@@ -759,3 +811,6 @@ class _Steady:
         self.kept: deque = deque(maxlen=context)  # the last closed turns' events
         self.open: list[Event] = []
         self.entered = False
+        self.skim_turn, self.skim_answer = -1, False  # Folder.skimming's latest answer
+        self.samples: SampleSchedule | None = None  # its sampled turns, made when first asked
+        self.prior = 0  # turns of the steady states a snapshot ended just before this one

@@ -105,6 +105,30 @@ def pop_mode(mode: FollowMode | None, thread: int | None, rec, label: str) -> bo
     return False
 
 
+def remove_mode(mode: FollowMode | None, thread: int | None, rec, label: str) -> bool:
+    """Take ``mode`` off this thread's stack wherever it is: exited when on top, else the modes
+    above it are lifted off, it is exited, and they are put back in their order (another mode
+    of graddoctor's, or the script's, entered after it and still open). True when it is off."""
+    if mode is None or threading.get_ident() != thread:
+        return False
+    try:
+        depth = torch._C._len_torch_function_stack()
+        stack = [torch._C._get_function_stack_at(i) for i in range(depth)]
+        if not any(m is mode for m in stack):
+            return True
+        above = []
+        while torch._C._len_torch_function_stack() and \
+                torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1) is not mode:
+            above.append(torch._C._pop_torch_function_stack())
+        mode.__exit__(None, None, None)
+        for other in reversed(above):
+            torch._C._push_on_torch_function_stack(other)
+        return True
+    except Exception as exc:
+        rec.internal_error(label, exc)
+    return False
+
+
 class UninstallHandle:
     """The patcher's handle that ends a watcher's window when the instrumentation is removed."""
 

@@ -18,6 +18,7 @@ reach a ``.grad`` graddoctor watches.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -30,6 +31,25 @@ def make(before, original, is_compiling, transform):
     return wrapper
 """
 _CODE = compile(_SOURCE, "<graddoctor: watched call>", "exec")
+
+
+@functools.lru_cache(maxsize=None)
+def _many_code(count: int):
+    """The wrapper of a function several watchers watch (the regression losses have four): one
+    frame that calls each ``before`` in turn, outermost (last installed) first, as the stacked
+    wrappers did; the calls written out, not looped over (fewer bytecodes per call)."""
+    names = [f"before{i}" for i in range(count)]
+    calls = "".join(f"            {name}(args, kwargs)\n" for name in names)
+    source = (f"def make(befores, original, is_compiling, transform):\n"
+              f"    {', '.join(names)}, = befores\n"
+              f"    def wrapper(*args, **kwargs):\n"
+              f"        if not is_compiling() and transform() is None:\n"
+              f"{calls}"
+              f"        return original(*args, **kwargs)\n"
+              f"    return wrapper\n")
+    return compile(source, "<graddoctor: watched call>", "exec")
+
+
 _RESULT_SOURCE = """
 def make(after, original, is_compiling, transform):
     def wrapper(*args, **kwargs):
@@ -46,14 +66,33 @@ in_transform = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_
 _RESULT_CODE = compile(_RESULT_SOURCE, "<graddoctor: watched result>", "exec")
 
 
+# each wrapper ``watched`` made -> (its befores, outermost first; the function they run ahead of)
+_watching: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def watched(original, before):
     """``original`` with ``before(args, kwargs)`` called ahead of each eager call. ``before`` is
     graddoctor's own code and must not raise; its caller's caller (``sys._getframe(2)``) is the
-    code that made the call."""
+    code that made the call. When ``original`` is itself a wrapper made here, the new one calls
+    ``before`` and then that wrapper's befores ahead of the function it wraps: one Python
+    frame per call however many watchers watch it (the one given stays as it was, for a
+    patcher to put back)."""
+    try:
+        inner = _watching.get(original)
+    except TypeError:  # no weak reference to it (a C method): not one of these wrappers
+        inner = None
     scope = dict(getattr(original, "__globals__", None) or vars(torch))  # a copy: torch's stays as it is
-    exec(_CODE, scope)
-    wrapper = scope.pop("make")(before, original, torch.compiler.is_compiling, in_transform)
-    return functools.wraps(original)(wrapper)
+    if inner is None:
+        exec(_CODE, scope)
+        wrapper = scope.pop("make")(before, original, torch.compiler.is_compiling, in_transform)
+        befores, function = (before,), original
+    else:
+        befores, function = (before, *inner[0]), inner[1]
+        exec(_many_code(len(befores)), scope)
+        wrapper = scope.pop("make")(befores, function, torch.compiler.is_compiling, in_transform)
+    wrapper = functools.wraps(original)(wrapper)
+    _watching[wrapper] = (befores, function)
+    return wrapper
 
 
 def watched_result(original, after):

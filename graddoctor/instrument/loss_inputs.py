@@ -32,6 +32,7 @@ from .. import events as ev
 from .graphpaths import saved
 from .inlinable import watched
 from .losscalls import LossCalls
+from .pairlabels import pair_fault
 from .recorder import Recorder
 
 NAMES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div", "ctc_loss",
@@ -219,6 +220,7 @@ _ORDER_READS = 8  # loss calls with flat token targets matched against the embed
 _ORDER_MATCH = 0.9  # share of the targets that must be the ids, shifted by one position at most
 _SMOOTHED_SHARE = 0.9  # rows of a soft target with a shared floor above 0: at least this share
 _SMOOTHING_HIGH = 0.5  # label_smoothing from here on: the right class keeps at most half its mass
+_PAIR_LOOKS = 64  # loss calls whose graph is followed to a similarity product (the first ones)
 _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: every loss line of a loop)
 # the losses whose per-class weights are read: (keyword, position) of the weight argument
 _WEIGHTED = {"cross_entropy": ("weight", 2), "nll_loss": ("weight", 2),
@@ -229,6 +231,24 @@ _WEIGHT_SPREAD = 2.0  # the largest weight at least this multiple of the smalles
 _FREQUENCY_SPREAD = 3.0  # the most frequent class at least this multiple of the rarest seen
 
 
+def fill_runs(same, column: int):
+    """Per row of a (batch, length) mask of one id's positions, the run of it at the row's end
+    (``column`` -1) or start (0), when those runs are how padding looks: at least half the rows
+    (two at least) have one, of different lengths, the longest at least 2, none the whole row
+    (the longest row needs none). None otherwise. Says nothing of the id elsewhere in the rows:
+    a filler is also (nearly) absent from them (``infer_fill``)."""
+    rows, length = same.shape
+    ending = same[:, column]
+    if int(ending.sum()) < max(2, (rows + 1) // 2):
+        return None
+    runs = (same.flip(1) if column == -1 else same).int().cumprod(1).sum(1)
+    padded = runs[ending]
+    if not (int(padded.max()) >= 2 and int(padded.min()) < int(padded.max())
+            and int(runs.max()) < length):
+        return None
+    return runs
+
+
 def infer_fill(tokens) -> int | None:
     """The id that fills up the shorter rows of a (batch, length) CPU token batch: most rows
     (the longest need none) end, or start, with it in runs of different lengths, and it is
@@ -236,16 +256,10 @@ def infer_fill(tokens) -> int | None:
     rows, length = tokens.shape
     with torch.no_grad():
         for column in (-1, 0):  # right padding, left padding
-            edge = tokens[:, column]
-            fill = int(edge.mode().values)
-            ending = edge == fill
-            if int(ending.sum()) < max(2, (rows + 1) // 2):
-                continue
+            fill = int(tokens[:, column].mode().values)
             same = tokens == fill
-            runs = (same.flip(1) if column == -1 else same).int().cumprod(1).sum(1)
-            padded = runs[ending]
-            if not (int(padded.max()) >= 2 and int(padded.min()) < int(padded.max())
-                    and int(runs.max()) < length):
+            runs = fill_runs(same, column)
+            if runs is None:
                 continue
             content = length * rows - int(runs.sum())
             if int(same.sum()) - int(runs.sum()) > 0.02 * content:
@@ -260,11 +274,15 @@ def _inverted_weights(fn: str, counts, weights) -> dict | None:
     output, whose ``pos_weight`` should be about negatives / positives)."""
     if fn == "binary_cross_entropy_with_logits":
         pos, neg = counts[0], counts[1]
-        rare = (pos > 0) & (pos * 3 <= neg)  # outputs whose positives are rare
+        w = weights if weights.numel() == pos.numel() else weights.expand(pos.numel())
+        # outputs whose positives are rare, or the minority with pos_weight = positives /
+        # negatives to within sampling (the inverse frequency computed upside down)
+        ratio = pos / neg.clamp(min=1)
+        upside_down = (pos > 0) & (pos < neg) & (w < 1) & (w <= 1.5 * ratio) & (w * 1.5 >= ratio)
+        rare = ((pos > 0) & (pos * 3 <= neg)) | upside_down
         if not bool(rare.any()):
             return None
-        w = weights if weights.numel() == pos.numel() else weights.expand(pos.numel())
-        low = rare & (w < 1) & (w * 2 <= neg / pos.clamp(min=1))
+        low = rare & (w < 1) & ((w * 2 <= neg / pos.clamp(min=1)) | upside_down)
         if int(low.sum()) * 2 <= int(rare.sum()):
             return None  # most rare outputs weigh their positives up, as meant
         idx = [i for i in range(pos.numel()) if bool(low[i])][:4]
@@ -295,9 +313,12 @@ def _inverted_weights(fn: str, counts, weights) -> dict | None:
 
 
 class LossInputWatcher:
-    def __init__(self, rec: Recorder, calls: LossCalls | None = None):
+    def __init__(self, rec: Recorder, calls: LossCalls | None = None, real_index=None):
         self.rec = rec
         self.calls = calls or LossCalls()  # the other watchers that hear of these calls
+        # realindex.py's watcher: told of the losses' ignore_index and the embeddings'
+        # padding_idx, with the pad ids known here (a token loss may ignore its pad id)
+        self.real_index = real_index
         self._done: set = set()  # call lines recorded
         self._value_checks: dict[str, int] = {}  # fn -> calls judged by their values so far
         # (padding_idx, vocabulary size) of the embeddings the script ran: a loss over that
@@ -308,6 +329,8 @@ class LossInputWatcher:
         self._token_counts: dict[int, set[int]] = {}
         self._padded: set = set()  # call lines recorded as padded
         self._matched: set = set()  # call lines recorded with a self_match event
+        self._paired: set = set()  # call lines recorded with a pair_labels event
+        self._pair_looks = 0  # calls whose graph was looked at for a similarity (the first ones)
         self._smoothed: set = set()  # call lines recorded with a label_smoothing event
         self._smoothing_told: set = set()  # call lines recorded with a smoothing_high event
         # pads inferred from the token batches themselves (an embedding without padding_idx:
@@ -341,6 +364,8 @@ class LossInputWatcher:
                 watcher._check(fn, input)
                 if watcher._pads and fn in ("cross_entropy", "nll_loss"):
                     watcher._padding(fn, input, target, args, kwargs)
+                if watcher.real_index is not None and fn in ("cross_entropy", "nll_loss"):
+                    watcher.real_index.loss_call(fn, input, target, args, kwargs, watcher._pads)
                 if watcher._token_batches and fn in ("cross_entropy", "nll_loss"):
                     watcher._padded_targets(fn, input, target, args, kwargs)
                 if watcher._last_ids is not None and fn in ("cross_entropy", "nll_loss"):
@@ -348,6 +373,8 @@ class LossInputWatcher:
                 if fn == "cross_entropy" and input.dim() == 2 \
                         and input.shape[0] == input.shape[1] >= _SQUARE_MIN:
                     watcher._self_match(input, target)
+                if fn in ("cross_entropy", "nll_loss") and input.dim() == 2 and input.shape[1] >= input.shape[0]:
+                    watcher._pair_labels(fn, input, target)
                 if fn == "cross_entropy" and (args[7] if len(args) > 7 else kwargs.get("label_smoothing")):
                     watcher._smoothed_twice(input, target, args, kwargs)
                     watcher._smoothing_high(input, args, kwargs)
@@ -464,6 +491,25 @@ class LossInputWatcher:
             return
         self._matched.add(loc)
         self.rec.emit_aside(ev.self_match(size=int(n), on_diagonal=round(on_diagonal, 4)), loc)
+
+    # -- the targets of a similarity matrix that miss each row's positive -------------------
+    def _pair_labels(self, fn: str, input, target) -> None:
+        """A ``pair_labels`` aside when the loss's logits are a similarity of two batches'
+        embeddings and its targets do not point at each row's positive (pairlabels.py)."""
+        if self._pair_looks >= _PAIR_LOOKS:
+            return
+        self._pair_looks += 1
+        fault = pair_fault(fn, input, target, lambda: self._reads_left("pair_labels", target))
+        if fault is None:
+            return
+        loc = self.rec.here()
+        if loc in self._paired:
+            return
+        self._paired.add(loc)
+        how, label, share, halves = fault
+        self.rec.emit_aside(ev.pair_labels(how=how, fn=fn, rows=int(input.shape[0]),
+                                           columns=int(input.shape[1]), label=label, share=share,
+                                           halves=halves), loc)
 
     # -- label smoothing on smoothed targets ----------------------------------------------
     def _class_weights(self, fn: str, input, target, weight, args, kwargs) -> None:
@@ -708,6 +754,12 @@ class LossInputWatcher:
                     watcher._infer_fill(args, kwargs)
                 except Exception as exc:
                     watcher.rec.internal_error("F.embedding", exc)
+            if pad is not None and watcher.real_index is not None:
+                try:
+                    watcher.real_index.embedded(args[0] if args else kwargs.get("input"),
+                                                args[1] if len(args) > 1 else kwargs.get("weight"), pad)
+                except Exception as exc:
+                    watcher.rec.internal_error("F.embedding padding_idx", exc)
             if pad is not None:
                 try:
                     weight = args[1] if len(args) > 1 else kwargs.get("weight")

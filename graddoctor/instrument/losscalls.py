@@ -5,8 +5,9 @@ new listener is one argument here and not one more in each wrapper:
 * ``idle`` (IdleParamWatcher): every call, once it watches a module;
 * ``constants`` (ConstantLossWatcher): calls on an input without gradient, grad mode on (a
   loss term with no graph);
-* ``columns`` (TargetColumnWatcher), ``rows`` (FullRowsWatcher) and ``corrupted``
-  (CorruptedTargetWatcher): the first calls with a gradient (while each is ``open``), not
+* ``columns`` (TargetColumnWatcher), ``rows`` (FullRowsWatcher), ``labels``
+  (ConstantTargetsWatcher) and ``corrupted`` (CorruptedTargetWatcher): the first calls with a
+  gradient (while each is ``open``; once closed, which is for good, it is dropped), not
   ``ctc_loss``'s (its targets are label sequences).
 """
 
@@ -16,8 +17,10 @@ import torch
 
 
 class LossCalls:
-    def __init__(self, idle=None, constants=None, columns=None, rows=None, corrupted=None):
+    def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None,
+                 corrupted=None):
         self.idle, self.constants, self.columns, self.rows = idle, constants, columns, rows
+        self.labels = labels
         self.corrupted = corrupted
 
     def heard(self, fn: str, input, target, args, kwargs) -> None:
@@ -34,11 +37,28 @@ class LossCalls:
             return
         if fn == "ctc_loss":
             return
-        columns, rows = self.columns, self.rows
-        if columns is not None and columns.open:
-            columns.loss_call(fn, input, target)
-        if rows is not None and rows.open:
-            rows.loss_call(fn, input, target, args, kwargs)
+        # each of these closes for good after its first calls: it is then let go of here
+        columns = self.columns
+        if columns is not None:
+            if columns.open:
+                columns.loss_call(fn, input, target)
+            else:
+                self.columns = None
+        rows = self.rows
+        if rows is not None:
+            if rows.open:
+                rows.loss_call(fn, input, target, args, kwargs)
+            else:
+                self.rows = None
+        labels = self.labels
+        if labels is not None:
+            if labels.open:
+                labels.loss_call(fn, input, target)
+            else:
+                self.labels = None
         corrupted = self.corrupted
-        if corrupted is not None and corrupted.open:
-            corrupted.loss_call(fn, input, target, args, kwargs)
+        if corrupted is not None:
+            if corrupted.open:
+                corrupted.loss_call(fn, input, target, args, kwargs)
+            else:
+                self.corrupted = None

@@ -59,6 +59,44 @@ def _children(node) -> list[tuple[int, object]]:
     return [(i, child) for i, (child, _) in enumerate(node.next_functions) if child is not None]
 
 
+# ops whose output is never negative
+_NONNEG = ("Abs", "Norm", "LinalgVectorNorm", "Cdist", "Exp", "Sqrt", "Relu", "Softplus", "Sigmoid",
+           "Softmax")
+
+
+def _signed(node, depth: int = 0) -> float | None:
+    """+1 when the node's output is never negative, -1 when never positive, None when the graph
+    does not say: even powers, squares, norms and distances, negated or scaled by constants
+    (``-cdist(a, b).pow(2) / 2``: an RBF kernel's exponent, at most 0)."""
+    if node is None or depth > 12:
+        return None
+    name = type(node).__name__
+    children = _children(node)
+    if name.startswith(_NONNEG):
+        return 1.0
+    if name == "PowBackward0" and len(children) == 1:
+        exponent = saved(node, "_saved_exponent")
+        if isinstance(exponent, (int, float)) and float(exponent).is_integer() and int(exponent) % 2 == 0:
+            return 1.0
+        return _signed(children[0][1], depth + 1) if _signed(children[0][1], depth + 1) == 1.0 else None
+    if name == "MulBackward0" and len(children) == 2 and children[0][1] is children[1][1]:
+        return 1.0  # x * x
+    if name == "NegBackward0" and len(children) == 1:
+        inner = _signed(children[0][1], depth + 1)
+        return -inner if inner is not None else None
+    if name in ("MulBackward0", "DivBackward0") and len(children) == 1:
+        position = children[0][0]
+        constant = saved(node, "_saved_other" if position == 0 else "_saved_self")
+        if name == "DivBackward0" and position != 0:
+            return None  # a constant divided by the tensor: its sign is not followed
+        sign = _sign_of(constant)
+        inner = _signed(children[0][1], depth + 1)
+        return sign * inner if sign is not None and inner is not None else None
+    if name.startswith(_KEEP) and len(children) == 1:
+        return _signed(children[0][1], depth + 1)  # views, sums and means keep the sign
+    return None
+
+
 def _bounded(node) -> bool:
     for _ in range(8):  # past views
         if node is None:
@@ -136,7 +174,8 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
             if not _bounded(children[0][1]):
                 found.append(("square", node, children[0][1]))  # x * x
         elif name == "ExpBackward0" and len(children) == 1:
-            if not _bounded(children[0][1]):
+            # an exponent never positive (an RBF kernel's -d**2 / 2): the exp stays in (0, 1]
+            if not _bounded(children[0][1]) and _signed(children[0][1]) != -1.0:
                 found.append(("exp", node, children[0][1]))
         elif name == "PowBackward0" and len(children) == 1:
             exponent = saved(node, "_saved_exponent")
@@ -173,6 +212,13 @@ class PerLine:
             return False
         self.seen[loc] = seen + 1
         return True
+
+
+def loss_roots(tensors) -> list:
+    """The autograd nodes of the tensors a backward was given (one or several; those without a
+    graph left out)."""
+    items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+    return [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]
 
 
 def loss_root(tensors):

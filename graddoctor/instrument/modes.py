@@ -32,6 +32,13 @@ What is watched, and how cheaply:
 * Freezes (``Tensor.requires_grad_(False)`` on a parameter, which ``Module.requires_grad_``
   calls): ``freeze`` events, so a finding can point at them. ``p.requires_grad = False`` is a
   C attribute and is not seen.
+* Functional dropout driven by the mode (``F.dropout(x, p, self.training)``): instrument/dropout.py
+  tells this watcher of a module whose own code ran it with the flag true in train mode (a
+  holder, ``hold_functional``); ``eval()`` lists holders as it lists dropout layers, and a
+  holder's forward in eval mode under grad mode (the flag false) is recorded as a dropout
+  layer's (``functional_forward``; layer ``functional_dropout``), for train-in-eval-mode. Its
+  train-mode forwards are not recorded. A model put in eval mode before its first forward has no
+  holder known yet: not seen.
 * Batches of one: at the first ``BATCH_TURNS`` backward turns, a BatchNorm layer in train mode
   (tracking running statistics, not frozen, not ``SyncBatchNorm``) given an input under grad
   mode in the script's thread has its input's first size read (shape metadata: no host sync on
@@ -195,6 +202,11 @@ class ModeWatcher:
         self._recalibrating = False
         # (turn, size) noted as bn_batch events; None once the first BATCH_TURNS turns are over
         self._batch_seen: set[tuple[int, int]] | None = set()
+        # modules whose own code runs dropout with their mode as the flag (``F.dropout(x, p,
+        # self.training)``, seen in train mode by instrument/dropout.py): id -> (weak ref, p).
+        # To eval() and the timeline they are dropout layers; their eval-mode forwards under
+        # grad mode are recorded (functional_forward), not the others
+        self.holders: dict[int, tuple] = {}
 
     # -- ids, places ---------------------------------------------------------------------
     def _user_frame(self, frame, skip_self=None):
@@ -284,9 +296,15 @@ class ModeWatcher:
 
         return train
 
+    def layer_ids(self, module) -> list[int]:
+        """The mids of the BatchNorm and dropout layers under ``module``, numbered as this
+        watcher's ``train``/``eval`` and ``mode_forward`` events number them (another
+        watcher's event that names them: ``module.eval = True``)."""
+        return [self._mid(m) for m in module.modules() if isinstance(m, KINDS)]
+
     def _record_mode_set(self, module, mode, frame) -> None:
         loc = self._loc(self._user_frame(frame, skip_self=module))
-        mids = [self._mid(m) for m in module.modules() if isinstance(m, KINDS)]
+        mids = [self._mid(m) for m in module.modules() if isinstance(m, KINDS) or self._holds(m)]
         leaf = isinstance(module, KINDS)  # the call named one BatchNorm/dropout layer itself
         kind = "train" if mode else "eval"
         self._close_window()
@@ -312,13 +330,34 @@ class ModeWatcher:
 
         return watched(original, before)
 
-    def _call_site(self):
+    # -- modules running functional dropout with their mode as the flag ---------------------
+    def _holds(self, module) -> bool:
+        entry = self.holders.get(id(module)) if self.holders else None
+        return entry is not None and entry[0]() is module
+
+    def hold_functional(self, module, p) -> None:
+        """``module``'s code ran ``F.dropout(x, p, self.training)`` in train mode (called per
+        such call: a lookup once it is known)."""
+        entry = self.holders.get(id(module))
+        if entry is None or entry[0]() is not module:
+            self.holders[id(module)] = (weakref.ref(module), p)
+
+    def functional_forward(self, module, input, frame) -> None:
+        """A forward of a holder in eval mode under grad mode (``frame``: its method that ran
+        the dropout), recorded as a dropout layer's forward."""
+        if not self._holds(module) or (self.rec.running_backwards and self.rec.in_backward()):
+            return
+        self._record_forward(module, input, frame)
+
+    def _call_site(self, start=None):
         """(outermost module call frame or None, the user's frame that made that call, its key).
 
         The walk to the top of the stack is done once per outermost call: while that call runs
         its frame stays on the stack, so a later layer's walk stops when it reaches it. The
         cached frames are dropped when the aggregation window closes (``_close_window``)."""
-        start = f = sys._getframe(4)  # _record_forward, before, the wrapper, then the module call
+        if start is None:
+            start = sys._getframe(4)  # _record_forward, before, the wrapper, then the module call
+        f = start
         cached = self._outer
         if cached is not None:
             while f is not None and f is not cached:
@@ -338,8 +377,8 @@ class ModeWatcher:
             self._outer, self._outer_site = outer, (outer, site, key)
         return outer, site, key
 
-    def _record_forward(self, module, input) -> None:
-        outer, site, site_key = self._call_site()
+    def _record_forward(self, module, input, start=None) -> None:
+        outer, site, site_key = self._call_site(start)
         grad = torch.is_grad_enabled()
         training = bool(module.training)
         state = self._state(module, outer, site, training and not grad)
@@ -475,7 +514,7 @@ class ModeWatcher:
                     self._watch_model(module, state, root, site)
             model = state.model
             if model is None:
-                flags = (module.p,)
+                flags = (module.p if isinstance(module, DROPOUT) else self.holders[id(module)][1],)
             else:
                 if not model.done:
                     progress = self.rec.progress
@@ -562,7 +601,8 @@ class ModeWatcher:
                 freeze = entry[1]
         self._hold(ev.mode_module(
             mid=state.mid, name=self._name(module, outer, site), cls=type(module).__name__,
-            layer="batchnorm" if state.is_bn else "dropout", has_params=has_params, frozen=frozen,
+            layer="batchnorm" if state.is_bn else "dropout" if isinstance(module, DROPOUT) else "functional_dropout",
+            has_params=has_params, frozen=frozen,
             owned=owned, trainable=trainable if has_params else None, updated=updated,
             track_running_stats=track, momentum=momentum, p=p, freeze=freeze,
             model=model.name if model is not None else None,
@@ -580,7 +620,7 @@ class ModeWatcher:
         if isinstance(root, torch.nn.Module):
             prefix = variable_name(root, site) or type(root).__name__
             for path, m in root.named_modules():
-                if isinstance(m, KINDS) and id(m) not in self._names:
+                if (isinstance(m, KINDS) or self._holds(m)) and id(m) not in self._names:
                     self._names[id(m)] = (weakref.ref(m), f"{prefix}.{path}" if path else prefix)
             entry = self._names.get(id(module))
             if entry is not None and entry[0]() is module:

@@ -38,6 +38,8 @@ class ParamNamer:
         # from the variables of the constructing frames only (no gc scan): a model that lives in
         # a thread's or a function's locals may never step where another thread can see it
         rec = self.rec
+        if opt not in self._named:  # its first step is still to come
+            rec.resume(STEPPED, self._name_after_first_step)
         if any(p not in rec.param_names for p in pids):
             name_parameters(rec, use_gc=False)
 
@@ -56,6 +58,9 @@ class ParamNamer:
             # plain lists of modules: while the model is alive (main() may return before the end)
             find_unregistered(rec, user_variables(rec), self.optimizers.owned_pids(),
                               self._unregistered, live)
+            if all(other in self._named for other in rec.opt_params):
+                # each optimizer's first step seen: off STEPPED until a new one is registered
+                rec.retire(STEPPED, self._name_after_first_step)
 
     def _name_new_leaf(self) -> None:
         # a learnable tensor left out of the optimizer, tracked at its second backward: named,

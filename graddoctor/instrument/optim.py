@@ -422,7 +422,9 @@ def group_lrs(optimizer) -> list | None:
     groups = getattr(optimizer, "param_groups", None)
     if type(groups) is not list:
         return None
-    return [plain_number(g.get("lr")) if type(g) is dict else None for g in groups]
+    # plain_number written out: every step of a long run reads them
+    return [(lr if type(lr := g.get("lr")) is float or type(lr) is int else None)
+            if type(g) is dict else None for g in groups]
 
 
 @functools.lru_cache(maxsize=None)
@@ -522,7 +524,7 @@ class OptimizerWatcher:
                                    lrs=[plain_number(g.get("lr")) for g in groups],
                                    hyper=[group_hyper(g) for g in groups],
                                    aliases=self._aliases(opt, params, pids)), loc)
-        for subscriber in self._params_added:
+        for subscriber in self._params_added.now:
             subscriber(opt, pids)
 
     def _aliases(self, opt: int, params: list, pids: list[int]) -> list[list[int]]:
@@ -768,12 +770,12 @@ class OptimizerWatcher:
                     if not all(map(math.isfinite, norms)):
                         nonfinite = [pid for pid, n in zip(norm_pids, norms)
                                      if not math.isfinite(n) and _really_nonfinite(rec, pid)]
-                    for subscriber in self._step_norms:
+                    for subscriber in self._step_norms.now:
                         subscriber(norm_pids, norms)
                 self._divergence.observe(opt, norms)
-                for subscriber in self._step_grads:
+                for subscriber in self._step_grads.now:
                     subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
-                for subscriber in self._step_begins:
+                for subscriber in self._step_begins.now:
                     subscriber(opt, optimizer)
             moved = self._moves.moved()
             loc = rec.here(3)
@@ -865,16 +867,23 @@ class OptimizerWatcher:
                 or rec.progress.stop_requested or rec.running_backwards
                 or get_ident() != rec.script_thread or grads_state.any_vouched()
                 or rec.optimizer_id.refs[opt]() is not optimizer
-                or rec.opt_params.get(opt) is not pids or not folder.steady_ready(steady, j)):
+                or rec.opt_params.get(opt) is not pids):
             return False
         moves = self._moves
         refs = rec.tensors.refs
         if moves.watched or len(refs) != moves.known or same_chain(wrapper_frame, chain) is None:
             return False
         sampled = self._sampled_norms
+        # a skimmed place but the first is one steady_take takes (steady_ready); the step
+        # budget's last updates are never skimmed (their norms are the ones the ``--grad-flow``
+        # view and the run's last turns show)
         if (sampled is not None and sampled[0] is pids and folder.skimming(steady, j)
-                and self._may_skim()):
-            return self._skim_begin(optimizer, wrapper_frame, armed, sampled[1])
+                and (j or folder.steady_ready(steady, j))):
+            budget = rec.progress.step_budget
+            if budget is None or rec.progress.updates + 3 + fold.CONTEXT < budget:
+                return self._skim_begin(optimizer, wrapper_frame, armed, sampled[1])
+        if not folder.steady_ready(steady, j):
+            return False
         try:
             tensors = tensors_of(refs, pids)
             if not all(map(is_not, tensors, repeat(None))):
@@ -910,12 +919,12 @@ class OptimizerWatcher:
                              owned=(pids, tensors, grads), known=True)
             self._read = (opt, read)
             norm_pids = list(pids)
-            for subscriber in self._step_norms:
+            for subscriber in self._step_norms.now:
                 subscriber(norm_pids, norms)
             self._divergence.observe(opt, norms)
-            for subscriber in self._step_grads:
+            for subscriber in self._step_grads.now:
                 subscriber(opt, optimizer, read.by_device(), norm_pids, norms)
-            for subscriber in self._step_begins:
+            for subscriber in self._step_begins.now:
                 subscriber(opt, optimizer)
             moved = moves.moved()  # nothing, unless a subscriber tracked a tensor meanwhile
             self._began = (wrapper_frame, optimizer, opt, loc)
@@ -934,13 +943,6 @@ class OptimizerWatcher:
             rec.internal_error("optimizer step (before)", exc)
         return True
 
-    def _may_skim(self) -> bool:
-        """The step budget's last updates are never skimmed (their norms are the ones the
-        ``--grad-flow`` view and the run's last turns show)."""
-        progress = self.rec.progress
-        budget = progress.step_budget
-        return budget is None or progress.updates + 3 + fold.CONTEXT < budget
-
     def _skim_begin(self, optimizer, wrapper_frame, armed, norms) -> bool:
         """The step's pre hook on a skimmed turn (``Folder.skimming``): what
         ``_steady_begin`` checked up to here (the same optimizer and parameter list, thread,
@@ -957,9 +959,10 @@ class OptimizerWatcher:
         try:
             self._read = None
             self._divergence.observe(opt, None)
-            for subscriber in self._step_begins:
+            for subscriber in self._step_begins.now:
                 subscriber(opt, optimizer)
-            moved = self._moves.moved()
+            moves = self._moves  # nothing moved, unless a subscriber tracked a tensor just now
+            moved = moves.moved() if moves.watched or len(rec.tensors.refs) != moves.known else []
             self._began = (wrapper_frame, optimizer, opt, loc)
             lrs = group_lrs(optimizer)
             taken = False
@@ -1002,7 +1005,7 @@ class OptimizerWatcher:
 
     def _freeze_seq(self, param) -> int | None:
         """The seq of the event that froze ``param`` (the mode watcher's), if one did."""
-        return next((seq for answer in self._freeze_of if (seq := answer(param)) is not None),
+        return next((seq for answer in self._freeze_of.now if (seq := answer(param)) is not None),
                     None)
 
     def _wants_norms(self, opt: int) -> bool:
@@ -1018,7 +1021,9 @@ class OptimizerWatcher:
     def _post_step(self, optimizer, args, kwargs) -> None:
         armed = self._armed_step
         if armed is not None:
-            if self._steady_step(optimizer, args, kwargs, sys._getframe(1), armed):
+            # the pre hook skimmed (it read nothing): this turn is skimmed too, unless it ended
+            if (self._skim_step if self._read is None else self._steady_step)(
+                    optimizer, args, kwargs, sys._getframe(1), armed):
                 return
             self._armed_step = None
         rec = self.rec
@@ -1055,9 +1060,9 @@ class OptimizerWatcher:
                 place = rec.folder.place_of(event)
                 if place is not None:
                     self._armed_step = (*place, opt, rec.opt_params.get(opt), event.data, loc)
-            for subscriber in self._stepped_without_grad:
+            for subscriber in self._stepped_without_grad.now:
                 subscriber(opt, without)
-            for subscriber in self._stepped:
+            for subscriber in self._stepped.now:
                 subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
@@ -1071,8 +1076,6 @@ class OptimizerWatcher:
         rec = self.rec
         folder = rec.folder
         frames, began, read = self._step_frames, self._began, self._read
-        if read is None:  # the pre hook skimmed: this turn is skimmed too, unless it ended
-            return self._skim_step(optimizer, args, kwargs, frame, armed)
         if (folder is None or folder.steady is not steady or rec.holder is not None
                 or len(frames) != 1 or frames[0] is not frame or began is None
                 or began[0] is not frame or began[1] is not optimizer or began[2] != opt
@@ -1101,9 +1104,9 @@ class OptimizerWatcher:
             if not taken:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=without), loc)
-            for subscriber in self._stepped_without_grad:
+            for subscriber in self._stepped_without_grad.now:
                 subscriber(opt, without)
-            for subscriber in self._stepped:
+            for subscriber in self._stepped.now:
                 subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)
@@ -1122,9 +1125,10 @@ class OptimizerWatcher:
                 or began[0] is not frame or began[1] is not optimizer or began[2] != opt
                 or began[3] is not loc or len(args) != 1 or kwargs
                 or get_ident() != rec.script_thread or rec.opt_params.get(opt) is not pids
-                or self._untouched_steps.get(opt, 0) < TRUSTED_AFTER
                 or not folder.skimming(steady, j) or not _torch_step(optimizer)):
             return False
+        # (trusted to leave its grads as it got them: armed only once _untouched_steps reached
+        # TRUSTED_AFTER, which it never leaves)
         frames.pop()
         self._began = None
         rec.progress.count_step(opt)
@@ -1137,9 +1141,9 @@ class OptimizerWatcher:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=[]), loc)
             without: list[int] = []
-            for subscriber in self._stepped_without_grad:
+            for subscriber in self._stepped_without_grad.now:
                 subscriber(opt, without)
-            for subscriber in self._stepped:
+            for subscriber in self._stepped.now:
                 subscriber(opt, optimizer)
         except Exception as exc:
             rec.internal_error("optimizer step (after)", exc)

@@ -48,3 +48,37 @@ class Patcher:
             except BaseException as exc:  # keep restoring the rest
                 errors.append(exc)
         return errors
+
+
+class WatchedAttribute:
+    """A data descriptor for one attribute name that a class does not define (or defines as a
+    method, ``shadowed``), to see the script set it on an instance: the value lives in the
+    instance's ``__dict__`` as without it, and ``told(obj, name, value)`` is called after it is
+    stored. Reads give the instance's value, else ``shadowed`` bound as the class would give
+    it, else the ``AttributeError`` Python would raise (on the class itself: ``shadowed``, else
+    the descriptor). Patched onto the class (``Patcher.patch``),
+    it costs nothing to the class's other attributes."""
+
+    def __init__(self, name: str, shadowed: Any, told: Any):
+        self.name, self.shadowed, self.told = name, shadowed, told
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:  # on the class: what it held, else the descriptor (as a property gives
+            # itself): code that walks ``dir(cls)`` and reads each name (dynamo) must not fail
+            return self if self.shadowed is None else self.shadowed.__get__(None, objtype)
+        own = obj.__dict__
+        if self.name in own:
+            return own[self.name]
+        if self.shadowed is None:
+            raise AttributeError(f"'{type(obj).__name__}' object has no attribute '{self.name}'")
+        return self.shadowed.__get__(obj, objtype)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.name] = value  # first, exactly as without graddoctor
+        self.told(obj, self.name, value)
+
+    def __delete__(self, obj: Any) -> None:
+        try:
+            del obj.__dict__[self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None

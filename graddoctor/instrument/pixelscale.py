@@ -33,6 +33,7 @@ from torch import nn
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
+from .topics import STEPPED
 
 WINDOW = 3  # optimizer steps (or backwards) watched, from the first one
 _READS = 16  # inputs whose values are read at most
@@ -111,9 +112,12 @@ class PixelScaleWatcher:
         return {}
 
     def after_step(self, opt, optimizer) -> None:
-        """``STEPPED``: the window closes after the first ``WINDOW`` optimizer steps."""
+        """``STEPPED``: the window closes after the first ``WINDOW`` optimizer steps; then the
+        watcher leaves the topic (it never opens again)."""
         if self.active and self.rec.progress.steps >= WINDOW:
             self._stop()
+        if not self.active:
+            self.rec.retire(STEPPED, self.after_step)
 
     def _before_compile(self) -> None:
         if self.active:

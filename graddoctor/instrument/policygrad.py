@@ -27,6 +27,7 @@ import torch.distributions as D
 from .. import events as ev
 from .graphpaths import reached
 from .inlinable import watched_result
+from .lossterms import loss_roots
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards with log-probabilities judged per backward line
@@ -94,8 +95,7 @@ class AdvantageGradWatcher:
         return {}
 
     def _judge(self, tensors, loc) -> None:
-        items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
-        roots = [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        roots = loss_roots(tensors)
         seen: set = set()
         stack = list(roots)
         found: set = set()

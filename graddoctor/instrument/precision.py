@@ -23,8 +23,11 @@ stay the same over the compared updates is judged (a warm-up ramps from near 0 o
 only with every lr below ``_FLOAT32_LR`` (above it, weights that keep their values have
 vanishing gradients, which is not this check's business).
 
-Installed through torch's global optimizer step hooks. Cost: a dict lookup per step after the
-fourth; the copies are made for three steps only.
+Installed through torch's global optimizer step hooks. The copies are made for three steps
+only; once every optimizer registered so far is done (float32 ones included), both hooks are
+taken out of torch's hook dicts (the pre hook from the post hook, the post hook at the next
+``STEP_BEGINS``: never from a loop torch is running over that dict) and put back at their
+place in torch's order when a new optimizer is registered (``PARAMS_ADDED``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from .. import events as ev
 from .recorder import Deferred, Recorder
+from .topics import PARAMS_ADDED, STEP_BEGINS
 
 _HALF = (torch.float16, torch.bfloat16)
 _COMPARED = (*_HALF, torch.float32)  # dtypes whose updates are compared with their resolution
@@ -45,12 +49,65 @@ _PARAMS = 16  # parameters compared per optimizer
 _FIRST, _LAST = 2, 4  # the updates compared (1-based, per optimizer)
 
 
+class _GlobalHook:
+    """One of torch's global optimizer step hooks, which can be taken out of torch's dict and
+    put back at its place (after the hooks registered before it, before those after it)."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+        self.taken = None  # the hook while it is out
+
+    def take_out(self) -> None:
+        """Only where torch is not looping over this hook's dict."""
+        hooks = self.handle.hooks_dict_ref()
+        if hooks is not None and self.taken is None:
+            self.taken = hooks.pop(self.handle.id, None)
+
+    def put_back(self) -> None:
+        hooks, hook = self.handle.hooks_dict_ref(), self.taken
+        self.taken = None
+        if hooks is None or hook is None:
+            return
+        key = self.handle.id
+        hooks[key] = hook
+        for later in [k for k in hooks if k > key]:  # handle ids grow: registered after this one
+            hooks[later] = hooks.pop(later)
+
+
 class PrecisionWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         # opt -> [steps seen, done, counts, copies, the lrs of its first compared update or
         # False once they changed]
         self._state: dict[int, list] = {}
+        self._hooks: tuple[_GlobalHook, _GlobalHook] | None = None  # (pre, post) once installed
+        rec.subscribe(PARAMS_ADDED, self.params_added)
+        rec.subscribe(STEP_BEGINS, self._take_out_post)
+        rec.retire(STEP_BEGINS, self._take_out_post)  # resumed when the post hook is to go
+
+    def _all_done(self) -> bool:
+        state = self._state
+        return all(entry[1] for entry in state.values()) and all(opt in state for opt in self.rec.opt_params)
+
+    def _leave(self) -> None:
+        """From the post hook: every optimizer is done. The pre hook goes now (torch loops over
+        the post hooks), the post hook at the next step's ``STEP_BEGINS``."""
+        if self._hooks is not None:
+            self._hooks[0].take_out()
+            self.rec.resume(STEP_BEGINS, self._take_out_post)
+
+    def _take_out_post(self, opt, optimizer) -> None:
+        self.rec.retire(STEP_BEGINS, self._take_out_post)
+        if self._hooks is not None and self._hooks[0].taken is not None:
+            self._hooks[1].take_out()
+
+    def params_added(self, opt: int, pids) -> None:
+        """``PARAMS_ADDED``: an optimizer not checked yet: both hooks back in torch's order."""
+        entry = self._state.get(opt)
+        if self._hooks is not None and (entry is None or not entry[1]):
+            self.rec.retire(STEP_BEGINS, self._take_out_post)
+            for hook in self._hooks:
+                hook.put_back()
 
     def _half_params(self, optimizer, dtypes=_HALF):
         found = []
@@ -106,6 +163,8 @@ class PrecisionWatcher:
             opt = self.rec.optimizer_id(optimizer)
             state = self._state.get(opt)
             if state is None or state[1] or not state[3]:
+                if state is not None and state[1] and self._all_done():
+                    self._leave()
                 return
             with torch.no_grad():
                 for p, before, moving in state[3]:
@@ -118,6 +177,8 @@ class PrecisionWatcher:
             if state[0] >= _LAST:
                 state[1] = True
                 self._emit_frozen(opt, optimizer, state[2], state[4])
+                if self._all_done():
+                    self._leave()
         except Exception as exc:
             self.rec.internal_error("half-precision update check", exc)
 
@@ -154,5 +215,5 @@ class PrecisionWatcher:
             unchanged=value, params=len(half)), self.rec.here(3))
 
     def install(self, patcher) -> None:
-        patcher.handle(register_optimizer_step_pre_hook(self._pre))
-        patcher.handle(register_optimizer_step_post_hook(self._post))
+        self._hooks = (_GlobalHook(patcher.handle(register_optimizer_step_pre_hook(self._pre))),
+                       _GlobalHook(patcher.handle(register_optimizer_step_post_hook(self._post))))

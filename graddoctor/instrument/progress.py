@@ -41,12 +41,14 @@ class Progress:
         # (the main thread may end normally after workers were stopped: the replay was still cut)
         self.stop_raised: str | None = None
         self.stopped_threads: set[int] = set()
-        # per moment, only the conditions that answer it (count_backward runs every backward)
-        self._asked = {moment: [c for c in self.stop_conditions
+        # per moment, only the conditions that answer it, each with its answer read once
+        # (count_backward runs every backward)
+        self._asked = {moment: [(c, getattr(c, moment)) for c in self.stop_conditions
                                 if getattr(type(c), moment) is not getattr(StopCondition, moment)]
                        for moment in ("after_step", "after_backward")}
-        self._counted_step: list[Callable] = rec.subscribers(COUNTED_STEP)
-        self._budget_hold: list[Callable] = rec.subscribers(BUDGET_HOLD)
+        self._after_step, self._after_backward = self._asked["after_step"], self._asked["after_backward"]
+        self._counted_step = rec.subscribers(COUNTED_STEP)
+        self._budget_hold = rec.subscribers(BUDGET_HOLD)
 
     def begins_update(self, opt: int | None) -> bool:
         """Whether a step of optimizer ``opt`` now would begin a new update."""
@@ -64,29 +66,32 @@ class Progress:
             opts.add(opt)
             steps = self.opt_steps
             steps[opt] = steps.get(opt, 0) + 1
-        for callback in self._counted_step:
+        for callback in self._counted_step.now:
             try:
                 callback(self.updates)
             except Exception as exc:  # a display must never break the user's run
                 self._rec.internal_error("step callback", exc)
-        self._ask("after_step")
+        if self._stop is None:
+            self._ask(self._after_step)
 
     def count_backward(self) -> None:
         self.backward_calls += 1
-        self._ask("after_backward")
+        if self._stop is None:
+            self._ask(self._after_backward)
 
     @property
     def stop_requested(self) -> bool:
         return self._stop is not None
 
-    def _ask(self, moment: str) -> None:
-        if self._stop is not None:
-            return
-        for condition in self._asked[moment]:
+    def _ask(self, asked: list) -> None:
+        """Each stop condition's answer at this moment (``asked``: the conditions with their
+        method for it), until one answers."""
+        rec = self._rec
+        for condition, answer in asked:
             try:
-                reason = getattr(condition, moment)(self._rec)
+                reason = answer(rec)
             except Exception as exc:
-                self._rec.internal_error("stop condition", exc)
+                rec.internal_error("stop condition", exc)
                 continue
             if reason:
                 self._stop = (condition.exception, reason)
@@ -94,7 +99,7 @@ class Progress:
 
     def holds(self):
         """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
-        for hold in self._budget_hold:
+        for hold in self._budget_hold.now:
             try:
                 yield hold()
             except Exception as exc:
@@ -107,6 +112,7 @@ class Progress:
         None, never end it (a forked copy of the process: nobody reads its trace)."""
         if handler is None:
             self._asked = {moment: [] for moment in self._asked}
+            self._after_step, self._after_backward = [], []
             self._stop = None
             return
 

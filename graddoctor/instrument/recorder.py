@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import traceback
 from threading import get_ident
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -35,7 +35,7 @@ from .gradstate import GradState
 from .identities import Identities
 from .progress import Progress
 from .stop import StopCondition
-from .topics import TOPICS, F, Topic
+from .topics import TOPICS, F, Subscribers, Topic
 
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
@@ -126,7 +126,7 @@ class Recorder:
         # folds repeated turns out of the trace in long runs (instrument/fold.py); None once
         # the run has ended (or if it failed)
         self.folder: Folder | None = Folder(self.trace)
-        self._subscribers: dict[Topic, list[Callable]] = {topic: [] for topic in TOPICS}
+        self._subscribers: dict[Topic, Subscribers] = {topic: Subscribers() for topic in TOPICS}
         # what each tracked tensor's .grad was when last seen (instrument/gradstate.py)
         self.grads = GradState(self.tensors, self.requires_grad)
         # steps, backwards and updates counted; when to end the replay (instrument/progress.py)
@@ -136,10 +136,23 @@ class Recorder:
     def subscribe(self, topic: Topic[F], subscriber: F) -> None:
         """Have ``subscriber`` called on each ``topic``, after the earlier ones (a topic not in
         ``TOPICS``, a string included, is a KeyError)."""
-        self._subscribers[topic].append(subscriber)
+        self._subscribers[topic].add(subscriber)
 
-    def subscribers(self, topic: Topic[F]) -> list[F]:
-        """The live list of a topic's subscribers, for its publisher to call."""
+    def retire(self, topic: Topic[F], subscriber: F) -> None:
+        """``subscriber`` is no longer called on ``topic`` (a watcher with nothing left to do:
+        it costs no call per step from now on), until it is resumed. Safe while the topic is
+        being published, from any thread."""
+        with self.lock:
+            self._subscribers[topic].set_active(subscriber, False)
+
+    def resume(self, topic: Topic[F], subscriber: F) -> None:
+        """A retired ``subscriber`` is called on ``topic`` again, at its place in the order
+        (nothing if it was not retired)."""
+        with self.lock:
+            self._subscribers[topic].set_active(subscriber, True)
+
+    def subscribers(self, topic: Topic[F]) -> Subscribers[F]:
+        """A topic's subscribers, for its publisher to call: it loops over their ``now``."""
         return self._subscribers[topic]
 
     # -- events ------------------------------------------------------------------------
@@ -221,13 +234,14 @@ class Recorder:
             self._leave_steady()
             holder.close()
 
-    def _leave_steady(self) -> None:
-        """End the folder's steady state: the trace as if every turn had been recorded."""
+    def _leave_steady(self, for_snapshot: bool = False) -> None:
+        """End the folder's steady state: the trace as if every turn had been recorded (for a
+        snapshot: nothing deviated, so the next repeating turn takes it up again)."""
         folder = self.folder
         if folder is not None and folder.steady is not None:
             with self.lock:
                 try:
-                    folder.materialize()
+                    folder.materialize(resume=for_snapshot)
                 except Exception as exc:  # keep every event from now on
                     self.folder = None
                     self.internal_error("folding repeated turns", exc)
@@ -242,7 +256,7 @@ class Recorder:
             # may be emitting; a watchdog's snapshot of a hung script finds it free)
             if self.lock.acquire(timeout=1.0):
                 try:
-                    self._leave_steady()
+                    self._leave_steady(for_snapshot=True)
                 finally:
                     self.lock.release()
             folder = self.folder

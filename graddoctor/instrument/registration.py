@@ -1,10 +1,22 @@
 """What the model really registers: attributes that look like registration but are not.
 
 * ``module.requires_grad = False`` sets a plain attribute on the Module object: it freezes
-  nothing (``requires_grad_(False)`` was meant). Seen through a class-level ``__setattr__`` on
-  ``nn.Module`` that sets the attribute first and then compares the name (one string compare
-  per module attribute set; the rest runs only for ``requires_grad``): a ``module_attr`` event at
-  the assignment, once per line and module.
+  nothing (``requires_grad_(False)`` was meant); so do the other names of that wish
+  (``FREEZE_FLAGS``: ``requires_grad_ = False``, which shadows the method, misspellings such
+  as ``require_grad``, Keras' ``trainable``). Seen through a class-level ``__setattr__`` on
+  ``nn.Module`` that sets the attribute first and then looks the name up (one set lookup per
+  module attribute set; the rest runs only for those names): a ``module_attr`` event at the
+  assignment, once per line and module.
+* ``model.eval = True`` / ``model.train = False``: a value assigned over the module's method
+  (the same ``__setattr__``, for those two names), which switches no mode: a ``module_attr``
+  event naming the BatchNorm and dropout layers under the module as the mode watcher numbers
+  them. A callable assigned there (a monkeypatched method) is not recorded.
+* The same names set on a tensor (``p.requires_grad_ = False``, ``p.trainable = False``): torch
+  reads only ``requires_grad``, so the parameter keeps training. Seen through a data
+  descriptor per name on ``torch.Tensor`` (``TensorAttrWatcher``), which stores the value in
+  the tensor's ``__dict__`` as Python would and records the set: no other attribute of a
+  tensor goes through it, so ``p.grad = None`` and the rest cost nothing. A ``param_attr``
+  event per line and leaf tensor (at most ``PARAM_ATTR_EVENTS`` per line).
 * Submodules, parameters or trainable tensors held in a plain ``list``/``tuple``/``dict``
   attribute (or a plain tensor attribute) of a module: ``nn.Module`` registers none of them, so
   ``model.parameters()`` leaves them out. Found at the end of the run, only when some tracked
@@ -47,14 +59,34 @@ from .. import events as ev
 from ..trace import Location
 from .identities import Identities
 from .names import LiveModules
+from .patcher import WatchedAttribute
 from .recorder import Recorder
 
 
-class ModuleAttrWatcher:
-    """``requires_grad`` set as an attribute on an ``nn.Module`` (see the module docstring)."""
+# Attribute names written to freeze (or unfreeze) that torch never reads: the method's name
+# without its call, the flag misspelt, Keras' name. ``requires_grad`` itself is one only on a
+# module (on a tensor it is the flag).
+FREEZE_FLAGS = frozenset({
+    "requires_grad_", "require_grad", "require_grad_", "requires_grads", "require_grads",
+    "requires_gard", "require_gard", "requires_gradient", "require_gradient",
+    "requires_gradients", "required_grad", "requries_grad", "requieres_grad", "reqires_grad",
+    "requres_grad", "requirs_grad", "requiresGrad", "requireGrad", "trainable",
+})
+MODULE_FLAGS = FREEZE_FLAGS | {"requires_grad"}
+PARAM_ATTR_EVENTS = 256  # param_attr events recorded per call line (a loop over the parameters)
 
-    def __init__(self, rec: Recorder):
+
+MODE_METHODS = ("train", "eval")
+_MODULE_WATCHED = MODULE_FLAGS | set(MODE_METHODS)
+
+
+class ModuleAttrWatcher:
+    """A freeze flag set as an attribute on an ``nn.Module``, or a value assigned over its
+    ``train``/``eval`` method (see the module docstring)."""
+
+    def __init__(self, rec: Recorder, modes):
         self.rec = rec
+        self.modes = modes  # the ModeWatcher: numbers the BatchNorm/dropout layers as it does
         self._mid = Identities()
         self._seen: set[tuple] = set()  # (path, line, mid) recorded
 
@@ -63,7 +95,7 @@ class ModuleAttrWatcher:
 
         def __setattr__(module, name, value):
             original(module, name, value)  # first, exactly as without graddoctor
-            if name == "requires_grad":
+            if name in _MODULE_WATCHED:
                 try:
                     watcher._flag_set(module, name, value)
                 except Exception as exc:
@@ -81,19 +113,68 @@ class ModuleAttrWatcher:
         loc = rec.here(3)
         if loc is None:
             return
+        mode_method = name in MODE_METHODS
+        if mode_method and callable(value):
+            return  # a method replaced on purpose (a monkeypatch), not a mode written as a value
         mid = self._mid(module)
         key = (loc.path, loc.line, mid)
         if key in self._seen:
             return
         self._seen.add(key)
-        params = [rec.track(p) for p in module.parameters()]
+        params = [] if mode_method else [rec.track(p) for p in module.parameters()]
+        layers = self.modes.layer_ids(module) if mode_method else None
         shown = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
         rec.emit_aside(ev.module_attr(mid=mid, cls=type(module).__name__, name=name, value=shown,
-                                      params=params), loc)
+                                      params=params, layers=layers), loc)
 
     def install(self, patcher) -> None:
         Module = torch.nn.Module
         patcher.patch(Module, "__setattr__", self._wrap_setattr(Module.__setattr__))
+
+
+class TensorAttrWatcher:
+    """A freeze flag set as an attribute on a tensor (see the module docstring)."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._seen: set[tuple] = set()  # (path, line, pid) recorded
+        self._per_line: dict[tuple, int] = {}  # (path, line) -> param_attr events recorded
+
+    def _told(self, tensor, name: str, value) -> None:
+        try:
+            self._flag_set(tensor, name, value)
+        except Exception as exc:
+            self.rec.internal_error("tensor attribute", exc)
+
+    def _flag_set(self, tensor, name: str, value) -> None:
+        rec = self.rec
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_leaf:
+            return
+        caller = sys._getframe(3)  # the frame that assigned (below: __set__, _told, this method)
+        if not rec.finder.is_user_file(caller.f_code.co_filename):
+            return
+        loc = rec.here(4)
+        if loc is None:
+            return
+        line = (loc.path, loc.line)
+        if self._per_line.get(line, 0) >= PARAM_ATTR_EVENTS:
+            return
+        pid = rec.track(tensor)
+        if (*line, pid) in self._seen:
+            return
+        self._seen.add((*line, pid))
+        self._per_line[line] = self._per_line.get(line, 0) + 1
+        shown = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+        cls = "Parameter" if isinstance(tensor, torch.nn.Parameter) else "Tensor"
+        rec.emit_aside(ev.param_attr(pid=pid, cls=cls, name=name, value=shown,
+                                     requires_grad=bool(tensor.requires_grad)), loc)
+
+    def install(self, patcher) -> None:
+        Tensor = torch.Tensor
+        for name in sorted(FREEZE_FLAGS):
+            # after the mode watcher's requires_grad_ wrapper, which this one hands calls on to
+            patcher.patch(Tensor, name, WatchedAttribute(name, Tensor.__dict__.get(name)
+                                                       or getattr(Tensor, name, None), self._told))
 
 
 _CREATED_EVENTS = 8  # param_created events recorded per call line

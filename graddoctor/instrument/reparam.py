@@ -54,6 +54,7 @@ import torch.distributions as D
 from .. import events as ev
 from .follow import FollowMode, pop_mode, push_mode, tensors_in, tensors_out, wrap_distribution_calls
 from .graphpaths import nearest, reached, saved
+from .lossterms import loss_roots
 from .recorder import Recorder
 
 _WINDOWS = 8  # windows opened in a run, at most
@@ -236,8 +237,7 @@ class ReparamWatcher:
         return {}
 
     def _judge(self, tensors) -> None:
-        items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
-        roots = [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        roots = loss_roots(tensors)
         seen: set = set()
         stack = list(roots)
         used: dict = {}  # origin -> its first use reached

@@ -20,14 +20,25 @@ whether the module's ``state_dict()`` (or a holder's) was called since its previ
 (``STATE_TAKEN``): the values trained in between were saved, not lost (federated averaging's
 clients).
 
+Before the first optimizer step the same two wrappers see a checkpoint undone before training
+starts: ``load_state_dict`` notes the parameters it placed (by their storage), and an
+initialiser that writes one of them (``model.apply(init_weights)``, ``reset_parameters()``,
+``nn.init.*_`` on the loaded weights, ``.data`` included) is noted against that load. A load
+whose every placed weight (a tensor of two dimensions or more) an initialiser overwrote is
+one ``state_overwritten`` event at the end of a run that stepped an optimizer (``close``):
+the model trained from the initialisation, not from the state loaded. A later load that places
+a tensor again takes it from the earlier one.
+
 Cost: before the first optimizer step (model construction: every layer's ``reset_parameters``)
-one comparison per call; after it, a pid lookup per tensor touched; the first loads of a state
+one comparison per call, and while a load's placed tensors are noted one dict lookup per
+initialiser call; after it, a pid lookup per tensor touched; the first loads of a state
 into stepped parameters, one small reduction each.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 
 import torch
@@ -85,6 +96,32 @@ def fingerprint(state_dict) -> float | None:
     return total if total == total else None  # NaN compares unequal to itself
 
 
+MAX_LOADS = 16  # loads before the first step whose placed tensors are noted
+_INIT_LINES = 4  # lines of the initialisers that overwrote a load, kept in its event
+
+
+class _Load:
+    """A ``load_state_dict`` before the first step: where, into what, the tensors it placed
+    (storage key -> (weak ref, a weight of two dimensions or more)) and those an initialiser
+    overwrote since (key -> (initialiser, its location, the parameter's pid))."""
+
+    def __init__(self, loc, cls: str):
+        self.loc, self.cls = loc, cls
+        self.placed: dict[tuple, tuple[weakref.ref, bool]] = {}
+        self.overwritten: dict[tuple, tuple] = {}
+
+
+def _storage(tensor) -> tuple | None:
+    """A tensor's storage (device, address, shape): a parameter and its ``.data`` share it."""
+    try:
+        if tensor.is_meta:
+            return None
+        ptr = tensor.data_ptr()
+    except Exception:
+        return None
+    return (str(tensor.device), ptr, tuple(tensor.shape)) if ptr else None
+
+
 class ParamResetWatcher:
     def __init__(self, rec: Recorder, owned):
         self.rec = rec
@@ -102,6 +139,10 @@ class ParamResetWatcher:
         self._takes = 0
         self._taken: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # before the first step: the loads (see the module docs) and each placed tensor's
+        # storage key -> (weak ref, its load)
+        self._loads: list[_Load] = []
+        self._placed: dict[tuple, tuple[weakref.ref, _Load]] = {}
 
     def _state_number(self, state_dict) -> int | None:
         """The number of the state whose tensors ``state_dict`` holds (a new one when first
@@ -165,12 +206,86 @@ class ParamResetWatcher:
         except Exception:  # tensors without readable values (fake, functorch): no fingerprint
             return None
 
+    def _note_placed(self, module, state_dict, result, loc) -> None:
+        """The parameters a load before the first step placed (its keys, less the missing)."""
+        if len(self._loads) >= MAX_LOADS:
+            return
+        missing = set(getattr(result, "missing_keys", ()) or ())
+        keys = set(state_dict.keys())
+        load = _Load(loc, type(module).__name__)
+        for name, param in module.named_parameters():
+            if name not in keys or name in missing:
+                continue
+            key = _storage(param)
+            if key is None:
+                continue
+            before = self._placed.get(key)
+            if before is not None:  # placed again: the earlier load's no more
+                before[1].placed.pop(key, None)
+                before[1].overwritten.pop(key, None)
+            ref = weakref.ref(param)
+            load.placed[key] = (ref, param.dim() >= 2)
+            self._placed[key] = (ref, load)
+        if load.placed:
+            self._loads.append(load)
+
+    def _overwrites(self, tensor, name: str) -> None:
+        """An initialiser before the first step: is ``tensor`` (or its ``.data``) one a load
+        placed?"""
+        key = _storage(tensor)
+        entry = self._placed.get(key) if key is not None else None
+        if entry is None or entry[0]() is None:
+            return
+        load = entry[1]
+        if key in load.placed and key not in load.overwritten:
+            param = load.placed[key][0]()
+            if param is not None:  # the parameter (the initialiser may be given its .data)
+                load.overwritten[key] = (name, self._in_scope_of(load) or self.rec.here(4),
+                                         self.rec.track(param))
+
+    def _in_scope_of(self, load):
+        """The statement, in the function that made the load, whose call led to this
+        initialiser (``model.apply(init_weights)``, ``model.reset()``), not the line inside
+        the helper; None when the load's function is not on the stack."""
+        if load.loc is None:
+            return None
+        finder = self.rec.finder
+        for frame in finder.user_frames(sys._getframe(3)):
+            at = finder.instruction_location(frame)
+            if at.path == load.loc.path and at.function == load.loc.function:
+                return at
+        return None
+
+    def close(self) -> None:
+        """At the end of the run: each load whose placed weights were all overwritten before
+        the first step, when an optimizer stepped (``state_overwritten``)."""
+        rec = self.rec
+        if not rec.progress.steps:
+            return
+        for load in self._loads:
+            weights = [key for key, (_, matrix) in load.placed.items() if matrix]
+            if not weights or any(key not in load.overwritten for key in weights):
+                continue
+            params = [pid for _, _, pid in load.overwritten.values()]
+            inits = list(dict.fromkeys((n, loc) for n, loc, _ in load.overwritten.values()))
+            rec.emit_aside(ev.state_overwritten(
+                cls=load.cls, params=params, weights=len(weights),
+                via=list(dict.fromkeys(f"torch.nn.init.{n}" for n, _ in inits)),
+                at=[[loc.path, loc.line, loc.function]
+                    for loc in dict.fromkeys(loc for _, loc in inits) if loc is not None][:_INIT_LINES]),
+                load.loc)
+
     def _wrap_init(self, original, name: str):
         watcher, rec = self, self.rec
 
         @functools.wraps(original)
         def initialiser(tensor, *args, **kwargs):
             if watcher._busy or not rec.progress.steps:
+                if watcher._placed and not watcher._busy and not rec.progress.steps:
+                    try:
+                        watcher._overwrites(tensor, name)
+                    except Exception as exc:
+                        rec.internal_error(f"torch.nn.init.{name}", exc)
                 return original(tensor, *args, **kwargs)
             watcher._busy = True
             try:
@@ -201,12 +316,17 @@ class ParamResetWatcher:
                         rec.emit_aside(ev.state_self_load(**itself), rec.here(2))
                 except Exception as exc:
                     rec.internal_error("load_state_dict (itself)", exc)
-                for loading in watcher._loading:
+                for loading in watcher._loading.now:
                     try:
                         loading(module, state_dict)
                     except Exception as exc:
                         rec.internal_error("load_state_dict", exc)
                 result = original(module, state_dict, *args, **kwargs)
+                if not rec.progress.steps:
+                    try:
+                        watcher._note_placed(module, state_dict, result, rec.here(2))
+                    except Exception as exc:
+                        rec.internal_error("load_state_dict (placed)", exc)
                 try:
                     unloaded = nothing_loaded(module, state_dict, result)
                     if unloaded is not None:

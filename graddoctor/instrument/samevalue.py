@@ -211,6 +211,66 @@ def _loss_level(root, order: list) -> set:
     return level
 
 
+def verify_twins(a, b, saved) -> list | None:
+    """Whether the subgraphs under ``a`` and ``b`` computed the same values: the same ops
+    over the same leaves with equal saved tensors (top down, so that the values that differ
+    near the output are found first). When they did: the ops where the two computations
+    start (their inputs all shared: the same leaves, or constants), e.g. two
+    ``EmbeddingBackward0`` lookups of the same rows or a module's first layer given equal
+    inputs; None when they did not. ``saved.get(node)``: what the node saved (``_saved``), or
+    None when it cannot be read."""
+    starts: list = []
+    done: set = set()
+    queue = [(a, b)]
+    k = 0
+    while k < len(queue):
+        x, y = queue[k]
+        k += 1
+        if x is y or (x, y) in done:
+            continue
+        done.add((x, y))
+        if len(done) > _VERIFY:
+            return None
+        if type(x) is not type(y) or len(x.next_functions) != len(y.next_functions) \
+                or isinstance(x, _CUSTOM):
+            return None  # a custom Function may keep what differs (a mask) on its ctx: unseen
+        if type(x).__name__ == "AccumulateGrad":
+            if getattr(x, "variable", None) is not getattr(y, "variable", None):
+                return None
+            continue
+        sx, sy = saved.get(x), saved.get(y)
+        if sx is None or sy is None or len(sx) != len(sy):
+            return None
+        if not all(nx == ny and _same(vx, vy) for (nx, vx), (ny, vy) in zip(sx, sy)):
+            return None
+        shared = True
+        for (cx, nx), (cy, ny) in zip(x.next_functions, y.next_functions):
+            if (cx is None) != (cy is None) or nx != ny:
+                return None
+            if cx is not None:
+                queue.append((cx, cy))
+                shared = shared and (cx is cy or _param_view(cx, cy))
+        if shared and not _param_view(x, y) and type(x).__name__ not in starts and len(starts) < 8:
+            starts.append(type(x).__name__)
+    return starts
+
+
+class LazySaved:
+    """``saved.get(node)`` for ``verify_twins`` read on demand: what a node saved, None when a
+    tensor of it went through saved-tensor hooks (reading it would run them)."""
+
+    def __init__(self):
+        self._read: dict = {}
+
+    def get(self, node):
+        if node not in self._read:
+            try:
+                self._read[node] = _saved(node)
+            except _Hooked:
+                self._read[node] = None
+        return self._read[node]
+
+
 class SameValueWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -364,46 +424,7 @@ class SameValueWatcher:
         return None
 
     def _verify(self, a, b, saved) -> list | None:
-        """Whether the subgraphs under ``a`` and ``b`` computed the same values: the same ops
-        over the same leaves with equal saved tensors (top down, so that the values that differ
-        near the output are found first). When they did: the ops where the two computations
-        start (their inputs all shared: the same leaves, or constants), e.g. two
-        ``EmbeddingBackward0`` lookups of the same rows or a module's first layer given equal
-        inputs; None when they did not."""
-        starts: list = []
-        done: set = set()
-        queue = [(a, b)]
-        k = 0
-        while k < len(queue):
-            x, y = queue[k]
-            k += 1
-            if x is y or (x, y) in done:
-                continue
-            done.add((x, y))
-            if len(done) > _VERIFY:
-                return None
-            if type(x) is not type(y) or len(x.next_functions) != len(y.next_functions) \
-                    or isinstance(x, _CUSTOM):
-                return None  # a custom Function may keep what differs (a mask) on its ctx: unseen
-            if type(x).__name__ == "AccumulateGrad":
-                if getattr(x, "variable", None) is not getattr(y, "variable", None):
-                    return None
-                continue
-            sx, sy = saved.get(x), saved.get(y)
-            if sx is None or sy is None or len(sx) != len(sy):
-                return None
-            if not all(nx == ny and _same(vx, vy) for (nx, vx), (ny, vy) in zip(sx, sy)):
-                return None
-            shared = True
-            for (cx, nx), (cy, ny) in zip(x.next_functions, y.next_functions):
-                if (cx is None) != (cy is None) or nx != ny:
-                    return None
-                if cx is not None:
-                    queue.append((cx, cy))
-                    shared = shared and (cx is cy or _param_view(cx, cy))
-            if shared and not _param_view(x, y) and type(x).__name__ not in starts and len(starts) < 8:
-                starts.append(type(x).__name__)
-        return starts
+        return verify_twins(a, b, saved)
 
     @staticmethod
     def _shape(node, saved):

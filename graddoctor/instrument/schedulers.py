@@ -13,12 +13,20 @@ step hooks keep firing.
 its schedule's arguments and the lr it set at construction (a warm-up's first factor), and a
 scheduler that is built but never stepped can be told. Each step records the lrs it wrote, read
 after the step: a few dict reads per call.
+
+``scheduler.lr = 1e-3`` (or ``learning_rate``) sets an attribute no torch scheduler reads: the
+scheduler and its optimizer take the lr from ``param_groups``. A data descriptor per name on
+``LRScheduler`` (``WatchedAttribute``: nothing else a scheduler sets goes through it) records
+it as an ``optimizer_attr`` event with the scheduler's class, for a scheduler whose class
+is torch's in ``step`` and ``get_lr`` and gives the name no meaning of its own, once per line,
+scheduler and name, unless its optimizer's groups hold that lr already.
 """
 
 from __future__ import annotations
 
 import functools
 import numbers
+import sys
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -26,6 +34,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from .. import events as ev
 from .identities import Identities
 from .optim import group_lrs, plain_number
+from .patcher import WatchedAttribute
 from .recorder import Recorder
 from .subclasses import Depth, patch_tree
 
@@ -101,6 +110,22 @@ def metric_kind(args, kwargs) -> str:
     return "other"
 
 
+# names a script sets on a scheduler meaning the learning rate; torch's schedulers read none
+LR_ATTRIBUTES = ("lr", "learning_rate")
+
+
+def _reads_param_groups(scheduler, name: str) -> bool:
+    """Whether the scheduler's class is torch's where it computes and sets the lr (``step``,
+    ``get_lr``) and no class of its own gives ``name`` a meaning (a scheduler of the script's
+    own may read ``self.lr``)."""
+    cls = type(scheduler)
+    for method in ("step", "get_lr"):
+        module = getattr(getattr(cls, method, None), "__module__", None) or ""
+        if not module.startswith("torch."):
+            return False
+    return not any(name in vars(c) for c in cls.__mro__ if c is not LRScheduler)
+
+
 class SchedulerWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -108,6 +133,7 @@ class SchedulerWatcher:
         self._in_step = Depth()
         self._in_init = Depth()
         self._constructing = Depth()
+        self._attrs_seen: set[tuple] = set()  # (path, line, scheduler, name) recorded
 
     def _wrap_step(self, original):
         watcher, rec = self, self.rec
@@ -182,7 +208,39 @@ class SchedulerWatcher:
             base_lrs=[plain_number(b) for b in base] if isinstance(base, list) else None,
             lrs=group_lrs(optimizer)), rec.here(3))
 
+    def _attribute_told(self, scheduler, name: str, value) -> None:
+        try:
+            self._attribute_set(scheduler, name, value)
+        except Exception as exc:
+            self.rec.internal_error("lr_scheduler attribute", exc)
+
+    def _attribute_set(self, scheduler, name: str, value) -> None:
+        rec = self.rec
+        caller = sys._getframe(3)  # the frame that assigned (below: __set__, _attribute_told, this)
+        if not rec.finder.is_user_file(caller.f_code.co_filename):
+            return
+        optimizer = scheduler.__dict__.get("optimizer")
+        if not isinstance(optimizer, torch.optim.Optimizer) or not _reads_param_groups(scheduler, name):
+            return
+        loc = rec.here(4)
+        if loc is None:
+            return
+        seen = (loc.path, loc.line, self.scheduler_id(scheduler), name)
+        if seen in self._attrs_seen:
+            return
+        number = plain_number(value)
+        kept = group_lrs(optimizer) or []
+        if number is not None and kept and all(k == number for k in kept):
+            return  # the groups step with that lr anyway
+        self._attrs_seen.add(seen)
+        rec.emit_aside(ev.optimizer_attr(opt=rec.optimizer_id(optimizer),
+                                         cls=type(optimizer).__name__, name=name, key="lr",
+                                         value=number, kept=kept,
+                                         scheduler=type(scheduler).__name__), loc)
+
     def install(self, patcher) -> None:
+        for name in LR_ATTRIBUTES:
+            patcher.patch(LRScheduler, name, WatchedAttribute(name, None, self._attribute_told))
         patch_tree(patcher, LRScheduler, "step", self._wrap_step)
         patch_tree(patcher, LRScheduler, "_initial_step", self._wrap_initial_step)
         patch_tree(patcher, LRScheduler, "__init__", self._wrap_init)

@@ -109,7 +109,7 @@ class SnapshotWatcher:
             try:
                 if not kwargs.get("keep_vars", args[2] if len(args) > 2 else False):
                     watcher._remember(module, result)
-                    for taken in watcher._taken:
+                    for taken in watcher._taken.now:
                         taken(module)
             except Exception as exc:
                 rec.internal_error("Module.state_dict", exc)

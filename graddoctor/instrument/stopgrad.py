@@ -20,11 +20,46 @@ recorded (a ``target_grad`` aside event, once per call line) when
 * target and input reach some tracked tensor in common (the same parameters), and
 * the target is not made from the input or the input from the target (a Jensen-Shannon term
   compares each distribution with a mixture made of them: AugMix), and
-* the pair is not a symmetric consistency: for ``mse``-like losses, both sides made by the
-  same kind of op of the same layer, with one shape (a Π-model's ``mse(softmax(f(x1)),
+* the two sides are not one value: one branch of the model (a softmax and a log-softmax of
+  the same logits), or two that computed the same values from the same inputs and parameters
+  (``softmax(f(x)) * log_softmax(f(x))``, an entropy written with two calls; a value compared
+  with itself is loss-compares-with-itself's), and
+* the pair is not a symmetric consistency: for ``mse``-like losses, rows of one output
+  compared with each other (``h[:8]`` against ``h[8:]``: pairs of a batch; ``z[:, 1:]``
+  against ``z[:, :-1]``: neighbouring time steps), or both sides made by the same kind of op of
+  the same layer, with one shape (a Π-model's ``mse(softmax(f(x1)),
   softmax(f(x2)))``; a latent prediction ``mse(dyn(enc(x)), enc(x2))`` is made by two layers); for the
   others, the same pair of branches seen the other way round in the same loss (R-Drop's
   ``kl(p1 || p2) + kl(p2 || p1)``). Those train both sides on purpose.
+
+The same loss written by hand is no call: at the first ``_WINDOWS`` backwards of each backward
+line (``_LINES`` lines at most) the loss's graph is read from its root down its linear top
+(sums, means, views, negations, differences, products by a factor without gradient: a mask, a
+weight, a temperature) for the three shapes a comparison takes there:
+
+* a *cross-entropy*: a product of two computed factors, one a log-probability (a
+  ``log_softmax``, ``logsigmoid`` or ``log``, or a sum or difference of them: ``log q - log p``)
+  and the other a distribution (a softmax, a sigmoid or an exp, a few shaping ops up: a
+  ``torch.where`` on confidence, a sharpening, ``1 - t``). The distribution is the target, each
+  log-probability the input. A log-probability of the very distribution it multiplies (an
+  entropy's ``p * log p``, ``p * log_softmax(z)`` for ``p = softmax(z)``) is skipped;
+* a *squared or absolute difference* of two computed sides (``(a - b) ** 2``, ``.pow(2)``,
+  ``.abs()``, ``.norm(dim=1)``, ``d * d``, a Huber loss's ``torch.where``), ``b`` the target;
+* a *cosine*: a product of two computed, L2-normalised factors (``F.normalize`` or
+  ``F.cosine_similarity``: SimSiam's and BYOL's loss), the second the target.
+
+One side compared by squared error or cosine with two others or more (a triplet's anchor with
+its positive and its negative, a query with several documents) is metric learning, every side
+trained on purpose: not taken. A squared error or cosine that a computed value scales
+(``(mu_q - mu_p) ** 2 / var_p``, a Gaussian KL or likelihood with a learned variance) is no
+regression onto a target: not taken.
+
+Each pair is judged as a call of the matching loss (``kl_div``, ``mse_loss``) is, with the
+same exemptions (one side made from the other; two outputs of one layer compared with one op;
+a pair seen both ways round in one loss); a built-in loss's own pieces (``kl_div`` and
+``cross_entropy`` compute such a product inside) are left to its call. A candidate is a
+``target_grad`` event at the backward's line, ``fn`` naming the hand-written form; the rule
+finds the line that computes it.
 
 Candidates are held until the next backward (``describe_loss``), which decides the
 symmetric pairs and emits the rest with their call line.
@@ -38,7 +73,9 @@ import torch.nn.functional as F
 from .. import events as ev
 from .graphpaths import reached
 from .inlinable import watched
+from .lossterms import PerLine, loss_root
 from .recorder import Recorder
+from .samevalue import LazySaved, verify_twins
 
 NAMES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "binary_cross_entropy",
          "binary_cross_entropy_with_logits", "cross_entropy")
@@ -48,6 +85,13 @@ _WINDOWS = 3  # backwards whose losses are judged (the calls since the previous 
 _CALLS = 32  # calls judged per backward at most: past it the window's candidates are dropped
 # (a symmetric pair may be cut in two)
 _NODES = 20000  # nodes walked per side
+_LINES = 8  # backward lines whose hand-written losses are read, at most
+_TOP = 256  # nodes of a loss's linear top walked for hand-written comparisons
+_PAIRS = 16  # hand-written pairs judged per backward, at most
+_NEAR = 6  # levels below a factor searched for the distribution that makes it
+# the hand-written comparisons, as the events name them
+CROSS_ENTROPY, SQUARED, COSINE = ("hand-written cross-entropy", "hand-written squared error",
+                                  "hand-written cosine similarity")
 # nodes that keep the values they are given: a producer is read past them
 _PASS = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Permute", "Transpose",
          "TBackward", "Clone", "ToCopy", "Expand", "Alias", "Contiguous")
@@ -111,19 +155,227 @@ def _same_layer(base_in, base_target, nodes_in: set, nodes_target: set) -> bool:
     return not any(getattr(node, "variable", None) is None for node in nodes_in & nodes_target)
 
 
+# ops that pass a value on with one computed input: the branch of the model a value comes from
+# is read past them (a temperature, an epsilon, a clamp, a confidence gate, the log of a softmax)
+_PEEL = _PASS + ("SoftmaxBackward", "LogSoftmaxBackward", "SigmoidBackward", "LogSigmoidBackward",
+                 "ExpBackward", "LogBackward", "WhereBackward", "ClampBackward", "ClampMinBackward",
+                 "NegBackward", "AddBackward", "SubBackward", "RsubBackward", "MulBackward",
+                 "DivBackward", "PowBackward")
+_LOGS = ("LogSoftmaxBackward", "LogSigmoidBackward", "LogBackward")
+_DISTRIBUTIONS = ("SoftmaxBackward", "SigmoidBackward", "ExpBackward")
+# ops between a distribution and the factor a hand-written loss multiplies (a gate, a sharpening,
+# a renormalisation, a smoothing, a selection of rows)
+_SHAPING = _PASS + ("WhereBackward", "MulBackward", "DivBackward", "PowBackward", "AddBackward",
+                    "SubBackward", "RsubBackward", "NegBackward", "ClampBackward", "ClampMinBackward",
+                    "SumBackward", "MeanBackward", "IndexBackward", "SelectBackward", "SliceBackward",
+                    "SplitBackward", "CatBackward", "StackBackward", "GatherBackward", "RepeatBackward")
+# the linear top of a loss: a term's value reaches the loss through these unchanged in kind
+_TOP_OPS = _PASS + ("SumBackward", "MeanBackward", "NegBackward", "AddBackward", "SubBackward",
+                    "RsubBackward", "MulBackward", "DivBackward", "SelectBackward", "SliceBackward",
+                    "IndexBackward", "CatBackward", "StackBackward", "SplitBackward", "UnbindBackward",
+                    "WhereBackward")  # a hand-written Huber loss picks its branch per element
+# what a squared error's difference is taken the size of, besides a square
+_DISTANCES = ("AbsBackward0", "LinalgVectorNormBackward0", "NormBackward1", "NormBackward0")
+
+
+def _computed(node) -> list:
+    """The inputs of ``node`` that carry a gradient, as edges ``(node, output number)``."""
+    return [edge for edge in node.next_functions if edge[0] is not None]
+
+
+# ops that select rows (or elements) of one value, and views
+_SELECT = _PASS + ("SliceBackward", "SelectBackward", "IndexBackward", "SplitBackward",
+                   "SplitWithSizesBackward", "UnbindBackward", "GatherBackward", "NarrowBackward")
+
+
+def _past(edge, ops: tuple, limit: int) -> tuple:
+    """``edge`` read past the ops named by ``ops`` (prefixes of node names) that pass one
+    computed input on, at most ``limit`` of them."""
+    for _ in range(limit):
+        node = edge[0]
+        if node is None or not type(node).__name__.startswith(ops):
+            return edge
+        inputs = _computed(node)
+        if len(inputs) != 1:
+            return edge
+        edge = inputs[0]
+    return edge
+
+
+def _selected_from(edge) -> tuple:
+    """The value a side selects its rows from, past views and selections (``h[:8]``,
+    ``z[:, 1:]``, a chunk): two sides with the same one compare parts of one output."""
+    return _past(edge, _SELECT, 16)
+
+
+def branch(edge) -> tuple:
+    """The value a side of a comparison is made from, read past the ops that pass one computed
+    input on (``_PEEL``), as the edge ``(node, output number)`` that feeds them: two chunks of
+    one forward (``logits.chunk(2)``) are two branches, a softmax and a log-softmax of one
+    logits tensor one."""
+    return _past(edge, _PEEL, 32)
+
+
+def log_terms(edge) -> list:
+    """The log-probabilities a factor sums (``log q - log p``, ``-log_softmax(z) / T``): edges
+    whose op (past views) is a log-softmax, a logsigmoid or a log; for the log of a ratio
+    (``log(p / q)``), the edges of ``p`` and ``q``. Empty: no log-probability."""
+    found, stack, seen = [], [edge], set()
+    while stack and len(seen) < 64:
+        edge = stack.pop()
+        node = edge[0]
+        if node is None or edge in seen:
+            continue
+        seen.add(edge)
+        name = type(node).__name__
+        inputs = _computed(node)
+        if name.startswith(_LOGS):
+            ratio = _producer(inputs[0][0]) if len(inputs) == 1 else None
+            if ratio is not None and type(ratio).__name__ == "DivBackward0" and len(_computed(ratio)) == 2:
+                found.extend(_computed(ratio))  # log(p / q): the terms log p and -log q
+            else:
+                found.append(edge)
+        elif name.startswith(_PASS) or name.startswith("NegBackward") or (
+                name.startswith(("AddBackward", "SubBackward"))):
+            stack.extend(inputs)
+        elif name.startswith(("MulBackward", "DivBackward")) and len(inputs) == 1:
+            stack.extend(inputs)  # a constant factor: a temperature
+        else:
+            return []  # a term that is no log-probability: the factor is not one
+    return found
+
+
+def is_distribution(edge) -> bool:
+    """Whether a factor is made from a softmax, a sigmoid or an exp a few shaping ops up (a
+    confidence gate, a sharpening, ``1 - t``): a distribution playing the target."""
+    level, seen = [edge[0]], set()
+    for _ in range(_NEAR):
+        following = []
+        for node in level:
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            name = type(node).__name__
+            if name.startswith(_DISTRIBUTIONS):
+                return True
+            if name.startswith(_SHAPING):
+                following.extend(child for child, _ in _computed(node))
+        level = following
+    return False
+
+
+def _normalised(edge) -> bool:
+    """An L2-normalised value: a division whose divisor is made by a vector norm
+    (``F.normalize``, ``F.cosine_similarity``'s operands)."""
+    node = _producer(edge[0])
+    if node is None or not type(node).__name__.startswith("DivBackward"):
+        return False
+    inputs = _computed(node)
+    if len(inputs) != 2:
+        return False
+    divisor, steps = inputs[1][0], 0
+    while divisor is not None and steps < 6:
+        name = type(divisor).__name__
+        if name.startswith(("LinalgVectorNormBackward", "NormBackward")):
+            return True
+        if not name.startswith(_PASS + ("ClampBackward", "ClampMinBackward", "ExpandBackward")):
+            return False
+        inputs = _computed(divisor)
+        divisor = inputs[0][0] if len(inputs) == 1 else None
+        steps += 1
+    return False
+
+
+def _shape(edge):
+    """The shape of the value an edge carries (the node's metadata; no saved tensor read)."""
+    try:
+        meta = edge[0]._input_metadata
+        return tuple(meta[edge[1]].shape)
+    except Exception:  # an older torch, a node without metadata
+        return None
+
+
+def _difference(edge):
+    """The two computed sides of the difference a square or absolute value is taken of, or
+    None."""
+    node = _producer(edge[0])
+    if node is None or not type(node).__name__.startswith("SubBackward0"):
+        return None
+    inputs = _computed(node)
+    if len(inputs) != 2 or len(node.next_functions) != 2:
+        return None
+    return inputs[0], inputs[1]
+
+
+def comparisons(root, limit: int = _TOP) -> list:
+    """``[(form, input edge, target edge)]``: the hand-written comparisons the loss's linear top
+    holds (see the module's docs), at most ``_PAIRS``. A squared error or cosine scaled by
+    another computed value (``(mu_q - mu_p) ** 2 / var_p``: a Gaussian KL or likelihood with a
+    learned variance) is a term of a likelihood both of whose sides are trained, not a
+    regression onto a target: not taken."""
+    found: list = []
+    stack, seen = [(root, False)], set()
+    while stack and len(found) < _PAIRS:
+        node, scaled = stack.pop()
+        if node is None or (node, scaled) in seen:
+            continue
+        seen.add((node, scaled))
+        if len(seen) > limit:
+            break
+        name = type(node).__name__
+        inputs = _computed(node)
+        if len(inputs) == 1 and (name in _DISTANCES or name == "PowBackward0" and getattr(
+                node, "_saved_exponent", None) in (2, 2.0)):
+            sides = _difference(inputs[0])
+            if sides is not None and not scaled:
+                found.append((SQUARED, *sides))
+            continue
+        if name == "MulBackward0" and len(inputs) == 2:
+            a, b = inputs
+            if a == b:  # d * d
+                sides = _difference(a)
+                if sides is not None and not scaled:
+                    found.append((SQUARED, *sides))
+                continue
+            logs_a, logs_b = log_terms(a), log_terms(b)
+            if logs_a and not logs_b and is_distribution(b):
+                found.extend((CROSS_ENTROPY, term, b) for term in logs_a)
+                continue
+            if logs_b and not logs_a and is_distribution(a):
+                found.extend((CROSS_ENTROPY, term, a) for term in logs_b)
+                continue
+            if _normalised(a) and _normalised(b):
+                if not scaled:
+                    found.append((COSINE, a, b))
+                continue
+            if logs_a or logs_b:
+                continue  # a log-likelihood weighted by a computed factor (an advantage): not a target
+            # a term weighted by a computed factor (a learned precision, a focal weight)
+            stack.extend((edge[0], True) for edge in inputs)
+            continue
+        if name.startswith("DivBackward") and len(inputs) == 2:
+            stack.append((inputs[0][0], True))  # over a computed divisor: a learned variance
+            continue
+        if name.startswith(_TOP_OPS):
+            stack.extend((edge[0], scaled) for edge in inputs)
+    return found[:_PAIRS]
+
+
 class TargetGradWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._windows = 0  # backwards whose losses were judged
         self._calls = 0  # calls judged since the last backward
         self._done: set = set()  # call lines recorded
-        self._pending: list = []  # (fn, loc, input base, target base, event) until the next backward
+        self._pending: list = []  # (loc, input branch, target branch, event) until the next backward
+        self._lines = PerLine(_WINDOWS, _LINES)  # backwards whose hand-written losses are read
+        self._called: set = set()  # nodes of the built-in losses' arguments since the last backward
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
 
         def before(args, kwargs) -> None:
-            if watcher._windows >= _WINDOWS:
+            if watcher._windows >= _WINDOWS and watcher._lines.exhausted:
                 return
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if not (isinstance(target, torch.Tensor) and target.requires_grad
@@ -132,6 +384,10 @@ class TargetGradWatcher:
             input = args[0] if args else kwargs.get("input")
             if not (isinstance(input, torch.Tensor) and input.grad_fn is not None):
                 return  # the swapped arguments are loss-input-mismatch's
+            if len(watcher._called) < 4 * _CALLS:  # its pieces are this call's, not hand-written
+                watcher._called.update((input.grad_fn, target.grad_fn))
+            if watcher._windows >= _WINDOWS:
+                return
             try:
                 watcher._calls += 1
                 if watcher._calls <= _CALLS:
@@ -146,42 +402,92 @@ class TargetGradWatcher:
     def _check(self, fn: str, input, target) -> None:
         if fn == "cross_entropy" and not target.is_floating_point():
             return
-        walked_in = reached(input.grad_fn, _NODES)
-        walked_target = reached(target.grad_fn, _NODES)
-        if walked_in is None or walked_target is None:
+        loc = self.rec.here()
+        if loc in self._done:
             return
+        candidate = self._judge(fn, (input.grad_fn, input.output_nr), (target.grad_fn, target.output_nr),
+                                tuple(input.shape) == tuple(target.shape))
+        if candidate is not None:
+            self._pending.append((loc, *candidate))
+
+    def _judge(self, fn: str, input_edge, target_edge, same_shape: bool):
+        """``(input branch, target branch, event)`` when the target reaches parameters the input
+        does and no exemption holds (see the module's docs), else None."""
+        input_node, target_node = input_edge[0], target_edge[0]
+        branch_in, branch_target = branch(input_edge), branch(target_edge)
+        if branch_in == branch_target:
+            return None  # one value on both sides: an entropy's p * log p, a pairwise difference
+        walked_in = reached(input_node, _NODES)
+        walked_target = reached(target_node, _NODES)
+        if walked_in is None or walked_target is None:
+            return None
         nodes_in, leaves_in = walked_in
         nodes_target, leaves_target = walked_target
-        if target.grad_fn in nodes_in or input.grad_fn in nodes_target:
-            return  # one side is made from the other (a mixture against its parts: a JSD)
+        if target_node in nodes_in or input_node in nodes_target:
+            return None  # one side is made from the other (a mixture against its parts: a JSD)
         common = leaves_in & leaves_target
         if not common:
-            return  # a separate network makes the target (a target network, a peer model)
+            return None  # a separate network makes the target (a target network, a peer model)
         tensors = self.rec.tensors
         pids = sorted(pid for i in common
                       if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
         if not pids:
-            return
-        made_in, made_target = _producer(input.grad_fn), _producer(target.grad_fn)
-        base_in, base_target = _base(input.grad_fn), _base(target.grad_fn)
-        if (fn in _SYMMETRIC and type(made_in) is type(made_target) and input.shape == target.shape
-                and _same_layer(base_in, base_target, nodes_in, nodes_target)):
-            return  # two outputs of one layer made to agree (a Π-model): both sides train
-        loc = self.rec.here()
-        if loc in self._done:
-            return
+            return None
+        if fn in _SYMMETRIC and _selected_from(input_edge) == _selected_from(target_edge):
+            return None  # rows of one output compared with each other (pairs of a batch, time steps)
+        made_in, made_target = _producer(input_node), _producer(target_node)
+        if (fn in _SYMMETRIC and type(made_in) is type(made_target) and same_shape
+                and _same_layer(_base(input_node), _base(target_node), nodes_in, nodes_target)):
+            return None  # two outputs of one layer made to agree (a Π-model): both sides train
+        if branch_in[1] == branch_target[1] and branch_in[0] is not branch_target[0] \
+                and verify_twins(branch_in[0], branch_target[0], LazySaved()) is not None:
+            return None  # one value computed twice (softmax(f(x)) * log_softmax(f(x))): no target
         made = ev.target_grad(fn=fn, params=pids[:64], input_op=type(made_in).__name__,
                               target_op=type(made_target).__name__)
-        self._pending.append((loc, base_in, base_target, made))
+        return branch_in, branch_target, made
+
+    def _read_handwritten(self, tensors) -> None:
+        """The hand-written comparisons of the loss backpropagated now become candidates at the
+        backward's line."""
+        if self._lines.exhausted:
+            return
+        root = loss_root(tensors)
+        if root is None:
+            return
+        loc = self.rec.here()
+        if loc in self._done or not self._lines.admit(loc):
+            return
+        found = comparisons(root)
+        compared: dict = {}  # (form, input branch) -> the target branches it is compared with
+        for form, input_edge, target_edge in found:
+            if form != CROSS_ENTROPY:
+                compared.setdefault((form, branch(input_edge)), set()).add(branch(target_edge))
+        for form, input_edge, target_edge in found:
+            if form != CROSS_ENTROPY and len(compared[(form, branch(input_edge))]) > 1:
+                continue  # an anchor pulled to a positive, pushed from a negative: metric learning
+            if target_edge[0] in self._called or input_edge[0] in self._called:
+                continue  # a piece of kl_div or cross_entropy: judged at its call
+            fn = "mse_loss" if form != CROSS_ENTROPY else "kl_div"
+            shape = _shape(input_edge)
+            candidate = self._judge(fn, input_edge, target_edge,
+                                    shape is not None and shape == _shape(target_edge))
+            if candidate is not None:
+                branch_in, branch_target, (kind, data) = candidate
+                self._pending.append((loc, branch_in, branch_target, (kind, {**data, "fn": form})))
 
     def describe_loss(self, tensors) -> dict:
-        """At each backward: the candidates of the losses computed since the last one, less the
-        pairs seen both ways round, become events."""
-        if self._windows >= _WINDOWS:
-            return {}
+        """At each backward: the candidates of the losses computed since the last one (built-in
+        calls and the hand-written comparisons of this loss), less the pairs seen both ways
+        round, become events."""
         calls, self._calls = self._calls, 0
-        if calls:
+        if calls and self._windows < _WINDOWS:
             self._windows += 1
+        try:
+            self._read_handwritten(tensors)
+        except Exception as exc:
+            self.rec.internal_error("target_grad", exc)
+        called, self._called = self._called, set()
+        del called
         pending, self._pending = self._pending, []
         if not pending or calls > _CALLS:
             return {}

@@ -12,6 +12,8 @@ conv's output units, dim 0), whether every row of the weight equals the first (t
 largest value: rows a blocked matmul computes apart differ in their last bits), and so does every
 row of its gradient, which is not all zero (a zero gradient is grads-always-zero's). One
 comparison per tensor, once; CPU tensors only (a read of a device tensor syncs the host).
+Once every optimizer registered so far has been checked, the watcher leaves ``STEPPED``; a new
+optimizer brings it back (``PARAMS_ADDED``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from .. import events as ev
 from .recorder import Recorder
+from .topics import PARAMS_ADDED, STEPPED
 
 CHECK_AT = 3  # the optimizer step after which its parameters are compared
 
@@ -49,9 +52,16 @@ class SymmetryWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._steps: dict[int, int] = {}  # opt -> steps seen, up to CHECK_AT
+        rec.subscribe(STEPPED, self.after_step)
+        rec.subscribe(PARAMS_ADDED, self.params_added)
 
-    def install(self, patcher) -> None:  # subscribes to STEPPED only (instrument/__init__.py)
+    def install(self, patcher) -> None:  # subscribed at construction
         pass
+
+    def params_added(self, opt: int, pids) -> None:
+        """``PARAMS_ADDED``: an optimizer not checked yet: back on ``STEPPED``."""
+        if self._steps.get(opt, 0) < CHECK_AT:
+            self.rec.resume(STEPPED, self.after_step)
 
     def after_step(self, opt: int, optimizer) -> None:
         done = self._steps.get(opt, 0)
@@ -61,6 +71,9 @@ class SymmetryWatcher:
         if done < CHECK_AT:
             return
         rec = self.rec
+        steps = self._steps
+        if all(steps.get(other, 0) >= CHECK_AT for other in rec.opt_params):
+            rec.retire(STEPPED, self.after_step)  # each optimizer checked: nothing left to do
         try:
             tensor = rec.tensor
             found = [(pid, param.shape[0]) for pid in rec.opt_params.get(opt, ())

@@ -2,8 +2,9 @@
 
 A topic has one publisher and any number of subscribers (``Recorder.subscribe``); its type
 parameter is the subscribers' signature, so a type checker holds both sides to it. The
-publisher loops over the list ``Recorder.subscribers`` gave it at construction: no lookup per
-event. ``TOPICS`` lists them all; the recorder refuses any other (``tests/test_instrument_topics.py``
+publisher loops over ``now`` of the ``Subscribers`` that ``Recorder.subscribers`` gave it at
+construction: no lookup per event. A subscriber with nothing left to do leaves
+(``Recorder.retire``) and may come back (``Recorder.resume``) at its place in the order. ``TOPICS`` lists them all; the recorder refuses any other (``tests/test_instrument_topics.py``
 holds that each has exactly one publisher).
 """
 
@@ -12,6 +13,43 @@ from __future__ import annotations
 from typing import Any, Callable, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Subscribers(Generic[F]):
+    """A topic's subscribers in the order they subscribed, and ``now``: the tuple of those not
+    retired, which the publisher loops over. ``now`` is replaced, never changed, so that a
+    subscriber that retires or resumes one (itself included) while the topic is published
+    changes nothing in the loop that is running: each call of that publication still happens."""
+
+    __slots__ = ("now", "_entries")
+
+    def __init__(self) -> None:
+        self.now: tuple[F, ...] = ()
+        self._entries: list[list] = []  # [subscriber, active] in the order subscribed
+
+    def add(self, subscriber: F) -> None:
+        self._entries.append([subscriber, True])
+        self._rebuild()
+
+    def set_active(self, subscriber: F, active: bool) -> None:
+        """Retire (False) or resume (True) each entry equal to ``subscriber`` (a bound method
+        is equal to another of the same object and function)."""
+        changed = False
+        for entry in self._entries:
+            if entry[1] is not active and entry[0] == subscriber:
+                entry[1] = active
+                changed = True
+        if changed:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.now = tuple(entry[0] for entry in self._entries if entry[1])
+
+    def __iter__(self):
+        return iter(self.now)
+
+    def __len__(self) -> int:
+        return len(self.now)
 
 
 class Topic(Generic[F]):

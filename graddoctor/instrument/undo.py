@@ -15,7 +15,9 @@ change the step made, and Δh, the change made by anything else before the next 
 measured ``MEASURED`` times, one ``step_edit`` event gives, per update: ``back``, the cosine
 between Δh and -Δs (1: the edit takes the step back), ``share`` |Δh| / |Δs|, ``home``, the
 cosine between Δh and the way back to the values before the first step, and ``home_share``,
-|Δh| over the distance to them. Nothing is emitted when no edit changed anything.
+|Δh| over the distance to them. Nothing is emitted when no edit changed anything. Once every
+optimizer registered so far is done, the watcher leaves ``STEP_BEGINS`` and ``STEPPED`` until a
+new optimizer is registered (``PARAMS_ADDED``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from .. import events as ev
 from .recorder import Recorder
+from .topics import PARAMS_ADDED, STEP_BEGINS, STEPPED
 
 MEASURED = 4  # updates measured per optimizer
 _TENSORS = 16  # parameters sampled
@@ -45,9 +48,25 @@ class StepEditWatcher:
         self.rec = rec
         # opt -> {"pids", "first", "pre", "post", "rows", "edited"}; None once done
         self._state: dict[int, dict | None] = {}
+        rec.subscribe(STEP_BEGINS, self.before_step)
+        rec.subscribe(STEPPED, self.after_step)
+        rec.subscribe(PARAMS_ADDED, self.params_added)
 
-    def install(self, patcher) -> None:  # subscribes to STEP_BEGINS and STEPPED (instrument/__init__.py)
+    def install(self, patcher) -> None:  # subscribed at construction
         pass
+
+    def params_added(self, opt: int, pids) -> None:
+        """``PARAMS_ADDED``: an optimizer not measured yet: back on the step topics."""
+        if self._state.get(opt, {}) is not None:
+            self.rec.resume(STEP_BEGINS, self.before_step)
+            self.rec.resume(STEPPED, self.after_step)
+
+    def _retire_when_done(self, opt: int) -> None:
+        state, rec = self._state, self.rec
+        if opt in state and state[opt] is None \
+                and all(state.get(other, {}) is None for other in rec.opt_params):
+            rec.retire(STEP_BEGINS, self.before_step)  # every optimizer measured
+            rec.retire(STEPPED, self.after_step)
 
     def _sample(self, pids) -> torch.Tensor | None:
         parts = []
@@ -119,6 +138,8 @@ class StepEditWatcher:
         except Exception as exc:
             self._state[opt] = None
             self.rec.internal_error("step edits", exc)
+        finally:
+            self._retire_when_done(opt)
 
     def after_step(self, opt: int, optimizer) -> None:
         state = self._state.get(opt)
@@ -131,3 +152,4 @@ class StepEditWatcher:
         except Exception as exc:
             self._state[opt] = None
             self.rec.internal_error("step edits", exc)
+        self._retire_when_done(opt)

@@ -17,31 +17,27 @@ import warnings
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+_DISPATCH = os.path.join("torch", "overrides.py")
+
+
 def _ours(filename: str) -> bool:
     return filename.startswith(_PKG_DIR) or filename.startswith("<graddoctor")
 
 
-_OVERRIDES = os.path.join("torch", "overrides.py")
-
-
-def _past_ours(frame, below):
-    """``frame`` and the frames above it that are ours, passed over: the first that is not, and
-    how many were passed. A torch function mode of ours adds the dispatch of a Python function
-    of torch's (``F.mse_loss``): above our handler, ``torch/overrides.py``'s frame and the
-    function's first call, which handed itself to the mode (``below``'s code again); those are
-    passed too, so a warning names what it names without the mode."""
-    passed = 0
+def _past_ours(frame, extra: int):
+    """``(frame, extra)`` past graddoctor's frames from ``frame`` on, counted in ``extra``. When a
+    mode of graddoctor's ran the call (its ``__torch_function__``), torch's dispatch to it and the
+    public function that dispatched are not counted either: without the mode, the function the
+    mode called again is the one that warned, called from the script."""
+    skipped = False
     while frame is not None and _ours(frame.f_code.co_filename):
-        frame = frame.f_back
-        passed += 1
-        if passed and frame is not None and frame.f_code.co_filename.endswith(_OVERRIDES):
-            while frame is not None and frame.f_code.co_filename.endswith(_OVERRIDES):
-                frame = frame.f_back
-                passed += 1
-            if frame is not None and below is not None and frame.f_code is below.f_code:
-                frame = frame.f_back
-                passed += 1
-    return frame, passed
+        frame, extra, skipped = frame.f_back, extra + 1, True
+    if skipped and frame is not None and frame.f_code.co_filename.endswith(_DISPATCH):
+        while frame is not None and frame.f_code.co_filename.endswith(_DISPATCH):
+            frame, extra = frame.f_back, extra + 1
+        if frame is not None:
+            frame, extra = frame.f_back, extra + 1
+    return frame, extra
 
 
 def _skipping_our_frames(original):
@@ -56,11 +52,8 @@ def _skipping_our_frames(original):
                 for _ in range(stacklevel - 1):
                     if frame is None:
                         break
-                    below, frame = frame, frame.f_back
-                    frame, passed = _past_ours(frame, below)
-                    extra += passed
-                frame, passed = _past_ours(frame, None)
-                extra += passed
+                    frame, extra = _past_ours(frame.f_back, extra)
+                frame, extra = _past_ours(frame, extra)
                 if frame is not None:
                     stacklevel += extra
         except Exception:  # never change what the warning does over our own failure

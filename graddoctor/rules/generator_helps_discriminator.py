@@ -17,6 +17,11 @@ class GeneratorHelpsDiscriminator(Rule):
     they point the same way (cosine near 1) while D and G are stepped by different optimizers,
     G's loss pulls D's output where D's loss does. It points at G's step's call of D.
 
+    The same agreement arises when the discriminator's loss is the wrong one, labelling the
+    generated samples real (`bce(D(fake.detach()), ones)`): then D's own backward gives its
+    output on the generated samples the gradients of the real samples' target, and the finding
+    points at D's step instead.
+
     ## Why is this bad?
     The discriminator learns to call the generated samples fake, and the generator, instead of
     fooling it, learns to make samples the discriminator finds even more fake. Both losses go
@@ -58,6 +63,27 @@ class GeneratorHelpsDiscriminator(Rule):
             if not _stepped(a, critic) or not _stepped(a, generator):
                 continue
             d_step = event.get("critic_step")
+            if event.get("critic_fake_as_real") and d_step:
+                # D's own loss pushes its output on real and generated samples one way: its
+                # target for the generated ones is the real label, and G's (right) loss agrees
+                yield self.finding(
+                    f"the discriminator's loss here gives the samples {event['generator']} made "
+                    f"the real label: it pushes {event['critic']}'s output on them the same way "
+                    f"as on the real samples (and the same way the generator's loss does, cosine "
+                    f"{event['cosine']:.2f} over {event['samples']} samples), so the "
+                    f"discriminator never learns to tell them apart and the generator gets no "
+                    f"signal",
+                    Location(d_step[0], d_step[1]),
+                    related=(Related(event.loc, "the generator's step, whose target agrees")
+                             if event.loc is not None else None,),
+                    fix="give the generated samples the fake target in the discriminator's "
+                        "loss, the one its fake term is meant to have: zeros for a BCE or "
+                        "least-squares D (bce(D(fake.detach()), zeros)), + D(fake.detach()).mean() "
+                        "for a WGAN critic",
+                    evidence={"critic": event["critic"], "generator": event["generator"],
+                              "cosine": event["cosine"], "samples": event["samples"],
+                              "wrong": "critic"})
+                return
             related = ()
             if d_step and event.loc is not None and (d_step[0], d_step[1]) != (event.loc.path, event.loc.line):
                 related = (Related(Location(d_step[0], d_step[1]),

@@ -14,6 +14,12 @@ _DECAY = frozenset({"SGD", "AdamW"})
 _DECAY_STRONG = 0.1  # lr * weight_decay: every weight shrinks by 10% per step or more
 
 
+def strong_decay(cls, lr, decay) -> bool:
+    """Whether this rule reports the weight decay: ``lr × weight_decay ≥ 0.1`` on an optimizer
+    whose decay multiplies the weights by ``1 - lr × weight_decay``."""
+    return cls in _DECAY and bool(decay) and lr is not None and lr * decay >= _DECAY_STRONG
+
+
 def _g(value) -> str:
     return f"{value:g}"
 
@@ -130,7 +136,7 @@ class HyperparameterOutOfRange(Rule):
         decay = hyper.get("weight_decay")
         if cls in _DECAY and decay:
             lr = self._lr(a, opt, init_event, group, index)
-            if lr is not None and lr * decay >= _DECAY_STRONG:
+            if strong_decay(cls, lr, decay):
                 factor = round(1 - lr * decay, 12)
                 effect = ("zeroes every weight at each step" if factor == 0 else
                           "flips the sign of every weight at each step" if factor < 0 else

@@ -39,7 +39,8 @@ class LossUnboundedBelow(Rule):
     ## Stays silent on
     The KL term with its minus sign; exp and squares with a positive sign (an exponential
     rate, a squared error, a penalty); terms of data or of detached tensors; exp or squares of
-    bounded values (after a clamp, tanh, sigmoid, softmax or log-softmax); terms inside a product
+    bounded values (after a clamp, tanh, sigmoid, softmax or log-softmax); exp of a value never
+    positive (an RBF kernel's `exp(-cdist(a, b)**2 / 2)` in an MMD); terms inside a product
     of two computed tensors (a Gaussian likelihood's `(x - mu)**2 * exp(-logvar)`: their sign is
     not followed) or under a log (`logsumexp`, an InfoNCE bound).
     """

@@ -12,7 +12,11 @@ class MissingZeroGrad(Rule):
     ## What it does
     Finds optimizer steps that apply gradients left over from earlier updates because nothing
     ever clears them: no `optimizer.zero_grad()` / `model.zero_grad()` touches those parameters
-    between one update and the next.
+    between one update and the next. When one loss feeds two optimizers (an encoder's and a
+    decoder's) and only one of them is cleared, it points at that clear: the missing
+    `zero_grad()` goes beside it. A `zero_grad()` of the script that runs a loop level too high
+    (once before the loop, once per epoch) while the optimizer steps many times after it is the
+    line it points at.
 
     ## Why is this bad?
     `backward()` *adds* into `.grad`. Without a clear, update N applies the sum of the gradients
@@ -86,6 +90,7 @@ class MissingZeroGrad(Rule):
             if use.fresh and not use.clears_between and not _accumulated_between_other_steps(use, steps):
                 groups.setdefault(use.fresh[0].backward.loc, []).append(use)
         for loc, uses in groups.items():
+            beside_variable = too_rare = None
             # a leak (another loss's backward writing in after the clear) is judged on the first
             # update that clears before it: on the very first update nothing was cleared yet
             first = next((u for u in uses if self._leaks(a, u, loc, clears)), uses[0])
@@ -140,6 +145,23 @@ class MissingZeroGrad(Rule):
                        "here instead")
                 fixes = {}
                 loc = astray.loc
+            elif beside := self._clear_beside(a, first, consumed, backward, mine):
+                # one loss, two optimizers (an encoder's and a decoder's) stepped after its
+                # backward, and only the other one's zero_grad() runs: that call is where the
+                # missing one goes
+                clear, other = beside
+                message = (f"this zero_grad() clears only {a.optimizer_name(other)}'s parameters, "
+                           f"but the backward at line {backward.loc.line if backward.loc else '?'} "
+                           f"also feeds {a.optimizer_name(first.opt)}, whose {a.names(pids)} are "
+                           f"never cleared: every {a.optimizer_name(first.opt)} step applies the "
+                           f"sum of all gradients so far (first seen at step {first.step_index})")
+                variable = a.optimizer_variable(first.opt)
+                fix = (f"clear {variable}'s gradients here too: {variable}.zero_grad() beside this "
+                       f"one" if variable else "clear the other optimizer's gradients here too "
+                       "(its zero_grad() beside this one)")
+                fixes = {}
+                loc = clear.loc
+                beside_variable = variable
             elif bare := self._bare_zero_grad(a, backward):
                 message = (f"`{bare[1]}` names the method without calling it: the statement does "
                            f"nothing, so {a.names(pids)} are never cleared and every optimizer step "
@@ -148,6 +170,23 @@ class MissingZeroGrad(Rule):
                 fix = f"call it: {bare[1]}()"
                 fixes = {}
                 loc = bare[0]
+            elif rare := self._clear_too_rare(a, first, backward, mine):
+                # the clear exists, a loop level too high: it runs once (before the loop, per
+                # epoch) while the optimizer steps many times between two of its calls
+                clear, calls, steps_between = rare
+                when = "once, before the loop" if calls == 1 else f"{calls} times in the run"
+                message = (f"this zero_grad() runs {when}, but "
+                           f"{a.optimizer_name(first.opt)} steps {steps_between} times after it "
+                           f"without another clear: {a.names(pids)} are never cleared between "
+                           f"updates, so the backward at line "
+                           f"{backward.loc.line if backward.loc else '?'} adds onto gradients "
+                           f"earlier steps already used and every step applies the sum of all "
+                           f"gradients so far (first seen at step {first.step_index})")
+                fix = ("move this zero_grad() into the training loop, before the forward pass "
+                       "(or right after step())")
+                fixes = {}
+                loc = clear.loc
+                too_rare = backward.loc.line if backward.loc else None
             else:
                 message = (f"this backward() adds onto gradients an earlier step already used: "
                            f"{a.names(pids)} are never cleared, so every optimizer step applies the "
@@ -171,7 +210,11 @@ class MissingZeroGrad(Rule):
                           "optimizer": first.opt, "old_backward_calls": len(first.old),
                           "steps_affected": a.count({u.step.seq: u.step for u in uses}.values()),
                           # DDP all-reduces this backward: what the other ranks do matters
-                          **({"allreduce": True} if backward.get("allreduce") else {})},
+                          **({"allreduce": True} if backward.get("allreduce") else {}),
+                          **({"clear_beside": beside_variable} if beside_variable else {}),
+                          # the clear runs a loop level too high: the fix goes into the loop
+                          # around this backward
+                          **({"backward_line": too_rare} if too_rare else {})},
             )
 
     fix_safety = Safety.SAFE
@@ -187,12 +230,18 @@ class MissingZeroGrad(Rule):
         if bare is not None:
             return self.edit("call the zero_grad the statement only names", bare)
         step_line = related_line(finding, Role.STEP)
-        opt = stepped_optimizer(src, step_line) if step_line else None
+        opt = finding.evidence.get("clear_beside") or (
+            stepped_optimizer(src, step_line) if step_line else None)
         here = src.statement_at(line)
         if opt is None or here is None:
             return None
         clear = f"{opt}.zero_grad()"
-        if method_calls(src, "zero_grad", line=line):  # another model's clear: add the right one
+        if finding.evidence.get("backward_line"):  # a clear a loop level too high: one in the loop
+            line = finding.evidence["backward_line"]
+            here = src.statement_at(line)
+            if here is None:
+                return None
+        elif method_calls(src, "zero_grad", line=line):  # another model's clear: add the right one
             return self.edit(f"clear {opt}'s gradients", src.insert_after(here, clear))
         function = src.enclosing_function(here)
         if function is not None and not function.contains(step_line) and function.children:
@@ -251,6 +300,53 @@ class MissingZeroGrad(Rule):
                   if consumed.seq < c.seq < backward.seq and c.loc is not None
                   and not (mine | owned) & set(c["params"] or ())]
         return astray[-1] if astray else None
+
+    @staticmethod
+    def _clear_beside(a, first, consumed, backward, mine):
+        """``(clear, other optimizer)``: the last zero_grad() between the step that already used
+        the gradients and this backward, when it clears only parameters of one other optimizer
+        that also steps after this backward, before the next one (one loss stepped by two
+        optimizers); None otherwise."""
+        if consumed is None:
+            return None
+        owner = {p: opt for opt, params in a.opt_params.items() for p in params}
+        beside = [c for c in a.of_kind("clear")
+                  if consumed.seq < c.seq < backward.seq and c.loc is not None and c["params"]
+                  and not mine & set(c["params"])]
+        if not beside:
+            return None
+        clear = beside[-1]
+        others = {owner.get(p) for p in clear["params"]}
+        if len(others) != 1 or None in others:
+            return None
+        other = others.pop()
+        after = next((b.seq for b in a.of_kind("backward") if b.seq > backward.seq), None)
+        if not any(s["opt"] == other and backward.seq < s.seq and (after is None or s.seq < after)
+                   for s in a.of_kind("step")):
+            return None  # the other optimizer steps on another loss (a GAN's other model)
+        return clear, other
+
+    @staticmethod
+    def _clear_too_rare(a, first, backward, mine):
+        """``(clear, calls of its line, steps after it)``: the last zero_grad() of this
+        optimizer's parameters before this backward, when its line ran less than half as often
+        as the optimizer stepped and at least two steps of it follow that clear before the next
+        clear (or the end); None otherwise."""
+        clears = [c for c in a.of_kind("clear")
+                  if c.seq < backward.seq and c.loc is not None and mine & set(c["params"] or ())]
+        if not clears:
+            return None
+        clear = clears[-1]
+        if clear.loc.via or "zero_grad" not in (a.source.line_text(clear.loc.path, clear.loc.line) or ""):
+            return None  # a framework's clear (Lightning's, at fit), not a line of the script
+        calls = a.count(c for c in a.of_kind("clear") if c.loc == clear.loc)
+        steps = [s for s in a.of_kind("step") if s["opt"] == first.opt and not s.get("skipped")]
+        later = [c.seq for c in a.of_kind("clear") if c.seq > clear.seq and mine & set(c["params"] or ())]
+        until = later[0] if later else None
+        after = a.count(s for s in steps if clear.seq < s.seq and (until is None or s.seq < until))
+        if after < 2 or 2 * calls > a.count(steps):
+            return None
+        return clear, calls, after
 
     @staticmethod
     def _bare_zero_grad(a, backward):

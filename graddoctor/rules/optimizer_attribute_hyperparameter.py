@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Edit, Safety, Severity
+from ..findings import Autofix, Edit, Safety, Severity
 from .base import Rule, related
 
 
@@ -13,14 +13,17 @@ class OptimizerAttributeHyperparameter(Rule):
     ## What it does
     Finds a hyper-parameter of a torch.optim optimizer set as an attribute of the optimizer
     object (`optimizer.lr = 1e-4`, `optimizer.momentum = 0.5`, `optimizer.weight_decay = 0`,
-    `optimizer.learning_rate = ...`) when the optimizer steps after it.
+    `optimizer.betas = (0.5, 0.999)`, `optimizer.learning_rate = ...`), or the learning rate
+    set as an attribute of a torch LR scheduler (`scheduler.lr = 1e-4`), when the optimizer
+    steps after it.
 
     ## Why is this bad?
     PyTorch's optimizers keep their hyper-parameters per parameter group and read
-    `optimizer.param_groups[i]["lr"]` at every step, never an attribute of the optimizer.
+    `optimizer.param_groups[i]["lr"]` at every step, never an attribute of the optimizer;
+    torch's schedulers write the lr into those groups and read no `lr` attribute either.
     The assignment creates a new attribute nobody reads: it raises no error, and training goes
     on with the old value (a learning rate meant to drop 100x at epoch 2 stays where it was).
-    An optimizer class of your own whose `step` reads `self.lr` is not judged.
+    An optimizer or scheduler class of your own that reads `self.lr` is not judged.
 
     ## Example
     ```python
@@ -42,16 +45,17 @@ class OptimizerAttributeHyperparameter(Rule):
     ```
 
     ## Stays silent on
-    The learning rate changed through every param group; bookkeeping attributes that are no
-    hyper-parameter; an optimizer class of the script's own whose `step` reads the
-    attribute.
+    The learning rate changed through every param group (and a scheduler's `base_lrs`);
+    bookkeeping attributes that are no hyper-parameter; an optimizer class of the script's own
+    whose `step` reads the attribute, a scheduler class of its own whose `get_lr` or `step`
+    does; a value the param groups already hold.
     """
 
     code = "GD113"
     slug = "optimizer-attribute-hyperparameter"
     severity = Severity.WARNING
-    summary = ("a hyper-parameter is set as an optimizer attribute (optimizer.lr = ...), "
-               "which torch's step never reads")
+    summary = ("a hyper-parameter is set as an optimizer (or scheduler) attribute "
+               "(optimizer.lr = ...), which torch's step never reads")
     fix = ('set it in every param group: `for group in optimizer.param_groups: '
            'group["lr"] = 1e-4`')
 
@@ -59,9 +63,16 @@ class OptimizerAttributeHyperparameter(Rule):
 
     def autofix(self, finding, src):
         """``opt.lr = v`` -> ``for group in opt.param_groups: group["lr"] = v``, on two lines,
-        the line's comment kept."""
+        the line's comment kept; ``scheduler.lr = v`` the same on ``scheduler.optimizer``, for
+        a scheduler that scales the groups' current lr (for the others the fix is no edit)."""
         cst = src.cst
         attr, key = finding.evidence.get("attribute"), finding.evidence.get("key")
+        scheduler = finding.evidence.get("scheduler")
+        if scheduler is not None and scheduler not in CHAINED:
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                f"no automatic edit: {scheduler} computes each lr from its base_lrs or the "
+                "arguments it was built with; which of them the new lr belongs in is a "
+                "person's call"))
         s = src.statement_at(finding.location.line)
         if s is None or len(s.node.body) != 1 or not isinstance(s.node.body[0], cst.Assign):
             return None
@@ -71,7 +82,7 @@ class OptimizerAttributeHyperparameter(Rule):
         target = assign.targets[0].target
         if not isinstance(target, cst.Attribute) or target.attr.value != attr:
             return None
-        owner = src.code(target.value)
+        owner = src.code(target.value) + (".optimizer" if scheduler is not None else "")
         indent = src.indent(s)
         line, col, end_line, end_col = src.span(assign)
         text = (f"for group in {owner}.param_groups:\n{indent}    group[\"{key}\"] = "
@@ -82,11 +93,12 @@ class OptimizerAttributeHyperparameter(Rule):
     def check(self, a):
         for event in a.of_kind("optimizer_attr"):
             opt, cls, name, key = event["opt"], event["cls"], event["name"], event["key"]
+            scheduler = event.get("scheduler")
             later = [s for s in a.steps
                      if s["opt"] == opt and s.seq > event.seq and not s.get("skipped")]
             if not later:
                 continue  # never stepped again: the value would not have been used
-            kept = list(dict.fromkeys(event["kept"]))
+            kept = list(dict.fromkeys(event["kept"] or [None]))
             if any(k is None for k in kept):
                 stepping = f"the {key} in its param_groups"
             else:
@@ -95,17 +107,47 @@ class OptimizerAttributeHyperparameter(Rule):
             steps = a.count(later)
             # the script's own name for the optimizer, as the assignment wrote it
             owner = (a.source.assigned_object(event.loc.path, event.loc.line, name)
-                     if event.loc is not None else None) or "optimizer"
-            yield self.finding(
-                f"`.{name}{value}` sets an attribute on the {cls} optimizer that its step never "
-                f"reads: torch's {cls} reads `param_groups[i][\"{key}\"]`, so {cls} keeps "
-                f"stepping with {stepping} in the {steps} update{'s' if steps != 1 else ''} "
-                f"after it",
-                event.loc,
-                related=(related(later[0], f"the next {cls} step"),),
-                evidence={"optimizer": cls, "attribute": name, "key": key,
-                          "value": event["value"], "param_groups": event["kept"],
-                          "steps_after": steps},
-                fix=(f'set it in every param group instead: `for group in {owner}.param_groups: '
-                     f'group["{key}"] = {_number(event["value"]) if event["value"] is not None else "..."}`'),
-            )
+                     if event.loc is not None else None)
+            shown = _number(event["value"]) if event["value"] is not None else "..."
+            updates = f"in the {steps} update{'s' if steps != 1 else ''} after it"
+            evidence = {"optimizer": cls, "attribute": name, "key": key,
+                        "value": event["value"], "param_groups": event["kept"],
+                        "steps_after": steps}
+            if scheduler is None:
+                owner = owner or "optimizer"
+                message = (f"`.{name}{value}` sets an attribute on the {cls} optimizer that its "
+                           f"step never reads: torch's {cls} reads `param_groups[i][\"{key}\"]`, "
+                           f"so {cls} keeps stepping with {stepping} {updates}")
+                fix = (f'set it in every param group instead: `for group in '
+                       f'{owner}.param_groups: group["{key}"] = {shown}`')
+            else:
+                owner = owner or "scheduler"
+                evidence["scheduler"] = scheduler
+                message = (f"`.{name}{value}` sets an attribute on the {scheduler} scheduler that "
+                           f"neither it nor the optimizer reads: both take the lr from "
+                           f"`param_groups[i][\"lr\"]`, so {cls} keeps stepping with the lr "
+                           f"{scheduler} gives its param groups ({stepping} when it was set) "
+                           f"{updates}")
+                fix = _scheduler_fix(scheduler, owner, shown)
+            yield self.finding(message, event.loc,
+                               related=(related(later[0], f"the next {cls} step"),),
+                               evidence=evidence, fix=fix)
+
+
+# torch's schedulers that scale the groups' current lr at each step: an lr set in the groups
+# stays, and the schedule goes on from it
+CHAINED = frozenset({"StepLR", "MultiStepLR", "ExponentialLR", "MultiplicativeLR",
+                     "ReduceLROnPlateau"})
+
+
+def _scheduler_fix(scheduler: str, owner: str, shown: str) -> str:
+    if scheduler in CHAINED:
+        return (f"set it in the optimizer's param groups, which {scheduler} scales from: "
+                f'`for group in {owner}.optimizer.param_groups: group["lr"] = {shown}`')
+    if scheduler in ("LambdaLR", "CosineAnnealingLR", "PolynomialLR", "LinearLR", "ConstantLR",
+                     "CosineAnnealingWarmRestarts"):
+        return (f"{scheduler} computes each step's lr from its base_lrs: set "
+                f"`{owner}.base_lrs = [{shown}] * len({owner}.base_lrs)` (and the param groups' "
+                "\"lr\" for the steps before its next step)")
+    return (f"{scheduler} computes each step's lr from the arguments it was built with: build "
+            f"a new {scheduler} with the lr you want")

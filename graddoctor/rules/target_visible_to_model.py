@@ -25,8 +25,10 @@ class TargetVisibleToModel(Rule):
     `tgt_mask`, `scaled_dot_product_attention` without `is_causal=True`, a bidirectional RNN
     used as a language model. It also finds the opposite case: a causal model whose targets are
     not shifted (`targets == input_ids`) or are shifted the wrong way, so position `t` is trained
-    to predict a token it already reads. graddoctor compares the loss's targets with the ids
-    the model embedded (a shift of 1, 0 or -1 at 90 % of the positions) and takes the gradient
+    to predict a token it already reads, or are shifted twice (`labels=ids[:, 1:]` given to a
+    transformers causal LM, which shifts its labels itself), so position `t` learns the token
+    after the next. graddoctor compares the loss's targets with the ids the model embedded (a
+    shift of 1, 0, -1 or 2 at 90 % of the positions) and takes the gradient
     of one output position with respect to the embeddings once, at the first backward. The same
     leak in a table: a loss target (one value per sample) that one column of the data the
     model's first layer reads holds (`X = data` with the label as its last column,
@@ -60,7 +62,8 @@ class TargetVisibleToModel(Rule):
 
     ## Stays silent on
     Causal models with next-token targets (`is_causal=True`, `generate_square_subsequent_mask`,
-    a `tril` mask, a unidirectional RNN); encoder-decoders whose decoder is masked (the encoder
+    a `tril` mask, a unidirectional RNN); a second head trained on the token after the next
+    beside a next-token loss (multi-token prediction); encoder-decoders whose decoder is masked (the encoder
     sees the whole source); masked language models (BERT-style targets, -100 except the masked
     positions); text autoencoders and denoisers (targets equal to the input, the model not
     causal); seq-first language models over `batchify`'d data; models that compute their loss
@@ -91,7 +94,7 @@ class TargetVisibleToModel(Rule):
             if k == 1 and seq.get("future"):
                 seen.add((e["model"], e.loc))
                 yield self._leak(a, e, seq)
-            elif k in (0, -1) and seq.get("past") and not seq.get("future"):
+            elif k in (0, -1, 2) and seq.get("past") and not seq.get("future"):
                 seen.add((e["model"], e.loc))
                 yield self._unshifted(a, e, seq)
 
@@ -125,6 +128,8 @@ class TargetVisibleToModel(Rule):
         model, T, t, k = e["model"], seq["positions"], seq["t"], seq["k"]
         at = seq.get("target_at")
         loc = Location(str(at[0]), int(at[1]), str(at[2])) if at else e.loc
+        if k == 2:
+            return self._shifted_twice(a, e, seq, loc)
         if k == 0:
             how = ("the loss's target at each position is the input token at that same position "
                    "(the targets are the input ids, not shifted)")
@@ -140,6 +145,23 @@ class TargetVisibleToModel(Rule):
         return self.finding(
             message, loc,
             evidence={"model": model, "shift": k, "positions": T, "position": t,
+                      "sees_later_positions": False},
+            fix=fix)
+
+
+    def _shifted_twice(self, a, e, seq, loc):
+        model, T, t = e["model"], seq["positions"], seq["t"]
+        message = (f"the loss's target at each position is the input token two positions later, and "
+                   f"{model} is causal: each position is trained to predict the token after the "
+                   f"next one, skipping the one it will have to generate. The targets were "
+                   f"shifted twice: once by the script, once by the loss")
+        written = a.source.line_text(loc.path, loc.line) if loc is not None else ""
+        fix = ("pass labels=input_ids (the same ids as input_ids, padding set to -100): the model "
+               "shifts its labels itself" if "labels=" in written.replace(" ", "") else
+               "shift the targets by one: compare logits[:, :-1] with ids[:, 1:]")
+        return self.finding(
+            message, loc,
+            evidence={"model": model, "shift": 2, "positions": T, "position": t,
                       "sees_later_positions": False},
             fix=fix)
 

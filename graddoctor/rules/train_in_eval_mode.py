@@ -19,7 +19,9 @@ class TrainInEvalMode(Rule):
     An `eval()` that came with a freeze of everything under it (`model.requires_grad_(False);
     model.eval()`, Lightning's `self.freeze()`) is a frozen part kept in eval mode, until a
     part of it is unfrozen (`head.requires_grad_(True)`) and stepped: its BatchNorm layers then
-    train in eval mode, and the finding says so.
+    train in eval mode, and the finding says so. Dropout written as a function of the module's
+    mode, `F.dropout(x, p, training=self.training)` (the PyTorch Geometric idiom), counts as a
+    dropout layer of the module whose code runs it.
 
     ## Why is this bad?
     In eval mode dropout does nothing and BatchNorm normalises with its running statistics,
@@ -54,7 +56,8 @@ class TrainInEvalMode(Rule):
     `model.train()`; a frozen backbone or encoder kept in eval mode on purpose; BatchNorm
     statistics frozen on purpose; a teacher in eval mode under `no_grad`; samples drawn under
     `no_grad`; a frozen part whose unfrozen piece is put back in train mode (`head.train()`
-    after `head.requires_grad_(True)`); a model with no BatchNorm or dropout; `model.training` read as an attribute; a
+    after `head.requires_grad_(True)`); a model with no BatchNorm or dropout (or whose
+    `F.dropout` has p = 0 or a flag that stays on for sampling, `self.training or mc`); `model.training` read as an attribute; a
     validation pass that calls `backward()` (`backward-in-evaluation` reports it).
     """
 
@@ -155,12 +158,12 @@ class TrainInEvalMode(Rule):
         for where, group in groups.items():
             f, cause, mids = group["forward"], group["cause"], group["mids"]
             layers = sorted({(f.states.get(m) or {}).get("layer", "") for m in mids})
-            kinds = " and ".join({"dropout": "dropout", "batchnorm": "BatchNorm"}[k] for k in layers if k)
+            kinds = " and ".join(_KINDS[k] for k in layers if k)
             at = f" at {f.event.loc}" if f.event.loc is not None else ""
             effect = " and ".join(part for k, part in (
                 ("dropout", "dropout is off"),
                 ("batchnorm", "BatchNorm normalises with running statistics that stop adapting"),
-            ) if k in layers)
+            ) if k in layers or (k == "dropout" and "functional_dropout" in layers))
             message = (f"this eval() is never undone: the training forward{at} runs {kinds} in "
                        f"eval mode ({tl.names(mids)}) while gradients flow through "
                        f"{one_or_many(len(mids), 'it', 'them')} (optimizer step {f.step_index} "
@@ -178,7 +181,7 @@ class TrainInEvalMode(Rule):
                          "its parameters still require grad")
                 off = " and ".join(part_ for k, part_ in (
                     ("dropout", "dropout off"), ("batchnorm", "BatchNorm's running statistics fixed"),
-                ) if k in layers)
+                ) if k in layers or (k == "dropout" and "functional_dropout" in layers))
                 shown = part or "that part"
                 message = (f"this eval() does not freeze {shown}: eval() only switches its "
                            f"{kinds} layers ({tl.names(mids)}) to inference behaviour, while "
@@ -224,6 +227,11 @@ class TrainInEvalMode(Rule):
             )
 
 
+_KINDS = {"dropout": "dropout", "batchnorm": "BatchNorm",
+          # a module whose own code runs F.dropout(x, p, self.training)
+          "functional_dropout": "F.dropout(..., training=self.training)"}
+
+
 def _part_receiver(a, cause) -> str | None:
     """The source text of the module an ``eval()`` was called on when it names a part of a
     model (``model.backbone``, ``self.encoder``): an attribute of another object that is not
@@ -242,7 +250,7 @@ def _part_receiver(a, cause) -> str | None:
 
 def _mode_matters(state: dict) -> bool:
     """Does eval mode change what this layer computes?"""
-    if state.get("layer") == "dropout":
+    if state.get("layer") in ("dropout", "functional_dropout"):
         return bool(state.get("p"))
     if state.get("layer") == "batchnorm":
         return bool(state.get("track_running_stats"))

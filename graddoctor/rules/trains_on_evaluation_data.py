@@ -87,6 +87,14 @@ class TrainsOnEvaluationData(Rule):
     held-out data, or under `no_grad` or in a function named for evaluation, and not named for
     training).
 
+    Also finds a held-out loader whose samples the training loader serves as well: two
+    `random_split` calls with different generators, validation indices taken from the
+    training indices, overlapping `Subset`s or `SubsetRandomSampler`s. Read from the trace
+    (each DataLoader's rows of the dataset under its Subsets and sampler, at its first
+    `iter()`; the loader whose batches the model was trained on last before each evaluation
+    epoch) and the names of the evaluation loop or loader; reported at the line that made the
+    held-out subset.
+
     ## Why is this bad?
     A validation loop copied from the training loop keeps its `loss.backward()` and
     `optimizer.step()`: the model trains on the data it is evaluated on. The validation loss
@@ -110,6 +118,11 @@ class TrainsOnEvaluationData(Rule):
     acc = (out[test_mask].argmax(1) == y[test_mask]).float().mean()
     ```
 
+    ```python
+    train_set, _ = random_split(data, [800, 200], generator=torch.Generator().manual_seed(0))
+    _, val_set = random_split(data, [800, 200], generator=torch.Generator().manual_seed(1))
+    ```
+
     ## Use instead
     ```python
     model.eval()
@@ -123,6 +136,10 @@ class TrainsOnEvaluationData(Rule):
     loss = F.cross_entropy(out[train_mask], y[train_mask])
     ```
 
+    ```python
+    train_set, val_set = random_split(data, [800, 200], generator=torch.Generator().manual_seed(0))
+    ```
+
     ## Stays silent on
     Evaluation loops without a step, a backward in an evaluation loop whose gradients are
     cleared before any step (saliency maps, Grad-CAM), loaders named otherwise (`trainval`,
@@ -132,21 +149,113 @@ class TrainsOnEvaluationData(Rule):
     `Y[train_idx]`); terms over all rows that read no labels (an entropy or a reconstruction of
     the input, a graph autoencoder's links); a held-out set in tensors of its own; k-fold
     splits that index each fold's training rows; selections named for training
-    (`y[train_mask]` for a training accuracy).
+    (`y[train_mask]` for a training accuracy). For shared rows: k-fold cross-validation (each
+    fold's validation rows are disjoint from that fold's training rows), a validation set of
+    the same dataset with disjoint indices, a pass over the training rows named for training
+    (`train_eval_loader`).
     """
 
     code = "GD256"
     slug = "trains-on-evaluation-data"
     severity = Severity.WARNING
     summary = ("an optimizer steps on gradients from batches of the validation/test DataLoader, or "
-               "from a full-batch loss over the rows the script evaluates on: the model trains on "
-               "the data it is evaluated on")
+               "from a full-batch loss over the rows the script evaluates on, or the held-out "
+               "loader serves rows the training loader serves too: the model trains on the data "
+               "it is evaluated on")
     fix = ("remove backward() and optimizer.step() from the evaluation loop, and run it under "
            "torch.no_grad() with model.eval() (model.train() after it)")
 
     def check(self, a):
         yield from self._full_batch(a)
         yield from self._loaders(a)
+        yield from self._shared_rows(a)
+
+    def _applied(self, a) -> list:
+        """``[(backward, step)]`` of DataLoader batches a step applied, in backward order."""
+        by_seq = {s.seq: s for s in a.steps}
+        pairs = []
+        for step_seq, backwards in a.ledger.windows.items():
+            step = by_seq.get(step_seq)
+            if step is None or step.get("skipped"):
+                continue
+            for b in backwards:
+                batch = b.get("batch")
+                if type(batch) is list and len(batch) == 3:
+                    pairs.append((b, step))
+        pairs.sort(key=lambda pair: pair[0].seq)
+        return pairs
+
+    def _shared_rows(self, a):
+        """A held-out loader whose rows the loader training the model at its evaluation also
+        serves: two random_splits with different seeds, validation indices taken from the
+        training indices."""
+        rows = {e.get("loader"): e for e in a.of_kind("loader_rows")}
+        shared: dict[frozenset, int] = {}
+        for e in rows.values():
+            for other, count in e.get("shared") or ():
+                shared[frozenset((e.get("loader"), other))] = count
+        if not shared:
+            return
+        applied = self._applied(a)
+        trained = {b.get("batch")[0] for b, _ in applied}
+        epochs: dict[int, list] = {}
+        for e in a.by_kind.get("epoch_start", ()):
+            epochs.setdefault(e.get("loader"), []).append(e)
+        for loader, starts in epochs.items():
+            if loader in trained or not any(loader in pair for pair in shared):
+                continue
+            what = self._held_out_loader(a, starts[0], rows.get(loader))
+            if what is None:
+                continue
+            for start in starts:  # the loader that trains the model when it is evaluated
+                before = [b for b, _ in applied if b.seq < start.seq]
+                if not before:
+                    continue
+                training = before[-1].get("batch")[0]
+                count = shared.get(frozenset((loader, training)))
+                if not count or training == loader:
+                    continue
+                made = rows.get(loader) or rows.get(training)
+                if made is None or made.loc is None:
+                    continue
+                total = rows[loader].get("rows") if loader in rows else None
+                of = f" of the {total}" if total else ""
+                yield self.finding(
+                    f"{count}{of} samples of {what} are also rows the training loader serves "
+                    f"(the same dataset, through overlapping Subsets or samplers): the model is "
+                    f"evaluated on samples it trains on, so the validation score overstates "
+                    f"how it generalises",
+                    made.loc,
+                    related=(related(starts[0], "the evaluation loop"),
+                             related(before[-1], "a backward on the training rows")),
+                    fix=("split the dataset once into disjoint parts (one random_split call, or "
+                         "index lists with no row in common) and take the training and the "
+                         "validation set from that one split"),
+                    evidence={"loader": loader, "training_loader": training, "shared": count})
+                break
+
+    def _held_out_loader(self, a, loop, rows_event) -> str | None:
+        """What names a loader as held-out data (its loop's iterable, the function the loop is
+        in, or the name the DataLoader is assigned to), None when none does or a training
+        name does (``train_eval_loader``)."""
+        made_name = None
+        made = rows_event.get("made") if rows_event is not None else None
+        if made:
+            assigned = a.source.assigned_name(made[0], made[1])
+            made_name = assigned.rsplit(".", 1)[-1] if assigned else None
+        if _training(made_name):
+            return None
+        names = a.source.loop_names(loop.loc.path, loop.loc.line) if loop.loc is not None else None
+        iterable, function = names if names is not None else (None, None)
+        if _training(iterable):
+            return None
+        if _held_out(iterable):
+            return f"`{iterable}`"
+        if _held_out(made_name):
+            return f"`{made_name}`"
+        if _held_out(function):
+            return f"the loader {function}() reads"
+        return None
 
     def _full_batch(self, a):
         """Full-batch losses over every row of a label tensor the script evaluates rows of."""

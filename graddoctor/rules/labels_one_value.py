@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from ..findings import Related, Severity
+from .base import Rule
+
+
+def _shown(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:.1f}"
+    return repr(value)
+
+
+def _conversion_fix(text: str, shown: str) -> str:
+    """The fix for the conversion ``text`` that makes every label ``shown``, by its kind."""
+    if "//" in text:
+        return (f"drop the integer division in `{text}`: the values it divides are already in a "
+                f"small range, so every label becomes {shown} (use `/` where a scale was meant)")
+    if re.search(r"[<>]|==|!=", text):
+        return (f"compare with a threshold inside the data's range in `{text}`: no sample is on "
+                f"the other side of this one, so every label is {shown}")
+    if re.search(r"\.(long|int|round|floor|trunc)\(", text):
+        return (f"don't cast fractional values to classes in `{text}`: the cast truncates every "
+                f"value to {shown}; keep them as float targets of a loss that takes them "
+                f"(binary_cross_entropy_with_logits, mse_loss) or bin them into classes first")
+    return (f"check `{text}`: it maps every label to {shown}; make the targets from the data's "
+            f"real range")
+
+
+class LabelsOneValue(Rule):
+    """
+    ## What it does
+    Finds a classification or regression loss whose targets, read from the data, hold one
+    single value at every call of its first training steps: click-through rates in [0, 1)
+    cast with `.long()` (all 0), `(score > 5).float()` on scores in [0, 1] (all 0), `mask //
+    255` of 0/1 masks (all 0), a label column that holds one value, a label transform that maps
+    every sample to one class. Read from values (the first 16 calls of each loss line with a
+    gradient, CPU targets) and the source: the targets must be one value over at least 4 calls
+    and 64 values where a conversion made them (they differ from the labels the DataLoader
+    served; with no DataLoader, the loop computes them: a cast, a comparison, arithmetic) or
+    where the dataset's whole label tensor (a `TensorDataset`'s, torchvision's `targets`) is
+    one value, and over at least 8 calls and 512 samples otherwise.
+
+    ## Why is this bad?
+    A target that is always the same carries no information: the model only has to output
+    that constant, the loss falls quickly and looks like training, and the model has learned
+    nothing about the inputs. Nothing fails; the bug shows at evaluation, as a model that
+    predicts one class (or one number) for everything.
+
+    ## Example
+    ```python
+    for x, ctr in loader:                  # click-through rates in [0, 1)
+        target = ctr.long()                # every rate becomes class 0
+        loss = F.cross_entropy(model(x), target)
+    ```
+
+    ## Use instead
+    ```python
+    for x, ctr in loader:
+        loss = F.binary_cross_entropy_with_logits(model(x).squeeze(1), ctr)  # soft targets
+    ```
+
+    ## Stays silent on
+    Targets the script makes from values of its own (`torch.ones`/`zeros`/`full`/`arange`, also
+    through a name assigned one: a GAN's real and fake labels, InfoNCE's
+    `torch.zeros(N, dtype=torch.long)` positives at index 0); an imbalanced dataset whose first
+    batches happen to be one class (a `TensorDataset` or torchvision dataset whose whole label
+    tensor holds several values, or fewer than 8 calls and 512 samples of one class); targets
+    that vary (an autoencoder's inputs, `torch.arange(N)`); losses with no loss function given
+    a target (Deep SVDD's distance to a center); targets on an accelerator (not read); a line
+    whose targets differ at a later call.
+    """
+
+    code = "GD170"
+    slug = "labels-one-value"
+    severity = Severity.WARNING
+    summary = ("every target the loss is trained on, read from the data, is one value: the labels "
+               "carry no information and the model learns a constant")
+    fix = ("make the targets from the data's real range: check the conversion that makes them "
+           "(a cast to integers, a threshold, an integer division) and the label column read")
+
+    def check(self, a):
+        latest: dict = {}  # loss line -> its latest constant_targets event
+        for e in a.of_kind("constant_targets"):
+            if e.loc is not None:
+                latest[e.loc] = e
+        for loc, e in latest.items():
+            if e.get("stage") == "varied":
+                continue
+            origin = a.source.target_origin(loc.path, loc.line)
+            if origin is None or origin["made"]:
+                continue  # a constant the script makes (a GAN's labels), or no source to tell
+            # a few batches of one label are enough where a conversion made the targets (seen
+            # against the loader's batch, or, with no loader, in the loop's source) or where the
+            # dataset's whole label tensor is one value; labels as served need many samples
+            converted = e.get("basis") in ("converted", "dataset-one") or (
+                e.get("basis") == "unknown" and origin["line"] != loc.line)
+            if e.get("stage") == "many" or converted:
+                yield self._finding(a, e, origin)
+
+    def _finding(self, a, e, origin):
+        fn, value, calls, values = e.get("fn", "the loss"), e.get("value"), e.get("calls"), e.get("values")
+        shown = _shown(value)
+        at_conversion = origin["line"] != e.loc.line
+        loc = replace(e.loc, line=origin["line"]) if at_conversion else e.loc
+        basis = e.get("basis")
+        if at_conversion:
+            where = f"`{origin['text']}` makes every label {shown}"
+            fix = _conversion_fix(origin["text"], shown)
+        elif basis == "dataset-one":
+            where = "the dataset's whole label tensor holds that one value"
+            fix = (f"read the label from the column that holds it: every label of the dataset "
+                   f"`{origin['target']}` comes from is {shown}")
+        else:
+            where = f"`{origin['target']}` holds no other value"
+            fix = (f"check how `{origin['target']}` is made (the Dataset's __getitem__ or the "
+                   f"label column read): a cast to integers, a threshold outside the data's range "
+                   f"or an integer division maps every label to {shown}")
+        related = (Related(e.loc, "the loss call"),) if at_conversion else ()
+        return self.finding(
+            f"every target {fn} got over its first {calls} calls ({values} values) is {shown}: "
+            f"{where}, so the labels carry no information, the model only has to output a "
+            f"constant, and the falling loss says nothing about what it learned",
+            loc, related=related, step=a.next_step_number(e.seq),
+            evidence={"function": fn, "value": value, "calls": calls, "values": values,
+                      "basis": basis, "target": origin["target"]},
+            fix=fix)
