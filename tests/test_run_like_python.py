@@ -79,6 +79,29 @@ def test_a_warnings_filter_on_main_matches_torch_warnings(tmp_path):
     assert report.run.error["location"]["line"] == 4
 
 
+def test_a_cpp_warning_under_graddoctors_torch_function_mode_names_the_scripts_line(tmp_path):
+    # torch warns from C++ at the Python frame running the op, which is the __torch_function__
+    # of a mode graddoctor pushes between a model's calls in the first steps; the "default"
+    # filter must still show it once per line of the script, not once for graddoctor's frame
+    report = check(tmp_path, """
+        import warnings, torch
+        m = torch.nn.Linear(4, 1)
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            for _ in range(3):
+                out = m(torch.randn(8, 4))
+                a = torch.tensor(out)  # line 8
+                b = torch.tensor(out)  # line 9
+                o.zero_grad()
+                out.pow(2).mean().backward()
+                o.step()
+        where = [(w.filename == __file__, w.lineno) for w in caught if "copy construct" in str(w.message)]
+        assert where == [(True, 8), (True, 9)], where
+    """)
+    assert_ran_clean(report)
+
+
 def test_a_warning_raised_inside_backward_names_the_scripts_backward_line(tmp_path):
     # torch's full backward hook warns from inside the autograd engine with stacklevel=5, which
     # python resolves to the script's `loss.backward()`; graddoctor's wrapper around

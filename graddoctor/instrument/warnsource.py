@@ -5,7 +5,11 @@ graddoctor's wrappers (a scheduler's step, a watched loss function), the warning
 graddoctor's file and module: ``-W error::UserWarning:__main__`` stops matching, and a script
 that checks ``w.filename`` sees another file. While a check runs, ``warnings.warn`` counts
 graddoctor's frames out of the stack level (``skip_file_prefixes`` does this on 3.12+ only, and
-only for the warner's own call). Costs nothing until a warning is issued.
+only for the warner's own call). A warning torch raises from C++ (``TORCH_WARN``) takes no stack
+level: it names the Python frame running when it was raised, which is graddoctor's while one of
+its torch function modes dispatches the op. Such a warning, once it reaches
+``warnings._showwarnmsg``, is issued again at the script's frame (its filters, module and
+registry), as without the mode. Costs nothing until a warning is issued.
 """
 
 from __future__ import annotations
@@ -64,6 +68,44 @@ def _skipping_our_frames(original):
     return warn
 
 
+def _issued_again_at_the_script(original):
+    """``warnings._showwarnmsg`` for warnings that name one of graddoctor's frames: the filters
+    ran for that frame, so the warning is taken back out of its registry and issued again with
+    ``warn_explicit`` at the script's frame above it; any other is shown as it is."""
+
+    def _showwarnmsg(msg):
+        try:
+            if _ours(msg.filename):
+                frame = sys._getframe(1)
+                while frame is not None and not (frame.f_code.co_filename == msg.filename
+                                                 and frame.f_lineno == msg.lineno):
+                    frame = frame.f_back
+                if frame is not None:
+                    ours = frame.f_globals.get("__warningregistry__")
+                    script, _ = _past_ours(frame, 0)
+                    if script is not None and not _ours(script.f_code.co_filename):
+                        text, category = str(msg.message), msg.category
+                        if isinstance(ours, dict):
+                            ours.pop((text, category, msg.lineno), None)
+                            if ours.pop((text, category, 0), None) is None and \
+                                    warnings.onceregistry.get((text, category)):
+                                warnings.onceregistry.pop((text, category), None)
+                        g = script.f_globals
+                        warnings.warn_explicit(msg.message, category, script.f_code.co_filename,
+                                               script.f_lineno, module=g.get("__name__"),
+                                               registry=g.setdefault("__warningregistry__", {}),
+                                               module_globals=g)
+                        return None
+        except Warning:  # an "error" filter at the script's line: raised as without graddoctor
+            raise
+        except Exception:  # never change what the warning does over our own failure
+            pass
+        return original(msg)
+
+    _showwarnmsg.__wrapped__ = original
+    return _showwarnmsg
+
+
 class _ScriptBuiltin:
     """TorchScript compiles ``warnings.warn`` in torch's functions as its builtin ``aten::warn``,
     found by the function's id: the replacement is registered as the same builtin while it is
@@ -91,9 +133,11 @@ class _ScriptBuiltin:
 
 
 class WarningSource:
-    """Installs the ``warnings.warn`` that skips graddoctor's frames."""
+    """Installs the ``warnings.warn`` that skips graddoctor's frames, and the ``_showwarnmsg``
+    that moves a C++ warning raised under one of its modes to the script's frame."""
 
     def install(self, patcher) -> None:
         warn = _skipping_our_frames(warnings.warn)
         patcher.patch(warnings, "warn", warn)
+        patcher.patch(warnings, "_showwarnmsg", _issued_again_at_the_script(warnings._showwarnmsg))
         patcher.handle(_ScriptBuiltin(warn))
