@@ -751,8 +751,11 @@ model_copy         copy, model (the user's names of a module no optimizer trains
                    two steps of ``opt`` measured), pulls [[step, cos, share, copy_moved]] (per
                    interval in which the script's own code changed the model: the cosine of that
                    change with the way from the model to the copy, its length over that way, and
-                   whether the copy changed too) — written at the end (loc: the copy's first
-                   forward that gave targets, or None)
+                   whether the copy changed too), follows [[step, share, cos]] (per measured
+                   interval in which the copy changed: how far along the way from the copy to the
+                   model after the step it moved, as a share of that way (1: onto the model), and
+                   the cosine of its change with that way) — written at the end (loc: the copy's
+                   first forward that gave targets, or None)
 decay_share        opt, cls (the optimizer's class), group (the param group's index), weight_decay,
                    lr (plain numbers, lr None for a tensor), decoupled (bool: AdamW's decay, or
                    ``decoupled_weight_decay=True``), steps [int] (the step measured at each update),
@@ -1401,10 +1404,11 @@ def symmetric_units(*, opt: int, params: list[int], rows: list[int], step: int) 
 
 def model_copy(*, copy: str, model: str, opt: int | None, params: int, equal: bool, forwards: int,
                targets: int, written: bool, written_step: int | None, measured: int,
-               pulls: list[list]) -> Made:
+               pulls: list[list], follows: list[list] | tuple = ()) -> Made:
     return "model_copy", {"copy": copy, "model": model, "opt": opt, "params": params, "equal": equal,
                           "forwards": forwards, "targets": targets, "written": written,
-                          "written_step": written_step, "measured": measured, "pulls": pulls}
+                          "written_step": written_step, "measured": measured, "pulls": pulls,
+                          "follows": [list(row) for row in follows]}
 
 
 def decay_share(*, opt: int, cls: str, group: int, weight_decay: float, lr: float | None,

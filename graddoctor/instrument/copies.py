@@ -19,7 +19,11 @@ Then, for each pair:
   (the first ``MEASURED`` of them): the change Δh from after one step to before the next, its
   cosine with the way to the copy (the copy's values minus the model's, after the step) and
   its length over that way, and whether the copy moved in that interval. An update written the
-  wrong way round moves the model toward a copy that stays put.
+  wrong way round moves the model toward a copy that stays put;
+* over the same intervals, how far the copy moved toward the model: its change projected on the
+  way from it to the model after the step, as a share of that way, with the cosine of the two.
+  An EMA of decay d moves 1 - d of the way at each update; one written with its weights swapped
+  (``t = d * p + (1 - d) * t``) moves d of it.
 
 One ``model_copy`` event per pair at the end of the run (rules/copy_never_follows.py).
 
@@ -90,7 +94,8 @@ def _first_tensor(output):
 class _Pair:
     __slots__ = ("copy", "model", "copy_name", "model_name", "opt", "equal", "copy_params",
                  "model_params", "marks", "base", "written", "written_step", "forwards",
-                 "targets", "target_loc", "handles", "depth", "post", "rows", "measured", "params")
+                 "targets", "target_loc", "handles", "depth", "post", "rows", "measured", "params",
+                 "follows")
 
     def __init__(self, copy, model, copy_name, model_name, opt, equal):
         self.copy = weakref.ref(copy)
@@ -110,6 +115,7 @@ class _Pair:
         self.depth = 0  # inside the copy's own forward (its children's hooks then count nothing)
         self.post: tuple | None = None  # (model sample, copy sample) after a step
         self.rows: list[list] = []
+        self.follows: list[list] = []  # [step, share of the way to the model, cosine]
         self.measured = 0
 
 
@@ -261,6 +267,7 @@ class CopyWatcher:
         if model is None or copy is None:
             return
         pair.measured += 1
+        self._follow(pair, steps, model_post, copy_post, copy)
         edit = model - model_post
         if not bool(edit.any()):
             return
@@ -270,6 +277,22 @@ class CopyWatcher:
         den = float(way.norm())
         share = round(float(edit.norm()) / den, 6) if den > 0.0 else None
         pair.rows.append([steps, cos, share, bool((copy - copy_post).any())])
+
+    @staticmethod
+    def _follow(pair: _Pair, steps: int, model_post, copy_post, copy) -> None:
+        """How far the copy moved toward the model between two steps: its change projected on
+        the way from it to the model after the step, over that way's length (an EMA of decay d
+        moves 1 - d of the way; a full copy, all of it)."""
+        moved = copy - copy_post
+        if not bool(moved.any()):
+            return
+        way = model_post - copy_post
+        length = float(way @ way)
+        scale = float(moved.norm()) * length ** 0.5
+        if length <= 0.0 or scale <= 0.0:
+            return
+        pair.follows.append([steps, round(float(moved @ way) / length, 6),
+                             round(float(moved @ way) / scale, 6)])
 
     # -- the end --------------------------------------------------------------------------
     def close(self) -> None:
@@ -284,7 +307,8 @@ class CopyWatcher:
                     copy=pair.copy_name, model=pair.model_name, opt=pair.opt, params=pair.params,
                     equal=pair.equal, forwards=pair.forwards, targets=pair.targets,
                     written=pair.written, written_step=pair.written_step,
-                    measured=pair.measured, pulls=pair.rows), pair.target_loc)
+                    measured=pair.measured, pulls=pair.rows, follows=pair.follows),
+                    pair.target_loc)
             except Exception as exc:
                 rec.internal_error("model copies", exc)
         self._pairs = []
