@@ -130,3 +130,28 @@ def test_the_watcher_measures_the_share_of_the_way_to_the_model():
     assert [row[0] for row in pair.follows] == [3, 4, 6]
     assert abs(pair.follows[0][1] - 0.99) < 1e-6 and abs(pair.follows[1][1] - 0.01) < 1e-6
     assert abs(pair.follows[0][2] - 1.0) < 1e-6 and abs(pair.follows[2][2]) < 1e-6
+
+
+FOREACH = """\
+import copy
+student = make()
+teacher = copy.deepcopy(student)
+opt = torch.optim.SGD(student.parameters(), lr=0.1)
+t_params = list(teacher.parameters())
+for step in range(10):
+    with torch.no_grad():
+        y = teacher(x)
+    loss = ((student(x) - y) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    with torch.no_grad():
+        torch._foreach_mul_(t_params, 0.01)
+        torch._foreach_add_(t_params, list(student.parameters()), alpha=0.99)
+"""
+
+
+def test_a_multi_tensor_update_is_found_through_the_names_bound_to_the_copy(tmp_path):
+    f = only(_trace(_script(tmp_path, FOREACH), [0.99] * 6), SLUG)
+    assert f.location.line == 12
+    unbound = FOREACH.replace("torch._foreach_mul_(t_params", "torch._foreach_mul_(other")
+    unbound = unbound.replace("torch._foreach_add_(t_params", "torch._foreach_add_(other")
+    assert findings(_trace(_script(tmp_path, unbound), [0.99] * 6), SLUG) == []

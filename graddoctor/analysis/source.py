@@ -133,6 +133,9 @@ class ScriptSource:
     def softmax_first_axis_calls(self, path: str) -> list[tuple[int, str]]:
         return softmax_first_axis_calls(self.full(path))
 
+    def foreach_writes(self, path: str, name: str) -> list[int]:
+        return foreach_writes(self.full(path), name)
+
     def moves_to_host(self, path: str, line: int) -> bool | None:
         return moves_to_host(self.full(path), line)
 
@@ -1515,6 +1518,31 @@ def param_writes(path: str) -> list[tuple[int, str, str, str | None]]:
             continue
         found.append((node.lineno, chain[0], ast.unparse(node).strip(), bound.get(chain[0])))
     return sorted(found)
+
+
+def foreach_writes(path: str, name: str) -> list[int]:
+    """Lines of ``torch._foreach_*_`` calls (in place: ``_foreach_lerp_``, ``_foreach_mul_``,
+    ``_foreach_add_``, ``_foreach_copy_``) whose first argument is the module held as ``name``'s
+    parameters or a name bound from them (``ema_params = list(ema.parameters())``). Empty when
+    the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    names = {name}
+    for _ in range(3):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and _names_in(node.value) & names:
+                for t in node.targets:
+                    names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if called.startswith("_foreach_") and called.endswith("_") and _names_in(node.args[0]) & names:
+            lines.append(node.lineno)
+    return sorted(lines)
 
 
 _SOFTMAX_FUNCTIONS = frozenset({"softmax", "log_softmax"})

@@ -116,7 +116,9 @@ class EmaDecaySwapped(Rule):
             return None
         running = [line for line in said["writers"] if line not in said["setup"]]
         if not running:
-            return None
+            # the multi-tensor form (timm's, torch's own EMA helpers): torch._foreach_lerp_(...)
+            foreach = a.source.foreach_writes(path, _leaf(event["copy"]))
+            return Location(path, foreach[0]) if foreach else None
         writes = {row[0] for row in a.source.param_writes(path)}
         line = next((line for line in running if line in writes), running[0])
         return Location(path, line)
