@@ -697,6 +697,11 @@ view_axes          shape_in, shape_out (the sizes a view/reshape was given and r
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
                    user's code and reaching the loss — at the first 3 backwards, once per pair
                    of shapes (loc: the view call; an aside; instrument/viewaxes.py)
+softmax_batch      fn ("softmax" or "log_softmax"), shape (its result's sizes), batch (the samples: dim 0):
+                   a softmax on the loss's path taken over dim 0 of a per-sample tensor (another
+                   axis longer than 1, not a square (B, B) matrix, dim 0 as long as a tensor
+                   without gradient the graph read) — at the first 3 backwards, once per
+                   function, shape and dim (loc: the backward; an aside; instrument/softmaxbatch.py)
 same_compared      how ("twins": two nodes of the loss's graph computed the same values from the
                    same inputs and meet in an op that compares them; "constant": a loss function's
                    constant operand equals its gradient-carrying one at two optimizer steps, never
@@ -1641,6 +1646,10 @@ def masked_mean(*, how: str, reduced: str, kept: float, elements: int, same_mask
                            "same_mask": same_mask, "at_mean": at_mean, "mask_operand": mask_operand}
 
 
+def softmax_batch(*, fn: str, shape: list[int], batch: int) -> Made:
+    return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch}
+
+
 def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int]) -> Made:
     return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params}
 
@@ -1705,6 +1714,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "target_corrupted": target_corrupted, "anchor_alias": anchor_alias,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
+    "softmax_batch": softmax_batch,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
@@ -1759,7 +1769,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "softmax_batch", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

@@ -130,6 +130,12 @@ class ScriptSource:
     def param_writes(self, path: str) -> list[tuple[int, str, str, str | None]]:
         return param_writes(self.full(path))
 
+    def softmax_first_axis_calls(self, path: str) -> list[tuple[int, str]]:
+        return softmax_first_axis_calls(self.full(path))
+
+    def foreach_writes(self, path: str, name: str) -> list[int]:
+        return foreach_writes(self.full(path), name)
+
     def moves_to_host(self, path: str, line: int) -> bool | None:
         return moves_to_host(self.full(path), line)
 
@@ -1517,6 +1523,63 @@ def param_writes(path: str) -> list[tuple[int, str, str, str | None]]:
         if not chain or "grad" in chain:
             continue
         found.append((node.lineno, chain[0], ast.unparse(node).strip(), bound.get(chain[0])))
+    return sorted(found)
+
+
+def foreach_writes(path: str, name: str) -> list[int]:
+    """Lines of ``torch._foreach_*_`` calls (in place: ``_foreach_lerp_``, ``_foreach_mul_``,
+    ``_foreach_add_``, ``_foreach_copy_``) whose first argument is the module held as ``name``'s
+    parameters or a name bound from them (``ema_params = list(ema.parameters())``). Empty when
+    the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    names = {name}
+    for _ in range(3):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and _names_in(node.value) & names:
+                for t in node.targets:
+                    names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if called.startswith("_foreach_") and called.endswith("_") and _names_in(node.args[0]) & names:
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+_SOFTMAX_FUNCTIONS = frozenset({"softmax", "log_softmax"})
+_SOFTMAX_MODULES = frozenset({"Softmax", "LogSoftmax"})
+_NAMESPACES = frozenset({"torch", "F", "nn", "functional", "special"})
+
+
+def softmax_first_axis_calls(path: str) -> list[tuple[int, str]]:
+    """The (log-)softmax calls of ``path`` given the literal dimension 0, as ``(line, source text
+    of the call)``: ``torch.softmax(x, 0)``, ``F.log_softmax(x, dim=0)``, ``x.softmax(0)``,
+    ``nn.Softmax(dim=0)``. Empty when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in _SOFTMAX_FUNCTIONS and name not in _SOFTMAX_MODULES:
+            continue
+        dim = next((k.value for k in node.keywords if k.arg == "dim"), None)
+        if dim is None:
+            receiver = _chain(func.value) if isinstance(func, ast.Attribute) else []
+            function_form = name in _SOFTMAX_MODULES or not receiver \
+                or receiver[-1] in _NAMESPACES
+            position = 0 if name in _SOFTMAX_MODULES or not function_form else 1
+            dim = node.args[position] if len(node.args) > position else None
+        if isinstance(dim, ast.Constant) and dim.value == 0 and not isinstance(dim.value, bool):
+            found.append((node.lineno, ast.unparse(node)))
     return sorted(found)
 
 

@@ -61,6 +61,7 @@ from .redrawn import RedrawnNoiseWatcher
 from .attnaxis import SoftmaxAxisWatcher
 from .pairlabels import TripletOrderWatcher
 from .viewaxes import ViewAxesWatcher
+from .softmaxbatch import SoftmaxBatchWatcher
 from .anchors import AnchorAliasWatcher
 from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
@@ -152,6 +153,11 @@ class Instrumentation:
         view_axes = ViewAxesWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, view_axes.describe_loss)
         self.watchers.append(view_axes)
+        # a softmax over dim 0 of per-sample outputs on the loss's path (softmax-over-batch):
+        # the graph of the first backwards walked, no wrapper
+        softmax_batch = SoftmaxBatchWatcher(rec, self.dataloader)
+        rec.subscribe(DESCRIBE_LOSS, softmax_batch.describe_loss)
+        self.watchers.append(softmax_batch)
         # a masked per-element loss averaged over every position, padding included
         # (masked-mean-counts-padding): Tensor.mean/sum wrapped until the first backwards
         masked_mean = MaskedMeanWatcher(rec)

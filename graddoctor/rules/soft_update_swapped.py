@@ -117,7 +117,8 @@ class SoftUpdateSwapped(Rule):
         with arithmetic (not a plain ``copy_(p)`` or ``load_state_dict(m.state_dict())``),
         those that name the copy (in the line, what the loop binds, or the loop's header) when
         any does; of those, when they sit in one loop, the last one that is not a lone scaling
-        (``tp.mul_(tau)``); None when they sit in several loops."""
+        (``tp.mul_(tau)``); None when they sit in several loops. Without such a write, the
+        last ``torch._foreach_*_`` call over the copy's parameters."""
         path = event.loc.path
         copy = _leaf(event["copy"])
         found = []
@@ -131,7 +132,9 @@ class SoftUpdateSwapped(Rule):
             named = bool(re.search(rf"\b{re.escape(copy)}\b", f"{text} {bound or ''} {header}"))
             found.append((named, loop, line, text))
         if not found:
-            return None
+            # a multi-tensor update: torch._foreach_lerp_/mul_/add_ over the copy's parameters
+            lines = a.source.foreach_writes(path, copy)
+            return Location(path, lines[-1]) if lines else None
         if any(named for named, *_ in found):
             found = [f for f in found if f[0]]
         if len({f[1] for f in found}) > 1:

@@ -1,0 +1,115 @@
+"""A softmax or log-softmax on the loss's path taken over dim 0 of a per-sample tensor: each
+sample's probabilities are normalised over the other samples of the batch.
+
+``torch.softmax(logits, dim=0)`` on (batch, classes[, H, W]) logits makes every class column sum
+to 1 over the batch: a sample's probabilities depend on what the other samples predict, and a
+loss that reads them row by row (a Dice, a focal term, a hand-written cross-entropy, a
+distillation between softened outputs) trains on numbers that are no distribution over the
+classes. The shapes agree, nothing fails.
+
+How it is seen: at the first ``_WINDOWS`` backwards (``DESCRIBE_LOSS``), the loss's graph is
+walked once (at most ``_NODES`` nodes) for ``SoftmaxBackward0`` / ``LogSoftmaxBackward0`` nodes
+with ``dim`` 0 (or ``-ndim``). One is kept when its result is laid out like a batch of samples:
+two dimensions or more, another one longer than 1 (a class axis: a (K, 1) softmax over a bag's
+instances is the only axis there is), not square in its first two (a (B, B) similarity matrix
+is normalised over either axis on purpose, CLIP's), and its dim 0 as long as the leading
+dimension of a tensor without gradient that the graph below it read (the batch of data, a
+target): the samples. When the DataLoader's latest batch size is known and differs, nothing
+is kept (a bag of instances served one at a time). Each kept node becomes one ``softmax_batch``
+aside event (the function, the result's shape, the batch size) at the backward's line; the rule
+finds the call in the script's source. Only shapes are read: no saved tensor's values, and
+nothing under saved-tensor hooks (``graphpaths.saved``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import events as ev
+from .graphpaths import post_order, saved
+from .recorder import Recorder
+
+_WINDOWS = 3  # backwards whose losses are looked at
+_NODES = 20000  # graph nodes walked per backward
+_BELOW = 4000  # nodes walked below a softmax to find the batch it reads
+_KINDS = {"SoftmaxBackward0": "softmax", "LogSoftmaxBackward0": "log_softmax"}
+
+
+def _shape(tensor) -> tuple | None:
+    return tuple(int(s) for s in tensor.shape) if isinstance(tensor, torch.Tensor) else None
+
+
+def _data_leading(root, limit: int) -> set[int]:
+    """The leading sizes of the tensors without gradient (data, targets, masks) that the nodes
+    below ``root`` saved."""
+    nodes = post_order(root, limit)
+    sizes: set[int] = set()
+    for node in nodes or ():
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            value = saved(node, name)
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 and not value.requires_grad \
+                    and value.grad_fn is None:
+                sizes.add(int(value.shape[0]))
+    return sizes
+
+
+def over_batch(shape: tuple, dim: int, data_sizes: set[int], loader_batch: int | None) -> bool:
+    """Whether a softmax over ``dim`` of a result of ``shape`` normalises over the samples."""
+    if len(shape) < 2 or dim not in (0, -len(shape)):
+        return False
+    batch = shape[0]
+    if batch < 2 or not any(s > 1 for s in shape[1:]) or shape[1] == batch:
+        return False
+    if loader_batch is not None and loader_batch != batch:
+        return False
+    return batch in data_sizes
+
+
+class SoftmaxBatchWatcher:
+    def __init__(self, rec: Recorder, loader=None):
+        self.rec = rec
+        self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
+        self._windows = 0
+        self._told: set = set()
+
+    def install(self, patcher) -> None:  # subscribed at construction
+        pass
+
+    def describe_loss(self, tensors) -> dict:
+        if self._windows >= _WINDOWS:
+            return {}
+        self._windows += 1
+        try:
+            self._look(tensors)
+        except Exception as exc:
+            self.rec.internal_error("softmax over the batch", exc)
+        return {}
+
+    def _look(self, tensors) -> None:
+        items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+        loader_batch = None
+        if self.loader is not None:
+            try:
+                loader_batch = self.loader.batch_size()
+            except Exception:
+                loader_batch = None
+        for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
+            nodes = post_order(root, _NODES)
+            for node in nodes or ():
+                fn = _KINDS.get(type(node).__name__)
+                if fn is None:
+                    continue
+                dim = saved(node, "_saved_dim")
+                shape = _shape(saved(node, "_saved_result"))
+                if not isinstance(dim, int) or shape is None:
+                    continue
+                key = (fn, shape, dim)
+                if key in self._told or len(shape) < 2 or dim not in (0, -len(shape)):
+                    continue
+                if not over_batch(shape, dim, _data_leading(node, _BELOW), loader_batch):
+                    continue
+                self._told.add(key)
+                self.rec.emit_aside(ev.softmax_batch(fn=fn, shape=list(shape), batch=shape[0]),
+                                    self.rec.here())

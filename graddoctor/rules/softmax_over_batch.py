@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+
+_MIXING = ("SoftmaxBackward", "LogSoftmaxBackward")
+
+
+class SoftmaxOverBatch(Rule):
+    """
+    ## What it does
+    Finds a softmax or log-softmax on the loss's path taken over dim 0 of a per-sample tensor:
+    `torch.softmax(logits, dim=0)` on (batch, classes) or (batch, classes, H, W) logits, then
+    read sample by sample (a Dice or focal loss, a cross-entropy written by hand, a distillation
+    term between softened outputs). Seen in the graph of the first backwards: the softmax's
+    result has another axis longer than 1, is not a square (B, B) matrix, and its dim 0 is as
+    long as the data or targets the graph read. Reported at the call with `dim=0` in the script.
+
+    ## Why is this bad?
+    Over dim 0 each class column sums to 1 across the samples: a sample's "probabilities" are
+    no distribution over its classes, and they depend on what the other samples of the batch
+    predict. The loss still falls, towards making each class confident in one sample of the
+    batch; at inference, one image at a time, the same softmax gives 1 everywhere. Nothing
+    fails and every shape agrees.
+
+    ## Example
+    ```python
+    def soft_dice_loss(logits, target):          # logits: (N, C, H, W)
+        probs = torch.softmax(logits, dim=0)
+        onehot = F.one_hot(target, C).permute(0, 3, 1, 2).float()
+        ...
+    ```
+
+    ## Use instead
+    ```python
+        probs = torch.softmax(logits, dim=1)      # over the classes of each pixel
+    ```
+
+    ## Stays silent on
+    A softmax over the classes (dim 1 or -1); a (B, B) similarity matrix normalised over either
+    axis (CLIP's symmetric loss, InfoNCE's columns); a softmax over the instances of one bag
+    ((K, 1) attention weights of multiple-instance learning, a DataLoader batch of another size);
+    weights over the batch of a 1-D tensor (hard-example weighting); a softmax on values without
+    gradient (targets made under `no_grad`); a softmax over dim 0 inside the model's forward,
+    which `samples-mixed-in-batch` reports, and one fed straight to `nll_loss`/`kl_div`, which
+    `loss-input-mismatch` reports.
+    """
+
+    code = "GD185"
+    slug = "softmax-over-batch"
+    severity = Severity.WARNING
+    summary = ("a softmax on the loss's path is taken over dim 0, the batch: each sample's class "
+               "probabilities are normalised across the other samples")
+    fix = "take the softmax over the classes (`dim=1` for (N, C, ...) logits, or `dim=-1`)"
+
+    def check(self, a):
+        events = list(a.by_kind.get("softmax_batch", ()))
+        if not events or self._reported_elsewhere(a):
+            return
+        used: set = set()
+        for event in events:
+            if event.loc is None:
+                continue
+            path = event.loc.path
+            calls = [c for c in a.source.softmax_first_axis_calls(path) if (path, c[0]) not in used]
+            if not calls:
+                continue
+            line, text = calls[0]
+            used.add((path, line))
+            shape = "×".join(str(s) for s in event["shape"])
+            fixed = text.replace("dim=0", "dim=1") if "dim=0" in text else None
+            yield self.finding(
+                f"`{text}` normalises a {shape} tensor over dim 0, its {event['batch']} samples: "
+                f"each class's values sum to 1 across the batch instead of each sample's across "
+                f"its classes, so the {event['fn']} the loss reads for one sample depends on the "
+                f"others and is no distribution over its classes",
+                Location(path, line),
+                evidence={"fn": event["fn"], "shape": event["shape"], "batch": event["batch"]},
+                fix=(f"`{fixed}`: take it over the classes" if fixed else
+                     "give it the class dimension (`dim=1` for (N, C, ...) logits, or `dim=-1`)"))
+
+    @staticmethod
+    def _reported_elsewhere(a) -> bool:
+        """samples-mixed-in-batch names a softmax over the batch inside forward, and
+        loss-input-mismatch one given straight to a loss function."""
+        if any(e.get("problem") in ("dim", "log-dim") for e in a.by_kind.get("loss_input", ())):
+            return True
+        return any(e.get("mixed") and str(e.get("op") or "").startswith(_MIXING)
+                   for e in a.by_kind.get("dependency", ()))

@@ -1,0 +1,123 @@
+"""softmax-over-batch (GD185): hand-written ``softmax_batch`` events over scripts written to a
+temporary folder (the rule finds the dim=0 call in the source), the watcher's test of a
+result's layout, and the source reading on its own."""
+
+from __future__ import annotations
+
+import textwrap
+
+import torch
+
+from graddoctor import events as ev
+from graddoctor.analysis.source import softmax_first_axis_calls
+from graddoctor.findings import Severity
+from graddoctor.instrument.softmaxbatch import SoftmaxBatchWatcher, over_batch
+from graddoctor.trace import TraceBuilder
+from rule_traces import P, findings, only
+
+SLUG = "softmax-over-batch"
+
+SCRIPT = """\
+import torch
+model = make()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    logits = model(x)
+    probs = torch.softmax(logits, dim=0)
+    loss = dice(probs, y)
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def _script(tmp_path, text=SCRIPT):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def _trace(path, extra=()):
+    t = TraceBuilder(path)
+    t.optimizer(0, P, line=3)
+    t.put(ev.softmax_batch(fn="softmax", shape=[4, 3, 8, 8], batch=4), 8)
+    for kind, line in extra:
+        t.put(kind, line)
+    for _ in range(4):
+        t.backward(fresh=P, line=8)
+        t.step(line=8)
+    return t
+
+
+def test_a_softmax_over_the_batch_is_a_warning_at_its_call(tmp_path):
+    f = only(_trace(_script(tmp_path)), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 6
+    assert "4×3×8×8" in f.message and "4 samples" in f.message
+    assert f.fix.startswith("`torch.softmax(logits, dim=1)`")
+
+
+def test_without_a_dim_0_call_in_the_source_nothing_is_reported(tmp_path):
+    text = SCRIPT.replace("dim=0", "dim=axis")
+    assert findings(_trace(_script(tmp_path, text)), SLUG) == []
+
+
+def test_left_to_the_rules_that_already_report_it(tmp_path):
+    path = _script(tmp_path)
+    in_forward = ev.dependency(model="model", batch=4, source="loader", mixed=True,
+                               op="SoftmaxBackward0", op_at=None, seq=None, modules=[], forward=None)
+    assert findings(_trace(path, [(in_forward, 5)]), SLUG) == []
+    at_the_loss = ev.loss_input(fn="nll_loss", problem="log-dim", classes=3)
+    assert findings(_trace(path, [(at_the_loss, 7)]), SLUG) == []
+    elsewhere = ev.dependency(model="model", batch=4, source="loader", mixed=True,
+                              op="ViewBackward0", op_at=None, seq=None, modules=[], forward=None)
+    assert only(_trace(path, [(elsewhere, 5)]), SLUG)
+
+
+def test_the_layout_of_a_batch_of_samples():
+    data = {4}
+    assert over_batch((4, 3, 8, 8), 0, data, None)
+    assert over_batch((4, 3), -2, data, None)
+    assert not over_batch((4, 3, 8, 8), 1, data, None)  # over the classes
+    assert not over_batch((4, 4), 0, data, None)  # a (B, B) similarity matrix
+    assert not over_batch((4, 1), 0, data, None)  # the instances of one bag
+    assert not over_batch((4,), 0, data, None)  # weights over a 1-D batch
+    assert not over_batch((4, 3), 0, {7}, None)  # dim 0 is not the data's
+    assert not over_batch((4, 3), 0, data, 1)  # the loader serves one bag at a time
+
+
+class _Rec:
+    def __init__(self):
+        self.emitted = []
+
+    def emit_aside(self, made, loc):
+        self.emitted.append(made)
+
+    def here(self):
+        return None
+
+    def internal_error(self, what, exc):
+        raise exc
+
+
+def test_the_watcher_reads_the_graph_of_the_loss():
+    w = torch.randn(5, 3, requires_grad=True)
+    x = torch.randn(6, 5)
+    rec = _Rec()
+    watcher = SoftmaxBatchWatcher(rec)
+    bad = (torch.softmax(x @ w, dim=0) * torch.randn(6, 3)).sum()
+    watcher.describe_loss(bad)
+    good = (torch.softmax(x @ w, dim=1) * torch.randn(6, 3)).sum()
+    watcher.describe_loss(good)
+    assert rec.emitted == [ev.softmax_batch(fn="softmax", shape=[6, 3], batch=6)]
+
+
+def test_the_source_reading_finds_each_form_of_dim_0(tmp_path):
+    path = _script(tmp_path, """\
+        a = torch.softmax(x, 0)
+        b = F.log_softmax(x, dim=0)
+        c = x.softmax(0)
+        d = nn.Softmax(dim=0)
+        e = torch.softmax(x, 1)
+        f = x.log_softmax(dim=1)
+        g = nn.LogSoftmax(0)
+        h = x.softmax(-1)
+        """)
+    assert [line for line, _ in softmax_first_axis_calls(path)] == [1, 2, 3, 4, 7]
