@@ -25,6 +25,8 @@ new optimizer is registered (``PARAMS_ADDED``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import events as ev
@@ -95,8 +97,10 @@ class StepEditWatcher:
             before, after = post[start:start + size], now[start:start + size]
             change = step[start:start + size]
             start += size
-            edit = float((after - before).norm())
-            if edit == 0.0 or edit < float(change.norm()) or float(before.norm()) == 0.0:
+            edit, size_before = float((after - before).norm()), float(before.norm())
+            # non-finite values (a NaN update) tell nothing of where the values came from
+            if not (math.isfinite(edit) and math.isfinite(size_before)) or edit == 0.0 \
+                    or edit < float(change.norm()) or size_before == 0.0:
                 continue
             kept = _cos(before, after)
             if kept is None or abs(kept) < _UNRELATED:  # None: set to zero
