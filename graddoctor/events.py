@@ -720,16 +720,6 @@ noise_redrawn      fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), params
                    the model's forward ended — a fresh noise the model never saw (a diffusion
                    loss's noise drawn again) — at one of the first 3 backwards' losses, once per
                    call line (loc: the loss call; an aside; instrument/redrawn.py)
-target_corrupted   fn (the loss function), how ("noise" | "mask" | "dropout": the corruption),
-                   corrupted_line (the line of the corruption), copied (the target is a copy of
-                   the corrupted value, made at the event's line), positions (where the target
-                   differs from the clean value, ignored labels left out), numel, params [pid]
-                   (tracked tensors the input's graph reaches): a loss target that is the
-                   corrupted value a model was given (noise added, a random mask written or
-                   multiplied in, dropout) while its clean value is still there — at the first 8
-                   loss calls with a gradient before the 3rd backward, once per line (loc: the
-                   copy that made the target, else the loss call; an aside;
-                   instrument/corruption.py)
 loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward0``,
                    ``PowBackward0``), params [pid] (tracked tensors its argument reaches), line
                    (the backward's line): a backward's loss holds a term -c * exp(v) or -c * v**2
@@ -919,7 +909,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops``, ``target_corrupted`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1664,13 +1654,6 @@ def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
     return "noise_redrawn", {"fn": fn, "params": params, "numel": numel}
 
 
-def target_corrupted(*, fn: str, how: str, corrupted_line: int | None, copied: bool,
-                     positions: int, numel: int, params: list[int]) -> Made:
-    return "target_corrupted", {"fn": fn, "how": how, "corrupted_line": corrupted_line,
-                                "copied": copied, "positions": positions, "numel": numel,
-                                "params": params}
-
-
 def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = None) -> Made:
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
@@ -1712,7 +1695,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
-    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "target_corrupted": target_corrupted, "anchor_alias": anchor_alias,
+    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
     "softmax_batch": softmax_batch,
     "masked_mean": masked_mean,
@@ -1761,7 +1744,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "target_corrupted", "anchor_alias", "loss_unbounded", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

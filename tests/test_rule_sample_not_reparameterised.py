@@ -87,17 +87,15 @@ def test_the_mode_is_gone_after_the_backward_and_after_the_run():
     stack = torch._C._len_torch_function_stack
     rec = Recorder(step_budget=None)
     with Instrumentation(rec):
-        # target-is-corrupted-input's mode is on the stack from the start to the 3rd backward
-        inside = stack()
         lin = nn.Linear(2, 2)
         q = Normal(lin(torch.randn(3, 2)), 1.0)
         z = q.sample()
-        assert stack() >= inside + 1  # this window's mode (the batch-target window may be open too)
+        assert stack() >= 1  # this window's mode (the batch-target window may be open too)
         (lin(z).sum() + q.loc.sum()).backward()
-        assert stack() == inside
+        assert stack() == 0
         q = Normal(lin(torch.randn(3, 2)), 1.0)
         q.sample()
-        assert stack() >= inside + 1
+        assert stack() >= 1
     assert stack() == 0
 
 

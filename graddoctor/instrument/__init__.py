@@ -15,7 +15,6 @@ from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .constloss import ConstantLossWatcher
 from .copies import CopyWatcher
-from .corruption import CorruptedTargetWatcher
 from .customfn import CustomFunctionWatcher
 from .dependency import DependencyWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
@@ -124,15 +123,9 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, constants.describe_loss)
         columns = TargetColumnWatcher(rec)
         rows = FullRowsWatcher(rec)
-        # a target that is the corrupted value the model was given (target-is-corrupted-input):
-        # its mode follows values from the start, so it is installed before the other watchers
-        # that push modes of their own
-        corrupted = CorruptedTargetWatcher(rec)
-        rec.subscribe(DESCRIBE_LOSS, corrupted.describe_loss)
-        self.watchers.append(corrupted)
         one_value = ConstantTargetsWatcher(rec, self.dataloader)
         rec.subscribe(BATCH_SERVED, one_value.served)
-        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, corrupted)
+        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value)
         # an ignore_index or padding_idx that the data uses as a real class or token: told
         # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
         real_index = RealIndexWatcher(rec)

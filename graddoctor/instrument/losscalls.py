@@ -5,10 +5,9 @@ new listener is one argument here and not one more in each wrapper:
 * ``idle`` (IdleParamWatcher): every call, once it watches a module;
 * ``constants`` (ConstantLossWatcher): calls on an input without gradient, grad mode on (a
   loss term with no graph);
-* ``columns`` (TargetColumnWatcher), ``rows`` (FullRowsWatcher), ``labels``
-  (ConstantTargetsWatcher) and ``corrupted`` (CorruptedTargetWatcher): the first calls with a
-  gradient (while each is ``open``; once closed, which is for good, it is dropped), not
-  ``ctc_loss``'s (its targets are label sequences).
+* ``columns`` (TargetColumnWatcher), ``rows`` (FullRowsWatcher) and ``labels``
+  (ConstantTargetsWatcher): the first calls with a gradient (while each is ``open``; once
+  closed, which is for good, it is dropped), not ``ctc_loss``'s (its targets are label sequences).
 """
 
 from __future__ import annotations
@@ -17,11 +16,9 @@ import torch
 
 
 class LossCalls:
-    def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None,
-                 corrupted=None):
+    def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None):
         self.idle, self.constants, self.columns, self.rows = idle, constants, columns, rows
         self.labels = labels
-        self.corrupted = corrupted
 
     def heard(self, fn: str, input, target, args, kwargs) -> None:
         """A wrapped loss function is called (``fn``), with its input and target as read by
@@ -56,9 +53,3 @@ class LossCalls:
                 labels.loss_call(fn, input, target, args, kwargs)
             else:
                 self.labels = None
-        corrupted = self.corrupted
-        if corrupted is not None:
-            if corrupted.open:
-                corrupted.loss_call(fn, input, target, args, kwargs)
-            else:
-                self.corrupted = None

@@ -13,22 +13,11 @@ class Patcher:
 
     def __init__(self) -> None:
         self._undo: list[tuple[str, Any, Any, Any]] = []
-        self._replaced: dict[int, tuple[Any, Any]] = {}  # id(new) -> (new, what it replaced)
 
     def patch(self, owner: Any, name: str, new: Any) -> None:
         old = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
         self._undo.append(("attr", owner, name, old))
-        # what a call by this name reached before: the owner's own value, or the inherited one
-        reached = old if old is not _MISSING else getattr(owner, name, None)
-        if reached is not None:
-            self._replaced[id(new)] = (new, reached)
         setattr(owner, name, new)
-
-    def replaced(self, new: Any) -> Any:
-        """What the patch that set ``new`` replaced (a function torch calls by its public name,
-        unwrapped), or None when ``new`` is no patch of this patcher's."""
-        entry = self._replaced.get(id(new))
-        return entry[1] if entry is not None and entry[0] is new else None
 
     def handle(self, handle: Any) -> Any:
         self._undo.append(("handle", handle, None, None))
