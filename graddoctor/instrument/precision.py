@@ -32,6 +32,8 @@ place in torch's order when a new optimizer is registered (``PARAMS_ADDED``).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -81,6 +83,9 @@ class PrecisionWatcher:
         # False once they changed]
         self._state: dict[int, list] = {}
         self._hooks: tuple[_GlobalHook, _GlobalHook] | None = None  # (pre, post) once installed
+        # the threads that stepped an optimizer: torch's global hook dicts are left alone when
+        # another one may be looping over them (a dict changed under its loop raises there)
+        self._threads: set[int] = set()
         rec.subscribe(PARAMS_ADDED, self.params_added)
         rec.subscribe(STEP_BEGINS, self._take_out_post)
         rec.retire(STEP_BEGINS, self._take_out_post)  # resumed when the post hook is to go
@@ -92,7 +97,7 @@ class PrecisionWatcher:
     def _leave(self) -> None:
         """From the post hook: every optimizer is done. The pre hook goes now (torch loops over
         the post hooks), the post hook at the next step's ``STEP_BEGINS``."""
-        if self._hooks is not None:
+        if self._hooks is not None and self._threads == {threading.get_ident()}:
             self._hooks[0].take_out()
             self.rec.resume(STEP_BEGINS, self._take_out_post)
 
@@ -126,6 +131,7 @@ class PrecisionWatcher:
 
     def _pre(self, optimizer, args, kwargs) -> None:
         try:
+            self._threads.add(threading.get_ident())
             opt = self.rec.optimizer_id(optimizer)
             state = self._state.get(opt)
             if state is None:
