@@ -163,7 +163,7 @@ class _Forward:
     """One outermost training forward of a model, recorded for a probe."""
 
     __slots__ = ("model", "cls", "call", "forward", "inputs", "out", "outs", "embeds",
-                 "modules", "unsafe", "anomaly", "locate")
+                 "modules", "unsafe", "anomaly", "locate", "packed")
 
     def __init__(self, model, call, locate: bool):
         self.model = model
@@ -179,6 +179,9 @@ class _Forward:
         self.unsafe: str | None = None
         self.anomaly = None  # the anomaly mode to put back at the forward's end
         self.locate = locate
+        # an RNN ran over a PackedSequence: its data interleaves the samples by time step, and
+        # pad_packed_sequence regroups those rows in views whose layout the probe cannot read
+        self.packed = False
 
 
 class DependencyWatcher:
@@ -322,6 +325,8 @@ class DependencyWatcher:
                 current.embeds.append((ids, output))
             return
         if isinstance(module, _ATTENTION + _RECURRENT):
+            if args and isinstance(args[0], nn.utils.rnn.PackedSequence):
+                current.packed = True
             if len(current.modules) < 4 * _MODULES:
                 current.modules.append([type(module).__name__, self.rec.here(),
                                         _flag(module, args, kwargs), self._depth])
@@ -432,7 +437,7 @@ class DependencyWatcher:
             return  # (T, B, ...) or (B, T, ...) with T == B: which one is the batch?
         if out.dim() >= 2 and int(out.shape[1]) == B:
             return  # (B, B) scores: a similarity matrix (CLIP) mixes the batch by design
-        source = self._batch_source(forward, targets, B)
+        source = self._batch_source(forward, targets, B) if not forward.packed else None
         seq = self._sequence(forward, targets, out)
         if source is None and seq is None:
             return

@@ -93,9 +93,11 @@ class SamplesMixedInBatch(Rule):
     over `batchify`'d (seq, batch) data; inputs with another dimension as long as the batch
     (either could be the batch); a batch size the data does not tell; models on an accelerator,
     under DDP, compiled, with custom autograd Functions, checkpointing or backward hooks (not
-    probed). An RNN or attention module built with `batch_first=False` and given batch-first
-    input is `batch-first-mismatch`'s; `log_softmax(dim=0)` just before `nll_loss` is
-    `loss-input-mismatch`'s.
+    probed); models that run an RNN over a `PackedSequence` (the packed data interleaves the
+    samples by time step, and `pad_packed_sequence` regroups its rows in views the probe cannot
+    tell from a mix: not probed). An RNN or attention module built with `batch_first=False`
+    and given batch-first input is `batch-first-mismatch`'s; `log_softmax(dim=0)` just before
+    `nll_loss` is `loss-input-mismatch`'s.
     """
 
     code = "GD243"
