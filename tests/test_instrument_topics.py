@@ -311,6 +311,31 @@ def test_per_optimizer_watchers_leave_the_step_topics_once_done_and_come_back_fo
         del second
 
 
+def test_the_precision_hooks_stay_in_torch_when_a_second_thread_steps():
+    # torch loops over its global hook dicts in every thread's step: taking a hook out while
+    # another thread loops raises "OrderedDict mutated during iteration" in the script
+    import threading
+
+    from torch.optim.optimizer import _global_optimizer_pre_hooks
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec) as instrumentation:
+        precision = next(w for w in instrumentation.watchers if type(w).__name__ == "PrecisionWatcher")
+
+        def train():
+            model = torch.nn.Linear(3, 2)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(8):
+                optimizer.zero_grad()
+                model(torch.ones(4, 3)).sum().backward()
+                optimizer.step()
+
+        worker = threading.Thread(target=train)
+        worker.start()
+        worker.join()
+        train()
+        assert precision._pre in _global_optimizer_pre_hooks.values()
+
+
 def test_the_precision_hooks_leave_torch_once_every_optimizer_is_checked_and_come_back_in_order():
     from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
     rec = Recorder(step_budget=None)
