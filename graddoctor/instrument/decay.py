@@ -27,7 +27,8 @@ import torch
 from .. import events as ev
 from .optim import plain_number
 from .recorder import Recorder
-from .topics import PARAMS_ADDED, STEP_BEGINS
+from .optwindow import PerOptimizerWindow
+from .topics import STEP_BEGINS
 
 MEASURED = 3  # updates measured per optimizer
 
@@ -62,39 +63,16 @@ def _weighted_median(ratios: list[float], sizes: list[int]) -> float | None:
     return None
 
 
-class DecayShareWatcher:
+class DecayShareWatcher(PerOptimizerWindow):
+    topic, label = STEP_BEGINS, "weight decay share"
+    # _left: opt -> updates still to measure (0: done or not measured at all)
+    # _groups: opt -> [(group index, weight_decay, lr, decoupled, [steps], [median ratios])]
+
     def __init__(self, rec: Recorder):
-        self.rec = rec
-        # opt -> updates still to measure (0: done or not measured at all)
-        self._left: dict[int, int] = {}
-        # opt -> [(group index, weight_decay, lr, decoupled, [steps], [median ratios])]
-        self._groups: dict[int, list] = {}
-        rec.subscribe(STEP_BEGINS, self.before_step)
-        rec.subscribe(PARAMS_ADDED, self.params_added)
-
-    def install(self, patcher) -> None:  # subscribed at construction
-        pass
-
-    def params_added(self, opt: int, pids) -> None:
-        """``PARAMS_ADDED``: an optimizer not measured yet: back on ``STEP_BEGINS``."""
-        if self._left.get(opt, 1):
-            self.rec.resume(STEP_BEGINS, self.before_step)
+        super().__init__(rec, self.before_step)
 
     def before_step(self, opt: int, optimizer) -> None:
-        left = self._left
-        if not left.get(opt, 1):
-            return
-        try:
-            if opt not in left:
-                self._start(opt, optimizer)
-            if left[opt]:
-                self._measure(opt, optimizer)
-        except Exception as exc:
-            left[opt] = 0
-            self._groups.pop(opt, None)
-            self.rec.internal_error("weight decay share", exc)
-        if not left[opt] and all(not left.get(other, 1) for other in self.rec.opt_params):
-            self.rec.retire(STEP_BEGINS, self.before_step)  # every optimizer measured
+        self._on_step(opt, optimizer)
 
     def _start(self, opt: int, optimizer) -> None:
         self._left[opt] = 0

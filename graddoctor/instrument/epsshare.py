@@ -33,7 +33,9 @@ import torch
 from .. import events as ev
 from .optim import plain_number
 from .recorder import Recorder
-from .topics import PARAMS_ADDED, STEPPED
+from .decay import _weighted_median
+from .optwindow import PerOptimizerWindow
+from .topics import STEPPED
 
 MEASURED = 3  # steps measured per optimizer
 DOMINATES = 10.0  # eps this many times sqrt(v): the denominator is eps within 10 %
@@ -54,16 +56,6 @@ def _own_class(optimizer) -> str | None:
     name = cls.__name__
     if name in _SECOND_MOMENT and (getattr(cls, "__module__", None) or "").startswith("torch.optim"):
         return name
-    return None
-
-
-def _weighted_median(values: list[float], sizes: list[int]) -> float | None:
-    total = sum(sizes)
-    seen = 0
-    for value, size in sorted(zip(values, sizes), reverse=True):
-        seen += size
-        if 2 * seen >= total:
-            return value
     return None
 
 
@@ -100,39 +92,16 @@ def _estimate(cls: str, group: dict, state: dict) -> torch.Tensor | None:
     return v
 
 
-class EpsShareWatcher:
+class EpsShareWatcher(PerOptimizerWindow):
+    topic, label = STEPPED, "eps share"
+    # _groups: opt -> [[group index, eps, [steps], [shares], [ratios]]]
+
     def __init__(self, rec: Recorder):
-        self.rec = rec
-        self._left: dict[int, int] = {}  # opt -> steps still to measure (0: done or never)
-        # opt -> [[group index, eps, [steps], [shares], [ratios]]]
-        self._groups: dict[int, list] = {}
+        super().__init__(rec, self.after_step)
         self._classes: dict[int, str] = {}
-        rec.subscribe(STEPPED, self.after_step)
-        rec.subscribe(PARAMS_ADDED, self.params_added)
-
-    def install(self, patcher) -> None:  # subscribed at construction
-        pass
-
-    def params_added(self, opt: int, pids) -> None:
-        """``PARAMS_ADDED``: an optimizer not measured yet: back on ``STEPPED``."""
-        if self._left.get(opt, 1):
-            self.rec.resume(STEPPED, self.after_step)
 
     def after_step(self, opt: int, optimizer) -> None:
-        left = self._left
-        if not left.get(opt, 1):
-            return
-        try:
-            if opt not in left:
-                self._start(opt, optimizer)
-            if left[opt]:
-                self._measure(opt, optimizer)
-        except Exception as exc:
-            left[opt] = 0
-            self._groups.pop(opt, None)
-            self.rec.internal_error("eps share", exc)
-        if not left[opt] and all(not left.get(other, 1) for other in self.rec.opt_params):
-            self.rec.retire(STEPPED, self.after_step)  # every optimizer measured
+        self._on_step(opt, optimizer)
 
     def _start(self, opt: int, optimizer) -> None:
         self._left[opt] = 0
