@@ -100,7 +100,52 @@ def test_silent_on_a_decay_that_warms_up(tmp_path):
 def test_silent_on_a_move_off_the_way_to_the_model_or_a_copy_that_is_no_follower(tmp_path):
     path = _script(tmp_path, TD3)
     assert findings(_trace(path, cos=0.5), SLUG) == []
-    assert findings(_trace(path, targets=0), SLUG) == []  # an EMA kept for evaluation only
+
+
+EVAL_EMA = """\
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+model = make()
+ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.01))
+opt = torch.optim.Adam(model.parameters())
+for step in range(10):
+    loss = F.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    ema.update_parameters(model)
+"""
+
+
+def _eval_trace(path, shares=(0.99,) * 4, pulls=()):
+    t = TraceBuilder(path)
+    t.optimizer(0, P, line=4)
+    for _ in range(len(shares) + 1):
+        t.backward(fresh=P, line=7)
+        t.step(line=7)
+    follows = [[i + 1, share, 1.0, False] for i, share in enumerate(shares)]
+    t.trace.put(ev.model_copy(copy="ema", model="model", opt=0, params=4, equal=True, forwards=0,
+                        targets=0, written=True, written_step=1, measured=len(shares),
+                        pulls=list(pulls), follows=follows))  # no forward: no location
+    return t
+
+
+def test_an_average_kept_for_evaluation_is_reported_where_it_is_made_with_its_decay(tmp_path):
+    f = only(_eval_trace(_script(tmp_path, EVAL_EMA)), SLUG)
+    assert f.location.line == 3 and f.severity is Severity.WARNING
+    assert "kept to evaluate or save" in f.message and "updates are not changed" in f.message
+    assert "decay" in f.fix and "0.99" in f.fix and "tp.lerp_" not in f.fix
+
+
+def test_an_evaluation_average_written_by_hand_is_reported_at_its_blend(tmp_path):
+    text = EVAL_EMA.replace("    ema.update_parameters(model)\n", "    for e, p in zip(ema.parameters(), "
+                            "model.parameters()):\n        e.mul_(0.01).add_(p, alpha=0.99)\n")
+    f = only(_eval_trace(_script(tmp_path, text)), SLUG)
+    assert f.location.line == 9 and "tp.lerp_" in f.fix
+
+
+def test_silent_on_slow_weights_the_model_is_reset_to(tmp_path):
+    path = _script(tmp_path, EVAL_EMA)
+    reset = [[2, 1.0, 1.0, True], [4, 1.0, 1.0, True]]  # Lookahead, Reptile: model := copy
+    assert findings(_eval_trace(path, shares=(0.8,) * 2, pulls=reset), SLUG) == []
+    assert findings(_eval_trace(path, shares=(0.3,) * 4), SLUG) == []  # an EMA that keeps most
 
 
 def test_a_copy_already_a_rounding_away_at_the_first_step_is_still_judged(tmp_path):

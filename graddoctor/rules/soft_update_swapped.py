@@ -12,6 +12,8 @@ _MOST = 0.5  # share of the way to the model covered at each of them: more than 
 _EXACT = 0.99999  # a share this close to 1: a hard sync written with arithmetic, not a blend
 _STRAIGHT = 0.99  # cosine of the copy's move with the way to the model, at least
 _STEADY = 1.1  # largest over smallest of what the copy kept (1 - share): one constant weight
+# a setting in the call that makes the copy: an EMA class given its decay there
+_SETTING = re.compile(r"\d*\.\d+|decay|avg_fn|momentum|beta|alpha|tau", re.IGNORECASE)
 _BLEND = re.compile(r"\b(lerp_|mul_|add_|copy_|addcmul_|sub_)\(|\.data\s*=")
 
 
@@ -21,15 +23,18 @@ class SoftUpdateSwapped(Rule):
     Finds a copy of the trained model that is meant to trail it — a DQN/DDPG/TD3/SAC target
     network, an EMA or mean teacher, a BYOL target or MoCo key encoder — whose soft update has
     its two weights swapped: at each update the copy moves most of the way to the model. The
-    copy is a module no optimizer trains, with the trained model's parameter shapes, that
-    makes targets in the update (under `no_grad`, or an output without gradient). Between two
+    copy is a module no optimizer trains, with the trained model's parameter shapes: one that
+    makes targets in the update (under `no_grad`, or an output without gradient), or an
+    average kept to evaluate or save (`AveragedModel`, an EMA class). Between two
     steps of the model's optimizer (the first 24), a sample of the copy's values is compared
     before and after, with the way from the copy to the model after the step: it is reported
     when, at two updates or more, the copy's move runs straight along that way (cosine
     ≥ 0.99), covers more than half of it and less than all of it, and keeps the same share
     of the copy each time (a constant weight, not a warm-up). It points at the script's
     hand-written update of the copy (`tp.data.copy_(...)`, `mul_`/`add_`, `lerp_`,
-    `.data = ...`), the one that names the copy when several do.
+    `.data = ...`), the one that names the copy when several do; for an average a library
+    keeps (`AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.01))`), at the line
+    that makes it, where its decay is given.
 
     ## Why is this bad?
     A soft update `target = (1 - tau) * target + tau * online` (or an EMA with decay
@@ -40,7 +45,9 @@ class SoftUpdateSwapped(Rule):
     `lerp_(p, 1 - decay)`), the copy takes 99.5% of the online network at every update: it is
     the online network one step late, the targets move with every step, and the stabilisation
     the copy was there for is gone. Training runs and the loss looks ordinary; Q-values drift or
-    a self-distillation collapses.
+    a self-distillation collapses. An EMA kept only to evaluate or save does not change the
+    training's updates, but it is then the model one step late rather than an average: the
+    model you keep is not the one you meant to.
 
     ## Example
     ```python
@@ -60,8 +67,9 @@ class SoftUpdateSwapped(Rule):
     (`load_state_dict`, `copy_(p)`) every step or every N steps; an EMA whose decay warms up
     from 0 (mean teacher's `min(1 - 1 / (step + 1), alpha)`, TF's `(1 + n) / (10 + n)`: the
     share the copy keeps grows from one update to the next); a running equal-weight average
-    (SWA: 1/2, 1/3, ... of the way); Lookahead's slow weights (the model is reset to them);
-    copies that make no targets (an EMA kept only for evaluation); a module of the same shapes
+    (SWA: 1/2, 1/3, ... of the way); slow weights the model is reset to (Lookahead, Reptile's
+    meta-weights, a federated server model: the script moves the model to the copy between two
+    steps, so the copy may take any share); a module of the same shapes
     that moves toward another model (its move is not along the way to this one). Not told
     apart: a weight between 0.5 and 1 on the online network chosen on purpose.
     """
@@ -79,7 +87,9 @@ class SoftUpdateSwapped(Rule):
         for event in a.by_kind.get("model_copy", ()):
             # not event["equal"]: a blend that runs before the first step already leaves the
             # copy a rounding away from the model; the straight move toward it tells the pair
-            if not event.get("targets") or event.loc is None:
+            targets = bool(event.get("targets"))
+            path = event.loc.path if event.loc is not None else _optimizer_path(a, event)
+            if path is None or (not targets and _pulled(event)):
                 continue
             moves = [row for row in event.get("follows") or () if not row[3]]
             if len(moves) < _MOVES or not all(
@@ -89,8 +99,19 @@ class SoftUpdateSwapped(Rule):
             kept = [1.0 - row[1] for row in moves]
             if max(kept) > _STEADY * min(kept):
                 continue  # the weight changes from update to update: a warm-up, not a swap
-            where = self._update_line(a, event)
-            key = (where.path, where.line) if where is not None else (event["copy"],)
+            where = self._update_line(a, event, path)
+            made = None
+            if where is None:
+                # the average is kept by a library (AveragedModel, an EMA class): its decay is
+                # given where the copy is made
+                said = a.source.copy_writers(path, _leaf(event["copy"]))
+                if said is not None and said["made"] is not None and (
+                        not targets or _SETTING.search(said["made"][1])):
+                    made = Location(path, said["made"][0])
+            if where is None and made is None and event.loc is None:
+                continue
+            at = where or made or event.loc
+            key = (at.path, at.line)
             if key in done:
                 continue
             done.add(key)
@@ -98,28 +119,41 @@ class SoftUpdateSwapped(Rule):
             keep = 1.0 - share
             copy, model = event["copy"], event["model"]
             said = "this update" if where is not None else "its update"
+            if targets:
+                what = (f"{copy}, a copy of the trained {model} that no optimizer trains and that "
+                        f"runs without gradient (targets, a teacher, an evaluation),")
+                harm = (f"so it trails the model by less than a step: targets it makes move with "
+                        f"every step, and as an average it is not one")
+            else:
+                what = (f"{copy}, a copy of the trained {model} that no optimizer trains (an "
+                        f"average kept to evaluate or save),")
+                harm = (f"so it is the model one step late, not an average: the training's "
+                        f"updates are not changed, but the copy you evaluate or keep is not the "
+                        f"average you meant")
+            if made is not None:
+                fix = (f"give the average the decay it keeps of itself, {share:.3g}, not "
+                       f"{keep:.3g} (an EMA's decay is the weight of the average, 1 - decay "
+                       f"the weight of the model)")
+            else:
+                fix = (f"swap the two weights so the copy keeps {share:.3g} of itself and takes "
+                       f"{keep:.3g} of {_leaf(model)}: `tp.mul_({share:.3g}).add_(p, "
+                       f"alpha={keep:.3g})`, or `tp.lerp_(p, {keep:.3g})`")
             yield self.finding(
-                f"{copy}, a copy of the trained {model} that makes the targets of the update, is "
-                f"moved {share:.1%} of the way to {model} by {said} each time it runs "
-                f"({len(moves)} times measured): it keeps only {keep:.3g} of itself, so it trails "
-                f"the model by less than a step and its targets move with every step (the blend's "
-                f"two weights, tau and 1 - tau or decay and 1 - decay, are swapped)",
-                where if where is not None else event.loc,
-                evidence={"copy": copy, "model": model, "share": share,
-                          "moves": len(moves)},
-                fix=(f"swap the two weights so the copy keeps {share:.3g} of itself and takes "
-                     f"{keep:.3g} of {_leaf(model)}: `tp.mul_({share:.3g}).add_(p, "
-                     f"alpha={keep:.3g})`, or `tp.lerp_(p, {keep:.3g})`"))
+                f"{what} is moved {share:.1%} of the way to {model} by {said} each time it runs "
+                f"({len(moves)} times measured): it keeps only {keep:.3g} of itself, {harm}. "
+                f"The blend's two weights (tau and 1 - tau, or decay and 1 - decay) are swapped",
+                at, evidence={"copy": copy, "model": model, "share": share,
+                              "moves": len(moves), "targets": targets},
+                fix=fix)
 
     @staticmethod
-    def _update_line(a, event) -> Location | None:
+    def _update_line(a, event, path: str) -> Location | None:
         """The hand-written blend that writes the copy: among the script's in-place writes
         with arithmetic (not a plain ``copy_(p)`` or ``load_state_dict(m.state_dict())``),
         those that name the copy (in the line, what the loop binds, or the loop's header) when
         any does; of those, when they sit in one loop, the last one that is not a lone scaling
         (``tp.mul_(tau)``); None when they sit in several loops. Without such a write, the
         last ``torch._foreach_*_`` call over the copy's parameters."""
-        path = event.loc.path
         copy = _leaf(event["copy"])
         found = []
         for line, _root, text, bound in a.source.param_writes(path):
@@ -143,3 +177,17 @@ class SoftUpdateSwapped(Rule):
         scaling = re.compile(r"^[\w.\[\]]+\.mul_\([^()]*\)$")
         chosen = [f for f in mine if not scaling.match(f[3])] or mine
         return Location(path, chosen[-1][2])
+
+
+def _optimizer_path(a, event) -> str | None:
+    """The script file that built the model's optimizer: where a copy that made no targets
+    (so has no forward to point at) is looked for."""
+    init = a.optimizers.get(event.get("opt"))
+    return init.loc.path if init is not None and init.loc is not None else None
+
+
+def _pulled(event) -> bool:
+    """Whether the script moved the model toward the copy between two steps: slow weights
+    that the model is reset to (Lookahead, Reptile's meta-weights, a federated server model)
+    move toward the model by any share they are given, on purpose."""
+    return any(row[1] is not None and row[1] >= _STRAIGHT for row in event.get("pulls") or ())
