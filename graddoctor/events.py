@@ -1276,9 +1276,11 @@ def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = 
 
 
 def target_domain(*, fn: str, problem: str, low: float, high: float, share: float | None = None,
-                  integral: bool | None = None, classes: int | None = None) -> Made:
+                  integral: bool | None = None, classes: int | None = None, blank: int | None = None,
+                  detail: str | None = None) -> Made:
     return "target_domain", {"fn": fn, "problem": problem, "low": low, "high": high,
-                             "share": share, "integral": integral, "classes": classes}
+                             "share": share, "integral": integral, "classes": classes,
+                             "blank": blank, "detail": detail}
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,

@@ -16,6 +16,7 @@ _DOMAIN = {
     "kl_div": "a target of probabilities (log-probabilities only with log_target=True)",
     "poisson_nll_loss": "count targets (>= 0)",
     "multilabel_margin_loss": "rows of class indices that end at the first -1",
+    "ctc_loss": "label sequences of class indices other than the blank",
 }
 _NEGATIVES_LOST = {
     "soft_margin_loss": "a target of 0 makes its term log(1 + exp(-0 * x)) = log 2, a constant "
@@ -79,9 +80,53 @@ def _outside_unit(fn: str, e) -> tuple[str, str]:
             "teacher's scores, or rescale them to [0, 1]")
 
 
+def _ctc(e) -> tuple[str, str]:
+    """(message, fix) of a ``ctc_loss`` target outside its domain."""
+    problem, classes, blank = e.get("problem"), e.get("classes"), e.get("blank")
+    head = f"ctc_loss takes {_DOMAIN['ctc_loss']} but is given "
+    if problem == "out-of-range":
+        return (head + f"labels in {_span(e)}{_share(e, ' outside [0, ' + _num(classes) + ')')} "
+                f"while its log_probs have {_num(classes)} classes: torch does not check the "
+                f"labels, so a label past the classes reads a score outside them (memory that "
+                f"belongs to something else) and no output ever learns it",
+                f"give the output layer one class per label plus the blank (here at least "
+                f"{_num(e.get('high'))} + 1 outputs, the blank included: the labels run up to "
+                f"{_num(e.get('high'))}), or map the labels into [0, {_num(classes)}) without the "
+                f"blank {_num(blank)}")
+    if problem == "unalignable":
+        return (head + f"sequences too long for their input_lengths ({_share(e)[2:-1]} of a batch's "
+                f"sequences: a CTC path needs one frame per label and one more between two equal "
+                f"labels) with zero_infinity=True: their infinite loss is replaced by 0, so those "
+                f"utterances are silently dropped from every update instead of trained",
+                "compute input_lengths after the front-end's subsampling and keep enough frames "
+                "for the labels (subsample less, or drop the too-long utterances in the data "
+                "pipeline where it can be seen); zero_infinity only hides the sequences that "
+                "do not fit")
+    effect = (f"{_share(e)[2:-1]} of the labels within target_lengths are the blank {_num(blank)}: "
+              f"CTC aligns a blank label as 'nothing between symbols', so that symbol cannot be "
+              f"told from silence, the model is trained to emit the blank for it and decoding, "
+              f"which removes blanks, drops it from every transcript")
+    if e.get("detail") == "padding":
+        return (head + f"padded rows whose target_lengths are the padded width: {effect}; the "
+                f"padding value is the blank, and the lengths count it",
+                "give each row its real length in target_lengths (len(transcript), or "
+                "(targets != pad).sum(1) before padding), not targets.size(1)")
+    if blank == 0:
+        fix = ("keep 0 for the blank and number the labels from 1 (enumerate(alphabet, start=1), "
+               "ord(c) - ord('a') + 1), with one output per label plus one for the blank")
+    elif classes is not None and blank == classes - 1:
+        fix = ("give the model one more output for the blank (len(vocab) + 1 classes, "
+               "blank=len(vocab)), so that no label shares its index")
+    else:
+        fix = f"pick a blank index that no label uses (blank={_num(blank)} is a label here)"
+    return head + f"labels in {_span(e)}: {effect}", fix
+
+
 def describe(e) -> tuple[str, str]:
     """(message, fix) of one ``target_domain`` event."""
     fn, problem = e.get("fn", "binary_cross_entropy_with_logits"), e.get("problem", "outside-unit")
+    if fn == "ctc_loss":
+        return _ctc(e)
     head = f"{fn} takes {_DOMAIN.get(fn, 'targets in another domain')} but is given "
     if problem == "outside-unit":
         what, fix = _outside_unit(fn, e)
