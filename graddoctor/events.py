@@ -369,7 +369,12 @@ target_domain      fn (a loss of instrument/lossdomain.py's DOMAINS), problem ("
                    smallest and largest value), share (the share of target values, or of
                    cross_entropy's rows, outside the domain, where measured; else None),
                    integral (every target a whole number, for "outside-unit" and "zero-one";
-                   else None), classes (cross_entropy's class count, else None): one of the
+                   else None), classes (cross_entropy's and ctc_loss's class count, else
+                   None), blank (ctc_loss's blank index, else None), detail ("padding":
+                   ctc_loss's blank labels are padding its target_lengths count; else None);
+                   for ctc_loss problem is "blank" / "out-of-range" (a label within
+                   target_lengths equal to the blank / outside the classes) or "unalignable"
+                   (with zero_infinity, sequences too long for their input_lengths): one of the
                    first 8 calls of a loss a gradient flows through, whose target lies outside
                    the domain the loss reads it in, once per call line (loc: the loss call; an
                    aside; instrument/lossdomain.py)

@@ -80,6 +80,11 @@ def _outside_unit(fn: str, e) -> tuple[str, str]:
             "teacher's scores, or rescale them to [0, 1]")
 
 
+def _percent(e) -> str:
+    share = e.get("share")
+    return f"{share * 100:.3g} %" if isinstance(share, (int, float)) else "some"
+
+
 def _ctc(e) -> tuple[str, str]:
     """(message, fix) of a ``ctc_loss`` target outside its domain."""
     problem, classes, blank = e.get("problem"), e.get("classes"), e.get("blank")
@@ -94,7 +99,7 @@ def _ctc(e) -> tuple[str, str]:
                 f"{_num(e.get('high'))}), or map the labels into [0, {_num(classes)}) without the "
                 f"blank {_num(blank)}")
     if problem == "unalignable":
-        return (head + f"sequences too long for their input_lengths ({_share(e)[2:-1]} of a batch's "
+        return (head + f"sequences too long for their input_lengths ({_percent(e)} of a batch's "
                 f"sequences: a CTC path needs one frame per label and one more between two equal "
                 f"labels) with zero_infinity=True: their infinite loss is replaced by 0, so those "
                 f"utterances are silently dropped from every update instead of trained",
@@ -102,7 +107,7 @@ def _ctc(e) -> tuple[str, str]:
                 "for the labels (subsample less, or drop the too-long utterances in the data "
                 "pipeline where it can be seen); zero_infinity only hides the sequences that "
                 "do not fit")
-    effect = (f"{_share(e)[2:-1]} of the labels within target_lengths are the blank {_num(blank)}: "
+    effect = (f"{_percent(e)} of the labels within target_lengths are the blank {_num(blank)}: "
               f"CTC aligns a blank label as 'nothing between symbols', so that symbol cannot be "
               f"told from silence, the model is trained to emit the blank for it and decoding, "
               f"which removes blanks, drops it from every transcript")
@@ -191,9 +196,14 @@ class TargetOutsideLossDomain(Rule):
     above 0.5 (multi-label targets: no distribution does) or negative values;
     `multilabel_margin_loss` given 0/1 rows where it reads class indices padded with -1;
     `kl_div` given log-probabilities as its target without `log_target=True` (or probabilities
-    with it); `poisson_nll_loss` given negative counts. It points at the loss call, and its fix
-    fits what the targets look like (divide a mask by 255, map labels with `2 * y - 1` or
-    `(y + 1) / 2`, use `BCEWithLogitsLoss` for multi-label targets, pass `log_target=True`).
+    with it); `poisson_nll_loss` given negative counts; `ctc_loss` (`nn.CTCLoss`) given label
+    sequences that hold the blank or a label past the classes of its log-probabilities within
+    `target_lengths` (an alphabet numbered from 0 beside the default `blank=0`, `blank` set to a
+    letter's index, lengths that count the padding), or, with `zero_infinity=True`, a quarter or
+    more of a batch's sequences too long for their `input_lengths`. It points at the loss call,
+    and its fix fits what the targets look like (divide a mask by 255, map labels with
+    `2 * y - 1` or `(y + 1) / 2`, use `BCEWithLogitsLoss` for multi-label targets, pass
+    `log_target=True`, number the labels from 1, give each row its real length).
 
     ## Why is this bad?
     torch checks a target's shape and, for class indices, their range, but not the domain of a
@@ -202,8 +212,12 @@ class TargetOutsideLossDomain(Rule):
     constant log 2 with no gradient (the negatives are never learned) and
     `MarginRankingLoss` a constant margin; `CosineEmbeddingLoss` skips pairs labelled 0;
     multi-hot rows make the labels of one sample compete through the softmax;
-    log-probabilities read as probabilities make `kl_div`'s gradient ignore the student. The
-    run does not fail and the loss still moves; every update trains something else.
+    log-probabilities read as probabilities make `kl_div`'s gradient ignore the student. CTC
+    aligns a blank label as "nothing", so that character is trained towards the blank and
+    decoding drops it everywhere; a label at or past the class count reads a score torch never
+    checked; `zero_infinity` turns a sequence that cannot align into a loss of 0, so a wrong
+    `input_lengths` silently drops those utterances. The run does not fail and the loss still
+    moves; every update trains something else.
 
     ## Example
     ```python
@@ -228,7 +242,11 @@ class TargetOutsideLossDomain(Rule):
     log-probabilities, or probabilities without it; counts for `poisson_nll_loss`;
     `multilabel_margin_loss` index rows padded with -1; placeholder targets a script masks out
     afterwards (`reduction="none"`, or a per-element `weight` for the binary losses); losses
-    computed without a gradient (an evaluation metric on raw masks).
+    computed without a gradient (an evaluation metric on raw masks). For `ctc_loss`: (N, S)
+    targets padded with the blank's 0 or with -1 past each length (never read); the blank as the
+    last class after every label; unbatched calls; a few sequences too long for their frames
+    under `zero_infinity=True` (an outlier it is meant for), or any without it (the loss is
+    infinite: nonfinite-grad's).
     """
 
     code = "GD152"
@@ -236,7 +254,8 @@ class TargetOutsideLossDomain(Rule):
     severity = Severity.WARNING
     summary = ("a loss is given a target outside the domain it reads (0/255 masks or -1/+1 "
                "labels to BCE, 0/1 labels to a margin loss, multi-hot rows to cross_entropy, "
-               "log-probabilities to kl_div): it trains the wrong thing without any error")
+               "log-probabilities to kl_div, the blank as a CTC label): it trains the wrong "
+               "thing without any error")
     fix = "give the loss its target in the domain it documents"
 
     def check(self, a):
