@@ -371,7 +371,8 @@ target_domain      fn (a loss of instrument/lossdomain.py's DOMAINS), problem ("
                    integral (every target a whole number, for "outside-unit" and "zero-one";
                    else None), classes (cross_entropy's and ctc_loss's class count, else
                    None), blank (ctc_loss's blank index, else None), detail ("padding":
-                   ctc_loss's blank labels are padding its target_lengths count; else None);
+                   ctc_loss's blank labels are padding its target_lengths count; "negative":
+                   its labels out of range go below 0; else None);
                    for ctc_loss problem is "blank" / "out-of-range" (a label within
                    target_lengths equal to the blank / outside the classes) or "unalignable"
                    (with zero_infinity, sequences too long for their input_lengths): one of the

@@ -91,7 +91,7 @@ def test_ctc_labels_that_are_the_blank_or_past_the_classes_within_the_lengths():
     assert _ctc([1, 2, 9, 3], [2, 2], blank=9) == ("blank", None)  # blank=C-1 is a letter
     assert _ctc([1, 2, 9, 3], [2, 2], blank=-1) == ("blank", None)
     assert _ctc([[1, 10, 2], [3, 4, 0]], [3, 2]) == ("out-of-range", None)  # torch reads past C
-    assert _ctc([[1, 2, -1], [3, 4, 5]], [3, 3]) == ("out-of-range", None)
+    assert _ctc([[1, 2, -1], [3, 4, 5]], [3, 3]) == ("out-of-range", "negative")  # -1 padding read
     # padded rows whose lengths are the padded width: the padding (0, the blank) is read
     assert _ctc([[3, 1, 0, 0], [5, 8, 2, 6], [7, 0, 0, 0]], [4, 4, 4]) == ("blank", "padding")
     # a blank inside a row is a collision, not padding
@@ -108,6 +108,8 @@ def test_ctc_targets_the_loss_reads_as_label_sequences():
     assert _ctc([], [0, 0]) is None
     assert _ctc([[1.0, 2.0]], [2]) is None  # float targets: torch rejects them
     assert _ctc([1, 2, 3], [3, 2]) is None  # lengths past the targets: torch rejects them
+    assert judge_ctc(torch.tensor([1, 2]), [[1], [1]], [30, 30], classes=10, batch=2) is None
+    assert judge_ctc(torch.tensor([1, 2]), "2", [30, 30], classes=10, batch=2) is None
 
 
 def test_ctc_sequences_too_long_for_their_frames_only_with_zero_infinity_and_many():
@@ -246,6 +248,8 @@ def _finding(**data):
       "detail": "padding"}, "padded width", "real length"),
     ({"fn": "ctc_loss", "problem": "out-of-range", "low": 1, "high": 6, "share": 0.1, "blank": 0,
       "classes": 6}, "6 classes", "6 + 1 outputs"),
+    ({"fn": "ctc_loss", "problem": "out-of-range", "low": -1, "high": 8, "share": 0.1, "blank": 0,
+      "classes": 10, "detail": "negative"}, "padding read as a label", "real length"),
     ({"fn": "ctc_loss", "problem": "unalignable", "low": 1, "high": 13, "share": 0.5, "blank": 0,
       "classes": 14}, "zero_infinity=True", "input_lengths after"),
 ])

@@ -154,7 +154,10 @@ def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_ta
 def _lengths(value, count: int) -> torch.Tensor | None:
     """``input_lengths`` / ``target_lengths`` as a 1-D long tensor of ``count`` values (a tensor, a
     list or tuple, or one number for an unbatched call), or None where torch would reject it."""
-    lengths = torch.as_tensor(value).detach().reshape(-1).long().cpu()
+    try:
+        lengths = torch.as_tensor(value).detach().reshape(-1).long().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        return None  # a form torch rejects too (or one not worth reading: then not judged)
     return lengths if lengths.numel() == count else None
 
 
@@ -165,7 +168,7 @@ def judge_ctc(targets: torch.Tensor, target_lengths, input_lengths, *, classes: 
     "out-of-range"), or, with ``zero_infinity``, sequences too long for their input ("unalignable").
     ``targets`` is (batch, S) padded or 1-D concatenated; what lies past the lengths is not read."""
     with torch.no_grad():
-        if targets.is_floating_point() or targets.dim() > 2:
+        if targets.is_floating_point() or targets.dim() > 2 or batch < 1:
             return None
         t_len = _lengths(target_lengths, batch)
         if t_len is None or (t_len < 0).any():
@@ -196,7 +199,8 @@ def judge_ctc(targets: torch.Tensor, target_lengths, input_lengths, *, classes: 
             labels.min(), labels.max(), is_blank.sum(), outside.sum()]).tolist()
         found = None
         if outsides:
-            found = {"problem": "out-of-range", "share": outsides / labels.numel()}
+            found = {"problem": "out-of-range", "share": outsides / labels.numel(),
+                     "detail": "negative" if low < 0 else None}
         elif blanks:
             found = {"problem": "blank", "share": blanks / labels.numel(), "detail": None}
             if t.dim() == 2 and bool((t_len == t.shape[1]).all()):

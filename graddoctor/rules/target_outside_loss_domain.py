@@ -89,6 +89,12 @@ def _ctc(e) -> tuple[str, str]:
     """(message, fix) of a ``ctc_loss`` target outside its domain."""
     problem, classes, blank = e.get("problem"), e.get("classes"), e.get("blank")
     head = f"ctc_loss takes {_DOMAIN['ctc_loss']} but is given "
+    if problem == "out-of-range" and e.get("detail") == "negative":
+        return (head + f"labels in {_span(e)}{_share(e, ' outside [0, ' + _num(classes) + ')')}: "
+                f"a negative label is padding read as a label (target_lengths count it), and "
+                f"torch does not check it: its score is read from outside the log-probabilities",
+                "give each row its real length in target_lengths (len(transcript), or "
+                "(targets != pad).sum(1)), so that the padding past it is never read")
     if problem == "out-of-range":
         return (head + f"labels in {_span(e)}{_share(e, ' outside [0, ' + _num(classes) + ')')} "
                 f"while its log_probs have {_num(classes)} classes: torch does not check the "
