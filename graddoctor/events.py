@@ -369,7 +369,13 @@ target_domain      fn (a loss of instrument/lossdomain.py's DOMAINS), problem ("
                    smallest and largest value), share (the share of target values, or of
                    cross_entropy's rows, outside the domain, where measured; else None),
                    integral (every target a whole number, for "outside-unit" and "zero-one";
-                   else None), classes (cross_entropy's class count, else None): one of the
+                   else None), classes (cross_entropy's and ctc_loss's class count, else
+                   None), blank (ctc_loss's blank index, else None), detail ("padding":
+                   ctc_loss's blank labels are padding its target_lengths count; "negative":
+                   its labels out of range go below 0; else None);
+                   for ctc_loss problem is "blank" / "out-of-range" (a label within
+                   target_lengths equal to the blank / outside the classes) or "unalignable"
+                   (with zero_infinity, sequences too long for their input_lengths): one of the
                    first 8 calls of a loss a gradient flows through, whose target lies outside
                    the domain the loss reads it in, once per call line (loc: the loss call; an
                    aside; instrument/lossdomain.py)
@@ -1276,9 +1282,11 @@ def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = 
 
 
 def target_domain(*, fn: str, problem: str, low: float, high: float, share: float | None = None,
-                  integral: bool | None = None, classes: int | None = None) -> Made:
+                  integral: bool | None = None, classes: int | None = None, blank: int | None = None,
+                  detail: str | None = None) -> Made:
     return "target_domain", {"fn": fn, "problem": problem, "low": low, "high": high,
-                             "share": share, "integral": integral, "classes": classes}
+                             "share": share, "integral": integral, "classes": classes,
+                             "blank": blank, "detail": detail}
 
 
 def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference: bool,

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graddoctor.instrument import Instrumentation, Recorder
-from graddoctor.instrument.lossdomain import DOMAINS, judge
+from graddoctor.instrument.lossdomain import DOMAINS, judge, judge_ctc
 from graddoctor.rules.engine import analyze
 from rule_traces import builder
 
@@ -76,6 +76,73 @@ def test_kl_counts_and_index_lists():
     assert judge("index-list", torch.tensor([[0, 1], [1, 0]])) is None  # two classes: both listed
 
 
+def _ctc(targets, target_lengths, input_lengths=None, *, classes=10, blank=0, zero_infinity=False):
+    batch = len(target_lengths) if not isinstance(target_lengths, int) else 1
+    if input_lengths is None:
+        input_lengths = [30] * batch
+    found = judge_ctc(torch.as_tensor(targets), target_lengths, input_lengths, classes=classes,
+                      batch=batch, blank=blank, zero_infinity=zero_infinity)
+    return found and (found["problem"], found.get("detail"))
+
+
+def test_ctc_labels_that_are_the_blank_or_past_the_classes_within_the_lengths():
+    assert _ctc([0, 1, 2, 3, 0], [3, 2]) == ("blank", None)  # labels numbered from 0
+    assert judge_ctc(torch.tensor([0, 1, 2, 3, 0]), [3, 2], [30, 30], classes=10, batch=2)["share"] == 0.4
+    assert _ctc([1, 2, 9, 3], [2, 2], blank=9) == ("blank", None)  # blank=C-1 is a letter
+    assert _ctc([1, 2, 9, 3], [2, 2], blank=-1) == ("blank", None)
+    assert _ctc([[1, 10, 2], [3, 4, 0]], [3, 2]) == ("out-of-range", None)  # torch reads past C
+    assert _ctc([[1, 2, -1], [3, 4, 5]], [3, 3]) == ("out-of-range", "negative")  # -1 padding read
+    # padded rows whose lengths are the padded width: the padding (0, the blank) is read
+    assert _ctc([[3, 1, 0, 0], [5, 8, 2, 6], [7, 0, 0, 0]], [4, 4, 4]) == ("blank", "padding")
+    # a blank inside a row is a collision, not padding
+    assert _ctc([[3, 0, 1, 0], [5, 8, 2, 6]], [4, 4]) == ("blank", None)
+
+
+def test_ctc_targets_the_loss_reads_as_label_sequences():
+    assert _ctc([1, 2, 3, 4, 5], [3, 2]) is None
+    assert _ctc([[3, 1, 0, 0], [5, 8, 2, 6], [7, 0, 0, 0]], [2, 4, 1]) is None  # 0s past the lengths
+    assert _ctc([[3, 1, -1], [5, 8, 2], [7, 99, -1]], [2, 3, 1]) is None  # anything past them
+    assert _ctc([1, 2, 3, 7, 7], [3, 2], blank=9) is None  # blank last, labels 0..8
+    assert _ctc([1, 2, 3, 0], [3, 1], blank=9) is None
+    assert _ctc([4, 2, 6], 3) is None  # an unbatched call: one sequence, scalar length
+    assert _ctc([], [0, 0]) is None
+    assert _ctc([[1.0, 2.0]], [2]) is None  # float targets: torch rejects them
+    assert _ctc([1, 2, 3], [3, 2]) is None  # lengths past the targets: torch rejects them
+    assert judge_ctc(torch.tensor([1, 2]), [[1], [1]], [30, 30], classes=10, batch=2) is None
+    assert judge_ctc(torch.tensor([1, 2]), "2", [30, 30], classes=10, batch=2) is None
+
+
+def test_ctc_sequences_too_long_for_their_frames_only_with_zero_infinity_and_many():
+    long_rows = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6], [1, 2, 0, 0, 0, 0], [3, 0, 0, 0, 0, 0]]
+    frames = [4, 4, 8, 8]
+    assert _ctc(long_rows, [6, 6, 2, 1], frames, zero_infinity=True) == ("unalignable", None)
+    assert _ctc(long_rows, [6, 6, 2, 1], frames) is None  # without zero_infinity the loss is inf
+    # one outlier of eight: what zero_infinity is for
+    assert _ctc(long_rows * 2, [6, 2, 2, 1, 2, 2, 2, 1], frames * 2, zero_infinity=True) is None
+    # repeated labels need a blank between them: 3 labels with a repeat need 4 frames
+    repeated = [[1, 1, 2], [2, 2, 3]]
+    assert _ctc(repeated, [3, 3], [3, 3], zero_infinity=True) == ("unalignable", None)
+    assert _ctc(repeated, [3, 3], [4, 4], zero_infinity=True) is None
+    # a repeat across the boundary of two concatenated sequences is no repeat
+    assert _ctc([1, 2, 2, 3], [2, 2], [2, 2], zero_infinity=True) is None
+
+
+def test_the_watcher_reads_ctc_calls_of_the_function_and_the_module():
+    def run():
+        model = nn.Linear(4, 6)
+        lp = model(torch.randn(12, 2, 4)).log_softmax(-1)
+        F.ctc_loss(lp, torch.tensor([0, 1, 2, 3]), [12, 12], [2, 2]).backward(retain_graph=True)
+        nn.CTCLoss(blank=5)(lp, torch.tensor([[1, 2], [3, 5]]), torch.tensor([12, 12]),
+                            torch.tensor([2, 2])).backward(retain_graph=True)
+        nn.CTCLoss()(lp, torch.tensor([[1, 2], [3, 6]]), [12, 12], [2, 2]).backward(retain_graph=True)
+        F.ctc_loss(lp, torch.tensor([1, 2, 3, 4]), [12, 12], [2, 2]).backward(retain_graph=True)
+        with torch.no_grad():
+            F.ctc_loss(lp, torch.tensor([0, 0]), [12, 12], [1, 1])
+
+    assert _recorded(run) == [("ctc_loss", "blank"), ("ctc_loss", "blank"),
+                              ("ctc_loss", "out-of-range")]
+
+
 def _recorded(run):
     rec = Recorder(step_budget=None)
     with Instrumentation(rec):
@@ -130,14 +197,16 @@ def test_the_losses_compute_what_they_compute_without_graddoctor():
         margin = F.soft_margin_loss(x, t)
         ce = F.cross_entropy(x, t)
         poisson = F.poisson_nll_loss(x, -t)
-        return torch.stack([bce, margin, ce, poisson])
+        ctc = F.ctc_loss(x.log_softmax(-1).unsqueeze(1).expand(6, 2, 4), torch.tensor([0, 1, 2, 2]),
+                         [6, 6], [2, 2], reduction="sum")
+        return torch.stack([bce, margin, ce, poisson, ctc])
 
     plain = losses()
     rec = Recorder(step_budget=None)
     with Instrumentation(rec):
         watched = losses()
     assert torch.equal(plain, watched)
-    assert len(rec.trace.of_kind("target_domain")) == 4
+    assert len(rec.trace.of_kind("target_domain")) == 5
 
 
 def _finding(**data):
@@ -171,6 +240,18 @@ def _finding(**data):
     ({"fn": "kl_div", "problem": "prob-target", "low": 0.01, "high": 0.9}, "log_target=True", "F.log_softmax"),
     ({"fn": "poisson_nll_loss", "problem": "negative", "low": -1.7, "high": 2.0}, "no minimum", "raw counts"),
     ({"fn": "cross_entropy", "problem": "negative", "low": -2.5, "high": 3.0}, "soft targets", "F.softmax"),
+    ({"fn": "ctc_loss", "problem": "blank", "low": 0, "high": 7, "share": 0.2, "blank": 0, "classes": 9},
+     "20 % of the labels", "start=1"),
+    ({"fn": "ctc_loss", "problem": "blank", "low": 0, "high": 9, "share": 0.1, "blank": 9, "classes": 10},
+     "the blank 9", "len(vocab) + 1"),
+    ({"fn": "ctc_loss", "problem": "blank", "low": 0, "high": 8, "share": 0.3, "blank": 0, "classes": 9,
+      "detail": "padding"}, "padded width", "real length"),
+    ({"fn": "ctc_loss", "problem": "out-of-range", "low": 1, "high": 6, "share": 0.1, "blank": 0,
+      "classes": 6}, "6 classes", "6 + 1 outputs"),
+    ({"fn": "ctc_loss", "problem": "out-of-range", "low": -1, "high": 8, "share": 0.1, "blank": 0,
+      "classes": 10, "detail": "negative"}, "padding read as a label", "real length"),
+    ({"fn": "ctc_loss", "problem": "unalignable", "low": 1, "high": 13, "share": 0.5, "blank": 0,
+      "classes": 14}, "zero_infinity=True", "input_lengths after"),
 ])
 def test_messages_and_fixes_fit_the_targets(data, said, fix):
     message, given_fix = _finding(**data)

@@ -9,6 +9,13 @@ evaluated anyway and trains something else (0/255 masks make BCE unbounded, 0/1 
 margin loss's negatives a constant term without gradient, multi-hot rows make softmax classes
 compete, log-probabilities read as probabilities make kl_div's gradient ignore the student).
 
+``ctc_loss`` reads its targets as label sequences: within each sequence's ``target_lengths``, a
+class index of its ``log_probs`` other than ``blank`` (torch checks neither: a blank label is
+aligned as "nothing", a label past the classes reads a score outside them). With
+``zero_infinity=True`` it also takes sequences too long for their ``input_lengths`` (one frame per
+label and one between repeated labels) and gives them a loss and gradient of 0: a quarter or
+more of a call's sequences dropped so is judged a broken length computation, not an outlier.
+
 ``DOMAINS`` is the table: for each function of ``torch.nn.functional`` (their ``nn`` modules
 call them, so both are seen), where its target is and which domain it reads it in. Each is
 patched; the first calls of each function that a gradient flows through (one of its score
@@ -46,10 +53,12 @@ class Domain:
     """Where a loss's target sits and what it must be: ``kind`` is "unit" (each value in [0, 1]),
     "sign" (1 or -1), "distribution" (float rows over the classes, dim 1, >= 0, one value above
     0.5 at most), "kl" (probabilities, or log-probabilities with log_target=True), "count"
-    (>= 0), "index-list" (class indices padded with -1)."""
+    (>= 0), "index-list" (class indices padded with -1), "ctc" (label sequences: class indices
+    other than the blank, short enough to align with their input)."""
 
     kind: str
     scores: tuple[str, ...] = ("input",)  # the arguments a gradient flows through
+    target: str = "target"  # the argument holding the target
     maskable_weight: bool = False  # a per-element weight (a mask) may hide placeholder targets
 
 
@@ -65,7 +74,9 @@ DOMAINS: dict[str, Domain] = {
     "kl_div": Domain("kl"),
     "poisson_nll_loss": Domain("count"),
     "multilabel_margin_loss": Domain("index-list"),
+    "ctc_loss": Domain("ctc", scores=("log_probs",), target="targets"),
 }
+_UNALIGNABLE = 0.25  # share of a call's sequences dropped by zero_infinity judged a broken length
 
 
 def _reduction(bound: dict) -> str:
@@ -140,6 +151,80 @@ def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_ta
         return found
 
 
+def _lengths(value, count: int) -> torch.Tensor | None:
+    """``input_lengths`` / ``target_lengths`` as a 1-D long tensor of ``count`` values (a tensor, a
+    list or tuple, or one number for an unbatched call), or None where torch would reject it."""
+    try:
+        lengths = torch.as_tensor(value).detach().reshape(-1).long().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        return None  # a form torch rejects too (or one not worth reading: then not judged)
+    return lengths if lengths.numel() == count else None
+
+
+def judge_ctc(targets: torch.Tensor, target_lengths, input_lengths, *, classes: int, batch: int,
+              blank: int = 0, zero_infinity: bool = False) -> dict | None:
+    """The violation of ``ctc_loss``'s target domain (the event's data but ``fn``), or None: labels
+    equal to ``blank`` or outside [0, classes) within each sequence's length ("blank",
+    "out-of-range"), or, with ``zero_infinity``, sequences too long for their input ("unalignable").
+    ``targets`` is (batch, S) padded or 1-D concatenated; what lies past the lengths is not read."""
+    with torch.no_grad():
+        if targets.is_floating_point() or targets.dim() > 2 or batch < 1:
+            return None
+        t_len = _lengths(target_lengths, batch)
+        if t_len is None or (t_len < 0).any():
+            return None
+        t = targets.detach().long().cpu()
+        if t.dim() == 2:
+            if t.shape[0] != batch or int(t_len.max()) > t.shape[1]:
+                return None
+            position = torch.arange(t.shape[1])
+            read = position < t_len[:, None]
+            rows = t
+        else:
+            if int(t_len.sum()) > t.numel():
+                return None
+            # each sequence as a row of the concatenation, padded past its length
+            width = max(int(t_len.max()), 1)
+            position = torch.arange(width)
+            read = position < t_len[:, None]
+            rows = torch.full((batch, width), blank, dtype=torch.long)
+            rows[read] = t[:int(t_len.sum())]
+        labels = rows[read]
+        if not labels.numel():
+            return None
+        if blank < 0:
+            blank += classes
+        is_blank, outside = labels == blank, (labels < 0) | (labels >= classes)
+        low, high, blanks, outsides = torch.stack([
+            labels.min(), labels.max(), is_blank.sum(), outside.sum()]).tolist()
+        found = None
+        if outsides:
+            found = {"problem": "out-of-range", "share": outsides / labels.numel(),
+                     "detail": "negative" if low < 0 else None}
+        elif blanks:
+            found = {"problem": "blank", "share": blanks / labels.numel(), "detail": None}
+            if t.dim() == 2 and bool((t_len == t.shape[1]).all()):
+                # every length the padded width and every blank after its row's last real
+                # label: the lengths count the padding
+                real = torch.where(rows != blank, position, -1).amax(1)
+                trailing = int(((rows == blank) & (position > real[:, None])).sum())
+                if trailing == blanks:
+                    found["detail"] = "padding"
+        elif zero_infinity:
+            i_len = _lengths(input_lengths, batch)
+            if i_len is None or batch < 2:
+                return None
+            # a path needs a frame per label and a blank between two equal labels in a row
+            repeats = (read[:, 1:] & (rows[:, 1:] == rows[:, :-1])).sum(1)
+            dropped = int(((t_len + repeats) > i_len).sum())
+            if dropped / batch >= _UNALIGNABLE:
+                found = {"problem": "unalignable", "share": dropped / batch}
+        if found is None:
+            return None
+        found.update(low=low, high=high, blank=blank, classes=classes)
+        return found
+
+
 class LossDomainWatcher:
     """Patches the losses of ``DOMAINS`` and records their first calls' targets outside the
     domain (see the module docs)."""
@@ -174,13 +259,24 @@ class LossDomainWatcher:
         scores = [bound.get(name) for name in domain.scores]
         if not any(isinstance(s, torch.Tensor) and s.requires_grad for s in scores):
             return  # no gradient flows: a metric, whatever its targets
-        target = bound.get("target")
+        target = bound.get(domain.target)
         if not isinstance(target, torch.Tensor) or not target.numel():
             return
         if self.rec.progress.steps and target.device.type != "cpu":
             return  # no host sync once the updates run
         input = scores[0]
         classes = None
+        if domain.kind == "ctc":
+            if input.dim() not in (2, 3):
+                return  # a shape torch rejects
+            self._left[fn] -= 1
+            found = judge_ctc(target, bound.get("target_lengths"), bound.get("input_lengths"),
+                              classes=int(input.shape[-1]),
+                              batch=int(input.shape[1]) if input.dim() == 3 else 1,
+                              blank=int(bound.get("blank", 0)),
+                              zero_infinity=bool(bound.get("zero_infinity", False)))
+            self._emit(fn, found)
+            return
         if domain.kind == "distribution":
             if not (target.is_floating_point() and target.shape == input.shape and input.dim() >= 2):
                 return  # class indices, or a shape torch rejects
@@ -190,16 +286,22 @@ class LossDomainWatcher:
             domain.maskable_weight and bound.get("weight") is not None)
         found = judge(domain.kind, target, classes=classes, log_target=bool(bound.get("log_target")),
                       maskable=maskable)
+        if found is not None:
+            found.setdefault("classes", classes)
+        self._emit(fn, found)
+
+    def _emit(self, fn: str, found: dict | None) -> None:
         if found is None:
             return
-        loc = self.rec.here(3)
+        loc = self.rec.here(4)
         if loc in self._done:
             return
         self._done.add(loc)
         self.rec.emit_aside(ev.target_domain(
             fn=fn, problem=found["problem"], low=round(found["low"], 4), high=round(found["high"], 4),
             share=round(found["share"], 4) if found.get("share") is not None else None,
-            integral=found.get("integral"), classes=classes), loc)
+            integral=found.get("integral"), classes=found.get("classes"), blank=found.get("blank"),
+            detail=found.get("detail")), loc)
 
     def install(self, patcher) -> None:
         for name in DOMAINS:

@@ -16,6 +16,7 @@ _DOMAIN = {
     "kl_div": "a target of probabilities (log-probabilities only with log_target=True)",
     "poisson_nll_loss": "count targets (>= 0)",
     "multilabel_margin_loss": "rows of class indices that end at the first -1",
+    "ctc_loss": "label sequences of class indices other than the blank",
 }
 _NEGATIVES_LOST = {
     "soft_margin_loss": "a target of 0 makes its term log(1 + exp(-0 * x)) = log 2, a constant "
@@ -79,9 +80,64 @@ def _outside_unit(fn: str, e) -> tuple[str, str]:
             "teacher's scores, or rescale them to [0, 1]")
 
 
+def _percent(e) -> str:
+    share = e.get("share")
+    return f"{share * 100:.3g} %" if isinstance(share, (int, float)) else "some"
+
+
+def _ctc(e) -> tuple[str, str]:
+    """(message, fix) of a ``ctc_loss`` target outside its domain."""
+    problem, classes, blank = e.get("problem"), e.get("classes"), e.get("blank")
+    head = f"ctc_loss takes {_DOMAIN['ctc_loss']} but is given "
+    if problem == "out-of-range" and e.get("detail") == "negative":
+        return (head + f"labels in {_span(e)}{_share(e, ' outside [0, ' + _num(classes) + ')')}: "
+                f"a negative label is padding read as a label (target_lengths count it), and "
+                f"torch does not check it: its score is read from outside the log-probabilities",
+                "give each row its real length in target_lengths (len(transcript), or "
+                "(targets != pad).sum(1)), so that the padding past it is never read")
+    if problem == "out-of-range":
+        return (head + f"labels in {_span(e)}{_share(e, ' outside [0, ' + _num(classes) + ')')} "
+                f"while its log_probs have {_num(classes)} classes: torch does not check the "
+                f"labels, so a label past the classes reads a score outside them (memory that "
+                f"belongs to something else) and no output ever learns it",
+                f"give the output layer one class per label plus the blank (here at least "
+                f"{_num(e.get('high'))} + 1 outputs, the blank included: the labels run up to "
+                f"{_num(e.get('high'))}), or map the labels into [0, {_num(classes)}) without the "
+                f"blank {_num(blank)}")
+    if problem == "unalignable":
+        return (head + f"sequences too long for their input_lengths ({_percent(e)} of a batch's "
+                f"sequences: a CTC path needs one frame per label and one more between two equal "
+                f"labels) with zero_infinity=True: their infinite loss is replaced by 0, so those "
+                f"utterances are silently dropped from every update instead of trained",
+                "compute input_lengths after the front-end's subsampling and keep enough frames "
+                "for the labels (subsample less, or drop the too-long utterances in the data "
+                "pipeline where it can be seen); zero_infinity only hides the sequences that "
+                "do not fit")
+    effect = (f"{_percent(e)} of the labels within target_lengths are the blank {_num(blank)}: "
+              f"CTC aligns a blank label as 'nothing between symbols', so that symbol cannot be "
+              f"told from silence, the model is trained to emit the blank for it and decoding, "
+              f"which removes blanks, drops it from every transcript")
+    if e.get("detail") == "padding":
+        return (head + f"padded rows whose target_lengths are the padded width: {effect}; the "
+                f"padding value is the blank, and the lengths count it",
+                "give each row its real length in target_lengths (len(transcript), or "
+                "(targets != pad).sum(1) before padding), not targets.size(1)")
+    if blank == 0:
+        fix = ("keep 0 for the blank and number the labels from 1 (enumerate(alphabet, start=1), "
+               "ord(c) - ord('a') + 1), with one output per label plus one for the blank")
+    elif classes is not None and blank == classes - 1:
+        fix = ("give the model one more output for the blank (len(vocab) + 1 classes, "
+               "blank=len(vocab)), so that no label shares its index")
+    else:
+        fix = f"pick a blank index that no label uses (blank={_num(blank)} is a label here)"
+    return head + f"labels in {_span(e)}: {effect}", fix
+
+
 def describe(e) -> tuple[str, str]:
     """(message, fix) of one ``target_domain`` event."""
     fn, problem = e.get("fn", "binary_cross_entropy_with_logits"), e.get("problem", "outside-unit")
+    if fn == "ctc_loss":
+        return _ctc(e)
     head = f"{fn} takes {_DOMAIN.get(fn, 'targets in another domain')} but is given "
     if problem == "outside-unit":
         what, fix = _outside_unit(fn, e)
@@ -146,9 +202,14 @@ class TargetOutsideLossDomain(Rule):
     above 0.5 (multi-label targets: no distribution does) or negative values;
     `multilabel_margin_loss` given 0/1 rows where it reads class indices padded with -1;
     `kl_div` given log-probabilities as its target without `log_target=True` (or probabilities
-    with it); `poisson_nll_loss` given negative counts. It points at the loss call, and its fix
-    fits what the targets look like (divide a mask by 255, map labels with `2 * y - 1` or
-    `(y + 1) / 2`, use `BCEWithLogitsLoss` for multi-label targets, pass `log_target=True`).
+    with it); `poisson_nll_loss` given negative counts; `ctc_loss` (`nn.CTCLoss`) given label
+    sequences that hold the blank or a label past the classes of its log-probabilities within
+    `target_lengths` (an alphabet numbered from 0 beside the default `blank=0`, `blank` set to a
+    letter's index, lengths that count the padding), or, with `zero_infinity=True`, a quarter or
+    more of a batch's sequences too long for their `input_lengths`. It points at the loss call,
+    and its fix fits what the targets look like (divide a mask by 255, map labels with
+    `2 * y - 1` or `(y + 1) / 2`, use `BCEWithLogitsLoss` for multi-label targets, pass
+    `log_target=True`, number the labels from 1, give each row its real length).
 
     ## Why is this bad?
     torch checks a target's shape and, for class indices, their range, but not the domain of a
@@ -157,8 +218,12 @@ class TargetOutsideLossDomain(Rule):
     constant log 2 with no gradient (the negatives are never learned) and
     `MarginRankingLoss` a constant margin; `CosineEmbeddingLoss` skips pairs labelled 0;
     multi-hot rows make the labels of one sample compete through the softmax;
-    log-probabilities read as probabilities make `kl_div`'s gradient ignore the student. The
-    run does not fail and the loss still moves; every update trains something else.
+    log-probabilities read as probabilities make `kl_div`'s gradient ignore the student. CTC
+    aligns a blank label as "nothing", so that character is trained towards the blank and
+    decoding drops it everywhere; a label at or past the class count reads a score torch never
+    checked; `zero_infinity` turns a sequence that cannot align into a loss of 0, so a wrong
+    `input_lengths` silently drops those utterances. The run does not fail and the loss still
+    moves; every update trains something else.
 
     ## Example
     ```python
@@ -183,7 +248,11 @@ class TargetOutsideLossDomain(Rule):
     log-probabilities, or probabilities without it; counts for `poisson_nll_loss`;
     `multilabel_margin_loss` index rows padded with -1; placeholder targets a script masks out
     afterwards (`reduction="none"`, or a per-element `weight` for the binary losses); losses
-    computed without a gradient (an evaluation metric on raw masks).
+    computed without a gradient (an evaluation metric on raw masks). For `ctc_loss`: (N, S)
+    targets padded with the blank's 0 or with -1 past each length (never read); the blank as the
+    last class after every label; unbatched calls; a few sequences too long for their frames
+    under `zero_infinity=True` (an outlier it is meant for), or any without it (the loss is
+    infinite: nonfinite-grad's).
     """
 
     code = "GD152"
@@ -191,7 +260,8 @@ class TargetOutsideLossDomain(Rule):
     severity = Severity.WARNING
     summary = ("a loss is given a target outside the domain it reads (0/255 masks or -1/+1 "
                "labels to BCE, 0/1 labels to a margin loss, multi-hot rows to cross_entropy, "
-               "log-probabilities to kl_div): it trains the wrong thing without any error")
+               "log-probabilities to kl_div, the blank as a CTC label): it trains the wrong "
+               "thing without any error")
     fix = "give the loss its target in the domain it documents"
 
     def check(self, a):
