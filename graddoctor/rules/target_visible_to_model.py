@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -29,7 +31,9 @@ class TargetVisibleToModel(Rule):
     transformers causal LM, which shifts its labels itself), so position `t` learns the token
     after the next. graddoctor compares the loss's targets with the ids the model embedded (a
     shift of 1, 0, -1 or 2 at 90 % of the positions) and takes the gradient
-    of one output position with respect to the embeddings once, at the first backward. The same
+    of one output position with respect to the embeddings once, at the first backward. Unshifted
+    targets are reported at the loss call, or at the statement that slices them when the loop
+    slices them apart (`inputs, targets = ids[:, :-1], ids[:, :-1]`). The same
     leak in a table: a loss target (one value per sample) that one column of the data the
     model's first layer reads holds (`X = data` with the label as its last column,
     `TensorDataset(table, table[:, -1])`), compared at the first 8 loss calls on the CPU.
@@ -128,6 +132,12 @@ class TargetVisibleToModel(Rule):
         model, T, t, k = e["model"], seq["positions"], seq["t"], seq["k"]
         at = seq.get("target_at")
         loc = Location(str(at[0]), int(at[1]), str(at[2])) if at else e.loc
+        if loc is not None and k in (0, -1):
+            # the targets sliced in a statement of their own (`tgt_out = tgt[:, :-1]`): the
+            # slice is what to change, not the loss call that reads it
+            built = a.source.target_assignment(loc.path, loc.line)
+            if built is not None and re.search(r"\[[^\]]*:", built[1]):
+                loc = Location(loc.path, built[0], loc.hook)
         if k == 2:
             return self._shifted_twice(a, e, seq, loc)
         if k == 0:
