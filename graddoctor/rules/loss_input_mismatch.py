@@ -4,6 +4,7 @@ import ast
 import math
 
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule
 
 _EXPECTS = {
@@ -124,7 +125,8 @@ class LossInputMismatch(Rule):
     `(-1, C)`: each row holds one class's scores at C positions), and flattened scores whose
     token targets are flattened in the other order (a seq-first model's (T, B, C) output against
     batch-first (B, T) next-token targets: the targets are the embedded tokens only when read
-    transposed). It points at the loss call. The
+    transposed). It points at the loss call, or at the statement that normalised the scores
+    over the wrong dimension when one of its own computes the loss's input. The
     operation behind the input is read from the autograd graph (past reshapes, slices, casts
     and clamps); where the graph does not tell, `cross_entropy` is reported when every row lies
     in [0, 1] and sums to 1, and `nll_loss` when its rows are not log-normalised and no log op
@@ -184,7 +186,31 @@ class LossInputMismatch(Rule):
                 call = _swapped_call(a.source.tree(e.loc.path), e.loc.line)
                 if call is not None:
                     fix = f"pass the model's output first and the labels second: {call}"
-            yield self.finding(message, e.loc, step=a.next_step_number(e.seq), fix=fix, evidence=evidence)
+            loc = e.loc
+            if e.get("problem") in ("dim", "log-dim") and loc is not None:
+                # normalised over the wrong axis in a statement of its own: the axis is what to
+                # change (`log_probs = logits.log_softmax(dim=1)`), not the loss call
+                origin = _input_origin(a, loc, e.get("fn", ""))
+                if origin is not None and "softmax" in origin[1]:
+                    loc = Location(loc.path, origin[0], loc.hook)
+            yield self.finding(message, loc, step=a.next_step_number(e.seq), fix=fix, evidence=evidence)
+
+
+def _input_origin(a, loc, fn: str) -> tuple[int, str] | None:
+    """(line, text) of the assignment that computed the loss's input, for the loss called as
+    ``F.<fn>`` or through a module instance (``ctc = nn.CTCLoss()``, ``ctc(log_probs, ...)``)."""
+    tree = a.source.tree(loc.path)
+    names = [fn]
+    if tree is not None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args \
+                    and node.lineno <= loc.line <= (node.end_lineno or node.lineno):
+                names.append(node.func.id)
+    for name in names:
+        origin = a.source.argument_origin(loc.path, loc.line, name, "input")
+        if origin is not None:
+            return origin
+    return None
 
 
 def _swapped_call(tree, line: int) -> str | None:
