@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Callable
 
-from .stop import StopCondition, StopReplay, conditions
+from .stop import SPENT, StopCondition, StopReplay, conditions
 from .topics import BUDGET_HOLD, COUNTED_STEP
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class Progress:
                 callback(self.updates)
             except Exception as exc:  # a display must never break the user's run
                 self._rec.internal_error("step callback", exc)
-        if self._stop is None:
+        if self._stop is None and self._after_step:
             self._ask(self._after_step)
 
     def stepped(self, opt: int) -> int:
@@ -89,7 +89,7 @@ class Progress:
 
     def count_backward(self) -> None:
         self.backward_calls += 1
-        if self._stop is None:
+        if self._stop is None and self._after_backward:
             self._ask(self._after_backward)
 
     @property
@@ -98,7 +98,8 @@ class Progress:
 
     def _ask(self, asked: list) -> None:
         """Each stop condition's answer at this moment (``asked``: the conditions with their
-        method for it), until one answers."""
+        method for it), until one answers. One that answers ``SPENT`` is asked no more at this
+        moment."""
         rec = self._rec
         for condition, answer in asked:
             try:
@@ -109,6 +110,16 @@ class Progress:
             if reason:
                 self._stop = (condition.exception, reason)
                 return
+            if reason is SPENT:
+                self._drop(asked, condition)
+
+    def _drop(self, asked: list, condition: StopCondition) -> None:
+        """``condition`` is asked no more at the moment whose list is ``asked`` (a new list:
+        the one being looped over stays as it is)."""
+        for moment, pairs in self._asked.items():
+            if pairs is asked:
+                self._asked[moment] = [pair for pair in pairs if pair[0] is not condition]
+        self._after_step, self._after_backward = self._asked["after_step"], self._asked["after_backward"]
 
     def holds(self):
         """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
