@@ -38,6 +38,7 @@ class Progress:
         self.stop_conditions = (conditions(step_budget, hold_s) if stop_conditions is None
                                 else stop_conditions)
         self._stop: tuple[type[StopReplay], str] | None = None
+        self.stop_requested = False  # whether _stop is set (read by every hook: an attribute)
         # the status of the stop once raised into the script, and the threads it was raised in
         # (the main thread may end normally after workers were stopped: the replay was still cut)
         self.stop_raised: str | None = None
@@ -92,10 +93,6 @@ class Progress:
         if self._stop is None and self._after_backward:
             self._ask(self._after_backward)
 
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop is not None
-
     def _ask(self, asked: list) -> None:
         """Each stop condition's answer at this moment (``asked``: the conditions with their
         method for it), until one answers. One that answers ``SPENT`` is asked no more at this
@@ -109,6 +106,7 @@ class Progress:
                 continue
             if reason:
                 self._stop = (condition.exception, reason)
+                self.stop_requested = True
                 return
             if reason is SPENT:
                 self._drop(asked, condition)
@@ -138,6 +136,7 @@ class Progress:
             self._asked = {moment: [] for moment in self._asked}
             self._after_step, self._after_backward = [], []
             self._stop = None
+            self.stop_requested = False
             return
 
         def maybe_stop(step_of: int | None = None) -> None:
