@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from graddoctor.run.session import run_check
-from graddoctor.instrument.stop import NO_STEP_BACKWARDS
+from graddoctor.instrument.stop import NO_STEP_BACKWARDS, NoStepLimit, StepBudget
 from graddoctor.options import CheckOptions
 
 NEVER_STEPS = """
@@ -131,3 +131,64 @@ def test_an_optimizer_that_never_steps_is_waited_for_a_bounded_time(tmp_path):
     report = check(tmp_path, LATER_STAGE, steps=3)
     assert report.run.status == "step-limit"
     assert report.run.updates == max(3 * HOLD_FACTOR, HOLD_MIN_UPDATES)
+
+
+class _Rec:
+    """What Progress and the conditions read of a recorder."""
+
+    def __init__(self):
+        self.opt_params = {1: [0]}
+        self.optimizer_id = None  # (read by the budget only for optimizers it waits for: none)
+        self.errors = []
+
+    def subscribers(self, topic):
+        from graddoctor.instrument.topics import Subscribers
+        return Subscribers()
+
+    def internal_error(self, where, exc):
+        self.errors.append((where, exc))
+
+
+class _Counting(NoStepLimit):
+    def __init__(self):
+        super().__init__(backwards=4)
+        self.asked = 0
+
+    def after_backward(self, rec):
+        self.asked += 1
+        return super().after_backward(rec)
+
+
+def test_a_condition_that_can_no_longer_answer_is_asked_no_more_and_the_others_still_are():
+    from graddoctor.instrument.progress import Progress
+
+    rec = _Rec()
+    never, budget = _Counting(), StepBudget(3)
+    progress = Progress(rec, None, [never, budget])
+    rec.progress = progress
+    progress.count_backward()
+    assert never.asked == 1
+    progress.count_step(1)  # a step: the no-step limit can never answer again
+    progress.count_backward()
+    assert never.asked == 2  # told SPENT once, then dropped
+    for _ in range(10):
+        progress.count_backward()
+    assert never.asked == 2 and not progress.stop_requested
+    progress.count_step(1)
+    progress.count_backward()
+    progress.count_step(1)  # the third update: the budget still answers
+    assert progress.stop_requested and progress._stop[0] is StepBudget.exception
+    assert not rec.errors
+
+
+def test_the_no_step_limit_still_stops_a_loop_that_never_stepped():
+    from graddoctor.instrument.progress import Progress
+
+    rec = _Rec()
+    progress = Progress(rec, None, [NoStepLimit(backwards=4)])
+    rec.progress = progress
+    for _ in range(3):
+        progress.count_backward()
+    assert not progress.stop_requested
+    progress.count_backward()
+    assert progress.stop_requested

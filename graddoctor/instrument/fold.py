@@ -684,8 +684,7 @@ class Folder:
         turn of the steady state ``steady`` (read only; ``steady_take`` takes it): the turns
         are counted from the steady state's first, and from ``skim_after`` on every one but the
         sampled ones (``SampleSchedule``: about one in ``skim_every``) is skimmed."""
-        after = self.skim_after
-        if after is None or self.steady is not steady:
+        if self.steady is not steady:
             return False
         n = len(steady.open)
         if n == j:
@@ -694,8 +693,11 @@ class Folder:
             turn = steady.closed + 1  # the event that closes the open turn starts this one
         else:
             return False
-        if turn == steady.skim_turn:  # each hook of a turn asks
+        if turn == steady.skim_turn:  # each hook of a turn asks (never set without skim_after)
             return steady.skim_answer
+        after = self.skim_after
+        if after is None:
+            return False
         schedule = steady.samples
         if schedule is None:
             schedule = steady.samples = SampleSchedule(self.skim_every)

@@ -19,6 +19,9 @@ class LossCalls:
     def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None):
         self.idle, self.constants, self.columns, self.rows = idle, constants, columns, rows
         self.labels = labels
+        # whether any of the listeners to the first calls with a gradient is still held: once
+        # none is, such a call is told to nobody (every call of a long run makes one)
+        self._firsts = any(x is not None for x in (columns, rows, labels))
 
     def heard(self, fn: str, input, target, args, kwargs) -> None:
         """A wrapped loss function is called (``fn``), with its input and target as read by
@@ -32,7 +35,7 @@ class LossCalls:
             if self.constants is not None:
                 self.constants.loss_call(fn, args, kwargs)
             return
-        if fn == "ctc_loss":
+        if not self._firsts or fn == "ctc_loss":
             return
         # each of these closes for good after its first calls: it is then let go of here
         columns = self.columns
@@ -53,3 +56,5 @@ class LossCalls:
                 labels.loss_call(fn, input, target, args, kwargs)
             else:
                 self.labels = None
+        if self.columns is None and self.rows is None and self.labels is None:
+            self._firsts = False

@@ -1123,7 +1123,8 @@ class OptimizerWatcher:
         rec = self.rec
         folder = rec.folder
         frames, began = self._step_frames, self._began
-        if (folder is None or folder.steady is not steady or rec.holder is not None
+        # (the steady state still ``steady``: skimming's first test)
+        if (folder is None or rec.holder is not None
                 or len(frames) != 1 or frames[0] is not frame or began is None
                 or began[0] is not frame or began[1] is not optimizer or began[2] != opt
                 or began[3] is not loc or len(args) != 1 or kwargs

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Callable
 
-from .stop import StopCondition, StopReplay, conditions
+from .stop import SPENT, StopCondition, StopReplay, conditions
 from .topics import BUDGET_HOLD, COUNTED_STEP
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ class Progress:
         self.stop_conditions = (conditions(step_budget, hold_s) if stop_conditions is None
                                 else stop_conditions)
         self._stop: tuple[type[StopReplay], str] | None = None
+        self.stop_requested = False  # whether _stop is set (read by every hook: an attribute)
         # the status of the stop once raised into the script, and the threads it was raised in
         # (the main thread may end normally after workers were stopped: the replay was still cut)
         self.stop_raised: str | None = None
@@ -76,7 +77,7 @@ class Progress:
                 callback(self.updates)
             except Exception as exc:  # a display must never break the user's run
                 self._rec.internal_error("step callback", exc)
-        if self._stop is None:
+        if self._stop is None and self._after_step:
             self._ask(self._after_step)
 
     def stepped(self, opt: int) -> int:
@@ -89,16 +90,13 @@ class Progress:
 
     def count_backward(self) -> None:
         self.backward_calls += 1
-        if self._stop is None:
+        if self._stop is None and self._after_backward:
             self._ask(self._after_backward)
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop is not None
 
     def _ask(self, asked: list) -> None:
         """Each stop condition's answer at this moment (``asked``: the conditions with their
-        method for it), until one answers."""
+        method for it), until one answers. One that answers ``SPENT`` is asked no more at this
+        moment."""
         rec = self._rec
         for condition, answer in asked:
             try:
@@ -108,7 +106,18 @@ class Progress:
                 continue
             if reason:
                 self._stop = (condition.exception, reason)
+                self.stop_requested = True
                 return
+            if reason is SPENT:
+                self._drop(asked, condition)
+
+    def _drop(self, asked: list, condition: StopCondition) -> None:
+        """``condition`` is asked no more at the moment whose list is ``asked`` (a new list:
+        the one being looped over stays as it is)."""
+        for moment, pairs in self._asked.items():
+            if pairs is asked:
+                self._asked[moment] = [pair for pair in pairs if pair[0] is not condition]
+        self._after_step, self._after_backward = self._asked["after_step"], self._asked["after_backward"]
 
     def holds(self):
         """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
@@ -127,6 +136,7 @@ class Progress:
             self._asked = {moment: [] for moment in self._asked}
             self._after_step, self._after_backward = [], []
             self._stop = None
+            self.stop_requested = False
             return
 
         def maybe_stop(step_of: int | None = None) -> None:

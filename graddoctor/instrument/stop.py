@@ -7,7 +7,8 @@ the tail of the last update — zero_grad, a scheduler step — is still seen), 
 
 To add one: a class with ``after_step`` / ``after_backward`` returning a reason or None, an
 exception class with its ``status`` (graddoctor/status.py, beside the others: a new status is
-a new ``RunStatus``), and an entry in ``conditions()``.
+a new ``RunStatus``), and an entry in ``conditions()``. A condition that can never answer again
+at a moment returns ``SPENT`` there and is asked no more at it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,23 @@ NO_STEP_BACKWARDS = 512
 # within the time the time limit leaves (``hold_s``).
 HOLD_FACTOR = 8
 HOLD_MIN_UPDATES = 100
+
+
+class _Spent:
+    """What a condition answers once it never will again (falsy, like no answer): it is then
+    asked no more at that moment (``Progress`` drops it), so a long run asks nothing that can
+    no longer stop it."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "SPENT"
+
+
+SPENT = _Spent()
 
 
 class StopCondition:
@@ -91,7 +109,9 @@ class NoStepLimit(StopCondition):
         self.backwards = backwards
 
     def after_backward(self, rec: "Recorder") -> str | None:
-        if rec.progress.steps == 0 and rec.progress.backward_calls >= self.backwards and rec.opt_params:
+        if rec.progress.steps:  # the steps counted never go back to 0: it cannot answer again
+            return SPENT
+        if rec.progress.backward_calls >= self.backwards and rec.opt_params:
             return (f"stopped after {rec.progress.backward_calls} backward calls without any optimizer step "
                     f"(an optimizer was created but never stepped)")
         return None

@@ -78,7 +78,9 @@ class Ending:
 
         progress = self.progress_line(options)
         with progress, self._stopped_from_outside():
-            return run_check(options, on_step=progress.update, on_hang=self.on_hang,
+            # a line that is not drawn (no terminal) never will be: not called every step
+            on_step = progress.update if progress.enabled else None
+            return run_check(options, on_step=on_step, on_hang=self.on_hang,
                              checkpoint=self.checkpoint, on_destroy=self.on_destroy)
 
     def progress_line(self, options, suffix: str = "", enabled: bool | None = None):

@@ -192,7 +192,8 @@ class Session:
         if on_step is not None:
             rec.subscribe(COUNTED_STEP, on_step)
         provisional = Checkpoints(self, checkpoint, self._started)
-        rec.subscribe(STEPPED, provisional)
+        if checkpoint is not None:  # without one it does nothing: not asked after every step
+            rec.subscribe(STEPPED, provisional)
 
         def hang(where: dict | None) -> None:
             """From the watchdog: the report of a run that cannot be stopped."""
