@@ -27,7 +27,7 @@ def test_status_line_is_drawn_erased_before_output_and_removed_at_the_end(monkey
     tty = Tty()
     script_out = io.StringIO()
     monkeypatch.setattr(sys, "stdout", script_out)
-    with Progress("train.py", 10, stream=tty) as progress:
+    with Progress("train.py", 10, stream=tty, redraw_s=0.0) as progress:
         assert tty.getvalue() == CLEAR_LINE + "graddoctor ▸ train.py · step 0/10"
         progress.update(3)
         assert tty.getvalue().endswith(CLEAR_LINE + "graddoctor ▸ train.py · step 3/10")
@@ -45,7 +45,7 @@ def test_a_half_written_line_is_never_overwritten(monkeypatch):
     monkeypatch.delenv("TERM", raising=False)
     tty = Tty()
     monkeypatch.setattr(sys, "stdout", io.StringIO())
-    with Progress("train.py", None, stream=tty) as progress:
+    with Progress("train.py", None, stream=tty, redraw_s=0.0) as progress:
         sys.stdout.write("training... ")
         drawn = tty.getvalue()
         progress.update(2)
@@ -53,6 +53,20 @@ def test_a_half_written_line_is_never_overwritten(monkeypatch):
         sys.stdout.write("done\n")
         progress.update(3)
         assert tty.getvalue().endswith("graddoctor ▸ train.py · step 3")
+
+
+def test_a_burst_of_short_steps_is_drawn_once_until_the_line_is_erased(monkeypatch):
+    monkeypatch.delenv("TERM", raising=False)
+    tty = Tty()
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    with Progress("train.py", 1000, stream=tty, redraw_s=3600.0) as progress:
+        drawn = tty.getvalue()
+        for steps in range(1, 200):
+            progress.update(steps)
+        assert tty.getvalue() == drawn  # the line from the start is still on screen
+        print("epoch 0")  # the script's output erases it: the next step draws at once
+        progress.update(200)
+        assert tty.getvalue().endswith("step 200/1000")
 
 
 def test_proxy_delegates_everything_else(monkeypatch):

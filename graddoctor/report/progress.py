@@ -2,8 +2,8 @@
 
 Only when stderr is a terminal. It never garbles the script's own output: while it is active,
 ``sys.stdout`` and ``sys.stderr`` are thin proxies that erase the status line before the script
-writes anything, and the line is redrawn only at the next step and only at the start of a line
-(a script's half-written line is never overwritten). Output that bypasses ``sys.stdout``
+writes anything, and the line is redrawn only at a step, at most every ``REDRAW_S`` while it is still shown,
+and only at the start of a line (a script's half-written line is never overwritten). Output that bypasses ``sys.stdout``
 (``os.write(1, ...)``, worker processes) can still land after the status text; it is then
 cleared at the next step.
 """
@@ -13,8 +13,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 
 CLEAR_LINE = "\r\x1b[2K"
+# a line still shown is redrawn at most this often: a run of short steps would otherwise flush
+# the script's streams and write to the terminal at every one of them
+REDRAW_S = 0.1
 
 
 def stream_is_terminal(stream) -> bool:
@@ -50,8 +54,11 @@ class _ErasingStream:
 class Progress:
     """Context manager around the replay; ``update(steps)`` is the Recorder's step callback."""
 
-    def __init__(self, label: str, budget: int | None, stream=None, enabled: bool | None = None):
+    def __init__(self, label: str, budget: int | None, stream=None, enabled: bool | None = None,
+                 redraw_s: float = REDRAW_S):
         self.label = label
+        self.redraw_s = redraw_s
+        self._drawn_at = float("-inf")
         self.budget = budget
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = stream_is_terminal(self.stream) if enabled is None else enabled
@@ -84,6 +91,10 @@ class Progress:
     def update(self, steps: int) -> None:
         if not self.enabled or not self.at_line_start:
             return
+        now = time.monotonic()
+        if self.shown and now - self._drawn_at < self.redraw_s:
+            return  # a line still on screen, drawn a moment ago: short steps are not each drawn
+        self._drawn_at = now
         for stream in self._saved or ():
             try:
                 stream.flush()  # the script's pending output goes first
