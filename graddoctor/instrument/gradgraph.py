@@ -14,7 +14,7 @@ plain tensors), so the call's result tells: the ``grad_fn`` nodes of the gradien
 are held as *pending* until the next optimizer step. A later ``torch.autograd.grad`` whose
 ``outputs`` reach a pending node (a second derivative, ``u_xx`` from ``u_x``; a Hessian-vector
 product), or a backward whose loss reaches one (walked from its root, ``_NODES`` nodes at
-most), *uses* its call. At an optimizer step that a backward preceded since the call, each call
+most), *uses* its call. At an optimizer step that a backward preceded since the calls, each call
 line's pending calls are settled: used when one of them was used, else unused for that step.
 A walk over its node budget counts as a use (not known: silent). A line unused at ``_UNUSED``
 steps and used at none is recorded once as a ``grad_graph_unused`` aside event (loc: the
@@ -115,9 +115,10 @@ class GradGraphWatcher:
             self._steps += 1
             if self._pending and self._backward is not None:
                 self._settle()
-                self._pending, self._calls, self._backward = [], [], None
         except Exception as exc:
             self.rec.internal_error("create_graph gradients", exc)
+        # dropped at every step: the graphs held live no longer than one update
+        self._pending, self._calls, self._backward = [], [], None
         if self._steps >= _STEPS:
             self._done = True
             self._pending, self._calls = [], []
