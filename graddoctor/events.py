@@ -671,6 +671,12 @@ anchor_alias       params [pid] (the parameters pulled towards themselves), how 
                    or FedProx anchor stored without a copy) — at the first 4 backwards of each
                    backward line, once
                    (loc: the backward; an aside; instrument/anchors.py)
+grad_graph_unused  backward ([path, line] of the last backward before the step, or None), steps (the
+                   optimizer steps at which the call line's gradients went unused): gradients
+                   returned by torch.autograd.grad with a graph (create_graph=True) that no later
+                   backward or autograd.grad differentiated before the optimizer step, at every
+                   step its line was seen in the first 6 steps and at least twice — once per call
+                   line (loc: the autograd.grad call; an aside; instrument/gradgraph.py)
 softmax_axis       dim (the dimension a softmax normalised), summed (the one the matrix product after
                    it sums the softmax's output over, mapped back to the softmax's dimensions),
                    shape (the softmax's output shape), params [pid] (tracked tensors below the
@@ -1621,6 +1627,10 @@ def anchor_alias(*, params: list[int], how: str) -> Made:
     return "anchor_alias", {"params": params, "how": how}
 
 
+def grad_graph_unused(*, backward: list | None, steps: int) -> Made:
+    return "grad_graph_unused", {"backward": backward, "steps": steps}
+
+
 def softmax_axis(*, dim: int, summed: int, shape: list[int], params: list[int],
                  op: str = "softmax") -> Made:
     # op: "softmax", or "normalize" (a division by a norm over one dimension)
@@ -1703,7 +1713,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
-    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
+    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "grad_graph_unused": grad_graph_unused,
     "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
     "softmax_batch": softmax_batch,
     "masked_mean": masked_mean,
@@ -1752,7 +1762,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "loss_unbounded", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "grad_graph_unused", "loss_unbounded", "advantage_grad",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -394,3 +394,24 @@ def test_the_rule_points_at_the_hand_written_comparison(tmp_path):
     f = only(t, SLUG)
     assert f.location.line == 2 and f.evidence["target"] == "q"
     assert "q.detach()" in f.fix
+
+
+def test_a_residual_of_the_models_derivatives_is_not_but_its_output_against_itself_is():
+    # u_t - k * u_xx and du - u * (1 - u): an equation's terms, made by autograd.grad with
+    # create_graph=True; the same output compared with a bootstrapped copy of itself still is
+    net = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def residuals(m, run):
+        xt = torch.rand(6, 2, requires_grad=True)
+        u = m(xt)
+        grads = torch.autograd.grad(u, xt, torch.ones_like(u), create_graph=True)[0]
+        u_x, u_t = grads[:, 0:1], grads[:, 1:2]
+        u_xx = torch.autograd.grad(u_x, xt, torch.ones_like(u_x), create_graph=True)[0][:, 0:1]
+        run("mse_loss", u_t, 0.1 * u_xx)
+        run("mse_loss", u_x, u * (1 - u))
+    assert _judge(net, residuals) == []
+
+    def bootstrapped(m, run):
+        xt = torch.rand(6, 2)
+        run("mse_loss", m(xt), 0.9 * m(xt + 1))
+    assert [made[0] for made in _judge(net, bootstrapped)] == ["target_grad"]

@@ -94,6 +94,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "numerics/bad_activations_tanh_init.py",  # activation_saturated
             "amp_clip_accum/good_scaler_rebuilt_lookalikes.py",  # scaler_load
             "losses/bad_anchor_aliases_params_l2sp.py",  # anchor_alias
+            "autograd/bad_grad_graph_unused_penalty.py",  # grad_graph_unused
             "losses/bad_loss_compares_with_itself_bpr.py",  # same_compared
             "losses/bad_loss_unbounded_kl_sign.py",  # loss_unbounded
             "losses/bad_kl_weight_integer_division.py",  # zero_weight

@@ -21,6 +21,7 @@ from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
 from .ddp import DDPWatcher
 from .dropout import FunctionalDropoutWatcher
 from .functional import FunctionalGradWatcher
+from .gradgraph import GradGraphWatcher
 from .gradflow import GradFlowWatcher
 from .factorcast import FactorBroadcastWatcher
 from .handloss import HandLossWatcher
@@ -210,6 +211,13 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, HandLossWatcher(rec).describe_loss)
         # per-sample weights, advantages or masks that broadcast against the terms they weigh
         rec.subscribe(DESCRIBE_LOSS, FactorBroadcastWatcher(rec).describe_loss)
+        # gradients taken with create_graph=True that no backward differentiates
+        # (grad-graph-unused); before FunctionalGradWatcher, whose wrapper then goes around
+        # this one's and finds the user's frame where it expects it
+        grad_graphs = GradGraphWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, grad_graphs.describe_loss)
+        rec.subscribe(STEPPED, grad_graphs.after_step)
+        self.watchers.append(grad_graphs)
         # gradients taken with torch.autograd.grad / torch.func, which graddoctor does not follow
         self.watchers.append(FunctionalGradWatcher(rec))
         # the global RNG seeded (reseed-in-loop)

@@ -53,6 +53,10 @@ its positive and its negative, a query with several documents) is metric learnin
 trained on purpose: not taken. A squared error or cosine that a computed value scales
 (``(mu_q - mu_p) ** 2 / var_p``, a Gaussian KL or likelihood with a learned variance) is no
 regression onto a target: not taken.
+A side made from a derivative of the model (``torch.autograd.grad(..., create_graph=True)``:
+its graph differentiates a backward formula) is a term of an equation's residual, a
+physics-informed ``u_t - k * u_xx`` or ``du - r * u * (1 - u)``, every term trained on
+purpose: not taken.
 
 Each pair is judged as a call of the matching loss (``kl_div``, ``mse_loss``) is, with the
 same exemptions (one side made from the other; two outputs of one layer compared with one op;
@@ -361,6 +365,16 @@ def comparisons(root, limit: int = _TOP) -> list:
     return found[:_PAIRS]
 
 
+def _holds_derivative(nodes) -> bool:
+    """Whether a side is made from a derivative of the model taken with
+    ``torch.autograd.grad(..., create_graph=True)``: its graph differentiates a backward
+    formula (``TanhBackwardBackward0``, ``ThresholdBackwardBackward0``). A physics-informed
+    residual ``u_t - k * u_xx`` or ``du - f(u)`` compares the model's derivatives with each
+    other or with its output, the terms of one equation, none of them a target."""
+    return any(type(node).__name__.endswith(("BackwardBackward0", "BackwardBackward1"))
+               for node in nodes)
+
+
 class TargetGradWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -425,6 +439,8 @@ class TargetGradWatcher:
         nodes_target, leaves_target = walked_target
         if target_node in nodes_in or input_node in nodes_target:
             return None  # one side is made from the other (a mixture against its parts: a JSD)
+        if _holds_derivative(nodes_in) or _holds_derivative(nodes_target):
+            return None  # an equation's residual (u_t - k * u_xx): every term trains on purpose
         common = leaves_in & leaves_target
         if not common:
             return None  # a separate network makes the target (a target network, a peer model)

@@ -83,7 +83,9 @@ class TargetNotDetached(Rule):
     advantage-not-detached's); metric learning, where one side is compared by distance or cosine
     with two others or more (a triplet's anchor, a query and its documents); a squared
     difference scaled by a learned variance (a Gaussian KL
-    between a posterior and a prior sharing a trunk); contrastive losses (InfoNCE, CLIP: the logits are a product of
+    between a posterior and a prior sharing a trunk); a physics-informed residual whose sides
+    are derivatives of the model taken with `torch.autograd.grad(..., create_graph=True)`
+    (`u_t - k * u_xx`, `du - r * u * (1 - u)`: the terms of one equation); contrastive losses (InfoNCE, CLIP: the logits are a product of
     both views, the targets are data).
     """
 
