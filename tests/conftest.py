@@ -8,6 +8,14 @@ import sys
 # thread pool of two, spin against each other; the in-process fixture runs were ~10x slower.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Compiled bytecode is cached, as Python does by default, also where the environment turns that
+# off (PYTHONDONTWRITEBYTECODE): else every xdist worker rewrites the asserts of every test module
+# again at each run (pytest keeps rewritten modules only where bytecode is written), and every
+# test process, warm interpreter, rank and fresh interpreter compiles graddoctor from source.
+# Set here, before the workers start and before the test modules are imported.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 import pytest  # noqa: E402
 
 import warm_python  # noqa: E402
