@@ -1640,8 +1640,10 @@ def softmax_batch(*, fn: str, shape: list[int], batch: int) -> Made:
     return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch}
 
 
-def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int]) -> Made:
-    return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params}
+def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int],
+              classes: int | None = None) -> Made:
+    return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params,
+                         "classes": classes}
 
 
 def same_compared(*, how: str, op: str, core: str, shape: list | None, params: list[int],
