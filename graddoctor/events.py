@@ -668,9 +668,12 @@ anchor_alias       params [pid] (the parameters pulled towards themselves), how 
 softmax_axis       dim (the dimension a softmax normalised), summed (the one the matrix product after
                    it sums the softmax's output over, mapped back to the softmax's dimensions),
                    shape (the softmax's output shape), params [pid] (tracked tensors below the
-                   softmax): attention weights normalised over another axis than the one the
-                   next matmul sums over — at the first 3 backwards, once per (dim, summed,
-                   shape) (loc: the backward; an aside; instrument/attnaxis.py)
+                   softmax), op ("softmax" or "normalize": a division by an L2 norm), cosine
+                   (both operands of the product normalised: cosine similarities), param (the
+                   parameter normalised, or None): attention weights normalised over another
+                   axis than the one the next matmul sums over, or vectors normalised over
+                   another axis than a similarity product sums — at the first 3 backwards, once
+                   per (dim, summed, shape) (loc: the backward; an aside; instrument/attnaxis.py)
 attention_scale    how ("multiplied": the scores scaled by sqrt(d); "other_dim": by 1/sqrt(n) of
                    another size n of the scores), n, d (the size Q@K^T contracts), factor (the
                    constant factor between the product and the softmax, Q's and K's included),
@@ -1614,10 +1617,11 @@ def anchor_alias(*, params: list[int], how: str) -> Made:
 
 
 def softmax_axis(*, dim: int, summed: int, shape: list[int], params: list[int],
-                 op: str = "softmax") -> Made:
-    # op: "softmax", or "normalize" (a division by a norm over one dimension)
+                 op: str = "softmax", cosine: bool = False, param: int | None = None) -> Made:
+    # op: "softmax", or "normalize" (a division by a norm over one dimension); cosine: both
+    # operands of the product are L2-normalised; param: the parameter normalised, if one is
     return "softmax_axis", {"dim": dim, "summed": summed, "shape": shape, "params": params,
-                            "op": op}
+                            "op": op, "cosine": cosine, "param": param}
 
 
 def attention_scale(*, how: str, n: int, d: int, factor: float, shape: list[int],
