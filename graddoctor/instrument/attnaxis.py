@@ -24,7 +24,11 @@ dimensions (``F.normalize(z, dim)``, ``z / z.norm(dim=d, keepdim=True)``, ``z /
 (z.pow(2).sum(d, keepdim=True).sqrt() + eps)``), and follows a product with a learned
 temperature (one number with a gradient): embeddings normalised over the batch before a
 similarity product over their features are the same bug (event ``op`` "normalize").
-Parameters normalised are not followed (no batch), nor standardisations.
+Parameters normalised are not followed (no batch), nor standardisations — except in a cosine
+product (``cosine_misnormalised``): when both operands of a product (``F.linear``'s addmm
+included) are divided by their own L2 norm, each must be normalised over the dimension the
+product sums, whichever that is; a weight normalised over another (ArcFace's ``F.normalize(W,
+dim=0)`` of a (classes, features) weight) is reported too (event ``cosine``, ``param``).
 
 What is reported: the softmax normalised another dimension than its last, and the product sums
 over its last: weights laid out (queries, keys), normalised over the queries, summed over the

@@ -133,7 +133,13 @@ class SoftmaxWrongAxis(Rule):
     which sums over the features, as in a contrastive (InfoNCE, SimCLR, CLIP) loss: each
     feature was scaled over the batch instead of each embedding over its features (also behind
     a learned temperature, `logit_scale.exp() * z1 @ z2.T`). It points at the first
-    normalize / norm call with that `dim`.
+    normalize / norm call with that `dim`. And for cosine similarities, where both operands of
+    the product (`@`, `matmul`, `bmm`, `F.linear` with or without a bias) are divided by their
+    own L2 norm, a weight included: an operand normalised over another axis than the product
+    sums, whichever axis that is (ArcFace's `F.linear(F.normalize(x), F.normalize(W, dim=0))`
+    with W laid out (classes, features); prototypes stored (features, classes) and normalised
+    over the classes before `z @ P`). It then points at the normalisation of that weight (the
+    call that names it, when one does).
 
     ## Why is this bad?
     Attention averages the values with weights that sum to 1 over the keys. Normalised over the
@@ -176,7 +182,10 @@ class SoftmaxWrongAxis(Rule):
     classifier (`F.normalize` of the features and of the weight rows, dim=1), Barlow Twins and
     VICReg (each feature standardised over the batch, then `z1.T @ z2` sums the batch), columns
     L2-normalised over the batch then `z.T @ z`; standardisations (`(z - mean) / std`,
-    BatchNorm) whatever the axis; a parameter normalised (it has no batch);
+    BatchNorm) whatever the axis; a parameter normalised over another axis when the other
+    operand is no unit vector (weight normalisation applied to raw features) or with another
+    norm than L2 (`F.normalize(M, p=1, dim=1)`: a stochastic mixing matrix); a (features,
+    classes) weight normalised over dim 0 for `z @ W`;
     `F.cosine_similarity`. A softmax or normalisation over dim 0 that `samples-mixed-in-batch`
     reports (the batch mixed in the model's forward) is left to it. Not told apart: the same
     bug in a (keys, queries) layout (a softmax over the last axis, the queries, summed over the
