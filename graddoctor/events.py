@@ -695,6 +695,11 @@ masked_mean        how (product | where | masked_fill: how the mask zeroes the p
                    the backward), mask_operand (0/1: the mask's side of a product): a masked per-element loss averaged over every position, the
                    masked-out ones included — at the first 4 backwards, once per masked value and
                    backward (loc: the mean/sum call; an aside; instrument/maskmean.py)
+loss_repeated      fn (the loss function), first_line (the line of its first call), params [pid]
+                   (tracked tensors below the prediction): a loss called a second time on the
+                   same prediction and target with the same options, both terms reaching the
+                   loss — at the first 3 backwards, once per line (loc: the second call; an
+                   aside; instrument/repeatedloss.py)
 view_axes          shape_in, shape_out (the sizes a view/reshape was given and returned), params [pid]
                    (tracked tensors below it): a view or reshape whose output is its input's axes
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
@@ -1372,6 +1377,10 @@ def label_smoothing(*, label_smoothing: float, classes: int, floor: float,
                     target_smoothing: float) -> Made:
     return "label_smoothing", {"label_smoothing": label_smoothing, "classes": classes,
                                "floor": floor, "target_smoothing": target_smoothing}
+
+
+def loss_repeated(*, fn: str, first_line: int | None, params: list[int]) -> Made:
+    return "loss_repeated", {"fn": fn, "first_line": first_line, "params": params}
 
 
 def mixup_unmixed(*, fn: str, loader: int, batch: list, field: str, rows: int, lam: float) -> Made:

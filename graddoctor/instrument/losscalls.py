@@ -16,9 +16,10 @@ import torch
 
 
 class LossCalls:
-    def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None):
+    def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None,
+                 repeats=None):
         self.idle, self.constants, self.columns, self.rows = idle, constants, columns, rows
-        self.labels = labels
+        self.labels, self.repeats = labels, repeats
 
     def heard(self, fn: str, input, target, args, kwargs) -> None:
         """A wrapped loss function is called (``fn``), with its input and target as read by
@@ -53,3 +54,9 @@ class LossCalls:
                 labels.loss_call(fn, input, target, args, kwargs)
             else:
                 self.labels = None
+        repeats = self.repeats
+        if repeats is not None:
+            if repeats.open:
+                repeats.loss_call(fn, input, target, args, kwargs)
+            else:
+                self.repeats = None
