@@ -1711,7 +1711,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias,
-    "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
+    "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "softmax_batch": softmax_batch,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
@@ -1767,7 +1767,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "softmax_batch", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "softmax_batch", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
