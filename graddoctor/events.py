@@ -680,9 +680,12 @@ grad_graph_unused  backward ([path, line] of the last backward before the step, 
 softmax_axis       dim (the dimension a softmax normalised), summed (the one the matrix product after
                    it sums the softmax's output over, mapped back to the softmax's dimensions),
                    shape (the softmax's output shape), params [pid] (tracked tensors below the
-                   softmax): attention weights normalised over another axis than the one the
-                   next matmul sums over — at the first 3 backwards, once per (dim, summed,
-                   shape) (loc: the backward; an aside; instrument/attnaxis.py)
+                   softmax), op ("softmax" or "normalize": a division by an L2 norm), cosine
+                   (both operands of the product normalised: cosine similarities), param (the
+                   parameter normalised, or None): attention weights normalised over another
+                   axis than the one the next matmul sums over, or vectors normalised over
+                   another axis than a similarity product sums — at the first 3 backwards, once
+                   per (dim, summed, shape) (loc: the backward; an aside; instrument/attnaxis.py)
 attention_scale    how ("multiplied": the scores scaled by sqrt(d); "other_dim": by 1/sqrt(n) of
                    another size n of the scores), n, d (the size Q@K^T contracts), factor (the
                    constant factor between the product and the softmax, Q's and K's included),
@@ -704,6 +707,11 @@ masked_mean        how (product | where | masked_fill: how the mask zeroes the p
                    the backward), mask_operand (0/1: the mask's side of a product): a masked per-element loss averaged over every position, the
                    masked-out ones included — at the first 4 backwards, once per masked value and
                    backward (loc: the mean/sum call; an aside; instrument/maskmean.py)
+loss_repeated      fn (the loss function), first_line (the line of its first call), params [pid]
+                   (tracked tensors below the prediction): a loss called a second time on the
+                   same prediction and target with the same options, both terms reaching the
+                   loss — at the first 3 backwards, once per line (loc: the second call; an
+                   aside; instrument/repeatedloss.py)
 view_axes          shape_in, shape_out (the sizes a view/reshape was given and returned), params [pid]
                    (tracked tensors below it): a view or reshape whose output is its input's axes
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
@@ -1385,6 +1393,10 @@ def label_smoothing(*, label_smoothing: float, classes: int, floor: float,
                                "floor": floor, "target_smoothing": target_smoothing}
 
 
+def loss_repeated(*, fn: str, first_line: int | None, params: list[int]) -> Made:
+    return "loss_repeated", {"fn": fn, "first_line": first_line, "params": params}
+
+
 def mixup_unmixed(*, fn: str, loader: int, batch: list, field: str, rows: int, lam: float) -> Made:
     return "mixup_unmixed", {"fn": fn, "loader": loader, "batch": batch, "field": field,
                              "rows": rows, "lam": lam}
@@ -1632,10 +1644,11 @@ def grad_graph_unused(*, backward: list | None, steps: int) -> Made:
 
 
 def softmax_axis(*, dim: int, summed: int, shape: list[int], params: list[int],
-                 op: str = "softmax") -> Made:
-    # op: "softmax", or "normalize" (a division by a norm over one dimension)
+                 op: str = "softmax", cosine: bool = False, param: int | None = None) -> Made:
+    # op: "softmax", or "normalize" (a division by a norm over one dimension); cosine: both
+    # operands of the product are L2-normalised; param: the parameter normalised, if one is
     return "softmax_axis", {"dim": dim, "summed": summed, "shape": shape, "params": params,
-                            "op": op}
+                            "op": op, "cosine": cosine, "param": param}
 
 
 def attention_scale(*, how: str, n: int, d: int, factor: float, shape: list[int],
@@ -1658,8 +1671,10 @@ def softmax_batch(*, fn: str, shape: list[int], batch: int) -> Made:
     return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch}
 
 
-def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int]) -> Made:
-    return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params}
+def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int],
+              classes: int | None = None) -> Made:
+    return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params,
+                         "classes": classes}
 
 
 def same_compared(*, how: str, op: str, core: str, shape: list | None, params: list[int],
@@ -1714,7 +1729,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "grad_graph_unused": grad_graph_unused,
-    "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes,
+    "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "softmax_batch": softmax_batch,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
@@ -1770,7 +1785,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "softmax_batch", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "softmax_batch", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

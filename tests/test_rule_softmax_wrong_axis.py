@@ -10,8 +10,9 @@ import torch
 
 from graddoctor import events as ev
 from graddoctor.instrument.attnaxis import (SoftmaxAxisWatcher, _misnormalised, _softmax_below,
-                                            _through_reshape)
-from graddoctor.rules.softmax_wrong_axis import _dim_of, _norm_dim_of
+                                            _through_reshape, cosine_misnormalised)
+from graddoctor.rules.softmax_wrong_axis import _dim_of, _norm_dim_of, _with_dim, normalize_line
+from graddoctor.trace import TraceBuilder
 from rule_traces import builder, findings, only
 
 SLUG = "softmax-wrong-axis"
@@ -267,3 +268,67 @@ def test_the_rule_speaks_of_a_normalisation_and_defers_to_samples_mixed_in_batch
                         op="LinalgVectorNormBackward0", op_at=None, seq=None, modules=[],
                         forward=None), line=13)
     assert findings(t, SLUG) == []
+
+
+def _product_of(out):
+    node = out.grad_fn
+    while not type(node).__name__.startswith(("BmmBackward", "MmBackward", "AddmmBackward")):
+        node = node.next_functions[0][0]
+    return node
+
+
+def test_a_cosine_product_with_a_weight_normalised_over_another_axis_is_found():
+    F = torch.nn.functional
+    weight = torch.randn(5, 4, requires_grad=True)  # (classes, features)
+    x = torch.randn(6, 4, requires_grad=True) * 1.0
+    for out in (F.linear(F.normalize(x), F.normalize(weight, dim=0)),
+                F.linear(F.normalize(x), F.normalize(weight, dim=0), torch.zeros(5)),  # addmm
+                F.normalize(x, dim=1) @ (weight / weight.norm(dim=0, keepdim=True)).t()):
+        [(division, normalised, summed, shape)] = cosine_misnormalised(_product_of(out))
+        assert (normalised, summed, shape) == (0, 1, (5, 4))
+        assert division.next_functions[0][0].variable is weight
+    columns = torch.randn(4, 5, requires_grad=True)  # (features, classes): summed over dim 0
+    [found] = cosine_misnormalised(_product_of(F.normalize(x) @ F.normalize(columns, dim=1)))
+    assert found[1:] == (1, 0, (4, 5))
+
+
+def test_cosine_products_normalised_over_the_summed_axis_or_not_cosines_are_left_alone():
+    F = torch.nn.functional
+    weight = torch.randn(5, 4, requires_grad=True)
+    columns = torch.randn(4, 5, requires_grad=True)
+    x = torch.randn(6, 4, requires_grad=True) * 1.0
+    silent = [
+        F.linear(F.normalize(x), F.normalize(weight)),  # rows: the summed axis
+        F.normalize(x) @ F.normalize(columns, dim=0),  # columns of a (features, classes) weight
+        x @ F.normalize(weight, dim=0).t(),  # raw features: weight normalisation, no cosine
+        F.normalize(x) @ F.normalize(columns, p=1, dim=1),  # L1: a stochastic matrix
+        F.normalize(x, dim=0).T @ F.normalize(x * 2, dim=0),  # Barlow Twins' columns
+    ]
+    for out in silent:
+        assert cosine_misnormalised(_product_of(out)) == []
+
+
+def test_the_cosine_finding_names_the_weight_and_points_at_its_normalisation(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch.nn.functional as F\n"
+                      "z = F.normalize(h, dim=1)\n"
+                      "p = F.normalize(self.proto, dim=1)\n"
+                      "loss = (z @ p).sum()\n")
+    t = TraceBuilder(str(script))
+    t.param(1, "model.proto")
+    t.optimizer(0, [0, 1], line=1)
+    t.put(ev.softmax_axis(dim=1, summed=0, shape=[8, 6], params=[0, 1], op="normalize",
+                          cosine=True, param=1), line=4)
+    t.clear([0, 1], line=5)
+    t.backward(fresh=[0, 1], line=5)
+    t.step(0, line=6)
+    f = only(t, SLUG)
+    assert f.location.line == 3  # the weight's normalisation, not the first call with dim=1
+    assert "model.proto" in f.message and "no cosines" in f.message
+    assert "`F.normalize(self.proto, dim=0)`" in f.fix
+
+
+def test_the_fix_rewrites_the_dim_of_the_call_shown():
+    assert _with_dim("F.normalize(self.weight, dim=0)", -1) == "F.normalize(self.weight, dim=-1)"
+    assert _with_dim("proto.norm(dim=1, keepdim=True)", 0) == "proto.norm(dim=0, keepdim=True)"
+    assert _with_dim("F.normalize(w, 2, 0)", 1) is None

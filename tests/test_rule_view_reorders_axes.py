@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from graddoctor import events as ev
-from graddoctor.instrument.viewaxes import _skewed, _target_shape, reordered
+from graddoctor.instrument.viewaxes import (_class_first, _normalised_rows, _skewed, _target_shape,
+                                            class_rows, reordered)
+from graddoctor.instrument.graphpaths import post_order
 from graddoctor.rules.view_reorders_axes import axis_order
 from rule_traces import builder, findings, only
 
@@ -85,3 +87,71 @@ def test_the_relative_shift_of_padded_scores_is_not_a_reordering():
     assert not _skewed(features, (2, 6, 4), (2, 4, 6))
     wide = torch.cat([torch.randn(2, 6, 2), torch.randn(2, 6, 2, requires_grad=True)], -1)
     assert not _skewed(wide, (2, 6, 4), (2, 4, 6))  # concatenated features: sizes 6 and 4
+
+
+@pytest.mark.parametrize("shape_in, shape_out", [
+    ((8, 4, 16, 16), (2048, 4)),  # NCHW scores, W a multiple of C: a regrouping in memory order
+    ((6, 5, 20), (120, 5)),  # NCT scores
+    ((2, 3, 6, 6, 6), (216, 3)),  # a volume's scores
+])
+def test_channel_first_scores_cut_into_rows_of_classes_are_candidates(shape_in, shape_out):
+    assert not reordered(shape_in, shape_out)  # the sizes alone read as a regrouping
+    assert class_rows(shape_in, shape_out)
+
+
+@pytest.mark.parametrize("shape_in, shape_out", [
+    ((8, 16, 16, 4), (2048, 4)),  # NHWC: the classes already last
+    ((8, 4, 16, 4), (512, 4)),  # the last axis has C's size: may be the classes
+    ((8, 12), (24, 4)),  # a packed (B, K * C) of K heads
+    ((8, 4, 16, 16), (8, 4, 256)),  # rows of a length other than C
+    ((8, 4, 1), (8, 4)),  # nothing after the class axis
+])
+def test_other_flattenings_are_not(shape_in, shape_out):
+    assert not class_rows(shape_in, shape_out)
+
+
+def _view_node(out):
+    return out.grad_fn.next_functions[0][0]
+
+
+def test_rows_count_only_when_a_softmax_over_their_last_axis_reads_them():
+    conv = torch.nn.Conv2d(3, 4, 1)
+    scores = conv(torch.randn(2, 3, 4, 8))
+    over_rows = torch.log_softmax(scores.reshape(-1, 4), dim=-1)
+    over_rows_positive = torch.softmax(scores.reshape(-1, 4), dim=1)
+    over_columns = torch.softmax(scores.reshape(-1, 4), dim=0)
+    for out, normalised in ((over_rows, True), (over_rows_positive, True), (over_columns, False)):
+        nodes = post_order(out.grad_fn, 1000)
+        assert (id(_view_node(out)) in _normalised_rows(nodes)) is normalised
+
+
+def test_the_channel_axis_must_come_from_a_channel_first_op():
+    conv = torch.nn.Conv2d(3, 4, 1)
+    from_conv = torch.relu(conv(torch.randn(2, 3, 4, 8))).reshape(-1, 4)
+    assert _class_first(from_conv.grad_fn, (2, 4, 4, 8))
+    linear = torch.nn.Linear(3, 8)
+    from_linear = linear(torch.randn(2, 4, 4, 3)).reshape(-1, 4)  # (B, T, T, K * C): no channels
+    assert not _class_first(from_linear.grad_fn, (2, 4, 4, 8))
+
+
+def test_class_rows_get_their_own_message_and_a_permute_fix():
+    t = builder(params=[0, 1])
+    t.put(ev.view_axes(shape_in=[8, 4, 16, 16], shape_out=[2048, 4], params=[0], classes=4), line=9)
+    t.clear([0, 1], line=10)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    f = only(t, SLUG)
+    assert f.location.line == 9
+    assert "class scores of one position" in f.message
+    assert f.evidence["classes"] == 4 and f.evidence["order"] == [0, 2, 3, 1]
+
+
+def test_class_rows_that_loss_input_mismatch_reports_are_left_to_it():
+    t = builder(params=[0, 1])
+    t.put(ev.view_axes(shape_in=[8, 4, 16, 16], shape_out=[2048, 4], params=[0], classes=4), line=9)
+    t.put(ev.loss_input(fn="cross_entropy", problem="rows", classes=4, normalised=None,
+                        source=[8, 4, 16, 16]), line=11)
+    t.clear([0, 1], line=10)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    assert findings(t, SLUG) == []

@@ -60,6 +60,7 @@ from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
 from .attnaxis import SoftmaxAxisWatcher
 from .pairlabels import TripletOrderWatcher
+from .repeatedloss import RepeatedLossWatcher
 from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
 from .anchors import AnchorAliasWatcher
@@ -126,7 +127,12 @@ class Instrumentation:
         rows = FullRowsWatcher(rec)
         one_value = ConstantTargetsWatcher(rec, self.dataloader)
         rec.subscribe(BATCH_SERVED, one_value.served)
-        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value)
+        # the same loss term twice in one objective (loss-term-repeated): keyed at the calls,
+        # confirmed in the graph of the first backwards
+        repeats = RepeatedLossWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, repeats.describe_loss)
+        self.watchers.append(repeats)
+        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, repeats)
         # an ignore_index or padding_idx that the data uses as a real class or token: told
         # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
         real_index = RealIndexWatcher(rec)

@@ -24,7 +24,11 @@ dimensions (``F.normalize(z, dim)``, ``z / z.norm(dim=d, keepdim=True)``, ``z /
 (z.pow(2).sum(d, keepdim=True).sqrt() + eps)``), and follows a product with a learned
 temperature (one number with a gradient): embeddings normalised over the batch before a
 similarity product over their features are the same bug (event ``op`` "normalize").
-Parameters normalised are not followed (no batch), nor standardisations.
+Parameters normalised are not followed (no batch), nor standardisations — except in a cosine
+product (``cosine_misnormalised``): when both operands of a product (``F.linear``'s addmm
+included) are divided by their own L2 norm, each must be normalised over the dimension the
+product sums, whichever that is; a weight normalised over another (ArcFace's ``F.normalize(W,
+dim=0)`` of a (classes, features) weight) is reported too (event ``cosine``, ``param``).
 
 What is reported: the softmax normalised another dimension than its last, and the product sums
 over its last: weights laid out (queries, keys), normalised over the queries, summed over the
@@ -106,16 +110,16 @@ def _signed(value: int) -> int:
     return value - 2 ** 64 if value >= 2 ** 63 else value
 
 
-def _saved(node, name: str):
+def _saved(node, name: str, default=None):
     """What ``node`` saved as ``name``, or None: released, not saved, or saved under
     saved-tensor hooks (non-reentrant checkpointing, offloading), whose unpacking would run the
     checkpointed forward again (BatchNorm's running statistics updated twice)."""
     if packed(node, name):
-        return None
+        return default
     try:
         return getattr(node, name)
     except Exception:  # released, or not saved for this configuration
-        return None
+        return default
 
 
 def _prod(sizes) -> int:
@@ -167,18 +171,20 @@ def _only_child(node):
     return children[0] if len(children) == 1 else None
 
 
-def _norm_divided(node, shape: tuple) -> int | None:
+def _norm_divided(node, shape: tuple, cosine: bool = False) -> int | None:
     """The dimension of ``shape`` a division normalises when it is ``x / ||x||`` with the norm
     taken over one dimension of the same ``x`` (``F.normalize(x, dim)``, ``x / x.norm(dim=d,
     keepdim=True)``, ``x / (x.pow(2).sum(d, keepdim=True).sqrt() + eps)``), else None. A
     parameter normalised (a cosine classifier's weight rows, weight normalisation) has no batch
-    to be normalised over: None as well. A standardisation (``(x - mean) / std``) divides
-    something else than the tensor its statistic was taken of: None."""
+    to be normalised over: None as well, unless ``cosine`` (the other operand of the product is
+    normalised too, so the product is meant as cosine similarities), which asks for an L2 norm
+    instead. A standardisation (``(x - mean) / std``) divides something else than the tensor its
+    statistic was taken of: None."""
     if len(node.next_functions) != 2:
         return None
     numerator, denominator = node.next_functions
     if numerator[0] is None or denominator[0] is None \
-            or type(numerator[0]).__name__ == "AccumulateGrad" \
+            or (type(numerator[0]).__name__ == "AccumulateGrad" and not cosine) \
             or _output_shape(numerator[0], numerator[1]) != shape:
         return None
     below = denominator[0]
@@ -210,6 +216,13 @@ def _norm_divided(node, shape: tuple) -> int | None:
     dims = _saved(below, "_saved_dim")
     if dims is None or len(dims) != 1:
         return None
+    if cosine and type(below).__name__.startswith(_NORMS):
+        order = _saved(below, "_saved_ord", _saved(below, "_saved_p"))
+        try:
+            if order is not None and float(order) != 2.0:
+                return None  # an L1 or max normalisation: rows that sum to one, no unit vectors
+        except (TypeError, ValueError):
+            return None
     return _signed(dims[0]) % len(shape)
 
 
@@ -228,7 +241,7 @@ def _scaled_operand(node, shape: tuple):
     return None
 
 
-def _softmax_below(node, shape: tuple, dim: int):
+def _softmax_below(node, shape: tuple, dim: int, cosine: bool = False):
     """Follow ``node`` (the producer of a product's operand of ``shape``, summed over ``dim``)
     down to a softmax: ``(softmax node, its normalised dim, the dim summed over, its shape)``,
     the summed dimension mapped exactly through every reshape, transpose, permute, expand and
@@ -247,7 +260,7 @@ def _softmax_below(node, shape: tuple, dim: int):
                 return None
             return node, _signed(saved_dim) % n, dim, shape
         if name.startswith("DivBackward"):
-            normalised = _norm_divided(node, shape)
+            normalised = _norm_divided(node, shape, cosine)
             return None if normalised is None else (node, normalised, dim, shape)
         if name.startswith(_SAME):
             if name.startswith("MulBackward"):
@@ -532,6 +545,32 @@ def multiplied_temperature(log_softmax):
     return None
 
 
+def cosine_misnormalised(product) -> list:
+    """For a matrix product (``MmBackward``, ``BmmBackward``, ``AddmmBackward``: ``F.linear``
+    with a bias) both of whose operands are divided by their own L2 norm, weights included (a
+    cosine classifier's ``F.linear(F.normalize(x), F.normalize(W))``): ``[(division node,
+    normalised dim, summed dim, shape)]`` of the operands normalised over another dimension than
+    the one the product sums. Empty when either operand is not normalised (a dot product, a
+    stochastic matrix normalised with an L1 norm, a weight normalised and applied to raw
+    features), or both are normalised over the summed dimension (cosine similarities, Barlow
+    Twins' columns normalised over the batch that ``z1.T @ z2`` sums)."""
+    operands = [(child, at) for child, at in product.next_functions]
+    if type(product).__name__.startswith("AddmmBackward"):
+        operands = operands[1:]
+    if len(operands) != 2 or any(child is None for child, _ in operands):
+        return []
+    found = []
+    for (child, output), summed in zip(operands, (-1, -2)):
+        shape = _output_shape(child, output)
+        if shape is None or len(shape) < 2 or shape[summed] < 2:
+            return []
+        below = _softmax_below(child, shape, len(shape) + summed, cosine=True)
+        if below is None or _op(below[0]) != "normalize":
+            return []
+        found.append(below)
+    return [f for f in found if f[1] != f[2] and f[3][f[1]] >= 2]
+
+
 class SoftmaxAxisWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -565,6 +604,9 @@ class SoftmaxAxisWatcher:
                 if name.startswith("LogSoftmaxBackward"):
                     self._judge_temperature(node)
                     continue
+                if name.startswith("AddmmBackward"):
+                    self._judge_cosine(node)
+                    continue
                 if not name.startswith(("BmmBackward", "MmBackward")):
                     continue
                 for found in self._operands(node):
@@ -576,6 +618,25 @@ class SoftmaxAxisWatcher:
                         continue
                     self._told.add(key)
                     self._report(softmax, normalised, summed, sm_shape)
+                self._judge_cosine(node)
+
+    def _judge_cosine(self, product) -> None:
+        """Cosine similarities whose operand (a parameter included) is normalised over another
+        axis than the product sums, when ``_operands``' walk (activations only, the summed axis
+        last) did not report it already."""
+        for division, normalised, summed, shape in cosine_misnormalised(product):
+            key = ("normalize", normalised, summed, shape)
+            if key in self._told:
+                continue
+            self._told.add(key)
+            numerator = division.next_functions[0][0]
+            weight = getattr(numerator, "variable", None) \
+                if type(numerator).__name__ == "AccumulateGrad" else None
+            param = self.rec.tensors.number.get(id(weight)) if weight is not None else None
+            self.rec.emit_aside(ev.softmax_axis(dim=normalised, summed=summed, shape=list(shape),
+                                                params=self._params(division), op="normalize",
+                                                cosine=True, param=param),
+                                self.rec.here())
 
     @staticmethod
     def _operands(node):

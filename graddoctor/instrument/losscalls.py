@@ -16,12 +16,13 @@ import torch
 
 
 class LossCalls:
-    def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None):
+    def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None,
+                 repeats=None):
         self.idle, self.constants, self.columns, self.rows = idle, constants, columns, rows
-        self.labels = labels
+        self.labels, self.repeats = labels, repeats
         # whether any of the listeners to the first calls with a gradient is still held: once
         # none is, such a call is told to nobody (every call of a long run makes one)
-        self._firsts = any(x is not None for x in (columns, rows, labels))
+        self._firsts = any(x is not None for x in (columns, rows, labels, repeats))
 
     def heard(self, fn: str, input, target, args, kwargs) -> None:
         """A wrapped loss function is called (``fn``), with its input and target as read by
@@ -56,5 +57,12 @@ class LossCalls:
                 labels.loss_call(fn, input, target, args, kwargs)
             else:
                 self.labels = None
-        if self.columns is None and self.rows is None and self.labels is None:
+        repeats = self.repeats
+        if repeats is not None:
+            if repeats.open:
+                repeats.loss_call(fn, input, target, args, kwargs)
+            else:
+                self.repeats = None
+        if self.columns is None and self.rows is None and self.labels is None \
+                and self.repeats is None:
             self._firsts = False

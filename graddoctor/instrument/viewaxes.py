@@ -18,6 +18,13 @@ merges in order (stacking frames: ``(B, T, C) -> (B, T/k, k*C)``; ``permute(...)
 swapped look unchanged), and Transformer-XL's relative shift (scores padded with one column and
 viewed with their last two sizes swapped, on purpose: ``_skewed``).
 
+A second suspect: channel-first scores cut into rows of classes, ``logits.reshape(-1, C)`` of a
+(N, C, H, W) segmentation output (``class_rows``). Its sizes may regroup in memory order (W a
+multiple of C), so it is reported only when the graph shows the reshaped tensor made by a
+channel-first op (``_class_first``) and each row normalised by a softmax or log_softmax over its
+C values (``_normalised_rows``: cross_entropy's own, or the script's before nll_loss or a dice
+loss): each row is then C positions of one class channel taken as one position's class scores.
+
 How it is seen, and what it costs:
 
 * ``Tensor.view``, ``Tensor.reshape`` and ``torch.reshape`` are wrapped from the start until
@@ -49,6 +56,11 @@ _NODES = 20000  # graph nodes walked per backward
 _LEAVES = 20000  # nodes walked below a reshape to name the parameters that made its input
 _MAX_AXES = 6  # sizes other than 1 judged at most (6! orders)
 _VIEWS = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
+# ops whose output's axis 1 is channels (the class axis of a segmentation or tagging head)
+_CHANNEL_FIRST = ("ConvolutionBackward", "CudnnConvolutionBackward", "MkldnnConvolutionBackward",
+                  "ConvDepthwise", "SlowConv", "Upsample", "NativeBatchNormBackward",
+                  "CudnnBatchNormBackward", "NativeGroupNormBackward", "AdaptiveAvgPool",
+                  "AvgPool", "MaxPool", "ConvolutionBackwardOverrideable")
 
 
 def _running(sizes) -> set:
@@ -92,6 +104,68 @@ def reordered(shape_in, shape_out) -> bool:
             if order != large and _merges_to(order, small):
                 return True
     return False
+
+
+def class_rows(shape_in, shape_out) -> bool:
+    """Whether a view of ``shape_in`` as ``shape_out`` could be channel-first scores flattened
+    into rows of classes without moving the classes last: ``shape_out`` ends with C (rows of C
+    consecutive values), ``shape_in`` is (N, C, ...) with at least one axis after its axis of
+    size C, its last axis not of size C (else those rows may be that axis's, NHWC), and the
+    rows are no reordering ``reordered`` already reports (a (N, C, T) with T a multiple of C
+    regroups in memory order, so it is not). Such rows hold C positions of one channel: the
+    graph must still show that the channel axis is one (made by a channel-first op) and that
+    each row is normalised as a distribution over classes (``_look``)."""
+    a = tuple(int(s) for s in shape_in)
+    b = tuple(int(s) for s in shape_out if int(s) != 1)
+    if len(a) < 3 or len(b) < 2 or b[-1] < 2 or len(a) > _MAX_AXES:
+        return False
+    classes = b[-1]
+    return a[1] == classes and a[-1] != classes and any(s != 1 for s in a[2:])
+
+
+def _class_first(node, shape_in, levels: int = 6) -> bool:
+    """Whether the tensor ``node`` viewed was made by a channel-first op (a convolution, its
+    pooling, normalisation or upsampling) whose output has ``shape_in``, within ``levels``
+    nodes along its first input (through elementwise ops, not through other views): its axis 1
+    holds channels."""
+    nxt = node.next_functions[0][0] if node.next_functions else None
+    for _ in range(levels):
+        if nxt is None:
+            return False
+        name = type(nxt).__name__
+        if name.startswith(_VIEWS):
+            return False
+        if name.startswith(_CHANNEL_FIRST):
+            try:
+                return tuple(int(s) for s in nxt._input_metadata[0].shape) == tuple(shape_in)
+            except Exception:  # a node without metadata
+                return False
+        nxt = nxt.next_functions[0][0] if nxt.next_functions else None
+    return False
+
+
+def _normalised_rows(nodes) -> set:
+    """The ids of the view nodes whose output a softmax or log_softmax (cross_entropy's, or
+    the script's own) normalises over its last axis: rows taken as distributions over
+    classes."""
+    out = set()
+    for node in nodes:
+        if not type(node).__name__.startswith(("LogSoftmaxBackward", "SoftmaxBackward")):
+            continue
+        below = node.next_functions[0][0] if node.next_functions else None
+        if below is None or not type(below).__name__.startswith(_VIEWS):
+            continue
+        dim = saved(node, "_saved_dim")
+        try:
+            rank = len(below._input_metadata[0].shape)
+            dim = int(dim)
+        except Exception:
+            continue
+        if dim >= 1 << 63:
+            dim -= 1 << 64  # a negative dim, saved unsigned
+        if dim % rank == rank - 1:
+            out.add(id(below))
+    return out
 
 
 def _skewed(tensor, shape_in, shape_out) -> bool:
@@ -165,7 +239,8 @@ class ViewAxesWatcher:
                 return
             suspect = self._judged.get(key)
             if suspect is None:
-                suspect = self._judged[key] = reordered(*key)
+                suspect = self._judged[key] = ("reordered" if reordered(*key) else
+                                               "rows" if class_rows(*key) else "")
             if not suspect:
                 return
             caller = sys._getframe(2)  # the code that called view/reshape
@@ -178,6 +253,8 @@ class ViewAxesWatcher:
                 if loc is not None:
                     self._held[key] = loc  # confirmed in the loss's graph at the backward
                 return
+            if suspect == "rows":
+                return  # rows of data: no graph tells they are scores
             # data without gradient (the batch itself) reshaped inside a training module's
             # forward: no graph to confirm it by, the module's parameters read it
             module = caller.f_locals.get("self") if caller.f_code.co_name == "forward" else None
@@ -219,6 +296,7 @@ class ViewAxesWatcher:
             nodes = post_order(root, _NODES)
             if nodes is None:
                 continue
+            rows = None
             for node in nodes:
                 if not type(node).__name__.startswith(_VIEWS):
                     continue
@@ -233,8 +311,15 @@ class ViewAxesWatcher:
                 loc = self._held.get(key)
                 if loc is None or key in self._told:
                     continue
+                classes = None
+                if self._judged.get(key) == "rows":
+                    if rows is None:
+                        rows = _normalised_rows(nodes)
+                    if id(node) not in rows or not _class_first(node, key[0]):
+                        continue
+                    classes = key[1][-1]
                 self._told.add(key)
-                self._report(node, key, loc)
+                self._report(node, key, loc, classes)
 
     def _data(self) -> None:
         """Data reshaped in a training module's forward since the last backward: reported with
@@ -250,10 +335,10 @@ class ViewAxesWatcher:
             self.rec.emit_aside(ev.view_axes(shape_in=list(key[0]), shape_out=list(key[1]),
                                              params=pids[:64]), loc)
 
-    def _report(self, node, key, loc) -> None:
+    def _report(self, node, key, loc, classes=None) -> None:
         tensors = self.rec.tensors
         walked = reached(node, _LEAVES, truncate=True)
         pids = sorted(pid for i in walked[1]
                       if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
         self.rec.emit_aside(ev.view_axes(shape_in=list(key[0]), shape_out=list(key[1]),
-                                         params=pids[:64]), loc)
+                                         params=pids[:64], classes=classes), loc)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from ..findings import Severity
 from ..trace import Location
@@ -69,14 +70,37 @@ def _norm_dim_of(text: str) -> int | None:
         return None
 
 
-def normalize_line(a, path: str, dim: int, ndim: int) -> tuple[int, str] | None:
-    """``(line, text)`` of the first normalize / norm call of the file whose literal ``dim``
-    names dimension ``dim`` of an ``ndim``-dimensional tensor; None when there is none."""
-    for line, text, _forward in a.source.calls_named(path, _NORM_CALLS):
-        written = _norm_dim_of(text)
-        if written is not None and written in (dim, dim - ndim):
-            return line, text
+def _with_dim(text: str, dim: int) -> str | None:
+    """One normalize / norm call's source with its literal ``dim`` replaced by ``dim``
+    (``F.normalize(w, dim=0)`` -> ``F.normalize(w, dim=1)``), None when it is not written as a
+    keyword."""
+    try:
+        call = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(call, ast.Call):
+        return None
+    for keyword in call.keywords:
+        if keyword.arg == "dim":
+            keyword.value = ast.Constant(dim)
+            return ast.unparse(call)
     return None
+
+
+def normalize_line(a, path: str, dim: int, ndim: int,
+                   named: str | None = None) -> tuple[int, str] | None:
+    """``(line, text)`` of the first normalize / norm call of the file whose literal ``dim``
+    names dimension ``dim`` of an ``ndim``-dimensional tensor — the first that also names
+    ``named`` (the attribute of the parameter normalised) when one does; None when there is
+    none."""
+    found = [(line, text) for line, text, _forward in a.source.calls_named(path, _NORM_CALLS)
+             if (written := _norm_dim_of(text)) is not None and written in (dim, dim - ndim)]
+    if named:
+        word = re.compile(rf"\b{re.escape(named)}\b")
+        for line, text in found:
+            if word.search(text):
+                return line, text
+    return found[0] if found else None
 
 
 def softmax_line(a, path: str, dim: int, ndim: int) -> tuple[int, str] | None:
@@ -109,7 +133,13 @@ class SoftmaxWrongAxis(Rule):
     which sums over the features, as in a contrastive (InfoNCE, SimCLR, CLIP) loss: each
     feature was scaled over the batch instead of each embedding over its features (also behind
     a learned temperature, `logit_scale.exp() * z1 @ z2.T`). It points at the first
-    normalize / norm call with that `dim`.
+    normalize / norm call with that `dim`. And for cosine similarities, where both operands of
+    the product (`@`, `matmul`, `bmm`, `F.linear` with or without a bias) are divided by their
+    own L2 norm, a weight included: an operand normalised over another axis than the product
+    sums, whichever axis that is (ArcFace's `F.linear(F.normalize(x), F.normalize(W, dim=0))`
+    with W laid out (classes, features); prototypes stored (features, classes) and normalised
+    over the classes before `z @ P`). It then points at the normalisation of that weight (the
+    call that names it, when one does).
 
     ## Why is this bad?
     Attention averages the values with weights that sum to 1 over the keys. Normalised over the
@@ -152,7 +182,10 @@ class SoftmaxWrongAxis(Rule):
     classifier (`F.normalize` of the features and of the weight rows, dim=1), Barlow Twins and
     VICReg (each feature standardised over the batch, then `z1.T @ z2` sums the batch), columns
     L2-normalised over the batch then `z.T @ z`; standardisations (`(z - mean) / std`,
-    BatchNorm) whatever the axis; a parameter normalised (it has no batch);
+    BatchNorm) whatever the axis; a parameter normalised over another axis when the other
+    operand is no unit vector (weight normalisation applied to raw features) or with another
+    norm than L2 (`F.normalize(M, p=1, dim=1)`: a stochastic mixing matrix); a (features,
+    classes) weight normalised over dim 0 for `z @ W`;
     `F.cosine_similarity`. A softmax or normalisation over dim 0 that `samples-mixed-in-batch`
     reports (the batch mixed in the model's forward) is left to it. Not told apart: the same
     bug in a (keys, queries) layout (a softmax over the last axis, the queries, summed over the
@@ -218,12 +251,33 @@ class SoftmaxWrongAxis(Rule):
         ndim = len(shape)
         if dim == 0 and batch_norm:
             return
+        param = e.get("param")
+        named = a.param_name(param).rsplit(".", 1)[-1].split(" ")[0] if param is not None else None
         loc = e.loc
-        line = normalize_line(a, loc.path, dim, ndim) if loc is not None else None
+        line = normalize_line(a, loc.path, dim, ndim, named) if loc is not None else None
         if line is not None:
             loc = Location(loc.path, line[0])
         written = f"`{line[1]}`" if line is not None else "a division by a norm"
         last = summed == ndim - 1
+        if e.get("cosine"):
+            what = f"the weight {a.param_name(param)}" if param is not None else "a tensor"
+            yield self.finding(
+                f"{written} normalises {what} of shape {tuple(shape)} over dimension {dim} "
+                f"(length {shape[dim]}), but the cosine-similarity product it feeds (both "
+                f"operands divided by their norm) sums over dimension {summed} (length "
+                f"{shape[summed]}): the vectors compared along dimension {summed} are not unit "
+                f"vectors, so the products are no cosines. Vectors that happen to be longer "
+                f"score higher whatever their angle, and a scale or margin tuned for cosines in "
+                f"[-1, 1] (ArcFace, CosFace, a contrastive temperature) means something else. "
+                f"The loss still trains, to a worse model",
+                loc, step=a.next_step_number(e.seq),
+                evidence={"shape": shape, "dim": dim, "summed": summed, "op": "normalize",
+                          "cosine": True, "param": param, "params": pids[:16]},
+                fix=(f"normalise over dimension {summed}, the axis the product sums over: "
+                     + (f"`{fixed}`" if line is not None and (fixed := _with_dim(
+                         line[1], -1 if last else summed)) else
+                        f"dim={-1 if last else summed}")))
+            return
         over = " (the batch: each feature is scaled across the samples)" if dim == 0 else ""
         yield self.finding(
             f"{written} normalises a tensor of shape {tuple(shape)} over dimension {dim} "

@@ -86,6 +86,14 @@ class ViewReordersAxes(Rule):
     order, are matched with the call the script made (`Tensor.view`, `Tensor.reshape` and
     `torch.reshape` are watched until then). It points at that call.
 
+    It also finds channel-first scores flattened into rows of classes without moving the classes
+    last: `logits.reshape(-1, C)` of a segmentation network's (N, C, H, W) output (or a frame
+    tagger's (N, C, T)) given to `cross_entropy`. When W is a multiple of C the sizes alone read
+    as a regrouping in memory order, so the graph must show two more things: the reshaped
+    tensor's axis 1 of size C was made by a channel-first op (a convolution, or the
+    normalisation, pooling or upsampling after one) and a softmax or log_softmax (the loss's
+    own) normalises each row of C as a distribution over classes.
+
     ## Why is this bad?
     `view` and `reshape` never move an element: they cut the same memory order into rows of the
     new shape. Viewing (B, T, C) as (B, C, T) does not swap time and channels; each new
@@ -114,9 +122,14 @@ class ViewReordersAxes(Rule):
     (a split and a merge in order); axes of length 1 moved (they hold no order); reshapes of data
     that needs no gradient, in libraries' own code, or not reaching the loss; Transformer-XL's
     relative shift (scores padded with one column, viewed with their last two sizes swapped and
-    sliced: the Music Transformer's skewing). Not told apart: two
+    sliced: the Music Transformer's skewing); scores flattened after `permute(0, 2, 3, 1)` or
+    `movedim(1, -1)`, or given to the loss as (N, C, H, W); channels-last scores whose last axis
+    holds the classes (a Linear head over (N, H, W, F) features, even when H equals C); K heads
+    packed in one Linear's (B, T, K * C) output split into rows of C; channel-first features
+    flattened to rows that no softmax reads. Not told apart: two
     axes of the same length swapped (the shape looks unchanged); a regrouping that happens to
-    have the sizes of a reordering (stacking k frames where T / k equals C) reads as the bug.
+    have the sizes of a reordering (stacking k frames where T / k equals C) reads as the bug;
+    class rows of (N, C, H, W) scores whose width equals C (the sizes cannot tell the class axis).
     When samples-mixed-in-batch reports the same line (the batch axis moved), or
     loss-input-mismatch does (a loss's (N, C, T) scores flattened to rows with `reshape(-1, C)`),
     it is left to them.
@@ -134,15 +147,16 @@ class ViewReordersAxes(Rule):
         mixed_lines = {(str(at[0]), int(at[1])) for d in a.of_kind("dependency")
                        if d.get("mixed") and (at := d.get("op_at"))}
         # a classification loss's (N, C, ...) scores flattened to rows: loss-input-mismatch's
-        rows_lines = {(str(d.loc.path), d.loc.line) for d in a.of_kind("loss_input")
-                      if d.get("problem") == "rows" and d.loc is not None}
+        rows = [d for d in a.of_kind("loss_input") if d.get("problem") == "rows"]
+        rows_lines = {(str(d.loc.path), d.loc.line) for d in rows if d.loc is not None}
+        rows_sources = {tuple(d.get("source") or ()) for d in rows}
         for e in a.of_kind("view_axes"):
             pids = [pid for pid in e.get("params") or () if pid in stepped]
             if not pids or e.loc is None:
                 continue  # nothing trained makes the reshaped value
-            if (str(e.loc.path), e.loc.line) in mixed_lines | rows_lines:
-                continue  # the batch axis moved, or a loss's rows cut across its classes
             shape_in, shape_out = tuple(e.get("shape_in") or ()), tuple(e.get("shape_out") or ())
+            if (str(e.loc.path), e.loc.line) in mixed_lines | rows_lines or shape_in in rows_sources:
+                continue  # the batch axis moved, or a loss's rows cut across its classes
             order = axis_order(shape_in, shape_out)
             call = _call(a, e.loc)
             written = f"`{call[0]}`" if call else "a view/reshape"
@@ -157,6 +171,23 @@ class ViewReordersAxes(Rule):
             else:
                 fix = ("reorder the axes with transpose/permute (then reshape if axes are merged "
                        "or split); view/reshape alone keeps the memory order")
+            classes = e.get("classes")
+            if classes:
+                yield self.finding(
+                    f"{written} flattens channel-first scores of shape {shape_in} into rows of "
+                    f"{classes} ({shape_out}) that are normalised as class distributions, but "
+                    f"view/reshape moves no element: each row is {classes} consecutive values of "
+                    f"the last axis, the scores of one class at {classes} neighbouring "
+                    f"positions, not the {classes} class scores of one position. The labels are "
+                    f"matched with the wrong numbers, so {a.names(pids)} are trained towards "
+                    f"noise. Nothing fails because the shapes agree",
+                    e.loc, step=a.next_step_number(e.seq),
+                    evidence={"shape_in": list(shape_in), "shape_out": list(shape_out),
+                              "order": order, "classes": classes, "params": pids[:16]},
+                    fix=fix if call and order else
+                    f"move the class axis last before flattening: scores.movedim(1, -1)"
+                    f".reshape(-1, {classes}) (or give the loss the (N, C, ...) scores unflattened)")
+                continue
             yield self.finding(
                 f"{written} turns a tensor of shape {shape_in} into {shape_out}: the same sizes "
                 f"in another order, but view/reshape moves no element, it cuts the memory order "
