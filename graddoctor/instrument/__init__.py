@@ -38,6 +38,7 @@ from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
 from .modes import ModeWatcher
+from .lategrads import LateGradWatcher
 from .naming import ParamNamer
 from .optim import OptimizerWatcher
 from .patcher import Patcher
@@ -279,6 +280,9 @@ class Instrumentation:
         # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
         self.copies = CopyWatcher(rec, self.optimizers.owned_pids())  # the step topics while it has work
         self.watchers.append(self.copies)
+        # parameters unfrozen after the graph walks, whose gradients no optimizer owns
+        # (param-not-in-optimizer): swept at the first steps, then at doubling counts
+        self.watchers.append(LateGradWatcher(rec))
         # where the parameters that never get a gradient are used (param-without-grad)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
         self.watchers.append(self.idle)
