@@ -76,6 +76,8 @@ class OptimizerAttributeHyperparameter(Rule):
         a scheduler that scales the groups' current lr (for the others the fix is no edit)."""
         cst = src.cst
         attr, key = finding.evidence.get("attribute"), finding.evidence.get("key")
+        if finding.evidence.get("defaults"):
+            return self._defaults_autofix(finding, src, key)
         scheduler = finding.evidence.get("scheduler")
         if scheduler is not None and scheduler not in CHAINED:
             return Autofix(title="", safety=self.fix_safety, refused=(
@@ -96,6 +98,26 @@ class OptimizerAttributeHyperparameter(Rule):
         line, col, end_line, end_col = src.span(assign)
         text = (f"for group in {owner}.param_groups:\n{indent}    group[\"{key}\"] = "
                 f"{src.code(assign.value)}")
+        return self.edit(f'set "{key}" in every param group of {owner}',
+                         Edit(src.path, line, col, end_line, end_col, text))
+
+    def _defaults_autofix(self, finding, src, key):
+        """``opt.defaults["lr"] *= 0.1`` -> ``for group in opt.param_groups: group["lr"] *=
+        0.1`` (``opt.defaults.update(...)`` -> ``group.update(...)``): the same statement, on
+        each param group instead of the defaults."""
+        s = src.statement_at(finding.location.line)
+        if s is None or len(s.node.body) != 1:
+            return None
+        statement = s.node.body[0]
+        code = src.code(statement)
+        found = re.search(r"([A-Za-z_][\w.]*)\.defaults\b", code)
+        if found is None or "\n" in code:
+            return None
+        owner = found.group(1)
+        indent = src.indent(s)
+        line, col, end_line, end_col = src.span(statement)
+        text = (f"for group in {owner}.param_groups:\n{indent}    "
+                f"{code.replace(owner + '.defaults', 'group')}")
         return self.edit(f'set "{key}" in every param group of {owner}',
                          Edit(src.path, line, col, end_line, end_col, text))
 
