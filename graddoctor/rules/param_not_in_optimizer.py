@@ -209,14 +209,14 @@ class ParamNotInOptimizer(Rule):
         they, them = ("it", "it") if one else ("they", "them")
         cls = a.optimizer_class(construction["opt"]) or "optimizer"
         return self.finding(
-            f"{a.names(pids)} {'receives' if one else 'receive'} gradients once training is under "
-            f"way (seen from update {update}), but no optimizer owns {them}: the {cls} built here took the parameters that "
-            f"trained then, and {they} {'was' if one else 'were'} frozen (or unused) at that "
-            f"time and never added once unfrozen, so {they} never {'trains' if one else 'train'}",
+            f"{a.names(pids)} {'receives' if one else 'receive'} gradients (seen from update "
+            f"{update}) but no optimizer owns {them}: the {cls} built here did not take {them} "
+            f"(left out, or frozen when it read its parameter list and unfrozen since without "
+            f"being added), so {they} never {'trains' if one else 'train'}",
             construction.loc,
             related=(related(first, "the first backward that gives them gradients"),),
-            fix=(f"when you unfreeze {them}, add {them} to the optimizer "
-                 "(optimizer.add_param_group({\"params\": [...], \"lr\": ...})), or build the "
+            fix=(f"add {them} to the optimizer (when you unfreeze {them}: "
+                 "optimizer.add_param_group({\"params\": [...], \"lr\": ...})), or build the "
                  "optimizer over every parameter (model.parameters()): it skips the frozen ones "
                  "while they have no gradient"),
             fixes={},
