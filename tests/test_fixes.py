@@ -71,6 +71,9 @@ NO_EDIT = {
     "bad_accumulation_split_between_branches_undivided.py",
     # scheduler.learning_rate on a LambdaLR: base_lrs, the groups or a new scheduler, a choice
     "bad_scheduler_learning_rate_attribute.py",
+    # a part unfrozen after the optimizer was built over the trainable ones: add_param_group at
+    # the unfreeze (at which lr?) or an optimizer over every parameter, a choice
+    "bad_param_not_in_optimizer_unfrozen_later.py", "bad_param_not_in_optimizer_unfrozen_in_function.py",
 }
 
 

@@ -86,3 +86,21 @@ def test_a_group_added_later_is_judged_with_its_own_lr():
         t.step(line=9)
     f = only(t, SLUG)  # the first group (lr 0.1 x 1.0), not the added one (1e-3 x 1.0)
     assert "at lr 0.1" in f.message and len(f.evidence["settings"]) == 1
+
+
+def test_a_weight_decay_in_sgds_dampening_is_a_warning():
+    for hyper in ({"momentum": 0.9, "dampening": 1e-4, "weight_decay": 0},
+                  {"momentum": 0, "dampening": 5e-4, "weight_decay": 0}):
+        f = only(_run("SGD", [hyper]), SLUG)
+        assert f.severity is Severity.WARNING and f.evidence["settings"] == ["dampening"]
+        assert "weight_decay=" in f.fix and "by keyword" in f.fix
+
+
+def test_dampenings_that_are_meant_are_silent():
+    for hyper in ({"momentum": 0.9, "dampening": 0, "weight_decay": 5e-4},
+                  {"momentum": 0.9, "dampening": 0.9, "weight_decay": 0},
+                  {"momentum": 0.9, "dampening": 0.1, "weight_decay": 0},
+                  {"momentum": 0.5, "dampening": 0.005, "weight_decay": 1e-4}):
+        assert findings(_run("SGD", [hyper]), SLUG) == []
+    # another optimizer's small setting of that name is not SGD's dampening
+    assert findings(_run("RMSprop", [{"momentum": 0.9, "dampening": 1e-4, "alpha": 0.99}]), SLUG) == []

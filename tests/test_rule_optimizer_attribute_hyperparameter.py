@@ -235,3 +235,50 @@ def test_the_scheduler_descriptors_are_gone_after_the_run():
     record(lambda: None)
     assert "lr" not in torch.optim.lr_scheduler.LRScheduler.__dict__
     assert "learning_rate" not in torch.optim.lr_scheduler.LRScheduler.__dict__
+
+
+# -- writes into the optimizer's defaults ----------------------------------------------------
+
+def test_a_write_into_defaults_is_a_warning_unless_a_group_is_added_after_it():
+    t = builder("AdamW")
+    updates(t, 2)
+    attr(t, name='defaults["lr"]')
+    updates(t, 3)
+    f = only(t, SLUG)
+    assert f.location.line == 5 and f.evidence["defaults"] is True
+    assert "writes the AdamW optimizer's defaults" in f.message
+
+    t = builder("AdamW")
+    updates(t, 2)
+    attr(t, name='defaults["lr"]')
+    t.optimizer(0, [2], line=6)  # add_param_group: the new group takes the defaults' lr
+    updates(t, 3)
+    assert findings(t, SLUG) == []
+
+
+def test_the_watcher_records_defaults_writes_and_keeps_the_attribute_check():
+    import copy
+    import pickle
+
+    model = nn.Linear(3, 1)
+    kept = {}
+
+    def script():
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt.defaults["lr"] = 0.01  # mark: defaults
+        opt.defaults.update(momentum=0.5)  # mark: update
+        opt.defaults["momentum"] = 0.5  # another line writing it: told there too
+        opt.defaults["lr"] = 0.1  # what the groups hold: not told
+        opt.lr = 0.02  # mark: attribute
+        kept.update(copied=type(copy.deepcopy(opt.defaults)), shallow=type(copy.copy(opt.defaults)),
+                    pickled=type(pickle.loads(pickle.dumps(opt.defaults))), opt=opt)
+
+    made = record(script)
+    assert [(e["name"], e["value"], e.loc.line) for e in made] == [
+        ('defaults["lr"]', 0.01, line_of("# mark: defaults")),
+        ('defaults["momentum"]', 0.5, line_of("# mark: update")),
+        ('defaults["momentum"]', 0.5, line_of("another line writing it")),
+        ("lr", 0.02, line_of("# mark: attribute"))]  # still seen with the defaults watched
+    assert kept["copied"] is dict and kept["shallow"] is dict and kept["pickled"] is dict
+    assert type(kept["opt"].defaults) is dict  # put back when the instrumentation is removed
+    assert kept["opt"].defaults["lr"] == 0.1

@@ -286,3 +286,25 @@ def test_one_step_is_not_enough_to_call_it_a_copy():
     _on_copy(t, ["ema.0.weight"], ["net.0.weight"], steps=1)
     f, = findings(t, SLUG)
     assert f.evidence.get("cause") != "optimizer-on-copy"
+
+
+def test_parameters_first_written_after_steps_are_told_as_unfrozen_after_the_optimizer():
+    # gradual unfreezing: param 2 gets its first gradient at the third update, after the
+    # optimizer was built over the parameters trainable then
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=2)
+    for i in range(4):
+        t.clear([0, 1], line=5)
+        t.backward(fresh=[0, 1, *([2] if i >= 2 else [])], line=6)
+        t.step(0, line=7)
+    f, = findings(t, SLUG)
+    assert f.location.line == 2
+    assert f.evidence["cause"] == "gradients-after-optimizer" and f.evidence["update"] == 3
+    assert "add_param_group" in f.fix
+
+
+def test_parameters_written_from_the_first_update_keep_the_plain_finding():
+    t = TraceBuilder()
+    _loop(t, extra=[2])
+    f, = findings(t, SLUG)
+    assert "cause" not in f.evidence

@@ -39,7 +39,9 @@ from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
 from .modes import ModeWatcher
+from .lategrads import LateGradWatcher
 from .naming import ParamNamer
+from .optdefaults import DefaultsWatcher
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
@@ -293,6 +295,12 @@ class Instrumentation:
         # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
         self.copies = CopyWatcher(rec, self.optimizers.owned_pids())  # the step topics while it has work
         self.watchers.append(self.copies)
+        # hyper-parameters written into an optimizer's defaults, which its step never reads
+        # (optimizer-attribute-hyperparameter)
+        self.watchers.append(DefaultsWatcher(rec))
+        # parameters unfrozen after the graph walks, whose gradients no optimizer owns
+        # (param-not-in-optimizer): swept at the first steps, then at doubling counts
+        self.watchers.append(LateGradWatcher(rec))
         # where the parameters that never get a gradient are used (param-without-grad)
         rec.subscribe(STEPPED_WITHOUT_GRAD, self.idle.after_step)
         self.watchers.append(self.idle)

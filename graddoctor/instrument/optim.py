@@ -1183,7 +1183,7 @@ class OptimizerWatcher:
                 defaults = attrs.get("defaults")
                 # constructed (torch's own __init__ sets its attributes before param_groups)
                 # and a hyper-parameter: anything else costs these lookups only
-                if "param_groups" in attrs and type(defaults) is dict and key in defaults:
+                if "param_groups" in attrs and isinstance(defaults, dict) and key in defaults:
                     watcher._attribute_set(optimizer, name, key, value)
             except Exception as exc:
                 watcher.rec.internal_error("optimizer attribute", exc)

@@ -11,6 +11,10 @@ _MOMENTUM = frozenset({"SGD", "RMSprop"})
 # the update not normalised: SGD's L2 term and the decoupled decay of AdamW
 _DECAY = frozenset({"SGD", "AdamW"})
 
+# SGD's dampening at or below this, with no weight decay: a decay (1e-4, 5e-4) that went into
+# dampening, the fourth positional argument; real dampenings are 0 or near the momentum
+_DAMPENING_AS_DECAY = 0.01
+
 _DECAY_STRONG = 0.1  # lr * weight_decay: every weight shrinks by 10% per step or more
 
 
@@ -32,7 +36,10 @@ class HyperparameterOutOfRange(Rule):
     `momentum` of 1 or more (SGD, RMSprop), SGD's `dampening` of 1 or more, RMSprop's
     smoothing `alpha` of 1 or more, and a weight decay that shrinks every weight by 10% or
     more at each step (`lr × weight_decay ≥ 0.1` for SGD and AdamW, whose decay multiplies
-    the weights by `1 - lr × weight_decay`). It points at the optimizer's construction.
+    the weights by `1 - lr × weight_decay`), and SGD's `dampening` at a weight decay's size
+    (above 0, at most 0.01) with no weight decay: `SGD(params, 0.1, 0.9, 1e-4)` puts the decay
+    meant by the fourth positional value into `dampening`. It points at the optimizer's
+    construction.
 
     ## Why is this bad?
     torch checks only that these numbers are not negative (and that Adam's betas are below 1),
@@ -60,14 +67,17 @@ class HyperparameterOutOfRange(Rule):
     The betas of GANs and reinforcement learning (`(0.5, 0.999)`, `(0.0, 0.99)`, `(0.9, 0.9)`),
     Nesterov momentum 0.9 or 0.99, AdamW with `weight_decay=0.1` or 1 at a small lr, SGD's
     `weight_decay=5e-4`, TensorFlow-style RMSprop with `eps=1`, and optimizers of the
-    script's own (their update rule is unknown).
+    script's own (their update rule is unknown); SGD's positional arguments in their order
+    (`SGD(params, 0.01, 0.9, 0, 5e-4)`), Lua-style `dampening` equal to the momentum, a small
+    dampening next to a weight decay that is set.
     """
 
     code = "GD131"
     slug = "hyperparameter-out-of-range"
     severity = Severity.WARNING
     summary = ("an optimizer is built with a setting outside the range its update rule works in "
-               "(Adam's betas swapped, momentum ≥ 1, lr × weight_decay ≥ 0.1)")
+               "(Adam's betas swapped, momentum ≥ 1, lr × weight_decay ≥ 0.1, a weight decay in "
+               "SGD's dampening)")
     fix = "give the optimizer a setting inside its update rule's range"
 
     def check(self, a):
@@ -126,6 +136,17 @@ class HyperparameterOutOfRange(Rule):
                     "the buffer takes (1 - dampening) of each new gradient: none after the first "
                     "step" + (", or its opposite" if dampening > 1 else ""),
                     "dampening=0 (the default)")
+        decay = hyper.get("weight_decay")
+        if (cls == "SGD" and dampening is not None and 0 < dampening <= _DAMPENING_AS_DECAY
+                and not decay):
+            return (Severity.WARNING, "dampening", f"dampening={_g(dampening)} with weight_decay=0",
+                    "a dampening that small changes nearly nothing, and it is the size of a "
+                    "weight decay: SGD's arguments are (params, lr, momentum, dampening, "
+                    "weight_decay), so a decay given as the fourth positional value (or under "
+                    "dampening's name) lands in dampening and the model trains with no weight "
+                    "decay",
+                    f"weight_decay={_g(dampening)} by keyword (SGD(params, lr=..., momentum=..., "
+                    f"weight_decay={_g(dampening)})), dampening left at 0")
         alpha = hyper.get("alpha")
         if cls == "RMSprop" and alpha is not None and alpha >= 1:
             return (Severity.ERROR, "alpha", f"alpha={_g(alpha)}",
@@ -133,7 +154,6 @@ class HyperparameterOutOfRange(Rule):
                     "it stays 0 (each step is the gradient divided by eps)" if alpha == 1
                     else "the running average of squared gradients turns negative (NaN steps)",
                     "alpha below 1 (0.99 by default); the lr is RMSprop's second argument")
-        decay = hyper.get("weight_decay")
         if cls in _DECAY and decay:
             lr = self._lr(a, opt, init_event, group, index)
             if strong_decay(cls, lr, decay):

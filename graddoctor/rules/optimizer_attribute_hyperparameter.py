@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from ..findings import Autofix, Edit, Safety, Severity
 from .base import Rule, related
 
@@ -14,13 +16,17 @@ class OptimizerAttributeHyperparameter(Rule):
     Finds a hyper-parameter of a torch.optim optimizer set as an attribute of the optimizer
     object (`optimizer.lr = 1e-4`, `optimizer.momentum = 0.5`, `optimizer.weight_decay = 0`,
     `optimizer.betas = (0.5, 0.999)`, `optimizer.learning_rate = ...`), or the learning rate
-    set as an attribute of a torch LR scheduler (`scheduler.lr = 1e-4`), when the optimizer
-    steps after it.
+    set as an attribute of a torch LR scheduler (`scheduler.lr = 1e-4`), or written into the
+    optimizer's `defaults` after it was built (`optimizer.defaults["lr"] = 1e-4`,
+    `optimizer.defaults["lr"] *= 0.1`, `optimizer.defaults.update(weight_decay=0)`), when the
+    optimizer steps after it with another value in its param groups.
 
     ## Why is this bad?
     PyTorch's optimizers keep their hyper-parameters per parameter group and read
     `optimizer.param_groups[i]["lr"]` at every step, never an attribute of the optimizer;
     torch's schedulers write the lr into those groups and read no `lr` attribute either.
+    `defaults` is copied into a param group only when the group is added (at construction or
+    by `add_param_group`), never read by the step.
     The assignment creates a new attribute nobody reads: it raises no error, and training goes
     on with the old value (a learning rate meant to drop 100x at epoch 2 stays where it was).
     An optimizer or scheduler class of your own that reads `self.lr` is not judged.
@@ -48,7 +54,10 @@ class OptimizerAttributeHyperparameter(Rule):
     The learning rate changed through every param group (and a scheduler's `base_lrs`);
     bookkeeping attributes that are no hyper-parameter; an optimizer class of the script's own
     whose `step` reads the attribute, a scheduler class of its own whose `get_lr` or `step`
-    does; a value the param groups already hold.
+    does; a value the param groups already hold; `defaults` set right before
+    `add_param_group` (the new group takes its values from there), kept in sync after the
+    groups were changed, or read by an optimizer class of the script's own. Not seen: a
+    change made on a copy of a param group (`g = dict(optimizer.param_groups[0])`).
     """
 
     code = "GD113"
@@ -67,6 +76,8 @@ class OptimizerAttributeHyperparameter(Rule):
         a scheduler that scales the groups' current lr (for the others the fix is no edit)."""
         cst = src.cst
         attr, key = finding.evidence.get("attribute"), finding.evidence.get("key")
+        if finding.evidence.get("defaults"):
+            return self._defaults_autofix(finding, src, key)
         scheduler = finding.evidence.get("scheduler")
         if scheduler is not None and scheduler not in CHAINED:
             return Autofix(title="", safety=self.fix_safety, refused=(
@@ -90,7 +101,28 @@ class OptimizerAttributeHyperparameter(Rule):
         return self.edit(f'set "{key}" in every param group of {owner}',
                          Edit(src.path, line, col, end_line, end_col, text))
 
+    def _defaults_autofix(self, finding, src, key):
+        """``opt.defaults["lr"] *= 0.1`` -> ``for group in opt.param_groups: group["lr"] *=
+        0.1`` (``opt.defaults.update(...)`` -> ``group.update(...)``): the same statement, on
+        each param group instead of the defaults."""
+        s = src.statement_at(finding.location.line)
+        if s is None or len(s.node.body) != 1:
+            return None
+        statement = s.node.body[0]
+        code = src.code(statement)
+        found = re.search(r"([A-Za-z_][\w.]*)\.defaults\b", code)
+        if found is None or "\n" in code:
+            return None
+        owner = found.group(1)
+        indent = src.indent(s)
+        line, col, end_line, end_col = src.span(statement)
+        text = (f"for group in {owner}.param_groups:\n{indent}    "
+                f"{code.replace(owner + '.defaults', 'group')}")
+        return self.edit(f'set "{key}" in every param group of {owner}',
+                         Edit(src.path, line, col, end_line, end_col, text))
+
     def check(self, a):
+        told: set[tuple] = set()  # (line, optimizer) of defaults writes told: one finding a line
         for event in a.of_kind("optimizer_attr"):
             opt, cls, name, key = event["opt"], event["cls"], event["name"], event["key"]
             scheduler = event.get("scheduler")
@@ -113,7 +145,28 @@ class OptimizerAttributeHyperparameter(Rule):
             evidence = {"optimizer": cls, "attribute": name, "key": key,
                         "value": event["value"], "param_groups": event["kept"],
                         "steps_after": steps}
-            if scheduler is None:
+            if name.startswith("defaults["):
+                if any(e.seq > event.seq and e["opt"] == opt for e in a.of_kind("optimizer_init")):
+                    continue  # a param group added after it takes its value from the defaults
+                line = (event.loc.path, event.loc.line) if event.loc is not None else None
+                if (line, opt) in told:
+                    continue
+                told.add((line, opt))
+                also = [e["key"] for e in a.of_kind("optimizer_attr")
+                        if e is not event and e["opt"] == opt and e.loc is not None
+                        and (e.loc.path, e.loc.line) == line and e["name"].startswith("defaults[")]
+                owner = _defaults_owner(a, event) or "optimizer"
+                evidence["defaults"] = True
+                evidence["also"] = also
+                message = (f"`{owner}.{name}{value}` writes the {cls} optimizer's defaults, which "
+                           f"its step never reads: torch copies `defaults` into a param group "
+                           f"only when the group is added and steps with "
+                           f"`param_groups[i][\"{key}\"]`, so {cls} keeps stepping with "
+                           f"{stepping} {updates}"
+                           + (f" (and its {', '.join(also)} keeps its group value too)" if also else ""))
+                fix = (f'set it in every param group instead: `for group in '
+                       f'{owner}.param_groups: group["{key}"] = {shown}`')
+            elif scheduler is None:
                 owner = owner or "optimizer"
                 message = (f"`.{name}{value}` sets an attribute on the {cls} optimizer that its "
                            f"step never reads: torch's {cls} reads `param_groups[i][\"{key}\"]`, "
@@ -132,6 +185,15 @@ class OptimizerAttributeHyperparameter(Rule):
             yield self.finding(message, event.loc,
                                related=(related(later[0], f"the next {cls} step"),),
                                evidence=evidence, fix=fix)
+
+
+def _defaults_owner(a, event) -> str | None:
+    """The script's name for the optimizer whose defaults the line writes (`opt.defaults[...]`)."""
+    if event.loc is None:
+        return None
+    text = a.source.line_text(event.loc.path, event.loc.line)
+    found = re.search(r"([A-Za-z_][\w.]*)\.defaults\b", text or "")
+    return found.group(1) if found else None
 
 
 # torch's schedulers that scale the groups' current lr at each step: an lr set in the groups

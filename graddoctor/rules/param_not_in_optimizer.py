@@ -23,7 +23,10 @@ class ParamNotInOptimizer(Rule):
     tensors, which never get a gradient, while the model's, of the same names and shapes, get
     gradients it does not own; pointed at the optimizer, naming the copy, and the rules that
     see its symptoms — param-without-grad, frozen-bn-train-mode, reload-discards-training —
-    leave it to this one), or parameters simply left out of the optimizer. Tensors
+    leave it to this one), parameters frozen when the optimizer was built over the trainable ones
+    (`filter(lambda p: p.requires_grad, model.parameters())`) and unfrozen later without being
+    added to it (gradual unfreezing; pointed at the optimizer, with the update they first got
+    a gradient at), or parameters simply left out of the optimizer. Tensors
     whose values still change between steps (fp16 master weights: the model's gradients are
     copied into an fp32 master the optimizer steps, and the values copied back; a hand-written
     update) train, and are left alone, as are inputs whose gradient is the point (FGSM). When
@@ -67,7 +70,10 @@ class ParamNotInOptimizer(Rule):
     tensor updated by hand; input gradients (FGSM, a gradient penalty: a fresh leaf each
     step); fixed data made with `requires_grad=True`; an EMA teacher or momentum encoder
     (BYOL, MoCo) owned by no optimizer; an optimizer rebuilt over the same parameters;
-    parametrized weights (`weight_norm`, `spectral_norm`, pruning).
+    parametrized weights (`weight_norm`, `spectral_norm`, pruning); gradual unfreezing that
+    adds the unfrozen parameters with `add_param_group`, that rebuilds the optimizer over them,
+    or whose optimizer owned the frozen parameters from the start; a frozen model's
+    `requires_grad` switched on for `torch.autograd.grad` (no `.grad` is written).
     """
 
     code = "GD105"
@@ -178,6 +184,10 @@ class ParamNotInOptimizer(Rule):
                           "cause": "plain-tensor"},
             )
         plain = [pid for pid in left if a.params[pid].get("is_parameter")]
+        late = [pid for pid in plain if a.steps_before(led.first_contribution[pid].seq) > 0]
+        if late:
+            yield self._late(a, late, construction)
+            plain = [pid for pid in plain if pid not in late]
         if plain:
             yield self.finding(
                 (f"{a.names(plain)} receives gradients but no optimizer owns it: it never trains"
@@ -187,6 +197,32 @@ class ParamNotInOptimizer(Rule):
                 related=(related(led.first_contribution[plain[0]], "the backward that gives them gradients"),),
                 evidence={"params": [a.param_name(p) for p in plain], "count": len(plain)},
             )
+
+    def _late(self, a, pids, construction):
+        """Parameters whose first gradient comes after optimizer steps, when every optimizer was
+        built already: frozen (or unused) when their optimizer read its parameter list (the
+        trainable ones, ``filter(lambda p: p.requires_grad, ...)``), unfrozen since and never
+        added to it."""
+        first = min((a.ledger.first_contribution[pid] for pid in pids), key=lambda e: e.seq)
+        update = a.steps_before(first.seq) + 1
+        one = len(pids) == 1
+        they, them = ("it", "it") if one else ("they", "them")
+        cls = a.optimizer_class(construction["opt"]) or "optimizer"
+        return self.finding(
+            f"{a.names(pids)} {'receives' if one else 'receive'} gradients (seen from update "
+            f"{update}) but no optimizer owns {them}: the {cls} built here did not take {them} "
+            f"(left out, or frozen when it read its parameter list and unfrozen since without "
+            f"being added), so {they} never {'trains' if one else 'train'}",
+            construction.loc,
+            related=(related(first, "the first backward that gives them gradients"),),
+            fix=(f"add {them} to the optimizer (when you unfreeze {them}: "
+                 "optimizer.add_param_group({\"params\": [...], \"lr\": ...})), or build the "
+                 "optimizer over every parameter (model.parameters()): it skips the frozen ones "
+                 "while they have no gradient"),
+            fixes={},
+            evidence={"params": [a.param_name(p) for p in pids[:8]], "count": len(pids),
+                      "cause": "gradients-after-optimizer", "update": update},
+        )
 
     def _on_copy(self, a, left: dict):
         """An optimizer built over a copy of the model (an EMA copy, a frozen teacher) instead of

@@ -1,0 +1,114 @@
+"""Parameters that start receiving gradients after the graph walks looked for new leaves.
+
+The backward watcher tracks a parameter no optimizer owns when a walk of a backward's graph
+meets it, and walks a call line's graph at its first backwards, after a parameter registration
+and then at gaps that double up to every 256th call. A parameter frozen when those walks ran
+and unfrozen later (``p.requires_grad = True``: a C attribute, no call to wrap) joins the graph
+unseen until the next periodic walk, which a replay of a few dozen updates may never reach;
+gradual unfreezing after an optimizer built over ``filter(lambda p: p.requires_grad, ...)``
+is then silent.
+
+This watcher needs no walk: the modules the script's frames hold at each optimizer's first step
+(the variables of the stepping frames, one attribute deep into a non-module ``self``) are
+remembered weakly, and after the optimizer steps numbered 1 to ``EVERY_STEP_UNTIL``, then at
+doubling counts, their parameters are swept for one that requires a gradient, holds a
+``.grad`` and is not tracked: a backward wrote it since the walks. It is tracked then, so the
+next backwards read it like any leaf a walk found (the gradient ledger, hand updates, moves)
+and param-not-in-optimizer judges it as it judges the others. Cost: one integer test per step
+between sweeps; a sweep is one pass over the held modules' parameters (attribute reads only,
+no tensor read). A sweep is skipped while another thread's backward runs (autograd writes
+``.grad`` without the GIL).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .names import LiveModules, name_parameters, user_variables
+from .recorder import Recorder
+from .topics import PARAMS_ADDED, STEPPED
+
+EVERY_STEP_UNTIL = 16  # optimizer steps after each of which the modules are swept
+ROOTS_MOST = 64  # modules remembered (the stepping frames' variables)
+
+
+class LateGradWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._roots: list[weakref.ref] = []
+        self._root_ids: set[int] = set()
+        self._rooted: set[int] = set()  # optimizers whose first step gathered modules
+        self._steps = 0
+        self._next = 1
+        rec.subscribe(STEPPED, self.after_step)
+        rec.subscribe(PARAMS_ADDED, self.params_added)
+
+    def install(self, patcher) -> None:  # subscribed at construction
+        pass
+
+    def params_added(self, opt: int, pids) -> None:
+        """``PARAMS_ADDED``: a new optimizer's first step gathers the modules its frames hold."""
+        if opt not in self._rooted:
+            self.rec.resume(STEPPED, self.after_step)
+
+    def after_step(self, opt: int, optimizer) -> None:
+        self._steps += 1
+        if opt not in self._rooted:
+            self._rooted.add(opt)
+            try:
+                self._gather()
+            except Exception as exc:
+                self.rec.internal_error("late gradients: modules", exc)
+        if self._steps < self._next:
+            return
+        self._next = self._steps + 1 if self._steps < EVERY_STEP_UNTIL else self._steps * 2
+        try:
+            self._sweep()
+        except Exception as exc:
+            self.rec.internal_error("late gradients: sweep", exc)
+
+    def _gather(self) -> None:
+        module = torch.nn.Module
+        found = []
+        for name, value in user_variables(self.rec).items():
+            if isinstance(value, module):
+                found.append(value)
+            elif name == "self" and not isinstance(value, type):
+                attrs = getattr(value, "__dict__", None)
+                if isinstance(attrs, dict):  # a trainer object holding its models
+                    found += [inner for inner in list(attrs.values()) if isinstance(inner, module)]
+        for value in found:
+            if len(self._roots) >= ROOTS_MOST:
+                return
+            if id(value) in self._root_ids:
+                continue
+            try:
+                self._roots.append(weakref.ref(value))
+            except TypeError:
+                continue
+            self._root_ids.add(id(value))
+
+    def _sweep(self) -> None:
+        rec = self.rec
+        if rec.others_in_backward():
+            return
+        number = rec.tensors.get
+        seen: set[int] = set()
+        tracked = False
+        for ref in self._roots:
+            root = ref()
+            if root is None:
+                continue
+            for param in root.parameters():
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+                if param.requires_grad and param.grad is not None and number(param) is None:
+                    rec.track(param)
+                    tracked = True
+        if tracked or len(rec.param_names) < len(rec.tensors):
+            # named now, from the stepping frames, while a function's locals hold the model (the
+            # end of the run names from the script's globals): these and those a walk tracked
+            name_parameters(rec, live=LiveModules(scan=False))
