@@ -189,6 +189,9 @@ class ScriptSource:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
 
+    def term_assignment(self, path: str, line: int, name: str) -> tuple[int, str] | None:
+        return term_assignment(self.full(path), line, name)
+
     def line_text(self, path: str, line: int) -> str:
         """The text of that line ("" when it cannot be read)."""
         try:
@@ -3003,3 +3006,53 @@ def call_with_swapped(path: str, line: int, first: int, second: int) -> tuple[st
     args[first], args[second] = args[second], args[first]
     swapped = ast.Call(func=found.func, args=args, keywords=found.keywords)
     return ast.unparse(found), ast.unparse(swapped)
+
+
+def term_assignment(path: str, line: int, name: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the statement that last assigns the plain variable ``name`` above
+    ``line`` in the function (or module) holding ``line`` (``kl = -0.5 * torch.sum(...)`` for the
+    ``kl`` of a loss backpropagated on ``line``). When that statement calls a loss object the
+    file built once with ``reduction=...`` (``aux = aux_crit(logits, y)``), the object's
+    construction instead: the reduction is chosen there. None when there is none or the source
+    cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = _enclosing_function(tree, line)
+    best = None
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue  # another scope
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.lineno <= line:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)
+                     and isinstance(t.ctx, ast.Store)}
+            if name in names and (best is None or node.lineno > best.lineno):
+                best = node
+        todo.extend(ast.iter_child_nodes(node))
+    if best is None:
+        return None
+    built = _reduction_built(tree, best)
+    if built is not None:
+        return built
+    return best.lineno, ast.unparse(best).strip()
+
+
+def _reduction_built(tree: ast.AST, statement: ast.stmt) -> tuple[int, str] | None:
+    """The one assignment of the file that builds the object ``statement`` calls
+    (``crit(...)``) with a ``reduction=`` keyword, or None."""
+    value = getattr(statement, "value", None)
+    if not isinstance(value, ast.Call) or not isinstance(value.func, (ast.Name, ast.Attribute)):
+        return None
+    called = ast.unparse(value.func)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and ast.unparse(node.targets[0]) == called and isinstance(node.value, ast.Call) \
+                and any(k.arg == "reduction" for k in node.value.keywords):
+            found.append(node)
+    if len(found) != 1:
+        return None
+    return found[0].lineno, ast.unparse(found[0]).strip()

@@ -37,6 +37,7 @@ from .losscalls import LossCalls
 from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
+from .batchreduce import BatchReductionWatcher
 from .modes import ModeWatcher
 from .naming import ParamNamer
 from .optim import OptimizerWatcher
@@ -204,6 +205,10 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # one loss term summed over the batch, another averaged over it (loss-terms-mixed-reduction)
+        batch_reduction = BatchReductionWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, batch_reduction.describe_loss)
+        self.watchers.append(batch_reduction)
         # terms of the loss multiplied by 0 at every backward (loss-weight-rounds-to-zero)
         rec.subscribe(DESCRIBE_LOSS, ZeroWeightWatcher(rec).describe_loss)
         # a hand-written squared or absolute error whose target broadcast it to every pair
