@@ -22,7 +22,7 @@ def test_data_outside_the_range():
     assert _mismatch(torch.rand(512).double() * 2 - 1, 0.0, 1.0) == "excludes"
     assert _mismatch(torch.randint(0, 256, (512,)).double(), -1.0, 1.0) == "excludes"
     assert _mismatch(torch.rand(512).double(), 0.0, 1.0) is None
-    assert _mismatch(torch.rand(512).double() * 5, 0.0, float("inf")) is None  # relu: no upper bound
+    assert _mismatch(torch.rand(512).double() * 5, 0.0, float("inf")) is None  # no upper bound
 
 
 class _Rec:
@@ -58,6 +58,7 @@ def test_unbounded_or_rescaled_samples_are_not_judged():
     g, d = nn.Sequential(nn.Linear(2, 4), nn.Tanh()), nn.Linear(4, 1)
     ranges.generated(d, g, (g(torch.randn(8, 2)) + 1) / 2)  # not the activation's range any more
     ranges.generated(d, g, nn.Linear(2, 4)(torch.randn(8, 2)))
+    ranges.generated(d, g, torch.relu(nn.Linear(2, 4)(torch.randn(8, 2))))  # bounded below only
     ranges.plain(d, torch.rand(8, 4))
     assert rec.events == []
 

@@ -8,12 +8,12 @@ data, and its gradients fade there. The same with a ``sigmoid`` generator and da
 
 Fed by ``adversarial.py``'s module hooks (first ``WINDOW`` backwards): each outermost call of a
 module D with parameters either on another module G's output (``generated``: the samples' range
-read from G's output's autograd node, ``losses.bounded_by``: a sigmoid, tanh, softmax, ...
-seen through views) or on data no module made and that needs no gradient (``plain``: the first
-``_VALUES`` values of D's first floating input are kept, for the first ``_PLAIN`` such calls of
+read from G's output's autograd node, ``losses.bounded_by``: a sigmoid, tanh or softmax seen
+through views; an output bounded on one side only, relu's or exp's, is left out) or on data no
+module made and that needs no gradient (``plain``: the first ``_VALUES`` values of D's first floating input are kept, for the first ``_PLAIN`` such calls of
 D). Once D has had both, with inputs of one shape past the batch axis, the data is judged
-against the samples' range: a quarter or more of its values outside it (``excludes``), or, for
-a finite range, every value in one half of it while the range is split by 0 and the data
+against the samples' range: a quarter or more of its values outside it (``excludes``), or
+every value in one half of it while the range is split by 0 and the data
 spans more than a quarter of it (``half``: [0, 1] data under a tanh). A ``sample_range`` aside
 event tells it once per D, at D's call on the data, with the name the calling frame binds the
 data to (for the rule to follow to its scaling).
@@ -70,8 +70,8 @@ class SampleRange:
         if key in self._told or key in self._generated:
             return
         bound = bounded_by(getattr(sample, "grad_fn", None))
-        if bound is None or sample.dim() < 2:
-            return
+        if bound is None or bound[2] == float("inf") or sample.dim() < 2:
+            return  # an output bounded on one side only (relu, exp): a feature map, not samples
         if len(self._generated) >= _MODULES:
             return
         self._generated[key] = (*bound, tuple(sample.shape[1:]), type(producer).__name__)
