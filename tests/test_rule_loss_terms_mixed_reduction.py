@@ -31,14 +31,20 @@ def test_sum_divided_by_batch_size_is_averaged():
     h = _activations()
     loss = F.mse_loss(h, torch.zeros_like(h)) + 4.0 * h.pow(2).sum() / h.size(0)
     assert mixed_terms(loss.grad_fn) is None
-    loss = F.mse_loss(h, torch.zeros_like(h)) + h.abs().sum() * (1.0 / h.size(0))
-    assert mixed_terms(loss.grad_fn) is None
 
 
 def test_weight_alone_normalises_nothing():
     h = _activations()
     loss = F.mse_loss(h, torch.zeros_like(h)) + 0.3 * h.pow(2).sum() / 2  # a weight, and 2 of 8
     assert mixed_terms(loss.grad_fn) is not None
+    loss = h.pow(2).sum() + 0.125 * h.abs().sum()  # 1/8 of a batch of 8: still a weight
+    assert mixed_terms(loss.grad_fn) is None
+
+
+def test_mean_over_pairs_is_not_a_mean_over_samples():
+    h = _activations()
+    kernel = torch.exp(-torch.cdist(h, h))  # (8, 8)
+    assert mixed_terms((h.pow(2).sum() + kernel.mean()).grad_fn) is None
 
 
 def test_both_summed_or_both_averaged_is_silent():
@@ -97,3 +103,14 @@ def test_term_assignment_points_at_the_summed_term_or_its_criterion(tmp_path):
     assert term_assignment(str(script), 7, "kl")[0] == 4
     assert term_assignment(str(script), 7, "aux")[0] == 2
     assert term_assignment(str(script), 7, "missing") is None
+
+
+def test_computed_counts_and_normalised_weights_are_not_sums_over_the_batch():
+    h = _activations()
+    mean_term = F.mse_loss(h, torch.zeros_like(h))
+    mask = (torch.rand(8, 5) > 0.3).float()
+    assert mixed_terms((mean_term + (h * mask).sum() / mask.sum()).grad_fn) is None
+    w = torch.softmax(torch.randn(8, 1), 0).expand(8, 5) / 5  # weights adding up to 1
+    assert mixed_terms((mean_term + (w * h).sum()).grad_fn) is None
+    advantage = torch.randn(8, 5)  # weights of their own: still a sum over the batch
+    assert mixed_terms((mean_term + (advantage * h).sum()).grad_fn) is not None

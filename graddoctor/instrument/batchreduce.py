@@ -43,6 +43,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import saved
+from .lossfactor import python_number
 from .lossterms import LossGraphReader
 
 _NODES = 256  # nodes of the loss's additive top walked
@@ -70,14 +71,13 @@ def _shape_of(node, output: int = 0) -> tuple | None:
 
 
 def _constant(node, name: str) -> float | None:
-    """A constant a product or quotient saved (a Python number, a 0-d CPU tensor), or None."""
+    """A Python number a product or quotient saved (``/ x.size(0)``, ``* 0.5``), or None: a
+    0-d tensor the script computed (``/ mask.sum()``, ``/ num_items``) is a count of its own,
+    whose relation to the batch is not known."""
     value = saved(node, name)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type == "cpu" \
-            and not value.requires_grad and not value.is_complex():
-        return float(value.item())
-    return None
+    return python_number(value)
 
 
 def _axis_after_view(before: tuple, after: tuple) -> bool:
@@ -121,6 +121,22 @@ def _loss_reduction(node) -> str | None:
     if isinstance(reduction, bool) or not isinstance(reduction, int):
         return None
     return {1: "mean", 2: "sum"}.get(reduction)
+
+
+def _weighted(value, name: str) -> str:
+    """"mean" for a sum of values multiplied by weights that the script computed and that add up
+    to 1 (``(softmax(scores.detach(), 0) * per_sample).sum()``: a weighted mean), else "sum"."""
+    if type(value).__name__ != "MulBackward0":
+        return "sum"
+    children = _children(value)
+    if len(children) != 1:
+        return "sum"
+    weights = saved(value, "_saved_other" if children[0][0] == 0 else "_saved_self")
+    if not isinstance(weights, torch.Tensor) or weights.dim() == 0 or weights.requires_grad \
+            or not weights.is_floating_point():
+        return "sum"
+    total = float(weights.detach().sum())
+    return "mean" if abs(total - 1.0) < 1e-3 else "sum"
 
 
 def _batch_reduction(top) -> tuple[object, str, int] | None:
@@ -171,7 +187,7 @@ def _batch_reduction(top) -> tuple[object, str, int] | None:
                 return None  # the batch axis moved: not followed
             current = after
             continue
-        kind = "mean" if name in _MEANS else "sum"
+        kind = "mean" if name in _MEANS else _weighted(value, name)
         if name.endswith("Backward0"):  # a full reduction takes every axis, the batch's too
             return value, kind, n
         dims = saved(node, "_saved_dim")
@@ -191,13 +207,10 @@ def _batch_reduction(top) -> tuple[object, str, int] | None:
 
 
 def _divides_by(name: str, value: float) -> float:
-    """What a quotient or product by a constant divides the term by: the divisor of a quotient;
-    for a product, the reciprocal when it is a whole number (``* (1 / batch_size)``), else 1 (a
-    weight such as ``beta * kl`` normalises nothing)."""
-    if name.startswith("Div"):
-        return abs(value)
-    reciprocal = 1.0 / abs(value)
-    return reciprocal if reciprocal >= 2 and abs(reciprocal - round(reciprocal)) < 1e-6 else 1.0
+    """What a quotient or product by a constant divides the term by: a quotient's divisor; a
+    product divides by nothing (``beta * kl``, ``5e-3 * off_diagonal``: weights, whatever their
+    reciprocal)."""
+    return abs(value) if name.startswith("Div") else 1.0
 
 
 def _top_terms(root, limit: int = _NODES) -> list[Term]:
@@ -238,6 +251,12 @@ def _top_terms(root, limit: int = _NODES) -> list[Term]:
     return terms
 
 
+def _pairwise(value) -> bool:
+    """Is the reduced value an (N, N) matrix (pairs of samples)?"""
+    shape = _shape_of(value)
+    return shape is not None and len(shape) == 2 and shape[0] == shape[1]
+
+
 def _per_sample_nodes(value, n: int, limit: int = _BELOW) -> set:
     """The nodes below ``value`` (itself included) whose output has ``n`` rows, parameters'
     leaves left out."""
@@ -262,7 +281,8 @@ def mixed_terms(root) -> tuple[Term, Term] | None:
     """``(summed term, averaged term)`` of the loss at ``root`` (see the module's docs), or None."""
     terms = _top_terms(root)
     summed = [t for t in terms if not t.averaged]
-    averaged = [t for t in terms if t.averaged]
+    # a mean over an (N, N) matrix (a kernel's, a similarity's) is one over pairs of samples
+    averaged = [t for t in terms if t.averaged and not _pairwise(t.value)]
     for s in summed:
         below = None
         for a in averaged:

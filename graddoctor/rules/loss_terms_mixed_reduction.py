@@ -45,7 +45,11 @@ class LossTermsMixedReduction(Rule):
     then averaged over the batch (`kl.sum(1).mean()`); penalties on parameters
     (`sum(p.pow(2).sum() ...)`, even when a weight has as many rows as the batch); sums over
     other axes (a covariance's feature pairs); terms with no per-sample activation in common
-    (real and fake batches of a discriminator, each averaged).
+    (real and fake batches of a discriminator, each averaged); a sum divided by a count the
+    script computed (`/ mask.sum()`, `/ num_items_in_batch`); a sum of values times weights
+    that add up to 1 (a weighted mean); a mean over an (N, N) matrix of pairs (an MMD kernel).
+    A product by a constant is read as a weight, never as a division by the batch size:
+    `kl.sum() * (1 / batch_size)` is taken for a sum.
     """
 
     code = "GD182"
