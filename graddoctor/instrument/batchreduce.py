@@ -16,8 +16,11 @@ and quotients by constants: ``_top_terms``). Each scalar term found there is a r
 *batch axis* is axis 0 of the value that chain reduces (the per-element value, shape (N, ...)),
 followed up the chain through the views that keep or merge it (``(B, T, V) -> (B*T, V)``); it is
 *averaged* when a mean reduces it or when constants the term is divided by hold a multiple of N
-(``.sum() / x.size(0)``, ``.sum() / x.numel()``, ``reduction="batchmean"``), *summed* when a sum
-reduces it and nothing divides by N. A term of each kind is reported (a ``batch_reduction``
+(``.sum() / x.size(0)``, ``.sum() / x.numel()``, ``reduction="batchmean"``) or weights that
+add up to 1 multiply it (a weighted mean), *summed* when a sum reduces it and nothing divides by
+N. A product by a constant is a weight (``beta * kl``), never a divisor; a quotient by a count
+the script computed (``/ mask.sum()``) ends the walk: that term is not judged. A mean over an
+(N, N) matrix (a kernel's pairs) is not taken for a mean over samples. A term of each kind is reported (a ``batch_reduction``
 aside event) when
 
 * the summed term's N is at least 2 and the averaged term's N is a multiple of it (the same
