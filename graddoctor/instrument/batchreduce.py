@@ -20,8 +20,8 @@ followed up the chain through the views that keep or merge it (``(B, T, V) -> (B
 add up to 1 multiply it (a weighted mean), *summed* when a sum reduces it and nothing divides by
 N. A product by a constant is a weight (``beta * kl``), never a divisor; a quotient by a count
 the script computed (``/ mask.sum()``) ends the walk: that term is not judged. A mean over an
-(N, N) matrix (a kernel's pairs) is not taken for a mean over samples. A term of each kind is reported (a ``batch_reduction``
-aside event) when
+(N, N) matrix (a kernel's pairs) is not taken for a mean over samples. A term of each kind is
+reported (a ``batch_reduction`` aside event) when
 
 * the summed term's N is at least 2 and the averaged term's N is a multiple of it (the same
   samples, or their tokens), and
