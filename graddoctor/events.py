@@ -740,6 +740,24 @@ noise_redrawn      fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), params
                    the model's forward ended — a fresh noise the model never saw (a diffusion
                    loss's noise drawn again) — at one of the first 3 backwards' losses, once per
                    call line (loc: the loss call; an aside; instrument/redrawn.py)
+batch_reduction    summed, averaged (how each term reduces its batch axis: "sum", "mean",
+                   "MseLoss(reduction=sum)"), batch (N: the summed term's rows), averaged_rows
+                   (the averaged term's rows: N, or N times the tokens of each sample),
+                   summed_name, averaged_name (the backward frame's variables bound to each term,
+                   or None): two terms of a backward's loss, computed from one per-sample
+                   activation, one summed over the batch and one averaged over it — their
+                   balance changes with the batch size — at the first 3 backwards of each
+                   backward line, once per line (loc: the backward; an aside;
+                   instrument/batchreduce.py)
+sample_range       critic, generator (the two modules' class names), activation, low, high (the
+                   range the generator's output activation bounds its samples to; high None for
+                   unbounded above), data_min, data_max (of the data the critic was given),
+                   outside (the data's share outside the range), how (excludes: a quarter or
+                   more outside; half: the data in one half of a range split by 0), name (the
+                   calling frame's variable bound to the data, or None): a module compared a
+                   generator's bounded samples with data on another range — at the first 8
+                   backwards, once per critic (loc: the critic's call on the data; an aside;
+                   instrument/samplerange.py)
 loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward0``,
                    ``PowBackward0``), params [pid] (tracked tensors its argument reaches), line
                    (the backward's line): a backward's loss holds a term -c * exp(v) or -c * v**2
@@ -1687,6 +1705,20 @@ def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
     return "noise_redrawn", {"fn": fn, "params": params, "numel": numel}
 
 
+def batch_reduction(*, summed: str, averaged: str, batch: int, averaged_rows: int,
+                    summed_name: str | None, averaged_name: str | None) -> Made:
+    return "batch_reduction", {"summed": summed, "averaged": averaged, "batch": batch,
+                               "averaged_rows": averaged_rows, "summed_name": summed_name,
+                               "averaged_name": averaged_name}
+
+
+def sample_range(*, critic: str, generator: str, activation: str, low: float, high: float | None,
+                 data_min: float, data_max: float, outside: float, how: str, name: str | None) -> Made:
+    return "sample_range", {"critic": critic, "generator": generator, "activation": activation,
+                            "low": low, "high": high, "data_min": data_min, "data_max": data_max,
+                            "outside": outside, "how": how, "name": name}
+
+
 def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = None) -> Made:
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
@@ -1729,7 +1761,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "grad_graph_unused": grad_graph_unused,
-    "loss_unbounded": loss_unbounded, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
+    "loss_unbounded": loss_unbounded, "batch_reduction": batch_reduction,
+    "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "softmax_batch": softmax_batch,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
@@ -1777,7 +1810,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "grad_graph_unused", "loss_unbounded", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "grad_graph_unused", "loss_unbounded", "batch_reduction", "sample_range", "advantage_grad",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -98,6 +98,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "autograd/bad_grad_graph_unused_penalty.py",  # grad_graph_unused
             "losses/bad_loss_compares_with_itself_bpr.py",  # same_compared
             "losses/bad_loss_unbounded_kl_sign.py",  # loss_unbounded
+            "losses/bad_mixed_reduction_betavae.py",  # batch_reduction
+            "data/bad_gan_range_unit_data_tanh.py",  # sample_range
             "losses/bad_kl_weight_integer_division.py",  # zero_weight
             "losses/bad_label_smoothing_confidence.py",  # smoothing_high
             "losses/bad_advantage_not_detached_a2c.py",  # advantage_grad

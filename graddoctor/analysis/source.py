@@ -189,6 +189,12 @@ class ScriptSource:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
 
+    def term_assignment(self, path: str, line: int, name: str) -> tuple[int, str] | None:
+        return term_assignment(self.full(path), line, name)
+
+    def value_origin(self, path: str, line: int, name: str) -> tuple[int, str] | None:
+        return value_origin(self.full(path), line, name)
+
     def line_text(self, path: str, line: int) -> str:
         """The text of that line ("" when it cannot be read)."""
         try:
@@ -3003,3 +3009,112 @@ def call_with_swapped(path: str, line: int, first: int, second: int) -> tuple[st
     args[first], args[second] = args[second], args[first]
     swapped = ast.Call(func=found.func, args=args, keywords=found.keywords)
     return ast.unparse(found), ast.unparse(swapped)
+
+
+def term_assignment(path: str, line: int, name: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the statement that last assigns the plain variable ``name`` above
+    ``line`` in the function (or module) holding ``line`` (``kl = -0.5 * torch.sum(...)`` for the
+    ``kl`` of a loss backpropagated on ``line``). When that statement calls a loss object the
+    file built once with ``reduction=...`` (``aux = aux_crit(logits, y)``), the object's
+    construction instead: the reduction is chosen there. None when there is none or the source
+    cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = _enclosing_function(tree, line)
+    best = None
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue  # another scope
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.lineno <= line:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)
+                     and isinstance(t.ctx, ast.Store)}
+            if name in names and (best is None or node.lineno > best.lineno):
+                best = node
+        todo.extend(ast.iter_child_nodes(node))
+    if best is None:
+        return None
+    built = _reduction_built(tree, best)
+    if built is not None:
+        return built
+    return best.lineno, ast.unparse(best).strip()
+
+
+def _reduction_built(tree: ast.AST, statement: ast.stmt) -> tuple[int, str] | None:
+    """The one assignment of the file that builds the object ``statement`` calls
+    (``crit(...)``) with a ``reduction=`` keyword, or None."""
+    value = getattr(statement, "value", None)
+    if not isinstance(value, ast.Call) or not isinstance(value.func, (ast.Name, ast.Attribute)):
+        return None
+    called = ast.unparse(value.func)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and ast.unparse(node.targets[0]) == called and isinstance(node.value, ast.Call) \
+                and any(k.arg == "reduction" for k in node.value.keywords):
+            found.append(node)
+    if len(found) != 1:
+        return None
+    return found[0].lineno, ast.unparse(found[0]).strip()
+
+
+def _last_assignment(tree: ast.AST, scope: ast.AST, line: int, name: str):
+    """The statement of ``scope`` (not of scopes nested in it) that last assigns the plain
+    variable ``name`` at or above ``line``, or None."""
+    best = None
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.lineno <= line:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for target in targets for t in ast.walk(target)
+                     if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+            if name in names and (best is None or node.lineno > best.lineno):
+                best = node
+        todo.extend(ast.iter_child_nodes(node))
+    return best
+
+
+def value_origin(path: str, line: int, name: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the statement that made the values the variable ``name`` holds at
+    ``line``: its last assignment in the function holding ``line`` (else the module's), followed
+    through rows taken from another variable (``real = data[idx]``: where ``data`` was last
+    assigned) and through a call of a function of this file (``real = preprocess(xb)``: that
+    function's last ``return``). None when there is none or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    statement = None
+    for _ in range(4):  # hops through selections of other variables
+        scope = _enclosing_function(tree, line)
+        found = _last_assignment(tree, scope, line, name)
+        if found is None and scope is not tree:
+            found = _last_assignment(tree, tree, line, name)
+        if found is None:
+            break
+        statement = found
+        value = getattr(found, "value", None)
+        if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) \
+                and value.value.id != name:
+            name, line = value.value.id, found.lineno
+            continue
+        if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name):
+            line = found.lineno - 1  # data = data[perm]: where the earlier data came from
+            continue
+        break
+    if statement is None:
+        return None
+    value = getattr(statement, "value", None)
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.name == value.func.id]
+        if len(defs) == 1:
+            returns = [n for n in ast.walk(defs[0]) if isinstance(n, ast.Return) and n.value is not None]
+            if len(returns) == 1:
+                return returns[0].lineno, ast.unparse(returns[0]).strip()
+    return statement.lineno, ast.unparse(statement).strip()

@@ -38,6 +38,7 @@ from .losscalls import LossCalls
 from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
+from .batchreduce import BatchReductionWatcher
 from .modes import ModeWatcher
 from .lategrads import LateGradWatcher
 from .naming import ParamNamer
@@ -213,6 +214,10 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # one loss term summed over the batch, another averaged over it (loss-terms-mixed-reduction)
+        batch_reduction = BatchReductionWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, batch_reduction.describe_loss)
+        self.watchers.append(batch_reduction)
         # terms of the loss multiplied by 0 at every backward (loss-weight-rounds-to-zero)
         rec.subscribe(DESCRIBE_LOSS, ZeroWeightWatcher(rec).describe_loss)
         # a hand-written squared or absolute error whose target broadcast it to every pair

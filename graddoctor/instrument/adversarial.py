@@ -41,6 +41,7 @@ import torch
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
+from .samplerange import SampleRange
 from .topics import STEPPED
 
 WINDOW = 8  # backwards watched, from the first one
@@ -157,6 +158,8 @@ class AdversarialWatcher:
         # has the wrong target: D's own loss pushes its output on real and generated samples
         # opposite ways
         self._plain: dict[tuple, torch.Tensor] = {}
+        # the ranges of the samples and the data a module compares (samplerange.py)
+        self.ranges = SampleRange(rec)
 
     # -- the window -------------------------------------------------------------------------
     def _stop(self) -> None:
@@ -243,9 +246,14 @@ class AdversarialWatcher:
                     or sample.shape != t.shape or _ptr(sample) != ptr:
                 continue
             self._watch(module, producer, sample, out, "through" if t.requires_grad else "detached")
+            self.ranges.generated(module, producer, sample)
             break
         else:
             self._watch_plain(module, out)
+            data = next((t for t in args if isinstance(t, torch.Tensor) and t.is_floating_point()
+                         and t.numel()), None)
+            if data is not None:
+                self.ranges.plain(module, data)
         ptr = _ptr(out)
         if ptr is not None and len(self._outputs) < _OUTPUTS:
             self._outputs[ptr] = (weakref.ref(out), weakref.ref(module))

@@ -1,0 +1,116 @@
+"""The batch reductions of a loss's terms (instrument/batchreduce.py) and where the rule points."""
+
+import textwrap
+
+import torch
+import torch.nn.functional as F
+
+from graddoctor.analysis.source import term_assignment
+from graddoctor.instrument.batchreduce import mixed_terms
+
+
+def _activations(n=8, d=5):
+    torch.manual_seed(0)
+    w = torch.randn(3, d, requires_grad=True)
+    x = torch.randn(n, 3)
+    return x @ w  # (n, d), a per-sample activation with a gradient
+
+
+def test_sum_over_batch_next_to_mean_is_found():
+    h = _activations()
+    mean_term = F.mse_loss(h, torch.zeros_like(h))
+    sum_term = h.pow(2).sum()
+    pair = mixed_terms((mean_term + 4.0 * sum_term).grad_fn)
+    assert pair is not None
+    summed, averaged = pair
+    assert summed.how == "sum" and summed.n == 8
+    assert averaged.averaged and not summed.averaged
+
+
+def test_sum_divided_by_batch_size_is_averaged():
+    h = _activations()
+    loss = F.mse_loss(h, torch.zeros_like(h)) + 4.0 * h.pow(2).sum() / h.size(0)
+    assert mixed_terms(loss.grad_fn) is None
+
+
+def test_weight_alone_normalises_nothing():
+    h = _activations()
+    loss = F.mse_loss(h, torch.zeros_like(h)) + 0.3 * h.pow(2).sum() / 2  # a weight, and 2 of 8
+    assert mixed_terms(loss.grad_fn) is not None
+    loss = h.pow(2).sum() + 0.125 * h.abs().sum()  # 1/8 of a batch of 8: still a weight
+    assert mixed_terms(loss.grad_fn) is None
+
+
+def test_mean_over_pairs_is_not_a_mean_over_samples():
+    h = _activations()
+    kernel = torch.exp(-torch.cdist(h, h))  # (8, 8)
+    assert mixed_terms((h.pow(2).sum() + kernel.mean()).grad_fn) is None
+
+
+def test_both_summed_or_both_averaged_is_silent():
+    h = _activations()
+    assert mixed_terms((h.pow(2).sum() + h.abs().sum()).grad_fn) is None
+    assert mixed_terms((h.pow(2).mean() + h.abs().sum(1).mean()).grad_fn) is None
+
+
+def test_sum_over_features_then_mean_over_batch_is_averaged():
+    h = _activations()
+    loss = F.mse_loss(h, torch.zeros_like(h)) + torch.mean(h.pow(2).sum(dim=1), dim=0)
+    assert mixed_terms(loss.grad_fn) is None
+    # the mean over features first, then a sum over the batch: summed
+    loss = F.mse_loss(h, torch.zeros_like(h)) + h.pow(2).mean(dim=1).sum()
+    assert mixed_terms(loss.grad_fn) is not None
+
+
+def test_parameter_penalty_with_batch_many_rows_is_silent():
+    torch.manual_seed(0)
+    w = torch.randn(8, 3, requires_grad=True)  # as many rows as the batch
+    x = torch.randn(8, 8)
+    out = x @ w
+    loss = F.mse_loss(out, torch.zeros_like(out)) + 1e-4 * w.pow(2).sum()
+    assert mixed_terms(loss.grad_fn) is None
+
+
+def test_terms_of_unrelated_activations_are_silent():
+    torch.manual_seed(0)
+    w = torch.randn(3, 4, requires_grad=True)
+    a, b = torch.randn(8, 3) @ w, torch.randn(8, 3) @ w
+    loss = a.pow(2).mean() + b.pow(2).sum()  # no per-sample activation in common
+    assert mixed_terms(loss.grad_fn) is None
+
+
+def test_per_token_mean_and_per_sequence_sum_are_found():
+    torch.manual_seed(0)
+    w = torch.randn(4, 6, requires_grad=True)
+    h = torch.randn(3, 5, 4) @ w  # (B, T, V)
+    tokens = F.cross_entropy(h.reshape(-1, 6), torch.zeros(15, dtype=torch.long))
+    per_sequence = h[:, -1, 0].pow(2).sum()
+    pair = mixed_terms((tokens + per_sequence).grad_fn)
+    assert pair is not None and pair[0].n == 3 and pair[1].n == 15
+
+
+def test_term_assignment_points_at_the_summed_term_or_its_criterion(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        crit = torch.nn.CrossEntropyLoss(reduction="sum")
+        for step in range(3):
+            kl = torch.zeros(()).sum()
+            aux = crit(a, b)
+            loss = kl + aux
+            loss.backward()
+        """))
+    assert term_assignment(str(script), 7, "kl")[0] == 4
+    assert term_assignment(str(script), 7, "aux")[0] == 2
+    assert term_assignment(str(script), 7, "missing") is None
+
+
+def test_computed_counts_and_normalised_weights_are_not_sums_over_the_batch():
+    h = _activations()
+    mean_term = F.mse_loss(h, torch.zeros_like(h))
+    mask = (torch.rand(8, 5) > 0.3).float()
+    assert mixed_terms((mean_term + (h * mask).sum() / mask.sum()).grad_fn) is None
+    w = torch.softmax(torch.randn(8, 1), 0).expand(8, 5) / 5  # weights adding up to 1
+    assert mixed_terms((mean_term + (w * h).sum()).grad_fn) is None
+    advantage = torch.randn(8, 5)  # weights of their own: still a sum over the batch
+    assert mixed_terms((mean_term + (advantage * h).sum()).grad_fn) is not None
