@@ -212,7 +212,8 @@ def suspended(instrumentation: Instrumentation):
                     delattr(owner, name)
                 else:
                     setattr(owner, name, old)
-            elif kind == "handle" and getattr(owner, "follows_a_patch", False):
+            elif kind == "handle" and (getattr(owner, "follows_a_patch", False)
+                                       or getattr(owner, "session_only", False)):
                 continue
             elif kind == "handle":
                 dicts = [owner.hooks_dict_ref(), *(ref() for ref in owner.extra_dict_ref)]

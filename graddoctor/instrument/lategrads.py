@@ -16,12 +16,15 @@ doubling counts, their parameters are swept for one that requires a gradient, ho
 next backwards read it like any leaf a walk found (the gradient ledger, hand updates, moves)
 and param-not-in-optimizer judges it as it judges the others. Cost: one integer test per step
 between sweeps; a sweep is one pass over the held modules' parameters (attribute reads only,
-no tensor read). A sweep is skipped while another thread's backward runs (autograd writes
-``.grad`` without the GIL).
+no tensor read). Reading a ``.grad`` races with another thread's backward, which writes it
+without the GIL (a crash, not a wrong answer): a sweep reads only the modules gathered in the
+stepping thread's own frames, and once a second thread has stepped, sweeps stop for good (two
+threads may share a model, and either may start a backward mid-sweep).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -37,7 +40,8 @@ ROOTS_MOST = 64  # modules remembered (the stepping frames' variables)
 class LateGradWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
-        self._roots: list[weakref.ref] = []
+        self._roots: list[tuple[weakref.ref, int]] = []  # (module, the thread that held it)
+        self._threads: set[int] = set()  # the threads that stepped
         self._root_ids: set[int] = set()
         self._rooted: set[int] = set()  # optimizers whose first step gathered modules
         self._steps = 0
@@ -50,11 +54,18 @@ class LateGradWatcher:
 
     def params_added(self, opt: int, pids) -> None:
         """``PARAMS_ADDED``: a new optimizer's first step gathers the modules its frames hold."""
-        if opt not in self._rooted:
+        if opt not in self._rooted and len(self._threads) < 2:
             self.rec.resume(STEPPED, self.after_step)
 
     def after_step(self, opt: int, optimizer) -> None:
         self._steps += 1
+        thread = threading.get_ident()
+        if thread not in self._threads:
+            self._threads.add(thread)
+        if len(self._threads) > 1:  # threads that train at once: no sweep is safe
+            self._roots = []
+            self.rec.retire(STEPPED, self.after_step)
+            return
         if opt not in self._rooted:
             self._rooted.add(opt)
             try:
@@ -85,7 +96,7 @@ class LateGradWatcher:
             if id(value) in self._root_ids:
                 continue
             try:
-                self._roots.append(weakref.ref(value))
+                self._roots.append((weakref.ref(value), threading.get_ident()))
             except TypeError:
                 continue
             self._root_ids.add(id(value))
@@ -97,9 +108,10 @@ class LateGradWatcher:
         number = rec.tensors.get
         seen: set[int] = set()
         tracked = False
-        for ref in self._roots:
+        thread = threading.get_ident()
+        for ref, held_by in self._roots:
             root = ref()
-            if root is None:
+            if root is None or held_by != thread:
                 continue
             for param in root.parameters():
                 if id(param) in seen:

@@ -64,6 +64,10 @@ def _number(value) -> float | None:
 
 
 class DefaultsWatcher:
+    # the handle only puts back the instrumented session's own optimizers' dicts: a plain
+    # session has none of them (benchmarks/overhead.py leaves it in while it suspends patches)
+    session_only = True
+
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._watched: list[weakref.ref] = []
