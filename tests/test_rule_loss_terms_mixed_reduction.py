@@ -114,3 +114,15 @@ def test_computed_counts_and_normalised_weights_are_not_sums_over_the_batch():
     assert mixed_terms((mean_term + (w * h).sum()).grad_fn) is None
     advantage = torch.randn(8, 5)  # weights of their own: still a sum over the batch
     assert mixed_terms((mean_term + (advantage * h).sum()).grad_fn) is not None
+
+
+def test_a_sum_divided_by_a_count_near_the_batch_is_a_mean_over_the_rows_kept():
+    from graddoctor.instrument.batchreduce import Term
+
+    def term(divisor, n):
+        return Term(None, (), None, None, n, "sum", divisor)
+
+    # torch's label smoothing with ignore_index: the smoothing sum over 320 targets / 213 kept
+    assert term(213.0, 320).averaged and term(320.0, 320).averaged
+    assert not term(2.0, 32).averaged and not term(1.0, 320).averaged  # `kl.sum() / 2`: a sum
+    assert not term(50.0, 320).averaged  # a constant far below N: still a sum
