@@ -126,3 +126,4 @@ def test_a_sum_divided_by_a_count_near_the_batch_is_a_mean_over_the_rows_kept():
     assert term(213.0, 320).averaged and term(320.0, 320).averaged
     assert not term(2.0, 32).averaged and not term(1.0, 320).averaged  # `kl.sum() / 2`: a sum
     assert not term(50.0, 320).averaged  # a constant far below N: still a sum
+    assert term(1000.0, 320).averaged  # the tokens of a whole accumulation window

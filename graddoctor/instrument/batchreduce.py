@@ -17,9 +17,9 @@ and quotients by constants: ``_top_terms``). Each scalar term found there is a r
 followed up the chain through the views that keep or merge it (``(B, T, V) -> (B*T, V)``); it is
 *averaged* when a mean reduces it or when constants the term is divided by hold a multiple of N
 (``.sum() / x.size(0)``, ``.sum() / x.numel()``, ``reduction="batchmean"``) or weights that
-add up to 1 multiply it (a weighted mean) or a count between N/4 and N divides it (a mean
-over the rows kept: cross_entropy's label smoothing with ignore_index), *summed* when a sum
-reduces it and nothing divides by N. A product by a constant is a weight (``beta * kl``), never a divisor; a quotient by a count
+add up to 1 multiply it (a weighted mean) or a count of the order of N divides it (above N/4:
+the rows kept by cross_entropy's label smoothing with ignore_index, the tokens of a transformers
+accumulation window), *summed* when a sum reduces it and nothing divides it by as much. A product by a constant is a weight (``beta * kl``), never a divisor; a quotient by a count
 the script computed (``/ mask.sum()``) ends the walk: that term is not judged. A mean over an
 (N, N) matrix (a kernel's pairs) is not taken for a mean over samples. A term of each kind is
 reported (a ``batch_reduction`` aside event) when
@@ -114,13 +114,12 @@ class Term:
     def averaged(self) -> bool:
         if self.how == "mean":
             return True
+        # divided by N or by a count of the order of N: a mean over the rows kept (torch's own
+        # label smoothing divides its sum by the targets not ignored, the transformers loss by
+        # the tokens of the whole accumulation window: int64 counts that read like Python
+        # numbers); a small constant (`kl.sum() / 2`, a temperature) leaves a sum
         d = self.divisor
-        if d < self.n:
-            # a quotient by a count near N but short of it: a mean over the rows kept (torch's
-            # own label smoothing divides its sum by the targets not ignored, an int64 count
-            # that reads like a Python number); a small constant (`kl.sum() / 2`) stays a sum
-            return d >= 4 and d > self.n / 4
-        return abs(d / self.n - round(d / self.n)) < 1e-6
+        return d >= 4 and d > self.n / 4
 
 
 def _loss_reduction(node) -> str | None:
