@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from threading import get_ident
 
 import torch
 
@@ -42,6 +43,7 @@ class LateGradWatcher:
         self.rec = rec
         self._roots: list[tuple[weakref.ref, int]] = []  # (module, the thread that held it)
         self._threads: set[int] = set()  # the threads that stepped
+        self._thread: int | None = None  # the first of them
         self._root_ids: set[int] = set()
         self._rooted: set[int] = set()  # optimizers whose first step gathered modules
         self._steps = 0
@@ -59,12 +61,17 @@ class LateGradWatcher:
 
     def after_step(self, opt: int, optimizer) -> None:
         self._steps += 1
-        thread = threading.get_ident()
-        if thread not in self._threads:
-            self._threads.add(thread)
-        if len(self._threads) > 1:  # threads that train at once: no sweep is safe
-            self._roots = []
-            self.rec.retire(STEPPED, self.after_step)
+        if get_ident() != self._thread:
+            if self._thread is not None:  # threads that train at once: no sweep is safe
+                self._threads.add(get_ident())
+                self._roots = []
+                self.rec.retire(STEPPED, self.after_step)
+                return
+            self._thread = get_ident()
+            self._threads.add(self._thread)
+        if self._steps < self._next and opt in self._rooted:
+            return
+        if len(self._threads) > 1:  # retired, but a publication already under way still calls
             return
         if opt not in self._rooted:
             self._rooted.add(opt)
