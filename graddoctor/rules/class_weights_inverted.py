@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from ..findings import Severity
 from ..trace import Location
@@ -24,8 +25,9 @@ class ClassWeightsInverted(Rule):
     `pos_weight` below 1 for outputs whose positives are rare, or equal to positives / negatives
     (to within a factor of 1.5) for outputs whose positives are the minority. The targets of the first calls
     are counted per class. It points at the call that passes the weights (the loss's
-    construction, `nn.CrossEntropyLoss(weight=...)`) when the script has one, else at the loss
-    call. The same inversion in a `WeightedRandomSampler`: per-sample weights that take a few
+    construction, `nn.CrossEntropyLoss(weight=...)`) when the script has one, or at the
+    statement that computes the weights it is given (`pos_weight = n_pos / n_neg`), else at the
+    loss call. The same inversion in a `WeightedRandomSampler`: per-sample weights that take a few
     values (one per class, `class_weight[labels]`), where the values held by more samples are
     larger in proportion to how many samples hold them (a slope of 0.75–1.33 on a log-log fit,
     the most common value on at least 3 times as many samples as the rarest). It points at the
@@ -144,7 +146,16 @@ class ClassWeightsInverted(Rule):
                  if keyword in c[1].replace(" ", "")]
         if len(found) != 1:
             return e.loc
-        return Location(e.loc.path, found[0][0])
+        line = found[0][0]
+        # the weights computed in a statement of their own (`pos_weight = n_pos / n_neg`): the
+        # arithmetic there is what to change, not the loss built with its result
+        for builder in _BUILDERS.get(fn, ()):
+            if not builder[:1].isupper():
+                continue  # a functional call's first argument is the scores, not the weights
+            origin = a.source.argument_origin(e.loc.path, line, builder, keyword.rstrip("="))
+            if origin is not None and re.search(r"[/*]|\b(sum|mean|bincount|count)", origin[1]):
+                return Location(e.loc.path, origin[0])
+        return Location(e.loc.path, line)
 
 
 def _log_slope(sizes: list[int], weights: list[float]) -> float | None:
