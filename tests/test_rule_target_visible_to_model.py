@@ -160,3 +160,15 @@ def test_a_target_copied_from_an_input_column_is_found_and_a_function_of_one_is_
     assert matching_column(x, torch.ones(16)) is None  # constant
     labels = torch.randint(0, 2, (16,))
     assert matching_column(torch.cat([x, labels[:, None].float()], 1), labels) == 4
+
+
+def test_targets_sliced_apart_are_reported_at_the_slice_with_a_fix_that_slices_them():
+    from pathlib import Path
+
+    from graddoctor.api import check_script
+
+    fixture = Path(__file__).parent.parent / "fixtures/dependency/bad_target_visible_targets_sliced_apart.py"
+    [finding] = [f for f in check_script(fixture, config=False).findings
+                 if f.rule == "target-visible-to-model"]
+    assert finding.location.line == 28
+    assert "ids[:, 1:]" in finding.fix and "logits[:, :-1]" not in finding.fix

@@ -42,7 +42,7 @@ class LateGradWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._roots: list[tuple[weakref.ref, int]] = []  # (module, the thread that held it)
-        self._threads: set[int] = set()  # the threads that stepped
+        self._shared = False  # a second thread stepped: no sweep is safe from then on
         self._thread: int | None = None  # the first of them
         self._root_ids: set[int] = set()
         self._rooted: set[int] = set()  # optimizers whose first step gathered modules
@@ -56,22 +56,21 @@ class LateGradWatcher:
 
     def params_added(self, opt: int, pids) -> None:
         """``PARAMS_ADDED``: a new optimizer's first step gathers the modules its frames hold."""
-        if opt not in self._rooted and len(self._threads) < 2:
+        if opt not in self._rooted and not self._shared:
             self.rec.resume(STEPPED, self.after_step)
 
     def after_step(self, opt: int, optimizer) -> None:
         self._steps += 1
         if get_ident() != self._thread:
             if self._thread is not None:  # threads that train at once: no sweep is safe
-                self._threads.add(get_ident())
+                self._shared = True
                 self._roots = []
                 self.rec.retire(STEPPED, self.after_step)
                 return
             self._thread = get_ident()
-            self._threads.add(self._thread)
         if self._steps < self._next and opt in self._rooted:
             return
-        if len(self._threads) > 1:  # retired, but a publication already under way still calls
+        if self._shared:  # retired, but a publication already under way still calls
             return
         if opt not in self._rooted:
             self._rooted.add(opt)

@@ -132,11 +132,13 @@ class TargetVisibleToModel(Rule):
         model, T, t, k = e["model"], seq["positions"], seq["t"], seq["k"]
         at = seq.get("target_at")
         loc = Location(str(at[0]), int(at[1]), str(at[2])) if at else e.loc
+        sliced = False
         if loc is not None and k in (0, -1):
             # the targets sliced in a statement of their own (`tgt_out = tgt[:, :-1]`): the
             # slice is what to change, not the loss call that reads it
             built = a.source.target_assignment(loc.path, loc.line)
-            if built is not None and re.search(r"\[[^\]]*:", built[1]):
+            sliced = built is not None and bool(re.search(r"\[[^\]]*:", built[1]))
+            if sliced:
                 loc = Location(loc.path, built[0], loc.hook)
         if k == 2:
             return self._shifted_twice(a, e, seq, loc)
@@ -152,6 +154,9 @@ class TargetVisibleToModel(Rule):
         fix = ("predict the next token: compare the logits of positions 0..T-2 with the ids of "
                "positions 1..T-1, `F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), "
                "ids[:, 1:].reshape(-1))`")
+        if sliced:
+            fix = ("slice the targets one position after the inputs: `inputs, targets = "
+                   "ids[:, :-1], ids[:, 1:]`")
         return self.finding(
             message, loc,
             evidence={"model": model, "shift": k, "positions": T, "position": t,
