@@ -1505,11 +1505,13 @@ def symmetric_units(*, opt: int, params: list[int], rows: list[int], step: int) 
 
 def model_copy(*, copy: str, model: str, opt: int | None, params: int, equal: bool, forwards: int,
                targets: int, written: bool, written_step: int | None, measured: int,
-               pulls: list[list], follows: list[list] | None = None) -> Made:
+               pulls: list[list], follows: list[list] | None = None, model_targets: int = 0,
+               model_target_at: list | None = None) -> Made:
     return "model_copy", {"copy": copy, "model": model, "opt": opt, "params": params, "equal": equal,
                           "forwards": forwards, "targets": targets, "written": written,
                           "written_step": written_step, "measured": measured, "pulls": pulls,
-                          "follows": list(follows or ())}
+                          "follows": list(follows or ()), "model_targets": model_targets,
+                          "model_target_at": model_target_at}
 
 
 def decay_share(*, opt: int, cls: str, group: int, weight_decay: float, lr: float | None,

@@ -12,7 +12,9 @@ values are read on the CPU only, so a GPU run's copies are never ``equal``: ``--
 Then, for each pair:
 
 * the copy's forwards: a forward hook on the copy and its direct children counts them, and
-  those that give targets (grad mode off, or an output that carries no gradient);
+  those that give targets (grad mode off, or an output that carries no gradient); and over the
+  first ``MEASURED`` steps, the trained model's own forwards in training mode that give targets
+  (the copy's job done by the model), with the line of the first;
 * whether anything writes the copy: its parameters' versions and storages at each step, and a
   sample of their values (``p.data.mul_`` moves no version);
 * what the script's own code does to the trained model between two of its optimizer's steps
@@ -112,7 +114,7 @@ class _Pair:
     __slots__ = ("copy", "model", "copy_name", "model_name", "opt", "equal", "copy_params",
                  "model_params", "marks", "base", "written", "written_step", "forwards",
                  "targets", "target_loc", "handles", "depth", "post", "rows", "measured", "params",
-                 "follows")
+                 "follows", "model_targets", "model_target_loc", "model_handle")
 
     def __init__(self, copy, model, copy_name, model_name, opt, equal):
         self.copy = weakref.ref(copy)
@@ -134,6 +136,11 @@ class _Pair:
         self.rows: list[list] = []
         self.follows: list[list] = []
         self.measured = 0
+        # the trained model's own forwards in training mode that give targets: the work the
+        # copy is kept for, done by the model (counted over the first MEASURED steps only)
+        self.model_targets = 0
+        self.model_target_loc = None
+        self.model_handle = None
 
 
 class CopyWatcher:
@@ -231,6 +238,30 @@ class CopyWatcher:
         for m in (module, *module.children()):
             pair.handles.append(m.register_forward_hook(forward_hook))
 
+        def model_hook(mod, args, output):
+            try:
+                if not mod.training or not rec.progress.steps:
+                    return
+                out = _first_tensor(output)
+                if not torch.is_grad_enabled() or (out is not None and not out.requires_grad):
+                    pair.model_targets += 1
+                    if pair.model_target_loc is None:
+                        pair.model_target_loc = rec.here(2)
+            except Exception as exc:
+                rec.internal_error("model copies (trained model's forward)", exc)
+
+        model = pair.model()
+        if model is not None:
+            pair.model_handle = model.register_forward_hook(model_hook)
+
+    def _drop_model_hooks(self) -> None:
+        """The trained models' forwards are counted over the first steps only: a hook on a
+        module the script calls at every step is not left for the whole run."""
+        for pair in self._pairs:
+            if pair.model_handle is not None:
+                pair.model_handle.remove()
+                pair.model_handle = None
+
     # -- each step ------------------------------------------------------------------------
     def before_step(self, opt: int, optimizer) -> None:
         try:
@@ -239,6 +270,8 @@ class CopyWatcher:
                 self._find()
                 return
             self._checks += 1
+            if self._checks == MEASURED:
+                self._drop_model_hooks()
             steps = self.rec.progress.steps
             for pair in self._pairs:
                 self._check_written(pair, steps, values=self._checks <= VALUE_CHECKS)
@@ -252,6 +285,7 @@ class CopyWatcher:
                                       for pair in self._pairs):
                 # no copy (the pairs are found once), or each one's facts complete: the steps
                 # have nothing left to tell
+                self._drop_model_hooks()
                 self.rec.retire(STEP_BEGINS, self.before_step)
                 self.rec.retire(STEPPED, self.after_step)
 
@@ -304,13 +338,20 @@ class CopyWatcher:
             try:
                 for handle in pair.handles:
                     handle.remove()
+                if pair.model_handle is not None:
+                    pair.model_handle.remove()
+                    pair.model_handle = None
+                made_at = pair.model_target_loc
                 if pair.copy() is not None:
                     self._check_written(pair, rec.progress.steps, values=True)
                 rec.emit(ev.model_copy(
                     copy=pair.copy_name, model=pair.model_name, opt=pair.opt, params=pair.params,
                     equal=pair.equal, forwards=pair.forwards, targets=pair.targets,
                     written=pair.written, written_step=pair.written_step,
-                    measured=pair.measured, pulls=pair.rows, follows=pair.follows), pair.target_loc)
+                    measured=pair.measured, pulls=pair.rows, follows=pair.follows,
+                    model_targets=pair.model_targets,
+                    model_target_at=[made_at.path, made_at.line] if made_at is not None else None),
+                    pair.target_loc)
             except Exception as exc:
                 rec.internal_error("model copies", exc)
         self._pairs = []
