@@ -78,7 +78,7 @@ from torch import nn
 from .. import events as ev
 from ..trace import Location
 from .inlinable import in_transform, watched
-from .graphpaths import paths_to
+from .graphpaths import paths_to, post_order, saved
 from .recorder import Recorder
 
 _GRAD = torch.autograd.grad  # torch's own (the functional-grad watcher wraps the attribute)
@@ -97,6 +97,10 @@ _TINY = 1e-6  # a gradient below this share of the largest one counts as zero
 LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
           "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div")
 _TOKEN_LOSSES = ("cross_entropy", "nll_loss")
+# a hand-written log-likelihood: the log-probabilities of given tokens picked out of a
+# log_softmax by gather (DPO's and a policy's sequence log-probs); its index is the target
+_GATHERED = "gather"
+_GATHER_NODES = 4000  # nodes of a loss graph looked through for such a gather
 
 # nodes that mix the samples of a batch on purpose: their gradient is cleaned to the probed row.
 # "stat": batch statistics (BatchNorm in train mode, a minibatch-stddev layer): a gradient of
@@ -394,6 +398,8 @@ class DependencyWatcher:
             hooked, self._hooked = self._hooked, False
             if self._current is not None:  # a backward inside a forward: not ours to judge
                 pending = []
+            if pending and len(targets) < _TARGETS:
+                targets += _gathered_targets(tensors, _TARGETS - len(targets))
             for forward in pending:
                 if self._probes >= PROBES:
                     break
@@ -524,7 +530,8 @@ class DependencyWatcher:
             if bool((flat == flat[0]).all()):
                 continue
             for target, fn, ignore, loc in reversed(targets):
-                if fn not in _TOKEN_LOSSES or target.is_floating_point() or target.numel() % B:
+                if (fn not in _TOKEN_LOSSES and fn != _GATHERED) or target.is_floating_point() \
+                        or target.numel() % B:
                     continue
                 length = target.numel() // B
                 if length not in (T, T - 1, T - 2):
@@ -535,6 +542,8 @@ class DependencyWatcher:
                     # model's main target
                     found = {"k": k, "positions": T, "t": (T - 1) // 2, "embedding": index,
                              "target_at": [loc.path, loc.line, loc.function] if loc is not None else None}
+                    if fn == _GATHERED:
+                        found["gathered"] = True
             if found is not None:
                 return found
         return None
@@ -669,6 +678,35 @@ def _distributed() -> bool:
         return bool(dist is not None and dist.is_available() and dist.is_initialized())
     except Exception:
         return True
+
+
+def _gathered_targets(tensors, room: int) -> list[tuple]:
+    """``(index, "gather", -100, None)`` for each gather over a ``log_softmax``'s output along
+    its last dimension in the graph of the loss (a hand-written log-likelihood: the index holds
+    the tokens whose log-probabilities are summed), its trailing size-1 dimension dropped; CPU
+    indices only. The index is a saved value of the node, read without unpacking one saved
+    under saved-tensor hooks (``graphpaths.saved``); a graph of more than ``_GATHER_NODES``
+    nodes is not looked through."""
+    found: list[tuple] = []
+    for tensor in tensors if isinstance(tensors, (list, tuple)) else (tensors,):
+        root = getattr(tensor, "grad_fn", None)
+        nodes = post_order(root, _GATHER_NODES) if root is not None else None
+        for node in nodes or ():
+            if len(found) >= room:
+                return found
+            if type(node).__name__ != "GatherBackward0" or not node.next_functions:
+                continue
+            source = node.next_functions[0][0]
+            if source is None or type(source).__name__ != "LogSoftmaxBackward0":
+                continue
+            index, dim = saved(node, "_saved_index"), saved(node, "_saved_dim")
+            if not isinstance(index, torch.Tensor) or index.device.type != "cpu" \
+                    or index.dim() < 2 or not isinstance(dim, int) or dim not in (-1, index.dim() - 1):
+                continue
+            if index.shape[-1] == 1:
+                index = index.squeeze(-1)
+            found.append((index, _GATHERED, -100, None))
+    return found
 
 
 def _shift(ids, target, ignore: int) -> int | None:

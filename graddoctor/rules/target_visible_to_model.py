@@ -29,7 +29,9 @@ class TargetVisibleToModel(Rule):
     not shifted (`targets == input_ids`) or are shifted the wrong way, so position `t` is trained
     to predict a token it already reads, or are shifted twice (`labels=ids[:, 1:]` given to a
     transformers causal LM, which shifts its labels itself), so position `t` learns the token
-    after the next. graddoctor compares the loss's targets with the ids the model embedded (a
+    after the next. graddoctor compares the loss's targets (or, in a hand-written
+    log-likelihood, the tokens a `gather` picks out of a `log_softmax`: DPO's and a policy's
+    sequence log-probs) with the ids the model embedded (a
     shift of 1, 0, -1 or 2 at 90 % of the positions) and takes the gradient
     of one output position with respect to the embeddings once, at the first backward. Unshifted
     targets are reported at the loss call, or at the statement that slices them when the loop
@@ -140,6 +142,13 @@ class TargetVisibleToModel(Rule):
             sliced = built is not None and bool(re.search(r"\[[^\]]*:", built[1]))
             if sliced:
                 loc = Location(loc.path, built[0], loc.hook)
+        gathered = seq.get("gathered") and not at and loc is not None
+        if gathered:
+            # a hand-written log-likelihood: the gather that picks the tokens' log-probabilities
+            # is what to change, a few lines below the model's call
+            line = _gather_line(a, loc)
+            if line is not None:
+                loc = Location(loc.path, line, loc.hook)
         if k == 2:
             return self._shifted_twice(a, e, seq, loc)
         if k == 0:
@@ -157,6 +166,9 @@ class TargetVisibleToModel(Rule):
         if sliced:
             fix = ("slice the targets one position after the inputs: `inputs, targets = "
                    "ids[:, :-1], ids[:, 1:]`")
+        elif gathered:
+            fix = ("gather the log-probabilities of the next tokens: for logits of `ids[:, :-1]`, "
+                   "`log_probs.gather(-1, ids[:, 1:, None])`")
         return self.finding(
             message, loc,
             evidence={"model": model, "shift": k, "positions": T, "position": t,
@@ -179,6 +191,15 @@ class TargetVisibleToModel(Rule):
             evidence={"model": model, "shift": 2, "positions": T, "position": t,
                       "sees_later_positions": False},
             fix=fix)
+
+
+def _gather_line(a, loc: Location) -> int | None:
+    """The first line from the model's call on (within 12) that gathers from log-probabilities."""
+    for line in range(loc.line, loc.line + 12):
+        text = a.source.line_text(loc.path, line) or ""
+        if "gather(" in text:
+            return line
+    return None
 
 
 def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:

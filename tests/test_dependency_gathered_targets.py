@@ -1,0 +1,39 @@
+"""The tokens a hand-written log-likelihood gathers out of a log_softmax are read as its targets
+(dependency.py's ``_gathered_targets``), and nothing else is."""
+
+from __future__ import annotations
+
+import torch
+
+from graddoctor.instrument.dependency import _gathered_targets
+
+
+def _logits():
+    return torch.randn(3, 5, 7, requires_grad=True)
+
+
+def test_the_index_of_a_gather_over_log_probabilities_is_a_target():
+    ids = torch.randint(0, 7, (3, 5))
+    loss = -_logits().log_softmax(-1).gather(2, ids.unsqueeze(-1)).sum()
+    found = _gathered_targets([loss], 8)
+    assert len(found) == 1
+    index, fn, ignore, loc = found[0]
+    assert fn == "gather" and ignore == -100 and loc is None
+    assert torch.equal(index, ids)
+
+
+def test_other_gathers_are_not_targets():
+    ids = torch.randint(0, 3, (3, 5, 7))
+    over_batch = _logits().log_softmax(-1).gather(0, ids).sum()  # not along the classes
+    probs = _logits().softmax(-1).gather(2, ids[..., :1]).sum()  # not log-probabilities
+    assert _gathered_targets([over_batch], 8) == []
+    assert _gathered_targets([probs], 8) == []
+    assert _gathered_targets([torch.tensor(1.0)], 8) == []
+
+
+def test_room_bounds_what_is_read():
+    ids = torch.randint(0, 7, (3, 5, 1))
+    logp = _logits().log_softmax(-1)
+    loss = logp.gather(2, ids).sum() + logp.gather(2, ids.flip(1)).sum()
+    assert len(_gathered_targets([loss], 1)) == 1
+    assert len(_gathered_targets([loss], 8)) == 2
