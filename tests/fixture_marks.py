@@ -7,6 +7,8 @@ severity; ``# expect: a, b`` — two findings on that line; ``# expect: a|b(info
 ``# graddoctor-args: --steps 4`` anywhere in the file — extra CLI options for that fixture.
 ``# silent: slug-a, slug-b`` on a line of its own (a good fixture's last lines) — the rules this
 good fixture is the clean look-alike for: none of them may report anything on it.
+``# watch: always`` on a line of its own — also run this fixture under ``graddoctor.watch()``
+(tests/watch_parity.py), whatever the subset holds otherwise.
 
 Bad fixtures (``bad_*.py``) must get every mark met and no unmarked warning or error; an
 unmarked ``info`` is tolerated there (a buggy loop may well earn a side remark). Good fixtures

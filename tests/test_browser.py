@@ -8,6 +8,7 @@ line on the page, a screenshot that is not blank.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 
@@ -53,11 +54,21 @@ PAGES = {
 }
 
 
+@functools.cache
+def page_report(name: str):
+    """The report of a page, made once per test process (from the repository, as the paths the
+    page shows are relative to it): the two tests of a page read the same frozen report, so the
+    2,000-step run is made once, not once per test."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        return PAGES[name][0]()
+
+
 @pytest.mark.parametrize("name", list(PAGES))
 def test_the_page_in_a_browser(name, tmp_path, monkeypatch):
-    make, height, expected = PAGES[name]
+    _, height, expected = PAGES[name]
     monkeypatch.chdir(ROOT)  # the paths the page shows: relative to the repository
-    report = make()
+    report = page_report(name)
     html = tmp_path / f"{name}.html"
     html.write_text(report.render("html"), encoding="utf-8")
     png = tmp_path / f"{name}.png"
@@ -95,9 +106,9 @@ def test_the_page_in_a_browser(name, tmp_path, monkeypatch):
 def test_the_page_fits_800_pixels(name, tmp_path, monkeypatch):
     """At 800 px the whole heatmap (its last updates, where an accumulating bug is brightest),
     the trend column and the per-step lines' axis are on screen: nothing scrolls sideways."""
-    make, height, _ = PAGES[name]
+    _, height, _ = PAGES[name]
     monkeypatch.chdir(ROOT)
-    report = make()
+    report = page_report(name)
     html = tmp_path / f"{name}.html"
     html.write_text(report.render("html"), encoding="utf-8")
     png = tmp_path / f"{name}_800.png"

@@ -3,7 +3,11 @@ must match its marks (tests/fixture_marks.py): each ``# expect:`` mark met at it
 slug at its severity, no unmarked warning or error anywhere, and on a good fixture no unmarked
 finding at all and nothing from the rules it declares ``# silent:``. Its trace is then folded
 from the first turn on and analysed again: the same findings and notes, whatever a long run
-folds. The CLI's own path is covered by tests/test_end_to_end.py and the CLI tests."""
+folds. The fixtures of tests/watch_parity.py's subset (for every rule a bad fixture that
+expects it and a good fixture that silences it, and every fixture whose run goes through what
+differs between the two doors: threads, frameworks, GPU emulation, ...) also run a second time
+under the in-process API, ``graddoctor.watch()``, which must find exactly the same. The CLI's
+own path is covered by tests/test_end_to_end.py and the CLI tests."""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from graddoctor.report.json_format import finding_to_dict, render
 from graddoctor.rules.notes import run_notes
 from graddoctor.suppress import apply_suppressions
 from rule_traces import fold_hard
+from watch_parity import fixture_marks, uncovered, watch_subset
 from wire_round_trip import assert_round_trip
 
 # fixtures/ddp/ need two ranks: tests/test_distributed.py runs them in one 2-rank launch
@@ -61,6 +66,41 @@ def options_for(name: str, cli_args: list[str]) -> CheckOptions:
 
 def test_there_are_fixtures():
     assert len(FIXTURE_FILES) >= 20
+
+
+@functools.cache
+def watched_fixtures() -> dict[str, str]:
+    """The fixtures also run under ``watch()`` (tests/watch_parity.py), each with why."""
+    return watch_subset(FIXTURE_FILES)
+
+
+def test_watch_subset_covers_every_rule():
+    assert not uncovered(FIXTURE_FILES, watched_fixtures())
+    assert len(watched_fixtures()) < len(FIXTURE_FILES)  # a subset, the point of it
+
+
+def test_watch_subset_is_the_same_whatever_the_order():
+    assert watch_subset(FIXTURE_FILES[::-1]) == watched_fixtures()
+
+
+def test_uncovered_names_a_rule_or_an_area_left_out():
+    chosen = watched_fixtures()
+    expects = {}
+    for path in chosen:
+        for slug in fixture_marks(path).expects:
+            expects.setdefault(slug, []).append(path)
+    slug = sorted(expects)[0]
+    # every fixture that expects the rule left out: the subset no longer covers it
+    without = [p for p in chosen if slug not in fixture_marks(p).expects]
+    assert f"no fixture run under watch() expects {slug}" in uncovered(FIXTURE_FILES, without)
+    silences = sorted({s for p in chosen for s in fixture_marks(p).silences})[0]
+    without = [p for p in chosen if silences not in fixture_marks(p).silences]
+    assert f"no fixture run under watch() silences {silences}" in uncovered(FIXTURE_FILES, without)
+    threads = [p for p in FIXTURE_FILES if os.sep + "threads" + os.sep in p]
+    assert threads and all(p in chosen for p in threads)
+    without = [p for p in chosen if p != threads[0]]
+    assert any(m.startswith(f"{threads[0]} is not run under watch()")
+               for m in uncovered(FIXTURE_FILES, without))
 
 
 def test_options_for_reads_the_fixture_args():
@@ -132,6 +172,8 @@ def test_fixture(path, monkeypatch):
         assert not [f for f in report.findings if f.autofix and f.autofix.edits], \
             [(f.rule, f.autofix) for f in report.findings if f.autofix]
     assert_folding_changes_nothing(report, options)
+    if path not in watched_fixtures():
+        return
     # the in-process API, graddoctor.watch() around the same script, finds exactly the same
     watched = watch_script(name, report_options(options), monkeypatch)
     assert watched.run.status == report.run.status, watched.run
