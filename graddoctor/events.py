@@ -717,6 +717,13 @@ view_axes          shape_in, shape_out (the sizes a view/reshape was given and r
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
                    user's code and reaching the loss — at the first 3 backwards, once per pair
                    of shapes (loc: the view call; an aside; instrument/viewaxes.py)
+shift_cancelled    consumer ("softmax", "log_softmax" or "cross_entropy"), grad (the term carries
+                   gradient), value (the largest absolute value of a constant term; None when it
+                   carries gradient), scalar (one number for every row, else one per row),
+                   classes (the length of the axis it is constant along): a
+                   term added alike to every class of a row before a shift-invariant softmax,
+                   which cancels it — from the user's code, at the first 3 backwards, once per
+                   line (loc: the line that added the term; an aside; instrument/shiftcancel.py)
 softmax_batch      fn ("softmax" or "log_softmax"), shape (its result's sizes), batch (the samples: dim 0):
                    a softmax on the loss's path taken over dim 0 of a per-sample tensor (another
                    axis longer than 1, not a square (B, B) matrix, dim 0 as long as a tensor
@@ -1685,6 +1692,12 @@ def masked_mean(*, how: str, reduced: str, kept: float, elements: int, same_mask
                            "same_mask": same_mask, "at_mean": at_mean, "mask_operand": mask_operand}
 
 
+def shift_cancelled(*, consumer: str, grad: bool, value: float | None, scalar: bool,
+                    classes: int) -> Made:
+    return "shift_cancelled", {"consumer": consumer, "grad": grad, "value": value, "scalar": scalar,
+                               "classes": classes}
+
+
 def softmax_batch(*, fn: str, shape: list[int], batch: int) -> Made:
     return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch}
 
@@ -1764,6 +1777,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_unbounded": loss_unbounded, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "softmax_batch": softmax_batch,
+    "shift_cancelled": shift_cancelled,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
@@ -1818,7 +1832,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "softmax_batch", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "softmax_batch", "shift_cancelled", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
