@@ -67,6 +67,7 @@ from .repeatedloss import RepeatedLossWatcher
 from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
 from .shiftcancel import ShiftCancelWatcher
+from .normbatch import NormBatchWatcher
 from .anchors import AnchorAliasWatcher
 from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
@@ -167,6 +168,11 @@ class Instrumentation:
         shift_cancel = ShiftCancelWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, shift_cancel.describe_loss)
         self.watchers.append(shift_cancel)
+        # a per-sample norm taken over the batch and pulled to a target (norm-over-batch): the
+        # norm calls wrapped and the loss's graph walked at the first backwards
+        norm_batch = NormBatchWatcher(rec, self.dataloader)
+        rec.subscribe(DESCRIBE_LOSS, norm_batch.describe_loss)
+        self.watchers.append(norm_batch)
         # a masked per-element loss averaged over every position, padding included
         # (masked-mean-counts-padding): Tensor.mean/sum wrapped until the first backwards
         masked_mean = MaskedMeanWatcher(rec)

@@ -62,7 +62,7 @@ class LogitShiftCancels(Rule):
             if loc is None or (loc.path, loc.line) in told:
                 continue
             told.add((loc.path, loc.line))
-            text = a.source.line_text(loc.path, loc.line).strip()
+            text = a.source.line_text(loc.path, loc.line).split("  #")[0].strip()
             shown = f"`{text}`" if text else "this line"
             consumer = event["consumer"]
             classes = event["classes"]
