@@ -137,3 +137,28 @@ def test_a_forward_followed_to_the_softmax(monkeypatch):
     bias = torch.zeros(6, 1, requires_grad=True)
     (kind, data), = _consumed(monkeypatch, lambda: torch.softmax(cos + bias, dim=-1))
     assert data["grad"] and data["value"] is None
+
+
+CENTER = """\
+import torch
+def update(center, teacher_out, m):
+    batch_center = teacher_out.mean(dim=1, keepdim=True)
+    return center * m + batch_center * (1 - m)
+"""
+
+
+def _center_trace(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    t = TraceBuilder(str(path))
+    t.optimizer(0, P, line=1)
+    t.put(ev.shift_cancelled(consumer="softmax", grad=False, value=0.1, scalar=False, classes=8), 4)
+    t.backward(fresh=P, line=4)
+    t.step(line=4)
+    return t
+
+
+def test_a_per_row_term_is_reported_where_it_was_reduced_over_the_classes(tmp_path):
+    assert only(_center_trace(tmp_path, "a.py", CENTER), SLUG).location.line == 3
+    over_batch = CENTER.replace("dim=1", "dim=0")  # no reduction over the classes: kept
+    assert only(_center_trace(tmp_path, "b.py", over_batch), SLUG).location.line == 4

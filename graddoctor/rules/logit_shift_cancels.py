@@ -1,7 +1,63 @@
 from __future__ import annotations
 
+import ast
+
 from ..findings import Severity
+from ..trace import Location
 from .base import Rule
+
+_REDUCTIONS = frozenset({"mean", "sum", "amax", "max", "amin", "min", "logsumexp", "std", "var",
+                         "median", "nanmean"})
+
+
+def _statement_at(tree, line: int):
+    """The innermost statement of ``tree`` that spans ``line``."""
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if best is None or node.lineno >= best.lineno:
+                best = node
+    return best
+
+
+def _keepdim_reduction(node) -> bool:
+    """Whether ``node`` holds a reduction over an axis other than 0 that keeps it
+    (``x.mean(dim=1, keepdim=True)``): one value per row, broadcast back over the classes."""
+    for call in ast.walk(node):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr in _REDUCTIONS):
+            continue
+        keywords = {k.arg: k.value for k in call.keywords}
+        keep = keywords.get("keepdim", call.args[1] if len(call.args) > 1 else None)
+        if not (isinstance(keep, ast.Constant) and keep.value is True):
+            continue
+        dim = keywords.get("dim", call.args[0] if call.args else None)
+        if isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub):
+            return True
+        if isinstance(dim, ast.Constant) and isinstance(dim.value, int) and dim.value != 0:
+            return True
+    return False
+
+
+def reduction_line(a, loc) -> int | None:
+    """The line that reduced the per-row term over the classes, when the statement at ``loc``
+    combines a variable assigned from such a reduction (``batch_center =
+    teacher_out.mean(dim=1, keepdim=True)``, then ``center = center * m + batch_center * (1 -
+    m)``): the line to change. None when the statement reduces itself or none is found."""
+    tree = a.source.tree(loc.path)
+    statement = _statement_at(tree, loc.line) if tree is not None else None
+    if statement is None or _keepdim_reduction(statement):
+        return None
+    lines = set()
+    for name in {n.id for n in ast.walk(statement) if isinstance(n, ast.Name)
+                 and isinstance(n.ctx, ast.Load)}:
+        found = a.source.term_assignment(loc.path, loc.line, name)
+        if found is None or found[0] >= loc.line:
+            continue
+        assigned = _statement_at(tree, found[0])
+        if assigned is not None and _keepdim_reduction(assigned):
+            lines.add(found[0])
+    return lines.pop() if len(lines) == 1 else None
 
 
 class LogitShiftCancels(Rule):
@@ -83,6 +139,11 @@ class LogitShiftCancels(Rule):
                         f"nothing)")
                 fix = self.fix
             else:
+                reduced_at = reduction_line(a, loc)
+                if reduced_at is not None:
+                    loc = Location(loc.path, reduced_at)
+                    text = a.source.line_text(loc.path, loc.line).split("  #")[0].strip()
+                    shown = f"`{text}`" if text else "this line"
                 value = event["value"]
                 size = f" (up to {value:.3g})" if isinstance(value, (int, float)) else ""
                 what = (f"{shown} makes a term with one value per row{size}, the same for all "
