@@ -28,7 +28,7 @@ How, and what it costs: ``Tensor``'s ``+``/``-``/``*``/``/``, unary minus, ``add
 then put back; ``softmax``/``log_softmax`` (``F.*``, ``torch.*`` and the methods) and
 ``F.cross_entropy`` are watched for as long (their wrapper then does nothing). Only calls from
 the user's code make a shifted value; values are read (CPU tensors only, ``_VALUES`` elements
-at most) when a term could be one, never under saved-tensor hooks, and nothing the script
+at most: a larger or device operand makes no shifted value) when a term could be one, never under saved-tensor hooks, and nothing the script
 computes changes.
 """
 
@@ -48,7 +48,7 @@ from .topics import DESCRIBE_LOSS
 
 _WINDOWS = 3  # backwards after which the wrappers go
 _MARKS = 4096  # shifted values held between two backwards, at most
-_VALUES = 1 << 20  # elements read to tell whether a tensor repeats along an axis
+_VALUES = 1 << 23  # elements read to tell whether a tensor repeats along an axis, or normalises it
 _SMALL = 1e-3  # a constant term below this (an epsilon) is no margin
 _LABEL = "logit shift"
 
@@ -269,8 +269,8 @@ class ShiftCancelWatcher:
                 value = _magnitude(term)
                 if value is None or value < _SMALL:
                     continue
-            if isinstance(term, torch.Tensor) and term.device.type != "cpu":
-                continue  # the normalisation test reads values
+            if not _readable(other) or (isinstance(term, torch.Tensor) and term.device.type != "cpu"):
+                continue  # the normalisation test reads values: without it, nothing is said
             if normalises(term, other, axes):
                 continue
             loc = self._here(caller)
