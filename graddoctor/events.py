@@ -717,6 +717,20 @@ view_axes          shape_in, shape_out (the sizes a view/reshape was given and r
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
                    user's code and reaching the loss — at the first 3 backwards, once per pair
                    of shapes (loc: the view call; an aside; instrument/viewaxes.py)
+norm_batch         shape (the sizes of the tensor a norm reduced), dims (the axes it reduced; None: all),
+                   batch (its axis 0: the samples), penalty (how the loss pulls the norm to a
+                   target: "square", "abs", "relu", "clamp", "softplus", or a regression loss's
+                   name): a norm on the loss's path over axis 0 of per-sample values (as long as
+                   the leading axis of a tensor without gradient the graph read), shifted by a
+                   constant and penalised — at the first 3 backwards, once per line (loc: the
+                   norm's call; an aside; instrument/normbatch.py)
+shift_cancelled    consumer ("softmax", "log_softmax" or "cross_entropy"), grad (the term carries
+                   gradient), value (the largest absolute value of a constant term; None when it
+                   carries gradient), scalar (one number for every row, else one per row),
+                   classes (the length of the axis it is constant along): a
+                   term added alike to every class of a row before a shift-invariant softmax,
+                   which cancels it — from the user's code, at the first 3 backwards, once per
+                   line (loc: the line that added the term; an aside; instrument/shiftcancel.py)
 softmax_batch      fn ("softmax" or "log_softmax"), shape (its result's sizes), batch (the samples: dim 0):
                    a softmax on the loss's path taken over dim 0 of a per-sample tensor (another
                    axis longer than 1, not a square (B, B) matrix, dim 0 as long as a tensor
@@ -1687,6 +1701,16 @@ def masked_mean(*, how: str, reduced: str, kept: float, elements: int, same_mask
                            "same_mask": same_mask, "at_mean": at_mean, "mask_operand": mask_operand}
 
 
+def norm_batch(*, shape: list[int], dims: list[int] | None, batch: int, penalty: str) -> Made:
+    return "norm_batch", {"shape": shape, "dims": dims, "batch": batch, "penalty": penalty}
+
+
+def shift_cancelled(*, consumer: str, grad: bool, value: float | None, scalar: bool,
+                    classes: int) -> Made:
+    return "shift_cancelled", {"consumer": consumer, "grad": grad, "value": value, "scalar": scalar,
+                               "classes": classes}
+
+
 def softmax_batch(*, fn: str, shape: list[int], batch: int) -> Made:
     return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch}
 
@@ -1766,6 +1790,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_unbounded": loss_unbounded, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "softmax_batch": softmax_batch,
+    "shift_cancelled": shift_cancelled,
+    "norm_batch": norm_batch,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
@@ -1820,7 +1846,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "softmax_batch", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "softmax_batch", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

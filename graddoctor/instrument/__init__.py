@@ -66,6 +66,8 @@ from .pairlabels import TripletOrderWatcher
 from .repeatedloss import RepeatedLossWatcher
 from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
+from .shiftcancel import ShiftCancelWatcher
+from .normbatch import NormBatchWatcher
 from .anchors import AnchorAliasWatcher
 from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
@@ -161,6 +163,16 @@ class Instrumentation:
         softmax_batch = SoftmaxBatchWatcher(rec, self.dataloader)
         rec.subscribe(DESCRIBE_LOSS, softmax_batch.describe_loss)
         self.watchers.append(softmax_batch)
+        # a term added alike to every class before a softmax, which cancels it
+        # (logit-shift-cancels): Tensor arithmetic wrapped until the first backwards
+        shift_cancel = ShiftCancelWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, shift_cancel.describe_loss)
+        self.watchers.append(shift_cancel)
+        # a per-sample norm taken over the batch and pulled to a target (norm-over-batch): the
+        # norm calls wrapped and the loss's graph walked at the first backwards
+        norm_batch = NormBatchWatcher(rec, self.dataloader)
+        rec.subscribe(DESCRIBE_LOSS, norm_batch.describe_loss)
+        self.watchers.append(norm_batch)
         # a masked per-element loss averaged over every position, padding included
         # (masked-mean-counts-padding): Tensor.mean/sum wrapped until the first backwards
         masked_mean = MaskedMeanWatcher(rec)

@@ -102,3 +102,26 @@ def watched_result(original, after):
     exec(_RESULT_CODE, scope)
     wrapper = scope.pop("make")(after, original, torch.compiler.is_compiling, in_transform)
     return functools.wraps(original)(wrapper)
+
+
+_CALL_SOURCE = """
+def make(after, original, is_compiling, transform):
+    def wrapper(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if not is_compiling() and transform() is None:
+            after(args, kwargs, result)
+        return result
+    return wrapper
+"""
+_CALL_CODE = compile(_CALL_SOURCE, "<graddoctor: watched call>", "exec")
+
+
+def watched_call(original, after):
+    """``original`` with ``after(args, kwargs, result)`` called after each eager call (the same
+    see-through wrapper as ``watched``): for a watcher that needs both what an op was given and
+    what it made. ``after`` is graddoctor's own code and must not raise; its caller's caller
+    (``sys._getframe(2)``) is the code that made the call."""
+    scope = dict(getattr(original, "__globals__", None) or vars(torch))
+    exec(_CALL_CODE, scope)
+    wrapper = scope.pop("make")(after, original, torch.compiler.is_compiling, in_transform)
+    return functools.wraps(original)(wrapper)
