@@ -155,3 +155,28 @@ def test_a_term_told_by_its_loss_call_too_is_told_once():
 
 def test_a_repeated_term_nothing_trained_makes_is_silent():
     assert findings(_term_trace([7]), SLUG) == []
+
+
+def test_a_patched_function_maps_to_the_first_original_it_replaced():
+    import types
+
+    from graddoctor.instrument.patcher import Patcher
+
+    def original(x):
+        return x
+
+    def outer(x):
+        return x
+
+    def inner(x):
+        return x
+
+    owner = types.SimpleNamespace(fn=original)
+    patcher = Patcher()
+    patcher.patch(owner, "fn", inner)
+    patcher.patch(owner, "fn", outer)
+    try:
+        assert patcher.originals() == {id(outer): original}
+    finally:
+        patcher.undo()
+    assert owner.fn is original

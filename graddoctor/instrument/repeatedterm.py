@@ -20,7 +20,7 @@ outputs of one op made twice hold equal values, a random op's do not: dropout, s
 match). A node reached only through saved-tensor hooks (checkpointing, offloading) is never
 unpacked: the terms are then not told.
 
-Where: the window (``FollowMode``, opened after an optimizer step and closed at the next
+Where: the window (a ``TorchFunctionMode``, opened after an optimizer step and closed at the next
 backward, ``_WINDOWS`` times) notes, for each op output with a graph, the user's frames that made
 it (outermost first: each frame with its line, the frames kept alive for the window so that two
 calls of one helper are told apart). The earliest-made pair of nodes of the two copies is
@@ -37,7 +37,9 @@ import torch
 
 from .. import events as ev
 from .dependency import close_before_compile
-from .follow import FollowMode, UninstallHandle, pop_mode, push_mode, remove_mode, tensors_out
+from torch.overrides import TorchFunctionMode
+
+from .follow import UninstallHandle, pop_mode, push_mode, remove_mode, tensors_out
 from .graphpaths import packed, reached, saved
 from .lossfactor import python_number
 from .recorder import Recorder
@@ -189,13 +191,34 @@ def line_to_change(first: tuple, second: tuple):
     return second[-1][1], first[-1][1].line if first else None
 
 
+class _PlaceMode(TorchFunctionMode):
+    """Hands each call's result to ``watcher.follow`` while the window is open. A function
+    graddoctor wraps reaches the mode from inside its wrapper (torch looks the public name up
+    again): the original is called, so that the wrapper's own watchers hear of the call once."""
+
+    def __init__(self, watcher, originals: dict):
+        super().__init__()
+        self.watcher, self.originals = watcher, originals
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = self.originals.get(id(func), func)(*args, **(kwargs or {}))
+        watcher = self.watcher
+        if watcher.following:
+            try:
+                watcher.follow(func, args, kwargs, out)
+            except Exception as exc:
+                watcher.following = False
+                watcher.rec.internal_error("repeated_term", exc)
+        return out
+
+
 class RepeatedTermWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self.following = False
-        self.inside = 0  # FollowMode's contract: wrapped calls running (none here)
         self.closed = False
-        self._mode: FollowMode | None = None
+        self._mode: _PlaceMode | None = None
+        self._patcher = None
         self._thread: int | None = None
         self._windows = 0
         self._placed: dict = {}  # autograd node -> ((frame id, Location), ...) outermost first
@@ -206,7 +229,7 @@ class RepeatedTermWatcher:
     def after_step(self, opt, optimizer) -> None:
         if self.closed or self._mode is not None or self._windows >= _WINDOWS:
             return
-        mode = FollowMode(self, "repeated_term")
+        mode = _PlaceMode(self, self._patcher.originals() if self._patcher is not None else {})
         thread = push_mode(mode, self.rec, "repeated_term")
         if thread is None:
             self.closed = True
@@ -300,6 +323,7 @@ class RepeatedTermWatcher:
         self._close()
 
     def install(self, patcher) -> None:
+        self._patcher = patcher
         close_before_compile(patcher, self.before_compile)
         patcher.handle(UninstallHandle(self))
 
