@@ -712,6 +712,11 @@ loss_repeated      fn (the loss function), first_line (the line of its first cal
                    same prediction and target with the same options, both terms reaching the
                    loss — at the first 3 backwards, once per line (loc: the second call; an
                    aside; instrument/repeatedloss.py)
+term_repeated      op (the autograd node of the repeated term), first_line (the line of the
+                   first copy), params [pid] (tracked tensors below the term): two terms summed
+                   into the loss that are the same ops with the same arguments on the same
+                   inputs — at the backwards after the first 2 optimizer steps, once per line
+                   (loc: the line that made the copy; an aside; instrument/repeatedterm.py)
 view_axes          shape_in, shape_out (the sizes a view/reshape was given and returned), params [pid]
                    (tracked tensors below it): a view or reshape whose output is its input's axes
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
@@ -1429,6 +1434,10 @@ def loss_repeated(*, fn: str, first_line: int | None, params: list[int]) -> Made
     return "loss_repeated", {"fn": fn, "first_line": first_line, "params": params}
 
 
+def term_repeated(*, op: str, first_line: int | None, params: list[int]) -> Made:
+    return "term_repeated", {"op": op, "first_line": first_line, "params": params}
+
+
 def mixup_unmixed(*, fn: str, loader: int, batch: list, field: str, rows: int, lam: float) -> Made:
     return "mixup_unmixed", {"fn": fn, "loader": loader, "batch": batch, "field": field,
                              "rows": rows, "lam": lam}
@@ -1789,6 +1798,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "grad_graph_unused": grad_graph_unused,
     "loss_unbounded": loss_unbounded, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
+    "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
     "shift_cancelled": shift_cancelled,
     "norm_batch": norm_batch,
@@ -1846,7 +1856,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "softmax_batch", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop

@@ -69,3 +69,114 @@ def test_the_rule_points_at_the_repeat_and_names_the_first_call():
 
 def test_the_rule_is_silent_when_nothing_trained_makes_the_prediction():
     assert findings(_trace([7]), SLUG) == []
+
+
+# -- any term summed into the loss twice, read from the graph (instrument/repeatedterm.py) ------
+from graddoctor.instrument.repeatedterm import linear_terms, line_to_change, same_computation  # noqa: E402
+from graddoctor.location import Location  # noqa: E402
+
+
+def _repeated_pairs(loss):
+    terms = linear_terms(loss.grad_fn)
+    budget = [5000]
+    return [(a, b) for i, a in enumerate(terms) for b in terms[i + 1:]
+            if type(a) is type(b) and same_computation(a, b, budget)]
+
+
+def _chamfer(a, b, second_dim):
+    d = torch.cdist(a, b) ** 2
+    return (d.min(dim=2)[0].mean(dim=1) + d.min(dim=second_dim)[0].mean(dim=1)).mean()
+
+
+def test_a_chamfer_direction_written_twice_is_one_repeated_term():
+    a, b = torch.randn(2, 5, 3, requires_grad=True), torch.randn(2, 7, 3)
+    assert len(_repeated_pairs(_chamfer(a, b, 2))) == 1
+    assert _repeated_pairs(_chamfer(a, b, 1)) == []  # the other direction: another term
+
+
+def test_scaled_copies_are_one_term_and_other_operands_are_not():
+    x = torch.randn(4, 3, requires_grad=True)
+    y, z = torch.randn(4, 3), torch.randn(4, 3)
+    assert len(_repeated_pairs(0.7 * F.l1_loss(x.exp(), y) + 0.3 * F.l1_loss(x.exp(), y))) == 1
+    assert _repeated_pairs(F.l1_loss(x.exp(), y) + F.l1_loss(x.exp(), z)) == []
+    assert _repeated_pairs(F.l1_loss(x.exp(), y) + F.l1_loss(x.sigmoid(), y)) == []
+    # slices of one recomputed value are other terms: the walk does not pass through a slice
+    assert _repeated_pairs(x.exp()[:, :1].pow(2).mean() + x.exp()[:, 1:].pow(2).mean()) == []
+    # a product by a computed weight ends a term: the weights tell the terms apart
+    w1, w2 = torch.rand(4, 3), torch.rand(4, 3)
+    assert _repeated_pairs((x.exp() * w1).mean() + (x.exp() * w2).mean()) == []
+
+
+def test_random_draws_are_never_the_same_computation():
+    x = torch.randn(8, 16, requires_grad=True)
+    torch.manual_seed(0)
+    twice = F.dropout(x, 0.5).pow(2).mean() + F.dropout(x, 0.5).pow(2).mean()
+    assert _repeated_pairs(twice) == []
+    noise = (x + torch.randn(8, 16)).exp().mean() + (x + torch.randn(8, 16)).exp().mean()
+    assert _repeated_pairs(noise) == []  # exp's saved results differ
+
+
+def _loc(line):
+    return Location("train.py", line, "f")
+
+
+def test_the_line_to_change_is_where_the_two_copies_part():
+    # the same frame at two lines: the later line
+    assert line_to_change(((1, _loc(30)), (2, _loc(12))), ((1, _loc(30)), (2, _loc(13)))) == (_loc(13), 12)
+    # two calls of a helper: the line that called it twice
+    assert line_to_change(((1, _loc(37)), (2, _loc(9))), ((1, _loc(37)), (3, _loc(9)))) == (_loc(37), 37)
+    # two statements at the top level
+    assert line_to_change(((1, _loc(31)), (2, _loc(14))), ((1, _loc(32)), (3, _loc(14)))) == (_loc(32), 31)
+    # one line run twice (a loop, one expression twice): that line
+    assert line_to_change(((1, _loc(33)),), ((1, _loc(33)),)) == (_loc(33), 33)
+
+
+def _term_trace(params, also_call=False):
+    t = builder(params=[0, 1])
+    if also_call:
+        t.put(ev.loss_repeated(fn="cross_entropy", first_line=8, params=list(params)), line=9)
+    t.put(ev.term_repeated(op="MinBackward0", first_line=8, params=list(params)), line=9)
+    t.clear([0, 1], line=10)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    return t
+
+
+def test_the_rule_tells_a_repeated_term_at_the_copy():
+    f = only(_term_trace([0, 1]), SLUG)
+    assert f.location.line == 9 and "here and on line 8" in f.message
+    assert f.evidence["op"] == "MinBackward0"
+
+
+def test_a_term_told_by_its_loss_call_too_is_told_once():
+    f = only(_term_trace([0, 1], also_call=True), SLUG)
+    assert "cross_entropy is called again" in f.message
+
+
+def test_a_repeated_term_nothing_trained_makes_is_silent():
+    assert findings(_term_trace([7]), SLUG) == []
+
+
+def test_a_patched_function_maps_to_the_first_original_it_replaced():
+    import types
+
+    from graddoctor.instrument.patcher import Patcher
+
+    def original(x):
+        return x
+
+    def outer(x):
+        return x
+
+    def inner(x):
+        return x
+
+    owner = types.SimpleNamespace(fn=original)
+    patcher = Patcher()
+    patcher.patch(owner, "fn", inner)
+    patcher.patch(owner, "fn", outer)
+    try:
+        assert patcher.originals() == {id(outer): original}
+    finally:
+        patcher.undo()
+    assert owner.fn is original

@@ -90,6 +90,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_contrastive_temperature_multiplied_infonce.py",  # temperature_multiplied
             "dependency/bad_view_reorders_axes_encoder_features.py",  # view_axes
             "losses/bad_loss_term_repeated_mixup.py",  # loss_repeated
+            "losses/bad_loss_term_repeated_chamfer_direction.py",  # term_repeated
             "masks/bad_masked_mean_counts_padding_tokens.py",  # masked_mean
             "numerics/bad_eps_adam_one.py",  # eps_share
             "numerics/bad_activations_tanh_init.py",  # activation_saturated

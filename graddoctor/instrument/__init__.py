@@ -64,6 +64,7 @@ from .redrawn import RedrawnNoiseWatcher
 from .attnaxis import SoftmaxAxisWatcher
 from .pairlabels import TripletOrderWatcher
 from .repeatedloss import RepeatedLossWatcher
+from .repeatedterm import RepeatedTermWatcher
 from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
 from .shiftcancel import ShiftCancelWatcher
@@ -137,6 +138,12 @@ class Instrumentation:
         repeats = RepeatedLossWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, repeats.describe_loss)
         self.watchers.append(repeats)
+        # any term summed into the loss twice (hand-written ones too): read from the graph at the
+        # backwards after the first optimizer steps, the copy's line from the forward before
+        repeated_terms = RepeatedTermWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, repeated_terms.describe_loss)
+        rec.subscribe(STEPPED, repeated_terms.after_step)
+        self.watchers.append(repeated_terms)
         loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, repeats)
         # an ignore_index or padding_idx that the data uses as a real class or token: told
         # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids

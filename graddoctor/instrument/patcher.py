@@ -23,6 +23,25 @@ class Patcher:
         self._undo.append(("handle", handle, None, None))
         return handle
 
+    def originals(self) -> dict:
+        """``{id(installed function): the function it replaced first}`` for the plain functions
+        patched in: a ``TorchFunctionMode`` handed one of graddoctor's wrappers (torch looks the
+        public name up again) calls the original, so that the wrapper, which already ran, does
+        not run twice."""
+        first: dict = {}
+        for kind, owner, name, old in self._undo:
+            if kind == "attr" and (id(owner), name) not in first:
+                first[(id(owner), name)] = old
+        out: dict = {}
+        for kind, owner, name, _ in self._undo:
+            if kind != "attr":
+                continue
+            old = first[(id(owner), name)]
+            new = owner.__dict__.get(name) if hasattr(owner, "__dict__") else None
+            if callable(new) and callable(old) and not isinstance(old, (staticmethod, classmethod)):
+                out[id(new)] = old
+        return out
+
     def undo(self) -> list[BaseException]:
         errors: list[BaseException] = []
         while self._undo:

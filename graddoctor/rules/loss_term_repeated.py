@@ -18,6 +18,17 @@ class LossTermRepeated(Rule):
     the graph of the first backwards (the loss's start node twice on that prediction). It
     points at the second call.
 
+    Any other term, hand-written ones included, is read from the graph: at the backwards after
+    the first two optimizer steps, the terms summed into the loss (below its additions,
+    subtractions, negations, products by a number, sums, means and views) are compared two by
+    two, and two that are the same ops with the same arguments on the same inputs (saved
+    tensors equal in value) are one term written twice: a Chamfer distance whose second
+    direction repeats the first (`d.min(dim=2)` twice), a smoothness term whose vertical
+    differences repeat the horizontal slicing, a bidirectional or cycle loss that maps the same
+    images again, a loop over scales or layers that reads `preds[0]` at every turn. The forward
+    before that backward is followed to place the copy: it points at the line where the two
+    copies part (the copy's own line, the line that called a helper twice, or the loop's line).
+
     ## Why is this bad?
     The two terms are one term with its weight changed: `lam * L + (1 - lam) * L` is `L`. The
     operand the second term was written for (the partner samples' labels, the other direction
@@ -43,8 +54,12 @@ class LossTermRepeated(Rule):
     labels with other options (a label-smoothed and a plain cross-entropy blended, class
     weights); a loss computed again only to be logged (`.item()`, not in the graph); per-element
     losses (`reduction="none"`), which are often weighted apart afterwards; losses other than
-    cross_entropy, nll_loss and the binary cross-entropies (not watched). Not told apart: the
-    same term added twice on purpose reads as the bug.
+    cross_entropy, nll_loss and the binary cross-entropies (not watched by their calls). From
+    the graph: terms that differ in one operand, option, axis or slice; two passes with dropout
+    or any random draw (R-Drop, Monte-Carlo samples, two noise draws of one batch); terms
+    weighted apart by computed tensors (masks, per-pixel weights); terms checkpointed or
+    offloaded (never unpacked); a script with one optimizer step only. Not told apart:
+    the same term added twice on purpose reads as the bug.
     """
 
     code = "GD187"
@@ -57,6 +72,7 @@ class LossTermRepeated(Rule):
 
     def check(self, a):
         stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        told = set()
         for e in a.of_kind("loss_repeated"):
             pids = [pid for pid in e.get("params") or () if pid in stepped]
             if not pids or e.loc is None:
@@ -64,6 +80,7 @@ class LossTermRepeated(Rule):
             fn, first = e.get("fn", "the loss"), e.get("first_line")
             where = ("on the same line" if first == e.loc.line else
                      f"as on line {first}" if first is not None else "as before")
+            told.add(e.loc)
             yield self.finding(
                 f"{fn} is called again on the same prediction and the same target, with the same "
                 f"options, {where}, and both terms reach the loss: their sum is one term with its "
@@ -72,3 +89,22 @@ class LossTermRepeated(Rule):
                 f"output) never reaches the loss, so {a.names(pids)} train on one term only",
                 e.loc, step=a.next_step_number(e.seq),
                 evidence={"fn": fn, "first_line": first, "params": pids[:16]})
+        for e in a.of_kind("term_repeated"):
+            pids = [pid for pid in e.get("params") or () if pid in stepped]
+            if not pids or e.loc is None or e.loc in told:
+                continue
+            told.add(e.loc)
+            first = e.get("first_line")
+            where = ("twice on this line" if first == e.loc.line else
+                     f"here and on line {first}" if first is not None else "twice")
+            yield self.finding(
+                f"this term of the loss is computed {where} with the same ops, the same arguments "
+                f"and the same inputs, and both copies are summed into the loss: their sum is one "
+                f"term with its weight changed. The copy was meant to take another operand (the "
+                f"other axis or direction, the other image or output, the loop's own index), "
+                f"which never reaches the loss, so {a.names(pids)} train on one term only",
+                e.loc, step=a.next_step_number(e.seq),
+                evidence={"op": e.get("op"), "first_line": first, "params": pids[:16]},
+                fix=("change the copy's operand to the one it was written for (dim=1 for the "
+                     "other direction, the other axis's slices, the other image or output, the "
+                     "loop's index)"))
