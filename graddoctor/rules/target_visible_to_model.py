@@ -187,15 +187,15 @@ class TargetVisibleToModel(Rule):
     def _copied(self, a, e, copy):
         """A real-valued target the model reads at the step it outputs it (seqcopy.py)."""
         model, t, s, reader = e["model"], copy["t"], copy["s"], copy["reader"]
-        P, steps, kind = copy["positions"], copy["steps"], copy["kind"]
+        P, steps, reads = copy["positions"], copy["steps"], copy["kind"]
         target_at = copy.get("target_at")
         read_at = copy.get("read_at")
         loss_loc = Location(str(target_at[0]), int(target_at[1]), str(target_at[2])) if target_at else e.loc
         given = copy.get("input")
         where = f"target position {t}" if P > 1 else "the target"
-        if kind in ("dense", "bi"):
+        if reads in ("dense", "bi"):
             seen = f"the {reader} that reads it sees every step of its input at once"
-        elif kind == "steps":
+        elif reads == "steps":
             seen = f"the prediction there reads that step through the {reader} and no later one"
         else:
             seen = (f"the {reader} reads it at the very step its output there is taken from "
@@ -236,7 +236,7 @@ class TargetVisibleToModel(Rule):
             message, loc,
             evidence={"model": model, "position": t, "input_step": s, "positions": P,
                       "steps": steps, "reader": reader, "whole": bool(copy.get("whole")),
-                      "sees_later_positions": kind in ("dense", "bi")},
+                      "sees_later_positions": reads in ("dense", "bi")},
             fix=fix)
 
     def _shifted_twice(self, a, e, seq, loc):
