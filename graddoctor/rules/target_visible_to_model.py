@@ -207,8 +207,8 @@ class TargetVisibleToModel(Rule):
                    f"the forecasts are no better than repeating the last input")
         if copy.get("whole"):
             message = (f"the loss's target is the very sequence the {reader} of {model} reads, "
-                       f"position for position ({P} steps), and the {reader} is causal: the "
-                       f"prediction at step {t} reads steps up to {t}, the target's own value "
+                       f"position for position ({P} steps), and {model} is causal: its "
+                       f"prediction at step {t} reads the steps up to {t}, the target's own value "
                        f"among them, so the model learns to copy its input, not to predict "
                        f"the next value (teacher forcing needs the targets shifted by one)")
         loc, fix = loss_loc, None
