@@ -59,6 +59,7 @@ def test_the_same_move_and_photometric_changes_are_silent():
         lambda i, x, m: ((x - x.mean()) / x.std(), m),
         lambda i, x, m: (x.flip(-1), torch.tensor(i % 3)),  # a class label: no pixels
         lambda i, x, m: (x.flip(-1), x[:, :, :]),  # two images (a contrastive pair), no mask
+        lambda i, x, m: (x.flip(-1), torch.ones(10, 10, dtype=torch.long)),  # a constant mask
     ]
     for augment in same:
         found = _events(augment)

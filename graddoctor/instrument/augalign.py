@@ -16,7 +16,7 @@ its own grid. The fetch's ``collate_fn`` is wrapped for that fetch only, to see 
 before they are stacked.
 
 A sample is judged when it holds an *image* (floating, more than ``_LEVELS`` distinct values)
-and a *mask* (integer or boolean, or floating with at most ``_LEVELS`` values) with the same
+and a *mask* (integer or boolean, or floating with at most ``_LEVELS`` values; not constant) with the same
 last two axes: their grids must agree to within half a pixel, or after a resize half a source
 step and half a pixel (a bilinear and a nearest resize to the same size agree). Two images (a contrastive pair's
 views), an image and a class label, and anything made outside torch (NumPy, PIL) are not
@@ -122,7 +122,11 @@ class AugmentAlignWatcher:
                 return collate(data)
 
             watcher._grids = {}
-            fetcher.collate_fn = collate_seen
+            try:
+                fetcher.collate_fn = collate_seen
+            except Exception as exc:
+                watcher._broken(exc)
+                return original(fetcher, possibly_batched_index)
             try:
                 with _Mode(watcher):
                     data = original(fetcher, possibly_batched_index)
@@ -275,9 +279,14 @@ def _image(t) -> bool:
 
 
 def _mask(t) -> bool:
-    if t.dtype == torch.bool or not (t.is_floating_point() or t.is_complex()):
-        return not t.is_complex()
-    return _levels(t) <= _LEVELS
+    """Integer, boolean or few-valued floating, and not constant (a constant mask labels every
+    place alike: moving it changes nothing)."""
+    if t.is_complex():
+        return False
+    levels = _levels(t)
+    if t.dtype == torch.bool or not t.is_floating_point():
+        return levels >= 2
+    return 2 <= levels <= _LEVELS
 
 
 def _key(k):
