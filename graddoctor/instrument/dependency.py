@@ -357,6 +357,11 @@ class DependencyWatcher:
             return
         current.inputs = inputs
         current.out = out
+        if isinstance(current.model, _READERS) and not current.readers:
+            call = seqcopy.reader_call(current.model, args, output)  # nn.Linear(W, H) itself
+            if call is not None:
+                call["at"] = current.call
+                current.readers.append(call)
         self._pending.append(current)
 
     # -- loss targets and tensor hooks --------------------------------------------------------

@@ -200,8 +200,9 @@ class TargetVisibleToModel(Rule):
         else:
             seen = (f"the {reader} reads it at the very step its output there is taken from "
                     f"(nothing after it)")
+        layer = "its input" if reader == model else f"the input of its {reader}"
         message = (f"{where} of the loss holds, in every sample, exactly the values {model} is "
-                   f"given at input step {s} of its {reader} ({steps} steps), and {seen}: the "
+                   f"given at step {s} of {layer} ({steps} steps), and {seen}: the "
                    f"model can copy its target from its input. The loss falls fast because the "
                    f"answer is in the input; at inference, where the value is not known yet, "
                    f"the forecasts are no better than repeating the last input")
