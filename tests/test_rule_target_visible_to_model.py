@@ -208,6 +208,10 @@ def test_judge_tells_a_copy_from_memory_teacher_forcing_and_reconstruction():
     assert judge("dense", [(0, 15)], 0, 4, False, set(range(16)), 15) == 15
     assert judge("dense", [(0, 15)], 0, 1, False, set(range(16)), 15) is None  # target-in-inputs'
     assert judge("dense", [(t, t) for t in range(16)], 7, 16, True, set(range(16)), 15) is None
+    # masked reconstruction: the unhidden positions match the input at their own place
+    hidden = [(t, t) for t in range(16) if t not in (3, 9)]
+    assert judge("dense", hidden, 0, 16, False, set(range(16)), 15, 16) is None
+    assert judge("rnn", hidden, 0, 16, False, {0}, 0, 16) is None
 
 
 class _Decoder(nn.Module):

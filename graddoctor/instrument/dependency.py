@@ -591,7 +591,8 @@ class DependencyWatcher:
         for line, _, _, pairs, whole in found:
             read, last = seqcopy.read_steps(line, by_id, r)
             kind = line[0]["kind"]
-            s = seqcopy.judge(kind, pairs, t, P, whole, read, last)
+            steps = sum(int(c["x"].shape[1]) for c in line)
+            s = seqcopy.judge(kind, pairs, t, P, whole, read, last, steps)
             if s is None:
                 continue
             x = line[0]["x"]

@@ -27,7 +27,9 @@ position is in the input (the target *is* the input or part of it: reconstructio
 is the reader's whole input position for position (an autoencoder, a denoiser given the clean
 series) is a copy only when the prediction reads earlier steps and no later one (a causal model
 with unshifted targets); an autoencoder's prediction reads the whole series through its
-bottleneck, a per-frame autoencoder no other step. Targets the model must remember (a memory
+bottleneck, a per-frame autoencoder no other step. A target as long as the input that matches
+it only at its own positions, some of them not (masked reconstruction: the hidden steps zeroed
+in the input), is a reconstruction too. Targets the model must remember (a memory
 task's first step) or that it reads one step later (teacher forcing with the shifted targets) are
 not copies.
 """
@@ -183,10 +185,12 @@ def read_steps(line: list, grads: dict, r: int) -> tuple[set, int | None]:
 
 
 def judge(kind: str, pairs: list, t: int, positions: int, whole: bool, read: set,
-          last: int | None) -> int | None:
+          last: int | None, steps: int | None = None) -> int | None:
     """The input step the prediction at position ``t`` copies its target from, or None."""
     if last is None:
         return None
+    if not whole and positions == steps and all(tt == s for tt, s in pairs):
+        return None  # masked reconstruction: the input's own positions, some of them hidden
     at_t = [s for tt, s in pairs if tt == t]
     if not at_t:
         return None

@@ -88,7 +88,7 @@ class TargetVisibleToModel(Rule):
     series overlaps but not at the step read last), teacher forcing with the targets shifted by
     one, an autoencoder (the target is its input, read whole through its final state or its
     bottleneck), a per-frame autoencoder (each frame read alone), a memory task (the target is
-    a step read long before), masked reconstruction (the hidden steps are not in the input), a
+    a step read long before), masked reconstruction (the hidden steps are not in the input, the others at their own place), a
     residual forecaster predicting the change, a one-value target a dense layer reads (the
     table's case above), models whose first layers are convolutions or attention (not judged).
     """
