@@ -304,10 +304,11 @@ output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activa
                    it, >= 0.25), target_low, target_high — a regression loss at one of its
                    first 8 calls with a gradient, once per call line (loc: the loss call; an
                    aside; instrument/losses.py)
-target_in_inputs   fn (the loss function), column, columns (the model input's width): a loss
-                   target whose values one column of the data a first layer of the prediction
-                   reads holds (first 8 calls with a gradient, CPU) — once per loss call line
-                   (loc: the loss call)
+target_in_inputs   fn (the loss function), column, columns (the model input's width), window
+                   (bool: the columns are the steps of a series, each next to the one before):
+                   a loss target whose values one column of the data a first layer of the
+                   prediction reads holds (first 8 calls with a gradient, CPU) — once per loss
+                   call line (loc: the loss call)
 full_rows_loss     fn (the loss function), rows (N): a loss with a gradient whose target is the
                    same N-row tensor at a line's first calls and whose prediction has those N
                    rows with no row selection in its graph, its target not an input the
@@ -1207,8 +1208,8 @@ def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, gra
     return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how}
 
 
-def target_in_inputs(*, fn: str, column: int, columns: int) -> Made:
-    return "target_in_inputs", {"fn": fn, "column": column, "columns": columns}
+def target_in_inputs(*, fn: str, column: int, columns: int, window: bool = False) -> Made:
+    return "target_in_inputs", {"fn": fn, "column": column, "columns": columns, "window": window}
 
 
 def full_rows_loss(*, fn: str, rows: int) -> Made:

@@ -284,3 +284,29 @@ def test_a_copied_target_is_reported_where_the_decoder_input_is_built(tmp_path):
                                 seq={"copy": seq2one}, modules=[], forward=None), line=9)
     f = only(t, SLUG)
     assert f.location.line == 9 and "i + L - 1" in f.fix  # the model's own input: the target moves
+
+
+def test_a_window_of_a_series_is_told_from_a_table():
+    from graddoctor.instrument.targetcolumn import _window
+
+    series = torch.sin(torch.arange(300, dtype=torch.float32) / 6)
+    windows = torch.stack([series[i:i + 24] for i in range(64)])
+    assert _window(windows)
+    assert not _window(torch.randn(64, 24))  # a table: its columns are unrelated
+    assert not _window(windows[:, :3])  # too few columns to say
+
+
+def test_a_target_that_is_a_windows_last_step_gets_a_forecasters_fix():
+    t = builder()
+    t.put(ev.target_in_inputs(fn="mse_loss", column=23, columns=24, window=True), line=26)
+    for _ in range(3):
+        t.backward(fresh=P, line=28)
+        t.step(line=29)
+    f = only(t, SLUG)
+    assert "step 23 of the 24-step window" in f.message and "i + L - 1" in f.fix
+    t = builder()
+    t.put(ev.target_in_inputs(fn="mse_loss", column=3, columns=8), line=26)
+    for _ in range(3):
+        t.backward(fresh=P, line=28)
+        t.step(line=29)
+    assert "drop the target's column" in only(t, SLUG).fix

@@ -124,6 +124,16 @@ class TargetVisibleToModel(Rule):
 
     def _column(self, a, e):
         column, columns, fn = e["column"], e["columns"], e.get("fn", "the loss")
+        if e.get("window"):
+            return self.finding(
+                f"the target {fn} is given is step {column} of the {columns}-step window the model "
+                f"reads as its input (the window's columns follow a series): the model is asked "
+                f"for a value it is given, so it learns to copy that step and its training loss "
+                f"falls toward 0, while at inference the value to forecast is not in the window",
+                e.loc, step=a.next_step_number(e.seq),
+                evidence={"column": column, "columns": columns, "function": fn, "window": True},
+                fix=("start the target where the window ends: with a window of L steps from i, "
+                     "the target is the series at i + L (`series[i + L]`), not at i + L - 1"))
         return self.finding(
             f"the target {fn} is given is a copy of column {column} of the {columns} columns the model "
             f"reads as its input: the label was left among the features, so the model learns to "
