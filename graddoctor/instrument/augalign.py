@@ -195,7 +195,7 @@ class AugmentAlignWatcher:
             if not isinstance(again, torch.Tensor) or again.dim() < 2 \
                     or tuple(again.shape[-2:]) != tuple(out.shape[-2:]):
                 return  # the result's pixels cannot be placed: nothing is kept for it
-            moved.append(again.reshape(-1, *again.shape[-2:])[0].detach())
+            moved.append(again[(0,) * (again.dim() - 2)].detach())  # a view: nothing copied
         same = moved[0].shape == rows.shape and bool(torch.equal(moved[0], rows)) \
             and bool(torch.equal(moved[1], cols))
         if not same:  # an op that moved pixels (not `images[i]`, `x[None]`): its line is kept
