@@ -84,9 +84,9 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         try:
-            self.watcher._note(func, args, kwargs, out)
+            self.watcher.note(func, args, kwargs, out)
         except Exception as exc:
-            self.watcher._broken(exc)
+            self.watcher.broken(exc)
         return out
 
 
@@ -102,7 +102,7 @@ class AugmentAlignWatcher:
         Fetcher = _fetch._MapDatasetFetcher
         patcher.patch(Fetcher, "fetch", self._wrap_fetch(Fetcher.fetch))
 
-    def _broken(self, exc) -> None:
+    def broken(self, exc) -> None:
         self._failed = True
         self.rec.internal_error("augmentation alignment", exc)
 
@@ -125,7 +125,7 @@ class AugmentAlignWatcher:
             try:
                 fetcher.collate_fn = collate_seen
             except Exception as exc:
-                watcher._broken(exc)
+                watcher.broken(exc)
                 return original(fetcher, possibly_batched_index)
             try:
                 with _Mode(watcher):
@@ -136,7 +136,7 @@ class AugmentAlignWatcher:
                 if samples:
                     watcher._judge(dataset, samples[0])
             except Exception as exc:
-                watcher._broken(exc)
+                watcher.broken(exc)
             finally:
                 watcher._grids = {}
             return data
@@ -159,7 +159,8 @@ class AugmentAlignWatcher:
         held = self._grids.get(id(tensor))
         return held[1] if held is not None and held[0] is tensor else None
 
-    def _note(self, func, args, kwargs, out) -> None:
+    def note(self, func, args, kwargs, out) -> None:
+        """An op run inside a looked-at fetch (the mode calls it): the grids of its result."""
         if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.numel() > _MAX_ELEMENTS:
             return
         source = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
