@@ -304,10 +304,11 @@ output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activa
                    it, >= 0.25), target_low, target_high — a regression loss at one of its
                    first 8 calls with a gradient, once per call line (loc: the loss call; an
                    aside; instrument/losses.py)
-target_in_inputs   fn (the loss function), column, columns (the model input's width): a loss
-                   target whose values one column of the data a first layer of the prediction
-                   reads holds (first 8 calls with a gradient, CPU) — once per loss call line
-                   (loc: the loss call)
+target_in_inputs   fn (the loss function), column, columns (the model input's width), window
+                   (bool: the columns are the steps of a series, each next to the one before):
+                   a loss target whose values one column of the data a first layer of the
+                   prediction reads holds (first 8 calls with a gradient, CPU) — once per loss
+                   call line (loc: the loss call)
 full_rows_loss     fn (the loss function), rows (N): a loss with a gradient whose target is the
                    same N-row tensor at a line's first calls and whose prediction has those N
                    rows with no row selection in its graph, its target not an input the
@@ -547,6 +548,13 @@ dataset_drift      cls (the dataset's class), attr (the attribute holding the st
                    into rows of an array the dataset holds, at an index it had already served:
                    the stored data changes again at every read, once per dataset and array (loc:
                    the dataset's ``__getitem__``; an aside; instrument/datasetreads.py)
+augment_misaligned cls (the dataset's class), image, mask (the two fields of a sample: an index or
+                   a key), op (the name of the op one of them went through and the other did
+                   not, or went through another way), moved ("image" or "mask": which one),
+                   shape (their last two axes) — a sample whose image and mask (the same last
+                   two axes) have pixels from different places after the dataset's
+                   augmentation; once per dataset (loc: the line of that op; an aside;
+                   instrument/augalign.py)
 label_offset       cls, inputs (attribute of the array a field of the sample equals at its own
                    index), labels (attribute of the array another field equals at index + offset),
                    offset (int, not 0), samples (how many were compared), field (the label's
@@ -1219,8 +1227,8 @@ def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, gra
     return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how}
 
 
-def target_in_inputs(*, fn: str, column: int, columns: int) -> Made:
-    return "target_in_inputs", {"fn": fn, "column": column, "columns": columns}
+def target_in_inputs(*, fn: str, column: int, columns: int, window: bool = False) -> Made:
+    return "target_in_inputs", {"fn": fn, "column": column, "columns": columns, "window": window}
 
 
 def full_rows_loss(*, fn: str, rows: int) -> Made:
@@ -1763,6 +1771,12 @@ def dataset_drift(*, cls: str, attr: str, numpy: bool, rows: int, fetches: int) 
                              "fetches": fetches}
 
 
+def augment_misaligned(*, cls: str, image: Any, mask: Any, op: str, moved: str,
+                       shape: list[int]) -> Made:
+    return "augment_misaligned", {"cls": cls, "image": image, "mask": mask, "op": op,
+                                  "moved": moved, "shape": shape}
+
+
 def label_offset(*, cls: str, inputs: str, labels: str, offset: int, samples: int,
                  field: Any) -> Made:
     return "label_offset", {"cls": cls, "inputs": inputs, "labels": labels, "offset": offset,
@@ -1835,6 +1849,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "step_edit": step_edit, "decay_share": decay_share, "eps_share": eps_share,
     "activation_saturated": activation_saturated, "model_copy": model_copy,
     "dataset_drift": dataset_drift, "label_offset": label_offset, "loader_rows": loader_rows,
+    "augment_misaligned": augment_misaligned,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -1857,7 +1872,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
-                         "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows"})
+                         "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
+                         "augment_misaligned"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

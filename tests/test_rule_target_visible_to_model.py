@@ -172,3 +172,141 @@ def test_targets_sliced_apart_are_reported_at_the_slice_with_a_fix_that_slices_t
                  if f.rule == "target-visible-to-model"]
     assert finding.location.line == 28
     assert "ids[:, 1:]" in finding.fix and "logits[:, :-1]" not in finding.fix
+
+
+# -- real-valued targets copied from the input (instrument/seqcopy.py) ------------------------
+
+def test_matches_pairs_target_positions_with_input_steps_exactly():
+    from graddoctor.instrument.seqcopy import matches
+
+    series = torch.randn(16, 30)
+    x = series[:, :12].unsqueeze(-1)
+    late = series[:, 11:14].unsqueeze(-1)  # the window one step late: position 0 is step 11
+    assert matches(late, x) == [(0, 11)]
+    assert matches(series[:, 12:15].unsqueeze(-1), x) == []  # shifted right: nothing in view
+    assert matches(late * 1.5, x) == []  # a function of the input is not a copy
+    flat = torch.zeros(16, 12, 1)
+    flat[:, 3] = 1.0
+    assert matches(flat[:, 3:4], flat) == []  # positions of fewer than 4 values say nothing
+    assert matches(late[:4], x[:4]) == []  # too few samples
+
+
+def test_judge_tells_a_copy_from_memory_teacher_forcing_and_reconstruction():
+    from graddoctor.instrument.seqcopy import judge
+
+    # a recurrent reader: the target is the step it outputs at (copy), or one read earlier
+    assert judge("rnn", [(0, 11)], 0, 1, False, {11}, 11) == 11
+    assert judge("rnn", [(0, 0)], 0, 1, False, {11}, 11) is None  # memory: recalled, not copied
+    assert judge("rnn", [(0, 1), (1, 2)], 0, 4, False, {0}, 0) is None  # teacher forcing, shifted
+    assert judge("rnn", [(t, t) for t in range(6)], 2, 6, True, {2}, 2) == 2  # unshifted decoder
+    assert judge("rnn", [(t, t) for t in range(6)], 2, 6, True, {5}, 5) is None  # an autoencoder
+    assert judge("rnn", [(0, 11)], 0, 1, False, set(), None) is None  # not read at all
+    # per-step Linear readers: a frame autoencoder reads only its own step
+    assert judge("steps", [(t, t) for t in range(6)], 2, 6, True, {2}, 2) is None
+    assert judge("steps", [(t, t) for t in range(6)], 2, 6, True, {0, 1, 2}, 2) == 2
+    # dense readers see the whole window: a copy unless every target position is in it
+    assert judge("dense", [(0, 15)], 0, 4, False, set(range(16)), 15) == 15
+    assert judge("dense", [(0, 15)], 0, 1, False, set(range(16)), 15) is None  # target-in-inputs'
+    assert judge("dense", [(t, t) for t in range(16)], 7, 16, True, set(range(16)), 15) is None
+    # masked reconstruction: the unhidden positions match the input at their own place
+    hidden = [(t, t) for t in range(16) if t not in (3, 9)]
+    assert judge("dense", hidden, 0, 16, False, set(range(16)), 15, 16) is None
+    assert judge("rnn", hidden, 0, 16, False, {0}, 0, 16) is None
+
+
+class _Decoder(nn.Module):
+    def __init__(self, shifted: bool):
+        super().__init__()
+        self.shifted = shifted
+        self.encoder = nn.GRU(1, 8, batch_first=True)
+        self.decoder = nn.GRU(1, 8, batch_first=True)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, src, tgt):
+        _, h = self.encoder(src)
+        dec_in = torch.cat([src[:, -1:], tgt[:, :-1]], 1) if self.shifted else tgt
+        out, _ = self.decoder(dec_in, h)
+        return self.head(out)
+
+
+def _copy_events(shifted: bool) -> list:
+    torch.manual_seed(0)
+    series = torch.randn(200)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = _Decoder(shifted)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            starts = torch.randint(0, 180, (12,)).tolist()
+            src = torch.stack([series[i:i + 8] for i in starts]).unsqueeze(-1)
+            tgt = torch.stack([series[i + 8:i + 14] for i in starts]).unsqueeze(-1)
+            F.mse_loss(model(src, tgt), tgt).backward()
+            opt.step()
+            opt.zero_grad()
+    assert not rec.trace.of_kind("internal_error")
+    return [e["seq"]["copy"] for e in rec.trace.of_kind("dependency") if (e["seq"] or {}).get("copy")]
+
+
+def test_the_watcher_finds_a_decoder_fed_its_unshifted_targets_and_not_a_shifted_one():
+    (copy,) = _copy_events(shifted=False)
+    assert (copy["reader"], copy["kind"], copy["whole"], copy["t"], copy["s"]) == ("GRU", "rnn", True, 2, 2)
+    assert copy["input"] == 1  # the model's second input, the decoder's
+    assert _copy_events(shifted=True) == []
+
+
+def test_a_copied_target_is_reported_where_the_decoder_input_is_built(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("class M:\n    def forward(self, src, tgt):\n        dec_in = tgt\n"
+                      "        out, _ = self.dec(dec_in, h)\n        return out\n")
+    path = str(script)
+    copy = {"reader": "GRU", "kind": "rnn", "t": 2, "s": 2, "positions": 6, "steps": 6,
+            "whole": True, "calls": 1, "input": 1, "fn": "mse_loss",
+            "read_at": [path, 4, "forward"], "target_at": [path, 9, "<module>"]}
+    t = builder()
+    t.path = path
+    for i in range(3):
+        t.backward(fresh=P, line=10)
+        t.step(line=11)
+        if i == 0:
+            t.put(ev.dependency(model="M", batch=12, source=None, mixed=None, op=None, op_at=None,
+                                seq={"copy": copy}, modules=[], forward=None), line=9)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 3
+    assert "shifted by one" in f.fix and f.evidence["whole"] is True
+    seq2one = dict(copy, whole=False, positions=1, t=0, s=11, steps=12, input=0)
+    t = builder()
+    t.path = path
+    for i in range(3):
+        t.backward(fresh=P, line=10)
+        t.step(line=11)
+        if i == 0:
+            t.put(ev.dependency(model="M", batch=12, source=None, mixed=None, op=None, op_at=None,
+                                seq={"copy": seq2one}, modules=[], forward=None), line=9)
+    f = only(t, SLUG)
+    assert f.location.line == 9 and "i + L - 1" in f.fix  # the model's own input: the target moves
+
+
+def test_a_window_of_a_series_is_told_from_a_table():
+    from graddoctor.instrument.targetcolumn import _window
+
+    series = torch.sin(torch.arange(300, dtype=torch.float32) / 6)
+    windows = torch.stack([series[i:i + 24] for i in range(64)])
+    assert _window(windows)
+    assert not _window(torch.randn(64, 24))  # a table: its columns are unrelated
+    assert not _window(windows[:, :3])  # too few columns to say
+
+
+def test_a_target_that_is_a_windows_last_step_gets_a_forecasters_fix():
+    t = builder()
+    t.put(ev.target_in_inputs(fn="mse_loss", column=23, columns=24, window=True), line=26)
+    for _ in range(3):
+        t.backward(fresh=P, line=28)
+        t.step(line=29)
+    f = only(t, SLUG)
+    assert "step 23 of the 24-step window" in f.message and "i + L - 1" in f.fix
+    t = builder()
+    t.put(ev.target_in_inputs(fn="mse_loss", column=3, columns=8), line=26)
+    for _ in range(3):
+        t.backward(fresh=P, line=28)
+        t.step(line=29)
+    assert "drop the target's column" in only(t, SLUG).fix

@@ -75,6 +75,7 @@ from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
 from .datasetreads import DatasetReadWatcher
+from .augalign import AugmentAlignWatcher
 from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .dropoutout import DropoutOutputWatcher
@@ -271,6 +272,8 @@ class Instrumentation:
         self.watchers.append(pairs)
         # what a dataset's __getitem__ writes into or reads from the arrays it holds
         self.watchers.append(DatasetReadWatcher(rec))
+        # a dataset's augmentation that moves an image's pixels and not its mask's the same way
+        self.watchers.append(AugmentAlignWatcher(rec))
         # a recurrent state carried from one batch of a shuffling DataLoader to the next
         carried = StateCarryWatcher(rec, self.dataloader)
         rec.subscribe(BATCH_SERVED, carried.served)

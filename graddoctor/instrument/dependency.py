@@ -78,6 +78,7 @@ from torch import nn
 from .. import events as ev
 from ..trace import Location
 from .inlinable import in_transform, watched
+from . import seqcopy
 from .graphpaths import paths_to, post_order, saved
 from .recorder import Recorder
 
@@ -92,6 +93,8 @@ _MODULES = 8  # attention / recurrent calls kept per forward
 _TARGETS = 8  # loss targets kept per turn
 _MATCH = 0.9  # share of the positions a target shift must match
 _MIN_POSITIONS = 8
+_READER_CALLS = 256  # calls of recurrent and linear layers on data kept per forward (seqcopy.py)
+_READERS = (nn.RNNBase, nn.RNNCellBase, nn.Linear)
 _TINY = 1e-6  # a gradient below this share of the largest one counts as zero
 
 LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
@@ -167,7 +170,7 @@ class _Forward:
     """One outermost training forward of a model, recorded for a probe."""
 
     __slots__ = ("model", "cls", "call", "forward", "inputs", "out", "outs", "embeds",
-                 "modules", "unsafe", "anomaly", "locate", "packed")
+                 "modules", "unsafe", "anomaly", "locate", "packed", "readers")
 
     def __init__(self, model, call, locate: bool):
         self.model = model
@@ -186,6 +189,7 @@ class _Forward:
         # an RNN ran over a PackedSequence: its data interleaves the samples by time step, and
         # pad_packed_sequence regroups those rows in views whose layout the probe cannot read
         self.packed = False
+        self.readers: list = []  # seqcopy.reader_call's records, with the line of each call
 
 
 class DependencyWatcher:
@@ -328,6 +332,11 @@ class DependencyWatcher:
                     and output.grad_fn is not None and len(current.embeds) < _MODULES:
                 current.embeds.append((ids, output))
             return
+        if isinstance(module, _READERS) and len(current.readers) < _READER_CALLS:
+            call = seqcopy.reader_call(module, args, output)
+            if call is not None:
+                call["at"] = self.rec.here()
+                current.readers.append(call)
         if isinstance(module, _ATTENTION + _RECURRENT):
             if args and isinstance(args[0], nn.utils.rnn.PackedSequence):
                 current.packed = True
@@ -352,6 +361,11 @@ class DependencyWatcher:
             return
         current.inputs = inputs
         current.out = out
+        if isinstance(current.model, _READERS) and not current.readers:
+            call = seqcopy.reader_call(current.model, args, output)  # nn.Linear(W, H) itself
+            if call is not None:
+                call["at"] = current.call
+                current.readers.append(call)
         self._pending.append(current)
 
     # -- loss targets and tensor hooks --------------------------------------------------------
@@ -410,6 +424,11 @@ class DependencyWatcher:
                     self._probes += 1
                     if not hooked:
                         self._probe(forward, targets, locate)
+                        if locate is None:
+                            try:
+                                self._copy_probe(forward, targets)
+                            except Exception as exc:
+                                self.rec.internal_error("dependency probe (target copied)", exc)
             # the window closes at the first backward with no new model to probe (every model
             # the script trains has made its first training forward by then), or at the limits
             if self._probes >= PROBES or (not self._locate and (
@@ -512,6 +531,99 @@ class DependencyWatcher:
             forward=[rec.finder.display_path(forward.forward[0]), forward.forward[1]]
             if forward.forward is not None and rec.finder.is_user_file(forward.forward[0]) else None),
             forward.call)
+
+    # -- a real-valued target copied from the input (seqcopy.py) ---------------------------
+    def _copy_probe(self, forward: _Forward, targets) -> None:
+        """Whether the prediction at one target position reads that target's values at the
+        last input step it reads: one extra gradient, taken only when a target position's
+        values are found among the data a recurrent or linear layer of the model read."""
+        out = forward.out
+        lines = seqcopy.timelines(forward.readers) if forward.readers and out is not None else []
+        if not lines:
+            return
+        chosen = None
+        for target, fn, _, loc in reversed(targets):
+            if fn not in seqcopy.REGRESSION or target.device.type != "cpu" \
+                    or target.numel() != out.numel():
+                continue
+            found = []
+            for line in lines:
+                x = torch.cat([c["x"] for c in line], 1) if len(line) > 1 else line[0]["x"]
+                laid = seqcopy.target_layout(target, int(x.shape[0]), int(x.shape[2]))
+                if laid is None:
+                    continue
+                y, seq_first = laid
+                pairs = seqcopy.matches(y, x)
+                if pairs:
+                    P, S = int(y.shape[1]), int(x.shape[1])
+                    whole = P == S and set((t, t) for t in range(P)) <= set(pairs)
+                    found.append((line, y.shape, seq_first, pairs, whole))
+            if found:
+                chosen = (fn, loc, found)
+                break
+        if chosen is None:
+            return
+        fn, loc, found = chosen
+        _, shape, seq_first, pairs, whole = found[0]
+        B, P, f = (int(n) for n in shape)
+        found = [c for c in found if tuple(c[1]) == tuple(shape) and c[2] == seq_first]
+        t = (P - 1) // 2 if any(c[4] for c in found) else min(tt for c in found for tt, _ in c[3])
+        if seq_first:
+            if out.dim() < 2 or int(out.shape[1]) != B:
+                return
+            laid_out = out.transpose(0, 1)
+        elif int(out.shape[0]) == B:
+            laid_out = out
+        else:
+            return
+        inputs, seen = [], set()
+        for tensor in seqcopy.grad_inputs([c[0] for c in found]):
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                inputs.append(tensor)
+        if not inputs or _walk(out.grad_fn, inputs) is None:
+            return
+        r = (B - 1) // 2
+        gen = torch.Generator().manual_seed(0x5EED)
+        with torch.enable_grad():
+            row = laid_out.reshape(B, P, f)[r, t]
+            weights = torch.randn(row.shape, generator=gen, dtype=torch.float32).to(row.dtype)
+            projection = (row * weights).sum()
+        try:
+            grads = _GRAD(projection, inputs, retain_graph=True, allow_unused=True)
+        except RuntimeError:
+            return
+        by_id = {id(tensor): g for tensor, g in zip(inputs, grads) if g is not None}
+        for line, _, _, pairs, whole in found:
+            read, last = seqcopy.read_steps(line, by_id, r)
+            kind = line[0]["kind"]
+            steps = sum(int(c["x"].shape[1]) for c in line)
+            s = seqcopy.judge(kind, pairs, t, P, whole, read, last, steps)
+            if s is None:
+                continue
+            x = line[0]["x"]
+            given = next((i for i, v in enumerate(forward.inputs)
+                          if v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()), None)
+            at = line[0]["at"]
+            offset, call_at = 0, at
+            for call in line:  # the call that read step s
+                if offset <= s < offset + int(call["x"].shape[1]):
+                    call_at = call["at"]
+                    break
+                offset += int(call["x"].shape[1])
+            rec = self.rec
+            copy = {"reader": type(line[0]["module"]).__name__, "kind": kind, "t": t, "s": s,
+                    "positions": P, "steps": sum(int(c["x"].shape[1]) for c in line),
+                    "whole": whole, "calls": len(line), "input": given, "fn": fn,
+                    "read_at": [call_at.path, call_at.line, call_at.function] if call_at is not None else None,
+                    "target_at": [loc.path, loc.line, loc.function] if loc is not None else None}
+            rec.emit_aside(ev.dependency(
+                model=forward.cls, batch=B, source=None, mixed=None, op=None, op_at=None,
+                seq={"copy": copy}, modules=[],
+                forward=[rec.finder.display_path(forward.forward[0]), forward.forward[1]]
+                if forward.forward is not None and rec.finder.is_user_file(forward.forward[0]) else None),
+                forward.call)
+            return
 
     # -- the sequence axis ------------------------------------------------------------------
     def _sequence(self, forward: _Forward, targets, out) -> dict | None:

@@ -76,6 +76,18 @@ def matching_column(x, target) -> int | None:
     return int(hits[0]) if hits else None
 
 
+def _window(x) -> bool:
+    """Whether the columns of ``x`` (N, F) are the steps of a series (a sliding window): each
+    column nearer the next one than a column half the row away, on average, by a wide margin."""
+    F = int(x.shape[1])
+    if F < 4:
+        return False
+    cols = x.detach().to(torch.float64)
+    near = (cols[:, 1:] - cols[:, :-1]).abs().mean()
+    far = (cols[:, F // 2:] - cols[:, :F - F // 2]).abs().mean()
+    return bool(far > 0) and bool(near < 0.5 * far)
+
+
 class TargetColumnWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -106,7 +118,10 @@ class TargetColumnWatcher:
                 if loc in self._told:
                     return
                 self._told.add(loc)
-                self.rec.emit_aside(ev.target_in_inputs(fn=fn, column=hit, columns=int(x.shape[1])), loc)
+                with torch.no_grad():
+                    window = _window(x)
+                self.rec.emit_aside(ev.target_in_inputs(fn=fn, column=hit, columns=int(x.shape[1]),
+                                                        window=window), loc)
                 return
         except Exception as exc:
             self.rec.internal_error(f"F.{fn} target in the inputs", exc)

@@ -39,6 +39,14 @@ class TargetVisibleToModel(Rule):
     leak in a table: a loss target (one value per sample) that one column of the data the
     model's first layer reads holds (`X = data` with the label as its last column,
     `TensorDataset(table, table[:, -1])`), compared at the first 8 loss calls on the CPU.
+    The same leak in a real-valued series: a regression loss's target whose values, in every
+    sample, are the values a recurrent or linear layer of the model reads at the last step the
+    prediction there reads (one extra gradient of that prediction): a forecaster whose target
+    window starts at the input window's last step (`series[i + L - 1]`), a seq2seq decoder fed
+    the unshifted targets under teacher forcing (`dec_in = tgt`), a decoder unrolled by hand fed
+    `y[:, k]` at step k, a next-frame predictor trained on `x[:, :-1]` against `x[:, :-1]`.
+    It is reported where the decoder's input is built when that input is not the model's first
+    one, else where the target is built in the loop (else at the loss call).
 
     ## Why is this bad?
     The loss drops to almost nothing because the answer is in the input: the model learns to
@@ -77,14 +85,22 @@ class TargetVisibleToModel(Rule):
     under DDP or compiled (not probed). In a table: a target that is a function of a feature
     but not a copy of it (`y = 3 * x[:, 0]`, a toy task), a one-column input, a target of
     several values per sample (an autoencoder), a constant target (a GAN's real labels),
-    conditioning columns that are not the target (a conditional GAN's one-hot labels).
+    conditioning columns that are not the target (a conditional GAN's one-hot labels). In a
+    series: a forecaster whose target starts after its window (`series[i + L:i + L + H]`, the
+    series overlaps but not at the step read last), teacher forcing with the targets shifted by
+    one, an autoencoder (the target is its input, read whole through its final state or its
+    bottleneck), a per-frame autoencoder (each frame read alone), a memory task (the target is
+    a step read long before), masked reconstruction (the hidden steps are not in the input, the others at their own place), a
+    residual forecaster predicting the change, a one-value target a dense layer reads (the
+    table's case above), models whose first layers are convolutions or attention (not judged).
     """
 
     code = "GD244"
     slug = "target-visible-to-model"
     severity = Severity.WARNING
-    summary = ("a sequence model sees the token it is trained to predict: its output at position t "
-               "depends on the next-token target (no causal mask), or its targets are not shifted")
+    summary = ("a sequence model sees the token or value it is trained to predict: its output at "
+               "position t depends on the next-token target (no causal mask), or its targets are "
+               "not shifted (a forecaster's target in its own input window)")
     fix = ("make the model causal (is_causal=True, a causal mask, a unidirectional RNN) and "
            "train position t on the token at t + 1: logits[:, :-1] against ids[:, 1:]")
 
@@ -96,6 +112,10 @@ class TargetVisibleToModel(Rule):
             seq = e.get("seq")
             if not seq or (e["model"], e.loc) in seen:
                 continue
+            if seq.get("copy"):
+                seen.add((e["model"], e.loc))
+                yield self._copied(a, e, seq["copy"])
+                continue
             k = seq.get("k")
             if k == 1 and seq.get("future"):
                 seen.add((e["model"], e.loc))
@@ -106,6 +126,16 @@ class TargetVisibleToModel(Rule):
 
     def _column(self, a, e):
         column, columns, fn = e["column"], e["columns"], e.get("fn", "the loss")
+        if e.get("window"):
+            return self.finding(
+                f"the target {fn} is given is step {column} of the {columns}-step window the model "
+                f"reads as its input (the window's columns follow a series): the model is asked "
+                f"for a value it is given, so it learns to copy that step and its training loss "
+                f"falls toward 0, while at inference the value to forecast is not in the window",
+                e.loc, step=a.next_step_number(e.seq),
+                evidence={"column": column, "columns": columns, "function": fn, "window": True},
+                fix=("start the target where the window ends: with a window of L steps from i, "
+                     "the target is the series at i + L (`series[i + L]`), not at i + L - 1"))
         return self.finding(
             f"the target {fn} is given is a copy of column {column} of the {columns} columns the model "
             f"reads as its input: the label was left among the features, so the model learns to "
@@ -176,6 +206,62 @@ class TargetVisibleToModel(Rule):
             fix=fix)
 
 
+    def _copied(self, a, e, copy):
+        """A real-valued target the model reads at the step it outputs it (seqcopy.py)."""
+        model, t, s, reader = e["model"], copy["t"], copy["s"], copy["reader"]
+        P, steps, reads = copy["positions"], copy["steps"], copy["kind"]
+        target_at = copy.get("target_at")
+        read_at = copy.get("read_at")
+        loss_loc = Location(str(target_at[0]), int(target_at[1]), str(target_at[2])) if target_at else e.loc
+        given = copy.get("input")
+        where = f"target position {t}" if P > 1 else "the target"
+        if reads in ("dense", "bi"):
+            seen = f"the {reader} that reads it sees every step of its input at once"
+        elif reads == "steps":
+            seen = f"the prediction there reads that step through the {reader} and no later one"
+        else:
+            seen = (f"the {reader} reads it at the very step its output there is taken from "
+                    f"(nothing after it)")
+        layer = "its input" if reader == model else f"the input of its {reader}"
+        message = (f"{where} of the loss holds, in every sample, exactly the values {model} is "
+                   f"given at step {s} of {layer} ({steps} steps), and {seen}: the "
+                   f"model can copy its target from its input. The loss falls fast because the "
+                   f"answer is in the input; at inference, where the value is not known yet, "
+                   f"the forecasts are no better than repeating the last input")
+        if copy.get("whole"):
+            message = (f"the loss's target is the very sequence the {reader} of {model} reads, "
+                       f"position for position ({P} steps), and {model} is causal: its "
+                       f"prediction at step {t} reads the steps up to {t}, the target's own value "
+                       f"among them, so the model learns to copy its input, not to predict "
+                       f"the next value (teacher forcing needs the targets shifted by one)")
+        loc, fix = loss_loc, None
+        if read_at is not None and (given is None or given > 0):
+            # the copied input is built for the model (a decoder's input, a teacher-forced
+            # step), not the model's first input: that input is what to shift
+            built = _argument_origin(a, str(read_at[0]), int(read_at[1]), 0)
+            if built is None and given is not None and e.loc is not None:
+                built = _argument_origin(a, e.loc.path, e.loc.line, given)
+            if built is not None:
+                loc = built
+                fix = ("feed the decoder the previous step's value, not the current one: the "
+                       "last observed value first, then the targets shifted by one "
+                       "(`torch.cat([src[:, -1:], tgt[:, :-1]], dim=1)`, or `y[:, k - 1]` at "
+                       "step k)")
+        if fix is None:
+            built = a.source.target_assignment(loss_loc.path, loss_loc.line) if loss_loc is not None else None
+            if built is not None:
+                loc = Location(loss_loc.path, built[0], loss_loc.hook)
+            fix = ("start the target where the input ends: with a window of L steps from i, the "
+                   "target is the series from i + L on (`series[i + L:i + L + H]`), not from "
+                   "i + L - 1; for a sequence-to-sequence model, compare the output at step t "
+                   "with the input at step t + 1 (`x[:, :-1]` in, `x[:, 1:]` as the target)")
+        return self.finding(
+            message, loc,
+            evidence={"model": model, "position": t, "input_step": s, "positions": P,
+                      "steps": steps, "reader": reader, "whole": bool(copy.get("whole")),
+                      "sees_later_positions": reads in ("dense", "bi")},
+            fix=fix)
+
     def _shifted_twice(self, a, e, seq, loc):
         model, T, t = e["model"], seq["positions"], seq["t"]
         message = (f"the loss's target at each position is the input token two positions later, and "
@@ -200,6 +286,20 @@ def _gather_line(a, loc: Location) -> int | None:
         if "gather(" in text:
             return line
     return None
+
+
+def _argument_origin(a, path: str, line: int, position: int) -> Location | None:
+    """Where the variable given as argument ``position`` of the call on ``line`` (``self.dec(dec_in,
+    h)``, ``model(src, dec_in)``) got its values, or None."""
+    text = a.source.line_text(path, line)
+    called = re.findall(r"([A-Za-z_][A-Za-z_0-9]*)\s*\(", text)
+    if not called:
+        return None
+    name = a.source.call_argument(path, line, called[-1], position, "input")
+    if not name or not name.isidentifier():
+        return None
+    built = a.source.value_origin(path, line, name)
+    return Location(path, built[0], "") if built is not None else None
 
 
 def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:

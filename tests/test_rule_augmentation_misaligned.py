@@ -1,0 +1,108 @@
+"""augmentation-misaligned (GD191): the augmentation watcher (instrument/augalign.py) over real
+DataLoader fetches, and the rule over its events."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from rule_traces import P, builder, only
+
+SLUG = "augmentation-misaligned"
+
+
+class _Pairs(Dataset):
+    def __init__(self, augment):
+        torch.manual_seed(0)
+        self.images = torch.rand(16, 3, 10, 10)
+        self.masks = (self.images[:, 0] > 0.5).long()
+        self.augment = augment
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return self.augment(i, self.images[i], self.masks[i])
+
+
+def _events(augment) -> list:
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        for _ in DataLoader(_Pairs(augment), batch_size=4):
+            pass
+    assert not rec.trace.of_kind("internal_error")
+    return rec.trace.of_kind("augment_misaligned")
+
+
+def test_an_image_moved_alone_or_another_way_is_found():
+    (flipped,) = _events(lambda i, x, m: (x.flip(-1), m))
+    assert (flipped["op"], flipped["moved"], flipped["shape"]) == ("flip", "image", [10, 10])
+    (axis,) = _events(lambda i, x, m: (x.flip(-1), m.flip(0)))  # rows, not columns
+    assert (axis["op"], axis["moved"]) == ("flip", "mask")
+    (crop,) = _events(lambda i, x, m: (x[:, 1:9, 1:9], m[2:10, 0:8]))
+    assert crop["moved"] == "mask" and crop["shape"] == [8, 8]
+    (turned,) = _events(lambda i, x, m: (torch.rot90(x, 1, (1, 2)), m))
+    assert turned["op"] == "rot90"
+
+
+def test_the_same_move_and_photometric_changes_are_silent():
+    same = [
+        lambda i, x, m: (x.flip(-1), m.flip(-1)),
+        lambda i, x, m: (torch.rot90(x, 1, (1, 2)), torch.rot90(m, 1, (0, 1))),
+        lambda i, x, m: (x[:, 1:9, 1:9] * 1.2 + 0.1, m[1:9, 1:9]),
+        lambda i, x, m: (F.interpolate(x[None], size=(5, 5), mode="bilinear", align_corners=False)[0],
+                         F.interpolate(m[None, None].float(), size=(5, 5), mode="nearest")[0, 0].long()),
+        lambda i, x, m: ((x - x.mean()) / x.std(), m),
+        lambda i, x, m: (x.flip(-1), torch.tensor(i % 3)),  # a class label: no pixels
+        lambda i, x, m: (x.flip(-1), x[:, :, :]),  # two images (a contrastive pair), no mask
+        lambda i, x, m: (x.flip(-1), torch.ones(10, 10, dtype=torch.long)),  # a constant mask
+    ]
+    for augment in same:
+        found = _events(augment)
+        assert found == []
+
+
+def test_the_watcher_draws_nothing_and_returns_the_same_batches():
+    def augment(i, x, m):  # draws from torch's generator, as a random flip does
+        return (x.flip(-1), m) if torch.rand(()) < 0.5 else (x, m)
+
+    def run(instrumented: bool):
+        torch.manual_seed(3)
+        rec = Recorder(step_budget=None)
+        loader = DataLoader(_Pairs(augment), batch_size=4, shuffle=True)
+        if instrumented:
+            with Instrumentation(rec):
+                batches = list(loader)
+        else:
+            batches = list(loader)
+        return batches, torch.get_rng_state(), rec
+
+    plain, plain_state, _ = run(False)
+    seen, seen_state, rec = run(True)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain, seen))
+    assert torch.equal(plain_state, seen_state)
+    assert rec.trace.of_kind("augment_misaligned")
+
+
+def test_the_rule_names_the_op_and_what_to_move():
+    t = builder()
+    t.put(ev.augment_misaligned(cls="Shapes", image=0, mask=1, op="flip", moved="image",
+                                shape=[16, 16]), line=25)
+    for _ in range(3):
+        t.backward(fresh=P, line=42)
+        t.step(line=43)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 25
+    assert "flips the image of Shapes" in f.message and "to the mask too" in f.fix
+    t = builder()
+    t.put(ev.augment_misaligned(cls="Shapes", image=0, mask=1, op="flip", moved="mask",
+                                shape=[16, 16]), line=27)
+    for _ in range(3):
+        t.backward(fresh=P, line=42)
+        t.step(line=43)
+    f = only(t, SLUG)
+    assert "another way than its image" in f.message and "dims=[-1]" in f.fix
