@@ -11,6 +11,8 @@ import os
 import re
 from functools import lru_cache
 
+from .promptlines import mask_line as prompt_mask_line
+
 
 class ScriptSource:
     """The user's files as the rules read them. A trace's paths are shown paths, relative to
@@ -194,6 +196,9 @@ class ScriptSource:
 
     def value_origin(self, path: str, line: int, name: str) -> tuple[int, str] | None:
         return value_origin(self.full(path), line, name)
+
+    def prompt_mask_line(self, path: str, ignore: int) -> tuple[int, str] | None:
+        return prompt_mask_line(self.full(path), ignore)
 
     def line_text(self, path: str, line: int) -> str:
         """The text of that line ("" when it cannot be read)."""
