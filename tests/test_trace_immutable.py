@@ -113,7 +113,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_contrastive_positive_misplaced_infonce_zeros.py",  # pair_labels
             "distributed/bad_ddp_forward_bypassed_single_rank.py",  # ddp_init
             "registration/bad_param_stepped_twice_nn_parameter_tie.py",  # optimizer_init's aliases
-            "losses/bad_softmax_over_batch_dice.py"]  # softmax_batch
+            "losses/bad_softmax_over_batch_dice.py",  # softmax_batch
+            "masks/bad_prompt_mask_inverted_comparison.py"]  # prompt_trained
 
 GRAD_EDIT_SCRIPT = """
 import torch
