@@ -66,13 +66,14 @@ class PromptMaskInverted(Rule):
             if loc is not None:
                 found = a.source.prompt_mask_line(loc.path, ignore if isinstance(ignore, int) else -100)
                 if found is not None:
-                    where = f" (`{found[1]}` writes {ignore} into the labels)"
+                    where = f" (set by `{found[1]}`)"
                     loc = Location(loc.path, found[0])
             yield self.finding(
-                f"in {hits} of {rows} rows the labels {e.get('fn')} gets set {ignore} on one run at "
-                f"the end of the row holding real tokens (about {e.get('ignored_real')} per row) "
-                f"and train on the {e.get('kept')} positions before it{where}: the loss trains "
-                "the prompts and ignores the responses, the prompt mask is inverted",
+                f"in {hits} of {rows} rows the labels given to {e.get('fn')} are {ignore} over one "
+                f"run at the end of the row that holds real tokens ({e.get('ignored_real'):.1f} per "
+                f"row on average) and count only the {e.get('kept'):.1f} positions before it{where}: "
+                "the loss trains on the prompts and ignores the responses, the prompt mask is "
+                "inverted",
                 loc,
                 evidence={"rows": rows, "inverted_rows": hits, "offset": e.get("offset"),
                           "kept": e.get("kept"), "ignored_real": e.get("ignored_real"),
