@@ -639,6 +639,13 @@ loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fract
                    "targets": the id filling the targets' own shorter rows): a classification loss whose integer targets are mostly the
                    padding index of an embedding the script uses, which the loss does not ignore
                    — the first such call of each call line (loc: the loss line; an aside)
+prompt_trained     fn (cross_entropy | nll_loss), ignore_index, rows (of the token batch the
+                   targets were read against), inverted_rows (rows whose ignored positions are one
+                   run at the row's end holding real tokens, with counted positions before it),
+                   offset (label j is the token at j + offset), kept (counted positions per such
+                   row, mean), ignored_real (real tokens in its ignored end run, mean): a token
+                   loss whose prompt mask is inverted, training the prompts and ignoring the
+                   responses — the first such call of each loss line (loc: the loss line; an aside)
 real_index         argument (ignore_index | padding_idx), value (the index set apart), api
                    (nn.CrossEntropyLoss | nn.NLLLoss | F.cross_entropy | F.nll_loss |
                    nn.Embedding | F.embedding), size (the loss's classes or the embedding's
@@ -1476,6 +1483,13 @@ def loss_padding(*, fn: str, pad: int, fraction: float, ignore_index: int | None
                             "ignore_index": ignore_index, "reduction": reduction, "source": source}
 
 
+def prompt_trained(*, fn: str, ignore_index: int, rows: int, inverted_rows: int, offset: int,
+                   kept: float, ignored_real: float) -> Made:
+    return "prompt_trained", {"fn": fn, "ignore_index": ignore_index, "rows": rows,
+                              "inverted_rows": inverted_rows, "offset": offset, "kept": kept,
+                              "ignored_real": ignored_real}
+
+
 def real_index(*, argument: str, value: int, api: str, size: int, layout: str, share: float,
                median: float | None = None, classes: int | None = None, seen: int | None = None,
                inside: int | None = None, content: int | None = None) -> Made:
@@ -1808,7 +1822,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "full_rows_loss": full_rows_loss, "constant_targets": constant_targets,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
-    "loss_padding": loss_padding, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
+    "loss_padding": loss_padding, "prompt_trained": prompt_trained, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "grad_graph_unused": grad_graph_unused,
     "loss_unbounded": loss_unbounded, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
@@ -1858,7 +1872,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "param_attr", "short_len", "param_replaced", "reseed",
                          "hook_stacked", "param_reset", "snapshot_alias",
-                         "loader_sampler", "custom_backward", "loss_padding", "real_index", "low_precision",
+                         "loader_sampler", "custom_backward", "loss_padding", "prompt_trained", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",

@@ -106,3 +106,36 @@ def test_the_rule_points_at_the_alias_and_names_the_parameters():
     t = builder()
     t.put(ev.ratio_fault(fault="cancels", dist="Normal", params=[7], backward=16), line=14)
     assert findings(t, SLUG) == []  # no optimizer steps it
+
+
+def _token_faults(ratio_of, rollout_grad=False):
+    """The ``ratio_fault`` events of a token-level update whose log-probabilities are
+    ``log_softmax(logits).gather(-1, tokens)`` and whose ratio is ``ratio_of(logp, old)``."""
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    with Instrumentation(rec):
+        lm = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 10))
+        opt = torch.optim.SGD(lm.parameters(), lr=0.1)
+        ids = torch.randint(0, 10, (6, 5))
+        with torch.set_grad_enabled(rollout_grad):
+            old = lm(ids[:, :-1]).log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        logp = torch.gather(torch.log_softmax(lm(ids[:, :-1]), -1), 2, ids[:, 1:, None]).squeeze(-1)
+        loss = -(ratio_of(logp, old) * torch.randn(6, 4)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [(e["fault"], e["dist"]) for e in rec.trace if e.kind == "ratio_fault"]
+
+
+def test_token_log_probabilities_gathered_from_log_softmax_are_judged_too():
+    assert _token_faults(lambda logp, old: torch.exp(logp - logp)) == [("cancels", "log_softmax")]
+    found = _token_faults(lambda logp, old: torch.exp(logp - old), rollout_grad=True)
+    assert found == [("denominator", "log_softmax")]
+    assert _token_faults(lambda logp, old: torch.exp(logp - old)) == []
+    assert _token_faults(lambda logp, old: torch.exp(logp - logp.detach())) == []
+
+
+def test_the_k3_kl_estimator_against_a_frozen_reference_is_no_inverted_ratio():
+    def k3(logp, ref):
+        return torch.exp(ref - logp) - (ref - logp) - 1
+    assert _token_faults(k3) == []

@@ -137,6 +137,26 @@ def test_outputs_meeting_in_a_sum_of_terms_or_an_entropy_are_not():
     assert _run(loss, [model]) == []
 
 
+def test_the_k3_kl_estimator_is_no_comparison_but_a_difference_of_two_passes_is():
+    model = _enc()
+    reference = _enc().requires_grad_(False)
+
+    def k3(step):
+        x = torch.randn(8, 8)
+        with torch.no_grad():
+            ref = F.log_softmax(reference(x), -1)
+        logp = F.log_softmax(model(x), -1)
+        return (torch.exp(ref - logp) - (ref - logp) - 1).mean()
+
+    assert _run(k3, [model]) == []
+
+    def twice(step):
+        x = torch.randn(8, 8)
+        return (F.log_softmax(model(x), -1) - F.log_softmax(model(x), -1)).pow(2).mean()
+
+    assert _run(twice, [model]) != []
+
+
 def test_a_consistency_kl_between_two_identical_passes_is_found():
     model = _enc()
 

@@ -11,6 +11,8 @@ import os
 import re
 from functools import lru_cache
 
+from .promptlines import mask_line as prompt_mask_line
+
 
 class ScriptSource:
     """The user's files as the rules read them. A trace's paths are shown paths, relative to
@@ -194,6 +196,9 @@ class ScriptSource:
 
     def value_origin(self, path: str, line: int, name: str) -> tuple[int, str] | None:
         return value_origin(self.full(path), line, name)
+
+    def prompt_mask_line(self, path: str, ignore: int) -> tuple[int, str] | None:
+        return prompt_mask_line(self.full(path), ignore)
 
     def line_text(self, path: str, line: int) -> str:
         """The text of that line ("" when it cannot be read)."""
@@ -1016,19 +1021,30 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
         def wanted(value):
             return _calls_named(value, ("exp",)) or any(
                 isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(value))
+    def exp_of_difference(value):
+        return any(isinstance(n, ast.Call)
+                   and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) == "exp"
+                   and n.args and any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Sub)
+                                      for b in ast.walk(n.args[0]))
+                   for n in ast.walk(value))
+
     # only statements that read what the log_prob's statement made, directly or through the
-    # statements between (a ratio in another function is not guessed at)
-    names: set = set()
+    # statements between (a ratio in another function is not guessed at); an exp of a
+    # difference first (a division on the way, an advantage's normalisation, is no ratio)
     ratio = None
-    for n in statements:
-        read = {sub.id for sub in ast.walk(n.value) if isinstance(sub, ast.Name)}
-        if n.lineno != line and not read & names:
-            continue
-        if wanted(n.value):
-            ratio = n
+    for test in ((exp_of_difference, wanted) if fault != "minimised" else (wanted,)):
+        names: set = set()
+        for n in statements:
+            read = {sub.id for sub in ast.walk(n.value) if isinstance(sub, ast.Name)}
+            if n.lineno != line and not read & names:
+                continue
+            if test(n.value):
+                ratio = n
+                break
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            names |= {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
+        if ratio is not None:
             break
-        targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-        names |= {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
     if ratio is None:
         return None
     if fault == "cancels":

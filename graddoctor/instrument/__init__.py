@@ -35,6 +35,7 @@ from .loss_inputs import LossInputWatcher
 from .realindex import RealIndexWatcher
 from .lossdomain import LossDomainWatcher
 from .losscalls import LossCalls
+from .promptmask import PromptMaskWatcher
 from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
@@ -145,7 +146,10 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, repeated_terms.describe_loss)
         rec.subscribe(STEPPED, repeated_terms.after_step)
         self.watchers.append(repeated_terms)
-        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, repeats)
+        # labels that ignore the responses and train on the prompts (prompt-mask-inverted)
+        prompts = PromptMaskWatcher(rec)
+        self.watchers.append(prompts)
+        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, repeats, prompts)
         # an ignore_index or padding_idx that the data uses as a real class or token: told
         # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
         real_index = RealIndexWatcher(rec)

@@ -6,8 +6,9 @@ new listener is one argument here and not one more in each wrapper:
 * ``constants`` (ConstantLossWatcher): calls on an input without gradient, grad mode on (a
   loss term with no graph);
 * ``columns`` (TargetColumnWatcher), ``rows`` (FullRowsWatcher) and ``labels``
-  (ConstantTargetsWatcher): the first calls with a gradient (while each is ``open``; once
-  closed, which is for good, it is dropped), not ``ctc_loss``'s (its targets are label sequences).
+  (ConstantTargetsWatcher), ``prompts`` (PromptMaskWatcher): the first calls with a gradient
+  (while each is ``open``; once closed, which is for good, it is dropped), not ``ctc_loss``'s
+  (its targets are label sequences).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import torch
 
 class LossCalls:
     def __init__(self, idle=None, constants=None, columns=None, rows=None, labels=None,
-                 repeats=None):
+                 repeats=None, prompts=None):
         self.idle, self.constants, self.columns, self.rows = idle, constants, columns, rows
-        self.labels, self.repeats = labels, repeats
+        self.labels, self.repeats, self.prompts = labels, repeats, prompts
         # whether any of the listeners to the first calls with a gradient is still held: once
         # none is, such a call is told to nobody (every call of a long run makes one)
-        self._firsts = any(x is not None for x in (columns, rows, labels, repeats))
+        self._firsts = any(x is not None for x in (columns, rows, labels, repeats, prompts))
 
     def heard(self, fn: str, input, target, args, kwargs) -> None:
         """A wrapped loss function is called (``fn``), with its input and target as read by
@@ -63,6 +64,12 @@ class LossCalls:
                 repeats.loss_call(fn, input, target, args, kwargs)
             else:
                 self.repeats = None
+        prompts = self.prompts
+        if prompts is not None:
+            if prompts.open:
+                prompts.loss_call(fn, input, target, args, kwargs)
+            else:
+                self.prompts = None
         if self.columns is None and self.rows is None and self.labels is None \
-                and self.repeats is None:
+                and self.repeats is None and self.prompts is None:
             self._firsts = False

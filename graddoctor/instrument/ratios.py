@@ -23,7 +23,11 @@ the optimistic one (**minimised**).
 
 ``log_prob`` of ``torch.distributions``' classes is wrapped: each call with a result that needs
 a gradient notes its autograd node with its class, its line and its value (the actions: the
-tensor's storage and shape when it needs no gradient). At the first ``_LOOKED`` backwards of
+tensor's storage and shape when it needs no gradient). Token log-probabilities of a language
+model's policy (PPO, GRPO on tokens), ``log_softmax(logits).gather(-1, tokens)``, are noted the
+same way: ``torch.gather`` and ``Tensor.gather`` are wrapped, and a result whose input was made
+by ``log_softmax`` (directly or past a view) is noted as ``log_softmax`` with the index as its
+value, until ``_GATHER_CALLS`` such calls were noted (nothing after them). At the first ``_LOOKED`` backwards of
 each backward line that follow such a note (``describe_loss``), the loss's graph is walked
 (``_NODES`` nodes) for ``exp`` and quotient nodes and the linear top (``lossterms.signed_walk``)
 for ``minimum``/``maximum`` nodes; a fault makes a ``ratio_fault`` aside event at the
@@ -50,6 +54,7 @@ _TOP = 256  # nodes of the linear top walked for a min / max
 _NEAR = 6  # levels below a side searched for a noted log-probability
 _NOTED = 4096  # log-probabilities noted at most between two backwards
 _SAME = 8  # levels compared when two nodes are tested for the same value
+_GATHER_CALLS = 256  # gathers of log_softmax outputs noted, at most (the first ones)
 # ops that keep a value as it is (the same numbers, laid out again)
 _IDENTITY = ("ViewBackward", "ReshapeAlias", "UnsafeViewBackward", "CloneBackward",
              "ToCopyBackward", "AliasBackward", "SqueezeBackward", "UnsqueezeBackward",
@@ -141,6 +146,7 @@ class RatioWatcher:
         self._lines = PerLine(_LOOKED, _LINES)
         self._done: set = set()  # faults recorded
         self._calls: list = []
+        self._gathers = 0  # gathers of log_softmax outputs noted so far
 
     # -- the wrapped call --------------------------------------------------------------------
     def log_prob(self, dist, value, result) -> None:
@@ -151,6 +157,21 @@ class RatioWatcher:
         if isinstance(value, torch.Tensor) and not value.requires_grad:
             key = (value.data_ptr(), tuple(value.shape), value.dtype)
         self._noted[node] = (type(dist).__name__, self.rec.here(), key)
+
+    def gathered(self, source, index, result) -> None:
+        """A ``gather`` of ``source`` at ``index``: noted as a token log-probability when
+        ``source`` was made by ``log_softmax`` (past views) and the result needs a gradient."""
+        node = getattr(result, "grad_fn", None)
+        made = _strip(getattr(source, "grad_fn", None))
+        if node is None or made is None or not type(made).__name__.startswith("LogSoftmaxBackward"):
+            return
+        if len(self._noted) >= _NOTED or len(self._done) >= 4:
+            return
+        self._gathers += 1
+        key = None
+        if isinstance(index, torch.Tensor) and not index.requires_grad:
+            key = (index.data_ptr(), tuple(index.shape), index.dtype)
+        self._noted[node] = ("log_softmax", self.rec.here(), key)
 
     # -- DESCRIBE_LOSS -----------------------------------------------------------------------
     def describe_loss(self, tensors) -> dict:
@@ -217,7 +238,9 @@ class RatioWatcher:
             return ("denominator", bottom, common) if common else None
         if plus is None and minus is not None and constant_minuend:
             bottom = self._near(minus)
-            if bottom is None or bottom[2] is None:
+            if bottom is None or bottom[2] is None or bottom[0] == "log_softmax":
+                # token log-probabilities: exp(ref_logp - logp) is also the k3 estimator of a
+                # KL penalty against a frozen reference (GRPO), not a ratio
                 return None
             pids = self._pids(minus)
             return ("inverted", bottom, pids) if pids else None
@@ -318,6 +341,28 @@ class RatioWatcher:
         for cls in _classes():
             patcher.patch(cls, "log_prob", watched(watched_result(vars(cls)["log_prob"], after), enter))
         self._calls = calls
+
+        gathers: list = []  # (source, index) of the gather calls running, innermost last
+
+        def gather_enter(args, kwargs) -> None:
+            if watcher._gathers < _GATHER_CALLS and len(gathers) < 64 and torch.is_grad_enabled():
+                source = args[0] if args else kwargs.get("input")
+                if getattr(source, "grad_fn", None) is not None:
+                    gathers.append((source, args[2] if len(args) > 2 else kwargs.get("index")))
+                    return
+            gathers.append(None)
+
+        def gather_after(result) -> None:
+            call = gathers.pop() if gathers else None
+            if call is None:
+                return
+            try:
+                watcher.gathered(call[0], call[1], result)
+            except Exception as exc:
+                watcher.rec.internal_error("ratio_fault", exc)
+
+        for owner in (torch.Tensor, torch):
+            patcher.patch(owner, "gather", watched(watched_result(owner.gather, gather_after), gather_enter))
 
 
 def _line_of(loc) -> int | None:

@@ -33,7 +33,9 @@ line (``_LINES`` lines at most, ``_NODES`` nodes at most):
   temperature such as CLIP's ``logit_scale.exp()``) is passed through. Dropout in train mode (SimCSE,
   R-Drop), random augmentations, sampled negatives that collide in a few rows: the saved masks
   or inputs differ, no twins. A difference under ``exp`` is an importance ratio's
-  (``exp(logp - logp_old)``), importance-ratio-wrong's: not looked at.
+  (``exp(logp - logp_old)``), importance-ratio-wrong's: not looked at. Nor is a product or a
+  difference of two *different* functions of twins: ``p * log_p`` (an entropy) and
+  ``exp(d) - d`` (the k3 estimator of a KL, its log-ratio ``d`` written twice).
 * **A constant twin.** A loss function with one operand carrying gradient and one without (a
   teacher's output under ``no_grad``) whose two operands are the same values: ``mse_loss``,
   ``l1_loss``, ``smooth_l1_loss``, ``huber_loss``, ``binary_cross_entropy`` with the target
@@ -417,8 +419,11 @@ class SameValueWatcher:
                 a, b = self._core(kids[i], cores, saved), self._core(kids[j], cores, saved)
                 if a is b or type(a).__name__ == "AccumulateGrad" or shash.get(a) != shash.get(b):
                     continue
-                if op == "product" and not kl and _way(kids[i], a, cores) != _way(kids[j], b, cores):
-                    continue  # p * log_p of a value computed twice: an entropy, no comparison
+                if op in ("product", "difference") and not kl \
+                        and _way(kids[i], a, cores) != _way(kids[j], b, cores):
+                    # p * log_p of a value computed twice: an entropy; exp(d) - d of a log-ratio
+                    # written twice: the k3 estimator of a KL (GRPO); no comparison either way
+                    continue
                 starts = self._verify(a, b, saved)
                 if starts is not None:
                     shape, numel = self._shape(a, saved)

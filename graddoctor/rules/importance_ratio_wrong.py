@@ -35,9 +35,11 @@ class ImportanceRatioWrong(Rule):
     distribution at the same actions that carries gradient into the same parameters (the
     rollout's log-probability kept with its graph), or the ratio is inverted
     (`exp(old_logp - logp)`: only the subtracted side carries gradient). `log_prob` of
-    `torch.distributions` is wrapped; at the first backwards that follow, the loss's graph is
-    walked for `exp` and quotient nodes and the two sides of each compared. It points at the
-    line that makes the old log-probability or the ratio.
+    `torch.distributions` is wrapped, and so are gathers of `log_softmax` outputs (a language
+    model's token log-probabilities in token-level PPO or GRPO: the first two faults); at the
+    first backwards that follow, the loss's graph is walked for `exp` and quotient nodes and the
+    two sides of each compared. It points at the line that makes the old log-probability or the
+    ratio.
 
     ## Why is this bad?
     The ratio is how the policy's gradient enters PPO's clipped objective: its numerator must be
@@ -65,9 +67,12 @@ class ImportanceRatioWrong(Rule):
     ## Stays silent on
     The old log-probability from a rollout under `no_grad` or detached; TRPO-like
     `exp(logp - logp.detach())`; DPO-style log-ratios against a frozen reference model (no
-    `exp` of them, and the reference carries no gradient); importance weights of a learned
+    `exp` of them, and the reference carries no gradient); GRPO's k3 KL estimator
+    `exp(ref_logp - logp) - (ref_logp - logp) - 1` (over token log-probabilities an
+    `exp(constant - logp)` is not judged as an inverted ratio); importance weights of a learned
     proposal at a sample that carries gradient (IWAE); exps of values no optimizer steps;
-    log-probabilities not made by `torch.distributions`.
+    log-probabilities made neither by `torch.distributions` nor by gathering a `log_softmax`
+    (`take_along_dim`, a log-probability of the script's own).
     """
 
     code = "GD147"

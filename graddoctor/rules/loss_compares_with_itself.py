@@ -170,7 +170,8 @@ class LossComparesWithItself(Rule):
     Two passes that differ: dropout in train mode (SimCSE, R-Drop), two random augmentations,
     sampled negatives that equal a positive in a few rows, triplets with a few anchor ==
     positive rows; a model called twice whose outputs meet only in a sum of separate terms
-    (`ce(model(x), y) + 1e-3 * model(x).pow(2).mean()`), or in an entropy `p * log p`; a frozen
+    (`ce(model(x), y) + 1e-3 * model(x).pow(2).mean()`), or in an entropy `p * log p`; the k3
+    estimator of a KL to a frozen reference `exp(ref - logp) - (ref - logp) - 1` (GRPO); a frozen
     teacher that is another model; a copied or EMA teacher (equal to the student before the
     first step only); a model evaluated twice under `no_grad`; a product of one value with itself
     inside the model (shared-QK attention `q @ k.T` with `k` the same projection of the same

@@ -11,7 +11,8 @@ class SurrogateMinimised(Rule):
     Finds PPO's clipped surrogate minimised instead of maximised: the loss reaches
     `min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)` with a positive sign
     (`loss = torch.min(surr1, surr2).mean()` without its minus), or a `max` of such a pair with
-    a negative sign. `log_prob` of `torch.distributions` is wrapped; at the first backwards that
+    a negative sign. `log_prob` of `torch.distributions` is wrapped, and so are gathers of
+    `log_softmax` outputs (token-level PPO on a language model); at the first backwards that
     follow, the loss's linear top (sums, means, negations, constant factors) is walked with each
     term's sign to the `minimum`/`maximum` of a ratio's product and its clamped copy's. It
     points at the line that takes the `min` or `max`.

@@ -1,0 +1,165 @@
+"""Token losses whose prompt mask is inverted: the labels ignore each row's response and train
+on its prompt (``prompt-mask-inverted``).
+
+Supervised fine-tuning trains a causal language model on the response only: the labels are the
+input ids with the prompt's positions (and the padding) set to the loss's ``ignore_index``
+(-100). A comparison the wrong way round (``labels[pos >= prompt_len] = -100``,
+``masked_fill(response_mask, -100)``, ``labels = prompt + [-100] * len(response)``) keeps the
+prompt and ignores the response: the model learns to predict the instructions and never the
+answers, and the loss falls as usual.
+
+What the run shows, with no name read: the counted targets of a ``cross_entropy`` / ``nll_loss``
+call are the tokens of a (batch, length) batch the script embedded (read back into its rows,
+shifted by at most one position: labels = input ids, or the next ones), and in most rows the
+ignored positions are exactly one run at the row's end that holds real tokens (ids other than
+the row's trailing filler and the embedding's ``padding_idx``), with counted positions before
+it. A correct mask ignores the prompt at the row's start (and the padding at its end, whose
+ids are one filler); padding alone, a last position with no next token (one position), a
+seq2seq target padded with -100 (its decoder inputs are the filler there), a chat whose system
+prompt is masked at the start: none has that shape.
+
+Watched while ``open``: the first ``_CALLS`` loss calls with a gradient whose integer targets
+sit on the CPU (``LossCalls`` tells ``loss_call``), and the latest ``_BATCHES`` CPU integer
+(batch, length) batches given to ``F.embedding`` until then (references only; the wrapper does
+nothing once closed). One ``prompt_trained`` aside event per loss line, at the loss call.
+Cost: a few comparisons of each judged target with a remembered batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import events as ev
+from .constlabels import ignored_index
+from .inlinable import watched
+from .recorder import Recorder
+
+_CALLS = 8  # loss calls with integer CPU targets judged (the first ones)
+_BATCHES = 4  # latest embedded token batches remembered
+_MAX_CELLS = 1 << 20  # targets larger than this are not read
+_MIN_COUNTED = 8  # counted targets a match with the token batch is judged on, at least
+_MATCH = 0.9  # share of the counted targets equal to the batch's tokens at one offset
+_ROW_SHARE = 0.75  # rows with the inverted shape: at least this share of the rows
+_MIN_ROWS = 2  # and at least this many
+_MIN_TAIL = 2  # real tokens in a row's ignored end run, at least
+
+
+def prompt_trained(ids, pads, target, ignore: int) -> dict | None:
+    """What shows an inverted prompt mask in ``target`` (a loss's integer targets) read against
+    ``ids`` (a (batch, length) token batch the script embedded, ``pads`` its known padding ids),
+    or None: the targets are the batch's tokens at offset 0 or 1 where counted, and in most rows
+    the ignored positions are one run at the row's end holding real tokens."""
+    rows, length = int(ids.shape[0]), int(ids.shape[1])
+    if rows < _MIN_ROWS or length < 4:
+        return None
+    count = target.numel()
+    widths = [w for w in (length, length - 1) if rows * w == count
+              and (target.dim() == 1 or (target.dim() == 2 and tuple(target.shape) == (rows, w)))]
+    for width in widths:
+        t = target.reshape(rows, width)
+        ignored = t == ignore
+        for offset in (1, 0):
+            span = min(width, length - offset)  # label j is ids[j + offset]
+            if span < 4:
+                continue
+            counted = ~ignored[:, :span]
+            n = int(counted.sum())
+            if n < _MIN_COUNTED:
+                continue
+            same = (t[:, :span] == ids[:, offset:offset + span]) & counted
+            if int(same.sum()) < _MATCH * n:
+                continue
+            return _tail_rows(ids, pads, ignored, offset, span)
+    return None
+
+
+def _tail_rows(ids, pads, ignored, offset: int, span: int) -> dict | None:
+    rows, width = ignored.shape
+    positions = torch.arange(width)
+    any_ignored = ignored.any(1)
+    # first ignored position of each row (width where none): the run must cover the rest
+    first = torch.where(ignored, positions, torch.full_like(positions, width)).amin(1)
+    run = positions[None, :] >= first[:, None]
+    one_run = any_ignored & (first >= 1) & (ignored == run).all(1)
+    # real tokens in the run: not the row's trailing filler, not a known padding id
+    tokens = ids[:, offset:offset + span]
+    filler = ids[:, -1:]
+    real = tokens != filler
+    for pad in pads:
+        real &= tokens != pad
+    in_run = run[:, :span] & real
+    tail = in_run.sum(1)
+    inverted = one_run & (tail >= _MIN_TAIL)
+    hits = int(inverted.sum())
+    if hits < _MIN_ROWS or hits < _ROW_SHARE * rows:
+        return None
+    kept = (~ignored).sum(1).float()
+    return {"rows": rows, "inverted_rows": hits, "offset": offset,
+            "kept": round(float(kept[inverted].mean()), 2),
+            "ignored_real": round(float(tail[inverted].float().mean()), 2)}
+
+
+class PromptMaskWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._calls = 0
+        self._batches: list = []  # (token batch, padding_idx), the latest last
+        self._told: set = set()  # loss lines recorded
+
+    @property
+    def open(self) -> bool:
+        return self._calls < _CALLS
+
+    def embedded(self, tokens, pad) -> None:
+        if not (isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and tokens.shape[0] >= _MIN_ROWS
+                and tokens.shape[1] >= 4 and not tokens.is_floating_point()
+                and tokens.dtype is not torch.bool and tokens.device.type == "cpu"
+                and tokens.numel() <= _MAX_CELLS):
+            return
+        self._batches = [b for b in self._batches if b[0] is not tokens][-(_BATCHES - 1):]
+        self._batches.append((tokens, pad if isinstance(pad, int) else None))
+
+    def loss_call(self, fn: str, input, target, args, kwargs) -> None:
+        if fn not in ("cross_entropy", "nll_loss") or not self._batches:
+            return
+        if not (isinstance(target, torch.Tensor) and target.device.type == "cpu"
+                and 8 <= target.numel() <= _MAX_CELLS and target.dim() in (1, 2)):
+            return
+        ignore = ignored_index(fn, target, args, kwargs)
+        if ignore is None:
+            return
+        self._calls += 1
+        with torch.no_grad():
+            found = None
+            for tokens, pad in reversed(self._batches):
+                pads = [pad] if pad is not None else []
+                found = prompt_trained(tokens.detach(), pads, target.detach(), ignore)
+                if found is not None:
+                    break
+        if found is None:
+            return
+        loc = self.rec.here(3)
+        if loc in self._told:
+            return
+        self._told.add(loc)
+        self.rec.emit_aside(ev.prompt_trained(fn=fn, ignore_index=ignore, **found), loc)
+
+    def install(self, patcher) -> None:
+        watcher = self
+
+        def before(args, kwargs) -> None:
+            if watcher._calls >= _CALLS:
+                watcher._batches = []
+                return
+            try:
+                tokens = args[0] if args else kwargs.get("input")
+                pad = args[2] if len(args) > 2 else kwargs.get("padding_idx")
+                watcher.embedded(tokens, pad)
+            except Exception as exc:
+                watcher.rec.internal_error("F.embedding prompt mask", exc)
+
+        embedding = watched(F.embedding, before)
+        original = F.embedding
+        embedding.__prepare_scriptable__ = lambda: original
+        patcher.patch(F, "embedding", embedding)
