@@ -160,6 +160,16 @@ prox2 = sum(((p - g) ** 2).sum() for p, g in zip(model.parameters(), kept.values
     assert anchor_lines(ast.parse(text)) == [(2, "anchor"), (5, "star"), (9, "pre")]
 
 
+def test_an_anchor_read_by_a_distance_is_an_anchor_line():
+    text = """\
+start = [p.detach() for p in body.parameters()]
+views = [p.detach() for p in body.parameters()]
+reg = sum(torch.dist(p, p0) for p, p0 in zip(body.parameters(), start))
+print(views)
+"""
+    assert anchor_lines(ast.parse(text)) == [(1, "start")]
+
+
 def _trace(params, stepped=(0, 1), how="shared"):
     t = builder(params=list(stepped))
     t.clear(list(stepped), line=10)
