@@ -189,6 +189,8 @@ class ConstraintWatcher:
             return {}
         try:
             self._judge_pending()
+            if not any(state is not None for state in self._opts.values()):
+                return {}  # no optimizer in its window (an optimizer that never steps keeps us here)
             self._backward = self.rec.here()
             for state in self._opts.values():
                 if state is None:
@@ -202,7 +204,8 @@ class ConstraintWatcher:
         except Exception as exc:
             self._pending.clear()
             self.rec.internal_error("constraint writes", exc)
-        self._retire_when_done()
+        finally:
+            self._retire_when_done()
         return {}
 
     def before_step(self, opt: int, optimizer) -> None:

@@ -99,20 +99,22 @@ class ConstraintBeforeStep(Rule):
             opt = a.source.called_object(step.path, step.line, "step") or "optimizer"
             where = write or step
             rel = (related(event, "the optimizer step that undoes it"),) if write is not None else ()
+            units = "rows" if kinds == ["norm"] else "sampled entries"
+            note = ("; to keep the masked weights at zero through the step too, also mask their "
+                    "gradients before it"
+                    if "zero" in kinds else "")
             yield self.finding(
                 f"{'this line' if write is not None else 'code between the backward and this step'} "
-                f"{what} after loss.backward() but before {opt}.step(): the step "
-                f"moves the weights again right after, and at {event['times']} steps or more the "
-                f"next forward ran on weights {broke} ({event['broken']} sampled entries or rows). "
-                f"The constraint holds only between the write and the step, never when the model "
-                f"is used",
+                f"{what} after loss.backward() but before {opt}.step(): the step moves the weights "
+                f"again right after it, and after {event['times']} such steps the next forward ran "
+                f"on weights {broke} ({event['broken']} {units}). The constraint holds only "
+                f"between the write and the step, never when the model is used",
                 where, related=rel, step=a.next_step_number(event.seq),
                 evidence={"params": a.param_names(pids[:16]), "kinds": kinds,
                           "bounds": event.get("bounds"), "written": event["written"],
                           "broken": event["broken"], "times": event["times"]},
-                fix=(f"move the write after {opt}.step() (constrain the weights the step "
-                     f"produced); to keep masked weights at zero through the step as well, also "
-                     f"mask their gradients before it"))
+                fix=(f"move the write after {opt}.step(), so that it constrains the weights the "
+                     f"step produced{note}"))
 
     @staticmethod
     def _write_line(a, event, pids) -> Location | None:
