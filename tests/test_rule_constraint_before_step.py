@@ -168,6 +168,12 @@ def test_points_at_the_write_between_the_backward_and_the_step(tmp_path):
     t = _event(TraceBuilder(str(script)), line=8, backward=[str(script), 4])
     (found,) = find_rule(SLUG)().check(Analysis(t.trace))
     assert found.location.line == 7  # a helper of the script's called there
+    for write in ("        p.masked_fill_(p.abs() > 0.01, 0.0)\n", "        p[p.abs() > 0.01] = 0.0\n"):
+        lines = script.read_text().splitlines(keepends=True)
+        script.write_text("".join(lines[:6] + [write] + lines[7:]))
+        t = _event(TraceBuilder(str(script)), line=8, backward=[str(script), 4])
+        (found,) = find_rule(SLUG)().check(Analysis(t.trace))
+        assert found.location.line == 7, write
     t = _event(TraceBuilder(str(script)), line=8, backward=None)
     (found,) = find_rule(SLUG)().check(Analysis(t.trace))
     assert found.location.line == 8  # no backward to bound the search: the step

@@ -29,6 +29,37 @@ def _calls_between(tree: ast.AST, first: int, last: int) -> list[tuple[int, str]
     return sorted(found)
 
 
+def _writes_between(tree: ast.AST, first: int, last: int) -> list[tuple[int, str]]:
+    """In-place writes strictly between lines ``first`` and ``last`` that ``param_writes`` does
+    not list: any in-place method (``w.masked_fill_(m, 0)``, ``w.index_fill_(...)``) and item
+    assignments (``w[pad] = 0``), never on a ``.grad``: ``[(line, root name)]``."""
+    found = []
+    for node in ast.walk(tree):
+        if not first < getattr(node, "lineno", 0) < last:
+            continue
+        target = None
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Attribute):
+            name = node.value.func.attr
+            if name.endswith("_") and not name.startswith("_") and name not in _LOOP_CALLS:
+                target = node.value.func.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Subscript):
+            target = node.targets[0].value
+        if target is None:
+            continue
+        chain = []
+        while isinstance(target, (ast.Attribute, ast.Subscript, ast.Call)):
+            if isinstance(target, ast.Attribute):
+                chain.append(target.attr)
+                target = target.value
+            else:
+                target = target.value if isinstance(target, ast.Subscript) else target.func
+        if isinstance(target, ast.Name) and "grad" not in chain:
+            found.append((node.lineno, target.id))
+    return sorted(found)
+
+
 class ConstraintBeforeStep(Rule):
     """
     ## What it does
@@ -125,12 +156,17 @@ class ConstraintBeforeStep(Rule):
         if not backward or backward[0] != step.path or not backward[1] < step.line:
             return None
         first, last = int(backward[1]), step.line
+        tree = a.source.tree(step.path)
         writes = [w for w in a.source.param_writes(step.path) if first < w[0] < last]
+        if tree is not None:
+            listed = {w[0] for w in writes}
+            writes += [(line, root, "", None) for line, root in _writes_between(tree, first, last)
+                       if line not in listed]
+            writes.sort()
         if writes:
             roots = {name.split(".")[0] for name in a.param_names(pids)}
             named = [w for w in writes if w[1] in roots or (w[3] and any(r in w[3] for r in roots))]
             return Location(step.path, (named or writes)[0][0])
-        tree = a.source.tree(step.path)
         calls = _calls_between(tree, first, last) if tree is not None else []
         if calls:
             return Location(step.path, calls[0][0])
