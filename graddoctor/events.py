@@ -679,6 +679,14 @@ target_grad        fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | kl_div
                    its input, neither side made from the other and no symmetric consistency —
                    the first such call of each call line (loc: the loss call, or for a
                    hand-written one the backward; an aside; instrument/stopgrad.py)
+constraint_broken  opt, params [pid], kinds (of the writes: "clamp", "zero", "norm"), bounds (per
+                   parameter: [lower, upper] of a clamp, [None, bound] of a row norm, None for a
+                   mask), written (entries the writes changed), broken (entries or rows outside
+                   the constraint at the next forward), times (writes undone per parameter, the
+                   least), backward ([path, line] of the backward before the write, or None) —
+                   parameters written in place between a backward and the optimizer's step into
+                   a clamp, a 0/1 mask or a row-norm bound that the step then broke, still broken
+                   at the next forward (loc: the step; an aside; instrument/constraints.py)
 anchor_alias       params [pid] (the parameters pulled towards themselves), how ("same": ``p - p``
                    in the loss's graph; "shared": the squared, absolute or norm difference of a
                    parameter and a constant exactly zero at two backwards with a step between
@@ -834,7 +842,7 @@ mask_regrown       cls (the module's class), param, mask (its attribute names: t
                    the module's 0/1 tensor), regrown (entries where the mask is 0 that are no
                    longer zero), masked (entries where it is 0), steps (optimizer steps so far),
                    defined_at ([path, first line, last line] of the module's class when the
-                   script defines it, or None) — a weight that was zero wherever its mask is 0
+                   script defines it, or None), pid (the parameter's, or None) — a weight that was zero wherever its mask is 0
                    at its first forward, found nonzero there after an update, read after the
                    module's forward ran (loc: the script's line running that forward; an
                    aside; instrument/maskonce.py)
@@ -1535,9 +1543,9 @@ def state_self_load(*, cls: str, params: int) -> Made:
 
 
 def mask_regrown(*, cls: str, param: str, mask: str, regrown: int, masked: int, steps: int,
-                 defined_at: list | None) -> Made:
+                 defined_at: list | None, pid: int | None = None) -> Made:
     return "mask_regrown", {"cls": cls, "param": param, "mask": mask, "regrown": regrown,
-                            "masked": masked, "steps": steps, "defined_at": defined_at}
+                            "masked": masked, "steps": steps, "defined_at": defined_at, "pid": pid}
 
 
 def straight_through_cancelled(*, forms: list[str], kept: list[str]) -> Made:
@@ -1700,6 +1708,13 @@ def target_grad(*, fn: str, params: list[int], input_op: str, target_op: str) ->
     return "target_grad", {"fn": fn, "params": params, "input_op": input_op, "target_op": target_op}
 
 
+def constraint_broken(*, opt: int, params: list[int], kinds: list[str], bounds: list, written: int,
+                      broken: int, times: int, backward: list | None) -> Made:
+    return "constraint_broken", {"opt": opt, "params": params, "kinds": kinds, "bounds": bounds,
+                                 "written": written, "broken": broken, "times": times,
+                                 "backward": backward}
+
+
 def anchor_alias(*, params: list[int], how: str) -> Made:
     return "anchor_alias", {"params": params, "how": how}
 
@@ -1823,7 +1838,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
-    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "grad_graph_unused": grad_graph_unused,
+    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused,
     "loss_unbounded": loss_unbounded, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
@@ -1877,7 +1892,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "grad_graph_unused", "loss_unbounded", "batch_reduction", "sample_range", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "batch_reduction", "sample_range", "advantage_grad",
                          "same_compared",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -83,6 +83,38 @@ def test_an_anchor_sharing_the_parameters_memory_is_found_after_two_steps():
     assert data["how"] == "shared"
 
 
+def test_a_distance_and_a_difference_written_twice_are_read_too():
+    (kind, data), = _train(lambda p: p.detach(), lambda p, a: torch.dist(p, a))
+    assert data["how"] == "shared"
+    (kind, data), = _train(lambda p: p.detach(), lambda p, a: ((p - a) * (p - a)).sum())
+    assert data["how"] == "shared"
+    assert _train(lambda p: p.detach().clone(), lambda p, a: torch.dist(p, a)) == []
+    assert _train(lambda p: p.detach().clone(), lambda p, a: ((p - a) * (p - a)).sum()) == []
+
+
+def test_a_penalty_switched_on_later_on_the_same_backward_line_is_looked_at():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    rec = _Rec(list(model.parameters()))
+    watcher = AnchorAliasWatcher(rec)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    anchor = None
+    for step in range(10):
+        x = torch.randn(8, 4)
+        loss = F.cross_entropy(model(x), x[:, :3].argmax(1))
+        if step == 6:  # past the first backwards of the line
+            anchor = {n: p.detach() for n, p in model.named_parameters()}
+        if anchor is not None:
+            loss = loss + sum(_square(p, anchor[n]) for n, p in model.named_parameters())
+        watcher.describe_loss(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        watcher.after_step(0, opt)
+    ((kind, data),) = rec.events
+    assert data["how"] == "shared" and data["params"] == [0, 1]
+
+
 def test_a_copied_anchor_is_not():
     assert _train(lambda p: p.detach().clone(), _square) == []
     assert _train(lambda p: p.detach().clone(), lambda p, a: F.mse_loss(p, a, reduction="sum")) == []
@@ -126,6 +158,16 @@ prox = sum(((p - g) ** 2).sum() for p, g in zip(model.parameters(), pre.values()
 prox2 = sum(((p - g) ** 2).sum() for p, g in zip(model.parameters(), kept.values()))
 """
     assert anchor_lines(ast.parse(text)) == [(2, "anchor"), (5, "star"), (9, "pre")]
+
+
+def test_an_anchor_read_by_a_distance_is_an_anchor_line():
+    text = """\
+start = [p.detach() for p in body.parameters()]
+views = [p.detach() for p in body.parameters()]
+reg = sum(torch.dist(p, p0) for p, p0 in zip(body.parameters(), start))
+print(views)
+"""
+    assert anchor_lines(ast.parse(text)) == [(1, "start")]
 
 
 def _trace(params, stepped=(0, 1), how="shared"):

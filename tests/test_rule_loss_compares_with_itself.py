@@ -259,6 +259,13 @@ def test_the_rule_warns_in_the_scripts_terms():
     assert "deepcopy" in f.fix and "teacher" in f.message
 
 
+def test_parameters_compared_with_an_aliased_anchor_are_left_to_anchor_aliases_params():
+    t = _trace([0, 1], how="constant", op="difference", starts=())
+    assert len(findings(t, SLUG)) == 1
+    t.put(ev.anchor_alias(params=[0, 1], how="shared"), 11)
+    assert findings(t, SLUG) == []
+
+
 def test_the_rule_is_silent_when_no_optimizer_steps_them():
     assert findings(_trace([5]), SLUG) == []
 

@@ -76,6 +76,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "distributed/good_single_rank_allreduce.py",  # grad_allreduce
             "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units
             "masks/bad_mask_applied_once_pixelcnn.py",  # mask_regrown
+            "constraints/bad_constraint_before_step_clamp.py",  # constraint_broken
             "autograd/bad_straight_through_vq_codebook.py",  # straight_through_cancelled
             "registration/bad_state_dict_not_loaded_module_prefix.py",  # state_not_loaded
             "modes/bad_batchnorm_keras_momentum.py",  # norm_arguments

@@ -71,6 +71,7 @@ from .softmaxbatch import SoftmaxBatchWatcher
 from .shiftcancel import ShiftCancelWatcher
 from .normbatch import NormBatchWatcher
 from .anchors import AnchorAliasWatcher
+from .constraints import ConstraintWatcher
 from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
@@ -318,6 +319,8 @@ class Instrumentation:
         self.watchers.append(straight)
         # hand edits between steps that undo the update (params-reset-every-step)
         self.watchers.append(StepEditWatcher(rec))  # the step topics until each optimizer is measured
+        # a clamp, mask or norm bound written between backward and step, then broken by the step
+        self.watchers.append(ConstraintWatcher(rec))  # the step topics for each optimizer's first steps
         # a weight decay many times the loss's gradient in the first updates (weight-decay-dominates-update)
         self.watchers.append(DecayShareWatcher(rec))  # STEP_BEGINS until each optimizer is measured
         # an adaptive optimizer whose eps outweighs sqrt(v) in its own state (eps-dominates-update)

@@ -10,15 +10,17 @@ difference is again zero after every step. The penalty silently does nothing: th
 the first task (EWC), drifts from the pretrained weights (L2-SP), from the global model
 (FedProx).
 
-At the first ``_LOOKED`` backwards of each backward line (a penalty phase that starts
-after a first task has a backward line of its own; ``_LINES`` lines at most), the loss's graph is
-walked (``_NODES`` nodes at most) for
+At the first ``_LOOKED`` backwards of each backward line and form of the loss's top (the
+root's node and its inputs' kinds: a penalty phase that starts after a first task or a warm-up
+adds a term, so it is looked at even on the backward line of the first phase; ``_LINES`` of
+them at most), the loss's graph is walked (``_NODES`` nodes at most) for
 
 * a ``SubBackward0`` both of whose inputs are the same parameter's ``AccumulateGrad`` node
   (``p - p``): recorded at once (``how="same"``);
 * a square, absolute value or norm of a difference ``p - c`` of a parameter and a tensor with no
-  graph (``PowBackward0`` of an even exponent, ``MulBackward0`` of the difference by itself,
-  ``AbsBackward0``, ``NormBackward``; ``mse_loss(p, c)`` / ``l1_loss(p, c)``): the saved
+  graph (``PowBackward0`` of an even exponent, ``MulBackward0`` of the difference by itself or by
+  the same difference written twice, ``AbsBackward0``, ``NormBackward``; ``mse_loss(p, c)`` /
+  ``l1_loss(p, c)`` / ``torch.dist(p, c)``): the saved
   difference (or input and target) is read. Exactly zero at two backwards with an optimizer
   step between them, after which the parameter itself had moved (a few of its values differ:
   a parameter that lr 0 or no gradient keeps still keeps a copied anchor's difference at 0
@@ -49,6 +51,12 @@ _LINES = 16  # backward lines looked at, at most
 _NODES = 20000  # nodes walked per backward
 _SEEN = 512  # backwards seen at most: past them nothing is looked up
 _ZEROS = 1  # zero differences after the parameter moved that make the anchor a follower
+
+
+def _top(root) -> tuple:
+    """What the loss's graph is at its top: the root's kind and its inputs' kinds."""
+    return (type(root).__name__,
+            tuple(type(child).__name__ for child, _ in root.next_functions))
 
 
 def _leaf(node):
@@ -83,8 +91,9 @@ class AnchorAliasWatcher:
         if root is None:
             return {}
         try:
-            loc = self.rec.here()
-            if not self._lines.admit(loc):
+            # keyed by the loss's top as well: a penalty switched on later (EWC's second task, a
+            # regulariser after a warm-up) on the same backward line is looked at again
+            if not self._lines.admit((self.rec.here(), _top(root))):
                 return {}
             with torch.no_grad():
                 self._judge(root)
@@ -106,20 +115,25 @@ class AnchorAliasWatcher:
         absolute value or norm of) a difference of a tracked parameter and a constant."""
         name = type(node).__name__
         children = [child for child, _ in node.next_functions]
-        if name in ("MseLossBackward0", "L1LossBackward0", "SmoothL1LossBackward0", "HuberLossBackward0"):
+        if name in ("MseLossBackward0", "L1LossBackward0", "SmoothL1LossBackward0", "HuberLossBackward0",
+                    "DistBackward0"):
             if len(children) >= 1 and children[0] is not None and all(c is None for c in children[1:]):
                 pid = self._pid(_leaf(children[0]))
                 if pid is not None:
-                    return pid, (saved(node, "_saved_self"), saved(node, "_saved_target")), \
-                        _leaf(children[0])
+                    other = "_saved_other" if name == "DistBackward0" else "_saved_target"
+                    return pid, (saved(node, "_saved_self"), saved(node, other)), _leaf(children[0])
             return None
         if name == "PowBackward0":
             exponent = saved(node, "_saved_exponent")
             if not (isinstance(exponent, (int, float)) and exponent > 0 and float(exponent) == 2.0):
                 return None
         elif name == "MulBackward0":
-            if len(children) != 2 or children[0] is None or children[0] is not children[1]:
+            if len(children) != 2 or children[0] is None or children[1] is None:
                 return None
+            if children[0] is not children[1]:  # (p - c) * (p - c) written twice: the same square
+                leaf = self._sub_leaf(children[0])
+                if leaf is None or leaf is not self._sub_leaf(children[1]):
+                    return None
         elif not name.startswith(("AbsBackward", "NormBackward", "LinalgVectorNormBackward")):
             return None
         if not children or children[0] is None or type(children[0]).__name__ != "SubBackward0":
@@ -133,6 +147,14 @@ class AnchorAliasWatcher:
         if pid is None:
             return None
         return pid, saved(node, "_saved_self"), _leaf(graphed[0])
+
+    @staticmethod
+    def _sub_leaf(node):
+        """The leaf tensor of ``p - c`` / ``c - p`` (``c`` without a graph), or None."""
+        if node is None or type(node).__name__ != "SubBackward0":
+            return None
+        graphed = [child for child, _ in node.next_functions if child is not None]
+        return _leaf(graphed[0]) if len(node.next_functions) == 2 and len(graphed) == 1 else None
 
     def _judge(self, root) -> None:
         same: list[int] = []

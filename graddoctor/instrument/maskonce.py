@@ -189,9 +189,13 @@ class MaskOnceWatcher:
         defined_at = None
         if span is not None and span[0] and rec.finder.is_user_file(span[0]):
             defined_at = [rec.finder.display_path(span[0]), span[1], span[2]]
+        param = module._parameters.get(pname)
+        pid = rec.tensors.number.get(id(param)) if param is not None else None
+        if pid is not None and rec.tensor(pid) is not param:
+            pid = None
         rec.emit_aside(ev.mask_regrown(cls=type(module).__name__, param=pname, mask=mname,
                                        regrown=regrown, masked=masked, steps=self._steps,
-                                       defined_at=defined_at), rec.here())
+                                       defined_at=defined_at, pid=pid), rec.here())
 
     def _before_compile(self) -> None:
         if self.active:

@@ -9,6 +9,13 @@ from .base import Rule
 _COPIES = ("clone", "copy", "deepcopy", "copy_", "cpu", "to", "numpy", "tolist", "item")
 
 
+_DISTANCES = ("dist", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+
+
+def _called(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
+
 def _over_parameters(node: ast.AST) -> bool:
     """``X.parameters()`` / ``X.named_parameters()`` / ``X.state_dict()`` (whose tensors share
     the parameters' memory), possibly inside a call such as zip or ``.items()``."""
@@ -51,12 +58,14 @@ def anchor_lines(tree: ast.AST) -> list[tuple[int, str]]:
     """The assignments that store the parameters themselves (``{n: p for n, p in
     m.named_parameters()}``, ``[p.detach() for p in m.parameters()]``, ``dict(m.named_parameters())``,
     ``{k: v for k, v in m.state_dict().items()}``) under a name (or attribute) that a statement
-    which subtracts reads: the anchor candidates, ``[(line, name)]``."""
+    which subtracts (or takes a distance: ``torch.dist``, ``F.mse_loss``) reads: the anchor
+    candidates, ``[(line, name)]``."""
     found: list[tuple[int, str]] = []
-    subtracted: set[str] = set()  # names read by a statement that subtracts
+    subtracted: set[str] = set()  # names read by a statement that subtracts (or takes a distance)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)) and any(
-                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) for n in ast.walk(node)):
+                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub)
+                or isinstance(n, ast.Call) and _called(n) in _DISTANCES for n in ast.walk(node)):
             for n in ast.walk(node):
                 if isinstance(n, ast.Name):
                     subtracted.add(n.id)
@@ -79,12 +88,14 @@ class AnchorAliasesParams(Rule):
     themselves: an EWC, L2-SP or FedProx term `sum(F * (p - anchor) ** 2)` whose anchor was
     stored as a reference (`{n: p for n, p in model.named_parameters()}`,
     `dict(model.named_parameters())`) or as a view of their memory (`p.detach()`, `p.data`)
-    instead of a copy. At the first backwards the loss's graph is read: a difference `p - p` of
-    a parameter with itself, or a squared (absolute, norm) difference between a parameter and a
-    constant that is exactly zero at two backwards with an optimizer step between them that
-    moved the parameter, and never anything else. It points at the assignment that stored the anchor when the script has one (a
+    instead of a copy. At the first backwards of each backward line, and again when the loss
+    gains a term (a penalty switched on after a first task or a warm-up), the loss's graph is
+    read: a difference `p - p` of a parameter with itself, or a squared (absolute, norm,
+    `torch.dist`) difference between a parameter and a constant that is exactly zero at two
+    backwards with an optimizer step between them that moved the parameter, and never anything
+    else. It points at the assignment that stored the anchor when the script has one (a
     comprehension or `dict()`/`list()` over `parameters()` without a copy, whose name a
-    subtraction reads), else at the backward.
+    subtraction or a distance reads), else at the backward.
 
     ## Why is this bad?
     The anchor moves with the parameters: the optimizer's in-place update changes the anchor as
@@ -110,7 +121,9 @@ class AnchorAliasesParams(Rule):
     are taken, then apart); an anchor copied again at the start of each FedProx round (equal at
     the round's first step only: one non-zero difference clears it); accumulated micro-batches
     (their zero differences count once per step); differences of parameters that no optimizer
-    steps.
+    steps; distances between activations (a feature-distillation `torch.dist(out, teacher_out)`).
+    Not seen: a penalty that starts after the check's step budget (an anchor taken at the end of
+    a first task longer than the budget is never used in the run).
     """
 
     code = "GD263"

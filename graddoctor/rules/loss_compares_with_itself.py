@@ -179,6 +179,8 @@ class LossComparesWithItself(Rule):
     concatenation of equal outputs that no product of rows follows (REINFORCE on a bandit whose
     state never changes: the log-probabilities of each step are stacked, weighted by returns and
     summed).
+    A penalty pulling parameters to an anchor that aliases them is `anchor-aliases-params`'s
+    (it points at the anchor).
     """
 
     code = "GD264"
@@ -191,9 +193,12 @@ class LossComparesWithItself(Rule):
 
     def check(self, a):
         stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        # parameters compared with an anchor that aliases them: anchor-aliases-params points at
+        # the anchor, the line to change
+        anchored = {pid for e in a.of_kind("anchor_alias") for pid in e.get("params") or ()}
         for e in a.of_kind("same_compared"):
             pids = [pid for pid in e.get("params") or () if pid in stepped]
-            if not pids:
+            if not pids or set(pids) <= anchored:
                 continue
             how, op, starts = e.get("how"), e.get("op") or "comparison", e.get("starts") or []
             loc, text, draw = e.loc, None, None

@@ -92,7 +92,8 @@ class MaskAppliedOnce(Rule):
     `weight_orig` is not zeroed); masks the script keeps outside the module (a dict of pruning
     masks: not seen); weights whose zeros have no 0/1 tensor beside them (an identity or a
     zero-channel initialisation meant to train); weights a mask does not zero (dropout-connect);
-    tensors on an accelerator (not read).
+    tensors on an accelerator (not read). A mask re-applied at every update but between
+    `backward()` and `step()` is `constraint-before-step`'s (the line to move is that one).
     """
 
     code = "GD180"
@@ -106,8 +107,14 @@ class MaskAppliedOnce(Rule):
 
     def check(self, a):
         told: set = set()
+        # a mask written again between backward and step: not applied once, applied at the wrong
+        # point of the update (constraint-before-step's)
+        rewritten = {pid for e in a.by_kind.get("constraint_broken", ()) if "zero" in e["kinds"]
+                     for pid in e["params"]}
         for event in a.by_kind.get("mask_regrown", ()):
             data = event.data
+            if data.get("pid") is not None and data["pid"] in rewritten:
+                continue
             cls, param, mask = data.get("cls"), data.get("param"), data.get("mask")
             applied = self._applied_at(a, event)
             loc = applied or self._forward_at(a, event) or event.loc
