@@ -109,8 +109,10 @@ def test_a_sweep_reads_only_the_modules_its_own_thread_gathered():
 
     from torch import nn
 
+    from graddoctor.instrument.identities import Identities
+
     class Rec:
-        tensors: dict = {}
+        tensors = Identities()
         param_names: dict = {}
         tracked = []
 

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import threading
 import weakref
+from itertools import compress, repeat
+from operator import and_, attrgetter, is_, is_not
 from threading import get_ident
 
 import torch
 
+from .identities import call
 from .names import LiveModules, name_parameters, user_variables
 from .recorder import Recorder
 from .topics import PARAMS_ADDED, STEPPED
@@ -48,11 +51,26 @@ class LateGradWatcher:
         self._rooted: set[int] = set()  # optimizers whose first step gathered modules
         self._steps = 0
         self._next = 1
+        # modules (un)registered anywhere (torch's global registration hooks), and the modules
+        # and untracked parameters the every-step sweeps found (``_Tree``)
+        self._registrations = 0
+        self._tree: _Tree | None = None
         rec.subscribe(STEPPED, self.after_step)
         rec.subscribe(PARAMS_ADDED, self.params_added)
 
     def install(self, patcher) -> None:  # subscribed at construction
-        pass
+        module = torch.nn.modules.module
+        registers = [getattr(module, name, None) for name in (
+            "register_module_parameter_registration_hook", "register_module_module_registration_hook")]
+        if None in registers:  # nothing tells a new parameter: every sweep walks the modules
+            self._registrations = None
+            return
+        for register in registers:
+            patcher.handle(register(self._registered))
+
+    def _registered(self, module, name, value) -> None:
+        if self._registrations is not None:
+            self._registrations += 1
 
     def params_added(self, opt: int, pids) -> None:
         """``PARAMS_ADDED``: a new optimizer's first step gathers the modules its frames hold."""
@@ -111,22 +129,130 @@ class LateGradWatcher:
         rec = self.rec
         if rec.others_in_backward():
             return
-        number = rec.tensors.get
-        seen: set[int] = set()
-        tracked = False
         thread = threading.get_ident()
-        for ref, held_by in self._roots:
-            root = ref()
-            if root is None or held_by != thread:
-                continue
-            for param in root.parameters():
-                if id(param) in seen:
-                    continue
-                seen.add(id(param))
-                if param.requires_grad and param.grad is not None and number(param) is None:
-                    rec.track(param)
-                    tracked = True
+        roots = [root for ref, held_by in self._roots
+                 if held_by == thread and (root := ref()) is not None]
+        tree = self._tree
+        if tree is None or not tree.holds(roots, self._registrations):
+            tree = self._tree = _Tree(roots, self._registrations, rec.tensors)
+        # ``map``s in C (thousands of parameters in a mixture of experts or a LoRA model,
+        # swept after each of the first steps), over the parameters untracked when the tree
+        # was read: those that require a gradient and hold one, in ``parameters()`` order
+        untracked = list(map(call, tree.untracked))
+        if not all(map(is_not, untracked, repeat(None))):
+            untracked = list(compress(untracked, map(is_not, untracked, repeat(None))))
+        candidates = list(compress(untracked, map(and_, map(_requires_grad, untracked),
+                                                  map(is_not, map(_grad, untracked),
+                                                      repeat(None)))))
+        tracked = False
+        if candidates:
+            for param in compress(candidates, map(is_, rec.tensors.numbers(candidates),
+                                                  repeat(None))):
+                rec.track(param)
+                tracked = True
+            tree.untracked = list(map(weakref.ref, compress(
+                untracked, map(is_, rec.tensors.numbers(untracked), repeat(None)))))
+        if self._steps >= EVERY_STEP_UNTIL:  # sweeps are rare from now on: hold nothing
+            self._tree = None
         if tracked or len(rec.param_names) < len(rec.tensors):
             # named now, from the stepping frames, while a function's locals hold the model (the
             # end of the run names from the script's globals): these and those a walk tracked
             name_parameters(rec, live=LiveModules(scan=False))
+
+
+class _Tree:
+    """The modules of the sweep's roots and their parameters that were untracked, as one
+    sweep read them; the next sweep reuses them while the same roots are swept, no parameter
+    or module was registered anywhere since (torch's global hooks: ``module.x = ...``,
+    ``register_parameter``, ``add_module``, a module's construction), every module lives and
+    its ``_parameters`` and ``_modules`` hold as many entries (a deletion, a write into them
+    directly). The modules and parameters are held weakly (the script's modules die when it
+    drops them), their two dicts as they are: reading ``module._parameters`` goes through
+    ``Module.__getattr__``'s slower lookup, a dict's length does not. ``modules`` None: a
+    class walks its own way, read through ``parameters()`` each time."""
+
+    __slots__ = ("roots", "registrations", "modules", "dicts", "counts", "untracked")
+
+    def __init__(self, roots: list, registrations: int | None, tensors):
+        self.roots = list(map(id, roots))
+        self.registrations = registrations
+        found: list = []
+        modules: list | None = [] if registrations is not None else None
+        for root in roots:
+            found += module_parameters(root, modules)
+            if modules is not None and modules and modules[-1] is None:
+                modules = None
+        self.modules = self.dicts = self.counts = None
+        if modules is not None:
+            try:
+                self.modules = list(map(weakref.ref, modules))
+            except TypeError:  # a module without weak references: read each time
+                self.modules = None
+            else:
+                self.dicts = [*map(_parameters, modules), *map(_children, modules)]
+                self.counts = list(map(len, self.dicts))
+        params = list(dict(zip(map(id, found), found)).values()) if len(roots) > 1 else found
+        self.untracked = list(map(weakref.ref, compress(
+            params, map(is_, tensors.numbers(params), repeat(None)))))
+
+    def holds(self, roots: list, registrations: int | None) -> bool:
+        return (self.modules is not None and registrations == self.registrations
+                and list(map(id, roots)) == self.roots
+                and all(map(is_not, map(call, self.modules), repeat(None)))
+                and list(map(len, self.dicts)) == self.counts)
+
+
+_parameters = attrgetter("_parameters")
+_children = attrgetter("_modules")
+
+
+_requires_grad = attrgetter("requires_grad")
+_grad = attrgetter("grad")
+_Module = torch.nn.Module
+_PLAIN_WALK = (_Module.parameters, _Module.named_parameters, _Module._named_members)
+_plain_types: set[type] = set()  # module classes whose tree walk is torch's own
+
+
+def _plain(cls: type) -> bool:
+    if cls in _plain_types:
+        return True
+    if cls.named_modules is not _Module.named_modules:
+        return False
+    _plain_types.add(cls)
+    return True
+
+
+def module_parameters(root, modules: list | None = None) -> list:
+    """``list(root.parameters())``, in its order (the modules depth first, each module and each
+    parameter once, none None), without its stack of generators: one list extension per module.
+    A tree with a class that walks its own way (``parameters`` or ``named_modules`` overridden)
+    is read through ``parameters()``. ``modules``: the modules walked are appended to it, then
+    None when ``parameters()`` read the tree."""
+    cls = type(root)
+    if (cls.parameters, cls.named_parameters, cls._named_members) != _PLAIN_WALK:
+        if modules is not None:
+            modules.append(None)
+        return list(root.parameters())
+    seen: set[int] = set()
+    found: list = []
+    walked: list = []
+    stack = [root]
+    while stack:
+        module = stack.pop()
+        if module is None or id(module) in seen:
+            continue
+        if not _plain(type(module)):
+            if modules is not None:
+                modules.append(None)
+            return list(root.parameters())
+        seen.add(id(module))
+        walked.append(module)
+        found += module._parameters.values()
+        children = module._modules
+        if children:
+            stack += reversed(children.values())
+    if modules is not None:
+        modules += walked
+    if not all(map(is_not, found, repeat(None))):  # (``None in found`` would compare tensors)
+        found = list(compress(found, map(is_not, found, repeat(None))))
+    return list(dict(zip(map(id, found), found)).values()) if len(found) > 1 else found
