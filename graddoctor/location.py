@@ -76,9 +76,10 @@ class LocationFinder:
         self._at: dict[tuple, Location] = {}
         # (id of the start frame's code object, its f_lasti) -> the latest ``_WALKS_PER_PLACE``
         # walks ``here`` made from there, newest first, each (the chain it walked, as ``chain``
-        # reads it; the location it found): a stack that ``same_chain`` finds the same gives
-        # the same location, read in fewer steps than the walk (the describers of each backward
-        # ask from the same places every turn, through one of a few paths of the hooks)
+        # reads it but without the start frame's own code; the location it found): a stack
+        # that ``same_chain`` finds the same gives the same location, read in fewer steps than
+        # the walk (the describers of each backward ask from the same places every turn,
+        # through one of a few paths of the hooks)
         self._walked: dict[tuple, tuple] = {}
 
     def is_user_file(self, filename: str) -> bool:
@@ -243,14 +244,20 @@ class LocationFinder:
         start = sys._getframe(skip)
         key = (id(start.f_code), start.f_lasti)
         for (codes, code, lasti), location in self._walked.get(key, ()):
+            # same_chain from the frame after ``start`` (whose code the key names), written out:
+            # every event asks; the stack's bottom (None) ends it as a mismatch
             frame = start
-            for expected in codes:  # same_chain, written out: every event asks
-                if frame is None or frame.f_code is not expected:
-                    break
-                frame = frame.f_back
-            else:
-                if frame is not None and frame.f_code is code and frame.f_lasti == lasti:
-                    return location
+            try:
+                for expected in codes:
+                    frame = frame.f_back
+                    if frame.f_code is not expected:
+                        break
+                else:
+                    frame = frame.f_back
+                    if frame.f_code is code and frame.f_lasti == lasti:
+                        return location
+            except AttributeError:
+                pass
         kinds = self._kinds
         frame = start
         inner = outer = None  # the innermost and outermost framework frames crossed
@@ -287,13 +294,14 @@ class LocationFinder:
         between), kept for the next call from the same instruction."""
         walked = self._walked
         known = walked.get(key, ())
-        if not known and len(walked) >= _WALKS_KEPT:
-            return
+        if user is start or (not known and len(walked) >= _WALKS_KEPT):
+            return  # (the user's own frame: nothing walked)
         codes = []
         frame = start
         while frame is not user:
             codes.append(frame.f_code)
             frame = frame.f_back
+        del codes[0]  # start's own (the key's)
         self._codes[key[0]] = start.f_code
         walked[key] = (((tuple(codes), user.f_code, user.f_lasti), location),
                        *known[:_WALKS_PER_PLACE - 1])

@@ -84,3 +84,16 @@ def test_a_remembered_walk_is_read_back(stack):
     assert finder._walked and any(walk[1] is first for walks in finder._walked.values()
                                   for walk in walks)
     assert user.a(finder) is first
+
+
+def test_asked_from_the_users_own_frame_and_from_the_stacks_bottom(stack, tmp_path):
+    # here(1) from a user frame is that frame; a remembered walk longer than the stack it is
+    # tried on is a mismatch, not an error
+    library, framework, user, _ = stack
+    mine = load(tmp_path / "direct.py", """
+        def direct(finder):
+            return finder.here(1)  # line 3
+    """)
+    finder = _fresh(tmp_path)
+    assert mine.direct(finder).line == 3 and mine.direct(finder).line == 3
+    assert user.c(finder).line == 9 and user.a(finder).line == 3 and user.c(finder).line == 9
