@@ -104,13 +104,14 @@ class Progress:
         if self._stop is None and self._after_step:
             self._ask(self._after_step)
         alarms = self._alarms
-        while alarms and alarms[0][0] <= self.steps:
-            callback = heapq.heappop(alarms)[2]
-            try:
-                callback()
-            except Exception as exc:
-                self._rec.internal_error("step alarm", exc)
-        self._rewake()
+        if alarms and alarms[0][0] <= self.steps:
+            while alarms and alarms[0][0] <= self.steps:
+                callback = heapq.heappop(alarms)[2]
+                try:
+                    callback()
+                except Exception as exc:
+                    self._rec.internal_error("step alarm", exc)
+            self._rewake()  # (what else changes it rewakes itself: _ask, _drop, the topic)
 
     def _rewake(self) -> None:
         if self._counted_step.now or (self._stop is None and self._after_step):
