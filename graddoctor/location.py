@@ -11,6 +11,8 @@ from . import frameworks
 from .trace import Location
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_WALKS_KEPT = 4096  # places ``LocationFinder.here`` remembers its walks from
+_WALKS_PER_PLACE = 3  # walks remembered per place (the newest)
 
 
 def _library_roots() -> tuple[str, ...]:
@@ -72,6 +74,13 @@ class LocationFinder:
         # one instruction, so one line: no line-table scan per event)
         self._kinds: dict[str, bool | str] = {}
         self._at: dict[tuple, Location] = {}
+        # (id of the start frame's code object, its f_lasti) -> the latest ``_WALKS_PER_PLACE``
+        # walks ``here`` made from there, newest first, each (the chain it walked, as ``chain``
+        # reads it but without the start frame's own code; the location it found): a stack
+        # that ``same_chain`` finds the same gives the same location, read in fewer steps than
+        # the walk (the describers of each backward ask from the same places every turn,
+        # through one of a few paths of the hooks)
+        self._walked: dict[tuple, tuple] = {}
 
     def is_user_file(self, filename: str) -> bool:
         known = self._is_user.get(filename)
@@ -233,6 +242,22 @@ class LocationFinder:
         (``hook``: the loss ``training_step`` returned, the optimizer ``configure_optimizers``
         made) rather than the ``trainer.fit(...)`` line. See graddoctor/frameworks.py."""
         start = sys._getframe(skip)
+        key = (id(start.f_code), start.f_lasti)
+        for (codes, code, lasti), location in self._walked.get(key, ()):
+            # same_chain from the frame after ``start`` (whose code the key names), written out:
+            # every event asks; the stack's bottom (None) ends it as a mismatch
+            frame = start
+            try:
+                for expected in codes:
+                    frame = frame.f_back
+                    if frame.f_code is not expected:
+                        break
+                else:
+                    frame = frame.f_back
+                    if frame.f_code is code and frame.f_lasti == lasti:
+                        return location
+            except AttributeError:
+                pass
         kinds = self._kinds
         frame = start
         inner = outer = None  # the innermost and outermost framework frames crossed
@@ -243,7 +268,9 @@ class LocationFinder:
                 kind = self._kind(code.co_filename)
             if kind is True:
                 if inner is None:
-                    return self._at_instruction(frame)
+                    location = self._at_instruction(frame)
+                    self._remember_walk(key, start, frame, location)
+                    return location
                 return self._through_framework(start, frame, inner, outer)
             if kind:
                 outer = frame
@@ -261,6 +288,23 @@ class LocationFinder:
             f = fallback
             return Location(self.display_path(f.f_code.co_filename), f.f_lineno, f.f_code.co_name)
         return None
+
+    def _remember_walk(self, key: tuple, start, user, location: Location) -> None:
+        """``here``'s walk from ``start`` to the user's frame ``user`` (no framework frame
+        between), kept for the next call from the same instruction."""
+        walked = self._walked
+        known = walked.get(key, ())
+        if user is start or (not known and len(walked) >= _WALKS_KEPT):
+            return  # (the user's own frame: nothing walked)
+        codes = []
+        frame = start
+        while frame is not user:
+            codes.append(frame.f_code)
+            frame = frame.f_back
+        del codes[0]  # start's own (the key's)
+        self._codes[key[0]] = start.f_code
+        walked[key] = (((tuple(codes), user.f_code, user.f_lasti), location),
+                       *known[:_WALKS_PER_PLACE - 1])
 
     def _through_framework(self, start, user, inner, outer) -> Location:
         """The location of a call that reached the user's frame ``user`` through a framework's

@@ -49,12 +49,15 @@ class LateGradWatcher:
         self._thread: int | None = None  # the first of them
         self._root_ids: set[int] = set()
         self._rooted: set[int] = set()  # optimizers whose first step gathered modules
+        self._unrooted: set[int] = set()  # optimizers registered that have not stepped yet
         self._steps = 0
         self._next = 1
         # modules (un)registered anywhere (torch's global registration hooks), and the modules
         # and untracked parameters the every-step sweeps found (``_Tree``)
         self._registrations = 0
         self._tree: _Tree | None = None
+        self._asleep = False  # off STEPPED until the progress' alarm at the next sweep
+        self._recount = False  # woken: the next publication reads the count from the progress
         rec.subscribe(STEPPED, self.after_step)
         rec.subscribe(PARAMS_ADDED, self.params_added)
 
@@ -75,23 +78,41 @@ class LateGradWatcher:
     def params_added(self, opt: int, pids) -> None:
         """``PARAMS_ADDED``: a new optimizer's first step gathers the modules its frames hold."""
         if opt not in self._rooted and not self._shared:
+            self._unrooted.add(opt)
+            self._wake()
+
+    def _wake(self) -> None:
+        """Back on ``STEPPED`` (the progress' alarm, or a new optimizer): the steps taken while
+        off it are counted from the progress, as each publication would have counted them."""
+        if not self._asleep:
+            return
+        self._asleep = False
+        self._recount = True
+        if not self._shared:
             self.rec.resume(STEPPED, self.after_step)
 
     def after_step(self, opt: int, optimizer) -> None:
-        self._steps += 1
-        if get_ident() != self._thread:
-            if self._thread is not None:  # threads that train at once: no sweep is safe
+        if self._recount:  # this publication included
+            self._recount = False
+            self._steps = self.rec.progress.steps_taken()
+        else:
+            self._steps += 1
+        shared = self.rec.progress.threads_stepped  # (the steps taken while asleep included)
+        if get_ident() != self._thread or shared:
+            if self._thread is not None or shared:  # threads that train at once: no sweep is safe
                 self._shared = True
                 self._roots = []
                 self.rec.retire(STEPPED, self.after_step)
                 return
             self._thread = get_ident()
         if self._steps < self._next and opt in self._rooted:
+            self._sleep()
             return
         if self._shared:  # retired, but a publication already under way still calls
             return
         if opt not in self._rooted:
             self._rooted.add(opt)
+            self._unrooted.discard(opt)
             try:
                 self._gather()
             except Exception as exc:
@@ -103,6 +124,21 @@ class LateGradWatcher:
             self._sweep()
         except Exception as exc:
             self.rec.internal_error("late gradients: sweep", exc)
+
+    def _sleep(self) -> None:
+        """Between two sweeps, with every optimizer registered rooted: off ``STEPPED`` until the
+        step of the next sweep (no step of these counts for anything but the count, which the
+        progress keeps). Another thread's step meanwhile is read from the progress at waking,
+        before any sweep. The alarm is set in steps counted with GradScaler-skipped ones, which
+        never fall behind the steps taken: it wakes at or before the sweep's step, and a watcher
+        woken early sleeps again."""
+        if self._unrooted or self._asleep:
+            return
+        progress = self.rec.progress
+        ahead = self._next - self._steps  # publications until the next sweep's
+        self._asleep = True
+        self.rec.retire(STEPPED, self.after_step)
+        progress.wake_at(progress.steps + ahead, self._wake)
 
     def _gather(self) -> None:
         module = torch.nn.Module

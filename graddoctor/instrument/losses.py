@@ -102,16 +102,19 @@ class LossShapeWatcher:
         signature = inspect.signature(original)
 
         heard = watcher.calls.heard
+        ranging = True  # this function's targets' range is still read (a count that only grows)
 
         def before(args, kwargs) -> None:
+            nonlocal ranging
             input = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
             heard(fn, input, target, args, kwargs)
-            if watcher._range_checks.get(fn, 0) < _RANGE_CHECKS:
+            if ranging:
                 try:
                     watcher._range(fn, input, target)
                 except Exception as exc:
                     rec.internal_error(f"F.{fn}", exc)
+                ranging = watcher._range_checks.get(fn, 0) < _RANGE_CHECKS
             try:
                 if input.shape == target.shape:
                     return

@@ -8,7 +8,10 @@ count through it (``count_step``, ``count_backward``) and end the replay at thei
 
 from __future__ import annotations
 
+import heapq
 import threading
+from itertools import count
+from threading import get_ident
 from typing import TYPE_CHECKING, Callable
 
 from .stop import SPENT, StopCondition, StopReplay, conditions
@@ -51,6 +54,19 @@ class Progress:
         self._after_step, self._after_backward = self._asked["after_step"], self._asked["after_backward"]
         self._counted_step = rec.subscribers(COUNTED_STEP)
         self._budget_hold = rec.subscribers(BUDGET_HOLD)
+        # what count_step does past the counts, only once ``steps`` reaches ``_wake``: every
+        # step (0) while a COUNTED_STEP subscriber or a step-time stop condition is there, else
+        # at the earliest alarm (``wake_at``), else never
+        self._alarms: list[tuple[int, int, Callable[[], None]]] = []  # (steps, order, callback)
+        self._order = count()
+        self._wake = 0
+        self._counted_step.on_change(self._rewake)
+        # the thread of the first step the optimizers took (not a GradScaler-skipped one), and
+        # whether another thread has stepped since (watchers that must not read a ``.grad``
+        # another thread may be writing stop for good)
+        self._step_thread: int | None = None
+        self.threads_stepped = False
+        self._rewake()
 
     def begins_update(self, opt: int | None) -> bool:
         """Whether a step of optimizer ``opt`` now would begin a new update."""
@@ -72,6 +88,14 @@ class Progress:
             steps[opt] = steps.get(opt, 0) + 1
             if skipped:
                 self._skipped_steps[opt] = self._skipped_steps.get(opt, 0) + 1
+        if not skipped and get_ident() != self._step_thread:
+            self._new_step_thread()
+        if self.steps >= self._wake:
+            self._woken()
+
+    def _woken(self) -> None:
+        """``count_step``'s work past the counts: the COUNTED_STEP subscribers, the step-time
+        stop conditions, then the alarms due."""
         for callback in self._counted_step.now:
             try:
                 callback(self.updates)
@@ -79,6 +103,41 @@ class Progress:
                 self._rec.internal_error("step callback", exc)
         if self._stop is None and self._after_step:
             self._ask(self._after_step)
+        alarms = self._alarms
+        if alarms and alarms[0][0] <= self.steps:
+            while alarms and alarms[0][0] <= self.steps:
+                callback = heapq.heappop(alarms)[2]
+                try:
+                    callback()
+                except Exception as exc:
+                    self._rec.internal_error("step alarm", exc)
+            self._rewake()  # (what else changes it rewakes itself: _ask, _drop, the topic)
+
+    def _rewake(self) -> None:
+        if self._counted_step.now or (self._stop is None and self._after_step):
+            self._wake = 0
+        else:
+            self._wake = self._alarms[0][0] if self._alarms else float("inf")
+
+    def wake_at(self, steps: int, callback: Callable[[], None]) -> None:
+        """Have ``callback()`` called from ``count_step`` once ``steps`` optimizer steps are
+        counted (GradScaler-skipped ones included; ``steps`` now or before: at the next step),
+        after the COUNTED_STEP subscribers and before the step's ``STEPPED`` subscribers: a
+        watcher that acts on a schedule of step counts stays off ``STEPPED`` between them and
+        resumes itself there. Called once; from the stepping thread."""
+        heapq.heappush(self._alarms, (steps, next(self._order), callback))
+        self._rewake()
+
+    def steps_taken(self) -> int:
+        """The steps the optimizers ran so far, GradScaler-skipped ones not counted: how many
+        ``STEPPED`` publications there have been once the running step's is made."""
+        return self.steps - sum(self._skipped_steps.values())
+
+    def _new_step_thread(self) -> None:
+        if self._step_thread is None:
+            self._step_thread = get_ident()
+        else:
+            self.threads_stepped = True
 
     def stepped(self, opt: int) -> int:
         """The steps optimizer ``opt`` ran so far (the one whose post hook is running
@@ -107,6 +166,7 @@ class Progress:
             if reason:
                 self._stop = (condition.exception, reason)
                 self.stop_requested = True
+                self._rewake()
                 return
             if reason is SPENT:
                 self._drop(asked, condition)
@@ -118,6 +178,7 @@ class Progress:
             if pairs is asked:
                 self._asked[moment] = [pair for pair in pairs if pair[0] is not condition]
         self._after_step, self._after_backward = self._asked["after_step"], self._asked["after_backward"]
+        self._rewake()
 
     def holds(self):
         """Whether each ``budget_hold`` subscriber wants the replay to go on past the budget."""
@@ -137,6 +198,7 @@ class Progress:
             self._after_step, self._after_backward = [], []
             self._stop = None
             self.stop_requested = False
+            self._rewake()
             return
 
         def maybe_stop(step_of: int | None = None) -> None:

@@ -21,11 +21,17 @@ class Subscribers(Generic[F]):
     subscriber that retires or resumes one (itself included) while the topic is published
     changes nothing in the loop that is running: each call of that publication still happens."""
 
-    __slots__ = ("now", "_entries")
+    __slots__ = ("now", "_entries", "_on_change")
 
     def __init__(self) -> None:
         self.now: tuple[F, ...] = ()
         self._entries: list[list] = []  # [subscriber, active] in the order subscribed
+        self._on_change: list[Callable[[], None]] = []  # told after ``now`` is replaced
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """Have ``callback()`` called each time ``now`` is replaced: for a publisher that
+        skips the loop while ``now`` is empty (``Progress``: a test per step instead of a loop)."""
+        self._on_change.append(callback)
 
     def add(self, subscriber: F) -> None:
         self._entries.append([subscriber, True])
@@ -44,6 +50,8 @@ class Subscribers(Generic[F]):
 
     def _rebuild(self) -> None:
         self.now = tuple(entry[0] for entry in self._entries if entry[1])
+        for callback in self._on_change:
+            callback()
 
     def __iter__(self):
         return iter(self.now)
