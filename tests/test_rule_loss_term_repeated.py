@@ -180,3 +180,18 @@ def test_a_patched_function_maps_to_the_first_original_it_replaced():
     finally:
         patcher.undo()
     assert owner.fn is original
+
+
+def test_the_term_watcher_leaves_the_steps_and_backwards_once_its_windows_are_spent():
+    from graddoctor.instrument import Recorder
+    from graddoctor.instrument.repeatedterm import _WINDOWS, RepeatedTermWatcher
+    from graddoctor.instrument.topics import DESCRIBE_LOSS, STEPPED
+
+    rec = Recorder(step_budget=None)
+    watcher = RepeatedTermWatcher(rec)
+    rec.subscribe(STEPPED, watcher.after_step)
+    rec.subscribe(DESCRIBE_LOSS, watcher.describe_loss)
+    watcher._windows = _WINDOWS
+    watcher.after_step(0, None)
+    assert watcher.after_step not in list(rec.subscribers(STEPPED).now)
+    assert watcher.describe_loss not in list(rec.subscribers(DESCRIBE_LOSS).now)

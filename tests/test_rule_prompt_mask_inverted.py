@@ -122,3 +122,17 @@ def test_the_watcher_records_an_inverted_mask_and_not_a_correct_one():
     (e,) = _run(inverted=True)
     assert e.get("inverted_rows") == ROWS and e.get("ignore_index") == -100
     assert _run(inverted=False) == []
+
+
+def test_the_watcher_closes_on_a_script_whose_losses_never_qualify():
+    """A run with no token loss (a regression) must not keep the listener and the embedding
+    wrapper on every call of a long run."""
+    from graddoctor.instrument.promptmask import _HEARD, PromptMaskWatcher
+
+    watcher = PromptMaskWatcher(Recorder(step_budget=None))
+    pred, target = torch.randn(4, 1, requires_grad=True), torch.randn(4, 1)
+    for _ in range(_HEARD - 1):
+        watcher.loss_call("mse_loss", pred, target, (pred, target), {})
+    assert watcher.open
+    watcher.loss_call("mse_loss", pred, target, (pred, target), {})
+    assert not watcher.open

@@ -36,6 +36,7 @@ from .inlinable import watched
 from .recorder import Recorder
 
 _CALLS = 8  # loss calls with integer CPU targets judged (the first ones)
+_HEARD = 64  # loss calls heard at all (any function, any target): then closed for good
 _BATCHES = 4  # latest embedded token batches remembered
 _MAX_CELLS = 1 << 20  # targets larger than this are not read
 _MIN_COUNTED = 8  # counted targets a match with the token batch is judged on, at least
@@ -104,12 +105,15 @@ class PromptMaskWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._calls = 0
+        self._heard = 0
         self._batches: list = []  # (token batch, padding_idx), the latest last
         self._told: set = set()  # loss lines recorded
 
     @property
     def open(self) -> bool:
-        return self._calls < _CALLS
+        # a script whose losses never qualify (no token targets) closes it too: its listener
+        # and the embedding wrapper are then off a long run's every call
+        return self._calls < _CALLS and self._heard < _HEARD
 
     def embedded(self, tokens, pad) -> None:
         if not (isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and tokens.shape[0] >= _MIN_ROWS
@@ -121,6 +125,7 @@ class PromptMaskWatcher:
         self._batches.append((tokens, pad if isinstance(pad, int) else None))
 
     def loss_call(self, fn: str, input, target, args, kwargs) -> None:
+        self._heard += 1
         if fn not in ("cross_entropy", "nll_loss") or not self._batches:
             return
         if not (isinstance(target, torch.Tensor) and target.device.type == "cpu"
@@ -149,7 +154,7 @@ class PromptMaskWatcher:
         watcher = self
 
         def before(args, kwargs) -> None:
-            if watcher._calls >= _CALLS:
+            if not watcher.open:
                 watcher._batches = []
                 return
             try:

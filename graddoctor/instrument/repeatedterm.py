@@ -43,6 +43,7 @@ from .follow import UninstallHandle, pop_mode, push_mode, remove_mode, tensors_o
 from .graphpaths import packed, reached, saved
 from .lossfactor import python_number
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS, STEPPED
 
 _WINDOWS = 2  # forwards followed (each from an optimizer step to the next backward)
 _PLACED = 20000  # op outputs placed per window at most
@@ -227,7 +228,12 @@ class RepeatedTermWatcher:
 
     # -- the window --------------------------------------------------------------------------
     def after_step(self, opt, optimizer) -> None:
-        if self.closed or self._mode is not None or self._windows >= _WINDOWS:
+        if self.closed or self._windows >= _WINDOWS:
+            if self._mode is None:  # nothing left to follow: off the steps and backwards
+                self.rec.retire(STEPPED, self.after_step)
+                self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
+            return
+        if self._mode is not None:
             return
         mode = _PlaceMode(self, self._patcher.originals() if self._patcher is not None else {})
         thread = push_mode(mode, self.rec, "repeated_term")
