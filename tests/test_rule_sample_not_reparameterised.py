@@ -159,3 +159,24 @@ def test_the_rule_shows_the_line_of_a_hand_written_one():
     t.put(ev.reparam_cut(dist=None, params=[0, 1], op="AddBackward0", via="scale", backward=16), line=12)
     f = only(t, SLUG)
     assert "scale (std)" in f.message and "drop the .detach()" in f.fix
+
+
+def test_no_mode_of_graddoctor_outlives_the_run_when_windows_overlap():
+    """Two steps of a policy gradient on a Gaussian: the reparameterisation, fresh-sample,
+    batch-target and repeated-term windows open and close out of order; none is left on the
+    torch-function stack after the instrumentation is removed."""
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    with Instrumentation(rec):
+        policy = nn.Linear(4, 3)
+        opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+        for _ in range(2):
+            logits = policy(torch.randn(16, 4))
+            dist = Normal(logits, torch.ones_like(logits))
+            ret = -dist.sample().pow(2).sum(-1)
+            loss = -(dist.log_prob(dist.sample()).sum(-1) * ret).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert torch._C._len_torch_function_stack() == 0
+    assert not [e for e in rec.trace if e.kind == "internal_error"]

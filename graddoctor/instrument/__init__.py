@@ -49,6 +49,7 @@ from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
+from .follow import remove_leftover_modes
 from .freshsample import FreshSampleWatcher
 from .batchtarget import BatchTargetWatcher
 from .ratios import RatioWatcher
@@ -407,4 +408,8 @@ class Instrumentation:
             rec.internal_error("reading deferred device values", error)
         self.namer.close()
         for error in self.patcher.undo():
+            rec.internal_error("removing instrumentation", error)
+        try:
+            remove_leftover_modes()
+        except Exception as error:
             rec.internal_error("removing instrumentation", error)

@@ -38,7 +38,7 @@ import weakref
 import torch
 
 from .. import events as ev
-from .follow import FollowMode, pop_mode, push_mode, tensors_in, tensors_out, wrap_distribution_calls
+from .follow import FollowMode, push_mode, remove_mode, tensors_in, tensors_out, wrap_distribution_calls
 from .graphpaths import reached, saved
 from .lossterms import loss_roots
 from .recorder import Recorder
@@ -218,7 +218,7 @@ class FreshSampleWatcher:
         self.inside = 0
         if self._calls:
             self._calls.clear()  # a call that raised left its entry
-        if self._mode is not None and pop_mode(self._mode, self._thread, self.rec,
+        if self._mode is not None and remove_mode(self._mode, self._thread, self.rec,
                                                "fresh_sample_scored"):
             self._mode = None
 

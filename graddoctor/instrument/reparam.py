@@ -52,7 +52,7 @@ import torch
 import torch.distributions as D
 
 from .. import events as ev
-from .follow import FollowMode, pop_mode, push_mode, tensors_in, tensors_out, wrap_distribution_calls
+from .follow import FollowMode, push_mode, remove_mode, tensors_in, tensors_out, wrap_distribution_calls
 from .graphpaths import nearest, reached, saved
 from .lossterms import loss_roots
 from .recorder import Recorder
@@ -219,7 +219,7 @@ class ReparamWatcher:
         self._detached, self._cuts = {}, []
         self.inside = 0
         self._calls.clear()  # a call that raised left its entry
-        if pop_mode(self._mode, self._thread, self.rec, "reparam_cut"):
+        if remove_mode(self._mode, self._thread, self.rec, "reparam_cut"):
             self._mode = None
 
     # -- DESCRIBE_LOSS -----------------------------------------------------------------------

@@ -39,7 +39,7 @@ from .. import events as ev
 from .dependency import close_before_compile
 from torch.overrides import TorchFunctionMode
 
-from .follow import UninstallHandle, pop_mode, push_mode, remove_mode, tensors_out
+from .follow import UninstallHandle, push_mode, remove_mode, tensors_out
 from .graphpaths import packed, reached, saved
 from .lossfactor import python_number
 from .recorder import Recorder
@@ -268,7 +268,7 @@ class RepeatedTermWatcher:
     def _close(self) -> None:
         self.following = False
         self._placed, self._frames = {}, {}
-        if pop_mode(self._mode, self._thread, self.rec, "repeated_term"):
+        if remove_mode(self._mode, self._thread, self.rec, "repeated_term"):
             self._mode = None
 
     # -- DESCRIBE_LOSS -----------------------------------------------------------------------
