@@ -141,20 +141,24 @@ class UninstallHandle:
         self.watcher.uninstall()
 
 
+_WATCHERS = "graddoctor.instrument."
+
+
 def remove_leftover_modes() -> int:
-    """Take every mode of graddoctor's off this thread's torch-function stack, the script's
-    own modes left in their order: the last step of removing the instrumentation, so that a
-    window one watcher could not close (another watcher's mode above it when it tried) never
-    outlives the run. How many were taken off."""
+    """Take every watcher's mode (a class of ``graddoctor.instrument``) off this thread's
+    torch-function stack, every other mode left in its order (the script's own, and the run's
+    emulated GPU, which the run pops itself): the last step of removing the instrumentation, so
+    that a window one watcher could not close (another watcher's mode above it when it tried)
+    never outlives the run. How many were taken off."""
     depth = torch._C._len_torch_function_stack()
     stack = [torch._C._get_function_stack_at(i) for i in range(depth)]
-    ours = [m for m in stack if type(m).__module__.startswith("graddoctor.")]
+    ours = [m for m in stack if type(m).__module__.startswith(_WATCHERS)]
     if not ours:
         return 0
     kept = []
     while torch._C._len_torch_function_stack():
         mode = torch._C._pop_torch_function_stack()
-        if not type(mode).__module__.startswith("graddoctor."):
+        if not type(mode).__module__.startswith(_WATCHERS):
             kept.append(mode)
     for mode in reversed(kept):
         torch._C._push_on_torch_function_stack(mode)
