@@ -29,6 +29,7 @@ from .targetcolumn import TargetColumnWatcher
 from .fullrows import FullRowsWatcher
 from .constlabels import ConstantTargetsWatcher
 from .gradstop import GradStopWatcher
+from .reducebatch import ReduceBatchWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
@@ -177,6 +178,11 @@ class Instrumentation:
         softmax_batch = SoftmaxBatchWatcher(rec, self.dataloader)
         rec.subscribe(DESCRIBE_LOSS, softmax_batch.describe_loss)
         self.watchers.append(softmax_batch)
+        # a logsumexp, max, min or prod over dim 0 of per-sample scores on the loss's path
+        # (reduced-over-batch): the graph of the first backwards walked, its candidates hooked
+        reduce_batch = ReduceBatchWatcher(rec, self.dataloader)
+        rec.subscribe(DESCRIBE_LOSS, reduce_batch.describe_loss)
+        self.watchers.append(reduce_batch)
         # a term added alike to every class before a softmax, which cancels it
         # (logit-shift-cancels): Tensor arithmetic wrapped until the first backwards
         shift_cancel = ShiftCancelWatcher(rec)
