@@ -159,3 +159,13 @@ def test_the_source_reading_of_each_form_of_dim():
     assert first_axis_dims("torch.min(a, b)") is None  # elementwise
     assert first_axis_dims("x.max()") is None
     assert first_axis_dims("x.max(dim=axis)") is None
+
+
+def test_a_negative_dim_naming_the_batch_is_read_as_dim_0():
+    w = torch.randn(5, 3, requires_grad=True)
+    x = torch.randn(6, 5)
+    rec = _Rec()
+    watcher = ReduceBatchWatcher(rec)
+    _loss_and_backward(watcher, (x @ w).amax(dim=-2).mean())  # torch saves -2 as 2**64 - 2
+    _loss_and_backward(watcher, (x @ w).amax(dim=-1).mean())
+    assert rec.emitted == [ev.reduce_batch(fn="amax", shape=[6, 3], dims=[0], batch=6)]

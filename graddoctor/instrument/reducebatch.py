@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
-from .graphpaths import post_order, saved
+from .graphpaths import post_order, saved, saved_dims
 from .recorder import Recorder
 from .softmaxbatch import _data_leading, over_batch
 
@@ -50,12 +50,8 @@ _DISTRIBUTIONS = frozenset({"LogSoftmaxBackward0", "SoftmaxBackward0"})
 
 
 def _dims(node) -> tuple[int, ...] | None:
-    dim = saved(node, "_saved_dim")
-    if isinstance(dim, int):
-        return (dim,)
-    if isinstance(dim, (tuple, list)) and all(isinstance(d, int) for d in dim):
-        return tuple(dim)
-    return None
+    dim = saved_dims(node)
+    return (dim,) if isinstance(dim, int) else dim
 
 
 def _input_shape(node) -> tuple[int, ...] | None:
@@ -92,7 +88,7 @@ def _is_distribution(node, ndim: int) -> bool:
     dim 0."""
     for child, _ in node.next_functions:
         if child is not None and type(child).__name__ in _DISTRIBUTIONS:
-            dim = saved(child, "_saved_dim")
+            dim = saved_dims(child)
             return isinstance(dim, int) and dim % ndim != 0
     return False
 
