@@ -169,3 +169,16 @@ def test_a_negative_dim_naming_the_batch_is_read_as_dim_0():
     _loss_and_backward(watcher, (x @ w).amax(dim=-2).mean())  # torch saves -2 as 2**64 - 2
     _loss_and_backward(watcher, (x @ w).amax(dim=-1).mean())
     assert rec.emitted == [ev.reduce_batch(fn="amax", shape=[6, 3], dims=[0], batch=6)]
+
+
+def test_a_time_major_max_over_time_is_left_when_the_labels_tell_the_batch():
+    v = torch.randn(8, requires_grad=True)
+    x = torch.randn(12, 5, 8)  # (T, B, F): dim 0 is time, as long as the data's leading axis
+    y = torch.randint(0, 8, (5,))
+    rec = _Rec()
+    watcher = ReduceBatchWatcher(rec)
+    pooled = (x * v).max(dim=0).values
+    _loss_and_backward(watcher, torch.nn.functional.cross_entropy(pooled, y))
+    assert rec.emitted == []
+    _loss_and_backward(watcher, (x * v).max(dim=0).values.pow(2).mean())  # nothing tells B
+    assert [made[1]["shape"] for made in rec.emitted] == [[12, 5, 8]]

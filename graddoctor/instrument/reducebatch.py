@@ -15,9 +15,11 @@ batch of samples (``softmaxbatch.over_batch``: another axis longer than 1, not s
 first two, dim 0 as long as the leading dimension of a tensor without gradient read below it,
 the DataLoader's latest batch when there is one), when an axis longer than 1 is left after the
 reduction (a reduction over every axis is one number for the batch: a global max, a
-log-sum-exp over all pairs) and no axis left is as long as a data tensor (the columns of a
-(samples, candidates) similarity matrix, captions against images: each column is normalised
-over the rows on purpose), and when its input is not straight a (log-)softmax's result over
+log-sum-exp over all pairs) and no axis left is as long as the leading dimension of a tensor
+without gradient anywhere in the loss's graph (either could be the batch: the columns of a
+(samples, candidates) similarity matrix, captions against images, each column normalised
+over the rows on purpose; a time-major (T, B, H) output max-pooled over time, its B as long
+as the labels), and when its input is not straight a (log-)softmax's result over
 another axis (the log of the batch's marginal distribution, an entropy of cluster assignments).
 
 A candidate is reported only if the loss depends on it: its node gets a hook
@@ -36,7 +38,7 @@ import torch
 from .. import events as ev
 from .graphpaths import post_order, saved, saved_dims
 from .recorder import Recorder
-from .softmaxbatch import _data_leading, over_batch
+from .softmaxbatch import over_batch
 
 _WINDOWS = 3  # backwards whose losses are looked at
 _NODES = 20000  # graph nodes walked per backward
@@ -47,6 +49,29 @@ _KINDS = {"LogsumexpBackward0": "logsumexp", "MaxBackward0": "max", "MinBackward
 # a reduction over the batch of a distribution normalised over its other axis is the batch's
 # marginal (an entropy of the cluster assignments), taken on purpose
 _DISTRIBUTIONS = frozenset({"LogSoftmaxBackward0", "SoftmaxBackward0"})
+
+
+# the nodes whose saved indices are their own output (a max's argmax), not an input (an
+# embedding's token ids)
+_INDEXING = ("Max", "Min", "Sort", "Topk", "Kthvalue", "Median", "Nanmedian", "Mode", "Cummax",
+             "Cummin", "Adaptive", "Fractional")
+
+
+def _data_leading(root, limit: int) -> set[int]:
+    """The leading sizes of the tensors without gradient (data, targets, masks) that the nodes
+    below ``root`` saved as inputs."""
+    sizes: set[int] = set()
+    for node in post_order(root, limit) or ():
+        outputs = ("_saved_result", "_saved_indices") if type(node).__name__.startswith(_INDEXING) \
+            else ("_saved_result",)
+        for name in dir(node):
+            if not name.startswith("_saved_") or name.startswith(outputs):
+                continue
+            value = saved(node, name)
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 and not value.requires_grad \
+                    and value.grad_fn is None:
+                sizes.add(int(value.shape[0]))
+    return sizes
 
 
 def _dims(node) -> tuple[int, ...] | None:
@@ -131,6 +156,7 @@ class ReduceBatchWatcher:
                 loader_batch = None
         loc = self.rec.here()
         for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
+            everywhere: set[int] | None = None  # the leading sizes of the whole graph's data
             for node in post_order(root, _NODES) or ():
                 fn = _KINDS.get(type(node).__name__)
                 if fn is None:
@@ -146,6 +172,11 @@ class ReduceBatchWatcher:
                     continue
                 if not reduced_over_batch(shape, dims, _data_leading(node, _BELOW), loader_batch):
                     continue
+                if everywhere is None:
+                    everywhere = _data_leading(root, _NODES)
+                if any(shape[i] > 1 and shape[i] in everywhere for i in range(1, len(shape))
+                       if i not in axes):
+                    continue  # an axis left is as long as the data too: either could be the batch
                 made = ev.reduce_batch(fn=fn, shape=list(shape), dims=axes, batch=shape[0])
                 self._handles.append(node.register_prehook(self._depends(key, made, loc)))
 
