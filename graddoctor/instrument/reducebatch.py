@@ -27,8 +27,9 @@ A candidate is reported only if the loss depends on it: its node gets a hook
 returns None) and a ``reduce_batch`` aside event is emitted when that gradient is not zero
 (beyond ``_CANCELLED``). A batch max subtracted for stability and added back gets a gradient
 that cancels to rounding error. The hooks are removed at the next look and at the run's end.
-Only shapes and the incoming gradient are read: no saved tensor's values, and nothing under
-saved-tensor hooks (``graphpaths.saved``).
+Only shapes and the incoming gradient are read (on an accelerator, one host sync per candidate
+of the first backwards): no saved tensor's values, and nothing under saved-tensor hooks
+(``graphpaths.saved``).
 """
 
 from __future__ import annotations
