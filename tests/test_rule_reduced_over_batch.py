@@ -52,7 +52,7 @@ def _trace(path, extra=(), fn="logsumexp", shape=(32, 5)):
 def test_a_logsumexp_over_the_batch_is_a_warning_at_its_call(tmp_path):
     f = only(_trace(_script(tmp_path)), SLUG)
     assert f.severity is Severity.WARNING and f.location.line == 6
-    assert "32×5" in f.message and "32 samples" in f.message and "length 5" in f.message
+    assert "32×5" in f.message and "32 samples" in f.message and "its axis of length 5" in f.message
     assert f.fix.startswith("`torch.logsumexp(log_joint, dim=-1)`")
 
 

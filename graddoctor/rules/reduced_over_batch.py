@@ -169,7 +169,8 @@ class ReducedOverBatch(Rule):
             fixed = _with_dim(text, -1 if ndim == 2 else 1)
             yield self.finding(
                 f"`{text}` reduces a {shape} tensor over dim 0, its {event['batch']} samples, and "
-                f"leaves the axis of length {'×'.join(left)}: each value the loss reads combines "
+                f"leaves {'its axis of length ' if len(left) == 1 else 'its axes of sizes '}"
+                f"{'×'.join(left)}: each value the loss reads combines "
                 f"the {event['batch']} samples' scores by a {fn} instead of one sample's scores "
                 f"over its own axis, so every sample's term depends on the others and the loss "
                 f"is no per-sample {'likelihood' if fn == 'logsumexp' else 'score'} averaged "
@@ -178,5 +179,5 @@ class ReducedOverBatch(Rule):
                 evidence={"fn": fn, "shape": event["shape"], "dims": event["dims"],
                           "batch": event["batch"]},
                 fix=(f"`{fixed}`: reduce each sample over its own axis" if fixed and ndim == 2 else
-                     f"reduce over each sample's own axis (`dim={'-1' if ndim == 2 else '1 or -1'}`"
-                     f"), not dim 0 (the batch)"))
+                     "reduce over the sample's own axis it was meant for (`dim=-1` for the last), "
+                     "not dim 0 (the batch)"))
