@@ -764,6 +764,20 @@ softmax_batch      fn ("softmax" or "log_softmax"), shape (its result's sizes), 
                    axis longer than 1, not a square (B, B) matrix, dim 0 as long as a tensor
                    without gradient the graph read) — at the first 3 backwards, once per
                    function, shape and dim (loc: the backward; an aside; instrument/softmaxbatch.py)
+class_axis         fn ("softmax" or "log_softmax"), shape (its result's sizes), dim (the axis it
+                   normalised), picked (the axis the loss reads the target's class along), how
+                   ("gather": a gather along picked whose index differs along dim; "target": a
+                   product with a tensor without gradient that is a distribution along picked):
+                   class scores normalised over another axis than the one the loss picks the
+                   class along — at the first 3 backwards, once per function, shape, axes and how
+                   (loc: the backward; an aside; instrument/classaxis.py)
+reduce_batch       fn ("logsumexp", "max", "min", "amax", "amin" or "prod"), shape (its input's
+                   sizes), dims (the input's dimensions it reduces, 0 among them), batch (the
+                   samples: dim 0): a reduction that is neither a sum nor a mean taken over dim 0
+                   of a per-sample tensor on the loss's path while another axis longer than 1 is
+                   left, and the loss depends on its result (a gradient arrives at it) — at the
+                   first 3 backwards, once per function, shape and dims (loc: the backward; an
+                   aside, emitted during that backward; instrument/reducebatch.py)
 same_compared      how ("twins": two nodes of the loss's graph computed the same values from the
                    same inputs and meet in an op that compares them; "constant": a loss function's
                    constant operand equals its gradient-carrying one at two optimizer steps, never
@@ -1761,6 +1775,14 @@ def softmax_batch(*, fn: str, shape: list[int], batch: int) -> Made:
     return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch}
 
 
+def reduce_batch(*, fn: str, shape: list[int], dims: list[int], batch: int) -> Made:
+    return "reduce_batch", {"fn": fn, "shape": shape, "dims": dims, "batch": batch}
+
+
+def class_axis(*, fn: str, shape: list[int], dim: int, picked: int, how: str) -> Made:
+    return "class_axis", {"fn": fn, "shape": shape, "dim": dim, "picked": picked, "how": how}
+
+
 def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int],
               classes: int | None = None) -> Made:
     return "view_axes", {"shape_in": shape_in, "shape_out": shape_out, "params": params,
@@ -1843,6 +1865,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
+    "reduce_batch": reduce_batch,
+    "class_axis": class_axis,
     "shift_cancelled": shift_cancelled,
     "norm_batch": norm_batch,
     "masked_mean": masked_mean,
@@ -1900,7 +1924,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

@@ -117,6 +117,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "distributed/bad_ddp_forward_bypassed_single_rank.py",  # ddp_init
             "registration/bad_param_stepped_twice_nn_parameter_tie.py",  # optimizer_init's aliases
             "losses/bad_softmax_over_batch_dice.py",  # softmax_batch
+            "losses/bad_reduced_over_batch_hinge.py",  # reduce_batch
+            "losses/bad_class_axis_mismatch_tagger.py",  # class_axis
             "losses/bad_logit_shift_cancels_amsoftmax.py",  # shift_cancelled
             "losses/bad_norm_over_batch_unit_norm_mse.py",  # norm_batch
             "masks/bad_prompt_mask_inverted_comparison.py"]  # prompt_trained

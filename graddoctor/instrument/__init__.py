@@ -29,6 +29,8 @@ from .targetcolumn import TargetColumnWatcher
 from .fullrows import FullRowsWatcher
 from .constlabels import ConstantTargetsWatcher
 from .gradstop import GradStopWatcher
+from .reducebatch import ReduceBatchWatcher
+from .classaxis import ClassAxisWatcher
 from .idle import IdleParamWatcher
 from .liveness import GraphLivenessWatcher
 from .loss_inputs import LossInputWatcher
@@ -177,6 +179,16 @@ class Instrumentation:
         softmax_batch = SoftmaxBatchWatcher(rec, self.dataloader)
         rec.subscribe(DESCRIBE_LOSS, softmax_batch.describe_loss)
         self.watchers.append(softmax_batch)
+        # a logsumexp, max, min or prod over dim 0 of per-sample scores on the loss's path
+        # (reduced-over-batch): the graph of the first backwards walked, its candidates hooked
+        reduce_batch = ReduceBatchWatcher(rec, self.dataloader)
+        rec.subscribe(DESCRIBE_LOSS, reduce_batch.describe_loss)
+        self.watchers.append(reduce_batch)
+        # class scores normalised over another axis than the one the loss picks the class along
+        # (class-axis-mismatch): the graph of the first backwards walked, no wrapper
+        class_axis = ClassAxisWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, class_axis.describe_loss)
+        self.watchers.append(class_axis)
         # a term added alike to every class before a softmax, which cancels it
         # (logit-shift-cancels): Tensor arithmetic wrapped until the first backwards
         shift_cancel = ShiftCancelWatcher(rec)

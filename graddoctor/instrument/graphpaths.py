@@ -30,6 +30,24 @@ def saved(node, name: str, default=None):
         return default
 
 
+def saved_dims(node, name: str = "_saved_dim"):
+    """A node's saved dimension (an int, or a tuple of them) as the script wrote it: torch hands
+    a negative one back as an unsigned 64-bit number (``dim=-1`` reads 2**64 - 1). None when it
+    is neither."""
+    def signed(d: int) -> int:
+        return d - (1 << 64) if d >= 1 << 63 else d
+
+    value = saved(node, name)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return signed(value)
+    if isinstance(value, (tuple, list)) and all(isinstance(d, int) and not isinstance(d, bool)
+                                                for d in value):
+        return tuple(signed(d) for d in value)
+    return None
+
+
 def post_order(root, limit: int, refuse: type | None = None) -> list | None:
     """The nodes below ``root``, each after all of its inputs (iterative: deep graphs); None
     when there are more than ``limit`` or one is a ``refuse`` instance."""
