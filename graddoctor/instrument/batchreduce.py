@@ -46,7 +46,7 @@ import sys
 import torch
 
 from .. import events as ev
-from .graphpaths import saved
+from .graphpaths import saved, saved_dims
 from .lossfactor import python_number
 from .lossterms import LossGraphReader
 
@@ -198,7 +198,7 @@ def _batch_reduction(top) -> tuple[object, str, int] | None:
         kind = "mean" if name in _MEANS else _weighted(value, name)
         if name.endswith("Backward0"):  # a full reduction takes every axis, the batch's too
             return value, kind, n
-        dims = saved(node, "_saved_dim")
+        dims = saved_dims(node)  # signed: dim=-1 is saved as 2**64 - 1
         if not isinstance(dims, (tuple, list)):
             return None
         rank = len(current)

@@ -79,7 +79,7 @@ from .. import events as ev
 from ..trace import Location
 from .inlinable import in_transform, watched
 from . import seqcopy
-from .graphpaths import paths_to, post_order, saved
+from .graphpaths import paths_to, post_order, saved, saved_dims
 from .recorder import Recorder
 
 _GRAD = torch.autograd.grad  # torch's own (the functional-grad watcher wraps the attribute)
@@ -811,7 +811,7 @@ def _gathered_targets(tensors, room: int) -> list[tuple]:
             source = node.next_functions[0][0]
             if source is None or type(source).__name__ != "LogSoftmaxBackward0":
                 continue
-            index, dim = saved(node, "_saved_index"), saved(node, "_saved_dim")
+            index, dim = saved(node, "_saved_index"), saved_dims(node)  # signed
             if not isinstance(index, torch.Tensor) or index.device.type != "cpu" \
                     or index.dim() < 2 or not isinstance(dim, int) or dim not in (-1, index.dim() - 1):
                 continue

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
-from .graphpaths import post_order, saved
+from .graphpaths import post_order, saved, saved_dims
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose losses are looked at
@@ -101,7 +101,7 @@ class SoftmaxBatchWatcher:
                 fn = _KINDS.get(type(node).__name__)
                 if fn is None:
                     continue
-                dim = saved(node, "_saved_dim")
+                dim = saved_dims(node)  # signed: dim=-1 is saved as 2**64 - 1
                 shape = _shape(saved(node, "_saved_result"))
                 if not isinstance(dim, int) or shape is None:
                     continue
