@@ -106,13 +106,14 @@ class _Entry:
     """A first layer called on data: its input, and which positions of its output the
     backward's gradient reached (None until it runs; never, for a convolution)."""
     __slots__ = ("x", "positions", "reached", "conv", "handle", "node", "mixed", "loc",
-                 "__weakref__")
+                 "patch", "__weakref__")
 
     def __init__(self, x, positions, conv, node, loc):
         self.x, self.positions, self.conv, self.node, self.loc = x, positions, conv, node, loc
         self.reached = None
         self.handle = None
         self.mixed = False  # the loss reads this layer's output through an op that mixes positions
+        self.patch = 0  # a patch embedding's patch size (a convolution with stride = kernel)
 
 
 def _bool_index(node):
@@ -163,8 +164,27 @@ class MaskedVisibleWatcher:
         if any(e.x is x for e in self._entries):
             return
         conv = isinstance(module, _CONV)
-        entry = _Entry(x, None if conv else tuple(out.shape[:-1]), conv, out.grad_fn, self.rec.here())
-        if not conv:
+        patch = conv and _patch_embedding(module, x, out)
+        positions = (int(out.shape[0]), math.prod(int(s) for s in out.shape[2:])) if patch else \
+            None if conv else tuple(out.shape[:-1])
+        entry = _Entry(x, positions, conv, out.grad_fn, self.rec.here())
+        entry.patch = int(module.kernel_size[0]) if patch else 0
+        if patch:
+            watcher = self
+
+            def patch_hook(grad, entry_ref=weakref.ref(entry)):
+                entry = entry_ref()
+                try:
+                    if entry is not None and entry.reached is None and watcher.rec.running_backwards \
+                            and watcher.rec.in_backward():
+                        g = grad.detach()
+                        entry.reached = (g.flatten(2) != 0).any(1).reshape(-1).cpu()
+                except Exception as exc:
+                    watcher.rec.internal_error("masked target visible (gradient)", exc)
+                return None
+
+            entry.handle = _register_hook(out, patch_hook)
+        elif not conv:
             watcher = self
 
             def hook(grad, entry_ref=weakref.ref(entry)):
@@ -181,11 +201,22 @@ class MaskedVisibleWatcher:
         self._entries.append(entry)
 
     # -- the loss's terms --------------------------------------------------------------------
-    def _pred(self, node):
-        held = self._outputs.get(id(node))
-        if held is None or held[0] is not node:
-            return None
-        return held[1]()
+    def _pred(self, node, shape):
+        """The prediction a node made: a module's output (through views), or the result a
+        sigmoid, tanh or exp saved; reshaped to ``shape``."""
+        for _ in range(4):
+            held = self._outputs.get(id(node))
+            value = held[1]() if held is not None and held[0] is node else None
+            name = type(node).__name__
+            if value is None and name in ("SigmoidBackward0", "TanhBackward0", "ExpBackward0"):
+                value = saved(node, "_saved_result")
+            if isinstance(value, torch.Tensor):
+                return value.reshape(shape) if value.numel() == math.prod(shape) else None
+            children = _children(node)
+            if name not in _VIEWS or len(children) != 1:
+                return None
+            node = children[0][1]
+        return None
 
     def _difference_target(self, sub, diff):
         """The target of ``pred - target`` (or ``target - pred``) from the difference a square
@@ -199,7 +230,7 @@ class MaskedVisibleWatcher:
         if alpha != 1:
             return None
         index, child = children[0]
-        pred = self._pred(child)
+        pred = self._pred(child, tuple(diff.shape))
         if not isinstance(pred, torch.Tensor) or tuple(pred.shape) != tuple(diff.shape):
             return None
         with torch.no_grad():
@@ -445,6 +476,14 @@ def _compare(term: _Term, counted: torch.Tensor, entry: _Entry) -> dict | None:
     with torch.no_grad():
         if term.target is not None:
             target = term.target.cpu()
+            if entry.patch and tuple(x.shape) != tuple(target.shape):
+                for view in _patchified(x, entry.patch):
+                    if tuple(view.shape) == tuple(target.shape):
+                        verdict = _compare(_Term(term.how, term.counted, target=target), counted,
+                                           _as_patches(entry, view))
+                        if verdict is not None:
+                            return verdict
+                return None
             if tuple(x.shape) != tuple(target.shape):
                 if not (x.dim() == target.dim() >= 3 and x.shape[0] == target.shape[0]
                         and tuple(x.shape[2:]) == tuple(target.shape[2:]) and x.shape[1] > target.shape[1]):
@@ -463,6 +502,13 @@ def _compare(term: _Term, counted: torch.Tensor, entry: _Entry) -> dict | None:
             channel = extra is not None and _mask_channel(extra, counted)
         else:
             selected = term.selected.cpu()
+            if entry.patch:
+                for view in _patchified(x, entry.patch):
+                    if tuple(view.shape[:len(shape)]) == shape:
+                        verdict = _compare(term, counted, _as_patches(entry, view))
+                        if verdict is not None:
+                            return verdict
+                return None
             if tuple(x.shape[:len(shape)]) != shape or tuple(x[counted].shape) != tuple(selected.shape):
                 return None
             rows = counted.numel()
@@ -489,6 +535,30 @@ def _compare(term: _Term, counted: torch.Tensor, entry: _Entry) -> dict | None:
             "hidden": round(share_hidden, 4), "by": by, "positions": rows,
             "features": int(math.prod(x.shape)) // rows if rows else 0, "normalised": normalised,
             "input_at": [entry.loc.path, entry.loc.line] if channel and entry.loc is not None else None}
+
+
+def _patch_embedding(module, x, out) -> bool:
+    """A 2-D convolution over non-overlapping square patches (ViT's and MAE's patch embedding)."""
+    return (isinstance(module, nn.Conv2d) and x.dim() == 4 and out.dim() == 4
+            and tuple(module.kernel_size) == tuple(module.stride) and module.kernel_size[0] == module.kernel_size[1]
+            and tuple(module.padding) == (0, 0) and module.groups == 1
+            and int(x.shape[2]) % module.kernel_size[0] == 0 and int(x.shape[3]) % module.kernel_size[1] == 0)
+
+
+def _patchified(x: torch.Tensor, p: int) -> list[torch.Tensor]:
+    """An image batch (B, C, H, W) as (B, patches, values) in the orders scripts write: each
+    patch's pixels with their channels last (MAE's ``patchify``), or channel by channel."""
+    b, c, h, w = (int(s) for s in x.shape)
+    grid = x.reshape(b, c, h // p, p, w // p, p)
+    last = torch.einsum("nchpwq->nhwpqc", grid).reshape(b, (h // p) * (w // p), p * p * c)
+    first = torch.einsum("nchpwq->nhwcpq", grid).reshape(b, (h // p) * (w // p), c * p * p)
+    return [last, first]
+
+
+def _as_patches(entry: _Entry, view: torch.Tensor) -> _Entry:
+    patches = _Entry(view, entry.positions, False, entry.node, entry.loc)
+    patches.reached, patches.mixed = entry.reached, entry.mixed
+    return patches
 
 
 def _reach(entry: _Entry, shape: tuple, rows: int, x: torch.Tensor):
