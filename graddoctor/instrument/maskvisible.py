@@ -221,7 +221,8 @@ class MaskedVisibleWatcher:
     def _difference_target(self, sub, diff):
         """The target of ``pred - target`` (or ``target - pred``) from the difference a square
         or absolute value saved, and the prediction (a module's output) it was taken from."""
-        if type(sub).__name__ != "SubBackward0" or not isinstance(diff, torch.Tensor):
+        if type(sub).__name__ != "SubBackward0" or not isinstance(diff, torch.Tensor) \
+                or diff.numel() > _MAX_CELLS:
             return None
         children = _children(sub)
         if len(children) != 1:
@@ -245,7 +246,8 @@ class MaskedVisibleWatcher:
                 if saved(node, "_saved_reduction", 0) != 0:
                     return None
                 target = saved(node, "_saved_target")
-                return target.detach() if isinstance(target, torch.Tensor) else None
+                return target.detach() if isinstance(target, torch.Tensor) \
+                    and target.numel() <= _MAX_CELLS else None
             if name == "AbsBackward0" or (name == "PowBackward0" and saved(node, "_saved_exponent") == 2) \
                     or (name == "MulBackward0" and len(children) == 2 and children[0][1] is children[1][1]):
                 if len(children) < 1:
@@ -284,7 +286,7 @@ class MaskedVisibleWatcher:
                 target = saved(node, "_saved_target")
                 below = [c for _, c in children if type(c).__name__ == "IndexBackward0"]
                 index = _bool_index(below[0]) if len(children) == 1 and below else None
-                if index is not None and isinstance(target, torch.Tensor):
+                if index is not None and isinstance(target, torch.Tensor) and target.numel() <= _MAX_CELLS:
                     found.append(_Term("index", index, selected=target.detach()))
                 continue
             if name in _TOP:
