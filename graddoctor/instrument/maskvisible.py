@@ -499,7 +499,8 @@ def _compare(term: _Term, counted: torch.Tensor, entry: _Entry) -> dict | None:
             shown, normalised = _shows(xp, tp, flat)
             reached = _reach(entry, shape, rows, xp)
             visible = shown & flat if reached is None else shown & reached & flat
-            others = ~flat
+            # a target unknown there (NaN where a value is missing) says nothing of hiding
+            others = ~flat & torch.isfinite(tp.double()).all(1)
             hidden = ~shown & others if reached is None else (~shown | ~reached) & others
             channel = extra is not None and _mask_channel(extra, counted)
         else:
