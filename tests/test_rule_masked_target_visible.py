@@ -190,3 +190,15 @@ def test_the_watcher_leaves_the_run_unchanged():
             step()
         return torch.cat([p.detach().flatten() for p in model.parameters()])
     assert torch.equal(train(True), train(False))
+
+
+def test_token_targets_read_through_a_boolean_index_are_put_back_at_their_positions():
+    from graddoctor.instrument.promptmask import _indexed_visible
+
+    inputs, labels = _mlm(kept_labels=True)
+    kept = labels != -100
+    logits = torch.randn(16, 20, 5, requires_grad=True)
+    found = _indexed_visible(inputs, logits[kept], labels[kept])
+    assert found is not None and found["how"] == "index" and found["ignore_index"] is None
+    masked = ~kept
+    assert _indexed_visible(inputs, logits[masked], _mlm(kept_labels=False)[1][masked]) is None

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from .. import events as ev
 from .constlabels import ignored_index
+from .graphpaths import saved
 from .inlinable import watched
 from .recorder import Recorder
 
@@ -123,6 +124,30 @@ def labels_visible(ids, target, ignore: int) -> dict | None:
             "positions": rows * length, "features": 1, "normalised": False, "ignore_index": ignore}
 
 
+def _indexed_visible(ids, logits, target) -> dict | None:
+    """``labels_visible`` for targets read through a boolean index (``cross_entropy(logits[m],
+    ids[m])``): the targets put back at the positions the index picked, -1 elsewhere."""
+    node = getattr(logits, "grad_fn", None)
+    if type(node).__name__ != "IndexBackward0" or target.dim() != 1:
+        return None
+    indices = saved(node, "_saved_indices")
+    if not isinstance(indices, (list, tuple)) or len(indices) != 1:
+        return None
+    index = indices[0]
+    if not isinstance(index, torch.Tensor) or index.dtype != torch.bool \
+            or index.numel() != ids.numel() or index.device.type != "cpu":
+        return None
+    index = index.reshape(ids.shape)
+    if int(index.sum()) != target.numel():
+        return None
+    full = torch.full_like(ids, -1)
+    full[index] = target.to(ids.dtype)
+    found = labels_visible(ids, full, -1)
+    if found is not None:
+        found.update(how="index", ignore_index=None)
+    return found
+
+
 def _tail_rows(ids, pads, ignored, offset: int, span: int) -> dict | None:
     rows, width = ignored.shape
     positions = torch.arange(width)
@@ -190,7 +215,8 @@ class PromptMaskWatcher:
                 found = prompt_trained(tokens.detach(), pads, target.detach(), ignore)
                 if found is not None:
                     break
-                visible = visible or labels_visible(tokens.detach(), target.detach(), ignore)
+                visible = visible or labels_visible(tokens.detach(), target.detach(), ignore) \
+                    or _indexed_visible(tokens.detach(), input, target.detach())
         if found is None:
             if visible is not None:
                 loc = self.rec.here(3)

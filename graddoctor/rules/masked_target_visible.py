@@ -112,7 +112,11 @@ class MaskedTargetVisible(Rule):
         at = Location(loc.path, line, loc.hook)
         if e.get("by") == "tokens":
             ignore = e.get("ignore_index")
-            found = a.source.prompt_mask_line(loc.path, ignore if isinstance(ignore, int) else -100)
+            if not isinstance(ignore, int):
+                return Location(loc.path, loc.line, loc.hook), (
+                    "index the loss with the positions replaced in the input (the mask itself, "
+                    "not its complement): the tokens the model was not given")
+            found = a.source.prompt_mask_line(loc.path, ignore)
             if found is not None:
                 at = Location(loc.path, found[0], "")
             return at, (f"invert the mask where the labels are set to {ignore}: keep the labels "
