@@ -202,3 +202,18 @@ def test_token_targets_read_through_a_boolean_index_are_put_back_at_their_positi
     assert found is not None and found["how"] == "index" and found["ignore_index"] is None
     masked = ~kept
     assert _indexed_visible(inputs, logits[masked], _mlm(kept_labels=False)[1][masked]) is None
+
+
+def test_labels_taken_after_masking_are_left_to_labels_one_value():
+    inputs, _ = _mlm(kept_labels=True)
+    chosen = inputs == 1
+    assert labels_visible(inputs, inputs.masked_fill(~chosen, -100), -100) is None
+
+
+def test_ignored_real_tokens_are_no_hiding():
+    """Labels at a random fifth of an unmasked batch: what is ignored holds real tokens, many
+    ids, not one [MASK] id."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, 40, (16, 20), generator=g)
+    labels = ids.masked_fill(torch.rand(16, 20, generator=g) > 0.2, -100)
+    assert labels_visible(ids, labels, -100) is None

@@ -24,9 +24,9 @@ sit on the CPU (``LossCalls`` tells ``loss_call``), and the latest ``_BATCHES`` 
 nothing once closed). One ``prompt_trained`` aside event per loss line, at the loss call.
 
 The same comparison shows masked-token labels set the wrong way (``masked-target-visible``):
-labels that are, where counted, the very tokens embedded at the same position, while inside
-most rows the ignored positions hold ids no counted position holds (the [MASK] id: what the
-input hides is what the labels leave out). A ``masked_visible`` aside at the loss call. BERT's
+labels that are, where counted, the very tokens of the batch embedded last at the same
+position, while inside most rows the ignored positions hold one id no counted position holds
+(the [MASK] id: what the input hides is what the labels leave out). A ``masked_visible`` aside at the loss call. BERT's
 80/10/10 (a tenth of the counted tokens kept) is far below the 90 % match; a causal model's
 shifted labels are not at the same position; a prompt or padding is a run at a row's end.
 Cost: a few comparisons of each judged target with a remembered batch.
@@ -53,7 +53,7 @@ _ROW_SHARE = 0.75  # rows with the inverted shape: at least this share of the ro
 _MIN_ROWS = 2  # and at least this many
 _MIN_TAIL = 2  # real tokens in a row's ignored end run, at least
 _SPREAD = 0.5  # rows (at least _MIN_ROWS) whose ignored positions are not only runs at its ends
-_SPECIAL = 0.5  # ignored positions inside a row holding ids never counted, at least this share
+_SPECIAL = 0.5  # ignored positions inside a row holding one id never counted, at least this share
 _COUNTED = (0.05, 0.95)  # share of the positions counted: the labels are a restriction
 
 
@@ -90,8 +90,9 @@ def labels_visible(ids, target, ignore: int) -> dict | None:
     """What shows masked-token labels set at the tokens the model is given (masked-target-visible),
     or None: the counted targets are, at 90 % of them, the embedded token at the same position;
     in most rows positions inside the row (not only runs at its ends: a prompt, padding) are
-    ignored, and most of those hold ids that no counted position holds (a [MASK] id: the
-    positions the input hides are the ones the labels leave out)."""
+    ignored, and most of those hold one id that no counted position holds (a [MASK] id: the
+    positions the input hides are the ones the labels leave out); the counted labels hold more
+    than one value."""
     rows, length = int(ids.shape[0]), int(ids.shape[1])
     if rows < _MIN_ROWS or length < 4 or target.numel() != rows * length \
             or (target.dim() == 2 and tuple(target.shape) != (rows, length)):
@@ -103,8 +104,8 @@ def labels_visible(ids, target, ignore: int) -> dict | None:
     if n < _MIN_COUNTED or not _COUNTED[0] <= n / (rows * length) <= _COUNTED[1]:
         return None
     same = int(((t == ids) & counted).sum())
-    if same < _MATCH * n:
-        return None
+    if same < _MATCH * n or int(torch.unique(t[counted]).numel()) < 2:
+        return None  # (one counted value: labels taken after masking, labels-one-value's bug)
     positions = torch.arange(length)
     # each row's leading and trailing ignored runs (a prompt, padding) are left aside
     first_counted = torch.where(counted, positions, torch.full_like(positions, length)).amin(1)
@@ -114,10 +115,13 @@ def labels_visible(ids, target, ignore: int) -> dict | None:
     if spread < _MIN_ROWS or spread < _SPREAD * rows:
         return None
     held = ids[inside]
-    seen = torch.unique(ids[counted])
-    special = ~torch.isin(held, seen)
-    share = float(special.float().mean()) if held.numel() else 0.0
-    if share < _SPECIAL:
+    if held.numel() == 0:
+        return None
+    # the hidden positions hold one id (the [MASK] id) that no counted position holds
+    values, counts = torch.unique(held, return_counts=True)
+    top = int(counts.argmax())
+    share = int(counts[top]) / held.numel()
+    if share < _SPECIAL or bool((ids[counted] == values[top]).any()):
         return None
     return {"how": "ignore_index", "counted": round(n / (rows * length), 4),
             "visible": round(same / n, 4), "hidden": round(share, 4), "by": "tokens",
@@ -215,8 +219,9 @@ class PromptMaskWatcher:
                 found = prompt_trained(tokens.detach(), pads, target.detach(), ignore)
                 if found is not None:
                     break
-                visible = visible or labels_visible(tokens.detach(), target.detach(), ignore) \
-                    or _indexed_visible(tokens.detach(), input, target.detach())
+                if tokens is self._batches[-1][0]:  # the batch embedded last: the model's own
+                    visible = labels_visible(tokens.detach(), target.detach(), ignore) \
+                        or _indexed_visible(tokens.detach(), input, target.detach())
         if found is None:
             if visible is not None:
                 loc = self.rec.here(3)
