@@ -646,6 +646,19 @@ prompt_trained     fn (cross_entropy | nll_loss), ignore_index, rows (of the tok
                    row, mean), ignored_real (real tokens in its ignored end run, mean): a token
                    loss whose prompt mask is inverted, training the prompts and ignoring the
                    responses — the first such call of each loss line (loc: the loss line; an aside)
+masked_visible     how (product | where | masked_fill | index | ignore_index: how the loss is
+                   restricted), counted (share of the positions it counts), visible (share of those
+                   whose model input holds the target's values: the token, or the values read by a
+                   first layer that gets a gradient there), hidden (share of the other positions
+                   the model hides: other values, no gradient, or for tokens another id), by
+                   (gradient | values | channel | tokens: what shows the hiding), positions, features
+                   (values per position), normalised (the input matched the target only after an
+                   affine map or each position's standardisation), input_at ([path, line] of the
+                   script's call that gave the model the input with the mask as a channel),
+                   ignore_index (tokens: the loss's): a masked reconstruction loss
+                   that counts the positions the model sees and leaves out those it hides — the
+                   first one of each backward line at the first 4 backwards (loc: the backward, or
+                   for tokens the loss call; an aside; instrument/maskvisible.py, promptmask.py)
 real_index         argument (ignore_index | padding_idx), value (the index set apart), api
                    (nn.CrossEntropyLoss | nn.NLLLoss | F.cross_entropy | F.nll_loss |
                    nn.Embedding | F.embedding), size (the loss's classes or the embedding's
@@ -1505,6 +1518,15 @@ def loss_padding(*, fn: str, pad: int, fraction: float, ignore_index: int | None
                             "ignore_index": ignore_index, "reduction": reduction, "source": source}
 
 
+def masked_visible(*, how: str, counted: float, visible: float, hidden: float, by: str,
+                   positions: int, features: int, normalised: bool,
+                   input_at: list | None = None, ignore_index: int | None = None) -> Made:
+    return "masked_visible", {"how": how, "counted": counted, "visible": visible, "hidden": hidden,
+                              "by": by, "positions": positions, "features": features,
+                              "normalised": normalised, "input_at": input_at,
+                              "ignore_index": ignore_index}
+
+
 def prompt_trained(*, fn: str, ignore_index: int, rows: int, inverted_rows: int, offset: int,
                    kept: float, ignored_real: float) -> Made:
     return "prompt_trained", {"fn": fn, "ignore_index": ignore_index, "rows": rows,
@@ -1859,7 +1881,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "full_rows_loss": full_rows_loss, "constant_targets": constant_targets,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
-    "loss_padding": loss_padding, "prompt_trained": prompt_trained, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
+    "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused,
     "loss_unbounded": loss_unbounded, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
@@ -1924,7 +1946,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

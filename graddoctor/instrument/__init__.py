@@ -40,6 +40,7 @@ from .losscalls import LossCalls
 from .promptmask import PromptMaskWatcher
 from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
+from .maskvisible import MaskedVisibleWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
 from .batchreduce import BatchReductionWatcher
 from .modes import ModeWatcher
@@ -204,6 +205,12 @@ class Instrumentation:
         masked_mean = MaskedMeanWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, masked_mean.describe_loss)
         self.watchers.append(masked_mean)
+        # a masked reconstruction loss that counts the positions the model sees
+        # (masked-target-visible): module hooks and the loss's graph at the first backwards
+        masked_visible = MaskedVisibleWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, masked_visible.describe_loss)
+        rec.subscribe(STEPPED, masked_visible.after_step)
+        self.watchers.append(masked_visible)
         # a regression target that is the first random draw after the forward (noise-target-redrawn)
         redrawn = RedrawnNoiseWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, redrawn.describe_loss)

@@ -22,6 +22,13 @@ Watched while ``open``: the first ``_CALLS`` loss calls with a gradient whose in
 sit on the CPU (``LossCalls`` tells ``loss_call``), and the latest ``_BATCHES`` CPU integer
 (batch, length) batches given to ``F.embedding`` until then (references only; the wrapper does
 nothing once closed). One ``prompt_trained`` aside event per loss line, at the loss call.
+
+The same comparison shows masked-token labels set the wrong way (``masked-target-visible``):
+labels that are, where counted, the very tokens of the batch embedded last at the same
+position, while inside most rows the ignored positions hold one id no counted position holds
+(the [MASK] id: what the input hides is what the labels leave out). A ``masked_visible`` aside at the loss call. BERT's
+80/10/10 (a tenth of the counted tokens kept) is far below the 90 % match; a causal model's
+shifted labels are not at the same position; a prompt or padding is a run at a row's end.
 Cost: a few comparisons of each judged target with a remembered batch.
 """
 
@@ -32,6 +39,7 @@ import torch.nn.functional as F
 
 from .. import events as ev
 from .constlabels import ignored_index
+from .graphpaths import saved
 from .inlinable import watched
 from .recorder import Recorder
 
@@ -44,6 +52,9 @@ _MATCH = 0.9  # share of the counted targets equal to the batch's tokens at one 
 _ROW_SHARE = 0.75  # rows with the inverted shape: at least this share of the rows
 _MIN_ROWS = 2  # and at least this many
 _MIN_TAIL = 2  # real tokens in a row's ignored end run, at least
+_SPREAD = 0.5  # rows (at least _MIN_ROWS) whose ignored positions are not only runs at its ends
+_SPECIAL = 0.5  # ignored positions inside a row holding one id never counted, at least this share
+_COUNTED = (0.05, 0.95)  # share of the positions counted: the labels are a restriction
 
 
 def prompt_trained(ids, pads, target, ignore: int) -> dict | None:
@@ -73,6 +84,72 @@ def prompt_trained(ids, pads, target, ignore: int) -> dict | None:
                 continue
             return _tail_rows(ids, pads, ignored, offset, span)
     return None
+
+
+def labels_visible(ids, target, ignore: int) -> dict | None:
+    """What shows masked-token labels set at the tokens the model is given (masked-target-visible),
+    or None: the counted targets are, at 90 % of them, the embedded token at the same position;
+    in most rows positions inside the row (not only runs at its ends: a prompt, padding) are
+    ignored, and most of those hold one id that no counted position holds (a [MASK] id: the
+    positions the input hides are the ones the labels leave out); the counted labels hold more
+    than one value."""
+    rows, length = int(ids.shape[0]), int(ids.shape[1])
+    if rows < _MIN_ROWS or length < 4 or target.numel() != rows * length \
+            or (target.dim() == 2 and tuple(target.shape) != (rows, length)):
+        return None
+    t = target.reshape(rows, length)
+    ignored = t == ignore
+    counted = ~ignored
+    n = int(counted.sum())
+    if n < _MIN_COUNTED or not _COUNTED[0] <= n / (rows * length) <= _COUNTED[1]:
+        return None
+    same = int(((t == ids) & counted).sum())
+    if same < _MATCH * n or int(torch.unique(t[counted]).numel()) < 2:
+        return None  # (one counted value: labels taken after masking, labels-one-value's bug)
+    positions = torch.arange(length)
+    # each row's leading and trailing ignored runs (a prompt, padding) are left aside
+    first_counted = torch.where(counted, positions, torch.full_like(positions, length)).amin(1)
+    last_counted = torch.where(counted, positions, torch.full_like(positions, -1)).amax(1)
+    inside = ignored & (positions[None] > first_counted[:, None]) & (positions[None] < last_counted[:, None])
+    spread = int(inside.any(1).sum())
+    if spread < _MIN_ROWS or spread < _SPREAD * rows:
+        return None
+    held = ids[inside]
+    if held.numel() == 0:
+        return None
+    # the hidden positions hold one id (the [MASK] id) that no counted position holds
+    values, counts = torch.unique(held, return_counts=True)
+    top = int(counts.argmax())
+    share = int(counts[top]) / held.numel()
+    if share < _SPECIAL or bool((ids[counted] == values[top]).any()):
+        return None
+    return {"how": "ignore_index", "counted": round(n / (rows * length), 4),
+            "visible": round(same / n, 4), "hidden": round(share, 4), "by": "tokens",
+            "positions": rows * length, "features": 1, "normalised": False, "ignore_index": ignore}
+
+
+def _indexed_visible(ids, logits, target) -> dict | None:
+    """``labels_visible`` for targets read through a boolean index (``cross_entropy(logits[m],
+    ids[m])``): the targets put back at the positions the index picked, -1 elsewhere."""
+    node = getattr(logits, "grad_fn", None)
+    if type(node).__name__ != "IndexBackward0" or target.dim() != 1:
+        return None
+    indices = saved(node, "_saved_indices")
+    if not isinstance(indices, (list, tuple)) or len(indices) != 1:
+        return None
+    index = indices[0]
+    if not isinstance(index, torch.Tensor) or index.dtype != torch.bool \
+            or index.numel() != ids.numel() or index.device.type != "cpu":
+        return None
+    index = index.reshape(ids.shape)
+    if int(index.sum()) != target.numel():
+        return None
+    full = torch.full_like(ids, -1)
+    full[index] = target.to(ids.dtype)
+    found = labels_visible(ids, full, -1)
+    if found is not None:
+        found.update(how="index", ignore_index=None)
+    return found
 
 
 def _tail_rows(ids, pads, ignored, offset: int, span: int) -> dict | None:
@@ -136,13 +213,21 @@ class PromptMaskWatcher:
             return
         self._calls += 1
         with torch.no_grad():
-            found = None
+            found = visible = None
             for tokens, pad in reversed(self._batches):
                 pads = [pad] if pad is not None else []
                 found = prompt_trained(tokens.detach(), pads, target.detach(), ignore)
                 if found is not None:
                     break
+                if tokens is self._batches[-1][0]:  # the batch embedded last: the model's own
+                    visible = labels_visible(tokens.detach(), target.detach(), ignore) \
+                        or _indexed_visible(tokens.detach(), input, target.detach())
         if found is None:
+            if visible is not None:
+                loc = self.rec.here(3)
+                if loc not in self._told:
+                    self._told.add(loc)
+                    self.rec.emit_aside(ev.masked_visible(**visible), loc)
             return
         loc = self.rec.here(3)
         if loc in self._told:

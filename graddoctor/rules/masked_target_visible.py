@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+import ast
+import re
+
+from ..findings import Severity
+from ..location import Location
+from .base import Rule
+
+# an inversion of the mask written on the loss's line: `~m`, `1 - m`, `logical_not(m)`, `m == 0`
+_INVERTED = re.compile(r"~\s*\(?\s*[A-Za-z_]|\b1\.?0?\s*-\s*[A-Za-z_(]|logical_not|==\s*0\b|==\s*False\b")
+
+
+class MaskedTargetVisible(Rule):
+    """
+    ## What it does
+    Finds a masked reconstruction loss that counts the positions the model sees and leaves out
+    the ones it hides: an MAE whose loss is taken over the visible patches, masked feature or
+    frame modelling whose error is kept where the input was left intact, an inpainting model
+    given the whole image (the hole only as an extra channel) and asked for the hole, a
+    BERT-style masked language model whose labels are set at the tokens that were not replaced.
+    graddoctor follows the loss's 0/1 weight, `where`, `masked_fill`, boolean index or
+    `ignore_index` to the positions it counts, reads the target there, and compares it with
+    what the model's first layer was given at those positions: the same values (up to each
+    patch's normalisation), reached by the loss's gradient, while the positions the loss leaves
+    out are the ones the model does not see (replaced, zeroed, dropped before the encoder, or a
+    mask channel tells it where they are).
+
+    ## Why is this bad?
+    The answer is in the input: the model learns to copy what it is given, the loss falls
+    toward 0, and it learns nothing about the hidden positions — the only ones that matter when
+    the input really is missing. Nothing fails.
+
+    ## Example
+    ```python
+    mask = torch.ones(b, n)
+    mask[:, keep:] = 0  # 1 on the kept (visible) patches
+    mask = torch.gather(mask, 1, ids_restore)
+    loss = (per_patch * mask).sum() / mask.sum()
+    ```
+
+    ## Use instead
+    ```python
+    mask = torch.ones(b, n)
+    mask[:, :keep] = 0  # 1 on the removed patches: the loss counts what the encoder did not see
+    mask = torch.gather(mask, 1, ids_restore)
+    loss = (per_patch * mask).sum() / mask.sum()
+    ```
+
+    ## Stays silent on
+    A plain autoencoder or VAE (no mask: reconstructing the input is the task); a denoising
+    autoencoder (noise on every position); MAE with the loss on the masked patches, with or
+    without `norm_pix_loss`; BERT-style masking with 80/10/10 replacement (a tenth of the
+    counted tokens kept is the method); inpainting with the hole zeroed and the mask given as an
+    extra channel; a loss on every position beside a masked term; padding left out of a
+    reconstruction loss (the padded input is its target there: nothing is hidden); a loss mask
+    over targets that are not the input (labels, next steps); token labels set to -100 in one
+    run at a row's start or end (prompts, padding). Not seen: models on an accelerator, inputs
+    made by a layer other than `nn.Linear`, a convolution or an embedding, a masked term whose
+    error is not a square, an absolute value or one of torch's regression losses.
+    """
+
+    code = "GD197"
+    slug = "masked-target-visible"
+    severity = Severity.WARNING
+    summary = ("a masked reconstruction loss counts the positions the model sees and leaves out "
+               "the ones it hides: the model learns to copy its input")
+    fix = ("count the hidden positions in the loss (the mask's 1s where the input was removed, "
+           "replaced or zeroed), not the visible ones")
+
+    def check(self, a):
+        for e in a.of_kind("masked_visible"):
+            if e.loc is None:
+                continue
+            loc, fix = self._site(a, e)
+            counted, visible, hidden = e.get("counted"), e.get("visible"), e.get("hidden")
+            by = e.get("by")
+            if by == "tokens":
+                what = (f"the loss counts {counted:.0%} of the token positions, and at "
+                        f"{visible:.0%} of them the model's input holds the very token the label "
+                        f"asks for, while the positions it ignores hold other ids ({hidden:.0%} "
+                        f"of them): the labels are set at the tokens that were kept, not at the "
+                        f"ones that were masked")
+            else:
+                shown = ("the same values up to each position's normalisation" if e.get("normalised")
+                         else "the target's values")
+                if by == "channel":
+                    hides = ("and the loss's mask is one of its input channels, while the other "
+                             "channels hold the whole target")
+                elif by == "gradient":
+                    hides = (f"while {hidden:.0%} of the positions it leaves out are dropped "
+                             f"before the model's first layers (no gradient reaches them)")
+                else:
+                    hides = (f"while {hidden:.0%} of the positions it leaves out hold other "
+                             f"values in the input (zeroed or replaced)")
+                what = (f"the masked loss counts {counted:.0%} of the positions, and at "
+                        f"{visible:.0%} of them the model's input holds {shown}, {hides}")
+            yield self.finding(
+                f"{what}: the loss asks for what the model is given and leaves out what it "
+                f"hides, so it learns to copy its input and nothing about the hidden positions",
+                loc, fix=fix,
+                evidence={"how": e.get("how"), "counted": counted, "visible": visible,
+                          "hidden": hidden, "by": by, "positions": e.get("positions")})
+
+    def _site(self, a, e) -> tuple[Location, str]:
+        """The line to change: the loss's own line when it inverts the mask there, else the one
+        statement that writes the mask's 0s or 1s by position, else the line that builds the
+        model's input (a mask channel), else the loss."""
+        loc = e.loc
+        built = a.source.loss_assignment(loc.path, loc.line) if e.get("by") != "tokens" else None
+        line, text = built if built is not None else (loc.line, a.source.line_text(loc.path, loc.line))
+        at = Location(loc.path, line, loc.hook)
+        if e.get("by") == "tokens":
+            ignore = e.get("ignore_index")
+            if not isinstance(ignore, int):
+                return Location(loc.path, loc.line, loc.hook), (
+                    "index the loss with the positions replaced in the input (the mask itself, "
+                    "not its complement): the tokens the model was not given")
+            found = a.source.prompt_mask_line(loc.path, ignore)
+            if found is not None:
+                at = Location(loc.path, found[0], "")
+            return at, (f"invert the mask where the labels are set to {ignore}: keep the labels "
+                        f"at the positions replaced in the input and set {ignore} at the others")
+        if _INVERTED.search(text or ""):
+            return at, ("drop the inversion: count the positions the input hides (`mask`, not "
+                        "`~mask` or `1 - mask`)")
+        if e.get("by") == "channel":
+            built = _input_origin(a, e.get("input_at"))
+            return built or at, ("hide the counted positions from the model: zero them in its "
+                                 "input (`torch.cat([img * (1 - hole), hole], 1)`), keeping the "
+                                 "mask as a channel")
+        names = _mask_names(text or "")
+        written = _position_writes(a, loc.path, names)
+        if len(written) == 1:
+            line_w, text_w = written[0]
+            return Location(loc.path, line_w, ""), (
+                f"write the mask the other way round: `{text_w}` marks the positions the "
+                f"model sees, but the loss needs 1 where the input was hidden")
+        return at, self.fix
+
+
+def _input_origin(a, input_at) -> Location | None:
+    """Where the script built the input it gave the model on the call ``input_at`` (``out =
+    net(inputs)``: the statement that assigned ``inputs``), or None."""
+    if not input_at:
+        return None
+    path, line = str(input_at[0]), int(input_at[1])
+    called = re.findall(r"([A-Za-z_][A-Za-z_0-9]*)\s*\(", a.source.line_text(path, line))
+    if not called:
+        return None
+    name = a.source.call_argument(path, line, called[-1], 0, "input")
+    if not name or not name.isidentifier():
+        return None
+    built = a.source.value_origin(path, line, name)
+    return Location(path, built[0], "") if built is not None else None
+
+
+def _mask_names(text: str) -> list[str]:
+    """The names the loss's statement restricts by: `x * mask`, `err[keep]`, `where(m, ...)`,
+    `masked_fill(m, ...)`."""
+    names = re.findall(r"\*\s*\(?\s*([A-Za-z_][A-Za-z_0-9]*)\s*\)?", text)
+    names += re.findall(r"\[\s*~?\s*([A-Za-z_][A-Za-z_0-9]*)\s*\]", text)
+    names += re.findall(r"(?:masked_fill|where)\(\s*~?\s*([A-Za-z_][A-Za-z_0-9]*)", text)
+    return [n for n in dict.fromkeys(names) if n not in ("torch", "F")]
+
+
+def _position_writes(a, path: str, names: list[str]) -> list[tuple[int, str]]:
+    """The statements of the script that write a constant into a slice of one of ``names``
+    (`mask[:, keep:] = 0`): where a mask's positions are chosen."""
+    tree = a.source.tree(path)
+    if tree is None or not names:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target = node.targets[0]
+        if not (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                and target.value.id in names and isinstance(node.value, ast.Constant)):
+            continue
+        text = a.source.line_text(path, node.lineno).split("#")[0].strip()
+        found.append((node.lineno, text))
+    return found
