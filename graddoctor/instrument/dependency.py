@@ -774,9 +774,11 @@ class ModuleHooks:
     torch's dicts only while some watcher holds one (a module call with no hook anywhere takes
     torch's fast path). A watcher may name the module classes it looks at (``classes``): the
     others' calls never reach it (the watchers that want each class are sorted once per class).
-    ``register_module_hooks`` is the way in; one table per patcher."""
+    ``register_module_hooks`` is the way in; one table per patcher, which also gets torch's
+    handles of the pair (``benchmarks/overhead.py`` suspends them through it)."""
 
-    def __init__(self):
+    def __init__(self, patcher=None):
+        self._patcher = weakref.ref(patcher) if patcher is not None else None
         self._entries: list[list] = []  # [pre or None, post or None, with_kwargs, always, classes]
         self.pres: dict = {}  # module class -> the pre hooks that take it, in order
         self.posts: dict = {}  # module class -> (post, with_kwargs, always_call) that take it
@@ -829,6 +831,10 @@ class ModuleHooks:
         if kwargs_dict is not None and post.id in kwargs_dict:
             post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
         self._torch = [pre, post]
+        patcher = self._patcher() if self._patcher is not None else None
+        if patcher is not None:  # removed again by the patcher at the end: nothing twice
+            patcher.handle(pre)
+            patcher.handle(post)
 
 
 class _Entry:
@@ -836,6 +842,9 @@ class _Entry:
     nothing)."""
 
     __slots__ = ("table", "entry")
+    # not a torch hook of its own: torch's handles of the pair are the patcher's too (what
+    # benchmarks/overhead.py's suspension takes out)
+    follows_a_patch = True
 
     def __init__(self, table: ModuleHooks, entry: list):
         self.table, self.entry = table, entry
@@ -855,7 +864,7 @@ def module_hook_table(patcher) -> ModuleHooks:
     """The patcher's ``ModuleHooks`` (made at its first use)."""
     table = _tables.get(patcher)
     if table is None:
-        table = _tables[patcher] = ModuleHooks()
+        table = _tables[patcher] = ModuleHooks(patcher)
     return table
 
 
