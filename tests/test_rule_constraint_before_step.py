@@ -12,7 +12,7 @@ from graddoctor import events as ev
 from graddoctor.analysis import Analysis
 from graddoctor.findings import Severity
 from graddoctor.instrument import Instrumentation, Recorder
-from graddoctor.instrument.constraints import broken, classify
+from graddoctor.instrument.constraints import _ELEMENTS, _keep, _rows, _unchanged, broken, classify
 from graddoctor.rules import find_rule
 from graddoctor.trace import TraceBuilder
 from rule_traces import builder, findings, only
@@ -35,6 +35,23 @@ def test_a_clamp_a_mask_and_a_row_norm_are_constraints():
     small = old / 2.5  # rows on both sides of 1: some are scaled up to it
     unit = classify(small, F.normalize(small, dim=1))
     assert unit[0] == "norm" and abs(unit[1] - 1.0) < 1e-6 and unit[2]
+
+
+def test_a_parameter_kept_whole_samples_as_it_did_and_compares_by_equality():
+    torch.manual_seed(0)
+    for t in (torch.randn(5, 7), torch.randn(9).half(), torch.tensor(2.5), torch.randn(3, 4, 2)):
+        kept, whole = _keep(t)
+        assert whole and torch.equal(_rows(kept), _rows(t)) and _rows(kept).dtype == torch.float64
+        assert _unchanged(kept, t)
+        t.view(-1)[0] += 1
+        assert not _unchanged(kept, t)
+    big = torch.randn(2 * _ELEMENTS // 8, 8)
+    values, whole = _keep(big)
+    assert not whole and torch.equal(values, _rows(big))
+    with_nan = torch.tensor([float("nan"), 1.0])
+    assert not _unchanged(_keep(with_nan)[0], with_nan)  # left to classify, which turns it away
+    assert not _unchanged(torch.zeros(2, 3), torch.zeros(3, 2))
+    assert not _unchanged(torch.zeros(4), torch.zeros(4, dtype=torch.float64))
 
 
 def test_writes_that_set_no_constraint_are_none():

@@ -187,17 +187,19 @@ def test_the_hooks_go_after_the_first_backwards():
 
     from graddoctor.instrument.dependency import DependencyWatcher
 
+    before = (dict(module_mod._global_forward_pre_hooks), dict(module_mod._global_forward_hooks))
     rec = Recorder(step_budget=None)
     with Instrumentation(rec) as inst:
         [watcher] = [w for w in inst.watchers if isinstance(w, DependencyWatcher)]
-        ids = [handle.id for handle in watcher._handles]
-        assert watcher.active and ids and all(i in module_mod._global_forward_pre_hooks
-                                              or i in module_mod._global_forward_hooks for i in ids)
+        handles = list(watcher._handles)
+        assert watcher.active and handles and all(handle.active for handle in handles)
         _train(_Pool(1), steps=6)
         assert not watcher.active  # this watcher's own hooks, whatever other watchers hold
-        assert not any(i in module_mod._global_forward_pre_hooks
-                       or i in module_mod._global_forward_hooks for i in ids)
-        assert not any(i in getattr(module_mod, "_global_forward_hooks_with_kwargs", {}) for i in ids)
+        assert not any(handle.active for handle in handles)
+    # the dispatching pair is gone with the last watcher's hooks, kwargs entry included
+    assert (dict(module_mod._global_forward_pre_hooks), dict(module_mod._global_forward_hooks)) == before
+    assert not [i for i in getattr(module_mod, "_global_forward_hooks_with_kwargs", {})
+                if i not in before[1]]
 
 
 class _BatchAsSequence(nn.Module):

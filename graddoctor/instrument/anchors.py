@@ -53,6 +53,14 @@ _SEEN = 512  # backwards seen at most: past them nothing is looked up
 _ZEROS = 1  # zero differences after the parameter moved that make the anchor a follower
 
 
+# the nodes ``_difference`` takes: the losses of a parameter and a target, a square, a product
+# of a difference by itself, an absolute value or a norm
+_DIFFERENCE_NODES = frozenset({"MseLossBackward0", "L1LossBackward0", "SmoothL1LossBackward0",
+                               "HuberLossBackward0", "DistBackward0", "PowBackward0",
+                               "MulBackward0"})
+_DIFFERENCE_PREFIXES = ("AbsBackward", "NormBackward", "LinalgVectorNormBackward")
+
+
 def _top(root) -> tuple:
     """What the loss's graph is at its top: the root's kind and its inputs' kinds."""
     return (type(root).__name__,
@@ -110,11 +118,14 @@ class AnchorAliasWatcher:
             return None
         return pid
 
-    def _difference(self, node):
+    def _difference(self, node, name: str | None = None, children: list | None = None):
         """``(pid, saved difference or (input, target), the parameter)`` when ``node`` squares (or takes the
-        absolute value or norm of) a difference of a tracked parameter and a constant."""
-        name = type(node).__name__
-        children = [child for child, _ in node.next_functions]
+        absolute value or norm of) a difference of a tracked parameter and a constant. ``name``
+        and ``children``: the node's class name and next functions, when the caller has them."""
+        if name is None:
+            name = type(node).__name__
+        if children is None:
+            children = [child for child, _ in node.next_functions]
         if name in ("MseLossBackward0", "L1LossBackward0", "SmoothL1LossBackward0", "HuberLossBackward0",
                     "DistBackward0"):
             if len(children) >= 1 and children[0] is not None and all(c is None for c in children[1:]):
@@ -168,12 +179,15 @@ class AnchorAliasWatcher:
             if len(seen) > _NODES:
                 break
             children = [child for child, _ in node.next_functions]
-            if type(node).__name__ == "SubBackward0" and len(children) == 2 and children[0] is not None \
+            name = type(node).__name__
+            if name == "SubBackward0" and len(children) == 2 and children[0] is not None \
                     and children[0] is children[1]:
                 pid = self._pid(_leaf(children[0]))
                 if pid is not None and pid not in same:
                     same.append(pid)
-            found = self._difference(node)
+            # only the nodes _difference can take are looked into (most of a graph is not)
+            found = self._difference(node, name, children) \
+                if name in _DIFFERENCE_NODES or name.startswith(_DIFFERENCE_PREFIXES) else None
             if found is not None and self._steps > 0:
                 pid, kept, _variable = found
                 if isinstance(kept, tuple):
@@ -190,7 +204,7 @@ class AnchorAliasWatcher:
                         self._moved_too(pid, found[2])
                 else:
                     self._moved.add(pid)
-            stack.extend(child for child in children if child is not None)
+            stack.extend(children)  # a None is passed over when popped
         if same:
             self._tell(sorted(same), "same")
             return

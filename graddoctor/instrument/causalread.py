@@ -415,5 +415,8 @@ class CausalReadWatcher:
 
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
-        self._handles = register_module_hooks(patcher, self._pre, self._post)
+        # only the causal modules' calls: no other module's call reaches the hooks below
+        self._handles = register_module_hooks(patcher, self._pre, None, classes=_TRANSFORMERS) + \
+            register_module_hooks(patcher, None, self._post,
+                                  classes=(*_TRANSFORMERS, nn.MultiheadAttention, nn.RNNBase))
         self.active = True

@@ -14,8 +14,10 @@ when the model is used.
 For each optimizer's first ``_WINDOW`` steps (script thread, CPU floating parameters, the first
 whole rows of each up to ``_ELEMENTS`` values, ``_TENSORS`` parameters at most):
 
-* at each backward (``DESCRIBE_LOSS``) the sampled values are kept: what the forward used;
-* at the step's start (``STEP_BEGINS``) they are compared with those values. Entries the script
+* at each backward (``DESCRIBE_LOSS``) the sampled values are kept: what the forward used (a
+  parameter of at most ``_ELEMENTS`` values as one copy of it);
+* at the step's start (``STEP_BEGINS``) they are compared with those values (one ``torch.equal``
+  for such a parameter, the projections below read only where it differs). Entries the script
   changed in between are a constraint write when they read as one of three projections: a clamp
   (every changed entry now equals the sample's largest or smallest value and was beyond it), a
   mask (every changed entry is now exactly 0) or a row-norm bound (at least two rows changed,
@@ -32,7 +34,9 @@ optimizer's parameters so found (loc: the step; ``backward``: the backward befor
 once per optimizer.
 
 Cost: for the first ``_WINDOW`` steps of each optimizer, a copy of the sampled values at each
-backward and two comparisons per step; nothing after them (the topics are retired).
+backward and an equality test per parameter at each step (the projections are read only for a
+parameter the script changed, and after the step for one found constrained); nothing after them
+(the topics are retired).
 """
 
 from __future__ import annotations
@@ -65,6 +69,26 @@ def _rows(t: torch.Tensor) -> torch.Tensor | None:
         return None
     rows = max(1, min(t.shape[0], _ELEMENTS // max(width, 1)))
     return t.detach()[:rows].reshape(rows, width).to(torch.float64, copy=True)
+
+
+def _keep(t: torch.Tensor) -> tuple | None:
+    """What a backward keeps of ``t`` to compare at the step: ``(values, whole)``. A tensor
+    whose sample is all of it (at most ``_ELEMENTS`` values) is kept as one copy in its own
+    dtype (``whole``; ``_rows`` of it is ``_rows`` of ``t`` as it was, float64 holds every
+    float exactly), so that an unchanged parameter costs one comparison at the step; a larger
+    one as its sample (``_rows``), None when it has none. Called under no_grad."""
+    if t.numel() <= _ELEMENTS:
+        return t.clone(), True
+    values = _rows(t)
+    return (values, False) if values is not None else None
+
+
+def _unchanged(kept: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether ``t`` holds exactly the values ``kept`` (a whole copy of it) has: the same shape,
+    dtype and device and equal elements (a NaN is never equal: such a tensor goes on to
+    ``classify``, which turns it away)."""
+    return kept.shape == t.shape and kept.dtype == t.dtype and kept.device == t.device \
+        and torch.equal(kept, t)
 
 
 def classify(old: torch.Tensor, new: torch.Tensor) -> tuple | None:
@@ -130,7 +154,7 @@ class ConstraintWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._opts: dict[int, dict | None] = {}  # opt -> {"pids", "steps"}; None once done
-        self._kept: dict[int, torch.Tensor] = {}  # pid -> sampled values at the latest backward
+        self._kept: dict[int, tuple] = {}  # pid -> ``_keep`` of it at the latest backward
         self._backward = None  # the latest backward's location
         # pid -> [opt, constraint, the step's location, the backward's, broken by the step]
         self._pending: dict[int, list] = {}
@@ -192,15 +216,18 @@ class ConstraintWatcher:
             if not any(state is not None for state in self._opts.values()):
                 return {}  # no optimizer in its window (an optimizer that never steps keeps us here)
             self._backward = self.rec.here()
-            for state in self._opts.values():
-                if state is None:
-                    continue
-                for pid in state["pids"]:
-                    values = self._sample(pid)
-                    if values is None:
-                        self._kept.pop(pid, None)
-                    else:
-                        self._kept[pid] = values
+            tensor, kept = self.rec.tensor, self._kept
+            with torch.no_grad():
+                for state in self._opts.values():
+                    if state is None:
+                        continue
+                    for pid in state["pids"]:
+                        t = tensor(pid)
+                        values = _keep(t) if t is not None else None
+                        if values is None:
+                            kept.pop(pid, None)
+                        else:
+                            kept[pid] = values
         except Exception as exc:
             self._pending.clear()
             self.rec.internal_error("constraint writes", exc)
@@ -230,7 +257,17 @@ class ConstraintWatcher:
                 old = self._kept.pop(pid, None)
                 if old is None:
                     continue
-                new = self._sample(pid)
+                t = self.rec.tensor(pid)
+                if t is None:
+                    continue
+                old, whole = old
+                if whole:
+                    if _unchanged(old, t):
+                        continue  # nothing written: no constraint (classify's answer too)
+                    with torch.no_grad():
+                        old = _rows(old)
+                with torch.no_grad():
+                    new = _rows(t)
                 if new is None:
                     continue
                 constraint = classify(old, new)

@@ -718,52 +718,167 @@ def _outermost(modules: list) -> list:
 
 # the global hooks, made from source under the file name of inlinable.py's wrappers: Dynamo
 # inlines them in a model compiled before the check began (``watch()``), sees is_compiling()
-# and calls nothing of graddoctor's (whose folder is on its skip list: fullgraph=True fails)
-_HOOKS = compile("""
-def make(pre, post, is_compiling, transform):
+# and calls nothing of graddoctor's (whose folder is on its skip list: fullgraph=True fails).
+# One pre and one post hook of torch's for every watcher's module hooks (``ModuleHooks``): each
+# call is dispatched to the watchers that take that module's class, in the order they
+# registered, with torch's own conventions (a pre hook's non-None return replaces the args, a
+# post hook's the output; a post hook that takes no kwargs is called without them; after a
+# forward that raised only the ``always_call`` ones run, without kwargs, as torch calls them).
+_DISPATCH = compile("""
+def make(table, is_compiling, transform):
     def pre_hook(module, args):
-        if not is_compiling() and transform() is None:
-            return pre(module, args)
+        if is_compiling() or transform() is not None:
+            return None
+        cls = module.__class__
+        hooks = table.pres.get(cls)
+        if hooks is None:
+            hooks = table.sort(cls)[0]
+        changed = False
+        for hook in hooks:
+            result = hook(module, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+                changed = True
+        return args if changed else None
     def post_hook(module, args, *rest):
-        if not is_compiling() and transform() is None:
-            return post(module, args, *rest)
+        if is_compiling() or transform() is not None:
+            return None
+        cls = module.__class__
+        hooks = table.posts.get(cls)
+        if hooks is None:
+            hooks = table.sort(cls)[1]
+        changed = False
+        if len(rest) == 2:
+            kwargs, output = rest
+            for hook, with_kwargs, always in hooks:
+                result = hook(module, args, kwargs, output) if with_kwargs else hook(module, args, output)
+                if result is not None:
+                    output = result
+                    changed = True
+        else:
+            output = rest[0] if rest else None
+            for hook, with_kwargs, always in hooks:
+                if always:
+                    result = hook(module, args, output)
+                    if result is not None:
+                        output = result
+                        changed = True
+        return output if changed else None
     return pre_hook, post_hook
 """, "<graddoctor: watched call>", "exec")
 
 
-def module_hooks(pre, post):
-    """The global module hooks' pair around ``pre`` and ``post`` (see ``_HOOKS``)."""
-    scope: dict = {}
-    exec(_HOOKS, scope)
-    return scope["make"](pre, post, torch.compiler.is_compiling, in_transform)
+class ModuleHooks:
+    """The watchers' global module hooks behind one pre hook and one post hook of torch's (a
+    module call costs one dispatch, not one torch hook and one wrapper frame per watcher), in
+    torch's dicts only while some watcher holds one (a module call with no hook anywhere takes
+    torch's fast path). A watcher may name the module classes it looks at (``classes``): the
+    others' calls never reach it (the watchers that want each class are sorted once per class).
+    ``register_module_hooks`` is the way in; one table per patcher, which also gets torch's
+    handles of the pair (``benchmarks/overhead.py`` suspends them through it)."""
+
+    def __init__(self, patcher=None):
+        self._patcher = weakref.ref(patcher) if patcher is not None else None
+        self._entries: list[list] = []  # [pre or None, post or None, with_kwargs, always, classes]
+        self.pres: dict = {}  # module class -> the pre hooks that take it, in order
+        self.posts: dict = {}  # module class -> (post, with_kwargs, always_call) that take it
+        self._torch: list = []  # torch's handles of the dispatching pair, while registered
+        scope: dict = {}
+        exec(_DISPATCH, scope)
+        self._pre_hook, self._post_hook = scope["make"](self, torch.compiler.is_compiling,
+                                                        in_transform)
+
+    def sort(self, cls) -> tuple:
+        """The pre hooks and post entries that take ``cls``, kept for its next calls."""
+        pres = tuple(e[0] for e in self._entries
+                     if e[0] is not None and (e[4] is None or issubclass(cls, e[4])))
+        posts = tuple((e[1], e[2], e[3]) for e in self._entries
+                      if e[1] is not None and (e[4] is None or issubclass(cls, e[4])))
+        self.pres[cls], self.posts[cls] = pres, posts
+        return pres, posts
+
+    def add(self, pre, post, with_kwargs: bool, always_call: bool, classes) -> "_Entry":
+        entry = [pre, post, with_kwargs, always_call, classes]
+        self._entries.append(entry)
+        self.pres, self.posts = {}, {}
+        if not self._torch:
+            self._register()
+        return _Entry(self, entry)
+
+    def remove(self, entry: list) -> None:
+        if not any(e is entry for e in self._entries):
+            return
+        self._entries = [e for e in self._entries if e is not entry]
+        self.pres, self.posts = {}, {}
+        if not self._entries:
+            handles, self._torch = self._torch, []
+            for handle in handles:
+                handle.remove()
+
+    def holds(self, entry: list) -> bool:
+        return any(e is entry for e in self._entries)
+
+    def _register(self) -> None:
+        from torch.nn.modules import module as module_mod
+
+        pre = module_mod.register_module_forward_pre_hook(self._pre_hook)
+        post = module_mod.register_module_forward_hook(self._post_hook, with_kwargs=True,
+                                                       always_call=True)
+        # torch's handle forgets the entry it made in ``_global_forward_hooks_with_kwargs``
+        # (removing it leaves ``{id: True}`` there, and every later module call then passes its
+        # kwargs to a hook that is gone): the handle is told of that dict too
+        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
+        if kwargs_dict is not None and post.id in kwargs_dict:
+            post.extra_dict_ref = (*post.extra_dict_ref, weakref.ref(kwargs_dict))
+        self._torch = [pre, post]
+        patcher = self._patcher() if self._patcher is not None else None
+        if patcher is not None:  # removed again by the patcher at the end: nothing twice
+            patcher.handle(pre)
+            patcher.handle(post)
 
 
-def _nothing(*rest) -> None:
-    return None
+class _Entry:
+    """A watcher's handle on its hooks in ``ModuleHooks``: ``remove()`` takes them out (again:
+    nothing)."""
+
+    __slots__ = ("table", "entry")
+    # not a torch hook of its own: torch's handles of the pair are the patcher's too (what
+    # benchmarks/overhead.py's suspension takes out)
+    follows_a_patch = True
+
+    def __init__(self, table: ModuleHooks, entry: list):
+        self.table, self.entry = table, entry
+
+    def remove(self) -> None:
+        self.table.remove(self.entry)
+
+    @property
+    def active(self) -> bool:
+        return self.table.holds(self.entry)
+
+
+_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # patcher -> its ModuleHooks
+
+
+def module_hook_table(patcher) -> ModuleHooks:
+    """The patcher's ``ModuleHooks`` (made at its first use)."""
+    table = _tables.get(patcher)
+    if table is None:
+        table = _tables[patcher] = ModuleHooks(patcher)
+    return table
 
 
 def register_module_hooks(patcher, pre=None, post=None, *, with_kwargs: bool = True,
-                          always_call: bool = True) -> list:
-    """Register torch's global module hooks around ``pre(module, args)`` and ``post(module,
-    args, [kwargs,] output)`` (either may be None) through ``patcher``; their handles, the pre
-    hook's first. With ``with_kwargs``, torch's handle forgets the entry it made in
-    ``_global_forward_hooks_with_kwargs`` (removing it leaves ``{id: True}`` there, and every
-    later module call then passes its kwargs to a hook that is gone): the handle is told of
-    that dict too."""
-    from torch.nn.modules import module as module_mod
-
-    pre_hook, post_hook = module_hooks(pre or _nothing, post or _nothing)
-    handles = []
-    if pre is not None:
-        handles.append(patcher.handle(module_mod.register_module_forward_pre_hook(pre_hook)))
-    if post is not None:
-        handle = module_mod.register_module_forward_hook(post_hook, with_kwargs=with_kwargs,
-                                                         always_call=always_call)
-        kwargs_dict = getattr(module_mod, "_global_forward_hooks_with_kwargs", None)
-        if with_kwargs and kwargs_dict is not None and handle.id in kwargs_dict:
-            handle.extra_dict_ref = (*handle.extra_dict_ref, weakref.ref(kwargs_dict))
-        handles.append(patcher.handle(handle))
-    return handles
+                          always_call: bool = True, classes=None) -> list:
+    """Hook ``pre(module, args)`` and ``post(module, args, [kwargs,] output)`` (either may be
+    None) on every module call, as torch's global module hooks would be (``ModuleHooks``: one
+    pair of torch's for all watchers); ``classes``: only the calls of modules of these classes
+    (a class or a tuple, as for ``isinstance``). Returns one handle (in a list: the watchers
+    remove what it holds), also given to ``patcher`` to remove at the end."""
+    if pre is None and post is None:
+        return []
+    entry = module_hook_table(patcher).add(pre, post, with_kwargs, always_call, classes)
+    return [patcher.handle(entry)]
 
 
 def close_before_compile(patcher, close) -> None:

@@ -33,9 +33,27 @@ def tensors_of(refs: list, pids: list) -> list:
     return list(map(call, map(refs.__getitem__, pids)))
 
 
+_modes_on_stack = torch._C._len_torch_function_stack
+_pop_mode = torch._C._pop_torch_function_stack
+_push_mode = torch._C._push_on_torch_function_stack
+
+
 def grads_of(tensors: list) -> list:
-    """Each tensor's ``.grad`` (None for a tensor that is None)."""
-    return list(map(getattr, tensors, repeat("grad"), repeat(None)))
+    """Each tensor's ``.grad`` (None for a tensor that is None). Read past any torch function
+    mode on the stack (a watcher's window between a forward and its backward, the script's
+    own): ``.grad`` is a property that dispatches to the mode, one Python call per tensor for
+    graddoctor's own read; the modes are lifted off and put back in their order (not exited:
+    they never hear of it)."""
+    if not _modes_on_stack():
+        return list(map(getattr, tensors, repeat("grad"), repeat(None)))
+    lifted = []
+    try:
+        while _modes_on_stack():
+            lifted.append(_pop_mode())
+        return list(map(getattr, tensors, repeat("grad"), repeat(None)))
+    finally:
+        for mode in reversed(lifted):
+            _push_mode(mode)
 
 
 def states_of(grads: list):
