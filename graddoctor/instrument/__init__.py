@@ -15,6 +15,7 @@ from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .constloss import ConstantLossWatcher
 from .copies import CopyWatcher
+from .fieldrows import FieldRowsWatcher
 from .customfn import CustomFunctionWatcher
 from .dependency import DependencyWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
@@ -330,6 +331,10 @@ class Instrumentation:
         # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
         self.copies = CopyWatcher(rec, self.optimizers.owned_pids())  # the step topics while it has work
         self.watchers.append(self.copies)
+        # categorical fields looked up in one shared table without their offsets
+        # (embedding-fields-share-rows): F.embedding wrapped, judged at the end of the run
+        self.field_rows = FieldRowsWatcher(rec)
+        self.watchers.append(self.field_rows)
         # hyper-parameters written into an optimizer's defaults, which its step never reads
         # (optimizer-attribute-hyperparameter)
         self.watchers.append(DefaultsWatcher(rec))
@@ -399,6 +404,7 @@ class Instrumentation:
         if self.grad_flow is not None:
             self.grad_flow.close()  # its events before the trace is final
         self.copies.close()
+        self.field_rows.close()
         self.eps.close()
         self.saturation.close()
         self.resets.close()  # a checkpoint overwritten before the first step
