@@ -776,6 +776,11 @@ same_compared      how ("twins": two nodes of the loss's graph computed the same
                    itself (two identical views, negatives equal to the positives, a teacher that
                    is the student) — at the first 3 backwards of each backward line, once per line
                    (loc: the backward; an aside; instrument/samevalue.py)
+aggregate_sum      op (mm | bmm: the product divided), batched (its operand has batch dimensions),
+                   differ (mean |row sums - column sums| over the row sums' mean), rows (N): a
+                   product M @ H divided row by row by the sums of M's columns (the axis it
+                   keeps) instead of its rows (the axis it sums) — at the divisions before the
+                   first backwards, once per line (loc: the division; an aside; instrument/aggsum.py)
 field_rows         api (nn.Embedding | F.embedding), rows (the table's), fields (columns of the
                    (batch, fields) ids), calls (read), sizes [int] (each column's largest id + 1),
                    covered (their sum), top (the largest of them): categorical fields looked up in
@@ -1779,6 +1784,10 @@ def same_compared(*, how: str, op: str, core: str, shape: list | None, params: l
                              "starts": starts}
 
 
+def aggregate_sum(*, op: str, batched: bool, differ: float, rows: int) -> Made:
+    return "aggregate_sum", {"op": op, "batched": batched, "differ": differ, "rows": rows}
+
+
 def field_rows(*, api: str, rows: int, fields: int, calls: int, sizes: list[int], covered: int,
                top: int) -> Made:
     return "field_rows", {"api": api, "rows": rows, "fields": fields, "calls": calls,
@@ -1862,6 +1871,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "temperature_multiplied": temperature_multiplied,
     "same_compared": same_compared,
     "field_rows": field_rows,
+    "aggregate_sum": aggregate_sum,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
@@ -1906,7 +1916,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "batch_reduction", "sample_range", "advantage_grad",
-                         "same_compared",
+                         "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "batch_pairing", "last_step_padded",

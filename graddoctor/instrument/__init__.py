@@ -16,6 +16,7 @@ from .compile import CompileWatcher
 from .constloss import ConstantLossWatcher
 from .copies import CopyWatcher
 from .fieldrows import FieldRowsWatcher
+from .aggsum import AggregateSumWatcher
 from .customfn import CustomFunctionWatcher
 from .dependency import DependencyWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
@@ -183,6 +184,11 @@ class Instrumentation:
         shift_cancel = ShiftCancelWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, shift_cancel.describe_loss)
         self.watchers.append(shift_cancel)
+        # a product M @ H divided by the sums of M's columns instead of its rows
+        # (aggregate-divided-by-column-sums): the divisions wrapped until the first backwards
+        aggregate_sum = AggregateSumWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, aggregate_sum.describe_loss)
+        self.watchers.append(aggregate_sum)
         # a per-sample norm taken over the batch and pulled to a target (norm-over-batch): the
         # norm calls wrapped and the loss's graph walked at the first backwards
         norm_batch = NormBatchWatcher(rec, self.dataloader)
