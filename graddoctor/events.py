@@ -803,6 +803,17 @@ same_compared      how ("twins": two nodes of the loss's graph computed the same
                    itself (two identical views, negatives equal to the positives, a teacher that
                    is the student) — at the first 3 backwards of each backward line, once per line
                    (loc: the backward; an aside; instrument/samevalue.py)
+aggregate_sum      op (mm | bmm: the product divided), batched (its operand has batch dimensions),
+                   differ (mean |row sums - column sums| over the row sums' mean), rows (N): a
+                   product M @ H divided row by row by the sums of M's columns (the axis it
+                   keeps) instead of its rows (the axis it sums) — at the divisions before the
+                   first backwards, once per line (loc: the division; an aside; instrument/aggsum.py)
+field_rows         api (nn.Embedding | F.embedding), rows (the table's), fields (columns of the
+                   (batch, fields) ids), calls (read), sizes [int] (each column's largest id + 1),
+                   covered (their sum), top (the largest of them): categorical fields looked up in
+                   one table without their offsets — every column's ids start at the same place
+                   and their sizes add up to about the table's rows — once per call site, at the
+                   end of the run (loc: the lookup; instrument/fieldrows.py)
 noise_redrawn      fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), params [pid] (tracked
                    tensors the input's graph reaches), numel (the target's size): the target is,
                    to the last bit, the first standard-normal draw of the CPU generator after
@@ -1817,6 +1828,16 @@ def same_compared(*, how: str, op: str, core: str, shape: list | None, params: l
                              "starts": starts}
 
 
+def aggregate_sum(*, op: str, batched: bool, differ: float, rows: int) -> Made:
+    return "aggregate_sum", {"op": op, "batched": batched, "differ": differ, "rows": rows}
+
+
+def field_rows(*, api: str, rows: int, fields: int, calls: int, sizes: list[int], covered: int,
+               top: int) -> Made:
+    return "field_rows", {"api": api, "rows": rows, "fields": fields, "calls": calls,
+                          "sizes": sizes, "covered": covered, "top": top}
+
+
 def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
     return "noise_redrawn", {"fn": fn, "params": params, "numel": numel}
 
@@ -1895,6 +1916,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
     "same_compared": same_compared,
+    "field_rows": field_rows,
+    "aggregate_sum": aggregate_sum,
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
@@ -1939,7 +1962,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "batch_reduction", "sample_range", "advantage_grad",
-                         "same_compared",
+                         "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "batch_pairing", "last_step_padded",
@@ -1994,6 +2017,7 @@ NOT_CALLS = {"run_start", "run_end", "param", "optimizer_init", "scheduler_init"
              "grad_allreduce",  # bookkeeping at a step: what the script's all-reduce made
              "grad_flow",  # the per-update gradient norms for the pictures, written at the end
              "model_copy",  # what a copy of the model did over the run, written at the end
+             "field_rows",  # a lookup site's fields over the run, written at the end
              "folded",  # stands for turns the recorder folded out; the timeline counts them apart
              "mode_module", *ASIDE_KINDS}  # aside kinds: details of a forward or a loss call
 # A call that makes another one internally at the same line shows once: scaler.step(opt) runs

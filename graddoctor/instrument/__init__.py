@@ -15,6 +15,8 @@ from .clip import ClipWatcher
 from .compile import CompileWatcher
 from .constloss import ConstantLossWatcher
 from .copies import CopyWatcher
+from .fieldrows import FieldRowsWatcher
+from .aggsum import AggregateSumWatcher
 from .customfn import CustomFunctionWatcher
 from .dependency import DependencyWatcher
 from .dataloader import DEFAULT_EPOCH_BATCHES, DataLoaderWatcher
@@ -195,6 +197,11 @@ class Instrumentation:
         shift_cancel = ShiftCancelWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, shift_cancel.describe_loss)
         self.watchers.append(shift_cancel)
+        # a product M @ H divided by the sums of M's columns instead of its rows
+        # (aggregate-divided-by-column-sums): the divisions wrapped until the first backwards
+        aggregate_sum = AggregateSumWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, aggregate_sum.describe_loss)
+        self.watchers.append(aggregate_sum)
         # a per-sample norm taken over the batch and pulled to a target (norm-over-batch): the
         # norm calls wrapped and the loss's graph walked at the first backwards
         norm_batch = NormBatchWatcher(rec, self.dataloader)
@@ -349,6 +356,10 @@ class Instrumentation:
         # copies of the model meant to follow it: EMA teachers, target networks (copy-never-follows)
         self.copies = CopyWatcher(rec, self.optimizers.owned_pids())  # the step topics while it has work
         self.watchers.append(self.copies)
+        # categorical fields looked up in one shared table without their offsets
+        # (embedding-fields-share-rows): F.embedding wrapped, judged at the end of the run
+        self.field_rows = FieldRowsWatcher(rec)
+        self.watchers.append(self.field_rows)
         # hyper-parameters written into an optimizer's defaults, which its step never reads
         # (optimizer-attribute-hyperparameter)
         self.watchers.append(DefaultsWatcher(rec))
@@ -418,6 +429,7 @@ class Instrumentation:
         if self.grad_flow is not None:
             self.grad_flow.close()  # its events before the trace is final
         self.copies.close()
+        self.field_rows.close()
         self.eps.close()
         self.saturation.close()
         self.resets.close()  # a checkpoint overwritten before the first step
