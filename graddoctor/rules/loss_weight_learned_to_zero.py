@@ -74,7 +74,7 @@ class LossWeightLearnedToZero(Rule):
                 f"{a.names(pids)} reach{'es' if len(pids) == 1 else ''} {said} only as {how} "
                 f"loss terms, which are never negative: the loss's gradient along "
                 f"{'it' if len(pids) == 1 else 'them'} has the same sign at every step, and the "
-                f"optimizer moved {'it' if len(pids) == 1 else 'them'} that way at each of the "
+                f"optimizer moved {'it' if len(pids) == 1 else 'them'} only that way over the "
                 f"first {e.get('backwards')} backwards. Nothing holds the weight, so it is learned "
                 f"away: the factor shrinks without end and the terms it weighs are switched off "
                 f"(a plain weight goes below 0 and the loss has no lower bound)",
