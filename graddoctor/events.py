@@ -807,7 +807,9 @@ loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward
                    and the optimizer lowers it without end — once per backward line (loc: the
                    backward; an aside; instrument/lossterms.py)
 loss_weight_learned params [pid] (the learned weights), kinds (["mul"] a product's factor,
-                   ["div"] a quotient's denominator), terms (how many weighted terms), backwards
+                   ["div"] a quotient's denominator), terms (how many weighted terms), elements
+                   [[int]|None] (per param: the indices along dim 0 of the elements its terms
+                   select, ``s[2]``; None: the whole tensor), backwards
                    (how many backwards of the line showed the factor moving one way), line (the
                    backward's line): a backward's loss weighs terms that are losses by construction
                    with a monotone factor of a learned tensor that reaches the loss no other way,
@@ -1804,9 +1806,11 @@ def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = 
 
 
 def loss_weight_learned(*, params: list[int], kinds: list[str], terms: int, backwards: int,
-                        line: int | None = None) -> Made:
+                        elements: list | None = None, line: int | None = None) -> Made:
     return "loss_weight_learned", {"params": params, "kinds": kinds, "terms": terms,
-                                   "backwards": backwards, "line": line}
+                                   "backwards": backwards,
+                                   "elements": elements if elements is not None else [None for _ in params],
+                                   "line": line}
 
 
 def dataset_drift(*, cls: str, attr: str, numpy: bool, rows: int, fetches: int) -> Made:

@@ -18,10 +18,12 @@ other side is a chain of monotone one-input ops (exp, negation, reciprocal, soft
 powers, products by constants, indexing and views) down to one leaf tensor (the *factor*, the
 quotient's denominator). A leaf whose every path to the root goes through the factor side of
 such terms has no other path that could bound it (Kendall's ``+ s``, a temperature that also
-divides the logits). The factor's values, which autograd saved on the product's node (CPU, at
-most ``_VALUES`` elements), are kept at each looked-at backward of the line: a factor that the
-steps between them only ever moved one way, the way the gradient's fixed sign says (a product's
-factor down, a quotient's denominator up), and moved at least once, is the bug, so an ascent
+divides the logits); for a term that selects one element of the leaf (``exp(-s[1])``), no other
+path to that element (a regulariser ``+ s[0]`` does not hold ``s[1]``). The factor's values,
+which autograd saved on the product's node (CPU, at most ``_VALUES`` elements), are kept at
+each looked-at backward of the line: a factor that the steps between them only ever moved one
+way, the way the gradient's fixed sign says (a product's factor down, a quotient's denominator
+up), and moved ``_MOVES`` times, is the bug, so an ascent
 (a Lagrange multiplier with ``maximize=True``), a weight renormalised after each step (GradNorm)
 or one whose gradient is replaced by another loss's stays silent. A ``loss_weight_learned``
 aside event names it, once per backward line.
@@ -39,7 +41,8 @@ from .. import events as ev
 from .graphpaths import saved
 from .lossterms import _KEEP, _signed, LossGraphReader, signed_walk
 
-_LOOKED = 4  # backwards of each line looked at: three moves of the factor
+_LOOKED = 8  # backwards of each line looked at, at most (an accumulation window has no step)
+_MOVES = 3  # moves of the factor, all one way, that tell it
 _NODES = 256  # nodes of the linear top walked
 _GRAPH_NODES = 20000  # nodes walked below the root to find a leaf's other paths
 _VALUES = 64  # elements of a factor read, at most
@@ -90,15 +93,29 @@ def _is_loss(node, depth: int = 0) -> bool:
     return _signed(node) == 1.0
 
 
+def _element(node) -> tuple[int, int] | None:
+    """``(dim, index)`` when ``node`` selects one element of a leaf tensor (``s[1]``), else None."""
+    if type(node).__name__ != "SelectBackward0":
+        return None
+    children = _children(node)
+    if len(children) != 1 or getattr(children[0][1], "variable", None) is None:
+        return None
+    dim, index = saved(node, "_saved_dim"), saved(node, "_saved_index")
+    return (dim, index) if type(dim) is int and type(index) is int else None
+
+
 def _factor_leaf(node):
-    """The leaf tensor at the end of a chain of monotone one-input ops from ``node`` (products
-    by constants included), or None."""
+    """``(leaf, element)``: the leaf tensor at the end of a chain of monotone one-input ops from
+    ``node`` (products by constants included) and the element of it the chain selects (None:
+    all of it); None when the chain is no such one."""
+    element = None
     for _ in range(_DEPTH):
         if node is None:
             return None
         variable = getattr(node, "variable", None)
         if variable is not None:
-            return variable
+            return variable, element
+        element = _element(node)
         name = type(node).__name__
         children = _children(node)
         if len(children) != 1:
@@ -112,9 +129,10 @@ def _factor_leaf(node):
     return None
 
 
-def weighted_terms(root, limit: int = _NODES) -> list[tuple[object, int, str, object]]:
-    """``[(node, factor's input index, "mul" | "div", leaf)]``: the products and quotients the
-    loss holds with a positive sign of a loss by construction and a monotone chain to a leaf."""
+def weighted_terms(root, limit: int = _NODES) -> list[tuple[object, int, str, object, object]]:
+    """``[(node, factor's input index, "mul" | "div", leaf, element)]``: the products and
+    quotients the loss holds with a positive sign of a loss by construction and a monotone chain
+    to a leaf (``element``: the ``(dim, index)`` of it the chain selects, or None)."""
     found = []
 
     def visit(node, sign, name, children) -> bool:
@@ -122,15 +140,15 @@ def weighted_terms(root, limit: int = _NODES) -> list[tuple[object, int, str, ob
             return False
         (i0, c0), (i1, c1) = children
         if name == "DivBackward0":
-            leaf = _factor_leaf(c1) if _is_loss(c0) else None
-            if leaf is not None:
-                found.append((node, i1, "div", leaf))
+            chain = _factor_leaf(c1) if _is_loss(c0) else None
+            if chain is not None:
+                found.append((node, i1, "div", *chain))
                 return True
             return False
         for (index, factor), (_, other) in (((i0, c0), (i1, c1)), ((i1, c1), (i0, c0))):
-            leaf = _factor_leaf(factor)
-            if leaf is not None and _is_loss(other):
-                found.append((node, index, "mul", leaf))
+            chain = _factor_leaf(factor)
+            if chain is not None and _is_loss(other):
+                found.append((node, index, "mul", *chain))
                 return True
         return False
 
@@ -138,11 +156,13 @@ def weighted_terms(root, limit: int = _NODES) -> list[tuple[object, int, str, ob
     return found
 
 
-def _reached_otherwise(root, skipped: dict) -> set | None:
-    """Ids of the leaf tensors reached from ``root`` without going through the factor input of
-    the weighted terms (``skipped``: node -> that input's index); None past ``_GRAPH_NODES``."""
+def _reached_otherwise(root, skipped: dict) -> dict | None:
+    """The leaf tensors reached from ``root`` without going through the factor input of the
+    weighted terms (``skipped``: node -> that input's index): id -> None when all of the tensor
+    is reached, else the set of its elements (``(dim, index)``) that are; None past
+    ``_GRAPH_NODES`` nodes."""
     seen: set = set()
-    leaves: set = set()
+    leaves: dict = {}
     stack = [root]
     while stack:
         node = stack.pop()
@@ -153,7 +173,14 @@ def _reached_otherwise(root, skipped: dict) -> set | None:
             return None
         variable = getattr(node, "variable", None)
         if variable is not None:
-            leaves.add(id(variable))
+            leaves[id(variable)] = None
+            continue
+        element = _element(node)
+        if element is not None:
+            leaf = id(_children(node)[0][1].variable)
+            if leaves.get(leaf, set()) is not None:
+                leaves.setdefault(leaf, set()).add(element)
+            continue
         skip = skipped.get(node)
         stack.extend(child for i, (child, _) in enumerate(node.next_functions)
                      if child is not None and i != skip)
@@ -169,17 +196,26 @@ def _values(node, index: int) -> list[float] | None:
     return value.detach().to(torch.float64).flatten().tolist()
 
 
-def _one_way(series: list[list[float]], down: bool) -> bool:
-    """Whether the values only ever moved the one way (down, or up), and moved."""
-    moved = False
+def held(others: dict, leaf, element) -> bool:
+    """Whether another path of the loss reaches the weighted term's leaf (its element, for a
+    term that selects one: a regulariser of ``s[0]`` does not hold ``s[1]``)."""
+    reached = others.get(id(leaf), False)
+    if reached is False:
+        return False
+    return reached is None or element is None or element in reached
+
+
+def moves_one_way(series: list[list[float]], down: bool) -> int | None:
+    """How many times the values moved between consecutive looks, when they only ever moved
+    the one way (down, or up); None when some moved the other way."""
+    moves = 0
     for before, after in zip(series, series[1:]):
         if len(before) != len(after):
-            return False
-        for b, a in zip(before, after):
-            if (a > b) if down else (a < b):
-                return False
-            moved = moved or a != b
-    return moved
+            return None
+        if any((a > b) if down else (a < b) for b, a in zip(before, after)):
+            return None
+        moves += before != after
+    return moves
 
 
 class LearnedWeightWatcher(LossGraphReader):
@@ -196,13 +232,13 @@ class LearnedWeightWatcher(LossGraphReader):
         if not terms:
             series.clear()  # a line whose loss changed form: its series starts again
             return
-        others = _reached_otherwise(root, {node: index for node, index, _, _ in terms})
+        others = _reached_otherwise(root, {node: index for node, index, *_ in terms})
         if others is None:
             return
         tensors = self.rec.tensors
         seen_keys = set()
-        for position, (node, index, kind, leaf) in enumerate(terms):
-            if id(leaf) in others:
+        for position, (node, index, kind, leaf, element) in enumerate(terms):
+            if held(others, leaf, element):
                 continue  # another path bounds it (a regulariser, the same weight elsewhere)
             pid = tensors.number.get(id(leaf))
             if pid is None or id(tensors.refs[pid]()) != id(leaf):
@@ -210,28 +246,38 @@ class LearnedWeightWatcher(LossGraphReader):
             values = _values(node, index)
             if values is None:
                 continue
-            key = (position, pid, kind, type(node).__name__)
+            key = (position, pid, kind, element)
             seen_keys.add(key)
             series.setdefault(key, []).append(values)
         for key in [k for k in series if k not in seen_keys]:
             del series[key]
         by_pid: dict[int, list[str]] = {}
+        elements: dict[int, set] = {}  # pid -> the indices told (dim 0), None: all of it
         against: set = set()  # weights one of whose terms moved against its gradient, or stood
-        for (position, pid, kind, op), values in series.items():
-            if len(values) < _LOOKED:
-                return  # not yet seen at enough backwards
-            if _one_way(values, down=kind == "mul"):
-                by_pid.setdefault(pid, []).append(kind)
-            else:
+        looked = 0
+        for (position, pid, kind, element), values in series.items():
+            moves = moves_one_way(values, down=kind == "mul")
+            if moves is None:
                 against.add(pid)
+            elif moves >= _MOVES:
+                by_pid.setdefault(pid, []).append(kind)
+                if element is not None and element[0] == 0 and elements.get(pid, set()) is not None:
+                    elements.setdefault(pid, set()).add(element[1])
+                else:
+                    elements[pid] = None
+            elif len(values) < self.per_line:
+                return  # not moved often enough yet: looked at again at the next backward
+            looked = max(looked, len(values))
         by_pid = {pid: kinds for pid, kinds in by_pid.items() if pid not in against}
         if not by_pid:
             return
         self._done.add(loc)
         kinds = sorted({kind for found in by_pid.values() for kind in found})
-        self.rec.emit_aside(ev.loss_weight_learned(params=sorted(by_pid)[:64], kinds=kinds,
+        told = sorted(by_pid)[:64]
+        indices = [sorted(elements[pid]) if elements.get(pid) is not None else None for pid in told]
+        self.rec.emit_aside(ev.loss_weight_learned(params=told, kinds=kinds, elements=indices,
                                                    terms=sum(len(v) for v in by_pid.values()),
-                                                   backwards=_LOOKED, line=getattr(loc, "line", None)),
+                                                   backwards=looked, line=getattr(loc, "line", None)),
                             loc)
 
     def install(self, patcher) -> None:

@@ -5,6 +5,13 @@ from ..trace import Location
 from .base import Rule
 
 
+def _element_name(name: str, indices) -> str:
+    """``log_vars[2]`` for a weight whose terms select elements of it, else its name."""
+    if not indices:
+        return name
+    return " and ".join(f"{name}[{i}]" for i in indices)
+
+
 class LossWeightLearnedToZero(Rule):
     """
     ## What it does
@@ -63,6 +70,9 @@ class LossWeightLearnedToZero(Rule):
             if not pids:
                 continue
             kinds = e.get("kinds") or ()
+            picked = dict(zip(e.get("params") or (), e.get("elements") or ()))
+            names = ", ".join(_element_name(a.names([pid]), picked.get(pid)) for pid in pids)
+            one = len(pids) == 1 and len(picked.get(pids[0]) or ()) <= 1
             loc, text = e.loc, None
             if loc is not None:
                 assigned = a.source.loss_assignment(loc.path, loc.line)
@@ -71,10 +81,10 @@ class LossWeightLearnedToZero(Rule):
             said = f"`{text}`" if text else "the loss"
             how = ("a divisor of" if kinds == ["div"] else "a factor of")
             yield self.finding(
-                f"{a.names(pids)} reach{'es' if len(pids) == 1 else ''} {said} only as {how} "
+                f"{names} reach{'es' if one else ''} {said} only as {how} "
                 f"loss terms, which are never negative: the loss's gradient along "
-                f"{'it' if len(pids) == 1 else 'them'} has the same sign at every step, and the "
-                f"optimizer moved {'it' if len(pids) == 1 else 'them'} only that way over the "
+                f"{'it' if one else 'them'} has the same sign at every step, and the "
+                f"optimizer moved {'it' if one else 'them'} only that way over the "
                 f"first {e.get('backwards')} backwards. Nothing holds the weight, so it is learned "
                 f"away: the factor shrinks without end and the terms it weighs are switched off "
                 f"(a plain weight goes below 0 and the loss has no lower bound)",
