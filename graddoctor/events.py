@@ -55,8 +55,9 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    autocast_fp16 ([path, line], only present when a float16 autocast was entered
                    with gradients on since the previous backward: where),
                    loss_negated (only present when the loss is a torch loss function times a
-                   negative constant, ``-F.cross_entropy(...)``: that function's autograd node,
-                   ``NllLossBackward0``),
+                   negative constant, ``-F.cross_entropy(...)``, ``1 - loss``, or its reciprocal,
+                   ``1 / loss``: that function's autograd node, ``NllLossBackward0``, with a
+                   ``1/`` prefix for the reciprocal),
                    loss_constant (only present, True, for one of a run's first
                    ``amp.CONSTANT_CHECKS`` backwards whose loss adds a tensor with no graph: a
                    sum at its top, under constant factors, one of whose operands autograd does
