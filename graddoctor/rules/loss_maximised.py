@@ -90,7 +90,7 @@ class LossMaximised(Rule):
                 f"{said} is the {'reciprocal' if reciprocal else 'negative'} of {what}, and "
                 f"{a.optimizer_class(opt)} minimises it at every update: each step makes the loss "
                 f"function larger, so the model is trained away from its targets (the loss printed "
-                f"goes down because it is {'the loss function turned upside down' if reciprocal else 'negative'})",
+                f"goes down because it is {'one over the loss function' if reciprocal else 'negative'})",
                 loc,
                 related=(related(negated[0][0], "the step that applies its gradient"),),
                 step=a.step_number.get(negated[0][0].seq),
