@@ -253,7 +253,7 @@ class LearnedWeightWatcher(LossGraphReader):
             del series[key]
         by_pid: dict[int, list[str]] = {}
         elements: dict[int, set] = {}  # pid -> the indices told (dim 0), None: all of it
-        against: set = set()  # weights one of whose terms moved against its gradient, or stood
+        against: set = set()  # weights one of whose terms moved against its gradient
         looked = 0
         for (position, pid, kind, element), values in series.items():
             moves = moves_one_way(values, down=kind == "mul")
