@@ -140,8 +140,8 @@ def weighted_terms(root, limit: int = _NODES) -> list[tuple[object, int, str, ob
             return False
         (i0, c0), (i1, c1) = children
         if name == "DivBackward0":
-            chain = _factor_leaf(c1) if _is_loss(c0) else None
-            if chain is not None:
+            chain = _factor_leaf(c1)
+            if chain is not None and _is_loss(c0):
                 found.append((node, i1, "div", *chain))
                 return True
             return False
