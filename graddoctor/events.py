@@ -55,8 +55,9 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    autocast_fp16 ([path, line], only present when a float16 autocast was entered
                    with gradients on since the previous backward: where),
                    loss_negated (only present when the loss is a torch loss function times a
-                   negative constant, ``-F.cross_entropy(...)``: that function's autograd node,
-                   ``NllLossBackward0``),
+                   negative constant, ``-F.cross_entropy(...)``, ``1 - loss``, or its reciprocal,
+                   ``1 / loss``: that function's autograd node, ``NllLossBackward0``, with a
+                   ``1/`` prefix for the reciprocal),
                    loss_constant (only present, True, for one of a run's first
                    ``amp.CONSTANT_CHECKS`` backwards whose loss adds a tensor with no graph: a
                    sum at its top, under constant factors, one of whose operands autograd does
@@ -844,6 +845,16 @@ loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward
                    (c > 0) of an unbounded v that needs a gradient: the loss has no lower bound
                    and the optimizer lowers it without end — once per backward line (loc: the
                    backward; an aside; instrument/lossterms.py)
+loss_weight_learned params [pid] (the learned weights), kinds (["mul"] a product's factor,
+                   ["div"] a quotient's denominator), terms (how many weighted terms), elements
+                   [[int]|None] (per param: the indices along dim 0 of the elements its terms
+                   select, ``s[2]``; None: the whole tensor), backwards
+                   (how many backwards of the line showed the factor moving one way), line (the
+                   backward's line): a backward's loss weighs terms that are losses by construction
+                   with a monotone factor of a learned tensor that reaches the loss no other way,
+                   and the steps moved that factor only the way its gradient's fixed sign says,
+                   at each of the line's first backwards — once per backward line (loc: the
+                   backward; an aside; instrument/lossweight.py)
 grad_stops         params [pid] (the parameters whose gradient was exactly zero and that the
                    diagnosed backward's graph reaches), stops [str] (the autograd nodes where the
                    gradient toward them stops: non-zero in, zero out, nearest the loss first:
@@ -1860,6 +1871,14 @@ def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = 
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
 
+def loss_weight_learned(*, params: list[int], kinds: list[str], terms: int, backwards: int,
+                        elements: list | None = None, line: int | None = None) -> Made:
+    return "loss_weight_learned", {"params": params, "kinds": kinds, "terms": terms,
+                                   "backwards": backwards,
+                                   "elements": elements if elements is not None else [None for _ in params],
+                                   "line": line}
+
+
 def dataset_drift(*, cls: str, attr: str, numpy: bool, rows: int, fetches: int) -> Made:
     return "dataset_drift", {"cls": cls, "attr": attr, "numpy": numpy, "rows": rows,
                              "fetches": fetches}
@@ -1904,7 +1923,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused,
-    "loss_unbounded": loss_unbounded, "batch_reduction": batch_reduction,
+    "loss_unbounded": loss_unbounded, "loss_weight_learned": loss_weight_learned, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
@@ -1961,7 +1980,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "batch_reduction", "sample_range", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_weight_learned", "batch_reduction", "sample_range", "advantage_grad",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -24,6 +24,11 @@ T = torch.rand(4, 3)
     (lambda: F.mse_loss(X, T) / -2, "MseLossBackward0"),
     (lambda: -0.5 * F.binary_cross_entropy_with_logits(X, T), "BinaryCrossEntropyWithLogitsBackward0"),
     (lambda: -(2.0 * F.smooth_l1_loss(X, T)), "SmoothL1LossBackward0"),
+    (lambda: 1 - F.mse_loss(X, T), "MseLossBackward0"),
+    (lambda: -(F.cross_entropy(X, Y) + 1.0), "NllLossBackward0"),
+    (lambda: 1 / F.mse_loss(X, T), "1/MseLossBackward0"),
+    (lambda: 1.0 / (F.cross_entropy(X, Y) + 1e-6), "1/NllLossBackward0"),
+    (lambda: torch.reciprocal(F.mse_loss(X, T)), "1/MseLossBackward0"),
 ])
 def test_a_loss_function_times_a_negative_constant_is_named(loss, node):
     value = loss()
@@ -39,6 +44,10 @@ def test_a_loss_function_times_a_negative_constant_is_named(loss, node):
     lambda: F.cross_entropy(X, Y) - 0.1 * F.mse_loss(X, T),  # one negated term
     lambda: -F.cross_entropy(X, Y) * X.sum(),  # a computed factor
     lambda: -F.cosine_similarity(X, T).mean(),  # a similarity
+    lambda: 1 / (-F.mse_loss(X, T)),  # the reciprocal of a negated loss grows with the loss
+    lambda: F.mse_loss(X, T) - 1.0,
+    lambda: F.mse_loss(X, T) / F.mse_loss(torch.zeros_like(T), T).detach(),  # a baseline
+    lambda: 1.0 / (X.sigmoid().mean() + 1e-6),  # the reciprocal of a score
 ])
 def test_anything_else_is_not(loss):
     assert negated_criterion(loss()) is None

@@ -44,6 +44,7 @@ from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .maskvisible import MaskedVisibleWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
+from .lossweight import LearnedWeightWatcher
 from .batchreduce import BatchReductionWatcher
 from .modes import ModeWatcher
 from .lategrads import LateGradWatcher
@@ -266,6 +267,10 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # learned loss weights that only a monotone factor of losses reaches (loss-weight-learned-to-zero)
+        learned_weights = LearnedWeightWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, learned_weights.describe_loss)
+        self.watchers.append(learned_weights)
         # one loss term summed over the batch, another averaged over it (loss-terms-mixed-reduction)
         batch_reduction = BatchReductionWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, batch_reduction.describe_loss)

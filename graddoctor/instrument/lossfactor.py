@@ -164,23 +164,41 @@ def _is_criterion(node) -> bool:
 
 def negated_criterion(tensors) -> str | None:
     """The node name of a torch loss function (``NllLossBackward0`` for ``F.cross_entropy``) when
-    the backward'ed loss is that criterion times a negative constant (``-loss``, ``loss * -1``),
-    else None. Walks at most a few negations, multiplications and divisions by Python numbers."""
+    the backward'ed loss falls as that criterion grows: the criterion times a negative constant
+    (``-loss``, ``loss * -1``, ``1 - loss``), or its reciprocal (``1 / loss``,
+    ``1 / (loss + eps)``: the name then has a ``1/`` prefix); else None. Walks at most a few
+    negations, reciprocals, multiplications and divisions by Python numbers, and sums with a
+    tensor that has no graph (a constant)."""
     if isinstance(tensors, (list, tuple)):
         if len(tensors) != 1:
             return None
         tensors = tensors[0]
     node = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
-    negative = False
+    negative = reciprocal = False
     for _ in range(8):
         if node is None:
             return None
         name = _type_facts(type(node))[0]
-        if name == "NegBackward0":
+        if name in ("NegBackward0", "ReciprocalBackward0", "RsubBackward1", "AddBackward1", "SubBackward1"):
             children = _grad_children(node)
             if len(children) != 1:
                 return None
-            negative, node = not negative, children[0][1]
+            if name == "ReciprocalBackward0":
+                reciprocal = True
+            if name != "AddBackward1" and name != "SubBackward1":
+                negative = not negative
+            node = children[0][1]
+        elif name in ("AddBackward0", "SubBackward0") and len(_grad_children(node)) == 1:
+            # the criterion plus or minus a tensor with no graph (a wrapped number, eps)
+            index, child = _grad_children(node)[0]
+            alpha = getattr(node, "_saved_alpha", 1)
+            if type(alpha) not in (int, float) or alpha == 0:
+                return None
+            # alpha multiplies the second operand: the loss's coefficient is 1 when it is the
+            # first, alpha (a sum) or -alpha (a difference) when it is the second
+            coefficient = 1 if index == 0 else (-alpha if name == "SubBackward0" else alpha)
+            negative = negative != (coefficient < 0)
+            node = child
         elif name in ("MulBackward0", "DivBackward0"):
             children = _grad_children(node)
             if len(children) != 1 or (name == "DivBackward0" and children[0][0] != 0):
@@ -191,7 +209,9 @@ def negated_criterion(tensors) -> str | None:
                 return None
             negative, node = negative != (value < 0), child
         else:
-            return name if negative and _is_criterion(node) else None
+            if not (negative and _is_criterion(node)):
+                return None
+            return f"1/{name}" if reciprocal else name
     return None
 
 
@@ -200,7 +220,8 @@ def may_be_negated(tensors) -> bool:
     only those are walked by ``negated_criterion``."""
     node = getattr(tensors, "grad_fn", None) if isinstance(tensors, torch.Tensor) else None
     return node is not None and _type_facts(type(node))[0] in ("NegBackward0", "MulBackward0",
-                                                                "DivBackward0")
+                                                                "DivBackward0", "ReciprocalBackward0",
+                                                                "RsubBackward1")
 
 
 def constant_term(tensors) -> bool:

@@ -20,7 +20,8 @@ class LossMaximised(Rule):
     """
     ## What it does
     Finds a training loop whose only optimizer steps on the negative of a torch loss function
-    (`loss = -F.cross_entropy(out, y)`, `criterion(out, y) * -1`) at every update: gradient
+    (`loss = -F.cross_entropy(out, y)`, `criterion(out, y) * -1`, `1 - criterion(out, y)`) or on
+    its reciprocal (`1 / F.mse_loss(out, y)`, `1 / (loss + eps)`) at every update: gradient
     ascent on a loss that is minimised by definition.
 
     ## Why is this bad?
@@ -48,7 +49,9 @@ class LossMaximised(Rule):
     Runs with two optimizers or more, where maximising a loss is a player's move (a minimax GAN
     generator's `-BCE(D(G(z)), 0)`, an adversary, a perturbation optimised against the model);
     a negated log-likelihood or score written by hand (`-dist.log_prob(x).mean()`,
-    `-(log_probs * advantages).mean()`: the negation *makes* the loss); a sum of terms one of
+    `-(log_probs * advantages).mean()`: the negation *makes* the loss); the reciprocal of a
+    score written by hand (`1 / (dice + eps)`); a loss divided by a computed baseline
+    (`mse / baseline.detach()`); a sum of terms one of
     which is negated (a gradient-reversal objective); `F.l1_loss` and `kl_div`, which torch
     builds from plain ops (not recognised).
     """
@@ -74,6 +77,8 @@ class LossMaximised(Rule):
                 continue
             first = negated[0][1][0]
             node = first.get("loss_negated")
+            reciprocal = node.startswith("1/")
+            node = node[2:] if reciprocal else node
             what = _CRITERIA.get(node, f"a loss function (`{node}`)")
             loc, text = first.loc, None
             if loc is not None:
@@ -82,13 +87,15 @@ class LossMaximised(Rule):
                     loc, text = Location(loc.path, assigned[0]), assigned[1]
             said = f"`{text}`" if text else "the loss"
             yield self.finding(
-                f"{said} is the negative of {what}, and {a.optimizer_class(opt)} minimises it at "
-                f"every update: each step makes the loss function larger, so "
-                f"the model is trained away from its targets (the loss printed goes down because "
-                f"it is negative)",
+                f"{said} is the {'reciprocal' if reciprocal else 'negative'} of {what}, and "
+                f"{a.optimizer_class(opt)} minimises it at every update: each step makes the loss "
+                f"function larger, so the model is trained away from its targets (the loss printed "
+                f"goes down because it is {'one over the loss function' if reciprocal else 'negative'})",
                 loc,
                 related=(related(negated[0][0], "the step that applies its gradient"),),
                 step=a.step_number.get(negated[0][0].seq),
                 evidence={"criterion": node, "optimizer": opt},
-                fix=("backpropagate the loss itself, without the minus sign or the negative "
-                     "factor (to maximise a score, negate the score, not a loss function)"))
+                fix=("backpropagate the loss itself, without the "
+                     + ("reciprocal (`loss = criterion(out, y)`, not `1 / criterion(out, y)`)"
+                        if reciprocal else "minus sign or the negative factor")
+                     + " (to maximise a score, negate the score, not a loss function)"))
