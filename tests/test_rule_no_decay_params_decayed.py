@@ -80,6 +80,15 @@ def test_a_group_of_one_vector_or_of_free_tensors_is_no_split():
     assert findings(_trace([([0], 1e-3, 0.1), ([1, 2], 1e-3, 0.1)], model=free), SLUG) == []
 
 
+def test_a_group_added_after_the_first_step_is_no_split():
+    t = _trace([(MATRICES, 1e-3, 0.1)])
+    t.put(ev.optimizer_init(opt=0, cls="AdamW", params=VECTORS, lrs=[1e-3],
+                            hyper=[{"weight_decay": 0.1}]), 9)
+    t.backward(fresh=MATRICES + VECTORS, line=6)
+    t.step(line=7)
+    assert findings(t, SLUG) == []
+
+
 def test_an_optimizer_never_stepped_or_without_recorded_settings_is_silent():
     assert findings(_trace([(MATRICES, 1e-3, 0.1), (VECTORS, 1e-3, 0.1)], steps=0), SLUG) == []
     t = TraceBuilder()

@@ -58,7 +58,8 @@ class NoDecayParamsDecayed(Rule):
     (Caffe's biases at twice the lr with the same decay, layer-wise lr decay); detectron2's
     groups (norm layers without decay, conv and linear biases with it); groups where every
     decay is 0; a group of one parameter, or of free tensors (a temperature, `log_alpha`) that
-    are no module's weight or bias. Not seen: a decay changed per group after construction (a
+    are no module's weight or bias; a group added after the first step (a norm layer unfrozen
+    with `add_param_group`, which takes the optimizer's default decay). Not seen: a decay changed per group after construction (a
     weight-decay schedule written onto every group).
     """
 
@@ -71,11 +72,14 @@ class NoDecayParamsDecayed(Rule):
     fix = "give the group of biases and norm weights 'weight_decay': 0.0"
 
     def check(self, a):
-        stepped = {s.get("opt") for s in a.steps if not s.get("skipped")}
+        first_step: dict[int, int] = {}
+        for s in a.steps:
+            if not s.get("skipped"):
+                first_step.setdefault(s.get("opt"), s.seq)
         for opt in a.optimizers:
-            if opt not in stepped:
+            if opt not in first_step:
                 continue
-            groups = _groups(a, opt)
+            groups = _groups(a, opt, first_step[opt])
             if groups is None:
                 continue
             found = _split_decayed(a, groups) or _names_miss_norms(a, groups)
@@ -148,12 +152,13 @@ class _Group:
         self.only_matrices = self.known and bool(pids) and len(self.matrices) == len(pids)
 
 
-def _groups(a, opt) -> list[_Group] | None:
-    """The optimizer's param groups in order, or None when a group's settings were not
-    recorded."""
+def _groups(a, opt, before: int) -> list[_Group] | None:
+    """The optimizer's param groups given before its first step (``before``), in order, or
+    None when a group's settings were not recorded. A group added later (gradual unfreezing
+    with ``add_param_group``) takes the optimizer's defaults without being a split."""
     groups: list[_Group] = []
     for event in a.by_kind.get("optimizer_init", ()):
-        if event.get("opt") != opt:
+        if event.get("opt") != opt or event.seq > before:
             continue
         hyper = event.get("hyper")
         lrs = event.get("lrs") or []
