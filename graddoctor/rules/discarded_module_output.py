@@ -74,7 +74,8 @@ class DiscardedModuleOutput(Rule):
             cls = event.get("module") or "module"
             if names:
                 shown = ", ".join(f"`{n}`" for n in names)
-                message = (f"`{text}` computes a {cls} output inside the model's forward, but "
+                article = "an" if cls[:1].lower() in "aeiou" else "a"
+                message = (f"`{text}` computes {article} {cls} output inside the model's forward, but "
                            f"{shown} {'is' if len(names) == 1 else 'are'} never read afterwards: "
                            f"that output never reaches the loss (the graphs of the first "
                            f"backwards never use it), so the model trains without it")
