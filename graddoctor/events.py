@@ -287,6 +287,12 @@ dropout_on_output  module (the dropout's class: Dropout | Dropout1d | AlphaDropo
                    prediction that loss reads is the output of a dropout module run in training
                    mode, once per run (loc: the user's line that ran the dropout; an aside;
                    instrument/dropoutout.py)
+output_discarded   module (the class of the module called), leaf (bool: it has no child modules),
+                   frames ([[path, line]]: the script's frames from the call outward while they
+                   run inside a module's forward, innermost first) — at one of the first
+                   backwards, the output of a module call the script made inside another
+                   module's forward reached neither that backward's graph nor the next one's,
+                   once per line (loc: the call's line; an aside; instrument/discarded.py)
 bn_batch           batch (the first size of the input), shape (the input's), layer (the BatchNorm's
                    name), cls (BatchNorm1d | BatchNorm2d | ...), turn (backward calls before the
                    forward) — a BatchNorm layer in train mode, tracking running statistics and
@@ -1038,7 +1044,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1333,6 +1339,10 @@ def linear_stack(*, widths: list[int], between: list[str], called_by: str,
 
 def dropout_on_output(*, module: str, p: float, fn: str, direct: bool | None) -> Made:
     return "dropout_on_output", {"module": module, "p": p, "fn": fn, "direct": direct}
+
+
+def output_discarded(*, module: str, leaf: bool, frames: list[list]) -> Made:
+    return "output_discarded", {"module": module, "leaf": leaf, "frames": frames}
 
 
 def pixels_unscaled(*, module: str, shape: list[int], low: float, high: float, over: float) -> Made:
@@ -1942,6 +1952,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad,
     "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
+    "output_discarded": output_discarded,
     "linear_stack": linear_stack, "bn_batch": bn_batch,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
     "pair_labels": pair_labels,
@@ -1986,7 +1997,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "batch_pairing", "last_step_padded",
                          "state_carried",
-                         "causal_read_early", "pixels_unscaled", "dropout_on_output", "linear_stack", "bn_batch",
+                         "causal_read_early", "pixels_unscaled", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",

@@ -88,6 +88,7 @@ from .augalign import AugmentAlignWatcher
 from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .dropoutout import DropoutOutputWatcher
+from .discarded import DiscardedOutputWatcher
 from .linearstack import LinearStackWatcher
 from .topics import (BATCH_SERVED, DESCRIBE_LOSS, FREEZE_OF, PARAMS_ADDED, STATE_LOADED, STATE_TAKEN,
                      STEP_BEGINS, STEP_NORMS, STEPPED, STEPPED_WITHOUT_GRAD)
@@ -330,6 +331,11 @@ class Instrumentation:
         dropped = DropoutOutputWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)
         self.watchers.append(dropped)
+        # a module call inside the model's forward whose output never reaches the loss (first
+        # backwards only)
+        discarded = DiscardedOutputWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, discarded.describe_loss)
+        self.watchers.append(discarded)
         # two nn.Linear layers with nothing nonlinear between them (first backwards only)
         stacked = LinearStackWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, stacked.describe_loss)
