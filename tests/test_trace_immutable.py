@@ -118,6 +118,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "registration/bad_param_stepped_twice_nn_parameter_tie.py",  # optimizer_init's aliases
             "losses/bad_softmax_over_batch_dice.py",  # softmax_batch
             "losses/bad_logit_shift_cancels_amsoftmax.py",  # shift_cancelled
+            "losses/bad_pair_pull_reversed_batch_hard.py",  # pair_pull
             "losses/bad_norm_over_batch_unit_norm_mse.py",  # norm_batch
             "masks/bad_prompt_mask_inverted_comparison.py"]  # prompt_trained
 
