@@ -166,7 +166,9 @@ class _Forward:
 
     def __init__(self, window: int):
         self.meetings: list = []
-        self.carriers: set = set()  # ids of the carriers met (alive while their meeting's hook is)
+        # ids of the carriers met and ("matrix", id) of the matrices hooked (alive while their
+        # hooks are: an id is not reused meanwhile)
+        self.carriers: set = set()
         self.matrices = 0
         self.window = window
 
@@ -257,7 +259,7 @@ class PairPullWatcher:
         self._windows = 0
         self._forward = _Forward(0)
         self._marks: dict = {}  # id(mask) -> (weak mask, _Mark)
-        self._verdicts: dict = {}  # the matrix's line -> [reversed or not, ...]
+        self._verdicts: dict = {}  # the matrix's line -> {forward's window: reversed or not}
         self._ready: list = []  # (line key, made, loc) found in a backward, emitted after it
         self._told: set = set()
         self._restore: list = []  # (owner, name, original, this watcher's wrapper)
@@ -339,8 +341,8 @@ class PairPullWatcher:
         for key, made, loc in ready:
             if key in self._told:
                 continue
-            verdicts = self._verdicts.get(key, [])
-            if len(verdicts) >= _JUDGED and all(verdicts):
+            verdicts = self._verdicts.get(key, {})
+            if len(verdicts) >= _JUDGED and all(verdicts.values()):
                 self._told.add(key)
                 self.rec.emit_aside(made, loc)
         if not self._open and not self._ready and not self._restore:
@@ -569,11 +571,12 @@ class PairPullWatcher:
                 return
             itself = result.dim() == 2 and a.data_ptr() == b.data_ptr()
         forward = self._forward
-        if forward.matrices >= _PER_FORWARD:
+        if forward.matrices >= _PER_FORWARD or ("matrix", id(result)) in forward.carriers:
             return
         loc = self._user_loc(3)  # _matrix <- after <- wrapper <- the code
         if loc is None:
-            return
+            return  # torch's own call inside the script's (``@`` calls torch.matmul)
+        forward.carriers.add(("matrix", id(result)))
         forward.matrices += 1
         watcher = self
         key = (loc.path, loc.line)
@@ -607,7 +610,8 @@ class PairPullWatcher:
         if verdict is None:
             return
         how, (push_same, push_diff, pull_same, pull_diff), wrong_pairs = verdict
-        self._verdicts.setdefault(key, []).append(how is not None)
+        # one verdict per forward: a matrix seen through two wrappers is judged once
+        self._verdicts.setdefault(key, {})[forward.window] = how is not None
         if how is None:
             return
         g = grad.detach().to(torch.float64) * (1.0 if distance else -1.0)
