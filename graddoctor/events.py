@@ -195,6 +195,17 @@ pair_labels        how ("constant": every row's label is one column, "self": mos
                    pairwise-similarity loss whose targets do not point at each row's positive,
                    at one of its first calls, once per call line (loc: the loss call; an aside;
                    instrument/pairlabels.py)
+pair_pull          how ("self": a distance's self-pairs pushed apart; "both": on net the same-label
+                   pairs pushed apart and the different-label ones pulled together; "push_same":
+                   only same-label pairs pushed; "pull_diff": only different-label pairs pulled),
+                   fn (what made the pairwise matrix: "cdist", "pairwise_distance",
+                   "mm", "matmul", "__matmul__", "cosine_similarity"), distance (a distance; else a
+                   similarity), shape (the matrix's sizes), same_pairs (pairs sharing a label),
+                   push_same, push_diff, pull_same, pull_diff (the gradient's push and pull per
+                   pair of each side, distance orientation), matrix_line (the line that made the
+                   matrix) — a pairwise loss over a batch's compared labels whose gradient moves
+                   the pairs the wrong way, at each of the first 3 backwards (at least 2), once
+                   per matrix line (loc: the line to change; an aside; instrument/pairpull.py)
 self_match         size (N of the (N, N) input), on_diagonal (the share of rows whose maximum is
                    on the diagonal, >= 0.9) — a cross_entropy over a square input whose labels
                    never point at the diagonal (a similarity matrix with each sample's
@@ -1044,7 +1055,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1361,6 +1372,15 @@ def pair_labels(*, how: str, fn: str, rows: int, columns: int, label: int | None
                 share: float | None = None, halves: bool | None = None) -> Made:
     return "pair_labels", {"how": how, "fn": fn, "rows": rows, "columns": columns,
                            "label": label, "share": share, "halves": halves}
+
+
+def pair_pull(*, how: str, fn: str, distance: bool, shape: list[int], same_pairs: int,
+              push_same: float, push_diff: float, pull_same: float, pull_diff: float,
+              matrix_line: int) -> Made:
+    return "pair_pull", {"how": how, "fn": fn, "distance": distance, "shape": shape,
+                         "same_pairs": same_pairs, "push_same": push_same, "push_diff": push_diff,
+                         "pull_same": pull_same, "pull_diff": pull_diff,
+                         "matrix_line": matrix_line}
 
 
 def self_match(*, size: int, on_diagonal: float) -> Made:
@@ -1956,6 +1976,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "linear_stack": linear_stack, "bn_batch": bn_batch,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
     "pair_labels": pair_labels,
+    "pair_pull": pair_pull,
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
     "fresh_sample_scored": fresh_sample_scored, "batch_reduced_target": batch_reduced_target,
     "snapshot_alias": snapshot_alias, "folded": folded,
@@ -1995,7 +2016,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
-                         "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "batch_pairing", "last_step_padded",
+                         "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "last_step_padded",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",

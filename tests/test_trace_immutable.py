@@ -124,6 +124,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_reduced_over_batch_hinge.py",  # reduce_batch
             "losses/bad_class_axis_mismatch_tagger.py",  # class_axis
             "losses/bad_logit_shift_cancels_amsoftmax.py",  # shift_cancelled
+            "losses/bad_pair_pull_reversed_batch_hard.py",  # pair_pull
             "losses/bad_norm_over_batch_unit_norm_mse.py",  # norm_batch
             "masks/bad_prompt_mask_inverted_comparison.py"]  # prompt_trained
 

@@ -76,6 +76,7 @@ from .repeatedterm import RepeatedTermWatcher
 from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
 from .shiftcancel import ShiftCancelWatcher
+from .pairpull import PairPullWatcher
 from .normbatch import NormBatchWatcher
 from .anchors import AnchorAliasWatcher
 from .constraints import ConstraintWatcher
@@ -204,6 +205,15 @@ class Instrumentation:
         aggregate_sum = AggregateSumWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, aggregate_sum.describe_loss)
         self.watchers.append(aggregate_sum)
+        # a pairwise loss whose gradient pushes same-label pairs apart or pulls different-label
+        # pairs together (pair-pull-reversed): label comparisons and pairwise matrices wrapped
+        # until the first backwards, the matrices' gradients read by tensor hooks. Installed
+        # first, so that its wrappers are the innermost: the watchers that wrap the same Tensor
+        # ops and find their caller a fixed number of frames up still find it there
+        pair_pull = PairPullWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, pair_pull.describe_loss)
+        rec.subscribe(STEPPED, pair_pull.after_step)
+        self.watchers.insert(0, pair_pull)
         # a per-sample norm taken over the batch and pulled to a target (norm-over-batch): the
         # norm calls wrapped and the loss's graph walked at the first backwards
         norm_batch = NormBatchWatcher(rec, self.dataloader)
