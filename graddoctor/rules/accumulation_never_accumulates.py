@@ -35,8 +35,9 @@ class AccumulationNeverAccumulates(Rule):
     The finding is `info`: a loss multiplied by a constant weight (`0.1 * loss` through a
     variable) looks exactly the same in the trace. It is left out entirely when the loss is
     assigned as a number written out times the loss (`g_loss = 0.5 * F.mse_loss(...)`: a
-    weight, as LSGAN's and the VAE's) or as a sum with such a weighted term (`-reward - 0.01 *
-    entropy`, where only the weighted term carries a gradient), when the division is a mean
+    weight, as LSGAN's and the VAE's), as a quotient by a written-out 2 (`... .mean() / 2`:
+    Hadsell's contrastive loss, `||e||^2 / 2`) or as a sum with such a weighted term (`-reward -
+    0.01 * entropy`, where only the weighted term carries a gradient), when the division is a mean
     (a `reduction="sum"` loss or `.sum()` divided by the batch size, `kl_div(...,
     reduction="batchmean")`) or an average of k losses (`(loss_a + loss_b) / 2`).
 
@@ -231,8 +232,9 @@ class AccumulationNeverAccumulates(Rule):
 def _weighted_by_literal(a, backward, factor: float) -> bool:
     """The backpropagated loss is assigned as a number written out times the loss (``g_loss =
     0.5 * F.mse_loss(...)``, ``loss = criterion(out, y) * 0.5``), or as a sum one of whose terms
-    is that number times something (``-reward - 0.01 * entropy``): a loss weight, as LSGAN's and
-    the VAE's ``0.5`` are; an accumulation count is a name (``loss / accum_steps``)."""
+    is that number times something (``-reward - 0.01 * entropy``), or a quotient by a written-out 2:
+    a loss weight, as LSGAN's and the VAE's ``0.5`` are; an accumulation count is a name
+    (``loss / accum_steps``)."""
     loc = backward.loc
     if loc is None:
         return False
@@ -259,7 +261,16 @@ def _weighted_by_literal(a, backward, factor: float) -> bool:
                and any(isinstance(side, ast.Constant) and type(side.value) in (int, float)
                        and abs(abs(side.value) - factor) <= TOLERANCE * factor
                        for side in (term.left, term.right))
+               or _halved(term, factor)
                for term in terms)
+
+
+def _halved(term, factor: float) -> bool:
+    """``... / 2`` written out: the 1/2 of a convention (Hadsell's contrastive loss, ``||e||^2 / 2``),
+    not an accumulation count, which is a name or a larger number."""
+    return (isinstance(term, ast.BinOp) and isinstance(term.op, ast.Div)
+            and isinstance(term.right, ast.Constant) and type(term.right.value) in (int, float)
+            and term.right.value == 2 and abs(factor - 0.5) <= TOLERANCE)
 
 
 def _unprepared(windows) -> bool:
