@@ -963,7 +963,7 @@ class BackwardWatcher:
             self._step_cosine = None
             rec.grads.skimmed_backward(fresh)
             with rec.lock:
-                if folder.steady_take(steady, j, "backward", loc, base, None):
+                if folder.skim_take(steady, j, "backward", loc, base, None):
                     return
             rec.emit(ev.backward(fresh=list(fresh), accumulated=[], cleared_outside=[],
                                  extra_leaves=line.extra_leaves, **extra0), loc)

@@ -671,6 +671,18 @@ class Folder:
         trace.next_seq += 1
         return True
 
+    def skim_take(self, steady: "_Steady", j: int, kind: str, loc, base, changes) -> bool:
+        """``steady_take`` for a hook at a later place (``j`` > 0) of a turn ``skimming``
+        answered for: while nothing has ended the steady state or put an event in since, the
+        event is appended unmade, nothing else tested (anything else: ``steady_take``)."""
+        turn = steady.open
+        if self.steady is steady and len(turn) == j and j:
+            trace = self.trace
+            turn.append((trace.next_seq, kind, loc, base, changes))
+            trace.next_seq += 1
+            return True
+        return self.steady_take(steady, j, kind, loc, base, changes)
+
     def steady_ready(self, steady: "_Steady", j: int) -> bool:
         """Whether ``steady_take`` would take an event at place ``j`` now (its kind and location
         aside): read only, for a hook that must decide before it changes anything."""
@@ -684,9 +696,11 @@ class Folder:
         turn of the steady state ``steady`` (read only; ``steady_take`` takes it): the turns
         are counted from the steady state's first, and from ``skim_after`` on every one but the
         sampled ones (``SampleSchedule``: about one in ``skim_every``) is skimmed."""
+        n = len(steady.open)
+        if n == j and steady.skim_turn == steady.closed and self.steady is steady:
+            return steady.skim_answer  # each later hook of a turn asks: answered already
         if self.steady is not steady:
             return False
-        n = len(steady.open)
         if n == j:
             turn = steady.closed
         elif j == 0 and n == steady.length:

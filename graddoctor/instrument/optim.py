@@ -972,8 +972,8 @@ class OptimizerWatcher:
             taken = False
             if not moved:
                 with rec.lock:
-                    taken = folder.steady_take(steady, j, "step_begin", loc, base,
-                                               {"norms": norms, "lrs": lrs})
+                    taken = folder.skim_take(steady, j, "step_begin", loc, base,
+                                             {"norms": norms, "lrs": lrs})
             if not taken:  # the event of the full path, its grads read now
                 self._armed_begin = None
                 norm_pids, norms = grad_norms(rec, pids)
@@ -1123,12 +1123,13 @@ class OptimizerWatcher:
         rec = self.rec
         folder = rec.folder
         frames, began = self._step_frames, self._began
-        # (the steady state still ``steady``: skimming's first test)
-        if (folder is None or rec.holder is not None
-                or len(frames) != 1 or frames[0] is not frame or began is None
-                or began[0] is not frame or began[1] is not optimizer or began[2] != opt
-                or began[3] is not loc or len(args) != 1 or kwargs
-                or get_ident() != rec.script_thread or rec.opt_params.get(opt) is not pids
+        # (the steady state still ``steady``: skimming's first test). ``began`` is the pre
+        # hook's of this very call (its wrapper frame, the only one running): the thread and
+        # the arguments it tested are this call's.
+        if (began is None or began[0] is not frame or len(frames) != 1 or frames[0] is not frame
+                or began[1] is not optimizer or began[2] != opt or began[3] is not loc
+                or rec.holder is not None or folder is None
+                or rec.opt_params.get(opt) is not pids
                 or not folder.skimming(steady, j) or not _torch_step(optimizer)):
             return False
         # (trusted to leave its grads as it got them: armed only once _untouched_steps reached
@@ -1140,7 +1141,7 @@ class OptimizerWatcher:
             self.closure_step = None
             rec.grads.skimmed_step(pids)
             with rec.lock:
-                taken = folder.steady_take(steady, j, "step", loc, base, None)
+                taken = folder.skim_take(steady, j, "step", loc, base, None)
             if not taken:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=[]), loc)
