@@ -963,12 +963,22 @@ class OptimizerWatcher:
             self._read = None
             if opt not in self._divergence.skimming:  # the first of a stretch: told once
                 self._divergence.skim(opt)
-            for subscriber in self._step_begins.now:
-                subscriber(opt, optimizer)
-            moves = self._moves  # nothing moved, unless a subscriber tracked a tensor just now
-            moved = moves.moved() if moves.watched or len(rec.tensors.refs) != moves.known else []
+            moved = []  # (_steady_begin found nothing moved)
+            begins = self._step_begins.now
+            if begins:
+                for subscriber in begins:
+                    subscriber(opt, optimizer)
+                moves = self._moves  # nothing moved, unless a subscriber tracked a tensor
+                if moves.watched or len(rec.tensors.refs) != moves.known:
+                    moved = moves.moved()
             self._began = (wrapper_frame, optimizer, opt, loc)
-            lrs = group_lrs(optimizer)
+            # group_lrs, for the one group of plain dict and float lr it reads most
+            groups = getattr(optimizer, "param_groups", None)
+            if (type(groups) is list and len(groups) == 1 and type(group := groups[0]) is dict
+                    and type(lr := group.get("lr")) is float):
+                lrs = [lr]
+            else:
+                lrs = group_lrs(optimizer)
             taken = False
             if not moved:
                 with rec.lock:
