@@ -836,8 +836,10 @@ class BackwardWatcher:
         if len(refs) != count or same_chain(frame, chain) is None:
             return None
         # (a skimmed place but the first is one steady_take takes: steady_ready)
-        if armed[9] is None and self.optimizers.step_armed \
-                and folder.skimming(steady, j) and (j or folder.steady_ready(steady, j)):
+        if armed[9] is None and self.optimizers._armed_begin is not None and (
+                (j and steady.skim_answer and steady.skim_turn == steady.closed
+                 and len(steady.open) == j)
+                or (folder.skimming(steady, j) and (j or folder.steady_ready(steady, j)))):
             # (a DataLoader's backward is never skimmed: its batch is read each turn; nor one
             # whose step goes the full path: a skimmed backward's grads are caught up unread,
             # which would hide an edit between it and that step)

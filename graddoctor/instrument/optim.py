@@ -879,8 +879,11 @@ class OptimizerWatcher:
         # a skimmed place but the first is one steady_take takes (steady_ready); the step
         # budget's last updates are never skimmed (their norms are the ones the ``--grad-flow``
         # view and the run's last turns show)
-        if (sampled is not None and sampled[0] is pids and folder.skimming(steady, j)
-                and (j or folder.steady_ready(steady, j))):
+        # (skimming's answer for a later place of a turn it answered, read here: no call)
+        if (sampled is not None and sampled[0] is pids
+                and ((j and steady.skim_answer and steady.skim_turn == steady.closed
+                      and len(steady.open) == j)
+                     or (folder.skimming(steady, j) and (j or folder.steady_ready(steady, j))))):
             budget = rec.progress.step_budget
             if budget is None or rec.progress.updates + 3 + fold.CONTEXT < budget:
                 return self._skim_begin(optimizer, wrapper_frame, armed, sampled[1])
@@ -1140,7 +1143,10 @@ class OptimizerWatcher:
                 or began[1] is not optimizer or began[2] != opt or began[3] is not loc
                 or rec.holder is not None or folder is None
                 or rec.opt_params.get(opt) is not pids
-                or not folder.skimming(steady, j) or not _torch_step(optimizer)):
+                or not ((steady.skim_answer and steady.skim_turn == steady.closed
+                         and len(steady.open) == j and folder.steady is steady)
+                        or folder.skimming(steady, j))
+                or not _torch_step(optimizer)):
             return False
         # (trusted to leave its grads as it got them: armed only once _untouched_steps reached
         # TRUSTED_AFTER, which it never leaves)
