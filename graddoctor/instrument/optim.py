@@ -1152,7 +1152,7 @@ class OptimizerWatcher:
         # TRUSTED_AFTER, which it never leaves)
         frames.pop()
         self._began = None
-        rec.progress.count_step(opt)
+        rec.progress.count_thread_step(opt, rec.script_thread)
         try:
             self.closure_step = None
             rec.grads.skimmed_step(pids)
