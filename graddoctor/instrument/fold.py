@@ -622,6 +622,7 @@ class Folder:
                     steady.closed += 1
                     steady.kept.append(turn)
                     turn = steady.open = []
+                    steady.made = False
                     j = 0
                 else:
                     self.materialize()
@@ -640,6 +641,7 @@ class Folder:
                 return None
         event = made_event(self.trace, made, loc)
         turn.append(event)
+        steady.made = True
         return event
 
     def steady_take(self, steady: "_Steady", j: int, kind: str, loc, base, changes) -> bool:
@@ -659,11 +661,13 @@ class Folder:
             if j or n != steady.length:
                 return False
             # the open turn is complete and this event starts the next: what steady_put checks
-            if not _turn_repeats(turn, steady.plan):
+            # (a turn of unmade events only repeats by construction: _turn_repeats' first test)
+            if steady.made and not _turn_repeats(turn, steady.plan):
                 return False
             steady.closed += 1
             steady.kept.append(turn)
             turn = steady.open = []
+            steady.made = False
         # (``kind`` and ``loc`` are those of the armed event, which went onto place ``j`` of
         # this steady state: place_of)
         trace = self.trace
@@ -689,7 +693,8 @@ class Folder:
         if self.steady is not steady:
             return False
         n = len(steady.open)
-        return n == j or (j == 0 and n == steady.length and _turn_repeats(steady.open, steady.plan))
+        return n == j or (j == 0 and n == steady.length
+                          and (not steady.made or _turn_repeats(steady.open, steady.plan)))
 
     def skimming(self, steady: "_Steady", j: int) -> bool:
         """Whether the event at place ``j`` (its kind and location aside) belongs to a skimmed
@@ -757,6 +762,7 @@ class Folder:
             return False
         del events[start:]
         steady.open = opened
+        steady.made = True  # (Events, or none)
         steady.entered = True
         return True
 
@@ -816,7 +822,7 @@ class _Steady:
     them and the open one (events kept aside, in seq order)."""
 
     __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered",
-                 "skim_turn", "skim_answer", "samples", "prior")
+                 "skim_turn", "skim_answer", "samples", "prior", "made")
 
     def __init__(self, turn_id: int, plan: tuple, turn: list[Event], context: int):
         self.turn_id, self.plan = turn_id, plan
@@ -826,6 +832,7 @@ class _Steady:
         self.closed = 0
         self.kept: deque = deque(maxlen=context)  # the last closed turns' events
         self.open: list[Event] = []
+        self.made = False  # whether the open turn holds an Event (else only unmade ones)
         self.entered = False
         self.skim_turn, self.skim_answer = -1, False  # Folder.skimming's latest answer
         self.samples: SampleSchedule | None = None  # its sampled turns, made when first asked
