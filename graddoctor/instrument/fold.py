@@ -722,8 +722,9 @@ class Folder:
             schedule = steady.samples = SampleSchedule(self.skim_every)
         # a steady state taken up again after a snapshot: from its third turn (the first arms
         # the hooks) if the one before had lasted long enough
+        # (a turn before the next sampled one is not sampled: SampleSchedule.sampled, unasked)
         answer = (turn >= after or (steady.prior >= after and turn >= 2)) \
-            and not schedule.sampled(turn)
+            and (turn < schedule.next or not schedule.sampled(turn))
         steady.skim_turn, steady.skim_answer = turn, answer
         return answer
 
