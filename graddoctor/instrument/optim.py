@@ -1076,7 +1076,9 @@ class OptimizerWatcher:
                     and rec.folder is not None):
                 place = rec.folder.place_of(event)
                 if place is not None:
-                    self._armed_step = (*place, opt, rec.opt_params.get(opt), event.data, loc)
+                    # (and the step the instance holds, if any: torch's, _torch_step found)
+                    self._armed_step = (*place, opt, rec.opt_params.get(opt), event.data, loc,
+                                        vars(optimizer).get("step"))
             if without:  # a step with every grad there is only counted (Progress.stepped)
                 for subscriber in self._stepped_without_grad.now:
                     subscriber(opt, without)
@@ -1090,7 +1092,7 @@ class OptimizerWatcher:
         straight-line path (or armed it) and one of torch's, trusted to leave its grads as it
         got them (``_untouched``), ends as the armed one did: the parameters' versions noted,
         the step counted, its event the armed one's. False before anything is changed."""
-        steady, j, opt, pids, base, loc = armed
+        steady, j, opt, pids, base, loc, own_step = armed
         rec = self.rec
         folder = rec.folder
         frames, began, read = self._step_frames, self._began, self._read
@@ -1132,7 +1134,7 @@ class OptimizerWatcher:
         """The step's post hook on a skimmed turn: ``_steady_step``'s tests but those of the
         grads' read (its pre hook read none), the parameters' versions left to
         ``GradState.catch_up``. False before anything is changed: the full path."""
-        steady, j, opt, pids, base, loc = armed
+        steady, j, opt, pids, base, loc, own_step = armed
         rec = self.rec
         folder = rec.folder
         frames, began = self._step_frames, self._began
@@ -1146,10 +1148,11 @@ class OptimizerWatcher:
                 or not ((steady.skim_answer and steady.skim_turn == steady.closed
                          and len(steady.open) == j and folder.steady is steady)
                         or folder.skimming(steady, j))
-                or not _torch_step(optimizer)):
+                or (vars(optimizer).get("step") is not own_step and not _torch_step(optimizer))):
             return False
         # (trusted to leave its grads as it got them: armed only once _untouched_steps reached
-        # TRUSTED_AFTER, which it never leaves)
+        # TRUSTED_AFTER, which it never leaves; one of torch's steps when armed, and its class
+        # and its own step attribute the same since)
         frames.pop()
         self._began = None
         rec.progress.count_thread_step(opt, rec.script_thread)
