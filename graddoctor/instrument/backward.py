@@ -58,7 +58,7 @@ import math
 import sys
 import weakref
 from collections.abc import Sequence
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import is_, is_not
 from threading import get_ident
 
@@ -968,9 +968,11 @@ class BackwardWatcher:
                     else:
                         armed_cell[0] = None
                         # as begin() made it for this backward (its grads None before; the
-                        # tracked tensors read now: a backward does not change them)
+                        # ``count`` tracked tensors it would have read, read now: the tracked
+                        # tensors are only ever added to, and a backward frees none of them)
                         ctx = BackwardContext()
-                        ctx.pids, ctx.tensors = range(count), list(map(call, rec.tensors.refs))
+                        ctx.pids = range(count)
+                        ctx.tensors = list(map(call, islice(rec.tensors.refs, count)))
                         ctx.before = [None] * count
                         ctx.extra_leaves = line.extra_leaves
                         self.end(ctx, loc, dict(extra0))

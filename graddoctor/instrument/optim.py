@@ -1139,11 +1139,12 @@ class OptimizerWatcher:
         folder = rec.folder
         frames, began = self._step_frames, self._began
         # (the steady state still ``steady``: skimming's first test). ``began`` is the pre
-        # hook's of this very call (its wrapper frame, the only one running): the thread and
-        # the arguments it tested are this call's.
+        # hook's of this very call (its wrapper frame, the only one running): the thread it
+        # tested is this call's. (The arguments are tested again: a full-path pre hook of a
+        # closure step leaves ``began`` too.)
         if (began is None or began[0] is not frame or len(frames) != 1 or frames[0] is not frame
                 or began[1] is not optimizer or began[2] != opt or began[3] is not loc
-                or rec.holder is not None or folder is None
+                or len(args) != 1 or kwargs or rec.holder is not None or folder is None
                 or rec.opt_params.get(opt) is not pids
                 or not ((steady.skim_answer and steady.skim_turn == steady.closed
                          and len(steady.open) == j and folder.steady is steady)
