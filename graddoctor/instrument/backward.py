@@ -836,7 +836,7 @@ class BackwardWatcher:
         if len(refs) != count or same_chain(frame, chain) is None:
             return None
         # (a skimmed place but the first is one steady_take takes: steady_ready)
-        if armed[9] is None and self.optimizers._armed_begin is not None and (
+        if armed[9] is None and self.optimizers.step_armed and (
                 (j and steady.skim_answer and steady.skim_turn == steady.closed
                  and len(steady.open) == j)
                 or (folder.skimming(steady, j) and (j or folder.steady_ready(steady, j)))):
@@ -935,7 +935,6 @@ class BackwardWatcher:
         rec = self.rec
         armed = armed_cell[0]
         steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed
-        running = rec.running_backwards
         try:
             rec.progress.count_backward()  # begin(), as it runs for this backward
             line.calls += 1
@@ -943,11 +942,11 @@ class BackwardWatcher:
         except Exception as exc:
             rec.internal_error("backward (before)", exc)
             ok = False
-        running[ident] = None  # Recorder.backward_began(None), of the thread _steady_before tested
+        rec.backward_began(None)
         try:
             return original(*args)
         finally:
-            running.pop(ident, None)  # Recorder.backward_ended
+            rec.backward_ended()
             if ok:
                 try:
                     folder = rec.folder
