@@ -58,7 +58,7 @@ import math
 import sys
 import weakref
 from collections.abc import Sequence
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import is_, is_not
 from threading import get_ident
 
@@ -836,8 +836,10 @@ class BackwardWatcher:
         if len(refs) != count or same_chain(frame, chain) is None:
             return None
         # (a skimmed place but the first is one steady_take takes: steady_ready)
-        if armed[9] is None and self.optimizers.step_armed \
-                and folder.skimming(steady, j) and (j or folder.steady_ready(steady, j)):
+        if armed[9] is None and self.optimizers.step_armed and (
+                (j and steady.skim_answer and steady.skim_turn == steady.closed
+                 and len(steady.open) == j)
+                or (folder.skimming(steady, j) and (j or folder.steady_ready(steady, j)))):
             # (a DataLoader's backward is never skimmed: its batch is read each turn; nor one
             # whose step goes the full path: a skimmed backward's grads are caught up unread,
             # which would hide an edit between it and that step)
@@ -928,13 +930,14 @@ class BackwardWatcher:
         """A backward on a skimmed turn (``Folder.skimming``): what ``_steady_before`` tested
         (the same thread, call site, walk schedule, tracked tensors) and nothing read: no loss
         describer runs, the grads it writes are left to ``GradState.catch_up``, its event is
-        the armed one."""
+        the armed one (taken after the backward if nothing has changed meanwhile what the
+        straight-line path's end tests; else ``end`` records it in full)."""
         rec = self.rec
         armed = armed_cell[0]
+        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed
         try:
             rec.progress.count_backward()  # begin(), as it runs for this backward
-            armed[3].calls += 1
-            tensors_ = list(map(call, rec.tensors.refs))  # for end(), should this one deviate
+            line.calls += 1
             ok = True
         except Exception as exc:
             rec.internal_error("backward (before)", exc)
@@ -946,33 +949,34 @@ class BackwardWatcher:
             rec.backward_ended()
             if ok:
                 try:
-                    self._skim_end(tensors_, armed_cell, armed)
+                    folder = rec.folder
+                    if (folder is not None and folder.steady is steady
+                            and (len(steady.open) == j if j else folder.steady_ready(steady, j))
+                            and self.optimizers.closure_step is None and not self.aside_pending
+                            and (self.aside is None or not self.aside.unsynced) and not rec.shared
+                            and len(self._owned) >= len(rec.tensors.refs) == count):
+                        self._steps_at_backward = rec.progress.steps
+                        self._step_cosine = None
+                        rec.grads.skimmed_backward(fresh)
+                        with rec.lock:  # (no return in a finally: it would drop the result)
+                            taken = folder.skim_take(steady, j, "backward", loc, base, None)
+                        if not taken:
+                            rec.emit(ev.backward(fresh=list(fresh), accumulated=[],
+                                                 cleared_outside=[],
+                                                 extra_leaves=line.extra_leaves, **extra0), loc)
+                    else:
+                        armed_cell[0] = None
+                        # as begin() made it for this backward (its grads None before; the
+                        # ``count`` tracked tensors it would have read, read now: the tracked
+                        # tensors are only ever added to, and a backward frees none of them)
+                        ctx = BackwardContext()
+                        ctx.pids = range(count)
+                        ctx.tensors = list(map(call, islice(rec.tensors.refs, count)))
+                        ctx.before = [None] * count
+                        ctx.extra_leaves = line.extra_leaves
+                        self.end(ctx, loc, dict(extra0))
                 except Exception as exc:
                     rec.internal_error("backward (after)", exc)
-
-    def _skim_end(self, tensors_, armed_cell, armed) -> None:
-        rec = self.rec
-        steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed
-        folder = rec.folder
-        if (folder is not None and folder.steady is steady
-                and (len(steady.open) == j if j else folder.steady_ready(steady, j))
-                and self.optimizers.closure_step is None and not self.aside_pending
-                and (self.aside is None or not self.aside.unsynced) and not rec.shared
-                and len(self._owned) >= len(rec.tensors.refs) == count):
-            self._steps_at_backward = rec.progress.steps
-            self._step_cosine = None
-            rec.grads.skimmed_backward(fresh)
-            with rec.lock:
-                if folder.steady_take(steady, j, "backward", loc, base, None):
-                    return
-            rec.emit(ev.backward(fresh=list(fresh), accumulated=[], cleared_outside=[],
-                                 extra_leaves=line.extra_leaves, **extra0), loc)
-            return
-        armed_cell[0] = None
-        ctx = BackwardContext()  # as begin() made it for this backward (its grads None before)
-        ctx.pids, ctx.tensors, ctx.before = range(count), tensors_, [None] * count
-        ctx.extra_leaves = line.extra_leaves
-        self.end(ctx, loc, dict(extra0))
 
     def _count_registration(self, module, name, param) -> None:
         self.registrations += 1

@@ -622,6 +622,7 @@ class Folder:
                     steady.closed += 1
                     steady.kept.append(turn)
                     turn = steady.open = []
+                    steady.made = False
                     j = 0
                 else:
                     self.materialize()
@@ -640,6 +641,7 @@ class Folder:
                 return None
         event = made_event(self.trace, made, loc)
         turn.append(event)
+        steady.made = True
         return event
 
     def steady_take(self, steady: "_Steady", j: int, kind: str, loc, base, changes) -> bool:
@@ -659,11 +661,13 @@ class Folder:
             if j or n != steady.length:
                 return False
             # the open turn is complete and this event starts the next: what steady_put checks
-            if not _turn_repeats(turn, steady.plan):
+            # (a turn of unmade events only repeats by construction: _turn_repeats' first test)
+            if steady.made and not _turn_repeats(turn, steady.plan):
                 return False
             steady.closed += 1
             steady.kept.append(turn)
             turn = steady.open = []
+            steady.made = False
         # (``kind`` and ``loc`` are those of the armed event, which went onto place ``j`` of
         # this steady state: place_of)
         trace = self.trace
@@ -671,22 +675,37 @@ class Folder:
         trace.next_seq += 1
         return True
 
+    def skim_take(self, steady: "_Steady", j: int, kind: str, loc, base, changes) -> bool:
+        """``steady_take`` for a hook at a later place (``j`` > 0) of a turn ``skimming``
+        answered for: while nothing has ended the steady state or put an event in since, the
+        event is appended unmade, nothing else tested (anything else: ``steady_take``)."""
+        turn = steady.open
+        if self.steady is steady and len(turn) == j and j:
+            trace = self.trace
+            turn.append((trace.next_seq, kind, loc, base, changes))
+            trace.next_seq += 1
+            return True
+        return self.steady_take(steady, j, kind, loc, base, changes)
+
     def steady_ready(self, steady: "_Steady", j: int) -> bool:
         """Whether ``steady_take`` would take an event at place ``j`` now (its kind and location
         aside): read only, for a hook that must decide before it changes anything."""
         if self.steady is not steady:
             return False
         n = len(steady.open)
-        return n == j or (j == 0 and n == steady.length and _turn_repeats(steady.open, steady.plan))
+        return n == j or (j == 0 and n == steady.length
+                          and (not steady.made or _turn_repeats(steady.open, steady.plan)))
 
     def skimming(self, steady: "_Steady", j: int) -> bool:
         """Whether the event at place ``j`` (its kind and location aside) belongs to a skimmed
         turn of the steady state ``steady`` (read only; ``steady_take`` takes it): the turns
         are counted from the steady state's first, and from ``skim_after`` on every one but the
         sampled ones (``SampleSchedule``: about one in ``skim_every``) is skimmed."""
+        n = len(steady.open)
+        if n == j and steady.skim_turn == steady.closed and self.steady is steady:
+            return steady.skim_answer  # each later hook of a turn asks: answered already
         if self.steady is not steady:
             return False
-        n = len(steady.open)
         if n == j:
             turn = steady.closed
         elif j == 0 and n == steady.length:
@@ -703,8 +722,9 @@ class Folder:
             schedule = steady.samples = SampleSchedule(self.skim_every)
         # a steady state taken up again after a snapshot: from its third turn (the first arms
         # the hooks) if the one before had lasted long enough
+        # (a turn before the next sampled one is not sampled: SampleSchedule.sampled, unasked)
         answer = (turn >= after or (steady.prior >= after and turn >= 2)) \
-            and not schedule.sampled(turn)
+            and (turn < schedule.next or not schedule.sampled(turn))
         steady.skim_turn, steady.skim_answer = turn, answer
         return answer
 
@@ -743,6 +763,7 @@ class Folder:
             return False
         del events[start:]
         steady.open = opened
+        steady.made = True  # (Events, or none)
         steady.entered = True
         return True
 
@@ -802,7 +823,7 @@ class _Steady:
     them and the open one (events kept aside, in seq order)."""
 
     __slots__ = ("turn_id", "plan", "kinds", "locs", "length", "closed", "kept", "open", "entered",
-                 "skim_turn", "skim_answer", "samples", "prior")
+                 "skim_turn", "skim_answer", "samples", "prior", "made")
 
     def __init__(self, turn_id: int, plan: tuple, turn: list[Event], context: int):
         self.turn_id, self.plan = turn_id, plan
@@ -812,6 +833,7 @@ class _Steady:
         self.closed = 0
         self.kept: deque = deque(maxlen=context)  # the last closed turns' events
         self.open: list[Event] = []
+        self.made = False  # whether the open turn holds an Event (else only unmade ones)
         self.entered = False
         self.skim_turn, self.skim_answer = -1, False  # Folder.skimming's latest answer
         self.samples: SampleSchedule | None = None  # its sampled turns, made when first asked

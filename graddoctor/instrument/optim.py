@@ -879,8 +879,11 @@ class OptimizerWatcher:
         # a skimmed place but the first is one steady_take takes (steady_ready); the step
         # budget's last updates are never skimmed (their norms are the ones the ``--grad-flow``
         # view and the run's last turns show)
-        if (sampled is not None and sampled[0] is pids and folder.skimming(steady, j)
-                and (j or folder.steady_ready(steady, j))):
+        # (skimming's answer for a later place of a turn it answered, read here: no call)
+        if (sampled is not None and sampled[0] is pids
+                and ((j and steady.skim_answer and steady.skim_turn == steady.closed
+                      and len(steady.open) == j)
+                     or (folder.skimming(steady, j) and (j or folder.steady_ready(steady, j))))):
             budget = rec.progress.step_budget
             if budget is None or rec.progress.updates + 3 + fold.CONTEXT < budget:
                 return self._skim_begin(optimizer, wrapper_frame, armed, sampled[1])
@@ -963,17 +966,27 @@ class OptimizerWatcher:
             self._read = None
             if opt not in self._divergence.skimming:  # the first of a stretch: told once
                 self._divergence.skim(opt)
-            for subscriber in self._step_begins.now:
-                subscriber(opt, optimizer)
-            moves = self._moves  # nothing moved, unless a subscriber tracked a tensor just now
-            moved = moves.moved() if moves.watched or len(rec.tensors.refs) != moves.known else []
+            moved = []  # (_steady_begin found nothing moved)
+            begins = self._step_begins.now
+            if begins:
+                for subscriber in begins:
+                    subscriber(opt, optimizer)
+                moves = self._moves  # nothing moved, unless a subscriber tracked a tensor
+                if moves.watched or len(rec.tensors.refs) != moves.known:
+                    moved = moves.moved()
             self._began = (wrapper_frame, optimizer, opt, loc)
-            lrs = group_lrs(optimizer)
+            # group_lrs, for the one group of plain dict and float lr it reads most
+            groups = getattr(optimizer, "param_groups", None)
+            if (type(groups) is list and len(groups) == 1 and type(group := groups[0]) is dict
+                    and type(lr := group.get("lr")) is float):
+                lrs = [lr]
+            else:
+                lrs = group_lrs(optimizer)
             taken = False
             if not moved:
                 with rec.lock:
-                    taken = folder.steady_take(steady, j, "step_begin", loc, base,
-                                               {"norms": norms, "lrs": lrs})
+                    taken = folder.skim_take(steady, j, "step_begin", loc, base,
+                                             {"norms": norms, "lrs": lrs})
             if not taken:  # the event of the full path, its grads read now
                 self._armed_begin = None
                 norm_pids, norms = grad_norms(rec, pids)
@@ -1063,7 +1076,9 @@ class OptimizerWatcher:
                     and rec.folder is not None):
                 place = rec.folder.place_of(event)
                 if place is not None:
-                    self._armed_step = (*place, opt, rec.opt_params.get(opt), event.data, loc)
+                    # (and the step the instance holds, if any: torch's, _torch_step found)
+                    self._armed_step = (*place, opt, rec.opt_params.get(opt), event.data, loc,
+                                        vars(optimizer).get("step"))
             if without:  # a step with every grad there is only counted (Progress.stepped)
                 for subscriber in self._stepped_without_grad.now:
                     subscriber(opt, without)
@@ -1077,7 +1092,7 @@ class OptimizerWatcher:
         straight-line path (or armed it) and one of torch's, trusted to leave its grads as it
         got them (``_untouched``), ends as the armed one did: the parameters' versions noted,
         the step counted, its event the armed one's. False before anything is changed."""
-        steady, j, opt, pids, base, loc = armed
+        steady, j, opt, pids, base, loc, own_step = armed
         rec = self.rec
         folder = rec.folder
         frames, began, read = self._step_frames, self._began, self._read
@@ -1119,28 +1134,34 @@ class OptimizerWatcher:
         """The step's post hook on a skimmed turn: ``_steady_step``'s tests but those of the
         grads' read (its pre hook read none), the parameters' versions left to
         ``GradState.catch_up``. False before anything is changed: the full path."""
-        steady, j, opt, pids, base, loc = armed
+        steady, j, opt, pids, base, loc, own_step = armed
         rec = self.rec
         folder = rec.folder
         frames, began = self._step_frames, self._began
-        # (the steady state still ``steady``: skimming's first test)
-        if (folder is None or rec.holder is not None
-                or len(frames) != 1 or frames[0] is not frame or began is None
-                or began[0] is not frame or began[1] is not optimizer or began[2] != opt
-                or began[3] is not loc or len(args) != 1 or kwargs
-                or get_ident() != rec.script_thread or rec.opt_params.get(opt) is not pids
-                or not folder.skimming(steady, j) or not _torch_step(optimizer)):
+        # (the steady state still ``steady``: skimming's first test). ``began`` is the pre
+        # hook's of this very call (its wrapper frame, the only one running): the thread it
+        # tested is this call's. (The arguments are tested again: a full-path pre hook of a
+        # closure step leaves ``began`` too.)
+        if (began is None or began[0] is not frame or len(frames) != 1 or frames[0] is not frame
+                or began[1] is not optimizer or began[2] != opt or began[3] is not loc
+                or len(args) != 1 or kwargs or rec.holder is not None or folder is None
+                or rec.opt_params.get(opt) is not pids
+                or not ((steady.skim_answer and steady.skim_turn == steady.closed
+                         and len(steady.open) == j and folder.steady is steady)
+                        or folder.skimming(steady, j))
+                or (vars(optimizer).get("step") is not own_step and not _torch_step(optimizer))):
             return False
         # (trusted to leave its grads as it got them: armed only once _untouched_steps reached
-        # TRUSTED_AFTER, which it never leaves)
+        # TRUSTED_AFTER, which it never leaves; one of torch's steps when armed, and its class
+        # and its own step attribute the same since)
         frames.pop()
         self._began = None
-        rec.progress.count_step(opt)
+        rec.progress.count_thread_step(opt, rec.script_thread)
         try:
             self.closure_step = None
             rec.grads.skimmed_step(pids)
             with rec.lock:
-                taken = folder.steady_take(steady, j, "step", loc, base, None)
+                taken = folder.skim_take(steady, j, "step", loc, base, None)
             if not taken:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=[]), loc)

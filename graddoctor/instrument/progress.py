@@ -93,6 +93,23 @@ class Progress:
         if self.steps >= self._wake:
             self._woken()
 
+    def count_thread_step(self, opt: int, ident: int) -> None:
+        """``count_step(opt)`` of a step no GradScaler skipped, run by thread ``ident`` (the
+        straight-line step hooks': the script's thread, tested by their pre hook)."""
+        self.steps += 1
+        opts = self._update_opts
+        if self.backward_calls != self._update_mark or opt in opts:  # begins_update
+            self.updates += 1
+            self._update_mark = self.backward_calls
+            opts.clear()
+        opts.add(opt)
+        steps = self.opt_steps
+        steps[opt] = steps.get(opt, 0) + 1
+        if ident != self._step_thread:
+            self._new_step_thread()
+        if self.steps >= self._wake:
+            self._woken()
+
     def _woken(self) -> None:
         """``count_step``'s work past the counts: the COUNTED_STEP subscribers, the step-time
         stop conditions, then the alarms due."""
