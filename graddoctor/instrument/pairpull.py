@@ -66,7 +66,7 @@ import torch.nn.functional as F
 
 from .. import events as ev
 from .dependency import close_before_compile
-from .inlinable import watched_call
+from .inlinable import watched, watched_call
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, STEPPED
 
@@ -266,11 +266,11 @@ class PairPullWatcher:
         self._unwrap_tries = 0
 
     def install(self, patcher) -> None:
-        def wrap(owner, name, after):
+        def wrap(owner, name, after, make=watched_call):
             original = getattr(owner, name, None)
             if original is None:
                 return
-            wrapper = watched_call(original, after)
+            wrapper = make(original, after)
             patcher.patch(owner, name, wrapper)
             self._restore.append((owner, name, original, wrapper))
 
@@ -278,8 +278,11 @@ class PairPullWatcher:
             wrap(owner, name, self._compared(flips))
         for owner, name, flips in _CARRY:
             wrap(owner, name, self._carried(name, flips))
+        # the losses are watched ahead of the call (only their arguments are read): the other
+        # watchers that keep a loss function wrapped for the whole run then call this one's test
+        # from their own frame (``watched`` merges them) instead of through a frame of its own
         for name in _TARGETED:
-            wrap(F, name, self._targeted(name))
+            wrap(F, name, self._targeted(name), watched)
         for owner, name in _DISTANCES:
             wrap(owner, name, self._made(name, True))
         for owner, name in _SIMILARITIES:
@@ -512,7 +515,7 @@ class PairPullWatcher:
         _register_hook(carrier, hook)
 
     def _targeted(self, fn: str):
-        def after(args, kwargs, result) -> None:
+        def before(args, kwargs) -> None:
             if not self._open or self._busy or not self._marks:
                 return
             self._busy = True
@@ -522,13 +525,13 @@ class PairPullWatcher:
                 mark = self._mark_of(target)
                 if mark is not None and isinstance(x, torch.Tensor) and x.requires_grad \
                         and torch.is_grad_enabled() and tuple(x.shape) == mark.labels.shape():
-                    self._meet(mark, x, 2)  # after <- wrapper
+                    self._meet(mark, x, 2)  # before <- wrapper
             except Exception as exc:
                 self._close()
                 self.rec.internal_error(_LABEL, exc)
             finally:
                 self._busy = False
-        return after
+        return before
 
     # -- the pairwise matrices ---------------------------------------------------------------
     def _made(self, fn: str, distance: bool):
