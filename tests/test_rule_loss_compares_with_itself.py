@@ -259,6 +259,12 @@ def test_the_rule_warns_in_the_scripts_terms():
     assert "deepcopy" in f.fix and "teacher" in f.message
 
 
+def test_a_pair_scored_from_two_lookups_of_the_same_rows_is_told_to_index_the_pairs_other_end():
+    # link prediction's `z[edges[0]] * z[edges[0]]`: the pair's two ends, not augmented views
+    f = only(_trace([0, 1], op="product"), SLUG)
+    assert "edges[1]" in f.fix and "augment" not in f.fix and "row with itself" in f.message
+
+
 def test_parameters_compared_with_an_aliased_anchor_are_left_to_anchor_aliases_params():
     t = _trace([0, 1], how="constant", op="difference", starts=())
     assert len(findings(t, SLUG)) == 1

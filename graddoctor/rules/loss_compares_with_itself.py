@@ -245,6 +245,15 @@ class LossComparesWithItself(Rule):
                 fix = ("give each side its own input" + (f" (`{draw}`)" if draw else "") +
                        ": the positive (or the second branch, the negative) from another sample "
                        "or augmentation than the anchor")
+            elif op in _SIMILARITY and lookups:
+                # a pair scored from one table (link prediction, matrix factorisation): the two
+                # sides were meant to be the pair's two ends, not augmented views
+                message = (f"a {op} of two lookups of the same rows of {names}{where}: each "
+                           f"pair is scored as a row with itself, so every pair, positive or "
+                           f"negative, gets the score of one row against itself and the scorer "
+                           f"learns nothing about which pairs belong together")
+                fix = ("index the two sides with the pair's two ends (`z[edges[0]] * "
+                       "z[edges[1]]`, a user's row and an item's row), not the same rows twice")
             elif op in _SIMILARITY:
                 message = (f"a {op} of two views that are equal to the last bit ({made})"
                            f"{where}: every positive pair is a sample with itself, which "
