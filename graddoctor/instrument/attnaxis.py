@@ -73,6 +73,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import packed, post_order, reached, saved
+from .graphpaths import signed as _signed
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose loss graphs are walked
@@ -102,12 +103,6 @@ _TOLERANCE = 1e-3  # relative: float32 constants and factors split over Q and K
 # a constant factor on cosine similarities at most this leaves logits within [-0.5, 0.5]: a
 # temperature multiplied instead of divided (1 / 0.5 = 2 is the smallest factor a divided one gives)
 _SMALL_FACTOR = 0.5
-
-
-def _signed(value: int) -> int:
-    """A dimension saved as an unsigned 64-bit number (-1 reads as 2**64 - 1)."""
-    value = int(value)
-    return value - 2 ** 64 if value >= 2 ** 63 else value
 
 
 def _saved(node, name: str, default=None):

@@ -88,6 +88,7 @@ from torch.nn.utils.rnn import PackedSequence
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .graphpaths import saved
+from .graphpaths import signed as _signed
 from .recorder import Recorder
 
 WINDOW = 8  # backwards judged, from the first one
@@ -611,11 +612,6 @@ def _select_of_padded(select, by_node: dict):
         if type(node).__name__.startswith(_PADDING_COPY):
             stack.extend(c for c, _ in node.next_functions if c is not None)
     return None
-
-
-def _signed(value: int) -> int:
-    """A saved int64 read back as the unsigned value torch hands out for a negative one."""
-    return value - 2 ** 64 if value >= 2 ** 63 else value
 
 
 def filled_rows(ids: torch.Tensor) -> int:

@@ -30,13 +30,16 @@ def saved(node, name: str, default=None):
         return default
 
 
-def saved_dims(node, name: str = "_saved_dim"):
-    """A node's saved dimension (an int, or a tuple of them) as the script wrote it: torch hands
-    a negative one back as an unsigned 64-bit number (``dim=-1`` reads 2**64 - 1). None when it
-    is neither."""
-    def signed(d: int) -> int:
-        return d - (1 << 64) if d >= 1 << 63 else d
+def signed(value: int) -> int:
+    """A saved int64 (a dim, an index, a shift) as the script wrote it: torch hands a negative one
+    back as an unsigned 64-bit number (``dim=-1`` reads 2**64 - 1)."""
+    value = int(value)
+    return value - (1 << 64) if value >= 1 << 63 else value
 
+
+def saved_dims(node, name: str = "_saved_dim"):
+    """A node's saved dimension (an int, or a tuple of them) as the script wrote it (``signed``).
+    None when it is neither."""
     value = saved(node, name)
     if isinstance(value, bool):
         return None

@@ -60,6 +60,7 @@ import torch.nn.functional as F
 
 from .. import events as ev
 from .graphpaths import saved
+from .graphpaths import signed as _signed
 from .inlinable import watched
 from .recorder import Recorder
 
@@ -93,12 +94,6 @@ def _shape(node, nr: int = 0):
         return tuple(int(s) for s in meta.shape)
     except Exception:
         return None
-
-
-def _signed(value: int) -> int:
-    """A dimension saved as an unsigned 64-bit number (-1 reads as 2**64 - 1)."""
-    value = int(value)
-    return value - 2 ** 64 if value >= 2 ** 63 else value
 
 
 def _broadcast_side(child, nr: int):
