@@ -923,6 +923,11 @@ symmetric_units    opt, params [pid] (stepped parameters whose rows are all equa
                    count: its units), step (the optimizer's step
                    after which they were compared) — a layer whose units stayed copies of each
                    other (loc: that step; an aside)
+copies_identical   opt, groups [[pid]] (stepped parameters, distinct tensors, whose values are equal
+                   and whose gradients are equal and not all zero: each group is one tensor and its
+                   copies), step (the optimizer's step after which they were compared) — modules
+                   copied from one initialised module that never diverge (loc: that step; an
+                   aside; instrument/symmetry.py)
 model_copy         copy, model (the user's names of a module no optimizer trains and of one whose
                    parameters an optimizer owns, of the same parameter shapes), opt (the model's
                    optimizer), params (the copy's tensor count), equal (bool: the same sampled
@@ -1644,6 +1649,10 @@ def symmetric_units(*, opt: int, params: list[int], rows: list[int], step: int) 
     return "symmetric_units", {"opt": opt, "params": params, "rows": rows, "step": step}
 
 
+def copies_identical(*, opt: int, groups: list[list[int]], step: int) -> Made:
+    return "copies_identical", {"opt": opt, "groups": groups, "step": step}
+
+
 def model_copy(*, copy: str, model: str, opt: int | None, params: int, equal: bool, forwards: int,
                targets: int, written: bool, written_step: int | None, measured: int,
                pulls: list[list], follows: list[list] | None = None, model_targets: int = 0,
@@ -1991,7 +2000,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "attention_mask": attention_mask,
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
-    "symmetric_units": symmetric_units, "mask_regrown": mask_regrown,
+    "symmetric_units": symmetric_units, "copies_identical": copies_identical, "mask_regrown": mask_regrown,
     "straight_through_cancelled": straight_through_cancelled, "state_not_loaded": state_not_loaded,
     "state_overwritten": state_overwritten,
     "state_self_load": state_self_load, "diverging": diverging,
@@ -2009,7 +2018,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "hook_stacked", "param_reset", "snapshot_alias",
                          "loader_sampler", "custom_backward", "loss_padding", "prompt_trained", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
-                         "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
+                         "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_weight_learned", "batch_reduction", "sample_range", "advantage_grad",

@@ -77,6 +77,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "registration/bad_repeated_layer_module_list.py",  # module_repeated
             "distributed/good_single_rank_allreduce.py",  # grad_allreduce
             "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units
+            "autograd/bad_copies_twin_critics.py",  # copies_identical
             "masks/bad_mask_applied_once_pixelcnn.py",  # mask_regrown
             "constraints/bad_constraint_before_step_clamp.py",  # constraint_broken
             "autograd/bad_straight_through_vq_codebook.py",  # straight_through_cancelled

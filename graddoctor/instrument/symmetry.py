@@ -12,6 +12,13 @@ conv's output units, dim 0), whether every row of the weight equals the first (t
 largest value: rows a blocked matmul computes apart differ in their last bits), and so does every
 row of its gradient, which is not all zero (a zero gradient is grads-always-zero's). One
 comparison per tensor, once; CPU tensors only (a read of a device tensor syncs the host).
+At the same step, the stepped parameters are compared with each other: two distinct tensors of one
+shape whose values are equal, and whose gradients are equal and not all zero, are copies that will
+never diverge (an ensemble or a set of heads built by ``copy.deepcopy`` of one initialised module and
+fed the same data). Tensors are grouped by a fingerprint (shape, dtype, a few sampled values of the
+tensor and its gradient), then confirmed with ``torch.equal``: one small read per tensor, once.
+Parameters whose own rows are copies are left to the row check above (a constant initialisation
+makes whole layers equal too; it is the cause to report).
 Once every optimizer registered so far has been checked, the watcher leaves ``STEPPED``; a new
 optimizer brings it back (``PARAMS_ADDED``).
 """
@@ -48,6 +55,49 @@ def symmetric_rows(param: torch.Tensor) -> bool:
         return _rows_equal(param) and _rows_equal(grad) and bool(grad.any())
 
 
+_SAMPLES = 8  # values of each tensor and of its gradient in the fingerprint
+
+
+def _comparable(param: torch.Tensor) -> bool:
+    grad = param.grad
+    return (param.numel() >= 2 and type(grad) is torch.Tensor and grad.layout == torch.strided
+            and grad.shape == param.shape and param.device.type == "cpu"
+            and param.is_floating_point() and grad.is_floating_point())
+
+
+def identical_copies(params: dict[int, torch.Tensor]) -> list[list[int]]:
+    """Groups (two or more, in the given order) of distinct tensors with equal values and equal
+    gradients, the gradient not all zero. Tensors sharing memory (tied weights) are one tensor."""
+    buckets: dict[tuple, list[int]] = {}
+    with torch.no_grad():
+        for pid, param in params.items():
+            if not _comparable(param):
+                continue
+            n = param.numel()
+            stride = max(1, n // _SAMPLES)
+            key = (tuple(param.shape), param.dtype,
+                   tuple(param.reshape(-1)[::stride][:_SAMPLES].tolist()),
+                   tuple(param.grad.reshape(-1)[::stride][:_SAMPLES].tolist()))
+            buckets.setdefault(key, []).append(pid)
+        groups = []
+        for pids in buckets.values():
+            if len(pids) < 2:
+                continue
+            left = list(pids)
+            while len(left) >= 2:
+                head, rest = left[0], left[1:]
+                first = params[head]
+                if first.data_ptr() in {params[q].data_ptr() for q in rest}:
+                    left = [q for q in rest if params[q].data_ptr() != first.data_ptr()]
+                    continue
+                same = [q for q in rest if torch.equal(params[q], first)
+                        and torch.equal(params[q].grad, first.grad)]
+                if same and bool(first.grad.any()):
+                    groups.append([head] + same)
+                left = [q for q in rest if q not in same]
+        return groups
+
+
 class SymmetryWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -82,5 +132,11 @@ class SymmetryWatcher:
                 rec.emit_aside(ev.symmetric_units(opt=opt, params=[p for p, _ in found],
                                                   rows=[n for _, n in found], step=done),
                                rec.here(2))
+            symmetric = {p for p, _ in found}
+            stepped = {pid: param for pid in rec.opt_params.get(opt, ())
+                       if pid not in symmetric and (param := tensor(pid)) is not None}
+            copies = identical_copies(stepped)
+            if copies:
+                rec.emit_aside(ev.copies_identical(opt=opt, groups=copies, step=done), rec.here(2))
         except Exception as exc:
             rec.internal_error("symmetric units", exc)
