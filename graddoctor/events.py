@@ -862,6 +862,11 @@ loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward
                    (c > 0) of an unbounded v that needs a gradient: the loss has no lower bound
                    and the optimizer lowers it without end — once per backward line (loc: the
                    backward; an aside; instrument/lossterms.py)
+loss_derived_weight kinds (["self"]: a scalar weight that is a function of the reduced loss it
+                   multiplies alone, a focal-style modulation of a batch mean; ["ratio"]: of
+                   several loss terms, balancing weights), terms (how many such products) — loss
+                   weights computed from the loss terms with their graph (loc: that backward; an
+                   aside; instrument/lossderived.py)
 loss_weight_learned params [pid] (the learned weights), kinds (["mul"] a product's factor,
                    ["div"] a quotient's denominator), terms (how many weighted terms), elements
                    [[int]|None] (per param: the indices along dim 0 of the elements its terms
@@ -1910,6 +1915,10 @@ def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = 
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
 
+def loss_derived_weight(*, kinds: list[str], terms: int) -> Made:
+    return "loss_derived_weight", {"kinds": kinds, "terms": terms}
+
+
 def loss_weight_learned(*, params: list[int], kinds: list[str], terms: int, backwards: int,
                         elements: list | None = None, line: int | None = None) -> Made:
     return "loss_weight_learned", {"params": params, "kinds": kinds, "terms": terms,
@@ -1962,7 +1971,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused,
-    "loss_unbounded": loss_unbounded, "loss_weight_learned": loss_weight_learned, "batch_reduction": batch_reduction,
+    "loss_unbounded": loss_unbounded, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
@@ -2021,7 +2030,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_weight_learned", "batch_reduction", "sample_range", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -78,6 +78,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "distributed/good_single_rank_allreduce.py",  # grad_allreduce
             "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units
             "autograd/bad_copies_twin_critics.py",  # copies_identical
+            "losses/bad_loss_weight_from_loss_focal_bce.py",  # loss_derived_weight
             "masks/bad_mask_applied_once_pixelcnn.py",  # mask_regrown
             "constraints/bad_constraint_before_step_clamp.py",  # constraint_broken
             "autograd/bad_straight_through_vq_codebook.py",  # straight_through_cancelled

@@ -95,6 +95,9 @@ class ScriptSource:
     def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
         return advantage_line(self.full(path), line)
 
+    def loss_sites(self, path: str) -> tuple[dict, list]:
+        return loss_sites(self.full(path))
+
     def calls_named(self, path: str, names) -> list[tuple[int, str, bool]]:
         return calls_named(self.full(path), frozenset(names))
 
@@ -3134,3 +3137,69 @@ def value_origin(path: str, line: int, name: str) -> tuple[int, str] | None:
             if len(returns) == 1:
                 return returns[0].lineno, ast.unparse(returns[0]).strip()
     return statement.lineno, ast.unparse(statement).strip()
+
+
+# what a call that returns a loss is named (`F.cross_entropy`, `criterion`, `loss_fn`, `mse_loss`)
+_LOSS_CALL_WORDS = ("loss", "cross_entropy", "nll", "mse", "bce", "kl_div", "crit", "huber", "hinge")
+# the ops a weight computed from losses is made with
+_LOSS_WEIGHT_CALLS = ("exp", "softmax", "sigmoid", "pow", "log", "sqrt", "reciprocal")
+_DETACHING_CALLS = ("detach", "item", "tolist", "numpy", "float")
+
+
+def _callee_name(call: ast.Call) -> str:
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _is_loss_call(node) -> bool:
+    return isinstance(node, ast.Call) and any(w in _callee_name(node).lower() for w in _LOSS_CALL_WORDS)
+
+
+def _outside_loss_calls(node):
+    """The nodes under ``node`` that are not inside a loss call's arguments (the call itself is)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if not _is_loss_call(n):
+            stack.extend(ast.iter_child_nodes(n))
+
+
+def _nonlinear_of(node) -> bool:
+    for n in _outside_loss_calls(node):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.Pow)):
+            return True
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) and isinstance(n.left, ast.Constant):
+            return True
+        if isinstance(n, ast.Call) and _callee_name(n) in _LOSS_WEIGHT_CALLS:
+            return True
+    return False
+
+
+def loss_sites(path: str) -> tuple[dict, list]:
+    """``(losses, weights)``: the names bound to a value holding a loss call (``F.mse_loss``,
+    ``criterion``, a stack of them) or a sum of such names, with that line, and the ``(line,
+    names, text)`` of each assignment that makes a non-linear function of them (a quotient,
+    power, exp, softmax, ``1 - x``) without detaching it (loss-weight-from-loss). Empty when the
+    file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return {}, []
+    assigns = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
+    losses: dict[str, int] = {}
+    weights: list = []
+    for node in assigns:
+        targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        value = node.value
+        outside = list(_outside_loss_calls(value))
+        used = sorted({n.id for n in outside if isinstance(n, ast.Name)} & set(losses))
+        calls = [n for n in outside if _is_loss_call(n)]
+        detached = any(isinstance(n, ast.Call) and _callee_name(n) in _DETACHING_CALLS for n in outside)
+        if (used or calls) and _nonlinear_of(value) and not detached:
+            weights.append((node.lineno, used or [_callee_name(calls[0])], ast.unparse(node)))
+        elif calls or (used and isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
+            for name in targets:  # a loss, a stack of losses, total = l_cls + l_reg
+                losses[name] = node.lineno
+    return losses, weights

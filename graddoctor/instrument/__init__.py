@@ -44,6 +44,7 @@ from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .maskvisible import MaskedVisibleWatcher
 from .lossterms import LossTermWatcher, ZeroWeightWatcher
+from .lossderived import LossDerivedWeightWatcher
 from .lossweight import LearnedWeightWatcher
 from .batchreduce import BatchReductionWatcher
 from .modes import ModeWatcher
@@ -282,6 +283,10 @@ class Instrumentation:
         learned_weights = LearnedWeightWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, learned_weights.describe_loss)
         self.watchers.append(learned_weights)
+        # loss weights computed from the loss terms with their graph (loss-weight-from-loss)
+        derived_weights = LossDerivedWeightWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, derived_weights.describe_loss)
+        self.watchers.append(derived_weights)
         # one loss term summed over the batch, another averaged over it (loss-terms-mixed-reduction)
         batch_reduction = BatchReductionWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, batch_reduction.describe_loss)
