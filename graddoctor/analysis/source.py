@@ -95,6 +95,9 @@ class ScriptSource:
     def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
         return advantage_line(self.full(path), line)
 
+    def indices_as_values(self, path: str) -> list[tuple[int, str, str, int]]:
+        return indices_as_values(self.full(path))
+
     def loss_sites(self, path: str) -> tuple[dict, list]:
         return loss_sites(self.full(path))
 
@@ -3203,3 +3206,135 @@ def loss_sites(path: str) -> tuple[dict, list]:
             for name in targets:  # a loss, a stack of losses, total = l_cls + l_reg
                 losses[name] = node.lineno
     return losses, weights
+
+
+# calls whose second result (or ``.indices``) holds positions, not values
+_WITH_INDICES = frozenset({"max", "min", "topk", "sort", "kthvalue", "mode", "median"})
+_INDEX_CALLS = frozenset({"argmax", "argmin", "argsort"})
+# methods through which a tensor keeps its values
+_KEEPS_VALUES = frozenset({"float", "double", "half", "to", "type", "type_as", "unsqueeze", "squeeze",
+                           "view", "reshape", "detach", "clone", "flatten"})
+
+
+def _index_producer(node) -> str | None:
+    """The text of an expression that yields the positions of a max (``q.max(1)[1]``,
+    ``torch.max(q, dim=1)[1]``, ``q.max(1).indices``, ``q.argmax(1)``), else None."""
+    target = None
+    if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+            and node.slice.value == 1):
+        target = node.value
+    elif isinstance(node, ast.Attribute) and node.attr == "indices":
+        target = node.value
+    elif isinstance(node, ast.Call) and _callee_name(node) in _INDEX_CALLS:
+        return ast.unparse(node)
+    if not isinstance(target, ast.Call) or _callee_name(target) not in _WITH_INDICES:
+        return None
+    # a max without a dim returns the value alone: no positions
+    module_call = isinstance(target.func, ast.Attribute) and isinstance(target.func.value, ast.Name) \
+        and target.func.value.id == "torch"
+    if len(target.args) + len(target.keywords) < (2 if module_call else 1) and _callee_name(target) != "sort":
+        return None
+    return ast.unparse(node)
+
+
+def _float_literal(node, floats: set) -> bool:
+    """A non-integer float literal, or a name bound to one."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Constant) and isinstance(n.value, float) and not n.value.is_integer():
+            return True
+        if isinstance(n, ast.Name) and n.id in floats:
+            return True
+    return False
+
+
+def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
+    """``(line, producer text, use, use line)`` for the positions of a max (``[1]``,
+    ``.indices``, ``argmax``) used as its values: scaled or shifted by a non-integer float
+    whose result reaches a loss call's arguments (``use`` "target"), or compared with a
+    threshold between 0 and 1 (``use`` "threshold"). Empty when the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    assigns = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
+    floats: set = set()
+    for n in assigns:
+        for t in n.targets:
+            pairs = zip(t.elts, n.value.elts) if isinstance(t, ast.Tuple) and isinstance(
+                n.value, ast.Tuple) and len(t.elts) == len(n.value.elts) else ((t, n.value),)
+            floats.update(name.id for name, value in pairs if isinstance(name, ast.Name)
+                          and isinstance(value, ast.Constant) and isinstance(value.value, float)
+                          and not value.value.is_integer())
+    indices: dict[str, tuple[int, str]] = {}  # name -> (line, producer)
+    for n in assigns:
+        if len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            text = _index_producer(n.value)
+            if text is not None:
+                indices[n.targets[0].id] = (n.lineno, text)
+
+    def producer_in(node):
+        """The positions ``node`` carries as values: through arithmetic and dtype or shape
+        changes, not through an index's use (``gather(1, a)``, ``x[a]``)."""
+        text = _index_producer(node)
+        if text is not None:
+            return node.lineno, text
+        if isinstance(node, ast.Name):
+            return indices.get(node.id)
+        if isinstance(node, ast.BinOp):
+            return producer_in(node.left) or producer_in(node.right)
+        if isinstance(node, ast.UnaryOp):
+            return producer_in(node.operand)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _KEEPS_VALUES:
+            return producer_in(node.func.value)
+        return None
+
+    found: list = []
+    # values made from positions by float arithmetic: name -> (producer line, text)
+    valued: dict[str, tuple[int, str]] = {}
+    for n in assigns:
+        value = n.value
+        arithmetic = [b for b in ast.walk(value) if isinstance(b, ast.BinOp)
+                      and isinstance(b.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))]
+        hit = None
+        for b in arithmetic:
+            for side, other in ((b.left, b.right), (b.right, b.left)):
+                source = producer_in(side)
+                if source is not None and _float_literal(other, floats):
+                    hit = source
+                    break
+                if isinstance(side, ast.Name) and side.id in valued:
+                    hit = valued[side.id]
+                    break
+            if hit:
+                break
+        if hit is None:
+            names = {s.id for s in ast.walk(value) if isinstance(s, ast.Name)} & set(valued)
+            hit = valued[next(iter(sorted(names)))] if names and arithmetic else None
+        if hit is not None:
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    valued[t.id] = hit
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and _is_loss_call(call)):
+            continue
+        for arg in list(call.args) + [k.value for k in call.keywords]:
+            names = {s.id for s in ast.walk(arg) if isinstance(s, ast.Name)} & set(valued)
+            if names:
+                line, text = valued[sorted(names)[0]]
+                found.append((line, text, "target", call.lineno))
+                break
+    for cmp in ast.walk(tree):
+        if isinstance(cmp, ast.Call) and isinstance(cmp.func, ast.Attribute) and \
+                cmp.func.attr in ("ge", "gt", "le", "lt") and len(cmp.args) == 1:
+            pairs = ((cmp.func.value, cmp.args[0]),)  # probs.max(1)[1].ge(0.95)
+        elif isinstance(cmp, ast.Compare) and len(cmp.comparators) == 1:
+            pairs = ((cmp.left, cmp.comparators[0]), (cmp.comparators[0], cmp.left))
+        else:
+            continue
+        for side, other in pairs:
+            source = producer_in(side)
+            if (source is not None and isinstance(other, ast.Constant)
+                    and isinstance(other.value, float) and 0 < other.value < 1):
+                found.append((source[0], source[1], "threshold", cmp.lineno))
+                break
+    seen: set = set()
+    return [f for f in sorted(found) if not (f[0] in seen or seen.add(f[0]))]
