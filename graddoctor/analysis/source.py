@@ -95,6 +95,9 @@ class ScriptSource:
     def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
         return advantage_line(self.full(path), line)
 
+    def table_sliced_by_batch(self, path: str) -> list[tuple[int, str, str]]:
+        return table_sliced_by_batch(self.full(path))
+
     def indices_as_values(self, path: str) -> list[tuple[int, str, str, int]]:
         return indices_as_values(self.full(path))
 
@@ -3338,3 +3341,64 @@ def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
                 break
     seen: set = set()
     return [f for f in sorted(found) if not (f[0] in seen or seen.add(f[0]))]
+
+
+def _first_axis_length(node, name: str) -> bool:
+    """``x.size(0)``, ``x.shape[0]``, ``len(x)`` of the name ``name``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size" \
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == name \
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0:
+        return True
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+            and node.value.attr == "shape" and isinstance(node.value.value, ast.Name) \
+            and node.value.value.id == name and isinstance(node.slice, ast.Constant) and node.slice.value == 0:
+        return True
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len"
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Name) and node.args[0].id == name)
+
+
+def table_sliced_by_batch(path: str) -> list[tuple[int, str, str]]:
+    """``(line, text, class name)`` of each ``forward`` that adds to a tensor a table attribute
+    sliced by that tensor's first axis (``x + self.pe[:x.size(0)]``, the PyTorch tutorial's
+    positional encoding for sequence-first input), in a file that builds batch-first layers
+    (``batch_first=True``) and never swaps the first two axes. Empty otherwise, or when the file
+    cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    batch_first = swapped = False
+    for n in ast.walk(tree):
+        if isinstance(n, ast.keyword) and n.arg == "batch_first":
+            if isinstance(n.value, ast.Constant) and n.value.value is True:
+                batch_first = True
+            else:
+                swapped = True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            args = [a.value for a in n.args if isinstance(a, ast.Constant)]
+            if n.func.attr in ("transpose", "swapaxes") and sorted(args) == [0, 1]:
+                swapped = True
+            if n.func.attr == "permute" and args[:2] == [1, 0]:
+                swapped = True
+    if not batch_first or swapped:
+        return []
+    found = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for fn in cls.body:
+            if not (isinstance(fn, ast.FunctionDef) and fn.name == "forward"):
+                continue
+            for b in ast.walk(fn):
+                if not (isinstance(b, ast.BinOp) and isinstance(b.op, ast.Add)):
+                    continue
+                for side, other in ((b.right, b.left), (b.left, b.right)):
+                    while isinstance(side, ast.Call) and isinstance(side.func, ast.Attribute):
+                        side = side.func.value  # self.pe[:x.size(0)].unsqueeze(1)
+                    if (isinstance(side, ast.Subscript) and isinstance(side.value, ast.Attribute)
+                            and isinstance(side.value.value, ast.Name) and side.value.value.id == "self"
+                            and isinstance(side.slice, ast.Slice) and side.slice.lower is None
+                            and side.slice.upper is not None
+                            and any(_first_axis_length(side.slice.upper, name) for name in
+                                    {s.id for s in ast.walk(other) if isinstance(s, ast.Name)})):
+                        found.append((b.lineno, ast.unparse(b), cls.name))
+                        break
+    built = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return [f for f in found if f[2] in built]
