@@ -839,7 +839,15 @@ class BackwardWatcher:
                 or ident not in rec.owned_by):
             return None
         refs = rec.tensors.refs
-        if len(refs) != count or same_chain(frame, chain) is None:
+        if len(refs) != count:
+            return None
+        codes, code, lasti = chain  # same_chain(frame, chain), inlined (a frame per turn)
+        user = frame
+        for expected in codes:
+            if user is None or user.f_code is not expected:
+                return None
+            user = user.f_back
+        if user is None or user.f_code is not code or user.f_lasti != lasti:
             return None
         # (a skimmed place but the first is one steady_take takes: steady_ready)
         if armed[9] is None and self.optimizers._armed_begin is not None and (
@@ -975,7 +983,14 @@ class BackwardWatcher:
                         self._step_cosine = None
                         rec.grads.behind_grads = fresh  # GradState.skimmed_backward
                         with rec.lock:  # (no return in a finally: it would drop the result)
-                            taken = folder.skim_take(steady, j, "backward", loc, base, None)
+                            turn = steady.open  # Folder.skim_take, its first branch inlined
+                            if folder.steady is steady and len(turn) == j and j:
+                                trace = folder.trace
+                                turn.append((trace.next_seq, "backward", loc, base, None))
+                                trace.next_seq += 1
+                                taken = True
+                            else:
+                                taken = folder.steady_take(steady, j, "backward", loc, base, None)
                         if not taken:
                             rec.emit(ev.backward(fresh=list(fresh), accumulated=[],
                                                  cleared_outside=[],
