@@ -872,7 +872,7 @@ class OptimizerWatcher:
         if (folder is None or folder.steady is not steady or rec.holder is not None
                 or self._step_frames or self.adopt_unknown or len(args) != 1 or kwargs
                 or rec.progress.stop_requested or rec.running_backwards
-                or get_ident() != rec.script_thread or grads_state._finite  # any_vouched()
+                or get_ident() != rec.script_thread or grads_state.any_vouched()
                 or rec.optimizer_id.refs[opt]() is not optimizer
                 or rec.opt_params.get(opt) is not pids):
             return False
@@ -1180,7 +1180,7 @@ class OptimizerWatcher:
         rec.progress.count_thread_step(opt, rec.script_thread)
         try:
             self.closure_step = None
-            rec.grads.behind_params = pids  # GradState.skimmed_step
+            rec.grads.skimmed_step(pids)
             with rec.lock:  # Folder.skim_take, its first branch inlined (a frame per turn)
                 turn = steady.open
                 if folder.steady is steady and len(turn) == j and j:
