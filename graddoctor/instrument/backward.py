@@ -71,6 +71,8 @@ from .graphkeep import HELD, KEEP_EVERY, hold, sweep
 from .handstep import HandStepDirection
 from .gradstate import Tensor, grads_of, local, states_of
 from .identities import call
+
+_has_torch_function_unary = torch._C._has_torch_function_unary
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, LEAF_TRACKED
 from .gradstate import version as grad_version
@@ -339,6 +341,10 @@ class BackwardWatcher:
         self.registrations = 0  # parameters registered on any module (a global module hook)
         self._always_walk = False  # torch without that hook: nothing tells when to walk again
         self._roots_marked = False  # a retained backward has marked its loss node
+        # (torch's own ``torch.autograd.backward``, our wrapper of it): a skimmed
+        # ``loss.backward()`` calls the first itself, as torch's ``Tensor.backward`` would, when
+        # the second is still the one torch's would call (``_skim_backward``); None: not installed
+        self._autograd_direct: tuple | None = None
         self._session = object()  # in the marks of this run's walks (a graph may outlive a run)
         self._leaf_once: dict[int, weakref.ref] = {}  # non-parameter leaves walked once
         self._persistent: set[int] = set()  # pids of non-parameter leaves walked again later
@@ -733,7 +739,7 @@ class BackwardWatcher:
                 except Exception:  # the full path below (its own errors recorded there)
                     before = None
                 if before is _SKIM:
-                    return watcher._skim_backward(original, args, armed)
+                    return watcher._skim_backward(original, args, armed, takes_self)
                 if before is not None:
                     return watcher._steady_backward(original, args, before, armed)
             armed[0] = None
@@ -833,7 +839,15 @@ class BackwardWatcher:
                 or ident not in rec.owned_by):
             return None
         refs = rec.tensors.refs
-        if len(refs) != count or same_chain(frame, chain) is None:
+        if len(refs) != count:
+            return None
+        codes, code, lasti = chain  # same_chain(frame, chain), inlined (a frame per turn)
+        user = frame
+        for expected in codes:
+            if user is None or user.f_code is not expected:
+                return None
+            user = user.f_back
+        if user is None or user.f_code is not code or user.f_lasti != lasti:
             return None
         # (a skimmed place but the first is one steady_take takes: steady_ready)
         if armed[9] is None and self.optimizers.step_armed and (
@@ -926,12 +940,15 @@ class BackwardWatcher:
         ctx.extra_leaves = extra_leaves
         self.end(ctx, loc, extra)
 
-    def _skim_backward(self, original, args, armed_cell: list):
+    def _skim_backward(self, original, args, armed_cell: list, takes_self: bool):
         """A backward on a skimmed turn (``Folder.skimming``): what ``_steady_before`` tested
         (the same thread, call site, walk schedule, tracked tensors) and nothing read: no loss
         describer runs, the grads it writes are left to ``GradState.catch_up``, its event is
         the armed one (taken after the backward if nothing has changed meanwhile what the
-        straight-line path's end tests; else ``end`` records it in full)."""
+        straight-line path's end tests; else ``end`` records it in full). A plain tensor's
+        ``loss.backward()`` runs torch's ``torch.autograd.backward(loss)`` directly, as torch's
+        ``Tensor.backward`` would (no ``__torch_function__`` to honour, ``torch.autograd.backward``
+        still our wrapper, which would only pass it on: two frames fewer)."""
         rec = self.rec
         armed = armed_cell[0]
         steady, j, chain, line, ident, count, written, fresh, extra0, loader, base, loc = armed
@@ -944,6 +961,12 @@ class BackwardWatcher:
             ok = False
         rec.backward_began(None)
         try:
+            direct = self._autograd_direct
+            loss = args[0]
+            if (takes_self and direct is not None and type(loss) is Tensor
+                    and torch.autograd.backward is direct[1]
+                    and not _has_torch_function_unary(loss)):
+                return direct[0](loss)
             return original(*args)
         finally:
             rec.backward_ended()
@@ -959,7 +982,14 @@ class BackwardWatcher:
                         self._step_cosine = None
                         rec.grads.skimmed_backward(fresh)
                         with rec.lock:  # (no return in a finally: it would drop the result)
-                            taken = folder.skim_take(steady, j, "backward", loc, base, None)
+                            turn = steady.open  # Folder.skim_take, its first branch inlined
+                            if folder.steady is steady and len(turn) == j and j:
+                                trace = folder.trace
+                                turn.append((trace.next_seq, "backward", loc, base, None))
+                                trace.next_seq += 1
+                                taken = True
+                            else:
+                                taken = folder.steady_take(steady, j, "backward", loc, base, None)
                         if not taken:
                             rec.emit(ev.backward(fresh=list(fresh), accumulated=[],
                                                  cleared_outside=[],
@@ -987,8 +1017,19 @@ class BackwardWatcher:
             patcher.handle(register(self._count_registration))
         else:
             self._always_walk = True
-        patcher.patch(torch.Tensor, "backward", self.wrap(torch.Tensor.backward, takes_self=True))
-        patcher.patch(torch.autograd, "backward", self.wrap(torch.autograd.backward, takes_self=False))
+        tensor_backward, autograd_backward = torch.Tensor.backward, torch.autograd.backward
+        patcher.patch(torch.Tensor, "backward", self.wrap(tensor_backward, takes_self=True))
+        wrapper = self.wrap(autograd_backward, takes_self=False)
+        patcher.patch(torch.autograd, "backward", wrapper)
+        if _torch_own(tensor_backward, "torch._tensor") and _torch_own(autograd_backward, "torch.autograd"):
+            self._autograd_direct = (autograd_backward, wrapper)
+
+
+def _torch_own(function, module: str) -> bool:
+    """Whether ``function`` is torch's own (defined in ``module``), not a replacement made
+    before graddoctor was installed."""
+    return getattr(function, "__module__", None) == module and getattr(
+        function, "__qualname__", "").rsplit(".", 1)[-1] == "backward"
 
 
 def _script_wrappers(frame, codes=None) -> int:

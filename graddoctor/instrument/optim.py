@@ -695,8 +695,13 @@ class OptimizerWatcher:
                 or self.adopt_unknown or get_ident() != rec.script_thread
                 or rec.optimizer_id.refs[opt]() is not obj or rec.opt_params.get(opt) is not pids):
             return False
-        user = same_chain(frame, chain)
-        if user is None:
+        codes, code, lasti = chain  # same_chain(frame, chain), inlined (a frame per turn)
+        user = frame
+        for expected in codes:
+            if user is None or user.f_code is not expected:
+                return False
+            user = user.f_back
+        if user is None or user.f_code is not code or user.f_lasti != lasti:
             return False
         if outer is not None:
             up = user.f_back
@@ -873,7 +878,15 @@ class OptimizerWatcher:
             return False
         moves = self._moves
         refs = rec.tensors.refs
-        if moves.watched or len(refs) != moves.known or same_chain(wrapper_frame, chain) is None:
+        if moves.watched or len(refs) != moves.known:
+            return False
+        codes, code, lasti = chain  # same_chain(wrapper_frame, chain), inlined
+        user = wrapper_frame
+        for expected in codes:
+            if user is None or user.f_code is not expected:
+                return False
+            user = user.f_back
+        if user is None or user.f_code is not code or user.f_lasti != lasti:
             return False
         sampled = self._sampled_norms
         # a skimmed place but the first is one steady_take takes (steady_ready); the step
@@ -984,9 +997,17 @@ class OptimizerWatcher:
                 lrs = group_lrs(optimizer)
             taken = False
             if not moved:
-                with rec.lock:
-                    taken = folder.skim_take(steady, j, "step_begin", loc, base,
-                                             {"norms": norms, "lrs": lrs})
+                with rec.lock:  # Folder.skim_take, its first branch inlined (a frame per turn)
+                    turn = steady.open
+                    if folder.steady is steady and len(turn) == j and j:
+                        trace = folder.trace
+                        turn.append((trace.next_seq, "step_begin", loc, base,
+                                     {"norms": norms, "lrs": lrs}))
+                        trace.next_seq += 1
+                        taken = True
+                    else:
+                        taken = folder.steady_take(steady, j, "step_begin", loc, base,
+                                                   {"norms": norms, "lrs": lrs})
             if not taken:  # the event of the full path, its grads read now
                 self._armed_begin = None
                 norm_pids, norms = grad_norms(rec, pids)
@@ -1160,8 +1181,15 @@ class OptimizerWatcher:
         try:
             self.closure_step = None
             rec.grads.skimmed_step(pids)
-            with rec.lock:
-                taken = folder.skim_take(steady, j, "step", loc, base, None)
+            with rec.lock:  # Folder.skim_take, its first branch inlined (a frame per turn)
+                turn = steady.open
+                if folder.steady is steady and len(turn) == j and j:
+                    trace = folder.trace
+                    turn.append((trace.next_seq, "step", loc, base, None))
+                    trace.next_seq += 1
+                    taken = True
+                else:
+                    taken = folder.steady_take(steady, j, "step", loc, base, None)
             if not taken:
                 self._armed_step = None
                 rec.emit(ev.step(opt=opt, closure=False, skipped=False, without_grad=[]), loc)
