@@ -56,7 +56,7 @@ def _one(found):
 def test_a_steplr_in_epochs_stepped_per_batch(tmp_path):
     f = _one(_check(tmp_path, "torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)"))
     assert f.severity is Severity.WARNING and f.location.line == LINE
-    assert f.evidence["kind"] == "spent" and f.evidence["planned_steps"] == 90 * 64
+    assert f.evidence["side"] == "spent" and f.evidence["planned_steps"] == 90 * 64
     assert f.evidence["at"] == 60
     assert "in the first epoch" in f.message and "step_size=30 * len(loader)" in f.fix
 
@@ -100,7 +100,7 @@ def test_a_cosine_in_batches_stepped_per_epoch_never_moves(tmp_path):
     f = _one(_check(tmp_path, "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, "
                               "T_max=epochs * len(loader))", epochs=30, per_batch="pass",
                     per_epoch="scheduler.step()"))
-    assert f.evidence["kind"] == "still" and "stepped once per epoch" in f.message
+    assert f.evidence["side"] == "still" and "stepped once per epoch" in f.message
 
 
 def test_a_cosine_in_epochs_stepped_per_epoch_is_silent(tmp_path):

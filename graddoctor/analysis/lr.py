@@ -553,7 +553,7 @@ class Misfit:
     """A schedule whose length is out of scale with the planned run."""
 
     plan: Plan
-    kind: str  # "spent": done within SPENT_SHARE of the run; "still": barely begun at its end
+    side: str  # "spent": done within SPENT_SHARE of the run; "still": barely begun at its end
     at: int  # spent: the scheduler step at which it has done its work; still: its length
     what: str  # what happens there, for a message
     arg: str  # the argument sized in the wrong unit

@@ -111,7 +111,7 @@ class ScheduleMisfitsRun(Rule):
 
     def _finding(self, a, s, m):
         plan = m.plan
-        if m.kind == "spent":
+        if m.side == "spent":
             if plan.per_epoch and m.at <= plan.per_epoch:
                 where = f"in the first epoch ({m.at:,} of its {plan.per_epoch:,} steps)"
             elif plan.per_epoch and plan.epochs:
@@ -147,6 +147,6 @@ class ScheduleMisfitsRun(Rule):
         return self.finding(
             message, s.init.loc, fix=fix,
             related=(related(first, "its step() call"),) if first is not None else (),
-            evidence={"scheduler": s.cls, "args": dict(s.args), "kind": m.kind,
+            evidence={"scheduler": s.cls, "args": dict(s.args), "side": m.side,
                       "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
                       "left": m.left, "spent_share": SPENT_SHARE})

@@ -100,8 +100,8 @@ class SchedulerPeriodMismatch(Rule):
                           "per_update": round(c.per_update, 3), "real_len": c.real_len},
             )
 
-    @staticmethod
-    def verdict(a, s):
+    @classmethod
+    def verdict(cls, a, s):
         """``(message, severity or None for the rule's, fix)`` for a scheduler whose length is
         in another unit than its steps, or None."""
         if not s.positional or not s.steps or s.parent is not None:
@@ -109,11 +109,10 @@ class SchedulerPeriodMismatch(Rule):
         c = cadence(a, s)
         if c is None or per_micro_batch(a, s) is not None:
             return None  # stepped per micro-batch: scheduler-per-micro-batch says it
-        rule = SchedulerPeriodMismatch
-        found = rule._per_batch(a, s, c) if c.per_update >= 0.9 and \
+        found = cls._per_batch(a, s, c) if c.per_update >= 0.9 and \
             (c.epoch_most >= 3 or (c.epochs_seen == 0 and c.updates >= 3)) else None
         if found is None and c.epoch_most == 1 and c.epoch_updates >= 3 and c.epochs_seen >= 1:
-            found = rule._per_epoch(a, s, c)
+            found = cls._per_epoch(a, s, c)
         return found
 
     @staticmethod
