@@ -18,6 +18,7 @@ NEIGHBOURS = {SLUG, "scheduler-period-mismatch", "lr-collapsed", "warmup-never-e
 SCRIPT = """
 import itertools
 import torch
+from tqdm import tqdm, trange
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -36,7 +37,7 @@ for epoch in {loop}:
         {per_batch}
     {per_epoch}
 """
-LINE = 12  # the scheduler's construction
+LINE = 13  # the scheduler's construction
 
 
 def _check(tmp_path, scheduler, epochs=90, loop="range(epochs)", per_batch="scheduler.step()",
@@ -123,3 +124,11 @@ def test_a_short_run_whose_decay_outlasts_its_first_epoch_is_silent(tmp_path):
 def test_a_plateau_scheduler_is_silent(tmp_path):
     assert _check(tmp_path, "torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0)",
                   per_batch="scheduler.step(loss.item())") == []
+
+
+@pytest.mark.parametrize("loop", ["tqdm(range(epochs), desc='epoch')", "trange(epochs)",
+                                  "enumerate(range(epochs))"])
+def test_an_epoch_loop_wrapped_in_a_progress_bar_is_read(tmp_path, loop):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)",
+                    loop=loop))
+    assert f.evidence["planned_steps"] == 90 * 64
