@@ -132,3 +132,17 @@ def test_an_epoch_loop_wrapped_in_a_progress_bar_is_read(tmp_path, loop):
     f = _one(_check(tmp_path, "torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)",
                     loop=loop))
     assert f.evidence["planned_steps"] == 90 * 64
+
+
+def test_a_warm_up_named_in_epochs_stepped_per_batch(tmp_path):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, "
+                              "total_iters=epochs // 18)"))
+    assert f.evidence["at"] == 5 and "`epochs // 18`" in f.message
+
+
+@pytest.mark.parametrize("total", ["5", "warmup_steps", "warmup_epochs * len(loader)",
+                                   "epochs * steps_per_epoch // 100"])
+def test_a_warm_up_in_steps_is_silent(tmp_path, total):
+    scheduler = (f"(warmup_steps := 5, warmup_epochs := 1, steps_per_epoch := 64) and "
+                 f"torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters={total})")
+    assert _check(tmp_path, scheduler) == []

@@ -24,7 +24,9 @@ Public API (also for the report's pictures):
 
 from __future__ import annotations
 
+import ast
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -625,6 +627,39 @@ def _length(s: Schedule):
     return None
 
 
+_EPOCH_WORD = re.compile(r"epoch", re.I)
+_BATCH_WORDS = re.compile(r"len\(|per_?epoch|step|iter|batch", re.I)
+
+
+def _warmup_in_epochs(a: "Analysis", s: Schedule, plan: Plan):
+    """``(total_iters, its source text)`` of a ``LinearLR`` warm-up stepped per batch whose
+    length the script names as epochs (``total_iters=warmup_epochs``, nothing per epoch or
+    batch in it) and that ends within the first epoch; None otherwise."""
+    if s.cls != "LinearLR" or s.init is None or s.init.loc is None or not plan.per_epoch:
+        return None
+    args = s.args
+    start, end, n = args.get("start_factor", 1 / 3), args.get("end_factor", 1.0), args.get("total_iters", 5)
+    if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and start < end
+            and isinstance(n, int) and 0 < n < plan.per_epoch):
+        return None
+    text = a.source.schedule_arguments(s.init.loc.path, s.init.loc.line, "LinearLR")
+    if not text:
+        return None
+    try:
+        call = ast.parse(f"f(None, {text})", mode="eval").body
+    except SyntaxError:
+        return None
+    node = next((k.value for k in call.keywords if k.arg == "total_iters"), None)
+    if node is None and len(call.args) >= 4:
+        node = call.args[3]
+    if node is None:
+        return None
+    shown = ast.unparse(node)
+    if not _EPOCH_WORD.search(shown) or _BATCH_WORDS.search(shown):
+        return None
+    return n, shown
+
+
 def _sized_in_batches(n: int, lengths) -> bool:
     return any(m >= 2 and n >= m and n % m == 0 for m in lengths)
 
@@ -663,22 +698,42 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
     ended) within the first ``SPENT_SHARE`` of the run, its length not sized with the
     DataLoader's length; stepped per epoch with a length sized with the DataLoader's length
     (in batches), it covers at most ``STILL_SHARE`` of it by the run's end. None otherwise."""
-    if not s.positional or s.parent is not None or s.cls in CONTAINERS or not s.count \
-            or s.init is None:
+    if not s.positional or s.cls in CONTAINERS or s.init is None:
+        return None
+    stepper, offset = s, 0  # who the user steps; where in its steps this schedule starts
+    if s.parent is not None:
+        stepper = a.schedulers.get(s.parent)
+        if stepper is None or stepper.cls not in CONTAINERS or stepper.parent is not None \
+                or stepper.init is None:
+            return None
+        if stepper.cls == "SequentialLR":  # judged: its last schedule, from its last milestone
+            children = stepper.init.get("children") or []
+            milestones = stepper.args.get("milestones") or []
+            if not children or children[-1] != s.sched or len(milestones) != len(children) - 1:
+                return None
+            offset = milestones[-1] if milestones else 0
+            if not isinstance(offset, int) or offset < 0:
+                return None
+    if not stepper.count:
         return None
     args = s.args
-    if isinstance(args.get("last_epoch"), int) and args["last_epoch"] > 0:
+    if isinstance(args.get("last_epoch"), int) and args["last_epoch"] > 0 and s.parent is None:
         return None  # resumed: its position is not the run's start
-    if per_micro_batch(a, s) is not None or stepped_twice(a, s) is not None:
+    if per_micro_batch(a, stepper) is not None or stepped_twice(a, stepper) is not None:
         return None  # scheduler-per-micro-batch / scheduler-stepped-twice say it
-    plan = planned_run(a, s)
+    plan = planned_run(a, stepper)
     if plan is None:
         return None
     if plan.unit == "batch":
         found = _spent_at(s)
         if found is None:
+            warm = _warmup_in_epochs(a, s, plan)
+            if warm is not None:
+                return Misfit(plan, "spent", warm[0] + offset, "ends its warm-up", "total_iters",
+                              warm[1], None, None)
             return None
         at, what, arg, value = found
+        at += offset
         sizes = value if isinstance(value, list) else [value] if isinstance(value, int) else []
         if any(_sized_in_batches(v, plan.lengths) for v in sizes):
             return None  # sized with len(loader): a batch count
@@ -686,8 +741,10 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
             return None
         if plan.per_epoch and at >= plan.per_epoch and plan.epochs and plan.epochs < 2 / SPENT_SHARE:
             return None  # a short run (under 20 epochs) whose schedule outlasts the first epoch
-        cycles = plan.steps / (2 * at) if s.cls == "CosineAnnealingLR" else None
-        return Misfit(plan, "spent", at, what, arg, value, lr_left(s, plan.steps), cycles)
+        cycles = (plan.steps - offset) / (2 * (at - offset)) if s.cls == "CosineAnnealingLR" else None
+        return Misfit(plan, "spent", at, what, arg, value, lr_left(s, plan.steps - offset), cycles)
+    if s.parent is not None:
+        return None  # a container stepped per epoch: its children's lengths are not judged
     found = _length(s)
     if found is None:
         return None

@@ -14,6 +14,8 @@ _SPENT_FIXES = {
                           "per epoch)",
     "T_max": "count T_max in the unit the scheduler is stepped in (T_max=epochs * len(loader) "
              "stepped per batch), or step it once per epoch",
+    "warmup": "count the warm-up in optimizer steps (total_iters={v} * len(loader)), or step "
+              "the warm-up once per epoch",
     "total_iters": "count total_iters in optimizer steps (total_iters=epochs * len(loader)), or "
                    "step the scheduler once per epoch",
     "num_training_steps": "count num_training_steps in optimizer steps "
@@ -99,7 +101,7 @@ class ScheduleMisfitsRun(Rule):
     def check(self, a):
         collapsed = {c.writer.sched for c in a.lr_collapses if c.writer.scheduled}
         for s in a.schedulers.values():
-            if s.sched in collapsed:
+            if s.sched in collapsed or s.parent in collapsed:
                 continue  # seen collapsing in the replay: lr-collapsed says it
             m = schedule_misfit(a, s)
             if m is None:
@@ -126,11 +128,20 @@ class ScheduleMisfitsRun(Rule):
                 after = f"and ends the run at {_share(m.left)} of its start"
             else:
                 after = "and stays there for the rest of the run"
-            message = (f"{_call(s)} is stepped after every batch, but its {m.arg} looks like a "
+            through = ""
+            if s.parent is not None and s.parent in a.schedulers:
+                through = f" (through its {a.schedulers[s.parent].cls})"
+            message = (f"{_call(s)} is stepped after every batch{through}, but its {m.arg} looks like a "
                        f"count of epochs: over the run the script plans ({plan.described}), its lr "
                        f"{m.what} by step {m.at:,}, {where}, {after}")
             v = m.value if not isinstance(m.value, float) else f"{m.value:g}"
             fix = _SPENT_FIXES.get(m.arg, self.fix).format(v=v)
+            if m.what == "ends its warm-up":
+                message = (f"{_call(s)} is stepped after every batch{through}, but its total_iters "
+                           f"is `{m.value}`, a count of epochs: the warm-up ends after {m.at:,} "
+                           f"batches, in the first epoch ({plan.per_epoch:,} batches), instead of "
+                           f"after {m.at:,} epochs, and the model trains at the full lr from then on")
+                fix = _SPENT_FIXES["warmup"].format(v=m.value)
         else:
             n, real = m.at, m.real_length or m.at
             unit = next(x for x in (plan.real_len, plan.replay_len) if x and n % x == 0)
@@ -143,7 +154,8 @@ class ScheduleMisfitsRun(Rule):
                        f"over the {plan.steps:,} epochs the script plans it covers "
                        f"{_share(covered)} of its length{end}, so the schedule barely acts")
             fix = _STILL_FIX.format(arg=m.arg)
-        first = s.steps[0] if s.steps else None
+        stepper = a.schedulers.get(s.parent) if s.parent is not None else s
+        first = stepper.steps[0] if stepper is not None and stepper.steps else None
         return self.finding(
             message, s.init.loc, fix=fix,
             related=(related(first, "its step() call"),) if first is not None else (),
