@@ -146,3 +146,14 @@ def test_a_warm_up_in_steps_is_silent(tmp_path, total):
     scheduler = (f"(warmup_steps := 5, warmup_epochs := 1, steps_per_epoch := 64) and "
                  f"torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters={total})")
     assert _check(tmp_path, scheduler) == []
+
+
+def test_a_one_cycle_over_the_epoch_count_stepped_per_batch(tmp_path):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, "
+                              "total_steps=epochs)"))
+    assert f.evidence["at"] == 90 and "ValueError" in f.message and "steps_per_epoch" in f.fix
+
+
+def test_a_one_cycle_over_the_run_is_silent(tmp_path):
+    assert _check(tmp_path, "torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, "
+                            "epochs=epochs, steps_per_epoch=len(loader))") == []

@@ -594,6 +594,9 @@ def _spent_at(s: Schedule):
         return None
     if cls == "CosineAnnealingLR" and isinstance(args.get("T_max"), int) and args["T_max"] > 0:
         return args["T_max"], "reaches eta_min", "T_max", args["T_max"]
+    if cls == "OneCycleLR" and isinstance(args.get("total_steps"), int) and args["total_steps"] > 0:
+        return (args["total_steps"], "reaches the end of its cycle (its next step() raises "
+                "torch's ValueError: \"Tried to step ... times\")", "total_steps", args["total_steps"])
     if cls in ("LinearLR", "PolynomialLR") and isinstance(args.get("total_iters"), int) \
             and args["total_iters"] > 0:
         if cls == "LinearLR":

@@ -18,6 +18,8 @@ _SPENT_FIXES = {
               "the warm-up once per epoch",
     "total_iters": "count total_iters in optimizer steps (total_iters=epochs * len(loader)), or "
                    "step the scheduler once per epoch",
+    "total_steps": "give OneCycleLR the run's optimizer steps (total_steps=epochs * len(loader), "
+                   "or epochs=epochs, steps_per_epoch=len(loader))",
     "num_training_steps": "count num_training_steps in optimizer steps "
                           "(num_training_steps=epochs * len(loader))",
 }
@@ -26,7 +28,8 @@ _STILL_FIX = ("step the scheduler after every optimizer.step() (inside the batch
 
 
 def _call(s) -> str:
-    keys = [k for k in ("step_size", "milestones", "T_max", "total_iters", "num_training_steps",
+    keys = [k for k in ("step_size", "milestones", "T_max", "total_iters", "total_steps",
+                        "num_training_steps",
                         "gamma") if k in s.args]
     return f"{s.cls}({', '.join(f'{k}={s.args[k]}' for k in keys)})"
 
@@ -46,8 +49,10 @@ class ScheduleMisfitsRun(Rule):
     * stepped after every batch, it has done its work within the first 10% of the run: a
       `StepLR(step_size=30)` / `MultiStepLR(milestones=[30, 60])` / `ExponentialLR(gamma=0.95)`
       decayed 100×, a `CosineAnnealingLR(T_max=epochs)` at its minimum (then cycling), a
-      `LinearLR` / `PolynomialLR` / transformers decay at its end, while none of its lengths is
-      a multiple of the DataLoader's length;
+      `LinearLR` / `PolynomialLR` / transformers decay at its end, a `OneCycleLR(total_steps=
+      epochs)` at its end (where torch raises at the next step), a `LinearLR` warm-up whose
+      `total_iters` the script names in epochs (`warmup_epochs`) over within the first epoch,
+      while none of its lengths is a multiple of the DataLoader's length;
     * stepped once per epoch with a length that is a multiple of the DataLoader's length (a
       count of batches: `T_max=epochs * len(loader)`), it covers at most 20% of it by the run's
       last epoch: the lr hardly moves.
@@ -83,7 +88,7 @@ class ScheduleMisfitsRun(Rule):
     ## Stays silent on
     A per-batch schedule sized in steps (`epochs * len(loader)`, milestones in steps); a
     per-epoch schedule sized in epochs; `ReduceLROnPlateau`; a warm-up (however short);
-    `OneCycleLR`, `CyclicLR` and warm restarts (cycles by design); a run whose length
+    `CyclicLR` and warm restarts (cycles by design); a run whose length
     graddoctor cannot read from the source; a schedule resumed from a checkpoint
     (`last_epoch`); one that `scheduler-period-mismatch`, `lr-collapsed`,
     `scheduler-per-micro-batch` or `scheduler-stepped-twice` already reports.
@@ -124,6 +129,8 @@ class ScheduleMisfitsRun(Rule):
             if m.cycles is not None:
                 after = (f"then climbs back: about {m.cycles:,.0f} full cycles over the run, the lr "
                          f"swinging between its maximum and eta_min")
+            elif s.cls == "OneCycleLR":
+                after = "long before the run's end"
             elif m.left is not None and m.left < 1:
                 after = f"and ends the run at {_share(m.left)} of its start"
             else:
