@@ -65,7 +65,10 @@ backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    started from 0 over one term: the source tells them apart),
                    hand_step_cosine (only present after one of a run's first hand-written updates
                    of module parameters, no optimizer: the cosine between the change of their
-                   values and the gradient that update applied; -1 for plain SGD, +1 for ascent)
+                   values and the gradient that update applied; -1 for plain SGD, +1 for ascent),
+                   hand_step_scale (only present after one of those updates, of any CPU leaf
+                   tensors, that moved them by the gradient times one negative number: that
+                   number's size, the step size applied; instrument/handstep.py)
 (threads)          backward, clear, step_begin and step made in a thread other than the one that
                    runs the script also carry thread (1, 2, ...: ``THREADED_KINDS``)
 clear              via ("optimizer.zero_grad" | "module.zero_grad"), opt (id|None),
@@ -1115,6 +1118,7 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
              repeats: int | None = None, updated_by_hand: list[int] | None = None,
              applied_by_hand: list[int] | None = None, autocast_fp16: list | None = None,
              loss_negated: str | None = None, hand_step_cosine: float | None = None,
+             hand_step_scale: float | None = None,
              loss_constant: bool | None = None, thread: int | None = None) -> Made:
     """``scale``: a float, a ``Deferred`` device value, or None. ``scaler`` and
     ``scaler_enabled`` are only written when given (rules tell a missing key from None);
@@ -1141,6 +1145,8 @@ def backward(*, fresh: list[int], accumulated: list[int], cleared_outside: list[
         data["loss_negated"] = loss_negated
     if hand_step_cosine is not None:
         data["hand_step_cosine"] = hand_step_cosine
+    if hand_step_scale is not None:
+        data["hand_step_scale"] = hand_step_scale
     if loss_constant:
         data["loss_constant"] = True
     return "backward", _threaded(data, thread)

@@ -24,11 +24,14 @@ Public API (also for the report's pictures):
 
 from __future__ import annotations
 
+import ast
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..trace import Event, Location
+from .windows import typical
 
 if TYPE_CHECKING:
     from . import Analysis
@@ -489,3 +492,272 @@ def growths(a: "Analysis") -> list[Growth]:
             continue  # it held or fell somewhere: a warm-up that reached its peak, a cycle
         out.append(Growth(opt, g, top, last.lr, updates, w, last.lr >= RUNAWAY * top))
     return out
+
+
+# -- a schedule projected over the run the script plans -----------------------------------------
+
+SPENT_SHARE = 0.1  # a per-batch schedule spent within this share of the planned run
+FLOOR = 0.01  # a decay down to this share of its start has done its work (100x)
+STILL_SHARE = 0.2  # a per-epoch schedule that covers at most this share of its length
+PER_UPDATE = (0.9, 1.1)  # scheduler steps per optimizer step of a schedule stepped per batch
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run the script plans, in the steps a scheduler is stepped in."""
+
+    unit: str  # "batch" (stepped after every optimizer step) | "epoch" (once per epoch)
+    steps: int  # the scheduler's steps over the planned run
+    epochs: int | None  # the planned epochs, when the loop counts epochs
+    per_epoch: int | None  # scheduler steps per epoch (stepped per batch, real DataLoader length)
+    described: str  # how it was read, for a message
+    lengths: tuple  # the epoch lengths a length sized with len(loader) may have been given
+    real_len: int | None
+    replay_len: int | None
+
+
+def planned_run(a: "Analysis", s: Schedule) -> Plan | None:
+    """How many times the scheduler is stepped over the run the script plans: the loop around
+    its training DataLoader's loop (``epoch_start``'s ``planned``, instrument/planned.py) times
+    the updates of a real epoch for a scheduler stepped once per optimizer step, the epochs for
+    one stepped once per epoch; None when either is unclear."""
+    loader, real_len, replay_len = training_loader(a)
+    if loader is None:
+        return None
+    start = next((e for e in a.by_kind.get("epoch_start", ()) if e.get("loader") == loader
+                  and e.get("planned")), None)
+    if start is None:
+        return None
+    unit, count = start["planned"]
+    c = cadence(a, s)
+    if c is None or c.updates < 3 or not isinstance(count, int) or count <= 0:
+        return None
+    lengths = c.lengths()
+    per_update = PER_UPDATE[0] <= c.per_update <= PER_UPDATE[1] and c.most_between <= 1
+    k = typical([w.k for w in a.windows.get(s.opt, [])]) or 1
+    if per_update and unit == "epochs" and real_len:
+        per = max(1, real_len // k)
+        steps = count * per
+        acc = f" of {k} accumulated batches" if k > 1 else ""
+        return Plan("batch", steps, count, per,
+                    f"{count} epochs × {per:,} updates{acc} = {steps:,} steps", lengths,
+                    real_len, replay_len)
+    if per_update and unit == "steps" and k == 1:
+        return Plan("batch", count, None, real_len, f"the loop's {count:,} steps", lengths,
+                    real_len, replay_len)
+    if unit == "epochs" and c.epoch_most == 1 and c.epochs_seen >= 2 and c.per_update < 0.5:
+        return Plan("epoch", count, count, None, f"{count} epochs", lengths, real_len, replay_len)
+    return None
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """A schedule whose length is out of scale with the planned run."""
+
+    plan: Plan
+    side: str  # "spent": done within SPENT_SHARE of the run; "still": barely begun at its end
+    at: int  # spent: the scheduler step at which it has done its work; still: its length
+    what: str  # what happens there, for a message
+    arg: str  # the argument sized in the wrong unit
+    value: object  # its value
+    left: float | None  # the lr at the run's end as a share of its start, where computable
+    cycles: float | None  # a cosine's full cycles over the run
+    real_length: int | None = None  # still: its length in a real run (len(loader) was the replay's)
+
+
+def _gamma(args) -> float | None:
+    g = args.get("gamma")
+    return float(g) if isinstance(g, (int, float)) and 0 < g < 1 else None
+
+
+def _spent_at(s: Schedule):
+    """``(step, what, arg, value)``: the scheduler step by which the schedule has done its work
+    (decayed below FLOOR of its start, reached its minimum, ended), or None."""
+    args, cls = s.args, s.cls
+    gamma = _gamma(args)
+    if cls == "StepLR" and gamma and isinstance(args.get("step_size"), int) and args["step_size"] > 0:
+        n = math.ceil(math.log(FLOOR) / math.log(gamma) - 1e-9)
+        return (args["step_size"] * n, f"falls below {FLOOR:.0%} of its start", "step_size",
+                args["step_size"])
+    if cls == "ExponentialLR" and gamma:
+        n = math.ceil(math.log(FLOOR) / math.log(gamma) - 1e-9)
+        return n, f"falls below {FLOOR:.0%} of its start", "gamma", gamma
+    if cls == "MultiStepLR" and gamma and args.get("milestones"):
+        factor, milestones = 1.0, [m for m in args["milestones"] if isinstance(m, int) and m > 0]
+        for m in milestones:
+            factor *= gamma
+            if factor <= FLOOR * (1 + 1e-9):
+                return m, f"falls to {factor:.2g} of its start", "milestones", args["milestones"]
+        if milestones:
+            return (milestones[-1], f"passes its last milestone ({factor:.2g} of its start)",
+                    "milestones", args["milestones"])
+        return None
+    if cls == "CosineAnnealingLR" and isinstance(args.get("T_max"), int) and args["T_max"] > 0:
+        return args["T_max"], "reaches eta_min", "T_max", args["T_max"]
+    if cls == "OneCycleLR" and isinstance(args.get("total_steps"), int) and args["total_steps"] > 0:
+        return (args["total_steps"], "reaches the end of its cycle (its next step() raises "
+                "torch's ValueError: \"Tried to step ... times\")", "total_steps", args["total_steps"])
+    if cls in ("LinearLR", "PolynomialLR") and isinstance(args.get("total_iters"), int) \
+            and args["total_iters"] > 0:
+        if cls == "LinearLR":
+            start, end = args.get("start_factor", 1 / 3), args.get("end_factor", 1.0)
+            if not (isinstance(start, (int, float)) and isinstance(end, (int, float))) or end >= start:
+                return None  # a warm-up: a short one is a choice
+            what = f"ends its decay at {end / start:.2g} of its start"
+        else:
+            what = "ends its decay at 0"
+        return args["total_iters"], what, "total_iters", args["total_iters"]
+    if cls == "LambdaLR" and isinstance(args.get("num_training_steps"), int) \
+            and args["num_training_steps"] > 0 and "constant" not in str(args.get("lr_lambda", "")):
+        return (args["num_training_steps"], "ends its decay", "num_training_steps",
+                args["num_training_steps"])
+    return None
+
+
+def _length(s: Schedule):
+    """``(length, arg, value)``: the scheduler steps before a per-epoch schedule changes the lr
+    much (a cosine's or linear decay's length, a StepLR's first step, a MultiStepLR's first
+    milestone), or None."""
+    args, cls = s.args, s.cls
+    if cls == "StepLR" and _gamma(args) and isinstance(args.get("step_size"), int) and args["step_size"] > 0:
+        return args["step_size"], "step_size", args["step_size"]
+    if cls == "MultiStepLR" and _gamma(args) and args.get("milestones"):
+        first = args["milestones"][0]
+        return (first, "milestones", args["milestones"]) if isinstance(first, int) and first > 0 else None
+    found = _spent_at(s)
+    if found is not None and s.cls not in ("ExponentialLR",):
+        return found[0], found[2], found[3]
+    return None
+
+
+_EPOCH_WORD = re.compile(r"epoch", re.I)
+_BATCH_WORDS = re.compile(r"len\(|per_?epoch|step|iter|batch", re.I)
+
+
+def _warmup_in_epochs(a: "Analysis", s: Schedule, plan: Plan):
+    """``(total_iters, its source text)`` of a ``LinearLR`` warm-up stepped per batch whose
+    length the script names as epochs (``total_iters=warmup_epochs``, nothing per epoch or
+    batch in it) and that ends within the first epoch; None otherwise."""
+    if s.cls != "LinearLR" or s.init is None or s.init.loc is None or not plan.per_epoch:
+        return None
+    args = s.args
+    start, end, n = args.get("start_factor", 1 / 3), args.get("end_factor", 1.0), args.get("total_iters", 5)
+    if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and start < end
+            and isinstance(n, int) and 0 < n < plan.per_epoch):
+        return None
+    text = a.source.schedule_arguments(s.init.loc.path, s.init.loc.line, "LinearLR")
+    if not text:
+        return None
+    try:
+        call = ast.parse(f"f(None, {text})", mode="eval").body
+    except SyntaxError:
+        return None
+    node = next((k.value for k in call.keywords if k.arg == "total_iters"), None)
+    if node is None and len(call.args) >= 4:
+        node = call.args[3]
+    if node is None:
+        return None
+    shown = ast.unparse(node)
+    if not _EPOCH_WORD.search(shown) or _BATCH_WORDS.search(shown):
+        return None
+    return n, shown
+
+
+def _sized_in_batches(n: int, lengths) -> bool:
+    return any(m >= 2 and n >= m and n % m == 0 for m in lengths)
+
+
+def lr_left(s: Schedule, steps: float) -> float | None:
+    """The schedule's lr after ``steps`` of its steps, as a share of its start (eta_min and
+    end factors taken as 0 where that is their default)."""
+    args, cls = s.args, s.cls
+    gamma = _gamma(args)
+    try:
+        if cls == "StepLR" and gamma:
+            return gamma ** (steps // args["step_size"])
+        if cls == "ExponentialLR" and gamma:
+            return gamma ** steps
+        if cls == "MultiStepLR" and gamma:
+            return gamma ** sum(1 for m in args["milestones"] if m <= steps)
+        if cls == "CosineAnnealingLR":
+            return 0.5 * (1 + math.cos(math.pi * steps / args["T_max"]))
+        if cls in ("LinearLR", "PolynomialLR", "LambdaLR"):
+            n = args.get("total_iters") or args.get("num_training_steps")
+            done = min(1.0, steps / n)
+            if cls == "LinearLR":
+                start, end = args.get("start_factor", 1 / 3), args.get("end_factor", 1.0)
+                return (start + (end - start) * done) / start
+            if cls == "PolynomialLR":
+                return (1 - done) ** args.get("power", 1.0)
+            return 1 - done
+    except (KeyError, TypeError, ZeroDivisionError, OverflowError, ValueError):
+        return None
+    return None
+
+
+def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
+    """A scheduler whose length is out of scale with the run the script plans, in the unit it
+    is stepped in: stepped per batch, it has done its work (decayed 100x, reached its minimum,
+    ended) within the first ``SPENT_SHARE`` of the run, its length not sized with the
+    DataLoader's length; stepped per epoch with a length sized with the DataLoader's length
+    (in batches), it covers at most ``STILL_SHARE`` of it by the run's end. None otherwise."""
+    if not s.positional or s.cls in CONTAINERS or s.init is None:
+        return None
+    stepper, offset = s, 0  # who the user steps; where in its steps this schedule starts
+    if s.parent is not None:
+        stepper = a.schedulers.get(s.parent)
+        if stepper is None or stepper.cls not in CONTAINERS or stepper.parent is not None \
+                or stepper.init is None:
+            return None
+        if stepper.cls == "SequentialLR":  # judged: its last schedule, from its last milestone
+            children = stepper.init.get("children") or []
+            milestones = stepper.args.get("milestones") or []
+            if not children or children[-1] != s.sched or len(milestones) != len(children) - 1:
+                return None
+            offset = milestones[-1] if milestones else 0
+            if not isinstance(offset, int) or offset < 0:
+                return None
+    if not stepper.count:
+        return None
+    args = s.args
+    if isinstance(args.get("last_epoch"), int) and args["last_epoch"] > 0 and s.parent is None:
+        return None  # resumed: its position is not the run's start
+    if per_micro_batch(a, stepper) is not None or stepped_twice(a, stepper) is not None:
+        return None  # scheduler-per-micro-batch / scheduler-stepped-twice say it
+    plan = planned_run(a, stepper)
+    if plan is None:
+        return None
+    if plan.unit == "batch":
+        found = _spent_at(s)
+        if found is None:
+            warm = _warmup_in_epochs(a, s, plan)
+            if warm is not None:
+                return Misfit(plan, "spent", warm[0] + offset, "ends its warm-up", "total_iters",
+                              warm[1], None, None)
+            return None
+        at, what, arg, value = found
+        at += offset
+        sizes = value if isinstance(value, list) else [value] if isinstance(value, int) else []
+        if any(_sized_in_batches(v, plan.lengths) for v in sizes):
+            return None  # sized with len(loader): a batch count
+        if at > SPENT_SHARE * plan.steps:
+            return None
+        if plan.per_epoch and at >= plan.per_epoch and plan.epochs and plan.epochs < 2 / SPENT_SHARE:
+            return None  # a short run (under 20 epochs) whose schedule outlasts the first epoch
+        cycles = (plan.steps - offset) / (2 * (at - offset)) if s.cls == "CosineAnnealingLR" else None
+        return Misfit(plan, "spent", at, what, arg, value, lr_left(s, plan.steps - offset), cycles)
+    if s.parent is not None:
+        return None  # a container stepped per epoch: its children's lengths are not judged
+    found = _length(s)
+    if found is None:
+        return None
+    n, arg, value = found
+    if not _sized_in_batches(n, plan.lengths):
+        return None
+    real = n
+    if plan.replay_len and plan.real_len and plan.replay_len < plan.real_len \
+            and n % plan.replay_len == 0:
+        real = n // plan.replay_len * plan.real_len  # len(loader) returned the replay's length
+    if plan.steps > STILL_SHARE * real:
+        return None
+    return Misfit(plan, "still", n, "", arg, value, lr_left(s, plan.steps * n / real), None, real)

@@ -84,7 +84,7 @@ _ROOT_MARK = "graddoctor.backward"  # key of the mark a retained backward leaves
 class BackwardContext:
     __slots__ = ("pids", "tensors", "before", "held", "extra_leaves", "cell", "graph_nodes",
                  "history", "repeats", "root_cell", "kept", "updated_by_hand", "applied_by_hand",
-                 "hand_step_cosine")
+                 "hand_step_cosine", "hand_step_scale")
     cell: list | None  # its nodes' mark: [seq of its event once emitted, session]
     graph_nodes: int | None  # interior nodes, when walked with _history_walk
     history: list | None  # [[seq of an earlier backward, [pid]]], see events.backward
@@ -111,6 +111,7 @@ class BackwardContext:
         # the cosine between the last hand-written update and the gradient it applied, measured
         # after the first few such updates (instrument/handstep.py); None otherwise
         self.hand_step_cosine: float | None = None
+        self.hand_step_scale: float | None = None  # its step size, when plain SGD (handstep.py)
 
     def verdicts(self) -> dict[int, int]:
         """pid -> verdict of each tensor that had a grad before the backward."""
@@ -149,6 +150,7 @@ class _Line:
 # keys of a backward event that only its context writes (none on the straight-line path)
 _SKIM = object()  # _steady_before's answer on a skimmed turn (Folder.skimming)
 _CTX_KEYS = frozenset({"repeats", "updated_by_hand", "applied_by_hand", "hand_step_cosine",
+                       "hand_step_scale",
                        "thread"})
 
 _PLAIN = (Tensor, torch.nn.Parameter)  # tensors whose own version and values are read
@@ -355,6 +357,7 @@ class BackwardWatcher:
         self._marks: dict[int, tuple] = {}
         self._direction = HandStepDirection()  # which way the first hand-written updates go
         self._step_cosine: float | None = None
+        self._step_scale: float | None = None
         self._steps_at_backward = 0  # rec.progress.steps when the latest backward ended
 
     # -- graph walks ---------------------------------------------------------------------------
@@ -557,6 +560,7 @@ class BackwardWatcher:
         if not self._direction.done:  # the first hand-written updates: which way they go
             self._step_cosine = self._direction.observe(
                 [pids[i] for i in chosen], [tensors[i] for i in chosen], set(updated))
+            self._step_scale = self._direction.scale
         return sorted(updated), sorted(applied)
 
     def _judge_changed(self, grad) -> int:
@@ -619,7 +623,8 @@ class BackwardWatcher:
                                      graph_nodes=ctx.graph_nodes, history=ctx.history,
                                      repeats=ctx.repeats, updated_by_hand=ctx.updated_by_hand or None,
                                      applied_by_hand=ctx.applied_by_hand or None,
-                                     hand_step_cosine=ctx.hand_step_cosine, **extra), loc)
+                                     hand_step_cosine=ctx.hand_step_cosine,
+                                     hand_step_scale=ctx.hand_step_scale, **extra), loc)
         if ctx.cell is not None:
             ctx.cell[0] = event.seq  # later backwards that meet its marks name this event
         if ctx.root_cell is not None:
@@ -654,10 +659,11 @@ class BackwardWatcher:
                 (fresh if verdict == FRESH else accumulated if verdict == ACCUMULATED
                  else cleared).append(pids[i])
         try:
-            self._step_cosine = None
+            self._step_cosine = self._step_scale = None
             ctx.updated_by_hand, ctx.applied_by_hand = self._hand_updates(pids, tensors, written,
                                                                           ctx.kept)
             ctx.hand_step_cosine = self._step_cosine
+            ctx.hand_step_scale = self._step_scale
         except Exception as exc:  # loses this fact only, not the backward's event
             rec.internal_error("backward (hand-written updates)", exc)
         grads = list(compress(after, written))

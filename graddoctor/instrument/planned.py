@@ -3,7 +3,8 @@ when the loader's first epoch begins.
 
 At a loader's first ``__iter__`` from the script's ``for batch in loader:`` line, the source of
 that function gives the loop around it: ``for epoch in range(E)`` (the count of ``range``:
-``range(a, b)`` is ``b - a``) or ``while step < N`` (``N``, a count of the steps the body
+``range(a, b)`` is ``b - a``; ``trange(E)``, and ``range`` inside ``tqdm(...)`` or
+``enumerate(...)``) or ``while step < N`` (``N``, a count of the steps the body
 counts); when the loader's loop is the outermost loop of a function (``train_one_epoch``), the
 loop around that function's call in its caller. The count's expression is evaluated on the
 frames' variables by a small evaluator that runs no code of the script: numbers, names,
@@ -125,12 +126,29 @@ def _number(node, frame, real_len):
     return value
 
 
+# wrappers of an epoch loop's range that keep its count: tqdm(range(E)), enumerate(range(E))
+_WRAPPERS = frozenset({"tqdm", "enumerate", "iter", "list"})
+
+
+def _unwrapped(node):
+    """``range(E)`` out of ``tqdm(range(E), desc=...)``, ``tqdm.tqdm(range(E))``,
+    ``enumerate(range(E))``; the node itself otherwise."""
+    while isinstance(node, ast.Call) and node.args:
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) \
+            else None
+        if name not in _WRAPPERS:
+            break
+        node = node.args[0]
+    return node
+
+
 def _count(loop, frame, real_len):
     """``["epochs", E]`` or ``["steps", N]`` for the loop, or None."""
     try:
         if isinstance(loop, ast.For):
-            it = loop.iter
-            if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" \
+            it = _unwrapped(loop.iter)
+            if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("range", "trange") \
                     and 1 <= len(it.args) <= 2 and not it.keywords:
                 values = [_number(arg, frame, real_len) for arg in it.args]
                 if not all(type(v) is int for v in values):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import math
 
-from ..analysis.lr import cadence, length, per_micro_batch
+from ..analysis.lr import cadence, length, per_micro_batch, schedule_misfit
 from ..findings import Severity
 from .base import Rule, related
 
@@ -80,18 +80,13 @@ class SchedulerPeriodMismatch(Rule):
 
     def check(self, a):
         for s in a.schedulers.values():
-            if not s.positional or not s.steps or s.parent is not None:
-                continue
-            c = cadence(a, s)
-            if c is None or per_micro_batch(a, s) is not None:
-                continue  # stepped per micro-batch: scheduler-per-micro-batch says it
-            found = self._per_batch(a, s, c) if c.per_update >= 0.9 and \
-                (c.epoch_most >= 3 or (c.epochs_seen == 0 and c.updates >= 3)) else None
-            if found is None and c.epoch_most == 1 and c.epoch_updates >= 3 and c.epochs_seen >= 1:
-                found = self._per_epoch(a, s, c)
+            found = period_verdict(a, s)
             if found is None:
                 continue
             message, severity, fix = found
+            if severity is Severity.INFO and schedule_misfit(a, s) is not None:
+                continue  # projected over the planned run: schedule-misfits-run says it, a warning
+            c = cadence(a, s)
             # where Lightning steps the schedule itself (automatic optimization), the unit is
             # the "interval" of the lr_scheduler config, not where a step() call sits
             first = s.steps[0]
@@ -105,7 +100,23 @@ class SchedulerPeriodMismatch(Rule):
                           "per_update": round(c.per_update, 3), "real_len": c.real_len},
             )
 
-    def _per_batch(self, a, s, c):
+    @classmethod
+    def verdict(cls, a, s):
+        """``(message, severity or None for the rule's, fix)`` for a scheduler whose length is
+        in another unit than its steps, or None."""
+        if not s.positional or not s.steps or s.parent is not None:
+            return None
+        c = cadence(a, s)
+        if c is None or per_micro_batch(a, s) is not None:
+            return None  # stepped per micro-batch: scheduler-per-micro-batch says it
+        found = cls._per_batch(a, s, c) if c.per_update >= 0.9 and \
+            (c.epoch_most >= 3 or (c.epochs_seen == 0 and c.updates >= 3)) else None
+        if found is None and c.epoch_most == 1 and c.epoch_updates >= 3 and c.epochs_seen >= 1:
+            found = cls._per_epoch(a, s, c)
+        return found
+
+    @staticmethod
+    def _per_batch(a, s, c):
         args = s.args
         per_epoch = int(round(min(1.0, c.per_backward) * c.real_len)) if c.real_len else None
         seen = s.count
@@ -173,13 +184,14 @@ class SchedulerPeriodMismatch(Rule):
         real = c.real_len or c.replay_len
         return [real] if real and real >= MIN_UNSHORTENED else []
 
-    def _per_epoch(self, a, s, c):
+    @classmethod
+    def _per_epoch(cls, a, s, c):
         n = length(s)
         if n is None:
             return None
         k = max(1, int(round(c.per_update / c.per_backward))) if c.per_backward else 1
         unit, span = None, n
-        for real in self._epoch_lengths(c):
+        for real in cls._epoch_lengths(c):
             updates = max(1, real // k)
             if n == real or (n >= LONG and n % real == 0):
                 unit = f"len(loader): {real} batches per epoch" + (
@@ -202,3 +214,6 @@ class SchedulerPeriodMismatch(Rule):
         return (f"{s.cls}({name}={n}) counts batches ({unit}), but its step() runs once per "
                 f"epoch: in a real run the schedule spans {span} epochs{progress}",
                 None, _PER_EPOCH_FIX)
+
+
+period_verdict = SchedulerPeriodMismatch.verdict

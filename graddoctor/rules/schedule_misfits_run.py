@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+from ..analysis.lr import SPENT_SHARE, schedule_misfit
+from ..findings import Severity
+from .base import Rule, related
+from .scheduler_period_mismatch import period_verdict
+
+_PER_EPOCH = "step the scheduler once per epoch (after the batch loop), or "
+_SPENT_FIXES = {
+    "step_size": _PER_EPOCH + "give step_size in optimizer steps (step_size={v} * len(loader))",
+    "milestones": _PER_EPOCH + "give the milestones in optimizer steps "
+                               "(milestones=[m * len(loader) for m in {v}])",
+    "gamma": _PER_EPOCH + "take gamma per step (gamma={v} ** (1 / len(loader)) for the same decay "
+                          "per epoch)",
+    "T_max": "count T_max in the unit the scheduler is stepped in (T_max=epochs * len(loader) "
+             "stepped per batch), or step it once per epoch",
+    "warmup": "count the warm-up in optimizer steps (total_iters={v} * len(loader)), or step "
+              "the warm-up once per epoch",
+    "total_iters": "count total_iters in optimizer steps (total_iters=epochs * len(loader)), or "
+                   "step the scheduler once per epoch",
+    "total_steps": "give OneCycleLR the run's optimizer steps (total_steps=epochs * len(loader), "
+                   "or epochs=epochs, steps_per_epoch=len(loader))",
+    "num_training_steps": "count num_training_steps in optimizer steps "
+                          "(num_training_steps=epochs * len(loader))",
+}
+_STILL_FIX = ("step the scheduler after every optimizer.step() (inside the batch loop), or count "
+              "its {arg} in epochs")
+
+
+def _call(s) -> str:
+    keys = [k for k in ("step_size", "milestones", "T_max", "total_iters", "total_steps",
+                        "num_training_steps",
+                        "gamma") if k in s.args]
+    return f"{s.cls}({', '.join(f'{k}={s.args[k]}' for k in keys)})"
+
+
+def _share(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.01 else f"{x:.1g}"
+
+
+class ScheduleMisfitsRun(Rule):
+    """
+    ## What it does
+    Projects each learning-rate schedule over the run the script plans (the loop around its
+    DataLoader loop, `for epoch in range(epochs)`, times the batches of a real epoch when the
+    scheduler is stepped after every optimizer step; the epochs when it is stepped once per
+    epoch) and finds a schedule whose length is in the other unit:
+
+    * stepped after every batch, it has done its work within the first 10% of the run: a
+      `StepLR(step_size=30)` / `MultiStepLR(milestones=[30, 60])` / `ExponentialLR(gamma=0.95)`
+      decayed 100×, a `CosineAnnealingLR(T_max=epochs)` at its minimum (then cycling), a
+      `LinearLR` / `PolynomialLR` / transformers decay at its end, a `OneCycleLR(total_steps=
+      epochs)` at its end (where torch raises at the next step), a `LinearLR` warm-up whose
+      `total_iters` the script names in epochs (`warmup_epochs`) over within the first epoch,
+      while none of its lengths is a multiple of the DataLoader's length;
+    * stepped once per epoch with a length that is a multiple of the DataLoader's length (a
+      count of batches: `T_max=epochs * len(loader)`), it covers at most 20% of it by the run's
+      last epoch: the lr hardly moves.
+
+    graddoctor runs a few steps only; the projection needs no long run.
+
+    ## Why is this bad?
+    The lr the optimizer applies is not the schedule you designed. A decay meant over 90 epochs
+    that is done in the first one trains the other 89 at a lr 100× to 10^180× too small (the
+    model stops learning early, and nothing fails); a cosine that restarts every few dozen
+    batches swings between its maximum and its minimum all run long; a schedule counted in
+    batches and stepped per epoch never decays at all.
+
+    ## Example
+    ```python
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
+    for epoch in range(90):
+        for x, y in loader:
+            ...
+            optimizer.step()
+            scheduler.step()        # per batch: step_size=30 means 30 batches
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(90):
+        for x, y in loader:
+            ...
+            optimizer.step()
+        scheduler.step()            # once per epoch
+    ```
+
+    ## Stays silent on
+    A per-batch schedule sized in steps (`epochs * len(loader)`, milestones in steps); a
+    per-epoch schedule sized in epochs; `ReduceLROnPlateau`; a warm-up (however short);
+    `CyclicLR` and warm restarts (cycles by design); a run whose length
+    graddoctor cannot read from the source; a schedule resumed from a checkpoint
+    (`last_epoch`); one that `scheduler-period-mismatch`, `lr-collapsed`,
+    `scheduler-per-micro-batch` or `scheduler-stepped-twice` already reports.
+    """
+
+    code = "GD276"
+    slug = "schedule-misfits-run"
+    severity = Severity.WARNING
+    summary = ("a learning-rate schedule sized in epochs is stepped per batch (done within the "
+               "first 10% of the planned run), or sized in batches and stepped per epoch (it "
+               "never moves)")
+    fix = ("size the schedule in the unit it is stepped in: optimizer steps "
+           "(epochs * len(loader)) when stepped per batch, epochs when stepped per epoch")
+
+    def check(self, a):
+        collapsed = {c.writer.sched for c in a.lr_collapses if c.writer.scheduled}
+        for s in a.schedulers.values():
+            if s.sched in collapsed or s.parent in collapsed:
+                continue  # seen collapsing in the replay: lr-collapsed says it
+            m = schedule_misfit(a, s)
+            if m is None:
+                continue
+            told = period_verdict(a, s)
+            if told is not None and told[1] is not Severity.INFO:
+                continue  # scheduler-period-mismatch says it as a warning
+            yield self._finding(a, s, m)
+
+    def _finding(self, a, s, m):
+        plan = m.plan
+        if m.side == "spent":
+            if plan.per_epoch and m.at <= plan.per_epoch:
+                where = f"in the first epoch ({m.at:,} of its {plan.per_epoch:,} steps)"
+            elif plan.per_epoch and plan.epochs:
+                where = (f"in epoch {-(-m.at // plan.per_epoch)} of {plan.epochs} "
+                         f"({m.at / plan.steps:.1%} of the run)")
+            else:
+                where = f"{m.at / plan.steps:.1%} of the way into the run"
+            if m.cycles is not None:
+                after = (f"then climbs back: about {m.cycles:,.0f} full cycles over the run, the lr "
+                         f"swinging between its maximum and eta_min")
+            elif s.cls == "OneCycleLR":
+                after = "long before the run's end"
+            elif m.left is not None and m.left < 1:
+                after = f"and ends the run at {_share(m.left)} of its start"
+            else:
+                after = "and stays there for the rest of the run"
+            through = ""
+            if s.parent is not None and s.parent in a.schedulers:
+                through = f" (through its {a.schedulers[s.parent].cls})"
+            message = (f"{_call(s)} is stepped after every batch{through}, but its {m.arg} looks like a "
+                       f"count of epochs: over the run the script plans ({plan.described}), its lr "
+                       f"{m.what} by step {m.at:,}, {where}, {after}")
+            v = m.value if not isinstance(m.value, float) else f"{m.value:g}"
+            fix = _SPENT_FIXES.get(m.arg, self.fix).format(v=v)
+            if m.what == "ends its warm-up":
+                message = (f"{_call(s)} is stepped after every batch{through}, but its total_iters "
+                           f"is `{m.value}`, a count of epochs: the warm-up ends after {m.at:,} "
+                           f"batches, in the first epoch ({plan.per_epoch:,} batches), instead of "
+                           f"after {m.at:,} epochs, and the model trains at the full lr from then on")
+                fix = _SPENT_FIXES["warmup"].format(v=m.value)
+        else:
+            n, real = m.at, m.real_length or m.at
+            unit = next(x for x in (plan.real_len, plan.replay_len) if x and n % x == 0)
+            scale = f" ({real:,} in a real run)" if real != n else ""
+            covered = plan.steps / real
+            left = m.left
+            end = f"; the lr ends the run at {_share(left)} of its start" if left is not None else ""
+            message = (f"{_call(s)} is stepped once per epoch, but its {m.arg} counts batches "
+                       f"({n:,} = {n // unit} × the DataLoader's {unit} batches per epoch{scale}): "
+                       f"over the {plan.steps:,} epochs the script plans it covers "
+                       f"{_share(covered)} of its length{end}, so the schedule barely acts")
+            fix = _STILL_FIX.format(arg=m.arg)
+        stepper = a.schedulers.get(s.parent) if s.parent is not None else s
+        first = stepper.steps[0] if stepper is not None and stepper.steps else None
+        return self.finding(
+            message, s.init.loc, fix=fix,
+            related=(related(first, "its step() call"),) if first is not None else (),
+            evidence={"scheduler": s.cls, "args": dict(s.args), "side": m.side,
+                      "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
+                      "left": m.left, "spent_share": SPENT_SHARE})

@@ -1,0 +1,159 @@
+"""schedule-misfits-run (GD276): each schedule projected over the run the script plans (the loop
+around its DataLoader loop, instrument/planned.py) in the unit it is stepped in; scripts run
+through the library."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from graddoctor.findings import Severity
+from graddoctor.options import CheckOptions
+from graddoctor.run.session import run_check
+
+SLUG = "schedule-misfits-run"
+NEIGHBOURS = {SLUG, "scheduler-period-mismatch", "lr-collapsed", "warmup-never-ends"}
+
+SCRIPT = """
+import itertools
+import torch
+from tqdm import tqdm, trange
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(256, 4), torch.randn(256, 1)), batch_size=4)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+epochs = {epochs}
+scheduler = {scheduler}
+for epoch in {loop}:
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        {per_batch}
+    {per_epoch}
+"""
+LINE = 13  # the scheduler's construction
+
+
+def _check(tmp_path, scheduler, epochs=90, loop="range(epochs)", per_batch="scheduler.step()",
+           per_epoch="pass"):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(scheduler=scheduler, epochs=epochs, loop=loop,
+                                                    per_batch=per_batch, per_epoch=per_epoch)))
+    report = run_check(CheckOptions(target=str(script)))
+    return [f for f in report.findings if f.rule in NEIGHBOURS]
+
+
+def _one(found):
+    assert [f.rule for f in found] == [SLUG], [(f.rule, f.message) for f in found]
+    return found[0]
+
+
+def test_a_steplr_in_epochs_stepped_per_batch(tmp_path):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)"))
+    assert f.severity is Severity.WARNING and f.location.line == LINE
+    assert f.evidence["side"] == "spent" and f.evidence["planned_steps"] == 90 * 64
+    assert f.evidence["at"] == 60
+    assert "in the first epoch" in f.message and "step_size=30 * len(loader)" in f.fix
+
+
+def test_the_same_steplr_stepped_per_epoch_is_silent(tmp_path):
+    assert _check(tmp_path, "torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)",
+                  per_batch="pass", per_epoch="scheduler.step()") == []
+
+
+@pytest.mark.parametrize("scheduler", [
+    "torch.optim.lr_scheduler.StepLR(optimizer, step_size=30 * len(loader), gamma=0.1)",
+    "torch.optim.lr_scheduler.MultiStepLR(optimizer, [30 * len(loader), 60 * len(loader)])",
+    "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(loader))",
+    "torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9999)",
+    "torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=5)",
+])
+def test_per_batch_schedules_sized_in_steps_are_silent(tmp_path, scheduler):
+    assert _check(tmp_path, scheduler) == []
+
+
+def test_milestones_in_epochs_past_the_first_epoch(tmp_path):
+    # 64 batches an epoch: milestone 60 passes inside the first epoch, 100 in the second;
+    # scheduler-period-mismatch (one epoch only) does not see the second
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[30, 100])"))
+    assert f.evidence["at"] == 100 and "epoch 2 of 90" in f.message
+
+
+def test_an_exponential_decay_per_epoch_stepped_per_batch(tmp_path):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.95)",
+                    epochs=20))
+    assert f.evidence["at"] == 90 and "gamma=0.95 ** (1 / len(loader))" in f.fix
+
+
+def test_a_cosine_shorter_than_an_epoch_is_left_to_period_mismatch(tmp_path):
+    found = _check(tmp_path, "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)",
+                   epochs=20)
+    assert [f.rule for f in found] == ["scheduler-period-mismatch"]
+
+
+def test_a_cosine_in_batches_stepped_per_epoch_never_moves(tmp_path):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, "
+                              "T_max=epochs * len(loader))", epochs=30, per_batch="pass",
+                    per_epoch="scheduler.step()"))
+    assert f.evidence["side"] == "still" and "stepped once per epoch" in f.message
+
+
+def test_a_cosine_in_epochs_stepped_per_epoch_is_silent(tmp_path):
+    assert _check(tmp_path, "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)",
+                  epochs=30, per_batch="pass", per_epoch="scheduler.step()") == []
+
+
+def test_a_run_of_unknown_length_is_silent(tmp_path):
+    assert _check(tmp_path, "torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)",
+                  loop="itertools.count()") == []
+
+
+def test_a_short_run_whose_decay_outlasts_its_first_epoch_is_silent(tmp_path):
+    # 5 epochs x 64 batches: 100x by batch 60 would be 19% of the run; the fine-tune of a few
+    # epochs is not judged by its first tenth
+    assert _check(tmp_path, "torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[80, 100])",
+                  epochs=5) == []
+
+
+def test_a_plateau_scheduler_is_silent(tmp_path):
+    assert _check(tmp_path, "torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0)",
+                  per_batch="scheduler.step(loss.item())") == []
+
+
+@pytest.mark.parametrize("loop", ["tqdm(range(epochs), desc='epoch')", "trange(epochs)",
+                                  "enumerate(range(epochs))"])
+def test_an_epoch_loop_wrapped_in_a_progress_bar_is_read(tmp_path, loop):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)",
+                    loop=loop))
+    assert f.evidence["planned_steps"] == 90 * 64
+
+
+def test_a_warm_up_named_in_epochs_stepped_per_batch(tmp_path):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, "
+                              "total_iters=epochs // 18)"))
+    assert f.evidence["at"] == 5 and "`epochs // 18`" in f.message
+
+
+@pytest.mark.parametrize("total", ["5", "warmup_steps", "warmup_epochs * len(loader)",
+                                   "epochs * steps_per_epoch // 100"])
+def test_a_warm_up_in_steps_is_silent(tmp_path, total):
+    scheduler = (f"(warmup_steps := 5, warmup_epochs := 1, steps_per_epoch := 64) and "
+                 f"torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters={total})")
+    assert _check(tmp_path, scheduler) == []
+
+
+def test_a_one_cycle_over_the_epoch_count_stepped_per_batch(tmp_path):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, "
+                              "total_steps=epochs)"))
+    assert f.evidence["at"] == 90 and "ValueError" in f.message and "steps_per_epoch" in f.fix
+
+
+def test_a_one_cycle_over_the_run_is_silent(tmp_path):
+    assert _check(tmp_path, "torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, "
+                            "epochs=epochs, steps_per_epoch=len(loader))") == []
