@@ -69,6 +69,7 @@ from .snapshots import SnapshotWatcher
 from .statecarry import StateCarryWatcher
 from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
+from .cumorder import CumulativeOrderWatcher
 from .attnaxis import SoftmaxAxisWatcher
 from .pairlabels import TripletOrderWatcher
 from .repeatedloss import RepeatedLossWatcher
@@ -234,6 +235,10 @@ class Instrumentation:
         redrawn = RedrawnNoiseWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, redrawn.describe_loss)
         self.watchers.append(redrawn)
+        # a cumulative op that runs in another order than its loss needs (cumulative-out-of-order)
+        cumulative = CumulativeOrderWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, cumulative.describe_loss)
+        self.watchers.append(cumulative)
         # a penalty's anchor that is the live parameters (anchor-aliases-params)
         anchors = AnchorAliasWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, anchors.describe_loss)
