@@ -70,6 +70,7 @@ from .statecarry import StateCarryWatcher
 from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
 from .cumorder import CumulativeOrderWatcher
+from .returnorder import ReturnOrderWatcher
 from .attnaxis import SoftmaxAxisWatcher
 from .pairlabels import TripletOrderWatcher
 from .repeatedloss import RepeatedLossWatcher
@@ -239,6 +240,10 @@ class Instrumentation:
         cumulative = CumulativeOrderWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, cumulative.describe_loss)
         self.watchers.append(cumulative)
+        # per-step policy-gradient weights in the reverse of the episode's order (returns-reversed)
+        returns = ReturnOrderWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, returns.describe_loss)
+        self.watchers.append(returns)
         # a penalty's anchor that is the live parameters (anchor-aliases-params)
         anchors = AnchorAliasWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, anchors.describe_loss)
