@@ -71,6 +71,7 @@ from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
 from .cumorder import CumulativeOrderWatcher
 from .returnorder import ReturnOrderWatcher
+from .drawtwin import DrawTwinWatcher
 from .attnaxis import SoftmaxAxisWatcher
 from .pairlabels import TripletOrderWatcher
 from .repeatedloss import RepeatedLossWatcher
@@ -244,6 +245,11 @@ class Instrumentation:
         returns = ReturnOrderWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, returns.describe_loss)
         self.watchers.append(returns)
+        # a draw given to the model in the place of its twin the input was built from
+        # (conditioning-drawn-twice): a mode from the first draw to the backward, first windows
+        twins = DrawTwinWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, twins.describe_loss)
+        self.watchers.append(twins)
         # a penalty's anchor that is the live parameters (anchor-aliases-params)
         anchors = AnchorAliasWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, anchors.describe_loss)
