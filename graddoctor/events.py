@@ -832,13 +832,15 @@ field_rows         api (nn.Embedding | F.embedding), rows (the table's), fields 
                    one table without their offsets — every column's ids start at the same place
                    and their sizes add up to about the table's rows — once per call site, at the
                    end of the run (loc: the lookup; instrument/fieldrows.py)
-cumulative_order   op (cumsum | logcumsumexp | cumprod), case (inclusive | unsorted | reversed),
-                   key (the name of the per-row key read in the op's frames, or None), rows (int or
-                   None), dim: a cumulative op that runs in another order than the loss needs — a
-                   ranking normalizer (`h - logcumsumexp(h, 0)`: a Cox risk set) over rows that no
+cumulative_order   op (cumsum | logcumsumexp | cumprod), case (inclusive | axis | unsorted | reversed),
+                   key (the name of the per-row key read in the op's frames, or None), rows (the
+                   normalizer's rows; for axis, the axis the rendering sums; or None), dim: a
+                   cumulative op that runs in another order than the loss needs — a ranking
+                   normalizer (`h - logcumsumexp(h, 0)`: a Cox risk set) over rows that no
                    key in the frames orders (unsorted), or in ascending order under a survival
                    indicator (reversed); a product `alpha * cumprod(1 - alpha)` with no shift
-                   (inclusive transmittance) — at the first 3 backwards after cumulative ops,
+                   (inclusive transmittance), or an exclusive one along another axis than the
+                   rendering's sum (axis) — at the first 3 backwards after cumulative ops,
                    once per call line (loc: the op's call; an aside; instrument/cumorder.py)
 returns_order      steps (the log-probabilities weighted), gamma (the discount under which the
                    weights read as returns backwards), name (the script's name for the weights'

@@ -168,3 +168,31 @@ def test_the_rule_is_silent_without_events():
     t = builder(params=[0])
     t.backward(fresh=[0], line=11)
     assert findings(t, SLUG) == []
+
+
+def test_an_exclusive_transmittance_along_the_rays_is_the_wrong_axis():
+    for axis, expected in ((0, ["axis"]), (1, [])):
+        watcher = CumulativeOrderWatcher(_Rec())
+        sigma = torch.rand(4, 8, requires_grad=True)
+        rgb = torch.rand(4, 8, 3)
+        alpha = 1 - torch.exp(-sigma * 0.3)
+        if axis == 0:
+            c = torch.cumprod(torch.cat([torch.ones_like(alpha[:1]), 1 - alpha + 1e-10], 0), 0)
+            trans = c[:-1]
+        else:
+            c = torch.cumprod(torch.cat([torch.ones_like(alpha[:, :1]), 1 - alpha + 1e-10], -1), -1)
+            trans = c[:, :-1]
+        watcher._note("cumprod", c)
+        watcher.describe_loss(((alpha * trans)[..., None] * rgb).sum(-2).sum())
+        assert [m[1]["case"] for m in watcher.rec.events] == expected
+        if expected:
+            assert watcher.rec.events[0][1]["rows"] == 1 and watcher.rec.events[0][1]["dim"] == 0
+
+
+def test_the_rule_names_both_axes():
+    t = builder(params=[0])
+    t.put(ev.cumulative_order(op="cumprod", case="axis", key=None, rows=1, dim=0), line=9)
+    t.backward(fresh=[0], line=11)
+    t.step(0, line=12)
+    f = only(t, SLUG)
+    assert "axis 0" in f.message and "axis 1" in f.message and "dim=1" in f.fix

@@ -57,6 +57,53 @@ _ROWS = {"ExpBackward0", "SqueezeBackward0", "SqueezeBackward1", "ViewBackward0"
          "IndexBackward0", "SelectBackward0"}
 
 
+_SHIFT = {"SliceBackward0", "ConstantPadNdBackward0", "CatBackward0", "RollBackward0"}
+
+
+def _ndim(node) -> int | None:
+    """The number of dims of a cumulative op's result (its saved input's sizes, or its result)."""
+    result = saved(node, "_saved_result")
+    if isinstance(result, torch.Tensor):
+        return result.dim()
+    kids = _inputs(node)
+    sizes = saved(kids[0], "_saved_self_sym_sizes") if kids else None
+    if isinstance(sizes, tuple):
+        return len(sizes)
+    return None
+
+
+def _composited_axis(product, parents: dict) -> int | None:
+    """The axis of ``product`` (``alpha * T``, the weights) that the rendering sums over: up
+    through an ``unsqueeze`` and a product with the colours to a ``sum``; None when it is not
+    that plain."""
+    up, inserted = product, None
+    for _ in range(4):
+        ups = parents.get(up, ())
+        if len(ups) != 1:
+            return None
+        parent = ups[0]
+        name = type(parent).__name__
+        if name == "UnsqueezeBackward0" and inserted is None:
+            inserted = saved_dims(parent)
+        elif name == "SumBackward1":
+            dims = saved_dims(parent)
+            sizes = saved(parent, "_saved_self_sym_sizes")
+            if not isinstance(dims, tuple) or len(dims) != 1 or not isinstance(sizes, tuple):
+                return None
+            axis = dims[0] % len(sizes)
+            if inserted is not None:
+                inserted %= len(sizes)
+                if axis == inserted:
+                    return None
+                if axis > inserted:
+                    axis -= 1
+            return axis
+        elif name != "MulBackward0":
+            return None
+        up = parent
+    return None
+
+
 def _inputs(node) -> list:
     return [child for child, _ in node.next_functions if child is not None]
 
@@ -203,24 +250,22 @@ class CumulativeOrderWatcher:
     # -- an inclusive transmittance --------------------------------------------------------------
     def _transmittance(self, node, op: str, parents: dict):
         kids = _inputs(node)
-        if len(kids) != 1:
+        if len(kids) != 1 or op == "logcumsumexp":
             return None
-        inner = _strip(kids[0])
-        up = node
-        if op == "cumsum":  # log space: exp(cumsum(log(1 - alpha))) or exp(cumsum(-sigma * delta))
-            ups = parents.get(node, ())
-            if len(ups) != 1 or type(ups[0]).__name__ != "ExpBackward0":
+        inner, shifted = _strip(kids[0]), False
+        if type(inner).__name__ in _SHIFT:  # a 1 prepended before the product: exclusive
+            grads = _inputs(inner)
+            if len(grads) != 1:
                 return None
-            up = ups[0]
-            log = inner if type(inner).__name__ == "LogBackward0" else None
-            inner_log = _strip(_inputs(log)[0]) if log is not None and _inputs(log) else None
-        elif op != "cumprod":
-            return None
-        # walk up through constant additions to a product
-        for _ in range(4):
-            for parent in parents.get(up, ()):
-                name = type(parent).__name__
-                if name != "MulBackward0":
+            inner, shifted = _strip(grads[0]), True
+        log = inner if type(inner).__name__ == "LogBackward0" else None
+        inner_log = _strip(_inputs(log)[0]) if log is not None and _inputs(log) else None
+        # walk up: shifts (a slice, a pad), constant additions, and for a sum in log space its exp
+        up, exped = node, op == "cumprod"
+        for _ in range(6):
+            ups = parents.get(up, ())
+            for parent in ups:
+                if type(parent).__name__ != "MulBackward0" or not exped:
                     continue
                 others = [k for k in _inputs(parent) if k is not up]
                 if len(others) != 1:
@@ -233,13 +278,26 @@ class CumulativeOrderWatcher:
                     hit = (base is not None and type(base).__name__ == "ExpBackward0"
                            and len(_inputs(base)) == 1 and _same(_inputs(base)[0], inner)) or \
                         (inner_log is not None and _same(_complement(inner_log), alpha))
-                if hit:
-                    dim = saved_dims(node)
-                    return ev.cumulative_order(op=op, case="inclusive", key=None, rows=None,
-                                               dim=dim if isinstance(dim, int) else None)
-            ups = [p for p in parents.get(up, ()) if type(p).__name__ in _CONSTANT
-                   or (type(p).__name__ == "AddBackward0" and len(_inputs(p)) == 1)]
+                if not hit:
+                    continue
+                dim = saved_dims(node)
+                dim = dim if isinstance(dim, int) else None
+                if not shifted:
+                    return ev.cumulative_order(op=op, case="inclusive", key=None, rows=None, dim=dim)
+                summed = _composited_axis(parent, parents)
+                ndim = _ndim(node)
+                if summed is not None and dim is not None and ndim is not None \
+                        and summed != dim % ndim:
+                    return ev.cumulative_order(op=op, case="axis", key=None, rows=summed, dim=dim)
+                return None
             if len(ups) != 1:
+                return None
+            name = type(ups[0]).__name__
+            if name in _SHIFT:
+                shifted = True
+            elif name == "ExpBackward0" and not exped:
+                exped = True
+            elif not (name in _CONSTANT or (name == "AddBackward0" and len(_inputs(ups[0])) == 1)):
                 return None
             up = ups[0]
         return None

@@ -14,7 +14,8 @@ class CumulativeOutOfOrder(Rule):
     Plackett-Luce term) over rows that are not sorted by the key it must follow (the rows come
     shuffled from a loader, or the script's event times run ascending under a prefix sum), and a
     volume-rendering transmittance `alpha * cumprod(1 - alpha)` that is inclusive (sample `i`
-    dimmed by its own opacity). Read at the first 3 backwards after such ops: the loss's
+    dimmed by its own opacity) or taken along another axis than the one the rendering sums the
+    weights over (the rays instead of the samples). Read at the first 3 backwards after such ops: the loss's
     graph, and for a 1-D normalizer the per-row keys the op's frame and its caller's hold
     (1-D tensors of the rows' length, without gradient, with many distinct values), put in the
     order the op ran over (an index taken on the way, a flip). It points at the op's call.
@@ -52,7 +53,7 @@ class CumulativeOutOfOrder(Rule):
     sum over another axis (stick-breaking weights, a sequence's running total) or whose result
     is not compared with its own rows; an exclusive transmittance (a shifted `cat`/`pad`, or
     log space with `pad`). Not seen: risk sets built as an `(N, N)` mask, rows on an
-    accelerator, a transmittance product over the wrong axis.
+    accelerator, a wrong-axis product whose weights are not summed by one plain `sum(dim)`.
     """
 
     code = "GD275"
@@ -80,6 +81,18 @@ class CumulativeOutOfOrder(Rule):
                          "[torch.ones_like(alpha[..., :1]), 1 - alpha + 1e-10], -1), -1)[..., :-1]"))
                 continue
             rows = e.get("rows")
+            if case == "axis":
+                yield self.finding(
+                    f"this `{op}` runs the transmittance along axis {e.get('dim')}, but the "
+                    f"rendering sums the weights `alpha * T` along axis {rows}: each sample is "
+                    f"dimmed by the samples at its position on other rays (or other rays' "
+                    f"samples), not by the ones in front of it on its own ray",
+                    e.loc, step=a.next_step_number(e.seq),
+                    evidence={"op": op, "case": case, "dim": e.get("dim"), "summed": rows},
+                    fix=(f"take the product along the samples' axis, the one the weights are "
+                         f"summed over (dim={rows}, usually -1), with the 1 prepended and the last "
+                         f"product dropped along that same axis"))
+                continue
             if case == "reversed":
                 why = (f"the rows run in ascending `{key}` order, so the prefix `{op}` of row i "
                        f"covers the rows with an earlier `{key}`, not the ones still at risk; "
