@@ -11,7 +11,8 @@ random factories (``torch.rand``, ``randn``, ``randint`` and their ``_like`` for
 each result is a *draw*, with its call's arguments (the signature: function, bounds, shape,
 dtype) and line. From the first draw to the next backward a ``TorchFunctionMode`` follows the
 values made from each draw (the union of the draws any input came from; at most ``_OPS`` calls
-a window). At each outermost module call, an argument that is a bare draw ``D`` is judged
+a window). At each outermost module call (and each ``cat``/``stack``), an argument that is a bare draw
+``D`` of one value per sample (a timestep; not random data or a latent) is judged
 against the other arguments: when none of them came from ``D`` but one came from another draw
 ``E`` of the very same signature that the call is not given, ``D`` took ``E``'s place (a
 ``draw_twin`` aside event at ``D``'s line, once per line). Two draws with the same call, each
@@ -28,7 +29,9 @@ import torch
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
-from .follow import FollowMode, UninstallHandle, push_mode, remove_mode, tensors_in, tensors_out
+from torch.overrides import TorchFunctionMode
+
+from .follow import UninstallHandle, push_mode, remove_mode, tensors_in, tensors_out
 from .inlinable import watched_call
 from .recorder import Recorder
 
@@ -63,15 +66,37 @@ def _signature(name: str, args, kwargs, result) -> tuple:
     return name, numbers, keys, tuple(result.shape), result.dtype
 
 
+class _DrawMode(TorchFunctionMode):
+    """Hands each call's result to ``watcher.follow`` while the window is open. A function
+    graddoctor wraps reaches the mode from inside its wrapper (torch looks the public name up
+    again): the original is called, so that the wrapper's watchers hear of the call once (as
+    repeatedterm.py's mode does)."""
+
+    def __init__(self, watcher, originals: dict):
+        super().__init__()
+        self.watcher, self.originals = watcher, originals
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = self.originals.get(id(func), func)(*args, **(kwargs or {}))
+        watcher = self.watcher
+        if watcher.following and getattr(func, "__name__", None) not in _SKIP:
+            try:
+                watcher.follow(func, args, kwargs, out)
+            except Exception as exc:
+                watcher.following = False
+                watcher.rec.internal_error("draw_twin", exc)
+        return out
+
+
 class DrawTwinWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self.closed = False
         self.following = False
-        self.inside = 0  # FollowMode's contract: wrapped calls running (none here)
         self._mode = None
         self._thread = None
         self._handles: list = []
+        self._patcher = None
         self._windows = 0
         self._reset()
         self._done: set = set()
@@ -101,7 +126,7 @@ class DrawTwinWatcher:
             self.rec.internal_error(f"torch.{name}", exc)
 
     def _open(self) -> None:
-        mode = FollowMode(self, "draw_twin", _SKIP)
+        mode = _DrawMode(self, self._patcher.originals() if self._patcher is not None else {})
         thread = push_mode(mode, self.rec, "draw_twin")
         if thread is None:
             self.closed = True
@@ -169,8 +194,8 @@ class DrawTwinWatcher:
             came = entry[1] if entry is not None and entry[0] is t else frozenset()
             sources.append(came)
             entry = bare_of.get(id(t))
-            if entry is not None and entry[0] is t:
-                bare[i] = entry[1]
+            if entry is not None and entry[0] is t and t.dim() >= 1 and t.numel() == t.shape[0] > 1:
+                bare[i] = entry[1]  # one value per sample (a timestep, a time, a noise level)
         for i, d in bare.items():
             others = frozenset().union(*(s for j, s in enumerate(sources) if j != i))
             if d in others:
@@ -221,6 +246,7 @@ class DrawTwinWatcher:
 
     def install(self, patcher) -> None:
         watcher = self
+        self._patcher = patcher
         for name in _FACTORIES:
             original = getattr(torch, name, None)
             if original is None:

@@ -13,8 +13,8 @@ class ConditioningDrawnTwice(Rule):
     with it. In the first 3 windows of draws before a backward, the random factories
     (`torch.rand`, `randn`, `randint`, their `_like` forms) are wrapped and the values made from
     each draw followed (a `TorchFunctionMode`) to the outermost module calls: an argument that is
-    a bare draw none of the other arguments came from, while one of them came from another draw
-    of the very same call (same function, bounds, shape, dtype) that the call is not given. It
+    a bare draw of one value per sample (a timestep, a time, a noise level) none of the other
+    arguments came from, while one of them came from another draw of the very same call (same function, bounds, shape, dtype) that the call is not given. It
     points at the draw given to the model.
 
     ## Why is this bad?
@@ -40,7 +40,8 @@ class ConditioningDrawnTwice(Rule):
     The draw the input was built from passed along (the right code); two draws of one call,
     each with its own input (two noisy views, two crops); a second draw used for something
     the model's inputs do not come from (a classifier-free-guidance dropout's `rand`); a model
-    given only a draw (a generator's latent). Not seen: draws on an accelerator's generator
+    given only a draw (a generator's latent); draws of more than one value per sample (random
+    data, latents, negatives drawn like the inputs). Not seen: draws on an accelerator's generator
     inside compiled code, a draw reshaped before the call (`t2[:, None]`), models that are no
     `nn.Module`.
     """
