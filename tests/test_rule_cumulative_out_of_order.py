@@ -3,6 +3,8 @@ loss needs (a Cox risk set over unsorted rows, an inclusive transmittance)."""
 
 from __future__ import annotations
 
+from threading import get_ident
+
 import torch
 
 from graddoctor import events as ev
@@ -24,6 +26,7 @@ class _Rec:
     def __init__(self):
         self.events = []
         self.finder = _Finder()
+        self.script_thread = get_ident()
 
     def here(self, skip=2):
         return _Loc(len(self.events))

@@ -30,6 +30,7 @@ of two frames); after the window the wrapper returns at once.
 from __future__ import annotations
 
 import sys
+from threading import get_ident
 
 import torch
 
@@ -181,7 +182,7 @@ class CumulativeOrderWatcher:
         if not self.active or len(self._noted) >= _NOTED:
             return
         node = getattr(result, "grad_fn", None)
-        if node is None or node in self._noted:
+        if node is None or node in self._noted or get_ident() != self.rec.script_thread:
             return
         try:
             loc = self.rec.here()
@@ -330,7 +331,8 @@ class CumulativeOrderWatcher:
                         or not isinstance(indices[0], torch.Tensor) or perm is not None:
                     return None
                 index = indices[0]
-                if index.dim() != 1 or index.numel() != rows or index.dtype == torch.bool:
+                if index.dim() != 1 or index.numel() != rows or index.dtype == torch.bool \
+                        or index.device.type != "cpu":
                     return None
                 perm = index
             nxt = _inputs(below)
