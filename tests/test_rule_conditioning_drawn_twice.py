@@ -38,6 +38,9 @@ class _Rec:
     def internal_error(self, where, exc):
         raise exc
 
+    def retire(self, topic, subscriber):
+        self.retired = True
+
 
 class _Net(nn.Module):
     def __init__(self):

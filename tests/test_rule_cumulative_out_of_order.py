@@ -37,6 +37,9 @@ class _Rec:
     def internal_error(self, where, exc):
         raise exc
 
+    def retire(self, topic, subscriber):
+        self.retired = True
+
 
 class _Loc:
     path = "x.py"

@@ -76,6 +76,9 @@ class _Rec:
     def internal_error(self, where, exc):
         raise exc
 
+    def retire(self, topic, subscriber):
+        self.retired = True
+
 
 class _Patcher:
     def __init__(self):

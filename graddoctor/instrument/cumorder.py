@@ -39,7 +39,9 @@ from .graphpaths import saved, saved_dims
 from .inlinable import watched_result
 from .lossterms import loss_roots
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS
 
+_LISTEN = 8  # backwards listened to at most
 _WINDOWS = 3  # backwards after cumulative ops judged
 _NODES = 20000  # nodes walked from a loss
 _NOTED = 256  # cumulative calls noted between two backwards
@@ -175,6 +177,7 @@ class CumulativeOrderWatcher:
         self.active = True
         self._noted: dict = {}  # node -> (op, loc, [(name, key tensor)])
         self._judged = 0
+        self._backwards = 0
         self._done: set = set()
 
     # -- the calls ------------------------------------------------------------------------------
@@ -210,16 +213,19 @@ class CumulativeOrderWatcher:
 
     # -- the backward ---------------------------------------------------------------------------
     def describe_loss(self, tensors) -> dict:
-        if not self._noted:
-            return {}
+        """Judges the backwards after noted calls; off the backwards after ``_WINDOWS`` judged
+        or ``_LISTEN`` in all."""
+        self._backwards += 1
         noted, self._noted = self._noted, {}
         try:
-            self._judged += 1
-            if self._judged >= _WINDOWS:
-                self.active = False
-            self._judge(tensors, noted)
+            if noted:
+                self._judged += 1
+                self._judge(tensors, noted)
         except Exception as exc:
             self.rec.internal_error("cumulative_order", exc)
+        if self._judged >= _WINDOWS or self._backwards >= _LISTEN:
+            self.active = False
+            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
         return {}
 
     def _judge(self, tensors, noted: dict) -> None:

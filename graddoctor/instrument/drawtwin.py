@@ -6,7 +6,7 @@ t2 = torch.randint(0, T, (B,)); model(x_t, t2)``: the model is told a noise leve
 nothing to do with the noise in ``x_t``. Nothing fails; the denoiser learns an average over all
 noise levels and the sampler, which trusts the timestep, produces mush.
 
-How it is seen: inside the window (until the first ``_WINDOWS`` backwards after draws), the
+How it is seen: inside the window (until the first ``_WINDOWS`` backwards), the
 random factories (``torch.rand``, ``randn``, ``randint`` and their ``_like`` forms) are wrapped;
 each result is a *draw*, with its call's arguments (the signature: function, bounds, shape,
 dtype) and line. From the first draw to the next backward a ``TorchFunctionMode`` follows the
@@ -34,8 +34,9 @@ from torch.overrides import TorchFunctionMode
 from .follow import UninstallHandle, push_mode, remove_mode, tensors_in, tensors_out
 from .inlinable import watched_call
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS
 
-_WINDOWS = 3  # backwards after draws judged
+_WINDOWS = 3  # backwards whose windows are judged (then the hooks are removed)
 _OPS = 100_000  # torch calls followed per window
 _DRAWS = 64  # draws noted per window
 _FACTORIES = ("rand", "randn", "randint", "rand_like", "randn_like", "randint_like")
@@ -223,7 +224,9 @@ class DrawTwinWatcher:
         self._reset()
 
     def describe_loss(self, tensors) -> dict:
-        if self._mode is None:
+        """Each backward closes the window; after the first ``_WINDOWS`` backwards (with draws
+        before them or not) the hooks are removed."""
+        if self.closed:
             return {}
         self._close()
         self._windows += 1
@@ -237,6 +240,7 @@ class DrawTwinWatcher:
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
+        self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
 
     def before_compile(self) -> None:
         self._stop()

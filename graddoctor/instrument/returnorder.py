@@ -34,7 +34,9 @@ from .graphpaths import saved
 from .inlinable import watched_result
 from .lossterms import loss_roots
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS
 
+_LISTEN = 8  # backwards listened to at most
 _WINDOWS = 3  # backwards with log-probabilities judged
 _NODES = 20000  # nodes walked from a loss
 _NOTED = 4096  # log-probability nodes noted between two backwards
@@ -134,6 +136,7 @@ class ReturnOrderWatcher:
         self.active = True
         self._noted: dict = {}  # log-probability node -> its rank since the last backward
         self._judged = 0
+        self._backwards = 0
         self._done: set = set()
 
     def _note(self, result) -> None:
@@ -144,16 +147,19 @@ class ReturnOrderWatcher:
             self._noted[node] = len(self._noted)
 
     def describe_loss(self, tensors) -> dict:
-        if not self._noted:
-            return {}
+        """Judges the backwards after noted calls; off the backwards after ``_WINDOWS`` judged
+        or ``_LISTEN`` in all."""
+        self._backwards += 1
         noted, self._noted = self._noted, {}
         try:
-            self._judged += 1
-            if self._judged >= _WINDOWS:
-                self.active = False
-            self._judge(tensors, noted)
+            if noted:
+                self._judged += 1
+                self._judge(tensors, noted)
         except Exception as exc:
             self.rec.internal_error("returns_order", exc)
+        if self._judged >= _WINDOWS or self._backwards >= _LISTEN:
+            self.active = False
+            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
         return {}
 
     def _pairs(self, node, noted: dict):
