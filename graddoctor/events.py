@@ -835,6 +835,30 @@ field_rows         api (nn.Embedding | F.embedding), rows (the table's), fields 
                    one table without their offsets — every column's ids start at the same place
                    and their sizes add up to about the table's rows — once per call site, at the
                    end of the run (loc: the lookup; instrument/fieldrows.py)
+cumulative_order   op (cumsum | logcumsumexp | cumprod), case (inclusive | axis | unsorted | reversed),
+                   key (the name of the per-row key read in the op's frames, or None), rows (the
+                   normalizer's rows; for axis, the axis the rendering sums; or None), dim: a
+                   cumulative op that runs in another order than the loss needs — a ranking
+                   normalizer (`h - logcumsumexp(h, 0)`: a Cox risk set) over rows that no
+                   key in the frames orders (unsorted), or in ascending order under a survival
+                   indicator (reversed); a product `alpha * cumprod(1 - alpha)` with no shift
+                   (inclusive transmittance), or an exclusive one along another axis than the
+                   rendering's sum (axis) — at the first 3 backwards after cumulative ops,
+                   once per call line (loc: the op's call; an aside; instrument/cumorder.py)
+returns_order      steps (the log-probabilities weighted), gamma (the discount under which the
+                   weights read as returns backwards), name (the script's name for the weights'
+                   tensor, or None): per-step policy-gradient weights whose order is the reverse
+                   of a discounted-return recursion — read backwards they are returns of a reward
+                   with at most 3 values, read in the steps' order they are not — at the first 3
+                   backwards after log-probabilities, once per backward line (loc: the backward;
+                   an aside; instrument/returnorder.py)
+draw_twin          fn (rand | randn | randint | rand_like | randn_like | randint_like), module (the
+                   class called), position (the argument's), twin_line (the line of the draw the
+                   other input was built from, or None), shape [int]: a module call given a bare
+                   random draw that none of its other arguments came from, while one of them came
+                   from another draw of the very same call (a diffusion timestep drawn again) —
+                   in the first 3 windows of draws before a backward, once per draw line (loc: the
+                   draw given; an aside; instrument/drawtwin.py)
 noise_redrawn      fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), params [pid] (tracked
                    tensors the input's graph reaches), numel (the target's size): the target is,
                    to the last bit, the first standard-normal draw of the CPU generator after
@@ -1068,7 +1092,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1440,6 +1464,21 @@ def reparam_cut(*, dist: str | None, params: list[int], op: str, via: str,
 
 def advantage_grad(*, params: list[int]) -> Made:
     return "advantage_grad", {"params": params}
+
+
+def draw_twin(*, fn: str, module: str, position: int, twin_line: int | None,
+              shape: list[int]) -> Made:
+    return "draw_twin", {"fn": fn, "module": module, "position": position,
+                         "twin_line": twin_line, "shape": shape}
+
+
+def returns_order(*, steps: int, gamma: float, name: str | None) -> Made:
+    return "returns_order", {"steps": steps, "gamma": gamma, "name": name}
+
+
+def cumulative_order(*, op: str, case: str, key: str | None, rows: int | None,
+                     dim: int | None) -> Made:
+    return "cumulative_order", {"op": op, "case": case, "key": key, "rows": rows, "dim": dim}
 
 
 def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = None,
@@ -1994,7 +2033,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad,
+    "output_range": output_range, "advantage_grad": advantage_grad, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin,
     "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
     "linear_stack": linear_stack, "bn_batch": bn_batch,
@@ -2046,7 +2085,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
-                         "augment_misaligned"})
+                         "augment_misaligned", "cumulative_order", "returns_order", "draw_twin"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -91,6 +91,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_target_not_detached_dqn.py",  # target_grad
             "losses/bad_target_reduced_over_batch_dqn.py",  # batch_reduced_target
             "losses/bad_noise_target_redrawn.py",  # noise_redrawn
+            "losses/bad_cumulative_cox_shuffled.py",  # cumulative_order
+            "losses/bad_returns_reversed_sparse.py",  # returns_order
+            "losses/bad_conditioning_drawn_twice_concat.py",  # draw_twin
             "masks/bad_softmax_wrong_axis_queries.py",  # softmax_axis
             "masks/bad_attention_scores_multiplied_sqrt.py",  # attention_scale
             "losses/bad_contrastive_temperature_multiplied_infonce.py",  # temperature_multiplied

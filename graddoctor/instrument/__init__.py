@@ -70,6 +70,9 @@ from .snapshots import SnapshotWatcher
 from .statecarry import StateCarryWatcher
 from .stopgrad import TargetGradWatcher
 from .redrawn import RedrawnNoiseWatcher
+from .cumorder import CumulativeOrderWatcher
+from .returnorder import ReturnOrderWatcher
+from .drawtwin import DrawTwinWatcher
 from .attnaxis import SoftmaxAxisWatcher
 from .pairlabels import TripletOrderWatcher
 from .repeatedloss import RepeatedLossWatcher
@@ -235,6 +238,19 @@ class Instrumentation:
         redrawn = RedrawnNoiseWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, redrawn.describe_loss)
         self.watchers.append(redrawn)
+        # a cumulative op that runs in another order than its loss needs (cumulative-out-of-order)
+        cumulative = CumulativeOrderWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, cumulative.describe_loss)
+        self.watchers.append(cumulative)
+        # per-step policy-gradient weights in the reverse of the episode's order (returns-reversed)
+        returns = ReturnOrderWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, returns.describe_loss)
+        self.watchers.append(returns)
+        # a draw given to the model in the place of its twin the input was built from
+        # (conditioning-drawn-twice): a mode from the first draw to the backward, first windows
+        twins = DrawTwinWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, twins.describe_loss)
+        self.watchers.append(twins)
         # a penalty's anchor that is the live parameters (anchor-aliases-params)
         anchors = AnchorAliasWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, anchors.describe_loss)
