@@ -69,6 +69,7 @@ _DOWN = 16  # operations followed from the loss's input down to the product
 _OPERAND = 12  # operations followed from a product's operand to the tensor it transposes
 _PARAMS_ONLY = 64  # nodes walked below an operand to see whether it is made of parameters alone
 _SELF_SHARE = 0.5  # rows labelled with their own index, over a self-similarity
+_CAT_SHARE = 0.5  # rows labelled with the positive's column, over MoCo's cat([l_pos, l_neg])
 _NEARER = 0.75  # rows whose anchor is nearer the negative given than the positive given
 _READS = 8  # calls of each kind whose values are read (the first ones)
 # the triplet losses (their nn modules call them), each (anchor, positive, negative)
@@ -261,7 +262,16 @@ def pair_fault(fn: str, input, target, may_read: Callable[[], bool]):
         # the scores the log_softmax normalised: followed as cross_entropy's input would be
         logits = _Scores(node, tuple(input.shape))
     operands = similarity_operands(logits)
-    if operands is None or not may_read():
+    if operands is None:
+        column = _positive_column(logits)
+        if column is None or not may_read():
+            return None
+        with torch.no_grad():
+            on = float((target.detach() == column).float().mean())
+        if on < _CAT_SHARE:
+            return "cat", column, round(1.0 - on, 4), None
+        return None
+    if not may_read():
         return None
     with torch.no_grad():
         t = target.detach()
@@ -273,6 +283,69 @@ def pair_fault(fn: str, input, target, may_read: Callable[[], bool]):
     if operands[0] is not None and operands[0] == operands[1] and rows == columns and share >= _SELF_SHARE:
         return "self", None, round(share, 4), halves(operands[0][0])
     return None
+
+
+def _rowwise(node) -> bool:
+    """Whether the (rows, 1) column ``node`` made is each row's similarity with its own pair
+    (``einsum("nc,nc->n", q, k).unsqueeze(-1)``, ``(q * k).sum(1, keepdim=True)``,
+    ``bmm(q[:, None], k[:, :, None])``): a product of two batches row by row, not a layer's
+    output (``Linear``'s ``addmm``, a weight's ``mm``)."""
+    for _ in range(_OPERAND):
+        if node is None:
+            return False
+        name = type(node).__name__
+        children = _children(node)
+        if name.startswith(("SumBackward1", "BmmBackward")):
+            return True
+        if name.startswith(_MOVE + _KEEP) and len(children) == 1:
+            node = children[0][0]
+            continue
+        return False
+    return False
+
+
+def _positive_column(logits) -> int | None:
+    """The column holding each row's own positive when the logits are MoCo's ``cat([l_pos,
+    l_neg], dim=1)`` (0) or ``cat([l_neg, l_pos], dim=1)`` (the last): one (rows, 1) column of
+    row-wise similarities beside a block of at least ``_ROWS`` columns that is a product of the
+    queries with the keys or a queue (``einsum("nc,ck->nk")``, ``q @ queue``); None otherwise
+    (a classifier's background column beside its class scores, a concatenation of two heads)."""
+    node = logits.grad_fn
+    rows, columns = int(logits.shape[0]), int(logits.shape[1])
+    for _ in range(_DOWN):
+        if node is None:
+            return None
+        name = type(node).__name__
+        children = _children(node)
+        if name.startswith("CatBackward"):
+            break
+        if name.startswith(_KEEP) and len(children) == 1:
+            node = children[0][0]
+            continue
+        if name.startswith(_SCALE):
+            wide = [child for child, nr in children if (_shape(child, nr) or ()) == (rows, columns)]
+            if len(wide) == 1 or len(children) == 1:
+                node = (wide or [children[0][0]])[0]
+                continue
+        return None
+    else:
+        return None
+    if node is None or not type(node).__name__.startswith("CatBackward"):
+        return None
+    dim = saved(node, "_saved_dim")
+    parts = list(node.next_functions)
+    if dim is None or _signed(dim) not in (1, -1) or len(parts) != 2 or None in (p[0] for p in parts):
+        return None
+    shapes = [_shape(child, nr) for child, nr in parts]
+    if None in shapes or any(len(shape) != 2 or shape[0] != rows for shape in shapes):
+        return None
+    single = [i for i, shape in enumerate(shapes) if shape[1] == 1]
+    if len(single) != 1 or shapes[1 - single[0]][1] < _ROWS:
+        return None
+    one, block = parts[single[0]], parts[1 - single[0]]
+    if not _rowwise(one[0]) or _product(_Scores.of(block, shapes[1 - single[0]])) is None:
+        return None
+    return 0 if single[0] == 0 else columns - 1
 
 
 def halves(node) -> bool:
@@ -303,6 +376,13 @@ class _Scores:
         children = _children(log_softmax)
         self.grad_fn = children[0][0] if len(children) == 1 else None
         self.shape = shape
+
+    @classmethod
+    def of(cls, edge, shape: tuple) -> "_Scores":
+        """The scores of one edge ``(node, output)`` of the given shape."""
+        made = cls.__new__(cls)
+        made.grad_fn, made.shape = edge[0], shape
+        return made
 
 
 def _reordered(positive, negative) -> bool:

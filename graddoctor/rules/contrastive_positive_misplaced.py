@@ -113,6 +113,8 @@ class ContrastivePositiveMisplaced(Rule):
             loc = Location(loc.path, written[0])
         text = f"`{written[1]}`" if written is not None else "the loss's targets"
         logits = _scores_name(written[3]) if written is not None else None
+        if e["how"] == "cat":
+            return self._cat(a, e, loc, written, text)
         if e["how"] == "constant":
             value = "" if written is None else written[1].split(" = ", 1)[1] if written[4] else written[1]
             right = _arange_for(value, logits, rows)
@@ -150,6 +152,37 @@ class ContrastivePositiveMisplaced(Rule):
             f"target is the sample's similarity with itself, a constant once normalised, so no "
             f"two views are ever pulled together",
             loc, evidence={"rows": rows, "share": e["share"], "fn": e["fn"]}, fix=fix)
+
+    def _cat(self, a, e, loc, written, text):
+        rows, columns, column = e["rows"], e["columns"], e["label"]
+        where = "column 0, the first" if column == 0 else f"column {column}, the last"
+        right = (f"torch.zeros({rows}, dtype=torch.long)" if column == 0 else
+                 f"torch.full(({rows},), {column}, dtype=torch.long)")
+        if written is not None:
+            made = a.source.labels_built(loc.path, loc.line) if not written[4] else None
+            if made is not None:
+                loc = Location(loc.path, made[0])
+                text = f"`{made[1]}`"
+                value = made[1].split(" = ", 1)[1]
+                if column == 0 and "arange(" in value:
+                    right = value.replace("arange(", "zeros(", 1)
+                fix = f"label every row with its positive's column: `{made[2]} = {right}`"
+            elif written[4]:
+                fix = f"label every row with its positive's column: `{written[2]} = {right}`"
+            else:
+                fix = f"label every row with its positive's column: replace `{written[1]}` with `{right}`"
+        else:
+            fix = f"label every row with its positive's column: `{right}`"
+        return self.finding(
+            f"the {rows}x{columns} logits concatenate each row's similarity with its own positive "
+            f"(a single column, {where}) with its similarities to the negatives (MoCo's "
+            f"cat([l_pos, l_neg], dim=1)), but {e['share']:.0%} of the rows are labelled with "
+            f"another column by {text}: those rows are told that a negative (a queued key, another "
+            f"sample) is their positive, so the loss pulls each query towards a negative and away "
+            f"from its own key",
+            loc, evidence={"rows": rows, "columns": columns, "column": column,
+                           "share": e["share"], "fn": e["fn"], "how": "cat"},
+            fix=fix)
 
     def _triplet(self, a, e, loc):
         call = a.source.call_with_swapped(loc.path, loc.line, 1, 2) if loc is not None else None
