@@ -188,10 +188,13 @@ dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout
                    the first such call of each call line (loc: that call)
 pair_labels        how ("constant": every row's label is one column, "self": most rows' labels
                    point at the row's own similarity with itself, "triplet": the positive given
-                   is the negative's rows reordered), fn (the loss function), rows, columns (the
+                   is the negative's rows reordered; "triplet-apart": three separately
+                   embedded batches whose anchor is nearer the negative given at two calls;
+                   "cat": MoCo's cat([l_pos, l_neg]) labelled off the positive's column), fn (the loss function), rows, columns (the
                    similarity matrix's shape; the batch for a triplet), label (the one label,
-                   "constant"), share (the rows labelled with themselves, "self"; the rows whose
-                   anchor is nearer the negative given than the positive, "triplet") — a
+                   "constant"; the positive's column, "cat"), share (the rows labelled with themselves, "self"; the rows whose
+                   anchor is nearer the negative given than the positive, "triplet",
+                   "triplet-apart"; the rows labelled off the positive's column, "cat") — a
                    pairwise-similarity loss whose targets do not point at each row's positive,
                    at one of its first calls, once per call line (loc: the loss call; an aside;
                    instrument/pairlabels.py)

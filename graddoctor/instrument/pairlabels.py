@@ -71,6 +71,8 @@ _PARAMS_ONLY = 64  # nodes walked below an operand to see whether it is made of 
 _SELF_SHARE = 0.5  # rows labelled with their own index, over a self-similarity
 _CAT_SHARE = 0.5  # rows labelled with the positive's column, over MoCo's cat([l_pos, l_neg])
 _NEARER = 0.75  # rows whose anchor is nearer the negative given than the positive given
+_SEPARATE_NEARER = 0.9  # the same, for three separately computed batches (two calls)
+_SEPARATE_ROWS = 8  # rows those need
 _READS = 8  # calls of each kind whose values are read (the first ones)
 # the triplet losses (their nn modules call them), each (anchor, positive, negative)
 _TRIPLETS = ("triplet_margin_loss", "triplet_margin_with_distance_loss")
@@ -412,6 +414,16 @@ def _reordered(positive, negative) -> bool:
     return bool(indices) and isinstance(indices[0], torch.Tensor)  # x[idx]: rows picked
 
 
+def _separate(anchor, positive, negative) -> bool:
+    """Whether the three arguments are three tensors of their own, each computed with a graph
+    (three forwards of the embedding net on three batches), none a row pick of another tensor:
+    not batch-hard mining, whose positive and negative are rows indexed out of one embedding."""
+    nodes = [t.grad_fn for t in (anchor, positive, negative)]
+    if any(node is None for node in nodes) or len({id(node) for node in nodes}) != 3:
+        return False
+    return not any(type(node).__name__.startswith(_REORDER + ("GatherBackward",)) for node in nodes)
+
+
 class TripletOrderWatcher:
     """``triplet_margin_loss`` given a positive that is its negative's rows reordered."""
 
@@ -419,6 +431,7 @@ class TripletOrderWatcher:
         self.rec = rec
         self._reads = 0
         self._told: set = set()
+        self._seen: dict = {}  # call line -> calls of separate batches whose values agreed
 
     def _call(self, fn: str, args, kwargs) -> None:
         names = ("anchor", "positive", "negative")
@@ -430,7 +443,11 @@ class TripletOrderWatcher:
                 and positive.shape == negative.shape and positive.shape[0] >= _ROWS
                 and anchor.shape == positive.shape):
             return
-        if self._reads >= _READS or not _reordered(positive, negative):
+        if self._reads >= _READS:
+            return
+        reordered = _reordered(positive, negative)
+        if not reordered and not (positive.shape[0] >= _SEPARATE_ROWS
+                                  and _separate(anchor, positive, negative)):
             return
         if self.rec.progress.steps and positive.device.type != "cpu":
             return  # no host sync in the updates after the first step
@@ -440,14 +457,20 @@ class TripletOrderWatcher:
             to_positive = (a - positive.detach().float()).norm(dim=1)
             to_negative = (a - negative.detach().float()).norm(dim=1)
             share = float((to_negative < to_positive).float().mean())
-        if share < _NEARER:
+        if share < (_NEARER if reordered else _SEPARATE_NEARER):
             return
         loc = self.rec.here()
         if loc in self._told:
             return
+        if not reordered:
+            # three batches of their own: nothing in the graph says which is the anchor's own
+            # sample, so the values must say it at two calls (the second after an update)
+            self._seen[loc] = self._seen.get(loc, 0) + 1
+            if self._seen[loc] < 2:
+                return
         self._told.add(loc)
         rows = int(positive.shape[0])
-        self.rec.emit_aside(ev.pair_labels(how="triplet", fn=fn, rows=rows,
+        self.rec.emit_aside(ev.pair_labels(how="triplet" if reordered else "triplet-apart", fn=fn, rows=rows,
                                            columns=rows, share=round(share, 4)), loc)
 
     def install(self, patcher) -> None:

@@ -97,7 +97,7 @@ class ContrastivePositiveMisplaced(Rule):
         for e in a.of_kind("pair_labels"):
             loc = e.loc
             how = e["how"]
-            if how == "triplet":
+            if how in ("triplet", "triplet-apart"):
                 finding = self._triplet(a, e, loc)
             else:
                 finding = self._labels(a, e, loc)
@@ -189,6 +189,15 @@ class ContrastivePositiveMisplaced(Rule):
         fix = (f"swap the positive and the negative: `{call[1]}`" if call is not None else
                "pass (anchor, positive, negative) in that order: the anchor's own view second, "
                "the reordered rows third")
+        if e["how"] == "triplet-apart":
+            return self.finding(
+                f"{e['fn']} is given three separately embedded batches, and in {e['share']:.0%} of "
+                f"the {e['rows']} rows the anchor is nearer the tensor given as negative than the "
+                f"one given as positive, at two calls: positive and negative are swapped, so each "
+                f"anchor is pulled towards the sample of another class (or another image) and pushed "
+                f"away from its own positive",
+                loc, evidence={"rows": e["rows"], "share": e["share"], "fn": e["fn"], "how": e["how"]},
+                fix=fix)
         return self.finding(
             f"{e['fn']} gets as its positive the negative's rows reordered (each row "
             f"another sample's embedding), and in {e['share']:.0%} of the {e['rows']} rows the "
