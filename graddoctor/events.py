@@ -797,7 +797,10 @@ softmax_batch      fn ("softmax" or "log_softmax"), shape (its result's sizes), 
                    a softmax on the loss's path taken over dim 0 of a per-sample tensor (another
                    axis longer than 1, not a square (B, B) matrix, dim 0 as long as a tensor
                    without gradient the graph read) — at the first 3 backwards, once per
-                   function, shape and dim (loc: the backward; an aside; instrument/softmaxbatch.py)
+                   function, shape and dim; target (True: a soft target without gradient, its
+                   values probabilities, multiplied with a log_softmax over the classes, whose
+                   rows do not sum to 1 over them: normalised over another axis)
+                   (loc: the backward; an aside; instrument/softmaxbatch.py)
 class_axis         fn ("softmax" or "log_softmax"), shape (its result's sizes), dim (the axis it
                    normalised), picked (the axis the loss reads the target's class along), how
                    ("gather": a gather along picked whose index differs along dim; "target": a
@@ -1848,8 +1851,8 @@ def shift_cancelled(*, consumer: str, grad: bool, value: float | None, scalar: b
                                "classes": classes}
 
 
-def softmax_batch(*, fn: str, shape: list[int], batch: int) -> Made:
-    return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch}
+def softmax_batch(*, fn: str, shape: list[int], batch: int, target: bool = False) -> Made:
+    return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch, "target": target}
 
 
 def reduce_batch(*, fn: str, shape: list[int], dims: list[int], batch: int) -> Made:
