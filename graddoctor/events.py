@@ -786,6 +786,13 @@ norm_batch         shape (the sizes of the tensor a norm reduced), dims (the axe
                    the leading axis of a tensor without gradient the graph read), shifted by a
                    constant and penalised — at the first 3 backwards, once per line (loc: the
                    norm's call; an aside; instrument/normbatch.py)
+feature_variance   fn ("var" or "std"), shape (the (samples, features) sizes it reduced), penalty
+                   (how the loss pulls it to a target: "relu", "clamp", "square", ..., or a
+                   regression loss's name): a variance or standard deviation on the loss's path
+                   over axis 1 of a batch of samples (axis 0 as long as the leading axis of a
+                   tensor without gradient the graph read), shifted by a constant and penalised
+                   (VICReg's variance hinge per sample) — at the first 3 backwards, once per
+                   backward line (loc: the backward; an aside; instrument/featurevar.py)
 shift_cancelled    consumer ("softmax", "log_softmax" or "cross_entropy"), grad (the term carries
                    gradient), value (the largest absolute value of a constant term; None when it
                    carries gradient), scalar (one number for every row, else one per row),
@@ -1841,6 +1848,10 @@ def masked_mean(*, how: str, reduced: str, kept: float, elements: int, same_mask
                            "same_mask": same_mask, "at_mean": at_mean, "mask_operand": mask_operand}
 
 
+def feature_variance(*, fn: str, shape: list[int], penalty: str) -> Made:
+    return "feature_variance", {"fn": fn, "shape": shape, "penalty": penalty}
+
+
 def norm_batch(*, shape: list[int], dims: list[int] | None, batch: int, penalty: str) -> Made:
     return "norm_batch", {"shape": shape, "dims": dims, "batch": batch, "penalty": penalty}
 
@@ -1967,6 +1978,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "class_axis": class_axis,
     "shift_cancelled": shift_cancelled,
     "norm_batch": norm_batch,
+    "feature_variance": feature_variance,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
@@ -2026,7 +2038,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "feature_variance", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
