@@ -191,10 +191,13 @@ dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout
                    the first such call of each call line (loc: that call)
 pair_labels        how ("constant": every row's label is one column, "self": most rows' labels
                    point at the row's own similarity with itself, "triplet": the positive given
-                   is the negative's rows reordered), fn (the loss function), rows, columns (the
+                   is the negative's rows reordered; "triplet-apart": three separately
+                   embedded batches whose anchor is nearer the negative given at two calls;
+                   "cat": MoCo's cat([l_pos, l_neg]) labelled off the positive's column), fn (the loss function), rows, columns (the
                    similarity matrix's shape; the batch for a triplet), label (the one label,
-                   "constant"), share (the rows labelled with themselves, "self"; the rows whose
-                   anchor is nearer the negative given than the positive, "triplet") — a
+                   "constant"; the positive's column, "cat"), share (the rows labelled with themselves, "self"; the rows whose
+                   anchor is nearer the negative given than the positive, "triplet",
+                   "triplet-apart"; the rows labelled off the positive's column, "cat") — a
                    pairwise-similarity loss whose targets do not point at each row's positive,
                    at one of its first calls, once per call line (loc: the loss call; an aside;
                    instrument/pairlabels.py)
@@ -786,6 +789,13 @@ norm_batch         shape (the sizes of the tensor a norm reduced), dims (the axe
                    the leading axis of a tensor without gradient the graph read), shifted by a
                    constant and penalised — at the first 3 backwards, once per line (loc: the
                    norm's call; an aside; instrument/normbatch.py)
+feature_variance   fn ("var" or "std"), shape (the (samples, features) sizes it reduced), penalty
+                   (how the loss pulls it to a target: "relu", "clamp", "square", ..., or a
+                   regression loss's name): a variance or standard deviation on the loss's path
+                   over axis 1 of a batch of samples (axis 0 as long as the leading axis of a
+                   tensor without gradient the graph read), shifted by a constant and penalised
+                   (VICReg's variance hinge per sample) — at the first 3 backwards, once per
+                   backward line (loc: the backward; an aside; instrument/featurevar.py)
 shift_cancelled    consumer ("softmax", "log_softmax" or "cross_entropy"), grad (the term carries
                    gradient), value (the largest absolute value of a constant term; None when it
                    carries gradient), scalar (one number for every row, else one per row),
@@ -797,7 +807,10 @@ softmax_batch      fn ("softmax" or "log_softmax"), shape (its result's sizes), 
                    a softmax on the loss's path taken over dim 0 of a per-sample tensor (another
                    axis longer than 1, not a square (B, B) matrix, dim 0 as long as a tensor
                    without gradient the graph read) — at the first 3 backwards, once per
-                   function, shape and dim (loc: the backward; an aside; instrument/softmaxbatch.py)
+                   function, shape and dim; target (True: a soft target without gradient, its
+                   values probabilities, multiplied with a log_softmax over the classes, whose
+                   rows do not sum to 1 over them: normalised over another axis)
+                   (loc: the backward; an aside; instrument/softmaxbatch.py)
 class_axis         fn ("softmax" or "log_softmax"), shape (its result's sizes), dim (the axis it
                    normalised), picked (the axis the loss reads the target's class along), how
                    ("gather": a gather along picked whose index differs along dim; "target": a
@@ -1894,6 +1907,10 @@ def masked_mean(*, how: str, reduced: str, kept: float, elements: int, same_mask
                            "same_mask": same_mask, "at_mean": at_mean, "mask_operand": mask_operand}
 
 
+def feature_variance(*, fn: str, shape: list[int], penalty: str) -> Made:
+    return "feature_variance", {"fn": fn, "shape": shape, "penalty": penalty}
+
+
 def norm_batch(*, shape: list[int], dims: list[int] | None, batch: int, penalty: str) -> Made:
     return "norm_batch", {"shape": shape, "dims": dims, "batch": batch, "penalty": penalty}
 
@@ -1904,8 +1921,8 @@ def shift_cancelled(*, consumer: str, grad: bool, value: float | None, scalar: b
                                "classes": classes}
 
 
-def softmax_batch(*, fn: str, shape: list[int], batch: int) -> Made:
-    return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch}
+def softmax_batch(*, fn: str, shape: list[int], batch: int, target: bool = False) -> Made:
+    return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch, "target": target}
 
 
 def reduce_batch(*, fn: str, shape: list[int], dims: list[int], batch: int) -> Made:
@@ -2024,6 +2041,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "class_axis": class_axis,
     "shift_cancelled": shift_cancelled,
     "norm_batch": norm_batch,
+    "feature_variance": feature_variance,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
     "temperature_multiplied": temperature_multiplied,
@@ -2083,7 +2101,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "feature_variance", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

@@ -15,7 +15,8 @@ from graddoctor import events as ev
 from graddoctor.analysis.source import call_with_swapped, labels_written
 from graddoctor.instrument import Instrumentation, Recorder
 from graddoctor.instrument.pairlabels import pair_fault
-from rule_traces import builder, findings, only
+from graddoctor.trace import TraceBuilder
+from rule_traces import P, builder, findings, only
 
 SLUG = "contrastive-positive-misplaced"
 N = 8
@@ -199,3 +200,97 @@ def test_the_triplet_fix_swaps_the_call_as_written(tmp_path):
     assert call_with_swapped(str(script), 1, 1, 2) == (
         "crit(net(a), torch.where(m, x, y), pos, margin=0.5)",
         "crit(net(a), pos, torch.where(m, x, y), margin=0.5)")
+
+
+# -- MoCo's cat([l_pos, l_neg]) labelled off the positive's column ---------------------------
+
+def _moco(first=True, rowwise="einsum", negatives="einsum"):
+    a, b, _ = _views()
+    k = b.detach()
+    queue = F.normalize(torch.randn(5, 16), dim=0)
+    l_pos = (torch.einsum("nc,nc->n", a, k).unsqueeze(-1) if rowwise == "einsum"
+             else (a * k).sum(1, keepdim=True))
+    l_neg = torch.einsum("nc,ck->nk", a, queue) if negatives == "einsum" else a @ queue
+    parts = [l_pos, l_neg] if first else [l_neg, l_pos]
+    return torch.cat(parts, dim=1) / 0.07
+
+
+@pytest.mark.parametrize("rowwise, negatives", [("einsum", "einsum"), ("sum", "mm")])
+def test_moco_logits_labelled_with_arange_are_found(rowwise, negatives):
+    logits = _moco(rowwise=rowwise, negatives=negatives)
+    how, column, share, _ = _fault(logits, torch.arange(N))
+    assert (how, column) == ("cat", 0) and share == pytest.approx(1 - 1 / N)
+    assert _fault(logits, ZEROS) is None  # MoCo as written
+
+
+def test_moco_logits_with_the_positive_last_want_the_last_column():
+    logits = _moco(first=False)
+    assert _fault(logits, ZEROS)[:2] == ("cat", 16)
+    assert _fault(logits, torch.full((N,), 16)) is None
+
+
+def test_a_column_beside_class_scores_is_no_positive():
+    a, _, _ = _views()
+    background, classes = nn.Linear(5, 1), nn.Linear(5, 6)
+    scores = torch.cat([background(a), classes(a)], dim=1)
+    assert _fault(scores, torch.arange(N) % 7) is None
+
+
+def test_the_moco_finding_points_at_the_arange_inside_the_model(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        def forward(q, k):
+            logits = torch.cat([q, k], dim=1)
+            labels = torch.arange(logits.shape[0], dtype=torch.long)
+            return logits, labels
+        output, target = forward(a, b)
+        loss = torch.nn.functional.cross_entropy(output, target)
+        """))
+    t = TraceBuilder(str(script))
+    t.optimizer(0, P, line=1)
+    t.put(ev.pair_labels(how="cat", fn="cross_entropy", rows=16, columns=65, label=0, share=0.94), 7)
+    f = only(t, SLUG)
+    assert f.location.line == 4 and "column 0" in f.message and "94%" in f.message
+    assert "torch.zeros(logits.shape[0], dtype=torch.long)" in f.fix
+
+
+# -- a triplet of three separately embedded batches, swapped -----------------------------
+
+def _apart_events(order: str, calls: int = 2):
+    torch.manual_seed(0)
+    rec = Recorder(step_budget=None)
+    net = nn.Linear(6, 4)
+    x = torch.randn(16, 6) * 3
+    with Instrumentation(rec):
+        for _ in range(calls):
+            anchor = net(x)
+            view = net(x + 0.05 * torch.randn_like(x))
+            other = net(torch.randn(16, 6) * 3)
+            if order == "swapped":
+                F.triplet_margin_loss(anchor, other, view).backward()
+            elif order == "right":
+                F.triplet_margin_loss(anchor, view, other).backward()
+            elif order == "random":
+                F.triplet_margin_loss(net(torch.randn(16, 6)), net(torch.randn(16, 6)),
+                                      net(torch.randn(16, 6))).backward()
+    return [e for e in rec.trace if e.kind == "pair_labels"]
+
+
+def test_a_swapped_triplet_of_separate_batches_is_recorded_at_its_second_call():
+    assert _apart_events("swapped", calls=1) == []
+    (e,) = _apart_events("swapped")
+    assert e["how"] == "triplet-apart" and e["share"] >= 0.9
+
+
+@pytest.mark.parametrize("order", ["right", "random"])
+def test_separate_batches_in_order_or_unstructured_record_nothing(order):
+    assert _apart_events(order) == []
+
+
+def test_the_separate_batches_finding_says_how_it_was_seen(tmp_path):
+    t = builder()
+    t.put(ev.pair_labels(how="triplet-apart", fn="triplet_margin_loss", rows=32, columns=32,
+                         share=0.97), 14)
+    f = only(t, SLUG)
+    assert "three separately embedded batches" in f.message and "97%" in f.message

@@ -217,3 +217,31 @@ def test_ignored_real_tokens_are_no_hiding():
     ids = torch.randint(2, 40, (16, 20), generator=g)
     labels = ids.masked_fill(torch.rand(16, 20, generator=g) > 0.2, -100)
     assert labels_visible(ids, labels, -100) is None
+
+
+def _run_dropped(count_visible: bool):
+    """The loss computed inside a helper that returns only the loss: the prediction is no
+    longer referenced by the script when the backward runs (MAE's ``loss, _, _ = model(x)``)."""
+    torch.manual_seed(0)
+    rec = Recorder(step_budget=None)
+    model = _Masked()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loss_of(patches, hidden):
+        pred = model(patches, hidden)
+        counted = (~hidden if count_visible else hidden).float()
+        return (((pred - patches) ** 2).mean(-1) * counted).sum() / counted.sum()
+
+    with Instrumentation(rec):
+        for _ in range(2):
+            loss = loss_of(torch.rand(4, 10, 6), torch.rand(4, 10) < 0.5)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [e for e in rec.trace if e.kind == "masked_visible"]
+
+
+def test_a_prediction_the_script_drops_is_still_read_back():
+    (e,) = _run_dropped(count_visible=True)
+    assert e.get("by") == "gradient" and e.get("how") == "product"
+    assert _run_dropped(count_visible=False) == []

@@ -121,3 +121,63 @@ def test_the_source_reading_finds_each_form_of_dim_0(tmp_path):
         h = x.softmax(-1)
         """)
     assert [line for line, _ in softmax_first_axis_calls(path)] == [1, 2, 3, 4, 7]
+
+
+# -- a soft target (without gradient) normalised over the batch -------------------------------
+
+class _TargetRec:
+    def __init__(self):
+        self.made = []
+
+    def emit_aside(self, made, loc):
+        self.made.append(made[1])
+
+    def here(self):
+        return None
+
+    def internal_error(self, what, exc):
+        raise exc
+
+
+def _targets(loss):
+    rec = _TargetRec()
+    SoftmaxBatchWatcher(rec).describe_loss(loss)
+    return [m for m in rec.made if m.get("target")]
+
+
+def test_a_teacher_target_over_the_batch_is_seen_by_its_values():
+    torch.manual_seed(0)
+    s = torch.randn(32, 10, requires_grad=True)
+    t = torch.randn(32, 10)
+    dino = torch.sum(-torch.softmax(t / 0.04, dim=0).chunk(2)[0] * torch.log_softmax(s[:16], -1), -1).mean()
+    assert _targets(dino) == [{"fn": "softmax", "shape": [16, 10], "batch": 16, "target": True}]
+    kl = torch.nn.functional.kl_div(torch.log_softmax(s, 1), torch.softmax(t, 0), reduction="batchmean")
+    assert len(_targets(kl)) == 1
+    ce = torch.nn.functional.cross_entropy(s, torch.softmax(t / 2, dim=0))
+    assert len(_targets(ce)) == 1
+
+
+def test_targets_that_are_distributions_over_the_classes_are_not_reported():
+    torch.manual_seed(0)
+    s = torch.randn(32, 10, requires_grad=True)
+    t = torch.randn(32, 10)
+    right = torch.sum(-torch.softmax(t / 0.04, dim=-1) * torch.log_softmax(s, -1), -1).mean()
+    smooth = torch.nn.functional.one_hot(torch.arange(32) % 10, 10).float() * 0.9 + 0.01
+    multi_hot = (t > 0).float()  # 0/1 rows: target-outside-loss-domain's, not this one's
+    loss = right + torch.sum(-smooth * torch.log_softmax(s, -1), -1).mean() \
+        + torch.sum(-multi_hot * torch.log_softmax(s, -1), -1).mean()
+    assert _targets(loss) == []
+
+
+def test_a_target_event_gets_the_target_message(tmp_path):
+    path = _script(tmp_path, SCRIPT.replace("probs = torch.softmax(logits, dim=0)",
+                                            "probs = torch.softmax(teacher(x), dim=0)"))
+    t = TraceBuilder(path)
+    t.optimizer(0, P, line=3)
+    t.put(ev.softmax_batch(fn="softmax", shape=[16, 10], batch=16, target=True), 8)
+    for _ in range(2):
+        t.backward(fresh=P, line=8)
+        t.step(line=8)
+    f = only(t, SLUG)
+    assert f.location.line == 6 and "soft target" in f.message
+    assert f.fix.startswith("`torch.softmax(teacher(x), dim=-1)`")

@@ -131,6 +131,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_logit_shift_cancels_amsoftmax.py",  # shift_cancelled
             "losses/bad_pair_pull_reversed_batch_hard.py",  # pair_pull
             "losses/bad_norm_over_batch_unit_norm_mse.py",  # norm_batch
+            "losses/bad_variance_across_features_vicreg.py",  # feature_variance
             "masks/bad_prompt_mask_inverted_comparison.py"]  # prompt_trained
 
 GRAD_EDIT_SCRIPT = """

@@ -193,6 +193,9 @@ class ScriptSource:
     def labels_written(self, path: str, line: int, functions) -> tuple[int, str, str, str, bool] | None:
         return labels_written(self.full(path), line, functions)
 
+    def labels_built(self, path: str, line: int) -> tuple[int, str, str] | None:
+        return labels_built(self.full(path), line)
+
     def call_with_swapped(self, path: str, line: int, first: int, second: int) -> tuple[str, str] | None:
         return call_with_swapped(self.full(path), line, first, second)
 
@@ -2981,6 +2984,27 @@ def stored_array_use(path: str, line: int, attr: str) -> dict | None:
                     break
     index = function.args.args[1].arg if len(function.args.args) > 1 else None
     return {"read": read, "write": write, "read_expr": read_expr, "index": index}
+
+
+def labels_built(path: str, line: int) -> tuple[int, str, str] | None:
+    """``(line, text, name)`` of the one assignment in the file of ``torch.arange(...)`` to a
+    plain name (``labels = torch.arange(n, dtype=torch.long)``) when the targets of the loss on
+    ``line`` come out of a call (``output, target = model(q, k)``: built inside the model's
+    forward); None when there is none, or more than one."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)):
+            continue
+        func = node.value.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name == "arange":
+            found.append((node.lineno, f"{node.targets[0].id} = {ast.unparse(node.value)}",
+                          node.targets[0].id))
+    return found[0] if len(found) == 1 else None
 
 
 def labels_written(path: str, line: int, functions) -> tuple[int, str, str, str, bool] | None:

@@ -82,6 +82,7 @@ from .softmaxbatch import SoftmaxBatchWatcher
 from .shiftcancel import ShiftCancelWatcher
 from .pairpull import PairPullWatcher
 from .normbatch import NormBatchWatcher
+from .featurevar import FeatureVarianceWatcher
 from .anchors import AnchorAliasWatcher
 from .constraints import ConstraintWatcher
 from .samevalue import SameValueWatcher
@@ -223,6 +224,11 @@ class Instrumentation:
         norm_batch = NormBatchWatcher(rec, self.dataloader)
         rec.subscribe(DESCRIBE_LOSS, norm_batch.describe_loss)
         self.watchers.append(norm_batch)
+        # a variance meant per feature over the batch, taken per sample and pulled to a target
+        # (variance-across-features): the loss's graph walked at the first backwards
+        feature_var = FeatureVarianceWatcher(rec, self.dataloader)
+        rec.subscribe(DESCRIBE_LOSS, feature_var.describe_loss)
+        self.watchers.append(feature_var)
         # a masked per-element loss averaged over every position, padding included
         # (masked-mean-counts-padding): Tensor.mean/sum wrapped until the first backwards
         masked_mean = MaskedMeanWatcher(rec)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections import deque
 from threading import get_ident
 
 import torch
@@ -60,6 +61,7 @@ from .topics import STEPPED
 WINDOW = 4  # backwards watched, from the first one
 _ENTRIES = 8  # first-layer calls on data noted per backward, at most
 _OUTPUTS = 512  # module outputs noted per backward, at most
+_RECENT = 4  # last module outputs of a turn held (strongly) until its backward
 _NODES = 200  # nodes of the loss's top walked per backward
 _CHAIN = 10  # nodes followed below a masked term to its error
 _TERMS = 4  # masked terms judged per loss
@@ -135,6 +137,9 @@ class MaskedVisibleWatcher:
         self._backwards = 0
         self._entries: list[_Entry] = []  # this turn's first layers on data
         self._outputs: dict[int, tuple] = {}  # id of an output's grad_fn -> (node, weakref to it)
+        # the last module outputs of this turn, held until its backward: a prediction the script
+        # drops (MAE's ``loss, _, _ = model(x)``) is still read back there
+        self._recent: deque = deque(maxlen=_RECENT)
         self._pending: list[tuple] = []  # (terms, entries, loc) judged after their backward
         self._told: set = set()  # backward lines told
 
@@ -149,6 +154,8 @@ class MaskedVisibleWatcher:
                 node = getattr(out, "grad_fn", None) if isinstance(out, torch.Tensor) else None
                 if node is not None and len(self._outputs) < _OUTPUTS:
                     self._outputs[id(node)] = (node, weakref.ref(out))
+                if node is not None:
+                    self._recent.append((node, out))
             if isinstance(module, (nn.Linear, *_CONV)) and len(self._entries) < _ENTRIES:
                 self._note(module, args[0] if args else None, output)
         except Exception as exc:
@@ -207,6 +214,8 @@ class MaskedVisibleWatcher:
         for _ in range(4):
             held = self._outputs.get(id(node))
             value = held[1]() if held is not None and held[0] is node else None
+            if value is None:
+                value = next((out for made, out in self._recent if made is node), None)
             name = type(node).__name__
             if value is None and name in ("SigmoidBackward0", "TanhBackward0", "ExpBackward0"):
                 value = saved(node, "_saved_result")
@@ -337,6 +346,7 @@ class MaskedVisibleWatcher:
                              if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
                     terms += self._terms(root)
                 entries, self._entries, self._outputs = self._entries, [], {}
+                self._recent.clear()
                 loc = self.rec.here()
                 if terms and entries and loc is not None and (loc.path, loc.line) not in self._told:
                     for root in [t.grad_fn for t in items[:4]
@@ -386,6 +396,7 @@ class MaskedVisibleWatcher:
             handle.remove()
         _release(self._entries)
         self._entries, self._outputs = [], {}
+        self._recent.clear()
 
     def _stop(self) -> None:
         self._close_hooks()

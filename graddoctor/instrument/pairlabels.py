@@ -69,7 +69,10 @@ _DOWN = 16  # operations followed from the loss's input down to the product
 _OPERAND = 12  # operations followed from a product's operand to the tensor it transposes
 _PARAMS_ONLY = 64  # nodes walked below an operand to see whether it is made of parameters alone
 _SELF_SHARE = 0.5  # rows labelled with their own index, over a self-similarity
+_CAT_SHARE = 0.5  # rows labelled with the positive's column, over MoCo's cat([l_pos, l_neg])
 _NEARER = 0.75  # rows whose anchor is nearer the negative given than the positive given
+_SEPARATE_NEARER = 0.9  # the same, for three separately computed batches (two calls)
+_SEPARATE_ROWS = 8  # rows those need
 _READS = 8  # calls of each kind whose values are read (the first ones)
 # the triplet losses (their nn modules call them), each (anchor, positive, negative)
 _TRIPLETS = ("triplet_margin_loss", "triplet_margin_with_distance_loss")
@@ -261,7 +264,16 @@ def pair_fault(fn: str, input, target, may_read: Callable[[], bool]):
         # the scores the log_softmax normalised: followed as cross_entropy's input would be
         logits = _Scores(node, tuple(input.shape))
     operands = similarity_operands(logits)
-    if operands is None or not may_read():
+    if operands is None:
+        column = _positive_column(logits)
+        if column is None or not may_read():
+            return None
+        with torch.no_grad():
+            on = float((target.detach() == column).float().mean())
+        if on < _CAT_SHARE:
+            return "cat", column, round(1.0 - on, 4), None
+        return None
+    if not may_read():
         return None
     with torch.no_grad():
         t = target.detach()
@@ -273,6 +285,69 @@ def pair_fault(fn: str, input, target, may_read: Callable[[], bool]):
     if operands[0] is not None and operands[0] == operands[1] and rows == columns and share >= _SELF_SHARE:
         return "self", None, round(share, 4), halves(operands[0][0])
     return None
+
+
+def _rowwise(node) -> bool:
+    """Whether the (rows, 1) column ``node`` made is each row's similarity with its own pair
+    (``einsum("nc,nc->n", q, k).unsqueeze(-1)``, ``(q * k).sum(1, keepdim=True)``,
+    ``bmm(q[:, None], k[:, :, None])``): a product of two batches row by row, not a layer's
+    output (``Linear``'s ``addmm``, a weight's ``mm``)."""
+    for _ in range(_OPERAND):
+        if node is None:
+            return False
+        name = type(node).__name__
+        children = _children(node)
+        if name.startswith(("SumBackward1", "BmmBackward")):
+            return True
+        if name.startswith(_MOVE + _KEEP) and len(children) == 1:
+            node = children[0][0]
+            continue
+        return False
+    return False
+
+
+def _positive_column(logits) -> int | None:
+    """The column holding each row's own positive when the logits are MoCo's ``cat([l_pos,
+    l_neg], dim=1)`` (0) or ``cat([l_neg, l_pos], dim=1)`` (the last): one (rows, 1) column of
+    row-wise similarities beside a block of at least ``_ROWS`` columns that is a product of the
+    queries with the keys or a queue (``einsum("nc,ck->nk")``, ``q @ queue``); None otherwise
+    (a classifier's background column beside its class scores, a concatenation of two heads)."""
+    node = logits.grad_fn
+    rows, columns = int(logits.shape[0]), int(logits.shape[1])
+    for _ in range(_DOWN):
+        if node is None:
+            return None
+        name = type(node).__name__
+        children = _children(node)
+        if name.startswith("CatBackward"):
+            break
+        if name.startswith(_KEEP) and len(children) == 1:
+            node = children[0][0]
+            continue
+        if name.startswith(_SCALE):
+            wide = [child for child, nr in children if (_shape(child, nr) or ()) == (rows, columns)]
+            if len(wide) == 1 or len(children) == 1:
+                node = (wide or [children[0][0]])[0]
+                continue
+        return None
+    else:
+        return None
+    if node is None or not type(node).__name__.startswith("CatBackward"):
+        return None
+    dim = saved(node, "_saved_dim")
+    parts = list(node.next_functions)
+    if dim is None or _signed(dim) not in (1, -1) or len(parts) != 2 or None in (p[0] for p in parts):
+        return None
+    shapes = [_shape(child, nr) for child, nr in parts]
+    if None in shapes or any(len(shape) != 2 or shape[0] != rows for shape in shapes):
+        return None
+    single = [i for i, shape in enumerate(shapes) if shape[1] == 1]
+    if len(single) != 1 or shapes[1 - single[0]][1] < _ROWS:
+        return None
+    one, block = parts[single[0]], parts[1 - single[0]]
+    if not _rowwise(one[0]) or _product(_Scores.of(block, shapes[1 - single[0]])) is None:
+        return None
+    return 0 if single[0] == 0 else columns - 1
 
 
 def halves(node) -> bool:
@@ -304,6 +379,13 @@ class _Scores:
         self.grad_fn = children[0][0] if len(children) == 1 else None
         self.shape = shape
 
+    @classmethod
+    def of(cls, edge, shape: tuple) -> "_Scores":
+        """The scores of one edge ``(node, output)`` of the given shape."""
+        made = cls.__new__(cls)
+        made.grad_fn, made.shape = edge[0], shape
+        return made
+
 
 def _reordered(positive, negative) -> bool:
     """Whether ``positive`` is ``negative`` with its rows reordered (its node a roll, flip or
@@ -332,6 +414,16 @@ def _reordered(positive, negative) -> bool:
     return bool(indices) and isinstance(indices[0], torch.Tensor)  # x[idx]: rows picked
 
 
+def _separate(anchor, positive, negative) -> bool:
+    """Whether the three arguments are three tensors of their own, each computed with a graph
+    (three forwards of the embedding net on three batches), none a row pick of another tensor:
+    not batch-hard mining, whose positive and negative are rows indexed out of one embedding."""
+    nodes = [t.grad_fn for t in (anchor, positive, negative)]
+    if any(node is None for node in nodes) or len({id(node) for node in nodes}) != 3:
+        return False
+    return not any(type(node).__name__.startswith(_REORDER + ("GatherBackward",)) for node in nodes)
+
+
 class TripletOrderWatcher:
     """``triplet_margin_loss`` given a positive that is its negative's rows reordered."""
 
@@ -339,6 +431,7 @@ class TripletOrderWatcher:
         self.rec = rec
         self._reads = 0
         self._told: set = set()
+        self._seen: dict = {}  # call line -> calls of separate batches whose values agreed
 
     def _call(self, fn: str, args, kwargs) -> None:
         names = ("anchor", "positive", "negative")
@@ -350,7 +443,11 @@ class TripletOrderWatcher:
                 and positive.shape == negative.shape and positive.shape[0] >= _ROWS
                 and anchor.shape == positive.shape):
             return
-        if self._reads >= _READS or not _reordered(positive, negative):
+        if self._reads >= _READS:
+            return
+        reordered = _reordered(positive, negative)
+        if not reordered and not (positive.shape[0] >= _SEPARATE_ROWS
+                                  and _separate(anchor, positive, negative)):
             return
         if self.rec.progress.steps and positive.device.type != "cpu":
             return  # no host sync in the updates after the first step
@@ -360,14 +457,20 @@ class TripletOrderWatcher:
             to_positive = (a - positive.detach().float()).norm(dim=1)
             to_negative = (a - negative.detach().float()).norm(dim=1)
             share = float((to_negative < to_positive).float().mean())
-        if share < _NEARER:
+        if share < (_NEARER if reordered else _SEPARATE_NEARER):
             return
         loc = self.rec.here()
         if loc in self._told:
             return
+        if not reordered:
+            # three batches of their own: nothing in the graph says which is the anchor's own
+            # sample, so the values must say it at two calls (the second after an update)
+            self._seen[loc] = self._seen.get(loc, 0) + 1
+            if self._seen[loc] < 2:
+                return
         self._told.add(loc)
         rows = int(positive.shape[0])
-        self.rec.emit_aside(ev.pair_labels(how="triplet", fn=fn, rows=rows,
+        self.rec.emit_aside(ev.pair_labels(how="triplet" if reordered else "triplet-apart", fn=fn, rows=rows,
                                            columns=rows, share=round(share, 4)), loc)
 
     def install(self, patcher) -> None:

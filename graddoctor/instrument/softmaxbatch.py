@@ -32,6 +32,7 @@ from .recorder import Recorder
 _WINDOWS = 3  # backwards whose losses are looked at
 _NODES = 20000  # graph nodes walked per backward
 _BELOW = 4000  # nodes walked below a softmax to find the batch it reads
+_TARGET_READS = 8  # soft targets read (a sum over the classes each), first backwards only
 _KINDS = {"SoftmaxBackward0": "softmax", "LogSoftmaxBackward0": "log_softmax"}
 
 
@@ -72,6 +73,7 @@ class SoftmaxBatchWatcher:
         self.rec = rec
         self.loader = loader  # the DataLoaderWatcher: ``batch_size()`` of the batch it served last
         self._windows = 0
+        self._targets = 0  # soft targets whose values were read
         self._told: set = set()
 
     def install(self, patcher) -> None:  # subscribed at construction
@@ -98,6 +100,9 @@ class SoftmaxBatchWatcher:
         for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
             nodes = post_order(root, _NODES)
             for node in nodes or ():
+                if type(node).__name__ == "MulBackward0":
+                    self._soft_target(node)
+                    continue
                 fn = _KINDS.get(type(node).__name__)
                 if fn is None:
                     continue
@@ -113,3 +118,48 @@ class SoftmaxBatchWatcher:
                 self._told.add(key)
                 self.rec.emit_aside(ev.softmax_batch(fn=fn, shape=list(shape), batch=shape[0]),
                                     self.rec.here())
+
+    def _soft_target(self, node) -> None:
+        """A soft target (a teacher's probabilities, made without gradient) multiplied with a
+        ``log_softmax`` over the classes (DINO's ``-q * log_softmax(s, dim=-1)``, a
+        cross-entropy or ``kl_div`` with probability targets) whose rows do not sum to 1 over
+        those classes while its columns' values are probabilities: normalised over another
+        axis, the batch (``softmax(t, dim=0)``). One ``softmax_batch`` aside with ``target``."""
+        if self._targets >= _TARGET_READS:
+            return
+        children = list(node.next_functions)
+        if len(children) != 2:
+            return
+        sides = [type(child).__name__ if child is not None else None for child, _ in children]
+        if sides.count("LogSoftmaxBackward0") != 1 or None not in sides:
+            return
+        log_softmax = children[sides.index("LogSoftmaxBackward0")][0]
+        target = saved(node, "_saved_other" if sides[0] == "LogSoftmaxBackward0" else "_saved_self")
+        result = saved(log_softmax, "_saved_result")
+        dim = saved_dims(log_softmax)
+        if not (isinstance(target, torch.Tensor) and isinstance(result, torch.Tensor)
+                and isinstance(dim, int) and target.shape == result.shape and target.dim() >= 2
+                and target.device.type == "cpu" and target.is_floating_point()):
+            return
+        shape = _shape(target)
+        axis = dim % len(shape)
+        if axis == 0 or shape[0] < 2 or shape[axis] < 2 or shape[0] == shape[axis]:
+            return
+        self._targets += 1
+        with torch.no_grad():
+            q = target.detach().float()
+            if bool((q < 0).any()):
+                q = -q  # -q * log_softmax(s): the target negated
+            if bool((q < 0).any()) or bool((q > 1).any()):
+                return
+            binary = bool(((q == 0) | (q == 1)).all())  # multi-hot rows: target-outside-loss-domain's
+            rows = q.sum(dim=axis)
+            off = float(((rows - 1).abs() > 0.05).float().mean())
+        if binary or off < 0.5:
+            return
+        key = ("target", shape, dim)
+        if key in self._told:
+            return
+        self._told.add(key)
+        self.rec.emit_aside(ev.softmax_batch(fn="softmax", shape=list(shape), batch=shape[0],
+                                             target=True), self.rec.here())

@@ -78,7 +78,8 @@ class ClassAxisMismatch(Rule):
     multiplied by a coordinate grid; attention weights; `log_softmax(dim=2)` on CTC's
     (T, B, C) input; a target that is a distribution along several axes (a permutation, an
     assignment); losses given the scores straight (`nll_loss`, `cross_entropy`: their class
-    axis is `loss-input-mismatch`'s); a softmax over the batch, `softmax-over-batch`'s. Not seen: the scores permuted or reshaped between the
+    axis is `loss-input-mismatch`'s); a softmax over the batch, or a soft target
+    normalised over the batch (a teacher's `softmax(t, dim=0)`), `softmax-over-batch`'s. Not seen: the scores permuted or reshaped between the
     softmax and the pick, a target built with gradient, and a pooling over the wrong axis
     (the channels for the points) — no normaliser there.
     """
@@ -94,8 +95,12 @@ class ClassAxisMismatch(Rule):
         used: set = set()
         # a softmax over dim 0 that softmax-over-batch names: the batch, not another position axis
         over_batch = {tuple(e["shape"]) for e in a.by_kind.get("softmax_batch", ())}
+        # a soft target (a teacher's probabilities) normalised over the batch: softmax-over-batch
+        # names the target's softmax, the scores' own axis is right
+        targets = {tuple(e["shape"]) for e in a.by_kind.get("softmax_batch", ()) if e.get("target")}
         for event in a.by_kind.get("class_axis", ()):
-            if event.loc is None or (event["dim"] == 0 and tuple(event["shape"]) in over_batch):
+            if event.loc is None or (event["dim"] == 0 and tuple(event["shape"]) in over_batch) \
+                    or tuple(event["shape"]) in targets:
                 continue
             path, shape = event.loc.path, list(event["shape"])
             ndim, dim, picked = len(shape), event["dim"], event["picked"]

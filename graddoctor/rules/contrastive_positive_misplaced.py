@@ -97,7 +97,7 @@ class ContrastivePositiveMisplaced(Rule):
         for e in a.of_kind("pair_labels"):
             loc = e.loc
             how = e["how"]
-            if how == "triplet":
+            if how in ("triplet", "triplet-apart"):
                 finding = self._triplet(a, e, loc)
             else:
                 finding = self._labels(a, e, loc)
@@ -113,6 +113,8 @@ class ContrastivePositiveMisplaced(Rule):
             loc = Location(loc.path, written[0])
         text = f"`{written[1]}`" if written is not None else "the loss's targets"
         logits = _scores_name(written[3]) if written is not None else None
+        if e["how"] == "cat":
+            return self._cat(a, e, loc, written, text)
         if e["how"] == "constant":
             value = "" if written is None else written[1].split(" = ", 1)[1] if written[4] else written[1]
             right = _arange_for(value, logits, rows)
@@ -151,11 +153,51 @@ class ContrastivePositiveMisplaced(Rule):
             f"two views are ever pulled together",
             loc, evidence={"rows": rows, "share": e["share"], "fn": e["fn"]}, fix=fix)
 
+    def _cat(self, a, e, loc, written, text):
+        rows, columns, column = e["rows"], e["columns"], e["label"]
+        where = "column 0, the first" if column == 0 else f"column {column}, the last"
+        right = (f"torch.zeros({rows}, dtype=torch.long)" if column == 0 else
+                 f"torch.full(({rows},), {column}, dtype=torch.long)")
+        if written is not None:
+            made = a.source.labels_built(loc.path, loc.line) if not written[4] else None
+            if made is not None:
+                loc = Location(loc.path, made[0])
+                text = f"`{made[1]}`"
+                value = made[1].split(" = ", 1)[1]
+                if column == 0 and "arange(" in value:
+                    right = value.replace("arange(", "zeros(", 1)
+                fix = f"label every row with its positive's column: `{made[2]} = {right}`"
+            elif written[4]:
+                fix = f"label every row with its positive's column: `{written[2]} = {right}`"
+            else:
+                fix = f"label every row with its positive's column: replace `{written[1]}` with `{right}`"
+        else:
+            fix = f"label every row with its positive's column: `{right}`"
+        return self.finding(
+            f"the {rows}x{columns} logits concatenate each row's similarity with its own positive "
+            f"(a single column, {where}) with its similarities to the negatives (MoCo's "
+            f"cat([l_pos, l_neg], dim=1)), but {e['share']:.0%} of the rows are labelled with "
+            f"another column by {text}: those rows are told that a negative (a queued key, another "
+            f"sample) is their positive, so the loss pulls each query towards a negative and away "
+            f"from its own key",
+            loc, evidence={"rows": rows, "columns": columns, "column": column,
+                           "share": e["share"], "fn": e["fn"], "how": "cat"},
+            fix=fix)
+
     def _triplet(self, a, e, loc):
         call = a.source.call_with_swapped(loc.path, loc.line, 1, 2) if loc is not None else None
         fix = (f"swap the positive and the negative: `{call[1]}`" if call is not None else
                "pass (anchor, positive, negative) in that order: the anchor's own view second, "
                "the reordered rows third")
+        if e["how"] == "triplet-apart":
+            return self.finding(
+                f"{e['fn']} is given three separately embedded batches, and in {e['share']:.0%} of "
+                f"the {e['rows']} rows the anchor is nearer the tensor given as negative than the "
+                f"one given as positive, at two calls: positive and negative are swapped, so each "
+                f"anchor is pulled towards the sample of another class (or another image) and pushed "
+                f"away from its own positive",
+                loc, evidence={"rows": e["rows"], "share": e["share"], "fn": e["fn"], "how": e["how"]},
+                fix=fix)
         return self.finding(
             f"{e['fn']} gets as its positive the negative's rows reordered (each row "
             f"another sample's embedding), and in {e['share']:.0%} of the {e['rows']} rows the "

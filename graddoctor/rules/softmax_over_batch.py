@@ -16,6 +16,10 @@ class SoftmaxOverBatch(Rule):
     term between softened outputs). Seen in the graph of the first backwards: the softmax's
     result has another axis longer than 1, is not a square (B, B) matrix, and its dim 0 is as
     long as the data or targets the graph read. Reported at the call with `dim=0` in the script.
+    The same slip on a target made without gradient (a teacher's probabilities: DINO's
+    `softmax((t - center) / temp, dim=0)`, a distillation target) is seen from its values at the
+    first backwards: a target of probabilities (not only 0 and 1), multiplied with a
+    `log_softmax` over the classes, whose rows do not sum to 1 along them.
 
     ## Why is this bad?
     Over dim 0 each class column sums to 1 across the samples: a sample's "probabilities" are
@@ -42,7 +46,10 @@ class SoftmaxOverBatch(Rule):
     axis (CLIP's symmetric loss, InfoNCE's columns); a softmax over the instances of one bag
     ((K, 1) attention weights of multiple-instance learning, a DataLoader batch of another size);
     weights over the batch of a 1-D tensor (hard-example weighting); a softmax on values without
-    gradient (targets made under `no_grad`); a softmax over dim 0 inside the model's forward,
+    gradient (targets made under `no_grad`) unless the loss multiplies it with a log-softmax over
+    the classes (DINO's `-q * log_softmax(s, dim=-1)`, a cross-entropy or `kl_div` with
+    probability targets) and its rows do not sum to 1 over them; a soft target whose rows do sum
+    to 1 (label smoothing, a teacher's softmax over the classes, mixup's mixed one-hots); a softmax over dim 0 inside the model's forward,
     which `samples-mixed-in-batch` reports, and one fed straight to `nll_loss`/`kl_div`, which
     `loss-input-mismatch` reports.
     """
@@ -69,6 +76,22 @@ class SoftmaxOverBatch(Rule):
             line, text = calls[0]
             used.add((path, line))
             shape = "×".join(str(s) for s in event["shape"])
+            if event.get("target"):
+                fixed = text.replace("dim=0", "dim=-1") if "dim=0" in text else None
+                yield self.finding(
+                    f"`{text}` normalises the soft target over dim 0, the batch: the {shape} "
+                    f"target the loss multiplies with the student's log_softmax over the classes "
+                    f"is normalised down each class's column, not along each row, so every row's "
+                    f"target is no distribution over its classes and depends on the other samples "
+                    f"of the batch (a teacher's centred, sharpened output in DINO, a distillation "
+                    f"target)",
+                    Location(path, line),
+                    evidence={"fn": event["fn"], "shape": event["shape"], "batch": event["batch"],
+                              "target": True},
+                    fix=(f"`{fixed}`: take it over the classes, as the student's log_softmax is"
+                         if fixed else "give it the class dimension (`dim=-1`), as the student's "
+                         "log_softmax"))
+                continue
             fixed = text.replace("dim=0", "dim=1") if "dim=0" in text else None
             yield self.finding(
                 f"`{text}` normalises a {shape} tensor over dim 0, its {event['batch']} samples: "
