@@ -862,6 +862,14 @@ loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward
                    (c > 0) of an unbounded v that needs a gradient: the loss has no lower bound
                    and the optimizer lowers it without end — once per backward line (loc: the
                    backward; an aside; instrument/lossterms.py)
+sampled_scores     scores [{kind ("sim" a dot product | "dist" a distance), op (its autograd
+                   node), draws [int] (the draws its lookups' indices are), up (the share of the
+                   gradient's mass that descent uses to raise the score's similarity; None: not
+                   read), mass, names [str] (the frames' variables bound to it)}], draws {id:
+                   {loc [path, line], fn}} (the script's random integer draws since the previous
+                   backward that a lookup read), line (the backward's line): a backward's loss
+                   scores embeddings looked up at indices the script drew at random — at the
+                   2nd to 5th backwards (loc: the backward; an aside; instrument/negsample.py)
 loss_weight_learned params [pid] (the learned weights), kinds (["mul"] a product's factor,
                    ["div"] a quotient's denominator), terms (how many weighted terms), elements
                    [[int]|None] (per param: the indices along dim 0 of the elements its terms
@@ -1897,6 +1905,10 @@ def sample_range(*, critic: str, generator: str, activation: str, low: float, hi
                             "outside": outside, "how": how, "name": name}
 
 
+def sampled_scores(*, scores: list[dict], draws: dict, line: int | None = None) -> Made:
+    return "sampled_scores", {"scores": scores, "draws": draws, "line": line}
+
+
 def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = None) -> Made:
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
@@ -1953,7 +1965,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused,
-    "loss_unbounded": loss_unbounded, "loss_weight_learned": loss_weight_learned, "batch_reduction": batch_reduction,
+    "loss_unbounded": loss_unbounded, "sampled_scores": sampled_scores, "loss_weight_learned": loss_weight_learned, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
@@ -2012,7 +2024,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_weight_learned", "batch_reduction", "sample_range", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "sampled_scores", "loss_weight_learned", "batch_reduction", "sample_range", "advantage_grad",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -77,6 +77,7 @@ from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
 from .shiftcancel import ShiftCancelWatcher
 from .pairpull import PairPullWatcher
+from .negsample import NegativeSampleWatcher
 from .normbatch import NormBatchWatcher
 from .anchors import AnchorAliasWatcher
 from .constraints import ConstraintWatcher
@@ -278,6 +279,13 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # scores of embeddings looked up at randomly drawn indices, and which way the loss
+        # pushes them (sampled-negatives-pushed-up): random draws wrapped, node hooks on the
+        # scores at the first backwards
+        negatives = NegativeSampleWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, negatives.describe_loss)
+        rec.subscribe(STEPPED, negatives.after_step)
+        self.watchers.append(negatives)
         # learned loss weights that only a monotone factor of losses reaches (loss-weight-learned-to-zero)
         learned_weights = LearnedWeightWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, learned_weights.describe_loss)
