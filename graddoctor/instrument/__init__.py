@@ -43,7 +43,7 @@ from .promptmask import PromptMaskWatcher
 from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .maskvisible import MaskedVisibleWatcher
-from .lossterms import LossTermWatcher, ZeroWeightWatcher
+from .lossterms import LogScaleWatcher, LossTermWatcher, ZeroWeightWatcher
 from .lossweight import LearnedWeightWatcher
 from .batchreduce import BatchReductionWatcher
 from .modes import ModeWatcher
@@ -279,6 +279,8 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # a log-scale held linearly and through exp(+-s) pulling the same way (log-det-sign-reversed)
+        rec.subscribe(DESCRIBE_LOSS, LogScaleWatcher(rec).describe_loss)
         # scores of embeddings looked up at randomly drawn indices, and which way the loss
         # pushes them (sampled-negatives-pushed-up): random draws wrapped, node hooks on the
         # scores at the first backwards
