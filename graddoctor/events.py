@@ -862,6 +862,13 @@ loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward
                    (c > 0) of an unbounded v that needs a gradient: the loss has no lower bound
                    and the optimizer lowers it without end — once per backward line (loc: the
                    backward; an aside; instrument/lossterms.py)
+concave_term       form ("where" | "min": a choice between two tensors of opposite signs;
+                   "weights": a product with constant weights of both signs), negative (the
+                   result's share of negative elements), line (the call's line): a term that
+                   takes the negative one of two opposite lines nearly everywhere (a pinball
+                   loss with q and q - 1 swapped), held by a backward's loss with a positive
+                   sign — at the first 3 backwards (loc: the call; an aside;
+                   instrument/concave.py)
 log_scale_reversed linear (+1 | -1: the sign the loss's linear top holds a log-scale s with),
                    exp (+1 | -1: the sign an exp(±s) below a product or square takes it with),
                    op (s's autograd node), params [pid] (tracked tensors s reaches), bounded (s
@@ -1923,6 +1930,10 @@ def log_scale_reversed(*, linear: float, exp: float, op: str, params: list[int],
                                   "bounded": bounded, "line": line}
 
 
+def concave_term(*, form: str, negative: float, line: int | None = None) -> Made:
+    return "concave_term", {"form": form, "negative": negative, "line": line}
+
+
 def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = None) -> Made:
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
@@ -1979,7 +1990,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused,
-    "loss_unbounded": loss_unbounded, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "loss_weight_learned": loss_weight_learned, "batch_reduction": batch_reduction,
+    "loss_unbounded": loss_unbounded, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
@@ -2038,7 +2049,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "sampled_scores", "log_scale_reversed", "loss_weight_learned", "batch_reduction", "sample_range", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "batch_reduction", "sample_range", "advantage_grad",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

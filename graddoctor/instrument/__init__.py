@@ -78,6 +78,7 @@ from .softmaxbatch import SoftmaxBatchWatcher
 from .shiftcancel import ShiftCancelWatcher
 from .pairpull import PairPullWatcher
 from .negsample import NegativeSampleWatcher
+from .concave import ConcaveTermWatcher
 from .normbatch import NormBatchWatcher
 from .anchors import AnchorAliasWatcher
 from .constraints import ConstraintWatcher
@@ -279,6 +280,11 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # a piecewise-linear term that takes its negative side everywhere (loss-term-concave):
+        # torch.where, minimum and products with constants wrapped until the first backwards
+        concave = ConcaveTermWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, concave.describe_loss)
+        self.watchers.append(concave)
         # a log-scale held linearly and through exp(+-s) pulling the same way (log-det-sign-reversed)
         rec.subscribe(DESCRIBE_LOSS, LogScaleWatcher(rec).describe_loss)
         # scores of embeddings looked up at randomly drawn indices, and which way the loss
