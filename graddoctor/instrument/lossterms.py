@@ -431,28 +431,30 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
         return False
 
     signed_walk(root, limit, visit)
-    found = []
+    exps = []
     seen = {root}
     stack = [root]
     while stack and len(seen) < _SCALE_NODES:
         node = stack.pop()
-        if type(node).__name__ == "ExpBackward0" and not (linear.get(node) or 1.0) < 0:
+        if type(node).__name__ == "ExpBackward0":
             children = _children(node)
             if len(children) == 1:
-                argument, sign = _scale_argument(children[0][1])
-                held = linear.get(argument)
-                if held is not None and held * sign > 0 and not _bounded_arg(argument):
-                    found.append((argument, held, node, sign))
+                exps.append((node,) + _scale_argument(children[0][1]))
         for _, child in _children(node):
             if child not in seen:
                 seen.add(child)
                 stack.append(child)
+    # a value whose exp the linear top holds with a negative sign (a VAE's KL with its sign
+    # flipped) is loss-unbounded-below's: its other exps are not told again
+    theirs = {argument for node, argument, _ in exps if (linear.get(node) or 1.0) < 0}
+    found = []
+    for node, argument, sign in exps:
+        if argument in theirs:
+            continue
+        held = linear.get(argument)
+        if held is not None and held * sign > 0:
+            found.append((argument, held, node, sign))
     return found
-
-
-def _bounded_arg(node) -> bool:
-    """A log-scale that is a constant's own node (no parameters below it) is not judged."""
-    return type(node).__name__ == "AccumulateGrad" and not getattr(getattr(node, "variable", None), "requires_grad", False)
 
 
 class LogScaleWatcher(LossGraphReader):

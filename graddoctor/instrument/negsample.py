@@ -88,8 +88,8 @@ def _as_ints(value):
         if value.is_complex() or not 0 < value.numel() <= _DRAW_ELEMENTS:
             return None
         return value.detach().reshape(-1).to(torch.int64).clone()
-    kind = getattr(getattr(value, "dtype", None), "kind", None)
-    if kind not in ("i", "u") or not 0 < getattr(value, "size", 0) <= _DRAW_ELEMENTS:
+    dtype_kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if dtype_kind not in ("i", "u") or not 0 < getattr(value, "size", 0) <= _DRAW_ELEMENTS:
         return None
     try:
         return torch.as_tensor(value.reshape(-1).astype("int64"))
@@ -245,11 +245,11 @@ class NegativeSampleWatcher:
         stack = [root]
         while stack and len(seen) < _NODES and len(scores) < _SCORES:
             node = stack.pop()
-            kind = _kind(node)
-            if kind is not None:
-                reached = self._reach(node, lookups, anchors, kind)
+            orient = _kind(node)
+            if orient is not None:
+                reached = self._reach(node, lookups, anchors, orient)
                 if reached is not None:
-                    scores.append((node, kind) + reached)
+                    scores.append((node, orient) + reached)
                     continue
             for child in _children(node):
                 if child not in seen:
@@ -260,8 +260,8 @@ class NegativeSampleWatcher:
         names = self._names([node for node, _, _, _ in scores])
         records = []
         handles = []
-        for node, kind, draws, read in scores:
-            record = {"kind": kind, "op": type(node).__name__, "draws": sorted(draws),
+        for node, orient, draws, read in scores:
+            record = {"orient": orient, "op": type(node).__name__, "draws": sorted(draws),
                       "anchors": sorted(read), "up": None, "mass": 0.0, "names": names.get(node, [])}
             records.append(record)
             handles.append(node.register_hook(self._reader(record)))
@@ -285,15 +285,15 @@ class NegativeSampleWatcher:
                 found.append(draw_id)
         return found
 
-    def _reach(self, node, lookups, anchors, kind):
+    def _reach(self, node, lookups, anchors, orient):
         """(the draws of the lookups below a score node, the keys of their indices), or None
         when it reads no lookup (a dot product: on each side)."""
         sides = _children(node)
-        if kind == "sim" and type(node).__name__ == "SumBackward1":
+        if orient == "sim" and type(node).__name__ == "SumBackward1":
             sides = _children(sides[0])
-        if kind == "sim" and len(sides) != 2:
+        if orient == "sim" and len(sides) != 2:
             return None
-        groups = [[side] for side in sides] if kind == "sim" else [sides]
+        groups = [[side] for side in sides] if orient == "sim" else [sides]
         draws: set = set()
         read: set = set()
         for group in groups:
@@ -327,7 +327,7 @@ class NegativeSampleWatcher:
                 rise = float((-grad).clamp(min=0).sum())  # descent raises it
                 total = down + rise
                 if total > 0 and total == total:
-                    up = rise if record["kind"] == "sim" else down
+                    up = rise if record["orient"] == "sim" else down
                     mass = record["mass"] + total
                     prior = (record["up"] or 0.0) * record["mass"]
                     record["up"], record["mass"] = (prior + up) / mass, mass

@@ -45,7 +45,7 @@ def split(event, draw_name) -> tuple[list, list, set] | None:
     # centre word, TransE's relation): scores of unrelated drawn pairs are no ranking
     negatives = [s for s in negatives
                  if any(set(s.get("anchors") or ()) & set(p.get("anchors") or ()) for p in positives)]
-    if not negatives or len({s["kind"] for s in negatives + positives}) != 1:
+    if not negatives or len({s["orient"] for s in negatives + positives}) != 1:
         return None
     own = set().union(*(set(s["draws"]) - common for s in negatives))
     return negatives, positives, own
@@ -136,7 +136,7 @@ class SampledNegativesPushedUp(Rule):
             if len(judged) < _JUDGED or not all(v[0] for v in judged):
                 continue
             _, event, negatives, positives, up_neg, up_pos, own = judged[-1]
-            kind = negatives[0]["kind"]
+            orient = negatives[0]["orient"]
             names = [n for s in negatives for n in s.get("names") or ()]
             loc, text = self._line(a, path, line, names)
             drawn = [event["draws"].get(str(d)) or {} for d in sorted(own)]
@@ -146,9 +146,10 @@ class SampledNegativesPushedUp(Rule):
             neg_name = f"`{names[0]}`" if names else "the negatives' score"
             pos_names = [n for s in positives for n in s.get("names") or ()]
             pos_name = f"`{pos_names[0]}`" if pos_names else "the positives' score"
-            what = "similarity" if kind == "sim" else "distance"
-            neg_move = "raises" if kind == "sim" else "shrinks"
-            pos_move = "lowers" if kind == "sim" else "grows"
+            similar = orient == "sim"
+            what = "similarity" if similar else "distance"
+            neg_move = "raises" if similar else "shrinks"
+            pos_move = "lowers" if similar else "grows"
             said = f"`{text}`" if text else "this line"
             if up_pos <= _DOWN:
                 pos_said = (f"and {pos_move} the {what} {pos_name} of the data's pairs "
@@ -162,7 +163,7 @@ class SampledNegativesPushedUp(Rule):
                        f"negatives' sign or its arguments' order reversed, so the model learns to "
                        f"rank random items above the data while the loss falls")
             yield self.finding(message, loc, step=a.next_step_number(event.seq), evidence={
-                "kind": kind, "up_negatives": round(up_neg, 4), "up_positives": round(up_pos, 4),
+                "orient": orient, "up_negatives": round(up_neg, 4), "up_positives": round(up_pos, 4),
                 "backwards": len(judged), "negatives": names[:4], "positives": pos_names[:4]})
 
     @staticmethod
