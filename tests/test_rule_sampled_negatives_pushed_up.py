@@ -145,3 +145,25 @@ def test_the_rule_warns_when_every_judged_backward_raises_the_negatives():
 def test_the_rule_is_silent_with_one_backward_or_one_that_lowers_them():
     assert findings(_trace([1.0]), SLUG) == []
     assert findings(_trace([1.0, 0.2, 1.0]), SLUG) == []
+
+
+def test_drawn_columns_of_one_lookup_are_split_into_a_negative_and_a_positive():
+    torch.manual_seed(0)
+    item, user = nn.Embedding(50, 8), nn.Embedding(10, 8)
+    uid = torch.arange(16) % 10
+    nxt = torch.randint(0, 50, (16,))
+    sampled = torch.randint(0, 50, (16, 4))
+    cand = torch.cat([nxt[:, None], sampled], 1)
+
+    def loss(positive):
+        logits = torch.einsum("bd,bkd->bk", user(uid), item(cand))
+        labels = torch.zeros(16, 5)
+        labels[:, 0] = positive
+        labels[:, 1:] = 1 - positive
+        return F.binary_cross_entropy_with_logits(logits, labels)
+    # the true item labelled 1, the sampled ones 0: negatives lowered; the labels swapped: raised
+    for positive, reversed_ in ((1.0, False), (0.0, True)):
+        anchored = lambda: loss(positive)  # noqa: E731
+        (_, data), = _watch(anchored, [sampled])
+        negatives, positives, _ = split(data, lambda d: None)
+        assert (negatives[0]["up"] >= 0.6) == reversed_ and positives[0]["draws"] == []

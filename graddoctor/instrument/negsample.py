@@ -21,13 +21,18 @@ What is observed, at the first ``_WINDOWS`` backwards only:
   (fresh at each step: data drawn once before the loop is not), or agree with one at
   ``_AGREE`` of their positions at least (a corruption that replaces part of a batch,
   ``torch.where(coin, drawn, h)``), or, for a draw of a quarter of the lookup's size or more,
-  at its first or last positions (``corrupt[:64] = torch.randint(...)``).
+  at its first or last positions (``corrupt[:64] = torch.randint(...)``); a 2-D lookup whose
+  last (or first) columns are a draw (``cat([positive[:, None], drawn], 1)``) has drawn
+  *columns*.
 * **Scores.** The score nodes are the first, from the loss's root, of: a dot product
   (``(a * b).sum(-1)``, ``bmm``, ``mm``, an einsum) whose two sides each reach a lookup; a
   distance (a vector norm, ``cdist``, a sum of squared or absolute differences) of lookups.
   Each gets a node hook (torch's own; it reads and changes nothing) that reads the gradient on
   it: ``up``, the share of its mass that gradient descent uses to raise the score's
   similarity (a similarity's negative gradient, a distance's positive one).
+* A score that reads drawn columns, and no whole drawn lookup, is read as two: its gradient
+  at the drawn positions (a negative score) and at the others (a positive one), when the
+  gradient has the lookup's shape.
 * The scores' draws (the drawn lookups each reaches), anchors (a key per indices tensor its
   lookups read: a user's rows looked up once, or twice from one tensor, are one anchor),
   orientation, ``up`` and mass, and the names the calling frames bind to them, go to a ``sampled_scores`` aside per backward that
@@ -222,6 +227,7 @@ class NegativeSampleWatcher:
     def _look(self, root, fresh) -> None:
         # the lookups of the graph, and the draws each one's indices are
         lookups: dict = {}  # node -> [draw ids]
+        columns: dict = {}  # node -> (draw id, the index positions it is): drawn columns of a lookup
         anchors: dict = {}  # node -> the key of the indices it read (the same tensor: one key)
         keys: dict = {}
         seen = {root}
@@ -231,13 +237,17 @@ class NegativeSampleWatcher:
             idx = _indices(node)
             if idx is not None:
                 lookups[node] = self._matching(idx, fresh)
+                if not lookups[node]:
+                    hit = self._columns(idx, fresh)
+                    if hit is not None:
+                        columns[node] = hit
                 key = (idx.data_ptr(), idx.numel(), tuple(idx.stride()), idx.storage_offset())
                 anchors[node] = keys.setdefault(key, len(keys))
             for child in _children(node):
                 if child not in seen:
                     seen.add(child)
                     stack.append(child)
-        if not any(lookups.values()):
+        if not any(lookups.values()) and not columns:
             return
         # the score nodes: the first dot products or distances from the root that read lookups
         scores = []
@@ -247,7 +257,7 @@ class NegativeSampleWatcher:
             node = stack.pop()
             orient = _kind(node)
             if orient is not None:
-                reached = self._reach(node, lookups, anchors, orient)
+                reached = self._reach(node, lookups, columns, anchors, orient)
                 if reached is not None:
                     scores.append((node, orient) + reached)
                     continue
@@ -255,17 +265,29 @@ class NegativeSampleWatcher:
                 if child not in seen:
                     seen.add(child)
                     stack.append(child)
-        if len(scores) < 2 or not any(draws for _, _, draws, _ in scores):
+        split = sum(1 for score in scores if not score[2] and len(score[4]) == 1)
+        if len(scores) + split < 2 or not any(draws or hits for _, _, draws, _, hits in scores):
             return
-        names = self._names([node for node, _, _, _ in scores])
+        names = self._names([score[0] for score in scores])
         records = []
         handles = []
-        for node, orient, draws, read in scores:
+        used = set()
+        for node, orient, draws, read, hits in scores:
             record = {"orient": orient, "op": type(node).__name__, "draws": sorted(draws),
                       "anchors": sorted(read), "up": None, "mass": 0.0, "names": names.get(node, [])}
             records.append(record)
-            handles.append(node.register_hook(self._reader(record)))
-        used = {d for _, _, draws, _ in scores for d in draws}
+            used.update(draws)
+            if not draws and len(hits) == 1:
+                # drawn and data columns in one score (``cat([pos, drawn])`` looked up at once):
+                # the drawn positions are a negative score, the others a positive one
+                draw_id, mask = hits[0]
+                record["draws"] = [draw_id]
+                rest = dict(record, draws=[])
+                records.append(rest)
+                used.add(draw_id)
+                handles.append(node.register_hook(self._reader(record, mask, rest)))
+            else:
+                handles.append(node.register_hook(self._reader(record)))
         draws = {str(d[0]): {"loc": d[3], "fn": d[4]} for d in fresh if d[0] in used}
         self._pending.append((records, draws, self.rec.here(), handles))
 
@@ -285,9 +307,31 @@ class NegativeSampleWatcher:
                 found.append(draw_id)
         return found
 
-    def _reach(self, node, lookups, anchors, orient):
-        """(the draws of the lookups below a score node, the keys of their indices), or None
-        when it reads no lookup (a dot product: on each side)."""
+    @staticmethod
+    def _columns(idx, fresh):
+        """(draw id, mask of idx's positions) when a 2-D lookup's first or last columns are a
+        draw (``cat([positive[:, None], drawn], 1)``), else None."""
+        if idx.dim() != 2:
+            return None
+        rows, cols = idx.shape
+        for draw_id, _, values, _, _ in fresh:
+            m = values.numel()
+            if m % rows or not 0 < m // rows < cols:
+                continue
+            k = m // rows
+            drawn = values.view(rows, k)
+            for start in (cols - k, 0):
+                part = idx[:, start:start + k].to(torch.int64)
+                if (part == drawn).float().mean().item() >= _AGREE:
+                    mask = torch.zeros(rows, cols, dtype=torch.bool)
+                    mask[:, start:start + k] = True
+                    return draw_id, mask
+        return None
+
+    def _reach(self, node, lookups, columns, anchors, orient):
+        """(the draws of the lookups below a score node, the keys of their indices, the drawn
+        columns of the lookups it reads), or None when it reads no lookup (a dot product: on
+        each side)."""
         sides = _children(node)
         if orient == "sim" and type(node).__name__ == "SumBackward1":
             sides = _children(sides[0])
@@ -296,6 +340,7 @@ class NegativeSampleWatcher:
         groups = [[side] for side in sides] if orient == "sim" else [sides]
         draws: set = set()
         read: set = set()
+        hits: list = []
         for group in groups:
             found = False
             seen = set(group)
@@ -306,6 +351,8 @@ class NegativeSampleWatcher:
                     found = True
                     draws.update(lookups[item])
                     read.add(anchors[item])
+                    if item in columns:
+                        hits.append(columns[item])
                     continue
                 for child in _children(item):
                     if child not in seen:
@@ -313,24 +360,32 @@ class NegativeSampleWatcher:
                         stack.append(child)
             if not found:
                 return None
-        return draws, read
+        return draws, read, hits
 
     @staticmethod
-    def _reader(record):
+    def _reader(record, mask=None, rest=None):
+        def read(into, grad) -> None:
+            down = float(grad.clamp(min=0).sum())  # descent lowers the value
+            rise = float((-grad).clamp(min=0).sum())  # descent raises it
+            total = down + rise
+            if total > 0 and total == total:
+                up = rise if into["orient"] == "sim" else down
+                mass = into["mass"] + total
+                prior = (into["up"] or 0.0) * into["mass"]
+                into["up"], into["mass"] = (prior + up) / mass, mass
+
         def hook(grad_inputs, grad_outputs) -> None:
             try:
                 grad = grad_outputs[0] if grad_outputs else None
                 if grad is None or grad.device.type != "cpu" or not grad.dtype.is_floating_point:
                     return
                 grad = grad.detach()
-                down = float(grad.clamp(min=0).sum())  # descent lowers the value
-                rise = float((-grad).clamp(min=0).sum())  # descent raises it
-                total = down + rise
-                if total > 0 and total == total:
-                    up = rise if record["orient"] == "sim" else down
-                    mass = record["mass"] + total
-                    prior = (record["up"] or 0.0) * record["mass"]
-                    record["up"], record["mass"] = (prior + up) / mass, mass
+                if mask is None:
+                    read(record, grad)
+                elif grad.numel() == mask.numel():
+                    grad = grad.reshape(mask.shape)
+                    read(record, grad[mask])
+                    read(rest, grad[~mask])
             except Exception:
                 pass
         return hook

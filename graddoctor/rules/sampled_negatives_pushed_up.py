@@ -101,8 +101,9 @@ class SampledNegativesPushedUp(Rule):
     (no score that reads a draw the others do not, or none scored against what another score
     is), drawn rows used as the positives' own
     (the same draw reaches every score), data drawn once before the loop. Not judged: scores
-    of a drawn and a data lookup in one tensor (`torch.cat` of the indices before the
-    lookup), scores computed on an accelerator, draws made by numpy's `Generator`.
+    of a drawn and a data lookup in one tensor mixed other than by columns (the first or last
+    columns of `cat([true[:, None], drawn], 1)` are read apart), scores
+    computed on an accelerator, draws made by numpy's `Generator`.
     """
 
     code = "GD270"
