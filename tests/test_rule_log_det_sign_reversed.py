@@ -27,6 +27,17 @@ def _flow(log_det_sign):
     return -(log_pz + log_det_sign * S.sum(1)).mean()
 
 
+def _glow(sign):
+    scale = torch.sigmoid(S + 2)
+    z = (X + MU) * scale
+    return -(-0.5 * (z ** 2).sum(1) + sign * torch.log(scale).sum(1)).mean()
+
+
+def _sigma_nll(sign):
+    sigma = torch.nn.functional.softplus(S)
+    return (sign * torch.log(sigma) + ((X - MU) / sigma) ** 2).mean()
+
+
 def _inverse_flow(s):
     """z = (x - mu) * exp(-s): its log-det is -sum(s), and the NLL adds sum(s); here subtracted."""
     return (0.5 * (((X - MU) * torch.exp(-s)) ** 2).sum(1) - s.sum(1)).mean()
@@ -37,6 +48,8 @@ def _inverse_flow(s):
     (lambda: (-0.5 * S + 0.5 * (X - MU) ** 2 * torch.exp(-S)).mean(), [(-1.0, -1.0)]),
     (lambda: (0.5 * torch.exp(S) * (X - MU) ** 2 + 0.5 * S).mean(), [(1.0, 1.0)]),
     (lambda: _inverse_flow(torch.tanh(S)), [(-1.0, -1.0)]),
+    (lambda: _glow(-1.0), [(1.0, 1.0)]),  # log(scale) subtracted from log p(z)
+    (lambda: _sigma_nll(-1.0), [(-1.0, -1.0)]),  # -log(sigma) + ((y - mu) / sigma)**2
 ])
 def test_a_log_scale_pulled_the_same_way_twice_is_found(loss, found):
     assert _found(loss()) == found
@@ -44,6 +57,9 @@ def test_a_log_scale_pulled_the_same_way_twice_is_found(loss, found):
 
 @pytest.mark.parametrize("loss", [
     lambda: _flow(1.0),  # -(log p(z) + logdet)
+    lambda: _glow(1.0),
+    lambda: _sigma_nll(1.0),
+    lambda: (-torch.log(torch.softmax(MU, 1)[:, 0]) + 0.1 * (torch.softmax(MU, 1) * torch.log_softmax(MU, 1)).sum(1)).mean(),
     lambda: (0.5 * S + 0.5 * (X - MU) ** 2 * torch.exp(-S)).mean(),  # Gaussian NLL
     lambda: (S + (X - MU).abs() * torch.exp(-S)).mean(),  # Laplace NLL
     lambda: (torch.exp(-S[:, 0]) * ((X - MU) ** 2).mean() + S[:, 0]).mean(),  # learned task weights

@@ -422,7 +422,8 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
     ``0.5 * logvar``) and through an ``exp(±s)`` below a product or a square (the scale of
     ``z = x * exp(s)``, the precision ``exp(-logvar)``), the two pulling ``s`` the same way:
     the sign in the loss times the exp's is positive. Exps the loss's linear top holds with a
-    negative sign are loss-unbounded-below's and left out."""
+    negative sign are loss-unbounded-below's and left out. Also a scale ``S`` whose ``log(S)``
+    the linear top holds while ``S`` multiplies (or divides) another computed tensor."""
     linear: dict = {}  # node -> the sign the linear top holds it with (None: both)
 
     def visit(node, sign, name, children) -> bool:
@@ -432,14 +433,21 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
 
     signed_walk(root, limit, visit)
     exps = []
+    factors: dict = {}  # node -> the signs it scales a product with (+1 a factor, -1 a divisor)
     seen = {root}
     stack = [root]
     while stack and len(seen) < _SCALE_NODES:
         node = stack.pop()
-        if type(node).__name__ == "ExpBackward0":
+        name = type(node).__name__
+        if name == "ExpBackward0":
             children = _children(node)
             if len(children) == 1:
                 exps.append((node,) + _scale_argument(children[0][1]))
+        elif name in ("MulBackward0", "DivBackward0"):
+            children = _children(node)
+            if len(children) == 2:
+                for index, child in children:
+                    factors.setdefault(child, set()).add(-1.0 if name == "DivBackward0" and index == 1 else 1.0)
         for _, child in _children(node):
             if child not in seen:
                 seen.add(child)
@@ -454,6 +462,19 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
         held = linear.get(argument)
         if held is not None and held * sign > 0:
             found.append((argument, held, node, sign))
+    # a scale whose log the linear top holds (Glow's ``log(sigmoid(h))`` log-det of
+    # ``z = x * sigmoid(h)``, ``log(sigma)`` of ``(y - mu) / sigma``): the same pull when the
+    # log's sign and the scale's (a factor: +1, a divisor: -1) agree
+    for node, held in linear.items():
+        if held is None or type(node).__name__ != "LogBackward0":
+            continue
+        children = _children(node)
+        if len(children) != 1:
+            continue
+        scale = children[0][1]
+        signs = factors.get(scale)
+        if signs is not None and len(signs) == 1 and held * next(iter(signs)) > 0:
+            found.append((scale, held, node, next(iter(signs))))
     return found
 
 

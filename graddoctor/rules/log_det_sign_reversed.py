@@ -15,7 +15,8 @@ class LogDetSignReversed(Rule):
     log-det of `exp(-s)` taken as `+s.sum()`, a Gaussian NLL with its log-variance term
     negated. The loss's linear top (sums, means, views, negations, constant factors) is walked
     at the first backwards for the sign of each value it holds; each `exp` of the graph is
-    followed to its argument (through negations, views and constant factors). It points at
+    followed to its argument (through negations, views and constant factors), and each
+    `log(S)` held linearly to the products and quotients `S` scales. It points at
     the loss's assignment, or at the one line above it that computes the loss's exp term.
 
     ## Why is this bad?
@@ -42,9 +43,10 @@ class LogDetSignReversed(Rule):
     `+s.sum()`, `x * exp(-s)` with `-s.sum()`), a Gaussian NLL `0.5 * logvar + 0.5 * (y - mu)**2
     * exp(-logvar)`, a Laplace NLL `log_b + |y - mu| * exp(-log_b)`, uncertainty-weighted
     multi-task losses `exp(-s) * L + s`, the VAE's KL term (`exp(logvar) - logvar`), a KL term
-    with the exp negated (loss-unbounded-below's). Not judged: a scale written as
-    `sigmoid(h)` with `log(scale)` for its log-det, or `F.softplus`, and log-scales whose exp
-    sits behind a product of two computed tensors along the linear path.
+    with the exp negated (loss-unbounded-below's). Also judged: a scale `S` (Glow's
+    `sigmoid(h)`, a `softplus` sigma) whose `log(S)` the linear top holds while `S` multiplies
+    or divides another computed tensor. Not judged: log-scales whose exp sits behind a product
+    of two computed tensors along the linear path, or that are computed twice (two nodes).
     """
 
     code = "GD271"
