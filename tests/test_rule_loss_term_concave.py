@@ -79,6 +79,16 @@ def test_a_minimum_of_two_opposite_lines_and_swapped_weights_are_found():
     assert _watched(weights(True)) == ["weights"]
     assert _watched(weights(False)) == []
 
+    def far(swapped):  # every residual positive: the weights hold q - 1 (swapped) or q only
+        def compute():
+            e = Y.abs() + 5 - PRED.detach().abs() * 0 - PRED * 0.01
+            w = Q - ((e >= 0) if swapped else (e < 0)).float()
+            out = e * w
+            return out.mean(), [("weights", (e, w), out)]
+        return compute
+    assert _watched(far(True)) == ["weights"]
+    assert _watched(far(False)) == []
+
 
 def test_one_signed_branches_and_mixed_products_are_not():
     def huber():

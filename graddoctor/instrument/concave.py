@@ -16,7 +16,8 @@ What is observed, in the forwards of the first ``_WINDOWS`` backwards only:
   (never positive at more than ``1 - _OPPOSITE``): a term that picks the negative of two
   opposite lines.
 * A product (``*``, ``mul``) of a tensor with gradient and a tensor without, whose constant
-  factor holds both positive and negative values and whose product is negative at
+  factor takes one or two values, one of them negative (``q - 1{e < 0}``: ``q`` and ``q - 1``;
+  only one where every residual has one sign), and whose product is negative at
   ``_NEGATIVE`` of the elements (never positive at more than ``1 - _OPPOSITE``): sign-dependent
   weights whose signs are opposite to the residual's everywhere.
 
@@ -153,7 +154,9 @@ class ConcaveTermWatcher:
         self._busy = True
         try:
             with torch.no_grad():
-                if not (bool((weights > 0).any()) and bool((weights < 0).any())):
+                # a check function's weights: q and q - 1, one of them negative (a batch whose
+                # residuals all have one sign, far from its targets at the start, shows one)
+                if not bool((weights < 0).any()) or torch.unique(weights).numel() > 2:
                     return
                 negative, positive = _shares(result)
             if negative >= _NEGATIVE and positive <= 1 - _OPPOSITE:

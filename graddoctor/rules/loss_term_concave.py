@@ -19,7 +19,8 @@ class LossTermConcave(Rule):
     a minimum where the maximum belongs (`torch.min(q * e, (q - 1) * e)`). At the first
     backwards, `torch.where`, `torch.minimum` / two-tensor `torch.min` of two tensors with
     gradient whose signs are opposite at 95% of the elements, and products of a tensor with
-    gradient and constant weights of both signs, are checked: a result negative at 60% of its
+    gradient and constant weights of one or two values, one negative (`q` and `q - 1`), are
+    checked: a result negative at 60% of its
     elements or more (and positive at 5% at most) whose autograd node the loss's linear top
     holds with a positive sign (minimised). Reported when that is so at two backwards, at the
     line of the call.
@@ -46,7 +47,7 @@ class LossTermConcave(Rule):
     The pinball loss written right (with `where`, `max`, or the indicator `e * (q - (e < 0).float())`),
     an expectile loss (`|q - 1{e<0}| * e**2`, never negative), a leaky ReLU or a Huber's
     `where` (branches of one sign), a `where` or a minimum that a loss maximises (held with a
-    negative sign), a policy-gradient `-(log_prob * advantage)` (weights of both signs, a
+    negative sign), a policy-gradient `-(log_prob * advantage)` (weights of many values, a
     product of both signs). Not judged: tensors on an accelerator, terms computed before the
     first backward's forward window ends.
     """
