@@ -907,6 +907,29 @@ loss_derived_weight kinds (["self"]: a scalar weight that is a function of the r
                    several loss terms, balancing weights), terms (how many such products) — loss
                    weights computed from the loss terms with their graph (loc: that backward; an
                    aside; instrument/lossderived.py)
+concave_term       form ("where" | "min": a choice between two tensors of opposite signs;
+                   "weights": a product with constant weights of both signs), negative (the
+                   result's share of negative elements), line (the call's line): a term that
+                   takes the negative one of two opposite lines nearly everywhere (a pinball
+                   loss with q and q - 1 swapped), held by a backward's loss with a positive
+                   sign — at the first 3 backwards (loc: the call; an aside;
+                   instrument/concave.py)
+log_scale_reversed linear (+1 | -1: the sign the loss's linear top holds a log-scale s with),
+                   exp (+1 | -1: the sign an exp(±s) below a product or square takes it with),
+                   op (s's autograd node), params [pid] (tracked tensors s reaches), bounded (s
+                   is a bounded op's output: tanh, sigmoid, clamp), line (the backward's line):
+                   a backward's loss holds s linearly and through exp(±s) with signs that pull
+                   s the same way (a flow's log-det subtracted, a Gaussian NLL's log-variance
+                   negated) — once per backward line (loc: the backward; an aside;
+                   instrument/lossterms.py)
+sampled_scores     scores [{kind ("sim" a dot product | "dist" a distance), op (its autograd
+                   node), draws [int] (the draws its lookups' indices are), up (the share of the
+                   gradient's mass that descent uses to raise the score's similarity; None: not
+                   read), mass, names [str] (the frames' variables bound to it)}], draws {id:
+                   {loc [path, line], fn}} (the script's random integer draws since the previous
+                   backward that a lookup read), line (the backward's line): a backward's loss
+                   scores embeddings looked up at indices the script drew at random — at the
+                   2nd to 5th backwards (loc: the backward; an aside; instrument/negsample.py)
 loss_weight_learned params [pid] (the learned weights), kinds (["mul"] a product's factor,
                    ["div"] a quotient's denominator), terms (how many weighted terms), elements
                    [[int]|None] (per param: the indices along dim 0 of the elements its terms
@@ -1973,6 +1996,20 @@ def sample_range(*, critic: str, generator: str, activation: str, low: float, hi
                             "outside": outside, "how": how, "name": name}
 
 
+def sampled_scores(*, scores: list[dict], draws: dict, line: int | None = None) -> Made:
+    return "sampled_scores", {"scores": scores, "draws": draws, "line": line}
+
+
+def log_scale_reversed(*, linear: float, exp: float, op: str, params: list[int], bounded: bool,
+                       line: int | None = None) -> Made:
+    return "log_scale_reversed", {"linear": linear, "exp": exp, "op": op, "params": params,
+                                  "bounded": bounded, "line": line}
+
+
+def concave_term(*, form: str, negative: float, line: int | None = None) -> Made:
+    return "concave_term", {"form": form, "negative": negative, "line": line}
+
+
 def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = None) -> Made:
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
@@ -2033,7 +2070,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused,
-    "loss_unbounded": loss_unbounded, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
+    "loss_unbounded": loss_unbounded, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
@@ -2093,7 +2130,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

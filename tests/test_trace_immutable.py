@@ -109,6 +109,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "autograd/bad_grad_graph_unused_penalty.py",  # grad_graph_unused
             "losses/bad_loss_compares_with_itself_bpr.py",  # same_compared
             "losses/bad_loss_unbounded_kl_sign.py",  # loss_unbounded
+            "losses/bad_loss_term_concave_where.py",  # concave_term
+            "losses/bad_log_det_sign_reversed_coupling.py",  # log_scale_reversed
+            "losses/bad_sampled_negatives_pushed_up_bpr.py",  # sampled_scores
             "losses/bad_loss_weight_kendall_unregularised.py",  # loss_weight_learned
             "losses/bad_mixed_reduction_betavae.py",  # batch_reduction
             "data/bad_gan_range_unit_data_tanh.py",  # sample_range

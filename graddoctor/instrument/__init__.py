@@ -43,7 +43,7 @@ from .promptmask import PromptMaskWatcher
 from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .maskvisible import MaskedVisibleWatcher
-from .lossterms import LossTermWatcher, ZeroWeightWatcher
+from .lossterms import LogScaleWatcher, LossTermWatcher, ZeroWeightWatcher
 from .lossderived import LossDerivedWeightWatcher
 from .lossweight import LearnedWeightWatcher
 from .batchreduce import BatchReductionWatcher
@@ -81,6 +81,8 @@ from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
 from .shiftcancel import ShiftCancelWatcher
 from .pairpull import PairPullWatcher
+from .negsample import NegativeSampleWatcher
+from .concave import ConcaveTermWatcher
 from .normbatch import NormBatchWatcher
 from .featurevar import FeatureVarianceWatcher
 from .anchors import AnchorAliasWatcher
@@ -301,6 +303,20 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # a piecewise-linear term that takes its negative side everywhere (loss-term-concave):
+        # torch.where, minimum and products with constants wrapped until the first backwards
+        concave = ConcaveTermWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, concave.describe_loss)
+        self.watchers.append(concave)
+        # a log-scale held linearly and through exp(+-s) pulling the same way (log-det-sign-reversed)
+        rec.subscribe(DESCRIBE_LOSS, LogScaleWatcher(rec).describe_loss)
+        # scores of embeddings looked up at randomly drawn indices, and which way the loss
+        # pushes them (sampled-negatives-pushed-up): random draws wrapped, node hooks on the
+        # scores at the first backwards
+        negatives = NegativeSampleWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, negatives.describe_loss)
+        rec.subscribe(STEPPED, negatives.after_step)
+        self.watchers.append(negatives)
         # learned loss weights that only a monotone factor of losses reaches (loss-weight-learned-to-zero)
         learned_weights = LearnedWeightWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, learned_weights.describe_loss)

@@ -382,3 +382,126 @@ class ZeroWeightWatcher:
         except Exception as exc:
             self.rec.internal_error("zero_weight", exc)
         return {}
+
+
+# -- a log-scale whose linear term and exp pull the same way ----------------------------------
+_SCALE_NODES = 4000  # nodes of the loss's graph walked for the exps of a scale
+_ARG_STEPS = 8  # single-input nodes followed from an exp to the log-scale it is taken of
+_PASS = ("Neg", "View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Expand", "Clone",
+         "Alias", "Contiguous", "Permute", "Transpose", "TBackward", "ToCopy")
+
+
+def _scale_argument(node):
+    """(the node an exp's argument is, up to negations, views and positive constant factors;
+    the sign the exp takes it with), or None."""
+    sign = 1.0
+    for _ in range(_ARG_STEPS):
+        name = type(node).__name__
+        children = _children(node)
+        if len(children) != 1:
+            return node, sign
+        if name == "NegBackward0":
+            sign = -sign
+        elif name in ("MulBackward0", "DivBackward0"):
+            index, child = children[0]
+            if name == "DivBackward0" and index != 0:
+                return node, sign
+            factor = _sign_of(saved(node, "_saved_other" if index == 0 else "_saved_self"))
+            if factor is None:
+                return node, sign
+            sign *= factor
+        elif not name.startswith(_PASS):
+            return node, sign
+        node = children[0][1]
+    return node, sign
+
+
+def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, float]]:
+    """``[(log-scale node, its sign in the loss, exp node, the sign the exp takes it with)]``:
+    the values ``s`` a loss holds both linearly (``+ s.sum()``: a flow's log-det, a Gaussian's
+    ``0.5 * logvar``) and through an ``exp(±s)`` below a product or a square (the scale of
+    ``z = x * exp(s)``, the precision ``exp(-logvar)``), the two pulling ``s`` the same way:
+    the sign in the loss times the exp's is positive. Exps the loss's linear top holds with a
+    negative sign are loss-unbounded-below's and left out. Also a scale ``S`` whose ``log(S)``
+    the linear top holds while ``S`` multiplies (or divides) another computed tensor."""
+    linear: dict = {}  # node -> the sign the linear top holds it with (None: both)
+
+    def visit(node, sign, name, children) -> bool:
+        known = linear.get(node, sign)
+        linear[node] = sign if known == sign else None
+        return False
+
+    signed_walk(root, limit, visit)
+    exps = []
+    factors: dict = {}  # node -> the signs it scales a product with (+1 a factor, -1 a divisor)
+    seen = {root}
+    stack = [root]
+    while stack and len(seen) < _SCALE_NODES:
+        node = stack.pop()
+        name = type(node).__name__
+        if name == "ExpBackward0":
+            children = _children(node)
+            if len(children) == 1:
+                exps.append((node,) + _scale_argument(children[0][1]))
+        elif name in ("MulBackward0", "DivBackward0"):
+            children = _children(node)
+            if len(children) == 2:
+                for index, child in children:
+                    factors.setdefault(child, set()).add(-1.0 if name == "DivBackward0" and index == 1 else 1.0)
+        for _, child in _children(node):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    # a value whose exp the linear top holds with a negative sign (a VAE's KL with its sign
+    # flipped) is loss-unbounded-below's: its other exps are not told again
+    theirs = {argument for node, argument, _ in exps if (linear.get(node) or 1.0) < 0}
+    found = []
+    for node, argument, sign in exps:
+        if argument in theirs:
+            continue
+        held = linear.get(argument)
+        if held is not None and held * sign > 0:
+            found.append((argument, held, node, sign))
+    # a scale whose log the linear top holds (Glow's ``log(sigmoid(h))`` log-det of
+    # ``z = x * sigmoid(h)``, ``log(sigma)`` of ``(y - mu) / sigma``): the same pull when the
+    # log's sign and the scale's (a factor: +1, a divisor: -1) agree
+    for node, held in linear.items():
+        if held is None or type(node).__name__ != "LogBackward0":
+            continue
+        children = _children(node)
+        if len(children) != 1:
+            continue
+        scale = children[0][1]
+        signs = factors.get(scale)
+        if signs is not None and len(signs) == 1 and held * next(iter(signs)) > 0:
+            found.append((scale, held, node, next(iter(signs))))
+    return found
+
+
+class LogScaleWatcher(LossGraphReader):
+    """A loss that holds a log-scale ``s`` linearly and through ``exp(±s)`` with signs that
+    pull ``s`` the same way (log-det-sign-reversed): a normalising flow's log-det subtracted
+    from the log-likelihood it should be added to, a Gaussian NLL's ``0.5 * logvar`` negated.
+    A ``log_scale_reversed`` aside names it, once per backward line."""
+
+    label = "log_scale_reversed"
+
+    def _judge(self, root, loc) -> None:
+        terms = scale_terms(root)
+        if not terms:
+            return
+        tensors = self.rec.tensors
+        for argument, held, exp, sign in terms:
+            common = reached(argument, _LEAF_NODES, truncate=True)[1]
+            pids = sorted(pid for i in common
+                          if (pid := tensors.number.get(i)) is not None and id(tensors.refs[pid]()) == i)
+            if not pids:
+                continue
+            self._done.add(loc)
+            self.rec.emit_aside(ev.log_scale_reversed(
+                linear=held, exp=sign, op=type(argument).__name__, params=pids[:64],
+                bounded=_bounded(argument), line=getattr(loc, "line", None)), loc)
+            return
+
+    def install(self, patcher) -> None:
+        pass

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+
+
+class LogDetSignReversed(Rule):
+    """
+    ## What it does
+    Finds a loss that holds a log-scale `s` the model computes twice, linearly (a normalising
+    flow's log-det `s.sum(1)`, a Gaussian NLL's `0.5 * logvar`) and through `exp(±s)` below a
+    product or a square (the affine coupling's `x * exp(s)`, the precision `exp(-logvar)`),
+    with signs that pull `s` the same way: a flow's NLL written `-(log_prob(z) - logdet)`, a
+    log-det of `exp(-s)` taken as `+s.sum()`, a Gaussian NLL with its log-variance term
+    negated. The loss's linear top (sums, means, views, negations, constant factors) is walked
+    at the first backwards for the sign of each value it holds; each `exp` of the graph is
+    followed to its argument (through negations, views and constant factors), and each
+    `log(S)` held linearly to the products and quotients `S` scales. It points at
+    the loss's assignment, or at the one line above it that computes the loss's exp term.
+
+    ## Why is this bad?
+    `a * s + b * exp(c * s)` with `b > 0` (the data's squared distance scaled by the model)
+    is bounded below only when `a` and `c` have opposite signs: the log-det pays for every
+    contraction the scale makes. With the signs alike, shrinking the scale lowers both terms:
+    the optimizer drives `s` to minus infinity (or to its bound after a tanh), the flow
+    collapses every sample onto the prior's mode, the variance head predicts zero noise, and
+    the printed NLL goes down without end.
+
+    ## Example
+    ```python
+    z, logdet = flow(x)                   # z = x * exp(s) + t, logdet = s.sum(1)
+    loss = -(prior.log_prob(z).sum(1) - logdet).mean()
+    ```
+
+    ## Use instead
+    ```python
+    loss = -(prior.log_prob(z).sum(1) + logdet).mean()   # log p(x) = log p(z) + log|det J|
+    ```
+
+    ## Stays silent on
+    The flow's NLL with the log-det added (either direction of the flow: `x * exp(s)` with
+    `+s.sum()`, `x * exp(-s)` with `-s.sum()`), a Gaussian NLL `0.5 * logvar + 0.5 * (y - mu)**2
+    * exp(-logvar)`, a Laplace NLL `log_b + |y - mu| * exp(-log_b)`, uncertainty-weighted
+    multi-task losses `exp(-s) * L + s`, the VAE's KL term (`exp(logvar) - logvar`), a KL term
+    with the exp negated (loss-unbounded-below's). Also judged: a scale `S` (Glow's
+    `sigmoid(h)`, a `softplus` sigma) whose `log(S)` the linear top holds while `S` multiplies
+    or divides another computed tensor. Not judged: log-scales whose exp sits behind a product
+    of two computed tensors along the linear path, or that are computed twice (two nodes).
+    """
+
+    code = "GD271"
+    slug = "log-det-sign-reversed"
+    severity = Severity.WARNING
+    summary = ("the loss rewards shrinking a learned scale twice: its log-scale (a flow's log-det, "
+               "a Gaussian's log-variance) enters with the sign of its exp, so the loss has no lower "
+               "bound")
+    fix = ("give the log-scale term the opposite sign of its exp: a flow's NLL is "
+           "-(log_prob(z) + logdet), a Gaussian NLL is 0.5 * logvar + 0.5 * (y - mu)**2 * exp(-logvar)")
+
+    def check(self, a):
+        stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        for e in a.of_kind("log_scale_reversed"):
+            pids = [pid for pid in e.get("params") or () if pid in stepped]
+            if not pids:
+                continue
+            loc, text = e.loc, None
+            if loc is not None:
+                assigned = a.source.loss_assignment(loc.path, loc.line)
+                if assigned is not None:
+                    loc, text = Location(loc.path, assigned[0]), assigned[1]
+                    line = a.source.term_line(loc.path, loc.line, "exp")
+                    if line is not None:  # the one line above that computes the loss's exp term
+                        loc, text = Location(loc.path, line[0]), line[1]
+            said = f"`{text}`" if text else "the loss"
+            linear = "+s" if e["linear"] > 0 else "-s"
+            exp = "exp(s)" if e["exp"] > 0 else "exp(-s)"
+            bound = (" (s comes out of a bounded op here, so it saturates at its bound instead of "
+                     "diverging: the flow learns nothing)" if e.get("bounded") else "")
+            yield self.finding(
+                f"the loss backpropagated through {said} holds a log-scale s that "
+                f"{a.names(pids)} compute both as a term {linear} (a log-det, a log-variance) "
+                f"and through {exp} scaling the data: the two pull s the same way, so shrinking "
+                f"the scale lowers the loss without end{bound}. The log-det of z = x * {exp} is "
+                f"{'+' if e['exp'] > 0 else '-'}sum(s), and it is added to the log-likelihood "
+                f"that the loss negates",
+                loc, step=a.next_step_number(e.seq),
+                evidence={"linear": e["linear"], "exp": e["exp"], "op": e.get("op"),
+                          "bounded": e.get("bounded"), "params": pids[:16]})

@@ -1,0 +1,91 @@
+"""log-det-sign-reversed (GD271): the scale terms of instrument/lossterms.py and the rule over
+hand-written traces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graddoctor import events as ev
+from graddoctor.instrument.lossterms import scale_terms
+from rule_traces import builder, findings, only
+
+SLUG = "log-det-sign-reversed"
+
+S = torch.randn(8, 2, requires_grad=True)
+MU = torch.randn(8, 2, requires_grad=True)
+X = torch.randn(8, 2)
+
+
+def _found(loss):
+    return [(held, sign) for _arg, held, _exp, sign in scale_terms(loss.grad_fn)]
+
+
+def _flow(log_det_sign):
+    z = X * torch.exp(S) + MU
+    log_pz = -0.5 * (z ** 2).sum(1)
+    return -(log_pz + log_det_sign * S.sum(1)).mean()
+
+
+def _glow(sign):
+    scale = torch.sigmoid(S + 2)
+    z = (X + MU) * scale
+    return -(-0.5 * (z ** 2).sum(1) + sign * torch.log(scale).sum(1)).mean()
+
+
+def _sigma_nll(sign):
+    sigma = torch.nn.functional.softplus(S)
+    return (sign * torch.log(sigma) + ((X - MU) / sigma) ** 2).mean()
+
+
+def _inverse_flow(s):
+    """z = (x - mu) * exp(-s): its log-det is -sum(s), and the NLL adds sum(s); here subtracted."""
+    return (0.5 * (((X - MU) * torch.exp(-s)) ** 2).sum(1) - s.sum(1)).mean()
+
+
+@pytest.mark.parametrize("loss, found", [
+    (lambda: _flow(-1.0), [(1.0, 1.0)]),  # -(log p(z) - logdet)
+    (lambda: (-0.5 * S + 0.5 * (X - MU) ** 2 * torch.exp(-S)).mean(), [(-1.0, -1.0)]),
+    (lambda: (0.5 * torch.exp(S) * (X - MU) ** 2 + 0.5 * S).mean(), [(1.0, 1.0)]),
+    (lambda: _inverse_flow(torch.tanh(S)), [(-1.0, -1.0)]),
+    (lambda: _glow(-1.0), [(1.0, 1.0)]),  # log(scale) subtracted from log p(z)
+    (lambda: _sigma_nll(-1.0), [(-1.0, -1.0)]),  # -log(sigma) + ((y - mu) / sigma)**2
+])
+def test_a_log_scale_pulled_the_same_way_twice_is_found(loss, found):
+    assert _found(loss()) == found
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: _flow(1.0),  # -(log p(z) + logdet)
+    lambda: _glow(1.0),
+    lambda: _sigma_nll(1.0),
+    lambda: (-torch.log(torch.softmax(MU, 1)[:, 0]) + 0.1 * (torch.softmax(MU, 1) * torch.log_softmax(MU, 1)).sum(1)).mean(),
+    lambda: (0.5 * S + 0.5 * (X - MU) ** 2 * torch.exp(-S)).mean(),  # Gaussian NLL
+    lambda: (S + (X - MU).abs() * torch.exp(-S)).mean(),  # Laplace NLL
+    lambda: (torch.exp(-S[:, 0]) * ((X - MU) ** 2).mean() + S[:, 0]).mean(),  # learned task weights
+    lambda: -0.5 * torch.sum(1 + S - MU.pow(2) - S.exp()),  # the KL, right sign
+    # the KL with its sign flipped is loss-unbounded-below's, reparameterisation included
+    lambda: 0.5 * torch.sum(1 + S - MU.pow(2) - S.exp()) + ((MU + X * torch.exp(0.5 * S)) ** 2).sum(),
+    lambda: (torch.exp(S) - X * S).mean(),  # a Poisson NLL
+])
+def test_right_signs_and_other_owners_are_not(loss):
+    assert _found(loss()) == []
+
+
+def _trace(params):
+    t = builder(params=[0, 1])
+    t.clear([0, 1], line=10)
+    t.put(ev.log_scale_reversed(linear=1.0, exp=1.0, op="TanhBackward0", params=list(params),
+                                bounded=True, line=11), line=11)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    return t
+
+
+def test_the_rule_warns_when_the_scales_parameters_are_stepped():
+    f = only(_trace([1]), SLUG)
+    assert f.location.line == 11 and f.evidence["bounded"] is True and "saturates" in f.message
+
+
+def test_the_rule_is_silent_on_tensors_no_optimizer_steps():
+    assert findings(_trace([7]), SLUG) == []
