@@ -123,6 +123,9 @@ class ScriptSource:
     def value_reaches_backward(self, path: str, line: int) -> int | None:
         return value_reaches_backward(self.full(path), line)
 
+    def hard_cut_term(self, path: str, line: int) -> tuple[int, str, str, str] | None:
+        return hard_cut_term(self.full(path), line)
+
     def graph_cut(self, path: str, line: int, fn: str) -> tuple[int, str, str] | None:
         return graph_cut(self.full(path), line, fn)
 
@@ -1843,6 +1846,106 @@ def _cut_how(expr: ast.AST) -> str | None:
             if node.func.attr in _CUT_MAKERS and _root(node.func) in ("torch", "th"):
                 return _CUT_MAKERS[node.func.attr]
     return None
+
+
+_HARD_CALLS = {"argmax": "argmax", "argmin": "argmin", "round": "round", "floor": "floor",
+               "ceil": "ceil", "sign": "sign", "searchsorted": "searchsorted",
+               "bucketize": "bucketize"}
+_HARD_CASTS = ("float", "long", "int", "double", "half", "bool", "to", "type", "type_as")
+_HARD_HOPS = 4  # assignments followed back from the loss's terms
+
+
+def _hard_ops(expr: ast.AST):
+    """``(how, operand)`` for each op in ``expr`` whose result has no gradient however its input
+    was made: ``x.argmax(1)``, ``torch.argmax(x, 1)``, ``x.round()``, a comparison made a number
+    (``(p > 0.5).float()``, ``torch.where(p > 0.5, 1.0, 0.0)``)."""
+    for node in ast.walk(expr):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _last_name(node.func)
+        if name in _HARD_CALLS:
+            if isinstance(node.func, ast.Attribute) and _root(node.func) not in ("torch", "th", "F"):
+                yield f".{name}()", node.func.value
+            elif node.args:
+                yield f"torch.{name}()", node.args[0]
+        elif name in _HARD_CASTS and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Compare):
+            yield f"a threshold comparison cast with .{name}()", node.func.value
+        elif name == "where" and node.args and isinstance(node.args[0], ast.Compare) \
+                and len(node.args) == 3 and all(isinstance(a, ast.Constant) for a in node.args[1:]):
+            yield "torch.where(comparison, constant, constant)", node.args[0]
+
+
+def _names_outside_hard(expr: ast.AST) -> set:
+    """The names ``expr`` reads other than inside a hard op's operand."""
+    cut = {id(n) for _, operand in _hard_ops(expr) for n in ast.walk(operand)}
+    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and id(n) not in cut}
+
+
+def hard_cut_term(path: str, line: int) -> tuple[int, str, str, str] | None:
+    """``(line, text, how, name)`` of the statement that makes a term of the loss backpropagated
+    on ``line`` from a hard op on a value the loss also reaches through its other terms: the
+    loss's assignment or one above it (followed back ``_HARD_HOPS`` assignments deep in its
+    function) computes ``how`` (``.argmax()``, a thresholded comparison...) of ``name``, and
+    ``name`` is read by the loss's other terms outside any hard op (``loss = ce(logits, y) +
+    dice(F.one_hot(logits.argmax(1), C), target)``). None when there is none or the source
+    cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = loss_assignment(path, line)
+    start = _statement_at(tree, found[0] if found is not None else line)
+    if start is None or getattr(start, "value", None) is None:
+        return None
+    scope = _enclosing_function(tree, start.lineno)
+    assignments = sorted((n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                          and n.value is not None and n.lineno < start.lineno),
+                         key=lambda n: n.lineno)
+
+    def latest(name: str, before: int):
+        best = None
+        for node in assignments:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.lineno < before and any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                best = node
+        return best
+
+    statements = [start]
+    graph_names = set(_names_outside_hard(start.value))
+    todo = [(n, start.lineno, 0) for n in graph_names]
+    seen: set = set()
+    while todo:
+        name, before, depth = todo.pop()
+        if (name, before) in seen or depth >= _HARD_HOPS:
+            continue
+        seen.add((name, before))
+        made = latest(name, before)
+        if made is None:
+            continue
+        statements.append(made)
+        reads = _names_outside_hard(made.value)
+        graph_names |= reads
+        todo += [(n, made.lineno, depth + 1) for n in reads]
+    for stmt in statements:
+        for how, operand in _hard_ops(stmt.value):
+            names = {n.id for n in ast.walk(operand) if isinstance(n, ast.Name)}
+            # the value the hard op reads must reach the loss another way too (with its graph)
+            hit = sorted(n for n in names if n in _graph_reads(start.value, stmt, graph_names))
+            if hit:
+                return stmt.lineno, ast.unparse(stmt).strip(), how, hit[0]
+    return None
+
+
+def _graph_reads(loss: ast.AST, stmt: ast.stmt, names: set) -> set:
+    """The names of ``names`` that the loss reads outside ``stmt``'s own target (the term the
+    hard op makes does not count as another way to the loss)."""
+    own = set()
+    if isinstance(stmt, ast.Assign):
+        own = {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+    elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+        own = {stmt.target.id}
+    return names - own
 
 
 def _grad_off(node: ast.AST) -> bool:
