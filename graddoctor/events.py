@@ -331,6 +331,11 @@ placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), shape
                    8 calls with a gradient, reduced over every element, whose target holds a
                    fill value where there is nothing to regress, once per call line (loc: the
                    loss call; an aside; instrument/placeholders.py)
+channel_pool       op (max | amax | mean | sum | logsumexp), shape (the pooled input's), dims ([1])
+                   — a reduction over exactly dim 1 of a convolution's channels-first output
+                   (through elementwise ops), read by a linear layer (through views and
+                   activations), in the graph of one of the first 3 backwards; once per op and
+                   shape (loc: the backward's line; an aside; instrument/channelpool.py)
 output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activation (sigmoid |
                    tanh | softmax | relu | softplus | exp: what made the prediction), low, high
                    (its range; high None: unbounded), outside (the share of the targets outside
@@ -1070,7 +1075,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``grid_scale``, ``placeholder_targets``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``grid_scale``, ``channel_pool``, ``placeholder_targets``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1387,6 +1392,10 @@ def placeholder_targets(*, fn: str, shape: list[int], how: str, share: float, ro
                         width: int, low: float, high: float) -> Made:
     return "placeholder_targets", {"fn": fn, "shape": shape, "how": how, "share": share,
                                    "rows": rows, "width": width, "low": low, "high": high}
+
+
+def channel_pool(*, op: str, shape: list[int], dims: list[int]) -> Made:
+    return "channel_pool", {"op": op, "shape": shape, "dims": dims}
 
 
 def output_range(*, fn: str, activation: str, low: float, high: float | None, outside: float,
@@ -1998,7 +2007,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "grid_scale": grid_scale, "placeholder_targets": placeholder_targets, "advantage_grad": advantage_grad,
+    "output_range": output_range, "grid_scale": grid_scale, "channel_pool": channel_pool, "placeholder_targets": placeholder_targets, "advantage_grad": advantage_grad,
     "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
     "linear_stack": linear_stack, "bn_batch": bn_batch,
@@ -2040,7 +2049,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "grid_scale", "placeholder_targets", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_weight_learned", "batch_reduction", "sample_range", "advantage_grad",
+                         "output_range", "grid_scale", "channel_pool", "placeholder_targets", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_weight_learned", "batch_reduction", "sample_range", "advantage_grad",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -89,6 +89,7 @@ from .augalign import AugmentAlignWatcher
 from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .gridscale import GridScaleWatcher
+from .channelpool import ChannelPoolWatcher
 from .placeholders import PlaceholderTargetWatcher
 from .dropoutout import DropoutOutputWatcher
 from .discarded import DiscardedOutputWatcher
@@ -347,6 +348,11 @@ class Instrumentation:
         grids = GridScaleWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, grids.describe_loss)
         self.watchers.append(grids)
+        # a convolution's output pooled over its channels and fed to a Linear
+        # (pooled-over-channels): the graph of the first backwards walked, no wrapper
+        channel_pool = ChannelPoolWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, channel_pool.describe_loss)
+        self.watchers.append(channel_pool)
         # a loss that reads a dropout layer's output directly (first backwards only)
         dropped = DropoutOutputWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)
