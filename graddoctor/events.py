@@ -323,14 +323,16 @@ grid_scale         how (pixels: most values past [-1, 1], the largest past 2 | u
                    (whether the grid carries a gradient) — a grid given to F.grid_sample at one
                    of its first 8 calls that is not in normalised coordinates, once per call line
                    (loc: the grid_sample call; an aside; instrument/gridscale.py)
-placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), shape (the target's),
+placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | log), shape (the target's),
                    how (rows: rows of 2-8 coordinates, some all 0 | sparse: a map whose zeros
                    stand apart from its positive values), share (of the rows or values that are
                    0), rows (rows or values judged), width (the row's length; 1 for sparse),
                    low, high (the filled values' range) — a regression loss at one of its first
                    8 calls with a gradient, reduced over every element, whose target holds a
                    fill value where there is nothing to regress, once per call line (loc: the
-                   loss call; an aside; instrument/placeholders.py)
+                   loss call; an aside; instrument/placeholders.py); fn log: a sparse map
+                   without gradient given to torch.log / Tensor.log at the first backwards (loc:
+                   the log call)
 channel_pool       op (max | amax | mean | sum | logsumexp), shape (the pooled input's), dims ([1])
                    — a reduction over exactly dim 1 of a convolution's channels-first output
                    (through elementwise ops), read by a linear layer (through views and

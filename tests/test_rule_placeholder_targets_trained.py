@@ -93,3 +93,40 @@ def test_the_watcher_notes_a_canvas_once_and_stays_silent_on_the_filled_rows():
     assert _events(lambda p, t, pos: (F.mse_loss(p, t, reduction="none").sum(1) * pos).mean()) == []
     assert _events(lambda p, t, pos: F.mse_loss(p, t, weight=pos[:, None].float().expand(-1, 4))) == []
     assert _events(lambda p, t, pos: nn.HuberLoss()(p, t))[0]["fn"] == "huber_loss"
+
+
+def test_the_log_watcher_notes_a_sparse_target_map_and_leaves_a_dense_one():
+    def run(mask_out) -> list[dict]:
+        rec = Recorder(step_budget=None)
+        original = torch.log
+        with Instrumentation(rec):
+            torch.manual_seed(0)
+            conv = nn.Conv2d(1, 1, 1)
+            opt = torch.optim.SGD(conv.parameters(), lr=0.01)
+            for _ in range(4):
+                gt = (1.0 + 40.0 * torch.rand(2, 1, 8, 8)) * (torch.rand(2, 1, 8, 8) < mask_out)
+                pred = F.softplus(conv(torch.rand(2, 1, 8, 8))) + 1e-3
+                valid = gt > 0
+                loss = (pred[valid].log() - torch.log(gt[valid].clamp(min=1e-3)).mean()).mean() \
+                    + 0 * torch.log(gt + 1).mean()
+                if mask_out < 1:
+                    loss = loss + 0 * torch.log(gt.clamp(min=0) + (gt == 0)).mean()
+                    torch.log(gt)  # the map with its holes
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            put_back = torch.log is original
+        return [dict(e.data) for e in rec.trace.of_kind("placeholder_targets")], put_back
+
+    found, put_back = run(0.4)
+    assert [e["fn"] for e in found] == ["log"] and found[0]["how"] == "sparse" and put_back
+    found, put_back = run(1.0)
+    assert found == [] and put_back
+
+
+def test_the_log_finding_says_log_zero():
+    t = builder()
+    t.put(ev.placeholder_targets(fn="log", shape=[2, 1, 8, 8], how="sparse", share=0.6,
+                                 rows=128, width=1, low=1.0, high=41.0), 5)
+    f = only(t, SLUG)
+    assert f.location.line == 5 and "log(0) = -inf" in f.message and "target[valid]" in f.fix

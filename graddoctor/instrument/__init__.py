@@ -90,7 +90,7 @@ from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .gridscale import GridScaleWatcher
 from .channelpool import ChannelPoolWatcher
-from .placeholders import PlaceholderTargetWatcher
+from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
 from .dropoutout import DropoutOutputWatcher
 from .discarded import DiscardedOutputWatcher
 from .linearstack import LinearStackWatcher
@@ -348,6 +348,11 @@ class Instrumentation:
         grids = GridScaleWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, grids.describe_loss)
         self.watchers.append(grids)
+        # a sparse target map (0 = missing) read through torch.log by a hand-written loss
+        # (placeholder-targets-trained): torch.log / Tensor.log wrapped for the first backwards
+        log_targets = LogTargetWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, log_targets.describe_loss)
+        self.watchers.append(log_targets)
         # a convolution's output pooled over its channels and fed to a Linear
         # (pooled-over-channels): the graph of the first backwards walked, no wrapper
         channel_pool = ChannelPoolWatcher(rec)

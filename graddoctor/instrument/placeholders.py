@@ -28,14 +28,24 @@ CPU float tensor without gradient (a device's only before the first step: no hos
   depth), not the low end of a continuum (dark pixels, no rain).
 
 One ``placeholder_targets`` aside event per call line (loc: the loss call).
+
+A loss written by hand reads the same canvas through a log (the scale-invariant depth loss,
+``torch.log(pred) - torch.log(gt)``): ``torch.log`` and ``Tensor.log`` are wrapped until
+``_LOG_CALLS`` calls on a tensor without gradient have been judged or ``WINDOW`` backwards have
+run, then put back; a ``sparse`` map among their inputs is told the same way (``fn`` "log":
+log(0) is -inf, and the loss and its gradients are inf or NaN from the first step).
 """
 
 from __future__ import annotations
 
+from threading import get_ident
+
 import torch
 
 from .. import events as ev
+from .inlinable import watched
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS
 
 _CALLS = 16  # loss calls with a gradient heard (of every wrapped loss: it closes in a run of
 # classification losses too), at most
@@ -46,6 +56,8 @@ _MIN_FILLED = 2  # filled rows (or values), at least: a detector matches well un
 _ZERO_IN_ROWS = 0.05  # share of zeros among the values of the filled rows, at most
 _GAP = 0.01  # the filled values of a sparse map are at least this share of its largest
 _MAX_VALUES = 1 << 22  # values of a target read, at most
+_LOG_CALLS = 16  # log calls on a tensor without gradient judged, at most
+WINDOW = 3  # backwards after which the log wrappers are put back
 
 
 def _reduction(fn: str, kwargs, args) -> str:
@@ -136,3 +148,68 @@ class PlaceholderTargetWatcher:
         except Exception as exc:
             self._calls = _CALLS
             self.rec.internal_error("placeholder targets", exc)
+
+
+class LogTargetWatcher:
+    """``torch.log`` / ``Tensor.log`` of a target map whose zeros stand for missing values."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._open = True
+        self._calls = 0
+        self._backwards = 0
+        self._told: set = set()
+        self._restore: list = []
+
+    def install(self, patcher) -> None:
+        for owner, name in ((torch, "log"), (torch.Tensor, "log")):
+            original = getattr(owner, name, None)
+            if original is None:
+                continue
+            patcher.patch(owner, name, watched(original, self._before))
+            self._restore.append((owner, name, original))
+
+    def _before(self, args, kwargs) -> None:
+        if not self._open or not args or not torch.is_grad_enabled():
+            return
+        t = args[0]
+        if not isinstance(t, torch.Tensor) or t.requires_grad or not t.is_floating_point() \
+                or t.dim() < 3 or get_ident() != self.rec.script_thread:
+            return
+        if t.device.type != "cpu" and self.rec.progress.steps:
+            return
+        try:
+            self._calls += 1
+            if self._calls > _LOG_CALLS:
+                self._close()
+                return
+            found = judge_targets(t)
+            if found is None or found["how"] != "sparse":
+                return
+            loc = self.rec.here()
+            if loc in self._told:
+                return
+            self._told.add(loc)
+            self.rec.emit_aside(ev.placeholder_targets(fn="log", shape=[int(s) for s in t.shape],
+                                                       **found), loc)
+        except Exception as exc:
+            self._close()
+            self.rec.internal_error("placeholder targets (log)", exc)
+
+    def describe_loss(self, tensors) -> dict:
+        """``DESCRIBE_LOSS``: the wrappers are put back after ``WINDOW`` backwards."""
+        self._backwards += 1
+        if self._open and self._backwards >= WINDOW:
+            self._close()
+        return {}
+
+    def _close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
+        for owner, name, original in self._restore:
+            try:
+                setattr(owner, name, original)
+            except Exception as exc:
+                self.rec.internal_error("placeholder targets (log)", exc)

@@ -17,7 +17,9 @@ class PlaceholderTargetsTrained(Rule):
     element: a target of rows of 2 to 8 coordinates of which 20% or more (not all) are entirely
     0 while the other rows hold almost no 0, or a map (three axes or more) with 20% or more exact zeros
     whose other values are positive, not integers, and all at least 1% of the largest.
-    Reported at the loss call.
+    Reported at the loss call. A loss written by hand is seen where it takes the log of such a
+    map (`torch.log(gt)` in a scale-invariant depth loss, at the first calls of `torch.log` /
+    `Tensor.log` on a tensor without gradient): log(0) is -inf there.
 
     ## Why is this bad?
     The zeros mean "nothing here", but the loss reads them as targets: the box head is trained
@@ -44,7 +46,7 @@ class PlaceholderTargetsTrained(Rule):
     (a mask can follow) and a per-element `weight`; targets whose zero rows are rare (under
     20%) or whose filled rows hold zeros too (images, one-hot rows: 0 is a value there); maps
     whose small values reach down towards 0 (dark pixels, light rain); integer counts; targets
-    that carry a gradient.
+    that carry a gradient; the log of a prediction (it carries a gradient) or of a dense map.
     """
 
     code = "GD288"
@@ -69,6 +71,15 @@ class PlaceholderTargetsTrained(Rule):
                 fix = ("take the loss over the filled rows only: keep the mask the rows were "
                        "written with (pos = matched anchors, visible keypoints) and call "
                        f"{e['fn']}(pred[pos], target[pos]) (guard an empty mask)")
+            elif e["fn"] == "log":
+                message = (
+                    f"the target map whose log is taken here ({shape}) is {e['share']:.0%} "
+                    f"exact zeros while its other values run from {e['low']:g} to "
+                    f"{e['high']:g}: the zeros stand for missing measurements (no depth "
+                    f"return), and log(0) = -inf makes the loss and every gradient inf or NaN "
+                    f"at each step")
+                fix = ("mask the missing values out before the log: valid = target > 0; "
+                       "torch.log(pred[valid]) - torch.log(target[valid])")
             else:
                 message = (
                     f"the target map given to {e['fn']} here ({shape}) is {e['share']:.0%} "
