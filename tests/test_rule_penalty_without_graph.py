@@ -278,3 +278,14 @@ def test_hard_cut_term_finds_an_argmax_or_threshold_term_beside_a_term_with_grap
     assert hard_cut_term(path, 10)[0] == 8 and "threshold" in hard_cut_term(path, 10)[2]
     assert hard_cut_term(path, 15) is None  # no other term reads logits: it would not backprop
     assert hard_cut_term(path, 19) is None  # a soft Dice
+    data = tmp_path / "bin.py"
+    data.write_text(textwrap.dedent("""\
+        for step in range(6):
+            x = torch.randn(4, 1, 16, 16)
+            mask = (x > 1.0).float()
+            logits = net(x)
+            loss = bce(logits, mask) + iou(torch.sigmoid(logits), mask)
+            loss.backward()
+        """))
+    # a target thresholded from the model's input: data, not a prediction cut from the graph
+    assert hard_cut_term(str(data), 6) is None

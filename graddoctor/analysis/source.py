@@ -1876,11 +1876,54 @@ def _hard_ops(expr: ast.AST):
             yield "torch.where(comparison, constant, constant)", node.args[0]
 
 
+_LIBRARIES = ("torch", "th", "F", "nn", "math", "np")
+
+
 def _names_outside_hard(expr: ast.AST) -> set:
-    """The names ``expr`` reads other than inside a hard op's operand."""
+    """The names ``expr`` reads as a prediction, other than inside a hard op's operand: the
+    first argument of each call (``ce(logits, y)``: not the target), a method's receiver, both
+    sides of arithmetic."""
     cut = {id(n) for _, operand in _hard_ops(expr) for n in ast.walk(operand)}
-    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-            and id(n) not in cut}
+    out: set = set()
+
+    def visit(node) -> None:
+        if node is None or id(node) in cut:
+            return
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                out.add(node.id)
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute) and not (
+                    isinstance(node.func.value, ast.Name) and node.func.value.id in _LIBRARIES + ("self",)):
+                visit(node.func.value)  # a method of a value: (pred - y).abs().mean()
+            visit(node.args[0] if node.args else None)
+        elif isinstance(node, (ast.BinOp,)):
+            visit(node.left)
+            visit(node.right)
+        elif isinstance(node, ast.UnaryOp):
+            visit(node.operand)
+        elif isinstance(node, (ast.Subscript, ast.Starred)):
+            visit(node.value)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            for item in node.elts:
+                visit(item)
+
+    visit(expr)
+    return out
+
+
+def _model_call(value: ast.AST) -> bool:
+    """A call of the model or a helper (``net(x)``, ``self.head(f)``): what it is given is its
+    input, not a prediction of the loss."""
+    return isinstance(value, ast.Call) and not (
+        isinstance(value.func, ast.Attribute) and (
+            not isinstance(value.func.value, ast.Name) or value.func.value.id in _LIBRARIES
+            or value.func.value.id not in ("self",) and value.func.attr in _TENSOR_METHODS))
+
+
+_TENSOR_METHODS = frozenset({"float", "long", "permute", "view", "reshape", "softmax", "sigmoid",
+                             "log_softmax", "mean", "sum", "flatten", "squeeze", "unsqueeze",
+                             "transpose", "contiguous", "clone", "detach", "to", "abs", "pow"})
 
 
 def hard_cut_term(path: str, line: int) -> tuple[int, str, str, str] | None:
@@ -1924,6 +1967,8 @@ def hard_cut_term(path: str, line: int) -> tuple[int, str, str, str] | None:
         if made is None:
             continue
         statements.append(made)
+        if _model_call(made.value):
+            continue  # the model's input is data, not a prediction
         reads = _names_outside_hard(made.value)
         graph_names |= reads
         todo += [(n, made.lineno, depth + 1) for n in reads]
