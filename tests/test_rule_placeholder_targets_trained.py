@@ -130,3 +130,9 @@ def test_the_log_finding_says_log_zero():
                                  rows=128, width=1, low=1.0, high=41.0), 5)
     f = only(t, SLUG)
     assert f.location.line == 5 and "log(0) = -inf" in f.message and "target[valid]" in f.fix
+
+
+def test_integer_rows_are_counts_not_a_canvas():
+    returns = torch.zeros(16, 6)
+    returns[:5] = torch.arange(6, 0, -1).float()  # undiscounted returns of 0/1 rewards
+    assert judge_targets(returns) is None

@@ -19,7 +19,8 @@ element (``reduction="none"`` leaves the script a mask to apply afterwards, a ``
 CPU float tensor without gradient (a device's only before the first step: no host sync after it):
 
 * ``rows``: a target of rows of 2 to 8 coordinates (boxes, keypoints, offsets) and at least
-  ``_MIN_ROWS`` rows, of which ``_LOW`` or more are entirely 0 (``_MIN_FILLED`` at least not) while under ``_ZERO_IN_ROWS``
+  ``_MIN_ROWS`` rows, of which ``_LOW`` or more are entirely 0 (``_MIN_FILLED`` at least not),
+  the others not all integers (counts, returns of 0/1 rewards: 0 is a value there) while under ``_ZERO_IN_ROWS``
   of the other rows' values are 0: the zero rows are filler, not coordinates that happen to be
   0;
 * ``sparse``: a map of at least three axes (N, [C,] H, W) with no negative value, ``_LOW`` or
@@ -94,8 +95,9 @@ def judge_targets(target: torch.Tensor) -> dict | None:
                 (zero & ~empty[:, None]).float().sum() / ((~empty).sum() * width).clamp(min=1)
             ]).tolist()
             filled = int(rows.shape[0] - round(share * rows.shape[0]))
-            if share >= _LOW and filled >= _MIN_FILLED and zeros_inside < _ZERO_IN_ROWS:
-                kept = rows[~empty]
+            kept = rows[~empty]
+            if share >= _LOW and filled >= _MIN_FILLED and zeros_inside < _ZERO_IN_ROWS \
+                    and not bool(torch.equal(kept, torch.round(kept))):  # counts: 0 is a value
                 return {"how": "rows", "share": round(share, 4), "rows": int(rows.shape[0]),
                         "width": width, "low": round(float(kept.min()), 6),
                         "high": round(float(kept.max()), 6)}
