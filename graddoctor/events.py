@@ -322,6 +322,28 @@ pixels_unscaled    module (Conv2d | Conv3d | Linear: the layer that took them), 
                    reaching up past 32, given to a layer at one of the first training forwards:
                    raw 8-bit pixels never scaled, once per run (loc: the user's line that ran
                    the layer; an aside; instrument/pixelscale.py)
+grid_scale         how (pixels: most values past [-1, 1], the largest past 2 | unit: every
+                   coordinate spanning [0, 1], none below 0), low, high (the grid's smallest and
+                   largest value), outside (the share of its values past +-1.05), coords (2 | 3),
+                   size (the sampled input's spatial sizes), padding (padding_mode), mode, grad
+                   (whether the grid carries a gradient) — a grid given to F.grid_sample at one
+                   of its first 8 calls that is not in normalised coordinates, once per call line
+                   (loc: the grid_sample call; an aside; instrument/gridscale.py)
+placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | log), shape (the target's),
+                   how (rows: rows of 2-8 coordinates, some all 0 | sparse: a map whose zeros
+                   stand apart from its positive values), share (of the rows or values that are
+                   0), rows (rows or values judged), width (the row's length; 1 for sparse),
+                   low, high (the filled values' range) — a regression loss at one of its first
+                   8 calls with a gradient, reduced over every element, whose target holds a
+                   fill value where there is nothing to regress, once per call line (loc: the
+                   loss call; an aside; instrument/placeholders.py); fn log: a sparse map
+                   without gradient given to torch.log / Tensor.log at the first backwards (loc:
+                   the log call)
+channel_pool       op (max | amax | mean | sum | logsumexp), shape (the pooled input's), dims ([1])
+                   — a reduction over exactly dim 1 of a convolution's channels-first output
+                   (through elementwise ops), read by a linear layer (through views and
+                   activations), in the graph of one of the first 3 backwards; once per op and
+                   shape (loc: the backward's line; an aside; instrument/channelpool.py)
 output_range       fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), activation (sigmoid |
                    tanh | softmax | relu | softplus | exp: what made the prediction), low, high
                    (its range; high None: unbounded), outside (the share of the targets outside
@@ -1128,7 +1150,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``advantage_grad``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``placeholder_targets``, ``advantage_grad``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1435,6 +1457,23 @@ def output_discarded(*, module: str, leaf: bool, frames: list[list]) -> Made:
 def pixels_unscaled(*, module: str, shape: list[int], low: float, high: float, over: float) -> Made:
     return "pixels_unscaled", {"module": module, "shape": shape, "low": low, "high": high,
                                "over": over}
+
+
+def grid_scale(*, how: str, low: float, high: float, outside: float, coords: int,
+               size: list[int], padding: str, mode: str, grad: bool) -> Made:
+    return "grid_scale", {"how": how, "low": low, "high": high, "outside": outside,
+                          "coords": coords, "size": size, "padding": padding, "mode": mode,
+                          "grad": grad}
+
+
+def placeholder_targets(*, fn: str, shape: list[int], how: str, share: float, rows: int,
+                        width: int, low: float, high: float) -> Made:
+    return "placeholder_targets", {"fn": fn, "shape": shape, "how": how, "share": share,
+                                   "rows": rows, "width": width, "low": low, "high": high}
+
+
+def channel_pool(*, op: str, shape: list[int], dims: list[int]) -> Made:
+    return "channel_pool", {"op": op, "shape": shape, "dims": dims}
 
 
 def output_range(*, fn: str, activation: str, low: float, high: float | None, outside: float,
@@ -2088,7 +2127,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin,
+    "output_range": output_range, "advantage_grad": advantage_grad, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
     "linear_stack": linear_stack, "bn_batch": bn_batch,
@@ -2130,7 +2169,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "placeholder_targets",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -78,3 +78,13 @@ def test_the_rule_warns_when_the_terms_parameters_are_stepped():
 
 def test_the_rule_is_silent_on_tensors_no_optimizer_steps():
     assert findings(_trace([7]), SLUG) == []
+
+
+def test_a_variance_written_out_is_not_unbounded():
+    from graddoctor.rules.loss_unbounded_below import _variance_form
+
+    assert _variance_form("return (g ** 2).mean() - lam * g.mean() ** 2")
+    assert _variance_form("loss = torch.mean(d.pow(2)) - 0.85 * torch.mean(d) ** 2")
+    assert not _variance_form("loss = (g ** 2).mean() - 2.0 * g.mean() ** 2")  # factor above 1
+    assert not _variance_form("loss = mse - h.mean() ** 2")  # no mean of h's squares
+    assert not _variance_form("loss = (")

@@ -3,6 +3,8 @@ follows the autograd.grad result through the source to the backpropagated loss).
 
 from __future__ import annotations
 
+import textwrap
+
 from graddoctor import events as ev
 from graddoctor.trace import TraceBuilder
 from rule_traces import findings, only
@@ -243,3 +245,47 @@ def test_the_watcher_counts_the_operands_without_graph_of_the_loss_sums():
     assert constant_operands(sum([term, w.detach().sum(), term * 3]).grad_fn) == 2  # the 0 too
     assert constant_operands((term + term * 2).grad_fn) == 0
     assert constant_operands((term * w.sum()).grad_fn) == 0  # a product of two graphs ends the walk
+
+
+def test_hard_cut_term_finds_an_argmax_or_threshold_term_beside_a_term_with_graph(tmp_path):
+    from graddoctor.analysis.source import hard_cut_term
+
+    script = tmp_path / "seg.py"
+    script.write_text(textwrap.dedent("""\
+        for x, y in loader:
+            logits = model(x)
+            pred = F.one_hot(logits.argmax(dim=1), C).float()
+            loss = ce(logits, y) + dice(pred, onehot)
+            loss.backward()
+        for x, y in loader:
+            logits = model(x)
+            hard = (torch.sigmoid(logits) > 0.5).float()
+            loss = bce(logits, y) + iou(hard, y)
+            loss.backward()
+        for x, y in loader:
+            logits = model(x)
+            pred = F.one_hot(logits.argmax(dim=1), C).float()
+            loss = dice(pred, onehot)
+            loss.backward()
+        for x, y in loader:
+            logits = model(x)
+            loss = ce(logits, y) + dice(logits.softmax(1), onehot)
+            loss.backward()
+        """))
+    path = str(script)
+    assert hard_cut_term(path, 5)[1:] == ("pred = F.one_hot(logits.argmax(dim=1), C).float()",
+                                          ".argmax()", "logits")
+    assert hard_cut_term(path, 10)[0] == 8 and "threshold" in hard_cut_term(path, 10)[2]
+    assert hard_cut_term(path, 15) is None  # no other term reads logits: it would not backprop
+    assert hard_cut_term(path, 19) is None  # a soft Dice
+    data = tmp_path / "bin.py"
+    data.write_text(textwrap.dedent("""\
+        for step in range(6):
+            x = torch.randn(4, 1, 16, 16)
+            mask = (x > 1.0).float()
+            logits = net(x)
+            loss = bce(logits, mask) + iou(torch.sigmoid(logits), mask)
+            loss.backward()
+        """))
+    # a target thresholded from the model's input: data, not a prediction cut from the graph
+    assert hard_cut_term(str(data), 6) is None

@@ -132,6 +132,9 @@ class ScriptSource:
     def value_reaches_backward(self, path: str, line: int) -> int | None:
         return value_reaches_backward(self.full(path), line)
 
+    def hard_cut_term(self, path: str, line: int) -> tuple[int, str, str, str] | None:
+        return hard_cut_term(self.full(path), line)
+
     def graph_cut(self, path: str, line: int, fn: str) -> tuple[int, str, str] | None:
         return graph_cut(self.full(path), line, fn)
 
@@ -1855,6 +1858,151 @@ def _cut_how(expr: ast.AST) -> str | None:
             if node.func.attr in _CUT_MAKERS and _root(node.func) in ("torch", "th"):
                 return _CUT_MAKERS[node.func.attr]
     return None
+
+
+_HARD_CALLS = {"argmax": "argmax", "argmin": "argmin", "round": "round", "floor": "floor",
+               "ceil": "ceil", "sign": "sign", "searchsorted": "searchsorted",
+               "bucketize": "bucketize"}
+_HARD_CASTS = ("float", "long", "int", "double", "half", "bool", "to", "type", "type_as")
+_HARD_HOPS = 4  # assignments followed back from the loss's terms
+
+
+def _hard_ops(expr: ast.AST):
+    """``(how, operand)`` for each op in ``expr`` whose result has no gradient however its input
+    was made: ``x.argmax(1)``, ``torch.argmax(x, 1)``, ``x.round()``, a comparison made a number
+    (``(p > 0.5).float()``, ``torch.where(p > 0.5, 1.0, 0.0)``)."""
+    for node in ast.walk(expr):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _last_name(node.func)
+        if name in _HARD_CALLS:
+            if isinstance(node.func, ast.Attribute) and _root(node.func) not in ("torch", "th", "F"):
+                yield f".{name}()", node.func.value
+            elif node.args:
+                yield f"torch.{name}()", node.args[0]
+        elif name in _HARD_CASTS and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Compare):
+            yield f"a threshold comparison cast with .{name}()", node.func.value
+        elif name == "where" and node.args and isinstance(node.args[0], ast.Compare) \
+                and len(node.args) == 3 and all(isinstance(a, ast.Constant) for a in node.args[1:]):
+            yield "torch.where(comparison, constant, constant)", node.args[0]
+
+
+_LIBRARIES = ("torch", "th", "F", "nn", "math", "np")
+
+
+def _names_outside_hard(expr: ast.AST) -> set:
+    """The names ``expr`` reads as a prediction, other than inside a hard op's operand: the
+    first argument of each call (``ce(logits, y)``: not the target), a method's receiver, both
+    sides of arithmetic."""
+    cut = {id(n) for _, operand in _hard_ops(expr) for n in ast.walk(operand)}
+    out: set = set()
+
+    def visit(node) -> None:
+        if node is None or id(node) in cut:
+            return
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                out.add(node.id)
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute) and not (
+                    isinstance(node.func.value, ast.Name) and node.func.value.id in _LIBRARIES + ("self",)):
+                visit(node.func.value)  # a method of a value: (pred - y).abs().mean()
+            visit(node.args[0] if node.args else None)
+        elif isinstance(node, (ast.BinOp,)):
+            visit(node.left)
+            visit(node.right)
+        elif isinstance(node, ast.UnaryOp):
+            visit(node.operand)
+        elif isinstance(node, (ast.Subscript, ast.Starred)):
+            visit(node.value)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            for item in node.elts:
+                visit(item)
+
+    visit(expr)
+    return out
+
+
+def _model_call(value: ast.AST) -> bool:
+    """A call of the model or a helper (``net(x)``, ``self.head(f)``): what it is given is its
+    input, not a prediction of the loss."""
+    return isinstance(value, ast.Call) and not (
+        isinstance(value.func, ast.Attribute) and (
+            not isinstance(value.func.value, ast.Name) or value.func.value.id in _LIBRARIES
+            or value.func.value.id not in ("self",) and value.func.attr in _TENSOR_METHODS))
+
+
+_TENSOR_METHODS = frozenset({"float", "long", "permute", "view", "reshape", "softmax", "sigmoid",
+                             "log_softmax", "mean", "sum", "flatten", "squeeze", "unsqueeze",
+                             "transpose", "contiguous", "clone", "detach", "to", "abs", "pow"})
+
+
+def hard_cut_term(path: str, line: int) -> tuple[int, str, str, str] | None:
+    """``(line, text, how, name)`` of the statement that makes a term of the loss backpropagated
+    on ``line`` from a hard op on a value the loss also reaches through its other terms: the
+    loss's assignment or one above it (followed back ``_HARD_HOPS`` assignments deep in its
+    function) computes ``how`` (``.argmax()``, a thresholded comparison...) of ``name``, and
+    ``name`` is read by the loss's other terms outside any hard op (``loss = ce(logits, y) +
+    dice(F.one_hot(logits.argmax(1), C), target)``). None when there is none or the source
+    cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = loss_assignment(path, line)
+    start = _statement_at(tree, found[0] if found is not None else line)
+    if start is None or getattr(start, "value", None) is None:
+        return None
+    scope = _enclosing_function(tree, start.lineno)
+    assignments = sorted((n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                          and n.value is not None and n.lineno < start.lineno),
+                         key=lambda n: n.lineno)
+
+    def latest(name: str, before: int):
+        best = None
+        for node in assignments:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.lineno < before and any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                best = node
+        return best
+
+    statements = [start]
+    graph_names = set(_names_outside_hard(start.value))
+    todo = [(n, start.lineno, 0) for n in graph_names]
+    seen: set = set()
+    while todo:
+        name, before, depth = todo.pop()
+        if (name, before) in seen or depth >= _HARD_HOPS:
+            continue
+        seen.add((name, before))
+        made = latest(name, before)
+        if made is None:
+            continue
+        statements.append(made)
+        if _model_call(made.value):
+            continue  # the model's input is data, not a prediction
+        reads = _names_outside_hard(made.value)
+        graph_names |= reads
+        todo += [(n, made.lineno, depth + 1) for n in reads]
+    for stmt in statements:
+        for how, operand in _hard_ops(stmt.value):
+            names = {n.id for n in ast.walk(operand) if isinstance(n, ast.Name)}
+            # the value the hard op reads must reach the loss another way too (with its graph)
+            hit = sorted(n for n in names if n in _graph_reads(start.value, stmt, graph_names))
+            if hit:
+                return stmt.lineno, ast.unparse(stmt).strip(), how, hit[0]
+    return None
+
+
+def _graph_reads(loss: ast.AST, stmt: ast.stmt, names: set) -> set:
+    """The names of ``names`` that the loss reads outside ``stmt``'s own target (the term the
+    hard op makes does not count as another way to the loss)."""
+    own = set()
+    if isinstance(stmt, ast.Assign):
+        own = {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+    elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+        own = {stmt.target.id}
+    return names - own
 
 
 def _grad_off(node: ast.AST) -> bool:

@@ -95,6 +95,9 @@ from .datasetreads import DatasetReadWatcher
 from .augalign import AugmentAlignWatcher
 from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
+from .gridscale import GridScaleWatcher
+from .channelpool import ChannelPoolWatcher
+from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
 from .dropoutout import DropoutOutputWatcher
 from .discarded import DiscardedOutputWatcher
 from .linearstack import LinearStackWatcher
@@ -166,7 +169,11 @@ class Instrumentation:
         # labels that ignore the responses and train on the prompts (prompt-mask-inverted)
         prompts = PromptMaskWatcher(rec)
         self.watchers.append(prompts)
-        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, repeats, prompts)
+        # regression targets that hold a fill value where there is nothing to regress
+        # (placeholder-targets-trained): told by the loss wrappers, first calls only
+        placeholders = PlaceholderTargetWatcher(rec)
+        loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, repeats, prompts,
+                               placeholders)
         # an ignore_index or padding_idx that the data uses as a real class or token: told
         # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
         real_index = RealIndexWatcher(rec)
@@ -380,6 +387,20 @@ class Instrumentation:
         rec.subscribe(STEPPED, pixels.after_step)
         rec.subscribe(DESCRIBE_LOSS, pixels.describe_loss)
         self.watchers.append(pixels)
+        # sampling grids given to F.grid_sample in pixel units or in [0, 1] (first calls only)
+        grids = GridScaleWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, grids.describe_loss)
+        self.watchers.append(grids)
+        # a sparse target map (0 = missing) read through torch.log by a hand-written loss
+        # (placeholder-targets-trained): torch.log / Tensor.log wrapped for the first backwards
+        log_targets = LogTargetWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, log_targets.describe_loss)
+        self.watchers.append(log_targets)
+        # a convolution's output pooled over its channels and fed to a Linear
+        # (pooled-over-channels): the graph of the first backwards walked, no wrapper
+        channel_pool = ChannelPoolWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, channel_pool.describe_loss)
+        self.watchers.append(channel_pool)
         # a loss that reads a dropout layer's output directly (first backwards only)
         dropped = DropoutOutputWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -42,7 +44,9 @@ class LossUnboundedBelow(Rule):
     bounded values (after a clamp, tanh, sigmoid, softmax or log-softmax); exp of a value never
     positive (an RBF kernel's `exp(-cdist(a, b)**2 / 2)` in an MMD); terms inside a product
     of two computed tensors (a Gaussian likelihood's `(x - mu)**2 * exp(-logvar)`: their sign is
-    not followed) or under a log (`logsumexp`, an InfoNCE bound).
+    not followed) or under a log (`logsumexp`, an InfoNCE bound); a variance written out, the
+    square of a mean subtracted from the mean of the squares (the scale-invariant log loss of
+    depth estimation, `(g ** 2).mean() - lam * g.mean() ** 2`, with no literal factor above 1).
     """
 
     code = "GD246"
@@ -67,6 +71,8 @@ class LossUnboundedBelow(Rule):
                     line = a.source.term_line(loc.path, loc.line, term)
                     if line is not None:
                         loc, text = Location(loc.path, line[0]), line[1]
+            if term != "exp" and text and _variance_form(text):
+                continue  # E[g²] - λ·E[g]²: a variance (the scale-invariant log loss), bounded
             said = f"`{text}`" if text else "the loss"
             kind = "an exp" if term == "exp" else "a square"
             yield self.finding(
@@ -80,3 +86,48 @@ class LossUnboundedBelow(Rule):
                 fix=("flip the sign of that term: the KL divergence of a diagonal Gaussian from "
                      "N(0, 1) is -0.5 * sum(1 + logvar - mu**2 - exp(logvar)), and it is added "
                      "to the loss"))
+
+
+def _mean_of(node):
+    """The expression a mean is taken of: ``x.mean()``, ``torch.mean(x)``, or None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "mean":
+        root = node.func.value
+        if isinstance(root, ast.Name) and root.id in ("torch", "th"):
+            return node.args[0] if node.args else None
+        return root
+    return None
+
+
+def _squared(node):
+    """The expression squared in ``x ** 2`` or ``x.pow(2)``, or None."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) \
+            and isinstance(node.right, ast.Constant) and node.right.value == 2:
+        return node.left
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "pow" \
+            and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == 2:
+        return node.func.value
+    return None
+
+
+def _variance_form(text: str) -> bool:
+    """Whether ``text`` subtracts the square of a mean of ``g`` from the mean of ``g``'s
+    squares (``(g ** 2).mean() - lam * g.mean() ** 2``): a variance, never below 0 for a factor
+    of at most 1 (a literal factor above 1 is not exempt)."""
+    try:
+        tree = ast.parse(text.strip().removeprefix("return ").strip(), mode="exec")
+    except SyntaxError:
+        return False
+    mean_of_squares, squares_of_mean = set(), set()
+    big_factor = False
+    for node in ast.walk(tree):
+        inner = _mean_of(node)
+        if inner is not None and _squared(inner) is not None:
+            mean_of_squares.add(ast.unparse(_squared(inner)))
+        inner = _squared(node)
+        if inner is not None and _mean_of(inner) is not None:
+            squares_of_mean.add(ast.unparse(_mean_of(inner)))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) \
+                and any(isinstance(side, ast.Constant) and isinstance(side.value, (int, float))
+                        and side.value > 1 for side in (node.left, node.right)):
+            big_factor = True
+    return bool(mean_of_squares & squares_of_mean) and not big_factor

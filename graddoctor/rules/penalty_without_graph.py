@@ -19,7 +19,11 @@ class PenaltyWithoutGraph(Rule):
     from a prediction with no graph, whose value the loss that is backpropagated adds, with an
     operand without graph in that loss's sum at every backward checked: the prediction was
     `.detach()`-ed, read through `.data`, sent through NumPy or `.item()`, or computed under
-    `torch.no_grad()`, as the source shows. It points at the statement that cuts it.
+    `torch.no_grad()`, as the source shows. It points at the statement that cuts it. And it
+    finds a term of that sum computed through an op that has no gradient, from a value the
+    loss's other terms train through: a Dice or IoU term on `F.one_hot(logits.argmax(1))` or
+    on `(torch.sigmoid(x) > 0.5).float()` beside a cross-entropy on `logits`, a `round()`-ed
+    prediction (the source shows the op on the name the other terms read).
 
     ## Why is this bad?
     Without `create_graph=True`, `autograd.grad` returns plain tensors with no history: the
@@ -28,7 +32,9 @@ class PenaltyWithoutGraph(Rule):
     there (a WGAN-GP critic without its Lipschitz constraint, an R1-regularised GAN without R1).
     A loss term on a detached prediction is the same: a detection model's box term, an
     auxiliary or consistency term, a distillation term, each silently trains nothing while the
-    other terms keep the sum differentiable, so torch raises no error.
+    other terms keep the sum differentiable, so torch raises no error. A term made through
+    argmax or a threshold is the same: the segmentation model trains on its cross-entropy alone,
+    and the Dice term meant to fix class imbalance only shifts the printed loss.
 
     ## Example
     ```python
@@ -57,7 +63,9 @@ class PenaltyWithoutGraph(Rule):
     from 0 or adds a constant tensor; a constant term computed on data or on a frozen model's
     output, nothing cut from the graph (an energy distance's real-against-real term, a frozen
     backbone's loss reported in the sum); a cut at a module whose parameters get no gradient at
-    all, which `param-without-grad` reports at that line.
+    all, which `param-without-grad` reports at that line; argmax or a threshold used to
+    weight a term that keeps its graph (hard-example mining: `ce * (pred.argmax(1) != y)`), or
+    for a metric that the loss does not add; a soft Dice on softmax probabilities.
     """
 
     code = "GD237"
@@ -65,7 +73,8 @@ class PenaltyWithoutGraph(Rule):
     severity = Severity.WARNING
     summary = ("a penalty or loss term added to the loss has no graph (torch.autograd.grad "
                "without create_graph=True, computed from p.data / p.detach(), or a loss on a "
-               "detached or no_grad prediction): it adds a constant, no gradient")
+               "detached or no_grad prediction, or through argmax or a threshold): it adds "
+               "a constant, no gradient")
     fix = "pass create_graph=True to torch.autograd.grad so that the penalty can be backpropagated"
 
     def check(self, a):
@@ -132,6 +141,9 @@ class PenaltyWithoutGraph(Rule):
                 continue
             found = a.source.cut_penalty(path, line)
             if found is None:
+                hard = a.source.hard_cut_term(path, line)
+                if hard is not None:
+                    yield self._hard_term(path, line, times, *hard)
                 continue
             at, text = found
             yield self.finding(
@@ -144,6 +156,23 @@ class PenaltyWithoutGraph(Rule):
                 evidence={"backward_line": line, "via": "cut", "backwards": times},
                 fix="compute the penalty from the parameters themselves (`p.pow(2).sum()`, not "
                     "`p.data` or `p.detach()`), or use the optimizer's weight_decay")
+
+    def _hard_term(self, path, line, times, at, text, how, name):
+        """A term of the loss made through an op without gradient (argmax, a threshold) from a
+        value the loss's other terms train through."""
+        return self.finding(
+            f"this term of the loss is computed from `{name}` through {how}, which has no "
+            f"gradient: the loss backpropagated at line {line} adds it as a term with no graph "
+            f"at each of the {times} backwards checked, so it changes the loss value but not one "
+            f"gradient — what it measures (a Dice/IoU overlap, a hard-label agreement) is never "
+            f"trained, only the other terms are",
+            Location(path, at),
+            related=(Related(Location(path, line), "the backward of that loss"),),
+            evidence={"backward_line": line, "via": "hard", "how": how, "name": name,
+                      "backwards": times},
+            fix=(f"compute the term from a soft, differentiable version of `{name}`: its "
+                 f"softmax (or sigmoid) probabilities instead of one_hot(argmax(...)) or a "
+                 f"thresholded mask; keep the hard version for metrics only"))
 
     def _grad_penalties(self, a):
         backwards = a.of_kind("backward")

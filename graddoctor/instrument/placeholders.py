@@ -1,0 +1,217 @@
+"""Regression targets that hold a fill value where there is nothing to regress
+(placeholder-targets-trained).
+
+Dense prediction builds its regression targets as a canvas and fills in the entries that have
+one: an anchor-based detector writes box offsets into ``torch.zeros(num_anchors, 4)`` for the
+anchors matched to an object, a pose model writes the visible keypoints' coordinates, a depth
+or flow map from a sparse sensor leaves 0 where there was no return. The loss must then be
+taken over the filled entries only (``smooth_l1_loss(pred[pos], target[pos])``, or a mask that
+divides by its count); written over the whole canvas, the model is also trained to predict the
+fill value for every background anchor, invisible keypoint or missing pixel: the box head
+learns "no offset" from the majority of anchors, the depth head learns that much of the scene
+is at distance 0. Nothing fails, and the loss goes down.
+
+What is judged: among the first ``_CALLS`` calls with a gradient of the wrapped losses, those of
+the regression losses
+(``mse_loss``, ``l1_loss``, ``smooth_l1_loss``, ``huber_loss``; ``losses.py`` tells them through
+``LossCalls``) whose input and target have one shape, whose reduction sums or averages every
+element (``reduction="none"`` leaves the script a mask to apply afterwards, a ``weight`` is one) and whose target is a
+CPU float tensor without gradient (a device's only before the first step: no host sync after it):
+
+* ``rows``: a target of rows of 2 to 8 coordinates (boxes, keypoints, offsets) and at least
+  ``_MIN_ROWS`` rows, of which ``_LOW`` or more are entirely 0 (``_MIN_FILLED`` at least not),
+  the others not all integers (counts, returns of 0/1 rewards: 0 is a value there) while under ``_ZERO_IN_ROWS``
+  of the other rows' values are 0: the zero rows are filler, not coordinates that happen to be
+  0;
+* ``sparse``: a map of at least three axes (N, [C,] H, W) with no negative value, ``_LOW`` or
+  more of its values exactly 0 (not all), the others not integers (a count is legitimately 0) and all
+  at least ``_GAP`` of the largest: zeros that stand apart from the measured values (missing
+  depth), not the low end of a continuum (dark pixels, no rain).
+
+One ``placeholder_targets`` aside event per call line (loc: the loss call).
+
+A loss written by hand reads the same canvas through a log (the scale-invariant depth loss,
+``torch.log(pred) - torch.log(gt)``): ``torch.log`` and ``Tensor.log`` are wrapped until
+``_LOG_CALLS`` calls on a tensor without gradient have been judged or ``WINDOW`` backwards have
+run, then put back; a ``sparse`` map among their inputs is told the same way (``fn`` "log":
+log(0) is -inf, and the loss and its gradients are inf or NaN from the first step).
+"""
+
+from __future__ import annotations
+
+from threading import get_ident
+
+import torch
+
+from .. import events as ev
+from .inlinable import watched
+from .recorder import Recorder
+from .topics import DESCRIBE_LOSS
+
+_CALLS = 16  # loss calls with a gradient heard (of every wrapped loss: it closes in a run of
+# classification losses too), at most
+_FNS = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+_MIN_ROWS = 8
+_LOW = 0.2  # share of placeholder rows (or values) judged, at least
+_MIN_FILLED = 2  # filled rows (or values), at least: a detector matches well under 1% of anchors
+_ZERO_IN_ROWS = 0.05  # share of zeros among the values of the filled rows, at most
+_GAP = 0.01  # the filled values of a sparse map are at least this share of its largest
+_MAX_VALUES = 1 << 22  # values of a target read, at most
+_LOG_CALLS = 16  # log calls on a tensor without gradient judged, at most
+WINDOW = 3  # backwards after which the log wrappers are put back
+
+
+def _reduction(fn: str, kwargs, args) -> str:
+    """The reduction a regression loss call asks for ("masked" when it is given a per-element
+    ``weight``: a mask the script applies through the loss)."""
+    if kwargs.get("weight") is not None or (fn in ("mse_loss", "l1_loss") and len(args) > 5
+                                           and args[5] is not None):
+        return "masked"
+    if fn == "huber_loss":
+        return str(kwargs.get("reduction", args[2] if len(args) > 2 else "mean"))
+    if "reduction" in kwargs:
+        return str(kwargs["reduction"])
+    if len(args) > 4 and isinstance(args[4], str):
+        return args[4]
+    if kwargs.get("reduce") is False or (len(args) > 3 and args[3] is False):
+        return "none"
+    return "mean"
+
+
+def judge_targets(target: torch.Tensor) -> dict | None:
+    """The placeholder fault of ``target`` (the event's data but fn), or None."""
+    if not target.is_floating_point() or target.requires_grad or target.dim() < 2 \
+            or target.numel() > _MAX_VALUES or target.numel() == 0:
+        return None
+    with torch.no_grad():
+        t = target.detach()
+        width = int(t.shape[-1])
+        if 2 <= width <= 8 and t.numel() // width >= _MIN_ROWS:
+            rows = t.reshape(-1, width)
+            zero = rows == 0
+            empty = zero.all(1)
+            share, zeros_inside = torch.stack([
+                empty.float().mean(),
+                (zero & ~empty[:, None]).float().sum() / ((~empty).sum() * width).clamp(min=1)
+            ]).tolist()
+            filled = int(rows.shape[0] - round(share * rows.shape[0]))
+            kept = rows[~empty]
+            if share >= _LOW and filled >= _MIN_FILLED and zeros_inside < _ZERO_IN_ROWS \
+                    and not bool(torch.equal(kept, torch.round(kept))):  # counts: 0 is a value
+                return {"how": "rows", "share": round(share, 4), "rows": int(rows.shape[0]),
+                        "width": width, "low": round(float(kept.min()), 6),
+                        "high": round(float(kept.max()), 6)}
+        if t.dim() < 3:
+            return None
+        flat = t.reshape(-1).float()
+        zero = flat == 0
+        share = float(zero.float().mean())
+        kept = flat[~zero]
+        if share < _LOW or kept.numel() < _MIN_FILLED:
+            return None
+        low, high = (float(v) for v in torch.aminmax(kept))
+        if low < 0 or not high > 0 or low < _GAP * high:
+            return None
+        if bool(torch.equal(kept, torch.round(kept))):
+            return None  # counts: 0 is a value like the others
+        return {"how": "sparse", "share": round(share, 4), "rows": int(flat.numel()),
+                "width": 1, "low": round(low, 6), "high": round(high, 6)}
+
+
+class PlaceholderTargetWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._calls = 0
+        self._told: set = set()
+
+    @property
+    def open(self) -> bool:
+        return self._calls < _CALLS
+
+    def loss_call(self, fn: str, input, target, args, kwargs) -> None:
+        self._calls += 1
+        if fn not in _FNS or not isinstance(target, torch.Tensor) \
+                or not isinstance(input, torch.Tensor) or input.shape != target.shape:
+            return
+        if target.device.type != "cpu" and self.rec.progress.steps:
+            return
+        try:
+            if _reduction(fn, kwargs or {}, args or ()) in ("none", "masked"):
+                return
+            found = judge_targets(target)
+            if found is None:
+                return
+            loc = self.rec.here()
+            if loc in self._told:
+                return
+            self._told.add(loc)
+            self.rec.emit_aside(ev.placeholder_targets(fn=fn, shape=[int(s) for s in target.shape],
+                                                       **found), loc)
+        except Exception as exc:
+            self._calls = _CALLS
+            self.rec.internal_error("placeholder targets", exc)
+
+
+class LogTargetWatcher:
+    """``torch.log`` / ``Tensor.log`` of a target map whose zeros stand for missing values."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._open = True
+        self._calls = 0
+        self._backwards = 0
+        self._told: set = set()
+        self._restore: list = []
+
+    def install(self, patcher) -> None:
+        for owner, name in ((torch, "log"), (torch.Tensor, "log")):
+            original = getattr(owner, name, None)
+            if original is None:
+                continue
+            patcher.patch(owner, name, watched(original, self._before))
+            self._restore.append((owner, name, original))
+
+    def _before(self, args, kwargs) -> None:
+        if not self._open or not args or not torch.is_grad_enabled():
+            return
+        t = args[0]
+        if not isinstance(t, torch.Tensor) or t.requires_grad or not t.is_floating_point() \
+                or t.dim() < 3 or get_ident() != self.rec.script_thread:
+            return
+        if t.device.type != "cpu" and self.rec.progress.steps:
+            return
+        try:
+            self._calls += 1
+            if self._calls > _LOG_CALLS:
+                self._close()
+                return
+            found = judge_targets(t)
+            if found is None or found["how"] != "sparse":
+                return
+            loc = self.rec.here()
+            if loc in self._told:
+                return
+            self._told.add(loc)
+            self.rec.emit_aside(ev.placeholder_targets(fn="log", shape=[int(s) for s in t.shape],
+                                                       **found), loc)
+        except Exception as exc:
+            self._close()
+            self.rec.internal_error("placeholder targets (log)", exc)
+
+    def describe_loss(self, tensors) -> dict:
+        """``DESCRIBE_LOSS``: the wrappers are put back after ``WINDOW`` backwards."""
+        self._backwards += 1
+        if self._open and self._backwards >= WINDOW:
+            self._close()
+        return {}
+
+    def _close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
+        for owner, name, original in self._restore:
+            try:
+                setattr(owner, name, original)
+            except Exception as exc:
+                self.rec.internal_error("placeholder targets (log)", exc)
