@@ -13,7 +13,8 @@ the first task (EWC), drifts from the pretrained weights (L2-SP), from the globa
 At the first ``_LOOKED`` backwards of each backward line and form of the loss's top (the
 root's node and its inputs' kinds: a penalty phase that starts after a first task or a warm-up
 adds a term, so it is looked at even on the backward line of the first phase; ``_LINES`` of
-them at most), the loss's graph is walked (``_NODES`` nodes at most) for
+them at most), the loss's graph is walked (the first ``_NODES`` nodes breadth first, level by
+level in C: ``graphpaths.nodes_below``) for
 
 * a ``SubBackward0`` both of whose inputs are the same parameter's ``AccumulateGrad`` node
   (``p - p``): recorded at once (``how="same"``);

@@ -16,7 +16,7 @@ Read from the autograd graph, at the first ``WINDOW`` backwards only:
   whether it has children, and the script's frames from the call outward while they run inside
   a module's forward (at most ``_FRAMES``).
 * Before each backward (``DESCRIBE_LOSS``) the loss's graph is walked (at most ``_NODES``
-  nodes). A noted output whose nodes it reaches is dropped; one it does not reach is kept for
+  nodes, level by level in C: ``graphpaths.nodes_below``). A noted output whose nodes it reaches is dropped; one it does not reach is kept for
   one more backward (a GAN's generator output is reached by the generator's backward, after the
   discriminator's); still unreached then, it becomes an ``output_discarded`` aside at the
   call's line, once per line.
