@@ -740,6 +740,8 @@ def make(table, is_compiling, transform, get_ident):
         if hooks is None:
             hooks = table.sort(cls)[0]
         hooks = hooks[0] if depth else hooks[1]
+        if not hooks:  # no watcher takes this call (most nested calls)
+            return None
         changed = False
         for hook in hooks:
             result = hook(module, args)
@@ -760,6 +762,8 @@ def make(table, is_compiling, transform, get_ident):
         if hooks is None:
             hooks = table.sort(cls)[1]
         hooks = hooks[0] if depth else hooks[1]
+        if not hooks:
+            return None
         changed = False
         if len(rest) == 2:
             kwargs, output = rest
