@@ -77,3 +77,25 @@ def test_returned_values_replace_the_args_and_the_output_as_torch_does():
         assert float(nn.ReLU()(torch.tensor(1.0))) == 1.0
     finally:
         patcher.undo()
+
+
+def test_an_outermost_watcher_gets_only_the_calls_no_other_call_runs_around():
+    patcher, seen = Patcher(), []
+    register_module_hooks(patcher, lambda m, a: seen.append(("pre", type(m).__name__)),
+                          lambda m, a, *rest: seen.append(("post", type(m).__name__)), outermost=True)
+    register_module_hooks(patcher, None, lambda m, a, o: seen.append(("every", type(m).__name__)),
+                          with_kwargs=False, classes=nn.ReLU)
+    try:
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        model(torch.ones(1, 2))
+        nn.ReLU()(torch.ones(1))  # a call of its own: outermost too
+        assert seen == [("pre", "Sequential"), ("every", "ReLU"), ("post", "Sequential"),
+                        ("pre", "ReLU"), ("post", "ReLU"), ("every", "ReLU")]  # in order
+        seen.clear()
+        with pytest.raises(ValueError):  # a forward that raised still ends its call
+            nn.Sequential(nn.Identity(), _Boom())(torch.ones(1))
+        model(torch.ones(1, 2))
+        assert seen == [("pre", "Sequential"), ("post", "Sequential"),
+                        ("pre", "Sequential"), ("every", "ReLU"), ("post", "Sequential")]
+    finally:
+        patcher.undo()

@@ -144,7 +144,6 @@ class AdversarialWatcher:
         self.rec = rec
         self.active = False
         self._handles: list = []
-        self._depth = 0
         self._backwards = 0
         # data_ptr of an outermost call's output -> (weak output, weak module)
         self._outputs: dict[int, tuple] = {}
@@ -207,17 +206,9 @@ class AdversarialWatcher:
         if self._told:
             self._pairs, self._players = {}, {}
 
-    # -- module hooks ------------------------------------------------------------------------
-    def _pre(self, module, args):
-        if get_ident() == self.rec.script_thread:
-            self._depth += 1
-        return None
-
+    # -- module hooks (outermost calls only) -------------------------------------------------
     def _post(self, module, args, *rest):
-        if get_ident() != self.rec.script_thread:
-            return None
-        self._depth = max(0, self._depth - 1)
-        if not self.active or self._depth:
+        if not self.active or get_ident() != self.rec.script_thread:
             return None
         try:
             kwargs, output = rest if len(rest) == 2 else ({}, None)
@@ -356,5 +347,5 @@ class AdversarialWatcher:
 
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
-        self._handles = register_module_hooks(patcher, self._pre, self._post)
+        self._handles = register_module_hooks(patcher, None, self._post, outermost=True)
         self.active = True

@@ -13,7 +13,8 @@ the first task (EWC), drifts from the pretrained weights (L2-SP), from the globa
 At the first ``_LOOKED`` backwards of each backward line and form of the loss's top (the
 root's node and its inputs' kinds: a penalty phase that starts after a first task or a warm-up
 adds a term, so it is looked at even on the backward line of the first phase; ``_LINES`` of
-them at most), the loss's graph is walked (``_NODES`` nodes at most) for
+them at most), the loss's graph is walked (the first ``_NODES`` nodes breadth first, level by
+level in C: ``graphpaths.nodes_below``) for
 
 * a ``SubBackward0`` both of whose inputs are the same parameter's ``AccumulateGrad`` node
   (``p - p``): recorded at once (``how="same"``);
@@ -38,10 +39,12 @@ after them.
 
 from __future__ import annotations
 
+from itertools import compress
+
 import torch
 
 from .. import events as ev
-from .graphpaths import saved
+from .graphpaths import nodes_below, saved
 from .lossterms import PerLine, loss_root
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, STEPPED
@@ -65,6 +68,21 @@ def _top(root) -> tuple:
     """What the loss's graph is at its top: the root's kind and its inputs' kinds."""
     return (type(root).__name__,
             tuple(type(child).__name__ for child, _ in root.next_functions))
+
+
+class _LookedInto(dict):
+    """node class -> whether ``_judge`` looks into its nodes (a ``p - p``, or one that
+    ``_difference`` takes), decided once per class by its name."""
+
+    def __missing__(self, cls) -> bool:
+        name = cls.__name__
+        taken = name == "SubBackward0" or name in _DIFFERENCE_NODES \
+            or name.startswith(_DIFFERENCE_PREFIXES)
+        self[cls] = taken
+        return taken
+
+
+_looked_into = _LookedInto().__getitem__
 
 
 def _leaf(node):
@@ -169,25 +187,19 @@ class AnchorAliasWatcher:
 
     def _judge(self, root) -> None:
         same: list[int] = []
-        seen: set = set()
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            if len(seen) > _NODES:
-                break
+        # the graph's nodes level by level in C (the first _NODES), then only the nodes of the
+        # classes this looks into (a p - p, a difference test's): no Python per other node
+        nodes, _ = nodes_below([root], _NODES)
+        for node in compress(nodes, map(_looked_into, map(type, nodes))):
             children = [child for child, _ in node.next_functions]
             name = type(node).__name__
-            if name == "SubBackward0" and len(children) == 2 and children[0] is not None \
-                    and children[0] is children[1]:
-                pid = self._pid(_leaf(children[0]))
-                if pid is not None and pid not in same:
-                    same.append(pid)
-            # only the nodes _difference can take are looked into (most of a graph is not)
-            found = self._difference(node, name, children) \
-                if name in _DIFFERENCE_NODES or name.startswith(_DIFFERENCE_PREFIXES) else None
+            if name == "SubBackward0":
+                if len(children) == 2 and children[0] is not None and children[0] is children[1]:
+                    pid = self._pid(_leaf(children[0]))
+                    if pid is not None and pid not in same:
+                        same.append(pid)
+                continue
+            found = self._difference(node, name, children)
             if found is not None and self._steps > 0:
                 pid, kept, _variable = found
                 if isinstance(kept, tuple):
@@ -204,7 +216,6 @@ class AnchorAliasWatcher:
                         self._moved_too(pid, found[2])
                 else:
                     self._moved.add(pid)
-            stack.extend(children)  # a None is passed over when popped
         if same:
             self._tell(sorted(same), "same")
             return

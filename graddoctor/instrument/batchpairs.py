@@ -191,7 +191,6 @@ class BatchPairWatcher:
         self._patcher = None
         self._served = 0
         self._backwards = 0
-        self._depth = 0
         self._batches: list[_Batch] = []
         self._rows: dict[tuple, list] = {}  # row print -> [(batch, field, row)]
         self._wholes: dict[tuple, list] = {}  # whole print -> [(batch, field)]
@@ -254,27 +253,33 @@ class BatchPairWatcher:
             self.rec.internal_error("batch pairing (batch)", exc)
 
     # -- module hooks: the model's inputs ----------------------------------------------------
-    def _pre(self, module, args):
-        if get_ident() == self.rec.script_thread:
-            self._depth += 1
-        return None
-
-    def _post(self, module, args, *rest):
-        if get_ident() != self.rec.script_thread:
-            return None
-        self._depth = max(0, self._depth - 1)
-        if not self.active:
+    def _post_layer(self, module, args, *rest):
+        """A recurrent layer's or an embedding's call, at any depth."""
+        if not self.active or get_ident() != self.rec.script_thread:
             return None
         try:
             kwargs, output = rest if len(rest) == 2 else ({}, None)
             if not (torch.is_grad_enabled() and getattr(module, "training", False)):
                 return None
-            if isinstance(module, (nn.RNNBase, nn.Embedding)) and len(self._recurrent) < _RECURRENT:
+            if len(self._recurrent) < _RECURRENT:
                 self._sequence(module, args, kwargs, output)
             if isinstance(module, nn.RNNBase) and args and isinstance(args[0], PackedSequence) \
                     and len(self._packed) < _RECURRENT:
                 self._packed_sequence(module, args[0], output)
-            if self._depth or not self._rows or len(self._inputs) >= _CALLS:
+        except Exception as exc:
+            self._stop()
+            self.rec.internal_error("batch pairing (forward)", exc)
+        return None
+
+    def _post(self, module, args, *rest):
+        """An outermost module call (the model's): its inputs looked up in the served batches."""
+        if not self.active or get_ident() != self.rec.script_thread:
+            return None
+        try:
+            kwargs, output = rest if len(rest) == 2 else ({}, None)
+            if not (torch.is_grad_enabled() and getattr(module, "training", False)):
+                return None
+            if not self._rows or len(self._inputs) >= _CALLS:
                 return None
             values = list(args) + list(kwargs.values() if isinstance(kwargs, Mapping) else ())
             looked = 0
@@ -549,7 +554,10 @@ class BatchPairWatcher:
 
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
-        self._handles = register_module_hooks(patcher, self._pre, self._post)
+        # the layers' hooks first: an outermost RNN's call is read as a layer, then as the model
+        self._handles = register_module_hooks(patcher, None, self._post_layer,
+                                              classes=(nn.RNNBase, nn.Embedding)) + \
+            register_module_hooks(patcher, None, self._post, outermost=True)
         self.active = True
 
 

@@ -12,7 +12,8 @@ batch-mean baseline) and says nothing.
 
 How, and what it costs (first backwards only):
 
-* Global module hooks count the module calls of the script's thread; the output of an
+* Global module hooks see the outermost module calls of the script's thread (the dispatch
+  counts the depth: the calls nested in them never reach this watcher); the output of an
   outermost call whose first dimension is its input's (the batch) gets a *lineage*: (a number
   per call, the batch size). A ``TorchFunctionMode`` follows the ops made between outermost
   module calls: put on the stack when one returns, taken off when the next one starts and at
@@ -181,7 +182,7 @@ class BatchTargetWatcher:
         self._mode: _Mode | None = None
         self._pushed = False  # the mode is on the followed thread's stack
         self._thread: int | None = None
-        self._depth = 0  # module calls running on the followed thread
+        self._depth = 0  # outermost module calls running on the followed thread (0 or 1)
         self._windows = 0
         self._ops = 0
         self._calls = 0  # outermost module calls (lineage numbers)
@@ -202,7 +203,7 @@ class BatchTargetWatcher:
         if len(self._tags) < _TAGGED or id(tensor) in self._tags:
             self._tags[id(tensor)] = (weakref.ref(tensor), tag)
 
-    # -- module hooks ----------------------------------------------------------------------------
+    # -- module hooks (outermost calls only: nothing inside a module's forward is followed) ------
     def _pre(self, module, args) -> None:
         if self.closed or self._windows >= _WINDOWS:
             return
@@ -425,7 +426,7 @@ class BatchTargetWatcher:
         self._modes_below = torch._C._len_torch_function_stack()  # modes under the run (--emulate-cuda)
         close_before_compile(patcher, self.before_compile)
         patcher.handle(UninstallHandle(self))
-        self._handles = register_module_hooks(patcher, self._pre, self._post)
+        self._handles = register_module_hooks(patcher, self._pre, self._post, outermost=True)
 
     def uninstall(self) -> None:
         self.closed = True

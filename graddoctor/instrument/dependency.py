@@ -723,16 +723,25 @@ def _outermost(modules: list) -> list:
 # call is dispatched to the watchers that take that module's class, in the order they
 # registered, with torch's own conventions (a pre hook's non-None return replaces the args, a
 # post hook's the output; a post hook that takes no kwargs is called without them; after a
-# forward that raised only the ``always_call`` ones run, without kwargs, as torch calls them).
+# forward that raised only the ``always_call`` ones run, without kwargs, as torch calls them). The
+# pair counts how deep in module calls each thread is: a watcher that looks only at outermost
+# calls (``outermost=True``) is not called for the calls nested in them.
 _DISPATCH = compile("""
-def make(table, is_compiling, transform):
+def make(table, is_compiling, transform, get_ident):
+    depths = table.depths
     def pre_hook(module, args):
         if is_compiling() or transform() is not None:
             return None
+        thread = get_ident()
+        depth = depths.get(thread, 0)
+        depths[thread] = depth + 1
         cls = module.__class__
         hooks = table.pres.get(cls)
         if hooks is None:
             hooks = table.sort(cls)[0]
+        hooks = hooks[0] if depth else hooks[1]
+        if not hooks:  # no watcher takes this call (most nested calls)
+            return None
         changed = False
         for hook in hooks:
             result = hook(module, args)
@@ -743,10 +752,18 @@ def make(table, is_compiling, transform):
     def post_hook(module, args, *rest):
         if is_compiling() or transform() is not None:
             return None
+        thread = get_ident()
+        depth = depths.get(thread, 0)
+        if depth:
+            depth -= 1
+            depths[thread] = depth
         cls = module.__class__
         hooks = table.posts.get(cls)
         if hooks is None:
             hooks = table.sort(cls)[1]
+        hooks = hooks[0] if depth else hooks[1]
+        if not hooks:
+            return None
         changed = False
         if len(rest) == 2:
             kwargs, output = rest
@@ -774,31 +791,44 @@ class ModuleHooks:
     torch's dicts only while some watcher holds one (a module call with no hook anywhere takes
     torch's fast path). A watcher may name the module classes it looks at (``classes``): the
     others' calls never reach it (the watchers that want each class are sorted once per class).
-    ``register_module_hooks`` is the way in; one table per patcher, which also gets torch's
-    handles of the pair (``benchmarks/overhead.py`` suspends them through it)."""
+    A watcher may also ask for the outermost calls only (``outermost``: the calls no other
+    module call on the same thread is running around): the pair counts each thread's depth once
+    for all of them, and the calls nested inside never reach it (a model of thousands of modules
+    calls them once per forward, not once per module). ``register_module_hooks`` is the way in;
+    one table per patcher, which also gets torch's handles of the pair
+    (``benchmarks/overhead.py`` suspends them through it)."""
 
     def __init__(self, patcher=None):
         self._patcher = weakref.ref(patcher) if patcher is not None else None
-        self._entries: list[list] = []  # [pre or None, post or None, with_kwargs, always, classes]
-        self.pres: dict = {}  # module class -> the pre hooks that take it, in order
-        self.posts: dict = {}  # module class -> (post, with_kwargs, always_call) that take it
+        # [pre or None, post or None, with_kwargs, always, classes, outermost only]
+        self._entries: list[list] = []
+        # module class -> (the pre hooks that take it nested in another call, those that take it
+        # as an outermost call), each in order
+        self.pres: dict = {}
+        # module class -> the same for the (post, with_kwargs, always_call) that take it
+        self.posts: dict = {}
+        self.depths: dict[int, int] = {}  # thread -> module calls running on it (the pair's count)
         self._torch: list = []  # torch's handles of the dispatching pair, while registered
         scope: dict = {}
         exec(_DISPATCH, scope)
         self._pre_hook, self._post_hook = scope["make"](self, torch.compiler.is_compiling,
-                                                        in_transform)
+                                                        in_transform, get_ident)
 
     def sort(self, cls) -> tuple:
-        """The pre hooks and post entries that take ``cls``, kept for its next calls."""
-        pres = tuple(e[0] for e in self._entries
-                     if e[0] is not None and (e[4] is None or issubclass(cls, e[4])))
-        posts = tuple((e[1], e[2], e[3]) for e in self._entries
-                      if e[1] is not None and (e[4] is None or issubclass(cls, e[4])))
+        """The pre hooks and post entries that take ``cls`` (nested, outermost), kept for its
+        next calls."""
+        taking = [e for e in self._entries if e[4] is None or issubclass(cls, e[4])]
+        outer_pres = tuple(e[0] for e in taking if e[0] is not None)
+        outer_posts = tuple((e[1], e[2], e[3]) for e in taking if e[1] is not None)
+        pres = (tuple(e[0] for e in taking if e[0] is not None and not e[5]), outer_pres)
+        posts = (tuple((e[1], e[2], e[3]) for e in taking if e[1] is not None and not e[5]),
+                 outer_posts)
         self.pres[cls], self.posts[cls] = pres, posts
         return pres, posts
 
-    def add(self, pre, post, with_kwargs: bool, always_call: bool, classes) -> "_Entry":
-        entry = [pre, post, with_kwargs, always_call, classes]
+    def add(self, pre, post, with_kwargs: bool, always_call: bool, classes,
+            outermost: bool = False) -> "_Entry":
+        entry = [pre, post, with_kwargs, always_call, classes, outermost]
         self._entries.append(entry)
         self.pres, self.posts = {}, {}
         if not self._torch:
@@ -820,6 +850,8 @@ class ModuleHooks:
 
     def _register(self) -> None:
         from torch.nn.modules import module as module_mod
+
+        self.depths.clear()  # the calls running when the pair last left are not seen ending
 
         pre = module_mod.register_module_forward_pre_hook(self._pre_hook)
         post = module_mod.register_module_forward_hook(self._post_hook, with_kwargs=True,
@@ -869,15 +901,16 @@ def module_hook_table(patcher) -> ModuleHooks:
 
 
 def register_module_hooks(patcher, pre=None, post=None, *, with_kwargs: bool = True,
-                          always_call: bool = True, classes=None) -> list:
+                          always_call: bool = True, classes=None, outermost: bool = False) -> list:
     """Hook ``pre(module, args)`` and ``post(module, args, [kwargs,] output)`` (either may be
     None) on every module call, as torch's global module hooks would be (``ModuleHooks``: one
     pair of torch's for all watchers); ``classes``: only the calls of modules of these classes
-    (a class or a tuple, as for ``isinstance``). Returns one handle (in a list: the watchers
-    remove what it holds), also given to ``patcher`` to remove at the end."""
+    (a class or a tuple, as for ``isinstance``); ``outermost``: only the calls that run inside
+    no other module call on their thread. Returns one handle (in a list: the watchers remove
+    what it holds), also given to ``patcher`` to remove at the end."""
     if pre is None and post is None:
         return []
-    entry = module_hook_table(patcher).add(pre, post, with_kwargs, always_call, classes)
+    entry = module_hook_table(patcher).add(pre, post, with_kwargs, always_call, classes, outermost)
     return [patcher.handle(entry)]
 
 

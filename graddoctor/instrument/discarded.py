@@ -16,7 +16,7 @@ Read from the autograd graph, at the first ``WINDOW`` backwards only:
   whether it has children, and the script's frames from the call outward while they run inside
   a module's forward (at most ``_FRAMES``).
 * Before each backward (``DESCRIBE_LOSS``) the loss's graph is walked (at most ``_NODES``
-  nodes). A noted output whose nodes it reaches is dropped; one it does not reach is kept for
+  nodes, level by level in C: ``graphpaths.nodes_below``). A noted output whose nodes it reaches is dropped; one it does not reach is kept for
   one more backward (a GAN's generator output is reached by the generator's backward, after the
   discriminator's); still unreached then, it becomes an ``output_discarded`` aside at the
   call's line, once per line.
@@ -37,6 +37,7 @@ from .. import events as ev
 from ..trace import Location
 from .dependency import close_before_compile, register_module_hooks
 from .dropoutout import backward_roots, module_caller
+from .graphpaths import nodes_below
 from .recorder import Recorder
 
 WINDOW = 4  # backwards judged, from the first one
@@ -57,17 +58,8 @@ def _nodes(output) -> list:
 def reached_nodes(roots, limit: int = _NODES) -> set[int] | None:
     """The ids of the graph nodes reached from ``roots``; None when the graph is larger than
     ``limit`` (nothing can be said then)."""
-    seen: set[int] = set()
-    queue = list(roots)
-    while queue:
-        node = queue.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if len(seen) > limit:
-            return None
-        queue.extend(n for n, _ in node.next_functions if n is not None)
-    return seen
+    nodes, complete = nodes_below(roots, limit)  # level by level in C
+    return set(map(id, nodes)) if complete else None
 
 
 class DiscardedOutputWatcher:

@@ -202,5 +202,6 @@ class DropoutOutputWatcher:
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
         self._handles = register_module_hooks(patcher, None, self._post, with_kwargs=False,
-                                              always_call=False)
+                                              always_call=False,
+                                              classes=nn.modules.dropout._DropoutNd)
         self.active = True

@@ -28,6 +28,7 @@ onto the steady path: they are edited).
 from __future__ import annotations
 
 import math
+from itertools import compress
 
 import torch
 
@@ -99,7 +100,7 @@ class EditFactors:
         with torch.no_grad():
             # every sampled grad the optimizer owns, edited or not: a group whose grads were
             # only partly scaled (an unedited one has ratio 1) has no single factor
-            for pid in [pid for pid in owned if pid in self._samples]:
+            for pid in list(filter(self._samples.__contains__, owned)):
                 sample = self._samples.get(pid)
                 param = params.get(pid)
                 if sample is None or param is None:
@@ -137,7 +138,7 @@ class EditFactors:
         later untracked edits are judged against their values now."""
         samples = self._samples
         with torch.no_grad():
-            for pid, grad in zip(pids, grads):
+            for pid, grad in compress(zip(pids, grads), map(samples.__contains__, pids)):
                 sample = samples.get(pid)
                 if sample is None or type(grad) is not torch.Tensor or sample[0] != id(grad) \
                         or sample[1] != grad._version:
@@ -154,7 +155,8 @@ class EditFactors:
             return []
         found = []
         with torch.no_grad():
-            for pid, grad in zip(pids, grads):
+            # the sampled pids only (at most _TENSORS), picked in C, in ``pids``' order
+            for pid, grad in compress(zip(pids, grads), map(samples.__contains__, pids)):
                 sample = samples.get(pid)
                 if (sample is None or pid in skip or sample[0] != id(grad)
                         or sample[1] != grad._version):

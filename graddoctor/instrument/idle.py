@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import sys
 from itertools import compress, islice, repeat
-from operator import add, ge, itemgetter
+from operator import add, ge, itemgetter, not_
 
 import os
 
@@ -75,9 +75,12 @@ class IdleParamWatcher:
         due = list(compress(zip(without, counts), map(ge, counts, repeat(MIN_STEPS))))
         if not due or looked.issuperset(map(itemgetter(0), due)):
             return
+        # the ones not searched for yet, picked in C: Python runs once per parameter in the run,
+        # not once per idle parameter and step (a mixture of experts has many idle each step)
+        fresh = list(compress(due, map(not_, map(looked.__contains__, map(itemgetter(0), due)))))
         ready = []
         steps = self.rec.progress.stepped(opt)
-        for pid, n in due:
+        for pid, n in fresh:
             if pid not in looked:
                 looked.add(pid)
                 if n == steps:  # never had a gradient so far

@@ -253,4 +253,5 @@ class LinearStackWatcher:
         self.active = True
         patcher.patch(nn.Linear, "__init__", self._wrap_init(nn.Linear.__init__))
         self._handles = register_module_hooks(patcher, None, self._post, with_kwargs=False,
-                                              always_call=False)
+                                              always_call=False,
+                                              classes=(nn.Linear, nn.modules.dropout._DropoutNd))

@@ -28,6 +28,8 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import deque
+from itertools import compress
+from operator import itemgetter
 
 import torch
 
@@ -41,6 +43,18 @@ _STEPS_BETWEEN = 2  # optimizer steps after the marked backwards before looking 
 # keeps a window's losses until its step: those are let go of then)
 _GIVE_UP = 200  # backwards after which no look is taken any more
 _NODES = 8  # nodes marked per graph
+_FIRST = itemgetter(0)
+
+
+class _NotALeaf(dict):
+    """node class -> whether it is not torch's AccumulateGrad (decided once per class)."""
+
+    def __missing__(self, cls) -> bool:
+        self[cls] = taken = cls.__name__ != "AccumulateGrad"
+        return taken
+
+
+_not_a_leaf = _NotALeaf().__getitem__
 _KEY = "graddoctor_alive"
 _SEARCH_NODES = 4000  # nodes walked per candidate variable
 
@@ -99,7 +113,10 @@ class GraphLivenessWatcher:
                 continue
             self._markers.append(weakref.ref(marker))
             count += 1
-            todo.extend(child for child, _ in node.next_functions)
+            # the inputs but the leaves' AccumulateGrad nodes, picked in C: a node fed by
+            # thousands of parameters (a stack of them) costs no Python per parameter
+            children = list(map(_FIRST, node.next_functions))
+            todo.extend(compress(children, map(_not_a_leaf, map(type, children))))
 
     def _look(self) -> None:
         alive = [m() for m in self._markers]

@@ -33,6 +33,7 @@ place in torch's order when a new optimizer is registered (``PARAMS_ADDED``).
 from __future__ import annotations
 
 import threading
+from itertools import compress, repeat
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -115,11 +116,13 @@ class PrecisionWatcher:
                 hook.put_back()
 
     def _half_params(self, optimizer, dtypes=_HALF):
+        """``(group, parameter)`` of each parameter of one of ``dtypes``, in group order (``map``s
+        in C: no Python per parameter)."""
         found = []
         for group in optimizer.param_groups:
-            for p in group["params"]:
-                if isinstance(p, torch.Tensor) and p.dtype in dtypes:
-                    found.append((group, p))
+            params = group["params"]
+            kinds = map(getattr, params, repeat("dtype"), repeat(None))
+            found.extend(zip(repeat(group), compress(params, map(dtypes.__contains__, kinds))))
         return found
 
     @staticmethod

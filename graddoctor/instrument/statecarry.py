@@ -252,7 +252,7 @@ class StateCarryWatcher:
 
     def install(self, patcher) -> None:
         close_before_compile(patcher, self._before_compile)
-        self._handles = register_module_hooks(patcher, post=self._post)
+        self._handles = register_module_hooks(patcher, post=self._post, classes=_RECURRENT)
         self.active = True
 
 
