@@ -79,6 +79,7 @@ from .shiftcancel import ShiftCancelWatcher
 from .pairpull import PairPullWatcher
 from .normbatch import NormBatchWatcher
 from .anchors import AnchorAliasWatcher
+from .weightedits import WeightEditWatcher
 from .constraints import ConstraintWatcher
 from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
@@ -239,6 +240,11 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, anchors.describe_loss)
         rec.subscribe(STEPPED, anchors.after_step)
         self.watchers.append(anchors)
+        # stepped weights edited in place between two backwards that add up (grads-accumulated-across-weight-edit)
+        edits = WeightEditWatcher(rec, self.optimizers.owned_pids())
+        rec.subscribe(DESCRIBE_LOSS, edits.describe_loss)
+        rec.subscribe(STEPPED, edits.after_step)
+        self.watchers.append(edits)
         # a loss that compares a value with itself: twin views, negatives = positives (loss-compares-with-itself)
         same = SameValueWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, same.describe_loss)
