@@ -52,11 +52,11 @@ class WeightEditWatcher:
         self._owned = owned  # read-only view of the optimizer-owned pids
         self._looked = 0
         self._told = 0
-        self._base: dict[int, torch.Tensor] | None = None  # samples at the previous backward
-        self._base_loc = None
+        self._previous: dict[int, torch.Tensor] | None = None  # samples at the previous backward
+        self._previous_loc = None
 
     def after_step(self, opt, optimizer) -> None:
-        self._base = None  # the step moved the weights: that is no edit of the script's
+        self._previous = None  # the step moved the weights: that is no edit of the script's
 
     def _done(self) -> None:
         self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
@@ -84,8 +84,8 @@ class WeightEditWatcher:
                 if values is not None:
                     samples[pid] = values
             loc = rec.here()
-            base, base_loc = self._base, self._base_loc
-            self._base, self._base_loc = samples, loc
+            base, base_loc = self._previous, self._previous_loc
+            self._previous, self._previous_loc = samples, loc
             if not base or not samples:
                 return
             common = [pid for pid in samples if pid in base and base[pid].shape == samples[pid].shape]
