@@ -746,6 +746,19 @@ constraint_broken  opt, params [pid], kinds (of the writes: "clamp", "zero", "no
                    parameters written in place between a backward and the optimizer's step into
                    a clamp, a 0/1 mask or a row-norm bound that the step then broke, still broken
                    at the next forward (loc: the step; an aside; instrument/constraints.py)
+self_copy          params [pid] (the optimizer-owned parameter written), how (copy_ | lerp_ | set_ |
+                   .data =), steps (optimizer steps before the write): the script's code wrote a
+                   stepped parameter's memory onto itself (the source is the same object, or the
+                   same address, shape, strides and dtype): a weight copy taken without clone()
+                   written back (Lookahead's slow weights, SAM's saved weights) — in the first 12
+                   optimizer steps, once per parameter and line (16 a line, 8 lines)
+                   (loc: the write; an aside; instrument/selfcopy.py)
+weights_edited     params [pid] (optimizer-owned parameters whose sampled values changed), sampled
+                   (how many were compared), before ([path, line] of the previous backward, or
+                   None): at least half of the sampled optimizer-owned CPU parameters changed in
+                   place between the previous backward and this one, with no optimizer step in
+                   between (SAM's ascent to w + e) — at the first 16 backwards, 4 at most
+                   (loc: the backward about to run; an aside; instrument/weightedits.py)
 anchor_alias       params [pid] (the parameters pulled towards themselves), how ("same": ``p - p``
                    in the loss's graph; "shared": the squared, absolute or norm difference of a
                    parameter and a constant exactly zero at two backwards with a step between
@@ -1937,6 +1950,14 @@ def constraint_broken(*, opt: int, params: list[int], kinds: list[str], bounds: 
                                  "backward": backward}
 
 
+def self_copy(*, params: list[int], how: str, steps: int) -> Made:
+    return "self_copy", {"params": params, "how": how, "steps": steps}
+
+
+def weights_edited(*, params: list[int], sampled: int, before: list | None) -> Made:
+    return "weights_edited", {"params": params, "sampled": sampled, "before": before}
+
+
 def anchor_alias(*, params: list[int], how: str) -> Made:
     return "anchor_alias", {"params": params, "how": how}
 
@@ -2108,7 +2129,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
-    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused,
+    "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
     "loss_unbounded": loss_unbounded, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
@@ -2169,7 +2190,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "placeholder_targets",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

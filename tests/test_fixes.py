@@ -58,6 +58,9 @@ NO_EDIT = {
     "bad_param_not_in_optimizer_loss_param.py", "bad_param_not_in_optimizer_clamped_temperature.py",
     # an optimizer built over the model's copy: which expression names the model is a person's
     "bad_param_not_in_optimizer_ema_copy.py", "bad_param_not_in_optimizer_frozen_target_copy.py",
+    # a loss scale written by hand clipped before its division: the GradScaler edit does not
+    # apply, and moving the script's own div_ before the clip is a person's edit
+    "bad_clip_before_unscale_hand_scale.py",
     # a layer built in forward: moving it into __init__ names it and changes forward
     "bad_layer_built_in_forward.py",
     # eval() on a part that still trains: freeze it or let it train, the finding gives both

@@ -74,3 +74,34 @@ def test_hand_edited_grads_lower_clip_before_unscale_to_info():
     clip(t, line=12, edited=P)
     t.step()
     assert only(t, "clip-before-unscale").severity is Severity.INFO
+
+
+# -- loss scaling written by hand ------------------------------------------------------------
+
+def _hand_scaled(factor=1024.0, edited=(), norm_only=False):
+    from rule_traces import builder, clip
+
+    t = builder()
+    for _ in range(2):
+        t.clear([0, 1], line=9)
+        t.backward(fresh=[0, 1], line=10, loss_scale_factor=factor)
+        clip(t, line=11, edited=edited, norm_only=norm_only)
+        t.step(0, line=12)
+    return t
+
+
+def test_a_clip_of_gradients_of_a_hand_scaled_loss_is_a_warning():
+    from graddoctor.findings import Severity
+    from rule_traces import only
+
+    f = only(_hand_scaled(), "clip-before-unscale")
+    assert f.location.line == 11 and f.severity is Severity.WARNING
+    assert f.evidence["factor"] == 1024.0 and "div_(1024)" in f.fix
+
+
+def test_a_hand_scaled_loss_divided_back_before_the_clip_or_a_loss_weight_is_silent():
+    from rule_traces import findings
+
+    assert findings(_hand_scaled(edited=(0, 1)), "clip-before-unscale") == []
+    assert findings(_hand_scaled(factor=10.0), "clip-before-unscale") == []
+    assert findings(_hand_scaled(norm_only=True), "clip-before-unscale") == []

@@ -86,6 +86,8 @@ from .concave import ConcaveTermWatcher
 from .normbatch import NormBatchWatcher
 from .featurevar import FeatureVarianceWatcher
 from .anchors import AnchorAliasWatcher
+from .weightedits import WeightEditWatcher
+from .selfcopy import SelfCopyWatcher
 from .constraints import ConstraintWatcher
 from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
@@ -271,6 +273,15 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, anchors.describe_loss)
         rec.subscribe(STEPPED, anchors.after_step)
         self.watchers.append(anchors)
+        # stepped weights edited in place between two backwards that add up (grads-accumulated-across-weight-edit)
+        edits = WeightEditWatcher(rec, self.optimizers.owned_pids())
+        rec.subscribe(DESCRIBE_LOSS, edits.describe_loss)
+        rec.subscribe(STEPPED, edits.after_step)
+        self.watchers.append(edits)
+        # a weight copy taken without clone() written back onto its parameter (weight-copy-aliases-params)
+        self_copies = SelfCopyWatcher(rec, self.optimizers.owned_pids())
+        rec.subscribe(STEPPED, self_copies.after_step)
+        self.watchers.append(self_copies)
         # a loss that compares a value with itself: twin views, negatives = positives (loss-compares-with-itself)
         same = SameValueWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, same.describe_loss)

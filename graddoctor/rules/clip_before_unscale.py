@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 from ..findings import Role, Safety, Severity
-from .base import Rule, related
+from .base import Rule, related, times
+from .loss_scale_not_undone import _loss_scale
 from .source import method_calls, receiver, related_line
 
 
@@ -43,10 +44,16 @@ class ClipBeforeUnscale(Rule):
     scaler.update()
     ```
 
+    The same holds for loss scaling written by hand: every backward of an update ran on the
+    loss multiplied by a power of two of 1024 or more (`(loss * 1024).backward()`), and the
+    clip comes before anything divided the gradients back (`p.grad.div_(1024)`): a warning at
+    the clip.
+
     ## Stays silent on
     `unscale_` → clip → step → update (with the old `torch.cuda.amp.GradScaler` too); a
     disabled scaler; unscale and clip once at the accumulation boundary; hand-written
-    clipping after `unscale_`; hand-written static loss scaling undone before the step;
+    clipping after `unscale_`; hand-written static loss scaling undone before the clip (`p.grad.div_(scale)`, then clip);
+    a loss multiplied by a factor that is no power of two, or below 1024 (a loss weight);
     steps the GradScaler skips; the frameworks' clipping (Lightning, accelerate, the
     transformers Trainer).
     """
@@ -92,6 +99,62 @@ class ClipBeforeUnscale(Rule):
         return self.edit(f"unscale the gradients before clipping: {scaler}.unscale_({opt})", *edits)
 
     def check(self, a):
+        yield from self._scaled(a)
+        yield from self._hand_scaled(a)
+
+    def _hand_scaled(self, a):
+        """A clip between backwards of a loss times a loss scale (a power of two >= 1024, no
+        GradScaler) and the step, with nothing dividing the gradients before it."""
+        clips = [e for e in a.of_kind("clip") if not e.get("norm_only")]
+        edits = [e for e in a.of_kind("grad_edit", "unscale")]
+        if not clips:
+            return
+        groups: dict = {}
+        for opt, windows in a.windows.items():
+            owned = set(a.opt_params.get(opt, ()))
+            for w in windows:
+                if w.step.get("skipped") or w.step.get("closure") or not w.group:
+                    continue
+                factors = {b.get("loss_scale_factor") for b in w.group}
+                if len(factors) != 1 or not _loss_scale(next(iter(factors))):
+                    continue
+                if any(b.get("scaled") for b in w.group):
+                    continue  # a GradScaler's backward: judged above
+                first, last = w.group[0].seq, w.group[-1].seq
+                clip = next((c for c in clips if last < c.seq < w.step.seq
+                             and owned.intersection(c.get("params") or ())), None)
+                if clip is None:
+                    continue
+                if owned.intersection(clip.get("edited") or ()):
+                    continue  # the gradients were changed in place before the clip (p.grad.div_)
+                if any(first < e.seq < clip.seq and (e.get("opt") == opt
+                                                     or owned.intersection(e.get("params") or ()))
+                       for e in edits):
+                    continue  # divided back (or changed) before the clip
+                groups.setdefault(clip.loc, []).append((clip, w, next(iter(factors))))
+        for loc, items in groups.items():
+            clip, w, factor = items[0]
+            limit = clip.get("limit")
+            hits = [pid for pid in clip.get("params") or () if pid in set(a.opt_params.get(w.step["opt"], ()))]
+            bound = (f"max_norm={limit:g} is compared with a norm {factor:g} times too large, so "
+                     f"nearly every update is clipped" if isinstance(limit, float)
+                     and clip.get("via") != "clip_grad_value_" else
+                     f"the clip value is compared with gradients {factor:g} times too large")
+            occurrences = a.count(i[0] for i in items)
+            yield self.finding(
+                f"this clip runs on the gradients of {a.names(hits)} from a backward of the loss "
+                f"multiplied by {factor:g} (a loss scale written by hand) before anything divided "
+                f"them back: {bound} (seen {times(occurrences)})",
+                loc, severity=Severity.WARNING,
+                related=(related(w.group[-1], "the backward of the scaled loss"),
+                         related(w.step, "the step that applies the clipped gradients", Role.STEP)),
+                step=a.step_number.get(w.step.seq),
+                evidence={"params": [a.param_name(p) for p in hits[:16]], "factor": factor,
+                          "clip": clip.get("via"), "limit": limit, "occurrences": occurrences},
+                fix=(f"divide the gradients by the loss scale before clipping (for p in params: "
+                     f"p.grad.div_({factor:g})), or let torch.amp.GradScaler scale and unscale_"))
+
+    def _scaled(self, a):
         groups: dict = {}
         for state in a.ledger.clips:
             if state.scaled:

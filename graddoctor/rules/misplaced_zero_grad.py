@@ -177,10 +177,13 @@ def _weights_perturbed(a, d) -> bool:
     and the step found this parameter changed in place by hand since its previous step."""
     step = d.later_step
     backward = begin = None
+    edited = False  # the weights' sampled values changed between the two backwards (instrument/weightedits.py)
     for e in a.span(d.clear.seq, step.seq):
         if e.kind == "backward" and d.pid in (*e.get("fresh", ()), *e.get("accumulated", ())):
             backward = e
         elif e.kind == "step_begin" and e.get("opt") == step.get("opt"):
             begin = e
-    return (backward is not None and begin is not None
-            and d.pid in (begin.get("edited_params") or ()))
+        elif e.kind == "weights_edited" and backward is None:
+            edited = True  # most sampled weights moved: those not sampled (past 16) did too
+    return backward is not None and (edited or begin is not None
+                                     and d.pid in (begin.get("edited_params") or ()))

@@ -107,8 +107,70 @@ def functional_gradients(a: "Analysis") -> list[str]:
             f"backward() accumulates in .grad and the optimizer steps that apply them)"]
 
 
+def _backward_lines(node) -> list[int]:
+    """The lines of ``x.backward(...)`` / ``torch.autograd.backward(...)`` calls under ``node``."""
+    import ast
+
+    return [n.lineno for n in ast.walk(node) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"]
+
+
+def later_phases(tree, seen: set[int]) -> list[int]:
+    """Backward lines of a later phase of the script, none of which ran: in the body (the
+    module's, or a function's) around the last backward line seen, the statements after the one
+    holding it that call ``backward()`` on lines never seen, or call a function of the script
+    that does (``train(model, task_b)`` after ``train(model, task_a)``)."""
+    import ast
+
+    if tree is None or not seen:
+        return []
+    training = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and _backward_lines(n)}
+    last = max(seen)
+    bodies = [tree.body] + [n.body for n in ast.walk(tree)
+                            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for body in bodies:
+        for i, stmt in enumerate(body):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if not stmt.lineno <= last <= (stmt.end_lineno or stmt.lineno):
+                continue
+            found: list[int] = []
+            for later in body[i + 1:]:
+                if isinstance(later, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    continue
+                found += [line for line in _backward_lines(later) if line not in seen]
+                found += [n.lineno for n in ast.walk(later) if isinstance(n, ast.Call)
+                          and isinstance(n.func, ast.Name) and n.func.id in training]
+            return sorted(set(found))
+    return []
+
+
+def unreached_phase(a: "Analysis") -> list[str]:
+    """The step budget ended the run before a later phase of the script (a second task, a
+    fine-tuning stage) ran: its bugs are not checked, and ``--steps`` reaches it."""
+    if a.status != "step-limit":
+        return []
+    backwards = [e for e in a.of_kind("backward") if e.loc is not None]
+    if not backwards:
+        return []
+    path = backwards[-1].loc.path
+    seen = {e.loc.line for e in backwards if e.loc.path == path}
+    try:
+        lines = later_phases(a.source.tree(path), seen)
+    except Exception:  # a note must never break the report
+        return []
+    if not lines:
+        return []
+    where = ", ".join(f"{path}:{line}" for line in lines[:3])
+    return [f"the step budget ended the run before a later phase of the script ran ({where}: a "
+            f"second task, a fine-tuning stage): what it does is not checked; a larger --steps "
+            f"reaches it"]
+
+
 NOTE_PRODUCERS: tuple[Callable[["Analysis"], list[str]], ...] = (
-    short_epochs, short_len_crash, compiled, never_stepped, no_optimizer, functional_gradients)
+    short_epochs, short_len_crash, compiled, never_stepped, no_optimizer, functional_gradients,
+    unreached_phase)
 
 
 def run_notes(a: "Analysis") -> list[str]:
