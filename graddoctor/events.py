@@ -746,7 +746,7 @@ constraint_broken  opt, params [pid], kinds (of the writes: "clamp", "zero", "no
                    parameters written in place between a backward and the optimizer's step into
                    a clamp, a 0/1 mask or a row-norm bound that the step then broke, still broken
                    at the next forward (loc: the step; an aside; instrument/constraints.py)
-self_copy          params [pid] (the optimizer-owned parameter written), how (copy_ | lerp_ | set_ |
+self_copy          params [pid] (the optimizer-owned parameter written), how (copy_ | set_ |
                    .data =), steps (optimizer steps before the write): the script's code wrote a
                    stepped parameter's memory onto itself (the source is the same object, or the
                    same address, shape, strides and dtype): a weight copy taken without clone()

@@ -68,9 +68,9 @@ def test_a_copy_of_a_parameters_own_memory_is_seen_for_each_write(watched):
     slow = w.data
     with torch.no_grad():
         w.data.copy_(slow)
-        w.lerp_(w.detach(), 0.5)
+        w.lerp_(w.detach(), 0.5)  # not watched: torch's Adam calls lerp_ per parameter
         w.data = slow
-    assert [d["how"] for _, d in rec.events] == ["copy_", "lerp_", ".data ="]
+    assert [d["how"] for _, d in rec.events] == ["copy_", ".data ="]
     assert all(d["params"] == [0] for _, d in rec.events)
 
 

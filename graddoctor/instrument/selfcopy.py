@@ -12,7 +12,7 @@ Lookahead then never steps back, SAM's base step starts from the perturbed weigh
 the "best" model is the last one. Nothing fails.
 
 The invariant, over the writes of the script's own code: ``Tensor.copy_(src)``,
-``Tensor.lerp_(end, w)``, ``Tensor.set_(src)`` and ``t.data = src`` whose destination is the
+``Tensor.set_(src)`` and ``t.data = src`` (not ``lerp_``, which torch's Adam calls per parameter) whose destination is the
 memory of an optimizer-owned parameter and whose source is that very memory (the same object, or
 one starting at the same address with the same shape, strides and dtype). A memory that two
 parameter objects share (weights tied through ``.data``, re-tied every forward) is left alone.
@@ -21,7 +21,7 @@ parameter and line (16 a line, 8 lines); the rule (rules/weight_copy_aliases_par
 call, ``p.data = p.data.to(device)``, returns its input when there is nothing to convert: no
 snapshot) and names the assignment that stored the copy.
 
-Cost: the four writes are wrapped until the optimizers have stepped ``_STEPS`` times (Lookahead
+Cost: the three writes are wrapped until the optimizers have stepped ``_STEPS`` times (Lookahead
 syncs every 5 to 10 steps), then put back; each wrapped call compares two tensors' addresses
 and shapes (no device read), and only a write onto its own memory looks its caller up.
 """
@@ -42,7 +42,9 @@ _STEPS = 12  # optimizer steps the wrappers stay for
 _LINES = 8  # lines told at most
 _PER_LINE = 16  # parameters told per line at most
 _LABEL = "weight self-copy"
-_METHODS = ("copy_", "lerp_", "set_")
+# not ``lerp_``: torch's own Adam and AdamW (single-tensor, the CPU default) call it once per
+# parameter per step, so its wrapper would add a Python call per tensor to every early step
+_METHODS = ("copy_", "set_")
 
 
 def _same_memory(dst, src) -> bool:

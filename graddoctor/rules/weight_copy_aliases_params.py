@@ -127,7 +127,7 @@ class WeightCopyAliasesParams(Rule):
     Finds a weight copy that is no copy, written back onto the parameters it was taken from:
     Lookahead's slow weights, SAM's saved weights, a best-weights or EMA/SWA copy kept as
     `p.data`, `p.detach()` or the parameter itself (no `clone()`). In the first optimizer steps
-    the script's own `copy_()`, `lerp_()`, `set_()` and `.data =` writes into a stepped
+    the script's own `copy_()`, `set_()` and `.data =` writes into a stepped
     parameter are watched: a source that is that parameter's own memory (the same object, or the
     same address, shape and strides) writes the weights onto themselves. It points at the
     assignment that stored the copy when the script has one (an uncopied `p.data`/`p.detach()`,
@@ -159,7 +159,8 @@ class WeightCopyAliasesParams(Rule):
     and other conversions that return their input when there is nothing to convert; writes
     from library code (`load_state_dict` onto itself is state-loaded-into-itself's). Not seen:
     a write after the first 12 optimizer steps (a restore only at the end of training), writes
-    through indexing (`p[:] = q`).
+    through indexing (`p[:] = q`), a restore by `lerp_(fast, 1.0)` (not watched: torch's Adam
+    calls `lerp_` once per parameter).
     """
 
     code = "GD283"
