@@ -55,7 +55,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
-from .follow import UninstallHandle, pop_mode, push_mode, remove_mode, tensors_in, tensors_out
+from .follow import UninstallHandle, pop_mode, push_mode, remove_mode, script_mode_above, tensors_in, tensors_out
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
 
@@ -374,7 +374,7 @@ class BatchTargetWatcher:
     def _push(self) -> None:
         """Put the mode on the stack (between module calls, until the backward)."""
         if self._pushed or self.closed or self._windows >= _WINDOWS \
-                or torch._C._len_torch_function_stack() != self._modes_below:
+                or script_mode_above(self._modes_below):
             return  # inside a mode the script entered: its exit would pop this one in its place
         if self._mode is None:
             self._mode = _Mode(self)

@@ -23,6 +23,7 @@ given with its own input (two noisy views, two timesteps), a draw the input was 
 
 from __future__ import annotations
 
+import sys
 from threading import get_ident
 
 import torch
@@ -31,7 +32,7 @@ from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from torch.overrides import TorchFunctionMode
 
-from .follow import UninstallHandle, push_mode, remove_mode, tensors_in, tensors_out
+from .follow import UninstallHandle, push_mode, remove_mode, script_mode_above, tensors_in, tensors_out
 from .inlinable import watched_call
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
@@ -71,15 +72,19 @@ class _DrawMode(TorchFunctionMode):
     """Hands each call's result to ``watcher.follow`` while the window is open. A function
     graddoctor wraps reaches the mode from inside its wrapper (torch looks the public name up
     again): the original is called, so that the wrapper's watchers hear of the call once (as
-    repeatedterm.py's mode does)."""
+    repeatedterm.py's mode does). The mode holds no state of its own (``_STATE``): Dynamo,
+    tracing a function compiled before the check began, wraps the mode's attributes and cannot
+    wrap bound methods; under it, the call is only made."""
 
     def __init__(self, watcher, originals: dict):
         super().__init__()
-        self.watcher, self.originals = watcher, originals
+        _STATE[id(self)] = (watcher, originals)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = self.originals.get(id(func), func)(*args, **(kwargs or {}))
-        watcher = self.watcher
+        if torch.compiler.is_compiling():
+            return func(*args, **(kwargs or {}))
+        watcher, originals = _STATE[id(self)]
+        out = originals.get(id(func), func)(*args, **(kwargs or {}))
         if watcher.following and getattr(func, "__name__", None) not in _SKIP:
             try:
                 watcher.follow(func, args, kwargs, out)
@@ -87,6 +92,9 @@ class _DrawMode(TorchFunctionMode):
                 watcher.following = False
                 watcher.rec.internal_error("draw_twin", exc)
         return out
+
+
+_STATE: dict = {}  # id(mode) -> (watcher, originals), dropped when the mode is removed
 
 
 class DrawTwinWatcher:
@@ -98,6 +106,8 @@ class DrawTwinWatcher:
         self._thread = None
         self._handles: list = []
         self._patcher = None
+        self._modes_below = 0  # the torch function modes entered before the run
+        self._compile_callback = None  # Dynamo's compile-start callback while a window is open
         self._windows = 0
         self._reset()
         self._done: set = set()
@@ -127,6 +137,19 @@ class DrawTwinWatcher:
             self.rec.internal_error(f"torch.{name}", exc)
 
     def _open(self) -> None:
+        if script_mode_above(self._modes_below):
+            return  # inside a mode the script entered: its exit would pop this one in its place
+        dynamo = sys.modules.get("torch._dynamo.callback")
+        if dynamo is not None and self._compile_callback is None:
+            # a function compiled before the check may run under the mode, and Dynamo cannot
+            # trace the window's mode: the window ends when Dynamo starts a compilation
+            try:
+                self._compile_callback = dynamo.callback_handler.register_start_callback(
+                    lambda *args: self._stop())
+            except Exception as exc:
+                self.closed = True
+                self.rec.internal_error("draw_twin", exc)
+                return
         mode = _DrawMode(self, self._patcher.originals() if self._patcher is not None else {})
         thread = push_mode(mode, self.rec, "draw_twin")
         if thread is None:
@@ -220,6 +243,7 @@ class DrawTwinWatcher:
     def _close(self) -> None:
         self.following = False
         if remove_mode(self._mode, self._thread, self.rec, "draw_twin"):
+            _STATE.pop(id(self._mode), None)
             self._mode = None
         self._reset()
 
@@ -237,6 +261,12 @@ class DrawTwinWatcher:
     def _stop(self) -> None:
         self.closed = True
         self._close()
+        callback, self._compile_callback = self._compile_callback, None
+        if callback is not None:
+            try:
+                sys.modules["torch._dynamo.callback"].callback_handler.remove_start_callback(callback)
+            except Exception:
+                pass  # already gone (Dynamo's handler cleared)
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
@@ -251,6 +281,7 @@ class DrawTwinWatcher:
     def install(self, patcher) -> None:
         watcher = self
         self._patcher = patcher
+        self._modes_below = torch._C._len_torch_function_stack()  # modes under the run (--emulate-cuda)
         for name in _FACTORIES:
             original = getattr(torch, name, None)
             if original is None:

@@ -144,6 +144,15 @@ class UninstallHandle:
 _WATCHERS = "graddoctor.instrument."
 
 
+def script_mode_above(modes_below: int) -> bool:
+    """Whether a mode that is no watcher's (the script's own) sits on this thread's stack above
+    the ``modes_below`` entered before the run: a mode pushed now would be popped by its exit.
+    Another watcher's mode is no reason to wait: each takes its own off wherever it is."""
+    depth = torch._C._len_torch_function_stack()
+    return any(not type(torch._C._get_function_stack_at(i)).__module__.startswith(_WATCHERS)
+               for i in range(modes_below, depth))
+
+
 def remove_leftover_modes() -> int:
     """Take every watcher's mode (a class of ``graddoctor.instrument``) off this thread's
     torch-function stack, every other mode left in its order (the script's own, and the run's

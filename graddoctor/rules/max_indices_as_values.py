@@ -50,7 +50,7 @@ class MaxIndicesAsValues(Rule):
     code = "GD143"
     slug = "max-indices-as-values"
     severity = Severity.WARNING
-    summary = ("the positions of a maximum (`max(dim)[1]`, `.indices`, `argmax`) are used as its "
+    summary = ("the positions of a maximum (max(dim)[1], .indices, argmax) are used as its "
                "values: a target or a confidence made of class or action numbers")
     fix = "take the values: `x.max(dim)[0]` or `x.max(dim).values` (`[1]` and `.indices` are the positions)"
 
