@@ -96,3 +96,27 @@ def test_the_rule_reports_each_event_as_a_warning_naming_the_copies():
     assert f.evidence["after_updates"] == CHECK_AT
     assert "copies" in f.message and "never diverge" in f.message
     assert findings(_trace(groups=()), SLUG) == []
+
+
+def test_biases_of_two_branches_summed_into_one_output_are_no_copies():
+    class TwoBranches(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(6, 4), torch.nn.Linear(6, 4)
+            for layer in (self.a, self.b):
+                torch.nn.init.zeros_(layer.bias)  # one gradient for both: the output's
+
+        def forward(self, x):
+            return self.a(x) + self.b(x)
+
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        model = TwoBranches()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(8, 6)).pow(2).mean().backward()
+            opt.step()
+    assert identical_copies({0: model.a.bias, 1: model.b.bias}) == [[0, 1]]  # equal vectors
+    assert rec.trace.of_kind("copies_identical") == []  # but no weight matrix among them

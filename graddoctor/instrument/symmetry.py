@@ -136,7 +136,9 @@ class SymmetryWatcher:
             stepped = {pid: param for pid in rec.opt_params.get(opt, ())
                        if pid not in symmetric and (param := tensor(pid)) is not None}
             copies = identical_copies(stepped)
-            if copies:
+            # a weight matrix among them: equal vectors alone are no copied module (the biases
+            # of two branches summed into one output get one gradient, whatever the branches)
+            if copies and any(stepped[group[0]].dim() >= 2 for group in copies):
                 rec.emit_aside(ev.copies_identical(opt=opt, groups=copies, step=done), rec.here(2))
         except Exception as exc:
             rec.internal_error("symmetric units", exc)

@@ -53,7 +53,9 @@ class CopiesStayIdentical(Rule):
     Members built by separate constructor calls; copies fed different data (bootstrap rows, a
     different batch or augmentation per member), whose gradients differ at the first update;
     a target network, EMA or teacher copy the optimizer does not step; tied weights (one
-    tensor); constant or zero initialisations whose units are copies (`symmetric-units`
+    tensor); equal vectors without a weight matrix among them (the biases of two branches summed
+    into one output); two models loaded from one checkpoint (said as info: they may be meant
+    alike); constant or zero initialisations whose units are copies (`symmetric-units`
     reports the cause); parameters whose gradient is zero; single values; tensors on an
     accelerator (not read).
     """
@@ -89,6 +91,8 @@ class CopiesStayIdentical(Rule):
                 f" and {len(copies) - 4} more" if len(copies) > 4 else "")
             loc, text = self._copy_site(a, event, [original] + copies)
             made = f" (made at `{text}`)" if text else ""
+            # two loads of one checkpoint: the copies may be meant alike (a harness, a baseline)
+            checkpoint = bool(text) and "load_state_dict" in text and ".state_dict()" not in text
             extra = ""
             if len(pairs) > 1:
                 extra = f"; {len(pairs) - 1} other set{'s' if len(pairs) > 2 else ''} of copies too"
@@ -97,8 +101,11 @@ class CopiesStayIdentical(Rule):
                 f"{made}: after {step} updates of {cls}, {tensors} parameter tensors hold the "
                 f"same values as their counterparts and get the same gradients{extra}. Copies "
                 f"that start equal and see the same data never diverge, so they learn one "
-                f"function between them",
+                f"function between them"
+                + (" (both were loaded from one checkpoint: if they are meant to differ, give "
+                   "each its own data or initialisation)" if checkpoint else ""),
                 loc or event.loc, step=step,
+                severity=Severity.INFO if checkpoint else None,
                 evidence={"original": original, "copies": copies,
                           "groups": [a.param_names(g) for g in groups], "after_updates": step})
 
