@@ -3324,15 +3324,12 @@ _LOSS_WEIGHT_CALLS = ("exp", "softmax", "sigmoid", "pow", "log", "sqrt", "recipr
 _DETACHING_CALLS = ("detach", "item", "tolist", "numpy", "float")
 
 
-def _callee_name(call: ast.Call) -> str:
-    func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return func.id if isinstance(func, ast.Name) else ""
+def _callee(call: ast.AST) -> str:
+    return _call_name(call) or ""
 
 
 def _is_loss_call(node) -> bool:
-    return isinstance(node, ast.Call) and any(w in _callee_name(node).lower() for w in _LOSS_CALL_WORDS)
+    return isinstance(node, ast.Call) and any(w in _callee(node).lower() for w in _LOSS_CALL_WORDS)
 
 
 def _outside_loss_calls(node):
@@ -3351,7 +3348,7 @@ def _nonlinear_of(node) -> bool:
             return True
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) and isinstance(n.left, ast.Constant):
             return True
-        if isinstance(n, ast.Call) and _callee_name(n) in _LOSS_WEIGHT_CALLS:
+        if isinstance(n, ast.Call) and _callee(n) in _LOSS_WEIGHT_CALLS:
             return True
     return False
 
@@ -3374,9 +3371,9 @@ def loss_sites(path: str) -> tuple[dict, list]:
         outside = list(_outside_loss_calls(value))
         used = sorted({n.id for n in outside if isinstance(n, ast.Name)} & set(losses))
         calls = [n for n in outside if _is_loss_call(n)]
-        detached = any(isinstance(n, ast.Call) and _callee_name(n) in _DETACHING_CALLS for n in outside)
+        detached = any(isinstance(n, ast.Call) and _callee(n) in _DETACHING_CALLS for n in outside)
         if (used or calls) and _nonlinear_of(value) and not detached:
-            weights.append((node.lineno, used or [_callee_name(calls[0])], ast.unparse(node)))
+            weights.append((node.lineno, used or [_callee(calls[0])], ast.unparse(node)))
         elif calls or (used and isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
             for name in targets:  # a loss, a stack of losses, total = l_cls + l_reg
                 losses[name] = node.lineno
@@ -3400,14 +3397,14 @@ def _index_producer(node) -> str | None:
         target = node.value
     elif isinstance(node, ast.Attribute) and node.attr == "indices":
         target = node.value
-    elif isinstance(node, ast.Call) and _callee_name(node) in _INDEX_CALLS:
+    elif isinstance(node, ast.Call) and _callee(node) in _INDEX_CALLS:
         return ast.unparse(node)
-    if not isinstance(target, ast.Call) or _callee_name(target) not in _WITH_INDICES:
+    if not isinstance(target, ast.Call) or _callee(target) not in _WITH_INDICES:
         return None
     # a max without a dim returns the value alone: no positions
     module_call = isinstance(target.func, ast.Attribute) and isinstance(target.func.value, ast.Name) \
         and target.func.value.id == "torch"
-    if len(target.args) + len(target.keywords) < (2 if module_call else 1) and _callee_name(target) != "sort":
+    if len(target.args) + len(target.keywords) < (2 if module_call else 1) and _callee(target) != "sort":
         return None
     return ast.unparse(node)
 
