@@ -133,10 +133,19 @@ def _loss_reduction(node) -> str | None:
 
 def _weighted(value, name: str) -> str:
     """"mean" for a sum of values multiplied by weights that the script computed and that add up
-    to 1 (``(softmax(scores.detach(), 0) * per_sample).sum()``: a weighted mean), else "sum"."""
+    to 1 (``(softmax(scores.detach(), 0) * per_sample).sum()``, or a softmax with its graph: a
+    weighted mean), else "sum"."""
     if type(value).__name__ != "MulBackward0":
         return "sum"
     children = _children(value)
+    if len(children) == 2:  # weights with a graph: a softmax of the scores, not detached
+        soft = [i for i, child, _ in children if type(child).__name__.startswith("SoftmaxBackward")]
+        if len(soft) != 1:
+            return "sum"
+        weights = saved(value, "_saved_self" if soft[0] == 0 else "_saved_other")
+        if not isinstance(weights, torch.Tensor) or weights.dim() == 0:
+            return "sum"
+        return "mean" if abs(float(weights.detach().sum()) - 1.0) < 1e-3 else "sum"
     if len(children) != 1:
         return "sum"
     weights = saved(value, "_saved_other" if children[0][0] == 0 else "_saved_self")

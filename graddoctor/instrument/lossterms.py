@@ -63,6 +63,11 @@ def _children(node) -> list[tuple[int, object]]:
 _NONNEG = ("Abs", "Norm", "LinalgVectorNorm", "Cdist", "Exp", "Sqrt", "Relu", "Softplus", "Sigmoid",
            "Softmax")
 
+# torch's losses that are never negative (with targets in their domain); nll_loss only of a
+# log_softmax
+_NONNEG_LOSSES = ("BinaryCrossEntropy", "MseLoss", "L1Loss", "SmoothL1Loss", "HuberLoss",
+                  "SoftMarginLoss")
+
 
 def _signed(node, depth: int = 0) -> float | None:
     """+1 when the node's output is never negative, -1 when never positive, None when the graph
@@ -72,8 +77,10 @@ def _signed(node, depth: int = 0) -> float | None:
         return None
     name = type(node).__name__
     children = _children(node)
-    if name.startswith(_NONNEG):
+    if name.startswith(_NONNEG) or name.startswith(_NONNEG_LOSSES):
         return 1.0
+    if name.startswith("NllLoss") and children and type(children[0][1]).__name__.startswith("LogSoftmax"):
+        return 1.0  # cross_entropy: the negative log of a probability
     if name == "PowBackward0" and len(children) == 1:
         exponent = saved(node, "_saved_exponent")
         if isinstance(exponent, (int, float)) and float(exponent).is_integer() and int(exponent) % 2 == 0:
