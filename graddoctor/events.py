@@ -322,6 +322,11 @@ pixels_unscaled    module (Conv2d | Conv3d | Linear: the layer that took them), 
                    reaching up past 32, given to a layer at one of the first training forwards:
                    raw 8-bit pixels never scaled, once per run (loc: the user's line that ran
                    the layer; an aside; instrument/pixelscale.py)
+pixels_scaled_twice module, shape (as pixels_unscaled), low, high (the batch's smallest and largest
+                   value) — a batch with no graph given to one of those layers at one of the
+                   first training forwards, every value within +-1/255 and spread over half of
+                   that range: an image divided by 255 twice, once per run (loc: the user's line
+                   that ran the layer; an aside; instrument/pixelscale.py)
 grid_scale         how (pixels: most values past [-1, 1], the largest past 2 | unit: every
                    coordinate spanning [0, 1], none below 0), low, high (the grid's smallest and
                    largest value), outside (the share of its values past +-1.05), coords (2 | 3),
@@ -443,6 +448,10 @@ idle_loss          mid, cls, params [pid] (as idle_forward's), fn (the loss func
                    computed from that module that no backward ever reached, since the module's
                    parameters got no gradient — the first call of each module and call line
                    (loc: the user's loss line)
+idle_detach        mid, cls, params [pid] (as idle_forward's): a ``.detach()`` of a tensor whose
+                   graph carries the output of a forward with gradients on of a module watched for
+                   idle_forward (its parameters never got a gradient) — where that output is cut
+                   from the loss, once per module and line (loc: the user's detach line)
 optimizer_attr     opt, cls (the optimizer's class), name (the attribute the user's code set:
                    ``optimizer.lr = ...``), key (the ``param_groups`` key it stands for: "lr"
                    for ``learning_rate``), value (float|None: the value set, None when not a
@@ -817,6 +826,13 @@ view_axes          shape_in, shape_out (the sizes a view/reshape was given and r
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
                    user's code and reaching the loss — at the first 3 backwards, once per pair
                    of shapes (loc: the view call; an aside; instrument/viewaxes.py)
+samples_pushed_up  fn (the torch loss called unreduced), samples (its values with a non-zero
+                   gradient), pushed (those with a negative one), above (the lowest base loss
+                   among them), consumers (the uses of the result in the loss's graph): a
+                   per-sample loss used twice or more (a term and a weight made from it) whose
+                   gradient is negative on its hardest samples (all, or all above a value and
+                   none below) — at the first 3 backwards, twice at a line, once per line (loc:
+                   the loss call; an aside; instrument/samplepush.py)
 norm_batch         shape (the sizes of the tensor a norm reduced), dims (the axes it reduced; None: all),
                    batch (its axis 0: the samples), penalty (how the loss pulls the norm to a
                    target: "square", "abs", "relu", "clamp", "softplus", or a regression loss's
@@ -1467,6 +1483,10 @@ def output_discarded(*, module: str, leaf: bool, frames: list[list]) -> Made:
     return "output_discarded", {"module": module, "leaf": leaf, "frames": frames}
 
 
+def pixels_scaled_twice(*, module: str, shape: list[int], low: float, high: float) -> Made:
+    return "pixels_scaled_twice", {"module": module, "shape": shape, "low": low, "high": high}
+
+
 def pixels_unscaled(*, module: str, shape: list[int], low: float, high: float, over: float) -> Made:
     return "pixels_unscaled", {"module": module, "shape": shape, "low": low, "high": high,
                                "over": over}
@@ -1591,6 +1611,10 @@ def idle_forward(*, mid: int, cls: str, params: list[int], grad: bool, inference
     return "idle_forward", {"mid": mid, "cls": cls, "params": params, "grad": grad,
                             "inference": inference, "training": training, "checkpoint": checkpoint,
                             "library": library, "outer": outer or []}
+
+
+def idle_detach(*, mid: int, cls: str, params: list[int]) -> Made:
+    return "idle_detach", {"mid": mid, "cls": cls, "params": params}
 
 
 def idle_loss(*, mid: int, cls: str, params: list[int], fn: str) -> Made:
@@ -1994,6 +2018,11 @@ def feature_variance(*, fn: str, shape: list[int], penalty: str) -> Made:
     return "feature_variance", {"fn": fn, "shape": shape, "penalty": penalty}
 
 
+def samples_pushed_up(*, fn: str, samples: int, pushed: int, above: float, consumers: int) -> Made:
+    return "samples_pushed_up", {"fn": fn, "samples": samples, "pushed": pushed, "above": above,
+                                 "consumers": consumers}
+
+
 def norm_batch(*, shape: list[int], dims: list[int] | None, batch: int, penalty: str) -> Made:
     return "norm_batch", {"shape": shape, "dims": dims, "batch": batch, "penalty": penalty}
 
@@ -2126,7 +2155,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "target_domain": target_domain,
     "class_weights": class_weights, "target_in_inputs": target_in_inputs,
     "full_rows_loss": full_rows_loss, "constant_targets": constant_targets,
-    "idle_forward": idle_forward, "idle_loss": idle_loss, "functional_grad": functional_grad,
+    "idle_forward": idle_forward, "idle_loss": idle_loss, "idle_detach": idle_detach,
+    "functional_grad": functional_grad,
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
@@ -2138,6 +2168,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "class_axis": class_axis,
     "shift_cancelled": shift_cancelled,
     "norm_batch": norm_batch,
+    "samples_pushed_up": samples_pushed_up,
     "feature_variance": feature_variance,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
@@ -2149,7 +2180,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
     "output_range": output_range, "advantage_grad": advantage_grad, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "placeholder_targets": placeholder_targets,
-    "pixels_unscaled": pixels_unscaled, "dropout_on_output": dropout_on_output,
+    "pixels_unscaled": pixels_unscaled,
+    "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
     "linear_stack": linear_stack, "bn_batch": bn_batch,
     "gan_same_target": gan_same_target, "entropy_sign": entropy_sign, "self_match": self_match,
@@ -2181,7 +2213,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "param_attr", "short_len", "param_replaced", "reseed",
                          "hook_stacked", "param_reset", "snapshot_alias",
@@ -2196,9 +2228,9 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "last_step_padded",
                          "state_carried",
-                         "causal_read_early", "pixels_unscaled", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
+                         "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "feature_variance", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close

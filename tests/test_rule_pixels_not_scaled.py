@@ -13,7 +13,7 @@ from graddoctor import events as ev
 from graddoctor.analysis.source import float_conversion_lines
 from graddoctor.findings import Severity
 from graddoctor.instrument import Instrumentation, Recorder
-from graddoctor.instrument.pixelscale import raw_pixels
+from graddoctor.instrument.pixelscale import raw_pixels, scaled_twice
 from rule_traces import builder, findings, only
 
 SLUG = "pixels-not-scaled"
@@ -100,3 +100,50 @@ def test_the_watcher_notes_raw_pixels_once_and_stays_silent_on_scaled_ones():
     assert _events(lambda x: x.float(), linear=True)[0]["module"] == "Linear"
     assert _events(lambda x: x.float() / 255) == []
     assert _events(lambda x: (x.float() - 127.5) / 64) == []
+
+
+def test_scaled_twice_needs_values_within_one_255th_spread_over_that_range():
+    torch.manual_seed(0)
+    pixels = torch.randint(0, 256, (4, 3, 8, 8)).float()
+    assert scaled_twice(pixels / 255 / 255) is not None
+    assert scaled_twice((pixels / 255 * 2 - 1) / 255) is not None  # -1..1, then again
+    assert scaled_twice(pixels / 255) is None  # once
+    assert scaled_twice(torch.full((4, 3, 8, 8), 0.002)) is None  # a constant
+    sparse = torch.zeros(4, 3, 8, 8)
+    sparse[:, :, ::4, ::4] = 1 / 255
+    assert scaled_twice(sparse) is None  # a few values over zeros
+    assert scaled_twice(pixels[:1, :1, :4, :4] / 255 / 255) is None  # too few values
+
+
+def test_an_image_divided_twice_points_at_the_division_closest_above_the_layer(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""        data = raw / 255.0
+        for x, y in loader:
+            x = x.div(255)
+            loss = criterion(model(x), y)
+        """))
+    t = builder()
+    t.path = str(script)
+    t.put(ev.pixels_scaled_twice(module="Conv2d", shape=[8, 3, 8, 8], low=0.0, high=0.0039), 4)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 3
+    assert "`x = x.div(255)`" in f.message and f.evidence["scaled"] == "twice"
+    assert f.fix.startswith("divide by 255 once")
+
+
+def test_the_watcher_notes_an_image_divided_twice():
+    found = []
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(2):
+            images = torch.randint(0, 256, (8, 3, 8, 8)).float() / 255
+            loss = nn.functional.cross_entropy(model(images / 255), torch.randint(0, 2, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [dict(e.data) for e in rec.trace.of_kind("pixels_scaled_twice")]
+    assert len(found) == 1 and found[0]["module"] == "Conv2d"
+    assert not rec.trace.of_kind("pixels_unscaled")

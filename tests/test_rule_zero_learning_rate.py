@@ -74,3 +74,44 @@ def test_one_group_frozen_on_purpose_is_silent(tmp_path):
     assert _groups(tmp_path, "cfg.backbone_lr") == []
     assert _groups(tmp_path, "base_lr * (bs // 256)", lrs=(0.0, 0.0)) != []  # every group: as before
     assert _groups(tmp_path, "base_lr * (bs // 256)", lrs=(0.05, 0.1)) == []  # it did not round to 0
+
+
+def test_the_statement_that_rounds_a_hand_written_lr(tmp_path):
+    from graddoctor.analysis.source import rounding_behind
+    script = tmp_path / "train.py"
+    script.write_text(
+        "def lr_at(step):\n"
+        "    if step < warmup:\n"
+        "        return base * (step // warmup)\n"
+        "    return base\n"
+        "for step in range(9):\n"
+        "    g['lr'] = lr_at(step)\n"
+        "    g['lr'] = base * int(step / warmup)\n"
+        "    g['lr'] = base * step / warmup\n")
+    assert rounding_behind(str(script), 6) == (3, "return base * (step // warmup)")
+    assert rounding_behind(str(script), 7) == (7, "g['lr'] = base * int(step / warmup)")
+    assert rounding_behind(str(script), 8) is None
+
+
+def test_a_hand_written_lr_held_at_zero_by_rounding_is_a_warning_at_the_rounding(tmp_path):
+    from graddoctor.options import CheckOptions
+    from graddoctor.run.session import run_check
+    script = tmp_path / "train.py"
+    body = (
+        "import torch\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(8):\n"
+        "    for g in opt.param_groups:\n"
+        "        g['lr'] = 0.1 * {factor}\n"
+        "    opt.zero_grad()\n"
+        "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+        "    opt.step()\n")
+    script.write_text(body.format(factor="(step // 100)"))
+    found = [f for f in run_check(CheckOptions(target=str(script))).findings
+             if f.rule == "zero-learning-rate"]
+    assert len(found) == 1 and found[0].severity is Severity.WARNING
+    assert found[0].location.line == 6 and "use `/`" in found[0].fix
+    script.write_text(body.format(factor="(step / 100)"))  # 0 at the first update only
+    assert [f for f in run_check(CheckOptions(target=str(script))).findings
+            if f.rule == "zero-learning-rate"] == []

@@ -30,6 +30,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_target_domain_soft_margin_zero_one.py",  # target_domain
             "zero_grad/bad_param_without_grad_head_under_no_grad.py",
             "zero_grad/bad_param_without_grad_loss_item.py",  # idle_loss
+            "zero_grad/bad_param_without_grad_critic_detached.py",  # idle_detach
             "tbptt/good_retain_graph_growing_sequences.py",  # torch.autograd.grad: functional_grad
             "distributed/bad_sampler_without_set_epoch.py",
             "zero_grad/bad_optimizer_lr_attribute.py",  # optimizer_attr
@@ -69,6 +70,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_summary_before_sequence_end.py",  # causal_read_early
             "data/bad_recurrent_state_across_shuffled_batches.py",  # state_carried
             "data/bad_pixels_not_scaled.py",  # pixels_unscaled
+            "data/bad_pixels_scaled_twice.py",  # pixels_scaled_twice
             "dense/bad_grid_not_normalised_flow_pixels.py",  # grid_scale
             "dense/bad_placeholder_targets_sparse_depth.py",  # placeholder_targets
             "dense/bad_pooled_over_channels_gap.py",  # channel_pool
@@ -82,6 +84,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "autograd/bad_symmetric_units_constant_init.py",  # symmetric_units
             "autograd/bad_copies_twin_critics.py",  # copies_identical
             "losses/bad_loss_weight_from_loss_focal_bce.py",  # loss_derived_weight
+            "losses/bad_hard_samples_pushed_up_focal.py",  # samples_pushed_up
             "masks/bad_mask_applied_once_pixelcnn.py",  # mask_regrown
             "constraints/bad_constraint_before_step_clamp.py",  # constraint_broken
             "autograd/bad_straight_through_vq_codebook.py",  # straight_through_cancelled

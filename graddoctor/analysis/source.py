@@ -215,6 +215,9 @@ class ScriptSource:
     def prompt_mask_line(self, path: str, ignore: int) -> tuple[int, str] | None:
         return prompt_mask_line(self.full(path), ignore)
 
+    def rounding_behind(self, path: str, line: int) -> tuple[int, str] | None:
+        return rounding_behind(self.full(path), line)
+
     def line_text(self, path: str, line: int) -> str:
         """The text of that line ("" when it cannot be read)."""
         try:
@@ -2503,6 +2506,34 @@ def _set_up(tree: ast.AST, line: int) -> bool:
 # `min(1, step // warmup)`. One home for what counts as rounding.
 ROUNDING_CALLS = frozenset({"int", "round", "floor", "trunc"})
 ROUNDS = re.compile(r"//|\b(" + "|".join(sorted(ROUNDING_CALLS)) + r")\s*\(")
+
+
+def rounding_behind(path: str, line: int) -> tuple[int, str] | None:
+    """The statement that rounds an lr written at ``line``: that line when it rounds itself
+    (``g["lr"] = base * (step // warmup)``), else the first rounding line in the body of a
+    function of the script the line calls (``g["lr"] = lr_at(step)``, ``lr_at`` returning
+    ``base * (step // warmup)``); ``(line, text)`` or None."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    lines = linecache.getlines(path)
+
+    def _line(number: int) -> str:
+        return lines[number - 1] if 0 < number <= len(lines) else ""
+
+    text = _line(line)
+    if ROUNDS.search(text.split("#")[0]):
+        return line, text.split("#")[0].strip()
+    called = {node.func.id for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.lineno <= line <= (node.end_lineno or node.lineno)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in called:
+            for number in range(node.body[0].lineno, (node.end_lineno or node.lineno) + 1):
+                code = _line(number).split("#")[0]
+                if ROUNDS.search(code):
+                    return number, code.strip()
+    return None
 
 
 def _call_name(node: ast.AST) -> str | None:

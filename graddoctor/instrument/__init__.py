@@ -84,6 +84,7 @@ from .pairpull import PairPullWatcher
 from .negsample import NegativeSampleWatcher
 from .concave import ConcaveTermWatcher
 from .normbatch import NormBatchWatcher
+from .samplepush import SamplePushWatcher
 from .featurevar import FeatureVarianceWatcher
 from .anchors import AnchorAliasWatcher
 from .weightedits import WeightEditWatcher
@@ -230,6 +231,12 @@ class Instrumentation:
         rec.subscribe(DESCRIBE_LOSS, pair_pull.describe_loss)
         rec.subscribe(STEPPED, pair_pull.after_step)
         self.watchers.insert(0, pair_pull)
+        # a per-sample loss whose gradient pushes its hardest samples' loss up (hard-samples-
+        # pushed-up): the torch losses wrapped until the first backwards, their unreduced
+        # results' gradients read by tensor hooks; innermost too, for the same reason
+        sample_push = SamplePushWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, sample_push.describe_loss)
+        self.watchers.insert(0, sample_push)
         # a per-sample norm taken over the batch and pulled to a target (norm-over-batch): the
         # norm calls wrapped and the loss's graph walked at the first backwards
         norm_batch = NormBatchWatcher(rec, self.dataloader)

@@ -13,7 +13,10 @@ loss functions the loss watchers wrap (``mse_loss``, ``cross_entropy``...) ask `
 whether their input's graph reaches a marker (a walk of ``_LOSS_NODES`` nodes at most, only once
 a module is watched): a loss computed from the idle module's output, which no backward reached —
 left out of the loss that is backpropagated, or cut by ``.item()`` — is recorded once per module
-and loss line as an ``idle_loss`` aside event. Cost on a healthy run: nothing per step (a step
+and loss line as an ``idle_loss`` aside event. Once a module is watched, ``Tensor.detach`` is
+wrapped for its next ``_DETACHES`` calls: a detach of a tensor whose graph reaches a marker is
+where that output is cut from the loss (``critic_loss = advantage.detach().pow(2)``), an
+``idle_detach`` aside once per module and line. Cost on a healthy run: nothing per step (a step
 that leaves no parameter without a grad is not published to it; ``Progress.stepped`` counts the
 steps) and one ``if`` per loss call.
 """
@@ -33,6 +36,7 @@ import torch.utils.checkpoint
 from .. import events as ev
 from ..location import site_key
 from .identities import Identities
+from .inlinable import watched
 from .recorder import Recorder
 
 MIN_STEPS = 2  # as the rule's: steps without a gradient before the modules are watched
@@ -47,6 +51,7 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _MARKED_FORWARDS = 32  # forwards of each watched module whose output is marked for loss_call
 _LOSS_NODES = 32  # nodes walked from a loss's input towards a marked output
 _KEY = "graddoctor_idle"
+_DETACHES = 512  # Tensor.detach calls looked at once a module is watched, then put back
 
 
 class IdleParamWatcher:
@@ -61,6 +66,9 @@ class IdleParamWatcher:
         self._searches = 0
         self.watching = False  # a module is watched: loss_call walks its input's graph
         self._losses: set[tuple] = set()  # (mid, loss location) recorded
+        self._detaches = 0  # Tensor.detach calls left to look at (the wrapper goes at 0)
+        self._detach_wrapper = None
+        self._detach_original = None
 
     def after_step(self, opt: int, without: list[int]) -> None:
         """Called by the optimizer watcher after a real step that left some parameters without
@@ -166,6 +174,56 @@ class IdleParamWatcher:
 
         self.patcher.handle(module.register_forward_hook(post_hook))
         self.watching = True
+        if self._detach_wrapper is None:
+            self._watch_detaches()
+
+    def _watch_detaches(self) -> None:
+        """``Tensor.detach`` wrapped for its next ``_DETACHES`` calls: a detach of a tensor whose
+        graph reaches a marked output is where that output is cut from the loss."""
+        original = torch.Tensor.detach
+        self._detaches = _DETACHES
+        self._detach_original = original
+        self._detach_wrapper = watched(original, self._detach_call)
+        self.patcher.patch(torch.Tensor, "detach", self._detach_wrapper)
+
+    def _detach_call(self, args, kwargs) -> None:
+        self._detaches -= 1
+        if self._detaches < 0:
+            if torch.Tensor.__dict__.get("detach") is self._detach_wrapper:
+                torch.Tensor.detach = self._detach_original
+            return
+        tensor = args[0] if args else None
+        if getattr(tensor, "grad_fn", None) is None:
+            return
+        # the script's own detach: not torch's or a watcher's inside the module call
+        if not self.rec.finder.is_user_file(sys._getframe(2).f_code.co_filename):
+            return
+        tag = self._marker_below(getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None)
+        if tag is None:
+            return
+        mid, cls, pids = tag
+        rec = self.rec
+        loc = rec.here()
+        if loc is not None and ("detach", mid, loc) not in self._losses:
+            self._losses.add(("detach", mid, loc))
+            rec.emit_aside(ev.idle_detach(mid=mid, cls=cls, params=list(pids)), loc)
+
+    def _marker_below(self, node):
+        """The marker of a watched module's output within ``_LOSS_NODES`` nodes below ``node``."""
+        try:
+            todo, seen = [node], set()
+            while todo and len(seen) < _LOSS_NODES:
+                node = todo.pop()
+                if node is None or id(node) in seen:
+                    continue
+                seen.add(id(node))
+                tag = node.metadata.get(_KEY)
+                if tag is not None:
+                    return tag
+                todo.extend(child for child, _ in node.next_functions)
+        except Exception as exc:
+            self.rec.internal_error("idle module detach", exc)
+        return None
 
     def loss_call(self, fn: str, input) -> None:
         """A wrapped loss function's call (only once a module is watched): an ``idle_loss`` aside

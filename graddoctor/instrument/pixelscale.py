@@ -17,7 +17,11 @@ comparison with its rounding and one mean per input looked at, at most ``_READS`
 tensors (on a device only before the first optimizer step: no host sync after it). Once found:
 a ``pixels_unscaled`` aside at the user's line that ran the layer, once per run.
 
-Silent: pixels divided by 255 (in the dataset, the loop or the model's forward), normalised
+The same look finds an image divided by 255 twice (``ToTensor()`` already gives 0..1, and the
+loop divides again): every value within ±1/255 and spread over half of that range at least, a
+``pixels_scaled_twice`` aside.
+
+Silent: pixels divided by 255 once (in the dataset, the loop or the model's forward), normalised
 ones; small integer codes (board positions, masks, class ids: nothing above ``_MIN_HIGH``);
 token ids (an embedding takes them, not a layer watched here); raw integer features (age,
 counts) in a narrow ``Linear``; layers after the first (their input has a graph).
@@ -41,6 +45,9 @@ _MIN_HIGH = 32.0  # raw pixels reach well past this; masks, codes and board stat
 _MIN_OVER = 0.05  # share of the values above _MIN_HIGH: an image's, not a sparse count vector's
 _MIN_WIDTH = 64  # a Linear this wide over raw integers takes a flattened image
 _WATCHED = (nn.Conv2d, nn.Conv3d, nn.Linear)
+_TWICE = 1 / 255  # the largest value of an 8-bit image divided by 255 twice
+_MIN_VALUES = 256  # values an image batch has at least
+_MIN_SPREAD = 0.25  # share of them past a quarter of 1/255
 
 
 def raw_pixels(x: torch.Tensor) -> tuple[float, float, float] | None:
@@ -57,6 +64,23 @@ def raw_pixels(x: torch.Tensor) -> tuple[float, float, float] | None:
             return None
         over = float((x > _MIN_HIGH).float().mean())
     return (low, high, over) if over >= _MIN_OVER else None
+
+
+def scaled_twice(x: torch.Tensor) -> tuple[float, float] | None:
+    """``(low, high)`` when ``x`` looks like an image divided by 255 twice: floating point, at
+    least ``_MIN_VALUES`` values, every one within ±1/255, spread over more than half of that
+    range and a quarter of them past a quarter of it (an 8-bit image's 0..1, or -1..1, scaled
+    down once more); else None."""
+    if not x.is_floating_point() or x.numel() < _MIN_VALUES:
+        return None
+    with torch.no_grad():
+        low, high = (float(v) for v in torch.aminmax(x))
+    bound = _TWICE * 1.001
+    if low < -bound or high > bound or high - low < 0.5 * _TWICE:
+        return None
+    with torch.no_grad():  # intensities over the range, not a sparse map of a few values
+        spread = float((x.abs() > 0.25 * _TWICE).float().mean())
+    return (low, high) if spread >= _MIN_SPREAD else None
 
 
 class PixelScaleWatcher:
@@ -91,6 +115,12 @@ class PixelScaleWatcher:
                 return None
             found = raw_pixels(x)
             if found is None:
+                twice = scaled_twice(x)
+                if twice is not None:
+                    self._stop()
+                    self.rec.emit_aside(ev.pixels_scaled_twice(
+                        module=type(module).__name__, shape=[int(s) for s in x.shape],
+                        low=twice[0], high=twice[1]), self.rec.here())
                 return None
             low, high, over = found
             self._stop()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule, related
@@ -215,6 +217,22 @@ class ParamWithoutGrad(Rule):
                 fix="add this loss (as a tensor, not .item()) into the loss you call backward() on",
                 fixes={"lightning": "add this loss (as a tensor, not .item()) into the loss "
                                     "training_step returns (or passes to self.manual_backward)"})
+        detaches = _detaches(a, cause, pids)
+        if detaches:
+            evidence["cause"] = "detached"
+            chosen = _penalised_detach(a, detaches) or detaches[0]
+            others = [d for d in detaches if d is not chosen]
+            also = (f" (also detached at line{'s' if len(others) > 1 else ''} "
+                    f"{', '.join(str(d.loc.line) for d in others)})" if others else "")
+            return self.finding(
+                f"{head}: the {module} that holds them runs (line {cause.loc.line}) and its "
+                f"output is used, but the loss receives it only through this .detach(){also}, "
+                f"so no gradient reaches the {module} and it never trains",
+                chosen.loc, related=(related(cause, f"the {module}'s forward"),
+                                     related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence,
+                fix=f"drop the .detach() from the term meant to train the {module} (keep it where "
+                    f"the value is only a weight or a target)")
         if discarded:
             evidence["cause"] = "discarded"
             return self.finding(
@@ -233,6 +251,31 @@ class ParamWithoutGrad(Rule):
             evidence=evidence,
             fix="remove the .detach() (or .item()) between this call and the loss, or use its "
                 "output in the loss")
+
+
+def _detaches(a, cause, pids) -> list:
+    """The ``idle_detach`` events of the module behind ``cause``: the user's ``.detach()`` calls
+    of a tensor carrying its output (a forward with gradients on), one per line."""
+    if cause is None or not _with_grad(cause) or cause.get("checkpoint") or cause.loc is None:
+        return []
+    mine = set(pids)
+    return [e for e in a.of_kind("idle_detach")
+            if e.loc is not None and e.get("mid") == cause.get("mid")
+            and mine.intersection(e.get("params") or ())]
+
+
+_PENALISED = re.compile(r"\.detach\(\)\s*(\.pow\(|\*\*|\.abs\(|\.square\(|\)\s*\*\*)"
+                        r"|(mse_loss|l1_loss|smooth_l1_loss|huber_loss)\([^#]*\.detach\(\)")
+
+
+def _penalised_detach(a, detaches):
+    """Among several detach lines, the one whose detached value is itself penalised (squared,
+    abs'd, given to a regression loss): the term meant to train the module; None otherwise."""
+    for event in detaches:
+        text = a.source.line_text(event.loc.path, event.loc.line).split("#")[0]
+        if _PENALISED.search(text):
+            return event
+    return None
 
 
 def _dropped_loss(a, cause, pids):

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Related, Severity
 from ..trace import Location
 from ..analysis.lr import LrWriter
 from ..analysis.source import ROUNDS as _ROUNDS
@@ -13,6 +13,7 @@ _LR_SCALED = frozenset({"SGD", "Adam", "AdamW", "Adamax", "RMSprop", "Adagrad", 
 # schedulers that compute the lr from their own arguments (max_lr, base_lr), not from the
 # optimizer's lr: a 0 there is not carried forward
 _OWN_LR = frozenset({"OneCycleLR", "CyclicLR"})
+_MIN_HAND = 3  # updates with a hand-written lr of 0 before a rounding behind it is reported
 
 
 class ZeroLearningRate(Rule):
@@ -25,7 +26,10 @@ class ZeroLearningRate(Rule):
     only when its lr is an expression that rounds to 0 (`base_lr * (bs // 256)`,
     `int(lr_scale) * lr`), pointing at that expression; an lr the script writes itself (a
     hand-written warm-up may start at 0) and schedulers that set the lr from their own
-    arguments (`OneCycleLR`, `CyclicLR`) are not reported.
+    arguments (`OneCycleLR`, `CyclicLR`) are not reported — unless the script writes lr 0 at
+    every update seen (3 or more) and the statement behind the write rounds
+    (`base_lr * (step // warmup_steps)`, in the line or in the function it calls): a warm-up an
+    integer division holds at 0, reported at that statement.
 
     ## Why is this bad?
     Every torch optimizer scales its update by the lr: with lr 0 no parameter ever changes,
@@ -46,7 +50,9 @@ class ZeroLearningRate(Rule):
     ## Stays silent on
     A backbone frozen by a param group with lr 0 (written as 0, or a setting that is 0) next to
     a head that trains; a warm-up whose factor is 0 for a while; a hand-written warm-up that
-    starts at lr 0; a LambdaLR that zeroes one group for the first epochs.
+    starts at lr 0 without rounding (`base_lr * epoch / warmup_epochs`); a hand-written
+    schedule that rounds but leaves the lr above 0 (`0.5 ** (epoch // 3)`); a LambdaLR that
+    zeroes one group for the first epochs.
     """
 
     code = "GD116"
@@ -67,6 +73,9 @@ class ZeroLearningRate(Rule):
                 continue
             if not points:
                 continue  # None (not a plain number) counts as unknown: not reported
+            if all(p.writer.by_hand for p in points):
+                yield from self._rounded_by_hand(a, opt, init, points)
+                continue
             by_scheduler = []
             as_built = LrWriter("optimizer", init.loc)
             for p in points:
@@ -114,6 +123,33 @@ class ZeroLearningRate(Rule):
                 Location(event.loc.path, line), fix=fix, step=1,
                 evidence={"optimizer": cls, "argument": text, "updates": steps, "group": g,
                           "groups": len(groups), "scheduler": None})
+
+    def _rounded_by_hand(self, a, opt, init, points):
+        """Every lr the script wrote itself was 0, at ``_MIN_HAND`` updates or more, and the
+        statement behind the write rounds (``base_lr * (step // warmup_steps)``): a warm-up or
+        a schedule that an integer division keeps at 0."""
+        steps = a.count(e for e in a.by_kind.get("step", ())
+                        if e.get("opt") == opt and not e.get("skipped"))
+        writers = {p.writer.loc for p in points if p.writer.loc is not None}
+        if steps < _MIN_HAND or len(writers) != 1:
+            return
+        (writer,) = writers
+        found = a.source.rounding_behind(writer.path, writer.line)
+        if found is None:
+            return
+        line, text = found
+        cls = init.get("cls")
+        fix = (f"`//` rounds down to 0 in `{text}`: use `/` (true division), e.g. "
+               f"`base_lr * (step + 1) / warmup_steps` for a warm-up" if "//" in text
+               else f"`{text}` rounds down to 0: compute the lr without rounding")
+        yield self.finding(
+            f"the lr the script writes into {cls}'s param groups is 0 at all {steps} updates "
+            f"seen: `{text}` rounds down to 0, so no parameter changes while it does (a warm-up "
+            f"written this way stays at 0 until it ends, then jumps to the full lr)",
+            Location(writer.path, line), fix=fix, step=1,
+            related=(Related(writer, "the lr written here"),) if line != writer.line else (),
+            evidence={"optimizer": cls, "argument": text, "updates": steps,
+                      "groups": len(a.lr_timeline.get(opt, {})), "scheduler": None})
 
     @staticmethod
     def _script_writes_lr(a, opt, init) -> bool:
