@@ -1,0 +1,210 @@
+from __future__ import annotations
+
+import ast
+import bisect
+import re
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+
+_LOOK_AHEAD = 400  # events after a backward read for the steps and clears of its gradients
+
+
+class LossTermTrainsNothing(Rule):
+    """
+    ## What it does
+    Finds a term of a loss whose gradient no optimizer step ever applies, while the loss's other
+    terms train the model: its graph was cut on the way to the parameters it is meant to train
+    (`d(fake.detach())` in a GAN generator's step, `critic(s, actor(s).detach())` beside an
+    actor's entropy bonus, a feature taken under `torch.no_grad()`), so it reaches only other
+    parameters (the discriminator's, the critic's, a frozen or EMA copy's), and their
+    gradients from this backward are cleared, or left unused, before any step applies them. At
+    the first backwards of each line the loss's linear top (sums, differences, negations and
+    constant factors) is split into its terms and the parameters each term reaches are noted;
+    the gradient ledger says which of them a step applied. Reported when every judged backward
+    of the line (two at least) has the same term reaching only unapplied parameters, at the
+    statement that cuts the graph when the source shows one (`.detach()`, `.data`,
+    `torch.no_grad()`), else at the term's assignment.
+
+    ## Why is this bad?
+    The term is computed, printed and added to the loss, and the loss still falls through its
+    other terms, so training looks normal. But the term's gradient lands in parameters the step
+    after the backward does not update: a GAN generator is then trained by its reconstruction
+    term alone and the adversarial term never shapes its samples; an actor never follows the
+    critic. Nothing fails.
+
+    ## Example
+    ```python
+    fake = G(z)
+    g_adv = mse(D(fake.detach()), ones)     # reaches D only; opt_G steps G
+    g_loss = g_adv + 100 * l1(fake, real)
+    g_loss.backward(); opt_G.step()
+    ```
+
+    ## Use instead
+    ```python
+    g_adv = mse(D(fake), ones)              # the gradient flows through D into G
+    ```
+
+    ## Stays silent on
+    A term whose gradient reaches a parameter some step applies (an auxiliary head on a
+    detached feature whose head the optimizer owns; a generator's adversarial term through D);
+    the discriminator's own step on `fake.detach()`; losses of one term; a term of data or of
+    parameters no optimizer owns only (a regulariser on a frozen copy adds nothing and takes
+    nothing); a backward none of whose terms trains anything (other rules say that);
+    gradient accumulation (the step after several backwards applies them all).
+    """
+
+    code = "GD294"
+    slug = "loss-term-trains-nothing"
+    severity = Severity.WARNING
+    summary = ("a term of the loss reaches only parameters whose gradients no step applies "
+               "(its graph cut by .detach() on the way to the model): it trains nothing")
+    fix = ("remove the .detach() (or no_grad) on the path from this term to the parameters it "
+           "should train, or drop the term")
+
+    def check(self, a):
+        owned = {pid for pids in a.opt_params.values() for pid in pids}
+        backwards = a.of_kind("backward")
+        seen: dict = {}  # backward line -> [(event, dead paths, dead terms, applied pids, backward)]
+        for e in a.of_kind("loss_term_params"):
+            b = next((x for x in backwards if x.seq > e.seq and x.get("thread") == e.get("thread")), None)
+            if b is None or b.get("in_step") is not None:
+                continue
+            written = set(b.get("fresh", ())) | set(b.get("accumulated", ())) | set(b.get("cleared_outside", ()))
+            applied, steps, clears = _applied(a, b, written)
+            terms = e.get("terms") or ()
+            alive = [t for t in terms if applied.intersection(t["params"])]
+            dead = [t for t in terms if t["params"] and not applied.intersection(t["params"])
+                    and owned.intersection(t["params"]) and written.intersection(t["params"])]
+            key = (e.loc.path, e.loc.line) if e.loc is not None else None
+            seen.setdefault(key, []).append((e, {tuple(t["path"]) for t in dead} if alive else set(),
+                                             dead, applied, steps, clears))
+        for key, obs in seen.items():
+            if key is None or len(obs) < 2:
+                continue
+            common = set.intersection(*(o[1] for o in obs))
+            if not common:
+                continue
+            e, _, dead, applied, steps, clears = obs[0]
+            term = next(t for t in dead if tuple(t["path"]) in common)
+            yield self._finding(a, e, term, applied, steps, clears)
+
+    def _finding(self, a, e, term, applied, steps, clears):
+        loc = e.loc
+        path, line = loc.path, loc.line
+        name, cut, where = None, None, None
+        assigned = a.source.loss_assignment(path, line)
+        term_text = None
+        if assigned is not None:
+            name = _term_name(assigned[1], term["path"])
+            if name is not None:
+                found = a.source.term_assignment(path, assigned[0], name)
+                if found is not None:
+                    term_text = found
+                    cut = a.source.graph_cut(path, found[0], _function(term["op"]))
+            where = Location(path, assigned[0])
+        if cut is not None:
+            loc = Location(path, cut[0])
+        elif term_text is not None:
+            loc = Location(path, term_text[0])
+        elif where is not None:
+            loc = where
+        pids = sorted(term["params"])
+        said = f"`{name}`" if name else f"the {term['op'].replace('Backward0', '')} term"
+        stepped = sorted({a.optimizer_name(s["opt"]) for s in steps})
+        how = ""
+        if cut is not None:
+            how = f"; its graph is cut at `{cut[1]}` ({cut[2]})"
+        cleared = [c for c in clears if set(c["params"]) & set(pids)]
+        fate = (f"cleared by the zero_grad at line {cleared[0].loc.line} before any step applies them"
+                if cleared and cleared[0].loc is not None else "never applied by a step")
+        return self.finding(
+            f"the loss backpropagated here adds {said}, whose gradient reaches only "
+            f"{a.names(pids)}: this backward's gradients for them are {fate}, while the step after "
+            f"it ({', '.join(stepped) or 'the optimizer'}) updates the parameters the loss's other "
+            f"terms reach{how}. The term trains nothing: the loss still falls through the other "
+            f"terms, but this one never moves the parameters it was written for",
+            loc, step=a.next_step_number(e.seq),
+            evidence={"term": name or term["op"], "op": term["op"], "params": pids[:16],
+                      "stepped": stepped},
+            fix=("let this term's gradient reach the parameters it should train: remove the "
+                 ".detach() (or the torch.no_grad()) on its path to them (in a GAN generator's "
+                 "step, call D(fake), not D(fake.detach())), or drop the term"))
+
+
+def _applied(a, b, written: set):
+    """(the pids of ``written`` whose gradient from backward ``b`` a step applied, the steps
+    after ``b`` that applied some, the clears that dropped some first)."""
+    pending = set(written)
+    applied: set = set()
+    steps, clears = [], []
+    for x in _after(a, b.seq):
+        if not pending:
+            break
+        if x.get("thread") != b.get("thread"):
+            continue
+        if x.kind == "clear":
+            dropped = pending.intersection(x["params"])
+            if dropped:
+                clears.append(x)
+                pending -= dropped
+        elif x.kind == "backward":
+            pending -= set(x.get("fresh", ())) | set(x.get("cleared_outside", ()))
+        elif x.kind == "step" and not x.get("skipped"):
+            mine = pending.intersection(a.opt_params.get(x["opt"], ()))
+            if mine:
+                applied |= mine
+                pending -= mine
+                steps.append(x)
+    return applied, steps, clears
+
+
+def _after(a, seq: int):
+    """The ``_LOOK_AHEAD`` events after ``seq``."""
+    events = a.events
+    start = bisect.bisect_right([x.seq for x in events], seq)
+    return events[start:start + _LOOK_AHEAD]
+
+
+def _function(op: str) -> str:
+    """The functional name of a loss's autograd node: ``MseLossBackward0`` -> ``mse_loss``."""
+    base = re.sub(r"Backward\d*$", "", op)
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", base).lower()
+
+
+def _term_name(text: str, path) -> str | None:
+    """The variable that the operand at ``path`` (additions' operand indices) of the loss's
+    assignment ``text`` names, or None."""
+    try:
+        tree = ast.parse(text.strip())
+    except SyntaxError:
+        return None
+    stmt = tree.body[0] if tree.body else None
+    expr = getattr(stmt, "value", None)
+    steps = list(path)
+    for _ in range(32):
+        if expr is None:
+            return None
+        if isinstance(expr, ast.UnaryOp):
+            expr = expr.operand
+        elif isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mult, ast.Div)):
+            if isinstance(expr.left, ast.Constant) and not isinstance(expr.op, ast.Div):
+                expr = expr.right
+            elif isinstance(expr.right, ast.Constant):
+                expr = expr.left
+            else:
+                return None
+        elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
+                and expr.func.attr in ("mean", "sum") and not expr.args:
+            expr = expr.func.value
+        elif isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Sub)):
+            if not steps:
+                return None
+            expr = expr.left if steps.pop(0) == 0 else expr.right
+        elif isinstance(expr, ast.Name):
+            return expr.id if not steps else None
+        else:
+            return None
+    return None
