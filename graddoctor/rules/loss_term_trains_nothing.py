@@ -67,28 +67,37 @@ class LossTermTrainsNothing(Rule):
     def check(self, a):
         owned = {pid for pids in a.opt_params.values() for pid in pids}
         backwards = a.of_kind("backward")
-        seen: dict = {}  # backward line -> [(event, dead paths, dead terms, applied pids, backward)]
+        seen: dict = {}  # backward line -> [(aside, dead terms' keys, applied terms' keys, dead terms, ...)]
         for e in a.of_kind("loss_term_params"):
             b = next((x for x in backwards if x.seq > e.seq and x.get("thread") == e.get("thread")), None)
             if b is None or b.get("in_step") is not None:
                 continue
             written = set(b.get("fresh", ())) | set(b.get("accumulated", ())) | set(b.get("cleared_outside", ()))
-            applied, steps, clears = _applied(a, b, written)
+            applied, dropped, steps, clears = _applied(a, b, written)
             terms = e.get("terms") or ()
             alive = [t for t in terms if applied.intersection(t["params"])]
-            dead = [t for t in terms if t["params"] and not applied.intersection(t["params"])
-                    and owned.intersection(t["params"]) and written.intersection(t["params"])]
+            # dead: every gradient it wrote to a stepped parameter was dropped unapplied (one
+            # still pending when the look-ahead or the run ends counts as applied: not known)
+            dead = [t for t in terms if (mine := owned.intersection(t["params"]) & written)
+                    and mine <= dropped]
             key = (e.loc.path, e.loc.line) if e.loc is not None else None
-            seen.setdefault(key, []).append((e, {tuple(t["path"]) for t in dead} if alive else set(),
-                                             dead, applied, steps, clears))
+            used = {_key(t) for t in terms if applied.intersection(t["params"])}
+            seen.setdefault(key, []).append((e, {_key(t) for t in dead} if alive else set(),
+                                             used, dead, applied, steps, clears))
         for key, obs in seen.items():
-            if key is None or len(obs) < 2:
+            if key is None:
                 continue
-            common = set.intersection(*(o[1] for o in obs))
+            # a term dead at two backwards of the line at least, and applied at none
+            counts: dict = {}
+            for o in obs:
+                for path in o[1]:
+                    counts[path] = counts.get(path, 0) + 1
+            used = set().union(*(o[2] for o in obs))
+            common = [path for path, n in counts.items() if n >= 2 and path not in used]
             if not common:
                 continue
-            e, _, dead, applied, steps, clears = obs[0]
-            term = next(t for t in dead if tuple(t["path"]) in common)
+            e, _, _, dead, applied, steps, clears = next(o for o in obs if common[0] in o[1])
+            term = next(t for t in dead if _key(t) == common[0])
             yield self._finding(a, e, term, applied, steps, clears)
 
     def _finding(self, a, e, term, applied, steps, clears):
@@ -134,11 +143,18 @@ class LossTermTrainsNothing(Rule):
                  "step, call D(fake), not D(fake.detach())), or drop the term"))
 
 
+def _key(term) -> tuple:
+    """A term as the backwards of one line are compared: its operand path and its op."""
+    return (*term["path"], term["op"])
+
+
 def _applied(a, b, written: set):
-    """(the pids of ``written`` whose gradient from backward ``b`` a step applied, the steps
-    after ``b`` that applied some, the clears that dropped some first)."""
+    """(the pids of ``written`` whose gradient from backward ``b`` a step applied, those whose
+    gradient was dropped first (a clear, or a later backward that found no gradient), the
+    steps after ``b`` that applied some, the clears that dropped some)."""
     pending = set(written)
     applied: set = set()
+    dropped: set = set()
     steps, clears = [], []
     for x in _after(a, b.seq):
         if not pending:
@@ -146,19 +162,22 @@ def _applied(a, b, written: set):
         if x.get("thread") != b.get("thread"):
             continue
         if x.kind == "clear":
-            dropped = pending.intersection(x["params"])
-            if dropped:
+            gone = pending.intersection(x["params"])
+            if gone:
                 clears.append(x)
-                pending -= dropped
+                pending -= gone
+                dropped |= gone
         elif x.kind == "backward":
-            pending -= set(x.get("fresh", ())) | set(x.get("cleared_outside", ()))
+            gone = pending.intersection(set(x.get("fresh", ())) | set(x.get("cleared_outside", ())))
+            pending -= gone
+            dropped |= gone
         elif x.kind == "step" and not x.get("skipped"):
             mine = pending.intersection(a.opt_params.get(x["opt"], ()))
             if mine:
                 applied |= mine
                 pending -= mine
                 steps.append(x)
-    return applied, steps, clears
+    return applied, dropped, steps, clears
 
 
 def _after(a, seq: int):
