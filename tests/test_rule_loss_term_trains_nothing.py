@@ -138,3 +138,9 @@ def test_gradients_still_pending_when_the_run_ends_are_not_called_dead():
         t.step(0, line=26)
     # opt 1 (a critic stepped every few turns, say) has not stepped or cleared yet
     assert findings(t, SLUG) == []
+
+
+def test_a_cut_that_sample_not_reparameterised_tells_is_left_to_it():
+    t = _gan()
+    t.put(ev.reparam_cut(dist="Normal", params=[0, 1], op="AddmmBackward0", via="sample", backward=25), line=24)
+    assert findings(t, SLUG) == []

@@ -50,7 +50,8 @@ class LossTermTrainsNothing(Rule):
     ## Stays silent on
     A term whose gradient reaches a parameter some step applies (an auxiliary head on a
     detached feature whose head the optimizer owns; a generator's adversarial term through D);
-    the discriminator's own step on `fake.detach()`; losses of one term; a term of data or of
+    the discriminator's own step on `fake.detach()`; losses of one term; a cut by `dist.sample()`
+    where `rsample()` is meant (sample-not-reparameterised tells it); a term of data or of
     parameters no optimizer owns only (a regulariser on a frozen copy adds nothing and takes
     nothing); a backward none of whose terms trains anything (other rules say that);
     gradient accumulation (the step after several backwards applies them all).
@@ -84,8 +85,11 @@ class LossTermTrainsNothing(Rule):
             used = {_key(t) for t in terms if applied.intersection(t["params"])}
             seen.setdefault(key, []).append((e, {_key(t) for t in dead} if alive else set(),
                                              used, dead, applied, steps, clears))
+        # a cut that sample-not-reparameterised explains (a sample() where rsample() is meant,
+        # at a backward of that line) is told there, with its fix
+        told = {(c.loc.path, c.get("backward")) for c in a.of_kind("reparam_cut") if c.loc is not None}
         for key, obs in seen.items():
-            if key is None:
+            if key is None or key in told:
                 continue
             # a term dead at two backwards of the line at least, and applied at none
             counts: dict = {}
