@@ -194,7 +194,7 @@ class LossInputMismatch(Rule):
                 origin = _input_origin(a, loc, e.get("fn", ""))
                 if origin is not None and "softmax" in origin[1]:
                     loc = Location(loc.path, origin[0], loc.hook)
-            elif e.get("problem") in ("sigmoid-twice", "softmax", "probabilities") and loc is not None:
+            elif e.get("problem") in ("sigmoid", "softmax", "sigmoid-twice") and loc is not None:
                 # the second sigmoid or softmax applied by the training step in a statement of
                 # its own (`pred = torch.sigmoid(model(x))`, then `criterion(pred, y)`): that
                 # statement is what to change, not the loss call
