@@ -17,15 +17,15 @@ class LossTermTrainsNothing(Rule):
     Finds a term of a loss whose gradient no optimizer step ever applies, while the loss's other
     terms train the model: its graph was cut on the way to the parameters it is meant to train
     (`d(fake.detach())` in a GAN generator's step, `critic(s, actor(s).detach())` beside an
-    actor's entropy bonus, a feature taken under `torch.no_grad()`), so it reaches only other
-    parameters (the discriminator's, the critic's, a frozen or EMA copy's), and their
-    gradients from this backward are cleared, or left unused, before any step applies them. At
-    the first backwards of each line the loss's linear top (sums, differences, negations and
-    constant factors) is split into its terms and the parameters each term reaches are noted;
-    the gradient ledger says which of them a step applied. Reported when every judged backward
-    of the line (two at least) has the same term reaching only unapplied parameters, at the
-    statement that cuts the graph when the source shows one (`.detach()`, `.data`,
-    `torch.no_grad()`), else at the term's assignment.
+    actor's penalty, samples drawn under `torch.no_grad()`), so it reaches only another
+    optimizer's parameters (the discriminator's, the critic's), and their gradients from this
+    backward are cleared before any step applies them. At the first backwards of each line the
+    loss's linear top (sums, differences, negations and constant factors) is split into its
+    terms and the parameters each term reaches are noted; the gradient ledger says which of them
+    a step applied. Reported when the same term reaches only cleared, unapplied gradients at two
+    backwards of the line or more and is applied at none, at the statement that cuts the graph
+    when the source shows one (`.detach()`, `.data`, `torch.no_grad()`), else at the term's
+    assignment.
 
     ## Why is this bad?
     The term is computed, printed and added to the loss, and the loss still falls through its
