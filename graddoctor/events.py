@@ -947,6 +947,11 @@ sample_range       critic, generator (the two modules' class names), activation,
                    generator's bounded samples with data on another range — at the first 8
                    backwards, once per critic (loc: the critic's call on the data; an aside;
                    instrument/samplerange.py)
+loss_term_params   terms [{path (the additions' operand indices from the loss's root to the
+                   term), op (the term's autograd node), params [pid] (tracked tensors it
+                   reaches)}], line (the backward's line): a backward's loss adds up terms of
+                   which one reaches only parameters no other term reaches — at the first
+                   backwards of each line (loc: the backward; an aside; instrument/deadterm.py)
 loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward0``,
                    ``PowBackward0``), params [pid] (tracked tensors its argument reaches), line
                    (the backward's line): a backward's loss holds a term -c * exp(v) or -c * v**2
@@ -2099,6 +2104,10 @@ def concave_term(*, form: str, negative: float, line: int | None = None) -> Made
     return "concave_term", {"form": form, "negative": negative, "line": line}
 
 
+def loss_term_params(*, terms: list[dict], line: int | None = None) -> Made:
+    return "loss_term_params", {"terms": terms, "line": line}
+
+
 def loss_unbounded(*, term: str, op: str, params: list[int], line: int | None = None) -> Made:
     return "loss_unbounded", {"term": term, "op": op, "params": params, "line": line}
 
@@ -2160,7 +2169,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
-    "loss_unbounded": loss_unbounded, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
+    "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
@@ -2222,7 +2231,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "placeholder_targets", "weights_edited", "self_copy",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -228,3 +228,27 @@ def test_the_log_of_a_softmax_over_the_batch_is_recorded_and_over_the_classes_is
     [(_, message, fix)] = _messages(fn="nll_loss", problem="log-dim", classes=3, normalised=8)
     assert "the log of a softmax" in message and "size 8" in message
     assert "F.log_softmax(scores, dim=-1)" in fix and "in place of torch.log" in fix
+
+
+def test_a_sigmoid_applied_in_a_statement_of_its_own_is_pointed_at(tmp_path):
+    from graddoctor import events as ev
+    from graddoctor.trace import TraceBuilder
+    from rule_traces import only
+    script = tmp_path / "train.py"
+    script.write_text(
+        "for user, item, label in loader:\n"
+        "    prediction = torch.sigmoid(model(user, item))\n"
+        "    loss = criterion(prediction, label)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n")
+    t = TraceBuilder(path=str(script))
+    t.optimizer(0, [0, 1], line=1)
+    t.put(ev.loss_input(fn="binary_cross_entropy_with_logits", problem="sigmoid", classes=2), line=3)
+    t.backward(fresh=[0, 1], line=4)
+    t.step(0, line=5)
+    assert only(t, "loss-input-mismatch").location.line == 2
+    # the sigmoid inside the loss call itself: the call's line
+    script.write_text(script.read_text().replace(
+        "    prediction = torch.sigmoid(model(user, item))\n    loss = criterion(prediction, label)\n",
+        "    prediction = model(user, item)\n    loss = criterion(torch.sigmoid(prediction), label)\n"))
+    assert only(t, "loss-input-mismatch").location.line == 3

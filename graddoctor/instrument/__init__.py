@@ -43,6 +43,7 @@ from .promptmask import PromptMaskWatcher
 from .losses import LossShapeWatcher
 from .maskmean import MaskedMeanWatcher
 from .maskvisible import MaskedVisibleWatcher
+from .deadterm import DeadTermWatcher
 from .lossterms import LogScaleWatcher, LossTermWatcher, ZeroWeightWatcher
 from .lossderived import LossDerivedWeightWatcher
 from .lossweight import LearnedWeightWatcher
@@ -328,6 +329,10 @@ class Instrumentation:
         terms = LossTermWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, terms.describe_loss)
         self.watchers.append(terms)
+        # loss terms that reach only parameters no other term reaches (loss-term-trains-nothing)
+        dead_terms = DeadTermWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, dead_terms.describe_loss)
+        self.watchers.append(dead_terms)
         # a piecewise-linear term that takes its negative side everywhere (loss-term-concave):
         # torch.where, minimum and products with constants wrapped until the first backwards
         concave = ConcaveTermWatcher(rec)

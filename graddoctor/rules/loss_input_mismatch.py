@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import math
 
 from ..findings import Severity
@@ -192,6 +193,15 @@ class LossInputMismatch(Rule):
                 # change (`log_probs = logits.log_softmax(dim=1)`), not the loss call
                 origin = _input_origin(a, loc, e.get("fn", ""))
                 if origin is not None and "softmax" in origin[1]:
+                    loc = Location(loc.path, origin[0], loc.hook)
+            elif e.get("problem") in ("sigmoid", "softmax", "sigmoid-twice") and loc is not None:
+                # the second sigmoid or softmax applied by the training step in a statement of
+                # its own (`pred = torch.sigmoid(model(x))`, then `criterion(pred, y)`): that
+                # statement is what to change, not the loss call
+                origin = _input_origin(a, loc, e.get("fn", ""))
+                if origin is not None and origin[0] != loc.line \
+                        and re.search(r"\b(sigmoid|softmax)\s*\(", origin[1]) \
+                        and not origin[1].lstrip().startswith("return"):
                     loc = Location(loc.path, origin[0], loc.hook)
             yield self.finding(message, loc, step=a.next_step_number(e.seq), fix=fix, evidence=evidence)
 
