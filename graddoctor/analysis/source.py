@@ -95,6 +95,9 @@ class ScriptSource:
     def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
         return advantage_line(self.full(path), line)
 
+    def policy_term_line(self, path: str, line: int) -> tuple[int, str] | None:
+        return policy_term_line(self.full(path), line)
+
     def table_sliced_by_batch(self, path: str) -> list[tuple[int, str, str]]:
         return table_sliced_by_batch(self.full(path))
 
@@ -997,6 +1000,32 @@ def advantage_line(path: str, line: int) -> tuple[int, str] | None:
                         for n in ast.walk(node.value)) \
                 and (best is None or node.lineno > best.lineno):
             best = node
+    return (best.lineno, ast.unparse(best).strip()) if best is not None else None
+
+
+_LOG_PROB_WORDS = ("log_prob", "logprob", "logp", "log_pi", "log_likelihood")
+
+
+def policy_term_line(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the last statement at or above ``line`` (a backward), in its function,
+    that multiplies a log-probability (a name or call mentioning ``log_prob``, ``logp``,
+    ``log_pi``) by something else: the policy-gradient term; None when there is none."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = _enclosing_function(tree, line)
+    best = None
+    for node in ast.walk(scope):
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)) \
+                or node.lineno > line:
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) and any(
+                    any(w in ast.unparse(side).lower() for w in _LOG_PROB_WORDS)
+                    for side in (sub.left, sub.right)):
+                if best is None or node.lineno > best.lineno:
+                    best = node
+                break
     return (best.lineno, ast.unparse(best).strip()) if best is not None else None
 
 

@@ -54,6 +54,7 @@ from .optdefaults import DefaultsWatcher
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
+from .policysign import PolicySignWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
 from .follow import remove_leftover_modes
@@ -291,6 +292,10 @@ class Instrumentation:
         advantages = AdvantageGradWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, advantages.describe_loss)
         self.watchers.append(advantages)
+        # a policy-gradient term minimised along the critic's advantage (policy-gradient-reversed)
+        policy_signs = PolicySignWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, policy_signs.describe_loss)
+        self.watchers.append(policy_signs)
         # a generator trained toward the discriminator's target for its samples (first backwards)
         adversarial = AdversarialWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, adversarial.describe_loss)
