@@ -1014,19 +1014,30 @@ def policy_term_line(path: str, line: int) -> tuple[int, str] | None:
     if tree is None:
         return None
     scope = _enclosing_function(tree, line)
-    best = None
+    found = _policy_terms(scope, line)
+    if found:
+        best = max(found, key=lambda n: n.lineno)
+    else:  # made in a helper the backward's function calls: the file's only such statement
+        found = _policy_terms(tree, None)
+        if len(found) != 1:
+            return None
+        best = found[0]
+    return best.lineno, ast.unparse(best).strip()
+
+
+def _policy_terms(scope: ast.AST, line: int | None) -> list:
+    out = []
     for node in ast.walk(scope):
         if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)) \
-                or node.lineno > line:
+                or (line is not None and node.lineno > line):
             continue
         for sub in ast.walk(node):
             if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) and any(
                     any(w in ast.unparse(side).lower() for w in _LOG_PROB_WORDS)
                     for side in (sub.left, sub.right)):
-                if best is None or node.lineno > best.lineno:
-                    best = node
+                out.append(node)
                 break
-    return (best.lineno, ast.unparse(best).strip()) if best is not None else None
+    return out
 
 
 def _calls_named(node: ast.AST, names: tuple[str, ...] | frozenset) -> bool:

@@ -8,6 +8,17 @@ _CRITIC = {"mse_loss": "`mse_loss` of the value", "smooth_l1_loss": "`smooth_l1_
            "huber_loss": "`huber_loss` of the value", "square": "squared difference"}
 
 
+# the names that say the weight is a reward's (an advantage, a return, a TD error), and those
+# that say it is a cost's (REINFORCE on a tour length minimises (cost - baseline) * log_prob)
+_REWARD_WORDS = ("adv", "return", "reward", "gae", "delta", "td_")
+_COST_WORDS = ("cost", "length", "penalt", "regret")
+
+
+def _says_reward(text: str) -> bool:
+    low = text.lower()
+    return any(w in low for w in _REWARD_WORDS) and not any(w in low for w in _COST_WORDS)
+
+
 class PolicyGradientReversed(Rule):
     """
     ## What it does
@@ -22,8 +33,11 @@ class PolicyGradientReversed(Rule):
     value with gradient on a return without one, or `(returns - values) ** 2`), which says which
     side is the return. A weight equal to `R - V` (or correlated 0.98 or more element by
     element: a normalised advantage; for one number per step, `-log_prob * (R - value.item())`,
-    the same values) is oriented as a reward. It points at the line that makes the
-    policy-gradient term.
+    the same values) is oriented as a reward. The graph says which side is the critic's value,
+    not whether the return is a reward or a cost, so the rule speaks only when the script's line
+    that makes the policy-gradient term names its weight a reward's (an advantage, a return, a
+    reward, GAE, a TD error) and no cost's. It points at that line, or, for a difference written
+    the other way round, at the assignment of the advantage.
 
     ## Why is this bad?
     The policy gradient raises the log-probability of each action in proportion to its
@@ -49,8 +63,9 @@ class PolicyGradientReversed(Rule):
     ## Stays silent on
     `-(log_prob * (R - V).detach())` in any written form (a negated mean, a stack of per-step
     `-log_prob * advantage`, a normalised advantage); a weight oriented as a cost
-    (`log_prob * (V - R)` minimised, REINFORCE on a cost with a baseline: `(cost - b) *
-    log_prob`); a REINFORCE without a critic in the loss (returns alone or normalised: the
+    (`log_prob * (V - R)` minimised; REINFORCE on a cost with a learned baseline, the routing
+    attention model's `((cost - bl_val) * log_likelihood).mean()` next to `mse_loss(bl_val,
+    cost)`: the graph reads R - V there too, the names say R is a cost); a REINFORCE without a critic in the loss (returns alone or normalised: the
     data, not the graph, says whether they are rewards); weights symmetric around zero (both
     orientations fit); PPO's clipped surrogate (`surrogate-minimised`'s); an advantage that
     still carries gradient (`advantage-not-detached`'s). Not seen: the actor's and the critic's
@@ -68,12 +83,18 @@ class PolicyGradientReversed(Rule):
 
     def check(self, a):
         for event in a.of_kind("policy_sign"):
-            loc, text = event.loc, None
-            if loc is not None:
-                line = a.source.policy_term_line(loc.path, loc.line)
-                if line is not None:
-                    loc, text = Location(loc.path, line[0], loc.function), line[1]
-            shown = f"`{text}`" if text else f"the policy-gradient term of this {event['dist']}'s log_prob"
+            backward = event.loc
+            if backward is None:
+                continue
+            line = a.source.policy_term_line(backward.path, backward.line)
+            if line is None or not _says_reward(line[1]):
+                continue  # the graph knows R - V, not whether R is a reward or a cost
+            loc, text = Location(backward.path, line[0], backward.function), line[1]
+            if event["weight"] == "cost":
+                made = a.source.advantage_line(backward.path, backward.line)
+                if made is not None:
+                    loc, text = Location(backward.path, made[0], backward.function), made[1]
+            shown = f"`{text}`"
             critic = _CRITIC.get(event["critic"], "regression of the value")
             if event["weight"] == "advantage":
                 how = (f"multiplies the log-probability by the return minus the critic's value (the "
