@@ -98,6 +98,9 @@ class ScriptSource:
     def policy_term_line(self, path: str, line: int) -> tuple[int, str] | None:
         return policy_term_line(self.full(path), line)
 
+    def degree_power_line(self, path: str) -> tuple[int, str] | None:
+        return degree_power_line(self.full(path))
+
     def table_sliced_by_batch(self, path: str) -> list[tuple[int, str, str]]:
         return table_sliced_by_batch(self.full(path))
 
@@ -1023,6 +1026,33 @@ def policy_term_line(path: str, line: int) -> tuple[int, str] | None:
             return None
         best = found[0]
     return best.lineno, ast.unparse(best).strip()
+
+
+def degree_power_line(path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the script's only assignment that raises a degree to a power or
+    multiplies by it (``deg.pow(0.5)``, ``deg ** -0.5``, ``degree.sqrt()``, ``deg[:, None] *
+    adj``): a name with ``deg`` in it under ``pow``, ``**``, ``sqrt``, ``rsqrt`` or ``*``; None when
+    there is none or several."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.Return)):
+            continue
+        value = node.value
+        if value is None:
+            continue
+        for sub in ast.walk(value):
+            powered = (isinstance(sub, ast.BinOp) and isinstance(sub.op, (ast.Pow, ast.Mult))) or (
+                isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr in ("pow", "pow_", "sqrt", "rsqrt", "mul", "mul_"))
+            if powered and "deg" in ast.unparse(sub).lower():
+                found.append(node)
+                break
+    if len(found) != 1:
+        return None
+    return found[0].lineno, ast.unparse(found[0]).strip()
 
 
 def _policy_terms(scope: ast.AST, line: int | None) -> list:

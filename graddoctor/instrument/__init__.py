@@ -55,6 +55,7 @@ from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
 from .policysign import PolicySignWatcher
+from .degreenorm import DegreeNormWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
 from .follow import remove_leftover_modes
@@ -296,6 +297,10 @@ class Instrumentation:
         policy_signs = PolicySignWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, policy_signs.describe_loss)
         self.watchers.append(policy_signs)
+        # a graph's propagation matrix scaled up by the degrees (adjacency-scaled-by-degree)
+        degree_norm = DegreeNormWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, degree_norm.describe_loss)
+        self.watchers.append(degree_norm)
         # a generator trained toward the discriminator's target for its samples (first backwards)
         adversarial = AdversarialWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, adversarial.describe_loss)
