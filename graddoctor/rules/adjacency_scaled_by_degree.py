@@ -51,7 +51,8 @@ class AdjacencyScaledByDegree(Rule):
     aggregation, GIN's); a weighted adjacency (entries that are none of the degree forms); a
     graph whose nodes all have one degree (a regular graph: every form is one scale); matrices
     with negative entries (a Laplacian) or with gradient (attention weights); sparse matrices
-    and matrices on an accelerator (not read).
+    and matrices on an accelerator (not read). Not seen: a propagation applied to data without
+    gradient (SGC's `P @ x` computed before the first layer: no product of the loss's graph).
     """
 
     code = "GD318"
