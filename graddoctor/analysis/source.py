@@ -852,8 +852,9 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
     ``.state_dict()``, ``.buffers()``, ``.values()``), a loop variable assigned an expression of
     itself and another of the loop's variables and never read after it in the loop's body
     (``for ema_p, p in zip(ema.parameters(), model.parameters()): ema_p = d * ema_p + (1 - d)
-    * p``: an EMA or target-network update whose copy never changes).
-    [] when the file cannot be read."""
+    * p``: an EMA or target-network update whose copy never changes); ``"into_grad"`` — an
+    in-place op on a gradient that reads its own parameter (``p.grad.add_(p.data, alpha=-lr)``:
+    the update written into the gradient). [] when the file cannot be read."""
     tree = _parse(path)
     if tree is None:
         return []
@@ -886,6 +887,10 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
                 parts = [ast.unparse(a) for a in rest] + [ast.unparse(k) for k in call.keywords]
                 found.append((child.lineno, "result", ast.unparse(call.func),
                               f"{target}.{call.func.attr}_({', '.join(parts)})"))
+            elif isinstance(child, ast.Expr) and isinstance(child.value, ast.Call):
+                into = _update_into_grad(child.value)
+                if into is not None:
+                    found.append((child.lineno, "into_grad", into[0], into[1]))
             visit(child, names)
 
     visit(tree, frozenset())
@@ -924,6 +929,29 @@ def _blends(loop: ast.AST) -> list[tuple[int, str, str, str]]:
             continue  # the new value is used (stored, copied in) further down
         found.append((statement.lineno, "blend", name, f"{name}.copy_({ast.unparse(statement.value)})"))
     return found
+
+
+_INTO_GRAD_OPS = frozenset({"add_", "sub_", "copy_", "addcmul_", "addcdiv_", "lerp_"})
+
+
+def _update_into_grad(call: ast.Call) -> tuple[str, str] | None:
+    """``(the call's text, the update meant)`` for an in-place op on a gradient that reads its
+    own parameter (``p.grad.add_(p.data, alpha=-lr)``: the update written into ``p.grad``, the
+    parameter left as it is); None else. Hand-written weight decay has this form too
+    (``p.grad.add_(p, alpha=wd)``): the rule asks the run that no parameter changed."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr in _INTO_GRAD_OPS
+            and _ends_in_grad(func.value)):
+        return None
+    grad = func.value.value if isinstance(func.value, ast.Attribute) and func.value.attr == "data" \
+        else func.value
+    owner = ast.unparse(grad.value)  # p of p.grad
+    args = [ast.unparse(a) for a in call.args]
+    if not any(a in (owner, f"{owner}.data") for a in args):
+        return None
+    rest = [f"{owner}.grad" if a in (owner, f"{owner}.data") else a for a in args] + \
+        [ast.unparse(k) for k in call.keywords]
+    return ast.unparse(call), f"{owner}.data.{func.attr}({', '.join(rest)})"
 
 
 def _ends_in_grad(node: ast.AST) -> bool:
