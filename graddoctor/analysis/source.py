@@ -101,6 +101,9 @@ class ScriptSource:
     def degree_power_line(self, path: str) -> tuple[int, str] | None:
         return degree_power_line(self.full(path))
 
+    def target_slice_line(self, path: str) -> tuple[int, str] | None:
+        return target_slice_line(self.full(path))
+
     def table_sliced_by_batch(self, path: str) -> list[tuple[int, str, str]]:
         return table_sliced_by_batch(self.full(path))
 
@@ -1078,6 +1081,27 @@ def degree_power_line(path: str) -> tuple[int, str] | None:
             if powered and "deg" in ast.unparse(sub).lower():
                 found.append(node)
                 break
+    if len(found) != 1:
+        return None
+    return found[0].lineno, ast.unparse(found[0]).strip()
+
+
+def target_slice_line(path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the script's only assignment of a slice (``x[a:b]``) to a name with
+    ``target`` in it (``target = source[i:i + seq_len]``, ``data, targets = ...``); None when there
+    is none or several."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        names = [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        if any("target" in n.lower() for n in names) and any(
+                isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Slice)
+                for sub in ast.walk(node.value)):
+            found.append(node)
     if len(found) != 1:
         return None
     return found[0].lineno, ast.unparse(found[0]).strip()

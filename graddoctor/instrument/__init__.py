@@ -56,6 +56,7 @@ from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
 from .policysign import PolicySignWatcher
 from .degreenorm import DegreeNormWatcher
+from .tokencopy import TokenCopyWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
 from .follow import remove_leftover_modes
@@ -301,6 +302,10 @@ class Instrumentation:
         degree_norm = DegreeNormWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, degree_norm.describe_loss)
         self.watchers.append(degree_norm)
+        # token targets that are a recurrent model's own input ids (target-visible-to-model)
+        token_copy = TokenCopyWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, token_copy.describe_loss)
+        self.watchers.append(token_copy)
         # a generator trained toward the discriminator's target for its samples (first backwards)
         adversarial = AdversarialWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, adversarial.describe_loss)

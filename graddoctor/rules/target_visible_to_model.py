@@ -107,6 +107,13 @@ class TargetVisibleToModel(Rule):
     def check(self, a):
         for e in a.of_kind("target_in_inputs"):
             yield self._column(a, e)
+        told = {e.loc for e in a.by_kind.get("dependency", ()) if (e.get("seq") or {}).get("k") == 0}
+        for e in a.of_kind("token_copy"):
+            if e.loc is not None and e.loc not in told:
+                found = self._token_copy(a, e)
+                if found is not None:
+                    told.add(e.loc)
+                    yield found
         seen: set = set()
         for e in a.by_kind.get("dependency", ()):
             seq = e.get("seq")
@@ -123,6 +130,27 @@ class TargetVisibleToModel(Rule):
             elif k in (0, -1, 2) and seq.get("past") and not seq.get("future"):
                 seen.add((e["model"], e.loc))
                 yield self._unshifted(a, e, seq)
+
+    def _token_copy(self, a, e):
+        """A recurrent language model's targets that are its input ids (tokencopy.py), when the
+        script's recurrent layers are all unidirectional (a bidirectional one reads the future:
+        a tagger or an autoencoder may copy on purpose)."""
+        path = e.loc.path
+        layers = a.source.calls_named(path, frozenset({"LSTM", "GRU", "RNN"}))
+        if not layers or any("bidirectional=True" in text for _, text, _ in layers):
+            return None
+        loc, fix = e.loc, ("slice the targets one position after the inputs: `data = "
+                           "source[i:i + seq_len]`, `target = source[i + 1:i + 1 + seq_len]`")
+        built = a.source.target_slice_line(path)
+        if built is not None:
+            loc = Location(path, built[0], e.loc.function)
+        return self.finding(
+            f"the loss's target at each position is the input token at that same position (the "
+            f"targets are the input ids, not shifted: {e['positions']} positions compared), and "
+            f"the model reads them through a unidirectional recurrent layer: each position is "
+            f"trained to output the token it already reads, so the model learns to copy its input, "
+            f"not to predict the next token", loc,
+            evidence={"shift": 0, "positions": e["positions"], "lookups": e["lookups"]}, fix=fix)
 
     def _column(self, a, e):
         column, columns, fn = e["column"], e["columns"], e.get("fn", "the loss")
