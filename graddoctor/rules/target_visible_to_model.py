@@ -35,7 +35,13 @@ class TargetVisibleToModel(Rule):
     shift of 1, 0, -1 or 2 at 90 % of the positions) and takes the gradient
     of one output position with respect to the embeddings once, at the first backward. Unshifted
     targets are reported at the loss call, or at the statement that slices them when the loop
-    slices them apart (`inputs, targets = ids[:, :-1], ids[:, :-1]`). The same
+    slices them apart (`inputs, targets = ids[:, :-1], ids[:, :-1]`). A recurrent language
+    model the probe does not read (seq-first `batchify`'d data, a hand-written update) is read
+    from the loss's graph at its first backwards instead: the `nll_loss`/`cross_entropy` target
+    equal, position for position, to the ids an embedding below it read, a recurrent layer
+    between them, no lookup of the targets one position later, and only unidirectional
+    `nn.LSTM`/`nn.GRU`/`nn.RNN` layers in the script; it points at the assignment that slices the
+    targets when the script has one. The same
     leak in a table: a loss target (one value per sample) that one column of the data the
     model's first layer reads holds (`X = data` with the label as its last column,
     `TensorDataset(table, table[:, -1])`), compared at the first 8 loss calls on the CPU.
@@ -80,7 +86,9 @@ class TargetVisibleToModel(Rule):
     beside a next-token loss (multi-token prediction); encoder-decoders whose decoder is masked (the encoder
     sees the whole source); masked language models (BERT-style targets, -100 except the masked
     positions); text autoencoders and denoisers (targets equal to the input, the model not
-    causal); seq-first language models over `batchify`'d data; models that compute their loss
+    causal; a bidirectional RNN restoring the ids it reads); seq-first language models over
+    `batchify`'d data with their targets shifted; an RNN autoencoder (its decoder reads the
+    targets one position later); models that compute their loss
     inside `forward` on shifted labels (transformers' `labels=`); models on an accelerator,
     under DDP or compiled (not probed). In a table: a target that is a function of a feature
     but not a copy of it (`y = 3 * x[:, 0]`, a toy task), a one-column input, a target of
