@@ -115,13 +115,19 @@ class TargetVisibleToModel(Rule):
     def check(self, a):
         for e in a.of_kind("target_in_inputs"):
             yield self._column(a, e)
-        told = {e.loc for e in a.by_kind.get("dependency", ()) if (e.get("seq") or {}).get("k") == 0}
+        probed = list(self._probed(a))
+        yield from probed
+        if any(f.evidence.get("shift") == 0 for f in probed):
+            return  # the probe said it, at the loss call: the graph's reading adds nothing
         for e in a.of_kind("token_copy"):
-            if e.loc is not None and e.loc not in told:
+            if e.loc is not None:
                 found = self._token_copy(a, e)
                 if found is not None:
-                    told.add(e.loc)
                     yield found
+                    return
+
+    def _probed(self, a):
+        """The findings of the dependency probe's sequence events (dependency.py)."""
         seen: set = set()
         for e in a.by_kind.get("dependency", ()):
             seq = e.get("seq")
