@@ -23,7 +23,8 @@ class TargetVisibleToModel(Rule):
     ## What it does
     Finds sequence models trained on next-token targets whose output at position `t` depends
     on the tokens after `t` — the very token it is asked to predict among them: a decoder or
-    GPT without a causal mask, an inverted or transposed mask, `nn.TransformerDecoder` without
+    GPT without a causal mask, an inverted or transposed mask, a mask built one diagonal too high
+    (`torch.tril(ones, diagonal=1)`: reported at its construction), `nn.TransformerDecoder` without
     `tgt_mask`, `scaled_dot_product_attention` without `is_causal=True`, a bidirectional RNN
     used as a language model. It also finds the opposite case: a causal model whose targets are
     not shifted (`targets == input_ids`) or are shifted the wrong way, so position `t` is trained
@@ -390,6 +391,17 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
             return Location(path, line, "forward"), why, fix
         filled = [c for c in calls if "masked_fill" in c[1]]
         if filled:
+            # the causal mask built one diagonal too high (`torch.tril(ones, diagonal=1)`): its
+            # construction is the line to change, not the masked_fill that applies it
+            shifted = [c for c in a.source.calls_named(path, frozenset(("tril", "tril_")))
+                       if re.search(r"diagonal\s*=\s*[1-9]|,\s*[1-9]\s*\)\s*$", c[1])]
+            if len(shifted) == 1:
+                line, text, _ = shifted[0]
+                return (Location(path, line),
+                        f"the causal mask `{text}` keeps the entries above the diagonal as well, "
+                        f"so position t also attends to the positions after it",
+                        "build the causal mask with the diagonal itself as its last kept entry: "
+                        "`torch.tril(torch.ones(T, T))` (diagonal=0)")
             line, text, _ = filled[0]
             return (Location(path, line, "forward"),
                     f"the mask of `{text}` lets position t see the positions after it (inverted "
