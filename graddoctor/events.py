@@ -222,6 +222,26 @@ advantage_grad     params [pid] (optimizer-owned parameters the weight reaches a
                    ``torch.distributions`` log_prob holds a product of a log-probability and a
                    weight that carries gradient (an advantage not detached), once per backward
                    line (loc: the backward; an aside; instrument/policygrad.py)
+policy_sign        dist (the log_prob's distribution class), critic (the regression that says
+                   which side is the return: "mse_loss" | "smooth_l1_loss" | "huber_loss" |
+                   "square"), weight ("advantage": the log-probability's weight is the
+                   critic's R - V | "cost": its negation), sign ("minimised" | "maximised": how
+                   the loss holds the term) — a policy-gradient term whose weight, oriented by
+                   the critic in the same loss, makes the optimizer lower the probability of the
+                   better actions, at the first 3 backwards of a line after log-probabilities,
+                   once per backward line (loc: the backward; an aside; instrument/policysign.py)
+degree_scaled      form ("sqrt": each entry of the propagation matrix is sqrt(d_i d_j) | "row": d_i |
+                   "column": d_j | "both": d_i d_j, d the count of entries of each row), nodes (its
+                   rows), degree (the largest d) — a square non-negative matrix without gradient
+                   that a matrix product of the loss's graph multiplies by, its degree
+                   normalisation inverted, at the first 3 backwards of a line, once per backward
+                   line (loc: the backward; an aside; instrument/degreenorm.py)
+token_copy         positions (the targets compared), lookups (the embedding lookups below the
+                   loss) — a nll_loss/cross_entropy whose integer targets are, position for
+                   position, the ids an embedding below it read, with a recurrent layer between
+                   and no lookup of the targets one position later, at the first 3 backwards of
+                   a line, once per backward line (loc: the backward; an aside;
+                   instrument/tokencopy.py)
 gan_same_target    critic, generator (the two modules' classes), critic_params, generator_params
                    [pid] (their parameters, at most 32 each), cosine (of the two gradients),
                    offset (the intercept of a line fitted through them over G's gradient's
@@ -1184,7 +1204,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``placeholder_targets``, ``advantage_grad``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``token_copy``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1577,6 +1597,18 @@ def reparam_cut(*, dist: str | None, params: list[int], op: str, via: str,
 
 def advantage_grad(*, params: list[int]) -> Made:
     return "advantage_grad", {"params": params}
+
+
+def policy_sign(*, dist: str, critic: str, weight: str, sign: str) -> Made:
+    return "policy_sign", {"dist": dist, "critic": critic, "weight": weight, "sign": sign}
+
+
+def degree_scaled(*, form: str, nodes: int, degree: int) -> Made:
+    return "degree_scaled", {"form": form, "nodes": nodes, "degree": degree}
+
+
+def token_copy(*, positions: int, lookups: int) -> Made:
+    return "token_copy", {"positions": positions, "lookups": lookups}
 
 
 def draw_twin(*, fn: str, module: str, position: int, twin_line: int | None,
@@ -2188,7 +2220,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "placeholder_targets": placeholder_targets,
+    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "token_copy": token_copy, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
@@ -2233,7 +2265,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
-                         "gan_same_target", "entropy_sign", "step_edit", "decay_share", "eps_share",
+                         "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "token_copy", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "last_step_padded",
                          "state_carried",

@@ -154,3 +154,35 @@ def test_a_blend_over_named_parameters_unpacks_the_nested_names(tmp_path):
             ema_p = 0.9 * ema_p + 0.1 * p
         """)
     assert discarded_updates(path) == [(2, "blend", "ema_p", "ema_p.copy_(0.9 * ema_p + 0.1 * p)")]
+
+
+INTO_GRAD = """\
+for step in range(10):
+    loss.backward()
+    for p in model.parameters():
+        p.grad.add_(p.data, alpha=-lr)
+"""
+
+
+def test_source_updates_written_into_the_gradient(tmp_path):
+    path = _script(tmp_path, """\
+        for p in params:
+            p.grad.add_(p.data, alpha=-lr)
+            p.grad.data.sub_(p, alpha=lr)
+            p.grad.add_(noise)
+            p.grad.mul_(0.5)
+            p.data.add_(p.grad, alpha=-lr)
+        """)
+    assert discarded_updates(path) == [
+        (2, "into_grad", "p.grad.add_(p.data, alpha=-lr)", "p.data.add_(p.grad, alpha=-lr)"),
+        (3, "into_grad", "p.grad.data.sub_(p, alpha=lr)", "p.data.sub_(p.grad, alpha=lr)"),
+    ]
+
+
+def test_an_update_into_the_gradient_is_an_error_only_when_no_tensor_changed(tmp_path):
+    path = _script(tmp_path, INTO_GRAD)
+    f = only(_trace(path), SLUG)
+    assert f.severity is Severity.ERROR and f.location.line == 4
+    assert "into the gradient" in f.message and f.fix.endswith("p.data.add_(p.grad, alpha=-lr)")
+    # weight decay added into the gradient before an update that moves the weights: silent
+    assert findings(_trace(path, updated=True), SLUG) == []

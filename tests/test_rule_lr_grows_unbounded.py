@@ -46,3 +46,35 @@ def test_silent(case):
 def test_folding_keeps_the_finding():
     trace = _run([0.01 * 1.3 ** i for i in range(14)], cls="ExponentialLR", start=0.01)
     assert [f.message for f in _found(fold_hard(trace))] == [f.message for f in _found(trace)]
+
+
+def _two_groups(lrs, start=3e-3):
+    """An optimizer built from two param groups (torch's constructor adds each in turn: one
+    ``optimizer_init`` event per group), both at lr ``start``; the script writes ``lrs`` into
+    every group by hand before each step (nanoGPT's warm-up)."""
+    from graddoctor import events as ev
+    from graddoctor.trace import TraceBuilder
+    from lr_traces import P
+    t = TraceBuilder()
+    t._params(P)
+    half = len(P) // 2
+    t.put(ev.optimizer_init(opt=0, cls="AdamW", params=list(P[:half]), lrs=[start]), 2)
+    t.put(ev.optimizer_init(opt=0, cls="AdamW", params=list(P[half:]), lrs=[start]), 2)
+    for lr in lrs:
+        t.clear(P, line=10)
+        t.backward(fresh=P, line=11)
+        t.put(ev.step_begin(opt=0, norm_pids=None, norms=None, lrs=[lr, lr]), 12)
+        t.step(0, line=12)
+    t.put(ev.run_end(status="step-limit", steps=len(lrs)))
+    return t.trace
+
+
+def test_a_second_groups_constructed_lr_caps_its_warm_up():
+    # a warm-up towards the constructed lr, still climbing when the budget stops the script: the
+    # second group's constructed lr is the ceiling as much as the first's
+    assert _found(_two_groups([3e-3 * (i + 1) / 21 for i in range(10)])) == []
+
+
+def test_a_second_group_rising_past_its_constructed_lr_is_still_found():
+    f = _found(_two_groups([3e-3 * (i + 1) for i in range(12)]))
+    assert len(f) == 1 and f[0].severity is Severity.WARNING

@@ -310,3 +310,54 @@ def test_a_target_that_is_a_windows_last_step_gets_a_forecasters_fix():
         t.backward(fresh=P, line=28)
         t.step(line=29)
     assert "drop the target's column" in only(t, SLUG).fix
+
+
+# -- a recurrent language model's targets that are its input ids (instrument/tokencopy.py) ------
+def _lm_copy_events(shift: int, bidirectional: bool = False, autoencoder: bool = False):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    with Instrumentation(rec):
+        emb = nn.Embedding(30, 8)
+        rnn = nn.LSTM(8, 8, bidirectional=bidirectional)
+        head = nn.Linear(16 if bidirectional else 8, 30)
+        dec_emb = nn.Embedding(30, 8)
+        params = [*emb.parameters(), *rnn.parameters(), *head.parameters(), *dec_emb.parameters()]
+        source = torch.randint(0, 30, (40, 4))
+        for i in range(0, 30, 10):
+            data = source[i:i + 10]
+            target = source[i + shift:i + shift + 10].reshape(-1)
+            out, _ = rnn(emb(data))
+            if autoencoder:  # a decoder fed the targets one position later
+                out = out + dec_emb(torch.cat([data[:1], data[:-1]]))[..., :out.size(-1)]
+            loss = F.nll_loss(torch.log_softmax(head(out).view(-1, 30), dim=1), target)
+            for p in params:
+                p.grad = None
+            loss.backward()
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-0.1)
+    return [e for e in rec.trace if e.kind == "token_copy"], rec.trace
+
+
+def test_a_recurrent_lm_whose_targets_are_its_inputs_is_recorded_once():
+    events, _ = _lm_copy_events(0)
+    assert [(e["positions"], e["lookups"]) for e in events] == [(40, 1)]
+    assert _lm_copy_events(1)[0] == []  # next-token targets
+    assert _lm_copy_events(0, autoencoder=True)[0] == []  # a lookup of the targets one later
+
+
+def test_the_rule_asks_the_source_for_unidirectional_layers(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    script = tmp_path / "lm.py"
+    for text, expected in (("rnn = nn.LSTM(8, 8)\ntarget = source[i:i + n]\nloss.backward()\n", [2]),
+                           ("rnn = nn.LSTM(8, 8, bidirectional=True)\nloss.backward()\n", [])):
+        script.write_text(text)
+        t = TraceBuilder(str(script))
+        t.put(ev.token_copy(positions=40, lookups=1), 3)
+        found = list(find_rule("target-visible-to-model")().check(Analysis(t.trace)))
+        assert [f.location.line for f in found] == expected
+        assert all("not shifted" in f.message for f in found)

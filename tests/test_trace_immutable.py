@@ -47,6 +47,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_real_index_ignored_tagger.py",  # real_index
             "data/bad_embedding_fields_time_features.py",  # field_rows
             "autograd/bad_aggregate_column_sums_inline.py",  # aggregate_sum
+            "autograd/bad_adjacency_scaled_by_degree_gcn.py",  # degree_scaled
+            "losses/bad_policy_gradient_reversed_a2c.py",  # policy_sign
+            "dependency/bad_target_visible_seq_first_lm.py",  # token_copy
             "numerics/bad_low_precision_bf16_frozen.py",  # low_precision
             "autograd/bad_graph_kept_smoothed_loss.py",  # graph_kept
             "registration/bad_param_replaced_submodule_after_optimizer.py",  # param_replaced

@@ -421,9 +421,12 @@ def _group_lrs(a: "Analysis", min_points: int):
     last known, of an optimizer stepped 4 times or more. The largest lr set: the group's
     constructed lr, its schedulers' base lrs and its first step's lr (a warm-up's climb is no
     fall, a scaled peak no runaway)."""
+    built_lrs: dict[int, list] = {}  # opt -> each group's constructed lr, in group order
+    for e in a.by_kind.get("optimizer_init", ()):
+        # one event per add_param_group call: torch's constructor adds each group in turn
+        built_lrs.setdefault(e.get("opt"), []).extend(e.get("lrs") or ())
     for opt, groups in a.lr_timeline.items():
-        init = a.optimizers.get(opt)
-        built = (init.get("lrs") or []) if init is not None else []
+        built = built_lrs.get(opt, [])
         bases = [s.init.get("base_lrs") or [] for s in a.schedulers.values()
                  if s.opt == opt and s.init is not None]
         updates = a.count(e for e in a.steps if e.get("opt") == opt)

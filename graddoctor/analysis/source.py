@@ -95,6 +95,15 @@ class ScriptSource:
     def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
         return advantage_line(self.full(path), line)
 
+    def policy_term_line(self, path: str, line: int) -> tuple[int, str] | None:
+        return policy_term_line(self.full(path), line)
+
+    def degree_power_line(self, path: str) -> tuple[int, str] | None:
+        return degree_power_line(self.full(path))
+
+    def target_slice_line(self, path: str) -> tuple[int, str] | None:
+        return target_slice_line(self.full(path))
+
     def table_sliced_by_batch(self, path: str) -> list[tuple[int, str, str]]:
         return table_sliced_by_batch(self.full(path))
 
@@ -849,8 +858,9 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
     ``.state_dict()``, ``.buffers()``, ``.values()``), a loop variable assigned an expression of
     itself and another of the loop's variables and never read after it in the loop's body
     (``for ema_p, p in zip(ema.parameters(), model.parameters()): ema_p = d * ema_p + (1 - d)
-    * p``: an EMA or target-network update whose copy never changes).
-    [] when the file cannot be read."""
+    * p``: an EMA or target-network update whose copy never changes); ``"into_grad"`` — an
+    in-place op on a gradient that reads its own parameter (``p.grad.add_(p.data, alpha=-lr)``:
+    the update written into the gradient). [] when the file cannot be read."""
     tree = _parse(path)
     if tree is None:
         return []
@@ -883,6 +893,10 @@ def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
                 parts = [ast.unparse(a) for a in rest] + [ast.unparse(k) for k in call.keywords]
                 found.append((child.lineno, "result", ast.unparse(call.func),
                               f"{target}.{call.func.attr}_({', '.join(parts)})"))
+            elif isinstance(child, ast.Expr) and isinstance(child.value, ast.Call):
+                into = _update_into_grad(child.value)
+                if into is not None:
+                    found.append((child.lineno, "into_grad", into[0], into[1]))
             visit(child, names)
 
     visit(tree, frozenset())
@@ -921,6 +935,29 @@ def _blends(loop: ast.AST) -> list[tuple[int, str, str, str]]:
             continue  # the new value is used (stored, copied in) further down
         found.append((statement.lineno, "blend", name, f"{name}.copy_({ast.unparse(statement.value)})"))
     return found
+
+
+_INTO_GRAD_OPS = frozenset({"add_", "sub_", "copy_", "addcmul_", "addcdiv_", "lerp_"})
+
+
+def _update_into_grad(call: ast.Call) -> tuple[str, str] | None:
+    """``(the call's text, the update meant)`` for an in-place op on a gradient that reads its
+    own parameter (``p.grad.add_(p.data, alpha=-lr)``: the update written into ``p.grad``, the
+    parameter left as it is); None else. Hand-written weight decay has this form too
+    (``p.grad.add_(p, alpha=wd)``): the rule asks the run that no parameter changed."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr in _INTO_GRAD_OPS
+            and _ends_in_grad(func.value)):
+        return None
+    grad = func.value.value if isinstance(func.value, ast.Attribute) and func.value.attr == "data" \
+        else func.value
+    owner = ast.unparse(grad.value)  # p of p.grad
+    args = [ast.unparse(a) for a in call.args]
+    if not any(a in (owner, f"{owner}.data") for a in args):
+        return None
+    rest = [f"{owner}.grad" if a in (owner, f"{owner}.data") else a for a in args] + \
+        [ast.unparse(k) for k in call.keywords]
+    return ast.unparse(call), f"{owner}.data.{func.attr}({', '.join(rest)})"
 
 
 def _ends_in_grad(node: ast.AST) -> bool:
@@ -1001,6 +1038,91 @@ def advantage_line(path: str, line: int) -> tuple[int, str] | None:
                 and (best is None or node.lineno > best.lineno):
             best = node
     return (best.lineno, ast.unparse(best).strip()) if best is not None else None
+
+
+_LOG_PROB_WORDS = ("log_prob", "logprob", "logp", "log_pi", "log_likelihood")
+
+
+def policy_term_line(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the last statement at or above ``line`` (a backward), in its function,
+    that multiplies a log-probability (a name or call mentioning ``log_prob``, ``logp``,
+    ``log_pi``) by something else: the policy-gradient term; None when there is none."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = _enclosing_function(tree, line)
+    found = _policy_terms(scope, line)
+    if found:
+        best = max(found, key=lambda n: n.lineno)
+    else:  # made in a helper the backward's function calls: the file's only such statement
+        found = _policy_terms(tree, None)
+        if len(found) != 1:
+            return None
+        best = found[0]
+    return best.lineno, ast.unparse(best).strip()
+
+
+def degree_power_line(path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the script's only assignment that raises a degree to a power or
+    multiplies by it (``deg.pow(0.5)``, ``deg ** -0.5``, ``degree.sqrt()``, ``deg[:, None] *
+    adj``): a name with ``deg`` in it under ``pow``, ``**``, ``sqrt``, ``rsqrt`` or ``*``; None when
+    there is none or several."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.Return)):
+            continue
+        value = node.value
+        if value is None:
+            continue
+        for sub in ast.walk(value):
+            powered = (isinstance(sub, ast.BinOp) and isinstance(sub.op, (ast.Pow, ast.Mult))) or (
+                isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr in ("pow", "pow_", "sqrt", "rsqrt", "mul", "mul_"))
+            if powered and "deg" in ast.unparse(sub).lower():
+                found.append(node)
+                break
+    if len(found) != 1:
+        return None
+    return found[0].lineno, ast.unparse(found[0]).strip()
+
+
+def target_slice_line(path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the script's only assignment of a slice (``x[a:b]``) to a name with
+    ``target`` in it (``target = source[i:i + seq_len]``, ``data, targets = ...``); None when there
+    is none or several."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        names = [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        if any("target" in n.lower() for n in names) and any(
+                isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Slice)
+                for sub in ast.walk(node.value)):
+            found.append(node)
+    if len(found) != 1:
+        return None
+    return found[0].lineno, ast.unparse(found[0]).strip()
+
+
+def _policy_terms(scope: ast.AST, line: int | None) -> list:
+    out = []
+    for node in ast.walk(scope):
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)) \
+                or (line is not None and node.lineno > line):
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) and any(
+                    any(w in ast.unparse(side).lower() for w in _LOG_PROB_WORDS)
+                    for side in (sub.left, sub.right)):
+                out.append(node)
+                break
+    return out
 
 
 def _calls_named(node: ast.AST, names: tuple[str, ...] | frozenset) -> bool:

@@ -55,6 +55,9 @@ from .optdefaults import DefaultsWatcher
 from .optim import OptimizerWatcher
 from .patcher import Patcher
 from .policygrad import AdvantageGradWatcher
+from .policysign import PolicySignWatcher
+from .degreenorm import DegreeNormWatcher
+from .tokencopy import TokenCopyWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
 from .follow import remove_leftover_modes
@@ -299,6 +302,18 @@ class Instrumentation:
         advantages = AdvantageGradWatcher(rec, self.optimizers.owned_pids())
         rec.subscribe(DESCRIBE_LOSS, advantages.describe_loss)
         self.watchers.append(advantages)
+        # a policy-gradient term minimised along the critic's advantage (policy-gradient-reversed)
+        policy_signs = PolicySignWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, policy_signs.describe_loss)
+        self.watchers.append(policy_signs)
+        # a graph's propagation matrix scaled up by the degrees (adjacency-scaled-by-degree)
+        degree_norm = DegreeNormWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, degree_norm.describe_loss)
+        self.watchers.append(degree_norm)
+        # token targets that are a recurrent model's own input ids (target-visible-to-model)
+        token_copy = TokenCopyWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, token_copy.describe_loss)
+        self.watchers.append(token_copy)
         # a generator trained toward the discriminator's target for its samples (first backwards)
         adversarial = AdversarialWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, adversarial.describe_loss)

@@ -11,7 +11,9 @@ class HandUpdateDiscarded(Rule):
     Finds a hand-written update (no `torch.optim` optimizer) that computes the new value of a
     parameter and throws it away, so that no parameter ever changes: a loop variable assigned
     an expression of its own gradient (`for p in model.parameters(): p = p - lr * p.grad`),
-    or an out-of-place op whose result nothing keeps (`p.sub(lr * p.grad)`). Reported only
+    or an out-of-place op whose result nothing keeps (`p.sub(lr * p.grad)`), or the update
+    written in place into the gradient instead of the parameter (`p.grad.add_(p.data,
+    alpha=-lr)`: target and argument swapped). Reported only
     when the run confirms it: backward ran again and again, and no tensor it wrote changed
     between two of them. Also, with or without a torch optimizer, an EMA or target-network
     update written the same way: in a loop over `zip(ema.parameters(), model.parameters())`,
@@ -53,7 +55,9 @@ class HandUpdateDiscarded(Rule):
     `ema_p.copy_(...)`) or whose blended value is stored further down the loop; a loop
     variable rebound to its gradient alone (`p = p.grad.clone()`: reading gradients, not
     updating); gradients computed without any update (a Fisher or saliency estimate with no
-    update statement); scripts with a torch optimizer (but for the EMA form).
+    update statement); scripts with a torch optimizer (but for the EMA form); weight decay
+    added into the gradient by hand (`p.grad.add_(p.data, alpha=wd)`) before an update that
+    does change the parameters.
     """
 
     code = "GD121"
@@ -88,6 +92,10 @@ class HandUpdateDiscarded(Rule):
                     message = (f"this assignment gives the loop variable {text} a new tensor; the "
                                f"parameter it named keeps its value: no parameter changed in "
                                f"{times} backward calls")
+                elif form == "into_grad":
+                    message = (f"`{text}` writes the update into the gradient, not into the "
+                               f"parameter: the parameter keeps its value, and no parameter "
+                               f"changed in {times} backward calls")
                 else:
                     message = (f"{text}(...) returns a new tensor that nothing keeps; the "
                                f"parameter keeps its value: no parameter changed in {times} "

@@ -23,7 +23,8 @@ class TargetVisibleToModel(Rule):
     ## What it does
     Finds sequence models trained on next-token targets whose output at position `t` depends
     on the tokens after `t` — the very token it is asked to predict among them: a decoder or
-    GPT without a causal mask, an inverted or transposed mask, `nn.TransformerDecoder` without
+    GPT without a causal mask, an inverted or transposed mask, a mask built one diagonal too high
+    (`torch.tril(ones, diagonal=1)`: reported at its construction), `nn.TransformerDecoder` without
     `tgt_mask`, `scaled_dot_product_attention` without `is_causal=True`, a bidirectional RNN
     used as a language model. It also finds the opposite case: a causal model whose targets are
     not shifted (`targets == input_ids`) or are shifted the wrong way, so position `t` is trained
@@ -35,7 +36,13 @@ class TargetVisibleToModel(Rule):
     shift of 1, 0, -1 or 2 at 90 % of the positions) and takes the gradient
     of one output position with respect to the embeddings once, at the first backward. Unshifted
     targets are reported at the loss call, or at the statement that slices them when the loop
-    slices them apart (`inputs, targets = ids[:, :-1], ids[:, :-1]`). The same
+    slices them apart (`inputs, targets = ids[:, :-1], ids[:, :-1]`). A recurrent language
+    model the probe does not read (seq-first `batchify`'d data, a hand-written update) is read
+    from the loss's graph at its first backwards instead: the `nll_loss`/`cross_entropy` target
+    equal, position for position, to the ids an embedding below it read, a recurrent layer
+    between them, no lookup of the targets one position later, and only unidirectional
+    `nn.LSTM`/`nn.GRU`/`nn.RNN` layers in the script; it points at the assignment that slices the
+    targets when the script has one. The same
     leak in a table: a loss target (one value per sample) that one column of the data the
     model's first layer reads holds (`X = data` with the label as its last column,
     `TensorDataset(table, table[:, -1])`), compared at the first 8 loss calls on the CPU.
@@ -80,7 +87,9 @@ class TargetVisibleToModel(Rule):
     beside a next-token loss (multi-token prediction); encoder-decoders whose decoder is masked (the encoder
     sees the whole source); masked language models (BERT-style targets, -100 except the masked
     positions); text autoencoders and denoisers (targets equal to the input, the model not
-    causal); seq-first language models over `batchify`'d data; models that compute their loss
+    causal; a bidirectional RNN restoring the ids it reads); seq-first language models over
+    `batchify`'d data with their targets shifted; an RNN autoencoder (its decoder reads the
+    targets one position later); models that compute their loss
     inside `forward` on shifted labels (transformers' `labels=`); models on an accelerator,
     under DDP or compiled (not probed). In a table: a target that is a function of a feature
     but not a copy of it (`y = 3 * x[:, 0]`, a toy task), a one-column input, a target of
@@ -107,6 +116,19 @@ class TargetVisibleToModel(Rule):
     def check(self, a):
         for e in a.of_kind("target_in_inputs"):
             yield self._column(a, e)
+        probed = list(self._probed(a))
+        yield from probed
+        if any(f.evidence.get("shift") == 0 for f in probed):
+            return  # the probe said it, at the loss call: the graph's reading adds nothing
+        for e in a.of_kind("token_copy"):
+            if e.loc is not None:
+                found = self._token_copy(a, e)
+                if found is not None:
+                    yield found
+                    return
+
+    def _probed(self, a):
+        """The findings of the dependency probe's sequence events (dependency.py)."""
         seen: set = set()
         for e in a.by_kind.get("dependency", ()):
             seq = e.get("seq")
@@ -123,6 +145,27 @@ class TargetVisibleToModel(Rule):
             elif k in (0, -1, 2) and seq.get("past") and not seq.get("future"):
                 seen.add((e["model"], e.loc))
                 yield self._unshifted(a, e, seq)
+
+    def _token_copy(self, a, e):
+        """A recurrent language model's targets that are its input ids (tokencopy.py), when the
+        script's recurrent layers are all unidirectional (a bidirectional one reads the future:
+        a tagger or an autoencoder may copy on purpose)."""
+        path = e.loc.path
+        layers = a.source.calls_named(path, frozenset({"LSTM", "GRU", "RNN"}))
+        if not layers or any("bidirectional=True" in text for _, text, _ in layers):
+            return None
+        loc, fix = e.loc, ("slice the targets one position after the inputs: `data = "
+                           "source[i:i + seq_len]`, `target = source[i + 1:i + 1 + seq_len]`")
+        built = a.source.target_slice_line(path)
+        if built is not None:
+            loc = Location(path, built[0], e.loc.function)
+        return self.finding(
+            f"the loss's target at each position is the input token at that same position (the "
+            f"targets are the input ids, not shifted: {e['positions']} positions compared), and "
+            f"the model reads them through a unidirectional recurrent layer: each position is "
+            f"trained to output the token it already reads, so the model learns to copy its input, "
+            f"not to predict the next token", loc,
+            evidence={"shift": 0, "positions": e["positions"], "lookups": e["lookups"]}, fix=fix)
 
     def _column(self, a, e):
         column, columns, fn = e["column"], e["columns"], e.get("fn", "the loss")
@@ -348,6 +391,17 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
             return Location(path, line, "forward"), why, fix
         filled = [c for c in calls if "masked_fill" in c[1]]
         if filled:
+            # the causal mask built one diagonal too high (`torch.tril(ones, diagonal=1)`): its
+            # construction is the line to change, not the masked_fill that applies it
+            shifted = [c for c in a.source.calls_named(path, frozenset(("tril", "tril_")))
+                       if re.search(r"diagonal\s*=\s*[1-9]|,\s*[1-9]\s*\)\s*$", c[1])]
+            if len(shifted) == 1:
+                line, text, _ = shifted[0]
+                return (Location(path, line),
+                        f"the causal mask `{text}` keeps the entries above the diagonal as well, "
+                        f"so position t also attends to the positions after it",
+                        "build the causal mask with the diagonal itself as its last kept entry: "
+                        "`torch.tril(torch.ones(T, T))` (diagonal=0)")
             line, text, _ = filled[0]
             return (Location(path, line, "forward"),
                     f"the mask of `{text}` lets position t see the positions after it (inverted "
