@@ -202,6 +202,9 @@ class ScriptSource:
     def call_with_swapped(self, path: str, line: int, first: int, second: int) -> tuple[str, str] | None:
         return call_with_swapped(self.full(path), line, first, second)
 
+    def snapshot_restored_later(self, path: str, line: int, name: str) -> tuple[int, str] | None:
+        return snapshot_restored_later(self.full(path), line, name)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -1448,6 +1451,54 @@ def _innermost_statement(tree: ast.AST, line: int) -> tuple[ast.stmt, list, int]
                     if best is None or span <= best[0]:
                         best = (span, stmt, block, index)
     return None if best is None else best[1:]
+
+
+def snapshot_restored_later(path: str, line: int, name: str) -> tuple[int, str] | None:
+    """For a statement on ``line`` that binds ``name`` and sits in an ``if`` inside a loop (a
+    snapshot taken on some iterations only: ``if val < best: best_state = model.state_dict()``):
+    the first later line that restores or saves that name, ``X.load_state_dict(name)`` or
+    ``torch.save(name, ...)``, with ``"load_state_dict"`` or ``"torch.save"``; else None."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    parents: dict = {}
+    binding = None
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+        if binding is None and isinstance(node, (ast.Assign, ast.AnnAssign)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if name in names:
+                binding = node
+    if binding is None:
+        return None
+    node, in_if = binding, False
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If):
+            in_if = True
+        elif isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            break
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return None
+    else:
+        return None
+    if not in_if:
+        return None  # taken at every iteration: the last one is the weights it holds anyway
+    found = []
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call) or not call.args or call.lineno <= line:
+            continue
+        first, func = call.args[0], call.func
+        if not (isinstance(first, ast.Name) and first.id == name and isinstance(func, ast.Attribute)):
+            continue
+        if func.attr == "load_state_dict":
+            found.append((call.lineno, "load_state_dict"))
+        elif func.attr == "save" and isinstance(func.value, ast.Name) and func.value.id == "torch":
+            found.append((call.lineno, "torch.save"))
+    return min(found) if found else None
 
 
 def moves_to_host(path: str, line: int) -> bool | None:
