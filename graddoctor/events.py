@@ -1145,7 +1145,8 @@ batch_layout       cls (the module's class: LSTM | GRU | RNN | MultiheadAttentio
                    instrument/batchfirst.py)
 dependency         model (the class of the model), batch (its batch size), source ("loader":
                    the DataLoader batch's | "loss_target": a loss target's leading dimension |
-                   None: not known, so the batch was not judged), mixed (True: the output for
+                   "pairwise": the loss compares the (N, D) output's rows with each other,
+                   ``cdist(out, out)`` or ``out @ out.T`` | None: not known, so the batch was not judged), mixed (True: the output for
                    one sample depends on other samples of the batch | False: it does not | None:
                    not judged), op (the autograd node that first mixes them, nearest the output:
                    ``ViewBackward0``, ``SoftmaxBackward0``; None), op_at ([path, line,
