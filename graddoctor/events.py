@@ -1138,6 +1138,12 @@ snapshot_alias     via ("load_state_dict" | "torch.save"), taken ([path, line, f
                    optimizers owning those parameters since the ``state_dict()`` call): a state
                    dict that is no copy, restored or saved after the parameters it refers to were
                    stepped (loc: the user's ``load_state_dict`` / ``torch.save`` call; an aside)
+snapshot_held      name (the variable of the caller's frame holding the dict), params [pid]
+                   (optimizer-owned parameters whose live storage its tensors share), steps (steps
+                   of their optimizers since): a ``state_dict()`` result that is no copy, still
+                   held by a variable at the next optimizer step and given to no
+                   ``load_state_dict``/``torch.save`` before it, for the first 8 calls (loc: the
+                   user's ``state_dict()`` call; an aside)
 param_created      owner (class of the module), attr (the name it was registered under), params
                    [pid] (the new parameter, tracked from here), step (optimizer steps so far) —
                    a parameter registered once an optimizer exists that replaces none an
@@ -1180,7 +1186,8 @@ batch_layout       cls (the module's class: LSTM | GRU | RNN | MultiheadAttentio
                    instrument/batchfirst.py)
 dependency         model (the class of the model), batch (its batch size), source ("loader":
                    the DataLoader batch's | "loss_target": a loss target's leading dimension |
-                   None: not known, so the batch was not judged), mixed (True: the output for
+                   "pairwise": the loss compares the (N, D) output's rows with each other,
+                   ``cdist(out, out)`` or ``out @ out.T`` | None: not known, so the batch was not judged), mixed (True: the output for
                    one sample depends on other samples of the batch | False: it does not | None:
                    not judged), op (the autograd node that first mixes them, nearest the output:
                    ``ViewBackward0``, ``SoftmaxBackward0``; None), op_at ([path, line,
@@ -1921,6 +1928,10 @@ def snapshot_alias(*, via: str, taken: list | None, params: list[int], tensors: 
                               "total": total, "steps": steps}
 
 
+def snapshot_held(*, name: str, params: list[int], steps: int) -> Made:
+    return "snapshot_held", {"name": name, "params": params, "steps": steps}
+
+
 def param_replaced(*, owner: str, attr: str, via: str, old: list[int], new: list[int]) -> Made:
     return "param_replaced", {"owner": owner, "attr": attr, "via": via, "old": old, "new": new}
 
@@ -2230,7 +2241,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "pair_pull": pair_pull,
     "ratio_fault": ratio_fault, "reparam_cut": reparam_cut, "loss_no_graph": loss_no_graph,
     "fresh_sample_scored": fresh_sample_scored, "batch_reduced_target": batch_reduced_target,
-    "snapshot_alias": snapshot_alias, "folded": folded,
+    "snapshot_alias": snapshot_alias, "snapshot_held": snapshot_held, "folded": folded,
     "ddp_no_sync": ddp_no_sync, "ddp_init": ddp_init, "sampler_iter": sampler_iter,
     "replica_checksum": replica_checksum, "batch_layout": batch_layout,
     "batch_fingerprint": batch_fingerprint, "batch_labels": batch_labels,
@@ -2257,7 +2268,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "param_attr", "short_len", "param_replaced", "reseed",
-                         "hook_stacked", "param_reset", "snapshot_alias",
+                         "hook_stacked", "param_reset", "snapshot_alias", "snapshot_held",
                          "loader_sampler", "custom_backward", "loss_padding", "prompt_trained", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",

@@ -37,3 +37,23 @@ def test_room_bounds_what_is_read():
     loss = logp.gather(2, ids).sum() + logp.gather(2, ids.flip(1)).sum()
     assert len(_gathered_targets([loss], 1)) == 1
     assert len(_gathered_targets([loss], 8)) == 2
+
+
+def test_rows_compared_reads_a_loss_over_the_output_rows_pairwise():
+    """The loss compares the rows of an (N, D) output with each other (cdist, or a similarity
+    out @ out.T): the rows are the samples, a batch size the data need not tell."""
+    from graddoctor.instrument.dependency import _rows_compared
+
+    lin = torch.nn.Linear(6, 4)
+    out = lin(torch.randn(12, 6))
+    assert _rows_compared(torch.cdist(out, out).mean(), out)  # small sizes: _euclidean_dist
+    big = lin(torch.randn(40, 6))
+    assert _rows_compared(torch.cdist(big, big, compute_mode="donot_use_mm_for_euclid_dist").sum(), big)
+    assert _rows_compared((out @ out.T).logsumexp(1).mean(), out)
+    assert _rows_compared([(out @ out.t()).sum(), out.sum()], out)
+    other = lin(torch.randn(12, 6))
+    assert not _rows_compared((out @ other.T).sum(), out)  # two sets: a cross-similarity
+    assert not _rows_compared((out @ lin.weight).sum(), out)  # a product with a parameter
+    assert not _rows_compared(out.pow(2).sum(), out)
+    assert not _rows_compared(torch.cdist(out[:3], out[:3]).sum(), out[:3])  # fewer than 4 rows
+    assert not _rows_compared(torch.tensor(1.0), out)

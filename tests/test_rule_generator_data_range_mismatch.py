@@ -25,6 +25,17 @@ def test_data_outside_the_range():
     assert _mismatch(torch.rand(512).double() * 5, 0.0, float("inf")) is None  # no upper bound
 
 
+def test_data_in_range_with_instance_noise_is_near_it():
+    # bars of -1 and +1 with a little noise added (instance noise): half the values spill just
+    # past tanh's bounds, none far past them; a generator reaches within a hair of each
+    g = torch.Generator().manual_seed(0)
+    bars = torch.where(torch.rand(4096, generator=g) < 0.5, -1.0, 1.0).double()
+    noisy = bars + 0.05 * torch.randn(4096, generator=g).double()
+    assert float((noisy.abs() > 1).double().mean()) > 0.4
+    assert _mismatch(noisy, -1.0, 1.0) is None
+    assert _mismatch(bars * 1.5, -1.0, 1.0) == "excludes"  # data past the bounds by a quarter of the range
+
+
 class _Rec:
     def __init__(self):
         self.events = []

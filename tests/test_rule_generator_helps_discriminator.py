@@ -150,3 +150,25 @@ def test_the_fake_terms_target_is_read_from_the_real_terms_line():
     assert _same_target((x_real, wgan), (x_fake, -wgan)) is False
     assert _same_target((x_real, wgan), (x_fake, wgan)) is True
     assert _same_target(None, (x_fake, wgan)) is None
+
+
+def test_target_filled_before_finds_the_in_place_fill_of_the_loss_target(tmp_path):
+    from graddoctor.analysis.source import target_filled_before
+    path = tmp_path / "dcgan.py"
+    path.write_text(
+        "for real in loader:\n"                                   # 1
+        "    label = torch.full((32,), 1.0)\n"                    # 2
+        "    netG.zero_grad()\n"                                  # 3
+        "    label.fill_(fake_label)  # the slip\n"               # 4
+        "    output = netD(fake)\n"                               # 5
+        "    errG = criterion(output, label)\n"                   # 6
+        "    label = torch.ones(32)\n"                            # 7
+        "    output = netD(fake)\n"                               # 8
+        "    errG = criterion(output, label)\n"                   # 9
+        "    output = netD(fake)\n"                               # 10
+        "    errG = criterion(output)\n")                         # 11
+    assert target_filled_before(str(path), 5) == (4, "label.fill_(fake_label)", "label")
+    assert target_filled_before(str(path), 8) is None  # bound again, not filled
+    assert target_filled_before(str(path), 10) is None  # no second argument
+    assert target_filled_before(str(path), 6) is None  # not a model call bound to a name
+    assert target_filled_before(str(tmp_path / "missing.py"), 5) is None

@@ -151,3 +151,77 @@ def test_the_watcher_keeps_no_tensor_alive():
         del state
         gc.collect()
         assert len(watcher._refs) == 0
+
+
+# -- a snapshot restored after the loop, which the check does not reach ----------------------
+
+_EARLY_STOPPING = (
+    "import copy, torch\n"                                              # 1
+    "best, best_state, last = 1e9, None, None\n"                        # 2
+    "for epoch in range(100):\n"                                        # 3
+    "    train_one_epoch()\n"                                           # 4
+    "    if val < best:\n"                                              # 5
+    "        best, best_state = val, model.state_dict()\n"              # 6
+    "    last = model.state_dict()\n"                                   # 7
+    "    if epoch % 5 == 0:\n"                                          # 8
+    "        ckpt = model.state_dict()\n"                               # 9
+    "model.load_state_dict(best_state)\n"                               # 10
+    "torch.save(last, 'last.pt')\n"                                     # 11
+    "torch.save(ckpt, 'ckpt.pt')\n")                                    # 12
+
+
+def test_snapshot_restored_later_reads_a_snapshot_taken_in_an_if_of_a_loop(tmp_path):
+    from graddoctor.analysis.source import snapshot_restored_later
+    path = tmp_path / "s.py"
+    path.write_text(_EARLY_STOPPING)
+    assert snapshot_restored_later(str(path), 6, "best_state") == (10, "load_state_dict")
+    assert snapshot_restored_later(str(path), 9, "ckpt") == (12, "torch.save")
+    assert snapshot_restored_later(str(path), 7, "last") is None  # taken at every iteration
+    assert snapshot_restored_later(str(path), 6, "best") is None  # bound there, never restored
+    assert snapshot_restored_later(str(tmp_path / "missing.py"), 6, "best_state") is None
+
+
+def _held(t, line, name="best_state", steps=2, params=P):
+    for _ in range(steps):
+        t.backward(fresh=P, line=4)
+        t.step(line=4)
+    t.put(ev.snapshot_held(name=name, params=list(params), steps=steps), line=line)
+    return t
+
+
+def test_a_held_snapshot_restored_after_the_loop_is_a_warning(tmp_path):
+    t = _script(tmp_path, _EARLY_STOPPING)
+    t.optimizer(0, P, line=1)
+    f = only(_held(t, 6), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 6
+    assert "`best_state`" in f.message and "load_state_dict(...) at line 10" in f.message
+    assert f.fix.startswith("copy the tensors when taking it: best_state = copy.deepcopy(model.state_dict())")
+    assert f.evidence["used_at"] == 10 and f.evidence["via"] == "load_state_dict"
+
+
+def test_a_held_snapshot_is_silent_when_taken_every_iteration_or_never_restored(tmp_path):
+    t = _script(tmp_path, _EARLY_STOPPING)
+    t.optimizer(0, P, line=1)
+    assert findings(_held(t, 7, name="last"), SLUG) == []
+    t = _script(tmp_path, _EARLY_STOPPING)
+    t.optimizer(0, P, line=1)
+    assert findings(_held(t, 6, params=[]), SLUG) == []
+    assert findings(_held(builder(), 6), SLUG) == []  # no readable source
+
+
+def test_the_watcher_tells_a_snapshot_still_held_at_the_next_step():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        best = model.state_dict(); best_line = sys._getframe().f_lineno  # noqa: E702
+        deep = copy.deepcopy(model.state_dict())
+        used = model.state_dict()
+        model.load_state_dict(used)  # given to a load before any step: used
+        for _ in range(2):
+            model(torch.randn(4, 3)).sum().backward()
+            optimizer.step()
+        assert deep is not None and best is not None
+    held = [(e["name"], e.loc.line, e["steps"], len(e["params"])) for e in rec.trace.of_kind("snapshot_held")]
+    assert held == [("best", best_line, 1, 4)]
+    assert not rec.trace.of_kind("internal_error")

@@ -211,6 +211,12 @@ class ScriptSource:
     def call_with_swapped(self, path: str, line: int, first: int, second: int) -> tuple[str, str] | None:
         return call_with_swapped(self.full(path), line, first, second)
 
+    def target_filled_before(self, path: str, line: int) -> tuple[int, str, str] | None:
+        return target_filled_before(self.full(path), line)
+
+    def snapshot_restored_later(self, path: str, line: int, name: str) -> tuple[int, str] | None:
+        return snapshot_restored_later(self.full(path), line, name)
+
     def tree(self, path: str) -> ast.AST | None:
         """The parsed file (shared, cached: not to be changed), or None."""
         return _parse(self.full(path))
@@ -1573,6 +1579,96 @@ def _innermost_statement(tree: ast.AST, line: int) -> tuple[ast.stmt, list, int]
                     if best is None or span <= best[0]:
                         best = (span, stmt, block, index)
     return None if best is None else best[1:]
+
+
+def target_filled_before(path: str, line: int) -> tuple[int, str, str] | None:
+    """For a model call bound to a name on ``line`` (``output = netD(fake)``) whose next
+    statement hands that name and another one to a call (``errG = criterion(output, label)``):
+    ``(line, text, name)`` of the last statement before ``line``, within the 3 before it in the
+    same block, that fills that other name in place (``label.fill_(real_label)``: the target of
+    pytorch/examples' DCGAN); else None."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    for block in ast.walk(tree):
+        body = getattr(block, "body", None)
+        if not isinstance(body, list):
+            continue
+        for i, stmt in enumerate(body):
+            if stmt.lineno != line:
+                continue
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name) and i + 1 < len(body)):
+                return None
+            out = stmt.targets[0].id
+            after = body[i + 1]
+            call = getattr(after, "value", None)
+            if not isinstance(call, ast.Call):
+                return None
+            names = [a.id for a in call.args if isinstance(a, ast.Name)]
+            if out not in names or len(names) != 2:
+                return None
+            target = names[1 - names.index(out)]
+            for before in reversed(body[max(0, i - 3):i]):
+                value = getattr(before, "value", None)
+                if isinstance(before, ast.Expr) and isinstance(value, ast.Call) \
+                        and isinstance(value.func, ast.Attribute) and value.func.attr == "fill_" \
+                        and isinstance(value.func.value, ast.Name) and value.func.value.id == target:
+                    text = linecache.getline(path, before.lineno).split("  #")[0].strip()
+                    return before.lineno, text, target
+                if any(isinstance(n, ast.Name) and n.id == target and isinstance(n.ctx, ast.Store)
+                       for n in ast.walk(before)):
+                    return None  # bound again in between
+            return None
+    return None
+
+
+def snapshot_restored_later(path: str, line: int, name: str) -> tuple[int, str] | None:
+    """For a statement on ``line`` that binds ``name`` and sits in an ``if`` inside a loop (a
+    snapshot taken on some iterations only: ``if val < best: best_state = model.state_dict()``):
+    the first later line that restores or saves that name, ``X.load_state_dict(name)`` or
+    ``torch.save(name, ...)``, with ``"load_state_dict"`` or ``"torch.save"``; else None."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    parents: dict = {}
+    binding = None
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+        if binding is None and isinstance(node, (ast.Assign, ast.AnnAssign)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if name in names:
+                binding = node
+    if binding is None:
+        return None
+    node, in_if = binding, False
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If):
+            in_if = True
+        elif isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            break
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return None
+    else:
+        return None
+    if not in_if:
+        return None  # taken at every iteration: the last one is the weights it holds anyway
+    found = []
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call) or not call.args or call.lineno <= line:
+            continue
+        first, func = call.args[0], call.func
+        if not (isinstance(first, ast.Name) and first.id == name and isinstance(func, ast.Attribute)):
+            continue
+        if func.attr == "load_state_dict":
+            found.append((call.lineno, "load_state_dict"))
+        elif func.attr == "save" and isinstance(func.value, ast.Name) and func.value.id == "torch":
+            found.append((call.lineno, "torch.save"))
+    return min(found) if found else None
 
 
 def moves_to_host(path: str, line: int) -> bool | None:

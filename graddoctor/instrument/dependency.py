@@ -56,8 +56,9 @@ How, and what it costs:
   Functions, reentrant checkpointing, module backward hooks) or made under saved-tensor hooks
   (non-reentrant checkpointing); tensor hooks or ``retain_grad`` since the last backward; more
   than ``_NODES`` graph nodes; an output that does not lead with the batch, or is ``(B, B)``
-  (CLIP's similarities); a batch size that is not known (the DataLoader's, or a loss target's
-  laid out unlike the input) or that dim 1 of an input equals (``(T, B)`` or ``(B, T)``?). The
+  (CLIP's similarities); a batch size that is not known (the DataLoader's, a loss target's
+  laid out unlike the input, or the rows of an (N, D) output that the loss compares with each
+  other: metric learning's ``cdist(emb, emb)``, a similarity ``emb @ emb.T``) or that dim 1 of an input equals (``(T, B)`` or ``(B, T)``?). The
   batch test needs the known batch size; the sequence test only the shift.
 
 Each probe is recorded as a ``dependency`` aside event at the user's line that called the model.
@@ -423,7 +424,7 @@ class DependencyWatcher:
                     self._done[key] = weakref.ref(forward.model)
                     self._probes += 1
                     if not hooked:
-                        self._probe(forward, targets, locate)
+                        self._probe(forward, targets, locate, tensors)
                         if locate is None:
                             try:
                                 self._copy_probe(forward, targets)
@@ -439,7 +440,7 @@ class DependencyWatcher:
             self.rec.internal_error("dependency probe", exc)
         return {}
 
-    def _batch_source(self, forward: _Forward, targets, B: int) -> str | None:
+    def _batch_source(self, forward: _Forward, targets, B: int, tensors=None) -> str | None:
         size = self.loader.batch_size() if self.loader is not None else None
         if size == B:
             return "loader"
@@ -450,19 +451,23 @@ class DependencyWatcher:
             if target.dim() >= 2 and first.dim() >= 2 and tuple(target.shape[:2]) == tuple(first.shape[:2]):
                 continue  # laid out like the input: (B, T) and (T, B) read alike
             return "loss_target"
+        if tensors is not None and forward.out.dim() == 2 and _rows_compared(tensors, forward.out):
+            return "pairwise"
         return None
 
-    def _probe(self, forward: _Forward, targets, locate) -> None:
+    def _probe(self, forward: _Forward, targets, locate, tensors=None) -> None:
         out = forward.out
         B = int(out.shape[0])
         first = forward.inputs[0]
         if B < 2 or int(first.shape[0]) != B:
             return
-        if any(t.dim() >= 2 and int(t.shape[1]) == B for t in forward.inputs):
-            return  # (T, B, ...) or (B, T, ...) with T == B: which one is the batch?
         if out.dim() >= 2 and int(out.shape[1]) == B:
             return  # (B, B) scores: a similarity matrix (CLIP) mixes the batch by design
-        source = self._batch_source(forward, targets, B) if not forward.packed else None
+        source = self._batch_source(forward, targets, B, tensors) if not forward.packed else None
+        if any(t.dim() >= 2 and int(t.shape[1]) == B for t in forward.inputs) and not (
+                source == "pairwise" and all(t.dim() == 2 for t in forward.inputs)):
+            return  # (T, B, ...) or (B, T, ...) with T == B: which one is the batch? (a (B, F)
+            # input whose (B, D) output's rows the loss compares with each other: the rows)
         seq = self._sequence(forward, targets, out)
         if source is None and seq is None:
             return
@@ -938,6 +943,34 @@ def _distributed() -> bool:
         return bool(dist is not None and dist.is_available() and dist.is_initialized())
     except Exception:
         return True
+
+
+_PAIRWISE = frozenset({"CdistBackward0", "EuclideanDistBackward0", "MmBackward0"})  # cdist's
+# small sizes run as _euclidean_dist
+_ROW_VIEWS = frozenset({"TBackward0", "TransposeBackward0", "PermuteBackward0"})
+
+
+def _rows_compared(tensors, out) -> bool:
+    """Does the loss compare the rows of the (N, D) output ``out`` with each other, N >= 4:
+    ``torch.cdist(out, out)`` or ``out @ out.T`` (metric learning's distances, a contrastive
+    loss's similarities)? Then its rows are the samples, whatever the data told. Graphs of more
+    than ``_GATHER_NODES`` nodes are not looked through."""
+    own = getattr(out, "grad_fn", None)
+    if own is None or int(out.shape[0]) < 4:
+        return False
+    for tensor in tensors if isinstance(tensors, (list, tuple)) else (tensors,):
+        root = getattr(tensor, "grad_fn", None)
+        for node in (post_order(root, _GATHER_NODES) if root is not None else None) or ():
+            if type(node).__name__ not in _PAIRWISE or len(node.next_functions) != 2:
+                continue
+            sides = []
+            for side, _ in node.next_functions:
+                while side is not None and type(side).__name__ in _ROW_VIEWS:
+                    side = side.next_functions[0][0]
+                sides.append(side)
+            if sides[0] is own and sides[1] is own:
+                return True
+    return False
 
 
 def _gathered_targets(tensors, room: int) -> list[tuple]:

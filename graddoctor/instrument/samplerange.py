@@ -12,7 +12,9 @@ read from G's output's autograd node, ``losses.bounded_by``: a sigmoid, tanh or 
 through views; an output bounded on one side only, relu's or exp's, is left out) or on data no
 module made and that needs no gradient (``plain``: the first ``_VALUES`` values of D's first floating input are kept, for the first ``_PLAIN`` such calls of
 D). Once D has had both, with inputs of one shape past the batch axis, the data is judged
-against the samples' range: 40 % or more of its values outside it (``excludes``), or
+against the samples' range: 40 % or more of its values outside it, farther than 5 % of the
+range's width past a bound (``excludes``; data in [-1, 1] with instance noise spills just past
+a tanh's bounds, which the generator nearly reaches), or
 every value in one half of it while the range is split by 0 and the data
 spans more than a quarter of it (``half``: [0, 1] data under a tanh). A ``sample_range`` aside
 event tells it once per D, at D's call on the data, with the name the calling frame binds the
@@ -38,6 +40,9 @@ _MODULES = 16  # modules followed, at most
 _OUTSIDE = 0.4  # share of data values outside the samples' range that is judged (standardised
 # data has 32 % beyond +-1: a tanh generator still reaches most of it)
 _SLACK = 1e-3  # a value at a bound is reachable
+_NEAR = 0.05  # share of a finite range past a bound that still counts as near it: data in
+# [-1, 1] with instance noise (or a jitter) added spills just past a tanh's bounds, and a
+# generator reaches within a hair of every such value
 _SPAN = 0.25  # share of a finite range the data must span to be judged as covering one half
 _NAMES_READ = 2000
 
@@ -114,7 +119,9 @@ class SampleRange:
 def _mismatch(values, low: float, high: float) -> str | None:
     """``"excludes"`` when 40 % or more of the data lies outside [low, high], ``"half"``
     when a finite range split by 0 holds the data in one of its halves only, else None."""
-    outside = float(((values < low - _SLACK) | (values > high + _SLACK)).double().mean())
+    near = _NEAR * (high - low) if high != float("inf") else 0.0
+    beyond = max(_SLACK, near)
+    outside = float(((values < low - beyond) | (values > high + beyond)).double().mean())
     if outside >= _OUTSIDE:
         return "excludes"
     if high == float("inf") or not low < 0.0 < high:

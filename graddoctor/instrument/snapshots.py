@@ -17,14 +17,26 @@ the module it was called on, whose optimizers stepped since, make a ``snapshot_a
 the user's call (rules/snapshot_aliases_params.py). A copy (``copy.deepcopy``, ``.clone()``, a
 ``torch.load``) is another tensor: never looked up as a snapshot.
 
+A snapshot restored only after the loop (early stopping's ``model.load_state_dict(best_state)``)
+is never reached in a check that stops after a few steps. So for the first ``HELD`` outermost
+``state_dict()`` calls, the user's frame that made the call is kept until the next optimizer step
+(``STEPPED``, subscribed only while one is pending); there its variables are read for a mapping
+whose first value is the first tensor that call returned (the dict itself, or a copy of the dict
+that holds the same tensors). One found, never given to ``load_state_dict``/``torch.save`` before
+that step, and still sharing storage with a stepped parameter, makes a ``snapshot_held`` aside
+with the variable's name at the ``state_dict()`` call: the rule reads in the script whether that
+name is restored or saved later, and whether it is taken only on some iterations (in an ``if``).
+
 Cost: nothing per step; per ``state_dict()`` call a weak reference per tensor; per load or save
 a dict lookup per tensor, and a pass over the module's parameters only when one of them is a
-snapshot taken before an optimizer step.
+snapshot taken before an optimizer step. For the first ``HELD`` calls, one read of the calling
+frame's variables at the next step.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Mapping
@@ -33,22 +45,25 @@ import torch
 
 from .. import events as ev
 from .recorder import Recorder
-from .topics import STATE_TAKEN
+from .topics import STATE_TAKEN, STEPPED
 
 MAX_ITEMS = 100_000  # items of a saved object looked at (torch.save of a whole dataset)
 MAX_DEPTH = 3  # {"model": state_dict, ...}, [state_dict, ...]: how deep a saved object is read
+HELD = 8  # state_dict() calls whose result is looked for among the caller's variables
+_NAMES_READ = 2000  # variables of a frame read, at most
 
 
 class _Taken:
     """One ``state_dict()`` call: the module it was called on (weakly), the user's line and the
     optimizers' step counts at that moment."""
 
-    __slots__ = ("module", "loc", "opt_steps")
+    __slots__ = ("module", "loc", "opt_steps", "used")
 
     def __init__(self, module, loc, opt_steps: dict[int, int]):
         self.module = weakref.ref(module)
         self.loc = loc
         self.opt_steps = opt_steps
+        self.used = False  # given to load_state_dict / torch.save
 
 
 class _Ref(weakref.ref):
@@ -73,6 +88,10 @@ class SnapshotWatcher:
         self._local = threading.local()  # ``inside``: within an outermost state_dict() call
         self._refs: dict[int, _Ref] = {}  # id of a tensor state_dict() returned -> its reference
         self._taken = rec.subscribers(STATE_TAKEN)  # told of each outermost state_dict() call
+        self._held_left = HELD
+        self._pending: list = []  # [(user frame, _Taken, id of its first tensor)] until a step
+        self._stepping = False  # called on STEPPED (only while a call is pending)
+        self._subscribed = False
 
     # -- state_dict(): remember what it returned ------------------------------------------
     def _forget(self, ref: _Ref) -> None:
@@ -93,6 +112,36 @@ class SnapshotWatcher:
             ref = _Ref(tensor, forget)
             ref.key, ref.taken = id(tensor), taken
             refs[ref.key] = ref
+        if self._held_left > 0 and taken.loc is not None:
+            frame = next(iter(rec.finder.user_frames(sys._getframe(2))), None)
+            if frame is not None:
+                self._held_left -= 1
+                self._pending.append((frame, taken, id(tensors[0])))
+                if not self._stepping:
+                    self._stepping = True
+                    if self._subscribed:
+                        rec.resume(STEPPED, self.after_step)
+                    else:
+                        self._subscribed = True
+                        rec.subscribe(STEPPED, self.after_step)
+
+    # -- the next step: the snapshot still held by a variable of its caller ---------------------
+    def after_step(self, opt, optimizer) -> None:
+        pending, self._pending = self._pending, []
+        self._stepping = False
+        self.rec.retire(STEPPED, self.after_step)
+        try:
+            for frame, taken, key in pending:
+                ref = self._refs.get(key)
+                tensor = ref() if ref is not None and ref.taken is taken else None
+                if tensor is None or taken.used:
+                    continue
+                held = _holder(frame, tensor)
+                if held is not None:
+                    tensors = [v for v in held[1].values() if isinstance(v, torch.Tensor)]
+                    self._judge(taken, tensors, len(tensors), "held", held[0])
+        except Exception as exc:
+            self.rec.internal_error("snapshot held", exc)
 
     def _wrap_state_dict(self, original):
         watcher, rec, local = self, self.rec, self._local
@@ -149,8 +198,10 @@ class SnapshotWatcher:
         for taken, tensors in found.items():
             self._judge(taken, tensors, total, via)
 
-    def _judge(self, taken: _Taken, tensors: list, total: int, via: str) -> None:
+    def _judge(self, taken: _Taken, tensors: list, total: int, via: str, name: str | None = None) -> None:
         rec = self.rec
+        if via != "held":
+            taken.used = True
         module = taken.module()
         if module is None or rec.progress.opt_steps == taken.opt_steps:  # no step since
             return
@@ -186,6 +237,9 @@ class SnapshotWatcher:
         if steps <= 0:
             return
         loc = taken.loc
+        if via == "held":
+            rec.emit_aside(ev.snapshot_held(name=name, params=sorted(owned), steps=steps), loc)
+            return
         rec.emit_aside(ev.snapshot_alias(
             via=via, taken=None if loc is None else [loc.path, loc.line, loc.function],
             params=sorted(owned), tensors=aliased, total=total, steps=steps), rec.here(3))
@@ -194,6 +248,22 @@ class SnapshotWatcher:
         patcher.patch(torch.nn.Module, "state_dict",
                       self._wrap_state_dict(torch.nn.Module.state_dict))
         patcher.patch(torch, "save", self._wrap_save(torch.save))
+
+
+def _holder(frame, tensor) -> tuple[str, Mapping] | None:
+    """A variable of ``frame`` holding a mapping whose first value is ``tensor``: its name and
+    the mapping."""
+    for i, (name, value) in enumerate(list(frame.f_locals.items())):
+        if i >= _NAMES_READ:
+            break
+        if isinstance(value, Mapping) and value:
+            try:
+                first = next(iter(value.values()))
+            except Exception:
+                continue
+            if first is tensor:
+                return name, value
+    return None
 
 
 def _tensors(obj):

@@ -20,7 +20,9 @@ class GeneratorHelpsDiscriminator(Rule):
     The same agreement arises when the discriminator's loss is the wrong one, labelling the
     generated samples real (`bce(D(fake.detach()), ones)`): then D's own backward gives its
     output on the generated samples the gradients of the real samples' target, and the finding
-    points at D's step instead.
+    points at D's step instead. When the generator's loss takes a target tensor filled in place
+    just before (pytorch/examples' DCGAN: `label.fill_(fake_label)` where `real_label` was
+    meant), the finding points at that fill.
 
     ## Why is this bad?
     The discriminator learns to call the generated samples fake, and the generator, instead of
@@ -88,13 +90,29 @@ class GeneratorHelpsDiscriminator(Rule):
             if d_step and event.loc is not None and (d_step[0], d_step[1]) != (event.loc.path, event.loc.line):
                 related = (Related(Location(d_step[0], d_step[1]),
                                    "the discriminator's own step on the same samples"),)
+            loc, fix, filled = event.loc, None, None
+            if loc is not None:
+                filled = a.source.target_filled_before(loc.path, loc.line)
+            if filled is not None:
+                # the target tensor is filled in place just before (pytorch/examples' DCGAN:
+                # `label.fill_(real_label)`): that fill is the line to change
+                related = (Related(loc, "the discriminator's call on the generated samples, "
+                                        f"whose loss takes `{filled[2]}`"), *related)
+                loc = Location(loc.path, filled[0])
+                fix = (f"fill `{filled[2]}` with the real label here, before the generator's loss "
+                       f"(`{filled[2]}.fill_(real_label)`: fake labels are real for the "
+                       f"generator's cost)")
             yield self.finding(
-                f"the generator's loss here pushes {event['critic']}'s output on the samples "
+                ("the generator's loss here pushes " if filled is None else
+                 f"the generator's loss on the discriminator's call at line {event.loc.line} pushes ")
+                + f"{event['critic']}'s output on the samples "
                 f"{event['generator']} made the same way as the discriminator's own loss does "
-                f"(cosine {event['cosine']:.2f} over {event['samples']} samples): the generator "
-                f"is trained toward the discriminator's target for fake samples, so it learns "
-                f"to look fake instead of real",
-                event.loc, related=related,
+                f"(cosine {event['cosine']:.2f} over {event['samples']} samples)"
+                + (f": `{filled[1]}` gives the generator's loss the discriminator's target for "
+                   f"fake samples" if filled is not None else
+                   ": the generator is trained toward the discriminator's target for fake samples")
+                + ", so it learns to look fake instead of real",
+                loc, related=related, fix=fix,
                 evidence={"critic": event["critic"], "generator": event["generator"],
                           "cosine": event["cosine"], "samples": event["samples"],
                           "critic_params": a.param_names(event["critic_params"][:4]),

@@ -91,7 +91,9 @@ class SamplesMixedInBatch(Rule):
     attention); in-model mixup (`x[perm]`); a model that returns a (B, B) similarity matrix
     (CLIP); `transpose`/`permute` between batch-first and seq-first layouts; seq-first models
     over `batchify`'d (seq, batch) data; inputs with another dimension as long as the batch
-    (either could be the batch); a batch size the data does not tell; models on an accelerator,
+    (either could be the batch); a batch size the data does not tell (a DataLoader's batch, a
+    loss target, or a loss comparing the output's rows with each other, `cdist(emb, emb)` or
+    `emb @ emb.T`, tells it); models on an accelerator,
     under DDP, compiled, with custom autograd Functions, checkpointing or backward hooks (not
     probed); models that run an RNN over a `PackedSequence` (the packed data interleaves the
     samples by time step, and `pad_packed_sequence` regroups its rows in views the probe cannot

@@ -12,7 +12,11 @@ class SnapshotAliasesParams(Rule):
     model.state_dict()` (or `{k: v for k, v in model.state_dict().items()}`) keeps the very
     tensors `state_dict()` returned, which share storage with the live parameters. When the
     script later restores it (`load_state_dict`) or saves it (`torch.save`) after optimizer steps
-    changed those parameters, graddoctor points at the `state_dict()` call that took it.
+    changed those parameters, graddoctor points at the `state_dict()` call that took it. A
+    restore the check does not reach (early stopping's `load_state_dict(best_state)` after the
+    loop) is read from the script: a snapshot taken in an `if` inside the loop, still held by
+    that variable at the next optimizer step and given to no load or save before it, whose name
+    a later line passes to `load_state_dict` or `torch.save`.
 
     ## Why is this bad?
     `state_dict()` returns references, not copies: every later update of the parameters shows
@@ -42,7 +46,10 @@ class SnapshotAliasesParams(Rule):
     ...}`; a state dict taken and saved or loaded before the next step (checkpointing the
     current model each epoch, an EMA copy loaded from the live model); a state from
     `torch.load`; `{k: v.cpu() ...}` and `.to("cpu")` snapshots, which copy on a GPU (on the CPU
-    they are the tensors themselves: a GPU script checked on a CPU).
+    they are the tensors themselves: a GPU script checked on a CPU); a reference taken at every
+    iteration and saved after the loop (`last = model.state_dict()`: the last weights are the
+    ones meant); a snapshot saved right after it is taken (`if epoch % 5 == 0: sd =
+    model.state_dict(); torch.save(sd, path)`).
     """
 
     code = "GD125"
@@ -67,6 +74,33 @@ class SnapshotAliasesParams(Rule):
             if a.source.moves_to_host(snapshot.path, snapshot.line):
                 continue  # `.cpu()`: a copy on a GPU, the tensor itself on the CPU
             yield self._finding(a, event, snapshot)
+        for event in a.of_kind("snapshot_held"):
+            loc = event.loc
+            if loc is None or (loc.path, loc.line) in seen or event["steps"] < 1 or not event["params"]:
+                continue
+            later = a.source.snapshot_restored_later(loc.path, loc.line, event["name"])
+            if later is None or a.source.moves_to_host(loc.path, loc.line):
+                continue
+            seen.add((loc.path, loc.line))
+            yield self._held(a, event, loc, later)
+
+    def _held(self, a, event, snapshot, later):
+        pids, name = list(event["params"]), event["name"]
+        line, via = later
+        obj = a.source.called_object(snapshot.path, snapshot.line, "state_dict") or "model"
+        does = ("restores it: the last weights, not the best ones" if via == "load_state_dict"
+                else "saves it: the last weights under this snapshot's name")
+        return self.finding(
+            f"`{name}` is taken here only on some iterations and kept for later, but it holds "
+            f"references to the live tensors of {a.names(pids)}, not copies: the optimizer steps "
+            f"that follow change it too, so the {via}(...) at line {line} {does} "
+            f"(the check stopped before that line ran)",
+            snapshot,
+            step=a.steps_before(event.seq),
+            evidence={"params": a.param_names(pids), "via": via, "steps": event["steps"],
+                      "name": name, "used_at": line},
+            fix=(f"copy the tensors when taking it: {name} = copy.deepcopy({obj}.state_dict()) "
+                 f"(import copy) or {{k: v.detach().clone() for k, v in {obj}.state_dict().items()}}"))
 
     def _finding(self, a, event, snapshot):
         pids, steps = list(event["params"]), event["steps"]
