@@ -153,6 +153,10 @@ class ScheduleMisfitsRun(Rule):
                        f"{m.what} by step {m.at:,}, {where}, {after}")
             v = m.value if not isinstance(m.value, float) else f"{m.value:g}"
             fix = _SPENT_FIXES.get(m.arg, self.fix).format(v=v)
+            if a.framework == "lightning":  # Lightning steps it: the config says how often
+                fix = (f"return the scheduler with \"interval\": \"epoch\" in the lr_scheduler "
+                       f"config of configure_optimizers, or give its {m.arg} in optimizer steps "
+                       f"(self.trainer.estimated_stepping_batches counts the run's)")
             if m.what == "ends its warm-up":
                 message = (f"{_call(s)} is stepped after every batch{through}, but its total_iters "
                            f"is `{m.value}`, a count of epochs: the warm-up ends after {m.at:,} "
