@@ -516,10 +516,10 @@ grad_allreduce     opt (the optimizer whose step applied them), op ("sum" | "avg
                    they disagree), before (bool: the gradients were changed in place between the
                    backward and the all-reduce, e.g. divided first; a buffer's values were not
                    the gradients') — a ``torch.distributed.all_reduce`` (or
-                   ``all_reduce_coalesced``) the script called on gradients no
-                   DistributedDataParallel owns, judged at the step that applies them, one per
-                   all-reduce line, for the first ``ddp.ALLREDUCE_UPDATES`` such updates (loc: the
-                   all-reduce call)
+                   ``all_reduce_coalesced``) the script called on gradients (a
+                   DistributedDataParallel's too: it averaged them already), judged at the step
+                   that applies them, one per all-reduce line, for the first
+                   ``ddp.ALLREDUCE_UPDATES`` such updates (loc: the all-reduce call)
 batch_fingerprint  loader, epoch, index (the batch, as ``backward``'s ``batch``), value (float: a
                    position-weighted sum of up to 65,536 evenly spaced elements of the batch's
                    first tensor, a ``Deferred`` while the run goes on), sampler (str|None: the

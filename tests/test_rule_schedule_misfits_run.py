@@ -157,3 +157,83 @@ def test_a_one_cycle_over_the_epoch_count_stepped_per_batch(tmp_path):
 def test_a_one_cycle_over_the_run_is_silent(tmp_path):
     assert _check(tmp_path, "torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, "
                             "epochs=epochs, steps_per_epoch=len(loader))") == []
+
+
+# -- sized in the run's batches, stepped once per accumulated update -------------------------------
+
+ACCUM_SCRIPT = """
+import math
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+epochs, accum = 30, {accum}
+scheduler = {scheduler}
+for epoch in range(epochs):
+    for i, (x, y) in enumerate(loader):
+        loss = F.mse_loss(model(x), y) / accum
+        loss.backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+            {per_update}
+"""
+
+
+def _accum(tmp_path, scheduler, accum=4, per_update="scheduler.step()"):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(ACCUM_SCRIPT.format(scheduler=scheduler, accum=accum,
+                                                          per_update=per_update)))
+    report = run_check(CheckOptions(target=str(script)))
+    return [f for f in report.findings if f.rule in NEIGHBOURS]
+
+
+@pytest.mark.parametrize("scheduler, arg", [
+    ("torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=epochs * len(loader))",
+     "total_steps"),
+    ("torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(loader))", "T_max"),
+    ("torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=len(loader) * epochs)",
+     "total_iters"),
+])
+def test_a_schedule_sized_in_micro_batches_stepped_per_update(tmp_path, scheduler, arg):
+    f = _one(_accum(tmp_path, scheduler))
+    assert f.location.line == 12 and f.severity is Severity.WARNING
+    assert f.evidence["side"] == "micro" and f.evidence["k"] == 4
+    assert f.evidence["length"] == 30 * 16 and f.evidence["planned_steps"] == 30 * 4
+    assert f.evidence["covered"] == 0.25
+    assert f"= 30 epochs × 16 batches" in f.message and "never finishes" in f.message
+    assert f.fix.startswith(f"count its {arg} in optimizer steps") and "math.ceil(len(loader) / 4)" in f.fix
+
+
+@pytest.mark.parametrize("scheduler", [
+    "torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=epochs * math.ceil(len(loader) / accum))",
+    "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(loader) // accum)",
+    "torch.optim.lr_scheduler.LinearLR(optimizer, 0.1, 1.0, total_iters=epochs * len(loader))",  # a warm-up
+])
+def test_a_schedule_sized_in_updates_is_silent(tmp_path, scheduler):
+    assert [f for f in _accum(tmp_path, scheduler) if f.rule == SLUG] == []
+
+
+def test_without_accumulation_a_schedule_in_batches_is_silent(tmp_path):
+    found = _accum(tmp_path, "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(loader))",
+                   accum=1)
+    assert [f for f in found if f.rule == SLUG] == []
+
+
+def test_the_frameworks_loops_give_their_planned_epochs():
+    from types import SimpleNamespace
+
+    from graddoctor.instrument.planned import _lightning_epochs
+
+    def loop(max_epochs=5, max_steps=-1, limit=1.0):
+        return SimpleNamespace(max_epochs=max_epochs, epoch_loop=SimpleNamespace(max_steps=max_steps),
+                               trainer=SimpleNamespace(limit_train_batches=limit))
+
+    assert _lightning_epochs(loop()) == ["epochs", 5]
+    assert _lightning_epochs(loop(max_steps=100)) is None  # the steps decide
+    assert _lightning_epochs(loop(limit=0.25)) is None  # epochs cut short
+    assert _lightning_epochs(loop(max_epochs=None)) is None

@@ -27,12 +27,41 @@ def test_the_last_micro_batch_synchronised_is_silent():
     assert findings(t, "step-without-allreduce") == []
 
 
-def test_no_ddp_no_finding_and_a_single_sync_among_several_is_enough():
+def test_no_ddp_no_finding_and_a_single_sync_before_the_last_micro_batch_is_enough():
     t = TraceBuilder()
     t.optimizer(0, [0, 1])
     t.backward(fresh=[0, 1], line=12)  # a plain backward: no allreduce key
     t.step(0, line=20)
-    ddp_window(t, [True, False])  # the sync may come first (its all-reduce covers the bucket)
+    ddp_window(t, [False, True, False, True])  # the last backward syncs all accumulated so far
+    assert findings(t, "step-without-allreduce") == []
+
+
+def test_a_sync_followed_by_no_sync_micro_batches_is_flagged_at_the_no_sync():
+    # `model.no_sync() if last else nullcontext()`: the window's last micro-batch is the one
+    # no_sync() covers; what it adds after the synchronised backward stays each rank's own
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1])
+    for _ in range(3):
+        ddp_window(t, [True, True, False])
+    [f] = findings(t, "step-without-allreduce")
+    assert (f.location.line, f.step) == (10, 1)
+    assert f.evidence == {"backwards": 3, "unsynchronised": 1, "updates": 3, "partial": True}
+    assert "the last 1 micro-batch before this optimizer step ran under model.no_sync()" in f.message
+    assert [r.location.line for r in f.related] == [12, 20]
+    assert "no_sync() for every micro-batch but the last" in f.fix
+
+
+def test_a_trailing_no_sync_window_all_reduced_by_hand_is_silent():
+    from graddoctor import events as ev
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1])
+    for _ in range(3):
+        t.backward(fresh=[0, 1], line=12, allreduce=True)
+        t.put(ev.ddp_no_sync(ddp=0), 10)
+        t.backward(fresh=[0, 1], line=12, allreduce=False)
+        t.put(ev.grad_allreduce(opt=0, op="avg", world=2, params=2, via="grad", scale=1.0,
+                                before=False), 14)
+        t.step(0, line=20)
     assert findings(t, "step-without-allreduce") == []
 
 

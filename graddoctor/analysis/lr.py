@@ -517,6 +517,7 @@ class Plan:
     lengths: tuple  # the epoch lengths a length sized with len(loader) may have been given
     real_len: int | None
     replay_len: int | None
+    k: int = 1  # micro-batches accumulated per optimizer step
 
 
 def planned_run(a: "Analysis", s: Schedule) -> Plan | None:
@@ -536,7 +537,10 @@ def planned_run(a: "Analysis", s: Schedule) -> Plan | None:
     if c is None or c.updates < 3 or not isinstance(count, int) or count <= 0:
         return None
     lengths = c.lengths()
-    per_update = PER_UPDATE[0] <= c.per_update <= PER_UPDATE[1] and c.most_between <= 1
+    # once per update: the ratio, or (a short replay) one scheduler step more than the updates
+    # counted after its first step, which come after the first update
+    per_update = (PER_UPDATE[0] <= c.per_update <= PER_UPDATE[1]
+                  or 0 <= s.count - c.updates <= 1) and c.most_between <= 1
     k = typical([w.k for w in a.windows.get(s.opt, [])]) or 1
     if per_update and unit == "epochs" and real_len:
         per = max(1, real_len // k)
@@ -544,7 +548,7 @@ def planned_run(a: "Analysis", s: Schedule) -> Plan | None:
         acc = f" of {k} accumulated batches" if k > 1 else ""
         return Plan("batch", steps, count, per,
                     f"{count} epochs × {per:,} updates{acc} = {steps:,} steps", lengths,
-                    real_len, replay_len)
+                    real_len, replay_len, k)
     if per_update and unit == "steps" and k == 1:
         return Plan("batch", count, None, real_len, f"the loop's {count:,} steps", lengths,
                     real_len, replay_len)
@@ -558,7 +562,8 @@ class Misfit:
     """A schedule whose length is out of scale with the planned run."""
 
     plan: Plan
-    side: str  # "spent": done within SPENT_SHARE of the run; "still": barely begun at its end
+    side: str  # "spent": done within SPENT_SHARE of the run; "still": barely begun at its end;
+    # "micro": sized in the run's micro-batches, stepped once per accumulated update
     at: int  # spent: the scheduler step at which it has done its work; still: its length
     what: str  # what happens there, for a message
     arg: str  # the argument sized in the wrong unit
@@ -666,6 +671,40 @@ def _warmup_in_epochs(a: "Analysis", s: Schedule, plan: Plan):
     return n, shown
 
 
+MICRO_SHARE = 0.6  # a schedule sized in micro-batches covers at most this share of its length
+_RUN_LENGTHS = ("total_steps", "T_max", "num_training_steps", "total_iters")
+
+
+def _micro_batch_length(s: Schedule, plan: Plan) -> Misfit | None:
+    """A schedule stepped once per optimizer step under accumulation of ``plan.k`` micro-batches
+    whose length is the planned run counted in DataLoader batches (``epochs * len(loader)``):
+    over the run it is stepped ``1/k`` as often as its length says, so it covers at most
+    ``MICRO_SHARE`` of it (a decay that never finishes, a one-cycle that never comes down).
+    Misfit side ``"micro"``; None otherwise."""
+    if plan.k < 2 or not plan.epochs or not plan.real_len:
+        return None
+    for arg in _RUN_LENGTHS:
+        n = s.args.get(arg)
+        if type(n) is not int or n <= 0:
+            continue
+        if arg == "total_iters" and s.cls == "LinearLR":
+            start, end = s.args.get("start_factor", 1 / 3), s.args.get("end_factor", 1.0)
+            if not (isinstance(start, (int, float)) and isinstance(end, (int, float))) or end >= start:
+                return None  # a warm-up, not the run's decay
+        for length in (plan.replay_len, plan.real_len):
+            if not length or length < 2 or n != plan.epochs * length:
+                continue
+            real = plan.epochs * plan.real_len  # the run's batches, as a real run counts them
+            if plan.steps > MICRO_SHARE * real:
+                return None
+            left = lr_left(s, plan.steps * n / real)
+            if s.cls == "LambdaLR" and "linear" not in str(s.args.get("lr_lambda", "")):
+                left = None  # lr_left reads a LambdaLR as a linear decay
+            return Misfit(plan, "micro", n, "", arg, n, left, None, real)
+        return None
+    return None
+
+
 def _sized_in_batches(n: int, lengths) -> bool:
     return any(m >= 2 and n >= m and n % m == 0 for m in lengths)
 
@@ -730,6 +769,10 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
     plan = planned_run(a, stepper)
     if plan is None:
         return None
+    if plan.unit == "batch" and s.parent is None:
+        micro = _micro_batch_length(s, plan)
+        if micro is not None:
+            return micro
     if plan.unit == "batch":
         found = _spent_at(s)
         if found is None:

@@ -61,7 +61,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .. import events as ev
 from .identities import Identities
-from .planned import planned
+from .planned import framework_plan, planned
 from .recorder import Deferred, Recorder
 from .topics import BATCH_SERVED, BUDGET_HOLD
 
@@ -201,7 +201,10 @@ class DataLoaderWatcher:
         at its first epoch; None when unknown."""
         try:
             user = next(self.rec.finder.user_frames(frame), None)
-            return planned(user, self.rec.finder.is_user_file, self._plain_len)
+            plan = planned(user, self.rec.finder.is_user_file, self._plain_len)
+            if plan is None and user is not None and user is not frame:
+                plan = framework_plan(frame)  # the loop is Lightning's or the Trainer's
+            return plan
         except Exception as exc:
             self.rec.internal_error("DataLoader.__iter__ (planned run)", exc)
             return None

@@ -41,8 +41,9 @@
   nothing divided them afterwards, ``1 / world`` when the script averaged them), a buffer's
   against the step's gradients as a whole when it held as many elements as they do (a metric
   all-reduced matches none). One ``grad_allreduce`` event per all-reduce line and update, at
-  that line. Parameters of ``DistributedDataParallel`` modules (which average themselves), async
-  calls (their result is not there when the call returns) and closure steps are left alone.
+  that line. The gradients of ``DistributedDataParallel`` modules are judged too (DDP has
+  averaged them already: summed again, they are N times the mean); async calls (their result
+  is not there when the call returns) and closure steps are left alone.
   Nothing of the script's is held: gradients are looked up by their pids again.
 
 * ``FSDPModule.set_requires_gradient_sync`` (FSDP2's ``no_sync``): while a parameter group
@@ -398,12 +399,13 @@ class DDPWatcher:
             flat[5].append(_norm(t))
 
     def _ar_tracked(self):
-        """(pid, grad) of the tracked tensors with a plain gradient that no DDP module owns."""
-        rec, replicated = self.rec, self._replicated
+        """(pid, grad) of the tracked tensors with a plain gradient (a DDP module's too: an
+        all-reduce of gradients DDP has averaged is judged, by ddp-average-redone)."""
+        rec = self.rec
         pids, refs = rec.readable(rec.others_in_backward())
         for pid, ref in zip(pids, refs):
             tensor = ref()
-            if tensor is None or id(tensor) in replicated:
+            if tensor is None:
                 continue
             grad = tensor.grad
             if grad is not None and type(grad) is Tensor:
@@ -439,13 +441,13 @@ class DDPWatcher:
 
     def _ar_raw_grads(self) -> dict:
         """Per optimizer, (elements, sum of squares as a device scalar) of the gradients of its
-        parameters as they are now (those no DDP module owns)."""
-        rec, replicated, out = self.rec, self._replicated, {}
+        parameters as they are now."""
+        rec, out = self.rec, {}
         for opt, pids in rec.opt_params.items():
             grads = []
             for pid in pids:
                 tensor = rec.tensor(pid)
-                grad = tensor.grad if tensor is not None and id(tensor) not in replicated else None
+                grad = tensor.grad if tensor is not None else None
                 if grad is not None and type(grad) is Tensor:
                     grads.append(grad)
             if grads and len({g.device for g in grads}) == 1:

@@ -15,6 +15,12 @@ of those (``len(loader)`` of a DataLoader is its real length, not the replay's).
 The result is ``epoch_start``'s ``planned`` on the loader's first epoch: ``["epochs", E]`` or
 ``["steps", N]``; absent when the source does not show such a loop or its count cannot be read.
 Once per loader.
+
+A framework's loop holds the count instead (``framework_plan``): Lightning's fit loop, its
+``max_epochs`` (when no ``max_steps`` and no ``limit_train_batches`` cut the epochs), and the
+transformers Trainer's ``_inner_training_loop``, its ``num_train_epochs`` (when
+``args.max_steps`` does not decide), read from the frames between the loader's ``__iter__`` and
+the script (attributes held in ``__dict__`` and the loop's locals: no property runs).
 """
 
 from __future__ import annotations
@@ -187,3 +193,54 @@ def planned(frame, is_user_file, real_len):
     tree = _tree(caller.f_code.co_filename)
     loops = _loops_around(tree, caller.f_lineno) if tree is not None else []
     return _count(loops[-1], caller, real_len) if loops else None
+
+
+_FRAMES = 64  # how far up the stack a framework's training loop is looked for
+
+
+def _held(obj, name):
+    held = getattr(obj, "__dict__", None)
+    return held.get(name) if type(held) is dict else None
+
+
+def _lightning_epochs(loop):
+    """A Lightning ``_FitLoop``'s planned epochs, or None when steps or batch limits decide."""
+    epochs = _held(loop, "max_epochs")
+    epoch_loop = _held(loop, "epoch_loop")
+    max_steps = _held(epoch_loop, "max_steps") if epoch_loop is not None else None
+    trainer = _held(loop, "trainer")
+    limit = _held(trainer, "limit_train_batches") if trainer is not None else None
+    if type(epochs) is not int or not 0 < epochs <= _MAX or max_steps not in (-1, None):
+        return None
+    if limit is not None and limit != 1.0:
+        return None
+    return ["epochs", epochs]
+
+
+def _transformers_epochs(frame):
+    """The transformers Trainer's planned epochs in its ``_inner_training_loop``, or None."""
+    local = frame.f_locals
+    epochs, done = local.get("num_train_epochs"), local.get("epochs_trained", 0)
+    args = _held(local.get("self"), "args")
+    max_steps = _held(args, "max_steps") if args is not None else None
+    if type(epochs) is not int or type(done) is not int or (type(max_steps) is int and max_steps > 0):
+        return None
+    n = epochs - done
+    return ["epochs", n] if 0 < n <= _MAX else None
+
+
+def framework_plan(frame):
+    """``["epochs", E]`` from the training loop of Lightning or the transformers Trainer running
+    above ``frame`` (the caller of a DataLoader's ``__iter__``), or None."""
+    for _ in range(_FRAMES):
+        if frame is None:
+            return None
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(("lightning.pytorch.loops", "pytorch_lightning.loops")):
+            owner = frame.f_locals.get("self")
+            if type(owner).__name__ == "_FitLoop":
+                return _lightning_epochs(owner)
+        elif module.startswith("transformers.trainer") and frame.f_code.co_name == "_inner_training_loop":
+            return _transformers_epochs(frame)
+        frame = frame.f_back
+    return None

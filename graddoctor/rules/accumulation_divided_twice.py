@@ -4,6 +4,7 @@ from ..analysis.windows import typical
 from ..findings import Role, Severity
 from ..trace import Location
 from .base import Rule, related
+from .ddp_average_redone import ddp_world, world_division
 from .unscaled_accumulation import SCALE_INVARIANT
 
 # what each framework's backward does with the loss while it accumulates k micro-batches
@@ -97,6 +98,9 @@ class AccumulationDividedTwice(Rule):
                 assigned = a.source.loss_assignment(loc.path, loc.line, framework=bool(via))
                 if assigned is not None and "/" in assigned[1]:
                     loc, text = Location(loc.path, assigned[0], loc.function), assigned[1]
+            if text and k == ddp_world(a) and all(b.get("allreduce") is not None for b in w.group) \
+                    and world_division(text.split("  #")[0]):
+                continue  # loss / (k * world_size) of a DDP model: ddp-average-redone's
             cls = a.optimizer_class(opt)
             owned = set(a.opt_params.get(opt, ()))
             clipped = any(owned.intersection(c["params"]) for c in clips)

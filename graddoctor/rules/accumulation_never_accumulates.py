@@ -7,6 +7,7 @@ from ..analysis.source import shared_if
 from ..findings import Severity
 from .accumulation_term_undivided import inside_accumulate
 from .base import Rule, related
+from .ddp_average_redone import ddp_world
 from .lr_applied_twice import loss_factor_is_lr
 from .unscaled_accumulation import SCALE_INVARIANT
 
@@ -119,6 +120,8 @@ class AccumulationNeverAccumulates(Rule):
                 continue  # gradients rescaled by hand before some step
             if any(e.get("world") == k for e in a.of_kind("grad_allreduce")):
                 continue  # data parallelism by hand: the loss / world size averages the summed grads
+            if k == ddp_world(a) and all(b.get("allreduce") for b in backwards):
+                continue  # the loss / world size of a DDP model: ddp-average-redone's
             if loss_factor_is_lr(a, opt, windows):
                 continue  # (loss * lr).backward(): the lr applied twice, lr-applied-twice's
             if any(d.later_step is not None and d.later_step["opt"] == opt for d in a.ledger.discards):

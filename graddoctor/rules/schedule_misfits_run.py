@@ -55,7 +55,13 @@ class ScheduleMisfitsRun(Rule):
       while none of its lengths is a multiple of the DataLoader's length;
     * stepped once per epoch with a length that is a multiple of the DataLoader's length (a
       count of batches: `T_max=epochs * len(loader)`), it covers at most 20% of it by the run's
-      last epoch: the lr hardly moves.
+      last epoch: the lr hardly moves;
+    * stepped once per optimizer step under gradient accumulation of k batches (a hand-written
+      window, `accelerator.accumulate`, Lightning's `accumulate_grad_batches`, the Trainer's
+      `gradient_accumulation_steps`) with a length that counts the run's batches
+      (`total_steps=epochs * len(loader)`, `num_training_steps=len(train_dataloader) * epochs`):
+      it is stepped 1/k as often as its length says and never finishes. The planned run of
+      Lightning and the Trainer is read from their loops (`max_epochs`, `num_train_epochs`).
 
     graddoctor runs a few steps only; the projection needs no long run.
 
@@ -86,7 +92,9 @@ class ScheduleMisfitsRun(Rule):
     ```
 
     ## Stays silent on
-    A per-batch schedule sized in steps (`epochs * len(loader)`, milestones in steps); a
+    A per-batch schedule sized in steps (`epochs * len(loader)`, milestones in steps; under
+    accumulation `epochs * math.ceil(len(loader) / k)`, Lightning's
+    `self.trainer.estimated_stepping_batches`); a schedule stepped every micro-batch; a
     per-epoch schedule sized in epochs; `ReduceLROnPlateau`; a warm-up (however short);
     `CyclicLR` and warm restarts (cycles by design); a run whose length
     graddoctor cannot read from the source; a schedule resumed from a checkpoint
@@ -98,8 +106,8 @@ class ScheduleMisfitsRun(Rule):
     slug = "schedule-misfits-run"
     severity = Severity.WARNING
     summary = ("a learning-rate schedule sized in epochs is stepped per batch (done within the "
-               "first 10% of the planned run), or sized in batches and stepped per epoch (it "
-               "never moves)")
+               "first 10% of the planned run), or sized in batches and stepped per epoch or per "
+               "accumulated update (it never finishes)")
     fix = ("size the schedule in the unit it is stepped in: optimizer steps "
            "(epochs * len(loader)) when stepped per batch, epochs when stepped per epoch")
 
@@ -118,6 +126,8 @@ class ScheduleMisfitsRun(Rule):
 
     def _finding(self, a, s, m):
         plan = m.plan
+        if m.side == "micro":
+            return self._micro(a, s, m)
         if m.side == "spent":
             if plan.per_epoch and m.at <= plan.per_epoch:
                 where = f"in the first epoch ({m.at:,} of its {plan.per_epoch:,} steps)"
@@ -143,6 +153,10 @@ class ScheduleMisfitsRun(Rule):
                        f"{m.what} by step {m.at:,}, {where}, {after}")
             v = m.value if not isinstance(m.value, float) else f"{m.value:g}"
             fix = _SPENT_FIXES.get(m.arg, self.fix).format(v=v)
+            if a.framework == "lightning":  # Lightning steps it: the config says how often
+                fix = (f"return the scheduler with \"interval\": \"epoch\" in the lr_scheduler "
+                       f"config of configure_optimizers, or give its {m.arg} in optimizer steps "
+                       f"(self.trainer.estimated_stepping_batches counts the run's)")
             if m.what == "ends its warm-up":
                 message = (f"{_call(s)} is stepped after every batch{through}, but its total_iters "
                            f"is `{m.value}`, a count of epochs: the warm-up ends after {m.at:,} "
@@ -169,3 +183,35 @@ class ScheduleMisfitsRun(Rule):
             evidence={"scheduler": s.cls, "args": dict(s.args), "side": m.side,
                       "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
                       "left": m.left, "spent_share": SPENT_SHARE})
+
+    def _micro(self, a, s, m):
+        """The schedule counts the run's DataLoader batches, but it is stepped once per
+        optimizer step, each of which accumulates ``k`` of them."""
+        plan, k = m.plan, m.plan.k
+        covered = plan.steps / m.real_length
+        per = m.at // plan.epochs
+        end = (f"; the lr ends the run at {_share(m.left)} of its start" if m.left is not None
+               and m.left > 0.005 else "")
+        message = (f"{_call(s)} is sized in DataLoader batches ({m.at:,} = {plan.epochs} epochs × "
+                   f"{per:,} batches), but it is stepped once per optimizer step and each step "
+                   f"accumulates {k} batches: over the run the script plans ({plan.described}) it "
+                   f"is stepped {plan.steps:,} times, {_share(covered)} of its length, so the "
+                   f"schedule never finishes{end}")
+        framework = a.framework
+        size = {"lightning": "self.trainer.estimated_stepping_batches (it counts optimizer steps, "
+                             "accumulate_grad_batches included)",
+                "accelerate": f"epochs * math.ceil(len(loader) / gradient_accumulation_steps)",
+                "transformers": "epochs * math.ceil(len(train_dataloader) / "
+                                "args.gradient_accumulation_steps), or let the Trainer build the "
+                                "scheduler (lr_scheduler_type, warmup_steps)"}.get(
+                    framework, f"epochs * math.ceil(len(loader) / {k}) (the accumulation steps)")
+        fix = f"count its {m.arg} in optimizer steps, not batches: {m.arg}={size}"
+        stepper = a.schedulers.get(s.parent) if s.parent is not None else s
+        first = stepper.steps[0] if stepper is not None and stepper.steps else None
+        return self.finding(
+            message, s.init.loc, fix=fix, fixes={},
+            related=(related(first, "its step() call, once per optimizer step"),)
+            if first is not None else (),
+            evidence={"scheduler": s.cls, "args": dict(s.args), "side": "micro", "k": k,
+                      "stepped": plan.unit, "planned_steps": plan.steps, "length": m.at,
+                      "covered": round(covered, 4), "left": m.left})

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..analysis.windows import typical
 from ..findings import Autofix, Role, Safety, Severity
 from .base import Rule, related
@@ -255,8 +257,15 @@ class UnscaledAccumulation(Rule):
                          f"{', '.join(map(str, lines))}: divide the loss at each")
         if notes:
             message += "; " + "; ".join(notes)
+        loc = w.group[0].loc
+        if trainer and loc.hook == "compute_loss":
+            # the override's `return (loss, outputs) if return_outputs else loss`: the line to
+            # change is the one that makes the loss (its mean)
+            assigned = a.source.loss_assignment(loc.path, loc.line, framework=True)
+            if assigned is not None and assigned[0] != loc.line and "(" in assigned[1]:
+                loc = replace(loc, line=assigned[0])
         return self.finding(
-            message, w.group[0].loc, severity=severity, step=w.index, fix=fix,
+            message, loc, severity=severity, step=w.index, fix=fix,
             fixes=None if fix is None else {},
             related=(*(related(b, "the same loop's other micro-batches, also undivided")
                        for b in others),
