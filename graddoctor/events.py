@@ -601,6 +601,14 @@ augment_misaligned cls (the dataset's class), image, mask (the two fields of a s
                    two axes) have pixels from different places after the dataset's
                    augmentation; once per dataset (loc: the line of that op; an aside;
                    instrument/augalign.py)
+target_remapped    fn (the loss function), shape (the target's), how ("void": an out-of-range
+                   served label made a class the others keep; "shifted": labels covering the
+                   classes moved by a constant onto ignore_index; "rescaled": a float target
+                   served standardised or in [0, 1] scaled down again), and by how: raw, new,
+                   classes, ignore_index, count, values, labels, shift / scale, offset, served,
+                   mean, std, target_mean, target_std — a loss target made element by element
+                   from a served batch's tensor so that it no longer means the dataset's labels
+                   (loc: the loss call; an aside; instrument/targetmap.py)
 label_offset       cls, inputs (attribute of the array a field of the sample equals at its own
                    index), labels (attribute of the array another field equals at index + offset),
                    offset (int, not 0), samples (how many were compared), field (the label's
@@ -2097,6 +2105,10 @@ def augment_misaligned(*, cls: str, image: Any, mask: Any, op: str, moved: str,
                                   "moved": moved, "shape": shape}
 
 
+def target_remapped(*, fn: str, shape: list[int], how: str, **detail: Any) -> Made:
+    return "target_remapped", {"fn": fn, "shape": shape, "how": how, **detail}
+
+
 def label_offset(*, cls: str, inputs: str, labels: str, offset: int, samples: int,
                  field: Any) -> Made:
     return "label_offset", {"cls": cls, "inputs": inputs, "labels": labels, "offset": offset,
@@ -2176,7 +2188,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "step_edit": step_edit, "decay_share": decay_share, "eps_share": eps_share,
     "activation_saturated": activation_saturated, "model_copy": model_copy,
     "dataset_drift": dataset_drift, "label_offset": label_offset, "loader_rows": loader_rows,
-    "augment_misaligned": augment_misaligned,
+    "augment_misaligned": augment_misaligned, "target_remapped": target_remapped,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -2200,7 +2212,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "feature_variance", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
-                         "augment_misaligned", "cumulative_order", "returns_order", "draw_twin"})
+                         "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
+                         "target_remapped"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it
