@@ -22,8 +22,18 @@ step and half a pixel (a bilinear and a nearest resize to the same size agree). 
 views), an image and a class label, and anything made outside torch (NumPy, PIL) are not
 judged; a mask made by an untracked op counts as not moved, so only the ops seen can differ.
 
+The same mode follows a label map's *values* (label-map-interpolated): an ``F.interpolate`` with
+an averaging mode (linear, bilinear, bicubic, trilinear, area, or ``antialias``) of a floating
+map of ``_MIN_CLASSES`` to ``_CLASSES`` integer values is run again, with the script's
+arguments, on each value's indicator (``map == v``), which tells the output pixels each class
+reaches; a pixel whose rounded (or floored: ``.long()``) value is none of the classes reaching
+it is made up. Every op on the result continues its lineage; a sample's field of that lineage
+that is integer (or floating with integer values: a soft target is meant to lie between) and
+holds made-up pixels is told once per dataset (``label_map_averaged`` at the resize).
+
 Costs: the mode's dispatch for every torch op in ``__getitem__`` during the looked-at fetches,
-two extra small ops per geometric op; nothing afterwards.
+two extra small ops per geometric op, one resize per class for the first ``_LABEL_RESIZES``
+averaging resizes of a label map; nothing afterwards.
 """
 
 from __future__ import annotations
@@ -43,6 +53,11 @@ FETCHES = 8  # batched fetches of one dataset looked at
 _LEVELS = 16  # distinct values a mask holds at most
 _MIN_SIDE = 4
 _MAX_ELEMENTS = 1 << 22  # grids of a larger input are not followed
+_AVERAGING = frozenset({"linear", "bilinear", "bicubic", "trilinear", "area"})
+_LABEL_RESIZES = 32  # averaging resizes of label maps followed, at most
+_LABEL_WORK = 1 << 24  # classes x pixels of a label map resized per class, at most
+_MIN_CLASSES, _CLASSES = 3, 64  # values a label map holds (two: a binary mask's resize only
+# moves its boundary)
 
 # ops that move pixels, named as torch names the function or method; applied again to the grids
 _GEOMETRIC = frozenset({
@@ -96,6 +111,11 @@ class AugmentAlignWatcher:
         self._fetches: dict[int, int] = {}  # id(dataset) -> batched fetches looked at
         self._told: set = set()
         self._grids: dict[int, tuple] = {}  # id(tensor) -> (tensor, _Grids), during one fetch
+        # id(tensor) -> (tensor, the label map's values, op, mode, Location): the results of an
+        # averaging resize of a label map and what is made from them, during one fetch
+        self._averaged: dict[int, tuple] = {}
+        self._told_labels: set = set()
+        self._label_resizes = 0
         self._failed = False
 
     def install(self, patcher) -> None:
@@ -121,7 +141,7 @@ class AugmentAlignWatcher:
                 samples.append(data)
                 return collate(data)
 
-            watcher._grids = {}
+            watcher._grids, watcher._averaged = {}, {}
             try:
                 fetcher.collate_fn = collate_seen
             except Exception as exc:
@@ -134,11 +154,12 @@ class AugmentAlignWatcher:
                 fetcher.collate_fn = collate
             try:
                 if samples:
+                    watcher._judge_labels(dataset, samples[0])
                     watcher._judge(dataset, samples[0])
             except Exception as exc:
                 watcher.broken(exc)
             finally:
-                watcher._grids = {}
+                watcher._grids, watcher._averaged = {}, {}
             return data
 
         fetch.__wrapped__ = original
@@ -161,6 +182,8 @@ class AugmentAlignWatcher:
 
     def note(self, func, args, kwargs, out) -> None:
         """An op run inside a looked-at fetch (the mode calls it): the grids of its result."""
+        if isinstance(out, torch.Tensor):
+            self._note_labels(func, args, kwargs, out)
         if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.numel() > _MAX_ELEMENTS:
             return
         source = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
@@ -202,6 +225,93 @@ class AugmentAlignWatcher:
         if not same:  # an op that moved pixels (not `images[i]`, `x[None]`): its line is kept
             ops = ops + ((name, self.rec.here()),)
         self._grids[id(out)] = (out, _Grids(moved[0], moved[1], ops))
+
+    def _note_labels(self, func, args, kwargs, out) -> None:
+        """An averaging resize (``F.interpolate`` with a linear, cubic or area mode) of a label
+        map — floating, integer values only, ``_MIN_CLASSES`` to ``_CLASSES`` of them — starts a
+        lineage; any op on a tensor of a lineage (a round, a cast, an index) continues it."""
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
+        if not isinstance(source, torch.Tensor):
+            return
+        held = self._averaged.get(id(source))
+        if held is not None and held[0] is source:
+            if out is not source:
+                self._averaged[id(out)] = (out,) + held[1:]
+            return
+        name = _name(func)
+        if name not in ("interpolate", "upsample") or not source.is_floating_point() \
+                or source.numel() > _MAX_ELEMENTS or source.dim() < 3:
+            return
+        mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+        antialias = bool(kwargs.get("antialias", args[6] if len(args) > 6 else False))
+        if not isinstance(mode, str) or not (mode in _AVERAGING or antialias):
+            return
+        if self._label_resizes >= _LABEL_RESIZES:
+            return
+        flat = source.detach().reshape(-1)
+        values = torch.unique(flat)
+        if not _MIN_CLASSES <= values.numel() <= _CLASSES \
+                or not bool(torch.equal(values, torch.round(values))) \
+                or values.numel() * source.numel() > _LABEL_WORK:
+            return
+        self._label_resizes += 1
+        # which pixels of the result a class of the map reaches at all: its indicator resized
+        # the same way; a pixel whose value (rounded, or floored by a cast) is none of the
+        # classes reaching it is made up
+        result = out.detach()
+        rounded, floored = torch.round(result), torch.floor(result)
+        kept_r = torch.zeros(result.shape, dtype=torch.bool)
+        kept_f = torch.zeros(result.shape, dtype=torch.bool)
+        for level in values.tolist():
+            indicator = (source.detach() == level).to(source.dtype)
+            if args and args[0] is source:
+                reach = func(indicator, *args[1:], **kwargs)
+            else:
+                reach = func(**{**kwargs, "input": indicator})
+            reach = reach.detach().abs() > 1e-6
+            kept_r |= reach & (rounded == level)
+            kept_f |= reach & (floored == level)
+        variants = []
+        for made_of, kept in ((rounded, kept_r), (floored, kept_f)):
+            made = ~kept
+            new = sorted(int(v) for v in torch.unique(made_of[made]).tolist())[:_CLASSES]
+            variants.append((float(made.float().mean()), new, float(made_of.double().sum())))
+        self._averaged[id(out)] = (out, frozenset(int(v) for v in values.tolist()), name, mode,
+                                   self.rec.here(), tuple(variants))
+
+    def _judge_labels(self, dataset, data) -> None:
+        """A sample's integer field (or floating with integer values) made from an averaging
+        resize of a label map and holding values that map does not: classes made up at the
+        boundaries (a ``label_map_averaged`` event at the resize, once per dataset)."""
+        if not self._averaged or id(dataset) in self._told_labels \
+                or not isinstance(data, (list, tuple)):
+            return
+        for sample in data:
+            fields = list(sample.items()) if isinstance(sample, dict) else \
+                list(enumerate(sample)) if isinstance(sample, (list, tuple)) else []
+            for key, value in fields:
+                if not isinstance(value, torch.Tensor) or value.dim() < 2:
+                    continue
+                held = self._averaged.get(id(value))
+                if held is None or held[0] is not value or value.dtype is torch.bool \
+                        or value.is_complex():
+                    continue
+                flat = value.detach().reshape(-1)
+                if value.is_floating_point() and not bool(torch.equal(flat, torch.round(flat))):
+                    continue  # a soft target: values between the classes are meant
+                levels = held[1]
+                total = float(flat.double().sum())
+                matching = [v for v in held[5] if abs(v[2] - total) < 0.5]
+                share, new, _ = max(matching or held[5], key=lambda v: v[0])
+                if share == 0 or not new:
+                    continue
+                self._told_labels.add(id(dataset))
+                _, _, op, mode, line, _ = held
+                self.rec.emit_aside(ev.label_map_averaged(
+                    cls=type(dataset).__name__, field=_key(key), op=op, mode=mode,
+                    levels=sorted(levels)[:_CLASSES], new=new[:_CLASSES],
+                    share=round(share, 4), shape=[int(n) for n in value.shape[-2:]]), line)
+                return
 
     # -- at the collate: the samples ----------------------------------------------------------
     def _judge(self, dataset, data) -> None:
