@@ -31,6 +31,14 @@ it is made up. Every op on the result continues its lineage; a sample's field of
 that is integer (or floating with integer values: a soft target is meant to lie between) and
 holds made-up pixels is told once per dataset (``label_map_averaged`` at the resize).
 
+The wrapped ``collate_fn`` also shows the batch it returns (collate-reorders-fields): for a
+collate of the script's, at the first ``_COLLATE_FETCHES`` fetches of a dataset, each row of each
+batch tensor (a ``PackedSequence`` unpacked) is matched to the samples whose value it holds
+(equal, a padded prefix along the first axis, the number); a field whose rows each name one
+sample gives an order, and another field whose rows do not follow it is told once per collate
+function (``collate_reordered``), at the collate's line that sorts or permutes (read from its
+source; the line that applies an order kept in a name), else its first line.
+
 Costs: the mode's dispatch for every torch op in ``__getitem__`` during the looked-at fetches,
 two extra small ops per geometric op, one resize per class for the first ``_LABEL_RESIZES``
 averaging resizes of a label map; nothing afterwards.
@@ -38,20 +46,27 @@ averaging resizes of a label map; nothing afterwards.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from threading import get_ident
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from torch.overrides import TorchFunctionMode
 from torch.utils.data._utils import fetch as _fetch
 
 from .. import events as ev
+from ..trace import Location
 from .recorder import Recorder
 
 FETCHES = 8  # batched fetches of one dataset looked at
 _LEVELS = 16  # distinct values a mask holds at most
 _MIN_SIDE = 4
+_MIN_ROWS = 3  # samples of a batch whose collate is judged, at least
+_COLLATE_ROWS = 64  # ... at most
+_COLLATE_FETCHES = 2  # fetches of a dataset whose collate is judged, the first ones
+_COLLATE_FIELDS = 6  # fields of a sample and of the batch compared, at most
 _MAX_ELEMENTS = 1 << 22  # grids of a larger input are not followed
 _AVERAGING = frozenset({"linear", "bilinear", "bicubic", "trilinear", "area"})
 _LABEL_RESIZES = 32  # averaging resizes of label maps followed, at most
@@ -116,6 +131,7 @@ class AugmentAlignWatcher:
         self._averaged: dict[int, tuple] = {}
         self._told_labels: set = set()
         self._label_resizes = 0
+        self._told_collates: set = set()  # code objects of the collate functions told
         self._failed = False
 
     def install(self, patcher) -> None:
@@ -139,7 +155,9 @@ class AugmentAlignWatcher:
 
             def collate_seen(data):
                 samples.append(data)
-                return collate(data)
+                out = collate(data)
+                samples.append(out)
+                return out
 
             watcher._grids, watcher._averaged = {}, {}
             try:
@@ -156,6 +174,8 @@ class AugmentAlignWatcher:
                 if samples:
                     watcher._judge_labels(dataset, samples[0])
                     watcher._judge(dataset, samples[0])
+                if len(samples) == 2:
+                    watcher._judge_collate(dataset, collate, samples[0], samples[1])
             except Exception as exc:
                 watcher.broken(exc)
             finally:
@@ -313,6 +333,56 @@ class AugmentAlignWatcher:
                     share=round(share, 4), shape=[int(n) for n in value.shape[-2:]]), line)
                 return
 
+    # -- the collate's order: each field's rows against the samples ---------------------------
+    def _judge_collate(self, dataset, collate, data, out) -> None:
+        """A ``collate_fn`` of the script's whose batch holds one field's rows in another order
+        of the samples than another field's (the sequences sorted by length, the labels not):
+        a ``collate_reordered`` event at the line of the collate that reorders, once per
+        collate function."""
+        code = getattr(collate, "__code__", None)
+        if code is None or code in self._told_collates or not isinstance(data, (list, tuple)) \
+                or self._fetches.get(id(dataset), 0) > _COLLATE_FETCHES \
+                or not _MIN_ROWS <= len(data) <= _COLLATE_ROWS \
+                or not self.rec.finder.is_user_file(code.co_filename):
+            return
+        rows = len(data)
+        samples = [list(s.values()) if isinstance(s, dict) else list(s) if isinstance(s, (list, tuple))
+                   else [s] for s in data]
+        width = len(samples[0])
+        if width < 2 or any(len(s) != width for s in samples):
+            return
+        fields = list(out.items()) if isinstance(out, dict) else \
+            list(enumerate(out)) if isinstance(out, (list, tuple)) else []
+        orders = []  # (output field, sample field, the orders its rows allow: per row, a set)
+        for key, value in fields[:_COLLATE_FIELDS]:
+            if isinstance(value, PackedSequence):  # rows in the order packed
+                value = pad_packed_sequence(value, batch_first=True)[0]
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or int(value.shape[0]) != rows:
+                continue
+            for k in range(min(width, _COLLATE_FIELDS)):
+                allowed = _row_sources(value, [s[k] for s in samples])
+                if allowed is not None:
+                    orders.append((key, k, allowed))
+                    break
+        unique = [(key, k, [next(iter(a)) for a in allowed]) for key, k, allowed in orders
+                  if all(len(a) == 1 for a in allowed) and len({next(iter(a)) for a in allowed}) == rows]
+        for key, k, perm in unique:
+            for other, j, allowed in orders:
+                if other == key or j == k:
+                    continue
+                if all(perm[r] in allowed[r] for r in range(rows)):
+                    continue
+                # the field out of the samples' order is the one reordered
+                moved, kept = (key, other) if perm != list(range(rows)) else (other, key)
+                self._told_collates.add(code)
+                line = _reordering_line(collate) or code.co_firstlineno
+                loc = Location(path=self.rec.finder.display_path(code.co_filename), line=line,
+                               function=code.co_name)
+                self.rec.emit_aside(ev.collate_reordered(
+                    collate=code.co_name, moved=_key(moved), kept=_key(kept), rows=rows,
+                    displaced=sum(1 for r in range(rows) if perm[r] not in allowed[r])), loc)
+                return
+
     # -- at the collate: the samples ----------------------------------------------------------
     def _judge(self, dataset, data) -> None:
         if id(dataset) in self._told or not isinstance(data, (list, tuple)):
@@ -364,6 +434,58 @@ class AugmentAlignWatcher:
         # both moved by ops of one line (`x, m = x.flip(-1), m.flip(0)`): the mask's
         last = ops_b[-1] if ops_b else ops_a[-1] if ops_a else None
         return (last[0], last[1], "mask" if ops_b else "image") if last is not None else None
+
+
+def _same(row, value) -> bool:
+    """Whether a batch row holds a sample's value: equal, or its prefix along the first axis
+    (a padded sequence), or the number of a scalar."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            return row.dim() == 0 and bool(row == value)
+        if value.dim() != row.dim() or tuple(value.shape[1:]) != tuple(row.shape[1:]) \
+                or value.shape[0] > row.shape[0] or value.numel() == 0:
+            return False
+        return bool(torch.equal(row[: value.shape[0]].to(value.dtype), value))
+    if isinstance(value, (bool, int, float)):  # compared in the batch's dtype (float32 labels)
+        return row.dim() == 0 and bool(row == torch.tensor(value, dtype=row.dtype))
+    return False
+
+
+def _row_sources(batch, values) -> list | None:
+    """For each row of ``batch``, the samples whose value it holds; None unless every row holds
+    one and every sample is held by one (the field is made of those values, in some order)."""
+    allowed = []
+    for r in range(int(batch.shape[0])):
+        row = batch[r]
+        allowed.append({s for s, v in enumerate(values) if _same(row, v)})
+        if not allowed[-1]:
+            return None
+    if len(set().union(*allowed)) != len(values):
+        return None
+    return allowed
+
+
+_REORDERS = ("sorted(", ".sort(", "argsort(", "randperm(", "shuffle(", "reversed(", "[::-1]",
+             ".flip(")
+
+
+def _reordering_line(fn) -> int | None:
+    """The first line of a function's source that reorders (sorts, permutes, reverses)."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    for i, text in enumerate(lines):
+        code = text.split("#")[0]
+        if any(r in code for r in _REORDERS):
+            # an order kept in a name (``order = lengths.argsort()``): the line that applies it
+            name = code.split("=")[0].strip() if "=" in code.split("(")[0] else ""
+            if name.isidentifier():
+                for j in range(i + 1, len(lines)):
+                    if f"[{name}]" in lines[j].split("#")[0]:
+                        return first + j
+            return first + i
+    return None
 
 
 def _step(rows, cols) -> float:
