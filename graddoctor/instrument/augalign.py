@@ -243,7 +243,9 @@ class AugmentAlignWatcher:
         same = moved[0].shape == rows.shape and bool(torch.equal(moved[0], rows)) \
             and bool(torch.equal(moved[1], cols))
         if not same:  # an op that moved pixels (not `images[i]`, `x[None]`): its line is kept
-            ops = ops + ((name, self.rec.here()),)
+            # with the line that called the script's helper holding the op, if any (a crop
+            # helper called once for the image and once for the mask: the calls differ)
+            ops = ops + ((name, self.rec.here(), self.rec.caller_of()),)
         self._grids[id(out)] = (out, _Grids(moved[0], moved[1], ops))
 
     def _note_labels(self, func, args, kwargs, out) -> None:
@@ -424,16 +426,27 @@ class AugmentAlignWatcher:
             return None
         ops_a = a.ops if a is not None else ()
         ops_b = b.ops if b is not None else ()
-        # the ops one of them went through and the other did not (the same line: the same op)
+        # the ops one of them went through and the other did not (the same line called from the
+        # same place: the same op)
         only_b = [op for op in ops_b if op not in ops_a]
         only_a = [op for op in ops_a if op not in ops_b]
         if only_b:  # the mask moved another way (another axis, another offset): the mask's op
-            return only_b[0][0], only_b[0][1], "mask"
+            return only_b[0][0], _line_of(only_b[0], ops_a), "mask"
         if only_a:
-            return only_a[0][0], only_a[0][1], "image"
+            return only_a[0][0], _line_of(only_a[0], ops_b), "image"
         # both moved by ops of one line (`x, m = x.flip(-1), m.flip(0)`): the mask's
         last = ops_b[-1] if ops_b else ops_a[-1] if ops_a else None
         return (last[0], last[1], "mask" if ops_b else "image") if last is not None else None
+
+
+def _line_of(op, others):
+    """The line to show for ``op``: its own, or, where the other tensor went through the same
+    line of a helper called from elsewhere (a random crop drawn in a helper called twice), the
+    line that called the helper for this one."""
+    name, line, caller = op
+    if caller is not None and any(o[0] == name and o[1] == line and o[2] != caller for o in others):
+        return caller
+    return line
 
 
 def _same(row, value) -> bool:
