@@ -74,3 +74,42 @@ def test_the_finding_names_the_mode_and_the_fix():
     assert 'mode="bilinear"' in f.message and "5.2%" in f.message and "(1, 2, 3)" in f.message
     assert 'mode="nearest"' in f.fix
     assert findings(builder(), SLUG) == []
+
+
+def _loop(resize) -> tuple[list, bool]:
+    rec = Recorder(step_budget=None)
+    original = F.interpolate
+    with Instrumentation(rec):
+        torch.manual_seed(0)
+        masks = torch.randint(0, 4, (8, 4, 4)).repeat_interleave(5, 1).repeat_interleave(5, 2)
+        conv = torch.nn.Conv2d(1, 4, 1)
+        opt = torch.optim.SGD(conv.parameters(), lr=0.01)
+        for i in range(0, 8, 4):
+            mask = masks[i:i + 4]
+            logits = conv(torch.rand(4, 1, 7, 7))
+            loss = F.cross_entropy(logits, resize(mask))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert not rec.trace.of_kind("internal_error")
+    return [dict(e.data) for e in rec.trace.of_kind("label_map_averaged")], F.interpolate is original
+
+
+def test_a_label_map_resized_in_the_loop_for_the_loss_is_found():
+    found, put_back = _loop(lambda m: F.interpolate(m[:, None].float(), size=(7, 7),
+                                                    mode="bilinear")[:, 0].round().long())
+    assert put_back and len(found) == 1
+    assert found[0]["cls"] is None and found[0]["field"] == "target" and found[0]["share"] > 0
+    found, _ = _loop(lambda m: F.interpolate(m[:, None].float(), size=(7, 7), mode="area")[:, 0].long())
+    assert len(found) == 1 and found[0]["mode"] == "area"
+    found, put_back = _loop(lambda m: F.interpolate(m[:, None].float(), size=(7, 7),
+                                                    mode="nearest")[:, 0].long())
+    assert found == [] and put_back
+
+
+def test_the_loop_finding_names_the_target():
+    t = builder()
+    t.put(ev.label_map_averaged(cls=None, field="target", op="interpolate", mode="bilinear",
+                                levels=[0, 1, 2, 3], new=[1, 2], share=0.1, shape=[8, 8]), 14)
+    f = only(t, SLUG)
+    assert f.location.line == 14 and "the target given to the loss" in f.message

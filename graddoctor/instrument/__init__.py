@@ -180,6 +180,7 @@ class Instrumentation:
         # the latest batches against the loss wrappers' first calls
         remaps = TargetRemapWatcher(rec)
         rec.subscribe(BATCH_SERVED, remaps.served)
+        self.watchers.append(remaps)  # its F.interpolate wrapper: label maps resized in the loop
         loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, repeats, prompts,
                                placeholders, remaps)
         # an ignore_index or padding_idx that the data uses as a real class or token: told

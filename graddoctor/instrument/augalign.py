@@ -120,6 +120,58 @@ class _Mode(TorchFunctionMode):
         return out
 
 
+def label_map_values(source):
+    """The values of a floating label map that an averaging resize makes up ids from:
+    ``_MIN_CLASSES`` to ``_CLASSES`` integers, with the map's size times their number at most
+    ``_LABEL_WORK``; or None."""
+    if not isinstance(source, torch.Tensor) or not source.is_floating_point() \
+            or source.requires_grad or source.dim() < 3 or source.numel() > _MAX_ELEMENTS:
+        return None
+    values = torch.unique(source.detach().reshape(-1))
+    if not _MIN_CLASSES <= values.numel() <= _CLASSES \
+            or not bool(torch.equal(values, torch.round(values))) \
+            or values.numel() * source.numel() > _LABEL_WORK:
+        return None
+    return values
+
+
+def averaging(args, kwargs) -> str | None:
+    """The mode of an ``F.interpolate`` call when it averages neighbouring values (a linear,
+    cubic or area mode, or ``antialias``), else None."""
+    mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+    antialias = bool(kwargs.get("antialias", args[6] if len(args) > 6 else False))
+    if isinstance(mode, str) and (mode in _AVERAGING or antialias):
+        return mode
+    return None
+
+
+def made_up(func, source, args, kwargs, out, values) -> tuple:
+    """For the resize ``out = func(source, *args[1:], **kwargs)`` of a label map holding
+    ``values``: ((share of made-up pixels, their ids, the sum of the made values), ...) once
+    rounded and once floored (a ``.long()`` cast). The resize is run again on each value's
+    indicator (``source == v``), which tells the output pixels the value reaches; a pixel whose
+    value is none of the values reaching it is made up."""
+    result = out.detach()
+    rounded, floored = torch.round(result), torch.floor(result)
+    kept_r = torch.zeros(result.shape, dtype=torch.bool)
+    kept_f = torch.zeros(result.shape, dtype=torch.bool)
+    for level in values.tolist():
+        indicator = (source.detach() == level).to(source.dtype)
+        if args and args[0] is source:
+            reach = func(indicator, *args[1:], **kwargs)
+        else:
+            reach = func(**{**kwargs, "input": indicator})
+        reach = reach.detach().abs() > 1e-6
+        kept_r |= reach & (rounded == level)
+        kept_f |= reach & (floored == level)
+    variants = []
+    for made_of, kept in ((rounded, kept_r), (floored, kept_f)):
+        made = ~kept
+        new = sorted(int(v) for v in torch.unique(made_of[made]).tolist())[:_CLASSES]
+        variants.append((float(made.float().mean()), new, float(made_of.double().sum())))
+    return tuple(variants)
+
+
 class AugmentAlignWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -261,45 +313,18 @@ class AugmentAlignWatcher:
                 self._averaged[id(out)] = (out,) + held[1:]
             return
         name = _name(func)
-        if name not in ("interpolate", "upsample") or not source.is_floating_point() \
-                or source.numel() > _MAX_ELEMENTS or source.dim() < 3:
+        if name not in ("interpolate", "upsample") or self._label_resizes >= _LABEL_RESIZES:
             return
-        mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
-        antialias = bool(kwargs.get("antialias", args[6] if len(args) > 6 else False))
-        if not isinstance(mode, str) or not (mode in _AVERAGING or antialias):
+        mode = averaging(args, kwargs)
+        if mode is None:
             return
-        if self._label_resizes >= _LABEL_RESIZES:
-            return
-        flat = source.detach().reshape(-1)
-        values = torch.unique(flat)
-        if not _MIN_CLASSES <= values.numel() <= _CLASSES \
-                or not bool(torch.equal(values, torch.round(values))) \
-                or values.numel() * source.numel() > _LABEL_WORK:
+        values = label_map_values(source)
+        if values is None:
             return
         self._label_resizes += 1
-        # which pixels of the result a class of the map reaches at all: its indicator resized
-        # the same way; a pixel whose value (rounded, or floored by a cast) is none of the
-        # classes reaching it is made up
-        result = out.detach()
-        rounded, floored = torch.round(result), torch.floor(result)
-        kept_r = torch.zeros(result.shape, dtype=torch.bool)
-        kept_f = torch.zeros(result.shape, dtype=torch.bool)
-        for level in values.tolist():
-            indicator = (source.detach() == level).to(source.dtype)
-            if args and args[0] is source:
-                reach = func(indicator, *args[1:], **kwargs)
-            else:
-                reach = func(**{**kwargs, "input": indicator})
-            reach = reach.detach().abs() > 1e-6
-            kept_r |= reach & (rounded == level)
-            kept_f |= reach & (floored == level)
-        variants = []
-        for made_of, kept in ((rounded, kept_r), (floored, kept_f)):
-            made = ~kept
-            new = sorted(int(v) for v in torch.unique(made_of[made]).tolist())[:_CLASSES]
-            variants.append((float(made.float().mean()), new, float(made_of.double().sum())))
+        variants = made_up(func, source, args, kwargs, out, values)
         self._averaged[id(out)] = (out, frozenset(int(v) for v in values.tolist()), name, mode,
-                                   self.rec.here(), tuple(variants))
+                                   self.rec.here(), variants)
 
     def _judge_labels(self, dataset, data) -> None:
         """A sample's integer field (or floating with integer values) made from an averaging

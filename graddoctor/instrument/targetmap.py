@@ -26,14 +26,26 @@ said), and the map is judged as above against the input's class count and the ca
 ``y`` (two values fit, every value checked) with ``|a|`` at most ``_SHRINK``.
 
 One ``target_remapped`` aside event per call line (loc: the loss call).
+
+The same watcher catches a label map resized in the loop by averaging (label-map-interpolated;
+the datasets' are seen by instrument/augalign.py): ``F.interpolate`` is wrapped until the loss
+calls are done; its first ``_RESIZES`` averaging resizes of a CPU label map (``label_map_values``)
+are checked for made-up pixels (``made_up``: the resize run again on each class's indicator) and
+kept as the ids they round and floor to; a ``cross_entropy`` / ``nll_loss`` target equal to
+those ids is told (``label_map_averaged`` at the resize, once per line).
 """
 
 from __future__ import annotations
 
+from threading import get_ident
+
 import torch
+import torch.nn.functional as F
 
 from .. import events as ev
+from .augalign import averaging, label_map_values, made_up
 from .constlabels import ignored_index
+from .inlinable import watched_call
 from .recorder import Recorder
 from .topics import BATCH_SERVED
 
@@ -46,6 +58,8 @@ _REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 _CLASSES = ("cross_entropy", "nll_loss")
 _SHRINK = 0.2  # a second scaling shrinks the target at least 5x
 _MIN_VALUES = 8
+_RESIZES = 8  # averaging resizes of a label map in the loop kept, at most
+_RESIZE_VALUES = 1 << 20  # values of such a resize kept (as the ids it rounds to), at most
 
 
 def _tensors(batch, depth: int = 0) -> list:
@@ -140,6 +154,63 @@ class TargetRemapWatcher:
         self._calls = 0
         self._served: dict = {}  # loader -> its latest batch (while open)
         self._told: set = set()
+        # averaging resizes of a label map outside the datasets' fetches, kept until the loss
+        # calls are heard: (ids rounded, ids floored, Location, mode, values, made-up variants)
+        self._resizes: list = []
+        self._resized_count = 0
+        self._restore: list = []
+        self._interpolate = F.interpolate
+
+    def install(self, patcher) -> None:
+        original = self._interpolate = F.interpolate
+        patcher.patch(F, "interpolate", watched_call(original, self._resized))
+        self._restore.append((F, "interpolate", original))
+
+    def _resized(self, args, kwargs, result) -> None:
+        """``F.interpolate`` ran (the wrapper's after): an averaging resize of a label map is
+        kept, with the ids it makes once rounded or cast, for the loss calls to look up."""
+        if not self.open or self._resized_count >= _RESIZES or not isinstance(result, torch.Tensor) \
+                or get_ident() != self.rec.script_thread or result.numel() > _RESIZE_VALUES:
+            return
+        try:
+            mode = averaging(args, kwargs)
+            if mode is None:
+                return
+            source = args[0] if args else kwargs.get("input")
+            if not isinstance(source, torch.Tensor) or source.device.type != "cpu":
+                return
+            values = label_map_values(source)
+            if values is None:
+                return
+            self._resized_count += 1
+            with torch.no_grad():
+                variants = made_up(self._interpolate, source, args, kwargs, result, values)
+                if max(v[0] for v in variants) == 0:
+                    return
+                flat = result.detach().reshape(-1)
+                self._resizes.append((torch.round(flat).long(), torch.floor(flat).long(),
+                                      self.rec.here(), mode, sorted(int(v) for v in values.tolist()),
+                                      variants))
+        except Exception as exc:
+            self._resized_count = _RESIZES
+            self.rec.internal_error("target remap (resize)", exc)
+
+    def _resized_target(self, target) -> bool:
+        """A class target that is the ids of a kept resize: told (once per resize line)."""
+        flat = target.detach().reshape(-1).long()
+        for rounded, floored, loc, mode, values, variants in self._resizes:
+            if rounded.numel() != flat.numel():
+                continue
+            for made, variant in ((rounded, variants[0]), (floored, variants[1])):
+                if variant[0] > 0 and torch.equal(made, flat):
+                    if loc not in self._told:
+                        self._told.add(loc)
+                        self.rec.emit_aside(ev.label_map_averaged(
+                            cls=None, field="target", op="interpolate", mode=mode,
+                            levels=values, new=variant[1], share=round(variant[0], 4),
+                            shape=[int(n) for n in target.shape[-2:]]), loc)
+                    return True
+        return False
 
     @property
     def open(self) -> bool:
@@ -167,6 +238,8 @@ class TargetRemapWatcher:
             return
         try:
             if fn in _CLASSES and (target.is_floating_point() or input.dim() < 2):
+                return
+            if fn in _CLASSES and self._resizes and self._resized_target(target):
                 return
             sources = self._sources(target)
             if not sources:
@@ -197,8 +270,14 @@ class TargetRemapWatcher:
 
     def _close(self) -> None:
         """Done: the batches let go of, off ``BATCH_SERVED``."""
-        self._served = {}
+        self._served, self._resizes = {}, []
         self.rec.retire(BATCH_SERVED, self.served)
+        restore, self._restore = self._restore, []
+        for owner, name, original in restore:
+            try:
+                setattr(owner, name, original)
+            except Exception as exc:
+                self.rec.internal_error("target remap", exc)
 
     def _sources(self, target) -> list | None:
         """The served tensors ``target`` may have been made from element by element: those of

@@ -15,7 +15,9 @@ class LabelMapInterpolated(Rule):
     CPU): the resize of a map of 3 to 64 integer values is repeated on each class's indicator
     (which output pixels the class reaches), followed through the ops that make the sample's
     field from it, and a field whose pixels hold ids that none of their source pixels held is
-    reported at the resize.
+    reported at the resize. The same resize in the training loop (`F.interpolate` wrapped
+    until the first 16 loss calls with a gradient) is reported when a `cross_entropy` /
+    `nll_loss` target is its ids, rounded or cast.
 
     ## Why is this bad?
     A label map holds class ids, not quantities: the mean of "road" (0) and "car" (4) is not
@@ -40,9 +42,10 @@ class LabelMapInterpolated(Rule):
     Nearest (or nearest-exact) resizes of a label map; bilinear resizes of the image; a binary
     mask (two values: a bilinear resize and a threshold only move its boundary); a soft target
     resized bilinearly and kept as probabilities (BCE on a matte, a heatmap); an averaging
-    resize whose rounding makes no value the map did not hold. Not seen: resizes done outside
-    torch (PIL, OpenCV, NumPy), in worker processes (`num_workers > 0`), or in the training
-    loop.
+    resize whose rounding makes no id its source pixels did not hold. Not seen: resizes done
+    outside torch (PIL, OpenCV, NumPy), in worker processes (`num_workers > 0`), or in the
+    training loop for a loss other than `cross_entropy` / `nll_loss` (a hand-written one, a
+    Dice loss on one-hot maps).
     """
 
     code = "GD310"
@@ -60,13 +63,18 @@ class LabelMapInterpolated(Rule):
             new = ", ".join(str(v) for v in e["new"][:8]) + (", ..." if len(e["new"]) > 8 else "")
             mode = e["mode"]
             H, W = (e.get("shape") or [0, 0])[:2]
+            if e["cls"] is None:  # in the loop: the loss's target
+                whose, made = "", f"the {e['field']} given to the loss made from it ({H}x{W})"
+            else:
+                whose = f" of {e['cls']}"
+                made = f"the sample's field {e['field']} made from it ({H}x{W})"
             yield self.finding(
-                f"this `{e['op']}(mode=\"{mode}\")` resizes a label map of {e['cls']} (values "
-                f"{levels}) by averaging neighbouring ids, and the sample's field "
-                f"{e['field']} made from it ({H}x{W}) holds, at {e['share']:.1%} of its "
-                f"pixels, an id that none of the map's pixels they were averaged from holds "
-                f"({new}) — the boundaries between two classes are labelled with a class "
-                f"between their numbers, and the model is trained on those made-up labels",
+                f"this `{e['op']}(mode=\"{mode}\")` resizes a label map{whose} (values "
+                f"{levels}) by averaging neighbouring ids, and {made} holds, at "
+                f"{e['share']:.1%} of its pixels, an id that none of the map's pixels they were "
+                f"averaged from holds ({new}) — the boundaries between two classes are "
+                f"labelled with a class between their numbers, and the model is trained on "
+                f"those made-up labels",
                 e.loc, step=a.next_step_number(e.seq),
                 evidence={"dataset": e["cls"], "mode": mode, "levels": e["levels"],
                           "new": e["new"], "share": e["share"]},
