@@ -127,7 +127,11 @@ def label_map_values(source):
     if not isinstance(source, torch.Tensor) or not source.is_floating_point() \
             or source.requires_grad or source.dim() < 3 or source.numel() > _MAX_ELEMENTS:
         return None
-    values = torch.unique(source.detach().reshape(-1))
+    flat = source.detach().reshape(-1)
+    head = flat[:256]
+    if not bool(torch.equal(head, torch.round(head))):  # a feature map or an image: no unique
+        return None
+    values = torch.unique(flat)
     if not _MIN_CLASSES <= values.numel() <= _CLASSES \
             or not bool(torch.equal(values, torch.round(values))) \
             or values.numel() * source.numel() > _LABEL_WORK:

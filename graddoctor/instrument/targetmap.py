@@ -29,8 +29,8 @@ One ``target_remapped`` aside event per call line (loc: the loss call).
 
 The same watcher catches a label map resized in the loop by averaging (label-map-interpolated;
 the datasets' are seen by instrument/augalign.py): ``F.interpolate`` is wrapped until the loss
-calls are done; its first ``_RESIZES`` averaging resizes of a CPU label map (``label_map_values``)
-are checked for made-up pixels (``made_up``: the resize run again on each class's indicator) and
+calls are done; among its first ``_RESIZES`` averaging resizes of a CPU tensor, those of a label
+map (``label_map_values``) are checked for made-up pixels (``made_up``: the resize run again on each class's indicator) and
 kept as the ids they round and floor to; a ``cross_entropy`` / ``nll_loss`` target equal to
 those ids is told (``label_map_averaged`` at the resize, once per line).
 """
@@ -58,7 +58,7 @@ _REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 _CLASSES = ("cross_entropy", "nll_loss")
 _SHRINK = 0.2  # a second scaling shrinks the target at least 5x
 _MIN_VALUES = 8
-_RESIZES = 8  # averaging resizes of a label map in the loop kept, at most
+_RESIZES = 16  # averaging CPU resizes in the loop looked at (label maps or not), at most
 _RESIZE_VALUES = 1 << 20  # values of such a resize kept (as the ids it rounds to), at most
 
 
@@ -179,10 +179,10 @@ class TargetRemapWatcher:
             source = args[0] if args else kwargs.get("input")
             if not isinstance(source, torch.Tensor) or source.device.type != "cpu":
                 return
+            self._resized_count += 1  # averaging resizes looked at, label maps or not
             values = label_map_values(source)
             if values is None:
                 return
-            self._resized_count += 1
             with torch.no_grad():
                 variants = made_up(self._interpolate, source, args, kwargs, result, values)
                 if max(v[0] for v in variants) == 0:
