@@ -630,6 +630,29 @@ augment_misaligned cls (the dataset's class), image, mask (the two fields of a s
                    two axes) have pixels from different places after the dataset's
                    augmentation; once per dataset (loc: the line of that op; an aside;
                    instrument/augalign.py)
+target_remapped    fn (the loss function), shape (the target's), how ("void": an out-of-range
+                   served label made a class the others keep; "shifted": labels covering the
+                   classes moved by a constant onto ignore_index; "rescaled": a float target
+                   served standardised or in [0, 1] scaled down again), and by how: raw, new,
+                   classes, ignore_index, count, values, labels, shift / scale, offset, served,
+                   mean, std, target_mean, target_std — a loss target made element by element
+                   from a served batch's tensor so that it no longer means the dataset's labels
+                   (loc: the loss call; an aside; instrument/targetmap.py)
+label_map_averaged cls (the dataset's class), field (the sample's field: an index or a key), op
+                   ("interpolate"), mode (its mode: bilinear, bicubic, area...), levels (the
+                   values of the label map it was given), new (the ids at the made-up pixels),
+                   share (of the field's pixels made up: their id is none of the ids of the
+                   map's pixels they were averaged from), shape (its last two axes) —
+                   a dataset's label map resized by an averaging interpolation and made integer
+                   again: class ids made up at the boundaries; once per dataset (loc: the
+                   resize; an aside; instrument/augalign.py)
+collate_reordered  collate (the collate function's name), moved (the batch field whose rows are
+                   in another order of the samples), kept (a field in the order it is compared
+                   with), rows (the batch's samples), displaced (rows of ``kept`` that are not
+                   the sample of ``moved``'s row) — a script's collate_fn that returns one
+                   field's rows reordered (sorted, permuted) and another's not: their rows no
+                   longer pair; once per collate function (loc: the collate's line that
+                   reorders, or its first line; an aside; instrument/augalign.py)
 label_offset       cls, inputs (attribute of the array a field of the sample equals at its own
                    index), labels (attribute of the array another field equals at index + offset),
                    offset (int, not 0), samples (how many were compared), field (the label's
@@ -2178,6 +2201,21 @@ def augment_misaligned(*, cls: str, image: Any, mask: Any, op: str, moved: str,
                                   "moved": moved, "shape": shape}
 
 
+def target_remapped(*, fn: str, shape: list[int], how: str, **detail: Any) -> Made:
+    return "target_remapped", {"fn": fn, "shape": shape, "how": how, **detail}
+
+
+def label_map_averaged(*, cls: str | None, field: Any, op: str, mode: str, levels: list[int],
+                       new: list[int], share: float, shape: list[int]) -> Made:
+    return "label_map_averaged", {"cls": cls, "field": field, "op": op, "mode": mode,
+                                  "levels": levels, "new": new, "share": share, "shape": shape}
+
+
+def collate_reordered(*, collate: str, moved: Any, kept: Any, rows: int, displaced: int) -> Made:
+    return "collate_reordered", {"collate": collate, "moved": moved, "kept": kept, "rows": rows,
+                                 "displaced": displaced}
+
+
 def label_offset(*, cls: str, inputs: str, labels: str, offset: int, samples: int,
                  field: Any) -> Made:
     return "label_offset", {"cls": cls, "inputs": inputs, "labels": labels, "offset": offset,
@@ -2260,7 +2298,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "step_edit": step_edit, "decay_share": decay_share, "eps_share": eps_share,
     "activation_saturated": activation_saturated, "model_copy": model_copy,
     "dataset_drift": dataset_drift, "label_offset": label_offset, "loader_rows": loader_rows,
-    "augment_misaligned": augment_misaligned,
+    "augment_misaligned": augment_misaligned, "target_remapped": target_remapped,
+    "label_map_averaged": label_map_averaged, "collate_reordered": collate_reordered,
     "internal_error": internal_error, "run_end": run_end,
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
@@ -2284,7 +2323,8 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
                          "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
-                         "augment_misaligned", "cumulative_order", "returns_order", "draw_twin"})
+                         "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
+                         "target_remapped", "label_map_averaged", "collate_reordered"})
 """Observations made inside a forward or between two calls (``Recorder.emit_aside``): they close
 no aggregate, and the analysis and the timeline treat them as details, not as calls of the loop
 (an attribute assignment is no call, and only its line's first one is recorded: as a call it

@@ -106,3 +106,21 @@ def test_the_rule_names_the_op_and_what_to_move():
         t.step(line=43)
     f = only(t, SLUG)
     assert "another way than its image" in f.message and "dims=[-1]" in f.fix
+
+
+def _crop(t, top, left):
+    return t[..., top:top + 6, left:left + 6]
+
+
+def test_a_crop_helper_called_twice_is_told_at_the_second_call():
+    import inspect
+
+    def augment(i, x, m):
+        image = _crop(x, 1, 2)
+        mask = _crop(m, 3, 0)  # another offset: the line to change
+        return image, mask
+
+    (found,) = _events(augment)
+    line = inspect.getsourcelines(augment)[1] + 2
+    assert found.loc.line == line and found["moved"] == "mask"
+    assert _events(lambda i, x, m: (_crop(x, 1, 2), _crop(m, 1, 2))) == []

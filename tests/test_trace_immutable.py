@@ -68,6 +68,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_dataset_drifts_noise_in_place.py",  # dataset_drift
             "data/bad_label_of_another_sample_next_row.py",  # label_offset
             "data/bad_augmentation_misaligned_flip_axis.py",  # augment_misaligned
+            "data/bad_labels_remapped_void_where.py",  # target_remapped
+            "dense/bad_label_map_interpolated_area.py",  # label_map_averaged
+            "data/bad_collate_reorders_fields_argsort.py",  # collate_reordered
             "data/bad_trains_on_evaluation_data_splits_overlap.py",  # loader_rows
             "data/bad_last_step_is_padding.py",  # last_step_padded
             "data/bad_summary_before_sequence_end.py",  # causal_read_early

@@ -105,6 +105,7 @@ from .pixelscale import PixelScaleWatcher
 from .gridscale import GridScaleWatcher
 from .channelpool import ChannelPoolWatcher
 from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
+from .targetmap import TargetRemapWatcher
 from .dropoutout import DropoutOutputWatcher
 from .discarded import DiscardedOutputWatcher
 from .linearstack import LinearStackWatcher
@@ -179,8 +180,14 @@ class Instrumentation:
         # regression targets that hold a fill value where there is nothing to regress
         # (placeholder-targets-trained): told by the loss wrappers, first calls only
         placeholders = PlaceholderTargetWatcher(rec)
+        # loss targets that are the served labels remapped off their meaning (a void value made
+        # a class, classes shifted onto ignore_index, a standardised target scaled again):
+        # the latest batches against the loss wrappers' first calls
+        remaps = TargetRemapWatcher(rec)
+        rec.subscribe(BATCH_SERVED, remaps.served)
+        self.watchers.append(remaps)  # its F.interpolate wrapper: label maps resized in the loop
         loss_calls = LossCalls(self.idle, constants, columns, rows, one_value, repeats, prompts,
-                               placeholders)
+                               placeholders, remaps)
         # an ignore_index or padding_idx that the data uses as a real class or token: told
         # by the loss and embedding wrappers of loss_inputs.py, which know the pad ids
         real_index = RealIndexWatcher(rec)

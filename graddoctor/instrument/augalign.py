@@ -22,27 +22,57 @@ step and half a pixel (a bilinear and a nearest resize to the same size agree). 
 views), an image and a class label, and anything made outside torch (NumPy, PIL) are not
 judged; a mask made by an untracked op counts as not moved, so only the ops seen can differ.
 
+The same mode follows a label map's *values* (label-map-interpolated): an ``F.interpolate`` with
+an averaging mode (linear, bilinear, bicubic, trilinear, area, or ``antialias``) of a floating
+map of ``_MIN_CLASSES`` to ``_CLASSES`` integer values is run again, with the script's
+arguments, on each value's indicator (``map == v``), which tells the output pixels each class
+reaches; a pixel whose rounded (or floored: ``.long()``) value is none of the classes reaching
+it is made up. Every op on the result continues its lineage; a sample's field of that lineage
+that is integer (or floating with integer values: a soft target is meant to lie between) and
+holds made-up pixels is told once per dataset (``label_map_averaged`` at the resize).
+
+The wrapped ``collate_fn`` also shows the batch it returns (collate-reorders-fields): for a
+collate of the script's, at the first ``_COLLATE_FETCHES`` fetches of a dataset, each row of each
+batch tensor (a ``PackedSequence`` unpacked) is matched to the samples whose value it holds
+(equal, a padded prefix along the first axis, the number); a field whose rows each name one
+sample gives an order, and another field whose rows do not follow it is told once per collate
+function (``collate_reordered``), at the collate's line that sorts or permutes (read from its
+source; the line that applies an order kept in a name), else its first line.
+
 Costs: the mode's dispatch for every torch op in ``__getitem__`` during the looked-at fetches,
-two extra small ops per geometric op; nothing afterwards.
+two extra small ops per geometric op, one resize per class for the first ``_LABEL_RESIZES``
+averaging resizes of a label map; nothing afterwards.
 """
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from threading import get_ident
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from torch.overrides import TorchFunctionMode
 from torch.utils.data._utils import fetch as _fetch
 
 from .. import events as ev
+from ..trace import Location
 from .recorder import Recorder
 
 FETCHES = 8  # batched fetches of one dataset looked at
 _LEVELS = 16  # distinct values a mask holds at most
 _MIN_SIDE = 4
+_MIN_ROWS = 3  # samples of a batch whose collate is judged, at least
+_COLLATE_ROWS = 64  # ... at most
+_COLLATE_FETCHES = 2  # fetches of a dataset whose collate is judged, the first ones
+_COLLATE_FIELDS = 6  # fields of a sample and of the batch compared, at most
 _MAX_ELEMENTS = 1 << 22  # grids of a larger input are not followed
+_AVERAGING = frozenset({"linear", "bilinear", "bicubic", "trilinear", "area"})
+_LABEL_RESIZES = 32  # averaging resizes of label maps followed, at most
+_LABEL_WORK = 1 << 24  # classes x pixels of a label map resized per class, at most
+_MIN_CLASSES, _CLASSES = 3, 64  # values a label map holds (two: a binary mask's resize only
+# moves its boundary)
 
 # ops that move pixels, named as torch names the function or method; applied again to the grids
 _GEOMETRIC = frozenset({
@@ -90,12 +120,74 @@ class _Mode(TorchFunctionMode):
         return out
 
 
+def label_map_values(source):
+    """The values of a floating label map that an averaging resize makes up ids from:
+    ``_MIN_CLASSES`` to ``_CLASSES`` integers, with the map's size times their number at most
+    ``_LABEL_WORK``; or None."""
+    if not isinstance(source, torch.Tensor) or not source.is_floating_point() \
+            or source.requires_grad or source.dim() < 3 or source.numel() > _MAX_ELEMENTS:
+        return None
+    flat = source.detach().reshape(-1)
+    head = flat[:256]
+    if not bool(torch.equal(head, torch.round(head))):  # a feature map or an image: no unique
+        return None
+    values = torch.unique(flat)
+    if not _MIN_CLASSES <= values.numel() <= _CLASSES \
+            or not bool(torch.equal(values, torch.round(values))) \
+            or values.numel() * source.numel() > _LABEL_WORK:
+        return None
+    return values
+
+
+def averaging(args, kwargs) -> str | None:
+    """The mode of an ``F.interpolate`` call when it averages neighbouring values (a linear,
+    cubic or area mode, or ``antialias``), else None."""
+    mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+    antialias = bool(kwargs.get("antialias", args[6] if len(args) > 6 else False))
+    if isinstance(mode, str) and (mode in _AVERAGING or antialias):
+        return mode
+    return None
+
+
+def made_up(func, source, args, kwargs, out, values) -> tuple:
+    """For the resize ``out = func(source, *args[1:], **kwargs)`` of a label map holding
+    ``values``: ((share of made-up pixels, their ids, the sum of the made values), ...) once
+    rounded and once floored (a ``.long()`` cast). The resize is run again on each value's
+    indicator (``source == v``), which tells the output pixels the value reaches; a pixel whose
+    value is none of the values reaching it is made up."""
+    result = out.detach()
+    rounded, floored = torch.round(result), torch.floor(result)
+    kept_r = torch.zeros(result.shape, dtype=torch.bool)
+    kept_f = torch.zeros(result.shape, dtype=torch.bool)
+    for level in values.tolist():
+        indicator = (source.detach() == level).to(source.dtype)
+        if args and args[0] is source:
+            reach = func(indicator, *args[1:], **kwargs)
+        else:
+            reach = func(**{**kwargs, "input": indicator})
+        reach = reach.detach().abs() > 1e-6
+        kept_r |= reach & (rounded == level)
+        kept_f |= reach & (floored == level)
+    variants = []
+    for made_of, kept in ((rounded, kept_r), (floored, kept_f)):
+        made = ~kept
+        new = sorted(int(v) for v in torch.unique(made_of[made]).tolist())[:_CLASSES]
+        variants.append((float(made.float().mean()), new, float(made_of.double().sum())))
+    return tuple(variants)
+
+
 class AugmentAlignWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self._fetches: dict[int, int] = {}  # id(dataset) -> batched fetches looked at
         self._told: set = set()
         self._grids: dict[int, tuple] = {}  # id(tensor) -> (tensor, _Grids), during one fetch
+        # id(tensor) -> (tensor, the label map's values, op, mode, Location): the results of an
+        # averaging resize of a label map and what is made from them, during one fetch
+        self._averaged: dict[int, tuple] = {}
+        self._told_labels: set = set()
+        self._label_resizes = 0
+        self._told_collates: set = set()  # code objects of the collate functions told
         self._failed = False
 
     def install(self, patcher) -> None:
@@ -119,9 +211,11 @@ class AugmentAlignWatcher:
 
             def collate_seen(data):
                 samples.append(data)
-                return collate(data)
+                out = collate(data)
+                samples.append(out)
+                return out
 
-            watcher._grids = {}
+            watcher._grids, watcher._averaged = {}, {}
             try:
                 fetcher.collate_fn = collate_seen
             except Exception as exc:
@@ -134,11 +228,14 @@ class AugmentAlignWatcher:
                 fetcher.collate_fn = collate
             try:
                 if samples:
+                    watcher._judge_labels(dataset, samples[0])
                     watcher._judge(dataset, samples[0])
+                if len(samples) == 2:
+                    watcher._judge_collate(dataset, collate, samples[0], samples[1])
             except Exception as exc:
                 watcher.broken(exc)
             finally:
-                watcher._grids = {}
+                watcher._grids, watcher._averaged = {}, {}
             return data
 
         fetch.__wrapped__ = original
@@ -161,6 +258,8 @@ class AugmentAlignWatcher:
 
     def note(self, func, args, kwargs, out) -> None:
         """An op run inside a looked-at fetch (the mode calls it): the grids of its result."""
+        if isinstance(out, torch.Tensor):
+            self._note_labels(func, args, kwargs, out)
         if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.numel() > _MAX_ELEMENTS:
             return
         source = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
@@ -200,8 +299,120 @@ class AugmentAlignWatcher:
         same = moved[0].shape == rows.shape and bool(torch.equal(moved[0], rows)) \
             and bool(torch.equal(moved[1], cols))
         if not same:  # an op that moved pixels (not `images[i]`, `x[None]`): its line is kept
-            ops = ops + ((name, self.rec.here()),)
+            # with the line that called the script's helper holding the op, if any (a crop
+            # helper called once for the image and once for the mask: the calls differ)
+            ops = ops + ((name, self.rec.here(), self.rec.caller_of()),)
         self._grids[id(out)] = (out, _Grids(moved[0], moved[1], ops))
+
+    def _note_labels(self, func, args, kwargs, out) -> None:
+        """An averaging resize (``F.interpolate`` with a linear, cubic or area mode) of a label
+        map — floating, integer values only, ``_MIN_CLASSES`` to ``_CLASSES`` of them — starts a
+        lineage; any op on a tensor of a lineage (a round, a cast, an index) continues it."""
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
+        if not isinstance(source, torch.Tensor):
+            return
+        held = self._averaged.get(id(source))
+        if held is not None and held[0] is source:
+            if out is not source:
+                self._averaged[id(out)] = (out,) + held[1:]
+            return
+        name = _name(func)
+        if name not in ("interpolate", "upsample") or self._label_resizes >= _LABEL_RESIZES:
+            return
+        mode = averaging(args, kwargs)
+        if mode is None:
+            return
+        values = label_map_values(source)
+        if values is None:
+            return
+        self._label_resizes += 1
+        variants = made_up(func, source, args, kwargs, out, values)
+        self._averaged[id(out)] = (out, frozenset(int(v) for v in values.tolist()), name, mode,
+                                   self.rec.here(), variants)
+
+    def _judge_labels(self, dataset, data) -> None:
+        """A sample's integer field (or floating with integer values) made from an averaging
+        resize of a label map and holding values that map does not: classes made up at the
+        boundaries (a ``label_map_averaged`` event at the resize, once per dataset)."""
+        if not self._averaged or id(dataset) in self._told_labels \
+                or not isinstance(data, (list, tuple)):
+            return
+        for sample in data:
+            fields = list(sample.items()) if isinstance(sample, dict) else \
+                list(enumerate(sample)) if isinstance(sample, (list, tuple)) else []
+            for key, value in fields:
+                if not isinstance(value, torch.Tensor) or value.dim() < 2:
+                    continue
+                held = self._averaged.get(id(value))
+                if held is None or held[0] is not value or value.dtype is torch.bool \
+                        or value.is_complex():
+                    continue
+                flat = value.detach().reshape(-1)
+                if value.is_floating_point() and not bool(torch.equal(flat, torch.round(flat))):
+                    continue  # a soft target: values between the classes are meant
+                levels = held[1]
+                total = float(flat.double().sum())
+                matching = [v for v in held[5] if abs(v[2] - total) < 0.5]
+                share, new, _ = max(matching or held[5], key=lambda v: v[0])
+                if share == 0 or not new:
+                    continue
+                self._told_labels.add(id(dataset))
+                _, _, op, mode, line, _ = held
+                self.rec.emit_aside(ev.label_map_averaged(
+                    cls=type(dataset).__name__, field=_key(key), op=op, mode=mode,
+                    levels=sorted(levels)[:_CLASSES], new=new[:_CLASSES],
+                    share=round(share, 4), shape=[int(n) for n in value.shape[-2:]]), line)
+                return
+
+    # -- the collate's order: each field's rows against the samples ---------------------------
+    def _judge_collate(self, dataset, collate, data, out) -> None:
+        """A ``collate_fn`` of the script's whose batch holds one field's rows in another order
+        of the samples than another field's (the sequences sorted by length, the labels not):
+        a ``collate_reordered`` event at the line of the collate that reorders, once per
+        collate function."""
+        code = getattr(collate, "__code__", None)
+        if code is None or code in self._told_collates or not isinstance(data, (list, tuple)) \
+                or self._fetches.get(id(dataset), 0) > _COLLATE_FETCHES \
+                or not _MIN_ROWS <= len(data) <= _COLLATE_ROWS \
+                or not self.rec.finder.is_user_file(code.co_filename):
+            return
+        rows = len(data)
+        samples = [list(s.values()) if isinstance(s, dict) else list(s) if isinstance(s, (list, tuple))
+                   else [s] for s in data]
+        width = len(samples[0])
+        if width < 2 or any(len(s) != width for s in samples):
+            return
+        fields = list(out.items()) if isinstance(out, dict) else \
+            list(enumerate(out)) if isinstance(out, (list, tuple)) else []
+        orders = []  # (output field, sample field, the orders its rows allow: per row, a set)
+        for key, value in fields[:_COLLATE_FIELDS]:
+            if isinstance(value, PackedSequence):  # rows in the order packed
+                value = pad_packed_sequence(value, batch_first=True)[0]
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or int(value.shape[0]) != rows:
+                continue
+            for k in range(min(width, _COLLATE_FIELDS)):
+                allowed = _row_sources(value, [s[k] for s in samples])
+                if allowed is not None:
+                    orders.append((key, k, allowed))
+                    break
+        unique = [(key, k, [next(iter(a)) for a in allowed]) for key, k, allowed in orders
+                  if all(len(a) == 1 for a in allowed) and len({next(iter(a)) for a in allowed}) == rows]
+        for key, k, perm in unique:
+            for other, j, allowed in orders:
+                if other == key or j == k:
+                    continue
+                if all(perm[r] in allowed[r] for r in range(rows)):
+                    continue
+                # the field out of the samples' order is the one reordered
+                moved, kept = (key, other) if perm != list(range(rows)) else (other, key)
+                self._told_collates.add(code)
+                line = _reordering_line(collate) or code.co_firstlineno
+                loc = Location(path=self.rec.finder.display_path(code.co_filename), line=line,
+                               function=code.co_name)
+                self.rec.emit_aside(ev.collate_reordered(
+                    collate=code.co_name, moved=_key(moved), kept=_key(kept), rows=rows,
+                    displaced=sum(1 for r in range(rows) if perm[r] not in allowed[r])), loc)
+                return
 
     # -- at the collate: the samples ----------------------------------------------------------
     def _judge(self, dataset, data) -> None:
@@ -244,16 +455,79 @@ class AugmentAlignWatcher:
             return None
         ops_a = a.ops if a is not None else ()
         ops_b = b.ops if b is not None else ()
-        # the ops one of them went through and the other did not (the same line: the same op)
+        # the ops one of them went through and the other did not (the same line called from the
+        # same place: the same op)
         only_b = [op for op in ops_b if op not in ops_a]
         only_a = [op for op in ops_a if op not in ops_b]
         if only_b:  # the mask moved another way (another axis, another offset): the mask's op
-            return only_b[0][0], only_b[0][1], "mask"
+            return only_b[0][0], _line_of(only_b[0], ops_a), "mask"
         if only_a:
-            return only_a[0][0], only_a[0][1], "image"
+            return only_a[0][0], _line_of(only_a[0], ops_b), "image"
         # both moved by ops of one line (`x, m = x.flip(-1), m.flip(0)`): the mask's
         last = ops_b[-1] if ops_b else ops_a[-1] if ops_a else None
         return (last[0], last[1], "mask" if ops_b else "image") if last is not None else None
+
+
+def _line_of(op, others):
+    """The line to show for ``op``: its own, or, where the other tensor went through the same
+    line of a helper called from elsewhere (a random crop drawn in a helper called twice), the
+    line that called the helper for this one."""
+    name, line, caller = op
+    if caller is not None and any(o[0] == name and o[1] == line and o[2] != caller for o in others):
+        return caller
+    return line
+
+
+def _same(row, value) -> bool:
+    """Whether a batch row holds a sample's value: equal, or its prefix along the first axis
+    (a padded sequence), or the number of a scalar."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            return row.dim() == 0 and bool(row == value)
+        if value.dim() != row.dim() or tuple(value.shape[1:]) != tuple(row.shape[1:]) \
+                or value.shape[0] > row.shape[0] or value.numel() == 0:
+            return False
+        return bool(torch.equal(row[: value.shape[0]].to(value.dtype), value))
+    if isinstance(value, (bool, int, float)):  # compared in the batch's dtype (float32 labels)
+        return row.dim() == 0 and bool(row == torch.tensor(value, dtype=row.dtype))
+    return False
+
+
+def _row_sources(batch, values) -> list | None:
+    """For each row of ``batch``, the samples whose value it holds; None unless every row holds
+    one and every sample is held by one (the field is made of those values, in some order)."""
+    allowed = []
+    for r in range(int(batch.shape[0])):
+        row = batch[r]
+        allowed.append({s for s, v in enumerate(values) if _same(row, v)})
+        if not allowed[-1]:
+            return None
+    if len(set().union(*allowed)) != len(values):
+        return None
+    return allowed
+
+
+_REORDERS = ("sorted(", ".sort(", "argsort(", "randperm(", "shuffle(", "reversed(", "[::-1]",
+             ".flip(")
+
+
+def _reordering_line(fn) -> int | None:
+    """The first line of a function's source that reorders (sorts, permutes, reverses)."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    for i, text in enumerate(lines):
+        code = text.split("#")[0]
+        if any(r in code for r in _REORDERS):
+            # an order kept in a name (``order = lengths.argsort()``): the line that applies it
+            name = code.split("=")[0].strip() if "=" in code.split("(")[0] else ""
+            if name.isidentifier():
+                for j in range(i + 1, len(lines)):
+                    if f"[{name}]" in lines[j].split("#")[0]:
+                        return first + j
+            return first + i
+    return None
 
 
 def _step(rows, cols) -> float:

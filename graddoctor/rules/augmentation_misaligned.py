@@ -24,7 +24,8 @@ class AugmentationMisaligned(Rule):
     followed (which pixel of the stored data each output pixel comes from), and a sample whose
     image (floating, many values) and mask (integers, or a few values) share their last two
     axes but not their pixels' places is reported at the op that moved one of them and not the
-    other.
+    other (for a helper that draws its own crop and is called once for each, at the call that
+    makes the mask's).
 
     ## Why is this bad?
     A dense target must move with its input: each pixel's label is the label of the pixel at

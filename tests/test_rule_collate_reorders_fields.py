@@ -1,0 +1,90 @@
+"""collate-reorders-fields (GD311): the collate check of the augmentation watcher
+(instrument/augalign.py: each batch field's rows matched to the samples they hold), over real
+DataLoader fetches, and the rule over its events."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.utils.rnn import pack_sequence, pad_sequence
+from torch.utils.data import DataLoader, Dataset
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.instrument import Instrumentation, Recorder
+from graddoctor.instrument.augalign import _row_sources
+from rule_traces import builder, findings, only
+
+SLUG = "collate-reorders-fields"
+
+
+class _Seqs(Dataset):
+    def __init__(self):
+        g = torch.Generator().manual_seed(0)
+        self.x = [torch.randint(1, 50, (int(n),), generator=g)
+                  for n in torch.randint(2, 12, (16,), generator=g)]
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return self.x[i], i % 2
+
+
+def _events(collate) -> list:
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        for _ in DataLoader(_Seqs(), batch_size=8, collate_fn=collate):
+            pass
+    assert not rec.trace.of_kind("internal_error")
+    return [dict(e.data) for e in rec.trace.of_kind("collate_reordered")]
+
+
+def _sorted_inputs(batch):
+    seqs = sorted([x for x, _ in batch], key=len, reverse=True)
+    return pad_sequence(seqs, batch_first=True), torch.tensor([y for _, y in batch])
+
+
+def _sorted_pairs(batch):
+    batch = sorted(batch, key=lambda b: len(b[0]), reverse=True)
+    return pad_sequence([x for x, _ in batch], batch_first=True), torch.tensor([y for _, y in batch])
+
+
+def _packed_inputs(batch):
+    seqs = sorted([x for x, _ in batch], key=len, reverse=True)
+    return pack_sequence(seqs), torch.tensor([float(y) for _, y in batch])
+
+
+def _kept(batch):
+    lengths = torch.tensor([len(x) for x, _ in batch])
+    return pad_sequence([x for x, _ in batch], batch_first=True), lengths, torch.tensor([y for _, y in batch])
+
+
+def test_a_field_reordered_alone_is_found():
+    (found,) = _events(_sorted_inputs)
+    assert found["collate"] == "_sorted_inputs" and (found["moved"], found["kept"]) == (0, 1)
+    assert found["rows"] == 8 and found["displaced"] > 0
+    assert len(_events(_packed_inputs)) == 1
+
+
+def test_whole_samples_reordered_or_kept_are_silent():
+    assert _events(_sorted_pairs) == []
+    assert _events(_kept) == []
+
+
+def test_row_sources_match_padded_prefixes_and_numbers():
+    values = [torch.tensor([1, 2]), torch.tensor([3, 4, 5])]
+    padded = pad_sequence(values, batch_first=True)
+    assert _row_sources(padded, values) == [{0}, {1}]
+    assert _row_sources(padded.flip(0), values) == [{1}, {0}]
+    assert _row_sources(torch.tensor([0.1, 0.7]), [0.7, 0.1]) == [{1}, {0}]
+    assert _row_sources(torch.tensor([5, 6]), [0, 1]) is None  # lengths, not labels
+
+
+def test_the_finding_names_the_fields_and_the_fix():
+    t = builder()
+    t.put(ev.collate_reordered(collate="collate", moved=0, kept=2, rows=16, displaced=13), 29)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 29
+    assert "13 of its 16 rows" in f.message and "field 0" in f.message
+    assert "sort the list of samples" in f.fix
+    assert findings(builder(), SLUG) == []
