@@ -67,11 +67,16 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # The modules whose tests start interpreters, launches or kernels (seconds each, many waiting on
-# a child) run first: scheduled last, one of them keeps a worker busy while the other sits idle.
+# a child) run first, then those with long in-process tests (test_trace_immutable's covering
+# runs, with the test_fixtures tests that read them right after; hypothesis' searches):
+# scheduled last, one of them keeps a worker busy while the other sits idle. xdist's worksteal
+# hands the first half of this order to one worker, the second to the other, and at the end
+# moves tests from the end of a worker's queue: short tests at both ends.
 FIRST = ("test_distributed.py", "test_distributed_runs.py", "test_pytest_plugin.py",
          "test_reliability_script.py", "test_end_to_end.py", "test_reliability_hygiene.py",
          "test_wire_format.py", "test_children.py", "test_notebook.py", "test_run_like_python.py",
-         "test_warm_python.py", "test_threads_race.py", "test_reliability_compile.py", "test_browser.py")
+         "test_warm_python.py", "test_threads_race.py", "test_reliability_compile.py", "test_browser.py",
+         "test_trace_immutable.py", "test_reliability_rules.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
