@@ -67,17 +67,23 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # The modules whose tests start interpreters, launches or kernels (seconds each, many waiting on
-# a child) run first: scheduled last, one of them keeps a worker busy while the other sits idle.
+# a child) run first, then those with long in-process tests (test_trace_immutable's covering
+# runs, with the test_fixtures tests that read them right after; hypothesis' searches):
+# scheduled last, one of them keeps a worker busy while the other sits idle. xdist's worksteal
+# hands the first half of this order to one worker, the second to the other, and at the end
+# moves tests from the end of a worker's queue: short tests at both ends.
 FIRST = ("test_distributed.py", "test_distributed_runs.py", "test_pytest_plugin.py",
          "test_reliability_script.py", "test_end_to_end.py", "test_reliability_hygiene.py",
          "test_wire_format.py", "test_children.py", "test_notebook.py", "test_run_like_python.py",
-         "test_warm_python.py", "test_threads_race.py", "test_reliability_compile.py", "test_browser.py")
+         "test_warm_python.py", "test_threads_race.py", "test_reliability_compile.py", "test_browser.py",
+         "test_trace_immutable.py", "test_reliability_rules.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
     first = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: first.get(item.path.name, len(FIRST)))  # stable: else as collected
     _pair_fixture_tests(items)
+    _after_the_runs_they_read(items)
 
 
 def _pair_fixture_tests(items) -> None:
@@ -106,6 +112,45 @@ def _pair_fixture_tests(items) -> None:
                   "test_fix_removes_the_finding" and param(item) in fixes):
             order.append(item)
     order.extend(fixes.values())  # none: every one follows its fixture's test
+    items[:] = order
+
+
+def _fixture_param(item):
+    spec = getattr(item, "callspec", None)
+    return spec.params.get("path") if spec is not None else None
+
+
+def _after_the_runs_they_read(items) -> None:
+    """A test module that checks fixtures as tests/test_fixtures.py does and holds the runs for
+    those tests (tests/fixture_runs.py: keep_for) names them in ``FIXTURE_RUNS_HELD`` (paths
+    under fixtures/); their test_fixtures.py tests (with their test_fixes.py partners) move right
+    after that module's tests, so that on one worker they read its runs."""
+    held: dict[str, object] = {}  # fixture path -> the module holding its run
+    last: dict[object, int] = {}  # module -> index of its last test
+    for i, item in enumerate(items):
+        names = getattr(item.module, "FIXTURE_RUNS_HELD", None) if hasattr(item, "module") else None
+        if names:
+            last[item.module] = i
+            for name in names:
+                held.setdefault(os.path.join(FIXTURES, name), item.module)
+    if not held:
+        return
+    moved: dict[object, list] = {m: [] for m in last}
+    rest = []
+    for item in items:
+        name = item.path.name
+        if name in ("test_fixtures.py", "test_fixes.py") and _fixture_param(item) in held:
+            moved[held[_fixture_param(item)]].append(item)
+        else:
+            rest.append(item)
+    order = []
+    for item in rest:
+        order.append(item)
+        module = getattr(item, "module", None)
+        if module in moved and item is items[last[module]]:
+            order.extend(moved.pop(module))
+    for leftover in moved.values():
+        order.extend(leftover)
     items[:] = order
 
 

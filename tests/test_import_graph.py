@@ -8,6 +8,7 @@ dependency); only those under ``if TYPE_CHECKING:`` are left out (they never run
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +94,12 @@ def _imports_of(module: str) -> set[Import]:
     return found
 
 
-IMPORTS = sorted({i for m in MODULES for i in _imports_of(m)},
-                 key=lambda i: (i.source, i.target, i.line))
+@functools.cache
+def _all_imports() -> list[Import]:
+    """Every import of the package, read when a test first asks (not at collection: every xdist
+    worker collects this module, one runs its tests)."""
+    return sorted({i for m in MODULES for i in _imports_of(m)},
+                  key=lambda i: (i.source, i.target, i.line))
 
 
 def _layers() -> list[tuple[str, list[str]]]:
@@ -168,7 +173,7 @@ def test_no_import_goes_up_the_layers():
     floor, _ = _floor_of()
     names = [name for name, _ in _layers()]
     upward = [f"{i}: {names[floor[i.source]]} imports {names[floor[i.target]]}"
-              for i in IMPORTS if i.source in floor and i.target in floor
+              for i in _all_imports() if i.source in floor and i.target in floor
               and floor[i.target] > floor[i.source]]
     assert not upward, ("a module may import only its own floor or those below "
                         "(docs/architecture.md, Layers):\n" + "\n".join(upward))
@@ -176,11 +181,11 @@ def test_no_import_goes_up_the_layers():
 
 def test_the_import_graph_has_no_cycle():
     graph: dict[str, set[str]] = {}
-    for i in IMPORTS:
+    for i in _all_imports():
         graph.setdefault(i.source, set()).add(i.target)
     cycle = _a_cycle(graph)
     if cycle is not None:
-        lines = {(i.source, i.target): i for i in reversed(IMPORTS)}  # the first line of each
+        lines = {(i.source, i.target): i for i in reversed(_all_imports())}  # the first line of each
         raise AssertionError("import cycle:\n" + "\n".join(
             str(lines[a, b]) for a, b in zip(cycle, cycle[1:])))
 

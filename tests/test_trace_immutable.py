@@ -21,6 +21,8 @@ from graddoctor.instrument.recorder import Deferred
 from graddoctor.options import CheckOptions
 from graddoctor.trace import Event, Location, Trace, TraceBuilder
 
+from fixture_runs import fixture_options, keep_for
+
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 # between them every kind the fixtures record (AMP, clipping, schedulers, loaders, modes)
 COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_frozen_encoder_eval.py",
@@ -151,6 +153,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_variance_across_features_vicreg.py",  # feature_variance
             "masks/bad_prompt_mask_inverted_comparison.py"]  # prompt_trained
 
+# their tests/test_fixtures.py tests read the runs made here (conftest orders them after these)
+FIXTURE_RUNS_HELD = COVERING
+
 GRAD_EDIT_SCRIPT = """
 import torch
 from torch import nn
@@ -169,26 +174,15 @@ def dumped(event: Event) -> str:
     return json.dumps(event.to_json(), default=repr, sort_keys=True)
 
 
-@pytest.fixture
-def emitted(monkeypatch):
-    """Every event put into any trace, with its JSON at that moment."""
-    log: list[tuple[Event, str]] = []
-    put = Trace.put
-
-    def recording_put(self, made, loc=None):
-        event = put(self, made, loc)
-        log.append((event, dumped(event)))
-        return event
-
-    monkeypatch.setattr(Trace, "put", recording_put)
-    return log
-
-
 @pytest.fixture(scope="module")
 def covering_runs(tmp_path_factory):
     """Every COVERING fixture and GRAD_EDIT_SCRIPT (also with a picture asked for: the grad_flow
-    events too) checked once, with every event put into any trace and its JSON at that moment
-    (as ``emitted``): the runs the tests below assert different things about."""
+    events too) checked once, with every event put into any trace and its JSON at that moment:
+    the runs the tests below assert different things about, as (reports, every run's
+    (event, JSON) in order, each run's own list). A fixture is checked as
+    tests/test_fixtures.py checks it (from its folder, with its marks' options), and its run is
+    held for that test (tests/fixture_runs.py; conftest puts those tests right after this
+    module's), which reads it instead of checking the fixture again."""
     script = tmp_path_factory.mktemp("grad_edit") / "grad_edit.py"
     script.write_text(GRAD_EDIT_SCRIPT)
     log: list[tuple[Event, str]] = []
@@ -199,12 +193,26 @@ def covering_runs(tmp_path_factory):
         log.append((event, dumped(event)))
         return event
 
+    reports, runs = [], []
+
+    def record(run):
+        start = len(log)
+        reports.append(run())
+        runs.append(log[start:])
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Trace, "put", recording_put)
-        reports = [check(os.path.join(FIXTURES, p)) for p in COVERING]
-        reports.append(check(str(script)))
-        reports.append(check(str(script), grad_flow=True))
-    return reports, log
+        for p in COVERING:
+            path = os.path.join(FIXTURES, p)
+            patch.chdir(os.path.dirname(path))
+            options = fixture_options(path)
+            record(lambda: run_check(options))
+            keep_for(options, reports[-1])
+        patch.undo()  # the working directory back before the grad-edit script's runs
+        patch.setattr(Trace, "put", recording_put)
+        record(lambda: check(str(script)))
+        record(lambda: check(str(script), grad_flow=True))
+    return reports, log, runs
 
 
 def check(path: str, **options):
@@ -230,8 +238,8 @@ def test_mutating_an_event_raises():
         made.data["a"] = 2
 
 
-def test_recorded_events_are_read_only_and_keep_their_json_form():
-    report = check(os.path.join(FIXTURES, COVERING[0]))
+def test_recorded_events_are_read_only_and_keep_their_json_form(covering_runs):
+    report = covering_runs[0][0]
     trace = report.trace
     for event in trace:
         with pytest.raises(TypeError):
@@ -246,7 +254,7 @@ def test_recorded_events_are_read_only_and_keep_their_json_form():
 def test_no_event_changes_after_it_is_emitted(covering_runs):
     """Aggregates grow inside their watcher and are emitted finished; device values are read
     into new events of the final trace; the rules read the trace without changing it."""
-    reports, emitted = covering_runs
+    reports, emitted, _ = covering_runs
     assert not any(r.internal_errors for r in reports)
     changed = [(e.seq, e.kind, then, dumped(e)) for e, then in emitted if dumped(e) != then]
     assert not changed, changed[:3]
@@ -254,8 +262,9 @@ def test_no_event_changes_after_it_is_emitted(covering_runs):
                                              "grad_edit", "scaler_update"}
 
 
-def test_deferred_values_are_read_into_new_events_of_the_final_trace(emitted):
-    report = check(os.path.join(FIXTURES, COVERING[0]))  # GradScaler: scales are device values
+def test_deferred_values_are_read_into_new_events_of_the_final_trace(covering_runs):
+    reports, _, runs = covering_runs
+    report, emitted = reports[0], runs[0]  # COVERING[0]: GradScaler, scales are device values
     recorded = [e for e, _ in emitted if any(isinstance(v, Deferred) for v in e.data.values())]
     assert {e.kind for e in recorded} >= {"backward", "unscale", "scaler_update"}
     final = report.trace.events
@@ -330,7 +339,7 @@ def test_held_events_get_the_seqs_and_order_they_would_have_had():
 
 # -- one constructor per kind: recorded and hand-written events agree -----------------------------
 def test_recorded_events_are_what_their_constructor_makes(covering_runs):
-    _, emitted = covering_runs
+    _, emitted, _ = covering_runs
     kinds = set()
     for event, _ in emitted:
         kinds.add(event.kind)
@@ -342,9 +351,9 @@ def test_recorded_events_are_what_their_constructor_makes(covering_runs):
                                             "ddp_no_sync", "replica_checksum"}
 
 
-def test_trace_builder_makes_the_keys_the_instrumentation_makes(emitted):
-    check(os.path.join(FIXTURES, COVERING[0]))  # scaled backwards
-    check(os.path.join(FIXTURES, COVERING[1]))  # plain ones
+def test_trace_builder_makes_the_keys_the_instrumentation_makes(covering_runs):
+    _, _, runs = covering_runs
+    emitted = runs[0] + runs[1]  # COVERING[0]'s scaled backwards, COVERING[1]'s plain ones
     recorded: dict[str, list[set]] = {}
     for event, _ in emitted:
         keys = set(event.data)
