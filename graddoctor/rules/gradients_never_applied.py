@@ -5,6 +5,7 @@ from ..findings import Role, Severity
 from .base import Rule, related
 from .grads_cleared_before_step import GradsClearedBeforeStep
 from .misplaced_zero_grad import MisplacedZeroGrad
+from .optimizers_swapped import OptimizersSwapped
 from .step_before_backward import StepBeforeBackward
 
 
@@ -55,9 +56,9 @@ class GradientsNeverApplied(Rule):
     backward, a partial accumulation window dropped at an epoch's end); closure steps (L-BFGS)
     and steps a GradScaler skipped; an optimizer with fewer than two steps after the first
     backward (the replay ended); parameters another optimizer also steps; the layouts that
-    `step-before-backward`, `misplaced-zero-grad` and `grads-cleared-before-step` report (this
-    rule stays quiet when one of them speaks); an optimizer whose parameters no backward wrote
-    (`param-without-grad`, `optimizer-group-frozen`).
+    `step-before-backward`, `misplaced-zero-grad`, `grads-cleared-before-step` and
+    `optimizers-swapped` report (this rule stays quiet when one of them speaks); an optimizer
+    whose parameters no backward wrote (`param-without-grad`, `optimizer-group-frozen`).
     """
 
     code = "GD290"
@@ -94,7 +95,8 @@ class GradientsNeverApplied(Rule):
                 continue  # no clear dropped the first backward's gradients before a step
             if quiet is None:
                 quiet = any(True for rule in (StepBeforeBackward(), MisplacedZeroGrad(),
-                                              GradsClearedBeforeStep()) for _ in rule.check(a))
+                                              GradsClearedBeforeStep(), OptimizersSwapped())
+                            for _ in rule.check(a))
             if quiet:
                 return
             yield self._finding(a, opt, owned, first, clear, after)
