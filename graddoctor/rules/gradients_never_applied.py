@@ -54,7 +54,8 @@ class GradientsNeverApplied(Rule):
     Steps that apply a backward's gradients at least once after the first backward (the usual
     loop, gradient accumulation, an update delayed by one pass: step → zero_grad → forward →
     backward, a partial accumulation window dropped at an epoch's end); closure steps (L-BFGS)
-    and steps a GradScaler skipped; an optimizer with fewer than two steps after the first
+    and steps a GradScaler skipped; steps a training framework makes (Lightning steps without
+    a backward when `training_step` returns None); an optimizer with fewer than two steps after the first
     backward (the replay ended); parameters another optimizer also steps; the layouts that
     `step-before-backward`, `misplaced-zero-grad`, `grads-cleared-before-step` and
     `optimizers-swapped` report (this rule stays quiet when one of them speaks); an optimizer
@@ -89,6 +90,8 @@ class GradientsNeverApplied(Rule):
             after = [s for s in steps if s.seq > first.seq]
             if a.count(after) < 2 or any(windows.get(s.seq) for s in after):
                 continue
+            if any(s.loc is None or s.loc.via or s.loc.hook for s in after):
+                continue  # a training framework makes the steps (Lightning steps a skipped batch)
             clear = next((c for c in clears if c.seq > first.seq
                           and owned.intersection(c.get("params") or ())), None)
             if clear is None or clear.seq > after[0].seq:
