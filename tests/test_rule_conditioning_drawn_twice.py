@@ -142,3 +142,39 @@ def test_the_rule_is_silent_without_events():
     t = builder(params=[0])
     t.backward(fresh=[0], line=11)
     assert findings(t, SLUG) == []
+
+
+def _joined(build):
+    """The events of one ``cat`` of the columns ``build(draw)`` returns, under the watcher."""
+    watcher = DrawTwinWatcher(_Rec())
+
+    def draw(fn, *args):
+        out = getattr(torch, fn)(*args)
+        watcher._drawn(fn, args, {}, out)
+        return out
+
+    try:
+        torch.cat(build(draw), 1)
+    finally:
+        watcher._stop()
+    return [data for (kind, data), _ in watcher.rec.events]
+
+
+def test_two_random_columns_one_scaled_are_two_features_not_a_timestep_drawn_twice():
+    # a PINN's collocation points, a synthetic table's features: independent coordinates
+    assert _joined(lambda draw: [draw("rand", 64, 1) * 2.0, draw("rand", 64, 1)]) == []
+    assert _joined(lambda draw: [draw("rand", 64, 1) * 3 + 0.5, draw("randint", 1, 6, (64, 1)).float(),
+                                 draw("rand", 64, 1), draw("rand", 64, 1) * 10]) == []
+
+
+def test_a_second_draw_beside_an_input_mixed_from_its_twin_is_still_recorded():
+    # one value per sample too, but mixed with another draw (a 1-D flow's interpolated point)
+    def flow(draw):
+        t = draw("rand", 64, 1)
+        x_t = (1 - t) * draw("randn", 64, 1) + t * 2.0
+        return [x_t, draw("rand", 64, 1)]
+
+    assert [d["fn"] for d in _joined(flow)] == ["rand"]
+    # several values per sample built from the twin alone (noise-free interpolation of data)
+    assert [d["fn"] for d in _joined(lambda draw: [draw("rand", 64, 1) * torch.ones(64, 3),
+                                                     draw("rand", 64, 1)])] == ["rand"]

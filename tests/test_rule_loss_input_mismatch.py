@@ -252,3 +252,65 @@ def test_a_sigmoid_applied_in_a_statement_of_its_own_is_pointed_at(tmp_path):
         "    prediction = torch.sigmoid(model(user, item))\n    loss = criterion(prediction, label)\n",
         "    prediction = model(user, item)\n    loss = criterion(torch.sigmoid(prediction), label)\n"))
     assert only(t, "loss-input-mismatch").location.line == 3
+# -- the model's last operation: the line to change ---------------------------------------------
+
+def _end(src: str, kind: str, zero_dim: bool = False):
+    import ast
+    from graddoctor.rules.model_end import model_end_line
+    return model_end_line(ast.parse(src), kind, zero_dim)
+
+
+def test_the_model_end_is_a_sequentials_last_element_or_a_forwards_return():
+    assert _end("m = nn.Sequential(\n  nn.Linear(4, 3),\n  nn.Softmax(dim=1),\n)\n", "softmax") == 3
+    assert _end("m = nn.Sequential(nn.Softmax(1), nn.Linear(4, 3))\n", "softmax") is None  # not last
+    forward = ("class Net(nn.Module):\n"
+               "    def __init__(self):\n"
+               "        self.fc = nn.Linear(4, 3)\n"
+               "        self.act = nn.Sigmoid()\n"
+               "    def forward(self, x):\n"
+               "        x = self.act(self.fc(x))\n"
+               "        return x\n")
+    assert _end(forward, "sigmoid") == 6 and _end(forward, "softmax") is None
+    assert _end("class N:\n    def forward(self, x):\n        return F.relu(self.out(x))\n", "relu") == 3
+    assert _end("class N:\n    def forward(self, x):\n        return self.out(x).softmax(-1)\n", "softmax") == 3
+    # an activation inside the forward, not its last operation
+    assert _end("class N:\n    def forward(self, x):\n        x = F.relu(x)\n        return self.out(x)\n",
+                "relu") is None
+
+
+def test_a_batch_axis_log_softmax_needs_dim_zero_and_two_model_ends_are_ambiguous():
+    src = "class N:\n    def forward(self, x):\n        return F.log_softmax(self.fc(x), dim={})\n"
+    assert _end(src.format(0), "log_softmax", zero_dim=True) == 3
+    assert _end(src.format(1), "log_softmax", zero_dim=True) is None
+    assert _end("class N:\n    def forward(self, x):\n        return x.log_softmax(0)\n", "log_softmax", True) == 3
+    two = "a = nn.Sequential(nn.Linear(2, 2), nn.Softmax(1))\nb = nn.Sequential(nn.Linear(2, 2), nn.Softmax(1))\n"
+    assert _end(two, "softmax") is None
+
+
+def test_the_finding_points_at_the_models_softmax_with_the_loss_call_related(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n"
+                      "model = nn.Sequential(nn.Linear(8, 3),\n"
+                      "                      nn.Softmax(dim=1))\n"
+                      "out = model(x)\n"
+                      "loss = criterion(out, y)\n")
+    monkeypatch.chdir(tmp_path)
+    t = builder()
+    t.event("loss_input", 5, fn="cross_entropy", problem="softmax", classes=3)
+    [finding] = [f for f in analyze(t.trace)[0] if f.rule == "loss-input-mismatch"]
+    assert finding.location.line == 3
+    assert [(r.location.line, r.note) for r in finding.related] == [(5, "the loss call that is given these scores")]
+
+
+def test_a_softmax_computed_beside_the_loss_is_reported_there_not_at_the_models_end(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n"
+                      "model = nn.Sequential(nn.Linear(8, 3), nn.Softmax(dim=1))\n"
+                      "probs = F.softmax(logits, dim=1)\n"
+                      "loss = F.cross_entropy(probs, y)\n")
+    monkeypatch.chdir(tmp_path)
+    t = builder()
+    t.event("loss_input", 4, fn="cross_entropy", problem="softmax", classes=3)
+    [finding] = [f for f in analyze(t.trace)[0] if f.rule == "loss-input-mismatch"]
+    # the statement that applies it, not the model's end (line 2)
+    assert finding.location.line == 3 and not finding.related

@@ -75,3 +75,35 @@ def test_the_finding_names_the_activation_and_the_targets():
 
 def test_no_event_no_finding():
     assert findings(builder(), SLUG) == []
+
+
+def _relocated(tmp_path, monkeypatch, source: str, activation: str, line: int):
+    from graddoctor.rules.engine import analyze
+    from rule_traces import builder
+    (tmp_path / "train.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    t = builder()
+    t.event("output_range", line, fn="mse_loss", activation=activation, low=0.0, high=None,
+            outside=0.5, target_low=-2.0, target_high=2.0)
+    [finding] = [f for f in analyze(t.trace)[0] if f.rule == "output-range-excludes-targets"]
+    return finding
+
+
+def test_a_final_relu_of_the_model_is_the_line_shown_with_the_loss_related(tmp_path, monkeypatch):
+    src = ("import torch\n"
+           "model = nn.Sequential(\n"
+           "    nn.Linear(4, 1),\n"
+           "    nn.ReLU(),\n"
+           ")\n"
+           "loss = F.mse_loss(model(x), y)\n")
+    finding = _relocated(tmp_path, monkeypatch, src, "relu", 6)
+    assert finding.location.line == 4 and [r.location.line for r in finding.related] == [6]
+
+
+def test_a_sigmoid_or_a_relu_at_the_loss_call_keeps_the_loss_line(tmp_path, monkeypatch):
+    # a sigmoid's targets may be the thing to scale: the loss line stays
+    src = "import torch\nmodel = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = F.mse_loss(model(x), y)\n"
+    assert _relocated(tmp_path, monkeypatch, src, "sigmoid", 3).location.line == 3
+    src = ("import torch\nmodel = nn.Sequential(nn.Linear(4, 1), nn.ReLU())\n"
+           "loss = F.mse_loss(F.relu(model(x)), y)\n")
+    assert _relocated(tmp_path, monkeypatch, src, "relu", 3).location.line == 3

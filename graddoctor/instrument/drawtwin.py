@@ -14,7 +14,9 @@ values made from each draw (the union of the draws any input came from; at most 
 a window). At each outermost module call (and each ``cat``/``stack``), an argument that is a bare draw
 ``D`` of one value per sample (a timestep; not random data or a latent) is judged
 against the other arguments: when none of them came from ``D`` but one came from another draw
-``E`` of the very same signature that the call is not given, ``D`` took ``E``'s place (a
+``E`` of the very same signature that the call is not given, and built an input there (more
+than one value per sample, or mixed with another draw: not a random column of its own, as a
+PINN's ``x = torch.rand(N, 1) * L`` beside ``t = torch.rand(N, 1)``), ``D`` took ``E``'s place (a
 ``draw_twin`` aside event at ``D``'s line, once per line). Two draws with the same call, each
 given with its own input (two noisy views, two timesteps), a draw the input was built from
 (the right code), a draw whose twin built nothing the model gets (a dropout mask's
@@ -95,6 +97,14 @@ class _DrawMode(TorchFunctionMode):
 
 
 _STATE: dict = {}  # id(mode) -> (watcher, originals), dropped when the mode is removed
+
+
+def _built_from(tensor, came: frozenset, draw: int) -> bool:
+    """Whether ``tensor``, which came from ``draw``, is an input built from it (a noised point,
+    several features a sample) and not just another random column: one value per sample made
+    from that draw alone (``area = torch.rand(n, 1) * 3 + 0.5`` beside ``age = torch.rand(n, 1)``
+    in a synthetic table is two independent features, not a timestep drawn twice)."""
+    return came != frozenset((draw,)) or not (tensor.dim() >= 1 and tensor.numel() == tensor.shape[0])
 
 
 class DrawTwinWatcher:
@@ -226,7 +236,9 @@ class DrawTwinWatcher:
                 continue  # the input was built from this draw: the right code
             signature = draws[d][0]
             twins = [e for e in others if e != d and draws[e][0] == signature
-                     and e not in bare.values()]
+                     and e not in bare.values()
+                     and any(e in s and _built_from(given[j], s, e)
+                             for j, s in enumerate(sources) if j != i)]
             if not twins:
                 continue
             loc = draws[d][1]

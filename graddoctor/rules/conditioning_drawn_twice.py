@@ -41,7 +41,10 @@ class ConditioningDrawnTwice(Rule):
     each with its own input (two noisy views, two crops); a second draw used for something
     the model's inputs do not come from (a classifier-free-guidance dropout's `rand`); a model
     given only a draw (a generator's latent); draws of more than one value per sample (random
-    data, latents, negatives drawn like the inputs). Not seen: draws on an accelerator's generator
+    data, latents, negatives drawn like the inputs); two random columns side by side, one only
+    scaled or shifted (a PINN's collocation coordinates `x = torch.rand(N, 1) * L` and
+    `t = torch.rand(N, 1)`, a synthetic table's features): the twin must have built an input
+    (mixed with other values, or more than one value per sample). Not seen: draws on an accelerator's generator
     inside compiled code, a draw reshaped before the call (`t2[:, None]`), models that are no
     `nn.Module`.
     """

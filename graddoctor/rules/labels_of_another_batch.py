@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Severity
+from .backward_after_batch_loop import BackwardAfterBatchLoop
 from .base import Rule
 
 
@@ -48,12 +49,18 @@ class LabelsOfAnotherBatch(Rule):
            "loss = criterion(model(x), y))")
 
     def check(self, a):
+        dropped = None  # a backward after the batch loop: the forwards it skips are no mix-up
         for e in a.of_kind("batch_pairing"):
             if e["problem"] != "other-batch":
                 continue
             epoch, index = e["input_batch"]
             t_epoch, t_index = e["target_batch"]
             same = e["target_loader"] == e["loader"]
+            if same and t_epoch == epoch and t_index > index:
+                if dropped is None:
+                    dropped = any(True for _ in BackwardAfterBatchLoop().check(a))
+                if dropped:
+                    continue  # backward-after-batch-loop says why the forward's batch is not the loss's
             where = (f"batch {t_index} of epoch {t_epoch}" if same else
                      f"batch {t_index} of epoch {t_epoch} of another DataLoader, served in an "
                      f"earlier step")

@@ -4,9 +4,10 @@ import ast
 import re
 import math
 
-from ..findings import Severity
+from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+from .model_end import model_end_line
 
 _EXPECTS = {
     "cross_entropy": "logits (it applies log_softmax itself)",
@@ -31,6 +32,12 @@ def _ceiling(classes: int) -> str:
     """The best probability softmax can give one class when every score lies in [0, 1]."""
     best = math.e / (math.e + max(classes, 2) - 1)
     return f"{best:.0%}"
+
+
+# the problems whose operation a model may apply as its last one: (its kind in model_end, over
+# dim 0 only)
+_AT_MODEL_END = {"softmax": ("softmax", False), "sigmoid": ("sigmoid", False),
+                 "relu": ("relu", False), "dim": ("log_softmax", True)}
 
 
 def _effect(fn: str, problem: str, classes: int) -> str:
@@ -127,7 +134,10 @@ class LossInputMismatch(Rule):
     token targets are flattened in the other order (a seq-first model's (T, B, C) output against
     batch-first (B, T) next-token targets: the targets are the embedded tokens only when read
     transposed). It points at the loss call, or at the statement that normalised the scores
-    over the wrong dimension when one of its own computes the loss's input. The
+    over the wrong dimension when one of its own computes the loss's input, or, when the
+    softmax, sigmoid, ReLU or batch-axis `log_softmax` is the model's own last operation (the
+    last element of its `nn.Sequential`, the `return` of its `forward`) and the file holds one
+    such place, at that line, with the loss call as the related line. The
     operation behind the input is read from the autograd graph (past reshapes, slices, casts
     and clamps); where the graph does not tell, `cross_entropy` is reported when every row lies
     in [0, 1] and sums to 1, and `nll_loss` when its rows are not log-normalised and no log op
@@ -187,8 +197,10 @@ class LossInputMismatch(Rule):
                 call = _swapped_call(a.source.tree(e.loc.path), e.loc.line)
                 if call is not None:
                     fix = f"pass the model's output first and the labels second: {call}"
-            loc = e.loc
-            if e.get("problem") in ("dim", "log-dim") and loc is not None:
+            loc, related = e.loc, ()
+            problem = e.get("problem")
+            origin = None
+            if problem in ("dim", "log-dim") and loc is not None:
                 # normalised over the wrong axis in a statement of its own: the axis is what to
                 # change (`log_probs = logits.log_softmax(dim=1)`), not the loss call
                 origin = _input_origin(a, loc, e.get("fn", ""))
@@ -203,7 +215,19 @@ class LossInputMismatch(Rule):
                         and re.search(r"\b(sigmoid|softmax)\s*\(", origin[1]) \
                         and not origin[1].lstrip().startswith("return"):
                     loc = Location(loc.path, origin[0], loc.hook)
-            yield self.finding(message, loc, step=a.next_step_number(e.seq), fix=fix, evidence=evidence)
+            if problem in _AT_MODEL_END and loc is e.loc and loc is not None:
+                # the operation is the model's last one (`nn.Softmax(dim=1)` ending its
+                # Sequential, `return torch.sigmoid(x)` in its forward): that line is the one to
+                # change, when the loss's input is not computed beside the loss call
+                kind, zero_dim = _AT_MODEL_END[problem]
+                origin = origin or _input_origin(a, loc, e.get("fn", ""))
+                if origin is None or kind.split("_")[-1] not in origin[1]:
+                    line = model_end_line(a.source.tree(loc.path), kind, zero_dim)
+                    if line is not None and line != loc.line:
+                        related = (Related(loc, "the loss call that is given these scores"),)
+                        loc = Location(loc.path, line)
+            yield self.finding(message, loc, related=related, step=a.next_step_number(e.seq),
+                               fix=fix, evidence=evidence)
 
 
 def _input_origin(a, loc, fn: str) -> tuple[int, str] | None:

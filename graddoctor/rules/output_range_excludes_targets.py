@@ -1,7 +1,9 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Related, Severity
+from ..trace import Location
 from .base import Rule
+from .model_end import model_end_line
 
 _RANGES = {"sigmoid": "(0, 1)", "softmax": "(0, 1)", "tanh": "(-1, 1)", "relu": "[0, inf)",
            "softplus": "(0, inf)", "exp": "(0, inf)"}
@@ -13,6 +15,9 @@ _EFFECT = {
 }
 _EFFECT["tanh"] = _EFFECT["softmax"] = _EFFECT["sigmoid"]
 _EFFECT["exp"] = _EFFECT["softplus"]
+# activations whose range has no upper bound to scale the targets into: the activation itself
+# is the line to change, when it is the model's own last operation
+_AT_MODEL_END = ("relu", "softplus")
 
 
 class OutputRangeExcludesTargets(Rule):
@@ -47,7 +52,9 @@ class OutputRangeExcludesTargets(Rule):
     Targets inside the range (an autoencoder's [0, 1] pixels through a sigmoid, a GAN's [-1, 1]
     images through tanh, counts through a ReLU); an activation scaled or shifted after it
     (`255 * sigmoid(x)`), or clamped; fewer than a quarter of the targets outside (outliers);
-    losses with no gradient.
+    losses with no gradient. A final ReLU or softplus that is the model's own last operation
+    (the last element of its `nn.Sequential`, the `return` of its `forward`, one such place in
+    the file) is the line shown, with the loss call related.
     """
 
     code = "GD228"
@@ -61,12 +68,19 @@ class OutputRangeExcludesTargets(Rule):
         for e in a.of_kind("output_range"):
             activation = e["activation"]
             span = _RANGES.get(activation, f"[{e['low']}, {e['high']}]")
+            loc, related = e.loc, ()
+            if activation in _AT_MODEL_END and loc is not None:
+                line = model_end_line(a.source.tree(loc.path), activation)
+                text = a.source.line_text(loc.path, loc.line)
+                if line is not None and line != loc.line and activation not in text.split("#")[0]:
+                    related = (Related(loc, "the loss that compares its output with the targets"),)
+                    loc = Location(loc.path, line)
             yield self.finding(
                 f"{e['fn']} compares a prediction that comes out of {activation} (always in "
                 f"{span}) with targets from {e['target_low']:.3g} to {e['target_high']:.3g}: "
                 f"{e['outside']:.0%} of them lie outside what the model can output, so the loss "
                 f"cannot reach 0 and {_EFFECT.get(activation, _EFFECT['sigmoid']).format(activation)}",
-                e.loc,
+                loc, related=related,
                 fix=(f"remove the final {activation} (a linear output) for these targets, or "
                      f"scale the targets into {span}"),
                 evidence={"fn": e["fn"], "activation": activation, "outside": e["outside"],
