@@ -84,3 +84,21 @@ def test_the_line_where_the_loss_meets_a_value_made_from_it():
     assert _line("loss_i = crit(a, b)\nloss = (loss_i * loss_i.detach()).mean()\n", 1) == 2
     assert _line("loss = crit(a, b).mean()\nprint(loss)\n", 1) is None
     assert _line("crit(a, b)\n", 1) is None
+
+
+def test_the_wrappers_lose_this_watchers_test_when_its_window_ends():
+    import types
+
+    from graddoctor.instrument.inlinable import _watching, unwatch, watched
+
+    calls = []
+    owner = types.SimpleNamespace(f=lambda x: x + 1)
+    first, second = (lambda args, kwargs: calls.append("first")), (lambda args, kwargs: calls.append("second"))
+    original = owner.f
+    owner.f = watched(watched(original, first), second)
+    assert owner.f(1) == 2 and calls == ["second", "first"]
+    assert unwatch(owner, "f", first) and _watching[owner.f][0] == (second,)
+    calls.clear()
+    assert owner.f(1) == 2 and calls == ["second"]
+    assert unwatch(owner, "f", second) and owner.f is original
+    assert not unwatch(owner, "f", second)  # no wrapper left

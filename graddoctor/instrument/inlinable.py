@@ -125,3 +125,34 @@ def watched_call(original, after):
     exec(_CALL_CODE, scope)
     wrapper = scope.pop("make")(after, original, torch.compiler.is_compiling, in_transform)
     return functools.wraps(original)(wrapper)
+
+
+def unwatch(owner, name: str, before) -> bool:
+    """Take ``before`` out of the ``watched`` wrapper installed as ``owner.<name>``, once its
+    watcher's window is over: the wrapper is rebuilt with the other befores (or the function
+    itself when none is left), so a call no longer runs the finished watcher's test. False when
+    the attribute is no such wrapper or ``before`` is not in it. The patcher still puts back
+    what was there before the first wrapper when the check ends."""
+    current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    try:
+        entry = _watching.get(current)
+    except TypeError:
+        return False
+    if entry is None or before not in entry[0]:
+        return False
+    befores = tuple(b for b in entry[0] if b is not before)
+    function = entry[1]
+    if not befores:
+        setattr(owner, name, function)
+        return True
+    scope = dict(getattr(function, "__globals__", None) or vars(torch))
+    if len(befores) == 1:
+        exec(_CODE, scope)
+        wrapper = scope.pop("make")(befores[0], function, torch.compiler.is_compiling, in_transform)
+    else:
+        exec(_many_code(len(befores)), scope)
+        wrapper = scope.pop("make")(befores, function, torch.compiler.is_compiling, in_transform)
+    wrapper = functools.wraps(function)(wrapper)
+    _watching[wrapper] = (befores, function)
+    setattr(owner, name, wrapper)
+    return True
