@@ -28,6 +28,7 @@ import torch.nn.utils.clip_grad as clip_grad
 
 from .. import events as ev
 from .gradstate import Tensor, grads_of, states_of
+from .identities import call
 from .gradstate import version as grad_version
 from .recorder import Recorder
 from .subclasses import Depth
@@ -125,13 +126,26 @@ class ClipWatcher:
         self.rec = rec
         self._depth = Depth()
         self._value_left = VALUE_MEASURED  # clip_grad_value_ calls still to measure
+        # (ids, pids, weak references) of the tensors the latest call was given, all tracked
+        self._last_given: tuple | None = None
 
     def _before(self, params: list) -> tuple[list, "Before", list]:
         """One pass before the clip: each param's pid (None if untracked), the state of each
         tracked grad, and which of those unwatched code changed since graddoctor last saw them."""
         rec = self.rec
         known, zeroed = rec.grads.known, rec.grads.zeroed
-        known_pids = rec.tensors.numbers(params)  # ``map``s in C: no Python per parameter
+        # the pids of the parameters the latest call was given, when given the same tensors
+        # again (a loop clips the same list each step): their ids, then each the live tensor of
+        # its kept reference; else ``Identities.numbers`` (``map``s in C: no Python per
+        # parameter), kept for the next call when every one is tracked
+        ids = list(map(id, params))
+        last = self._last_given
+        if last is not None and last[0] == ids and all(map(is_, map(call, last[2]), params)):
+            known_pids = list(last[1])
+        else:
+            known_pids = rec.tensors.numbers(params)
+            self._last_given = None if None in known_pids else (
+                ids, list(known_pids), list(map(rec.tensors.refs.__getitem__, known_pids)))
         if None not in known_pids:  # every one a tracked tensor
             grads = grads_of(params)
             has = list(map(is_not, grads, repeat(None)))

@@ -100,6 +100,17 @@ class GradState:
         # noting them here. Every read or write below catches up first (``catch_up``).
         self.behind_grads: list | None = None
         self.behind_params: list | None = None
+        # (pids, states, conditional) of the latest ``vouch_finite`` while every entry it wrote
+        # in ``_finite`` stands as written (None once any entry may have changed): a step whose
+        # grads are exactly those (``vouched_exactly``) compares two lists, not every entry
+        self.last_vouch: tuple | None = None
+        # (pids, requires) of the latest ``note_requires_grad`` while the ledger still holds
+        # those values for those pids (None once another writer may have changed one): a step
+        # that reads the same list notes nothing
+        self.requires_noted: tuple | None = None
+        # pid lists (an optimizer's own, never changed: ``Recorder.add_params``) -> the weak
+        # references of their tensors, so a step reads its tensors in one pass
+        self._refs_of: dict[int, tuple[list, list]] = {}
 
     # the ledger, caught up with what skimmed hooks did not note (one test when nothing is behind)
     @property
@@ -152,6 +163,7 @@ class GradState:
         now. What skimmed turns did to them by hand is not seen (docs/performance.md, the skim)."""
         grads_pids, self.behind_grads = self.behind_grads, None
         params, self.behind_params = self.behind_params, None
+        self.last_vouch = self.requires_noted = None
         refs = self.tensors.refs
         if params is not None:
             tensors = tensors_of(refs, params)
@@ -209,6 +221,7 @@ class GradState:
         if not all(map(is_not, tensors, repeat(None))):  # some died: left as they were
             alive = list(map(is_not, tensors, repeat(None)))
             pids, tensors = list(compress(pids, alive)), list(compress(tensors, alive))
+        self.requires_noted = None
         self.requires_grad.update(zip(pids, map(_requires_grad, tensors)))
         self.param_version.update(zip(pids, map(_version, tensors)))
         grads = grads_of(tensors)
@@ -227,8 +240,39 @@ class GradState:
         self.param_version.update(zip(pids, map(_version, tensors)))
 
     def note_requires_grad(self, pids: list, requires: list) -> None:
-        """Each parameter's ``requires_grad`` (parallel lists), read before a step."""
+        """Each parameter's ``requires_grad`` (parallel lists), read before a step. The same
+        values for the same pid list as the latest call, and no other writer since: the
+        ledger holds them already (one list comparison, no pass)."""
+        noted = self.requires_noted
+        if (noted is not None and noted[0] is pids and noted[1] == requires
+                and self.behind_grads is None and self.behind_params is None):
+            return
         self.requires_grad.update(zip(pids, requires))
+        self.requires_noted = (pids, requires)
+
+    def refs_of(self, pids: list) -> list:
+        """The weak references of the tracked tensors ``pids`` (``Identities.refs``), kept per
+        pid list (an optimizer's own list, which is replaced, never changed: the list itself is
+        held, so its id is not reused): a step's tensors in one pass
+        (``map(call, refs_of(pids))``) rather than two."""
+        kept = self._refs_of.get(id(pids))
+        if kept is not None and kept[0] is pids:
+            return kept[1]
+        refs = list(map(self.tensors.refs.__getitem__, pids))
+        if len(self._refs_of) >= 16:  # optimizers rebuilt again and again: the oldest go
+            del self._refs_of[next(iter(self._refs_of))]
+        self._refs_of[id(pids)] = (pids, refs)
+        return refs
+
+    def vouched_exactly(self, pids: list, states: list) -> bool | None:
+        """Whether ``pids`` at ``states`` (parallel lists) are exactly what the latest
+        ``vouch_finite`` vouched for, with its entries all standing: its ``conditional`` then
+        (True: only inside GradScaler.step); None when not (``finite``, entry by entry)."""
+        vouch = self.last_vouch
+        if (vouch is not None and self.behind_grads is None and self.behind_params is None
+                and vouch[0] == pids and vouch[1] == states):
+            return vouch[2]
+        return None
 
     def note_known(self, pids: list, states: list) -> None:
         """States (parallel to ``pids``) read after an in-place change graddoctor watched: the
@@ -263,6 +307,7 @@ class GradState:
         if zeroed:
             list(map(zeroed.pop, written, repeat(None)))
         if finite:
+            self.last_vouch = None
             list(map(finite.pop, written, repeat(None)))
         self.known.update(zip(pids, states))
 
@@ -275,8 +320,10 @@ class GradState:
         return pids, states
 
     def vouch_finite(self, pids: list, states: list, conditional: bool = False) -> None:
-        """A watched op has just seen every value of these grads finite (see ``finite``)."""
+        """A watched op has just seen every value of these grads finite (see ``finite``).
+        ``pids`` and ``states`` are held as they are (``last_vouch``): not changed afterwards."""
         self.finite.update(zip(pids, zip(states, repeat(conditional))))
+        self.last_vouch = (pids, states, conditional)
 
     def carry_finite(self, before: dict, pids: list, states: list) -> None:
         """A watched op that keeps finite grads finite (clipping: a finite factor or a clamp)
@@ -285,6 +332,7 @@ class GradState:
         finite = self.finite
         if not finite:
             return
+        self.last_vouch = None
         for pid, state in zip(pids, states):
             vouched = finite.get(pid)
             if vouched is not None:

@@ -30,6 +30,7 @@ from . import fold
 from .divergence import Divergence
 from .editfactor import EditFactors
 from .gradstate import Tensor, grads_of, local, tensors_of, version
+from .identities import call
 from .recorder import Recorder
 from .topics import (FREEZE_OF, GRADS_UNSCALED, PARAMS_ADDED, STEP_BEGINS, STEP_GRADS, STEP_NORMS, STEPPED,
                      STEPPED_WITHOUT_GRAD)
@@ -125,27 +126,32 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     whole lists first (the common case: nothing to collect); the general path
     (``_step_grads_each``) takes DTensors."""
     pids = pids if type(pids) is list else list(pids)
-    tensors = tensors_of(rec.tensors.refs, pids)
+    gradstate = rec.grads
+    tensors = list(map(call, gradstate.refs_of(pids)))  # tensors_of, its lookups kept per list
     died = not all(map(is_not, tensors, repeat(None)))
     if died:  # the rest as they are
         alive = list(map(is_not, tensors, repeat(None)))
         pids, tensors = list(compress(pids, alive)), list(compress(tensors, alive))
     requires = list(map(_requires_grad, tensors))
-    rec.grads.note_requires_grad(pids, requires)
+    gradstate.note_requires_grad(pids, requires)
+    every_requires = all(requires)
     grads = grads_of(tensors)
     owned = None if died else (pids, tensors, grads)
     has = list(map(is_not, grads, repeat(None)))
     without: list = []
     if not all(has):
         without = list(compress(pids, map(not_, has)))
-        pids, tensors, grads, requires = (list(compress(pids, has)), list(compress(tensors, has)),
-                                          list(compress(grads, has)), list(compress(requires, has)))
+        pids, grads = list(compress(pids, has)), list(compress(grads, has))
+        if by_hand is not None:
+            tensors = list(compress(tensors, has))
+        if not every_requires:
+            requires = list(compress(requires, has))
     if not grads:
         return StepGrads([], [], [], without, True, {}, versions=[], owned=owned)
     if not all(map(is_, map(type, grads), repeat(Tensor))):
         by_device, vouched = _step_grads_each(rec, pids, edited, trust_scaler, frozen, by_hand)
         return StepGrads(pids, grads, None, without, vouched, by_device)
-    if frozen is not None and not all(requires):
+    if frozen is not None and not every_requires and not all(requires):
         frozen.extend(compress(pids, map(not_, requires)))
     if by_hand is not None:
         now = list(map(_version, tensors))
@@ -162,12 +168,17 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
             zeroed = rec.grads.zeroed
             edited.extend(compress(pids, map(and_, map(ne, states, known),
                                              map(ne, states, map(zeroed.get, pids)))))
-    finite = rec.grads.finite
+    finite = gradstate.finite
     vouched = False
     if finite:
-        entries = list(map(finite.get, pids))
-        vouched = (None not in entries and list(map(itemgetter(0), entries)) == states
-                   and (trust_scaler or not any(map(itemgetter(1), entries))))
+        # the latest voucher's own lists (a clip's, unscale_'s) first: two list comparisons
+        conditional = gradstate.vouched_exactly(pids, states)
+        if conditional is not None:
+            vouched = trust_scaler or not conditional
+        else:
+            entries = list(map(finite.get, pids))
+            vouched = (None not in entries and list(map(itemgetter(0), entries)) == states
+                       and (trust_scaler or not any(map(itemgetter(1), entries))))
     return StepGrads(pids, grads, states, without, vouched, versions=versions, owned=owned,
                      known=known_already)
 

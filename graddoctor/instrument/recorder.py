@@ -314,6 +314,7 @@ class Recorder:
         self.is_parameter[pid] = isinstance(tensor, torch.nn.Parameter)
         self.shapes[pid] = _shape(tensor)
         self.requires_grad[pid] = tensor.requires_grad
+        self.grads.requires_noted = None  # (GradState.note_requires_grad: another writer)
         return pid
 
     def claim(self, pid: int) -> None:
@@ -375,6 +376,7 @@ class Recorder:
         """Read again what a parameter's ``param`` event reports and may have changed since it
         was tracked: ``requires_grad``, and the shape of a lazy parameter materialised since."""
         shapes, requires_grad = self.shapes, self.requires_grad
+        self.grads.requires_noted = None  # (GradState.note_requires_grad: another writer)
         for pid, ref in enumerate(self.tensors.refs):
             tensor = ref()
             if tensor is not None:
