@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from .. import events as ev
 from .dependency import close_before_compile
-from .inlinable import watched, watched_call
+from .inlinable import unwatch, watched, watched_call
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
 
@@ -160,6 +160,7 @@ class ShiftCancelWatcher:
         self._locs: dict = {}  # (id(code), line) -> the user's Location
         self._told: set = set()
         self._restore: list = []  # (owner, name, original) put back when the windows end
+        self._consumers: list = []  # (owner, name, before) taken out of the shared wrappers then
 
     def install(self, patcher) -> None:
         for owner, name, kind in _ARITHMETIC:
@@ -171,7 +172,9 @@ class ShiftCancelWatcher:
         for owner, name, fn in _SOFTMAXES:
             original = getattr(owner, name, None)
             if original is not None:
-                patcher.patch(owner, name, watched(original, self._consumer(fn)))
+                before = self._consumer(fn)
+                patcher.patch(owner, name, watched(original, before))
+                self._consumers.append((owner, name, before))
         close_before_compile(patcher, self._close)
 
     # -- the windows -----------------------------------------------------------------------------
@@ -192,6 +195,13 @@ class ShiftCancelWatcher:
         for owner, name, original in self._restore:
             try:
                 setattr(owner, name, original)
+            except Exception as exc:
+                self.rec.internal_error(_LABEL, exc)
+        # the softmaxes' and cross_entropy's wrappers are shared with other watchers: this
+        # watcher's test leaves them (a mixture of experts calls a router softmax per layer)
+        for owner, name, before in self._consumers:
+            try:
+                unwatch(owner, name, before)
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
 
