@@ -222,7 +222,7 @@ class IdleParamWatcher:
                     return tag
                 todo.extend(child for child, _ in node.next_functions)
         except Exception as exc:
-            self.rec.internal_error("idle module detach", exc)
+            self.rec.internal_error("idle module marker", exc)
         return None
 
     def loss_call(self, fn: str, input) -> None:
@@ -232,22 +232,15 @@ class IdleParamWatcher:
         if node is None:
             return
         rec = self.rec
+        tag = self._marker_below(node)
+        if tag is None:
+            return
         try:
-            todo, seen = [node], set()
-            while todo and len(seen) < _LOSS_NODES:
-                node = todo.pop()
-                if node is None or id(node) in seen:
-                    continue
-                seen.add(id(node))
-                tag = node.metadata.get(_KEY)
-                if tag is not None:
-                    mid, cls, pids = tag
-                    loc = rec.here()
-                    if (mid, loc) not in self._losses:
-                        self._losses.add((mid, loc))
-                        rec.emit_aside(ev.idle_loss(mid=mid, cls=cls, params=list(pids), fn=fn), loc)
-                    return
-                todo.extend(child for child, _ in node.next_functions)
+            mid, cls, pids = tag
+            loc = rec.here()
+            if (mid, loc) not in self._losses:
+                self._losses.add((mid, loc))
+                rec.emit_aside(ev.idle_loss(mid=mid, cls=cls, params=list(pids), fn=fn), loc)
         except Exception as exc:
             rec.internal_error("idle module loss", exc)
 

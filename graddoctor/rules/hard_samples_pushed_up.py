@@ -4,6 +4,7 @@ import ast
 
 from ..findings import Severity
 from ..trace import Location
+from ..analysis.source import _enclosing_function
 from .base import Rule, related
 
 
@@ -101,9 +102,7 @@ def combining_line(tree, line: int) -> int | None:
     or no such line follows in the same function."""
     if tree is None:
         return None
-    body = _function_body(tree, line)
-    if body is None:
-        return None
+    body = _enclosing_function(tree, line).body
     statements = [s for s in ast.walk(ast.Module(body=body, type_ignores=[]))
                   if isinstance(s, ast.stmt) and not isinstance(s, (ast.FunctionDef, ast.ClassDef))]
     statements.sort(key=lambda s: s.lineno)
@@ -125,15 +124,3 @@ def combining_line(tree, line: int) -> int | None:
         if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
             derived.add(s.targets[0].id)
     return None
-
-
-def _function_body(tree, line: int):
-    best = None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-                and node.lineno <= line <= (node.end_lineno or node.lineno):
-            if best is None or node.lineno > best.lineno:
-                best = node
-    if best is not None:
-        return best.body
-    return tree.body if isinstance(tree, ast.Module) else None
