@@ -261,3 +261,53 @@ def test_messages_and_fixes_fit_the_targets(data, said, fix):
 
 def test_every_patched_loss_exists_in_torch():
     assert all(callable(getattr(F, fn, None)) for fn in DOMAINS)
+
+
+def test_class_indices_on_masked_scores_and_smoothing_over_minus_infinity():
+    from graddoctor.instrument.lossdomain import judge_indices
+    sim = torch.randn(6, 6)
+    sim.fill_diagonal_(float("-inf"))
+    assert judge_indices(sim, torch.arange(6))["problem"] == "masked-target"
+    assert judge_indices(sim, torch.tensor([1, 0, 3, 2, 5, 4])) is None  # each row's other view
+    fill = torch.randn(4, 6) - 1e9 * torch.eye(4, 6)
+    assert judge_indices(fill, torch.arange(4))["problem"] == "masked-target"
+    # one enormous logit is a diverging model, not a mask: a fill repeats to the bit
+    diverged = torch.randn(4, 6)
+    diverged[0, 0] = -3e5
+    assert judge_indices(diverged, torch.arange(4)) is None
+    # an ignored row may sit on a masked entry; one that is read may not
+    assert judge_indices(sim, torch.tensor([1, 0, -100, 2, 5, 4])) is None
+    assert judge_indices(sim, torch.tensor([0, 0, -100, 2, 5, 4]))["share"] == 0.2
+    # (N, C, d) scores: the class axis is 1
+    scores = torch.randn(2, 5, 7)
+    assert judge_indices(scores, torch.randint(0, 5, (2, 7))) is None
+    scores[:, 3] = float("-inf")
+    assert judge_indices(scores, torch.full((2, 7), 3))["problem"] == "masked-target"
+    assert judge_indices(sim, torch.tensor([1, 0, 3, 2, 5, 4]), smoothing=0.1)["problem"] == "smoothing-masked"
+    assert judge_indices(sim.clamp_min(-1e4), torch.tensor([1, 0, 3, 2, 5, 4]), smoothing=0.1) is None
+
+
+def test_soft_target_rows_summing_to_one_constant_above_one():
+    one_hot = F.one_hot(torch.arange(8) % 5, 5).float()
+    assert _problem("distribution", one_hot * 0.9 + 0.1, classes=5) == "over-summed"
+    assert judge("distribution", one_hot * 0.9 + 0.1, classes=5)["detail"] == "1.4"
+    assert _problem("distribution", 0.7 * one_hot + one_hot.flip(0), classes=5) == "over-summed"
+    assert judge("distribution", one_hot * 0.9 + 0.1 / 5, classes=5) is None
+    assert judge("distribution", one_hot * torch.rand(8, 1), classes=5) is None  # confidence-weighted
+    assert judge("distribution", torch.poisson(torch.full((8, 5), 2.0)), classes=5) is None  # counts
+    two_labels = one_hot + one_hot.roll(1, dims=1)  # every row two labels: sums to 2
+    assert _problem("distribution", two_labels, classes=5) == "multi-label"
+
+
+def test_hand_written_cross_entropy_reads_its_soft_targets():
+    from graddoctor.instrument.handloss import soft_targets
+    logits = torch.randn(8, 5, requires_grad=True)
+    t = F.one_hot(torch.arange(8) % 5, 5).float() * 0.9 + 0.1
+    loss = torch.sum(-t * F.log_softmax(logits, dim=-1), dim=-1).mean()
+    (factor, dim), = soft_targets(loss.grad_fn)
+    assert torch.equal(factor, -t) and dim == 1
+    loss = -(t * torch.log(F.softmax(logits, 1))).sum(1).mean()
+    assert len(soft_targets(loss.grad_fn)) == 1
+    # a per-sample weight (N, 1) beside the log-probabilities is not a target
+    loss = -(torch.rand(8, 1) * F.log_softmax(logits, 1)).sum(1).mean()
+    assert soft_targets(loss.grad_fn) == []

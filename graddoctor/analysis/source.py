@@ -233,6 +233,9 @@ class ScriptSource:
     def rounding_behind(self, path: str, line: int) -> tuple[int, str] | None:
         return rounding_behind(self.full(path), line)
 
+    def soft_target_origin(self, path: str, line: int) -> tuple[int, str] | None:
+        return soft_target_origin(self.full(path), line)
+
     def line_text(self, path: str, line: int) -> str:
         """The text of that line ("" when it cannot be read)."""
         try:
@@ -3820,3 +3823,46 @@ def table_sliced_by_batch(path: str) -> list[tuple[int, str, str]]:
                         break
     built = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     return [f for f in found if f[2] in built]
+
+
+def _log_probability_call(node: ast.AST) -> bool:
+    """Whether ``node`` holds a log-softmax: ``F.log_softmax(...)``, ``x.log_softmax(...)``,
+    ``torch.log(F.softmax(...))``."""
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call) and _last_name(call.func) == "log_softmax":
+            return True
+        if isinstance(call, ast.Call) and _last_name(call.func) == "log" and any(
+                isinstance(inner, ast.Call) and _last_name(inner.func) == "softmax"
+                for argument in call.args for inner in ast.walk(argument)):
+            return True
+    return False
+
+
+def soft_target_origin(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of where the soft targets of a cross-entropy written by hand are made,
+    for the backward on ``line``: the loss's assignment (``loss = -(target *
+    F.log_softmax(logits, -1)).sum(-1).mean()``), the factor beside the log-softmax, and where
+    that variable's values were made (``value_origin``: through a function of this file to its
+    ``return``); the loss's assignment when the factor is not a plain name; None when the
+    loss's assignment is not found."""
+    assigned = loss_assignment(path, line)
+    tree = _parse(path)
+    if assigned is None or tree is None:
+        return None
+    at = assigned[0]
+    statement = next((node for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                      and node.lineno == at), None)
+    if statement is None or statement.value is None:
+        return assigned
+    for node in ast.walk(statement.value):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for log_side, other in ((node.left, node.right), (node.right, node.left)):
+            if not _log_probability_call(log_side) or _log_probability_call(other):
+                continue
+            while isinstance(other, ast.UnaryOp) and isinstance(other.op, ast.USub):
+                other = other.operand
+            if isinstance(other, ast.Name):
+                return value_origin(path, at, other.id) or assigned
+            return assigned
+    return assigned

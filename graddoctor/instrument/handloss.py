@@ -12,11 +12,23 @@ computed side is (N, 1) or (N,) can only have met a target of the other layout, 
 aside event (fn ``the hand-written squared error`` / ``absolute error``) at the backward's line;
 the rule finds the line that computes the difference. Pairwise terms with both sides computed
 (``pred[:, None] - pred[None, :]``) carry gradient on both sides: not looked at.
+
+The same walk reads a cross-entropy written by hand, ``-(t * F.log_softmax(z, 1)).sum(1)`` (or
+``torch.log(F.softmax(...))``): the product's factor that needs no gradient and has the
+log-probabilities' shape is its soft targets, saved by the product node. Rows of probabilities
+most of which sum above 1 (label smoothing whose ε was not divided by the classes, a mixing
+weight left out) are what ``F.cross_entropy`` would be told off for (``lossdomain.judge``): a
+``target_domain`` aside event with fn ``SOFT_CE``. Multi-hot or signed factors are not judged
+by hand: SupCon's positives mask and a policy gradient's signed returns are written the same way.
 """
 
 from __future__ import annotations
 
+import torch
+
 from .. import events as ev
+from .graphpaths import saved
+from .lossdomain import judge
 from .lossterms import LossGraphReader, signed_walk
 
 _LOOKED = 3  # backwards of each backward line looked at
@@ -66,6 +78,56 @@ def broadcast_errors(root) -> list[tuple[str, list, list, list]]:
     return found
 
 
+_VIEWS = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "PermuteBackward",
+          "TransposeBackward", "CloneBackward")
+SOFT_CE = "the hand-written cross-entropy"
+
+
+def _log_probabilities(node):
+    """``(node, dim)`` of the log-softmax ``node`` is (through views), as ``F.log_softmax(z, d)``
+    or ``torch.log(F.softmax(z, d))``; None otherwise."""
+    for _ in range(4):
+        name = type(node).__name__
+        if name.startswith("LogSoftmaxBackward"):
+            return node, saved(node, "_saved_dim")
+        if name.startswith("LogBackward"):
+            below = node.next_functions[0][0] if node.next_functions else None
+            if below is not None and type(below).__name__.startswith("SoftmaxBackward"):
+                return below, saved(below, "_saved_dim")
+            return None
+        if not name.startswith(_VIEWS) or not node.next_functions:
+            return None
+        node = node.next_functions[0][0]
+        if node is None:
+            return None
+    return None
+
+
+def soft_targets(root) -> list[tuple[torch.Tensor, int]]:
+    """``[(targets, class dim)]`` of the products ``target * log_softmax(z)`` in the loss's
+    linear top whose other factor needs no gradient and has the log-probabilities' shape: the
+    soft targets of a cross-entropy written by hand (``-(t * F.log_softmax(z, 1)).sum(1)``)."""
+    found: list = []
+
+    def visit(node, sign, name, children) -> bool:
+        if name != "MulBackward0" or len(children) != 1:
+            return False
+        index, child = children[0]
+        logp = _log_probabilities(child)
+        if logp is None or not isinstance(logp[1], int):
+            return False
+        factor = saved(node, "_saved_other" if index == 0 else "_saved_self")
+        shape = _shape(child)
+        if not isinstance(factor, torch.Tensor) or shape is None or tuple(factor.shape) != shape \
+                or factor.dim() < 2 or not factor.is_floating_point():
+            return True  # a per-sample weight, a scalar: no target rows to judge
+        found.append((factor, logp[1] % factor.dim()))
+        return True
+
+    signed_walk(root, _NODES, visit)
+    return found
+
+
 class HandLossWatcher(LossGraphReader):
     label = "hand-written loss broadcast"
     per_line, lines = _LOOKED, _LINES
@@ -75,3 +137,23 @@ class HandLossWatcher(LossGraphReader):
             self._done.add(loc)
             self.rec.emit_aside(ev.loss_broadcast(fn=fn, input_shape=given, target_shape=target,
                                                   shape=shape, reduction=None, grad=True), loc)
+            return
+        for factor, dim in soft_targets(root)[:2]:
+            if factor.device.type != "cpu" and self.rec.progress.steps:
+                return  # no host sync once the updates run
+            rows = factor.detach().float()
+            with torch.no_grad():
+                if float(rows.sum()) < 0:
+                    rows = -rows  # -t * log_softmax(z): the minus sign written on the target
+            found = judge("distribution", rows.movedim(dim, 1), classes=int(rows.shape[dim]))
+            # only rows that sum above 1: a hand-written product with log-probabilities may be
+            # meant otherwise (SupCon's multi-hot positives, a policy gradient's signed returns)
+            if found is None or found["problem"] != "over-summed":
+                continue
+            self._done.add(loc)
+            self.rec.emit_aside(ev.target_domain(
+                fn=SOFT_CE, problem=found["problem"], low=round(found["low"], 4),
+                high=round(found["high"], 4),
+                share=round(found["share"], 4) if found.get("share") is not None else None,
+                classes=int(rows.shape[dim]), detail=found.get("detail")), loc)
+            return

@@ -46,6 +46,8 @@ from .recorder import Recorder
 _SLACK = 1e-3  # rounding around a domain's bounds (a smoothed 1.0, a clamped 0)
 _CHECKS = 8  # calls per function judged by their targets (the first ones: every loss line of a loop)
 _MULTI_LABEL = 0.5  # a distribution holds at most one value above this in a row
+_MASK_FILL = -1e4  # at or below: a score a mask wrote (-inf, -1e9, fp16's -1e4, finfo.min)
+_OVER_SUMMED = 1.05  # rows of soft targets summing above this hold more than one distribution
 
 
 @dataclass(frozen=True)
@@ -109,9 +111,15 @@ def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_ta
             if classes is None or t.dim() < 2:
                 return None
             rows = t.movedim(1, -1).reshape(-1, classes)
-            low, high, multi = torch.stack([
-                rows.min(), rows.max(),
-                ((rows > _MULTI_LABEL + _SLACK).sum(1) >= 2).float().mean()]).tolist()
+            sums = rows.sum(1)
+            # several labels: two or more values above 0.5 in a row, all alike (1s, or smoothed
+            # 0.9s); a mix of two one-hots gives them unlike weights (lam and 1 - lam)
+            big = rows > _MULTI_LABEL + _SLACK
+            alike = (rows.masked_fill(~big, -math.inf).amax(1)
+                     - rows.masked_fill(~big, math.inf).amin(1)) <= _SLACK
+            low, high, multi, over, total, least, most = torch.stack([
+                rows.min(), rows.max(), ((big.sum(1) >= 2) & alike).float().mean(),
+                (sums > _OVER_SUMMED).float().mean(), sums.median(), sums.min(), sums.max()]).tolist()
             share = None
         else:
             low, high = torch.stack([t.min(), t.max()]).tolist()
@@ -132,8 +140,16 @@ def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_ta
                 if share > 0:
                     found = {"problem": "zero-one", "share": share, "integral": whole == 1}
         elif kind == "distribution":
+            # every row summing to one same number above 1 that is no whole number: a formula
+            # that left a smoothing or mixing weight out of one term (labels of several classes
+            # sum to whole numbers, word counts to numbers that vary by row; rows summing below
+            # 1 may be confidence-weighted on purpose: not judged)
+            over_summed = (low >= -_SLACK and over == 1 and most - least <= _SLACK * total
+                           and abs(total - round(total)) > 0.02)
             if high <= 1 + _SLACK and multi > 0:
                 found = {"problem": "multi-label", "share": multi}
+            elif over_summed:
+                found = {"problem": "over-summed", "share": over, "detail": f"{total:.3g}"}
             elif low < -_SLACK and not maskable:
                 found = {"problem": "negative"}
         elif kind == "kl":
@@ -149,6 +165,52 @@ def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_ta
             return None
         found.update(low=low, high=high)
         return found
+
+
+def _masked(scores: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+    """Which ``picked`` scores are a mask's fill: -inf, or a value at or below ``_MASK_FILL``
+    that the scores hold more than once (``masked_fill(mask, -1e9)`` writes one constant; a
+    diverging logit is not repeated to the bit)."""
+    low = picked <= _MASK_FILL
+    if not bool(low.any()):
+        return low
+    fills = [v for v in picked[low].unique()[:8].tolist()
+             if math.isinf(v) or int((scores == v).sum()) >= 2]
+    return low & torch.isin(picked, torch.tensor(fills, dtype=picked.dtype))
+
+
+def judge_indices(input: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                  smoothing: float = 0.0) -> dict | None:
+    """The violation of ``cross_entropy``'s class-index targets that torch does not check: a
+    target whose own score is masked out ("masked-target": the row's loss is infinite and its
+    gradient never raises the target), or label smoothing over rows with masked classes
+    ("smoothing-masked": the smoothed share is spread over classes whose score is -inf)."""
+    with torch.no_grad():
+        if input.dim() < 1 or target.dim() != input.dim() - 1 or not input.is_floating_point():
+            return None
+        scores = input.detach()
+        if scores.dim() == 1:
+            scores, target = scores.unsqueeze(0), target.reshape(1)
+        keep = target != ignore_index
+        if not bool(keep.any()):
+            return None
+        classes = int(scores.shape[1])
+        index = torch.where(keep, target, 0).long()
+        if bool(((index < 0) | (index >= classes)).any()):
+            return None  # torch raises on it
+        picked = scores.gather(1, index.unsqueeze(1)).squeeze(1)[keep]
+        masked = _masked(scores, picked)
+        count = int(masked.sum())
+        if count:
+            return {"problem": "masked-target", "share": count / picked.numel(),
+                    "low": float(picked.min()), "high": float(picked.max()), "classes": classes}
+        if smoothing > 0:
+            rows = scores.movedim(1, -1)[keep]
+            infinite = int(torch.isinf(rows).any(-1).sum())
+            if infinite:
+                return {"problem": "smoothing-masked", "share": infinite / rows.shape[0],
+                        "low": float(picked.min()), "high": float(picked.max()), "classes": classes}
+        return None
 
 
 def _lengths(value, count: int) -> torch.Tensor | None:
@@ -278,8 +340,14 @@ class LossDomainWatcher:
             self._emit(fn, found)
             return
         if domain.kind == "distribution":
-            if not (target.is_floating_point() and target.shape == input.shape and input.dim() >= 2):
-                return  # class indices, or a shape torch rejects
+            if not target.is_floating_point() and isinstance(input, torch.Tensor):
+                self._left[fn] -= 1
+                found = judge_indices(input, target, ignore_index=int(bound.get("ignore_index", -100)),
+                                      smoothing=float(bound.get("label_smoothing", 0.0) or 0.0))
+                self._emit(fn, found)
+                return
+            if not (target.shape == input.shape and input.dim() >= 2):
+                return  # a shape torch rejects
             classes = int(input.shape[1])
         self._left[fn] -= 1
         maskable = _reduction(bound) == "none" or (

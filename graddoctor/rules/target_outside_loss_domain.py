@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Location, Severity
+from ..instrument.handloss import SOFT_CE
 from .base import Rule
 
 # how each loss's target is documented, as the message states it
@@ -13,6 +14,7 @@ _DOMAIN = {
     "cosine_embedding_loss": "targets of 1 (similar) or -1 (dissimilar)",
     "margin_ranking_loss": "targets of 1 (the first input should rank higher) or -1 (the second)",
     "cross_entropy": "float targets that are class probabilities (each row a distribution)",
+    SOFT_CE: "soft targets that are class probabilities (each row a distribution)",
     "kl_div": "a target of probabilities (log-probabilities only with log_target=True)",
     "poisson_nll_loss": "count targets (>= 0)",
     "multilabel_margin_loss": "rows of class indices that end at the first -1",
@@ -133,11 +135,33 @@ def _ctc(e) -> tuple[str, str]:
     return head + f"labels in {_span(e)}: {effect}", fix
 
 
+def _masked(fn: str, e) -> tuple[str, str]:
+    """(message, fix) of class-index targets that meet a masked score."""
+    if e.get("problem") == "masked-target":
+        return (f"{fn} is given class indices whose own score is masked out (-inf or a fill "
+                f"such as -1e9){_share(e)}: the loss of those rows is infinite "
+                f"or enormous, and its gradient only pushes the other classes down, never the "
+                f"target up. The targets point at entries the script masked: in a contrastive "
+                f"loss whose similarity matrix has its diagonal masked, a row's target is the "
+                f"sample itself instead of its positive",
+                "make each row's target the index of an entry that is not masked: for "
+                "two views stacked as 2N rows, targets = torch.cat([torch.arange(n) + n, "
+                "torch.arange(n)]); mask only what is never a target")
+    return (f"{fn} is given label_smoothing and rows whose scores hold -inf{_share(e)}: "
+            f"smoothing spreads a share of every target over all classes, the masked ones "
+            f"included, so those rows' loss is infinite and the gradient is not the smoothed "
+            f"objective",
+            "mask with a large finite negative (scores.masked_fill(mask, -1e4)) or drop "
+            "label_smoothing and smooth the targets over the unmasked classes by hand")
+
+
 def describe(e) -> tuple[str, str]:
     """(message, fix) of one ``target_domain`` event."""
     fn, problem = e.get("fn", "binary_cross_entropy_with_logits"), e.get("problem", "outside-unit")
     if fn == "ctc_loss":
         return _ctc(e)
+    if problem in ("masked-target", "smoothing-masked"):
+        return _masked(fn, e)
     head = f"{fn} takes {_DOMAIN.get(fn, 'targets in another domain')} but is given "
     if problem == "outside-unit":
         what, fix = _outside_unit(fn, e)
@@ -162,6 +186,16 @@ def describe(e) -> tuple[str, str]:
                 f"1/k, never towards 1",
                 "for multi-label targets use binary_cross_entropy_with_logits "
                 "(nn.BCEWithLogitsLoss) on the same logits")
+    if problem == "over-summed":
+        total = e.get("detail") or "more than 1"
+        return (head + f"rows that sum to {total}{_share(e)} (not to 1): the loss "
+                f"-Σ target·log_softmax(input) is lowest where the softmax equals target / "
+                f"{total}, so the model is trained towards that flatter distribution and the "
+                f"loss is scaled by {total} (label smoothing whose ε was not divided by the "
+                f"number of classes, or a mixing weight left out of one term)",
+                "build each row as a distribution: label smoothing as one_hot * (1 - eps) + eps "
+                "/ num_classes (or pass label_smoothing=eps with class indices), mixed targets "
+                "as lam * y_a + (1 - lam) * y_b")
     if problem == "negative" and fn == "poisson_nll_loss":
         return (head + f"targets in {_span(e)}{_share(e, ' below 0')} (standardised counts?): for a "
                 f"target t < 0 the Poisson loss (exp(x) - t·x of a log-rate x) has no minimum, "
@@ -199,7 +233,12 @@ class TargetOutsideLossDomain(Rule):
     (masks of 0/255, -1/+1 labels, class indices as float, raw scores); `soft_margin_loss`,
     `margin_ranking_loss`, `cosine_embedding_loss` and `hinge_embedding_loss` given 0/1 labels
     where they read 1 and -1; `cross_entropy` given float targets whose rows hold several values
-    above 0.5 (multi-label targets: no distribution does) or negative values;
+    above 0.5 (multi-label targets: no distribution does) or negative values, or rows of
+    probabilities most of which sum above 1.05 (smoothing whose ε was not divided by the number
+    of classes; also in a cross-entropy written by hand, `-(t * F.log_softmax(z, 1)).sum(1)`,
+    reported where its targets are made); `cross_entropy` given class indices whose own score
+    is masked out (-inf, or one fill such as -1e9 repeated: a target on the masked diagonal,
+    reported where the targets are made), or `label_smoothing` over rows holding -inf;
     `multilabel_margin_loss` given 0/1 rows where it reads class indices padded with -1;
     `kl_div` given log-probabilities as its target without `log_target=True` (or probabilities
     with it); `poisson_nll_loss` given negative counts; `ctc_loss` (`nn.CTCLoss`) given label
@@ -242,8 +281,11 @@ class TargetOutsideLossDomain(Rule):
     ## Stays silent on
     Smoothed labels (0.05/0.95) and soft probabilities (a teacher's sigmoid) for the binary
     losses; a teacher's softmax, mixup and label-smoothed rows for `cross_entropy` (each row
-    still sums to 1, one value above 0.5 at most); class-index targets and their
-    `ignore_index`; -1/+1 labels for the margin losses, and `torch.sign` of a score difference
+    still sums to 1, one value above 0.5 at most), rows weighted below 1 by a confidence, word
+    counts as a multinomial target; class-index targets and their `ignore_index`, masks that
+    never hide a target (the diagonal of `z @ z.T` with each row's other view as its target), a
+    finite fill with `label_smoothing`; by hand, SupCon's multi-hot positives and a policy
+    gradient's signed returns beside `log_softmax`; -1/+1 labels for the margin losses, and `torch.sign` of a score difference
     whose ties give 0 (the -1s show the convention); `kl_div` with `log_target=True` and
     log-probabilities, or probabilities without it; counts for `poisson_nll_loss`;
     `multilabel_margin_loss` index rows padded with -1; placeholder targets a script masks out
@@ -265,11 +307,33 @@ class TargetOutsideLossDomain(Rule):
     fix = "give the loss its target in the domain it documents"
 
     def check(self, a):
+        # a pairwise-similarity loss labelled on its masked diagonal: contrastive-positive-
+        # misplaced names the positive it should point at
+        paired = {e.loc for e in a.of_kind("pair_labels")}
         for e in a.of_kind("target_domain"):
+            if e.get("problem") == "masked-target" and e.loc in paired:
+                continue
             message, fix = describe(e)
             evidence = {"function": e.get("fn"), "given": e.get("problem"),
                         "targets": [e.get("low"), e.get("high")]}
             if e.get("share") is not None:
                 evidence["share"] = e.get("share")
-            yield self.finding(message, e.loc, step=a.next_step_number(e.seq), fix=fix,
-                               evidence=evidence)
+            yield self.finding(message, self._location(a, e), step=a.next_step_number(e.seq),
+                               fix=fix, evidence=evidence)
+
+    @staticmethod
+    def _location(a, e):
+        """Class indices that point at masked entries are fixed where the script builds them
+        (``targets = torch.arange(2 * n)``), not at the loss call."""
+        loc = e.loc
+        if loc is not None and e.get("fn") == SOFT_CE:
+            made = a.source.soft_target_origin(loc.path, loc.line)
+            return Location(loc.path, made[0]) if made else loc
+        if e.get("problem") != "masked-target" or loc is None:
+            return loc
+        origin = a.source.target_origin(loc.path, loc.line)
+        name = (origin or {}).get("target")
+        if not name or not name.isidentifier():
+            return loc
+        made = a.source.value_origin(loc.path, loc.line, name)
+        return Location(loc.path, made[0]) if made else loc
