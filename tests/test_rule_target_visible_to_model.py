@@ -361,3 +361,15 @@ def test_the_rule_asks_the_source_for_unidirectional_layers(tmp_path):
         found = list(find_rule("target-visible-to-model")().check(Analysis(t.trace)))
         assert [f.location.line for f in found] == expected
         assert all("not shifted" in f.message for f in found)
+
+
+def test_a_causal_mask_is_told_from_an_inverted_or_shifted_one():
+    from graddoctor.instrument.dependency import causal_mask
+    T = 5
+    assert causal_mask(torch.ones(T, T, dtype=torch.bool).triu(1))
+    assert causal_mask(torch.nn.Transformer.generate_square_subsequent_mask(T))
+    assert causal_mask(torch.zeros(T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -1e9))
+    assert not causal_mask(torch.ones(T, T, dtype=torch.bool).tril(-1))  # inverted
+    assert not causal_mask(torch.ones(T, T, dtype=torch.bool).triu(2))  # one diagonal too high
+    assert not causal_mask(torch.ones(T, T).tril())  # a 0/1 float mask is added, not hiding
+    assert not causal_mask(torch.ones(T, T, dtype=torch.bool).triu(1).T)  # transposed

@@ -699,16 +699,38 @@ class DependencyWatcher:
         patcher.patch(torch.Tensor, "retain_grad", self._wrap_hook(torch.Tensor.retain_grad))
 
 
+def causal_mask(mask) -> bool:
+    """Whether ``mask`` (T, T), as torch's attention reads it, hides exactly the positions after
+    each one: boolean True (hidden) strictly above the diagonal, or a float mask whose entries
+    above the diagonal are -inf (or a large negative fill) and the others 0. CPU masks only (no
+    host sync): a GPU mask is not judged."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[0] != mask.shape[1] \
+            or mask.device.type != "cpu" or mask.shape[0] < 2:
+        return False
+    with torch.no_grad():
+        above = torch.ones(mask.shape, dtype=torch.bool).triu(1)
+        if mask.dtype is torch.bool:
+            return bool(torch.equal(mask, above))
+        if not mask.is_floating_point():
+            return False
+        return bool((mask[above] <= -1e4).all() and (mask[~above] == 0).all())
+
+
 def _flag(module, args, kwargs) -> str:
     """"bidirectional" for such an RNN; "masked" for an attention or Transformer module called
-    with a mask (or ``is_causal``); else ""."""
+    with a mask (or ``is_causal``), "causal" when that mask is a causal one (``causal_mask``);
+    else ""."""
     if isinstance(module, _RECURRENT):
         return "bidirectional" if getattr(module, "bidirectional", False) else ""
-    if any(kwargs.get(k) is not None and kwargs.get(k) is not False for k in _MASK_KWARGS
-           if k != "src_key_padding_mask"):
-        return "masked"
+    given = [kwargs.get(k) for k in _MASK_KWARGS if k != "src_key_padding_mask"
+             and kwargs.get(k) is not None and kwargs.get(k) is not False]
+    if isinstance(module, nn.MultiheadAttention) and len(args) > 5:
+        given.append(args[5])
+    if given:
+        masks = [m for m in given if isinstance(m, torch.Tensor)]
+        return "causal" if masks and all(causal_mask(m) for m in masks) else "masked"
     if isinstance(module, nn.MultiheadAttention):
-        return "masked" if len(args) > 5 else ""
+        return ""
     two = isinstance(module, (nn.Transformer, nn.TransformerDecoder, nn.TransformerDecoderLayer))
     return "masked" if len(args) > (2 if two else 1) and args[2 if two else 1] is not None else ""
 

@@ -26,7 +26,9 @@ class TargetVisibleToModel(Rule):
     GPT without a causal mask, an inverted or transposed mask, a mask built one diagonal too high
     (`torch.tril(ones, diagonal=1)`: reported at its construction), `nn.TransformerDecoder` without
     `tgt_mask`, `scaled_dot_product_attention` without `is_causal=True`, a bidirectional RNN
-    used as a language model. It also finds the opposite case: a causal model whose targets are
+    used as a language model; with causal masks on every attention module (read from the mask
+    given), an op of the model's forward that normalises or reduces over the time axis
+    (`F.layer_norm(x, x.shape[-2:])`, `x - x.mean(dim=1)`), reported at that op. It also finds the opposite case: a causal model whose targets are
     not shifted (`targets == input_ids`) or are shifted the wrong way, so position `t` is trained
     to predict a token it already reads, or are shifted twice (`labels=ids[:, 1:]` given to a
     transformers causal LM, which shifts its labels itself), so position `t` learns the token
@@ -345,6 +347,23 @@ def _argument_origin(a, path: str, line: int, position: int) -> Location | None:
     return Location(path, built[0], "") if built is not None else None
 
 
+# an op over the last two axes, or over axis 1 of a (batch, time, features) tensor
+_ACROSS = re.compile(r"shape\[-2:\]|size\(\)\[-2:\]|dim\s*=\s*(1|-2|\(1|\(-2|\[1|\[-2)\b|\.(mean|sum|std|var|amax|max|softmax|normalize)\(\s*(1|-2)\s*[,)]")
+
+
+def _across_positions(a, path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the first call in a ``forward`` of ``path`` that normalises or reduces
+    over the time axis of batch-first activations (``F.layer_norm(x, x.shape[-2:])``,
+    ``x.mean(dim=1)``, ``F.normalize(h, dim=1)``), or None."""
+    calls = a.source.calls_named(path, frozenset((
+        "layer_norm", "group_norm", "instance_norm", "normalize", "mean", "sum", "std", "var",
+        "softmax", "amax", "max")))
+    for line, text, in_forward in calls:
+        if in_forward and _ACROSS.search(text):
+            return line, text
+    return None
+
+
 def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
     """Where the later positions get in, why, and the fix: a bidirectional RNN, one of torch's
     attention modules called without (or with a wrong) mask, else the attention written in the
@@ -363,7 +382,7 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
                     f"bidirectional encoder is for tagging or classification, not next-token "
                     f"prediction)")
     for cls, path, line, function, flag in modules:
-        if cls in _MASKS:
+        if cls in _MASKS and flag != "causal":  # a causal mask hides the later positions
             loc = Location(str(path), int(line), str(function))
             mask = _MASKS[cls].format(T="T") + f"` (T: the sequence's length, {T} here)"
             if flag == "masked":
@@ -417,6 +436,17 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
                     f"position attends to the positions after it",
                     "mask the scores before the softmax: `scores.masked_fill(torch.ones(T, T, "
                     "dtype=torch.bool).triu(1), float('-inf'))`")
+        across = _across_positions(a, path)
+        if across is not None:
+            line, text = across
+            return (Location(path, line, "forward"),
+                    f"`{text}` mixes the positions of the sequence: it normalises or reduces "
+                    f"over the time axis too, so every position's value holds statistics of "
+                    f"the positions after it (the attention masks, where there are any, are "
+                    f"causal)",
+                    "normalise each position on its own (over the features only: "
+                    "`F.layer_norm(x, (C,))`, `nn.LayerNorm(C)`), or reduce over the positions "
+                    "up to t only (a cumulative mean)")
     return (None, "the model reads the positions after t (no causal mask on its way)",
             "make the model causal: a causal attention mask (`is_causal=True`, "
             "`nn.Transformer.generate_square_subsequent_mask(T)`) or a unidirectional RNN")
