@@ -1,7 +1,25 @@
 from __future__ import annotations
 
+import re
+
 from ..findings import Severity
+from ..location import Location
 from .base import Rule
+
+
+_MASK_GIVEN = re.compile(r"\b\w*mask\s*=\s*([A-Za-z_]\w*)\s*[,)]")
+
+
+def _mask_origin(a, loc):
+    """Where the mask given on ``loc``'s line as ``...mask=name`` is built (``pad_mask = ids !=
+    PAD``): the comparison to flip; the call itself when it is written inline or not found."""
+    if loc is None:
+        return loc
+    given = _MASK_GIVEN.findall(a.source.line_text(loc.path, loc.line))
+    if len(given) != 1:
+        return loc
+    made = a.source.value_origin(loc.path, loc.line, given[0])
+    return Location(loc.path, made[0]) if made else loc
 
 
 class AttentionMaskInverted(Rule):
@@ -12,7 +30,9 @@ class AttentionMaskInverted(Rule):
     Checked at the first masked calls of `nn.MultiheadAttention` (and the `nn.Transformer*`
     layers built on it) and `F.scaled_dot_product_attention` (CPU): the mask's keys per sample
     against the token batch embedded just before, whose shorter rows are filled with the
-    embedding's `padding_idx` or with one filler id. It points at the attention call.
+    embedding's `padding_idx` or with one filler id. It points at the statement that builds
+    the mask given by name (`pad_mask = ids != PAD`: the comparison to flip), else at the
+    attention call.
 
     ## Why is this bad?
     The two APIs read a boolean mask the opposite way: `key_padding_mask` (and
@@ -66,6 +86,6 @@ class AttentionMaskInverted(Rule):
                 f"{reading}: {e['removed']:.0%} of the keys are left out, exactly the ones that "
                 f"are not padding, in a batch of {e['rows']} rows, so each query attends only "
                 f"to padding and the attention output carries nothing of the sequence",
-                e.loc, step=a.next_step_number(e.seq),
+                _mask_origin(a, e.loc), step=a.next_step_number(e.seq),
                 evidence={"api": api, "argument": argument, "convention": e["convention"],
                           "fill": e["fill"], "rows": e["rows"], "removed": e["removed"]})

@@ -28,6 +28,20 @@ _ROLE = {"cross-entropy": "the distribution that multiplies the log-probabilitie
          "squared error": "the subtracted side", "cosine similarity": "the second operand"}
 
 
+def _target_made(a, loc):
+    """Where the target given by name to the loss call on ``loc``'s line was computed (``target
+    = r + gamma * q(s2).max(1).values``): the computation to put under ``no_grad``; the call
+    when the target is written inline or not found."""
+    if loc is None:
+        return loc
+    origin = a.source.target_origin(loc.path, loc.line)
+    name = (origin or {}).get("target")
+    if not name or not name.isidentifier():
+        return loc
+    made = a.source.value_origin(loc.path, loc.line, name)
+    return Location(loc.path, made[0]) if made and made[0] < loc.line else loc
+
+
 class TargetNotDetached(Rule):
     """
     ## What it does
@@ -44,7 +58,9 @@ class TargetNotDetached(Rule):
     squared or absolute difference of two computed sides, a cosine of two normalised ones
     (SimSiam's, BYOL's loss). It reports when the target needs a gradient and its graph reaches
     parameters that an optimizer steps and that the input's graph reaches too. It points at the
-    loss call, or at the statement that computes the hand-written comparison.
+    statement that computes a target given to the loss by name (the one to put under
+    `no_grad`), else at the loss call, or at the statement that computes the hand-written
+    comparison.
 
     ## Why is this bad?
     A target is what the prediction should move to. When its gradient is kept, each step also
@@ -116,7 +132,7 @@ class TargetNotDetached(Rule):
                 f"prediction (a bootstrapped or pseudo-label target then chases the model). If "
                 f"both sides are meant to train (a symmetric consistency), nothing is wrong; "
                 f"otherwise detach the target",
-                e.loc, step=a.next_step_number(e.seq), evidence=evidence,
+                _target_made(a, e.loc), step=a.next_step_number(e.seq), evidence=evidence,
                 fix=("compute the target without gradient: wrap its computation in "
                      "`with torch.no_grad():` or pass `target.detach()` to the loss"))
 
