@@ -314,3 +314,23 @@ def test_a_softmax_computed_beside_the_loss_is_reported_there_not_at_the_models_
     [finding] = [f for f in analyze(t.trace)[0] if f.rule == "loss-input-mismatch"]
     # the statement that applies it, not the model's end (line 2)
     assert finding.location.line == 3 and not finding.related
+
+
+def test_the_model_end_is_what_a_self_attribute_was_built_as_whatever_its_name():
+    import ast
+
+    from graddoctor.rules.model_end import model_end_line
+    source = """
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log_softmax = nn.LogSoftmax()
+        self.softmax = nn.Identity()
+    def forward(self, x):
+        return self.log_softmax(x)
+"""
+    tree = ast.parse(source)
+    assert model_end_line(tree, "log_softmax", True) == 5  # no dim: the constructor line
+    assert model_end_line(tree, "softmax", False) is None  # an Identity named softmax
+    built_with_dim = source.replace("nn.LogSoftmax()", "nn.LogSoftmax(dim=-1)")
+    assert model_end_line(ast.parse(built_with_dim), "log_softmax", True) is None

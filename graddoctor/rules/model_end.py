@@ -37,12 +37,17 @@ def _dim_is_zero(call: ast.Call, method: bool) -> bool:
     function's, ``F.log_softmax(x, 0)``)."""
     for k in call.keywords:
         if k.arg == "dim":
-            return isinstance(k.value, ast.Constant) and k.value.value == 0
+            return isinstance(k.value, ast.Constant) and k.value.value in (0, None)
     at = 0 if method else 1
     if len(call.args) > at:
         arg = call.args[at]
-        return isinstance(arg, ast.Constant) and arg.value == 0
-    return False
+        return isinstance(arg, ast.Constant) and arg.value in (0, None)
+    return True  # no dim: torch picks dim 0 for a 0-, 1- or 3-D input (with a warning)
+
+
+def _implicit_dim(call: ast.Call) -> bool:
+    """Whether a module's constructor call is given no dim (``nn.LogSoftmax()``)."""
+    return not call.args and not any(k.arg == "dim" for k in call.keywords)
 
 
 def _module_classes(tree: ast.AST) -> dict[str, dict[str, ast.Call]]:
@@ -70,6 +75,9 @@ def _is_op(call: ast.AST, kind: str, attrs: dict[str, ast.Call], zero_dim: bool)
     functions, modules = _FORMS[kind]
     func = call.func
     name = _name(func)
+    built = _built_module(call, attrs)
+    if built is not None:  # self.<attr>(x): what the attribute was built as, whatever its name
+        return _name(built.func) in modules and (not zero_dim or _dim_is_zero(built, True))
     if name in functions:
         method = isinstance(func, ast.Attribute) and not (
             isinstance(func.value, ast.Name) and func.value.id in ("F", "torch", "functional", "nn"))
@@ -78,11 +86,15 @@ def _is_op(call: ast.AST, kind: str, attrs: dict[str, ast.Call], zero_dim: bool)
         return not zero_dim or _dim_is_zero(call, method)
     if isinstance(func, ast.Call) and _name(func.func) in modules:
         return not zero_dim or _dim_is_zero(func, True)
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-        built = attrs.get(func.attr)
-        if built is not None and _name(built.func) in modules:
-            return not zero_dim or _dim_is_zero(built, True)
     return False
+
+
+def _built_module(call: ast.AST, attrs: dict[str, ast.Call]) -> ast.Call | None:
+    """The constructor call of the ``self.<attr>`` module ``call`` applies, or None."""
+    func = getattr(call, "func", None)
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+        return attrs.get(func.attr)
+    return None
 
 
 def _forward_ends(cls: ast.ClassDef, kind: str, attrs, zero_dim: bool) -> list[int]:
@@ -100,7 +112,10 @@ def _forward_ends(cls: ast.ClassDef, kind: str, attrs, zero_dim: bool) -> list[i
                 if isinstance(value, ast.Name) and value.id in assigned:
                     value = assigned[value.id]
                 if _is_op(value, kind, attrs, zero_dim):
-                    lines.append(value.lineno)
+                    built = _built_module(value, attrs)
+                    # a module built without its dim: the constructor is where the dim goes
+                    lines.append(built.lineno if zero_dim and built is not None
+                                 and _implicit_dim(built) else value.lineno)
     return lines
 
 
