@@ -61,15 +61,27 @@ def _kind(node) -> str:
         return "log"
     if name.startswith("ReluBackward"):  # nothing below 0
         return "relu"
+    if name.startswith(("ClampBackward", "ClampMinBackward")) and _floor_at_zero(node):
+        return "clamp"  # a floor at 0 or above: nothing below 0 either
     if name.startswith(_PASS_THROUGH):
         return "pass"
     return "other"
 
 
+def _floor_at_zero(node) -> bool:
+    """Whether a clamp node's lower bound is a number at or above 0 (``x.clamp(0, 1)``,
+    ``clamp_min(0)``); a clamp for stability (``clamp(-15, 15)``) keeps the scores' sign."""
+    try:
+        low = getattr(node, "_saved_min", None)
+        return low is not None and not isinstance(low, torch.Tensor) and float(low) >= 0
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
 def producer(tensor) -> str | None:
     """What made ``tensor``'s values, seen through value-keeping operations: "softmax",
-    "sigmoid", "log" (log_softmax, log, logsigmoid), "relu", or None (anything else, or no
-    graph)."""
+    "sigmoid", "log" (log_softmax, log, logsigmoid), "relu", "clamp" (a clamp whose floor is 0
+    or more), or None (anything else, or no graph)."""
     return producer_node(tensor)[0]
 
 
@@ -398,7 +410,7 @@ class LossInputWatcher:
                 problem = "sigmoid-twice"
         elif made in ("softmax", "sigmoid"):
             problem = made  # probabilities: never what these four losses take
-        elif made == "relu" and fn in ("cross_entropy", "binary_cross_entropy_with_logits"):
+        elif made in ("relu", "clamp") and fn in ("cross_entropy", "binary_cross_entropy_with_logits"):
             problem = made  # logits that cannot go below 0
         elif made == "log" and fn in ("cross_entropy", "nll_loss", "ctc_loss") and input.dim() >= 2:
             normalised = normalised_size(node)

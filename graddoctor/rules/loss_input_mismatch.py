@@ -23,6 +23,7 @@ _GIVEN = {
     "probabilities": "probabilities (every row lies in [0, 1] and sums to 1)",
     "logits": "raw scores (the rows are not log-normalised and no log op precedes them)",
     "relu": "the output of a ReLU (scores that cannot go below 0)",
+    "clamp": "scores clamped with a floor of 0 or more (they cannot go below 0)",
     "sigmoid-twice": ("a sigmoid of values that a sigmoid or softmax had squashed already (the "
                       "model's last layer and the loss code each apply one)"),
 }
@@ -52,6 +53,14 @@ def _effect(fn: str, problem: str, classes: int) -> str:
     if problem == "relu":
         return ("sigmoid of a score ≥ 0 is ≥ 0.5: the predicted probability never drops below "
                 "0.5, so negatives are never learned")
+    if problem == "clamp" and fn == "cross_entropy":
+        return ("a class can only be preferred by raising its score, and a score the clamp holds "
+                "at a bound gets no gradient at all: the samples whose scores sit there are not "
+                "learned")
+    if problem == "clamp":
+        return ("sigmoid of a score ≥ 0 is ≥ 0.5: the predicted probability never drops below "
+                "0.5, so negatives are never learned, and a score the clamp holds at a bound "
+                "gets no gradient at all")
     if fn == "cross_entropy":
         return (f"the scores it turns into probabilities all lie in [0, 1], so with {classes} "
                 f"classes the right class can never get more than {_ceiling(classes)} "
@@ -90,6 +99,9 @@ def _fix(fn: str, problem: str) -> str:
                 "numerically safer")
     if problem == "relu":
         return "drop the ReLU after the last layer: the loss takes raw scores (logits), negative ones included"
+    if problem == "clamp":
+        return ("drop the clamp, or clamp symmetrically for stability only (logits.clamp(-15, "
+                "15)): the loss takes raw scores (logits), negative ones included")
     if fn == "cross_entropy" and problem == "probabilities":
         return ("pass the logits to cross_entropy, or use F.nll_loss(torch.log(probs)) where only "
                 "probabilities exist")
@@ -122,7 +134,7 @@ class LossInputMismatch(Rule):
     input, `ctc_loss` (`nn.CTCLoss`) given probabilities, `binary_cross_entropy`
     (`nn.BCELoss`) given a sigmoid of values already squashed by a sigmoid or softmax (a model
     ending in `nn.Sigmoid()` and a `torch.sigmoid` before the loss); also
-    scores out of a ReLU given to
+    scores out of a ReLU, or clamped with a floor of 0 or more (`logits.clamp(0, 1)`), given to
     `cross_entropy` or `binary_cross_entropy_with_logits`, a `log_softmax`, or the log of a
     softmax (`torch.log(F.softmax(x, dim=0) + 1e-8)`, or of a clamped one), over another
     dimension than the classes (`dim=0`: the batch) given to `cross_entropy`, `nll_loss` or
@@ -206,13 +218,13 @@ class LossInputMismatch(Rule):
                 origin = _input_origin(a, loc, e.get("fn", ""))
                 if origin is not None and "softmax" in origin[1]:
                     loc = Location(loc.path, origin[0], loc.hook)
-            elif e.get("problem") in ("sigmoid", "softmax", "sigmoid-twice") and loc is not None:
+            elif e.get("problem") in ("sigmoid", "softmax", "sigmoid-twice", "clamp") and loc is not None:
                 # the second sigmoid or softmax applied by the training step in a statement of
                 # its own (`pred = torch.sigmoid(model(x))`, then `criterion(pred, y)`): that
                 # statement is what to change, not the loss call
                 origin = _input_origin(a, loc, e.get("fn", ""))
                 if origin is not None and origin[0] != loc.line \
-                        and re.search(r"\b(sigmoid|softmax)\s*\(", origin[1]) \
+                        and re.search(r"\b(sigmoid|softmax|clamp|clamp_min|clip)\s*\(", origin[1]) \
                         and not origin[1].lstrip().startswith("return"):
                     loc = Location(loc.path, origin[0], loc.hook)
             if problem in _AT_MODEL_END and loc is e.loc and loc is not None:
