@@ -93,6 +93,10 @@ def producer_node(tensor) -> tuple[str | None, object]:
 def _made_by(node, depth: int) -> tuple[str | None, object]:
     while node is not None and depth > 0:
         kind = _kind(node)
+        if kind == "clamp":  # a floor on what a softmax or sigmoid made keeps them that
+            parents = [n for n, _ in node.next_functions if n is not None]
+            below = _made_by(parents[0], depth - 1) if len(parents) == 1 else (None, None)
+            return below if below[0] is not None else (kind, node)
         if kind != "pass":
             return (None, None) if kind == "other" else (kind, node)
         parents = [n for n, _ in node.next_functions if n is not None]
@@ -123,7 +127,7 @@ def _softmax_under_log(node):
         name = type(node).__name__
         if name.startswith("SoftmaxBackward"):
             return node
-        if not (name.startswith("AddBackward") or _kind(node) == "pass"):
+        if not (name.startswith("AddBackward") or _kind(node) in ("pass", "clamp")):
             return None
     return None
 
