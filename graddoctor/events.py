@@ -976,9 +976,11 @@ batch_reduction    summed, averaged (how each term reduces its batch axis: "sum"
                    "MseLoss(reduction=sum)"), batch (N: the summed term's rows), averaged_rows
                    (the averaged term's rows: N, or N times the tokens of each sample),
                    summed_name, averaged_name (the backward frame's variables bound to each term,
-                   or None): two terms of a backward's loss, computed from one per-sample
-                   activation, one summed over the batch and one averaged over it — their
-                   balance changes with the batch size — at the first 3 backwards of each
+                   or None), broadcast (the summed term is added to every sample's value before
+                   the mean, `(log_prob + s.sum()).mean()`; summed_name then names the
+                   per-sample value that holds it): two terms of a backward's loss, computed
+                   from one per-sample activation, one summed over the batch and one averaged
+                   over it — their balance changes with the batch size — at the first 3 backwards of each
                    backward line, once per line (loc: the backward; an aside;
                    instrument/batchreduce.py)
 sample_range       critic, generator (the two modules' class names), activation, low, high (the
@@ -2143,10 +2145,11 @@ def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
 
 
 def batch_reduction(*, summed: str, averaged: str, batch: int, averaged_rows: int,
-                    summed_name: str | None, averaged_name: str | None) -> Made:
+                    summed_name: str | None, averaged_name: str | None,
+                    broadcast: bool = False) -> Made:
     return "batch_reduction", {"summed": summed, "averaged": averaged, "batch": batch,
                                "averaged_rows": averaged_rows, "summed_name": summed_name,
-                               "averaged_name": averaged_name}
+                               "averaged_name": averaged_name, "broadcast": broadcast}
 
 
 def sample_range(*, critic: str, generator: str, activation: str, low: float, high: float | None,
