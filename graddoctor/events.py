@@ -248,7 +248,10 @@ gan_same_target    critic, generator (the two modules' classes), critic_params, 
                    size; None when D's gradient is one constant), samples (values compared), critic_step ([path, line] of D's call in its own
                    step, or None), critic_fake_as_real (D's own backward gave its output on G's
                    samples the gradients of the real samples' target: D's loss labels G's samples
-                   real; None when unknown) — at the first 8 backwards, a module D evaluated on another
+                   real; None when unknown), same_samples (False: D's and G's steps saw
+                   different samples, each step drawing its own noise, and both gradients are
+                   one constant of the same sign, a WGAN critic's ± 1/N; cosine is then 1.0) —
+                   at the first 8 backwards, a module D evaluated on another
                    module G's output both detached (D's step) and with the gradient flowing into
                    G (G's step) got two gradients on its output for the same samples that point
                    the same way: G is trained toward D's target for its samples (loc: G's step's
@@ -1595,11 +1598,12 @@ def self_match(*, size: int, on_diagonal: float) -> Made:
 def gan_same_target(*, critic: str, generator: str, critic_params: list[int],
                     generator_params: list[int], cosine: float, offset: float | None,
                     samples: int, critic_step: list | None,
-                    critic_fake_as_real: bool | None = None) -> Made:
+                    critic_fake_as_real: bool | None = None, same_samples: bool = True) -> Made:
     return "gan_same_target", {"critic": critic, "generator": generator,
                                "critic_params": critic_params, "generator_params": generator_params,
                                "cosine": cosine, "offset": offset, "samples": samples,
-                               "critic_step": critic_step, "critic_fake_as_real": critic_fake_as_real}
+                               "critic_step": critic_step, "critic_fake_as_real": critic_fake_as_real,
+                               "same_samples": same_samples}
 
 
 def entropy_sign(*, term: str, dist: str) -> Made:
