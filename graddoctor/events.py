@@ -250,7 +250,8 @@ gan_same_target    critic, generator (the two modules' classes), critic_params, 
                    samples the gradients of the real samples' target: D's loss labels G's samples
                    real; None when unknown), same_samples (False: D's and G's steps saw
                    different samples, each step drawing its own noise, and both gradients are
-                   one constant of the same sign, a WGAN critic's ± 1/N; cosine is then 1.0) —
+                   one constant of the same sign, a WGAN critic's ± 1/N, or lines in D's output
+                   (or its sigmoid) with one target; cosine is then 1.0) —
                    at the first 8 backwards, a module D evaluated on another
                    module G's output both detached (D's step) and with the gradient flowing into
                    G (G's step) got two gradients on its output for the same samples that point

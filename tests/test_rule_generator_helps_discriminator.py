@@ -209,14 +209,18 @@ def test_a_wgan_generator_with_the_critics_sign_on_fresh_noise_is_recorded():
     assert _fresh_noise_gan(lambda D, fake, ones, zeros: -D(fake).mean(), wgan_d) == []
 
 
-def test_gradients_that_depend_on_the_output_are_not_compared_across_samples():
-    # a logistic loss's gradient is a function of D's output: with different samples, a sign
-    # agreement says nothing about the targets (and the least-squares one can agree rightly)
+def test_logistic_and_least_squares_targets_are_read_from_each_calls_outputs():
+    # with different samples, each call's target is read from its own line of gradients
+    # against outputs (in the sigmoid for a logistic loss, in the output for least squares)
     bce = F.binary_cross_entropy_with_logits
     bce_d = lambda D, real, fake, ones, zeros: bce(D(real), ones) + bce(D(fake), zeros)  # noqa: E731
-    assert _fresh_noise_gan(lambda D, fake, ones, zeros: bce(D(fake), zeros), bce_d) == []
+    found = _fresh_noise_gan(lambda D, fake, ones, zeros: bce(D(fake), zeros), bce_d)
+    assert len(found) == 1 and found[0]["same_samples"] is False
+    assert _fresh_noise_gan(lambda D, fake, ones, zeros: bce(D(fake), ones), bce_d) == []
+    assert _fresh_noise_gan(lambda D, fake, ones, zeros: -bce(D(fake), zeros), bce_d) == []
     ls_d = lambda D, real, fake, ones, zeros: ((D(real) - 1) ** 2).mean() + (D(fake) ** 2).mean()  # noqa: E731
     assert _fresh_noise_gan(lambda D, fake, ones, zeros: ((D(fake) - 1) ** 2).mean(), ls_d) == []
+    assert len(_fresh_noise_gan(lambda D, fake, ones, zeros: (D(fake) ** 2).mean(), ls_d)) == 1
 
 
 def test_constant_level_reads_one_value_or_none():

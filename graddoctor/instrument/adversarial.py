@@ -26,8 +26,9 @@ sees one batch of samples both ways. The first gradient of each kind per (D, G) 
 the samples; when both are one constant on every sample where they are not 0 (a critic's mean:
 ``1/N`` each, whatever was drawn; a hinge's active part), their signs are compared instead
 (``same_samples`` false). Gradients that depend on D's output (logistic, least squares) are
-never compared across samples: a least-squares generator below both targets rightly pushes the
-same way.
+compared by the target each call's own line gives (``_same_implied_target``: the gradient
+against the sigmoid of the output or the output itself, ``y = -intercept / slope``), never
+value by value: a least-squares generator below both targets rightly pushes the same way.
 
 Either loss may hold the wrong target: G's (the fake label), or D's (its generated samples
 labelled real, ``bce(D(fake.detach()), ones)``). D's own backward tells them apart: the
@@ -112,6 +113,33 @@ def _constant_level(grad) -> float | None:
     if not level or float((nonzero - level).abs().max()) > 1e-3 * abs(level):
         return None
     return level
+
+
+def _same_implied_target(d_values, d_grad, g_values, g_grad) -> bool:
+    """Do two calls of D on different samples get their gradients from one target? A logistic
+    or squared-error term's gradient is ``c * (f(x) - y)`` of the output ``x`` (``f``: the
+    sigmoid, or the output itself): a line in ``f(x)`` whose slope and intercept give the target
+    ``y = -intercept / slope``. The line is chosen on D's own call (the better fit of the two
+    forms, r² at least 0.98) and fitted to G's call too; one target and slopes of one sign mean
+    G's loss pulls D's outputs where D's loss does. False whenever a fit fails (outputs that
+    barely vary, another loss form)."""
+    if d_values is None or g_values is None or d_values.numel() != d_grad.numel() \
+            or g_values.numel() != g_grad.numel() or min(d_grad.numel(), g_grad.numel()) < 8:
+        return False
+    best = None
+    for transform in (lambda v: v, torch.sigmoid):
+        fit = _line_fit(transform(d_values), d_grad)
+        if fit is not None and fit[2] >= 0.98 and fit[0] and (best is None or fit[2] > best[1][2]):
+            best = (transform, fit)
+    if best is None:
+        return False
+    transform, (d_slope, d_intercept, _) = best
+    fit = _line_fit(transform(g_values), g_grad)
+    if fit is None or fit[2] < 0.98 or not fit[0] or (fit[0] > 0) != (d_slope > 0):
+        return False
+    d_target, g_target = -d_intercept / d_slope, -fit[1] / fit[0]
+    spread = float((transform(d_values).max() - transform(d_values).min())) or 1.0
+    return abs(d_target - g_target) <= 0.05 * max(1.0, abs(d_target), spread)
 
 
 def _line_fit(x, y) -> tuple[float, float, float] | None:
@@ -324,7 +352,9 @@ class AdversarialWatcher:
         self._players[key] = (weakref.ref(module), weakref.ref(producer), weakref.ref(sample))
         loc = self.rec.here()
         backward = self._backwards
-        values = out.detach().reshape(-1)[:_VALUES].double().clone() if how == "detached" else None
+        # D's outputs, kept for both kinds: with fresh noise for each step, each call's target is
+        # read from its own outputs and gradients (``_implied_target``)
+        values = out.detach().reshape(-1)[:_VALUES].double().clone()
         watcher = self
 
         def hook(grad):
@@ -379,9 +409,12 @@ class AdversarialWatcher:
         if len(pair) < 2:
             return
         d_grad, d_loc, d_backward, d_values = pair["detached"]
-        g_grad, g_loc, _, _ = pair["through"]
+        g_grad, g_loc, _, g_values = pair["through"]
         d_level, g_level = _constant_level(d_grad), _constant_level(g_grad)
-        if d_level is None or g_level is None or (d_level > 0) != (g_level > 0):
+        if d_level is not None and g_level is not None:
+            if (d_level > 0) != (g_level > 0):
+                return
+        elif not _same_implied_target(d_values, d_grad, g_values, g_grad):
             return
         refs = self._loose_players.get(key)
         if refs is None:

@@ -19,7 +19,9 @@ class GeneratorHelpsDiscriminator(Rule):
     each step draws its own noise (a WGAN-GP's critic loop, then a fresh `z` for G), the two
     calls never see the same samples; where both gradients are one constant on every sample (a
     critic's mean: `D(fake).mean()` gives each output 1/N whatever the samples), their signs
-    are compared instead.
+    are compared instead; for a logistic or squared-error loss, each call's target is read from
+    its own gradients against its outputs (a line in the sigmoid or in the output), and the two
+    targets are compared.
 
     The same agreement arises when the discriminator's loss is the wrong one, labelling the
     generated samples real (`bce(D(fake.detach()), ones)`): then D's own backward gives its
@@ -98,9 +100,11 @@ class GeneratorHelpsDiscriminator(Rule):
                                    "the discriminator's own step on the same samples" if same else
                                    "the discriminator's own step on its generated samples"),)
             agreement = (f"(cosine {event['cosine']:.2f} over {event['samples']} samples)" if same else
-                         f"(both losses give every generated sample's output a gradient of one "
-                         f"sign, the same, over {event['samples']} samples: a critic's mean, "
-                         f"which does not depend on which samples were drawn)")
+                         f"(on samples of their own, each step drawing fresh noise: the "
+                         f"gradients both losses give its output on {event['samples']} samples "
+                         f"point the same way — one sign for a critic's mean, one target read "
+                         f"from each call's gradients against its outputs for a logistic or "
+                         f"squared-error loss)")
             loc, fix, filled = event.loc, None, None
             if loc is not None:
                 filled = a.source.target_filled_before(loc.path, loc.line)
