@@ -248,7 +248,11 @@ gan_same_target    critic, generator (the two modules' classes), critic_params, 
                    size; None when D's gradient is one constant), samples (values compared), critic_step ([path, line] of D's call in its own
                    step, or None), critic_fake_as_real (D's own backward gave its output on G's
                    samples the gradients of the real samples' target: D's loss labels G's samples
-                   real; None when unknown) — at the first 8 backwards, a module D evaluated on another
+                   real; None when unknown), same_samples (False: D's and G's steps saw
+                   different samples, each step drawing its own noise, and both gradients are
+                   one constant of the same sign, a WGAN critic's ± 1/N, or lines in D's output
+                   (or its sigmoid) with one target; cosine is then 1.0) —
+                   at the first 8 backwards, a module D evaluated on another
                    module G's output both detached (D's step) and with the gradient flowing into
                    G (G's step) got two gradients on its output for the same samples that point
                    the same way: G is trained toward D's target for its samples (loc: G's step's
@@ -982,9 +986,11 @@ batch_reduction    summed, averaged (how each term reduces its batch axis: "sum"
                    "MseLoss(reduction=sum)"), batch (N: the summed term's rows), averaged_rows
                    (the averaged term's rows: N, or N times the tokens of each sample),
                    summed_name, averaged_name (the backward frame's variables bound to each term,
-                   or None): two terms of a backward's loss, computed from one per-sample
-                   activation, one summed over the batch and one averaged over it — their
-                   balance changes with the batch size — at the first 3 backwards of each
+                   or None), broadcast (the summed term is added to every sample's value before
+                   the mean, `(log_prob + s.sum()).mean()`; summed_name then names the
+                   per-sample value that holds it): two terms of a backward's loss, computed
+                   from one per-sample activation, one summed over the batch and one averaged
+                   over it — their balance changes with the batch size — at the first 3 backwards of each
                    backward line, once per line (loc: the backward; an aside;
                    instrument/batchreduce.py)
 sample_range       critic, generator (the two modules' class names), activation, low, high (the
@@ -1599,11 +1605,12 @@ def self_match(*, size: int, on_diagonal: float) -> Made:
 def gan_same_target(*, critic: str, generator: str, critic_params: list[int],
                     generator_params: list[int], cosine: float, offset: float | None,
                     samples: int, critic_step: list | None,
-                    critic_fake_as_real: bool | None = None) -> Made:
+                    critic_fake_as_real: bool | None = None, same_samples: bool = True) -> Made:
     return "gan_same_target", {"critic": critic, "generator": generator,
                                "critic_params": critic_params, "generator_params": generator_params,
                                "cosine": cosine, "offset": offset, "samples": samples,
-                               "critic_step": critic_step, "critic_fake_as_real": critic_fake_as_real}
+                               "critic_step": critic_step, "critic_fake_as_real": critic_fake_as_real,
+                               "same_samples": same_samples}
 
 
 def entropy_sign(*, term: str, dist: str) -> Made:
@@ -2155,10 +2162,11 @@ def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
 
 
 def batch_reduction(*, summed: str, averaged: str, batch: int, averaged_rows: int,
-                    summed_name: str | None, averaged_name: str | None) -> Made:
+                    summed_name: str | None, averaged_name: str | None,
+                    broadcast: bool = False) -> Made:
     return "batch_reduction", {"summed": summed, "averaged": averaged, "batch": batch,
                                "averaged_rows": averaged_rows, "summed_name": summed_name,
-                               "averaged_name": averaged_name}
+                               "averaged_name": averaged_name, "broadcast": broadcast}
 
 
 def sample_range(*, critic: str, generator: str, activation: str, low: float, high: float | None,

@@ -172,3 +172,61 @@ def test_target_filled_before_finds_the_in_place_fill_of_the_loss_target(tmp_pat
     assert target_filled_before(str(path), 10) is None  # no second argument
     assert target_filled_before(str(path), 6) is None  # not a model call bound to a name
     assert target_filled_before(str(tmp_path / "missing.py"), 5) is None
+
+
+# -- each step on its own noise: compared by the sign of a constant gradient -----------------
+
+def _fresh_noise_gan(g_loss, d_loss):
+    """Like ``_gan``, but the generator's step draws its own noise: D never sees one batch of
+    generated samples both detached and not."""
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    with Instrumentation(rec):
+        G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+        D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+        opt_g = torch.optim.Adam(G.parameters(), lr=2e-4)
+        opt_d = torch.optim.Adam(D.parameters(), lr=2e-4)
+        ones, zeros = torch.ones(32, 1), torch.zeros(32, 1)
+        for _ in range(3):
+            for _ in range(2):
+                real = torch.randn(32, 2) + 2
+                fake = G(torch.randn(32, 4)).detach()
+                loss = d_loss(D, real, fake, ones, zeros)
+                opt_d.zero_grad()
+                loss.backward()
+                opt_d.step()
+            loss = g_loss(D, G(torch.randn(32, 4)), ones, zeros)
+            opt_g.zero_grad()
+            loss.backward()
+            opt_g.step()
+    return [e for e in rec.trace if e.kind == "gan_same_target"]
+
+
+def test_a_wgan_generator_with_the_critics_sign_on_fresh_noise_is_recorded():
+    wgan_d = lambda D, real, fake, ones, zeros: D(fake).mean() - D(real).mean()  # noqa: E731
+    found = _fresh_noise_gan(lambda D, fake, ones, zeros: D(fake).mean(), wgan_d)
+    assert len(found) == 1 and found[0]["same_samples"] is False
+    assert _fresh_noise_gan(lambda D, fake, ones, zeros: -D(fake).mean(), wgan_d) == []
+
+
+def test_logistic_and_least_squares_targets_are_read_from_each_calls_outputs():
+    # with different samples, each call's target is read from its own line of gradients
+    # against outputs (in the sigmoid for a logistic loss, in the output for least squares)
+    bce = F.binary_cross_entropy_with_logits
+    bce_d = lambda D, real, fake, ones, zeros: bce(D(real), ones) + bce(D(fake), zeros)  # noqa: E731
+    found = _fresh_noise_gan(lambda D, fake, ones, zeros: bce(D(fake), zeros), bce_d)
+    assert len(found) == 1 and found[0]["same_samples"] is False
+    assert _fresh_noise_gan(lambda D, fake, ones, zeros: bce(D(fake), ones), bce_d) == []
+    assert _fresh_noise_gan(lambda D, fake, ones, zeros: -bce(D(fake), zeros), bce_d) == []
+    ls_d = lambda D, real, fake, ones, zeros: ((D(real) - 1) ** 2).mean() + (D(fake) ** 2).mean()  # noqa: E731
+    assert _fresh_noise_gan(lambda D, fake, ones, zeros: ((D(fake) - 1) ** 2).mean(), ls_d) == []
+    assert len(_fresh_noise_gan(lambda D, fake, ones, zeros: (D(fake) ** 2).mean(), ls_d)) == 1
+
+
+def test_constant_level_reads_one_value_or_none():
+    from graddoctor.instrument.adversarial import _constant_level
+    assert _constant_level(torch.full((32,), 1 / 32, dtype=torch.double)) == 1 / 32
+    hinge = torch.cat([torch.full((20,), -1 / 32), torch.zeros(12)]).double()
+    assert _constant_level(hinge) == -1 / 32
+    assert _constant_level(torch.linspace(0.1, 0.9, 32).double()) is None
+    assert _constant_level(torch.cat([torch.full((4,), 0.5), torch.zeros(28)]).double()) is None

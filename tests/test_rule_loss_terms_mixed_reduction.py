@@ -127,3 +127,79 @@ def test_a_sum_divided_by_a_count_near_the_batch_is_a_mean_over_the_rows_kept():
     assert not term(2.0, 32).averaged and not term(1.0, 320).averaged  # `kl.sum() / 2`: a sum
     assert not term(50.0, 320).averaged  # a constant far below N: still a sum
     assert term(1000.0, 320).averaged  # the tokens of a whole accumulation window
+
+
+# -- a sum over the batch broadcast into every sample's value before the mean ------------------
+
+def _coupling_loss(per_sample_logdet: bool, n=16):
+    """A two-layer affine coupling flow's NLL; its log-det summed per sample (dim=1) or over
+    the whole batch (``s.sum()``), the 0/1 masks a coupling layer multiplies by."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(2, 4)
+    x = torch.randn(n, 2)
+    log_det = torch.zeros(n)
+    for mask in (torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])):
+        s, t = net(x * mask).chunk(2, dim=1)
+        s = torch.tanh(s) * (1 - mask)
+        x = x * mask + (1 - mask) * (x * torch.exp(s) + t)
+        log_det = log_det + (s.sum(dim=1) if per_sample_logdet else s.sum())
+    log_prob = -0.5 * (x ** 2).sum(dim=1)
+    return -(log_prob + log_det).mean()
+
+
+def test_log_det_summed_over_the_batch_then_averaged_is_found():
+    pair = mixed_terms(_coupling_loss(per_sample_logdet=False).grad_fn)
+    assert pair is not None
+    summed, averaged = pair
+    assert summed.inside is averaged and summed.how == "sum" and summed.n == 16
+
+
+def test_log_det_summed_per_sample_is_silent():
+    # the (1 - mask) factor adds up to 1 but weighs features, not samples: no weighted mean
+    assert mixed_terms(_coupling_loss(per_sample_logdet=True).grad_fn) is None
+
+
+def test_kl_summed_inside_the_mean_is_found_and_its_per_sample_twin_is_not():
+    h = _activations()
+    recon = h.pow(2).sum(dim=1)
+    bad = (recon + 0.5 * h.abs().sum()).mean()
+    assert mixed_terms(bad.grad_fn) is not None
+    good = (recon + 0.5 * h.abs().sum(dim=1)).mean()
+    assert mixed_terms(good.grad_fn) is None
+
+
+def test_broadcast_scalars_that_are_no_batch_sum_are_silent():
+    h = _activations()
+    per = h.pow(2).sum(dim=1)
+    # centred by the batch mean, by a sum divided by the batch size, or shifted by a penalty
+    # on a weight: none is a sum over the samples left whole
+    assert mixed_terms((per - per.mean()).pow(2).mean().grad_fn) is None
+    assert mixed_terms((per - h.sum() / h.size(0)).abs().mean().grad_fn) is None
+    w = torch.randn(3, 7, requires_grad=True)
+    assert mixed_terms((per + 1e-3 * w.pow(2).sum()).mean().grad_fn) is None
+    assert mixed_terms((per + w.pow(2).sum()).mean().grad_fn) is None
+
+
+def test_a_broadcast_sum_of_another_batch_is_silent():
+    # a term from data that shares no per-sample activation with the mean's value
+    h = _activations()
+    other = torch.randn(8, 3, requires_grad=True)
+    assert mixed_terms((h.pow(2).sum(dim=1) + other.pow(2).sum()).mean().grad_fn) is None
+
+
+def test_full_sums_lists_sums_over_every_axis():
+    from graddoctor.analysis.source import full_sums
+    import tempfile, os
+    text = textwrap.dedent('''
+        import torch
+        def f(s, x):
+            a = s.sum()
+            b = torch.sum(x)
+            c = s.sum(dim=1) + torch.sum(x, 0) + s.sum(-1)
+            return a + b + c
+    ''')
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.py")
+        with open(path, "w") as fh:
+            fh.write(text)
+        assert [line for line, _ in full_sums(path)] == [4, 5]

@@ -116,6 +116,9 @@ class ScriptSource:
     def calls_named(self, path: str, names) -> list[tuple[int, str, bool]]:
         return calls_named(self.full(path), frozenset(names))
 
+    def full_sums(self, path: str) -> list[tuple[int, str]]:
+        return full_sums(self.full(path))
+
     def term_line(self, path: str, line: int, term: str) -> tuple[int, str] | None:
         return term_line(self.full(path), line, term)
 
@@ -1027,6 +1030,23 @@ def calls_named(path: str, names: frozenset) -> list[tuple[int, str, bool]]:
 
     visit(tree, False)
     return sorted(found)
+
+
+def full_sums(path: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of every sum over all axes in the file: ``x.sum()`` with no argument, ``torch.sum(x)`` with one; in line order, [] when it cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute) \
+                or node.func.attr != "sum" or node.keywords:
+            continue
+        owner = node.func.value
+        torch_sum = isinstance(owner, ast.Name) and owner.id == "torch"
+        if len(node.args) == (1 if torch_sum else 0):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(set(found))
 
 
 def advantage_line(path: str, line: int) -> tuple[int, str] | None:

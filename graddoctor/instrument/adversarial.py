@@ -21,6 +21,15 @@ different optimizers.
 A non-saturating loss (``bce(D(fake), ones)``), the minimax form (``-bce(D(fake), zeros)``),
 WGAN's ``-D(fake).mean()`` and hinge losses give the opposite sign.
 
+A WGAN-GP draws fresh noise for each critic step and again for the generator's step, so D never
+sees one batch of samples both ways. The first gradient of each kind per (D, G) is kept whatever
+the samples; when both are one constant on every sample where they are not 0 (a critic's mean:
+``1/N`` each, whatever was drawn; a hinge's active part), their signs are compared instead
+(``same_samples`` false). Gradients that depend on D's output (logistic, least squares) are
+compared by the target each call's own line gives (``_same_implied_target``: the gradient
+against the sigmoid of the output or the output itself, ``y = -intercept / slope``), never
+value by value: a least-squares generator below both targets rightly pushes the same way.
+
 Either loss may hold the wrong target: G's (the fake label), or D's (its generated samples
 labelled real, ``bce(D(fake.detach()), ones)``). D's own backward tells them apart: the
 gradient it gives D's output on data no module made (the real samples) is, sample by sample, a
@@ -93,6 +102,46 @@ def _affine(d_grad, g_grad) -> tuple[float, float | None]:
     return round(spread, 6), None if offset is None else round(offset, 6)
 
 
+def _constant_level(grad) -> float | None:
+    """The one value a gradient takes on every sample where it is not 0 (a WGAN critic's or
+    generator's ``± 1/N``; a hinge's, 0 where the margin holds), when at least half the samples
+    have it; None when it varies (a logistic or least-squares loss: a function of the output)."""
+    nonzero = grad[grad != 0]
+    if nonzero.numel() < max(_MIN_VALUES, grad.numel() // 2):
+        return None
+    level = float(nonzero.mean())
+    if not level or float((nonzero - level).abs().max()) > 1e-3 * abs(level):
+        return None
+    return level
+
+
+def _same_implied_target(d_values, d_grad, g_values, g_grad) -> bool:
+    """Do two calls of D on different samples get their gradients from one target? A logistic
+    or squared-error term's gradient is ``c * (f(x) - y)`` of the output ``x`` (``f``: the
+    sigmoid, or the output itself): a line in ``f(x)`` whose slope and intercept give the target
+    ``y = -intercept / slope``. The line is chosen on D's own call (the better fit of the two
+    forms, r² at least 0.98) and fitted to G's call too; one target and slopes of one sign mean
+    G's loss pulls D's outputs where D's loss does. False whenever a fit fails (outputs that
+    barely vary, another loss form)."""
+    if d_values is None or g_values is None or d_values.numel() != d_grad.numel() \
+            or g_values.numel() != g_grad.numel() or min(d_grad.numel(), g_grad.numel()) < 8:
+        return False
+    best = None
+    for transform in (lambda v: v, torch.sigmoid):
+        fit = _line_fit(transform(d_values), d_grad)
+        if fit is not None and fit[2] >= 0.98 and fit[0] and (best is None or fit[2] > best[1][2]):
+            best = (transform, fit)
+    if best is None:
+        return False
+    transform, (d_slope, d_intercept, _) = best
+    fit = _line_fit(transform(g_values), g_grad)
+    if fit is None or fit[2] < 0.98 or not fit[0] or (fit[0] > 0) != (d_slope > 0):
+        return False
+    d_target, g_target = -d_intercept / d_slope, -fit[1] / fit[0]
+    spread = float((transform(d_values).max() - transform(d_values).min())) or 1.0
+    return abs(d_target - g_target) <= 0.05 * max(1.0, abs(d_target), spread)
+
+
 def _line_fit(x, y) -> tuple[float, float, float] | None:
     """``(slope, intercept, r2)`` of the least-squares line ``y = slope * x + intercept``; None
     when ``x`` does not vary."""
@@ -151,6 +200,12 @@ class AdversarialWatcher:
         self._pairs: dict[tuple, dict] = {}
         self._players: dict[tuple, tuple] = {}  # the same key -> (weak D, weak G, weak samples)
         self._ready: list[tuple] = []  # keys whose two gradients are in, not judged yet
+        # (id of D, id of G) -> {"detached" | "through": (gradient, Location, backward, values)}:
+        # the first gradient of each kind whatever the samples (a WGAN draws fresh noise for
+        # G's step), judged only when both are one constant (``_judge_loose``)
+        self._loose: dict[tuple, dict] = {}
+        self._loose_players: dict[tuple, tuple] = {}
+        self._ready_loose: list[tuple] = []
         self._told = False
         # (id of a module, backward) -> the gradient its output got from that backward when it
         # was called on data no other module made (D on real samples), for telling which loss
@@ -187,13 +242,13 @@ class AdversarialWatcher:
         """``STEPPED``: judge the pairs this step's backward completed (on the script's thread;
         the gradient hooks may run on autograd's)."""
         self._judge_ready()
-        if not self.active and not self._ready:
+        if not self.active and not self._ready and not self._ready_loose:
             # the window closed: only a gradient hook still set can give it work (it resumes
             # the watcher)
             self.rec.retire(STEPPED, self.after_step)
 
     def _judge_ready(self) -> None:
-        if not self._ready:
+        if not self._ready and not self._ready_loose:
             return
         ready, self._ready = self._ready, []
         for key in ready:
@@ -203,8 +258,17 @@ class AdversarialWatcher:
                 self._judge(key, self._pairs.pop(key, None) or {})
             except Exception as exc:
                 self.rec.internal_error("adversarial", exc)
+        loose, self._ready_loose = self._ready_loose, []
+        for key in loose:
+            if self._told:
+                break
+            try:
+                self._judge_loose(key, self._loose.get(key) or {})
+            except Exception as exc:
+                self.rec.internal_error("adversarial", exc)
         if self._told:
             self._pairs, self._players = {}, {}
+            self._loose, self._loose_players = {}, {}
 
     # -- module hooks (outermost calls only) -------------------------------------------------
     def _post(self, module, args, *rest):
@@ -279,10 +343,18 @@ class AdversarialWatcher:
         pair = self._pairs.setdefault(key, {})
         if how in pair:
             return
+        lkey = (id(module), id(producer))
+        if lkey not in self._loose and len(self._loose) >= _OUTPUTS:
+            lkey = None
+        loose = self._loose.setdefault(lkey, {}) if lkey is not None else None
+        if lkey is not None:
+            self._loose_players.setdefault(lkey, (weakref.ref(module), weakref.ref(producer)))
         self._players[key] = (weakref.ref(module), weakref.ref(producer), weakref.ref(sample))
         loc = self.rec.here()
         backward = self._backwards
-        values = out.detach().reshape(-1)[:_VALUES].double().clone() if how == "detached" else None
+        # D's outputs, kept for both kinds: with fresh noise for each step, each call's target is
+        # read from its own outputs and gradients (``_implied_target``)
+        values = out.detach().reshape(-1)[:_VALUES].double().clone()
         watcher = self
 
         def hook(grad):
@@ -294,6 +366,11 @@ class AdversarialWatcher:
                     if len(pair) == 2:
                         watcher._ready.append(key)
                         watcher.rec.resume(STEPPED, watcher.after_step)  # judged at the step
+                    if loose is not None and how not in loose:
+                        loose[how] = pair[how]
+                        if len(loose) == 2:
+                            watcher._ready_loose.append(lkey)
+                            watcher.rec.resume(STEPPED, watcher.after_step)
             except Exception as exc:
                 watcher.rec.internal_error("adversarial (gradient)", exc)
             return None
@@ -321,7 +398,32 @@ class AdversarialWatcher:
         refs = self._players.get(key)
         if refs is None:
             return
-        d_module, g_module = refs[0](), refs[1]()
+        self._emit(refs[0](), refs[1](), cosine, offset, d_grad.numel(), d_step_loc, d_backward,
+                   d_values, d_grad, g_loc)
+
+    def _judge_loose(self, key, pair) -> None:
+        """D's step and G's step on different samples (fresh noise for each): comparable only
+        where both gradients on D's output are one constant, the same for every sample (a WGAN
+        critic's ``D(fake).mean()``, a hinge's active part), whatever the samples were; the
+        same sign then says G's loss pushes D's output where D's loss does."""
+        if len(pair) < 2:
+            return
+        d_grad, d_loc, d_backward, d_values = pair["detached"]
+        g_grad, g_loc, _, g_values = pair["through"]
+        d_level, g_level = _constant_level(d_grad), _constant_level(g_grad)
+        if d_level is not None and g_level is not None:
+            if (d_level > 0) != (g_level > 0):
+                return
+        elif not _same_implied_target(d_values, d_grad, g_values, g_grad):
+            return
+        refs = self._loose_players.get(key)
+        if refs is None:
+            return
+        self._emit(refs[0](), refs[1](), 1.0, None, min(d_grad.numel(), g_grad.numel()), d_loc,
+                   d_backward, d_values, d_grad, g_loc, same_samples=False)
+
+    def _emit(self, d_module, g_module, cosine, offset, samples, d_step_loc, d_backward, d_values,
+              d_grad, g_loc, same_samples=True) -> None:
         if d_module is None or g_module is None:
             return
         self._told = True
@@ -335,9 +437,10 @@ class AdversarialWatcher:
         self.rec.emit_aside(ev.gan_same_target(
             critic=type(d_module).__name__, generator=type(g_module).__name__,
             critic_params=d_pids[:_MAX_PIDS], generator_params=g_pids[:_MAX_PIDS],
-            cosine=round(cosine, 4), offset=offset, samples=int(d_grad.numel()),
+            cosine=round(cosine, 4), offset=offset, samples=int(samples),
             critic_step=[d_step_loc.path, d_step_loc.line] if d_step_loc is not None else None,
-            critic_fake_as_real=_same_target(real, (d_values, d_grad))),
+            critic_fake_as_real=_same_target(real, (d_values, d_grad)),
+            same_samples=same_samples),
             g_loc)
 
     # -- install -----------------------------------------------------------------------------

@@ -21,7 +21,12 @@ add up to 1 multiply it (a weighted mean) or a count of the order of N divides i
 the rows kept by cross_entropy's label smoothing with ignore_index, the tokens of a transformers
 accumulation window), *summed* when a sum reduces it and nothing divides it by as much. A product by a constant is a weight (``beta * kl``), never a divisor; a quotient by a count
 the script computed (``/ mask.sum()``) ends the walk: that term is not judged. A mean over an
-(N, N) matrix (a kernel's pairs) is not taken for a mean over samples. A term of each kind is
+(N, N) matrix (a kernel's pairs) is not taken for a mean over samples. Below a mean over the
+batch, the walk goes on through the per-sample value's additions (``_broadcast_sums``): a scalar
+sum over the batch added to every row (``log_det = log_det + s.sum()`` where ``s.sum(dim=1)``
+was meant, ``(recon + kl.sum()).mean()``) is a summed term too, since the mean of a value
+repeated in every row is that value; its averaged partner is the mean around it, and the two
+must share a per-sample activation outside the sum's own graph. A term of each kind is
 reported (a ``batch_reduction`` aside event) when
 
 * the summed term's N is at least 2 and the averaged term's N is a multiple of it (the same
@@ -102,13 +107,16 @@ def _axis_after_view(before: tuple, after: tuple) -> bool:
 
 
 class Term:
-    """One scalar term of the loss's additive top, reduced over its batch axis."""
+    """One scalar term of the loss's additive top, reduced over its batch axis. ``inside``: for
+    a sum broadcast into every sample's value before a mean (``log_det + s.sum()``), the mean's
+    term; None for a term of the top itself."""
 
-    __slots__ = ("top", "path", "reduction", "value", "n", "how", "divisor")
+    __slots__ = ("top", "path", "reduction", "value", "n", "how", "divisor", "inside")
 
-    def __init__(self, top, path, reduction, value, n, how, divisor):
+    def __init__(self, top, path, reduction, value, n, how, divisor, inside=None):
         self.top, self.path, self.reduction = top, path, reduction
         self.value, self.n, self.how, self.divisor = value, n, how, divisor
+        self.inside = inside
 
     @property
     def averaged(self) -> bool:
@@ -131,6 +139,15 @@ def _loss_reduction(node) -> str | None:
     return {1: "mean", 2: "sum"}.get(reduction)
 
 
+def _spans_batch(weights, value) -> bool:
+    """Do ``weights`` vary along the batch axis of the product ``value``: as many axes as it,
+    the first of them more than one row? A 0/1 mask over the features (``(1 - mask)`` of a
+    coupling layer, shape (D,)) that happens to add up to 1 weighs no samples."""
+    shape = _shape_of(value)
+    return weights.dim() > 0 and shape is not None and weights.dim() == len(shape) \
+        and weights.shape[0] > 1
+
+
 def _weighted(value, name: str) -> str:
     """"mean" for a sum of values multiplied by weights that the script computed and that add up
     to 1 (``(softmax(scores.detach(), 0) * per_sample).sum()``, or a softmax with its graph: a
@@ -143,13 +160,13 @@ def _weighted(value, name: str) -> str:
         if len(soft) != 1:
             return "sum"
         weights = saved(value, "_saved_self" if soft[0] == 0 else "_saved_other")
-        if not isinstance(weights, torch.Tensor) or weights.dim() == 0:
+        if not isinstance(weights, torch.Tensor) or not _spans_batch(weights, value):
             return "sum"
         return "mean" if abs(float(weights.detach().sum()) - 1.0) < 1e-3 else "sum"
     if len(children) != 1:
         return "sum"
     weights = saved(value, "_saved_other" if children[0][0] == 0 else "_saved_self")
-    if not isinstance(weights, torch.Tensor) or weights.dim() == 0 or weights.requires_grad \
+    if not isinstance(weights, torch.Tensor) or not _spans_batch(weights, value) or weights.requires_grad \
             or not weights.is_floating_point():
         return "sum"
     total = float(weights.detach().sum())
@@ -244,7 +261,10 @@ def _top_terms(root, limit: int = _NODES) -> list[Term]:
         found = _batch_reduction(node)
         if found is not None:
             value, how, n = found
-            terms.append(Term(node, path, node, value, n, how, divisor))
+            term = Term(node, path, node, value, n, how, divisor)
+            terms.append(term)
+            if how == "mean":
+                terms.extend(_broadcast_sums(term))
             continue
         if name in ("AddBackward0", "SubBackward0"):
             stack.extend((child, 1.0, path) for _, child, _ in children)
@@ -268,17 +288,98 @@ def _top_terms(root, limit: int = _NODES) -> list[Term]:
     return terms
 
 
+def _broadcast_sums(mean: Term, limit: int = _NODES) -> list[Term]:
+    """The sums over the batch added to every sample's value below a mean over the batch
+    (``(log_prob + log_det).mean()`` with ``log_det = log_det + s.sum()``, a per-sample
+    log-det reduced over the batch too; ``(recon + kl.sum()).mean()``): a scalar operand of an
+    addition or subtraction whose other side keeps the N rows, walked from the mean's value
+    through additions, negations, views and products or quotients by constants. The mean of a
+    value broadcast to every row is that value: such a sum keeps its full weight in the loss,
+    the mean's divisor does not reach it."""
+    out: list[Term] = []
+    n = mean.n
+    stack = [(mean.value, mean.divisor, mean.path)]
+    seen: set = set()
+    while stack and len(seen) < limit:
+        node, divisor, path = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        shape = _shape_of(node)
+        if not shape or shape[0] != n:
+            continue  # only the per-sample part is walked: a scalar below is judged by its parent
+        name = type(node).__name__
+        children = _children(node)
+        path = path + (node,)
+        if name in ("AddBackward0", "SubBackward0"):
+            for _, child, nr in children:
+                below = _shape_of(child, nr)
+                if below is not None and math.prod(below) == 1 and len(below) < len(shape):
+                    for top, weight, inner in _scalar_terms(child):
+                        found = _batch_reduction(top)
+                        if found is not None and found[1] == "sum":
+                            value, how, rows = found
+                            term = Term(top, path + inner, top, value, rows, how, divisor * weight,
+                                        inside=mean)
+                            if not term.averaged and rows == n:
+                                out.append(term)
+                    continue
+                stack.append((child, divisor, path))
+        elif name in ("AddBackward1", "SubBackward1", "RsubBackward1", "NegBackward0") or name in _VIEWS:
+            stack.extend((child, divisor, path) for _, child, _ in children)
+        elif name in ("MulBackward0", "DivBackward0") and len(children) == 1:
+            index, child, _ = children[0]
+            if name == "DivBackward0" and index != 0:
+                continue
+            value = _constant(node, "_saved_other" if index == 0 else "_saved_self")
+            if value:
+                stack.append((child, divisor * _divides_by(name, value), path))
+    return out
+
+
+def _scalar_terms(node, limit: int = 32) -> list[tuple[object, float, tuple]]:
+    """The scalar terms of a scalar's additive top (``0.0 + ld_1 + ld_2``, ``0.5 * kl.sum()``):
+    ``(node, divisor, path)`` below sums, differences, negations and products or quotients by
+    constants (what those divide by); a product of two computed values is left out."""
+    out = []
+    stack = [(node, 1.0, (node,))]
+    seen = 0
+    while stack and seen < limit:
+        node, divisor, path = stack.pop()
+        seen += 1
+        name = type(node).__name__
+        children = _children(node)
+        if name in ("AddBackward0", "SubBackward0"):
+            stack.extend((child, divisor, path + (child,)) for _, child, _ in children)
+        elif name in ("AddBackward1", "SubBackward1", "RsubBackward1", "NegBackward0") or name in _VIEWS:
+            stack.extend((child, divisor, path + (child,)) for _, child, _ in children)
+        elif name in ("MulBackward0", "DivBackward0") and len(children) == 1:
+            index, child, _ = children[0]
+            if name == "DivBackward0" and index != 0:
+                continue
+            value = _constant(node, "_saved_other" if index == 0 else "_saved_self")
+            if value:
+                stack.append((child, divisor * _divides_by(name, value), path + (child,)))
+        elif name in ("MulBackward1", "DivBackward1") and len(children) == 1:
+            value = _constant(node, "_saved_other")
+            if value:
+                stack.append((children[0][1], divisor * _divides_by(name, value), path + (children[0][1],)))
+        else:
+            out.append((node, divisor, path))
+    return out
+
+
 def _pairwise(value) -> bool:
     """Is the reduced value an (N, N) matrix (pairs of samples)?"""
     shape = _shape_of(value)
     return shape is not None and len(shape) == 2 and shape[0] == shape[1]
 
 
-def _per_sample_nodes(value, n: int, limit: int = _BELOW) -> set:
+def _per_sample_nodes(value, n: int, limit: int = _BELOW, skip=None) -> set:
     """The nodes below ``value`` (itself included) whose output has ``n`` rows, parameters'
-    leaves left out."""
+    leaves left out; ``skip``: a node not walked into (a broadcast sum's own graph)."""
     out: set = set()
-    seen: set = set()
+    seen: set = set() if skip is None else {skip}
     stack = [value]
     while stack and len(seen) < limit:
         node = stack.pop()
@@ -304,6 +405,14 @@ def mixed_terms(root) -> tuple[Term, Term] | None:
         below = None
         for a in averaged:
             if a.n % s.n or a.top is s.top:
+                continue
+            if s.inside is not None:
+                if a is not s.inside:
+                    continue
+                below = _per_sample_nodes(s.value, s.n)
+                # the rest of the mean's value (its other rows' terms), the broadcast sum left out
+                if below & _per_sample_nodes(a.value, a.n, skip=s.top):
+                    return s, a
                 continue
             if below is None:
                 below = _per_sample_nodes(s.value, s.n)
@@ -352,14 +461,19 @@ class BatchReductionWatcher(LossGraphReader):
             if len(frames) >= _FRAMES_READ:
                 break
         try:
-            name = _bound_name(frames, summed.path, summed.top)
+            path = summed.path
+            if summed.inside is not None:  # the name of the per-sample value that holds the sum
+                path = (path[0],) + tuple(node for node in path[1:] if (_shape_of(node) or (0,))[0] == summed.n
+                                          and math.prod(_shape_of(node)) > 1)
+            name = _bound_name(frames, path, summed.top)
             other = _bound_name(frames, averaged.path, averaged.top)
         finally:
             del frames
         self._done.add(loc)
         self.rec.emit_aside(ev.batch_reduction(
             summed=_describe(summed), averaged=_describe(averaged), batch=summed.n,
-            averaged_rows=averaged.n, summed_name=name, averaged_name=other), loc)
+            averaged_rows=averaged.n, summed_name=name, averaged_name=other,
+            broadcast=summed.inside is not None), loc)
 
 
 def _describe(term: Term) -> str:

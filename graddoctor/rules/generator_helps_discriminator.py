@@ -15,7 +15,13 @@ class GeneratorHelpsDiscriminator(Rule):
     module G's output twice: detached (D's step) and with the gradient flowing into G (G's
     step). The gradient each backward gives D's output on the same samples is compared: when
     they point the same way (cosine near 1) while D and G are stepped by different optimizers,
-    G's loss pulls D's output where D's loss does. It points at G's step's call of D.
+    G's loss pulls D's output where D's loss does. It points at G's step's call of D. When
+    each step draws its own noise (a WGAN-GP's critic loop, then a fresh `z` for G), the two
+    calls never see the same samples; where both gradients are one constant on every sample (a
+    critic's mean: `D(fake).mean()` gives each output 1/N whatever the samples), their signs
+    are compared instead; for a logistic or squared-error loss, each call's target is read from
+    its own gradients against its outputs (a line in the sigmoid or in the output), and the two
+    targets are compared.
 
     The same agreement arises when the discriminator's loss is the wrong one, labelling the
     generated samples real (`bce(D(fake.detach()), ones)`): then D's own backward gives its
@@ -43,7 +49,8 @@ class GeneratorHelpsDiscriminator(Rule):
 
     ## Stays silent on
     The non-saturating loss (`ones`), the minimax form (`-bce(D(fake), zeros)`), WGAN's
-    `-D(fake).mean()`, hinge and least-squares losses with the real target, one optimizer for
+    `-D(fake).mean()` (with fresh noise for each step too), hinge and least-squares losses with
+    the real target, one optimizer for
     both networks, a critic trained several times on the same detached samples, and a
     discriminator never called on the generator's output directly.
     """
@@ -86,10 +93,18 @@ class GeneratorHelpsDiscriminator(Rule):
                               "cosine": event["cosine"], "samples": event["samples"],
                               "wrong": "critic"})
                 return
+            same = event.get("same_samples", True)
             related = ()
             if d_step and event.loc is not None and (d_step[0], d_step[1]) != (event.loc.path, event.loc.line):
                 related = (Related(Location(d_step[0], d_step[1]),
-                                   "the discriminator's own step on the same samples"),)
+                                   "the discriminator's own step on the same samples" if same else
+                                   "the discriminator's own step on its generated samples"),)
+            agreement = (f"(cosine {event['cosine']:.2f} over {event['samples']} samples)" if same else
+                         f"(on samples of their own, each step drawing fresh noise: the "
+                         f"gradients both losses give its output on {event['samples']} samples "
+                         f"point the same way — one sign for a critic's mean, one target read "
+                         f"from each call's gradients against its outputs for a logistic or "
+                         f"squared-error loss)")
             loc, fix, filled = event.loc, None, None
             if loc is not None:
                 filled = a.source.target_filled_before(loc.path, loc.line)
@@ -107,7 +122,7 @@ class GeneratorHelpsDiscriminator(Rule):
                  f"the generator's loss on the discriminator's call at line {event.loc.line} pushes ")
                 + f"{event['critic']}'s output on the samples "
                 f"{event['generator']} made the same way as the discriminator's own loss does "
-                f"(cosine {event['cosine']:.2f} over {event['samples']} samples)"
+                f"{agreement}"
                 + (f": `{filled[1]}` gives the generator's loss the discriminator's target for "
                    f"fake samples" if filled is not None else
                    ": the generator is trained toward the discriminator's target for fake samples")

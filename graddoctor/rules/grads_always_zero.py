@@ -58,6 +58,19 @@ def _module_attrs(a, pids) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _containers(a, pids) -> tuple[str, ...]:
+    """The nearest named attribute above the modules of ``pids`` that are indexed
+    (``flow.layers.1.net.0.weight`` -> ``net``), the model's own name left out."""
+    names = []
+    for pid in pids:
+        parts = a.param_name(pid).split(" ")[0].split(".")[:-1]
+        for part in reversed(parts[1:]):
+            if not part.isdigit():
+                names.append(part)
+                break
+    return tuple(dict.fromkeys(names))
+
+
 def _roots(a, pids) -> tuple[str, ...]:
     """The names the script holds the models of ``pids`` by (``model.0.weight`` -> ``model``)."""
     names = []
@@ -231,7 +244,11 @@ class GradsAlwaysZero(Rule):
         if how in ("part", "zero_input"):
             calls = _module_attrs(a, pids)
         if how == "zero_input" and not self._call_site(a, event, calls)[0]:
-            calls = _roots(a, pids)  # a Sequential's layers have no names to call: the model's call
+            # a Sequential's layers have no names to call: the Sequential's own attribute
+            # (`self.net(h)` for `flow.layers.1.net.0`), else the model's call
+            calls = _containers(a, pids)
+            if not calls or not self._call_site(a, event, calls)[0]:
+                calls = _roots(a, pids)
         loc, call_text = self._call_site(a, event, calls, prefer="weight" if how == "zero_weights" else None)
         if op == "Mul" and whole and event is not None and event.loc is not None:
             assigned = a.source.loss_assignment(event.loc.path, event.loc.line)

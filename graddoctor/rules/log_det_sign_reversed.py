@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -72,6 +74,10 @@ class LogDetSignReversed(Rule):
                     line = a.source.term_line(loc.path, loc.line, "exp")
                     if line is not None:  # the one line above that computes the loss's exp term
                         loc, text = Location(loc.path, line[0]), line[1]
+                    else:
+                        found = _log_det_subtracted(a, loc, text)
+                        if found is not None:  # `log_px = log_pz - log_det`, then `loss = -log_px.mean()`
+                            loc, text = Location(loc.path, found[0]), found[1]
             said = f"`{text}`" if text else "the loss"
             linear = "+s" if e["linear"] > 0 else "-s"
             exp = "exp(s)" if e["exp"] > 0 else "exp(-s)"
@@ -87,3 +93,19 @@ class LogDetSignReversed(Rule):
                 loc, step=a.next_step_number(e.seq),
                 evidence={"linear": e["linear"], "exp": e["exp"], "op": e.get("op"),
                           "bounded": e.get("bounded"), "params": pids[:16]})
+
+
+_LOG_DET = re.compile(r"-\s*\(?\s*(?:\w+\.)*\w*(?:log_?det|log_?abs_?det|ldj|log_?jac)\w*", re.IGNORECASE)
+
+
+def _log_det_subtracted(a, loc, text):
+    """``(line, text)`` of the assignment of a variable the loss's line reads (``log_px`` in
+    ``loss = -log_px.mean()``) that subtracts a log-det (``log_pz - log_det``), when the loss's
+    line subtracts none itself; else None."""
+    if not text or _LOG_DET.search(text):
+        return None
+    for name in dict.fromkeys(re.findall(r"\b([A-Za-z_]\w*)\b", text.split("=", 1)[-1])):
+        origin = a.source.value_origin(loc.path, loc.line, name)
+        if origin is not None and origin[0] != loc.line and _LOG_DET.search(origin[1]):
+            return origin
+    return None

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import ast
 
-from ..findings import Severity
+from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
 
@@ -201,13 +201,20 @@ class LossComparesWithItself(Rule):
             if not pids or set(pids) <= anchored:
                 continue
             how, op, starts = e.get("how"), e.get("op") or "comparison", e.get("starts") or []
-            loc, text, draw = e.loc, None, None
+            loc, text, draw, related = e.loc, None, None, []
             if loc is not None:
                 tree = a.source.tree(loc.path)
                 lines = same_lines(tree) if tree is not None else []
                 if len(lines) == 1:
                     loc, text = Location(loc.path, lines[0][0], loc.function), lines[0][1]
                     draw = own_draw(tree, lines[0][0])
+                elif how == "constant":
+                    # the target is made on the loss's line (``kd(s, s.detach(), y)``) or above
+                    # it, not on the backward's: point at the loss the backward runs
+                    found = a.source.loss_assignment(loc.path, loc.line)
+                    if found is not None:
+                        related = [Related(loc, "the backward of that loss")]
+                        loc = Location(loc.path, found[0], loc.function)
             where = f" (`{text}`, here)" if text else ""
             names = _owner(a, pids)
             lookups = bool(starts) and all(s in _LOOKUPS for s in starts)
@@ -269,7 +276,7 @@ class LossComparesWithItself(Rule):
                            f"gradients cancel, so the consistency or distillation does nothing")
                 fix = ("make the two passes differ (dropout in train mode, two random "
                        "augmentations), or distil from another model")
-            yield self.finding(message, loc, step=a.next_step_number(e.seq),
+            yield self.finding(message, loc, step=a.next_step_number(e.seq), related=related,
                                evidence={"how": how, "op": op, "params": pids[:16],
                                          "starts": list(starts)[:8]},
                                fix=fix)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..findings import Severity
+from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
 
@@ -17,6 +17,11 @@ class LossTermsMixedReduction(Rule):
     backwards: for each term of its additive top, which reduction took the batch axis (a mean,
     a loss's `reduction="mean"`, or a sum divided by a multiple of the batch size count as
     averaged). It points at the summed term's assignment when the backward's frame holds it.
+    The same holds for a sum over the batch added to every sample's value before the mean: a
+    flow's log-det `s.sum()` where `s.sum(dim=1)` was meant, in `-(log_pz + log_det).mean()`,
+    or `(recon + kl.sum()).mean()`. The mean of a value repeated in every row is that value,
+    so the batch total keeps its whole weight; the finding then points at the script's one sum
+    over every axis when there is one.
 
     ## Why is this bad?
     A summed term grows with the batch size, an averaged one does not: their relative weight
@@ -49,7 +54,10 @@ class LossTermsMixedReduction(Rule):
     script computed (`/ mask.sum()`, `/ num_items_in_batch`); a sum of values times weights
     that add up to 1 (a weighted mean); a mean over an (N, N) matrix of pairs (an MMD kernel).
     A product by a constant is read as a weight, never as a division by the batch size:
-    `kl.sum() * (1 / batch_size)` is taken for a sum.
+    `kl.sum() * (1 / batch_size)` is taken for a sum. Inside a mean: a per-sample log-det
+    (`s.sum(dim=1)`), an ActNorm's log-det summed over its own parameter (one value for every
+    sample), a value centred by the batch's mean (`r - r.mean()`), a weight penalty added to
+    every row; a coupling layer's 0/1 feature mask that adds up to 1 is no weighted mean.
     """
 
     code = "GD182"
@@ -61,6 +69,9 @@ class LossTermsMixedReduction(Rule):
 
     def check(self, a):
         for e in a.of_kind("batch_reduction"):
+            if e.get("broadcast"):
+                yield self._broadcast(a, e)
+                continue
             loc, text = e.loc, None
             name, other = e.get("summed_name"), e.get("averaged_name")
             if loc is not None:
@@ -83,6 +94,36 @@ class LossTermsMixedReduction(Rule):
                 evidence={"summed": e.get("summed"), "averaged": e.get("averaged"), "batch": n,
                           "averaged_rows": rows, "line": text},
                 fix=self._fix(name))
+
+    def _broadcast(self, a, e):
+        """A sum over the batch added to every sample's value, then averaged (``log_det +
+        s.sum()`` where ``s.sum(dim=1)`` was meant): the line of the sum when the script holds
+        one sum over all axes, else the assignment of the per-sample value that holds it."""
+        loc, text, related = e.loc, None, []
+        name, n = e.get("summed_name"), e.get("batch")
+        sums = a.source.full_sums(loc.path) if loc is not None else []
+        if loc is not None and name:
+            found = a.source.term_assignment(loc.path, loc.line, name)
+            if found is not None:
+                related.append(Related(Location(loc.path, found[0]), f"`{name}`, which holds the sum in every row"))
+        if len(sums) == 1:
+            loc, text = Location(loc.path, sums[0][0]), sums[0][1]
+        elif related:
+            loc = related.pop().location
+        where = f"`{text}`" if text else "a sum over every axis"
+        holder = f"`{name}`, one value per sample," if name else "every sample's value,"
+        return self.finding(
+            f"{where} reduces the batch axis too ({e.get('summed')} over {n} samples), and the "
+            f"scalar it gives is added to {holder} which the loss "
+            f"backpropagated at line {e.loc.line if e.loc else '?'} then averages over the batch "
+            f"({e.get('averaged')}): the same batch total sits in every row, so the mean leaves "
+            f"it whole — that term weighs {n} times what the per-sample terms beside it do, and "
+            f"each sample's value holds the other samples' parts",
+            loc, step=a.next_step_number(e.seq), related=related,
+            evidence={"summed": e.get("summed"), "averaged": e.get("averaged"), "batch": n,
+                      "averaged_rows": e.get("averaged_rows"), "line": text, "broadcast": True},
+            fix=("reduce only the per-sample axes, so that each sample keeps its own value "
+                 "(`s.sum(dim=1)`, `kl.sum(dim=-1)`), then let the mean over the batch average it"))
 
     def _fix(self, name) -> str:
         if name:
