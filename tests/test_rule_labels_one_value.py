@@ -153,6 +153,34 @@ def test_targets_made_by_a_tuple_assignment_are_the_scripts(tmp_path):
     assert not _origin(tmp_path, code, 5)["made"]
 
 
+def test_targets_returned_by_a_function_of_the_script_that_makes_them(tmp_path):
+    code = textwrap.dedent("""\
+    import torch
+    class MoCo(nn.Module):
+        def forward(self, q, k):
+            logits = torch.cat([q, k], 1)
+            labels = torch.zeros(logits.shape[0], dtype=torch.long)
+            return logits, labels
+    def read_batch(batch):
+        return batch["x"], batch["y"].long()
+    model = MoCo()
+    other = make_model()
+    for x, y in loader:
+        output, target = model(x, y)
+        a = criterion(output, target)
+        inputs, ys = read_batch(x)
+        b = criterion(model2(inputs), ys)
+        out2, t2 = other(x)
+        c = criterion(out2, t2)
+        p, t3 = next(iter(loader))
+        d = criterion(p, t3)
+    """)
+    assert _origin(tmp_path, code, 13)["made"]  # MoCo's positives at index 0, from its forward
+    assert not _origin(tmp_path, code, 15)["made"]  # a function returning the data's labels
+    assert not _origin(tmp_path, code, 17)["made"]  # a model of no class of the file
+    assert not _origin(tmp_path, code, 19)["made"]  # a builtin's result
+
+
 def _run_with(targets, kwargs):
     rec = _Rec()
     watcher = ConstantTargetsWatcher(rec, _Loaders(None))

@@ -33,6 +33,17 @@ def test_sum_divided_by_batch_size_is_averaged():
     assert mixed_terms(loss.grad_fn) is None
 
 
+def test_a_sum_of_sums_divided_by_batch_size_as_a_whole_is_averaged():
+    # BPR's regulariser: `1e-4 * (eu.pow(2).sum() + ep.pow(2).sum() + en.pow(2).sum()) / n`
+    h = _activations()
+    reg = 1e-4 * (h.pow(2).sum() + h.abs().sum() + (2 * h).pow(2).sum()) / h.size(0)
+    assert mixed_terms((F.mse_loss(h, torch.zeros_like(h)) + reg).grad_fn) is None
+    reg = 1e-4 * (h.pow(2).sum() + h.abs().sum()) / 2  # divided by a weight, not the batch
+    assert mixed_terms((F.mse_loss(h, torch.zeros_like(h)) + reg).grad_fn) is not None
+    reg = (h.pow(2).sum() + h.abs().sum()) * 0.125  # a product is a weight
+    assert mixed_terms((F.mse_loss(h, torch.zeros_like(h)) + reg).grad_fn) is not None
+
+
 def test_weight_alone_normalises_nothing():
     h = _activations()
     loss = F.mse_loss(h, torch.zeros_like(h)) + 0.3 * h.pow(2).sum() / 2  # a weight, and 2 of 8

@@ -78,3 +78,26 @@ def test_a_second_groups_constructed_lr_caps_its_warm_up():
 def test_a_second_group_rising_past_its_constructed_lr_is_still_found():
     f = _found(_two_groups([3e-3 * (i + 1) for i in range(12)]))
     assert len(f) == 1 and f[0].severity is Severity.WARNING
+
+
+def test_a_lambda_with_a_ceiling_in_its_text_is_capped(tmp_path):
+    from graddoctor.analysis.source import factor_capped
+    path = tmp_path / "train.py"
+    path.write_text(
+        "import math, torch\n"
+        "def piecewise(s):\n"
+        "    if s < 20:\n"
+        "        return 4 * (s + 1) / 20\n"
+        "    return 2 * (1 + math.cos(s))\n"
+        "def ramp(s):\n"
+        "    return (s + 1) / 20\n"
+        "a = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min((u + 1) / 20, (20 / (u + 1)) ** 0.5) * 5)\n"
+        "b = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: world * min(1.0, (s + 1) / 20))\n"
+        "c = torch.optim.lr_scheduler.LambdaLR(opt, piecewise)\n"
+        "d = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / 20)\n"
+        "e = torch.optim.lr_scheduler.LambdaLR(opt, ramp)\n"
+        "f = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min([(s + 1) / 20]) * 8)\n"
+        "g = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: np.clip(s / 20, 0, 4))\n"
+        "h = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / 20 if s < 20 else 1.0)\n")
+    capped = {line: factor_capped(str(path), line, "LambdaLR") for line in range(8, 16)}
+    assert capped == {8: True, 9: True, 10: True, 11: False, 12: False, 13: False, 14: True, 15: True}

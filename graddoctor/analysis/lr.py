@@ -493,8 +493,21 @@ def growths(a: "Analysis") -> list[Growth]:
             continue
         if any(p.lr is None or q.lr is None or q.lr <= p.lr for p, q in zip(points, points[1:])):
             continue  # it held or fell somewhere: a warm-up that reached its peak, a cycle
+        if w.scheduled and w.cls == "LambdaLR" and _factor_capped(a, w):
+            continue  # a warm-up longer than the replay, to a peak its lambda caps
         out.append(Growth(opt, g, top, last.lr, updates, w, last.lr >= RUNAWAY * top))
     return out
+
+
+def _factor_capped(a: "Analysis", w: LrWriter) -> bool:
+    """Whether the lambda of the ``LambdaLR`` that wrote ``w`` has a ceiling in its text (a
+    ``min`` of two terms, a clamp, a branch: analysis/source.py's ``factor_capped``): its rise in
+    the replay is a warm-up longer than the replay, to a peak the lambda sets."""
+    s = a.schedulers.get(w.sched)
+    init = s.init if s is not None else None
+    if init is None or init.loc is None:
+        return False
+    return a.source.factor_capped(init.loc.path, init.loc.line, "LambdaLR")
 
 
 # -- a schedule projected over the run the script plans -----------------------------------------

@@ -126,6 +126,9 @@ class ScriptSource:
                         lr_value: float | None) -> str | None:
         return factor_mentions(self.full(path), line, function, lr_text, lr_value)
 
+    def factor_capped(self, path: str, line: int, function: str) -> bool:
+        return factor_capped(self.full(path), line, function)
+
     def cut_penalty(self, path: str, line: int) -> tuple[int, str] | None:
         return cut_penalty(self.full(path), line)
 
@@ -1869,13 +1872,10 @@ def _same_number(value, number: float | None) -> bool:
             and value != 0 and abs(value - number) <= 1e-9 * abs(number))
 
 
-def factor_mentions(path: str, line: int, function: str, lr_text: str | None,
-                    lr_value: float | None) -> str | None:
-    """The text of the ``lr_lambda`` given to a ``function`` (``LambdaLR``) call on ``line`` when
-    its body uses the optimizer's learning rate: the expression the optimizer was given as its
-    lr (``lr``, ``args.lr``, ``cfg["lr"]``), or a number equal to it. A lambda is read in place; a
-    name, as the body of the ``def`` of that name in the file (one level, no calls followed).
-    None when it does not, or the source cannot be read."""
+def _factor_bodies(path: str, line: int, function: str) -> tuple[str, list[ast.AST]] | None:
+    """``(text, bodies)`` of the ``lr_lambda`` given to a ``function`` (``LambdaLR``) call on
+    ``line``: a lambda's body read in place; a name, the ``def`` of that name in the file (one
+    level, no calls followed). None when the source cannot be read or holds no such call."""
     tree = _parse(path)
     if tree is None:
         return None
@@ -1893,6 +1893,50 @@ def factor_mentions(path: str, line: int, function: str, lr_text: str | None,
         elif isinstance(node, ast.Name):
             bodies += [d for d in ast.walk(tree)
                        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == node.id]
+    return given, bodies
+
+
+def factor_capped(path: str, line: int, function: str) -> bool:
+    """Whether every ``lr_lambda`` given to a ``function`` (``LambdaLR``) call on ``line`` has a
+    ceiling in its text: a ``min(...)`` of two or more terms (a warm-up capped at 1 or by its
+    decay, ``min((s + 1) / w, (w / (s + 1)) ** 0.5)``), a ``clamp``/``clip`` with an upper
+    bound, or a branch (``... if s < w else ...``, an ``if`` in its ``def``: a warm-up, then
+    another piece). False when a body has none of them (``(s + 1) / w`` rises without end), or
+    the source cannot be read."""
+    found = _factor_bodies(path, line, function)
+    if found is None or not found[1]:
+        return False
+    for body in found[1]:
+        capped = False
+        for node in ast.walk(body):
+            if isinstance(node, (ast.IfExp, ast.If)):
+                capped = True
+            elif isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                terms = len(node.args) if not (len(node.args) == 1 and isinstance(
+                    node.args[0], (ast.List, ast.Tuple))) else len(node.args[0].elts)
+                if name in ("min", "minimum") and terms >= 2 or name == "clamp_max" or \
+                        name in ("clamp", "clip") and (terms >= 2 or any(k.arg == "max" for k in node.keywords)):
+                    capped = True
+            if capped:
+                break
+        if not capped:
+            return False
+    return True
+
+
+def factor_mentions(path: str, line: int, function: str, lr_text: str | None,
+                    lr_value: float | None) -> str | None:
+    """The text of the ``lr_lambda`` given to a ``function`` (``LambdaLR``) call on ``line`` when
+    its body uses the optimizer's learning rate: the expression the optimizer was given as its
+    lr (``lr``, ``args.lr``, ``cfg["lr"]``), or a number equal to it. A lambda is read in place; a
+    name, as the body of the ``def`` of that name in the file (one level, no calls followed).
+    None when it does not, or the source cannot be read."""
+    found = _factor_bodies(path, line, function)
+    if found is None:
+        return None
+    given, bodies = found
     wanted = None
     if lr_text:
         try:
@@ -3104,6 +3148,54 @@ def _assigned_values(scope: ast.AST, text: str) -> list[tuple[int, ast.AST]]:
     return found
 
 
+def _called_defs(tree: ast.AST, func: ast.AST) -> list[ast.AST]:
+    """The ``def``s of the file a call of ``func`` runs: the functions of that name
+    (``info_nce(...)``, ``self.loss(...)``), else, for a name assigned an instance of a class of
+    the file (``model = MoCo()``), that class's ``forward``."""
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if name is None:
+        return []
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    defs = [d for d in ast.walk(tree) if isinstance(d, kinds) and d.name == name]
+    if defs:
+        return defs
+    text = ast.unparse(func)
+    classes = {c.name: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)}
+    for _, value in _assigned_values(tree, text):
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in classes:
+            defs += [d for d in classes[value.func.id].body if isinstance(d, kinds) and d.name == "forward"]
+    return defs
+
+
+def _returned_values(tree: ast.AST, scope: ast.AST, text: str) -> list[tuple[int, ast.AST]]:
+    """``(line, value)`` of what a function of the file returns into the name ``text`` where
+    ``scope`` assigns it a call's result (``logits, labels = info_nce(feats)``, ``output, target
+    = model(q, k)``): the value at the same place of each ``return`` of the function of that name
+    (of each ``forward``, for a call of a module), in the function's own scope. One level."""
+    found = []
+    for node in ast.walk(scope):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        for t in node.targets:
+            if isinstance(t, ast.Name) and t.id == text:
+                index, size = None, None
+            elif isinstance(t, ast.Tuple) and any(isinstance(e, ast.Name) and e.id == text for e in t.elts):
+                index = next(i for i, e in enumerate(t.elts) if isinstance(e, ast.Name) and e.id == text)
+                size = len(t.elts)
+            else:
+                continue
+            for d in _called_defs(tree, node.value.func):
+                for ret in ast.walk(d):
+                    if not isinstance(ret, ast.Return) or ret.value is None:
+                        continue
+                    if size is None:
+                        if not isinstance(ret.value, ast.Tuple):
+                            found.append((ret.lineno, ret.value))
+                    elif isinstance(ret.value, ast.Tuple) and len(ret.value.elts) == size:
+                        found.append((ret.lineno, ret.value.elts[index]))
+    return found
+
+
 def _made_by_script(tree: ast.AST, expr: ast.AST, line: int, depth: int = 0) -> bool:
     """Whether ``expr`` (at ``line``) is a tensor the script makes from values of its own
     (``torch.ones(b, 1)``, ``torch.zeros(n, dtype=torch.long)``, a name assigned one, cast or
@@ -3124,6 +3216,8 @@ def _made_by_script(tree: ast.AST, expr: ast.AST, line: int, depth: int = 0) -> 
         values = _assigned_values(scope, text) if isinstance(expr, ast.Name) else _assigned_values(tree, text)
         if not values and scope is not tree and isinstance(expr, ast.Name):
             values = _assigned_values(tree, text)
+        if isinstance(expr, ast.Name):
+            values = values + _returned_values(tree, scope, text)
         return any(_made_by_script(tree, value, at, depth + 1) for at, value in values)
     if isinstance(expr, ast.Subscript):
         return _made_by_script(tree, expr.value, line, depth + 1)

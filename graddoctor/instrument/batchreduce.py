@@ -267,7 +267,8 @@ def _top_terms(root, limit: int = _NODES) -> list[Term]:
                 terms.extend(_broadcast_sums(term))
             continue
         if name in ("AddBackward0", "SubBackward0"):
-            stack.extend((child, 1.0, path) for _, child, _ in children)
+            # a sum of terms divided as a whole (`(a.sum() + b.sum()) / n`): each term is
+            stack.extend((child, divisor, path) for _, child, _ in children)
         elif name in ("AddBackward1", "SubBackward1", "RsubBackward1", "NegBackward0") or name in _VIEWS:
             stack.extend((child, divisor, path) for _, child, _ in children)
         elif name in ("MulBackward0", "DivBackward0"):

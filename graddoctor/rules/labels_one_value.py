@@ -81,7 +81,9 @@ class LabelsOneValue(Rule):
     ## Stays silent on
     Targets the script makes from values of its own (`torch.ones`/`zeros`/`full`/`arange`, also
     through a name assigned one: a GAN's real and fake labels, InfoNCE's
-    `torch.zeros(N, dtype=torch.long)` positives at index 0); an imbalanced dataset whose first
+    `torch.zeros(N, dtype=torch.long)` positives at index 0, also returned by a function or a
+    module's `forward` of the script that makes them: MoCo's `output, target = model(q, k)`);
+    an imbalanced dataset whose first
     batches happen to be one class (a `TensorDataset` or torchvision dataset whose whole label
     tensor holds several values, or fewer than 8 calls and 512 samples of one class); targets
     that vary (an autoencoder's inputs, `torch.arange(N)`); losses with no loss function given

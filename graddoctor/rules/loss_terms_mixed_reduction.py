@@ -46,7 +46,8 @@ class LossTermsMixedReduction(Rule):
 
     ## Stays silent on
     Both terms summed over the batch (the PyTorch VAE example) or both averaged; a sum divided
-    by the batch size or by the number of elements; a KL summed over the latent dimensions and
+    by the batch size or by the number of elements, also several sums divided as a whole
+    (BPR's `(eu.pow(2).sum() + ep.pow(2).sum()) / batch_size`); a KL summed over the latent dimensions and
     then averaged over the batch (`kl.sum(1).mean()`); penalties on parameters
     (`sum(p.pow(2).sum() ...)`, even when a weight has as many rows as the batch); sums over
     other axes (a covariance's feature pairs); terms with no per-sample activation in common
