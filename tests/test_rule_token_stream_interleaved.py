@@ -75,6 +75,10 @@ def test_the_watcher_reports_once_with_the_embedding():
         def internal_error(self, where, exc):
             raise exc
 
+        def retire(self, topic, subscriber):
+            retired.append(subscriber)
+
+    retired = []
     watcher = StreamAxisWatcher(_Rec())
     embed, rnn, head = nn.Embedding(40, 8), nn.GRU(8, 8), nn.Linear(8, 40)
     laid = _stream().view(-1, 6)
@@ -82,6 +86,7 @@ def test_the_watcher_reports_once_with_the_embedding():
         out, _ = rnn(embed(laid[i:i + 8]))
         watcher.describe_loss(F.cross_entropy(head(out).view(-1, 40), laid[i + 1:i + 9].view(-1)))
     assert [made[0] for made in events] == ["stream_interleaved"]
+    assert retired == [watcher.describe_loss]  # after its 3 windows: no call per step
     assert events[0][1]["axis"] == 0 and events[0][1]["stride"] == 6 and events[0][1]["shape"] == [8, 6]
 
 

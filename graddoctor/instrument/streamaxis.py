@@ -32,6 +32,7 @@ import torch
 from .. import events as ev
 from .graphpaths import post_order, saved, signed
 from .recorder import Recorder
+from .topics import DESCRIBE_LOSS
 
 _WINDOWS = 3  # backwards whose loss graphs are walked
 _NODES = 20000  # nodes walked per backward
@@ -124,6 +125,8 @@ class StreamAxisWatcher:
             self._look(tensors)
         except Exception as exc:
             self.rec.internal_error("token stream axis", exc)
+        if self._windows >= _WINDOWS:
+            self.rec.retire(DESCRIBE_LOSS, self.describe_loss)  # its windows are over: no call per step
         return {}
 
     def _look(self, tensors) -> None:
