@@ -361,3 +361,10 @@ def test_the_rule_asks_the_source_for_unidirectional_layers(tmp_path):
         found = list(find_rule("target-visible-to-model")().check(Analysis(t.trace)))
         assert [f.location.line for f in found] == expected
         assert all("not shifted" in f.message for f in found)
+
+
+def test_a_leak_through_a_softmax_over_the_queries_is_left_to_softmax_wrong_axis():
+    t = _trace({})
+    assert findings(t, SLUG)
+    t.put(ev.softmax_axis(dim=2, summed=3, shape=[8, 2, 8, 8], params=[0], op="softmax"), line=50)
+    assert findings(t, SLUG) == []
