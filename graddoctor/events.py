@@ -850,6 +850,20 @@ attention_scale    how ("multiplied": the scores scaled by sqrt(d); "other_dim":
                    attention scores scaled the wrong way before a softmax over their last axis —
                    at the first 3 backwards, once per (how, n, d, shape)
                    (loc: the backward; an aside; instrument/attnaxis.py)
+masked_fill_weight share (the mean weight a softmax over the last axis gives the positions a
+                   masked_fill just below it filled, over the rows holding masked and unmasked
+                   positions both), masked (the mean share of those rows' positions that are
+                   masked), rows (how many such rows), shape (the softmax's output shape), params
+                   [pid] (tracked tensors below the softmax): the fill value masks nothing (0, a
+                   typo'd 1e-9) or gives the masked positions the weight (+1e9) — at the first 3
+                   backwards, once per shape (loc: the backward; an aside; instrument/attnaxis.py)
+stream_interleaved shape (the token batch's shape), axis (its time axis: the one along which the
+                   loss's targets are the ids one step later), stride (how many tokens of the 1-D
+                   stream the batch is a view of one step along that axis skips), stream (the
+                   stream's length), params [pid] (the embedding's weight): a language model's
+                   sequences interleave its corpus (batchify's view without the transpose) — at the
+                   first 3 backwards, once per (axis, stride)
+                   (loc: the backward; an aside; instrument/streamaxis.py)
 temperature_multiplied factor (the constant factor between a product of L2-normalised vectors
                    and the log_softmax of a loss, both sides' factors included), shape (the
                    logits' shape), params [pid] (tracked tensors below the log_softmax): a
@@ -2094,6 +2108,18 @@ def attention_scale(*, how: str, n: int, d: int, factor: float, shape: list[int]
                                "params": params}
 
 
+def masked_fill_weight(*, share: float, masked: float, rows: int, shape: list[int],
+                       params: list[int]) -> Made:
+    return "masked_fill_weight", {"share": share, "masked": masked, "rows": rows,
+                                  "shape": shape, "params": params}
+
+
+def stream_interleaved(*, shape: list[int], axis: int, stride: int, stream: int,
+                       params: list[int]) -> Made:
+    return "stream_interleaved", {"shape": shape, "axis": axis, "stride": stride,
+                                  "stream": stream, "params": params}
+
+
 def temperature_multiplied(*, factor: float, shape: list[int], params: list[int]) -> Made:
     return "temperature_multiplied", {"factor": factor, "shape": shape, "params": params}
 
@@ -2282,6 +2308,8 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "feature_variance": feature_variance,
     "masked_mean": masked_mean,
     "attention_scale": attention_scale,
+    "masked_fill_weight": masked_fill_weight,
+    "stream_interleaved": stream_interleaved,
     "temperature_multiplied": temperature_multiplied,
     "same_compared": same_compared,
     "field_rows": field_rows,
@@ -2341,7 +2369,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})

@@ -46,6 +46,16 @@ def test_a_tiny_limit_under_sgd_is_a_warning():
     assert f.evidence["optimizer"] == "SGD" and f.evidence["first_total_norm"] == 1.2
 
 
+def test_a_tiny_limit_shrinking_every_update_20x_is_a_warning():
+    # max_norm=5e-3 (a typo for 5.0) under norms of 0.15-0.4: 30x-80x, below the 100x that a
+    # usual limit needs, but a limit that small is itself the cause
+    f = _found(_run([0.16, 0.38, 0.15, 0.4], limit=5e-3))[0]
+    assert f.severity is Severity.WARNING and "by 30× or more" in f.message
+    assert _found(_run([0.09, 0.12, 0.1], limit=5e-3)) == []  # 18x at one update: not every one
+    assert _found(_run([0.16, 0.38, 0.15], limit=5e-3, cls="Adam")) == []
+    assert _found(_run([5.0, 6.0, 7.0], limit=0.1)) == []  # 50x of a usual limit: not judged
+
+
 def test_a_usual_limit_under_huge_gradients_is_info():
     f = _found(_run([5000.0, 4000.0, 3000.0], limit=1.0))[0]
     assert f.severity is Severity.INFO and "reduction='mean'" in f.fix

@@ -373,3 +373,10 @@ def test_a_causal_mask_is_told_from_an_inverted_or_shifted_one():
     assert not causal_mask(torch.ones(T, T, dtype=torch.bool).triu(2))  # one diagonal too high
     assert not causal_mask(torch.ones(T, T).tril())  # a 0/1 float mask is added, not hiding
     assert not causal_mask(torch.ones(T, T, dtype=torch.bool).triu(1).T)  # transposed
+
+
+def test_a_leak_through_a_softmax_over_the_queries_is_left_to_softmax_wrong_axis():
+    t = _trace({})
+    assert findings(t, SLUG)
+    t.put(ev.softmax_axis(dim=2, summed=3, shape=[8, 2, 8, 8], params=[0], op="softmax"), line=50)
+    assert findings(t, SLUG) == []

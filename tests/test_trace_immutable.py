@@ -111,6 +111,8 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_conditioning_drawn_twice_concat.py",  # draw_twin
             "masks/bad_softmax_wrong_axis_queries.py",  # softmax_axis
             "masks/bad_attention_scores_multiplied_sqrt.py",  # attention_scale
+            "masks/bad_masked_fill_zero_pooling.py",  # masked_fill_weight
+            "tbptt/bad_stream_interleaved_batchify_seq_first.py",  # stream_interleaved
             "losses/bad_contrastive_temperature_multiplied_infonce.py",  # temperature_multiplied
             "dependency/bad_view_reorders_axes_encoder_features.py",  # view_axes
             "losses/bad_loss_term_repeated_mixup.py",  # loss_repeated

@@ -78,6 +78,7 @@ from .cumorder import CumulativeOrderWatcher
 from .returnorder import ReturnOrderWatcher
 from .drawtwin import DrawTwinWatcher
 from .attnaxis import SoftmaxAxisWatcher
+from .streamaxis import StreamAxisWatcher
 from .pairlabels import TripletOrderWatcher
 from .repeatedloss import RepeatedLossWatcher
 from .repeatedterm import RepeatedTermWatcher
@@ -204,6 +205,11 @@ class Instrumentation:
         softmax_axis = SoftmaxAxisWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, softmax_axis.describe_loss)
         self.watchers.append(softmax_axis)
+        # a language model's token batch viewed out of its 1-D stream along the wrong axis
+        # (token-stream-interleaved): the graph of the first backwards walked, no wrapper
+        stream_axis = StreamAxisWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, stream_axis.describe_loss)
+        self.watchers.append(stream_axis)
         # a view/reshape that puts the axes in another order where a transpose was meant
         # (view-reorders-axes): Tensor.view/reshape wrapped until the first backwards
         view_axes = ViewAxesWatcher(rec)

@@ -499,6 +499,67 @@ def misscaled_scores(softmax):
     return None
 
 
+_FILL_DOWN = 6  # operations followed from a softmax's input down to a masked_fill
+_FILL_CELLS = 1 << 22  # softmax results larger than this are not read
+_FILL_ROWS = 2  # rows with masked and unmasked positions both, needed to judge
+FILL_KEPT = 0.01  # the masked positions' mean share of the weight above which the fill masks nothing
+
+
+def masked_fill_weight(softmax):
+    """``(share, masked, rows, shape)`` when the scores a softmax over its last axis normalises
+    come (through casts, clones and constant positive factors) straight out of a
+    ``masked_fill`` and the positions it filled keep weight: ``share`` is their mean weight per
+    row, over the ``rows`` rows that hold masked and unmasked positions both, ``masked`` the
+    mean share of those rows' positions that are masked (the weight uniform attention would
+    give them). None when nothing is kept (a fill of -inf or -1e9 leaves exactly 0), when the
+    result is not on the CPU or too large, or when no masked_fill is below."""
+    dim = _saved(softmax, "_saved_dim")
+    result = _saved(softmax, "_saved_result")
+    if dim is None or not isinstance(result, torch.Tensor) or result.dim() < 1 \
+            or result.device.type != "cpu" or result.numel() > _FILL_CELLS \
+            or _signed(dim) % result.dim() != result.dim() - 1 or result.shape[-1] < 2:
+        return None
+    node = softmax.next_functions[0][0] if softmax.next_functions else None
+    mask = None
+    for _ in range(_FILL_DOWN):
+        if node is None:
+            return None
+        name = type(node).__name__
+        if name.startswith("MaskedFillBackward"):
+            mask = _saved(node, "_saved_mask")
+            break
+        if name.startswith(("MulBackward", "DivBackward")):
+            scaled = _scalar_factor(node)
+            if scaled is None or scaled == "learned" or not scaled[0] > 0:
+                return None
+            node = scaled[1]
+            continue
+        if not name.startswith(("CloneBackward", "ToCopyBackward", "AliasBackward")):
+            return None
+        child = _only_child(node)
+        node = child[0] if child is not None else None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device.type != "cpu":
+        return None
+    with torch.no_grad():
+        try:
+            full = torch.broadcast_to(mask, result.shape)
+        except RuntimeError:
+            return None
+        width = result.shape[-1]
+        rows = result.detach().reshape(-1, width).float()
+        held = full.reshape(-1, width)
+        some = held.any(1) & ~held.all(1)
+        count = int(some.sum())
+        if count < _FILL_ROWS:
+            return None
+        kept = (rows[some] * held[some]).sum(1)
+        share = float(kept.mean())
+        if not share > FILL_KEPT:  # NaN rows (every score -inf) stay silent too
+            return None
+        masked = float(held[some].float().mean(1).mean())
+    return share, masked, count, tuple(int(s) for s in result.shape)
+
+
 def _cosine_operand(child, output: int, contracted: int) -> bool:
     """Whether a product's operand (``child``'s output ``output``, contracted over its dimension
     ``contracted`` counted from the end) is a tensor divided by its own norm over that dimension
@@ -595,6 +656,7 @@ class SoftmaxAxisWatcher:
                 name = type(node).__name__
                 if name.startswith("SoftmaxBackward"):
                     self._judge_scale(node)
+                    self._judge_fill(node)
                     continue
                 if name.startswith("LogSoftmaxBackward"):
                     self._judge_temperature(node)
@@ -654,6 +716,20 @@ class SoftmaxAxisWatcher:
         self._told.add(key)
         self.rec.emit_aside(ev.attention_scale(how=how, n=n, d=d, factor=factor,
                                                shape=list(shape), params=self._params(softmax)),
+                            self.rec.here())
+
+    def _judge_fill(self, softmax) -> None:
+        found = masked_fill_weight(softmax)
+        if found is None:
+            return
+        share, masked, rows, shape = found
+        key = ("fill", shape)
+        if key in self._told:
+            return
+        self._told.add(key)
+        self.rec.emit_aside(ev.masked_fill_weight(share=share, masked=masked, rows=rows,
+                                                  shape=list(shape),
+                                                  params=self._params(softmax)),
                             self.rec.here())
 
     def _judge_temperature(self, log_softmax) -> None:

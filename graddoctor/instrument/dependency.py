@@ -59,7 +59,10 @@ How, and what it costs:
   (CLIP's similarities); a batch size that is not known (the DataLoader's, a loss target's
   laid out unlike the input, or the rows of an (N, D) output that the loss compares with each
   other: metric learning's ``cdist(emb, emb)``, a similarity ``emb @ emb.T``) or that dim 1 of an input equals (``(T, B)`` or ``(B, T)``?). The
-  batch test needs the known batch size; the sequence test only the shift.
+  batch test needs the known batch size; the sequence test only the shift. A square token batch
+  (``(B, T)`` ids with ``T == B``: 16 sequences of a block of 16) gets the sequence test alone,
+  judged only when the probed output row's gradient stays in the same row of the embedded ids
+  (``_rows_kept``: dim 0 is the batch; a sequence-first model's reads a column and is skipped).
 
 Each probe is recorded as a ``dependency`` aside event at the user's line that called the model.
 """
@@ -461,14 +464,22 @@ class DependencyWatcher:
         first = forward.inputs[0]
         if B < 2 or int(first.shape[0]) != B:
             return
-        if out.dim() >= 2 and int(out.shape[1]) == B:
-            return  # (B, B) scores: a similarity matrix (CLIP) mixes the batch by design
+        if out.dim() >= 2 and int(out.shape[1]) == B and (out.dim() == 2 or not forward.embeds):
+            return  # (B, B) scores: a similarity matrix (CLIP) mixes the batch by design (a
+            # (B, T, V) output of embedded (B, T) ids with T == B: the sequence test below)
         source = self._batch_source(forward, targets, B, tensors) if not forward.packed else None
+        square = False  # a (B, T) token batch with T == B: the probe's gradient tells the batch
         if any(t.dim() >= 2 and int(t.shape[1]) == B for t in forward.inputs) and not (
                 source == "pairwise" and all(t.dim() == 2 for t in forward.inputs)):
-            return  # (T, B, ...) or (B, T, ...) with T == B: which one is the batch? (a (B, F)
-            # input whose (B, D) output's rows the loss compares with each other: the rows)
+            # (T, B, ...) or (B, T, ...) with T == B: which one is the batch? (a (B, F) input
+            # whose (B, D) output's rows the loss compares with each other: the rows). Only the
+            # sequence is judged, once the gradient of output row r is seen to stay in row r of
+            # the embedded ids (dim 0 the batch: no sample reads another)
+            square = True
+            source = None
         seq = self._sequence(forward, targets, out)
+        if square and seq is None:
+            return
         if source is None and seq is None:
             return
         inputs, seen = [], set()
@@ -521,6 +532,8 @@ class DependencyWatcher:
                     self._locate[id(forward.model)] = (op,)
         if seq is not None:
             by_id = {id(e[1]): g for e, g in zip(forward.embeds, grads)}
+            if square and not _rows_kept(by_id.get(id(forward.embeds[seq["embedding"]][1])), r):
+                return
             self._judge_sequence(seq, by_id, forward, r)
             if "future" not in seq:
                 seq = None
@@ -1022,6 +1035,20 @@ def _gathered_targets(tensors, room: int) -> list[tuple]:
                 index = index.squeeze(-1)
             found.append((index, _GATHERED, -100, None))
     return found
+
+
+def _rows_kept(grad, r: int) -> bool:
+    """Whether a (B, T, ...) gradient is non-zero in row ``r`` only: the output row probed read
+    the ids of sample ``r`` alone, so dim 0 is the batch."""
+    if not isinstance(grad, torch.Tensor) or grad.dim() < 2:
+        return False
+    with torch.no_grad():
+        per = grad.detach().abs().reshape(grad.shape[0], -1).amax(1).float()
+        top = float(per[r])
+        if not top > 0.0:
+            return False
+        rest = torch.cat([per[:r], per[r + 1:]])
+        return bool(rest.numel() == 0 or float(rest.max()) <= top * _TINY)
 
 
 def _shift(ids, target, ignore: int) -> int | None:

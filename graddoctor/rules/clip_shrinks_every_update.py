@@ -8,6 +8,9 @@ from .base import Rule, related
 SHRUNK = 1e-2  # max_norm over the total norm below this at every clip: the clip sets the step size
 MIN_CLIPS = 3
 TINY_LIMIT = 1e-2  # a limit this small is itself the cause (warning); larger: the grads are huge
+# under a limit that small, every update shrunk 20x or more already sets the step size: the
+# gradient applied is 5% of the gradient or less, at every update (SGD's lr in effect / 20)
+SHRUNK_TINY = 5e-2
 # clip_grad_value_: the share of the gradients' elements set to ±clip_value at every measured
 # call, and the most of the gradient's norm those calls kept: the update is sign(g) × clip_value
 NEARLY_ALL = 0.9
@@ -24,8 +27,9 @@ class ClipShrinksEveryUpdate(Rule):
     ## What it does
     Finds a gradient clip that cuts every update down to its limit. A `clip_grad_norm_` whose
     `max_norm` is under 1/100 of the total norm the call returned at each of at least 3 calls
-    of one line, when the optimizer stepped after it applies the gradient as it is (`SGD`,
-    `ASGD`, or an update written by hand). A `clip_grad_value_` that, at each of at least 3
+    of one line (under 1/20 when `max_norm` is itself at most 0.01: `clip_grad_norm_(params,
+    5e-3)` under gradients of norm 0.4), when the optimizer stepped after it applies the
+    gradient as it is (`SGD`, `ASGD`, or an update written by hand). A `clip_grad_value_` that, at each of at least 3
     measured calls of one line (the run's first ones, CPU gradients), sets 90% or more of the
     gradients' elements to ±`clip_value` and keeps at most half of the gradient's norm: the
     update is then `sign(g) × clip_value`. A limit of at most 0.01 under `SGD`, `ASGD` or a
@@ -160,10 +164,11 @@ class ClipShrinksEveryUpdate(Rule):
         if not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
             return None
         norms = []
+        shrunk = SHRUNK_TINY if limit <= TINY_LIMIT else SHRUNK
         for clip in clips:
             total = clip.get("total_norm")
             if clip.get("limit") != limit or not isinstance(total, (int, float)) or \
-                    not math.isfinite(total) or total <= 0 or limit >= SHRUNK * total:
+                    not math.isfinite(total) or total <= 0 or limit >= shrunk * total:
                 return None
             norms.append(total)
         count = a.count(clips)
@@ -185,7 +190,9 @@ class ClipShrinksEveryUpdate(Rule):
         cause = (f"max_norm={limit:g} is far below the gradients' size" if severity is None else
                  f"the gradients' total norm is 100× max_norm={limit:g} or more (a loss summed "
                  f"instead of averaged, unnormalised inputs?)")
-        message = (f"this clip shrinks every one of the {count} updates it clips by 100× or more: "
+        factor = min(norms) / limit
+        times = "100×" if factor >= 100 else f"{factor:.0f}×"
+        message = (f"this clip shrinks every one of the {count} updates it clips by {times} or more: "
                    f"the total norm was {first:.3g} at the first (the gradient applied is "
                    f"{limit / first:.1g} of it) and {last:.3g} at the last; {cause}, so {by} "
                    f"steps lr × {limit:g} along the gradient's direction every time: the lr you "

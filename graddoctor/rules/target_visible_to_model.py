@@ -85,7 +85,8 @@ class TargetVisibleToModel(Rule):
 
     ## Stays silent on
     Causal models with next-token targets (`is_causal=True`, `generate_square_subsequent_mask`,
-    a `tril` mask, a unidirectional RNN); a second head trained on the token after the next
+    a `tril` mask, a unidirectional RNN); a causal mask whose softmax normalises the queries
+    (`softmax-wrong-axis` names that cause: each output then depends on the later queries); a second head trained on the token after the next
     beside a next-token loss (multi-token prediction); encoder-decoders whose decoder is masked (the encoder
     sees the whole source); masked language models (BERT-style targets, -100 except the masked
     positions); text autoencoders and denoisers (targets equal to the input, the model not
@@ -132,6 +133,10 @@ class TargetVisibleToModel(Rule):
     def _probed(self, a):
         """The findings of the dependency probe's sequence events (dependency.py)."""
         seen: set = set()
+        # attention weights normalised over the queries (softmax-wrong-axis) make each output
+        # depend on the later queries' scores: that rule names the cause and its fix; a leak
+        # read here would point at the mask, which is right
+        axis_wrong = any(x.get("op") == "softmax" for x in a.by_kind.get("softmax_axis", ()))
         for e in a.by_kind.get("dependency", ()):
             seq = e.get("seq")
             if not seq or (e["model"], e.loc) in seen:
@@ -143,7 +148,8 @@ class TargetVisibleToModel(Rule):
             k = seq.get("k")
             if k == 1 and seq.get("future"):
                 seen.add((e["model"], e.loc))
-                yield self._leak(a, e, seq)
+                if not axis_wrong:
+                    yield self._leak(a, e, seq)
             elif k in (0, -1, 2) and seq.get("past") and not seq.get("future"):
                 seen.add((e["model"], e.loc))
                 yield self._unshifted(a, e, seq)

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+from .softmax_wrong_axis import _dim_of
+
+
+def fill_line(a, path: str, ndim: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the script's ``masked_fill`` call that made the scores: the nearest
+    one at or above a softmax over the last axis (the first one when no such softmax is in the
+    file); None when the file calls none."""
+    fills = [(line, text) for line, text, _ in a.source.calls_named(path, {"masked_fill", "masked_fill_"})]
+    if not fills:
+        return None
+    softmaxes = [line for line, text, _ in a.source.calls_named(path, {"softmax", "Softmax"})
+                 if _dim_of(text) in (-1, ndim - 1)]
+    best, best_gap = None, None
+    for line, text in fills:
+        gaps = [s - line for s in softmaxes if s >= line]
+        if gaps and (best_gap is None or min(gaps) < best_gap):
+            best, best_gap = (line, text), min(gaps)
+    line, text = best if best is not None else fills[0]
+    written = a.source.line_text(path, line).split("  #")[0].strip()
+    return line, written if "masked_fill" in written else text
+
+
+class MaskedFillKeepsWeight(Rule):
+    """
+    ## What it does
+    Finds scores masked with `masked_fill` before a softmax whose masked positions still get
+    the weight: a fill value with its sign flipped (`masked_fill(pad, 1e9)`: the padding takes
+    all the attention), a typo'd exponent (`1e-9` for `-1e9`), or a fill of `0` (a neutral score,
+    not a mask). At the first backwards the loss's graph is read: each softmax over the last
+    axis whose input comes out of a `masked_fill` (through casts, clones and constant factors
+    such as a temperature) is compared with the mask that fill saved: over the rows that hold
+    masked and unmasked positions both, the mean weight the softmax gives the masked ones. A
+    mask that masks leaves them exactly 0 (`exp(-1e9)` underflows); reported when they keep
+    more than 1% of the weight, at the script's `masked_fill` line.
+
+    ## Why is this bad?
+    A mask before a softmax exists to take positions out: the padding of shorter sequences,
+    the future in a causal model, invalid actions. With a fill that is not a large negative
+    number, they stay in: every query mixes in the padding (or the future token it must
+    predict), or, with the sign flipped, attends to nothing but the masked positions. Nothing
+    fails: the model trains on a different problem than the one it is evaluated on, and the
+    loss just ends higher (or lower, on a leak).
+
+    ## Example
+    ```python
+    scores = torch.bmm(enc_out, query.unsqueeze(2)).squeeze(2)
+    scores = scores.masked_fill(src_mask == 0, 1e9)    # sign flipped
+    weights = F.softmax(scores, dim=-1)
+    ```
+
+    ## Use instead
+    ```python
+    scores = scores.masked_fill(src_mask == 0, float("-inf"))  # or -1e9, torch.finfo(dtype).min
+    weights = F.softmax(scores, dim=-1)
+    ```
+
+    ## Stays silent on
+    Fills of `-inf`, `-1e9`, `-1e4`, `torch.finfo(dtype).min` (the masked positions' weight
+    underflows to 0), however the scores are scaled after the fill; a mask with every position
+    of a row masked (a fully padded row: NaN or uniform, not judged) and a mask that masks
+    nothing at these batches; `masked_fill` of values that do not reach a softmax (a masked
+    mean, labels) or reach it through another operation (an added bias, a gather); additive
+    masks (`scores + mask`) and `F.scaled_dot_product_attention`'s masks (`attention-mask-added`,
+    `attention-mask-inverted` judge those); softmaxes over another axis than the last; results
+    on a GPU (read on the CPU only) and larger than 4M values. A mask whose convention is
+    inverted (it fills the real tokens with -inf) masks what it says and is not this rule's.
+    """
+
+    code = "GD313"
+    slug = "masked-fill-keeps-weight"
+    severity = Severity.WARNING
+    summary = ("the positions masked_fill masks before a softmax keep their weight: the fill "
+               "value is not a large negative number (+1e9, 1e-9, 0)")
+    fix = "fill the masked scores with float('-inf') or a large negative number (-1e9)"
+
+    def check(self, a):
+        stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        for e in a.of_kind("masked_fill_weight"):
+            pids = [pid for pid in e.get("params") or () if pid in stepped]
+            share, masked = e.get("share"), e.get("masked")
+            shape = list(e.get("shape") or ())
+            if not pids or share is None or masked is None or not shape:
+                continue  # nothing trained makes the scores
+            loc = e.loc
+            line = fill_line(a, loc.path, len(shape)) if loc is not None else None
+            if line is not None:
+                loc = Location(loc.path, line[0])
+            written = f"`{line[1]}`" if line is not None else "a masked_fill before the softmax"
+            if share >= 0.5 and share > masked:
+                how = (f"the masked positions take {share:.0%} of the softmax's weight (they hold "
+                       f"{masked:.0%} of the positions): the fill value is a large positive "
+                       f"number, so each row attends to what it meant to leave out")
+            else:
+                how = (f"the masked positions keep {share:.1%} of the softmax's weight (they hold "
+                       f"{masked:.0%} of the positions): the fill value is close to the scores "
+                       f"(0, 1e-9) and masks nothing")
+            yield self.finding(
+                f"{written} fills the scores of a softmax of shape {tuple(shape)}, but {how}; "
+                f"a mask leaves them 0 ({e.get('rows')} rows with masked and unmasked positions "
+                f"read)",
+                loc, step=a.next_step_number(e.seq),
+                evidence={"share": share, "masked": masked, "rows": e.get("rows"),
+                          "shape": shape, "params": pids[:16]},
+                fix=("fill with float('-inf') or a large negative number (-1e9, "
+                     "torch.finfo(scores.dtype).min) so the masked positions get no weight"))

@@ -1,0 +1,126 @@
+"""masked-fill-keeps-weight (GD313): scores masked with masked_fill before a softmax whose
+masked positions keep their weight (a fill of +1e9, 1e-9 or 0 instead of a large negative
+number), read from the softmax's saved result and the mask the fill saved."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from graddoctor import events as ev
+from graddoctor.instrument.attnaxis import SoftmaxAxisWatcher, masked_fill_weight
+from rule_traces import builder, findings, only
+
+SLUG = "masked-fill-keeps-weight"
+B, S = 6, 7
+
+
+def _scores(seed=0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(4, 1)
+    return lin(torch.randn(B, S, 4)).squeeze(-1)
+
+
+def _pad():
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    for b in range(B):
+        pad[b, 3 + b % 3:] = True
+    pad[0] = False  # a row without padding: not judged
+    return pad
+
+
+@pytest.mark.parametrize("weights_of, takes", [
+    (lambda s, m: F.softmax(s.masked_fill(m, 1e9), dim=-1), True),
+    (lambda s, m: s.masked_fill(m, 1e4).softmax(-1), True),
+    (lambda s, m: torch.softmax(s.masked_fill(m, 1e-9) / 0.1, dim=1), False),
+    (lambda s, m: F.softmax(s.masked_fill(m, 0.0) * 2.0, dim=-1), False),
+    (lambda s, m: F.softmax(s.masked_fill(m, -1e9).masked_fill(m, 1e9).clone(), dim=-1), True),
+])
+def test_fills_that_leave_weight_on_the_masked_positions_are_found(weights_of, takes):
+    found = masked_fill_weight(weights_of(_scores(), _pad()).grad_fn)
+    assert found is not None
+    share, masked, rows, shape = found
+    assert rows == B - 1 and shape == (B, S)
+    assert (share > 0.99) if takes else (0.01 < share < 0.99)
+    assert 0 < masked < 1
+
+
+@pytest.mark.parametrize("weights_of", [
+    lambda s, m: F.softmax(s.masked_fill(m, -1e9), dim=-1),
+    lambda s, m: F.softmax(s.masked_fill(m, float("-inf")) * 0.5, dim=-1),
+    lambda s, m: s.masked_fill(m, torch.finfo(s.dtype).min).softmax(-1),
+    lambda s, m: F.softmax(s.masked_fill(m, -1e4), dim=-1),
+    lambda s, m: F.softmax(s.masked_fill(m, 1e9) * -1.0, dim=-1),  # a negative factor: not judged
+    lambda s, m: F.softmax(s.masked_fill(m, 0.0) + torch.randn(S), dim=-1),  # a bias after it
+    lambda s, m: F.softmax(s.masked_fill(m, 0.0).unsqueeze(1), dim=1),  # not the last axis
+    lambda s, m: F.softmax(s.masked_fill(torch.zeros_like(m), 0.0), dim=-1),  # masks nothing here
+    lambda s, m: F.softmax(s.masked_fill(torch.ones_like(m), 0.0), dim=-1),  # every position
+    lambda s, m: F.softmax(s, dim=-1).masked_fill(m, 0.0),  # filled after the softmax
+    lambda s, m: s.masked_fill(m, float("inf")).softmax(-1),  # NaN rows: nonfinite-grad's
+])
+def test_masks_that_mask_or_fills_that_are_no_mask_stay_silent(weights_of):
+    weights = weights_of(_scores(), _pad())
+    node = weights.grad_fn
+    if not type(node).__name__.startswith("SoftmaxBackward"):
+        node = node.next_functions[0][0]
+    assert masked_fill_weight(node) is None
+
+
+def test_a_mask_broadcast_over_heads_and_queries_is_expanded():
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    q = lin(torch.randn(B, 2, S, 8))
+    scores = q @ q.transpose(-2, -1) / math.sqrt(8)
+    weights = scores.masked_fill(_pad()[:, None, None, :], 1e9).softmax(-1)
+    share, masked, rows, shape = masked_fill_weight(weights.grad_fn)
+    assert shape == (B, 2, S, S) and rows == (B - 1) * 2 * S and share > 0.99
+
+
+def test_the_watcher_reports_once_with_the_parameters():
+    events = []
+
+    class _Rec:
+        from graddoctor.instrument.identities import Identities
+        tensors = Identities()
+
+        def here(self, skip=2):
+            return None
+
+        def emit_aside(self, made, loc=None):
+            events.append(made)
+
+        def internal_error(self, where, exc):
+            raise exc
+
+    watcher = SoftmaxAxisWatcher(_Rec())
+    for fill in (1e9, 1e9, -1e9):
+        loss = (F.softmax(_scores().masked_fill(_pad(), fill), dim=-1) * torch.randn(B, S)).sum()
+        watcher.describe_loss(loss)
+    assert [made[0] for made in events] == ["masked_fill_weight"]
+    assert events[0][1]["share"] > 0.99 and events[0][1]["shape"] == [B, S]
+
+
+def _trace(params, share=1.0):
+    t = builder(params=[0, 1])
+    t.put(ev.masked_fill_weight(share=share, masked=0.4, rows=5, shape=[6, 7], params=list(params)),
+          line=9)
+    t.clear([0, 1], line=10)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    return t
+
+
+def test_the_rule_warns_when_an_optimizer_trains_the_scores():
+    f = only(_trace([0, 1]), SLUG)
+    assert "take 100%" in f.message and "large positive" in f.message
+    assert "-inf" in f.fix
+    g = only(_trace([1], share=0.3), SLUG)
+    assert "keep 30.0%" in g.message and "masks nothing" in g.message
+
+
+def test_the_rule_is_silent_when_nothing_trained_makes_the_scores():
+    assert findings(_trace([7]), SLUG) == []
