@@ -45,6 +45,7 @@ from .. import events as ev
 from ..trace import Location
 from .planned import _evaluate, _loops_around, _tree, _Unknown, _unwrapped
 from .recorder import Recorder
+from .stop import StepBudget
 from .topics import BUDGET_HOLD
 
 PHASE_UPDATES = 200  # the wait ends at this many updates in all
@@ -155,13 +156,16 @@ def _evaluation_site(loop, tree) -> int | None:
 
 
 class _Wait:
-    __slots__ = ("wait", "site", "frame", "name", "value", "budget", "start", "last_seq")
+    __slots__ = ("wait", "site", "frame", "name", "value", "budget", "deadline", "last_seq")
 
     def __init__(self, wait: str, site: Location, frame=None, name=None, value=None,
-                 budget: int = 0, last_seq: int = -1):
+                 budget: int = 0, last_seq: int = -1, deadline: float | None = None):
         self.wait, self.site, self.frame, self.name, self.value = wait, site, frame, name, value
         self.budget = budget
-        self.start = time.monotonic()
+        # PHASE_SECONDS from now, and never past the step budget's own (half the time limit)
+        self.deadline = time.monotonic() + PHASE_SECONDS
+        if deadline is not None:
+            self.deadline = min(self.deadline, deadline)
         self.last_seq = last_seq
 
 
@@ -221,7 +225,8 @@ class PhaseHold:
                 value = outer_frame.f_locals.get(name, _MISSING)
                 if value is not _MISSING:
                     site = Location(rec.finder.location(outer_frame).path, outer.lineno)
-                    return _Wait("loop", site, outer_frame, name, value, budget)
+                    return _Wait("loop", site, outer_frame, name, value, budget,
+                                 deadline=self._deadline())
         line = _evaluation_site(loop, tree)
         if line is None:
             if len(chain) >= 2 and left is not None:  # a pass longer than the cap: say so
@@ -234,7 +239,15 @@ class PhaseHold:
             return False  # evaluated since the first step already: its effects were seen
         events = rec.trace.events
         return _Wait("evaluation", Location(path, line), budget=budget,
-                     last_seq=events[-1].seq if events else -1)
+                     last_seq=events[-1].seq if events else -1, deadline=self._deadline())
+
+    def _deadline(self) -> float | None:
+        """The step budget's own deadline (half the time limit from the start), if any."""
+        for condition in self.rec.progress.stop_conditions:
+            deadline = getattr(condition, "deadline", None)
+            if isinstance(condition, StepBudget) and deadline is not None:
+                return deadline
+        return None
 
     def _evaluated(self) -> bool:
         stepped = False
@@ -257,7 +270,7 @@ class PhaseHold:
         if not reached:
             if updates >= PHASE_UPDATES:
                 cut = "updates"
-            elif time.monotonic() - state.start > PHASE_SECONDS:
+            elif time.monotonic() > state.deadline:
                 cut = "seconds"
             else:
                 return True
