@@ -199,7 +199,7 @@ class PhaseHold:
     # -- at the budget ------------------------------------------------------------------
     def _decide(self):
         rec = self.rec
-        if self.dataloader._training or rec.progress.updates >= PHASE_UPDATES:
+        if self.dataloader.trains() or rec.progress.updates >= PHASE_UPDATES:
             return False  # DataLoader epochs hold the budget themselves
         chain = []  # (frame, loop, tree), innermost first
         frames = 0
