@@ -181,3 +181,10 @@ def test_the_evaluation_site_is_followed_through_the_script_functions():
     loop = tree.body[-1]
     assert phases._evaluation_site(loop, tree) == 9
     assert phases._evaluation_site(ast.parse("for s in r:\n    opt.step()\n").body[0], tree) is None
+
+
+def test_a_loop_of_the_caller_that_runs_the_check_in_process_is_not_the_script(tmp_path):
+    reports = []
+    for _ in range(1):  # a loop around run_check: the frames above the script are not its loops
+        reports.append(check(tmp_path, ONE_LOOP_NOTHING_AFTER))
+    assert reports[0].run.updates == 10 and not reports[0].run.notes

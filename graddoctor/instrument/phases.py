@@ -10,7 +10,8 @@ the watcher is a ``budget_hold`` subscriber, asked only once the budget is reach
 
 At the budget (once), the source of the user's frames on the stack of that optimizer step
 (instrument/planned.py's loop finder) gives the loops around the step, from the innermost
-outward, across function calls (``train_one_epoch()`` called in ``for epoch in ...``):
+outward, across function calls (``train_one_epoch()`` called in ``for epoch in ...``), up to
+the script's top level (a caller that runs the script in-process is not the script):
 
 * the loop around the training loop (the second loop out): the replay goes on until that
   loop has begun its next pass — its variable (``epoch``, ``episode``; for a ``while`` loop a
@@ -212,6 +213,8 @@ class PhaseHold:
                 break
             for loop in reversed(_loops_around(tree, frame.f_lineno)):
                 chain.append((frame, loop, tree))
+            if frame.f_code.co_name == "<module>":
+                break  # the script's own top level: the frames above it run the script
         if not chain:
             return False
         frame, loop, tree = chain[0]
