@@ -181,6 +181,7 @@ def test_the_evaluation_site_is_followed_through_the_script_functions():
     loop = tree.body[-1]
     assert phases._evaluation_site(loop, tree) == 9
     assert phases._evaluation_site(ast.parse("for s in r:\n    opt.step()\n").body[0], tree) is None
+    assert phases._eval_calls(ast.parse("net.train(False)\nnet.train()\nnet.eval()\n")) == [1, 3]
 
 
 def test_a_loop_of_the_caller_that_runs_the_check_in_process_is_not_the_script(tmp_path):
