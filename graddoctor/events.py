@@ -110,13 +110,14 @@ epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epo
                    instrument/planned.py)
 short_len          loader, real_len, replay_len (the first ``len()`` of a DataLoader that
                    returned the replay's shorter epoch length, per loader; an aside)
-phase_hold         wait ("loop" | "evaluation"), updates (at the step budget), until (when the
-                   wait ended), cut (None: reached; "updates" | "seconds": the cap ended it;
+phase_hold         wait ("loop" | "switch" | "evaluation"), updates (at the step budget),
+                   until (when the wait ended), cut (None: reached; "updates" | "seconds": the cap ended it;
                    "long": the pass is longer than the cap, not waited for), cap, cap_s (the caps:
                    updates in all, seconds after the budget) — the step budget
                    of a script without a DataLoader held until the loop around its training
-                   loop began its next pass, or its first evaluation ran (loc: that loop's
-                   header, or the line of the training loop calling the evaluation; an aside;
+                   loop began its next pass, a stage switch on its counter ran, or its first
+                   evaluation ran (loc: that loop's header, the switch's ``if``, or the line of
+                   the training loop calling the evaluation; an aside;
                    instrument/phases.py)
 unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), scale
 scaler_step        scaler, opt, enabled, fused, skipped, found_inf (after ``scaler.step``; a

@@ -86,6 +86,17 @@ while epoch < 3:
     epoch += 1
 """
 
+STAGE_SWITCH = HEAD + """
+for step in range(1000):
+    i = (step * 32) % 640
+    if step == 25:
+        for group in opt.param_groups:
+            group["lr"] = 0.001
+    opt.zero_grad()
+    nn.functional.mse_loss(model(X[i:i + 32]), Y[i:i + 32]).backward()
+    opt.step()
+"""
+
 RARE_EVALUATION = HEAD + """
 model.train()
 for step in range(10 ** 6):
@@ -189,3 +200,21 @@ def test_a_loop_of_the_caller_that_runs_the_check_in_process_is_not_the_script(t
     for _ in range(1):  # a loop around run_check: the frames above the script are not its loops
         reports.append(check(tmp_path, ONE_LOOP_NOTHING_AFTER))
     assert reports[0].run.updates == 10 and not reports[0].run.notes
+
+
+def test_a_stage_switch_on_the_loop_counter_is_waited_for(tmp_path):
+    report = check(tmp_path, STAGE_SWITCH)
+    assert report.run.updates == 27  # the switch at step 25, the counter past it at 26
+    assert any("stage switch at" in n for n in report.run.notes), report.run.notes
+
+
+def test_a_stage_switch_past_the_cap_is_not_waited_for():
+    tree = ast.parse("for step in range(10 ** 6):\n    if step == 5000:\n        pass\n    opt.step()\n")
+
+    class Frame:
+        f_locals = {"step": 9}
+        f_globals: dict = {}
+
+    assert phases._stage_switch(tree.body[0], Frame, 10) is None
+    tree = ast.parse("for step in range(10 ** 6):\n    if step >= 50:\n        pass\n    opt.step()\n")
+    assert phases._stage_switch(tree.body[0], Frame, 10) == (2, "step", 50)

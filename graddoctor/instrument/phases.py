@@ -20,6 +20,10 @@ the script's top level (a caller that runs the script in-process is not the scri
   and step): a forgotten ``model.train()``, a stage switch at the top of the pass, shows there.
   When the training loop is a ``range`` whose remaining length the frame's values give, and
   that length reaches past the cap, it waits for nothing (the cap would cut it anyway);
+* otherwise, when the training loop's body holds a stage switch on its counter (``if step ==
+  K:``, ``>=``, ``>``; the counter its ``for`` variable or a name it counts up, K read from the
+  frame's values and ahead within the cap), until the counter has gone past K: the switch ran
+  and an update after it was seen;
 * otherwise, when the training loop's body (or a function of the script it calls, two calls
   deep) calls ``.eval()`` / ``.train(False)`` and none has run since the first step, until one
   has (an ``eval`` event, or a no-grad forward of a BatchNorm/dropout model: ``mode_forward``),
@@ -27,7 +31,7 @@ the script's top level (a caller that runs the script in-process is not the scri
 
 Bounded: ``PHASE_UPDATES`` updates in all and ``PHASE_SECONDS`` seconds from the budget. When
 the wait ends, one ``phase_hold`` aside says what it waited for (``wait``: "loop" |
-"evaluation"), the line of that loop or call (``site``), ``updates`` at the budget and at the
+"switch" | "evaluation"), the line of that loop or call (``site``), ``updates`` at the budget and at the
 end (``until``), and ``cut`` ("updates" | "seconds" | "long": the pass is longer than the cap;
 None: reached). DataLoader scripts are left to the DataLoader watcher: nothing is held for
 them. Scripts that end before the budget, or whose step is in a single loop with no evaluation
@@ -156,6 +160,44 @@ def _evaluation_site(loop, tree) -> int | None:
     return None
 
 
+def _stage_switch(loop, frame, updates: int):
+    """``(line, name, K)`` of an ``if n == K:`` / ``if n >= K:`` / ``if n > K:`` statement in
+    the training loop's body (not in a loop nested in it), ``n`` the loop's counter (its ``for``
+    variable, or a name its body counts up), its value now an int below ``K``, and ``K`` within
+    the cap's updates from now; None otherwise."""
+    names = set()
+    if isinstance(loop, ast.For) and isinstance(loop.target, ast.Name):
+        names.add(loop.target.id)
+    for node in ast.walk(loop):
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    if isinstance(loop, ast.While) and isinstance(loop.test, ast.Compare) and isinstance(loop.test.left, ast.Name):
+        names.add(loop.test.left.id)
+    if not names:
+        return None
+    todo = list(loop.body)
+    while todo:
+        stmt = todo.pop(0)
+        if isinstance(stmt, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(stmt, ast.If):
+            test = stmt.test
+            if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
+                    and test.left.id in names and isinstance(test.ops[0], (ast.Eq, ast.GtE, ast.Gt)):
+                try:
+                    k = _evaluate(test.comparators[0], frame, _length)
+                except Exception:
+                    k = None
+                now = frame.f_locals.get(test.left.id, _MISSING)
+                if type(k) is int and type(now) is int and now < k and updates + (k - now) < PHASE_UPDATES:
+                    return stmt.lineno, test.left.id, k
+            todo.extend(stmt.body)
+            todo.extend(stmt.orelse)
+        elif isinstance(stmt, (ast.With, ast.Try)):
+            todo.extend(stmt.body)
+    return None
+
+
 class _Wait:
     __slots__ = ("wait", "site", "frame", "name", "value", "budget", "deadline", "last_seq")
 
@@ -230,6 +272,11 @@ class PhaseHold:
                     site = Location(rec.finder.location(outer_frame).path, outer.lineno)
                     return _Wait("loop", site, outer_frame, name, value, budget,
                                  deadline=self._deadline())
+        switch = _stage_switch(loop, frame, budget)
+        if switch is not None:  # ``if step == K:`` in the training loop, K ahead within the cap
+            line, name, k = switch
+            return _Wait("switch", Location(path, line), frame, name, k, budget,
+                         deadline=self._deadline())
         line = _evaluation_site(loop, tree)
         if line is None:
             if len(chain) >= 2 and left is not None:  # a pass longer than the cap: say so
@@ -268,6 +315,9 @@ class PhaseHold:
         cut = None
         if state.wait == "loop":
             reached = state.frame.f_locals.get(state.name, _MISSING) is not state.value
+        elif state.wait == "switch":  # the counter went past K: the switch ran, an update followed
+            now = state.frame.f_locals.get(state.name, _MISSING)
+            reached = type(now) is not int or now > state.value
         else:
             reached = self._new_evaluation(state)
         if not reached:

@@ -163,11 +163,14 @@ def held_phase(a: "Analysis") -> list[str]:
         if not e.get("cut"):
             if e["until"] > e["updates"]:
                 what = (f"the loop at {e.loc} began its next pass" if e["wait"] == "loop"
+                        else f"the stage switch at {e.loc} had run and an update followed"
+                        if e["wait"] == "switch"
                         else f"the evaluation called at {e.loc} had run and one more update followed")
                 notes.append(f"the step budget, reached at update {e['updates']}, was held to update "
                              f"{e['until']}, until {what}")
             continue
         what = (f"the end of the first pass of the loop at {e.loc}" if e["wait"] == "loop"
+                else f"the stage switch at {e.loc}" if e["wait"] == "switch"
                 else f"the first evaluation (called at {e.loc})")
         why = _CUTS.get(e["cut"], "its cap").format(cap=e.get("cap"), secs=e.get("cap_s") or 0)
         ran = (f"ran on to update {e['until']} and stopped" if e["until"] > e["updates"]
