@@ -18,6 +18,7 @@ the script's top level (a caller that runs the script in-process is not the scri
   name its body counts up, ``epoch += 1``) read from its frame after each step holds another
   value. The step that sees it is one training update of the new pass (its forward, backward
   and step): a forgotten ``model.train()``, a stage switch at the top of the pass, shows there.
+  A ``range`` loop in its last pass has no next one: not waited for.
   When the training loop is a ``range`` whose remaining length the frame's values give, and
   that length reaches past the cap, it waits for nothing (the cap would cut it anyway);
 * otherwise, when the training loop's body holds a stage switch on its counter (``if step ==
@@ -266,6 +267,8 @@ class PhaseHold:
         if len(chain) >= 2 and (left is None or budget + left < PHASE_UPDATES):
             outer_frame, outer, _ = chain[1]
             name = _counter(outer, loop if outer_frame is frame else None)
+            if _range_left(outer, outer_frame) == 0:
+                name = None  # its last pass: no next one to wait for (what follows the loop is not)
             if name is not None:
                 value = outer_frame.f_locals.get(name, _MISSING)
                 if value is not _MISSING:
