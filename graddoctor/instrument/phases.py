@@ -282,7 +282,7 @@ class PhaseHold:
                          deadline=self._deadline())
         line = _evaluation_site(loop, tree)
         if line is None:
-            if len(chain) >= 2 and left is not None:  # a pass longer than the cap: say so
+            if len(chain) >= 2 and left is not None and budget + left >= PHASE_UPDATES:  # too long: say so
                 outer_frame, outer, _ = chain[1]
                 rec.emit_aside(ev.phase_hold(wait="loop", updates=budget, until=budget, cut="long",
                                              cap=PHASE_UPDATES, cap_s=PHASE_SECONDS),
