@@ -110,6 +110,15 @@ epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epo
                    instrument/planned.py)
 short_len          loader, real_len, replay_len (the first ``len()`` of a DataLoader that
                    returned the replay's shorter epoch length, per loader; an aside)
+phase_hold         wait ("loop" | "switch" | "evaluation"), updates (at the step budget),
+                   until (when the wait ended), cut (None: reached; "updates" | "seconds": the cap ended it;
+                   "long": the pass is longer than the cap, not waited for), cap, cap_s (the caps:
+                   updates in all, seconds after the budget) — the step budget
+                   of a script without a DataLoader held until the loop around its training
+                   loop began its next pass, a stage switch on its counter ran, or its first
+                   evaluation ran (loc: that loop's header, the switch's ``if``, or the line of
+                   the training loop calling the evaluation; an aside;
+                   instrument/phases.py)
 unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), scale
 scaler_step        scaler, opt, enabled, fused, skipped, found_inf (after ``scaler.step``; a
                    skipped one is also recorded as a ``step`` with skipped=True)
@@ -1396,6 +1405,12 @@ def short_len(*, loader: int, real_len: int, replay_len: int) -> Made:
     return "short_len", {"loader": loader, "real_len": real_len, "replay_len": replay_len}
 
 
+def phase_hold(*, wait: str, updates: int, until: int, cut: str | None, cap: int,
+               cap_s: float) -> Made:
+    return "phase_hold", {"wait": wait, "updates": updates, "until": until, "cut": cut, "cap": cap,
+                          "cap_s": cap_s}
+
+
 def unscale(*, scaler: int, opt: int, enabled: bool, implicit: bool, scale: Any) -> Made:
     return "unscale", {"scaler": scaler, "opt": opt, "enabled": enabled, "implicit": implicit,
                        "scale": scale}
@@ -2280,7 +2295,7 @@ def run_end(*, status: str, steps: int) -> Made:
 CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "run_start": run_start, "param": param, "grad_flow": grad_flow, "optimizer_init": optimizer_init,
     "backward": backward, "clear": clear, "step_begin": step_begin, "step": step,
-    "epoch_start": epoch_start, "short_len": short_len, "unscale": unscale, "scaler_step": scaler_step,
+    "epoch_start": epoch_start, "short_len": short_len, "phase_hold": phase_hold, "unscale": unscale, "scaler_step": scaler_step,
     "scaler_update": scaler_update, "scaler_init": scaler_init, "scaler_load": scaler_load,
     "clip": clip, "grad_edit": grad_edit,
     "scheduler_step": scheduler_step, "scheduler_init": scheduler_init, "train": mode_set, "eval": mode_set,
@@ -2354,7 +2369,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 
 ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
                          "functional_grad",
-                         "optimizer_attr", "module_attr", "param_attr", "short_len", "param_replaced", "reseed",
+                         "optimizer_attr", "module_attr", "param_attr", "short_len", "phase_hold", "param_replaced", "reseed",
                          "hook_stacked", "param_reset", "snapshot_alias", "snapshot_held",
                          "loader_sampler", "custom_backward", "loss_padding", "prompt_trained", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",

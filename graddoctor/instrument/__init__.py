@@ -54,6 +54,7 @@ from .naming import ParamNamer
 from .optdefaults import DefaultsWatcher
 from .optim import OptimizerWatcher
 from .patcher import Patcher
+from .phases import PhaseHold
 from .policygrad import AdvantageGradWatcher
 from .policysign import PolicySignWatcher
 from .degreenorm import DegreeNormWatcher
@@ -138,6 +139,9 @@ class Instrumentation:
         self.backward = BackwardWatcher(rec, self.optimizers, aside=self.ddp)  # FSDP2's aside
         self.dataloader = DataLoaderWatcher(rec, epoch_batches)
         self.watchers = [WarningSource(), self.optimizers, self.backward, self.dataloader]
+        # the step budget of a loop without a DataLoader held to the end of the first pass of
+        # the loop around it, or to its first evaluation (after the DataLoader's hold)
+        self.phases = PhaseHold(rec, self.dataloader)
         # AMP, clipping, schedulers
         rec.subscribe(DESCRIBE_LOSS, self.dataloader.describe_loss)
         rec.subscribe(DESCRIBE_LOSS, self.scalers.describe_loss)

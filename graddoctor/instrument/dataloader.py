@@ -529,6 +529,10 @@ class DataLoaderWatcher:
                 pass
         self._batching[number] = (size, samples if isinstance(samples, int) else None)
 
+    def trains(self) -> bool:
+        """Whether a DataLoader's batches reached a backward (its epochs hold the budget)."""
+        return bool(self._training)
+
     def _hold(self) -> bool:
         """Go on past the step budget until a training loader has begun its third epoch, for at
         most ``2 * epoch_batches + 1`` steps (a plain loop's first step of epoch 3)."""

@@ -55,7 +55,10 @@ class MisplacedZeroGrad(Rule):
     (step → zero_grad → forward → backward); the optimizer stepped inside the backward; a
     GAN's discriminator part of the generator's backward; gradients collected by a loop that
     reads `.grad` into something and steps nothing (an EWC Fisher information: `zero_grad`,
-    backward, `fisher[n] += p.grad ** 2` per batch).
+    backward, `fisher[n] += p.grad ** 2` per batch); a side pass whose backward line never
+    feeds a step while another line's backward does, whose gradients the lines before the
+    clear read into something (a validation backward for a gradient-norm log, then
+    `zero_grad()`).
     """
 
     code = "GD104"
@@ -82,7 +85,8 @@ class MisplacedZeroGrad(Rule):
     def check(self, a):
         groups: dict = {}
         for d in a.ledger.discards:
-            if not _seen_nonfinite(a, d) and not _weights_perturbed(a, d) and not _gradients_read(a, d):
+            if not _seen_nonfinite(a, d) and not _weights_perturbed(a, d) and not _gradients_read(a, d) \
+                    and not _side_pass(a, d):
                 groups.setdefault(d.clear.loc, []).append(d)
         # clear → step → backward: the step, not the clear, is misplaced (step-before-backward)
         claimed = step_before_backward(a) if groups else {}
@@ -157,6 +161,45 @@ def _gradients_read(a, d) -> bool:
                                      for n in ast.walk(value)):
             reads = True
     return reads
+
+
+def _side_pass(a, d) -> bool:
+    """The dropped backward is a side pass whose gradients the script reads and then clears on
+    purpose: no backward from its line ever reached a step (every one was dropped), another
+    line's backward is the one the steps use for this parameter, and the lines from the dropped
+    backward to the clear read ``.grad`` into something (a validation pass's gradient norm for a
+    log: ``val_loss.backward(); gn = sum(p.grad.norm() ...); opt.zero_grad()``)."""
+    dropped = d.contributions[-1].backward
+    here, clear = dropped.loc, d.clear.loc
+    if here is None or clear is None or clear.path != here.path or clear.line <= here.line:
+        return False
+    pid = d.pid
+    discarded = {c.backward.seq for x in a.ledger.discards if x.pid == pid for c in x.contributions}
+    other = False
+    for e in a.of_kind("backward"):
+        if pid not in (*e.get("fresh", ()), *e.get("accumulated", ())) or e.loc is None:
+            continue
+        if (e.loc.path, e.loc.line) == (here.path, here.line):
+            if e.seq not in discarded:
+                return False  # this line's backward fed a step once: the clear is misplaced
+        elif e.seq not in discarded:
+            other = True  # another line's backward that a step used
+    if not other:
+        return False
+    tree = a.source.tree(here.path)
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", None)
+        if line is None or not here.line < line < clear.line:
+            continue
+        value = node.value if isinstance(node, (ast.Assign, ast.AugAssign)) else \
+            node.args[0] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in ("append", "extend") and node.args else None
+        if value is not None and any(isinstance(n, ast.Attribute) and n.attr == "grad"
+                                     for n in ast.walk(value)):
+            return True
+    return False
 
 
 def _skipped_update(a, loc, discards) -> bool:

@@ -146,9 +146,44 @@ def later_phases(tree, seen: set[int]) -> list[int]:
     return []
 
 
+_CUTS = {"updates": "its cap of {cap} updates", "seconds": "its cap of {secs:g} seconds",
+         "long": "that pass being longer than its cap of {cap} updates"}
+
+
+def held_phase(a: "Analysis") -> list[str]:
+    """The budget of a loop without a DataLoader waited for the end of the first pass of the
+    loop around the training loop, or for its first evaluation (instrument/phases.py): how far,
+    and when its cap ended the wait first, that what comes there is not checked."""
+    if a.status != "step-limit":
+        return []
+    notes = []
+    for e in a.of_kind("phase_hold"):
+        if e.loc is None:
+            continue
+        if not e.get("cut"):
+            if e["until"] > e["updates"]:
+                what = (f"the loop at {e.loc} began its next pass" if e["wait"] == "loop"
+                        else f"the stage switch at {e.loc} had run and an update followed"
+                        if e["wait"] == "switch"
+                        else f"the evaluation called at {e.loc} had run and one more update followed")
+                notes.append(f"the step budget, reached at update {e['updates']}, was held to update "
+                             f"{e['until']}, until {what}")
+            continue
+        what = (f"the end of the first pass of the loop at {e.loc}" if e["wait"] == "loop"
+                else f"the stage switch at {e.loc}" if e["wait"] == "switch"
+                else f"the first evaluation (called at {e.loc})")
+        why = _CUTS.get(e["cut"], "its cap").format(cap=e.get("cap"), secs=e.get("cap_s") or 0)
+        ran = (f"ran on to update {e['until']} and stopped" if e["until"] > e["updates"]
+               else "stopped at the budget")
+        notes.append(f"the replay {ran} before {what}, for {why}: the evaluation, scheduler, "
+                     f"checkpoint or stage switch there is not checked; --steps reaches it")
+    return notes
+
+
 def unreached_phase(a: "Analysis") -> list[str]:
     """The step budget ended the run before a later phase of the script (a second task, a
-    fine-tuning stage) ran: its bugs are not checked, and ``--steps`` reaches it."""
+    fine-tuning stage) ran: its bugs are not checked, and ``--steps`` reaches it. (The end of
+    the first pass of an outer loop, and a first evaluation, the budget waits for: held_phase.)"""
     if a.status != "step-limit":
         return []
     backwards = [e for e in a.of_kind("backward") if e.loc is not None]
@@ -170,7 +205,7 @@ def unreached_phase(a: "Analysis") -> list[str]:
 
 NOTE_PRODUCERS: tuple[Callable[["Analysis"], list[str]], ...] = (
     short_epochs, short_len_crash, compiled, never_stepped, no_optimizer, functional_gradients,
-    unreached_phase)
+    held_phase, unreached_phase)
 
 
 def run_notes(a: "Analysis") -> list[str]:
