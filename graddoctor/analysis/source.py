@@ -9,7 +9,7 @@ import ast
 import linecache
 import os
 import re
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 from .promptlines import mask_line as prompt_mask_line
 
@@ -279,6 +279,29 @@ def walk(node: ast.AST):
 
 
 _UNLISTED = object()
+
+
+def _once_per_file(derive):
+    """``derive(path)``, a search of the whole file that reads nothing but its parsed tree,
+    computed once per parsed text and kept on the tree: the analyses of one file (a check's,
+    the same run folded, a second check of the same script) share it. A list comes back as a
+    copy of its own."""
+    name = derive.__name__
+
+    @wraps(derive)
+    def once(path: str):
+        tree = _parse(path)
+        if tree is None:
+            return derive(path)
+        memo = getattr(tree, "_graddoctor_memo", None)
+        if memo is None:
+            memo = tree._graddoctor_memo = {}
+        if name not in memo:
+            memo[name] = derive(path)
+        found = memo[name]
+        return list(found) if isinstance(found, list) else found
+
+    return once
 
 
 def _parse(path: str) -> ast.AST | None:
@@ -873,6 +896,7 @@ def _in_place(name: str, value: ast.AST) -> str:
     return f"{name}.copy_({ast.unparse(value)})"
 
 
+@_once_per_file
 def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
     """Statements of a hand-written update whose result is thrown away, as ``(line, form,
     text, in-place statement meant)``: ``"rebind"`` — a loop variable assigned an expression of itself and its own
@@ -1087,6 +1111,7 @@ def policy_term_line(path: str, line: int) -> tuple[int, str] | None:
     return best.lineno, ast.unparse(best).strip()
 
 
+@_once_per_file
 def degree_power_line(path: str) -> tuple[int, str] | None:
     """``(line, text)`` of the script's only assignment that raises a degree to a power or
     multiplies by it (``deg.pow(0.5)``, ``deg ** -0.5``, ``degree.sqrt()``, ``deg[:, None] *
@@ -1114,6 +1139,7 @@ def degree_power_line(path: str) -> tuple[int, str] | None:
     return found[0].lineno, ast.unparse(found[0]).strip()
 
 
+@_once_per_file
 def target_slice_line(path: str) -> tuple[int, str] | None:
     """``(line, text)`` of the script's only assignment of a slice (``x[a:b]``) to a name with
     ``target`` in it (``target = source[i:i + seq_len]``, ``data, targets = ...``); None when there
@@ -1771,6 +1797,7 @@ def _bindings(target: ast.AST, source: ast.AST, out: dict) -> None:
                 _bindings(elt, source, out)
 
 
+@_once_per_file
 def param_writes(path: str) -> list[tuple[int, str, str, str | None]]:
     """The statements of ``path`` that write a tensor's values in place by hand, as ``(line,
     root name, source text, what a loop binds the root to or None)``: in-place methods
@@ -1833,6 +1860,7 @@ _SOFTMAX_MODULES = frozenset({"Softmax", "LogSoftmax"})
 _NAMESPACES = frozenset({"torch", "F", "nn", "functional", "special"})
 
 
+@_once_per_file
 def softmax_first_axis_calls(path: str) -> list[tuple[int, str]]:
     """The (log-)softmax calls of ``path`` given the literal dimension 0, as ``(line, source text
     of the call)``: ``torch.softmax(x, 0)``, ``F.log_softmax(x, dim=0)``, ``x.softmax(0)``,
@@ -2869,6 +2897,7 @@ def _has_product(expr: ast.AST) -> bool:
     return False
 
 
+@_once_per_file
 def score_scalings(path: str) -> list[tuple[int, str, str, bool]]:
     """``(line, text, direction, with_product)`` of every multiplication or division in the file
     by what reads as a scale (``_scale_direction``): ``direction`` says which way it moves the
@@ -2917,6 +2946,7 @@ def _reads_as_temperature(expr: ast.AST) -> float | bool:
     return bool(name) and any(word in name.lower() for word in ("temp", "tau", "scale"))
 
 
+@_once_per_file
 def temperature_products(path: str) -> list[tuple[int, str, str, bool, float | None]]:
     """``(line, text, divided, with_product, value)`` of every multiplication in the file by
     what reads as a temperature (``_reads_as_temperature``): ``divided`` is the same statement
@@ -3687,6 +3717,7 @@ def _float_literal(node, floats: set) -> bool:
     return False
 
 
+@_once_per_file
 def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
     """``(line, producer text, use, use line)`` for the positions of a max (``[1]``,
     ``.indices``, ``argmax``) used as its values: scaled or shifted by a non-integer float
@@ -3794,6 +3825,7 @@ def _first_axis_length(node, name: str) -> bool:
             and len(node.args) == 1 and isinstance(node.args[0], ast.Name) and node.args[0].id == name)
 
 
+@_once_per_file
 def table_sliced_by_batch(path: str) -> list[tuple[int, str, str]]:
     """``(line, text, class name)`` of each ``forward`` that adds to a tensor a table attribute
     sliced by that tensor's first axis (``x + self.pe[:x.size(0)]``, the PyTorch tutorial's
