@@ -40,6 +40,8 @@ def _directives_in(comment: str) -> list[tuple[str, ...] | None]:
 def read_directives(source: str) -> dict[int, list[tuple[str, ...] | None]]:
     """line -> the suppressions written in that line's comment."""
     out: dict[int, list] = {}
+    if DIRECTIVE.search(source) is None:  # no comment can hold one: no need to tokenize
+        return out
     try:
         comments = [(tok.start[0], tok.string)
                     for tok in tokenize.generate_tokens(io.StringIO(source).readline)

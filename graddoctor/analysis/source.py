@@ -9,7 +9,7 @@ import ast
 import linecache
 import os
 import re
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 from .promptlines import mask_line as prompt_mask_line
 
@@ -256,7 +256,7 @@ def _enclosing_function(tree: ast.AST, line: int, lambdas: bool = False) -> ast.
     kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda) if lambdas else \
         (ast.FunctionDef, ast.AsyncFunctionDef)
     scope: ast.AST = tree
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, kinds) and node.lineno <= line <= (node.end_lineno or node.lineno) \
                 and (scope is tree or node.lineno >= scope.lineno):
             scope = node
@@ -266,9 +266,51 @@ def _enclosing_function(tree: ast.AST, line: int, lambdas: bool = False) -> ast.
 @lru_cache(maxsize=64)
 def _tree(text: str) -> ast.AST | None:
     try:
-        return ast.parse(text)
+        tree = ast.parse(text)
     except Exception:
         return None
+    tree._graddoctor_nodes = None  # its nodes, listed by ``walk`` on first use
+    return tree
+
+
+def walk(node: ast.AST):
+    """``ast.walk(node)``, the same nodes in the same order. A whole file parsed here (``_tree``:
+    shared and never changed) lists its nodes once, on its first walk: the rules and the
+    report walk each file dozens of times per check (every ``innermost_loop``,
+    ``_enclosing_function``, whole-file search), and each walk of ``ast.walk`` builds every
+    node's children again."""
+    nodes = getattr(node, "_graddoctor_nodes", _UNLISTED)
+    if nodes is _UNLISTED:
+        return ast.walk(node)
+    if nodes is None:
+        nodes = node._graddoctor_nodes = tuple(ast.walk(node))
+    return iter(nodes)
+
+
+_UNLISTED = object()
+
+
+def _once_per_file(derive):
+    """``derive(path)``, a search of the whole file that reads nothing but its parsed tree,
+    computed once per parsed text and kept on the tree: the analyses of one file (a check's,
+    the same run folded, a second check of the same script) share it. A list comes back as a
+    copy of its own."""
+    name = derive.__name__
+
+    @wraps(derive)
+    def once(path: str):
+        tree = _parse(path)
+        if tree is None:
+            return derive(path)
+        memo = getattr(tree, "_graddoctor_memo", None)
+        if memo is None:
+            memo = tree._graddoctor_memo = {}
+        if name not in memo:
+            memo[name] = derive(path)
+        found = memo[name]
+        return list(found) if isinstance(found, list) else found
+
+    return once
 
 
 def _parse(path: str) -> ast.AST | None:
@@ -293,14 +335,14 @@ def bare_method_lines(path: str, line: int, method: str, outer: bool = False) ->
     if tree is None:
         return []
     loop = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if (isinstance(node, (ast.For, ast.While, ast.AsyncFor))
                 and node.lineno <= line <= (node.end_lineno or node.lineno)
                 and (loop is None or (node.lineno < loop.lineno if outer else node.lineno >= loop.lineno))):
             loop = node
     if loop is None:
         return []
-    return sorted((node.lineno, ast.unparse(node.value)) for node in ast.walk(loop)
+    return sorted((node.lineno, ast.unparse(node.value)) for node in walk(loop)
                   if isinstance(node, ast.Expr) and isinstance(node.value, ast.Attribute)
                   and node.value.attr == method)
 
@@ -312,7 +354,7 @@ def assigned_object(path: str, line: int, attribute: str) -> str | None:
     tree = _parse(path)
     if tree is None:
         return None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno == line:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
@@ -328,7 +370,7 @@ def assigned_name(path: str, line: int) -> str | None:
     tree = _parse(path)
     if tree is None:
         return None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.lineno <= line \
                 <= (node.end_lineno or node.lineno):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -365,7 +407,7 @@ def innermost_loop(path: str, line: int) -> tuple[int, int] | None:
     if tree is None:
         return None
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and \
                 node.lineno <= line <= (node.end_lineno or node.lineno):
             if best is None or node.lineno >= best[0]:
@@ -379,7 +421,7 @@ def shared_if(tree: ast.AST | None, first: int, second: int) -> int | None:
     if tree is None:
         return None
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.If) and node.body:
             start, end = node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno
             if start <= first <= end and start <= second <= end and (best is None or node.lineno > best):
@@ -394,7 +436,7 @@ def _lr_lines(text: str) -> tuple[int, ...]:
     except Exception:
         return ()
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, ast.AugAssign) else []
         for target in targets:
@@ -442,10 +484,10 @@ def float_conversion_lines(path: str) -> list[tuple[int, str]]:
     if tree is None:
         return []
     found = []
-    for stmt in ast.walk(tree):
+    for stmt in walk(tree):
         if not isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return, ast.AugAssign)):
             continue
-        nodes = list(ast.walk(stmt))
+        nodes = list(walk(stmt))
         if not any(_makes_float(n) for n in nodes):
             continue
         if any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.Mult, ast.Sub))
@@ -471,7 +513,7 @@ def loader_batch_of_one_lines(path: str) -> list[tuple[int, str]]:
     if tree is None:
         return []
     values: dict[str, set] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Name):
@@ -479,7 +521,7 @@ def loader_batch_of_one_lines(path: str) -> list[tuple[int, str]]:
                         node.value.value if isinstance(node.value, ast.Constant) else None)
     ones = {name for name, seen in values.items() if seen == {1}}
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
@@ -499,7 +541,7 @@ def called_object(path: str, line: int, method: str) -> str | None:
     tree = _parse(path)
     if tree is None:
         return None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == method and node.lineno <= line <= (node.end_lineno or node.lineno)):
             return ast.unparse(node.func.value)
@@ -514,7 +556,7 @@ def call_argument(path: str, line: int, function: str, position: int, keyword: s
     tree = _parse(path)
     if tree is None:
         return None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
@@ -537,7 +579,7 @@ def keyword_line(path: str, line: int, keyword: str) -> tuple[int, str] | None:
     if tree is None:
         return None
     found = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
             continue
         for kw in node.keywords:
@@ -557,27 +599,27 @@ def cuts_gradient_near(path: str, line: int) -> bool | None:
     if tree is None:
         return None
     scope: ast.AST | None = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
                 and node.lineno <= line <= (node.end_lineno or node.lineno)
                 and (scope is None or node.lineno >= scope.lineno)):
             scope = node
     if scope is None:
-        holding = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)
+        holding = [node for node in walk(tree) if isinstance(node, ast.stmt)
                    and node.lineno <= line <= (node.end_lineno or node.lineno)]
         loops = [node for node in holding if isinstance(node, (ast.For, ast.While, ast.AsyncFor))]
         inner = loops or holding
         scope = max(inner, key=lambda node: node.lineno) if inner else None
     if scope is None:
         return None
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Attribute) and node.attr in _CUTS:
             return True
     return False
 
 
 def _has_modulo(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(node))
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in walk(node))
 
 
 def _disjuncts(test: ast.AST) -> list[ast.AST]:
@@ -595,7 +637,7 @@ def tail_flush(path: str, line: int) -> str | None:
     tree = _parse(path)
     if tree is None:
         return None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.If) and node.body
                 and node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno)):
             continue
@@ -621,7 +663,7 @@ def method_called_on_assigned(path: str, line: int, method: str,
     if tree is None:
         return None
     candidates = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.lineno <= line <= (node.end_lineno or node.lineno)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if len(targets) == 1 and isinstance(targets[0], (ast.Name, ast.Attribute)):
@@ -631,7 +673,7 @@ def method_called_on_assigned(path: str, line: int, method: str,
     target = next((t for node, t in candidates if built and isinstance(node.value, ast.Call)
                    and _last_name(node.value.func) == built), candidates[0][1])
     names = {_last_name(target)}
-    nodes = list(ast.walk(tree))
+    nodes = list(walk(tree))
     grew = True
     while grew:  # the names the object is handed on as, until no new one appears
         grew = False
@@ -664,7 +706,7 @@ def _last_name(node: ast.AST) -> str | None:
 def _mentions(value: ast.AST, names: set) -> bool:
     """Does the expression use one of ``names``: as a name, an attribute, or a string key
     (``kwargs["scheduler"]``)?"""
-    for node in ast.walk(value):
+    for node in walk(value):
         if (isinstance(node, ast.Name) and node.id in names
                 or isinstance(node, ast.Attribute) and node.attr in names
                 or isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names):
@@ -683,17 +725,17 @@ def batch_use(path: str, fetch_line: int, loop_line: int) -> dict | None:
         return None
     names: list[str] = []
     loader = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and node.lineno <= fetch_line <= (node.end_lineno or node.lineno):
             for target in node.targets:
-                for leaf in ast.walk(target):
+                for leaf in walk(target):
                     if isinstance(leaf, ast.Name):
                         names.append(leaf.id)
-            for call in ast.walk(node.value):
+            for call in walk(node.value):
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) \
                         and call.func.id == "iter" and call.args:
                     loader = ast.unparse(call.args[0])
-    loops = [node for node in ast.walk(tree)
+    loops = [node for node in walk(tree)
              if isinstance(node, (ast.For, ast.While, ast.AsyncFor))
              and node.lineno <= loop_line <= (node.end_lineno or node.lineno)]
     if not loops:
@@ -701,7 +743,7 @@ def batch_use(path: str, fetch_line: int, loop_line: int) -> dict | None:
     inner = max(loops, key=lambda n: n.lineno)
     inside = fetch_line >= inner.lineno and fetch_line <= (inner.end_lineno or inner.lineno)
     used = any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
-               for n in ast.walk(inner))
+               for n in walk(inner))
     counts = False
     if loader is not None:
         for loop in loops:
@@ -760,14 +802,14 @@ def result_reaches_backward(path: str, line: int, depth: int = 0) -> int | None:
     if tree is None or depth > 2:
         return None
     scope = _enclosing_function(tree, line)
-    statements = sorted((n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign,
+    statements = sorted((n for n in walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign,
                                                                       ast.AnnAssign, ast.Expr))),
                         key=lambda n: (n.lineno, n.col_offset))
     names: set = set()
     for node in statements:
         if isinstance(node, ast.Assign) and node.lineno <= line <= (node.end_lineno or node.lineno):
             for target in node.targets:
-                names.update(leaf.id for leaf in ast.walk(target) if isinstance(leaf, ast.Name))
+                names.update(leaf.id for leaf in walk(target) if isinstance(leaf, ast.Name))
     if not names:
         return None
     for node in statements:
@@ -777,13 +819,13 @@ def result_reaches_backward(path: str, line: int, depth: int = 0) -> int | None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             hit = _tainted(node.value, names)
             for target in targets:
-                for leaf in ast.walk(target):
+                for leaf in walk(target):
                     if isinstance(leaf, ast.Name):
                         (names.add if hit else names.discard)(leaf.id)
         elif isinstance(node, ast.AugAssign):
             if isinstance(node.target, ast.Name) and _tainted(node.value, names):
                 names.add(node.target.id)
-        for call in ast.walk(node):
+        for call in walk(node):
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
                     and call.func.attr == "backward":
                 loss = call.func.value
@@ -792,12 +834,12 @@ def result_reaches_backward(path: str, line: int, depth: int = 0) -> int | None:
                     return call.lineno
     if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
             isinstance(n, ast.Return) and n.value is not None and _tainted(n.value, names)
-            for n in ast.walk(scope)):
-        for node in ast.walk(tree):  # the helper returns it: follow each call's result
+            for n in walk(scope)):
+        for node in walk(tree):  # the helper returns it: follow each call's result
             if isinstance(node, ast.Assign) and any(
                     isinstance(c, ast.Call) and (getattr(c.func, "id", None) == scope.name
                                                  or getattr(c.func, "attr", None) == scope.name)
-                    for c in ast.walk(node.value)):
+                    for c in walk(node.value)):
                 found = result_reaches_backward(path, node.lineno, depth + 1)
                 if found is not None:
                     return found
@@ -813,14 +855,14 @@ def keeping_line(path: str, line: int, name: str) -> int | None:
     if tree is None:
         return None
     hits = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.AugAssign) and _root(node.target) == name:
             hits.append(node.lineno)
         elif isinstance(node, ast.Assign):
             for target in node.targets:
                 if _root(target) == name and (
                         not isinstance(target, ast.Name)
-                        or any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node.value))):
+                        or any(isinstance(n, ast.Name) and n.id == name for n in walk(node.value))):
                     hits.append(node.lineno)
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
                 and isinstance(node.value.func, ast.Attribute) and _root(node.value.func) == name:
@@ -841,16 +883,16 @@ def _reads_grad(node: ast.AST, name: str | None = None) -> bool:
     """Does ``node`` read a ``.grad`` (of ``name`` when given)?"""
     return any(isinstance(n, ast.Attribute) and n.attr == "grad"
                and (name is None or (isinstance(n.value, ast.Name) and n.value.id == name))
-               for n in ast.walk(node))
+               for n in walk(node))
 
 
 def _reads_itself(node: ast.AST, name: str) -> bool:
     """Does ``node`` read ``name`` other than through its ``.grad`` (``p - lr * p.grad``, not
     ``p.grad.clone()``)?"""
-    inside_grad = {id(n.value) for n in ast.walk(node)
+    inside_grad = {id(n.value) for n in walk(node)
                    if isinstance(n, ast.Attribute) and n.attr == "grad"}
     return any(isinstance(n, ast.Name) and n.id == name and id(n) not in inside_grad
-               for n in ast.walk(node))
+               for n in walk(node))
 
 
 def _in_place(name: str, value: ast.AST) -> str:
@@ -863,6 +905,7 @@ def _in_place(name: str, value: ast.AST) -> str:
     return f"{name}.copy_({ast.unparse(value)})"
 
 
+@_once_per_file
 def discarded_updates(path: str) -> list[tuple[int, str, str, str]]:
     """Statements of a hand-written update whose result is thrown away, as ``(line, form,
     text, in-place statement meant)``: ``"rebind"`` — a loop variable assigned an expression of itself and its own
@@ -927,12 +970,12 @@ def _blends(loop: ast.AST) -> list[tuple[int, str, str, str]]:
     ``for a, b in zip(...)`` over parameters."""
     target, iterable = loop.target, loop.iter
     # for a, b in zip(...); for (name, a), (_, b) in zip(x.named_parameters(), ...)
-    flat = [n for n in ast.walk(target) if not isinstance(n, (ast.Tuple, ast.Store))]
+    flat = [n for n in walk(target) if not isinstance(n, (ast.Tuple, ast.Store))]
     if not (isinstance(target, ast.Tuple) and all(isinstance(n, ast.Name) for n in flat)
             and isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name)
             and iterable.func.id == "zip"
             and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                    and n.func.attr in _PARAM_ITERABLES for n in ast.walk(iterable))):
+                    and n.func.attr in _PARAM_ITERABLES for n in walk(iterable))):
         return []
     names = [n.id for n in flat]
     found = []
@@ -942,10 +985,10 @@ def _blends(loop: ast.AST) -> list[tuple[int, str, str, str]]:
                 and isinstance(statement.targets[0], ast.Name)):
             continue
         name = statement.targets[0].id
-        read = {n.id for n in ast.walk(statement.value) if isinstance(n, ast.Name)}
+        read = {n.id for n in walk(statement.value) if isinstance(n, ast.Name)}
         if name not in names or name not in read or not (read & (set(names) - {name})):
             continue
-        later = [n for rest in body[index + 1:] for n in ast.walk(rest)]
+        later = [n for rest in body[index + 1:] for n in walk(rest)]
         if any(isinstance(n, ast.Name) and n.id == name for n in later):
             continue  # the new value is used (stored, copied in) further down
         found.append((statement.lineno, "blend", name, f"{name}.copy_({ast.unparse(statement.value)})"))
@@ -990,7 +1033,7 @@ def grad_clears(path: str, first: int, last: int) -> list[tuple[int, str]]:
     if tree is None:
         return []
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.stmt) and first <= node.lineno <= last):
             continue
         if isinstance(node, ast.Assign) and any(_ends_in_grad(t) for t in node.targets) \
@@ -1061,12 +1104,12 @@ def advantage_line(path: str, line: int) -> tuple[int, str] | None:
         return None
     scope = _enclosing_function(tree, line)
     best = None
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Assign) and node.lineno < line and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) \
                 and any(w in node.targets[0].id.lower() for w in ("adv", "delta", "td_err")) \
                 and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub)
-                        for n in ast.walk(node.value)) \
+                        for n in walk(node.value)) \
                 and (best is None or node.lineno > best.lineno):
             best = node
     return (best.lineno, ast.unparse(best).strip()) if best is not None else None
@@ -1094,6 +1137,7 @@ def policy_term_line(path: str, line: int) -> tuple[int, str] | None:
     return best.lineno, ast.unparse(best).strip()
 
 
+@_once_per_file
 def degree_power_line(path: str) -> tuple[int, str] | None:
     """``(line, text)`` of the script's only assignment that raises a degree to a power or
     multiplies by it (``deg.pow(0.5)``, ``deg ** -0.5``, ``degree.sqrt()``, ``deg[:, None] *
@@ -1103,13 +1147,13 @@ def degree_power_line(path: str) -> tuple[int, str] | None:
     if tree is None:
         return None
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, (ast.Assign, ast.AugAssign, ast.Return)):
             continue
         value = node.value
         if value is None:
             continue
-        for sub in ast.walk(value):
+        for sub in walk(value):
             powered = (isinstance(sub, ast.BinOp) and isinstance(sub.op, (ast.Pow, ast.Mult))) or (
                 isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
                 and sub.func.attr in ("pow", "pow_", "sqrt", "rsqrt", "mul", "mul_"))
@@ -1121,6 +1165,7 @@ def degree_power_line(path: str) -> tuple[int, str] | None:
     return found[0].lineno, ast.unparse(found[0]).strip()
 
 
+@_once_per_file
 def target_slice_line(path: str) -> tuple[int, str] | None:
     """``(line, text)`` of the script's only assignment of a slice (``x[a:b]``) to a name with
     ``target`` in it (``target = source[i:i + seq_len]``, ``data, targets = ...``); None when there
@@ -1129,13 +1174,13 @@ def target_slice_line(path: str) -> tuple[int, str] | None:
     if tree is None:
         return None
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Assign):
             continue
-        names = [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        names = [n.id for t in node.targets for n in walk(t) if isinstance(n, ast.Name)]
         if any("target" in n.lower() for n in names) and any(
                 isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Slice)
-                for sub in ast.walk(node.value)):
+                for sub in walk(node.value)):
             found.append(node)
     if len(found) != 1:
         return None
@@ -1144,11 +1189,11 @@ def target_slice_line(path: str) -> tuple[int, str] | None:
 
 def _policy_terms(scope: ast.AST, line: int | None) -> list:
     out = []
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)) \
                 or (line is not None and node.lineno > line):
             continue
-        for sub in ast.walk(node):
+        for sub in walk(node):
             if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) and any(
                     any(w in ast.unparse(side).lower() for w in _LOG_PROB_WORDS)
                     for side in (sub.left, sub.right)):
@@ -1158,7 +1203,7 @@ def _policy_terms(scope: ast.AST, line: int | None) -> list:
 
 
 def _calls_named(node: ast.AST, names: tuple[str, ...] | frozenset) -> bool:
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Call):
             func = sub.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
@@ -1182,7 +1227,7 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
         found = _innermost_statement(tree, line)
         return None if found is None else (found[0].lineno, ast.unparse(found[0]).strip())
     scope = _enclosing_function(tree, line)
-    statements = sorted((n for n in ast.walk(scope)
+    statements = sorted((n for n in walk(scope)
                          if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
                          and n.value is not None and line <= n.lineno <= line + 20),
                         key=lambda n: n.lineno)
@@ -1192,13 +1237,13 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
     else:
         def wanted(value):
             return _calls_named(value, ("exp",)) or any(
-                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(value))
+                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in walk(value))
     def exp_of_difference(value):
         return any(isinstance(n, ast.Call)
                    and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) == "exp"
                    and n.args and any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Sub)
-                                      for b in ast.walk(n.args[0]))
-                   for n in ast.walk(value))
+                                      for b in walk(n.args[0]))
+                   for n in walk(value))
 
     # only statements that read what the log_prob's statement made, directly or through the
     # statements between (a ratio in another function is not guessed at); an exp of a
@@ -1207,20 +1252,20 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
     for test in ((exp_of_difference, wanted) if fault != "minimised" else (wanted,)):
         names: set = set()
         for n in statements:
-            read = {sub.id for sub in ast.walk(n.value) if isinstance(sub, ast.Name)}
+            read = {sub.id for sub in walk(n.value) if isinstance(sub, ast.Name)}
             if n.lineno != line and not read & names:
                 continue
             if test(n.value):
                 ratio = n
                 break
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-            names |= {sub.id for t in targets for sub in ast.walk(t) if isinstance(sub, ast.Name)}
+            names |= {sub.id for t in targets for sub in walk(t) if isinstance(sub, ast.Name)}
         if ratio is not None:
             break
     if ratio is None:
         return None
     if fault == "cancels":
-        subtracted = {n.right.id for n in ast.walk(ratio.value)
+        subtracted = {n.right.id for n in walk(ratio.value)
                       if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Sub, ast.Div))
                       and isinstance(n.right, ast.Name)}
         aliases = [n for n in statements if n.lineno < ratio.lineno and isinstance(n, ast.Assign)
@@ -1242,7 +1287,7 @@ def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int,
     if tree is None:
         return None
     name = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if getattr(node, "lineno", None) != line:
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
@@ -1274,7 +1319,7 @@ def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int,
         return None
     scope = _enclosing_function(tree, line)
     best = None
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno < line:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == name for t in targets) \
@@ -1287,7 +1332,7 @@ _TERM_SPAN = 30  # lines above the loss's assignment searched for the term
 def _holds_term(node: ast.AST, term: str) -> bool:
     """Does the expression compute an exp (``.exp()``, ``torch.exp(...)``) or a square
     (``** 2``, ``.pow(2)``, ``torch.square``)?"""
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Call):
             name = _last_name(sub.func)
             if term == "exp" and name == "exp":
@@ -1331,7 +1376,7 @@ def _loss_function_term(tree: ast.AST, value: ast.AST, term: str) -> tuple[int, 
     if not isinstance(value, ast.Call) or not isinstance(value.func, (ast.Name, ast.Attribute)):
         return None
     name = value.func.id if isinstance(value.func, ast.Name) else value.func.attr
-    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    defs = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and n.name == name]
     if len(defs) != 1 or not defs[0].body or not isinstance(defs[0].body[-1], ast.Return) \
             or defs[0].body[-1].value is None:
@@ -1354,12 +1399,12 @@ def _term_assignment(loss: ast.AST, before: list, term: str, first: int) -> tupl
     if len(candidates) != 1:
         return None
     name = candidates[0].targets[0].id
-    for sub in ast.walk(loss):  # loss = recon - kld, loss = -kld + recon
+    for sub in walk(loss):  # loss = recon - kld, loss = -kld + recon
         if (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and isinstance(sub.right, ast.Name)
                 and sub.right.id == name) or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub)
                                               and isinstance(sub.operand, ast.Name) and sub.operand.id == name):
             return None
-    if not any(isinstance(sub, ast.Name) and sub.id == name for sub in ast.walk(loss)):
+    if not any(isinstance(sub, ast.Name) and sub.id == name for sub in walk(loss)):
         return None  # the loss does not read it
     return candidates[0].lineno, ast.unparse(candidates[0]).strip()
 
@@ -1375,7 +1420,7 @@ def _is_cpu_device(node: ast.AST) -> bool:
 def _to_host(node: ast.AST) -> bool:
     """Does the code move a tensor to the CPU: ``.cpu()``, ``.to("cpu")``, ``.to(device="cpu")``,
     ``.to(torch.device("cpu"))``?"""
-    for call in ast.walk(node):
+    for call in walk(node):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
             continue
         if call.func.attr == "cpu":
@@ -1390,7 +1435,7 @@ def _to_host(node: ast.AST) -> bool:
 def _squared_difference(node: ast.AST) -> bool:
     """``(a - b) ** 2``, ``(a - b).pow(2)``, ``(a - b).abs()``, ``torch.abs(a - b)`` somewhere in
     the expression."""
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Pow) and isinstance(sub.left, ast.BinOp) \
                 and isinstance(sub.left.op, ast.Sub):
             return True
@@ -1438,9 +1483,9 @@ def _loss_statement(path: str, line: int, holds) -> tuple[int, str, ast.AST] | N
         if holds(stmt.value):
             return stmt.lineno, ast.unparse(stmt).strip(), stmt.value
     for source in (value, *(stmt.value for stmt in above)):
-        for call in (n for n in ast.walk(source) if isinstance(n, ast.Call)):
+        for call in (n for n in walk(source) if isinstance(n, ast.Call)):
             name = _last_name(call.func)
-            defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            defs = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                     and n.name == name]
             if len(defs) == 1:
                 for stmt in defs[0].body:
@@ -1456,7 +1501,7 @@ _LOG_CALLS = frozenset({"log_softmax", "log", "logsigmoid", "log_sigmoid", "log2
 def _is_log(node: ast.AST) -> bool:
     """Does the expression take a log (``F.log_softmax(...)``, ``p.log()``, ``torch.log``), or
     name one (``log_p``, ``logprobs``)?"""
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Call) and _last_name(sub.func) in _LOG_CALLS:
             return True
         if isinstance(sub, (ast.Name, ast.Attribute)) and "log" in (_last_name(sub) or "").lower():
@@ -1491,7 +1536,7 @@ def _compared_target(expr: ast.AST, form: str) -> ast.AST | None:
     factor of a product with a log that takes none (``form`` "cross-entropy"), the subtracted
     side of a squared or absolute difference ("squared error"), the second operand of a cosine
     ("cosine similarity")."""
-    for sub in ast.walk(expr):
+    for sub in walk(expr):
         if form == "cross-entropy" and isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult):
             left, right = _is_log(sub.left), _is_log(sub.right)
             if left != right:
@@ -1518,7 +1563,7 @@ def comparison_line(path: str, line: int, form: str) -> tuple[int, str, str] | N
     if found is None:
         return None
     target = _compared_target(found[2], form)
-    squared = next((operand for sub in ast.walk(found[2])
+    squared = next((operand for sub in walk(found[2])
                     if (operand := _squared_operand(sub)) is not None), None)
     if form == "squared error" and isinstance(squared, ast.Name):  # td ** 2: where td = a - b
         difference = _difference_assigned(_parse(path), squared.id, found[0])
@@ -1534,7 +1579,7 @@ def _difference_assigned(tree: ast.AST | None, name: str, line: int) -> tuple[in
     if tree is None:
         return None
     best = None
-    for node in ast.walk(_enclosing_function(tree, line)):
+    for node in walk(_enclosing_function(tree, line)):
         if isinstance(node, ast.Assign) and node.lineno < line and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name \
                 and (best is None or node.lineno > best.lineno):
@@ -1572,7 +1617,7 @@ def no_grad_block(path: str, line: int) -> tuple[int, str] | None:
     if tree is None:
         return None
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.With, ast.AsyncWith)) and node.body \
                 and node.body[0].lineno <= line <= (node.end_lineno or node.lineno) \
                 and any(_turns_grad_off(item.context_expr) for item in node.items):
@@ -1594,7 +1639,7 @@ def _innermost_statement(tree: ast.AST, line: int) -> tuple[ast.stmt, list, int]
     """The innermost statement holding ``line``, the block (list of statements) it is in and
     its index there."""
     best = None
-    for parent in ast.walk(tree):
+    for parent in walk(tree):
         for field in ("body", "orelse", "finalbody", "handlers"):
             block = getattr(parent, field, None)
             if not isinstance(block, list):
@@ -1616,7 +1661,7 @@ def target_filled_before(path: str, line: int) -> tuple[int, str, str] | None:
     tree = _parse(path)
     if tree is None:
         return None
-    for block in ast.walk(tree):
+    for block in walk(tree):
         body = getattr(block, "body", None)
         if not isinstance(body, list):
             continue
@@ -1643,7 +1688,7 @@ def target_filled_before(path: str, line: int) -> tuple[int, str, str] | None:
                     text = linecache.getline(path, before.lineno).split("  #")[0].strip()
                     return before.lineno, text, target
                 if any(isinstance(n, ast.Name) and n.id == target and isinstance(n.ctx, ast.Store)
-                       for n in ast.walk(before)):
+                       for n in walk(before)):
                     return None  # bound again in between
             return None
     return None
@@ -1659,13 +1704,13 @@ def snapshot_restored_later(path: str, line: int, name: str) -> tuple[int, str] 
         return None
     parents: dict = {}
     binding = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[child] = node
         if binding is None and isinstance(node, (ast.Assign, ast.AnnAssign)) \
                 and node.lineno <= line <= (node.end_lineno or node.lineno):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            names = {n.id for t in targets for n in walk(t) if isinstance(n, ast.Name)}
             if name in names:
                 binding = node
     if binding is None:
@@ -1684,7 +1729,7 @@ def snapshot_restored_later(path: str, line: int, name: str) -> tuple[int, str] 
     if not in_if:
         return None  # taken at every iteration: the last one is the weights it holds anyway
     found = []
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if not isinstance(call, ast.Call) or not call.args or call.lineno <= line:
             continue
         first, func = call.args[0], call.func
@@ -1719,11 +1764,11 @@ def moves_to_host(path: str, line: int) -> bool | None:
     name = stmt.targets[0].id
     for later in block[index + 1:]:
         reads = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                    for n in ast.walk(later))
+                    for n in walk(later))
         if reads and _to_host(later):
             return True
         if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
-               for n in ast.walk(later)):
+               for n in walk(later)):
             return False
     return False
 
@@ -1778,6 +1823,7 @@ def _bindings(target: ast.AST, source: ast.AST, out: dict) -> None:
                 _bindings(elt, source, out)
 
 
+@_once_per_file
 def param_writes(path: str) -> list[tuple[int, str, str, str | None]]:
     """The statements of ``path`` that write a tensor's values in place by hand, as ``(line,
     root name, source text, what a loop binds the root to or None)``: in-place methods
@@ -1787,11 +1833,11 @@ def param_writes(path: str) -> list[tuple[int, str, str, str | None]]:
     if tree is None:
         return []
     bound: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
             _bindings(node.target, node.iter, bound)
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         target = None
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             target = _written(node.value)
@@ -1820,12 +1866,12 @@ def foreach_writes(path: str, name: str) -> list[int]:
         return []
     names = {name}
     for _ in range(3):
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if isinstance(node, ast.Assign) and _names_in(node.value) & names:
                 for t in node.targets:
-                    names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+                    names |= {n.id for n in walk(t) if isinstance(n, ast.Name)}
     lines = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call) or not node.args:
             continue
         func = node.func
@@ -1840,6 +1886,7 @@ _SOFTMAX_MODULES = frozenset({"Softmax", "LogSoftmax"})
 _NAMESPACES = frozenset({"torch", "F", "nn", "functional", "special"})
 
 
+@_once_per_file
 def softmax_first_axis_calls(path: str) -> list[tuple[int, str]]:
     """The (log-)softmax calls of ``path`` given the literal dimension 0, as ``(line, source text
     of the call)``: ``torch.softmax(x, 0)``, ``F.log_softmax(x, dim=0)``, ``x.softmax(0)``,
@@ -1848,7 +1895,7 @@ def softmax_first_axis_calls(path: str) -> list[tuple[int, str]]:
     if tree is None:
         return []
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
@@ -1891,7 +1938,7 @@ def _factor_bodies(path: str, line: int, function: str) -> tuple[str, list[ast.A
         if isinstance(node, ast.Lambda):
             bodies.append(node.body)
         elif isinstance(node, ast.Name):
-            bodies += [d for d in ast.walk(tree)
+            bodies += [d for d in walk(tree)
                        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == node.id]
     return given, bodies
 
@@ -1944,7 +1991,7 @@ def factor_mentions(path: str, line: int, function: str, lr_text: str | None,
         except SyntaxError:
             wanted = None
     for body in bodies:
-        for node in ast.walk(body):
+        for node in walk(body):
             if isinstance(node, ast.Constant) and _same_number(node.value, lr_value):
                 return given
             if wanted is not None and isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) \
@@ -1960,7 +2007,7 @@ def group_lr(path: str, line: int, index: int) -> tuple[int, str] | None:
     tree = _parse(path)
     if tree is None:
         return None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
             continue
         given = node.args[0] if node.args else next(
@@ -1983,7 +2030,7 @@ def _param_bound(tree: ast.AST) -> set[str]:
     model.parameters()``, ``for n, p in m.named_parameters()``, ``for w in (fc.weight,)``)."""
     bound: dict[str, str] = {}
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
             bound.clear()
             _bindings(node.target, node.iter, bound)
@@ -2028,7 +2075,7 @@ def _cuts_param(expr: ast.AST, params: set[str]) -> bool:
 
 def _statement_at(tree: ast.AST, line: int) -> ast.stmt | None:
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.stmt) and node.lineno == line and \
                 not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.FunctionDef)):
             best = node
@@ -2052,12 +2099,12 @@ def cut_penalty(path: str, line: int) -> tuple[int, str] | None:
     value = getattr(start, "value", start)
     if _cuts_param(value, params):
         return start.lineno, ast.unparse(start).strip()
-    defs = {d.name: d for d in ast.walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    defs = {d.name: d for d in walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
     scope = _enclosing_function(tree, start.lineno)
     sources = [value]
-    for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}:
+    for name in {n.id for n in walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}:
         best = None
-        for node in ast.walk(scope):
+        for node in walk(scope):
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno < start.lineno \
                     and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -2069,9 +2116,9 @@ def cut_penalty(path: str, line: int) -> tuple[int, str] | None:
                 return best.lineno, ast.unparse(best).strip()
             sources.append(best.value)
     for expr in sources:
-        for call in ast.walk(expr):
+        for call in walk(expr):
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in defs:
-                for stmt in ast.walk(defs[call.func.id]):
+                for stmt in walk(defs[call.func.id]):
                     if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Return, ast.Expr)) \
                             and getattr(stmt, "value", None) is not None \
                             and _cuts_param(stmt.value, params):
@@ -2086,7 +2133,7 @@ def schedule_arguments(path: str, line: int, cls: str) -> str | None:
     tree = _parse(path)
     if tree is None:
         return None
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+    calls = [node for node in walk(tree) if isinstance(node, ast.Call)
              and node.lineno <= line <= (node.end_lineno or node.lineno) and _last_name(node.func) == cls]
     if len(calls) != 1:
         return None
@@ -2108,7 +2155,7 @@ def value_reaches_backward(path: str, line: int) -> int | None:
     tree = _parse(path)
     if tree is None:
         return None
-    statement = next((node for node in ast.walk(tree) if isinstance(node, ast.Return)
+    statement = next((node for node in walk(tree) if isinstance(node, ast.Return)
                       and node.value is not None
                       and node.lineno <= line <= (node.end_lineno or node.lineno)), None)
     if statement is None:
@@ -2116,10 +2163,10 @@ def value_reaches_backward(path: str, line: int) -> int | None:
     scope = _enclosing_function(tree, line)
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and any(
                 isinstance(c, ast.Call) and _last_name(c.func) == scope.name
-                for c in ast.walk(node.value)):
+                for c in walk(node.value)):
             found = result_reaches_backward(path, node.lineno)
             if found is not None:
                 return found
@@ -2137,7 +2184,7 @@ _LOSS_WORDS = ("loss", "crit")
 
 def _cut_how(expr: ast.AST) -> str | None:
     """How ``expr`` cuts a value from the graph (``.detach()``, ``.data``...), or None."""
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if isinstance(node, ast.Attribute) and node.attr == "data" and isinstance(node.ctx, ast.Load):
             return ".data"
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -2159,7 +2206,7 @@ def _hard_ops(expr: ast.AST):
     """``(how, operand)`` for each op in ``expr`` whose result has no gradient however its input
     was made: ``x.argmax(1)``, ``torch.argmax(x, 1)``, ``x.round()``, a comparison made a number
     (``(p > 0.5).float()``, ``torch.where(p > 0.5, 1.0, 0.0)``)."""
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if not isinstance(node, ast.Call):
             continue
         name = _last_name(node.func)
@@ -2183,7 +2230,7 @@ def _names_outside_hard(expr: ast.AST) -> set:
     """The names ``expr`` reads as a prediction, other than inside a hard op's operand: the
     first argument of each call (``ce(logits, y)``: not the target), a method's receiver, both
     sides of arithmetic."""
-    cut = {id(n) for _, operand in _hard_ops(expr) for n in ast.walk(operand)}
+    cut = {id(n) for _, operand in _hard_ops(expr) for n in walk(operand)}
     out: set = set()
 
     def visit(node) -> None:
@@ -2242,7 +2289,7 @@ def hard_cut_term(path: str, line: int) -> tuple[int, str, str, str] | None:
     if start is None or getattr(start, "value", None) is None:
         return None
     scope = _enclosing_function(tree, start.lineno)
-    assignments = sorted((n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))
+    assignments = sorted((n for n in walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))
                           and n.value is not None and n.lineno < start.lineno),
                          key=lambda n: n.lineno)
 
@@ -2274,7 +2321,7 @@ def hard_cut_term(path: str, line: int) -> tuple[int, str, str, str] | None:
         todo += [(n, made.lineno, depth + 1) for n in reads]
     for stmt in statements:
         for how, operand in _hard_ops(stmt.value):
-            names = {n.id for n in ast.walk(operand) if isinstance(n, ast.Name)}
+            names = {n.id for n in walk(operand) if isinstance(n, ast.Name)}
             # the value the hard op reads must reach the loss another way too (with its graph)
             hit = sorted(n for n in names if n in _graph_reads(start.value, stmt, graph_names))
             if hit:
@@ -2307,7 +2354,7 @@ def _grad_off(node: ast.AST) -> bool:
 def _under_no_grad(tree: ast.AST, statement: ast.stmt) -> bool:
     """Is ``statement`` inside a ``with torch.no_grad():`` block or a ``@torch.no_grad()``
     function?"""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.With, ast.AsyncWith)) and any(_grad_off(i.context_expr) for i in node.items) \
                 and node.lineno < statement.lineno <= (node.end_lineno or node.lineno):
             return True
@@ -2343,13 +2390,13 @@ def graph_cut(path: str, line: int, fn: str) -> tuple[int, str, str] | None:
         return None
     statement = _statement_at(tree, line)
     if statement is None:
-        statement = next((node for node in ast.walk(tree) if isinstance(node, ast.stmt)
+        statement = next((node for node in walk(tree) if isinstance(node, ast.stmt)
                           and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.FunctionDef,
                                                     ast.AsyncFunctionDef, ast.ClassDef, ast.Try))
                           and node.lineno <= line <= (node.end_lineno or node.lineno)), None)
     if statement is None:
         return None
-    calls = [c for c in ast.walk(statement) if isinstance(c, ast.Call)
+    calls = [c for c in walk(statement) if isinstance(c, ast.Call)
              and c.lineno <= line <= (c.end_lineno or c.lineno)]
     chosen = [c for c in calls if _last_name(c.func) == fn] or \
         [c for c in calls if any(w in (_last_name(c.func) or "").lower() for w in _LOSS_WORDS)]
@@ -2358,9 +2405,9 @@ def graph_cut(path: str, line: int, fn: str) -> tuple[int, str, str] | None:
     call = chosen[0]
     # the input (the prediction): a target is data, often detached on purpose
     args = call.args[:1] or [k.value for k in call.keywords if k.arg in ("input", "log_probs")]
-    defs = {d.name: d for d in ast.walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    defs = {d.name: d for d in walk(tree) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
     scope = _enclosing_function(tree, statement.lineno)
-    assignments = sorted((n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))
+    assignments = sorted((n for n in walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))
                           and n.value is not None), key=lambda n: n.lineno)
 
     def judged(stmt: ast.stmt, exprs: list) -> tuple[int, str, str] | None:
@@ -2372,13 +2419,13 @@ def graph_cut(path: str, line: int, fn: str) -> tuple[int, str, str] | None:
         if _under_no_grad(tree, stmt):
             return stmt.lineno, text, "torch.no_grad()"
         for expr in exprs:  # a helper of the file that cuts what it is given
-            for call in ast.walk(expr):
+            for call in walk(expr):
                 helper = defs.get(_last_name(call.func)) if isinstance(call, ast.Call) else None
                 if helper is None or helper is scope:
                     continue
                 if any(_grad_off(d) for d in helper.decorator_list):
                     return helper.lineno, f"def {helper.name}(...)", "torch.no_grad()"
-                for inner in ast.walk(helper):
+                for inner in walk(helper):
                     if isinstance(inner, (ast.Assign, ast.AnnAssign, ast.Return, ast.Expr)) \
                             and getattr(inner, "value", None) is not None:
                         how = _cut_how(inner.value)
@@ -2404,7 +2451,7 @@ def graph_cut(path: str, line: int, fn: str) -> tuple[int, str, str] | None:
                 break
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(leaf, ast.Name) and leaf.id == name
-                   for t in targets for leaf in ast.walk(t)):
+                   for t in targets for leaf in walk(t)):
                 best = node
         if best is None:
             continue
@@ -2423,7 +2470,7 @@ def self_load_alias(path: str, line: int) -> tuple[str, str, int | None] | None:
     if tree is None:
         return None
     found = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
                 and isinstance(node.func, ast.Attribute) and node.func.attr == "load_state_dict"
                 and node.args and isinstance(node.args[0], ast.Call)
@@ -2435,7 +2482,7 @@ def self_load_alias(path: str, line: int) -> tuple[str, str, int | None] | None:
         return None
     target, source = found
     assigned = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if (isinstance(node, ast.Assign) and node.lineno < line and len(node.targets) == 1
                 and ast.unparse(node.targets[0]) == target and ast.unparse(node.value) == source
                 and (assigned is None or node.lineno > assigned)):
@@ -2454,7 +2501,7 @@ def loop_names(path: str, line: int) -> tuple[str | None, str | None] | None:
     tree = _parse(path)
     if tree is None:
         return None
-    loop = next((node for node in ast.walk(tree)
+    loop = next((node for node in walk(tree)
                  if isinstance(node, (ast.For, ast.AsyncFor)) and node.lineno == line), None)
     if loop is None:
         return None
@@ -2485,7 +2532,7 @@ def output_read_line(path: str, line: int, time_dim: int, position: int, length:
         return None
     scope = _enclosing_function(tree, line)
     name = None
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.lineno <= line \
                 <= (node.end_lineno or node.lineno):
             target = node.targets[0] if isinstance(node, ast.Assign) else node.target
@@ -2496,7 +2543,7 @@ def output_read_line(path: str, line: int, time_dim: int, position: int, length:
             break
     names = {name} if name is not None else set()
     if name is not None and through:
-        for node in sorted((n for n in ast.walk(scope) if isinstance(n, ast.Assign)
+        for node in sorted((n for n in walk(scope) if isinstance(n, ast.Assign)
                             and n.lineno > line), key=lambda n: n.lineno):
             value = node.value
             if isinstance(value, ast.Call) and value.args and _call_name(value) in through \
@@ -2507,7 +2554,7 @@ def output_read_line(path: str, line: int, time_dim: int, position: int, length:
                 if isinstance(target, (ast.Name, ast.Attribute)):
                     names.add(ast.unparse(target))
     reads = []
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if getattr(node, "lineno", 0) < line:
             continue
         if isinstance(node, ast.Subscript):
@@ -2576,9 +2623,9 @@ _PLAIN_BASES = frozenset({"object", "Module"})
 def _names_in(node: ast.AST) -> set[str]:
     """Names and attribute names in an expression, but those only called (``teacher(x)``: a
     forward's result is not the module)."""
-    called = {id(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+    called = {id(n.func) for n in walk(node) if isinstance(n, ast.Call)}
     out = set()
-    for n in ast.walk(node):
+    for n in walk(node):
         if id(n) in called:
             continue
         if isinstance(n, ast.Name):
@@ -2591,7 +2638,7 @@ def _names_in(node: ast.AST) -> set[str]:
 def _referenced(tree: ast.AST) -> dict[str, int]:
     """How often each name is read (a Name loaded, an attribute read)."""
     counts: dict[str, int] = {}
-    for n in ast.walk(tree):
+    for n in walk(tree):
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             counts[n.id] = counts.get(n.id, 0) + 1
         elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
@@ -2602,11 +2649,11 @@ def _referenced(tree: ast.AST) -> dict[str, int]:
 def _functions(tree: ast.AST) -> list[tuple[ast.AST, ast.AST | None]]:
     """Every function definition with the class holding it (None for a plain function)."""
     out = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.ClassDef):
             out += [(f, node) for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
     methods = {id(f) for f, _ in out}
-    out += [(f, None) for f in ast.walk(tree)
+    out += [(f, None) for f in walk(tree)
             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(f) not in methods]
     return out
 
@@ -2667,7 +2714,7 @@ def _chain_of(text: str) -> list[str]:
         node = ast.parse(text)
     except SyntaxError:
         return []
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, ast.Call):
             target = _written(n)
             if target is not None:
@@ -2695,10 +2742,10 @@ def copy_writers(path: str, name: str) -> dict | None:
     names = {name}
     # names bound from the copy: ``params = list(teacher.parameters())``, loop variables
     for _ in range(3):
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if isinstance(node, ast.Assign) and _names_in(node.value) & names:
                 for t in node.targets:
-                    names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+                    names |= {n.id for n in walk(t) if isinstance(n, ast.Name)}
             elif isinstance(node, (ast.For, ast.comprehension)) and _names_in(node.iter) & names:
                 bound: dict[str, str] = {}
                 _bindings(node.target, node.iter, bound)
@@ -2728,7 +2775,7 @@ def copy_writers(path: str, name: str) -> dict | None:
     writers = [ln for ln in _statement_writes(tree, path, names, set()) if live(ln)]
     by_name = {f.name: f for f, _ in functions}
     made = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and live(node.lineno):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
@@ -2761,7 +2808,7 @@ def copy_writers(path: str, name: str) -> dict | None:
             if any(first <= ln <= last for ln in _statement_writes(tree, path, set(), mine)):
                 writers.append(node.lineno)
     unused = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Constant) \
                 and isinstance(node.value.value, (int, float)) and not isinstance(node.value.value, bool):
             t = node.targets[0]
@@ -2778,7 +2825,7 @@ def _set_up(tree: ast.AST, line: int) -> bool:
     scope = _enclosing_function(tree, line)
     if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return scope.name == "__init__"
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) \
                 and node.lineno <= line <= (node.end_lineno or node.lineno):
             return False
@@ -2809,10 +2856,10 @@ def rounding_behind(path: str, line: int) -> tuple[int, str] | None:
     text = _line(line)
     if ROUNDS.search(text.split("#")[0]):
         return line, text.split("#")[0].strip()
-    called = {node.func.id for node in ast.walk(tree)
+    called = {node.func.id for node in walk(tree)
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
               and node.lineno <= line <= (node.end_lineno or node.lineno)}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in called:
             for number in range(node.body[0].lineno, (node.end_lineno or node.lineno) + 1):
                 code = _line(number).split("#")[0]
@@ -2838,14 +2885,14 @@ def rounded_value(expr: ast.AST) -> bool:
             return False
         if isinstance(expr.op, ast.FloorDiv):
             return not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
-                           for n in ast.walk(expr))
+                           for n in walk(expr))
         return rounded_value(expr.left) or rounded_value(expr.right)
     if isinstance(expr, ast.UnaryOp):
         return rounded_value(expr.operand)
     name = _call_name(expr)
     if name in ROUNDING_CALLS and expr.args:
         return not any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
-                       for n in ast.walk(expr))
+                       for n in walk(expr))
     if name in ("min", "max"):
         return any(rounded_value(arg) for arg in expr.args)
     return False
@@ -2905,7 +2952,7 @@ def _scale_direction(expr: ast.AST) -> str | None:
 
 
 def _has_product(expr: ast.AST) -> bool:
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             return True
         if isinstance(node, ast.Call):
@@ -2917,6 +2964,7 @@ def _has_product(expr: ast.AST) -> bool:
     return False
 
 
+@_once_per_file
 def score_scalings(path: str) -> list[tuple[int, str, str, bool]]:
     """``(line, text, direction, with_product)`` of every multiplication or division in the file
     by what reads as a scale (``_scale_direction``): ``direction`` says which way it moves the
@@ -2927,7 +2975,7 @@ def score_scalings(path: str) -> list[tuple[int, str, str, bool]]:
     if tree is None:
         return []
     found: dict = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
             pairs = [(node.right, node.left)]
             if isinstance(node.op, ast.Mult):
@@ -2965,6 +3013,7 @@ def _reads_as_temperature(expr: ast.AST) -> float | bool:
     return bool(name) and any(word in name.lower() for word in ("temp", "tau", "scale"))
 
 
+@_once_per_file
 def temperature_products(path: str) -> list[tuple[int, str, str, bool, float | None]]:
     """``(line, text, divided, with_product, value)`` of every multiplication in the file by
     what reads as a temperature (``_reads_as_temperature``): ``divided`` is the same statement
@@ -2974,10 +3023,10 @@ def temperature_products(path: str) -> list[tuple[int, str, str, bool, float | N
     tree = _parse(path)
     if tree is None:
         return []
-    assigned = {id(node.value): node.targets for node in ast.walk(tree)
+    assigned = {id(node.value): node.targets for node in walk(tree)
                 if isinstance(node, ast.Assign)}
     found: dict = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             pairs = [(node.right, node.left), (node.left, node.right)]
         elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Mult):
@@ -3006,7 +3055,7 @@ def temperature_products(path: str) -> list[tuple[int, str, str, bool, float | N
 def _index_names(node: ast.AST) -> list[str]:
     """The names an index expression reads, dotted ones whole (``data.test_mask``, ``idx``)."""
     out = []
-    for sub in ast.walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.Attribute) and isinstance(sub.value, (ast.Name, ast.Attribute)):
             out.append(ast.unparse(sub))
         elif isinstance(sub, ast.Name):
@@ -3021,7 +3070,7 @@ def _row_index(node: ast.AST) -> bool:
         return False
     if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):
         return False  # y[-1]
-    return any(isinstance(sub, (ast.Name, ast.Attribute)) for sub in ast.walk(node))
+    return any(isinstance(sub, (ast.Name, ast.Attribute)) for sub in walk(node))
 
 
 # methods that keep a tensor's rows in their order (a cast, a reshape of each row)
@@ -3039,7 +3088,7 @@ def _binds(scope: ast.AST, name: str) -> bool:
     if any(arg.arg == name for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg)
            if arg is not None):
         return True
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Global) and name in node.names:
             return False
         if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
@@ -3064,7 +3113,7 @@ def loss_row_selections(path: str, line: int) -> dict | None:
     tree = _parse(path)
     if tree is None:
         return None
-    calls = [node for node in ast.walk(tree)
+    calls = [node for node in walk(tree)
              if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)]
     found = []
     for call in calls:
@@ -3088,7 +3137,7 @@ def loss_row_selections(path: str, line: int) -> dict | None:
     text = ast.unparse(target)
     first, last = call.lineno, call.end_lineno or call.lineno
     selections, names = [], set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Name):
             names.add(node.id)
         elif isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
@@ -3132,7 +3181,7 @@ def _assigned_values(scope: ast.AST, text: str) -> list[tuple[int, ast.AST]]:
     """``(line, value)`` of each plain assignment of ``text`` (a name or dotted name) in
     ``scope``, an element of a tuple assigned from a tuple of as many values included."""
     found = []
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Assign):
             if any(ast.unparse(t) == text for t in node.targets
                    if isinstance(t, (ast.Name, ast.Attribute))):
@@ -3327,7 +3376,7 @@ def argument_origin(path: str, line: int, callee: str, keyword: str) -> tuple[in
     tree = _parse(path)
     if tree is None:
         return None
-    calls = [node for node in ast.walk(tree)
+    calls = [node for node in walk(tree)
              if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
              and _call_name(node) == callee]
     for call in sorted(calls, key=lambda c: -c.lineno):
@@ -3378,7 +3427,7 @@ def target_origin(path: str, line: int) -> dict | None:
     tree = _parse(path)
     if tree is None:
         return None
-    calls = [node for node in ast.walk(tree)
+    calls = [node for node in walk(tree)
              if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)]
     targets = []
     for call in calls:
@@ -3423,7 +3472,7 @@ def stored_array_use(path: str, line: int, attr: str) -> dict | None:
     tree = _parse(path)
     if tree is None:
         return None
-    function = next((node for node in ast.walk(tree)
+    function = next((node for node in walk(tree)
                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and (node.lineno == line or any(d.lineno == line for d in node.decorator_list))),
                     None)
@@ -3462,11 +3511,11 @@ def stored_array_use(path: str, line: int, attr: str) -> dict | None:
             return ""
 
     read = write = read_expr = None
-    statements = sorted((node for node in ast.walk(function) if isinstance(node, ast.stmt)
+    statements = sorted((node for node in walk(function) if isinstance(node, ast.stmt)
                          and node is not function), key=lambda node: (node.lineno, node.col_offset))
     for node in statements:
         if read is None:
-            for sub in ast.walk(node):
+            for sub in walk(node):
                 if isinstance(sub, ast.Subscript) and stored(sub):
                     read, read_expr = (node.lineno, text(node)), text(sub)
                     break
@@ -3485,7 +3534,7 @@ def stored_array_use(path: str, line: int, attr: str) -> dict | None:
                     (isinstance(target, ast.Subscript) and shares(target.value)):
                 write = (node.lineno, text(node), "augmented", None)
         if write is None:
-            for sub in ast.walk(node):
+            for sub in walk(node):
                 if not isinstance(sub, ast.Call):
                     continue
                 func = sub.func
@@ -3509,7 +3558,7 @@ def labels_built(path: str, line: int) -> tuple[int, str, str] | None:
     if tree is None:
         return None
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)):
             continue
@@ -3530,7 +3579,7 @@ def labels_written(path: str, line: int, functions) -> tuple[int, str, str, str,
     tree = _parse(path)
     if tree is None:
         return None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
@@ -3560,7 +3609,7 @@ def call_with_swapped(path: str, line: int, first: int, second: int) -> tuple[st
     if tree is None:
         return None
     found = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno) \
                 and len(node.args) > max(first, second) \
                 and not any(isinstance(a, ast.Starred) for a in node.args) \
@@ -3593,7 +3642,7 @@ def term_assignment(path: str, line: int, name: str) -> tuple[int, str] | None:
             continue  # another scope
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.lineno <= line:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)
+            names = {t.id for target in targets for t in walk(target) if isinstance(t, ast.Name)
                      and isinstance(t.ctx, ast.Store)}
             if name in names and (best is None or node.lineno > best.lineno):
                 best = node
@@ -3614,7 +3663,7 @@ def _reduction_built(tree: ast.AST, statement: ast.stmt) -> tuple[int, str] | No
         return None
     called = ast.unparse(value.func)
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and ast.unparse(node.targets[0]) == called and isinstance(node.value, ast.Call) \
                 and any(k.arg == "reduction" for k in node.value.keywords):
@@ -3635,7 +3684,7 @@ def _last_assignment(tree: ast.AST, scope: ast.AST, line: int, name: str):
             continue
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.lineno <= line:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = {t.id for target in targets for t in ast.walk(target)
+            names = {t.id for target in targets for t in walk(target)
                      if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
             if name in names and (best is None or node.lineno > best.lineno):
                 best = node
@@ -3674,10 +3723,10 @@ def value_origin(path: str, line: int, name: str) -> tuple[int, str] | None:
         return None
     value = getattr(statement, "value", None)
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
-        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        defs = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and n.name == value.func.id]
         if len(defs) == 1:
-            returns = [n for n in ast.walk(defs[0]) if isinstance(n, ast.Return) and n.value is not None]
+            returns = [n for n in walk(defs[0]) if isinstance(n, ast.Return) and n.value is not None]
             if len(returns) == 1:
                 return returns[0].lineno, ast.unparse(returns[0]).strip()
     return statement.lineno, ast.unparse(statement).strip()
@@ -3728,7 +3777,7 @@ def loss_sites(path: str) -> tuple[dict, list]:
     tree = _parse(path)
     if tree is None:
         return {}, []
-    assigns = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
+    assigns = sorted((n for n in walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
     losses: dict[str, int] = {}
     weights: list = []
     for node in assigns:
@@ -3777,7 +3826,7 @@ def _index_producer(node) -> str | None:
 
 def _float_literal(node, floats: set) -> bool:
     """A non-integer float literal, or a name bound to one."""
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, ast.Constant) and isinstance(n.value, float) and not n.value.is_integer():
             return True
         if isinstance(n, ast.Name) and n.id in floats:
@@ -3785,6 +3834,7 @@ def _float_literal(node, floats: set) -> bool:
     return False
 
 
+@_once_per_file
 def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
     """``(line, producer text, use, use line)`` for the positions of a max (``[1]``,
     ``.indices``, ``argmax``) used as its values: scaled or shifted by a non-integer float
@@ -3793,7 +3843,7 @@ def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
     tree = _parse(path)
     if tree is None:
         return []
-    assigns = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
+    assigns = sorted((n for n in walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
     floats: set = set()
     for n in assigns:
         for t in n.targets:
@@ -3830,7 +3880,7 @@ def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
     valued: dict[str, tuple[int, str]] = {}
     for n in assigns:
         value = n.value
-        arithmetic = [b for b in ast.walk(value) if isinstance(b, ast.BinOp)
+        arithmetic = [b for b in walk(value) if isinstance(b, ast.BinOp)
                       and isinstance(b.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))]
         hit = None
         for b in arithmetic:
@@ -3845,22 +3895,22 @@ def indices_as_values(path: str) -> list[tuple[int, str, str, int]]:
             if hit:
                 break
         if hit is None:
-            names = {s.id for s in ast.walk(value) if isinstance(s, ast.Name)} & set(valued)
+            names = {s.id for s in walk(value) if isinstance(s, ast.Name)} & set(valued)
             hit = valued[next(iter(sorted(names)))] if names and arithmetic else None
         if hit is not None:
             for t in n.targets:
                 if isinstance(t, ast.Name):
                     valued[t.id] = hit
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if not (isinstance(call, ast.Call) and _is_loss_call(call)):
             continue
         for arg in list(call.args) + [k.value for k in call.keywords]:
-            names = {s.id for s in ast.walk(arg) if isinstance(s, ast.Name)} & set(valued)
+            names = {s.id for s in walk(arg) if isinstance(s, ast.Name)} & set(valued)
             if names:
                 line, text = valued[sorted(names)[0]]
                 found.append((line, text, "target", call.lineno))
                 break
-    for cmp in ast.walk(tree):
+    for cmp in walk(tree):
         if isinstance(cmp, ast.Call) and isinstance(cmp.func, ast.Attribute) and \
                 cmp.func.attr in ("ge", "gt", "le", "lt") and len(cmp.args) == 1:
             pairs = ((cmp.func.value, cmp.args[0]),)  # probs.max(1)[1].ge(0.95)
@@ -3892,6 +3942,7 @@ def _first_axis_length(node, name: str) -> bool:
             and len(node.args) == 1 and isinstance(node.args[0], ast.Name) and node.args[0].id == name)
 
 
+@_once_per_file
 def table_sliced_by_batch(path: str) -> list[tuple[int, str, str]]:
     """``(line, text, class name)`` of each ``forward`` that adds to a tensor a table attribute
     sliced by that tensor's first axis (``x + self.pe[:x.size(0)]``, the PyTorch tutorial's
@@ -3902,7 +3953,7 @@ def table_sliced_by_batch(path: str) -> list[tuple[int, str, str]]:
     if tree is None:
         return []
     batch_first = swapped = False
-    for n in ast.walk(tree):
+    for n in walk(tree):
         if isinstance(n, ast.keyword) and n.arg == "batch_first":
             if isinstance(n.value, ast.Constant) and n.value.value is True:
                 batch_first = True
@@ -3917,11 +3968,11 @@ def table_sliced_by_batch(path: str) -> list[tuple[int, str, str]]:
     if not batch_first or swapped:
         return []
     found = []
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+    for cls in (n for n in walk(tree) if isinstance(n, ast.ClassDef)):
         for fn in cls.body:
             if not (isinstance(fn, ast.FunctionDef) and fn.name == "forward"):
                 continue
-            for b in ast.walk(fn):
+            for b in walk(fn):
                 if not (isinstance(b, ast.BinOp) and isinstance(b.op, ast.Add)):
                     continue
                 for side, other in ((b.right, b.left), (b.left, b.right)):
@@ -3932,10 +3983,10 @@ def table_sliced_by_batch(path: str) -> list[tuple[int, str, str]]:
                             and isinstance(side.slice, ast.Slice) and side.slice.lower is None
                             and side.slice.upper is not None
                             and any(_first_axis_length(side.slice.upper, name) for name in
-                                    {s.id for s in ast.walk(other) if isinstance(s, ast.Name)})):
+                                    {s.id for s in walk(other) if isinstance(s, ast.Name)})):
                         found.append((b.lineno, ast.unparse(b), cls.name))
                         break
-    built = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    built = {n.func.id for n in walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     return [f for f in found if f[2] in built]
 
 

@@ -23,7 +23,6 @@ steps) and one ``if`` per loss call.
 
 from __future__ import annotations
 
-import gc
 import sys
 from itertools import compress, islice, repeat
 from operator import add, ge, itemgetter, not_
@@ -37,6 +36,7 @@ from .. import events as ev
 from ..location import site_key
 from .identities import Identities
 from .inlinable import watched
+from .names import live_modules
 from .recorder import Recorder
 
 MIN_STEPS = 2  # as the rule's: steps without a gradient before the modules are watched
@@ -108,9 +108,8 @@ class IdleParamWatcher:
         if not wanted:
             return
         self._searches += 1
-        Module = torch.nn.Module
-        for obj in gc.get_objects():
-            if not issubclass(type(obj), Module) or self._hooked.get(obj) is not None:
+        for obj in live_modules():
+            if self._hooked.get(obj) is not None:
                 continue
             own = obj.__dict__.get("_parameters")
             if not own:

@@ -13,10 +13,12 @@ class Patcher:
 
     def __init__(self) -> None:
         self._undo: list[tuple[str, Any, Any, Any]] = []
+        self._patched: list | None = None  # ``originals``' (owner, name, first old), kept until a change
 
     def patch(self, owner: Any, name: str, new: Any) -> None:
         old = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
         self._undo.append(("attr", owner, name, old))
+        self._patched = None
         setattr(owner, name, new)
 
     def unpatch(self, owner: Any, name: str, new: Any) -> bool:
@@ -44,15 +46,19 @@ class Patcher:
         patched in: a ``TorchFunctionMode`` handed one of graddoctor's wrappers (torch looks the
         public name up again) calls the original, so that the wrapper, which already ran, does
         not run twice."""
-        first: dict = {}
-        for kind, owner, name, old in self._undo:
-            if kind == "attr" and (id(owner), name) not in first:
-                first[(id(owner), name)] = old
+        patched = self._patched
+        if patched is None:  # each attribute once (with what it held first), in the order of
+            # its last patch: where two attributes hold one function, the later one's says
+            first: dict = {}
+            last: dict = {}
+            for index, (kind, owner, name, old) in enumerate(self._undo):
+                if kind == "attr":
+                    first.setdefault((id(owner), name), old)
+                    last[(id(owner), name)] = (index, owner, name)
+            patched = self._patched = [(owner, name, first[key]) for key, (_, owner, name)
+                                       in sorted(last.items(), key=lambda item: item[1][0])]
         out: dict = {}
-        for kind, owner, name, _ in self._undo:
-            if kind != "attr":
-                continue
-            old = first[(id(owner), name)]
+        for owner, name, old in patched:
             new = owner.__dict__.get(name) if hasattr(owner, "__dict__") else None
             if callable(new) and callable(old) and not isinstance(old, (staticmethod, classmethod)):
                 out[id(new)] = old
@@ -60,6 +66,7 @@ class Patcher:
 
     def undo(self) -> list[BaseException]:
         errors: list[BaseException] = []
+        self._patched = None
         while self._undo:
             kind, owner, name, old = self._undo.pop()
             try:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 
+from ..analysis.source import walk
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -143,7 +144,7 @@ def _target_names(targets) -> list[str] | None:
 def _statement_at(tree, line: int):
     """The innermost simple statement spanning ``line`` and the function holding it."""
     best, function = None, None
-    for node in ast.walk(tree):
+    for node in walk(tree):  # the file's nodes, listed once per check
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                 and node.lineno <= line <= (node.end_lineno or node.lineno):
             if function is None or node.lineno >= function.lineno:

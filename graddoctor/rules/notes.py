@@ -122,12 +122,14 @@ def later_phases(tree, seen: set[int]) -> list[int]:
     that does (``train(model, task_b)`` after ``train(model, task_a)``)."""
     import ast
 
+    from ..analysis.source import walk  # the file's nodes, listed once per check
+
     if tree is None or not seen:
         return []
-    training = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    training = {n.name for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and _backward_lines(n)}
     last = max(seen)
-    bodies = [tree.body] + [n.body for n in ast.walk(tree)
+    bodies = [tree.body] + [n.body for n in walk(tree)
                             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for body in bodies:
         for i, stmt in enumerate(body):
