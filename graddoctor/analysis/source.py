@@ -156,6 +156,9 @@ class ScriptSource:
     def softmax_first_axis_calls(self, path: str) -> list[tuple[int, str]]:
         return softmax_first_axis_calls(self.full(path))
 
+    def gather_first_axis_calls(self, path: str) -> list[tuple[int, str]]:
+        return gather_first_axis_calls(self.full(path))
+
     def foreach_writes(self, path: str, name: str) -> list[int]:
         return foreach_writes(self.full(path), name)
 
@@ -1835,6 +1838,33 @@ def softmax_first_axis_calls(path: str) -> list[tuple[int, str]]:
             function_form = name in _SOFTMAX_MODULES or not receiver \
                 or receiver[-1] in _NAMESPACES
             position = 0 if name in _SOFTMAX_MODULES or not function_form else 1
+            dim = node.args[position] if len(node.args) > position else None
+        if isinstance(dim, ast.Constant) and dim.value == 0 and not isinstance(dim.value, bool):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def gather_first_axis_calls(path: str) -> list[tuple[int, str]]:
+    """The ``gather`` / ``take_along_dim`` calls of ``path`` given the literal dimension 0, as
+    ``(line, source text of the call)``: ``q.gather(0, a)``, ``torch.gather(q, 0, a)``,
+    ``q.gather(dim=0, index=a)``, ``torch.take_along_dim(q, a, dim=0)``. Empty when the source
+    cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in ("gather", "take_along_dim"):
+            continue
+        dim = next((k.value for k in node.keywords if k.arg == "dim"), None)
+        if dim is None:
+            receiver = _chain(func.value) if isinstance(func, ast.Attribute) else []
+            function_form = not receiver or receiver[-1] in _NAMESPACES
+            position = (1 if function_form else 0) if name == "gather" else (2 if function_form else 1)
             dim = node.args[position] if len(node.args) > position else None
         if isinstance(dim, ast.Constant) and dim.value == 0 and not isinstance(dim.value, bool):
             found.append((node.lineno, ast.unparse(node)))
