@@ -1042,8 +1042,11 @@ loss_weight_learned params [pid] (the learned weights), kinds (["mul"] a product
                    [[int]|None] (per param: the indices along dim 0 of the elements its terms
                    select, ``s[2]``; None: the whole tensor), backwards
                    (how many backwards of the line showed the factor moving one way), line (the
-                   backward's line): a backward's loss weighs terms that are losses by construction
-                   with a monotone factor of a learned tensor that reaches the loss no other way,
+                   backward's line), reversed [bool] (per param: its only other path is a
+                   regulariser term whose slope has the term's sign, ``exp(-s) * loss - s``):
+                   a backward's loss weighs terms that are losses by construction
+                   with a monotone factor of a learned tensor that reaches the loss no other way
+                   (or only through such a reversed regulariser),
                    and the steps moved that factor only the way its gradient's fixed sign says,
                    at each of the line's first backwards — once per backward line (loc: the
                    backward; an aside; instrument/lossweight.py)
@@ -2195,11 +2198,13 @@ def loss_derived_weight(*, kinds: list[str], terms: int) -> Made:
 
 
 def loss_weight_learned(*, params: list[int], kinds: list[str], terms: int, backwards: int,
-                        elements: list | None = None, line: int | None = None) -> Made:
+                        elements: list | None = None, line: int | None = None,
+                        reversed: list | None = None) -> Made:
     return "loss_weight_learned", {"params": params, "kinds": kinds, "terms": terms,
                                    "backwards": backwards,
                                    "elements": elements if elements is not None else [None for _ in params],
-                                   "line": line}
+                                   "line": line,
+                                   "reversed": reversed if reversed is not None else [False for _ in params]}
 
 
 def dataset_drift(*, cls: str, attr: str, numpy: bool, rows: int, fetches: int) -> Made:

@@ -159,6 +159,9 @@ class ScriptSource:
     def gather_first_axis_calls(self, path: str) -> list[tuple[int, str]]:
         return gather_first_axis_calls(self.full(path))
 
+    def subtracting_lines(self, path: str, name: str) -> list[tuple[int, str]]:
+        return subtracting_lines(self.full(path), name)
+
     def foreach_writes(self, path: str, name: str) -> list[int]:
         return foreach_writes(self.full(path), name)
 
@@ -1869,6 +1872,30 @@ def gather_first_axis_calls(path: str) -> list[tuple[int, str]]:
         if isinstance(dim, ast.Constant) and dim.value == 0 and not isinstance(dim.value, bool):
             found.append((node.lineno, ast.unparse(node)))
     return sorted(found)
+
+
+def subtracting_lines(path: str, name: str) -> list[tuple[int, str]]:
+    """The lines of ``path`` that subtract the tensor ``name`` (a parameter's name, its last
+    part matched: ``log_vars``, or one element of it: ``log_vars[0]``) from something, as
+    ``(line, code without its comment)``: ``loss_reg * w - log_vars[0]``,
+    ``l - self.log_vars[0]``; not a negation inside a call (``torch.exp(-log_vars[0])``) nor
+    another element (``- log_vars[1]``). Empty when the source cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return []
+    base, _, element = name.rpartition(".")[2].partition("[")
+    if not base.isidentifier():
+        return []
+    tail = rf"\[\s*{re.escape(element[:-1].strip())}\s*\]" if element else r"(?![\w\[])"
+    pattern = re.compile(rf"[\w)\]]\s*-\s*(?:\w+\.)*{re.escape(base)}{tail}")
+    found = []
+    for number, text in enumerate(lines, 1):
+        code = text.split("#", 1)[0]
+        if pattern.search(code):
+            found.append((number, code.strip()))
+    return found
 
 
 def _same_number(value, number: float | None) -> bool:
