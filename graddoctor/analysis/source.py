@@ -162,6 +162,9 @@ class ScriptSource:
     def subtracting_lines(self, path: str, name: str) -> list[tuple[int, str]]:
         return subtracting_lines(self.full(path), name)
 
+    def subtracted_beside_factor(self, path: str, element: str) -> list[tuple[int, str]]:
+        return subtracted_beside_factor(self.full(path), element)
+
     def foreach_writes(self, path: str, name: str) -> list[int]:
         return foreach_writes(self.full(path), name)
 
@@ -1895,6 +1898,30 @@ def subtracting_lines(path: str, name: str) -> list[tuple[int, str]]:
         code = text.split("#", 1)[0]
         if pattern.search(code):
             found.append((number, code.strip()))
+    return found
+
+
+def subtracted_beside_factor(path: str, element: str) -> list[tuple[int, str]]:
+    """The lines of ``path`` that subtract some ``NAME[k]`` (``element``: ``"[k]"``) and weigh a
+    term with a factor of the same ``NAME[k]`` on the same line: ``exp(-NAME[k])``,
+    ``exp(NAME[k])``, ``NAME[k] ** 2`` (a weight under another name: ``s = model.log_vars``),
+    as ``(line, code without its comment)``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return []
+    index = re.escape(element.strip("[] "))
+    subtract = re.compile(rf"[\w)\]]\s*-\s*((?:\w+\.)*\w+)\[\s*{index}\s*\]")
+    found = []
+    for number, text in enumerate(lines, 1):
+        code = text.split("#", 1)[0]
+        for match in subtract.finditer(code):
+            name = re.escape(match.group(1))
+            factor = re.compile(rf"exp\(\s*-?\s*{name}\[\s*{index}\s*\]|{name}\[\s*{index}\s*\]\s*\*\*")
+            if factor.search(code):
+                found.append((number, code.strip()))
+                break
     return found
 
 

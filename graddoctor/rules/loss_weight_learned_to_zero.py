@@ -130,4 +130,7 @@ def _subtracting_line(a, e, names: list[str]):
     if e.loc is None:
         return None
     found = sorted({hit for name in names for hit in a.source.subtracting_lines(e.loc.path, name)})
+    if not found:  # the weight under another name on the line of its term (s = model.log_vars)
+        found = sorted({hit for name in names if name.endswith("]")
+                        for hit in a.source.subtracted_beside_factor(e.loc.path, name[name.rindex("["):])})
     return found[0] if len(found) == 1 else None
