@@ -25,7 +25,11 @@ class LossWeightLearnedToZero(Rule):
     construction (a torch loss function, a square, an absolute value, a norm, their sums, means
     and stacks) and whose other side is a chain of monotone ops (exp, negation, reciprocal,
     softplus, sigmoid, powers, constants, indexing) down to the learned tensor; the factor's
-    values are those autograd saved for the product.
+    values are those autograd saved for the product. The same when the weight's only other path
+    is a regulariser with the wrong sign: a term of the loss's linear top that is a monotone
+    chain down to the weight (`- s`, `- log(sigma)`) and whose slope along it has the weighted
+    term's sign (`exp(-s) * loss - s`: both fall as `s` grows, so the loss has no minimum);
+    then it points at the line that subtracts the weight.
 
     ## Why is this bad?
     The loss's derivative along the weight is the task loss itself times the factor's slope:
@@ -46,7 +50,10 @@ class LossWeightLearnedToZero(Rule):
     ```
 
     ## Stays silent on
-    Kendall's weights with `+ s` or `+ log(sigma)` (another path bounds the weight); SAC's
+    Kendall's weights with `+ s` or `+ log(sigma)` (another path bounds the weight), however
+    written (`- (-s)`, `0.5 * s`); a weight whose term rises as the regulariser falls
+    (`exp(s) * loss - s`: a minimum exists); a subtracted regulariser beside another path that
+    holds the weight; SAC's
     entropy temperature (`-(log_alpha * (logp + target_entropy).detach()).mean()`: the factor
     is no loss and changes sign); a learned CLIP logit scale inside the softmax; a learned
     distillation temperature that also divides the logits; GradNorm-style weights whose
