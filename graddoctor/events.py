@@ -945,6 +945,14 @@ class_axis         fn ("softmax" or "log_softmax"), shape (its result's sizes), 
                    class scores normalised over another axis than the one the loss picks the
                    class along — at the first 3 backwards, once per function, shape, axes and how
                    (loc: the backward; an aside; instrument/classaxis.py)
+gather_batch       shape (the gather's input sizes), index (its index's sizes), largest (the
+                   index's largest value), batch (the samples: dim 0): a gather on the loss's
+                   path along dim 0 of a per-sample tensor (another axis longer than 1, not a
+                   square (B, B) matrix, dim 0 as long as a tensor without gradient the graph
+                   read) with one row of picks per sample, narrower than dim 1, whose numbers are
+                   all below dim 1's length, itself below the batch: class or action numbers
+                   used as row numbers — at the first 3 backwards, once per shape and index shape
+                   (loc: the backward; an aside; instrument/gatherbatch.py)
 reduce_batch       fn ("logsumexp", "max", "min", "amax", "amin" or "prod"), shape (its input's
                    sizes), dims (the input's dimensions it reduces, 0 among them), batch (the
                    samples: dim 0): a reduction that is neither a sum nor a mean taken over dim 0
@@ -1069,8 +1077,11 @@ loss_weight_learned params [pid] (the learned weights), kinds (["mul"] a product
                    [[int]|None] (per param: the indices along dim 0 of the elements its terms
                    select, ``s[2]``; None: the whole tensor), backwards
                    (how many backwards of the line showed the factor moving one way), line (the
-                   backward's line): a backward's loss weighs terms that are losses by construction
-                   with a monotone factor of a learned tensor that reaches the loss no other way,
+                   backward's line), reversed [bool] (per param: its only other path is a
+                   regulariser term whose slope has the term's sign, ``exp(-s) * loss - s``):
+                   a backward's loss weighs terms that are losses by construction
+                   with a monotone factor of a learned tensor that reaches the loss no other way
+                   (or only through such a reversed regulariser),
                    and the steps moved that factor only the way its gradient's fixed sign says,
                    at each of the line's first backwards — once per backward line (loc: the
                    backward; an aside; instrument/lossweight.py)
@@ -2168,6 +2179,10 @@ def softmax_batch(*, fn: str, shape: list[int], batch: int, target: bool = False
     return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch, "target": target}
 
 
+def gather_batch(*, shape: list[int], index: list[int], largest: int, batch: int) -> Made:
+    return "gather_batch", {"shape": shape, "index": index, "largest": largest, "batch": batch}
+
+
 def reduce_batch(*, fn: str, shape: list[int], dims: list[int], batch: int) -> Made:
     return "reduce_batch", {"fn": fn, "shape": shape, "dims": dims, "batch": batch}
 
@@ -2244,11 +2259,13 @@ def loss_derived_weight(*, kinds: list[str], terms: int) -> Made:
 
 
 def loss_weight_learned(*, params: list[int], kinds: list[str], terms: int, backwards: int,
-                        elements: list | None = None, line: int | None = None) -> Made:
+                        elements: list | None = None, line: int | None = None,
+                        reversed: list | None = None) -> Made:
     return "loss_weight_learned", {"params": params, "kinds": kinds, "terms": terms,
                                    "backwards": backwards,
                                    "elements": elements if elements is not None else [None for _ in params],
-                                   "line": line}
+                                   "line": line,
+                                   "reversed": reversed if reversed is not None else [False for _ in params]}
 
 
 def dataset_drift(*, cls: str, attr: str, numpy: bool, rows: int, fetches: int) -> Made:
@@ -2316,6 +2333,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
     "reduce_batch": reduce_batch,
+    "gather_batch": gather_batch,
     "class_axis": class_axis,
     "shift_cancelled": shift_cancelled,
     "norm_batch": norm_batch,
@@ -2384,7 +2402,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})

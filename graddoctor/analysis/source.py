@@ -162,6 +162,15 @@ class ScriptSource:
     def softmax_first_axis_calls(self, path: str) -> list[tuple[int, str]]:
         return softmax_first_axis_calls(self.full(path))
 
+    def gather_first_axis_calls(self, path: str) -> list[tuple[int, str]]:
+        return gather_first_axis_calls(self.full(path))
+
+    def subtracting_lines(self, path: str, name: str) -> list[tuple[int, str]]:
+        return subtracting_lines(self.full(path), name)
+
+    def subtracted_beside_factor(self, path: str, element: str) -> list[tuple[int, str]]:
+        return subtracted_beside_factor(self.full(path), element)
+
     def foreach_writes(self, path: str, name: str) -> list[int]:
         return foreach_writes(self.full(path), name)
 
@@ -1912,6 +1921,81 @@ def softmax_first_axis_calls(path: str) -> list[tuple[int, str]]:
         if isinstance(dim, ast.Constant) and dim.value == 0 and not isinstance(dim.value, bool):
             found.append((node.lineno, ast.unparse(node)))
     return sorted(found)
+
+
+def gather_first_axis_calls(path: str) -> list[tuple[int, str]]:
+    """The ``gather`` / ``take_along_dim`` calls of ``path`` given the literal dimension 0, as
+    ``(line, source text of the call)``: ``q.gather(0, a)``, ``torch.gather(q, 0, a)``,
+    ``q.gather(dim=0, index=a)``, ``torch.take_along_dim(q, a, dim=0)``. Empty when the source
+    cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in ("gather", "take_along_dim"):
+            continue
+        dim = next((k.value for k in node.keywords if k.arg == "dim"), None)
+        if dim is None:
+            receiver = _chain(func.value) if isinstance(func, ast.Attribute) else []
+            function_form = not receiver or receiver[-1] in _NAMESPACES
+            position = (1 if function_form else 0) if name == "gather" else (2 if function_form else 1)
+            dim = node.args[position] if len(node.args) > position else None
+        if isinstance(dim, ast.Constant) and dim.value == 0 and not isinstance(dim.value, bool):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def subtracting_lines(path: str, name: str) -> list[tuple[int, str]]:
+    """The lines of ``path`` that subtract the tensor ``name`` (a parameter's name, its last
+    part matched: ``log_vars``, or one element of it: ``log_vars[0]``) from something, as
+    ``(line, code without its comment)``: ``loss_reg * w - log_vars[0]``,
+    ``l - self.log_vars[0]``; not a negation inside a call (``torch.exp(-log_vars[0])``) nor
+    another element (``- log_vars[1]``). Empty when the source cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return []
+    base, _, element = name.rpartition(".")[2].partition("[")
+    if not base.isidentifier():
+        return []
+    tail = rf"\[\s*{re.escape(element[:-1].strip())}\s*\]" if element else r"(?![\w\[])"
+    pattern = re.compile(rf"[\w)\]]\s*-\s*(?:\w+\.)*{re.escape(base)}{tail}")
+    found = []
+    for number, text in enumerate(lines, 1):
+        code = text.split("#", 1)[0]
+        if pattern.search(code):
+            found.append((number, code.strip()))
+    return found
+
+
+def subtracted_beside_factor(path: str, element: str) -> list[tuple[int, str]]:
+    """The lines of ``path`` that subtract some ``NAME[k]`` (``element``: ``"[k]"``) and weigh a
+    term with a factor of the same ``NAME[k]`` on the same line: ``exp(-NAME[k])``,
+    ``exp(NAME[k])``, ``NAME[k] ** 2`` (a weight under another name: ``s = model.log_vars``),
+    as ``(line, code without its comment)``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return []
+    index = re.escape(element.strip("[] "))
+    subtract = re.compile(rf"[\w)\]]\s*-\s*((?:\w+\.)*\w+)\[\s*{index}\s*\]")
+    found = []
+    for number, text in enumerate(lines, 1):
+        code = text.split("#", 1)[0]
+        for match in subtract.finditer(code):
+            name = re.escape(match.group(1))
+            factor = re.compile(rf"exp\(\s*-?\s*{name}\[\s*{index}\s*\]|{name}\[\s*{index}\s*\]\s*\*\*")
+            if factor.search(code):
+                found.append((number, code.strip()))
+                break
+    return found
 
 
 def _same_number(value, number: float | None) -> bool:

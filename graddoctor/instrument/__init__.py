@@ -85,6 +85,7 @@ from .repeatedloss import RepeatedLossWatcher
 from .repeatedterm import RepeatedTermWatcher
 from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
+from .gatherbatch import GatherBatchWatcher
 from .shiftcancel import ShiftCancelWatcher
 from .pairpull import PairPullWatcher
 from .negsample import NegativeSampleWatcher
@@ -229,6 +230,11 @@ class Instrumentation:
         reduce_batch = ReduceBatchWatcher(rec, self.dataloader)
         rec.subscribe(DESCRIBE_LOSS, reduce_batch.describe_loss)
         self.watchers.append(reduce_batch)
+        # a gather along dim 0 of per-sample scores with class or action numbers as its index
+        # (gather-over-batch): the graph of the first backwards walked, no wrapper
+        gather_batch = GatherBatchWatcher(rec, self.dataloader)
+        rec.subscribe(DESCRIBE_LOSS, gather_batch.describe_loss)
+        self.watchers.append(gather_batch)
         # class scores normalised over another axis than the one the loss picks the class along
         # (class-axis-mismatch): the graph of the first backwards walked, no wrapper
         class_axis = ClassAxisWatcher(rec)

@@ -19,7 +19,10 @@ What is watched:
   functions of ``torch.nn.functional`` (their ``nn`` modules call them), which remember the
   latest targets' first two dimensions.
 
-A site's forward with a 3-D input ``(d0, d1, ...)``, ``d0 != d1``, is compared with the batch
+A site's forward with a 3-D input ``(d0, d1, ...)``, ``d0 != d1``, with gradients on (an
+evaluation under ``no_grad`` over a whole split is not compared: the DataLoader's latest batch
+and the latest targets are the training loop's, and an epoch's partial last batch as long as the
+sequence made ``model(x_test)`` look seq-first) is compared with the batch
 sizes known at that moment: the number of samples in the batch a DataLoader served last
 (``DataLoaderWatcher.batch_size``: its ``batch_size``, less for an epoch's partial last batch),
 and the leading dimension of each of the latest (``TARGETS``) distinct loss targets, unless
@@ -204,6 +207,8 @@ class BatchFirstWatcher:
     def _look(self, site: _Site, module, x) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or batch_first(module) is not False:
             return  # unbatched (2-D), a PackedSequence, or batch_first set since
+        if not torch.is_grad_enabled():
+            return  # an evaluation pass (a whole split at once): the batch sizes known are stale
         d0, d1 = int(x.shape[0]), int(x.shape[1])
         if d0 == d1:
             return  # T == B: either way

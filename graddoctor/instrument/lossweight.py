@@ -39,7 +39,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import saved
-from .lossterms import _KEEP, _signed, LossGraphReader, signed_walk
+from .lossterms import _KEEP, _sign_of, _signed, LossGraphReader, signed_walk
 
 _LOOKED = 8  # backwards of each line looked at, at most (an accumulation window has no step)
 _MOVES = 3  # moves of the factor, all one way, that tell it
@@ -129,6 +129,78 @@ def _factor_leaf(node):
     return None
 
 
+# one-input ops whose output rises with their input (on the domain they are used on)
+_RISING = ("ExpBackward", "Exp2Backward", "SoftplusBackward", "SigmoidBackward", "SqrtBackward",
+           "LogBackward", "AddBackward1", "SubBackward1", "ExpandBackward", "SelectBackward",
+           "IndexBackward", "UnbindBackward", "SqueezeBackward", "UnsqueezeBackward", "ViewBackward",
+           "ReshapeAliasBackward", "UnsafeViewBackward", "CloneBackward", "ToCopyBackward",
+           "AliasBackward", "SliceBackward", "SplitBackward", "TBackward")
+# ... and those whose output falls as their input rises (a reciprocal of a positive scale)
+_FALLING = ("NegBackward", "RsubBackward1", "ReciprocalBackward", "RsqrtBackward")
+
+
+def chain_direction(node) -> float | None:
+    """+1 when the output of the chain of one-input ops from ``node`` down to a leaf tensor rises
+    with the leaf, -1 when it falls; None when the chain holds an op whose direction is not
+    known (a power, a product by a tensor) or reaches no leaf."""
+    direction = 1.0
+    for _ in range(_DEPTH):
+        if node is None:
+            return None
+        if getattr(node, "variable", None) is not None:
+            return direction
+        name = type(node).__name__
+        children = _children(node)
+        if len(children) != 1:
+            return None
+        index, child = children[0]
+        if name in ("MulBackward0", "DivBackward0"):
+            if name == "DivBackward0" and index != 0:
+                return None
+            sign = _sign_of(saved(node, "_saved_other" if index == 0 else "_saved_self"))
+            if not sign:
+                return None
+            direction *= sign
+        elif name in ("AddBackward0", "SubBackward0"):
+            direction *= -1.0 if (name == "SubBackward0" and index == 1) else 1.0
+        elif name.startswith(_FALLING):
+            direction = -direction
+        elif name == "PowBackward0":  # x ** p of a positive x: rises with x when p > 0
+            base, exponent = saved(node, "_saved_self"), saved(node, "_saved_exponent")
+            if not isinstance(exponent, (int, float)) or exponent == 0 or \
+                    not isinstance(base, torch.Tensor) or base.device.type != "cpu" or \
+                    base.numel() > _VALUES or not bool((base > 0).all()):
+                return None
+            direction *= 1.0 if exponent > 0 else -1.0
+        elif not name.startswith(_RISING):
+            return None
+        node = child
+    return None
+
+
+def regulariser_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, object]]:
+    """``[(node, slope, leaf, element)]``: the terms of the loss's linear top that are a
+    monotone chain of one-input ops down to one leaf tensor (Kendall's ``+ s``, ``+ log(sigma)``),
+    with the sign of the loss's slope along the leaf (the term's sign on the top times the
+    chain's direction)."""
+    found = []
+
+    def visit(node, sign, name, children) -> bool:
+        if len(children) != 1 and getattr(node, "variable", None) is None:
+            return False
+        chain = _factor_leaf(node) if not name.startswith("Log") else _factor_leaf(children[0][1])
+        if chain is None:
+            return False
+        direction = chain_direction(node)
+        if direction is None:
+            return False
+        found.append((node, sign * direction, *chain))
+        return True
+
+    signed_walk(root, limit, visit)
+    return found
+
+
 def weighted_terms(root, limit: int = _NODES) -> list[tuple[object, int, str, object, object]]:
     """``[(node, factor's input index, "mul" | "div", leaf, element)]``: the products and
     quotients the loss holds with a positive sign of a loss by construction and a monotone chain
@@ -156,7 +228,7 @@ def weighted_terms(root, limit: int = _NODES) -> list[tuple[object, int, str, ob
     return found
 
 
-def _reached_otherwise(root, skipped: dict) -> dict | None:
+def _reached_otherwise(root, skipped: dict, cut=frozenset()) -> dict | None:
     """The leaf tensors reached from ``root`` without going through the factor input of the
     weighted terms (``skipped``: node -> that input's index): id -> None when all of the tensor
     is reached, else the set of its elements (``(dim, index)``) that are; None past
@@ -166,7 +238,7 @@ def _reached_otherwise(root, skipped: dict) -> dict | None:
     stack = [root]
     while stack:
         node = stack.pop()
-        if node is None or node in seen:
+        if node is None or node in seen or node in cut:
             continue
         seen.add(node)
         if len(seen) > _GRAPH_NODES:
@@ -225,6 +297,7 @@ class LearnedWeightWatcher(LossGraphReader):
     def __init__(self, rec):
         super().__init__(rec)
         self._series: dict = {}  # backward location -> {(term key) -> [values per backward]}
+        self._reversed_pids: set = set()  # weights whose only other path is a reversed regulariser
 
     def _judge(self, root, loc) -> None:
         terms = weighted_terms(root)
@@ -232,9 +305,16 @@ class LearnedWeightWatcher(LossGraphReader):
         if not terms:
             series.clear()  # a line whose loss changed form: its series starts again
             return
-        others = _reached_otherwise(root, {node: index for node, index, *_ in terms})
+        skipped = {node: index for node, index, *_ in terms}
+        others = _reached_otherwise(root, skipped)
         if others is None:
             return
+        reversed_by = self._reversed(root, terms, others)
+        if reversed_by:
+            cut = {node for found in reversed_by.values() for node in found}
+            others = _reached_otherwise(root, skipped, cut)
+            if others is None:
+                return
         tensors = self.rec.tensors
         seen_keys = set()
         for position, (node, index, kind, leaf, element) in enumerate(terms):
@@ -247,6 +327,8 @@ class LearnedWeightWatcher(LossGraphReader):
             if values is None:
                 continue
             key = (position, pid, kind, element)
+            if (id(leaf), element) in reversed_by:
+                self._reversed_pids.add(pid)
             seen_keys.add(key)
             series.setdefault(key, []).append(values)
         for key in [k for k in series if k not in seen_keys]:
@@ -277,8 +359,32 @@ class LearnedWeightWatcher(LossGraphReader):
         indices = [sorted(elements[pid]) if elements.get(pid) is not None else None for pid in told]
         self.rec.emit_aside(ev.loss_weight_learned(params=told, kinds=kinds, elements=indices,
                                                    terms=sum(len(v) for v in by_pid.values()),
-                                                   backwards=looked, line=getattr(loc, "line", None)),
+                                                   backwards=looked, line=getattr(loc, "line", None),
+                                                   reversed=[pid in self._reversed_pids for pid in told]),
                             loc)
+
+    @staticmethod
+    def _reversed(root, terms, others) -> dict:
+        """``{(id(leaf), element): [regulariser nodes]}`` for the weighted terms whose leaf the
+        loss reaches otherwise only through regulariser terms that push it the same way as the
+        term does (Kendall's ``exp(-s) * loss - s``: both make the loss fall as ``s`` grows), so
+        that nothing bounds it."""
+        found: dict = {}
+        regularisers = None
+        for node, index, kind, leaf, element in terms:
+            if not held(others, leaf, element):
+                continue
+            factor = node.next_functions[index][0]
+            direction = chain_direction(factor)
+            if direction is None:
+                continue
+            slope = direction if kind == "mul" else -direction  # the term's, the loss >= 0
+            if regularisers is None:
+                regularisers = regulariser_terms(root)
+            same = [r for r in regularisers if r[2] is leaf and (r[3] == element or r[3] is None)]
+            if same and all(r[1] == slope for r in same):
+                found[(id(leaf), element)] = [r[0] for r in same]
+        return found
 
     def install(self, patcher) -> None:
         pass

@@ -25,7 +25,11 @@ class LossWeightLearnedToZero(Rule):
     construction (a torch loss function, a square, an absolute value, a norm, their sums, means
     and stacks) and whose other side is a chain of monotone ops (exp, negation, reciprocal,
     softplus, sigmoid, powers, constants, indexing) down to the learned tensor; the factor's
-    values are those autograd saved for the product.
+    values are those autograd saved for the product. The same when the weight's only other path
+    is a regulariser with the wrong sign: a term of the loss's linear top that is a monotone
+    chain down to the weight (`- s`, `- log(sigma)`) and whose slope along it has the weighted
+    term's sign (`exp(-s) * loss - s`: both fall as `s` grows, so the loss has no minimum);
+    then it points at the line that subtracts the weight.
 
     ## Why is this bad?
     The loss's derivative along the weight is the task loss itself times the factor's slope:
@@ -46,7 +50,10 @@ class LossWeightLearnedToZero(Rule):
     ```
 
     ## Stays silent on
-    Kendall's weights with `+ s` or `+ log(sigma)` (another path bounds the weight); SAC's
+    Kendall's weights with `+ s` or `+ log(sigma)` (another path bounds the weight), however
+    written (`- (-s)`, `0.5 * s`); a weight whose term rises as the regulariser falls
+    (`exp(s) * loss - s`: a minimum exists); a subtracted regulariser beside another path that
+    holds the weight; SAC's
     entropy temperature (`-(log_alpha * (logp + target_entropy).detach()).mean()`: the factor
     is no loss and changes sign); a learned CLIP logit scale inside the softmax; a learned
     distillation temperature that also divides the logits; GradNorm-style weights whose
@@ -78,6 +85,11 @@ class LossWeightLearnedToZero(Rule):
                 assigned = a.source.loss_assignment(loc.path, loc.line)
                 if assigned is not None:
                     loc, text = Location(loc.path, assigned[0]), assigned[1]
+            flipped = [pid for pid, r in zip(e.get("params") or (), e.get("reversed") or ())
+                       if r and pid in pids]
+            if flipped:
+                yield self._reversed_finding(a, e, flipped, picked, loc, text)
+                continue
             said = f"`{text}`" if text else "the loss"
             how = ("a divisor of" if kinds == ["div"] else "a factor of")
             yield self.finding(
@@ -94,3 +106,38 @@ class LossWeightLearnedToZero(Rule):
                      "(Kendall's uncertainty weighting), `loss / (2 * sigma**2) + log(sigma)`; or "
                      "keep the weight fixed, or renormalise learned weights to a fixed sum after "
                      "each step"))
+
+    def _reversed_finding(self, a, e, pids, picked, loc, text):
+        """Kendall's weighting whose regulariser has the wrong sign (``exp(-s) * loss - s``):
+        pointed at the line that subtracts the weight when the script has one such line."""
+        names = [_element_name(a.names([pid]), picked.get(pid)) for pid in pids]
+        shown = ", ".join(names)
+        line = _subtracting_line(a, e, names)
+        if line is not None:
+            loc, text = Location(e.loc.path, line[0]), line[1]
+        said = f"`{text}`" if text else "the loss"
+        return self.finding(
+            f"{shown} reach{'es' if len(names) == 1 else ''} {said} as a factor of loss terms and "
+            f"otherwise only through a regulariser with the sign that pushes {'it' if len(names) == 1 else 'them'} "
+            f"the same way: both the weighted term and the regulariser fall as the factor "
+            f"shrinks, so the loss has no minimum along the weight, and the optimizer moved it "
+            f"only that way over the first {e.get('backwards')} backwards. The factor shrinks "
+            f"without end, the terms it weighs are switched off, and the loss falls without bound",
+            loc, step=a.next_step_number(e.seq),
+            evidence={"params": pids[:16], "kinds": list(e.get("kinds") or ()),
+                      "terms": e.get("terms"), "reversed": True},
+            fix="give the regulariser the sign that holds the weight: `exp(-s) * loss + s` "
+                "(not `- s`), `loss / (2 * sigma**2) + log(sigma)`")
+
+
+
+def _subtracting_line(a, e, names: list[str]):
+    """``(line, text)`` of the one line of the backward's file that subtracts one of the weights
+    (``... - log_vars[0]``, not ``exp(-log_vars[0])``), else None."""
+    if e.loc is None:
+        return None
+    found = sorted({hit for name in names for hit in a.source.subtracting_lines(e.loc.path, name)})
+    if not found:  # the weight under another name on the line of its term (s = model.log_vars)
+        found = sorted({hit for name in names if name.endswith("]")
+                        for hit in a.source.subtracted_beside_factor(e.loc.path, name[name.rindex("["):])})
+    return found[0] if len(found) == 1 else None
