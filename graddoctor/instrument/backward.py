@@ -837,7 +837,8 @@ class BackwardWatcher:
         rec = self.rec
         folder = rec.folder
         calls = line.calls + 1
-        if (folder is None or folder.steady is not steady or rec.holder is not None
+        if (folder is None or folder.steady is not steady
+                or (rec.holder is not None and not rec.release_onto_steady("backward", armed[-1]))
                 or rec.progress.stop_requested or get_ident() != ident or HELD
                 or self._roots_marked or self._always_walk or line.extra_leaves
                 or line.registrations != self.registrations or calls >= line.next_walk
