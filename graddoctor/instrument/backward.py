@@ -770,8 +770,12 @@ class BackwardWatcher:
                 # factor, batch): keyword arguments of ``events.backward``, whose defaults fill
                 # in the rest
                 extra = {}
-                for describe in describers.now:
-                    extra.update(describe(tensors))
+                rec.describing(True)  # one location lookup for the describers' ``here()``
+                try:
+                    for describe in describers.now:
+                        extra.update(describe(tensors))
+                finally:
+                    rec.describing(False)
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
                 ctx, loc, extra = None, None, {}
@@ -886,8 +890,12 @@ class BackwardWatcher:
             line.calls += 1
             extra_leaves = line.extra_leaves
             extra = {}
-            for describe in self._describe_loss.now:
-                extra.update(describe(tensors))
+            rec.describing(True)  # one location lookup for the describers' ``here()``
+            try:
+                for describe in self._describe_loss.now:
+                    extra.update(describe(tensors))
+            finally:
+                rec.describing(False)
             ok = True
         except Exception as exc:
             rec.internal_error("backward (before)", exc)

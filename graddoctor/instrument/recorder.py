@@ -39,6 +39,7 @@ from .topics import TOPICS, F, Subscribers, Topic
 
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
+_UNSET = object()
 
 
 def _shape(tensor) -> list[int] | None:
@@ -118,6 +119,7 @@ class Recorder:
         self.shapes: dict[int, list[int]] = {}
         self.requires_grad: dict[int, bool] = {}
         self.internal_errors = 0
+        self._here_memo: list | None = None  # [thread, its location or _UNSET] (``describing``)
         # a watcher holding back events that may still grow; it has ``close()`` (emit them now,
         # in order, with ``trace.put``) and ``held()`` (copies for a snapshot: [(seq, kind, loc,
         # data)]) and ``hold_aside(made, loc)`` (keep an aside event after them; ``emit_aside``).
@@ -157,10 +159,27 @@ class Recorder:
 
     # -- events ------------------------------------------------------------------------
     def here(self, skip: int = 2) -> Location | None:
+        memo = self._here_memo
+        if memo is not None and skip == 2 and memo[0] == get_ident():
+            # inside one describe_loss publish every describer's caller is the same user line
+            # (graddoctor's frames lie between): looked up once (``describing``)
+            if memo[1] is _UNSET:
+                try:
+                    memo[1] = self.finder.here(skip)
+                except Exception:  # never let the location lookup break the user's run
+                    memo[1] = None
+            return memo[1]
         try:
             return self.finder.here(skip)
         except Exception:  # never let the location lookup break the user's run
             return None
+
+    def describing(self, on: bool) -> None:
+        """A backward's loss describers run (``DESCRIBE_LOSS``, on this thread) between
+        ``describing(True)`` and ``describing(False)``: ``here()`` from any of them finds the same
+        user frame (the ``backward()`` call, or the script's own wrapper of it), so it is looked
+        up once for all of them."""
+        self._here_memo = [get_ident(), _UNSET] if on else None
 
     def caller_of(self, skip: int = 2) -> Location | None:
         """``LocationFinder.caller_of``: the call site of the user's helper making this call."""
