@@ -770,8 +770,12 @@ class BackwardWatcher:
                 # factor, batch): keyword arguments of ``events.backward``, whose defaults fill
                 # in the rest
                 extra = {}
-                for describe in describers.now:
-                    extra.update(describe(tensors))
+                rec.describing(True)  # one location lookup for the describers' ``here()``
+                try:
+                    for describe in describers.now:
+                        extra.update(describe(tensors))
+                finally:
+                    rec.describing(False)
             except Exception as exc:
                 rec.internal_error("backward (before)", exc)
                 ctx, loc, extra = None, None, {}
@@ -837,7 +841,8 @@ class BackwardWatcher:
         rec = self.rec
         folder = rec.folder
         calls = line.calls + 1
-        if (folder is None or folder.steady is not steady or rec.holder is not None
+        if (folder is None or folder.steady is not steady
+                or (rec.holder is not None and not rec.release_onto_steady("backward", armed[-1]))
                 or rec.progress.stop_requested or get_ident() != ident or HELD
                 or self._roots_marked or self._always_walk or line.extra_leaves
                 or line.registrations != self.registrations or calls >= line.next_walk
@@ -885,8 +890,12 @@ class BackwardWatcher:
             line.calls += 1
             extra_leaves = line.extra_leaves
             extra = {}
-            for describe in self._describe_loss.now:
-                extra.update(describe(tensors))
+            rec.describing(True)  # one location lookup for the describers' ``here()``
+            try:
+                for describe in self._describe_loss.now:
+                    extra.update(describe(tensors))
+            finally:
+                rec.describing(False)
             ok = True
         except Exception as exc:
             rec.internal_error("backward (before)", exc)

@@ -325,13 +325,53 @@ def _realize(turn: list) -> None:
 
 def _turn_repeats(turn: list, plan: tuple) -> bool:
     """``_repeats`` of a steady turn: its unmade events repeat by construction (each hook
-    compared what it read with what it read when armed); a turn with any event made the usual
-    way is compared whole (its unmade events made first)."""
+    compared what it read with what it read when armed); a turn with events made the usual
+    way compares those only (``_made_repeat``), the unmade ones left unmade (a clip or a
+    step after one, made every turn, no longer has every list of the turn copied per turn)."""
     if all(map(is_, map(type, turn), repeat(tuple))):
         return True
-    if not all(map(is_not, map(type, turn), repeat(tuple))):
-        _realize(turn)
-    return _repeats(turn, plan)
+    if all(map(is_not, map(type, turn), repeat(tuple))):
+        return _repeats(turn, plan)
+    return _made_repeat(turn, plan)
+
+
+def _made_repeat(turn: list, plan: tuple) -> bool:
+    """``_repeats`` for a turn of made events and unmade ones (``steady_take``'s tuples): the
+    made events compared as ``_repeats`` compares them; an unmade one only lends its ``batch``
+    (``_repeats`` reads every batch relative to the turn's first)."""
+    heads, keys, getters, values, special = plan
+    if len(turn) != len(heads):
+        return False
+    for i, entry in enumerate(turn):
+        if type(entry) is tuple:
+            continue
+        data = entry.data
+        if (entry.kind, entry.loc) != heads[i] or tuple(data) != keys[i] \
+                or getters[i](data) != values[i]:
+            return False
+    base = None
+    for i, key, how, expected in special:
+        entry = turn[i]
+        if type(entry) is tuple:  # repeats by construction; its batch is the base if first
+            if how == _BATCH and base is None:
+                changes = entry[4]
+                value = changes[key] if changes and key in changes else entry[3][key]
+                if value is not None:
+                    base = value
+            continue
+        value = entry.data[key]
+        if how == _SCALE:
+            value = None if value is None else "scale"
+        elif how == _BATCH:
+            if value is not None:
+                if base is None:
+                    base = value
+                value = _batch(value, base)
+        else:
+            value = _frozen(value)
+        if not (expected == value):
+            return False
+    return True
 
 
 class Folder:
@@ -643,6 +683,36 @@ class Folder:
         turn.append(event)
         steady.made = True
         return event
+
+    def steady_accepts(self, heads: list) -> bool:
+        """Whether ``steady_put`` would take events of these ``(kind, loc)`` in this order now
+        (read only): a holder's events and the event that releases them go onto the steady
+        path only together (``Recorder.emit``); else the steady state ends before any of them,
+        as recording them would have cut the turns (``observe`` of the releasing event first)."""
+        steady = self.steady
+        if steady is None:
+            return False
+        if steady.entered:
+            turn = steady.open
+            j = len(turn)
+        else:
+            opened = self.trace.events[self.start:]
+            if (len(self.pending) != self.context or len(opened) > steady.length
+                    or [e.kind for e in opened] != steady.kinds[:len(opened)]
+                    or [e.loc for e in opened] != steady.locs[:len(opened)]):
+                return False
+            turn, j = opened, len(opened)
+        kinds, locs, wrapped = steady.kinds, steady.locs, False
+        for kind, loc in heads:
+            if j == steady.length:  # this event starts the next turn: the open one must repeat
+                if wrapped or kind != kinds[0] or not (loc is locs[0] or loc == locs[0]) \
+                        or not _turn_repeats(turn, steady.plan):
+                    return False
+                wrapped, j = True, 0
+            elif kind != kinds[j] or not (loc is locs[j] or loc == locs[j]):
+                return False
+            j += 1
+        return True
 
     def steady_take(self, steady: "_Steady", j: int, kind: str, loc, base, changes) -> bool:
         """The straight-line path of a hook (``steady_hooks``): in the steady state ``steady``,

@@ -235,10 +235,14 @@ class ModeWatcher:
         """Emit the held events as they are now, finished (the recorder calls this)."""
         held, self._held = self._held, []
         self._close_window()
-        put = self.rec.trace.put
+        put = self.rec.put_held  # onto the steady path of a long run, else the trace
         wrong = [kind for seq, kind, loc, data in held if put((kind, data), loc).seq != seq]
         if wrong:  # an event went into the trace past Recorder.emit: a freeze seq may be off
             raise RuntimeError(f"held events emitted with other seqs than expected: {wrong}")
+
+    def heads(self) -> list[tuple]:
+        """The held events' kinds and locations, in order (the recorder's steady path)."""
+        return [(kind, loc) for seq, kind, loc, data in self._held]
 
     def hold_aside(self, made: ev.Made, loc) -> None:
         """Keep an aside event (``Recorder.emit_aside``) after ours; the aggregates stay open."""

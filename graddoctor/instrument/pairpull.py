@@ -66,7 +66,7 @@ import torch.nn.functional as F
 
 from .. import events as ev
 from .dependency import close_before_compile
-from .inlinable import watched, watched_call
+from .inlinable import unwatch, watched, watched_call
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, STEPPED
 
@@ -272,7 +272,8 @@ class PairPullWatcher:
                 return
             wrapper = make(original, after)
             patcher.patch(owner, name, wrapper)
-            self._restore.append((owner, name, original, wrapper))
+            # (a ``watched`` test is taken out of the wrapper it may share: ``unwatch``)
+            self._restore.append((owner, name, original, wrapper, after if make is watched else None))
 
         for owner, name, flips in _COMPARE:
             wrap(owner, name, self._compared(flips))
@@ -329,12 +330,12 @@ class PairPullWatcher:
         removed."""
         self._unwrap_tries += 1
         left = []
-        for owner, name, original, wrapper in self._restore:
+        for owner, name, original, wrapper, before in self._restore:
             try:
                 if owner.__dict__.get(name) is wrapper:
                     setattr(owner, name, original)
-                else:
-                    left.append((owner, name, original, wrapper))
+                elif before is None or not unwatch(owner, name, before):
+                    left.append((owner, name, original, wrapper, before))
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
         self._restore = left if self._unwrap_tries < _UNWRAP_TRIES else []

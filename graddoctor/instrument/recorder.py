@@ -39,6 +39,7 @@ from .topics import TOPICS, F, Subscribers, Topic
 
 
 _DUMMY_THREAD = getattr(threading, "_DummyThread", ())  # a thread Python did not start
+_UNSET = object()
 
 
 def _shape(tensor) -> list[int] | None:
@@ -118,6 +119,7 @@ class Recorder:
         self.shapes: dict[int, list[int]] = {}
         self.requires_grad: dict[int, bool] = {}
         self.internal_errors = 0
+        self._here_memo: list | None = None  # [thread, its location or _UNSET] (``describing``)
         # a watcher holding back events that may still grow; it has ``close()`` (emit them now,
         # in order, with ``trace.put``) and ``held()`` (copies for a snapshot: [(seq, kind, loc,
         # data)]) and ``hold_aside(made, loc)`` (keep an aside event after them; ``emit_aside``).
@@ -157,10 +159,27 @@ class Recorder:
 
     # -- events ------------------------------------------------------------------------
     def here(self, skip: int = 2) -> Location | None:
+        memo = self._here_memo
+        if memo is not None and skip == 2 and memo[0] == get_ident():
+            # inside one describe_loss publish every describer's caller is the same user line
+            # (graddoctor's frames lie between): looked up once (``describing``)
+            if memo[1] is _UNSET:
+                try:
+                    memo[1] = self.finder.here(skip)
+                except Exception:  # never let the location lookup break the user's run
+                    memo[1] = None
+            return memo[1]
         try:
             return self.finder.here(skip)
         except Exception:  # never let the location lookup break the user's run
             return None
+
+    def describing(self, on: bool) -> None:
+        """A backward's loss describers run (``DESCRIBE_LOSS``, on this thread) between
+        ``describing(True)`` and ``describing(False)``: ``here()`` from any of them finds the same
+        user frame (the ``backward()`` call, or the script's own wrapper of it), so it is looked
+        up once for all of them."""
+        self._here_memo = [get_ident(), _UNSET] if on else None
 
     def caller_of(self, skip: int = 2) -> Location | None:
         """``LocationFinder.caller_of``: the call site of the user's helper making this call."""
@@ -179,7 +198,16 @@ class Recorder:
             # (instrument/fold.py, ``Folder.steady_put``) until one does not
             if folder is not None and folder.steady is not None:
                 try:
-                    if self.holder is None and get_ident() == self.script_thread:
+                    if get_ident() != self.script_thread:
+                        folder.materialize()
+                    elif self.holder is None:
+                        event = folder.steady_put(made, loc)
+                        if event is not None:
+                            return event
+                    elif folder.steady_accepts([*self.holder.heads(), (kind, loc)]):
+                        # the held events (a forward's mode_forward) and this one repeat the
+                        # turn: all go onto the steady path, in the order recording puts them
+                        self.release()
                         event = folder.steady_put(made, loc)
                         if event is not None:
                             return event
@@ -221,18 +249,58 @@ class Recorder:
             self.emit(made, loc)
 
     def hold(self, holder) -> None:
-        """Make ``holder`` the watcher holding events back; the previous one emits its now."""
+        """Make ``holder`` the watcher holding events back; the previous one emits its now. In
+        the steady state of a long run the script's thread keeps it: ``emit`` puts the held
+        events onto the steady path with the event that releases them, or ends it first."""
         if self.holder is not holder:
             self.release()
-            self._leave_steady()  # held events go into the trace, not past the steady path
+            if get_ident() != self.script_thread:
+                self._leave_steady()  # held events go into the trace, not past the steady path
             self.holder = holder
 
     def release(self) -> None:
-        """Have the holder emit its held events now."""
+        """Have the holder emit its held events now (``put_held``)."""
         holder, self.holder = self.holder, None
         if holder is not None:
-            self._leave_steady()
+            if get_ident() != self.script_thread:
+                self._leave_steady()
             holder.close()
+
+    def release_onto_steady(self, kind: str, loc: Location | None) -> bool:
+        """A straight-line hook about to take the steady path's next event (``kind``, ``loc``)
+        while a holder holds: its events go onto the steady path first when they and that
+        event repeat the turn (``Folder.steady_accepts``). False: nothing done (the full path
+        records them as usual)."""
+        folder, holder = self.folder, self.holder
+        if holder is None:
+            return True
+        if folder is None or folder.steady is None or get_ident() != self.script_thread:
+            return False
+        with self.lock:
+            try:
+                if not folder.steady_accepts([*holder.heads(), (kind, loc)]):
+                    return False
+            except Exception as exc:  # keep every event from now on
+                self.folder = None
+                self.internal_error("folding repeated turns", exc)
+                return False
+            self.release()
+            return self.holder is None
+
+    def put_held(self, made: ev.Made, loc: Location | None = None) -> Event:
+        """A holder's event into the trace (its ``close``), with the seq it was promised: onto
+        the steady path while the steady state lasts (``Folder.steady_put``), else appended."""
+        with self.lock:
+            folder = self.folder
+            if folder is not None and folder.steady is not None:
+                try:
+                    event = folder.steady_put(made, loc)
+                    if event is not None:
+                        return event
+                except Exception as exc:  # keep every event from now on
+                    self.folder = None
+                    self.internal_error("folding repeated turns", exc)
+            return self.trace.put(made, loc)
 
     def _leave_steady(self, for_snapshot: bool = False) -> None:
         """End the folder's steady state: the trace as if every turn had been recorded (for a

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .graphpaths import reached
-from .inlinable import watched
+from .inlinable import unwatch, watched
 from .recorder import Recorder
 
 NAMES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
@@ -65,6 +65,7 @@ class RedrawnNoiseWatcher:
         self._arity = 0  # how many tensor arguments that call had
         self._backwards = 0
         self._done: set = set()
+        self._befores: list = []  # (name, this watcher's before in F.<name>'s wrapper)
 
     # -- module hooks (only while the window is open) ---------------------------------------
     def _pre(self, module, args):
@@ -90,6 +91,12 @@ class RedrawnNoiseWatcher:
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
+        befores, self._befores = self._befores, []
+        for name, before in befores:  # out of the loss wrappers it shares (a call per loss call)
+            try:
+                unwatch(F, name, before)
+            except Exception as exc:
+                self.rec.internal_error("noise_redrawn (unwatch)", exc)
 
     # -- the losses ---------------------------------------------------------------------------
     def _wrap(self, original, fn: str):
@@ -111,6 +118,7 @@ class RedrawnNoiseWatcher:
             except Exception as exc:
                 watcher.rec.internal_error(f"F.{fn}", exc)
 
+        self._befores.append((fn, before))  # for _stop's unwatch
         return watched(original, before)
 
     def _check(self, fn: str, input, target) -> None:
