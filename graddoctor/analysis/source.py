@@ -3138,13 +3138,20 @@ def _target_root(path: str, line: int) -> ast.AST | None:
 def target_assignment(path: str, line: int) -> tuple[int, str] | None:
     """``(line, text)`` of the latest plain assignment, in the innermost loop that holds the loss
     call on ``line`` and before it, of the name its first target reads (``labels =
-    ids.masked_fill(mask, -100)``); None when there is none."""
+    ids.masked_fill(mask, -100)``); None when there is none. A loss in a function with no loop
+    around it (a framework's per-batch hook: a Trainer's ``compute_loss``, Lightning's
+    ``training_step``) reads the function's body above the call."""
     tree = _parse(path)
     root = _target_root(path, line)
     loop = innermost_loop(path, line)
-    if tree is None or root is None or loop is None:
+    if tree is None or root is None:
         return None
-    values = [(at, value) for at, value in _assigned_values(_enclosing_function(tree, line), root.id)
+    scope = _enclosing_function(tree, line)
+    if loop is None and scope is not tree:
+        loop = (scope.lineno, scope.end_lineno or line)
+    if loop is None:
+        return None
+    values = [(at, value) for at, value in _assigned_values(scope, root.id)
               if loop[0] <= at < line]
     if not values:
         return None
