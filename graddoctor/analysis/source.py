@@ -199,6 +199,9 @@ class ScriptSource:
     def argument_origin(self, path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:
         return argument_origin(self.full(path), line, callee, keyword)
 
+    def keyword_argument(self, path: str, callee: str, keywords) -> tuple[int, str] | None:
+        return keyword_argument(self.full(path), callee, tuple(keywords))
+
     def stored_array_use(self, path: str, line: int, attr: str) -> dict | None:
         return stored_array_use(self.full(path), line, attr)
 
@@ -3206,6 +3209,24 @@ def function_calls_any(path: str, line: int, names: frozenset) -> bool:
 
 _AS_TENSOR = frozenset({"as_tensor", "tensor", "from_numpy", "asarray", "array", "DoubleTensor",
                         "FloatTensor"})
+
+
+def keyword_argument(path: str, callee: str, keywords: tuple) -> tuple[int, str] | None:
+    """``(line, text)`` of the first of ``keywords`` given to the only call in the file to
+    ``callee`` (its own name: ``TrainingArguments(..., warmup_steps=400)``), ``text`` being
+    ``keyword=value``; None when the file holds no such call, several, or none of them gives
+    one of ``keywords``."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and _call_name(node) == callee]
+    if len(calls) != 1:
+        return None
+    for keyword in keywords:
+        for k in calls[0].keywords:
+            if k.arg == keyword:
+                return k.value.lineno, f"{keyword}={ast.unparse(k.value)}"
+    return None
 
 
 def argument_origin(path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:
