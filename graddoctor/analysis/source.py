@@ -202,6 +202,9 @@ class ScriptSource:
     def keyword_argument(self, path: str, callee: str, keywords) -> tuple[int, str] | None:
         return keyword_argument(self.full(path), callee, tuple(keywords))
 
+    def squeeze_assignment(self, path: str, line: int, position: int) -> tuple[int, str, str] | None:
+        return squeeze_assignment(self.full(path), line, position)
+
     def stored_array_use(self, path: str, line: int, attr: str) -> dict | None:
         return stored_array_use(self.full(path), line, attr)
 
@@ -3209,6 +3212,31 @@ def function_calls_any(path: str, line: int, names: frozenset) -> bool:
 
 _AS_TENSOR = frozenset({"as_tensor", "tensor", "from_numpy", "asarray", "array", "DoubleTensor",
                         "FloatTensor"})
+
+
+def squeeze_assignment(path: str, line: int, position: int) -> tuple[int, str, str] | None:
+    """``(line, text, dim)`` of the latest assignment, before ``line`` in its function, of the
+    name given as argument ``position`` of the call on ``line`` (``F.mse_loss(pred, y)``),
+    when that assignment's value ends in a ``.squeeze(dim)`` with an explicit dim (``pred =
+    model(x).squeeze(0)``); None otherwise or when the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
+             and len(node.args) > position and isinstance(node.args[position], ast.Name)]
+    if len(calls) != 1:
+        return None
+    name = calls[0].args[position].id
+    values = [(at, value) for at, value in _assigned_values(_enclosing_function(tree, line), name)
+              if at < line]
+    if not values:
+        return None
+    at, value = max(values, key=lambda v: v[0])
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr == "squeeze" and len(value.args) == 1 and not value.keywords:
+        return at, f"{name} = {ast.unparse(value)}", ast.unparse(value.args[0])
+    return None
 
 
 def keyword_argument(path: str, callee: str, keywords: tuple) -> tuple[int, str] | None:
