@@ -102,6 +102,10 @@ class UnscaledAccumulation(Rule):
         step's ``if`` tests with ``%`` when it has one, else the window's length."""
         cst = src.cst
         line = finding.location.line
+        if finding.evidence.get("multiplied"):
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: the loss is multiplied by the window on its own line; "
+                "replace that factor with a division"))
         if len(finding.evidence.get("backward_lines") or ()) > 1:
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: the window's micro-batches are backpropagated at several "
