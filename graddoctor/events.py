@@ -510,8 +510,10 @@ ddp_init           ddp (its id, as ``ddp_no_sync``'s), params [pid] (the wrapped
                    parameters, tracked from here), world (the process group's size, None when
                    not read) — a DistributedDataParallel built (loc: the user's line that built
                    it; instrument/ddp.py)
-sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last set), shuffle — a
-                   DistributedSampler starting an epoch (loc: the user's loop over its DataLoader)
+sampler_iter       sampler, epoch (its ``epoch`` attribute: what set_epoch last set), shuffle,
+                   set_at ([path, line] of the user's latest ``set_epoch`` call on it; absent when
+                   none) — a DistributedSampler starting an epoch (loc: the user's loop over its
+                   DataLoader)
 replica_checksum   opt, step (the run's step count after this step), value (float: a checksum of
                    the parameters it owns, a ``Deferred`` while the run goes on), params (how
                    many) — after an optimizer's first steps in a multi-rank process group;
@@ -2037,8 +2039,12 @@ def ddp_no_sync(*, ddp: int) -> Made:
     return "ddp_no_sync", {"ddp": ddp}
 
 
-def sampler_iter(*, sampler: int, epoch: int | None, shuffle: bool) -> Made:
-    return "sampler_iter", {"sampler": sampler, "epoch": epoch, "shuffle": shuffle}
+def sampler_iter(*, sampler: int, epoch: int | None, shuffle: bool,
+                 set_at: list | None = None) -> Made:
+    data = {"sampler": sampler, "epoch": epoch, "shuffle": shuffle}
+    if set_at is not None:  # where the user's code last called set_epoch on it
+        data["set_at"] = set_at
+    return "sampler_iter", data
 
 
 def replica_checksum(*, opt: int, step: int, value: Any, params: int, layout: int | None = None,

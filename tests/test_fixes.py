@@ -51,6 +51,8 @@ NO_EDIT = {
     "bad_frozen_bn_head_only_optimizer.py",
     # a generator's loss leaks through an undetached discriminator: detach or clear, a choice
     "bad_optimizer_never_steps_gan.py",  # where the missing step goes is a person's call
+    # a loss multiplied by the window: the factor on its own line is the one to replace
+    "bad_accumulation_loss_multiplied.py",
     "bad_gan_discriminator_leak.py", "bad_gan_generator_leak_clear_after_step.py",
     # parameters left out of the optimizer: which optimizer owns them, at which lr, is a choice
     "bad_lightning_param_not_in_optimizer.py", "bad_learnable_scalar_left_out.py",

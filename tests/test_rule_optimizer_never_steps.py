@@ -24,3 +24,31 @@ def test_optimizer_never_steps_is_silent_on_an_inner_optimizer_a_wrapper_steps()
         t.step(1, line=12)
     t.put(ev.run_end(status="completed", steps=3))
     assert only(t, "optimizer-never-steps").location.line == 1
+
+
+def _gan(t, d_cleared=True, steps=3):
+    t.optimizer(0, [0], line=1, cls="Adam")  # the generator's
+    t.optimizer(1, [1], line=2, cls="Adam")  # the discriminator's
+    for _ in range(steps):
+        if d_cleared:
+            t.clear([1], opt=1, line=10)
+        t.backward(fresh=[1], line=11)       # D's loss
+        # (opt_d.step() dropped here)
+        t.clear([0], opt=0, line=13)
+        t.backward(fresh=[0], line=14)       # G's loss
+        t.step(0, line=15)
+    t.put(ev.run_end(status="completed", steps=steps))
+
+
+def test_a_dropped_step_of_one_of_two_cleared_optimizers_points_at_its_backward():
+    t = TraceBuilder()
+    _gan(t)
+    f = only(t, "optimizer-never-steps")
+    assert f.location.line == 11 and f.severity.value == "warning"
+    assert [r.location.line for r in f.related][:1] == [2]  # the optimizer's construction
+
+
+def test_an_optimizer_never_cleared_nor_stepped_points_at_its_construction():
+    t = TraceBuilder()
+    _gan(t, d_cleared=False)
+    assert only(t, "optimizer-never-steps").location.line == 2

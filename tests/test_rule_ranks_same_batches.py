@@ -182,3 +182,23 @@ def test_batches_that_feed_no_backward_and_runs_without_a_process_group_get_none
         data, batch_size=8, sampler=torch.utils.data.DistributedSampler(data))))
     assert {(e["sampler"], tuple(e["replicas"])) for e in sharded.of_kind("batch_fingerprint")} \
         == {("DistributedSampler", (1, 0))}
+
+
+def test_a_distributed_sampler_told_one_rank_points_at_its_rank_argument():
+    # DistributedSampler(dataset, num_replicas=world, rank=0) at line 7: that argument is the bug
+    per_rank = []
+    for r in range(2):
+        own = tuple({**p, "sampler_line": 7} for p in prints([1.0, 2.0, 3.0], sampler="DistributedSampler",
+                                                              replicas=[2, 0]))
+        per_rank.append(ProcessFacts(r, f"rank {r}", tuple(DDP), own))
+    (f,) = found(per_rank)
+    assert f.location.line == 7 and "rank=0 on every rank" in f.message
+
+
+def test_without_a_given_rank_the_loader_stays_the_location():
+    per_rank = []
+    for r in range(2):
+        own = tuple({**p, "sampler_line": 7} for p in prints([1.0, 2.0, 3.0]))
+        per_rank.append(ProcessFacts(r, f"rank {r}", tuple(DDP), own))
+    (f,) = found(per_rank)
+    assert f.location.line == 9

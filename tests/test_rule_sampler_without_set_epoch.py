@@ -65,3 +65,26 @@ def test_a_one_batch_peek_before_set_epoch_is_not_an_epoch():
         t.step(0, line=8)
     [found] = findings(t, "sampler-without-set-epoch")
     assert found.location.line == 6 and found.evidence["epochs_started"] == 3
+
+
+def test_set_epoch_called_with_the_same_value_points_at_that_call():
+    # sampler.set_epoch(0) at line 4, every epoch: the call is the line to change
+    t = TraceBuilder()
+    t.optimizer(0, [0])
+    for _ in range(3):
+        t.put(ev.sampler_iter(sampler=0, epoch=0, shuffle=True, set_at=["train.py", 4]), 5)
+        t.backward(fresh=[0], line=6)
+        t.step(0, line=7)
+    found = findings(t, "sampler-without-set-epoch")
+    assert [(f.location.line, f.evidence.get("set_epoch_called")) for f in found] == [(4, True)]
+    assert "set_epoch(epoch)" in found[0].fix
+
+
+def test_set_epoch_with_a_new_value_each_epoch_stays_silent():
+    t = TraceBuilder()
+    t.optimizer(0, [0])
+    for epoch in range(3):
+        t.put(ev.sampler_iter(sampler=0, epoch=epoch, shuffle=True, set_at=["train.py", 4]), 5)
+        t.backward(fresh=[0], line=6)
+        t.step(0, line=7)
+    assert findings(t, "sampler-without-set-epoch") == []

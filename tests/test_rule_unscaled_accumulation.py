@@ -171,3 +171,26 @@ def test_a_second_line_on_a_batch_already_used_or_unknown_stays_apart():
               _split_branches(builder("SGD"), factor=0.25, batches=False)):
         found = findings(t, "unscaled-accumulation")
         assert all(f.severity is Severity.INFO and f.evidence["k"] == 3 for f in found)
+
+
+def test_loss_multiplied_by_k_is_a_warning_with_sgd():
+    # `loss = crit(out, y) * k` where `/ k` was meant: k * k times one batch's gradient
+    t = builder("SGD")
+    accumulation(t, factor=4.0)
+    f = only(t, "unscaled-accumulation")
+    assert f.severity is Severity.WARNING and f.evidence["multiplied"] is True
+    assert "multiplied by 4" in f.message and "16x" in f.message
+
+
+def test_loss_multiplied_by_k_with_adam_is_info():
+    t = builder("Adam")
+    accumulation(t, factor=4.0)
+    f = only(t, "unscaled-accumulation")
+    assert f.severity is Severity.INFO and f.evidence["multiplied"] is True
+
+
+def test_loss_weight_below_k_stays_an_info():
+    t = builder("SGD")
+    accumulation(t, factor=2.0)
+    f = only(t, "unscaled-accumulation")
+    assert f.severity is Severity.INFO and "multiplied" not in f.evidence

@@ -214,6 +214,12 @@ class ScriptSource:
     def argument_origin(self, path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:
         return argument_origin(self.full(path), line, callee, keyword)
 
+    def keyword_argument(self, path: str, callee: str, keywords) -> tuple[int, str] | None:
+        return keyword_argument(self.full(path), callee, tuple(keywords))
+
+    def squeeze_assignment(self, path: str, line: int, position: int) -> tuple[int, str, str] | None:
+        return squeeze_assignment(self.full(path), line, position)
+
     def stored_array_use(self, path: str, line: int, attr: str) -> dict | None:
         return stored_array_use(self.full(path), line, attr)
 
@@ -3388,13 +3394,20 @@ def _target_root(path: str, line: int) -> ast.AST | None:
 def target_assignment(path: str, line: int) -> tuple[int, str] | None:
     """``(line, text)`` of the latest plain assignment, in the innermost loop that holds the loss
     call on ``line`` and before it, of the name its first target reads (``labels =
-    ids.masked_fill(mask, -100)``); None when there is none."""
+    ids.masked_fill(mask, -100)``); None when there is none. A loss in a function with no loop
+    around it (a framework's per-batch hook: a Trainer's ``compute_loss``, Lightning's
+    ``training_step``) reads the function's body above the call."""
     tree = _parse(path)
     root = _target_root(path, line)
     loop = innermost_loop(path, line)
-    if tree is None or root is None or loop is None:
+    if tree is None or root is None:
         return None
-    values = [(at, value) for at, value in _assigned_values(_enclosing_function(tree, line), root.id)
+    scope = _enclosing_function(tree, line)
+    if loop is None and scope is not tree:
+        loop = (scope.lineno, scope.end_lineno or line)
+    if loop is None:
+        return None
+    values = [(at, value) for at, value in _assigned_values(scope, root.id)
               if loop[0] <= at < line]
     if not values:
         return None
@@ -3449,6 +3462,49 @@ def function_calls_any(path: str, line: int, names: frozenset) -> bool:
 
 _AS_TENSOR = frozenset({"as_tensor", "tensor", "from_numpy", "asarray", "array", "DoubleTensor",
                         "FloatTensor"})
+
+
+def squeeze_assignment(path: str, line: int, position: int) -> tuple[int, str, str] | None:
+    """``(line, text, dim)`` of the latest assignment, before ``line`` in its function, of the
+    name given as argument ``position`` of the call on ``line`` (``F.mse_loss(pred, y)``),
+    when that assignment's value ends in a ``.squeeze(dim)`` with an explicit dim (``pred =
+    model(x).squeeze(0)``); None otherwise or when the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
+             and len(node.args) > position and isinstance(node.args[position], ast.Name)]
+    if len(calls) != 1:
+        return None
+    name = calls[0].args[position].id
+    values = [(at, value) for at, value in _assigned_values(_enclosing_function(tree, line), name)
+              if at < line]
+    if not values:
+        return None
+    at, value = max(values, key=lambda v: v[0])
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr == "squeeze" and len(value.args) == 1 and not value.keywords:
+        return at, f"{name} = {ast.unparse(value)}", ast.unparse(value.args[0])
+    return None
+
+
+def keyword_argument(path: str, callee: str, keywords: tuple) -> tuple[int, str] | None:
+    """``(line, text)`` of the first of ``keywords`` given to the only call in the file to
+    ``callee`` (its own name: ``TrainingArguments(..., warmup_steps=400)``), ``text`` being
+    ``keyword=value``; None when the file holds no such call, several, or none of them gives
+    one of ``keywords``."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and _call_name(node) == callee]
+    if len(calls) != 1:
+        return None
+    for keyword in keywords:
+        for k in calls[0].keywords:
+            if k.arg == keyword:
+                return k.value.lineno, f"{keyword}={ast.unparse(k.value)}"
+    return None
 
 
 def argument_origin(path: str, line: int, callee: str, keyword: str) -> tuple[int, str] | None:

@@ -132,6 +132,7 @@ class DDPWatcher:
         self.rec = rec
         self._ddp_id = Identities()  # DistributedDataParallel module -> its number
         self._sampler_id = Identities()  # DistributedSampler -> its number
+        self._set_epoch_at: dict[int, tuple] = {}  # id(DistributedSampler) -> (path, line) of set_epoch
         self._pending: bool | None = None  # the DDP forwards since the last backward: any synced?
         self._stepping = True  # subscribed to STEPPED (after_step) and not retired
         # ids of the parameters of the DistributedDataParallel modules seen (what DDP keeps
@@ -594,15 +595,34 @@ class DDPWatcher:
         def __iter__(sampler, *args, **kwargs):
             try:
                 epoch = getattr(sampler, "epoch", None)
+                set_at = watcher._set_epoch_at.get(id(sampler))
                 rec.emit(ev.sampler_iter(sampler=watcher._sampler_id(sampler),
                                          epoch=epoch if isinstance(epoch, int) else None,
-                                         shuffle=bool(getattr(sampler, "shuffle", False))),
+                                         shuffle=bool(getattr(sampler, "shuffle", False)),
+                                         set_at=list(set_at) if set_at else None),
                          _epoch_loop(rec, sampler))
             except Exception as exc:
                 rec.internal_error("DistributedSampler.__iter__", exc)
             return original(sampler, *args, **kwargs)
 
         return __iter__
+
+    def _wrap_set_epoch(self, original):
+        """Where the user's code calls ``set_epoch`` (once per epoch: nothing per step), so that
+        a sampler set to the same epoch every time is pointed at that call."""
+        watcher, rec = self, self.rec
+
+        @functools.wraps(original)
+        def set_epoch(sampler, *args, **kwargs):
+            try:
+                loc = rec.here(2)
+                if loc is not None:
+                    watcher._set_epoch_at[id(sampler)] = (loc.path, loc.line)
+            except Exception as exc:
+                rec.internal_error("DistributedSampler.set_epoch", exc)
+            return original(sampler, *args, **kwargs)
+
+        return set_epoch
 
     def install(self, patcher) -> None:
         try:
@@ -627,6 +647,8 @@ class DDPWatcher:
 
         patcher.patch(DistributedSampler, "__iter__",
                       self._wrap_sampler_iter(DistributedSampler.__iter__))
+        patcher.patch(DistributedSampler, "set_epoch",
+                      self._wrap_set_epoch(DistributedSampler.set_epoch))
         import torch.distributed as dist
 
         if dist.is_available():

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -35,7 +37,9 @@ class LossShapeBroadcast(Rule):
     `(pred - y).abs().mean()`, in the loop or in a function of the script) is read from the
     loss's graph at the first backwards: a squared or absolute difference of shape `(N, N)`
     between a computed `(N, 1)` (or `(N,)`) side and a target with no gradient; it points at
-    the line that computes the difference. Equal shapes, a scalar target and a target that only expands along
+    the line that computes the difference; a side assigned on an earlier line by a
+    `.squeeze(dim)` on the wrong dim (`pred = model(x).squeeze(0)` of an `(N, 1)` output: a
+    no-op) is pointed at that line. Equal shapes, a scalar target and a target that only expands along
     the input (`(N, D)` against `(D,)`) are not reported. Other broadcasts that grow both sides
     (`(N, 1)` against `(1, M)`: a pairwise comparison, perhaps deliberate) are reported as info,
     and not at all with `reduction='none'`, which keeps the pairwise tensor.
@@ -104,8 +108,22 @@ class LossShapeBroadcast(Rule):
                           f"instead of its own target")
             else:
                 effect = "the value computed here (a validation loss, a metric) is not the per-sample error"
+            fix, squeezed = None, None
+            if loc is not None and not fn.startswith("the hand-written"):
+                # the side that kept its size-1 dim was squeezed on another dim on the line that
+                # made it (`pred = model(x).squeeze(0)` of an (N, 1) output): that is the line
+                # to change
+                side = 0 if len(evidence["input_shape"]) > len(evidence["target_shape"]) else 1
+                squeezed = a.source.squeeze_assignment(loc.path, loc.line, side)
+            if squeezed is not None:
+                kept_shape = given if side == 0 else target
+                effect += (f"; `{squeezed[1]}` squeezes dim {squeezed[2]}, which is not of size 1, "
+                           f"so it changes nothing and the tensor keeps its shape {kept_shape}")
+                fix = (f"squeeze the size-1 dim: `{squeezed[1].replace(f'.squeeze({squeezed[2]})', '.squeeze(-1)')}`")
+                evidence["loss_line"] = loc.line
+                loc = replace(loc, line=squeezed[0])
             yield self.finding(
                 f"{fn} compares input {given} with target {target}: they broadcast to {shape}, so every "
                 f"prediction is compared with every target of the batch{kept} — {effect}",
-                loc, step=step,
+                loc, step=step, fix=fix,
                 evidence=evidence)

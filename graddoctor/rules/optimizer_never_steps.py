@@ -13,7 +13,10 @@ class OptimizerNeverSteps(Rule):
     ## What it does
     Finds an optimizer whose parameters receive gradients from `backward()` while the optimizer
     itself is never stepped: `optimizer.step` written without parentheses, a `scaler.step(opt)`
-    deleted, a step left behind a condition that is never true.
+    deleted, a step left behind a condition that is never true. Where other optimizers step
+    and this one's `zero_grad()` still runs every update (the step of one of two optimizers
+    dropped: a GAN's discriminator, an actor-critic's critic), it points at the backward that
+    fills its gradients, after which its step belongs; otherwise at its construction.
 
     ## Why is this bad?
     Nothing updates the parameters: the loss is computed, gradients pile up in `.grad`, and the
@@ -83,6 +86,23 @@ class OptimizerNeverSteps(Rule):
                            f"ever applied them (is `optimizer.step` missing its parentheses?)")
                 severity = None
             loc, fix, rel = init.loc, None, ()
+            cleared = [c for c in a.of_kind("clear") if c.get("opt") == opt and c.loc is not None]
+            if stepped and len(cleared) >= 2 and first.loc is not None:
+                # its zero_grad() runs every update and its backward fills it, like the other
+                # optimizers' whose step follows: a deleted `opt.step()` of one of two optimizers
+                # (a GAN's discriminator), not a later stage's optimizer built ahead of time. The
+                # step belongs after the backward that fills its gradients
+                message = (f"this backward fills the gradients of {a.names(fed)}, which "
+                           f"{a.optimizer_name(opt)} clears at every update "
+                           f"({a.count(cleared)} zero_grad() calls) but never steps, while "
+                           f"{others} {one_or_many(len(stepped), 'steps', 'step')} "
+                           f"({a.step_count} steps): its parameters never change")
+                loc, severity = first.loc, Severity.WARNING
+                var = a.optimizer_variable(opt)
+                fix = (f"call {var}.step() after this backward" if var else
+                       f"step {a.optimizer_name(opt)} after this backward") + \
+                    ", as the other optimizers are stepped after theirs"
+                rel = (related(init, "the optimizer that never steps"),)
             bare = _bare_step(a, first)
             if bare is not None:  # `optimizer.step` named, not called: that statement is the bug
                 loc, text = bare

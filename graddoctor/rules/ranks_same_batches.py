@@ -45,7 +45,9 @@ class RanksSameBatches(Rule):
     first 3 DataLoader batches that feed a backward, one device op each, read at the end of the
     run) and reports when every rank got the same ones: the DataLoader has no
     `DistributedSampler` (`shuffle=True` with the same seed everywhere, or no shuffling), or
-    its `DistributedSampler` was told the same `rank`/`num_replicas` on every rank. It
+    its `DistributedSampler` was told the same `rank`/`num_replicas` on every rank (then it
+    points at the sampler's `rank=` argument, the one `DistributedSampler(...)` call that gives
+    it). It
     compares processes, so it runs when the ranks' reports are merged (`check_processes`).
 
     ## Why is this bad?
@@ -123,6 +125,9 @@ class RanksSameBatches(Rule):
             else None
         n = len(ranks)
         why, fix = self._cause(first.get("sampler"), first.get("replicas"))
+        if first.get("replicas") and isinstance(first.get("sampler_line"), int) and loc is not None:
+            # the sampler was told the same rank on every rank: the line that tells it
+            loc = Location(loc.path, first["sampler_line"])
         found = self.finding(
             f"every rank trains on the same batches: the first {len(keys)} batches that fed a "
             f"backward are identical on rank {spans(ranks)}{why}. The all-reduce averages {n} "

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..findings import Severity
 from .base import Rule, related
 
@@ -8,7 +10,8 @@ class SamplerWithoutSetEpoch(Rule):
     """
     ## What it does
     Finds a shuffling `DistributedSampler` that starts several epochs with the same epoch
-    number: `sampler.set_epoch(epoch)` is never called (or always with the same value).
+    number: `sampler.set_epoch(epoch)` is never called (or always with the same value: then it
+    points at that call, `set_epoch(0)` or a counter that never advances).
 
     ## Why is this bad?
     `DistributedSampler` seeds its shuffle with `seed + epoch`. Without `set_epoch`, every epoch
@@ -64,6 +67,23 @@ class SamplerWithoutSetEpoch(Rule):
             if len(starts) < 2 or len(epochs) != 1:
                 continue
             epoch = starts[0].get("epoch")
+            set_at = {tuple(e.get("set_at") or ()) for e in starts}
+            if len(set_at) == 1 and (at := next(iter(set_at))) and starts[1].loc is not None:
+                # set_epoch is called, at one line, with the same value every epoch
+                # (set_epoch(0), a counter that never advances): that call is the line to change
+                yield self.finding(
+                    f"this DistributedSampler started {started} epochs, and the set_epoch() "
+                    f"call here set each of them to epoch {epoch}: its argument does not change "
+                    f"from one epoch to the next, so every epoch shuffles with the same seed and "
+                    f"replays the same order on every rank",
+                    replace(starts[1].loc, path=at[0], line=int(at[1]), function="", via="", hook=""),
+                    fix="pass the epoch loop's counter: sampler.set_epoch(epoch), a new value "
+                        "at the start of every epoch",
+                    related=(related(starts[1], "the second epoch, in the first one's order"),),
+                    step=a.next_step_number(starts[1].seq),
+                    evidence={"epochs_started": started, "epoch": epoch, "set_epoch_called": True},
+                )
+                continue
             yield self.finding(
                 f"this DistributedSampler started {started} epochs, each with epoch {epoch}: "
                 f"set_epoch() is never called with a new value, so every epoch shuffles with "

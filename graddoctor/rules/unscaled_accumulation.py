@@ -39,7 +39,9 @@ class UnscaledAccumulation(Rule):
     taken as deliberate and left alone, and so are micro-batches weighted by their share of the
     window (`loss * (batch_size / window_samples)`: factors that add up to 1). An epoch's shorter
     last window divided by the full window's k (accelerate does that when the batches do not
-    split into whole windows) counts as divided, however many such windows there are.
+    split into whole windows) counts as divided, however many such windows there are. A loss
+    multiplied by k (or more) where it should be divided (`loss * k`) is judged like an undivided
+    one and pointed at the line that multiplies; a factor between 1 and k is an info.
 
     ## Why is this bad?
     The accumulated gradient is the *sum* over k micro-batches, k times the gradient of the
@@ -100,6 +102,10 @@ class UnscaledAccumulation(Rule):
         step's ``if`` tests with ``%`` when it has one, else the window's length."""
         cst = src.cst
         line = finding.location.line
+        if finding.evidence.get("multiplied"):
+            return Autofix(title="", safety=self.fix_safety, refused=(
+                "no automatic edit: the loss is multiplied by the window on its own line; "
+                "replace that factor with a division"))
         if len(finding.evidence.get("backward_lines") or ()) > 1:
             return Autofix(title="", safety=self.fix_safety, refused=(
                 "no automatic edit: the window's micro-batches are backpropagated at several "
@@ -182,6 +188,8 @@ class UnscaledAccumulation(Rule):
                 continue
             if verdicts["bad"]:
                 yield self._not_divided(a, opt, k, verdicts["bad"], a.optimizer_class(opt), clips)
+            elif verdicts["odd"] and (grown := self._multiplied(a, opt, k, verdicts["odd"], clips)):
+                yield grown
             elif verdicts["odd"]:
                 w = verdicts["odd"][0]
                 factor = w.group[0].get("loss_scale_factor")
@@ -193,6 +201,47 @@ class UnscaledAccumulation(Rule):
                     evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt,
                               "windows": a.count(w.step for w in verdicts["odd"])},
                 )
+
+    def _multiplied(self, a, opt, k, odd, clips):
+        """Every micro-batch's loss multiplied by the window's k or more (``loss * k`` where
+        ``loss / k`` was meant): the update is at least k * k times one batch's gradient, worse
+        than an undivided window, so it is judged like one (a warning, info for an Adam-like
+        optimizer without clipping). A factor between 1 and k stays an info: a loss weight."""
+        factors = [b.get("loss_scale_factor") for w in odd for b in w.group]
+        if not factors or any(not isinstance(f, (int, float)) or f < k for f in factors) \
+                or len(set(factors)) != 1:
+            return None
+        w, factor, cls = odd[0], factors[0], a.optimizer_class(opt)
+        owned = set(a.opt_params.get(opt, ()))
+        clipped = any(owned.intersection(c["params"]) for c in clips)
+        times = factor * k
+        message = (f"{k} backward() calls of this loss add up in the gradients of every "
+                   f"{a.optimizer_name(opt)} step, and the loss is multiplied by {factor:g} "
+                   f"where accumulation divides it by {k}: the update uses {times:g}x the "
+                   f"gradient of one batch")
+        severity = None
+        if cls in SCALE_INVARIANT and not clipped:
+            severity = Severity.INFO
+            message += (f"; {cls} largely cancels a constant gradient factor, so the update "
+                        f"changes little; it still matters once you clip gradients or switch "
+                        f"optimizer")
+        else:
+            message += f" (with {cls or 'this optimizer'}, a {times:g}x larger learning rate)"
+        loc = w.group[0].loc
+        # the line that multiplies (`loss = crit(out, y) * k` above `loss.backward()`)
+        assigned = a.source.loss_assignment(loc.path, loc.line,
+                                            framework=bool(loc.via)) if loc is not None else None
+        if assigned is not None and "*" in assigned[1]:
+            loc = replace(loc, line=assigned[0])
+        return self.finding(
+            message, loc, severity=severity, step=w.index,
+            fix=f"divide the loss by the accumulation window instead of multiplying it: loss / {k}",
+            fixes={},
+            related=(related(w.step, "the step that applies the accumulated sum", Role.STEP),),
+            evidence={"k": k, "loss_scale_factor": factor, "optimizer": opt, "optimizer_class": cls,
+                      "windows": a.count(w.step for w in odd), "clipped": clipped,
+                      "multiplied": True},
+        )
 
     def _not_divided(self, a, opt, k, bad, cls, clips):
         w = bad[0]

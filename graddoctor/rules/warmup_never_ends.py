@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..findings import Severity
 from ..analysis.lr import cadence, training_loader
@@ -94,11 +95,23 @@ class WarmupNeverEnds(Rule):
 
     def _finding(self, a, s, length, total, how, described):
         reached = min(1.0, total / length)
+        loc, fix, given = s.init.loc, None, None
+        if loc.via == "transformers" and how == "num_warmup_steps":
+            # the Trainer built its own schedule from TrainingArguments: the warm-up to change
+            # is the argument the script gave it, not the trainer.train() line
+            given = a.source.keyword_argument(loc.path, "TrainingArguments",
+                                              ("warmup_steps", "warmup_ratio"))
+            if given is not None:
+                loc = replace(loc, line=given[0], via="", hook="")
+                fix = (f"in TrainingArguments, make the warm-up a small part of the run: "
+                       f"warmup_steps=int(0.1 * max_steps) or warmup_ratio=0.1, not `{given[1]}`")
         return self.finding(
-            f"this {s.cls}'s warm-up lasts {length:,} steps ({how}), but {described}: at the "
+            f"this {s.cls}'s warm-up lasts {length:,} steps ({how}"
+            + (f", from TrainingArguments' `{given[1]}`" if given is not None else "")
+            + f"), but {described}: at the "
             f"run's last step the lr is still ramping, {reached:.0%} of the way through its "
             f"warm-up, and the model never trains at the lr it was given",
-            s.init.loc, step=1,
+            loc, step=1, fix=fix,
             related=tuple(r for r in (related(s.steps[0], "its step(), which counts the warm-up")
                                       if s.steps else None,) if r is not None),
             evidence={"scheduler": s.cls, "warmup": length, "planned": total, "how": how,

@@ -100,7 +100,8 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
                  for e in analysis.of_kind("replica_checksum")]
     prints = [{"loader": e["loader"], "epoch": e["epoch"], "index": e["index"], "value": e["value"],
                "sampler": e["sampler"], "replicas": e["replicas"],
-               "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None}
+               "path": e.loc.path if e.loc else None, "line": e.loc.line if e.loc else None,
+               **_sampler_rank_line(analysis, e)}
               for e in analysis.of_kind("batch_fingerprint")]
     run = RunInfo(
         checksums=checksums or None, batch_fingerprints=prints or None,
@@ -122,3 +123,18 @@ def build_report(options: CheckOptions, rec, trace: Trace, outcome: RunOutcome, 
     return merge([main, *parts], world_size=world_size, notes=end_notes, fail_on=options.fail_on,
                  allow_incomplete=options.allow_incomplete,
                  views=status is not RunStatus.NO_TRAINING_LOOP, rules=rules)
+
+
+def _sampler_rank_line(analysis, e) -> dict:
+    """``{"sampler_line": n}``: the line of the script's one ``DistributedSampler(...)`` call
+    that gives ``rank=`` (or ``num_replicas=``) by hand, for a fingerprint of a loader whose
+    sampler has both (ranks-same-batches points there when every rank got the same ones);
+    {} when there is no such single call or the source cannot be read."""
+    try:
+        if e.loc is None or e["replicas"] is None:
+            return {}
+        found = analysis.source.keyword_argument(e.loc.path, "DistributedSampler",
+                                                 ("rank", "num_replicas"))
+        return {"sampler_line": found[0]} if found is not None else {}
+    except Exception:
+        return {}
