@@ -1719,6 +1719,10 @@ def loss_input(*, fn: str, problem: str, classes: int, normalised: int | None = 
     return "loss_input", data
 
 
+SOFT_CE = "the hand-written cross-entropy"
+"""``target_domain``'s fn for the soft targets of a cross-entropy written by hand."""
+
+
 def target_domain(*, fn: str, problem: str, low: float, high: float, share: float | None = None,
                   integral: bool | None = None, classes: int | None = None, blank: int | None = None,
                   detail: str | None = None) -> Made:

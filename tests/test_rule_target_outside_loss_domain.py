@@ -271,10 +271,11 @@ def test_class_indices_on_masked_scores_and_smoothing_over_minus_infinity():
     assert judge_indices(sim, torch.tensor([1, 0, 3, 2, 5, 4])) is None  # each row's other view
     fill = torch.randn(4, 6) - 1e9 * torch.eye(4, 6)
     assert judge_indices(fill, torch.arange(4))["problem"] == "masked-target"
-    # one enormous logit is a diverging model, not a mask: a fill repeats to the bit
-    diverged = torch.randn(4, 6)
-    diverged[0, 0] = -3e5
-    assert judge_indices(diverged, torch.arange(4)) is None
+    # enormous logits are a diverging model, not a mask, even repeated by a duplicated sample
+    diverged = torch.randn(4, 6) * 1e5
+    diverged[1] = diverged[0]
+    diverged[0, 0] = diverged[1, 0] = -3e5
+    assert judge_indices(diverged, torch.tensor([0, 0, 2, 3])) is None
     # an ignored row may sit on a masked entry; one that is read may not
     assert judge_indices(sim, torch.tensor([1, 0, -100, 2, 5, 4])) is None
     assert judge_indices(sim, torch.tensor([0, 0, -100, 2, 5, 4]))["share"] == 0.2

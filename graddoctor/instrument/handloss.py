@@ -80,7 +80,7 @@ def broadcast_errors(root) -> list[tuple[str, list, list, list]]:
 
 _VIEWS = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "PermuteBackward",
           "TransposeBackward", "CloneBackward")
-SOFT_CE = "the hand-written cross-entropy"
+SOFT_CE = ev.SOFT_CE
 
 
 def _log_probabilities(node):

@@ -46,7 +46,9 @@ from .recorder import Recorder
 _SLACK = 1e-3  # rounding around a domain's bounds (a smoothed 1.0, a clamped 0)
 _CHECKS = 8  # calls per function judged by their targets (the first ones: every loss line of a loop)
 _MULTI_LABEL = 0.5  # a distribution holds at most one value above this in a row
-_MASK_FILL = -1e4  # at or below: a score a mask wrote (-inf, -1e9, fp16's -1e4, finfo.min)
+# the constants scripts fill masked scores with (fp16's -1e4 and -65504, GAT's -9e15, ...)
+_FILLS = (-1e4, -1e5, -1e6, -1e7, -1e8, -1e9, -1e10, -1e12, -1e15, -9e15, -1e18, -1e20, -1e30,
+          -65504.0)
 _OVER_SUMMED = 1.05  # rows of soft targets summing above this hold more than one distribution
 
 
@@ -168,15 +170,12 @@ def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_ta
 
 
 def _masked(scores: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
-    """Which ``picked`` scores are a mask's fill: -inf, or a value at or below ``_MASK_FILL``
-    that the scores hold more than once (``masked_fill(mask, -1e9)`` writes one constant; a
-    diverging logit is not repeated to the bit)."""
-    low = picked <= _MASK_FILL
-    if not bool(low.any()):
-        return low
-    fills = [v for v in picked[low].unique()[:8].tolist()
-             if math.isinf(v) or int((scores == v).sum()) >= 2]
-    return low & torch.isin(picked, torch.tensor(fills, dtype=picked.dtype))
+    """Which ``picked`` scores are a mask's fill: -inf, the dtype's lowest value, or one of the
+    constants scripts fill masked scores with (``masked_fill(mask, -1e9)``), each rounded to
+    the scores' dtype: a diverging logit lands on none of them to the bit."""
+    lowest = torch.finfo(scores.dtype).min
+    fills = torch.tensor([v for v in _FILLS if v >= lowest] + [lowest], dtype=scores.dtype)
+    return (torch.isinf(picked) & (picked < 0)) | torch.isin(picked, fills)
 
 
 def judge_indices(input: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
@@ -198,6 +197,8 @@ def judge_indices(input: torch.Tensor, target: torch.Tensor, *, ignore_index: in
         index = torch.where(keep, target, 0).long()
         if bool(((index < 0) | (index >= classes)).any()):
             return None  # torch raises on it
+        if bool(torch.isnan(scores).any() | torch.isposinf(scores).any()):
+            return None  # overflow (a diverging half-precision model), not a mask
         picked = scores.gather(1, index.unsqueeze(1)).squeeze(1)[keep]
         masked = _masked(scores, picked)
         count = int(masked.sum())
@@ -341,6 +342,8 @@ class LossDomainWatcher:
             return
         if domain.kind == "distribution":
             if not target.is_floating_point() and isinstance(input, torch.Tensor):
+                if self.rec.progress.steps:
+                    return  # a mask is there from the first call; later -inf may be overflow
                 self._left[fn] -= 1
                 found = judge_indices(input, target, ignore_index=int(bound.get("ignore_index", -100)),
                                       smoothing=float(bound.get("label_smoothing", 0.0) or 0.0))

@@ -30,6 +30,7 @@ class Patcher:
             kind, who, what, old = self._undo[at]
             if kind == "attr" and who is owner and what == name:
                 del self._undo[at]
+                self._patched = None
                 if old is _MISSING:
                     delattr(owner, name)
                 else:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..findings import Location, Severity
-from ..instrument.handloss import SOFT_CE
+from ..events import SOFT_CE
 from .base import Rule
 
 # how each loss's target is documented, as the message states it
@@ -237,7 +237,7 @@ class TargetOutsideLossDomain(Rule):
     probabilities most of which sum above 1.05 (smoothing whose ε was not divided by the number
     of classes; also in a cross-entropy written by hand, `-(t * F.log_softmax(z, 1)).sum(1)`,
     reported where its targets are made); `cross_entropy` given class indices whose own score
-    is masked out (-inf, or one fill such as -1e9 repeated: a target on the masked diagonal,
+    is masked out (-inf, or a usual fill constant such as -1e9: a target on the masked diagonal,
     reported where the targets are made), or `label_smoothing` over rows holding -inf;
     `multilabel_margin_loss` given 0/1 rows where it reads class indices padded with -1;
     `kl_div` given log-probabilities as its target without `log_target=True` (or probabilities
