@@ -692,12 +692,6 @@ batch_pairing      problem ("other-batch": the loss's target is a tensor of a ba
                    target_loader, target_batch ([epoch, index] of the target's), field (the
                    target's place in its batch: "[1]", "['label']"), rows — once per problem, in
                    the first turns (loc: the model's call; an aside)
-row_pairing        rows (the batch's), length (rows of the tensors they were taken from), same_rows
-                   (whether the target names the input's rows in another order), input_lines,
-                   input_path (where the input's rows were selected) — a loop that slices its own
-                   batches gives the model the rows of some samples and the loss the targets of
-                   others, at two of the first turns (loc: the target's selection that departs
-                   from the input's; an aside; instrument/rowpairs.py)
 attention_mask     api (nn.MultiheadAttention | F.scaled_dot_product_attention), argument
                    (key_padding_mask | attn_mask), problem ("inverted": the keys the mask leaves
                    out are exactly the tokens that are not the batch's fill id; "additive01": a
@@ -1806,12 +1800,6 @@ def batch_pairing(*, problem: str, fn: str, loader: int, input_batch: list, targ
                              "field": field, "rows": rows}
 
 
-def row_pairing(*, rows: int, length: int, same_rows: bool, input_lines: list,
-                input_path: str | None) -> Made:
-    return "row_pairing", {"rows": rows, "length": length, "same_rows": same_rows,
-                           "input_lines": input_lines, "input_path": input_path}
-
-
 def attention_mask(*, api: str, argument: str, problem: str, convention: str, **data) -> Made:
     return "attention_mask", {"api": api, "argument": argument, "problem": problem,
                               "convention": convention, **data}
@@ -2377,7 +2365,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "batch_spread": batch_spread,
     "grad_allreduce": grad_allreduce, "dependency": dependency,
     "param_created": param_created, "loaders_zipped": loaders_zipped, "batch_pairing": batch_pairing,
-    "row_pairing": row_pairing, "state_carried": state_carried,
+    "state_carried": state_carried,
     "last_step_padded": last_step_padded, "causal_read_early": causal_read_early,
     "attention_mask": attention_mask,
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
@@ -2408,7 +2396,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "token_copy", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
-                         "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "row_pairing", "last_step_padded",
+                         "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "last_step_padded",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",

@@ -68,7 +68,6 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "registration/bad_layer_built_in_forward.py",  # param_created
             "data/bad_loaders_shuffled_apart.py",  # loaders_zipped
             "data/bad_labels_of_another_batch.py",  # batch_pairing
-            "data/bad_rows_labels_left_in_order.py",  # row_pairing
             "data/bad_dataset_drifts_noise_in_place.py",  # dataset_drift
             "data/bad_label_of_another_sample_next_row.py",  # label_offset
             "data/bad_augmentation_misaligned_flip_axis.py",  # augment_misaligned

@@ -101,7 +101,6 @@ from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
 from .stop import ReplayTimeout, StepLimitReached, StopReplay
 from .batchpairs import BatchPairWatcher
-from .rowpairs import RowPairWatcher
 from .datasetreads import DatasetReadWatcher
 from .augalign import AugmentAlignWatcher
 from .causalread import CausalReadWatcher
@@ -430,10 +429,6 @@ class Instrumentation:
         rec.subscribe(BATCH_SERVED, pairs.served)
         rec.subscribe(DESCRIBE_LOSS, pairs.describe_loss)
         self.watchers.append(pairs)
-        # inputs and targets sliced by the script's own loop from two tensors, row for row
-        rowpairs = RowPairWatcher(rec)
-        rec.subscribe(DESCRIBE_LOSS, rowpairs.describe_loss)
-        self.watchers.append(rowpairs)
         # what a dataset's __getitem__ writes into or reads from the arrays it holds
         self.watchers.append(DatasetReadWatcher(rec))
         # a dataset's augmentation that moves an image's pixels and not its mask's the same way

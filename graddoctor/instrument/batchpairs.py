@@ -434,7 +434,7 @@ class BatchPairWatcher:
 
     def _judge(self, root, inputs) -> None:
         outs = {id(o.grad_fn): o for *_, o, _ in inputs if o is not None and o.grad_fn is not None}
-        targets, reordered = loss_targets(root, outs)
+        targets, reordered = _targets(root, outs)
         mixed = [i for i in inputs if i[1] == "mixed"]
         inputs = [i for i in inputs if i[1] != "mixed"]
         if mixed and "mixup" not in self._told:
@@ -667,7 +667,7 @@ def _roots(tensors) -> list:
         return []
 
 
-def loss_targets(root, outs: dict) -> tuple[list, bool]:
+def _targets(root, outs: dict) -> tuple[list, bool]:
     """``([(fn, target)], reordered)``: the saved targets of the loss nodes within ``_NODES``
     nodes of ``root`` (not below the model outputs ``outs``: ids of their grad_fns), and whether
     a node that reorders rows lies on the way."""

@@ -21,23 +21,6 @@ class Patcher:
         self._patched = None
         setattr(owner, name, new)
 
-    def unpatch(self, owner: Any, name: str, new: Any) -> bool:
-        """Put back what ``patch(owner, name, new)`` replaced, now, when ``new`` is still what
-        ``owner`` holds (nothing patched over it since); False otherwise (``undo`` restores it)."""
-        if not hasattr(owner, "__dict__") or owner.__dict__.get(name, _MISSING) is not new:
-            return False
-        for at in range(len(self._undo) - 1, -1, -1):
-            kind, who, what, old = self._undo[at]
-            if kind == "attr" and who is owner and what == name:
-                del self._undo[at]
-                self._patched = None
-                if old is _MISSING:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, old)
-                return True
-        return False
-
     def handle(self, handle: Any) -> Any:
         self._undo.append(("handle", handle, None, None))
         return handle

@@ -12,11 +12,6 @@ class InputsPermutedWithoutLabels(Rule):
     Checked by value on the first turns (CPU tensors): the model's inputs are all the rows of one
     batch, permuted, and the target is one of that batch's tensors unpermuted, with nothing
     between the model's output and the loss that reorders rows. It points at the model's call.
-    A loop that slices its own batches from two tensors (`X[perm[i:i + bs]]` beside
-    `y[i:i + bs]`, `X[perm]` beside `y[torch.randperm(n)]`) is followed by the rows its indexing
-    selects: at two of the first turns the model's input and the loss's target name different
-    rows of two equally long tensors (not the same rows, nor rows at one fixed offset). It then
-    points at the target's selection that departs from the input's.
 
     ## Why is this bad?
     Row `i` of the output is scored against label `i`, which now belongs to another sample: the
@@ -37,9 +32,7 @@ class InputsPermutedWithoutLabels(Rule):
     ```
 
     ## Stays silent on
-    One permutation applied to inputs and labels (also by hand: `X[idx]`, `y[idx]`); targets at
-    a fixed offset from the inputs (a forecast's horizon), or taken from the inputs' own tensor
-    (a language model's next token); mixup (the inputs mixed with a permuted copy,
+    One permutation applied to inputs and labels; mixup (the inputs mixed with a permuted copy,
     the loss over both label sets); a batch sorted by length for `pack_padded_sequence` and the
     outputs put back in the loader's order; a permutation-invariant target (one value repeated);
     inputs that are not the batch's rows (normalised, augmented).
@@ -54,19 +47,6 @@ class InputsPermutedWithoutLabels(Rule):
            "DataLoader shuffle (shuffle=True)")
 
     def check(self, a):
-        for e in a.of_kind("row_pairing"):
-            where = ", ".join(f"line {line}" for line in e["input_lines"]) or "another line"
-            how = ("the same rows in another order" if e["same_rows"] else "other rows")
-            yield self.finding(
-                f"the loss's target here takes {how} of its tensor than the model's input takes "
-                f"of its own ({where}), both {e['length']} rows long: row i of the output is "
-                f"scored against another sample's label, so the model trains on random labels",
-                e.loc, step=a.next_step_number(e.seq),
-                fix="select the targets with the very index that selects the inputs "
-                    "(xb, yb = X[idx], y[idx] with idx = perm[i:i + bs]), or let a DataLoader over "
-                    "a TensorDataset(X, y) with shuffle=True pair them",
-                evidence={"rows": e["rows"], "length": e["length"], "same_rows": e["same_rows"],
-                          "input_lines": e["input_lines"]})
         for e in a.of_kind("batch_pairing"):
             if e["problem"] != "permuted":
                 continue
