@@ -254,6 +254,16 @@ class ScriptSource:
     def rounding_behind(self, path: str, line: int) -> tuple[int, str] | None:
         return rounding_behind(self.full(path), line)
 
+    def target_made(self, path: str, line: int) -> tuple[int, str] | None:
+        """``(line, text)`` of the statement that made the values of the target a loss call on
+        ``line`` is given by name (``target_origin``'s name, followed by ``value_origin``);
+        None when the target is written inline or its making is not found."""
+        origin = target_origin(self.full(path), line)
+        name = (origin or {}).get("target")
+        if not name or not name.isidentifier():
+            return None
+        return value_origin(self.full(path), line, name)
+
     def soft_target_origin(self, path: str, line: int) -> tuple[int, str] | None:
         return soft_target_origin(self.full(path), line)
 

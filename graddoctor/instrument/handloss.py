@@ -18,7 +18,7 @@ The same walk reads a cross-entropy written by hand, ``-(t * F.log_softmax(z, 1)
 log-probabilities' shape is its soft targets, saved by the product node. Rows of probabilities
 most of which sum above 1 (label smoothing whose ε was not divided by the classes, a mixing
 weight left out) are what ``F.cross_entropy`` would be told off for (``lossdomain.judge``): a
-``target_domain`` aside event with fn ``SOFT_CE``. Multi-hot or signed factors are not judged
+``target_domain`` aside event with fn ``events.SOFT_CE``. Multi-hot or signed factors are not judged
 by hand: SupCon's positives mask and a policy gradient's signed returns are written the same way.
 """
 
@@ -80,7 +80,6 @@ def broadcast_errors(root) -> list[tuple[str, list, list, list]]:
 
 _VIEWS = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "PermuteBackward",
           "TransposeBackward", "CloneBackward")
-SOFT_CE = ev.SOFT_CE
 
 
 def _log_probabilities(node):
@@ -152,7 +151,7 @@ class HandLossWatcher(LossGraphReader):
                 continue
             self._done.add(loc)
             self.rec.emit_aside(ev.target_domain(
-                fn=SOFT_CE, problem=found["problem"], low=round(found["low"], 4),
+                fn=ev.SOFT_CE, problem=found["problem"], low=round(found["low"], 4),
                 high=round(found["high"], 4),
                 share=round(found["share"], 4) if found.get("share") is not None else None,
                 classes=int(rows.shape[dim]), detail=found.get("detail")), loc)

@@ -34,11 +34,7 @@ def _target_made(a, loc):
     when the target is written inline or not found."""
     if loc is None:
         return loc
-    origin = a.source.target_origin(loc.path, loc.line)
-    name = (origin or {}).get("target")
-    if not name or not name.isidentifier():
-        return loc
-    made = a.source.value_origin(loc.path, loc.line, name)
+    made = a.source.target_made(loc.path, loc.line)
     return Location(loc.path, made[0]) if made and made[0] < loc.line else loc
 
 

@@ -331,9 +331,5 @@ class TargetOutsideLossDomain(Rule):
             return Location(loc.path, made[0]) if made else loc
         if e.get("problem") != "masked-target" or loc is None:
             return loc
-        origin = a.source.target_origin(loc.path, loc.line)
-        name = (origin or {}).get("target")
-        if not name or not name.isidentifier():
-            return loc
-        made = a.source.value_origin(loc.path, loc.line, name)
+        made = a.source.target_made(loc.path, loc.line)
         return Location(loc.path, made[0]) if made else loc
