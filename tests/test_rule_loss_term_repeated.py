@@ -176,7 +176,47 @@ def test_a_patched_function_maps_to_the_first_original_it_replaced():
     patcher.patch(owner, "fn", inner)
     patcher.patch(owner, "fn", outer)
     try:
-        assert patcher.originals() == {id(outer): original}
+        assert patcher.originals() == {id(outer): (outer, original)}
+        assert patcher.originals().original_of(outer) is original
+        assert patcher.originals().original_of(inner) is inner  # no longer installed
+    finally:
+        patcher.undo()
+    assert owner.fn is original
+
+
+def test_the_originals_keep_a_wrapper_put_back_during_the_run_alive_so_its_id_is_never_reused():
+    """A watcher whose windows are spent puts the original back itself (not through the
+    patcher): its wrapper must not be freed while a mode still maps its id, else a wrapper made
+    later at the same address is sent to the wrong original (a thread of the script crashed on
+    ``F.mse_loss`` called as ``Tensor.norm``)."""
+    import gc
+    import types
+    import weakref
+
+    from graddoctor.instrument.patcher import Patcher
+
+    def original(x):
+        return x
+
+    owner = types.SimpleNamespace(fn=original)
+    patcher = Patcher()
+
+    def wrapper(x):
+        return original(x)
+
+    patcher.patch(owner, "fn", wrapper)
+    gone = weakref.ref(wrapper)
+    try:
+        originals = patcher.originals()
+        owner.fn = original  # as a watcher's own restore does
+        del wrapper
+        gc.collect()
+        assert gone() is not None
+        made_later = lambda x: -x  # noqa: E731
+        assert originals.original_of(made_later) is made_later
+        del originals
+        gc.collect()
+        assert gone() is None
     finally:
         patcher.undo()
     assert owner.fn is original

@@ -36,6 +36,7 @@ from torch.overrides import TorchFunctionMode
 
 from .follow import UninstallHandle, push_mode, remove_mode, script_mode_above, tensors_in, tensors_out
 from .inlinable import watched_call
+from .patcher import Originals
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
 
@@ -78,7 +79,7 @@ class _DrawMode(TorchFunctionMode):
     tracing a function compiled before the check began, wraps the mode's attributes and cannot
     wrap bound methods; under it, the call is only made."""
 
-    def __init__(self, watcher, originals: dict):
+    def __init__(self, watcher, originals: Originals):
         super().__init__()
         _STATE[id(self)] = (watcher, originals)
 
@@ -86,7 +87,7 @@ class _DrawMode(TorchFunctionMode):
         if torch.compiler.is_compiling():
             return func(*args, **(kwargs or {}))
         watcher, originals = _STATE[id(self)]
-        out = originals.get(id(func), func)(*args, **(kwargs or {}))
+        out = originals.original_of(func)(*args, **(kwargs or {}))
         if watcher.following and getattr(func, "__name__", None) not in _SKIP:
             try:
                 watcher.follow(func, args, kwargs, out)
@@ -160,7 +161,7 @@ class DrawTwinWatcher:
                 self.closed = True
                 self.rec.internal_error("draw_twin", exc)
                 return
-        mode = _DrawMode(self, self._patcher.originals() if self._patcher is not None else {})
+        mode = _DrawMode(self, self._patcher.originals() if self._patcher is not None else Originals())
         thread = push_mode(mode, self.rec, "draw_twin")
         if thread is None:
             self.closed = True

@@ -25,11 +25,10 @@ class Patcher:
         self._undo.append(("handle", handle, None, None))
         return handle
 
-    def originals(self) -> dict:
-        """``{id(installed function): the function it replaced first}`` for the plain functions
-        patched in: a ``TorchFunctionMode`` handed one of graddoctor's wrappers (torch looks the
-        public name up again) calls the original, so that the wrapper, which already ran, does
-        not run twice."""
+    def originals(self) -> "Originals":
+        """The function each plain function patched in replaced first (``Originals``): a
+        ``TorchFunctionMode`` handed one of graddoctor's wrappers (torch looks the public name up
+        again) calls the original, so that the wrapper, which already ran, does not run twice."""
         patched = self._patched
         if patched is None:  # each attribute once (with what it held first), in the order of
             # its last patch: where two attributes hold one function, the later one's says
@@ -41,11 +40,11 @@ class Patcher:
                     last[(id(owner), name)] = (index, owner, name)
             patched = self._patched = [(owner, name, first[key]) for key, (_, owner, name)
                                        in sorted(last.items(), key=lambda item: item[1][0])]
-        out: dict = {}
+        out = Originals()
         for owner, name, old in patched:
             new = owner.__dict__.get(name) if hasattr(owner, "__dict__") else None
             if callable(new) and callable(old) and not isinstance(old, (staticmethod, classmethod)):
-                out[id(new)] = old
+                out[id(new)] = (new, old)
         return out
 
     def undo(self) -> list[BaseException]:
@@ -63,6 +62,17 @@ class Patcher:
             except BaseException as exc:  # keep restoring the rest
                 errors.append(exc)
         return errors
+
+
+class Originals(dict):
+    """``{id(installed function): (installed function, the function it replaced first)}``, read
+    through ``original_of``. It holds each installed function alive: a watcher that puts its
+    original back during the run (its windows spent) frees its wrapper, and a wrapper made
+    later could get the freed one's id, and so the wrong original."""
+
+    def original_of(self, func: Any) -> Any:
+        entry = self.get(id(func))
+        return entry[1] if entry is not None and entry[0] is func else func
 
 
 class WatchedAttribute:

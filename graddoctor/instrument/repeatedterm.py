@@ -42,6 +42,7 @@ from torch.overrides import TorchFunctionMode
 from .follow import UninstallHandle, push_mode, remove_mode, tensors_out
 from .graphpaths import packed, reached, saved
 from .lossfactor import python_number
+from .patcher import Originals
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, STEPPED
 
@@ -197,12 +198,12 @@ class _PlaceMode(TorchFunctionMode):
     graddoctor wraps reaches the mode from inside its wrapper (torch looks the public name up
     again): the original is called, so that the wrapper's own watchers hear of the call once."""
 
-    def __init__(self, watcher, originals: dict):
+    def __init__(self, watcher, originals: Originals):
         super().__init__()
         self.watcher, self.originals = watcher, originals
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = self.originals.get(id(func), func)(*args, **(kwargs or {}))
+        out = self.originals.original_of(func)(*args, **(kwargs or {}))
         watcher = self.watcher
         if watcher.following:
             try:
@@ -235,7 +236,7 @@ class RepeatedTermWatcher:
             return
         if self._mode is not None:
             return
-        mode = _PlaceMode(self, self._patcher.originals() if self._patcher is not None else {})
+        mode = _PlaceMode(self, self._patcher.originals() if self._patcher is not None else Originals())
         thread = push_mode(mode, self.rec, "repeated_term")
         if thread is None:
             self.closed = True
