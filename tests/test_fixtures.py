@@ -17,9 +17,11 @@ import importlib.util
 import json
 import os
 import builtins
+import contextlib
 import sys
 import types
 import re
+import threading
 
 import pytest
 import typer
@@ -34,6 +36,7 @@ from graddoctor.cli import app
 from graddoctor import watch
 from graddoctor.options import SCRIPT_OPTIONS, WATCH_OPTIONS, CheckOptions, resolve
 from graddoctor.run.process_state import ProcessState
+from graddoctor.status import StopReplay
 from graddoctor.report.json_format import finding_to_dict, render
 from graddoctor.rules.notes import run_notes
 from graddoctor.suppress import apply_suppressions
@@ -133,8 +136,35 @@ def reset_accelerate_state():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+@contextlib.contextmanager
+def script_threads_end_unchanged():
+    """The exceptions that ended a thread of the script other than graddoctor's own stop
+    (``StopReplay``, raised at a safe point to end the replay): a fixture's threads end
+    cleanly when run plain, so any such exception is graddoctor changing the script's run."""
+    raised: list[str] = []
+    previous = threading.excepthook
+
+    def hook(args):
+        if not isinstance(args.exc_value, StopReplay):
+            raised.append(f"{args.thread.name if args.thread else '?'}: {args.exc_type.__name__}: "
+                          f"{args.exc_value}")
+        previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield raised
+    finally:
+        threading.excepthook = previous
+
+
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: os.path.relpath(p, FIXTURES))
 def test_fixture(path, monkeypatch):
+    with script_threads_end_unchanged() as raised:
+        check_one_fixture(path, monkeypatch)
+    assert not raised, raised
+
+
+def check_one_fixture(path, monkeypatch):
     for name in frameworks_needed(path):
         if importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed (pip install graddoctor[frameworks])")
@@ -225,3 +255,20 @@ def watch_script(name: str, options: dict, monkeypatch):
     finally:
         state.restore()
     return w.report
+
+
+def test_a_script_thread_ended_by_anything_but_graddoctors_stop_is_told():
+    from graddoctor.status import StepLimitReached
+
+    def crash():
+        raise TypeError("norm() got an unexpected keyword argument")
+
+    def stopped():
+        raise StepLimitReached("stopped after 10 updates")
+
+    with script_threads_end_unchanged() as raised:
+        for target in (crash, stopped):
+            thread = threading.Thread(target=target, name=target.__name__)
+            thread.start()
+            thread.join()
+    assert raised == ["crash: TypeError: norm() got an unexpected keyword argument"]
