@@ -898,6 +898,12 @@ view_axes          shape_in, shape_out (the sizes a view/reshape was given and r
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
                    user's code and reaching the loss — at the first 3 backwards, once per pair
                    of shapes (loc: the view call; an aside; instrument/viewaxes.py)
+rows_misaligned    fn (the loss), scores_from, scores (the shape the loss's input was flattened from
+                   and to, read from the view node below it), target_from, target (the same for
+                   its target): a loss whose input and target were flattened from the same
+                   axes in another order ((B, T, C) scores and a (T, B) target), so each row's
+                   target is another position's — at the first 3 backwards, once per line
+                   (loc: the target's flattening call; an aside; instrument/viewaxes.py)
 samples_pushed_up  fn (the torch loss called unreduced), samples (its values with a non-zero
                    gradient), pushed (those with a negative one), above (the lowest base loss
                    among them), consumers (the uses of the result in the loss's graph): a
@@ -2195,6 +2201,12 @@ def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int],
                          "classes": classes}
 
 
+def rows_misaligned(*, fn: str, scores_from: list[int], scores: list[int], target_from: list[int],
+                    target: list[int]) -> Made:
+    return "rows_misaligned", {"fn": fn, "scores_from": scores_from, "scores": scores,
+                               "target_from": target_from, "target": target}
+
+
 def same_compared(*, how: str, op: str, core: str, shape: list | None, params: list[int],
                   starts: list[str]) -> Made:
     return "same_compared", {"how": how, "op": op, "core": core, "shape": shape, "params": params,
@@ -2327,7 +2339,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
     "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
-    "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "loss_repeated": loss_repeated,
+    "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "rows_misaligned": rows_misaligned, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
     "reduce_batch": reduce_batch,
@@ -2400,7 +2412,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})

@@ -48,12 +48,19 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order, reached, saved
-from .inlinable import watched
+from .inlinable import watched_call
 from .recorder import Recorder
 
 _WINDOWS = 3  # backwards whose losses are looked at; the wrappers go at the last one
 _NODES = 20000  # graph nodes walked per backward
 _LEAVES = 20000  # nodes walked below a reshape to name the parameters that made its input
+_FLATTENED = 64  # flattened targets kept between two backwards, at most
+# loss nodes that save the target their rows are paired with -> the loss's name
+_ROW_LOSSES = {"NllLossBackward0": "cross_entropy/nll_loss", "MseLossBackward0": "mse_loss",
+               "L1LossBackward0": "l1_loss", "SmoothL1LossBackward0": "smooth_l1_loss",
+               "HuberLossBackward0": "huber_loss",
+               "BinaryCrossEntropyWithLogitsBackward0": "binary_cross_entropy_with_logits",
+               "BinaryCrossEntropyBackward0": "binary_cross_entropy"}
 _MAX_AXES = 6  # sizes other than 1 judged at most (6! orders)
 _VIEWS = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
 # ops whose output's axis 1 is channels (the class axis of a segmentation or tagging head)
@@ -180,6 +187,42 @@ def _skewed(tensor, shape_in, shape_out) -> bool:
         and abs(shape_in[-1] - shape_in[-2]) == 1
 
 
+def leading_merged(shape_in: tuple, shape_out: tuple) -> tuple | None:
+    """The leading axes of ``shape_in`` that ``shape_out``'s first axis merges, its other axes
+    kept as they were (``(B, T, C) -> (B*T, C)``: ``(B, T)``); None for any other reshape."""
+    rest = len(shape_out) - 1
+    if rest < 0 or len(shape_in) - rest < 2:
+        return None
+    if rest and tuple(shape_in[-rest:]) != tuple(shape_out[1:]):
+        return None
+    lead = tuple(shape_in[:len(shape_in) - rest])
+    product = 1
+    for size in lead:
+        product *= size
+    return lead if product == shape_out[0] else None
+
+
+def _flattened_input(node) -> tuple[tuple, tuple] | None:
+    """``(shape it was flattened from, flattened shape)`` of a loss node's scores, read from the
+    view node below it (through the loss's own log_softmax, casts and copies)."""
+    child = node.next_functions[0][0] if node.next_functions else None
+    for _ in range(4):
+        if child is None:
+            return None
+        name = type(child).__name__
+        if name.startswith(_VIEWS):
+            sizes = saved(child, "_saved_self_sym_sizes")
+            try:
+                out = tuple(int(s) for s in child._input_metadata[0].shape)
+            except Exception:
+                return None
+            return (tuple(int(s) for s in sizes), out) if sizes is not None else None
+        if not name.startswith(("LogSoftmaxBackward", "ToCopyBackward", "CloneBackward")):
+            return None
+        child = child.next_functions[0][0] if child.next_functions else None
+    return None
+
+
 def _target_shape(tensor, args, kwargs) -> tuple | None:
     """The shape a view/reshape call asks for (``-1`` resolved), None for another overload
     (``view(dtype)``) or arguments not understood."""
@@ -214,18 +257,56 @@ class ViewAxesWatcher:
         self._judged: dict = {}  # (input shape, output shape) -> reordered?
         self._told: set = set()
         self._restore: list = []  # (owner, name, original) put back when the windows end
+        # targets flattened by the user's code since the last backward: id(result) ->
+        # (weak reference to the result, the shape it was flattened from, the call's line)
+        self._flat: dict = {}
+        self._rows_told: set = set()
 
     def install(self, patcher) -> None:
-        for owner, name in ((torch.Tensor, "view"), (torch.Tensor, "reshape"), (torch, "reshape")):
+        for owner, name in ((torch.Tensor, "view"), (torch.Tensor, "reshape"), (torch, "reshape"),
+                            (torch.Tensor, "flatten"), (torch, "flatten")):
             original = getattr(owner, name, None)
             if original is None:
                 continue
-            patcher.patch(owner, name, watched(original, self._before))
+            after = self._after_flatten if name == "flatten" else self._after
+            patcher.patch(owner, name, watched_call(original, after))
             self._restore.append((owner, name, original))
 
-    def _before(self, args, kwargs) -> None:
+    def _after(self, args, kwargs, result) -> None:
         if not self._open or not args:
             return
+        caller = sys._getframe(2)  # the code that called view/reshape (<- the wrapper)
+        self._flattened(args, result, caller)
+        self._before(args, kwargs, caller)
+
+    def _after_flatten(self, args, kwargs, result) -> None:
+        if self._open and args:
+            self._flattened(args, result, sys._getframe(2))
+
+    def _flattened(self, args, result, caller) -> None:
+        """A tensor without gradient (a target) whose leading axes the user's code merged into
+        one (``y.view(-1)``, ``y.reshape(-1, k)``, ``y.flatten()``): kept until the backward,
+        which compares the axis order with the one its loss input was flattened in."""
+        tensor = args[0]
+        try:
+            if not (isinstance(tensor, torch.Tensor) and isinstance(result, torch.Tensor)) \
+                    or result.requires_grad or result.dim() >= tensor.dim() or result.dim() == 0:
+                return
+            shape_in = tuple(int(s) for s in tensor.shape)
+            if leading_merged(shape_in, tuple(int(s) for s in result.shape)) is None:
+                return
+            if not self.rec.finder.is_user_file(caller.f_code.co_filename):
+                return
+            loc = self.rec.here()
+            if loc is not None:
+                flat = self._flat
+                if len(flat) >= _FLATTENED:  # the latest are the loss's
+                    del flat[next(iter(flat))]
+                flat[id(result)] = (weakref.ref(result), shape_in, loc)
+        except Exception as exc:
+            self.rec.internal_error("view axes", exc)
+
+    def _before(self, args, kwargs, caller) -> None:
         tensor = args[0]
         if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
                 and torch.is_grad_enabled()):
@@ -243,7 +324,6 @@ class ViewAxesWatcher:
                                                "rows" if class_rows(*key) else "")
             if not suspect:
                 return
-            caller = sys._getframe(2)  # the code that called view/reshape
             if not self.rec.finder.is_user_file(caller.f_code.co_filename):
                 return  # a library's own reshape
             if tensor.requires_grad:
@@ -274,6 +354,9 @@ class ViewAxesWatcher:
                 self._look(tensors)
             if self._inputs:
                 self._data()
+            if self._flat:
+                flat, self._flat = self._flat, {}
+                self._rows(tensors, flat)
         except Exception as exc:
             self.rec.internal_error("view axes", exc)
         if self._windows >= _WINDOWS:
@@ -320,6 +403,37 @@ class ViewAxesWatcher:
                     classes = key[1][-1]
                 self._told.add(key)
                 self._report(node, key, loc, classes)
+
+    def _rows(self, tensors, flat: dict) -> None:
+        """Each loss of the graph whose target is one the user's code flattened: the axes its
+        input was flattened from (the view node below it) against the target's, in order."""
+        items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+        for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
+            nodes = post_order(root, _NODES)
+            for node in nodes or ():
+                fn = _ROW_LOSSES.get(type(node).__name__)
+                if fn is None:
+                    continue
+                target = saved(node, "_saved_target")
+                entry = flat.get(id(target)) if target is not None else None
+                if entry is None or entry[0]() is not target:
+                    continue
+                scores = _flattened_input(node)
+                if scores is None:
+                    continue
+                target_from, loc = entry[1], entry[2]
+                lead_in = leading_merged(*scores)
+                lead_target = leading_merged(target_from, tuple(int(s) for s in target.shape))
+                if lead_in is None or lead_target is None or lead_in == lead_target \
+                        or sorted(lead_in) != sorted(lead_target) or len(set(lead_in)) < 2:
+                    continue
+                key = (loc.path, loc.line, lead_in, lead_target)
+                if key in self._rows_told:
+                    continue
+                self._rows_told.add(key)
+                self.rec.emit_aside(ev.rows_misaligned(
+                    fn=fn, scores_from=list(scores[0]), scores=list(scores[1]),
+                    target_from=list(target_from), target=[int(s) for s in target.shape]), loc)
 
     def _data(self) -> None:
         """Data reshaped in a training module's forward since the last backward: reported with

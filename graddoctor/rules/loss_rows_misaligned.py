@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import ast
+
+from .base import Rule
+from ..findings import Severity
+
+
+def reorder(lead_target, lead_scores) -> list[int] | None:
+    """The order of the target's leading axes that gives the scores' (``permute(order)``), or
+    None when the sizes do not name one (an axis length twice)."""
+    if len(set(lead_target)) != len(lead_target):
+        return None
+    try:
+        return [list(lead_target).index(size) for size in lead_scores]
+    except ValueError:
+        return None
+
+
+def _fixed_call(a, loc, order: list[int], dims: int) -> tuple[str, str] | None:
+    """``(the flattening call as written, the same call on the target reordered)``: the one
+    call on the line that gives ``dims`` axes (the scores' own may share the line)."""
+    found = []
+    for line, text, _forward in a.source.calls_named(loc.path, frozenset({"view", "reshape", "flatten"})):
+        if line != loc.line:
+            continue
+        try:
+            call = ast.parse(text, mode="eval").body
+        except SyntaxError:
+            continue
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+            continue
+        args = ", ".join(ast.unparse(arg) for arg in call.args)
+        method = "reshape" if call.func.attr == "view" else call.func.attr
+        if isinstance(call.func.value, ast.Name) and call.func.value.id == "torch" and call.args:
+            receiver = ast.unparse(call.args[0])
+            args = ", ".join(ast.unparse(arg) for arg in call.args[1:])
+        else:
+            receiver = ast.unparse(call.func.value)
+        given = len(call.args) - (receiver != ast.unparse(call.func.value))
+        if method != "flatten" and given != dims and not (given == 1 and dims == 1):
+            continue
+        moved = [i for i, o in enumerate(order) if i != o]
+        reordered = (f"{receiver}.transpose({moved[0]}, {moved[1]})" if len(moved) == 2
+                     else f"{receiver}.permute({', '.join(map(str, order))})")
+        found.append((text, f"{reordered}.{method}({args})"))
+    return found[0] if len(found) == 1 else None
+
+
+class LossRowsMisaligned(Rule):
+    """
+    ## What it does
+    Finds a loss whose scores and target were both flattened into rows, from the same axes in
+    another order: (B, T, C) logits flattened with `logits.reshape(-1, C)` against a (T, B)
+    target flattened with `target.reshape(-1)`, or a sequence-first model's (T, B, C) output
+    against batch-first (B, T) labels. At the first backwards, the loss node's target is
+    matched with the script's own `view`/`reshape`/`flatten` call that made it (the calls are
+    watched until then), and the shape the scores were flattened from is read from the view node
+    below the loss (through its own log_softmax). Reported at the target's flattening.
+
+    ## Why is this bad?
+    Flattening merges the leading axes in memory order: row `k` of the scores is position
+    `divmod(k, T)` = (b, t), while row `k` of a (T, B) target is `divmod(k, B)` = (t, b). Every
+    row is scored against another position's label (all but a handful: those where the two
+    orders meet). The shapes agree, nothing fails, and the loss still moves a little, because
+    the labels' overall distribution is right; the model never learns which position has
+    which label.
+
+    ## Example
+    ```python
+    logits = model(tokens)                       # (B, T, C)
+    tags = tags.t().contiguous()                 # (T, B), the layout of an old loader
+    loss = F.cross_entropy(logits.reshape(-1, C), tags.reshape(-1))
+    ```
+
+    ## Use instead
+    ```python
+    loss = F.cross_entropy(logits.reshape(-1, C), tags.transpose(0, 1).reshape(-1))
+    ```
+
+    ## Stays silent on
+    Scores and target flattened from the same axis order (both (B, T) or both (T, B)); axes of
+    one length (B equal to T: the orders cannot be told apart); a target made flat some other
+    way than a flattening call in the script (concatenated per step, drawn flat), or converted
+    after it (`.float()` makes a new tensor); scores given to the loss unflattened.
+    """
+
+    code = "GD315"
+    slug = "loss-rows-misaligned"
+    severity = Severity.WARNING
+    summary = ("a loss's scores and target were flattened from the same axes in another order "
+               "((B, T, C) scores against a (T, B) target): each row meets another position's target")
+    fix = "put the target's axes in the scores' order before flattening it (or the scores' in the target's)"
+
+    def check(self, a):
+        for e in a.of_kind("rows_misaligned"):
+            if e.loc is None:
+                continue
+            scores_from, target_from = tuple(e["scores_from"]), tuple(e["target_from"])
+            lead_scores = scores_from[:len(scores_from) - (len(e["scores"]) - 1)]
+            lead_target = target_from[:len(target_from) - (len(e["target"]) - 1)]
+            order = reorder(lead_target, lead_scores)
+            call = _fixed_call(a, e.loc, order, len(e["target"])) if order else None
+            rows = e["target"][0]
+            written = f"`{call[0]}`" if call else "the target's flattening"
+            yield self.finding(
+                f"{e['fn']} gets scores flattened from {_shape(scores_from)} to "
+                f"{_shape(e['scores'])} and a target flattened by {written} from "
+                f"{_shape(target_from)} to {_shape(e['target'])}: the same axes in another "
+                f"order. The scores' rows run over {_shape(lead_scores)} in memory order, the "
+                f"target's over {_shape(lead_target)}, so almost every one of the {rows} rows "
+                f"is scored against another position's target; nothing fails because the row "
+                f"counts agree",
+                e.loc, step=a.next_step_number(e.seq),
+                evidence={"fn": e["fn"], "scores_from": list(scores_from),
+                          "target_from": list(target_from), "order": order},
+                fix=(f"`{call[1]}` in place of `{call[0]}`: the target in the scores' axis "
+                     f"order ({_shape(lead_scores)}) before it is flattened" if call else None))
+
+
+def _shape(sizes) -> str:
+    return "(" + ", ".join(str(s) for s in sizes) + ")"
+
