@@ -898,6 +898,13 @@ view_axes          shape_in, shape_out (the sizes a view/reshape was given and r
                    in another order (``x.view(B, C, T)`` of a (B, T, C) tensor), made from the
                    user's code and reaching the loss — at the first 3 backwards, once per pair
                    of shapes (loc: the view call; an aside; instrument/viewaxes.py)
+shuffled_apart     kind ("permutation": two drawn orders, ``torch.randperm``/``numpy.random.permutation``;
+                   "shuffle": two sequences shuffled in place), length, first [path, line] (the
+                   first draw's line), arrays {name: "labels" | "rows"} (the drawing frame's
+                   variables of that length: one value a row or whole numbers, or vectors): two random orders of one length drawn by the script's code
+                   between two backwards (or before the first), from two lines, that differ — until
+                   the 3rd backward, once per pair of lines (loc: the second draw; an aside;
+                   instrument/shuffles.py)
 rows_misaligned    fn (the loss), scores_from, scores (the shape the loss's input was flattened from
                    and to, read from the view node below it), target_from, target (the same for
                    its target): a loss whose input and target were flattened from the same
@@ -2201,6 +2208,10 @@ def view_axes(*, shape_in: list[int], shape_out: list[int], params: list[int],
                          "classes": classes}
 
 
+def shuffled_apart(*, kind: str, length: int, first: list, arrays: dict) -> Made:
+    return "shuffled_apart", {"kind": kind, "length": length, "first": first, "arrays": arrays}
+
+
 def rows_misaligned(*, fn: str, scores_from: list[int], scores: list[int], target_from: list[int],
                     target: list[int]) -> Made:
     return "rows_misaligned", {"fn": fn, "scores_from": scores_from, "scores": scores,
@@ -2339,7 +2350,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
     "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
-    "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "rows_misaligned": rows_misaligned, "loss_repeated": loss_repeated,
+    "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "rows_misaligned": rows_misaligned, "shuffled_apart": shuffled_apart, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
     "reduce_batch": reduce_batch,
@@ -2412,7 +2423,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})

@@ -96,6 +96,7 @@ from .featurevar import FeatureVarianceWatcher
 from .anchors import AnchorAliasWatcher
 from .weightedits import WeightEditWatcher
 from .selfcopy import SelfCopyWatcher
+from .shuffles import ShuffleWatcher
 from .constraints import ConstraintWatcher
 from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
@@ -219,6 +220,10 @@ class Instrumentation:
         view_axes = ViewAxesWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, view_axes.describe_loss)
         self.watchers.append(view_axes)
+        # inputs and labels put in two different random orders (rows-shuffled-apart)
+        shuffles = ShuffleWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, shuffles.describe_loss)
+        self.watchers.append(shuffles)
         # a softmax over dim 0 of per-sample outputs on the loss's path (softmax-over-batch):
         # the graph of the first backwards walked, no wrapper
         softmax_batch = SoftmaxBatchWatcher(rec, self.dataloader)

@@ -1,0 +1,77 @@
+"""rows-shuffled-apart (GD316): what the source says each random order was applied to, and the
+rule over hand-written ``shuffled_apart`` events (the watcher runs in the data fixtures)."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+from graddoctor import events as ev
+from graddoctor.findings import Severity
+from graddoctor.rules.rows_shuffled_apart import applied_to
+from graddoctor.trace import TraceBuilder
+from rule_traces import P, findings, only
+
+SLUG = "rows-shuffled-apart"
+
+SCRIPT = """\
+import numpy as np
+X = load_x(); Y = load_y()
+for epoch in range(3):
+    order_x = np.random.permutation(len(X))
+    order_y = np.random.permutation(len(Y))
+    xs, ys = X[order_x], Y[order_y]
+    for i in range(0, len(xs), 100):
+        train(xs[i:i + 100], ys[i:i + 100])
+"""
+
+
+def test_what_each_order_is_applied_to():
+    tree = ast.parse(SCRIPT)
+    assert applied_to(tree, 4) == {"X"} and applied_to(tree, 5) == {"Y"}
+    inline = ast.parse("x = x[torch.randperm(len(x))]\nrandom.shuffle(labels)\n")
+    assert applied_to(inline, 1) == {"x"} and applied_to(inline, 2) == {"labels"}
+    sliced = ast.parse(textwrap.dedent("""\
+        def epoch(X, Y):
+            perm = torch.randperm(len(X))
+            for i in range(0, len(X), 8):
+                step(X[perm[i:i + 8]], Y[perm[i:i + 8]])
+        """))
+    assert applied_to(sliced, 2) == {"X", "Y"}
+    assert applied_to(ast.parse("n = len(x)\n"), 1) == set()
+
+
+def _trace(path, arrays, first_line=4):
+    t = TraceBuilder(path)
+    t.optimizer(0, P, line=2)
+    t.put(ev.shuffled_apart(kind="permutation", length=600, first=[path, first_line], arrays=arrays), 5)
+    for _ in range(4):
+        t.backward(fresh=P, line=8)
+        t.step(line=8)
+    return t
+
+
+def _script(tmp_path, text=SCRIPT):
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    return str(path)
+
+
+def test_inputs_and_labels_in_two_orders_are_a_warning_at_the_second(tmp_path):
+    path = _script(tmp_path)
+    f = only(_trace(path, {"X": "rows", "Y": "labels"}), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 5
+    assert f.related[0].location.line == 4
+    assert "`Y`" in f.message and "`X`" in f.message and "600 rows" in f.message
+
+
+def test_two_sets_of_inputs_each_in_its_own_order_are_silent(tmp_path):
+    path = _script(tmp_path)
+    assert findings(_trace(path, {"X": "rows", "Y": "rows"}), SLUG) == []  # unpaired domains
+    assert findings(_trace(path, {}), SLUG) == []  # arrays not told
+
+
+def test_one_order_applied_to_both_is_silent(tmp_path):
+    text = SCRIPT.replace("Y[order_y]", "Y[order_x]")
+    path = _script(tmp_path, text)
+    assert findings(_trace(path, {"X": "rows", "Y": "labels"}), SLUG) == []
