@@ -39,6 +39,8 @@ def test_what_each_order_is_applied_to():
         """))
     assert applied_to(sliced, 2) == {"X", "Y"}
     assert applied_to(ast.parse("n = len(x)\n"), 1) == set()
+    part = ast.parse("xb = X[torch.randperm(n)[:64]]\nidx = torch.randperm(n)[:64]\nyb = Y[idx]\n")
+    assert applied_to(part, 1) == {"X"} and applied_to(part, 2) == {"Y"}
 
 
 def _trace(path, arrays, first_line=4):

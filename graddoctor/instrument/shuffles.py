@@ -149,7 +149,8 @@ def _arrays(frame, length: int) -> dict:
             if shape is not None and len(shape) >= 1 and int(shape[0]) == length:
                 dtype = str(getattr(value, "dtype", ""))
                 whole = "int" in dtype or "long" in dtype or "bool" in dtype
-                out[name] = "labels" if len(shape) == 1 or whole else "rows"
+                one = len(shape) == 1 or (len(shape) == 2 and int(shape[1]) == 1)
+                out[name] = "labels" if one or whole else "rows"
             elif isinstance(value, list) and len(value) == length:
                 first = value[0]
                 out[name] = "labels" if isinstance(first, (int, float)) else "rows"

@@ -82,7 +82,9 @@ class LossRowsMisaligned(Rule):
     Scores and target flattened from the same axis order (both (B, T) or both (T, B)); axes of
     one length (B equal to T: the orders cannot be told apart); a target made flat some other
     way than a flattening call in the script (concatenated per step, drawn flat), or converted
-    after it (`.float()` makes a new tensor); scores given to the loss unflattened.
+    after it (`.float()` makes a new tensor); scores given to the loss unflattened. A language
+    model's next-token targets flattened in the other order are loss-input-mismatch's (it
+    reads them against the input tokens).
     """
 
     code = "GD315"
@@ -93,8 +95,11 @@ class LossRowsMisaligned(Rule):
     fix = "put the target's axes in the scores' order before flattening it (or the scores' in the target's)"
 
     def check(self, a):
+        # next-token targets flattened in the other order: loss-input-mismatch's, with the tokens
+        order_lines = {(str(d.loc.path), d.loc.line) for d in a.of_kind("loss_input")
+                       if d.get("problem") == "order" and d.loc is not None}
         for e in a.of_kind("rows_misaligned"):
-            if e.loc is None:
+            if e.loc is None or (str(e.loc.path), e.loc.line) in order_lines:
                 continue
             scores_from, target_from = tuple(e["scores_from"]), tuple(e["target_from"])
             lead_scores = scores_from[:len(scores_from) - (len(e["scores"]) - 1)]

@@ -51,8 +51,11 @@ def applied_to(tree: ast.AST, line: int) -> set[str]:
     if name == "shuffle":
         return {ast.unparse(call.args[0])} if call.args else set()
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
-    parent = parents.get(call)
-    if isinstance(parent, ast.Subscript) and parent.slice is call:
+    drawn: ast.AST = call
+    parent = parents.get(drawn)
+    while isinstance(parent, ast.Subscript) and parent.value is drawn:
+        drawn, parent = parent, parents.get(parent)  # a part of the order: ``randperm(n)[:bs]``
+    if isinstance(parent, ast.Subscript) and parent.slice is drawn:
         return {ast.unparse(parent.value)}
     if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1
             and isinstance(parent.targets[0], ast.Name)):
