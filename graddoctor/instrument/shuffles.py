@@ -61,8 +61,9 @@ class ShuffleWatcher:
             original = getattr(owner, name, None)
             if original is None:
                 continue
-            patcher.patch(owner, name, watched_call(original, self._after(kind, owner)))
-            self._restore.append((owner, name, original))
+            wrapper = watched_call(original, self._after(kind, owner))
+            patcher.patch(owner, name, wrapper)
+            self._restore.append((owner, name, original, wrapper))
         close_before_compile(patcher, self._close)
 
     def _after(self, kind: str, owner):
@@ -125,9 +126,12 @@ class ShuffleWatcher:
         self._open = False
         self._draws = []
         self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
-        for owner, name, original in self._restore:
+        for owner, name, original, wrapper in self._restore:
             try:
-                setattr(owner, name, original)
+                # with another watcher's wrapper on top, this one stays (idle) inside it: putting
+                # the original back would drop the other's before its window ends
+                if getattr(owner, name, None) is wrapper:
+                    setattr(owner, name, original)
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
 
