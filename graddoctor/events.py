@@ -1163,8 +1163,11 @@ model_copy         copy, model (the user's names of a module no optimizer trains
                    whether the copy changed too), follows [[step, share, cos, exact]] (per
                    measured interval in which the copy moved: the share of the way from the copy
                    to the model, after the step, that its move covered, the cosine of its move
-                   with that way, and whether it then held the model's values exactly) — written
-                   at the end (loc: the copy's first forward that gave targets, or None)
+                   with that way, and whether it then held the model's values exactly), norms
+                   (the copy's BatchNorm layers with running statistics matched to the model's),
+                   stale_norms [str] (those of a written copy whose statistics never moved while
+                   the model's counted batches) — written at the end (loc: the copy's first
+                   forward that gave targets, or None)
 decay_share        opt, cls (the optimizer's class), group (the param group's index), weight_decay,
                    lr (plain numbers, lr None for a tensor), decoupled (bool: AdamW's decay, or
                    ``decoupled_weight_decay=True``), steps [int] (the step measured at each update),
@@ -1951,12 +1954,14 @@ def copies_identical(*, opt: int, groups: list[list[int]], step: int) -> Made:
 def model_copy(*, copy: str, model: str, opt: int | None, params: int, equal: bool, forwards: int,
                targets: int, written: bool, written_step: int | None, measured: int,
                pulls: list[list], follows: list[list] | None = None, model_targets: int = 0,
-               model_target_at: list | None = None) -> Made:
+               model_target_at: list | None = None, norms: int = 0,
+               stale_norms: list[str] | None = None) -> Made:
     return "model_copy", {"copy": copy, "model": model, "opt": opt, "params": params, "equal": equal,
                           "forwards": forwards, "targets": targets, "written": written,
                           "written_step": written_step, "measured": measured, "pulls": pulls,
                           "follows": list(follows or ()), "model_targets": model_targets,
-                          "model_target_at": model_target_at}
+                          "model_target_at": model_target_at, "norms": norms,
+                          "stale_norms": list(stale_norms or ())}
 
 
 def decay_share(*, opt: int, cls: str, group: int, weight_decay: float, lr: float | None,

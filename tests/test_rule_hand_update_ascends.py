@@ -85,3 +85,42 @@ def test_an_update_adding_the_gradient_of_a_loss_is_a_warning_at_that_line(tmp_p
 ])
 def test_silent_on_descent_and_on_an_objective_climbed_on_purpose(tmp_path, name, update):
     assert _check(tmp_path, name, update) == []
+
+
+ADAM = """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    params = list(model.parameters())
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    for t in range(1, 7):
+        x, y = torch.randn(16, 6), torch.randint(0, 2, (16,))
+        loss = F.cross_entropy(model(x), y)
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for p, (m, v) in zip(params, moments):
+                m.mul_(0.9).add_(p.grad, alpha=0.1)
+                v.mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                p.addcdiv_(m / (1 - 0.9 ** t), (v / (1 - 0.999 ** t)).sqrt() + 1e-8, value={sign}0.01)
+"""
+
+
+def _check_adam(tmp_path, sign):
+    script = tmp_path / "adam.py"
+    script.write_text(textwrap.dedent(ADAM.format(sign=sign)))
+    report = run_check(CheckOptions(target=str(script)))
+    return [f for f in report.findings if f.rule == SLUG]
+
+
+def test_a_hand_written_adam_that_adds_its_step_is_found_at_the_update_not_the_moments(tmp_path):
+    (f,) = _check_adam(tmp_path, "")
+    assert f.location.line == 19  # p.addcdiv_, not m.mul_(0.9).add_(p.grad, ...)
+    assert all(0.1 < c < 0.99 for c in f.evidence["cosines"])
+
+
+def test_a_hand_written_adam_that_subtracts_its_step_is_silent(tmp_path):
+    assert _check_adam(tmp_path, "-") == []

@@ -308,3 +308,52 @@ def test_parameters_written_from_the_first_update_keep_the_plain_finding():
     _loop(t, extra=[2])
     f, = findings(t, SLUG)
     assert "cause" not in f.evidence
+
+
+LIST_TAKEN_EARLY = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Plain(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"])
+
+
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+trainable = [p for p in model.parameters() if p.requires_grad]
+model.requires_grad_(False)
+model.append(nn.Linear(2, 2))
+optimizer = Plain({arg})
+for step in range(4):
+    loss = F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 2))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def _run(tmp_path, arg):
+    from graddoctor.options import CheckOptions
+    from graddoctor.run.session import run_check
+
+    script = tmp_path / "train.py"
+    script.write_text(LIST_TAKEN_EARLY.replace("{arg}", arg))
+    report = run_check(CheckOptions(target=str(script)))
+    return [f for f in report.findings if f.rule == "param-not-in-optimizer"]
+
+
+def test_a_list_taken_before_the_model_changed_is_pointed_at_and_a_custom_class_at_its_call(tmp_path):
+    (f,) = _run(tmp_path, "trainable")
+    assert f.location.line == 20 and f.evidence["cause"] == "list-taken-early"
+    assert "line 23" in f.message  # the Plain(...) call, not its super().__init__
+    (g,) = _run(tmp_path, "[model[0].weight]")
+    assert g.location.line == 23 and "cause" not in g.evidence

@@ -27,7 +27,14 @@ Then, for each pair:
   length), the cosine of its move with that way, and whether it landed on the model's values
   exactly (a hard sync). A blend whose weights are swapped covers most of the way each time.
 
-One ``model_copy`` event per pair at the end of the run (rules/copy_never_follows.py).
+* the copy's BatchNorm statistics: each BatchNorm with running statistics of the copy and the
+  model's at the same place, their batch counts and a sample of the copy's running mean at the
+  pairing; at the end, the copy's layers whose statistics never moved while the model's counted
+  batches (``stale_norms``: weights averaged over ``parameters()`` only, the buffers left as
+  they were made).
+
+One ``model_copy`` event per pair at the end of the run (rules/copy_never_follows.py,
+rules/averaged_copy_stale_norms.py).
 
 Cost: one walk over the user's modules at the first step; per step, a version read per
 parameter of each copy, and over the first ``MEASURED`` steps two small samples per pair; per
@@ -93,6 +100,46 @@ def _first_tensor(output):
     return None
 
 
+def _norm_pairs(copy, model, copy_name) -> list:
+    """``[name, copy layer, model layer, copy's count, model's count, copy's mean sample]`` for
+    each BatchNorm with running statistics of the copy and the model's at the same place."""
+    norm = torch.nn.modules.batchnorm._NormBase
+    out = []
+    # in order, not by name: AveragedModel holds its copy one level down (``module.1``)
+    layers = [(sub, m) for sub, m in copy.named_modules() if isinstance(m, norm)]
+    twins = [m for m in model.modules() if isinstance(m, norm)]
+    if len(layers) != len(twins):
+        return out
+    for (sub, layer), twin in zip(layers, twins):
+        if not layer.track_running_stats or layer.num_batches_tracked is None \
+                or twin.num_batches_tracked is None:
+            continue
+        mean = _sample([layer.running_mean]) if layer.running_mean is not None else None
+        if mean is None:
+            continue
+        out.append([f"{copy_name}.{sub}" if sub else copy_name, weakref.ref(layer), weakref.ref(twin),
+                    int(layer.num_batches_tracked), int(twin.num_batches_tracked), mean])
+        if len(out) >= _TENSORS:
+            break
+    return out
+
+
+def _stale_norms(norms) -> list[str]:
+    """The copy's BatchNorm layers whose statistics never moved while the model's counted
+    batches."""
+    stale = []
+    for name, layer_ref, twin_ref, count, twin_count, mean in norms:
+        layer, twin = layer_ref(), twin_ref()
+        if layer is None or twin is None or twin.num_batches_tracked is None \
+                or int(twin.num_batches_tracked) <= twin_count:
+            continue
+        now = _sample([layer.running_mean]) if layer.running_mean is not None else None
+        if layer.num_batches_tracked is not None and int(layer.num_batches_tracked) == count \
+                and now is not None and torch.equal(now, mean):
+            stale.append(name)
+    return stale
+
+
 def _followed(copy_before, copy_after, model) -> list | None:
     """``[share, cos, exact]`` of the copy's move over one interval: the share of the way from
     the copy to the model it covered, the cosine of its move with that way, and whether it now
@@ -114,7 +161,7 @@ class _Pair:
     __slots__ = ("copy", "model", "copy_name", "model_name", "opt", "equal", "copy_params",
                  "model_params", "marks", "base", "written", "written_step", "forwards",
                  "targets", "target_loc", "handles", "depth", "post", "rows", "measured", "params",
-                 "follows", "model_targets", "model_target_loc", "model_handle")
+                 "follows", "model_targets", "model_target_loc", "model_handle", "norms")
 
     def __init__(self, copy, model, copy_name, model_name, opt, equal):
         self.copy = weakref.ref(copy)
@@ -141,6 +188,7 @@ class _Pair:
         self.model_targets = 0
         self.model_target_loc = None
         self.model_handle = None
+        self.norms = _norm_pairs(copy, model, copy_name)
 
 
 class CopyWatcher:
@@ -344,13 +392,15 @@ class CopyWatcher:
                 made_at = pair.model_target_loc
                 if pair.copy() is not None:
                     self._check_written(pair, rec.progress.steps, values=True)
+                stale = _stale_norms(pair.norms) if pair.written else []
                 rec.emit(ev.model_copy(
                     copy=pair.copy_name, model=pair.model_name, opt=pair.opt, params=pair.params,
                     equal=pair.equal, forwards=pair.forwards, targets=pair.targets,
                     written=pair.written, written_step=pair.written_step,
                     measured=pair.measured, pulls=pair.rows, follows=pair.follows,
                     model_targets=pair.model_targets,
-                    model_target_at=[made_at.path, made_at.line] if made_at is not None else None),
+                    model_target_at=[made_at.path, made_at.line] if made_at is not None else None,
+                    norms=len(pair.norms), stale_norms=stale),
                     pair.target_loc)
             except Exception as exc:
                 rec.internal_error("model copies", exc)

@@ -513,12 +513,26 @@ class OptimizerWatcher:
         def add_param_group(optimizer, param_group):
             result = original(optimizer, param_group)
             try:
-                watcher._register(optimizer, optimizer.param_groups[-1:], rec.here(2))
+                watcher._register(optimizer, optimizer.param_groups[-1:],
+                                  watcher._construction_site(optimizer) or rec.here(2))
             except Exception as exc:
                 rec.internal_error("optimizer construction", exc)
             return result
 
         return add_param_group
+
+    def _construction_site(self, optimizer):
+        """For an optimizer class the script writes itself (Lion, LARS, SAM), the line that
+        builds it, not its ``super().__init__(params, defaults)``: the user's frames of that
+        object's ``__init__`` chain are passed over. None when no such frame is on the stack."""
+        finder = self.rec.finder
+        inside = False
+        for frame in finder.user_frames(sys._getframe(1)):
+            if frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is optimizer:
+                inside = True
+                continue
+            return finder.location(frame) if inside else None
+        return None
 
     def _register(self, optimizer, groups, loc) -> None:
         rec = self.rec

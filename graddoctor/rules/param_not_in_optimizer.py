@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from ..findings import Autofix, Safety, Severity
 from ..analysis import written
+from ..trace import Location
 from .base import Rule, related
 from .source import attribute_assignment, torch_nn
 
@@ -26,7 +27,12 @@ class ParamNotInOptimizer(Rule):
     leave it to this one), parameters frozen when the optimizer was built over the trainable ones
     (`filter(lambda p: p.requires_grad, model.parameters())`) and unfrozen later without being
     added to it (gradual unfreezing; pointed at the optimizer, with the update they first got
-    a gradient at), or parameters simply left out of the optimizer. Tensors
+    a gradient at), a list of parameters taken before the model took its present shape
+    (`trainable = [p for p in model.parameters() if p.requires_grad]`, then LoRA adapters
+    injected or a head appended and the old weights frozen: the optimizer built from it owns
+    nothing that gets a gradient; pointed at the list), or parameters simply left out of the
+    optimizer. An optimizer class the script writes itself is pointed at where it is built,
+    not at its `super().__init__`. Tensors
     whose values still change between steps (fp16 master weights: the model's gradients are
     copied into an fp32 master the optimizer steps, and the values copied back; a hand-written
     update) train, and are left alone, as are inputs whose gradient is the point (FGSM). When
@@ -189,6 +195,10 @@ class ParamNotInOptimizer(Rule):
             yield self._late(a, late, construction)
             plain = [pid for pid in plain if pid not in late]
         if plain:
+            stale = self._stale_list(a, plain, construction)
+            if stale is not None:
+                yield stale
+                return
             yield self.finding(
                 (f"{a.names(plain)} receives gradients but no optimizer owns it: it never trains"
                  if len(plain) == 1 else
@@ -197,6 +207,42 @@ class ParamNotInOptimizer(Rule):
                 related=(related(led.first_contribution[plain[0]], "the backward that gives them gradients"),),
                 evidence={"params": [a.param_name(p) for p in plain], "count": len(plain)},
             )
+
+    def _stale_list(self, a, pids, construction):
+        """Every optimizer built over a list of parameters none of which ever gets a gradient,
+        the list a variable assigned before the optimizer from ``.parameters()``: taken before
+        the model changed (LoRA adapters injected, a new head put on, the old weights frozen
+        since), so the optimizer holds what is frozen now and none of what trains."""
+        if len(a.optimizers) != 1 or construction.loc is None:
+            return None
+        owned = [pid for pid, opts in a.owners.items() if construction["opt"] in opts]
+        if not owned or any(pid in a.ledger.first_contribution for pid in owned):
+            return None
+        path, line = construction.loc.path, construction.loc.line
+        cls = construction.get("cls") or "optimizer"
+        arg = a.source.call_argument(path, line, cls, 0, "params")
+        if arg is None or not arg.isidentifier():
+            return None
+        origin = a.source.value_origin(path, line, arg)
+        if origin is None or origin[0] >= line or "parameters(" not in origin[1]:
+            return None
+        one = len(pids) == 1
+        return self.finding(
+            f"`{origin[1].strip()}` is taken here, before the model took its present shape: the "
+            f"{cls} built from `{arg}` (line {line}) owns {a.names(owned)}, none of which ever "
+            f"gets a gradient (frozen since), while {a.names(pids)} "
+            f"{'receives' if one else 'receive'} gradients but no optimizer owns "
+            f"{'it' if one else 'them'}: nothing trains",
+            Location(path, origin[0]),
+            related=(related(construction, f"the {cls}, built over that list"),
+                     related(a.ledger.first_contribution[pids[0]], "the backward that gives them gradients")),
+            fix=(f"take `{arg}` after the model is changed (adapters injected, layers frozen), "
+                 f"right before the {cls} is built"),
+            fixes={},
+            evidence={"params": [a.param_name(p) for p in pids[:8]], "count": len(pids),
+                      "cause": "list-taken-early", "list": arg,
+                      "owned": [a.param_name(p) for p in owned[:8]]},
+        )
 
     def _late(self, a, pids, construction):
         """Parameters whose first gradient comes after optimizer steps, when every optimizer was
