@@ -101,6 +101,9 @@ class ScriptSource:
     def degree_power_line(self, path: str) -> tuple[int, str] | None:
         return degree_power_line(self.full(path))
 
+    def self_scatter_line(self, path: str) -> tuple[int, str] | None:
+        return self_scatter_line(self.full(path))
+
     def target_slice_line(self, path: str) -> tuple[int, str] | None:
         return target_slice_line(self.full(path))
 
@@ -1188,6 +1191,64 @@ def degree_power_line(path: str) -> tuple[int, str] | None:
     if len(found) != 1:
         return None
     return found[0].lineno, ast.unparse(found[0]).strip()
+
+
+_SCATTER_CALLS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_",
+                            "scatter_reduce", "scatter_reduce_"})
+
+
+def _gathers_with(expr: ast.AST, index: str) -> bool:
+    """Whether ``expr`` gathers rows with the index named ``index`` (``x[index]``,
+    ``x.index_select(0, index)``)."""
+    for sub in walk(expr):
+        if isinstance(sub, ast.Subscript) and ast.unparse(sub.slice) == index:
+            return True
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
+                and sub.func.attr == "index_select" and len(sub.args) >= 2 \
+                and ast.unparse(sub.args[-1]) == index:
+            return True
+    return False
+
+
+@_once_per_file
+def self_scatter_line(path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the script's only scatter call (``out.index_add_(0, idx, msg)``,
+    ``scatter_add``, ``scatter_reduce``) whose rows (the argument, or the assignments to the name
+    it passes, in the same function) gather with the name of its own index (``x[idx]``); None
+    when there is none or several."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = []
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]
+    for scope in scopes:
+        assigned: dict[str, list] = {}
+        calls = []
+        for node in walk(scope):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        assigned.setdefault(target.id, []).append(node.value)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in _SCATTER_CALLS:
+                calls.append(node)
+        for call in calls:
+            keywords = {k.arg: k.value for k in call.keywords}
+            # torch.index_add(x, 0, idx, rows) takes the tensor first; x.index_add_(0, idx, rows) not
+            shift = 1 if isinstance(call.func.value, ast.Name) and call.func.value.id == "torch" else 0
+            args = call.args
+            index = keywords.get("index", args[1 + shift] if len(args) > 1 + shift else None)
+            rows = keywords.get("source", keywords.get("src", args[2 + shift] if len(args) > 2 + shift else None))
+            if index is None or rows is None:
+                continue
+            names = [n.id for n in walk(index) if isinstance(n, ast.Name)]
+            if not names:
+                continue
+            sources = assigned.get(rows.id, []) if isinstance(rows, ast.Name) else [rows]
+            if any(_gathers_with(src, names[0]) for src in sources):
+                found.append((call.lineno, ast.unparse(call)))
+    found = sorted(set(found))
+    return found[0] if len(found) == 1 else None
 
 
 @_once_per_file
