@@ -1197,6 +1197,20 @@ _SCATTER_CALLS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_a
                             "scatter_reduce", "scatter_reduce_"})
 
 
+def _root_name(expr: ast.AST) -> str | None:
+    """The name a chain of attributes and method calls starts from (``dst`` for
+    ``dst.unsqueeze(-1).expand_as(m)``), or None."""
+    while True:
+        if isinstance(expr, ast.Name):
+            return expr.id
+        if isinstance(expr, ast.Call):
+            expr = expr.func
+        elif isinstance(expr, (ast.Attribute, ast.Subscript)):
+            expr = expr.value
+        else:
+            return None
+
+
 def _gathers_with(expr: ast.AST, index: str) -> bool:
     """Whether ``expr`` gathers rows with the index named ``index`` (``x[index]``,
     ``x.index_select(0, index)``)."""
@@ -1241,11 +1255,12 @@ def self_scatter_line(path: str) -> tuple[int, str] | None:
             rows = keywords.get("source", keywords.get("src", args[2 + shift] if len(args) > 2 + shift else None))
             if index is None or rows is None:
                 continue
-            names = [n.id for n in walk(index) if isinstance(n, ast.Name)]
-            if not names:
-                continue
+            names = [ast.unparse(index), _root_name(index)]
+            # an index expanded over the columns first (index = dst.unsqueeze(-1).expand_as(m))
+            names += [_root_name(value) for value in assigned.get(names[0], ())]
+            names = [n for n in names if n is not None]
             sources = assigned.get(rows.id, []) if isinstance(rows, ast.Name) else [rows]
-            if any(_gathers_with(src, names[0]) for src in sources):
+            if any(_gathers_with(src, name) for src in sources for name in names):
                 found.append((call.lineno, ast.unparse(call)))
     found = sorted(set(found))
     return found[0] if len(found) == 1 else None
