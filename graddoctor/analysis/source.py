@@ -1327,6 +1327,43 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
     if fault == "denominator":  # the old log-probability's own statement
         found = _innermost_statement(tree, line)
         return None if found is None else (found[0].lineno, ast.unparse(found[0]).strip())
+    found = _ratio_statement(tree, line, fault, None)
+    if found is None:
+        # a log_prob returned by a helper (CleanRL's get_action_and_value): the ratio is looked
+        # for after the helper's calls, from the name that element of its result is assigned to
+        for call_line, seed in _returned_to(tree, line):
+            found = _ratio_statement(tree, call_line, fault, seed)
+            if found is not None:
+                break
+    if found is None:
+        return None
+    ratio, statements = found
+    if fault == "cancels":
+        subtracted = {n.right.id for n in walk(ratio.value)
+                      if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Sub, ast.Div))
+                      and isinstance(n.right, ast.Name)}
+        aliases = [n for n in statements if n.lineno < ratio.lineno and isinstance(n, ast.Assign)
+                   and isinstance(n.value, ast.Name) and len(n.targets) == 1
+                   and isinstance(n.targets[0], ast.Name) and n.targets[0].id in subtracted]
+        if aliases:
+            ratio = aliases[-1]
+    elif fault == "inverted" and not any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Sub, ast.Div))
+                                         for n in walk(ratio.value)):
+        # the exp of a name made by a difference above it (logratio = old - new; ratio =
+        # logratio.exp()): the difference is what to change
+        read = {sub.id for sub in walk(ratio.value) if isinstance(sub, ast.Name)}
+        differences = [n for n in statements if n.lineno < ratio.lineno and isinstance(n, ast.Assign)
+                       and any(isinstance(t, ast.Name) and t.id in read for t in n.targets)
+                       and isinstance(n.value, ast.BinOp) and isinstance(n.value.op, ast.Sub)]
+        if differences:
+            ratio = differences[-1]
+    return ratio.lineno, ast.unparse(ratio).strip()
+
+
+def _ratio_statement(tree: ast.AST, line: int, fault: str, seed: set | None):
+    """``(statement, statements)``: the first assignment at or after ``line`` (20 lines at most,
+    in its function) that computes a policy ratio from what the statement at ``line`` made (only
+    the names in ``seed``, when given), and the assignments of that window; None when none."""
     scope = _enclosing_function(tree, line)
     statements = sorted((n for n in walk(scope)
                          if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
@@ -1349,32 +1386,57 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
     # only statements that read what the log_prob's statement made, directly or through the
     # statements between (a ratio in another function is not guessed at); an exp of a
     # difference first (a division on the way, an advantage's normalisation, is no ratio)
-    ratio = None
     for test in ((exp_of_difference, wanted) if fault != "minimised" else (wanted,)):
         names: set = set()
         for n in statements:
             read = {sub.id for sub in walk(n.value) if isinstance(sub, ast.Name)}
             if n.lineno != line and not read & names:
                 continue
+            if n.lineno == line and seed is not None:
+                names |= seed
+                continue
             if test(n.value):
-                ratio = n
-                break
+                return n, statements
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             names |= {sub.id for t in targets for sub in walk(t) if isinstance(sub, ast.Name)}
-        if ratio is not None:
-            break
-    if ratio is None:
-        return None
-    if fault == "cancels":
-        subtracted = {n.right.id for n in walk(ratio.value)
-                      if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Sub, ast.Div))
-                      and isinstance(n.right, ast.Name)}
-        aliases = [n for n in statements if n.lineno < ratio.lineno and isinstance(n, ast.Assign)
-                   and isinstance(n.value, ast.Name) and len(n.targets) == 1
-                   and isinstance(n.targets[0], ast.Name) and n.targets[0].id in subtracted]
-        if aliases:
-            ratio = aliases[-1]
-    return ratio.lineno, ast.unparse(ratio).strip()
+    return None
+
+
+def _returned_to(tree: ast.AST, line: int) -> list[tuple[int, set]]:
+    """For a ``return`` statement at ``line`` in a function, each ``(line, {name})`` of an
+    assignment in the file that calls that function and binds the returned value at that line
+    (the element of a returned tuple, by its position) to a plain name; [] else."""
+    found = _innermost_statement(tree, line)
+    if found is None or not isinstance(found[0], ast.Return) or found[0].value is None:
+        return []
+    value = found[0].value
+    function = _enclosing_function(tree, line)
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    position = None
+    if isinstance(value, ast.Tuple):
+        held = [k for k, elt in enumerate(value.elts)
+                if elt.lineno <= line <= (elt.end_lineno or elt.lineno)]
+        if len(held) > 1:  # a tuple on one line: the element that takes the log-probability
+            held = [k for k in held if _calls_named(value.elts[k], ("log_prob", "gather", "log_softmax"))]
+        if len(held) != 1:
+            return []
+        position = held[0]
+    calls = []
+    for node in walk(tree):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.value, ast.Call):
+            continue
+        func = node.value.func
+        if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != function.name:
+            continue
+        target = node.targets[0]
+        if position is not None:
+            if not isinstance(target, ast.Tuple) or len(target.elts) <= position:
+                continue
+            target = target.elts[position]
+        if isinstance(target, ast.Name):
+            calls.append((node.lineno, {target.id}))
+    return sorted(calls)
 
 
 def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
