@@ -104,6 +104,9 @@ class ScriptSource:
     def self_scatter_line(self, path: str) -> tuple[int, str] | None:
         return self_scatter_line(self.full(path))
 
+    def done_flag_bootstraps(self, path: str) -> list[tuple[int, str, str, str]]:
+        return done_flag_bootstraps(self.full(path))
+
     def target_slice_line(self, path: str) -> tuple[int, str] | None:
         return target_slice_line(self.full(path))
 
@@ -1191,6 +1194,108 @@ def degree_power_line(path: str) -> tuple[int, str] | None:
     if len(found) != 1:
         return None
     return found[0].lineno, ast.unparse(found[0]).strip()
+
+
+_DONE_WORDS = frozenset({"done", "dones", "terminal", "terminals", "terminated", "terminateds",
+                         "terminations", "termination"})
+# words that make a done-named value its complement (a mask that is 1 while the episode goes on)
+_NOT_DONE_WORDS = frozenset({"not", "non", "mask", "masks", "alive", "continue", "continues",
+                             "ongoing", "live", "running"})
+_KEEP_WORDS = ("nonterminal", "notdone", "notterminal", "nondone", "alive", "notdones")
+_DISCOUNT_WORDS = frozenset({"gamma", "discount", "discounts", "gammas"})
+_PASS_THROUGH = frozenset({"float", "double", "view", "reshape", "unsqueeze", "squeeze", "to",
+                           "flatten", "type", "type_as", "detach", "clone"})
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"_|(?<=[a-z])(?=[A-Z])", name.lower()) if w]
+
+
+def _done_name(name: str) -> bool:
+    words = _words(name)
+    return bool(set(words) & _DONE_WORDS) and not set(words) & _NOT_DONE_WORDS \
+        and not any(k in name.lower() for k in _KEEP_WORDS)
+
+
+def _value_name(expr: ast.AST) -> str | None:
+    """The name a value is read from through indexing and dtype/shape casts (``dones[t + 1]``,
+    ``b_dones.float().unsqueeze(1)``, ``batch.dones``), or None for anything computed."""
+    while True:
+        if isinstance(expr, ast.Name):
+            return expr.id
+        if isinstance(expr, ast.Attribute):
+            return expr.attr
+        if isinstance(expr, ast.Subscript):
+            expr = expr.value
+        elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
+                and expr.func.attr in _PASS_THROUGH:
+            expr = expr.func.value
+        else:
+            return None
+
+
+def _factors(expr: ast.AST) -> list[ast.AST]:
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        return _factors(expr.left) + _factors(expr.right)
+    return [expr]
+
+
+def _negated_names(tree: ast.AST) -> set[str]:
+    """Names the script assigns a complement to (``dones = 1 - x``, ``~x``, ``not x``, ``x == 0``,
+    ``logical_not``): a done-named value that is in fact a continuation mask."""
+    found = set()
+    for node in walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AugAssign)) or node.value is None:
+            continue
+        v = node.value
+        negated = isinstance(v, ast.UnaryOp) and isinstance(v.op, (ast.Not, ast.Invert)) \
+            or isinstance(v, ast.BinOp) and isinstance(v.op, ast.Sub) \
+            or isinstance(v, ast.Compare) and len(v.ops) == 1 and isinstance(v.ops[0], ast.Eq) \
+            and isinstance(v.comparators[0], ast.Constant) and v.comparators[0].value in (0, False) \
+            or isinstance(v, ast.IfExp) and isinstance(v.body, ast.Constant) and v.body.value in (0, False) \
+            or _calls_named(v, ("logical_not",))
+        if negated:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found |= {_value_name(t) for t in targets} - {None}
+    return found
+
+
+@_once_per_file
+def done_flag_bootstraps(path: str) -> list[tuple[int, str, str, str]]:
+    """``(line, text, name, form)`` of each statement that keeps a bootstrapped value where the
+    episode ended instead of where it goes on: ``"mask"``, a continuation mask assigned a done
+    flag as it is (``nextnonterminal = dones[t + 1]``); ``"factor"``, a done flag multiplying a
+    discount in a product (``r + gamma * q_next * dones``). A done-named value the script also
+    assigns a complement to is left out; [] when the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    negated = _negated_names(tree)
+    found = []
+    for node in walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        source = _value_name(node.value)
+        for target in targets:
+            name = _value_name(target)
+            if name and any(k in name.lower().replace("_", "") for k in _KEEP_WORDS) \
+                    and source and _done_name(source) and source not in negated:
+                found.append((node.lineno, ast.unparse(node).strip(), source, "mask"))
+                break
+        else:
+            for sub in walk(node.value):
+                if not (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult)):
+                    continue
+                factors = _factors(sub)
+                names = [_value_name(f) for f in factors]
+                if not any(n and set(_words(n)) & _DISCOUNT_WORDS for n in names):
+                    continue
+                flags = [n for n in names if n and _done_name(n) and n not in negated]
+                if flags:
+                    found.append((node.lineno, ast.unparse(node).strip(), flags[0], "factor"))
+                    break
+    return sorted(set(found))
 
 
 _SCATTER_CALLS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_",
