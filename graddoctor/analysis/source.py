@@ -107,6 +107,9 @@ class ScriptSource:
     def done_flag_bootstraps(self, path: str) -> list[tuple[int, str, str, str]]:
         return done_flag_bootstraps(self.full(path))
 
+    def twin_critics_maximised(self, path: str) -> list[tuple[int, str, str]]:
+        return twin_critics_maximised(self.full(path))
+
     def target_slice_line(self, path: str) -> tuple[int, str] | None:
         return target_slice_line(self.full(path))
 
@@ -1295,6 +1298,73 @@ def done_flag_bootstraps(path: str) -> list[tuple[int, str, str, str]]:
                 if flags:
                     found.append((node.lineno, ast.unparse(node).strip(), flags[0], "factor"))
                     break
+    return sorted(set(found))
+
+
+def _twins(a: ast.AST, b: ast.AST) -> bool:
+    """Whether two expressions are one critic's twin estimates: the same text but for one digit,
+    1 and 2 (or 0 and 1: ``qs[0]``, ``qs[1]``), with a Q or a critic named in it."""
+    x, y = ast.unparse(a), ast.unparse(b)
+    if len(x) != len(y) or not ("q" in x.lower() or "critic" in x.lower()):
+        return False
+    diff = [(c, d) for c, d in zip(x, y) if c != d]
+    return len(diff) == 1 and set(diff[0]) in ({"1", "2"}, {"0", "1"})
+
+
+def _twin_maximum(node: ast.AST) -> bool:
+    """``torch.max(q1, q2)``, ``torch.maximum(q1, q2)``, ``max(q1, q2)``, or a max over
+    ``torch.stack``/``torch.cat`` of the two."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in ("max", "maximum", "amax", "fmax"):
+        return False
+    if len(node.args) >= 2 and _twins(node.args[0], node.args[1]):
+        return True
+    stacked = node.args[0] if node.args else (func.value if isinstance(func, ast.Attribute) else None)
+    if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "torch"):
+        stacked = func.value
+    if isinstance(stacked, ast.Call) \
+            and (getattr(stacked.func, "attr", None) or getattr(stacked.func, "id", None)) in ("stack", "cat") \
+            and stacked.args and isinstance(stacked.args[0], (ast.List, ast.Tuple)) \
+            and len(stacked.args[0].elts) == 2:
+        return _twins(*stacked.args[0].elts)
+    return False
+
+
+def _discounted(node: ast.AST) -> bool:
+    return any(isinstance(n, (ast.Name, ast.Attribute))
+               and set(_words(n.id if isinstance(n, ast.Name) else n.attr)) & _DISCOUNT_WORDS
+               for n in walk(node))
+
+
+@_once_per_file
+def twin_critics_maximised(path: str) -> list[tuple[int, str, str]]:
+    """``(line, text, maximum)`` of each statement that combines twin critics' estimates with a
+    maximum (``torch.max(qf1_next, qf2_next)``) into a discounted target: the statement itself
+    discounts, or a later statement of its function that reads the name it assigns does."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for node in walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) or node.value is None:
+            continue
+        maxima = [n for n in walk(node.value) if _twin_maximum(n)]
+        if not maxima:
+            continue
+        feeds = _discounted(node.value)
+        if not feeds:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            scope = _enclosing_function(tree, node.lineno)
+            feeds = any(isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None
+                        and n.lineno > node.lineno and n.lineno <= node.lineno + 10
+                        and {x.id for x in walk(n.value) if isinstance(x, ast.Name)} & names
+                        and _discounted(n.value) for n in walk(scope))
+        if feeds:
+            found.append((node.lineno, ast.unparse(node).strip(), ast.unparse(maxima[0])))
     return sorted(set(found))
 
 
