@@ -107,3 +107,15 @@ def test_the_line_is_the_scatter_whose_rows_gather_with_its_own_index(tmp_path):
             return torch.index_add(torch.zeros_like(x), 0, col, x[row])
         """))
     assert self_scatter_line(str(script)) == (4, "torch.zeros_like(x).index_add_(0, row, msg)")
+
+
+def test_a_mixture_of_experts_dispatch_reads_as_nothing():
+    # tokens gathered by top_x, run through an expert and added back at top_x: per token by design,
+    # and the expert's weights lie on every path of the message
+    h = torch.randn(16, 4, requires_grad=True)
+    expert = nn.Linear(4, 4)
+    top_x = torch.tensor([0, 3, 5, 9])
+    weights = torch.rand(4, 1)
+    message = expert(h[top_x]) * weights
+    out = torch.zeros(16, 4).index_add_(0, top_x, message)
+    assert gathered_with(out.grad_fn.next_functions[1][0]) is None

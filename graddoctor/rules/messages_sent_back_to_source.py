@@ -42,8 +42,11 @@ class MessagesSentBackToSource(Rule):
     gather with the other index); a node's own row added directly before the scatter
     (GraphNorm's `x - mean[batch]` scattered by `batch`); pooling by a batch vector (no gather);
     degrees counted with `index_add_` over ones (no gradient); edge features (a path with no
-    gather); sparse and dense adjacency products (no scatter). Not seen: scatters on an
-    accelerator or over other dims, indices kept only under saved-tensor hooks.
+    gather); a mixture of experts' dispatch (tokens gathered by `top_x`, run through an expert
+    and added back at `top_x`: the expert's weights lie on the path); sparse and dense adjacency
+    products (no scatter). Not seen: messages put through a layer with parameters after the
+    gather (`lin(x[src])` scattered to `src`), scatters on an accelerator or over other dims,
+    indices kept only under saved-tensor hooks.
     """
 
     code = "GD286"
