@@ -37,6 +37,7 @@ def test_a_done_flag_taken_as_the_continuation_is_read(tmp_path, text, found):
     "dones = 1 - terminated\ny = r + gamma * q_next * dones\n",  # stored as a complement
     "done = 0.0 if finished else 1.0\ny = r + gamma * v * done\n",
     "episode_return = reward * done\n",  # no discount in the product
+    "ret = reward + gamma * terminal_value\n",  # a value at the end, no flag
     "y = r + gamma * q_next\nif done: state = env.reset()\n",
 ])
 def test_masks_complements_and_other_uses_of_a_flag_read_as_nothing(tmp_path, text):

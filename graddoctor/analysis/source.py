@@ -1214,9 +1214,15 @@ def _words(name: str) -> list[str]:
     return [w for w in re.split(r"_|(?<=[a-z])(?=[A-Z])", name.lower()) if w]
 
 
+# the other words a done flag's name holds (``b_dones``, ``next_done``, ``is_terminal``,
+# ``dones_batch``): a name with any other word is some other value (``terminal_value``)
+_FLAG_FILLERS = frozenset({"b", "mb", "batch", "next", "is", "t", "ep", "episode", "env", "envs",
+                           "buf", "buffer", "flag", "flags", "tensor", "cur", "curr", "last"})
+
+
 def _done_name(name: str) -> bool:
-    words = _words(name)
-    return bool(set(words) & _DONE_WORDS) and not set(words) & _NOT_DONE_WORDS \
+    words = set(_words(name))
+    return bool(words & _DONE_WORDS) and words <= _DONE_WORDS | _FLAG_FILLERS \
         and not any(k in name.lower() for k in _KEEP_WORDS)
 
 

@@ -13,8 +13,9 @@ class DoneMaskInverted(Rule):
     the done flag itself (`nextnonterminal = dones[t + 1]`), or a done flag multiplying the
     discount in a product (`r + gamma * q_next * dones`). Read from the script's source, in the
     files whose backwards ran: the value is named as a done or terminal flag (`done`, `dones`,
-    `terminated`, `b_terminals`...), not as a mask (`done_mask`, `not_done`, `masks`), and the
-    script assigns that name no complement anywhere (`dones = 1 - x`, `~x`, `x == 0`).
+    `terminated`, `b_terminals`...; a name with another word, `terminal_value`, is some other
+    value), not as a mask (`done_mask`, `not_done`, `masks`), and the script assigns that name no
+    complement anywhere (`dones = 1 - x`, `~x`, `x == 0`).
 
     ## Why is this bad?
     A return bootstraps from the next state's value only while the episode goes on: `r + gamma *
