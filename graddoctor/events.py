@@ -245,6 +245,11 @@ degree_scaled      form ("sqrt": each entry of the propagation matrix is sqrt(d_
                    that a matrix product of the loss's graph multiplies by, its degree
                    normalisation inverted, at the first 3 backwards of a line, once per backward
                    line (loc: the backward; an aside; instrument/degreenorm.py)
+self_scatter       op ("index_add" | "scatter_add" | "scatter_reduce"), edges (the index's length),
+                   nodes (its distinct values) — a dim-0 scatter of the loss's graph whose every
+                   message row was gathered with the scatter's own index (x[src] scattered back to
+                   src: no feature crosses an edge), at the first 3 backwards of a line, once per
+                   backward line (loc: the backward; an aside; instrument/selfscatter.py)
 token_copy         positions (the targets compared), lookups (the embedding lookups below the
                    loss) — a nll_loss/cross_entropy whose integer targets are, position for
                    position, the ids an embedding below it read, with a recurrent layer between
@@ -1292,7 +1297,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``token_copy``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``token_copy``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1700,6 +1705,10 @@ def policy_sign(*, dist: str, critic: str, weight: str, sign: str) -> Made:
 
 def degree_scaled(*, form: str, nodes: int, degree: int) -> Made:
     return "degree_scaled", {"form": form, "nodes": nodes, "degree": degree}
+
+
+def self_scatter(*, op: str, edges: int, nodes: int) -> Made:
+    return "self_scatter", {"op": op, "edges": edges, "nodes": nodes}
 
 
 def token_copy(*, positions: int, lookups: int) -> Made:
@@ -2376,7 +2385,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "token_copy": token_copy, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "placeholder_targets": placeholder_targets,
+    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "token_copy": token_copy, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
@@ -2422,7 +2431,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
-                         "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "token_copy", "step_edit", "decay_share", "eps_share",
+                         "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "token_copy", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "last_step_padded",
                          "state_carried",

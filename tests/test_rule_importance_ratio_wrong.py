@@ -139,3 +139,26 @@ def test_the_k3_kl_estimator_against_a_frozen_reference_is_no_inverted_ratio():
     def k3(logp, ref):
         return torch.exp(ref - logp) - (ref - logp) - 1
     assert _token_faults(k3) == []
+
+
+def test_a_log_prob_returned_by_a_helper_is_followed_to_the_difference_after_its_call(tmp_path):
+    from textwrap import dedent
+
+    from graddoctor.analysis.source import ratio_line
+
+    script = tmp_path / "ppo.py"
+    script.write_text(dedent("""\
+        class Agent:
+            def get_action_and_value(self, x, action=None):
+                dist = self.dist(x)
+                return action, dist.log_prob(action), dist.entropy(), self.critic(x)
+        for epoch in range(4):
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+            logratio = old_logprobs - newlogprob
+            ratio = logratio.exp()
+            loss = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2)).mean()
+        """))
+    # the difference is what an inverted ratio changes; the exp is what a cancelled one names
+    assert ratio_line(str(script), 4, "inverted") == (7, "logratio = old_logprobs - newlogprob")
+    assert ratio_line(str(script), 4, "cancels") == (8, "ratio = logratio.exp()")
+    assert ratio_line(str(script), 4, "minimised")[0] == 9

@@ -51,6 +51,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "data/bad_embedding_fields_time_features.py",  # field_rows
             "autograd/bad_aggregate_column_sums_inline.py",  # aggregate_sum
             "autograd/bad_adjacency_scaled_by_degree_gcn.py",  # degree_scaled
+            "autograd/bad_messages_sent_back_to_source_sage.py",  # self_scatter
             "losses/bad_policy_gradient_reversed_a2c.py",  # policy_sign
             "dependency/bad_target_visible_seq_first_lm.py",  # token_copy
             "numerics/bad_low_precision_bf16_frozen.py",  # low_precision

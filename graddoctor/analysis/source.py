@@ -101,6 +101,15 @@ class ScriptSource:
     def degree_power_line(self, path: str) -> tuple[int, str] | None:
         return degree_power_line(self.full(path))
 
+    def self_scatter_line(self, path: str) -> tuple[int, str] | None:
+        return self_scatter_line(self.full(path))
+
+    def done_flag_bootstraps(self, path: str) -> list[tuple[int, str, str, str]]:
+        return done_flag_bootstraps(self.full(path))
+
+    def twin_critics_maximised(self, path: str) -> list[tuple[int, str, str]]:
+        return twin_critics_maximised(self.full(path))
+
     def target_slice_line(self, path: str) -> tuple[int, str] | None:
         return target_slice_line(self.full(path))
 
@@ -1190,6 +1199,254 @@ def degree_power_line(path: str) -> tuple[int, str] | None:
     return found[0].lineno, ast.unparse(found[0]).strip()
 
 
+_DONE_WORDS = frozenset({"done", "dones", "terminal", "terminals", "terminated", "terminateds",
+                         "terminations", "termination"})
+# words that make a done-named value its complement (a mask that is 1 while the episode goes on)
+_NOT_DONE_WORDS = frozenset({"not", "non", "mask", "masks", "alive", "continue", "continues",
+                             "ongoing", "live", "running"})
+_KEEP_WORDS = ("nonterminal", "notdone", "notterminal", "nondone", "alive", "notdones")
+_DISCOUNT_WORDS = frozenset({"gamma", "discount", "discounts", "gammas"})
+_PASS_THROUGH = frozenset({"float", "double", "view", "reshape", "unsqueeze", "squeeze", "to",
+                           "flatten", "type", "type_as", "detach", "clone"})
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"_|(?<=[a-z])(?=[A-Z])", name.lower()) if w]
+
+
+# the other words a done flag's name holds (``b_dones``, ``next_done``, ``is_terminal``,
+# ``dones_batch``): a name with any other word is some other value (``terminal_value``)
+_FLAG_FILLERS = frozenset({"b", "mb", "batch", "next", "is", "t", "ep", "episode", "env", "envs",
+                           "buf", "buffer", "flag", "flags", "tensor", "cur", "curr", "last"})
+
+
+def _done_name(name: str) -> bool:
+    words = set(_words(name))
+    return bool(words & _DONE_WORDS) and words <= _DONE_WORDS | _FLAG_FILLERS \
+        and not any(k in name.lower() for k in _KEEP_WORDS)
+
+
+def _value_name(expr: ast.AST) -> str | None:
+    """The name a value is read from through indexing and dtype/shape casts (``dones[t + 1]``,
+    ``b_dones.float().unsqueeze(1)``, ``batch.dones``), or None for anything computed."""
+    while True:
+        if isinstance(expr, ast.Name):
+            return expr.id
+        if isinstance(expr, ast.Attribute):
+            return expr.attr
+        if isinstance(expr, ast.Subscript):
+            expr = expr.value
+        elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
+                and expr.func.attr in _PASS_THROUGH:
+            expr = expr.func.value
+        else:
+            return None
+
+
+def _factors(expr: ast.AST) -> list[ast.AST]:
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        return _factors(expr.left) + _factors(expr.right)
+    return [expr]
+
+
+def _negated_names(tree: ast.AST) -> set[str]:
+    """Names the script assigns a complement to (``dones = 1 - x``, ``~x``, ``not x``, ``x == 0``,
+    ``logical_not``): a done-named value that is in fact a continuation mask."""
+    found = set()
+    for node in walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AugAssign)) or node.value is None:
+            continue
+        v = node.value
+        negated = isinstance(v, ast.UnaryOp) and isinstance(v.op, (ast.Not, ast.Invert)) \
+            or isinstance(v, ast.BinOp) and isinstance(v.op, ast.Sub) \
+            or isinstance(v, ast.Compare) and len(v.ops) == 1 and isinstance(v.ops[0], ast.Eq) \
+            and isinstance(v.comparators[0], ast.Constant) and v.comparators[0].value in (0, False) \
+            or isinstance(v, ast.IfExp) and isinstance(v.body, ast.Constant) and v.body.value in (0, False) \
+            or _calls_named(v, ("logical_not",))
+        if negated:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found |= {_value_name(t) for t in targets} - {None}
+    return found
+
+
+@_once_per_file
+def done_flag_bootstraps(path: str) -> list[tuple[int, str, str, str]]:
+    """``(line, text, name, form)`` of each statement that keeps a bootstrapped value where the
+    episode ended instead of where it goes on: ``"mask"``, a continuation mask assigned a done
+    flag as it is (``nextnonterminal = dones[t + 1]``); ``"factor"``, a done flag multiplying a
+    discount in a product (``r + gamma * q_next * dones``). A done-named value the script also
+    assigns a complement to is left out; [] when the file cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    negated = _negated_names(tree)
+    found = []
+    for node in walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        source = _value_name(node.value)
+        for target in targets:
+            name = _value_name(target)
+            if name and any(k in name.lower().replace("_", "") for k in _KEEP_WORDS) \
+                    and source and _done_name(source) and source not in negated:
+                found.append((node.lineno, ast.unparse(node).strip(), source, "mask"))
+                break
+        else:
+            for sub in walk(node.value):
+                if not (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult)):
+                    continue
+                factors = _factors(sub)
+                names = [_value_name(f) for f in factors]
+                if not any(n and set(_words(n)) & _DISCOUNT_WORDS for n in names):
+                    continue
+                flags = [n for n in names if n and _done_name(n) and n not in negated]
+                if flags:
+                    found.append((node.lineno, ast.unparse(node).strip(), flags[0], "factor"))
+                    break
+    return sorted(set(found))
+
+
+def _twins(a: ast.AST, b: ast.AST) -> bool:
+    """Whether two expressions are one critic's twin estimates: the same text but for one digit,
+    1 and 2 (or 0 and 1: ``qs[0]``, ``qs[1]``), with a Q or a critic named in it."""
+    x, y = ast.unparse(a), ast.unparse(b)
+    if len(x) != len(y) or not ("q" in x.lower() or "critic" in x.lower()):
+        return False
+    diff = [(c, d) for c, d in zip(x, y) if c != d]
+    return len(diff) == 1 and set(diff[0]) in ({"1", "2"}, {"0", "1"})
+
+
+def _twin_maximum(node: ast.AST) -> bool:
+    """``torch.max(q1, q2)``, ``torch.maximum(q1, q2)``, ``max(q1, q2)``, or a max over
+    ``torch.stack``/``torch.cat`` of the two."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in ("max", "maximum", "amax", "fmax"):
+        return False
+    if len(node.args) >= 2 and _twins(node.args[0], node.args[1]):
+        return True
+    stacked = node.args[0] if node.args else (func.value if isinstance(func, ast.Attribute) else None)
+    if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "torch"):
+        stacked = func.value
+    if isinstance(stacked, ast.Call) \
+            and (getattr(stacked.func, "attr", None) or getattr(stacked.func, "id", None)) in ("stack", "cat") \
+            and stacked.args and isinstance(stacked.args[0], (ast.List, ast.Tuple)) \
+            and len(stacked.args[0].elts) == 2:
+        return _twins(*stacked.args[0].elts)
+    return False
+
+
+def _discounted(node: ast.AST) -> bool:
+    return any(isinstance(n, (ast.Name, ast.Attribute))
+               and set(_words(n.id if isinstance(n, ast.Name) else n.attr)) & _DISCOUNT_WORDS
+               for n in walk(node))
+
+
+@_once_per_file
+def twin_critics_maximised(path: str) -> list[tuple[int, str, str]]:
+    """``(line, text, maximum)`` of each statement that combines twin critics' estimates with a
+    maximum (``torch.max(qf1_next, qf2_next)``) into a discounted target: the statement itself
+    discounts, or a later statement of its function that reads the name it assigns does."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for node in walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) or node.value is None:
+            continue
+        maxima = [n for n in walk(node.value) if _twin_maximum(n)]
+        if not maxima:
+            continue
+        feeds = _discounted(node.value)
+        if not feeds:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            scope = _enclosing_function(tree, node.lineno)
+            feeds = any(isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None
+                        and n.lineno > node.lineno and n.lineno <= node.lineno + 10
+                        and {x.id for x in walk(n.value) if isinstance(x, ast.Name)} & names
+                        and _discounted(n.value) for n in walk(scope))
+        if feeds:
+            found.append((node.lineno, ast.unparse(node).strip(), ast.unparse(maxima[0])))
+    return sorted(set(found))
+
+
+_SCATTER_CALLS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_",
+                            "scatter_reduce", "scatter_reduce_"})
+
+
+def _root_name(expr: ast.AST) -> str | None:
+    """The name a chain of attributes and method calls starts from (``dst`` for
+    ``dst.unsqueeze(-1).expand_as(m)``), or None."""
+    while True:
+        if isinstance(expr, ast.Name):
+            return expr.id
+        if isinstance(expr, ast.Call):
+            expr = expr.func
+        elif isinstance(expr, (ast.Attribute, ast.Subscript)):
+            expr = expr.value
+        else:
+            return None
+
+
+def _gathers_with(expr: ast.AST, index: str) -> bool:
+    """Whether ``expr`` gathers rows with the index named ``index`` (``x[index]``,
+    ``x.index_select(0, index)``)."""
+    for sub in walk(expr):
+        if isinstance(sub, ast.Subscript) and ast.unparse(sub.slice) == index:
+            return True
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
+                and sub.func.attr == "index_select" and len(sub.args) >= 2 \
+                and ast.unparse(sub.args[-1]) == index:
+            return True
+    return False
+
+
+@_once_per_file
+def self_scatter_line(path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the script's only scatter call (``out.index_add_(0, idx, msg)``,
+    ``scatter_add``, ``scatter_reduce``) whose rows (the argument, or the assignments to the name
+    it passes, in the same function) gather with the name of its own index (``x[idx]``); None
+    when there is none or several."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    found = []
+    scopes = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]
+    for scope in scopes:
+        assigned: dict[str, list] = {}
+        calls = []
+        for node in walk(scope):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        assigned.setdefault(target.id, []).append(node.value)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in _SCATTER_CALLS:
+                calls.append(node)
+        for call in calls:
+            keywords = {k.arg: k.value for k in call.keywords}
+            # torch.index_add(x, 0, idx, rows) takes the tensor first; x.index_add_(0, idx, rows) not
+            shift = 1 if isinstance(call.func.value, ast.Name) and call.func.value.id == "torch" else 0
+            args = call.args
+            index = keywords.get("index", args[1 + shift] if len(args) > 1 + shift else None)
+            rows = keywords.get("source", keywords.get("src", args[2 + shift] if len(args) > 2 + shift else None))
+            if index is None or rows is None:
+                continue
+            names = [ast.unparse(index), _root_name(index)]
+            # an index expanded over the columns first (index = dst.unsqueeze(-1).expand_as(m))
+            names += [_root_name(value) for value in assigned.get(names[0], ())]
+            names = [n for n in names if n is not None]
+            sources = assigned.get(rows.id, []) if isinstance(rows, ast.Name) else [rows]
+            if any(_gathers_with(src, name) for src in sources for name in names):
+                found.append((call.lineno, ast.unparse(call)))
+    found = sorted(set(found))
+    return found[0] if len(found) == 1 else None
+
+
 @_once_per_file
 def target_slice_line(path: str) -> tuple[int, str] | None:
     """``(line, text)`` of the script's only assignment of a slice (``x[a:b]``) to a name with
@@ -1251,6 +1508,43 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
     if fault == "denominator":  # the old log-probability's own statement
         found = _innermost_statement(tree, line)
         return None if found is None else (found[0].lineno, ast.unparse(found[0]).strip())
+    found = _ratio_statement(tree, line, fault, None)
+    if found is None:
+        # a log_prob returned by a helper (CleanRL's get_action_and_value): the ratio is looked
+        # for after the helper's calls, from the name that element of its result is assigned to
+        for call_line, seed in _returned_to(tree, line):
+            found = _ratio_statement(tree, call_line, fault, seed)
+            if found is not None:
+                break
+    if found is None:
+        return None
+    ratio, statements = found
+    if fault == "cancels":
+        subtracted = {n.right.id for n in walk(ratio.value)
+                      if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Sub, ast.Div))
+                      and isinstance(n.right, ast.Name)}
+        aliases = [n for n in statements if n.lineno < ratio.lineno and isinstance(n, ast.Assign)
+                   and isinstance(n.value, ast.Name) and len(n.targets) == 1
+                   and isinstance(n.targets[0], ast.Name) and n.targets[0].id in subtracted]
+        if aliases:
+            ratio = aliases[-1]
+    elif fault == "inverted" and not any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Sub, ast.Div))
+                                         for n in walk(ratio.value)):
+        # the exp of a name made by a difference above it (logratio = old - new; ratio =
+        # logratio.exp()): the difference is what to change
+        read = {sub.id for sub in walk(ratio.value) if isinstance(sub, ast.Name)}
+        differences = [n for n in statements if n.lineno < ratio.lineno and isinstance(n, ast.Assign)
+                       and any(isinstance(t, ast.Name) and t.id in read for t in n.targets)
+                       and isinstance(n.value, ast.BinOp) and isinstance(n.value.op, ast.Sub)]
+        if differences:
+            ratio = differences[-1]
+    return ratio.lineno, ast.unparse(ratio).strip()
+
+
+def _ratio_statement(tree: ast.AST, line: int, fault: str, seed: set | None):
+    """``(statement, statements)``: the first assignment at or after ``line`` (20 lines at most,
+    in its function) that computes a policy ratio from what the statement at ``line`` made (only
+    the names in ``seed``, when given), and the assignments of that window; None when none."""
     scope = _enclosing_function(tree, line)
     statements = sorted((n for n in walk(scope)
                          if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
@@ -1273,32 +1567,57 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
     # only statements that read what the log_prob's statement made, directly or through the
     # statements between (a ratio in another function is not guessed at); an exp of a
     # difference first (a division on the way, an advantage's normalisation, is no ratio)
-    ratio = None
     for test in ((exp_of_difference, wanted) if fault != "minimised" else (wanted,)):
         names: set = set()
         for n in statements:
             read = {sub.id for sub in walk(n.value) if isinstance(sub, ast.Name)}
             if n.lineno != line and not read & names:
                 continue
+            if n.lineno == line and seed is not None:
+                names |= seed
+                continue
             if test(n.value):
-                ratio = n
-                break
+                return n, statements
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             names |= {sub.id for t in targets for sub in walk(t) if isinstance(sub, ast.Name)}
-        if ratio is not None:
-            break
-    if ratio is None:
-        return None
-    if fault == "cancels":
-        subtracted = {n.right.id for n in walk(ratio.value)
-                      if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Sub, ast.Div))
-                      and isinstance(n.right, ast.Name)}
-        aliases = [n for n in statements if n.lineno < ratio.lineno and isinstance(n, ast.Assign)
-                   and isinstance(n.value, ast.Name) and len(n.targets) == 1
-                   and isinstance(n.targets[0], ast.Name) and n.targets[0].id in subtracted]
-        if aliases:
-            ratio = aliases[-1]
-    return ratio.lineno, ast.unparse(ratio).strip()
+    return None
+
+
+def _returned_to(tree: ast.AST, line: int) -> list[tuple[int, set]]:
+    """For a ``return`` statement at ``line`` in a function, each ``(line, {name})`` of an
+    assignment in the file that calls that function and binds the returned value at that line
+    (the element of a returned tuple, by its position) to a plain name; [] else."""
+    found = _innermost_statement(tree, line)
+    if found is None or not isinstance(found[0], ast.Return) or found[0].value is None:
+        return []
+    value = found[0].value
+    function = _enclosing_function(tree, line)
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    position = None
+    if isinstance(value, ast.Tuple):
+        held = [k for k, elt in enumerate(value.elts)
+                if elt.lineno <= line <= (elt.end_lineno or elt.lineno)]
+        if len(held) > 1:  # a tuple on one line: the element that takes the log-probability
+            held = [k for k in held if _calls_named(value.elts[k], ("log_prob", "gather", "log_softmax"))]
+        if len(held) != 1:
+            return []
+        position = held[0]
+    calls = []
+    for node in walk(tree):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.value, ast.Call):
+            continue
+        func = node.value.func
+        if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != function.name:
+            continue
+        target = node.targets[0]
+        if position is not None:
+            if not isinstance(target, ast.Tuple) or len(target.elts) <= position:
+                continue
+            target = target.elts[position]
+        if isinstance(target, ast.Name):
+            calls.append((node.lineno, {target.id}))
+    return sorted(calls)
 
 
 def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:

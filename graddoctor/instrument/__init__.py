@@ -58,6 +58,7 @@ from .phases import PhaseHold
 from .policygrad import AdvantageGradWatcher
 from .policysign import PolicySignWatcher
 from .degreenorm import DegreeNormWatcher
+from .selfscatter import SelfScatterWatcher
 from .tokencopy import TokenCopyWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
@@ -338,6 +339,10 @@ class Instrumentation:
         degree_norm = DegreeNormWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, degree_norm.describe_loss)
         self.watchers.append(degree_norm)
+        # messages scattered back to the nodes they were gathered from (messages-sent-back-to-source)
+        self_scatter = SelfScatterWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, self_scatter.describe_loss)
+        self.watchers.append(self_scatter)
         # token targets that are a recurrent model's own input ids (target-visible-to-model)
         token_copy = TokenCopyWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, token_copy.describe_loss)

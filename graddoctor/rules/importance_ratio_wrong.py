@@ -39,7 +39,9 @@ class ImportanceRatioWrong(Rule):
     model's token log-probabilities in token-level PPO or GRPO: the first two faults); at the
     first backwards that follow, the loss's graph is walked for `exp` and quotient nodes and the
     two sides of each compared. It points at the line that makes the old log-probability or the
-    ratio.
+    ratio (for an inverted ratio written as the exp of a log-ratio, the difference), following a
+    log-probability that a helper returns (an agent's `get_action_and_value`) to the name its
+    call assigns it to.
 
     ## Why is this bad?
     The ratio is how the policy's gradient enters PPO's clipped objective: its numerator must be

@@ -55,7 +55,9 @@ class TargetVisibleToModel(Rule):
     the unshifted targets under teacher forcing (`dec_in = tgt`), a decoder unrolled by hand fed
     `y[:, k]` at step k, a next-frame predictor trained on `x[:, :-1]` against `x[:, :-1]`.
     It is reported where the decoder's input is built when that input is not the model's first
-    one, else where the target is built in the loop (else at the loss call).
+    one (at the decoder's own call when the target's slice is written in it: `self.cell(tgt[:,
+    k] if tgt is not None else prev, h)`), else where the target is built in the loop (else at
+    the loss call).
 
     ## Why is this bad?
     The loss drops to almost nothing because the answer is in the input: the model learns to
@@ -290,6 +292,10 @@ class TargetVisibleToModel(Rule):
             # the copied input is built for the model (a decoder's input, a teacher-forced
             # step), not the model's first input: that input is what to shift
             built = _argument_origin(a, str(read_at[0]), int(read_at[1]), 0)
+            if built is None and _reads_slice(a, str(read_at[0]), int(read_at[1])):
+                # the reader is handed a slice of the target in its own call (`self.dec(y[:, t]
+                # if y is not None else prev, h)`): that call is what to change
+                built = Location(str(read_at[0]), int(read_at[1]), str(read_at[2]))
             if built is None and given is not None and e.loc is not None:
                 built = _argument_origin(a, e.loc.path, e.loc.line, given)
             if built is not None:
@@ -337,6 +343,17 @@ def _gather_line(a, loc: Location) -> int | None:
         if "gather(" in text:
             return line
     return None
+
+
+def _reads_slice(a, path: str, line: int) -> bool:
+    """Whether the first argument of the last call on ``line`` is an expression that indexes a
+    tensor itself (``y[:, t]``, ``tgt[:, t] if tgt is not None else prev``), not a plain name."""
+    text = a.source.line_text(path, line)
+    called = re.findall(r"([A-Za-z_][A-Za-z_0-9]*)\s*\(", text)
+    if not called:
+        return False
+    arg = a.source.call_argument(path, line, called[-1], 0, "input")
+    return bool(arg) and not arg.isidentifier() and "[" in arg
 
 
 def _argument_origin(a, path: str, line: int, position: int) -> Location | None:

@@ -1,0 +1,161 @@
+"""Message passing whose messages go back to the nodes they came from: a scatter (``index_add``,
+``scatter_add``, ``scatter_reduce``) over rows that were all gathered with the scatter's own
+index.
+
+A graph layer written by hand gathers each edge's source features and scatters them onto the
+edge's target: ``out.index_add_(0, dst, x[src] * norm)``. Scattered with the index it was
+gathered with (``index_add_(0, src, x[src] ...)``), every edge hands a node back a copy of its
+own features: the aggregate of node ``i`` is its own row times a sum over its edges, no feature
+crosses an edge and the "graph" network is a per-node MLP scaled by the degree. Nothing fails and
+the loss still falls (on the node features alone).
+
+How it is seen: at the first ``_LOOKED`` backwards of each backward line (``describe_loss``),
+the loss's graph is walked (``_NODES`` nodes) for scatter nodes along dim 0 with a 1-D index
+(``scatter_add``'s index expanded over the columns counts as its first column). Below each, the
+message's graph is walked down every path to the first gather met (``x[idx]``,
+``index_select(0, idx)``); the scatter is a fault only when every path ends at such a gather and
+every gather's index holds the scatter's index, value for value (``_SAME_LIMIT`` entries at most
+compared). A path that reaches a leaf, another scatter or anything else before a gather (a node's
+own row added directly: GraphNorm's ``x - mean[batch]`` scattered by ``batch``; an edge feature;
+attention from the other endpoint) reads as nothing. A fault makes a ``self_scatter`` aside at
+the backward, once per backward line.
+
+Cost: one graph walk per backward at the first backwards of each line only, plus one bounded walk
+and one ``torch.equal`` per scatter found (CPU indices only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import events as ev
+from .graphpaths import saved
+from .lossterms import PerLine, loss_roots
+from .recorder import Recorder
+
+_LOOKED = 3  # backwards of each line looked at
+_LINES = 16  # backward lines looked at, at most
+_NODES = 8192  # nodes of the loss's graph walked
+_BELOW = 512  # nodes walked below one scatter's message
+_SAME_LIMIT = 1 << 24  # index entries compared at most
+_SCATTERS = {"IndexAddBackward0": "index_add", "ScatterAddBackward0": "scatter_add",
+             "ScatterReduceBackward0": "scatter_reduce"}
+
+
+def _scatter_index(node) -> torch.Tensor | None:
+    """The 1-D index a dim-0 scatter node wrote its rows at, or None."""
+    if saved(node, "_saved_dim", None) not in (0,):
+        return None
+    index = saved(node, "_saved_index")
+    if not isinstance(index, torch.Tensor) or index.device.type != "cpu" or index.numel() == 0:
+        return None
+    if index.dim() == 2:
+        first = index[:, :1]
+        if not bool((index == first).all()):
+            return None
+        index = first.reshape(-1)
+    return index if index.dim() == 1 else None
+
+
+def _message_input(node):
+    """The autograd node of the rows a scatter node scattered (its source)."""
+    nexts = node.next_functions
+    if type(node).__name__ == "IndexAddBackward0":
+        return nexts[1][0] if len(nexts) > 1 else None
+    return nexts[-1][0] if nexts else None
+
+
+def _gather_index(node) -> torch.Tensor | None:
+    """The 1-D integer index of a row gather node (``x[idx]``, ``index_select(0, idx)``), or None
+    for any other node."""
+    name = type(node).__name__
+    if name == "IndexBackward0":
+        indices = saved(node, "_saved_indices")
+        if not isinstance(indices, (tuple, list)) or len(indices) != 1:
+            return None
+        index = indices[0]
+    elif name == "IndexSelectBackward0":
+        if saved(node, "_saved_dim", None) != 0:
+            return None
+        index = saved(node, "_saved_index")
+    else:
+        return None
+    if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.dtype not in (torch.int64, torch.int32) \
+            or index.device.type != "cpu":
+        return None
+    return index
+
+
+def gathered_with(message) -> list[torch.Tensor] | None:
+    """The indices of the gathers that every path below ``message`` ends at first, or None when
+    a path ends anywhere else (a leaf, another scatter) or the walk is too long."""
+    if message is None:
+        return None
+    found, stack, seen = [], [message], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > _BELOW:
+            return None
+        index = _gather_index(node)
+        if index is not None:
+            found.append(index)
+            continue
+        name = type(node).__name__
+        if name in _SCATTERS or name == "AccumulateGrad" or not node.next_functions:
+            return None
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return found or None
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.numel() > _SAME_LIMIT:
+        return False
+    return a is b or bool(torch.equal(a.to(torch.int64), b.to(torch.int64)))
+
+
+class SelfScatterWatcher:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self._lines = PerLine(_LOOKED, _LINES)
+        self._told: set = set()  # backward lines told
+
+    def describe_loss(self, tensors) -> dict:
+        if self._lines.exhausted:
+            return {}
+        try:
+            loc = self.rec.here()
+            if loc not in self._told and self._lines.admit(loc):
+                self._judge(tensors, loc)
+        except Exception as exc:
+            self.rec.internal_error("self_scatter", exc)
+        return {}
+
+    def _judge(self, tensors, loc) -> None:
+        stack, seen = list(loss_roots(tensors)), set()
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if len(seen) > _NODES:
+                return
+            stack.extend(child for child, _ in node.next_functions if child is not None)
+            op = _SCATTERS.get(type(node).__name__)
+            if op is None:
+                continue
+            index = _scatter_index(node)
+            if index is None:
+                continue
+            gathers = gathered_with(_message_input(node))
+            if not gathers or not all(_same(index, g) for g in gathers):
+                continue
+            self._told.add(loc)
+            self.rec.emit_aside(ev.self_scatter(op=op, edges=int(index.numel()),
+                                                nodes=int(index.unique().numel())), loc)
+            return
+
+    def install(self, patcher) -> None:
+        """Nothing to patch: the loss's graph is read at the backward (DESCRIBE_LOSS)."""
