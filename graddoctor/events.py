@@ -106,8 +106,9 @@ epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epo
                    ``--epoch-batches``; None for a stream without length), planned (only on a
                    loader's first epoch, when the source and the frame's variables tell it: the
                    count of the loop around the script's loop over the loader, ["epochs", E]
-                   for ``for epoch in range(E)`` or ["steps", N] for ``while step < N``;
-                   instrument/planned.py)
+                   for ``for epoch in range(E)`` or ["steps", N] for ``while step < N``, or
+                   ["updates", N] for a framework's count of optimizer steps (Lightning's
+                   ``max_steps``); instrument/planned.py)
 short_len          loader, real_len, replay_len (the first ``len()`` of a DataLoader that
                    returned the replay's shorter epoch length, per loader; an aside)
 phase_hold         wait ("loop" | "switch" | "evaluation"), updates (at the step budget),

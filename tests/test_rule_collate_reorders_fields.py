@@ -88,3 +88,53 @@ def test_the_finding_names_the_fields_and_the_fix():
     assert "13 of its 16 rows" in f.message and "field 0" in f.message
     assert "sort the list of samples" in f.fix
     assert findings(builder(), SLUG) == []
+
+
+class _TokenDicts(Dataset):
+    """Samples as a tokenized dataset holds them: dicts of Python lists and an int label."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(1)
+        self.rows = [{"input_ids": torch.randint(1, 50, (int(n),), generator=g).tolist(), "labels": i % 2}
+                     for i, n in enumerate(torch.randint(2, 12, (16,), generator=g))]
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def _dict_events(collate) -> list:
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        for _ in DataLoader(_TokenDicts(), batch_size=8, collate_fn=collate):
+            pass
+    assert not rec.trace.of_kind("internal_error")
+    return [(dict(e.data), e.loc.line) for e in rec.trace.of_kind("collate_reordered")]
+
+
+def _sorted_samples_labels_unsorted(features):
+    ordered = sorted(features, key=lambda f: len(f["input_ids"]), reverse=True)
+    ids = pad_sequence([torch.tensor(f["input_ids"]) for f in ordered], batch_first=True)
+    labels = torch.tensor([f["labels"] for f in features])
+    return {"input_ids": ids, "labels": labels}
+
+
+def _sorted_samples_labels_sorted(features):
+    ordered = sorted(features, key=lambda f: len(f["input_ids"]), reverse=True)
+    ids = pad_sequence([torch.tensor(f["input_ids"]) for f in ordered], batch_first=True)
+    return {"input_ids": ids, "labels": torch.tensor([f["labels"] for f in ordered])}
+
+
+def test_token_lists_are_matched_and_the_unsorted_field_line_is_named():
+    (found, line), = _dict_events(_sorted_samples_labels_unsorted)
+    assert (found["moved"], found["kept"]) == ("input_ids", "labels") and found["displaced"] > 0
+    first = _sorted_samples_labels_unsorted.__code__.co_firstlineno
+    assert line == first + 3  # the labels built from the list as given, not the sort
+    assert _dict_events(_sorted_samples_labels_sorted) == []
+
+
+def test_row_sources_match_lists_of_numbers():
+    assert _row_sources(pad_sequence([torch.tensor([3, 4, 5]), torch.tensor([1, 2])], batch_first=True),
+                        [[1, 2], [3, 4, 5]]) == [{1}, {0}]

@@ -242,3 +242,21 @@ def test_the_loop_line_that_builds_the_target_is_found(tmp_path):
     path.write_text(textwrap.dedent(code))
     assert target_assignment(str(path), 4) == (3, "labels = batch.masked_fill(~masked, -100)")
     assert target_assignment(str(path), 5) is None
+
+
+def test_the_padding_mask_that_writes_the_ignore_index_is_found(tmp_path):
+    from graddoctor.analysis.promptlines import padding_mask_line
+
+    one = tmp_path / "one.py"
+    one.write_text("def collate(rows):\n"
+                   "    labels = ids.clone()\n"
+                   "    labels[attention_mask == 1] = -100\n"
+                   "    return labels\n")
+    assert padding_mask_line(str(one), -100) == (3, "labels[attention_mask == 1] = -100")
+    two = tmp_path / "two.py"
+    two.write_text("labels[attention_mask == 0] = -100\n"
+                   "labels[:, :prompt_len] = -100\n")
+    assert padding_mask_line(str(two), -100) is None  # two writers: no single line to name
+    mlm = tmp_path / "mlm.py"
+    mlm.write_text("labels[~masked] = -100\n")
+    assert padding_mask_line(str(mlm), -100) is None  # not the padding's mask

@@ -8,9 +8,11 @@ import textwrap
 
 import pytest
 
+from graddoctor import events as ev
 from graddoctor.findings import Severity
 from graddoctor.options import CheckOptions
 from graddoctor.run.session import run_check
+from rule_traces import builder, findings, only
 
 SLUG = "schedule-misfits-run"
 NEIGHBOURS = {SLUG, "scheduler-period-mismatch", "lr-collapsed", "warmup-never-ends"}
@@ -237,3 +239,38 @@ def test_the_frameworks_loops_give_their_planned_epochs():
     assert _lightning_epochs(loop(max_steps=100)) is None  # the steps decide
     assert _lightning_epochs(loop(limit=0.25)) is None  # epochs cut short
     assert _lightning_epochs(loop(max_epochs=None)) is None
+    # Lightning sets max_epochs to -1 when max_steps alone ends the run: its optimizer steps
+    assert _lightning_epochs(loop(max_epochs=-1, max_steps=100)) == ["updates", 100]
+    assert _lightning_epochs(loop(max_epochs=-1, max_steps=100, limit=0.5)) is None
+
+
+def _updates_run(t_max: int, max_steps: int = 40, per_epoch: int = 8):
+    """A framework's run bounded by ``max_steps`` optimizer steps (``["updates", N]``), its
+    scheduler stepped once at the end of each of two epochs, as Lightning's default interval
+    does."""
+    t = builder(cls="AdamW")
+    t.put(ev.scheduler_init(sched=0, cls="CosineAnnealingLR", opt=0, args={"T_max": t_max, "eta_min": 0},
+                            base_lrs=[1e-3], lrs=[1e-3]), 25)
+    for number in range(3):
+        planned = ["updates", max_steps] if number == 0 else None
+        t.put(ev.epoch_start(loader=0, epoch=number, real_len=per_epoch, replay_len=per_epoch,
+                             planned=planned), 30)
+        for _ in range(per_epoch if number < 2 else 1):
+            t.clear([0, 1], line=26)
+            t.backward(fresh=[0, 1], line=20, batch=[0, number])
+            t.step(0, line=26)
+        if number < 2:
+            t.put(ev.scheduler_step(sched=0, cls="CosineAnnealingLR", opt=0, lrs=[1e-3]), 26)
+    return t
+
+
+def test_a_schedule_of_the_runs_max_steps_stepped_per_epoch_barely_acts():
+    found = only(_updates_run(t_max=40).trace, SLUG)
+    assert found.location.line == 25 and found.evidence["sized_in"] == "optimizer_steps"
+    assert found.evidence["planned_steps"] == 5  # 40 steps are 5 epochs of 8 updates
+
+
+def test_a_per_epoch_schedule_under_max_steps_is_silent():
+    assert findings(_updates_run(t_max=4).trace, SLUG) == []  # sized in epochs
+    assert findings(_updates_run(t_max=40, max_steps=400).trace, SLUG) == []  # not the run's
+

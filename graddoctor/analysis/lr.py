@@ -531,6 +531,8 @@ class Plan:
     real_len: int | None
     replay_len: int | None
     k: int = 1  # micro-batches accumulated per optimizer step
+    updates: int | None = None  # the run's optimizer steps, where a framework counts them
+    # (Lightning's max_steps): a schedule of that length is sized in optimizer steps
 
 
 def planned_run(a: "Analysis", s: Schedule) -> Plan | None:
@@ -567,6 +569,29 @@ def planned_run(a: "Analysis", s: Schedule) -> Plan | None:
                     real_len, replay_len)
     if unit == "epochs" and c.epoch_most == 1 and c.epochs_seen >= 2 and c.per_update < 0.5:
         return Plan("epoch", count, count, None, f"{count} epochs", lengths, real_len, replay_len)
+    if unit == "updates" and real_len:
+        return _updates_plan(c, s, count, per_update, k, lengths, real_len, replay_len)
+    return None
+
+
+def _updates_plan(c: Cadence, s: Schedule, count: int, per_update: bool, k: int, lengths,
+                  real_len: int, replay_len: int | None) -> Plan | None:
+    """The run a framework ends after ``count`` optimizer steps (Lightning's ``max_steps``), in
+    the unit the scheduler is stepped in. An epoch's updates are the ones seen in a whole epoch
+    of the replay (a framework's accumulation is not always a window graddoctor judges), scaled
+    to the real epoch when the replay shortened it."""
+    per = max(1, real_len // k)
+    if c.epochs_seen >= 2 and c.epoch_updates:
+        seen = replay_len or real_len
+        per = max(1, round(c.epoch_updates * real_len / seen))
+    epochs = -(-count // per)
+    if per_update:
+        return Plan("batch", count, epochs, per, f"max_steps={count:,} optimizer steps", lengths,
+                    real_len, replay_len, k, updates=count)
+    if c.epoch_most == 1 and c.epochs_seen >= 2 and c.per_update < 0.5:
+        return Plan("epoch", epochs, epochs, None,
+                    f"max_steps={count:,} optimizer steps, {epochs:,} epochs of {per:,} updates",
+                    lengths, real_len, replay_len, k, updates=count)
     return None
 
 
@@ -584,6 +609,7 @@ class Misfit:
     left: float | None  # the lr at the run's end as a share of its start, where computable
     cycles: float | None  # a cosine's full cycles over the run
     real_length: int | None = None  # still: its length in a real run (len(loader) was the replay's)
+    by_updates: bool = False  # still: its length is the run's optimizer steps (Lightning's max_steps)
 
 
 def _gamma(args) -> float | None:
@@ -811,12 +837,16 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
     if found is None:
         return None
     n, arg, value = found
-    if not _sized_in_batches(n, plan.lengths):
+    by_updates = plan.updates is not None and n == plan.updates
+    if not _sized_in_batches(n, plan.lengths) and not by_updates:
         return None
     real = n
     if plan.replay_len and plan.real_len and plan.replay_len < plan.real_len \
             and n % plan.replay_len == 0:
         real = n // plan.replay_len * plan.real_len  # len(loader) returned the replay's length
+    if by_updates:
+        real = n  # the run's optimizer steps, not a multiple of len(loader)
     if plan.steps > STILL_SHARE * real:
         return None
-    return Misfit(plan, "still", n, "", arg, value, lr_left(s, plan.steps * n / real), None, real)
+    return Misfit(plan, "still", n, "", arg, value, lr_left(s, plan.steps * n / real), None, real,
+                  by_updates)

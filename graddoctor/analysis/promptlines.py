@@ -83,3 +83,21 @@ def mask_line(path: str, ignore: int) -> tuple[int, str] | None:
     if len(parts) == 1:
         return parts[0]
     return found[0] if len(found) == 1 else None
+
+
+def padding_mask_line(path: str, ignore: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the one statement of ``path`` that writes the ignore value into the
+    labels, when it is the padding's mask (it names the padding or the attention mask); None
+    when the script writes the ignore value in several statements or in none of that kind."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names = _constant_names(tree, ignore)
+    found = sorted({(node.lineno, ast.unparse(node).strip()) for node in ast.walk(tree)
+                    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return))
+                    and _writes_ignore(node, ignore, names)})
+    if len(found) == 1 and _words(found[0][1], _PADDING_WORDS):
+        return found[0]
+    return None

@@ -12,6 +12,7 @@ import re
 from functools import lru_cache, wraps
 
 from .promptlines import mask_line as prompt_mask_line
+from .promptlines import padding_mask_line
 
 
 class ScriptSource:
@@ -259,6 +260,9 @@ class ScriptSource:
 
     def prompt_mask_line(self, path: str, ignore: int) -> tuple[int, str] | None:
         return prompt_mask_line(self.full(path), ignore)
+
+    def padding_mask_line(self, path: str, ignore: int) -> tuple[int, str] | None:
+        return padding_mask_line(self.full(path), ignore)
 
     def rounding_behind(self, path: str, line: int) -> tuple[int, str] | None:
         return rounding_behind(self.full(path), line)

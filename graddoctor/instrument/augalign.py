@@ -47,6 +47,7 @@ averaging resizes of a label map; nothing afterwards.
 from __future__ import annotations
 
 import inspect
+import re
 import weakref
 from threading import get_ident
 
@@ -67,6 +68,7 @@ _MIN_ROWS = 3  # samples of a batch whose collate is judged, at least
 _COLLATE_ROWS = 64  # ... at most
 _COLLATE_FETCHES = 2  # fetches of a dataset whose collate is judged, the first ones
 _COLLATE_FIELDS = 6  # fields of a sample and of the batch compared, at most
+_LIST_ITEMS = 4096  # a sample's list of numbers compared as a tensor, up to this length
 _MAX_ELEMENTS = 1 << 22  # grids of a larger input are not followed
 _AVERAGING = frozenset({"linear", "bilinear", "bicubic", "trilinear", "area"})
 _LABEL_RESIZES = 32  # averaging resizes of label maps followed, at most
@@ -406,7 +408,8 @@ class AugmentAlignWatcher:
                 # the field out of the samples' order is the one reordered
                 moved, kept = (key, other) if perm != list(range(rows)) else (other, key)
                 self._told_collates.add(code)
-                line = _reordering_line(collate) or code.co_firstlineno
+                line = _unsorted_field_line(collate, kept) or _reordering_line(collate) \
+                    or code.co_firstlineno
                 loc = Location(path=self.rec.finder.display_path(code.co_filename), line=line,
                                function=code.co_name)
                 self.rec.emit_aside(ev.collate_reordered(
@@ -478,6 +481,15 @@ def _line_of(op, others):
     return line
 
 
+def _as_tensor(value):
+    """A sample's list of numbers (a tokenized sample's ``input_ids``, as a dataset of dicts
+    holds it) as the 1-D tensor the collate makes of it; anything else as it is."""
+    if isinstance(value, (list, tuple)) and 0 < len(value) <= _LIST_ITEMS \
+            and all(type(v) in (int, float, bool) for v in value):
+        return torch.tensor(value)
+    return value
+
+
 def _same(row, value) -> bool:
     """Whether a batch row holds a sample's value: equal, or its prefix along the first axis
     (a padded sequence), or the number of a scalar."""
@@ -497,6 +509,7 @@ def _row_sources(batch, values) -> list | None:
     """For each row of ``batch``, the samples whose value it holds; None unless every row holds
     one and every sample is held by one (the field is made of those values, in some order)."""
     allowed = []
+    values = [_as_tensor(v) for v in values]
     for r in range(int(batch.shape[0])):
         row = batch[r]
         allowed.append({s for s, v in enumerate(values) if _same(row, v)})
@@ -527,6 +540,33 @@ def _reordering_line(fn) -> int | None:
                     if f"[{name}]" in lines[j].split("#")[0]:
                         return first + j
             return first + i
+    return None
+
+
+def _unsorted_field_line(fn, kept) -> int | None:
+    """Where a collate that sorts its whole samples into a new list (``ordered =
+    sorted(batch, ...)``) still builds field ``kept`` from the list it was given: the line
+    after the sort that names both the collate's argument and the field (the bug's line, as
+    the sort itself is right)."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        param = fn.__code__.co_varnames[0] if fn.__code__.co_argcount else None
+    except (OSError, TypeError, AttributeError):
+        return None
+    if not param or not isinstance(kept, str) or not kept.isidentifier():
+        return None
+    sort = re.compile(r"^\s*(\w+)\s*=\s*sorted\(\s*" + re.escape(param) + r"\b")
+    uses, field = re.compile(r"\b" + re.escape(param) + r"\b"), re.compile(r"\b" + re.escape(kept) + r"\b")
+    for i, text in enumerate(lines):
+        found = sort.match(text.split("#")[0])
+        if found is None:
+            continue
+        ordered = re.compile(r"\b" + re.escape(found.group(1)) + r"\b")
+        for j in range(i + 1, len(lines)):
+            code = lines[j].split("#")[0]
+            if uses.search(code) and field.search(code) and not ordered.search(code):
+                return first + j
+        return None
     return None
 
 

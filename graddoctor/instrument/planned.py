@@ -17,7 +17,8 @@ The result is ``epoch_start``'s ``planned`` on the loader's first epoch: ``["epo
 Once per loader.
 
 A framework's loop holds the count instead (``framework_plan``): Lightning's fit loop, its
-``max_epochs`` (when no ``max_steps`` and no ``limit_train_batches`` cut the epochs), and the
+``max_epochs`` (when no ``max_steps`` and no ``limit_train_batches`` cut the epochs; its
+``max_steps``, ``["updates", N]``, when they alone end the run), and the
 transformers Trainer's ``_inner_training_loop``, its ``num_train_epochs`` (when
 ``args.max_steps`` does not decide), read from the frames between the loader's ``__iter__`` and
 the script (attributes held in ``__dict__`` and the loop's locals: no property runs).
@@ -204,15 +205,19 @@ def _held(obj, name):
 
 
 def _lightning_epochs(loop):
-    """A Lightning ``_FitLoop``'s planned epochs, or None when steps or batch limits decide."""
+    """A Lightning ``_FitLoop``'s planned epochs, or its ``max_steps`` (``["updates", N]``:
+    Lightning counts optimizer steps) when those alone end the run; None when both cut it or a
+    batch limit does."""
     epochs = _held(loop, "max_epochs")
     epoch_loop = _held(loop, "epoch_loop")
     max_steps = _held(epoch_loop, "max_steps") if epoch_loop is not None else None
     trainer = _held(loop, "trainer")
     limit = _held(trainer, "limit_train_batches") if trainer is not None else None
-    if type(epochs) is not int or not 0 < epochs <= _MAX or max_steps not in (-1, None):
-        return None
     if limit is not None and limit != 1.0:
+        return None
+    if type(max_steps) is int and 0 < max_steps <= _MAX and epochs in (-1, None):
+        return ["updates", max_steps]
+    if type(epochs) is not int or not 0 < epochs <= _MAX or max_steps not in (-1, None):
         return None
     return ["epochs", epochs]
 

@@ -48,7 +48,10 @@ class LabelsOneValue(Rule):
     model whose labels are read from the inputs after they were masked (all the mask id), labels
     kept only at padding or at one end token, a tag lookup that maps every tag to one class. It
     then points at the line of the loop that last assigns the target's name, where the labels
-    are built.
+    are built; when the one value is the padding id that the same loss call is seen counting
+    and the script writes the ignore_index in one statement, a padding mask (a collate's
+    `labels[attention_mask == 1] = -100`, the batch read in the loop or a `compute_loss`), it
+    points at that mask: the wrong way round.
 
     ## Why is this bad?
     A target that is always the same carries no information: the model only has to output
@@ -123,6 +126,17 @@ class LabelsOneValue(Rule):
             if e.get("stage") == "many" or converted:
                 yield self._finding(a, e, origin)
 
+    @staticmethod
+    def _padding_kept(a, e, value, ignore):
+        """``(line, text)`` of the padding mask that writes the ignore_index, when every target
+        left is the padding id the same loss call counts (``loss_padding``): the mask inverted,
+        the positions kept are the padding. None otherwise."""
+        if ignore is None or not isinstance(value, int):
+            return None
+        if not any(p.loc == e.loc and p.get("pad") == value for p in a.of_kind("loss_padding")):
+            return None
+        return a.source.padding_mask_line(e.loc.path, ignore)
+
     def _finding(self, a, e, origin):
         fn, value, calls, values = e.get("fn", "the loss"), e.get("value"), e.get("calls"), e.get("values")
         if e.get("ignore_index") is not None and origin["line"] == e.loc.line:
@@ -149,7 +163,16 @@ class LabelsOneValue(Rule):
                    f"or an integer division maps every label to {shown}")
         related = (Related(e.loc, "the loss call"),) if at_conversion else ()
         ignore = e.get("ignore_index")
-        if ignore is not None:
+        inverted = self._padding_kept(a, e, value, ignore)
+        if inverted is not None:
+            line, text = inverted
+            loc, related = replace(e.loc, line=line), (Related(e.loc, "the loss call"),)
+            where = (f"`{text}` sets the ignore_index on the real tokens and keeps the padding, "
+                     f"the mask the wrong way round: every position left to the loss is the "
+                     f"padding id {shown}")
+            fix = (f"invert the mask in `{text}`: ignore the padding positions (where the "
+                   f"attention mask is 0) and keep the tokens")
+        elif ignore is not None:
             if at_conversion:
                 where = f"`{origin['text']}` leaves {shown} at every position not ignored"
             fix = (f"check how `{origin['target']}` is made where it is not {ignore} (the "

@@ -61,7 +61,11 @@ class ScheduleMisfitsRun(Rule):
       `gradient_accumulation_steps`) with a length that counts the run's batches
       (`total_steps=epochs * len(loader)`, `num_training_steps=len(train_dataloader) * epochs`):
       it is stepped 1/k as often as its length says and never finishes. The planned run of
-      Lightning and the Trainer is read from their loops (`max_epochs`, `num_train_epochs`).
+      Lightning and the Trainer is read from their loops (`max_epochs`, `num_train_epochs`);
+    * stepped once per epoch with a length equal to the optimizer steps the run stops at
+      (Lightning's `max_steps`, often as `T_max=self.trainer.max_steps`): a schedule meant per
+      step returned from `configure_optimizers` without `"interval": "step"`, which Lightning
+      then steps once per epoch. Reported at the `return` of `configure_optimizers`.
 
     graddoctor runs a few steps only; the projection needs no long run.
 
@@ -99,7 +103,9 @@ class ScheduleMisfitsRun(Rule):
     `CyclicLR` and warm restarts (cycles by design); a run whose length
     graddoctor cannot read from the source; a schedule resumed from a checkpoint
     (`last_epoch`); one that `scheduler-period-mismatch`, `lr-collapsed`,
-    `scheduler-per-micro-batch` or `scheduler-stepped-twice` already reports.
+    `scheduler-per-micro-batch` or `scheduler-stepped-twice` already reports. A schedule of
+    `max_steps` length returned with `"interval": "step"`; a schedule in epochs stepped once
+    per epoch under `max_steps`.
     """
 
     code = "GD276"
@@ -163,6 +169,8 @@ class ScheduleMisfitsRun(Rule):
                            f"batches, in the first epoch ({plan.per_epoch:,} batches), instead of "
                            f"after {m.at:,} epochs, and the model trains at the full lr from then on")
                 fix = _SPENT_FIXES["warmup"].format(v=m.value)
+        elif m.by_updates:
+            return self._still_in_updates(a, s, m)
         else:
             n, real = m.at, m.real_length or m.at
             unit = next(x for x in (plan.real_len, plan.replay_len) if x and n % x == 0)
@@ -183,6 +191,36 @@ class ScheduleMisfitsRun(Rule):
             evidence={"scheduler": s.cls, "args": dict(s.args), "side": m.side,
                       "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
                       "left": m.left, "spent_share": SPENT_SHARE})
+
+    def _still_in_updates(self, a, s, m):
+        """Sized in the run's optimizer steps (Lightning's ``max_steps``), stepped once per
+        epoch: Lightning's default ``"interval": "epoch"`` for a schedule meant per step."""
+        plan = m.plan
+        covered = plan.steps / m.at
+        end = (f"; the lr ends the run at {_share(m.left)} of its start" if m.left is not None
+               else "")
+        stepper = a.schedulers.get(s.parent) if s.parent is not None else s
+        first = stepper.steps[0] if stepper is not None and stepper.steps else None
+        message = (f"{_call(s)} is sized in the run's optimizer steps ({m.at:,}, the "
+                   f"max_steps the run stops at), but it is stepped once per epoch: over the "
+                   f"{plan.described} it is stepped {plan.steps:,} times, {_share(covered)} of its "
+                   f"length{end}, so the schedule barely acts")
+        if a.framework == "lightning":
+            message += (" (Lightning steps a scheduler once per epoch unless its lr_scheduler "
+                        "config says \"interval\": \"step\")")
+            fix = ("return the scheduler in a config with \"interval\": \"step\" from "
+                   "configure_optimizers: {\"optimizer\": opt, \"lr_scheduler\": "
+                   "{\"scheduler\": sched, \"interval\": \"step\"}}")
+            where = first.loc if first is not None and first.loc is not None else s.init.loc
+            rel = (related(s.init, "the scheduler's construction"),) if where is not s.init.loc else ()
+        else:
+            fix = _STILL_FIX.format(arg=m.arg)
+            where, rel = s.init.loc, ((related(first, "its step() call"),) if first is not None else ())
+        return self.finding(
+            message, where, fix=fix, related=rel,
+            evidence={"scheduler": s.cls, "args": dict(s.args), "side": "still",
+                      "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
+                      "sized_in": "optimizer_steps", "left": m.left})
 
     def _micro(self, a, s, m):
         """The schedule counts the run's DataLoader batches, but it is stepped once per
