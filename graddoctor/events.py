@@ -119,7 +119,10 @@ phase_hold         wait ("loop" | "switch" | "evaluation"), updates (at the step
                    loop began its next pass, a stage switch on its counter ran, or its first
                    evaluation ran (loc: that loop's header, the switch's ``if``, or the line of
                    the training loop calling the evaluation; an aside;
-                   instrument/phases.py)
+                   instrument/phases.py); a "loop" wait that was reached also says the loop's
+                   planned count (["epochs", E] for ``for epoch in range(E)``) and passes (its
+                   passes done when the next began, so ``(until - 1) / passes`` updates a pass),
+                   both absent when the source or the frame's values do not tell them
 unscale            scaler, opt, enabled, implicit (called by ``scaler.step``), scale
 scaler_step        scaler, opt, enabled, fused, skipped, found_inf (after ``scaler.step``; a
                    skipped one is also recorded as a ``step`` with skipped=True)
@@ -1435,9 +1438,12 @@ def short_len(*, loader: int, real_len: int, replay_len: int) -> Made:
 
 
 def phase_hold(*, wait: str, updates: int, until: int, cut: str | None, cap: int,
-               cap_s: float) -> Made:
-    return "phase_hold", {"wait": wait, "updates": updates, "until": until, "cut": cut, "cap": cap,
-                          "cap_s": cap_s}
+               cap_s: float, planned: list | None = None, passes: int | None = None) -> Made:
+    data = {"wait": wait, "updates": updates, "until": until, "cut": cut, "cap": cap,
+            "cap_s": cap_s}
+    if planned is not None and passes is not None:
+        data["planned"], data["passes"] = list(planned), passes
+    return "phase_hold", data
 
 
 def unscale(*, scaler: int, opt: int, enabled: bool, implicit: bool, scale: Any) -> Made:

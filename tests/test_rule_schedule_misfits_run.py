@@ -274,3 +274,70 @@ def test_a_per_epoch_schedule_under_max_steps_is_silent():
     assert findings(_updates_run(t_max=4).trace, SLUG) == []  # sized in epochs
     assert findings(_updates_run(t_max=40, max_steps=400).trace, SLUG) == []  # not the run's
 
+
+
+def test_a_cosine_over_one_epoch_of_batches_cycles_over_the_run(tmp_path):
+    f = _one(_check(tmp_path, "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, "
+                              "T_max=len(loader))", epochs=20))
+    assert f.evidence["side"] == "cycles" and f.location.line == LINE
+    assert "climbs back up" in f.message and "CosineAnnealingWarmRestarts" in f.fix
+
+
+def test_a_cosine_over_the_whole_run_in_batches_is_silent(tmp_path):
+    assert _check(tmp_path, "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, "
+                            "T_max=epochs * len(loader))", epochs=20) == []
+
+
+SLICED = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+torch.manual_seed(0)
+X, Y = torch.randn(320, 4), torch.randn(320, 1)
+batches = list(zip(X.split(16), Y.split(16)))
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+epochs = {epochs}
+scheduler = {scheduler}
+for epoch in range(epochs):
+    for xb, yb in batches:
+        optimizer.zero_grad()
+        F.mse_loss(model(xb), yb).backward()
+        optimizer.step()
+        {per_batch}
+    {per_epoch}
+"""
+
+
+def _sliced(tmp_path, scheduler, epochs, per_batch="pass", per_epoch="scheduler.step()"):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SLICED.format(scheduler=scheduler, epochs=epochs,
+                                                    per_batch=per_batch, per_epoch=per_epoch)))
+    report = run_check(CheckOptions(target=str(script)))
+    return [f for f in report.findings if f.rule in NEIGHBOURS]
+
+
+def test_a_hand_decay_in_updates_stepped_per_epoch_in_a_loop_without_loader(tmp_path):
+    f = _one(_sliced(tmp_path, "torch.optim.lr_scheduler.LambdaLR(optimizer, "
+                               "lambda e: 1 - e / (epochs * len(batches)))", epochs=12))
+    assert f.evidence["side"] == "still" and f.location.line == 11
+    assert "one pass of the loop at line 12" in f.message and "DataLoader" not in f.message
+    assert "falls to 0 after 240 steps" in f.message
+
+
+def test_a_cosine_in_epochs_stepped_per_batch_in_a_loop_without_loader(tmp_path):
+    f = _one(_sliced(tmp_path, "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)",
+                     epochs=90, per_batch="scheduler.step()", per_epoch="pass"))
+    assert f.evidence["side"] == "spent" and "steps_per_epoch" in f.fix
+
+
+@pytest.mark.parametrize("scheduler, per_batch, per_epoch", [
+    ("torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1 - e / epochs)", "pass",
+     "scheduler.step()"),
+    ("torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(batches))",
+     "scheduler.step()", "pass"),
+    ("torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)", "pass",
+     "scheduler.step()"),
+])
+def test_loops_without_loader_sized_in_their_unit_are_silent(tmp_path, scheduler, per_batch, per_epoch):
+    assert _sliced(tmp_path, scheduler, 12, per_batch, per_epoch) == []

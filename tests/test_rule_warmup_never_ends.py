@@ -124,3 +124,52 @@ def test_the_evaluator_runs_no_code_of_the_script():
         with pytest.raises(planned_module._Unknown):
             value(text)
     assert args.calls == 0 and items == [1, 2]
+
+
+# -- a loop without a DataLoader: its plan from the budget's wait for the next pass ------------
+
+SLICED = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+torch.manual_seed(0)
+X, Y = torch.randn(160, 4), torch.randn(160, 1)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scheduler = {scheduler}
+for epoch in range({epochs}):
+    for i in range(0, len(X), 8):
+        optimizer.zero_grad()
+        F.mse_loss(model(X[i:i + 8]), Y[i:i + 8]).backward()
+        optimizer.step()
+        {per_batch}
+    {per_epoch}
+"""
+
+
+def _sliced(tmp_path, scheduler, epochs, per_batch="pass", per_epoch="scheduler.step()"):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SLICED.format(scheduler=scheduler, epochs=epochs,
+                                                    per_batch=per_batch, per_epoch=per_epoch)))
+    report = run_check(CheckOptions(target=str(script)))
+    holds = [e for e in report.analysis.events if e.kind == "phase_hold"]
+    return [f for f in report.findings if f.rule == SLUG], holds
+
+
+def test_a_sliced_loop_gives_its_plan(tmp_path):
+    (f,), holds = _sliced(tmp_path, LAMBDA.format(n=400), epochs=30)
+    assert holds[0]["planned"] == ["epochs", 30] and holds[0]["passes"] == 1
+    assert holds[0]["until"] == 21  # 20 updates a pass, and the first of the next
+    assert f.location.line == 9 and f.evidence["warmup"] == 399 and f.evidence["planned"] == 30
+    assert "once per epoch" in f.message and "inside the batch loop" in f.fix
+
+
+@pytest.mark.parametrize("scheduler, epochs, per_batch, per_epoch", [
+    (LAMBDA.format(n=5), 30, "pass", "scheduler.step()"),  # 5 of 30 epochs
+    (LAMBDA.format(n=100), 30, "scheduler.step()", "pass"),  # 100 of 600 updates
+    ("torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, 0.01 * 10 ** (s / 2)))", 30,
+     "pass", "scheduler.step()"),  # not a straight line: two points extrapolate nothing
+])
+def test_sliced_loops_silent(tmp_path, scheduler, epochs, per_batch, per_epoch):
+    found, holds = _sliced(tmp_path, scheduler, epochs, per_batch, per_epoch)
+    assert found == [] and holds

@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..trace import Event, Location
@@ -533,6 +533,7 @@ class Plan:
     k: int = 1  # micro-batches accumulated per optimizer step
     updates: int | None = None  # the run's optimizer steps, where a framework counts them
     # (Lightning's max_steps): a schedule of that length is sized in optimizer steps
+    hand: "HandLoop | None" = None  # a loop without a DataLoader: its passes are the epochs
 
 
 def planned_run(a: "Analysis", s: Schedule) -> Plan | None:
@@ -542,7 +543,7 @@ def planned_run(a: "Analysis", s: Schedule) -> Plan | None:
     one stepped once per epoch; None when either is unclear."""
     loader, real_len, replay_len = training_loader(a)
     if loader is None:
-        return None
+        return _hand_loop_run(a, s)
     start = next((e for e in a.by_kind.get("epoch_start", ()) if e.get("loader") == loader
                   and e.get("planned")), None)
     if start is None:
@@ -595,13 +596,129 @@ def _updates_plan(c: Cadence, s: Schedule, count: int, per_update: bool, k: int,
     return None
 
 
+STRAIGHT = 1e-3  # relative spread of a LambdaLR's factors around a straight line
+
+
+def factor_line(a: "Analysis", s: Schedule) -> tuple[float, float, int, float] | None:
+    """A ``LambdaLR``'s factor (its lr over its base lr, first group) against its own steps
+    (construction: 0, then each user step() in turn, folded copies counted), when it runs on
+    a straight line that moves: ``(factor at construction, change per step, the last step
+    recorded, its factor)``. Three recorded points on the line, or two where the lambda's text
+    is a straight line in its step (analysis/source.py's ``factor_straight``): a schedule
+    stepped once per epoch shows no more in a short replay. None otherwise."""
+    init = s.init
+    if s.cls != "LambdaLR" or init is None or not s.steps:
+        return None
+    base, first = (init.get("base_lrs") or [None])[0], (init.get("lrs") or [None])[0]
+    if not isinstance(base, (int, float)) or base <= 0 or not isinstance(first, (int, float)):
+        return None
+    points, n = [(0, first / base)], 0
+    for e in s.steps:
+        lr = (e.get("lrs") or [None])[0]
+        n += 1
+        if not isinstance(lr, (int, float)):
+            return None
+        points.append((n, lr / base))
+        n += a.weight(e) - 1  # folded copies of this step's turn come after it
+    (n0, f0), (n1, f1) = points[0], points[-1]
+    if n1 <= n0 or f1 == f0:
+        return None
+    slope = (f1 - f0) / (n1 - n0)
+    scale = max(abs(f0), abs(f1))
+    if any(abs(f - (f0 + slope * (m - n0))) > STRAIGHT * scale for m, f in points[1:-1]):
+        return None
+    if len(points) < 3:
+        loc = init.loc
+        if loc is None or not a.source.factor_straight(loc.path, loc.line, "LambdaLR"):
+            return None
+    return f0, slope, n1, f1
+
+
+def lambda_decay_end(a: "Analysis", s: Schedule) -> int | None:
+    """The step at which a hand-written ``LambdaLR`` falling on a straight line reaches 0
+    (``lambda e: 1 - e / total``), or None."""
+    if "num_training_steps" in s.args:
+        return None  # transformers' schedules say their length
+    line = factor_line(a, s)
+    if line is None:
+        return None
+    f0, slope, n1, f1 = line
+    if slope >= 0 or f1 <= 0 or f0 <= 0:
+        return None
+    return math.ceil(n1 + f1 / -slope - 1e-9)
+
+
+@dataclass(frozen=True)
+class HandLoop:
+    """A training loop without a DataLoader (batches sliced or drawn by hand) inside a loop
+    that counts its passes: ``for epoch in range(E): for i in range(0, n, bs): ...``."""
+
+    epochs: int  # the planned passes of the outer loop (the count of its range)
+    per_pass: int  # optimizer updates in one pass, from the first passes the replay ran
+    line: Location | None  # the outer loop's header
+
+
+def hand_loop(a: "Analysis") -> HandLoop | None:
+    """The plan of a script whose training loop has no DataLoader, from the step budget's wait
+    for the next pass of the loop around it (instrument/phases.py's ``phase_hold``): the loop's
+    count in the source and the updates of the passes done before the next began. None with a
+    DataLoader, or when the wait did not tell both."""
+    for e in a.by_kind.get("phase_hold", ()):
+        planned, passes, until = e.get("planned"), e.get("passes"), e.get("until")
+        if e.get("wait") != "loop" or e.get("cut") is not None or not planned \
+                or planned[0] != "epochs" or type(passes) is not int or passes <= 0 \
+                or type(until) is not int:
+            continue
+        done = until - 1  # the update that saw the next pass belongs to it
+        if done < 2 * passes or done % passes:
+            return None  # passes of unequal length, or too short to count on
+        epochs = planned[1]
+        if type(epochs) is not int or epochs <= passes:
+            return None
+        return HandLoop(epochs, done // passes, e.loc)
+    return None
+
+
+def _hand_loop_run(a: "Analysis", s: Schedule) -> Plan | None:
+    """``planned_run`` for a loop without a DataLoader: stepped once per update (as with a
+    DataLoader), or once per pass of the outer loop (every recorded step() between two passes:
+    after a whole number of passes' updates, at least one after the first pass)."""
+    loop = hand_loop(a)
+    c = cadence(a, s) if loop is not None else None
+    if c is None:
+        return None
+    k = typical([w.k for w in a.windows.get(s.opt, [])]) or 1
+    # the pass counts every optimizer's updates: this optimizer's share of them
+    mine, everyone = a.count(e for e in a.steps if e.get("opt") == s.opt), a.step_count
+    per = loop.per_pass * mine / everyone if everyone else 0
+    if per < 2 or abs(per - round(per)) > 0.05:
+        return None  # one update a pass: the outer loop counts steps, not epochs
+    per = int(round(per))
+    lengths = tuple(sorted({per, per * k}))  # a length counted in updates or in batches
+    per_update = (PER_UPDATE[0] <= c.per_update <= PER_UPDATE[1]
+                  or 0 <= s.count - c.updates <= 1) and c.most_between <= 1 and c.updates >= 3
+    acc = f" of {k} accumulated batches" if k > 1 else ""
+    if per_update:
+        steps = loop.epochs * per
+        return Plan("batch", steps, loop.epochs, per,
+                    f"{loop.epochs} epochs × {per:,} updates{acc} = {steps:,} steps", lengths,
+                    per * k, None, k, hand=loop)
+    before = [a.steps_before(e.seq) for e in s.steps]  # every optimizer's updates
+    if mine > per and s.count <= mine // per + 1 and before \
+            and all(n % loop.per_pass == 0 for n in before) and max(before) > 0:
+        return Plan("epoch", loop.epochs, loop.epochs, None, f"{loop.epochs} epochs", lengths,
+                    per * k, None, k, hand=loop)
+    return None
+
+
 @dataclass(frozen=True)
 class Misfit:
     """A schedule whose length is out of scale with the planned run."""
 
     plan: Plan
     side: str  # "spent": done within SPENT_SHARE of the run; "still": barely begun at its end;
-    # "micro": sized in the run's micro-batches, stepped once per accumulated update
+    # "micro": sized in the run's micro-batches, stepped once per accumulated update; "cycles":
+    # a cosine sized in batches but shorter than half the run, which climbs back and cycles
     at: int  # spent: the scheduler step at which it has done its work; still: its length
     what: str  # what happens there, for a message
     arg: str  # the argument sized in the wrong unit
@@ -658,6 +775,8 @@ def _spent_at(s: Schedule):
             and args["num_training_steps"] > 0 and "constant" not in str(args.get("lr_lambda", "")):
         return (args["num_training_steps"], "ends its decay", "num_training_steps",
                 args["num_training_steps"])
+    if cls == "LambdaLR" and isinstance(args.get("lambda_end"), int) and args["lambda_end"] > 0:
+        return args["lambda_end"], "reaches 0", "lr_lambda", args["lambda_end"]
     return None
 
 
@@ -744,6 +863,23 @@ def _micro_batch_length(s: Schedule, plan: Plan) -> Misfit | None:
     return None
 
 
+def _cosine_cycles(s: Schedule, plan: Plan, t_max: int) -> Misfit | None:
+    """A ``CosineAnnealingLR`` stepped per batch whose ``T_max`` counts batches (a multiple of
+    the epoch's) but only a part of the planned run: past ``T_max`` torch's cosine climbs back
+    to its maximum, so over the run the lr swings between its maximum and ``eta_min`` at least
+    one full cycle (``T_max=len(loader)`` where ``epochs * len(loader)`` was meant). Misfit side
+    ``"cycles"``; None when the run ends before the lr is back at its maximum."""
+    real = t_max
+    if plan.replay_len and plan.real_len and plan.replay_len < plan.real_len \
+            and t_max % plan.replay_len == 0:
+        real = t_max // plan.replay_len * plan.real_len  # len(loader) returned the replay's length
+    cycles = plan.steps / (2 * real)
+    if cycles < 1:
+        return None
+    return Misfit(plan, "cycles", real, "reaches eta_min", "T_max", t_max,
+                  lr_left(s, plan.steps * t_max / real), cycles, real)
+
+
 def _sized_in_batches(n: int, lengths) -> bool:
     return any(m >= 2 and n >= m and n % m == 0 for m in lengths)
 
@@ -763,7 +899,7 @@ def lr_left(s: Schedule, steps: float) -> float | None:
         if cls == "CosineAnnealingLR":
             return 0.5 * (1 + math.cos(math.pi * steps / args["T_max"]))
         if cls in ("LinearLR", "PolynomialLR", "LambdaLR"):
-            n = args.get("total_iters") or args.get("num_training_steps")
+            n = args.get("total_iters") or args.get("num_training_steps") or args.get("lambda_end")
             done = min(1.0, steps / n)
             if cls == "LinearLR":
                 start, end = args.get("start_factor", 1 / 3), args.get("end_factor", 1.0)
@@ -800,6 +936,10 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
                 return None
     if not stepper.count:
         return None
+    if s.cls == "LambdaLR" and "lambda_end" not in s.args:
+        end = lambda_decay_end(a, s)
+        if end is not None:
+            s = replace(s, args={**s.args, "lambda_end": end})
     args = s.args
     if isinstance(args.get("last_epoch"), int) and args["last_epoch"] > 0 and s.parent is None:
         return None  # resumed: its position is not the run's start
@@ -823,6 +963,9 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
         at, what, arg, value = found
         at += offset
         sizes = value if isinstance(value, list) else [value] if isinstance(value, int) else []
+        if s.cls == "CosineAnnealingLR" and s.parent is None and sizes \
+                and _sized_in_batches(sizes[0], plan.lengths):
+            return _cosine_cycles(s, plan, sizes[0])
         if any(_sized_in_batches(v, plan.lengths) for v in sizes):
             return None  # sized with len(loader): a batch count
         if at > SPENT_SHARE * plan.steps:

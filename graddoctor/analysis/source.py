@@ -139,6 +139,9 @@ class ScriptSource:
     def factor_capped(self, path: str, line: int, function: str) -> bool:
         return factor_capped(self.full(path), line, function)
 
+    def factor_straight(self, path: str, line: int, function: str) -> bool:
+        return factor_straight(self.full(path), line, function)
+
     def cut_penalty(self, path: str, line: int) -> tuple[int, str] | None:
         return cut_penalty(self.full(path), line)
 
@@ -2392,6 +2395,77 @@ def factor_capped(path: str, line: int, function: str) -> bool:
             if capped:
                 break
         if not capped:
+            return False
+    return True
+
+
+_STRAIGHT_CALLS = frozenset({"float", "int", "min", "max"})
+
+
+def _degree(node, names: set) -> int | None:
+    """0: ``node`` holds none of ``names``; 1: it is a straight (affine) function of them, capped
+    pieces (``min``/``max``) included; None: something else (a power, a cosine, a product of
+    two of them, a division by one)."""
+    if isinstance(node, ast.Name):
+        return 1 if node.id in names else 0
+    if isinstance(node, ast.Constant):
+        return 0 if isinstance(node.value, (int, float)) else None
+    if isinstance(node, (ast.Attribute, ast.Subscript)):
+        return 0 if not any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node)) else None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _degree(node.operand, names)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        left, right = _degree(node.left, names), _degree(node.right, names)
+        if left is None or right is None:
+            return None
+        if isinstance(node.op, ast.Mult) and left and right:
+            return None
+        if isinstance(node.op, ast.Div) and right:
+            return None
+        return max(left, right)
+    if isinstance(node, ast.Call) and not any(isinstance(n, ast.Name) and n.id in names
+                                              for n in ast.walk(node)):
+        return 0  # a call that does not see the step (len(batches)): a constant
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _STRAIGHT_CALLS \
+            and node.args and not node.keywords:
+        degrees = [_degree(arg, names) for arg in node.args]
+        if any(d is None for d in degrees) or (node.func.id in ("float", "int") and len(degrees) != 1):
+            return None
+        return max(degrees)
+    return None
+
+
+def factor_straight(path: str, line: int, function: str) -> bool:
+    """Whether every ``lr_lambda`` given to a ``function`` (``LambdaLR``) call on ``line`` is a
+    straight line in its step (``min(1, s / 500)``, ``1 - e / total``, ``float(s + 1) / w``),
+    capped pieces aside: a lambda read in place, or a ``def`` of that name in the file whose
+    body is one ``return``. False for anything else (a power, a cosine, a branch, a call), or
+    when the source cannot be read."""
+    tree = _parse(path)
+    given = call_argument(path, line, function, 1, "lr_lambda") if tree is not None else None
+    if given is None:
+        return False
+    try:
+        expr = ast.parse(given, mode="eval").body
+    except SyntaxError:
+        return False
+    nodes = expr.elts if isinstance(expr, (ast.List, ast.Tuple)) else [expr]
+    for node in nodes:
+        if isinstance(node, ast.Lambda):
+            params, body = node.args.args, node.body
+        elif isinstance(node, ast.Name):
+            defs = [d for d in walk(tree) if isinstance(d, ast.FunctionDef) and d.name == node.id]
+            if len(defs) != 1:
+                return False
+            statements = [b for b in defs[0].body if not (isinstance(b, ast.Expr) and
+                                                          isinstance(b.value, ast.Constant))]
+            if len(statements) != 1 or not isinstance(statements[0], ast.Return) \
+                    or statements[0].value is None:
+                return False
+            params, body = defs[0].args.args, statements[0].value
+        else:
+            return False
+        if len(params) != 1 or _degree(body, {params[0].arg}) != 1:
             return False
     return True
 

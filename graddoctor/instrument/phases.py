@@ -30,6 +30,11 @@ the script's top level (a caller that runs the script in-process is not the scri
   has (an ``eval`` event, or a no-grad forward of a BatchNorm/dropout model: ``mode_forward``),
   and one more step after it.
 
+A reached wait for the loop around the training loop also says that loop's count (``for epoch
+in range(E)``, read as instrument/planned.py reads the loop around a DataLoader's) and how many
+of its passes were done when the next began: the plan the schedules of such a script are judged
+against (analysis/lr.py's ``hand_loop``).
+
 Bounded: ``PHASE_UPDATES`` updates in all and ``PHASE_SECONDS`` seconds from the budget. When
 the wait ends, one ``phase_hold`` aside says what it waited for (``wait``: "loop" |
 "switch" | "evaluation"), the line of that loop or call (``site``), ``updates`` at the budget and at the
@@ -49,7 +54,7 @@ import torch
 
 from .. import events as ev
 from ..trace import Location
-from .planned import _evaluate, _loops_around, _tree, _Unknown, _unwrapped
+from .planned import _count, _evaluate, _loops_around, _tree, _Unknown, _unwrapped
 from .recorder import Recorder
 from .stop import StepBudget
 from .topics import BUDGET_HOLD
@@ -92,6 +97,17 @@ def _range_left(loop, frame) -> int | None:
     if type(current) is not int or current not in values:
         return None
     return len(values) - values.index(current) - 1
+
+
+def _range_index(loop, frame) -> int | None:
+    """The position of the current pass of ``for v in range(...)`` (0 for the first), read
+    from ``frame``'s values; None when unknown."""
+    left = _range_left(loop, frame)
+    total = _count(loop, frame, _length)
+    if left is None or total is None or total[0] != "epochs":
+        return None
+    index = total[1] - left - 1
+    return index if index >= 0 else None
 
 
 def _counter(loop, inner) -> str | None:
@@ -200,11 +216,14 @@ def _stage_switch(loop, frame, updates: int):
 
 
 class _Wait:
-    __slots__ = ("wait", "site", "frame", "name", "value", "budget", "deadline", "last_seq")
+    __slots__ = ("wait", "site", "frame", "name", "value", "budget", "deadline", "last_seq",
+                 "planned", "passes")
 
     def __init__(self, wait: str, site: Location, frame=None, name=None, value=None,
-                 budget: int = 0, last_seq: int = -1, deadline: float | None = None):
+                 budget: int = 0, last_seq: int = -1, deadline: float | None = None,
+                 planned=None, passes: int | None = None):
         self.wait, self.site, self.frame, self.name, self.value = wait, site, frame, name, value
+        self.planned, self.passes = planned, passes
         self.budget = budget
         # PHASE_SECONDS from now, and never past the step budget's own (half the time limit)
         self.deadline = time.monotonic() + PHASE_SECONDS
@@ -273,8 +292,13 @@ class PhaseHold:
                 value = outer_frame.f_locals.get(name, _MISSING)
                 if value is not _MISSING:
                     site = Location(rec.finder.location(outer_frame).path, outer.lineno)
+                    # the run's plan for the schedules (analysis/lr.py): the loop's count, and
+                    # how many passes are done once the next one begins (all of equal length)
+                    index = _range_index(outer, outer_frame)
                     return _Wait("loop", site, outer_frame, name, value, budget,
-                                 deadline=self._deadline())
+                                 deadline=self._deadline(),
+                                 planned=_count(outer, outer_frame, _length),
+                                 passes=index + 1 if index is not None else None)
         switch = _stage_switch(loop, frame, budget)
         if switch is not None:  # ``if step == K:`` in the training loop, K ahead within the cap
             line, name, k = switch
@@ -333,7 +357,9 @@ class PhaseHold:
         self._state = False
         state.frame = state.value = None
         rec.emit_aside(ev.phase_hold(wait=state.wait, updates=state.budget, until=updates, cut=cut,
-                                     cap=PHASE_UPDATES, cap_s=PHASE_SECONDS),
+                                     cap=PHASE_UPDATES, cap_s=PHASE_SECONDS,
+                                     planned=state.planned if cut is None else None,
+                                     passes=state.passes if cut is None else None),
                        state.site)
         return False
 

@@ -27,11 +27,29 @@ _STILL_FIX = ("step the scheduler after every optimizer.step() (inside the batch
               "its {arg} in epochs")
 
 
-def _call(s) -> str:
+def _call(s, m=None) -> str:
+    if m is not None and m.arg == "lr_lambda":
+        return f"LambdaLR (its lr_lambda falls to 0 after {m.value:,} steps)"
     keys = [k for k in ("step_size", "milestones", "T_max", "total_iters", "total_steps",
                         "num_training_steps",
                         "gamma") if k in s.args]
     return f"{s.cls}({', '.join(f'{k}={s.args[k]}' for k in keys)})"
+
+
+def _hand_loop_fix(fix: str, plan) -> str:
+    """A fix written for a DataLoader (``len(loader)``) told for a loop without one."""
+    if plan.hand is None or "len(loader)" not in fix:
+        return fix
+    where = f" at line {plan.hand.line.line}" if plan.hand.line is not None else ""
+    return (fix.replace("len(loader)", "steps_per_epoch") +
+            f" (steps_per_epoch: the {plan.hand.per_pass:,} updates of one pass of the loop{where})")
+
+
+def _epoch_of(plan, unit: int) -> str:
+    if plan.hand is None:
+        return f"the DataLoader's {unit} batches per epoch"
+    where = f" at line {plan.hand.line.line}" if plan.hand.line is not None else ""
+    return f"the {unit} batches of one pass of the loop{where}"
 
 
 def _share(x: float) -> str:
@@ -60,12 +78,20 @@ class ScheduleMisfitsRun(Rule):
       window, `accelerator.accumulate`, Lightning's `accumulate_grad_batches`, the Trainer's
       `gradient_accumulation_steps`) with a length that counts the run's batches
       (`total_steps=epochs * len(loader)`, `num_training_steps=len(train_dataloader) * epochs`):
-      it is stepped 1/k as often as its length says and never finishes. The planned run of
-      Lightning and the Trainer is read from their loops (`max_epochs`, `num_train_epochs`);
+      it is stepped 1/k as often as its length says and never finishes;
     * stepped once per epoch with a length equal to the optimizer steps the run stops at
       (Lightning's `max_steps`, often as `T_max=self.trainer.max_steps`): a schedule meant per
       step returned from `configure_optimizers` without `"interval": "step"`, which Lightning
-      then steps once per epoch. Reported at the `return` of `configure_optimizers`.
+      then steps once per epoch. Reported at the `return` of `configure_optimizers`;
+    * stepped after every batch with a `CosineAnnealingLR` whose `T_max` counts batches but at
+      most half the run (`T_max=len(loader)` in a 20-epoch run): past `T_max` torch's cosine
+      climbs back to its maximum, so the lr cycles instead of decaying once.
+
+    The planned run of Lightning and the Trainer is read from their loops (`max_epochs`,
+    `num_train_epochs`, or Lightning's `max_steps` when it alone ends the run); that of a loop
+    without a DataLoader (batches sliced from tensors or taken from a list) from the `range` of the loop around it and the updates of its first
+    pass, which the replay runs to its end. A hand-written `LambdaLR` that falls on a straight
+    line (`lambda e: 1 - e / total`) has the length at which it reaches 0.
 
     graddoctor runs a few steps only; the projection needs no long run.
 
@@ -134,6 +160,8 @@ class ScheduleMisfitsRun(Rule):
         plan = m.plan
         if m.side == "micro":
             return self._micro(a, s, m)
+        if m.side == "cycles":
+            return self._cycles(a, s, m)
         if m.side == "spent":
             if plan.per_epoch and m.at <= plan.per_epoch:
                 where = f"in the first epoch ({m.at:,} of its {plan.per_epoch:,} steps)"
@@ -154,7 +182,7 @@ class ScheduleMisfitsRun(Rule):
             through = ""
             if s.parent is not None and s.parent in a.schedulers:
                 through = f" (through its {a.schedulers[s.parent].cls})"
-            message = (f"{_call(s)} is stepped after every batch{through}, but its {m.arg} looks like a "
+            message = (f"{_call(s, m)} is stepped after every batch{through}, but its {m.arg} looks like a "
                        f"count of epochs: over the run the script plans ({plan.described}), its lr "
                        f"{m.what} by step {m.at:,}, {where}, {after}")
             v = m.value if not isinstance(m.value, float) else f"{m.value:g}"
@@ -163,8 +191,13 @@ class ScheduleMisfitsRun(Rule):
                 fix = (f"return the scheduler with \"interval\": \"epoch\" in the lr_scheduler "
                        f"config of configure_optimizers, or give its {m.arg} in optimizer steps "
                        f"(self.trainer.estimated_stepping_batches counts the run's)")
+            elif a.framework == "transformers":  # the Trainer steps it once per optimizer step
+                fix = (f"give its {m.arg} in the Trainer's optimizer steps ({m.arg}=math.ceil("
+                       f"len(train_dataset) / (per_device_train_batch_size * "
+                       f"gradient_accumulation_steps)) * num_train_epochs), or let the Trainer "
+                       f"build the schedule (lr_scheduler_type, warmup_steps or warmup_ratio)")
             if m.what == "ends its warm-up":
-                message = (f"{_call(s)} is stepped after every batch{through}, but its total_iters "
+                message = (f"{_call(s, m)} is stepped after every batch{through}, but its total_iters "
                            f"is `{m.value}`, a count of epochs: the warm-up ends after {m.at:,} "
                            f"batches, in the first epoch ({plan.per_epoch:,} batches), instead of "
                            f"after {m.at:,} epochs, and the model trains at the full lr from then on")
@@ -178,11 +211,12 @@ class ScheduleMisfitsRun(Rule):
             covered = plan.steps / real
             left = m.left
             end = f"; the lr ends the run at {_share(left)} of its start" if left is not None else ""
-            message = (f"{_call(s)} is stepped once per epoch, but its {m.arg} counts batches "
-                       f"({n:,} = {n // unit} × the DataLoader's {unit} batches per epoch{scale}): "
+            message = (f"{_call(s, m)} is stepped once per epoch, but its {m.arg} counts batches "
+                       f"({n:,} = {n // unit} × {_epoch_of(plan, unit)}{scale}): "
                        f"over the {plan.steps:,} epochs the script plans it covers "
                        f"{_share(covered)} of its length{end}, so the schedule barely acts")
-            fix = _STILL_FIX.format(arg=m.arg)
+            fix = _STILL_FIX.format(arg=m.arg if m.arg != "lr_lambda" else "lr_lambda's length")
+        fix = _hand_loop_fix(fix, plan)
         stepper = a.schedulers.get(s.parent) if s.parent is not None else s
         first = stepper.steps[0] if stepper is not None and stepper.steps else None
         return self.finding(
@@ -222,6 +256,34 @@ class ScheduleMisfitsRun(Rule):
                       "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
                       "sized_in": "optimizer_steps", "left": m.left})
 
+    def _cycles(self, a, s, m):
+        """A cosine sized in batches, but over a part of the run: it comes back up and cycles."""
+        plan = m.plan
+        per = plan.per_epoch or 0
+        span = (f"{m.at // per:,} epoch{'s' if m.at // per != 1 else ''} of batches"
+                if per and m.at % per == 0 else f"{m.at:,} batches")
+        every = (f", back at its maximum every {2 * m.at // per:,} epochs"
+                 if per and (2 * m.at) % per == 0 else "")
+        message = (f"CosineAnnealingLR(T_max={m.value}) is stepped after every batch and its T_max "
+                   f"counts {span}, but the run the script plans is longer ({plan.described}): "
+                   f"past T_max torch's cosine climbs back up, so the lr reaches eta_min and returns "
+                   f"to its maximum {m.cycles:,.3g} times over the run{every}, instead of decaying "
+                   f"once")
+        fix = ("count T_max over the whole run (T_max=epochs * len(loader) stepped per batch); for "
+               "restarts by design, CosineAnnealingWarmRestarts(T_0=len(loader)) restarts at the "
+               "maximum instead of climbing back")
+        if a.framework == "lightning":
+            fix = ("give T_max the run's optimizer steps (T_max=self.trainer.estimated_stepping_batches), "
+                   "or step it per epoch (\"interval\": \"epoch\") with T_max=self.trainer.max_epochs")
+        stepper = a.schedulers.get(s.parent) if s.parent is not None else s
+        first = stepper.steps[0] if stepper is not None and stepper.steps else None
+        return self.finding(
+            message, s.init.loc, fix=_hand_loop_fix(fix, plan),
+            related=(related(first, "its step() call"),) if first is not None else (),
+            evidence={"scheduler": s.cls, "args": dict(s.args), "side": "cycles",
+                      "stepped": plan.unit, "planned_steps": plan.steps, "length": m.at,
+                      "cycles": round(m.cycles, 3)})
+
     def _micro(self, a, s, m):
         """The schedule counts the run's DataLoader batches, but it is stepped once per
         optimizer step, each of which accumulates ``k`` of them."""
@@ -230,7 +292,7 @@ class ScheduleMisfitsRun(Rule):
         per = m.at // plan.epochs
         end = (f"; the lr ends the run at {_share(m.left)} of its start" if m.left is not None
                and m.left > 0.005 else "")
-        message = (f"{_call(s)} is sized in DataLoader batches ({m.at:,} = {plan.epochs} epochs × "
+        message = (f"{_call(s, m)} is sized in DataLoader batches ({m.at:,} = {plan.epochs} epochs × "
                    f"{per:,} batches), but it is stepped once per optimizer step and each step "
                    f"accumulates {k} batches: over the run the script plans ({plan.described}) it "
                    f"is stepped {plan.steps:,} times, {_share(covered)} of its length, so the "
@@ -243,7 +305,7 @@ class ScheduleMisfitsRun(Rule):
                                 "args.gradient_accumulation_steps), or let the Trainer build the "
                                 "scheduler (lr_scheduler_type, warmup_steps)"}.get(
                     framework, f"epochs * math.ceil(len(loader) / {k}) (the accumulation steps)")
-        fix = f"count its {m.arg} in optimizer steps, not batches: {m.arg}={size}"
+        fix = _hand_loop_fix(f"count its {m.arg} in optimizer steps, not batches: {m.arg}={size}", plan)
         stepper = a.schedulers.get(s.parent) if s.parent is not None else s
         first = stepper.steps[0] if stepper is not None and stepper.steps else None
         return self.finding(

@@ -4,11 +4,9 @@ import math
 from dataclasses import replace
 
 from ..findings import Severity
-from ..analysis.lr import cadence, training_loader
-from ..analysis.windows import typical
+from ..analysis.lr import factor_line, planned_run, schedule_misfit
 from .base import Rule, related
 
-PER_UPDATE = (0.9, 1.1)  # scheduler steps per optimizer step of a schedule stepped per batch
 MIN_POINTS = 3  # recorded lrs of a LambdaLR whose linear rise is extrapolated
 LINEAR = 1e-3  # relative spread of the rise per step that still makes a straight ramp
 
@@ -22,10 +20,14 @@ class WarmupNeverEnds(Rule):
     `start_factor` below `end_factor`, transformers' `num_warmup_steps`, `OneCycleLR`'s rise
     (`pct_start × total_steps`), a `SequentialLR`'s first
     milestone after a warm-up, or the straight rise of a `LambdaLR` such as
-    `min(1, step / warmup)` extrapolated to its peak); the run's length from the loop around the
-    script's DataLoader loop (`for epoch in range(epochs)` times the loader's real length for a
-    scheduler stepped per batch, `epochs` for one stepped per epoch, `while step < max_steps`), or
-    transformers' own `num_training_steps`.
+    `min(1, step / warmup)` extrapolated to its peak, counted in the scheduler's own steps: per
+    batch, per epoch, or per Lightning `"interval": "epoch"`); the run's length from the loop
+    around the script's DataLoader loop (`for epoch in range(epochs)` times the loader's real
+    length for a scheduler stepped per batch, `epochs` for one stepped per epoch, `while step <
+    max_steps`), from a loop without a DataLoader (`for epoch in range(epochs): for i in
+    range(0, n, bs)`: the updates of its first pass, which the replay runs to its end), from
+    Lightning's `max_epochs` and the Trainer's `num_train_epochs`, or transformers' own
+    `num_training_steps`.
 
     ## Why is this bad?
     The warm-up was meant as the first few percent of training. Sized in the wrong unit
@@ -55,7 +57,10 @@ class WarmupNeverEnds(Rule):
     cannot read (a loop over something else than `range`, a count it cannot evaluate without
     running the script's code); a schedule stepped per micro-batch (`scheduler-per-micro-batch`)
     or twice per step; a `LambdaLR` whose rise is not a straight line (an exponential warm-up,
-    a cycle) or that already held.
+    a cycle) or that already held, or whose lambda's text is no straight line in its step when
+    the replay saw two of its values only (a warm-up stepped per epoch); a schedule sized in
+    batches as a whole and stepped per epoch or per accumulated update (`schedule-misfits-run`
+    says it).
     """
 
     code = "GD139"
@@ -89,13 +94,24 @@ class WarmupNeverEnds(Rule):
             plan = _planned(a, s)
             if plan is None:
                 continue
-            steps, described = plan
+            misfit = schedule_misfit(a, s)
+            if misfit is not None and misfit.side in ("micro", "still"):
+                continue  # the whole schedule is sized in batches: schedule-misfits-run says it
+            steps, described, unit = plan
             if length >= steps:
-                yield self._finding(a, s, length, steps, how, described)
+                yield self._finding(a, s, length, steps, how, described, unit)
 
-    def _finding(self, a, s, length, total, how, described):
+    def _finding(self, a, s, length, total, how, described, unit=None):
         reached = min(1.0, total / length)
         loc, fix, given = s.init.loc, None, None
+        if unit == "epoch":  # a warm-up of more steps than the run has epochs: counted in batches
+            by_lightning = bool(s.steps) and s.steps[0].loc is not None \
+                and s.steps[0].loc.hook == "configure_optimizers"
+            fix = ('return the scheduler with "interval": "step" in the lr_scheduler config of '
+                   "configure_optimizers (Lightning then steps it after every optimizer step), or "
+                   "size the warm-up in epochs" if by_lightning else
+                   "step the scheduler after every optimizer.step() (inside the batch loop), or "
+                   "size the warm-up in epochs, the unit it is stepped in")
         if loc.via == "transformers" and how == "num_warmup_steps":
             # the Trainer built its own schedule from TrainingArguments: the warm-up to change
             # is the argument the script gave it, not the trainer.train() line
@@ -160,8 +176,19 @@ def _lambda_ramp(a, s) -> tuple[int, str, object] | None:
         return None
     points = [(p.step, p.lr / base) for p in a.lr_timeline.get(s.opt, {}).get(0, ())
               if p.writer.sched == s.sched and p.step is not None and isinstance(p.lr, (int, float))]
-    if len(points) < MIN_POINTS:
-        return None
+    found = _straight_ramp(points) if len(points) >= MIN_POINTS else None
+    if found is None:
+        # stepped once per epoch (a staircase over the optimizer's steps): its own steps
+        line = factor_line(a, s)
+        if line is None or not (0 <= line[0] < line[3] < 1) or \
+                not a.source.factor_capped(s.init.loc.path, s.init.loc.line, "LambdaLR"):
+            return None
+        _f0, slope, n1, f1 = line
+        found = math.ceil(n1 + (1 - f1) / slope - 1e-9)
+    return found, "its lr_lambda's straight rise, extrapolated to 1", s
+
+
+def _straight_ramp(points) -> int | None:
     (n0, f0), (n1, f1) = points[0], points[-1]
     if not 0 <= f0 < f1 < 1 or n1 <= n0:
         return None
@@ -169,32 +196,18 @@ def _lambda_ramp(a, s) -> tuple[int, str, object] | None:
     for n, f in points[1:-1]:
         if abs(f - (f0 + slope * (n - n0))) > LINEAR * f1:
             return None  # not a straight ramp
-    return math.ceil(n1 + (1 - f1) / slope), "its lr_lambda's straight rise, extrapolated to 1", s
+    return math.ceil(n1 + (1 - f1) / slope)
 
 
-def _planned(a, s) -> tuple[int, str] | None:
-    """``(the run's length in the scheduler's steps, how it was read)`` or None."""
-    loader, real_len, _replay = training_loader(a)
-    if loader is None:
+def _planned(a, s) -> tuple[int, str, str] | None:
+    """``(the run's length in the scheduler's steps, how it was read)`` or None: the plan every
+    schedule is judged against (analysis/lr.py's ``planned_run``)."""
+    plan = planned_run(a, s)
+    if plan is None:
         return None
-    start = next((e for e in a.by_kind.get("epoch_start", ()) if e.get("loader") == loader
-                  and e.get("planned")), None)
-    if start is None:
-        return None
-    unit, count = start["planned"]
-    c = cadence(a, s)
-    if c is None or c.updates < 3:
-        return None
-    per_update = PER_UPDATE[0] <= c.per_update <= PER_UPDATE[1] and c.most_between <= 1
-    windows = a.windows.get(s.opt, [])
-    k = typical([w.k for w in windows]) or 1
-    if per_update and unit == "epochs" and real_len:
-        steps = count * max(1, real_len // k)
-        per = max(1, real_len // k)
-        return steps, (f"the run plans {steps:,} steps ({count} epochs × {per} updates"
-                       f"{f' of {k} accumulated batches' if k > 1 else ''})")
-    if per_update and unit == "steps" and k == 1:
-        return count, f"the run's loop plans {count:,} steps"
-    if unit == "epochs" and c.epoch_most == 1 and c.epochs_seen >= 2 and c.per_update < 0.5:
-        return count, f"the run plans {count:,} epochs (the scheduler steps once per epoch)"
-    return None
+    if plan.unit == "epoch":
+        return (plan.steps, f"the run plans {plan.steps:,} epochs (the scheduler steps once per "
+                f"epoch)", plan.unit)
+    if plan.epochs is None:
+        return plan.steps, f"the run's loop plans {plan.steps:,} steps", plan.unit
+    return plan.steps, f"the run plans {plan.steps:,} steps ({plan.described})", plan.unit
