@@ -107,6 +107,7 @@ from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .gridscale import GridScaleWatcher
 from .channelpool import ChannelPoolWatcher
+from .easyweight import EasyWeightWatcher
 from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
 from .targetmap import TargetRemapWatcher
 from .dropoutout import DropoutOutputWatcher
@@ -462,6 +463,11 @@ class Instrumentation:
         channel_pool = ChannelPoolWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, channel_pool.describe_loss)
         self.watchers.append(channel_pool)
+        # a focal-style weight that falls as the loss rises (easy-examples-upweighted): the
+        # graph of the first backwards walked, no wrapper
+        easy = EasyWeightWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, easy.describe_loss)
+        self.watchers.append(easy)
         # a loss that reads a dropout layer's output directly (first backwards only)
         dropped = DropoutOutputWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)
