@@ -108,6 +108,7 @@ from .pixelscale import PixelScaleWatcher
 from .gridscale import GridScaleWatcher
 from .channelpool import ChannelPoolWatcher
 from .easyweight import EasyWeightWatcher
+from .ignoredmask import IgnoredMaskWatcher
 from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
 from .targetmap import TargetRemapWatcher
 from .dropoutout import DropoutOutputWatcher
@@ -468,6 +469,11 @@ class Instrumentation:
         easy = EasyWeightWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, easy.describe_loss)
         self.watchers.append(easy)
+        # a dice-style term masked to the pixels the cross-entropy ignores
+        # (loss-on-ignored-pixels): the graph of the first backwards walked, no wrapper
+        ignored_mask = IgnoredMaskWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, ignored_mask.describe_loss)
+        self.watchers.append(ignored_mask)
         # a loss that reads a dropout layer's output directly (first backwards only)
         dropped = DropoutOutputWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)
