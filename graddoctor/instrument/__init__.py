@@ -109,6 +109,7 @@ from .gridscale import GridScaleWatcher
 from .channelpool import ChannelPoolWatcher
 from .easyweight import EasyWeightWatcher
 from .ignoredmask import IgnoredMaskWatcher
+from .cellswap import CellSwapWatcher
 from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
 from .targetmap import TargetRemapWatcher
 from .dropoutout import DropoutOutputWatcher
@@ -474,6 +475,11 @@ class Instrumentation:
         ignored_mask = IgnoredMaskWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, ignored_mask.describe_loss)
         self.watchers.append(ignored_mask)
+        # a dense map read at the transposed cells of its loss's positives
+        # (cells-read-transposed): the graph of the first backwards walked, no wrapper
+        cells = CellSwapWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, cells.describe_loss)
+        self.watchers.append(cells)
         # a loss that reads a dropout layer's output directly (first backwards only)
         dropped = DropoutOutputWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)
