@@ -35,6 +35,7 @@ from .topics import DESCRIBE_LOSS
 _WINDOWS = 3  # backwards whose losses are looked at
 _NODES = 20000  # graph nodes walked per backward
 _INSIDE = 0.5  # share of the read cells that are positives at or under which a read is off
+_CELLS = 65536  # positive cells a target may mark to be compared (sets of Python tuples)
 _TARGETS = ("BinaryCrossEntropyWithLogitsBackward0", "BinaryCrossEntropyBackward0")
 
 
@@ -51,6 +52,8 @@ def _positives(target: torch.Tensor, n: int, h: int, w: int) -> set | None:
         cells = hot.any(3)
     else:
         return None
+    if int(cells.sum()) > _CELLS:
+        return None  # a dense mask, not matched centres
     return {tuple(int(v) for v in row) for row in cells.nonzero().tolist()}
 
 
@@ -98,6 +101,8 @@ def read_cells(node) -> tuple[tuple, set] | None:
     try:
         b, r, c = torch.broadcast_tensors(batch, rows, cols)
     except RuntimeError:
+        return None
+    if b.numel() > _CELLS:
         return None
     parents = [n for n, _ in node.next_functions if n is not None]
     swapped = _transposed_last_two(parents[0], k) if parents else False
