@@ -84,6 +84,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "dense/bad_grid_not_normalised_flow_pixels.py",  # grid_scale
             "dense/bad_placeholder_targets_sparse_depth.py",  # placeholder_targets
             "dense/bad_pooled_over_channels_gap.py",  # channel_pool
+            "losses/bad_hard_samples_pushed_up_sigmoid_focal_anchors.py",  # easy_weighted
+            "dense/bad_loss_on_ignored_pixels_soft_iou.py",  # ignored_mask
+            "dense/bad_cells_read_transposed_centernet.py",  # cells_transposed
             "losses/bad_dropout_on_output.py",  # dropout_on_output
             "losses/bad_sample_weights_broadcast_bce.py",  # factor_broadcast
             "masks/bad_attention_mask_inverted_key_padding.py",  # attention_mask

@@ -109,6 +109,9 @@ from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .gridscale import GridScaleWatcher
 from .channelpool import ChannelPoolWatcher
+from .easyweight import EasyWeightWatcher
+from .ignoredmask import IgnoredMaskWatcher
+from .cellswap import CellSwapWatcher
 from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
 from .targetmap import TargetRemapWatcher
 from .dropoutout import DropoutOutputWatcher
@@ -472,6 +475,21 @@ class Instrumentation:
         channel_pool = ChannelPoolWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, channel_pool.describe_loss)
         self.watchers.append(channel_pool)
+        # a focal-style weight that falls as the loss rises (easy-examples-upweighted): the
+        # graph of the first backwards walked, no wrapper
+        easy = EasyWeightWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, easy.describe_loss)
+        self.watchers.append(easy)
+        # a dice-style term masked to the pixels the cross-entropy ignores
+        # (loss-on-ignored-pixels): the graph of the first backwards walked, no wrapper
+        ignored_mask = IgnoredMaskWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, ignored_mask.describe_loss)
+        self.watchers.append(ignored_mask)
+        # a dense map read at the transposed cells of its loss's positives
+        # (cells-read-transposed): the graph of the first backwards walked, no wrapper
+        cells = CellSwapWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, cells.describe_loss)
+        self.watchers.append(cells)
         # a loss that reads a dropout layer's output directly (first backwards only)
         dropped = DropoutOutputWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, dropped.describe_loss)

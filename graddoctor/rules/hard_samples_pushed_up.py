@@ -7,6 +7,57 @@ from ..trace import Location
 from ..analysis.source import _enclosing_function
 from .base import Rule, related
 
+_UNREDUCED = ("binary_cross_entropy_with_logits", "binary_cross_entropy", "cross_entropy",
+              "nll_loss")
+
+
+def _unreduced_call(value: ast.AST) -> bool:
+    """``F.binary_cross_entropy_with_logits(..., reduction="none")`` and the like."""
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in _UNREDUCED:
+        return False
+    return any(k.arg == "reduction" and isinstance(k.value, ast.Constant)
+               and k.value.value == "none" for k in value.keywords)
+
+
+def _own_nodes(scope: ast.AST):
+    """The nodes of a function or module, not those of the functions and classes it defines."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def weighting_lines(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, text)`` of the multiplications, in the function that computes it, of an
+    unreduced classification loss's result (a name assigned from the call) by another factor."""
+    out = []
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Module))]
+    for scope in scopes:
+        inside = list(_own_nodes(scope))
+        names = set()
+        for statement in inside:
+            if isinstance(statement, ast.Assign) and _unreduced_call(statement.value):
+                names |= {t.id for t in statement.targets if isinstance(t, ast.Name)}
+        if not names:
+            continue
+        for statement in inside:
+            if not isinstance(statement, (ast.Assign, ast.AugAssign, ast.Return)):
+                continue
+            for node in ast.walk(statement):
+                if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and any(
+                        isinstance(side, ast.Name) and side.id in names
+                        for side in (node.left, node.right)):
+                    out.append((statement.lineno, ast.unparse(statement).strip()))
+                    break
+    return sorted(set(out))
+
 
 class HardSamplesPushedUp(Rule):
     """
@@ -17,6 +68,15 @@ class HardSamplesPushedUp(Rule):
     gradient the per-sample loss receives is negative on every sample whose loss is above some
     value and on none below it (or on all of them). It points at the line where the loss meets
     its weight (`(pt ** gamma * ce).mean()`), else at the loss call.
+
+    The same inverted factor computed from the predictions rather than from the loss
+    (`p = torch.sigmoid(logits)`, `p_t = p * t + (1 - p) * (1 - t)`, `ce * p_t ** gamma`, the
+    way dense detectors write a sigmoid focal loss) leaves the per-sample loss a positive
+    gradient, so it is seen another way: in the graph of the first 3 backwards, an unreduced
+    `binary_cross_entropy_with_logits`, `binary_cross_entropy`, `cross_entropy` or `nll_loss`
+    multiplied by a weight with a graph of its own whose rank correlation with the loss, within
+    each group of elements sharing one target value, is below -0.9 on average. It points at the
+    multiplication of the loss's result in the script.
 
     ## Why is this bad?
     Gradient descent moves each sample's loss against the sign of that gradient: a negative
@@ -33,12 +93,21 @@ class HardSamplesPushedUp(Rule):
     pt = torch.exp(-ce)
     loss = (pt ** gamma * ce).mean()
     ```
+    or, with the probabilities taken from the logits:
+    ```python
+    p = torch.sigmoid(logits)
+    ce = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    p_t = p * targets + (1 - p) * (1 - targets)
+    loss = (ce * p_t ** gamma).sum() / num_pos
+    ```
 
     ## Use instead
     ```python
     ce = F.cross_entropy(logits, target, reduction="none")
     pt = torch.exp(-ce)
     loss = ((1 - pt) ** gamma * ce).mean()
+    # with the probabilities taken from the logits
+    loss = (ce * (1 - p_t) ** gamma).sum() / num_pos
     ```
     (and weights meant as constants detached: `w = torch.exp(-ce).detach()`)
 
@@ -48,7 +117,12 @@ class HardSamplesPushedUp(Rule):
     deviation of the losses (the gradient is negative only on the easiest samples: pulled up
     toward the mean); per-sample flooding; REINFORCE or any weighting by detached advantages or
     importance weights (the sign does not follow the loss); a subtracted loss term used once
-    (`loss-maximised` judges it); weights computed from the loss and detached.
+    (`loss-maximised` judges it); weights computed from the loss and detached. For a weight
+    made from the predictions: mmdetection's `pt.pow(gamma)` with `pt = 1 - p_t`,
+    `torch.where(t > 0.5, 1 - p, p) ** gamma`, CenterNet's `pred ** 2` on the negatives (all
+    grow with the loss); a per-class `alpha` or a 0/1 mask (constant within a target's group, or
+    few values); a weight without a graph (detached on purpose); soft targets (a quality focal
+    loss's IoU targets: no group of one target value).
     """
 
     code = "GD280"
@@ -60,6 +134,10 @@ class HardSamplesPushedUp(Rule):
            "for a focal loss, or detach weights computed from the loss")
 
     def check(self, a):
+        yield from self._pushed(a)
+        yield from self._weighted_by_probability(a)
+
+    def _pushed(self, a):
         told: set = set()
         for event in a.by_kind.get("samples_pushed_up", ()):
             call = event.loc
@@ -85,6 +163,42 @@ class HardSamplesPushedUp(Rule):
                 evidence={"fn": fn, "samples": event["samples"], "pushed": event["pushed"],
                           "above": event["above"], "consumers": event["consumers"]},
                 fix=_fix(text))
+
+    def _weighted_by_probability(self, a):
+        """A weight computed from the predictions rather than from the loss (``p_t`` from
+        ``sigmoid(logits)``): the ``easy_weighted`` events of instrument/easyweight.py."""
+        shown_at = {(e.loc.path, combining_line(a.source.tree(e.loc.path), e.loc.line) or e.loc.line)
+                    for e in a.by_kind.get("samples_pushed_up", ()) if e.loc is not None}
+        for e in a.of_kind("easy_weighted"):
+            loc, text = e.loc, None
+            if e.loc is not None:
+                tree = a.source.tree(e.loc.path)
+                lines = weighting_lines(tree) if tree is not None else []
+                if len(lines) == 1:
+                    loc = Location(e.loc.path, lines[0][0])
+                    text = lines[0][1]
+            if loc is not None and (loc.path, loc.line) in shown_at:
+                continue  # the weight made from the loss itself, told above
+            if text is None and shown_at:
+                continue  # not placed in the source, and the loss-made weight is told already
+            if loc is not None:
+                shown_at.add((loc.path, loc.line))
+            fn = e["fn"]
+            written = f"`{text}`" if text else f"a weight ({'×'.join(str(s) for s in e['shape'])})"
+            yield self.finding(
+                f"{written} multiplies the unreduced {fn} by a factor computed from the "
+                f"predictions that falls as the loss rises (rank correlation {e['rho']:+.2f} "
+                f"with it, within the {e['elements']} elements of one target): the elements the "
+                f"model already gets right weigh most and the hard ones least — an inverted focal "
+                f"factor; past ce = 1/gamma the loss falls as an element's {fn} rises, so the "
+                f"hardest elements (a detector's rare positives) are pushed further wrong",
+                loc,
+                related=(related(e, "the backward whose graph holds it"),) if loc is not e.loc else (),
+                step=a.next_step_number(e.seq),
+                evidence={"fn": fn, "shape": list(e["shape"]), "rho": e["rho"],
+                          "groups": e["groups"], "elements": e["elements"]},
+                fix=("weight by (1 - p_t) ** gamma, where p_t = p * t + (1 - p) * (1 - t) is the "
+                     "probability of each element's own target"))
 
 
 def _fix(text: str) -> str:
