@@ -66,8 +66,10 @@ class _Alive:
     def __init__(self) -> None:
         _LIVE[0] += 1
 
-    def __del__(self) -> None:
-        _LIVE[0] -= 1
+    # the counter bound at definition: a node freed while the interpreter shuts down (module
+    # globals cleared) must not print "Exception ignored" into the script's stderr
+    def __del__(self, _live=_LIVE) -> None:
+        _live[0] -= 1
 
 
 class IdleParamWatcher:
