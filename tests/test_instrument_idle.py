@@ -84,3 +84,28 @@ def test_a_step_the_grad_scaler_skipped_is_not_a_step_the_idle_module_missed():
     assert [e.data for e in rec.trace if e.kind == "internal_error"] == []
     assert [e.loc.line for e in rec.trace if e.kind == "idle_forward"] == [
         line_of("# idle head under the scaler")]
+
+
+def test_marked_nodes_are_counted_while_alive_and_the_loss_walk_waits_for_one():
+    """A loss call walks its input's graph only while some marked node is alive: a marker lives
+    in its node's metadata, and ``_LIVE`` empties when every marked graph is freed."""
+    from graddoctor.instrument import idle
+
+    torch.manual_seed(0)
+    body, head = nn.Linear(4, 4), nn.Linear(4, 2)
+    x = torch.randn(8, 4)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        opt = torch.optim.SGD([*body.parameters(), *head.parameters()], lr=0.1)
+        for _ in range(4):
+            opt.zero_grad()
+            body(x).sum().backward()
+            opt.step()
+        assert not idle._LIVE  # head idle and hooked, but not called with gradients yet
+        out = head(x)  # a marked forward: its output's node carries a marker
+        assert len(idle._LIVE) == 1
+        kept = torch.nn.functional.mse_loss(out, torch.zeros_like(out))  # cut from the loss
+        del out, kept
+        assert not idle._LIVE  # the marked graph freed with the tensors that held it
+    idle_losses = [e for e in rec.trace if e.kind == "idle_loss"]
+    assert len(idle_losses) == 1 and idle_losses[0]["fn"] == "mse_loss"

@@ -28,6 +28,7 @@ from itertools import compress, islice, repeat
 from operator import add, ge, itemgetter, not_
 
 import os
+import weakref
 
 import torch
 import torch.utils.checkpoint
@@ -52,6 +53,21 @@ _MARKED_FORWARDS = 32  # forwards of each watched module whose output is marked 
 _LOSS_NODES = 32  # nodes walked from a loss's input towards a marked output
 _KEY = "graddoctor_idle"
 _DETACHES = 512  # Tensor.detach calls looked at once a module is watched, then put back
+_ALIVE_KEY = "graddoctor_idle_alive"
+
+
+class _Alive:
+    """Put beside a marker in a node's ``metadata``, which lives as long as the node. ``_LIVE``
+    holds a weak reference to each, which leaves the set when its node is freed (the callback is
+    the set's own ``discard``: no Python frame per marker made or freed). While ``_LIVE`` is
+    empty no marked node is alive (a module's marked forwards are its first
+    ``_MARKED_FORWARDS``, and their graphs are freed after their backward): no walk can find a
+    marker, and none is made. Shared by every watcher, as the key is."""
+
+    __slots__ = ("__weakref__",)
+
+
+_LIVE: set = set()
 
 
 class IdleParamWatcher:
@@ -166,7 +182,10 @@ class IdleParamWatcher:
                 for out in outputs[:4]:
                     node = getattr(out, "grad_fn", None) if isinstance(out, torch.Tensor) else None
                     if node is not None:
-                        node.metadata[_KEY] = tag
+                        metadata = node.metadata
+                        metadata[_KEY] = tag
+                        metadata[_ALIVE_KEY] = alive = _Alive()
+                        _LIVE.add(weakref.ref(alive, _LIVE.discard))
             except Exception as exc:
                 rec.internal_error("idle module output", exc)
             return None
@@ -195,7 +214,7 @@ class IdleParamWatcher:
         if getattr(tensor, "grad_fn", None) is None:
             return
         # the script's own detach: not torch's or a watcher's inside the module call
-        if not self.rec.finder.is_user_file(sys._getframe(2).f_code.co_filename):
+        if not self.rec.finder.is_user_file(sys._getframe(2).f_code.co_filename) or not _LIVE:
             return
         tag = self._marker_below(getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None)
         if tag is None:
@@ -228,7 +247,7 @@ class IdleParamWatcher:
         """A wrapped loss function's call (only once a module is watched): an ``idle_loss`` aside
         when ``input``'s graph reaches a watched module's marked output (see the module docs)."""
         node = getattr(input, "grad_fn", None) if isinstance(input, torch.Tensor) else None
-        if node is None:
+        if node is None or not _LIVE:
             return
         rec = self.rec
         tag = self._marker_below(node)

@@ -201,23 +201,28 @@ class PerLine:
     each backward line (a phase that starts later has a line of its own), ``lines`` lines at
     most."""
 
-    __slots__ = ("per_line", "lines", "seen")
+    __slots__ = ("per_line", "lines", "seen", "_filled")
 
     def __init__(self, per_line: int, lines: int):
         self.per_line, self.lines = per_line, lines
         self.seen: dict = {}  # backward location -> backwards looked at
+        self._filled = 0  # lines of ``seen`` looked at ``per_line`` times
 
     @property
     def exhausted(self) -> bool:
-        """No backward will be admitted again (checked before any other work)."""
-        return len(self.seen) >= self.lines and all(n >= self.per_line for n in self.seen.values())
+        """No backward will be admitted again (checked before any other work, at every backward
+        of a run: two comparisons, no pass over the lines)."""
+        return len(self.seen) >= self.lines and self._filled == len(self.seen)
 
     def admit(self, loc) -> bool:
-        """Whether the backward at ``loc`` is looked at (counted when it is)."""
+        """Whether the backward at ``loc`` is looked at (counted when it is). A ``loc`` turned
+        away once is turned away for good (counts only grow, lines are never forgotten)."""
         seen = self.seen.get(loc, 0)
         if seen >= self.per_line or (seen == 0 and len(self.seen) >= self.lines):
             return False
         self.seen[loc] = seen + 1
+        if seen + 1 == self.per_line:
+            self._filled += 1
         return True
 
 
@@ -250,16 +255,25 @@ class LossGraphReader:
         self.rec = rec
         self._lines = PerLine(self.per_line, self.lines)
         self._done: set = set()
+        # id of a backward's Location -> that Location, for the lines this reader will never
+        # look at again (told, or turned away by ``_lines``): a run's later backwards are
+        # turned away by one C lookup, without hashing the Location (a dataclass's Python
+        # ``__hash__``). The finder hands out one Location object per line, kept alive here.
+        self._shut: dict = {}
 
     def describe_loss(self, tensors) -> dict:
-        if self._lines.exhausted:
+        loc = self.rec.here()  # looked up once per backward for all the describers
+        if self._shut.get(id(loc)) is loc:
+            return {}
+        lines = self._lines
+        if lines.exhausted:
             return {}
         root = loss_root(tensors)
         if root is None:
             return {}
         try:
-            loc = self.rec.here()
-            if loc in self._done or not self._lines.admit(loc):
+            if loc in self._done or not lines.admit(loc):
+                self._shut[id(loc)] = loc
                 return {}
             self._judge(root, loc)
         except Exception as exc:

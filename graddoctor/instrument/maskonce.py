@@ -47,6 +47,7 @@ from .recorder import Recorder
 from .topics import STEPPED
 
 _WINDOW_STEPS = 6  # optimizer steps after which the global hook is removed
+_ref = weakref.ref
 _CHECKS = 3  # forwards after an update that find the masked entries still zero: mask kept up
 _MODULES = 4096  # modules looked at, at most
 _MIN_MASKED = 2  # masked entries a candidate needs
@@ -114,6 +115,14 @@ class MaskOnceWatcher:
             self._stop()
 
     def _post(self, module, args, output):
+        # a module seen already while no candidate is left: what the rest returns, tested on the
+        # weak containers' own dicts (no Python frame of ``weakref``'s per module call; every
+        # module of the model passes here at every forward of the window)
+        try:
+            if not self._candidates.data and _ref(module) in self._seen.data:
+                return None
+        except TypeError:  # no weak reference to it: as ``WeakSet`` answers, not seen
+            pass
         if not self.active or get_ident() != self.rec.script_thread or not torch.is_grad_enabled():
             return None
         try:
