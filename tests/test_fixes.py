@@ -79,6 +79,8 @@ NO_EDIT = {
     # a part unfrozen after the optimizer was built over the trainable ones: add_param_group at
     # the unfreeze (at which lr?) or an optimizer over every parameter, a choice
     "bad_param_not_in_optimizer_unfrozen_later.py", "bad_param_not_in_optimizer_unfrozen_in_function.py",
+    # a parameter list taken before the model changed: take it after, or list the new part, a choice
+    "bad_param_not_in_optimizer_list_taken_early.py",
 }
 
 
