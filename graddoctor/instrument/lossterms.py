@@ -14,7 +14,9 @@ or a 0-d CPU tensor). A product of two computed tensors, a log, a clamp or any o
 the walk there: nothing is said below it. An ``ExpBackward0`` reached with a negative sign, or a
 ``PowBackward0`` of an even integer exponent (or ``x * x``), is such a term when its argument
 needs a gradient, reaches a tracked tensor (a parameter), and is no bounded op's output (a
-clamp, tanh, sigmoid, softmax, log-softmax: then the term is bounded). A ``loss_unbounded`` aside
+clamp, tanh, sigmoid, softmax, log-softmax: then the term is bounded), and, for an exp, no
+entropy written out (``-sum(p * log(p + eps))`` of a never-negative ``p``, at most n/e: a
+codebook's perplexity). A ``loss_unbounded`` aside
 event names it, once per backward line.
 
 Cost: a walk of at most ``_NODES`` nodes of the loss's top (the terms' linear part), and below
