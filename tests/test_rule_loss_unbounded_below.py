@@ -46,6 +46,26 @@ def test_bounded_or_unknown_terms_are_not(loss):
     assert _terms(loss()) == []
 
 
+P = lambda: torch.softmax(MU, dim=-1).mean(0)
+
+
+@pytest.mark.parametrize("loss", [
+    # the exp of an entropy written out (a codebook's perplexity, subtracted): at most n
+    lambda: (lambda p: 1 - torch.exp(-torch.sum(p * torch.log(p + 1e-7), dim=-1)).sum() / 3)(P()),
+    lambda: (lambda p: -torch.exp(-(p * p.log()).sum() * 0.5).mean())(P()),
+])
+def test_the_exp_of_an_entropy_is_bounded(loss):
+    assert _terms(loss()) == []
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: -torch.exp(-torch.sum(MU * torch.log(MU.abs()))),  # x may be negative
+    lambda: -torch.exp(-torch.sum(LV.exp() * torch.log(MU.exp()))),  # log of another tensor
+])
+def test_what_only_looks_like_an_entropy_is_still_found(loss):
+    assert _terms(loss()) == ["exp"]
+
+
 def test_the_terms_line_is_found_unless_the_loss_negates_it(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

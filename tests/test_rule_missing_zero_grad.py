@@ -174,3 +174,27 @@ def test_a_probe_stepped_inside_the_accumulation_window_is_no_missing_zero_grad(
     assert slugs(_accumulation_with_a_probe(model_clears=True)) == []
     # the same loop without the model's clear: each model step applies the old windows again
     assert ("missing-zero-grad", 10) in slugs(_accumulation_with_a_probe(model_clears=False))
+
+
+def test_another_optimizers_leftover_hit_by_a_loop_that_clears_after_its_steps_is_named_so():
+    """Source training (opt 0, cleared before each backward) leaves its last gradient; the next
+    phase's optimizer (opt 1, over some of the same parameters) clears only after its steps:
+    its first step alone applies the leftover, and the message says so, not 'never cleared'."""
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=8)
+    for i in range(3):
+        t.clear([0, 1], opt=0, line=10)
+        t.backward(fresh=[0, 1], line=11)
+        t.step(0, line=12)
+    t.optimizer(1, [1], line=14)
+    t.backward(accumulated=[1], line=16)
+    t.step(1, line=17)
+    t.clear([1], opt=1, line=18)
+    for i in range(2):
+        t.backward(fresh=[1], line=16)
+        t.step(1, line=17)
+        t.clear([1], opt=1, line=18)
+    (finding,) = [f for f in analyze(t.trace)[0] if f.rule == "missing-zero-grad"]
+    assert finding.location.line == 16
+    assert "clears them only after its own steps" in finding.message
+    assert "never cleared" not in finding.message

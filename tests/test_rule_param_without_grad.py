@@ -168,6 +168,35 @@ def test_cuts_and_untrained_models_stay_warnings(tmp_path, source, names, librar
     assert f.severity == Severity.WARNING and f.evidence["cause"] == "cut"
 
 
+def stack_run(tmp_path, names, idle):
+    path = tmp_path / "model.py"
+    path.write_text(POOLER_SOURCE)
+    t = TraceBuilder(path=str(path))
+    for pid, name in enumerate(names):
+        t.put(ev.param(pid=pid, name=name, shape=[2], is_parameter=True, requires_grad=True))
+    run(t, idle=idle, forwards=[(1, 4, {"params": list(idle)})])
+    return check(t)
+
+
+def test_the_last_block_of_a_stack_whose_earlier_blocks_train_the_same_weight_is_silent(tmp_path):
+    # N-BEATS: the last block's backcast has no later block to read it
+    names = ("m.blocks.0.backcast.weight", "m.blocks.1.backcast.weight", "m.blocks.2.backcast.weight")
+    assert stack_run(tmp_path, names, idle=(2,)) == []
+
+
+@pytest.mark.parametrize("names, idle", [
+    # every block but the last idle: each pass overwrote the one before (`out = blk(x)`)
+    (("m.blocks.2.w", "m.blocks.0.w", "m.blocks.1.w"), (1, 2)),
+    # an earlier block's same weight does not train either (or there is none)
+    (("m.blocks.1.w", "m.head.w", "m.blocks.2.w"), (2,)),
+    # the idle block is not the last of its stack
+    (("m.blocks.0.w", "m.blocks.2.w", "m.blocks.1.w"), (2,)),
+])
+def test_other_idle_blocks_of_a_stack_stay_info(tmp_path, names, idle):
+    [f] = stack_run(tmp_path, names, idle)
+    assert f.severity == Severity.INFO and f.evidence["cause"] == "discarded"
+
+
 def test_unreadable_source_keeps_the_warning():
     t = TraceBuilder()
     for pid, name in enumerate(("m.a.weight", "m.b.weight", "m.b.bias")):

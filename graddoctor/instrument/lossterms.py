@@ -14,7 +14,9 @@ or a 0-d CPU tensor). A product of two computed tensors, a log, a clamp or any o
 the walk there: nothing is said below it. An ``ExpBackward0`` reached with a negative sign, or a
 ``PowBackward0`` of an even integer exponent (or ``x * x``), is such a term when its argument
 needs a gradient, reaches a tracked tensor (a parameter), and is no bounded op's output (a
-clamp, tanh, sigmoid, softmax, log-softmax: then the term is bounded). A ``loss_unbounded`` aside
+clamp, tanh, sigmoid, softmax, log-softmax: then the term is bounded), and, for an exp, no
+entropy written out (``-sum(p * log(p + eps))`` of a never-negative ``p``, at most n/e: a
+codebook's perplexity). A ``loss_unbounded`` aside
 event names it, once per backward line.
 
 Cost: a walk of at most ``_NODES`` nodes of the loss's top (the terms' linear part), and below
@@ -120,6 +122,57 @@ def _bounded(node) -> bool:
     return False
 
 
+_ENTROPY_PASS = ("SumBackward", "MeanBackward", "View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze",
+         "Select", "Slice", "Index", "Clone", "Expand")
+
+
+def _entropy_form(node) -> bool:
+    """Is ``node`` ``-sum(x * log(x))`` (or ``log(x + eps)``) of a never-negative ``x``, scaled by
+    positive constants: an entropy written out (wav2vec 2.0's codebook perplexity
+    ``exp(-sum(p * log(p + 1e-7)))``)? Each term ``-x log x`` is at most 1/e, so the value is
+    bounded above and its exp stays bounded however it is signed."""
+    sign = 1.0
+    for _ in range(16):
+        if node is None:
+            return False
+        name = type(node).__name__
+        children = _children(node)
+        if name == "NegBackward0" and len(children) == 1:
+            sign, node = -sign, children[0][1]
+        elif name in ("MulBackward0", "DivBackward0") and len(children) == 1:
+            index, child = children[0]
+            if name == "DivBackward0" and index != 0:
+                return False
+            factor = _sign_of(saved(node, "_saved_other" if index == 0 else "_saved_self"))
+            if factor is None:
+                return False
+            sign, node = sign * factor, child
+        elif name == "MulBackward0" and len(children) == 2:
+            return sign < 0 and _x_log_x(children[0][1], children[1][1])
+        elif name.startswith(_ENTROPY_PASS) and len(children) == 1:
+            node = children[0][1]
+        else:
+            return False
+    return False
+
+
+def _x_log_x(a, b) -> bool:
+    """``x * log(x)`` or ``x * log(x + c)`` (a constant added: an eps) of a never-negative x,
+    in either order."""
+    for x, log in ((a, b), (b, a)):
+        if type(log).__name__ != "LogBackward0":
+            continue
+        inner = _children(log)
+        if len(inner) != 1:
+            continue
+        arg = inner[0][1]
+        if type(arg).__name__ == "AddBackward0" and len(_children(arg)) == 1:
+            arg = _children(arg)[0][1]
+        if arg is x and _signed(x) == 1.0:
+            return True
+    return False
+
+
 def signed_walk(root, limit: int, visit) -> None:
     """Walk the loss's linear top from ``root``, each node with its sign (+1: minimised, -1:
     maximised): negations, views, sums and differences (and their ``alpha``), and products or
@@ -182,7 +235,9 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
                 found.append(("square", node, children[0][1]))  # x * x
         elif name == "ExpBackward0" and len(children) == 1:
             # an exponent never positive (an RBF kernel's -d**2 / 2): the exp stays in (0, 1]
-            if not _bounded(children[0][1]) and _signed(children[0][1]) != -1.0:
+            # or an entropy written out (-sum p log p is at most n/e): its exp is bounded too
+            if (not _bounded(children[0][1]) and _signed(children[0][1]) != -1.0
+                    and not _entropy_form(children[0][1])):
                 found.append(("exp", node, children[0][1]))
         elif name == "PowBackward0" and len(children) == 1:
             exponent = saved(node, "_saved_exponent")

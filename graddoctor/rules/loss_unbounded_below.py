@@ -42,7 +42,9 @@ class LossUnboundedBelow(Rule):
     The KL term with its minus sign; exp and squares with a positive sign (an exponential
     rate, a squared error, a penalty); terms of data or of detached tensors; exp or squares of
     bounded values (after a clamp, tanh, sigmoid, softmax or log-softmax); exp of a value never
-    positive (an RBF kernel's `exp(-cdist(a, b)**2 / 2)` in an MMD); terms inside a product
+    positive (an RBF kernel's `exp(-cdist(a, b)**2 / 2)` in an MMD); exp of an entropy written
+    out, `-sum(p * log(p + eps))` of a never-negative `p` (wav2vec 2.0's codebook perplexity in
+    its diversity loss `(G*V - perplexity) / (G*V)`: at most G*V); terms inside a product
     of two computed tensors (a Gaussian likelihood's `(x - mu)**2 * exp(-logvar)`: their sign is
     not followed) or under a log (`logsumexp`, an InfoNCE bound); a variance written out, the
     square of a mean subtracted from the mean of the squares (the scale-invariant log loss of

@@ -187,6 +187,19 @@ class MissingZeroGrad(Rule):
                 fixes = {}
                 loc = clear.loc
                 too_rare = backward.loc.line if backward.loc else None
+            elif (consumed is not None and consumed["opt"] != first.opt
+                  and any(c.seq > first.step.seq and mine & set(c["params"]) for c in clears)):
+                # the leftover is another optimizer's last gradient (an earlier phase: source
+                # training before test-time adaptation), and this optimizer clears after its
+                # steps: only its first step is hit, which "never cleared" would misdescribe
+                message = (f"this backward() adds onto gradients {a.optimizer_name(consumed['opt'])} "
+                           f"already applied: {a.names(pids)} still hold its last gradient, and "
+                           f"{a.optimizer_name(first.opt)} clears them only after its own steps, so "
+                           f"its first step applies that leftover gradient too (first seen at step "
+                           f"{first.step_index})")
+                fix = ("clear the gradients before this loop's first backward: zero_grad() before "
+                       "the forward pass, or once before the loop")
+                fixes = {}
             else:
                 message = (f"this backward() adds onto gradients an earlier step already used: "
                            f"{a.names(pids)} are never cleared, so every optimizer step applies the "

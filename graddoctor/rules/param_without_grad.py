@@ -73,7 +73,9 @@ class ParamWithoutGrad(Rule):
     iterations; activation checkpointing, reentrant (with its inputs made to require grad)
     or not; `backward(inputs=...)` over the head; CLS-token pooling whose pooler no loss
     uses; a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
-    tying; lazy layers; parametrized weights; sparse embeddings under SparseAdam; an optimizer
+    tying; lazy layers; parametrized weights; the last block of a stack whose earlier blocks
+    all train the same parameters, run in a loop that hands each block's output to the next pass
+    (N-BEATS's backcast, subtracted from the residual that only a later block reads); sparse embeddings under SparseAdam; an optimizer
     built over a copy of the model (an EMA copy, a target network) while the model's own
     tensors of the same names and shapes get the gradients (param-not-in-optimizer reports
     that, at the optimizer).
@@ -117,8 +119,8 @@ class ParamWithoutGrad(Rule):
                        if pid in led.first_contribution or pid in had_grad]
             for cause, pids in by_cause.values():
                 discarded = _discarded(a, cause, pids, trained)
-                if discarded == "library":
-                    continue  # see the docs: a library's own call of a head the user does not use
+                if discarded in ("library", "last-pass"):
+                    continue  # see the docs: a head the user does not use, or a loop's last pass
                 yield self._finding(a, cls, init, steps, opt, pids, cause, discarded=bool(discarded))
 
     def _finding(self, a, cls, init, steps, opt, pids, cause, discarded=False):
@@ -301,7 +303,35 @@ def _discarded(a, cause, pids, trained) -> str | None:
         return None
     if a.source.cuts_gradient_near(cause.loc.path, cause.loc.line) is not False:
         return None
-    return "library" if cause.get("library") else "user"
+    if cause.get("library"):
+        return "library"
+    return "last-pass" if _last_pass_of_a_stack(a, pids, trained) else "user"
+
+
+_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def _last_pass_of_a_stack(a, pids, trained) -> bool:
+    """Are the idle parameters all in the last block of a stack (``blocks.3.proj.weight``) whose
+    every earlier block trains the same parameter (``blocks.0.proj.weight`` .. ``blocks.2...``)?
+    A loop that hands each block's output to the next pass (N-BEATS's backcast subtracted from
+    the residual) reads that output on every pass but the last, after which the loop ends: the
+    script uses it, only the final value has no reader. A block whose output no pass uses, or
+    the blocks before the last idle (each pass overwriting the one before), are not this."""
+    trained_names = {a.param_name(p) for p in trained}
+    every = {a.param_name(p) for p in a.params}
+    for pid in pids:
+        name = a.param_name(pid)
+        if not any(_last_sibling(name, m, trained_names, every) for m in _INDEX.finditer(name)):
+            return False
+    return bool(pids)
+
+
+def _last_sibling(name: str, m, trained_names: set, every: set) -> bool:
+    n = int(m.group(1))
+    at = lambda i: f"{name[:m.start()]}.{i}.{name[m.end():]}"
+    return (n >= 1 and at(n + 1) not in every
+            and all(at(i) in trained_names for i in range(n)))
 
 
 def _trains_beside(a, pids, trained) -> bool:
