@@ -133,6 +133,36 @@ def test_an_optimizer_that_never_steps_is_waited_for_a_bounded_time(tmp_path):
     assert report.run.updates == max(3 * HOLD_FACTOR, HOLD_MIN_UPDATES)
 
 
+WRAPPED_BASE = """
+import torch
+torch.manual_seed(0)
+
+
+class Wrapper(torch.optim.Optimizer):  # SAM's shape: the base optimizer steps, never the wrapper
+    def __init__(self, params, **kwargs):
+        super().__init__(params, dict(kwargs))
+        self.base = torch.optim.SGD(self.param_groups, **kwargs)
+        self.param_groups = self.base.param_groups
+
+    def second_step(self):
+        self.base.step()
+
+
+model = torch.nn.Linear(4, 1)
+opt = Wrapper(model.parameters(), lr=0.1)
+for i in range(200):
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.second_step()
+    opt.zero_grad()
+"""
+
+
+def test_a_wrapper_whose_base_optimizer_steps_its_parameters_is_not_waited_for(tmp_path):
+    report = check(tmp_path, WRAPPED_BASE, steps=3)
+    assert report.run.status == "step-limit"
+    assert report.run.updates <= 4
+
+
 class _Rec:
     """What Progress and the conditions read of a recorder."""
 

@@ -85,7 +85,8 @@ class StepBudget(StopCondition):
 
     def _wait_for_optimizers(self, rec: "Recorder") -> bool:
         """Whether an optimizer that lived when the budget ran out is still alive with fewer
-        than two steps, within the limits. One rebuilt every update dies at the next one."""
+        than two steps, within the limits. One rebuilt every update dies at the next one; one
+        whose parameters another has stepped is not waited for."""
         if rec.progress.updates >= max(self.budget * HOLD_FACTOR, HOLD_MIN_UPDATES):
             return False
         if self.deadline is not None and time.monotonic() > self.deadline:
@@ -93,8 +94,13 @@ class StepBudget(StopCondition):
         if self.waiting is None:
             self.waiting = [opt for opt in rec.opt_params if rec.progress.opt_steps.get(opt, 0) < 2]
         ids = rec.optimizer_id
+        steps = rec.progress.opt_steps
+        # an optimizer whose parameters all belong to one that stepped (SAM's or Lookahead's
+        # wrapper around its base optimizer, sharing its param_groups) never needs its own step
+        stepped = {pid for opt, pids in rec.opt_params.items() if steps.get(opt, 0) >= 2 for pid in pids}
         self.waiting = [opt for opt in self.waiting
-                        if rec.progress.opt_steps.get(opt, 0) < 2 and ids.object(opt) is not None]
+                        if steps.get(opt, 0) < 2 and ids.object(opt) is not None
+                        and not (rec.opt_params.get(opt) and set(rec.opt_params[opt]) <= stepped)]
         return bool(self.waiting)
 
 
