@@ -128,6 +128,7 @@ from .decay import DecayShareWatcher
 from .epsshare import EpsShareWatcher
 from .saturation import SaturationWatcher
 from .warnsource import WarningSource
+from .inlinable import new_check
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
 
@@ -137,6 +138,7 @@ class Instrumentation:
                  grad_flow: bool = False):
         self.rec = rec
         self.patcher = Patcher()
+        new_check()  # the wrappers of builtins made from here share one copy of torch's names
         # made before the watchers that read their state; installed in the order of ``watchers``
         self.scalers = GradScalerWatcher(rec)
         self.ddp = DDPWatcher(rec)

@@ -66,6 +66,37 @@ in_transform = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_
 _RESULT_CODE = compile(_RESULT_SOURCE, "<graddoctor: watched result>", "exec")
 
 
+# the ``make`` of each wrapper code run in one copy of torch's namespace, for the wrappers of
+# builtins (no module of their own); emptied as each check starts (``new_check``)
+_builtin_makers: dict = {}
+
+
+def new_check() -> None:
+    """A check starts: the wrappers of builtins it makes get a copy of torch's namespace as it
+    is now, one copy for all of them."""
+    _builtin_makers.clear()
+
+
+def _maker(code, function):
+    """The ``make`` of ``code`` (a wrapper factory above) run in a copy of the names
+    ``function``'s module holds, as torch.jit.script resolves the names of its source there
+    (a copy: the module's stays as it is). A builtin has no module of its own: its wrappers get
+    torch's namespace, copied once per check and per code (about 1,500 names: a copy for each of
+    the hundred wrapped builtins was most of the time a check took to install its watchers);
+    the wrapper's own code reads none of them."""
+    names = getattr(function, "__globals__", None)
+    if names:
+        scope = dict(names)
+        exec(code, scope)
+        return scope.pop("make")
+    make = _builtin_makers.get(code)
+    if make is None:
+        scope = dict(vars(torch))
+        exec(code, scope)
+        make = _builtin_makers[code] = scope.pop("make")
+    return make
+
+
 # each wrapper ``watched`` made -> (its befores, outermost first; the function they run ahead of)
 _watching: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -81,15 +112,14 @@ def watched(original, before):
         inner = _watching.get(original)
     except TypeError:  # no weak reference to it (a C method): not one of these wrappers
         inner = None
-    scope = dict(getattr(original, "__globals__", None) or vars(torch))  # a copy: torch's stays as it is
     if inner is None:
-        exec(_CODE, scope)
-        wrapper = scope.pop("make")(before, original, torch.compiler.is_compiling, in_transform)
+        wrapper = _maker(_CODE, original)(before, original, torch.compiler.is_compiling,
+                                          in_transform)
         befores, function = (before,), original
     else:
         befores, function = (before, *inner[0]), inner[1]
-        exec(_many_code(len(befores)), scope)
-        wrapper = scope.pop("make")(befores, function, torch.compiler.is_compiling, in_transform)
+        wrapper = _maker(_many_code(len(befores)), function)(
+            befores, function, torch.compiler.is_compiling, in_transform)
     wrapper = functools.wraps(original)(wrapper)
     _watching[wrapper] = (befores, function)
     return wrapper
@@ -98,9 +128,8 @@ def watched(original, before):
 def watched_result(original, after):
     """``original`` with ``after(result)`` called on each eager call's result (the same
     see-through wrapper as ``watched``). ``after`` is graddoctor's own code and must not raise."""
-    scope = dict(getattr(original, "__globals__", None) or vars(torch))
-    exec(_RESULT_CODE, scope)
-    wrapper = scope.pop("make")(after, original, torch.compiler.is_compiling, in_transform)
+    wrapper = _maker(_RESULT_CODE, original)(after, original, torch.compiler.is_compiling,
+                                             in_transform)
     return functools.wraps(original)(wrapper)
 
 
@@ -121,9 +150,8 @@ def watched_call(original, after):
     see-through wrapper as ``watched``): for a watcher that needs both what an op was given and
     what it made. ``after`` is graddoctor's own code and must not raise; its caller's caller
     (``sys._getframe(2)``) is the code that made the call."""
-    scope = dict(getattr(original, "__globals__", None) or vars(torch))
-    exec(_CALL_CODE, scope)
-    wrapper = scope.pop("make")(after, original, torch.compiler.is_compiling, in_transform)
+    wrapper = _maker(_CALL_CODE, original)(after, original, torch.compiler.is_compiling,
+                                           in_transform)
     return functools.wraps(original)(wrapper)
 
 
@@ -145,13 +173,12 @@ def unwatch(owner, name: str, before) -> bool:
     if not befores:
         setattr(owner, name, function)
         return True
-    scope = dict(getattr(function, "__globals__", None) or vars(torch))
     if len(befores) == 1:
-        exec(_CODE, scope)
-        wrapper = scope.pop("make")(befores[0], function, torch.compiler.is_compiling, in_transform)
+        wrapper = _maker(_CODE, function)(befores[0], function, torch.compiler.is_compiling,
+                                          in_transform)
     else:
-        exec(_many_code(len(befores)), scope)
-        wrapper = scope.pop("make")(befores, function, torch.compiler.is_compiling, in_transform)
+        wrapper = _maker(_many_code(len(befores)), function)(
+            befores, function, torch.compiler.is_compiling, in_transform)
     wrapper = functools.wraps(function)(wrapper)
     _watching[wrapper] = (befores, function)
     setattr(owner, name, wrapper)
