@@ -34,3 +34,15 @@ def test_compiled_training_step_is_seen_and_judged_like_eager():
     assert torch.compile is compile_before
     trace_rules = sys.modules["torch._dynamo.trace_rules"]
     assert not [d for d in trace_rules.SKIP_DIRS if d.rstrip("/").endswith("graddoctor")]
+
+
+def test_a_compiled_step_checked_again_in_the_same_process_is_judged_the_same():
+    """Dynamo compiles a graddoctor wrapper reached from eager code inside a compiled function
+    as a frame of its own and caches that on the wrapper's code object: each check's wrappers
+    must not share code objects, or the second check runs the first one's cached code (a
+    ``NameError`` on its ``__resume_at_...`` function)."""
+    first = run_check(CheckOptions(target=SCRIPT, steps=0))
+    second = run_check(CheckOptions(target=SCRIPT, steps=0))
+    assert first.internal_errors == [] and second.internal_errors == []
+    assert [(f.rule, f.location.line) for f in second.findings] \
+        == [(f.rule, f.location.line) for f in first.findings]

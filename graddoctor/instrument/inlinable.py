@@ -97,6 +97,17 @@ def _maker(code, function):
     return make
 
 
+def _own_code(wrapper):
+    """``wrapper`` with a code object of its own. Under torch.compile, a wrapper called from
+    eager code inside a compiled function (after a graph break: the script's ``backward()``,
+    and graddoctor's watchers under it) is compiled by Dynamo as a frame of its own, which caches
+    the result on the code object and puts the functions it resumes in into the frame's globals.
+    Wrappers that shared one code object but had their own globals (each check makes new ones)
+    then ran another's cached code and failed on its missing ``__resume_at_...`` name."""
+    wrapper.__code__ = wrapper.__code__.replace()
+    return wrapper
+
+
 # each wrapper ``watched`` made -> (its befores, outermost first; the function they run ahead of)
 _watching: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -120,7 +131,7 @@ def watched(original, before):
         befores, function = (before, *inner[0]), inner[1]
         wrapper = _maker(_many_code(len(befores)), function)(
             befores, function, torch.compiler.is_compiling, in_transform)
-    wrapper = functools.wraps(original)(wrapper)
+    wrapper = functools.wraps(original)(_own_code(wrapper))
     _watching[wrapper] = (befores, function)
     return wrapper
 
@@ -130,7 +141,7 @@ def watched_result(original, after):
     see-through wrapper as ``watched``). ``after`` is graddoctor's own code and must not raise."""
     wrapper = _maker(_RESULT_CODE, original)(after, original, torch.compiler.is_compiling,
                                              in_transform)
-    return functools.wraps(original)(wrapper)
+    return functools.wraps(original)(_own_code(wrapper))
 
 
 _CALL_SOURCE = """
@@ -152,7 +163,7 @@ def watched_call(original, after):
     (``sys._getframe(2)``) is the code that made the call."""
     wrapper = _maker(_CALL_CODE, original)(after, original, torch.compiler.is_compiling,
                                            in_transform)
-    return functools.wraps(original)(wrapper)
+    return functools.wraps(original)(_own_code(wrapper))
 
 
 def unwatch(owner, name: str, before) -> bool:
@@ -179,7 +190,7 @@ def unwatch(owner, name: str, before) -> bool:
     else:
         wrapper = _maker(_many_code(len(befores)), function)(
             befores, function, torch.compiler.is_compiling, in_transform)
-    wrapper = functools.wraps(function)(wrapper)
+    wrapper = functools.wraps(function)(_own_code(wrapper))
     _watching[wrapper] = (befores, function)
     setattr(owner, name, wrapper)
     return True
