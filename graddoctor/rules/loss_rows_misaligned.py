@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-import ast
-
 from .base import Rule
+from .view_reorders_axes import reshape_calls
 from ..findings import Severity
 
 
@@ -21,28 +20,13 @@ def _fixed_call(a, loc, order: list[int], dims: int) -> tuple[str, str] | None:
     """``(the flattening call as written, the same call on the target reordered)``: the one
     call on the line that gives ``dims`` axes (the scores' own may share the line)."""
     found = []
-    for line, text, _forward in a.source.calls_named(loc.path, frozenset({"view", "reshape", "flatten"})):
-        if line != loc.line:
-            continue
-        try:
-            call = ast.parse(text, mode="eval").body
-        except SyntaxError:
-            continue
-        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
-            continue
-        args = ", ".join(ast.unparse(arg) for arg in call.args)
-        method = "reshape" if call.func.attr == "view" else call.func.attr
-        if isinstance(call.func.value, ast.Name) and call.func.value.id == "torch" and call.args:
-            receiver = ast.unparse(call.args[0])
-            args = ", ".join(ast.unparse(arg) for arg in call.args[1:])
-        else:
-            receiver = ast.unparse(call.func.value)
-        given = len(call.args) - (receiver != ast.unparse(call.func.value))
-        if method != "flatten" and given != dims and not (given == 1 and dims == 1):
+    for text, receiver, args, method, given in reshape_calls(a, loc, {"view", "reshape", "flatten"}):
+        if method != "flatten" and given != dims:
             continue
         moved = [i for i, o in enumerate(order) if i != o]
         reordered = (f"{receiver}.transpose({moved[0]}, {moved[1]})" if len(moved) == 2
                      else f"{receiver}.permute({', '.join(map(str, order))})")
+        method = "reshape" if method == "view" else method  # a view of a transposed tensor fails
         found.append((text, f"{reordered}.{method}({args})"))
     return found[0] if len(found) == 1 else None
 

@@ -65,6 +65,18 @@ def applied_to(tree: ast.AST, line: int) -> set[str]:
             if isinstance(node, ast.Subscript) and _indexes_with(node.slice, order)}
 
 
+def _fix(tree: ast.AST, line: int, one: str, other: str) -> str:
+    """The fix in the script's own terms: the draw it already makes, applied to both."""
+    call = _draw_call(tree, line)
+    drawn = ast.unparse(call.func) if call is not None else ""
+    if drawn.endswith("shuffle"):
+        return (f"shuffle the pairs together: `order = list(range(len({one})))`, "
+                f"`{drawn}(order)`, then reorder `{one}` and `{other}` both by `order` "
+                f"(or shuffle `list(zip({one}, {other}))`)")
+    draw = f"{drawn}(len({one}))" if drawn else f"a permutation of len({one})"
+    return f"draw one order and index both with it: `perm = {draw}`, then `{one}[perm]`, `{other}[perm]`"
+
+
 class RowsShuffledApart(Rule):
     """
     ## What it does
@@ -147,5 +159,4 @@ class RowsShuffledApart(Rule):
                 related=(Related(Location(first_path, first_line), "the other random order"),),
                 evidence={"kind": e["kind"], "length": e["length"], "first": sorted(first),
                           "second": sorted(second)},
-                fix=("draw one order and apply it to both: `perm = np.random.permutation(n)` "
-                     "(or `torch.randperm(n)`), then index each array with `perm`"))
+                fix=_fix(tree, first_line, sorted(first)[0], sorted(second)[0]))

@@ -50,9 +50,12 @@ def axis_order(shape_in, shape_out) -> list[int] | None:
     return None
 
 
-def _call(a, loc: Location) -> tuple[str, str, str] | None:
-    """``(call text, receiver, arguments)`` of the view/reshape call on ``loc``'s line."""
-    for line, text, _forward in a.source.calls_named(loc.path, frozenset({"view", "reshape"})):
+def reshape_calls(a, loc: Location, names=frozenset({"view", "reshape"})) -> list[tuple[str, str, str, str, int]]:
+    """``(call text, receiver, arguments, method, arguments given)`` of each call named in
+    ``names`` on ``loc``'s line, ``torch.reshape(x, ...)``/``torch.flatten(x, ...)`` read as a
+    call on ``x``."""
+    out = []
+    for line, text, _forward in a.source.calls_named(loc.path, frozenset(names)):
         if line != loc.line:
             continue
         try:
@@ -61,15 +64,20 @@ def _call(a, loc: Location) -> tuple[str, str, str] | None:
             continue
         if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
             continue
-        args = ", ".join(ast.unparse(arg) for arg in call.args)
-        if call.func.attr == "reshape" and isinstance(call.func.value, ast.Name) \
-                and call.func.value.id == "torch" and call.args:
-            receiver = ast.unparse(call.args[0])
-            args = ", ".join(ast.unparse(arg) for arg in call.args[1:])
+        given = list(call.args)
+        if isinstance(call.func.value, ast.Name) and call.func.value.id == "torch" and given:
+            receiver, given = ast.unparse(given[0]), given[1:]
         else:
             receiver = ast.unparse(call.func.value)
-        return text, receiver, args
-    return None
+        args = ", ".join(ast.unparse(arg) for arg in given)
+        out.append((text, receiver, args, call.func.attr, len(given)))
+    return out
+
+
+def _call(a, loc: Location) -> tuple[str, str, str] | None:
+    """``(call text, receiver, arguments)`` of the view/reshape call on ``loc``'s line."""
+    calls = reshape_calls(a, loc)
+    return calls[0][:3] if calls else None
 
 
 class ViewReordersAxes(Rule):
