@@ -931,6 +931,13 @@ shuffled_apart     kind ("permutation": two drawn orders, ``torch.randperm``/``n
                    between two backwards (or before the first), from two lines, that differ — until
                    the 3rd backward, once per pair of lines (loc: the second draw; an aside;
                    instrument/shuffles.py)
+input_written      module (the class), argument (the forward's parameter written), forward [path, line]
+                   (its def), view (the input is a view of a larger tensor), rows (the rows of
+                   the tensor it shares), batch (its own rows): a model call whose forward wrote
+                   in place into a tensor argument that shares one tensor with an earlier call's
+                   written argument (slices of the script's data, or the same tensor) — at the
+                   first 4 backwards, once (loc: the model's call; an aside;
+                   instrument/inputwrite.py)
 rows_misaligned    fn (the loss), scores_from, scores (the shape the loss's input was flattened from
                    and to, read from the view node below it), target_from, target (the same for
                    its target): a loss whose input and target were flattened from the same
@@ -2265,6 +2272,12 @@ def shuffled_apart(*, kind: str, length: int, first: list, arrays: dict) -> Made
     return "shuffled_apart", {"kind": kind, "length": length, "first": first, "arrays": arrays}
 
 
+def input_written(*, module: str, argument: str, forward: list, view: bool, rows: int,
+                  batch: int) -> Made:
+    return "input_written", {"module": module, "argument": argument, "forward": forward,
+                             "view": view, "rows": rows, "batch": batch}
+
+
 def rows_misaligned(*, fn: str, scores_from: list[int], scores: list[int], target_from: list[int],
                     target: list[int]) -> Made:
     return "rows_misaligned", {"fn": fn, "scores_from": scores_from, "scores": scores,
@@ -2403,7 +2416,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
     "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
-    "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "rows_misaligned": rows_misaligned, "shuffled_apart": shuffled_apart, "loss_repeated": loss_repeated,
+    "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "rows_misaligned": rows_misaligned, "shuffled_apart": shuffled_apart, "input_written": input_written, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
     "reduce_batch": reduce_batch,
@@ -2476,7 +2489,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})

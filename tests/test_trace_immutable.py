@@ -121,6 +121,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "dependency/bad_view_reorders_axes_encoder_features.py",  # view_axes
             "dependency/bad_loss_rows_misaligned_forecast_mse.py",  # rows_misaligned
             "data/bad_rows_shuffled_apart_lists.py",  # shuffled_apart
+            "data/bad_input_written_full_batch.py",  # input_written
             "losses/bad_loss_term_repeated_mixup.py",  # loss_repeated
             "losses/bad_loss_term_repeated_chamfer_direction.py",  # term_repeated
             "masks/bad_masked_mean_counts_padding_tokens.py",  # masked_mean

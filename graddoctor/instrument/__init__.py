@@ -98,6 +98,7 @@ from .anchors import AnchorAliasWatcher
 from .weightedits import WeightEditWatcher
 from .selfcopy import SelfCopyWatcher
 from .shuffles import ShuffleWatcher
+from .inputwrite import InputWriteWatcher
 from .constraints import ConstraintWatcher
 from .samevalue import SameValueWatcher
 from .registration import ModuleAttrWatcher, ParamLifeWatcher, TensorAttrWatcher
@@ -230,6 +231,11 @@ class Instrumentation:
         shuffles = ShuffleWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, shuffles.describe_loss)
         self.watchers.append(shuffles)
+        # a forward that writes into its input where the input is the script's data
+        # (input-written-in-place): outermost module calls' version counters, no wrapper
+        input_write = InputWriteWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, input_write.describe_loss)
+        self.watchers.append(input_write)
         # a softmax over dim 0 of per-sample outputs on the loss's path (softmax-over-batch):
         # the graph of the first backwards walked, no wrapper
         softmax_batch = SoftmaxBatchWatcher(rec, self.dataloader)
