@@ -758,10 +758,12 @@ last_step_padded  module (the recurrent layer's class), rows, length (its input'
 causal_read_early  module (the causal module's class: RNN | LSTM | GRU | TransformerEncoder...),
                    positions (the time positions of its output the loss reads, at most 8), read
                    (how many), length (T), unread (positions, holding data, that no read output
-                   has seen), rows, seq_first — at one of the first backwards, the gradient on a
-                   causal module's output is nonzero only at those positions, the same in every
-                   row, so the later positions never reach the loss; once per run (loc: the
-                   module's call; an aside; instrument/causalread.py)
+                   has seen), rows, seq_first, direction (only for a bidirectional RNN read at one
+                   end: "forward" | "backward", the direction whose read has not seen the
+                   unread positions, both together having seen them all) — at one of the first
+                   backwards, the gradient on a causal module's output is nonzero only at those
+                   positions, the same in every row, so the later positions never reach the
+                   loss; once per run (loc: the module's call; an aside; instrument/causalread.py)
 custom_backward    cls (a torch.autograd.Function subclass defined in the user's code), input
                    (index of the forward argument whose gradient disagrees), ratio (float|None:
                    the backward's gradient over the numerical one along random directions, when
@@ -1910,10 +1912,12 @@ def last_step_padded(*, module: str, rows: int, length: int, padded: int, packed
 
 
 def causal_read_early(*, module: str, positions: list[int], read: int, length: int, unread: int,
-                      rows: int, seq_first: bool) -> Made:
-    return "causal_read_early", {"module": module, "positions": positions, "read": read,
-                                 "length": length, "unread": unread, "rows": rows,
-                                 "seq_first": seq_first}
+                      rows: int, seq_first: bool, direction: str | None = None) -> Made:
+    fields = {"module": module, "positions": positions, "read": read, "length": length,
+              "unread": unread, "rows": rows, "seq_first": seq_first}
+    if direction is not None:
+        fields["direction"] = direction
+    return "causal_read_early", fields
 
 
 def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None,

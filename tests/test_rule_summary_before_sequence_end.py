@@ -13,7 +13,7 @@ from graddoctor import events as ev
 from graddoctor.analysis.source import output_read_line
 from graddoctor.findings import Severity
 from graddoctor.instrument import Instrumentation, Recorder
-from graddoctor.instrument.causalread import causal_mask, unread_positions
+from graddoctor.instrument.causalread import causal_mask, short_direction, unread_positions
 from rule_traces import builder, findings, only
 
 SLUG = "summary-before-sequence-end"
@@ -163,6 +163,44 @@ def test_the_watcher_is_silent_on_reads_that_have_seen_the_sequence():
     assert _events(_gru(), lambda m, x: m(x)[0].mean(1)) == []
     assert _events(_gru(True), lambda m, x: m(x)[0][:, 0]) == []
     assert _events(_encoder, lambda m, x: m(x)[:, 0]) == []  # no causal mask: CLS pooling
+    ends = lambda m, x: torch.cat([m(x)[0][:, -1, :8], m(x)[0][:, 0, 8:]], 1)  # noqa: E731
+    assert _events(_gru(True), ends) == []
+    assert _events(_gru(True), lambda m, x: torch.cat([m(x)[1][-2], m(x)[1][-1]], 1)) == []
+
+
+def test_the_watcher_finds_a_bidirectional_output_read_at_its_last_step():
+    assert _events(_gru(True), lambda m, x: m(x)[0][:, -1]) == [("GRU", [9], 9)]
+
+
+def test_short_direction():
+    filled = torch.ones(6, dtype=torch.bool)
+    last = torch.zeros(4, 6, 2, dtype=torch.bool)
+    last[:, -1] = True  # out[:, -1]: the backward half has seen position 5 alone
+    assert short_direction(last, (True, False), filled) == (1, [5], [0, 1, 2, 3, 4])
+    first = torch.zeros(4, 6, 2, dtype=torch.bool)
+    first[:, 0] = True  # out[:, 0]: kept as a first-step summary
+    assert short_direction(first, (True, False), filled) is None
+    ends = torch.zeros(4, 6, 2, dtype=torch.bool)
+    ends[:, -1, 0] = True
+    ends[:, 0, 1] = True
+    assert short_direction(ends, (True, False), filled) is None
+    varies = torch.zeros(4, 6, 2, dtype=torch.bool)
+    varies[torch.arange(4), torch.tensor([2, 5, 3, 1])] = True  # each row's own last step
+    assert short_direction(varies, (True, False), filled) is None
+    padded = torch.tensor([True, True, True, True, False, False])
+    late = torch.zeros(4, 6, 2, dtype=torch.bool)
+    late[:, 3] = True
+    assert short_direction(late, (True, False), padded) == (1, [3], [0, 1, 2])
+    assert short_direction(last[:, :, :1], (True,), filled) is None
+
+
+def test_a_bidirectional_event_names_the_short_direction():
+    t = builder()
+    t.put(_event(module="LSTM", positions=[11], read=1, unread=11, direction="backward"), 12)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and "bidirectional LSTM" in f.message
+    assert "backward direction" in f.message and "the last position only" in f.message
+    assert "h_n[-2]" in f.fix and f.evidence["direction"] == "backward"
 
 
 class _Stack(nn.Module):

@@ -27,10 +27,18 @@ model trains and is silently bad. Read from gradients, at the first ``WINDOW`` b
   same positions (a position drawn anew for each batch, as CPC reads its context, is a
   design): ``causal_read_early`` (an aside at the module's call), once per run.
 
-Silent: a read of the last position (``out[:, -1]``) or of every position (language models,
-taggers, pooling over time, attention pooling); a read whose positions differ between rows
-(each row's last real step gathered with its length, max pooling); a bidirectional RNN (its
-backward direction read at 0 has seen everything); a non-causal Transformer (CLS pooling);
+A bidirectional RNN is two causal modules side by side: read at its last step only
+(``out[:, -1]``), both together have seen everything, but the backward direction there has read
+a single position. That is the same verdict for one direction (``direction`` in the event),
+made when the union is whole. (A read at position 0, whose forward half has seen position 0
+alone, stays silent: it is the layout of a first-step summary beside a backward half that has
+read everything.)
+
+Silent: a read of the last position (``out[:, -1]``) of a one-direction module or of every
+position (language models, taggers, pooling over time, attention pooling); a read whose
+positions differ between rows (each row's last real step gathered with its length, max
+pooling); a bidirectional RNN read at each direction's own end (``cat(out[:, -1, :H],
+out[:, 0, H:])``, or ``h_n``); a non-causal Transformer (CLS pooling);
 ``pack_padded_sequence`` (its output is no tensor); a loss that reads the final hidden state
 (``h_n``, or an LSTM's ``c_n``: a gradient hook on each notes that one got a gradient), alone or
 with an early step; positions past p that hold padding in every row. Skipped:
@@ -151,6 +159,41 @@ def unread_positions(nonzero: torch.Tensor, forward: tuple[bool, ...], filled: t
     if not unread or len(positions) > 1 and len(unread) < len(positions):
         return None  # most positions read: a loss per step that leaves out the last (no target)
     return positions, unread
+
+
+def short_direction(nonzero: torch.Tensor, forward: tuple[bool, ...], filled: torch.Tensor,
+                    min_rows: int = _MIN_ROWS_SPREAD) -> tuple[int, list[int], list[int]] | None:
+    """A bidirectional output read at its last step only, where both directions together have
+    seen everything but the backward one alone has not: ``out[:, -1]`` gives the forward
+    direction's full read and the backward direction's first step, which has seen the last
+    position alone. ``(direction, its read positions, the positions it has not seen)``, or None
+    (either direction read where rows differ, a direction not read, each direction read at its
+    own far end: ``cat(out[:, -1, :H], out[:, 0, H:])``; a read at position 0, whose forward
+    half has seen position 0 alone, is left as the design earlier checks chose)."""
+    rows, length, directions = nonzero.shape
+    if directions != 2:
+        return None
+    reads = []
+    for d in range(directions):
+        mask = nonzero[:, :, d]
+        reached = mask.any(1)
+        if not bool(reached.any()):
+            return None  # one direction is not read at all: another question
+        mask = mask[reached]
+        if not bool((mask == mask[0]).all()):
+            return None
+        at = mask[0].nonzero().flatten().tolist()
+        if int(mask.shape[0]) < min_rows and len(at) > 1:
+            return None
+        reads.append(at)
+    for d, at in enumerate(reads):
+        if forward[d]:
+            continue  # a forward half read at 0 beside a backward half that has read it all:
+            # the layout of a read at position 0, kept as a design (a CLS-like first step)
+        unread = [t for t in range(min(at)) if bool(filled[t])]
+        if len(unread) >= len(at) and len(unread) >= 2:
+            return d, at, unread
+    return None
 
 
 class _Watch:
@@ -340,23 +383,29 @@ class CausalReadWatcher:
             directions = len(watch.forward)
             nonzero = (g.reshape(rows, length, directions, width // directions) != 0).any(3).cpu()
         found = unread_positions(nonzero, watch.forward, watch.filled)
+        direction = None
         if found is None:
-            return
-        positions, unread = found
-        self._ready.append((watch, positions, unread, int(rows), int(length)))
+            short = short_direction(nonzero, watch.forward, watch.filled)
+            if short is None:
+                return
+            d, positions, unread = short
+            direction = "forward" if watch.forward[d] else "backward"
+        else:
+            positions, unread = found
+        self._ready.append((watch, positions, unread, int(rows), int(length), direction))
         self.rec.resume(STEPPED, self.after_step)  # a verdict to emit at the step
 
     # -- the script's thread: verdicts out, the window ----------------------------------------
     def _emit_ready(self) -> None:
         ready, self._ready = self._ready, []
-        for watch, positions, unread, rows, length in ready:
+        for watch, positions, unread, rows, length, direction in ready:
             if self._told:
                 break
             if watch.final:
                 continue  # the final hidden state is read as well
             # a read at the same positions in two backwards: a position drawn per batch (CPC's
             # context at a random step) is a design, not a summary
-            site = (watch.module, watch.loc)
+            site = (watch.module, watch.loc, direction)
             before = self._sites.setdefault(site, positions)
             if before != positions:
                 self._sites[site] = ()
@@ -367,7 +416,7 @@ class CausalReadWatcher:
             self.rec.emit_aside(ev.causal_read_early(
                 module=watch.module, positions=positions[:8], read=len(positions),
                 length=length, unread=len(unread), rows=rows,
-                seq_first=watch.time_dim == 0), watch.loc)
+                seq_first=watch.time_dim == 0, direction=direction), watch.loc)
 
     def describe_loss(self, tensors) -> dict:
         if not self.active and not self._ready:

@@ -10,7 +10,8 @@ class SummaryBeforeSequenceEnd(Rule):
     ## What it does
     Finds a causal sequence module (a one-direction RNN, LSTM or GRU; a Transformer encoder or
     decoder, or a `MultiheadAttention`, run with a causal mask or `is_causal`) whose output the
-    loss reads only at early positions: at two of its first backwards, from the same call, the
+    loss reads only at early positions, and a bidirectional RNN read at its last step only
+    (`out[:, -1]`: its backward half there has seen the last position alone): at two of its first backwards, from the same call, the
     gradient on the module's output is nonzero at the same positions in every row (`out[:, 0]`,
     `out[0]` of a seq-first layer, a fixed index or slice), and later positions that hold data
     never reach the loss. The output at position t of such a module has read positions 0..t
@@ -21,6 +22,9 @@ class SummaryBeforeSequenceEnd(Rule):
     The summary the head is trained on has seen the first token (or the first few) only: the
     module's reading of the rest of each sequence is wasted, and the model learns from the
     beginning of the sequence alone. It trains, its loss goes down a little, and nothing fails.
+    In a bidirectional layer read at one end, one direction's half of the summary has read one
+    step: the layer trains as a one-direction layer with half its features wasted, and what
+    depends on the sequence's start must survive the whole forward pass.
 
     ## Example
     ```python
@@ -36,9 +40,10 @@ class SummaryBeforeSequenceEnd(Rule):
     ```
 
     ## Stays silent on
-    `out[:, -1]` and `h_n[-1]`; each row's last real step gathered with its length;
-    `pack_padded_sequence`; a bidirectional RNN read at position 0 (its backward direction has
-    read the whole sequence) or at both ends; CLS pooling `out[:, 0]` of a Transformer encoder
+    `out[:, -1]` and `h_n[-1]` of a one-direction layer; each row's last real step gathered with
+    its length; `pack_padded_sequence`; a bidirectional RNN read at each direction's own end
+    (`torch.cat([h_n[-2], h_n[-1]], 1)`, `torch.cat([out[:, -1, :H], out[:, 0, H:]], 1)`), at
+    both ends, or at position 0 (its backward half has read everything there); CLS pooling `out[:, 0]` of a Transformer encoder
     without a causal mask; mean, max or attention pooling over time; language models, seq2seq
     decoders with teacher forcing, CTC and taggers, whose loss reads every position (or every
     one but the last); positions after the read one that hold padding in every row; a
@@ -56,6 +61,24 @@ class SummaryBeforeSequenceEnd(Rule):
            "(each row's last real step with padding), or pool over time, or use a bidirectional "
            "layer or a non-causal encoder")
 
+    def _one_direction(self, a, e, loc, what):
+        backward = e["direction"] == "backward"
+        end = "last" if backward else "first"
+        half = "second" if backward else "first"
+        count = e["length"] - e["unread"]
+        seen = (f"the {end} position only" if count == 1
+                else f"the {end} {count} positions only")
+        return self.finding(
+            f"the loss reads {what} of a bidirectional {e['module']}'s output (length "
+            f"{e['length']}), its {end} step only: there the {e['direction']} direction (the "
+            f"{half} half of the features) has seen {seen}, so that direction never reads "
+            f"the other {e['unread']} positions and its half of the summary carries almost "
+            f"nothing; the layer trains as a one-direction {e['module']} with a wasted half",
+            loc, step=a.next_step_number(e.seq), fix=_direction_fix(e),
+            evidence={"module": e["module"], "positions": e["positions"], "length": e["length"],
+                      "unread_positions": e["unread"], "rows": e["rows"],
+                      "direction": e["direction"]})
+
     def check(self, a):
         for e in a.of_kind("causal_read_early"):
             positions, length = e["positions"], e["length"]
@@ -68,6 +91,9 @@ class SummaryBeforeSequenceEnd(Rule):
                     loc, text = Location(loc.path, found[0], loc.function), found[1]
             what = f"`{text}`" if text else (
                 f"position {positions[0]}" if e["read"] == 1 else f"positions {positions[0]}..{last}")
+            if e.get("direction"):
+                yield self._one_direction(a, e, loc, what)
+                continue
             causal = ("a causal Transformer" if e["module"].startswith("Transformer")
                       else "a causal attention layer" if e["module"] == "MultiheadAttention"
                       else f"a one-direction {e['module']}")
@@ -80,6 +106,16 @@ class SummaryBeforeSequenceEnd(Rule):
                 fix=_fix(e, text),
                 evidence={"module": e["module"], "positions": positions, "length": length,
                           "unread_positions": e["unread"], "rows": e["rows"]})
+
+
+def _direction_fix(e) -> str:
+    if e["seq_first"]:
+        both = "torch.cat([out[-1, :, :H], out[0, :, H:]], 1)"
+    else:
+        both = "torch.cat([out[:, -1, :H], out[:, 0, H:]], 1)"
+    return (f"read each direction at its own end: the final states, torch.cat([h_n[-2], h_n[-1]], 1), "
+            f"or {both} (H the hidden size; with padding, the forward half at each row's last "
+            f"real step), or pool over time")
 
 
 def _fix(e, text: str | None) -> str:
