@@ -312,3 +312,22 @@ def test_hand_written_cross_entropy_reads_its_soft_targets():
     # a per-sample weight (N, 1) beside the log-probabilities is not a target
     loss = -(torch.rand(8, 1) * F.log_softmax(logits, 1)).sum(1).mean()
     assert soft_targets(loss.grad_fn) == []
+
+
+def test_rows_without_a_label_beside_rows_peaking_at_one_column():
+    import torch
+    from graddoctor.instrument.lossdomain import judge
+    y = torch.tensor([3, 1, 4, 1, 0, 2, 2, 4])
+    wrong = torch.full((8, 5), 0.1 / 4).scatter_(0, y[:, None], 0.9)  # along the batch axis
+    found = judge("distribution", wrong, classes=5)
+    assert found["problem"] == "unlabelled" and found["detail"] == "0" and 0 < found["share"] < 1
+    plain = torch.zeros(8, 5).scatter_(0, y[:, None], 1.0)
+    assert judge("distribution", plain, classes=5)["problem"] == "unlabelled"
+    right = torch.full((8, 5), 0.1 / 4).scatter_(1, y[:, None], 0.9)
+    assert judge("distribution", right, classes=5) is None
+    outliers = torch.cat([torch.nn.functional.one_hot(y, 5).float(), torch.full((4, 5), 0.2)])
+    assert judge("distribution", outliers, classes=5) is None  # uniform 1/C rows, one-hot floor 0
+    masked = torch.nn.functional.one_hot(y, 5).float() * (torch.arange(8) % 3 != 0)[:, None]
+    assert judge("distribution", masked, classes=5) is None  # zero rows beside several classes
+    one_class = torch.nn.functional.one_hot(torch.full((8,), 2), 5).float()
+    assert judge("distribution", one_class, classes=5) is None  # every row labelled

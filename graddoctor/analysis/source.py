@@ -280,6 +280,22 @@ class ScriptSource:
             return None
         return value_origin(self.full(path), line, name)
 
+    def batch_axis_scatter(self, path: str) -> tuple[int, str] | None:
+        """``(line, text)`` of the one ``scatter``/``scatter_`` call in the file given dim 0
+        (``t.scatter_(0, y.unsqueeze(1), 1.0)``), or None (none, or several)."""
+        tree = self.tree(path)
+        if tree is None:
+            return None
+        found = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("scatter", "scatter_"):
+                dim = node.args[0] if node.args else next(
+                    (k.value for k in node.keywords if k.arg == "dim"), None)
+                if isinstance(dim, ast.Constant) and dim.value == 0:
+                    found.append((node.lineno, ast.unparse(node)))
+        return found[0] if len(found) == 1 else None
+
     def soft_target_origin(self, path: str, line: int) -> tuple[int, str] | None:
         return soft_target_origin(self.full(path), line)
 

@@ -17,7 +17,8 @@ The same walk reads a cross-entropy written by hand, ``-(t * F.log_softmax(z, 1)
 ``torch.log(F.softmax(...))``): the product's factor that needs no gradient and has the
 log-probabilities' shape is its soft targets, saved by the product node. Rows of probabilities
 most of which sum above 1 (label smoothing whose ε was not divided by the classes, a mixing
-weight left out) are what ``F.cross_entropy`` would be told off for (``lossdomain.judge``): a
+weight left out), or rows that carry no label beside labelled ones all peaking at one column (a
+one-hot scattered along the batch axis), are what ``F.cross_entropy`` would be told off for (``lossdomain.judge``): a
 ``target_domain`` aside event with fn ``events.SOFT_CE``. Multi-hot or signed factors are not judged
 by hand: SupCon's positives mask and a policy gradient's signed returns are written the same way.
 """
@@ -147,7 +148,7 @@ class HandLossWatcher(LossGraphReader):
             found = judge("distribution", rows.movedim(dim, 1), classes=int(rows.shape[dim]))
             # only rows that sum above 1: a hand-written product with log-probabilities may be
             # meant otherwise (SupCon's multi-hot positives, a policy gradient's signed returns)
-            if found is None or found["problem"] != "over-summed":
+            if found is None or found["problem"] not in ("over-summed", "unlabelled"):
                 continue
             self._done.add(loc)
             self.rec.emit_aside(ev.target_domain(

@@ -92,6 +92,29 @@ def _reduction(bound: dict) -> str:
     return bound.get("reduction", "mean")
 
 
+def _unlabelled_rows(rows: torch.Tensor) -> tuple[float, str] | None:
+    """``(share, column)`` when some rows of soft targets carry no label at all (every value the
+    same: zeros, or the smoothing floor the labelled rows have off their peak) and every
+    labelled row peaks at one same column: the one-hot was scattered along the batch axis
+    (``t.scatter_(0, y[:, None], 1)``), which writes each label into column 0 of the row its
+    class index names. Rows a script zeroes on purpose (masked samples) beside labels of
+    several classes, and uniform rows at another level than the floor (outlier exposure's
+    1/C targets), are not this."""
+    peak, floor = rows.max(1), rows.min(1).values
+    flat = (peak.values - floor) <= _SLACK * torch.clamp(peak.values.abs(), min=1.0)
+    labelled = ~flat
+    count, flat_count = int(labelled.sum()), int(flat.sum())
+    if count < 2 or flat_count == 0:
+        return None
+    columns = peak.indices[labelled]
+    if bool((columns != columns[0]).any()):
+        return None  # labels of several classes: the rows were filled along the right axis
+    level, base = float(floor[flat].median()), float(floor[labelled].median())
+    if abs(level - base) > _SLACK * max(1.0, abs(base)):
+        return None
+    return flat_count / rows.shape[0], str(int(columns[0]))
+
+
 def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_target: bool = False,
           maskable: bool = False) -> dict | None:
     """The violation of ``kind``'s domain by ``target`` (the event's data but ``fn``), or None.
@@ -123,6 +146,7 @@ def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_ta
                 rows.min(), rows.max(), ((big.sum(1) >= 2) & alike).float().mean(),
                 (sums > _OVER_SUMMED).float().mean(), sums.median(), sums.min(), sums.max()]).tolist()
             share = None
+            unlabelled = _unlabelled_rows(rows) if classes > 1 and rows.shape[0] >= 4 else None
         else:
             low, high = torch.stack([t.min(), t.max()]).tolist()
         if not (math.isfinite(low) and math.isfinite(high)):
@@ -148,7 +172,9 @@ def judge(kind: str, target: torch.Tensor, *, classes: int | None = None, log_ta
             # 1 may be confidence-weighted on purpose: not judged)
             over_summed = (low >= -_SLACK and over == 1 and most - least <= _SLACK * total
                            and abs(total - round(total)) > 0.02)
-            if high <= 1 + _SLACK and multi > 0:
+            if unlabelled is not None:
+                found = {"problem": "unlabelled", "share": unlabelled[0], "detail": unlabelled[1]}
+            elif high <= 1 + _SLACK and multi > 0:
                 found = {"problem": "multi-label", "share": multi}
             elif over_summed:
                 found = {"problem": "over-summed", "share": over, "detail": f"{total:.3g}"}

@@ -186,6 +186,16 @@ def describe(e) -> tuple[str, str]:
                 f"1/k, never towards 1",
                 "for multi-label targets use binary_cross_entropy_with_logits "
                 "(nn.BCEWithLogitsLoss) on the same logits")
+    if problem == "unlabelled":
+        column = e.get("detail") or "0"
+        return (head + f"rows that carry no label{_share(e)}: they hold one same value in every "
+                f"column, while every labelled row peaks at column {column} whatever its class "
+                f"(a one-hot or smoothed target scattered along the batch axis, "
+                f"t.scatter_(0, y[:, None], ...), writes each label into column {column} of the "
+                f"row its class names), so those samples are trained towards a uniform guess "
+                f"and the labelled ones all towards class {column}",
+                "scatter along the class axis: t.scatter_(1, y.unsqueeze(1), 1.0 - eps) (or "
+                "F.one_hot(y, num_classes), or cross_entropy(logits, y, label_smoothing=eps))")
     if problem == "over-summed":
         total = e.get("detail") or "more than 1"
         return (head + f"rows that sum to {total}{_share(e)} (not to 1): the loss "
@@ -236,7 +246,10 @@ class TargetOutsideLossDomain(Rule):
     above 0.5 (multi-label targets: no distribution does) or negative values, or rows of
     probabilities most of which sum above 1.05 (smoothing whose ε was not divided by the number
     of classes; also in a cross-entropy written by hand, `-(t * F.log_softmax(z, 1)).sum(1)`,
-    reported where its targets are made); `cross_entropy` given class indices whose own score
+    reported where its targets are made), or rows that carry no label (one value in every
+    column) beside labelled rows that all peak at one column (a one-hot or smoothed target
+    scattered along the batch axis, `t.scatter_(0, y[:, None], 1)`, reported at that
+    `scatter_`; by hand too); `cross_entropy` given class indices whose own score
     is masked out (-inf, or a usual fill constant such as -1e9: a target on the masked diagonal,
     reported where the targets are made), or `label_smoothing` over rows holding -inf;
     `multilabel_margin_loss` given 0/1 rows where it reads class indices padded with -1;
@@ -285,7 +298,8 @@ class TargetOutsideLossDomain(Rule):
     counts as a multinomial target; class-index targets and their `ignore_index`, masks that
     never hide a target (the diagonal of `z @ z.T` with each row's other view as its target), a
     finite fill with `label_smoothing`; by hand, SupCon's multi-hot positives and a policy
-    gradient's signed returns beside `log_softmax`; -1/+1 labels for the margin losses, and `torch.sign` of a score difference
+    gradient's signed returns beside `log_softmax`; uniform 1/C rows beside one-hot ones (outlier
+    exposure) and zero rows of masked samples beside labels of several classes; -1/+1 labels for the margin losses, and `torch.sign` of a score difference
     whose ties give 0 (the -1s show the convention); `kl_div` with `log_target=True` and
     log-probabilities, or probabilities without it; counts for `poisson_nll_loss`;
     `multilabel_margin_loss` index rows padded with -1; placeholder targets a script masks out
@@ -310,15 +324,22 @@ class TargetOutsideLossDomain(Rule):
         # a pairwise-similarity loss labelled on its masked diagonal: contrastive-positive-
         # misplaced names the positive it should point at
         paired = {e.loc for e in a.of_kind("pair_labels")}
+        told = set()
         for e in a.of_kind("target_domain"):
             if e.get("problem") == "masked-target" and e.loc in paired:
                 continue
+            where = self._location(a, e)
+            # torch's soft-target cross_entropy is the hand-written product inside: the call's
+            # wrapper and the graph reader can tell the same targets
+            if (where, e.get("problem")) in told:
+                continue
+            told.add((where, e.get("problem")))
             message, fix = describe(e)
             evidence = {"function": e.get("fn"), "given": e.get("problem"),
                         "targets": [e.get("low"), e.get("high")]}
             if e.get("share") is not None:
                 evidence["share"] = e.get("share")
-            yield self.finding(message, self._location(a, e), step=a.next_step_number(e.seq),
+            yield self.finding(message, where, step=a.next_step_number(e.seq),
                                fix=fix, evidence=evidence)
 
     @staticmethod
@@ -326,6 +347,10 @@ class TargetOutsideLossDomain(Rule):
         """Class indices that point at masked entries are fixed where the script builds them
         (``targets = torch.arange(2 * n)``), not at the loss call."""
         loc = e.loc
+        if loc is not None and e.get("problem") == "unlabelled":
+            scatter = a.source.batch_axis_scatter(loc.path)
+            if scatter is not None:
+                return Location(loc.path, scatter[0])
         if loc is not None and e.get("fn") == SOFT_CE:
             made = a.source.soft_target_origin(loc.path, loc.line)
             return Location(loc.path, made[0]) if made else loc
