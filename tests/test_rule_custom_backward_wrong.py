@@ -247,3 +247,17 @@ def test_the_backward_runs_only_as_often_as_the_script_asks():
     assert len(calls) == 2  # no extra backward of graddoctor's
     (e,) = events
     assert e.get("ratio") == 1.0 and "Inspect" in e.get("names")
+
+
+def test_the_backward_return_and_an_unread_incoming_gradient():
+    import ast
+    from graddoctor.rules.custom_backward_wrong import _backward_return
+    dropped = ast.parse("class F:\n    def backward(ctx, grad_output):\n        (x,) = ctx.saved_tensors\n"
+                        "        return (x > 0).to(grad_output.dtype)\n")
+    assert _backward_return(dropped, 2) == (4, "grad_output")
+    kept = ast.parse("class F:\n    def backward(ctx, g):\n        (x,) = ctx.saved_tensors\n"
+                     "        return g * (x > 0)\n")
+    assert _backward_return(kept, 2) == (4, None)
+    two = ast.parse("class F:\n    def backward(ctx, g):\n        if g is None:\n            return None\n"
+                    "        return g\n")
+    assert _backward_return(two, 2) == (None, None)

@@ -82,6 +82,31 @@ def _reversal_fix(tree: ast.AST | None, def_line: int, index: int) -> tuple[int,
     return ret.lineno, f"return {shown}"
 
 
+
+def _backward_return(tree, line: int) -> tuple[int | None, str | None]:
+    """``(line of the backward's one return, its gradient parameter's name when the body never
+    reads it)`` for the ``backward`` defined at (or holding) ``line``."""
+    if tree is None:
+        return None, None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "backward" \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            best = node
+    if best is None:
+        return None, None
+    returns = [n for n in ast.walk(best) if isinstance(n, ast.Return) and n.value is not None]
+    params = [arg.arg for arg in best.args.args]
+    grad = params[1] if len(params) > 1 else (best.args.vararg.arg if best.args.vararg else None)
+    # a read of its dtype, device or shape alone (``mask.to(grad_output.dtype)``) is no read
+    meta = {id(n.value) for n in ast.walk(best) if isinstance(n, ast.Attribute)
+            and n.attr in ("dtype", "device", "shape", "ndim", "size", "dim", "new_zeros",
+                           "new_ones", "new_empty")}
+    used = {n.id for n in ast.walk(best) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and id(n) not in meta}
+    unread = grad if grad is not None and not best.args.vararg and grad not in used else None
+    return (returns[0].lineno if len(returns) == 1 else None), unread
+
 class CustomBackwardWrong(Rule):
     """
     ## What it does
@@ -90,7 +115,8 @@ class CustomBackwardWrong(Rule):
     gradient its `backward` returns is compared with finite differences of its `forward` along
     random directions. A backward that disagrees (the wrong sign, a missing or extra factor, a
     wrong transpose or term) is reported at its `def backward`, with the factor when the two
-    are proportional.
+    are proportional; a backward that never reads its incoming gradient (`grad_output` used for
+    its dtype at most: the local derivative returned alone) is reported at its `return`.
 
     A forward that returns its input unchanged is a gradient-reversal or gradient-scaling layer,
     whose backward is meant not to be its derivative. For those, what the backward really hands
@@ -188,10 +214,23 @@ class CustomBackwardWrong(Rule):
             rel = ()
             if forward:
                 rel = (Related(Location(str(forward[0]), int(forward[1])), f"{cls}.apply, checked here"),)
+            where, unread = e.loc, None
+            if where is not None:
+                try:
+                    returned, unread = _backward_return(a.source.tree(where.path), where.line)
+                except Exception:
+                    returned = None
+                if returned is not None and unread:  # the return is what drops the chain rule
+                    where = Location(where.path, returned, where.function)
+            chain = (f"; it never reads `{unread}`, the gradient arriving from the loss, so the "
+                     f"chain rule is cut and every layer before it gets a gradient that does not "
+                     f"depend on the loss" if unread else "")
             yield self.finding(
                 f"{cls}.backward returns, for its {_ordinal(index)} input, {how}; compared with "
-                f"finite differences of {cls}.forward on float64 copies of the inputs it got",
-                e.loc, related=rel,
+                f"finite differences of {cls}.forward on float64 copies of the inputs it got{chain}",
+                where, related=rel,
+                fix=(f"multiply the local derivative by `{unread}` (return {unread} * ...), and "
+                     f"check it with torch.autograd.gradcheck on float64 inputs") if unread else None,
                 evidence={"cls": cls, "input": index, "ratio": ratio},
             )
 
