@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+
 import re
 
 from ..findings import Severity
@@ -234,6 +236,22 @@ class TargetVisibleToModel(Rule):
                 loc = Location(loc.path, line, loc.hook)
         if k == 2:
             return self._shifted_twice(a, e, seq, loc)
+        decoder = None
+        if k == 0 and not sliced and not gathered and loc is not None and e.loc is not None:
+            decoder = _decoder_input_from_target(a, e.loc, loc)
+        if decoder is not None:
+            line, name, text = decoder
+            return self.finding(
+                f"the decoder input `{name}` holds, at each position, the target token of that "
+                f"same position (`{text.strip()}` is not shifted right), and {model} is causal "
+                f"(its output at position {t} depends on the decoder inputs up to {t}): each "
+                f"position is handed the token it is trained to predict, so the model learns to "
+                f"copy it, and generation, which feeds its own previous token, fails",
+                Location(loc.path, line, loc.hook),
+                evidence={"model": model, "shift": k, "positions": T, "position": t,
+                          "sees_later_positions": False},
+                fix=(f"shift the decoder input right by one: the start token first, then the "
+                     f"targets without their last (`{name} = torch.cat([bos, tgt[:, :-1]], dim=1)`)"))
         if k == 0:
             how = ("the loss's target at each position is the input token at that same position "
                    "(the targets are the input ids, not shifted)")
@@ -354,6 +372,38 @@ def _reads_slice(a, path: str, line: int) -> bool:
         return False
     arg = a.source.call_argument(path, line, called[-1], 0, "input")
     return bool(arg) and not arg.isidentifier() and "[" in arg
+
+
+def _names(text: str) -> set[str]:
+    try:
+        tree = ast.parse(text.strip())
+    except SyntaxError:
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def _decoder_input_from_target(a, call: Location, loss: Location) -> tuple[int, str, str] | None:
+    """``(line, name, statement)`` of the model's second (or later) argument, a decoder input,
+    when the statement that made it reads a variable the loss line reads too (the targets): a
+    teacher-forced decoder fed the targets unshifted."""
+    tree = a.source.tree(call.path)
+    if tree is None or call.path != loss.path:
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n, "lineno", None) == call.line
+             and len(n.args) >= 2]
+    if len(calls) != 1:
+        return None
+    read_by_loss = _names(a.source.line_text(loss.path, loss.line))
+    for arg in calls[0].args[1:]:
+        if not isinstance(arg, ast.Name):
+            continue
+        made = a.source.value_origin(call.path, call.line, arg.id)
+        if made is None or made[0] >= call.line:
+            continue
+        shared = (_names(made[1]) & read_by_loss) - {arg.id}
+        if shared:
+            return made[0], arg.id, made[1]
+    return None
 
 
 def _argument_origin(a, path: str, line: int, position: int) -> Location | None:
