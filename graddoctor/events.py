@@ -935,7 +935,7 @@ shuffled_apart     kind ("permutation": two drawn orders, ``torch.randperm``/``n
                    instrument/shuffles.py)
 input_written      module (the class), argument (the forward's parameter written), forward [path, line]
                    (its def), view (the input is a view of a larger tensor), rows (the rows of
-                   the tensor it shares), batch (its own rows): a model call whose forward wrote
+                   the tensor it shares), batch (its own rows): a module call whose forward wrote
                    in place into a tensor argument that shares one tensor with an earlier call's
                    written argument (slices of the script's data, or the same tensor) — at the
                    first 4 backwards, once (loc: the model's call; an aside;

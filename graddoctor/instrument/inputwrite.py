@@ -7,9 +7,10 @@ those rows normalised twice, and the model trains on inputs that drift. A fresh 
 DataLoader's collated copy) takes the same write harmlessly, so only inputs that share one
 tensor across two model calls are told.
 
-What is seen: global module hooks on the outermost calls (removed with the window, the first
+What is seen: global module hooks on every module call (removed with the window, the first
 ``WINDOW`` backwards) read the version counter of each tensor argument before and after the
-call. A call that bumped it records the tensor's base (the tensor it is a view of, else itself)
+call (a layer's input written by an in-place activation is a fresh tensor each call: never
+told; a buffer of the model handed to a layer to update is its state, not data). A call that bumped it records the tensor's base (the tensor it is a view of, else itself)
 by weak reference; a later call whose written input has the same base makes an
 ``input_written`` aside at the model's call, naming the forward and the argument written (once
 per forward and argument: the source decides which writes matter, so one told does not end the
@@ -18,7 +19,7 @@ rule (rules/input_written_in_place.py) reads the forward's source for the arithm
 (``x.sub_``, ``x /= s``): assignments into an argument (a memory bank's ``queue[i] = k``) and
 idempotent ones (``clamp_``, ``relu_``) are not this.
 
-Cost: two hooks per outermost call in the window, a version read per tensor argument.
+Cost: two hooks per module call in the window, a version read per tensor argument.
 """
 
 from __future__ import annotations
@@ -52,13 +53,15 @@ class InputWriteWatcher:
         self.active = False
         self._handles: list = []
         self._backwards = 0
-        self._open: list = []  # per open outermost call: [(position, tensor, version)]
+        self._open: list = []  # per open module call: [(position, tensor, version)]
+        self._outer = None  # the outermost module of the open calls (weak)
         self._bases: dict[int, weakref.ref] = {}  # id of a written input's base -> the base
         self._told: set = set()  # (forward's code, argument) told
 
     def install(self, patcher) -> None:
-        self._handles = register_module_hooks(patcher, self._pre, self._post, with_kwargs=False,
-                                              outermost=True)
+        # every module call, not only the outermost: a normalising layer inside nn.Sequential
+        # is handed the data slice as it is
+        self._handles = register_module_hooks(patcher, self._pre, self._post, with_kwargs=False)
         close_before_compile(patcher, self._stop)
         self.active = True
 
@@ -80,6 +83,8 @@ class InputWriteWatcher:
         if not self.active or get_ident() != self.rec.script_thread:
             return None
         try:
+            if not self._open:
+                self._outer = weakref.ref(module)
             self._open.append([(i, t, t._version) for i, t in enumerate(args)
                                if isinstance(t, torch.Tensor) and not t.requires_grad])
         except Exception as exc:
@@ -101,6 +106,9 @@ class InputWriteWatcher:
 
     def _written(self, module, position: int, tensor: torch.Tensor) -> None:
         base = tensor._base if tensor._base is not None else tensor
+        outer = self._outer() if self._outer is not None else None
+        if outer is not None and any(b is base or b is tensor for b in outer.buffers()):
+            return  # a model's own state handed to a layer to update (running statistics)
         before = self._bases.get(id(base))
         if before is None or before() is not base:
             if len(self._bases) < _BASES:

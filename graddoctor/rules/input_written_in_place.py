@@ -100,7 +100,7 @@ class InputWrittenInPlace(Rule):
     Finds a model whose `forward` changes its input tensor in place (`x.sub_(mean).div_(std)`,
     `x /= 255`, `F.dropout(x, inplace=True)`) when that input is the script's data: a slice
     of a tensor the script keeps (`X[i:i + 32]`, a view) or the same tensor at every call
-    (`model(X)`). At the first backwards, the outermost model calls are watched for a tensor
+    (`model(X)`). At the first backwards, every module call is watched for a tensor
     argument whose version changed during the call; two such calls whose written arguments
     share one tensor, and an in-place arithmetic on that argument in the forward's source
     before it is rebound, make a finding at the write.
@@ -132,8 +132,8 @@ class InputWrittenInPlace(Rule):
     In-place work on a copy (`x = x.clone()` first, or after `x = self.embed(x)` rebinds the
     name); writes into a fresh batch (a DataLoader's collated batch, a tensor made in the loop);
     idempotent writes (`clamp_`, `relu_`, `nan_to_num_`) and value writes into an argument (a
-    memory bank's `queue[ptr] = keys`, `masked_fill_`, `copy_`); writes made outside the
-    model's forward.
+    memory bank's `queue[ptr] = keys`, `masked_fill_`, `copy_`); a model's buffer handed to a
+    layer that updates it (running statistics); writes made outside the model's forward.
     """
 
     code = "GD337"
