@@ -773,7 +773,8 @@ custom_backward    cls (a torch.autograd.Function subclass defined in the user's
                    its forward returned that input unchanged and its backward, read at a real
                    call, passed the gradient through times ratio > 0; names (the words the
                    script calls it by: class, docstring's first line, the apply call's function
-                   and line)
+                   and line). With ignores_grad set: the backward returned the same gradient for
+                   two different incoming gradients (checked whatever the forward)
 loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fraction (of the
                    target positions equal to it), ignore_index, reduction, source ("padding_idx":
                    an nn.Embedding's; "fill": the id filling the token batches' shorter rows;
@@ -1921,9 +1922,13 @@ def causal_read_early(*, module: str, positions: list[int], read: int, length: i
 
 
 def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None,
-                    identity: bool = False, names: list[str] | None = None) -> Made:
-    return "custom_backward", {"cls": cls, "input": input, "ratio": ratio, "forward": forward,
-                               "identity": identity, "names": names}
+                    identity: bool = False, names: list[str] | None = None,
+                    ignores_grad: bool = False) -> Made:
+    fields = {"cls": cls, "input": input, "ratio": ratio, "forward": forward,
+              "identity": identity, "names": names}
+    if ignores_grad:
+        fields["ignores_grad"] = True
+    return "custom_backward", fields
 
 
 def loss_padding(*, fn: str, pad: int, fraction: float, ignore_index: int | None,

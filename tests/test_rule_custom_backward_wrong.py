@@ -261,3 +261,14 @@ def test_the_backward_return_and_an_unread_incoming_gradient():
     two = ast.parse("class F:\n    def backward(ctx, g):\n        if g is None:\n            return None\n"
                     "        return g\n")
     assert _backward_return(two, 2) == (None, None)
+
+
+def test_a_backward_that_ignores_the_incoming_gradient_is_told_so():
+    from graddoctor import events as ev
+    from rule_traces import builder, only
+    t = builder()
+    t.put(ev.custom_backward(cls="BinarizeSTE", input=0, ratio=None, forward=None, ignores_grad=True), 5)
+    f = only(t, "custom-backward-wrong")
+    assert "the same gradient whatever gradient arrives from the loss" in f.message
+    assert "finite differences" not in f.message  # a straight-through estimator is not compared
+    assert "ignores_grad" not in ev.custom_backward(cls="F", input=0, ratio=1.0, forward=None)[1]

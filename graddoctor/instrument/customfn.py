@@ -113,11 +113,12 @@ class CustomFunctionWatcher:
                 self._passing[cls] = [found.index, _PASS_THROUGH_CALLS]
                 self._call.pending = (cls, found.index, inputs[found.index])
             elif found is not None:
-                index, ratio = found
+                index, ratio, ignores = found
                 loc = self.rec.here(3)
                 self.rec.emit_aside(
                     ev.custom_backward(cls=cls.__qualname__, input=index, ratio=ratio,
-                                       forward=[loc.path, loc.line] if loc is not None else None),
+                                       forward=[loc.path, loc.line] if loc is not None else None,
+                                       ignores_grad=ignores),
                     self._backward_location(cls) or loc)
         except Exception as exc:
             self.rec.internal_error("checking a custom autograd.Function", exc)
@@ -222,9 +223,10 @@ class CustomFunctionWatcher:
                 break
         return Location(self.rec.finder.display_path(code.co_filename), line, code.co_name)
 
-    def _check(self, cls, inputs, kwargs) -> tuple[int, float | None] | _Identity | None:
+    def _check(self, cls, inputs, kwargs) -> tuple[int, float | None, bool] | _Identity | None:
         """(index of the first input whose gradient disagrees, the ratio backward/numerical or
-        None); a forward that returns an input unchanged; or None: agrees, or not checkable."""
+        None, whether the backward ignores the gradient it is given); a forward that returns an
+        input unchanged; or None: agrees, or not checkable."""
         tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
         if sum(x.numel() for x in tensors) > _MAX_ELEMENTS:
             return None
@@ -273,7 +275,19 @@ class CustomFunctionWatcher:
             if not differentiable:
                 return None
             grads = torch.autograd.grad([o for o, _ in differentiable], [xs[i] for i in wanted],
-                                        [v for _, v in differentiable], allow_unused=True)
+                                        [v for _, v in differentiable], allow_unused=True,
+                                        retain_graph=True)
+            # the chain rule makes a backward linear in the gradient it is given: one that
+            # returns the same values for two different incoming gradients ignores it (true of a
+            # straight-through estimator too, which the comparison below leaves alone)
+            others = [torch.randn(o.shape, generator=generator, dtype=torch.float64, device=o.device)
+                      for o, _ in differentiable]
+            again = torch.autograd.grad([o for o, _ in differentiable], [xs[i] for i in wanted],
+                                        others, allow_unused=True)
+            for i, grad, second in zip(wanted, grads, again):
+                if grad is not None and second is not None and bool(grad.abs().sum() > 0) \
+                        and torch.equal(grad, second):
+                    return i, None, True
             base = [x.detach() if isinstance(x, torch.Tensor) else x for x in xs]
             for i, grad in zip(wanted, grads):
                 ratios = []
@@ -300,7 +314,7 @@ class CustomFunctionWatcher:
                 if ratios:
                     ratio = ratios[0] if len(ratios) == 2 and \
                         abs(ratios[0] - ratios[1]) <= 1e-3 * max(abs(ratios[0]), 1e-12) else None
-                    return i, ratio
+                    return i, ratio, False
         return None
 
     def install(self, patcher) -> None:

@@ -116,7 +116,9 @@ class CustomBackwardWrong(Rule):
     random directions. A backward that disagrees (the wrong sign, a missing or extra factor, a
     wrong transpose or term) is reported at its `def backward`, with the factor when the two
     are proportional; a backward that never reads its incoming gradient (`grad_output` used for
-    its dtype at most: the local derivative returned alone) is reported at its `return`.
+    its dtype at most: the local derivative returned alone) is reported at its `return`. Every
+    backward, a straight-through estimator's too, is also run with two different incoming
+    gradients: returning the same values for both means it ignores the gradient from the loss.
 
     A forward that returns its input unchanged is a gradient-reversal or gradient-scaling layer,
     whose backward is meant not to be its derivative. For those, what the backward really hands
@@ -225,12 +227,20 @@ class CustomBackwardWrong(Rule):
             chain = (f"; it never reads `{unread}`, the gradient arriving from the loss, so the "
                      f"chain rule is cut and every layer before it gets a gradient that does not "
                      f"depend on the loss" if unread else "")
+            if e.get("ignores_grad"):
+                how = ("the same gradient whatever gradient arrives from the loss (run twice with "
+                       "two different incoming gradients)")
+                chain = chain or (": the chain rule is cut, and every layer before it gets a "
+                                  "gradient that does not depend on the loss")
             yield self.finding(
-                f"{cls}.backward returns, for its {_ordinal(index)} input, {how}; compared with "
-                f"finite differences of {cls}.forward on float64 copies of the inputs it got{chain}",
+                (f"{cls}.backward returns, for its {_ordinal(index)} input, {how}{chain}"
+                 if e.get("ignores_grad") else
+                 f"{cls}.backward returns, for its {_ordinal(index)} input, {how}; compared with "
+                 f"finite differences of {cls}.forward on float64 copies of the inputs it got{chain}"),
                 where, related=rel,
-                fix=(f"multiply the local derivative by `{unread}` (return {unread} * ...), and "
-                     f"check it with torch.autograd.gradcheck on float64 inputs") if unread else None,
+                fix=(f"multiply the local derivative by `{unread}` (return {unread} * ...; a "
+                     f"straight-through estimator returns `{unread}` itself), and check it with "
+                     f"torch.autograd.gradcheck on float64 inputs") if unread else None,
                 evidence={"cls": cls, "input": index, "ratio": ratio},
             )
 
