@@ -43,6 +43,9 @@ BAD = sorted(p for p in glob.glob(os.path.join(FIXTURES, "**", "bad_*.py"), recu
 NO_EDIT = {
     # which comparison keeps the confident rows is read from the source; the flip is a person's
     "bad_confidence_mask_inverted_self_training.py", "bad_confidence_mask_inverted_indexed.py",
+    # which side the temperature belongs on is the script's: the finding names both
+    "bad_distillation_temperature_one_sided_kldiv_module.py",
+    "bad_distillation_temperature_one_sided_soft_ce.py",
     # Lightning / the Trainer drive the calls: the finding says why it offers no edit
     "bad_lightning_eval_in_epoch_hook.py", "bad_lightning_frozen_bn.py",
 "bad_lightning_manual_gan_leak.py",
