@@ -294,3 +294,29 @@ def test_the_separate_batches_finding_says_how_it_was_seen(tmp_path):
                          share=0.97), 14)
     f = only(t, SLUG)
     assert "three separately embedded batches" in f.message and "97%" in f.message
+
+
+_RETURNED = """\
+class MoCo(nn.Module):
+    def forward(self, q, k):
+        logits = torch.cat([l_pos, l_neg], dim=1)
+        labels = torch.ones(logits.shape[0], dtype=torch.long)
+        return logits, labels
+
+model = MoCo()
+for step in range(3):
+    output, target = model(x, x)
+    loss = criterion(output, target)
+"""
+
+
+def test_labels_made_in_the_forward_that_returns_them_are_found_there(tmp_path):
+    from graddoctor.analysis.source import labels_built
+
+    path = tmp_path / "moco.py"
+    path.write_text(_RETURNED)
+    assert labels_built(str(path), 10) == (
+        4, "labels = torch.ones(logits.shape[0], dtype=torch.long)", "labels")
+    # a target the loop itself assigns is not followed into the forward
+    path.write_text(_RETURNED.replace("    loss = criterion", "    target = y\n    loss = criterion"))
+    assert labels_built(str(path), 11) is None

@@ -4112,6 +4112,34 @@ def stored_array_use(path: str, line: int, attr: str) -> dict | None:
     return {"read": read, "write": write, "read_expr": read_expr, "index": index}
 
 
+def _labels_returned(tree: ast.AST, line: int) -> tuple[int, str, str] | None:
+    """``(line, text, name)`` of the assignment, inside the function the targets come from, of
+    the name that function returns as the targets of the call on ``line`` (``output, target =
+    model(q, k)`` then ``criterion(output, target)``: MoCo's ``labels = torch.zeros(...)`` in
+    its ``forward``); None unless exactly one such assignment is found."""
+    for node in walk(tree):
+        if not (isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Name)):
+            continue
+        text = node.args[1].id
+        scope = _enclosing_function(tree, line)
+        if any(at <= line for at, value in _assigned_values(scope, text)
+               if not isinstance(value, ast.Call)):
+            continue  # assigned in this scope from something else than a call's result
+        found = set()
+        for at, value in _returned_values(tree, scope, text):
+            if not isinstance(value, ast.Name):
+                return None
+            made = _last_assignment(tree, _enclosing_function(tree, at), at, value.id)
+            if made is None or not isinstance(made, ast.Assign) or len(made.targets) != 1:
+                return None
+            found.add((made.lineno, ast.unparse(made).strip(), value.id))
+        if len(found) == 1:
+            return found.pop()
+        return None
+    return None
+
+
 def labels_built(path: str, line: int) -> tuple[int, str, str] | None:
     """``(line, text, name)`` of the one assignment in the file of ``torch.arange(...)`` to a
     plain name (``labels = torch.arange(n, dtype=torch.long)``) when the targets of the loss on
@@ -4120,6 +4148,9 @@ def labels_built(path: str, line: int) -> tuple[int, str, str] | None:
     tree = _parse(path)
     if tree is None:
         return None
+    returned = _labels_returned(tree, line)
+    if returned is not None:
+        return returned
     found = []
     for node in walk(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1

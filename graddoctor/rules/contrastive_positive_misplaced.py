@@ -166,6 +166,8 @@ class ContrastivePositiveMisplaced(Rule):
                 value = made[1].split(" = ", 1)[1]
                 if column == 0 and "arange(" in value:
                     right = value.replace("arange(", "zeros(", 1)
+                elif column == 0 and "ones(" in value:
+                    right = value.replace("ones(", "zeros(", 1)
                 fix = f"label every row with its positive's column: `{made[2]} = {right}`"
             elif written[4]:
                 fix = f"label every row with its positive's column: `{written[2]} = {right}`"
