@@ -59,7 +59,7 @@ import sys
 import weakref
 from collections.abc import Sequence
 from itertools import compress, islice, repeat
-from operator import is_, is_not
+from operator import eq, is_, is_not
 from threading import get_ident
 
 import torch
@@ -391,6 +391,15 @@ class BackwardWatcher:
         aside = self.aside if self.aside is not None and self.aside.fsdp_seen else None
         persistent = self._persistent
         owner, me = rec.owner, get_ident()
+        # the usual walk (every leaf a tensor this thread tracks already: a model of thousands
+        # of parameters, all its optimizer's): the loop below would only count the persistent
+        # leaves, so the same tests run as ``map``s in C; anything else takes the loop
+        pids = list(map(pid_of.get, map(id, leaves)))
+        if (None not in pids and all(map(is_, map(call, map(refs.__getitem__, pids)), leaves))
+                and all(map(eq, map(owner.get, pids), repeat(me)))):
+            if persistent:
+                ctx.extra_leaves += sum(map(persistent.__contains__, pids))
+            leaves = ()
         for leaf in leaves:
             pid = pid_of.get(id(leaf))
             if pid is not None and refs[pid]() is leaf:  # tracked already (rec.pid, inlined)

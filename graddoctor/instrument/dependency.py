@@ -72,6 +72,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
+import types
 import weakref
 from threading import get_ident
 
@@ -766,20 +767,37 @@ def _outermost(modules: list) -> list:
 # forward that raised only the ``always_call`` ones run, without kwargs, as torch calls them). The
 # pair counts how deep in module calls each thread is: a watcher that looks only at outermost
 # calls (``outermost=True``) is not called for the calls nested in them.
+def _compiling_parts() -> tuple:
+    """``torch.compiler.is_compiling()`` as the pair tests it, in two parts: Dynamo folds
+    ``is_dynamo_compiling()`` to True while it traces (so a trace never reads the flag, and no
+    guard is put on it), and in eager code ``is_compiling()`` is the module's flag (which
+    ``torch.export`` sets): one Python call per hook instead of two (``is_compiling`` calls
+    ``torch.jit.is_scripting``), the same answer. A torch without these parts: ``is_compiling``
+    itself, with a flag that is never set."""
+    compiler = torch.compiler
+    dynamo = getattr(compiler, "is_dynamo_compiling", None)
+    if dynamo is None or not isinstance(getattr(compiler, "_is_compiling_flag", None), bool):
+        return compiler.is_compiling, types.SimpleNamespace(_is_compiling_flag=False)
+    return dynamo, compiler
+
+
+_COMPILING = _compiling_parts()
+
 _DISPATCH = compile("""
-def make(table, is_compiling, transform, get_ident):
+def make(table, is_dynamo_compiling, flags, transform, get_ident):
     depths = table.depths
+    nested_pres, outer_pres = table.nested_pres, table.outer_pres
+    nested_posts, outer_posts = table.nested_posts, table.outer_posts
+    sort = table.sort
     def pre_hook(module, args):
-        if is_compiling() or transform() is not None:
+        if is_dynamo_compiling() or flags._is_compiling_flag or transform() is not None:
             return None
         thread = get_ident()
         depth = depths.get(thread, 0)
         depths[thread] = depth + 1
-        cls = module.__class__
-        hooks = table.pres.get(cls)
+        hooks = (nested_pres if depth else outer_pres).get(module.__class__)
         if hooks is None:
-            hooks = table.sort(cls)[0]
-        hooks = hooks[0] if depth else hooks[1]
+            hooks = sort(module.__class__)[0][0 if depth else 1]
         if not hooks:  # no watcher takes this call (most nested calls)
             return None
         changed = False
@@ -790,18 +808,16 @@ def make(table, is_compiling, transform, get_ident):
                 changed = True
         return args if changed else None
     def post_hook(module, args, *rest):
-        if is_compiling() or transform() is not None:
+        if is_dynamo_compiling() or flags._is_compiling_flag or transform() is not None:
             return None
         thread = get_ident()
         depth = depths.get(thread, 0)
         if depth:
             depth -= 1
             depths[thread] = depth
-        cls = module.__class__
-        hooks = table.posts.get(cls)
+        hooks = (nested_posts if depth else outer_posts).get(module.__class__)
         if hooks is None:
-            hooks = table.sort(cls)[1]
-        hooks = hooks[0] if depth else hooks[1]
+            hooks = sort(module.__class__)[1][0 if depth else 1]
         if not hooks:
             return None
         changed = False
@@ -842,17 +858,20 @@ class ModuleHooks:
         self._patcher = weakref.ref(patcher) if patcher is not None else None
         # [pre or None, post or None, with_kwargs, always, classes, outermost only]
         self._entries: list[list] = []
-        # module class -> (the pre hooks that take it nested in another call, those that take it
-        # as an outermost call), each in order
-        self.pres: dict = {}
-        # module class -> the same for the (post, with_kwargs, always_call) that take it
-        self.posts: dict = {}
+        # module class -> the pre hooks that take its calls nested in another module call, in
+        # order; the same for its outermost calls; the same two for the (post, with_kwargs,
+        # always_call) that take it. Emptied in place when the entries change: the pair holds
+        # the dicts themselves (one lookup per call)
+        self.nested_pres: dict = {}
+        self.outer_pres: dict = {}
+        self.nested_posts: dict = {}
+        self.outer_posts: dict = {}
         self.depths: dict[int, int] = {}  # thread -> module calls running on it (the pair's count)
         self._torch: list = []  # torch's handles of the dispatching pair, while registered
         scope: dict = {}
         exec(_DISPATCH, scope)
-        self._pre_hook, self._post_hook = scope["make"](self, torch.compiler.is_compiling,
-                                                        in_transform, get_ident)
+        self._pre_hook, self._post_hook = scope["make"](self, *_COMPILING, in_transform,
+                                                        get_ident)
 
     def sort(self, cls) -> tuple:
         """The pre hooks and post entries that take ``cls`` (nested, outermost), kept for its
@@ -863,14 +882,19 @@ class ModuleHooks:
         pres = (tuple(e[0] for e in taking if e[0] is not None and not e[5]), outer_pres)
         posts = (tuple((e[1], e[2], e[3]) for e in taking if e[1] is not None and not e[5]),
                  outer_posts)
-        self.pres[cls], self.posts[cls] = pres, posts
+        self.nested_pres[cls], self.outer_pres[cls] = pres
+        self.nested_posts[cls], self.outer_posts[cls] = posts
         return pres, posts
+
+    def _forget_sorted(self) -> None:
+        for sorted_ in (self.nested_pres, self.outer_pres, self.nested_posts, self.outer_posts):
+            sorted_.clear()
 
     def add(self, pre, post, with_kwargs: bool, always_call: bool, classes,
             outermost: bool = False) -> "_Entry":
         entry = [pre, post, with_kwargs, always_call, classes, outermost]
         self._entries.append(entry)
-        self.pres, self.posts = {}, {}
+        self._forget_sorted()
         if not self._torch:
             self._register()
         return _Entry(self, entry)
@@ -879,7 +903,7 @@ class ModuleHooks:
         if not any(e is entry for e in self._entries):
             return
         self._entries = [e for e in self._entries if e is not entry]
-        self.pres, self.posts = {}, {}
+        self._forget_sorted()
         if not self._entries:
             handles, self._torch = self._torch, []
             for handle in handles:

@@ -189,7 +189,7 @@ class LateGradWatcher:
             tree.untracked = list(map(weakref.ref, compress(
                 untracked, map(is_, rec.tensors.numbers(untracked), repeat(None)))))
         if self._steps >= EVERY_STEP_UNTIL:  # sweeps are rare from now on: hold nothing
-            self._tree = None
+            tree.dicts = None  # strongly (a dict holds its parameters); the rest is weak
         if tracked or len(rec.param_names) < len(rec.tensors):
             # named now, from the stepping frames, while a function's locals hold the model (the
             # end of the run names from the script's globals): these and those a walk tracked
@@ -204,8 +204,12 @@ class _Tree:
     its ``_parameters`` and ``_modules`` hold as many entries (a deletion, a write into them
     directly). The modules and parameters are held weakly (the script's modules die when it
     drops them), their two dicts as they are: reading ``module._parameters`` goes through
-    ``Module.__getattr__``'s slower lookup, a dict's length does not. ``modules`` None: a
-    class walks its own way, read through ``parameters()`` each time."""
+    ``Module.__getattr__``'s slower lookup, a dict's length does not. Once sweeps are rare
+    (after ``EVERY_STEP_UNTIL`` steps) the dicts are let go of (``dicts`` None: each holds its
+    parameters, which would outlive a model the script drops) and read again from the live
+    modules at each sweep: a long run's sweeps compare lengths, they do not walk the modules
+    again. ``modules`` None: a class walks its own way, read through ``parameters()`` each
+    time."""
 
     __slots__ = ("roots", "registrations", "modules", "dicts", "counts", "untracked")
 
@@ -232,10 +236,15 @@ class _Tree:
             params, map(is_, tensors.numbers(params), repeat(None)))))
 
     def holds(self, roots: list, registrations: int | None) -> bool:
-        return (self.modules is not None and registrations == self.registrations
-                and list(map(id, roots)) == self.roots
-                and all(map(is_not, map(call, self.modules), repeat(None)))
-                and list(map(len, self.dicts)) == self.counts)
+        if (self.modules is None or registrations != self.registrations
+                or list(map(id, roots)) != self.roots):
+            return False
+        modules = list(map(call, self.modules))
+        if not all(map(is_not, modules, repeat(None))):
+            return False
+        dicts = self.dicts if self.dicts is not None else \
+            [*map(_parameters, modules), *map(_children, modules)]
+        return list(map(len, dicts)) == self.counts
 
 
 _parameters = attrgetter("_parameters")
