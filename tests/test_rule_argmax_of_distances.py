@@ -75,3 +75,14 @@ def test_silent_without_a_backward_in_the_script(tmp_path):
     script.write_text("import torch\nidx = torch.cdist(z, codes).argmax(1)\n")
     t = TraceBuilder(str(script))
     assert list(find_rule(SLUG)().check(Analysis(t.trace))) == []
+
+
+def test_numpy_calls_with_an_axis_are_read_too():
+    src = (
+        "import numpy as np\n"
+        "def assign(z, e):\n"
+        "    d = torch.cdist(z, e).detach().cpu().numpy()\n"
+        "    a = np.argmax(d, axis=1)\n"
+        "    b = np.argmax(d)\n"
+        "    c = np.argmin(d, axis=1)\n")
+    assert _sites(src) == [(4, "np.argmax(d, axis=1)")]

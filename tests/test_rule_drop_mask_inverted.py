@@ -74,3 +74,16 @@ def test_the_finding_points_at_the_comparison(tmp_path):
     found = list(find_rule(SLUG)().check(Analysis(t.trace)))
     assert [f.location.line for f in found] == [3]
     assert found[0].severity is Severity.WARNING and "90%" in found[0].message
+
+
+def test_a_mask_named_drop_but_multiplied_in_is_a_keep_mask():
+    # public CFG code: "drop_mask" is 0 for the dropped labels, and multiplies them
+    src = (
+        "import torch\n"
+        "p_uncond = 0.1\n"
+        "def step(label):\n"
+        "    drop_mask = (torch.rand(label.shape[0], 1) > p_uncond).float()\n"
+        "    label = label * drop_mask\n"
+        "    uncond = torch.rand(label.shape[0]) > p_uncond\n"
+        "    emb = label * (1 - uncond.float()[:, None])\n")
+    assert _found(src) == [(6, "uncond", "drop")]

@@ -8,7 +8,7 @@ from .base import Rule
 
 # calls that return their input's values rearranged: a distance stays a distance through them
 _RESHAPES = {"view", "reshape", "squeeze", "unsqueeze", "flatten", "permute", "transpose", "t",
-             "contiguous", "float", "double", "clone"}
+             "contiguous", "float", "double", "clone", "detach", "cpu", "numpy"}
 
 
 def _callee(node: ast.AST) -> str | None:
@@ -179,7 +179,7 @@ def argmax_sites(tree: ast.AST) -> list[tuple[int, str, str]]:
                 continue
             func = node.func
             torch_call = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
-                and func.value.id == "torch"
+                and func.value.id in ("torch", "np", "numpy")
             operand = (node.args[0] if node.args else None) if torch_call or isinstance(func, ast.Name) \
                 else func.value
             if operand is None or not is_distance(operand, names):
@@ -187,7 +187,7 @@ def argmax_sites(tree: ast.AST) -> list[tuple[int, str, str]]:
             if name == "max" and not _indices_taken(node, parents):
                 continue  # the largest distances' values (a margin, a radius), not their positions
             rest = node.args[1:] if torch_call or isinstance(func, ast.Name) else node.args
-            if not rest and not any(kw.arg == "dim" for kw in node.keywords):
+            if not rest and not any(kw.arg in ("dim", "axis") for kw in node.keywords):
                 continue  # no dim: the largest distance's value or one position overall, no nearest per row
             if assigned.get(node.lineno) and any(word in assigned[node.lineno].lower()
                                                  for word in ("far", "hard", "worst", "max", "neg")):

@@ -155,14 +155,18 @@ def _negated(node: ast.AST, name: str) -> bool:
 
 def _roles(tree: ast.AST, name: str) -> set[str]:
     """What the script does with mask ``name``: "drop" (true rows lose their condition or token)
-    or "keep" (true rows keep theirs)."""
+    or "keep" (true rows keep theirs), read from its uses (``torch.where``'s branches, an
+    indexed assignment, ``masked_fill``, a product), else from its name."""
     roles = set()
-    lowered = name.lower()
-    if any(word in lowered for word in _DROP_WORDS):
-        roles.add("drop")
-    if "keep" in lowered:
-        roles.add("keep")
     for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            # cond * mask keeps the rows where the mask holds (a "drop_mask" multiplied in is
+            # a keep mask whatever its name); cond * (1 - mask) drops them
+            for operand in (node.left, node.right):
+                if _mask_name(operand) == name:
+                    roles.add("keep")
+                elif _negated(operand, name):
+                    roles.add("drop")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "where" \
                 and len(node.args) == 3:
             cond, a, b = node.args
@@ -187,6 +191,13 @@ def _roles(tree: ast.AST, name: str) -> set[str]:
                 roles.add("drop")
             elif _negated(mask, name):
                 roles.add("keep")
+    if roles:
+        return roles  # what the script does with the mask says more than its name
+    lowered = name.lower()
+    if any(word in lowered for word in _DROP_WORDS):
+        roles.add("drop")
+    if "keep" in lowered:
+        roles.add("keep")
     return roles
 
 
