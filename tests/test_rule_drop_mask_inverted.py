@@ -87,3 +87,19 @@ def test_a_mask_named_drop_but_multiplied_in_is_a_keep_mask():
         "    uncond = torch.rand(label.shape[0]) > p_uncond\n"
         "    emb = label * (1 - uncond.float()[:, None])\n")
     assert _found(src) == [(6, "uncond", "drop")]
+
+
+def test_dit_label_dropout_to_the_last_class_index():
+    src = (
+        "import torch\n"                                                          # 1
+        "class LabelEmbedder:\n"                                                  # 2
+        "    def __init__(self, num_classes, dropout_prob=0.1):\n"                # 3
+        "        self.num_classes, self.dropout_prob = num_classes, dropout_prob\n"  # 4
+        "        self.p = dropout_prob\n"                                          # 5
+        "    def token_drop(self, labels):\n"                                      # 6
+        "        ids = torch.rand(labels.shape[0]) > self.p\n"                     # 7
+        "        return torch.where(ids, self.num_classes, labels)\n"             # 8
+        "    def right(self, labels):\n"                                           # 9
+        "        ok = torch.rand(labels.shape[0]) < self.p\n"                      # 10
+        "        return torch.where(ok, self.num_classes, labels)\n")             # 11
+    assert _found(src) == [(7, "ids", "drop")]

@@ -7,7 +7,9 @@ from ..trace import Location
 from .base import Rule
 
 _DROP_WORDS = ("drop", "uncond", "null")
-_NULL_WORDS = ("null", "uncond", "empty", "unk", "mask_token", "mask_id", "mask_idx")
+# the null class of a label embedding is its last index: DiT's torch.where(drop_ids, self.num_classes, labels)
+_NULL_WORDS = ("null", "uncond", "empty", "unk", "mask_token", "mask_id", "mask_idx", "num_classes",
+               "n_classes")
 
 
 def _is_uniform(node: ast.AST) -> bool:
