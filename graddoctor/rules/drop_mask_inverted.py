@@ -159,16 +159,16 @@ def _roles(tree: ast.AST, name: str) -> set[str]:
     """What the script does with mask ``name``: "drop" (true rows lose their condition or token)
     or "keep" (true rows keep theirs), read from its uses (``torch.where``'s branches, an
     indexed assignment, ``masked_fill``, a product), else from its name."""
-    roles = set()
+    roles, products = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             # cond * mask keeps the rows where the mask holds (a "drop_mask" multiplied in is
             # a keep mask whatever its name); cond * (1 - mask) drops them
             for operand in (node.left, node.right):
                 if _mask_name(operand) == name:
-                    roles.add("keep")
+                    products.add("keep")
                 elif _negated(operand, name):
-                    roles.add("drop")
+                    products.add("drop")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "where" \
                 and len(node.args) == 3:
             cond, a, b = node.args
@@ -200,7 +200,9 @@ def _roles(tree: ast.AST, name: str) -> set[str]:
         roles.add("drop")
     if "keep" in lowered:
         roles.add("keep")
-    return roles
+    # a product alone says nothing of a condition being dropped (synthetic 0/1 labels are
+    # multiplied too): it only corrects a mask named for dropping
+    return products if roles and products else roles
 
 
 def inverted_masks(tree: ast.AST) -> list[tuple[int, str, str, float, str]]:
