@@ -391,3 +391,24 @@ def test_optimizers_built_on_one_line_over_the_same_parameters_keep_the_generic_
         t.step(1, line=9)
     for f in findings(t, SLUG):
         assert f.evidence.get("cause") != "optimizer-over-another's-parameters"
+
+
+def test_a_wrappers_base_optimizer_over_its_own_groups_is_no_copy(tmp_path):
+    # SAM builds its base optimizer over its own param_groups, inside its class
+    script = tmp_path / "sam.py"
+    script.write_text("import torch\n"                                        # 1
+                      "class SAM(torch.optim.Optimizer):\n"                   # 2
+                      "    def __init__(self, params, base):\n"               # 3
+                      "        self.base = base(self.param_groups)\n"          # 4
+                      "opt = SAM(model.parameters(), torch.optim.SGD)\n")      # 5
+    t = TraceBuilder(str(script))
+    for pid, name in enumerate(("model.0.weight", "model.0.bias", "head.weight")):
+        t.param(pid, name=name)
+    t.optimizer(0, [0, 1], line=5)
+    t.optimizer(1, [0, 1], line=4)
+    for _ in range(3):
+        t.clear([0, 1], opt=0, line=6)
+        t.backward(fresh=[0, 1, 2], line=7)
+        t.step(1, line=8)
+    found = findings(t, SLUG)
+    assert found and all(f.evidence.get("cause") != "optimizer-over-another's-parameters" for f in found)

@@ -266,6 +266,8 @@ class ParamNotInOptimizer(Rule):
             init, first = a.optimizers[opt], a.optimizers[match]
             if init.loc is None or first.loc is None or (init.loc.path, init.loc.line) == (first.loc.path, first.loc.line):
                 continue  # one line building optimizers in a loop: not a copy of another line
+            if _inside_class(a, init.loc) or _inside_class(a, first.loc):
+                continue  # SAM, Lookahead: a wrapper builds its base optimizer over its own groups
             cls = a.optimizer_class(opt) or "optimizer"
             models = {a.param_name(pid).split(".")[0] for pid in pids}
             model = next(iter(models)) if len(models) == 1 and "." in a.param_name(pids[0]) else None
@@ -517,3 +519,13 @@ def _never_cleared_across_steps(a) -> set[int]:
     return {pid for pid in first_step
             if last_step[pid] > first_step[pid] and pid not in touched
             and fresh_count.get(pid, 0) <= 1}
+
+
+def _inside_class(a, loc) -> bool:
+    """Whether ``loc`` lies in a class body (an optimizer wrapper's ``__init__``)."""
+    import ast
+    tree = a.source.tree(loc.path)
+    if tree is None:
+        return False
+    return any(isinstance(node, ast.ClassDef) and node.lineno <= loc.line <= (node.end_lineno or node.lineno)
+               for node in ast.walk(tree))
