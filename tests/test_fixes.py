@@ -88,6 +88,9 @@ NO_EDIT = {
     "bad_param_not_in_optimizer_unfrozen_later.py", "bad_param_not_in_optimizer_unfrozen_in_function.py",
     # a parameter list taken before the model changed: take it after, or list the new part, a choice
     "bad_param_not_in_optimizer_list_taken_early.py",
+    # an optimizer built over another optimizer's parameters: whose parameters it was meant for,
+    # at which lr, is a person's call
+    "bad_param_not_in_optimizer_twin_actor_critic.py",
 }
 
 

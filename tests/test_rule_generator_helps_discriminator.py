@@ -174,6 +174,22 @@ def test_target_filled_before_finds_the_in_place_fill_of_the_loss_target(tmp_pat
     assert target_filled_before(str(tmp_path / "missing.py"), 5) is None
 
 
+def test_target_filled_before_reads_a_model_call_inside_the_loss_call(tmp_path):
+    from graddoctor.analysis.source import target_filled_before
+    path = tmp_path / "dcgan.py"
+    path.write_text(
+        "for real in loader:\n"                                   # 1
+        "    netG.zero_grad()\n"                                  # 2
+        "    label.fill_(fake_label)\n"                           # 3
+        "    errG = criterion(netD(fake), label)\n"               # 4
+        "    label = torch.ones(32)\n"                            # 5
+        "    errG = criterion(netD(fake), label)\n"               # 6
+        "    errG = criterion(netD(fake), torch.ones(32))\n")     # 7
+    assert target_filled_before(str(path), 4) == (3, "label.fill_(fake_label)", "label")
+    assert target_filled_before(str(path), 6) is None  # bound again, not filled
+    assert target_filled_before(str(path), 7) is None  # no target by name
+
+
 # -- each step on its own noise: compared by the sign of a constant gradient -----------------
 
 def _fresh_noise_gan(g_loss, d_loss):

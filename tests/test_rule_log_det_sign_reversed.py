@@ -89,3 +89,31 @@ def test_the_rule_warns_when_the_scales_parameters_are_stepped():
 
 def test_the_rule_is_silent_on_tensors_no_optimizer_steps():
     assert findings(_trace([7]), SLUG) == []
+
+
+def test_a_flow_summing_its_log_dets_with_a_minus_is_pointed_at_the_sum(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    from graddoctor.trace import TraceBuilder
+    script = tmp_path / "flow.py"
+    script.write_text(
+        "import torch\n"                                                  # 1
+        "log_det = torch.zeros(8)\n"                                      # 2
+        "for layer in layers:\n"                                          # 3
+        "    z, ld = layer(z)\n"                                          # 4
+        "    log_det = log_det - ld\n"                                    # 5
+        "loss = -(prior.log_prob(z) + log_det).mean()\n"                  # 6
+        "loss.backward()\n")                                              # 7
+    t = TraceBuilder(str(script))
+    t.optimizer(0, [0, 1], line=1)
+    t.put(ev.log_scale_reversed(linear=1.0, exp=1.0, op="MulBackward0", params=[0, 1],
+                                bounded=False, line=7), line=7)
+    t.backward(fresh=[0, 1], line=7)
+    t.step(0, line=8)
+    f, = find_rule(SLUG)().check(Analysis(t.trace))
+    assert f.location.line == 5 and "log_det = log_det - ld" in f.message
+    # the loss itself subtracting the log-det stays the line to change
+    script.write_text(script.read_text().replace("    log_det = log_det - ld\n", "    log_det += ld\n")
+                      .replace("+ log_det).mean()", "- log_det).mean()"))
+    f, = find_rule(SLUG)().check(Analysis(t.trace))
+    assert f.location.line == 6

@@ -278,6 +278,20 @@ def test_the_model_end_is_a_sequentials_last_element_or_a_forwards_return():
                 "relu") is None
 
 
+def test_the_model_end_follows_forwards_return_into_a_method_of_the_model():
+    vae = ("class VAE(nn.Module):\n"                                         # 1
+           "    def decode(self, z):\n"                                      # 2
+           "        return torch.sigmoid(self.fc(z))\n"                      # 3
+           "    def encode(self, x):\n"                                      # 4
+           "        return torch.sigmoid(self.enc(x))\n"                     # 5
+           "    def forward(self, x):\n"                                     # 6
+           "        mu = self.encode(x)\n"                                   # 7
+           "        return self.decode(mu), mu\n")                           # 8
+    assert _end(vae, "sigmoid") == 3  # the output comes first; encode's sigmoid is inside
+    assert _end(vae.replace("return self.decode(mu), mu", "return mu, self.decode(mu)"), "sigmoid") == 5
+    assert _end(vae.replace("return self.decode(mu), mu", "return self.fc2(mu)"), "sigmoid") is None
+
+
 def test_a_batch_axis_log_softmax_needs_dim_zero_and_two_model_ends_are_ambiguous():
     src = "class N:\n    def forward(self, x):\n        return F.log_softmax(self.fc(x), dim={})\n"
     assert _end(src.format(0), "log_softmax", zero_dim=True) == 3

@@ -357,3 +357,58 @@ def test_a_list_taken_before_the_model_changed_is_pointed_at_and_a_custom_class_
     assert "line 23" in f.message  # the Plain(...) call, not its super().__init__
     (g,) = _run(tmp_path, "[model[0].weight]")
     assert g.location.line == 23 and "cause" not in g.evidence
+
+
+def test_an_optimizer_over_an_earlier_optimizers_parameters_is_reported_at_the_later_one():
+    # optimizerG = Adam(netD.parameters()): netG's parameters (0, 1) get gradients, no optimizer
+    # owns them, and two optimizers own netD's (2, 3)
+    t = TraceBuilder()
+    for pid, name in enumerate(("netG.0.weight", "netG.0.bias", "netD.0.weight", "netD.0.bias")):
+        t.param(pid, name=name)
+    t.optimizer(0, [2, 3], line=3)
+    t.optimizer(1, [2, 3], line=4)
+    for _ in range(3):
+        t.clear([2, 3], opt=0, line=6)
+        t.backward(fresh=[2, 3], line=7)
+        t.step(0, line=8)
+        t.clear([2, 3], opt=1, line=9)
+        t.backward(fresh=[0, 1, 2, 3], line=10)
+        t.step(1, line=11)
+    f, = findings(t, SLUG)
+    assert f.location.line == 4 and f.evidence["cause"] == "optimizer-over-another's-parameters"
+    assert [r.location.line for r in f.related][:1] == [3]
+    assert "netG.parameters()" in f.fix
+
+
+def test_optimizers_built_on_one_line_over_the_same_parameters_keep_the_generic_finding():
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=3)
+    t.optimizer(1, [0, 1], line=3)
+    for _ in range(3):
+        t.clear([0, 1], opt=0, line=6)
+        t.backward(fresh=[0, 1, 2], line=7)
+        t.step(0, line=8)
+        t.step(1, line=9)
+    for f in findings(t, SLUG):
+        assert f.evidence.get("cause") != "optimizer-over-another's-parameters"
+
+
+def test_a_wrappers_base_optimizer_over_its_own_groups_is_no_copy(tmp_path):
+    # SAM builds its base optimizer over its own param_groups, inside its class
+    script = tmp_path / "sam.py"
+    script.write_text("import torch\n"                                        # 1
+                      "class SAM(torch.optim.Optimizer):\n"                   # 2
+                      "    def __init__(self, params, base):\n"               # 3
+                      "        self.base = base(self.param_groups)\n"          # 4
+                      "opt = SAM(model.parameters(), torch.optim.SGD)\n")      # 5
+    t = TraceBuilder(str(script))
+    for pid, name in enumerate(("model.0.weight", "model.0.bias", "head.weight")):
+        t.param(pid, name=name)
+    t.optimizer(0, [0, 1], line=5)
+    t.optimizer(1, [0, 1], line=4)
+    for _ in range(3):
+        t.clear([0, 1], opt=0, line=6)
+        t.backward(fresh=[0, 1, 2], line=7)
+        t.step(1, line=8)
+    found = findings(t, SLUG)
+    assert found and all(f.evidence.get("cause") != "optimizer-over-another's-parameters" for f in found)

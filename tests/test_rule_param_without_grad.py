@@ -329,3 +329,26 @@ def test_parameters_frozen_at_every_step_and_unfrozen_after_the_last_are_not_idl
                        stepped_requires_grad=True))
     [f] = check(t)
     assert f.location.line == 5
+
+
+def test_a_generator_step_that_scores_detached_samples_is_pointed_at_its_own_detach():
+    # G (opt 0: params 0, 1 in two layers called from one Sequential line 12) and D (opt 1: 2);
+    # the samples are detached at line 14 for D's step (right) and at line 20 for G's (the bug)
+    t = TraceBuilder()
+    t.optimizer(0, [0, 1], line=5)
+    t.optimizer(1, [2], line=6)
+    for i in range(4):
+        if i == 2:
+            for mid, pid in ((0, 0), (1, 1)):
+                t.put(ev.idle_forward(mid=mid, cls="Linear", params=[pid], grad=True,
+                                      inference=False, training=True), 12)
+            t.put(ev.idle_detach(mid=1, cls="Linear", params=[1]), 14)
+        t.backward(fresh=[2], line=15)
+        t.step(1, line=16)
+        if i == 2:
+            t.put(ev.idle_detach(mid=1, cls="Linear", params=[1]), 20)
+        t.backward(fresh=[2], line=21)
+        t.step(0, line=22, without_grad=[0, 1])
+    [f] = check(t)
+    assert f.location.line == 20 and f.evidence["cause"] == "detached"
+    assert "also detached at line 14" in f.message

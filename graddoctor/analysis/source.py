@@ -2021,7 +2021,8 @@ def _innermost_statement(tree: ast.AST, line: int) -> tuple[ast.stmt, list, int]
 
 def target_filled_before(path: str, line: int) -> tuple[int, str, str] | None:
     """For a model call bound to a name on ``line`` (``output = netD(fake)``) whose next
-    statement hands that name and another one to a call (``errG = criterion(output, label)``):
+    statement hands that name and another one to a call (``errG = criterion(output, label)``),
+    or written inside that call on ``line`` (``errG = criterion(netD(fake), label)``):
     ``(line, text, name)`` of the last statement before ``line``, within the 3 before it in the
     same block, that fills that other name in place (``label.fill_(real_label)``: the target of
     pytorch/examples' DCGAN); else None."""
@@ -2036,17 +2037,26 @@ def target_filled_before(path: str, line: int) -> tuple[int, str, str] | None:
             if stmt.lineno != line:
                 continue
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                    and isinstance(stmt.targets[0], ast.Name) and i + 1 < len(body)):
+                    and isinstance(stmt.targets[0], ast.Name)):
                 return None
-            out = stmt.targets[0].id
-            after = body[i + 1]
-            call = getattr(after, "value", None)
-            if not isinstance(call, ast.Call):
-                return None
-            names = [a.id for a in call.args if isinstance(a, ast.Name)]
-            if out not in names or len(names) != 2:
-                return None
-            target = names[1 - names.index(out)]
+            inline = stmt.value if isinstance(stmt.value, ast.Call) else None
+            if inline is not None and len(inline.args) == 2 and any(
+                    isinstance(arg, ast.Call) for arg in inline.args) and any(
+                    isinstance(arg, ast.Name) for arg in inline.args):
+                # the model call written inside the loss's: errG = criterion(netD(fake), label)
+                target = next(arg.id for arg in inline.args if isinstance(arg, ast.Name))
+            else:
+                if i + 1 >= len(body):
+                    return None
+                out = stmt.targets[0].id
+                after = body[i + 1]
+                call = getattr(after, "value", None)
+                if not isinstance(call, ast.Call):
+                    return None
+                names = [a.id for a in call.args if isinstance(a, ast.Name)]
+                if out not in names or len(names) != 2:
+                    return None
+                target = names[1 - names.index(out)]
             for before in reversed(body[max(0, i - 3):i]):
                 value = getattr(before, "value", None)
                 if isinstance(before, ast.Expr) and isinstance(value, ast.Call) \

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 import re
 
 from ..findings import Severity
@@ -19,7 +20,9 @@ class LogDetSignReversed(Rule):
     at the first backwards for the sign of each value it holds; each `exp` of the graph is
     followed to its argument (through negations, views and constant factors), and each
     `log(S)` held linearly to the products and quotients `S` scales. It points at
-    the loss's assignment, or at the one line above it that computes the loss's exp term.
+    the loss's assignment, or at the one line above it that computes the loss's exp term, or,
+    when the loss adds its log-det the right way (`-(log_prob(z) + log_det)`), at the script's
+    one statement that sums the log-det with a minus (`log_det = log_det - ld`).
 
     ## Why is this bad?
     `a * s + b * exp(c * s)` with `b > 0` (the data's squared distance scaled by the model)
@@ -78,6 +81,10 @@ class LogDetSignReversed(Rule):
                         found = _log_det_subtracted(a, loc, text)
                         if found is not None:  # `log_px = log_pz - log_det`, then `loss = -log_px.mean()`
                             loc, text = Location(loc.path, found[0]), found[1]
+                        else:
+                            found = _log_det_accumulated_negatively(a, loc, text)
+                            if found is not None:  # the loss adds the log-det the flow sums with -
+                                loc, text = Location(loc.path, found[0]), found[1]
             said = f"`{text}`" if text else "the loss"
             linear = "+s" if e["linear"] > 0 else "-s"
             exp = "exp(s)" if e["exp"] > 0 else "exp(-s)"
@@ -109,3 +116,32 @@ def _log_det_subtracted(a, loc, text):
         if origin is not None and origin[0] != loc.line and _LOG_DET.search(origin[1]):
             return origin
     return None
+
+
+_ADDED = re.compile(r"\+\s*(?:\w+\.)*(\w*(?:log_?det|log_?abs_?det|ldj|log_?jac)\w*)", re.IGNORECASE)
+
+
+def _log_det_accumulated_negatively(a, loc, text):
+    """``(line, text)`` of the one statement of the script that sums a log-det into itself with
+    a minus (``log_det = log_det - ld``, ``log_det -= s.sum(1)``), when the loss's line adds a
+    log-det the right way (``-(log_prob(z) + log_det)``): the sign error is in the flow's sum;
+    else None."""
+    if not text or _LOG_DET.search(text) or not _ADDED.search(text):
+        return None
+    tree = a.source.tree(loc.path)
+    if tree is None:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Sub) \
+                and isinstance(node.target, ast.Name) and _ADDED.search("+" + node.target.id):
+            found.append(node)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Sub) \
+                and isinstance(node.value.left, ast.Name) and node.value.left.id == node.targets[0].id \
+                and _ADDED.search("+" + node.targets[0].id):
+            found.append(node)
+    if len(found) != 1:
+        return None
+    line = found[0].lineno
+    return line, a.source.line_text(loc.path, line).split("  #")[0].strip()

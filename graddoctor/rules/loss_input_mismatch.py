@@ -148,7 +148,8 @@ class LossInputMismatch(Rule):
     transposed). It points at the loss call, or at the statement that normalised the scores
     over the wrong dimension when one of its own computes the loss's input, or, when the
     softmax, sigmoid, ReLU or batch-axis `log_softmax` is the model's own last operation (the
-    last element of its `nn.Sequential`, the `return` of its `forward`) and the file holds one
+    last element of its `nn.Sequential`, the `return` of its `forward`, or of the method whose
+    result `forward` returns first, as a VAE's `decode`) and the file holds one
     such place, at that line, with the loss call as the related line. The
     operation behind the input is read from the autograd graph (past reshapes, slices, casts
     and clamps); where the graph does not tell, `cross_entropy` is reported when every row lies

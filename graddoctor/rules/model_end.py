@@ -98,10 +98,15 @@ def _built_module(call: ast.AST, attrs: dict[str, ast.Call]) -> ast.Call | None:
 
 
 def _forward_ends(cls: ast.ClassDef, kind: str, attrs, zero_dim: bool) -> list[int]:
+    methods = {fn.name: fn for fn in cls.body if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))}
     lines = []
-    for fn in cls.body:
-        if not (isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == "forward"):
+    todo, seen = ["forward"], set()
+    while todo:
+        name = todo.pop()
+        fn = methods.get(name)
+        if fn is None or name in seen:
             continue
+        seen.add(name)
         assigned: dict[str, ast.AST] = {}
         for stmt in fn.body:
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
@@ -109,8 +114,15 @@ def _forward_ends(cls: ast.ClassDef, kind: str, attrs, zero_dim: bool) -> list[i
                 assigned[stmt.targets[0].id] = stmt.value
             elif isinstance(stmt, ast.Return) and stmt.value is not None:
                 value = stmt.value
+                if name == "forward" and isinstance(value, ast.Tuple) and value.elts:
+                    value = value.elts[0]  # a VAE's (recon, mu, logvar): the output comes first
                 if isinstance(value, ast.Name) and value.id in assigned:
                     value = assigned[value.id]
+                if name == "forward" and isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                        and isinstance(value.func.value, ast.Name) and value.func.value.id == "self" \
+                        and value.func.attr in methods:
+                    todo.append(value.func.attr)  # forward returns self.decode(z): its end is decode's
+                    continue
                 if _is_op(value, kind, attrs, zero_dim):
                     built = _built_module(value, attrs)
                     # a module built without its dim: the constructor is where the dim goes

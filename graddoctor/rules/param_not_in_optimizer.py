@@ -30,7 +30,10 @@ class ParamNotInOptimizer(Rule):
     a gradient at), a list of parameters taken before the model took its present shape
     (`trainable = [p for p in model.parameters() if p.requires_grad]`, then LoRA adapters
     injected or a head appended and the old weights frozen: the optimizer built from it owns
-    nothing that gets a gradient; pointed at the list), or parameters simply left out of the
+    nothing that gets a gradient; pointed at the list), an optimizer built over exactly the
+    parameters an earlier optimizer owns (a GAN's `optimizerG = Adam(netD.parameters())`, a
+    critic's optimizer copied from the actor's line: pointed at the later one, naming the model
+    left without an optimizer), or parameters simply left out of the
     optimizer. An optimizer class the script writes itself is pointed at where it is built,
     not at its `super().__init__`. Tensors
     whose values still change between steps (fp16 master weights: the model's gradients are
@@ -190,6 +193,11 @@ class ParamNotInOptimizer(Rule):
                           "cause": "plain-tensor"},
             )
         plain = [pid for pid in left if a.params[pid].get("is_parameter")]
+        if plain:
+            twin = self._twin_optimizer(a, plain)
+            if twin is not None:
+                yield twin
+                return
         late = [pid for pid in plain if a.steps_before(led.first_contribution[pid].seq) > 0]
         if late:
             yield self._late(a, late, construction)
@@ -243,6 +251,44 @@ class ParamNotInOptimizer(Rule):
                       "cause": "list-taken-early", "list": arg,
                       "owned": [a.param_name(p) for p in owned[:8]]},
         )
+
+    def _twin_optimizer(self, a, pids):
+        """An optimizer built over exactly the parameters an earlier one owns (a GAN's optimizerG
+        built over netD.parameters(), copied from the line above) while other parameters get
+        gradients no optimizer owns: the later one was meant for those."""
+        owned = {opt: frozenset(a.opt_params.get(opt, ())) for opt in a.optimizers}
+        earlier = []
+        for opt in a.optimizers:
+            match = next((o for o in earlier if owned[opt] and owned[o] == owned[opt]), None)
+            earlier.append(opt)
+            if match is None or opt in a.replaced or match in a.replaced:
+                continue
+            init, first = a.optimizers[opt], a.optimizers[match]
+            if init.loc is None or first.loc is None or (init.loc.path, init.loc.line) == (first.loc.path, first.loc.line):
+                continue  # one line building optimizers in a loop: not a copy of another line
+            if _inside_class(a, init.loc) or _inside_class(a, first.loc):
+                continue  # SAM, Lookahead: a wrapper builds its base optimizer over its own groups
+            cls = a.optimizer_class(opt) or "optimizer"
+            models = {a.param_name(pid).split(".")[0] for pid in pids}
+            model = next(iter(models)) if len(models) == 1 and "." in a.param_name(pids[0]) else None
+            shared = sorted(owned[opt])
+            return self.finding(
+                f"{a.names(pids)} receive gradients but no optimizer owns them, while the {cls} "
+                f"built here owns exactly the parameters of the optimizer built at line "
+                f"{first.loc.line} ({a.names(shared, 2)}): it was built over the wrong "
+                f"parameters, so {model or 'the model'} never trains and the other one is "
+                f"stepped by two optimizers",
+                init.loc,
+                related=(related(first, "the optimizer that already owns these parameters"),
+                         related(a.ledger.first_contribution[pids[0]], "the first backward that gives the others gradients")),
+                fix=(f"build this optimizer over {model}.parameters()" if model else
+                     "build this optimizer over the parameters that get gradients but have no optimizer"),
+                fixes={},
+                evidence={"params": [a.param_name(p) for p in pids[:8]], "count": len(pids),
+                          "cause": "optimizer-over-another's-parameters",
+                          "owned": [a.param_name(p) for p in shared[:8]]},
+            )
+        return None
 
     def _late(self, a, pids, construction):
         """Parameters whose first gradient comes after optimizer steps, when every optimizer was
@@ -473,3 +519,13 @@ def _never_cleared_across_steps(a) -> set[int]:
     return {pid for pid in first_step
             if last_step[pid] > first_step[pid] and pid not in touched
             and fresh_count.get(pid, 0) <= 1}
+
+
+def _inside_class(a, loc) -> bool:
+    """Whether ``loc`` lies in a class body (an optimizer wrapper's ``__init__``)."""
+    import ast
+    tree = a.source.tree(loc.path)
+    if tree is None:
+        return False
+    return any(isinstance(node, ast.ClassDef) and node.lineno <= loc.line <= (node.end_lineno or node.lineno)
+               for node in ast.walk(tree))

@@ -39,8 +39,10 @@ class ParamWithoutGrad(Rule):
     inside a reentrant `torch.utils.checkpoint` whose inputs do not require grad (a frozen
     embedding under LoRA with gradient checkpointing: the checkpoint call, with
     `use_reentrant=False` or an input that requires grad as the fix), or
-    with gradients enabled but its output cut from the loss (`.detach()`, `.item()`, unused);
-    when it never ran, at the optimizer that owns it. If the layer is only
+    with gradients enabled but its output cut from the loss (`.detach()`, `.item()`, unused:
+    at the `.detach()` when one was seen; of several, the one read by the owning optimizer's own
+    update, as a GAN generator's step scoring `fake.detach()` after the discriminator's step
+    rightly did); when it never ran, at the optimizer that owns it. If the layer is only
     used on some inputs (mixture-of-experts, rare branches), a short replay may miss it: then
     ignore this finding for that layer.
     A loss computed from the head's output and then dropped says the head was meant to train:
@@ -222,7 +224,8 @@ class ParamWithoutGrad(Rule):
         detaches = _detaches(a, cause, pids)
         if detaches:
             evidence["cause"] = "detached"
-            chosen = _penalised_detach(a, detaches) or detaches[0]
+            chosen = _penalised_detach(a, detaches) or _detach_before_own_step(a, detaches, opt) \
+                or detaches[0]
             others = [d for d in detaches if d is not chosen]
             also = (f" (also detached at line{'s' if len(others) > 1 else ''} "
                     f"{', '.join(str(d.loc.line) for d in others)})" if others else "")
@@ -261,9 +264,22 @@ def _detaches(a, cause, pids) -> list:
     if cause is None or not _with_grad(cause) or cause.get("checkpoint") or cause.loc is None:
         return []
     mine = set(pids)
+    # the layers of one Sequential share a call line and one finding: the detach of any of
+    # their outputs (the last layer's, a generator's samples) explains the group
     return [e for e in a.of_kind("idle_detach")
-            if e.loc is not None and e.get("mid") == cause.get("mid")
-            and mine.intersection(e.get("params") or ())]
+            if e.loc is not None and mine.intersection(e.get("params") or ())]
+
+
+def _detach_before_own_step(a, detaches, opt):
+    """Among several detach lines, the one the owning optimizer's own update reads: the next
+    step after it is that optimizer's (a GAN's generator step that scores `fake.detach()`, not
+    the discriminator's step before it, where the detach is right)."""
+    steps = sorted(a.steps, key=lambda e: e.seq)
+    for event in detaches:
+        following = next((s for s in steps if s.seq > event.seq), None)
+        if following is not None and following.get("opt") == opt:
+            return event
+    return None
 
 
 _PENALISED = re.compile(r"\.detach\(\)\s*(\.pow\(|\*\*|\.abs\(|\.square\(|\)\s*\*\*)"

@@ -154,7 +154,9 @@ class WeightCopyAliasesParams(Rule):
     ```
 
     ## Stays silent on
-    Copies made with `clone()` / `copy.deepcopy` / `torch.save`; weights tied through `.data`
+    Copies made with `clone()` / `copy.deepcopy` / `torch.save`; an in-place operator on the
+    weights' `.data` (`self.weight.data *= self.mask`, a masked convolution's mask applied at each
+    forward: Python stores the result back through `.data =`, but nothing is restored); weights tied through `.data`
     (a memory two parameters share), tied again at every forward; `p.data = p.data.to(device)`
     and other conversions that return their input when there is nothing to convert; writes
     from library code (`load_state_dict` onto itself is state-loaded-into-itself's). Not seen:
@@ -183,6 +185,8 @@ class WeightCopyAliasesParams(Rule):
             loc, name = e.loc, None
             if tree is not None:
                 stmt = _statement(tree, e.loc.line)
+                if how == ".data =" and isinstance(stmt, ast.AugAssign):
+                    continue  # p.data *= mask: an in-place op on the weights (PixelCNN's mask), no copy
                 source = _write_source(stmt, how) if stmt is not None else None
                 if isinstance(source, ast.Call):
                     continue  # p.data = p.data.to(device): a conversion with nothing to do

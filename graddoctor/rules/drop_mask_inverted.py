@@ -1,0 +1,305 @@
+from __future__ import annotations
+
+import ast
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+
+_DROP_WORDS = ("drop", "uncond", "null")
+# the null class of a label embedding is its last index: DiT's torch.where(drop_ids, self.num_classes, labels)
+_NULL_WORDS = ("null", "uncond", "empty", "unk", "mask_token", "mask_id", "mask_idx", "num_classes",
+               "n_classes")
+
+
+def _is_uniform(node: ast.AST) -> bool:
+    """A uniform [0, 1) draw: ``torch.rand(...)``, ``torch.rand_like(x)``, ``np.random.rand(...)``,
+    ``random.random()``, ``x.uniform_()``, ``x.uniform_(0, 1)`` (through ``.to(...)``/``.float()``)."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in ("to", "float", "cuda", "type_as"):
+        node = node.func.value
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name in ("rand", "rand_like", "random"):
+        return True
+    if name == "uniform_":
+        values = [a.value for a in node.args if isinstance(a, ast.Constant)]
+        return values in ([], [0, 1], [0.0, 1.0], [0, 1.0], [0.0, 1])
+    return False
+
+
+def _constants(tree: ast.AST) -> dict[str, float]:
+    """Names and ``self`` attributes bound once to a number in (0, 1): module or function
+    assignments, parameter defaults, ``self.p = p`` from such a default."""
+    seen: dict[str, set] = {}
+
+    def bind(name: str, value) -> None:
+        seen.setdefault(name, set()).add(value)
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args.posonlyargs + node.args.args
+            defaults = dict(zip([a.arg for a in args][len(args) - len(node.args.defaults):], node.args.defaults))
+            defaults.update({a.arg: d for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None})
+            for name, default in defaults.items():
+                bind(name, default.value if isinstance(default, ast.Constant) else None)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                    and len(targets[0].elts) == len(node.value.elts):
+                for target, value in zip(targets[0].elts, node.value.elts):  # A, B = 0.1, 5
+                    if isinstance(target, ast.Name):
+                        bind(target.id, value.value if isinstance(value, ast.Constant) else None)
+                continue
+            for target in targets:
+                key = target.id if isinstance(target, ast.Name) else \
+                    f"self.{target.attr}" if isinstance(target, ast.Attribute) \
+                    and isinstance(target.value, ast.Name) and target.value.id == "self" else None
+                if key is None:
+                    continue
+                value = node.value
+                if isinstance(value, ast.Constant):
+                    bind(key, value.value)
+                elif isinstance(value, ast.Name) and key.startswith("self."):
+                    bind(key, ("param", value.id))
+                else:
+                    bind(key, None)
+    found = {}
+    for key, values in seen.items():
+        if len(values) != 1:
+            continue
+        value = next(iter(values))
+        if isinstance(value, tuple):
+            inner = seen.get(value[1], set())
+            value = next(iter(inner)) if len(inner) == 1 else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
+            found[key] = float(value)
+    return found
+
+
+def _rate(node: ast.AST, constants: dict) -> tuple[float, bool] | None:
+    """``(the rate the script wrote, whether the threshold is 1 - rate)`` for a threshold."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and 0 < node.value < 1:
+        return float(node.value), False
+    if isinstance(node, ast.Name) and node.id in constants:
+        return constants[node.id], False
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
+            and f"self.{node.attr}" in constants:
+        return constants[f"self.{node.attr}"], False
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.left, ast.Constant) \
+            and node.left.value == 1:
+        inner = _rate(node.right, constants)
+        if inner is not None and not inner[1]:
+            return inner[0], True
+    return None
+
+
+def _true_share(cmp: ast.Compare, constants: dict) -> tuple[float, float] | None:
+    """``(the written rate, how often the comparison is true)`` for ``rand < t`` and its spellings."""
+    if len(cmp.ops) != 1:
+        return None
+    left, op, right = cmp.left, cmp.ops[0], cmp.comparators[0]
+    if _is_uniform(left):
+        threshold, below = right, isinstance(op, (ast.Lt, ast.LtE))
+    elif _is_uniform(right):
+        threshold, below = left, isinstance(op, (ast.Gt, ast.GtE))
+    else:
+        return None
+    if not isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)):
+        return None
+    rate = _rate(threshold, constants)
+    if rate is None:
+        return None
+    written, complement = rate
+    t = 1 - written if complement else written
+    return written, (t if below else 1 - t)
+
+
+def _null(node: ast.AST) -> bool:
+    """A value that stands for "no condition": a filled or zero tensor, a number, a name saying so."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name in ("full_like", "zeros_like", "zeros", "full", "new_full", "new_zeros"):
+            return True
+    text = ast.unparse(node).lower()
+    return any(word in text for word in _NULL_WORDS)
+
+
+def _mask_name(node: ast.AST) -> str | None:
+    """The mask a condition reads through a new axis or a reshape (``drop[:, None]``,
+    ``drop.view(-1, 1)``)."""
+    while True:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("view", "reshape", "unsqueeze", "expand_as", "expand", "bool", "float"):
+            node = node.func.value
+        else:
+            return node.id if isinstance(node, ast.Name) else None
+
+
+def _negated(node: ast.AST, name: str) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Invert, ast.Not)):
+        return _mask_name(node.operand) == name
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.left, ast.Constant) \
+            and node.left.value == 1:
+        return _mask_name(node.right) == name
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "logical_not":
+        inner = node.args[0] if node.args else node.func.value
+        return _mask_name(inner) == name
+    return False
+
+
+def _roles(tree: ast.AST, name: str) -> set[str]:
+    """What the script does with mask ``name``: "drop" (true rows lose their condition or token)
+    or "keep" (true rows keep theirs), read from its uses (``torch.where``'s branches, an
+    indexed assignment, ``masked_fill``, a product), else from its name."""
+    roles, products = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            # cond * mask keeps the rows where the mask holds (a "drop_mask" multiplied in is
+            # a keep mask whatever its name); cond * (1 - mask) drops them
+            for operand in (node.left, node.right):
+                if _mask_name(operand) == name:
+                    products.add("keep")
+                elif _negated(operand, name):
+                    products.add("drop")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "where" \
+                and len(node.args) == 3:
+            cond, a, b = node.args
+            if _mask_name(cond) == name:
+                if _null(a) and not _null(b):
+                    roles.add("drop")
+                elif _null(b) and not _null(a):
+                    roles.add("keep")
+            elif _negated(cond, name):
+                if _null(a) and not _null(b):
+                    roles.add("keep")
+                elif _null(b) and not _null(a):
+                    roles.add("drop")
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
+            index = node.targets[0].slice
+            if _mask_name(index) == name and _null(node.value):
+                roles.add("drop")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("masked_fill", "masked_fill_") and node.args:
+            mask = node.args[0]
+            if _mask_name(mask) == name:
+                roles.add("drop")
+            elif _negated(mask, name):
+                roles.add("keep")
+    if roles:
+        return roles  # what the script does with the mask says more than its name
+    lowered = name.lower()
+    if any(word in lowered for word in _DROP_WORDS):
+        roles.add("drop")
+    if "keep" in lowered:
+        roles.add("keep")
+    # a product alone says nothing of a condition being dropped (synthetic 0/1 labels are
+    # multiplied too): it only corrects a mask named for dropping
+    return products if roles and products else roles
+
+
+def inverted_masks(tree: ast.AST) -> list[tuple[int, str, str, float, str]]:
+    """``[(line, name, the comparison, the written rate, the role)]`` for each mask drawn as a
+    comparison of a uniform draw with a rate under 0.5 that drops (or keeps) the rows it should
+    keep (or drop): the dropping happens with probability 1 - rate."""
+    constants = _constants(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        value = node.value
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                and value.func.attr in ("to", "float", "long", "bool", "int"):
+            value = value.func.value
+        if not isinstance(value, ast.Compare):
+            continue
+        share = _true_share(value, constants)
+        if share is None:
+            continue
+        written, true_share = share
+        if not 0 < written < 0.5:
+            continue  # a rate written above one half is meant (word dropout at 0.75)
+        name = node.targets[0].id
+        roles = _roles(tree, name)
+        if len(roles) != 1:
+            continue
+        role = next(iter(roles))
+        dropped = true_share if role == "drop" else 1 - true_share
+        if dropped > 0.5 and abs(dropped - (1 - written)) < 1e-9:
+            found.append((node.lineno, name, ast.unparse(value), written, role))
+    return sorted(found)
+
+
+class DropMaskInverted(Rule):
+    """
+    ## What it does
+    Finds a random mask meant to drop a small share of rows that drops all the others instead:
+    a comparison of a uniform draw (`torch.rand`, `rand_like`, `uniform_()`) with a rate the
+    script wrote under one half (a classifier-free guidance `p_uncond`, a token-masking or word
+    dropout rate), where the comparison's direction and the mask's use (a `drop`/`keep` name,
+    which branch of `torch.where` gets the null condition, `x[mask] = null`, `masked_fill`)
+    together make the dropped share `1 - rate`. Read from the script's source once a backward
+    ran; it points at the comparison.
+
+    ## Why is this bad?
+    `torch.rand(n) < p` is true for a share `p` of the rows, `torch.rand(n) > p` for `1 - p`. With
+    the comparison (or the `torch.where` branches) turned around, a diffusion model trained for
+    classifier-free guidance sees its label on 10% of the samples instead of 90%: the
+    conditional model is mostly unconditional, and guidance has little to amplify. A masked
+    language model masks 85% of the tokens instead of 15%. The loss still falls; the model is
+    weaker for it.
+
+    ## Example
+    ```python
+    drop = torch.rand(labels.shape[0]) > p_uncond      # true for 90% of the rows
+    labels = torch.where(drop, torch.full_like(labels, null_class), labels)
+    ```
+
+    ## Use instead
+    ```python
+    drop = torch.rand(labels.shape[0]) < p_uncond
+    labels = torch.where(drop, torch.full_like(labels, null_class), labels)
+    ```
+
+    ## Stays silent on
+    The keep-mask form (`keep = torch.rand(n) > p_uncond; torch.where(keep, y, null)`), `rand <
+    1 - p` used as a keep mask; a rate written at one half or above (word dropout at 0.75:
+    meant); a rate the source does not bind to one number (an argument of the command line, a
+    value assigned twice); a mask whose use says neither drop nor keep, or both. Not seen: masks
+    from a helper function (lucidrains' `prob_mask_like(shape, prob)`) or `torch.bernoulli`.
+    """
+
+    code = "GD321"
+    slug = "drop-mask-inverted"
+    severity = Severity.WARNING
+    summary = ("a random mask meant to drop a small share p of the rows (classifier-free guidance's "
+               "label dropout, token masking) drops 1 - p of them: the comparison with the rate is "
+               "turned around")
+    fix = "compare the other way: torch.rand(n) < p is true for a share p of the rows"
+
+    def check(self, a):
+        backwards = a.by_kind.get("backward", ())
+        paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
+        for path in paths[:4]:
+            tree = a.source.tree(path)
+            if tree is None:
+                continue
+            for line, name, text, written, role in inverted_masks(tree):
+                share = round(100 * (1 - written))
+                does = "drops" if role == "drop" else "keeps"
+                yield self.finding(
+                    f"`{name} = {text}` is true for {share}% of the rows (the rate written is "
+                    f"{written:g}), and the script {does} the rows where `{name}` holds: "
+                    f"{share}% of them lose their condition (label, token) instead of "
+                    f"{round(100 * written)}%",
+                    Location(path, line), evidence={"mask": name, "comparison": text,
+                                                    "rate": written, "role": role},
+                    fix=f"turn the comparison around so that {round(100 * written)}% of the rows "
+                        f"are dropped ({'rand < rate for a drop mask' if role == 'drop' else 'rand > rate for a keep mask'})")
