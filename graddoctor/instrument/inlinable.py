@@ -22,6 +22,8 @@ import weakref
 
 import torch
 
+from .patcher import stand_in
+
 _SOURCE = """
 def make(before, original, is_compiling, transform):
     def wrapper(*args, **kwargs):
@@ -181,7 +183,8 @@ def unwatch(owner, name: str, before) -> bool:
         return False
     befores = tuple(b for b in entry[0] if b is not before)
     function = entry[1]
-    if not befores:
+    if not befores:  # nobody's call left: the function itself (the wrapper's watcher, finding
+        # it, leaves it: ``put_back``)
         setattr(owner, name, function)
         return True
     if len(befores) == 1:
@@ -193,4 +196,5 @@ def unwatch(owner, name: str, before) -> bool:
     wrapper = functools.wraps(function)(_own_code(wrapper))
     _watching[wrapper] = (befores, function)
     setattr(owner, name, wrapper)
+    stand_in(wrapper, current)
     return True
