@@ -49,6 +49,7 @@ NATIVE = {
 COMPOSITES = tuple((F, name) for name in (
     "l1_loss", "kl_div", "poisson_nll_loss", "gaussian_nll_loss", "hinge_embedding_loss",
     "multilabel_soft_margin_loss"))
+COMPOSITE_FNS = frozenset(name for _, name in COMPOSITES)
 REGRESSIONS = frozenset({"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"})
 
 # the class names of the top nodes tagged so far: a walk reads the metadata of those only
