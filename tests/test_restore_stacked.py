@@ -5,6 +5,7 @@ function must come back to torch's own once both have retired (no idle wrapper l
 import torch
 
 from graddoctor.instrument.aggsum import AggregateSumWatcher
+from graddoctor.instrument.inlinable import _watching
 from graddoctor.instrument.patcher import Patcher, put_back
 from graddoctor.instrument.recorder import Recorder
 from graddoctor.instrument.shiftcancel import ShiftCancelWatcher
@@ -26,7 +27,12 @@ def test_upper_wrapper_survives_the_lower_watchers_window():
         for _ in range(3):  # the lower watcher's windows end; the upper's is still open
             lower.describe_loss(())
         assert not lower._open and upper._open
-        assert torch.Tensor.div is upper_div  # not dropped under the upper watcher
+        # not dropped under the upper watcher: its frame (which called the lower wrapper
+        # itself) now calls torch's own division, with the upper watcher's test in it
+        now = torch.Tensor.div
+        assert now is not original
+        befores, function = _watching[now]
+        assert function is original and befores == _watching[upper_div][0]
         a, b = torch.ones(4, 3), torch.full((4, 1), 2.0)
         assert torch.equal(a.div(b), torch.full((4, 3), 0.5))
         upper._close()  # its original is the lower's retired wrapper: torch's own comes back
@@ -60,3 +66,28 @@ def test_put_back_restores_only_its_own_wrapper_and_collapses_the_chain():
     owner.h = lower
     assert put_back(owner, "h", f, lower) is True
     assert owner.h is f
+
+
+def test_a_watched_frame_over_a_retired_wrapper_is_rebuilt_around_the_original():
+    """A watcher's ``watched`` wrapper calls the one below it directly (one frame for several
+    watchers): when the lower one retires first, the frame is rebuilt to call torch's own
+    function, its befores kept, and the upper watcher still puts back what it replaced."""
+    from graddoctor.instrument.inlinable import watched, watched_call
+
+    seen = []
+    owner = _Owner()
+
+    def f(x):
+        return x + 1
+
+    owner.g = f
+    lower = watched_call(f, lambda args, kwargs, result: seen.append(("lower", result)))
+    owner.g = lower
+    upper = watched(lower, lambda args, kwargs: seen.append(("upper", args)))
+    owner.g = upper
+    assert owner.g(1) == 2 and seen == [("upper", (1,)), ("lower", 2)]
+    assert put_back(owner, "g", f, lower) is True  # rerouted: the upper frame calls f now
+    seen.clear()
+    assert owner.g(1) == 2 and seen == [("upper", (1,))]
+    assert put_back(owner, "g", lower, upper) is True  # its stand-in counts as its own
+    assert owner.g is f

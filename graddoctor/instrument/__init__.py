@@ -581,10 +581,13 @@ class Instrumentation:
         # after DependencyWatcher, so that a user's register_hook call reaches this wrapper first
         self.watchers.append(HookStackWatcher(rec))
         # the top nodes of losses torch builds of plain ops (l1_loss, kl_div...) tagged for
-        # ``lossnodes.loss_of``; its DESCRIBE_LOSS after every reader's: it takes the tags off
+        # ``lossnodes.loss_of``; its DESCRIBE_LOSS after every reader's: it takes the tags off.
+        # Installed first, under the other watchers' wrappers of those losses: theirs are
+        # ``watched`` frames that call it, which its window's end rebuilds around torch's own
+        # function (``patcher.put_back``), and their own ``unwatch`` still finds them on top
         composite_losses = CompositeLossWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, composite_losses.describe_loss)
-        self.watchers.append(composite_losses)
+        self.watchers.insert(0, composite_losses)
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)

@@ -26,18 +26,37 @@ def put_back(owner: Any, name: str, original: Any, wrapper: Any) -> bool:
     undo at the end of the check restores whatever is left."""
     current = _installed(owner, name)
     entry = _stand_ins.get(id(current))
+    original = _unretired(original)
     if current is not wrapper and not (entry is not None and entry[0] is current and entry[1] is wrapper):
         _retired[id(wrapper)] = (wrapper, original)
+        for reroute in _reroutes:  # a wrapper on top that calls this one itself (``watched``'s
+            # one frame for several watchers) is rebuilt to call the original instead
+            if reroute(owner, name, wrapper, original):
+                return True
         return False
-    seen = 0
-    while seen < 64:  # a chain of retired wrappers below this one: skip them all
+    setattr(owner, name, original)
+    return True
+
+
+def _unretired(original: Any) -> Any:
+    """``original`` past the retired wrappers it may be (each replaced by what it wrapped)."""
+    for _ in range(64):
         below = _retired.get(id(original))
         if below is None or below[0] is not original:
             break
         original = below[1]
-        seen += 1
-    setattr(owner, name, original)
-    return True
+    return original
+
+
+# ``reroute(owner, name, wrapper, original) -> bool``: take ``wrapper`` out from under the wrapper
+# installed above it where that one calls it directly (``inlinable`` registers its own)
+_reroutes: list = []
+
+
+def on_covered(reroute) -> None:
+    """Register a ``reroute`` that ``put_back`` tries when another wrapper sits on top."""
+    if reroute not in _reroutes:
+        _reroutes.append(reroute)
 
 
 def stand_in(rebuilt: Any, replaced: Any) -> None:
