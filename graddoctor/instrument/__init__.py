@@ -53,7 +53,8 @@ from .lategrads import LateGradWatcher
 from .naming import ParamNamer
 from .optdefaults import DefaultsWatcher
 from .optim import OptimizerWatcher
-from .patcher import Patcher
+from .lossnodes import CompositeLossWatcher
+from .patcher import Patcher, forget_retired
 from .phases import PhaseHold
 from .policygrad import AdvantageGradWatcher
 from .policysign import PolicySignWatcher
@@ -140,6 +141,7 @@ class Instrumentation:
         self.rec = rec
         self.patcher = Patcher()
         new_check()  # the wrappers of builtins made from here share one copy of torch's names
+        forget_retired()  # the last check's retired wrappers (``put_back``)
         # made before the watchers that read their state; installed in the order of ``watchers``
         self.scalers = GradScalerWatcher(rec)
         self.ddp = DDPWatcher(rec)
@@ -584,6 +586,14 @@ class Instrumentation:
         # hooks registered again on one parameter or module, the earlier copies kept (hook-stacked):
         # after DependencyWatcher, so that a user's register_hook call reaches this wrapper first
         self.watchers.append(HookStackWatcher(rec))
+        # the top nodes of losses torch builds of plain ops (l1_loss, kl_div...) tagged for
+        # ``lossnodes.loss_of``; its DESCRIBE_LOSS after every reader's: it takes the tags off.
+        # Installed first, under the other watchers' wrappers of those losses: theirs are
+        # ``watched`` frames that call it, which its window's end rebuilds around torch's own
+        # function (``patcher.put_back``), and their own ``unwatch`` still finds them on top
+        composite_losses = CompositeLossWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, composite_losses.describe_loss)
+        self.watchers.insert(0, composite_losses)
         # torch.compile: keep all of the above out of compiled graphs
         self.compile = CompileWatcher(rec)
         self.watchers.append(self.compile)

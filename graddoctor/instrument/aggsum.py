@@ -33,6 +33,7 @@ from .graphpaths import saved
 from .inlinable import watched
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
+from .patcher import put_back
 
 _LABEL = "aggregate divided by a sum"
 _PRODUCTS = {"MmBackward0": "mm", "BmmBackward0": "bmm"}
@@ -117,8 +118,7 @@ class AggregateSumWatcher:
         self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
         for owner, name, original, wrapper in self._restore:
             try:
-                if getattr(owner, name, None) is wrapper:  # another watcher's wrapper may sit on it
-                    setattr(owner, name, original)
+                put_back(owner, name, original, wrapper)  # not from under another's wrapper
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
 

@@ -39,6 +39,7 @@ from .inlinable import watched_call
 from .lossterms import loss_root, signed_walk
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
+from .patcher import put_back
 
 _WINDOWS = 3
 _ELEMENTS = 1 << 20
@@ -48,7 +49,6 @@ _NEGATIVE = 0.6
 _CHECKS = 2000  # products checked per window, at most
 _KEPT = 32  # candidate terms kept per window
 _WALK = 512  # nodes of the loss's linear top walked
-_UNWRAP_TRIES = 8
 _LABEL = "concave term"
 
 _SELECTS = ((torch, "where", "where"), (torch.Tensor, "where", "where"),
@@ -78,7 +78,6 @@ class ConcaveTermWatcher:
         self._kept: list = []  # (node, form, negative share, loc)
         self._told: set = set()
         self._restore: list = []
-        self._unwrap_tries = 0
 
     def install(self, patcher) -> None:
         for owner, name, form in _SELECTS:
@@ -210,14 +209,9 @@ class ConcaveTermWatcher:
             self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
 
     def _unwrap(self) -> None:
-        self._unwrap_tries += 1
-        left = []
-        for owner, name, original, wrapper in self._restore:
-            try:
-                if owner.__dict__.get(name) is wrapper:
-                    setattr(owner, name, original)
-                else:
-                    left.append((owner, name, original, wrapper))
+        restore, self._restore = self._restore, []
+        for owner, name, original, wrapper in restore:
+            try:  # under another watcher's wrapper, left to it (retired: it skips this one)
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
-        self._restore = left if self._unwrap_tries < _UNWRAP_TRIES else []

@@ -19,9 +19,10 @@ Read from the autograd graph, at the first ``WINDOW`` backwards only:
 * Before each backward (``DESCRIBE_LOSS``), the loss's graph is walked from its root through the
   operations that combine loss terms (sums, means, products, divisions, negations) to the loss
   functions' nodes (``cross_entropy``/``nll_loss``, ``mse_loss``, ``smooth_l1_loss``,
-  ``huber_loss``, ``binary_cross_entropy(_with_logits)``); from each, the node that made its
-  prediction is found past the operations that only move values (views, reshapes, slices,
-  casts) and, for ``cross_entropy``, its ``log_softmax``. When that node is a noted dropout's
+  ``huber_loss``, ``binary_cross_entropy(_with_logits)``, and the ones torch builds of plain
+  ops, ``l1_loss``, ``kl_div``, ``poisson_nll_loss``..., through ``lossnodes.loss_of``); from
+  each, the node that made its prediction is found past the operations that only move values
+  (views, reshapes, slices, casts) and, for ``cross_entropy`` and ``kl_div``, a ``log_softmax``. When that node is a noted dropout's
   output: a ``dropout_on_output`` aside at the dropout's line, once per run.
 
 Silent: dropout before the last layer (the loss reads that layer's output); dropout inside an
@@ -43,6 +44,7 @@ from torch import nn
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
 from .recorder import Recorder
+from .lossnodes import COMPOSITE_FNS, loss_of
 
 WINDOW = 4  # backwards judged, from the first one
 _NOTED = 64  # dropout outputs noted per turn at most
@@ -95,10 +97,16 @@ def loss_predictions(root, limit: int = _COMBINE_NODES) -> list[tuple[str, objec
         seen.add(id(node))
         name = _base(type(node).__name__)
         fn = _LOSSES.get(name)
+        composite = loss_of(node) if fn is None else None  # l1_loss, kl_div...: built of plain ops
+        if composite is not None and composite.fn in COMPOSITE_FNS:
+            fn = composite.fn
         if fn is not None:
-            parents = [n for n, _ in node.next_functions]
-            prediction = parents[0] if parents else None
-            if prediction is not None and fn == "cross_entropy" \
+            if composite is not None:
+                prediction = composite.input_node
+            else:
+                parents = [n for n, _ in node.next_functions]
+                prediction = parents[0] if parents else None
+            if prediction is not None and fn in ("cross_entropy", "kl_div") \
                     and _base(type(prediction).__name__) == "LogSoftmaxBackward":
                 prediction = next(iter(_parents(prediction)), None)
             for _ in range(_MOVE_DEPTH):

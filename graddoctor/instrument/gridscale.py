@@ -38,6 +38,7 @@ from .. import events as ev
 from .inlinable import watched
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
+from .patcher import put_back
 
 WINDOW = 3  # backwards after which the wrapper is put back
 _CALLS = 8  # calls judged, at most
@@ -89,8 +90,8 @@ class GridScaleWatcher:
         original = getattr(F, "grid_sample", None)
         if original is None:
             return
-        patcher.patch(F, "grid_sample", watched(original, self._before))
-        self._restore.append((F, "grid_sample", original))
+        wrapper = patcher.patch(F, "grid_sample", watched(original, self._before))
+        self._restore.append((F, "grid_sample", original, wrapper))
 
     def _before(self, args, kwargs) -> None:
         if not self._open or not torch.is_grad_enabled() or get_ident() != self.rec.script_thread:
@@ -135,8 +136,8 @@ class GridScaleWatcher:
             return
         self._open = False
         self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
-        for owner, name, original in self._restore:
-            try:
-                setattr(owner, name, original)
+        for owner, name, original, wrapper in self._restore:
+            try:  # not from under another watcher's wrapper
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error("grid scale", exc)

@@ -22,6 +22,8 @@ import weakref
 
 import torch
 
+from .patcher import on_covered, stand_in
+
 _SOURCE = """
 def make(before, original, is_compiling, transform):
     def wrapper(*args, **kwargs):
@@ -181,7 +183,8 @@ def unwatch(owner, name: str, before) -> bool:
         return False
     befores = tuple(b for b in entry[0] if b is not before)
     function = entry[1]
-    if not befores:
+    if not befores:  # nobody's call left: the function itself (the wrapper's watcher, finding
+        # it, leaves it: ``put_back``)
         setattr(owner, name, function)
         return True
     if len(befores) == 1:
@@ -193,4 +196,33 @@ def unwatch(owner, name: str, before) -> bool:
     wrapper = functools.wraps(function)(_own_code(wrapper))
     _watching[wrapper] = (befores, function)
     setattr(owner, name, wrapper)
+    stand_in(wrapper, current)
     return True
+
+
+def _reroute(owner, name: str, wrapper, original) -> bool:
+    """``patcher.put_back``'s reroute: the ``watched`` wrapper installed as ``owner.<name>``
+    calls ``wrapper`` (a retired watcher's) as its function: rebuilt with the same befores
+    around ``original``, so that no call goes through the retired one."""
+    current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    try:
+        entry = _watching.get(current)
+    except TypeError:
+        return False
+    if entry is None or entry[1] is not wrapper:
+        return False
+    befores = entry[0]
+    if len(befores) == 1:
+        rebuilt = _maker(_CODE, original)(befores[0], original, torch.compiler.is_compiling,
+                                          in_transform)
+    else:
+        rebuilt = _maker(_many_code(len(befores)), original)(
+            befores, original, torch.compiler.is_compiling, in_transform)
+    rebuilt = functools.wraps(original)(_own_code(rebuilt))
+    _watching[rebuilt] = (befores, original)
+    setattr(owner, name, rebuilt)
+    stand_in(rebuilt, current)
+    return True
+
+
+on_covered(_reroute)

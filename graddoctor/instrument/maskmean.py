@@ -46,6 +46,7 @@ from .graphpaths import saved
 from .inlinable import watched
 from .lossfactor import python_number
 from .recorder import Recorder
+from .patcher import put_back
 
 _WINDOW = 4  # backwards looked at; the wrappers go at the last one
 _LINES = 8  # backward lines looked at, at most
@@ -264,8 +265,8 @@ class MaskedMeanWatcher:
             original = getattr(owner, name, None)
             if original is None:
                 continue
-            patcher.patch(owner, name, watched(original, self._before))
-            self._restore.append((owner, name, original))
+            wrapper = patcher.patch(owner, name, watched(original, self._before))
+            self._restore.append((owner, name, original, wrapper))
 
     def _before(self, args, kwargs) -> None:
         if not self._open or not args or len(self._noted) >= _NOTED:
@@ -345,8 +346,8 @@ class MaskedMeanWatcher:
         backwards."""
         self._open = False
         self._noted = {}
-        for owner, name, original in self._restore:
-            try:
-                setattr(owner, name, original)
+        for owner, name, original, wrapper in self._restore:
+            try:  # not from under another watcher's wrapper
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error("masked mean", exc)

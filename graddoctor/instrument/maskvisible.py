@@ -53,6 +53,7 @@ from torch import nn
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
+from .lossnodes import REGRESSIONS, loss_of
 from .graphpaths import saved
 from .maskmean import masked_share
 from .recorder import Recorder
@@ -291,10 +292,12 @@ class MaskedVisibleWatcher:
                 if target is not None and tuple(target.shape[:index.dim()]) == tuple(index.shape):
                     found.append(_Term("index", index, target=target))
                 continue
-            if name in _LOSSES and saved(node, "_saved_reduction", 0) != 0:
-                target = saved(node, "_saved_target")
-                below = [c for _, c in children if type(c).__name__ == "IndexBackward0"]
-                index = _bool_index(below[0]) if len(children) == 1 and below else None
+            call = loss_of(node)  # l1_loss too, which torch builds of abs and mean
+            if call is not None and call.fn in REGRESSIONS and call.reduced:
+                target = call.target
+                below = call.input_node
+                alone = len(children) == 1 and not getattr(target, "requires_grad", True)
+                index = _bool_index(below) if alone and type(below).__name__ == "IndexBackward0" else None
                 if index is not None and isinstance(target, torch.Tensor) and target.numel() <= _MAX_CELLS:
                     found.append(_Term("index", index, selected=target.detach()))
                 continue

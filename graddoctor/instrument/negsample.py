@@ -55,6 +55,7 @@ from .inlinable import watched_call
 from .lossterms import loss_root
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, STEPPED
+from .patcher import put_back
 
 _WINDOWS = 5  # backwards looked at (the first one only opens the fresh draws' window)
 _DRAW_ELEMENTS = 1 << 16  # values of a draw kept at most
@@ -66,7 +67,6 @@ _AGREE = 0.4  # share of a lookup's indices equal to a draw's, at least
 _MIN_DRAWN = 4  # values of a draw compared, at least
 _FRAMES = 3  # user frames whose variables name the scores
 _NAMES_READ = 400  # variables of a frame read, at most
-_UNWRAP_TRIES = 8
 _LABEL = "sampled scores"
 
 _DISTANCE_NODES = ("LinalgVectorNormBackward0", "NormBackward1", "NormBackward0", "CdistBackward0")
@@ -155,7 +155,6 @@ class NegativeSampleWatcher:
         self._busy = False
         self._pending: list = []  # (made, loc, records, handles) of a backward, emitted after it
         self._restore: list = []
-        self._unwrap_tries = 0
 
     # -- wrappers ----------------------------------------------------------------------------
     def install(self, patcher) -> None:
@@ -442,14 +441,9 @@ class NegativeSampleWatcher:
             self.rec.retire(STEPPED, self.after_step)
 
     def _unwrap(self) -> None:
-        self._unwrap_tries += 1
-        left = []
-        for owner, name, original, wrapper in self._restore:
-            try:
-                if owner.__dict__.get(name) is wrapper:
-                    setattr(owner, name, original)
-                else:
-                    left.append((owner, name, original, wrapper))
+        restore, self._restore = self._restore, []
+        for owner, name, original, wrapper in restore:
+            try:  # under another watcher's wrapper, left to it (retired: it skips this one)
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
-        self._restore = left if self._unwrap_tries < _UNWRAP_TRIES else []

@@ -46,6 +46,7 @@ from .inlinable import watched_call
 from .recorder import Recorder
 from .softmaxbatch import _BELOW, _data_leading
 from .topics import DESCRIBE_LOSS
+from .patcher import put_back
 
 _WINDOWS = 3  # backwards whose losses are looked at; the wrappers go at the last one
 _NODES = 20000  # graph nodes walked per backward
@@ -192,8 +193,8 @@ class NormBatchWatcher:
             original = getattr(owner, name, None)
             if original is None:
                 continue
-            patcher.patch(owner, name, watched_call(original, self._after))
-            self._restore.append((owner, name, original))
+            wrapper = patcher.patch(owner, name, watched_call(original, self._after))
+            self._restore.append((owner, name, original, wrapper))
         close_before_compile(patcher, self._close)
 
     def _after(self, args, kwargs, result) -> None:
@@ -233,9 +234,9 @@ class NormBatchWatcher:
         self._open = False
         self._noted = {}
         self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
-        for owner, name, original in self._restore:
-            try:
-                setattr(owner, name, original)
+        for owner, name, original, wrapper in self._restore:
+            try:  # not from under another watcher's wrapper
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
 

@@ -69,6 +69,7 @@ from .dependency import close_before_compile
 from .inlinable import unwatch, watched, watched_call
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, STEPPED
+from .patcher import put_back
 
 _WINDOWS = 3  # backwards whose forward is watched
 _MIN_ROWS = 4  # pairs of fewer rows (or columns) say nothing
@@ -77,7 +78,6 @@ _PER_FORWARD = 32  # matrices, and meetings, noted per forward at most
 _MARKS = 4096  # label masks held at most
 _SHARE = 0.1  # the reversed part's mass, over the gradient's whole mass, at least
 _JUDGED = 2  # backwards that must each say reversed
-_UNWRAP_TRIES = 8  # calls after the windows that try to put torch's functions back
 _LABEL = "pair pull"
 
 _register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
@@ -263,7 +263,6 @@ class PairPullWatcher:
         self._ready: list = []  # (line key, made, loc) found in a backward, emitted after it
         self._told: set = set()
         self._restore: list = []  # (owner, name, original, this watcher's wrapper)
-        self._unwrap_tries = 0
 
     def install(self, patcher) -> None:
         def wrap(owner, name, after, make=watched_call):
@@ -323,22 +322,16 @@ class PairPullWatcher:
 
     def _unwrap(self) -> None:
         """Put torch's own functions back where this watcher's wrapper is the one installed. A
-        wrapper another watcher stacked over it is left to that watcher, which puts this one
-        back when its own window ends: it is taken away at the next call after that, for
-        ``_UNWRAP_TRIES`` calls; past them (a loss function another watcher keeps wrapped for
-        the whole run) it stays, returning at its first test, until the instrumentation is
-        removed."""
-        self._unwrap_tries += 1
-        left = []
-        for owner, name, original, wrapper, before in self._restore:
+        wrapper another watcher stacked over it is left to that watcher (``put_back``: retired,
+        skipped when that one's window ends); where that wrapper calls this watcher's test
+        itself (one frame for both), the test is taken out of it."""
+        restore, self._restore = self._restore, []
+        for owner, name, original, wrapper, before in restore:
             try:
-                if owner.__dict__.get(name) is wrapper:
-                    setattr(owner, name, original)
-                elif before is None or not unwatch(owner, name, before):
-                    left.append((owner, name, original, wrapper, before))
+                if not put_back(owner, name, original, wrapper) and before is not None:
+                    unwatch(owner, name, before)
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
-        self._restore = left if self._unwrap_tries < _UNWRAP_TRIES else []
 
     def _emit_ready(self) -> None:
         ready, self._ready = self._ready, []

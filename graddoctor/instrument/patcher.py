@@ -6,6 +6,80 @@ from typing import Any
 
 _MISSING = object()
 
+# Wrappers whose watcher's window ended while another watcher's wrapper sat on top of them:
+# ``{id(wrapper): (wrapper, what it replaced)}``, held alive so that an id is never reused
+# within a check. Emptied as each check starts (``forget_retired``).
+_retired: dict = {}
+# ``{id(rebuilt wrapper): (rebuilt, the wrapper it stands for)}``: a wrapper rebuilt in place
+# without one watcher's call (``inlinable.unwatch``) is still the one its own watcher installed.
+_stand_ins: dict = {}
+
+
+def put_back(owner: Any, name: str, original: Any, wrapper: Any) -> bool:
+    """Put ``original`` back as ``owner.<name>`` when a watcher's window ends, only where that
+    watcher's ``wrapper`` is the one installed (or a stand-in rebuilt from it). With another
+    watcher's wrapper on top, putting the original back would drop that one before its own
+    window ends: ``wrapper`` is left inside it, marked retired (its watcher's test, closed, makes
+    it pass-through), and when the upper watcher puts back what it replaced, the retired wrappers
+    below are skipped and the function comes back as it was before them. True when put back.
+    Every watcher that puts its patches back during the run goes through here; the patcher's
+    undo at the end of the check restores whatever is left."""
+    current = _installed(owner, name)
+    entry = _stand_ins.get(id(current))
+    original = _unretired(original)
+    if current is not wrapper and not (entry is not None and entry[0] is current and entry[1] is wrapper):
+        _retired[id(wrapper)] = (wrapper, original)
+        for reroute in _reroutes:  # a wrapper on top that calls this one itself (``watched``'s
+            # one frame for several watchers) is rebuilt to call the original instead
+            if reroute(owner, name, wrapper, original):
+                return True
+        return False
+    setattr(owner, name, original)
+    return True
+
+
+def _unretired(original: Any) -> Any:
+    """``original`` past the retired wrappers it may be (each replaced by what it wrapped)."""
+    for _ in range(64):
+        below = _retired.get(id(original))
+        if below is None or below[0] is not original:
+            break
+        original = below[1]
+    return original
+
+
+# ``reroute(owner, name, wrapper, original) -> bool``: take ``wrapper`` out from under the wrapper
+# installed above it where that one calls it directly (``inlinable`` registers its own)
+_reroutes: list = []
+
+
+def on_covered(reroute) -> None:
+    """Register a ``reroute`` that ``put_back`` tries when another wrapper sits on top."""
+    if reroute not in _reroutes:
+        _reroutes.append(reroute)
+
+
+def stand_in(rebuilt: Any, replaced: Any) -> None:
+    """``rebuilt`` now stands where ``replaced`` was installed, doing its work (less one
+    watcher's call): ``put_back`` of ``replaced`` takes it as that wrapper."""
+    entry = _stand_ins.get(id(replaced))
+    if entry is not None and entry[0] is replaced:
+        replaced = entry[1]  # a stand-in of a stand-in stands for the wrapper first installed
+    _stand_ins[id(rebuilt)] = (rebuilt, replaced)
+
+
+def forget_retired() -> None:
+    """A check starts: the last check's retired wrappers and stand-ins are let go of."""
+    _retired.clear()
+    _stand_ins.clear()
+
+
+def _installed(owner: Any, name: str) -> Any:
+    own = getattr(owner, "__dict__", None)
+    if own is not None and name in own:
+        return own[name]
+    return getattr(owner, name, None)
+
 
 class Patcher:
     """Records every patched attribute and hook handle; ``undo()`` restores them all, newest
@@ -15,11 +89,14 @@ class Patcher:
         self._undo: list[tuple[str, Any, Any, Any]] = []
         self._patched: list | None = None  # ``originals``' (owner, name, first old), kept until a change
 
-    def patch(self, owner: Any, name: str, new: Any) -> None:
+    def patch(self, owner: Any, name: str, new: Any) -> Any:
+        """Set ``owner.<name>`` to ``new``, undone at the end; returns ``new`` (the wrapper a
+        watcher hands ``put_back`` when its window ends)."""
         old = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
         self._undo.append(("attr", owner, name, old))
         self._patched = None
         setattr(owner, name, new)
+        return new
 
     def handle(self, handle: Any) -> Any:
         self._undo.append(("handle", handle, None, None))

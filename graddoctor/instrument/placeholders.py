@@ -47,6 +47,7 @@ from .. import events as ev
 from .inlinable import watched
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
+from .patcher import put_back
 
 _CALLS = 16  # loss calls with a gradient heard (of every wrapped loss: it closes in a run of
 # classification losses too), at most
@@ -168,8 +169,8 @@ class LogTargetWatcher:
             original = getattr(owner, name, None)
             if original is None:
                 continue
-            patcher.patch(owner, name, watched(original, self._before))
-            self._restore.append((owner, name, original))
+            wrapper = patcher.patch(owner, name, watched(original, self._before))
+            self._restore.append((owner, name, original, wrapper))
 
     def _before(self, args, kwargs) -> None:
         if not self._open or not args or not torch.is_grad_enabled():
@@ -210,8 +211,8 @@ class LogTargetWatcher:
             return
         self._open = False
         self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
-        for owner, name, original in self._restore:
-            try:
-                setattr(owner, name, original)
+        for owner, name, original, wrapper in self._restore:
+            try:  # not from under another watcher's wrapper
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error("placeholder targets (log)", exc)

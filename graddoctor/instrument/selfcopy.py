@@ -37,6 +37,7 @@ from .dependency import close_before_compile
 from .inlinable import watched
 from .recorder import Recorder
 from .topics import STEPPED
+from .patcher import put_back
 
 _STEPS = 12  # optimizer steps the wrappers stay for
 _LINES = 8  # lines told at most
@@ -73,8 +74,8 @@ class SelfCopyWatcher:
             original = getattr(torch.Tensor, name, None)
             if original is None:
                 continue
-            patcher.patch(torch.Tensor, name, watched(original, self._before(name)))
-            self._restore.append((torch.Tensor, name, original))
+            wrapper = patcher.patch(torch.Tensor, name, watched(original, self._before(name)))
+            self._restore.append((torch.Tensor, name, original, wrapper))
         data = getattr(torch._C.TensorBase, "data", None)
         if data is not None and hasattr(data, "__set__") and "data" not in vars(torch.Tensor):
             watcher = self
@@ -87,8 +88,9 @@ class SelfCopyWatcher:
                     watcher._seen(".data =", tensor, value, sys._getframe(1))
                 data.__set__(tensor, value)
 
-            patcher.patch(torch.Tensor, "data", property(get, set_, doc=data.__doc__))
-            self._restore.append((torch.Tensor, "data", data))
+            wrapper = patcher.patch(torch.Tensor, "data", property(get, set_, doc=data.__doc__))
+
+            self._restore.append((torch.Tensor, "data", data, wrapper))
         close_before_compile(patcher, self._close)
 
     def after_step(self, opt, optimizer) -> None:
@@ -101,9 +103,9 @@ class SelfCopyWatcher:
             return
         self._open = False
         self.rec.retire(STEPPED, self.after_step)
-        for owner, name, original in self._restore:
-            try:
-                setattr(owner, name, original)
+        for owner, name, original, wrapper in self._restore:
+            try:  # not from under another watcher's wrapper
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
 

@@ -45,6 +45,7 @@ from .dependency import close_before_compile
 from .inlinable import unwatch, watched, watched_call
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
+from .patcher import put_back
 
 _WINDOWS = 3  # backwards after which the wrappers go
 _MARKS = 4096  # shifted values held between two backwards, at most
@@ -159,22 +160,23 @@ class ShiftCancelWatcher:
         self._marks: dict = {}  # id(value) -> (weak value, _Shift)
         self._locs: dict = {}  # (id(code), line) -> the user's Location
         self._told: set = set()
-        self._restore: list = []  # (owner, name, original) put back when the windows end
-        self._consumers: list = []  # (owner, name, before) taken out of the shared wrappers then
+        self._restore: list = []  # (owner, name, original, wrapper) put back when the windows end
+        self._consumers: list = []  # (owner, name, original, wrapper, before): put back, or
+        # the test taken out of the shared wrapper on top of it, then
 
     def install(self, patcher) -> None:
         for owner, name, kind in _ARITHMETIC:
             original = getattr(owner, name, None)
             if original is None:
                 continue
-            patcher.patch(owner, name, watched_call(original, self._arith(kind)))
-            self._restore.append((owner, name, original))
+            wrapper = patcher.patch(owner, name, watched_call(original, self._arith(kind)))
+            self._restore.append((owner, name, original, wrapper))
         for owner, name, fn in _SOFTMAXES:
             original = getattr(owner, name, None)
             if original is not None:
                 before = self._consumer(fn)
-                patcher.patch(owner, name, watched(original, before))
-                self._consumers.append((owner, name, before))
+                wrapper = patcher.patch(owner, name, watched(original, before))
+                self._consumers.append((owner, name, original, wrapper, before))
         close_before_compile(patcher, self._close)
 
     # -- the windows -----------------------------------------------------------------------------
@@ -192,16 +194,17 @@ class ShiftCancelWatcher:
         self._open = False
         self._marks = {}
         self.rec.retire(DESCRIBE_LOSS, self.describe_loss)  # its windows are over: no call per step
-        for owner, name, original in self._restore:
-            try:
-                setattr(owner, name, original)
+        for owner, name, original, wrapper in self._restore:
+            try:  # not from under another watcher's wrapper
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
         # the softmaxes' and cross_entropy's wrappers are shared with other watchers: this
         # watcher's test leaves them (a mixture of experts calls a router softmax per layer)
-        for owner, name, before in self._consumers:
+        for owner, name, original, wrapper, before in self._consumers:
             try:
-                unwatch(owner, name, before)
+                if not put_back(owner, name, original, wrapper):
+                    unwatch(owner, name, before)
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
 

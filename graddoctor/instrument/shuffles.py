@@ -27,6 +27,7 @@ from .dependency import close_before_compile
 from .inlinable import watched_call
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS
+from .patcher import put_back
 
 _WINDOWS = 3  # backwards the wrappers stay for
 _SMALLEST = 8  # shorter orders are not judged (a handful of items)
@@ -128,10 +129,7 @@ class ShuffleWatcher:
         self.rec.retire(DESCRIBE_LOSS, self.describe_loss)
         for owner, name, original, wrapper in self._restore:
             try:
-                # with another watcher's wrapper on top, this one stays (idle) inside it: putting
-                # the original back would drop the other's before its window ends
-                if getattr(owner, name, None) is wrapper:
-                    setattr(owner, name, original)
+                put_back(owner, name, original, wrapper)  # not from under another's wrapper
             except Exception as exc:
                 self.rec.internal_error(_LABEL, exc)
 

@@ -48,6 +48,7 @@ from .constlabels import ignored_index
 from .inlinable import watched_call
 from .recorder import Recorder
 from .topics import BATCH_SERVED
+from .patcher import put_back
 
 _CALLS = 16  # loss calls with a gradient heard, at most
 _LOADERS = 4  # loaders whose latest batch is kept
@@ -163,8 +164,8 @@ class TargetRemapWatcher:
 
     def install(self, patcher) -> None:
         original = self._interpolate = F.interpolate
-        patcher.patch(F, "interpolate", watched_call(original, self._resized))
-        self._restore.append((F, "interpolate", original))
+        wrapper = patcher.patch(F, "interpolate", watched_call(original, self._resized))
+        self._restore.append((F, "interpolate", original, wrapper))
 
     def _resized(self, args, kwargs, result) -> None:
         """``F.interpolate`` ran (the wrapper's after): an averaging resize of a label map is
@@ -273,9 +274,9 @@ class TargetRemapWatcher:
         self._served, self._resizes = {}, []
         self.rec.retire(BATCH_SERVED, self.served)
         restore, self._restore = self._restore, []
-        for owner, name, original in restore:
-            try:
-                setattr(owner, name, original)
+        for owner, name, original, wrapper in restore:
+            try:  # not from under another watcher's wrapper
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error("target remap", exc)
 

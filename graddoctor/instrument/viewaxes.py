@@ -49,18 +49,23 @@ import torch
 from .. import events as ev
 from .graphpaths import post_order, reached, saved
 from .inlinable import watched_call
+from .lossnodes import loss_of
 from .recorder import Recorder
+from .patcher import put_back
 
 _WINDOWS = 3  # backwards whose losses are looked at; the wrappers go at the last one
 _NODES = 20000  # graph nodes walked per backward
 _LEAVES = 20000  # nodes walked below a reshape to name the parameters that made its input
 _FLATTENED = 64  # flattened targets kept between two backwards, at most
-# loss nodes that save the target their rows are paired with -> the loss's name
-_ROW_LOSSES = {"NllLossBackward0": "cross_entropy/nll_loss", "MseLossBackward0": "mse_loss",
-               "L1LossBackward0": "l1_loss", "SmoothL1LossBackward0": "smooth_l1_loss",
-               "HuberLossBackward0": "huber_loss",
-               "BinaryCrossEntropyWithLogitsBackward0": "binary_cross_entropy_with_logits",
-               "BinaryCrossEntropyBackward0": "binary_cross_entropy"}
+# the losses that pair their input's rows with their target's (``lossnodes.loss_of``'s names,
+# composites such as l1_loss included) -> the loss's name as told
+_ROW_LOSSES = {"nll_loss": "cross_entropy/nll_loss", "mse_loss": "mse_loss", "l1_loss": "l1_loss",
+               "smooth_l1_loss": "smooth_l1_loss", "huber_loss": "huber_loss",
+               "binary_cross_entropy_with_logits": "binary_cross_entropy_with_logits",
+               "binary_cross_entropy": "binary_cross_entropy", "kl_div": "kl_div",
+               "poisson_nll_loss": "poisson_nll_loss", "gaussian_nll_loss": "gaussian_nll_loss",
+               "soft_margin_loss": "soft_margin_loss",
+               "multilabel_soft_margin_loss": "multilabel_soft_margin_loss"}
 _MAX_AXES = 6  # sizes other than 1 judged at most (6! orders)
 _VIEWS = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
 # ops whose output's axis 1 is channels (the class axis of a segmentation or tagging head)
@@ -202,10 +207,10 @@ def leading_merged(shape_in: tuple, shape_out: tuple) -> tuple | None:
     return lead if product == shape_out[0] else None
 
 
-def _flattened_input(node) -> tuple[tuple, tuple] | None:
-    """``(shape it was flattened from, flattened shape)`` of a loss node's scores, read from the
-    view node below it (through the loss's own log_softmax, casts and copies)."""
-    child = node.next_functions[0][0] if node.next_functions else None
+def _flattened_input(child) -> tuple[tuple, tuple] | None:
+    """``(shape it was flattened from, flattened shape)`` of a loss's scores, read from the view
+    node below it, from ``child``, the node they reached the loss through (through the loss's
+    own log_softmax, casts and copies)."""
     for _ in range(4):
         if child is None:
             return None
@@ -269,8 +274,8 @@ class ViewAxesWatcher:
             if original is None:
                 continue
             after = self._after_flatten if name == "flatten" else self._after
-            patcher.patch(owner, name, watched_call(original, after))
-            self._restore.append((owner, name, original))
+            wrapper = patcher.patch(owner, name, watched_call(original, after))
+            self._restore.append((owner, name, original, wrapper))
 
     def _after(self, args, kwargs, result) -> None:
         if not self._open or not args:
@@ -367,9 +372,9 @@ class ViewAxesWatcher:
         """Put torch's own view and reshape back: nothing of this watcher runs after the first
         backwards. (The patcher's undo at exit then finds them as they were.)"""
         self._open = False
-        for owner, name, original in self._restore:
-            try:
-                setattr(owner, name, original)
+        for owner, name, original, wrapper in self._restore:
+            try:  # not from under another watcher's wrapper
+                put_back(owner, name, original, wrapper)
             except Exception as exc:
                 self.rec.internal_error("view axes", exc)
 
@@ -411,14 +416,15 @@ class ViewAxesWatcher:
         for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
             nodes = post_order(root, _NODES)
             for node in nodes or ():
-                fn = _ROW_LOSSES.get(type(node).__name__)
+                call = loss_of(node)
+                fn = _ROW_LOSSES.get(call.fn) if call is not None else None
                 if fn is None:
                     continue
-                target = saved(node, "_saved_target")
+                target = call.target
                 entry = flat.get(id(target)) if target is not None else None
                 if entry is None or entry[0]() is not target:
                     continue
-                scores = _flattened_input(node)
+                scores = _flattened_input(call.input_node)
                 if scores is None:
                     continue
                 target_from, loc = entry[1], entry[2]

@@ -24,8 +24,9 @@ class DropoutOnOutput(Rule):
     """
     ## What it does
     Finds a loss whose prediction is the output of a dropout layer: at one of the first 4
-    backwards, the logits or values that `cross_entropy`, `nll_loss`, `mse_loss`,
-    `smooth_l1_loss`, `huber_loss` or `binary_cross_entropy(_with_logits)` reads come straight
+    backwards, the logits or values that `cross_entropy`, `nll_loss`, `mse_loss`, `l1_loss`,
+    `smooth_l1_loss`, `huber_loss`, `kl_div`, `poisson_nll_loss` or
+    `binary_cross_entropy(_with_logits)` reads come straight
     out of an `nn.Dropout` (or `Dropout1d/2d/3d`, `AlphaDropout`) run in training mode, past
     reshapes, slices and `log_softmax` only. Read from the loss's autograd graph; it points at
     the line that called the dropout module, or, when a container (`nn.Sequential`) ran it, at

@@ -37,7 +37,9 @@ class LossRowsMisaligned(Rule):
     Finds a loss whose scores and target were both flattened into rows, from the same axes in
     another order: (B, T, C) logits flattened with `logits.reshape(-1, C)` against a (T, B)
     target flattened with `target.reshape(-1)`, or a sequence-first model's (T, B, C) output
-    against batch-first (B, T) labels. At the first backwards, the loss node's target is
+    against batch-first (B, T) labels, under any loss that pairs rows (cross-entropy, the
+    regressions, `F.l1_loss`, `kl_div`, `poisson_nll_loss`: torch builds the last ones of plain
+    ops, and their calls are watched for their target). At the first backwards, the loss's target is
     matched with the script's own `view`/`reshape`/`flatten` call that made it (the calls are
     watched until then), and the shape the scores were flattened from is read from the view node
     below the loss (through its own log_softmax). Reported at the target's flattening.
