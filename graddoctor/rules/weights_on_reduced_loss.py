@@ -52,13 +52,26 @@ def _functional(call: ast.Call) -> bool:
             and func.value.attr == "functional")
 
 
+def _loss_assignment(tree: ast.AST, line: int) -> int:
+    """The line of the latest assignment, within ``_SPAN`` lines above, of the name whose
+    ``.backward()`` is called on ``line`` (a line of several statements,
+    ``opt.zero_grad(); loss.backward(); opt.step()``, is searched from its backward); ``line``
+    itself when there is none."""
+    names = {n.func.value.id for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and getattr(n, "lineno", None) == line and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "backward" and isinstance(n.func.value, ast.Name)}
+    bound = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assign) and line - _SPAN <= n.lineno < line
+             and any(isinstance(t, ast.Name) and t.id in names for t in n.targets)]
+    return max(bound) if len(names) == 1 and bound else line
+
+
 def reduced_loss_call(tree: ast.AST, line: int) -> tuple[int, ast.Call | None] | None:
     """The line of the loss call whose reduced value the backward on ``line`` multiplies by a
     factor, with the call (None when the product's own statement is the best known line),
     searched from the product statement (``sample_weights_broadcast._product_line``): a loss
     call that is a side of a product, or the latest assignment above the product, within
     ``_SPAN`` lines, of a name a side reads, from a loss call without ``reduction=``."""
-    found = _product_line(tree, line)
+    found = _product_line(tree, _loss_assignment(tree, line))
     if found is None:
         return None
     product_line, products = found
