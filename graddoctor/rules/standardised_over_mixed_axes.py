@@ -27,8 +27,8 @@ def _axis(node: ast.AST | None):
 
 
 def statistic(node: ast.AST) -> tuple[str, str, object, str] | None:
-    """``(kind, receiver, axis, call)`` of a mean or spread reduction (``x.mean(axis=0)``,
-    ``np.std(x)``, ``torch.var(x, dim=0)``); kind is "centre" or "scale", call the reduction's
+    """``(role, receiver, axis, call)`` of a mean or spread reduction (``x.mean(axis=0)``,
+    ``np.std(x)``, ``torch.var(x, dim=0)``); role is "centre" or "scale", call the reduction's
     text with the axis left for the caller (``x.std({})``, ``np.std(x, {})``); None for anything
     else. A ``stat + eps`` or ``sqrt(var)`` is read as its statistic."""
     while isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)) \
@@ -45,7 +45,7 @@ def statistic(node: ast.AST) -> tuple[str, str, object, str] | None:
     name = node.func.attr
     if name not in _CENTRES + _SCALES:
         return None
-    kind = "centre" if name in _CENTRES else "scale"
+    role = "centre" if name in _CENTRES else "scale"
     keyword = next((k.value for k in node.keywords if k.arg in ("axis", "dim")), None)
     owner = node.func.value
     if isinstance(owner, ast.Name) and owner.id in _MODULES:  # np.std(x, axis=0)
@@ -61,7 +61,7 @@ def statistic(node: ast.AST) -> tuple[str, str, object, str] | None:
     else:
         call = f"{ast.unparse(receiver)}.{name}({{}})"
     call = call + "\0" + word  # the keyword this reduction names its axis with, if any
-    return kind, ast.unparse(receiver), _axis(keyword if keyword is not None else positional), call
+    return role, ast.unparse(receiver), _axis(keyword if keyword is not None else positional), call
 
 
 def _bindings(tree: ast.AST) -> dict[str, list[tuple[int, tuple]]]:
@@ -112,8 +112,8 @@ def _filled(call: str, other: str, axis) -> str:
 
 
 def mixed_axes_standardisations(tree: ast.AST) -> list[tuple[int, str, str, object, object, str]]:
-    """``(line, receiver, kind, axis, other_axis, call)`` for each ``(x - m) / s`` whose centre
-    ``m`` and scale ``s`` reduce the same array over different axes; ``line``, ``kind`` and
+    """``(line, receiver, role, axis, other_axis, call)`` for each ``(x - m) / s`` whose centre
+    ``m`` and scale ``s`` reduce the same array over different axes; ``line``, ``role`` and
     ``call`` (``statistic``'s) are the statistic to change's: the one reduced over every element when the other
     names an axis (else the scale), ``other_axis`` the axis the other one reduces. Scripts that
     import pandas are read without the case of an axis-less statistic against axis 0 (a
@@ -212,9 +212,9 @@ class StandardisedOverMixedAxes(Rule):
             tree = a.source.tree(path)
             if tree is None:
                 continue
-            for line, receiver, kind, axis, other, call in mixed_axes_standardisations(tree):
-                which = "mean" if kind == "centre" else "standard deviation"
-                partner = "standard deviation" if kind == "centre" else "mean"
+            for line, receiver, role, axis, other, call in mixed_axes_standardisations(tree):
+                which = "mean" if role == "centre" else "standard deviation"
+                partner = "standard deviation" if role == "centre" else "mean"
                 yield self.finding(
                     f"`{receiver}` is standardised with a {which} over {_axis_text(axis)} and a "
                     f"{partner} over {_axis_text(other)}: each feature is not scaled by its own "
