@@ -998,6 +998,13 @@ gather_batch       shape (the gather's input sizes), index (its index's sizes), 
                    all below dim 1's length, itself below the batch: class or action numbers
                    used as row numbers — at the first 3 backwards, once per shape and index shape
                    (loc: the backward; an aside; instrument/gatherbatch.py)
+weighted_reduced   fn (the torch loss: "mse_loss", "cross_entropy", ...), reduction ("mean" or
+                   "sum"), input_shape (the loss input's sizes), factor_shape (the other factor's
+                   sizes), factor_grad (whether it has a gradient): a product on the loss's path
+                   of a loss torch already reduced over the batch and a factor with one row per
+                   sample (dim 0 as long as the loss input's, 4 rows or more) — at the first 3
+                   backwards, once per loss, reduction and shapes (loc: the backward; an aside;
+                   instrument/reducedweight.py)
 reduce_batch       fn ("logsumexp", "max", "min", "amax", "amin" or "prod"), shape (its input's
                    sizes), dims (the input's dimensions it reduces, 0 among them), batch (the
                    samples: dim 0): a reduction that is neither a sum nor a mean taken over dim 0
@@ -2263,6 +2270,12 @@ def gather_batch(*, shape: list[int], index: list[int], largest: int, batch: int
     return "gather_batch", {"shape": shape, "index": index, "largest": largest, "batch": batch}
 
 
+def weighted_reduced(*, fn: str, reduction: str, input_shape: list[int], factor_shape: list[int],
+                     factor_grad: bool) -> Made:
+    return "weighted_reduced", {"fn": fn, "reduction": reduction, "input_shape": input_shape,
+                                "factor_shape": factor_shape, "factor_grad": factor_grad}
+
+
 def reduce_batch(*, fn: str, shape: list[int], dims: list[int], batch: int) -> Made:
     return "reduce_batch", {"fn": fn, "shape": shape, "dims": dims, "batch": batch}
 
@@ -2430,6 +2443,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "softmax_batch": softmax_batch,
     "reduce_batch": reduce_batch,
     "gather_batch": gather_batch,
+    "weighted_reduced": weighted_reduced,
     "class_axis": class_axis,
     "shift_cancelled": shift_cancelled,
     "norm_batch": norm_batch,
@@ -2498,7 +2512,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "state_carried",
                          "causal_read_early", "pixels_unscaled", "pixels_scaled_twice", "dropout_on_output", "output_discarded", "linear_stack", "bn_batch",
                          "attention_mask", "label_smoothing", "zero_weight", "smoothing_high",
-                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
+                         "mixup_unmixed", "softmax_axis", "view_axes", "rows_misaligned", "shuffled_apart", "input_written", "loss_repeated", "term_repeated", "softmax_batch", "reduce_batch", "gather_batch", "weighted_reduced", "class_axis", "masked_visible", "shift_cancelled", "norm_batch", "samples_pushed_up", "feature_variance", "masked_mean", "attention_scale", "masked_fill_weight", "stream_interleaved",
                          "temperature_multiplied", "dataset_drift", "label_offset", "loader_rows",
                          "augment_misaligned", "cumulative_order", "returns_order", "draw_twin",
                          "target_remapped", "label_map_averaged", "collate_reordered"})

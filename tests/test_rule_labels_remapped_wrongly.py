@@ -71,6 +71,20 @@ def test_a_target_scaled_again_is_told_and_one_scaling_is_not():
     assert judge_scale(z, z + 0.01 * torch.randn(64)) is None  # not an affine map
 
 
+def test_a_target_put_back_into_units_against_a_standardised_prediction_is_told():
+    torch.manual_seed(0)
+    raw = torch.randn(64) * 40 + 300
+    z = (raw - raw.mean()) / raw.std()
+    prediction = 0.1 * torch.randn(64)  # a fresh model's output, on the served scale
+    found = judge_scale(z, z * 40 + 300, prediction)
+    assert found["how"] == "unscaled" and found["served"] == "standardised"
+    assert abs(found["scale"] - 40) < 1e-4 and abs(found["offset"] - 300) < 1e-3
+    assert judge_scale(z, z * 40 + 300, prediction * 40 + 300) is None  # both in units
+    assert judge_scale(z, z * 40 + 300, torch.full((64,), 300.0)) is None  # a last layer at the mean
+    assert judge_scale(z, z * 2 + 1, prediction) is None  # barely scaled
+    assert judge_scale(raw, raw * 40 + 300, prediction) is None  # served in units
+
+
 def _run(remap, ignore_index=-100) -> list[dict]:
     rec = Recorder(step_budget=None)
     with Instrumentation(rec):

@@ -29,6 +29,24 @@ def test_one_weight_per_class_is_a_warning_at_the_sampler():
     assert "per sample" in f.fix
 
 
+def test_weights_named_per_sample_are_reported_where_they_are_assigned(tmp_path):
+    from graddoctor.rules.sampler_reach import per_sample_name_assignment
+    import ast
+    text = ("w = 1.0 / counts\n"
+            "sample_weights = w\n"
+            "sampler = WeightedRandomSampler(sample_weights, num_samples=200)\n")
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    t = TraceBuilder(str(path))
+    t.put(ev.loader_sampler(loader=0, sampler="WeightedRandomSampler", shuffle=True,
+                            dataset_len=200, reach=3, weights=3), 3)
+    f = only(t, SLUG)
+    assert f.location.line == 2 and f.message.startswith("`sample_weights = w` makes one weight per class")
+    assert [r.location.line for r in f.related] == [3]
+    tree = ast.parse(text.replace("sample_weights", "class_weights"))
+    assert per_sample_name_assignment(tree, 3) is None  # named per class: the sampler's line
+
+
 def test_one_weight_per_sample_is_silent_even_with_zeros():
     assert findings(described(weights=200, reach=150), SLUG) == []
 

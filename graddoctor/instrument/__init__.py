@@ -88,6 +88,7 @@ from .repeatedterm import RepeatedTermWatcher
 from .viewaxes import ViewAxesWatcher
 from .softmaxbatch import SoftmaxBatchWatcher
 from .gatherbatch import GatherBatchWatcher
+from .reducedweight import ReducedWeightWatcher
 from .shiftcancel import ShiftCancelWatcher
 from .pairpull import PairPullWatcher
 from .negsample import NegativeSampleWatcher
@@ -253,6 +254,11 @@ class Instrumentation:
         gather_batch = GatherBatchWatcher(rec, self.dataloader)
         rec.subscribe(DESCRIBE_LOSS, gather_batch.describe_loss)
         self.watchers.append(gather_batch)
+        # per-sample factors multiplied into a loss torch already reduced over the batch
+        # (weights-on-reduced-loss): the graph of the first backwards walked, no wrapper
+        weighted_reduced = ReducedWeightWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, weighted_reduced.describe_loss)
+        self.watchers.append(weighted_reduced)
         # class scores normalised over another axis than the one the loss picks the class along
         # (class-axis-mismatch): the graph of the first backwards walked, no wrapper
         class_axis = ClassAxisWatcher(rec)

@@ -13,7 +13,11 @@ regression target. Three such rewrites train on the wrong answer and raise nothi
   never trained (its samples are ignored), every other sample is trained as its neighbour class;
 * ``rescaled``: a float target that the loader serves already standardised (mean near 0, spread
   near 1) or scaled into [0, 1] is scaled down again (``(y - mean) / std`` of the raw data a
-  second time): the loss sees a near-constant target.
+  second time): the loss sees a near-constant target;
+* ``unscaled``: such a target put back into its units (``y * std + mean``, at least 5x wider)
+  while the prediction it is compared with stays on the served scale (its mean within the
+  served values' range of theirs, its spread within that range): the model must learn the
+  units' offset and scale that the standardisation took away.
 
 What is judged: among the first ``_CALLS`` calls with a gradient of the wrapped losses
 (``LossCalls`` tells them), a CPU target without gradient that is not one of the latest
@@ -23,7 +27,8 @@ latest batch of up to ``_LOADERS`` loaders; references only). For ``cross_entrop
 each served value must map to one target value (else it is no element-wise remap: nothing is
 said), and the map is judged as above against the input's class count and the call's
 ``ignore_index``. For the regression losses, the target must be ``a * y + b`` of the served
-``y`` (two values fit, every value checked) with ``|a|`` at most ``_SHRINK``.
+``y`` (two values fit, every value checked) with ``|a|`` at most ``_SHRINK``, or at least
+``1 / _SHRINK`` with the loss's input on the served scale (its mean and spread read once).
 
 One ``target_remapped`` aside event per call line (loc: the loss call).
 
@@ -118,8 +123,10 @@ def judge_classes(served: torch.Tensor, target: torch.Tensor, classes: int,
     return None
 
 
-def judge_scale(served: torch.Tensor, target: torch.Tensor) -> dict | None:
-    """The second scaling of a float target already scaled when served, or None."""
+def judge_scale(served: torch.Tensor, target: torch.Tensor, prediction=None) -> dict | None:
+    """The second scaling of a float target already scaled when served, or (given the loss's
+    ``prediction``) its scaling back into units against a prediction left on the served scale;
+    None when neither."""
     if not served.is_floating_point() or not target.is_floating_point():
         return None
     y = served.detach().reshape(-1).double()
@@ -141,6 +148,20 @@ def judge_scale(served: torch.Tensor, target: torch.Tensor) -> dict | None:
     scale = max(float(t.abs().max()), 1e-12)
     if not bool(((fitted - t).abs() <= 1e-4 * scale + 1e-7).all()):
         return None  # not an affine map of the served values
+    if a != 0 and abs(a) >= 1 / _SHRINK and isinstance(prediction, torch.Tensor) \
+            and prediction.is_floating_point() and prediction.numel() == t.numel():
+        # put back into units (``z * std + mean``) while the prediction stays on the served
+        # scale: it sits within the served values' own range, not the target's
+        p = prediction.detach().reshape(-1).double()
+        span = max(high - low, 1e-6)
+        p_mean, p_std = float(p.mean()), float(p.std())
+        if abs(p_mean - mean) <= span and p_std <= span:
+            return {"how": "unscaled", "scale": round(a, 6), "offset": round(b, 6),
+                    "served": "standardised" if standardised else "unit", "mean": round(mean, 4),
+                    "std": round(std, 4), "target_mean": round(float(t.mean()), 6),
+                    "target_std": round(float(t.std()), 6), "values": int(y.numel()),
+                    "prediction_mean": round(p_mean, 6), "prediction_std": round(p_std, 6)}
+        return None
     if a == 0 or abs(a) > _SHRINK:
         return None
     return {"how": "rescaled", "scale": round(a, 6), "offset": round(b, 6),
@@ -252,7 +273,7 @@ class TargetRemapWatcher:
                         found = judge_classes(served, target, int(input.shape[1]),
                                               ignored_index(fn, target, args, kwargs))
                     else:
-                        found = judge_scale(served, target)
+                        found = judge_scale(served, target, input)
                     if found is not None:
                         verdicts.append(found)
             if len(verdicts) != 1:

@@ -15,7 +15,8 @@ class LabelsRemappedWrongly(Rule):
     mask)`) while the other classes are kept; labels that already cover the model's classes
     `0 .. C-1` shifted by a constant (`y - 1`, ids taken as 1-based) so that one class lands on
     the loss's `ignore_index`; a regression target that the loader serves already standardised
-    (or scaled into [0, 1]) scaled down a second time. Read at the first 16 loss calls with a
+    (or scaled into [0, 1]) scaled down a second time, or put back into its units while the
+    prediction it is compared with stays on the served scale. Read at the first 16 loss calls with a
     gradient (CPU targets): the target is compared with the latest batch the DataLoader served,
     value by value, and reported at the line that makes it.
 
@@ -24,7 +25,10 @@ class LabelsRemappedWrongly(Rule):
     that every unannotated border, ignore region or padding is that class; shifted ids never
     train one class at all (its samples are the ignored ones), leave the last output without a
     target and put every other class on the output of its neighbour; a target scaled twice is nearly constant (a spread of 1/std of the first),
-    so the model learns its mean and the loss looks small. Nothing fails; accuracy or error is
+    so the model learns its mean and the loss looks small; a target put back into units against
+    a standardised prediction undoes the standardisation (the model must learn the offset and
+    scale, with gradients std times larger), and predictions put back into units afterwards are
+    scaled twice. Nothing fails; accuracy or error is
     just worse than it should be.
 
     ## Example
@@ -44,8 +48,9 @@ class LabelsRemappedWrongly(Rule):
     Labels given as served; a lookup table from raw annotation ids to train ids that sends the
     unused ids to `ignore_index` (Cityscapes' `id -> trainId`); 1-based ids (`1 .. C`) shifted
     once to `0 .. C-1`; labels merged into coarser classes; a regression target standardised
-    once (in the dataset or in the loop, not both) or put back into its units for a metric
-    (scaled up); one-hot or smoothed targets (not one value per served label). Not seen:
+    once (in the dataset or in the loop, not both); a target put back into its units for a
+    prediction made in units (a last layer initialised to the mean, or the prediction scaled
+    up the same way); one-hot or smoothed targets (not one value per served label). Not seen:
     remaps done inside the Dataset (the served labels are then the remapped ones), targets on
     an accelerator, a target reshaped to another number of values (a resize).
     """
@@ -54,7 +59,8 @@ class LabelsRemappedWrongly(Rule):
     slug = "labels-remapped-wrongly"
     severity = Severity.WARNING
     summary = ("the loss's target is the loader's labels remapped off their meaning: a void "
-               "value made a class, classes shifted onto ignore_index, or a target scaled twice")
+               "value made a class, classes shifted onto ignore_index, a target scaled twice or "
+               "unscaled against a standardised prediction")
     fix = ("give the loss the labels as the dataset means them: void values to ignore_index, "
            "ids shifted only when they start at 1, a target standardised once")
 
@@ -100,6 +106,22 @@ class LabelsRemappedWrongly(Rule):
                        "that start at 1)")
                 evidence = {"how": how, "shift": shift, "classes": classes,
                             "ignore_index": ignore, "labels": e.get("labels")}
+            elif how == "unscaled":
+                served = ("standardised (mean {:.2g}, std {:.2g})".format(e.get("mean"), e.get("std"))
+                          if e.get("served") == "standardised" else "scaled into [0, 1]")
+                message = (
+                    f"{shown} puts a target that the loader serves {served} back into its units, "
+                    f"by {e.get('scale'):.3g} (offset {e.get('offset'):.3g}), while the prediction "
+                    f"{fn} compares it with stays on the served scale (mean "
+                    f"{e.get('prediction_mean'):.2g}, spread {e.get('prediction_std'):.2g} against "
+                    f"the target's {e.get('target_mean'):.3g} and {e.get('target_std'):.3g}): the "
+                    f"model has to learn the offset and scale the standardisation took away, "
+                    f"with errors {abs(e.get('scale')):.3g} times the served spread, and "
+                    f"predictions put back into units for evaluation would be scaled twice")
+                fix = ("compare the prediction with the target as served (both standardised), and "
+                       "put only the prediction back into units, for metrics")
+                evidence = {"how": how, "scale": e.get("scale"), "offset": e.get("offset"),
+                            "served": e.get("served")}
             else:
                 served = ("standardised (mean {:.2g}, std {:.2g})".format(e.get("mean"), e.get("std"))
                           if e.get("served") == "standardised" else "scaled into [0, 1]")

@@ -1,7 +1,34 @@
 from __future__ import annotations
 
-from ..findings import Severity
+import ast
+
+from ..findings import Related, Severity
+from ..trace import Location
 from .base import Rule
+
+_SPAN = 40  # lines above the sampler searched for the assignment of its weights
+
+
+def per_sample_name_assignment(tree: ast.AST, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the assignment, within ``_SPAN`` lines above, of the weights that the
+    ``WeightedRandomSampler(...)`` on ``line`` is given when their name says they are one per
+    sample (``sample_weights = class_weights``): the assignment is then the line to change; None
+    otherwise (weights named per class or label are right where they are made: the sampler is
+    given the wrong ones)."""
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
+             and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) == "WeightedRandomSampler"]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "weights"), None)
+    if not isinstance(arg, ast.Name) or "sample" not in arg.id.lower():
+        return None
+    bound = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and line - _SPAN <= n.lineno < line
+             and any(isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
+    if not bound:
+        return None
+    latest = max(bound, key=lambda n: n.lineno)
+    return latest.lineno, ast.unparse(latest).strip()
 
 
 class SamplerReach(Rule):
@@ -10,7 +37,9 @@ class SamplerReach(Rule):
     Finds a DataLoader whose sampler can only ever draw a part of its dataset: a
     `WeightedRandomSampler` given fewer weights than the dataset has samples (one weight per
     *class* where one per *sample* was meant), or a `RandomSampler`/`SequentialSampler` built
-    over another, smaller dataset than the loader's.
+    over another, smaller dataset than the loader's. Reported at the sampler, or at the
+    assignment of its weights when their name says they are one per sample
+    (`sample_weights = class_weights`: the line to change).
 
     ## Why is this bad?
     A sampler draws indices below the length of what it was given. With one weight per class,
@@ -72,6 +101,15 @@ class SamplerReach(Rule):
             if key in seen:
                 continue
             seen.add(key)
-            yield self.finding(what, e.loc, fix=fix,
+            loc, related = e.loc, ()
+            made = None
+            if weights is not None and loc is not None:
+                tree = a.source.tree(loc.path)
+                made = per_sample_name_assignment(tree, loc.line) if tree is not None else None
+            if made is not None:
+                related = (Related(loc, f"the {sampler} given them"),)
+                loc = Location(loc.path, made[0], loc.function)
+                what = f"`{made[1]}` makes one weight per class, not per sample: {what}"
+            yield self.finding(what, loc, fix=fix, related=related,
                                evidence={"sampler": sampler, "dataset_len": total, "reach": reach,
                                          "weights": weights})
