@@ -79,7 +79,10 @@ class ParamWithoutGrad(Rule):
     uses; a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
     tying; lazy layers; parametrized weights; the last block of a stack whose earlier blocks
     all train the same parameters, run in a loop that hands each block's output to the next pass
-    (N-BEATS's backcast, subtracted from the residual that only a later block reads); sparse embeddings under SparseAdam; an optimizer
+    (N-BEATS's backcast, subtracted from the residual that only a later block reads; EGNN's
+    coordinate update, which only the next layer reads, a `.detach()` near the call
+    notwithstanding: the earlier blocks run the same code and train); sparse embeddings under
+    SparseAdam; an optimizer
     built over a copy of the model (an EMA copy, a target network) while the model's own
     tensors of the same names and shapes get the gradients (param-not-in-optimizer reports
     that, at the optimizer).
@@ -317,11 +320,16 @@ def _discarded(a, cause, pids, trained) -> str | None:
         return None
     if not _trains_beside(a, pids, trained):
         return None
+    if _last_pass_of_a_stack(a, pids, trained):
+        # the earlier blocks run the same code and their same parameters train: a .detach()
+        # near the call (EGNN's radial.sqrt().detach() beside its coordinate MLP) cuts nothing
+        # of theirs, so it is not what leaves the last block's idle
+        return "last-pass"
     if a.source.cuts_gradient_near(cause.loc.path, cause.loc.line) is not False:
         return None
     if cause.get("library"):
         return "library"
-    return "last-pass" if _last_pass_of_a_stack(a, pids, trained) else "user"
+    return "user"
 
 
 _INDEX = re.compile(r"\.(\d+)\.")
