@@ -217,9 +217,14 @@ class _PlaceMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = self.originals.original_of(func)(*args, **(kwargs or {}))
         watcher = self.watcher
-        if watcher.following and getattr(func, "__name__", None) in _DRAWS:
-            watcher.note_draw()
         if watcher.following:
+            if getattr(func, "__name__", None) in _DRAWS:
+                try:
+                    watcher.note_draw()
+                except Exception as exc:
+                    watcher.following = False
+                    watcher.rec.internal_error("repeated_term", exc)
+                    return out
             try:
                 watcher.follow(func, args, kwargs, out)
             except Exception as exc:
