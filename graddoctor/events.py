@@ -1818,8 +1818,13 @@ def idle_detach(*, mid: int, cls: str, params: list[int]) -> Made:
     return "idle_detach", {"mid": mid, "cls": cls, "params": params}
 
 
-def idle_loss(*, mid: int, cls: str, params: list[int], fn: str) -> Made:
-    return "idle_loss", {"mid": mid, "cls": cls, "params": params, "fn": fn}
+def idle_loss(*, mid: int, cls: str, params: list[int], fn: str, unused: bool = False) -> Made:
+    """``unused``: the module's output does not depend on those parameters (its forward never
+    uses them), written only when so."""
+    data = {"mid": mid, "cls": cls, "params": params, "fn": fn}
+    if unused:
+        data["unused"] = True
+    return "idle_loss", data
 
 
 def functional_grad(*, api: str, create_graph: bool | None = None) -> Made:

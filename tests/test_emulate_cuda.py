@@ -212,6 +212,10 @@ def test_the_scripts_own_error_is_left_as_it_is(tmp_path):
     "import torch\nassert torch.cuda.is_available()\n",
     "import torch\nx = torch.zeros(2).cuda()\n",
     "import torch\ntorch.cuda.set_device(0)\n",  # a CUDA binding the CPU build lacks
+    "import torch\nif not torch.cuda.is_available():\n    raise SystemExit('CUDA required')\n",
+    # the device chosen by is_available(), then pinned memory: no accelerator to pin for
+    "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+    "x = torch.zeros(2).pin_memory().to(device, non_blocking=True)\n",
 ])
 def test_without_the_flag_a_script_that_needs_a_gpu_is_run_again_on_an_emulated_one(tmp_path, code):
     report = _check(tmp_path, code, emulate_cuda=False)

@@ -270,6 +270,24 @@ def test_a_loss_computed_from_the_idle_module_is_a_warning_at_the_loss_line(tmp_
     assert ".item()" in f.fix
 
 
+def test_an_output_that_does_not_depend_on_the_idle_params_names_the_forward(tmp_path):
+    # the module runs and its output's loss is backpropagated, but its forward never uses them
+    # (a parameter left out of forward, a parametrization that ignores its original): no dropped
+    # loss to add back
+    path = tmp_path / "model.py"
+    path.write_text(POOLER_SOURCE)
+    t = TraceBuilder(path=str(path))
+    for pid, name in enumerate(("model.fc.weight", "model.logit_scale", "model.fc.bias")):
+        t.put(ev.param(pid=pid, name=name, shape=[2], is_parameter=True, requires_grad=True))
+    t.put(ev.idle_loss(mid=0, cls="ScaledHead", params=[1, 2], fn="cross_entropy", unused=True), 30)
+    run(t, forwards=[(1, 4, {})])
+    [f] = check(t)
+    assert f.severity == Severity.WARNING and f.location.line == 4
+    assert f.evidence["cause"] == "unused-in-forward" and "never uses them" in f.message
+    assert "never reaches a backward" not in f.message and ".item()" not in f.fix
+    assert f.related[0].location.line == 30
+
+
 def test_a_loss_of_another_module_or_under_no_grad_changes_nothing(tmp_path):
     t = TraceBuilder()
     t.put(ev.idle_loss(mid=7, cls="Linear", params=[5], fn="mse_loss"), 30)

@@ -51,6 +51,7 @@ _REENTRANT = getattr(_REENTRANT, "__code__", None)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _MARKED_FORWARDS = 32  # forwards of each watched module whose output is marked for loss_call
 _LOSS_NODES = 32  # nodes walked from a loss's input towards a marked output
+_USES_NODES = 4096  # nodes walked below a marked output for the idle parameters (first forwards only)
 _KEY = "graddoctor_idle"
 _DETACHES = 512  # Tensor.detach calls looked at once a module is watched, then put back
 _ALIVE_KEY = "graddoctor_idle_alive"
@@ -171,7 +172,8 @@ class IdleParamWatcher:
 
         self.patcher.handle(module.register_forward_pre_hook(pre_hook))
         marked = [0]
-        tag = (mid, cls, tuple(pids))
+        tag = (mid, cls, tuple(pids), False)
+        unused_tag = (mid, cls, tuple(pids), True)
 
         def post_hook(mod, args, output):
             if marked[0] >= _MARKED_FORWARDS or not torch.is_grad_enabled():
@@ -183,7 +185,7 @@ class IdleParamWatcher:
                     node = getattr(out, "grad_fn", None) if isinstance(out, torch.Tensor) else None
                     if node is not None:
                         metadata = node.metadata
-                        metadata[_KEY] = tag
+                        metadata[_KEY] = tag if watcher._uses(node, pids) else unused_tag
                         metadata[_ALIVE_KEY] = alive = _Alive()
                         _LIVE.add(weakref.ref(alive, _LIVE.discard))
             except Exception as exc:
@@ -219,12 +221,37 @@ class IdleParamWatcher:
         tag = self._marker_below(getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None)
         if tag is None:
             return
-        mid, cls, pids = tag
+        mid, cls, pids, unused = tag
+        if unused:
+            return  # a detach cannot be what leaves parameters the forward never uses idle
         rec = self.rec
         loc = rec.here()
         if loc is not None and ("detach", mid, loc) not in self._losses:
             self._losses.add(("detach", mid, loc))
             rec.emit_aside(ev.idle_detach(mid=mid, cls=cls, params=list(pids)), loc)
+
+    def _uses(self, node, pids) -> bool:
+        """Does the graph below a module's output reach one of the idle parameters? False only
+        when the walk saw all of it (within ``_USES_NODES`` nodes) without them: the module's
+        forward does not use them (a parameter left out of forward, a parametrization that
+        ignores its original), so no loss of its output can be what leaves them without a grad."""
+        try:
+            wanted = {id(t) for pid in pids if (t := self.rec.tensor(pid)) is not None}
+            todo, seen = [node], set()
+            while todo:
+                if len(seen) >= _USES_NODES:
+                    return True  # not walked to its end: not told
+                node = todo.pop()
+                if node is None or id(node) in seen:
+                    continue
+                seen.add(id(node))
+                if id(getattr(node, "variable", None)) in wanted:
+                    return True
+                todo.extend(child for child, _ in node.next_functions)
+            return False
+        except Exception as exc:
+            self.rec.internal_error("idle module marker", exc)
+            return True
 
     def _marker_below(self, node):
         """The marker of a watched module's output within ``_LOSS_NODES`` nodes below ``node``."""
@@ -254,11 +281,12 @@ class IdleParamWatcher:
         if tag is None:
             return
         try:
-            mid, cls, pids = tag
+            mid, cls, pids, unused = tag
             loc = rec.here()
             if (mid, loc) not in self._losses:
                 self._losses.add((mid, loc))
-                rec.emit_aside(ev.idle_loss(mid=mid, cls=cls, params=list(pids), fn=fn), loc)
+                rec.emit_aside(ev.idle_loss(mid=mid, cls=cls, params=list(pids), fn=fn,
+                                            unused=unused), loc)
         except Exception as exc:
             rec.internal_error("idle module loss", exc)
 

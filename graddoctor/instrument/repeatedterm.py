@@ -17,7 +17,9 @@ other node on each path is a term. Two distinct terms are the same computation w
 down together, each pair of nodes has the same type, the same inputs (the same node, or again
 the same computation) and the same saved arguments: numbers equal, tensors equal in value (two
 outputs of one op made twice hold equal values, a random op's do not: dropout, sampling never
-match). A node reached only through saved-tensor hooks (checkpointing, offloading) is never
+match). Two copies with a random draw of the script's between them (counted by the window's mode)
+are two Monte-Carlo passes: the part of each pass that took no draw repeats by design (each weight
+sample's -log sigma in a variational log q(w)). A node reached only through saved-tensor hooks (checkpointing, offloading) is never
 unpacked: the terms are then not told.
 
 Where: the window (a ``TorchFunctionMode``, opened after an optimizer step and closed at the next
@@ -31,6 +33,7 @@ that called it twice; no difference (one expression twice, a loop), the innermos
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -62,7 +65,16 @@ _SCALE = ("MulBackward", "DivBackward")
 # ops that draw random numbers: two draws are never the same computation
 _RANDOM = ("NativeDropout", "FusedDropout", "Dropout", "Bernoulli", "Normal", "Uniform", "Multinomial",
            "RandomSample", "Rrelu", "Poisson", "Exponential", "Geometric", "Cauchy", "LogNormal")
+# torch functions and tensor methods that draw random numbers, by name: a draw made between the
+# two copies makes them two Monte-Carlo passes (a sample's noise often enters the graph as a saved
+# constant, randn_like's output times sigma, so the graph alone does not show the draw)
+_DRAWS = frozenset((
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "normal",
+    "normal_", "bernoulli", "bernoulli_", "uniform_", "multinomial", "poisson", "exponential_",
+    "geometric_", "cauchy_", "log_normal_", "random_", "dropout", "dropout_", "alpha_dropout",
+    "feature_alpha_dropout", "feature_dropout", "native_dropout", "rrelu", "rrelu_"))
 _MISSING = object()
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _scale_child(node):
@@ -206,6 +218,13 @@ class _PlaceMode(TorchFunctionMode):
         out = self.originals.original_of(func)(*args, **(kwargs or {}))
         watcher = self.watcher
         if watcher.following:
+            if getattr(func, "__name__", None) in _DRAWS:
+                try:
+                    watcher.note_draw()
+                except Exception as exc:
+                    watcher.following = False
+                    watcher.rec.internal_error("repeated_term", exc)
+                    return out
             try:
                 watcher.follow(func, args, kwargs, out)
             except Exception as exc:
@@ -224,6 +243,8 @@ class RepeatedTermWatcher:
         self._thread: int | None = None
         self._windows = 0
         self._placed: dict = {}  # autograd node -> ((frame id, Location), ...) outermost first
+        self._drawn: dict = {}  # autograd node -> random draws made in the window before it
+        self.draws = 0
         self._frames: dict = {}  # id(frame) -> frame, kept for the window: ids are not reused
         self._told: set = set()
 
@@ -256,6 +277,23 @@ class RepeatedTermWatcher:
             if stack is None:
                 stack = self._stack()
             self._placed[node] = stack
+            self._drawn[node] = self.draws
+
+    def note_draw(self) -> None:
+        """Counts a random draw the script made. graddoctor's own probes draw too (with their
+        own generator): a draw called from graddoctor's code is left out, other than from a
+        watcher's mode passing the call on or a wrapper (its code is ``<graddoctor: ...>``)."""
+        frame = sys._getframe(2)
+        finder = self.rec.finder
+        while frame is not None:
+            code = frame.f_code
+            if code.co_filename.startswith(_PACKAGE) and code.co_name != "__torch_function__":
+                return
+            filename = code.co_filename
+            if finder.is_user_file(filename):
+                break
+            frame = frame.f_back
+        self.draws += 1
 
     def _stack(self) -> tuple:
         finder, frames = self.rec.finder, self._frames
@@ -268,7 +306,8 @@ class RepeatedTermWatcher:
 
     def _close(self) -> None:
         self.following = False
-        self._placed, self._frames = {}, {}
+        self._placed, self._frames, self._drawn = {}, {}, {}
+        self.draws = 0
         if remove_mode(self._mode, self._thread, self.rec, "repeated_term"):
             self._mode = None
 
@@ -309,6 +348,10 @@ class RepeatedTermWatcher:
         if not placed:
             return False
         x, y = min(placed, key=lambda pair: _sequence(pair[1]))
+        if max(self._drawn.get(n, 0) for n, _ in placed) < max(self._drawn.get(n, 0) for _, n in placed):
+            # a random draw between the copies: two Monte-Carlo passes (a variational posterior's
+            # log sigma in each sample's log q), whose other terms took the fresh draw
+            return False
         loc, first_line = line_to_change(self._placed[x], self._placed[y])
         if loc is None or loc in self._told:
             return False
@@ -337,6 +380,6 @@ class RepeatedTermWatcher:
     def uninstall(self) -> None:
         self.closed = True
         self.following = False
-        self._placed, self._frames = {}, {}
+        self._placed, self._frames, self._drawn = {}, {}, {}
         if remove_mode(self._mode, self._thread, self.rec, "repeated_term"):
             self._mode = None

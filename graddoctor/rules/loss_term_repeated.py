@@ -56,7 +56,9 @@ class LossTermRepeated(Rule):
     losses (`reduction="none"`), which are often weighted apart afterwards; losses other than
     cross_entropy, nll_loss and the binary cross-entropies (not watched by their calls). From
     the graph: terms that differ in one operand, option, axis or slice; two passes with dropout
-    or any random draw (R-Drop, Monte-Carlo samples, two noise draws of one batch); terms
+    or any random draw (R-Drop, Monte-Carlo samples, two noise draws of one batch), and a part
+    of such a pass that took no draw itself when the script drew random numbers between the two
+    copies (each weight sample's log q(w) holds the same -log sigma in Bayes by Backprop); terms
     weighted apart by computed tensors (masks, per-pixel weights); terms checkpointed or
     offloaded (never unpacked); a script with one optimizer step only. Not told apart:
     the same term added twice on purpose reads as the bug.

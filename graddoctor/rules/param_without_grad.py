@@ -23,6 +23,10 @@ class ParamWithoutGrad(Rule):
     whose value never reaches a backward — a detection model's loss dict summed without the box
     loss, a multi-task loss added as `l_reg.item()` — is a warning at that loss's line: a head
     whose output feeds a loss is meant to train.
+    A module whose output reaches a loss while that output does not depend on the idle
+    parameters at all (its forward never uses them: a parameter defined in `__init__` and left
+    out of `forward`, a parametrization that ignores its original) is a warning at the forward,
+    saying so: no dropped loss is to blame.
     A run in which no backward ran at all (the loop never calls `loss.backward()`; a Lightning
     `training_step` that does not return its loss, so Lightning skips the backward; under
     Lightning's manual optimization, a `training_step` that steps its optimizer but never calls
@@ -77,7 +81,10 @@ class ParamWithoutGrad(Rule):
     uses; a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
     tying; lazy layers; parametrized weights; the last block of a stack whose earlier blocks
     all train the same parameters, run in a loop that hands each block's output to the next pass
-    (N-BEATS's backcast, subtracted from the residual that only a later block reads); sparse embeddings under SparseAdam; an optimizer
+    (N-BEATS's backcast, subtracted from the residual that only a later block reads; EGNN's
+    coordinate update, which only the next layer reads, a `.detach()` near the call
+    notwithstanding: the earlier blocks run the same code and train); sparse embeddings under
+    SparseAdam; an optimizer
     built over a copy of the model (an EMA copy, a target network) while the model's own
     tensors of the same names and shapes get the gradients (param-not-in-optimizer reports
     that, at the optimizer).
@@ -207,6 +214,18 @@ class ParamWithoutGrad(Rule):
                 fix=f"call the module outside {context} so that it trains")
         evidence["cause"] = "cut"
         loss = _dropped_loss(a, cause, pids)
+        if loss is not None and loss.get("unused"):
+            evidence["cause"] = "unused-in-forward"
+            return self.finding(
+                f"{head}: the {module} that holds them runs (line {cause.loc.line}) and its output "
+                f"enters this {loss.get('fn')}, but that output does not depend on them: the "
+                f"{module}'s forward never uses them (a parameter defined and left out of forward, "
+                f"or a parametrization that ignores its original), so no loss can train them",
+                cause.loc, related=(related(loss, "the loss its output enters"),
+                                    related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence,
+                fix=(f"use them in the {module}'s forward if they were meant to train, or remove "
+                     f"them (they only cost memory and optimizer state)"))
         if loss is not None:
             evidence["cause"] = "loss-dropped"
             evidence["loss"] = loss.get("fn")
@@ -317,11 +336,16 @@ def _discarded(a, cause, pids, trained) -> str | None:
         return None
     if not _trains_beside(a, pids, trained):
         return None
+    if _last_pass_of_a_stack(a, pids, trained):
+        # the earlier blocks run the same code and their same parameters train: a .detach()
+        # near the call (EGNN's radial.sqrt().detach() beside its coordinate MLP) cuts nothing
+        # of theirs, so it is not what leaves the last block's idle
+        return "last-pass"
     if a.source.cuts_gradient_near(cause.loc.path, cause.loc.line) is not False:
         return None
     if cause.get("library"):
         return "library"
-    return "last-pass" if _last_pass_of_a_stack(a, pids, trained) else "user"
+    return "user"
 
 
 _INDEX = re.compile(r"\.(\d+)\.")

@@ -924,7 +924,9 @@ def needs_cuda_hint(error: dict | None, notes_text: str = "") -> str | None:
     message = str(error.get("message") or "")
     wants = any(m in message for m in ("Torch not compiled with CUDA enabled",
                                        "Found no NVIDIA driver", "no CUDA GPUs",
-                                       "without ATen_cuda library", "NCCL", "nccl"))
+                                       "without ATen_cuda library", "NCCL", "nccl",
+                                       # pin_memory() on a machine without an accelerator
+                                       "Cannot access accelerator device when none is available"))
     # a CPU build has no CUDA bindings: torch.cuda.set_device(0) and its kin fail on
     # "module 'torch._C' has no attribute '_cuda_setDevice'"
     wants = wants or (error.get("type") == "AttributeError" and "torch._C" in message
@@ -933,6 +935,9 @@ def needs_cuda_hint(error: dict | None, notes_text: str = "") -> str | None:
     if not wants and error.get("type") == "AssertionError" and location.get("path"):
         line = _source_line(location)
         wants = "cuda" in line
+    if not wants and error.get("type") == "SystemExit" and location.get("path"):
+        # `if not torch.cuda.is_available(): raise SystemExit("CUDA required")`
+        wants = "cuda" in _source_line(location).lower()
     if not wants:
         return None
     return ("the script needs a GPU (CUDA or nccl), which this machine lacks: `graddoctor check "
