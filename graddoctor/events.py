@@ -260,6 +260,14 @@ token_copy         positions (the targets compared), lookups (the embedding look
                    and no lookup of the targets one position later, at the first 3 backwards of
                    a line, once per backward line (loc: the backward; an aside;
                    instrument/tokencopy.py)
+token_labels_shifted end ("first" | "last": the batch's first position or each row's last
+                   real one), rows (the batch's rows), values (distinct labels counted there),
+                   classes (the scores' classes), vocab (the embedding's rows) — a
+                   nll_loss/cross_entropy over a tagger's scores whose labels are laid out on a
+                   right-padded id batch (its padding ignored) but count a varying label at a
+                   position that holds one id in every row ([CLS], [SEP]): the labels one position
+                   off the tokens, at the first 3 backwards of a line, once per backward line (loc:
+                   the backward; an aside; instrument/tokenlabels.py)
 gan_same_target    critic, generator (the two modules' classes), critic_params, generator_params
                    [pid] (their parameters, at most 32 each), cosine (of the two gradients),
                    offset (the intercept of a line fitted through them over G's gradient's
@@ -1335,7 +1343,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``easy_weighted``, ``ignored_mask``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``token_copy``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``easy_weighted``, ``ignored_mask``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1769,6 +1777,11 @@ def self_scatter(*, op: str, edges: int, nodes: int) -> Made:
 
 def token_copy(*, positions: int, lookups: int) -> Made:
     return "token_copy", {"positions": positions, "lookups": lookups}
+
+
+def token_labels_shifted(*, end: str, rows: int, values: int, classes: int, vocab: int) -> Made:
+    return "token_labels_shifted", {"end": end, "rows": rows, "values": values, "classes": classes,
+                                    "vocab": vocab}
 
 
 def draw_twin(*, fn: str, module: str, position: int, twin_line: int | None,
@@ -2465,7 +2478,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "token_copy": token_copy, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
+    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
@@ -2511,7 +2524,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "easy_weighted", "ignored_mask", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
-                         "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "token_copy", "step_edit", "decay_share", "eps_share",
+                         "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "last_step_padded",
                          "state_carried",

@@ -341,3 +341,26 @@ def test_a_cosine_in_epochs_stepped_per_batch_in_a_loop_without_loader(tmp_path)
 ])
 def test_loops_without_loader_sized_in_their_unit_are_silent(tmp_path, scheduler, per_batch, per_epoch):
     assert _sliced(tmp_path, scheduler, 12, per_batch, per_epoch) == []
+
+
+def test_a_linear_decay_to_zero_sized_in_one_epoch_of_a_longer_run(tmp_path):
+    """num_training_steps=len(loader) in a 3-epoch run: the lr is 0 for the last two epochs."""
+    f = _one(_check(tmp_path, "__import__('transformers').get_linear_schedule_with_warmup("
+                              "optimizer, num_warmup_steps=2, num_training_steps=len(loader))",
+                    epochs=3))
+    assert f.evidence["side"] == "ends" and f.location.line == LINE
+    assert "num_training_steps counts the batches of one epoch" in f.message
+    assert "(67% of the run) apply no update" in f.message
+    assert "epochs * len(loader)" in f.fix
+
+
+@pytest.mark.parametrize("scheduler,epochs", [
+    # sized over every epoch of the run
+    ("__import__('transformers').get_linear_schedule_with_warmup(optimizer, 0, epochs * len(loader))", 3),
+    # one epoch's batches, and the run is one epoch
+    ("__import__('transformers').get_linear_schedule_with_warmup(optimizer, 0, len(loader))", 1),
+    # a decay to a floor, held after the first epoch: a design, not an lr of 0
+    ("torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.1, total_iters=len(loader))", 3),
+])
+def test_a_decay_sized_in_batches_that_the_run_does_not_outlast(tmp_path, scheduler, epochs):
+    assert _check(tmp_path, scheduler, epochs=epochs) == []

@@ -54,6 +54,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "autograd/bad_messages_sent_back_to_source_sage.py",  # self_scatter
             "losses/bad_policy_gradient_reversed_a2c.py",  # policy_sign
             "dependency/bad_target_visible_seq_first_lm.py",  # token_copy
+            "losses/bad_token_labels_shifted_extra_slot_bilstm.py",  # token_labels_shifted
             "numerics/bad_low_precision_bf16_frozen.py",  # low_precision
             "autograd/bad_graph_kept_smoothed_loss.py",  # graph_kept
             "registration/bad_param_replaced_submodule_after_optimizer.py",  # param_replaced

@@ -717,6 +717,7 @@ class Misfit:
 
     plan: Plan
     side: str  # "spent": done within SPENT_SHARE of the run; "still": barely begun at its end;
+    # "ends": a decay to 0 sized in whole epochs of batches, fewer than the run's (lr 0 after it);
     # "micro": sized in the run's micro-batches, stepped once per accumulated update; "cycles":
     # a cosine sized in batches but shorter than half the run, which climbs back and cycles
     at: int  # spent: the scheduler step at which it has done its work; still: its length
@@ -778,6 +779,35 @@ def _spent_at(s: Schedule):
     if cls == "LambdaLR" and isinstance(args.get("lambda_end"), int) and args["lambda_end"] > 0:
         return args["lambda_end"], "reaches 0", "lr_lambda", args["lambda_end"]
     return None
+
+
+def _decays_to_zero(s: Schedule) -> bool:
+    """A schedule whose lr is 0 from its end on (a linear or polynomial decay, transformers'
+    linear and polynomial schedules): past its length the optimizer applies no update. A decay
+    to a floor (LinearLR's end_factor) or a cosine (it climbs back) is left out."""
+    if s.cls == "PolynomialLR":
+        return True
+    if s.cls != "LambdaLR":
+        return False
+    if isinstance(s.args.get("lambda_end"), int):
+        return True
+    name = str(s.args.get("lr_lambda", ""))
+    return isinstance(s.args.get("num_training_steps"), int) and ("linear" in name or "polynomial" in name)
+
+
+def _ends_before_run(s: Schedule, plan: Plan, at: int, what: str, arg: str, value) -> Misfit | None:
+    """A decay to 0 sized in whole epochs of batches (``len(loader)``, ``k * len(loader)``) but
+    over fewer epochs than the loop around the DataLoader runs: from its end on the lr is 0, and
+    every later epoch (one at least) applies no update."""
+    if s.parent is not None or not plan.per_epoch or not plan.epochs or not _decays_to_zero(s):
+        return None
+    unit = next((n for n in plan.lengths if n >= 2 and at % n == 0), None)
+    if unit is None:
+        return None
+    at = at // unit * plan.per_epoch  # in the real run's batches (the replay's loader may be shorter)
+    if at >= plan.steps or plan.steps - at < plan.per_epoch:
+        return None
+    return Misfit(plan, "ends", at, what, arg, value, 0.0, None)
 
 
 def _length(s: Schedule):
@@ -967,7 +997,7 @@ def schedule_misfit(a: "Analysis", s: Schedule) -> Misfit | None:
                 and _sized_in_batches(sizes[0], plan.lengths):
             return _cosine_cycles(s, plan, sizes[0])
         if any(_sized_in_batches(v, plan.lengths) for v in sizes):
-            return None  # sized with len(loader): a batch count
+            return _ends_before_run(s, plan, at, what, arg, value)  # a batch count: of the run?
         if at > SPENT_SHARE * plan.steps:
             return None
         if plan.per_epoch and at >= plan.per_epoch and plan.epochs and plan.epochs < 2 / SPENT_SHARE:

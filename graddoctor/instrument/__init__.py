@@ -61,6 +61,7 @@ from .policysign import PolicySignWatcher
 from .degreenorm import DegreeNormWatcher
 from .selfscatter import SelfScatterWatcher
 from .tokencopy import TokenCopyWatcher
+from .tokenlabels import TokenLabelsWatcher
 from .adversarial import AdversarialWatcher
 from .entropysign import EntropySignWatcher
 from .follow import remove_leftover_modes
@@ -366,6 +367,10 @@ class Instrumentation:
         token_copy = TokenCopyWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, token_copy.describe_loss)
         self.watchers.append(token_copy)
+        # tagger labels one position off their tokens (token-labels-shifted)
+        token_labels = TokenLabelsWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, token_labels.describe_loss)
+        self.watchers.append(token_labels)
         # a generator trained toward the discriminator's target for its samples (first backwards)
         adversarial = AdversarialWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, adversarial.describe_loss)

@@ -71,6 +71,10 @@ class ScheduleMisfitsRun(Rule):
       epochs)` at its end (where torch raises at the next step), a `LinearLR` warm-up whose
       `total_iters` the script names in epochs (`warmup_epochs`) over within the first epoch,
       while none of its lengths is a multiple of the DataLoader's length;
+    * stepped after every batch, a decay to 0 (transformers' linear or polynomial schedule, a
+      `PolynomialLR`, a `LambdaLR` that reaches 0) sized in whole epochs of batches
+      (`num_training_steps=len(loader)`) but fewer epochs than the loop around the DataLoader
+      runs: from its end on the lr is 0, and every later epoch (one at least) applies no update;
     * stepped once per epoch with a length that is a multiple of the DataLoader's length (a
       count of batches: `T_max=epochs * len(loader)`), it covers at most 20% of it by the run's
       last epoch: the lr hardly moves;
@@ -126,7 +130,9 @@ class ScheduleMisfitsRun(Rule):
     accumulation `epochs * math.ceil(len(loader) / k)`, Lightning's
     `self.trainer.estimated_stepping_batches`); a schedule stepped every micro-batch; a
     per-epoch schedule sized in epochs; `ReduceLROnPlateau`; a warm-up (however short);
-    `CyclicLR` and warm restarts (cycles by design); a run whose length
+    `CyclicLR` and warm restarts (cycles by design); a decay sized in one epoch's batches in a
+    one-epoch run (`num_train_epochs = ceil(max_train_steps / len(loader))`); a `LinearLR` that
+    decays to a floor (`end_factor`) within the first epoch and holds it; a run whose length
     graddoctor cannot read from the source; a schedule resumed from a checkpoint
     (`last_epoch`); one that `scheduler-period-mismatch`, `lr-collapsed`,
     `scheduler-per-micro-batch` or `scheduler-stepped-twice` already reports. A schedule of
@@ -162,6 +168,8 @@ class ScheduleMisfitsRun(Rule):
             return self._micro(a, s, m)
         if m.side == "cycles":
             return self._cycles(a, s, m)
+        if m.side == "ends":
+            return self._ends(a, s, m)
         if m.side == "spent":
             if plan.per_epoch and m.at <= plan.per_epoch:
                 where = f"in the first epoch ({m.at:,} of its {plan.per_epoch:,} steps)"
@@ -225,6 +233,33 @@ class ScheduleMisfitsRun(Rule):
             evidence={"scheduler": s.cls, "args": dict(s.args), "side": m.side,
                       "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
                       "left": m.left, "spent_share": SPENT_SHARE})
+
+    def _ends(self, a, s, m):
+        """A decay to 0 sized in whole epochs of batches, fewer than the run plans: the lr is 0
+        for every epoch after it."""
+        plan = m.plan
+        epochs_in = m.at // plan.per_epoch
+        idle = plan.steps - m.at
+        count = "one epoch" if epochs_in == 1 else f"{epochs_in} epochs"
+        name = str(s.args.get("lr_lambda", ""))
+        if s.cls == "LambdaLR" and name.endswith("_lr_lambda") and "schedule" in name:
+            name = name.strip("_")[:-len("_lr_lambda")]  # transformers' get_*_schedule_with_warmup
+        else:
+            name = s.cls
+        message = (f"{name} is stepped after every batch and its {m.arg} counts the batches of "
+                   f"{count} ({_epoch_of(plan, plan.per_epoch)}), but the run the script plans "
+                   f"is {plan.described}: the lr {m.what} after step {m.at:,} and is 0 from then "
+                   f"on, so the last {idle:,} optimizer steps ({idle / plan.steps:.0%} of the run) "
+                   f"apply no update")
+        fix = _hand_loop_fix(_SPENT_FIXES.get(m.arg, self.fix).format(v=m.value), plan)
+        stepper = a.schedulers.get(s.parent) if s.parent is not None else s
+        first = stepper.steps[0] if stepper is not None and stepper.steps else None
+        return self.finding(
+            message, s.init.loc, fix=fix,
+            related=(related(first, "its step() call"),) if first is not None else (),
+            evidence={"scheduler": s.cls, "args": dict(s.args), "side": "ends",
+                      "stepped": plan.unit, "planned_steps": plan.steps, "at": m.at,
+                      "left": 0.0})
 
     def _still_in_updates(self, a, s, m):
         """Sized in the run's optimizer steps (Lightning's ``max_steps``), stepped once per
