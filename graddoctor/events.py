@@ -716,8 +716,10 @@ batch_pairing      problem ("other-batch": the loss's target is a tensor of a ba
                    rows of one batch in another order, the target in the loader's), fn (the loss
                    node's function), loader, input_batch ([epoch, index] of the inputs' batch),
                    target_loader, target_batch ([epoch, index] of the target's), field (the
-                   target's place in its batch: "[1]", "['label']"), rows — once per problem, in
-                   the first turns (loc: the model's call; an aside)
+                   target's place in its batch: "[1]", "['label']"), rows, model_line (set when
+                   loc is the loss module's call given the target: the model's call's line) —
+                   once per problem, in the first turns (loc: the model's call, or the loss
+                   module's call that names the target; an aside)
 attention_mask     api (nn.MultiheadAttention | F.scaled_dot_product_attention), argument
                    (key_padding_mask | attn_mask), problem ("inverted": the keys the mask leaves
                    out are exactly the tokens that are not the batch's fill id; "additive01": a
@@ -1858,10 +1860,13 @@ def state_carried(*, cls: str, loader: int, sampler: str | None, batch: list, pr
 
 
 def batch_pairing(*, problem: str, fn: str, loader: int, input_batch: list, target_loader: int,
-                  target_batch: list, field: str, rows: int) -> Made:
-    return "batch_pairing", {"problem": problem, "fn": fn, "loader": loader, "input_batch": input_batch,
-                             "target_loader": target_loader, "target_batch": target_batch,
-                             "field": field, "rows": rows}
+                  target_batch: list, field: str, rows: int, model_line: int | None = None) -> Made:
+    data = {"problem": problem, "fn": fn, "loader": loader, "input_batch": input_batch,
+            "target_loader": target_loader, "target_batch": target_batch, "field": field,
+            "rows": rows}
+    if model_line is not None:
+        data["model_line"] = model_line
+    return "batch_pairing", data
 
 
 def attention_mask(*, api: str, argument: str, problem: str, convention: str, **data) -> Made:
