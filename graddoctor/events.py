@@ -410,6 +410,13 @@ ignored_mask       ignore_index, shape (the target's), ignored (its pixels at ig
                    is 1 at exactly the pixels a cross-entropy of the same loss ignores, in the
                    graph of one of the first 3 backwards; once per target shape (loc: the
                    backward's line; an aside; instrument/ignoredmask.py)
+padding_kept       op (mul: a product with the mask | masked_fill: the mask filled), fill (the pad
+                   id), rows, shape (the token batch's), kept (the share of its positions the
+                   mask keeps) — a 0/1 mask without graph, multiplied into (or filled into) the
+                   graph of one of the first 3 backwards, that keeps exactly the padded
+                   positions of a token batch embedded just before (the real tokens left out);
+                   once per op and shape (loc: the backward's line; an aside;
+                   instrument/padmask.py)
 easy_weighted      fn (binary_cross_entropy_with_logits | binary_cross_entropy | cross_entropy),
                    shape (the weight's), rho (the weight's mean rank correlation with the loss
                    within the groups of one target value), groups, elements — an unreduced
@@ -724,8 +731,10 @@ batch_pairing      problem ("other-batch": the loss's target is a tensor of a ba
                    rows of one batch in another order, the target in the loader's), fn (the loss
                    node's function), loader, input_batch ([epoch, index] of the inputs' batch),
                    target_loader, target_batch ([epoch, index] of the target's), field (the
-                   target's place in its batch: "[1]", "['label']"), rows — once per problem, in
-                   the first turns (loc: the model's call; an aside)
+                   target's place in its batch: "[1]", "['label']"), rows, model_line (set when
+                   loc is the loss module's call given the target: the model's call's line) —
+                   once per problem, in the first turns (loc: the model's call, or the loss
+                   module's call that names the target; an aside)
 attention_mask     api (nn.MultiheadAttention | F.scaled_dot_product_attention), argument
                    (key_padding_mask | attn_mask), problem ("inverted": the keys the mask leaves
                    out are exactly the tokens that are not the batch's fill id; "additive01": a
@@ -1343,7 +1352,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``easy_weighted``, ``ignored_mask``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1692,6 +1701,10 @@ def ignored_mask(*, ignore_index: int, shape: list[int], ignored: int, pixels: i
                             "pixels": pixels}
 
 
+def padding_kept(*, op: str, fill: int, rows: int, shape: list[int], kept: float) -> Made:
+    return "padding_kept", {"op": op, "fill": fill, "rows": rows, "shape": shape, "kept": kept}
+
+
 def easy_weighted(*, fn: str, shape: list[int], rho: float, groups: int, elements: int) -> Made:
     return "easy_weighted", {"fn": fn, "shape": shape, "rho": rho, "groups": groups,
                              "elements": elements}
@@ -1893,10 +1906,13 @@ def state_carried(*, cls: str, loader: int, sampler: str | None, batch: list, pr
 
 
 def batch_pairing(*, problem: str, fn: str, loader: int, input_batch: list, target_loader: int,
-                  target_batch: list, field: str, rows: int) -> Made:
-    return "batch_pairing", {"problem": problem, "fn": fn, "loader": loader, "input_batch": input_batch,
-                             "target_loader": target_loader, "target_batch": target_batch,
-                             "field": field, "rows": rows}
+                  target_batch: list, field: str, rows: int, model_line: int | None = None) -> Made:
+    data = {"problem": problem, "fn": fn, "loader": loader, "input_batch": input_batch,
+            "target_loader": target_loader, "target_batch": target_batch, "field": field,
+            "rows": rows}
+    if model_line is not None:
+        data["model_line"] = model_line
+    return "batch_pairing", data
 
 
 def attention_mask(*, api: str, argument: str, problem: str, convention: str, **data) -> Made:
@@ -2478,7 +2494,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
+    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
@@ -2522,7 +2538,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "easy_weighted", "ignored_mask", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

@@ -121,6 +121,64 @@ def test_moves_copy_like_a_gpu_and_every_device_spelling_lands_on_the_cpu():
         assert parallel(torch.randn(3, 2).cuda()).shape == (3, 1)
 
 
+def test_graddoctors_own_call_of_a_saved_original_does_not_reach_its_wrapper():
+    """Torch looks a Tensor method's name up again when it dispatches to the device mode: a
+    watcher's call of the saved ``register_hook`` must not run the wrapper graddoctor installed
+    over it (the dependency probe would take it for the script's hook and turn itself off)."""
+    from graddoctor.instrument.patcher import Patcher
+
+    calls = []
+    original = torch.Tensor.register_hook
+
+    def wrapper(tensor, *args, **kwargs):
+        calls.append(1)
+        return original(tensor, *args, **kwargs)
+
+    with emulate_cuda.CudaEmulation() as emulation:
+        patcher = Patcher()
+        patcher.patch(torch.Tensor, "register_hook", wrapper)
+        try:
+            emulation.watch_originals(patcher.originals())
+            x = torch.ones(2, requires_grad=True) * 2
+            original(x, lambda grad: None)
+            assert calls == []
+            x.register_hook(lambda grad: None)
+            assert calls == [1]
+        finally:
+            patcher.undo()
+
+
+def test_a_dependency_bug_of_a_gpu_script_is_found_emulated(tmp_path):
+    report = _check(tmp_path, """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+
+        class Pool(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed, self.score, self.out = nn.Linear(5, 8), nn.Linear(8, 1), nn.Linear(8, 3)
+
+            def forward(self, x):
+                h = self.embed(x)
+                a = torch.softmax(self.score(h).squeeze(-1), dim=0)
+                return self.out((a.unsqueeze(-1) * h).sum(dim=1))
+
+        model = Pool().cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        scaler = torch.cuda.amp.GradScaler()
+        for _ in range(4):
+            x, y = torch.randn(8, 4, 5).cuda(), torch.randint(0, 3, (8,)).cuda()
+            opt.zero_grad()
+            with torch.cuda.amp.autocast():
+                loss = nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    """)
+    assert [(f.rule, f.location.line) for f in report.findings] == [("samples-mixed-in-batch", 13)]
+
+
 def test_torch_compile_is_told_the_truth_the_script_is_not():
     """torch.compile builds for the devices the tensors are on: its own questions about CUDA
     get the real answers (a CUDA build would compile Triton kernels for CPU tensors)."""

@@ -134,3 +134,37 @@ def test_a_schedule_lightning_steps_gets_the_interval_fix():
 def test_a_schedule_the_user_steps_under_lightning_keeps_the_step_fix():
     (f,) = _lightning_run(stepped_by_lightning=False)
     assert "interval" not in f.fix and "once per epoch" in f.fix
+
+
+def _stepped_per_batch_and_per_epoch(cls="StepLR", batches=4, epochs=3):
+    """A scheduler stepped after every update at line 13 and once more at each epoch's end at
+    line 15, its lr divided by 10 at each of its steps."""
+    t = TraceBuilder()
+    t._params(P)
+    t.put(ev.optimizer_init(opt=0, cls="SGD", params=list(P), lrs=[0.1]), 2)
+    lr = 0.1
+    sched_init(t, cls=cls, args={}, lrs=(lr,), base=(0.1,), line=3)
+    for _ in range(epochs):
+        for _ in range(batches):
+            t.clear(P, line=10)
+            t.backward(fresh=P, line=11)
+            t.put(ev.step_begin(opt=0, norm_pids=None, norms=None, lrs=[lr]), 12)
+            t.step(0, line=12)
+            lr *= 0.1
+            sched_step(t, cls=cls, lrs=(lr,), line=13)
+        lr *= 0.1
+        sched_step(t, cls=cls, lrs=(lr,), line=15)
+    t.put(ev.run_end(status="step-limit", steps=batches * epochs))
+    return t.trace
+
+
+def test_a_scheduler_also_stepped_per_batch_is_reported_at_that_step():
+    f = _found(_stepped_per_batch_and_per_epoch())[0]
+    assert f.location.line == 13 and "once per epoch at line 15" in f.message
+    assert "remove this per-batch step()" in f.fix
+    assert sorted(r.location.line for r in f.related) == [3, 15]
+
+
+def test_a_schedule_not_counted_in_epochs_stepped_at_two_lines_keeps_the_construction():
+    f = _found(_stepped_per_batch_and_per_epoch(cls="LambdaLR"))[0]
+    assert f.location.line == 3

@@ -115,6 +115,7 @@ from .gridscale import GridScaleWatcher
 from .channelpool import ChannelPoolWatcher
 from .easyweight import EasyWeightWatcher
 from .ignoredmask import IgnoredMaskWatcher
+from .padmask import PaddingMaskWatcher
 from .cellswap import CellSwapWatcher
 from .placeholders import LogTargetWatcher, PlaceholderTargetWatcher
 from .targetmap import TargetRemapWatcher
@@ -168,7 +169,13 @@ class Instrumentation:
         # attention masks in the other convention, or 0/1 masks added to the scores (before the
         # dropout watcher: its F.scaled_dot_product_attention wrapper, which reads its caller's
         # frame, goes around this one)
-        self.watchers.append(AttentionMaskWatcher(rec))
+        attention_masks = AttentionMaskWatcher(rec)
+        self.watchers.append(attention_masks)
+        # a padding mask that keeps exactly the padded positions of the token batches the
+        # attention mask watcher saw embedded (mask-keeps-padding): the first backwards' graphs
+        padding_masks = PaddingMaskWatcher(rec, attention_masks)
+        rec.subscribe(DESCRIBE_LOSS, padding_masks.describe_loss)
+        self.watchers.append(padding_masks)
         # the loss wrappers tell five watchers of their calls (instrument/losscalls.py): the
         # idle-parameter watcher (subscribed below: a loss computed from a module whose
         # parameters never get a gradient), the constant-loss watcher (calls on values with no

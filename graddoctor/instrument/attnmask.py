@@ -119,6 +119,11 @@ class AttentionMaskWatcher:
         embedding.__prepare_scriptable__ = lambda: original
         return embedding
 
+    def padded_token_batches(self) -> list[tuple[torch.Tensor, int]]:
+        """The latest padded token batches embedded (copies) with their fill id, latest first
+        (read by instrument/padmask.py)."""
+        return list(self._tokens)
+
     # -- masks ----------------------------------------------------------------------------------
     def _judge(self, api: str, argument: str, mask, batch: int | None, keys: int,
                keep_true: bool) -> None:

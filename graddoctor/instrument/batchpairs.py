@@ -112,6 +112,9 @@ _TARGET_NODES = (("NllLoss", "cross_entropy"), ("MseLoss", "mse_loss"),
                  ("SmoothL1Loss", "smooth_l1_loss"), ("HuberLoss", "huber_loss"),
                  ("BinaryCrossEntropyWithLogits", "binary_cross_entropy_with_logits"),
                  ("BinaryCrossEntropy", "binary_cross_entropy"))
+# torch's loss modules (`nn.MSELoss()`): called outermost with the batch's targets, they would
+# read as a model given that batch, and their output (the loss) would end the walk for targets
+_LOSS_MODULES = (nn.modules.loss._Loss,)
 # nodes that reorder or select rows between the model's output and the loss
 _REORDER = ("Index", "Gather", "Take", "Scatter", "Sort", "MaskedSelect")
 
@@ -198,6 +201,9 @@ class BatchPairWatcher:
         # this turn's model calls whose inputs were found: (batch, order: "same" | "permuted",
         # output tensor, Location)
         self._inputs: list[tuple] = []
+        # this turn's calls of torch's loss modules: (their tensor arguments' storages, Location),
+        # where a target of another batch is named (the line to change)
+        self._loss_calls: list[tuple] = []
         self._told: set[str] = set()
         # this turn's batch-first recurrent outputs over right-padded input:
         # (grad_fn, module class, rows, length, padded rows, Location)
@@ -214,7 +220,7 @@ class BatchPairWatcher:
         for handle in handles:
             handle.remove()
         self._batches, self._rows, self._wholes = [], {}, {}
-        self._seen_ids, self._inputs = {}, []
+        self._seen_ids, self._inputs, self._loss_calls = {}, [], []
         self._recurrent, self._packed, self._filled = [], [], {}
 
     # -- BATCH_SERVED ------------------------------------------------------------------------
@@ -280,6 +286,11 @@ class BatchPairWatcher:
             if not (torch.is_grad_enabled() and getattr(module, "training", False)):
                 return None
             if not self._rows or len(self._inputs) >= _CALLS:
+                return None
+            if isinstance(module, _LOSS_MODULES):  # `criterion(preds, targets)`: no model
+                if len(self._loss_calls) < _CALLS:
+                    self._loss_calls.append(({_storage(t) for t in args if isinstance(t, torch.Tensor)},
+                                             self.rec.here()))
                 return None
             values = list(args) + list(kwargs.values() if isinstance(kwargs, Mapping) else ())
             looked = 0
@@ -413,6 +424,7 @@ class BatchPairWatcher:
         try:
             self._backwards += 1
             inputs, self._inputs = self._inputs, []
+            loss_calls, self._loss_calls = self._loss_calls, []
             recurrent, self._recurrent = self._recurrent, []
             packed, self._packed = self._packed, []
             self._seen_ids, self._filled = {}, {}
@@ -424,7 +436,7 @@ class BatchPairWatcher:
                     self._packed_last_step(root, packed)
             if inputs and self._wholes:
                 for root in _roots(tensors):
-                    self._judge(root, inputs)
+                    self._judge(root, inputs, loss_calls)
             if self._backwards >= WINDOW or len(self._told) >= 4:
                 self._stop()
         except Exception as exc:
@@ -432,7 +444,7 @@ class BatchPairWatcher:
             self.rec.internal_error("batch pairing", exc)
         return {}
 
-    def _judge(self, root, inputs) -> None:
+    def _judge(self, root, inputs, loss_calls=()) -> None:
         outs = {id(o.grad_fn): o for *_, o, _ in inputs if o is not None and o.grad_fn is not None}
         targets, reordered = _targets(root, outs)
         mixed = [i for i in inputs if i[1] == "mixed"]
@@ -448,8 +460,8 @@ class BatchPairWatcher:
             with torch.no_grad():
                 whole = _whole_print(target)
             if whole is not None:
-                prints.append((fn, whole))
-        for fn, whole in prints:
+                prints.append((fn, whole, _storage(target)))
+        for fn, whole, storage in prints:
             ours = [(entry, order, loc) for entry, order, *_, loc in inputs]
             if any(whole in entry.wholes for entry, _, _ in ours):
                 permuted = next(((e, loc) for e, order, loc in ours
@@ -457,7 +469,7 @@ class BatchPairWatcher:
                 # the same labels in another order are a target too (a mixup whose lam drew
                 # ~0, so its inputs are the permuted rows to float precision): followed
                 relabelled = any(other[0] == whole[0] and other[2] == whole[2] and other[1] != whole[1]
-                                 for _, other in prints)
+                                 for _, other, _ in prints)
                 if (permuted is not None and not reordered and not relabelled
                         and "permuted" not in self._told):
                     entry, loc = permuted
@@ -468,7 +480,10 @@ class BatchPairWatcher:
                        if all(_apart(b, e) for e, _, _ in ours)]
             if earlier and "other-batch" not in self._told:
                 entry, order, loc = ours[-1]
-                self._tell("other-batch", fn, entry, earlier[-1][0], earlier[-1][1], loc)
+                # the loss module's call given that target, where one was: the line that names it
+                at = next((at for storages, at in loss_calls if storage in storages), None)
+                self._tell("other-batch", fn, entry, earlier[-1][0], earlier[-1][1], at or loc,
+                           model_line=loc.line if at is not None and loc is not None else None)
 
     def _unmixed(self, mixed, targets) -> None:
         """A ``mixup_unmixed`` aside when the model's inputs are a mixup of a batch's rows and
@@ -540,12 +555,13 @@ class BatchPairWatcher:
                 following.extend(c for c, _ in node.next_functions if c is not None)
             level = following
 
-    def _tell(self, problem: str, fn: str, inputs: _Batch, labels: _Batch, field: str, loc) -> None:
+    def _tell(self, problem: str, fn: str, inputs: _Batch, labels: _Batch, field: str, loc,
+              model_line: int | None = None) -> None:
         self._told.add(problem)
         self.rec.emit_aside(ev.batch_pairing(
             problem=problem, fn=fn, loader=inputs.key[0], input_batch=list(inputs.key[1:]),
             target_loader=labels.key[0], target_batch=list(labels.key[1:]), field=field,
-            rows=inputs.rows), loc)
+            rows=inputs.rows, model_line=model_line), loc)
 
     # -- install -----------------------------------------------------------------------------
     def _before_compile(self) -> None:
@@ -647,6 +663,12 @@ def padded_rows(pad: torch.Tensor) -> int:
     if int(pad.sum()) - int(runs.sum()) > 0.02 * content:
         return 0  # padding steps inside the rows too: sparse data, not a filler
     return int(ending.sum())
+
+
+def _storage(tensor) -> tuple:
+    """A tensor's memory and layout: the loss node's saved target is another tensor object
+    over the memory the loss module was given."""
+    return tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride())
 
 
 def _apart(labels: _Batch, inputs: _Batch) -> bool:

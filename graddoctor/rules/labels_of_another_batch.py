@@ -12,7 +12,9 @@ class LabelsOfAnotherBatch(Rule):
     inputs came from: the first batch's labels kept from before the loop, a label variable read
     one turn late, labels taken from a list one position off. Checked by value on the first
     turns (CPU tensors): the model's inputs are found among the rows of the batches the loaders
-    served, the loss's target among their tensors. It points at the model's call.
+    served, the loss's target among their tensors. It points at the call of the loss module
+    (`criterion(preds, y0)`) given that target, the line that names it, or else at the model's
+    call.
 
     ## Why is this bad?
     A DataLoader yields inputs and labels that belong together. Paired with another batch's
@@ -64,9 +66,13 @@ class LabelsOfAnotherBatch(Rule):
             where = (f"batch {t_index} of epoch {t_epoch}" if same else
                      f"batch {t_index} of epoch {t_epoch} of another DataLoader, served in an "
                      f"earlier step")
+            model_line = e.get("model_line")
+            subject = (f"the model (line {model_line}) is given the inputs of batch {index} of "
+                       f"epoch {epoch}, but the {e['fn']} loss here is given" if model_line else
+                       f"the model here is given the inputs of batch {index} of epoch {epoch}, "
+                       f"but the {e['fn']} loss is given")
             yield self.finding(
-                f"the model here is given the inputs of batch {index} of epoch {epoch}, but the "
-                f"{e['fn']} loss's target is the tensor {e['field']} of {where}: each sample is "
+                f"{subject} the tensor {e['field']} of {where} as its target: each sample is "
                 f"trained towards another sample's label, so the loss stalls near chance",
                 e.loc, step=a.next_step_number(e.seq),
                 evidence={"loss": e["fn"], "inputs_batch": [e["loader"], epoch, index],

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ..analysis.lr import COLLAPSED, writer_location
-from ..findings import Severity
+from ..findings import Related, Severity
 from .base import Rule, related
 from .schedule_factor_is_lr import ScheduleFactorIsLr
 
@@ -32,6 +32,31 @@ _LIGHTNING_FIX = ('in configure_optimizers, return the scheduler with "interval"
                   "size the schedule in optimizer steps (self.trainer.estimated_stepping_batches)")
 
 
+def _extra_step(a, writer):
+    """``(the step() event of the line stepping most often, the other line's Location)`` when an
+    epoch-counted scheduler is stepped from exactly two lines of one file and one of them steps
+    it at least twice as often (per batch against per epoch); None otherwise."""
+    if writer.cls not in _EPOCH_COUNTED:
+        return None
+    s = a.schedulers.get(writer.sched)
+    if s is None or not s.steps:
+        return None
+    by_line: dict = {}
+    for e in s.steps:
+        if e.loc is not None:
+            by_line.setdefault((e.loc.path, e.loc.line), []).append(e)
+    if len(by_line) != 2 or len({path for path, _ in by_line}) != 1:
+        return None
+    (often, many), (_, few) = sorted(by_line.items(), key=lambda item: -len(item[1]))
+    if len(many) < 2 * len(few):
+        return None
+    return many[0], few[0].loc
+
+
+# schedules whose period counts epochs in the usual script: stepped per batch too, they run out
+_EPOCH_COUNTED = frozenset({"StepLR", "MultiStepLR", "ExponentialLR", "MultiplicativeLR"})
+
+
 class LrCollapsed(Rule):
     """
     ## What it does
@@ -42,7 +67,9 @@ class LrCollapsed(Rule):
     schedule without a floor (`StepLR`, `ExponentialLR`, `MultiplicativeLR`, `LambdaLR`, a
     hand-written decay) that fell steadily by 100× or more in the replay is projected at the
     same rate and reported with the update by which it crosses 1e-4. It points at the
-    scheduler's construction, or at the line that writes the lr by hand.
+    scheduler's construction, or at the line that writes the lr by hand; when the scheduler is
+    stepped from two lines (once per epoch, as its schedule counts, and once more per batch),
+    at the line that steps it most often: the extra per-batch `step()`.
 
     ## Why is this bad?
     A decay meant per epoch applied per batch (`StepLR(step_size=1, gamma=0.1)`,
@@ -100,7 +127,28 @@ class LrCollapsed(Rule):
             if key in seen or (loc is not None and (loc.path, loc.line) in told):
                 continue  # one finding per writer; schedule-factor-is-lr says why it collapses
             seen.add(key)
+            extra = _extra_step(a, w) if w.scheduled else None
+            if extra is not None:
+                yield self._extra_finding(a, c, loc, extra)
+                continue
             yield self._finding(a, c, loc, step_call)
+
+    def _extra_finding(self, a, c, built, extra):
+        w = c.writer
+        step, other = extra
+        message = (f"this {w.cls}.step() runs at every batch, and the same scheduler is also "
+                   f"stepped once per epoch at line {other.line}: the lr of "
+                   f"{a.optimizer_name(c.opt)} fell from {c.start:g} to {c.last:.3g} within the "
+                   f"{c.updates} updates replayed, a decay sized in epochs applied per batch")
+        return self.finding(
+            message, step.loc, fix=(f"remove this per-batch step(): the {w.cls} is stepped once "
+                                    f"per epoch at line {other.line}, the unit its schedule counts"),
+            related=(related(a.schedulers[w.sched].init, "the scheduler, built here"),
+                     Related(other, "its once-per-epoch step()")),
+            evidence={"optimizer": c.opt, "group": c.group, "start": c.start, "last": c.last,
+                      "updates": c.updates, "writer": w.cls, "observed": c.observed,
+                      "projected_at": c.at, "extra_step_line": step.loc.line,
+                      "epoch_step_line": other.line})
 
     def _finding(self, a, c, loc, step_call):
         w = c.writer

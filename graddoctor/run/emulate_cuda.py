@@ -37,7 +37,7 @@ import types
 import weakref
 from typing import Any
 
-from ..instrument.patcher import Patcher
+from ..instrument.patcher import Originals, Patcher
 
 DEVICE_NAME = "Emulated CUDA GPU (graddoctor --emulate-cuda, tensors on the CPU)"
 CAPABILITY = (8, 0)  # an A100's: bf16 and TF32 supported, as most training scripts expect
@@ -199,6 +199,8 @@ class CudaEmulation:
         self.storages = _Storages()
         self.patcher = Patcher()
         self.mode = None
+        # graddoctor's own wrappers -> the functions they replaced (``watch_originals``)
+        self.originals = Originals()
         self._lock = threading.Lock()
         self.autocast_fallback: str | None = None
 
@@ -226,6 +228,16 @@ class CudaEmulation:
             return int(device[1]) if len(device) > 1 and device[1] else self.current
         index = getattr(device, "index", None)
         return self.current if index is None else index
+
+    def watch_originals(self, originals: Originals) -> None:
+        """Hand the device mode the functions graddoctor's instrumentation patched over (built
+        after this context is entered). Torch looks a Tensor method's public name up again when
+        it dispatches to a mode, so graddoctor's own call of a saved original (a watcher's
+        ``register_hook`` on an output) would reach the mode as the installed wrapper and run it:
+        the script would seem to have registered a hook (which turns the dependency probes off),
+        and the script's own calls would pass through the wrappers twice. The mode calls the
+        original instead, as drawtwin's and repeatedterm's modes do."""
+        self.originals = originals
 
     # -- torch.cuda -------------------------------------------------------------------------
     def _cuda_functions(self) -> dict[str, Any]:
@@ -698,8 +710,10 @@ def _mode_class():
         def __init__(self, emulation: CudaEmulation):
             super().__init__()
             self.storages = emulation.storages
+            self.emulation = emulation
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            func = self.emulation.originals.original_of(func)
             if kwargs is None:
                 kwargs = {}
             if func is to:

@@ -131,6 +131,8 @@ class Session:
             self.instrumentation = stack.enter_context(
                 Instrumentation(self.rec, self.options.epoch_batches,
                                 grad_flow=self.options.grad_flow))
+            if self.emulation is not None:
+                self.emulation.watch_originals(self.instrumentation.patcher.originals())
             if variables is not None:
                 try:
                     self.instrumentation.optimizers.adopt_existing(

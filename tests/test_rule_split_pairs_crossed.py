@@ -1,0 +1,66 @@
+"""split-pairs-crossed (GD333): the source lookup of datasets built from the inputs of one split
+and the labels of another, and the rule on a small script run in process."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+
+from graddoctor.findings import Severity
+from graddoctor.options import CheckOptions
+from graddoctor.rules.split_pairs_crossed import crossed_pairs, role_and_split
+from graddoctor.run.session import run_check
+
+SLUG = "split-pairs-crossed"
+
+
+def _pairs(code: str):
+    return [(line, x, xs, y, ys) for line, _, x, xs, y, ys in crossed_pairs(ast.parse(textwrap.dedent(code)))]
+
+
+@pytest.mark.parametrize("arg, expected", [
+    ("X_train", ("inputs", "train")), ("y_val", ("labels", "val")),
+    ("labels[list(valid_idx)]", ("labels", "val")), ("train_images.float()", ("inputs", "train")),
+    ("self.test_targets", ("labels", "test")), ("X[idx]", None), ("X_train[val_idx]", None),
+    ("x_y_train", None), ("weights_train", None),
+])
+def test_role_and_split(arg, expected):
+    assert role_and_split(ast.parse(arg, mode="eval").body) == expected
+
+
+def test_crossed_pairs_in_dataset_calls_only():
+    found = _pairs("""
+        class Rows(torch.utils.data.Dataset):
+            pass
+        a = TensorDataset(X_val, y_test)
+        b = Rows(features[train_idx], targets[test_idx])
+        c = TensorDataset(X_train, y_train)
+        d = plot(X_train, y_test)
+        e = TensorDataset(X_train, X_val, y_train)
+    """)
+    assert found == [(4, "X_val", "val", "y_test", "test"),
+                     (5, "features[train_idx]", "train", "targets[test_idx]", "test")]
+
+
+def test_the_finding_is_at_the_dataset_with_the_labels_respelled(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        X, y = torch.randn(80, 4), torch.randint(0, 2, (80,))
+        X_train, y_train, X_test, y_test = X[:40], y[:40], X[40:], y[40:]
+        loader = DataLoader(TensorDataset(X_train, y_test), batch_size=8)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for xb, yb in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    """))
+    report = run_check(CheckOptions(target=str(script)))
+    found = [f for f in report.findings if f.rule == SLUG]
+    assert len(found) == 1 and found[0].severity is Severity.WARNING
+    assert found[0].location.line == 7 and "`y_train`" in found[0].fix
