@@ -69,3 +69,20 @@ def test_writes_the_source_does_not_show_are_silent(tmp_path):
     assert findings(_trace(path, argument="bank"), SLUG) == []
     clean = _script(tmp_path, SCRIPT.replace("        x.sub_(mean).div_(std)\n", "        x = (x - mean) / std\n"))
     assert findings(_trace(clean), SLUG) == []
+
+
+def test_inference_tensors_are_passed_over(tmp_path, monkeypatch):
+    from graddoctor.api import check_script
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "infer.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\n"
+        "net = nn.Linear(4, 2)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for step in range(5):\n"
+        "    loss = net(torch.randn(8, 4)).pow(2).mean()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+        "    with torch.inference_mode():\n"
+        "        net(torch.randn(8, 4))\n")
+    report = check_script(str(script))
+    assert not report.internal_errors, report.internal_errors
+    assert report.findings == []

@@ -85,8 +85,10 @@ class InputWriteWatcher:
         try:
             if not self._open:
                 self._outer = weakref.ref(module)
+            # inference tensors keep no version counter (torch.inference_mode): never data read again
             self._open.append([(i, t, t._version) for i, t in enumerate(args)
-                               if isinstance(t, torch.Tensor) and not t.requires_grad])
+                               if isinstance(t, torch.Tensor) and not t.requires_grad
+                               and not t.is_inference()])
         except Exception as exc:
             self._stop()
             self.rec.internal_error("input write", exc)
