@@ -39,6 +39,17 @@ WINDOW = 4  # backwards the hooks stay for
 _BASES = 16  # bases of written inputs remembered
 
 
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter, or None where it keeps none (inference tensors, some
+    subclasses): those are never the script's data read again."""
+    if tensor.is_inference():
+        return None
+    try:
+        return tensor._version
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return None
+
+
 def _parameter_names(module) -> list[str]:
     try:
         params = list(inspect.signature(type(module).forward).parameters)
@@ -85,10 +96,9 @@ class InputWriteWatcher:
         try:
             if not self._open:
                 self._outer = weakref.ref(module)
-            # inference tensors keep no version counter (torch.inference_mode): never data read again
-            self._open.append([(i, t, t._version) for i, t in enumerate(args)
+            self._open.append([(i, t, version) for i, t in enumerate(args)
                                if isinstance(t, torch.Tensor) and not t.requires_grad
-                               and not t.is_inference()])
+                               and (version := _version(t)) is not None])
         except Exception as exc:
             self._stop()
             self.rec.internal_error("input write", exc)
@@ -99,7 +109,7 @@ class InputWriteWatcher:
             return None
         try:
             for position, tensor, version in self._open.pop():
-                if tensor._version != version:
+                if _version(tensor) != version:
                     self._written(module, position, tensor)
         except Exception as exc:
             self._stop()
