@@ -36,7 +36,8 @@ class AccumulationNeverAccumulates(Rule):
     The finding is `info`: a loss multiplied by a constant weight (`0.1 * loss` through a
     variable) looks exactly the same in the trace. It is left out entirely when the loss is
     assigned as a number written out times the loss (`g_loss = 0.5 * F.mse_loss(...)`: a
-    weight, as LSGAN's and the VAE's), as a quotient by a written-out 2 (`... .mean() / 2`:
+    weight, as LSGAN's and the VAE's; also returned so by a loss function of the script's own,
+    a Gaussian NLL's `return 0.5 * (...)`), as a quotient by a written-out 2 (`... .mean() / 2`:
     Hadsell's contrastive loss, `||e||^2 / 2`) or as a sum with such a weighted term (`-reward -
     0.01 * entropy`, where only the weighted term carries a gradient), when the division is a mean
     (a `reduction="sum"` loss or `.sum()` divided by the batch size, `kl_div(...,
@@ -249,6 +250,23 @@ def _weighted_by_literal(a, backward, factor: float) -> bool:
     except (SyntaxError, IndexError):
         return False
     value = getattr(statement, "value", None)
+    if _literal_weighted(value, factor):
+        return True
+    # a loss function of the script's own that returns the weighted value (`return 0.5 *
+    # (logvar + (y - mu) ** 2 * torch.exp(-logvar)).mean()`, a Gaussian NLL's 1/2)
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+        tree = a.source.tree(loc.path)
+        defined = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                   and n.name == value.func.id] if tree is not None else []
+        returns = [n for n in ast.walk(defined[0]) if isinstance(n, ast.Return)
+                   and n.value is not None] if len(defined) == 1 else []
+        return len(returns) == 1 and _literal_weighted(returns[0].value, factor)
+    return False
+
+
+def _literal_weighted(value, factor: float) -> bool:
+    """Whether an expression is a number written out times the loss, a sum with such a term, or a
+    quotient by a written-out 2."""
     # the whole value, or one term of its top-level sum: `-reward - 0.01 * entropy` whose only
     # term with a gradient is the weighted one (an entropy bonus, an auxiliary loss) reads 0.01
     terms, stack = [], [value]
