@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import ast
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Rule
+
+_NOISE_WORDS = ("noise", "eps", "epsilon")
+# a coefficient that scales the noise: the square root of one minus the cumulative alpha, a sigma
+_NOISE_SCALE = ("one_minus", "1 -", "1.0 -", "1. -", "sigma", "std")
+_SIGNAL_SCALE = ("alpha", "abar", "a_bar", "ab[", "ab)", "ab_", "sqrt_ab", "gamma")
+
+
+def _is_noise(node: ast.AST) -> bool:
+    """The noise of a forward diffusion step: a variable named so, or a fresh Gaussian draw."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name in ("randn_like", "randn")
+    text = ast.unparse(node).lower()
+    last = text.rsplit(".", 1)[-1].split("[", 1)[0]
+    return any(last == w or last.startswith(w + "_") or last.endswith("_" + w) for w in _NOISE_WORDS)
+
+
+def _scale(node: ast.AST) -> str | None:
+    text = ast.unparse(node).lower().replace("(", " (").replace("  ", " ")
+    squeezed = ast.unparse(node).lower().replace(" ", "")
+    if any(w in text for w in _NOISE_SCALE) or "1-" in squeezed or "1.0-" in squeezed:
+        return "noise"
+    if any(w in squeezed for w in _SIGNAL_SCALE):
+        return "signal"
+    return None
+
+
+def _terms(node: ast.AST) -> list[tuple[ast.AST, ast.AST]] | None:
+    """``[(coefficient, operand), (coefficient, operand)]`` of ``a * x + b * y``, or None."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)):
+        return None
+    pairs = []
+    for side in (node.left, node.right):
+        if not (isinstance(side, ast.BinOp) and isinstance(side.op, ast.Mult)):
+            return None
+        pairs.append((side.left, side.right))
+    return pairs
+
+
+def swapped_forward_steps(tree: ast.AST) -> list[tuple[int, str, str, str]]:
+    """``(line, text, noise, clean)`` of each ``c1 * x0 + c2 * noise`` whose noise is scaled by
+    the signal's coefficient (a cumulative alpha) and whose clean sample by the noise's (one
+    minus it, a sigma): the forward diffusion step with its two coefficients swapped."""
+    found = []
+    for node in ast.walk(tree):
+        terms = _terms(node)
+        if terms is None:
+            continue
+        roles = []
+        for a, b in terms:
+            if _is_noise(b) and not _is_noise(a):
+                roles.append(("noise", a, b))
+            elif _is_noise(a) and not _is_noise(b):
+                roles.append(("noise", b, a))
+            else:
+                roles.append(("clean", a, b) if _scale(a) else ("clean", b, a))
+        kinds = sorted(r[0] for r in roles)
+        if kinds != ["clean", "noise"]:
+            continue
+        noise = next(r for r in roles if r[0] == "noise")
+        clean = next(r for r in roles if r[0] == "clean")
+        if _scale(noise[1]) == "signal" and _scale(clean[1]) == "noise":
+            found.append((node.lineno, ast.unparse(node), ast.unparse(noise[2]), ast.unparse(clean[2])))
+    return found
+
+
+class NoiseScheduleSwapped(Rule):
+    """
+    ## What it does
+    Finds the forward step of a diffusion model written with its two coefficients swapped:
+    `x_t = sqrt(1 - alpha_bar[t]) * x0 + sqrt(alpha_bar[t]) * noise`, the clean sample scaled
+    by the noise's coefficient and the noise by the signal's. It reads the source of the files a
+    backward ran from: a sum of two products, one of a noise (a variable named `noise`, `eps`,
+    `epsilon`, or `torch.randn_like(...)`), whose coefficient names the cumulative alpha
+    (`alphas_cumprod`, `sqrt_alpha_bar`) while the other's names one minus it or a sigma.
+
+    ## Why is this bad?
+    At small t, where alpha_bar is close to 1, the "noisy" sample is almost pure noise, and at
+    large t it is almost the clean image: the model is trained on a schedule that runs
+    backwards, so sampling, which starts from noise at t = T, begins where the model saw nearly
+    clean images. The loss still falls; the samples are noise.
+
+    ## Example
+    ```python
+    x_t = sqrt_one_minus_ab[t] * x0 + sqrt_ab[t] * noise
+    ```
+
+    ## Use instead
+    ```python
+    x_t = sqrt_ab[t] * x0 + sqrt_one_minus_ab[t] * noise
+    ```
+
+    ## Stays silent on
+    The forward step as written in DDPM; a v-prediction target (`sqrt_ab * noise -
+    sqrt_one_minus_ab * x0`, a difference); the DDIM update (`sqrt(ab_prev) * x0_pred +
+    sqrt(1 - ab_prev) * eps`); flow matching's `(1 - t) * x0 + t * noise` (no alpha named);
+    coefficients whose names say neither.
+    """
+
+    code = "GD338"
+    slug = "noise-schedule-swapped"
+    severity = Severity.WARNING
+    summary = ("a diffusion forward step scales the clean sample by the noise's coefficient and "
+               "the noise by the signal's: the schedule runs backwards")
+    fix = "scale the clean sample by sqrt(alpha_bar[t]) and the noise by sqrt(1 - alpha_bar[t])"
+
+    def check(self, a):
+        backwards = a.by_kind.get("backward", ())
+        paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
+        for path in paths[:4]:
+            tree = a.source.tree(path)
+            if tree is None:
+                continue
+            for line, text, noise, clean in swapped_forward_steps(tree):
+                yield self.finding(
+                    f"`{text}` scales the noise `{noise}` by the signal's coefficient (the "
+                    f"cumulative alpha) and the clean sample `{clean}` by the noise's (one minus "
+                    f"it): at small t, where alpha_bar is near 1, the model is shown almost pure "
+                    f"noise and at large t almost the clean sample, so it learns a schedule that "
+                    f"runs backwards and sampling from noise fails",
+                    Location(path, line), evidence={"noise": noise, "clean": clean},
+                    fix=f"swap the two coefficients: the one with the cumulative alpha goes on "
+                        f"`{clean}`, the one with one minus it on `{noise}`")

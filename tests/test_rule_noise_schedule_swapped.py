@@ -1,0 +1,27 @@
+"""noise-schedule-swapped (GD338): which sums of a clean sample and a noise have their
+diffusion coefficients swapped (source only; the fixtures run the rule end to end)."""
+
+from __future__ import annotations
+
+import ast
+
+from graddoctor.rules.noise_schedule_swapped import swapped_forward_steps
+
+
+def _hits(code: str) -> int:
+    return len(swapped_forward_steps(ast.parse(code)))
+
+
+def test_swapped_forward_steps_are_found():
+    assert _hits("x_t = sqrt_one_minus_ab[t] * x0 + sqrt_ab[t] * noise") == 1
+    assert _hits("x = torch.sqrt(1 - alphas_cumprod[t]) * x0 + torch.sqrt(alphas_cumprod[t]) * eps") == 1
+    assert _hits("x = extract(self.sqrt_one_minus_alphas_cumprod, t, s) * x_start"
+                 " + extract(self.sqrt_alphas_cumprod, t, s) * torch.randn_like(x_start)") == 1
+
+
+def test_correct_sums_are_silent():
+    assert _hits("x_t = sqrt_ab[t] * x0 + sqrt_one_minus_ab[t] * noise") == 0
+    assert _hits("v = sqrt_ab * noise - sqrt_one_minus_ab * x0") == 0  # a v target: a difference
+    assert _hits("x_prev = ab_prev.sqrt() * x0_pred + (1 - ab_prev).sqrt() * eps") == 0
+    assert _hits("x_t = (1 - t) * x0 + t * noise") == 0  # flow matching: no alpha named
+    assert _hits("y = a * x + b * noise") == 0
