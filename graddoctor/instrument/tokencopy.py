@@ -42,7 +42,25 @@ _RECURRENT = ("MkldnnRnnLayerBackward", "CudnnRnnBackward", "MiopenRnnBackward",
               "ThnnFusedGruCellBackward")
 
 
-def _ids(value) -> torch.Tensor | None:
+def nll_nodes(tensors, limit: int = _NODES) -> list | None:
+    """The ``NllLossBackward0`` nodes of the loss's graph (``nll_loss``, and ``cross_entropy``
+    over log_softmax), or None when the graph has more than ``limit`` nodes."""
+    stack, seen, losses = list(loss_roots(tensors)), set(), []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > limit:
+            return None
+        if type(node).__name__ == "NllLossBackward0":
+            losses.append(node)
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return losses
+
+
+def token_ids(value) -> torch.Tensor | None:
+    """``value`` when it is a CPU tensor of integer ids, else None."""
     if not isinstance(value, torch.Tensor) or value.device.type != "cpu" \
             or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
         return None
@@ -105,19 +123,11 @@ class TokenCopyWatcher:
         return {}
 
     def _judge(self, tensors, loc) -> None:
-        stack, seen, losses = list(loss_roots(tensors)), set(), []
-        while stack:
-            node = stack.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            if len(seen) > _NODES:
-                return
-            if type(node).__name__ == "NllLossBackward0":
-                losses.append(node)
-            stack.extend(child for child, _ in node.next_functions if child is not None)
+        losses = nll_nodes(tensors)
+        if losses is None:
+            return
         for node in losses:
-            target = _ids(saved(node, "_saved_target"))
+            target = token_ids(saved(node, "_saved_target"))
             ignore = saved(node, "_saved_ignore_index", -100)
             if target is None or target.numel() < _MIN_POSITIONS or not isinstance(ignore, int):
                 continue
@@ -142,7 +152,7 @@ class TokenCopyWatcher:
             if name.startswith(_RECURRENT):
                 recurrent = True
             elif name == "EmbeddingBackward0":
-                ids = _ids(saved(node, "_saved_indices"))
+                ids = token_ids(saved(node, "_saved_indices"))
                 if ids is not None:
                     lookups.append(ids)
             stack.extend(child for child, _ in node.next_functions if child is not None)

@@ -26,22 +26,15 @@ import torch
 
 from .. import events as ev
 from .graphpaths import saved
-from .lossterms import PerLine, loss_roots
+from .lossterms import PerLine
 from .recorder import Recorder
-from .tokencopy import shifted_by_one
+from .tokencopy import nll_nodes, shifted_by_one, token_ids
 
 _LOOKED = 3  # backwards of each line looked at
 _LINES = 16  # backward lines looked at, at most
 _NODES = 4096  # nodes of the loss's graph walked
 _MIN_ROWS = 4  # rows of the batch, at least
 _COUNTED = 0.9  # share of the rows whose target at the constant token is counted
-
-
-def _ids(value) -> torch.Tensor | None:
-    if not isinstance(value, torch.Tensor) or value.device.type != "cpu" \
-            or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        return None
-    return value
 
 
 def _pad_id(ids: torch.Tensor, padding_idx) -> int | None:
@@ -109,19 +102,11 @@ class TokenLabelsWatcher:
         return {}
 
     def _judge(self, tensors, loc) -> None:
-        stack, seen, losses = list(loss_roots(tensors)), set(), []
-        while stack:
-            node = stack.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            if len(seen) > _NODES:
-                return
-            if type(node).__name__ == "NllLossBackward0":
-                losses.append(node)
-            stack.extend(child for child, _ in node.next_functions if child is not None)
+        losses = nll_nodes(tensors, _NODES)
+        if losses is None:
+            return
         for node in losses:
-            target = _ids(saved(node, "_saved_target"))
+            target = token_ids(saved(node, "_saved_target"))
             scores = saved(node, "_saved_self")
             ignore = saved(node, "_saved_ignore_index", -100)
             if target is None or not isinstance(scores, torch.Tensor) or scores.dim() != 2 \
@@ -154,7 +139,7 @@ class TokenLabelsWatcher:
             if len(seen) > _NODES:
                 break
             if type(node).__name__ == "EmbeddingBackward0":
-                ids = _ids(saved(node, "_saved_indices"))
+                ids = token_ids(saved(node, "_saved_indices"))
                 if ids is not None:
                     lookups.append((ids, saved(node, "_saved_weight_sym_argsize_0"),
                                     saved(node, "_saved_padding_idx")))
