@@ -24,7 +24,9 @@ optimizer_init     opt, cls, params [pid], lrs [float|None] (the lr of each para
                    not recorded), aliases [[pid, pid]] (only when any: a parameter of this group
                    whose memory starts where one the optimizer already owns does, with that
                    one's pid first: the same tensor listed twice, or two Parameters over one
-                   storage; instrument/optim.py)
+                   storage; instrument/optim.py), unread [[[key, number|None]]|None] and
+                   settings [str] (only when any: per group, the keys a torch optimizer's step
+                   never reads, with the optimizer's own setting names beside them)
 backward           fresh [pid], accumulated [pid], cleared_outside [pid],
                    extra_leaves (non-parameter leaves this backward writes, e.g. FGSM input; the
                    count of its call line's latest graph walk, see instrument/backward.py),
@@ -1384,11 +1386,15 @@ def param(*, pid: int, name: str | None, shape: list[int] | None, is_parameter: 
 
 
 def optimizer_init(*, opt: int, cls: str, params: list[int], lrs: list | None = None,
-                   hyper: list | None = None, aliases: list[list[int]] | None = None) -> Made:
-    """``aliases`` is only written when there are some."""
+                   hyper: list | None = None, aliases: list[list[int]] | None = None,
+                   unread: list | None = None, settings: list[str] | None = None) -> Made:
+    """``aliases``, ``unread`` and ``settings`` are only written when there are some."""
     data = {"opt": opt, "cls": cls, "params": params, "lrs": lrs, "hyper": hyper}
     if aliases:
         data["aliases"] = aliases
+    if unread:
+        data["unread"] = unread
+        data["settings"] = settings
     return "optimizer_init", data
 
 

@@ -438,6 +438,24 @@ def group_lrs(optimizer) -> list | None:
             if type(g) is dict else None for g in groups]
 
 
+_SETTINGS_OF_OTHERS = ("params", "param_names")  # keys torch itself reads besides the defaults
+
+
+def unread_keys(optimizer, group) -> list | None:
+    """The keys of a param group given to one of torch's optimizers that its step never reads
+    (not a default of this optimizer, not ``params``), each with its value when that is a plain
+    number: ``{"params": ..., "LR": 1e-2}`` keeps stepping with the default lr. Read once, at
+    construction, before any scheduler adds its own keys; None when there are none."""
+    if type(group) is not dict or not _torch_step_class(type(optimizer)):
+        return None
+    defaults = getattr(optimizer, "defaults", None)
+    if not isinstance(defaults, dict):  # the attribute watcher's dict subclass included
+        return None
+    extra = [[key, plain_number(value)] for key, value in group.items()
+             if type(key) is str and key not in defaults and key not in _SETTINGS_OF_OTHERS]
+    return extra or None
+
+
 @functools.lru_cache(maxsize=None)
 def _torch_step_class(cls) -> bool:
     return (getattr(getattr(cls, "step", None), "__module__", None) or "").startswith("torch.optim.")
@@ -545,10 +563,14 @@ class OptimizerWatcher:
         self._owned.update(dict.fromkeys(pids))
         opt = rec.optimizer_id(optimizer)
         rec.add_params(opt, pids)
+        unread = [unread_keys(optimizer, g) for g in groups]
         rec.emit(ev.optimizer_init(opt=opt, cls=type(optimizer).__name__, params=pids,
                                    lrs=[plain_number(g.get("lr")) for g in groups],
                                    hyper=[group_hyper(g) for g in groups],
-                                   aliases=self._aliases(opt, params, pids)), loc)
+                                   aliases=self._aliases(opt, params, pids),
+                                   unread=unread if any(unread) else None,
+                                   settings=sorted(k for k in optimizer.defaults if type(k) is str)
+                                   if any(unread) else None), loc)
         for subscriber in self._params_added.now:
             subscriber(opt, pids)
 

@@ -4,6 +4,7 @@ import ast
 from dataclasses import replace
 
 from ..findings import Severity
+from ..analysis.optimizer_settings import misspells
 from .base import Rule, plural, related
 
 
@@ -77,8 +78,8 @@ class NoDecayParamsDecayed(Rule):
             if not s.get("skipped"):
                 first_step.setdefault(s.get("opt"), s.seq)
         for opt in a.optimizers:
-            if opt not in first_step:
-                continue
+            if opt not in first_step or _decay_key_misspelt(a, opt):
+                continue  # param-group-key-unread names the cause
             groups = _groups(a, opt, first_step[opt])
             if groups is None:
                 continue
@@ -283,3 +284,11 @@ def _name_list_line(a, loc) -> int | None:
                     and any("bias" in e.value for e in elts):
                 lines.append(node.lineno)
     return lines[0] if len(lines) == 1 else None
+
+
+def _decay_key_misspelt(a, opt) -> bool:
+    """Whether a param group of the optimizer spells ``weight_decay`` wrong (``weight_deacy``):
+    its decay is the default for a reason param-group-key-unread reports."""
+    return any(misspells(key, "weight_decay", e.get("settings") or ())
+               for e in a.of_kind("optimizer_init") if e["opt"] == opt
+               for keys in e.get("unread") or () for key, _ in keys or ())
