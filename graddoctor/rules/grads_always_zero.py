@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+
 import re
 
 from ..analysis.basics import written
@@ -254,6 +256,11 @@ class GradsAlwaysZero(Rule):
             assigned = a.source.loss_assignment(event.loc.path, event.loc.line)
             if assigned is not None:  # a factor of the loss that is 0
                 loc, call_text = Location(event.loc.path, assigned[0]), assigned[1]
+        upper_layers = how == "part" and _upper_layers_only(a, pids)
+        if upper_layers and loc is not None:
+            read = _state_read(a.source.tree(loc.path), loc.line)
+            if read is not None:
+                loc, call_text = Location(loc.path, read[0]), read[1]
         if loc is None and event is not None:
             loc = event.loc
         if loc is None:
@@ -274,7 +281,10 @@ class GradsAlwaysZero(Rule):
                              f"it (and its own weights, whose input is 0) stay where they are"
                              if call_text else "the gradient stops at a layer whose weights are "
                              "all zero: nothing flows back through it"),
-            "part": (f"only part of the output of {where} reaches the loss: the gradient stops at "
+            "part": (f"`{call_text}` reads a lower layer's final state of the stacked recurrent "
+                     f"layer: the layers above it (these parameters) reach the loss nowhere"
+                     if upper_layers and call_text and "[" in call_text else
+                     f"only part of the output of {where} reaches the loss: the gradient stops at "
                      f"a selection (`{name}`) that drops the part these parameters make"),
             "factor": f"the loss `{call_text}` is multiplied by a factor that is 0",
             "zero_input": (f"the input of {where if call_text else 'their layer'} is all zeros at "
@@ -302,7 +312,10 @@ class GradsAlwaysZero(Rule):
             "zero_weights": ("do not initialise weights to zero: keep the layers' default "
                              "initialisation (or nn.init.kaiming_uniform_ / xavier_uniform_); "
                              "zeros are fine for biases only"),
-            "part": ("use the whole output: for a bidirectional RNN's final state, both "
+            "part": ("read the last layer's final state: `h_n[-1]` (h_n is (num_layers * "
+                     "directions, batch, hidden), the first layer's state first)"
+                     if upper_layers else
+                     "use the whole output: for a bidirectional RNN's final state, both "
                      "directions (torch.cat([h_n[-2], h_n[-1]], dim=-1)); or remove the part "
                      "that is not used"),
             "factor": "check the factor the loss is multiplied by (a weight that is 0: an integer "
@@ -334,3 +347,35 @@ class GradsAlwaysZero(Rule):
             return None, None
         line, text, _ = next((c for c in found if c[2]), found[0])
         return Location(event.loc.path, line), text
+
+
+_LAYER = re.compile(r"_l(\d+)(_reverse)?$")
+
+
+def _upper_layers_only(a, pids) -> bool:
+    """Whether the dead parameters are all a stacked RNN's layers above the first, forward
+    direction (``weight_ih_l1``): a read of a lower layer's state (``h_n[0]``), not one
+    direction of a bidirectional one."""
+    found = [_LAYER.search(a.param_name(p) or "") for p in pids]
+    return bool(found) and all(m is not None and int(m.group(1)) >= 1 and not m.group(2)
+                               for m in found)
+
+
+def _state_read(tree, call_line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of the first constant index into a name the recurrent call on
+    ``call_line`` bound (``_, (h_n, _) = self.lstm(x)`` ... ``h_n[0]``), in its function."""
+    if tree is None:
+        return None
+    for scope in ast.walk(tree):
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            continue
+        for stmt in ast.walk(scope):
+            if isinstance(stmt, ast.Assign) and stmt.lineno == call_line:
+                names = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                reads = sorted((n.lineno, ast.unparse(n)) for n in ast.walk(scope)
+                               if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
+                               and n.value.id in names and n.lineno >= call_line
+                               and isinstance(n.slice, (ast.Constant, ast.UnaryOp)))
+                if reads:
+                    return reads[0]
+    return None
