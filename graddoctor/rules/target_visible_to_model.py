@@ -437,6 +437,19 @@ def _across_positions(a, path: str) -> tuple[int, str] | None:
     return None
 
 
+# a norm layer built over more than the features: LayerNorm([T, C]) / LayerNorm(x.shape[-2:]),
+# InstanceNorm1d over a (batch, channels, time) input
+_NORM_SHAPE = re.compile(r"LayerNorm\(\s*(\[|\()[^\]\)]*,|LayerNorm\([^)]*shape\[-2:\]|InstanceNorm1d\(")
+
+
+def _norm_over_positions(a, path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the one norm layer built outside a ``forward`` of ``path`` whose
+    normalised shape takes in the time axis."""
+    built = [(line, text) for line, text, in_forward in a.source.calls_named(
+        path, frozenset(("LayerNorm", "InstanceNorm1d"))) if not in_forward and _NORM_SHAPE.search(text)]
+    return built[0] if len(built) == 1 else None
+
+
 def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
     """Where the later positions get in, why, and the fix: a bidirectional RNN, one of torch's
     attention modules called without (or with a wrong) mask, else the attention written in the
@@ -520,6 +533,15 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
                     "normalise each position on its own (over the features only: "
                     "`F.layer_norm(x, (C,))`, `nn.LayerNorm(C)`), or reduce over the positions "
                     "up to t only (a cumulative mean)")
+        built = _norm_over_positions(a, path)
+        if built is not None:
+            line, text = built
+            return (Location(path, line),
+                    f"`{text}` normalises over the positions as well as the features: every "
+                    f"position's value is scaled by statistics of the positions after it (the "
+                    f"attention masks, where there are any, are causal)",
+                    "normalise each position on its own, over the features only: "
+                    "`nn.LayerNorm(C)` (C: the feature size)")
     return (None, "the model reads the positions after t (no causal mask on its way)",
             "make the model causal: a causal attention mask (`is_causal=True`, "
             "`nn.Transformer.generate_square_subsequent_mask(T)`) or a unidirectional RNN")
