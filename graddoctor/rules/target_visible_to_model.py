@@ -30,7 +30,9 @@ class TargetVisibleToModel(Rule):
     `tgt_mask`, `scaled_dot_product_attention` without `is_causal=True`, a bidirectional RNN
     used as a language model; with causal masks on every attention module (read from the mask
     given), an op of the model's forward that normalises or reduces over the time axis
-    (`F.layer_norm(x, x.shape[-2:])`, `x - x.mean(dim=1)`), reported at that op. It also finds the opposite case: a causal model whose targets are
+    (`F.layer_norm(x, x.shape[-2:])`, `x - x.mean(dim=1)`), reported at that op; a norm layer
+    built over positions and features (`nn.LayerNorm([T, C])`) or a `Conv1d` padded at both ends
+    (`padding=k // 2`, `"same"`), reported where it is built. It also finds the opposite case: a causal model whose targets are
     not shifted (`targets == input_ids`) or are shifted the wrong way, so position `t` is trained
     to predict a token it already reads, or are shifted twice (`labels=ids[:, 1:]` given to a
     transformers causal LM, which shifts its labels itself), so position `t` learns the token
@@ -442,6 +444,22 @@ def _across_positions(a, path: str) -> tuple[int, str] | None:
 _NORM_SHAPE = re.compile(r"LayerNorm\(\s*(\[|\()[^\]\)]*,|LayerNorm\([^)]*shape\[-2:\]|InstanceNorm1d\(")
 
 
+# a 1-d convolution over time padded on both sides: `padding=k // 2`, `padding="same"`, a number
+_CONV_PADDED = re.compile(r"Conv1d\(.*padding\s*=\s*(?!0\s*[,)])[^,)]+")
+
+
+def _conv_padded_both_sides(a, path: str) -> tuple[int, str] | None:
+    """``(line, text)`` of the first ``nn.Conv1d`` built outside a ``forward`` of ``path`` with a
+    padding (both ends), when no ``forward`` pads the left end itself (``F.pad(h, (k - 1, 0))``)."""
+    built = [(line, text) for line, text, in_forward in a.source.calls_named(
+        path, frozenset(("Conv1d",))) if not in_forward and _CONV_PADDED.search(text)]
+    if not built:
+        return None
+    if any(in_forward for _, _, in_forward in a.source.calls_named(path, frozenset(("pad",)))):
+        return None
+    return built[0]
+
+
 def _norm_over_positions(a, path: str) -> tuple[int, str] | None:
     """``(line, text)`` of the one norm layer built outside a ``forward`` of ``path`` whose
     normalised shape takes in the time axis."""
@@ -533,6 +551,14 @@ def _leak_site(a, e, T: int) -> tuple[Location | None, str, str]:
                     "normalise each position on its own (over the features only: "
                     "`F.layer_norm(x, (C,))`, `nn.LayerNorm(C)`), or reduce over the positions "
                     "up to t only (a cumulative mean)")
+        conv = _conv_padded_both_sides(a, path)
+        if conv is not None:
+            line, text = conv
+            return (Location(path, line),
+                    f"`{text}` pads both ends of the sequence: each output position's window "
+                    f"covers the positions after it as well as before",
+                    "make the convolution causal: no padding in the layer, and pad the left end "
+                    "only before it: `F.pad(h, (kernel_size - 1, 0))` (times the dilation)")
         built = _norm_over_positions(a, path)
         if built is not None:
             line, text = built
