@@ -4607,6 +4607,20 @@ def _log_probability_call(node: ast.AST) -> bool:
     return False
 
 
+def _names_log_probabilities(path: str, line: int, node: ast.AST) -> bool:
+    """Whether ``node`` is a name last assigned a log-softmax before ``line``
+    (``logp = F.log_softmax(logits, 1)`` ... ``target * logp``)."""
+    if not isinstance(node, ast.Name):
+        return False
+    origin = value_origin(path, line, node.id)
+    if origin is None:
+        return False
+    try:
+        return _log_probability_call(ast.parse(origin[1].strip()))
+    except SyntaxError:
+        return "log_softmax" in origin[1]
+
+
 def soft_target_origin(path: str, line: int) -> tuple[int, str] | None:
     """``(line, text)`` of where the soft targets of a cross-entropy written by hand are made,
     for the backward on ``line``: the loss's assignment (``loss = -(target *
@@ -4627,7 +4641,8 @@ def soft_target_origin(path: str, line: int) -> tuple[int, str] | None:
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
             continue
         for log_side, other in ((node.left, node.right), (node.right, node.left)):
-            if not _log_probability_call(log_side) or _log_probability_call(other):
+            if not (_log_probability_call(log_side) or _names_log_probabilities(path, at, log_side)) \
+                    or _log_probability_call(other):
                 continue
             while isinstance(other, ast.UnaryOp) and isinstance(other.op, ast.USub):
                 other = other.operand
