@@ -245,10 +245,13 @@ policy_sign        dist (the log_prob's distribution class), critic (the regress
                    once per backward line (loc: the backward; an aside; instrument/policysign.py)
 degree_scaled      form ("sqrt": each entry of the propagation matrix is sqrt(d_i d_j) | "row": d_i |
                    "column": d_j | "both": d_i d_j, d the count of entries of each row), nodes (its
-                   rows), degree (the largest d) — a square non-negative matrix without gradient
-                   that a matrix product of the loss's graph multiplies by, its degree
-                   normalisation inverted, at the first 3 backwards of a line, once per backward
-                   line (loc: the backward; an aside; instrument/degreenorm.py)
+                   rows), degree (the largest d), edges (0 for a matrix; for an edge list, its
+                   edges, each weighed by the form, d counted in the edge list) — a square
+                   non-negative matrix without gradient that a matrix product of the loss's graph
+                   multiplies by, or the weight per edge of a scatter's gathered messages
+                   (`index_add_(0, col, h[row] * norm)`), its degree normalisation inverted, at
+                   the first 3 backwards of a line, once per backward line (loc: the backward;
+                   an aside; instrument/degreenorm.py)
 self_scatter       op ("index_add" | "scatter_add" | "scatter_reduce"), edges (the index's length),
                    nodes (its distinct values) — a dim-0 scatter of the loss's graph whose every
                    message row was gathered with the scatter's own index (x[src] scattered back to
@@ -1780,8 +1783,8 @@ def policy_sign(*, dist: str, critic: str, weight: str, sign: str) -> Made:
     return "policy_sign", {"dist": dist, "critic": critic, "weight": weight, "sign": sign}
 
 
-def degree_scaled(*, form: str, nodes: int, degree: int) -> Made:
-    return "degree_scaled", {"form": form, "nodes": nodes, "degree": degree}
+def degree_scaled(*, form: str, nodes: int, degree: int, edges: int = 0) -> Made:
+    return "degree_scaled", {"form": form, "nodes": nodes, "degree": degree, "edges": edges}
 
 
 def self_scatter(*, op: str, edges: int, nodes: int) -> Made:
