@@ -201,7 +201,9 @@ dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout
                    sign of Monte Carlo dropout), "sdpa" (SDPA's ``dropout_p`` > 0),
                    "unregistered" (an nn.Dropout in train mode that is no submodule of the
                    eval-mode module calling it: built in forward, or held in a plain list) —
-                   the first such call of each call line (loc: that call)
+                   the first such call of each call line (loc: that call); mode ("eval" | "train":
+                   a "default" call seen while its module trains, told once per call line, for a
+                   run that may stop before the script evaluates)
 pair_labels        how ("constant": every row's label is one column, "self": most rows' labels
                    point at the row's own similarity with itself, "triplet": the positive given
                    is the negative's rows reordered; "triplet-apart": three separately
@@ -1616,8 +1618,9 @@ def bn_batch(*, batch: int, shape: list[int], layer: str, cls: str, turn: int) -
 
 
 def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, grad: bool,
-                    how: str = "default") -> Made:
-    return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how}
+                    how: str = "default", mode: str = "eval") -> Made:
+    return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how,
+                               "mode": mode}
 
 
 def target_in_inputs(*, fn: str, column: int, columns: int, window: bool = False) -> Made:
