@@ -20,7 +20,14 @@ own row added directly: GraphNorm's ``x - mean[batch]`` scattered by ``batch``; 
 attention from the other endpoint) reads as nothing. A fault makes a ``self_scatter`` aside at
 the backward, once per backward line.
 
-Cost: one graph walk per backward at the first backwards of each line only, plus one bounded walk
+The same walk reads attention normalised over the wrong set: below a scatter's message (above its
+row gathers), a softmax or log-softmax over dim 0 of a tensor with one row per edge. A graph
+attention layer normalises each target's incoming edges (a segment softmax, made of ``exp`` and a
+scatter of the sums); ``torch.softmax(e, dim=0)`` normalises over every edge of the batch, so a
+node's weights sum to a sliver of 1 that shrinks with the graph's size. A scatter into two
+targets or more with such a softmax is a ``softmax_over_edges`` aside, once per backward line.
+
+Cost: one graph walk per backward at the first backwards of each line only, plus two bounded walks
 and one ``torch.equal`` per scatter found (CPU indices only).
 """
 
@@ -38,6 +45,7 @@ _LINES = 16  # backward lines looked at, at most
 _NODES = 8192  # nodes of the loss's graph walked
 _BELOW = 512  # nodes walked below one scatter's message
 _SAME_LIMIT = 1 << 24  # index entries compared at most
+_MIN_SEGMENTS = 2  # targets a scatter writes to, at least, for a softmax over all its rows to be wrong
 _SCATTERS = {"IndexAddBackward0": "index_add", "ScatterAddBackward0": "scatter_add",
              "ScatterReduceBackward0": "scatter_reduce"}
 
@@ -110,6 +118,34 @@ def gathered_with(message) -> list[torch.Tensor] | None:
     return found or None
 
 
+def _edge_softmax(message, edges: int) -> str | None:
+    """``"softmax"``/``"log_softmax"`` when, below ``message`` and above its row gathers and any
+    other scatter, a (log-)softmax node normalised dim 0 of a result with ``edges`` rows; None
+    else."""
+    if message is None:
+        return None
+    stack, seen = [message], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > _BELOW:
+            return None
+        name = type(node).__name__
+        if name in ("SoftmaxBackward0", "LogSoftmaxBackward0"):
+            result = saved(node, "_saved_result")
+            dim = saved(node, "_saved_dim", None)
+            if isinstance(result, torch.Tensor) and isinstance(dim, int) and result.dim() >= 1 \
+                    and dim % result.dim() == 0 and result.shape[0] == edges:
+                return "softmax" if name == "SoftmaxBackward0" else "log_softmax"
+            continue
+        if _gather_index(node) is not None or name in _SCATTERS or name == "AccumulateGrad":
+            continue
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return None
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.numel() > _SAME_LIMIT:
         return False
@@ -121,6 +157,7 @@ class SelfScatterWatcher:
         self.rec = rec
         self._lines = PerLine(_LOOKED, _LINES)
         self._told: set = set()  # backward lines told
+        self._told_softmax: set = set()  # backward lines told of an edge softmax over all edges
 
     def describe_loss(self, tensors) -> dict:
         if self._lines.exhausted:
@@ -149,6 +186,8 @@ class SelfScatterWatcher:
             index = _scatter_index(node)
             if index is None:
                 continue
+            if loc not in self._told_softmax:
+                self._softmax_across(node, index, loc)
             gathers = gathered_with(_message_input(node))
             if not gathers or not all(_same(index, g) for g in gathers):
                 continue
@@ -156,6 +195,21 @@ class SelfScatterWatcher:
             self.rec.emit_aside(ev.self_scatter(op=op, edges=int(index.numel()),
                                                 nodes=int(index.unique().numel())), loc)
             return
+
+    def _softmax_across(self, node, index: torch.Tensor, loc) -> None:
+        """A softmax over dim 0 of the scattered rows' weights (one per edge) found below the
+        message, above its gathers: attention normalised over every edge of the batch, not over
+        each target's incoming edges."""
+        edges = int(index.numel())
+        found = _edge_softmax(_message_input(node), edges)
+        if found is None:
+            return
+        segments = int(index.unique().numel())
+        if segments < _MIN_SEGMENTS:
+            return  # one target (a readout of one graph): over all rows is over its rows
+        self._told_softmax.add(loc)
+        self.rec.emit_aside(ev.softmax_over_edges(op=_SCATTERS[type(node).__name__], edges=edges,
+                                                  targets=segments, fn=found), loc)
 
     def install(self, patcher) -> None:
         """Nothing to patch: the loss's graph is read at the backward (DESCRIBE_LOSS)."""
