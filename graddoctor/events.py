@@ -203,7 +203,9 @@ dropout_default    fn (dropout | dropout1d | ... | alpha_dropout | torch.dropout
                    sign of Monte Carlo dropout), "sdpa" (SDPA's ``dropout_p`` > 0),
                    "unregistered" (an nn.Dropout in train mode that is no submodule of the
                    eval-mode module calling it: built in forward, or held in a plain list) —
-                   the first such call of each call line (loc: that call)
+                   the first such call of each call line (loc: that call); mode ("eval" | "train":
+                   a "default" call seen while its module trains, told once per call line, for a
+                   run that may stop before the script evaluates)
 pair_labels        how ("constant": every row's label is one column, "self": most rows' labels
                    point at the row's own similarity with itself, "triplet": the positive given
                    is the negative's rows reordered; "triplet-apart": three separately
@@ -247,15 +249,32 @@ policy_sign        dist (the log_prob's distribution class), critic (the regress
                    once per backward line (loc: the backward; an aside; instrument/policysign.py)
 degree_scaled      form ("sqrt": each entry of the propagation matrix is sqrt(d_i d_j) | "row": d_i |
                    "column": d_j | "both": d_i d_j, d the count of entries of each row), nodes (its
-                   rows), degree (the largest d) — a square non-negative matrix without gradient
-                   that a matrix product of the loss's graph multiplies by, its degree
-                   normalisation inverted, at the first 3 backwards of a line, once per backward
-                   line (loc: the backward; an aside; instrument/degreenorm.py)
+                   rows), degree (the largest d), edges (0 for a matrix; for an edge list, its
+                   edges, each weighed by the form, d counted in the edge list) — a square
+                   non-negative matrix without gradient that a matrix product of the loss's graph
+                   multiplies by, or the weight per edge of a scatter's gathered messages
+                   (`index_add_(0, col, h[row] * norm)`), its degree normalisation inverted, at
+                   the first 3 backwards of a line, once per backward line (loc: the backward;
+                   an aside; instrument/degreenorm.py)
 self_scatter       op ("index_add" | "scatter_add" | "scatter_reduce"), edges (the index's length),
                    nodes (its distinct values) — a dim-0 scatter of the loss's graph whose every
                    message row was gathered with the scatter's own index (x[src] scattered back to
                    src: no feature crosses an edge), at the first 3 backwards of a line, once per
                    backward line (loc: the backward; an aside; instrument/selfscatter.py)
+edges_across_graphs graphs (the batch vector's distinct values), nodes (its length), edges (the
+                   message-passing edges, self-loops left out), across (their share joining two
+                   graphs), reached (the graphs their targets lie in) — a batch of graphs whose
+                   readout scatters by a sorted batch vector while a message-passing scatter's
+                   edges join its graphs (20% or more) or reach under a quarter of them, at the
+                   first 3 backwards of a line, once per backward line (loc: the backward; an
+                   aside; instrument/selfscatter.py)
+softmax_over_edges op ("index_add" | "scatter_add" | "scatter_reduce"), edges (the index's
+                   length), targets (its distinct values), fn ("softmax" | "log_softmax") — a
+                   dim-0 scatter into two targets or more whose message rows are weighed by a
+                   (log-)softmax over dim 0 of one value per edge (below the message, above its
+                   gathers): attention normalised over every edge, not each target's, at the
+                   first 3 backwards of a line, once per backward line (loc: the backward; an
+                   aside; instrument/selfscatter.py)
 token_copy         positions (the targets compared), lookups (the embedding lookups below the
                    loss) — a nll_loss/cross_entropy whose integer targets are, position for
                    position, the ids an embedding below it read, with a recurrent layer between
@@ -386,6 +405,12 @@ grid_scale         how (pixels: most values past [-1, 1], the largest past 2 | u
                    (whether the grid carries a gradient) — a grid given to F.grid_sample at one
                    of its first 8 calls that is not in normalised coordinates, once per call line
                    (loc: the grid_sample call; an aside; instrument/gridscale.py)
+bag_offsets        how (decreasing: a start below the one before | empty: half the bags empty or
+                   more while the last holds half the input or more), bags, items (the flat
+                   input's length), drops (the starts that go down), empty (bags of no items or
+                   fewer), last (the last bag's items) — offsets given to F.embedding_bag at one
+                   of its first 8 calls that are no running start positions, once per call line
+                   (loc: the call; an aside; instrument/bagoffsets.py)
 placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | log), shape (the target's),
                    how (rows: rows of 2-8 coordinates, some all 0 | sparse: a map whose zeros
                    stand apart from its positive values), share (of the rows or values that are
@@ -1354,7 +1379,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``channel_pool``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -1619,8 +1644,9 @@ def bn_batch(*, batch: int, shape: list[int], layer: str, cls: str, turn: int) -
 
 
 def dropout_default(*, fn: str, p: float | None, cls: str, name: str | None, grad: bool,
-                    how: str = "default") -> Made:
-    return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how}
+                    how: str = "default", mode: str = "eval") -> Made:
+    return "dropout_default", {"fn": fn, "p": p, "cls": cls, "name": name, "grad": grad, "how": how,
+                               "mode": mode}
 
 
 def target_in_inputs(*, fn: str, column: int, columns: int, window: bool = False) -> Made:
@@ -1678,6 +1704,11 @@ def pixels_scaled_twice(*, module: str, shape: list[int], low: float, high: floa
 def pixels_unscaled(*, module: str, shape: list[int], low: float, high: float, over: float) -> Made:
     return "pixels_unscaled", {"module": module, "shape": shape, "low": low, "high": high,
                                "over": over}
+
+
+def bag_offsets(*, how: str, bags: int, items: int, drops: int, empty: int, last: int) -> Made:
+    return "bag_offsets", {"how": how, "bags": bags, "items": items, "drops": drops, "empty": empty,
+                           "last": last}
 
 
 def grid_scale(*, how: str, low: float, high: float, outside: float, coords: int,
@@ -1786,12 +1817,21 @@ def policy_sign(*, dist: str, critic: str, weight: str, sign: str) -> Made:
     return "policy_sign", {"dist": dist, "critic": critic, "weight": weight, "sign": sign}
 
 
-def degree_scaled(*, form: str, nodes: int, degree: int) -> Made:
-    return "degree_scaled", {"form": form, "nodes": nodes, "degree": degree}
+def degree_scaled(*, form: str, nodes: int, degree: int, edges: int = 0) -> Made:
+    return "degree_scaled", {"form": form, "nodes": nodes, "degree": degree, "edges": edges}
 
 
 def self_scatter(*, op: str, edges: int, nodes: int) -> Made:
     return "self_scatter", {"op": op, "edges": edges, "nodes": nodes}
+
+
+def edges_across_graphs(*, graphs: int, nodes: int, edges: int, across: float, reached: int) -> Made:
+    return "edges_across_graphs", {"graphs": graphs, "nodes": nodes, "edges": edges, "across": across,
+                                   "reached": reached}
+
+
+def softmax_over_edges(*, op: str, edges: int, targets: int, fn: str) -> Made:
+    return "softmax_over_edges", {"op": op, "edges": edges, "targets": targets, "fn": fn}
 
 
 def token_copy(*, positions: int, lookups: int) -> Made:
@@ -2500,7 +2540,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "optimizer_attr": optimizer_attr, "module_attr": module_attr, "param_attr": param_attr,
     "unregistered": unregistered, "param_replaced": param_replaced,
     "module_repeated": module_repeated, "norm_arguments": norm_arguments,
-    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "channel_pool": channel_pool, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
+    "output_range": output_range, "advantage_grad": advantage_grad, "policy_sign": policy_sign, "degree_scaled": degree_scaled, "self_scatter": self_scatter, "softmax_over_edges": softmax_over_edges, "edges_across_graphs": edges_across_graphs, "token_copy": token_copy, "token_labels_shifted": token_labels_shifted, "cumulative_order": cumulative_order, "returns_order": returns_order, "draw_twin": draw_twin, "grid_scale": grid_scale, "bag_offsets": bag_offsets, "channel_pool": channel_pool, "easy_weighted": easy_weighted, "ignored_mask": ignored_mask, "padding_kept": padding_kept, "cells_transposed": cells_transposed, "placeholder_targets": placeholder_targets,
     "pixels_unscaled": pixels_unscaled,
     "pixels_scaled_twice": pixels_scaled_twice, "dropout_on_output": dropout_on_output,
     "output_discarded": output_discarded,
@@ -2544,9 +2584,9 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
-                         "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
+                         "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "softmax_over_edges", "edges_across_graphs", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",
                          "fresh_sample_scored", "batch_reduced_target", "loss_no_graph", "self_match", "pair_labels", "pair_pull", "batch_pairing", "last_step_padded",
                          "state_carried",

@@ -4,6 +4,7 @@ the look-alikes it stays silent on."""
 from __future__ import annotations
 
 from aside_traces import check, dropout, update
+from graddoctor import events as ev
 from graddoctor.findings import Severity
 from graddoctor.rules.functional_dropout_in_eval import FunctionalDropoutInEval
 from graddoctor.trace import TraceBuilder
@@ -73,3 +74,64 @@ def test_the_words_that_say_monte_carlo_dropout_is_meant():
         assert not words(meant).isdisjoint(MC_WORDS), meant
     for plain in ("Upsample", "sample = next(loader)", "TransformerBlock", "self.use_dropout"):
         assert words(plain).isdisjoint(MC_WORDS), plain
+
+
+def test_a_default_call_seen_only_in_training_needs_an_eval_call_in_the_source():
+    t = TraceBuilder()
+    t.put(ev.dropout_default(fn="dropout", p=0.3, cls="MLP", name="model", grad=True, how="default",
+                             mode="train"), 15)
+    assert check(FunctionalDropoutInEval, t) == []  # no source that evaluates: nothing said
+
+
+_SCRIPT = """\
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        {guard}return self.b(F.dropout(torch.relu(self.a(x)), 0.3))
+
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+{after}
+"""
+
+
+def _run(tmp_path, guard="", after="model.eval()\nprint(model(torch.randn(2, 4)))"):
+    import runpy
+
+    from graddoctor.analysis import Analysis
+    from graddoctor.instrument import Instrumentation, Recorder
+
+    path = tmp_path / f"train_dropout_{len(list(tmp_path.iterdir()))}.py"
+    path.write_text(_SCRIPT.format(guard=guard, after=after))
+    rec = Recorder(step_budget=2)
+    try:
+        with Instrumentation(rec):
+            runpy.run_path(str(path), run_name="__main__")
+    except BaseException:
+        pass  # the step budget ends the run before model.eval()
+    return list(FunctionalDropoutInEval().check(Analysis(rec.trace)))
+
+
+def test_a_run_cut_before_model_eval_reports_the_default_call(tmp_path):
+    [f] = _run(tmp_path)
+    assert f.location.line == 12 and "`model.eval()` (line 21)" in f.message
+    assert f.evidence["mode"] == "train"
+
+
+def test_no_eval_call_or_a_mode_guard_keeps_it_silent(tmp_path):
+    assert _run(tmp_path, after="print(1)") == []
+    guard = "if self.training:\n            return self.b(F.dropout(torch.relu(self.a(x)), 0.3))\n        "
+    assert _run(tmp_path, guard=guard) == []

@@ -4,6 +4,7 @@ hand-written traces."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -167,3 +168,101 @@ def test_drawn_columns_of_one_lookup_are_split_into_a_negative_and_a_positive():
         (_, data), = _watch(anchored, [sampled])
         negatives, positives, _ = split(data, lambda d: None)
         assert (negatives[0]["up"] >= 0.6) == reversed_ and positives[0]["draws"] == []
+
+
+def _graph_links(layout, swapped):
+    """A graph network's node embeddings scored for the data's edges and for a drawn edge list
+    laid out (2, E) (``neg[0]``) or (E, 2) (``neg[:, 0]``)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(5, 8)
+    x = torch.randn(30, 5)
+    edges = torch.randint(0, 30, (2, 24))
+    drawn = torch.randint(0, 30, (2, 24) if layout == "rows" else (24, 2))
+
+    def loss():
+        z = torch.tanh(lin(x))
+        a, b = (drawn[0], drawn[1]) if layout == "rows" else (drawn[:, 0], drawn[:, 1])
+        pos, neg = (z[edges[0]] * z[edges[1]]).sum(-1), (z[a] * z[b]).sum(-1)
+        labels = torch.cat([torch.zeros(24), torch.ones(24)] if swapped else [torch.ones(24), torch.zeros(24)])
+        return F.binary_cross_entropy_with_logits(torch.cat([pos, neg]), labels)
+    return loss, [drawn]
+
+
+def test_one_end_of_a_drawn_edge_list_is_a_drawn_lookup_of_a_graph_networks_rows():
+    for layout in ("rows", "columns"):
+        loss, draws = _graph_links(layout, swapped=True)
+        (_, data), = _watch(loss, draws)
+        negatives, positives, _ = split(data, lambda d: None)
+        # the positive and the drawn pairs gather rows of one computed z: one anchor
+        assert negatives[0]["up"] == 1.0 and positives[0]["up"] == 0.0
+        loss, draws = _graph_links(layout, swapped=False)
+        (_, data), = _watch(loss, draws)
+        negatives, positives, _ = split(data, lambda d: None)
+        assert negatives[0]["up"] == 0.0
+
+
+def _labels_read(tmp_path, text):
+    from textwrap import dedent
+    from graddoctor.analysis.negative_labels import negatives_labelled_positive
+    path = tmp_path / "links.py"
+    path.write_text(dedent(text))
+    return [(line, roles, labels) for line, _, roles, labels in negatives_labelled_positive(str(path))]
+
+
+@pytest.mark.parametrize("text, found", [
+    ("""\
+     scores = torch.cat([score(pos_edges), score(neg_edges)])
+     labels = torch.cat([torch.zeros(neg_edges.size(1)), torch.ones(pos_edges.size(1))])
+     loss = F.binary_cross_entropy_with_logits(scores, labels)
+     """, [(2, "positive, negative", "0, 1")]),
+    ("""\
+     loss = F.binary_cross_entropy_with_logits(torch.cat([pos_out, neg_out]),
+                                               torch.cat([torch.zeros_like(pos_out), torch.ones_like(neg_out)]))
+     """, [(1, "positive, negative", "0, 1")]),
+    ("""\
+     crit = nn.BCEWithLogitsLoss()
+     def step(pos_logit, neg_logit):
+         return crit(pos_logit, torch.zeros_like(pos_logit)) + crit(neg_logit, torch.ones_like(neg_logit))
+     """, [(3, "positive", "0")]),
+    ("""\
+     y = torch.cat([neg_pred.new_full((n,), 0.0), neg_pred.new_full((n,), 1.0)])
+     x = torch.cat([positive_scores, neg_pred]).float()
+     l = F.binary_cross_entropy(x, y)
+     """, [(1, "positive, negative", "0, 1")]),
+    ("loss = F.binary_cross_entropy_with_logits(corrupt_score, torch.ones_like(corrupt_score))\n",
+     [(1, "negative", "1")]),
+])
+def test_binary_labels_built_the_other_way_round_are_read_for_the_line(tmp_path, text, found):
+    assert _labels_read(tmp_path, text) == found
+
+
+@pytest.mark.parametrize("text", [
+    """\
+    scores = torch.cat([score(pos_edges), score(neg_edges)])
+    labels = torch.cat([torch.ones(pos_edges.size(1)), torch.zeros(neg_edges.size(1))])
+    loss = F.binary_cross_entropy_with_logits(scores, labels)
+    """,
+    """\
+    scores = torch.cat([neg_out, pos_out])
+    labels = torch.cat([torch.zeros_like(neg_out), torch.ones_like(pos_out)])
+    loss = F.binary_cross_entropy_with_logits(scores, labels)
+    """,
+    # a generator labels its fakes 1: real/fake are not read as roles
+    "g = F.binary_cross_entropy_with_logits(D(fake), torch.ones_like(D(fake)))\n",
+    "d = F.binary_cross_entropy_with_logits(torch.cat([real_out, fake_out]), torch.cat([zeros, ones]))\n",
+    # names saying both roles, or none; mixed orders; labels that are data
+    """\
+    scores = torch.cat([s(pos, neg), s(neg, pos)])
+    labels = torch.cat([torch.zeros(n), torch.ones(n)])
+    loss = F.binary_cross_entropy_with_logits(scores, labels)
+    """,
+    "loss = F.binary_cross_entropy_with_logits(torch.cat([a, b]), torch.cat([torch.zeros(n), torch.ones(n)]))\n",
+    "loss = F.cross_entropy(pos_logits, torch.zeros(n, dtype=torch.long))\n",
+    """\
+    loss = F.binary_cross_entropy_with_logits(torch.cat([pos_a, neg_a, pos_b]),
+                                              torch.cat([torch.zeros(n), torch.ones(n), torch.ones(n)]))
+    """,
+    "loss = F.binary_cross_entropy_with_logits(torch.cat([pos_s, neg_s]), torch.cat([y_pos, y_neg]))\n",
+])
+def test_right_orders_gan_targets_and_unnamed_blocks_give_no_line(tmp_path, text):
+    assert _labels_read(tmp_path, text) == []

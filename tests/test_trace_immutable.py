@@ -52,6 +52,9 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "autograd/bad_aggregate_column_sums_inline.py",  # aggregate_sum
             "autograd/bad_adjacency_scaled_by_degree_gcn.py",  # degree_scaled
             "autograd/bad_messages_sent_back_to_source_sage.py",  # self_scatter
+            "autograd/bad_attention_over_all_edges_multihead.py",  # softmax_over_edges
+            "data/bad_bag_offsets_not_cumulative_text.py",  # bag_offsets
+            "autograd/bad_edges_across_batched_graphs_gin.py",  # edges_across_graphs
             "losses/bad_policy_gradient_reversed_a2c.py",  # policy_sign
             "dependency/bad_target_visible_seq_first_lm.py",  # token_copy
             "losses/bad_token_labels_shifted_extra_slot_bilstm.py",  # token_labels_shifted

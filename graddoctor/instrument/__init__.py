@@ -112,6 +112,7 @@ from .augalign import AugmentAlignWatcher
 from .causalread import CausalReadWatcher
 from .pixelscale import PixelScaleWatcher
 from .gridscale import GridScaleWatcher
+from .bagoffsets import BagOffsetsWatcher
 from .channelpool import ChannelPoolWatcher
 from .easyweight import EasyWeightWatcher
 from .ignoredmask import IgnoredMaskWatcher
@@ -493,6 +494,10 @@ class Instrumentation:
         grids = GridScaleWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, grids.describe_loss)
         self.watchers.append(grids)
+        # EmbeddingBag offsets that are no running start positions (first calls only)
+        bags = BagOffsetsWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, bags.describe_loss)
+        self.watchers.append(bags)
         # a sparse target map (0 = missing) read through torch.log by a hand-written loss
         # (placeholder-targets-trained): torch.log / Tensor.log wrapped for the first backwards
         log_targets = LogTargetWatcher(rec)

@@ -19,6 +19,13 @@ them is a ``degree_scaled`` aside event at the backward, once per matrix and bac
 Weighted graphs (entries that are none of these), the right normalisations, raw 0/1 adjacencies
 (a sum aggregation, GIN's) and matrices with negative entries (a Laplacian) read as nothing.
 
+The same normalisation written over an edge list (``out.index_add_(0, col, h[row] * norm[:, None])``)
+is read in the same walk: a dim-0 scatter (``index_add``, ``scatter_add``) whose message is a
+product of rows gathered with one index (``h[row]``) and a positive weight per edge without
+gradient (``norm``, one value per edge). The degrees are counted from the edge list itself (each
+node's count in the scatter's index, then in the gather's: in- and out-degrees, the self-loops
+the list holds included) and each edge's weight compared with the same four forms.
+
 Cost: one graph walk per backward at the first backwards of each line only; per propagation
 matrix found, a few reductions over its entries, once (CPU only, ``_MAX_CELLS`` at most).
 """
@@ -29,6 +36,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import saved
+from .selfscatter import _message_input, _scatter_index, gathered_with
 from .lossterms import PerLine, loss_roots
 from .recorder import Recorder
 
@@ -63,6 +71,41 @@ def degree_form(m: torch.Tensor) -> tuple[str, int] | None:
     return None
 
 
+def _edge_weight(message, edges: int) -> torch.Tensor | None:
+    """The weight per edge without gradient that ``message`` (a product node) multiplies gathered
+    rows by: a floating CPU tensor of ``edges`` values, shaped (E,) or (E, 1); None else."""
+    if message is None or type(message).__name__ != "MulBackward0":
+        return None
+    for name in ("_saved_other", "_saved_self"):
+        w = saved(message, name)
+        if isinstance(w, torch.Tensor) and not w.requires_grad and w.device.type == "cpu" \
+                and w.is_floating_point() and w.numel() == edges and w.dim() in (1, 2) \
+                and w.shape[0] == edges:
+            return w.detach().reshape(-1).to(torch.float64)
+    return None
+
+
+def edge_degree_form(weight: torch.Tensor, dst: torch.Tensor, src: torch.Tensor) -> tuple[str, int] | None:
+    """``(form, largest degree)`` when each edge ``src -> dst`` weighs its degrees scaled up (the
+    forms of ``degree_form``, ``d`` counted in ``dst`` or in ``src``); None else."""
+    if weight.numel() != dst.numel() or dst.numel() != src.numel() or bool((weight <= 0).any()):
+        return None
+    n = int(max(int(dst.max()), int(src.max()))) + 1
+    if n < _MIN_NODES:
+        return None
+    for counted in (dst, src):
+        d = torch.bincount(counted, minlength=n).to(torch.float64)
+        di, dj = d[dst], d[src]
+        if float(di.max()) == float(di.min()) or float(d.max()) < 2 or bool((di == 0).any()) \
+                or bool((dj == 0).any()):
+            continue
+        forms = (("sqrt", (di * dj).sqrt()), ("row", di), ("column", dj), ("both", di * dj))
+        for name, expected in forms:
+            if bool(((weight - expected).abs() <= _TOL * expected).all()):
+                return name, int(d.max())
+    return None
+
+
 class DegreeNormWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -91,6 +134,10 @@ class DegreeNormWatcher:
             if len(seen) > _NODES:
                 return
             stack.extend(child for child, _ in node.next_functions if child is not None)
+            if type(node).__name__ in ("IndexAddBackward0", "ScatterAddBackward0"):
+                if self._judge_edges(node, loc):
+                    return
+                continue
             if type(node).__name__ != "MmBackward0":
                 continue
             m = saved(node, "_saved_self")
@@ -109,6 +156,31 @@ class DegreeNormWatcher:
             self.rec.emit_aside(ev.degree_scaled(form=found[0], nodes=int(m.shape[0]),
                                                  degree=found[1]), loc)
             return
+
+    def _judge_edges(self, node, loc) -> bool:
+        dst = _scatter_index(node)
+        if dst is None or dst.dtype not in (torch.int64, torch.int32) or dst.numel() > _MAX_CELLS:
+            return False
+        message = _message_input(node)
+        weight = _edge_weight(message, dst.numel())
+        if weight is None:
+            return False
+        gathers = gathered_with(message)
+        if not gathers or len(gathers) != 1 or gathers[0].shape != dst.shape:
+            return False
+        key = (weight.data_ptr(), dst.data_ptr(), int(dst.numel()))
+        if key in self._judged:
+            return False
+        self._judged.add(key)
+        dst64, src64 = dst.to(torch.int64), gathers[0].to(torch.int64)
+        found = edge_degree_form(weight, dst64, src64)
+        if found is None:
+            return False
+        self._told.add(loc)
+        nodes = int(max(int(dst64.max()), int(src64.max()))) + 1
+        self.rec.emit_aside(ev.degree_scaled(form=found[0], nodes=nodes, degree=found[1],
+                                             edges=int(dst.numel())), loc)
+        return True
 
     def install(self, patcher) -> None:
         """Nothing to patch: the loss's graph is read at the backward (DESCRIBE_LOSS)."""

@@ -88,6 +88,7 @@ class FunctionalDropoutWatcher:
         # dropout layers that ``eval()`` switches off
         self.modes = modes
         self._done: set[tuple] = set()  # site_key: call sites recorded, or not the user's
+        self._train_seen: set[tuple] = set()  # site_key: default-flag calls told in train mode
         self._method: dict = {}  # id of a code object -> its first argument is ``self``
         self._codes: dict[int, object] = {}  # the code objects whose ids are keys here
 
@@ -146,6 +147,14 @@ class FunctionalDropoutWatcher:
         if module.training:
             if how == "explicit" and self.modes is not None:
                 self.modes.hold_functional(module, p)  # F.dropout(x, p, self.training)
+            elif how == "default" and site not in self._train_seen:
+                # the run may stop before the script evaluates: the call is told now, in train
+                # mode, and the rule asks the source whether the model is ever put in eval mode
+                self._train_seen.add(site)
+                self.rec.emit_aside(ev.dropout_default(
+                    fn=fn, p=p, cls=type(module).__name__, name=self._name(module, frame),
+                    grad=torch.is_grad_enabled(), how=how, mode="train"),
+                    self.rec.finder.location(caller))
             return
         self._done.add(site)
         if how == "explicit" and _LITERAL_TRUE.search(linecache.getline(code.co_filename, site[1])):

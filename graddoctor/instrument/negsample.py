@@ -21,7 +21,10 @@ What is observed, at the first ``_WINDOWS`` backwards only:
   (fresh at each step: data drawn once before the loop is not), or agree with one at
   ``_AGREE`` of their positions at least (a corruption that replaces part of a batch,
   ``torch.where(coin, drawn, h)``), or, for a draw of a quarter of the lookup's size or more,
-  at its first or last positions (``corrupt[:64] = torch.randint(...)``); a 2-D lookup whose
+  at its first or last positions (``corrupt[:64] = torch.randint(...)``), or is one row or
+  column of a draw two or three times its size (one end of a drawn edge list:
+  ``z[neg[0]]`` of ``neg = torch.randint(0, N, (2, E))``, a graph network's output rows looked
+  up as well as an embedding's); a 2-D lookup whose
   last (or first) columns are a draw (``cat([positive[:, None], drawn], 1)``) has drawn
   *columns*.
 * **Scores.** The score nodes are the first, from the loss's root, of: a dot product
@@ -34,7 +37,9 @@ What is observed, at the first ``_WINDOWS`` backwards only:
   at the drawn positions (a negative score) and at the others (a positive one), when the
   gradient has the lookup's shape.
 * The scores' draws (the drawn lookups each reaches), anchors (a key per indices tensor its
-  lookups read: a user's rows looked up once, or twice from one tensor, are one anchor),
+  lookups read: a user's rows looked up once, or twice from one tensor, are one anchor; and a
+  key per computed tensor whose rows it gathers: a graph network's node embeddings scored for
+  the data's edges and for drawn ones are one anchor),
   orientation, ``up`` and mass, and the names the calling frames bind to them, go to a ``sampled_scores`` aside per backward that
   had at least two scores and a drawn lookup. Which scores are the negatives (the ones
   reaching a draw the others do not) is decided by the rule.
@@ -65,6 +70,7 @@ _REACH = 400  # nodes walked below a score for the lookups it reads
 _SCORES = 16  # score nodes hooked per backward
 _AGREE = 0.4  # share of a lookup's indices equal to a draw's, at least
 _MIN_DRAWN = 4  # values of a draw compared, at least
+_ENDS = 3  # rows (or columns) of a drawn edge list a lookup may read one of, at most
 _FRAMES = 3  # user frames whose variables name the scores
 _NAMES_READ = 400  # variables of a frame read, at most
 _LABEL = "sampled scores"
@@ -122,6 +128,17 @@ def _indices(node):
             or idx.dtype == torch.bool or idx.numel() < _MIN_DRAWN):
         return None
     return idx
+
+
+def _computed_rows(node):
+    """The node that computed the tensor a row gather (``z[idx]``) reads, when that tensor is no
+    parameter (a graph network's output); None for embeddings and parameters indexed."""
+    if type(node).__name__ != "IndexBackward0":
+        return None
+    below = _children(node)
+    if len(below) != 1 or type(below[0]).__name__ == "AccumulateGrad":
+        return None
+    return below[0]
 
 
 def _kind(node) -> str | None:
@@ -241,7 +258,12 @@ class NegativeSampleWatcher:
                     if hit is not None:
                         columns[node] = hit
                 key = (idx.data_ptr(), idx.numel(), tuple(idx.stride()), idx.storage_offset())
-                anchors[node] = keys.setdefault(key, len(keys))
+                anchors[node] = {keys.setdefault(key, len(keys))}
+                rows = _computed_rows(node)
+                if rows is not None:
+                    # rows of one computed table (a graph network's node embeddings): the
+                    # positive and the drawn pairs are scored in one space
+                    anchors[node].add(keys.setdefault(("rows", rows), len(keys)))
             for child in _children(node):
                 if child not in seen:
                     seen.add(child)
@@ -296,6 +318,16 @@ class NegativeSampleWatcher:
         n = idx.numel()
         for draw_id, _, values, _, _ in fresh:
             m = values.numel()
+            if m > n and m % n == 0 and m // n <= _ENDS and n >= _MIN_DRAWN:
+                # one end of a drawn edge list: the lookup reads a row (``neg[0]`` of a (2, E)
+                # draw) or a column (``neg[:, 1]`` of an (E, 2) one) of the draw
+                if flat is None:
+                    flat = idx.detach().reshape(-1).to(torch.int64)
+                k = m // n
+                ends = list(values.view(k, n)) + list(values.view(n, k).t())
+                if any((end == flat).float().mean().item() >= _AGREE for end in ends):
+                    found.append(draw_id)
+                continue
             if m > n or m * 4 < n or m < _MIN_DRAWN:
                 continue
             if flat is None:
@@ -349,7 +381,7 @@ class NegativeSampleWatcher:
                 if item in lookups:
                     found = True
                     draws.update(lookups[item])
-                    read.add(anchors[item])
+                    read.update(anchors[item])
                     if item in columns:
                         hits.append(columns[item])
                     continue

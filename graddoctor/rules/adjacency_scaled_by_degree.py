@@ -22,9 +22,12 @@ class AdjacencyScaledByDegree(Rule):
     entries (its degree, the self-loop included). Read at the first 3 backwards of each
     backward line: the loss's graph is walked to its matrix products, and each square,
     non-negative CPU matrix without gradient of 8 rows or more that one of them multiplies by is
-    compared with those forms, entry by entry, when the degrees differ. It points at the
-    script's assignment that raises the degree to a power or multiplies by it, when it has one
-    such assignment, else at the backward.
+    compared with those forms, entry by entry, when the degrees differ. The same normalisation
+    written over an edge list is read in the same walk: a dim-0 `index_add`/`scatter_add` whose
+    messages are rows gathered at one end of each edge times a positive weight per edge without
+    gradient (`out.index_add_(0, col, h[row] * norm[:, None])`), the degrees counted from the
+    edge list. It points at the script's assignment that raises the degree to a power or
+    multiplies by it, when it has one such assignment, else at the backward.
 
     ## Why is this bad?
     A GCN normalises the adjacency, `D^-1/2 (A + I) D^-1/2` (or `D^-1 (A + I)`, a mean), so that
@@ -47,7 +50,8 @@ class AdjacencyScaledByDegree(Rule):
     ```
 
     ## Stays silent on
-    `D^-1/2 (A + I) D^-1/2`, `D^-1 (A + I)` and `(A + I) D^-1`; a raw 0/1 adjacency (a sum
+    `D^-1/2 (A + I) D^-1/2`, `D^-1 (A + I)` and `(A + I) D^-1`, and their edge-list forms
+    (`dis[row] * dis[col]`, `1 / deg[col]`); edge weights that are data; a raw 0/1 adjacency (a sum
     aggregation, GIN's); a weighted adjacency (entries that are none of the degree forms); a
     graph whose nodes all have one degree (a regular graph: every form is one scale); matrices
     with negative entries (a Laplacian) or with gradient (attention weights); sparse matrices
@@ -72,12 +76,16 @@ class AdjacencyScaledByDegree(Rule):
                 loc = Location(loc.path, line[0], loc.function)
             entry, what = _FORMS.get(event["form"], ("a degree form", "the normalisation inverted"))
             shown = f"`{line[1]}` makes " if line is not None else ""
+            edges = event.get("edges") or 0
+            made = (f"a propagation matrix ({event['nodes']}x{event['nodes']}, degrees up to "
+                    f"{event['degree']})" if not edges else
+                    f"the edge weights of a message-passing scatter ({edges} edges over "
+                    f"{event['nodes']} nodes, degrees up to {event['degree']})")
             yield self.finding(
-                f"{shown}a propagation matrix ({event['nodes']}x{event['nodes']}, degrees up to "
-                f"{event['degree']}) whose every edge weighs {entry}: {what}. Each node's aggregate "
+                f"{shown}{made} whose every edge weighs {entry}: {what}. Each node's aggregate "
                 f"grows with the degrees around it, so hubs drown the other nodes' features "
                 f"layer after layer",
                 loc, fix=self.fix if event["form"] == "sqrt" else
                 "divide by the degrees (D^-1/2 (A + I) D^-1/2, or D^-1 (A + I) for a mean) instead "
                 "of multiplying by them",
-                evidence={k: event[k] for k in ("form", "nodes", "degree")})
+                evidence={k: event.get(k) for k in ("form", "nodes", "degree", "edges")})

@@ -46,7 +46,11 @@ class FunctionalDropoutInEval(Rule):
     Monte Carlo dropout are not reported: `training=True` written out, a flag or rate whose
     call, module class or surrounding functions say so (`mc`, `bayes`, `uncertainty`,
     `samples`, ...), and a registered dropout layer set back to train mode by hand are taken as
-    Monte Carlo dropout.
+    Monte Carlo dropout. A run cut before the script evaluates (its evaluation after the
+    training loop) sees a default call only in train mode: it is reported when the source puts
+    a model in eval mode (`model.eval()` in the call's file or a file a backward ran from, no
+    `.train()` right after it) and neither the call's line nor an `if` around it reads
+    `training`.
 
     ## Why is this bad?
     Unlike a registered `nn.Dropout`, these calls do not follow `model.eval()`: they keep
@@ -195,9 +199,31 @@ class FunctionalDropoutInEval(Rule):
         return None
 
     def check(self, a):
+        in_eval = {(e.loc.path, e.loc.line) for e in a.of_kind("dropout_default")
+                   if e.loc is not None and e.get("mode", "eval") == "eval"}
         for e in a.of_kind("dropout_default"):
             fn, p, cls, name = e.get("fn", "dropout"), e.get("p"), e.get("cls", "Module"), e.get("name")
             how = e.get("how", "default")
+            if e.get("mode", "eval") == "train":
+                if e.loc is None or (e.loc.path, e.loc.line) in in_eval:
+                    continue
+                if self._guarded_by_mode(a, e.loc.path, e.loc.line):
+                    continue  # `if self.training:` around it, or a rate that reads the mode
+                switched = self._eval_call(a, e.loc.path)
+                if switched is None:
+                    continue  # never evaluated: dropout in training is what it is for
+                module = f"{name} ({cls})" if name else cls
+                rate = f"{p:.0%} of " if isinstance(p, (int, float)) else ""
+                yield self.finding(
+                    f"F.{fn} here leaves training at its default (True): it drops {rate}the "
+                    f"activations of {module} in training as meant, but `{switched[1]}` (line "
+                    f"{switched[0]}) will not switch it off, so the evaluation keeps dropping them "
+                    f"and its metrics are noisy and lower than the model's",
+                    e.loc, step=a.steps_before(e.seq) or None,
+                    evidence={"function": fn, "p": p, "module": name or cls, "class": cls,
+                              "grad": bool(e.get("grad")), "how": how, "mode": "train",
+                              "eval_line": switched[0]})
+                continue
             module = f"{name} ({cls})" if name else cls
             rate = f"{p:.0%} of " if isinstance(p, (int, float)) else ""
             effect = ("its outputs stay random in this gradient-enabled pass too (a part kept in eval "
@@ -236,3 +262,42 @@ class FunctionalDropoutInEval(Rule):
                 evidence={"function": fn, "p": p, "module": name or cls, "class": cls,
                           "grad": bool(e.get("grad")), "how": how},
             )
+
+    @staticmethod
+    def _eval_call(a, path):
+        """``(line, text)`` of the first ``x.eval()`` call in the module's file or in a file a
+        backward ran from that no ``.train()`` call follows within 3 lines (a model frozen by
+        ``eval()`` whose part is set back to train mode is the script's own mode keeping), else
+        None."""
+        paths = [path] + sorted({e.loc.path for e in a.of_kind("backward") if e.loc is not None} - {path})
+        for where in paths:
+            calls = a.source.calls_named(where, {"eval", "train"})
+            trains = [line for line, text, _ in calls if text.endswith(".train()")]
+            for line, text, _ in calls:
+                if text.endswith(".eval()") and not any(line < t <= line + 3 for t in trains):
+                    return line, text
+        return None
+
+    @staticmethod
+    def _guarded_by_mode(a, path, line) -> bool:
+        """Whether the call's line reads the mode (``p if self.training else 0.0``) or an ``if``
+        that reads it encloses the call (found by indentation, up to the enclosing ``def``)."""
+        text = a.source.line_text(path, line)
+        if "training" in text.split("#")[0]:
+            return True
+        depth = len(text) - len(text.lstrip())
+        for number in range(line - 1, max(0, line - 60), -1):
+            above = a.source.line_text(path, number)
+            code = above.split("#")[0]
+            if not code.strip():
+                continue
+            indent = len(above) - len(above.lstrip())
+            if indent >= depth:
+                continue
+            depth = indent
+            head = code.strip()
+            if head.startswith(("def ", "async def ", "class ")):
+                return False
+            if head.startswith(("if ", "elif ")) and "training" in head:
+                return True
+        return False

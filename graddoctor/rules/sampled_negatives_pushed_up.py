@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 
+from ..analysis.negative_labels import negatives_labelled_positive
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -72,7 +73,13 @@ class SampledNegativesPushedUp(Rule):
     one of the judged backwards (two at least), gradient descent raises the negatives'
     similarity (60% of the gradient's mass at least: a dot product's gradient negative, a
     distance's positive; a right loss lowers every negative's score at every step), at the
-    line that uses the negatives' score in the loss.
+    line that builds a binary loss's labels the other way round (`torch.cat` of score blocks
+    named `pos`/`neg` against a `torch.cat` of `zeros`/`ones` in the other order, or a positive
+    block given a zero target) when the source shows one, else at the line that uses the
+    negatives' score in the loss. Lookups include rows gathered from a computed tensor (a graph
+    network's node embeddings `z[neg[0]]`, with `neg` a drawn (2, E) edge list: each end of it
+    is a row of the draw); the data's and the drawn pairs scored from one such tensor are
+    scored against each other.
 
     ## Why is this bad?
     Negative sampling exists to rank the pairs the data holds above random ones. Reversed, the
@@ -169,8 +176,14 @@ class SampledNegativesPushedUp(Rule):
 
     @staticmethod
     def _line(a, path, line, names):
-        """The last line above the backward that uses a negatives' score's name (not its
-        assignment), else the loss's assignment, else the backward."""
+        """The labels of a binary loss built the other way round (positives 0, negatives 1) just
+        above the backward, else the last line above the backward that uses a negatives'
+        score's name (not its assignment), else the loss's assignment, else the backward."""
+        swapped = [(n, text) for n, text, _, _ in negatives_labelled_positive(a.source.full(path))
+                   if line - _LOOK_BACK < n <= line]
+        if swapped:
+            number, _ = max(swapped)
+            return Location(path, number), a.source.line_text(path, number).split("  #")[0].strip()
         words = [re.compile(rf"(?<![\w.]){re.escape(n)}(?!\w)") for n in names if n.isidentifier()]
         if words:
             for number in range(line, max(0, line - _LOOK_BACK), -1):

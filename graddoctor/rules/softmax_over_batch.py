@@ -105,9 +105,12 @@ class SoftmaxOverBatch(Rule):
 
     @staticmethod
     def _reported_elsewhere(a) -> bool:
-        """samples-mixed-in-batch names a softmax over the batch inside forward, and
-        loss-input-mismatch one given straight to a loss function."""
+        """samples-mixed-in-batch names a softmax over the batch inside forward,
+        loss-input-mismatch one given straight to a loss function, and attention-over-all-edges
+        one over a graph's edges before a scatter."""
         if any(e.get("problem") in ("dim", "log-dim") for e in a.by_kind.get("loss_input", ())):
+            return True
+        if a.by_kind.get("softmax_over_edges"):
             return True
         return any(e.get("mixed") and str(e.get("op") or "").startswith(_MIXING)
                    for e in a.by_kind.get("dependency", ()))
