@@ -102,6 +102,7 @@ def test_one_order_for_both_or_arrays_ordered_then_sliced_stay_silent():
         "perm = torch.randperm(n)\nfor i in range(0, n, b):\n    idx = perm[i:i + b]\n    xb, yb = X[idx], Y[idx]\n",
         "perm = torch.randperm(n)\nXs, Ys = X[perm], Y[perm]\nfor i in range(0, n, b):\n    xb, yb = Xs[i:i + b], Ys[i:i + b]\n",
         "perm = torch.randperm(n)\nfor i in range(0, n, b):\n    idx = perm[i:i + b]\n    xb, w = X[idx], grid[:b]\n",
+        "perm = torch.randperm(n)\nXs = X[perm]\nfor i in range(0, n, b):\n    idx = perm[i:i + b]\n    xb, w = Xs[i:i + b], W[idx]\n",
         "order = torch.arange(n)\nfor i in range(0, n, b):\n    idx = order[i:i + b]\n    xb, yb = X[idx], Y[i:i + b]\n",
         "perm = torch.randperm(n)\nfor i in range(0, n, b):\n    idx = perm[i:i + b]\n    xb = X[idx]\n    if cond:\n        yb = Y[i:i + b]\n",
     ):

@@ -97,6 +97,22 @@ def _cut_orders(scope: ast.AST) -> tuple[set[str], dict[str, tuple[str, str]]]:
     return orders, cuts
 
 
+def _put_in_order(scope: ast.AST, orders: set[str]) -> set[str]:
+    """The names assigned a whole array put in a drawn order (``X_sh = X[perm]``, also in a
+    tuple): their raw slices are already in that order."""
+    names = set()
+    for node in _scope_walk(scope):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            pairs = zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+                else [(target, value)]
+            for t, v in pairs:
+                if isinstance(t, ast.Name) and isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Name) \
+                        and v.slice.id in orders:
+                    names.add(t.id)
+    return names
+
+
 def _scope_walk(scope: ast.AST):
     """The nodes of one function (or the module), not entering nested functions or classes."""
     stack = list(ast.iter_child_nodes(scope))
@@ -118,6 +134,7 @@ def cut_apart(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
     scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
     for scope in scopes:
         orders, cuts = _cut_orders(scope)
+        ordered = _put_in_order(scope, orders)
         blocks = [n.body for n in [scope, *_scope_walk(scope)]
                   if isinstance(getattr(n, "body", None), list)]
         for block in blocks:
@@ -133,7 +150,7 @@ def cut_apart(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
                 elif isinstance(index, ast.Subscript) and isinstance(index.value, ast.Name) \
                         and index.value.id in orders and isinstance(index.slice, ast.Slice):
                     shuffled.append((r.value.id, ast.unparse(index), ast.unparse(index.slice)))
-                elif isinstance(index, ast.Slice) and r.value.id not in orders:
+                elif isinstance(index, ast.Slice) and r.value.id not in orders | ordered:
                     plain.append((line, r.value.id, ast.unparse(index)))
             for array, index, cut in shuffled:
                 for line, other, piece in plain:
