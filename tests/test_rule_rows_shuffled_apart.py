@@ -77,3 +77,49 @@ def test_one_order_applied_to_both_is_silent(tmp_path):
     text = SCRIPT.replace("Y[order_y]", "Y[order_x]")
     path = _script(tmp_path, text)
     assert findings(_trace(path, {"X": "rows", "Y": "labels"}), SLUG) == []
+
+
+def test_one_array_cut_from_the_order_and_its_pair_from_the_raw_positions():
+    import ast as _ast
+    from graddoctor.rules.rows_shuffled_apart import cut_apart
+    src = ("perm = torch.randperm(n)\n"                    # 1
+           "for i in range(0, n, bs):\n"                   # 2
+           "    idx = perm[i:i + bs]\n"                    # 3
+           "    xb, yb = X[idx], Y[i:i + bs]\n")           # 4
+    assert cut_apart(_ast.parse(src)) == [(4, "X", "idx", "Y", "i:i + bs")]
+    inline = ("def run(X, Y):\n"
+              "    perm = np.random.permutation(len(X))\n"
+              "    for s in range(0, len(X), 32):\n"
+              "        xb = X[perm[s:s + 32]]\n"
+              "        yb = Y[s:s + 32]\n")
+    assert cut_apart(_ast.parse(inline)) == [(5, "X", "perm[s:s + 32]", "Y", "s:s + 32")]
+
+
+def test_one_order_for_both_or_arrays_ordered_then_sliced_stay_silent():
+    import ast as _ast
+    from graddoctor.rules.rows_shuffled_apart import cut_apart
+    for src in (
+        "perm = torch.randperm(n)\nfor i in range(0, n, b):\n    idx = perm[i:i + b]\n    xb, yb = X[idx], Y[idx]\n",
+        "perm = torch.randperm(n)\nXs, Ys = X[perm], Y[perm]\nfor i in range(0, n, b):\n    xb, yb = Xs[i:i + b], Ys[i:i + b]\n",
+        "perm = torch.randperm(n)\nfor i in range(0, n, b):\n    idx = perm[i:i + b]\n    xb, w = X[idx], grid[:b]\n",
+        "perm = torch.randperm(n)\nXs = X[perm]\nfor i in range(0, n, b):\n    idx = perm[i:i + b]\n    xb, w = Xs[i:i + b], W[idx]\n",
+        "order = torch.arange(n)\nfor i in range(0, n, b):\n    idx = order[i:i + b]\n    xb, yb = X[idx], Y[i:i + b]\n",
+        "perm = torch.randperm(n)\nfor i in range(0, n, b):\n    idx = perm[i:i + b]\n    xb = X[idx]\n    if cond:\n        yb = Y[i:i + b]\n",
+    ):
+        assert cut_apart(_ast.parse(src)) == [], src
+
+
+def test_the_one_order_finding_points_at_the_raw_slice(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules import find_rule
+    from graddoctor.trace import TraceBuilder
+    script = tmp_path / "train.py"
+    script.write_text("perm = torch.randperm(n)\n"
+                      "for i in range(0, n, bs):\n"
+                      "    idx = perm[i:i + bs]\n"
+                      "    xb, yb = X[idx], Y[i:i + bs]\n"
+                      "    loss.backward()\n")
+    t = TraceBuilder(str(script))
+    t.backward(line=5)
+    found = list(find_rule("rows-shuffled-apart")().check(Analysis(t.trace)))
+    assert [(f.location.line, f.fix) for f in found] == [(4, "index both with the same rows: `Y[idx]`")]

@@ -77,6 +77,88 @@ def _fix(tree: ast.AST, line: int, one: str, other: str) -> str:
     return f"draw one order and index both with it: `perm = {draw}`, then `{one}[perm]`, `{other}[perm]`"
 
 
+def _cut_orders(scope: ast.AST) -> tuple[set[str], dict[str, tuple[str, str]]]:
+    """The names holding a drawn permutation in one function (or the module), and each name
+    holding a part of one (``idx = perm[i:i + bs]``) -> (the permutation's name, the slice's
+    text ``i:i + bs``)."""
+    orders = set()
+    for node in _scope_walk(scope):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Call):
+            func = node.value.func
+            if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in ("randperm", "permutation"):
+                orders.add(node.targets[0].id)
+    cuts = {}
+    for node in _scope_walk(scope):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Subscript) and isinstance(node.value.value, ast.Name) \
+                and node.value.value.id in orders and isinstance(node.value.slice, ast.Slice):
+            cuts[node.targets[0].id] = (node.value.value.id, ast.unparse(node.value.slice))
+    return orders, cuts
+
+
+def _put_in_order(scope: ast.AST, orders: set[str]) -> set[str]:
+    """The names assigned a whole array put in a drawn order (``X_sh = X[perm]``, also in a
+    tuple): their raw slices are already in that order."""
+    names = set()
+    for node in _scope_walk(scope):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            pairs = zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+                else [(target, value)]
+            for t, v in pairs:
+                if isinstance(t, ast.Name) and isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Name) \
+                        and v.slice.id in orders:
+                    names.add(t.id)
+    return names
+
+
+def _scope_walk(scope: ast.AST):
+    """The nodes of one function (or the module), not entering nested functions or classes."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def cut_apart(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:
+    """``[(line of the plain read, the array taken in the drawn order, its index, the array taken
+    in the original order, the slice)]`` where one block of statements reads one array's rows
+    through a part of a permutation (``X[idx]``, ``idx = perm[i:i + bs]``, or
+    ``X[perm[i:i + bs]]``) and another array's rows at the same positions of the original
+    order (``Y[i:i + bs]``)."""
+    found = []
+    scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    for scope in scopes:
+        orders, cuts = _cut_orders(scope)
+        ordered = _put_in_order(scope, orders)
+        blocks = [n.body for n in [scope, *_scope_walk(scope)]
+                  if isinstance(getattr(n, "body", None), list)]
+        for block in blocks:
+            simple = [stmt for stmt in block if isinstance(stmt, (ast.Assign, ast.Expr, ast.Return))]
+            reads = [(stmt.lineno, n) for stmt in simple for n in ast.walk(stmt)
+                     if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
+                     and isinstance(n.ctx, ast.Load)]
+            shuffled, plain = [], []
+            for line, r in reads:
+                index = r.slice
+                if isinstance(index, ast.Name) and index.id in cuts:
+                    shuffled.append((r.value.id, index.id, cuts[index.id][1]))
+                elif isinstance(index, ast.Subscript) and isinstance(index.value, ast.Name) \
+                        and index.value.id in orders and isinstance(index.slice, ast.Slice):
+                    shuffled.append((r.value.id, ast.unparse(index), ast.unparse(index.slice)))
+                elif isinstance(index, ast.Slice) and r.value.id not in orders | ordered:
+                    plain.append((line, r.value.id, ast.unparse(index)))
+            for array, index, cut in shuffled:
+                for line, other, piece in plain:
+                    if other != array and piece == cut:
+                        found.append((line, array, index, other, piece))
+    return sorted(set(found))
+
+
 class RowsShuffledApart(Rule):
     """
     ## What it does
@@ -110,7 +192,8 @@ class RowsShuffledApart(Rule):
     ```
 
     ## Stays silent on
-    One permutation indexing inputs and labels (also sliced per batch, `x[perm[i:i + bs]]`);
+    One permutation indexing inputs and labels (also sliced per batch, `x[perm[i:i + bs]]`,
+    or both arrays put in the order first and then sliced alike);
     two shuffles reseeded alike before each (`np.random.seed(s)` then each shuffle: both in
     one order); two sets of inputs each in an order of its own (unpaired domains, CycleGAN's A
     and B), or one order applied to a whole dataset (inputs and labels) and another to a second
@@ -129,6 +212,7 @@ class RowsShuffledApart(Rule):
     fix = "draw one random order and index (or shuffle) inputs and labels with it together"
 
     def check(self, a):
+        yield from self._cut_apart(a)
         for e in a.of_kind("shuffled_apart"):
             if e.loc is None or not e.get("first"):
                 continue
@@ -160,3 +244,21 @@ class RowsShuffledApart(Rule):
                 evidence={"kind": e["kind"], "length": e["length"], "first": sorted(first),
                           "second": sorted(second)},
                 fix=_fix(tree, first_line, sorted(first)[0], sorted(second)[0]))
+
+    def _cut_apart(self, a):
+        backwards = a.by_kind.get("backward", ())
+        paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
+        for path in paths[:4]:
+            tree = a.source.tree(path)
+            if tree is None:
+                continue
+            for line, array, index, other, piece in cut_apart(tree):
+                yield self.finding(
+                    f"`{array}[{index}]` takes its rows in a random order while `{other}[{piece}]` "
+                    f"takes the rows at the same positions of the original order: row i of one no "
+                    f"longer belongs to the sample of row i of the other, so every batch pairs "
+                    f"inputs with other samples' targets",
+                    Location(path, line),
+                    evidence={"kind": "one order", "shuffled": array, "index": index,
+                              "unshuffled": other, "slice": piece},
+                    fix=f"index both with the same rows: `{other}[{index}]`")

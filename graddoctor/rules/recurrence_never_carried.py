@@ -1,0 +1,206 @@
+from __future__ import annotations
+
+import ast
+
+from ..findings import Severity
+from ..trace import Location
+from .base import Related, Rule
+
+# how scripts name the value a recurrence starts from, around the state's own name
+_SUFFIXES = ("0", "_0", "_init", "init", "_initial", "_start", "_begin", "_first")
+_PREFIXES = ("init_", "initial_", "start_", "first_")
+# a call whose name says it draws something new each time: each pass differs on purpose
+_RANDOM = ("rand", "normal", "uniform", "bernoulli", "multinomial", "dropout", "noise",
+           "sample", "shuffle", "choice", "perm", "jitter", "augment")
+
+
+def _starts_from(state: str, source: str) -> bool:
+    """Whether ``source`` is named as the value ``state`` starts from (``x0``, ``h_init``,
+    ``initial_state``)."""
+    if source == state:
+        return False
+    if source.startswith(state) and source[len(state):] in _SUFFIXES:
+        return True
+    return source.endswith(state) and source[:-len(state)] in _PREFIXES
+
+
+def _scope_walk(node: ast.AST):
+    """The nodes under ``node``, not entering nested functions, lambdas or classes (their
+    names are their own)."""
+    stack = list(ast.iter_child_nodes(node))
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        yield n
+        stack.extend(ast.iter_child_nodes(n))
+
+
+def _bound(loop: ast.For | ast.While) -> dict[str, list[ast.AST]]:
+    """Each name the loop binds (its target, assignments, augmented assignments, ``with ...
+    as``, inner loops' targets, walrus) -> the binding nodes."""
+    bound: dict[str, list[ast.AST]] = {}
+    roots = [loop.target] if isinstance(loop, ast.For) else []
+    for root in roots:
+        for n in ast.walk(root):
+            if isinstance(n, ast.Name):
+                bound.setdefault(n.id, []).append(loop)
+    for stmt in loop.body:
+        for n in [stmt, *_scope_walk(stmt)]:
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                bound.setdefault(n.id, []).append(n)
+    return bound
+
+
+def _loads(node: ast.AST) -> list[ast.Name]:
+    return [n for n in [node, *_scope_walk(node)] if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+
+
+def _call_name(call: ast.Call) -> str:
+    func = call.func
+    return (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")).lower()
+
+
+def _steps_from(value: ast.AST, source: str) -> bool:
+    """Whether ``value`` hands ``source`` to a call as one of its arguments (``step(f, x0)``,
+    ``x0 + dt * f(x0)``), and draws nothing random."""
+    calls = [n for n in [value, *_scope_walk(value)] if isinstance(n, ast.Call)]
+    if any(any(word in _call_name(c) for word in _RANDOM) for c in calls):
+        return False
+    return any(isinstance(arg, ast.Name) and arg.id == source
+               for c in calls for arg in [*c.args, *(kw.value for kw in c.keywords)])
+
+
+def _blocks(tree: ast.AST):
+    """Every statement list of the file (module, function and compound statement bodies)."""
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                yield block
+        for handler in getattr(node, "handlers", ()) or ():
+            yield handler.body
+
+
+def stale_recurrences(tree: ast.AST) -> list[tuple[int, str, str, int, str]]:
+    """``[(line of the assignment in the loop, the state's name, the name it starts from, line
+    where it starts, the assignment's value as it should read)]`` for each loop that reassigns
+    a state from the value it started from instead of from itself.
+
+    The state is set from a name before the loop (``x = x0``) and assigned once in the loop by
+    a call given that starting value (``x = step(f, x0, dt)``), whose value reads nothing the
+    loop changes and nothing the loop read of the state before; so every pass computes the
+    same value and the state never advances."""
+    found = []
+    for block in _blocks(tree):
+        starts: dict[str, tuple[str, int]] = {}
+        for stmt in block:
+            if isinstance(stmt, (ast.For, ast.While)):
+                found.extend(_stale_in(stmt, starts))
+            for n in [stmt, *_scope_walk(stmt)]:
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                    starts.pop(n.id, None)  # rebound after its start: a different value
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.Name)):
+                starts[stmt.targets[0].id] = (stmt.value.id, stmt.lineno)
+    return found
+
+
+def _stale_in(loop, starts: dict[str, tuple[str, int]]):
+    bound = _bound(loop)
+    for state, (source, start_line) in starts.items():
+        if not _starts_from(state, source) or source in bound:
+            continue
+        binds = bound.get(state, ())
+        if len(binds) != 1:
+            continue
+        assign = next((n for stmt in loop.body for n in [stmt, *_scope_walk(stmt)]
+                       if isinstance(n, ast.Assign) and len(n.targets) == 1
+                       and n.targets[0] is binds[0]), None)
+        if assign is None or not _steps_from(assign.value, source):
+            continue
+        names = {n.id for n in _loads(assign.value)}
+        if state in names or names & set(bound):
+            continue  # reads itself, or something each pass changes
+        read_before = any(n.id == state and n.lineno <= assign.lineno
+                          for stmt in loop.body for n in _loads(stmt))
+        if read_before or (isinstance(loop, ast.While) and state in {n.id for n in _loads(loop.test)}):
+            continue
+        fixed = _Rename(source, state).visit(ast.parse(ast.unparse(assign.value), mode="eval"))
+        yield assign.lineno, state, source, start_line, f"{state} = {ast.unparse(fixed.body)}"
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, old: str, new: str):
+        self.old, self.new = old, new
+
+    def visit_Name(self, node):
+        return ast.Name(self.new, node.ctx) if node.id == self.old else node
+
+
+class RecurrenceNeverCarried(Rule):
+    """
+    ## What it does
+    Finds a loop meant to carry a state from one pass to the next — the state set from its
+    starting value before the loop (`x = x0`, `h = h_init`, `state = initial_state`) — whose
+    only assignment in the loop hands the starting value to the step instead of the state
+    (`x = rk4_step(f, x0, dt)`, `z = z0 + dt * f(z0)`), reading nothing else the loop changes.
+    Read from the script's source, in the files a backward ran from; it points at the
+    assignment in the loop.
+
+    ## Why is this bad?
+    Every pass computes the same step from the initial state, so the state never advances: a
+    hand-written ODE solver returns the first step `n` times, an unrolled recurrence repeats
+    its first output, a rollout compared with a trajectory trains the vector field to jump from
+    the start to each later point in one step. Nothing fails, the shapes are right, and the
+    loss still falls a little, toward the wrong model.
+
+    ## Example
+    ```python
+    x, xs = x0, [x0]
+    for _ in range(n_steps):
+        x = rk4_step(f, x0, dt)
+        xs.append(x)
+    ```
+
+    ## Use instead
+    ```python
+    x, xs = x0, [x0]
+    for _ in range(n_steps):
+        x = rk4_step(f, x, dt)
+        xs.append(x)
+    ```
+
+    ## Stays silent on
+    A step that reads the state (`x = step(x)`, semi-implicit updates reading the new
+    momentum); a value that changes with the loop (`lr = lr0 * gamma ** epoch`, a closed-form
+    solution at each time `t`, `h = cell(x[t], h0)` is not judged); a start value the loop
+    itself updates; a draw that differs each pass (`x = x0 + sigma * torch.randn_like(x0)`,
+    random restarts); a start value passed beside the state (`f(x, x0)`, an augmented ODE);
+    a state set from an expression or an attribute before the loop; loops in other modules.
+    """
+
+    code = "GD344"
+    slug = "recurrence-never-carried"
+    severity = Severity.WARNING
+    summary = ("a loop that should carry a state from pass to pass (x = x0; x = step(x0)) steps "
+               "from the starting value every time: the state never advances")
+    fix = "give the step the state itself: x = step(x), not step(x0)"
+
+    def check(self, a):
+        backwards = a.by_kind.get("backward", ())
+        paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
+        for path in paths[:4]:
+            tree = a.source.tree(path)
+            if tree is None:
+                continue
+            for line, state, source, start_line, fixed in stale_recurrences(tree):
+                yield self.finding(
+                    f"`{state}` starts as `{source}` before this loop and is reassigned here each "
+                    f"pass from `{source}`, never from its own last value: every pass computes the "
+                    f"same step from the starting value, so `{state}` never advances and whatever "
+                    f"is built from it (a rollout, an unrolled state) repeats its first step",
+                    Location(path, line),
+                    related=(Related(Location(path, start_line), f"`{state}` set to `{source}` here"),),
+                    evidence={"state": state, "start": source, "start_line": start_line},
+                    fix=f"step from the state itself: `{fixed}`")
