@@ -553,7 +553,7 @@ class CudaEmulation:
         load.__wrapped__ = original
         return load
 
-    def _parse_to(self, original):
+    def _index_as_cuda(self, original):
         """``model.to(0)``: ``Module.to`` parses its arguments before any tensor moves, and
         torch reads a bare index as a device of the current accelerator, which this machine
         lacks; an index names a CUDA device (torch's convention), so it is parsed as one."""
@@ -635,7 +635,7 @@ class CudaEmulation:
                         patch(accelerator, name, fake)
             patch(autocast, "__init__", self._autocast_init(autocast.__init__))
             patch(torch, "load", self._load(torch.load))
-            patch(torch._C._nn, "_parse_to", self._parse_to(torch._C._nn._parse_to))
+            patch(torch._C._nn, "_parse_to", self._index_as_cuda(torch._C._nn._parse_to))
             patch(torch, "Generator", self._generator())
             for storage in (torch.UntypedStorage, torch.TypedStorage):  # map_location callables
                 patch(storage, "cuda", _storage_cuda)
