@@ -108,6 +108,9 @@ def test_moves_copy_like_a_gpu_and_every_device_spelling_lands_on_the_cpu():
         weight = model.weight
         model.cuda()
         assert model.weight is weight and weight.is_leaf  # moved in place, as Module.cuda does
+        for device in (0, 1):  # a bare index, as `model.to(gpu_id)` passes: a CUDA device
+            assert model.to(device) is model and model.weight is weight
+            assert torch.nn.Linear(2, 1).to(device=device).weight.device.type == "cpu"
         assert weight.cuda() is weight  # a parameter on the emulated GPU stays itself
         assert torch.cuda.device_count() == 2
         torch.set_default_device("cuda")

@@ -3781,6 +3781,8 @@ def _made_by_script(tree: ast.AST, expr: ast.AST, line: int, depth: int = 0) -> 
             return True
         if isinstance(expr.func, ast.Attribute) and name in _KEEPS_VALUES:
             return _made_by_script(tree, expr.func.value, line, depth + 1)
+        if name == "Variable" and expr.args:  # torch.autograd.Variable(t): t itself since torch 0.4
+            return _made_by_script(tree, expr.args[0], line, depth + 1)
         return False
     if isinstance(expr, (ast.Name, ast.Attribute)):
         text = ast.unparse(expr)

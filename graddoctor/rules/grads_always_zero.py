@@ -23,7 +23,7 @@ _KINDS = {
     # a softmax over a dimension of length 1 is constant (1; 0 for log_softmax): attention
     # pooling over a (B, T, 1) score with dim=-1
     "Softmax": ("constant", ("softmax", "Softmax")),
-    "LogSoftmax": ("constant", ("log_softmax", "LogSoftmax")),
+    "LogSoftmax": ("constant", ("log_softmax", "LogSoftmax", "cross_entropy")),
     # a selection that drops the part of an output those parameters make (h_n[-1] of a
     # bidirectional RNN keeps one direction): found by the module's own call
     "Stack": ("part", ()), "Cat": ("part", ()), "Select": ("part", ()), "Slice": ("part", ()),
@@ -86,8 +86,10 @@ def _roots(a, pids) -> tuple[str, ...]:
 def _converged(stop) -> bool:
     """A loss of exactly 0 that is not a product with 0: a fit that is perfect (a hinge loss
     whose margins are all met, a regression on data it reproduces exactly) has nothing left to
-    learn, and a zero gradient is right."""
-    return stop[1] and _op(stop[0]) != "Mul"
+    learn, and a zero gradient is right. A loss that is 0 because a (log-)softmax stops the
+    gradient is no fit: over one class it is constant whatever the model outputs (cross_entropy
+    of a single logit per sample is 0 for every input)."""
+    return stop[1] and _op(stop[0]) != "Mul" and _KINDS.get(_op(stop[0]), ("",))[0] != "constant"
 
 
 class GradsAlwaysZero(Rule):
@@ -98,7 +100,8 @@ class GradsAlwaysZero(Rule):
     `floor`, `sign` (their derivative is zero everywhere), a `clamp` or ReLU that is saturated or
     dead for every sample, a selection that drops the part of an output they make (`h_n[-1]` of a
     bidirectional LSTM keeps only one direction), a softmax over a dimension of length 1 (attention
-    pooling over `(B, T, 1)` scores with `dim=-1`: always 1), a layer whose weights are all zero (every layer
+    pooling over `(B, T, 1)` scores with `dim=-1`: always 1; `cross_entropy` over one logit per
+    sample, whose loss is 0 for every input), a layer whose weights are all zero (every layer
     initialised with `nn.init.zeros_`), a layer whose input is all zero at every update (the data
     multiplied by a mask of zeros, a placeholder tensor fed instead of the batch: its weights get
     nothing and its output ignores the data). It also finds an optimizer all of whose gradients have become exactly
@@ -298,6 +301,11 @@ class GradsAlwaysZero(Rule):
         else:
             what = (f"the gradients of {a.names(pids)} are exactly zero at each of the {updates} "
                     f"measured updates of {cls}: they never train")
+        single_class = how == "constant" and call_text is not None and "cross_entropy" in call_text
+        if single_class:  # a log_softmax over one logit: 0 for every input
+            reason = (f"{where} is taken over a single class (one score per sample): the "
+                      f"log_softmax of one logit is 0 whatever it is, so the loss is 0 and no "
+                      f"gradient passes it")
         fix = {
             "zero": (f"use a straight-through estimator: `h = h + (torch.{(op or 'Round').lower()}(h) "
                      f"- h).detach()` ({(op or 'Round').lower()}'s value forward, the identity's "
@@ -325,6 +333,10 @@ class GradsAlwaysZero(Rule):
                            "passed instead of the batch's inputs)"),
         }.get(how, "find where the loss stops depending on the parameters (a factor of 0, a "
                     "detached or constant term)")
+        if single_class:
+            fix = ("give the model one output per class for cross_entropy; for a real-valued "
+                   "target use mse_loss, for a yes/no target binary_cross_entropy_with_logits on "
+                   "the single score")
         return self.finding(
             f"{what}; {reason}", loc,
             related=(related(event, "the backward whose gradient stops there"),),

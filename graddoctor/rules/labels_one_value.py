@@ -83,7 +83,8 @@ class LabelsOneValue(Rule):
 
     ## Stays silent on
     Targets the script makes from values of its own (`torch.ones`/`zeros`/`full`/`arange`, also
-    through a name assigned one: a GAN's real and fake labels, InfoNCE's
+    through a name assigned one, or wrapped in the Variable-era `Variable(Tensor(n, 1).fill_(1.0))`:
+    a GAN's real and fake labels, InfoNCE's
     `torch.zeros(N, dtype=torch.long)` positives at index 0, also returned by a function or a
     module's `forward` of the script that makes them: MoCo's `output, target = model(q, k)`);
     an imbalanced dataset whose first

@@ -9,6 +9,12 @@ from .base import Rule, related
 MIN_STEPS = 2  # fewer steps are not enough evidence that a parameter never gets a gradient
 
 
+def _empty(param) -> bool:
+    """A parameter with no elements: no gradient could change anything in it."""
+    shape = None if param is None else param.get("shape")
+    return shape is not None and 0 in shape
+
+
 class ParamWithoutGrad(Rule):
     """
     ## What it does
@@ -73,6 +79,8 @@ class ParamWithoutGrad(Rule):
     ```
 
     ## Stays silent on
+    An empty parameter (`nn.Parameter(torch.empty(0))`, kept only to read the model's device
+    in `forward`): it holds no weight to train.
     Frozen parameters (`requires_grad_(False)`, frozen before any gradient, a fixed table
     inside AdamW; a layer unfrozen only after the replay's last step, as gradual unfreezing does);
     a backbone run under `no_grad`; a layer or head used only on some
@@ -112,6 +120,7 @@ class ParamWithoutGrad(Rule):
                     if pid not in led.first_contribution and pid not in had_grad
                     and pid not in a.replaced_pids  # param-replaced names the cause
                     and pid not in on_copy  # an optimizer over a copy: param-not-in-optimizer
+                    and not _empty(params.get(pid))  # nothing in it to train
                     and (params.get(pid) is None or (params[pid].get("requires_grad", True)
                                                      and params[pid].get("stepped_requires_grad") is not False))]
             if not idle:

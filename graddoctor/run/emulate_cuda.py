@@ -84,6 +84,10 @@ def _is_cuda(device: Any) -> bool:
     return getattr(device, "type", None) == "cuda"
 
 
+def _is_index(device: Any) -> bool:
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
 def _is_cpu(device: Any) -> bool:
     if isinstance(device, str):
         return device == "cpu" or device.startswith("cpu:")
@@ -549,6 +553,22 @@ class CudaEmulation:
         load.__wrapped__ = original
         return load
 
+    def _index_as_cuda(self, original):
+        """``model.to(0)``: ``Module.to`` parses its arguments before any tensor moves, and
+        torch reads a bare index as a device of the current accelerator, which this machine
+        lacks; an index names a CUDA device (torch's convention), so it is parsed as one."""
+
+        def parse_to(*args, **kwargs):
+            if args and _is_index(args[0]):
+                args = (f"cuda:{args[0]}",) + tuple(args[1:])
+            if _is_index(kwargs.get("device")):
+                kwargs = dict(kwargs)
+                kwargs["device"] = f"cuda:{kwargs['device']}"
+            return original(*args, **kwargs)
+
+        parse_to.__wrapped__ = original
+        return parse_to
+
     def _device_context(self, original):
         """``torch.set_default_device("cuda")`` and ``with torch.device("cuda"):``: their mode
         sits under every other one, so it is given the CPU from the start."""
@@ -615,6 +635,7 @@ class CudaEmulation:
                         patch(accelerator, name, fake)
             patch(autocast, "__init__", self._autocast_init(autocast.__init__))
             patch(torch, "load", self._load(torch.load))
+            patch(torch._C._nn, "_parse_to", self._index_as_cuda(torch._C._nn._parse_to))
             patch(torch, "Generator", self._generator())
             for storage in (torch.UntypedStorage, torch.TypedStorage):  # map_location callables
                 patch(storage, "cuda", _storage_cuda)
