@@ -26,8 +26,8 @@ class ClassWeightsInverted(Rule):
     (to within a factor of 1.5) for outputs whose positives are the minority. The targets of the first calls
     are counted per class. It points at the call that passes the weights (the loss's
     construction, `nn.CrossEntropyLoss(weight=...)`) when the script has one, or at the
-    statement that computes the weights it is given (`pos_weight = n_pos / n_neg`), else at the
-    loss call. The same inversion in a `WeightedRandomSampler`: per-sample weights that take a few
+    statement that computes the weights it is given (`pos_weight = n_pos / n_neg`, given to the
+    loss's construction or by name to the functional call), else at the loss call. The same inversion in a `WeightedRandomSampler`: per-sample weights that take a few
     values (one per class, `class_weight[labels]`), where the values held by more samples are
     larger in proportion to how many samples hold them (a slope of 0.75–1.33 on a log-log fit,
     the most common value on at least 3 times as many samples as the rarest). It points at the
@@ -150,10 +150,14 @@ class ClassWeightsInverted(Rule):
         # the weights computed in a statement of their own (`pos_weight = n_pos / n_neg`): the
         # arithmetic there is what to change, not the loss built with its result
         for builder in _BUILDERS.get(fn, ()):
-            if not builder[:1].isupper():
-                continue  # a functional call's first argument is the scores, not the weights
-            origin = a.source.argument_origin(e.loc.path, line, builder, keyword.rstrip("="))
-            if origin is not None and re.search(r"[/*]|\b(sum|mean|bincount|count)", origin[1]):
+            if builder[:1].isupper():
+                origin = a.source.argument_origin(e.loc.path, line, builder, keyword.rstrip("="))
+            else:  # a functional call's first argument is the scores: follow the keyword's name
+                name = a.source.call_argument(e.loc.path, line, builder, 99, keyword.rstrip("="))
+                origin = (a.source.value_origin(e.loc.path, line, name)
+                          if name is not None and name.isidentifier() else None)
+            if origin is not None and origin[0] != line \
+                    and re.search(r"[/*]|\b(sum|mean|bincount|count|numel)", origin[1]):
                 return Location(e.loc.path, origin[0])
         return Location(e.loc.path, line)
 

@@ -55,7 +55,8 @@ class TrainInEvalMode(Rule):
     adversarial attack run in eval mode (its backward takes the input's gradient) before
     `model.train()`; a frozen backbone or encoder kept in eval mode on purpose; BatchNorm
     statistics frozen on purpose; a teacher in eval mode under `no_grad`; samples drawn under
-    `no_grad`; a frozen part whose unfrozen piece is put back in train mode (`head.train()`
+    `no_grad`; a frozen loss network (a perceptual loss's VGG with BatchNorm) put in eval mode
+    before its `requires_grad_(False)`; a frozen part whose unfrozen piece is put back in train mode (`head.train()`
     after `head.requires_grad_(True)`); a model with no BatchNorm or dropout (or whose
     `F.dropout` has p = 0 or a flag that stays on for sampling, `self.training or mc`); `model.training` read as an attribute; a
     validation pass that calls `backward()` (`backward-in-evaluation` reports it).
@@ -147,6 +148,9 @@ class TrainInEvalMode(Rule):
                     continue  # set by hand; one layer on purpose (frozen BatchNorm)
                 if cause.get("frozen") and not _unfrozen_since(f.states.get(mid) or {}):
                     continue  # a frozen part kept in eval mode on purpose
+                if (f.states.get(mid) or {}).get("frozen"):
+                    continue  # its own parameters frozen when it ran, whether the freeze came
+                    # before or after the eval(): a perceptual loss's VGG, a fixed backbone
                 group = groups.setdefault(cause.loc, {"cause": cause, "forward": f, "mids": []})
                 if mid not in group["mids"]:
                     group["mids"].append(mid)
