@@ -7,6 +7,8 @@ from ..trace import Location
 from .base import Rule
 
 _DROP_WORDS = ("drop", "uncond", "null")
+# a rate named for what it drops (`p_uncond`, `drop_prob`, `mask_ratio`, `cfg_p`)
+_RATE_WORDS = ("drop", "uncond", "null", "mask", "cfg", "corrupt", "guid")
 # the null class of a label embedding is its last index: DiT's torch.where(drop_ids, self.num_classes, labels)
 _NULL_WORDS = ("null", "uncond", "empty", "unk", "mask_token", "mask_id", "mask_idx", "num_classes",
                "n_classes")
@@ -231,6 +233,9 @@ def inverted_masks(tree: ast.AST) -> list[tuple[int, str, str, float, str]]:
         if len(roles) != 1:
             continue
         role = next(iter(roles))
+        if role == "keep" and not any(word in ast.unparse(value).lower() for word in _RATE_WORDS):
+            continue  # `valid = torch.rand(...) < 0.3` keeps 30 % (sparse returns): a rate that
+            # is not named for dropping may be the share kept
         dropped = true_share if role == "drop" else 1 - true_share
         if dropped > 0.5 and abs(dropped - (1 - written)) < 1e-9:
             found.append((node.lineno, name, ast.unparse(value), written, role))
@@ -270,7 +275,8 @@ class DropMaskInverted(Rule):
 
     ## Stays silent on
     The keep-mask form (`keep = torch.rand(n) > p_uncond; torch.where(keep, y, null)`), `rand <
-    1 - p` used as a keep mask; a rate written at one half or above (word dropout at 0.75:
+    1 - p` used as a keep mask; a keep mask compared with a rate not named for dropping (`valid =
+    torch.rand(...) < 0.3`: the share kept); a rate written at one half or above (word dropout at 0.75:
     meant); a rate the source does not bind to one number (an argument of the command line, a
     value assigned twice); a mask whose use says neither drop nor keep, or both. Not seen: masks
     from a helper function (lucidrains' `prob_mask_like(shape, prob)`) or `torch.bernoulli`.
