@@ -254,3 +254,84 @@ def test_no_torch_optimizer_starts_changing_grads_after_its_first_steps():
                     late.append((name, config, impl, changed))
     assert late == []
     assert ("SGD", {"foreach": True}) in changers  # the scan sees a step that changes grads
+
+
+def test_every_torch_optimizer_bumps_each_stepped_parameter_alike_at_every_step():
+    """What predicting a step's versions rests on (``GradState._versions_after``): each of
+    torch's optimizers, in each configuration and implementation, bumps the version of every
+    parameter it updates by the same count at every step, and of a parameter without a grad by
+    none. A torch release that breaks this fails here."""
+    broken = []
+    for name, config in _configurations():
+        for impl in ({"foreach": False}, {"foreach": True}, {"fused": True}):
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+            try:
+                opt = getattr(torch.optim, name)(model.parameters(), **impl, **config)
+            except (TypeError, RuntimeError, ValueError):
+                continue
+            bumps = set()
+            for i in range(gradstate.BUMP_TRUSTED_AFTER + 4):
+                model(torch.randn(5, 4)).pow(2).mean().backward()
+                if i % 3 == 2:
+                    model[0].bias.grad = None  # a parameter without a grad this step
+                before = [p._version for p in model.parameters()]
+                opt.step()
+                for p, v in zip(model.parameters(), before):
+                    bumps.add((p.grad is not None, p._version - v))
+                opt.zero_grad()
+            with_grad = {b for has, b in bumps if has}
+            if len(with_grad) != 1 or {b for has, b in bumps if not has} - {0}:
+                broken.append((name, config, impl, sorted(bumps)))
+    assert broken == []
+
+
+def _hand_edits(make_optimizer, edit_at: set, steps: int = 10, hook=None):
+    """The edited_params of each step_begin of a loop that edits the first layer's weight in
+    place (an EMA-like write) before the steps ``edit_at``; and whether the ledger's versions
+    are the parameters' at the end."""
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        model = _model()
+        opt = make_optimizer(model.parameters())
+        if hook is not None:
+            opt.register_step_post_hook(hook)
+        x = torch.randn(5, 3)
+        for i in range(steps):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            if i in edit_at:
+                with torch.no_grad():
+                    model[0].weight.mul_(0.5)
+            opt.step()
+        pids = [rec.pid(p) for p in model.parameters()]
+        ledger = [rec.grads.param_version.get(pid) for pid in pids]
+        actual = [p._version for p in model.parameters()]
+    begins = [e for e in rec.trace.events if e.kind == "step_begin"]
+    return [e["edited_params"] for e in begins], ledger == actual, pids
+
+
+def test_a_hand_edit_between_predicted_steps_is_seen():
+    for make in (lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                 lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=True)):
+        edits, ledger_true, pids = _hand_edits(make, {2, 7, 8})
+        assert ledger_true
+        assert [i for i, e in enumerate(edits) if e] == [2, 7, 8]
+        assert all(e == [pids[0]] for e in edits if e)
+
+
+def test_a_step_hook_that_edits_parameters_now_and_then_is_not_predicted():
+    """A post hook of the optimizer's own may change parameters only on some steps: the
+    versions after such steps are read, never predicted (no hand edit is made up)."""
+    calls = [0]
+
+    def sometimes(opt, args, kwargs):
+        calls[0] += 1
+        if calls[0] in (5, 6, 9):
+            with torch.no_grad():
+                for p in opt.param_groups[0]["params"]:
+                    p.clamp_(-10, 10)
+
+    edits, ledger_true, _ = _hand_edits(lambda ps: torch.optim.AdamW(ps, lr=1e-3), set(),
+                                        hook=sometimes)
+    assert ledger_true and not any(edits)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import operator
 from itertools import compress, repeat
-from operator import is_, is_not
+from operator import add, is_, is_not, not_, sub
 
 import torch
 
@@ -26,6 +26,17 @@ Tensor = torch.Tensor
 
 _version = operator.attrgetter("_version")
 _requires_grad = operator.attrgetter("requires_grad")
+
+# steps of one of torch's optimizers that must each bump every parameter with a grad by the same
+# count (and the others by none) before the versions its later steps leave are predicted, not read
+BUMP_TRUSTED_AFTER = 3
+
+
+def bumped(pre: list, bump: int, has) -> list:
+    """``pre`` (versions before a step) plus ``bump`` where ``has`` (None: everywhere)."""
+    if has is None:
+        return list(map(add, pre, repeat(bump)))
+    return list(map(add, pre, map(bump.__mul__, has)))  # (True * bump, False * bump)
 
 
 def tensors_of(refs: list, pids: list) -> list:
@@ -111,6 +122,12 @@ class GradState:
         # pid lists (an optimizer's own, never changed: ``Recorder.add_params``) -> the weak
         # references of their tensors, so a step reads its tensors in one pass
         self._refs_of: dict[int, tuple[list, list]] = {}
+        # pid lists (an optimizer's own) -> (the list, the version bump its steps gave each
+        # parameter with a grad, how many steps in a row did; -1: one did not): ``after_step``
+        self._bumps: dict[int, tuple[list, int, int]] = {}
+        # the versions the latest steps left, predicted and not yet written into
+        # ``_param_version``, oldest first: id(pids) -> (pids, versions before, bump, has)
+        self._stepped: dict[int, tuple[list, list, int, list | None]] = {}
 
     # the ledger, caught up with what skimmed hooks did not note (one test when nothing is behind)
     @property
@@ -129,7 +146,30 @@ class GradState:
     def param_version(self) -> dict:
         if self.behind_grads is not None or self.behind_params is not None:
             self.catch_up()
+        if self._stepped:
+            self._settle_versions()
         return self._param_version
+
+    def _settle_versions(self) -> None:
+        """Write the predicted versions of the latest steps (``_stepped``) into
+        ``_param_version``, in the order of their steps."""
+        stepped, self._stepped = self._stepped, {}
+        for pids, pre, bump, has in stepped.values():
+            self._param_version.update(zip(pids, bumped(pre, bump, has)))
+
+    def versions_after_step(self, pids: list) -> list | None:
+        """The version each of ``pids`` (an optimizer's own list, the very object) had right
+        after its latest step, predicted (``_versions_after``), when that is all the ledger
+        holds beyond what it wrote: one list, no dict lookup per parameter. None otherwise
+        (``param_version``)."""
+        stepped = self._stepped
+        if (len(stepped) != 1 or self.behind_grads is not None
+                or self.behind_params is not None):
+            return None
+        entry = stepped.get(id(pids))
+        if entry is None or entry[0] is not pids:
+            return None
+        return bumped(entry[1], entry[2], entry[3])
 
     @property
     def finite(self) -> dict:
@@ -166,6 +206,8 @@ class GradState:
         self.last_vouch = self.requires_noted = None
         refs = self.tensors.refs
         if params is not None:
+            if self._stepped:
+                self._settle_versions()
             tensors = tensors_of(refs, params)
             if not all(map(is_not, tensors, repeat(None))):
                 alive = list(map(is_not, tensors, repeat(None)))
@@ -195,7 +237,7 @@ class GradState:
         return pids, list(states_of(grads))
 
     def after_step(self, pids, read=None, keeps_grads: bool = False,
-                   untouched: bool | None = None) -> list[int]:
+                   untouched: bool | None = None, predictable: bool = False) -> list[int]:
         """Per step, once per owned parameter: note requires_grad (the end-of-run ``param``
         events need it after the script's tensors are gone), refresh what its grad looks like
         after the step, note its ``_version`` (``param_version``), and return the pids that had
@@ -206,14 +248,15 @@ class GradState:
         requires_grad stand: only the parameters' versions are read. ``keeps_grads``: the step
         is one of torch's optimizers', which never set a ``.grad`` (only a version is compared).
         ``untouched``: whether the step left every grad's version as ``read`` has it, when the
-        caller knows (True: not read again); None: compared here."""
+        caller knows (True: not read again); None: compared here. ``predictable``: a plain
+        call of one of torch's optimizers with no step hooks of its own (``_versions_after``)."""
         pids = pids if type(pids) is list else list(pids)
         owned = read.owned if read is not None and read.states is not None else None
         if owned is not None and owned[0] is pids and len(owned[1]) == len(pids):
             _pids, tensors, before = owned
             if ((keeps_grads or all(map(is_, grads_of(tensors), before)))
                     and (untouched if untouched is not None else read.untouched())):
-                self.param_version.update(zip(pids, map(_version, tensors)))
+                self._versions_after(pids, tensors, read, keeps_grads and predictable)
                 if not read.known:
                     self.known.update(zip(read.pids, read.states))
                 return read.without
@@ -233,6 +276,54 @@ class GradState:
             pids, grads = list(compress(pids, with_grad)), list(compress(grads, with_grad))
         self.known.update(zip(pids, states_of(grads)))
         return without
+
+    def _versions_after(self, pids: list, tensors: list, read, predictable: bool) -> None:
+        """Note each owned parameter's ``_version`` right after a step (``param_version``).
+
+        Past the first steps this pass and its writes are the step's post hook's costliest part
+        at thousands of tensors: every parameter and every entry of the ledger touched once more,
+        all of them out of the CPU's caches after the optimizer's own pass over its state.
+        Torch's optimizers bump each parameter they update by a count their configuration fixes
+        (an in-place op per update, weight decay's included) and skip those without a grad. Once
+        ``BUMP_TRUSTED_AFTER`` steps in a row gave every parameter with a grad the same bump and
+        the others none (against the versions the pre hook read, ``read.param_versions``), a
+        later step's versions are kept as that list and bump (``_stepped``), written into the
+        ledger only when something reads it; the next step's pre hook compares whole lists
+        (``versions_after_step``). One step that did otherwise, and the versions are read after
+        every step, as before. A parameter changed by hand between steps is still seen at the
+        next pre hook: its version is then not the one predicted."""
+        pre = read.param_versions if predictable else None
+        if pre is None or len(pre) != len(pids):
+            self.param_version.update(zip(pids, map(_version, tensors)))
+            return
+        has = read.has  # which had a grad; None: every one
+        learned = self._bumps.get(id(pids))
+        if learned is not None and learned[0] is not pids:
+            learned = None
+        if learned is not None and learned[2] >= BUMP_TRUSTED_AFTER:
+            stepped = self._stepped
+            stepped.pop(id(pids), None)  # (re-inserted last: the newest)
+            stepped[id(pids)] = (pids, pre, learned[1], has)
+            return
+        post = list(map(_version, tensors))
+        self.param_version.update(zip(pids, post))
+        if learned is not None and learned[2] < 0:
+            return
+        deltas = list(map(sub, post, pre))
+        if has is None:
+            with_grad, without = deltas, ()
+        else:
+            with_grad = list(compress(deltas, has))
+            without = list(compress(deltas, map(not_, has)))
+        if not with_grad:  # nothing stepped: nothing learned
+            return
+        bump = with_grad[0]
+        same = (bump > 0 and with_grad.count(bump) == len(with_grad) and not any(without)
+                and (learned is None or learned[1] == bump))
+        if len(self._bumps) >= 16 and id(pids) not in self._bumps:
+            del self._bumps[next(iter(self._bumps))]
+        self._bumps[id(pids)] = (pids, bump, (learned[2] if learned is not None else 0) + 1
+                                 if same else -1)
 
     def note_param_versions(self, pids: list, tensors: list) -> None:
         """Each parameter's ``_version`` right after a step that owns it (``param_version``),

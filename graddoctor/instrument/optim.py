@@ -55,10 +55,10 @@ class StepGrads:
     left the grads as they were, instead of reading them again)."""
 
     __slots__ = ("pids", "grads", "states", "versions", "without", "vouched", "owned",
-                 "known", "_by_device")
+                 "known", "_by_device", "param_versions", "has")
 
     def __init__(self, pids, grads, states, without, vouched, by_device=None, versions=None,
-                 owned=None, known: bool = False):
+                 owned=None, known: bool = False, param_versions=None, has=None):
         self.pids, self.grads, self.states, self.without = pids, grads, states, without
         self.vouched = vouched
         self._by_device = by_device
@@ -67,6 +67,11 @@ class StepGrads:
         # without one: what the post hook compares with (None when some had died)
         self.owned = owned
         self.known = known  # the states are what graddoctor knew already (nothing to note)
+        # each owned parameter's own ``_version`` before the step (parallel to ``owned``; None
+        # when not read) and which of them had a grad (None: every one): what
+        # ``GradState.after_step`` predicts the versions after the step from
+        self.param_versions = param_versions
+        self.has = has
 
     def untouched(self) -> bool:
         """Whether every grad is still at the version read before the step (a pass over them)."""
@@ -127,6 +132,7 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     (``_step_grads_each``) takes DTensors."""
     pids = pids if type(pids) is list else list(pids)
     gradstate = rec.grads
+    owned_pids = pids
     tensors = list(map(call, gradstate.refs_of(pids)))  # tensors_of, its lookups kept per list
     died = not all(map(is_not, tensors, repeat(None)))
     if died:  # the rest as they are
@@ -137,13 +143,14 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     every_requires = all(requires)
     grads = grads_of(tensors)
     owned = None if died else (pids, tensors, grads)
+    # every owned parameter's version before the step (what the post hook predicts from)
+    param_versions = list(map(_version, tensors)) if by_hand is not None else None
     has = list(map(is_not, grads, repeat(None)))
+    every_has = all(has)
     without: list = []
-    if not all(has):
+    if not every_has:
         without = list(compress(pids, map(not_, has)))
         pids, grads = list(compress(pids, has)), list(compress(grads, has))
-        if by_hand is not None:
-            tensors = list(compress(tensors, has))
         if not every_requires:
             requires = list(compress(requires, has))
     if not grads:
@@ -154,10 +161,18 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
     if frozen is not None and not every_requires and not all(requires):
         frozen.extend(compress(pids, map(not_, requires)))
     if by_hand is not None:
-        now = list(map(_version, tensors))
-        last = list(map(rec.grads.param_version.get, pids, now))
-        if now != last:
-            by_hand.extend(compress(pids, map(ne, last, now)))
+        # the versions the latest step left, as one predicted list when the ledger has them so
+        after = None if died else gradstate.versions_after_step(owned_pids)
+        if after is not None and len(after) == len(param_versions):
+            if after != param_versions:
+                changed = map(ne, after, param_versions)
+                by_hand.extend(compress(owned_pids, changed if every_has
+                                        else map(and_, has, changed)))
+        else:
+            now = param_versions if every_has else list(compress(param_versions, has))
+            last = list(map(gradstate.param_version.get, pids, now))
+            if now != last:
+                by_hand.extend(compress(pids, map(ne, last, now)))
     versions = list(map(_version, grads))
     states = list(zip(map(id, grads), versions))
     known_already = False
@@ -180,7 +195,8 @@ def step_grads(rec: Recorder, pids, edited: list | None = None,
             vouched = (None not in entries and list(map(itemgetter(0), entries)) == states
                        and (trust_scaler or not any(map(itemgetter(1), entries))))
     return StepGrads(pids, grads, states, without, vouched, versions=versions, owned=owned,
-                     known=known_already)
+                     known=known_already, param_versions=None if died else param_versions,
+                     has=None if every_has else has)
 
 
 def _step_grads_each(rec: Recorder, pids, edited: list | None = None,
@@ -1133,9 +1149,14 @@ class OptimizerWatcher:
             torch_step = _torch_step(optimizer)
             grads_read = read[1] if read is not None else None
             untouched = self._untouched(opt, grads_read) if torch_step else None
+            # a plain call of torch's step with no step hooks of the optimizer's own: the
+            # versions it leaves are predicted once learned (``GradState._versions_after``)
+            predictable = (torch_step and len(args) == 1 and not kwargs
+                           and not getattr(optimizer, "_optimizer_step_pre_hooks", True)
+                           and not getattr(optimizer, "_optimizer_step_post_hooks", True))
             without = rec.grads.after_step(
                 rec.opt_params.get(opt, ()), grads_read, keeps_grads=torch_step,
-                untouched=untouched)
+                untouched=untouched, predictable=predictable)
             event = rec.emit(ev.step(opt=opt, closure=closure, skipped=False, without_grad=without),
                              loc if loc is not None else rec.here(3))
             if (loc is not None and untouched and not closure and not without
