@@ -2,6 +2,7 @@ import gc
 import os
 import subprocess
 import sys
+import time
 
 # One intra-op thread in the test processes themselves, as in the processes they start
 # (cli_env): set before anything imports torch. Two xdist workers on two cores, each with a
@@ -160,15 +161,29 @@ def _after_the_runs_they_read(items) -> None:
 # the idle-parameter search) and the collector's full passes then walk only what the tests made
 # since, as in a `graddoctor check` process, instead of the ~10^5-10^6 objects of a long-lived
 # test process (about a fifth of the in-process fixture checks' CPU time). Refrozen when a test
-# imported something new. Frozen objects are still freed by their reference counts.
+# imported something new, and once REFREEZE_AFTER_S CPU-seconds of tests have run since: what
+# earlier tests leave alive (the runs tests/fixture_runs.py keeps, pytest's reports, caches)
+# grows by ~5,000 objects a fixture test, and with it each full pass of the collector (25 ms
+# after a freeze, 400-650 ms 100-200 fixture tests later: 13 % of their CPU). CPU time, not a
+# count of tests: thousands of short tests leave little behind. Frozen objects are still freed
+# by their reference counts; a cycle among them that becomes garbage waits for the next
+# UNFREEZE_EVERY-th refreeze, which collects the whole heap once.
+REFREEZE_AFTER_S = 1.5
+UNFREEZE_EVERY = 50  # refreezes
 _modules_when_frozen = 0
+_frozen_at = 0.0  # time.process_time() of the last freeze
+_refreezes = 0
 
 
 def _freeze_what_is_imported() -> None:
-    global _modules_when_frozen
+    global _modules_when_frozen, _frozen_at, _refreezes
+    _refreezes += 1
+    if _refreezes % UNFREEZE_EVERY == 0:
+        gc.unfreeze()  # the cycles frozen since become garbage the collection below sees
     gc.collect()  # the garbage left so far is freed, not frozen
     gc.freeze()
     _modules_when_frozen = len(sys.modules)
+    _frozen_at = time.process_time()
 
 
 def pytest_collection_finish(session):
@@ -177,5 +192,6 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    if len(sys.modules) > _modules_when_frozen:
+    if len(sys.modules) > _modules_when_frozen or \
+            time.process_time() - _frozen_at > REFREEZE_AFTER_S:
         _freeze_what_is_imported()
