@@ -207,3 +207,16 @@ def test_the_rule_points_at_the_loss_assignment_after_the_call(tmp_path, monkeyp
     assert f.location.line == 13 and "`loss = ce`" in f.message
     assert sorted(r.location.line for r in f.related) == [11, 14]
     assert findings(builder(), SLUG) == []
+
+
+def test_the_rule_points_past_a_rescale_of_the_loss_at_the_statement_of_its_terms(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    lines = ["x = 0"] * 20
+    lines[10] = "g = grad(loss, x, create_graph=True)"
+    lines[11] = "meta_loss = meta_loss + crit(model(xq), yq)"
+    lines[12] = "meta_loss = meta_loss / tasks"
+    lines[13] = "meta_loss.backward()"
+    script.write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(tmp_path)
+    f = only(_trace(), SLUG)
+    assert f.location.line == 12 and "crit(model(xq), yq)" in f.message

@@ -96,6 +96,9 @@ class ScriptSource:
     def item_term(self, path: str, line: int) -> tuple[int, str] | None:
         return item_term(self.full(path), line)
 
+    def loss_term_assignment(self, path: str, line: int) -> tuple[int, str] | None:
+        return loss_term_assignment(self.full(path), line)
+
     def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
         return advantage_line(self.full(path), line)
 
@@ -1711,6 +1714,48 @@ def _number_term(node: ast.AST, tensors: set) -> bool:
         else:
             return False
     return items > 0
+
+
+def _rescales(node: ast.AST, name: str) -> bool:
+    """``x = x / n``, ``x = x * w``, ``x /= n``, ``x *= w``: the statement only rescales ``x``
+    by factors that do not read a call (a count, a constant)."""
+    if isinstance(node, ast.AugAssign):
+        value, op = node.value, node.op
+        ok_target = isinstance(node.target, ast.Name) and node.target.id == name
+    elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.BinOp):
+        value, op = node.value.right, node.value.op
+        ok_target = isinstance(node.targets[0], ast.Name) and node.targets[0].id == name \
+            and isinstance(node.value.left, ast.Name) and node.value.left.id == name
+    else:
+        return False
+    return ok_target and isinstance(op, (ast.Div, ast.Mult)) \
+        and not any(isinstance(n, ast.Call) for n in ast.walk(value))
+
+
+def loss_term_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
+    """``loss_assignment``, past statements that only rescale the loss (``meta_loss =
+    meta_loss / tasks``): the assignment above them that computes its terms."""
+    found = loss_assignment(path, line, framework)
+    tree = _parse(path)
+    if found is None or tree is None:
+        return found
+    name = _backpropagated_name(tree, line, framework)
+    scope = _enclosing_function(tree, line)
+    assignments = sorted((node.lineno, node) for node in walk(scope)
+                         if isinstance(node, (ast.Assign, ast.AugAssign)) and node.lineno < line
+                         and any(isinstance(t, ast.Name) and t.id == name
+                                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])))
+    at = found[0]
+    while True:
+        current = next((n for ln, n in assignments if ln == at), None)
+        earlier = [ln for ln, _ in assignments if ln < at]
+        if current is None or not _rescales(current, name) or not earlier:
+            break
+        at = earlier[-1]
+    if at == found[0]:
+        return found
+    node = next(n for ln, n in assignments if ln == at)
+    return at, ast.unparse(node).strip()
 
 
 def item_term(path: str, line: int) -> tuple[int, str] | None:

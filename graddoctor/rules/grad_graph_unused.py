@@ -68,7 +68,8 @@ class GradGraphUnused(Rule):
             loc, related, text = e.loc, [], None
             backward_loc = Location(backward[0], backward[1]) if backward else None
             if backward_loc is not None and loc is not None and backward_loc.path == loc.path:
-                found = a.source.loss_assignment(loc.path, backward_loc.line)
+                # past a rescale (``meta_loss = meta_loss / tasks``): the statement of its terms
+                found = a.source.loss_term_assignment(loc.path, backward_loc.line)
                 if found is not None and found[0] > loc.line:
                     # the loss that leaves the gradients out, computed after them: the line to change
                     loc, text = Location(loc.path, found[0]), found[1]
