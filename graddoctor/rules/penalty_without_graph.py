@@ -5,6 +5,9 @@ from ..location import Location
 from .base import Related, Rule
 
 
+_IDLE_SPAN = 10  # lines above a `.item()` term where a loss of a module without gradient defers to GD106
+
+
 class PenaltyWithoutGraph(Rule):
     """
     ## What it does
@@ -69,7 +72,8 @@ class PenaltyWithoutGraph(Rule):
     weight a term that keeps its graph (hard-example mining: `ce * (pred.argmax(1) != y)`), or
     for a metric that the loss does not add; a soft Dice on softmax probabilities; `.item()`
     values summed for a log under another name than the loss's, or scaling the loss
-    (`loss * w.item()`, `loss / n.item()`: a factor, not a term).
+    (`loss * w.item()`, `loss / n.item()`: a factor, not a term); a `.item()` term whose loss
+    is the only one of its module's parameters (param-without-grad names the module there).
     """
 
     code = "GD237"
@@ -92,9 +96,12 @@ class PenaltyWithoutGraph(Rule):
         with ``.item()``: that term is a constant whatever the graph holds."""
         told = set()
         lines = {(b.loc.path, b.loc.line) for b in a.of_kind("backward") if b.loc is not None}
+        # a loss whose module got no gradient at all: param-without-grad reports it at that loss
+        idle = [(e.loc.path, e.loc.line) for e in a.of_kind("idle_loss") if e.loc is not None]
         for path, line in sorted(lines):
             found = a.source.item_term(path, line)
-            if found is None or (path, found[0]) in told:
+            if found is None or (path, found[0]) in told \
+                    or any(p == path and found[0] - _IDLE_SPAN <= ln <= found[0] for p, ln in idle):
                 continue
             told.add((path, found[0]))
             at, text = found
