@@ -218,3 +218,41 @@ def test_a_stage_switch_past_the_cap_is_not_waited_for():
     assert phases._stage_switch(tree.body[0], Frame, 10) is None
     tree = ast.parse("for step in range(10 ** 6):\n    if step >= 50:\n        pass\n    opt.step()\n")
     assert phases._stage_switch(tree.body[0], Frame, 10) == (2, "step", 50)
+
+
+TASKS_IN_SEQUENCE = HEAD + """
+def train(steps, scale=1.0):
+    for step in range(steps):
+        i = (step * 32) % 640
+        opt.zero_grad()
+        nn.functional.mse_loss(model(X[i:i + 32]), scale * Y[i:i + 32]).backward()
+        opt.step()
+
+train(20)
+model.eval()
+train(20, scale=2.0)
+"""
+
+ONE_CALL = HEAD + """
+def train(steps):
+    for step in range(steps):
+        i = (step * 32) % 640
+        opt.zero_grad()
+        nn.functional.mse_loss(model(X[i:i + 32]), Y[i:i + 32]).backward()
+        opt.step()
+
+train(40)
+"""
+
+
+def test_the_budget_waits_for_a_later_call_of_the_training_function(tmp_path):
+    report = check(tmp_path, TASKS_IN_SEQUENCE)
+    assert report.run.updates == 21  # the 20 updates of the first task, then one of the second
+    assert "train-in-eval-mode" in slugs(report)  # what the second task's call inherits
+    assert any("later call of the training function at" in n for n in report.run.notes), \
+        report.run.notes
+    assert not any("before a later phase" in n for n in report.run.notes), report.run.notes
+
+
+def test_a_single_call_of_the_training_function_stops_at_the_budget(tmp_path):
+    assert check(tmp_path, ONE_CALL).run.updates == 10

@@ -94,6 +94,49 @@ def test_the_adapted_weights_first_order_maml_and_a_single_step_are_not():
     assert _maml(adapted=False, steps=1) == []  # unused at one step only
 
 
+def _maml_steps(adapted: bool, inner_steps=2, steps=3):
+    """MAML with several inner steps on one grad line, each differentiating the previous one's
+    adapted weights."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    s = _Script()
+    for _ in range(steps):
+        xs, xq = torch.randn(6, 1), torch.randn(6, 1)
+        fast = dict(model.named_parameters())
+        for _inner in range(inner_steps):
+            grads = s.grad(10, F.mse_loss(functional_call(model, fast, (xs,)), xs.sin()),
+                           list(fast.values()), create_graph=True)
+            fast = {n: p - 0.1 * g for (n, p), g in zip(fast.items(), grads)}
+        out = functional_call(model, fast, (xq,)) if adapted else model(xq)
+        s.backward(12, F.mse_loss(out, xq.sin()))
+        s.step(opt)
+    return s.rec.events
+
+
+def test_inner_steps_that_only_feed_each_other_are_unused_when_the_query_loss_reads_none():
+    ((kind, data), loc), = _maml_steps(adapted=False)
+    assert kind == "grad_graph_unused" and loc.line == 10 and data["steps"] == 2
+    assert _maml_steps(adapted=True) == []
+    assert _maml_steps(adapted=True, inner_steps=3) == []
+
+
+def test_a_gradient_differentiated_by_a_grad_without_graph_is_used():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    s = _Script()
+    weights = [net[0].weight, net[2].weight]
+    for _ in range(3):
+        loss = net(torch.randn(4, 2)).pow(2).mean()
+        g = s.grad(20, loss, weights, create_graph=True)
+        v = [torch.randn_like(w) for w in weights]
+        s.grad(21, g, weights, grad_outputs=v, retain_graph=True)  # a Hessian-vector product, logged
+        s.backward(22, loss)
+        s.step(opt)
+    assert s.rec.events == []
+
+
 def _pinn(use_second: bool, lazy: bool = False, split: bool = False, steps=3):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1))
@@ -164,3 +207,16 @@ def test_the_rule_points_at_the_loss_assignment_after_the_call(tmp_path, monkeyp
     assert f.location.line == 13 and "`loss = ce`" in f.message
     assert sorted(r.location.line for r in f.related) == [11, 14]
     assert findings(builder(), SLUG) == []
+
+
+def test_the_rule_points_past_a_rescale_of_the_loss_at_the_statement_of_its_terms(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    lines = ["x = 0"] * 20
+    lines[10] = "g = grad(loss, x, create_graph=True)"
+    lines[11] = "meta_loss = meta_loss + crit(model(xq), yq)"
+    lines[12] = "meta_loss = meta_loss / tasks"
+    lines[13] = "meta_loss.backward()"
+    script.write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(tmp_path)
+    f = only(_trace(), SLUG)
+    assert f.location.line == 12 and "crit(model(xq), yq)" in f.message

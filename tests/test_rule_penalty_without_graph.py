@@ -289,3 +289,36 @@ def test_hard_cut_term_finds_an_argmax_or_threshold_term_beside_a_term_with_grap
         """))
     # a target thresholded from the model's input: data, not a prediction cut from the graph
     assert hard_cut_term(str(data), 6) is None
+
+
+ITEM = """\
+import torch
+def train(model, anchor, lam, penalty=None):
+    for x, y in data:
+        loss = crit(model(x), y)
+        if penalty is not None:
+            loss = loss + penalty().item()
+        loss += lam * prox(model, anchor).item()
+        loss.backward()
+"""
+
+ITEM_SCALED = """\
+import torch
+for x, y in data:
+    loss = crit(model(x), y, reduction="sum")
+    loss = loss / mask.sum().item()
+    prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+    loss = loss + prox
+    logged = loss.item() + prox.item()
+    loss.backward()
+"""
+
+
+def test_a_term_added_with_item_is_a_warning_at_its_statement(tmp_path):
+    f = only(constant_loss(tmp_path, ITEM, [None, None], line=8), SLUG)
+    assert f.location.line == 6 and f.evidence["via"] == "item"
+    assert "penalty().item()" in f.message and ".item()" in f.fix
+
+
+def test_item_scaling_the_loss_or_summed_for_a_log_is_silent(tmp_path):
+    assert findings(constant_loss(tmp_path, ITEM_SCALED, [None, None], line=8), SLUG) == []

@@ -93,6 +93,12 @@ class ScriptSource:
     def loss_assignment(self, path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
         return loss_assignment(self.full(path), line, framework)
 
+    def item_term(self, path: str, line: int) -> tuple[int, str] | None:
+        return item_term(self.full(path), line)
+
+    def loss_term_assignment(self, path: str, line: int) -> tuple[int, str] | None:
+        return loss_term_assignment(self.full(path), line)
+
     def advantage_line(self, path: str, line: int) -> tuple[int, str] | None:
         return advantage_line(self.full(path), line)
 
@@ -1643,16 +1649,10 @@ def _returned_to(tree: ast.AST, line: int) -> list[tuple[int, set]]:
     return sorted(calls)
 
 
-def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
-    """``(line, text)`` of the last assignment, above ``line`` in the same function, to the
-    variable that is backpropagated on ``line`` (``loss = w * crit(out, y)`` for
-    ``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
-    Lightning ``training_step``'s ``return loss``); None when there is none or the source
-    cannot be read. ``framework``: the backward on ``line`` is known to be a framework's
-    (``acc.backward(loss)``, whatever the accelerator is called)."""
-    tree = _parse(path)
-    if tree is None:
-        return None
+def _backpropagated_name(tree: ast.AST, line: int, framework: bool = False) -> str | None:
+    """The variable backpropagated on ``line`` (``loss`` of ``loss.backward()``,
+    ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``, a Lightning step's
+    ``return loss``), or None."""
     name = None
     for node in walk(tree):
         if getattr(node, "lineno", None) != line:
@@ -1682,6 +1682,132 @@ def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int,
                 name = value.id
         if name is not None:
             break
+    return name
+
+
+def _additive_terms(node: ast.AST):
+    """The terms of a sum or difference (``a + b - c``), parentheses and signs unwrapped."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        yield from _additive_terms(node.left)
+        yield from _additive_terms(node.right)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        yield from _additive_terms(node.operand)
+    else:
+        yield node
+
+
+def _number_term(node: ast.AST, tensors: set) -> bool:
+    """A term that is a Python number read out of a tensor: ``x.item()``, scaled by numbers
+    or names that hold no tensor of the function (``lam * reg.item()``, ``reg.item() / n``)."""
+    factors, items = [node], 0
+    while factors:
+        f = factors.pop()
+        if isinstance(f, ast.BinOp) and isinstance(f.op, (ast.Mult, ast.Div)):
+            factors += [f.left, f.right]
+        elif isinstance(f, ast.Call) and isinstance(f.func, ast.Attribute) \
+                and f.func.attr == "item" and not f.args \
+                and not isinstance(f.func.value, ast.Constant):
+            items += 1
+        elif isinstance(f, ast.Constant) or (isinstance(f, (ast.Name, ast.Attribute))
+                                             and _last_name(f) not in tensors):
+            continue
+        else:
+            return False
+    return items > 0
+
+
+def _rescales(node: ast.AST, name: str) -> bool:
+    """``x = x / n``, ``x = x * w``, ``x /= n``, ``x *= w``: the statement only rescales ``x``
+    by factors that do not read a call (a count, a constant)."""
+    if isinstance(node, ast.AugAssign):
+        value, op = node.value, node.op
+        ok_target = isinstance(node.target, ast.Name) and node.target.id == name
+    elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.BinOp):
+        value, op = node.value.right, node.value.op
+        ok_target = isinstance(node.targets[0], ast.Name) and node.targets[0].id == name \
+            and isinstance(node.value.left, ast.Name) and node.value.left.id == name
+    else:
+        return False
+    return ok_target and isinstance(op, (ast.Div, ast.Mult)) \
+        and not any(isinstance(n, ast.Call) for n in ast.walk(value))
+
+
+def loss_term_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
+    """``loss_assignment``, past statements that only rescale the loss (``meta_loss =
+    meta_loss / tasks``): the assignment above them that computes its terms."""
+    found = loss_assignment(path, line, framework)
+    tree = _parse(path)
+    if found is None or tree is None:
+        return found
+    name = _backpropagated_name(tree, line, framework)
+    scope = _enclosing_function(tree, line)
+    assignments = sorted((node.lineno, node) for node in walk(scope)
+                         if isinstance(node, (ast.Assign, ast.AugAssign)) and node.lineno < line
+                         and any(isinstance(t, ast.Name) and t.id == name
+                                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])))
+    at = found[0]
+    while True:
+        current = next((n for ln, n in assignments if ln == at), None)
+        earlier = [ln for ln, _ in assignments if ln < at]
+        if current is None or not _rescales(current, name) or not earlier:
+            break
+        at = earlier[-1]
+    if at == found[0]:
+        return found
+    node = next(n for ln, n in assignments if ln == at)
+    return at, ast.unparse(node).strip()
+
+
+def item_term(path: str, line: int) -> tuple[int, str] | None:
+    """``(line, text)`` of an assignment, above ``line`` in its function, to the variable
+    backpropagated on ``line`` that adds a term read out with ``.item()`` (``loss = loss +
+    penalty().item()``, ``loss += lam * reg.item()``): a Python number, no gradient. Names the
+    function assigns from a call or from the loss count as tensors (``loss * w.item()`` scales
+    the loss: not a term). None when there is none or the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    name = _backpropagated_name(tree, line)
+    if name is None:
+        return None
+    scope = _enclosing_function(tree, line)
+    tensors = {name}
+    for node in walk(scope):
+        if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Constant):
+            tensors.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+            tensors.add(node.target.id)
+    found = []
+    for node in walk(scope):
+        if not isinstance(node, (ast.Assign, ast.AugAssign)) or node.lineno >= line:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if not any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            continue
+        if isinstance(node, ast.AugAssign):
+            if not isinstance(node.op, (ast.Add, ast.Sub)):
+                continue
+            terms = list(_additive_terms(node.value))
+        else:
+            terms = list(_additive_terms(node.value))
+            if len(terms) < 2:
+                continue  # ``loss = x.item()`` is no loss that backward could run on
+        if any(_number_term(t, tensors) for t in terms):
+            found.append((node.lineno, ast.unparse(node).strip()))
+    return min(found) if found else None
+
+
+def loss_assignment(path: str, line: int, framework: bool = False) -> tuple[int, str] | None:
+    """``(line, text)`` of the last assignment, above ``line`` in the same function, to the
+    variable that is backpropagated on ``line`` (``loss = w * crit(out, y)`` for
+    ``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``, ``self.manual_backward(loss)``, and a
+    Lightning ``training_step``'s ``return loss``); None when there is none or the source
+    cannot be read. ``framework``: the backward on ``line`` is known to be a framework's
+    (``acc.backward(loss)``, whatever the accelerator is called)."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    name = _backpropagated_name(tree, line, framework)
     if name is None:
         return None
     scope = _enclosing_function(tree, line)

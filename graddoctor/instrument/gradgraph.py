@@ -11,10 +11,14 @@ missing from every update, and nothing fails.
 
 The gradients a call returns carry a graph only under ``create_graph=True`` (otherwise they are
 plain tensors), so the call's result tells: the ``grad_fn`` nodes of the gradients it returns
-are held as *pending* until the next optimizer step. A later ``torch.autograd.grad`` whose
-``outputs`` reach a pending node (a second derivative, ``u_xx`` from ``u_x``; a Hessian-vector
-product), or a backward whose loss reaches one (walked from its root, ``_NODES`` nodes at
-most), *uses* its call. At an optimizer step that a backward preceded since the calls, each call
+are held as *pending* until the next optimizer step. A backward whose loss reaches a pending
+node (walked from its root, ``_NODES`` nodes at most) *uses* its call. A later
+``torch.autograd.grad`` whose ``outputs`` reach one uses it through its own result: at once when
+that result carries no graph (a Hessian-vector product for a logged curvature, a first-order
+step), else when that result is used in turn (``u_x`` is used when ``u_xx``, taken from it with
+a graph, is read by the loss). So the inner steps of MAML, each differentiating the previous
+step's adapted weights, are all unused when the query loss reads none of them (the unadapted
+model evaluated on the query set after two inner steps). At an optimizer step that a backward preceded since the calls, each call
 line's pending calls are settled: used when one of them was used, else unused for that step.
 A walk over its node budget counts as a use (not known: silent). A line unused at ``_UNUSED``
 steps and used at none is recorded once as a ``grad_graph_unused`` aside event (loc: the
@@ -46,6 +50,8 @@ class GradGraphWatcher:
         self._steps = 0
         self._pending: list = []  # (node, call index) of gradients returned with a graph
         self._calls: list = []  # call index -> [loc, used]
+        self._feeds: dict = {}  # call index -> the earlier calls its outputs differentiated
+        self._feeding: set = set()  # the calls the autograd.grad running now differentiates
         self._backward = None  # the last backward's location since the calls pending
         self._unused: dict = {}  # call loc -> steps at which its gradients went unused
         self._used: set = set()  # call locs whose gradients were used at a step
@@ -55,46 +61,65 @@ class GradGraphWatcher:
     # --- the calls ---------------------------------------------------------------------------
 
     def _before(self, args, kwargs) -> None:
+        self._feeding = set()
         if self._done or not self._pending:
             return
         try:
             outputs = args[0] if args else kwargs.get("outputs")
-            self._use(outputs)
+            self._feeding = self._reached(outputs)
         except Exception as exc:
             self.rec.internal_error("create_graph gradients", exc)
 
     def _after(self, result) -> None:
+        feeding, self._feeding = self._feeding, set()
         if self._done:
             return
         try:
             items = result if isinstance(result, (list, tuple)) else (result,)
             nodes = [t.grad_fn for t in items
                      if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-            if not nodes or len(self._pending) + len(nodes) > _PENDING:
-                return  # no graph: create_graph=False, or gradients of constants
-            loc = self.rec.here()
+            loc = self.rec.here() if nodes and len(self._pending) + len(nodes) <= _PENDING else None
             if loc is None:
+                # no graph (create_graph=False: a logged curvature, a first-order step) or not
+                # followed: what it differentiated counts as used
+                for index in feeding:
+                    self._mark(index)
                 return
             index = len(self._calls)
             self._calls.append([loc, False])
+            self._feeds[index] = feeding
             self._pending.extend((node, index) for node in nodes)
         except Exception as exc:
             self.rec.internal_error("create_graph gradients", exc)
 
-    def _use(self, tensors) -> None:
-        """Mark the pending calls whose gradients the graph of ``tensors`` reaches."""
+    def _reached(self, tensors) -> set:
+        """The pending calls whose gradients the graph of ``tensors`` reaches (all of them when
+        the graph is too big to walk: not known, so used)."""
         items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
         roots = [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        found: set = set()
         for root in roots:
             walked = reached(root, _NODES)
-            if walked is None:  # too big to tell: every pending call counts as used
-                for call in self._calls:
-                    call[1] = True
-                return
+            if walked is None:
+                return set(range(len(self._calls)))
             nodes = walked[0]
-            for node, index in self._pending:
-                if node in nodes:
-                    self._calls[index][1] = True
+            found.update(index for node, index in self._pending if node in nodes)
+        return found
+
+    def _mark(self, index: int) -> None:
+        """Mark a call used, and the earlier calls its outputs differentiated."""
+        todo = [index]
+        while todo:
+            i = todo.pop()
+            if self._calls[i][1]:
+                continue
+            self._calls[i][1] = True
+            todo.extend(self._feeds.get(i, ()))
+
+    def _use(self, tensors) -> None:
+        """Mark the pending calls whose gradients the graph of ``tensors`` reaches."""
+        for index in self._reached(tensors):
+            self._mark(index)
 
     # --- backwards and steps -----------------------------------------------------------------
 
@@ -119,6 +144,7 @@ class GradGraphWatcher:
             self.rec.internal_error("create_graph gradients", exc)
         # dropped at every step: the graphs held live no longer than one update
         self._pending, self._calls, self._backward = [], [], None
+        self._feeds = {}
         if self._steps >= _STEPS:
             self._done = True
             self._pending, self._calls = [], []
@@ -129,7 +155,13 @@ class GradGraphWatcher:
         by_line: dict = {}
         for loc, used in self._calls:
             by_line[loc] = by_line.get(loc, False) or used
+        # a line whose gradients another line's (unused) gradients were taken from is told
+        # through that later line: u_x feeding a u_xx the loss leaves out is one bug, at u_xx
+        feeding_on = {self._calls[fed][0] for later, fed_set in self._feeds.items()
+                      for fed in fed_set if self._calls[later][0] != self._calls[fed][0]}
         for loc, used in by_line.items():
+            if not used and loc in feeding_on:
+                continue
             if used:
                 self._used.add(loc)
                 continue

@@ -215,6 +215,63 @@ def _stage_switch(loop, frame, updates: int):
     return None
 
 
+def _later_call_of(frame, frames) -> tuple | None:
+    """``(caller frame, line)`` of a later statement of the caller's block that calls again the
+    function whose loop trains (``train(XA, YA)`` then ``train(XB, YB, penalty=ewc)``: a
+    second task, a fine-tuning stage), when that function is called from the script's
+    frames with no loop around the call; None otherwise."""
+    name = frame.f_code.co_name
+    if name.startswith("<") or frame not in frames:
+        return None
+    index = frames.index(frame)
+    if index + 1 >= len(frames):
+        return None
+    caller = frames[index + 1]
+    tree = _tree(caller.f_code.co_filename)
+    if tree is None:
+        return None
+    line = caller.f_lineno
+    if _loops_around(tree, line):
+        return None  # called in a loop: the loop waits (or not) as it is
+    body = _block_of(tree, line)
+    if body is None:
+        return None
+    after = [stmt for stmt in body if stmt.lineno > line]
+    for stmt in after:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call) and _called_name(node.func) == name:
+                return caller, node.lineno
+    return None
+
+
+def _called_name(func) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _block_of(tree, line: int) -> list | None:
+    """The statement list whose statement holds ``line``, innermost."""
+    node, found = tree, None
+    while True:
+        inner = None
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if not isinstance(stmts, list):
+                continue
+            for stmt in stmts:
+                if isinstance(stmt, ast.stmt) and stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+                    found, inner = stmts, stmt
+                    break
+            if inner is not None:
+                break
+        if inner is None or inner.lineno == line or not isinstance(getattr(inner, "body", None), list):
+            return found  # a simple statement (or a compound one's header): its block
+        node = inner
+
+
 class _Wait:
     __slots__ = ("wait", "site", "frame", "name", "value", "budget", "deadline", "last_seq",
                  "planned", "passes")
@@ -266,10 +323,12 @@ class PhaseHold:
             return False  # DataLoader epochs hold the budget themselves
         chain = []  # (frame, loop, tree), innermost first
         frames = 0
+        seen_frames = []
         for frame in rec.finder.user_frames(sys._getframe(1)):
             frames += 1
             if frames > _FRAMES:
                 break
+            seen_frames.append(frame)
             tree = _tree(frame.f_code.co_filename)
             if tree is None:
                 break
@@ -305,6 +364,12 @@ class PhaseHold:
             return _Wait("switch", Location(path, line), frame, name, k, budget,
                          deadline=self._deadline())
         line = _evaluation_site(loop, tree)
+        if line is None and len(chain) == 1:
+            later = _later_call_of(frame, seen_frames)
+            if later is not None:  # ``train(task_a)`` ... ``train(task_b, penalty)``: the next call
+                caller, at = later
+                return _Wait("call", Location(rec.finder.location(caller).path, at), caller,
+                             value=at, budget=budget, deadline=self._deadline())
         if line is None:
             if len(chain) >= 2 and left is not None and budget + left >= PHASE_UPDATES:  # too long: say so
                 outer_frame, outer, _ = chain[1]
@@ -342,6 +407,8 @@ class PhaseHold:
         cut = None
         if state.wait == "loop":
             reached = state.frame.f_locals.get(state.name, _MISSING) is not state.value
+        elif state.wait == "call":  # the caller reached the later call: an update of it was seen
+            reached = state.frame.f_lineno >= state.value
         elif state.wait == "switch":  # the counter went past K: the switch ran, an update followed
             now = state.frame.f_locals.get(state.name, _MISSING)
             reached = type(now) is not int or now > state.value

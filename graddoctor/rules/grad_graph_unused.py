@@ -41,8 +41,10 @@ class GradGraphUnused(Rule):
     ```
 
     ## Stays silent on
-    Gradients that a later `autograd.grad` differentiates (a first derivative `u_x` taken again
-    for `u_xx`, a Hessian-vector product for a logged curvature); terms backpropagated by
+    Gradients that a later `autograd.grad` differentiates when that call's result is used in turn
+    or carries no graph (a first derivative `u_x` taken again for a `u_xx` the loss reads, a
+    Hessian-vector product for a logged curvature; MAML's inner steps each differentiating the
+    previous one count only when the query loss reads the last); terms backpropagated by
     a separate backward before the same step; MAML whose query losses are backpropagated one
     task at a time; gradients taken without `create_graph` (first-order MAML, a logged gradient
     norm: they carry no graph); a call whose gradients are used at one step out of several (a
@@ -66,7 +68,8 @@ class GradGraphUnused(Rule):
             loc, related, text = e.loc, [], None
             backward_loc = Location(backward[0], backward[1]) if backward else None
             if backward_loc is not None and loc is not None and backward_loc.path == loc.path:
-                found = a.source.loss_assignment(loc.path, backward_loc.line)
+                # past a rescale (``meta_loss = meta_loss / tasks``): the statement of its terms
+                found = a.source.loss_term_assignment(loc.path, backward_loc.line)
                 if found is not None and found[0] > loc.line:
                     # the loss that leaves the gradients out, computed after them: the line to change
                     loc, text = Location(loc.path, found[0]), found[1]

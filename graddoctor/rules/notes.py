@@ -167,12 +167,15 @@ def held_phase(a: "Analysis") -> list[str]:
                 what = (f"the loop at {e.loc} began its next pass" if e["wait"] == "loop"
                         else f"the stage switch at {e.loc} had run and an update followed"
                         if e["wait"] == "switch"
+                        else f"the later call of the training function at {e.loc} had begun "
+                             f"and an update of it followed" if e["wait"] == "call"
                         else f"the evaluation called at {e.loc} had run and one more update followed")
                 notes.append(f"the step budget, reached at update {e['updates']}, was held to update "
                              f"{e['until']}, until {what}")
             continue
         what = (f"the end of the first pass of the loop at {e.loc}" if e["wait"] == "loop"
                 else f"the stage switch at {e.loc}" if e["wait"] == "switch"
+                else f"the later call of the training function at {e.loc}" if e["wait"] == "call"
                 else f"the first evaluation (called at {e.loc})")
         why = _CUTS.get(e["cut"], "its cap").format(cap=e.get("cap"), secs=e.get("cap_s") or 0)
         ran = (f"ran on to update {e['until']} and stopped" if e["until"] > e["updates"]
@@ -197,6 +200,10 @@ def unreached_phase(a: "Analysis") -> list[str]:
         lines = later_phases(a.source.tree(path), seen)
     except Exception:  # a note must never break the report
         return []
+    # a later call of the training function that the budget waited for has run: not unreached
+    begun = {e.loc.line for e in a.of_kind("phase_hold") if e.get("wait") == "call"
+             and not e.get("cut") and e.loc is not None and e.loc.path == path}
+    lines = [line for line in lines if line not in begun]
     if not lines:
         return []
     where = ", ".join(f"{path}:{line}" for line in lines[:3])

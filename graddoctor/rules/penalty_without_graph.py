@@ -5,6 +5,9 @@ from ..location import Location
 from .base import Related, Rule
 
 
+_IDLE_SPAN = 10  # lines above a `.item()` term where a loss of a module without gradient defers to GD106
+
+
 class PenaltyWithoutGraph(Rule):
     """
     ## What it does
@@ -23,7 +26,9 @@ class PenaltyWithoutGraph(Rule):
     finds a term of that sum computed through an op that has no gradient, from a value the
     loss's other terms train through: a Dice or IoU term on `F.one_hot(logits.argmax(1))` or
     on `(torch.sigmoid(x) > 0.5).float()` beside a cross-entropy on `logits`, a `round()`-ed
-    prediction (the source shows the op on the name the other terms read).
+    prediction (the source shows the op on the name the other terms read). And it finds a term
+    added to the backpropagated loss as a number read out with `.item()` (`loss = loss +
+    penalty().item()`, `loss += lam * reg.item()`), at the statement that adds it.
 
     ## Why is this bad?
     Without `create_graph=True`, `autograd.grad` returns plain tensors with no history: the
@@ -65,7 +70,10 @@ class PenaltyWithoutGraph(Rule):
     backbone's loss reported in the sum); a cut at a module whose parameters get no gradient at
     all, which `param-without-grad` reports at that line; argmax or a threshold used to
     weight a term that keeps its graph (hard-example mining: `ce * (pred.argmax(1) != y)`), or
-    for a metric that the loss does not add; a soft Dice on softmax probabilities.
+    for a metric that the loss does not add; a soft Dice on softmax probabilities; `.item()`
+    values summed for a log under another name than the loss's, or scaling the loss
+    (`loss * w.item()`, `loss / n.item()`: a factor, not a term); a `.item()` term whose loss
+    is the only one of its module's parameters (param-without-grad names the module there).
     """
 
     code = "GD237"
@@ -81,6 +89,32 @@ class PenaltyWithoutGraph(Rule):
         yield from self._grad_penalties(a)
         yield from self._cut_penalties(a)
         yield from self._constant_losses(a)
+        yield from self._item_terms(a)
+
+    def _item_terms(self, a):
+        """Backward lines whose loss the source builds by adding a number read out of a tensor
+        with ``.item()``: that term is a constant whatever the graph holds."""
+        told = set()
+        lines = {(b.loc.path, b.loc.line) for b in a.of_kind("backward") if b.loc is not None}
+        # a loss whose module got no gradient at all: param-without-grad reports it at that loss
+        idle = [(e.loc.path, e.loc.line) for e in a.of_kind("idle_loss") if e.loc is not None]
+        for path, line in sorted(lines):
+            found = a.source.item_term(path, line)
+            if found is None or (path, found[0]) in told \
+                    or any(p == path and found[0] - _IDLE_SPAN <= ln <= found[0] for p, ln in idle):
+                continue
+            told.add((path, found[0]))
+            at, text = found
+            yield self.finding(
+                f"this statement (`{text}`) adds to the loss backpropagated at line {line} a term "
+                f"read out with `.item()`: a Python number, with no graph, so the term changes "
+                f"the loss value but not one gradient — the penalty or auxiliary loss it "
+                f"computes (an EWC or proximal penalty, a regulariser) never trains anything",
+                Location(path, at),
+                related=(Related(Location(path, line), "the backward of that loss"),),
+                evidence={"backward_line": line, "via": "item"},
+                fix=("add the tensor itself to the loss (drop `.item()` there) and keep "
+                     "`.item()` for the value you log"))
 
     def _constant_losses(self, a):
         """Loss functions called with gradients on, on inputs with no graph (``loss_no_graph``),
@@ -139,6 +173,8 @@ class PenaltyWithoutGraph(Rule):
             times = a.count(backwards[:flagged[-1] + 1])
             if times < 2:
                 continue
+            if a.source.item_term(path, line) is not None:
+                continue  # the term is cut by its `.item()`, told at that statement
             found = a.source.cut_penalty(path, line)
             if found is None:
                 hard = a.source.hard_cut_term(path, line)
