@@ -834,19 +834,22 @@ prompt_trained     fn (cross_entropy | nll_loss), ignore_index, rows (of the tok
                    row, mean), ignored_real (real tokens in its ignored end run, mean): a token
                    loss whose prompt mask is inverted, training the prompts and ignoring the
                    responses — the first such call of each loss line (loc: the loss line; an aside)
-masked_visible     how (product | where | masked_fill | index | ignore_index: how the loss is
-                   restricted), counted (share of the positions it counts), visible (share of those
-                   whose model input holds the target's values: the token, or the values read by a
-                   first layer that gets a gradient there), hidden (share of the other positions
-                   the model hides: other values, no gradient, or for tokens another id), by
-                   (gradient | values | channel | tokens: what shows the hiding), positions, features
-                   (values per position), normalised (the input matched the target only after an
-                   affine map or each position's standardisation), input_at ([path, line] of the
-                   script's call that gave the model the input with the mask as a channel),
-                   ignore_index (tokens: the loss's): a masked reconstruction loss
-                   that counts the positions the model sees and leaves out those it hides — the
-                   first one of each backward line at the first 4 backwards (loc: the backward, or
-                   for tokens the loss call; an aside; instrument/maskvisible.py, promptmask.py)
+masked_visible     how (product | where | masked_fill | index | ignore_index | labels: how the loss
+                   is restricted), counted (share of the positions it counts), visible (share of
+                   those whose model input holds the target's values: the token, or the values read
+                   by a first layer that gets a gradient there), hidden (share of the other positions
+                   the model hides: other values, no gradient, or for tokens another id; for
+                   mask_id, the share of the counted labels that are the mask id), by
+                   (gradient | values | channel | tokens | mask_id: what shows the hiding), positions,
+                   features (values per position), normalised (the input matched the target only
+                   after an affine map or each position's standardisation), input_at ([path, line]
+                   of the script's call that gave the model the input with the mask as a channel),
+                   ignore_index (tokens: the loss's), mask_id (the id written into the labels where
+                   the input keeps its tokens): a masked reconstruction loss that counts the
+                   positions the model sees and leaves out those it hides, or labels given the mask
+                   id the input never holds — the first one of each backward line at the first 4
+                   backwards (loc: the backward, or for tokens the loss call; an aside;
+                   instrument/maskvisible.py, promptmask.py, tokencopy.py)
 real_index         argument (ignore_index | padding_idx), value (the index set apart), api
                    (nn.CrossEntropyLoss | nn.NLLLoss | F.cross_entropy | F.nll_loss |
                    nn.Embedding | F.embedding), size (the loss's classes or the embedding's
@@ -2028,11 +2031,12 @@ def loss_padding(*, fn: str, pad: int, fraction: float, ignore_index: int | None
 
 def masked_visible(*, how: str, counted: float, visible: float, hidden: float, by: str,
                    positions: int, features: int, normalised: bool,
-                   input_at: list | None = None, ignore_index: int | None = None) -> Made:
+                   input_at: list | None = None, ignore_index: int | None = None,
+                   mask_id: int | None = None) -> Made:
     return "masked_visible", {"how": how, "counted": counted, "visible": visible, "hidden": hidden,
                               "by": by, "positions": positions, "features": features,
                               "normalised": normalised, "input_at": input_at,
-                              "ignore_index": ignore_index}
+                              "ignore_index": ignore_index, "mask_id": mask_id}
 
 
 def prompt_trained(*, fn: str, ignore_index: int, rows: int, inverted_rows: int, offset: int,

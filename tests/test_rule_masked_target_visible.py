@@ -245,3 +245,61 @@ def test_a_prediction_the_script_drops_is_still_read_back():
     (e,) = _run_dropped(count_visible=True)
     assert e.get("by") == "gradient" and e.get("how") == "product"
     assert _run_dropped(count_visible=False) == []
+
+
+# -- the mask id written into the labels instead of the inputs (instrument/tokencopy.py) -------
+
+def _mask_id_batch(into_labels: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(0, 50, (8, 24), generator=g)
+    masked = torch.rand(8, 24, generator=g) < 0.15
+    inputs, labels = seq.clone(), seq.clone()
+    (labels if into_labels else inputs)[masked] = 50
+    labels[~masked] = -100
+    return inputs, labels
+
+
+def test_a_mask_id_in_the_labels_that_the_input_never_holds_is_seen():
+    from graddoctor.instrument.tokencopy import mask_id_in_labels
+    inputs, labels = _mask_id_batch(into_labels=True)
+    found = mask_id_in_labels(inputs, [inputs], labels.reshape(-1), -100, 51)
+    assert found is not None and found["mask_id"] == 50 and found["hidden"] == 1.0
+    assert found["by"] == "mask_id" and found["ignore_index"] == -100
+
+
+def test_a_mask_id_in_the_inputs_or_over_another_vocabulary_is_silent():
+    from graddoctor.instrument.tokencopy import mask_id_in_labels
+    inputs, labels = _mask_id_batch(into_labels=False)
+    assert mask_id_in_labels(inputs, [inputs], labels.reshape(-1), -100, 51) is None
+    inputs, labels = _mask_id_batch(into_labels=True)
+    assert mask_id_in_labels(inputs, [inputs], labels.reshape(-1), -100, 40) is None  # id past the classes
+
+
+def test_a_language_models_end_token_is_silent():
+    from graddoctor.instrument.tokencopy import mask_id_in_labels
+    g = torch.Generator().manual_seed(1)
+    seq = torch.full((16, 10), 51)
+    for i, n in enumerate(torch.randint(3, 9, (16,), generator=g).tolist()):
+        seq[i, :n] = torch.randint(0, 50, (n,), generator=g)
+        seq[i, n] = 50  # the end token, never an input
+    inputs, labels = seq[:, :-1], seq[:, 1:].clone()
+    labels[labels == 51] = -100
+    assert mask_id_in_labels(inputs, [inputs], labels.reshape(-1), -100, 52) is None
+
+
+def test_the_mask_id_event_points_at_the_write_into_the_labels(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "seq = torch.randint(0, 50, (8, 24))\n"
+        "masked = torch.rand(8, 24) < 0.15\n"
+        "inputs, labels = seq.clone(), seq.clone()\n"
+        "labels[~masked] = -100\n"
+        "labels[masked] = MASK_ID\n"
+        "loss = model(inputs, labels)\n")
+    t = TraceBuilder(path=str(script))
+    t.put(ev.masked_visible(how="ignore_index", counted=0.15, visible=0.0, hidden=1.0, by="mask_id",
+                            positions=192, features=1, normalised=False, ignore_index=-100,
+                            mask_id=50), 7)
+    f = only(t, SLUG)
+    assert f.location.line == 6 and "id 50" in f.message and "inputs[masked] = MASK" in f.fix

@@ -305,6 +305,13 @@ class ScriptSource:
     def soft_target_origin(self, path: str, line: int) -> tuple[int, str] | None:
         return soft_target_origin(self.full(path), line)
 
+    def lines(self, path: str) -> list[str]:
+        """The file's lines ([] when it cannot be read)."""
+        try:
+            return linecache.getlines(self.full(path))
+        except Exception:
+            return []
+
     def line_text(self, path: str, line: int) -> str:
         """The text of that line ("" when it cannot be read)."""
         try:

@@ -9,7 +9,7 @@ Some do not: in this torch ``F.l1_loss`` is ``abs`` then ``mean`` (``MeanBackwar
 L1 loss entirely. Those functions are wrapped (``COMPOSITES``) until ``WINDOW`` backwards have
 run, then put back: a call from eager code whose result has a graph gets its top node tagged,
 in the node's own ``metadata`` (kept with the C++ node, whichever Python object a later walk
-gets for it), with the function's name, its target and the node its input came from; the tags
+gets for it), with the function's name, its target, the node its input came from and the input's values; the tags
 are taken off once the backward's watchers have read them. ``loss_of(node)`` then answers for
 both kinds alike (``LossCall``).
 
@@ -51,6 +51,10 @@ COMPOSITES = tuple((F, name) for name in (
     "multilabel_soft_margin_loss"))
 COMPOSITE_FNS = frozenset(name for _, name in COMPOSITES)
 REGRESSIONS = frozenset({"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"})
+# the losses whose value is never negative whatever the data (a Poisson or Gaussian NLL is: its
+# log-rate or log-variance term goes below 0)
+NONNEGATIVE = frozenset(NATIVE.values()) | {"l1_loss", "kl_div", "hinge_embedding_loss",
+                                             "multilabel_soft_margin_loss"}
 
 # the class names of the top nodes tagged so far: a walk reads the metadata of those only
 _tagged_tops: set = set()
@@ -60,11 +64,12 @@ class LossCall(NamedTuple):
     """A loss function's call seen from its node: its name (``mse_loss``), its target (None
     when not kept), the node its input came through (None: an input without graph), and
     whether it reduced the elements to one value (``reduction`` other than ``"none"``; None
-    when not known)."""
+    when not known), and its input's values (detached; None when not kept)."""
     fn: str
     target: object
     input_node: object
     reduced: bool | None
+    input: object = None
 
 
 def loss_of(node) -> LossCall | None:
@@ -74,8 +79,10 @@ def loss_of(node) -> LossCall | None:
     if fn is not None:
         nexts = node.next_functions
         reduction = saved(node, "_saved_reduction")
+        scores = saved(node, "_saved_self")
         return LossCall(fn, saved(node, "_saved_target"), nexts[0][0] if nexts else None,
-                        None if not isinstance(reduction, int) else reduction != 0)
+                        None if not isinstance(reduction, int) else reduction != 0,
+                        scores.detach() if isinstance(scores, torch.Tensor) else None)
     if name not in _tagged_tops:
         return None
     try:
@@ -126,7 +133,8 @@ class CompositeLossWatcher:
                 reduction = kwargs.get("reduction", "mean")
                 reduced = None if legacy or not isinstance(reduction, str) else reduction != "none"
                 metadata = node.metadata
-                metadata[_KEY] = (fn, kept, input_node, reduced)
+                values = scores.detach() if isinstance(scores, torch.Tensor) else None
+                metadata[_KEY] = (fn, kept, input_node, reduced, values)
                 self._tags.append(metadata)
                 _tagged_tops.add(type(node).__name__)
             except Exception as exc:

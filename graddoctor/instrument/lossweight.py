@@ -12,7 +12,9 @@ switched off, or the loss turns unbounded below.
 At a backward (the first ``_LOOKED`` of each backward line; ``describe_loss``) the loss's linear
 top is walked from its root with each node's sign (``lossterms.signed_walk``). A product (or a
 quotient) of two computed tensors reached with a positive sign is a *weighted term* when one
-side is a loss by construction (a torch loss function's node, an absolute value, an even power,
+side is a loss by construction (a torch loss function's node, or the top node of one that torch
+builds of plain ops and that is never negative: ``l1_loss``, ``kl_div``, the hinge embedding
+and multilabel soft margin losses, ``lossnodes.loss_of``; an absolute value, an even power,
 a norm, a ReLU: ``_is_loss``, also through sums, means, stacks and positive constants) and the
 other side is a chain of monotone one-input ops (exp, negation, reciprocal, softplus, sigmoid,
 powers, products by constants, indexing and views) down to one leaf tensor (the *factor*, the
@@ -39,6 +41,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import saved
+from .lossnodes import NONNEGATIVE, loss_of
 from .lossterms import _KEEP, _sign_of, _signed, LossGraphReader, signed_walk
 
 _LOOKED = 8  # backwards of each line looked at, at most (an accumulation window has no step)
@@ -73,6 +76,9 @@ def _is_loss(node, depth: int = 0) -> bool:
         return False
     name = type(node).__name__
     if name.startswith(_LOSS_NODES):
+        return True
+    call = loss_of(node)  # l1_loss, kl_div...: torch builds them of plain ops
+    if call is not None and call.fn in NONNEGATIVE:
         return True
     children = _children(node)
     if name in ("AddBackward0", "StackBackward0", "CatBackward0") and children:

@@ -7,8 +7,8 @@ better than the critic expected. Without the minus (``(log_probs * advantage.det
 the optimizer lowers exactly those: the policy learns to do worse, the loss still falls. The
 sign alone says nothing (a weight oriented as a cost, REINFORCE on a tour length, ``(cost - b) *
 log_prob``, is minimised with a positive sign); what says it is the critic in the same loss: its
-regression (``mse_loss(value, R)``, ``smooth_l1_loss``, ``huber_loss``, ``l1_loss``, ``(R -
-value) ** 2``) says which side is the return and which the value, so ``R - V`` is known, and the
+regression (``mse_loss(value, R)``, ``smooth_l1_loss``, ``huber_loss``, ``l1_loss``,
+``gaussian_nll_loss``, ``(R - value) ** 2``) says which side is the return and which the value, so ``R - V`` is known, and the
 log-probability's weight is compared with it.
 
 ``log_prob`` of ``torch.distributions``' classes is wrapped: each call notes its result's
@@ -21,7 +21,9 @@ the loss's linear top is walked with each term's sign (lossterms.py's ``signed_w
   its sign and its weight;
 - a regression loss node between a tensor with gradient (the value) and one without (the
   return), or the square of a difference of such two, is a critic: its ``R - V``, from the
-  tensors the node saved.
+  tensors the node saved; for the regressions torch builds of plain ops (``l1_loss``,
+  ``gaussian_nll_loss``), from the input and target ``lossnodes.loss_of`` tagged their top
+  node with.
 
 A weight that is ``R - V`` (equal, or correlated 0.98 or more element by element; for weights
 that are single numbers, one per term, the same multiset of values) is oriented as a reward; its
@@ -45,6 +47,7 @@ import torch.distributions as D
 from .. import events as ev
 from .graphpaths import saved
 from .inlinable import watched_result
+from .lossnodes import loss_of
 from .lossterms import PerLine, loss_roots, signed_walk
 from .recorder import Recorder
 
@@ -56,6 +59,8 @@ _NOTED = 4096  # log-probability nodes noted at most between two backwards
 _AGREE = 0.98  # a weight's correlation with R - V (or with its negation) that orients it
 _MAX_VALUES = 1 << 16  # values of a weight or a critic's difference compared at most
 _REGRESSIONS = ("MseLossBackward", "SmoothL1LossBackward", "HuberLossBackward", "L1LossBackward")
+# the regressions torch builds of plain ops, found by ``loss_of`` on their top node
+_COMPOSITE_CRITICS = frozenset({"l1_loss", "gaussian_nll_loss"})
 
 
 def _distributions() -> list[type]:
@@ -116,6 +121,20 @@ def _paired(w: torch.Tensor, d: torch.Tensor, negated: torch.Tensor | None = Non
     return 1.0 if corr >= _AGREE else -1.0 if corr <= -_AGREE else 0.0
 
 
+def _composite_critic(node) -> tuple[str, torch.Tensor] | None:
+    """``(what, R - V)`` for a regression that torch builds of plain ops (``l1_loss``,
+    ``gaussian_nll_loss``: ``lossnodes.loss_of``) of a value with gradient on a return without
+    one."""
+    call = loss_of(node)
+    if call is None or call.fn not in _COMPOSITE_CRITICS or call.input_node is None \
+            or not isinstance(call.target, torch.Tensor) or call.target.requires_grad:
+        return None
+    x, y = _plain_any(call.input), _plain_any(call.target)
+    if x is None or y is None or x.numel() != y.numel():
+        return None
+    return call.fn, y - x
+
+
 def _critic_diff(node, name: str) -> tuple[str, torch.Tensor] | None:
     """``(what, R - V)`` for a regression of a value with gradient on a return without one."""
     if name.startswith(_REGRESSIONS):
@@ -150,7 +169,7 @@ def _critic_diff(node, name: str) -> tuple[str, torch.Tensor] | None:
         if diff is None:
             return None
         return "square", (diff if b_grad else -diff)
-    return None
+    return _composite_critic(node)
 
 
 def _plain_any(value) -> torch.Tensor | None:

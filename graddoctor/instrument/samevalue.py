@@ -38,8 +38,9 @@ line (``_LINES`` lines at most, ``_NODES`` nodes at most):
   ``exp(d) - d`` (the k3 estimator of a KL, its log-ratio ``d`` written twice).
 * **A constant twin.** A loss function with one operand carrying gradient and one without (a
   teacher's output under ``no_grad``) whose two operands are the same values: ``mse_loss``,
-  ``l1_loss``, ``smooth_l1_loss``, ``huber_loss``, ``binary_cross_entropy`` with the target
-  equal to the input to the last bit, or the product ``p * log_q`` of ``kl_div`` /
+  ``l1_loss``, ``smooth_l1_loss``, ``huber_loss``, ``binary_cross_entropy`` (and
+  ``gaussian_nll_loss``, and ``l1_loss`` where torch builds it of plain ops, read from its
+  top node through ``lossnodes.loss_of``) with the target equal to the input to the last bit, or the product ``p * log_q`` of ``kl_div`` /
   ``cross_entropy`` with soft targets whose probabilities are ``exp(log_q)`` to float
   precision. Counted once per optimizer step, and only when it holds at two steps and never
   fails at that loss (a copied or EMA teacher equals the student before the first step only).
@@ -60,6 +61,7 @@ import torch
 
 from .. import events as ev
 from .graphpaths import post_order
+from .lossnodes import loss_of
 from .lossterms import PerLine, loss_root
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, STEPPED
@@ -105,6 +107,10 @@ _LAYERS = {"MmBackward0", "BmmBackward0", "AddmmBackward0", "AddbmmBackward0", "
 _LOSSES = {"MseLossBackward0": "mse_loss", "L1LossBackward0": "l1_loss",
            "SmoothL1LossBackward0": "smooth_l1_loss", "HuberLossBackward0": "huber_loss",
            "BinaryCrossEntropyBackward0": "binary_cross_entropy"}
+
+# the losses torch builds of plain ops (no node of their own) that compare an input with a
+# target of its values, read from their top node (``lossnodes.loss_of``)
+_COMPOSITE_LOSSES = frozenset({"l1_loss", "gaussian_nll_loss"})
 
 _saved_names: dict[type, tuple] = {}
 _CUSTOM = (torch.autograd.function.BackwardCFunction,)  # custom autograd.Functions, compiled graphs
@@ -343,7 +349,12 @@ class SameValueWatcher:
         for node in order:
             name = type(node).__name__
             op = _COMPARE.get(name)
-            if op is None or node in ratios or (op in _MIXING and node not in at_loss):
+            if op is None:
+                call = loss_of(node)  # l1_loss, gaussian_nll_loss: torch builds them of plain ops
+                if call is not None and call.fn in _COMPOSITE_LOSSES:
+                    self._constant_call(call, loc)
+                continue
+            if node in ratios or (op in _MIXING and node not in at_loss):
                 continue
             if op in ("concatenation", "stack"):
                 joined = _joined(order) if joined is None else joined
@@ -488,6 +499,19 @@ class SameValueWatcher:
             op = "kl_div"
         else:
             return
+        self._count_constant(loc, op, a, graph, equal)
+
+    def _constant_call(self, call, loc) -> None:
+        """A loss torch builds of plain ops (``lossnodes.loss_of``) whose input carries gradient
+        and whose target (a constant) has the same values."""
+        a, b, graph = call.input, call.target, call.input_node
+        if graph is None or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) \
+                or b.requires_grad or a.numel() < 8:
+            return
+        equal = a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+        self._count_constant(loc, call.fn, a, graph, equal)
+
+    def _count_constant(self, loc, op: str, a, graph, equal: bool) -> None:
         key = (loc, op, tuple(a.shape), type(graph).__name__)
         if not equal:
             self._failed.add(key)

@@ -18,6 +18,18 @@ targets: an autoencoder's encoder reads the targets too), and a recurrent layer'
 ``token_copy`` aside event per backward line (loc: the backward). The rule asks the script's
 source that the recurrent layer is unidirectional.
 
+The same walk reads a masked language model whose mask id went into the labels instead of the
+inputs (``labels[masked] = MASK`` for ``inputs[masked] = MASK``, or BERT's 80/10/10 replacement
+written into the labels): the model is given every original token and asked for the mask id.
+At the ``nll_loss`` of a token prediction over the input's own vocabulary (as many classes as
+an embedding below it has rows), the counted targets that differ from the id that lookup read at
+their position hold one id, ``_MASK_SHARE`` of the counted targets or more (at least
+``_MASK_MIN``), that the lookup's ids never hold anywhere, on ``_SPREAD`` sequence positions or
+more of two rows or more (a language model's end token sits where each row ends), over input
+ids of 3 values or more there; and no lookup holds the other targets one position later (a
+language model, a decoder fed its shifted targets). A ``masked_visible`` aside event (``by``:
+``mask_id``) per backward line, for masked-target-visible, whatever the model's layers.
+
 Cost: a walk of the loss's graph and a comparison per embedding lookup, at the first backwards
 of each line only; CPU tensors only.
 """
@@ -27,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
-from .graphpaths import saved
+from .graphpaths import saved, signed
 from .lossterms import PerLine, loss_roots
 from .recorder import Recorder
 
@@ -37,6 +49,9 @@ _NODES = 4096  # nodes of the loss's graph walked
 _MIN_POSITIONS = 16  # targets compared, at least
 _SAME = 0.99  # share of the positions where the target is the id read there
 _NEXT = 0.9  # share of the positions where the target is the id read one position later
+_MASK_SHARE = 0.1  # share of the counted targets holding the one id the input never holds
+_MASK_MIN = 8  # such targets, at least
+_SPREAD = 3  # sequence positions they fall on, at least
 _RECURRENT = ("MkldnnRnnLayerBackward", "CudnnRnnBackward", "MiopenRnnBackward", "RnnTanhBackward",
               "RnnReluBackward", "LstmCellBackward", "GruCellBackward", "ThnnFusedLstmCellBackward",
               "ThnnFusedGruCellBackward")
@@ -105,6 +120,44 @@ def copies_input(lookups: list, target: torch.Tensor, ignore: int) -> bool:
     return same
 
 
+def mask_id_in_labels(ids: torch.Tensor, lookups: list, target: torch.Tensor, ignore: int,
+                      classes: int) -> dict | None:
+    """The fields of a ``masked_visible`` event when the counted targets that differ from the
+    ids ``ids`` (a lookup over a vocabulary of ``classes`` rows) read at their positions hold
+    one id, often, spread over the positions, that ``ids`` never hold; None else."""
+    if ids.dim() != 2 or ids.numel() != target.numel():
+        return None
+    flat, seen = target.reshape(-1), ids.reshape(-1)
+    keep = flat != ignore
+    counted = int(keep.sum())
+    if counted < _MIN_POSITIONS:
+        return None
+    differ = keep & (seen != flat)
+    if not bool(differ.any()):
+        return None
+    values, counts = torch.unique(flat[differ], return_counts=True)
+    top = int(counts.argmax())
+    mask_id, n = int(values[top]), int(counts[top])
+    if n < _MASK_MIN or n < _MASK_SHARE * counted or not 0 <= mask_id < classes \
+            or bool((seen == mask_id).any()):
+        return None
+    at = keep & (flat == mask_id)
+    where = at.reshape(ids.shape).nonzero()
+    if torch.unique(where[:, 1]).numel() < _SPREAD or torch.unique(where[:, 0]).numel() < 2 \
+            or torch.unique(seen[at]).numel() < 3:
+        return None
+    rest = torch.where(at, torch.full_like(flat, ignore), flat).reshape(target.shape)
+    if int((rest != ignore).sum()) >= _MIN_POSITIONS \
+            and any(shifted_by_one(other, rest, ignore) for other in lookups):
+        return None  # a language model's (or a decoder's) shifted targets beside an end token
+    return {"how": "ignore_index" if counted < flat.numel() else "labels",
+            "counted": counted / flat.numel(),
+            "visible": float(((seen == flat) & keep).sum()) / counted,
+            "hidden": n / counted, "by": "mask_id", "positions": int(flat.numel()), "features": 1,
+            "normalised": False, "ignore_index": ignore if counted < flat.numel() else None,
+            "mask_id": mask_id}
+
+
 class TokenCopyWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -131,16 +184,27 @@ class TokenCopyWatcher:
             ignore = saved(node, "_saved_ignore_index", -100)
             if target is None or target.numel() < _MIN_POSITIONS or not isinstance(ignore, int):
                 continue
-            lookups, recurrent = self._below(node)
+            lookups, rows, recurrent = self._below(node)
             if recurrent and lookups and copies_input(lookups, target, ignore):
                 self._told.add(loc)
                 self.rec.emit_aside(ev.token_copy(positions=int(target.numel()),
                                                   lookups=len(lookups)), loc)
                 return
+            scores = saved(node, "_saved_self")
+            classes = int(scores.shape[-1]) if isinstance(scores, torch.Tensor) and scores.dim() == 2 else None
+            for ids, size in zip(lookups, rows):
+                found = mask_id_in_labels(ids, lookups, target, signed(ignore), classes) \
+                    if classes is not None and size == classes else None
+                if found is not None:
+                    self._told.add(loc)
+                    self.rec.emit_aside(ev.masked_visible(**found), loc)
+                    return
 
     @staticmethod
-    def _below(root) -> tuple[list, bool]:
-        stack, seen, lookups, recurrent = [root], set(), [], False
+    def _below(root) -> tuple[list, list, bool]:
+        """The ids of the embedding lookups below ``root``, their tables' rows, and whether a
+        recurrent layer lies between."""
+        stack, seen, lookups, rows, recurrent = [root], set(), [], [], False
         while stack:
             node = stack.pop()
             if node is None or node in seen:
@@ -155,8 +219,10 @@ class TokenCopyWatcher:
                 ids = token_ids(saved(node, "_saved_indices"))
                 if ids is not None:
                     lookups.append(ids)
+                    size = saved(node, "_saved_weight_sym_argsize_0")
+                    rows.append(int(size) if isinstance(size, int) else None)
             stack.extend(child for child, _ in node.next_functions if child is not None)
-        return lookups, recurrent
+        return lookups, rows, recurrent
 
     def install(self, patcher) -> None:
         """Nothing to patch: the loss's graph is read at the backward (DESCRIBE_LOSS)."""

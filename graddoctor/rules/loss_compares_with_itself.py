@@ -139,8 +139,8 @@ class LossComparesWithItself(Rule):
     called twice on identical inputs, two lookups of the same rows of an embedding), meeting in
     an op that compares them (a difference, a product or similarity matrix, a concatenation that
     one is built from, a loss function), each side a function of its twin alone; or for a loss
-    function (`mse_loss`, `kl_div`, soft `cross_entropy`...) whose target, computed without
-    gradient, equals its input at two optimizer steps. It points at the line that made the two
+    function (`mse_loss`, `l1_loss`, `gaussian_nll_loss`, `kl_div`, soft `cross_entropy`...)
+    whose target, computed without gradient, equals its input at two optimizer steps. It points at the line that made the two
     sides one (`v2 = v1`, `neg = pos`, `teacher = student`, an argument passed twice) when the
     script has exactly one such line, else at the backward.
 

@@ -18,7 +18,11 @@ class MaskedTargetVisible(Rule):
     the ones it hides: an MAE whose loss is taken over the visible patches, masked feature or
     frame modelling whose error is kept where the input was left intact, an inpainting model
     given the whole image (the hole only as an extra channel) and asked for the hole, a
-    BERT-style masked language model whose labels are set at the tokens that were not replaced.
+    BERT-style masked language model whose labels are set at the tokens that were not replaced,
+    or whose mask id went into the labels instead of the inputs (the model is given every token
+    and asked for the mask id: the counted labels hold, often and spread over the positions, an
+    id of the input's vocabulary that the input never holds, and no lookup holds the other
+    labels one position later, as a language model's would).
     graddoctor follows the loss's 0/1 weight, `where`, `masked_fill`, boolean index or
     `ignore_index` to the positions it counts, reads the target there, and compares it with
     what the model's first layer was given at those positions: the same values (up to each
@@ -75,6 +79,18 @@ class MaskedTargetVisible(Rule):
             loc, fix = self._site(a, e)
             counted, visible, hidden = e.get("counted"), e.get("visible"), e.get("hidden")
             by = e.get("by")
+            if by == "mask_id":
+                what = (f"{hidden:.0%} of the token labels the loss counts are the id "
+                        f"{e.get('mask_id')}, which the model's input never holds, while the input "
+                        f"keeps the original token at those positions: the mask went into the "
+                        f"labels instead of the inputs")
+                yield self.finding(
+                    f"{what}, so the model is given every token and asked for the mask id, and "
+                    f"learns nothing about predicting a hidden token", loc, fix=fix,
+                    evidence={"how": e.get("how"), "counted": counted, "visible": visible,
+                              "mask_share": hidden, "by": by, "mask_id": e.get("mask_id"),
+                              "positions": e.get("positions")})
+                continue
             if by == "tokens":
                 what = (f"the loss counts {counted:.0%} of the token positions, and at "
                         f"{visible:.0%} of them the model's input holds the very token the label "
@@ -107,7 +123,11 @@ class MaskedTargetVisible(Rule):
         statement that writes the mask's 0s or 1s by position, else the line that builds the
         model's input (a mask channel), else the loss."""
         loc = e.loc
-        built = a.source.loss_assignment(loc.path, loc.line) if e.get("by") != "tokens" else None
+        if e.get("by") == "mask_id":
+            return _mask_written(a, loc), (
+                "write the mask id into the inputs at the masked positions (`inputs[masked] = "
+                "MASK`) and keep the original tokens as the labels there")
+        built = a.source.loss_assignment(loc.path, loc.line) if e.get("by") not in ("tokens",) else None
         line, text = built if built is not None else (loc.line, a.source.line_text(loc.path, loc.line))
         at = Location(loc.path, line, loc.hook)
         if e.get("by") == "tokens":
@@ -137,6 +157,25 @@ class MaskedTargetVisible(Rule):
                 f"write the mask the other way round: `{text_w}` marks the positions the "
                 f"model sees, but the loss needs 1 where the input was hidden")
         return at, self.fix
+
+
+# a write into a slice of labels of a mask token: `labels[masked] = MASK`,
+# `tgt[m] = tokenizer.mask_token_id`
+_MASK_INTO_LABELS = re.compile(
+    r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*\[[^\]]+\]\s*=\s*([^=].*)$")
+_LABEL_NAME = re.compile(r"label|target|tgt|(^|_)y($|_)", re.I)
+
+
+def _mask_written(a, loc) -> Location:
+    """The one statement of the loss's file that writes a mask token into a slice of labels,
+    else the loss."""
+    found = []
+    for number, text in enumerate(a.source.lines(loc.path), 1):
+        m = _MASK_INTO_LABELS.match(text.split("#")[0])
+        if m and _LABEL_NAME.search(m.group(1)) and re.search(r"mask", m.group(2), re.I) \
+                and "-100" not in m.group(2):
+            found.append(number)
+    return Location(loc.path, found[0], "") if len(found) == 1 else loc
 
 
 def _input_origin(a, input_at) -> Location | None:

@@ -5,7 +5,8 @@ from ..trace import Location
 from .base import Rule
 
 _CRITIC = {"mse_loss": "`mse_loss` of the value", "smooth_l1_loss": "`smooth_l1_loss` of the value",
-           "huber_loss": "`huber_loss` of the value", "square": "squared difference"}
+           "huber_loss": "`huber_loss` of the value", "l1_loss": "`l1_loss` of the value",
+           "gaussian_nll_loss": "`gaussian_nll_loss` of the value", "square": "squared difference"}
 
 
 # the names that say the weight is a reward's (an advantage, a return, a TD error), and those
@@ -29,8 +30,9 @@ class PolicyGradientReversed(Rule):
     is wrapped; at the first 3 backwards of each backward line after log-probabilities, the
     loss's linear top (sums, means, stacks, views, negations, constant factors) is walked with
     each term's sign to the products of a log-probability and a weight without gradient, and to
-    the critic's regression in the same loss (`mse_loss`, `smooth_l1_loss`, `huber_loss` of a
-    value with gradient on a return without one, or `(returns - values) ** 2`), which says which
+    the critic's regression in the same loss (`mse_loss`, `smooth_l1_loss`, `huber_loss`,
+    `l1_loss`, `gaussian_nll_loss` of a value with gradient on a return without one, or
+    `(returns - values) ** 2`), which says which
     side is the return. A weight equal to `R - V` (or correlated 0.98 or more element by
     element: a normalised advantage; for one number per step, `-log_prob * (R - value.item())`,
     the same values) is oriented as a reward. The graph says which side is the critic's value,
