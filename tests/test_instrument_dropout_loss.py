@@ -29,6 +29,12 @@ def of(trace, kind):
     return [e for e in trace if e.kind == kind]
 
 
+def in_eval(trace):
+    """The default-flag dropout calls recorded in eval mode (a train-mode call is recorded too,
+    with ``mode="train"``, for a run that stops before the script evaluates)."""
+    return [e for e in of(trace, "dropout_default") if e.get("mode", "eval") == "eval"]
+
+
 def line_of(marker: str) -> int:
     with open(__file__, encoding="utf-8") as f:
         for number, text in enumerate(f, start=1):
@@ -78,17 +84,19 @@ def test_default_training_in_eval_is_recorded_once_at_the_call(how, p, fn):
     x = torch.randn(3, 4)
 
     def script():
-        model(x)  # train mode: nothing
+        model(x)  # train mode: recorded once, as mode "train"
         model.eval()
         with torch.no_grad():
             for _ in range(5):
                 model(x)  # mark: eval forward
 
     trace = record(script)
-    [event] = of(trace, "dropout_default")
+    [event] = in_eval(trace)
     assert event.loc.line == line_of(f"mark: {how}")
     assert dict(event.data) == {"fn": fn, "p": p, "cls": "Net", "name": "model", "grad": False,
-                                "how": "default"}
+                                "how": "default", "mode": "eval"}
+    [trained] = [e for e in of(trace, "dropout_default") if e["mode"] == "train"]
+    assert trained.loc.line == line_of(f"mark: {how}")
     # the mode watcher's aggregate of the eval forwards stays one event (an aside event)
     [eval_forward] = [e for e in of(trace, "mode_forward") if not e["training"]]
     assert eval_forward["calls"] == 5 and eval_forward.loc.line == line_of("mark: eval forward")
@@ -104,7 +112,7 @@ def test_silent_when_training_is_given_p_is_zero_nn_dropout_or_train_mode(how):
             model.eval()
         model(x)
 
-    assert of(record(script), "dropout_default") == []
+    assert in_eval(record(script)) == []
 
 
 def test_the_innermost_module_decides_and_calls_outside_modules_are_left_alone():
@@ -136,7 +144,7 @@ def test_the_innermost_module_decides_and_calls_outside_modules_are_left_alone()
         model.head.eval()
         model(x)  # the head is in eval mode although its parent trains
 
-    [event] = of(record(script), "dropout_default")
+    [event] = in_eval(record(script))
     assert event.loc.line == line_of("mark: head")
     assert (event["cls"], event["name"]) == ("Head", "model.head")
 
