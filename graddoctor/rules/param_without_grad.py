@@ -81,6 +81,9 @@ class ParamWithoutGrad(Rule):
     ## Stays silent on
     An empty parameter (`nn.Parameter(torch.empty(0))`, kept only to read the model's device
     in `forward`): it holds no weight to train.
+    The last bias of a net whose loss reads only its derivatives with respect to the inputs
+    (`torch.autograd.grad(..., create_graph=True)`: a Hamiltonian net's energy, a PINN's
+    solution): a constant offset no derivative sees.
     Frozen parameters (`requires_grad_(False)`, frozen before any gradient, a fixed table
     inside AdamW; a layer unfrozen only after the replay's last step, as gradual unfreezing does);
     a backbone run under `no_grad`; a layer or head used only on some
@@ -137,8 +140,9 @@ class ParamWithoutGrad(Rule):
                        if pid in led.first_contribution or pid in had_grad]
             for cause, pids in by_cause.values():
                 discarded = _discarded(a, cause, pids, trained)
-                if discarded in ("library", "last-pass"):
-                    continue  # see the docs: a head the user does not use, or a loop's last pass
+                if discarded in ("library", "last-pass", "differentiated"):
+                    continue  # see the docs: a head the user does not use, a loop's last pass,
+                    # a bias that only derivatives of the output read
                 yield self._finding(a, cls, init, steps, opt, pids, cause, discarded=bool(discarded))
 
     def _finding(self, a, cls, init, steps, opt, pids, cause, discarded=False):
@@ -345,6 +349,8 @@ def _discarded(a, cause, pids, trained) -> str | None:
         return None
     if not _trains_beside(a, pids, trained):
         return None
+    if _differentiated_away(a, pids, trained):
+        return "differentiated"
     if _last_pass_of_a_stack(a, pids, trained):
         # the earlier blocks run the same code and their same parameters train: a .detach()
         # near the call (EGNN's radial.sqrt().detach() beside its coordinate MLP) cuts nothing
@@ -358,6 +364,22 @@ def _discarded(a, cause, pids, trained) -> str | None:
 
 
 _INDEX = re.compile(r"\.(\d+)\.")
+
+
+def _differentiated_away(a, pids, trained) -> bool:
+    """Are the idle parameters all biases of layers whose weights train, in a run whose loss
+    is made of derivatives taken with ``torch.autograd.grad(..., create_graph=True)``? A
+    Hamiltonian net's energy or a PINN's solution enters the loss only through its derivatives
+    with respect to the inputs, which drop the last layer's constant offset: that bias gets no
+    gradient by construction, and nothing is wired wrong."""
+    if not any(e.get("create_graph") for e in a.of_kind("functional_grad")):
+        return False
+    trained_names = {(a.param_name(p) or "").split(" ")[0] for p in trained}
+    for pid in pids:
+        name = (a.param_name(pid) or "").split(" ")[0]
+        if not name.endswith("bias") or name[:-4] + "weight" not in trained_names:
+            return False
+    return bool(pids)
 
 
 def _last_pass_of_a_stack(a, pids, trained) -> bool:
