@@ -95,5 +95,6 @@ class LossTermCancels(Rule):
                     f"`{text}` adds `{term}` and subtracts it again: the two cancel, so the sum "
                     f"does not depend on `{term}` at all and passes it no gradient",
                     Location(path, line), evidence={"term": term},
-                    fix=f"one of the two `{term}` was meant to be something else (in a Gaussian "
-                        f"KL: `1 + logvar - mu ** 2 - logvar.exp()`)")
+                    fix=f"one of the two `{term}` was meant to be something else"
+                        + (f" (in a Gaussian KL: `1 + {term} - mu ** 2 - {term}.exp()`)"
+                           if "var" in term.lower() else ""))
