@@ -2414,10 +2414,11 @@ def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
 
 def batch_reduction(*, summed: str, averaged: str, batch: int, averaged_rows: int,
                     summed_name: str | None, averaged_name: str | None,
-                    broadcast: bool = False) -> Made:
+                    broadcast: bool = False, times_reciprocal: bool = False) -> Made:
     return "batch_reduction", {"summed": summed, "averaged": averaged, "batch": batch,
                                "averaged_rows": averaged_rows, "summed_name": summed_name,
-                               "averaged_name": averaged_name, "broadcast": broadcast}
+                               "averaged_name": averaged_name, "broadcast": broadcast,
+                               "times_reciprocal": times_reciprocal}
 
 
 def sample_range(*, critic: str, generator: str, activation: str, low: float, high: float | None,

@@ -214,3 +214,42 @@ def test_full_sums_lists_sums_over_every_axis():
         with open(path, "w") as fh:
             fh.write(text)
         assert [line for line, _ in full_sums(path)] == [4, 5]
+
+
+def test_a_product_by_exactly_one_over_n_is_noted_and_a_weight_is_not():
+    h = _activations()  # N = 8
+    pair = mixed_terms((F.mse_loss(h, torch.zeros_like(h)) + 6.0 * ((1.0 / 8) * h.pow(2).sum())).grad_fn)
+    assert pair is not None and pair[0].times_reciprocal  # TRADES' `(1.0 / batch_size) * kl_sum`
+    pair = mixed_terms((F.mse_loss(h, torch.zeros_like(h)) + 0.1 * h.pow(2).sum()).grad_fn)
+    assert pair is not None and not pair[0].times_reciprocal
+
+
+def _rule_findings(statement: str, times_reciprocal: bool):
+    """The rule's findings for one batch_reduction event whose summed term is assigned by
+    ``statement`` in a script of its own."""
+    import tempfile
+    from pathlib import Path
+
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules.loss_terms_mixed_reduction import LossTermsMixedReduction
+    from graddoctor.trace import Event, Location, Trace
+
+    script = textwrap.dedent(f"""\
+        for step in range(3):
+            {statement}
+            loss = natural + kl
+            loss.backward()
+        """)
+    path = Path(tempfile.mkdtemp()) / "train.py"
+    path.write_text(script)
+    event = Event(seq=1, kind="batch_reduction", loc=Location(str(path), 4), data={
+        "summed": "KlDiv(reduction=sum)", "averaged": "mean", "batch": 8, "averaged_rows": 8,
+        "summed_name": "kl", "averaged_name": "natural", "broadcast": False,
+        "times_reciprocal": times_reciprocal})
+    return list(LossTermsMixedReduction().check(Analysis(Trace(events=[event]))))
+
+
+def test_a_reciprocal_written_in_the_statement_is_a_mean_only_with_the_event_saying_so():
+    assert _rule_findings("kl = (1.0 / batch_size) * kl_sum", True) == []
+    assert len(_rule_findings("kl = (1.0 / batch_size) * kl_sum", False)) == 1
+    assert len(_rule_findings("kl = 0.125 * kl_sum", True)) == 1  # a weight that is 1 / 8

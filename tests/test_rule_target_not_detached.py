@@ -415,3 +415,47 @@ def test_a_residual_of_the_models_derivatives_is_not_but_its_output_against_itse
         xt = torch.rand(6, 2)
         run("mse_loss", m(xt), 0.9 * m(xt + 1))
     assert [made[0] for made in _judge(net, bootstrapped)] == ["target_grad"]
+
+
+def _judge_backward(model, losses):
+    """As ``_judge``, the loss calls made through the watcher's wrapper of each loss and the
+    backward given the loss that ``losses`` returns (None: a backward without a graph)."""
+    rec = _Rec(list(model.parameters()))
+    watcher = TargetGradWatcher(rec)
+    wrapped = {name: watcher._wrap(getattr(F, name), name) for name in ("kl_div", "cross_entropy")}
+    loss = losses(model, wrapped)
+    watcher.describe_loss(loss)
+    return rec.events
+
+
+def test_a_target_also_fitted_to_labels_is_not_recorded_and_one_that_is_not_is():
+    def trades(m, f):  # the clean prediction: the KL's target and the cross-entropy's input
+        x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+        natural = f["cross_entropy"](m(x), y)
+        robust = f["kl_div"](F.log_softmax(m(x + 0.1), 1), F.softmax(m(x), 1), reduction="sum")
+        return natural + robust
+
+    def unlabeled(m, f):  # the labels are of another batch: nothing anchors the weak view
+        x, y, u = torch.randn(6, 4), torch.randint(0, 3, (6,)), torch.randn(6, 4)
+        natural = f["cross_entropy"](m(x), y)
+        robust = f["kl_div"](F.log_softmax(m(u + 0.1), 1), F.softmax(m(u), 1), reduction="sum")
+        return natural + robust
+
+    assert _judge_backward(_net(), trades) == []
+    assert [made[0] for made in _judge_backward(_net(), unlabeled)] == ["target_grad"]
+
+
+def test_a_loss_the_backward_does_not_reach_is_not_recorded():
+    def attack_then_train(m, f):
+        x = torch.randn(6, 4)
+        x_adv = (x + 0.1).requires_grad_()
+        attack = f["kl_div"](F.log_softmax(m(x_adv), 1), F.softmax(m(x), 1), reduction="sum")
+        torch.autograd.grad(attack, [x_adv])  # differentiated with respect to the input only
+        return m(x).pow(2).mean()
+
+    def train(m, f):
+        x = torch.randn(6, 4)
+        return f["kl_div"](F.log_softmax(m(x + 0.1), 1), F.softmax(m(x), 1), reduction="sum")
+
+    assert _judge_backward(_net(), attack_then_train) == []
+    assert [made[0] for made in _judge_backward(_net(), train)] == ["target_grad"]

@@ -19,7 +19,9 @@ followed up the chain through the views that keep or merge it (``(B, T, V) -> (B
 (``.sum() / x.size(0)``, ``.sum() / x.numel()``, ``reduction="batchmean"``) or weights that
 add up to 1 multiply it (a weighted mean) or a count of the order of N divides it (above N/4:
 the rows kept by cross_entropy's label smoothing with ignore_index, the tokens of a transformers
-accumulation window), *summed* when a sum reduces it and nothing divides it by as much. A product by a constant is a weight (``beta * kl``), never a divisor; a quotient by a count
+accumulation window), *summed* when a sum reduces it and nothing divides it by as much. A product by a constant is a weight (``beta * kl``), never a divisor (one that is exactly 1/N is noted
+``times_reciprocal``: TRADES' ``(1.0 / batch_size) * kl_sum``, which the rule tells from a weight by the
+script's text); a quotient by a count
 the script computed (``/ mask.sum()``) ends the walk: that term is not judged. A mean over an
 (N, N) matrix (a kernel's pairs) is not taken for a mean over samples. Below a mean over the
 batch, the walk goes on through the per-sample value's additions (``_broadcast_sums``): a scalar
@@ -111,12 +113,13 @@ class Term:
     a sum broadcast into every sample's value before a mean (``log_det + s.sum()``), the mean's
     term; None for a term of the top itself."""
 
-    __slots__ = ("top", "path", "reduction", "value", "n", "how", "divisor", "inside")
+    __slots__ = ("top", "path", "reduction", "value", "n", "how", "divisor", "inside", "factors")
 
-    def __init__(self, top, path, reduction, value, n, how, divisor, inside=None):
+    def __init__(self, top, path, reduction, value, n, how, divisor, inside=None, factors=()):
         self.top, self.path, self.reduction = top, path, reduction
         self.value, self.n, self.how, self.divisor = value, n, how, divisor
         self.inside = inside
+        self.factors = factors  # the constants the term is multiplied by (weights, as a rule)
 
     @property
     def averaged(self) -> bool:
@@ -128,6 +131,13 @@ class Term:
         # numbers); a small constant (`kl.sum() / 2`, a temperature) leaves a sum
         d = self.divisor
         return d >= 4 and d > self.n / 4
+
+    @property
+    def times_reciprocal(self) -> bool:
+        """Multiplied by a constant that is exactly 1 / N: a weight (``0.125 * h.abs().sum()``
+        at N = 8) or a mean written as a product (TRADES' ``(1.0 / batch_size) * kl_sum``),
+        which only the script's text tells apart."""
+        return self.n >= 2 and any(abs(f / self.divisor * self.n - 1) < 1e-6 for f in self.factors)
 
 
 def _loss_reduction(node) -> str | None:
@@ -247,13 +257,18 @@ def _divides_by(name: str, value: float) -> float:
     return abs(value) if name.startswith("Div") else 1.0
 
 
+def _times(name: str, value: float) -> tuple:
+    """The constant a product multiplies the term by (none for a quotient)."""
+    return () if name.startswith("Div") else (abs(value),)
+
+
 def _top_terms(root, limit: int = _NODES) -> list[Term]:
     """The batch-reduced scalar terms of the loss's additive top (see the module's docs)."""
     terms: list[Term] = []
-    stack = [(root, 1.0, ())]
+    stack = [(root, 1.0, (), ())]
     seen = 0
     while stack and seen < limit:
-        node, divisor, path = stack.pop()
+        node, divisor, factors, path = stack.pop()
         seen += 1
         name = type(node).__name__
         children = _children(node)
@@ -261,16 +276,16 @@ def _top_terms(root, limit: int = _NODES) -> list[Term]:
         found = _batch_reduction(node)
         if found is not None:
             value, how, n = found
-            term = Term(node, path, node, value, n, how, divisor)
+            term = Term(node, path, node, value, n, how, divisor, factors=factors)
             terms.append(term)
             if how == "mean":
                 terms.extend(_broadcast_sums(term))
             continue
         if name in ("AddBackward0", "SubBackward0"):
             # a sum of terms divided as a whole (`(a.sum() + b.sum()) / n`): each term is
-            stack.extend((child, divisor, path) for _, child, _ in children)
+            stack.extend((child, divisor, factors, path) for _, child, _ in children)
         elif name in ("AddBackward1", "SubBackward1", "RsubBackward1", "NegBackward0") or name in _VIEWS:
-            stack.extend((child, divisor, path) for _, child, _ in children)
+            stack.extend((child, divisor, factors, path) for _, child, _ in children)
         elif name in ("MulBackward0", "DivBackward0"):
             if len(children) != 1:
                 continue  # a product of two computed values: not a constant weight
@@ -280,12 +295,13 @@ def _top_terms(root, limit: int = _NODES) -> list[Term]:
             value = _constant(node, "_saved_other" if index == 0 else "_saved_self")
             if not value:
                 continue
-            stack.append((child, divisor * _divides_by(name, value), path))
+            stack.append((child, divisor * _divides_by(name, value), factors + _times(name, value), path))
         elif name in ("MulBackward1", "DivBackward1"):
             value = _constant(node, "_saved_other")
             if not value:
                 continue
-            stack.extend((child, divisor * _divides_by(name, value), path) for _, child, _ in children)
+            stack.extend((child, divisor * _divides_by(name, value), factors + _times(name, value), path)
+                         for _, child, _ in children)
     return terms
 
 
@@ -474,7 +490,7 @@ class BatchReductionWatcher(LossGraphReader):
         self.rec.emit_aside(ev.batch_reduction(
             summed=_describe(summed), averaged=_describe(averaged), batch=summed.n,
             averaged_rows=averaged.n, summed_name=name, averaged_name=other,
-            broadcast=summed.inside is not None), loc)
+            broadcast=summed.inside is not None, times_reciprocal=summed.times_reciprocal), loc)
 
 
 def _describe(term: Term) -> str:

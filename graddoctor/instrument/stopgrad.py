@@ -66,7 +66,16 @@ a pair seen both ways round in one loss); a built-in loss's own pieces (``kl_div
 finds the line that computes it.
 
 Candidates are held until the next backward (``describe_loss``), which decides the
-symmetric pairs and emits the rest with their call line.
+symmetric pairs and emits the rest with their call line, less two kinds:
+
+* a loss that backward does not reach (its input's branch is not in the backpropagated graph):
+  one differentiated only with respect to its inputs by ``torch.autograd.grad`` (an attack's
+  KL, TRADES' and PGD's inner loop), or never backpropagated;
+* a target *anchored* by data: its branch is also the input of a loss against data (labels, a
+  regression target) in the same backward, the same value or the same values computed by a
+  second forward of the same inputs (TRADES' ``kl(log_softmax(f(x_adv)), softmax(f(x)))``
+  beside ``cross_entropy(f(x), y)``). Both of its terms train that prediction on purpose, and
+  the labels keep it from chasing the other side.
 """
 
 from __future__ import annotations
@@ -77,7 +86,7 @@ import torch.nn.functional as F
 from .. import events as ev
 from .graphpaths import reached
 from .inlinable import watched
-from .lossterms import PerLine, loss_root
+from .lossterms import PerLine, loss_root, loss_roots
 from .recorder import Recorder
 from .samevalue import LazySaved, verify_twins
 
@@ -375,6 +384,37 @@ def _holds_derivative(nodes) -> bool:
                for node in nodes)
 
 
+def _below(tensors) -> set | None:
+    """The nodes of the graph a backward runs through, or None when it is too large to walk
+    (then every candidate counts as reached), or without a graph given."""
+    roots = loss_roots(tensors)
+    if not roots:
+        return None
+    nodes: set = set()
+    for root in roots:
+        walked = reached(root, 4 * _NODES)
+        if walked is None:
+            return None
+        nodes |= walked[0]
+    return nodes
+
+
+def _anchored(target_branch, supervised: list) -> bool:
+    """Whether the target's branch is also compared with data (labels, a regression target)
+    in the same loss: the same value, or the same values computed again by a second forward of
+    the same inputs (TRADES' ``softmax(model(x_natural))`` beside ``cross_entropy(model(
+    x_natural), y)``). Such a target is pulled towards the labels by its own term: both sides
+    train on purpose, and it cannot chase the prediction away from the data."""
+    for anchor in supervised:
+        if anchor == target_branch:
+            return True
+        if (anchor[1] == target_branch[1] and type(anchor[0]) is type(target_branch[0])
+                and anchor[0] is not None
+                and verify_twins(anchor[0], target_branch[0], LazySaved()) is not None):
+            return True
+    return False
+
+
 class TargetGradWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -384,6 +424,7 @@ class TargetGradWatcher:
         self._pending: list = []  # (loc, input branch, target branch, event) until the next backward
         self._lines = PerLine(_WINDOWS, _LINES)  # backwards whose hand-written losses are read
         self._called: set = set()  # nodes of the built-in losses' arguments since the last backward
+        self._supervised: list = []  # branches compared with data since the last backward
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
@@ -394,6 +435,8 @@ class TargetGradWatcher:
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if not (isinstance(target, torch.Tensor) and target.requires_grad
                     and target.grad_fn is not None and torch.is_grad_enabled()):
+                if watcher._windows < _WINDOWS and isinstance(target, torch.Tensor):
+                    watcher._note_supervised(args[0] if args else kwargs.get("input"))
                 return  # data, a detached target, or no gradient at all: the usual call
             input = args[0] if args else kwargs.get("input")
             if not (isinstance(input, torch.Tensor) and input.grad_fn is not None):
@@ -412,6 +455,14 @@ class TargetGradWatcher:
         loss = watched(original, before)  # torch.compile inlines it (inlinable.py)
         loss.__prepare_scriptable__ = lambda: original  # torch.jit.script compiles torch's own
         return loss
+
+    def _note_supervised(self, input) -> None:
+        """A loss against data (labels, a regression target): its input's branch is anchored
+        by the data, so a distribution of the same branch used as another loss's target also
+        trains towards the labels (TRADES' clean prediction)."""
+        if (isinstance(input, torch.Tensor) and input.grad_fn is not None
+                and len(self._supervised) < _CALLS):
+            self._supervised.append(branch((input.grad_fn, input.output_nr)))
 
     def _check(self, fn: str, input, target) -> None:
         if fn == "cross_entropy" and not target.is_floating_point():
@@ -504,14 +555,21 @@ class TargetGradWatcher:
             self.rec.internal_error("target_grad", exc)
         called, self._called = self._called, set()
         del called
+        supervised, self._supervised = self._supervised, []
         pending, self._pending = self._pending, []
         if not pending or calls > _CALLS:
             return {}
         try:
             pairs = {(a, b) for _loc, a, b, _made in pending}
+            backpropagated = _below(tensors)
             for loc, a, b, made in pending:
                 if (b, a) in pairs or loc in self._done:
                     continue  # R-Drop's kl(p1 || p2) + kl(p2 || p1): symmetric on purpose
+                if backpropagated is not None and a[0] not in backpropagated:
+                    continue  # a loss this backward does not reach: one only differentiated
+                    # with respect to its inputs (an attack's autograd.grad), or not at all
+                if _anchored(b, supervised):
+                    continue  # the target is also fitted to data in this loss (TRADES)
                 self._done.add(loc)
                 self.rec.emit_aside(made, loc)
         except Exception as exc:

@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+import re
+
 from ..findings import Related, Severity
 from ..trace import Location
 from .base import Rule
+
+
+# a reciprocal written out in the statement: `1.0 / batch_size`, `1 / len(x)`, `1. / x.size(0)`
+_RECIPROCAL = re.compile(r"(?<![\w.])1(?:\.0*)?\s*/\s*[A-Za-z_(]")
 
 
 class LossTermsMixedReduction(Rule):
@@ -54,8 +60,10 @@ class LossTermsMixedReduction(Rule):
     (real and fake batches of a discriminator, each averaged); a sum divided by a count the
     script computed (`/ mask.sum()`, `/ num_items_in_batch`); a sum of values times weights
     that add up to 1 (a weighted mean); a mean over an (N, N) matrix of pairs (an MMD kernel).
-    A product by a constant is read as a weight, never as a division by the batch size:
-    `kl.sum() * (1 / batch_size)` is taken for a sum. Inside a mean: a per-sample log-det
+    A product by a constant that is exactly 1 / N where the statement writes it as a
+    reciprocal (`1.0 / batch_size`, `1 / len(x)`) is a mean over the batch (TRADES'
+    `(1.0 / batch_size) * kl_sum`); any other constant factor is read as a weight (`5e-3 *
+    off_diagonal`, `0.125 * h.abs().sum()` at batch 8), whatever its reciprocal. Inside a mean: a per-sample log-det
     (`s.sum(dim=1)`), an ActNorm's log-det summed over its own parameter (one value for every
     sample), a value centred by the batch's mean (`r - r.mean()`), a weight penalty added to
     every row; a coupling layer's 0/1 feature mask that adds up to 1 is no weighted mean.
@@ -82,6 +90,8 @@ class LossTermsMixedReduction(Rule):
                 if found is not None:
                     loc, text = Location(loc.path, found[0]), found[1]
             n, rows = e.get("batch"), e.get("averaged_rows")
+            if e.get("times_reciprocal") and text and _RECIPROCAL.search(text):
+                continue  # `(1.0 / batch_size) * kl_sum`: a mean written as a product
             summed = f"`{name}`" if name else "one term"
             averaged = f"`{other}`" if other else "another"
             per = "its samples" if rows == n else "its tokens"

@@ -98,7 +98,10 @@ class TargetNotDetached(Rule):
     between a posterior and a prior sharing a trunk); a physics-informed residual whose sides
     are derivatives of the model taken with `torch.autograd.grad(..., create_graph=True)`
     (`u_t - k * u_xx`, `du - r * u * (1 - u)`: the terms of one equation); contrastive losses (InfoNCE, CLIP: the logits are a product of
-    both views, the targets are data).
+    both views, the targets are data); a target that the same loss also fits to labels (TRADES'
+    `kl(log_softmax(model(x_adv)), softmax(model(x)))` beside `cross_entropy(model(x), y)`);
+    a loss differentiated only with respect to its inputs (an attack's
+    `torch.autograd.grad(loss_kl, [x_adv])`).
     """
 
     code = "GD245"
