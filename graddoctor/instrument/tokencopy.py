@@ -184,6 +184,7 @@ class TokenCopyWatcher:
             ignore = saved(node, "_saved_ignore_index", -100)
             if target is None or target.numel() < _MIN_POSITIONS or not isinstance(ignore, int):
                 continue
+            ignore = signed(ignore)  # read back unsigned: -100 as 2 ** 64 - 100
             lookups, rows, recurrent = self._below(node)
             if recurrent and lookups and copies_input(lookups, target, ignore):
                 self._told.add(loc)

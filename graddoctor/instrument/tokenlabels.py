@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
-from .graphpaths import saved
+from .graphpaths import saved, signed
 from .lossterms import PerLine
 from .recorder import Recorder
 from .tokencopy import nll_nodes, shifted_by_one, token_ids
@@ -112,6 +112,7 @@ class TokenLabelsWatcher:
             if target is None or not isinstance(scores, torch.Tensor) or scores.dim() != 2 \
                     or not isinstance(ignore, int):
                 continue
+            ignore = signed(ignore)  # read back unsigned: -100 as 2 ** 64 - 100
             classes = int(scores.shape[1])
             lookups = self._below(node)
             if any(shifted_by_one(ids, target, ignore) for ids, _, _ in lookups):
