@@ -1114,6 +1114,14 @@ noise_redrawn      fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss), params
                    the model's forward ended — a fresh noise the model never saw (a diffusion
                    loss's noise drawn again) — at one of the first 3 backwards' losses, once per
                    call line (loc: the loss call; an aside; instrument/redrawn.py)
+constant_term      name (the backward frame's variable bound to the term), value (its last
+                   value), loss_low, loss_high (the loss's values at the same backwards), params
+                   [pid] (tracked tensors the term reaches), origin (the frame's variable, computed
+                   only for the term, farthest below it whose values stayed the same too, or
+                   None): a named term of the loss's linear top
+                   whose value stayed the same at the first 4 backwards of a line while the loss
+                   moved, sharing an activation with the rest of the loss, no saturating op or
+                   zero factor of its own (loc: the backward; an aside; instrument/constantterm.py)
 batch_reduction    summed, averaged (how each term reduces its batch axis: "sum", "mean",
                    "MseLoss(reduction=sum)"), batch (N: the summed term's rows), averaged_rows
                    (the averaged term's rows: N, or N times the tokens of each sample),
@@ -1384,7 +1392,7 @@ run_end            status, steps
 ``train``/``eval``, ``mode_forward``, ``freeze`` and ``bn_reset`` are aggregates: the mode watcher
 keeps them open while no other event happens and emits them finished (instrument/modes.py).
 ``dropout_default``, ``loss_broadcast``, ``factor_broadcast``, ``loss_input``, ``target_domain``, ``idle_forward``, ``idle_loss``, ``functional_grad``,
-``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
+``grad_stops`` and ``optimizer_attr``, ``module_attr``, ``param_attr``, ``param_replaced``, ``module_repeated``, ``state_self_load``, ``diverging``, ``norm_arguments``, ``output_range``, ``grid_scale``, ``bag_offsets``, ``channel_pool``, ``easy_weighted``, ``ignored_mask``, ``padding_kept``, ``cells_transposed``, ``placeholder_targets``, ``advantage_grad``, ``policy_sign``, ``degree_scaled``, ``self_scatter``, ``softmax_over_edges``, ``edges_across_graphs``, ``token_copy``, ``token_labels_shifted``, ``cumulative_order``, ``returns_order``, ``draw_twin``, ``self_match``, ``pair_labels``, ``pair_pull``, ``ratio_fault``, ``reparam_cut``, ``fresh_sample_scored``, ``batch_reduced_target``, ``loss_no_graph``, ``constant_term``, ``pixels_unscaled``, ``dropout_on_output``, ``output_discarded``, ``bn_batch``, ``eps_share``, ``activation_saturated`` are *aside* kinds (``ASIDE_KINDS``): observations made in the middle of a
 forward (or, for an attribute set on an optimizer, between any two calls), emitted with
 ``Recorder.emit_aside`` so that they close none of the mode watcher's open aggregates (the
 analysis' mode timeline passes over them too).
@@ -2412,6 +2420,12 @@ def noise_redrawn(*, fn: str, params: list[int], numel: int) -> Made:
     return "noise_redrawn", {"fn": fn, "params": params, "numel": numel}
 
 
+def constant_term(*, name: str, value: float, loss_low: float, loss_high: float,
+                  params: list[int], origin: str | None = None) -> Made:
+    return "constant_term", {"name": name, "value": value, "loss_low": loss_low,
+                             "loss_high": loss_high, "params": params, "origin": origin}
+
+
 def batch_reduction(*, summed: str, averaged: str, batch: int, averaged_rows: int,
                     summed_name: str | None, averaged_name: str | None,
                     broadcast: bool = False, times_reciprocal: bool = False) -> Made:
@@ -2524,7 +2538,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "reseed": reseed, "hook_stacked": hook_stacked, "param_reset": param_reset, "loader_sampler": loader_sampler, "custom_backward": custom_backward,
     "loss_padding": loss_padding, "prompt_trained": prompt_trained, "masked_visible": masked_visible, "real_index": real_index, "low_precision": low_precision, "graph_kept": graph_kept,
     "grad_stops": grad_stops, "target_grad": target_grad, "noise_redrawn": noise_redrawn, "anchor_alias": anchor_alias, "constraint_broken": constraint_broken, "grad_graph_unused": grad_graph_unused, "weights_edited": weights_edited, "self_copy": self_copy,
-    "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction,
+    "loss_unbounded": loss_unbounded, "loss_term_params": loss_term_params, "sampled_scores": sampled_scores, "log_scale_reversed": log_scale_reversed, "concave_term": concave_term, "loss_weight_learned": loss_weight_learned, "loss_derived_weight": loss_derived_weight, "batch_reduction": batch_reduction, "constant_term": constant_term,
     "sample_range": sample_range, "softmax_axis": softmax_axis, "view_axes": view_axes, "rows_misaligned": rows_misaligned, "shuffled_apart": shuffled_apart, "input_written": input_written, "loss_repeated": loss_repeated,
     "term_repeated": term_repeated,
     "softmax_batch": softmax_batch,
@@ -2591,7 +2605,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs",
                          "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
-                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
+                         "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",
                          "same_compared", "aggregate_sum",
                          "gan_same_target", "entropy_sign", "policy_sign", "degree_scaled", "self_scatter", "softmax_over_edges", "edges_across_graphs", "token_copy", "token_labels_shifted", "step_edit", "decay_share", "eps_share",
                          "activation_saturated", "ratio_fault", "reparam_cut",

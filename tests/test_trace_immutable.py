@@ -145,6 +145,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_sampled_negatives_pushed_up_bpr.py",  # sampled_scores
             "losses/bad_loss_weight_kendall_unregularised.py",  # loss_weight_learned
             "losses/bad_mixed_reduction_betavae.py",  # batch_reduction
+            "losses/bad_loss_term_constant_normalized_norm.py",  # constant_term
             "data/bad_gan_range_unit_data_tanh.py",  # sample_range
             "losses/bad_kl_weight_integer_division.py",  # zero_weight
             "losses/bad_label_smoothing_confidence.py",  # smoothing_high

@@ -48,6 +48,7 @@ from .lossterms import LogScaleWatcher, LossTermWatcher, ZeroWeightWatcher
 from .lossderived import LossDerivedWeightWatcher
 from .lossweight import LearnedWeightWatcher
 from .batchreduce import BatchReductionWatcher
+from .constantterm import ConstantTermWatcher
 from .modes import ModeWatcher
 from .lategrads import LateGradWatcher
 from .naming import ParamNamer
@@ -439,6 +440,9 @@ class Instrumentation:
         batch_reduction = BatchReductionWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, batch_reduction.describe_loss)
         self.watchers.append(batch_reduction)
+        constant_terms = ConstantTermWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, constant_terms.describe_loss)
+        self.watchers.append(constant_terms)
         # terms of the loss multiplied by 0 at every backward (loss-weight-rounds-to-zero)
         rec.subscribe(DESCRIBE_LOSS, ZeroWeightWatcher(rec).describe_loss)
         # a hand-written squared or absolute error whose target broadcast it to every pair
