@@ -399,6 +399,27 @@ def _below(tensors) -> set | None:
     return nodes
 
 
+# built-in losses' nodes: their first input is the prediction, their target data when it is
+# their only computed input
+_DATA_LOSSES = ("NllLossBackward", "NllLoss2DBackward", "MseLossBackward", "L1LossBackward",
+                "SmoothL1LossBackward", "HuberLossBackward", "BinaryCrossEntropyBackward",
+                "BinaryCrossEntropyWithLogitsBackward")
+
+
+def _fitted_to_data(nodes) -> list:
+    """The branches (see ``branch``) that a built-in loss in ``nodes`` compares with data:
+    ``cross_entropy(logits, y)``'s logits."""
+    found = []
+    for node in nodes:
+        if type(node).__name__.startswith(_DATA_LOSSES):
+            inputs = _computed(node)
+            if len(inputs) == 1 and node.next_functions[0][0] is not None:
+                found.append(branch(node.next_functions[0]))
+                if len(found) >= _CALLS:
+                    break
+    return found
+
+
 def _anchored(target_branch, supervised: list) -> bool:
     """Whether the target's branch is also compared with data (labels, a regression target)
     in the same loss: the same value, or the same values computed again by a second forward of
@@ -424,7 +445,6 @@ class TargetGradWatcher:
         self._pending: list = []  # (loc, input branch, target branch, event) until the next backward
         self._lines = PerLine(_WINDOWS, _LINES)  # backwards whose hand-written losses are read
         self._called: set = set()  # nodes of the built-in losses' arguments since the last backward
-        self._supervised: list = []  # branches compared with data since the last backward
 
     def _wrap(self, original, fn: str):
         watcher, rec = self, self.rec
@@ -435,8 +455,6 @@ class TargetGradWatcher:
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if not (isinstance(target, torch.Tensor) and target.requires_grad
                     and target.grad_fn is not None and torch.is_grad_enabled()):
-                if watcher._windows < _WINDOWS and isinstance(target, torch.Tensor):
-                    watcher._note_supervised(args[0] if args else kwargs.get("input"))
                 return  # data, a detached target, or no gradient at all: the usual call
             input = args[0] if args else kwargs.get("input")
             if not (isinstance(input, torch.Tensor) and input.grad_fn is not None):
@@ -455,14 +473,6 @@ class TargetGradWatcher:
         loss = watched(original, before)  # torch.compile inlines it (inlinable.py)
         loss.__prepare_scriptable__ = lambda: original  # torch.jit.script compiles torch's own
         return loss
-
-    def _note_supervised(self, input) -> None:
-        """A loss against data (labels, a regression target): its input's branch is anchored
-        by the data, so a distribution of the same branch used as another loss's target also
-        trains towards the labels (TRADES' clean prediction)."""
-        if (isinstance(input, torch.Tensor) and input.grad_fn is not None
-                and len(self._supervised) < _CALLS):
-            self._supervised.append(branch((input.grad_fn, input.output_nr)))
 
     def _check(self, fn: str, input, target) -> None:
         if fn == "cross_entropy" and not target.is_floating_point():
@@ -555,13 +565,13 @@ class TargetGradWatcher:
             self.rec.internal_error("target_grad", exc)
         called, self._called = self._called, set()
         del called
-        supervised, self._supervised = self._supervised, []
         pending, self._pending = self._pending, []
         if not pending or calls > _CALLS:
             return {}
         try:
             pairs = {(a, b) for _loc, a, b, _made in pending}
             backpropagated = _below(tensors)
+            supervised = _fitted_to_data(backpropagated or ())
             for loc, a, b, made in pending:
                 if (b, a) in pairs or loc in self._done:
                     continue  # R-Drop's kl(p1 || p2) + kl(p2 || p1): symmetric on purpose
