@@ -58,41 +58,92 @@ def _terms(node: ast.AST) -> list[ast.AST]:
     return [node]
 
 
+def _statements(body: list) -> list[ast.stmt]:
+    """A scope's statements in source order, the bodies of its loops, branches and ``with``
+    blocks included (not those of nested functions or classes: scopes of their own)."""
+    out = []
+    for stmt in body:
+        out.append(stmt)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            out.extend(_statements(getattr(stmt, field, None) or []))
+        for handler in getattr(stmt, "handlers", None) or []:
+            out.extend(_statements(handler.body))
+    return out
+
+
+def _scopes(tree: ast.AST) -> list[list]:
+    """The module's body and each function's, as lists of statements."""
+    scopes = [tree.body] if isinstance(tree, ast.Module) else []
+    scopes.extend(node.body for node in ast.walk(tree)
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return scopes
+
+
+def _reversed_sum(node: ast.BinOp, bound: dict) -> tuple[int, str, str] | None:
+    """``(line, the hinged term, the distance)`` when the sum ``node`` is a contrastive loss
+    with its dissimilar pairs hinged on ``d - margin`` (see ``reversed_margins``); a term that is
+    a name bound in the scope (``pos + neg``) is read as the value bound to it, its line the
+    binding's."""
+    parts = []
+    for term in _terms(node):
+        line = node.lineno
+        if isinstance(term, ast.Name) and term.id in bound:
+            line, term = bound[term.id]
+        factors = _factors(term)
+        hinge = next((h for f in factors if (h := _hinge(f)) is not None), None)
+        rest = [f for f in factors if _hinge(f) is None]
+        parts.append((term, hinge, rest, line))
+    if len(parts) != 2:
+        return None
+    plain = [p for p in parts if p[1] is None]
+    hinged = [p for p in parts if p[1] is not None]
+    if len(plain) != 1 or len(hinged) != 1:
+        return None
+    (_, _, plain_rest, _), (term, hinge, hinged_rest, line) = plain[0], hinged[0]
+    texts = {ast.unparse(f) for f in plain_rest}
+    complementary = any(
+        (c := _complement(f)) is not None and ast.unparse(c) in texts for f in hinged_rest) or any(
+        (c := _complement(f)) is not None and ast.unparse(c) in {ast.unparse(g) for g in hinged_rest}
+        for f in plain_rest)
+    if not complementary:
+        return None
+    distance = ast.unparse(hinge.left)
+    # the plain term pulls the same distance (d, d ** 2, d.pow(2)): the similar pairs
+    if not any(ast.unparse(n) == distance for f in plain_rest for n in ast.walk(f)):
+        return None
+    return line, ast.unparse(term), distance
+
+
 def reversed_margins(tree: ast.AST) -> list[tuple[int, str, str]]:
     """``(line, the hinged term, the distance)`` of each contrastive sum ``X * d ** 2 + (1 - X)
-    * relu(d - margin) ** 2`` (either indicator first): the pairs whose distance is pulled
-    without a margin are the similar ones, so the other pairs, the dissimilar ones, are the
-    ones hinged, and a hinge on ``d - margin`` pulls them together once they are farther apart
-    than the margin."""
-    found = []
-    for node in ast.walk(tree):
-        terms = _terms(node) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) else []
-        if len(terms) != 2:
-            continue
-        parts = []
-        for term in terms:
-            factors = _factors(term)
-            hinge = next((h for f in factors if (h := _hinge(f)) is not None), None)
-            rest = [f for f in factors if _hinge(f) is None]
-            parts.append((term, hinge, rest))
-        plain = [p for p in parts if p[1] is None]
-        hinged = [p for p in parts if p[1] is not None]
-        if len(plain) != 1 or len(hinged) != 1:
-            continue
-        (_, _, plain_rest), (term, hinge, hinged_rest) = plain[0], hinged[0]
-        texts = {ast.unparse(f) for f in plain_rest}
-        complementary = any(
-            (c := _complement(f)) is not None and ast.unparse(c) in texts for f in hinged_rest) or any(
-            (c := _complement(f)) is not None and ast.unparse(c) in {ast.unparse(g) for g in hinged_rest}
-            for f in plain_rest)
-        if not complementary:
-            continue
-        distance = ast.unparse(hinge.left)
-        # the plain term pulls the same distance (d, d ** 2, d.pow(2)): the similar pairs
-        if not any(ast.unparse(n) == distance for f in plain_rest for n in ast.walk(f)):
-            continue
-        found.append((node.lineno, ast.unparse(term), distance))
-    return found
+    * relu(d - margin) ** 2`` (either indicator first), written in one expression or as two
+    names bound before the sum in its scope (``pos = ...; neg = ...; (pos + neg).mean()``): the
+    pairs whose distance is pulled without a margin are the similar ones, so the other pairs,
+    the dissimilar ones, are the ones hinged, and a hinge on ``d - margin`` pulls them together
+    once they are farther apart than the margin."""
+    found: dict = {}
+    for body in _scopes(tree):
+        bound: dict = {}  # name -> (line, value) of its last binding so far
+        for stmt in _statements(body):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            for field in ("value", "test", "iter"):
+                expr = getattr(stmt, field, None)
+                if not isinstance(expr, ast.AST):
+                    continue
+                for node in ast.walk(expr):
+                    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+                        hit = _reversed_sum(node, bound)
+                        if hit is not None:
+                            found.setdefault(hit[0], hit)
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                    and isinstance(stmt.targets[0], ast.Name):
+                bound[stmt.targets[0].id] = (stmt.lineno, stmt.value)
+            elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) and isinstance(stmt.target, ast.Name):
+                bound.pop(stmt.target.id, None)
+    return [found[line] for line in sorted(found)]
 
 
 class ContrastiveMarginReversed(Rule):
@@ -121,6 +172,9 @@ class ContrastiveMarginReversed(Rule):
     ```python
     loss = (same * d.pow(2) + (1 - same) * F.relu(margin - d).pow(2)).mean()
     ```
+
+    The two terms may be written in one expression or bound to names first (`pos = ...`,
+    `neg = ...`, `(pos + neg).mean()`); the finding then points at the hinged term's binding.
 
     ## Stays silent on
     `relu(margin - d)` on the dissimilar pairs; a double-margin loss whose similar pairs are
