@@ -60,3 +60,21 @@ def test_silent_on_a_weight_mask_and_on_a_mask_used_in_both_modes():
 def test_silent_on_random_features_that_are_not_masks():
     src = DRAWN_ONCE.replace("torch.bernoulli(torch.full((h,), 1 - p))", "torch.randn(h, h)")
     assert found(src) == []
+
+
+def test_a_scaled_mask_drawn_before_the_loop_is_found_at_its_draw():
+    from graddoctor.rules.dropout_mask_drawn_once import loop_masks_drawn_once
+    src = textwrap.dedent("""\
+        drop = torch.bernoulli(torch.full((1, 64), 0.5)) * 2
+        for step in range(9):
+            h = torch.relu(enc(x)) * drop
+            loss = dec(h).pow(2).mean()
+        """)
+    (hit,) = loop_masks_drawn_once(ast.parse(src))
+    assert hit["drawn"] == 1 and hit["applied"] == 3 and hit["mask"] == "drop"
+    inside = "def train():\n" + textwrap.indent(src, "    ")
+    assert [h["drawn"] for h in loop_masks_drawn_once(ast.parse(inside))] == [2]
+    unscaled = src.replace(" * 2\n", "\n")  # a 0/1 mask of observed entries: data
+    assert loop_masks_drawn_once(ast.parse(unscaled)) == []
+    redrawn = src.replace("    loss =", "    drop = torch.bernoulli(torch.full((1, 64), 0.5)) * 2\n    loss =")
+    assert loop_masks_drawn_once(ast.parse(redrawn)) == []

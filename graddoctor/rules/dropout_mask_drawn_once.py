@@ -136,13 +136,67 @@ def masks_drawn_once(tree: ast.AST) -> list[dict]:
     return found
 
 
+def _inverted_scale(node: ast.AST) -> bool:
+    """A random mask scaled as inverted dropout scales it (``bernoulli(...) * 2``, ``(rand(h) >
+    p).float() / (1 - p)``): the draw is a product or quotient of the mask by something other
+    than a 0/1 value."""
+    return isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)) and (
+        _random_mask(node.left) or _random_mask(node.right)) and not (
+        isinstance(node.op, ast.Mult) and _random_mask(node.left) and _random_mask(node.right))
+
+
+def _loop_masks(body: list) -> list[dict]:
+    """A dropout mask drawn once before a loop of the same scope (``drop = torch.bernoulli(
+    torch.full((1, h), 0.5)) * 2`` at the top of a script or a train function) that the loop
+    multiplies an activation by and never draws again."""
+    found = []
+    drawn: dict = {}  # name -> line of a scaled random mask drawn at this level
+    for stmt in body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                and isinstance(stmt.targets[0], ast.Name):
+            name = stmt.targets[0].id
+            if _inverted_scale(stmt.value):
+                drawn[name] = stmt.lineno
+            else:
+                drawn.pop(name, None)
+        if not isinstance(stmt, (ast.For, ast.While)):
+            continue
+        for name, line in list(drawn.items()):
+            assigned = any(isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+                isinstance(t, ast.Name) and t.id == name
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+                for n in ast.walk(stmt))
+            if assigned:
+                continue
+            uses = [n for n in ast.walk(stmt) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+                    and any(isinstance(side, ast.Name) and side.id == name and not _weight_like(other)
+                            for side, other in ((n.left, n.right), (n.right, n.left)))]
+            if uses:
+                found.append({"cls": None, "mask": name, "drawn": line,
+                              "applied": uses[0].lineno, "method": None})
+                del drawn[name]
+    return found
+
+
+def loop_masks_drawn_once(tree: ast.AST) -> list[dict]:
+    """``_loop_masks`` of the module's body and of each function's."""
+    found = _loop_masks(tree.body) if isinstance(tree, ast.Module) else []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.extend(_loop_masks(node.body))
+    return found
+
+
 class DropoutMaskDrawnOnce(Rule):
     """
     ## What it does
     Finds a module that draws a binary random mask once, in its `__init__`
     (`self.mask = torch.bernoulli(...)`, `register_buffer("mask", torch.rand(h) < keep)`), and
     multiplies an activation by it in training only (`if self.training: h = h * self.mask`),
-    with nothing that draws it again. It reads the source of the files a backward ran from.
+    with nothing that draws it again; and the same in a script or a training function: a mask
+    scaled as inverted dropout scales it (`torch.bernoulli(torch.full((1, h), 0.5)) * 2`,
+    `(torch.rand(h) > p).float() / (1 - p)`) drawn before the loop that multiplies an
+    activation by it at every step. It reads the source of the files a backward ran from.
 
     ## Why is this bad?
     Dropout works because each step drops other units: no unit can rely on another being
@@ -175,7 +229,8 @@ class DropoutMaskDrawnOnce(Rule):
     A mask drawn in `forward` (or redrawn by a method the loop calls); a mask that multiplies
     a weight (a pruning mask keeps the same connections on purpose); a mask applied in
     evaluation too (a fixed sub-network by design, Masksembles); random projections and random
-    features (`x @ self.B`).
+    features (`x @ self.B`); a 0/1 mask drawn once before the loop and not scaled (an
+    inpainting mask of Deep Image Prior, a fixed set of observed entries: data, not dropout).
     """
 
     code = "GD325"
@@ -192,6 +247,17 @@ class DropoutMaskDrawnOnce(Rule):
             tree = a.source.tree(path)
             if tree is None:
                 continue
+            for found in loop_masks_drawn_once(tree):
+                mask = found["mask"]
+                yield self.finding(
+                    f"`{mask}`, a dropout mask scaled by the kept share, is drawn once before the "
+                    f"training loop, and the loop multiplies an activation by it at every step "
+                    f"(line {found['applied']}): the same units are dropped every time, so they "
+                    f"never train and the rest learn to do without them",
+                    Location(path, found["drawn"]),
+                    evidence={"mask": mask, "applied_at": found["applied"]},
+                    fix=f"draw `{mask}` inside the loop at every step, or use "
+                        f"`F.dropout(h, p, training=True)` where it is applied")
             for found in masks_drawn_once(tree):
                 cls, mask = found["cls"], found["mask"]
                 yield self.finding(
