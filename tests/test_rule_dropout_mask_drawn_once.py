@@ -78,3 +78,19 @@ def test_a_scaled_mask_drawn_before_the_loop_is_found_at_its_draw():
     assert loop_masks_drawn_once(ast.parse(unscaled)) == []
     redrawn = src.replace("    loss =", "    drop = torch.bernoulli(torch.full((1, 64), 0.5)) * 2\n    loss =")
     assert loop_masks_drawn_once(ast.parse(redrawn)) == []
+
+
+def test_a_scaled_mask_drawn_at_the_top_and_applied_in_a_function_is_found():
+    from graddoctor.rules.dropout_mask_drawn_once import loop_masks_drawn_once
+    src = textwrap.dedent("""\
+        mask = torch.bernoulli(torch.ones(40) * 0.5) / 0.5
+        def forward(x):
+            h = torch.relu(x @ W1) * mask
+            return h @ W2
+        for step in range(9):
+            loss = forward(x).sum()
+        """)
+    (hit,) = loop_masks_drawn_once(ast.parse(src))
+    assert hit["drawn"] == 1 and hit["method"] == "forward"
+    redrawn = src.replace("    loss =", "    mask = torch.bernoulli(torch.ones(40) * 0.5) / 0.5\n    loss =")
+    assert loop_masks_drawn_once(ast.parse(redrawn)) == []

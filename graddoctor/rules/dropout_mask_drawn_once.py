@@ -178,12 +178,47 @@ def _loop_masks(body: list) -> list[dict]:
     return found
 
 
+def _assigns(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+        isinstance(t, ast.Name) and t.id == name
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])) for n in ast.walk(node))
+
+
+def _global_masks(module: ast.Module) -> list[dict]:
+    """A dropout mask drawn once at the top of a script, outside any loop, that a function
+    multiplies an activation by (``h = h * mask`` in the ``forward`` the loop calls), and that
+    nothing assigns again."""
+    found = []
+    drawn = {}
+    for stmt in module.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                and isinstance(stmt.targets[0], ast.Name) and _inverted_scale(stmt.value):
+            drawn[stmt.targets[0].id] = stmt.lineno
+    for name, line in drawn.items():
+        if sum(_assigns(stmt, name) for stmt in module.body) > 1:
+            continue  # drawn again at the top level (in the loop)
+        for func in ast.walk(module):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or _assigns(func, name):
+                continue
+            uses = [n for n in ast.walk(func) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+                    and any(isinstance(side, ast.Name) and side.id == name and not _weight_like(other)
+                            for side, other in ((n.left, n.right), (n.right, n.left)))]
+            if uses:
+                found.append({"cls": None, "mask": name, "drawn": line,
+                              "applied": uses[0].lineno, "method": func.name})
+                break
+    return found
+
+
 def loop_masks_drawn_once(tree: ast.AST) -> list[dict]:
-    """``_loop_masks`` of the module's body and of each function's."""
+    """``_loop_masks`` of the module's body and of each function's, and ``_global_masks``."""
     found = _loop_masks(tree.body) if isinstance(tree, ast.Module) else []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             found.extend(_loop_masks(node.body))
+    if isinstance(tree, ast.Module):
+        seen = {hit["drawn"] for hit in found}
+        found.extend(hit for hit in _global_masks(tree) if hit["drawn"] not in seen)
     return found
 
 
@@ -196,7 +231,9 @@ class DropoutMaskDrawnOnce(Rule):
     with nothing that draws it again; and the same in a script or a training function: a mask
     scaled as inverted dropout scales it (`torch.bernoulli(torch.full((1, h), 0.5)) * 2`,
     `(torch.rand(h) > p).float() / (1 - p)`) drawn before the loop that multiplies an
-    activation by it at every step. It reads the source of the files a backward ran from.
+    activation by it at every step, or drawn at the top of a script and multiplied in by a
+    function the loop calls (`h = h * mask` in a hand-written `forward`). It reads the source
+    of the files a backward ran from.
 
     ## Why is this bad?
     Dropout works because each step drops other units: no unit can rely on another being
@@ -249,11 +286,13 @@ class DropoutMaskDrawnOnce(Rule):
                 continue
             for found in loop_masks_drawn_once(tree):
                 mask = found["mask"]
+                where = (f"{found['method']} multiplies an activation by it at every call"
+                         if found["method"] else "the loop multiplies an activation by it at every step")
                 yield self.finding(
                     f"`{mask}`, a dropout mask scaled by the kept share, is drawn once before the "
-                    f"training loop, and the loop multiplies an activation by it at every step "
-                    f"(line {found['applied']}): the same units are dropped every time, so they "
-                    f"never train and the rest learn to do without them",
+                    f"training loop, and {where} (line {found['applied']}): the same units are "
+                    f"dropped every time, so they never train and the rest learn to do without "
+                    f"them",
                     Location(path, found["drawn"]),
                     evidence={"mask": mask, "applied_at": found["applied"]},
                     fix=f"draw `{mask}` inside the loop at every step, or use "
