@@ -1045,7 +1045,10 @@ gather_batch       shape (the gather's input sizes), index (its index's sizes), 
                    square (B, B) matrix, dim 0 as long as a tensor without gradient the graph
                    read) with one row of picks per sample, narrower than dim 1, whose numbers are
                    all below dim 1's length, itself below the batch: class or action numbers
-                   used as row numbers — at the first 3 backwards, once per shape and index shape
+                   used as row numbers; crossed (bool): instead, an advanced index `x[:, idx]`
+                   of a (B, C) per-sample tensor by one class number per sample (length B,
+                   numbers below C, B != C): every row reads every sample's class, a (B, B)
+                   result — at the first 3 backwards, once per shape and index shape
                    (loc: the backward; an aside; instrument/gatherbatch.py)
 weighted_reduced   fn (the torch loss: "mse_loss", "cross_entropy", ...), reduction ("mean" or
                    "sum"), input_shape (the loss input's sizes), factor_shape (the other factor's
@@ -2352,8 +2355,10 @@ def softmax_batch(*, fn: str, shape: list[int], batch: int, target: bool = False
     return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch, "target": target}
 
 
-def gather_batch(*, shape: list[int], index: list[int], largest: int, batch: int) -> Made:
-    return "gather_batch", {"shape": shape, "index": index, "largest": largest, "batch": batch}
+def gather_batch(*, shape: list[int], index: list[int], largest: int, batch: int,
+                 crossed: bool = False) -> Made:
+    return "gather_batch", {"shape": shape, "index": index, "largest": largest, "batch": batch,
+                            "crossed": crossed}
 
 
 def weighted_reduced(*, fn: str, reduction: str, input_shape: list[int], factor_shape: list[int],
