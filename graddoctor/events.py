@@ -482,7 +482,10 @@ class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logi
                    pos_weight, each output's share of positives), weights [float]: a loss's
                    per-class weights that grow with the classes' frequency (cross_entropy: the
                    most frequent class and the rarest; pos_weight: outputs with rare positives
-                   weighed below 1) — once per function (loc: the loss call)
+                   weighed below 1); by_hand (bool): the weights are a per-class table looked
+                   up by each sample's label and multiplied into an unreduced cross_entropy by
+                   the script (``w[y] * ce``; loc: the backward; instrument/handweights.py),
+                   once — once per function (loc: the loss call)
 loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the hand-written
                    squared error" | "the hand-written absolute error": seen in the loss's
                    graph at a backward, loc: that backward's line), input_shape,
@@ -1672,8 +1675,10 @@ def constant_targets(*, fn: str, value, calls: int, values: int, samples: int, b
                                 "ignore_index": ignore_index}
 
 
-def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:
-    return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights}
+def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float],
+                  by_hand: bool = False) -> Made:
+    return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights,
+                             "by_hand": by_hand}
 
 
 def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],

@@ -184,6 +184,9 @@ class ScriptSource:
     def sum_normalised_first_axis(self, path: str) -> list[tuple[int, str]]:
         return sum_normalised_first_axis(self.full(path))
 
+    def label_weight_tables(self, path: str) -> list[tuple[int, str, str]]:
+        return label_weight_tables(self.full(path))
+
     def column_picks_by_name(self, path: str) -> list[tuple[int, str, str, str]]:
         return column_picks_by_name(self.full(path))
 
@@ -2493,6 +2496,37 @@ def _names_times_log(tree: ast.AST) -> set[str]:
 def _callee_name(call: ast.Call) -> str | None:
     func = call.func
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def label_weight_tables(path: str) -> list[tuple[int, str, str]]:
+    """The per-class tables of ``path`` looked up by a label inside a product (``w[y] * ce``,
+    ``(cb[labels] * focal).mean()``), each as ``(line, source text, table name)`` of the
+    statement that computes the table: the latest assignment to it before the lookup that does
+    not read it (``w = counts / counts.sum()``, not a renormalisation ``w = w / w.sum()``).
+    Empty when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    lookups: dict[str, int] = {}
+    for node in walk(tree):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for side in (node.left, node.right):
+            for sub in ast.walk(side):
+                if isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name) \
+                        and isinstance(sub.slice, (ast.Name, ast.Attribute)):
+                    lookups.setdefault(sub.value.id, sub.lineno)
+    found = []
+    for name, line in lookups.items():
+        made = [n for n in walk(tree) if isinstance(n, ast.Assign) and n.lineno < line
+                and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                and n.targets[0].id == name]
+        made = [n for n in made if not any(isinstance(m, ast.Name) and m.id == name
+                                           for m in ast.walk(n.value))]
+        if made:
+            last = max(made, key=lambda n: n.lineno)
+            found.append((last.lineno, ast.unparse(last), name))
+    return sorted(found)
 
 
 def column_picks_by_name(path: str) -> list[tuple[int, str, str, str]]:
