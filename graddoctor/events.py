@@ -477,6 +477,12 @@ constant_targets   fn (the loss function), value (the one value; None when varie
                    the other targets, the ones the loss trains on, and those held one value): a
                    loss call line with a gradient whose targets held one value at every call — at most once per stage and line (loc: the loss
                    call; an aside)
+ordinal_shifted    fn (binary_cross_entropy_with_logits | binary_cross_entropy), levels (the
+                   target's columns), rows (the targets read): a binary cross-entropy whose 0/1
+                   target is a cumulative (ordinal) encoding — every row's ones a prefix of its
+                   columns — with its first column 1 in every row read (256 rows, 2 calls or more) while
+                   a later column varies: the level `y > 0` written `y >= 0`, one threshold that
+                   never separates anything — once (loc: the loss call; an aside)
 class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
                    [int], shares [float] (each class's share of the targets counted; for
                    pos_weight, each output's share of positives), weights [float]: a loss's
@@ -1675,6 +1681,10 @@ def constant_targets(*, fn: str, value, calls: int, values: int, samples: int, b
                                 "ignore_index": ignore_index}
 
 
+def ordinal_shifted(*, fn: str, levels: int, rows: int) -> Made:
+    return "ordinal_shifted", {"fn": fn, "levels": levels, "rows": rows}
+
+
 def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float],
                   by_hand: bool = False) -> Made:
     return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights,
@@ -2527,6 +2537,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "factor_broadcast": factor_broadcast,
     "target_domain": target_domain,
     "class_weights": class_weights, "target_in_inputs": target_in_inputs,
+    "ordinal_shifted": ordinal_shifted,
     "full_rows_loss": full_rows_loss, "constant_targets": constant_targets,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "idle_detach": idle_detach,
     "functional_grad": functional_grad,
@@ -2591,7 +2602,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "ordinal_shifted", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "param_attr", "short_len", "phase_hold", "param_replaced", "reseed",
                          "hook_stacked", "param_reset", "snapshot_alias", "snapshot_held",
