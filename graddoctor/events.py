@@ -477,12 +477,21 @@ constant_targets   fn (the loss function), value (the one value; None when varie
                    the other targets, the ones the loss trains on, and those held one value): a
                    loss call line with a gradient whose targets held one value at every call — at most once per stage and line (loc: the loss
                    call; an aside)
+ordinal_shifted    fn (binary_cross_entropy_with_logits | binary_cross_entropy), levels (the
+                   target's columns), rows (the targets read): a binary cross-entropy whose 0/1
+                   target is a cumulative (ordinal) encoding — every row's ones a prefix of its
+                   columns — with its first column 1 in every row read (256 rows, 2 calls or more) while
+                   a later column varies: the level `y > 0` written `y >= 0`, one threshold that
+                   never separates anything — once (loc: the loss call; an aside)
 class_weights      fn (cross_entropy | nll_loss | binary_cross_entropy_with_logits), classes
                    [int], shares [float] (each class's share of the targets counted; for
                    pos_weight, each output's share of positives), weights [float]: a loss's
                    per-class weights that grow with the classes' frequency (cross_entropy: the
                    most frequent class and the rarest; pos_weight: outputs with rare positives
-                   weighed below 1) — once per function (loc: the loss call)
+                   weighed below 1); by_hand (bool): the weights are a per-class table looked
+                   up by each sample's label and multiplied into an unreduced cross_entropy by
+                   the script (``w[y] * ce``; loc: the backward; instrument/handweights.py),
+                   once — once per function (loc: the loss call)
 loss_broadcast     fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | "the hand-written
                    squared error" | "the hand-written absolute error": seen in the loss's
                    graph at a backward, loc: that backward's line), input_shape,
@@ -1045,7 +1054,10 @@ gather_batch       shape (the gather's input sizes), index (its index's sizes), 
                    square (B, B) matrix, dim 0 as long as a tensor without gradient the graph
                    read) with one row of picks per sample, narrower than dim 1, whose numbers are
                    all below dim 1's length, itself below the batch: class or action numbers
-                   used as row numbers — at the first 3 backwards, once per shape and index shape
+                   used as row numbers; crossed (bool): instead, an advanced index `x[:, idx]`
+                   of a (B, C) per-sample tensor by one class number per sample (length B,
+                   numbers below C, B != C): every row reads every sample's class, a (B, B)
+                   result — at the first 3 backwards, once per shape and index shape
                    (loc: the backward; an aside; instrument/gatherbatch.py)
 weighted_reduced   fn (the torch loss: "mse_loss", "cross_entropy", ...), reduction ("mean" or
                    "sum"), input_shape (the loss input's sizes), factor_shape (the other factor's
@@ -1677,8 +1689,14 @@ def constant_targets(*, fn: str, value, calls: int, values: int, samples: int, b
                                 "ignore_index": ignore_index}
 
 
-def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float]) -> Made:
-    return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights}
+def ordinal_shifted(*, fn: str, levels: int, rows: int) -> Made:
+    return "ordinal_shifted", {"fn": fn, "levels": levels, "rows": rows}
+
+
+def class_weights(*, fn: str, classes: list[int], shares: list[float], weights: list[float],
+                  by_hand: bool = False) -> Made:
+    return "class_weights", {"fn": fn, "classes": classes, "shares": shares, "weights": weights,
+                             "by_hand": by_hand}
 
 
 def loss_broadcast(*, fn: str, input_shape: list[int], target_shape: list[int], shape: list[int],
@@ -2360,8 +2378,10 @@ def softmax_batch(*, fn: str, shape: list[int], batch: int, target: bool = False
     return "softmax_batch", {"fn": fn, "shape": shape, "batch": batch, "target": target}
 
 
-def gather_batch(*, shape: list[int], index: list[int], largest: int, batch: int) -> Made:
-    return "gather_batch", {"shape": shape, "index": index, "largest": largest, "batch": batch}
+def gather_batch(*, shape: list[int], index: list[int], largest: int, batch: int,
+                 crossed: bool = False) -> Made:
+    return "gather_batch", {"shape": shape, "index": index, "largest": largest, "batch": batch,
+                            "crossed": crossed}
 
 
 def weighted_reduced(*, fn: str, reduction: str, input_shape: list[int], factor_shape: list[int],
@@ -2532,6 +2552,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "factor_broadcast": factor_broadcast,
     "target_domain": target_domain,
     "class_weights": class_weights, "target_in_inputs": target_in_inputs,
+    "ordinal_shifted": ordinal_shifted,
     "full_rows_loss": full_rows_loss, "constant_targets": constant_targets,
     "idle_forward": idle_forward, "idle_loss": idle_loss, "idle_detach": idle_detach,
     "functional_grad": functional_grad,
@@ -2596,7 +2617,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
 }
 """kind -> its constructor (``train`` and ``eval`` share ``mode_set``)."""
 
-ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
+ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "ordinal_shifted", "target_in_inputs", "full_rows_loss", "constant_targets", "loss_broadcast", "factor_broadcast", "loss_input", "target_domain", "idle_forward", "idle_loss", "idle_detach",
                          "functional_grad",
                          "optimizer_attr", "module_attr", "param_attr", "short_len", "phase_hold", "param_replaced", "reseed",
                          "hook_stacked", "param_reset", "snapshot_alias", "snapshot_held",

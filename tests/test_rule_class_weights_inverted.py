@@ -66,3 +66,71 @@ def test_pos_weight_upside_down_for_a_minority_that_is_not_rare():
     assert _inverted_weights(bce, counts, torch.tensor([1.5, 0.667], dtype=torch.float64)) is None
     # a pos_weight below 1 that is not the ratio (a precision trade-off), a majority weighed down
     assert _inverted_weights(bce, counts, torch.tensor([0.3, 1.0], dtype=torch.float64)) is None
+
+
+class _Rec:
+    def __init__(self):
+        self.emitted = []
+
+    def emit_aside(self, made, loc):
+        self.emitted.append(made)
+
+    def here(self):
+        return None
+
+    def internal_error(self, what, exc):
+        raise exc
+
+    def retire(self, topic, fn):
+        pass
+
+
+def _labels():
+    return torch.cat([torch.zeros(96), torch.ones(24), torch.full((8,), 2)]).long()
+
+
+def test_a_class_table_multiplied_into_the_per_sample_loss_by_hand_is_read_from_the_graph():
+    import torch.nn.functional as F
+
+    from graddoctor.instrument.handweights import HandWeightWatcher
+
+    torch.manual_seed(0)
+    y = _labels()
+    logits = torch.randn(128, 3, requires_grad=True)
+    counts = torch.bincount(y, minlength=3).float()
+    ce = F.cross_entropy(logits, y, reduction="none")
+    rec = _Rec()
+    watcher = HandWeightWatcher(rec)
+    watcher.describe_loss(((counts.sum() / counts)[y] * ce).mean())  # inverse: as meant
+    pt = torch.exp(-ce)
+    watcher.describe_loss((torch.rand(128) * ce).mean())  # per-sample weights: no class table
+    assert rec.emitted == []
+    watcher.describe_loss(((counts / counts.sum())[y] * (1 - pt) ** 2 * ce).mean())  # focal beside
+    assert len(rec.emitted) == 1
+    kind, data = rec.emitted[0]
+    assert kind == "class_weights" and data["by_hand"] and data["classes"][0] == 0
+
+
+def test_the_hand_applied_finding_points_at_the_tables_statement(tmp_path):
+    from graddoctor import events as ev
+    from graddoctor.trace import TraceBuilder
+    from rule_traces import P, only
+
+    path = tmp_path / "train.py"
+    path.write_text("import torch\n"
+                    "counts = torch.bincount(labels).float()\n"
+                    "w = counts / counts.sum()\n"
+                    "w = w / w.mean()\n"
+                    "for xb, yb in loader:\n"
+                    "    ce = F.cross_entropy(model(xb), yb, reduction='none')\n"
+                    "    loss = (w[yb] * ce).mean()\n"
+                    "    loss.backward(); opt.step()\n")
+    tb = TraceBuilder(str(path))
+    tb.optimizer(0, P, line=1)
+    tb.put(ev.class_weights(fn="cross_entropy", classes=[0, 2], shares=[0.75, 0.06],
+                            weights=[2.4, 0.19], by_hand=True), 8)
+    tb.backward(fresh=P, line=8)
+    tb.step(line=8)
+    f = only(tb, "class-weights-inverted")
+    assert f.location.line == 3 and f.message.startswith("`w`, looked up by each sample's label")
+    assert f.fix.startswith("invert it: w = 1 / counts")

@@ -130,3 +130,66 @@ def test_the_source_reading_finds_each_form_of_dim_0(tmp_path):
         """)
     lines = [line for line, _ in gather_first_axis_calls(path)]
     assert lines == [1, 2, 3, 4, 5, 8]
+
+
+CROSSED = """\
+import torch
+model = make()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    probs = F.softmax(model(x), dim=1)
+    p_y = probs[:, y]
+    loss = ((1 - p_y ** 0.7) / 0.7).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_columns_picked_by_the_labels_are_a_warning_at_the_subscript(tmp_path):
+    t = TraceBuilder(_script(tmp_path, CROSSED))
+    t.optimizer(0, P, line=3)
+    t.put(ev.gather_batch(shape=[64, 5], index=[64], largest=4, batch=64, crossed=True), 8)
+    for _ in range(4):
+        t.backward(fresh=P, line=8)
+        t.step(line=8)
+    f = only(t, SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 6
+    assert "`probs[:, y]`" in f.message and "64×64 matrix" in f.message
+    assert f.fix.startswith("pick one value per row: `probs[torch.arange(probs.size(0)), y]`")
+
+
+def test_the_watcher_finds_columns_picked_by_one_class_per_sample():
+    torch.manual_seed(0)
+    w = torch.randn(5, 3, requires_grad=True)
+    x = torch.randn(16, 5)
+    y = torch.randint(0, 3, (16,))
+    rec = _Rec()
+    watcher = GatherBatchWatcher(rec)
+    probs = (x @ w).softmax(1)
+    watcher.describe_loss((1 - probs[torch.arange(16), y]).mean())  # paired: one pick a row
+    assert rec.emitted == []
+    watcher.describe_loss((1 - probs[:, y]).mean())
+    assert rec.emitted == [ev.gather_batch(shape=[16, 3], index=[16], largest=int(y.max()),
+                                           batch=16, crossed=True)]
+
+
+def test_the_watcher_leaves_distinct_sampled_columns_alone():
+    torch.manual_seed(0)
+    w = torch.randn(5, 40, requires_grad=True)
+    x = torch.randn(16, 5)
+    rec = _Rec()
+    watcher = GatherBatchWatcher(rec)
+    watcher.describe_loss((x @ w)[:, torch.randperm(40)[:16]].logsumexp(1).mean())
+    assert rec.emitted == []
+
+
+def test_the_source_reading_finds_columns_picked_by_a_name(tmp_path):
+    from graddoctor.analysis.source import column_picks_by_name
+    path = _script(tmp_path, """\
+        a = probs[:, y]
+        b = probs[torch.arange(n), y]
+        c = logits[:, batch.y]
+        d = x[:, 0]
+        e = x[:, :3]
+        """)
+    assert [(line, value, index) for line, _, value, index in column_picks_by_name(path)] == [
+        (1, "probs", "y"), (3, "logits", "batch.y")]

@@ -312,3 +312,27 @@ def test_equal_values_stacked_without_a_product_of_rows_are_not_compared():
 
     (kind, data), = _run(stacked_then_compared, [policy])
     assert data["op"] == "stack"
+
+
+def test_layers_constructed_twice_in_place_are_no_shared_value():
+    found = same_lines(ast.parse("enc = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.ReLU())\n"
+                                 "loss = coral(fs, fs)\n"))
+    assert found == [(2, "fs is passed twice to coral(fs, fs)")]
+
+
+def test_a_scripts_own_alignment_term_given_one_domain_twice_is_named_at_the_call(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("def coral(a, b):\n    return ((a.T @ a) - (b.T @ b)).pow(2).sum()\n" + "\n" * 8
+                    + "loss = task + coral(fs, fs)\n")
+    from graddoctor.trace import TraceBuilder
+
+    t = TraceBuilder(str(path))
+    t.optimizer(0, [0, 1], line=1)
+    t.clear([0, 1], line=10)
+    t.put(ev.same_compared(how="twins", op="difference", core="SumBackward1", shape=None,
+                           params=[0, 1], starts=["MmBackward0"]), line=11)
+    t.backward(fresh=[0, 1], line=11)
+    t.step(0, line=12)
+    f = only(t, SLUG)
+    assert f.location.line == 11 and "`coral(fs, fs)` is given `fs`" in f.message
+    assert "second argument of `coral`" in f.fix

@@ -181,3 +181,42 @@ def test_a_target_event_gets_the_target_message(tmp_path):
     f = only(t, SLUG)
     assert f.location.line == 6 and "soft target" in f.message
     assert f.fix.startswith("`torch.softmax(teacher(x), dim=-1)`")
+
+
+SHARPENED = """\
+import torch
+model = make()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    q = probs ** 2
+    q = q / q.sum(dim=0, keepdim=True)
+    loss = -(q * F.log_softmax(model(x), dim=1)).sum(1).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def _target_trace(path):
+    t = TraceBuilder(path)
+    t.optimizer(0, P, line=3)
+    t.put(ev.softmax_batch(fn="softmax", shape=[16, 10], batch=16, target=True), 8)
+    for _ in range(2):
+        t.backward(fresh=P, line=8)
+        t.step(line=8)
+    return t
+
+
+def test_a_target_normalised_by_its_sum_over_the_batch_is_named_at_the_division(tmp_path):
+    f = only(_target_trace(_script(tmp_path, SHARPENED)), SLUG)
+    assert f.severity is Severity.WARNING and f.location.line == 6
+    assert "`q / q.sum(dim=0, keepdim=True)`" in f.message and "sum over dim 0" in f.message
+    assert f.fix.startswith("`q / q.sum(dim=-1, keepdim=True)`")
+    inplace = SHARPENED.replace("q = q / q.sum(dim=0, keepdim=True)", "q /= q.sum(0)")
+    f = only(_target_trace(_script(tmp_path, inplace)), SLUG)
+    assert f.location.line == 6 and f.fix.startswith("`q /= q.sum(-1, keepdim=True)`")
+
+
+def test_a_sum_over_the_batch_that_makes_no_target_is_not_named(tmp_path):
+    # the division feeds no product with a log-probability: features scaled by column sums
+    text = SHARPENED.replace("q = q / q.sum(dim=0, keepdim=True)",
+                             "x = x / x.sum(dim=0, keepdim=True)")
+    assert findings(_target_trace(_script(tmp_path, text)), SLUG) == []

@@ -181,6 +181,15 @@ class ScriptSource:
     def softmax_first_axis_calls(self, path: str) -> list[tuple[int, str]]:
         return softmax_first_axis_calls(self.full(path))
 
+    def sum_normalised_first_axis(self, path: str) -> list[tuple[int, str]]:
+        return sum_normalised_first_axis(self.full(path))
+
+    def label_weight_tables(self, path: str) -> list[tuple[int, str, str]]:
+        return label_weight_tables(self.full(path))
+
+    def column_picks_by_name(self, path: str) -> list[tuple[int, str, str, str]]:
+        return column_picks_by_name(self.full(path))
+
     def gather_first_axis_calls(self, path: str) -> list[tuple[int, str]]:
         return gather_first_axis_calls(self.full(path))
 
@@ -2421,6 +2430,126 @@ def softmax_first_axis_calls(path: str) -> list[tuple[int, str]]:
             dim = node.args[position] if len(node.args) > position else None
         if isinstance(dim, ast.Constant) and dim.value == 0 and not isinstance(dim.value, bool):
             found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def _sum_over_first_axis(node: ast.AST) -> bool:
+    """``q.sum(0)``, ``q.sum(dim=0, keepdim=True)``, ``torch.sum(q, 0)``: a sum whose literal
+    dimension is 0 (and only 0)."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute) \
+            or node.func.attr != "sum":
+        return False
+    receiver = _chain(node.func.value)
+    function_form = bool(receiver) and receiver[-1] in _NAMESPACES
+    dim = next((k.value for k in node.keywords if k.arg == "dim"), None)
+    if dim is None:
+        position = 1 if function_form else 0
+        dim = node.args[position] if len(node.args) > position else None
+    return isinstance(dim, ast.Constant) and dim.value == 0 and not isinstance(dim.value, bool)
+
+
+def sum_normalised_first_axis(path: str) -> list[tuple[int, str]]:
+    """The divisions of ``path`` by a sum over the literal dimension 0, as ``(line, source text
+    of the division)``: ``q / q.sum(dim=0, keepdim=True)``, ``p / torch.sum(p, 0)``; with ``/=``
+    the statement (``q /= q.sum(0)``). A target normalised that way sums to 1 down each column
+    (across the batch), not along each row. Empty when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    weighing = _names_times_log(tree)
+    found = []
+    for node in walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id in weighing \
+                and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Div) \
+                and _sum_over_first_axis(node.value.right):
+            found.append((node.lineno, ast.unparse(node.value)))
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div) \
+                and isinstance(node.target, ast.Name) and node.target.id in weighing \
+                and _sum_over_first_axis(node.value):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def _names_times_log(tree: ast.AST) -> set[str]:
+    """The names a product multiplies with a log-probability (``q * F.log_softmax(s, 1)``,
+    ``-(t * torch.log(p))``): a soft target's."""
+    def logged(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and _callee_name(n) in ("log_softmax", "log")
+                   for n in ast.walk(node))
+
+    logs = {t.id for node in walk(tree) if isinstance(node, ast.Assign) and logged(node.value)
+            for t in node.targets if isinstance(t, ast.Name)}
+    names: set[str] = set()
+    for node in walk(tree):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for side, other in ((node.left, node.right), (node.right, node.left)):
+            if isinstance(side, ast.UnaryOp):
+                side = side.operand
+            if isinstance(side, ast.Name) and (logged(other) or any(
+                    isinstance(n, ast.Name) and n.id in logs for n in ast.walk(other))):
+                names.add(side.id)
+    return names
+
+
+def _callee_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def label_weight_tables(path: str) -> list[tuple[int, str, str]]:
+    """The per-class tables of ``path`` looked up by a label inside a product (``w[y] * ce``,
+    ``(cb[labels] * focal).mean()``), each as ``(line, source text, table name)`` of the
+    statement that computes the table: the latest assignment to it before the lookup that does
+    not read it (``w = counts / counts.sum()``, not a renormalisation ``w = w / w.sum()``).
+    Empty when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    lookups: dict[str, int] = {}
+    for node in walk(tree):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for side in (node.left, node.right):
+            for sub in ast.walk(side):
+                if isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name) \
+                        and isinstance(sub.slice, (ast.Name, ast.Attribute)):
+                    lookups.setdefault(sub.value.id, sub.lineno)
+    found = []
+    for name, line in lookups.items():
+        made = [n for n in walk(tree) if isinstance(n, ast.Assign) and n.lineno < line
+                and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                and n.targets[0].id == name]
+        made = [n for n in made if not any(isinstance(m, ast.Name) and m.id == name
+                                           for m in ast.walk(n.value))]
+        if made:
+            last = max(made, key=lambda n: n.lineno)
+            found.append((last.lineno, ast.unparse(last), name))
+    return sorted(found)
+
+
+def column_picks_by_name(path: str) -> list[tuple[int, str, str, str]]:
+    """The subscripts of ``path`` that pick columns of every row by a tensor of numbers,
+    ``p[:, y]`` (a full slice, then a name or an attribute such as ``batch.y``), as ``(line,
+    source text, the subscripted value's text, the index's text)``. With one class number per
+    sample as the index, each row reads every sample's class. Empty when the source cannot be
+    read."""
+    tree = _parse(path)
+    if tree is None:
+        return []
+    found = []
+    for node in walk(tree):
+        if not isinstance(node, ast.Subscript) or not isinstance(node.slice, ast.Tuple) \
+                or len(node.slice.elts) != 2:
+            continue
+        first, second = node.slice.elts
+        if not (isinstance(first, ast.Slice) and first.lower is None and first.upper is None
+                and first.step is None):
+            continue
+        if not isinstance(second, (ast.Name, ast.Attribute)):
+            continue
+        found.append((node.lineno, ast.unparse(node), ast.unparse(node.value), ast.unparse(second)))
     return sorted(found)
 
 

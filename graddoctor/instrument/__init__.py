@@ -116,6 +116,7 @@ from .gridscale import GridScaleWatcher
 from .bagoffsets import BagOffsetsWatcher
 from .channelpool import ChannelPoolWatcher
 from .easyweight import EasyWeightWatcher
+from .handweights import HandWeightWatcher
 from .ignoredmask import IgnoredMaskWatcher
 from .padmask import PaddingMaskWatcher
 from .cellswap import CellSwapWatcher
@@ -517,6 +518,12 @@ class Instrumentation:
         easy = EasyWeightWatcher(rec)
         rec.subscribe(DESCRIBE_LOSS, easy.describe_loss)
         self.watchers.append(easy)
+        # a per-class table looked up by the labels and multiplied into a per-sample
+        # cross-entropy, growing with the classes' frequency (class-weights-inverted, by hand):
+        # the graph of the first backwards walked, no wrapper
+        hand_weights = HandWeightWatcher(rec)
+        rec.subscribe(DESCRIBE_LOSS, hand_weights.describe_loss)
+        self.watchers.append(hand_weights)
         # a dice-style term masked to the pixels the cross-entropy ignores
         # (loss-on-ignored-pixels): the graph of the first backwards walked, no wrapper
         ignored_mask = IgnoredMaskWatcher(rec)

@@ -82,6 +82,9 @@ class GatherBatchWatcher:
                 loader_batch = None
         for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
             for node in post_order(root, _NODES) or ():
+                if type(node).__name__ == "IndexBackward0":
+                    self._crossed(node, loader_batch)
+                    continue
                 if type(node).__name__ != "GatherBackward0":
                     continue
                 dim = saved_dims(node)
@@ -105,3 +108,35 @@ class GatherBatchWatcher:
                 self.rec.emit_aside(ev.gather_batch(shape=list(shape), index=list(index_shape),
                                                     largest=largest, batch=shape[0]),
                                     self.rec.here())
+
+    def _crossed(self, node, loader_batch) -> None:
+        """``p[:, y]`` on (B, C) per-sample scores with one class number per sample: each row
+        reads the class of every sample, a (B, B) matrix, where ``p[arange(B), y]`` (one pick per
+        row) was meant. Kept when the index is the only one, on dim 1, integer, as long as the
+        batch and below C; the input is laid out like a batch (``over_batch``), not square; and
+        the numbers repeat or C is below the batch (class numbers, not a sampled subset of
+        columns)."""
+        indices = saved(node, "_saved_indices")
+        sizes = saved(node, "_saved_self_sym_sizes")
+        if not isinstance(indices, (tuple, list)) or len(indices) != 2 or indices[0] is not None \
+                or not isinstance(sizes, (tuple, list)) or len(sizes) != 2:
+            return
+        index = indices[1]
+        if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.is_floating_point() \
+                or index.dtype == torch.bool or index.device.type != "cpu":
+            return
+        shape = tuple(int(s) for s in sizes)
+        batch, width = shape
+        key = ("crossed", shape, int(index.numel()))
+        if key in self._told or index.numel() != batch or batch == width or width < 2 or batch < 4:
+            return
+        self._told.add(key)
+        with torch.no_grad():
+            largest, smallest = int(index.max()), int(index.min())
+            distinct = int(torch.unique(index).numel())
+        if smallest < 0 or largest >= width or (distinct == batch and width >= batch):
+            return
+        if not over_batch(shape, 0, _data_leading(node, _BELOW), loader_batch):
+            return
+        self.rec.emit_aside(ev.gather_batch(shape=list(shape), index=[batch], largest=largest,
+                                            batch=batch, crossed=True), self.rec.here())

@@ -241,6 +241,8 @@ _VALUE_CHECKS = 8  # calls per function judged by their values (the first ones: 
 # the losses whose per-class weights are read: (keyword, position) of the weight argument
 _WEIGHTED = {"cross_entropy": ("weight", 2), "nll_loss": ("weight", 2),
              "binary_cross_entropy_with_logits": ("pos_weight", 6)}
+_ORDINAL_ROWS = 256  # cumulative target rows read (over 2 calls or more) before a first level
+# always on is judged: a rare lowest rank can miss one batch, not several
 _WEIGHT_TARGETS = 64  # targets seen (summed over the first calls) before a weight is judged
 _WEIGHT_KEYS = 8  # weight tensors counted for, at most
 _WEIGHT_SPREAD = 2.0  # the largest weight at least this multiple of the smallest
@@ -359,6 +361,10 @@ class LossInputWatcher:
         self._last_ids = None  # the latest 2-D token batch embedded (first loss calls only)
         self._class_counts: dict[tuple, object] = {}  # (fn, weight's data_ptr, numel) -> targets per class
         self._weights_told: set[str] = set()
+        self._ordinal_done = False  # the ordinal-levels check answered (or never applies)
+        self._ordinal_rows = 0
+        self._ordinal_calls = 0
+        self._ordinal_varies = False
         self._order_reads = 0
 
     def _wrap(self, original, fn: str):
@@ -394,6 +400,9 @@ class LossInputWatcher:
                 if fn == "cross_entropy" and (args[7] if len(args) > 7 else kwargs.get("label_smoothing")):
                     watcher._smoothed_twice(input, target, args, kwargs)
                     watcher._smoothing_high(input, args, kwargs)
+                if fn in ("binary_cross_entropy_with_logits", "binary_cross_entropy") \
+                        and not watcher._ordinal_done:
+                    watcher._ordinal_levels(fn, target)
                 if fn in _WEIGHTED:
                     weight = args[_WEIGHTED[fn][1]] if len(args) > _WEIGHTED[fn][1] else kwargs.get(_WEIGHTED[fn][0])
                     if weight is not None:
@@ -568,6 +577,36 @@ class LossInputWatcher:
             return
         self._weights_told.add(fn)
         self.rec.emit_aside(ev.class_weights(fn=fn, **found), self.rec.here())
+
+    def _ordinal_levels(self, fn: str, target) -> None:
+        """An ``ordinal_shifted`` aside, once, when a binary cross-entropy's 0/1 targets are a
+        cumulative encoding (each row's ones a prefix of its columns: ordinal levels
+        ``y > k``) whose first column is 1 in every row of the first calls (``_ORDINAL_ROWS``
+        or more) while a later column varies: the comparison off by one (``y >= k`` from
+        ``k = 0``). Any call that breaks the pattern ends the check."""
+        if not (isinstance(target, torch.Tensor) and target.dim() == 2 and target.shape[1] >= 2
+                and target.shape[0] >= 2 and target.is_floating_point()):
+            self._ordinal_done = True
+            return
+        if not self._reads_left("ordinal", target):
+            self._ordinal_done = True
+            return
+        with torch.no_grad():
+            t = target.detach()
+            binary = bool(((t == 0) | (t == 1)).all())
+            cumulative = binary and bool((t[:, :-1] >= t[:, 1:]).all())
+            first_on = cumulative and bool((t[:, 0] == 1).all())
+            varies = first_on and bool((t[:, 1:].amin(0) != t[:, 1:].amax(0)).any())
+        if not first_on:
+            self._ordinal_done = True
+            return
+        self._ordinal_rows += int(t.shape[0])
+        self._ordinal_calls += 1
+        self._ordinal_varies = self._ordinal_varies or varies
+        if self._ordinal_rows >= _ORDINAL_ROWS and self._ordinal_calls >= 2 and self._ordinal_varies:
+            self._ordinal_done = True
+            self.rec.emit_aside(ev.ordinal_shifted(fn=fn, levels=int(t.shape[1]),
+                                                   rows=self._ordinal_rows), self.rec.here())
 
     def _smoothing_high(self, input, args, kwargs) -> None:
         """A ``smoothing_high`` aside, once per call line, when cross_entropy smooths its

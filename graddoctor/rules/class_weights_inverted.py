@@ -27,7 +27,12 @@ class ClassWeightsInverted(Rule):
     are counted per class. It points at the call that passes the weights (the loss's
     construction, `nn.CrossEntropyLoss(weight=...)`) when the script has one, or at the
     statement that computes the weights it is given (`pos_weight = n_pos / n_neg`, given to the
-    loss's construction or by name to the functional call), else at the loss call. The same inversion in a `WeightedRandomSampler`: per-sample weights that take a few
+    loss's construction or by name to the functional call), else at the loss call. The same
+    weights applied by hand: a per-sample `cross_entropy(..., reduction="none")` multiplied by a
+    table of one weight per class looked up by the labels (`(w[y] * ce).mean()`, a class-balanced
+    focal loss `cb[y] * (1 - p_t) ** gamma * ce`), read from the graph of the first backwards (a
+    factor without gradient, one value within each target class); it points at the statement
+    that computes the table (`w = counts / counts.sum()`, not a later renormalisation). The same inversion in a `WeightedRandomSampler`: per-sample weights that take a few
     values (one per class, `class_weight[labels]`), where the values held by more samples are
     larger in proportion to how many samples hold them (a slope of 0.75–1.33 on a log-log fit,
     the most common value on at least 3 times as many samples as the rarest). It points at the
@@ -61,7 +66,8 @@ class ClassWeightsInverted(Rule):
     Inverse-frequency weights (and their square root, effective-number weights); weights that
     do not follow the frequencies (a class weighed up for its cost); a weight of 0 for a
     padding or ignored class; balanced targets (the most frequent class less than 3 times the
-    rarest seen); weights within a factor of 2 of each other; `pos_weight` above 1, or below 1
+    rarest seen); weights within a factor of 2 of each other; per-sample weights applied by hand
+    that are not one value per class (a confidence or small-loss weight); `pos_weight` above 1, or below 1
     for outputs whose positives are common; class-probability targets. Samplers whose weights
     are inverse to the group sizes (or a power of them below 0.75, temperature sampling), take
     more than 64 values or single-sample values (per-sample scores), or down-weight a small
@@ -96,6 +102,9 @@ class ClassWeightsInverted(Rule):
                 continue
             if len(classes) < 2:
                 continue
+            if e.get("by_hand"):
+                yield self._by_hand(a, e, classes, shares, weights, evidence)
+                continue
             yield self.finding(
                 f"{fn}'s class weights grow with the classes' frequency: class {classes[0]} "
                 f"({_pct(shares[0])} of the targets seen) weighs {weights[0]:g}, class "
@@ -105,6 +114,27 @@ class ClassWeightsInverted(Rule):
                 loc, related=notes, step=a.next_step_number(e.seq), evidence=evidence)
 
         yield from self._sampler_findings(a)
+
+    def _by_hand(self, a, e, classes, shares, weights, evidence):
+        tables = a.source.label_weight_tables(e.loc.path) if e.loc is not None else []
+        loc, notes, name = e.loc, (), None
+        if len(tables) == 1:
+            loc = Location(e.loc.path, tables[0][0], e.loc.function)
+            name = tables[0][2]
+            notes = (related(e, "the backward of the loss those weights multiply"),)
+        shown = f"`{name}`" if name else "the per-class weights"
+        return self.finding(
+            f"{shown}, looked up by each sample's label and multiplied into the per-sample "
+            f"cross-entropy, grow with the classes' frequency: class {classes[0]} "
+            f"({_pct(shares[0])} of the targets seen) weighs {weights[0]:g}, class {classes[1]} "
+            f"({_pct(shares[1])}) weighs {weights[1]:g}, so the frequent classes count more and "
+            f"the rare ones are all but ignored: weights proportional to the counts (or the "
+            f"effective numbers), where their inverse was meant",
+            loc, related=notes, step=a.next_step_number(e.seq), evidence={**evidence, "by_hand": True},
+            fix=(f"invert it: {name} = 1 / counts (normalised), or (1 - beta) / (1 - beta ** counts) "
+                 f"for effective-number weights" if name else
+                 "give each class the inverse of its frequency: 1 / counts (normalised), or "
+                 "(1 - beta) / (1 - beta ** counts)"))
 
     def _sampler_findings(self, a):
         for e in a.of_kind("loader_sampler"):

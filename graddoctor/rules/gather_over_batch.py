@@ -39,7 +39,12 @@ class GatherOverBatch(Rule):
     DataLoader's batch, dim 1 longer than 1, not a square (B, B) matrix), its index has one row
     per sample and fewer columns than the input, and every number in it is below the length of
     dim 1, which is below the batch size: the numbers of the other axis. Reported at the call
-    with dim 0 in the script.
+    with dim 0 in the script. The same per-sample pick written as an advanced index over the
+    columns, `probs[:, labels]` on (batch, classes) scores with one class number per sample (a
+    hand-written GCE, MAE or NLL): the index is as long as the batch, its numbers are below the
+    number of classes (and repeat, or the classes are fewer than the samples), so the result is a
+    (batch, batch) matrix of every row's score for every sample's class. Reported at that
+    subscript.
 
     ## Why is this bad?
     `q.gather(0, a)` reads `q[a[i], j]`: for sample `i` the value in the row numbered by its
@@ -47,7 +52,9 @@ class GatherOverBatch(Rule):
     action or class number is always below the batch size), so nothing fails and every shape
     agrees; the loss trains the first column of the first few rows toward the targets of every
     sample, and the other outputs never learn. A DQN's greedy policy stays random; a classifier
-    trained this way predicts nothing.
+    trained this way predicts nothing. `probs[:, labels]` broadcasts the other way: each row's
+    loss averages its scores for the labels of the whole batch, so every sample is pulled toward
+    the batch's class mix rather than its own class.
 
     ## Example
     ```python
@@ -67,7 +74,9 @@ class GatherOverBatch(Rule):
     purpose, a memory bank); a time-major (T, B) output gathered at each sequence's last step
     (`out.gather(0, (lengths - 1)[None])`, one row of picks, not one per sample); a square
     (B, B) similarity matrix; a 1-D gather; a batch no longer than the number of classes (the
-    numbers could be either). Not told apart: a gather along dim 0 whose dim is a variable in
+    numbers could be either). Paired advanced indices `probs[torch.arange(B), labels]`; columns
+    picked by a set of distinct numbers at least as many classes as the batch (a sampled
+    softmax's shared negatives `scores[:, sampled]`). Not told apart: a gather along dim 0 whose dim is a variable in
     the script (no call with a literal 0 to point at: nothing is reported).
     """
 
@@ -84,6 +93,12 @@ class GatherOverBatch(Rule):
             if event.loc is None:
                 continue
             path = event.loc.path
+            if event.get("crossed"):
+                picks = [c for c in a.source.column_picks_by_name(path) if (path, c[0]) not in used]
+                if picks:
+                    used.add((path, picks[0][0]))
+                    yield self._crossed(event, path, *picks[0])
+                continue
             calls = [c for c in a.source.gather_first_axis_calls(path) if (path, c[0]) not in used]
             if not calls:
                 continue
@@ -101,3 +116,17 @@ class GatherOverBatch(Rule):
                 evidence={"shape": event["shape"], "index": event["index"],
                           "largest": event["largest"], "batch": event["batch"]},
                 fix=(f"`{fixed}`: pick along each sample's own axis" if fixed else None))
+
+    def _crossed(self, event, path: str, line: int, text: str, value: str, index: str):
+        batch, width = event["shape"]
+        return self.finding(
+            f"`{text}` picks the columns numbered by `{index}` in every row of a {batch}×{width} "
+            f"tensor: with one class number per sample (all below {width}), it is a {batch}×{batch} "
+            f"matrix where row i holds its scores for every sample's class, not one value per "
+            f"sample, and the loss averages it: each sample is pushed toward the classes of the "
+            f"whole batch instead of its own",
+            Location(path, line),
+            evidence={"shape": event["shape"], "index": event["index"],
+                      "largest": event["largest"], "batch": event["batch"], "crossed": True},
+            fix=(f"pick one value per row: `{value}[torch.arange({value}.size(0)), {index}]` (or "
+                 f"`{value}.gather(1, {index}[:, None]).squeeze(1)`)"))

@@ -49,10 +49,21 @@ def _attention(call: ast.Call) -> bool:
     return "att" in name or (len(call.args) >= 3 and len(dumps) == 1)
 
 
+def _constructed(node: ast.AST) -> bool:
+    """A class constructed in place (``nn.ReLU()``, ``nn.Dropout(0.1)``): each call makes a new
+    object, so the same text twice (``nn.Sequential(lin, nn.ReLU(), lin2, nn.ReLU())``) is two
+    layers, not one value compared with itself."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return name[:1].isupper()
+
+
 def _data_like(node: ast.AST) -> bool:
     """An argument that can be a view of data: a name, a call, a subscript (not a constant)."""
     return isinstance(node, (ast.Name, ast.Call, ast.Subscript, ast.Attribute)) and not (
-        isinstance(node, ast.Call) and _shaped(node))
+        isinstance(node, ast.Call) and _shaped(node)) and not _constructed(node)
 
 
 def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
@@ -91,7 +102,8 @@ def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
             dumps = [ast.dump(a) for a in args]
             twice = next((a for i, a in enumerate(args) if _data_like(a) and dumps[i] in dumps[i + 1:]), None)
             if twice is not None:
-                found.append((node.lineno, f"{ast.unparse(twice)} is passed twice"))
+                found.append((node.lineno, f"{ast.unparse(twice)} is passed twice to "
+                                           f"{ast.unparse(node)}"))
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Sub, ast.Mult, ast.MatMult)) \
                 and isinstance(node.left, ast.Call) and _data_like(node.left) \
                 and ast.dump(node.left) == ast.dump(node.right):
@@ -126,6 +138,23 @@ def own_draw(tree: ast.AST, line: int) -> str | None:
     return f"{alias.targets[0].id} = {ast.unparse(value)}" if isinstance(value, ast.Call) else None
 
 
+def _own_function_call(tree: ast.AST | None, text: str) -> str | None:
+    """For a ``same_lines`` text ``x is passed twice to f(x, x)`` whose ``f`` is a function the
+    script defines (a hand-written MMD, CORAL or distance, not a model or torch's call): ``f``."""
+    if tree is None or " is passed twice to " not in text:
+        return None
+    try:
+        call = ast.parse(text.split(" is passed twice to ", 1)[1], mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        return None
+    name = call.func.id
+    defined = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+                  for n in ast.walk(tree))
+    return name if defined else None
+
+
 class LossComparesWithItself(Rule):
     """
     ## What it does
@@ -142,7 +171,11 @@ class LossComparesWithItself(Rule):
     function (`mse_loss`, `l1_loss`, `gaussian_nll_loss`, `kl_div`, soft `cross_entropy`...)
     whose target, computed without gradient, equals its input at two optimizer steps. It points at the line that made the two
     sides one (`v2 = v1`, `neg = pos`, `teacher = student`, an argument passed twice) when the
-    script has exactly one such line, else at the backward.
+    script has exactly one such line, else at the backward; a layer constructed twice in place
+    (`nn.Sequential(..., nn.ReLU(), ..., nn.ReLU())`) is two objects and no such line. A
+    distribution-matching term the script writes itself (a domain adaptation's MMD or CORAL, a
+    feature-statistics distance) given one domain's features twice, `coral(fs, fs)`, is named
+    as such: the term is 0 whatever the features, and the domains are never aligned.
 
     ## Why is this bad?
     These losses learn from the difference between their two sides. With both sides the same
@@ -178,7 +211,8 @@ class LossComparesWithItself(Rule):
     input, a Gram matrix), whose result reaches the loss only through further layers; a stack or
     concatenation of equal outputs that no product of rows follows (REINFORCE on a bandit whose
     state never changes: the log-probabilities of each step are stacked, weighted by returns and
-    summed).
+    summed); an MMD written with kernel matrices of each side with itself (`k(x, x).mean() +
+    k(y, y).mean() - 2 * k(x, y).mean()`), which compares two domains.
     A penalty pulling parameters to an anchor that aliases them is `anchor-aliases-params`'s
     (it points at the anchor).
     """
@@ -227,6 +261,15 @@ class LossComparesWithItself(Rule):
                            f"another input, model or view, which never enters the loss")
                 fix = (f"put the intended second operand on one side of the {op} (another tower, "
                        f"input or view) instead of a second `{call}`")
+            elif text and _own_function_call(tree, text) is not None:
+                arg, call = text.split(" is passed twice to ", 1)
+                message = (f"`{call}` is given `{arg}` as both of the values it compares (they meet "
+                           f"in a {op}): the term measures `{arg}` against itself, so it "
+                           f"is exactly its minimum with gradients that cancel, and what it should "
+                           f"align or contrast with (another domain's, view's or model's output) "
+                           f"never enters the loss")
+                fix = (f"pass the other side as the second argument of `{_own_function_call(tree, text)}` "
+                       f"(e.g. the target domain's features, the other view), not `{arg}` again")
             elif how == "constant":
                 message = (f"the {op} term's target, computed without gradient, equals its input "
                            f"(made by {names}) at every step{where}: the teacher is the student "

@@ -1,10 +1,40 @@
 from __future__ import annotations
 
+import ast
+
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
 
 _MIXING = ("SoftmaxBackward", "LogSoftmaxBackward")
+
+
+def _sum_over_classes(text: str) -> str | None:
+    """The division's text with its sum taken over the last axis (``q.sum(0, keepdim=True)``
+    -> ``q.sum(-1, keepdim=True)``), keepdim added where it was missing so that each row is
+    divided by its own sum; None when it cannot be rewritten."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "sum":
+            changed = False
+            for keyword in node.keywords:
+                if keyword.arg == "dim" and isinstance(keyword.value, ast.Constant):
+                    keyword.value, changed = ast.Constant(-1), True
+            if not changed:
+                for i, arg in enumerate(node.args):
+                    if isinstance(arg, ast.Constant) and arg.value == 0:
+                        node.args[i], changed = ast.Constant(-1), True
+                        break
+            if not changed:
+                return None
+            if not any(k.arg == "keepdim" for k in node.keywords):
+                node.keywords.append(ast.keyword("keepdim", ast.Constant(True)))
+            return ast.unparse(tree)
+    return None
 
 
 class SoftmaxOverBatch(Rule):
@@ -19,7 +49,10 @@ class SoftmaxOverBatch(Rule):
     The same slip on a target made without gradient (a teacher's probabilities: DINO's
     `softmax((t - center) / temp, dim=0)`, a distillation target) is seen from its values at the
     first backwards: a target of probabilities (not only 0 and 1), multiplied with a
-    `log_softmax` over the classes, whose rows do not sum to 1 along them.
+    `log_softmax` over the classes, whose rows do not sum to 1 along them. Where the script
+    normalises that target by hand with a sum over dim 0 (a pseudo-label sharpened as
+    `q = p ** (1 / T); q = q / q.sum(dim=0, keepdim=True)`, or `q /= q.sum(0)`) instead of a
+    softmax, it points at that division (of a name the script multiplies with a log-probability).
 
     ## Why is this bad?
     Over dim 0 each class column sums to 1 across the samples: a sample's "probabilities" are
@@ -49,7 +82,10 @@ class SoftmaxOverBatch(Rule):
     gradient (targets made under `no_grad`) unless the loss multiplies it with a log-softmax over
     the classes (DINO's `-q * log_softmax(s, dim=-1)`, a cross-entropy or `kl_div` with
     probability targets) and its rows do not sum to 1 over them; a soft target whose rows do sum
-    to 1 (label smoothing, a teacher's softmax over the classes, mixup's mixed one-hots); a softmax over dim 0 inside the model's forward,
+    to 1 (label smoothing, a teacher's softmax over the classes, mixup's mixed one-hots); a
+    division by a sum over dim 0 that makes no such target (distribution alignment's
+    `p / p.sum(0)` renormalised over the classes after, input features scaled by their column
+    sums); a softmax over dim 0 inside the model's forward,
     which `samples-mixed-in-batch` reports, and one fed straight to `nll_loss`/`kl_div`, which
     `loss-input-mismatch` reports.
     """
@@ -71,6 +107,14 @@ class SoftmaxOverBatch(Rule):
                 continue
             path = event.loc.path
             calls = [c for c in a.source.softmax_first_axis_calls(path) if (path, c[0]) not in used]
+            if not calls and event.get("target"):
+                # a target sharpened by hand and normalised by a sum: ``q / q.sum(0, keepdim=True)``
+                divisions = [c for c in a.source.sum_normalised_first_axis(path)
+                             if (path, c[0]) not in used]
+                if divisions:
+                    yield self._summed_target(event, path, *divisions[0])
+                    used.add((path, divisions[0][0]))
+                continue
             if not calls:
                 continue
             line, text = calls[0]
@@ -102,6 +146,21 @@ class SoftmaxOverBatch(Rule):
                 evidence={"fn": event["fn"], "shape": event["shape"], "batch": event["batch"]},
                 fix=(f"`{fixed}`: take it over the classes" if fixed else
                      "give it the class dimension (`dim=1` for (N, C, ...) logits, or `dim=-1`)"))
+
+    def _summed_target(self, event, path: str, line: int, text: str):
+        shape = "×".join(str(s) for s in event["shape"])
+        fixed = _sum_over_classes(text)
+        return self.finding(
+            f"`{text}` normalises the soft target by its sum over dim 0, the batch: the {shape} "
+            f"target the loss multiplies with the log_softmax over the classes sums to 1 down "
+            f"each class's column, not along each row, so no row is a distribution over its "
+            f"classes and each depends on what the other samples of the batch predict (a "
+            f"sharpened pseudo-label, a teacher's target)",
+            Location(path, line),
+            evidence={"fn": "sum", "shape": event["shape"], "batch": event["batch"],
+                      "target": True},
+            fix=(f"`{fixed}`: normalise each row over its classes, as the log_softmax is"
+                 if fixed else "normalise over the classes (`dim=-1`), as the log_softmax is"))
 
     @staticmethod
     def _reported_elsewhere(a) -> bool:
