@@ -194,3 +194,15 @@ def test_loss_weight_below_k_stays_an_info():
     accumulation(t, factor=2.0)
     f = only(t, "unscaled-accumulation")
     assert f.severity is Severity.INFO and "multiplied" not in f.evidence
+
+
+def test_per_step_returns_weighting_one_episode_are_not_accumulation():
+    """REINFORCE's `(-log p * R).backward()` per time step, R the discounted return: the factors
+    differ from one backward to the next and exceed 1, weighing the terms of one objective."""
+    returns, rows = 0.0, []
+    row = []
+    for _ in range(6):
+        returns = 1.0 + 0.98 * returns
+        row.append(returns)
+    rows = [tuple(row), tuple(row)]
+    assert reported(windows(rows)) == []

@@ -804,7 +804,11 @@ def _ends_before_run(s: Schedule, plan: Plan, at: int, what: str, arg: str, valu
     unit = next((n for n in plan.lengths if n >= 2 and at % n == 0), None)
     if unit is None:
         return None
-    at = at // unit * plan.per_epoch  # in the real run's batches (the replay's loader may be shorter)
+    # a count of whole len(loader)s, in the real run's batches (the replay's loader may be
+    # shorter): the scheduler steps it lasts. Not the optimizer steps of as many epochs: with
+    # accumulation over k batches, len(loader) * epochs // k (accelerate's examples) is a whole
+    # run of updates, not epochs // k epochs of them
+    at = at // unit * (plan.real_len or plan.per_epoch)
     if at >= plan.steps or plan.steps - at < plan.per_epoch:
         return None
     return Misfit(plan, "ends", at, what, arg, value, 0.0, None)

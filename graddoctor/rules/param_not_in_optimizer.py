@@ -78,7 +78,8 @@ class ParamNotInOptimizer(Rule):
     optimizer owns, but their values are copied back from the fp32 master every update); a
     tensor updated by hand; input gradients (FGSM, a gradient penalty: a fresh leaf each
     step); fixed data made with `requires_grad=True`; an EMA teacher or momentum encoder
-    (BYOL, MoCo) owned by no optimizer; an optimizer rebuilt over the same parameters;
+    (BYOL, MoCo) owned by no optimizer, and a target network synced from the model whose
+    target is not detached (its gradients change nothing of the update); an optimizer rebuilt over the same parameters;
     parametrized weights (`weight_norm`, `spectral_norm`, pruning); gradual unfreezing that
     adds the unfrozen parameters with `add_param_group`, that rebuilds the optimizer over them,
     or whose optimizer owned the frozen parameters from the start; a frozen model's
@@ -155,6 +156,8 @@ class ParamNotInOptimizer(Rule):
                 if _trained_after(a, pid, new.seq):
                     dropped.setdefault(new.seq, (new, []))[1].append(pid)
         construction = next(iter(a.optimizers.values()))
+        followers = _follower_copies(a)
+        orphans = [pid for pid in orphans if not _held_in(a.param_name(pid), followers)]
         if orphans:
             yield from self._unowned(a, orphans, construction)
         for new, pids in dropped.values():
@@ -529,3 +532,42 @@ def _inside_class(a, loc) -> bool:
         return False
     return any(isinstance(node, ast.ClassDef) and node.lineno <= loc.line <= (node.end_lineno or node.lineno)
                for node in ast.walk(tree))
+
+
+def _held_in_any(names, module: str) -> bool:
+    return any(n.startswith(module + ".") for n in names)
+
+
+def _held_in(name: str, modules) -> bool:
+    return any(name.startswith(m + ".") for m in modules)
+
+
+def _follower_copies(a) -> set[str]:
+    """The names of copies of a trained model that follow it (a DQN/TD3 target network, an EMA):
+    equal to the model at the first step, owned by no optimizer, and written during the run or
+    by code of the script that runs after set-up (``target.load_state_dict(q.state_dict())``
+    every N episodes, a soft update). Their parameters get gradients when the target they make
+    is not detached, which changes nothing of the trained model's update (the copy is another
+    tensor); they are synced from the model, not trained, so owning them is no optimizer's job.
+    The model must itself get gradients: an optimizer built over the copy instead of the model
+    (the model's gradients then owned by none, the copy's by an optimizer that never sees one)
+    is the bug, and stays reported."""
+    out = set()
+    paths = {s.loc.path for s in a.steps if s.loc is not None}
+    trained = {a.param_name(pid) for pid in a.ledger.first_contribution
+               if any(pid in owned for owned in a.opt_params.values())}
+    for event in a.by_kind.get("model_copy", ()):
+        if not event["equal"] or not _held_in_any(trained, event["model"]):
+            continue
+        if event["written"]:
+            out.add(event["copy"])
+            continue
+        # the copy's writer is looked for in the file its variable is made in, else where the
+        # steps run (a copy held in a function's locals has no location of its own)
+        path = event.loc.path if event.loc is not None else next(iter(sorted(paths)), None)
+        leaf = event["copy"].split(".")[-1]
+        said = a.source.copy_writers(path, leaf) if path is not None else None
+        if said is not None and [w for w in said["writers"] if w not in said["setup"]]:
+            out.add(event["copy"])
+    return out
+

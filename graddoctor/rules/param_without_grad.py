@@ -87,7 +87,8 @@ class ParamWithoutGrad(Rule):
     Frozen parameters (`requires_grad_(False)`, frozen before any gradient, a fixed table
     inside AdamW; a layer unfrozen only after the replay's last step, as gradual unfreezing does);
     a backbone run under `no_grad`; a layer or head used only on some
-    iterations; activation checkpointing, reentrant (with its inputs made to require grad)
+    iterations; a layer another instance of the same model trains (one net built with
+    `batch_normalization=False` beside one built with it: the flag turns the layer off); activation checkpointing, reentrant (with its inputs made to require grad)
     or not; `backward(inputs=...)` over the head; CLS-token pooling whose pooler no loss
     uses; a stop-gradient branch (SimSiam); a target network read under `no_grad`; weight
     tying; lazy layers; parametrized weights; the last block of a stack whose earlier blocks
@@ -126,6 +127,7 @@ class ParamWithoutGrad(Rule):
                     and not _empty(params.get(pid))  # nothing in it to train
                     and (params.get(pid) is None or (params[pid].get("requires_grad", True)
                                                      and params[pid].get("stepped_requires_grad") is not False))]
+            idle = _not_in_a_trained_twin(a, idle)
             if not idle:
                 continue
             cls = init.get("cls", "optimizer")
@@ -456,3 +458,17 @@ def _manual_steps(steps) -> bool:
     ``configure_optimizers``)."""
     return any(e.loc is not None and e.loc.function == "training_step" and not e.loc.hook
                for e in steps)
+
+
+def _not_in_a_trained_twin(a, idle: list[int]) -> list[int]:
+    """The idle parameters less those whose name a trained parameter of another instance
+    shares (``net.bn_input.weight`` of the two nets of a with/without-BatchNorm comparison, each
+    trained by its own optimizer): the class runs that layer depending on how the instance was
+    built (``if self.do_bn: x = self.bn_input(x)``), so the idle copy is configured off, not
+    forgotten in forward."""
+    led = a.ledger
+    trained = {a.params[pid].get("name") for pid in led.first_contribution
+               if pid in a.params and pid not in idle}
+    trained.discard(None)
+    return [pid for pid in idle if (a.params.get(pid) or {}).get("name") not in trained]
+

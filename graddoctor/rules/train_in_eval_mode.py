@@ -59,7 +59,9 @@ class TrainInEvalMode(Rule):
     before its `requires_grad_(False)`; a frozen part whose unfrozen piece is put back in train mode (`head.train()`
     after `head.requires_grad_(True)`); a model with no BatchNorm or dropout (or whose
     `F.dropout` has p = 0 or a flag that stays on for sampling, `self.training or mc`); `model.training` read as an attribute; a
-    validation pass that calls `backward()` (`backward-in-evaluation` reports it).
+    validation pass that calls `backward()` (`backward-in-evaluation` reports it); an
+    evaluation forward between two updates without `no_grad` (a test prediction to plot) whose
+    `eval()` a `train()` undoes before the next training forward and its backward.
     """
 
     code = "GD302"
@@ -139,6 +141,9 @@ class TrainInEvalMode(Rule):
             if evaluation_backward(a, f) is not None:
                 continue  # a pass in eval mode with its own backward, then train() for the
                 # update: an attack's input gradient, or backward-in-evaluation's mistake
+            if _rerun_in_train_mode(a, tl, f):
+                continue  # an evaluation forward between two updates (a plot, a test loss),
+                # undone by train(): the update's backward reads a forward made after it
             flowing = f.grad_modules
             for mid in f.modules:
                 if mid not in flowing or mid in f.recalibrated or not _mode_matters(f.states.get(mid) or {}):
@@ -278,3 +283,21 @@ def _unfrozen_since(state: dict) -> bool:
     """Whether a BatchNorm layer an eval() found frozen trains at this forward: its parameters
     require grad again and an optimizer owns them (a dropout layer has no parameters to say)."""
     return bool(state.get("trainable") and state.get("owned"))
+
+
+def _rerun_in_train_mode(a, tl, f) -> bool:
+    """``f`` ran in eval mode with gradients on, and before any backward follows it a
+    ``train()`` covers its layers and the same layers run again in training mode: ``f`` was an
+    evaluation pass between two updates (a test prediction to plot, without ``no_grad``), and
+    the update's backward reads the forward made after ``train()``."""
+    after = a.span(f.event.seq + 1, f.step.seq - 1)
+    backward = next((e for e in after if e.kind == "backward"), None)
+    end = backward.seq if backward is not None else f.step.seq
+    ran = set(f.modules)
+    train = next((e for e in after if e.kind == "train" and e.seq < end and e.get("mode", True)
+                  and ran <= set(e.get("modules", ()))), None)
+    if train is None:
+        return False
+    return any(g.training and train.seq < g.event.seq < end and ran & set(g.modules)
+               for g in tl.forwards)
+

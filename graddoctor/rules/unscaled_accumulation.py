@@ -29,6 +29,15 @@ def weighted_mean(factors: list[float]) -> bool:
     return len(set(factors)) > 1 and all(f > 0 for f in factors) and divides_by(sum(factors), 1)
 
 
+def _term_weights(odd) -> bool:
+    """The backwards of a window weighted by factors that differ from one backward to the next,
+    some above 1: returns or advantages weighting each time step's term of one objective
+    (REINFORCE's ``(-log p * R).backward()`` per step of an episode), not a normalisation of
+    micro-batches, which never multiplies a batch's loss by more than 1."""
+    factors = {b.get("loss_scale_factor") for w in odd for b in w.group}
+    return len(factors) > 1 and max(factors) > 1
+
+
 class UnscaledAccumulation(Rule):
     """
     ## What it does
@@ -74,7 +83,8 @@ class UnscaledAccumulation(Rule):
     Lightning, the transformers Trainer and `num_items_in_batch`); losses normalised by the
     window's token count or weighted by each micro-batch's share of the window; several
     losses of one forward before one step; DDP's `no_sync()` and FSDP's accumulation;
-    hand-written static loss scaling.
+    hand-written static loss scaling; per-time-step losses weighted by different returns
+    (REINFORCE's `(-log p * R).backward()` over an episode), which weigh terms, not micro-batches.
     """
 
     code = "GD204"
@@ -190,7 +200,7 @@ class UnscaledAccumulation(Rule):
                 yield self._not_divided(a, opt, k, verdicts["bad"], a.optimizer_class(opt), clips)
             elif verdicts["odd"] and (grown := self._multiplied(a, opt, k, verdicts["odd"], clips)):
                 yield grown
-            elif verdicts["odd"]:
+            elif verdicts["odd"] and not _term_weights(verdicts["odd"]):
                 w = verdicts["odd"][0]
                 factor = w.group[0].get("loss_scale_factor")
                 yield self.finding(

@@ -60,7 +60,8 @@ class WarmupNeverEnds(Rule):
     a cycle) or that already held, or whose lambda's text is no straight line in its step when
     the replay saw two of its values only (a warm-up stepped per epoch); a schedule sized in
     batches as a whole and stepped per epoch or per accumulated update (`schedule-misfits-run`
-    says it).
+    says it); a total sized from `len(loader)` that the replay shortened
+    (`--epoch-batches`) and that is longer than the warm-up at the loader's real length.
     """
 
     code = "GD139"
@@ -87,6 +88,9 @@ class WarmupNeverEnds(Rule):
                 continue
             length, how, child = found
             total = s.args.get("num_training_steps")
+            stretch = _shortened_by_replay(a, s)
+            if isinstance(total, int) and 0 < total <= length and total * stretch > length:
+                continue  # sized from the replay's shortened len(loader): the real plan is longer
             if isinstance(total, int) and 0 < total <= length:
                 yield self._finding(a, s, length, total, how,
                                     f"the schedule's own num_training_steps is {total:,}")
@@ -98,6 +102,8 @@ class WarmupNeverEnds(Rule):
             if misfit is not None and misfit.side in ("micro", "still"):
                 continue  # the whole schedule is sized in batches: schedule-misfits-run says it
             steps, described, unit = plan
+            if length >= steps and steps * stretch > length:
+                continue
             if length >= steps:
                 yield self._finding(a, s, length, steps, how, described, unit)
 
@@ -132,6 +138,18 @@ class WarmupNeverEnds(Rule):
                                       if s.steps else None,) if r is not None),
             evidence={"scheduler": s.cls, "warmup": length, "planned": total, "how": how,
                       "planned_from": described})
+
+
+def _shortened_by_replay(a, s) -> float:
+    """How much longer than planned the schedule would be outside the replay: the replay makes a
+    DataLoader's epochs (and its ``len()``) at most --epoch-batches long, so a total computed
+    from ``len(loader)`` before the scheduler was built (``num_training_steps=len(loader) *
+    epochs``) is that much shorter than the script's real plan. 1.0 when no shortened length
+    was read before it."""
+    seq = s.init.seq
+    ratios = [e["real_len"] / e["replay_len"] for e in a.of_kind("short_len")
+              if e.seq < seq and e.get("replay_len") and e.get("real_len")]
+    return max(ratios, default=1.0)
 
 
 def _warmup(a, s) -> tuple[int, str, object] | None:
