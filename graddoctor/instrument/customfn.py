@@ -30,6 +30,13 @@ its ratio and the words the script calls the Function by (``names``): the rule d
 they name a reversal. A factor of 0 (a coefficient scheduled from 0, as DANN's) says nothing
 yet: later calls are read, up to ``_PASS_THROUGH_CALLS``.
 
+Whatever the forward (a straight-through estimator's too), the same check reads, by a hook on
+the copies' backward node, what the backward returned for every tensor argument: None for an
+input that needs a gradient while an input that needs none gets a nonzero one is a return
+tuple out of forward's argument order (``return None, grad, None`` for ``(x, scale, clip)``),
+which autograd swallows silently (it drops a gradient given to an input without one); recorded
+as a ``custom_backward`` aside event with ``given_to``.
+
 Cost: a set lookup per ``apply`` call; the check runs once per class, off the per-step path;
 the hook of an identity Function, on its first calls only.
 """
@@ -64,6 +71,14 @@ class _Identity(NamedTuple):
     """A forward that returned its input number ``index`` unchanged."""
 
     index: int
+
+
+class _Misrouted(NamedTuple):
+    """A backward that returned None for input ``needed`` (it needed a gradient) and a gradient
+    for input ``given_to`` (it needed none): its return tuple is out of order."""
+
+    needed: int
+    given_to: int
 
 
 class CustomFunctionWatcher:
@@ -109,7 +124,14 @@ class CustomFunctionWatcher:
                 found = None  # a forward that cannot run on float64 copies: not checked
             finally:
                 self._busy = False
-            if isinstance(found, _Identity):
+            if isinstance(found, _Misrouted):
+                loc = self.rec.here(3)
+                self.rec.emit_aside(
+                    ev.custom_backward(cls=cls.__qualname__, input=found.needed, ratio=None,
+                                       forward=[loc.path, loc.line] if loc is not None else None,
+                                       given_to=found.given_to),
+                    self._backward_location(cls) or loc)
+            elif isinstance(found, _Identity):
                 self._passing[cls] = [found.index, _PASS_THROUGH_CALLS]
                 self._call.pending = (cls, found.index, inputs[found.index])
             elif found is not None:
@@ -274,9 +296,25 @@ class CustomFunctionWatcher:
             differentiable = [(o, v) for o, v in zip(outs, vs) if o.requires_grad]
             if not differentiable:
                 return None
-            grads = torch.autograd.grad([o for o, _ in differentiable], [xs[i] for i in wanted],
-                                        [v for _, v in differentiable], allow_unused=True,
-                                        retain_graph=True)
+            # what the backward returns for every tensor argument, those that need no gradient
+            # included (autograd drops those after the node's hook has seen them)
+            returned: list = []
+            node = differentiable[0][0].grad_fn
+            handle = None
+            if node is not None and type(node).__name__ == cls.__name__ + "Backward":
+                handle = node.register_hook(
+                    lambda grad_inputs, grad_outputs: returned.append(tuple(grad_inputs)))
+            try:
+                grads = torch.autograd.grad([o for o, _ in differentiable],
+                                            [xs[i] for i in wanted],
+                                            [v for _, v in differentiable], allow_unused=True,
+                                            retain_graph=True)
+            finally:
+                if handle is not None:
+                    handle.remove()
+            misrouted = _misrouted(inputs, wanted, returned[0] if returned else None)
+            if misrouted is not None:
+                return misrouted
             # the chain rule makes a backward linear in the gradient it is given: one that
             # returns the same values for two different incoming gradients ignores it (true of a
             # straight-through estimator too, which the comparison below leaves alone)
@@ -333,6 +371,25 @@ class CustomFunctionWatcher:
 
         patcher.patch(Function, "apply",
                       classmethod(watched_result(watched(method.__func__, before), after)))
+
+
+def _misrouted(inputs, wanted, grad_inputs) -> _Misrouted | None:
+    """An input that needed a gradient and got None, while a tensor input that needed none got
+    a nonzero one: the backward's return tuple is out of forward's argument order (a
+    straight-through estimator returning ``None, grad, None`` for ``(x, scale, clip)``).
+    The node's gradients are one per tensor argument, in order."""
+    if grad_inputs is None:
+        return None
+    positions = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+    if len(positions) != len(grad_inputs):
+        return None
+    got = dict(zip(positions, grad_inputs))
+    needed = [i for i in wanted if got.get(i) is None]
+    given = [i for i in positions if i not in wanted and isinstance(got[i], torch.Tensor)
+             and bool(got[i].detach().ne(0).any())]
+    if not needed or not given:
+        return None
+    return _Misrouted(needed[0], given[0])
 
 
 def _numerical(run, base, i, u, vs, h) -> float | None:

@@ -83,6 +83,19 @@ def _reversal_fix(tree: ast.AST | None, def_line: int, index: int) -> tuple[int,
 
 
 
+def _swapped_return(tree, def_line: int, needed: int, given: int) -> tuple[int, str] | None:
+    """(line, statement) of the backward's last return with its values at ``needed`` and
+    ``given`` swapped."""
+    returns = _returns(tree, def_line)
+    if not returns or not isinstance(returns[-1].value, ast.Tuple):
+        return None
+    elts = list(returns[-1].value.elts)
+    if max(needed, given) >= len(elts) or any(isinstance(e, ast.Starred) for e in elts):
+        return None
+    elts[needed], elts[given] = elts[given], elts[needed]
+    return returns[-1].lineno, "return " + ", ".join(ast.unparse(e) for e in elts)
+
+
 def _backward_return(tree, line: int) -> tuple[int | None, str | None]:
     """``(line of the backward's one return, its gradient parameter's name when the body never
     reads it)`` for the ``backward`` defined at (or holding) ``line``."""
@@ -119,6 +132,12 @@ class CustomBackwardWrong(Rule):
     its dtype at most: the local derivative returned alone) is reported at its `return`. Every
     backward, a straight-through estimator's too, is also run with two different incoming
     gradients: returning the same values for both means it ignores the gradient from the loss.
+
+    A backward that returns None for an input that needs a gradient and a gradient for one
+    that needs none (`return None, grad, None` for `forward(ctx, x, scale, clip)`) has its return
+    values out of order with forward's arguments; autograd silently drops a gradient given to
+    an input without one, so this is checked whatever the forward (a straight-through
+    estimator's too) and reported at the `return`.
 
     A forward that returns its input unchanged is a gradient-reversal or gradient-scaling layer,
     whose backward is meant not to be its derivative. For those, what the backward really hands
@@ -183,7 +202,9 @@ class CustomBackwardWrong(Rule):
     inspects the gradient; model-parallel copy regions at one rank); a piecewise-constant
     forward with a surrogate backward (a straight-through estimator); inputs where the forward
     is not smooth; Functions defined outside the script's files (`torch.utils.checkpoint`); a
-    Function that cannot run in float64.
+    Function that cannot run in float64; a backward whose return tuple lists an input that
+    needs no gradient first (`forward(ctx, scale, x)` returning `None, grad`), or that returns
+    a gradient for an input that needs none while every input that needs one gets one.
     """
 
     code = "GD234"
@@ -203,6 +224,9 @@ class CustomBackwardWrong(Rule):
                 finding = self._reversal_without_minus(a, e)
                 if finding is not None:
                     yield finding
+                continue
+            if e.get("given_to") is not None:
+                yield self._misrouted(a, e)
                 continue
             if ratio is not None and abs(ratio + 1) < 1e-3:
                 how = "the true gradient with the opposite sign (training climbs the loss through it)"
@@ -243,6 +267,35 @@ class CustomBackwardWrong(Rule):
                      f"torch.autograd.gradcheck on float64 inputs") if unread else None,
                 evidence={"cls": cls, "input": index, "ratio": ratio},
             )
+
+    def _misrouted(self, a, e):
+        """A backward that returns None for an input that needs a gradient and a gradient for
+        one that needs none: the return tuple is out of forward's argument order."""
+        cls, needed, given = e.get("cls"), int(e.get("input") or 0), int(e.get("given_to"))
+        where, fix = e.loc, None
+        if where is not None:
+            try:
+                swapped = _swapped_return(a.source.tree(where.path), where.line, needed, given)
+            except Exception:
+                swapped = None
+            if swapped is not None:
+                where = Location(where.path, swapped[0], where.function)
+                fix = (f"return one value per forward argument, in forward's order: "
+                       f"`{swapped[1]}`")
+        forward = e.get("forward")
+        rel = ()
+        if forward:
+            rel = (Related(Location(str(forward[0]), int(forward[1])), f"{cls}.apply, checked here"),)
+        return self.finding(
+            f"{cls}.backward returns None for its {_ordinal(needed)} input, which needs a "
+            f"gradient, and a gradient for its {_ordinal(given)} input, which needs none: its "
+            f"return values are out of order with forward's arguments, so autograd drops the "
+            f"gradient and nothing before {cls} trains through it",
+            where, related=rel,
+            fix=fix or ("return one gradient per forward argument, in forward's order (None for "
+                        "the arguments that take no gradient)"),
+            evidence={"cls": cls, "input": needed, "given_to": given},
+        )
 
     def _reversal_without_minus(self, a, e):
         """An identity forward whose backward passes the gradient through times a positive
