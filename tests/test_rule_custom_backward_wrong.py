@@ -338,3 +338,50 @@ def test_the_fix_swaps_the_two_slots_of_the_last_return():
            "    def backward(ctx, g):\n"
            "        return None, g * 2, None\n")
     assert _swapped_return(ast.parse(src), 3, 0, 1) == (4, "return g * 2, None, None")
+
+
+class ReverseByAlpha(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -ctx.alpha * g, None
+
+
+def _reversed(h, cut):
+    outs = []
+    for _ in range(3):
+        outs.append(ReverseByAlpha.apply(h.detach(), 0.5) if cut else ReverseByAlpha.apply(h * 1.0, 0.5))
+    return outs
+
+
+def test_a_reversal_on_a_detached_tensor_is_recorded_at_the_cutting_line():
+    h = torch.randn(4, 3, requires_grad=True)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        outs = _reversed(h, True)
+    assert all(not o.requires_grad and torch.equal(o, h.detach()) for o in outs)
+    events = [e for e in rec.trace if e.kind == "custom_backward"]
+    assert len(events) == 1 and events[0].get("input_cut") and events[0].get("identity")
+    assert ".detach()" in open(__file__).read().splitlines()[events[0].loc.line - 1]
+
+
+def test_a_reversal_with_its_gradient_or_on_plain_data_is_not_recorded():
+    h = torch.randn(4, 3, requires_grad=True)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        _reversed(h, False)
+        for _ in range(3):
+            ReverseByAlpha.apply(torch.randn(4, 3), 0.5)
+    assert not [e for e in rec.trace if e.kind == "custom_backward" and e.get("input_cut")]
+
+
+def test_the_cut_input_finding_names_the_reversal():
+    t = TraceBuilder()
+    t.put(ev.custom_backward(cls="GradReverse", input=0, ratio=None, forward=["train.py", 12],
+                             identity=True, names=["GradReverse"], input_cut=True), 30)
+    f = only(t, SLUG)
+    assert f.location.line == 30 and "needs no gradient" in f.message and "backward never runs" in f.message

@@ -139,6 +139,13 @@ class CustomBackwardWrong(Rule):
     an input without one, so this is checked whatever the forward (a straight-through
     estimator's too) and reported at the `return`.
 
+    An identity Function (a gradient reversal or scaling) applied, with gradients on, to a
+    tensor that needs no gradient (`grad_reverse(features.detach())`) does nothing at all: its
+    backward never runs. Reported at the line that cut the graph (`.detach()`, `.data`) above
+    the call, when the second such call comes before any call with a gradient; an identity
+    Function applied to data that never had a gradient (no line above it cuts one) is left
+    alone.
+
     A forward that returns its input unchanged is a gradient-reversal or gradient-scaling layer,
     whose backward is meant not to be its derivative. For those, what the backward really hands
     back is read at the Function's first calls with a nonzero gradient (a hook on its node in
@@ -204,7 +211,8 @@ class CustomBackwardWrong(Rule):
     is not smooth; Functions defined outside the script's files (`torch.utils.checkpoint`); a
     Function that cannot run in float64; a backward whose return tuple lists an input that
     needs no gradient first (`forward(ctx, scale, x)` returning `None, grad`), or that returns
-    a gradient for an input that needs none while every input that needs one gets one.
+    a gradient for an input that needs none while every input that needs one gets one; a
+    gradient reversal applied to features with their gradient, or under `torch.no_grad()`.
     """
 
     code = "GD234"
@@ -220,6 +228,9 @@ class CustomBackwardWrong(Rule):
             if cls in seen:
                 continue
             seen.add(cls)
+            if e.get("input_cut"):
+                yield self._identity_on_cut_input(a, e)
+                continue
             if e.get("identity"):
                 finding = self._reversal_without_minus(a, e)
                 if finding is not None:
@@ -267,6 +278,32 @@ class CustomBackwardWrong(Rule):
                      f"torch.autograd.gradcheck on float64 inputs") if unread else None,
                 evidence={"cls": cls, "input": index, "ratio": ratio},
             )
+
+    def _identity_on_cut_input(self, a, e):
+        """An identity Function (a gradient reversal or scaling) applied to tensors without
+        gradient: its backward never runs."""
+        cls, index = e.get("cls"), int(e.get("input") or 0)
+        word = _reversal_word(e.get("names"))
+        where, fix = e.loc, None
+        text = a.source.line_text(where.path, where.line) if where is not None else None
+        text = text.split("  #", 1)[0] if text else text  # its trailing comment left out
+        if text and text.count(".detach()") == 1:
+            fix = f"hand it the tensor with its gradient: `{text.strip().replace('.detach()', '')}`"
+        forward = e.get("forward")
+        rel = ()
+        if forward and (where is None or [where.path, where.line] != list(forward)):
+            rel = (Related(Location(str(forward[0]), int(forward[1])), f"{cls}.apply"),)
+        kind = (f"a gradient reversal ('{word}')" if word else
+                "an identity in its forward (a layer whose whole effect is its backward)")
+        return self.finding(
+            f"{cls} is {kind}, but it is applied to a tensor that needs no gradient (its "
+            f"{_ordinal(index)} input, cut from the graph before it): its backward never runs, "
+            f"so it does nothing, and the layers that made that tensor never get the gradient "
+            f"it was meant to {'reverse' if word else 'shape'}",
+            where, related=rel,
+            fix=fix or "apply it to the tensor with its gradient (no .detach() or .data before it)",
+            evidence={"cls": cls, "input": index, "input_cut": True, "named": word},
+        )
 
     def _misrouted(self, a, e):
         """A backward that returns None for an input that needs a gradient and a gradient for
