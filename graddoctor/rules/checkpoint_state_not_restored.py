@@ -16,11 +16,11 @@ _COUNTERS = ("epoch", "global_step", "step")
 
 def _kind(key: str, owner: str) -> str | None:
     text = (key + " " + owner).lower()
-    return next((kind for word, kind in _RESUMED if word in text), None)
+    return next((part for word, part in _RESUMED if word in text), None)
 
 
 def _saved(tree: ast.AST) -> list[tuple[dict[str, tuple[str, str]], int]]:
-    """``({key: (kind, owner)}, line)`` of each dict literal given to ``torch.save``: the
+    """``({key: (part, owner)}, line)`` of each dict literal given to ``torch.save``: the
     training-state ``X.state_dict()`` values (optimizer, scheduler, scaler) and the loop
     counters (``"epoch": epoch``) it holds."""
     found = []
@@ -33,9 +33,9 @@ def _saved(tree: ast.AST) -> list[tuple[dict[str, tuple[str, str]], int]]:
                     continue
                 owner = _state_dict_of(value)
                 if owner is not None:
-                    kind = _kind(key.value, owner)
-                    if kind is not None:
-                        held[key.value] = (kind, owner)
+                    part = _kind(key.value, owner)
+                    if part is not None:
+                        held[key.value] = (part, owner)
                 elif isinstance(value, (ast.Name, ast.Attribute, ast.BinOp)) \
                         and key.value.lower() in _COUNTERS:
                     held[key.value] = ("counter", ast.unparse(value))
@@ -65,7 +65,7 @@ def _restarted_loop(tree: ast.AST, after: int, counter: str) -> int | None:
 
 
 def unrestored_state(tree: ast.AST) -> list[tuple[int, str, str, str, str, str]]:
-    """``(line, last restore text, key, kind, owner, restored key)``: a checkpoint saved with
+    """``(line, last restore text, key, part, owner, restored key)``: a checkpoint saved with
     its training state, the script restoring part of that state
     (``optimizer.load_state_dict(ckpt["optimizer"])``) while another part (the scheduler, the
     scaler, the epoch counter) is read nowhere in the file."""
@@ -74,17 +74,17 @@ def unrestored_state(tree: ast.AST) -> list[tuple[int, str, str, str, str, str]]
         return []
     found = []
     for held, _ in _saved(tree):
-        state = {k for k, (kind, _) in held.items() if kind != "counter"}
+        state = {k for k, (part, _) in held.items() if part != "counter"}
         restores = _restores(tree, state)
         if not restores:
             continue  # nothing of the training state restored: a fine-tune from the weights
         line, text, restored = restores[-1]
-        for key, (kind, owner) in held.items():
-            if kind == "scheduler" and _positioned_scheduler(tree):
+        for key, (part, owner) in held.items():
+            if part == "scheduler" and _positioned_scheduler(tree):
                 continue  # rebuilt at the resumed position instead of loaded
             if key not in read:
-                at = _restarted_loop(tree, line, owner) if kind == "counter" else None
-                found.append((at or line, text, key, kind, owner, restored))
+                at = _restarted_loop(tree, line, owner) if part == "counter" else None
+                found.append((at or line, text, key, part, owner, restored))
     return found
 
 
@@ -150,9 +150,9 @@ class CheckpointStateNotRestored(Rule):
             tree = a.source.tree(path)
             if tree is None:
                 continue
-            for line, text, key, kind, owner, restored in unrestored_state(tree):
+            for line, text, key, part, owner, restored in unrestored_state(tree):
                 checkpoint = text.split("(", 1)[1].rsplit("[", 1)[0] if "(" in text else "ckpt"
-                if kind == "counter":
+                if part == "counter":
                     what = (f"the {key} counter (`{owner}`)", "the loop starts again from its "
                             f"first {key} and replays the whole schedule on weights already "
                             "trained through part of it")
@@ -165,12 +165,12 @@ class CheckpointStateNotRestored(Rule):
                         "optimizer": "momentum and adaptive moments start from zero on "
                                      "trained weights",
                         "grad scaler": "the loss scale restarts from its initial value",
-                    }[kind]
-                    what = (f"the {kind} state of `{owner}`", consequence)
+                    }[part]
+                    what = (f"the {part} state of `{owner}`", consequence)
                     fix = f"restore it after this line: `{owner}.load_state_dict({checkpoint}[\"{key}\"])`"
                 yield self.finding(
                     f"the resume restores \"{restored}\" from the checkpoint (`{text}`), but "
                     f"{what[0]} saved beside it under \"{key}\" is read nowhere: {what[1]}",
                     Location(path, line),
-                    evidence={"key": key, "kind": kind, "owner": owner, "restored": restored},
+                    evidence={"key": key, "part": part, "owner": owner, "restored": restored},
                     fix=fix)
