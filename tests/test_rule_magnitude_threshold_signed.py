@@ -33,3 +33,9 @@ def test_absolute_values_signed_cuts_and_other_tensors_are_silent():
 def test_the_fix_puts_abs_on_the_signed_side():
     assert _with_abs("p.detach() > thresh", "p") == "p.detach().abs() > thresh"
     assert _with_abs("thresh < p.data", "p") == "thresh < p.data.abs()"
+
+
+def test_a_symmetric_clip_with_the_negated_threshold_is_silent():
+    src = ("def clip(t):\n    bound = t.abs().flatten().quantile(0.95)\n"
+           "    t = torch.where(t > bound, bound, t)\n    return torch.where(t < -bound, -bound, t)\n")
+    assert _found(src) == []

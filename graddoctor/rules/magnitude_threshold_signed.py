@@ -54,6 +54,14 @@ def _order_statistic(node: ast.AST) -> bool:
                or (isinstance(n, ast.Name) and n.id in _ORDER) for n in ast.walk(node))
 
 
+def _negated_in(nodes, threshold: ast.AST) -> bool:
+    """Whether the scope also uses the threshold negated (``x < -bound``, ``clamp(x, -t, t)``):
+    a symmetric clip of signed values, which compares them with the magnitude on purpose."""
+    text = ast.unparse(threshold)
+    return any(isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub)
+               and ast.unparse(n.operand) == text for n in nodes)
+
+
 def signed_magnitude_comparisons(tree: ast.AST) -> list[tuple[int, str, str]]:
     """``(line, comparison, tensor)``: a tensor compared as it is (signed) with a threshold
     made from an order statistic of its absolute values (``thresh = p.abs().kthvalue(k)``,
@@ -91,7 +99,7 @@ def signed_magnitude_comparisons(tree: ast.AST) -> list[tuple[int, str, str]]:
                     bases = _magnitudes_of(threshold)
                 else:
                     continue
-                if base in bases:
+                if base in bases and not _negated_in(nodes, threshold):
                     found.append((n.lineno, ast.unparse(n), base))
                     break
     return sorted(set(found))
@@ -129,8 +137,9 @@ class MagnitudeThresholdSigned(Rule):
     ## Stays silent on
     The absolute values compared (`w.abs() > thresh`, `torch.abs(w) >= t`); a threshold made
     from the signed values themselves (`w.kthvalue(k)`: a signed cut on purpose); a threshold
-    of another tensor's magnitudes (gradients, scores); comparisons in files no backward ran
-    from.
+    of another tensor's magnitudes (gradients, scores); a symmetric clip that also uses the
+    threshold negated (`torch.where(x > t, t, x)` beside `x < -t`); comparisons in files no
+    backward ran from.
     """
 
     code = "GD367"
