@@ -829,7 +829,15 @@ custom_backward    cls (a torch.autograd.Function subclass defined in the user's
                    call, passed the gradient through times ratio > 0; names (the words the
                    script calls it by: class, docstring's first line, the apply call's function
                    and line). With ignores_grad set: the backward returned the same gradient for
-                   two different incoming gradients (checked whatever the forward)
+                   two different incoming gradients (checked whatever the forward). With
+                   given_to set: the backward returned None for input (a floating tensor that
+                   needed a gradient at the call) and a nonzero gradient for input given_to, a
+                   tensor that needed none: its returned tuple is out of order with forward's
+                   arguments (checked whatever the forward). With identity and input_cut
+                   set: the Function returned that input unchanged at two calls with grad on,
+                   none of its inputs needing a gradient (its backward never runs); loc: the
+                   user's line above the apply that cuts the graph (``.detach()``, ``.data``),
+                   else the apply call
 loss_padding       fn (cross_entropy | nll_loss), pad (the padding index), fraction (of the
                    target positions equal to it), ignore_index, reduction, source ("padding_idx":
                    an nn.Embedding's; "fill": the id filling the token batches' shorter rows;
@@ -2041,11 +2049,16 @@ def causal_read_early(*, module: str, positions: list[int], read: int, length: i
 
 def custom_backward(*, cls: str, input: int, ratio: float | None, forward: list | None,
                     identity: bool = False, names: list[str] | None = None,
-                    ignores_grad: bool = False) -> Made:
+                    ignores_grad: bool = False, given_to: int | None = None,
+                    input_cut: bool = False) -> Made:
     fields = {"cls": cls, "input": input, "ratio": ratio, "forward": forward,
               "identity": identity, "names": names}
     if ignores_grad:
         fields["ignores_grad"] = True
+    if given_to is not None:
+        fields["given_to"] = given_to
+    if input_cut:
+        fields["input_cut"] = True
     return "custom_backward", fields
 
 

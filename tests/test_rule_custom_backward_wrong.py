@@ -272,3 +272,116 @@ def test_a_backward_that_ignores_the_incoming_gradient_is_told_so():
     assert "the same gradient whatever gradient arrives from the loss" in f.message
     assert "finite differences" not in f.message  # a straight-through estimator is not compared
     assert "ignores_grad" not in ev.custom_backward(cls="F", input=0, ratio=1.0, forward=None)[1]
+
+
+def test_a_gradient_in_the_slot_of_an_input_without_one_is_named_at_the_return():
+    t = TraceBuilder()
+    t.put(ev.custom_backward(cls="FakeQuant", input=0, ratio=None, forward=["train.py", 40],
+                             given_to=1), 8)
+    f = only(t, SLUG)
+    assert f.location.line == 8 and "returns None for its first input" in f.message
+    assert "second input, which needs none" in f.message
+    assert f.evidence["given_to"] == 1 and f.related[0].location.line == 40
+
+
+class SlotsOutOfOrder(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        return torch.round(x / scale) * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, g
+
+
+class ScaleFirst(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scale, x):
+        return torch.round(x / scale) * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, g
+
+
+def _applied(fn, scale_first):
+    torch.manual_seed(0)
+    x = torch.randn(6, 3, requires_grad=True)
+    scale = torch.tensor(0.25)
+    out = fn.apply(scale, x) if scale_first else fn.apply(x, scale)
+    out.sum().backward()
+    return out.detach(), x.grad
+
+
+def test_the_watcher_finds_a_return_tuple_out_of_forward_order_and_changes_nothing():
+    plain = _applied(SlotsOutOfOrder, False)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        got = _applied(SlotsOutOfOrder, False)
+    events = [e for e in rec.trace if e.kind == "custom_backward"]
+    assert torch.equal(plain[0], got[0]) and plain[1] is None and got[1] is None
+    assert len(events) == 1 and events[0].get("input") == 0 and events[0].get("given_to") == 1
+
+
+def test_a_return_tuple_that_follows_forward_order_is_not_reported():
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        _applied(ScaleFirst, True)
+    assert not [e for e in rec.trace if e.kind == "custom_backward"]
+
+
+def test_the_fix_swaps_the_two_slots_of_the_last_return():
+    import ast
+    from graddoctor.rules.custom_backward_wrong import _swapped_return
+    src = ("class F:\n"
+           "    @staticmethod\n"
+           "    def backward(ctx, g):\n"
+           "        return None, g * 2, None\n")
+    assert _swapped_return(ast.parse(src), 3, 0, 1) == (4, "return g * 2, None, None")
+
+
+class ReverseByAlpha(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -ctx.alpha * g, None
+
+
+def _reversed(h, cut):
+    outs = []
+    for _ in range(3):
+        outs.append(ReverseByAlpha.apply(h.detach(), 0.5) if cut else ReverseByAlpha.apply(h * 1.0, 0.5))
+    return outs
+
+
+def test_a_reversal_on_a_detached_tensor_is_recorded_at_the_cutting_line():
+    h = torch.randn(4, 3, requires_grad=True)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        outs = _reversed(h, True)
+    assert all(not o.requires_grad and torch.equal(o, h.detach()) for o in outs)
+    events = [e for e in rec.trace if e.kind == "custom_backward"]
+    assert len(events) == 1 and events[0].get("input_cut") and events[0].get("identity")
+    assert ".detach()" in open(__file__).read().splitlines()[events[0].loc.line - 1]
+
+
+def test_a_reversal_with_its_gradient_or_on_plain_data_is_not_recorded():
+    h = torch.randn(4, 3, requires_grad=True)
+    rec = Recorder(step_budget=None)
+    with Instrumentation(rec):
+        _reversed(h, False)
+        for _ in range(3):
+            ReverseByAlpha.apply(torch.randn(4, 3), 0.5)
+    assert not [e for e in rec.trace if e.kind == "custom_backward" and e.get("input_cut")]
+
+
+def test_the_cut_input_finding_names_the_reversal():
+    t = TraceBuilder()
+    t.put(ev.custom_backward(cls="GradReverse", input=0, ratio=None, forward=["train.py", 12],
+                             identity=True, names=["GradReverse"], input_cut=True), 30)
+    f = only(t, SLUG)
+    assert f.location.line == 30 and "needs no gradient" in f.message and "backward never runs" in f.message

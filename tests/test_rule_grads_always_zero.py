@@ -162,3 +162,18 @@ def test_the_watcher_marks_a_stop_at_a_zero_weight_matrix():
             opt.step()
     stops = rec.trace.of_kind("grad_stops")
     assert stops and stops[0]["stops"] == ["AddmmBackward0:zero_weights"]
+
+
+def test_a_round_inside_an_autograd_function_is_not_the_call_site():
+    import ast
+    from graddoctor.rules.grads_always_zero import _autograd_function_lines
+    src = ("import torch\n"
+           "class Q(torch.autograd.Function):\n"
+           "    @staticmethod\n"
+           "    def forward(ctx, x):\n"
+           "        return torch.round(x)\n"
+           "class Layer:\n"
+           "    def forward(self, x):\n"
+           "        return torch.round(x)\n")
+    lines = _autograd_function_lines(ast.parse(src))
+    assert 5 in lines and 8 not in lines

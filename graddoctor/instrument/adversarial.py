@@ -325,7 +325,8 @@ class AdversarialWatcher:
 
         def hook(grad):
             try:
-                if plain.get(key) is None and self.rec.running_backwards:
+                # a custom Function's backward returning None for this output hands the hook None
+                if grad is not None and plain.get(key) is None and self.rec.running_backwards:
                     plain[key] = (values, grad.detach().reshape(-1)[:_VALUES].double().clone())
             except Exception as exc:
                 self.rec.internal_error("adversarial (gradient)", exc)
@@ -360,7 +361,8 @@ class AdversarialWatcher:
         def hook(grad):
             try:
                 # a script's backward only (not an autograd.grad of graddoctor's probes)
-                if how not in pair and not watcher._told and watcher.rec.running_backwards:
+                if grad is not None and how not in pair and not watcher._told \
+                        and watcher.rec.running_backwards:
                     pair[how] = (grad.detach().reshape(-1)[:_VALUES].double().clone(), loc, backward,
                                  values)
                     if len(pair) == 2:

@@ -30,6 +30,18 @@ its ratio and the words the script calls the Function by (``names``): the rule d
 they name a reversal. A factor of 0 (a coefficient scheduled from 0, as DANN's) says nothing
 yet: later calls are read, up to ``_PASS_THROUGH_CALLS``.
 
+Whatever the forward (a straight-through estimator's too), the same check reads, by a hook on
+the copies' backward node, what the backward returned for every tensor argument: None for an
+input that needs a gradient while an input that needs none gets a nonzero one is a return
+tuple out of forward's argument order (``return None, grad, None`` for ``(x, scale, clip)``),
+which autograd swallows silently (it drops a gradient given to an input without one); recorded
+as a ``custom_backward`` aside event with ``given_to``.
+
+An identity Function applied with gradients on to inputs none of which needs a gradient (a
+reversal on ``features.detach()``) never runs its backward: at its second such call (before any
+call with a gradient), when a user line above the apply cuts the graph (``.detach()``,
+``.data``), a ``custom_backward`` aside with ``identity`` and ``input_cut`` is recorded there.
+
 Cost: a set lookup per ``apply`` call; the check runs once per class, off the per-step path;
 the hook of an identity Function, on its first calls only.
 """
@@ -57,6 +69,7 @@ _TOLERANCE = 1e-3  # relative disagreement between the two directional derivativ
 _PASS_THROUGH_CALLS = 8  # calls of an identity Function whose backward is read, at most
 _SAMPLE = 65_536  # gradient elements compared
 _MAX_NAMES = 24
+_CUT_CALLS = 2  # calls of an identity Function on tensors without gradient before it is told
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -64,6 +77,14 @@ class _Identity(NamedTuple):
     """A forward that returned its input number ``index`` unchanged."""
 
     index: int
+
+
+class _Misrouted(NamedTuple):
+    """A backward that returned None for input ``needed`` (it needed a gradient) and a gradient
+    for input ``given_to`` (it needed none): its return tuple is out of order."""
+
+    needed: int
+    given_to: int
 
 
 class CustomFunctionWatcher:
@@ -76,6 +97,9 @@ class CustomFunctionWatcher:
         self._call = threading.local()
         self._busy = False
         self._original = None
+        # identity Functions applied with grad on but to tensors without gradient: cls -> calls
+        self._cut_calls: dict = {}
+        self._cut_told: set = set()
 
     def _before(self, args, kwargs) -> None:
         if self._busy or not args:
@@ -100,6 +124,9 @@ class CustomFunctionWatcher:
             inputs = args[1:]
             if not any(isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point()
                        for x in inputs):
+                if cls not in self._cut_told:
+                    # an identity Function on a tensor without gradient: read in ``_after``
+                    self._call.cut = (cls, inputs)
                 return  # wait for a call a gradient flows through
             self._done.add(cls)
             self._busy = True
@@ -109,7 +136,14 @@ class CustomFunctionWatcher:
                 found = None  # a forward that cannot run on float64 copies: not checked
             finally:
                 self._busy = False
-            if isinstance(found, _Identity):
+            if isinstance(found, _Misrouted):
+                loc = self.rec.here(3)
+                self.rec.emit_aside(
+                    ev.custom_backward(cls=cls.__qualname__, input=found.needed, ratio=None,
+                                       forward=[loc.path, loc.line] if loc is not None else None,
+                                       given_to=found.given_to),
+                    self._backward_location(cls) or loc)
+            elif isinstance(found, _Identity):
                 self._passing[cls] = [found.index, _PASS_THROUGH_CALLS]
                 self._call.pending = (cls, found.index, inputs[found.index])
             elif found is not None:
@@ -124,6 +158,10 @@ class CustomFunctionWatcher:
             self.rec.internal_error("checking a custom autograd.Function", exc)
 
     def _after(self, result) -> None:
+        cut = getattr(self._call, "cut", None)
+        if cut is not None:
+            self._call.cut = None
+            self._identity_without_grad(cut, result)
         pending = getattr(self._call, "pending", None)
         if pending is None or not torch.is_grad_enabled():
             return  # a call inside a forward (grad off) leaves the outer call's pending
@@ -148,6 +186,53 @@ class CustomFunctionWatcher:
                                             loc, names))
         except Exception as exc:
             self.rec.internal_error("reading an identity autograd.Function's backward", exc)
+
+    def _identity_without_grad(self, cut, result) -> None:
+        """A Function whose forward returned one of its inputs unchanged (a gradient reversal,
+        a gradient scaling), applied with grad on to inputs none of which needs a gradient: its
+        backward never runs, so it does nothing. Told once per class, at its second such call,
+        when no call with a gradient flowing came first."""
+        try:
+            cls, inputs = cut
+            if cls in self._done or cls in self._cut_told or not torch.is_grad_enabled() \
+                    or not isinstance(result, torch.Tensor) or result.requires_grad:
+                return
+            index = next((i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
+                          and x.is_floating_point() and x.shape == result.shape
+                          and x.device == result.device and torch.equal(x, result)), None)
+            if index is None:
+                return
+            calls = self._cut_calls[cls] = self._cut_calls.get(cls, 0) + 1
+            if calls < _CUT_CALLS:
+                return
+            self._cut_told.add(cls)
+            cutting = self._cutting_caller()
+            if cutting is None:
+                return  # data without gradient (the input batch): nothing says it was cut
+            loc = self.rec.here(4)
+            self.rec.emit_aside(
+                ev.custom_backward(cls=cls.__qualname__, input=index, ratio=None,
+                                   forward=[loc.path, loc.line] if loc is not None else None,
+                                   identity=True, names=self._names(cls), input_cut=True),
+                cutting)
+        except Exception as exc:
+            self.rec.internal_error("reading an identity autograd.Function's input", exc)
+
+    def _cutting_caller(self) -> Location | None:
+        """The first of the user's frames above the apply call (the apply's own included, 4 at
+        most) whose line cuts the graph (``.detach()``, ``.data``): where the input lost it."""
+        frame = sys._getframe(1)
+        seen = 0
+        while frame is not None and seen < 4:
+            code = frame.f_code
+            if self.rec.finder.is_user_file(code.co_filename):
+                seen += 1
+                text = linecache.getline(code.co_filename, frame.f_lineno)
+                if ".detach()" in text or ".data" in text:
+                    return Location(self.rec.finder.display_path(code.co_filename), frame.f_lineno,
+                                    code.co_name)
+            frame = frame.f_back
+        return None
 
     @staticmethod
     def _tensor_position(node, x) -> int | None:
@@ -274,9 +359,25 @@ class CustomFunctionWatcher:
             differentiable = [(o, v) for o, v in zip(outs, vs) if o.requires_grad]
             if not differentiable:
                 return None
-            grads = torch.autograd.grad([o for o, _ in differentiable], [xs[i] for i in wanted],
-                                        [v for _, v in differentiable], allow_unused=True,
-                                        retain_graph=True)
+            # what the backward returns for every tensor argument, those that need no gradient
+            # included (autograd drops those after the node's hook has seen them)
+            returned: list = []
+            node = differentiable[0][0].grad_fn
+            handle = None
+            if node is not None and type(node).__name__ == cls.__name__ + "Backward":
+                handle = node.register_hook(
+                    lambda grad_inputs, grad_outputs: returned.append(tuple(grad_inputs)))
+            try:
+                grads = torch.autograd.grad([o for o, _ in differentiable],
+                                            [xs[i] for i in wanted],
+                                            [v for _, v in differentiable], allow_unused=True,
+                                            retain_graph=True)
+            finally:
+                if handle is not None:
+                    handle.remove()
+            misrouted = _misrouted(inputs, wanted, returned[0] if returned else None)
+            if misrouted is not None:
+                return misrouted
             # the chain rule makes a backward linear in the gradient it is given: one that
             # returns the same values for two different incoming gradients ignores it (true of a
             # straight-through estimator too, which the comparison below leaves alone)
@@ -333,6 +434,25 @@ class CustomFunctionWatcher:
 
         patcher.patch(Function, "apply",
                       classmethod(watched_result(watched(method.__func__, before), after)))
+
+
+def _misrouted(inputs, wanted, grad_inputs) -> _Misrouted | None:
+    """An input that needed a gradient and got None, while a tensor input that needed none got
+    a nonzero one: the backward's return tuple is out of forward's argument order (a
+    straight-through estimator returning ``None, grad, None`` for ``(x, scale, clip)``).
+    The node's gradients are one per tensor argument, in order."""
+    if grad_inputs is None:
+        return None
+    positions = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+    if len(positions) != len(grad_inputs):
+        return None
+    got = dict(zip(positions, grad_inputs))
+    needed = [i for i in wanted if got.get(i) is None]
+    given = [i for i in positions if i not in wanted and isinstance(got[i], torch.Tensor)
+             and bool(got[i].detach().ne(0).any())]
+    if not needed or not given:
+        return None
+    return _Misrouted(needed[0], given[0])
 
 
 def _numerical(run, base, i, u, vs, h) -> float | None:

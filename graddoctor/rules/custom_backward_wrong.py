@@ -83,6 +83,19 @@ def _reversal_fix(tree: ast.AST | None, def_line: int, index: int) -> tuple[int,
 
 
 
+def _swapped_return(tree, def_line: int, needed: int, given: int) -> tuple[int, str] | None:
+    """(line, statement) of the backward's last return with its values at ``needed`` and
+    ``given`` swapped."""
+    returns = _returns(tree, def_line)
+    if not returns or not isinstance(returns[-1].value, ast.Tuple):
+        return None
+    elts = list(returns[-1].value.elts)
+    if max(needed, given) >= len(elts) or any(isinstance(e, ast.Starred) for e in elts):
+        return None
+    elts[needed], elts[given] = elts[given], elts[needed]
+    return returns[-1].lineno, "return " + ", ".join(ast.unparse(e) for e in elts)
+
+
 def _backward_return(tree, line: int) -> tuple[int | None, str | None]:
     """``(line of the backward's one return, its gradient parameter's name when the body never
     reads it)`` for the ``backward`` defined at (or holding) ``line``."""
@@ -119,6 +132,19 @@ class CustomBackwardWrong(Rule):
     its dtype at most: the local derivative returned alone) is reported at its `return`. Every
     backward, a straight-through estimator's too, is also run with two different incoming
     gradients: returning the same values for both means it ignores the gradient from the loss.
+
+    A backward that returns None for an input that needs a gradient and a gradient for one
+    that needs none (`return None, grad, None` for `forward(ctx, x, scale, clip)`) has its return
+    values out of order with forward's arguments; autograd silently drops a gradient given to
+    an input without one, so this is checked whatever the forward (a straight-through
+    estimator's too) and reported at the `return`.
+
+    An identity Function (a gradient reversal or scaling) applied, with gradients on, to a
+    tensor that needs no gradient (`grad_reverse(features.detach())`) does nothing at all: its
+    backward never runs. Reported at the line that cut the graph (`.detach()`, `.data`) above
+    the call, when the second such call comes before any call with a gradient; an identity
+    Function applied to data that never had a gradient (no line above it cuts one) is left
+    alone.
 
     A forward that returns its input unchanged is a gradient-reversal or gradient-scaling layer,
     whose backward is meant not to be its derivative. For those, what the backward really hands
@@ -183,7 +209,10 @@ class CustomBackwardWrong(Rule):
     inspects the gradient; model-parallel copy regions at one rank); a piecewise-constant
     forward with a surrogate backward (a straight-through estimator); inputs where the forward
     is not smooth; Functions defined outside the script's files (`torch.utils.checkpoint`); a
-    Function that cannot run in float64.
+    Function that cannot run in float64; a backward whose return tuple lists an input that
+    needs no gradient first (`forward(ctx, scale, x)` returning `None, grad`), or that returns
+    a gradient for an input that needs none while every input that needs one gets one; a
+    gradient reversal applied to features with their gradient, or under `torch.no_grad()`.
     """
 
     code = "GD234"
@@ -199,10 +228,16 @@ class CustomBackwardWrong(Rule):
             if cls in seen:
                 continue
             seen.add(cls)
+            if e.get("input_cut"):
+                yield self._identity_on_cut_input(a, e)
+                continue
             if e.get("identity"):
                 finding = self._reversal_without_minus(a, e)
                 if finding is not None:
                     yield finding
+                continue
+            if e.get("given_to") is not None:
+                yield self._misrouted(a, e)
                 continue
             if ratio is not None and abs(ratio + 1) < 1e-3:
                 how = "the true gradient with the opposite sign (training climbs the loss through it)"
@@ -243,6 +278,61 @@ class CustomBackwardWrong(Rule):
                      f"torch.autograd.gradcheck on float64 inputs") if unread else None,
                 evidence={"cls": cls, "input": index, "ratio": ratio},
             )
+
+    def _identity_on_cut_input(self, a, e):
+        """An identity Function (a gradient reversal or scaling) applied to tensors without
+        gradient: its backward never runs."""
+        cls, index = e.get("cls"), int(e.get("input") or 0)
+        word = _reversal_word(e.get("names"))
+        where, fix = e.loc, None
+        text = a.source.line_text(where.path, where.line) if where is not None else None
+        text = text.split("  #", 1)[0] if text else text  # its trailing comment left out
+        if text and text.count(".detach()") == 1:
+            fix = f"hand it the tensor with its gradient: `{text.strip().replace('.detach()', '')}`"
+        forward = e.get("forward")
+        rel = ()
+        if forward and (where is None or [where.path, where.line] != list(forward)):
+            rel = (Related(Location(str(forward[0]), int(forward[1])), f"{cls}.apply"),)
+        kind = (f"a gradient reversal ('{word}')" if word else
+                "an identity in its forward (a layer whose whole effect is its backward)")
+        return self.finding(
+            f"{cls} is {kind}, but it is applied to a tensor that needs no gradient (its "
+            f"{_ordinal(index)} input, cut from the graph before it): its backward never runs, "
+            f"so it does nothing, and the layers that made that tensor never get the gradient "
+            f"it was meant to {'reverse' if word else 'shape'}",
+            where, related=rel,
+            fix=fix or "apply it to the tensor with its gradient (no .detach() or .data before it)",
+            evidence={"cls": cls, "input": index, "input_cut": True, "named": word},
+        )
+
+    def _misrouted(self, a, e):
+        """A backward that returns None for an input that needs a gradient and a gradient for
+        one that needs none: the return tuple is out of forward's argument order."""
+        cls, needed, given = e.get("cls"), int(e.get("input") or 0), int(e.get("given_to"))
+        where, fix = e.loc, None
+        if where is not None:
+            try:
+                swapped = _swapped_return(a.source.tree(where.path), where.line, needed, given)
+            except Exception:
+                swapped = None
+            if swapped is not None:
+                where = Location(where.path, swapped[0], where.function)
+                fix = (f"return one value per forward argument, in forward's order: "
+                       f"`{swapped[1]}`")
+        forward = e.get("forward")
+        rel = ()
+        if forward:
+            rel = (Related(Location(str(forward[0]), int(forward[1])), f"{cls}.apply, checked here"),)
+        return self.finding(
+            f"{cls}.backward returns None for its {_ordinal(needed)} input, which needs a "
+            f"gradient, and a gradient for its {_ordinal(given)} input, which needs none: its "
+            f"return values are out of order with forward's arguments, so autograd drops the "
+            f"gradient and nothing before {cls} trains through it",
+            where, related=rel,
+            fix=fix or ("return one gradient per forward argument, in forward's order (None for "
+                        "the arguments that take no gradient)"),
+            evidence={"cls": cls, "input": needed, "given_to": given},
+        )
 
     def _reversal_without_minus(self, a, e):
         """An identity forward whose backward passes the gradient through times a positive

@@ -353,12 +353,30 @@ class GradsAlwaysZero(Rule):
         if event is None or event.loc is None or not calls:
             return None, None
         found = a.source.calls_named(event.loc.path, calls)
+        # an op inside a custom autograd.Function's forward runs without a graph (its backward
+        # is the Function's own): the node where the gradient stopped was made elsewhere
+        inside = _autograd_function_lines(a.source.tree(event.loc.path))
+        found = [c for c in found if c[0] not in inside] or found
         if prefer is not None:
             found = [c for c in found if prefer in c[1]] or found
         if not found:
             return None, None
         line, text, _ = next((c for c in found if c[2]), found[0])
         return Location(event.loc.path, line), text
+
+
+def _autograd_function_lines(tree) -> set[int]:
+    """The lines of the classes that subclass ``torch.autograd.Function`` (``Function``,
+    ``autograd.Function``, ``torch.autograd.Function``)."""
+    lines: set[int] = set()
+    if tree is None:
+        return lines
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+                (isinstance(b, ast.Name) and b.id == "Function")
+                or (isinstance(b, ast.Attribute) and b.attr == "Function") for b in node.bases):
+            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return lines
 
 
 _LAYER = re.compile(r"_l(\d+)(_reverse)?$")

@@ -79,6 +79,9 @@ class ParamWithoutGrad(Rule):
     ```
 
     ## Stays silent on
+    Layers below a custom `autograd.Function` whose backward returns its gradients out of
+    forward's argument order (None where a gradient is needed): custom-backward-wrong names the
+    `return` that drops them.
     An empty parameter (`nn.Parameter(torch.empty(0))`, kept only to read the model's device
     in `forward`): it holds no weight to train.
     The last bias of a net whose loss reads only its derivatives with respect to the inputs
@@ -113,6 +116,9 @@ class ParamWithoutGrad(Rule):
         params = a.params
         forwards = a.of_kind("idle_forward")
         on_copy = {pid for match in a.optimizers_on_copies.values() for pid in match["idle"]}
+        # a custom autograd.Function whose backward returns its gradients out of forward's
+        # order drops the gradient of every layer below it: custom-backward-wrong names the return
+        misrouted = any(e.get("given_to") is not None for e in a.of_kind("custom_backward"))
         for opt, init in a.optimizers.items():
             steps = [s for s in a.steps if s["opt"] == opt and not s.get("skipped")]
             if a.count(steps) < MIN_STEPS:
@@ -141,6 +147,8 @@ class ParamWithoutGrad(Rule):
             trained = [pid for pid in a.opt_params[opt]
                        if pid in led.first_contribution or pid in had_grad]
             for cause, pids in by_cause.values():
+                if misrouted and cause is not None and _with_grad(cause):
+                    continue
                 discarded = _discarded(a, cause, pids, trained)
                 if discarded in ("library", "last-pass", "differentiated"):
                     continue  # see the docs: a head the user does not use, a loop's last pass,
