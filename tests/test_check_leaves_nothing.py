@@ -1,8 +1,8 @@
 """A finished check leaves nothing of itself alive: the same fixture checked again and again in
 one process (a notebook's ``watch()``, a pytest plugin session, this test suite) leaves as many
 of graddoctor's wrappers, recorders and the scripts' parameters alive after the last check as
-after the first. What a check left behind before (each check's whole recorder, watchers,
-~870 wrappers and the script's model) was held by a weak-keyed table whose values reached its
+after the first. What a check left behind before (its whole recorder, watchers, wrappers and
+the script's model) was held by a weak-keyed table whose values reached its
 keys, by tensor and autograd-node hooks in a cycle through torch's C++ graph, and by tables
 keyed by the script's classes."""
 
@@ -23,7 +23,7 @@ from graddoctor.run.session import run_check
 # an RNN's output (the causal-read watcher), a module class of the script's (the parameter walk)
 FIXTURES_CHECKED = ("tbptt/good_stream_batchify_lookalikes.py",
                     "modes/bad_functional_dropout_helper_inference.py")
-ROUNDS = 3
+ROUNDS = 2
 
 
 def _alive() -> dict[str, int]:
