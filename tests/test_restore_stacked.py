@@ -31,8 +31,8 @@ def test_upper_wrapper_survives_the_lower_watchers_window():
         # itself) now calls torch's own division, with the upper watcher's test in it
         now = torch.Tensor.div
         assert now is not original
-        befores, function = _watching[now]
-        assert function is original and befores == _watching[upper_div][0]
+        befores, function = _watching(now)
+        assert function is original and befores == _watching(upper_div)[0]
         a, b = torch.ones(4, 3), torch.full((4, 1), 2.0)
         assert torch.equal(a.div(b), torch.full((4, 3), 0.5))
         upper._close()  # its original is the lower's retired wrapper: torch's own comes back

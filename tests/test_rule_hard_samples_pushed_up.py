@@ -97,7 +97,7 @@ def test_the_wrappers_lose_this_watchers_test_when_its_window_ends():
     original = owner.f
     owner.f = watched(watched(original, first), second)
     assert owner.f(1) == 2 and calls == ["second", "first"]
-    assert unwatch(owner, "f", first) and _watching[owner.f][0] == (second,)
+    assert unwatch(owner, "f", first) and _watching(owner.f)[0] == (second,)
     calls.clear()
     assert owner.f(1) == 2 and calls == ["second"]
     assert unwatch(owner, "f", second) and owner.f is original

@@ -12,7 +12,7 @@ from .attnmask import AttentionMaskWatcher
 from .batchfirst import BatchFirstWatcher
 from .backward import BackwardWatcher
 from .clip import ClipWatcher
-from .compile import CompileWatcher
+from .compile import CompileWatcher, tensor_attrs_loaded, tensor_attrs_read_inside
 from .constloss import ConstantLossWatcher
 from .copies import CopyWatcher
 from .fieldrows import FieldRowsWatcher
@@ -55,7 +55,7 @@ from .naming import ParamNamer
 from .optdefaults import DefaultsWatcher
 from .optim import OptimizerWatcher
 from .lossnodes import CompositeLossWatcher
-from .patcher import Patcher, forget_retired
+from .patcher import Patcher, forget_check_tables, remove_check_hooks
 from .phases import PhaseHold
 from .policygrad import AdvantageGradWatcher
 from .policysign import PolicySignWatcher
@@ -136,9 +136,20 @@ from .decay import DecayShareWatcher
 from .epsshare import EpsShareWatcher
 from .saturation import SaturationWatcher
 from .warnsource import WarningSource
-from .inlinable import new_check
 
 __all__ = ["Instrumentation", "Recorder", "StopReplay", "StepLimitReached", "ReplayTimeout"]
+
+
+def _load_before_patching() -> None:
+    """Load the modules of torch that the watchers' installation loads (the DDP watcher's FSDP)
+    before any patch is in place: FSDP loads torch's sharded-tensor ops, whose table is keyed by
+    the tensor methods as they are at that moment (``torch.Tensor.requires_grad_``): loaded
+    under the patches, it kept a wrapper as a key for the rest of the process, and with it the
+    check its closure reaches."""
+    try:
+        import torch.distributed.fsdp  # noqa: F401
+    except Exception:  # a build without distributed support
+        pass
 
 
 class Instrumentation:
@@ -146,8 +157,9 @@ class Instrumentation:
                  grad_flow: bool = False):
         self.rec = rec
         self.patcher = Patcher()
-        new_check()  # the wrappers of builtins made from here share one copy of torch's names
-        forget_retired()  # the last check's retired wrappers (``put_back``)
+        # per-check tables (patcher.per_check) start empty: the wrappers of builtins made from
+        # here share one copy of torch's names, no retired wrapper of another check is known
+        forget_check_tables()
         # made before the watchers that read their state; installed in the order of ``watchers``
         self.scalers = GradScalerWatcher(rec)
         self.ddp = DDPWatcher(rec)
@@ -637,6 +649,8 @@ class Instrumentation:
         self.namer = ParamNamer(rec, self.optimizers)
 
     def __enter__(self) -> "Instrumentation":
+        self._tensor_attrs_loaded = tensor_attrs_loaded()
+        _load_before_patching()
         try:
             for watcher in self.watchers:
                 watcher.install(self.patcher)
@@ -664,7 +678,14 @@ class Instrumentation:
         except Exception as error:
             rec.internal_error("reading deferred device values", error)
         self.namer.close()
-        for error in self.patcher.undo():
+        for error in [*self.patcher.undo(), *remove_check_hooks()]:
+            rec.internal_error("removing instrumentation", error)
+        # the tables of this check's wrappers let go of, so that nothing of a finished check
+        # (wrappers, their watchers, the recorder, the script's model) outlives it
+        forget_check_tables()
+        try:
+            tensor_attrs_read_inside(self._tensor_attrs_loaded)
+        except Exception as error:
             rec.internal_error("removing instrumentation", error)
         try:
             remove_leftover_modes()

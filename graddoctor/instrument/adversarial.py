@@ -49,6 +49,7 @@ import torch
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
+from .patcher import check_hook
 from .recorder import Recorder
 from .samplerange import SampleRange
 from .topics import STEPPED
@@ -64,7 +65,11 @@ _SAME = 0.98  # cosine of the two gradients at least: one direction
 _OFFSET = 0.1
 _MAX_PIDS = 32
 
-_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
+_tensor_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
+
+
+def _register_hook(tensor, hook):
+    return check_hook(_tensor_register_hook(tensor, hook))  # removed when the check ends
 
 
 def _ptr(tensor) -> int | None:

@@ -56,6 +56,7 @@ from torch import nn
 
 from .. import events as ev
 from .dependency import close_before_compile, register_module_hooks
+from .patcher import check_hook
 from .recorder import Recorder
 from .topics import STEPPED
 
@@ -63,7 +64,11 @@ WINDOW = 8  # backwards watched, from the first one
 _OUTPUTS = 8  # outputs noted per backward at most
 _MIN_ROWS_SPREAD = 2  # rows needed to tell a fixed read from one that varies (else one position)
 
-_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
+_tensor_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
+
+
+def _register_hook(tensor, hook):
+    return check_hook(_tensor_register_hook(tensor, hook))  # removed when the check ends
 
 _TRANSFORMERS = (nn.TransformerEncoder, nn.TransformerEncoderLayer,
                  nn.TransformerDecoder, nn.TransformerDecoderLayer)

@@ -103,3 +103,23 @@ class _RuleMapBuiltInside:
         rule_map = _rule_map()
         if not self._built_before and rule_map is not None and rule_map.cache_info().currsize:
             rule_map.cache_clear()
+
+
+_TENSOR_VARIABLES = "torch._dynamo.variables.tensor"
+
+
+def tensor_attrs_loaded() -> bool:
+    return _TENSOR_VARIABLES in sys.modules
+
+
+def tensor_attrs_read_inside(loaded_before: bool) -> None:
+    """Dynamo reads the tensor classes' attributes once, as it loads (``all_tensor_attrs``):
+    loaded during the check (an optimizer's first ``add_param_group`` loads Dynamo), the copy
+    holds graddoctor's attribute watchers, which would outlive the check (and the recorder they
+    reach with them) and stand for torch's own attributes when the script compiles later in the
+    process. Read again from the classes as they are after leaving. Called once everything is
+    put back."""
+    module = sys.modules.get(_TENSOR_VARIABLES)
+    if loaded_before or module is None or not isinstance(getattr(module, "all_tensor_attrs", None), dict):
+        return
+    module.all_tensor_attrs = torch._C.TensorBase.__dict__ | torch.Tensor.__dict__

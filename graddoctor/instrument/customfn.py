@@ -61,6 +61,7 @@ import torch
 
 from .. import events as ev
 from ..location import Location
+from .patcher import check_hook
 from .inlinable import watched, watched_result
 from .recorder import Recorder
 
@@ -181,9 +182,9 @@ class CustomFunctionWatcher:
             position = self._tensor_position(node, x)
             if position is None:
                 return
-            node.register_hook(lambda grad_inputs, grad_outputs:
-                               self._passed(cls, index, position, grad_inputs, grad_outputs,
-                                            loc, names))
+            check_hook(node.register_hook(lambda grad_inputs, grad_outputs:
+                                          self._passed(cls, index, position, grad_inputs,
+                                                       grad_outputs, loc, names)))
         except Exception as exc:
             self.rec.internal_error("reading an identity autograd.Function's backward", exc)
 

@@ -82,6 +82,7 @@ from torch import nn
 
 from .. import events as ev
 from ..trace import Location
+from .patcher import check_hook
 from .inlinable import in_transform, watched
 from . import seqcopy
 from .graphpaths import paths_to, post_order, saved, saved_dims
@@ -503,7 +504,7 @@ class DependencyWatcher:
         try:
             if source is not None:
                 for node, edges in relevant.items():
-                    handles.append(node.register_hook(state.hook(node, edges)))
+                    handles.append(check_hook(node.register_hook(state.hook(node, edges))))
             t = seq["t"] if seq is not None else None
             gen = torch.Generator().manual_seed(0x5EED)
             with torch.enable_grad():

@@ -23,6 +23,7 @@ import weakref
 import torch
 
 from .. import events as ev
+from .patcher import check_hook
 from .graphpaths import paths_to, saved
 from .recorder import Recorder
 
@@ -91,8 +92,8 @@ class GradStopWatcher:
             saved = _WEIGHTS.get(node.name())
             zero: list = []  # a matmul's weight (then its input) all zero, read before the node frees them
             if saved is not None:
-                self._handles.append(node.register_prehook(_weight_check(node, saved, zero)))
-            self._handles.append(node.register_hook(_stop_hook(node, inputs, stops, zero)))
+                self._handles.append(check_hook(node.register_prehook(_weight_check(node, saved, zero))))
+            self._handles.append(check_hook(node.register_hook(_stop_hook(node, inputs, stops, zero))))
         loc = self.rec.here()
         rec = self.rec
 
@@ -113,7 +114,7 @@ class GradStopWatcher:
                 rec.internal_error("zero gradients (diagnosis end)", exc)
             return None
 
-        self._handles.append(root.register_prehook(queue))
+        self._handles.append(check_hook(root.register_prehook(queue)))
 
     def _remove(self) -> None:
         handles, self._handles = self._handles, []

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import functools
 import sys
-import weakref
+import types
 
 import torch
 
-from .patcher import on_covered, stand_in
+from .patcher import on_covered, per_check, stand_in
 
 _SOURCE = """
 def make(before, original, is_compiling, transform):
@@ -71,15 +71,10 @@ _RESULT_CODE = compile(_RESULT_SOURCE, "<graddoctor: watched result>", "exec")
 
 # the ``make`` of each wrapper code run in one copy of a namespace per check: torch's for the
 # wrappers of builtins (no module of their own), keyed by the code; an imported module's for the
-# wrappers of its functions, keyed by the code and the namespace; emptied as each check starts
-# (``new_check``)
-_makers: dict = {}
-
-
-def new_check() -> None:
-    """A check starts: the wrappers it makes get a copy of their function's namespace (torch's
-    for a builtin) as it is now, one copy for all the wrappers of one namespace."""
-    _makers.clear()
+# wrappers of its functions, keyed by the code and the namespace; emptied as each check starts,
+# so that the wrappers it makes get a copy of their function's namespace as it is now, and as
+# it ends
+_makers: dict = per_check({})
 
 
 def _maker(code, function):
@@ -127,8 +122,28 @@ def _own_code(wrapper):
     return wrapper
 
 
-# each wrapper ``watched`` made -> (its befores, outermost first; the function they run ahead of)
-_watching: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# What a wrapper ``watched`` made runs: ``(its code, its befores outermost first, the function
+# they run ahead of)``, kept on the wrapper itself under this name, not in a table keyed by the
+# wrapper: a table's entry holds the befores, whose watchers hold the patcher, which holds the
+# wrapper, so that a weak-keyed table never let one go and every finished check stayed alive
+# (its recorder, watchers, wrappers, the script's model). On the wrapper, the cycle is the
+# collector's. The code (each wrapper has its own, ``_own_code``) tells the wrapper the entry
+# was made for from another function ``functools.wraps`` copied the entry onto.
+_ENTRY = "__graddoctor_watching__"
+
+
+def _watching(function):
+    """``(befores, function)`` of a wrapper made by ``watched``, else None."""
+    if type(function) is not types.FunctionType:
+        return None
+    entry = function.__dict__.get(_ENTRY)
+    if entry is None or entry[0] is not function.__code__:
+        return None
+    return entry[1], entry[2]
+
+
+def _mark(wrapper, befores, function):
+    setattr(wrapper, _ENTRY, (wrapper.__code__, befores, function))
 
 
 def watched(original, before):
@@ -138,10 +153,7 @@ def watched(original, before):
     ``before`` and then that wrapper's befores ahead of the function it wraps: one Python
     frame per call however many watchers watch it (the one given stays as it was, for a
     patcher to put back)."""
-    try:
-        inner = _watching.get(original)
-    except TypeError:  # no weak reference to it (a C method): not one of these wrappers
-        inner = None
+    inner = _watching(original)
     if inner is None:
         wrapper = _maker(_CODE, original)(before, original, torch.compiler.is_compiling,
                                           in_transform)
@@ -151,7 +163,7 @@ def watched(original, before):
         wrapper = _maker(_many_code(len(befores)), function)(
             befores, function, torch.compiler.is_compiling, in_transform)
     wrapper = functools.wraps(original)(_own_code(wrapper))
-    _watching[wrapper] = (befores, function)
+    _mark(wrapper, befores, function)
     return wrapper
 
 
@@ -192,10 +204,7 @@ def unwatch(owner, name: str, before) -> bool:
     the attribute is no such wrapper or ``before`` is not in it. The patcher still puts back
     what was there before the first wrapper when the check ends."""
     current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    try:
-        entry = _watching.get(current)
-    except TypeError:
-        return False
+    entry = _watching(current)
     if entry is None or before not in entry[0]:
         return False
     befores = tuple(b for b in entry[0] if b is not before)
@@ -211,7 +220,7 @@ def unwatch(owner, name: str, before) -> bool:
         wrapper = _maker(_many_code(len(befores)), function)(
             befores, function, torch.compiler.is_compiling, in_transform)
     wrapper = functools.wraps(function)(_own_code(wrapper))
-    _watching[wrapper] = (befores, function)
+    _mark(wrapper, befores, function)
     setattr(owner, name, wrapper)
     stand_in(wrapper, current)
     return True
@@ -222,10 +231,7 @@ def _reroute(owner, name: str, wrapper, original) -> bool:
     calls ``wrapper`` (a retired watcher's) as its function: rebuilt with the same befores
     around ``original``, so that no call goes through the retired one."""
     current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    try:
-        entry = _watching.get(current)
-    except TypeError:
-        return False
+    entry = _watching(current)
     if entry is None or entry[1] is not wrapper:
         return False
     befores = entry[0]
@@ -236,7 +242,7 @@ def _reroute(owner, name: str, wrapper, original) -> bool:
         rebuilt = _maker(_many_code(len(befores)), original)(
             befores, original, torch.compiler.is_compiling, in_transform)
     rebuilt = functools.wraps(original)(_own_code(rebuilt))
-    _watching[rebuilt] = (befores, original)
+    _mark(rebuilt, befores, original)
     setattr(owner, name, rebuilt)
     stand_in(rebuilt, current)
     return True

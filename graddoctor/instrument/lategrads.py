@@ -255,7 +255,9 @@ _requires_grad = attrgetter("requires_grad")
 _grad = attrgetter("grad")
 _Module = torch.nn.Module
 _PLAIN_WALK = (_Module.parameters, _Module.named_parameters, _Module._named_members)
-_plain_types: set[type] = set()  # module classes whose tree walk is torch's own
+# module classes whose tree walk is torch's own; weak: a class the script defined (and through
+# its methods' globals, the script's namespace and model) goes when the check is over
+_plain_types: "weakref.WeakSet[type]" = weakref.WeakSet()
 
 
 def _plain(cls: type) -> bool:

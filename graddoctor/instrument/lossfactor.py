@@ -20,6 +20,8 @@ Reads only 0-dim CPU tensors, so it never synchronises with an accelerator.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .graphpaths import saved
@@ -57,7 +59,9 @@ _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 # node type -> (its name, whether it is one of _SCALING, the reduction its name tells ("sum",
 # "mean") or None, whether its nodes can have a ``_saved_reduction``): a type's name is a new
 # string on each read, so it is read once per type, not on every backward
-_TYPES: dict[type, tuple[str, bool, str | None, bool]] = {}
+# (weak: a custom Function's node class is the script's and holds its namespace)
+_TYPES: "weakref.WeakKeyDictionary[type, tuple[str, bool, str | None, bool]]" = \
+    weakref.WeakKeyDictionary()
 _TYPES_KEPT = 1024  # custom Functions made on the fly each make a type: start over past this
 
 

@@ -56,6 +56,7 @@ from .dependency import close_before_compile, register_module_hooks
 from .lossnodes import REGRESSIONS, loss_of
 from .graphpaths import saved
 from .maskmean import masked_share
+from .patcher import check_hook
 from .recorder import Recorder
 from .topics import STEPPED
 
@@ -72,7 +73,11 @@ _HIDDEN = 0.9  # share of the other positions the model hides
 _COUNTED = (0.05, 0.95)  # share of the positions the mask counts: a restriction
 _MAX_CELLS = 1 << 22  # targets larger than this are not read
 
-_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
+_tensor_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
+
+
+def _register_hook(tensor, hook):
+    return check_hook(_tensor_register_hook(tensor, hook))  # removed when the check ends
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _VIEWS = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "SqueezeBackward0",
                     "SqueezeBackward1", "SqueezeBackward2", "UnsqueezeBackward0", "CloneBackward0",

@@ -60,7 +60,7 @@ from .inlinable import watched_call
 from .lossterms import loss_root
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, STEPPED
-from .patcher import put_back
+from .patcher import check_hook, put_back
 
 _WINDOWS = 5  # backwards looked at (the first one only opens the fresh draws' window)
 _DRAW_ELEMENTS = 1 << 16  # values of a draw kept at most
@@ -306,9 +306,9 @@ class NegativeSampleWatcher:
                 rest = dict(record, draws=[])
                 records.append(rest)
                 used.add(draw_id)
-                handles.append(node.register_hook(self._reader(record, mask, rest)))
+                handles.append(check_hook(node.register_hook(self._reader(record, mask, rest))))
             else:
-                handles.append(node.register_hook(self._reader(record)))
+                handles.append(check_hook(node.register_hook(self._reader(record))))
         draws = {str(d[0]): {"loc": d[3], "fn": d[4]} for d in fresh if d[0] in used}
         self._pending.append((records, draws, self.rec.here(), handles))
 

@@ -13,6 +13,7 @@ import functools
 import math
 import sys
 from collections.abc import Mapping
+import weakref
 from threading import get_ident
 from itertools import compress, repeat
 from operator import and_, attrgetter, is_, is_not, itemgetter, ne, not_
@@ -472,9 +473,17 @@ def unread_keys(optimizer, group) -> list | None:
     return extra or None
 
 
-@functools.lru_cache(maxsize=None)
+# optimizer class -> whether its step is one of torch's; weak: an optimizer class the script
+# defined holds the script's namespace, which a finished check lets go of
+_STEP_CLASSES: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+
+
 def _torch_step_class(cls) -> bool:
-    return (getattr(getattr(cls, "step", None), "__module__", None) or "").startswith("torch.optim.")
+    known = _STEP_CLASSES.get(cls)
+    if known is None:
+        known = _STEP_CLASSES[cls] = (getattr(getattr(cls, "step", None), "__module__", None)
+                                      or "").startswith("torch.optim.")
+    return known
 
 
 # steps of a torch optimizer that must leave its grads' versions unchanged before its later

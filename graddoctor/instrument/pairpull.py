@@ -69,7 +69,7 @@ from .dependency import close_before_compile
 from .inlinable import unwatch, watched, watched_call
 from .recorder import Recorder
 from .topics import DESCRIBE_LOSS, STEPPED
-from .patcher import put_back
+from .patcher import check_hook, put_back
 
 _WINDOWS = 3  # backwards whose forward is watched
 _MIN_ROWS = 4  # pairs of fewer rows (or columns) say nothing
@@ -80,7 +80,11 @@ _SHARE = 0.1  # the reversed part's mass, over the gradient's whole mass, at lea
 _JUDGED = 2  # backwards that must each say reversed
 _LABEL = "pair pull"
 
-_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
+_tensor_register_hook = torch.Tensor.register_hook  # torch's own: dependency.py wraps the script's calls
+
+
+def _register_hook(tensor, hook):
+    return check_hook(_tensor_register_hook(tensor, hook))  # removed when the check ends
 
 _COMPARE = ((torch.Tensor, "__eq__", False), (torch.Tensor, "__ne__", True),
             (torch.Tensor, "eq", False), (torch.Tensor, "ne", True),

@@ -6,13 +6,25 @@ from typing import Any
 
 _MISSING = object()
 
+# Tables that live for one check (registered with ``per_check``): emptied as each check starts
+# and again as it ends, so that a finished check leaves nothing of itself in them (wrappers, the
+# watchers their calls reach, the recorder, the script's objects).
+_per_check: list = []
+
+
+def per_check(table):
+    """``table`` (a dict, set or list) emptied as each check starts and as it ends."""
+    _per_check.append(table)
+    return table
+
+
 # Wrappers whose watcher's window ended while another watcher's wrapper sat on top of them:
 # ``{id(wrapper): (wrapper, what it replaced)}``, held alive so that an id is never reused
-# within a check. Emptied as each check starts (``forget_retired``).
-_retired: dict = {}
+# within a check.
+_retired: dict = per_check({})
 # ``{id(rebuilt wrapper): (rebuilt, the wrapper it stands for)}``: a wrapper rebuilt in place
 # without one watcher's call (``inlinable.unwatch``) is still the one its own watcher installed.
-_stand_ins: dict = {}
+_stand_ins: dict = per_check({})
 
 
 def put_back(owner: Any, name: str, original: Any, wrapper: Any) -> bool:
@@ -68,10 +80,55 @@ def stand_in(rebuilt: Any, replaced: Any) -> None:
     _stand_ins[id(rebuilt)] = (rebuilt, replaced)
 
 
-def forget_retired() -> None:
-    """A check starts: the last check's retired wrappers and stand-ins are let go of."""
-    _retired.clear()
-    _stand_ins.clear()
+# The tensor and autograd-node hooks registered during a check (``check_hook``), removed as it
+# ends. A hook on a tensor or node is held by the graph's C++ nodes, which the collector cannot
+# see: a hook whose closure reaches (through its watcher and the recorder) anything that keeps
+# that graph alive is a cycle no collection frees, and it held the whole check (recorder, trace,
+# watchers, the script's model) for the rest of the process. Handles whose hooks are gone are
+# dropped as the list grows, so that a long run's list stays the size of its live hooks.
+_hooks: list = []
+_hooks_kept = 256  # the length past which the list is pruned
+
+
+def check_hook(handle):
+    """``handle`` (a ``RemovableHandle`` of a tensor or node hook) removed when the check ends."""
+    global _hooks_kept
+    _hooks.append(handle)
+    if len(_hooks) > _hooks_kept:
+        _hooks[:] = [h for h in _hooks if _hook_alive(h)]
+        _hooks_kept = max(256, 2 * len(_hooks))
+    return handle
+
+
+def _hook_alive(handle) -> bool:
+    ref = getattr(handle, "hooks_dict_ref", None)
+    try:
+        hooks = ref() if ref is not None else None
+        return hooks is not None and handle.id in hooks
+    except Exception:
+        return True
+
+
+def remove_check_hooks() -> list[BaseException]:
+    """Remove every hook ``check_hook`` was given (most were removed by their watcher already:
+    a second removal does nothing). Returns the errors."""
+    global _hooks_kept
+    handles = _hooks[:]
+    _hooks.clear()
+    _hooks_kept = 256
+    errors = []
+    for handle in handles:
+        try:
+            handle.remove()
+        except Exception as error:
+            errors.append(error)
+    return errors
+
+
+def forget_check_tables() -> None:
+    """A check starts or ends: every ``per_check`` table is emptied."""
+    for table in _per_check:
+        table.clear()
 
 
 def _installed(owner: Any, name: str) -> Any:

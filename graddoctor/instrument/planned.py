@@ -31,10 +31,14 @@ import linecache
 import math
 import operator
 
+from .patcher import per_check
+
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv}
 _MAX = 10 ** 9  # a count past this is no plan (a sentinel: 10**18, inf)
-_TREES: dict[str, ast.AST | None] = {}
+# the script's files parsed, by name, for one check (a file edited between two checks of one
+# process is parsed again; a finished check's trees are not kept)
+_TREES: dict[str, ast.AST | None] = per_check({})
 
 
 def _tree(filename: str):

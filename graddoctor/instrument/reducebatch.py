@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from .. import events as ev
+from .patcher import check_hook
 from .graphpaths import post_order, saved, saved_dims
 from .recorder import Recorder
 from .softmaxbatch import over_batch
@@ -179,7 +180,7 @@ class ReduceBatchWatcher:
                        if i not in axes):
                     continue  # an axis left is as long as the data too: either could be the batch
                 made = ev.reduce_batch(fn=fn, shape=list(shape), dims=axes, batch=shape[0])
-                self._handles.append(node.register_prehook(self._depends(key, made, loc)))
+                self._handles.append(check_hook(node.register_prehook(self._depends(key, made, loc))))
 
     def _depends(self, key, made, loc):
         """The hook that emits ``made`` when the gradient reaching the reduction is not zero

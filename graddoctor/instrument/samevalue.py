@@ -57,6 +57,8 @@ keeps on its ``ctx`` is not seen); nothing after them (a frame lookup per backwa
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .. import events as ev
@@ -112,7 +114,9 @@ _LOSSES = {"MseLossBackward0": "mse_loss", "L1LossBackward0": "l1_loss",
 # target of its values, read from their top node (``lossnodes.loss_of``)
 _COMPOSITE_LOSSES = frozenset({"l1_loss", "gaussian_nll_loss"})
 
-_saved_names: dict[type, tuple] = {}
+# the saved-tensor attributes of each node class; weak: a custom autograd.Function's node class
+# is the script's and holds its namespace
+_saved_names: "weakref.WeakKeyDictionary[type, tuple]" = weakref.WeakKeyDictionary()
 _CUSTOM = (torch.autograd.function.BackwardCFunction,)  # custom autograd.Functions, compiled graphs
 
 

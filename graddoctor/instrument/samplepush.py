@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import events as ev
+from .patcher import check_hook
 from .dependency import close_before_compile
 from .graphpaths import post_order
 from .inlinable import unwatch, watched
@@ -156,8 +157,8 @@ class SamplePushWatcher:
                 if entry is None or paths.get(id(node), 0) < 2:
                     continue
                 entry = dict(entry, paths=paths[id(node)])
-                entry["handle"] = node.register_prehook(
-                    lambda grad_outputs, entry=entry: self._judge(entry, grad_outputs))
+                entry["handle"] = check_hook(node.register_prehook(
+                    lambda grad_outputs, entry=entry: self._judge(entry, grad_outputs)))
                 self._hooked.append(entry)
 
     @staticmethod
