@@ -127,6 +127,7 @@ class PenaltyWithoutGraph(Rule):
         # modules whose parameters got no gradient at all, where they ran: param-without-grad
         # reports such a forward (under no_grad, or cut) at its line already
         idle = {(e.loc.path, e.loc.line) for e in a.of_kind("idle_forward") if e.loc is not None}
+        told: set = set()  # cuts reported: a helper's two loss calls fed by one cut are one bug
         for (path, line), events in by_call.items():
             lines = {e.get("backward") for e in events}
             if len(events) < 2 or len(lines) != 1 or any(not e.get("constants") for e in events):
@@ -139,8 +140,9 @@ class PenaltyWithoutGraph(Rule):
             if cut is None:
                 continue  # data, or a frozen model's output: a constant by design, nothing cut
             at, _text, how = cut
-            if (path, at) in idle:
+            if (path, at) in idle or (path, at) in told:
                 continue
+            told.add((path, at))
             cause = (f"its input is cut from the graph here ({how})" if at != line
                      else f"its input is cut from the graph ({how})")
             related = [Related(Location(path, backward), "the backward of that loss")]
