@@ -40,7 +40,8 @@ How, and what it costs:
   while a gradient it passes on is not: the op that mixes the samples. BatchNorm, batch
   statistics (``std``/``var``: a minibatch-stddev layer), matrix products (a graph's ``adj @ h``,
   attention) and gathers (mixup's ``x[perm]``) mix on purpose: their gradient is cleaned to the
-  probed row and the search goes on above (batch statistics of another layout leave the probe
+  probed row and the search goes on above (a view that splits ``(B * k, ...)`` rows back into
+  ``(B, k, ...)`` reads its input's samples in blocks of ``k`` rows: ``_blocks``) (batch statistics of another layout leave the probe
   blind: nothing is judged). A mixing op counts when a recorded ``(B, ...)`` tensor above it gets
   a mixed gradient too, or when it is one of the ops that mix a batch only by mistake (a view, a
   softmax, a norm...). When one is found, the model's next forward runs with anomaly mode's

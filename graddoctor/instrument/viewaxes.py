@@ -36,6 +36,11 @@ How it is seen, and what it costs:
   shape is in their metadata (no tensor read). A held call whose shapes match one that reaches
   the loss becomes a ``view_axes`` aside event at its line, with the parameters that made the
   reshaped value.
+* A reordering call on data without gradient outside any forward (a batch laid out for the
+  model in the loop) is held by its result's memory (data pointer, shape, strides; at most
+  ``_LOOSE`` between two backwards). At the backward, a node of the loss's graph that saved
+  that tensor as its input (``_SAVED_INPUTS``: a convolution, a Linear's product, a product)
+  makes it a ``view_axes`` event, with the parameters below that node.
 """
 
 from __future__ import annotations

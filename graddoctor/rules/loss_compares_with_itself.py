@@ -52,7 +52,15 @@ def _attention(call: ast.Call) -> bool:
 def _data_like(node: ast.AST) -> bool:
     """An argument that can be a view of data: a name, a call, a subscript (not a constant)."""
     return isinstance(node, (ast.Name, ast.Call, ast.Subscript, ast.Attribute)) and not (
-        isinstance(node, ast.Call) and _shaped(node))
+        isinstance(node, ast.Call) and (_shaped(node) or _constant_call(node)))
+
+
+def _constant_call(call: ast.Call) -> bool:
+    """A call of literals only (``torch.linspace(0, 1, 32)``, ``torch.arange(10)``): the same
+    grid or range made twice (``meshgrid(r, r)``) is no value compared with itself."""
+    values = [*call.args, *(k.value for k in call.keywords)]
+    return bool(values) and all(isinstance(v, ast.Constant) or (
+        isinstance(v, ast.UnaryOp) and isinstance(v.operand, ast.Constant)) for v in values)
 
 
 def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
@@ -92,6 +100,12 @@ def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
             twice = next((a for i, a in enumerate(args) if _data_like(a) and dumps[i] in dumps[i + 1:]), None)
             if twice is not None:
                 found.append((node.lineno, f"{ast.unparse(twice)} is passed twice"))
+            elif len(args) >= 2 and _data_like(args[0]) and _uncopied(args[1]) is not args[1] \
+                    and ast.dump(_uncopied(args[1])) == dumps[0]:
+                # a loss given a prediction and its own detached copy as the target
+                # (``mse_loss(f, f.detach())``)
+                found.append((node.lineno, f"{ast.unparse(args[0])} is passed twice (the second "
+                                           f"time as `{ast.unparse(args[1])}`)"))
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Sub, ast.Mult, ast.MatMult)) \
                 and isinstance(node.left, ast.Call) and _data_like(node.left) \
                 and ast.dump(node.left) == ast.dump(node.right):

@@ -22,7 +22,9 @@ class PenaltyWithoutGraph(Rule):
     from a prediction with no graph, whose value the loss that is backpropagated adds, with an
     operand without graph in that loss's sum at every backward checked: the prediction was
     `.detach()`-ed, read through `.data`, sent through NumPy or `.item()`, or computed under
-    `torch.no_grad()`, as the source shows. It points at the statement that cuts it. And it
+    `torch.no_grad()`, as the source shows, also where the script calls a loss helper of its
+    own with a cut argument (`stft_loss(pred.detach(), y)`: the helper's loss call reads its
+    parameter). It points at the statement that cuts it. And it
     finds a term of that sum computed through an op that has no gradient, from a value the
     loss's other terms train through: a Dice or IoU term on `F.one_hot(logits.argmax(1))` or
     on `(torch.sigmoid(x) > 0.5).float()` beside a cross-entropy on `logits`, a `round()`-ed
