@@ -55,6 +55,9 @@ def _data_like(node: ast.AST) -> bool:
         isinstance(node, ast.Call) and (_shaped(node) or _constant_call(node)))
 
 
+_COPY_NOTE = "the second time as"  # how same_lines tells a prediction given with its own copy
+
+
 def _constant_call(call: ast.Call) -> bool:
     """A call of literals only (``torch.linspace(0, 1, 32)``, ``torch.arange(10)``): the same
     grid or range made twice (``meshgrid(r, r)``) is no value compared with itself."""
@@ -104,8 +107,8 @@ def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
                     and ast.dump(_uncopied(args[1])) == dumps[0]:
                 # a loss given a prediction and its own detached copy as the target
                 # (``mse_loss(f, f.detach())``)
-                found.append((node.lineno, f"{ast.unparse(args[0])} is passed twice (the second "
-                                           f"time as `{ast.unparse(args[1])}`)"))
+                found.append((node.lineno, f"{ast.unparse(args[0])} is passed twice ({_COPY_NOTE} "
+                                           f"{ast.unparse(args[1])})"))
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Sub, ast.Mult, ast.MatMult)) \
                 and isinstance(node.left, ast.Call) and _data_like(node.left) \
                 and ast.dump(node.left) == ast.dump(node.right):
@@ -219,6 +222,9 @@ class LossComparesWithItself(Rule):
             if loc is not None:
                 tree = a.source.tree(loc.path)
                 lines = same_lines(tree) if tree is not None else []
+                copies = [ln for ln in lines if _COPY_NOTE in ln[1]]
+                if how == "constant" and len(copies) == 1:
+                    lines = copies  # a target that is the input's own detached copy, by the text
                 if len(lines) == 1:
                     loc, text = Location(loc.path, lines[0][0], loc.function), lines[0][1]
                     draw = own_draw(tree, lines[0][0])
