@@ -202,3 +202,27 @@ def test_the_rule_names_both_axes():
     t.step(0, line=12)
     f = only(t, SLUG)
     assert "axis 0" in f.message and "axis 1" in f.message and "dim=1" in f.fix
+
+
+def test_a_product_along_the_samples_summed_along_the_rays_points_at_the_sum(tmp_path):
+    from graddoctor.trace import TraceBuilder
+    script = tmp_path / "render.py"
+    script.write_text("alpha = 1 - torch.exp(-sigma * delta)\n"                      # 1
+                      "ones = torch.ones_like(alpha[..., :1])\n"                    # 2
+                      "trans = torch.cumprod(torch.cat([ones, 1 - alpha], -1), -1)[..., :-1]\n"  # 3
+                      "weights = alpha * trans\n"                                    # 4
+                      "rgb_map = (weights[..., None] * rgb).sum(dim=0)\n")           # 5
+    t = TraceBuilder(str(script))
+    t.optimizer(0, [0], line=1)
+    t.put(ev.cumulative_order(op="cumprod", case="axis", key=None, rows=0, dim=-1), line=3)
+    t.backward(fresh=[0], line=5)
+    t.step(0, line=5)
+    f = only(t, SLUG)
+    assert f.location.line == 5 and f.evidence["at"] == "sum" and "sum(dim=0)" in f.message
+    # the product along another axis than the last: which side is wrong is not told by the sum
+    t = TraceBuilder(str(script))
+    t.optimizer(0, [0], line=1)
+    t.put(ev.cumulative_order(op="cumprod", case="axis", key=None, rows=1, dim=0), line=3)
+    t.backward(fresh=[0], line=5)
+    t.step(0, line=5)
+    assert only(t, SLUG).location.line == 3

@@ -233,6 +233,17 @@ w = f(i, j)
     assert found[-1][1] == "j = i.clone()"
 
 
+def test_a_prediction_given_with_its_own_detached_copy_is_found_and_a_grid_of_literals_is_not():
+    text = """
+ys, xs = torch.meshgrid(torch.linspace(0, 1, 32), torch.linspace(0, 1, 32), indexing="ij")
+c_loss = F.mse_loss(feats[k], feats[k].detach())
+ok = F.mse_loss(feats[k], target[k].detach())
+"""
+    found = same_lines(ast.parse(text))
+    assert [line for line, _ in found] == [3]
+    assert "feats[k].detach()" in found[0][1]
+
+
 def test_an_alias_is_told_the_draw_of_its_own():
     tree = ast.parse("pos = torch.randint(0, 9, (4,))\nneg = pos.clone()\nv1 = x\nv2 = v1\n")
     assert own_draw(tree, 2) == "neg = torch.randint(0, 9, (4,))"

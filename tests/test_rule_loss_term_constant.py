@@ -85,3 +85,12 @@ def test_the_rule_points_at_the_origin_else_at_the_term():
     at_term, = _findings(None)
     assert at_term.location.line == 3
     assert _findings("usage", params=(7,)) == []  # nothing an optimizer steps
+
+
+def test_a_zero_term_beside_a_self_comparison_is_left_to_loss_compares_with_itself():
+    t = TraceBuilder("train.py")
+    t.optimizer(0, [0, 1], line=1)
+    t.put(ev.same_compared(how="twins", op="difference", core="MeanBackward1", shape=None,
+                           params=[0, 1], starts=[]), line=5)
+    t.put(ev.constant_term(name="align", value=0.0, loss_low=1.2, loss_high=1.6, params=[0, 1]), line=5)
+    assert findings(t, "loss-term-constant") == []

@@ -224,6 +224,40 @@ def test_a_term_returned_by_a_helper_is_followed_to_the_backward(tmp_path):
     assert f.location.line == 3 and f.evidence["how"] in (".detach()", "torch.from_numpy()")
 
 
+OWN_LOSS = """\
+import torch
+def spectral_loss(pred, target):
+    p, t = torch.stft(pred, 64).abs(), torch.stft(target, 64).abs()
+    return F.l1_loss(p.log(), t.log())
+for x, y in data:
+    out = model(x)
+    loss = spectral_loss(out.detach(), y) + F.l1_loss(out, y)
+    loss.backward()
+    shown = spectral_loss(out.detach(), y)
+"""
+
+OWN_LOSS_LOGGED = """\
+import torch
+def spectral_loss(pred, target):
+    p, t = torch.stft(pred, 64).abs(), torch.stft(target, 64).abs()
+    return F.l1_loss(p.log(), t.log())
+for x, y in data:
+    out = model(x)
+    loss = spectral_loss(out, y) + F.l1_loss(out, y)
+    loss.backward()
+    shown = spectral_loss(out.detach(), y)
+"""
+
+
+def test_a_prediction_cut_where_the_script_calls_its_own_loss_helper_is_found_at_that_call(tmp_path):
+    # the helper's loss call reads its parameter; the cut is in the caller's argument, and only
+    # the call whose value reaches the backward counts (the one for the log is not blamed)
+    f = only(no_graph_losses(tmp_path, OWN_LOSS, 4, 8, [1] * 3, fn="l1_loss"), SLUG)
+    assert f.location.line == 7 and f.evidence["how"] == ".detach()"
+    # every call that cuts it is one for the log: no cut is named, nothing is said
+    assert findings(no_graph_losses(tmp_path, OWN_LOSS_LOGGED, 4, 8, [1] * 3, fn="l1_loss"), SLUG) == []
+
+
 def test_silent_when_the_term_reaches_no_backward_or_the_sum_has_no_constant(tmp_path):
     # a loss for the log: the sum's constant is another term (a tensor 0 added)
     assert findings(no_graph_losses(tmp_path, LOGGED_LOSS, 4, 6, [1] * 4, fn="l1_loss"), SLUG) == []

@@ -219,3 +219,18 @@ def test_attention_over_a_batch_laid_out_as_a_sequence_is_passed_over():
     torch.manual_seed(0)
     events = _watch(lambda: _train(_BatchAsSequence()))
     assert [(e["model"], e["mixed"]) for e in events] == [("_BatchAsSequence", False)]
+
+
+def test_a_view_that_splits_merged_rows_back_into_samples_reads_them_in_blocks():
+    # frames of 16 clips merged into (16 * 8, 16, 6, 6) rows for a per-frame encoder of 16
+    # channels: dim 1 looks like a batch, but the view back to (16, 8, -1) says the samples lead
+    # in blocks of 8 rows, so a gradient of one clip's row is clean there
+    from graddoctor.instrument.dependency import _blocks, _clean
+    out = torch.zeros(16, 8, 576)
+    out[3] = 1.0
+    rows = out.reshape(128, 16, 6, 6)
+    assert _blocks((out,), rows, 16)
+    assert _clean(rows, 16, 3, axis=0)
+    assert not _clean(rows, 16, 3)  # read with dim 1 as the batch, it looks mixed
+    # (B, T, F) viewed as (T, B, F) with T twice the batch: no split of the samples' rows
+    assert not _blocks((torch.zeros(12, 6, 16),), torch.zeros(6, 12, 16), 6)

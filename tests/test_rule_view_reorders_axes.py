@@ -155,3 +155,15 @@ def test_class_rows_that_loss_input_mismatch_reports_are_left_to_it():
     t.backward(fresh=[0, 1], line=11)
     t.step(0, line=12)
     assert findings(t, SLUG) == []
+
+
+def test_a_reshaped_batch_is_told_from_other_views_of_its_memory():
+    # data reshaped outside a forward is matched with the input a layer of the loss's graph
+    # saved by where its values start, its shape and its strides: a transpose of the same
+    # memory with the same shape is another tensor
+    from graddoctor.instrument.viewaxes import _memory
+    frames = torch.randn(8, 24, 10)
+    scrambled = frames.reshape(8, 10, 24)
+    transposed = frames.transpose(1, 2)
+    assert _memory(scrambled) != _memory(transposed)
+    assert _memory(scrambled) == _memory(frames.view(8, 10, 24))

@@ -3239,12 +3239,50 @@ def graph_cut(path: str, line: int, fn: str) -> tuple[int, str, str] | None:
                    for t in targets for leaf in walk(t)):
                 best = node
         if best is None:
+            found = _cut_by_callers(path, tree, scope, name, judged)
+            if found is not None:
+                return found
             continue
         found = judged(best, [best.value])
         if found is not None:
             return found
         todo.extend((name, best.lineno) for name in _value_names(best.value))
     return None
+
+
+def _cut_by_callers(path: str, tree: ast.AST, scope, name: str, judged) -> tuple[int, str, str] | None:
+    """When ``name`` is a parameter of the helper ``scope`` (a loss function of the script's own,
+    ``stft_loss(pred, target)``), the one call of that helper, in a statement whose value
+    reaches a backward, that passes it a value cut from the graph (``stft_loss(pred.detach(),
+    y)``): ``judged``'s ``(line, text, how)`` at that call's statement. None when no caller or
+    several cut it."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    params = [a.arg for a in scope.args.posonlyargs + scope.args.args]
+    if name not in params and name not in [a.arg for a in scope.args.kwonlyargs]:
+        return None
+    position = params.index(name) if name in params else None
+    if position is not None and params and params[0] in ("self", "cls"):
+        position -= 1  # a method: called on its object
+    found = set()
+    for stmt in walk(tree):
+        if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or stmt.value is None:
+            continue
+        for call in walk(stmt.value):
+            if not isinstance(call, ast.Call) or _last_name(call.func) != scope.name:
+                continue
+            given = [k.value for k in call.keywords if k.arg == name]
+            if not given and position is not None and 0 <= position < len(call.args) \
+                    and not any(isinstance(a, ast.Starred) for a in call.args[:position + 1]):
+                given = [call.args[position]]
+            if not given or _cut_how(given[0]) is None:
+                continue
+            if result_reaches_backward(path, stmt.lineno) is None:
+                continue  # a value for a log, not the loss
+            cut = judged(stmt, given)
+            if cut is not None:
+                found.add(cut)
+    return found.pop() if len(found) == 1 else None
 
 
 def self_load_alias(path: str, line: int) -> tuple[str, str, int | None] | None:

@@ -40,7 +40,8 @@ How, and what it costs:
   while a gradient it passes on is not: the op that mixes the samples. BatchNorm, batch
   statistics (``std``/``var``: a minibatch-stddev layer), matrix products (a graph's ``adj @ h``,
   attention) and gathers (mixup's ``x[perm]``) mix on purpose: their gradient is cleaned to the
-  probed row and the search goes on above (batch statistics of another layout leave the probe
+  probed row and the search goes on above (a view that splits ``(B * k, ...)`` rows back into
+  ``(B, k, ...)`` reads its input's samples in blocks of ``k`` rows: ``_blocks``) (batch statistics of another layout leave the probe
   blind: nothing is judged). A mixing op counts when a recorded ``(B, ...)`` tensor above it gets
   a mixed gradient too, or when it is one of the ops that mix a batch only by mistake (a view, a
   softmax, a norm...). When one is found, the model's next forward runs with anomaly mode's
@@ -1115,10 +1116,11 @@ def _axis(grad, B: int) -> int | None:
     return None
 
 
-def _clean(grad, B: int, r: int) -> bool:
+def _clean(grad, B: int, r: int, axis: int | None = None) -> bool:
     """Only sample ``r`` of a gradient that carries the batch is non-zero (samples below
-    ``_TINY`` of the largest count as zero); True for other layouts (nothing to tell)."""
-    axis = _axis(grad, B)
+    ``_TINY`` of the largest count as zero); True for other layouts (nothing to tell). ``axis``:
+    where the batch leads when the caller knows (dim 0 of rows in blocks of samples)."""
+    axis = _axis(grad, B) if axis is None else axis
     if axis is None or not grad.numel():
         return True
     with torch.no_grad():
@@ -1129,6 +1131,19 @@ def _clean(grad, B: int, r: int) -> bool:
         return True
     others = torch.cat([per[:r], per[r + 1:]])
     return not bool((others > top * _TINY).any())
+
+
+_VIEW_NODES = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
+
+
+def _blocks(grad_outputs, grad, B: int) -> bool:
+    """Whether a view node's gradient goes from a (B, k, ...) output back to (B * k, ...) rows
+    (k > 1): the view split the samples' merged rows, so its input holds them in blocks."""
+    out = next((g for g in grad_outputs if isinstance(g, torch.Tensor)), None)
+    if out is None or out.dim() < 2 or grad.dim() < 2 or int(out.shape[0]) != B:
+        return False
+    k = int(out.shape[1])
+    return k > 1 and int(grad.shape[0]) == B * k and grad.numel() == out.numel()
 
 
 def _kept(grad, B: int, r: int):
@@ -1165,6 +1180,7 @@ class _State:
 
     def hook(self, node, edges: tuple[int, ...]):
         kind = _kind(node.name())
+        splits = node.name().startswith(_VIEW_NODES)
         children = node.next_functions
         state = self
 
@@ -1180,7 +1196,14 @@ class _State:
                     g = grad_inputs[i]
                     if g is None:
                         continue
-                    if state._carries(g):
+                    if splits and _blocks(grad_outputs, g, B):
+                        # a view of (B * k, ...) rows as (B, k, ...): each sample's rows lead in
+                        # a block of k (frames of clips merged for a per-frame encoder), whatever
+                        # dim 1 of the rows holds (16 channels over a batch of 16)
+                        clean = _clean(g, B, r, axis=0)
+                        if not clean and clean_in is not False:
+                            state.introduced.append(node)
+                    elif state._carries(g):
                         clean = _clean(g, B, r)
                         if not clean and clean_in is not False:
                             # mixed here by an op that mixes on purpose, or by one in a layout

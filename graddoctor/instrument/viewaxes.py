@@ -36,6 +36,11 @@ How it is seen, and what it costs:
   shape is in their metadata (no tensor read). A held call whose shapes match one that reaches
   the loss becomes a ``view_axes`` aside event at its line, with the parameters that made the
   reshaped value.
+* A reordering call on data without gradient outside any forward (a batch laid out for the
+  model in the loop) is held by its result's memory (data pointer, shape, strides; at most
+  ``_LOOSE`` between two backwards). At the backward, a node of the loss's graph that saved
+  that tensor as its input (``_SAVED_INPUTS``: a convolution, a Linear's product, a product)
+  makes it a ``view_axes`` event, with the parameters below that node.
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ _ROW_LOSSES = {"nll_loss": "cross_entropy/nll_loss", "mse_loss": "mse_loss", "l1
                "soft_margin_loss": "soft_margin_loss",
                "multilabel_soft_margin_loss": "multilabel_soft_margin_loss"}
 _MAX_AXES = 6  # sizes other than 1 judged at most (6! orders)
+_LOOSE = 16  # data reshaped outside a forward held between two backwards, at most
+# the saved inputs of the nodes that read data with a parameter (convolutions, Linear layers'
+# addmm, matrix products, elementwise products)
+_SAVED_INPUTS = ("_saved_input", "_saved_mat1", "_saved_self", "_saved_other")
 _VIEWS = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
 # ops whose output's axis 1 is channels (the class axis of a segmentation or tagging head)
 _CHANNEL_FIRST = ("ConvolutionBackward", "CudnnConvolutionBackward", "MkldnnConvolutionBackward",
@@ -228,6 +237,12 @@ def _flattened_input(child) -> tuple[tuple, tuple] | None:
     return None
 
 
+def _memory(tensor) -> tuple:
+    """What tells a tensor's values apart from another's without reading them: where they start,
+    the shape and the strides."""
+    return (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+
+
 def _target_shape(tensor, args, kwargs) -> tuple | None:
     """The shape a view/reshape call asks for (``-1`` resolved), None for another overload
     (``view(dtype)``) or arguments not understood."""
@@ -259,6 +274,10 @@ class ViewAxesWatcher:
         self._open = True
         self._held: dict = {}  # (input shape, output shape) -> the user's line of the call
         self._inputs: dict = {}  # the same for data reshaped in forward -> (line, module)
+        # data without gradient reshaped outside any forward (a batch laid out for the model in
+        # the loop): (data pointer, shape, strides) of the result -> (input shape, output
+        # shape, line); reported when a node of the loss's graph saved it as its input
+        self._loose: dict = {}
         self._judged: dict = {}  # (input shape, output shape) -> reordered?
         self._told: set = set()
         self._restore: list = []  # (owner, name, original) put back when the windows end
@@ -282,7 +301,7 @@ class ViewAxesWatcher:
             return
         caller = sys._getframe(2)  # the code that called view/reshape (<- the wrapper)
         self._flattened(args, result, caller)
-        self._before(args, kwargs, caller)
+        self._before(args, kwargs, caller, result)
 
     def _after_flatten(self, args, kwargs, result) -> None:
         if self._open and args:
@@ -311,7 +330,7 @@ class ViewAxesWatcher:
         except Exception as exc:
             self.rec.internal_error("view axes", exc)
 
-    def _before(self, args, kwargs, caller) -> None:
+    def _before(self, args, kwargs, caller, result=None) -> None:
         tensor = args[0]
         if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
                 and torch.is_grad_enabled()):
@@ -347,6 +366,14 @@ class ViewAxesWatcher:
                 loc = self.rec.here()
                 if loc is not None:
                     self._inputs[key] = (loc, weakref.ref(module))
+            elif module is None and suspect == "reordered" and isinstance(result, torch.Tensor) \
+                    and len(self._loose) < _LOOSE:
+                # a batch laid out for the model outside its forward ((N, T, C, H, W) clips
+                # viewed as (N, C, T, H, W)): confirmed at the backward by a node of the loss's
+                # graph that saved this very tensor as its input
+                loc = self.rec.here()
+                if loc is not None:
+                    self._loose[_memory(result)] = (key, loc)
         except Exception as exc:
             self.rec.internal_error("view axes", exc)
 
@@ -359,6 +386,8 @@ class ViewAxesWatcher:
                 self._look(tensors)
             if self._inputs:
                 self._data()
+            if self._loose:
+                self._loose_inputs(tensors)
             if self._flat:
                 flat, self._flat = self._flat, {}
                 self._rows(tensors, flat)
@@ -408,6 +437,25 @@ class ViewAxesWatcher:
                     classes = key[1][-1]
                 self._told.add(key)
                 self._report(node, key, loc, classes)
+
+    def _loose_inputs(self, tensors) -> None:
+        """Data reshaped outside a forward since the last backward, whose result a node of the
+        loss's graph saved as its input (a convolution's, a Linear's, a matrix product's):
+        reported with the parameters below that node (the ones that read it)."""
+        loose, self._loose = self._loose, {}
+        items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+        for root in [t.grad_fn for t in items if isinstance(t, torch.Tensor) and t.grad_fn is not None]:
+            for node in post_order(root, _NODES) or ():
+                for name in _SAVED_INPUTS:
+                    value = saved(node, name)
+                    if not isinstance(value, torch.Tensor) or value.requires_grad:
+                        continue
+                    entry = loose.get(_memory(value))
+                    if entry is None or entry[0] in self._told:
+                        continue
+                    key, loc = entry
+                    self._told.add(key)
+                    self._report(node, key, loc)
 
     def _rows(self, tensors, flat: dict) -> None:
         """Each loss of the graph whose target is one the user's code flattened: the axes its

@@ -1,7 +1,27 @@
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import Rule
+from ..trace import Location
+from .base import Related, Rule
+
+
+def _wrong_sum(a, e, rows) -> tuple[int, str] | None:
+    """When the product runs along the last axis (where rays x samples keep their samples) and
+    the weights are summed along another one, the sum is the line to change: ``(line, text)`` of
+    the one ``sum`` call within ``_NEAR`` lines after the product whose text names that other
+    axis (``.sum(dim=0)``, ``sum(0)``); None otherwise (which side is wrong is then not told)."""
+    dim = e.get("dim")
+    if e.loc is None or dim != -1 or not isinstance(rows, int) or rows < 0:
+        return None
+    spelled = (f"dim={rows}", f"sum({rows})", f"sum({rows},", f"axis={rows}")
+    found = [(line, text) for line, text, _ in a.source.calls_named(e.loc.path, frozenset({"sum"}))
+             if e.loc.line < line <= e.loc.line + _NEAR
+             and any(s in text.replace(" ", "") for s in spelled)]
+    found = list(dict.fromkeys(found))
+    return found[0] if len(found) == 1 else None
+
+
+_NEAR = 12  # lines after the product where the rendering's sum is looked for
 
 
 class CumulativeOutOfOrder(Rule):
@@ -18,7 +38,10 @@ class CumulativeOutOfOrder(Rule):
     weights over (the rays instead of the samples). Read at the first 3 backwards after such ops: the loss's
     graph, and for a 1-D normalizer the per-row keys the op's frame and its caller's hold
     (1-D tensors of the rows' length, without gradient, with many distinct values), put in the
-    order the op ran over (an index taken on the way, a flip). It points at the op's call.
+    order the op ran over (an index taken on the way, a flip). It points at the op's call, or,
+    for a product along the last axis (where rays x samples keep their samples) whose weights
+    are summed along another, at that `sum(dim=...)` when the source shows one within a few
+    lines after the product: the composite is then the line to change.
 
     ## Why is this bad?
     A Cox risk set for subject `i` is every subject still at risk at `i`'s event time: with the
@@ -82,6 +105,23 @@ class CumulativeOutOfOrder(Rule):
                 continue
             rows = e.get("rows")
             if case == "axis":
+                summed = _wrong_sum(a, e, rows)
+                if summed is not None:
+                    line, text = summed
+                    yield self.finding(
+                        f"this sum composites the weights `alpha * T` along axis {rows}, but the "
+                        f"transmittance `{op}` runs along axis {e.get('dim')}, the samples' axis: "
+                        f"`{text}` adds up the samples at one position of all rays (other rays' "
+                        f"colours), not the samples of each ray, so each pixel is rendered from "
+                        f"the other rays in the batch",
+                        Location(e.loc.path, line, e.loc.function), step=a.next_step_number(e.seq),
+                        related=(Related(e.loc, f"the `{op}` along axis {e.get('dim')}"),),
+                        evidence={"op": op, "case": case, "dim": e.get("dim"), "summed": rows,
+                                  "at": "sum"},
+                        fix=("sum the weighted colours over the samples' axis, the one the "
+                             "transmittance runs along (`.sum(dim=-2)` of (rays, samples, 3) "
+                             "colours, `dim=-1` of (rays, samples) weights)"))
+                    continue
                 yield self.finding(
                     f"this `{op}` runs the transmittance along axis {e.get('dim')}, but the "
                     f"rendering sums the weights `alpha * T` along axis {rows}: each sample is "

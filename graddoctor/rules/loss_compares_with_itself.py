@@ -63,7 +63,18 @@ def _constructed(node: ast.AST) -> bool:
 def _data_like(node: ast.AST) -> bool:
     """An argument that can be a view of data: a name, a call, a subscript (not a constant)."""
     return isinstance(node, (ast.Name, ast.Call, ast.Subscript, ast.Attribute)) and not (
-        isinstance(node, ast.Call) and _shaped(node)) and not _constructed(node)
+        isinstance(node, ast.Call) and (_shaped(node) or _constant_call(node))) and not _constructed(node)
+
+
+_COPY_NOTE = "the second time as"  # how same_lines tells a prediction given with its own copy
+
+
+def _constant_call(call: ast.Call) -> bool:
+    """A call of literals only (``torch.linspace(0, 1, 32)``, ``torch.arange(10)``): the same
+    grid or range made twice (``meshgrid(r, r)``) is no value compared with itself."""
+    values = [*call.args, *(k.value for k in call.keywords)]
+    return bool(values) and all(isinstance(v, ast.Constant) or (
+        isinstance(v, ast.UnaryOp) and isinstance(v.operand, ast.Constant)) for v in values)
 
 
 def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
@@ -104,6 +115,12 @@ def same_lines(tree: ast.AST) -> list[tuple[int, str]]:
             if twice is not None:
                 found.append((node.lineno, f"{ast.unparse(twice)} is passed twice to "
                                            f"{ast.unparse(node)}"))
+            elif len(args) >= 2 and _data_like(args[0]) and _uncopied(args[1]) is not args[1] \
+                    and ast.dump(_uncopied(args[1])) == dumps[0]:
+                # a loss given a prediction and its own detached copy as the target
+                # (``mse_loss(f, f.detach())``)
+                found.append((node.lineno, f"{ast.unparse(args[0])} is passed twice ({_COPY_NOTE} "
+                                           f"{ast.unparse(args[1])})"))
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Sub, ast.Mult, ast.MatMult)) \
                 and isinstance(node.left, ast.Call) and _data_like(node.left) \
                 and ast.dump(node.left) == ast.dump(node.right):
@@ -239,6 +256,9 @@ class LossComparesWithItself(Rule):
             if loc is not None:
                 tree = a.source.tree(loc.path)
                 lines = same_lines(tree) if tree is not None else []
+                copies = [ln for ln in lines if _COPY_NOTE in ln[1]]
+                if how == "constant" and len(copies) == 1:
+                    lines = copies  # a target that is the input's own detached copy, by the text
                 if len(lines) == 1:
                     loc, text = Location(loc.path, lines[0][0], loc.function), lines[0][1]
                     draw = own_draw(tree, lines[0][0])

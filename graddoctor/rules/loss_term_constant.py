@@ -47,7 +47,8 @@ class LossTermConstant(Rule):
     50)`: zero for now, not by construction); penalties on the parameters alone (an L2 term at
     a tiny learning rate, an orthogonality penalty right after an orthogonal initialisation)
     that share no activation with the rest of the loss; a term multiplied by a constant zero on
-    purpose (`0 * out.sum()`, to keep parameters in the graph); values logged but not added to
+    purpose (`0 * out.sum()`, to keep parameters in the graph); a zero term that compares a value
+    with itself (`mmd(h, h)`: loss-compares-with-itself's); values logged but not added to
     the loss; runs whose loss itself did not move; tensors on an accelerator (not read).
     """
 
@@ -61,10 +62,15 @@ class LossTermConstant(Rule):
 
     def check(self, a):
         stepped = {pid for pids in a.opt_params.values() for pid in pids}
+        # a value compared with itself is zero by construction too: loss-compares-with-itself
+        # names the cause (`mmd(h, h)`)
+        compared = {(e.loc.path, e.loc.line) for e in a.of_kind("same_compared") if e.loc is not None}
         for e in a.of_kind("constant_term"):
             pids = [pid for pid in e.get("params") or () if pid in stepped]
             if not pids:
                 continue  # it reaches nothing an optimizer steps: loss-term-trains-nothing's
+            if e.loc is not None and (e.loc.path, e.loc.line) in compared and not e.get("value"):
+                continue
             name, value, origin = e.get("name"), e.get("value"), e.get("origin")
             loc, text = e.loc, None
             for held in (origin, name):  # where the constant is made, else the term

@@ -22,7 +22,9 @@ class PenaltyWithoutGraph(Rule):
     from a prediction with no graph, whose value the loss that is backpropagated adds, with an
     operand without graph in that loss's sum at every backward checked: the prediction was
     `.detach()`-ed, read through `.data`, sent through NumPy or `.item()`, or computed under
-    `torch.no_grad()`, as the source shows. It points at the statement that cuts it. And it
+    `torch.no_grad()`, as the source shows, also where the script calls a loss helper of its
+    own with a cut argument (`stft_loss(pred.detach(), y)`: the helper's loss call reads its
+    parameter). It points at the statement that cuts it. And it
     finds a term of that sum computed through an op that has no gradient, from a value the
     loss's other terms train through: a Dice or IoU term on `F.one_hot(logits.argmax(1))` or
     on `(torch.sigmoid(x) > 0.5).float()` beside a cross-entropy on `logits`, a `round()`-ed
@@ -127,6 +129,7 @@ class PenaltyWithoutGraph(Rule):
         # modules whose parameters got no gradient at all, where they ran: param-without-grad
         # reports such a forward (under no_grad, or cut) at its line already
         idle = {(e.loc.path, e.loc.line) for e in a.of_kind("idle_forward") if e.loc is not None}
+        told: set = set()  # cuts reported: a helper's two loss calls fed by one cut are one bug
         for (path, line), events in by_call.items():
             lines = {e.get("backward") for e in events}
             if len(events) < 2 or len(lines) != 1 or any(not e.get("constants") for e in events):
@@ -139,8 +142,9 @@ class PenaltyWithoutGraph(Rule):
             if cut is None:
                 continue  # data, or a frozen model's output: a constant by design, nothing cut
             at, _text, how = cut
-            if (path, at) in idle:
+            if (path, at) in idle or (path, at) in told:
                 continue
+            told.add((path, at))
             cause = (f"its input is cut from the graph here ({how})" if at != line
                      else f"its input is cut from the graph ({how})")
             related = [Related(Location(path, backward), "the backward of that loss")]

@@ -86,7 +86,9 @@ class SamplesMixedInBatch(Rule):
     ```
 
     ## Stays silent on
-    BatchNorm in train mode; batch statistics on purpose (a ProGAN/StyleGAN minibatch-stddev
+    BatchNorm in train mode, also over the frames of all clips merged into one batch for a
+    per-frame encoder (`x.reshape(N * T, C, H, W)` ... `.reshape(N, T, -1)`) whose channel count
+    equals the batch size; batch statistics on purpose (a ProGAN/StyleGAN minibatch-stddev
     layer); matrix products over the batch (a graph network's `adj @ h` over full-batch nodes,
     attention); in-model mixup (`x[perm]`); a model that returns a (B, B) similarity matrix
     (CLIP); `transpose`/`permute` between batch-first and seq-first layouts; seq-first models

@@ -92,7 +92,11 @@ class ViewReordersAxes(Rule):
     saved, their output shape is in the node's metadata); the ones whose sizes other than 1 are
     no split or merge of whole axes in order, but are one once the axes are put in another
     order, are matched with the call the script made (`Tensor.view`, `Tensor.reshape` and
-    `torch.reshape` are watched until then). It points at that call.
+    `torch.reshape` are watched until then). It points at that call. A batch without gradient
+    laid out for the model in the training loop (`clips.reshape(N, C, T, H, W)` of (N, T, C, H,
+    W) clips for a `Conv3d`) has no view node in the graph: it counts when a node of the loss's
+    graph (a convolution, a Linear's product, an elementwise product) saved that very tensor
+    as its input.
 
     It also finds channel-first scores flattened into rows of classes without moving the classes
     last: `logits.reshape(-1, C)` of a segmentation network's (N, C, H, W) output (or a frame
@@ -128,7 +132,9 @@ class ViewReordersAxes(Rule):
     after `transpose(1, 2)`, `flatten`, `view(B, -1)`); a reshape after the right `permute`
     (`permute(0, 2, 3, 1).contiguous().view(B, -1, 4)`); frame stacking `reshape(B, T // k, k * C)`
     (a split and a merge in order); axes of length 1 moved (they hold no order); reshapes of data
-    that needs no gradient, in libraries' own code, or not reaching the loss; Transformer-XL's
+    that needs no gradient outside a forward that no layer of the loss's graph reads as it is
+    (a copy for a plot, a value normalised before the model); reshapes in libraries' own code,
+    or not reaching the loss; Transformer-XL's
     relative shift (scores padded with one column, viewed with their last two sizes swapped and
     sliced: the Music Transformer's skewing); scores flattened after `permute(0, 2, 3, 1)` or
     `movedim(1, -1)`, or given to the loss as (N, C, H, W); channels-last scores whose last axis
