@@ -77,3 +77,19 @@ def test_the_rule_looks_only_at_files_whose_backwards_ran(tmp_path):
     found = list(rule.check(Analysis(b.trace)))
     assert [f.location.line for f in found] == [6]
     assert found[0].fix == "compute `ref_c` with `ref`, not `policy`"
+
+
+def test_a_step_function_that_calls_backward_is_read_as_the_loop(tmp_path):
+    body = ("def train_step(b):\n    with torch.no_grad():\n        ref_logprobs = logps(policy, b)\n"
+            "    loss.backward()\n")
+    assert _read(tmp_path, _HEAD + body) == [(7, "reference", "ref_logprobs", "policy", "ref")]
+    # a function whose own loop trains: what it computes before the loop is the starting policy
+    body = ("def train(data):\n    ref_all = logps(policy, data)\n    for b in data:\n"
+            "        loss.backward()\n")
+    assert _read(tmp_path, _HEAD + body) == []
+
+
+def test_an_adapter_switched_off_by_a_call_before_the_statement_reads_as_nothing(tmp_path):
+    body = ("for b in data:\n    with torch.no_grad():\n        policy.disable_adapter_layers()\n"
+            "        ref_c = logps(policy, b)\n        policy.enable_adapter_layers()\n    loss.backward()\n")
+    assert _read(tmp_path, _HEAD + body) == []

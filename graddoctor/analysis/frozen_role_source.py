@@ -96,11 +96,12 @@ def _last_part(name: str) -> str:
 
 def role_values_from_trained_model(path: str) -> list[tuple[int, str, str, str, str]]:
     """(line, role, the value's name, the trained model's name, the role model's name) for each
-    assignment, inside a loop that calls ``backward``, of a value named for a reference's (or a
-    teacher's) output from a call on or with a model an optimizer trains, the statement naming
+    assignment, inside a loop that calls ``backward`` (or a step function that does and holds no
+    such loop), of a value named for a reference's (or a teacher's) output from a call on or with a model an optimizer trains, the statement naming
     no model of that role, in a file that assigns a model of that role (``ref = copy.deepcopy(
     policy)``, ``self.ref_model = ...``). Statements under a ``with`` other than the grad-mode and
-    autocast contexts (an adapter switched off) are left out."""
+    autocast contexts, or after a call switching an adapter off in their block
+    (``disable_adapter_layers()``), are left out."""
     tree = _parse(path)
     if tree is None:
         return []
@@ -118,14 +119,17 @@ def role_values_from_trained_model(path: str) -> list[tuple[int, str, str, str, 
         for child in ast.iter_child_nodes(node):
             parents[id(child)] = node
     out = []
+    done: set[int] = set()
     for node in walk(tree):
-        if not isinstance(node, (ast.For, ast.While)):
+        if not isinstance(node, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        if not any(isinstance(s, ast.Call) and isinstance(s.func, ast.Attribute) and s.func.attr == "backward"
-                   for s in ast.walk(node)):
+        if not _calls_backward(node):
             continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(loop, (ast.For, ast.While)) and _calls_backward(loop) for loop in ast.walk(node)):
+            continue  # its training loop is read as one: what runs before it may make the reference
         for s in ast.walk(node):
-            if not isinstance(s, ast.Assign):
+            if not isinstance(s, ast.Assign) or id(s) in done:
                 continue
             names = [n for t in s.targets for n in _target_names(t)]
             called = _models_named(s.value)
@@ -140,11 +144,37 @@ def role_values_from_trained_model(path: str) -> list[tuple[int, str, str, str, 
                                      and m not in trained)
                 if not role_models or any(m in called for m in role_models):
                     continue
-                if _under_other_context(s, parents):
+                if _under_other_context(s, parents) or _adapters_switched_off(s, parents):
                     continue
+                done.add(id(s))
                 out.append((s.lineno, role, hit, on_trained[0], role_models[0]))
                 break
     return sorted(set(out))
+
+
+_SWITCH_OFF = re.compile(r"disable|unmerge|set_adapter|without_adapter", re.I)
+
+
+def _adapters_switched_off(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    """Whether a statement before ``node`` in its block calls a method that switches the trained
+    model's adapter off (PEFT's ``disable_adapter_layers()``, ``unmerge_adapter()``)."""
+    block = parents.get(id(node))
+    if block is None:
+        return False
+    for field in ("body", "orelse", "finalbody"):
+        stmts = getattr(block, field, None)
+        if isinstance(stmts, list) and node in stmts:
+            for before in stmts[: stmts.index(node)]:
+                for sub in ast.walk(before):
+                    if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
+                            and _SWITCH_OFF.search(sub.func.attr):
+                        return True
+    return False
+
+
+def _calls_backward(node: ast.AST) -> bool:
+    return any(isinstance(s, ast.Call) and isinstance(s.func, ast.Attribute) and s.func.attr == "backward"
+               for s in ast.walk(node))
 
 
 def _under_other_context(node: ast.AST, parents: dict[int, ast.AST]) -> bool:

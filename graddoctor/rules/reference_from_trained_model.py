@@ -11,8 +11,8 @@ class ReferenceFromTrainedModel(Rule):
     ## What it does
     Finds a value named for a frozen model's output — the reference model's log-probabilities
     of DPO, IPO or an RLHF KL penalty (`ref_chosen_logps`, `ref_logprobs`), a distillation
-    teacher's logits (`teacher_logits`) — computed inside the training loop by a call on the
-    model the optimizer trains, while the script keeps a model of that role (it assigns a
+    teacher's logits (`teacher_logits`) — computed inside the training loop (or a step function
+    that calls `backward`) by a call on the model the optimizer trains, while the script keeps a model of that role (it assigns a
     `ref_model`, `ref`, `teacher`). Read from the script's source, in the
     files whose backwards ran; the trained models are those whose `.parameters()` an optimizer
     is built on.
@@ -46,10 +46,11 @@ class ReferenceFromTrainedModel(Rule):
     ## Stays silent on
     Reference values computed by the trained model with its adapter switched off (a `with`
     block other than `no_grad`/`inference_mode`/`autocast`: PEFT's `disable_adapter()`, TRL's
-    `null_ref_context()`); reference log-probabilities precomputed from the policy before the
+    `null_ref_context()`; or a call such as `disable_adapter_layers()` before it in its block); reference log-probabilities precomputed from the policy before the
     training loop (the policy is the reference then); scripts that keep no reference (teacher)
     model (reference-free SimPO, self-distillation); PPO's old
-    log-probabilities computed by the policy under `no_grad`, which are not named a reference.
+    log-probabilities computed by the policy under `no_grad`, which are not named a reference;
+    values a training function computes before its own training loop.
     """
 
     code = "GD354"
