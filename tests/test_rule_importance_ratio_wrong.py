@@ -162,3 +162,29 @@ def test_a_log_prob_returned_by_a_helper_is_followed_to_the_difference_after_its
     assert ratio_line(str(script), 4, "inverted") == (7, "logratio = old_logprobs - newlogprob")
     assert ratio_line(str(script), 4, "cancels") == (8, "ratio = logratio.exp()")
     assert ratio_line(str(script), 4, "minimised")[0] == 9
+
+
+def test_an_old_log_prob_recomputed_inline_by_its_helper_is_named_at_the_ratio(tmp_path):
+    from textwrap import dedent
+
+    from graddoctor.analysis.source import ratio_line
+
+    script = tmp_path / "rlhf.py"
+    script.write_text(dedent("""\
+        def token_logps(model, seq):
+            logits = model(seq[:, :-1])
+            return torch.log_softmax(logits, -1).gather(-1, seq[:, 1:, None]).squeeze(-1)
+        for epoch in range(2):
+            logps = token_logps(policy, seq)
+            ratio = (logps - token_logps(policy, seq)).exp()
+            loss = -(adv * ratio).mean()
+        """))
+    assert ratio_line(str(script), 3, "denominator") == (6, "ratio = (logps - token_logps(policy, seq)).exp()")
+    # a helper whose value is stored first: its own return stays the statement to change
+    script.write_text(dedent("""\
+        def token_logps(model, seq):
+            return torch.log_softmax(model(seq), -1).gather(-1, seq[..., None]).squeeze(-1)
+        old = token_logps(policy, seq)
+        ratio = torch.exp(token_logps(policy, seq) - old)
+        """))
+    assert ratio_line(str(script), 2, "denominator")[0] == 2

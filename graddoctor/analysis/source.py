@@ -1552,7 +1552,10 @@ def ratio_line(path: str, line: int, fault: str) -> tuple[int, str] | None:
         return None
     if fault == "denominator":  # the old log-probability's own statement
         found = _innermost_statement(tree, line)
-        return None if found is None else (found[0].lineno, ast.unparse(found[0]).strip())
+        if found is None:
+            return None
+        inline = _helper_call_in_ratio(tree, line) if isinstance(found[0], ast.Return) else None
+        return inline or (found[0].lineno, ast.unparse(found[0]).strip())
     found = _ratio_statement(tree, line, fault, None)
     if found is None:
         # a log_prob returned by a helper (CleanRL's get_action_and_value): the ratio is looked
@@ -1626,6 +1629,37 @@ def _ratio_statement(tree: ast.AST, line: int, fault: str, seed: set | None):
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             names |= {sub.id for t in targets for sub in walk(t) if isinstance(sub, ast.Name)}
     return None
+
+
+def _helper_call_in_ratio(tree: ast.AST, line: int) -> tuple[int, str] | None:
+    """For a ``return`` at ``line`` in a helper that computes log-probabilities, the one statement
+    of the file that calls the helper as the subtracted side of an ``exp`` (``exp(logp -
+    helper(...))``) or as a divisor: the old log-probability recomputed inline in the ratio,
+    where the detach (or the stored rollout value) belongs; None unless there is exactly one."""
+    function = _enclosing_function(tree, line)
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+
+    def calls_helper(node: ast.AST) -> bool:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Call):
+                f = sub.func
+                if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) == function.name:
+                    return True
+        return False
+
+    sites = []
+    for node in walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or node.value is None:
+            continue
+        if node.lineno >= function.lineno and node.lineno <= (function.end_lineno or function.lineno):
+            continue
+        if not _calls_named(node.value, ("exp",)):
+            continue
+        if any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Sub, ast.Div)) and calls_helper(n.right)
+               and not calls_helper(n.left) for n in walk(node.value)):
+            sites.append((node.lineno, ast.unparse(node).strip()))
+    return sites[0] if len(sites) == 1 else None
 
 
 def _returned_to(tree: ast.AST, line: int) -> list[tuple[int, set]]:

@@ -101,8 +101,12 @@ class ImportanceRatioWrong(Rule):
                 if line is not None:
                     loc, text = Location(loc.path, line[0], loc.function), line[1]
             said = f"`{text}`" if text else "the ratio made from this log_prob"
+            fix = _FIX[fault]
+            if fault == "denominator" and text and "exp" in text:  # recomputed inline in the ratio
+                fix = ("compute the old log-probability once, in the rollout under torch.no_grad(), "
+                       "and use that stored value here instead of a fresh call with gradient")
             yield self.finding(
                 _WHAT[fault].format(text=said, params=a.names(pids), dist=e.get("dist") or "distribution"),
                 loc, step=a.next_step_number(e.seq),
                 evidence={"fault": fault, "dist": e.get("dist"), "params": [a.param_name(p) for p in pids[:16]]},
-                fix=_FIX[fault])
+                fix=fix)
