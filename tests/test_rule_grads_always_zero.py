@@ -177,3 +177,16 @@ def test_a_round_inside_an_autograd_function_is_not_the_call_site():
            "        return torch.round(x)\n")
     lines = _autograd_function_lines(ast.parse(src))
     assert 5 in lines and 8 not in lines
+
+
+def test_a_matmuls_weight_is_read_from_the_parameter_itself():
+    import torch
+    from graddoctor.instrument.gradstop import _parameter_all_zero
+    x = torch.randn(4, 3)
+    b = torch.nn.Parameter(torch.zeros(5, 2))
+    a = torch.nn.Parameter(torch.randn(2, 3))
+    out = x @ a.t() @ b.t()  # LoRA's product: the last matmul reads B (zero) as its weight
+    assert _parameter_all_zero(out.grad_fn) is True
+    out = x @ a.t()
+    assert _parameter_all_zero(out.grad_fn) is False
+    assert _parameter_all_zero((x @ (a * 2).t()).grad_fn) is None  # a computed weight: not read

@@ -162,12 +162,43 @@ def _all_zero(node, attr: str) -> bool | None:
     return None
 
 
+# the input of each of those nodes that carries the weight (its ``next_functions`` index): the
+# parameter itself is read there when its saved copy cannot be
+_WEIGHT_INPUT = {"AddmmBackward0": 2, "MmBackward0": 1, "ConvolutionBackward0": 1}
+_WEIGHT_VIEWS = ("TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0",
+                 "ExpandBackward0", "UnsafeViewBackward0")
+
+
+def _parameter_all_zero(node) -> bool | None:
+    """Whether the parameter a matmul-like node reads as its weight (past a transpose or view)
+    is all zero; None when the weight is no parameter (an activation, a product of two: LoRA's
+    ``x @ A.t() @ B.t()`` reads ``B`` here)."""
+    index = _WEIGHT_INPUT.get(type(node).__name__)
+    functions = node.next_functions
+    if index is None or index >= len(functions):
+        return None
+    edge = functions[index][0]
+    for _ in range(4):
+        if edge is None:
+            return None
+        variable = getattr(edge, "variable", None)
+        if variable is not None:
+            return not bool(variable.any()) if variable.layout == torch.strided else None
+        if type(edge).__name__ not in _WEIGHT_VIEWS or len(edge.next_functions) != 1:
+            return None
+        edge = edge.next_functions[0][0]
+    return None
+
+
 def _weight_check(node, attrs: tuple[str, str], zero: list):
     weight, data = attrs
 
     def prehook(grad_outputs):
         try:
-            zero.append((_all_zero(node, weight), _all_zero(node, data)))
+            weight_zero = _all_zero(node, weight)
+            if weight_zero is None:  # saved under checkpointing: read the parameter itself
+                weight_zero = _parameter_all_zero(node)
+            zero.append((weight_zero, _all_zero(node, data)))
         except Exception:
             pass  # a diagnosis never breaks the backward
         return None

@@ -317,7 +317,12 @@ class GradsAlwaysZero(Rule):
             "constant": ("normalise over the dimension that holds the scores (for weights over "
                          "time steps of shape (B, T, 1): dim=1), or use a sigmoid for a single "
                          "score"),
-            "zero_weights": ("do not initialise weights to zero: keep the layers' default "
+            "zero_weights": (("initialise one factor of each low-rank pair randomly (LoRA's A "
+                              "with nn.init.kaiming_uniform_, as peft does) and only the other (B) "
+                              "to zero: with both at zero, each one's gradient is a product with "
+                              "the other and stays zero")
+                             if any("lora" in a.param_name(p).lower() for p in pids) else
+                             "do not initialise weights to zero: keep the layers' default "
                              "initialisation (or nn.init.kaiming_uniform_ / xavier_uniform_); "
                              "zeros are fine for biases only"),
             "part": ("read the last layer's final state: `h_n[-1]` (h_n is (num_layers * "
