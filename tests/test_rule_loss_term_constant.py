@@ -94,3 +94,12 @@ def test_a_zero_term_beside_a_self_comparison_is_left_to_loss_compares_with_itse
                            params=[0, 1], starts=[]), line=5)
     t.put(ev.constant_term(name="align", value=0.0, loss_low=1.2, loss_high=1.6, params=[0, 1]), line=5)
     assert findings(t, "loss-term-constant") == []
+
+
+def test_a_mask_product_and_a_ratio_to_its_own_detached_copy_are_not():
+    logits = _logits()
+    ce = F.cross_entropy(logits, torch.zeros(8, dtype=torch.long), reduction="none")
+    masked = (ce * torch.zeros(8)).mean()  # a confidence mask that keeps nothing yet
+    assert judge((ce.mean() + masked).grad_fn, masked.grad_fn) is None
+    ratio = ce.mean() / ce.mean().detach()  # 1 by construction, with a gradient
+    assert judge((ce.mean() + ratio).grad_fn, ratio.grad_fn) is None

@@ -24,10 +24,15 @@ more (the run moved: new batches, updated parameters). Such a term is recorded (
   reaches outside it): a penalty on the parameters alone (an L2 term at a tiny learning rate,
   an orthogonality penalty at an orthogonal initialisation) moves too little to tell from a
   constant and is no activation's function; and
-* no saturating op (a ReLU, a clamp, a max or min, a ``torch.where``, a rounding) lies in what
+* no saturating op (a ReLU, a clamp, a max or min, a ``torch.where``, a rounding, a selection
+  by a mask: ``masked_fill``, ``h[keep]``) lies in what
   only the term computes (below it, outside the rest of the loss): a hinge that is not yet
   active (``relu(|logits| - 50)``) is zero for now, not by construction; and
-* no factor of zero makes it zero (``0 * logits.sum()``, a term kept in the graph on purpose).
+* no factor of zero makes it zero (``0 * logits.sum()``, a term kept in the graph on purpose);
+  and
+* it is no product or quotient with a tensor that carries no gradient (a Python number aside):
+  a confidence mask that keeps no sample yet makes ``(ce * mask).mean()`` zero for now, and
+  ``l / l.detach()`` is 1 by construction but passes ``l``'s gradient on purpose.
 
 Cost: at the first backwards of each line, a walk of the loss's top, a read of the frames'
 variables (their ``grad_fn`` only) and one ``.item()`` per named term; the walks below a
@@ -64,7 +69,9 @@ _TOP_OPS = ("AddBackward", "SubBackward", "RsubBackward", "NegBackward", "MulBac
 _SATURATING = ("ReluBackward", "ClampBackward", "ClampMinBackward", "ClampMaxBackward",
                "ThresholdBackward", "HardtanhBackward", "MaximumBackward", "MinimumBackward",
                "WhereBackward", "MaxBackward", "MinBackward", "AbsBackward", "SoftplusBackward",
-               "SignBackward", "RoundBackward", "FloorBackward", "CeilBackward")
+               "SignBackward", "RoundBackward", "FloorBackward", "CeilBackward",
+               # a selection by a mask that may keep nothing yet
+               "MaskedFillBackward", "MaskedScatterBackward", "MaskedSelectBackward", "IndexBackward")
 
 
 def _children(node) -> list:
@@ -121,11 +128,26 @@ def judge(root, term) -> set | None:
     nodes = reached(term, _BELOW, truncate=True)[0]
     beside = _beside(root, term)
     own = nodes - beside  # what only the term computes: where a hinge would saturate
-    if any(type(node).__name__.startswith(_SATURATING) for node in own) or _zero_factor(term):
+    if any(type(node).__name__.startswith(_SATURATING) for node in own) or _zero_factor(term) \
+            or any(_data_operand(node) for node in own):
         return None
     if not any(getattr(node, "variable", None) is None for node in nodes & beside):
         return None
     return own
+
+
+def _data_operand(node) -> bool:
+    """A product or quotient of the term with a tensor that carries no gradient and is no Python
+    number: a mask (``(ce * mask).mean()`` with no sample above the threshold yet: zero for now)
+    or the term's own detached copy (``l / l.detach()``, 1 by construction with a gradient)."""
+    if not type(node).__name__.startswith(("MulBackward0", "DivBackward0")):
+        return False
+    for index, (child, _) in enumerate(node.next_functions):
+        if child is None:
+            value = getattr(node, "_saved_other" if index == 1 else "_saved_self", None)
+            if isinstance(value, torch.Tensor) and python_number(value) is None:
+                return True
+    return False
 
 
 def _fingerprint(tensor) -> tuple[float, float]:

@@ -48,7 +48,9 @@ class LossTermConstant(Rule):
     a tiny learning rate, an orthogonality penalty right after an orthogonal initialisation)
     that share no activation with the rest of the loss; a term multiplied by a constant zero on
     purpose (`0 * out.sum()`, to keep parameters in the graph); a zero term that compares a value
-    with itself (`mmd(h, h)`: loss-compares-with-itself's); values logged but not added to
+    with itself (`mmd(h, h)`: loss-compares-with-itself's); a product with a mask or a detached
+    tensor (`(ce * mask).mean()` while the mask keeps no sample, `l / l.detach()`, which is 1
+    with a gradient); values logged but not added to
     the loss; runs whose loss itself did not move; tensors on an accelerator (not read).
     """
 
