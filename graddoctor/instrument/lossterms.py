@@ -510,6 +510,7 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
     signed_walk(root, limit, visit)
     exps = []
     factors: dict = {}  # node -> the signs it scales a product with (+1 a factor, -1 a divisor)
+    divided: set = set()  # exp nodes a division takes as its divisor
     seen = {root}
     stack = [root]
     while stack and len(seen) < _SCALE_NODES:
@@ -524,6 +525,12 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
             if len(children) == 2:
                 for index, child in children:
                     factors.setdefault(child, set()).add(-1.0 if name == "DivBackward0" and index == 1 else 1.0)
+                    if name == "DivBackward0" and index == 1:
+                        # dividing by exp(s) (or by 2 * exp(s)) scales by exp(-s): a Gaussian
+                        # NLL's (y - mu) ** 2 / logvar.exp() is a precision, not a scale
+                        below, positive = _scale_argument(child)
+                        if type(below).__name__ == "ExpBackward0" and positive > 0:
+                            divided.add(below)
         for _, child in _children(node):
             if child not in seen:
                 seen.add(child)
@@ -535,6 +542,10 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
     for node, argument, sign in exps:
         if argument in theirs:
             continue
+        if node in divided:
+            if factors.get(node, set()) - {-1.0}:
+                continue  # a factor somewhere and a divisor elsewhere: not told
+            sign = -sign
         held = linear.get(argument)
         if held is not None and held * sign > 0:
             found.append((argument, held, node, sign))
