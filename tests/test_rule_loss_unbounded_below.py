@@ -82,6 +82,19 @@ def test_the_terms_line_is_found_unless_the_loss_negates_it(tmp_path):
     assert term_line(str(script), 6, "square") is None  # the square is in the loss's own line
 
 
+def test_a_loss_negating_another_name_keeps_the_loss_line(tmp_path):
+    # the KL's mu ** 2 sits inside model.kl(); the one square written here is the data term
+    script = tmp_path / "train.py"
+    script.write_text(
+        "for step in range(3):\n"
+        "    nll = (0.5 * ((yb - pred) / s) ** 2).sum()\n"
+        "    kl = model.kl()\n"
+        "    loss = (nll - kl) / n\n"
+        "    loss2 = -kl + nll\n")
+    assert term_line(str(script), 4, "square") is None
+    assert term_line(str(script), 5, "square") is None
+
+
 def _trace(params):
     t = builder(params=[0, 1])
     t.clear([0, 1], line=10)
