@@ -121,3 +121,17 @@ def test_a_variance_written_out_is_not_unbounded():
     assert not _variance_form("loss = (g ** 2).mean() - 2.0 * g.mean() ** 2")  # factor above 1
     assert not _variance_form("loss = mse - h.mean() ** 2")  # no mean of h's squares
     assert not _variance_form("loss = (")
+
+
+def test_a_max_of_multiples_of_one_sign_is_a_linear_term():
+    from graddoctor.instrument.lossterms import negative_terms
+    e = torch.randn(8, 3, requires_grad=True)
+    q = torch.tensor([0.1, 0.5, 0.9])
+    terms = lambda loss: [t for t, _, _ in negative_terms(loss.grad_fn)]
+    assert terms(torch.max(q * e, (1 - q) * e).mean()) == ["linear"]
+    assert terms(torch.maximum(0.3 * e, 0.7 * e).sum()) == ["linear"]
+    assert terms(-torch.minimum(q * e, (1 - q) * e).mean()) == ["linear"]
+    # a pinball loss: opposite signs; a leaky ReLU; a max with another tensor
+    assert terms(torch.max(q * e, (q - 1) * e).mean()) == []
+    assert terms(torch.max(e, 0.01 * e).mean()) == []
+    assert terms(torch.max(q * e, q * torch.tanh(e)).mean()) == []

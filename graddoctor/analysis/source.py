@@ -1837,6 +1837,8 @@ def _holds_term(node: ast.AST, term: str) -> bool:
             name = _last_name(sub.func)
             if term == "exp" and name == "exp":
                 return True
+            if term == "linear" and name in ("max", "maximum", "min", "minimum") and len(sub.args) == 2:
+                return True
             if term == "square" and (name == "square" or (
                     name == "pow" and any(isinstance(x, ast.Constant) and x.value == 2
                                           for x in sub.args))):
