@@ -50,6 +50,8 @@ def _inverse_flow(s):
     (lambda: _inverse_flow(torch.tanh(S)), [(-1.0, -1.0)]),
     (lambda: _glow(-1.0), [(1.0, 1.0)]),  # log(scale) subtracted from log p(z)
     (lambda: _sigma_nll(-1.0), [(-1.0, -1.0)]),  # -log(sigma) + ((y - mu) / sigma)**2
+    # the log-variance negated, its precision written as a division by exp(logvar)
+    (lambda: (-0.5 * S + 0.5 * (X - MU) ** 2 / S.exp()).mean(), [(-1.0, -1.0)]),
 ])
 def test_a_log_scale_pulled_the_same_way_twice_is_found(loss, found):
     assert _found(loss()) == found
@@ -61,6 +63,8 @@ def test_a_log_scale_pulled_the_same_way_twice_is_found(loss, found):
     lambda: _sigma_nll(1.0),
     lambda: (-torch.log(torch.softmax(MU, 1)[:, 0]) + 0.1 * (torch.softmax(MU, 1) * torch.log_softmax(MU, 1)).sum(1)).mean(),
     lambda: (0.5 * S + 0.5 * (X - MU) ** 2 * torch.exp(-S)).mean(),  # Gaussian NLL
+    lambda: (0.5 * S + 0.5 * (X - MU) ** 2 / S.exp()).mean(),  # the same, dividing by exp(s)
+    lambda: (0.5 * S + (X - MU) ** 2 / (2 * torch.exp(S))).mean(),  # ... by 2 * exp(s)
     lambda: (S + (X - MU).abs() * torch.exp(-S)).mean(),  # Laplace NLL
     lambda: (torch.exp(-S[:, 0]) * ((X - MU) ** 2).mean() + S[:, 0]).mean(),  # learned task weights
     lambda: -0.5 * torch.sum(1 + S - MU.pow(2) - S.exp()),  # the KL, right sign

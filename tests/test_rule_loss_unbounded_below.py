@@ -82,6 +82,19 @@ def test_the_terms_line_is_found_unless_the_loss_negates_it(tmp_path):
     assert term_line(str(script), 6, "square") is None  # the square is in the loss's own line
 
 
+def test_a_loss_negating_another_name_keeps_the_loss_line(tmp_path):
+    # the KL's mu ** 2 sits inside model.kl(); the one square written here is the data term
+    script = tmp_path / "train.py"
+    script.write_text(
+        "for step in range(3):\n"
+        "    nll = (0.5 * ((yb - pred) / s) ** 2).sum()\n"
+        "    kl = model.kl()\n"
+        "    loss = (nll - kl) / n\n"
+        "    loss2 = -kl + nll\n")
+    assert term_line(str(script), 4, "square") is None
+    assert term_line(str(script), 5, "square") is None
+
+
 def _trace(params):
     t = builder(params=[0, 1])
     t.clear([0, 1], line=10)
@@ -108,3 +121,17 @@ def test_a_variance_written_out_is_not_unbounded():
     assert not _variance_form("loss = (g ** 2).mean() - 2.0 * g.mean() ** 2")  # factor above 1
     assert not _variance_form("loss = mse - h.mean() ** 2")  # no mean of h's squares
     assert not _variance_form("loss = (")
+
+
+def test_a_max_of_multiples_of_one_sign_is_a_linear_term():
+    from graddoctor.instrument.lossterms import negative_terms
+    e = torch.randn(8, 3, requires_grad=True)
+    q = torch.tensor([0.1, 0.5, 0.9])
+    terms = lambda loss: [t for t, _, _ in negative_terms(loss.grad_fn)]
+    assert terms(torch.max(q * e, (1 - q) * e).mean()) == ["linear"]
+    assert terms(torch.maximum(0.3 * e, 0.7 * e).sum()) == ["linear"]
+    assert terms(-torch.minimum(q * e, (1 - q) * e).mean()) == ["linear"]
+    # a pinball loss: opposite signs; a leaky ReLU; a max with another tensor
+    assert terms(torch.max(q * e, (q - 1) * e).mean()) == []
+    assert terms(torch.max(e, 0.01 * e).mean()) == []
+    assert terms(torch.max(q * e, q * torch.tanh(e)).mean()) == []

@@ -56,6 +56,36 @@ def test_right_loops_stay_silent():
         assert _found(src) == [], src
 
 
+def test_stages_from_the_state_added_to_the_start_are_found():
+    rk4 = ("def rk4(f, y0, t):\n"                                   # 1
+           "    ys = [y0]\n"                                         # 2
+           "    y = y0\n"                                            # 3
+           "    for i in range(len(t) - 1):\n"                       # 4
+           "        h = t[i + 1] - t[i]\n"                           # 5
+           "        k1 = f(t[i], y)\n"                               # 6
+           "        k2 = f(t[i] + h, y + h * k1)\n"                  # 7
+           "        y = y0 + h / 2 * (k1 + k2)\n"                    # 8
+           "        ys.append(y)\n"                                  # 9
+           "    return ys\n")
+    assert _found(rk4) == [(8, "y", "y0", 3, "y = y + h / 2 * (k1 + k2)")]
+    minus = "x = x_init\nxs = []\nfor t in ts:\n    g = grad(x)\n    x = x_init - lr * g\n    xs.append(x)\n"
+    assert [r[:3] for r in _found(minus)] == [(5, "x", "x_init")]
+
+
+def test_increments_on_the_start_that_are_right_stay_silent():
+    for src in (
+        # Picard iteration of an implicit step: the iterates are not a trajectory
+        "x = x0\nfor _ in range(3):\n    s = f(x)\n    x = x0 + h * s\n",
+        # a drift at each time: the increment does not come from the state
+        "x = x0\nxs = []\nfor k in range(3):\n    d = v * k\n    x = x0 + d\n    xs.append(x)\n",
+        # a draw around the start
+        "x = x0\nxs = []\nfor k in range(3):\n    s = f(x)\n    x = x0 + s * torch.randn_like(x0)\n    xs.append(x)\n",
+        # the start is not the leftmost term
+        "x = x0\nxs = []\nfor k in range(3):\n    s = f(x)\n    x = s * x0\n    xs.append(x)\n",
+    ):
+        assert _found(src) == [], src
+
+
 def test_the_finding_is_a_warning_at_the_assignment_in_the_loop(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("x = x0\n"

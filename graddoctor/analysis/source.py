@@ -1880,6 +1880,8 @@ def _holds_term(node: ast.AST, term: str) -> bool:
             name = _last_name(sub.func)
             if term == "exp" and name == "exp":
                 return True
+            if term == "linear" and name in ("max", "maximum", "min", "minimum") and len(sub.args) == 2:
+                return True
             if term == "square" and (name == "square" or (
                     name == "pow" and any(isinstance(x, ast.Constant) and x.value == 2
                                           for x in sub.args))):
@@ -1943,9 +1945,11 @@ def _term_assignment(loss: ast.AST, before: list, term: str, first: int) -> tupl
         return None
     name = candidates[0].targets[0].id
     for sub in walk(loss):  # loss = recon - kld, loss = -kld + recon
-        if (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and isinstance(sub.right, ast.Name)
-                and sub.right.id == name) or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub)
-                                              and isinstance(sub.operand, ast.Name) and sub.operand.id == name):
+        # a name the loss negates is where the sign is, whether or not it is the line that
+        # writes the square: `loss = (nll - kl)` with the KL's mu ** 2 inside `model.kl()`
+        if (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and isinstance(sub.right, ast.Name)) \
+                or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub)
+                    and isinstance(sub.operand, ast.Name)):
             return None
     if not any(isinstance(sub, ast.Name) and sub.id == name for sub in walk(loss)):
         return None  # the loss does not read it

@@ -16,7 +16,10 @@ the walk there: nothing is said below it. An ``ExpBackward0`` reached with a neg
 needs a gradient, reaches a tracked tensor (a parameter), and is no bounded op's output (a
 clamp, tanh, sigmoid, softmax, log-softmax: then the term is bounded), and, for an exp, no
 entropy written out (``-sum(p * log(p + eps))`` of a never-negative ``p``, at most n/e: a
-codebook's perplexity). A ``loss_unbounded`` aside
+codebook's perplexity). So is a ``MaximumBackward0`` reached with a positive sign (a
+``MinimumBackward0`` with a negative one) whose two inputs are products of one computed tensor
+by factors without a gradient, all of one sign: a line both ways (a pinball loss written
+``max(q * e, (1 - q) * e)``). A ``loss_unbounded`` aside
 event names it, once per backward line.
 
 Cost: a walk of at most ``_NODES`` nodes of the loss's top (the terms' linear part), and below
@@ -222,12 +225,55 @@ def signed_walk(root, limit: int, visit) -> None:
                 stack.extend((child, sign * factor) for _, child in children)
 
 
+def _factor_sign(value) -> float | None:
+    """The one sign of every element of a saved factor (a number or a small CPU tensor)."""
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and 0 < value.numel() <= 4096 \
+            and not value.is_complex():
+        if bool((value > 0).all()):
+            return 1.0
+        if bool((value < 0).all()):
+            return -1.0
+        return None
+    return _sign_of(value)
+
+
+def _same_signed_multiples(children):
+    """For a binary max's (or min's) two inputs: the node both are a multiple of (``q * e`` and
+    ``(1 - q) * e``: products of one computed tensor by factors without a gradient) when every
+    factor has one and the same sign, else None. A pinball loss takes the max of ``q * e`` and
+    ``(q - 1) * e``: factors of opposite signs, a V bounded below; with one sign the max is a
+    line in each direction of ``e``, so the loss falls without end as ``e`` grows the other way."""
+    if len(children) != 2:
+        return None
+    shared, signs = None, set()
+    for _, child in children:
+        if type(child).__name__ != "MulBackward0":
+            return None
+        inner = _children(child)
+        if len(inner) != 1:
+            return None
+        index, e = inner[0]
+        if shared is not None and e is not shared:
+            return None
+        shared = e
+        factor = _factor_sign(saved(child, "_saved_other" if index == 0 else "_saved_self"))
+        if factor is None:
+            return None
+        signs.add(factor)
+    return shared if len(signs) == 1 else None
+
+
 def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]]:
     """``[(term, node, argument node)]``: the exp and even-power terms the loss holds with a
     negative sign (see the module's docs)."""
     found = []
 
     def visit(node, sign, name, children) -> bool:
+        if (name == "MaximumBackward0" and sign > 0) or (name == "MinimumBackward0" and sign < 0):
+            shared = _same_signed_multiples(children)
+            if shared is not None and not _bounded(shared):
+                found.append(("linear", node, shared))  # max(q * e, (1 - q) * e)
+            return False
         if sign >= 0:
             return False
         if name == "MulBackward0" and len(children) == 2 and children[0][1] is children[1][1]:
@@ -510,6 +556,7 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
     signed_walk(root, limit, visit)
     exps = []
     factors: dict = {}  # node -> the signs it scales a product with (+1 a factor, -1 a divisor)
+    divided: set = set()  # exp nodes a division takes as its divisor
     seen = {root}
     stack = [root]
     while stack and len(seen) < _SCALE_NODES:
@@ -524,6 +571,12 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
             if len(children) == 2:
                 for index, child in children:
                     factors.setdefault(child, set()).add(-1.0 if name == "DivBackward0" and index == 1 else 1.0)
+                    if name == "DivBackward0" and index == 1:
+                        # dividing by exp(s) (or by 2 * exp(s)) scales by exp(-s): a Gaussian
+                        # NLL's (y - mu) ** 2 / logvar.exp() is a precision, not a scale
+                        below, positive = _scale_argument(child)
+                        if type(below).__name__ == "ExpBackward0" and positive > 0:
+                            divided.add(below)
         for _, child in _children(node):
             if child not in seen:
                 seen.add(child)
@@ -535,6 +588,10 @@ def scale_terms(root, limit: int = _NODES) -> list[tuple[object, float, object, 
     for node, argument, sign in exps:
         if argument in theirs:
             continue
+        if node in divided:
+            if factors.get(node, set()) - {-1.0}:
+                continue  # a factor somewhere and a divisor elsewhere: not told
+            sign = -sign
         held = linear.get(argument)
         if held is not None and held * sign > 0:
             found.append((argument, held, node, sign))

@@ -46,7 +46,8 @@ class LogDetSignReversed(Rule):
     ## Stays silent on
     The flow's NLL with the log-det added (either direction of the flow: `x * exp(s)` with
     `+s.sum()`, `x * exp(-s)` with `-s.sum()`), a Gaussian NLL `0.5 * logvar + 0.5 * (y - mu)**2
-    * exp(-logvar)`, a Laplace NLL `log_b + |y - mu| * exp(-log_b)`, uncertainty-weighted
+    * exp(-logvar)` (or `/ logvar.exp()`, `/ (2 * logvar.exp())`: a division by `exp(s)` is
+    a factor `exp(-s)`), a Laplace NLL `log_b + |y - mu| * exp(-log_b)`, uncertainty-weighted
     multi-task losses `exp(-s) * L + s`, the VAE's KL term (`exp(logvar) - logvar`), a KL term
     with the exp negated (loss-unbounded-below's). Also judged: a scale `S` (Glow's
     `sigmoid(h)`, a `softplus` sigma) whose `log(S)` the linear top holds while `S` multiplies

@@ -6,7 +6,8 @@ from ..findings import Severity
 from ..trace import Location
 from .base import Rule
 
-_TERM = {"exp": "-exp(v)", "square": "-v**2"}
+_TERM = {"exp": "-exp(v)", "square": "-v**2",
+         "linear": "max(a * v, b * v) with a and b of one sign: a line in each direction of v"}
 
 
 class LossUnboundedBelow(Rule):
@@ -18,13 +19,17 @@ class LossUnboundedBelow(Rule):
     right KL subtracted: `loss = recon - kld`). The loss's graph is walked from its root at the
     first backwards, through sums, means, views, negations and products by constants, so the
     sign of each exp or square term is known. It points at the loss's assignment (at the term's
-    line when the script has one line that computes such a term).
+    line when the script has one line that computes such a term). Also a term
+    `max(a * v, b * v)` whose factors `a`, `b` (no gradient) have one sign: a pinball (quantile)
+    loss written `torch.max(q * e, (1 - q) * e)` instead of `torch.max(q * e, (q - 1) * e)`.
 
     ## Why is this bad?
     `-exp(v)` and `-v**2` go to minus infinity as `v` grows: the loss has no lower bound, and
     the optimizer lowers it by sending `v` (a log-variance, a mean) to infinity instead of
     fitting the data. The printed loss goes down nicely, then turns into `inf`/`nan`. For a VAE
     the KL divergence is `0.5 * sum(mu**2 + exp(logvar) - 1 - logvar)`, which is never negative.
+    A max of two multiples of one sign is a line both ways, not a V: every quantile head runs
+    off toward one side.
 
     ## Example
     ```python
@@ -48,7 +53,9 @@ class LossUnboundedBelow(Rule):
     of two computed tensors (a Gaussian likelihood's `(x - mu)**2 * exp(-logvar)`: their sign is
     not followed) or under a log (`logsumexp`, an InfoNCE bound); a variance written out, the
     square of a mean subtracted from the mean of the squares (the scale-invariant log loss of
-    depth estimation, `(g ** 2).mean() - lam * g.mean() ** 2`, with no literal factor above 1).
+    depth estimation, `(g ** 2).mean() - lam * g.mean() ** 2`, with no literal factor above 1);
+    a pinball loss with factors of opposite signs (`torch.max(q * e, (q - 1) * e)`, or written
+    with `torch.where`), a max with zero or with the value itself (a hinge, a leaky ReLU).
     """
 
     code = "GD246"
@@ -76,6 +83,18 @@ class LossUnboundedBelow(Rule):
             if term != "exp" and text and _variance_form(text):
                 continue  # E[g²] - λ·E[g]²: a variance (the scale-invariant log loss), bounded
             said = f"`{text}`" if text else "the loss"
+            if term == "linear":
+                yield self.finding(
+                    f"the loss backpropagated here holds a max of two multiples of one value "
+                    f"whose factors have the same sign (through {said}), of a value the model "
+                    f"computes from {a.names(pids)}: that max is a line in each direction, not a V, "
+                    f"so the loss has no lower bound and the optimizer sends the value to "
+                    f"infinity (a pinball loss needs factors of opposite signs: q and q - 1)",
+                    loc, step=a.next_step_number(e.seq),
+                    evidence={"term": term, "op": e.get("op"), "params": pids[:16]},
+                    fix=("give the two branches factors of opposite signs: the pinball loss of "
+                         "quantile q is torch.max(q * err, (q - 1) * err) with err = target - pred"))
+                continue
             kind = "an exp" if term == "exp" else "a square"
             yield self.finding(
                 f"the loss backpropagated here holds {kind} term with a negative sign "

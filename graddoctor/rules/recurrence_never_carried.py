@@ -117,17 +117,54 @@ def _stale_in(loop, starts: dict[str, tuple[str, int]]):
         assign = next((n for stmt in loop.body for n in [stmt, *_scope_walk(stmt)]
                        if isinstance(n, ast.Assign) and len(n.targets) == 1
                        and n.targets[0] is binds[0]), None)
-        if assign is None or not _steps_from(assign.value, source):
+        if assign is None:
+            continue
+        incremental = _increment_on_start(assign, source, state, loop)
+        if not (incremental or _steps_from(assign.value, source)):
             continue
         names = {n.id for n in _loads(assign.value)}
-        if state in names or names & set(bound):
-            continue  # reads itself, or something each pass changes
+        if state in names:
+            continue  # reads itself
         read_before = any(n.id == state and n.lineno <= assign.lineno
                           for stmt in loop.body for n in _loads(stmt))
-        if read_before or (isinstance(loop, ast.While) and state in {n.id for n in _loads(loop.test)}):
+        if names & set(bound) or read_before:
+            # the increment changes each pass: stale only when it is worked out from the state
+            # the loop carries and then added to the start (an RK step's stages from `y`, the
+            # update from `y0`)
+            if not incremental:
+                continue
+        elif isinstance(loop, ast.While) and state in {n.id for n in _loads(loop.test)}:
             continue
         fixed = _Rename(source, state).visit(ast.parse(ast.unparse(assign.value), mode="eval"))
         yield assign.lineno, state, source, start_line, f"{state} = {ast.unparse(fixed.body)}"
+
+
+def _increment_on_start(assign: ast.Assign, source: str, state: str, loop) -> bool:
+    """Whether ``assign`` adds to the starting value (``y = y0 + h * (k1 + ...)``, the start
+    the leftmost term of a sum) an increment read from names the loop computed from the state
+    before it, draws nothing, and the loop collects the state each pass (``ys.append(y)``): a
+    trajectory of states, not a fixed-point iteration around the start."""
+    left = assign.value
+    if not (isinstance(left, ast.BinOp) and isinstance(left.op, (ast.Add, ast.Sub))):
+        return False
+    while isinstance(left, ast.BinOp) and isinstance(left.op, (ast.Add, ast.Sub)):
+        left = left.left
+    if not (isinstance(left, ast.Name) and left.id == source):
+        return False
+    calls = [n for n in [assign.value, *_scope_walk(assign.value)] if isinstance(n, ast.Call)]
+    if any(any(word in _call_name(c) for word in _RANDOM) for c in calls):
+        return False
+    derived = {state}
+    for stmt in loop.body:
+        for n in [stmt, *_scope_walk(stmt)]:
+            if (isinstance(n, ast.Assign) and n.lineno < assign.lineno
+                    and {m.id for m in _loads(n.value)} & derived):
+                derived |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+    if not ({n.id for n in _loads(assign.value)} & (derived - {state})):
+        return False
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "append"
+               and any(isinstance(a, ast.Name) and a.id == state for a in n.args)
+               for stmt in loop.body for n in [stmt, *_scope_walk(stmt)])
 
 
 class _Rename(ast.NodeTransformer):
@@ -144,12 +181,15 @@ class RecurrenceNeverCarried(Rule):
     Finds a loop meant to carry a state from one pass to the next — the state set from its
     starting value before the loop (`x = x0`, `h = h_init`, `state = initial_state`) — whose
     only assignment in the loop hands the starting value to the step instead of the state
-    (`x = rk4_step(f, x0, dt)`, `z = z0 + dt * f(z0)`), reading nothing else the loop changes.
+    (`x = rk4_step(f, x0, dt)`, `z = z0 + dt * f(z0)`), reading nothing else the loop changes;
+    or adds to the starting value an increment the loop worked out from the state
+    (`k1 = f(y)` ... `y = y0 + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)`) while collecting the state
+    each pass (`ys.append(y)`).
     Read from the script's source, in the files a backward ran from; it points at the
     assignment in the loop.
 
     ## Why is this bad?
-    Every pass computes the same step from the initial state, so the state never advances: a
+    Every pass takes its step from the initial state, so the state never advances: a
     hand-written ODE solver returns the first step `n` times, an unrolled recurrence repeats
     its first output, a rollout compared with a trajectory trains the vector field to jump from
     the start to each later point in one step. Nothing fails, the shapes are right, and the
@@ -177,6 +217,8 @@ class RecurrenceNeverCarried(Rule):
     solution at each time `t`, `h = cell(x[t], h0)` is not judged); a start value the loop
     itself updates; a draw that differs each pass (`x = x0 + sigma * torch.randn_like(x0)`,
     random restarts); a start value passed beside the state (`f(x, x0)`, an augmented ODE);
+    a fixed-point (Picard) iteration of an implicit step (`x = x0 + h * f(x)` iterated, the
+    iterates not collected); a drift added to the start at each time (`x = x0 + v * t`);
     a state set from an expression or an attribute before the loop; loops in other modules.
     """
 
@@ -197,9 +239,10 @@ class RecurrenceNeverCarried(Rule):
             for line, state, source, start_line, fixed in stale_recurrences(tree):
                 yield self.finding(
                     f"`{state}` starts as `{source}` before this loop and is reassigned here each "
-                    f"pass from `{source}`, never from its own last value: every pass computes the "
-                    f"same step from the starting value, so `{state}` never advances and whatever "
-                    f"is built from it (a rollout, an unrolled state) repeats its first step",
+                    f"pass from `{source}`, never from its own last value: every pass takes its "
+                    f"step from the starting value, so `{state}` never gets more than one step "
+                    f"away from it and whatever is built from it (a rollout, an unrolled state) "
+                    f"is a set of one-step jumps",
                     Location(path, line),
                     related=(Related(Location(path, start_line), f"`{state}` set to `{source}` here"),),
                     evidence={"state": state, "start": source, "start_line": start_line},
