@@ -58,7 +58,9 @@ def _loop(rec: Recorder, plan: dict[int, str], turns: int, seed: int,
             params[1].grad /= 2
         if what == "grad_none":
             params[2].grad = None
-        if clip_every:  # a loop that clips every turn (its clip skimmed with the turn)
+        if clip_every == "value":
+            torch.nn.utils.clip_grad_value_(params, 0.5 if what != "clip_limit" else 0.25)
+        elif clip_every:  # a loop that clips every turn (its clip skimmed with the turn)
             if what == "clip_limit":
                 torch.nn.utils.clip_grad_norm_(params, 2.0)
             elif what == "clip_subset":
@@ -479,3 +481,16 @@ def test_a_deviation_of_a_clip_loop_on_a_sampled_turn_is_found(what, monkeypatch
     if what == "nan":
         assert with_skim == without and with_skim
     assert set(with_skim) <= set(without), what
+
+
+@pytest.mark.parametrize("plan", [{}, {60: "clip_limit", 150: "nan"}])
+def test_a_loop_that_clips_by_value_skims_and_changes_no_finding_nor_event(plan, monkeypatch):
+    """``clip_grad_value_`` vouches nothing (the step measures its norms): its clip skims with
+    the turn, the step as in a loop without a clip (its last sampled norms)."""
+    _skim_constants(monkeypatch)
+    with_skim, skimmed, trace = _skim_run(plan, 200, True, monkeypatch, clip_every="value")
+    without, none, trace_without = _skim_run(plan, 200, False, monkeypatch, clip_every="value")
+    assert not none and len(skimmed) > 100
+    assert set(with_skim) <= set(without)
+    if not plan:
+        assert with_skim == without and trace == trace_without
