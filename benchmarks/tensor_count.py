@@ -152,6 +152,10 @@ def main(argv=None) -> None:
     p.add_argument("--counts", default="", help="comma-separated tensor counts")
     p.add_argument("--shapes", default="moe,lora")
     p.add_argument("--rounds", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=3,
+                   help="instrumented steps before the timed rounds (the default: the early "
+                        "steps, every hook reading in full; 100 or more: past the start of the "
+                        "skim of a model of 1,000 tensors or more, see fold.scaled_start)")
     p.add_argument("--profile", help="shape:count, e.g. moe:10000: cProfile instrumented steps")
     p.add_argument("--no-freeze", action="store_true",
                    help="leave the warmed-up heap to the collector's full collections (see "
@@ -171,7 +175,8 @@ def main(argv=None) -> None:
             rounds = args.rounds or (12 if count >= 10000 else 30 if count >= 1000 else 120)
             if args.quick:
                 rounds = max(6, rounds // 2)
-            row = per_step(shape, count, rounds, warmup=3, freeze_heap=not args.no_freeze)
+            row = per_step(shape, count, rounds, warmup=args.warmup,
+                           freeze_heap=not args.no_freeze)
             lo, hi = row["ci95"]
             print(f"{row['shape']:6} {row['tensors']:>8} {row['rounds']:>6} "
                   f"{row['plain_ms']:>9.2f} {row['ratio']:>8.3f} {f'[{lo:.3f}, {hi:.3f}]':>15} "

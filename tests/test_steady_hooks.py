@@ -24,7 +24,8 @@ def _other_site(opt):
     opt.zero_grad()  # a zero_grad called from a helper: another call site and a caller
 
 
-def _loop(rec: Recorder, plan: dict[int, str], turns: int, seed: int) -> None:
+def _loop(rec: Recorder, plan: dict[int, str], turns: int, seed: int,
+          clip_every: bool = False) -> None:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -57,6 +58,17 @@ def _loop(rec: Recorder, plan: dict[int, str], turns: int, seed: int) -> None:
             params[1].grad /= 2
         if what == "grad_none":
             params[2].grad = None
+        if clip_every == "value":
+            torch.nn.utils.clip_grad_value_(params, 0.5 if what != "clip_limit" else 0.25)
+        elif clip_every:  # a loop that clips every turn (its clip skimmed with the turn)
+            if what == "clip_limit":
+                torch.nn.utils.clip_grad_norm_(params, 2.0)
+            elif what == "clip_subset":
+                torch.nn.utils.clip_grad_norm_(params[:2], 1.0)
+            elif what == "clip_generator":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
         if what == "clip":
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         if what == "lr":
@@ -197,26 +209,40 @@ def _skim_constants(monkeypatch) -> None:
 
 
 def _skim_run(plan: dict[int, str], turns: int, skim: bool, monkeypatch,
-              grad_flow: bool = False) -> tuple[list, set[int], str]:
-    """(findings as comparable tuples, the loop's turns whose step hook skimmed, the trace)."""
+              grad_flow: bool = False, clip_every: bool = False) -> tuple[list, set[int], str]:
+    """(findings as comparable tuples, the loop's turns whose step hook skimmed, the trace).
+    ``clip_every``: the loop clips every turn, and the turns returned are those whose clip
+    skimmed too."""
+    from graddoctor.instrument.clip import ClipWatcher
     from graddoctor.instrument.optim import OptimizerWatcher
     from graddoctor.rules.engine import analyze
 
     monkeypatch.setattr(fold, "SKIM", skim)
     skimmed: set[int] = set()
+    clipped: set[int] = set()
     original = OptimizerWatcher._skim_begin
+    original_clip = ClipWatcher._skim_after
 
     def noting(self, *args):
         skimmed.add(self.rec.progress.steps)  # the loop's index: steps are counted after
         return original(self, *args)
 
+    def noting_clip(self, *args):
+        clipped.add(self.rec.progress.steps)
+        return original_clip(self, *args)
+
     monkeypatch.setattr(OptimizerWatcher, "_skim_begin", noting)
+    monkeypatch.setattr(ClipWatcher, "_skim_after", noting_clip)
     rec = Recorder(step_budget=None, finder=LocationFinder())
     with Instrumentation(rec, grad_flow=grad_flow):
-        _loop(rec, plan, turns, 5)
+        _loop(rec, plan, turns, 5, clip_every=clip_every)
     monkeypatch.setattr(OptimizerWatcher, "_skim_begin", original)
+    monkeypatch.setattr(ClipWatcher, "_skim_after", original_clip)
     findings, errors = analyze(rec.trace)
     assert not errors
+    assert rec.internal_errors == 0
+    if clip_every:
+        skimmed = clipped
     key = [(f.rule, f.message, f.location, f.step) for f in findings]
     return key, skimmed, _unsampled(rec.trace.dumps())
 
@@ -402,3 +428,69 @@ def test_the_step_counting_watchers_leave_the_step_topic():
         assert not {"AnchorAliasWatcher.describe_loss", "SameValueWatcher.describe_loss"} & losses
         assert rec.progress.stepped(rec.optimizer_id(optimizer)) == max(anchors._SEEN,
                                                                          samevalue._SEEN) + 2
+
+
+# -- the skim of a loop that clips its gradients every turn: the clip's reads before and after
+# it skipped on skimmed turns, the step's norm pass skipped as the clip's finite total allows
+CLIP_SHAPE = ("skip_zero_grad", "second_backward", "other_site", "clip", "no_step", "snapshot",
+              "new_param", "retain", "closure", "clip_limit", "clip_subset", "clip_generator")
+
+
+def _clip_turns(monkeypatch) -> tuple[list[int], list[int]]:
+    _, skimmed, _ = _skim_run({}, 160, True, monkeypatch, clip_every=True)
+    first = min(skimmed)
+    return [i for i in range(first, 160) if i not in skimmed], sorted(skimmed)
+
+
+def test_a_loop_that_clips_every_turn_skims_and_changes_no_finding_nor_event(monkeypatch):
+    _skim_constants(monkeypatch)
+    with_skim, skimmed, trace = _skim_run({}, 300, True, monkeypatch, clip_every=True)
+    without, none, trace_without = _skim_run({}, 300, False, monkeypatch, clip_every=True)
+    assert not none
+    assert len(skimmed) > 200  # three turns of four: the clip and the step skimmed
+    assert with_skim == without
+    assert trace == trace_without  # the clip's total norm read on skimmed turns too
+
+
+@pytest.mark.parametrize("what", CLIP_SHAPE)
+def test_a_deviation_of_a_clip_loop_that_changes_the_turn_is_found_on_any_turn(what, monkeypatch):
+    _skim_constants(monkeypatch)
+    sampled, skimmed = _clip_turns(monkeypatch)
+    for at in (skimmed[10], sampled[3]):
+        plan = {at: what, at + 30: what}
+        with_skim, _, trace = _skim_run(plan, 200, True, monkeypatch, clip_every=True)
+        without, _, trace_without = _skim_run(plan, 200, False, monkeypatch, clip_every=True)
+        assert with_skim == without, (what, at)
+        assert trace == trace_without, (what, at)
+
+
+@pytest.mark.parametrize("what", READS)
+def test_a_deviation_of_a_clip_loop_on_a_sampled_turn_is_found(what, monkeypatch):
+    """As in a loop without a clip; and a NaN on a skimmed turn is found as well: the clip's
+    total (read on skimmed turns too) is not finite, which ends the steady state before the
+    step, whose norm pass then reports it."""
+    _skim_constants(monkeypatch)
+    sampled, skimmed = _clip_turns(monkeypatch)
+    plan = {sampled[3]: what}
+    with_skim, _, _ = _skim_run(plan, 200, True, monkeypatch, clip_every=True)
+    without, _, _ = _skim_run(plan, 200, False, monkeypatch, clip_every=True)
+    assert with_skim == without, what
+    plan = {skimmed[10]: what}
+    with_skim, _, _ = _skim_run(plan, 200, True, monkeypatch, clip_every=True)
+    without, _, _ = _skim_run(plan, 200, False, monkeypatch, clip_every=True)
+    if what == "nan":
+        assert with_skim == without and with_skim
+    assert set(with_skim) <= set(without), what
+
+
+@pytest.mark.parametrize("plan", [{}, {60: "clip_limit", 150: "nan"}])
+def test_a_loop_that_clips_by_value_skims_and_changes_no_finding_nor_event(plan, monkeypatch):
+    """``clip_grad_value_`` vouches nothing (the step measures its norms): its clip skims with
+    the turn, the step as in a loop without a clip (its last sampled norms)."""
+    _skim_constants(monkeypatch)
+    with_skim, skimmed, trace = _skim_run(plan, 200, True, monkeypatch, clip_every="value")
+    without, none, trace_without = _skim_run(plan, 200, False, monkeypatch, clip_every="value")
+    assert not none and len(skimmed) > 100
+    assert set(with_skim) <= set(without)
+    if not plan:
+        assert with_skim == without and trace == trace_without

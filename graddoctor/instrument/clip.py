@@ -18,7 +18,9 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import sys
 import types
+from threading import get_ident
 from itertools import compress, repeat
 from operator import and_, attrgetter, is_, is_not, ne
 
@@ -27,6 +29,8 @@ import torch.nn.utils
 import torch.nn.utils.clip_grad as clip_grad
 
 from .. import events as ev
+from ..location import same_chain
+from . import fold
 from .gradstate import Tensor, grads_of, states_of
 from .identities import call
 from .gradstate import version as grad_version
@@ -121,6 +125,11 @@ def value_share(params: list, clip_value) -> tuple[float, float] | None:
     return round(over / total, 6), round(math.sqrt(after / before), 6)
 
 
+# the types of a clip's other arguments (max_norm, norm_type, error_if_nonfinite, foreach) the
+# skim compares by value: a tensor max_norm is never armed
+_PLAIN_ARGUMENTS = (float, int, bool, type(None), str)
+
+
 class ClipWatcher:
     def __init__(self, rec: Recorder):
         self.rec = rec
@@ -128,6 +137,9 @@ class ClipWatcher:
         self._value_left = VALUE_MEASURED  # clip_grad_value_ calls still to measure
         # (ids, pids, weak references) of the tensors the latest call was given, all tracked
         self._last_given: tuple | None = None
+        # the skim (instrument/fold.py): what a call on a skimmed turn compares with, armed by
+        # a full-path call whose event went onto the steady path (``_arm``); None: not armed
+        self._armed: tuple | None = None
 
     def _before(self, params: list) -> tuple[list, "Before", list]:
         """One pass before the clip: each param's pid (None if untracked), the state of each
@@ -218,13 +230,16 @@ class ClipWatcher:
         if isinstance(total_norm, torch.Tensor) and total_norm.device.type == "cpu":
             total = _number(total_norm)  # only shown: never a device sync for it
         by_norm = via != "clip_grad_value_"
-        rec.emit(ev.clip(via=via, params=pids, with_grad=with_grad, untracked=untracked, limit=limit,
-                         norm_type=_number(arguments.get("norm_type", 2.0)) if by_norm else None,
-                         norm_only=by_norm and limit == math.inf, total_norm=total, edited=edited,
-                         spent=spent, clipped=share[0] if share else None,
-                         kept=share[1] if share else None),
-                 rec.here(2))
+        event = rec.emit(ev.clip(via=via, params=pids, with_grad=with_grad, untracked=untracked,
+                                 limit=limit,
+                                 norm_type=_number(arguments.get("norm_type", 2.0)) if by_norm
+                                 else None,
+                                 norm_only=by_norm and limit == math.inf, total_norm=total,
+                                 edited=edited, spent=spent, clipped=share[0] if share else None,
+                                 kept=share[1] if share else None),
+                         rec.here(2))
         self._note_finite(via, total, before, with_grad, after)
+        return event
 
     def _note_finite(self, via: str, total, before: "Before", pids: list, after: list) -> None:
         """Keep ``Recorder.finite`` true to the clipped grads (it spares the step a norm pass).
@@ -242,6 +257,113 @@ class ClipWatcher:
                 rec.grads.carry_finite(before.by_pid(), pids, after)
         elif via == "clip_grad_value_":
             rec.grads.carry_finite(before.by_pid(), pids, after)
+
+    # -- the skim of a long steady state (instrument/fold.py, ``Folder.skimming``) -----------
+    # On a skimmed turn the clip's reads before and after it are what the turn skips: the same
+    # clip function, call site, arguments (the same tensors, in order; the same max_norm and
+    # norm type) as on the armed turn, after a backward that was skimmed too (its grads caught
+    # up unread, ``GradState.catch_up``: the clip's in-place changes with them), and the event
+    # is the armed one with this call's total norm (read from a CPU tensor only, as the full
+    # path does). A non-finite total ends the steady state: the clip's event is recorded the
+    # usual way and the step reads its grads (the norm pass that finds the NaN).
+    def _arm(self, event, via: str, params: list, known_pids: list, before: "Before",
+             edited: list, spent, args: tuple, kwargs: dict, share, frame) -> None:
+        rec = self.rec
+        folder = rec.folder
+        if (folder is None or event is None or share is not None or edited
+                or via not in ("clip_grad_norm_", "clip_grad_value_")
+                or None in known_pids or before.grads is None or not before.plain
+                or get_ident() != rec.script_thread or event.data.get("untracked")):
+            return
+        place = folder.place_of(event)
+        if place is None or not place[1]:
+            return
+        rest = (args[1:], {k: v for k, v in kwargs.items() if k != "parameters"})
+        if not all(type(v) in _PLAIN_ARGUMENTS for v in (*rest[0], *rest[1].values())):
+            return
+        finder = rec.finder
+        chain = finder.chain(frame)
+        user = same_chain(frame, chain) if chain is not None else None
+        if user is None or finder.instruction_location(user) is not event.loc:
+            return
+        self._armed = (*place, via, list(map(id, params)), spent, rest,
+                       [type(v) for v in rest[0]], chain, event.loc, event.data,
+                       len(rec.tensors.refs), event.data["with_grad"], [None])
+
+    def _skims(self, armed: tuple, via: str, params: list, spent, args: tuple, kwargs: dict,
+               frame) -> bool:
+        """Whether this call is the armed one's on a skimmed turn (read only)."""
+        steady, j, armed_via, ids, armed_spent, rest, types_, chain, loc, base, count, \
+            with_grad, seen = armed
+        rec = self.rec
+        folder = rec.folder
+        behind = rec.grads.behind_grads
+        if (via != armed_via or folder is None or folder.steady is not steady
+                or behind is None or rec.holder is not None or rec.shared
+                or get_ident() != rec.script_thread or spent is not armed_spent
+                or len(rec.tensors.refs) != count):
+            return False
+        if not ((steady.skim_answer and steady.skim_turn == steady.closed
+                 and len(steady.open) == j) or folder.skimming(steady, j)):
+            return False
+        budget = rec.progress.step_budget  # (the step budget's last updates: read in full)
+        if budget is not None and rec.progress.updates + 3 + fold.CONTEXT >= budget:
+            return False
+        codes, code, lasti = chain  # same_chain(frame, chain), inlined (a frame per turn)
+        user = frame
+        for expected in codes:
+            if user is None or user.f_code is not expected:
+                return False
+            user = user.f_back
+        if user is None or user.f_code is not code or user.f_lasti != lasti:
+            return False
+        others = args[1:]
+        if (len(others) != len(types_) or list(map(type, others)) != types_ or others != rest[0]
+                or len(kwargs) != len(rest[1]) + ("parameters" in kwargs)):
+            return False
+        for key, value in rest[1].items():
+            if key not in kwargs or type(kwargs[key]) is not type(value) or kwargs[key] != value:
+                return False
+        # the grads this clip changes in place are among those the skimmed backward left
+        # behind (caught up unread with them): tested once per steady state, the backward
+        # hands the same list every turn
+        if behind is not seen[0]:
+            if not set(with_grad) <= set(behind):
+                return False
+            seen[0] = behind
+        return list(map(id, params)) == ids
+
+    def _skim_after(self, armed: tuple, result, via: str, params: list, spent, arguments) -> None:
+        steady, j, _, _, _, _, _, _, loc, base, _, _, _ = armed
+        rec = self.rec
+        total = None
+        if via == "clip_grad_norm_" and isinstance(result, torch.Tensor) \
+                and result.device.type == "cpu":
+            total = _number(result)
+        folder = rec.folder
+        if total is not None and not math.isfinite(total):
+            # a NaN or an Inf: recorded in full, the steady state ended first (the step reads
+            # its grads: the norm pass that reports it)
+            self._armed = None
+            rec.end_steady()
+            self._record(via, params, list(base["params"]), arguments, result, Before([], []),
+                         [], spent)
+            return
+        if total is not None:
+            rec.grads.skimmed_clip(base["with_grad"])
+        changes = None if total == base["total_norm"] else {"total_norm": total}
+        with rec.lock:  # Folder.skim_take, its first branch inlined (a frame per turn)
+            if folder is not None and folder.steady is steady and len(steady.open) == j:
+                trace = folder.trace
+                steady.open.append((trace.next_seq, "clip", loc, base, changes))
+                trace.next_seq += 1
+                return
+            taken = folder is not None and folder.steady_take(steady, j, "clip", loc, base, changes)
+        if not taken:
+            self._armed = None
+            rec.emit(ev.clip(**{**base, "params": list(base["params"]),
+                                "with_grad": list(base["with_grad"]), "edited": [],
+                                "total_norm": total}), loc)
 
     def _wrap(self, original, via: str):
         watcher, rec = self, self.rec
@@ -271,6 +393,26 @@ class ClipWatcher:
                 args = (params, *args[1:])
             else:
                 kwargs["parameters"] = params
+            armed, watcher._armed = watcher._armed, None
+            if armed is not None:
+                try:
+                    skims = watcher._skims(armed, via, params, spent, args, kwargs,
+                                           sys._getframe(1))
+                except Exception as exc:
+                    skims = False
+                    rec.internal_error(f"{via} (skim)", exc)
+                if skims:
+                    watcher._armed = armed
+                    with watcher._depth:
+                        result = original(*args, **kwargs)
+                    try:
+                        arguments = dict(zip(names, args))
+                        arguments.update(kwargs)
+                        watcher._skim_after(armed, result, via, params, spent, arguments)
+                    except Exception as exc:
+                        watcher._armed = None
+                        rec.internal_error(f"{via} (after)", exc)
+                    return result
             known_pids: list = []
             before = Before([], [])
             edited: list = []
@@ -291,8 +433,11 @@ class ClipWatcher:
             try:
                 arguments = dict(zip(names, args))
                 arguments.update(kwargs)
-                watcher._record(via, params, known_pids or [None] * len(params), arguments,
-                                result, before, edited, spent, share)
+                event = watcher._record(via, params, known_pids or [None] * len(params),
+                                        arguments, result, before, edited, spent, share)
+                if known_pids and rec.folder is not None and rec.folder.steady is not None:
+                    watcher._arm(event, via, params, known_pids, before, edited, spent, args,
+                                 kwargs, share, sys._getframe(1))
             except Exception as exc:
                 rec.internal_error(f"{via} (after)", exc)
             return result

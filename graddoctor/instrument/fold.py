@@ -66,6 +66,27 @@ STEADY_HOOKS = True
 SKIM = True
 SKIM_AFTER = 256
 SKIM_EVERY = 16
+# The three starts above (FOLD_AFTER, STEADY_AFTER, SKIM_AFTER) count turns, but what a turn's
+# full reads cost grows with the tensors the optimizers own: a 30,000-tensor model pays a hundred
+# times what a 300-tensor one does per turn. Past ``WORK_REFERENCE`` owned tensors each start is
+# scaled by WORK_REFERENCE / owned, so that the work read in full before the skim stays about
+# what a model of that size reads, never below its floor (``FOLD_FLOOR``: longer than the default
+# replay of a DataLoader script, 35 updates; the steady path and the skim then still wait
+# ``STEADY_FLOOR`` and ``SKIM_FLOOR`` turns of full reads each): a model of thousands of tensors
+# skims from its ninetieth turn or so, a small one (every fixture) as before.
+WORK_REFERENCE = 64
+FOLD_FLOOR = 48
+STEADY_FLOOR = 16
+SKIM_FLOOR = 16
+
+
+def scaled_start(constant: int, floor: int, owned: int) -> int:
+    """A start of ``constant`` turns for a model whose optimizers own ``owned`` tensors: as it
+    is up to ``WORK_REFERENCE`` of them, then shorter in proportion, down to ``floor`` (a
+    constant below its floor, as the tests set them, is kept)."""
+    if owned <= WORK_REFERENCE:
+        return constant
+    return max(min(constant, floor), constant * WORK_REFERENCE // owned)
 
 
 class SampleSchedule:
@@ -437,6 +458,11 @@ class Folder:
         self.steady_hooks = STEADY_HOOKS
         self.skim_after = SKIM_AFTER if SKIM and STEADY_HOOKS else None
         self.skim_every = SKIM_EVERY
+        # how many tensors the optimizers own now (the recorder's), read before the folding
+        # starts: the starts scale with it (``scaled_start``); None, or starts given to the
+        # constructor: the constants as they are
+        self.owned = None
+        self._scales = fold_after is None and steady_after is None
 
     # -- recording ---------------------------------------------------------------------------
     def observe(self, kind: str, loc) -> None:
@@ -445,9 +471,17 @@ class Folder:
         if not self.active:
             if kind == "step":
                 self.steps += 1
-                if self.steps >= self.fold_after:  # the next event opens the first turn watched
-                    self.active = True
+                steps = self.steps
+                if steps >= self.fold_after or (
+                        steps >= FOLD_FLOOR and self.owned is not None and self._scales
+                        and steps >= scaled_start(self.fold_after, FOLD_FLOOR, self.owned())):
+                    self.active = True  # the next event opens the first turn watched
                     self.start = len(self.trace.events)
+                    if self.owned is not None and self._scales:
+                        owned = self.owned()
+                        self.steady_after = scaled_start(self.steady_after, STEADY_FLOOR, owned)
+                        if self.skim_after is not None:
+                            self.skim_after = scaled_start(self.skim_after, SKIM_FLOOR, owned)
             return
         if loc is None:
             return
@@ -532,7 +566,13 @@ class Folder:
             period = self._period()
             if period:
                 self._fold(period)
-            elif len(pending) > 2 * self.max_period + self.context:
+            elif (len(pending) > 2 * self.max_period + self.context
+                  or len(recent) < self.keep * (self._failed + 1)
+                  or self._failed >= self.max_period):
+                # (the periods up to ``_failed`` do not repeat at this front, and a longer one
+                # needs ``keep`` blocks of decided turns before it that are not there: no block
+                # can fold the front, whatever comes next, so it is kept now, as it would be
+                # once the undecided turns overflow)
                 start, end, turn_id = pending.pop(0)
                 self._failed = self.streak = 0  # a new front
                 self._kept(turn_id, start - self.shift, end - self.shift)

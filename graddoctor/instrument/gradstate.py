@@ -111,6 +111,9 @@ class GradState:
         # noting them here. Every read or write below catches up first (``catch_up``).
         self.behind_grads: list | None = None
         self.behind_params: list | None = None
+        # the pids of the grads behind that a skimmed clip found finite (its total norm), to
+        # be vouched for as they are when caught up: what its full path would have vouched
+        self.behind_vouched: list | None = None
         # (pids, states, conditional) of the latest ``vouch_finite`` while every entry it wrote
         # in ``_finite`` stands as written (None once any entry may have changed): a step whose
         # grads are exactly those (``vouched_exactly``) compares two lists, not every entry
@@ -191,6 +194,13 @@ class GradState:
     def skimmed_backward(self, pids: list) -> None:
         """A skimmed backward wrote the grads of ``pids`` unseen (``catch_up`` notes them)."""
         self.behind_grads = pids
+        self.behind_vouched = None
+
+    def skimmed_clip(self, pids: list) -> None:
+        """A skimmed ``clip_grad_norm_`` with a finite total clipped the grads of ``pids`` (all
+        behind) in place, unseen: caught up, they are vouched finite as the clip's full path
+        vouches them (a step that then goes its full path skips its norm pass alike)."""
+        self.behind_vouched = pids
 
     def skimmed_step(self, pids: list) -> None:
         """A skimmed step stepped the parameters ``pids`` unseen (``catch_up`` notes them)."""
@@ -203,6 +213,7 @@ class GradState:
         now. What skimmed turns did to them by hand is not seen (docs/performance.md, the skim)."""
         grads_pids, self.behind_grads = self.behind_grads, None
         params, self.behind_params = self.behind_params, None
+        vouched, self.behind_vouched = self.behind_vouched, None
         self.last_vouch = self.requires_noted = None
         refs = self.tensors.refs
         if params is not None:
@@ -223,7 +234,16 @@ class GradState:
             with_grad = list(map(is_not, grads, repeat(None)))
             if not all(with_grad):
                 grads_pids, grads = list(compress(grads_pids, with_grad)), list(compress(grads, with_grad))
-            self._known.update(zip(grads_pids, states_of(grads)))
+            if vouched is None:
+                self._known.update(zip(grads_pids, states_of(grads)))
+            else:
+                states = list(states_of(grads))
+                self._known.update(zip(grads_pids, states))
+                if vouched != grads_pids:
+                    by_pid = dict(zip(grads_pids, states))
+                    vouched = [pid for pid in vouched if pid in by_pid]
+                    states = list(map(by_pid.__getitem__, vouched))
+                self.vouch_finite(vouched, states)
 
     def grad_states(self, pids) -> tuple[list, list]:
         """``(pids, states)``, two parallel lists: each pid whose tensor has a grad and that

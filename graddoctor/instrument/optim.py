@@ -877,7 +877,10 @@ class OptimizerWatcher:
             if closure:
                 self.closure_step = opt
             elif (depth == 0 and not self.adopt_unknown and edited == [] and not frozen
-                    and not by_hand and not nonfinite and not moved and norms is not None
+                    and not by_hand and not nonfinite and not moved
+                    # (no norms: the grads vouched finite by a clip; not by a GradScaler's
+                    # unscale_, whose vouch holds inside its step only)
+                    and (norms is not None or not self.scalers.in_scaler_step)
                     and len(args) == 1 and not kwargs and rec.folder is not None
                     and self._read is not None and self._read[1].owned is not None
                     and self._read[1].states is not None and self._read[1].known
@@ -941,10 +944,15 @@ class OptimizerWatcher:
         rec = self.rec
         folder = rec.folder
         grads_state = rec.grads
+        # armed by a step whose grads a clip had vouched finite (no norm pass, no norms in its
+        # event): only skimmed turns take the short path (the same event, no norms); any other
+        # turn goes the full path, which finds them vouched again
+        vouched = base["norms"] is None
         if (folder is None or folder.steady is not steady or rec.holder is not None
                 or self._step_frames or self.adopt_unknown or len(args) != 1 or kwargs
                 or rec.progress.stop_requested or rec.running_backwards
-                or get_ident() != rec.script_thread or grads_state.any_vouched()
+                or get_ident() != rec.script_thread
+                or (not vouched and grads_state.any_vouched())
                 or rec.optimizer_id.refs[opt]() is not optimizer
                 or rec.opt_params.get(opt) is not pids):
             return False
@@ -965,14 +973,15 @@ class OptimizerWatcher:
         # budget's last updates are never skimmed (their norms are the ones the ``--grad-flow``
         # view and the run's last turns show)
         # (skimming's answer for a later place of a turn it answered, read here: no call)
-        if (sampled is not None and sampled[0] is pids
+        if ((vouched or (sampled is not None and sampled[0] is pids))
                 and ((j and steady.skim_answer and steady.skim_turn == steady.closed
                       and len(steady.open) == j)
                      or (folder.skimming(steady, j) and (j or folder.steady_ready(steady, j))))):
             budget = rec.progress.step_budget
             if budget is None or rec.progress.updates + 3 + fold.CONTEXT < budget:
-                return self._skim_begin(optimizer, wrapper_frame, armed, sampled[1])
-        if not folder.steady_ready(steady, j):
+                return self._skim_begin(optimizer, wrapper_frame, armed,
+                                        None if vouched else sampled[1])
+        if vouched or not folder.steady_ready(steady, j):
             return False
         try:
             tensors = tensors_of(refs, pids)
@@ -1082,9 +1091,9 @@ class OptimizerWatcher:
                                                    {"norms": norms, "lrs": lrs})
             if not taken:  # the event of the full path, its grads read now
                 self._armed_begin = None
-                norm_pids, norms = grad_norms(rec, pids)
+                norm_pids, norms = grad_norms(rec, pids) if norms is not None else (None, None)
                 rec.emit(ev.step_begin(opt=opt, closure=False, norm_pids=norm_pids, norms=norms,
-                                       nonfinite=[pid for pid, n in zip(norm_pids, norms)
+                                       nonfinite=[pid for pid, n in zip(norm_pids or (), norms or ())
                                                   if not math.isfinite(n)],
                                        frozen=None, edited_params=[], moved=moved, lrs=lrs), loc)
         except Exception as exc:

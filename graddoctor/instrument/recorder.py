@@ -128,11 +128,16 @@ class Recorder:
         # folds repeated turns out of the trace in long runs (instrument/fold.py); None once
         # the run has ended (or if it failed)
         self.folder: Folder | None = Folder(self.trace)
+        self.folder.owned = self._owned_count  # its starts scale with the model (fold.scaled_start)
         self._subscribers: dict[Topic, Subscribers] = {topic: Subscribers() for topic in TOPICS}
         # what each tracked tensor's .grad was when last seen (instrument/gradstate.py)
         self.grads = GradState(self.tensors, self.requires_grad)
         # steps, backwards and updates counted; when to end the replay (instrument/progress.py)
         self.progress = Progress(self, step_budget, stop_conditions, hold_s)
+
+    def _owned_count(self) -> int:
+        """How many tensors the optimizers own (one owned by two counted twice)."""
+        return sum(map(len, self.opt_params.values()))
 
     # -- watchers' topics (instrument/topics.py) -----------------------------------------
     def subscribe(self, topic: Topic[F], subscriber: F) -> None:
@@ -301,6 +306,11 @@ class Recorder:
                     self.folder = None
                     self.internal_error("folding repeated turns", exc)
             return self.trace.put(made, loc)
+
+    def end_steady(self) -> None:
+        """End the folder's steady state now (a watcher that found a deviation after the call
+        it watched had already run): the trace as if every turn had been recorded."""
+        self._leave_steady()
 
     def _leave_steady(self, for_snapshot: bool = False) -> None:
         """End the folder's steady state: the trace as if every turn had been recorded (for a
