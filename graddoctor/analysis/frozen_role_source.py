@@ -101,7 +101,7 @@ def role_values_from_trained_model(path: str) -> list[tuple[int, str, str, str, 
     no model of that role, in a file that assigns a model of that role (``ref = copy.deepcopy(
     policy)``, ``self.ref_model = ...``). Statements under a ``with`` other than the grad-mode and
     autocast contexts, or after a call switching an adapter off in their block
-    (``disable_adapter_layers()``), are left out."""
+    (``disable_adapter_layers()``), and values the loop never reads, are left out."""
     tree = _parse(path)
     if tree is None:
         return []
@@ -146,6 +146,9 @@ def role_values_from_trained_model(path: str) -> list[tuple[int, str, str, str, 
                     continue
                 if _under_other_context(s, parents) or _adapters_switched_off(s, parents):
                     continue
+                if not any(isinstance(n, ast.Name) and n.id == hit and isinstance(n.ctx, ast.Load)
+                           for n in ast.walk(node)):
+                    continue  # a value the loop never reads (one of a model's many outputs)
                 done.add(id(s))
                 out.append((s.lineno, role, hit, on_trained[0], role_models[0]))
                 break

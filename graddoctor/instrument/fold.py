@@ -566,13 +566,7 @@ class Folder:
             period = self._period()
             if period:
                 self._fold(period)
-            elif (len(pending) > 2 * self.max_period + self.context
-                  or len(recent) < self.keep * (self._failed + 1)
-                  or self._failed >= self.max_period):
-                # (the periods up to ``_failed`` do not repeat at this front, and a longer one
-                # needs ``keep`` blocks of decided turns before it that are not there: no block
-                # can fold the front, whatever comes next, so it is kept now, as it would be
-                # once the undecided turns overflow)
+            elif len(pending) > 2 * self.max_period + self.context:
                 start, end, turn_id = pending.pop(0)
                 self._failed = self.streak = 0  # a new front
                 self._kept(turn_id, start - self.shift, end - self.shift)
