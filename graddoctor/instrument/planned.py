@@ -27,6 +27,7 @@ the script (attributes held in ``__dict__`` and the loop's locals: no property r
 from __future__ import annotations
 
 import ast
+import threading
 import linecache
 import math
 import operator
@@ -41,13 +42,20 @@ _MAX = 10 ** 9  # a count past this is no plan (a sentinel: 10**18, inf)
 _TREES: dict[str, ast.AST | None] = per_check({})
 
 
+# CPython 3.11's parser is not safe from two threads at once ("AST constructor recursion depth
+# mismatch"): the script's threads reach the step budget together and parse here together
+PARSE_LOCK = threading.Lock()
+
+
 def _tree(filename: str):
     if filename not in _TREES:
-        try:
-            text = "".join(linecache.getlines(filename))
-            _TREES[filename] = ast.parse(text) if text else None
-        except (SyntaxError, ValueError):
-            _TREES[filename] = None
+        with PARSE_LOCK:
+            if filename not in _TREES:
+                try:
+                    text = "".join(linecache.getlines(filename))
+                    _TREES[filename] = ast.parse(text) if text else None
+                except (SyntaxError, ValueError):
+                    _TREES[filename] = None
     return _TREES[filename]
 
 

@@ -57,6 +57,7 @@ import torch
 
 from .. import events as ev
 from ..trace import Location
+from .planned import PARSE_LOCK
 from .identities import Identities
 from .names import LiveModules
 from .patcher import WatchedAttribute
@@ -449,7 +450,8 @@ def _assigned_at(code, attr: str) -> int | None:
     source = "".join(linecache.getlines(code.co_filename))
     if not source:
         return None
-    tree = ast.parse(source)
+    with PARSE_LOCK:  # the script's threads may get here together
+        tree = ast.parse(source)
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name != code.co_name:
             continue

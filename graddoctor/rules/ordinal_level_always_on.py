@@ -62,7 +62,7 @@ class OrdinalLevelAlwaysOn(Rule):
     slug = "ordinal-level-always-on"
     severity = Severity.WARNING
     summary = ("an ordinal regression's first level target is 1 for every sample: the level "
-               "targets are built with `>=` where `>` was meant, one rank off")
+               "targets are built with >= where > was meant, one rank off")
     fix = "build the levels as `y[:, None] > torch.arange(K - 1)`: level k is 'rank above k'"
 
     def check(self, a):
