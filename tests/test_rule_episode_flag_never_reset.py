@@ -33,3 +33,8 @@ def test_silent_when_the_outer_loop_sets_it_back_or_the_name_is_no_episodes():
     assert found(BUG.replace("done", "warmed_up")) == []
     assert found(BUG.replace("        s, r, done, info = env.step(pi(s))\n",
                              "        s = env.step(pi(s))\n")) == []  # nothing inside ends it
+
+
+def test_a_flag_set_in_a_tuple_of_constants_counts_too():
+    src = BUG.replace("done = False\n", "done, truncated = False, False\n")
+    assert found(src) == [(1, "done", 4, 2)]

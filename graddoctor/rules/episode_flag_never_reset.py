@@ -32,6 +32,21 @@ def _assigns(nodes, name: str) -> bool:
     return False
 
 
+def _bool_constants(stmt: ast.AST) -> list[tuple[str, bool]]:
+    """The names a statement sets to True or False: ``done = False``, ``terminated, truncated =
+    False, False``; empty for any other statement."""
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return []
+    target, value = stmt.targets[0], stmt.value
+    pairs = [(target, value)]
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+        pairs = list(zip(target.elts, value.elts))
+    if not all(isinstance(t, ast.Name) and isinstance(v, ast.Constant) and isinstance(v.value, bool)
+               for t, v in pairs):
+        return []
+    return [(t.id, v.value) for t, v in pairs]
+
+
 def _runs_while(test: ast.AST, values: dict) -> str | None:
     """The flag of ``while not flag`` (flag set False) or ``while flag`` (set True), else None."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Name):
@@ -55,11 +70,10 @@ def flags_never_reset(tree: ast.AST) -> list[tuple[int, str, int, int]]:
         values: dict = {}  # flag -> (its constant, line), set at this level so far
         lines: dict = {}
         for stmt in body:
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
-                    and isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.Constant) \
-                    and isinstance(stmt.value.value, bool):
-                values[stmt.targets[0].id] = stmt.value.value
-                lines[stmt.targets[0].id] = stmt.lineno
+            constants = _bool_constants(stmt)
+            if constants:
+                for name, value in constants:
+                    values[name], lines[name] = value, stmt.lineno
                 continue
             if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                 for name in list(values):
