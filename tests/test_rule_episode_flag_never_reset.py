@@ -38,3 +38,16 @@ def test_silent_when_the_outer_loop_sets_it_back_or_the_name_is_no_episodes():
 def test_a_flag_set_in_a_tuple_of_constants_counts_too():
     src = BUG.replace("done = False\n", "done, truncated = False, False\n")
     assert found(src) == [(1, "done", 4, 2)]
+
+
+def test_a_module_flag_a_function_declares_global_counts_too():
+    src = ("terminated = False\n"
+           "def run():\n"
+           "    global terminated\n"
+           "    for ep in range(9):\n"
+           "        while not terminated:\n"
+           "            s, r, terminated = env.step(a)\n"
+           "        train()\n")
+    assert found(src) == [(1, "terminated", 5, 4)]
+    reset = src.replace("        while", "        terminated = False\n        while")
+    assert found(reset) == []

@@ -60,15 +60,31 @@ def _runs_while(test: ast.AST, values: dict) -> str | None:
 def flags_never_reset(tree: ast.AST) -> list[tuple[int, str, int, int]]:
     """``(line of the flag's one setting, flag, line of the inner loop, line of the outer loop)``
     for each episode loop ``while not done:`` inside an outer loop (episodes, epochs) whose flag
-    (``done``, ``terminated``, ``finished``...) is set once, before the outer loop, set again
+    (``done``, ``terminated``, ``finished``...) is set once, before the outer loop (or once at the
+    module's top level, for a function that declares it ``global``), set again
     inside the inner loop (the episode ends it), and never set back by the outer loop: from the
     outer loop's second pass on the inner loop never runs."""
-    bodies = [tree.body] if isinstance(tree, ast.Module) else []
-    bodies += [n.body for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    module = tree.body if isinstance(tree, ast.Module) else []
+    # flags the module sets once, to a constant, at its top level: what a function that
+    # declares them ``global`` starts from
+    settings: dict = {}
+    for stmt in module:
+        for name, value in _bool_constants(stmt):
+            settings.setdefault(name, []).append((value, stmt.lineno))
+    top = {name: found[0] for name, found in settings.items()
+           if len(found) == 1 and not any(_assigns([s, *_nested(s)], name) for s in module
+                                          if not _bool_constants(s) and not isinstance(
+                                              s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))}
+    bodies = [(module, ())]
+    bodies += [(n.body, tuple(name for g in ast.walk(n) if isinstance(g, ast.Global) for name in g.names))
+               for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     found = []
-    for body in bodies:
-        values: dict = {}  # flag -> (its constant, line), set at this level so far
-        lines: dict = {}
+    for body, shared in bodies:
+        values: dict = {}  # flag -> its constant, set at this level so far
+        lines: dict = {}  # flag -> the line that set it
+        for name in shared:
+            if name in top:
+                values[name], lines[name] = top[name]
         for stmt in body:
             constants = _bool_constants(stmt)
             if constants:
@@ -108,8 +124,9 @@ class EpisodeFlagNeverReset(Rule):
     Finds an episode loop (`while not done:`) inside an outer loop over episodes or epochs whose
     flag is set once, before the outer loop, and never set back: `done = False` above `for
     n_epi in range(...)` where it belongs inside. The episode sets the flag when it ends, so from
-    the outer loop's second pass on the inner loop never runs. It reads the source of the files
-    a backward ran from; the flag's name says it ends an episode (`done`, `terminated`,
+    the outer loop's second pass on the inner loop never runs (a flag set once at the top of a
+    script counts too for a function that declares it `global`). It reads the source of the
+    files a backward ran from; the flag's name says it ends an episode (`done`, `terminated`,
     `truncated`, `finished`, `game_over`).
 
     ## Why is this bad?
