@@ -369,6 +369,18 @@ def walk(node: ast.AST):
 _UNLISTED = object()
 
 
+def scope_walk(node: ast.AST):
+    """The nodes under ``node``, not entering nested functions, lambdas or classes (their names
+    are their own): one function's (or the module's) statements and expressions."""
+    stack = list(ast.iter_child_nodes(node))
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        yield n
+        stack.extend(ast.iter_child_nodes(n))
+
+
 def _once_per_file(derive):
     """``derive(path)``, a search of the whole file that reads nothing but its parsed tree,
     computed once per parsed text and kept on the tree: the analyses of one file (a check's,

@@ -5,6 +5,7 @@ import re
 
 from ..findings import Severity
 from ..trace import Location
+from ..analysis.source import scope_walk as _scope_walk
 from .base import Related, Rule
 
 # a derivative named by its directions after the function's name: u_x, u_xx, u_xt, p_y
@@ -38,16 +39,6 @@ def _column(index: ast.AST) -> int | None:
             and isinstance(last.upper.value, int) and last.upper.value == last.lower.value + 1:
         return last.lower.value
     return None
-
-
-def _scope_walk(scope: ast.AST):
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def _pairs(stmt: ast.Assign):

@@ -5,21 +5,11 @@ import re
 
 from ..findings import Severity
 from ..trace import Location
+from ..analysis.source import scope_walk as _nested
 from .base import Related, Rule
 
 # names of a flag that ends an episode or a rollout
 _EPISODE_FLAG = re.compile(r"(^|_)(done|dones|terminal|terminated|truncated|finished|over|ended|end)$", re.I)
-
-
-def _nested(node: ast.AST):
-    """The nodes under ``node``, not entering nested functions, lambdas or classes."""
-    stack = list(ast.iter_child_nodes(node))
-    while stack:
-        n = stack.pop()
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            continue
-        yield n
-        stack.extend(ast.iter_child_nodes(n))
 
 
 def _assigns(nodes, name: str) -> bool:

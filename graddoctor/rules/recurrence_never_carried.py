@@ -4,6 +4,7 @@ import ast
 
 from ..findings import Severity
 from ..trace import Location
+from ..analysis.source import scope_walk as _scope_walk
 from .base import Related, Rule
 
 # how scripts name the value a recurrence starts from, around the state's own name
@@ -22,18 +23,6 @@ def _starts_from(state: str, source: str) -> bool:
     if source.startswith(state) and source[len(state):] in _SUFFIXES:
         return True
     return source.endswith(state) and source[:-len(state)] in _PREFIXES
-
-
-def _scope_walk(node: ast.AST):
-    """The nodes under ``node``, not entering nested functions, lambdas or classes (their
-    names are their own)."""
-    stack = list(ast.iter_child_nodes(node))
-    while stack:
-        n = stack.pop()
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            continue
-        yield n
-        stack.extend(ast.iter_child_nodes(n))
 
 
 def _bound(loop: ast.For | ast.While) -> dict[str, list[ast.AST]]:

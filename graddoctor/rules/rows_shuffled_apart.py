@@ -4,6 +4,7 @@ import ast
 
 from ..findings import Related, Severity
 from ..trace import Location
+from ..analysis.source import scope_walk as _scope_walk
 from .base import Rule
 
 _DRAWS = frozenset({"randperm", "permutation", "shuffle"})
@@ -111,17 +112,6 @@ def _put_in_order(scope: ast.AST, orders: set[str]) -> set[str]:
                         and v.slice.id in orders:
                     names.add(t.id)
     return names
-
-
-def _scope_walk(scope: ast.AST):
-    """The nodes of one function (or the module), not entering nested functions or classes."""
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def cut_apart(tree: ast.AST) -> list[tuple[int, str, str, str, str]]:

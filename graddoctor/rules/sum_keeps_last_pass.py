@@ -4,21 +4,11 @@ import ast
 
 from ..findings import Severity
 from ..trace import Location
+from ..analysis.source import scope_walk as _scope_walk
 from .base import Related, Rule
 
 # calls that make a zero to sum into: torch.zeros(()), torch.tensor(0.0), x.new_zeros(())
 _ZERO_CALLS = ("zeros", "zeros_like", "new_zeros")
-
-
-def _scope_walk(node: ast.AST):
-    """The nodes under ``node``, not entering nested functions, lambdas or classes."""
-    stack = list(ast.iter_child_nodes(node))
-    while stack:
-        n = stack.pop()
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            continue
-        yield n
-        stack.extend(ast.iter_child_nodes(n))
 
 
 def _zero(value: ast.AST) -> bool:
