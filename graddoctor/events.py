@@ -113,16 +113,16 @@ epoch_start        loader, epoch, real_len, replay_len (the replay's shorter epo
                    ``max_steps``); instrument/planned.py)
 short_len          loader, real_len, replay_len (the first ``len()`` of a DataLoader that
                    returned the replay's shorter epoch length, per loader; an aside)
-phase_hold         wait ("loop" | "switch" | "evaluation" | "call"), updates (at the step budget),
+phase_hold         wait ("loop" | "switch" | "evaluation" | "later"), updates (at the step budget),
                    until (when the wait ended), cut (None: reached; "updates" | "seconds": the cap ended it;
                    "long": the pass is longer than the cap, not waited for), cap, cap_s (the caps:
-                   updates in all, seconds after the budget) — the step budget
-                   of a script without a DataLoader held until the loop around its training
-                   loop began its next pass, a stage switch on its counter ran, its first
-                   evaluation ran, or ("call") a later call of the function that trains, made
-                   by the caller's block after the first with no loop around (a second task),
-                   had begun (loc: that loop's header, the switch's ``if``, the line of the
-                   training loop calling the evaluation, or the later call; an aside;
+                   updates in all, seconds after the budget) — the step budget held until
+                   the loop around a script's training loop (one without a DataLoader) began
+                   its next pass, a stage switch on its counter ran, its first evaluation ran,
+                   or ("later") a later statement of the script that trains (a fine-tuning
+                   stage, a student after its teacher, a second task) had run as many updates
+                   as the budget (loc: that loop's header, the switch's ``if``, the line of the
+                   training loop calling the evaluation, or the later statement; an aside;
                    instrument/phases.py); a "loop" wait that was reached also says the loop's
                    planned count (["epochs", E] for ``for epoch in range(E)``) and passes (its
                    passes done when the next began, so ``(until - 1) / passes`` updates a pass),

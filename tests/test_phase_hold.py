@@ -247,11 +247,88 @@ train(40)
 
 def test_the_budget_waits_for_a_later_call_of_the_training_function(tmp_path):
     report = check(tmp_path, TASKS_IN_SEQUENCE)
-    assert report.run.updates == 21  # the 20 updates of the first task, then one of the second
+    assert report.run.updates == 30  # the 20 updates of the first task, then 10 of the second
     assert "train-in-eval-mode" in slugs(report)  # what the second task's call inherits
-    assert any("later call of the training function at" in n for n in report.run.notes), \
-        report.run.notes
+    assert any("later phase of the script at" in n for n in report.run.notes), report.run.notes
     assert not any("before a later phase" in n for n in report.run.notes), report.run.notes
+
+
+TEACHER_THEN_STUDENT = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+X = torch.randn(640, 8)
+Y = (X.sum(1) > 0).long()
+loader = DataLoader(TensorDataset(X, Y), batch_size=32, shuffle=True)
+teacher = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+student = nn.Linear(8, 2)
+opt_t = torch.optim.SGD(teacher.parameters(), lr=0.1)
+for epoch in range(3):
+    for x, y in loader:
+        opt_t.zero_grad()
+        nn.functional.cross_entropy(teacher(x), y).backward()
+        opt_t.step()
+opt_s = torch.optim.SGD(student.parameters(), lr=0.1)
+for epoch in range(3):
+    for x, y in loader:
+        with torch.no_grad():
+            soft = teacher(x).softmax(1)
+        loss = -(soft * student(x).log_softmax(1)).sum(1).mean()
+        loss.backward()  # no zero_grad: the student's gradients pile up
+        opt_s.step()
+"""
+
+PRETRAIN_THEN_HEAD = HEAD + """
+for step in range(30):
+    i = (step * 32) % 640
+    opt.zero_grad()
+    nn.functional.mse_loss(model(X[i:i + 32]), Y[i:i + 32]).backward()
+    opt.step()
+head = nn.Linear(1, 1)
+opt_head = torch.optim.SGD(head.parameters(), lr=0.01)
+for step in range(30):
+    i = (step * 32) % 640
+    with torch.no_grad():
+        z = model(X[i:i + 32])
+    opt_head.zero_grad()
+    nn.functional.mse_loss(head(z), Y[i:i + 32]).backward()
+    opt_head.step()
+"""
+
+LONG_LOOP_THEN_MORE = HEAD + """
+for step in range(100000):
+    i = (step * 32) % 640
+    opt.zero_grad()
+    nn.functional.mse_loss(model(X[i:i + 32]), Y[i:i + 32]).backward()
+    opt.step()
+for step in range(30):
+    opt.zero_grad()
+    nn.functional.mse_loss(model(X[:32]), Y[:32]).backward()
+    opt.step()
+"""
+
+
+def test_a_student_trained_after_its_teacher_is_reached_past_the_dataloader_epochs(tmp_path):
+    report = check(tmp_path, TEACHER_THEN_STUDENT)
+    found = [f for f in report.findings if f.rule == "missing-zero-grad"]
+    assert found and found[0].location.line == 23, [(f.rule, f.location) for f in report.findings]
+    assert not any("before a later phase" in n for n in report.run.notes), report.run.notes
+
+
+def test_a_later_training_loop_gets_as_many_updates_as_the_budget(tmp_path):
+    report = check(tmp_path, PRETRAIN_THEN_HEAD)
+    assert report.run.status == "step-limit"
+    assert report.run.updates == 40  # 30 updates of pre-training, then 10 of the head
+    assert not report.findings, [(f.rule, f.location) for f in report.findings]
+
+
+def test_a_loop_too_long_to_finish_within_the_cap_is_not_waited_through(tmp_path):
+    report = check(tmp_path, LONG_LOOP_THEN_MORE)
+    assert report.run.updates == 10
+    assert [n for n in report.run.notes if "later phase" in n] == \
+        [n for n in report.run.notes if "before a later phase of the script ran" in n], report.run.notes
+    assert any("before a later phase of the script ran" in n for n in report.run.notes)
 
 
 def test_a_single_call_of_the_training_function_stops_at_the_budget(tmp_path):

@@ -1,5 +1,5 @@
-"""Later phases of a loop without a DataLoader: the step budget waits for the end of the first
-pass of the loop around the training loop, or for the first evaluation.
+"""Later phases of a run: the step budget waits for the end of the first pass of the loop around
+the training loop, for the first evaluation, or for a later training phase of the script.
 
 A script that draws or slices its batches by hand (``for epoch in range(E): for i in range(0,
 n, bs)``, ``for episode in range(E): for t in range(T)``, a ``while`` loop) has no DataLoader
@@ -30,23 +30,35 @@ the script's top level (a caller that runs the script in-process is not the scri
   has (an ``eval`` event, or a no-grad forward of a BatchNorm/dropout model: ``mode_forward``),
   and one more step after it.
 
+Whatever the running phase waits for, and also in a DataLoader script, a later phase of the
+script is waited for: a statement after the one running (for a frame with loops, after its
+outermost loop) in the block of a script frame on the step's stack, innermost frame first, that
+calls ``backward()`` (or ``trainer.fit()`` / ``trainer.train()``) or a function of the script
+that does, two calls deep (a student trained after its teacher, fine-tuning after pre-training,
+``train()`` after ``warmup()``, a second task).
+Once that frame's line has reached the statement at a step, the replay goes on for as many
+updates as the step budget (a bug of the later phase, a missing ``zero_grad()``, needs two of
+its steps), bounded then only by the seconds. A training loop around the step whose ``range``
+has more passes left than the cap is not waited through (``cut`` "long").
+
 A reached wait for the loop around the training loop also says that loop's count (``for epoch
 in range(E)``, read as instrument/planned.py reads the loop around a DataLoader's) and how many
 of its passes were done when the next began: the plan the schedules of such a script are judged
 against (analysis/lr.py's ``hand_loop``).
 
 Bounded: ``PHASE_UPDATES`` updates in all and ``PHASE_SECONDS`` seconds from the budget. When
-the wait ends, one ``phase_hold`` aside says what it waited for (``wait``: "loop" |
-"switch" | "evaluation"), the line of that loop or call (``site``), ``updates`` at the budget and at the
-end (``until``), and ``cut`` ("updates" | "seconds" | "long": the pass is longer than the cap;
-None: reached). DataLoader scripts are left to the DataLoader watcher: nothing is held for
-them. Scripts that end before the budget, or whose step is in a single loop with no evaluation
-in it, run as before.
+a wait ends, one ``phase_hold`` aside says what it waited for (``wait``: "loop" | "switch" |
+"evaluation" | "later"), the line of that loop, call or statement (``site``), ``updates`` at
+the budget and at the end (``until``), and ``cut`` ("updates" | "seconds" | "long": the pass is
+longer than the cap; None: reached). DataLoader epochs are left to the DataLoader watcher: only
+a later phase is waited for there. Scripts that end before the budget, or whose step is in a
+single loop with no evaluation in it and nothing training after it, run as before.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import sys
 import time
 
@@ -215,35 +227,6 @@ def _stage_switch(loop, frame, updates: int):
     return None
 
 
-def _later_call_of(frame, frames) -> tuple | None:
-    """``(caller frame, line)`` of a later statement of the caller's block that calls again the
-    function whose loop trains (``train(XA, YA)`` then ``train(XB, YB, penalty=ewc)``: a
-    second task, a fine-tuning stage), when that function is called from the script's
-    frames with no loop around the call; None otherwise."""
-    name = frame.f_code.co_name
-    if name.startswith("<") or frame not in frames:
-        return None
-    index = frames.index(frame)
-    if index + 1 >= len(frames):
-        return None
-    caller = frames[index + 1]
-    tree = _tree(caller.f_code.co_filename)
-    if tree is None:
-        return None
-    line = caller.f_lineno
-    if _loops_around(tree, line):
-        return None  # called in a loop: the loop waits (or not) as it is
-    body = _block_of(tree, line)
-    if body is None:
-        return None
-    after = [stmt for stmt in body if stmt.lineno > line]
-    for stmt in after:
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Call) and _called_name(node.func) == name:
-                return caller, node.lineno
-    return None
-
-
 def _called_name(func) -> str | None:
     if isinstance(func, ast.Name):
         return func.id
@@ -272,9 +255,61 @@ def _block_of(tree, line: int) -> list | None:
         node = inner
 
 
+def _trains(node, functions: dict) -> bool:
+    """Whether ``node`` calls ``backward()`` (or a framework's training loop: ``trainer.fit()``,
+    ``trainer.train()``), or calls a function of the script that does (two calls deep)."""
+    frontier, seen = [node], set()
+    for depth in range(_CALL_DEPTH + 1):
+        nxt = []
+        for root in frontier:
+            for n in ast.walk(root):
+                if not isinstance(n, ast.Call):
+                    continue
+                if isinstance(n.func, ast.Attribute) and (
+                        n.func.attr == "backward" or n.func.attr == "fit"
+                        or (n.func.attr == "train" and isinstance(n.func.value, ast.Name)
+                            and "trainer" in n.func.value.id.lower())):
+                    return True  # a backward, Lightning's trainer.fit(), HF's trainer.train()
+                name = _called_name(n.func)
+                if depth < _CALL_DEPTH and name in functions and name not in seen:
+                    seen.add(name)
+                    nxt.append(functions[name])
+        frontier = nxt
+    return False
+
+
+def _later_phase(frames) -> tuple | None:
+    """``(frame, line)`` of the first later statement that trains in the block of a script frame
+    on the step's stack, innermost frame first: the statement after the one running (for a frame
+    with loops, after its outermost loop) that calls ``backward()`` or a function of the script
+    that does. A student trained after its teacher, fine-tuning after pre-training, ``train()``
+    after ``warmup()``. None when the script shows no later phase."""
+    for frame in frames:
+        tree = _tree(frame.f_code.co_filename)
+        if tree is None:
+            return None
+        loops = _loops_around(tree, frame.f_lineno)
+        anchor = loops[0].lineno if loops else frame.f_lineno
+        body = _block_of(tree, anchor)
+        if body:
+            running = next((stmt for stmt in body
+                            if stmt.lineno <= anchor <= (stmt.end_lineno or stmt.lineno)), None)
+            end = (running.end_lineno or running.lineno) if running is not None else anchor
+            functions = _functions(tree)
+            for later in body:
+                if later.lineno <= end or isinstance(
+                        later, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    continue
+                if _trains(later, functions):
+                    return frame, later.lineno
+        if frame.f_code.co_name == "<module>":
+            break  # the script's own top level: the frames above it run the script
+    return None
+
+
 class _Wait:
     __slots__ = ("wait", "site", "frame", "name", "value", "budget", "deadline", "last_seq",
-                 "planned", "passes")
+                 "planned", "passes", "entered", "then")
 
     def __init__(self, wait: str, site: Location, frame=None, name=None, value=None,
                  budget: int = 0, last_seq: int = -1, deadline: float | None = None,
@@ -287,6 +322,8 @@ class _Wait:
         if deadline is not None:
             self.deadline = min(self.deadline, deadline)
         self.last_seq = last_seq
+        self.entered: int | None = None  # "later": the update at which the later phase began
+        self.then: _Wait | None = None  # the later phase, waited for once this wait is reached
 
 
 class PhaseHold:
@@ -319,16 +356,42 @@ class PhaseHold:
     # -- at the budget ------------------------------------------------------------------
     def _decide(self):
         rec = self.rec
-        if self.dataloader.trains() or rec.progress.updates >= PHASE_UPDATES:
-            return False  # DataLoader epochs hold the budget themselves
+        if rec.progress.updates >= PHASE_UPDATES:
+            return False
+        frames = list(itertools.islice(rec.finder.user_frames(sys._getframe(1)), _FRAMES))
+        later = _later_phase(frames) if frames else None
+        then = None
+        if later is not None and self._too_long(frames[0]):
+            rec.emit_aside(ev.phase_hold(wait="later", updates=rec.progress.updates,
+                                         until=rec.progress.updates, cut="long", cap=PHASE_UPDATES,
+                                         cap_s=PHASE_SECONDS),
+                           Location(rec.finder.location(later[0]).path, later[1]))
+            later = None
+        if later is not None:
+            frame, line = later
+            then = _Wait("later", Location(rec.finder.location(frame).path, line), frame,
+                         value=line, budget=rec.progress.updates, deadline=self._deadline())
+        # DataLoader epochs hold the budget themselves: only a later phase is waited for
+        first = False if self.dataloader.trains() else self._first_wait(frames)
+        if first is False:
+            return then if then is not None else False
+        first.then = then
+        return first
+
+    def _too_long(self, frame) -> bool:
+        """The training loop around the step (``for i in range(N)``) has more passes left than
+        the cap allows: a later phase could not be reached within it."""
+        tree = _tree(frame.f_code.co_filename)
+        loops = _loops_around(tree, frame.f_lineno) if tree is not None else []
+        left = _range_left(loops[-1], frame) if loops else None
+        return left is not None and self.rec.progress.updates + left >= PHASE_UPDATES
+
+    def _first_wait(self, user_frames):
+        """The wait within the running phase (the loop's next pass, a stage switch, the first
+        evaluation), else False."""
+        rec = self.rec
         chain = []  # (frame, loop, tree), innermost first
-        frames = 0
-        seen_frames = []
-        for frame in rec.finder.user_frames(sys._getframe(1)):
-            frames += 1
-            if frames > _FRAMES:
-                break
-            seen_frames.append(frame)
+        for frame in user_frames:
             tree = _tree(frame.f_code.co_filename)
             if tree is None:
                 break
@@ -364,12 +427,6 @@ class PhaseHold:
             return _Wait("switch", Location(path, line), frame, name, k, budget,
                          deadline=self._deadline())
         line = _evaluation_site(loop, tree)
-        if line is None and len(chain) == 1:
-            later = _later_call_of(frame, seen_frames)
-            if later is not None:  # ``train(task_a)`` ... ``train(task_b, penalty)``: the next call
-                caller, at = later
-                return _Wait("call", Location(rec.finder.location(caller).path, at), caller,
-                             value=at, budget=budget, deadline=self._deadline())
         if line is None:
             if len(chain) >= 2 and left is not None and budget + left >= PHASE_UPDATES:  # too long: say so
                 outer_frame, outer, _ = chain[1]
@@ -407,27 +464,36 @@ class PhaseHold:
         cut = None
         if state.wait == "loop":
             reached = state.frame.f_locals.get(state.name, _MISSING) is not state.value
-        elif state.wait == "call":  # the caller reached the later call: an update of it was seen
-            reached = state.frame.f_lineno >= state.value
         elif state.wait == "switch":  # the counter went past K: the switch ran, an update followed
             now = state.frame.f_locals.get(state.name, _MISSING)
             reached = type(now) is not int or now > state.value
+        elif state.wait == "later":  # the later phase has begun: as many updates of it as the budget
+            if state.entered is None and state.frame.f_lineno >= state.value:
+                state.entered = updates - 1  # this step was the later phase's first
+            reached = state.entered is not None and updates - state.entered >= state.budget
         else:
             reached = self._new_evaluation(state)
         if not reached:
-            if updates >= PHASE_UPDATES:
+            if state.entered is not None:  # within the later phase: only the time limit ends it
+                if time.monotonic() <= state.deadline:
+                    return True
+                cut = "seconds"
+            elif updates >= PHASE_UPDATES:
                 cut = "updates"
             elif time.monotonic() > state.deadline:
                 cut = "seconds"
             else:
                 return True
-        self._state = False
-        state.frame = state.value = None
+        then = state.then if cut is None else None
+        self._state = then if then is not None else False
+        state.frame = state.value = state.then = None
         rec.emit_aside(ev.phase_hold(wait=state.wait, updates=state.budget, until=updates, cut=cut,
                                      cap=PHASE_UPDATES, cap_s=PHASE_SECONDS,
                                      planned=state.planned if cut is None else None,
                                      passes=state.passes if cut is None else None),
                        state.site)
+        if then is not None:  # the running phase's wait is over: on to the later phase
+            return self._waiting(then)
         return False
 
     def _new_evaluation(self, state: _Wait) -> bool:

@@ -77,7 +77,8 @@ class StepBudget(StopCondition):
         self.waiting: list[int] | None = None  # optimizers waited for, fixed at the budget
 
     def after_step(self, rec: "Recorder") -> str | None:
-        if rec.progress.updates < self.budget or any(rec.progress.holds()):
+        # every hold is asked (no short cut): one that decides at the budget must see it
+        if rec.progress.updates < self.budget or any([*rec.progress.holds()]):
             return None
         if self._wait_for_optimizers(rec):
             return None

@@ -153,8 +153,8 @@ _CUTS = {"updates": "its cap of {cap} updates", "seconds": "its cap of {secs:g} 
 
 
 def held_phase(a: "Analysis") -> list[str]:
-    """The budget of a loop without a DataLoader waited for the end of the first pass of the
-    loop around the training loop, or for its first evaluation (instrument/phases.py): how far,
+    """The budget waited for the end of the first pass of the loop around the training loop, for
+    its first evaluation, or for a later phase of the script (instrument/phases.py): how far,
     and when its cap ended the wait first, that what comes there is not checked."""
     if a.status != "step-limit":
         return []
@@ -167,15 +167,16 @@ def held_phase(a: "Analysis") -> list[str]:
                 what = (f"the loop at {e.loc} began its next pass" if e["wait"] == "loop"
                         else f"the stage switch at {e.loc} had run and an update followed"
                         if e["wait"] == "switch"
-                        else f"the later call of the training function at {e.loc} had begun "
-                             f"and an update of it followed" if e["wait"] == "call"
+                        else f"the later phase of the script at {e.loc} had begun and as many "
+                             f"updates of it as the budget had run" if e["wait"] == "later"
                         else f"the evaluation called at {e.loc} had run and one more update followed")
                 notes.append(f"the step budget, reached at update {e['updates']}, was held to update "
                              f"{e['until']}, until {what}")
             continue
+        if e["wait"] == "later":
+            continue  # unreached_phase says it, in a later phase's terms
         what = (f"the end of the first pass of the loop at {e.loc}" if e["wait"] == "loop"
                 else f"the stage switch at {e.loc}" if e["wait"] == "switch"
-                else f"the later call of the training function at {e.loc}" if e["wait"] == "call"
                 else f"the first evaluation (called at {e.loc})")
         why = _CUTS.get(e["cut"], "its cap").format(cap=e.get("cap"), secs=e.get("cap_s") or 0)
         ran = (f"ran on to update {e['until']} and stopped" if e["until"] > e["updates"]
@@ -200,8 +201,8 @@ def unreached_phase(a: "Analysis") -> list[str]:
         lines = later_phases(a.source.tree(path), seen)
     except Exception:  # a note must never break the report
         return []
-    # a later call of the training function that the budget waited for has run: not unreached
-    begun = {e.loc.line for e in a.of_kind("phase_hold") if e.get("wait") == "call"
+    # a later phase that the budget waited for has run: not unreached
+    begun = {e.loc.line for e in a.of_kind("phase_hold") if e.get("wait") == "later"
              and not e.get("cut") and e.loc is not None and e.loc.path == path}
     lines = [line for line in lines if line not in begun]
     if not lines:
