@@ -155,15 +155,18 @@ class ParamNotInOptimizer(Rule):
                 new = max((a.replaced[opt] for opt in owners), key=lambda e: e.seq)
                 if _trained_after(a, pid, new.seq):
                     dropped.setdefault(new.seq, (new, []))[1].append(pid)
-        construction = next(iter(a.optimizers.values()))
         followers = _follower_copies(a)
         orphans = [pid for pid in orphans if not _held_in(a.param_name(pid), followers)]
         if orphans:
-            yield from self._unowned(a, orphans, construction)
+            construction = _later_phase_optimizer(a, orphans)
+            later_phase = construction is not None
+            if construction is None:
+                construction = next(iter(a.optimizers.values()))
+            yield from self._unowned(a, orphans, construction, later_phase)
         for new, pids in dropped.values():
             yield self._dropped(a, new, pids)
 
-    def _unowned(self, a, orphans, construction):
+    def _unowned(self, a, orphans, construction, later_phase=False):
         led = a.ledger
         left = dict.fromkeys(orphans)
         for event in a.of_kind("unregistered"):
@@ -201,7 +204,8 @@ class ParamNotInOptimizer(Rule):
             if twin is not None:
                 yield twin
                 return
-        late = [pid for pid in plain if a.steps_before(led.first_contribution[pid].seq) > 0]
+        late = [] if later_phase else \
+            [pid for pid in plain if a.steps_before(led.first_contribution[pid].seq) > 0]
         if late:
             yield self._late(a, late, construction)
             plain = [pid for pid in plain if pid not in late]
@@ -477,6 +481,23 @@ class ParamNotInOptimizer(Rule):
                       "cause": "optimizer-replaced", "replaced": [a.optimizer_name(o) for o in olds],
                       "by": name},
         )
+
+
+def _later_phase_optimizer(a, pids):
+    """The construction of the optimizer that takes the first step after these parameters' first
+    gradient, when it was built after every earlier step of the run and is not the run's first
+    optimizer: the own optimizer of a later training phase (a head fine-tuned after
+    pre-training, a student after its teacher), the one that should own them. Else None."""
+    first = min(a.ledger.first_contribution[pid].seq for pid in pids)
+    after = next((s for s in a.steps if s.seq > first), None)
+    if after is None:
+        return None
+    built = a.optimizers.get(after["opt"])
+    if built is None or built is next(iter(a.optimizers.values())):
+        return None
+    if any(s.seq > built.seq for s in a.steps if s.seq < first):
+        return None  # steps of another optimizer after it was built: interleaved, not a phase
+    return built
 
 
 def _trained_after(a, pid: int, seq: int) -> bool:
