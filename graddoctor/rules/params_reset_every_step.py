@@ -168,6 +168,8 @@ class ParamsResetEveryStep(Rule):
                 f"never trains",
                 loc, related=(related(edit, "the step after the updates measured"),),
                 evidence=evidence, fix=_fix(where, undone=True))
+        if _loads_moving_state(a, opt):
+            return None  # pulled toward weights that move on each round (federated averaging)
         fraction = sorted(home_share)[n // 2]
         return self.finding(
             f"after every one of the first {n} steps of {cls}, the script's own code{shown} pulls "
@@ -195,6 +197,16 @@ class ParamsResetEveryStep(Rule):
             evidence={"params": a.param_names(pids), "via": "redrawn by hand", "steps": n},
             fix=("initialise the parameters once, in __init__ or before the training loop; "
                  "between steps leave them as the optimizer left them"))
+
+
+def _loads_moving_state(a, opt) -> bool:
+    """Whether the optimizer's parameters are loaded, between its steps, from states that differ
+    from load to load: a client pulled to the global weights of federated averaging, which the
+    rounds move on, is no blend into a copy that never changes."""
+    owned = set(a.opt_params.get(opt, ()))
+    states = [e.get("state") for e in a.by_kind.get("param_reset", ())
+              if e["via"] == "load_state_dict" and owned.intersection(e.get("params") or ())]
+    return len(states) >= 2 and None not in states and len(set(map(repr, states))) == len(states)
 
 
 def _redrawn_every_time(edit) -> list[int]:
