@@ -64,3 +64,41 @@ def test_the_finding_is_at_the_dataset_with_the_labels_respelled(tmp_path):
     found = [f for f in report.findings if f.rule == SLUG]
     assert len(found) == 1 and found[0].severity is Severity.WARNING
     assert found[0].location.line == 7 and "`y_train`" in found[0].fix
+
+
+def _made(src: str):
+    import ast as _ast
+    from graddoctor.rules.split_pairs_crossed import crossed_in_training
+    return [(line, x, y) for line, _, x, _, y, _ in crossed_in_training(_ast.parse(src))]
+
+
+def test_a_training_loop_that_slices_two_splits_into_one_batch():
+    src = ("for i in range(0, n, bs):\n"
+           "    xb, yb = X_train[i:i + bs], y_val[i:i + bs]\n"
+           "    criterion(model(xb), yb).backward()\n")
+    assert _made(src) == [(2, "X_train[i:i + bs]", "y_val[i:i + bs]")]
+
+
+def test_a_loss_given_the_model_of_one_split_and_the_labels_of_another():
+    src = ("for step in range(100):\n"
+           "    loss = criterion(self.net(x_tr), y_te)\n"
+           "    loss.backward()\n")
+    assert _made(src) == [(2, "self.net(x_tr)", "y_te")]
+
+
+def test_pairs_outside_a_training_loop_count_only_through_zip():
+    src = ("acc = score(model(X_train), y_val)\n"
+           "pairs = zip(X_train, y_test)\n"
+           "for x, y in pairs:\n"
+           "    f(x, y).backward()\n")
+    assert _made(src) == [(2, "X_train", "y_test")]
+
+
+def test_one_split_or_both_pairs_stay_silent():
+    src = ("for i in range(10):\n"
+           "    xb, yb = X_train[i], y_train[i]\n"
+           "    fit(X_train, y_train, X_val, y_val)\n"
+           "    with torch.no_grad():\n"
+           "        v = criterion(model(X_val), y_val)\n"
+           "    criterion(model(xb), yb).backward()\n")
+    assert _made(src) == []

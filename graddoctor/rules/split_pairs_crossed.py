@@ -100,6 +100,52 @@ def crossed_pairs(tree: ast.AST) -> list[tuple[int, str, str, str, str, str]]:
     return sorted(out)
 
 
+def _role_through_call(arg: ast.AST) -> tuple[str, str] | None:
+    """``role_and_split`` of an argument, or of the first argument of a call it is (the inputs
+    of ``model(X_train[i:j])`` given to a loss)."""
+    found = role_and_split(arg)
+    if found is None and isinstance(arg, ast.Call) and arg.args and not isinstance(arg.func, ast.Attribute):
+        found = role_and_split(arg.args[0])
+    if found is None and isinstance(arg, ast.Call) and arg.args and isinstance(arg.func, ast.Attribute) \
+            and isinstance(arg.func.value, (ast.Name, ast.Attribute)) and role_and_split(arg.func.value) is None:
+        found = role_and_split(arg.args[0])  # self.model(X_train), net.forward(x_tr)
+    return found
+
+
+def _trains(loop: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr == "backward" for n in ast.walk(loop))
+
+
+def crossed_in_training(tree: ast.AST) -> list[tuple[int, str, str, str, str, str]]:
+    """Like ``crossed_pairs``, for the pairs a training loop makes itself: in a loop whose body
+    calls ``backward()``, a tuple (``xb, yb = X_train[i:j], y_val[i:j]``) or a call (a loss
+    given ``model(X_tr)`` and ``y_te``, ``zip(x_train, y_test)``) with exactly one element or
+    argument of inputs and one of labels, of two splits; and a ``zip`` of such arrays anywhere."""
+    out = []
+    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While)) and _trains(n)]
+    spans = [(loop.lineno, loop.end_lineno or loop.lineno) for loop in loops]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Tuple) and isinstance(node.ctx, ast.Load):
+            parts = list(node.elts)
+        elif isinstance(node, ast.Call) and _callee(node) not in ("TensorDataset",) and not (
+                _callee(node).lower().endswith(("dataset", "set"))):
+            parts = list(node.args) + [k.value for k in node.keywords if k.arg is not None]
+        else:
+            continue
+        if not (isinstance(node, ast.Call) and _callee(node) == "zip") and \
+                not any(a <= node.lineno <= b for a, b in spans):
+            continue
+        tagged = [(part, _role_through_call(part)) for part in parts]
+        inputs = [(part, t[1]) for part, t in tagged if t is not None and t[0] == "inputs"]
+        labels = [(part, t[1]) for part, t in tagged if t is not None and t[0] == "labels"]
+        if len(inputs) != 1 or len(labels) != 1 or inputs[0][1] == labels[0][1]:
+            continue
+        (x, xs), (y, ys) = inputs[0], labels[0]
+        out.append((node.lineno, ast.unparse(node), ast.unparse(x), xs, ast.unparse(y), ys))
+    return sorted(set(out))
+
+
 def _respelled(text: str, old: str, new: str) -> str | None:
     """``text`` with the words of split ``old`` written as ``new`` (``labels[list(val_idx)]`` ->
     ``labels[list(train_idx)]``), each word in the spelling the script uses for ``new`` when one
@@ -120,7 +166,10 @@ class SplitPairsCrossed(Rule):
     ## What it does
     Finds a dataset built from the inputs of one split and the labels of another:
     `DigitDataset(images[train_idx], labels[val_idx])`, `TensorDataset(X_val, y_test)`, a
-    `Dataset(train_features, test_targets)` — a copy-paste slip after a train/val/test split.
+    `Dataset(train_features, test_targets)` — a copy-paste slip after a train/val/test split —
+    and the same pairs made by a training loop itself (a loop whose body calls `backward()`):
+    `xb, yb = X_train[i:i + bs], y_val[i:i + bs]`, `criterion(model(x_tr), y_te)`, and
+    `zip(X_train, y_test)` anywhere.
     Read from the script's source once a backward ran: each call of a callee named
     `...Dataset` or `...Set` (or a class of the script subclassing a Dataset) with exactly one argument named as inputs (`x`, `X`, `images`, `features`,
     `inputs`, `tokens`...) and one named as labels (`y`, `labels`, `targets`...), each tagged
@@ -150,7 +199,9 @@ class SplitPairsCrossed(Rule):
     `train_ds.x, train_ds.y`); a call with two inputs or two labels (a pair of views, a
     teacher's targets); arguments without a split in their name or index (`X[idx], y[idx]`); a
     name and an index that disagree (`X_train[val_idx]`: a sub-split of the training data);
-    calls of anything but a dataset (plots, metrics).
+    calls of anything but a dataset (plots, metrics) outside the training loops, but `zip`; an
+    evaluation in the training loop that reads one held-out pair (`model(X_val)`, `y_val`); a
+    call given both pairs (`fit(X_train, y_train, X_val, y_val)`).
     """
 
     code = "GD333"
@@ -167,10 +218,14 @@ class SplitPairsCrossed(Rule):
             tree = a.source.tree(path)
             if tree is None:
                 continue
-            for line, call, x, xs, y, ys in crossed_pairs(tree):
+            built = crossed_pairs(tree)
+            lines = {found[0] for found in built}
+            made = [found for found in crossed_in_training(tree) if found[0] not in lines]
+            for line, call, x, xs, y, ys in [*built, *made]:
                 same = _respelled(y, ys, xs)
+                what = "the dataset built here pairs" if line in lines else "this line pairs"
                 yield self.finding(
-                    f"the dataset built here pairs `{x}` (the {xs} split's inputs) with `{y}` "
+                    f"{what} `{x}` (the {xs} split's inputs) with `{y}` "
                     f"(the {ys} split's labels): each {xs} sample gets the label of another "
                     f"sample, and the model trains towards labels that say nothing about its "
                     f"inputs",
