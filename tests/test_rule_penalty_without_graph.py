@@ -75,6 +75,28 @@ def test_a_helper_that_returns_the_penalty_is_followed(tmp_path):
     assert "line 9" in f.message
 
 
+REFERENCE = """\
+import torch
+pos.requires_grad_(True)
+ref_forces = -torch.autograd.grad(potential(pos).sum(), pos)[0]
+for idx in batches:
+    p = pos[idx].detach().requires_grad_(True)
+    f = -torch.autograd.grad(model(p).sum(), p, create_graph=True)[0]
+    loss = (f - ref_forces[idx]).pow(2).mean()
+    loss.backward()
+"""
+
+
+def test_reference_forces_taken_once_before_the_loop_are_data(tmp_path):
+    assert findings(traced(tmp_path, REFERENCE, 3), SLUG) == []
+
+
+def test_the_same_grad_inside_the_loop_still_warns(tmp_path):
+    text = REFERENCE.replace("create_graph=True", "retain_graph=True")
+    f = only(traced(tmp_path, text, 6), SLUG)
+    assert f.location.line == 6
+
+
 # -- a penalty on the parameters computed from values cut from the graph ------------------------
 
 CUT = """\

@@ -380,3 +380,21 @@ def test_a_leak_through_a_softmax_over_the_queries_is_left_to_softmax_wrong_axis
     assert findings(t, SLUG)
     t.put(ev.softmax_axis(dim=2, summed=3, shape=[8, 2, 8, 8], params=[0], op="softmax"), line=50)
     assert findings(t, SLUG) == []
+
+
+# -- an unrolled rollout whose target at step k is the state of step k (source) ------------------
+
+def test_rollout_target_read_at_the_states_own_index():
+    import ast
+
+    from graddoctor.rules.target_visible_to_model import rollout_targets_unshifted
+    src = ("v = norm(traj[idx, t0])\nloss = 0\nfor k in range(3):\n    nxt = model(v)\n"
+           "    loss = loss + ((nxt - traj[idx, t0 + k]) ** 2).mean()\n    v = nxt\n")
+    found = rollout_targets_unshifted(ast.parse(src))
+    assert [(line, state, index) for line, _, _, state, index, _ in found] == [(5, "v", "t0")]
+    assert rollout_targets_unshifted(ast.parse(src.replace("t0 + k]", "t0 + k + 1]"))) == []
+    # a state the loop never carries is a fresh input at every step, not a rollout
+    assert rollout_targets_unshifted(ast.parse(src.replace("    v = nxt\n", ""))) == []
+    # another array (targets shifted once) or another position is silent
+    assert rollout_targets_unshifted(ast.parse(src.replace("traj[idx, t0 + k]", "targets[idx, t0 + k]"))) == []
+    assert rollout_targets_unshifted(ast.parse(src.replace("traj[idx, t0 + k]", "traj[t0 + k, idx]"))) == []

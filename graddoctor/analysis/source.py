@@ -44,6 +44,9 @@ class ScriptSource:
     def innermost_loop(self, path: str, line: int) -> tuple[int, int] | None:
         return innermost_loop(self.full(path), line)
 
+    def computed_before_loop(self, path: str, line: int, later: int) -> bool:
+        return computed_before_loop(self.full(path), line, later)
+
     def lr_assignment_lines(self, path: str) -> list[int]:
         return lr_assignment_lines(self.full(path))
 
@@ -504,6 +507,28 @@ def innermost_loop(path: str, line: int) -> tuple[int, int] | None:
             if best is None or node.lineno >= best[0]:
                 best = (node.lineno, node.end_lineno or node.lineno)
     return best
+
+
+def computed_before_loop(path: str, line: int, later: int) -> bool:
+    """Whether the statement at ``line`` runs once, outside every loop of its function (or
+    module), while ``later`` sits in a loop of the same function that starts after it: a value
+    computed once before a training loop and read at each of its passes."""
+    tree = _parse(path)
+    if tree is None or later <= line:
+        return False
+    scope = _enclosing_function(tree, line, lambdas=True)
+    if scope is not _enclosing_function(tree, later, lambdas=True) or inside_loop(path, line) is not False:
+        return False
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if (isinstance(node, (ast.For, ast.While, ast.AsyncFor)) and node.lineno > line
+                and node.lineno <= later <= (node.end_lineno or node.lineno)):
+            return True
+        todo.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def shared_if(tree: ast.AST | None, first: int, second: int) -> int | None:

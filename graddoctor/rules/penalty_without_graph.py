@@ -227,6 +227,11 @@ class PenaltyWithoutGraph(Rule):
             line = a.source.result_reaches_backward(e.loc.path, e.loc.line)
             if line is None:
                 continue
+            if a.source.computed_before_loop(e.loc.path, e.loc.line, line):
+                # taken once before the loop whose every pass backpropagates: a graph built once
+                # could not be backpropagated at each pass anyway, so the result is data (force
+                # targets from a reference potential), a constant on purpose
+                continue
             seen.add((e.loc.path, e.loc.line))
             yield self.finding(
                 "torch.autograd.grad is called without create_graph=True, and the loss "

@@ -52,7 +52,10 @@ class TargetVisibleToModel(Rule):
     leak in a table: a loss target (one value per sample) that one column of the data the
     model's first layer reads holds (`X = data` with the label as its last column,
     `TensorDataset(table, table[:, -1])`), compared at the first 8 loss calls on the CPU.
-    The same leak in a real-valued series: a regression loss's target whose values, in every
+    The same leak in an unrolled rollout (a neural PDE surrogate, a learned simulator): a state
+    taken at `X[..., t0]` before a `for k in range(K)` loop that carries it, whose target at step
+    `k` is read at `X[..., t0 + k]` (read from the source: the stepper is trained to return the
+    state it was given). The same leak in a real-valued series: a regression loss's target whose values, in every
     sample, are the values a recurrent or linear layer of the model reads at the last step the
     prediction there reads (one extra gradient of that prediction): a forecaster whose target
     window starts at the input window's last step (`series[i + L - 1]`), a seq2seq decoder fed
@@ -109,7 +112,8 @@ class TargetVisibleToModel(Rule):
     one, an autoencoder (the target is its input, read whole through its final state or its
     bottleneck), a per-frame autoencoder (each frame read alone), a memory task (the target is
     a step read long before), masked reconstruction (the hidden steps are not in the input, the others at their own place), a
-    residual forecaster predicting the change, a one-value target a dense layer reads (the
+    residual forecaster predicting the change, an unrolled rollout whose target at step `k`
+    is read at `t0 + k + 1` (or from a targets array already shifted by one), a one-value target a dense layer reads (the
     table's case above), models whose first layers are convolutions or attention (not judged).
     """
 
@@ -123,6 +127,7 @@ class TargetVisibleToModel(Rule):
            "train position t on the token at t + 1: logits[:, :-1] against ids[:, 1:]")
 
     def check(self, a):
+        yield from self._rollout_unshifted(a)
         for e in a.of_kind("target_in_inputs"):
             yield self._column(a, e)
         probed = list(self._probed(a))
@@ -135,6 +140,27 @@ class TargetVisibleToModel(Rule):
                 if found is not None:
                     yield found
                     return
+
+    def _rollout_unshifted(self, a):
+        """An unrolled rollout whose target at step k is the state it started from at k = 0
+        (source: ``rollout_targets_unshifted``)."""
+        backwards = a.by_kind.get("backward", ())
+        paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
+        for path in paths[:4]:
+            tree = a.source.tree(path)
+            if tree is None:
+                continue
+            for line, text, start_line, state, index, step in rollout_targets_unshifted(tree):
+                yield self.finding(
+                    f"the rollout starts from `{state}` at index `{index}` (line {start_line}), "
+                    f"and the target of unrolled step `{step}` is read at `{text}`: at the first "
+                    f"step the target is the very state the model is given, and at each later "
+                    f"step the state it was given one step earlier, so the stepper learns to copy "
+                    f"its input (the identity), not to advance the solution",
+                    Location(path, line),
+                    evidence={"shift": 0, "rollout": True, "state": state, "start_line": start_line},
+                    fix=(f"read the target one step ahead of the state: index `{index} + {step} + 1` "
+                         f"at unrolled step `{step}`"))
 
     def _probed(self, a):
         """The findings of the dependency probe's sequence events (dependency.py)."""
@@ -354,6 +380,71 @@ class TargetVisibleToModel(Rule):
             evidence={"model": model, "shift": 2, "positions": T, "position": t,
                       "sees_later_positions": False},
             fix=fix)
+
+
+def _subscript_index(node: ast.Subscript, position: int) -> ast.AST | None:
+    key = node.slice
+    items = key.elts if isinstance(key, ast.Tuple) else [key]
+    return items[position] if position < len(items) else None
+
+
+def _reads_at(node: ast.AST, array: str, index_text: str) -> list[tuple[int, ast.Subscript]]:
+    """``(position, subscript)`` of the reads of ``array`` whose index at that position is the
+    text ``index_text``."""
+    found = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Subscript) and ast.unparse(n.value) == array:
+            key = n.slice
+            items = key.elts if isinstance(key, ast.Tuple) else [key]
+            for i, item in enumerate(items):
+                if ast.unparse(item) == index_text:
+                    found.append((i, n))
+    return found
+
+
+def rollout_targets_unshifted(tree: ast.AST) -> list[tuple[int, str, int, str, str, str]]:
+    """``(line, target read, start line, state, start index, step)``: a state assigned from
+    ``X[..., t0]`` before a ``for k in range(K)`` loop (from 0) that carries it (reassigns it)
+    and reads ``X[..., t0 + k]`` at the same position (the target of step k, which is the
+    state of step k itself, not the next one)."""
+    found = []
+    for owner in ast.walk(tree):
+        body = getattr(owner, "body", None)
+        if not isinstance(body, list):
+            continue
+        for i, loop in enumerate(body):
+            if not (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)
+                    and isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Name)
+                    and loop.iter.func.id == "range" and loop.iter.args
+                    and (len(loop.iter.args) == 1 or (isinstance(loop.iter.args[0], ast.Constant)
+                                                      and loop.iter.args[0].value == 0))):
+                continue
+            step = loop.target.id
+            carried = {n.id for stmt in loop.body for n in ast.walk(stmt)
+                       if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            for start in body[:i]:
+                if not (isinstance(start, ast.Assign) and len(start.targets) == 1
+                        and isinstance(start.targets[0], ast.Name)
+                        and start.targets[0].id in carried):
+                    continue
+                state = start.targets[0].id
+                for n in ast.walk(start.value):
+                    if not isinstance(n, ast.Subscript):
+                        continue
+                    array = ast.unparse(n.value)
+                    key = n.slice
+                    items = key.elts if isinstance(key, ast.Tuple) else [key]
+                    for position, item in enumerate(items):
+                        if not isinstance(item, (ast.Name, ast.Attribute)):
+                            continue
+                        index = ast.unparse(item)
+                        for text in (f"{index} + {step}", f"{step} + {index}"):
+                            for stmt in loop.body:
+                                for pos, read in _reads_at(stmt, array, text):
+                                    if pos == position:
+                                        found.append((read.lineno, ast.unparse(read), start.lineno,
+                                                      state, index, step))
+    return sorted(set(found))
 
 
 def _gather_line(a, loc: Location) -> int | None:
