@@ -19,7 +19,11 @@ entropy written out (``-sum(p * log(p + eps))`` of a never-negative ``p``, at mo
 codebook's perplexity). So is a ``MaximumBackward0`` reached with a positive sign (a
 ``MinimumBackward0`` with a negative one) whose two inputs are products of one computed tensor
 by factors without a gradient, all of one sign: a line both ways (a pinball loss written
-``max(q * e, (1 - q) * e)``). A ``loss_unbounded`` aside
+``max(q * e, (1 - q) * e)``). So is a log-softmax written out with a positive sign: a
+``LogsumexpBackward0`` reached with a negative sign whose input a gather or index node reached
+with a positive sign picks from (``x.gather(1, a) - logsumexp(x, 1)`` minimised: a CQL term or
+a cross-entropy with its sign flipped), and a gather of a ``log_softmax`` reached with a
+positive sign (a log-likelihood minimised). A ``loss_unbounded`` aside
 event names it, once per backward line.
 
 Cost: a walk of at most ``_NODES`` nodes of the loss's top (the terms' linear part), and below
@@ -267,8 +271,21 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
     """``[(term, node, argument node)]``: the exp and even-power terms the loss holds with a
     negative sign (see the module's docs)."""
     found = []
+    picked: dict = {}  # a tensor indexed at one entry a row with a positive sign -> that node
+    spread: list = []  # (logsumexp node, its input) reached with a negative sign
 
     def visit(node, sign, name, children) -> bool:
+        if sign > 0 and name in ("GatherBackward0", "IndexBackward0") and children:
+            source = _past_views(children[0][1])
+            if name == "GatherBackward0" and source is not None \
+                    and type(source).__name__.startswith("LogSoftmaxBackward"):
+                found.append(("log_softmax", node, source))  # log_softmax(x).gather(1, y) minimised
+                return True
+            picked.setdefault(source, node)
+            return False
+        if sign < 0 and name == "LogsumexpBackward0" and len(children) == 1:
+            spread.append((node, _past_views(children[0][1])))
+            return True
         if (name == "MaximumBackward0" and sign > 0) or (name == "MinimumBackward0" and sign < 0):
             shared = _same_signed_multiples(children)
             if shared is not None and not _bounded(shared):
@@ -293,7 +310,23 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
         return False  # none of these is walked below: signed_walk stops at them itself
 
     signed_walk(root, limit, visit)
+    # x[a] - logsumexp(x): a log-softmax written out, minimised (a cross-entropy with its sign
+    # flipped, a CQL regulariser subtracted the wrong way round): unbounded below
+    found.extend(("logsumexp", node, source) for node, source in spread
+                 if source is not None and source in picked)
     return found
+
+
+def _past_views(node):
+    for _ in range(8):
+        if node is None or not type(node).__name__.startswith(
+                ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Clone", "Expand", "Alias")):
+            return node
+        children = _children(node)
+        if len(children) != 1:
+            return node
+        node = children[0][1]
+    return node
 
 
 
