@@ -169,3 +169,10 @@ def test_the_log_softmax_terms_line_is_found(tmp_path):
     path.write_text("q = net(s)\ncql = q.gather(1, a).mean() - torch.logsumexp(q, 1).mean()\n"
                     "loss = td + alpha * cql\nloss.backward()\n")
     assert term_line(str(path), 3, "logsumexp") == (2, "cql = q.gather(1, a).mean() - torch.logsumexp(q, 1).mean()")
+
+
+def test_a_log_probability_the_loss_also_uses_elsewhere_is_not_judged_alone():
+    logp = torch.log_softmax(S, -1).gather(1, A[:, None]).squeeze(1)
+    ref = torch.randn(6)
+    k3 = torch.exp(ref - logp) - (ref - logp) - 1  # adds +logp, balanced by its exp
+    assert _terms((0.04 * k3).mean()) == []

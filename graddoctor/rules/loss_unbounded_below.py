@@ -27,7 +27,7 @@ class LossUnboundedBelow(Rule):
     Also a log-softmax minimised: `x.gather(1, a) - torch.logsumexp(x, 1)` (or `x[i, a]`) with a
     positive sign, the two of one computed `x` (CQL's conservative term or a cross-entropy
     written out, subtracted the wrong way round), or `log_softmax(x).gather(1, a)` with a
-    positive sign (a log-likelihood missing its minus).
+    positive sign that the loss reads nowhere else (a log-likelihood missing its minus).
 
     ## Why is this bad?
     `-exp(v)` and `-v**2` go to minus infinity as `v` grows: the loss has no lower bound, and
@@ -65,7 +65,8 @@ class LossUnboundedBelow(Rule):
     `logsumexp(x) - x[a]` (CQL's term, a cross-entropy: never negative); a `logsumexp` with a
     minus sign and no entry of the same scores added back (IWAE's log-mean-exp, JEM's energy of
     data against a `logsumexp` of samples); a log-softmax picked by a constant column
-    (`log_softmax(d)[:, 0]`, a two-class discriminator's).
+    (`log_softmax(d)[:, 0]`, a two-class discriminator's); a gathered log-probability the loss
+    also reads elsewhere (GRPO's k3 KL estimator `exp(ref - logp) - (ref - logp) - 1`).
     """
 
     code = "GD246"
