@@ -309,9 +309,12 @@ gan_same_target    critic, generator (the two modules' classes), critic_params, 
 ratio_fault        fault ("cancels": an importance ratio of one value over itself, identically 1 |
                    "denominator": the subtracted log-probability, of the same distribution at
                    the same actions, carries gradient into the numerator's parameters |
-                   "inverted": only the subtracted log-probability carries gradient |
+                   "inverted": only the subtracted log-probability carries gradient, or a
+                   constant divided by a probability gathered from a softmax (dist "softmax":
+                   an importance weight p_logged / p) |
                    "minimised": a clipped surrogate's min reached with a positive sign, or its
-                   max with a negative one), dist (the log_prob's class, or None), params
+                   max with a negative one), dist (the log_prob's class, "log_softmax" or
+                   "softmax" for a gather of one, or None), params
                    [pid] (optimizer-owned parameters behind it), backward (the line of the
                    backward) — at the first 3 backwards of a line after a ``torch.distributions``
                    log_prob, once per fault (loc: the numerator's log_prob call; an aside;
@@ -1167,15 +1170,19 @@ loss_term_params   terms [{path (the additions' operand indices from the loss's 
                    reaches)}], line (the backward's line): a backward's loss adds up terms of
                    which one reaches only parameters no other term reaches — at the first
                    backwards of each line (loc: the backward; an aside; instrument/deadterm.py)
-loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward0``,
-                   ``PowBackward0``), params [pid] (tracked tensors its argument reaches), line
-                   (the backward's line): a backward's loss holds a term -c * exp(v) or -c * v**2
-                   (c > 0) of an unbounded v that needs a gradient: the loss has no lower bound
+loss_unbounded     term ("exp" | "square" | "linear" | "logsumexp": x[a] - logsumexp(x) |
+                   "log_softmax": log_softmax(x).gather(1, a), both with a positive sign), op
+                   (the autograd node: ``ExpBackward0``, ``PowBackward0``), params [pid]
+                   (tracked tensors its argument reaches), line (the backward's line): a
+                   backward's loss holds a term -c * exp(v) or -c * v**2 (c > 0) of an unbounded
+                   v that needs a gradient, or a log-likelihood minimised: the loss has no lower bound
                    and the optimizer lowers it without end — once per backward line (loc: the
                    backward; an aside; instrument/lossterms.py)
 loss_derived_weight kinds (["self"]: a scalar weight that is a function of the reduced loss it
                    multiplies alone, a focal-style modulation of a batch mean; ["ratio"]: of
-                   several loss terms, balancing weights), terms (how many such products) — loss
+                   several loss terms, balancing weights; ["scale"]: a mean of x times a
+                   divisor of x's size, c / mean(|x|), whose product no longer changes with
+                   x's size), terms (how many such products) — loss
                    weights computed from the loss terms with their graph (loc: that backward; an
                    aside; instrument/lossderived.py)
 concave_term       form ("where" | "min": a choice between two tensors of opposite signs;

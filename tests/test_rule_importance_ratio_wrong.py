@@ -188,3 +188,43 @@ def test_an_old_log_prob_recomputed_inline_by_its_helper_is_named_at_the_ratio(t
         ratio = torch.exp(token_logps(policy, seq) - old)
         """))
     assert ratio_line(str(script), 2, "denominator")[0] == 2
+
+
+def _ips_faults(weight_of):
+    """The ``ratio_fault`` events of a few off-policy bandit updates whose importance weight is
+    ``weight_of(probs, actions, propensity)``."""
+    rec = Recorder(step_budget=None)
+    torch.manual_seed(0)
+    with Instrumentation(rec):
+        policy = nn.Linear(4, 3)
+        opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+        x, a = torch.randn(16, 4), torch.randint(0, 3, (16,))
+        propensity, reward = torch.rand(16) * 0.5 + 0.2, torch.rand(16)
+        for _ in range(2):
+            probs = torch.softmax(policy(x), dim=1)
+            loss = -(weight_of(probs, a, propensity) * reward).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [(e["fault"], e["dist"]) for e in rec.trace if e.kind == "ratio_fault"]
+
+
+def test_a_logged_propensity_over_the_policys_probability_is_inverted():
+    assert _ips_faults(lambda p, a, p0: p0 / p.gather(1, a[:, None]).squeeze(1)) == [("inverted", "softmax")]
+    assert _ips_faults(lambda p, a, p0: (p0 / p.gather(1, a[:, None]).squeeze(1)).clamp(max=10)) == \
+        [("inverted", "softmax")]
+
+
+def test_ips_weights_written_right_are_left_alone():
+    assert _ips_faults(lambda p, a, p0: p.gather(1, a[:, None]).squeeze(1) / p0) == []
+    assert _ips_faults(lambda p, a, p0: torch.exp(torch.log(p.gather(1, a[:, None]).squeeze(1)) - torch.log(p0))) == []
+    pick = lambda p, a: p.gather(1, a[:, None]).squeeze(1)  # noqa: E731
+    assert _ips_faults(lambda p, a, p0: p0 / pick(p, a).detach() * torch.log(pick(p, a))) == []
+    assert _ips_faults(lambda p, a, p0: 1.0 / (p.gather(1, a[:, None]).squeeze(1) + 1.0)) == []
+
+
+def test_the_rule_words_an_inverted_ips_weight_for_probabilities():
+    t = builder()
+    t.put(ev.ratio_fault(fault="inverted", dist="softmax", params=[0], backward=16), line=14)
+    f = only(t, SLUG)
+    assert "p_logged / p" in f.message and "pi_a / propensity" in f.fix

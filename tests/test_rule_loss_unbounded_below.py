@@ -135,3 +135,44 @@ def test_a_max_of_multiples_of_one_sign_is_a_linear_term():
     assert terms(torch.max(q * e, (q - 1) * e).mean()) == []
     assert terms(torch.max(e, 0.01 * e).mean()) == []
     assert terms(torch.max(q * e, q * torch.tanh(e)).mean()) == []
+
+
+S = torch.randn(6, 4, requires_grad=True)  # scores of 4 classes or actions
+A = torch.tensor([0, 3, 1, 1, 2, 0])
+
+
+@pytest.mark.parametrize("loss, terms", [
+    (lambda: S.gather(1, A[:, None]).mean() - torch.logsumexp(S, dim=1).mean(), ["logsumexp"]),  # CQL flipped
+    (lambda: (S[torch.arange(6), A] - torch.logsumexp(S, -1)).mean(), ["logsumexp"]),
+    (lambda: -(torch.logsumexp(S.view(6, 4), 1) - S.gather(1, A[:, None]).squeeze(1)).mean(), ["logsumexp"]),
+    (lambda: torch.log_softmax(S, -1).gather(1, A[:, None]).mean(), ["log_softmax"]),  # a minus missing
+])
+def test_a_log_softmax_minimised_is_found(loss, terms):
+    assert _terms(loss()) == terms
+
+
+@pytest.mark.parametrize("loss", [
+    lambda: torch.logsumexp(S, dim=1).mean() - S.gather(1, A[:, None]).mean(),  # CQL's term
+    lambda: -(S.gather(1, A[:, None]).squeeze(1) - torch.logsumexp(S, dim=-1)).mean(),
+    lambda: -torch.log_softmax(S, -1).gather(1, A[:, None]).mean(),  # the NLL
+    lambda: -(torch.logsumexp(S, 1) - 1.5).mean(),  # IWAE's log-mean-exp
+    lambda: -torch.logsumexp(S, 1).mean() + torch.logsumexp(S * 2, 1).mean(),  # JEM: data vs samples
+    lambda: torch.log_softmax(S, -1)[:, 0].mean(),  # a constant column (a discriminator's class)
+    lambda: (X[:, :1] - torch.logsumexp(S[:3, :3], 1)).mean(),  # no entry of the same scores
+])
+def test_log_likelihoods_with_their_minus_or_other_logsumexps_are_not(loss):
+    assert _terms(loss()) == []
+
+
+def test_the_log_softmax_terms_line_is_found(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("q = net(s)\ncql = q.gather(1, a).mean() - torch.logsumexp(q, 1).mean()\n"
+                    "loss = td + alpha * cql\nloss.backward()\n")
+    assert term_line(str(path), 3, "logsumexp") == (2, "cql = q.gather(1, a).mean() - torch.logsumexp(q, 1).mean()")
+
+
+def test_a_log_probability_the_loss_also_uses_elsewhere_is_not_judged_alone():
+    logp = torch.log_softmax(S, -1).gather(1, A[:, None]).squeeze(1)
+    ref = torch.randn(6)
+    k3 = torch.exp(ref - logp) - (ref - logp) - 1  # adds +logp, balanced by its exp
+    assert _terms((0.04 * k3).mean()) == []

@@ -82,3 +82,52 @@ def test_the_rule_reports_a_warning_per_event_and_nothing_without_one():
     g = only(_trace(["self"]), SLUG)
     assert "one number for the whole batch" in g.message and "reduction" in g.fix
     assert findings(_trace(()), SLUG) == []
+
+
+def test_a_term_divided_by_its_own_size_with_the_divisor_attached_is_found():
+    torch.manual_seed(0)
+    q = torch.nn.Linear(4, 1)(torch.randn(8, 4))
+    bc = torch.randn(8, 1, requires_grad=True).pow(2).mean()
+    assert derived_weights((-(2.5 / q.abs().mean()) * q.mean() + bc).grad_fn) == ["scale"]  # TD3+BC
+    assert derived_weights((-2.5 * q.mean() / (q.abs().mean() + 1e-6)).grad_fn) == ["scale"]
+    assert derived_weights((q.mean() / q.norm()).grad_fn) == ["scale"]
+    assert derived_weights((q.sum() * (1.0 / q.pow(2).mean().sqrt())).grad_fn) == ["scale"]
+
+
+def test_a_detached_normaliser_a_sharpe_ratio_or_another_tensors_size_is_not():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 1)
+    q, other = lin(torch.randn(8, 4)), lin(torch.randn(8, 4))
+    assert derived_weights((-(2.5 / q.abs().mean().detach()) * q.mean()).grad_fn) == []
+    assert derived_weights((-q.mean() / q.std()).grad_fn) == []  # a Sharpe ratio
+    assert derived_weights((-(2.5 / other.abs().mean()) * q.mean()).grad_fn) == []
+    assert derived_weights((q.mean() / q.pow(2).mean()).grad_fn) == []  # not of degree 1
+
+
+def test_the_divisors_assignment_is_found_in_the_source(tmp_path):
+    from graddoctor.analysis.self_normalised import self_normalising_line
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent("""\
+        def update(s, a):
+            pi = actor(s)
+            q = critic(s, pi)
+            keep = alpha / q.abs().mean().detach()
+            lmbda = alpha / q.abs().mean()
+            loss = -lmbda * q.mean() + F.mse_loss(pi, a)
+            loss.backward()
+        """))
+    assert self_normalising_line(str(path), 7) == (5, "lmbda = alpha / q.abs().mean()", "q")
+    path.write_text("lam = alpha / q.abs().mean().item()\nloss = -lam * q.mean()\nloss.backward()\n")
+    assert self_normalising_line(str(path), 3) is None
+
+
+def test_the_rule_points_at_the_divisor_and_says_to_detach_it(tmp_path):
+    path = tmp_path / "td3bc.py"
+    path.write_text("lmbda = 2.5 / q.abs().mean()\nloss = -lmbda * q.mean() + bc\nloss.backward()\n")
+    t = builder(params=[0, 1])
+    t.path = str(path)
+    t.put(ev.loss_derived_weight(kinds=["scale"], terms=1), 3)
+    t.backward(fresh=[0, 1], line=3)
+    t.step(line=4)
+    f = only(t, SLUG)
+    assert f.location.line == 1 and "`q`" in f.message and "detach" in f.fix

@@ -181,6 +181,10 @@ def test_a_mask_over_samples_is_told_from_a_mask_over_flattened_positions():
     assert not per_sample_mask((flat * mask.repeat(4)).mean())
     rows = F.cross_entropy(logits.transpose(1, 2), torch.zeros(6, 4, dtype=torch.long), reduction="none")
     assert not per_sample_mask((rows * mask[:, None]).mean())
+    # a (B, 1) column squeezed to (B,) keeps one element per sample: an off-policy estimator's
+    # importance weight times a 0/1 reward, averaged over every logged sample
+    picked = torch.softmax(logits[:, 0], -1).gather(1, torch.zeros(6, 1, dtype=torch.long)).squeeze(1)
+    assert per_sample_mask((picked / 0.3 * mask).mean())
 
 
 def per_sample_mask(loss) -> bool:

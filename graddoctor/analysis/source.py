@@ -1917,6 +1917,8 @@ def _holds_term(node: ast.AST, term: str) -> bool:
             name = _last_name(sub.func)
             if term == "exp" and name == "exp":
                 return True
+            if term in ("logsumexp", "log_softmax") and name == term:
+                return True
             if term == "linear" and name in ("max", "maximum", "min", "minimum") and len(sub.args) == 2:
                 return True
             if term == "square" and (name == "square" or (

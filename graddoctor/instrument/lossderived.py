@@ -20,6 +20,13 @@ it reaches a reduced loss node (a torch loss function's node with mean or sum re
 the weight is a function of the term it multiplies alone; ``"ratio"``: of several terms), once
 per backward line.
 
+A third shape: a term divided by its own size with the divisor attached, ``mean(x) * (c /
+mean(|x|))`` (TD3+BC's ``lmbda = alpha / q.abs().mean()`` multiplying ``q.mean()``; a norm or
+a root mean square as the size, an eps added): the product does not change with ``x``'s size,
+so its gradient cancels. Kind ``"scale"``: the divisor's reciprocal (or the quotient's
+denominator), past constant factors and negations, measures the very node the other side
+averages.
+
 Cost: a walk of at most ``_NODES`` nodes of the loss's linear top, and two walks of at most
 ``_NEAR`` nodes below each product of two computed scalars; at the first backwards of a line only.
 """
@@ -95,6 +102,102 @@ def _past_constants(node):
     return node
 
 
+# a tensor's size, of degree 1 in it: a norm (|x| averaged or summed, and the root of a mean
+# square, are read below). A standard deviation is not: it centres x first, and a mean over a
+# std is a Sharpe ratio, an objective of its own
+_MAGNITUDES = ("LinalgVectorNormBackward", "NormBackward")
+_VIEWS = ("ViewBackward", "ReshapeAlias", "UnsafeViewBackward", "SqueezeBackward",
+          "UnsqueezeBackward", "ExpandBackward", "CloneBackward")
+
+
+def _past_views(node):
+    for _ in range(8):
+        if node is None or not type(node).__name__.startswith(_VIEWS) or len(node.next_functions) != 1:
+            return node
+        node = node.next_functions[0][0]
+    return node
+
+
+def _one_child(node):
+    children = [c for c, _ in node.next_functions if c is not None]
+    return children[0] if len(children) == 1 else None
+
+
+def _magnitude_of(node):
+    """The tensor whose size ``node`` measures (past views and an added constant eps):
+    ``x.abs().mean()``, ``x.abs().sum()``, ``x.norm()``, ``(x ** 2).mean().sqrt()``; else None."""
+    node = _past_views(node)
+    if node is not None and type(node).__name__ in ("AddBackward0", "AddBackward1"):  # + eps
+        node = _past_views(_one_child(node))
+    if node is None:
+        return None
+    name = type(node).__name__
+    if name.startswith(_MAGNITUDES):
+        return _past_views(_one_child(node))
+    root = False
+    if name == "SqrtBackward0":  # the root of a mean square
+        node, root = _past_views(_one_child(node)), True
+        name = type(node).__name__ if node is not None else ""
+    if name in ("MeanBackward0", "SumBackward0"):
+        inner = _past_views(_one_child(node))
+        if inner is None:
+            return None
+        inner_name = type(inner).__name__
+        if inner_name == "AbsBackward0" and not root:
+            return _past_views(_one_child(inner))
+        if inner_name == "PowBackward0" and saved(inner, "_saved_exponent") == 2 and root:
+            return _past_views(_one_child(inner))
+    return None
+
+
+def _divides_by_magnitude(weight):
+    """The tensor a weight divides by the size of (``c / x.abs().mean()``, ``-c / x.norm()``,
+    past constant factors and negations), or None."""
+    for _ in range(8):
+        weight = _past_constants(weight)
+        if weight is not None and type(weight).__name__ == "NegBackward0":
+            weight = _one_child(weight)
+            continue
+        break
+    if weight is None:
+        return None
+    name = type(weight).__name__
+    if name == "ReciprocalBackward0":
+        return _magnitude_of(_one_child(weight))
+    if name == "DivBackward0" and len(weight.next_functions) == 2:
+        return _magnitude_of(weight.next_functions[1][0])
+    return None
+
+
+def _averaged(term):
+    """The tensor a term is the mean or sum of (past constant factors and negations), or None."""
+    for _ in range(8):
+        term = _past_constants(term)
+        if term is not None and type(term).__name__ == "NegBackward0":
+            term = _one_child(term)
+            continue
+        break
+    if term is None or type(term).__name__ not in ("MeanBackward0", "SumBackward0"):
+        return None
+    return _past_views(_one_child(term))
+
+
+def _scale_free(node, children) -> bool:
+    """A product (or quotient) of two computed scalars ``mean(x) * (c / mean(|x|))``: a term
+    divided by its own size with the divisor's graph kept, so the product no longer changes
+    with the size of ``x`` (TD3+BC's ``lmbda = alpha / q.abs().mean()`` left attached)."""
+    (_, first), (_, second) = children
+    name = type(node).__name__
+    if name == "DivBackward0":
+        base = _magnitude_of(second)
+        return base is not None and _averaged(first) is base
+    for weight, term in ((first, second), (second, first)):
+        base = _divides_by_magnitude(weight)
+        if base is not None and _averaged(term) is base:
+            return True
+    return False
+
+
 def derived_weights(root, limit: int = _NODES) -> list[str]:
     """The kinds (``"self"`` / ``"ratio"``) of the products and quotients of two computed
     scalars in the loss's linear top whose one side is a non-linear function of a reduced loss
@@ -110,6 +213,9 @@ def derived_weights(root, limit: int = _NODES) -> list[str]:
         if saved(node, "_saved_self").dim() == 1 and not any(
                 type(side).__name__.startswith(("StackBackward", "CatBackward")) for side in (first, second)):
             return False  # a vector that is no stack of loss terms: per-element weights
+        if _scale_free(node, children):
+            found.append("scale")
+            return True
         pairs = ((second, first),) if name == "DivBackward0" else ((first, second), (second, first))
         for weight, term in pairs:
             weight = _past_constants(weight)

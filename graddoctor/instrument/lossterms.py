@@ -19,7 +19,12 @@ entropy written out (``-sum(p * log(p + eps))`` of a never-negative ``p``, at mo
 codebook's perplexity). So is a ``MaximumBackward0`` reached with a positive sign (a
 ``MinimumBackward0`` with a negative one) whose two inputs are products of one computed tensor
 by factors without a gradient, all of one sign: a line both ways (a pinball loss written
-``max(q * e, (1 - q) * e)``). A ``loss_unbounded`` aside
+``max(q * e, (1 - q) * e)``). So is a log-softmax written out with a positive sign: a
+``LogsumexpBackward0`` reached with a negative sign whose input a gather or index node reached
+with a positive sign picks from (``x.gather(1, a) - logsumexp(x, 1)`` minimised: a CQL term or
+a cross-entropy with its sign flipped), and a gather of a ``log_softmax`` reached with a
+positive sign that the loss reads nowhere else (a log-likelihood minimised; the k3 KL
+estimator's ``+logp`` is balanced by its ``exp(ref - logp)``). A ``loss_unbounded`` aside
 event names it, once per backward line.
 
 Cost: a walk of at most ``_NODES`` nodes of the loss's top (the terms' linear part), and below
@@ -267,8 +272,22 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
     """``[(term, node, argument node)]``: the exp and even-power terms the loss holds with a
     negative sign (see the module's docs)."""
     found = []
+    picked: dict = {}  # a tensor indexed at one entry a row with a positive sign -> that node
+    gathered: list = []  # (gather node, log_softmax node) reached with a positive sign
+    spread: list = []  # (logsumexp node, its input) reached with a negative sign
 
     def visit(node, sign, name, children) -> bool:
+        if sign > 0 and name in ("GatherBackward0", "IndexBackward0") and children:
+            source = _past_views(children[0][1])
+            if name == "GatherBackward0" and source is not None \
+                    and type(source).__name__.startswith("LogSoftmaxBackward"):
+                gathered.append((node, source))  # log_softmax(x).gather(1, y) minimised
+                return True
+            picked.setdefault(source, node)
+            return False
+        if sign < 0 and name == "LogsumexpBackward0" and len(children) == 1:
+            spread.append((node, _past_views(children[0][1])))
+            return True
         if (name == "MaximumBackward0" and sign > 0) or (name == "MinimumBackward0" and sign < 0):
             shared = _same_signed_multiples(children)
             if shared is not None and not _bounded(shared):
@@ -293,7 +312,57 @@ def negative_terms(root, limit: int = _NODES) -> list[tuple[str, object, object]
         return False  # none of these is walked below: signed_walk stops at them itself
 
     signed_walk(root, limit, visit)
+    # x[a] - logsumexp(x): a log-softmax written out, minimised (a cross-entropy with its sign
+    # flipped, a CQL regulariser subtracted the wrong way round): unbounded below
+    found.extend(("logsumexp", node, source) for node, source in spread
+                 if source is not None and source in picked)
+    if gathered:
+        # a log-probability the loss also uses elsewhere may be balanced there (the k3 KL
+        # estimator exp(ref - logp) - (ref - logp) - 1 adds +logp): only one used once counts
+        shared = _used_twice(root, [node for node, _ in gathered])
+        found.extend(("log_softmax", node, source) for node, source in gathered if node not in shared)
     return found
+
+
+def _used_twice(root, nodes, limit: int = 4096) -> set:
+    """The ``nodes`` that the graph under ``root`` (``limit`` nodes walked) reads more than once,
+    counting the uses of the views made of them as theirs."""
+    parents: dict = {}
+    stack, seen = [root], set()
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for child, _ in node.next_functions:
+            if child is not None:
+                parents.setdefault(child, []).append(node)
+                stack.append(child)
+    views = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Clone", "Expand", "Alias")
+    out = set()
+    for node in nodes:
+        current = node
+        for _ in range(8):
+            users = parents.get(current, [])
+            if len(users) == 1 and type(users[0]).__name__.startswith(views):
+                current = users[0]
+                continue
+            break
+        if len(parents.get(current, [])) > 1:
+            out.add(node)
+    return out
+
+
+def _past_views(node):
+    for _ in range(8):
+        if node is None or not type(node).__name__.startswith(
+                ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Clone", "Expand", "Alias")):
+            return node
+        children = _children(node)
+        if len(children) != 1:
+            return node
+        node = children[0][1]
+    return node
 
 
 

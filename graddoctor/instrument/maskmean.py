@@ -130,7 +130,8 @@ def per_sample(masking, index: int, limit: int = 12) -> bool:
         below = _children(node)
         if type(node).__name__ in _VIEWS and len(below) == 1:
             out, inp = _shape(node), _shape(below[0][1])
-            if out and inp and len(inp) > len(out) and out[0] == math.prod(inp[:len(inp) - len(out) + 1]):
+            if out and inp and len(inp) > len(out) and out[0] == math.prod(inp[:len(inp) - len(out) + 1]) \
+                    and inp[0] != out[0]:  # a squeezed (B, 1) keeps its samples
                 return False  # (B, T, ...) viewed as (B*T, ...): positions, not samples
         todo.extend(child for _, child in below)
     return True

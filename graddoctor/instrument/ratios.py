@@ -13,7 +13,9 @@ constant from the rollout). Three ways it does not, each an invariant of the los
   reaches (the rollout's log-probability kept with its graph): at the parameters it was taken
   at, its gradient is the numerator's, and the ratio's gradient is again 0.
 * **inverted** — only the subtracted side carries gradient (``exp(old_logp - logp)``,
-  ``p_old / p``): the policy is pushed away from the actions the advantage rewards.
+  ``p_old / p``): the policy is pushed away from the actions the advantage rewards. A logged
+  propensity divided by a probability gathered from a ``softmax`` (an off-policy bandit's
+  ``propensity / probs.gather(1, a)``) is the same fault.
 
 The clipped surrogate is PPO's pessimistic bound: ``min(r * A, clip(r) * A)`` maximised, which
 is ``-min(...)`` or ``max(-r * A, -clip(r) * A)`` minimised. A ``min`` of such a pair reached
@@ -27,7 +29,8 @@ tensor's storage and shape when it needs no gradient). Token log-probabilities o
 model's policy (PPO, GRPO on tokens), ``log_softmax(logits).gather(-1, tokens)``, are noted the
 same way: ``torch.gather`` and ``Tensor.gather`` are wrapped, and a result whose input was made
 by ``log_softmax`` (directly or past a view) is noted as ``log_softmax`` with the index as its
-value, until ``_GATHER_CALLS`` such calls were noted (nothing after them). At the first ``_LOOKED`` backwards of
+value, until ``_GATHER_CALLS`` such calls were noted (nothing after them); a gather of a
+``softmax`` output is noted as ``softmax`` (a probability, the divisor of a quotient). At the first ``_LOOKED`` backwards of
 each backward line that follow such a note (``describe_loss``), the loss's graph is walked
 (``_NODES`` nodes) for ``exp`` and quotient nodes and the linear top (``lossterms.signed_walk``)
 for ``minimum``/``maximum`` nodes; a fault makes a ``ratio_fault`` aside event at the
@@ -163,7 +166,14 @@ class RatioWatcher:
         ``source`` was made by ``log_softmax`` (past views) and the result needs a gradient."""
         node = getattr(result, "grad_fn", None)
         made = _strip(getattr(source, "grad_fn", None))
-        if node is None or made is None or not type(made).__name__.startswith("LogSoftmaxBackward"):
+        if node is None or made is None:
+            return
+        kind = type(made).__name__
+        if kind.startswith("LogSoftmaxBackward"):
+            kind = "log_softmax"
+        elif kind.startswith("SoftmaxBackward"):
+            kind = "softmax"  # a probability: an importance weight's side written p / p_old
+        else:
             return
         if len(self._noted) >= _NOTED or len(self._done) >= 4:
             return
@@ -171,7 +181,7 @@ class RatioWatcher:
         key = None
         if isinstance(index, torch.Tensor) and not index.requires_grad:
             key = (index.data_ptr(), tuple(index.shape), index.dtype)
-        self._noted[node] = ("log_softmax", self.rec.here(), key)
+        self._noted[node] = (kind, self.rec.here(), key)
 
     # -- DESCRIBE_LOSS -----------------------------------------------------------------------
     def describe_loss(self, tensors) -> dict:
@@ -211,6 +221,9 @@ class RatioWatcher:
             top, bottom = _strip(top), _strip(bottom)
             if top is not None and bottom is not None and same(top, bottom):
                 return top, bottom, False
+            if top is None and bottom is not None and type(bottom).__name__ == "GatherBackward0" \
+                    and (noted := self._noted.get(bottom)) is not None and noted[0] == "softmax":
+                return None, bottom, True  # p_logged / p: a probability gathered from a softmax
             exps = [n is None or type(n).__name__ == "ExpBackward0" for n in (top, bottom)]
             if not all(exps):
                 return None

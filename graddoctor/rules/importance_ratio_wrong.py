@@ -34,9 +34,12 @@ class ImportanceRatioWrong(Rule):
     (`old_logp = logp`, the ratio is identically 1), or another evaluation of the same
     distribution at the same actions that carries gradient into the same parameters (the
     rollout's log-probability kept with its graph), or the ratio is inverted
-    (`exp(old_logp - logp)`: only the subtracted side carries gradient). `log_prob` of
+    (`exp(old_logp - logp)`: only the subtracted side carries gradient; or a logged propensity
+    divided by the policy's probability gathered from a softmax, `propensity / probs.gather(1,
+    a)`, in off-policy (IPS) training). `log_prob` of
     `torch.distributions` is wrapped, and so are gathers of `log_softmax` outputs (a language
-    model's token log-probabilities in token-level PPO or GRPO: the first two faults); at the
+    model's token log-probabilities in token-level PPO or GRPO: the first two faults) and of
+    `softmax` outputs (probabilities: the inverted quotient); at the
     first backwards that follow, the loss's graph is walked for `exp` and quotient nodes and the
     two sides of each compared. It points at the line that makes the old log-probability or the
     ratio (for an inverted ratio written as the exp of a log-ratio, the difference), following a
@@ -49,7 +52,9 @@ class ImportanceRatioWrong(Rule):
     rollout. A ratio of a value over itself is 1 with a gradient of exactly 0: the actor gets no
     gradient from the objective (an entropy bonus alone moves it), while the critic trains and
     the loss looks fine. An inverted ratio trains the policy away from the actions the advantage
-    rewards.
+    rewards. The same goes for an off-policy bandit's weight `pi(a|x) / p_logged`: written
+    `p_logged / pi(a|x)` it rewards the policy for lowering the probability of the actions that
+    were rewarded.
 
     ## Example
     ```python
@@ -74,7 +79,8 @@ class ImportanceRatioWrong(Rule):
     `exp(constant - logp)` is not judged as an inverted ratio); importance weights of a learned
     proposal at a sample that carries gradient (IWAE); exps of values no optimizer steps;
     log-probabilities made neither by `torch.distributions` nor by gathering a `log_softmax`
-    (`take_along_dim`, a log-probability of the script's own).
+    (`take_along_dim`, a log-probability of the script's own); an IPS weight written right,
+    `probs.gather(1, a) / propensity` or `exp(log_pi_a - log(propensity))`.
     """
 
     code = "GD147"
@@ -102,6 +108,17 @@ class ImportanceRatioWrong(Rule):
                     loc, text = Location(loc.path, line[0], loc.function), line[1]
             said = f"`{text}`" if text else "the ratio made from this log_prob"
             fix = _FIX[fault]
+            if fault == "inverted" and e.get("dist") == "softmax":  # p_logged / p
+                yield self.finding(
+                    f"the importance weight is inverted ({said}): the policy's probability, the "
+                    f"one with gradient, is the divisor, so the weight is p_logged / p instead of "
+                    f"p / p_logged, and maximising weight * reward lowers the probability of the "
+                    f"logged actions that were rewarded in {a.names(pids)}",
+                    loc, step=a.next_step_number(e.seq),
+                    evidence={"fault": fault, "dist": "softmax", "params": [a.param_name(p) for p in pids[:16]]},
+                    fix=("divide the policy's probability by the logged one: "
+                         "w = pi_a / propensity (the logged propensity is the constant denominator)"))
+                continue
             if fault == "denominator" and text and "exp" in text:  # recomputed inline in the ratio
                 fix = ("compute the old log-probability once, in the rollout under torch.no_grad(), "
                        "and use that stored value here instead of a fresh call with gradient")

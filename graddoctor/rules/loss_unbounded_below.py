@@ -7,6 +7,8 @@ from ..trace import Location
 from .base import Rule
 
 _TERM = {"exp": "-exp(v)", "square": "-v**2",
+         "logsumexp": "x[a] - logsumexp(x): a log-softmax written out",
+         "log_softmax": "log_softmax(x).gather(1, a)",
          "linear": "max(a * v, b * v) with a and b of one sign: a line in each direction of v"}
 
 
@@ -22,6 +24,10 @@ class LossUnboundedBelow(Rule):
     line when the script has one line that computes such a term). Also a term
     `max(a * v, b * v)` whose factors `a`, `b` (no gradient) have one sign: a pinball (quantile)
     loss written `torch.max(q * e, (1 - q) * e)` instead of `torch.max(q * e, (q - 1) * e)`.
+    Also a log-softmax minimised: `x.gather(1, a) - torch.logsumexp(x, 1)` (or `x[i, a]`) with a
+    positive sign, the two of one computed `x` (CQL's conservative term or a cross-entropy
+    written out, subtracted the wrong way round), or `log_softmax(x).gather(1, a)` with a
+    positive sign that the loss reads nowhere else (a log-likelihood missing its minus).
 
     ## Why is this bad?
     `-exp(v)` and `-v**2` go to minus infinity as `v` grows: the loss has no lower bound, and
@@ -55,7 +61,12 @@ class LossUnboundedBelow(Rule):
     square of a mean subtracted from the mean of the squares (the scale-invariant log loss of
     depth estimation, `(g ** 2).mean() - lam * g.mean() ** 2`, with no literal factor above 1);
     a pinball loss with factors of opposite signs (`torch.max(q * e, (q - 1) * e)`, or written
-    with `torch.where`), a max with zero or with the value itself (a hinge, a leaky ReLU).
+    with `torch.where`), a max with zero or with the value itself (a hinge, a leaky ReLU);
+    `logsumexp(x) - x[a]` (CQL's term, a cross-entropy: never negative); a `logsumexp` with a
+    minus sign and no entry of the same scores added back (IWAE's log-mean-exp, JEM's energy of
+    data against a `logsumexp` of samples); a log-softmax picked by a constant column
+    (`log_softmax(d)[:, 0]`, a two-class discriminator's); a gathered log-probability the loss
+    also reads elsewhere (GRPO's k3 KL estimator `exp(ref - logp) - (ref - logp) - 1`).
     """
 
     code = "GD246"
@@ -94,6 +105,20 @@ class LossUnboundedBelow(Rule):
                     evidence={"term": term, "op": e.get("op"), "params": pids[:16]},
                     fix=("give the two branches factors of opposite signs: the pinball loss of "
                          "quantile q is torch.max(q * err, (q - 1) * err) with err = target - pred"))
+                continue
+            if term in ("logsumexp", "log_softmax"):
+                yield self.finding(
+                    f"the loss backpropagated here holds a log-softmax with a positive sign "
+                    f"({_TERM[term]}, through {said}), of scores the model computes from "
+                    f"{a.names(pids)}: that is a log-likelihood, never above 0, so minimising it "
+                    f"maximises the cross-entropy: the loss has no lower bound and the optimizer "
+                    f"spreads the scores apart instead of fitting the data (CQL's regulariser is "
+                    f"logsumexp(q) - q[a], never negative)",
+                    loc, step=a.next_step_number(e.seq),
+                    evidence={"term": term, "op": e.get("op"), "params": pids[:16]},
+                    fix=("flip the sign of that term: the cross-entropy (and CQL's conservative "
+                         "term) is logsumexp(x, dim=1) - x.gather(1, a), and a log-likelihood is "
+                         "minimised as -log_softmax(x).gather(1, a)"))
                 continue
             kind = "an exp" if term == "exp" else "a square"
             yield self.finding(

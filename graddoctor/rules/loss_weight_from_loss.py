@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from ..analysis.self_normalised import self_normalising_line
 from ..findings import Severity
 from ..trace import Location
 from .base import Rule
@@ -13,7 +14,10 @@ class LossWeightFromLoss(Rule):
     the batch's mean (`reduction="mean"`, the default). Seen in the graph of the first
     backwards: a product of two scalars (or of a short stack of terms and its weights) in the
     loss's linear top, one side a non-linear function (quotient, exp, power, softmax, sigmoid,
-    `1 - x`) of a reduced loss the other side holds.
+    `1 - x`) of a reduced loss the other side holds. Also a term divided by its own size with
+    the divisor attached: `lmbda = alpha / q.abs().mean()` (TD3+BC's normalising lambda;
+    `x.norm()` or a root mean square likewise) multiplying `q.mean()`, pointed at the
+    divisor's assignment.
 
     ## Why is this bad?
     Autograd differentiates the weights too. Balancing weights left attached are themselves
@@ -21,7 +25,10 @@ class LossWeightFromLoss(Rule):
     update is not the weighted sum of the tasks' gradients the script meant, and the balance
     drifts toward whatever term is easiest to shrink. A focal weight computed from the batch's
     mean loss is one number for the whole batch: it only rescales the step, and the hard
-    samples it was written to emphasise get the same weight as the easy ones.
+    samples it was written to emphasise get the same weight as the easy ones. A term times
+    `c / mean(|x|)` of its own `x` is `c * mean(x) / mean(|x|)`: it does not change with `x`'s
+    size (with `x` of one sign it is the constant `c`), so its gradient cancels and the other
+    terms alone train the model (TD3+BC turns into plain behaviour cloning).
 
     ## Example
     ```python
@@ -45,7 +52,10 @@ class LossWeightFromLoss(Rule):
     per-sample terms (`reduction="none"`), a quotient of two different losses as the objective
     itself (a Fisher or Rayleigh ratio), a loss divided by its own detached value. Not seen:
     weights made from losses inside a custom `autograd.Function`, or computed by hand from
-    per-sample terms that were averaged before (no loss node to recognise).
+    per-sample terms that were averaged before (no loss node to recognise). A normaliser
+    detached (`q.abs().mean().detach()`, `.item()`), or of other values than the term's (a
+    Pearson correlation's `cov / (x.std() * y.std())`: its numerator is no mean of `x`); a
+    Sharpe ratio `r.mean() / r.std()` (a std centres `r`: an objective of its own).
     """
 
     code = "GD198"
@@ -63,6 +73,11 @@ class LossWeightFromLoss(Rule):
                 continue
             told.add((loc.path, loc.line))
             kinds = set(event.get("kinds") or ())
+            if "scale" in kinds:
+                yield self._scale_finding(a, loc, kinds, event)
+                kinds = kinds - {"scale"}
+                if not kinds:
+                    continue
             losses, weights = a.source.loss_sites(loc.path)
             if "self" in kinds and "ratio" not in kinds:
                 site = next(((losses[names[0]], names[0]) for _, names, _ in weights
@@ -92,3 +107,19 @@ class LossWeightFromLoss(Rule):
                 f"the terms' gradients the weights were meant to give",
                 where, evidence={"kinds": sorted(kinds), "terms": event.get("terms")},
                 fix=self.fix)
+
+    def _scale_finding(self, a, loc, kinds, event):
+        found = self_normalising_line(a.source.full(loc.path), loc.line)
+        where = Location(loc.path, found[0]) if found else loc
+        said = f"`{found[1]}`" if found else "a factor of this loss"
+        name = f"`{found[2]}`" if found else "the term's values"
+        return self.finding(
+            f"{said} divides by the size of {name} and keeps its graph, and the loss multiplies "
+            f"the mean of {name} by it: the product no longer changes with the size of {name} "
+            f"(with {name} of one sign it is a constant, its gradient 0), so the divisor's "
+            f"gradient undoes the term's instead of only rescaling it, and the loss's other "
+            f"terms train the model (TD3+BC's normalising lambda left attached: the policy "
+            f"learns plain behaviour cloning)",
+            where, evidence={"kinds": sorted(kinds), "terms": event.get("terms")},
+            fix=("detach the normaliser: compute it from `.abs().mean().detach()` (or `.item()`), "
+                 "so it only rescales the term"))
