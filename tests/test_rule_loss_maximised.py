@@ -102,3 +102,30 @@ def test_the_loss_assignment_is_found_from_each_way_of_backpropagating(tmp_path)
     for line in (3, 4, 5, 6):
         assert loss_assignment(str(script), line) == (2, "loss = -model(x).mean()")
     assert loss_assignment(str(script), 2) is None
+
+
+def test_optimizers_of_successive_phases_are_judged_each_on_its_own():
+    t = builder(params=[0, 1, 2])
+    t.optimizer(1, [2], line=2)
+    for _ in range(3):  # pre-training: optimizer 1 on a plain loss
+        t.clear([2], line=20)
+        t.backward(fresh=[2], line=21)
+        t.step(1, line=22)
+    for _ in range(3):  # fine-tuning: optimizer 0 on a negated loss
+        t.clear([0, 1], line=10)
+        t.backward(fresh=[0, 1], line=11, loss_negated="NllLossBackward0")
+        t.step(0, line=12)
+    assert only(t, SLUG).evidence == {"criterion": "NllLossBackward0", "optimizer": 0}
+
+
+def test_optimizers_stepping_between_each_others_steps_stay_silent():
+    t = builder(params=[0, 1, 2])
+    t.optimizer(1, [2], line=2)
+    for _ in range(3):  # a minimax game: the players alternate
+        t.clear([2], line=20)
+        t.backward(fresh=[2], line=21)
+        t.step(1, line=22)
+        t.clear([0, 1], line=10)
+        t.backward(fresh=[0, 1], line=11, loss_negated="NllLossBackward0")
+        t.step(0, line=12)
+    assert findings(t, SLUG) == []

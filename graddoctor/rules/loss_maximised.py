@@ -16,6 +16,17 @@ _CRITERIA = {
 }
 
 
+def _interleaved(a, opt, steps) -> bool:
+    """Whether another optimizer steps between this one's first and last step (a GAN's two
+    players, an adversary), as opposed to optimizers of successive phases (pre-training, then
+    fine-tuning), each of which minimises its own loss."""
+    first, last = steps[0].seq, steps[-1].seq
+    stepped = {s["opt"] for s in a.steps}
+    if any(other not in stepped for other in a.optimizers):
+        return True  # an optimizer the replay never saw step: its part in the game is unknown
+    return any(s["opt"] != opt and first < s.seq < last for s in a.steps)
+
+
 class LossMaximised(Rule):
     """
     ## What it does
@@ -46,8 +57,10 @@ class LossMaximised(Rule):
     ```
 
     ## Stays silent on
-    Runs with two optimizers or more, where maximising a loss is a player's move (a minimax GAN
-    generator's `-BCE(D(G(z)), 0)`, an adversary, a perturbation optimised against the model);
+    Optimizers that step between each other's steps, where maximising a loss is a player's move
+    (a minimax GAN generator's `-BCE(D(G(z)), 0)`, an adversary); an optimizer of plain tensors
+    in a run of several (a perturbation optimised against the trained model); optimizers of
+    successive phases (pre-training, then fine-tuning) are each judged on their own;
     a negated log-likelihood or score written by hand (`-dist.log_prob(x).mean()`,
     `-(log_probs * advantages).mean()`: the negation *makes* the loss); the reciprocal of a
     score written by hand (`1 / (dice + eps)`); a loss divided by a computed baseline
@@ -64,13 +77,16 @@ class LossMaximised(Rule):
     fix = "backpropagate the loss itself, without the minus sign"
 
     def check(self, a):
-        if len(a.optimizers) != 1:
-            return
         windows = a.ledger.windows
         steps_of: dict[int, list] = {}  # closure steps too: a framework's backward runs in one
         for step in a.steps:
             steps_of.setdefault(step["opt"], []).append(step)
         for opt, steps in steps_of.items():
+            if _interleaved(a, opt, steps):
+                continue  # another optimizer steps between its steps: an adversary may ascend
+            if len(steps_of) > 1 and not all(
+                    (a.params.get(pid) or {}).get("is_parameter") for pid in a.opt_params.get(opt, ())):
+                continue  # a phase that optimises plain tensors (an attack's perturbation)
             negated = [(step, window) for step in steps
                        if (window := windows.get(step.seq)) and all(b.get("loss_negated") for b in window)]
             if len(negated) < 2 or len(negated) != len(steps):
