@@ -130,8 +130,8 @@ _ENTROPY_PASS = ("SumBackward", "MeanBackward", "View", "Reshape", "UnsafeView",
 
 
 def _entropy_form(node) -> bool:
-    """Is ``node`` ``-sum(x * log(x))`` (or ``log(x + eps)``), scaled by
-    positive constants: an entropy written out (wav2vec 2.0's codebook perplexity
+    """Is ``node`` ``-sum(x * log(x))`` (or ``log(x + eps)``, ``torch.xlogy(x, x)``,
+    ``torch.special.entr(x)``), scaled by positive constants: an entropy written out (wav2vec 2.0's codebook perplexity
     ``exp(-sum(p * log(p + 1e-7)))``)? Each term ``-x log x`` is at most 1/e, so the value is
     bounded above and its exp stays bounded however it is signed."""
     sign = 1.0
@@ -152,6 +152,10 @@ def _entropy_form(node) -> bool:
             sign, node = sign * factor, child
         elif name == "MulBackward0" and len(children) == 2:
             return sign < 0 and _x_log_x(children[0][1], children[1][1])
+        elif name.startswith("Xlogy") and len(children) == 2:
+            return sign < 0 and _same_or_shifted(children[0][1], children[1][1])  # xlogy(p, p)
+        elif name.startswith("SpecialEntr") and len(children) == 1:
+            return sign > 0  # torch.special.entr(p) is -p * log(p) already
         elif name.startswith(_ENTROPY_PASS) and len(children) == 1:
             node = children[0][1]
         else:
@@ -169,14 +173,16 @@ def _x_log_x(a, b) -> bool:
         if type(log).__name__ != "LogBackward0":
             continue
         inner = _children(log)
-        if len(inner) != 1:
-            continue
-        arg = inner[0][1]
-        if type(arg).__name__ == "AddBackward0" and len(_children(arg)) == 1:
-            arg = _children(arg)[0][1]
-        if arg is x:
+        if len(inner) == 1 and _same_or_shifted(x, inner[0][1]):
             return True
     return False
+
+
+def _same_or_shifted(x, arg) -> bool:
+    """``arg`` is ``x``, or ``x + c`` with a constant ``c`` (an eps)."""
+    if type(arg).__name__ == "AddBackward0" and len(_children(arg)) == 1:
+        arg = _children(arg)[0][1]
+    return arg is x
 
 
 def signed_walk(root, limit: int, visit) -> None:
