@@ -553,8 +553,9 @@ idle_forward       mid, cls, params [pid] (the module's own parameters that got 
                    who called the reentrant torch.utils.checkpoint it ran in under no_grad:
                    "user" | "transformers" | "library"), library (the code that called the
                    module is a library's, not the user's: a BertModel's pooler), outer
-                   [[path, line]] (under no_grad: the user's frames that called the one at loc,
-                   innermost first, 4 at most: where a `with torch.no_grad()` may sit) — watched
+                   [[path, line]] (the user's frames that called the one at loc, innermost
+                   first, 4 at most: where a `with torch.no_grad()` may sit, or a `.data` that
+                   cuts the output of the module that called this one) — watched
                    only from then on, the first call of each call line and mode (loc: the user's
                    line that called it, or that called the checkpoint)
 idle_loss          mid, cls, params [pid] (as idle_forward's), fn (the loss function:

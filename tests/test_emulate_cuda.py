@@ -308,6 +308,27 @@ def test_a_gpu_script_run_again_emulated_is_checked_and_its_first_crash_noted(tm
     assert capsys.readouterr().out.count("starting") == 2  # each run printed what it prints
 
 
+def test_a_process_group_the_first_run_initialised_is_destroyed_before_the_second(tmp_path):
+    # a one-process gloo group at the script's top (DINO-style code adapted to one CPU) and a
+    # .cuda() below: the emulated second run initialises its group again instead of crashing
+    report = _check(tmp_path, """
+        import os, torch, torch.distributed as dist
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        model = torch.nn.Linear(3, 1).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 3, device="cuda")).pow(2).mean().backward()
+            opt.step()
+        dist.destroy_process_group()
+    """, emulate_cuda=False)
+    assert report.run.status == "completed" and report.run.steps == 3, report.run.error
+    assert "ran it again" in report.run.notes[0]
+    assert not torch.distributed.is_initialized()
+
+
 def test_a_script_that_trained_before_it_failed_is_not_run_again(tmp_path):
     report = _check(tmp_path, """
         import torch

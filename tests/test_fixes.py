@@ -73,7 +73,7 @@ NO_EDIT = {
     # apply, and moving the script's own div_ before the clip is a person's edit
     "bad_clip_before_unscale_hand_scale.py",
     # a layer built in forward: moving it into __init__ names it and changes forward
-    "bad_layer_built_in_forward.py",
+    "bad_layer_built_in_forward.py", "bad_layers_built_in_forward_of_stacked_blocks.py",
     # eval() on a part that still trains: freeze it or let it train, the finding gives both
     "bad_train_in_eval_submodule_half_frozen.py", "bad_eval_used_to_freeze_encoder.py",
     # eval() with a freeze of everything, a part unfrozen after: model.train() would also wake

@@ -348,3 +348,27 @@ class M(nn.Module):
     assert model_end_line(tree, "softmax", False) is None  # an Identity named softmax
     built_with_dim = source.replace("nn.LogSoftmax()", "nn.LogSoftmax(dim=-1)")
     assert model_end_line(ast.parse(built_with_dim), "log_softmax", True) is None
+
+
+def test_one_sigmoid_ending_the_model_given_to_two_loss_calls_is_told_once(tmp_path, monkeypatch):
+    # L1aoXingyu's logistic regression: `out = F.sigmoid(out)` ends forward, and both the training
+    # loss and the evaluation loss get it: one bug, one finding at the model's last line
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "import torch.nn.functional as F\n"
+        "class Logistic(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        out = self.logistic(x)\n"
+        "        out = F.sigmoid(out)\n"
+        "        return out\n"
+        "loss = criterion(model(x), y)\n"
+        "model.eval()\n"
+        "loss = criterion(model(x_test), y_test)\n")
+    monkeypatch.chdir(tmp_path)
+    t = builder()
+    t.event("loss_input", 8, fn="cross_entropy", problem="sigmoid", classes=10)
+    t.event("loss_input", 10, fn="cross_entropy", problem="sigmoid", classes=10)
+    [finding] = [f for f in analyze(t.trace)[0] if f.rule == "loss-input-mismatch"]
+    assert finding.location.line == 6
+    assert sorted(r.location.line for r in finding.related) == [8, 10]

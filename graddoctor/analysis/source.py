@@ -71,6 +71,12 @@ class ScriptSource:
     def tail_flush(self, path: str, line: int) -> str | None:
         return tail_flush(self.full(path), line)
 
+    def cut_after(self, path: str, line: int) -> tuple[int, str] | None:
+        return cut_after(self.full(path), line)
+
+    def enclosing_function(self, path: str, line: int) -> str | None:
+        return enclosing_function(self.full(path), line)
+
     def method_called_on_assigned(self, path: str, line: int, method: str,
                                   built: str | None = None) -> bool | None:
         return method_called_on_assigned(self.full(path), line, method, built)
@@ -732,6 +738,45 @@ def cuts_gradient_near(path: str, line: int) -> bool | None:
         if isinstance(node, ast.Attribute) and node.attr in _CUTS:
             return True
     return False
+
+
+def enclosing_function(path: str, line: int) -> str | None:
+    """The name of the innermost function holding ``line``; None at module level or when the
+    source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = None
+    for node in walk(tree):
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (scope is None or node.lineno >= scope.lineno)):
+            scope = node
+    return scope.name if scope is not None else None
+
+
+def cut_after(path: str, line: int) -> tuple[int, str] | None:
+    """The first statement after ``line``, in the function that holds it, that cuts a tensor
+    from its graph (``.detach()``, ``.detach_()``, ``.data``): (its line, its text). None at
+    module level, when there is none, or when the source cannot be read."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    scope = None
+    for node in walk(tree):
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (scope is None or node.lineno >= scope.lineno)):
+            scope = node
+    if scope is None:
+        return None
+    found = [node.lineno for node in walk(scope)
+             if isinstance(node, ast.Attribute) and node.attr in _CUTS and node.lineno > line]
+    if not found:
+        return None
+    first = min(found)
+    text = linecache.getline(path, first).split("  #")[0].strip()
+    return (first, text) if text else None
 
 
 def _has_modulo(node: ast.AST) -> bool:

@@ -43,7 +43,7 @@ from .recorder import Recorder
 MIN_STEPS = 2  # as the rule's: steps without a gradient before the modules are watched
 _MAX_SEARCHES = 4  # gc passes per run, at most
 _MAX_FRAMES = 64
-_OUTER = 4  # callers' lines kept with a forward under no_grad
+_OUTER = 4  # callers' lines kept with each forward recorded
 # a reentrant torch.utils.checkpoint runs its function under no_grad in this frame; when none of
 # its inputs requires grad its output has no graph and nothing inside ever gets a gradient
 _REENTRANT = getattr(getattr(torch.utils.checkpoint, "CheckpointFunction", None), "forward", None)
@@ -158,9 +158,10 @@ class IdleParamWatcher:
                 if key in done:
                     return None
                 done.add(key)
-                # under no_grad, the callers' lines: the `with torch.no_grad()` may be in one
-                outer = [] if grad else [[loc.path, loc.line] for f in islice(frames, _OUTER)
-                                         if (loc := rec.finder.location(f)) is not None]
+                # the callers' lines: under no_grad the `with torch.no_grad()` may be in one;
+                # with grad on, the `.data`/`.detach()` that cuts an outer module's output
+                outer = [[loc.path, loc.line] for f in islice(frames, _OUTER)
+                         if (loc := rec.finder.location(f)) is not None]
                 rec.emit_aside(ev.idle_forward(mid=mid, cls=cls, params=list(pids), grad=grad,
                                                inference=inference, training=bool(mod.training),
                                                checkpoint=checkpoint,

@@ -15,8 +15,8 @@ the walk there: nothing is said below it. An ``ExpBackward0`` reached with a neg
 ``PowBackward0`` of an even integer exponent (or ``x * x``), is such a term when its argument
 needs a gradient, reaches a tracked tensor (a parameter), and is no bounded op's output (a
 clamp, tanh, sigmoid, softmax, log-softmax: then the term is bounded), and, for an exp, no
-entropy written out (``-sum(p * log(p + eps))`` of a never-negative ``p``, at most n/e: a
-codebook's perplexity). So is a ``MaximumBackward0`` reached with a positive sign (a
+entropy written out (``-sum(p * log(p + eps))``, bounded above on the log's domain whatever
+the sign of ``p``: a codebook's perplexity, masked or not). So is a ``MaximumBackward0`` reached with a positive sign (a
 ``MinimumBackward0`` with a negative one) whose two inputs are products of one computed tensor
 by factors without a gradient, all of one sign: a line both ways (a pinball loss written
 ``max(q * e, (1 - q) * e)``). So is a log-softmax written out with a positive sign: a
@@ -135,8 +135,8 @@ _ENTROPY_PASS = ("SumBackward", "MeanBackward", "View", "Reshape", "UnsafeView",
 
 
 def _entropy_form(node) -> bool:
-    """Is ``node`` ``-sum(x * log(x))`` (or ``log(x + eps)``) of a never-negative ``x``, scaled by
-    positive constants: an entropy written out (wav2vec 2.0's codebook perplexity
+    """Is ``node`` ``-sum(x * log(x))`` (or ``log(x + eps)``, ``torch.xlogy(x, x)``,
+    ``torch.special.entr(x)``), scaled by positive constants: an entropy written out (wav2vec 2.0's codebook perplexity
     ``exp(-sum(p * log(p + 1e-7)))``)? Each term ``-x log x`` is at most 1/e, so the value is
     bounded above and its exp stays bounded however it is signed."""
     sign = 1.0
@@ -157,6 +157,10 @@ def _entropy_form(node) -> bool:
             sign, node = sign * factor, child
         elif name == "MulBackward0" and len(children) == 2:
             return sign < 0 and _x_log_x(children[0][1], children[1][1])
+        elif name.startswith("Xlogy") and len(children) == 2:
+            return sign < 0 and _same_or_shifted(children[0][1], children[1][1])  # xlogy(p, p)
+        elif name.startswith("SpecialEntr") and len(children) == 1:
+            return sign > 0  # torch.special.entr(p) is -p * log(p) already
         elif name.startswith(_ENTROPY_PASS) and len(children) == 1:
             node = children[0][1]
         else:
@@ -165,20 +169,25 @@ def _entropy_form(node) -> bool:
 
 
 def _x_log_x(a, b) -> bool:
-    """``x * log(x)`` or ``x * log(x + c)`` (a constant added: an eps) of a never-negative x,
-    in either order."""
+    """``x * log(x)`` or ``x * log(x + c)`` (a constant added: an eps), in either order. The
+    log's own domain bounds ``-x * log(x + c)`` above (x > -c; for x < 0 the term is negative
+    when c < 1), so the sign of ``x`` need not be known: a probability masked by
+    ``torch.where(mask, p, 0)`` before its marginal is taken (wav2vec 2.0's perplexity over the
+    masked steps) is an entropy as much as ``p`` itself."""
     for x, log in ((a, b), (b, a)):
         if type(log).__name__ != "LogBackward0":
             continue
         inner = _children(log)
-        if len(inner) != 1:
-            continue
-        arg = inner[0][1]
-        if type(arg).__name__ == "AddBackward0" and len(_children(arg)) == 1:
-            arg = _children(arg)[0][1]
-        if arg is x and _signed(x) == 1.0:
+        if len(inner) == 1 and _same_or_shifted(x, inner[0][1]):
             return True
     return False
+
+
+def _same_or_shifted(x, arg) -> bool:
+    """``arg`` is ``x``, or ``x + c`` with a constant ``c`` (an eps)."""
+    if type(arg).__name__ == "AddBackward0" and len(_children(arg)) == 1:
+        arg = _children(arg)[0][1]
+    return arg is x
 
 
 def signed_walk(root, limit: int, visit) -> None:

@@ -38,7 +38,9 @@
   ``_REPEAT_SCAN`` of them; registrations happen while models are built, never per step), a
   ``module_repeated`` event at each repeat (at most ``_REPEAT_EVENTS`` per call line).
 * A new parameter registered once an optimizer exists that replaces none an optimizer owns (a layer built inside ``forward``, ``self.scale = nn.Parameter(...)`` in the loop): a
-  ``param_created`` event at the user's line, at most ``_CREATED_EVENTS`` per line. Healthy
+  ``param_created`` event at the user's line, at most ``_CREATED_EVENTS`` per line, then one at
+  each new step for ``_CREATED_STEPS`` steps (a forward building many layers fills the first
+  ones in one step). Healthy
   loops register nothing once they train, so this costs nothing per step.
 * A BatchNorm registered by the script's own code with Keras' arguments in PyTorch's places
   (``nn.BatchNorm2d(c, 0.8)``: PyTorch's second positional argument is eps, not momentum; a
@@ -179,6 +181,7 @@ class TensorAttrWatcher:
 
 
 _CREATED_EVENTS = 8  # param_created events recorded per call line
+_CREATED_STEPS = 3  # past those, one more at each of this many later steps
 _REPEAT_EVENTS = 16  # module_repeated events recorded per call line
 _REPEAT_SCAN = 4096  # containers with more modules than this are not scanned for repeats
 _STACKS = (torch.nn.ModuleList, torch.nn.Sequential)
@@ -199,7 +202,7 @@ class ParamLifeWatcher:
         self.rec = rec
         self.owned = owned  # OptimizerWatcher.owned_pids(): a read-only live view
         self._successors: set[int] = set()  # pids that replaced owned ones (replaced again: reported)
-        self._created: dict[tuple, int] = {}  # (path, line) -> param_created events recorded
+        self._created: dict[tuple, tuple] = {}  # (path, line) -> (param_created events recorded, last step)
         self._repeats: dict[tuple, int] = {}  # (path, line) -> module_repeated events recorded
 
     def _parameter(self, module, name, param):
@@ -222,12 +225,16 @@ class ParamLifeWatcher:
         if loc is None:
             return
         key = (loc.path, loc.line)
-        done = self._created.get(key, 0)
-        if done >= _CREATED_EVENTS:
+        done, last = self._created.get(key, (0, None))
+        step = rec.progress.steps
+        # past the first events of a line, one more at each new step (a few): a forward that
+        # builds many layers per step fills the first ones in its first step, and the rule
+        # tells "built at every step" from "built once after the optimizer" by the steps seen
+        if done >= _CREATED_EVENTS and (step == last or done >= _CREATED_EVENTS + _CREATED_STEPS):
             return
-        self._created[key] = done + 1
+        self._created[key] = (done + 1, step)
         rec.emit_aside(ev.param_created(owner=type(module).__name__, attr=name,
-                                        params=[rec.track(param)], step=rec.progress.steps), loc)
+                                        params=[rec.track(param)], step=step), loc)
 
     def _module(self, module, name, submodule):
         try:

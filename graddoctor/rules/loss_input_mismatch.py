@@ -202,6 +202,10 @@ class LossInputMismatch(Rule):
     fix = "pass the loss the kind of score it expects: logits to cross_entropy, log-probabilities to nll_loss and kl_div"
 
     def check(self, a):
+        # the model's last op given to several loss calls (the training loss and an evaluation
+        # loss under eval()) is one bug, told once at that line with each loss call beside it
+        told: dict = {}
+        pending: list = []
         for e in a.of_kind("loss_input"):
             message, fix, evidence = _describe(e.get("fn", "cross_entropy"), e.get("problem", "softmax"),
                                                int(e.get("classes") or 2), e.get("normalised"),
@@ -239,8 +243,16 @@ class LossInputMismatch(Rule):
                     if line is not None and line != loc.line:
                         related = (Related(loc, "the loss call that is given these scores"),)
                         loc = Location(loc.path, line)
-            yield self.finding(message, loc, related=related, step=a.next_step_number(e.seq),
-                               fix=fix, evidence=evidence)
+            key = (loc.path, loc.line, problem, e.get("fn")) if loc is not None and loc is not e.loc else None
+            if key is not None and key in told:
+                told[key].extend(r for r in related if r not in told[key])
+                continue
+            both = list(related)
+            if key is not None:
+                told[key] = both
+            pending.append((message, loc, both, a.next_step_number(e.seq), fix, evidence))
+        for message, loc, related, step, fix, evidence in pending:
+            yield self.finding(message, loc, related=tuple(related), step=step, fix=fix, evidence=evidence)
 
 
 def _input_origin(a, loc, fn: str) -> tuple[int, str] | None:

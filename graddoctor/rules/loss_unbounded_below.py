@@ -54,8 +54,9 @@ class LossUnboundedBelow(Rule):
     rate, a squared error, a penalty); terms of data or of detached tensors; exp or squares of
     bounded values (after a clamp, tanh, sigmoid, softmax or log-softmax); exp of a value never
     positive (an RBF kernel's `exp(-cdist(a, b)**2 / 2)` in an MMD); exp of an entropy written
-    out, `-sum(p * log(p + eps))` of a never-negative `p` (wav2vec 2.0's codebook perplexity in
-    its diversity loss `(G*V - perplexity) / (G*V)`: at most G*V); terms inside a product
+    out, `-sum(p * log(p + eps))` (bounded above on the log's domain, whatever `p`: wav2vec 2.0's
+    codebook perplexity in its diversity loss `(G*V - perplexity) / (G*V)`, also when the
+    probabilities of unmasked steps are zeroed by `torch.where` first); terms inside a product
     of two computed tensors (a Gaussian likelihood's `(x - mu)**2 * exp(-logvar)`: their sign is
     not followed) or under a log (`logsumexp`, an InfoNCE bound); a variance written out, the
     square of a mean subtracted from the mean of the squares (the scale-invariant log loss of

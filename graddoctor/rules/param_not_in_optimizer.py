@@ -364,6 +364,7 @@ class ParamNotInOptimizer(Rule):
             for pid in event.get("params") or ():
                 if pid in left:
                     by_line.setdefault((event.loc.path, event.loc.line), []).append((event, pid))
+        recorded = {pid for items in by_line.values() for _, pid in items}
         for items in by_line.values():
             if len({event["step"] for event, _ in items}) < 2:
                 yield from self._built_after_optimizer(a, left, items)
@@ -371,15 +372,19 @@ class ParamNotInOptimizer(Rule):
             first = items[0][0]
             pids = [pid for _, pid in items]
             # past the events recorded per line, the later ones: parameters no optimizer owns,
-            # numbered after the last recorded (pids follow the order tensors were first seen)
-            last = max(pids)
-            later = [pid for pid in left if pid > last and a.params[pid].get("is_parameter")]
+            # numbered after the first recorded (pids follow the order tensors were first seen;
+            # a forward building several layers per step interleaves lines past their events)
+            start = min(pids)
+            later = [pid for pid in left if pid > start and pid not in recorded
+                     and a.params[pid].get("is_parameter")]
             pids += later
             for pid in pids:
                 left.pop(pid, None)
             owner = first.get("owner") or "module"
             attrs = ", ".join(dict.fromkeys(event.get("attr") or "?" for event, _ in items))
             text = a.source.line_text(first.loc.path, first.loc.line).strip()
+            if "#" in text and "'" not in text and '"' not in text:
+                text = text.split("#")[0].rstrip()  # the statement, not its comment
             what = f"`{text}`" if text else "this line"
             yield self.finding(
                 f"{what} builds new parameters ({owner}.{attrs}) every time it runs while the "

@@ -60,7 +60,10 @@ class ParamWithoutGrad(Rule):
     memory and optimizer state. It is a bug only if that output was meant to enter the loss,
     which the script alone cannot tell, hence info; a library model's head the script never
     asked for is not the script's to fix, hence nothing. A `.detach()` / `.data` near the call,
-    or a model none of whose other parameters train (a detached encoder), stays a warning.
+    or a model none of whose other parameters train (a detached encoder), stays a warning; so
+    does a module run inside another module's `forward` whose caller takes that forward's
+    output through `.data` or `.detach()` (a tagger gathering its character LSTM's features with
+    `torch.cat((char, self.char_lstm(w).data), 0)`), pointed at that line.
 
     ## Example
     ```python
@@ -291,6 +294,21 @@ class ParamWithoutGrad(Rule):
                 evidence=evidence, severity=Severity.INFO,
                 fix="use its output in the loss if it should train; otherwise nothing to do (or "
                     "freeze it with requires_grad_(False), or leave it out of the optimizer)")
+        cut = _outer_cut(a, cause)
+        if cut is not None:
+            evidence["cause"] = "cut-by-caller"
+            loc, text = cut
+            how = ".data" if ".data" in text else ".detach()"
+            return self.finding(
+                f"{head}: the {module} that holds them runs (line {cause.loc.line}) inside a "
+                f"module's forward whose caller takes its output through `{text}`: {how} cuts "
+                f"the graph there, so the loss receives the value but no gradient reaches the "
+                f"{module}, and it never trains",
+                loc, related=(related(cause, f"the {module}'s forward"),
+                              related(init, "the optimizer that owns them"), step_note),
+                evidence=evidence,
+                fix=f"use the tensor itself instead of {how} so that the {module} trains (keep "
+                    f"{how} only where the value must not train it)")
         return self.finding(
             f"{head}: the {module} that holds them runs from this line with gradients enabled, but its output never "
             f"reaches the loss (cut by .detach() or .item(), or not used)",
@@ -368,6 +386,8 @@ def _discarded(a, cause, pids, trained) -> str | None:
         return "last-pass"
     if a.source.cuts_gradient_near(cause.loc.path, cause.loc.line) is not False:
         return None
+    if _outer_cut(a, cause) is not None:
+        return None
     if cause.get("library"):
         return "library"
     return "user"
@@ -426,6 +446,24 @@ def _trains_beside(a, pids, trained) -> bool:
         if name.split(".", 1)[0] in roots and not any(name.startswith(o + ".") for o in owners):
             return True
     return False
+
+
+def _outer_cut(a, cause) -> tuple[Location, str] | None:
+    """When the idle module runs inside another module's ``forward``: the ``.data`` or
+    ``.detach()`` that follows that forward's call in its caller's function (``char =
+    torch.cat((char, self.char_lstm(w).data), 0)`` in a tagger's forward), the line that cuts
+    the output from the loss; None otherwise (a cut at module level or in the training loop's
+    function is not looked for here)."""
+    if cause.loc is None or a.source.enclosing_function(cause.loc.path, cause.loc.line) != "forward":
+        return None
+    outer = cause.get("outer") or ()
+    if not outer:
+        return None
+    path, line = outer[0]
+    if a.source.enclosing_function(path, line) is None:
+        return None
+    found = a.source.cut_after(path, line)
+    return (Location(path, found[0]), found[1]) if found is not None else None
 
 
 def _no_grad_block(a, cause) -> tuple[Location, str] | None:

@@ -313,11 +313,38 @@ def run_check(options: CheckOptions, on_step: Callable[[int], None] | None = Non
         return Session(opts, claim=f"graddoctor check {opts.target}", first_notes=first_notes).check(
             on_step, on_hang=on_hang, checkpoint=checkpoint, on_destroy=on_destroy)
 
+    had_group = _default_group_exists()
     report = check(options)
     why = _needs_emulated_gpu(options, report)
     if why is None:
         return report
-    return check(dataclasses.replace(options, emulate_cuda=True), first_notes=(why,))
+    notes = (why,) + _undo_first_run(had_group)
+    return check(dataclasses.replace(options, emulate_cuda=True), first_notes=notes)
+
+
+def _default_group_exists() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
+
+
+def _undo_first_run(had_group: bool) -> tuple[str, ...]:
+    """Undo what the first run left in the process that the second would trip on: a default
+    process group it initialised (a one-process `init_process_group` at the script's top, run
+    again, raises "trying to initialize the default process group twice"). A note if that
+    fails: graddoctor's own failure, never the run's."""
+    if had_group or not _default_group_exists():
+        return ()
+    try:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        return ()
+    except Exception as error:
+        return (f"graddoctor could not destroy the process group the first run left: {error!r}",)
 
 
 def _needs_emulated_gpu(options: CheckOptions, report: Report) -> str | None:
