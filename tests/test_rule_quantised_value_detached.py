@@ -86,3 +86,14 @@ def test_silent_without_a_backward_in_the_script(tmp_path):
     script.write_text("idx = torch.cdist(z, codes).argmin(1)\nzq = codes[idx].detach()\nout = dec(zq)\n")
     t = TraceBuilder(str(script))
     assert list(find_rule(SLUG)().check(Analysis(t.trace))) == []
+
+
+def test_a_lookup_through_one_hot_rows_is_a_table_read_too():
+    src = (
+        "def q(z, w):\n"                                              # 1
+        "    idx = torch.cdist(z, w).argmin(1)\n"                     # 2
+        "    enc = F.one_hot(idx, w.shape[0]).float()\n"              # 3
+        "    q = enc @ w\n"                                           # 4
+        "    zq = q.detach()\n"                                       # 5
+        "    return dec(zq)\n")                                       # 6
+    assert _lines(src) == [5]

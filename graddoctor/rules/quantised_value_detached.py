@@ -48,6 +48,7 @@ def _picked(value: ast.AST) -> ast.AST | None:
 
 def _lookup(value: ast.AST, indices: set[str]) -> bool:
     """A table read at chosen indices: ``codebook(idx)``, ``F.embedding(idx, w)``, ``w[idx]``,
+    ``one_hot(idx) @ w``,
     ``torch.index_select(w, 0, idx)`` (through reshapes of the result); a ``gather`` of one value
     per row (an action's Q-value) is no table read."""
     while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
@@ -55,6 +56,8 @@ def _lookup(value: ast.AST, indices: set[str]) -> bool:
         value = value.func.value
     if isinstance(value, ast.Subscript):
         return _reads(value.slice, indices)
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.MatMult):
+        return any(isinstance(side, ast.Name) and side.id in indices for side in (value.left, value.right))
     if isinstance(value, ast.Call) and _callee(value) not in _PICKS + ("one_hot", "gather", "take_along_dim"):
         return any(isinstance(arg, ast.Name) and arg.id in indices for arg in value.args) \
             or any(isinstance(a, ast.Call) and _callee(a) in ("view", "reshape", "flatten")
@@ -137,6 +140,11 @@ def detached_quantisations(tree: ast.AST) -> list[dict]:
             chosen = _picked(value)
             if chosen is not None:
                 indices[name] = chosen
+                continue
+            hot = next((n for n in ast.walk(value) if _callee(n) == "one_hot" and n.args
+                        and isinstance(n.args[0], ast.Name) and n.args[0].id in indices), None)
+            if hot is not None:
+                indices[name] = indices[hot.args[0].id]  # the choice as one-hot rows
                 continue
             if _lookup(value, set(indices)):
                 lookups[name] = next(n for n in _names(value) if n in indices)
