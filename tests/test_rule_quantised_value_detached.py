@@ -97,3 +97,14 @@ def test_a_lookup_through_one_hot_rows_is_a_table_read_too():
         "    zq = q.detach()\n"                                       # 5
         "    return dec(zq)\n")                                       # 6
     assert _lines(src) == [5]
+
+
+def test_codes_chosen_for_outputs_made_without_gradient_are_left_alone():
+    src = (
+        "for step in range(3):\n"
+        "    with torch.no_grad():\n"
+        "        z = encoder(x)\n"
+        "    idx = torch.cdist(z, codebook).argmin(-1)\n"
+        "    q = codebook[idx].detach()\n"
+        "    loss = F.cross_entropy(prior(q), idx)\n")
+    assert _lines(src) == []

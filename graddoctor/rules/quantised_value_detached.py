@@ -169,6 +169,9 @@ def detached_quantisations(tree: ast.AST) -> list[dict]:
                                      if isinstance(inner, ast.Name) else set())
             measured = assigns_value(assigns, source.id) if isinstance(source, ast.Name) else source
             continuous = sorted(_names(measured) - table - _NAMESPACES - set(indices))
+            made = [n.lineno for n in assigns if n.targets[0].id in continuous]
+            if made and all(line in quiet for line in made):
+                continue  # chosen for values made without gradient (a frozen tokenizer's): nothing to carry back
             found.append({"line": node.lineno, "statement": ast.unparse(node),
                           "quantised": ast.unparse(inner), "chosen_from": ast.unparse(source),
                           "continuous": continuous[0] if len(continuous) == 1 else None,
@@ -215,7 +218,8 @@ class QuantisedValueDetached(Rule):
     ## Stays silent on
     The straight-through forms (`z + (q - z).detach()`, `q.detach() + z - z.detach()`); a
     detached code given to a loss (the commitment and codebook terms); codes read under
-    `no_grad` (an EMA codebook update, an evaluation); a detached code in a function without
+    `no_grad` (an EMA codebook update, an evaluation), or chosen for encoder outputs computed
+    under `no_grad` (a prior trained on a frozen tokenizer's codes); a detached code in a function without
     the lookup (a second stage training a prior on a frozen tokenizer's codes); indices given
     on as they are (an autoregressive prior over code indices).
     Not seen: a lookup and its detach in different functions.
