@@ -1262,6 +1262,14 @@ mask_regrown       cls (the module's class), param, mask (its attribute names: t
                    at its first forward, found nonzero there after an update, read after the
                    module's forward ran (loc: the script's line running that forward; an
                    aside; instrument/maskonce.py)
+mask_not_causal    cls (the module's class), param, mask (their attribute names), kernel ([kh, kw]),
+                   open_after ([row, column] kernel positions after the centre in raster order
+                   that the mask keeps, 8 at most), defined_at (as ``mask_regrown``'s) — a 0/1
+                   mask of a 2-D convolution's weight that hides positions after the centre (the
+                   positions before it all kept) but keeps others: part of a row below the
+                   centre, or a row below while the centre row's right part is hidden (loc: the
+                   script's line running the module's first forward; an aside;
+                   instrument/maskonce.py)
 straight_through_cancelled forms ["add" | "sub": x + (y - x) or (y - x) + x, x - (x - y)],
                    kept [the class name of each cancelled node] — a loss whose graph sums a
                    tensor with a difference that subtracts it again, so its gradient along the
@@ -2143,6 +2151,12 @@ def mask_regrown(*, cls: str, param: str, mask: str, regrown: int, masked: int, 
                             "masked": masked, "steps": steps, "defined_at": defined_at, "pid": pid}
 
 
+def mask_not_causal(*, cls: str, param: str, mask: str, kernel: list[int], open_after: list[list[int]],
+                    defined_at: list | None) -> Made:
+    return "mask_not_causal", {"cls": cls, "param": param, "mask": mask, "kernel": kernel,
+                               "open_after": open_after, "defined_at": defined_at}
+
+
 def straight_through_cancelled(*, forms: list[str], kept: list[str]) -> Made:
     return "straight_through_cancelled", {"forms": forms, "kept": kept}
 
@@ -2626,6 +2640,7 @@ CONSTRUCTORS: dict[str, Callable[..., Made]] = {
     "label_smoothing": label_smoothing, "mixup_unmixed": mixup_unmixed,
     "zero_weight": zero_weight, "smoothing_high": smoothing_high,
     "symmetric_units": symmetric_units, "copies_identical": copies_identical, "mask_regrown": mask_regrown,
+    "mask_not_causal": mask_not_causal,
     "straight_through_cancelled": straight_through_cancelled, "state_not_loaded": state_not_loaded,
     "state_overwritten": state_overwritten,
     "state_self_load": state_self_load, "diverging": diverging,
@@ -2644,7 +2659,7 @@ ASIDE_KINDS = frozenset({"dropout_default", "class_weights", "ordinal_shifted", 
                          "hook_stacked", "param_reset", "snapshot_alias", "snapshot_held",
                          "loader_sampler", "custom_backward", "loss_padding", "prompt_trained", "real_index", "low_precision",
                          "graph_kept", "grad_stops", "batch_layout", "batch_labels", "batch_spread",
-                         "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "straight_through_cancelled", "dependency",
+                         "param_created", "loaders_zipped", "symmetric_units", "copies_identical", "mask_regrown", "mask_not_causal", "straight_through_cancelled", "dependency",
                          "module_repeated", "state_not_loaded", "state_overwritten", "state_self_load", "diverging",
                          "norm_arguments",
                          "output_range", "target_grad", "noise_redrawn", "anchor_alias", "constraint_broken", "grad_graph_unused", "loss_unbounded", "loss_term_params", "sampled_scores", "log_scale_reversed", "concave_term", "loss_weight_learned", "loss_derived_weight", "batch_reduction", "constant_term", "sample_range", "advantage_grad", "grid_scale", "bag_offsets", "channel_pool", "easy_weighted", "ignored_mask", "padding_kept", "cells_transposed", "placeholder_targets", "weights_edited", "self_copy",

@@ -36,6 +36,21 @@ def test_each_spelling_of_a_pairwise_distance_is_found():
     assert [line for line, _ in _sites(src)] == [4, 5, 6, 7, 8, 10, 12]
 
 
+def test_the_expanded_distance_is_found_in_any_order_of_its_terms():
+    src = (
+        "import torch\n"                                                                  # 1
+        "def quantise(z, e):\n"                                                           # 2
+        "    d = z.pow(2).sum(1, keepdim=True) - 2 * z @ e.t() + e.pow(2).sum(1)[None]\n"  # 3
+        "    a = d.argmax(1)\n"                                                           # 4
+        "    d2 = -2 * torch.matmul(z, e.t()) + (e ** 2).sum(1) + (z ** 2).sum(1, keepdim=True)\n"  # 5
+        "    b = torch.argmax(d2, dim=1)\n"                                               # 6
+        "    s = 2 * z @ e.t() - z.pow(2).sum(1, keepdim=True) - e.pow(2).sum(1)\n"       # 7
+        "    c = s.argmax(1)\n"                                                           # 8
+        "    n = -(z.pow(2).sum(1, keepdim=True) - 2 * z @ e.t() + e.pow(2).sum(1))\n"    # 9
+        "    k = n.argmax(1)\n")                                                          # 10
+    assert [line for line, _ in _sites(src)] == [4, 6]
+
+
 def test_negations_similarities_values_errors_and_intended_farthest_are_left_alone():
     src = (
         "import torch\n"

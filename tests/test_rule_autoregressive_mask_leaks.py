@@ -59,3 +59,60 @@ def test_the_finding_is_a_warning_at_the_first_layer(tmp_path):
     found = list(find_rule(SLUG)().check(Analysis(t.trace)))
     assert [f.location.line for f in found] == [7]
     assert found[0].severity is Severity.WARNING and "'A'" in found[0].fix
+
+
+# -- a causal mask that keeps positions after the centre (mask_not_causal) ---------------------
+
+def _leaks(mask):
+    """The ``mask_not_causal`` events the watcher tells for one conv weight and mask."""
+    import torch
+    from graddoctor.instrument.maskonce import MaskOnceWatcher
+
+    told = []
+    watcher = MaskOnceWatcher.__new__(MaskOnceWatcher)
+    watcher._tell_leak = lambda module, p, m, kernel, open_after: told.append(open_after)
+    weight = torch.nn.Parameter(torch.randn(2, 1, *mask.shape))
+    zeros = (mask == 0)[None, None].expand(2, 1, *mask.shape)
+    watcher._causal(object(), [("weight", weight)], [("mask", zeros)])
+    return told
+
+
+def test_the_watcher_tells_masks_that_keep_positions_after_the_centre():
+    import torch
+
+    raster = torch.ones(3, 3)
+    raster[1, 1:] = 0
+    raster[2:] = 0
+    assert _leaks(raster) == []
+    vertical = torch.ones(3, 3)
+    vertical[2:] = 0
+    assert _leaks(vertical) == []
+    checker = torch.ones(3, 3)
+    checker[::2, ::2] = 0
+    assert _leaks(checker) == []
+    rows_kept = torch.ones(5, 5)
+    rows_kept[2, 2:] = 0
+    assert _leaks(rows_kept) and _leaks(rows_kept)[0][0] == [3, 0]
+    partial = torch.ones(5, 5)
+    partial[2, 3:] = 0
+    partial[3:, 3:] = 0
+    assert _leaks(partial)[0][0] == [3, 0]
+
+
+def test_the_rule_points_at_the_mask_write_of_the_class(tmp_path):
+    from graddoctor import events as ev
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "class Conv(nn.Conv2d):\n"                              # 1
+        "    def __init__(self, k):\n"                          # 2
+        "        m = torch.ones(k, k)\n"                        # 3
+        "        m[k // 2, k // 2:] = 0\n"                      # 4
+        "        self.register_buffer('causal', m)\n"           # 5
+        "loss.backward()\n")                                    # 6
+    t = TraceBuilder(str(script))
+    t.put(ev.mask_not_causal(cls="Conv", param="weight", mask="causal", kernel=[5, 5],
+                             open_after=[[3, 0], [3, 1]], defined_at=[str(script), 1, 5]), 6)
+    found = list(find_rule(SLUG)().check(Analysis(t.trace)))
+    assert [f.location.line for f in found] == [4]
+    assert "kh // 2 + 1:" in found[0].fix

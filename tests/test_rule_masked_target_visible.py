@@ -303,3 +303,24 @@ def test_the_mask_id_event_points_at_the_write_into_the_labels(tmp_path):
                             mask_id=50), 7)
     f = only(t, SLUG)
     assert f.location.line == 6 and "id 50" in f.message and "inputs[masked] = MASK" in f.fix
+
+
+def test_the_input_built_with_the_where_branches_swapped_is_the_line_to_change(tmp_path):
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules.masked_target_visible import _input_keeps_counted
+    from graddoctor.trace import TraceBuilder
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "inp = torch.where(mask, tokens, torch.full_like(tokens, MASK))\n"          # 1
+        "ok = torch.where(mask, torch.full_like(tokens, MASK), tokens)\n"           # 2
+        "loss = F.cross_entropy(model(inp)[mask], tokens[mask])\n")                 # 3
+    a = Analysis(TraceBuilder(str(script)).trace)
+    text = "loss = F.cross_entropy(model(inp)[mask], tokens[mask])"
+    line, fix = _input_keeps_counted(a, str(script), ["mask"], text)
+    assert line == 1 and "torch.where(mask, torch.full_like(tokens, MASK), tokens)" in fix
+    filled = tmp_path / "filled.py"
+    filled.write_text("inp = tokens.masked_fill(~mask, MASK)\n")
+    a = Analysis(TraceBuilder(str(filled)).trace)
+    assert _input_keeps_counted(a, str(filled), ["mask"], text)[0] == 1
+    assert _input_keeps_counted(a, str(filled), ["keep"], text) is None

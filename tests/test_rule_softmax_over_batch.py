@@ -123,6 +123,18 @@ def test_the_source_reading_finds_each_form_of_dim_0(tmp_path):
     assert [line for line, _ in softmax_first_axis_calls(path)] == [1, 2, 3, 4, 7]
 
 
+def test_the_source_reading_finds_gumbel_softmax_over_dim_0(tmp_path):
+    path = _script(tmp_path, """\
+        a = F.gumbel_softmax(logits, tau=0.5, hard=True, dim=0)
+        b = F.gumbel_softmax(logits, 0.5, True, 1e-10, 0)
+        c = F.gumbel_softmax(logits, 0)
+        d = F.gumbel_softmax(logits, tau=1.0, dim=-1)
+        e = F.gumbel_softmax(logits, 1.0, False, 1e-10, 1)
+        """)
+    # a lone positional 0 is the temperature, not the dim
+    assert [line for line, _ in softmax_first_axis_calls(path)] == [1, 2]
+
+
 # -- a soft target (without gradient) normalised over the batch -------------------------------
 
 class _TargetRec:

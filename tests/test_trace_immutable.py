@@ -104,6 +104,7 @@ COVERING = ["amp_clip_accum/good_amp_accumulation.py", "modes/good_adapter_froze
             "losses/bad_loss_weight_from_loss_focal_bce.py",  # loss_derived_weight
             "losses/bad_hard_samples_pushed_up_focal.py",  # samples_pushed_up
             "masks/bad_mask_applied_once_pixelcnn.py",  # mask_regrown
+            "masks/bad_autoregressive_mask_rows_below_kept.py",  # mask_not_causal
             "constraints/bad_constraint_before_step_clamp.py",  # constraint_broken
             "autograd/bad_straight_through_vq_codebook.py",  # straight_through_cancelled
             "registration/bad_state_dict_not_loaded_module_prefix.py",  # state_not_loaded

@@ -2522,7 +2522,7 @@ def foreach_writes(path: str, name: str) -> list[int]:
     return sorted(lines)
 
 
-_SOFTMAX_FUNCTIONS = frozenset({"softmax", "log_softmax"})
+_SOFTMAX_FUNCTIONS = frozenset({"softmax", "log_softmax", "gumbel_softmax"})
 _SOFTMAX_MODULES = frozenset({"Softmax", "LogSoftmax"})
 _NAMESPACES = frozenset({"torch", "F", "nn", "functional", "special"})
 
@@ -2531,7 +2531,7 @@ _NAMESPACES = frozenset({"torch", "F", "nn", "functional", "special"})
 def softmax_first_axis_calls(path: str) -> list[tuple[int, str]]:
     """The (log-)softmax calls of ``path`` given the literal dimension 0, as ``(line, source text
     of the call)``: ``torch.softmax(x, 0)``, ``F.log_softmax(x, dim=0)``, ``x.softmax(0)``,
-    ``nn.Softmax(dim=0)``. Empty when the source cannot be read."""
+    ``nn.Softmax(dim=0)``, ``F.gumbel_softmax(x, tau, dim=0)``. Empty when the source cannot be read."""
     tree = _parse(path)
     if tree is None:
         return []
@@ -2544,7 +2544,10 @@ def softmax_first_axis_calls(path: str) -> list[tuple[int, str]]:
         if name not in _SOFTMAX_FUNCTIONS and name not in _SOFTMAX_MODULES:
             continue
         dim = next((k.value for k in node.keywords if k.arg == "dim"), None)
-        if dim is None:
+        if name == "gumbel_softmax":
+            # gumbel_softmax(logits, tau, hard, eps, dim): its dim is the fifth argument
+            dim = dim if dim is not None else (node.args[4] if len(node.args) > 4 else None)
+        elif dim is None:
             receiver = _chain(func.value) if isinstance(func, ast.Attribute) else []
             function_form = name in _SOFTMAX_MODULES or not receiver \
                 or receiver[-1] in _NAMESPACES

@@ -25,6 +25,12 @@ only:
   any nonzero there is a ``mask_regrown`` aside, once per parameter; all zero at
   ``_CHECKS`` such forwards and the candidate is dropped (the mask is kept up).
 
+At the same first forward, a 4-D parameter (a 2-D convolution's weight) with such a mask is
+checked for a causal pattern that leaks: the mask hides kernel positions after the centre (in
+raster order) and none before it, yet keeps part of a row below the centre, or keeps rows below
+while the rest of the centre row is hidden: a ``mask_not_causal`` aside, once per module
+(autoregressive-mask-leaks). A vertical stack's mask (whole rows below hidden) is no leak.
+
 A mask used in the forward (``F.linear(x, self.weight * self.mask)``) gives the masked entries a
 zero gradient, so a weight masked at initialisation stays zero there: silent. So are masks
 re-applied after each step, ``torch.nn.utils.prune`` (``weight_orig`` is not zeroed), masks
@@ -148,6 +154,7 @@ class MaskOnceWatcher:
         masks = [(name, zeros) for name, t in _tensors(module) if (zeros := _mask_of(t)) is not None]
         if not masks:
             return
+        self._causal(module, params, masks)
         found = []
         with torch.no_grad():
             for pname, param in params:
@@ -169,6 +176,47 @@ class MaskOnceWatcher:
                     break
         if found:
             self._candidates[module] = found
+
+    def _causal(self, module, params, masks) -> None:
+        """A 2-D convolution's mask meant to be causal (it hides positions after the kernel's
+        centre in raster order and keeps every position before it) that keeps some positions
+        after the centre all the same: part of a row below the centre, or rows below while the
+        centre row's right part is hidden. A vertical stack's mask (whole rows below hidden, the
+        centre row kept) is no such leak."""
+        for pname, param in params:
+            if param.dim() != 4 or param.shape[2] < 2 or param.shape[3] < 2:
+                continue
+            for mname, zeros in masks:
+                try:
+                    if torch.broadcast_shapes(zeros.shape, param.shape) != param.shape:
+                        continue
+                except RuntimeError:
+                    continue
+                with torch.no_grad():
+                    hidden = zeros.expand(param.shape).flatten(0, 1).all(0)  # (kh, kw)
+                kh, kw = hidden.shape
+                ch, cw = kh // 2, kw // 2
+                if bool(hidden[:ch].any()) or bool(hidden[ch, :cw].any()):
+                    continue  # the past is not all kept: no causal mask (a checkerboard, a pattern)
+                below = hidden[ch + 1:]
+                partial_rows = bool((below.any(1) & ~below.all(1)).any())
+                right_hidden = cw + 1 < kw and bool(hidden[ch, cw + 1:].all())
+                rows_open = bool((~below).any())
+                if not (partial_rows or (right_hidden and rows_open)):
+                    continue
+                open_after = [[int(r) + ch + 1, int(c)] for r, c in (~below).nonzero().tolist()][:8]
+                self._tell_leak(module, pname, mname, [int(kh), int(kw)], open_after)
+                return
+
+    def _tell_leak(self, module, pname: str, mname: str, kernel: list, open_after: list) -> None:
+        rec = self.rec
+        span = _class_span(type(module))
+        defined_at = None
+        if span is not None and span[0] and rec.finder.is_user_file(span[0]):
+            defined_at = [rec.finder.display_path(span[0]), span[1], span[2]]
+        rec.emit_aside(ev.mask_not_causal(cls=type(module).__name__, param=pname, mask=mname,
+                                          kernel=kernel, open_after=open_after,
+                                          defined_at=defined_at), rec.here())
 
     def _check(self, module, pending: list) -> None:
         for entry in list(pending):

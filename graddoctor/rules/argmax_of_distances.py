@@ -115,14 +115,36 @@ def is_distance(node: ast.AST, names: set[str]) -> bool:
     if base is not None:
         return _difference(base)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Sub, ast.Add)):
-        squares = [sub for sub in ast.walk(node) if _sum_of_squares(sub) is not None]
-        if not squares:
-            return False
-        # |a|^2 + |b|^2 - 2 a.b: the cross term subtracted
-        if isinstance(node.op, ast.Sub) and _has_cross_term(node.right) \
-                and any(isinstance(s, ast.Constant) and s.value == 2 for s in ast.walk(node.right)):
-            return True
+        terms = _signed_terms(node)
+        # |a|^2 + |b|^2 - 2 a.b in any order of its terms: a squared norm added, the cross term
+        # (twice a product) subtracted
+        squares = any(sign > 0 and any(_sum_of_squares(sub) is not None for sub in ast.walk(term))
+                      for sign, term in terms)
+        cross = any(sign < 0 and _has_cross_term(term)
+                    and any(isinstance(s, ast.Constant) and s.value == 2 for s in ast.walk(term))
+                    for sign, term in terms)
+        return squares and cross
     return False
+
+
+def _signed_terms(node: ast.AST, sign: int = 1) -> list[tuple[int, ast.AST]]:
+    """The additive terms of a sum of differences with their signs: ``a - b + c`` ->
+    ``[(1, a), (-1, b), (1, c)]`` (a negation flips its operand's sign, ``2 * a @ b`` times a
+    negative literal counts as subtracted)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        right = -sign if isinstance(node.op, ast.Sub) else sign
+        return _signed_terms(node.left, sign) + _signed_terms(node.right, right)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _signed_terms(node.operand, -sign)
+    factors, negative = [node], False
+    while factors:
+        factor = factors.pop()
+        if isinstance(factor, ast.BinOp) and isinstance(factor.op, (ast.Mult, ast.MatMult, ast.Div)):
+            factors += [factor.left, factor.right]
+        elif isinstance(factor, ast.UnaryOp) and isinstance(factor.op, ast.USub) \
+                and isinstance(factor.operand, ast.Constant):
+            negative = not negative
+    return [(-sign if negative else sign, node)]
 
 
 def _indices_taken(call: ast.Call, parents: dict) -> bool:
@@ -202,7 +224,7 @@ class ArgmaxOfDistances(Rule):
     Finds the nearest neighbour taken as the position of the *largest* distance: `argmax` (or
     `max(dim)`'s indices) of a tensor of distances — `torch.cdist`, `F.pairwise_distance`, a norm
     of a difference, a sum of squared differences, the expanded `|z|² + |e|² - 2 z·e` of a
-    VQ-VAE's quantiser (also through `torch.addmm(..., alpha=-2)`), or a name assigned one of
+    VQ-VAE's quantiser (its terms in any order, `-2 * z @ e.t()` added; also through `torch.addmm(..., alpha=-2)`), or a name assigned one of
     those in the same function. Read from the script's source once a backward ran.
 
     ## Why is this bad?
@@ -225,7 +247,8 @@ class ArgmaxOfDistances(Rule):
     ```
 
     ## Stays silent on
-    `argmin` of distances; `argmax` of negated distances (`-d`, `(-d).softmax(...)`), of
+    `argmin` of distances; `argmax` of negated distances (`-d`, `(-d).softmax(...)`,
+    `2 z·e - |z|² - |e|²`), of
     similarities (dot products, cosine similarity, `z @ e.t()` without the squared norms), of a
     `softmax(-d)`; `max(d)`/`argmax(d)` without a dim (the largest distance's value, a radius);
     per-sample errors (`(pred - y).pow(2).sum(1)`: a difference of aligned tensors, no pairwise

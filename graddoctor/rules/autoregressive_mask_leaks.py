@@ -83,6 +83,13 @@ class AutoregressiveMaskLeaks(Rule):
     centre position, so the first layer lets each output see the pixel (token, sample) it
     predicts. Read from the script's source once a backward ran; it points at the first
     construction, the one that should be `'A'`.
+    Also finds a 2-D convolution's 0/1 weight mask (a buffer or tensor attribute of the module)
+    that is meant to be causal — it hides positions after the kernel's centre in raster order
+    and keeps every position before it — but keeps other positions after the centre: part of a
+    row below the centre (`mask[:, :, k // 2 + 1:, k // 2 + 1:] = 0` where whole rows were
+    meant), or the rows below while the rest of the centre row is hidden (the rows-below line
+    forgotten). Read at each masked module's first forward; it points at the class's last
+    write into the mask.
 
     ## Why is this bad?
     An autoregressive model predicts position `i` from the positions before it. Type `'A'`
@@ -111,7 +118,9 @@ class AutoregressiveMaskLeaks(Rule):
     ## Stays silent on
     A network with one `'A'` layer anywhere; a type chosen by an expression (`"A" if i == 0 else
     "B"`, a variable) or unpacked arguments; masks given as booleans (`mask_center=True`) or
-    built another way (MADE's degrees, a shifted input). Not seen: a masked layer class or its
+    built another way (MADE's degrees, a shifted input); a gated PixelCNN's vertical-stack mask
+    (whole rows below hidden, the centre row kept: its output is shifted down a row); masks that
+    hide positions before the centre too (a checkerboard, a fixed sparse pattern). Not seen: a masked layer class or its
     constructions in another module than the script's.
     """
 
@@ -123,6 +132,7 @@ class AutoregressiveMaskLeaks(Rule):
     fix = "build the first masked layer, the one applied to the data, with mask type 'A'"
 
     def check(self, a):
+        yield from self._not_causal(a)
         backwards = a.by_kind.get("backward", ())
         paths = list(dict.fromkeys(e.loc.path for e in backwards if e.loc is not None))
         for path in paths[:4]:
@@ -140,3 +150,60 @@ class AutoregressiveMaskLeaks(Rule):
                     Location(path, first), related=others,
                     evidence={"class": cls, "constructions": lines},
                     fix=f"build this first {cls} (the one applied to the data) with mask type 'A'")
+
+    def _not_causal(self, a):
+        told = set()
+        for event in a.by_kind.get("mask_not_causal", ()):
+            key = (event["cls"], event["mask"])
+            if key in told:
+                continue
+            told.add(key)
+            defined = event.get("defined_at")
+            loc = _mask_write(a, defined, event["mask"]) if defined else None
+            if loc is None:
+                loc = Location(str(defined[0]), int(defined[1])) if defined else event.loc
+            kh, kw = event["kernel"]
+            shown = ", ".join(f"({r}, {c})" for r, c in event["open_after"][:4])
+            yield self.finding(
+                f"the `{event['mask']}` of {event['cls']} hides some of its {kh}×{kw} kernel's "
+                f"positions after the centre (raster order) and keeps all before it, so it is "
+                f"meant to be causal, but it keeps other positions after the centre too "
+                f"(row, column: {shown}): each output reads pixels below the one it predicts, "
+                f"and the model learns to copy them",
+                loc, related=(Related(event.loc, "the layer's first forward"),) if event.loc else (),
+                evidence={"class": event["cls"], "param": event["param"], "mask": event["mask"],
+                          "kernel": event["kernel"], "open_after": event["open_after"]},
+                fix=f"hide every position after the centre: the rest of the centre row "
+                    f"(`{event['mask']}[:, :, kh // 2, kw // 2 + 1:] = 0`, the centre too for "
+                    f"type 'A') and every row below it (`{event['mask']}[:, :, kh // 2 + 1:] = 0`)")
+
+
+def _mask_write(a, defined, mask: str) -> Location | None:
+    """The last statement of the module's class that writes into a slice of its mask
+    (``self.mask[:, :, k // 2 + 1:] = 0``): where the mask's pattern is made."""
+    path, first, last = str(defined[0]), int(defined[1]), int(defined[2])
+    tree = a.source.tree(path)
+    if tree is None:
+        return None
+    inside = [n for n in ast.walk(tree) if first <= getattr(n, "lineno", 0) <= last]
+    names = {mask}
+    for node in inside:  # a local the mask is registered from: register_buffer("m", local)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "register_buffer" and len(node.args) == 2 \
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == mask \
+                and isinstance(node.args[1], ast.Name):
+            names.add(node.args[1].id)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == mask \
+                and isinstance(node.value, ast.Name):
+            names.add(node.value.id)
+    writes = []
+    for node in inside:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Subscript):
+                base = target.value
+                name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
+                if name in names:
+                    writes.append(node.lineno)
+    return Location(path, max(writes)) if writes else None

@@ -28,7 +28,9 @@ class MaskedTargetVisible(Rule):
     what the model's first layer was given at those positions: the same values (up to each
     patch's normalisation), reached by the loss's gradient, while the positions the loss leaves
     out are the ones the model does not see (replaced, zeroed, dropped before the encoder, or a
-    mask channel tells it where they are).
+    mask channel tells it where they are). It points at the line to change: where the input is
+    built with `torch.where(mask, tokens, MASK)` (its branches swapped) or
+    `tokens.masked_fill(~mask, MASK)` from the mask the loss counts with, that statement.
 
     ## Why is this bad?
     The answer is in the input: the model learns to copy what it is given, the loss falls
@@ -133,6 +135,9 @@ class MaskedTargetVisible(Rule):
         if e.get("by") == "tokens":
             ignore = e.get("ignore_index")
             if not isinstance(ignore, int):
+                kept = _input_keeps_counted(a, loc.path, _mask_names(text or ""), text or "")
+                if kept is not None:
+                    return Location(loc.path, kept[0], ""), kept[1]
                 return Location(loc.path, loc.line, loc.hook), (
                     "index the loss with the positions replaced in the input (the mask itself, "
                     "not its complement): the tokens the model was not given")
@@ -150,6 +155,9 @@ class MaskedTargetVisible(Rule):
                                  "input (`torch.cat([img * (1 - hole), hole], 1)`), keeping the "
                                  "mask as a channel")
         names = _mask_names(text or "")
+        kept = _input_keeps_counted(a, loc.path, names, text or "")
+        if kept is not None:
+            return Location(loc.path, kept[0], ""), kept[1]
         written = _position_writes(a, loc.path, names)
         if len(written) == 1:
             line_w, text_w = written[0]
@@ -220,3 +228,35 @@ def _position_writes(a, path: str, names: list[str]) -> list[tuple[int, str]]:
         text = a.source.line_text(path, node.lineno).split("#")[0].strip()
         found.append((node.lineno, text))
     return found
+
+
+def _input_keeps_counted(a, path: str, names: list[str], loss_text: str) -> tuple[int, str] | None:
+    """``(line, fix)`` of the one statement that builds the model's input by position from a
+    mask the loss counts with, keeping the loss's target where that mask is set:
+    ``torch.where(mask, tokens, MASK)`` (the branches swapped) or ``tokens.masked_fill(~mask,
+    MASK)`` (the mask inverted), ``tokens`` read by the loss's statement too; else None."""
+    tree = a.source.tree(path)
+    if tree is None or not names:
+        return None
+    read = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", loss_text))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+            continue
+        call, func = node.value, node.value.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name == "where" and len(call.args) == 3:
+            cond, kept = call.args[0], call.args[1]
+            if isinstance(cond, ast.Name) and cond.id in names and isinstance(kept, ast.Name) \
+                    and kept.id in read and kept.id not in names:
+                fixed = (f"torch.where({cond.id}, {ast.unparse(call.args[2])}, {kept.id})")
+                found.append((node.lineno, f"swap the branches: `{fixed}` hides the positions the "
+                                           f"loss counts and keeps the others"))
+        elif name == "masked_fill" and isinstance(func, ast.Attribute) and call.args:
+            cond, kept = call.args[0], func.value
+            if isinstance(cond, ast.UnaryOp) and isinstance(cond.op, ast.Invert) \
+                    and isinstance(cond.operand, ast.Name) and cond.operand.id in names \
+                    and isinstance(kept, ast.Name) and kept.id in read:
+                found.append((node.lineno, f"fill the positions the loss counts: "
+                                           f"`{kept.id}.masked_fill({cond.operand.id}, ...)`"))
+    return found[0] if len(found) == 1 else None

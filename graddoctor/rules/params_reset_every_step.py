@@ -5,7 +5,7 @@ import re
 
 from ..findings import Severity
 from ..trace import Location
-from .base import Rule, related
+from .base import Related, Rule, related
 
 # a step_edit (instrument/undo.py) whose every measured update was taken back: the edit's
 # change points against the step's (cosine) and is nearly as long
@@ -31,6 +31,9 @@ class ParamsResetEveryStep(Rule):
     parameters a fixed share of the way back to their initial values after every step (an EMA
     update written the wrong way round, `p.mul_(d).add_(ema_p, alpha=1 - d)` with an EMA
     copy that never changes) is a warning: the model cannot move far from where it started.
+    Where the update reads right for the copy (`ema_p.mul_(d).add_(p, ...)`) but the loop
+    around it binds the names the wrong way round (`for ema_p, p in zip(model.parameters(),
+    ema.parameters())`), it points at the loop, whose zip's arguments are to swap.
     Values re-drawn by hand (`w.data.normal_(0, 0.02)` in a `reset()` the loop calls,
     `p.data = torch.randn_like(p)`, `b.data.zero_()`) are found the same way: after every
     measured update, a tensor's values are replaced by ones unrelated to them (their cosine
@@ -156,6 +159,7 @@ class ParamsResetEveryStep(Rule):
         where = _edit_line(a, opt, edit.loc)
         loc = where[0] if where is not None else edit.loc
         shown = f" (`{where[1]}`)" if where is not None else ""
+        swapped = _zip_swapped(a, opt, where) if pulled else None
         n = len(back)
         evidence = {"params": a.param_names(pids), "via": "hand edit", "steps": n,
                     "back": back, "share": share, "home": home, "home_share": home_share}
@@ -176,9 +180,14 @@ class ParamsResetEveryStep(Rule):
             f"{a.names(pids)} {fraction:.2%} of the way back to their values before the first "
             f"step (as an EMA update written the wrong way round does: the model blended into a "
             f"copy that never changes): the model can never get further than about "
-            f"{1 / fraction:,.0f} steps' worth of updates from its initial weights",
-            loc, related=(related(edit, "the step after the updates measured"),),
-            severity=Severity.WARNING, evidence=evidence, fix=_fix(where, undone=False))
+            f"{1 / fraction:,.0f} steps' worth of updates from its initial weights"
+            + (f": the update reads right, but the loop `{swapped[1]}` binds the copy's name to "
+               f"the model's parameters and the model's name to the copy's" if swapped else ""),
+            swapped[0] if swapped else loc,
+            related=(related(edit, "the step after the updates measured"),)
+            + ((Related(loc, "the update that writes the model"),) if swapped else ()),
+            severity=Severity.WARNING, evidence=evidence,
+            fix=swapped[2] if swapped else _fix(where, undone=False))
 
 
     def _redrawn(self, a, edit, pids):
@@ -277,6 +286,49 @@ def _edit_line(a, opt, step_loc) -> tuple[Location, str] | None:
         if len(group) == 1:
             return Location(path, group[0][0]), group[0][2]
     return None
+
+
+_COPY_NAMES = re.compile(r"ema|avg|average|shadow|target|tgt|teacher|copy|slow|momentum", re.I)
+
+
+def _zip_swapped(a, opt, where) -> tuple[Location, str, str] | None:
+    """``(the loop's line, its header, the fix)`` when the statement that pulls the model back is
+    an EMA update written for the copy (``p_ema.mul_(d).add_(p, ...)``, its written name one of a
+    copy) inside ``for p_ema, p in zip(model.parameters(), ema.parameters())``: the names are
+    bound the wrong way round, the update reads right."""
+    if where is None:
+        return None
+    loc, text = where
+    init = a.optimizers.get(opt)
+    if init is None or init.loc is None or init.loc.path != loc.path:
+        return None
+    roots = _roots(a.source.call_argument(loc.path, init.loc.line, init.get("cls"), 0, "params"))
+    roots -= {"torch", "filter", "list", "lambda", "p"}
+    tree = a.source.tree(loc.path)
+    written = re.match(r"\s*([A-Za-z_][A-Za-z_0-9]*)", text or "")
+    if tree is None or not roots or written is None or not _COPY_NAMES.search(written.group(1)):
+        return None
+    loops = [n for n in ast.walk(tree) if isinstance(n, ast.For)
+             and n.lineno < loc.line <= (n.end_lineno or n.lineno)
+             and isinstance(n.target, ast.Tuple) and len(n.target.elts) == 2
+             and all(isinstance(e, ast.Name) for e in n.target.elts)
+             and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Name)
+             and n.iter.func.id == "zip" and len(n.iter.args) == 2]
+    if not loops:
+        return None
+    loop = max(loops, key=lambda n: n.lineno)
+    names = [e.id for e in loop.target.elts]
+    if written.group(1) not in names:
+        return None
+    side = names.index(written.group(1))
+    if not (_roots(ast.unparse(loop.iter.args[side])) & roots) \
+            or _roots(ast.unparse(loop.iter.args[1 - side])) & roots:
+        return None
+    first, second = (ast.unparse(arg) for arg in loop.iter.args)
+    header = f"for {names[0]}, {names[1]} in zip({first}, {second})"
+    return (Location(loc.path, loop.lineno), header,
+            f"swap the zip's arguments: `for {names[0]}, {names[1]} in zip({second}, {first})`, so "
+            f"`{written.group(1)}` is the copy's parameter and the copy moves toward the model")
 
 
 def _fix(where, undone: bool) -> str:

@@ -41,7 +41,8 @@ class SoftmaxOverBatch(Rule):
     """
     ## What it does
     Finds a softmax or log-softmax on the loss's path taken over dim 0 of a per-sample tensor:
-    `torch.softmax(logits, dim=0)` on (batch, classes) or (batch, classes, H, W) logits, then
+    `torch.softmax(logits, dim=0)` (or a Gumbel-softmax sample, `F.gumbel_softmax(logits, tau,
+    hard=True, dim=0)`) on (batch, classes) or (batch, classes, H, W) logits, then
     read sample by sample (a Dice or focal loss, a cross-entropy written by hand, a distillation
     term between softened outputs). Seen in the graph of the first backwards: the softmax's
     result has another axis longer than 1, is not a square (B, B) matrix, and its dim 0 is as
@@ -78,7 +79,8 @@ class SoftmaxOverBatch(Rule):
     A softmax over the classes (dim 1 or -1); a (B, B) similarity matrix normalised over either
     axis (CLIP's symmetric loss, InfoNCE's columns); a softmax over the instances of one bag
     ((K, 1) attention weights of multiple-instance learning, a DataLoader batch of another size);
-    weights over the batch of a 1-D tensor (hard-example weighting); a softmax on values without
+    weights over the batch of a 1-D tensor (hard-example weighting); a Gumbel-softmax over dim 0
+    of a parameter (a concrete feature selector's (features, k) logits); a softmax on values without
     gradient (targets made under `no_grad`) unless the loss multiplies it with a log-softmax over
     the classes (DINO's `-q * log_softmax(s, dim=-1)`, a cross-entropy or `kl_div` with
     probability targets) and its rows do not sum to 1 over them; a soft target whose rows do sum
