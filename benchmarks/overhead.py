@@ -255,7 +255,7 @@ def median_ci95(values: list[float]) -> tuple[float, float]:
 
 
 def interleaved(builder, rounds: int, warmup: int, grad_flow: bool = False,
-                freeze_heap: bool = True) -> tuple[dict, "Session"]:
+                freeze_heap: bool = True, plain_warmup: int | None = None) -> tuple[dict, "Session"]:
     """Interleave single steps of three sessions: instrumented (I), plain (P), plain (P2);
     ``({"I"|"P"|"P2": [(wall s, cpu s), ...]}, the instrumented session)``, one sample per
     round each.
@@ -270,6 +270,10 @@ def interleaved(builder, rounds: int, warmup: int, grad_flow: bool = False,
     walks all three models' objects (0.3-0.5 s at 10,000 tensors, every few steps in both
     arms alike) and lands on whichever arm's step is running: noise of up to half a step on
     one sample. The collections of what the steps allocate still run, and are timed.
+
+    ``plain_warmup``: the plain sessions' warm-up steps (default: ``warmup``). A warm-up that
+    takes the instrumented session past graddoctor's windows and into its skim (hundreds of
+    steps) need not be run by the plain sessions, whose step costs the same after a few.
     """
     plain_a, plain_b = builder(), builder()
     orders = list(itertools.permutations(("I", "P", "P2")))
@@ -281,7 +285,7 @@ def interleaved(builder, rounds: int, warmup: int, grad_flow: bool = False,
         for _ in range(warmup):  # called as the timed steps are (one call site: the same turns)
             _timed(instr.step)
         with suspended(instrumentation):
-            for _ in range(warmup):
+            for _ in range(warmup if plain_warmup is None else plain_warmup):
                 plain_a.step()
                 plain_b.step()
         gc.collect()

@@ -121,9 +121,10 @@ def build_lora(tensors: int) -> Session:
 SHAPES = {"moe": build_moe, "lora": build_lora}
 
 
-def per_step(shape: str, tensors: int, rounds: int, warmup: int, freeze_heap: bool = True) -> dict:
+def per_step(shape: str, tensors: int, rounds: int, warmup: int, freeze_heap: bool = True,
+             plain_warmup: int | None = None) -> dict:
     samples, session = overhead.interleaved(lambda: SHAPES[shape](tensors), rounds, warmup,
-                                            freeze_heap=freeze_heap)
+                                            freeze_heap=freeze_heap, plain_warmup=plain_warmup)
     ratios = [i[1] / p[1] for i, p in zip(samples["I"], samples["P"])]
     aa = [b[1] / p[1] for b, p in zip(samples["P2"], samples["P"])]
     return {"shape": shape, "tensors": len(session.params), "rounds": rounds,
@@ -156,6 +157,9 @@ def main(argv=None) -> None:
                    help="instrumented steps before the timed rounds (the default: the early "
                         "steps, every hook reading in full; 100 or more: past the start of the "
                         "skim of a model of 1,000 tensors or more, see fold.scaled_start)")
+    p.add_argument("--plain-warmup", type=int, default=None,
+                   help="warm-up steps of the plain copies (default: --warmup); a few are "
+                        "enough, and save most of a long warm-up's time at 10,000 tensors")
     p.add_argument("--profile", help="shape:count, e.g. moe:10000: cProfile instrumented steps")
     p.add_argument("--no-freeze", action="store_true",
                    help="leave the warmed-up heap to the collector's full collections (see "
@@ -176,7 +180,7 @@ def main(argv=None) -> None:
             if args.quick:
                 rounds = max(6, rounds // 2)
             row = per_step(shape, count, rounds, warmup=args.warmup,
-                           freeze_heap=not args.no_freeze)
+                           freeze_heap=not args.no_freeze, plain_warmup=args.plain_warmup)
             lo, hi = row["ci95"]
             print(f"{row['shape']:6} {row['tensors']:>8} {row['rounds']:>6} "
                   f"{row['plain_ms']:>9.2f} {row['ratio']:>8.3f} {f'[{lo:.3f}, {hi:.3f}]':>15} "

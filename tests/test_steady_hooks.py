@@ -494,3 +494,77 @@ def test_a_loop_that_clips_by_value_skims_and_changes_no_finding_nor_event(plan,
     assert set(with_skim) <= set(without)
     if not plan:
         assert with_skim == without and trace == trace_without
+
+
+# -- a routed loop (a mixture of experts): each turn's top-k routing picks which experts get a
+# gradient, so its backward's ``fresh``, its clip's ``with_grad`` and its step's ``without_grad``
+# change from turn to turn. Such turns are not copies of one another (the rules read those lists:
+# an expert never routed is a parameter without a gradient), so they fold only where the routing
+# repeats, and take the steady path and the skim only where it repeats every turn.
+def _routed_loop(turns: int, routing: str) -> None:
+    torch.manual_seed(7)
+    experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(6))
+    params = list(experts.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    x = torch.randn(8, 4)
+    draw = random.Random(11)
+    for i in range(turns):
+        # the last expert is never routed: its parameters never get a gradient (a finding)
+        chosen = (draw.sample(range(5), 2) if routing == "random" else
+                  [i % 5, (i + 1) % 5] if routing == "period5" else [0, 3])
+        opt.zero_grad()
+        out = sum(experts[e](x) for e in sorted(chosen))
+        out.pow(2).mean().backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+
+
+@pytest.mark.parametrize("routing", ["random", "period5", "fixed"])
+def test_a_routed_loop_is_judged_alike_whatever_the_folding_takes(routing, monkeypatch):
+    """With the starts scaled down, a routed loop gives the same findings and trace with the
+    skim and the straight-line hooks on or off, and its trace folded as hard as the folder can
+    fold it gives the same findings: random routing never takes the steady path (no two turns
+    alike), routing that repeats every fifth turn folds with period 5 but takes no steady path
+    (period 1 only), routing that never changes takes it and skims."""
+    from graddoctor.analysis import Analysis
+    from graddoctor.rules.engine import analyze
+    from rule_traces import fold_hard
+
+    _skim_constants(monkeypatch)
+    runs = {}
+    for hooks, skim in ((True, True), (True, False), (False, False)):
+        monkeypatch.setattr(fold, "STEADY_HOOKS", hooks)
+        monkeypatch.setattr(fold, "SKIM", skim)
+        taken = [0]
+        original = fold.Folder.steady_take
+
+        def counting(self, *args, original=original, taken=taken):
+            ok = original(self, *args)
+            taken[0] += ok
+            return ok
+
+        monkeypatch.setattr(fold.Folder, "steady_take", counting)
+        rec = Recorder(step_budget=None, finder=LocationFinder())
+        with Instrumentation(rec):
+            _routed_loop(150, routing)
+        monkeypatch.setattr(fold.Folder, "steady_take", original)
+        assert rec.internal_errors == 0
+        findings, errors = analyze(rec.trace)
+        assert not errors
+        hard, errors = analyze(Analysis(fold_hard(rec.trace)))
+        assert not errors
+        key = [(f.rule, f.message, f.location, f.step) for f in findings]
+        assert [(f.rule, f.message, f.location, f.step) for f in hard] == key
+        events = _unsampled(rec.trace.dumps())
+        for event in events:  # a module's number there is not the same from run to run
+            if event["kind"].startswith("idle_"):
+                event["data"].pop("mid", None)
+        runs[hooks, skim] = key, events, taken[0]
+    found, trace, taken = runs[True, True]
+    assert runs[True, False][0] == runs[False, False][0] == found
+    assert runs[True, False][1] == runs[False, False][1]
+    if routing == "fixed":
+        assert taken > 50
+    else:
+        assert taken == 0 and trace == runs[False, False][1]
+    assert "param-without-grad" in [rule for rule, *_ in found]  # the expert never routed

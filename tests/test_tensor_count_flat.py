@@ -9,6 +9,7 @@ with ``sys.settrace`` (opcodes do not depend on the machine's load)."""
 from __future__ import annotations
 
 import collections
+import random
 import sys
 
 import torch
@@ -115,3 +116,31 @@ def test_python_work_of_the_early_windows_per_module_call_is_bounded():
     per_call = (sum(many.values()) - sum(few.values())) / steps / calls
     top = sorted(((many[k] - few[k]) // steps // calls, k) for k in many.keys() | few.keys())[-6:]
     assert per_call <= PER_MODULE_CALL, f"{per_call:.0f} opcodes per module call and step: {top}"
+
+
+class _Routed(torch.nn.Module):
+    """Many small parameters of which each step uses another half (a mixture of experts'
+    routing): no two turns alike, so none folds and every turn's shape is a new one."""
+
+    def __init__(self, tensors: int):
+        super().__init__()
+        self.ws = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(4) * 0.1)
+                                         for _ in range(tensors))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        chosen = random.Random(self.calls).sample(range(len(self.ws)), len(self.ws) // 2)
+        return x * torch.stack([self.ws[i] for i in sorted(chosen)]).sum(0)
+
+
+def test_python_work_per_update_is_flat_in_the_tensor_count_when_each_turn_differs(monkeypatch):
+    """A routed model whose every turn writes another subset of its parameters, past the start
+    of the folding: the folder compares and keeps each new turn (its shape, its plan) with C
+    passes over the turn's lists of pids, not a Python call per pid."""
+    from graddoctor.instrument import fold
+    monkeypatch.setattr(fold, "FOLD_AFTER", 8)
+    few, many = _opcodes_per_step(40, _Routed), _opcodes_per_step(400, _Routed)
+    grown = {key: (few[key] // TRACED, many[key] // TRACED) for key in few.keys() | many.keys()
+             if many[key] > few[key] * 1.02 + TRACED * 4}
+    assert not grown, f"per-step opcodes (40 tensors, 400 tensors) that grow with the count: {grown}"

@@ -191,6 +191,7 @@ def signature(events: list[Event], deep: bool = False) -> tuple:
 # ``signature`` changes gets no plan: its turns always take ``signature``.
 _SCALE, _BATCH, _FROZEN = range(3)
 _PLAIN = frozenset({type(None), bool, int, str, float})
+_PLAIN_NOT_FLOAT = frozenset({type(None), bool, int, str})
 
 
 def _plain(value) -> bool:
@@ -201,7 +202,9 @@ def _plain(value) -> bool:
     if t is float:
         return value == value
     if t is list:
-        return all(map(_plain, value))
+        # a list of pids (a mixture of experts' turn: thousands, a new list each turn) in one
+        # pass in C; floats (a NaN) and nested lists element by element
+        return set(map(type, value)) <= _PLAIN_NOT_FLOAT or all(map(_plain, value))
     return t in _PLAIN
 
 
