@@ -1164,8 +1164,8 @@ sample_range       critic, generator (the two modules' class names), activation,
                    instrument/samplerange.py)
 loss_term_params   terms [{path (the additions' operand indices from the loss's root to the
                    term), op (the term's autograd node), params [pid] (tracked tensors it
-                   reaches)}], line (the backward's line): a backward's loss adds up terms of
-                   which one reaches only parameters no other term reaches — at the first
+                   reaches)}], line (the backward's line): a backward's loss adds up terms
+                   that fall into two groups or more sharing no parameter — at the first
                    backwards of each line (loc: the backward; an aside; instrument/deadterm.py)
 loss_unbounded     term ("exp" | "square"), op (the autograd node: ``ExpBackward0``,
                    ``PowBackward0``), params [pid] (tracked tensors its argument reaches), line
