@@ -415,9 +415,11 @@ bag_offsets        how (decreasing: a start below the one before | empty: half t
                    (loc: the call; an aside; instrument/bagoffsets.py)
 placeholder_targets fn (mse_loss | l1_loss | smooth_l1_loss | huber_loss | log), shape (the target's),
                    how (rows: rows of 2-8 coordinates, some all 0 | sparse: a map whose zeros
-                   stand apart from its positive values), share (of the rows or values that are
-                   0), rows (rows or values judged), width (the row's length; 1 for sparse),
-                   low, high (the filled values' range) — a regression loss at one of its first
+                   stand apart from its positive values | padded: sequences of frames ending
+                   in all-zero frames of varying length), share (of the rows or values that
+                   are 0; of the frames that are padding), rows (rows or values judged; padded
+                   sequences), width (the row's length; 1 for sparse; the frame's size), low,
+                   high (the filled values' range; the real lengths') — a regression loss at one of its first
                    8 calls with a gradient, reduced over every element, whose target holds a
                    fill value where there is nothing to regress, once per call line (loc: the
                    loss call; an aside; instrument/placeholders.py); fn log: a sparse map
